@@ -1,0 +1,1 @@
+//! CUDA backend (§4). Being written: see issue 3.

@@ -1,0 +1,1 @@
+//! Code generation (§2). Being written: see issue 2.

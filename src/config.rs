@@ -1,0 +1,103 @@
+//! What one dispatch asks for beyond the program itself: grid size, replay count,
+//! which bytes come back, and code-generation policy. Shared by the reference
+//! interpreter and the CUDA backend so both run exactly the same request.
+
+use smallvec::SmallVec;
+
+/// Code-generation policy. It changes the emitted PTX, so it is part of the PTX
+/// cache key (the "dispatch-policy digest").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CodegenOptions {
+    /// Guard every load, store and atomic with a bounds check (out-of-range loads read
+    /// 0, stores and atomics do nothing). On by default; turning it off makes an
+    /// out-of-range access a real memory fault on the GPU.
+    pub bounds_checks: bool,
+}
+
+impl Default for CodegenOptions {
+    fn default() -> Self {
+        CodegenOptions {
+            bounds_checks: true,
+        }
+    }
+}
+
+impl CodegenOptions {
+    /// A stable 64-bit digest of the policy, for cache keys.
+    pub fn policy_digest(&self) -> u64 {
+        // Versioned so a future field can never collide with an old key.
+        0x7679_7265_0001_0000 | self.bounds_checks as u64
+    }
+}
+
+/// One byte range of one output buffer to read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ByteRange {
+    /// Binding slot of the output buffer.
+    pub binding: u32,
+    /// First byte.
+    pub offset: u64,
+    /// Number of bytes.
+    pub len: u64,
+}
+
+/// Which outputs a dispatch copies back to the host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ReadbackPolicy {
+    /// Every `ReadWrite` and `WriteOnly` buffer, whole, in binding order.
+    #[default]
+    AllOutputs,
+    /// Nothing: outputs stay on the device (resident buffers keep them).
+    None,
+    /// Only these byte ranges, in the order given.
+    Ranges(SmallVec<[ByteRange; 4]>),
+}
+
+/// One dispatch's parameters.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DispatchConfig {
+    /// Number of workgroups on each axis.
+    pub workgroups: [u32; 3],
+    /// How many times the kernel runs back to back inside the dispatch (at least 1);
+    /// each run sees the buffers the previous one left.
+    pub fixpoint_iterations: u32,
+    /// Which outputs come back.
+    pub readback: ReadbackPolicy,
+    /// Code-generation policy.
+    pub codegen: CodegenOptions,
+}
+
+impl DispatchConfig {
+    /// One run over `workgroups`, every output read back, bounds checks on.
+    pub fn new(workgroups: [u32; 3]) -> Self {
+        DispatchConfig {
+            workgroups,
+            fixpoint_iterations: 1,
+            readback: ReadbackPolicy::AllOutputs,
+            codegen: CodegenOptions::default(),
+        }
+    }
+
+    /// A one-dimensional grid of `n` workgroups.
+    pub fn linear(n: u32) -> Self {
+        Self::new([n, 1, 1])
+    }
+
+    /// The same config with `n` fixpoint iterations.
+    pub fn with_fixpoint_iterations(mut self, n: u32) -> Self {
+        self.fixpoint_iterations = n;
+        self
+    }
+
+    /// The same config with another readback policy.
+    pub fn with_readback(mut self, readback: ReadbackPolicy) -> Self {
+        self.readback = readback;
+        self
+    }
+
+    /// The same config with other code-generation options.
+    pub fn with_codegen(mut self, codegen: CodegenOptions) -> Self {
+        self.codegen = codegen;
+        self
+    }
+}

@@ -1,0 +1,425 @@
+//! The content digest: SHA-256 of a canonical byte encoding of every program field
+//! that affects code generation (buffers, workgroup size, body, entry op id, flags).
+//!
+//! It is the root of every cache key in the backend, so it must be stable across
+//! runs and platforms (fixed little-endian encoding, tagged variants, length
+//! prefixes) and computed at most once per program value (the memo lives in the
+//! shared `Program` allocation). The per-thread counter below lets tests prove the
+//! "at most once" rule by counting rather than timing.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::program::*;
+
+/// A 32-byte content digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// Lower-case hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+thread_local! {
+    static COMPUTATIONS_ON_THREAD: Cell<u64> = const { Cell::new(0) };
+}
+static COMPUTATIONS_TOTAL: AtomicU64 = AtomicU64::new(0);
+
+/// Number of whole-program digest computations performed on the calling thread.
+/// Tests use it to prove that clones and cache hits never re-walk a program.
+pub fn computations_on_current_thread() -> u64 {
+    COMPUTATIONS_ON_THREAD.with(|c| c.get())
+}
+
+/// Number of whole-program digest computations in this process.
+pub fn computations_total() -> u64 {
+    COMPUTATIONS_TOTAL.load(Ordering::Relaxed)
+}
+
+pub(crate) fn compute_digest(program: &Program) -> Digest {
+    COMPUTATIONS_ON_THREAD.with(|c| c.set(c.get().saturating_add(1)));
+    COMPUTATIONS_TOTAL.fetch_add(1, Ordering::Relaxed);
+    let mut enc = Encoder {
+        hasher: Sha256::new(),
+    };
+    enc.bytes(b"vyre-cuda program v1");
+    let inner = &program.inner;
+    enc.u32(inner.buffers.len() as u32);
+    for b in inner.buffers.iter() {
+        enc.name(&b.name);
+        enc.u32(b.binding);
+        enc.u8(match b.access {
+            Access::ReadOnly => 0,
+            Access::ReadWrite => 1,
+            Access::WriteOnly => 2,
+            Access::Workgroup => 3,
+        });
+        enc.u8(match b.elem {
+            ElemType::U8 => 0,
+            ElemType::U32 => 1,
+            ElemType::I32 => 2,
+            ElemType::F32 => 3,
+        });
+        match b.count {
+            BufferCount::Static(n) => {
+                enc.u8(0);
+                enc.u32(n);
+            }
+            BufferCount::Runtime => enc.u8(1),
+        }
+    }
+    for w in inner.workgroup_size {
+        enc.u32(w);
+    }
+    match &inner.entry_op_id {
+        Some(id) => {
+            enc.u8(1);
+            enc.name(id);
+        }
+        None => enc.u8(0),
+    }
+    enc.u8(inner.non_composable_with_self as u8);
+    enc.block(&inner.entry);
+    Digest(enc.hasher.finish())
+}
+
+struct Encoder {
+    hasher: Sha256,
+}
+
+impl Encoder {
+    fn bytes(&mut self, b: &[u8]) {
+        self.hasher.update(b);
+    }
+    fn u8(&mut self, v: u8) {
+        self.hasher.update(&[v]);
+    }
+    fn u32(&mut self, v: u32) {
+        self.hasher.update(&v.to_le_bytes());
+    }
+    fn name(&mut self, n: &str) {
+        self.u32(n.len() as u32);
+        self.bytes(n.as_bytes());
+    }
+    fn block(&mut self, block: &[Node]) {
+        self.u32(block.len() as u32);
+        for n in block {
+            self.node(n);
+        }
+    }
+    fn node(&mut self, node: &Node) {
+        match node {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => {
+                self.u8(0);
+                self.name(name);
+                self.u8(*mutable as u8);
+                self.expr(value);
+            }
+            Node::Assign { name, value } => {
+                self.u8(1);
+                self.name(name);
+                self.expr(value);
+            }
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => {
+                self.u8(2);
+                self.name(buffer);
+                self.expr(index);
+                self.expr(value);
+            }
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                self.u8(3);
+                self.expr(condition);
+                self.block(then_body);
+                self.block(else_body);
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                self.u8(4);
+                self.name(variable);
+                self.expr(start);
+                self.expr(end);
+                self.block(body);
+            }
+            Node::Barrier => self.u8(5),
+            Node::GridSync => self.u8(6),
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                self.u8(7);
+                self.u8(*op as u8);
+                self.name(buffer);
+                self.expr(index);
+                self.expr(value);
+            }
+            Node::WorkgroupReduce { name, op, value } => {
+                self.u8(8);
+                self.name(name);
+                self.u8(*op as u8);
+                self.expr(value);
+            }
+            Node::Return => self.u8(9),
+        }
+    }
+    fn expr(&mut self, expr: &Expr) {
+        match expr {
+            Expr::Literal(lit) => {
+                self.u8(0);
+                self.u8(lit.ty() as u8);
+                self.u32(lit.bits());
+            }
+            Expr::Var(name) => {
+                self.u8(1);
+                self.name(name);
+            }
+            Expr::Load { buffer, index } => {
+                self.u8(2);
+                self.name(buffer);
+                self.expr(index);
+            }
+            Expr::Length { buffer } => {
+                self.u8(3);
+                self.name(buffer);
+            }
+            Expr::Binary { op, lhs, rhs } => {
+                self.u8(4);
+                self.u8(*op as u8);
+                self.expr(lhs);
+                self.expr(rhs);
+            }
+            Expr::Unary { op, operand } => {
+                self.u8(5);
+                self.u8(*op as u8);
+                self.expr(operand);
+            }
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => {
+                self.u8(6);
+                self.expr(condition);
+                self.expr(if_true);
+                self.expr(if_false);
+            }
+            Expr::Cast { to, value } => {
+                self.u8(7);
+                self.u8(*to as u8);
+                self.expr(value);
+            }
+            Expr::Builtin(b) => {
+                self.u8(8);
+                let (kind, axis) = match b {
+                    Builtin::GlobalId(a) => (0, a),
+                    Builtin::LocalId(a) => (1, a),
+                    Builtin::WorkgroupId(a) => (2, a),
+                    Builtin::WorkgroupCount(a) => (3, a),
+                };
+                self.u8(kind);
+                self.u8(axis.index() as u8);
+            }
+            Expr::SubgroupShuffleXor { value, lane_mask } => {
+                self.u8(9);
+                self.u32(*lane_mask);
+                self.expr(value);
+            }
+            Expr::SubgroupReduce { op, value } => {
+                self.u8(10);
+                self.u8(*op as u8);
+                self.expr(value);
+            }
+        }
+    }
+}
+
+/// A plain SHA-256 (FIPS 180-4), streaming. Written here rather than taken from a
+/// crate because the project keeps its dependency list to cudarc, tracing and smallvec.
+pub(crate) struct Sha256 {
+    state: [u32; 8],
+    buffer: [u8; 64],
+    buffered: usize,
+    length_bytes: u64,
+}
+
+const K: [u32; 64] = [
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+];
+
+impl Sha256 {
+    pub(crate) fn new() -> Self {
+        Sha256 {
+            state: [
+                0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+                0x5be0cd19,
+            ],
+            buffer: [0; 64],
+            buffered: 0,
+            length_bytes: 0,
+        }
+    }
+
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
+        self.length_bytes = self.length_bytes.wrapping_add(data.len() as u64);
+        if self.buffered > 0 {
+            let take = (64 - self.buffered).min(data.len());
+            self.buffer[self.buffered..self.buffered + take].copy_from_slice(&data[..take]);
+            self.buffered += take;
+            data = &data[take..];
+            if self.buffered < 64 {
+                return;
+            }
+            let block = self.buffer;
+            self.compress(&block);
+            self.buffered = 0;
+        }
+        while data.len() >= 64 {
+            let (block, rest) = data.split_at(64);
+            self.compress(block.try_into().expect("split_at(64) gives 64 bytes"));
+            data = rest;
+        }
+        self.buffer[..data.len()].copy_from_slice(data);
+        self.buffered = data.len();
+    }
+
+    pub(crate) fn finish(mut self) -> [u8; 32] {
+        let bit_length = self.length_bytes.wrapping_mul(8);
+        self.update(&[0x80]);
+        while self.buffered != 56 {
+            self.update(&[0]);
+        }
+        self.update(&bit_length.to_be_bytes());
+        let mut out = [0u8; 32];
+        for (i, word) in self.state.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&word.to_be_bytes());
+        }
+        out
+    }
+
+    fn compress(&mut self, block: &[u8; 64]) {
+        let mut w = [0u32; 64];
+        for i in 0..16 {
+            w[i] = u32::from_be_bytes([
+                block[i * 4],
+                block[i * 4 + 1],
+                block[i * 4 + 2],
+                block[i * 4 + 3],
+            ]);
+        }
+        for i in 16..64 {
+            let s0 = w[i - 15].rotate_right(7) ^ w[i - 15].rotate_right(18) ^ (w[i - 15] >> 3);
+            let s1 = w[i - 2].rotate_right(17) ^ w[i - 2].rotate_right(19) ^ (w[i - 2] >> 10);
+            w[i] = w[i - 16]
+                .wrapping_add(s0)
+                .wrapping_add(w[i - 7])
+                .wrapping_add(s1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = self.state;
+        for i in 0..64 {
+            let s1 = e.rotate_right(6) ^ e.rotate_right(11) ^ e.rotate_right(25);
+            let ch = (e & f) ^ (!e & g);
+            let t1 = h
+                .wrapping_add(s1)
+                .wrapping_add(ch)
+                .wrapping_add(K[i])
+                .wrapping_add(w[i]);
+            let s0 = a.rotate_right(2) ^ a.rotate_right(13) ^ a.rotate_right(22);
+            let maj = (a & b) ^ (a & c) ^ (b & c);
+            let t2 = s0.wrapping_add(maj);
+            h = g;
+            g = f;
+            f = e;
+            e = d.wrapping_add(t1);
+            d = c;
+            c = b;
+            b = a;
+            a = t1.wrapping_add(t2);
+        }
+        for (s, v) in self.state.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+            *s = s.wrapping_add(v);
+        }
+    }
+}
+
+/// SHA-256 of a byte string (used by the backend to derive module keys).
+pub fn sha256(data: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(data);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out a wrong SHA-256 (padding, endianness): the FIPS 180-4 test vectors.
+    #[test]
+    fn sha256_matches_fips_vectors() {
+        let hex = |d: [u8; 32]| Digest(d).to_hex();
+        assert_eq!(
+            hex(sha256(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            hex(sha256(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            hex(sha256(
+                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+            )),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        // Streaming in odd pieces gives the same answer as one call.
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let mut h = Sha256::new();
+        for chunk in data.chunks(13) {
+            h.update(chunk);
+        }
+        assert_eq!(h.finish(), sha256(&data));
+    }
+}

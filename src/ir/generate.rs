@@ -1,0 +1,2 @@
+//! Seeded program generators for fuzzing and differential testing.
+//! (Being written: see issue 2.)

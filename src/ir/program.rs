@@ -1,0 +1,871 @@
+//! The program value: buffer declarations, workgroup shape and an entry body.
+//!
+//! A tokenizer dispatches the same few programs thousands of times, so the
+//! expensive facts about a program (its content digest, its node count) are
+//! memoised inside the shared allocation: every clone of a `Program` is a
+//! pointer copy and sees the memo. §0 measured a backend whose per-dispatch
+//! cost grew with program size because it re-walked the program on every
+//! call; this layout is what lets ours not do that.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use super::digest::Digest;
+
+/// A name of a buffer or a variable. Shared, so cloning a program never copies text.
+pub type Name = Arc<str>;
+
+/// A sequence of nodes executed in order. Shared, so rewrites can reuse untouched blocks.
+pub type Block = Arc<[Node]>;
+
+/// The element type of a buffer in memory.
+///
+/// `U8` exists because a tokenizer reads text: a load from a `U8` buffer yields a
+/// `u32` value in `0..=255`, and a store of a `u32` value into a `U8` buffer keeps
+/// its low 8 bits. Booleans are values only, never buffer elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    /// One byte per element; loads zero-extend to `u32`, stores truncate.
+    U8,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 32-bit integer (two's complement).
+    I32,
+    /// IEEE-754 binary32.
+    F32,
+}
+
+impl ElemType {
+    /// Bytes one element occupies in a buffer.
+    pub const fn size_bytes(self) -> u32 {
+        match self {
+            ElemType::U8 => 1,
+            _ => 4,
+        }
+    }
+
+    /// The type of the value a load of this element produces (and a store expects).
+    pub const fn value_type(self) -> ScalarType {
+        match self {
+            ElemType::U8 | ElemType::U32 => ScalarType::U32,
+            ElemType::I32 => ScalarType::I32,
+            ElemType::F32 => ScalarType::F32,
+        }
+    }
+
+    /// Lower-case name used in `Display` and error messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ElemType::U8 => "u8",
+            ElemType::U32 => "u32",
+            ElemType::I32 => "i32",
+            ElemType::F32 => "f32",
+        }
+    }
+}
+
+/// The type of a value an expression produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarType {
+    /// Unsigned 32-bit integer; arithmetic wraps.
+    U32,
+    /// Signed 32-bit integer; arithmetic wraps.
+    I32,
+    /// IEEE-754 binary32, round to nearest even, denormals preserved, no fused multiply-add.
+    F32,
+    /// A truth value.
+    Bool,
+}
+
+impl ScalarType {
+    /// Lower-case name used in `Display` and error messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScalarType::U32 => "u32",
+            ScalarType::I32 => "i32",
+            ScalarType::F32 => "f32",
+            ScalarType::Bool => "bool",
+        }
+    }
+}
+
+/// How a kernel may touch a buffer, and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Global memory the kernel only reads. Never read back.
+    ReadOnly,
+    /// Global memory the kernel reads and writes. Read back after a dispatch.
+    ReadWrite,
+    /// Global memory the kernel only writes; its initial contents are zero. Read back.
+    WriteOnly,
+    /// Per-workgroup shared memory (`.shared` in PTX): one instance per workgroup,
+    /// zero at kernel start, not a kernel parameter, never read back. Needs a static count.
+    Workgroup,
+}
+
+impl Access {
+    /// Lower-case name used in `Display` and error messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Access::ReadOnly => "read_only",
+            Access::ReadWrite => "read_write",
+            Access::WriteOnly => "write_only",
+            Access::Workgroup => "workgroup",
+        }
+    }
+
+    /// True for buffers a dispatch reads back (`ReadWrite`, `WriteOnly`).
+    pub const fn is_output(self) -> bool {
+        matches!(self, Access::ReadWrite | Access::WriteOnly)
+    }
+
+    /// True for buffers that are kernel parameters (everything but `Workgroup`).
+    pub const fn is_global(self) -> bool {
+        !matches!(self, Access::Workgroup)
+    }
+}
+
+/// How many elements a buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferCount {
+    /// Fixed at program construction; a dispatch's buffer must hold exactly this many.
+    Static(u32),
+    /// Decided by each dispatch; the kernel reads it from a length parameter.
+    Runtime,
+}
+
+/// One buffer a program binds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BufferDecl {
+    /// Name used by loads, stores and error messages. Unique within a program.
+    pub name: Name,
+    /// Binding slot. Unique within a program; global buffers become kernel
+    /// parameters in ascending binding order.
+    pub binding: u32,
+    /// Access mode and memory space.
+    pub access: Access,
+    /// Element type in memory.
+    pub elem: ElemType,
+    /// Element count.
+    pub count: BufferCount,
+}
+
+impl BufferDecl {
+    /// A buffer with the given fields.
+    pub fn new(
+        name: impl Into<Name>,
+        binding: u32,
+        access: Access,
+        elem: ElemType,
+        count: BufferCount,
+    ) -> Self {
+        BufferDecl {
+            name: name.into(),
+            binding,
+            access,
+            elem,
+            count,
+        }
+    }
+
+    /// Size in bytes of a static-count buffer, `None` for runtime-sized ones or on overflow.
+    pub fn static_size_bytes(&self) -> Option<u64> {
+        match self.count {
+            BufferCount::Static(n) => (n as u64).checked_mul(self.elem.size_bytes() as u64),
+            BufferCount::Runtime => None,
+        }
+    }
+}
+
+/// One of the three grid axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// The fastest-varying axis.
+    X,
+    /// The middle axis.
+    Y,
+    /// The slowest-varying axis.
+    Z,
+}
+
+impl Axis {
+    /// 0, 1 or 2.
+    pub const fn index(self) -> usize {
+        match self {
+            Axis::X => 0,
+            Axis::Y => 1,
+            Axis::Z => 2,
+        }
+    }
+
+    /// `x`, `y` or `z`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Axis::X => "x",
+            Axis::Y => "y",
+            Axis::Z => "z",
+        }
+    }
+}
+
+/// Invocation builtins; every one is a `u32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// `workgroup_id * workgroup_size + local_id` on one axis.
+    GlobalId(Axis),
+    /// The thread's position inside its workgroup on one axis.
+    LocalId(Axis),
+    /// The workgroup's position in the grid on one axis.
+    WorkgroupId(Axis),
+    /// The number of workgroups in the grid on one axis.
+    WorkgroupCount(Axis),
+}
+
+/// A literal value.
+#[derive(Clone, Copy, Debug)]
+pub enum Literal {
+    /// A `u32`.
+    U32(u32),
+    /// An `i32`.
+    I32(i32),
+    /// An `f32`; compared and hashed by its bit pattern.
+    F32(f32),
+    /// A `bool`.
+    Bool(bool),
+}
+
+impl Literal {
+    /// The literal's type.
+    pub const fn ty(self) -> ScalarType {
+        match self {
+            Literal::U32(_) => ScalarType::U32,
+            Literal::I32(_) => ScalarType::I32,
+            Literal::F32(_) => ScalarType::F32,
+            Literal::Bool(_) => ScalarType::Bool,
+        }
+    }
+
+    /// The 32-bit pattern of the literal (`bool` is 0 or 1).
+    pub const fn bits(self) -> u32 {
+        match self {
+            Literal::U32(v) => v,
+            Literal::I32(v) => v as u32,
+            Literal::F32(v) => v.to_bits(),
+            Literal::Bool(v) => v as u32,
+        }
+    }
+}
+
+impl PartialEq for Literal {
+    fn eq(&self, other: &Self) -> bool {
+        self.ty() == other.ty() && self.bits() == other.bits()
+    }
+}
+impl Eq for Literal {}
+impl std::hash::Hash for Literal {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.ty().hash(state);
+        self.bits().hash(state);
+    }
+}
+
+/// Two-operand operators.
+///
+/// Semantics, identical on the GPU and the reference interpreter:
+/// - `Add`, `Sub`, `Mul` wrap on integers; round to nearest on `f32` (never fused).
+/// - `Div`, `Rem` on integers: division by zero gives 0; `i32::MIN / -1` gives
+///   `i32::MIN` and its remainder 0; signed division truncates toward zero.
+///   `Div` on `f32` is IEEE division; `Rem` is integer-only.
+/// - `Shl`, `Shr` use the right operand (a `u32`) modulo 32; `Shr` is arithmetic on `i32`.
+/// - `Min`, `Max` on `f32` return the non-NaN operand when exactly one is NaN.
+/// - Comparisons yield `bool`; `Eq`/`Ne` also compare `bool`s. `f32` compares are ordered
+///   (any NaN compares false, except `Ne`, which is true).
+/// - `LogicalAnd`, `LogicalOr` take and yield `bool`; both sides are evaluated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    BitAnd,
+    BitOr,
+    BitXor,
+    Shl,
+    Shr,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Min,
+    Max,
+    LogicalAnd,
+    LogicalOr,
+}
+
+impl BinaryOp {
+    /// Every operator, for generators and exhaustive tests.
+    pub const ALL: [BinaryOp; 20] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::BitAnd,
+        BinaryOp::BitOr,
+        BinaryOp::BitXor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+        BinaryOp::Min,
+        BinaryOp::Max,
+        BinaryOp::LogicalAnd,
+        BinaryOp::LogicalOr,
+    ];
+
+    /// The operator as written in `Display`.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "+",
+            BinaryOp::Sub => "-",
+            BinaryOp::Mul => "*",
+            BinaryOp::Div => "/",
+            BinaryOp::Rem => "%",
+            BinaryOp::BitAnd => "&",
+            BinaryOp::BitOr => "|",
+            BinaryOp::BitXor => "^",
+            BinaryOp::Shl => "<<",
+            BinaryOp::Shr => ">>",
+            BinaryOp::Eq => "==",
+            BinaryOp::Ne => "!=",
+            BinaryOp::Lt => "<",
+            BinaryOp::Le => "<=",
+            BinaryOp::Gt => ">",
+            BinaryOp::Ge => ">=",
+            BinaryOp::Min => "min",
+            BinaryOp::Max => "max",
+            BinaryOp::LogicalAnd => "&&",
+            BinaryOp::LogicalOr => "||",
+        }
+    }
+
+    /// True for operators that yield `bool` from two same-typed operands.
+    pub const fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
+    }
+}
+
+/// One-operand operators.
+///
+/// - `Neg`: `i32` (wrapping) or `f32`.
+/// - `BitNot`: `u32` or `i32`. `LogicalNot`: `bool`.
+/// - `Abs`: `i32` (wrapping: `abs(i32::MIN) == i32::MIN`) or `f32` (clears the sign bit).
+/// - `CountOnes`, `LeadingZeros`: `u32` or `i32`, yield `u32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum UnaryOp {
+    Neg,
+    BitNot,
+    LogicalNot,
+    Abs,
+    CountOnes,
+    LeadingZeros,
+}
+
+impl UnaryOp {
+    /// Every operator, for generators and exhaustive tests.
+    pub const ALL: [UnaryOp; 6] = [
+        UnaryOp::Neg,
+        UnaryOp::BitNot,
+        UnaryOp::LogicalNot,
+        UnaryOp::Abs,
+        UnaryOp::CountOnes,
+        UnaryOp::LeadingZeros,
+    ];
+
+    /// The operator as written in `Display`.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "-",
+            UnaryOp::BitNot => "~",
+            UnaryOp::LogicalNot => "!",
+            UnaryOp::Abs => "abs",
+            UnaryOp::CountOnes => "count_ones",
+            UnaryOp::LeadingZeros => "leading_zeros",
+        }
+    }
+}
+
+/// Atomic read-modify-write operations on `u32` buffer elements. They return no
+/// value, so the final memory contents do not depend on the order threads ran in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum AtomicOp {
+    Add,
+    Min,
+    Max,
+    Or,
+}
+
+impl AtomicOp {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Add => "add",
+            AtomicOp::Min => "min",
+            AtomicOp::Max => "max",
+            AtomicOp::Or => "or",
+        }
+    }
+}
+
+/// Reductions over `u32` values: `Sum` wraps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum ReduceOp {
+    Sum,
+    Min,
+    Max,
+}
+
+impl ReduceOp {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        }
+    }
+
+    /// The value that leaves any operand unchanged.
+    pub const fn identity(self) -> u32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Min => u32::MAX,
+            ReduceOp::Max => 0,
+        }
+    }
+
+    /// Combine two values.
+    pub fn combine(self, a: u32, b: u32) -> u32 {
+        match self {
+            ReduceOp::Sum => a.wrapping_add(b),
+            ReduceOp::Min => a.min(b),
+            ReduceOp::Max => a.max(b),
+        }
+    }
+}
+
+/// An expression: a pure computation of one scalar value per thread.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Expr {
+    /// A constant.
+    Literal(Literal),
+    /// The current value of a variable declared earlier in an enclosing block.
+    Var(Name),
+    /// Element `index` (a `u32`) of a buffer. With bounds checks on (the default), an
+    /// index at or past the buffer's length reads 0 of the element's value type.
+    Load {
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Box<Expr>,
+    },
+    /// The buffer's element count as a `u32` (static, or the dispatch's runtime length).
+    Length {
+        /// Buffer name.
+        buffer: Name,
+    },
+    /// A two-operand operation; see [`BinaryOp`] for semantics.
+    Binary {
+        /// Operator.
+        op: BinaryOp,
+        /// Left operand.
+        lhs: Box<Expr>,
+        /// Right operand.
+        rhs: Box<Expr>,
+    },
+    /// A one-operand operation; see [`UnaryOp`].
+    Unary {
+        /// Operator.
+        op: UnaryOp,
+        /// Operand.
+        operand: Box<Expr>,
+    },
+    /// `if condition { if_true } else { if_false }` for values; both arms are evaluated.
+    Select {
+        /// A `bool`.
+        condition: Box<Expr>,
+        /// Value when true.
+        if_true: Box<Expr>,
+        /// Value when false; same type as `if_true`.
+        if_false: Box<Expr>,
+    },
+    /// Convert to another scalar type, with Rust `as` semantics: `f32` → integer
+    /// truncates toward zero and saturates, NaN gives 0; integer → `f32` rounds to
+    /// nearest; `u32` ↔ `i32` reinterprets the bits; `bool` → number is 0 or 1;
+    /// number → `bool` is `!= 0` (NaN is true).
+    Cast {
+        /// Target type.
+        to: ScalarType,
+        /// Value to convert.
+        value: Box<Expr>,
+    },
+    /// An invocation builtin (`u32`).
+    Builtin(Builtin),
+    /// The `u32` value held by lane `lane ^ lane_mask` of this thread's subgroup (warp).
+    /// Produced only by lowering (§2); user programs are rejected if they contain it.
+    /// Requires every lane of the subgroup to be active.
+    SubgroupShuffleXor {
+        /// A `u32` value.
+        value: Box<Expr>,
+        /// XOR mask, less than the subgroup size.
+        lane_mask: u32,
+    },
+    /// The reduction of a `u32` value over all lanes of this thread's subgroup,
+    /// visible to every lane. Produced only by lowering.
+    SubgroupReduce {
+        /// Reduction.
+        op: ReduceOp,
+        /// A `u32` value.
+        value: Box<Expr>,
+    },
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Node {
+    /// Declare a variable holding `value`; visible to the rest of the enclosing block
+    /// and the blocks nested in it. Names may not shadow a variable already in scope.
+    Let {
+        /// Variable name.
+        name: Name,
+        /// Whether `Assign` may change it later.
+        mutable: bool,
+        /// Initial value; fixes the variable's type.
+        value: Expr,
+    },
+    /// Give a mutable variable a new value of the same type.
+    Assign {
+        /// Variable name.
+        name: Name,
+        /// New value.
+        value: Expr,
+    },
+    /// Write element `index` of a writable buffer. With bounds checks on, an
+    /// out-of-range index writes nothing. A `U8` buffer keeps the value's low 8 bits.
+    Store {
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// Value of the buffer element's value type.
+        value: Expr,
+    },
+    /// Run one of two blocks.
+    If {
+        /// A `bool`.
+        condition: Expr,
+        /// Runs when true.
+        then_body: Block,
+        /// Runs when false (may be empty).
+        else_body: Block,
+    },
+    /// `for variable in start..end { body }` over `u32`; `start` and `end` are evaluated
+    /// once, before the first iteration, so the loop is bounded. The loop variable is
+    /// immutable inside the body.
+    Loop {
+        /// Loop variable (`u32`).
+        variable: Name,
+        /// First value, inclusive.
+        start: Expr,
+        /// Last value, exclusive.
+        end: Expr,
+        /// Body.
+        body: Block,
+    },
+    /// Wait until every thread of the workgroup arrives; memory written to workgroup and
+    /// global buffers before it is visible to the workgroup after it. Must be reached by
+    /// every thread of the workgroup (workgroup-uniform control flow).
+    Barrier,
+    /// Wait until every thread of the whole grid arrives; global memory written before it
+    /// is visible to the grid after it. Needs grid-uniform control flow and a grid that
+    /// fits on the device at once (launched cooperatively).
+    GridSync,
+    /// Atomic read-modify-write of element `index` of a `u32` `ReadWrite` or
+    /// `Workgroup` buffer. Out-of-range indices do nothing (bounds checks on).
+    Atomic {
+        /// Operation.
+        op: AtomicOp,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// Operand, `u32`.
+        value: Expr,
+    },
+    /// Declare an immutable `u32` variable holding the reduction of `value` over every
+    /// thread of the workgroup; all threads see the same result. Needs
+    /// workgroup-uniform control flow. Lowering (§2) rewrites it before code generation.
+    WorkgroupReduce {
+        /// Variable name of the result.
+        name: Name,
+        /// Reduction.
+        op: ReduceOp,
+        /// Each thread's contribution, `u32`.
+        value: Expr,
+    },
+    /// End this thread's execution. Threads that returned count as arrived at later
+    /// barriers only if the return was in uniform control flow; the validator rejects
+    /// barriers reachable after a divergent return.
+    Return,
+}
+
+pub(crate) struct ProgramInner {
+    pub(crate) buffers: Arc<[BufferDecl]>,
+    pub(crate) workgroup_size: [u32; 3],
+    pub(crate) entry: Block,
+    pub(crate) entry_op_id: Option<Name>,
+    pub(crate) non_composable_with_self: bool,
+    pub(crate) digest: OnceLock<Digest>,
+    pub(crate) node_count: OnceLock<u64>,
+    /// Memo for `lower::lower_workgroup_reductions`: the lowering-capabilities key it
+    /// was computed for and the result (this very value when nothing was rewritten).
+    #[allow(dead_code)] // used by lowering, being written
+    pub(crate) lowered: OnceLock<(u64, Program)>,
+}
+
+/// An immutable program. Cloning copies one pointer; the digest and node count
+/// are computed at most once per value and shared by every clone.
+#[derive(Clone)]
+pub struct Program {
+    pub(crate) inner: Arc<ProgramInner>,
+}
+
+impl Program {
+    /// A program from its parts. Prefer [`Program::builder`] in user code.
+    pub fn new(buffers: Vec<BufferDecl>, workgroup_size: [u32; 3], entry: Vec<Node>) -> Self {
+        Self::from_parts(buffers.into(), workgroup_size, entry.into(), None, false)
+    }
+
+    pub(crate) fn from_parts(
+        buffers: Arc<[BufferDecl]>,
+        workgroup_size: [u32; 3],
+        entry: Block,
+        entry_op_id: Option<Name>,
+        non_composable_with_self: bool,
+    ) -> Self {
+        Program {
+            inner: Arc::new(ProgramInner {
+                buffers,
+                workgroup_size,
+                entry,
+                entry_op_id,
+                non_composable_with_self,
+                digest: OnceLock::new(),
+                node_count: OnceLock::new(),
+                lowered: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Start building a program with the given workgroup size.
+    pub fn builder(workgroup_size: [u32; 3]) -> super::builder::ProgramBuilder {
+        super::builder::ProgramBuilder::new(workgroup_size)
+    }
+
+    /// Buffer declarations, in declaration order.
+    pub fn buffers(&self) -> &[BufferDecl] {
+        &self.inner.buffers
+    }
+
+    /// Shared handle to the buffer declarations (for rewrites that keep them).
+    pub fn buffers_shared(&self) -> &Arc<[BufferDecl]> {
+        &self.inner.buffers
+    }
+
+    /// Threads per workgroup on each axis.
+    pub fn workgroup_size(&self) -> [u32; 3] {
+        self.inner.workgroup_size
+    }
+
+    /// Threads per workgroup, or `None` if the product overflows `u32`.
+    pub fn threads_per_workgroup(&self) -> Option<u32> {
+        let [x, y, z] = self.inner.workgroup_size;
+        x.checked_mul(y)?.checked_mul(z)
+    }
+
+    /// The entry body.
+    pub fn entry(&self) -> &Block {
+        &self.inner.entry
+    }
+
+    /// The entry op id (a name used in diagnostics), if one was given.
+    pub fn entry_op_id(&self) -> Option<&str> {
+        self.inner.entry_op_id.as_deref()
+    }
+
+    /// Whether this program must not be fused with another copy of itself.
+    pub fn non_composable_with_self(&self) -> bool {
+        self.inner.non_composable_with_self
+    }
+
+    /// A new program equal to this one but with the given entry op id (fresh digest).
+    pub fn with_entry_op_id(&self, id: impl Into<Name>) -> Program {
+        Self::from_parts(
+            self.inner.buffers.clone(),
+            self.inner.workgroup_size,
+            self.inner.entry.clone(),
+            Some(id.into()),
+            self.inner.non_composable_with_self,
+        )
+    }
+
+    /// A new program equal to this one but with the given flag (fresh digest).
+    pub fn with_non_composable_with_self(&self, flag: bool) -> Program {
+        Self::from_parts(
+            self.inner.buffers.clone(),
+            self.inner.workgroup_size,
+            self.inner.entry.clone(),
+            self.inner.entry_op_id.clone(),
+            flag,
+        )
+    }
+
+    /// A new program with the same declarations and flags but another entry body
+    /// (fresh digest). Used by rewrites.
+    pub fn with_entry(&self, buffers: Arc<[BufferDecl]>, entry: Block) -> Program {
+        Self::from_parts(
+            buffers,
+            self.inner.workgroup_size,
+            entry,
+            self.inner.entry_op_id.clone(),
+            self.inner.non_composable_with_self,
+        )
+    }
+
+    /// Finds a buffer declaration by name.
+    pub fn buffer(&self, name: &str) -> Option<&BufferDecl> {
+        self.inner.buffers.iter().find(|b| &*b.name == name)
+    }
+
+    /// Global (parameter) buffers in ascending binding order: the order of kernel
+    /// parameters, of dispatch inputs and of the reference interpreter's inputs.
+    pub fn global_buffers(&self) -> Vec<&BufferDecl> {
+        let mut v: Vec<&BufferDecl> = self
+            .inner
+            .buffers
+            .iter()
+            .filter(|b| b.access.is_global())
+            .collect();
+        v.sort_by_key(|b| b.binding);
+        v
+    }
+
+    /// The name used for this program in diagnostics: the entry op id, or
+    /// `program <first 8 hex digits of the digest>`.
+    pub fn display_name(&self) -> String {
+        match self.entry_op_id() {
+            Some(id) => format!("'{id}'"),
+            None => format!("program {}", &self.digest().to_hex()[..16]),
+        }
+    }
+
+    /// The content digest: computed on first use, then shared by every clone.
+    pub fn digest(&self) -> Digest {
+        *self
+            .inner
+            .digest
+            .get_or_init(|| super::digest::compute_digest(self))
+    }
+
+    /// Whether the digest has been computed for this value already.
+    pub fn digest_is_memoised(&self) -> bool {
+        self.inner.digest.get().is_some()
+    }
+
+    /// Number of nodes and expressions in the entry body (memoised like the digest).
+    pub fn node_count(&self) -> u64 {
+        *self
+            .inner
+            .node_count
+            .get_or_init(|| count_block(&self.inner.entry))
+    }
+
+    /// True when both values share one allocation (a clone, or a no-op rewrite).
+    pub fn ptr_eq(a: &Program, b: &Program) -> bool {
+        Arc::ptr_eq(&a.inner, &b.inner)
+    }
+}
+
+fn count_block(block: &[Node]) -> u64 {
+    block.iter().map(count_node).sum()
+}
+
+fn count_node(node: &Node) -> u64 {
+    1 + match node {
+        Node::Let { value, .. } | Node::Assign { value, .. } => count_expr(value),
+        Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
+            count_expr(index) + count_expr(value)
+        }
+        Node::If {
+            condition,
+            then_body,
+            else_body,
+        } => count_expr(condition) + count_block(then_body) + count_block(else_body),
+        Node::Loop {
+            start, end, body, ..
+        } => count_expr(start) + count_expr(end) + count_block(body),
+        Node::WorkgroupReduce { value, .. } => count_expr(value),
+        Node::Barrier | Node::GridSync | Node::Return => 0,
+    }
+}
+
+fn count_expr(expr: &Expr) -> u64 {
+    1 + match expr {
+        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => 0,
+        Expr::Load { index, .. } => count_expr(index),
+        Expr::Binary { lhs, rhs, .. } => count_expr(lhs) + count_expr(rhs),
+        Expr::Unary { operand, .. } => count_expr(operand),
+        Expr::Select {
+            condition,
+            if_true,
+            if_false,
+        } => count_expr(condition) + count_expr(if_true) + count_expr(if_false),
+        Expr::Cast { value, .. }
+        | Expr::SubgroupShuffleXor { value, .. }
+        | Expr::SubgroupReduce { value, .. } => count_expr(value),
+    }
+}
+
+impl PartialEq for Program {
+    /// Structural equality (pointer-equal values are equal without a walk).
+    fn eq(&self, other: &Self) -> bool {
+        Program::ptr_eq(self, other)
+            || (self.inner.workgroup_size == other.inner.workgroup_size
+                && self.inner.non_composable_with_self == other.inner.non_composable_with_self
+                && self.inner.entry_op_id == other.inner.entry_op_id
+                && self.inner.buffers == other.inner.buffers
+                && self.inner.entry == other.inner.entry)
+    }
+}
+impl Eq for Program {}
+
+impl fmt::Debug for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The Display form is the legible one; Debug reuses it so test failures read well.
+        write!(f, "{self}")
+    }
+}

@@ -1,0 +1,1 @@
+//! Lowering (§2). Being written: see issue 2.

@@ -1,0 +1,1 @@
+//! Dispatch phase probe (§5). Being written: see issue 4.
