@@ -1,1 +1,11 @@
-//! Code generation (§2). Being written: see issue 2.
+//! Code generation (§2): turns a lowered, validated [`Program`](crate::ir::Program)
+//! into text the GPU driver compiles.
+//!
+//! The only target is PTX ([`ptx`]), the virtual ISA every CUDA driver accepts and
+//! JIT-compiles for the device it runs on. Emitting plain PTX text (instead of linking
+//! NVRTC or LLVM) keeps code generation a pure, allocation-light string walk, which
+//! matters because a cache miss on the dispatch path pays for it.
+
+pub mod ptx;
+
+pub use ptx::{program_to_ptx, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS};

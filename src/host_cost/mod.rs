@@ -1,1 +1,127 @@
-//! Host-cost attribution harness (§6). Being written: see issue 5.
+//! Host-cost attribution harness (§6): the estimators behind every host-time figure this
+//! crate publishes, reusable by downstream bench harnesses.
+//!
+//! # Why it exists
+//! A resident dispatch costs about 10 µs of host time on the GPU machine (§0: launch +
+//! synchronize is 8.5–9.8 µs), and the differences worth chasing are a few percent of
+//! that — well inside the noise of a naive loop-and-average benchmark. Reading such
+//! figures honestly needs long calibrated regions, the right estimator for each question,
+//! drift-cancelling pairing, a clock check that still works in a VM without cpufreq, and
+//! a guard against probes the compiler deleted. This module is that machinery, with no
+//! GPU dependency; the `host_cost_*` instruments build on it.
+//!
+//! # The two measurements
+//! - [`Cell::measure`] — absolute cost per unit: warm, calibrate, time 5 regions of about
+//!   0.5 s, quote the **minimum** ns per unit beside the relative standard deviation
+//!   (verdict [`CellVerdict`]: ≤ 5 % ok, ≤ 20 % advisory, else void). Under 1 ns per unit
+//!   it returns [`HostCostError::OptimisedAway`].
+//! - [`Paired::compare`] — B against A: rounds of `A B B A` / `B A A B`
+//!   ([`PairOrder::Abba`]), the **median** per-round ratio B/A and delta, the ratio spread
+//!   ([`estimate::ratio_spread`]), publishability with reasons ([`NotPublishable`]) and a
+//!   "difference detected" decision with its inputs ([`DifferenceDecision`]).
+//!
+//! Both record the clock at every region boundary ([`ClockMonitor`], source `cpufreq` or
+//! `spin-reference`) and flag drift above 2 %. All estimator arithmetic is in
+//! [`estimate`] as pure functions, and both measurements have a `from_samples`
+//! constructor, so every rule can be exercised with injected samples.
+//!
+//! ```no_run
+//! use std::hint::black_box;
+//! use vyre_cuda::host_cost::{Cell, CellOptions, PairOptions, Paired, Report};
+//!
+//! fn work(iterations: u64, cost: u64) -> u64 {
+//!     let mut digest = black_box(1_u64);
+//!     for _ in 0..iterations * cost {
+//!         digest = digest.wrapping_mul(6364136223846793005).rotate_left(7);
+//!     }
+//!     digest
+//! }
+//!
+//! let mut report = Report::new("example");
+//! match Cell::measure("work x1", &CellOptions::default(), |n| work(n, 1)) {
+//!     Ok(cell) => { report.add_cell(cell); }
+//!     Err(error) => report.add_failure("work x1", &error),
+//! }
+//! let paired = Paired::compare("x1", |n| work(n, 1), "x2", |n| work(n, 2),
+//!                              &PairOptions::default())?;
+//! report.add_paired(paired);
+//! let _ = report.finish(); // prints the table, writes target/host-cost/example.*.json
+//! # Ok::<(), vyre_cuda::host_cost::HostCostError>(())
+//! ```
+//!
+//! # Output files
+//! [`Report::finish`] prints [`Report::table`] and writes two files into
+//! `$VYRE_HOST_COST_REPORT_DIR` (default `target/host-cost/`), named after the report
+//! (characters outside `[A-Za-z0-9._-]` replaced by `_`). Failure to write is printed and
+//! returned, never a panic.
+//!
+//! ## `<report>.bencher.json`
+//! Bencher Metric Format: `{"<cell>": {"latency": {"value": min, "lower_value": min,
+//! "upper_value": max}}}` in ns per unit over the cell's regions; a comparison
+//! `"<b> vs <a>"` has `"ratio"` (median, min, max of the per-round ratios B/A) and
+//! `"latency_delta"` (median, min, max of the per-round deltas, ns per unit).
+//!
+//! ## `<report>.samples.json` (schema `vyre-cuda/host-cost-samples/v1`)
+//! Raw times are in **seconds**; derived per-unit figures in nanoseconds. Non-finite
+//! numbers are written as `null`.
+//! ```text
+//! {
+//!   "schema": "vyre-cuda/host-cost-samples/v1",
+//!   "report": string,
+//!   "cells": [{
+//!     "name": string,
+//!     "iterations_per_region": integer,          // repetitions in each timed region
+//!     "calibration": [{"iterations": integer, "seconds": number}],
+//!     "region_seconds": [number],                // one per timed region, in order
+//!     "minimum_ns_per_unit": number,             // the quoted estimate
+//!     "median_ns_per_unit": number,
+//!     "relative_std_dev": number | null,         // of the per-unit times
+//!     "verdict": "ok" | "advisory" | "void",
+//!     "clock": Clock
+//!   }],
+//!   "paired": [{
+//!     "name": "<b> vs <a>", "arm_a": string, "arm_b": string,
+//!     "order": "ABBA" | "ABAB",
+//!     "iterations_per_region": integer,          // same for both arms
+//!     "calibration_a": [Probe], "calibration_b": [Probe],
+//!     "schedule": string,                        // e.g. "ABBABAAB...", one letter per region
+//!     "region_seconds": [number],                // in schedule order
+//!     "ratios": [number],                        // per round: (B1+B2)/(A1+A2)
+//!     "deltas_ns_per_unit": [number],            // per round: ((B1+B2)-(A1+A2))/2 per unit
+//!     "median_ratio": number, "median_delta_ns_per_unit": number,
+//!     "ratio_spread": number | null,             // (p90 - p10) / median of the ratios
+//!     "difference": {"detected": bool, "direction": "b-slower" | "b-faster" | null,
+//!                    "rounds_above": integer, "rounds_below": integer,
+//!                    "rounds_ignored": integer, "p_value": number,
+//!                    "alpha": number, "minimum_effect": number},
+//!     "publishable": bool, "reasons": [string],
+//!     "clock": Clock
+//!   }],
+//!   "failures": [{"name": string, "error": string}]
+//! }
+//! Clock = {"source": "cpufreq" | "spin-reference",
+//!          "unit": "MHz" | "spin ops/us",
+//!          "per_region": [number],               // one figure per timed region
+//!          "drift": number | null,               // (max - min) / median of per_region
+//!          "limit": number, "flagged": bool, "notes": [string]}
+//! ```
+
+pub mod cell;
+pub mod clock;
+pub mod error;
+pub mod estimate;
+pub mod paired;
+pub mod report;
+
+pub use cell::{Cell, CellOptions, Probe};
+pub use clock::{
+    read_capped, ClockDrift, ClockMonitor, ClockOptions, ClockSource, ClockSourceChoice,
+    CPUFREQ_CAP, PROC_STAT_CAP,
+};
+pub use error::HostCostError;
+pub use estimate::{
+    Arm, CellThresholds, CellVerdict, DifferenceDecision, DifferenceRule, Direction,
+    NotPublishable, PairOrder, PairThresholds, RoundSummary,
+};
+pub use paired::{PairOptions, Paired};
+pub use report::{report_dir, Report, DEFAULT_REPORT_DIR, REPORT_DIR_ENV};

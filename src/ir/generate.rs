@@ -1,2 +1,1448 @@
 //! Seeded program generators for fuzzing and differential testing.
-//! (Being written: see issue 2.)
+//!
+//! Two generators, both deterministic functions of a seed (the PRNG is a SplitMix64
+//! written here, so a seed printed by a failing test reproduces the program anywhere):
+//!
+//! - [`arbitrary_program`] builds mostly *invalid* programs that reach every rule of
+//!   the validator (colliding names and bindings, wrong types, zero and huge counts,
+//!   huge workgroups, subgroup expressions, barriers under divergent control flow,
+//!   nesting past the depth limit). It feeds the "validation never panics" fuzz test.
+//! - [`valid_program`] builds *valid* programs whose results are deterministic on a
+//!   GPU, with matching inputs and a dispatch config. It feeds differential tests
+//!   (reference interpreter against the CUDA backend) and the PTX checks with `ptxas`.
+//!
+//! Determinism rules [`valid_program`] follows, so any thread order gives the same bytes:
+//! every thread stores only element `gid` (its global linear id) of each output buffer
+//! and reads outputs only at `gid`; atomics (add/min/max/or, order-independent) go to
+//! a buffer nobody loads; a workgroup buffer is written at the thread's local linear id
+//! (and by atomics), then a barrier, then only read; a grid-sync stage buffer is written
+//! at `gid` before the sync and only read after it. Barriers, reductions and grid syncs
+//! sit in uniform control flow and before any `return`.
+
+use super::program::*;
+use super::validate::Limits;
+use crate::config::DispatchConfig;
+
+/// A small seeded pseudo-random generator (SplitMix64). Not cryptographic; its only
+/// job is to make generated programs reproducible from a seed.
+#[derive(Clone, Debug)]
+pub struct SeededRng {
+    state: u64,
+}
+
+impl SeededRng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        SeededRng {
+            state: seed ^ 0x5eed_0f_7679_7265,
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The next 32 random bits.
+    pub fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+
+    /// A value in `0..bound` (0 when `bound` is 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        if bound == 0 {
+            0
+        } else {
+            self.next_u64() % bound
+        }
+    }
+
+    /// A value in `low..=high` (`low` when the range is empty).
+    pub fn range(&mut self, low: u32, high: u32) -> u32 {
+        if high <= low {
+            low
+        } else {
+            low + self.below((high - low) as u64 + 1) as u32
+        }
+    }
+
+    /// True with probability `1 / n`.
+    pub fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+
+    /// A random element of a slice (`None` only when it is empty).
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        items.get(self.below(items.len() as u64) as usize)
+    }
+}
+
+/// What [`valid_program`] may generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeneratorOptions {
+    /// Rough budget of statements in the free-form part of the body.
+    pub max_nodes: u32,
+    /// Generate `GridSync` in some programs (they need a cooperative launch; grids stay small).
+    pub allow_grid_sync: bool,
+    /// Generate atomics on a global counter buffer and on workgroup memory.
+    pub allow_atomics: bool,
+    /// Generate workgroup (shared) buffers and barriers.
+    pub allow_barriers: bool,
+    /// Generate `WorkgroupReduce` nodes.
+    pub allow_workgroup_reduce: bool,
+    /// Generate early returns (always after the last barrier, reduction and grid sync).
+    pub allow_early_return: bool,
+    /// Most threads per workgroup.
+    pub max_threads_per_workgroup: u32,
+    /// Most workgroups in the grid.
+    pub max_workgroups: u32,
+    /// Most fixpoint iterations in the dispatch config (at least 1).
+    pub max_fixpoint_iterations: u32,
+    /// Device limits every program must satisfy.
+    pub limits: Limits,
+}
+
+impl Default for GeneratorOptions {
+    fn default() -> Self {
+        GeneratorOptions {
+            max_nodes: 48,
+            allow_grid_sync: false,
+            allow_atomics: true,
+            allow_barriers: true,
+            allow_workgroup_reduce: true,
+            allow_early_return: true,
+            max_threads_per_workgroup: 256,
+            max_workgroups: 8,
+            max_fixpoint_iterations: 2,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A valid program with inputs and a dispatch config whose outputs are deterministic.
+#[derive(Clone, Debug)]
+pub struct RandomCase {
+    /// The seed it was generated from.
+    pub seed: u64,
+    /// The program; passes [`crate::ir::validate`] with the options' limits.
+    pub program: Program,
+    /// One byte vector per global buffer, in binding order ([`Program::global_buffers`]);
+    /// write-only buffers get zeros.
+    pub inputs: Vec<Vec<u8>>,
+    /// Grid size and fixpoint iterations.
+    pub config: DispatchConfig,
+}
+
+const TYPES: [ScalarType; 4] = [
+    ScalarType::U32,
+    ScalarType::I32,
+    ScalarType::F32,
+    ScalarType::Bool,
+];
+const ELEMS: [ElemType; 4] = [ElemType::U8, ElemType::U32, ElemType::I32, ElemType::F32];
+const AXES: [Axis; 3] = [Axis::X, Axis::Y, Axis::Z];
+const ATOMIC_OPS: [AtomicOp; 4] = [AtomicOp::Add, AtomicOp::Min, AtomicOp::Max, AtomicOp::Or];
+const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+const ACCESSES: [Access; 4] = [
+    Access::ReadOnly,
+    Access::ReadWrite,
+    Access::WriteOnly,
+    Access::Workgroup,
+];
+
+fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
+    match ty {
+        ScalarType::U32 => {
+            const U: [u32; 13] = [
+                0, 1, 2, 3, 7, 31, 32, 33, 255, 256, 0x7fff_ffff, 0x8000_0000, u32::MAX,
+            ];
+            if rng.one_in(4) {
+                Literal::U32(rng.next_u32())
+            } else {
+                Literal::U32(*rng.pick(&U).unwrap_or(&0))
+            }
+        }
+        ScalarType::I32 => {
+            const I: [i32; 10] = [0, 1, -1, 2, -2, 7, 31, 32, i32::MIN, i32::MAX];
+            if rng.one_in(4) {
+                Literal::I32(rng.next_u32() as i32)
+            } else {
+                Literal::I32(*rng.pick(&I).unwrap_or(&0))
+            }
+        }
+        ScalarType::F32 => Literal::F32(f32::from_bits(interesting_f32_bits(rng))),
+        ScalarType::Bool => Literal::Bool(rng.one_in(2)),
+    }
+}
+
+fn interesting_f32_bits(rng: &mut SeededRng) -> u32 {
+    const F: [f32; 14] = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        3.0,
+        1e-45,
+        1.175_494_4e-38,
+        f32::MAX,
+        -f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        16_777_217.0,
+    ];
+    match rng.below(4) {
+        0 => rng.next_u32(),
+        1 => ((rng.next_u32() as i32 % 2001) as f32 / 8.0).to_bits(),
+        _ => rng.pick(&F).map_or(0, |f| f.to_bits()),
+    }
+}
+
+/// How a buffer may be read by the valid generator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadAt {
+    /// Any index (nobody writes it during this phase).
+    AnyIndex,
+    /// Only the thread's own global linear id.
+    OwnIndex,
+}
+
+struct Variable {
+    name: Name,
+    ty: ScalarType,
+    mutable: bool,
+}
+
+struct ValidGenerator {
+    rng: SeededRng,
+    options: GeneratorOptions,
+    /// Buffers loads may read, with their element type and index rule.
+    readable: Vec<(Name, ElemType, ReadAt)>,
+    /// Every buffer (for `Length`).
+    all_buffers: Vec<Name>,
+    /// Output buffers written at the thread's own index.
+    outputs: Vec<(Name, ElemType)>,
+    atomic_buffer: Option<Name>,
+    variables: Vec<Variable>,
+    next_variable: u32,
+    budget: i64,
+}
+
+const GID: &str = "gid";
+const LID: &str = "lid";
+
+impl ValidGenerator {
+    fn fresh_name(&mut self) -> Name {
+        self.next_variable += 1;
+        format!("v{}", self.next_variable).into()
+    }
+
+    fn declare(&mut self, name: Name, ty: ScalarType, mutable: bool) {
+        self.variables.push(Variable { name, ty, mutable });
+    }
+
+    fn variable_of(&mut self, ty: ScalarType, mutable_only: bool) -> Option<Name> {
+        let count = self
+            .variables
+            .iter()
+            .filter(|v| v.ty == ty && (v.mutable || !mutable_only))
+            .count();
+        if count == 0 {
+            return None;
+        }
+        let chosen = self.rng.below(count as u64) as usize;
+        self.variables
+            .iter()
+            .filter(|v| v.ty == ty && (v.mutable || !mutable_only))
+            .nth(chosen)
+            .map(|v| v.name.clone())
+    }
+
+    fn expr(&mut self, ty: ScalarType, depth: u32) -> Expr {
+        if depth == 0 || self.rng.one_in(4) {
+            return self.leaf(ty);
+        }
+        let next = depth - 1;
+        match self.rng.below(7) {
+            0..=2 => self.binary(ty, next),
+            3 => self.unary(ty, next),
+            4 => Expr::Select {
+                condition: Box::new(self.expr(ScalarType::Bool, next)),
+                if_true: Box::new(self.expr(ty, next)),
+                if_false: Box::new(self.expr(ty, next)),
+            },
+            5 => {
+                let from = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                Expr::Cast {
+                    to: ty,
+                    value: Box::new(self.expr(from, next)),
+                }
+            }
+            _ => self.load(ty, next).unwrap_or_else(|| self.leaf(ty)),
+        }
+    }
+
+    fn leaf(&mut self, ty: ScalarType) -> Expr {
+        match self.rng.below(5) {
+            0 | 1 => match self.variable_of(ty, false) {
+                Some(name) => Expr::Var(name),
+                None => Expr::Literal(interesting_literal(&mut self.rng, ty)),
+            },
+            2 if ty == ScalarType::U32 => {
+                if self.rng.one_in(3) {
+                    let index = self.rng.below(self.all_buffers.len() as u64) as usize;
+                    match self.all_buffers.get(index) {
+                        Some(buffer) => Expr::Length {
+                            buffer: buffer.clone(),
+                        },
+                        None => Expr::u32(0),
+                    }
+                } else {
+                    let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
+                    Expr::Builtin(match self.rng.below(4) {
+                        0 => Builtin::GlobalId(axis),
+                        1 => Builtin::LocalId(axis),
+                        2 => Builtin::WorkgroupId(axis),
+                        _ => Builtin::WorkgroupCount(axis),
+                    })
+                }
+            }
+            3 => self
+                .load(ty, 0)
+                .unwrap_or_else(|| Expr::Literal(interesting_literal(&mut self.rng, ty))),
+            _ => Expr::Literal(interesting_literal(&mut self.rng, ty)),
+        }
+    }
+
+    fn load(&mut self, ty: ScalarType, depth: u32) -> Option<Expr> {
+        let count = self
+            .readable
+            .iter()
+            .filter(|(_, elem, _)| elem.value_type() == ty)
+            .count();
+        if count == 0 {
+            return None;
+        }
+        let chosen = self.rng.below(count as u64) as usize;
+        let (buffer, _, read_at) = self
+            .readable
+            .iter()
+            .filter(|(_, elem, _)| elem.value_type() == ty)
+            .nth(chosen)?
+            .clone();
+        let index = match read_at {
+            ReadAt::OwnIndex => Expr::var(GID),
+            ReadAt::AnyIndex => match self.rng.below(3) {
+                0 => Expr::var(GID),
+                1 => Expr::var(GID).add(self.expr(ScalarType::U32, depth)),
+                _ => self.expr(ScalarType::U32, depth),
+            },
+        };
+        Some(Expr::load(buffer, index))
+    }
+
+    fn binary(&mut self, ty: ScalarType, depth: u32) -> Expr {
+        use BinaryOp::*;
+        let op = match ty {
+            ScalarType::U32 | ScalarType::I32 => *self
+                .rng
+                .pick(&[Add, Sub, Mul, Div, Rem, BitAnd, BitOr, BitXor, Shl, Shr, Min, Max])
+                .unwrap_or(&Add),
+            ScalarType::F32 => *self
+                .rng
+                .pick(&[Add, Sub, Mul, Div, Min, Max])
+                .unwrap_or(&Add),
+            ScalarType::Bool => *self
+                .rng
+                .pick(&[Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr])
+                .unwrap_or(&Eq),
+        };
+        let (left_ty, right_ty) = match op {
+            Shl | Shr => (ty, ScalarType::U32),
+            Eq | Ne => {
+                let t = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                (t, t)
+            }
+            Lt | Le | Gt | Ge => {
+                let t = *self.rng.pick(&TYPES[..3]).unwrap_or(&ScalarType::U32);
+                (t, t)
+            }
+            _ => (ty, ty),
+        };
+        Expr::binary(op, self.expr(left_ty, depth), self.expr(right_ty, depth))
+    }
+
+    fn unary(&mut self, ty: ScalarType, depth: u32) -> Expr {
+        use UnaryOp::*;
+        let (op, operand_ty) = match ty {
+            ScalarType::U32 => match self.rng.below(3) {
+                0 => (BitNot, ScalarType::U32),
+                1 => (
+                    CountOnes,
+                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                ),
+                _ => (
+                    LeadingZeros,
+                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                ),
+            },
+            ScalarType::I32 => (*self.rng.pick(&[Neg, BitNot, Abs]).unwrap_or(&Neg), ty),
+            ScalarType::F32 => (*self.rng.pick(&[Neg, Abs]).unwrap_or(&Neg), ty),
+            ScalarType::Bool => (LogicalNot, ty),
+        };
+        Expr::unary(op, self.expr(operand_ty, depth))
+    }
+
+    /// A condition every thread of a workgroup evaluates alike.
+    fn workgroup_uniform_condition(&mut self) -> Expr {
+        let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
+        match self.rng.below(4) {
+            0 => Expr::workgroup_id(axis).less_than(self.rng.range(0, 4)),
+            1 => Expr::workgroup_id(axis)
+                .rem(2u32)
+                .equals(self.rng.range(0, 1)),
+            2 => {
+                let index = self.rng.below(self.all_buffers.len() as u64) as usize;
+                let buffer = self.all_buffers.get(index).cloned().unwrap_or_else(|| "in0".into());
+                Expr::length(buffer).greater_than(self.rng.range(0, 8))
+            }
+            _ => Expr::workgroup_count(axis)
+                .greater_equal(self.rng.range(1, 3))
+                .or(Expr::bool(self.rng.one_in(2))),
+        }
+    }
+
+    fn statement_block(&mut self, depth: u32) -> Vec<Node> {
+        let mark = self.variables.len();
+        let mut nodes = Vec::new();
+        let statements = self.rng.range(1, 5);
+        for _ in 0..statements {
+            if self.budget <= 0 {
+                break;
+            }
+            self.budget -= 1;
+            let choice = self.rng.below(12);
+            match choice {
+                0 | 1 => {
+                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let value = self.expr(ty, 3);
+                    let name = self.fresh_name();
+                    let mutable = self.rng.one_in(2);
+                    nodes.push(Node::Let {
+                        name: name.clone(),
+                        mutable,
+                        value,
+                    });
+                    self.declare(name, ty, mutable);
+                }
+                2 | 3 => {
+                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    if let Some(name) = self.variable_of(ty, true) {
+                        let value = self.expr(ty, 3);
+                        nodes.push(Node::Assign { name, value });
+                    }
+                }
+                4 | 5 => {
+                    let index = self.rng.below(self.outputs.len() as u64) as usize;
+                    if let Some((buffer, elem)) = self.outputs.get(index).cloned() {
+                        let value = self.expr(elem.value_type(), 3);
+                        nodes.push(Node::Store {
+                            buffer,
+                            index: Expr::var(GID),
+                            value,
+                        });
+                    }
+                }
+                6 => {
+                    if let Some(buffer) = self.atomic_buffer.clone() {
+                        let op = *self.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+                        let index = self.expr(ScalarType::U32, 2);
+                        let value = self.expr(ScalarType::U32, 2);
+                        nodes.push(Node::Atomic {
+                            op,
+                            buffer,
+                            index,
+                            value,
+                        });
+                    }
+                }
+                7 | 8 if depth < 4 => {
+                    let condition = self.expr(ScalarType::Bool, 3);
+                    let then_body = self.statement_block(depth + 1).into();
+                    let else_body = if self.rng.one_in(2) {
+                        self.statement_block(depth + 1).into()
+                    } else {
+                        Vec::new().into()
+                    };
+                    nodes.push(Node::If {
+                        condition,
+                        then_body,
+                        else_body,
+                    });
+                }
+                9 if depth < 4 => {
+                    let variable = self.fresh_name();
+                    let start = self.rng.range(0, 3);
+                    let limit = start + self.rng.range(0, 4);
+                    let end = if self.rng.one_in(2) {
+                        Expr::u32(limit)
+                    } else {
+                        Expr::binary(BinaryOp::Min, self.expr(ScalarType::U32, 2), limit)
+                    };
+                    let mark_loop = self.variables.len();
+                    self.declare(variable.clone(), ScalarType::U32, false);
+                    let body = self.statement_block(depth + 1).into();
+                    self.variables.truncate(mark_loop);
+                    nodes.push(Node::Loop {
+                        variable,
+                        start: Expr::u32(start),
+                        end,
+                        body,
+                    });
+                }
+                10 if self.options.allow_early_return => {
+                    if depth > 0 && self.rng.one_in(3) {
+                        nodes.push(Node::Return);
+                        break;
+                    }
+                    let condition = self.expr(ScalarType::Bool, 2);
+                    nodes.push(Node::If {
+                        condition,
+                        then_body: vec![Node::Return].into(),
+                        else_body: Vec::new().into(),
+                    });
+                }
+                _ => {
+                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let value = self.expr(ty, 2);
+                    let name = self.fresh_name();
+                    nodes.push(Node::Let {
+                        name: name.clone(),
+                        mutable: false,
+                        value,
+                    });
+                    self.declare(name, ty, false);
+                }
+            }
+        }
+        self.variables.truncate(mark);
+        nodes
+    }
+}
+
+fn random_bytes(rng: &mut SeededRng, elem: ElemType, count: u32) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(count as usize * elem.size_bytes() as usize);
+    for _ in 0..count {
+        match elem {
+            ElemType::U8 => bytes.push(rng.next_u32() as u8),
+            ElemType::U32 | ElemType::I32 => {
+                let value = if rng.one_in(2) {
+                    rng.range(0, 40)
+                } else {
+                    rng.next_u32()
+                };
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
+            ElemType::F32 => bytes.extend_from_slice(&interesting_f32_bits(rng).to_le_bytes()),
+        }
+    }
+    bytes
+}
+
+fn workgroup_shape(rng: &mut SeededRng, options: &GeneratorOptions) -> [u32; 3] {
+    const SHAPES: [[u32; 3]; 14] = [
+        [1, 1, 1],
+        [32, 1, 1],
+        [64, 1, 1],
+        [33, 1, 1],
+        [7, 3, 1],
+        [4, 4, 4],
+        [16, 8, 1],
+        [5, 3, 2],
+        [100, 1, 1],
+        [128, 1, 1],
+        [256, 1, 1],
+        [1, 1, 7],
+        [48, 1, 1],
+        [2, 17, 3],
+    ];
+    let limits = &options.limits;
+    let max_threads = options
+        .max_threads_per_workgroup
+        .min(limits.max_threads_per_workgroup)
+        .max(1);
+    let mut shape = if rng.one_in(4) {
+        [rng.range(1, 70), rng.range(1, 4), rng.range(1, 2)]
+    } else {
+        *rng.pick(&SHAPES).unwrap_or(&[1, 1, 1])
+    };
+    for (axis, size) in shape.iter_mut().enumerate() {
+        let limit = limits.max_workgroup_size.get(axis).copied().unwrap_or(1).max(1);
+        *size = (*size).clamp(1, limit);
+    }
+    // Shrink the largest axis until the thread count fits.
+    while shape.iter().map(|&s| s as u64).product::<u64>() > max_threads as u64 {
+        if let Some(largest) = shape.iter_mut().max() {
+            *largest = (*largest / 2).max(1);
+        }
+    }
+    shape
+}
+
+/// A valid program with deterministic results, its inputs and a dispatch config.
+/// See the module docs for the rules that make the result independent of thread
+/// order. The same seed and options always give the same case.
+pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
+    let mut rng = SeededRng::new(seed);
+    let grid_sync = options.allow_grid_sync && rng.one_in(3);
+    let workgroup_size = workgroup_shape(&mut rng, options);
+    let threads_per_workgroup = workgroup_size.iter().product::<u32>();
+    let max_groups = if grid_sync {
+        options.max_workgroups.clamp(1, 4)
+    } else {
+        options.max_workgroups.max(1)
+    };
+    let workgroups = match rng.below(4) {
+        0 => [rng.range(1, max_groups), 1, 1],
+        1 => {
+            let x = rng.range(1, max_groups.clamp(1, 2));
+            [x, rng.range(1, (max_groups / x).max(1)), 1]
+        }
+        2 if max_groups >= 4 => [rng.range(1, 2), 2, 1],
+        2 => [1, 1, rng.range(1, max_groups)],
+        _ => [1, 1, 1],
+    };
+    let workgroups = if max_groups >= 8 && rng.one_in(8) {
+        [2, 2, 2]
+    } else {
+        workgroups
+    };
+    let total_threads = threads_per_workgroup * workgroups.iter().product::<u32>();
+
+    let mut generator = ValidGenerator {
+        rng,
+        options: *options,
+        readable: Vec::new(),
+        all_buffers: Vec::new(),
+        outputs: Vec::new(),
+        atomic_buffer: None,
+        variables: Vec::new(),
+        next_variable: 0,
+        budget: options.max_nodes as i64,
+    };
+    let rng = &mut generator.rng;
+
+    // Buffer declarations: (decl, element count for inputs).
+    let mut decls: Vec<(BufferDecl, u32)> = Vec::new();
+    let input_count = rng.range(1, 3);
+    for i in 0..input_count {
+        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let elements = rng.range(1, 2 * total_threads + 3);
+        let count = if rng.one_in(2) {
+            BufferCount::Static(elements)
+        } else {
+            BufferCount::Runtime
+        };
+        let name: Name = format!("in{i}").into();
+        decls.push((
+            BufferDecl::new(name, 0, Access::ReadOnly, elem, count),
+            elements,
+        ));
+    }
+    let output_count = rng.range(1, 3);
+    for i in 0..output_count {
+        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let access = if rng.one_in(2) {
+            Access::ReadWrite
+        } else {
+            Access::WriteOnly
+        };
+        let count = if rng.one_in(2) {
+            BufferCount::Static(total_threads)
+        } else {
+            BufferCount::Runtime
+        };
+        let name: Name = format!("out{i}").into();
+        decls.push((BufferDecl::new(name, 0, access, elem, count), total_threads));
+    }
+    let use_atomics = options.allow_atomics && rng.one_in(2);
+    if use_atomics {
+        let elements = rng.range(1, 8);
+        let count = if rng.one_in(2) {
+            BufferCount::Static(elements)
+        } else {
+            BufferCount::Runtime
+        };
+        decls.push((
+            BufferDecl::new("atom", 0, Access::ReadWrite, ElemType::U32, count),
+            elements,
+        ));
+    }
+    let use_shared = options.allow_barriers && rng.one_in(2);
+    let shared_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    let shared_atomics = use_shared && options.allow_atomics && rng.one_in(2);
+    if use_shared {
+        let count = threads_per_workgroup + rng.range(0, 3);
+        let decl = BufferDecl::new(
+            "shared",
+            0,
+            Access::Workgroup,
+            shared_elem,
+            BufferCount::Static(count),
+        );
+        if decl.static_size_bytes().unwrap_or(u64::MAX)
+            <= options.limits.max_shared_memory_bytes as u64 / 2
+        {
+            decls.push((decl, count));
+        }
+    }
+    let use_shared = decls.iter().any(|(d, _)| &*d.name == "shared");
+    let shared_atomics = shared_atomics && use_shared;
+    if shared_atomics {
+        decls.push((
+            BufferDecl::new(
+                "shared_atom",
+                0,
+                Access::Workgroup,
+                ElemType::U32,
+                BufferCount::Static(rng.range(1, 4)),
+            ),
+            0,
+        ));
+    }
+    let stage_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    if grid_sync {
+        decls.push((
+            BufferDecl::new(
+                "stage",
+                0,
+                Access::ReadWrite,
+                stage_elem,
+                BufferCount::Static(total_threads),
+            ),
+            total_threads,
+        ));
+    }
+    // Distinct bindings with gaps, in an order unrelated to the declaration order.
+    for i in (1..decls.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        decls.swap(i, j);
+    }
+    let mut binding = rng.range(0, 2);
+    let mut slots: Vec<u32> = Vec::with_capacity(decls.len());
+    for _ in 0..decls.len() {
+        slots.push(binding);
+        binding += rng.range(1, 3);
+    }
+    for i in (1..slots.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        slots.swap(i, j);
+    }
+    for ((decl, _), slot) in decls.iter_mut().zip(slots) {
+        decl.binding = slot;
+    }
+
+    for (decl, _) in &decls {
+        generator.all_buffers.push(decl.name.clone());
+        match decl.access {
+            Access::ReadOnly => {
+                generator
+                    .readable
+                    .push((decl.name.clone(), decl.elem, ReadAt::AnyIndex));
+            }
+            Access::ReadWrite | Access::WriteOnly => {
+                let name = &*decl.name;
+                if name.starts_with("out") {
+                    generator.outputs.push((decl.name.clone(), decl.elem));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnIndex));
+                } else if name == "atom" {
+                    generator.atomic_buffer = Some(decl.name.clone());
+                }
+            }
+            Access::Workgroup => {}
+        }
+    }
+
+    // Prelude: global and local linear ids.
+    let [size_x, size_y, _] = workgroup_size;
+    let row = Expr::workgroup_count(Axis::X).mul(size_x);
+    let plane = row
+        .clone()
+        .mul(Expr::workgroup_count(Axis::Y).mul(size_y));
+    let global_linear = Expr::global_id(Axis::X)
+        .add(Expr::global_id(Axis::Y).mul(row))
+        .add(Expr::global_id(Axis::Z).mul(plane));
+    let local_linear = Expr::local_id(Axis::X)
+        .add(Expr::local_id(Axis::Y).mul(size_x))
+        .add(Expr::local_id(Axis::Z).mul(size_x * size_y));
+    let mut body: Vec<Node> = vec![
+        Node::Let {
+            name: GID.into(),
+            mutable: false,
+            value: global_linear,
+        },
+        Node::Let {
+            name: LID.into(),
+            mutable: false,
+            value: local_linear,
+        },
+    ];
+    generator.declare(GID.into(), ScalarType::U32, false);
+    generator.declare(LID.into(), ScalarType::U32, false);
+
+    // Shared phase: write own slot (and atomics), barrier; afterwards only reads.
+    if use_shared {
+        let mut phase = vec![Node::Store {
+            buffer: "shared".into(),
+            index: Expr::var(LID),
+            value: generator.expr(shared_elem.value_type(), 3),
+        }];
+        if shared_atomics {
+            for _ in 0..generator.rng.range(1, 3) {
+                let op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+                let index = generator.expr(ScalarType::U32, 2);
+                let value = generator.expr(ScalarType::U32, 2);
+                phase.push(Node::Atomic {
+                    op,
+                    buffer: "shared_atom".into(),
+                    index,
+                    value,
+                });
+            }
+        }
+        phase.push(Node::Barrier);
+        match generator.rng.below(3) {
+            0 => body.extend(phase),
+            1 => {
+                let condition = generator.workgroup_uniform_condition();
+                body.push(Node::If {
+                    condition,
+                    then_body: phase.into(),
+                    else_body: vec![Node::Barrier].into(),
+                });
+            }
+            _ => {
+                let loop_variable = generator.fresh_name();
+                body.push(Node::Loop {
+                    variable: loop_variable,
+                    start: Expr::u32(0),
+                    end: Expr::u32(generator.rng.range(1, 2)),
+                    body: phase.into(),
+                });
+            }
+        }
+        generator
+            .readable
+            .push(("shared".into(), shared_elem, ReadAt::AnyIndex));
+        if shared_atomics {
+            generator
+                .readable
+                .push(("shared_atom".into(), ElemType::U32, ReadAt::AnyIndex));
+        }
+    }
+
+    // Reduction phase: in uniform control flow, before any return.
+    if options.allow_workgroup_reduce && generator.rng.one_in(2) {
+        let op = *generator.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum);
+        let value = generator.expr(ScalarType::U32, 3);
+        let name = generator.fresh_name();
+        let reduce = Node::WorkgroupReduce {
+            name: name.clone(),
+            op,
+            value,
+        };
+        let output = generator
+            .rng
+            .below(generator.outputs.len() as u64) as usize;
+        let use_result = generator.outputs.get(output).cloned().map(|(buffer, elem)| {
+            let value = Expr::var(name.clone()).cast(elem.value_type());
+            Node::Store {
+                buffer,
+                index: Expr::var(GID),
+                value,
+            }
+        });
+        if generator.rng.one_in(2) {
+            body.push(reduce);
+            generator.declare(name, ScalarType::U32, false);
+            body.extend(use_result);
+        } else {
+            let condition = generator.workgroup_uniform_condition();
+            let mut inner = vec![reduce];
+            inner.extend(use_result);
+            body.push(Node::If {
+                condition,
+                then_body: inner.into(),
+                else_body: Vec::new().into(),
+            });
+        }
+    }
+
+    // Grid-sync phase: stage[gid] written, sync, then stage read anywhere.
+    if grid_sync {
+        let value = generator.expr(stage_elem.value_type(), 3);
+        body.push(Node::Store {
+            buffer: "stage".into(),
+            index: Expr::var(GID),
+            value,
+        });
+        body.push(Node::GridSync);
+        generator
+            .readable
+            .push(("stage".into(), stage_elem, ReadAt::AnyIndex));
+        let neighbour = Expr::var(GID)
+            .add(generator.rng.range(1, 5))
+            .rem(Expr::length("stage"));
+        let name = generator.fresh_name();
+        body.push(Node::Let {
+            name: name.clone(),
+            mutable: false,
+            value: Expr::load("stage", neighbour),
+        });
+        generator.declare(name, stage_elem.value_type(), false);
+    }
+
+    // Free phase: anything deterministic, including early returns.
+    let free = generator.statement_block(0);
+    body.extend(free);
+    for (buffer, elem) in generator.outputs.clone() {
+        if generator.rng.one_in(5) {
+            continue;
+        }
+        let value = generator.expr(elem.value_type(), 3);
+        body.push(Node::Store {
+            buffer,
+            index: Expr::var(GID),
+            value,
+        });
+    }
+
+    let rng = &mut generator.rng;
+    let program_buffers: Vec<BufferDecl> = decls.iter().map(|(d, _)| d.clone()).collect();
+    let mut builder = Program::builder(workgroup_size).nodes(body);
+    for decl in program_buffers {
+        builder = builder.buffer_decl(decl);
+    }
+    if rng.one_in(4) {
+        builder = builder.entry_op_id(format!("generated_{seed}"));
+    }
+    let program = builder.build();
+
+    let mut globals: Vec<&(BufferDecl, u32)> =
+        decls.iter().filter(|(d, _)| d.access.is_global()).collect();
+    globals.sort_by_key(|(d, _)| d.binding);
+    let inputs = globals
+        .iter()
+        .map(|(decl, elements)| match decl.access {
+            Access::WriteOnly => vec![0u8; *elements as usize * decl.elem.size_bytes() as usize],
+            _ => random_bytes(rng, decl.elem, *elements),
+        })
+        .collect();
+    let iterations = rng.range(1, options.max_fixpoint_iterations.max(1));
+    RandomCase {
+        seed,
+        program,
+        inputs,
+        config: DispatchConfig::new(workgroups).with_fixpoint_iterations(iterations),
+    }
+}
+
+// ---- arbitrary (mostly invalid) programs -----------------------------------------------
+
+const NAME_POOL: [&str; 16] = [
+    "gid", "lid", "v1", "v2", "v3", "v4", "x", "in0", "out0", "out1", "atom", "shared", "", "__vyre_t",
+    "stage", "in1",
+];
+
+struct ArbitraryGenerator {
+    rng: SeededRng,
+    budget: i64,
+}
+
+impl ArbitraryGenerator {
+    fn name(&mut self) -> Name {
+        (*self.rng.pick(&NAME_POOL).unwrap_or(&"x")).into()
+    }
+
+    fn ty(&mut self) -> ScalarType {
+        *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32)
+    }
+
+    fn expr(&mut self, depth: u32) -> Expr {
+        self.budget -= 1;
+        if depth == 0 || self.budget <= 0 || self.rng.one_in(3) {
+            return match self.rng.below(5) {
+                0 => Expr::Var(self.name()),
+                1 => Expr::Length { buffer: self.name() },
+                2 => {
+                    let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
+                    Expr::Builtin(match self.rng.below(4) {
+                        0 => Builtin::GlobalId(axis),
+                        1 => Builtin::LocalId(axis),
+                        2 => Builtin::WorkgroupId(axis),
+                        _ => Builtin::WorkgroupCount(axis),
+                    })
+                }
+                _ => {
+                    let ty = self.ty();
+                    Expr::Literal(interesting_literal(&mut self.rng, ty))
+                }
+            };
+        }
+        let next = depth - 1;
+        match self.rng.below(8) {
+            0 => Expr::Load {
+                buffer: self.name(),
+                index: Box::new(self.expr(next)),
+            },
+            1 | 2 => {
+                let op = *self.rng.pick(&BinaryOp::ALL).unwrap_or(&BinaryOp::Add);
+                Expr::Binary {
+                    op,
+                    lhs: Box::new(self.expr(next)),
+                    rhs: Box::new(self.expr(next)),
+                }
+            }
+            3 => {
+                let op = *self.rng.pick(&UnaryOp::ALL).unwrap_or(&UnaryOp::Neg);
+                Expr::Unary {
+                    op,
+                    operand: Box::new(self.expr(next)),
+                }
+            }
+            4 => Expr::Select {
+                condition: Box::new(self.expr(next)),
+                if_true: Box::new(self.expr(next)),
+                if_false: Box::new(self.expr(next)),
+            },
+            5 => Expr::Cast {
+                to: self.ty(),
+                value: Box::new(self.expr(next)),
+            },
+            6 => Expr::SubgroupShuffleXor {
+                value: Box::new(self.expr(next)),
+                lane_mask: if self.rng.one_in(2) {
+                    self.rng.range(0, 40)
+                } else {
+                    self.rng.next_u32()
+                },
+            },
+            _ => Expr::SubgroupReduce {
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                value: Box::new(self.expr(next)),
+            },
+        }
+    }
+
+    fn node(&mut self, depth: u32) -> Node {
+        self.budget -= 1;
+        let choice = if depth == 0 || self.budget <= 0 {
+            self.rng.below(7)
+        } else {
+            self.rng.below(10)
+        };
+        match choice {
+            0 => Node::Let {
+                name: self.name(),
+                mutable: self.rng.one_in(2),
+                value: self.expr(3),
+            },
+            1 => Node::Assign {
+                name: self.name(),
+                value: self.expr(3),
+            },
+            2 => Node::Store {
+                buffer: self.name(),
+                index: self.expr(2),
+                value: self.expr(3),
+            },
+            3 => match self.rng.below(3) {
+                0 => Node::Barrier,
+                1 => Node::GridSync,
+                _ => Node::Return,
+            },
+            4 => Node::Atomic {
+                op: *self.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add),
+                buffer: self.name(),
+                index: self.expr(2),
+                value: self.expr(2),
+            },
+            5 => Node::WorkgroupReduce {
+                name: self.name(),
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                value: self.expr(2),
+            },
+            6 => Node::Let {
+                name: self.name(),
+                mutable: true,
+                value: Expr::Literal(interesting_literal(&mut self.rng, ScalarType::U32)),
+            },
+            7 | 8 => Node::If {
+                condition: self.expr(2),
+                then_body: self.block(depth - 1).into(),
+                else_body: self.block(depth - 1).into(),
+            },
+            _ => Node::Loop {
+                variable: self.name(),
+                start: self.expr(1),
+                end: self.expr(1),
+                body: self.block(depth - 1).into(),
+            },
+        }
+    }
+
+    fn block(&mut self, depth: u32) -> Vec<Node> {
+        let count = self.rng.range(0, 4);
+        (0..count).map(|_| self.node(depth)).collect()
+    }
+
+    fn buffer(&mut self, position: u32) -> BufferDecl {
+        let count = match self.rng.below(8) {
+            0 => BufferCount::Static(0),
+            1 => BufferCount::Static(u32::MAX),
+            2 => BufferCount::Static(1 << 30),
+            3 => BufferCount::Static(self.rng.next_u32()),
+            4 | 5 => BufferCount::Runtime,
+            _ => BufferCount::Static(self.rng.range(1, 64)),
+        };
+        let binding = if self.rng.one_in(3) {
+            self.rng.range(0, 3)
+        } else {
+            position
+        };
+        BufferDecl::new(
+            self.name(),
+            binding,
+            *self.rng.pick(&ACCESSES).unwrap_or(&Access::ReadOnly),
+            *self.rng.pick(&ELEMS).unwrap_or(&ElemType::U32),
+            count,
+        )
+    }
+
+    fn workgroup_axis(&mut self) -> u32 {
+        match self.rng.below(8) {
+            0 => 0,
+            1 => u32::MAX,
+            2 => 2048,
+            3 => self.rng.next_u32(),
+            4 => 65,
+            _ => self.rng.range(1, 32),
+        }
+    }
+
+    /// A chain of nested ifs or expressions around the depth limit.
+    fn deep(&mut self) -> Vec<Node> {
+        let depth = self.rng.range(200, 320);
+        if self.rng.one_in(2) {
+            let mut expr = Expr::u32(1);
+            for _ in 0..depth {
+                expr = Expr::unary(UnaryOp::BitNot, expr);
+            }
+            vec![Node::Let {
+                name: "x".into(),
+                mutable: false,
+                value: expr,
+            }]
+        } else {
+            let mut block: Vec<Node> = vec![Node::Barrier];
+            for _ in 0..depth {
+                block = vec![Node::If {
+                    condition: Expr::bool(true),
+                    then_body: block.into(),
+                    else_body: Vec::new().into(),
+                }];
+            }
+            block
+        }
+    }
+}
+
+/// Rebuilds a program with one random change at a random place (a node replaced,
+/// inserted, deleted or wrapped; an expression replaced; a buffer field changed).
+struct Mutator {
+    junk: ArbitraryGenerator,
+    target: u64,
+    seen: u64,
+}
+
+impl Mutator {
+    fn hit(&mut self) -> bool {
+        self.seen += 1;
+        self.seen == self.target
+    }
+
+    fn block(&mut self, block: &[Node]) -> Block {
+        let mut out = Vec::with_capacity(block.len() + 1);
+        for node in block {
+            if self.hit() {
+                match self.junk.rng.below(6) {
+                    0 => {}
+                    1 => {
+                        out.push(self.junk.node(2));
+                        out.push(node.clone());
+                    }
+                    2 => out.push(self.junk.node(2)),
+                    3 => out.push(Node::If {
+                        condition: self.junk.expr(2),
+                        then_body: vec![node.clone()].into(),
+                        else_body: Vec::new().into(),
+                    }),
+                    4 => out.push(Node::Loop {
+                        variable: self.junk.name(),
+                        start: Expr::u32(0),
+                        end: self.junk.expr(1),
+                        body: vec![node.clone()].into(),
+                    }),
+                    _ => {
+                        out.push(node.clone());
+                        out.push(match self.junk.rng.below(4) {
+                            0 => Node::Barrier,
+                            1 => Node::GridSync,
+                            2 => Node::Return,
+                            _ => Node::WorkgroupReduce {
+                                name: self.junk.name(),
+                                op: ReduceOp::Sum,
+                                value: Expr::u32(1),
+                            },
+                        });
+                    }
+                }
+                continue;
+            }
+            out.push(self.node(node));
+        }
+        out.into()
+    }
+
+    fn node(&mut self, node: &Node) -> Node {
+        match node {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => Node::Let {
+                name: name.clone(),
+                mutable: *mutable,
+                value: self.expr(value),
+            },
+            Node::Assign { name, value } => Node::Assign {
+                name: name.clone(),
+                value: self.expr(value),
+            },
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => Node::Store {
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => Node::If {
+                condition: self.expr(condition),
+                then_body: self.block(then_body),
+                else_body: self.block(else_body),
+            },
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => Node::Loop {
+                variable: variable.clone(),
+                start: self.expr(start),
+                end: self.expr(end),
+                body: self.block(body),
+            },
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::Atomic {
+                op: *op,
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
+                name: name.clone(),
+                op: *op,
+                value: self.expr(value),
+            },
+            Node::Barrier | Node::GridSync | Node::Return => node.clone(),
+        }
+    }
+
+    fn expr(&mut self, expr: &Expr) -> Expr {
+        if self.hit() {
+            return match self.junk.rng.below(3) {
+                0 => self.junk.expr(2),
+                1 => Expr::Cast {
+                    to: self.junk.ty(),
+                    value: Box::new(expr.clone()),
+                },
+                _ => Expr::Unary {
+                    op: *self.junk.rng.pick(&UnaryOp::ALL).unwrap_or(&UnaryOp::Neg),
+                    operand: Box::new(expr.clone()),
+                },
+            };
+        }
+        let boxed = |m: &mut Self, e: &Expr| Box::new(m.expr(e));
+        match expr {
+            Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {
+                expr.clone()
+            }
+            Expr::Load { buffer, index } => Expr::Load {
+                buffer: buffer.clone(),
+                index: boxed(self, index),
+            },
+            Expr::Binary { op, lhs, rhs } => Expr::Binary {
+                op: *op,
+                lhs: boxed(self, lhs),
+                rhs: boxed(self, rhs),
+            },
+            Expr::Unary { op, operand } => Expr::Unary {
+                op: *op,
+                operand: boxed(self, operand),
+            },
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => Expr::Select {
+                condition: boxed(self, condition),
+                if_true: boxed(self, if_true),
+                if_false: boxed(self, if_false),
+            },
+            Expr::Cast { to, value } => Expr::Cast {
+                to: *to,
+                value: boxed(self, value),
+            },
+            Expr::SubgroupShuffleXor { value, lane_mask } => Expr::SubgroupShuffleXor {
+                value: boxed(self, value),
+                lane_mask: *lane_mask,
+            },
+            Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
+                op: *op,
+                value: boxed(self, value),
+            },
+        }
+    }
+}
+
+fn mutate(program: &Program, rng: SeededRng) -> Program {
+    let mut junk = ArbitraryGenerator { rng, budget: 24 };
+    let mut buffers: Vec<BufferDecl> = program.buffers().to_vec();
+    let mut workgroup_size = program.workgroup_size();
+    match junk.rng.below(8) {
+        0 => {
+            let position = junk.rng.below(buffers.len() as u64 + 1) as usize;
+            let decl = junk.buffer(position as u32);
+            match buffers.get_mut(position) {
+                Some(slot) => match junk.rng.below(5) {
+                    0 => slot.name = decl.name,
+                    1 => slot.binding = decl.binding,
+                    2 => slot.access = decl.access,
+                    3 => slot.elem = decl.elem,
+                    _ => slot.count = decl.count,
+                },
+                None => buffers.push(decl),
+            }
+        }
+        1 => {
+            let axis = junk.rng.below(3) as usize;
+            let value = junk.workgroup_axis();
+            if let Some(slot) = workgroup_size.get_mut(axis) {
+                *slot = value;
+            }
+        }
+        _ => {
+            let total = program.node_count().max(1);
+            let target = junk.rng.below(total) + 1;
+            let mut mutator = Mutator {
+                junk,
+                target,
+                seen: 0,
+            };
+            let entry = mutator.block(program.entry());
+            return Program::from_parts(
+                buffers.into(),
+                workgroup_size,
+                entry,
+                None,
+                program.non_composable_with_self(),
+            );
+        }
+    }
+    Program::from_parts(
+        buffers.into(),
+        workgroup_size,
+        program.entry().clone(),
+        None,
+        false,
+    )
+}
+
+/// An arbitrary program, usually invalid, for "the validator never panics" fuzzing.
+/// About a third are valid programs with one to three random mutations (so deep rules
+/// such as uniformity and scoping are reached); the rest are random buffers,
+/// workgroup sizes and bodies drawn from a small name pool, sometimes nested around
+/// the depth limit. Nesting stays below about 320 levels so recursive `Drop` and
+/// `Display` of the result stay cheap.
+pub fn arbitrary_program(seed: u64) -> Program {
+    let mut rng = SeededRng::new(seed ^ 0xa4b1_7a4b);
+    if rng.one_in(3) {
+        let options = GeneratorOptions {
+            max_nodes: 12,
+            allow_grid_sync: rng.one_in(2),
+            ..GeneratorOptions::default()
+        };
+        let mut program = valid_program(rng.next_u64(), &options).program;
+        for _ in 0..rng.range(1, 3) {
+            let mutation_rng = SeededRng::new(rng.next_u64());
+            program = mutate(&program, mutation_rng);
+        }
+        return program;
+    }
+    let mut generator = ArbitraryGenerator {
+        rng,
+        budget: 40,
+    };
+    let buffer_count = generator.rng.range(0, 5);
+    let buffers: Vec<BufferDecl> = (0..buffer_count).map(|i| generator.buffer(i)).collect();
+    let workgroup_size = if generator.rng.one_in(2) {
+        [generator.rng.range(1, 64), 1, 1]
+    } else {
+        [
+            generator.workgroup_axis(),
+            generator.workgroup_axis(),
+            generator.workgroup_axis(),
+        ]
+    };
+    let mut body = if generator.rng.one_in(24) {
+        generator.deep()
+    } else {
+        Vec::new()
+    };
+    body.extend(generator.block(3));
+    let mut builder = Program::builder(workgroup_size).nodes(body);
+    for decl in buffers {
+        builder = builder.buffer_decl(decl);
+    }
+    if generator.rng.one_in(4) {
+        builder = builder.non_composable_with_self(true);
+    }
+    builder.build()
+}

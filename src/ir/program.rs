@@ -641,10 +641,9 @@ pub(crate) struct ProgramInner {
     pub(crate) non_composable_with_self: bool,
     pub(crate) digest: OnceLock<Digest>,
     pub(crate) node_count: OnceLock<u64>,
-    /// Memo for `lower::lower_workgroup_reductions`: the lowering-capabilities key it
-    /// was computed for and the result (this very value when nothing was rewritten).
-    #[allow(dead_code)] // used by lowering, being written
-    pub(crate) lowered: OnceLock<(u64, Program)>,
+    /// Memo for `lower::lower_workgroup_reductions`: whether anything needs rewriting
+    /// and, if so, the result for one lowering-capabilities key.
+    pub(crate) lowered: OnceLock<crate::lower::LoweringMemo>,
 }
 
 /// An immutable program. Cloning copies one pointer; the digest and node count

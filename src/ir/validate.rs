@@ -1,9 +1,37 @@
 //! The validator: owns every rule of the IR and every `Fix:` message (§1).
-//! (Being written: see issue 2.)
+//!
+//! Lowering, code generation, the reference interpreter and the backend all assume
+//! the program they receive passed [`validate`] (or, after lowering,
+//! [`validate_lowered`]); none of them re-checks a rule. So this module is the one
+//! place a malformed program is turned into an error, and it must answer for *any*
+//! value a caller can build: it never panics, never recurses deeper than
+//! [`MAX_NESTING_DEPTH`], never walks more than [`MAX_NODES`] nodes (a program built
+//! from shared `Arc` blocks can describe an exponentially large tree) and uses checked
+//! arithmetic for every size.
+//!
+//! The walk is one pass over the tree, O(n): it resolves names, checks types and
+//! records a small dependency graph for the uniformity rules (which variables and
+//! control-flow contexts are the same for a whole workgroup or the whole grid). The
+//! graph is solved afterwards by a monotone worklist (each node can only drop from
+//! grid-uniform to workgroup-uniform to divergent, so it settles in O(n)), and the
+//! barrier, reduction and grid-sync checks recorded during the walk are decided then.
 
-use std::fmt;
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
 
-use super::program::Program;
+use super::program::*;
+
+/// Deepest nesting of blocks and expressions a program may have (a node or an
+/// expression nested inside 256 others is rejected). Keeps every recursive walk in
+/// the crate (digest, display, lowering, code generation) far from the stack limit.
+pub const MAX_NESTING_DEPTH: u32 = 256;
+
+/// Most nodes plus expressions one program may have, counted as a tree (a block
+/// shared by several parents counts once per parent).
+pub const MAX_NODES: u64 = 1 << 24;
+
+/// Prefix of names reserved for buffers and variables that lowering introduces.
+pub const RESERVED_PREFIX: &str = "__vyre";
 
 /// Device limits the validator checks a program against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,16 +59,90 @@ impl Default for Limits {
     }
 }
 
+/// Which rule a program broke. One variant per rule; the error's message says
+/// which item broke it and what to change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// A buffer or variable has an empty name.
+    EmptyName,
+    /// A user buffer or variable name starts with [`RESERVED_PREFIX`].
+    ReservedName,
+    /// Two buffers share a name.
+    DuplicateBufferName,
+    /// Two buffers share a binding slot.
+    BindingCollision,
+    /// A `Workgroup` buffer has a runtime count.
+    WorkgroupBufferNeedsStaticCount,
+    /// A buffer has a static count of zero.
+    ZeroCount,
+    /// A buffer's static size in bytes does not fit in a `u32`.
+    CountOverflow,
+    /// The `Workgroup` buffers together exceed the shared-memory limit.
+    SharedMemoryOverLimit,
+    /// A workgroup size axis is zero.
+    WorkgroupSizeZero,
+    /// A workgroup size axis exceeds the device's per-axis limit.
+    WorkgroupSizeOverAxisLimit,
+    /// The workgroup's thread count exceeds the device limit (or overflows).
+    WorkgroupSizeOverThreadLimit,
+    /// A variable is used or assigned but not declared in scope.
+    UnknownVariable,
+    /// A declaration reuses a name already in scope (no shadowing).
+    DuplicateVariable,
+    /// An assignment targets an immutable variable (a `let`, loop variable or
+    /// reduction result).
+    AssignToImmutable,
+    /// A buffer is used but not declared.
+    UnknownBuffer,
+    /// A store targets a `ReadOnly` buffer.
+    StoreToReadOnly,
+    /// An atomic targets a buffer that is not `u32` with `ReadWrite` or `Workgroup` access.
+    AtomicBuffer,
+    /// An operand, index, value or condition has the wrong type.
+    TypeMismatch,
+    /// A subgroup expression appears in a user program (only lowering produces them).
+    SubgroupBeforeLowering,
+    /// A subgroup shuffle's lane mask is not below the subgroup size.
+    LaneMaskOutOfRange,
+    /// A lowered program still contains a `WorkgroupReduce` node.
+    WorkgroupReduceNotLowered,
+    /// A barrier is reachable under control flow that is not workgroup-uniform.
+    DivergentBarrier,
+    /// A workgroup reduction is reachable under control flow that is not workgroup-uniform.
+    DivergentWorkgroupReduce,
+    /// A subgroup expression is reachable under control flow that is not workgroup-uniform.
+    DivergentSubgroupOp,
+    /// A grid sync is reachable under control flow that is not grid-uniform.
+    GridSyncNotGridUniform,
+    /// Blocks and expressions nest deeper than [`MAX_NESTING_DEPTH`].
+    NestingTooDeep,
+    /// The program has more than [`MAX_NODES`] nodes and expressions.
+    TooManyNodes,
+}
+
 /// A rule a program broke. The message starts with `Fix:` and says what to change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValidationError {
+    rule: Rule,
     message: String,
 }
 
 impl ValidationError {
+    fn new(rule: Rule, message: String) -> Self {
+        ValidationError {
+            rule,
+            message: format!("Fix: {message}"),
+        }
+    }
+
     /// The message, starting with `Fix:`.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The rule that was broken.
+    pub fn rule(&self) -> Rule {
+        self.rule
     }
 }
 
@@ -52,12 +154,1249 @@ impl fmt::Display for ValidationError {
 
 impl std::error::Error for ValidationError {}
 
+type Checked<T> = Result<T, ValidationError>;
+
 /// Check a user program against every rule of §1.
-pub fn validate(_program: &Program, _limits: &Limits) -> Result<(), ValidationError> {
-    Ok(())
+pub fn validate(program: &Program, limits: &Limits) -> Result<(), ValidationError> {
+    Checker::run(program, limits, false)
 }
 
-/// Check a program produced by lowering (subgroup expressions allowed).
-pub fn validate_lowered(_program: &Program, _limits: &Limits) -> Result<(), ValidationError> {
-    Ok(())
+/// Check a program produced by lowering: subgroup expressions are allowed (in
+/// workgroup-uniform control flow, lane masks below the subgroup size), names with
+/// the reserved prefix are allowed, and `WorkgroupReduce` nodes are rejected because
+/// lowering must have rewritten them.
+pub fn validate_lowered(program: &Program, limits: &Limits) -> Result<(), ValidationError> {
+    Checker::run(program, limits, true)
+}
+
+/// How far a value or a control-flow context is the same across threads. Ordered so
+/// that `min` combines two facts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    /// May differ between threads of one workgroup.
+    Divergent = 0,
+    /// The same for every thread of a workgroup.
+    Workgroup = 1,
+    /// The same for every thread of the grid.
+    Grid = 2,
+}
+
+/// What kind of declaration a variable came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VarKind {
+    Let { mutable: bool },
+    LoopVariable,
+    ReduceResult,
+}
+
+struct VarInfo {
+    ty: ScalarType,
+    kind: VarKind,
+    /// Node of the uniformity graph holding this variable's level.
+    level_node: u32,
+}
+
+/// Which block a path segment indexes.
+#[derive(Clone, Copy, Debug)]
+enum Branch {
+    Entry,
+    Then,
+    Else,
+    Body,
+}
+
+impl Branch {
+    fn name(self) -> &'static str {
+        match self {
+            Branch::Entry => "entry",
+            Branch::Then => "then",
+            Branch::Else => "else",
+            Branch::Body => "body",
+        }
+    }
+}
+
+/// What a deferred uniformity check is about.
+#[derive(Clone, Copy, Debug)]
+enum CheckKind {
+    Barrier,
+    GridSync,
+    WorkgroupReduce,
+    Subgroup,
+}
+
+/// A uniformity requirement recorded during the walk and decided after the graph is solved.
+struct DeferredCheck {
+    context: u32,
+    ordinal: u64,
+    kind: CheckKind,
+}
+
+const FLAG_WORKGROUP_CHECKED: u8 = 1;
+const FLAG_GRID_CHECKED: u8 = 2;
+
+struct Checker<'p> {
+    limits: &'p Limits,
+    lowered: bool,
+    buffers: HashMap<&'p str, &'p BufferDecl>,
+    /// Subgroup reductions are workgroup-uniform when one subgroup is the whole workgroup.
+    single_subgroup: bool,
+    scope: HashMap<&'p str, u32>,
+    scope_names: Vec<&'p str>,
+    vars: Vec<VarInfo>,
+    /// Uniformity graph: each node's level (starts at its constant part) and flags.
+    levels: Vec<Level>,
+    flags: Vec<u8>,
+    /// Edges `from -> to`: `to`'s level is at most `from`'s.
+    edges: Vec<(u32, u32)>,
+    /// Variable nodes an expression being checked depends on.
+    deps: Vec<u32>,
+    checks: Vec<DeferredCheck>,
+    path: Vec<(Branch, usize)>,
+    visited: u64,
+    ordinal: u64,
+    /// The context of the node whose expressions are being checked.
+    current_context: u32,
+}
+
+impl<'p> Checker<'p> {
+    fn run(program: &'p Program, limits: &'p Limits, lowered: bool) -> Checked<()> {
+        let single_subgroup = program
+            .threads_per_workgroup()
+            .is_some_and(|t| t <= limits.subgroup_size);
+        let mut checker = Checker {
+            limits,
+            lowered,
+            buffers: HashMap::with_capacity(program.buffers().len()),
+            single_subgroup,
+            scope: HashMap::new(),
+            scope_names: Vec::new(),
+            vars: Vec::new(),
+            levels: Vec::new(),
+            flags: Vec::new(),
+            edges: Vec::new(),
+            deps: Vec::new(),
+            checks: Vec::new(),
+            path: Vec::new(),
+            visited: 0,
+            ordinal: 0,
+            current_context: 0,
+        };
+        checker.check_buffers(program.buffers())?;
+        checker.check_workgroup_size(program.workgroup_size())?;
+        let root = checker.new_level_node(Level::Grid);
+        checker.block(program.entry(), Branch::Entry, root, 0)?;
+        checker.solve();
+        checker.decide_checks(program)
+    }
+
+    fn check_name(&self, name: &str, what: &str, where_: &dyn Fn() -> String) -> Checked<()> {
+        if name.is_empty() {
+            return Err(ValidationError::new(
+                Rule::EmptyName,
+                format!("give the {what} {} a non-empty name", where_()),
+            ));
+        }
+        if !self.lowered && name.starts_with(RESERVED_PREFIX) {
+            return Err(ValidationError::new(
+                Rule::ReservedName,
+                format!(
+                    "rename the {what} `{name}` {}: names starting `{RESERVED_PREFIX}` are \
+                     reserved for lowering",
+                    where_()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_buffers(&mut self, buffers: &'p [BufferDecl]) -> Checked<()> {
+        let mut bindings: HashMap<u32, &str> = HashMap::with_capacity(buffers.len());
+        let mut shared_bytes: u64 = 0;
+        for (position, decl) in buffers.iter().enumerate() {
+            let name = &*decl.name;
+            self.check_name(name, "buffer", &|| format!("declared at position {position}"))?;
+            if self.buffers.insert(name, decl).is_some() {
+                return Err(ValidationError::new(
+                    Rule::DuplicateBufferName,
+                    format!(
+                        "rename one of the two buffers named `{name}`: buffer names must be unique"
+                    ),
+                ));
+            }
+            if let Some(other) = bindings.insert(decl.binding, name) {
+                return Err(ValidationError::new(
+                    Rule::BindingCollision,
+                    format!(
+                        "give buffer `{name}` a binding slot other than {}: buffer `{other}` \
+                         already uses it (binding collision)",
+                        decl.binding
+                    ),
+                ));
+            }
+            match decl.count {
+                BufferCount::Runtime => {
+                    if decl.access == Access::Workgroup {
+                        return Err(ValidationError::new(
+                            Rule::WorkgroupBufferNeedsStaticCount,
+                            format!(
+                                "give workgroup buffer `{name}` a static element count \
+                                 (BufferCount::Static): shared memory is sized at compile time"
+                            ),
+                        ));
+                    }
+                }
+                BufferCount::Static(0) => {
+                    return Err(ValidationError::new(
+                        Rule::ZeroCount,
+                        format!(
+                            "give buffer `{name}` a static count of at least 1 (zero count), \
+                             or remove it"
+                        ),
+                    ));
+                }
+                BufferCount::Static(count) => {
+                    let bytes = (count as u64).checked_mul(decl.elem.size_bytes() as u64);
+                    let bytes = match bytes {
+                        Some(b) if b <= u32::MAX as u64 => b,
+                        _ => {
+                            return Err(ValidationError::new(
+                                Rule::CountOverflow,
+                                format!(
+                                    "shrink buffer `{name}`: {count} elements of {} do not fit in \
+                                     {} bytes (overflowing count); use a smaller static count or \
+                                     BufferCount::Runtime",
+                                    decl.elem.name(),
+                                    u32::MAX
+                                ),
+                            ))
+                        }
+                    };
+                    if decl.access == Access::Workgroup {
+                        shared_bytes = match shared_bytes.checked_add(bytes) {
+                            Some(total) => total,
+                            None => u64::MAX,
+                        };
+                        if shared_bytes > self.limits.max_shared_memory_bytes as u64 {
+                            return Err(ValidationError::new(
+                                Rule::SharedMemoryOverLimit,
+                                format!(
+                                    "shrink workgroup buffer `{name}` or the workgroup buffers \
+                                     before it: together they need {shared_bytes} bytes of \
+                                     shared memory, over the device limit of {} bytes",
+                                    self.limits.max_shared_memory_bytes
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_workgroup_size(&self, size: [u32; 3]) -> Checked<()> {
+        let axes = [Axis::X, Axis::Y, Axis::Z];
+        for (axis, (&value, &limit)) in axes
+            .iter()
+            .zip(size.iter().zip(self.limits.max_workgroup_size.iter()))
+        {
+            if value == 0 {
+                return Err(ValidationError::new(
+                    Rule::WorkgroupSizeZero,
+                    format!(
+                        "set workgroup size axis {} to at least 1 (it is zero in {size:?})",
+                        axis.name()
+                    ),
+                ));
+            }
+            if value > limit {
+                return Err(ValidationError::new(
+                    Rule::WorkgroupSizeOverAxisLimit,
+                    format!(
+                        "reduce workgroup size axis {} from {value} to at most {limit} (the \
+                         device limit for that axis) in {size:?}",
+                        axis.name()
+                    ),
+                ));
+            }
+        }
+        let threads = (size[0] as u64)
+            .checked_mul(size[1] as u64)
+            .and_then(|t| t.checked_mul(size[2] as u64));
+        match threads {
+            Some(t) if t <= self.limits.max_threads_per_workgroup as u64 => Ok(()),
+            _ => Err(ValidationError::new(
+                Rule::WorkgroupSizeOverThreadLimit,
+                format!(
+                    "shrink workgroup size {size:?}: its {} threads exceed the device limit of {} \
+                     threads per workgroup",
+                    threads.map_or_else(|| "overflowing".to_string(), |t| t.to_string()),
+                    self.limits.max_threads_per_workgroup
+                ),
+            )),
+        }
+    }
+
+    // ---- location and descriptions -------------------------------------------------
+
+    fn location(&self) -> String {
+        location_of(&self.path)
+    }
+
+    fn at(&self, node: &Node) -> String {
+        format!("at {} (`{}`)", self.location(), describe_node(node))
+    }
+
+    // ---- uniformity graph ------------------------------------------------------------
+
+    fn new_level_node(&mut self, level: Level) -> u32 {
+        let id = self.levels.len() as u32;
+        self.levels.push(level);
+        self.flags.push(0);
+        id
+    }
+
+    fn edge(&mut self, from: u32, to: u32) {
+        if from != to {
+            self.edges.push((from, to));
+        }
+    }
+
+    /// A node whose level is at most `constant`, `context` and every dependency
+    /// collected since `mark`; the dependency list is truncated back to `mark`.
+    fn node_from_deps(&mut self, constant: Level, context: u32, mark: usize) -> u32 {
+        let node = self.new_level_node(constant);
+        self.edge(context, node);
+        self.drain_deps_into(node, mark);
+        node
+    }
+
+    fn drain_deps_into(&mut self, node: u32, mark: usize) {
+        let start = mark.min(self.deps.len());
+        for index in start..self.deps.len() {
+            if let Some(&dep) = self.deps.get(index) {
+                self.edge(dep, node);
+            }
+        }
+        self.deps.truncate(start);
+    }
+
+    /// Adds `source` to the exit cap `cap` (creating it if needed).
+    fn merge_cap(&mut self, cap: Option<u32>, source: u32) -> u32 {
+        match cap {
+            Some(existing) => {
+                self.edge(source, existing);
+                existing
+            }
+            None => {
+                let node = self.new_level_node(Level::Grid);
+                self.edge(source, node);
+                node
+            }
+        }
+    }
+
+    fn defer(&mut self, context: u32, kind: CheckKind) {
+        let flag = match kind {
+            CheckKind::GridSync => FLAG_GRID_CHECKED,
+            _ => FLAG_WORKGROUP_CHECKED,
+        };
+        // Only the first requirement of each strength per context can be the first to
+        // fail, so later ones are not recorded: memory stays O(contexts).
+        let Some(flags) = self.flags.get_mut(context as usize) else {
+            return;
+        };
+        if *flags & flag != 0 {
+            return;
+        }
+        *flags |= flag;
+        self.checks.push(DeferredCheck {
+            context,
+            ordinal: self.ordinal,
+            kind,
+        });
+    }
+
+    /// Settles every level: each node ends at the minimum of its constant and all
+    /// its predecessors. A node can drop at most twice, so this is O(nodes + edges).
+    fn solve(&mut self) {
+        let count = self.levels.len();
+        let mut starts = vec![0u32; count + 1];
+        for &(from, _) in &self.edges {
+            if let Some(s) = starts.get_mut(from as usize + 1) {
+                *s += 1;
+            }
+        }
+        for i in 1..starts.len() {
+            let previous = starts.get(i - 1).copied().unwrap_or(0);
+            if let Some(s) = starts.get_mut(i) {
+                *s += previous;
+            }
+        }
+        let mut fill = starts.clone();
+        let mut successors = vec![0u32; self.edges.len()];
+        for &(from, to) in &self.edges {
+            if let Some(slot) = fill.get_mut(from as usize) {
+                if let Some(target) = successors.get_mut(*slot as usize) {
+                    *target = to;
+                }
+                *slot += 1;
+            }
+        }
+        let mut work: Vec<u32> = (0..count as u32).collect();
+        while let Some(node) = work.pop() {
+            let Some(&level) = self.levels.get(node as usize) else {
+                continue;
+            };
+            let begin = starts.get(node as usize).copied().unwrap_or(0) as usize;
+            let end = starts.get(node as usize + 1).copied().unwrap_or(0) as usize;
+            for &next in successors.get(begin..end).unwrap_or(&[]) {
+                if let Some(next_level) = self.levels.get_mut(next as usize) {
+                    if *next_level > level {
+                        *next_level = level;
+                        work.push(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn decide_checks(&self, program: &Program) -> Checked<()> {
+        for check in &self.checks {
+            let level = self
+                .levels
+                .get(check.context as usize)
+                .copied()
+                .unwrap_or(Level::Divergent);
+            let required = match check.kind {
+                CheckKind::GridSync => Level::Grid,
+                _ => Level::Workgroup,
+            };
+            if level >= required {
+                continue;
+            }
+            let (path, description) = locate(program.entry(), check.ordinal);
+            let at = format!("at {} (`{description}`)", location_of(&path));
+            let uniform_inputs = "literals, workgroup_id, workgroup_count, buffer lengths, \
+                                  workgroup reduction results and variables computed only from \
+                                  those";
+            return Err(match check.kind {
+                CheckKind::Barrier => ValidationError::new(
+                    Rule::DivergentBarrier,
+                    format!(
+                        "move the barrier {at} out of the divergent if/loop (or after no \
+                         divergent return), or make the condition workgroup-uniform: every \
+                         thread of a workgroup must reach it; uniform conditions use only \
+                         {uniform_inputs}"
+                    ),
+                ),
+                CheckKind::WorkgroupReduce => ValidationError::new(
+                    Rule::DivergentWorkgroupReduce,
+                    format!(
+                        "move the workgroup reduction {at} out of the divergent if/loop (or \
+                         before any divergent return), or make the condition workgroup-uniform: \
+                         every thread of a workgroup must reach it; uniform conditions use only \
+                         {uniform_inputs}"
+                    ),
+                ),
+                CheckKind::Subgroup => ValidationError::new(
+                    Rule::DivergentSubgroupOp,
+                    format!(
+                        "emit the subgroup operation {at} only in workgroup-uniform control \
+                         flow: every lane of the subgroup must be active"
+                    ),
+                ),
+                CheckKind::GridSync => ValidationError::new(
+                    Rule::GridSyncNotGridUniform,
+                    format!(
+                        "move the grid sync {at} out of the if/loop (or before any return) whose \
+                         condition differs between threads or workgroups, or make it \
+                         grid-uniform: every thread of the grid must reach it; grid-uniform \
+                         conditions use only literals, workgroup_count, buffer lengths and \
+                         variables computed only from those"
+                    ),
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- the walk ----------------------------------------------------------------------
+
+    fn count_visit(&mut self) -> Checked<()> {
+        self.visited = self.visited.saturating_add(1);
+        if self.visited > MAX_NODES {
+            return Err(ValidationError::new(
+                Rule::TooManyNodes,
+                format!(
+                    "split the program: it has more than {MAX_NODES} nodes and expressions \
+                     (counting shared blocks once per use); the walk stopped at {}",
+                    self.location()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn too_deep(&self) -> ValidationError {
+        ValidationError::new(
+            Rule::NestingTooDeep,
+            format!(
+                "flatten the program: blocks and expressions nest deeper than \
+                 {MAX_NESTING_DEPTH} levels at {}; hoist inner expressions into `let` \
+                 variables or split nested ifs/loops",
+                self.location()
+            ),
+        )
+    }
+
+    fn declare(
+        &mut self,
+        name: &'p Name,
+        ty: ScalarType,
+        kind: VarKind,
+        level_node: u32,
+        node: &Node,
+    ) -> Checked<()> {
+        self.check_name(name, "variable", &|| self.at(node))?;
+        if self.scope.contains_key(&**name) {
+            return Err(ValidationError::new(
+                Rule::DuplicateVariable,
+                format!(
+                    "rename the variable `{name}` declared {}: a variable of that name is \
+                     already in scope and names may not shadow",
+                    self.at(node)
+                ),
+            ));
+        }
+        let id = self.vars.len() as u32;
+        self.vars.push(VarInfo {
+            ty,
+            kind,
+            level_node,
+        });
+        self.scope.insert(name, id);
+        self.scope_names.push(name);
+        Ok(())
+    }
+
+    fn end_scope(&mut self, mark: usize) {
+        while self.scope_names.len() > mark {
+            if let Some(name) = self.scope_names.pop() {
+                self.scope.remove(name);
+            }
+        }
+    }
+
+    fn buffer(&self, name: &str, node: &Node) -> Checked<&'p BufferDecl> {
+        match self.buffers.get(name) {
+            Some(decl) => Ok(decl),
+            None => Err(ValidationError::new(
+                Rule::UnknownBuffer,
+                format!(
+                    "declare buffer `{name}` (used {}) or use one of the declared buffers",
+                    self.at(node)
+                ),
+            )),
+        }
+    }
+
+    fn expect_type(
+        &self,
+        found: ScalarType,
+        wanted: ScalarType,
+        what: &str,
+        node: &Node,
+    ) -> Checked<()> {
+        if found == wanted {
+            Ok(())
+        } else {
+            Err(ValidationError::new(
+                Rule::TypeMismatch,
+                format!(
+                    "make {what} {} a {} (it is a {}); add a cast if the conversion is intended",
+                    self.at(node),
+                    wanted.name(),
+                    found.name()
+                ),
+            ))
+        }
+    }
+
+    /// Walks one block; returns the exit cap: a level node bounding every context from
+    /// which a `return` inside this block can leave, if there is one.
+    fn block(
+        &mut self,
+        block: &'p [Node],
+        branch: Branch,
+        context: u32,
+        depth: u32,
+    ) -> Checked<Option<u32>> {
+        if depth > MAX_NESTING_DEPTH {
+            return Err(self.too_deep());
+        }
+        let scope_mark = self.scope_names.len();
+        let mut context = context;
+        let mut cap: Option<u32> = None;
+        for (index, node) in block.iter().enumerate() {
+            self.path.push((branch, index));
+            self.count_visit()?;
+            self.ordinal = self.ordinal.saturating_add(1);
+            self.current_context = context;
+            let child_cap = self.node(node, context, depth)?;
+            if let Some(child_cap) = child_cap {
+                // Threads that returned inside `node` are gone for the rest of this block.
+                cap = Some(self.merge_cap(cap, child_cap));
+                let rest = self.new_level_node(Level::Grid);
+                self.edge(context, rest);
+                self.edge(child_cap, rest);
+                context = rest;
+            }
+            self.path.pop();
+        }
+        self.end_scope(scope_mark);
+        Ok(cap)
+    }
+
+    fn node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Option<u32>> {
+        match node {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(value, node, depth + 1)?;
+                let level_node = self.node_from_deps(level, context, mark);
+                let kind = VarKind::Let { mutable: *mutable };
+                self.declare(name, ty, kind, level_node, node)?;
+                Ok(None)
+            }
+            Node::Assign { name, value } => {
+                let Some(&id) = self.scope.get(&**name) else {
+                    return Err(ValidationError::new(
+                        Rule::UnknownVariable,
+                        format!(
+                            "declare `{name}` with `let mut {name} = ...` before the assignment \
+                             {}, or fix the name: no variable `{name}` is in scope",
+                            self.at(node)
+                        ),
+                    ));
+                };
+                let Some(info) = self.vars.get(id as usize) else {
+                    return Ok(None);
+                };
+                let (declared, kind, target) = (info.ty, info.kind, info.level_node);
+                if kind != (VarKind::Let { mutable: true }) {
+                    let what = match kind {
+                        VarKind::LoopVariable => "a loop variable",
+                        VarKind::ReduceResult => "a workgroup reduction result",
+                        VarKind::Let { .. } => "declared without `mut`",
+                    };
+                    return Err(ValidationError::new(
+                        Rule::AssignToImmutable,
+                        format!(
+                            "assign to a mutable variable instead of `{name}` {}: `{name}` is \
+                             {what}; declare a new `let mut` variable to hold changing values",
+                            self.at(node)
+                        ),
+                    ));
+                }
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(value, node, depth + 1)?;
+                if ty != declared {
+                    return Err(ValidationError::new(
+                        Rule::TypeMismatch,
+                        format!(
+                            "assign a {} value to `{name}` {} (the value is a {}); cast it or \
+                             declare `{name}` with the other type",
+                            declared.name(),
+                            self.at(node),
+                            ty.name()
+                        ),
+                    ));
+                }
+                if let Some(slot) = self.levels.get_mut(target as usize) {
+                    *slot = (*slot).min(level);
+                }
+                self.edge(context, target);
+                self.drain_deps_into(target, mark);
+                Ok(None)
+            }
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => {
+                let decl = self.buffer(buffer, node)?;
+                if decl.access == Access::ReadOnly {
+                    return Err(ValidationError::new(
+                        Rule::StoreToReadOnly,
+                        format!(
+                            "declare buffer `{buffer}` read_write or write_only, or store into \
+                             another buffer: the store {} writes a read_only buffer",
+                            self.at(node)
+                        ),
+                    ));
+                }
+                let mark = self.deps.len();
+                let (index_ty, _) = self.expr(index, node, depth + 1)?;
+                self.expect_type(index_ty, ScalarType::U32, "the index", node)?;
+                let (value_ty, _) = self.expr(value, node, depth + 1)?;
+                let wanted = decl.elem.value_type();
+                if value_ty != wanted {
+                    return Err(ValidationError::new(
+                        Rule::TypeMismatch,
+                        format!(
+                            "store a {} value into buffer `{buffer}` ({} elements) {} (the value \
+                             is a {}); add a cast",
+                            wanted.name(),
+                            decl.elem.name(),
+                            self.at(node),
+                            value_ty.name()
+                        ),
+                    ));
+                }
+                self.deps.truncate(mark);
+                Ok(None)
+            }
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(condition, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::Bool, "the if condition", node)?;
+                let body_context = self.node_from_deps(level, context, mark);
+                let then_cap = self.block(then_body, Branch::Then, body_context, depth + 1)?;
+                let else_cap = self.block(else_body, Branch::Else, body_context, depth + 1)?;
+                Ok(match (then_cap, else_cap) {
+                    (Some(a), Some(b)) => Some(self.merge_cap(Some(a), b)),
+                    (a, b) => a.or(b),
+                })
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let mark = self.deps.len();
+                let (start_ty, start_level) = self.expr(start, node, depth + 1)?;
+                self.expect_type(start_ty, ScalarType::U32, "the loop start", node)?;
+                let (end_ty, end_level) = self.expr(end, node, depth + 1)?;
+                self.expect_type(end_ty, ScalarType::U32, "the loop end", node)?;
+                // The loop variable is exactly as uniform as the body's context.
+                let body_context = self.node_from_deps(start_level.min(end_level), context, mark);
+                let scope_mark = self.scope_names.len();
+                self.declare(
+                    variable,
+                    ScalarType::U32,
+                    VarKind::LoopVariable,
+                    body_context,
+                    node,
+                )?;
+                let body_cap = self.block(body, Branch::Body, body_context, depth + 1)?;
+                self.end_scope(scope_mark);
+                if let Some(cap) = body_cap {
+                    // A divergent return leaves later iterations divergent too.
+                    self.edge(cap, body_context);
+                }
+                Ok(body_cap)
+            }
+            Node::Barrier => {
+                self.defer(context, CheckKind::Barrier);
+                Ok(None)
+            }
+            Node::GridSync => {
+                self.defer(context, CheckKind::GridSync);
+                Ok(None)
+            }
+            Node::Atomic {
+                op: _,
+                buffer,
+                index,
+                value,
+            } => {
+                let decl = self.buffer(buffer, node)?;
+                let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
+                if decl.elem != ElemType::U32 || !access_ok {
+                    return Err(ValidationError::new(
+                        Rule::AtomicBuffer,
+                        format!(
+                            "make buffer `{buffer}` a u32 buffer with read_write or workgroup \
+                             access, or use another buffer: the atomic {} targets a {} {} buffer",
+                            self.at(node),
+                            decl.access.name(),
+                            decl.elem.name()
+                        ),
+                    ));
+                }
+                let mark = self.deps.len();
+                let (index_ty, _) = self.expr(index, node, depth + 1)?;
+                self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
+                let (value_ty, _) = self.expr(value, node, depth + 1)?;
+                self.expect_type(value_ty, ScalarType::U32, "the atomic operand", node)?;
+                self.deps.truncate(mark);
+                Ok(None)
+            }
+            Node::WorkgroupReduce { name, op: _, value } => {
+                if self.lowered {
+                    return Err(ValidationError::new(
+                        Rule::WorkgroupReduceNotLowered,
+                        format!(
+                            "lower the workgroup reduction `{name}` {} before validating as \
+                             lowered (lower::lower_workgroup_reductions rewrites it)",
+                            self.at(node)
+                        ),
+                    ));
+                }
+                let mark = self.deps.len();
+                let (ty, _) = self.expr(value, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::U32, "the reduced value", node)?;
+                self.deps.truncate(mark);
+                self.defer(context, CheckKind::WorkgroupReduce);
+                let level_node = self.new_level_node(Level::Workgroup);
+                self.edge(context, level_node);
+                self.declare(
+                    name,
+                    ScalarType::U32,
+                    VarKind::ReduceResult,
+                    level_node,
+                    node,
+                )?;
+                Ok(None)
+            }
+            Node::Return => {
+                let cap = self.merge_cap(None, context);
+                Ok(Some(cap))
+            }
+        }
+    }
+
+    /// Checks an expression; returns its type and the constant part of its uniformity
+    /// (variables it reads are pushed onto `self.deps`).
+    fn expr(&mut self, expr: &'p Expr, node: &Node, depth: u32) -> Checked<(ScalarType, Level)> {
+        if depth > MAX_NESTING_DEPTH {
+            return Err(self.too_deep());
+        }
+        self.count_visit()?;
+        let next = depth + 1;
+        match expr {
+            Expr::Literal(literal) => Ok((literal.ty(), Level::Grid)),
+            Expr::Var(name) => {
+                let info = self.scope.get(&**name).and_then(|&id| self.vars.get(id as usize));
+                match info {
+                    Some(info) => {
+                        let (ty, level_node) = (info.ty, info.level_node);
+                        self.deps.push(level_node);
+                        Ok((ty, Level::Grid))
+                    }
+                    None => Err(ValidationError::new(
+                        Rule::UnknownVariable,
+                        format!(
+                            "declare `{name}` before its use {} (with `let`), or fix the name: \
+                             no variable `{name}` is in scope there",
+                            self.at(node)
+                        ),
+                    )),
+                }
+            }
+            Expr::Load { buffer, index } => {
+                let decl = self.buffer(buffer, node)?;
+                let (index_ty, index_level) = self.expr(index, node, next)?;
+                self.expect_type(index_ty, ScalarType::U32, "the load index", node)?;
+                // Lowering's own shared buffers are written, then a barrier, then read
+                // at a uniform index: such a load is as uniform as its index.
+                let level = if self.lowered
+                    && decl.access == Access::Workgroup
+                    && decl.name.starts_with(RESERVED_PREFIX)
+                {
+                    index_level.min(Level::Workgroup)
+                } else {
+                    Level::Divergent
+                };
+                Ok((decl.elem.value_type(), level))
+            }
+            Expr::Length { buffer } => {
+                self.buffer(buffer, node)?;
+                Ok((ScalarType::U32, Level::Grid))
+            }
+            Expr::Binary { op, lhs, rhs } => {
+                let (left, left_level) = self.expr(lhs, node, next)?;
+                let (right, right_level) = self.expr(rhs, node, next)?;
+                let ty = self.binary_type(*op, left, right, node)?;
+                Ok((ty, left_level.min(right_level)))
+            }
+            Expr::Unary { op, operand } => {
+                let (ty, level) = self.expr(operand, node, next)?;
+                let result = match (op, ty) {
+                    (UnaryOp::Neg | UnaryOp::Abs, ScalarType::I32 | ScalarType::F32) => Some(ty),
+                    (UnaryOp::BitNot, ScalarType::U32 | ScalarType::I32) => Some(ty),
+                    (UnaryOp::LogicalNot, ScalarType::Bool) => Some(ty),
+                    (
+                        UnaryOp::CountOnes | UnaryOp::LeadingZeros,
+                        ScalarType::U32 | ScalarType::I32,
+                    ) => Some(ScalarType::U32),
+                    _ => None,
+                };
+                let wanted = match op {
+                    UnaryOp::Neg | UnaryOp::Abs => "an i32 or f32",
+                    UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => "a u32 or i32",
+                    UnaryOp::LogicalNot => "a bool",
+                };
+                match result {
+                    Some(result) => Ok((result, level)),
+                    None => Err(ValidationError::new(
+                        Rule::TypeMismatch,
+                        format!(
+                            "give `{}` {wanted} operand {} (it is a {}); add a cast",
+                            op.symbol(),
+                            self.at(node),
+                            ty.name()
+                        ),
+                    )),
+                }
+            }
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => {
+                let (condition_ty, condition_level) = self.expr(condition, node, next)?;
+                self.expect_type(condition_ty, ScalarType::Bool, "the select condition", node)?;
+                let (true_ty, true_level) = self.expr(if_true, node, next)?;
+                let (false_ty, false_level) = self.expr(if_false, node, next)?;
+                if true_ty != false_ty {
+                    return Err(ValidationError::new(
+                        Rule::TypeMismatch,
+                        format!(
+                            "give both arms of the select {} the same type (they are {} and {}); \
+                             add a cast",
+                            self.at(node),
+                            true_ty.name(),
+                            false_ty.name()
+                        ),
+                    ));
+                }
+                Ok((
+                    true_ty,
+                    condition_level.min(true_level).min(false_level),
+                ))
+            }
+            Expr::Cast { to, value } => {
+                let (_, level) = self.expr(value, node, next)?;
+                Ok((*to, level))
+            }
+            Expr::Builtin(builtin) => {
+                let level = match builtin {
+                    Builtin::WorkgroupCount(_) => Level::Grid,
+                    Builtin::WorkgroupId(_) => Level::Workgroup,
+                    Builtin::GlobalId(_) | Builtin::LocalId(_) => Level::Divergent,
+                };
+                Ok((ScalarType::U32, level))
+            }
+            Expr::SubgroupShuffleXor { value, lane_mask } => {
+                self.subgroup_allowed(expr, node)?;
+                if *lane_mask >= self.limits.subgroup_size {
+                    return Err(ValidationError::new(
+                        Rule::LaneMaskOutOfRange,
+                        format!(
+                            "use a lane mask below the subgroup size {} in the shuffle {} (it is \
+                             {lane_mask})",
+                            self.limits.subgroup_size,
+                            self.at(node)
+                        ),
+                    ));
+                }
+                let (ty, _) = self.expr(value, node, next)?;
+                self.expect_type(ty, ScalarType::U32, "the shuffled value", node)?;
+                self.defer(self.current_context, CheckKind::Subgroup);
+                Ok((ScalarType::U32, Level::Divergent))
+            }
+            Expr::SubgroupReduce { op: _, value } => {
+                self.subgroup_allowed(expr, node)?;
+                let (ty, _) = self.expr(value, node, next)?;
+                self.expect_type(ty, ScalarType::U32, "the subgroup-reduced value", node)?;
+                self.defer(self.current_context, CheckKind::Subgroup);
+                let level = if self.single_subgroup {
+                    Level::Workgroup
+                } else {
+                    Level::Divergent
+                };
+                Ok((ScalarType::U32, level))
+            }
+        }
+    }
+
+    fn subgroup_allowed(&self, expr: &Expr, node: &Node) -> Checked<()> {
+        if self.lowered {
+            return Ok(());
+        }
+        let what = match expr {
+            Expr::SubgroupShuffleXor { .. } => "subgroup_shuffle_xor",
+            _ => "subgroup_reduce",
+        };
+        Err(ValidationError::new(
+            Rule::SubgroupBeforeLowering,
+            format!(
+                "remove the `{what}` expression {}: subgroup expressions are produced only by \
+                 lowering; use Node::WorkgroupReduce for a reduction across the workgroup",
+                self.at(node)
+            ),
+        ))
+    }
+
+    fn binary_type(
+        &self,
+        op: BinaryOp,
+        left: ScalarType,
+        right: ScalarType,
+        node: &Node,
+    ) -> Checked<ScalarType> {
+        use ScalarType::*;
+        let numeric = |t: ScalarType| matches!(t, U32 | I32 | F32);
+        let integer = |t: ScalarType| matches!(t, U32 | I32);
+        let (ok, result, wanted) = match op {
+            BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => (
+                left == right && numeric(left),
+                left,
+                "two operands of one numeric type (u32, i32 or f32)",
+            ),
+            BinaryOp::Min | BinaryOp::Max => (
+                left == right && numeric(left),
+                left,
+                "two operands of one numeric type (u32, i32 or f32)",
+            ),
+            BinaryOp::Rem | BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor => (
+                left == right && integer(left),
+                left,
+                "two operands of one integer type (u32 or i32)",
+            ),
+            BinaryOp::Shl | BinaryOp::Shr => (
+                integer(left) && right == U32,
+                left,
+                "a u32 or i32 left operand and a u32 shift amount",
+            ),
+            BinaryOp::Eq | BinaryOp::Ne => {
+                (left == right, Bool, "two operands of the same type")
+            }
+            BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => (
+                left == right && numeric(left),
+                Bool,
+                "two operands of one numeric type (u32, i32 or f32; bool has no order)",
+            ),
+            BinaryOp::LogicalAnd | BinaryOp::LogicalOr => {
+                (left == Bool && right == Bool, Bool, "two bool operands")
+            }
+        };
+        if ok {
+            Ok(result)
+        } else {
+            Err(ValidationError::new(
+                Rule::TypeMismatch,
+                format!(
+                    "give `{}` {wanted} {} (they are {} and {}); add a cast",
+                    op.symbol(),
+                    self.at(node),
+                    left.name(),
+                    right.name()
+                ),
+            ))
+        }
+    }
+}
+
+fn location_of(path: &[(Branch, usize)]) -> String {
+    let mut out = String::new();
+    for (i, (branch, index)) in path.iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        let _ = write!(out, "{}[{index}]", branch.name());
+    }
+    if out.is_empty() {
+        out.push_str("the entry body");
+    }
+    out
+}
+
+/// Finds the node with the given walk ordinal (1-based, pre-order over nodes) and
+/// returns its path and description. Only called on programs whose walk already
+/// finished within the depth and size limits.
+fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
+    fn walk(
+        block: &[Node],
+        branch: Branch,
+        ordinal: u64,
+        seen: &mut u64,
+        path: &mut Vec<(Branch, usize)>,
+    ) -> Option<String> {
+        for (index, node) in block.iter().enumerate() {
+            path.push((branch, index));
+            *seen += 1;
+            if *seen == ordinal {
+                return Some(describe_node(node));
+            }
+            let found = match node {
+                Node::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => walk(then_body, Branch::Then, ordinal, seen, path)
+                    .or_else(|| walk(else_body, Branch::Else, ordinal, seen, path)),
+                Node::Loop { body, .. } => walk(body, Branch::Body, ordinal, seen, path),
+                _ => None,
+            };
+            if found.is_some() {
+                return found;
+            }
+            path.pop();
+            if *seen > ordinal {
+                return None;
+            }
+        }
+        None
+    }
+    let mut path = Vec::new();
+    let mut seen = 0;
+    match walk(entry, Branch::Entry, ordinal, &mut seen, &mut path) {
+        Some(description) => (path, description),
+        None => (Vec::new(), "?".to_string()),
+    }
+}
+
+/// A short, bounded description of a node for error messages (expressions are
+/// abbreviated, so a huge or deep program never produces a huge message).
+fn describe_node(node: &Node) -> String {
+    let mut out = String::new();
+    let e = |out: &mut String, expr: &Expr| describe_expr(out, expr, 3);
+    match node {
+        Node::Let {
+            name,
+            mutable,
+            value,
+        } => {
+            let m = if *mutable { "mut " } else { "" };
+            let _ = write!(out, "let {m}{name} = ");
+            e(&mut out, value);
+        }
+        Node::Assign { name, value } => {
+            let _ = write!(out, "{name} = ");
+            e(&mut out, value);
+        }
+        Node::Store {
+            buffer,
+            index,
+            value,
+        } => {
+            let _ = write!(out, "{buffer}[");
+            e(&mut out, index);
+            out.push_str("] = ");
+            e(&mut out, value);
+        }
+        Node::If { condition, .. } => {
+            out.push_str("if ");
+            e(&mut out, condition);
+        }
+        Node::Loop {
+            variable,
+            start,
+            end,
+            ..
+        } => {
+            let _ = write!(out, "for {variable} in ");
+            e(&mut out, start);
+            out.push_str("..");
+            e(&mut out, end);
+        }
+        Node::Barrier => out.push_str("workgroup_barrier()"),
+        Node::GridSync => out.push_str("grid_sync()"),
+        Node::Atomic {
+            op,
+            buffer,
+            index,
+            value,
+        } => {
+            let _ = write!(out, "atomic_{}(&{buffer}[", op.name());
+            e(&mut out, index);
+            out.push_str("], ");
+            e(&mut out, value);
+            out.push(')');
+        }
+        Node::WorkgroupReduce { name, op, value } => {
+            let _ = write!(out, "let {name} = workgroup_reduce_{}(", op.name());
+            e(&mut out, value);
+            out.push(')');
+        }
+        Node::Return => out.push_str("return"),
+    }
+    out
+}
+
+fn describe_expr(out: &mut String, expr: &Expr, budget: u32) {
+    if budget == 0 || out.len() > 160 {
+        out.push('…');
+        return;
+    }
+    let next = budget - 1;
+    match expr {
+        Expr::Literal(literal) => {
+            let _ = write!(out, "{literal}");
+        }
+        Expr::Var(name) => out.push_str(name),
+        Expr::Load { buffer, index } => {
+            let _ = write!(out, "{buffer}[");
+            describe_expr(out, index, next);
+            out.push(']');
+        }
+        Expr::Length { buffer } => {
+            let _ = write!(out, "length({buffer})");
+        }
+        Expr::Binary { op, lhs, rhs } => {
+            out.push('(');
+            describe_expr(out, lhs, next);
+            let _ = write!(out, " {} ", op.symbol());
+            describe_expr(out, rhs, next);
+            out.push(')');
+        }
+        Expr::Unary { op, operand } => {
+            let _ = write!(out, "{}(", op.symbol());
+            describe_expr(out, operand, next);
+            out.push(')');
+        }
+        Expr::Select {
+            condition,
+            if_true,
+            if_false,
+        } => {
+            out.push_str("select(");
+            describe_expr(out, condition, next);
+            out.push_str(", ");
+            describe_expr(out, if_true, next);
+            out.push_str(", ");
+            describe_expr(out, if_false, next);
+            out.push(')');
+        }
+        Expr::Cast { to, value } => {
+            let _ = write!(out, "{}(", to.name());
+            describe_expr(out, value, next);
+            out.push(')');
+        }
+        Expr::Builtin(builtin) => {
+            let _ = write!(out, "{builtin}");
+        }
+        Expr::SubgroupShuffleXor { value, lane_mask } => {
+            out.push_str("subgroup_shuffle_xor(");
+            describe_expr(out, value, next);
+            let _ = write!(out, ", {lane_mask})");
+        }
+        Expr::SubgroupReduce { op, value } => {
+            let _ = write!(out, "subgroup_reduce_{}(", op.name());
+            describe_expr(out, value, next);
+            out.push(')');
+        }
+    }
 }

@@ -1,1 +1,525 @@
-//! Lowering (§2). Being written: see issue 2.
+//! Lowering (§2): rewrites every [`Node::WorkgroupReduce`] into operations the PTX
+//! writer emits directly (subgroup reductions, workgroup-shared buffers, barriers).
+//!
+//! Why it exists as its own pass: code generation should only ever see operations a
+//! GPU executes one-to-one, and the choice between a warp-shuffle reduction and a
+//! shared-memory tree depends on the device ([`LoweringCaps`]), not on the program.
+//!
+//! Why it is memoised inside the program: the backend lowers a program on every
+//! dispatch before it computes the PTX cache key. §0 measured a backend whose
+//! per-dispatch host cost grew with program size because such steps re-walked the
+//! program every call. Here the first call walks the program once and stores the
+//! outcome in the program's shared allocation, so every later call (on any clone) is
+//! O(1); a program with nothing to rewrite is handed back as the very same value, so
+//! its memoised digest (the root of every cache key) is reused, not recomputed.
+//!
+//! # What the rewrite produces
+//!
+//! Each reduction gets a counter `N` (0, 1, ... in program order) and, where it needs
+//! one, its own workgroup buffer `__vyre_reduce{N}` (`u32`, [`Access::Workgroup`],
+//! binding = the next binding slot not used by the program). Its helper variables are
+//! named `__vyre_reduce{N}_local`, `__vyre_reduce{N}_partial`, `__vyre_reduce{N}_acc`
+//! and `__vyre_reduce{N}_warp`; user names can never start with `__vyre`.
+//! `local` is the thread's local linear id,
+//! `local_id.x + size.x * (local_id.y + size.y * local_id.z)`, the order in which CUDA
+//! packs a block's threads into warps.
+//!
+//! With `T` threads per workgroup and `S = caps.subgroup_size`:
+//! - `T <= 1`: `let name = value;` (a reduction over one thread is its value).
+//! - Subgroup path (`caps.subgroup_ops`, `S > 0`, `T % S == 0`), one warp (`T == S`):
+//!   `let name = subgroup_reduce(op, value);` — no buffer, no barrier.
+//! - Subgroup path, `W = T / S` warps: `partial = subgroup_reduce(op, value)`; lane 0
+//!   of each warp stores it at `__vyre_reduce{N}[warp]` (`W` elements); **barrier**;
+//!   every thread folds the `W` partials in a loop into `acc`; `let name = acc;`;
+//!   **barrier**. Two barriers.
+//! - Tree path (otherwise): every thread stores its value at
+//!   `__vyre_reduce{N}[local]` (`T` elements); **barrier**; then `ceil(log2 T)` steps
+//!   with strides `P/2, P/4, ..., 1` (`P` = `T` rounded up to a power of two), each
+//!   `if local < count { buf[local] = buf[local] ⊕ buf[local + stride] }` followed by a
+//!   **barrier**; `let name = buf[0];`; **barrier**. `ceil(log2 T) + 2` barriers.
+//!
+//! The trailing barrier of both shared-memory forms is what makes a reduction inside
+//! a loop safe: the next iteration's first write to the buffer cannot overtake a
+//! slower thread's read of the previous iteration's result.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+
+use crate::ir::{
+    Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Name, Node, Program,
+    ReduceOp,
+};
+
+/// What the device offers that lowering may use. Part of the backend's cache
+/// identity through [`LoweringCaps::key`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoweringCaps {
+    /// The device executes subgroup (warp) shuffles and reductions.
+    pub subgroup_ops: bool,
+    /// Lanes per subgroup (32 on every NVIDIA GPU).
+    pub subgroup_size: u32,
+}
+
+/// Tag in bits 40..64 of [`LoweringCaps::key`]: `"LW"` and a version byte to bump
+/// when the rewrite's output changes, so a key can never name an older lowering.
+const CAPS_KEY_TAG: u64 = 0x4c_57_01;
+
+impl LoweringCaps {
+    /// A stable key identifying these capabilities (distinct capabilities give
+    /// distinct keys). Used by the lowering memo and by the backend's cache keys.
+    pub fn key(&self) -> u64 {
+        // Bits 0..32: subgroup size; bit 32: the flag; bits 40..64: the tag.
+        CAPS_KEY_TAG << 40 | (self.subgroup_ops as u64) << 32 | self.subgroup_size as u64
+    }
+}
+
+/// What a program's memo slot remembers about lowering it.
+///
+/// Stored in the program's shared allocation (`ProgramInner::lowered`). An unchanged
+/// program is recorded as `needs_lowering: false` rather than as a pointer to itself,
+/// which would be a reference cycle and leak the program.
+#[derive(Debug)]
+pub(crate) struct LoweringMemo {
+    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
+    needs_lowering: bool,
+    /// The lowered program and the [`LoweringCaps::key`] it was made for (only set
+    /// when `needs_lowering`). One key per program: a call with another key recomputes.
+    result: OnceLock<(u64, Program)>,
+}
+
+impl LoweringMemo {
+    fn unchanged() -> Self {
+        LoweringMemo {
+            needs_lowering: false,
+            result: OnceLock::new(),
+        }
+    }
+}
+
+thread_local! {
+    static WALKS_ON_THREAD: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Number of whole-program walks this module performed on the calling thread (a
+/// `needs_lowering` scan or a rewrite). Tests use it to prove memo hits walk nothing.
+pub fn walks_on_current_thread() -> u64 {
+    WALKS_ON_THREAD.with(|c| c.get())
+}
+
+fn count_walk() {
+    WALKS_ON_THREAD.with(|c| c.set(c.get().saturating_add(1)));
+}
+
+/// Whether `program` contains a [`Node::WorkgroupReduce`] at any depth.
+///
+/// Answered from the program's memo when lowering or this function ran on it (or
+/// any clone) before; otherwise one walk, whose "nothing to rewrite" answer is
+/// memoised.
+pub fn needs_lowering(program: &Program) -> bool {
+    if let Some(memo) = program.inner.lowered.get() {
+        return memo.needs_lowering;
+    }
+    count_walk();
+    let needs = block_has_reduction(program.entry());
+    if !needs {
+        // "Unchanged" holds for every capability set, so it can be memoised here.
+        let _ = program.inner.lowered.set(LoweringMemo::unchanged());
+    }
+    needs
+}
+
+fn block_has_reduction(block: &[Node]) -> bool {
+    block.iter().any(|node| match node {
+        Node::WorkgroupReduce { .. } => true,
+        Node::If {
+            then_body,
+            else_body,
+            ..
+        } => block_has_reduction(then_body) || block_has_reduction(else_body),
+        Node::Loop { body, .. } => block_has_reduction(body),
+        _ => false,
+    })
+}
+
+/// Rewrite every [`Node::WorkgroupReduce`] of a validated program for a device with
+/// `caps` (see the module docs for the exact output).
+///
+/// A program with nothing to rewrite is returned as the same value
+/// ([`Program::ptr_eq`] holds, its digest memo intact). A rewritten program is a new
+/// value with its own digest; unchanged blocks are shared with the input. The
+/// outcome is memoised in the program, so a repeat call with the same caps key, on
+/// any clone, returns the same value without walking. The result itself is marked
+/// as needing no lowering, so lowering it again is also O(1).
+pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Program {
+    let key = caps.key();
+    if let Some(memo) = program.inner.lowered.get() {
+        if !memo.needs_lowering {
+            return program.clone();
+        }
+        if let Some((memo_key, lowered)) = memo.result.get() {
+            if *memo_key == key {
+                return lowered.clone();
+            }
+        }
+    }
+
+    count_walk();
+    let Some(lowered) = rewrite(program, caps) else {
+        let _ = program.inner.lowered.set(LoweringMemo::unchanged());
+        return program.clone();
+    };
+
+    let memo = program.inner.lowered.get_or_init(|| LoweringMemo {
+        needs_lowering: true,
+        result: OnceLock::new(),
+    });
+    // If another thread got there first with the same key, hand out its value so
+    // every caller sees one lowered program.
+    match memo.result.get_or_init(|| (key, lowered.clone())) {
+        (memo_key, winner) if *memo_key == key => winner.clone(),
+        _ => lowered,
+    }
+}
+
+/// The rewritten program, or `None` when it contains no reduction.
+fn rewrite(program: &Program, caps: &LoweringCaps) -> Option<Program> {
+    let mut rewriter = Rewriter::new(program, *caps);
+    let entry = rewriter.block(program.entry())?;
+    let mut buffers: Vec<BufferDecl> = program.buffers().to_vec();
+    buffers.append(&mut rewriter.new_buffers);
+    let lowered = program.with_entry(buffers.into(), entry);
+    // The output holds no reduction: lowering it again must be a no-op.
+    let _ = lowered.inner.lowered.set(LoweringMemo::unchanged());
+    Some(lowered)
+}
+
+struct Rewriter {
+    workgroup_size: [u32; 3],
+    /// Threads per workgroup; saturated for (invalid) sizes whose product overflows.
+    threads: u32,
+    caps: LoweringCaps,
+    next_reduction: u32,
+    used_bindings: HashSet<u32>,
+    next_binding: u32,
+    new_buffers: Vec<BufferDecl>,
+}
+
+impl Rewriter {
+    fn new(program: &Program, caps: LoweringCaps) -> Self {
+        let used_bindings: HashSet<u32> = program.buffers().iter().map(|b| b.binding).collect();
+        let next_binding = used_bindings
+            .iter()
+            .max()
+            .map_or(0, |max| max.wrapping_add(1));
+        Rewriter {
+            workgroup_size: program.workgroup_size(),
+            threads: program.threads_per_workgroup().unwrap_or(u32::MAX),
+            caps,
+            next_reduction: 0,
+            used_bindings,
+            next_binding,
+            new_buffers: Vec::new(),
+        }
+    }
+
+    /// The rewritten block, or `None` when nothing in it (at any depth) changed.
+    fn block(&mut self, block: &Block) -> Option<Block> {
+        let mut rewritten: Option<Vec<Node>> = None;
+        for (position, node) in block.iter().enumerate() {
+            match self.node(node) {
+                Some(replacement) => rewritten
+                    .get_or_insert_with(|| block[..position].to_vec())
+                    .extend(replacement),
+                None => {
+                    if let Some(nodes) = &mut rewritten {
+                        nodes.push(node.clone());
+                    }
+                }
+            }
+        }
+        rewritten.map(Block::from)
+    }
+
+    /// The nodes replacing `node`, or `None` when it stays as it is.
+    fn node(&mut self, node: &Node) -> Option<Vec<Node>> {
+        match node {
+            Node::WorkgroupReduce { name, op, value } => Some(self.reduction(name, *op, value)),
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let new_then = self.block(then_body);
+                let new_else = self.block(else_body);
+                if new_then.is_none() && new_else.is_none() {
+                    return None;
+                }
+                Some(vec![Node::If {
+                    condition: condition.clone(),
+                    then_body: new_then.unwrap_or_else(|| then_body.clone()),
+                    else_body: new_else.unwrap_or_else(|| else_body.clone()),
+                }])
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let new_body = self.block(body)?;
+                Some(vec![Node::Loop {
+                    variable: variable.clone(),
+                    start: start.clone(),
+                    end: end.clone(),
+                    body: new_body,
+                }])
+            }
+            _ => None,
+        }
+    }
+
+    fn reduction(&mut self, name: &Name, op: ReduceOp, value: &Expr) -> Vec<Node> {
+        let index = self.next_reduction;
+        self.next_reduction = self.next_reduction.wrapping_add(1);
+        let threads = self.threads;
+        let subgroup = self.caps.subgroup_size;
+
+        if threads <= 1 {
+            return vec![let_(name.clone(), value.clone())];
+        }
+        if self.caps.subgroup_ops && subgroup > 0 && threads.is_multiple_of(subgroup) {
+            let subgroup_sum = Expr::SubgroupReduce {
+                op,
+                value: Box::new(value.clone()),
+            };
+            if threads == subgroup {
+                return vec![let_(name.clone(), subgroup_sum)];
+            }
+            return self.subgroup_reduction(index, name, op, subgroup_sum, threads / subgroup);
+        }
+        self.tree_reduction(index, name, op, value)
+    }
+
+    /// Warp reductions, one partial per warp in shared memory, then a fold of the
+    /// partials by every thread.
+    fn subgroup_reduction(
+        &mut self,
+        index: u32,
+        name: &Name,
+        op: ReduceOp,
+        subgroup_reduce: Expr,
+        warps: u32,
+    ) -> Vec<Node> {
+        let subgroup = self.caps.subgroup_size;
+        let buffer = self.shared_buffer(index, warps);
+        let local = fresh(index, "local");
+        let partial = fresh(index, "partial");
+        let acc = fresh(index, "acc");
+        let warp = fresh(index, "warp");
+        let local_var = Expr::Var(local.clone());
+
+        let (lane, warp_of_thread) = if subgroup.is_power_of_two() {
+            (
+                local_var.clone() & (subgroup - 1),
+                local_var.clone() >> subgroup.trailing_zeros(),
+            )
+        } else {
+            (local_var.clone() % subgroup, local_var.clone() / subgroup)
+        };
+
+        vec![
+            let_(local, self.local_linear_id()),
+            let_(partial.clone(), subgroup_reduce),
+            Node::If {
+                condition: lane.equals(0u32),
+                then_body: Arc::from(vec![Node::Store {
+                    buffer: buffer.clone(),
+                    index: warp_of_thread,
+                    value: Expr::Var(partial),
+                }]),
+                else_body: Arc::from(Vec::new()),
+            },
+            Node::Barrier,
+            Node::Let {
+                name: acc.clone(),
+                mutable: true,
+                value: Expr::u32(op.identity()),
+            },
+            Node::Loop {
+                variable: warp.clone(),
+                start: Expr::u32(0),
+                end: Expr::u32(warps),
+                body: Arc::from(vec![Node::Assign {
+                    name: acc.clone(),
+                    value: combine(
+                        op,
+                        Expr::Var(acc.clone()),
+                        Expr::load(buffer, Expr::Var(warp)),
+                    ),
+                }]),
+            },
+            let_(name.clone(), Expr::Var(acc)),
+            Node::Barrier,
+        ]
+    }
+
+    /// A shared-memory tree over all threads, a barrier after every step.
+    fn tree_reduction(&mut self, index: u32, name: &Name, op: ReduceOp, value: &Expr) -> Vec<Node> {
+        let threads = u64::from(self.threads);
+        let buffer = self.shared_buffer(index, self.threads);
+        let local = fresh(index, "local");
+        let local_var = Expr::Var(local.clone());
+
+        let mut nodes = vec![
+            let_(local, self.local_linear_id()),
+            Node::Store {
+                buffer: buffer.clone(),
+                index: local_var.clone(),
+                value: value.clone(),
+            },
+            Node::Barrier,
+        ];
+        // Invariant after the step with stride s: element i < s holds the reduction of
+        // every element j < T with j ≡ i (mod s). Step s only writes below s and only
+        // reads its own slot and slots at or above s, so a step has no races.
+        let mut stride = threads.next_power_of_two() / 2;
+        while stride >= 1 {
+            // Threads with a partner `local + stride < T`.
+            let active = stride.min(threads - stride);
+            // Both fit in u32: stride < T <= u32::MAX.
+            let (stride32, active32) = (stride as u32, active as u32);
+            nodes.push(Node::If {
+                condition: local_var.clone().less_than(active32),
+                then_body: Arc::from(vec![Node::Store {
+                    buffer: buffer.clone(),
+                    index: local_var.clone(),
+                    value: combine(
+                        op,
+                        Expr::load(buffer.clone(), local_var.clone()),
+                        Expr::load(buffer.clone(), local_var.clone() + stride32),
+                    ),
+                }]),
+                else_body: Arc::from(Vec::new()),
+            });
+            nodes.push(Node::Barrier);
+            stride /= 2;
+        }
+        nodes.push(let_(name.clone(), Expr::load(buffer, 0u32)));
+        nodes.push(Node::Barrier);
+        nodes
+    }
+
+    /// Declares `__vyre_reduce{index}` with `count` `u32` elements and returns its name.
+    fn shared_buffer(&mut self, index: u32, count: u32) -> Name {
+        let name: Name = format!("__vyre_reduce{index}").into();
+        let binding = self.fresh_binding();
+        self.new_buffers.push(BufferDecl::new(
+            name.clone(),
+            binding,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(count),
+        ));
+        name
+    }
+
+    fn fresh_binding(&mut self) -> u32 {
+        // Terminates: a program cannot use all 2^32 slots.
+        while self.used_bindings.contains(&self.next_binding) {
+            self.next_binding = self.next_binding.wrapping_add(1);
+        }
+        let binding = self.next_binding;
+        self.used_bindings.insert(binding);
+        self.next_binding = self.next_binding.wrapping_add(1);
+        binding
+    }
+
+    /// `local_id.x + size.x * (local_id.y + size.y * local_id.z)`, without the terms
+    /// of axes whose size is 1.
+    fn local_linear_id(&self) -> Expr {
+        let [size_x, size_y, size_z] = self.workgroup_size;
+        let mut linear = Expr::local_id(Axis::X);
+        if size_y > 1 || size_z > 1 {
+            let mut rest = Expr::local_id(Axis::Y);
+            if size_z > 1 {
+                rest = rest + Expr::u32(size_y) * Expr::local_id(Axis::Z);
+            }
+            linear = linear + Expr::u32(size_x) * rest;
+        }
+        linear
+    }
+}
+
+fn fresh(index: u32, role: &str) -> Name {
+    format!("__vyre_reduce{index}_{role}").into()
+}
+
+fn let_(name: Name, value: Expr) -> Node {
+    Node::Let {
+        name,
+        mutable: false,
+        value,
+    }
+}
+
+fn combine(op: ReduceOp, lhs: Expr, rhs: Expr) -> Expr {
+    let binary = match op {
+        ReduceOp::Sum => BinaryOp::Add,
+        ReduceOp::Min => BinaryOp::Min,
+        ReduceOp::Max => BinaryOp::Max,
+    };
+    Expr::binary(binary, lhs, rhs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Defect locked out: the "unchanged" memo stores the program inside itself, an
+    /// `Arc` cycle that leaks every no-op program.
+    #[test]
+    fn noop_memo_holds_no_reference_to_the_program() {
+        let program = Program::new(Vec::new(), [1, 1, 1], vec![Node::Barrier]);
+        let same = lower_workgroup_reductions(
+            &program,
+            &LoweringCaps {
+                subgroup_ops: true,
+                subgroup_size: 32,
+            },
+        );
+        assert!(program.inner.lowered.get().is_some());
+        drop(same);
+        assert_eq!(Arc::strong_count(&program.inner), 1);
+    }
+
+    /// Defect locked out: the lowered program's memo points back at its input (a
+    /// cycle), or the input's memo is not the only holder of the result.
+    #[test]
+    fn rewrite_memo_holds_only_the_result() {
+        let program = Program::new(
+            Vec::new(),
+            [64, 1, 1],
+            vec![Node::WorkgroupReduce {
+                name: "r".into(),
+                op: ReduceOp::Sum,
+                value: Expr::u32(1),
+            }],
+        );
+        let lowered = lower_workgroup_reductions(
+            &program,
+            &LoweringCaps {
+                subgroup_ops: false,
+                subgroup_size: 32,
+            },
+        );
+        assert_eq!(Arc::strong_count(&program.inner), 1);
+        // One handle here, one in the input's memo.
+        assert_eq!(Arc::strong_count(&lowered.inner), 2);
+        assert!(lowered
+            .inner
+            .lowered
+            .get()
+            .is_some_and(|m| m.result.get().is_none()));
+    }
+}

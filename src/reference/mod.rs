@@ -1,1 +1,361 @@
-//! The CPU reference interpreter (§3). Being written: see issue 2.
+//! The CPU reference interpreter (§3): runs a [`Program`] on the host with exactly
+//! the GPU's semantics.
+//!
+//! It exists for three users: it is the **oracle** every GPU test compares against,
+//! the **fallback** a host without CUDA runs on (the example of §8 included), and the
+//! engine of **differential testing**, where random valid programs must give
+//! byte-identical outputs here and on the GPU. So every operator follows the IR's
+//! documented semantics bit for bit (see `ops.rs` for the few places where that is
+//! not plain Rust arithmetic: canonical NaN `0x7fffffff` for NaN arithmetic results,
+//! `-0.0 < +0.0` in `f32` min/max), and no input, however malformed, panics.
+//!
+//! # Execution model
+//!
+//! The whole grid runs in **lockstep**: each statement executes for every active
+//! thread before the next statement starts. Threads are *lanes* numbered by global
+//! linear id `workgroup_linear * threads_per_workgroup + local_linear`, where
+//! `local_linear = x + sx * (y + sy * z)` and `workgroup_linear` is the same formula
+//! over the grid. Within one statement, every expression is evaluated for all lanes
+//! first, then stores and atomics apply in ascending lane order, and their effects
+//! are visible to every later statement. Consequences:
+//!
+//! - `Barrier` and `GridSync` are satisfied by construction (no-ops here).
+//! - `WorkgroupReduce` reduces over the lanes of each workgroup that reach it.
+//! - `If` splits the active lanes; the `then` arm runs to completion before the
+//!   `else` arm. `Loop` evaluates each lane's bounds once and iterates while any lane
+//!   has iterations left. `Return` ends a lane for the rest of the kernel run.
+//! - `SubgroupShuffleXor`: a lane's subgroup is `local_linear / subgroup_size` within
+//!   its workgroup and its subgroup lane is `local_linear % subgroup_size`. The result
+//!   is the value of subgroup lane `own ^ lane_mask`; **if that lane does not exist**
+//!   (past the subgroup size or the workgroup's end) **or is not active, the lane gets
+//!   its own value**. (The IR requires full subgroups, so valid lowered programs never
+//!   see this case.) `SubgroupReduce` reduces over the active lanes of the subgroup.
+//! - Workgroup buffers: one zeroed instance per workgroup per kernel run.
+//! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
+//! - With `bounds_checks` off, an out-of-range access is an error naming the program,
+//!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
+//!
+//! Programs with racing writes (two lanes storing different values to one element
+//! without a barrier between) have no defined result on the GPU; here the highest
+//! lane wins. Differential tests must not generate them.
+//!
+//! # Speed
+//!
+//! Names are resolved and operators typed once per run (`compile.rs`); expressions
+//! are then evaluated vectorised, one `Vec<u32>` of bit patterns per expression node
+//! for all active lanes (`exec.rs`), so interpretive overhead is paid per statement,
+//! not per lane.
+
+mod compile;
+mod exec;
+mod ops;
+
+use std::fmt;
+
+use crate::config::DispatchConfig;
+use crate::ir::{self, Access, BufferCount, Program};
+
+use exec::{BufferStore, Grid, Machine, Storage};
+
+/// Knobs of the reference interpreter that a dispatch config does not carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReferenceOptions {
+    /// Lanes per subgroup for `SubgroupShuffleXor`/`SubgroupReduce` (default 32, a
+    /// CUDA warp). Must be at least 1.
+    pub subgroup_size: u32,
+    /// Device limits the program is validated against.
+    pub limits: ir::Limits,
+    /// Most lane-steps (statements executed times active lanes, plus loop iterations
+    /// times active lanes) one call may take before it stops with an error instead
+    /// of appearing to hang. Default 2^34.
+    pub max_lane_steps: u64,
+}
+
+impl Default for ReferenceOptions {
+    fn default() -> Self {
+        ReferenceOptions {
+            subgroup_size: 32,
+            limits: ir::Limits::default(),
+            max_lane_steps: 1 << 34,
+        }
+    }
+}
+
+/// What a run of the interpreter cost: useful for throughput figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReferenceStats {
+    /// Statements (and loop iterations) executed, summed over active lanes.
+    pub lane_steps: u64,
+    /// Expression nodes evaluated, summed over active lanes.
+    pub lane_ops: u64,
+}
+
+/// Why the interpreter refused or stopped. The message starts with `Fix:` and says
+/// what to change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceError {
+    message: String,
+}
+
+impl ReferenceError {
+    fn new(message: String) -> Self {
+        debug_assert!(message.starts_with("Fix:"), "{message}");
+        ReferenceError { message }
+    }
+
+    /// The message, starting with `Fix:`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ReferenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ReferenceError {}
+
+/// Run `program` over the grid in `config` with default [`ReferenceOptions`].
+///
+/// `inputs` holds one byte slice per global buffer ([`Program::global_buffers`]:
+/// every non-workgroup buffer, ascending binding). A static-count buffer's slice
+/// must be exactly `count * element size` bytes; a runtime-sized buffer's slice
+/// gives its length (a multiple of the element size). Write-only buffers start
+/// zeroed whatever their slice holds. Returns the final bytes of every output buffer
+/// (read-write and write-only), ascending binding; `config.readback` is ignored.
+///
+/// ```
+/// use vyre_cuda::ir::*;
+/// use vyre_cuda::{reference, DispatchConfig};
+/// let program = Program::builder([4, 1, 1])
+///     .buffer("out", 0, Access::WriteOnly, ElemType::U32, BufferCount::Static(4))
+///     .body(|b| {
+///         let i = b.let_("i", Expr::global_id(Axis::X));
+///         b.store("out", i.clone(), i * 10u32);
+///     })
+///     .build();
+/// let outputs = reference::run(&program, &[&[0; 16]], &DispatchConfig::linear(1)).unwrap();
+/// assert_eq!(outputs[0], [0, 0, 0, 0, 10, 0, 0, 0, 20, 0, 0, 0, 30, 0, 0, 0]);
+/// ```
+pub fn run(
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+) -> Result<Vec<Vec<u8>>, ReferenceError> {
+    run_with_options(program, inputs, config, &ReferenceOptions::default())
+}
+
+/// [`run`] with explicit options.
+pub fn run_with_options(
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<Vec<Vec<u8>>, ReferenceError> {
+    run_with_stats(program, inputs, config, options).map(|(outputs, _)| outputs)
+}
+
+/// [`run_with_options`], also returning what the run cost.
+pub fn run_with_stats(
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let grid = check_request(program, config, options)?;
+    let compiled = compile::compile(program).map_err(ReferenceError::new)?;
+    let buffers = load_inputs(program, inputs, &grid)?;
+    let mut machine = Machine::new(program, &compiled, grid, buffers)?;
+    for _ in 0..config.fixpoint_iterations {
+        machine.run_kernel()?;
+    }
+    let stats = machine.stats();
+    let outputs = output_positions(program)
+        .into_iter()
+        .map(|position| machine.buffers[position].to_bytes())
+        .collect();
+    Ok((outputs, stats))
+}
+
+/// Validation, grid shape and options: everything checked before any allocation.
+fn check_request(
+    program: &Program,
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<Grid, ReferenceError> {
+    // User programs (WorkgroupReduce) and lowered programs (subgroup expressions)
+    // both run here: accept what either validator accepts.
+    if let Err(user_error) = ir::validate(program, &options.limits) {
+        if ir::validate_lowered(program, &options.limits).is_err() {
+            let message = user_error.message();
+            return Err(ReferenceError::new(if message.starts_with("Fix:") {
+                message.to_owned()
+            } else {
+                format!("Fix: {message}")
+            }));
+        }
+    }
+    let name = program.display_name();
+    if options.subgroup_size == 0 {
+        return Err(ReferenceError::new(
+            "Fix: ReferenceOptions::subgroup_size is 0; use the device's warp size (32)."
+                .to_owned(),
+        ));
+    }
+    if config.fixpoint_iterations == 0 {
+        return Err(ReferenceError::new(format!(
+            "Fix: the dispatch of {name} asks for 0 fixpoint iterations; run at least 1."
+        )));
+    }
+    let workgroups = config.workgroups;
+    if workgroups.contains(&0) {
+        return Err(ReferenceError::new(format!(
+            "Fix: the dispatch of {name} has workgroups {workgroups:?}, with an axis of 0; give every axis at least 1 workgroup."
+        )));
+    }
+    let size = program.workgroup_size();
+    if size.contains(&0) {
+        return Err(ReferenceError::new(format!(
+            "Fix: {name} has workgroup size {size:?}, with an axis of 0; give every axis at least 1 thread."
+        )));
+    }
+    let threads_per_workgroup = program.threads_per_workgroup().ok_or_else(|| {
+        ReferenceError::new(format!(
+            "Fix: {name} has workgroup size {size:?}, whose thread count overflows u32; use a workgroup of at most 1024 threads."
+        ))
+    })?;
+    let workgroup_total = workgroups
+        .iter()
+        .try_fold(1u64, |total, &axis| total.checked_mul(axis as u64));
+    let total_lanes = workgroup_total
+        .and_then(|total| total.checked_mul(threads_per_workgroup as u64))
+        .filter(|&lanes| lanes <= u32::MAX as u64)
+        .ok_or_else(|| {
+            ReferenceError::new(format!(
+                "Fix: the dispatch of {name} asks for workgroups {workgroups:?} of {threads_per_workgroup} threads, more than 2^32 - 1 threads in all; dispatch fewer workgroups."
+            ))
+        })?;
+    Ok(Grid {
+        workgroup_size: size,
+        workgroup_count: workgroups,
+        threads_per_workgroup,
+        total_lanes: total_lanes as u32,
+        subgroup_size: options.subgroup_size,
+        bounds_checks: config.codegen.bounds_checks,
+        max_lane_steps: options.max_lane_steps,
+    })
+}
+
+/// Positions (in declaration order) of the global buffers, ascending binding.
+fn global_positions(program: &Program) -> Vec<usize> {
+    let mut positions: Vec<usize> = (0..program.buffers().len())
+        .filter(|&position| program.buffers()[position].access.is_global())
+        .collect();
+    positions.sort_by_key(|&position| program.buffers()[position].binding);
+    positions
+}
+
+/// Positions of the output buffers, ascending binding.
+fn output_positions(program: &Program) -> Vec<usize> {
+    global_positions(program)
+        .into_iter()
+        .filter(|&position| program.buffers()[position].access.is_output())
+        .collect()
+}
+
+/// Check each input against its declaration and build every buffer's storage.
+fn load_inputs(
+    program: &Program,
+    inputs: &[&[u8]],
+    grid: &Grid,
+) -> Result<Vec<BufferStore>, ReferenceError> {
+    let name = program.display_name();
+    let globals = global_positions(program);
+    if inputs.len() != globals.len() {
+        let expected: Vec<String> = globals
+            .iter()
+            .map(|&position| {
+                let decl = &program.buffers()[position];
+                format!("'{}' (binding {})", decl.name, decl.binding)
+            })
+            .collect();
+        return Err(ReferenceError::new(format!(
+            "Fix: {name} takes {} input slices, one per global buffer in binding order: [{}]; {} were given.",
+            globals.len(),
+            expected.join(", "),
+            inputs.len()
+        )));
+    }
+    let mut input_of: Vec<Option<&[u8]>> = vec![None; program.buffers().len()];
+    for (&position, &input) in globals.iter().zip(inputs) {
+        input_of[position] = Some(input);
+    }
+    let workgroup_count = grid.total_lanes as u64 / grid.threads_per_workgroup as u64;
+    let mut buffers = Vec::with_capacity(program.buffers().len());
+    for (decl, input) in program.buffers().iter().zip(input_of) {
+        let elem_size = decl.elem.size_bytes() as usize;
+        let Some(input) = input else {
+            // A workgroup buffer: one zeroed instance per workgroup.
+            let BufferCount::Static(count) = decl.count else {
+                return Err(ReferenceError::new(format!(
+                    "Fix: workgroup buffer '{}' of {name} is runtime-sized; give it a static count.",
+                    decl.name
+                )));
+            };
+            buffers.push(BufferStore::zeroed(
+                &decl.name,
+                decl.elem,
+                count,
+                workgroup_count,
+                true,
+            )?);
+            continue;
+        };
+        let length = match decl.count {
+            BufferCount::Static(count) => {
+                let expected = count as u64 * elem_size as u64;
+                if input.len() as u64 != expected {
+                    return Err(ReferenceError::new(format!(
+                        "Fix: buffer '{}' of {name} holds {count} {} elements ({expected} bytes) but its input slice has {} bytes; pass exactly {expected} bytes.",
+                        decl.name,
+                        decl.elem.name(),
+                        input.len()
+                    )));
+                }
+                count
+            }
+            BufferCount::Runtime => {
+                if input.len() % elem_size != 0 {
+                    return Err(ReferenceError::new(format!(
+                        "Fix: runtime-sized buffer '{}' of {name} has {} elements of {elem_size} bytes, but its input slice has {} bytes, not a multiple of {elem_size}; pass whole elements.",
+                        decl.name,
+                        decl.elem.name(),
+                        input.len()
+                    )));
+                }
+                u32::try_from(input.len() / elem_size).map_err(|_| {
+                    ReferenceError::new(format!(
+                        "Fix: runtime-sized buffer '{}' of {name} would hold {} elements, more than u32::MAX; split the input.",
+                        decl.name,
+                        input.len() / elem_size
+                    ))
+                })?
+            }
+        };
+        let mut store = BufferStore::zeroed(&decl.name, decl.elem, length, 1, false)?;
+        if decl.access != Access::WriteOnly {
+            match &mut store.storage {
+                Storage::Bytes(bytes) => bytes.copy_from_slice(input),
+                Storage::Words(words) => {
+                    for (word, chunk) in words.iter_mut().zip(input.chunks_exact(4)) {
+                        *word = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                    }
+                }
+            }
+        }
+        buffers.push(store);
+    }
+    Ok(buffers)
+}

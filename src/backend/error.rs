@@ -1,0 +1,205 @@
+//! One error type for the backend. Every message starts with `Fix:` and says what
+//! the caller should change; a kernel fault also says whether the context survived.
+
+use std::fmt;
+
+use super::driver::DriverError;
+
+/// Everything that can go wrong in the CUDA backend.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendError {
+    /// libcuda could not be loaded or initialised.
+    NoDriver {
+        /// What was missing.
+        detail: String,
+    },
+    /// The requested device ordinal does not exist.
+    NoDevice {
+        /// Requested ordinal.
+        ordinal: usize,
+        /// Devices present.
+        available: usize,
+    },
+    /// A driver call failed outside a kernel's execution.
+    Driver {
+        /// What the backend was doing.
+        during: String,
+        /// The failing call and status.
+        error: DriverError,
+    },
+    /// The program broke an IR rule (the message is the validator's).
+    InvalidProgram {
+        /// The program's diagnostic name.
+        program: String,
+        /// The validator's message (starts with `Fix:`).
+        message: String,
+    },
+    /// The driver rejected generated PTX (a code generation bug, or a device too old).
+    ModuleLoad {
+        /// The program's diagnostic name.
+        program: String,
+        /// Target SM.
+        sm: u32,
+        /// The failing call and status.
+        error: DriverError,
+    },
+    /// Inputs, handles or config do not match the program.
+    BadInput {
+        /// The full message, starting with `Fix:`.
+        message: String,
+    },
+    /// The launch geometry is impossible on this device, or overflows.
+    Launch {
+        /// The full message, starting with `Fix:`.
+        message: String,
+    },
+    /// A grid-sync program's grid cannot be resident on the device all at once.
+    GridTooLargeForGridSync {
+        /// The program's diagnostic name.
+        program: String,
+        /// Workgroups requested.
+        grid_blocks: u64,
+        /// Most workgroups that can be co-resident.
+        max_coresident: u64,
+    },
+    /// A dispatch needs more device memory than the budget allows.
+    OverBudget {
+        /// Bytes the dispatch needs (bucketed).
+        required: u64,
+        /// Bytes the budget leaves.
+        available: u64,
+    },
+    /// A resident-buffer handle is stale, freed twice, or from another backend.
+    InvalidHandle {
+        /// The full message, starting with `Fix:`.
+        message: String,
+    },
+    /// The kernel faulted while running.
+    KernelFault {
+        /// The program's diagnostic name.
+        program: String,
+        /// The status the driver reported.
+        error: DriverError,
+        /// Whether the CUDA context can still be used. `false` after a sticky fault
+        /// (illegal address, trap): this backend refuses further work, and the next
+        /// `CudaBackend::acquire` resets the device's primary context.
+        context_usable: bool,
+    },
+    /// The grid-sync barrier counter was not balanced after a launch.
+    GridBarrierAudit {
+        /// The program's diagnostic name.
+        program: String,
+        /// The barrier words read back (arrivals, generation, total).
+        words: [u32; 3],
+        /// Workgroups in the grid.
+        grid_blocks: u64,
+    },
+    /// An earlier kernel fault destroyed this backend's context.
+    ContextLost {
+        /// What faulted.
+        cause: String,
+    },
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::NoDriver { detail } => write!(
+                f,
+                "Fix: no usable CUDA driver ({detail}); install the NVIDIA driver (libcuda.so), \
+                 or run on the CPU with vyre_cuda::reference::run"
+            ),
+            BackendError::NoDevice { ordinal, available } => write!(
+                f,
+                "Fix: CUDA device {ordinal} does not exist ({available} present); pass an ordinal below {available}"
+            ),
+            BackendError::Driver { during, error } => write!(
+                f,
+                "Fix: the CUDA driver failed while {during}: {error}; check the device with nvidia-smi \
+                 and that no other process holds all its memory"
+            ),
+            BackendError::InvalidProgram { program, message } => {
+                write!(f, "{message} (in {program})")
+            }
+            BackendError::ModuleLoad { program, sm, error } => write!(
+                f,
+                "Fix: the driver rejected the PTX generated for {program} (sm_{sm}): {error}; \
+                 this is a code generation bug: report it with the program's Display output"
+            ),
+            BackendError::BadInput { message }
+            | BackendError::Launch { message }
+            | BackendError::InvalidHandle { message } => f.write_str(message),
+            BackendError::GridTooLargeForGridSync {
+                program,
+                grid_blocks,
+                max_coresident,
+            } => write!(
+                f,
+                "Fix: {program} uses grid_sync, so all {grid_blocks} workgroups must be resident at once, \
+                 but this device holds at most {max_coresident}; dispatch at most {max_coresident} workgroups \
+                 (loop inside the kernel over the rest) or remove grid_sync"
+            ),
+            BackendError::OverBudget {
+                required,
+                available,
+            } => write!(
+                f,
+                "Fix: this dispatch needs {required} bytes of device memory but the budget leaves {available} \
+                 (90% of total minus resident and pooled bytes, capped by 90% of free memory); free resident \
+                 buffers, dispatch smaller inputs, or keep inputs resident"
+            ),
+            BackendError::KernelFault {
+                program,
+                error,
+                context_usable,
+            } => {
+                if *context_usable {
+                    write!(
+                        f,
+                        "Fix: {program} failed on the GPU: {error}; the context is still usable; check the \
+                         program's indices and inputs against the reference interpreter"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "Fix: {program} faulted on the GPU: {error}; the CUDA context is lost: drop this \
+                         CudaBackend and call CudaBackend::acquire again (it resets the device); find the \
+                         bad access with the reference interpreter and config.codegen.bounds_checks = false"
+                    )
+                }
+            }
+            BackendError::GridBarrierAudit {
+                program,
+                words,
+                grid_blocks,
+            } => write!(
+                f,
+                "Fix: the grid barrier of {program} was unbalanced after launch (arrivals {}, generation {}, \
+                 total {}, grid {grid_blocks} workgroups); every workgroup must reach every grid_sync: report \
+                 this with the program's Display output",
+                words[0], words[1], words[2]
+            ),
+            BackendError::ContextLost { cause } => write!(
+                f,
+                "Fix: this backend's CUDA context was lost ({cause}); drop it and call CudaBackend::acquire again"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+impl BackendError {
+    pub(crate) fn driver(during: impl Into<String>, error: DriverError) -> Self {
+        BackendError::Driver {
+            during: during.into(),
+            error,
+        }
+    }
+
+    pub(crate) fn bad_input(message: impl Into<String>) -> Self {
+        BackendError::BadInput {
+            message: message.into(),
+        }
+    }
+}

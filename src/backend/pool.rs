@@ -1,0 +1,193 @@
+//! Pools (§4.4): streams with their timing events and pinned staging ("lanes"),
+//! and transient device buffers in power-of-two buckets.
+//!
+//! Creating a stream, an event or pinned memory costs driver time far above the
+//! §0 launch floor (3.7 µs), so once a dispatch shape is warm nothing on its path
+//! allocates from the driver: a dispatch leases one lane (stream + 4 events +
+//! staging) for its whole life, and borrowed inputs take device buffers from the
+//! bucket of their rounded size.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::budget::bucket_bytes;
+use super::driver::{DeviceMemory, DriverResult, Event, PinnedMemory, Stream};
+
+/// Everything one dispatch needs on the host side of the stream.
+pub(crate) struct Lane {
+    pub(crate) stream: Stream,
+    /// Outer window: before the first enqueued operation / after the last.
+    pub(crate) outer_start: Event,
+    pub(crate) outer_end: Event,
+    /// Kernel window: around the launch loop only.
+    pub(crate) inner_start: Event,
+    pub(crate) inner_end: Event,
+    /// Page-locked staging for uploads and readback.
+    pub(crate) staging: PinnedMemory,
+}
+
+const INITIAL_STAGING_BYTES: usize = 64 * 1024;
+
+impl Lane {
+    fn new() -> DriverResult<Lane> {
+        Ok(Lane {
+            stream: Stream::new()?,
+            outer_start: Event::new()?,
+            outer_end: Event::new()?,
+            inner_start: Event::new()?,
+            inner_end: Event::new()?,
+            staging: PinnedMemory::allocate(INITIAL_STAGING_BYTES)?,
+        })
+    }
+
+    /// Grow staging to hold at least `bytes` (rounded to a power of two). Returns
+    /// whether the driver was asked for memory.
+    pub(crate) fn ensure_staging(&mut self, bytes: usize) -> DriverResult<bool> {
+        if self.staging.len() >= bytes {
+            return Ok(false);
+        }
+        let size = bytes
+            .checked_next_power_of_two()
+            .unwrap_or(bytes)
+            .max(INITIAL_STAGING_BYTES);
+        self.staging = PinnedMemory::allocate(size)?;
+        Ok(true)
+    }
+}
+
+/// Idle lanes, shared by every thread of a backend.
+pub(crate) struct LanePool {
+    idle: Mutex<Vec<Lane>>,
+    created: AtomicU64,
+}
+
+impl LanePool {
+    pub(crate) fn new() -> Self {
+        LanePool {
+            idle: Mutex::new(Vec::with_capacity(16)),
+            created: AtomicU64::new(0),
+        }
+    }
+
+    /// Take an idle lane or create one (the caller has the context bound).
+    pub(crate) fn lease(&self) -> DriverResult<Lane> {
+        if let Some(lane) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(lane);
+        }
+        self.created.fetch_add(1, Ordering::Relaxed);
+        Lane::new()
+    }
+
+    /// Return a lane whose stream has no pending work.
+    pub(crate) fn give_back(&self, lane: Lane) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(lane);
+    }
+
+    /// Lanes created so far (each is a stream, four events and staging).
+    pub(crate) fn created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// Drop every idle lane (or leak them when the context was reset under them).
+    pub(crate) fn clear(&self, leak: bool) {
+        let lanes = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        if leak {
+            std::mem::forget(lanes);
+        }
+    }
+}
+
+/// Device buffers for borrowed (non-resident) bindings, by bucket size.
+pub(crate) struct TransientPool {
+    buckets: Mutex<HashMap<u64, Vec<DeviceMemory>>>,
+    pooled_bytes: AtomicU64,
+    driver_allocations: AtomicU64,
+}
+
+impl TransientPool {
+    pub(crate) fn new() -> Self {
+        TransientPool {
+            buckets: Mutex::new(HashMap::new()),
+            pooled_bytes: AtomicU64::new(0),
+            driver_allocations: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes held idle in the pool.
+    pub(crate) fn pooled_bytes(&self) -> u64 {
+        self.pooled_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Driver allocations made by the pool so far.
+    pub(crate) fn driver_allocations(&self) -> u64 {
+        self.driver_allocations.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of `requests` that the idle pool cannot serve (what a dispatch would
+    /// newly allocate). Pure lookup; takes nothing.
+    pub(crate) fn missing_bytes(&self, requests: &[u64]) -> Option<u64> {
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wanted: smallvec::SmallVec<[(u64, usize); 16]> = smallvec::SmallVec::new();
+        let mut missing: u128 = 0;
+        for &r in requests {
+            let bucket = bucket_bytes(r)?;
+            let used = match wanted.iter_mut().find(|(b, _)| *b == bucket) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    wanted.push((bucket, 1));
+                    1
+                }
+            };
+            let idle = buckets.get(&bucket).map_or(0, |v| v.len());
+            if used > idle {
+                missing += bucket as u128;
+            }
+        }
+        u64::try_from(missing).ok()
+    }
+
+    /// A buffer of at least `bytes` (its bucket size), from the pool or the driver.
+    pub(crate) fn take(&self, bytes: u64) -> DriverResult<DeviceMemory> {
+        let bucket = bucket_bytes(bytes).unwrap_or(u64::MAX);
+        if let Some(memory) = self
+            .buckets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&bucket)
+            .and_then(|v| v.pop())
+        {
+            self.pooled_bytes.fetch_sub(bucket, Ordering::Relaxed);
+            return Ok(memory);
+        }
+        self.driver_allocations.fetch_add(1, Ordering::Relaxed);
+        DeviceMemory::allocate(bucket)
+    }
+
+    /// Return a buffer taken with `take`.
+    pub(crate) fn put(&self, memory: DeviceMemory) {
+        let bucket = memory.size();
+        self.pooled_bytes.fetch_add(bucket, Ordering::Relaxed);
+        self.buckets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(bucket)
+            .or_default()
+            .push(memory);
+    }
+
+    /// Free every idle buffer (memory pressure), or leak them after a context reset.
+    pub(crate) fn drain(&self, leak: bool) {
+        let drained = std::mem::take(&mut *self.buckets.lock().unwrap_or_else(|p| p.into_inner()));
+        self.pooled_bytes.store(0, Ordering::Relaxed);
+        if leak {
+            std::mem::forget(drained);
+        }
+    }
+}

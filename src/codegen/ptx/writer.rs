@@ -1,0 +1,1241 @@
+//! The PTX writer: the one struct that owns the text being written, the register and
+//! label counters and the variable scopes while a program is walked once, front to back.
+//!
+//! Instruction selection is deliberately literal: every expression gets fresh virtual
+//! registers and `ptxas` does the register allocation and clean-up. What this file
+//! must get exactly right is semantics, so every operator whose PTX instruction differs
+//! from the IR's definition (integer division, shifts, `f32` negation and absolute
+//! value, float-to-integer casts, `bool` selects) is spelled out with the guard that
+//! makes it agree bit for bit with the reference interpreter.
+
+use std::collections::HashMap;
+use std::fmt::{self, Display, Write};
+
+use crate::config::CodegenOptions;
+use crate::ir::{
+    AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node, Program,
+    ReduceOp, ScalarType, UnaryOp,
+};
+
+use super::{
+    ptx_version, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, REDUX_MIN_SM,
+};
+
+type Result<T> = std::result::Result<T, CodegenError>;
+
+/// Append one indented instruction line to the body. Writing into a `String` cannot fail.
+macro_rules! emit {
+    ($writer:expr, $($arg:tt)*) => {{
+        $writer.body.push('\t');
+        let _ = writeln!($writer.body, $($arg)*);
+    }};
+}
+
+/// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
+/// for why every lane is active wherever lowering emits them).
+const FULL_WARP: &str = "0xffffffff";
+
+/// PTX register classes; the prefix tells a reader the type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RegClass {
+    Pred,
+    B32,
+    F32,
+    B64,
+}
+
+impl RegClass {
+    const ALL: [RegClass; 4] = [RegClass::Pred, RegClass::B32, RegClass::F32, RegClass::B64];
+
+    const fn slot(self) -> usize {
+        match self {
+            RegClass::Pred => 0,
+            RegClass::B32 => 1,
+            RegClass::F32 => 2,
+            RegClass::B64 => 3,
+        }
+    }
+
+    const fn prefix(self) -> &'static str {
+        match self {
+            RegClass::Pred => "%p",
+            RegClass::B32 => "%r",
+            RegClass::F32 => "%f",
+            RegClass::B64 => "%rd",
+        }
+    }
+
+    /// The `.reg` declaration type, also the `mov` suffix.
+    const fn ptx_type(self) -> &'static str {
+        match self {
+            RegClass::Pred => "pred",
+            RegClass::B32 => "b32",
+            RegClass::F32 => "f32",
+            RegClass::B64 => "b64",
+        }
+    }
+
+    const fn of(ty: ScalarType) -> RegClass {
+        match ty {
+            ScalarType::U32 | ScalarType::I32 => RegClass::B32,
+            ScalarType::F32 => RegClass::F32,
+            ScalarType::Bool => RegClass::Pred,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reg {
+    class: RegClass,
+    index: u32,
+}
+
+impl Display for Reg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.class.prefix(), self.index)
+    }
+}
+
+/// A computed expression: the register holding it and its IR type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Value {
+    reg: Reg,
+    ty: ScalarType,
+}
+
+impl Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.reg.fmt(f)
+    }
+}
+
+/// An optional `@%pN ` instruction guard (bounds checks).
+struct Guard(Option<Reg>);
+
+impl Display for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(p) => write!(f, "@{p} "),
+            None => Ok(()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Label {
+    kind: &'static str,
+    number: u32,
+}
+
+impl Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "$L_{}_{}", self.kind, self.number)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    Global,
+    Shared,
+}
+
+impl Space {
+    const fn name(self) -> &'static str {
+        match self {
+            Space::Global => "global",
+            Space::Shared => "shared",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Length {
+    Constant(u32),
+    Register(Reg),
+}
+
+impl Display for Length {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Length::Constant(n) => write!(f, "{n}"),
+            Length::Register(r) => r.fmt(f),
+        }
+    }
+}
+
+/// What the kernel knows about one buffer once the prologue ran.
+struct BufferSlot<'p> {
+    decl: &'p BufferDecl,
+    space: Space,
+    /// 64-bit base address (global, or in the shared window).
+    base: Reg,
+    length: Length,
+    /// For workgroup buffers: the `.shared` symbol and its padded size in bytes.
+    shared: Option<(String, u32)>,
+}
+
+/// Walks one program once and produces its PTX module.
+pub(super) struct Writer<'p> {
+    program: &'p Program,
+    options: CodegenOptions,
+    sm: u32,
+    /// Kernel body instructions (the header and declarations are added by `finish`).
+    body: String,
+    reg_counts: [u32; 4],
+    labels: u32,
+    buffers: Vec<BufferSlot<'p>>,
+    buffer_lookup: HashMap<&'p str, usize>,
+    variables: HashMap<&'p str, Value>,
+    /// Declarations in order, with the binding each one hid, so leaving a block
+    /// restores exactly the outer scope.
+    scope_log: Vec<(&'p str, Option<Value>)>,
+    uses_grid_sync: bool,
+}
+
+impl<'p> Writer<'p> {
+    pub(super) fn new(program: &'p Program, options: CodegenOptions, sm: u32) -> Self {
+        Writer {
+            program,
+            options,
+            sm,
+            body: String::with_capacity(4096),
+            reg_counts: [0; 4],
+            labels: 0,
+            buffers: Vec::with_capacity(program.buffers().len()),
+            buffer_lookup: HashMap::with_capacity(program.buffers().len()),
+            variables: HashMap::new(),
+            scope_log: Vec::new(),
+            uses_grid_sync: false,
+        }
+    }
+
+    /// Write the whole module.
+    pub(super) fn finish(mut self) -> Result<String> {
+        let program: &'p Program = self.program;
+        let [x, y, z] = program.workgroup_size();
+        if x == 0 || y == 0 || z == 0 || program.threads_per_workgroup().is_none() {
+            return Err(invalid(format!(
+                "workgroup size [{x}, {y}, {z}] has a zero or overflowing thread count"
+            )));
+        }
+        self.prologue()?;
+        self.block(program.entry())?;
+        emit!(self, "ret;");
+        Ok(self.assemble())
+    }
+
+    // ----- registers, labels, scopes -------------------------------------------------
+
+    fn reg(&mut self, class: RegClass) -> Reg {
+        let counter = &mut self.reg_counts[class.slot()];
+        let index = *counter;
+        *counter += 1;
+        Reg { class, index }
+    }
+
+    fn value(&mut self, ty: ScalarType) -> Value {
+        Value {
+            reg: self.reg(RegClass::of(ty)),
+            ty,
+        }
+    }
+
+    fn label(&mut self, kind: &'static str) -> Label {
+        self.labels += 1;
+        Label {
+            kind,
+            number: self.labels,
+        }
+    }
+
+    fn place(&mut self, label: Label) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+
+    fn bind(&mut self, name: &'p str, value: Value) {
+        let hidden = self.variables.insert(name, value);
+        self.scope_log.push((name, hidden));
+    }
+
+    fn variable(&self, name: &str) -> Result<Value> {
+        self.variables.get(name).copied().ok_or_else(|| {
+            invalid(format!(
+                "variable `{name}` is used where it is not in scope"
+            ))
+        })
+    }
+
+    fn buffer(&self, name: &str) -> Result<usize> {
+        self.buffer_lookup
+            .get(name)
+            .copied()
+            .ok_or_else(|| invalid(format!("buffer `{name}` is not declared")))
+    }
+
+    // ----- prologue and module text ----------------------------------------------------
+
+    /// Load parameters, take shared-memory addresses and zero workgroup memory.
+    fn prologue(&mut self) -> Result<()> {
+        let program: &'p Program = self.program;
+        let globals = program.global_buffers();
+        if !globals.is_empty() {
+            emit!(self, "// buffer addresses and lengths");
+        }
+        for (position, decl) in globals.into_iter().enumerate() {
+            let base = self.reg(RegClass::B64);
+            emit!(self, "ld.param.u64 {base}, [vyre_ptr_{position}];");
+            emit!(self, "cvta.to.global.u64 {base}, {base};");
+            let length = match decl.count {
+                BufferCount::Static(count) => Length::Constant(count),
+                BufferCount::Runtime => {
+                    let r = self.reg(RegClass::B32);
+                    emit!(self, "ld.param.u32 {r}, [vyre_len_{position}];");
+                    Length::Register(r)
+                }
+            };
+            self.add_buffer(BufferSlot {
+                decl,
+                space: Space::Global,
+                base,
+                length,
+                shared: None,
+            })?;
+        }
+
+        let mut shared: Vec<&'p BufferDecl> = program
+            .buffers()
+            .iter()
+            .filter(|b| !b.access.is_global())
+            .collect();
+        shared.sort_by_key(|b| b.binding);
+        if shared.is_empty() {
+            return Ok(());
+        }
+        for (position, decl) in shared.into_iter().enumerate() {
+            let (count, bytes) = match (decl.count, decl.static_size_bytes()) {
+                (BufferCount::Static(count), Some(bytes)) => (count, bytes),
+                _ => {
+                    return Err(invalid(format!(
+                        "workgroup buffer `{}` needs a static element count",
+                        decl.name
+                    )))
+                }
+            };
+            let padded = bytes.div_ceil(4).max(1) * 4;
+            let padded = u32::try_from(padded).map_err(|_| {
+                invalid(format!(
+                    "workgroup buffer `{}` is {bytes} bytes, more than shared memory can hold",
+                    decl.name
+                ))
+            })?;
+            let symbol = format!("vyre_shared_{position}_{}", identifier_part(&decl.name));
+            let base = self.reg(RegClass::B64);
+            emit!(self, "mov.u64 {base}, {symbol};");
+            self.add_buffer(BufferSlot {
+                decl,
+                space: Space::Shared,
+                base,
+                length: Length::Constant(count),
+                shared: Some((symbol, padded)),
+            })?;
+        }
+        self.zero_workgroup_memory()
+    }
+
+    fn add_buffer(&mut self, slot: BufferSlot<'p>) -> Result<()> {
+        let name: &'p str = &slot.decl.name;
+        if self
+            .buffer_lookup
+            .insert(name, self.buffers.len())
+            .is_some()
+        {
+            return Err(invalid(format!("buffer name `{name}` is declared twice")));
+        }
+        self.buffers.push(slot);
+        Ok(())
+    }
+
+    /// Every thread clears a strided share of each workgroup buffer, then the workgroup
+    /// waits, so reads before writes see 0 as in the reference interpreter.
+    fn zero_workgroup_memory(&mut self) -> Result<()> {
+        let threads = self.program.threads_per_workgroup().unwrap_or(0);
+        let stride = u32::try_from(u64::from(threads) * 4)
+            .map_err(|_| invalid(format!("{threads} threads per workgroup is too many")))?;
+        emit!(
+            self,
+            "// zero workgroup memory, then wait for the whole workgroup"
+        );
+        let linear = self.local_linear_id();
+        for position in 0..self.buffers.len() {
+            let (base, bytes) = match &self.buffers[position].shared {
+                Some((_, bytes)) => (self.buffers[position].base, *bytes),
+                None => continue,
+            };
+            let offset = self.reg(RegClass::B32);
+            emit!(self, "shl.b32 {offset}, {linear}, 2;");
+            let top = self.label("zero");
+            let done = self.label("zero_done");
+            self.place(top);
+            let past = self.reg(RegClass::Pred);
+            emit!(self, "setp.ge.u32 {past}, {offset}, {bytes};");
+            emit!(self, "@{past} bra {done};");
+            let wide = self.reg(RegClass::B64);
+            let address = self.reg(RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {offset};");
+            emit!(self, "add.s64 {address}, {base}, {wide};");
+            emit!(self, "st.shared.u32 [{address}], 0;");
+            emit!(self, "add.u32 {offset}, {offset}, {stride};");
+            emit!(self, "bra {top};");
+            self.place(done);
+        }
+        emit!(self, "bar.sync 0;");
+        Ok(())
+    }
+
+    /// `tid.x + ntid.x * (tid.y + ntid.y * tid.z)` with the (required) block shape.
+    fn local_linear_id(&mut self) -> Reg {
+        let [x, y, z] = self.program.workgroup_size();
+        let tid_x = self.special("tid", "x");
+        if y == 1 && z == 1 {
+            return tid_x;
+        }
+        let tid_y = self.special("tid", "y");
+        let tid_z = self.special("tid", "z");
+        let plane = self.reg(RegClass::B32);
+        let linear = self.reg(RegClass::B32);
+        emit!(self, "mad.lo.u32 {plane}, {tid_z}, {y}, {tid_y};");
+        emit!(self, "mad.lo.u32 {linear}, {plane}, {x}, {tid_x};");
+        linear
+    }
+
+    fn special(&mut self, register: &str, axis: &str) -> Reg {
+        let r = self.reg(RegClass::B32);
+        emit!(self, "mov.u32 {r}, %{register}.{axis};");
+        r
+    }
+
+    /// Header, declarations and body, in one allocation.
+    fn assemble(self) -> String {
+        let program = self.program;
+        let globals = program.global_buffers();
+        let mut out = String::with_capacity(self.body.len() + 1024 + 128 * self.buffers.len());
+        out.push_str("//\n");
+        match program.entry_op_id() {
+            Some(id) => push_comment(&mut out, "", format_args!("vyre-cuda kernel for '{id}'")),
+            None => out.push_str("// vyre-cuda kernel\n"),
+        }
+        let [x, y, z] = program.workgroup_size();
+        let _ = writeln!(
+            out,
+            "// workgroup size [{x}, {y}, {z}], bounds checks {}\n//",
+            if self.options.bounds_checks {
+                "on"
+            } else {
+                "off"
+            }
+        );
+        let _ = writeln!(out, ".version {}", ptx_version(self.sm));
+        let _ = writeln!(out, ".target sm_{}", self.sm);
+        out.push_str(".address_size 64\n\n");
+
+        if self.uses_grid_sync {
+            out.push_str(
+                "// grid barrier: [0] arrivals this phase, [1] generation, [2] total arrivals\n",
+            );
+            let _ = writeln!(
+                out,
+                ".global .align 4 .u32 {GRID_BARRIER_SYMBOL}[{GRID_BARRIER_WORDS}];\n"
+            );
+        }
+        let mut any_shared = false;
+        for slot in &self.buffers {
+            if let Some((symbol, bytes)) = &slot.shared {
+                push_comment(&mut out, "", slot.decl);
+                let _ = writeln!(out, ".shared .align 4 .b8 {symbol}[{bytes}];");
+                any_shared = true;
+            }
+        }
+        if any_shared {
+            out.push('\n');
+        }
+
+        let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
+        let parameters = globals.len() * 2;
+        let mut written = 0;
+        for (kind, width) in [("ptr", "u64"), ("len", "u32")] {
+            for (position, decl) in globals.iter().enumerate() {
+                written += 1;
+                let comma = if written < parameters { "," } else { "" };
+                let _ = write!(out, "\n\t.param .{width} vyre_{kind}_{position}{comma}");
+                push_comment(&mut out, " ", decl);
+                out.pop(); // push_comment ends the line; the loop starts the next one.
+            }
+        }
+        if parameters > 0 {
+            out.push('\n');
+        }
+        let _ = writeln!(out, ")\n.reqntid {x}, {y}, {z}\n{{");
+        for class in RegClass::ALL {
+            let count = self.reg_counts[class.slot()];
+            if count > 0 {
+                let _ = writeln!(
+                    out,
+                    "\t.reg .{} {}<{count}>;",
+                    class.ptx_type(),
+                    class.prefix()
+                );
+            }
+        }
+        out.push('\n');
+        out.push_str(&self.body);
+        out.push_str("}\n");
+        out
+    }
+
+    // ----- statements ------------------------------------------------------------------
+
+    fn block(&mut self, block: &'p Block) -> Result<()> {
+        let mark = self.scope_log.len();
+        for node in block.iter() {
+            self.node(node)?;
+        }
+        self.leave_scope(mark);
+        Ok(())
+    }
+
+    /// Forget every declaration made since the scope log had `mark` entries.
+    fn leave_scope(&mut self, mark: usize) {
+        while self.scope_log.len() > mark {
+            if let Some((name, hidden)) = self.scope_log.pop() {
+                match hidden {
+                    Some(value) => self.variables.insert(name, value),
+                    None => self.variables.remove(name),
+                };
+            }
+        }
+    }
+
+    fn comment(&mut self, node: &Node) {
+        match node {
+            Node::If { condition, .. } => {
+                push_comment(&mut self.body, "\t", format_args!("if {condition}"))
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                ..
+            } => push_comment(
+                &mut self.body,
+                "\t",
+                format_args!("for {variable} in {start}..{end}"),
+            ),
+            other => push_comment(&mut self.body, "\t", other),
+        }
+    }
+
+    fn node(&mut self, node: &'p Node) -> Result<()> {
+        self.comment(node);
+        match node {
+            Node::Let { name, value, .. } => {
+                let value = self.expr(value)?;
+                let variable = self.value(value.ty);
+                self.mov(variable, value);
+                self.bind(name, variable);
+            }
+            Node::Assign { name, value } => {
+                let value = self.expr(value)?;
+                let variable = self.variable(name)?;
+                if variable.ty != value.ty {
+                    return Err(invalid(format!(
+                        "`{name}` is {} but is assigned a {}",
+                        variable.ty.name(),
+                        value.ty.name()
+                    )));
+                }
+                self.mov(variable, value);
+            }
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => {
+                let slot = self.buffer(buffer)?;
+                let index = self.index(index)?;
+                let value = self.expr(value)?;
+                let elem = self.buffers[slot].decl.elem;
+                expect(value, elem.value_type(), "a stored value")?;
+                let guard = self.bounds_guard(slot, index);
+                let address = self.element_address(slot, index);
+                let space = self.buffers[slot].space.name();
+                emit!(
+                    self,
+                    "{}st.{space}.{} [{address}], {value};",
+                    Guard(guard),
+                    memory_type(elem)
+                );
+            }
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let condition = self.expr(condition)?;
+                expect(condition, ScalarType::Bool, "an if condition")?;
+                let end = self.label("end_if");
+                if else_body.is_empty() {
+                    emit!(self, "@!{condition} bra {end};");
+                    self.block(then_body)?;
+                } else {
+                    let otherwise = self.label("else");
+                    emit!(self, "@!{condition} bra {otherwise};");
+                    self.block(then_body)?;
+                    emit!(self, "bra {end};");
+                    self.place(otherwise);
+                    self.block(else_body)?;
+                }
+                self.place(end);
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let start = self.index(start)?;
+                let end = self.index(end)?;
+                // Both bounds are copied: the body may assign the variables they read.
+                let counter = self.value(ScalarType::U32);
+                let limit = self.value(ScalarType::U32);
+                self.mov(counter, start);
+                self.mov(limit, end);
+                let top = self.label("loop");
+                let exit = self.label("loop_end");
+                self.place(top);
+                let done = self.reg(RegClass::Pred);
+                emit!(self, "setp.ge.u32 {done}, {counter}, {limit};");
+                emit!(self, "@{done} bra {exit};");
+                let mark = self.scope_log.len();
+                self.bind(variable, counter);
+                self.block(body)?;
+                self.leave_scope(mark);
+                emit!(self, "add.u32 {counter}, {counter}, 1;");
+                emit!(self, "bra {top};");
+                self.place(exit);
+            }
+            Node::Barrier => emit!(self, "bar.sync 0;"),
+            Node::GridSync => self.grid_sync(),
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                let slot = self.buffer(buffer)?;
+                let index = self.index(index)?;
+                let value = self.expr(value)?;
+                expect(value, ScalarType::U32, "an atomic operand")?;
+                let elem = self.buffers[slot].decl.elem;
+                if elem.value_type() != ScalarType::U32 || elem.size_bytes() != 4 {
+                    return Err(invalid(format!(
+                        "atomic on `{buffer}`, whose elements are {}, not u32",
+                        elem.name()
+                    )));
+                }
+                let guard = self.bounds_guard(slot, index);
+                let address = self.element_address(slot, index);
+                let space = self.buffers[slot].space.name();
+                let operation = match op {
+                    AtomicOp::Add => "add.u32",
+                    AtomicOp::Min => "min.u32",
+                    AtomicOp::Max => "max.u32",
+                    AtomicOp::Or => "or.b32",
+                };
+                emit!(
+                    self,
+                    "{}red.{space}.{operation} [{address}], {value};",
+                    Guard(guard)
+                );
+            }
+            Node::WorkgroupReduce { name, .. } => {
+                return Err(CodegenError::UnloweredWorkgroupReduce {
+                    name: name.to_string(),
+                })
+            }
+            Node::Return => emit!(self, "ret;"),
+        }
+        Ok(())
+    }
+
+    /// The grid-barrier protocol documented in the `ptx` module docs.
+    fn grid_sync(&mut self) {
+        self.uses_grid_sync = true;
+        emit!(self, "bar.sync 0;");
+        let linear = self.local_linear_id();
+        let not_leader = self.reg(RegClass::Pred);
+        let done = self.label("grid_sync_done");
+        let wait = self.label("grid_sync_wait");
+        let leave = self.label("grid_sync_leave");
+        emit!(self, "setp.ne.u32 {not_leader}, {linear}, 0;");
+        emit!(self, "@{not_leader} bra {done};");
+        let words = self.reg(RegClass::B64);
+        emit!(self, "mov.u64 {words}, {GRID_BARRIER_SYMBOL};");
+        emit!(self, "fence.acq_rel.gpu;");
+        let generation = self.reg(RegClass::B32);
+        emit!(self, "ld.acquire.gpu.global.u32 {generation}, [{words}+4];");
+        emit!(self, "red.relaxed.gpu.global.add.u32 [{words}+8], 1;");
+        let arrived = self.reg(RegClass::B32);
+        emit!(
+            self,
+            "atom.acq_rel.gpu.global.add.u32 {arrived}, [{words}], 1;"
+        );
+        let count_x = self.special("nctaid", "x");
+        let count_y = self.special("nctaid", "y");
+        let count_z = self.special("nctaid", "z");
+        let plane = self.reg(RegClass::B32);
+        let blocks = self.reg(RegClass::B32);
+        let last = self.reg(RegClass::B32);
+        emit!(self, "mul.lo.u32 {plane}, {count_x}, {count_y};");
+        emit!(self, "mul.lo.u32 {blocks}, {plane}, {count_z};");
+        emit!(self, "sub.u32 {last}, {blocks}, 1;");
+        let not_last = self.reg(RegClass::Pred);
+        emit!(self, "setp.ne.u32 {not_last}, {arrived}, {last};");
+        emit!(self, "@{not_last} bra {wait};");
+        emit!(self, "st.relaxed.gpu.global.u32 [{words}], 0;");
+        emit!(self, "red.release.gpu.global.add.u32 [{words}+4], 1;");
+        emit!(self, "bra {leave};");
+        self.place(wait);
+        let now = self.reg(RegClass::B32);
+        let same = self.reg(RegClass::Pred);
+        emit!(self, "ld.acquire.gpu.global.u32 {now}, [{words}+4];");
+        emit!(self, "setp.eq.u32 {same}, {now}, {generation};");
+        emit!(self, "@{same} bra {wait};");
+        self.place(leave);
+        emit!(self, "fence.acq_rel.gpu;");
+        self.place(done);
+        emit!(self, "bar.sync 0;");
+    }
+
+    fn mov(&mut self, destination: Value, source: Value) {
+        emit!(
+            self,
+            "mov.{} {destination}, {source};",
+            destination.reg.class.ptx_type()
+        );
+    }
+
+    // ----- memory ------------------------------------------------------------------------
+
+    fn index(&mut self, index: &'p Expr) -> Result<Value> {
+        let value = self.expr(index)?;
+        expect(value, ScalarType::U32, "an index or loop bound")?;
+        Ok(value)
+    }
+
+    /// `index < length` as a predicate, or `None` when bounds checks are off.
+    fn bounds_guard(&mut self, slot: usize, index: Value) -> Option<Reg> {
+        if !self.options.bounds_checks {
+            return None;
+        }
+        let length = self.buffers[slot].length;
+        let inside = self.reg(RegClass::Pred);
+        emit!(self, "setp.lt.u32 {inside}, {index}, {length};");
+        Some(inside)
+    }
+
+    /// `base + index * element_size`, computed in 64 bits so no index can wrap.
+    fn element_address(&mut self, slot: usize, index: Value) -> Reg {
+        let (base, size) = {
+            let slot = &self.buffers[slot];
+            (slot.base, slot.decl.elem.size_bytes())
+        };
+        let offset = self.reg(RegClass::B64);
+        if size == 1 {
+            emit!(self, "cvt.u64.u32 {offset}, {index};");
+        } else {
+            emit!(self, "mul.wide.u32 {offset}, {index}, {size};");
+        }
+        let address = self.reg(RegClass::B64);
+        emit!(self, "add.s64 {address}, {base}, {offset};");
+        address
+    }
+
+    // ----- expressions -------------------------------------------------------------------
+
+    fn expr(&mut self, expr: &'p Expr) -> Result<Value> {
+        match expr {
+            Expr::Literal(literal) => Ok(self.literal(*literal)),
+            Expr::Var(name) => self.variable(name),
+            Expr::Load { buffer, index } => {
+                let slot = self.buffer(buffer)?;
+                let index = self.index(index)?;
+                let elem = self.buffers[slot].decl.elem;
+                let result = self.value(elem.value_type());
+                let guard = self.bounds_guard(slot, index);
+                if guard.is_some() {
+                    emit!(self, "mov.{} {result}, 0;", result.reg.class.ptx_type());
+                }
+                let address = self.element_address(slot, index);
+                let space = self.buffers[slot].space.name();
+                emit!(
+                    self,
+                    "{}ld.{space}.{} {result}, [{address}];",
+                    Guard(guard),
+                    memory_type(elem)
+                );
+                Ok(result)
+            }
+            Expr::Length { buffer } => {
+                let slot = self.buffer(buffer)?;
+                let length = self.buffers[slot].length;
+                let result = self.value(ScalarType::U32);
+                emit!(self, "mov.u32 {result}, {length};");
+                Ok(result)
+            }
+            Expr::Binary { op, lhs, rhs } => {
+                let lhs = self.expr(lhs)?;
+                let rhs = self.expr(rhs)?;
+                self.binary(*op, lhs, rhs)
+            }
+            Expr::Unary { op, operand } => {
+                let operand = self.expr(operand)?;
+                self.unary(*op, operand)
+            }
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => {
+                let condition = self.expr(condition)?;
+                let if_true = self.expr(if_true)?;
+                let if_false = self.expr(if_false)?;
+                self.select(condition, if_true, if_false)
+            }
+            Expr::Cast { to, value } => {
+                let value = self.expr(value)?;
+                Ok(self.cast(*to, value))
+            }
+            Expr::Builtin(builtin) => Ok(self.builtin(*builtin)),
+            Expr::SubgroupShuffleXor { value, lane_mask } => {
+                let value = self.expr(value)?;
+                expect(value, ScalarType::U32, "a subgroup shuffle operand")?;
+                if *lane_mask >= 32 {
+                    return Err(invalid(format!(
+                        "subgroup shuffle lane mask {lane_mask} is not below the subgroup size 32"
+                    )));
+                }
+                let result = self.value(ScalarType::U32);
+                emit!(
+                    self,
+                    "shfl.sync.bfly.b32 {result}, {value}, {lane_mask}, 0x1f, {FULL_WARP};"
+                );
+                Ok(result)
+            }
+            Expr::SubgroupReduce { op, value } => {
+                let value = self.expr(value)?;
+                expect(value, ScalarType::U32, "a subgroup reduction operand")?;
+                Ok(self.subgroup_reduce(*op, value))
+            }
+        }
+    }
+
+    fn literal(&mut self, literal: Literal) -> Value {
+        let result = self.value(literal.ty());
+        match literal {
+            Literal::U32(v) => emit!(self, "mov.u32 {result}, {v};"),
+            Literal::I32(v) => emit!(self, "mov.s32 {result}, {v};"),
+            Literal::F32(v) => emit!(self, "mov.f32 {result}, 0f{:08X};", v.to_bits()),
+            Literal::Bool(v) => emit!(self, "mov.pred {result}, {};", v as u32),
+        }
+        result
+    }
+
+    fn builtin(&mut self, builtin: Builtin) -> Value {
+        let reg = match builtin {
+            Builtin::LocalId(axis) => self.special("tid", axis.name()),
+            Builtin::WorkgroupId(axis) => self.special("ctaid", axis.name()),
+            Builtin::WorkgroupCount(axis) => self.special("nctaid", axis.name()),
+            Builtin::GlobalId(axis) => {
+                let group = self.special("ctaid", axis.name());
+                let size = self.special("ntid", axis.name());
+                let local = self.special("tid", axis.name());
+                let global = self.reg(RegClass::B32);
+                emit!(self, "mad.lo.u32 {global}, {group}, {size}, {local};");
+                global
+            }
+        };
+        Value {
+            reg,
+            ty: ScalarType::U32,
+        }
+    }
+
+    fn instruction(&mut self, mnemonic: &str, ty: ScalarType, a: Value, b: Value) -> Value {
+        let result = self.value(ty);
+        emit!(self, "{mnemonic} {result}, {a}, {b};");
+        result
+    }
+
+    fn binary(&mut self, op: BinaryOp, lhs: Value, rhs: Value) -> Result<Value> {
+        use BinaryOp as B;
+        use ScalarType as T;
+        let ty = lhs.ty;
+        let shift = matches!(op, B::Shl | B::Shr);
+        if shift {
+            expect(rhs, T::U32, "a shift amount")?;
+        } else if rhs.ty != ty {
+            return Err(invalid(format!(
+                "the operands of `{}` are {} and {}",
+                op.symbol(),
+                ty.name(),
+                rhs.ty.name()
+            )));
+        }
+        let mnemonic = match (op, ty) {
+            (B::Add, T::U32) => "add.u32",
+            (B::Add, T::I32) => "add.s32",
+            (B::Add, T::F32) => "add.rn.f32",
+            (B::Sub, T::U32) => "sub.u32",
+            (B::Sub, T::I32) => "sub.s32",
+            (B::Sub, T::F32) => "sub.rn.f32",
+            (B::Mul, T::U32) => "mul.lo.u32",
+            (B::Mul, T::I32) => "mul.lo.s32",
+            (B::Mul, T::F32) => "mul.rn.f32",
+            (B::Div, T::F32) => "div.rn.f32",
+            (B::Div | B::Rem, T::U32 | T::I32) => {
+                return Ok(self.integer_division(op == B::Div, lhs, rhs))
+            }
+            (B::BitAnd, T::U32 | T::I32) => "and.b32",
+            (B::BitOr, T::U32 | T::I32) => "or.b32",
+            (B::BitXor, T::U32 | T::I32) => "xor.b32",
+            (B::BitAnd | B::LogicalAnd, T::Bool) => "and.pred",
+            (B::BitOr | B::LogicalOr, T::Bool) => "or.pred",
+            (B::BitXor, T::Bool) => "xor.pred",
+            (B::Shl | B::Shr, T::U32 | T::I32) => {
+                // PTX clamps shift amounts above 31; the IR takes them modulo 32.
+                let amount = self.reg(RegClass::B32);
+                emit!(self, "and.b32 {amount}, {rhs}, 31;");
+                let mnemonic = match (op, ty) {
+                    (B::Shl, _) => "shl.b32",
+                    (_, T::I32) => "shr.s32",
+                    _ => "shr.u32",
+                };
+                let result = self.value(ty);
+                emit!(self, "{mnemonic} {result}, {lhs}, {amount};");
+                return Ok(result);
+            }
+            (B::Eq | B::Ne | B::Lt | B::Le | B::Gt | B::Ge, T::U32 | T::I32 | T::F32) => {
+                let condition = match op {
+                    B::Eq => "eq",
+                    // Unordered not-equal: NaN != x is true, as in the IR.
+                    B::Ne if ty == T::F32 => "neu",
+                    B::Ne => "ne",
+                    B::Lt => "lt",
+                    B::Le => "le",
+                    B::Gt => "gt",
+                    _ => "ge",
+                };
+                let result = self.value(T::Bool);
+                emit!(
+                    self,
+                    "setp.{condition}.{} {result}, {lhs}, {rhs};",
+                    arithmetic_type(ty)
+                );
+                return Ok(result);
+            }
+            (B::Eq | B::Ne, T::Bool) => {
+                let differ = self.instruction("xor.pred", T::Bool, lhs, rhs);
+                if op == B::Ne {
+                    return Ok(differ);
+                }
+                let result = self.value(T::Bool);
+                emit!(self, "not.pred {result}, {differ};");
+                return Ok(result);
+            }
+            // min.f32/max.f32 return the non-NaN operand when exactly one is NaN.
+            (B::Min, T::U32) => "min.u32",
+            (B::Min, T::I32) => "min.s32",
+            (B::Min, T::F32) => "min.f32",
+            (B::Max, T::U32) => "max.u32",
+            (B::Max, T::I32) => "max.s32",
+            (B::Max, T::F32) => "max.f32",
+            _ => {
+                return Err(invalid(format!(
+                    "`{}` is not defined on {}",
+                    op.symbol(),
+                    ty.name()
+                )))
+            }
+        };
+        let result_type = if op.is_comparison() { T::Bool } else { ty };
+        Ok(self.instruction(mnemonic, result_type, lhs, rhs))
+    }
+
+    /// Integer `/` or `%` with the IR's total semantics: a zero divisor gives 0, and
+    /// `i32::MIN / -1` gives `i32::MIN` (remainder 0). The hardware divides by a safe
+    /// divisor (1) in those cases and the result is then selected.
+    fn integer_division(&mut self, quotient: bool, lhs: Value, rhs: Value) -> Value {
+        let ty = lhs.ty;
+        let suffix = arithmetic_type(ty);
+        let by_zero = self.reg(RegClass::Pred);
+        emit!(self, "setp.eq.{suffix} {by_zero}, {rhs}, 0;");
+        let unsafe_divisor = if ty == ScalarType::I32 {
+            let minus_one = self.reg(RegClass::Pred);
+            let minimum = self.reg(RegClass::Pred);
+            let overflow = self.reg(RegClass::Pred);
+            let either = self.reg(RegClass::Pred);
+            emit!(self, "setp.eq.s32 {minus_one}, {rhs}, -1;");
+            emit!(self, "setp.eq.s32 {minimum}, {lhs}, -2147483648;");
+            emit!(self, "and.pred {overflow}, {minus_one}, {minimum};");
+            emit!(self, "or.pred {either}, {by_zero}, {overflow};");
+            either
+        } else {
+            by_zero
+        };
+        let divisor = self.reg(RegClass::B32);
+        emit!(self, "selp.b32 {divisor}, 1, {rhs}, {unsafe_divisor};");
+        let operation = if quotient { "div" } else { "rem" };
+        let raw = self.value(ty);
+        emit!(self, "{operation}.{suffix} {raw}, {lhs}, {divisor};");
+        let result = self.value(ty);
+        emit!(self, "selp.b32 {result}, 0, {raw}, {by_zero};");
+        result
+    }
+
+    fn unary(&mut self, op: UnaryOp, operand: Value) -> Result<Value> {
+        use ScalarType as T;
+        use UnaryOp as U;
+        let ty = operand.ty;
+        let result = match (op, ty) {
+            (U::Neg, T::I32 | T::U32) => {
+                let result = self.value(ty);
+                emit!(self, "neg.s32 {result}, {operand};");
+                result
+            }
+            // Sign-bit flips on the bit pattern, so NaN payloads pass through unchanged
+            // (neg.f32/abs.f32 may canonicalise NaN).
+            (U::Neg, T::F32) => self.float_sign_bits(operand, "xor.b32", "0x80000000"),
+            (U::Abs, T::F32) => self.float_sign_bits(operand, "and.b32", "0x7FFFFFFF"),
+            // |x| of an unsigned value is the value itself.
+            (U::Abs, T::U32) => operand,
+            (U::Abs, T::I32) => {
+                // max(x, -x) wraps like Rust: abs(i32::MIN) == i32::MIN.
+                let negated = self.reg(RegClass::B32);
+                emit!(self, "neg.s32 {negated}, {operand};");
+                let result = self.value(ty);
+                emit!(self, "max.s32 {result}, {operand}, {negated};");
+                result
+            }
+            (U::BitNot, T::U32 | T::I32) => {
+                let result = self.value(ty);
+                emit!(self, "not.b32 {result}, {operand};");
+                result
+            }
+            (U::BitNot | U::LogicalNot, T::Bool) => {
+                let result = self.value(ty);
+                emit!(self, "not.pred {result}, {operand};");
+                result
+            }
+            (U::CountOnes, T::U32 | T::I32) => {
+                let result = self.value(T::U32);
+                emit!(self, "popc.b32 {result}, {operand};");
+                result
+            }
+            (U::LeadingZeros, T::U32 | T::I32) => {
+                let result = self.value(T::U32);
+                emit!(self, "clz.b32 {result}, {operand};");
+                result
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "`{}` is not defined on {}",
+                    op.symbol(),
+                    ty.name()
+                )))
+            }
+        };
+        Ok(result)
+    }
+
+    fn float_sign_bits(&mut self, operand: Value, mnemonic: &str, mask: &str) -> Value {
+        let bits = self.reg(RegClass::B32);
+        emit!(self, "mov.b32 {bits}, {operand};");
+        emit!(self, "{mnemonic} {bits}, {bits}, {mask};");
+        let result = self.value(ScalarType::F32);
+        emit!(self, "mov.b32 {result}, {bits};");
+        result
+    }
+
+    fn select(&mut self, condition: Value, if_true: Value, if_false: Value) -> Result<Value> {
+        expect(condition, ScalarType::Bool, "a select condition")?;
+        if if_true.ty != if_false.ty {
+            return Err(invalid(format!(
+                "select arms are {} and {}",
+                if_true.ty.name(),
+                if_false.ty.name()
+            )));
+        }
+        let result = self.value(if_true.ty);
+        match if_true.reg.class {
+            RegClass::Pred => {
+                // selp has no predicate form: (c & t) | (!c & f).
+                let taken = self.reg(RegClass::Pred);
+                let inverse = self.reg(RegClass::Pred);
+                let other = self.reg(RegClass::Pred);
+                emit!(self, "and.pred {taken}, {condition}, {if_true};");
+                emit!(self, "not.pred {inverse}, {condition};");
+                emit!(self, "and.pred {other}, {inverse}, {if_false};");
+                emit!(self, "or.pred {result}, {taken}, {other};");
+            }
+            class => emit!(
+                self,
+                "selp.{} {result}, {if_true}, {if_false}, {condition};",
+                class.ptx_type()
+            ),
+        }
+        Ok(result)
+    }
+
+    /// Rust `as` semantics (see `Expr::Cast`).
+    fn cast(&mut self, to: ScalarType, value: Value) -> Value {
+        use ScalarType as T;
+        match (value.ty, to) {
+            (from, to) if from == to => value,
+            // Reinterpretation: same register, new type (consumers copy before mutating).
+            (T::U32, T::I32) | (T::I32, T::U32) => Value {
+                reg: value.reg,
+                ty: to,
+            },
+            (T::U32 | T::I32, T::F32) => {
+                let result = self.value(T::F32);
+                emit!(
+                    self,
+                    "cvt.rn.f32.{} {result}, {value};",
+                    arithmetic_type(value.ty)
+                );
+                result
+            }
+            (T::F32, T::U32 | T::I32) => {
+                // cvt.rzi truncates and saturates; NaN is forced to 0 explicitly.
+                let raw = self.reg(RegClass::B32);
+                emit!(self, "cvt.rzi.{}.f32 {raw}, {value};", arithmetic_type(to));
+                let nan = self.reg(RegClass::Pred);
+                emit!(self, "setp.nan.f32 {nan}, {value}, {value};");
+                let result = self.value(to);
+                emit!(self, "selp.b32 {result}, 0, {raw}, {nan};");
+                result
+            }
+            (T::Bool, T::U32 | T::I32) => {
+                let result = self.value(to);
+                emit!(self, "selp.b32 {result}, 1, 0, {value};");
+                result
+            }
+            (T::Bool, _) => {
+                let result = self.value(T::F32);
+                emit!(self, "selp.f32 {result}, 0f3F800000, 0f00000000, {value};");
+                result
+            }
+            (T::U32 | T::I32, _) => {
+                let result = self.value(T::Bool);
+                emit!(self, "setp.ne.u32 {result}, {value}, 0;");
+                result
+            }
+            (T::F32, _) => {
+                // Unordered: NaN converts to true.
+                let result = self.value(T::Bool);
+                emit!(self, "setp.neu.f32 {result}, {value}, 0f00000000;");
+                result
+            }
+        }
+    }
+
+    fn subgroup_reduce(&mut self, op: ReduceOp, value: Value) -> Value {
+        let operation = match op {
+            ReduceOp::Sum => "add",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        };
+        if self.sm >= REDUX_MIN_SM {
+            let result = self.value(ScalarType::U32);
+            emit!(
+                self,
+                "redux.sync.{operation}.u32 {result}, {value}, {FULL_WARP};"
+            );
+            return result;
+        }
+        // Butterfly ladder: after the five steps every lane holds the full reduction.
+        let mut accumulated = value;
+        for lane_mask in [16, 8, 4, 2, 1] {
+            let partner = self.reg(RegClass::B32);
+            emit!(
+                self,
+                "shfl.sync.bfly.b32 {partner}, {accumulated}, {lane_mask}, 0x1f, {FULL_WARP};"
+            );
+            let next = self.value(ScalarType::U32);
+            emit!(self, "{operation}.u32 {next}, {accumulated}, {partner};");
+            accumulated = next;
+        }
+        accumulated
+    }
+}
+
+fn invalid(detail: String) -> CodegenError {
+    CodegenError::InvalidProgram { detail }
+}
+
+fn expect(value: Value, ty: ScalarType, what: &str) -> Result<()> {
+    if value.ty == ty {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{what} must be {} but is {}",
+            ty.name(),
+            value.ty.name()
+        )))
+    }
+}
+
+/// Instruction type suffix for integer and float arithmetic and comparisons.
+const fn arithmetic_type(ty: ScalarType) -> &'static str {
+    match ty {
+        ScalarType::I32 => "s32",
+        ScalarType::F32 => "f32",
+        _ => "u32",
+    }
+}
+
+/// `ld`/`st` type for a buffer element (u8 zero-extends on load, truncates on store).
+const fn memory_type(elem: crate::ir::ElemType) -> &'static str {
+    match elem {
+        crate::ir::ElemType::U8 => "u8",
+        crate::ir::ElemType::U32 => "u32",
+        crate::ir::ElemType::I32 => "s32",
+        crate::ir::ElemType::F32 => "f32",
+    }
+}
+
+/// A fragment of a PTX identifier made from an IR name: ASCII letters, digits and `_`,
+/// at most 32 characters (uniqueness comes from the numeric prefix it is joined to).
+fn identifier_part(name: &str) -> String {
+    name.chars()
+        .take(32)
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// Append `indent// text\n`, with `text` on one line whatever names it contains.
+fn push_comment(out: &mut String, indent: &str, text: impl Display) {
+    out.push_str(indent);
+    out.push_str("// ");
+    let start = out.len();
+    let _ = write!(out, "{text}");
+    while out.ends_with('\n') {
+        out.pop();
+    }
+    if out[start..].contains(['\n', '\r']) {
+        let flattened = out[start..].replace(['\n', '\r'], " ");
+        out.truncate(start);
+        out.push_str(&flattened);
+    }
+    out.push('\n');
+}

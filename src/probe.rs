@@ -1,1 +1,0 @@
-//! Dispatch phase probe (§5). Being written: see issue 4.

@@ -1,0 +1,1036 @@
+//! Dispatch phase probe (§5): where each dispatch's host time goes.
+//!
+//! # Why this module exists
+//!
+//! A resident dispatch on the H200 machine costs a few microseconds of driver
+//! work (§0: 3.7 µs to issue a launch, 1.8 µs to synchronize an idle stream),
+//! while a well-known backend spends 44–110 µs of host time per dispatch and
+//! nobody can say where. This probe splits the host time of every dispatch into
+//! nine disjoint phases that add up, so a regression shows up as a number in a
+//! named phase instead of a vague "dispatch got slower".
+//!
+//! With the environment variable [`ENV_VAR`] (`VYRE_CUDA_DISPATCH_PHASE_PROBE`)
+//! set to anything but `0`, `false`, `off`, `no` or the empty string (read once
+//! per process), each dispatch prints exactly one line to stderr **after** its
+//! timing has been captured, in this key order ([`LINE_KEYS`]):
+//!
+//! ```text
+//! vyre-cuda-dispatch-phase seq= nodes= ptx_bytes= buffers= bindings= fixpoint=
+//! grid_blocks= wall_ns= enqueue_ns= wait_ns= device_window_ns= kernel_ns=
+//! prepare_ns= ptx_ns= modkey_ns= stage_ns= resolve_ns= lease_ns= launch_ns=
+//! release_ns= readback_ns= sub_ptx_digest_ns= sub_ptx_vsa_ns= named_host_ns=
+//! unattributed_ns= ptx_cache_hits= ptx_cache_misses=
+//! ```
+//!
+//! (one line; space separated `key=value`, all values decimal integers).
+//!
+//! # Cost when off
+//!
+//! Every probe point ([`begin_dispatch`], [`mark`], [`timed`], [`count_with`],
+//! ...) costs one relaxed load of a cached byte and reads no clock while the probe
+//! is off; [`charge`] with the `None` that [`mark`] returned then costs nothing.
+//! Counts (IR nodes, PTX bytes, ...) are passed as closures to [`count_with`] so
+//! they are only computed while the probe is on.
+//!
+//! # Semantics
+//!
+//! * **Thread-local stack of accumulators.** [`begin_dispatch`] pushes a fresh
+//!   accumulator on the calling thread's stack and returns a [`DispatchProbe`]
+//!   guard; the free functions ([`charge`], [`add_phase_ns`], [`count_with`],
+//!   [`note_ptx_cache`], ...) charge the accumulator on top of the calling
+//!   thread's stack, and the guard's methods charge its own accumulator. A
+//!   dispatch nested inside another one (a graph record, a helper dispatch) gets
+//!   its own accumulator and its own line; the outer dispatch only sees the
+//!   nested one's time inside whatever outer phase encloses it. Threads never
+//!   share accumulators. Charges made while no dispatch is open on the thread
+//!   (for example a `compile` outside any dispatch) are dropped.
+//! * **Disjoint leaves.** The nine [`Phase`]s must not nest inside each other;
+//!   `named_host_ns` is their plain saturating sum and `unattributed_ns` is
+//!   `wall_ns - named_host_ns`, saturating at 0 (never hidden: a dispatch whose
+//!   phases do not cover its wall shows it here). Sub-phases ([`SubPhase`]) are
+//!   measured inside `ptx` and never added to the sum.
+//! * **PTX cache counters** are per dispatch: the number of PTX source cache
+//!   lookups that hit / missed inside this dispatch, reported through
+//!   [`note_ptx_cache`] (usually `1 0` or `0 1`; `0 0` when the caller passed a
+//!   precompiled kernel and no lookup happened).
+//! * **`seq`** is a process-wide sequence number taken when the line is written,
+//!   so lines of one thread appear in increasing `seq` order.
+//! * **Wall.** `wall_ns` is the value the backend passes in [`DispatchTiming`];
+//!   when that is 0 (an untimed dispatch path) the probe substitutes the time
+//!   from [`begin_dispatch`] to [`DispatchProbe::finish`].
+//! * **Never an error or a panic** while on: arithmetic saturates, write errors
+//!   are ignored, thread-local access during thread teardown is skipped.
+//! * **One write per line.** The line is formatted into a stack buffer and
+//!   written with a single `write_all` on locked stderr, so lines from different
+//!   threads never interleave (and one line is far below `PIPE_BUF`).
+//!
+//! # Usage in a dispatch path
+//!
+//! ```
+//! use vyre_cuda::probe::{self, Count, DispatchTiming, Phase};
+//!
+//! let dispatch_probe = probe::begin_dispatch(); // None when off
+//! let mark = probe::mark();
+//! // ... binding plan, launch plan, validation ...
+//! probe::charge(Phase::Prepare, mark);
+//! probe::count_with(Count::Buffers, || 9);
+//! let outputs = probe::timed(Phase::Readback, || vec![0u8; 16]);
+//! if let Some(dispatch_probe) = dispatch_probe {
+//!     dispatch_probe.finish(DispatchTiming { wall_ns: 0, ..DispatchTiming::default() });
+//! }
+//! # let _ = outputs;
+//! ```
+//!
+//! The [`report`] submodule (and the `vyre-cuda-phase-report` binary built on
+//! it) turns a log of these lines into a per-phase table.
+
+pub mod report;
+
+use std::cell::{Cell, RefCell};
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+/// The environment variable that switches the probe on (read once per process).
+pub const ENV_VAR: &str = "VYRE_CUDA_DISPATCH_PHASE_PROBE";
+
+/// The first word of every probe line, followed by one space.
+pub const LINE_PREFIX: &str = "vyre-cuda-dispatch-phase";
+
+/// The keys of a probe line, in the exact order they are printed (§5).
+pub const LINE_KEYS: [&str; 27] = [
+    "seq",
+    "nodes",
+    "ptx_bytes",
+    "buffers",
+    "bindings",
+    "fixpoint",
+    "grid_blocks",
+    "wall_ns",
+    "enqueue_ns",
+    "wait_ns",
+    "device_window_ns",
+    "kernel_ns",
+    "prepare_ns",
+    "ptx_ns",
+    "modkey_ns",
+    "stage_ns",
+    "resolve_ns",
+    "lease_ns",
+    "launch_ns",
+    "release_ns",
+    "readback_ns",
+    "sub_ptx_digest_ns",
+    "sub_ptx_vsa_ns",
+    "named_host_ns",
+    "unattributed_ns",
+    "ptx_cache_hits",
+    "ptx_cache_misses",
+];
+
+/// Number of keys on a line.
+const PRINTED_KEYS: usize = LINE_KEYS.len();
+
+/// Number of host phases ([`Phase::ALL`]).
+pub const PHASE_COUNT: usize = 9;
+/// Number of sub-phases ([`SubPhase::ALL`]).
+pub const SUB_PHASE_COUNT: usize = 2;
+/// Number of counts ([`Count::ALL`]).
+pub const COUNT_COUNT: usize = 6;
+
+/// The nine disjoint host phases of a dispatch (§5). Their times add up to
+/// `named_host_ns`; they must never be nested inside each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// Binding and launch plans, validation, cooperative-launch resolution.
+    Prepare,
+    /// Lowering, program key, PTX cache lookup or emission.
+    Ptx,
+    /// Module key derived from the PTX key.
+    Modkey,
+    /// Binding resolution, borrowed uploads, output clears.
+    Stage,
+    /// Module and function lookup, kernel argument array.
+    Resolve,
+    /// Grid-sync detection and barrier-counter acquisition.
+    Lease,
+    /// The launch loop, per-iteration barrier-counter reset included.
+    Launch,
+    /// Synchronize, barrier audit, release of leased resources.
+    Release,
+    /// Copying outputs back to the host.
+    Readback,
+}
+
+impl Phase {
+    /// Every phase, in line order; `Phase::ALL[p.index()] == p`.
+    pub const ALL: [Phase; PHASE_COUNT] = [
+        Phase::Prepare,
+        Phase::Ptx,
+        Phase::Modkey,
+        Phase::Stage,
+        Phase::Resolve,
+        Phase::Lease,
+        Phase::Launch,
+        Phase::Release,
+        Phase::Readback,
+    ];
+
+    /// Position of this phase in [`Phase::ALL`] and in [`DispatchRecord::phases`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name, e.g. `"prepare"`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Phase::Prepare => "prepare",
+            Phase::Ptx => "ptx",
+            Phase::Modkey => "modkey",
+            Phase::Stage => "stage",
+            Phase::Resolve => "resolve",
+            Phase::Lease => "lease",
+            Phase::Launch => "launch",
+            Phase::Release => "release",
+            Phase::Readback => "readback",
+        }
+    }
+
+    /// Key on the probe line, e.g. `"prepare_ns"`.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Phase::Prepare => "prepare_ns",
+            Phase::Ptx => "ptx_ns",
+            Phase::Modkey => "modkey_ns",
+            Phase::Stage => "stage_ns",
+            Phase::Resolve => "resolve_ns",
+            Phase::Lease => "lease_ns",
+            Phase::Launch => "launch_ns",
+            Phase::Release => "release_ns",
+            Phase::Readback => "readback_ns",
+        }
+    }
+}
+
+/// Whole-program walks timed inside [`Phase::Ptx`]; never added to the sum.
+/// On a PTX cache hit both should read 0 (a cache hit walks no program).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SubPhase {
+    /// The program digest walk.
+    PtxDigest,
+    /// Any second structural walk (validation, structural analysis).
+    PtxVsa,
+}
+
+impl SubPhase {
+    /// Every sub-phase, in line order.
+    pub const ALL: [SubPhase; SUB_PHASE_COUNT] = [SubPhase::PtxDigest, SubPhase::PtxVsa];
+
+    /// Position in [`SubPhase::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name, e.g. `"ptx_digest"`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            SubPhase::PtxDigest => "ptx_digest",
+            SubPhase::PtxVsa => "ptx_vsa",
+        }
+    }
+
+    /// Key on the probe line, e.g. `"sub_ptx_digest_ns"`.
+    pub const fn key(self) -> &'static str {
+        match self {
+            SubPhase::PtxDigest => "sub_ptx_digest_ns",
+            SubPhase::PtxVsa => "sub_ptx_vsa_ns",
+        }
+    }
+}
+
+/// Sizes of a dispatch, gathered only while the probe is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Count {
+    /// IR nodes of the program.
+    Nodes,
+    /// Bytes of the PTX source.
+    PtxBytes,
+    /// Buffers declared by the program.
+    Buffers,
+    /// Bindings supplied by the caller.
+    Bindings,
+    /// Fixpoint iterations (kernel replays inside one dispatch).
+    Fixpoint,
+    /// Blocks in the launch grid.
+    GridBlocks,
+}
+
+impl Count {
+    /// Every count, in line order.
+    pub const ALL: [Count; COUNT_COUNT] = [
+        Count::Nodes,
+        Count::PtxBytes,
+        Count::Buffers,
+        Count::Bindings,
+        Count::Fixpoint,
+        Count::GridBlocks,
+    ];
+
+    /// Position in [`Count::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Key on the probe line, e.g. `"ptx_bytes"`.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Count::Nodes => "nodes",
+            Count::PtxBytes => "ptx_bytes",
+            Count::Buffers => "buffers",
+            Count::Bindings => "bindings",
+            Count::Fixpoint => "fixpoint",
+            Count::GridBlocks => "grid_blocks",
+        }
+    }
+}
+
+/// Timings the backend measured for one dispatch, handed to
+/// [`DispatchProbe::finish`]. Field meanings are those of the backend's
+/// `TimedDispatch` (§4.5). `wall_ns == 0` means "not measured": the probe then
+/// uses its own begin-to-finish time as the wall.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchTiming {
+    /// The whole dispatch call.
+    pub wall_ns: u64,
+    /// Host time until the last asynchronous operation was enqueued.
+    pub enqueue_ns: u64,
+    /// Time blocked in the synchronize.
+    pub wait_ns: u64,
+    /// Outer device event pair.
+    pub device_window_ns: u64,
+    /// Inner device event pair around the launch loop.
+    pub kernel_ns: u64,
+}
+
+/// One probe line, as numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchRecord {
+    /// Process-wide sequence number.
+    pub seq: u64,
+    /// IR nodes of the program.
+    pub nodes: u64,
+    /// Bytes of the PTX source.
+    pub ptx_bytes: u64,
+    /// Buffers declared by the program.
+    pub buffers: u64,
+    /// Bindings supplied by the caller.
+    pub bindings: u64,
+    /// Fixpoint iterations.
+    pub fixpoint: u64,
+    /// Blocks in the launch grid.
+    pub grid_blocks: u64,
+    /// Whole dispatch call.
+    pub wall_ns: u64,
+    /// Host time until the last asynchronous operation was enqueued.
+    pub enqueue_ns: u64,
+    /// Time blocked in the synchronize.
+    pub wait_ns: u64,
+    /// Outer device event pair.
+    pub device_window_ns: u64,
+    /// Inner device event pair around the launch loop.
+    pub kernel_ns: u64,
+    /// Host phase times, indexed by [`Phase::index`].
+    pub phases: [u64; PHASE_COUNT],
+    /// Digest walk inside `ptx` (not part of the sum).
+    pub sub_ptx_digest_ns: u64,
+    /// Second structural walk inside `ptx` (not part of the sum).
+    pub sub_ptx_vsa_ns: u64,
+    /// PTX source cache hits inside this dispatch.
+    pub ptx_cache_hits: u64,
+    /// PTX source cache misses inside this dispatch.
+    pub ptx_cache_misses: u64,
+}
+
+impl DispatchRecord {
+    /// Plain saturating sum of the nine host phases.
+    pub fn named_host_ns(&self) -> u64 {
+        self.phases
+            .iter()
+            .fold(0u64, |sum, &ns| sum.saturating_add(ns))
+    }
+
+    /// `wall_ns - named_host_ns`, saturating at 0 (the phases over-covering the
+    /// wall reads 0, and shows as `named_host_ns > wall_ns`).
+    pub fn unattributed_ns(&self) -> u64 {
+        self.wall_ns.saturating_sub(self.named_host_ns())
+    }
+
+    /// Time of one phase.
+    pub fn phase_ns(&self, phase: Phase) -> u64 {
+        self.phases[phase.index()]
+    }
+
+    /// Time of one sub-phase.
+    pub fn sub_phase_ns(&self, sub_phase: SubPhase) -> u64 {
+        match sub_phase {
+            SubPhase::PtxDigest => self.sub_ptx_digest_ns,
+            SubPhase::PtxVsa => self.sub_ptx_vsa_ns,
+        }
+    }
+
+    /// Value of one count.
+    pub fn count(&self, count: Count) -> u64 {
+        match count {
+            Count::Nodes => self.nodes,
+            Count::PtxBytes => self.ptx_bytes,
+            Count::Buffers => self.buffers,
+            Count::Bindings => self.bindings,
+            Count::Fixpoint => self.fixpoint,
+            Count::GridBlocks => self.grid_blocks,
+        }
+    }
+
+    /// The 27 printed values in [`LINE_KEYS`] order.
+    fn values(&self) -> [u64; PRINTED_KEYS] {
+        let p = &self.phases;
+        [
+            self.seq,
+            self.nodes,
+            self.ptx_bytes,
+            self.buffers,
+            self.bindings,
+            self.fixpoint,
+            self.grid_blocks,
+            self.wall_ns,
+            self.enqueue_ns,
+            self.wait_ns,
+            self.device_window_ns,
+            self.kernel_ns,
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+            p[4],
+            p[5],
+            p[6],
+            p[7],
+            p[8],
+            self.sub_ptx_digest_ns,
+            self.sub_ptx_vsa_ns,
+            self.named_host_ns(),
+            self.unattributed_ns(),
+            self.ptx_cache_hits,
+            self.ptx_cache_misses,
+        ]
+    }
+
+    fn from_values(v: &[u64; PRINTED_KEYS]) -> DispatchRecord {
+        DispatchRecord {
+            seq: v[0],
+            nodes: v[1],
+            ptx_bytes: v[2],
+            buffers: v[3],
+            bindings: v[4],
+            fixpoint: v[5],
+            grid_blocks: v[6],
+            wall_ns: v[7],
+            enqueue_ns: v[8],
+            wait_ns: v[9],
+            device_window_ns: v[10],
+            kernel_ns: v[11],
+            phases: [
+                v[12], v[13], v[14], v[15], v[16], v[17], v[18], v[19], v[20],
+            ],
+            sub_ptx_digest_ns: v[21],
+            sub_ptx_vsa_ns: v[22],
+            ptx_cache_hits: v[25],
+            ptx_cache_misses: v[26],
+        }
+    }
+}
+
+/// Writes `record` as a probe line (no trailing newline) into `out`.
+fn write_record(record: &DispatchRecord, out: &mut impl fmt::Write) -> fmt::Result {
+    out.write_str(LINE_PREFIX)?;
+    for (key, value) in LINE_KEYS.iter().zip(record.values()) {
+        write!(out, " {key}={value}")?;
+    }
+    Ok(())
+}
+
+/// Formats `record` as one probe line, without a trailing newline.
+/// `named_host_ns` and `unattributed_ns` are computed from the record.
+pub fn format_line(record: &DispatchRecord) -> String {
+    let mut line = String::with_capacity(LINE_CAPACITY);
+    // Writing into a String cannot fail.
+    let _ = write_record(record, &mut line);
+    line
+}
+
+/// Parses one probe line strictly: it must start with [`LINE_PREFIX`] and one
+/// space, then hold exactly the [`LINE_KEYS`] in order (separated by ASCII
+/// whitespace; trailing whitespace such as `\r` is ignored), every value a
+/// plain decimal `u64` (digits only, no sign), and `named_host_ns` /
+/// `unattributed_ns` must equal the values recomputed from the phases and wall
+/// (a line that does not add up is corrupt). Anything else is `None`.
+pub fn parse_line(line: &str) -> Option<DispatchRecord> {
+    let rest = line.strip_prefix(LINE_PREFIX)?;
+    if !rest.starts_with(' ') {
+        return None;
+    }
+    let mut values = [0u64; PRINTED_KEYS];
+    let mut fields = rest.split_ascii_whitespace();
+    for (slot, key) in values.iter_mut().zip(&LINE_KEYS) {
+        let field = fields.next()?;
+        let value = field.strip_prefix(key)?.strip_prefix('=')?;
+        *slot = parse_decimal(value)?;
+    }
+    if fields.next().is_some() {
+        return None;
+    }
+    let record = DispatchRecord::from_values(&values);
+    let all = record.values();
+    if all[23] != values[23] || all[24] != values[24] {
+        return None;
+    }
+    Some(record)
+}
+
+/// Digits-only `u64` (rejects empty, signs, overflow).
+fn parse_decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+// ---------------------------------------------------------------------------
+// The switch.
+
+const STATE_UNREAD: u8 = 0;
+const STATE_OFF: u8 = 1;
+const STATE_ON: u8 = 2;
+
+/// The cached switch: one relaxed load on every probe point.
+static STATE: AtomicU8 = AtomicU8::new(STATE_UNREAD);
+/// What the environment said, read once.
+static ENV_SAYS_ON: OnceLock<bool> = OnceLock::new();
+
+/// Whether the probe is on. After the first call this is one relaxed load of a
+/// cached byte; the first call reads [`ENV_VAR`] once.
+#[inline]
+pub fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        STATE_ON => true,
+        STATE_OFF => false,
+        _ => enabled_first_time(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn enabled_first_time() -> bool {
+    let state = if env_says_on() { STATE_ON } else { STATE_OFF };
+    // An override that raced ahead of us wins.
+    let _ = STATE.compare_exchange(STATE_UNREAD, state, Ordering::Relaxed, Ordering::Relaxed);
+    STATE.load(Ordering::Relaxed) == STATE_ON
+}
+
+fn env_says_on() -> bool {
+    *ENV_SAYS_ON.get_or_init(|| match std::env::var_os(ENV_VAR) {
+        None => false,
+        Some(value) => {
+            let value = value.to_string_lossy();
+            let value = value.trim();
+            !(value.is_empty()
+                || value == "0"
+                || value.eq_ignore_ascii_case("false")
+                || value.eq_ignore_ascii_case("off")
+                || value.eq_ignore_ascii_case("no"))
+        }
+    })
+}
+
+/// Serializes overrides across threads (the switch is process-wide).
+static OVERRIDE_LOCK: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// How many [`EnabledOverride`]s this thread holds (nesting skips the lock).
+    static OVERRIDE_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Forces the process-wide switch while alive; see [`override_enabled`].
+#[must_use = "the override ends when this guard is dropped"]
+pub struct EnabledOverride {
+    previous: u8,
+    lock: Option<MutexGuard<'static, ()>>,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+/// Forces the probe on (`Some(true)`), off (`Some(false)`) or back to what
+/// [`ENV_VAR`] says (`None`) for the whole process until the returned guard is
+/// dropped, which restores the previous state. For tests and benches that must
+/// exercise both sides of the switch in one process.
+///
+/// Overrides from different threads are serialized by a process-wide lock (a
+/// second thread waits until the first guard is dropped), so two tests never
+/// see each other's setting; nesting on one thread is allowed and does not wait.
+/// Threads that never take an override still see the forced state.
+pub fn override_enabled(on: Option<bool>) -> EnabledOverride {
+    let depth = OVERRIDE_DEPTH.with(Cell::get);
+    let lock = if depth == 0 {
+        Some(
+            OVERRIDE_LOCK
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    } else {
+        None
+    };
+    OVERRIDE_DEPTH.with(|d| d.set(depth.saturating_add(1)));
+    let on = on.unwrap_or_else(env_says_on);
+    let previous = STATE.swap(if on { STATE_ON } else { STATE_OFF }, Ordering::Relaxed);
+    EnabledOverride {
+        previous,
+        lock,
+        _thread_bound: PhantomData,
+    }
+}
+
+impl Drop for EnabledOverride {
+    fn drop(&mut self) {
+        STATE.store(self.previous, Ordering::Relaxed);
+        let _ = OVERRIDE_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        drop(self.lock.take());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The per-thread accumulators.
+
+/// Everything one open dispatch has been charged so far.
+struct Accumulator {
+    started: Instant,
+    phases: [u64; PHASE_COUNT],
+    sub_phases: [u64; SUB_PHASE_COUNT],
+    counts: [u64; COUNT_COUNT],
+    ptx_cache_hits: u64,
+    ptx_cache_misses: u64,
+}
+
+thread_local! {
+    /// Open dispatches of this thread, innermost last.
+    static STACK: RefCell<Vec<Accumulator>> = const { RefCell::new(Vec::new()) };
+    /// Where finished lines go when a test captures them.
+    static CAPTURE: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
+/// Process-wide line sequence number.
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f` on the accumulator at `index` (or on top when `None`); skipped when
+/// there is none, when the stack is borrowed, or during thread teardown.
+fn with_accumulator(index: Option<usize>, f: impl FnOnce(&mut Accumulator)) {
+    let _ = STACK.try_with(|stack| {
+        if let Ok(mut stack) = stack.try_borrow_mut() {
+            let slot = match index {
+                Some(index) => stack.get_mut(index),
+                None => stack.last_mut(),
+            };
+            if let Some(accumulator) = slot {
+                f(accumulator);
+            }
+        }
+    });
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An open dispatch on this thread; returned by [`begin_dispatch`] only while
+/// the probe is on. Call [`DispatchProbe::finish`] once the dispatch's timing
+/// is known; dropping it without `finish` (an error path) discards the
+/// dispatch's accumulator and prints nothing.
+///
+/// The guard is tied to its thread (`!Send`). Guards must end innermost first;
+/// ending an outer guard also discards any inner accumulators still open above
+/// it, whose later `finish` then prints nothing.
+#[must_use = "call finish() to print the line; dropping discards the dispatch"]
+pub struct DispatchProbe {
+    index: usize,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+/// Opens a dispatch on this thread: `None` (one relaxed load) when the probe is
+/// off. Call it first thing in a dispatch so its begin-to-finish time can stand
+/// in for an unmeasured wall.
+#[inline]
+pub fn begin_dispatch() -> Option<DispatchProbe> {
+    if !enabled() {
+        return None;
+    }
+    begin_dispatch_on()
+}
+
+#[cold]
+#[inline(never)]
+fn begin_dispatch_on() -> Option<DispatchProbe> {
+    STACK
+        .try_with(|stack| {
+            let mut stack = stack.try_borrow_mut().ok()?;
+            let index = stack.len();
+            stack.push(Accumulator {
+                started: Instant::now(),
+                phases: [0; PHASE_COUNT],
+                sub_phases: [0; SUB_PHASE_COUNT],
+                counts: [0; COUNT_COUNT],
+                ptx_cache_hits: 0,
+                ptx_cache_misses: 0,
+            });
+            Some(DispatchProbe {
+                index,
+                _thread_bound: PhantomData,
+            })
+        })
+        .ok()
+        .flatten()
+}
+
+impl DispatchProbe {
+    /// Adds `ns` to `phase` of this dispatch (saturating).
+    pub fn add_phase_ns(&self, phase: Phase, ns: u64) {
+        with_accumulator(Some(self.index), |a| {
+            let slot = &mut a.phases[phase.index()];
+            *slot = slot.saturating_add(ns);
+        });
+    }
+
+    /// Adds `ns` to `sub_phase` of this dispatch (saturating).
+    pub fn add_sub_phase_ns(&self, sub_phase: SubPhase, ns: u64) {
+        with_accumulator(Some(self.index), |a| {
+            let slot = &mut a.sub_phases[sub_phase.index()];
+            *slot = slot.saturating_add(ns);
+        });
+    }
+
+    /// Sets a count of this dispatch.
+    pub fn set_count(&self, count: Count, value: u64) {
+        with_accumulator(Some(self.index), |a| a.counts[count.index()] = value);
+    }
+
+    /// Records one PTX source cache lookup of this dispatch.
+    pub fn note_ptx_cache(&self, hit: bool) {
+        with_accumulator(Some(self.index), |a| note_cache(a, hit));
+    }
+
+    /// Ends the dispatch and prints its line (to stderr, or to the current
+    /// [`capture_lines`] buffer). Returns the record that was printed, or `None`
+    /// when the accumulator was already gone (an outer guard ended first).
+    pub fn finish(self, timing: DispatchTiming) -> Option<DispatchRecord> {
+        let accumulator = STACK
+            .try_with(|stack| {
+                let mut stack = stack.try_borrow_mut().ok()?;
+                if stack.len() <= self.index {
+                    return None;
+                }
+                stack.truncate(self.index + 1);
+                stack.pop()
+            })
+            .ok()
+            .flatten()?;
+        let wall_ns = if timing.wall_ns == 0 {
+            elapsed_ns(accumulator.started)
+        } else {
+            timing.wall_ns
+        };
+        let counts = accumulator.counts;
+        let record = DispatchRecord {
+            seq: SEQ.fetch_add(1, Ordering::Relaxed),
+            nodes: counts[Count::Nodes.index()],
+            ptx_bytes: counts[Count::PtxBytes.index()],
+            buffers: counts[Count::Buffers.index()],
+            bindings: counts[Count::Bindings.index()],
+            fixpoint: counts[Count::Fixpoint.index()],
+            grid_blocks: counts[Count::GridBlocks.index()],
+            wall_ns,
+            enqueue_ns: timing.enqueue_ns,
+            wait_ns: timing.wait_ns,
+            device_window_ns: timing.device_window_ns,
+            kernel_ns: timing.kernel_ns,
+            phases: accumulator.phases,
+            sub_ptx_digest_ns: accumulator.sub_phases[SubPhase::PtxDigest.index()],
+            sub_ptx_vsa_ns: accumulator.sub_phases[SubPhase::PtxVsa.index()],
+            ptx_cache_hits: accumulator.ptx_cache_hits,
+            ptx_cache_misses: accumulator.ptx_cache_misses,
+        };
+        emit(&record);
+        Some(record)
+    }
+}
+
+impl Drop for DispatchProbe {
+    fn drop(&mut self) {
+        let _ = STACK.try_with(|stack| {
+            if let Ok(mut stack) = stack.try_borrow_mut() {
+                stack.truncate(self.index);
+            }
+        });
+    }
+}
+
+fn note_cache(a: &mut Accumulator, hit: bool) {
+    if hit {
+        a.ptx_cache_hits = a.ptx_cache_hits.saturating_add(1);
+    } else {
+        a.ptx_cache_misses = a.ptx_cache_misses.saturating_add(1);
+    }
+}
+
+/// Starts timing a phase: `Some(now)` while on, `None` (one relaxed load, no
+/// clock read) while off. Pass the result to [`charge`] or [`charge_sub`].
+#[inline]
+pub fn mark() -> Option<Instant> {
+    if enabled() {
+        Some(Instant::now())
+    } else {
+        None
+    }
+}
+
+/// Charges the time since `mark` to `phase` of this thread's innermost open
+/// dispatch. `None` (probe off) does nothing.
+#[inline]
+pub fn charge(phase: Phase, mark: Option<Instant>) {
+    if let Some(started) = mark {
+        add_phase_ns(phase, elapsed_ns(started));
+    }
+}
+
+/// Charges the time since `mark` to `sub_phase` (not part of the sum).
+#[inline]
+pub fn charge_sub(sub_phase: SubPhase, mark: Option<Instant>) {
+    if let Some(started) = mark {
+        add_sub_phase_ns(sub_phase, elapsed_ns(started));
+    }
+}
+
+/// Charges the time since `mark` to `phase` and returns a new mark taken at the
+/// same instant, for back-to-back phases with one clock read per boundary.
+#[inline]
+pub fn charge_and_mark(phase: Phase, mark: Option<Instant>) -> Option<Instant> {
+    let started = mark?;
+    let now = Instant::now();
+    let ns = u64::try_from(now.saturating_duration_since(started).as_nanos()).unwrap_or(u64::MAX);
+    add_phase_ns(phase, ns);
+    Some(now)
+}
+
+/// Runs `f` and charges its time to `phase` (no clock read while off).
+#[inline]
+pub fn timed<R>(phase: Phase, f: impl FnOnce() -> R) -> R {
+    let started = mark();
+    let result = f();
+    charge(phase, started);
+    result
+}
+
+/// Runs `f` and charges its time to `sub_phase` (no clock read while off).
+#[inline]
+pub fn timed_sub<R>(sub_phase: SubPhase, f: impl FnOnce() -> R) -> R {
+    let started = mark();
+    let result = f();
+    charge_sub(sub_phase, started);
+    result
+}
+
+/// Adds `ns` to `phase` of this thread's innermost open dispatch (saturating),
+/// for durations measured elsewhere. Does nothing while off (one relaxed load)
+/// or when no dispatch is open.
+pub fn add_phase_ns(phase: Phase, ns: u64) {
+    if !enabled() {
+        return;
+    }
+    with_accumulator(None, |a| {
+        let slot = &mut a.phases[phase.index()];
+        *slot = slot.saturating_add(ns);
+    });
+}
+
+/// Adds `ns` to `sub_phase` of this thread's innermost open dispatch.
+pub fn add_sub_phase_ns(sub_phase: SubPhase, ns: u64) {
+    if !enabled() {
+        return;
+    }
+    with_accumulator(None, |a| {
+        let slot = &mut a.sub_phases[sub_phase.index()];
+        *slot = slot.saturating_add(ns);
+    });
+}
+
+/// Sets `count` of this thread's innermost open dispatch to `value()`; the
+/// closure runs only while the probe is on and a dispatch is open, so a costly
+/// count (a node walk) is never paid while off.
+#[inline]
+pub fn count_with(count: Count, value: impl FnOnce() -> u64) {
+    if enabled() {
+        with_accumulator(None, |a| a.counts[count.index()] = value());
+    }
+}
+
+/// Records one PTX source cache lookup (hit or miss) of this thread's
+/// innermost open dispatch. One relaxed load while off.
+#[inline]
+pub fn note_ptx_cache(hit: bool) {
+    if enabled() {
+        with_accumulator(None, |a| note_cache(a, hit));
+    }
+}
+
+/// Runs `f` and returns, with its result, the probe lines finished on this
+/// thread meanwhile (without newlines) instead of printing them to stderr.
+/// Captures nest: an inner capture takes the lines finished inside it.
+/// Capturing does not switch the probe on; see [`override_enabled`].
+pub fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    /// Puts the outer capture back even when `f` panics.
+    struct Restore(Option<Option<Vec<String>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                let _ = CAPTURE.try_with(|capture| {
+                    if let Ok(mut capture) = capture.try_borrow_mut() {
+                        *capture = outer;
+                    }
+                });
+            }
+        }
+    }
+    let outer = CAPTURE.with(|capture| capture.borrow_mut().replace(Vec::new()));
+    let mut restore = Restore(Some(outer));
+    let result = f();
+    let outer = restore.0.take().unwrap_or_default();
+    let lines = CAPTURE.with(|capture| std::mem::replace(&mut *capture.borrow_mut(), outer));
+    (result, lines.unwrap_or_default())
+}
+
+/// Longest possible line: prefix + 27 × (space + key + '=' + 20 digits).
+const LINE_CAPACITY: usize = 1024;
+
+/// A stack buffer a line is formatted into before its single write.
+struct LineBuffer {
+    bytes: [u8; LINE_CAPACITY],
+    len: usize,
+}
+
+impl fmt::Write for LineBuffer {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len.checked_add(text.len()).ok_or(fmt::Error)?;
+        let slot = self.bytes.get_mut(self.len..end).ok_or(fmt::Error)?;
+        slot.copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Sends a finished record to the capture buffer or to stderr (one write).
+fn emit(record: &DispatchRecord) {
+    let mut buffer = LineBuffer {
+        bytes: [0; LINE_CAPACITY],
+        len: 0,
+    };
+    if write_record(record, &mut buffer).is_err() || buffer.write_str("\n").is_err() {
+        return;
+    }
+    let line = &buffer.bytes[..buffer.len];
+    let captured = CAPTURE
+        .try_with(|capture| match capture.try_borrow_mut() {
+            Ok(mut capture) => match capture.as_mut() {
+                Some(lines) => {
+                    let text = &line[..line.len() - 1];
+                    lines.push(String::from_utf8_lossy(text).into_owned());
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        })
+        .unwrap_or(false);
+    if !captured {
+        let _ = std::io::stderr().lock().write_all(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out a line buffer too small for the longest line: every value at
+    /// `u64::MAX` must still format into the stack buffer and round-trip.
+    #[test]
+    fn longest_line_fits_the_stack_buffer() {
+        let record = DispatchRecord {
+            seq: u64::MAX,
+            nodes: u64::MAX,
+            ptx_bytes: u64::MAX,
+            buffers: u64::MAX,
+            bindings: u64::MAX,
+            fixpoint: u64::MAX,
+            grid_blocks: u64::MAX,
+            wall_ns: u64::MAX,
+            enqueue_ns: u64::MAX,
+            wait_ns: u64::MAX,
+            device_window_ns: u64::MAX,
+            kernel_ns: u64::MAX,
+            phases: [u64::MAX; PHASE_COUNT],
+            sub_ptx_digest_ns: u64::MAX,
+            sub_ptx_vsa_ns: u64::MAX,
+            ptx_cache_hits: u64::MAX,
+            ptx_cache_misses: u64::MAX,
+        };
+        let mut buffer = LineBuffer {
+            bytes: [0; LINE_CAPACITY],
+            len: 0,
+        };
+        write_record(&record, &mut buffer).expect("longest line fits");
+        assert_eq!(
+            std::str::from_utf8(&buffer.bytes[..buffer.len]).unwrap(),
+            format_line(&record)
+        );
+        assert_eq!(parse_line(&format_line(&record)), Some(record));
+        // Negative control: a buffer one byte short must refuse, not panic.
+        let mut short = LineBuffer {
+            bytes: [0; LINE_CAPACITY],
+            len: LINE_CAPACITY - buffer.len + 1,
+        };
+        assert!(write_record(&record, &mut short).is_err());
+    }
+
+    /// Locks out a parser that accepts signs, empty values or overflow.
+    #[test]
+    fn decimal_parser_is_strict() {
+        assert_eq!(parse_decimal("0"), Some(0));
+        assert_eq!(parse_decimal("18446744073709551615"), Some(u64::MAX));
+        for bad in ["", "+1", "-1", "1.0", "18446744073709551616", "1a", " 1"] {
+            assert_eq!(parse_decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    /// Locks out key helpers drifting from the line order.
+    #[test]
+    fn enum_keys_match_line_keys() {
+        for phase in Phase::ALL {
+            assert_eq!(LINE_KEYS[12 + phase.index()], phase.key());
+            assert_eq!(phase.key(), format!("{}_ns", phase.label()));
+        }
+        for sub in SubPhase::ALL {
+            assert_eq!(LINE_KEYS[21 + sub.index()], sub.key());
+            assert_eq!(sub.key(), format!("sub_{}_ns", sub.label()));
+        }
+        for count in Count::ALL {
+            assert_eq!(LINE_KEYS[1 + count.index()], count.key());
+        }
+    }
+}

@@ -1,0 +1,705 @@
+//! The pre-pass: resolves every name to a buffer index or a variable slot and every
+//! operator to a typed operator, once per run, so the lockstep executor never hashes
+//! a name or looks at a type while lanes are waiting.
+//!
+//! It also re-checks what the executor relies on (known names, matching types,
+//! writable buffers, mutable assignment targets) and turns each violation into a
+//! `Fix:` error: the validator owns the rules, but the interpreter must never panic
+//! or guess on a program the validator did not see.
+//!
+//! Variable slots follow scopes: a variable's slot is its depth in the scope stack,
+//! so sibling blocks reuse slots and per-lane storage is bounded by the deepest
+//! nesting of live variables, not by the number of `let`s in the program.
+
+use std::collections::HashMap;
+
+use super::ops::{BinaryKind, CastKind, UnaryKind};
+use crate::ir::{
+    Access, AtomicOp, BinaryOp, Builtin, BufferCount, BufferDecl, ElemType, Expr, Name, Node,
+    Program, ReduceOp, ScalarType, UnaryOp,
+};
+
+/// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BuiltinTable {
+    /// `global_id` on axis 0..3.
+    GlobalId(usize),
+    /// `local_id` on axis 0..3.
+    LocalId(usize),
+    /// `workgroup_id` on axis 0..3.
+    WorkgroupId(usize),
+}
+
+impl BuiltinTable {
+    /// Position in the executor's table of per-lane builtin vectors (0..9).
+    pub(crate) fn table_index(self) -> usize {
+        match self {
+            BuiltinTable::GlobalId(axis) => axis,
+            BuiltinTable::LocalId(axis) => 3 + axis,
+            BuiltinTable::WorkgroupId(axis) => 6 + axis,
+        }
+    }
+}
+
+/// A typed expression.
+#[derive(Clone, Debug)]
+pub(crate) enum CompiledExpr {
+    /// A literal's bits.
+    Constant(u32),
+    /// A variable slot.
+    Variable(usize),
+    /// A load from a buffer (index into the program's declarations).
+    Load {
+        buffer: usize,
+        index: Box<CompiledExpr>,
+    },
+    /// A buffer's element count.
+    Length(usize),
+    /// A typed binary operation.
+    Binary {
+        kind: BinaryKind,
+        lhs: Box<CompiledExpr>,
+        rhs: Box<CompiledExpr>,
+    },
+    /// A typed unary operation.
+    Unary {
+        kind: UnaryKind,
+        operand: Box<CompiledExpr>,
+    },
+    /// Per-lane choice; all three are evaluated.
+    Select {
+        condition: Box<CompiledExpr>,
+        if_true: Box<CompiledExpr>,
+        if_false: Box<CompiledExpr>,
+    },
+    /// A typed conversion.
+    Cast {
+        kind: CastKind,
+        value: Box<CompiledExpr>,
+    },
+    /// A per-lane builtin.
+    Builtin(BuiltinTable),
+    /// `workgroup_count` on axis 0..3 (the same for every lane).
+    WorkgroupCount(usize),
+    /// A subgroup shuffle-xor.
+    ShuffleXor {
+        value: Box<CompiledExpr>,
+        lane_mask: u32,
+    },
+    /// A subgroup reduction.
+    SubgroupReduce {
+        op: ReduceOp,
+        value: Box<CompiledExpr>,
+    },
+}
+
+/// A typed statement.
+#[derive(Clone, Debug)]
+pub(crate) enum CompiledNode {
+    /// `let` or assignment: write the value into a slot.
+    SetVariable { slot: usize, value: CompiledExpr },
+    /// A store to a buffer.
+    Store {
+        buffer: usize,
+        index: CompiledExpr,
+        value: CompiledExpr,
+    },
+    /// Two-way branch; `may_return` says whether a lane can end inside either arm.
+    If {
+        condition: CompiledExpr,
+        then_body: Vec<CompiledNode>,
+        else_body: Vec<CompiledNode>,
+        may_return: bool,
+    },
+    /// Bounded loop over `start..end` with the counter in `slot`.
+    Loop {
+        slot: usize,
+        start: CompiledExpr,
+        end: CompiledExpr,
+        body: Vec<CompiledNode>,
+        may_return: bool,
+    },
+    /// Workgroup barrier (a no-op in lockstep execution).
+    Barrier,
+    /// Grid sync (a no-op in lockstep execution).
+    GridSync,
+    /// Atomic read-modify-write.
+    Atomic {
+        op: AtomicOp,
+        buffer: usize,
+        index: CompiledExpr,
+        value: CompiledExpr,
+    },
+    /// Workgroup reduction into a slot.
+    WorkgroupReduce {
+        slot: usize,
+        op: ReduceOp,
+        value: CompiledExpr,
+    },
+    /// End the active lanes.
+    Return,
+}
+
+/// A program ready for the executor.
+#[derive(Debug)]
+pub(crate) struct CompiledProgram {
+    /// The entry body.
+    pub(crate) body: Vec<CompiledNode>,
+    /// How many variable slots are live at once, at most.
+    pub(crate) slot_count: usize,
+    /// Which of the nine per-lane builtin tables the body reads.
+    pub(crate) builtins_used: [bool; 9],
+}
+
+/// One variable in scope.
+#[derive(Clone, Copy)]
+struct VariableInfo {
+    slot: usize,
+    ty: ScalarType,
+    mutable: bool,
+}
+
+struct Compiler<'p> {
+    program: &'p Program,
+    buffer_index: HashMap<&'p str, usize>,
+    variables: HashMap<Name, VariableInfo>,
+    /// Names in scope, innermost last; a variable's slot is its position here.
+    scope: Vec<Name>,
+    slot_count: usize,
+    builtins_used: [bool; 9],
+}
+
+/// Compile `program`; every failure is a message starting `Fix:`.
+pub(crate) fn compile(program: &Program) -> Result<CompiledProgram, String> {
+    let mut buffer_index = HashMap::new();
+    let mut bindings = HashMap::new();
+    for (position, decl) in program.buffers().iter().enumerate() {
+        if buffer_index.insert(&*decl.name, position).is_some() {
+            return Err(format!(
+                "Fix: {} declares buffer '{}' twice; give every buffer a unique name.",
+                program.display_name(),
+                decl.name
+            ));
+        }
+        if let Some(other) = bindings.insert(decl.binding, &decl.name) {
+            return Err(format!(
+                "Fix: {} binds buffers '{}' and '{}' to slot {}; give every buffer its own binding.",
+                program.display_name(),
+                other,
+                decl.name,
+                decl.binding
+            ));
+        }
+        if decl.access == Access::Workgroup && decl.count == BufferCount::Runtime {
+            return Err(format!(
+                "Fix: workgroup buffer '{}' of {} is runtime-sized; give workgroup buffers a static count.",
+                decl.name,
+                program.display_name()
+            ));
+        }
+    }
+    let mut compiler = Compiler {
+        program,
+        buffer_index,
+        variables: HashMap::new(),
+        scope: Vec::new(),
+        slot_count: 0,
+        builtins_used: [false; 9],
+    };
+    let body = compiler.block(program.entry())?;
+    Ok(CompiledProgram {
+        body,
+        slot_count: compiler.slot_count,
+        builtins_used: compiler.builtins_used,
+    })
+}
+
+/// Whether any lane can execute `Return` inside this block.
+fn block_may_return(block: &[CompiledNode]) -> bool {
+    block.iter().any(|node| match node {
+        CompiledNode::Return => true,
+        CompiledNode::If { may_return, .. } | CompiledNode::Loop { may_return, .. } => *may_return,
+        _ => false,
+    })
+}
+
+impl<'p> Compiler<'p> {
+    fn name(&self) -> String {
+        self.program.display_name()
+    }
+
+    fn block(&mut self, nodes: &[Node]) -> Result<Vec<CompiledNode>, String> {
+        let scope_depth = self.scope.len();
+        let result = nodes.iter().map(|node| self.node(node)).collect();
+        for name in self.scope.drain(scope_depth..) {
+            self.variables.remove(&name);
+        }
+        result
+    }
+
+    fn declare(&mut self, name: &Name, ty: ScalarType, mutable: bool) -> Result<usize, String> {
+        if self.variables.contains_key(name) {
+            return Err(format!(
+                "Fix: {} declares variable '{}' while another '{}' is in scope; rename one of them (shadowing is not allowed).",
+                self.name(),
+                name,
+                name
+            ));
+        }
+        let slot = self.scope.len();
+        self.scope.push(name.clone());
+        self.slot_count = self.slot_count.max(self.scope.len());
+        self.variables.insert(
+            name.clone(),
+            VariableInfo {
+                slot,
+                ty,
+                mutable,
+            },
+        );
+        Ok(slot)
+    }
+
+    fn buffer(&self, name: &str) -> Result<(usize, &'p BufferDecl), String> {
+        match self.buffer_index.get(name) {
+            Some(&index) => Ok((index, &self.program.buffers()[index])),
+            None => Err(format!(
+                "Fix: {} uses buffer '{}', which it does not declare; declare it or fix the name.",
+                self.name(),
+                name
+            )),
+        }
+    }
+
+    fn expect(&self, what: &str, expected: ScalarType, actual: ScalarType) -> Result<(), String> {
+        if expected == actual {
+            Ok(())
+        } else {
+            Err(format!(
+                "Fix: in {}, {} must be {} but is {}; cast it or change the expression.",
+                self.name(),
+                what,
+                expected.name(),
+                actual.name()
+            ))
+        }
+    }
+
+    fn node(&mut self, node: &Node) -> Result<CompiledNode, String> {
+        Ok(match node {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => {
+                let (value, ty) = self.expr(value)?;
+                let slot = self.declare(name, ty, *mutable)?;
+                CompiledNode::SetVariable { slot, value }
+            }
+            Node::Assign { name, value } => {
+                let info = match self.variables.get(name) {
+                    Some(info) => *info,
+                    None => {
+                        return Err(format!(
+                            "Fix: {} assigns to '{}', which is not a variable in scope; declare it with let_mut first.",
+                            self.name(),
+                            name
+                        ))
+                    }
+                };
+                if !info.mutable {
+                    return Err(format!(
+                        "Fix: {} assigns to '{}', which is immutable; declare it with let_mut.",
+                        self.name(),
+                        name
+                    ));
+                }
+                let (value, ty) = self.expr(value)?;
+                self.expect(&format!("the value assigned to '{name}'"), info.ty, ty)?;
+                CompiledNode::SetVariable {
+                    slot: info.slot,
+                    value,
+                }
+            }
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => {
+                let (buffer_index, decl) = self.buffer(buffer)?;
+                if decl.access == Access::ReadOnly {
+                    return Err(format!(
+                        "Fix: {} stores into read-only buffer '{}'; declare it read_write or write_only.",
+                        self.name(),
+                        buffer
+                    ));
+                }
+                let (index, index_ty) = self.expr(index)?;
+                self.expect(
+                    &format!("the index of a store to '{buffer}'"),
+                    ScalarType::U32,
+                    index_ty,
+                )?;
+                let (value, value_ty) = self.expr(value)?;
+                self.expect(
+                    &format!("the value stored to '{buffer}'"),
+                    decl.elem.value_type(),
+                    value_ty,
+                )?;
+                CompiledNode::Store {
+                    buffer: buffer_index,
+                    index,
+                    value,
+                }
+            }
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let (condition, ty) = self.expr(condition)?;
+                self.expect("an if condition", ScalarType::Bool, ty)?;
+                let then_body = self.block(then_body)?;
+                let else_body = self.block(else_body)?;
+                let may_return = block_may_return(&then_body) || block_may_return(&else_body);
+                CompiledNode::If {
+                    condition,
+                    then_body,
+                    else_body,
+                    may_return,
+                }
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let (start, start_ty) = self.expr(start)?;
+                self.expect("a loop start", ScalarType::U32, start_ty)?;
+                let (end, end_ty) = self.expr(end)?;
+                self.expect("a loop end", ScalarType::U32, end_ty)?;
+                // The loop variable lives in its own scope around the body.
+                let scope_depth = self.scope.len();
+                let slot = self.declare(variable, ScalarType::U32, false)?;
+                let body = self.block(body);
+                for name in self.scope.drain(scope_depth..) {
+                    self.variables.remove(&name);
+                }
+                let body = body?;
+                let may_return = block_may_return(&body);
+                CompiledNode::Loop {
+                    slot,
+                    start,
+                    end,
+                    body,
+                    may_return,
+                }
+            }
+            Node::Barrier => CompiledNode::Barrier,
+            Node::GridSync => CompiledNode::GridSync,
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                let (buffer_index, decl) = self.buffer(buffer)?;
+                if decl.elem != ElemType::U32
+                    || !matches!(decl.access, Access::ReadWrite | Access::Workgroup)
+                {
+                    return Err(format!(
+                        "Fix: {} applies atomic {} to '{}' ({} {}); atomics need a u32 read_write or workgroup buffer.",
+                        self.name(),
+                        op.name(),
+                        buffer,
+                        decl.access.name(),
+                        decl.elem.name()
+                    ));
+                }
+                let (index, index_ty) = self.expr(index)?;
+                self.expect(
+                    &format!("the index of an atomic on '{buffer}'"),
+                    ScalarType::U32,
+                    index_ty,
+                )?;
+                let (value, value_ty) = self.expr(value)?;
+                self.expect(
+                    &format!("the operand of an atomic on '{buffer}'"),
+                    ScalarType::U32,
+                    value_ty,
+                )?;
+                CompiledNode::Atomic {
+                    op: *op,
+                    buffer: buffer_index,
+                    index,
+                    value,
+                }
+            }
+            Node::WorkgroupReduce { name, op, value } => {
+                let (value, ty) = self.expr(value)?;
+                self.expect(
+                    &format!("the value of workgroup reduction '{name}'"),
+                    ScalarType::U32,
+                    ty,
+                )?;
+                let slot = self.declare(name, ScalarType::U32, false)?;
+                CompiledNode::WorkgroupReduce {
+                    slot,
+                    op: *op,
+                    value,
+                }
+            }
+            Node::Return => CompiledNode::Return,
+        })
+    }
+
+    fn expr(&mut self, expr: &Expr) -> Result<(CompiledExpr, ScalarType), String> {
+        Ok(match expr {
+            Expr::Literal(literal) => (CompiledExpr::Constant(literal.bits()), literal.ty()),
+            Expr::Var(name) => match self.variables.get(name) {
+                Some(info) => (CompiledExpr::Variable(info.slot), info.ty),
+                None => {
+                    return Err(format!(
+                        "Fix: {} reads variable '{}', which is not in scope there; declare it before use in an enclosing block.",
+                        self.name(),
+                        name
+                    ))
+                }
+            },
+            Expr::Load { buffer, index } => {
+                let (buffer_index, decl) = self.buffer(buffer)?;
+                let (index, ty) = self.expr(index)?;
+                self.expect(
+                    &format!("the index of a load from '{buffer}'"),
+                    ScalarType::U32,
+                    ty,
+                )?;
+                (
+                    CompiledExpr::Load {
+                        buffer: buffer_index,
+                        index: Box::new(index),
+                    },
+                    decl.elem.value_type(),
+                )
+            }
+            Expr::Length { buffer } => {
+                let (buffer_index, _) = self.buffer(buffer)?;
+                (CompiledExpr::Length(buffer_index), ScalarType::U32)
+            }
+            Expr::Binary { op, lhs, rhs } => {
+                let (lhs, lhs_ty) = self.expr(lhs)?;
+                let (rhs, rhs_ty) = self.expr(rhs)?;
+                let (kind, ty) = self.binary_kind(*op, lhs_ty, rhs_ty)?;
+                (
+                    CompiledExpr::Binary {
+                        kind,
+                        lhs: Box::new(lhs),
+                        rhs: Box::new(rhs),
+                    },
+                    ty,
+                )
+            }
+            Expr::Unary { op, operand } => {
+                let (operand, ty) = self.expr(operand)?;
+                let (kind, result) = self.unary_kind(*op, ty)?;
+                (
+                    CompiledExpr::Unary {
+                        kind,
+                        operand: Box::new(operand),
+                    },
+                    result,
+                )
+            }
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => {
+                let (condition, condition_ty) = self.expr(condition)?;
+                self.expect("a select condition", ScalarType::Bool, condition_ty)?;
+                let (if_true, true_ty) = self.expr(if_true)?;
+                let (if_false, false_ty) = self.expr(if_false)?;
+                self.expect("the false arm of a select", true_ty, false_ty)?;
+                (
+                    CompiledExpr::Select {
+                        condition: Box::new(condition),
+                        if_true: Box::new(if_true),
+                        if_false: Box::new(if_false),
+                    },
+                    true_ty,
+                )
+            }
+            Expr::Cast { to, value } => {
+                let (value, from) = self.expr(value)?;
+                let kind = cast_kind(from, *to);
+                (
+                    CompiledExpr::Cast {
+                        kind,
+                        value: Box::new(value),
+                    },
+                    *to,
+                )
+            }
+            Expr::Builtin(builtin) => {
+                let compiled = match *builtin {
+                    Builtin::GlobalId(axis) => {
+                        CompiledExpr::Builtin(BuiltinTable::GlobalId(axis.index()))
+                    }
+                    Builtin::LocalId(axis) => {
+                        CompiledExpr::Builtin(BuiltinTable::LocalId(axis.index()))
+                    }
+                    Builtin::WorkgroupId(axis) => {
+                        CompiledExpr::Builtin(BuiltinTable::WorkgroupId(axis.index()))
+                    }
+                    Builtin::WorkgroupCount(axis) => CompiledExpr::WorkgroupCount(axis.index()),
+                };
+                if let CompiledExpr::Builtin(table) = compiled {
+                    self.builtins_used[table.table_index()] = true;
+                }
+                (compiled, ScalarType::U32)
+            }
+            Expr::SubgroupShuffleXor { value, lane_mask } => {
+                let (value, ty) = self.expr(value)?;
+                self.expect("the value of a subgroup shuffle", ScalarType::U32, ty)?;
+                (
+                    CompiledExpr::ShuffleXor {
+                        value: Box::new(value),
+                        lane_mask: *lane_mask,
+                    },
+                    ScalarType::U32,
+                )
+            }
+            Expr::SubgroupReduce { op, value } => {
+                let (value, ty) = self.expr(value)?;
+                self.expect("the value of a subgroup reduction", ScalarType::U32, ty)?;
+                (
+                    CompiledExpr::SubgroupReduce {
+                        op: *op,
+                        value: Box::new(value),
+                    },
+                    ScalarType::U32,
+                )
+            }
+        })
+    }
+
+    fn binary_kind(
+        &self,
+        op: BinaryOp,
+        lhs: ScalarType,
+        rhs: ScalarType,
+    ) -> Result<(BinaryKind, ScalarType), String> {
+        use BinaryKind as K;
+        use ScalarType::{Bool, F32, I32, U32};
+        let mismatch = || {
+            Err(format!(
+                "Fix: in {}, operator '{}' cannot take {} and {}; cast an operand so the types fit (see BinaryOp's docs).",
+                self.name(),
+                op.symbol(),
+                lhs.name(),
+                rhs.name()
+            ))
+        };
+        if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+            return match (op, lhs, rhs) {
+                (BinaryOp::Shl, U32 | I32, U32) => Ok((K::Shl, lhs)),
+                (BinaryOp::Shr, U32, U32) => Ok((K::U32Shr, U32)),
+                (BinaryOp::Shr, I32, U32) => Ok((K::I32Shr, I32)),
+                _ => mismatch(),
+            };
+        }
+        if lhs != rhs {
+            return mismatch();
+        }
+        let ty = lhs;
+        let kind = match (op, ty) {
+            (BinaryOp::Add, U32 | I32) => K::IntAdd,
+            (BinaryOp::Sub, U32 | I32) => K::IntSub,
+            (BinaryOp::Mul, U32 | I32) => K::IntMul,
+            (BinaryOp::Div, U32) => K::U32Div,
+            (BinaryOp::Div, I32) => K::I32Div,
+            (BinaryOp::Rem, U32) => K::U32Rem,
+            (BinaryOp::Rem, I32) => K::I32Rem,
+            (BinaryOp::Add, F32) => K::F32Add,
+            (BinaryOp::Sub, F32) => K::F32Sub,
+            (BinaryOp::Mul, F32) => K::F32Mul,
+            (BinaryOp::Div, F32) => K::F32Div,
+            (BinaryOp::BitAnd, U32 | I32 | Bool) => K::BitAnd,
+            (BinaryOp::BitOr, U32 | I32 | Bool) => K::BitOr,
+            (BinaryOp::BitXor, U32 | I32 | Bool) => K::BitXor,
+            (BinaryOp::Eq, U32 | I32 | Bool) => K::BitsEq,
+            (BinaryOp::Ne, U32 | I32 | Bool) => K::BitsNe,
+            (BinaryOp::Eq, F32) => K::F32Eq,
+            (BinaryOp::Ne, F32) => K::F32Ne,
+            (BinaryOp::Lt, U32) => K::U32Lt,
+            (BinaryOp::Le, U32) => K::U32Le,
+            (BinaryOp::Gt, U32) => K::U32Gt,
+            (BinaryOp::Ge, U32) => K::U32Ge,
+            (BinaryOp::Lt, I32) => K::I32Lt,
+            (BinaryOp::Le, I32) => K::I32Le,
+            (BinaryOp::Gt, I32) => K::I32Gt,
+            (BinaryOp::Ge, I32) => K::I32Ge,
+            (BinaryOp::Lt, F32) => K::F32Lt,
+            (BinaryOp::Le, F32) => K::F32Le,
+            (BinaryOp::Gt, F32) => K::F32Gt,
+            (BinaryOp::Ge, F32) => K::F32Ge,
+            (BinaryOp::Min, U32) => K::U32Min,
+            (BinaryOp::Max, U32) => K::U32Max,
+            (BinaryOp::Min, I32) => K::I32Min,
+            (BinaryOp::Max, I32) => K::I32Max,
+            (BinaryOp::Min, F32) => K::F32Min,
+            (BinaryOp::Max, F32) => K::F32Max,
+            (BinaryOp::LogicalAnd, Bool) => K::LogicalAnd,
+            (BinaryOp::LogicalOr, Bool) => K::LogicalOr,
+            _ => return mismatch(),
+        };
+        let result = if op.is_comparison() { Bool } else { ty };
+        Ok((kind, result))
+    }
+
+    fn unary_kind(
+        &self,
+        op: UnaryOp,
+        ty: ScalarType,
+    ) -> Result<(UnaryKind, ScalarType), String> {
+        use ScalarType::{Bool, F32, I32, U32};
+        use UnaryKind as K;
+        let (kind, result) = match (op, ty) {
+            (UnaryOp::Neg, I32 | U32) => (K::IntNeg, ty),
+            (UnaryOp::Neg, F32) => (K::F32Neg, F32),
+            (UnaryOp::BitNot, U32 | I32) => (K::BitNot, ty),
+            (UnaryOp::LogicalNot, Bool) => (K::LogicalNot, Bool),
+            (UnaryOp::Abs, I32) => (K::I32Abs, I32),
+            (UnaryOp::Abs, U32) => (K::U32Abs, U32),
+            (UnaryOp::Abs, F32) => (K::F32Abs, F32),
+            (UnaryOp::CountOnes, U32 | I32) => (K::CountOnes, U32),
+            (UnaryOp::LeadingZeros, U32 | I32) => (K::LeadingZeros, U32),
+            _ => {
+                return Err(format!(
+                    "Fix: in {}, operator '{}' cannot take {}; cast the operand (see UnaryOp's docs).",
+                    self.name(),
+                    op.symbol(),
+                    ty.name()
+                ))
+            }
+        };
+        Ok((kind, result))
+    }
+}
+
+/// The conversion from `from` to `to` (every pair is defined).
+fn cast_kind(from: ScalarType, to: ScalarType) -> CastKind {
+    use ScalarType::{Bool, F32, I32, U32};
+    match (from, to) {
+        (F32, F32) => CastKind::Bits,
+        (U32 | I32 | Bool, U32 | I32) | (Bool, Bool) => CastKind::Bits,
+        (U32 | I32, Bool) => CastKind::IntToBool,
+        (F32, Bool) => CastKind::F32ToBool,
+        (Bool, F32) => CastKind::BoolToF32,
+        (U32, F32) => CastKind::U32ToF32,
+        (I32, F32) => CastKind::I32ToF32,
+        (F32, U32) => CastKind::F32ToU32,
+        (F32, I32) => CastKind::F32ToI32,
+    }
+}

@@ -1,0 +1,641 @@
+//! Self-tests of the host-cost harness (§6) on the CPU: no GPU, not ignored.
+//!
+//! Two kinds of test live here. Estimator tests feed fixed or synthetic samples to the
+//! pure functions and assert exact arithmetic. Timing tests run real closures with small
+//! calibration targets; they assert only outcomes that hold with a wide margin on a
+//! loaded 2-core machine (never a wall-clock bound), so they are not flaky.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Duration;
+
+use vyre_cuda::host_cost::estimate::{
+    self, cell_verdict, decide_difference, publishability, schedule, sign_test_p_value,
+    summarise_rounds,
+};
+use vyre_cuda::host_cost::{
+    read_capped, Arm, Cell, CellOptions, CellThresholds, CellVerdict, ClockDrift, ClockMonitor,
+    ClockOptions, ClockSource, ClockSourceChoice, DifferenceRule, Direction, HostCostError,
+    NotPublishable, PairOptions, PairOrder, PairThresholds, Paired, Probe, Report,
+};
+
+// ---------------------------------------------------------------------------------------
+// Work for the timing tests.
+// ---------------------------------------------------------------------------------------
+
+/// `iterations × cost × 64` steps of a dependent multiply-rotate chain: cannot be
+/// vectorised, hoisted or computed in closed form, and its digest depends on every step.
+fn chain_work(iterations: u64, cost: u64) -> u64 {
+    let mut state = black_box(0x243F_6A88_85A3_08D3_u64);
+    for _ in 0..iterations * cost * 64 {
+        state = state.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) ^ 0x1357;
+    }
+    state
+}
+
+fn quick_cell_options() -> CellOptions {
+    CellOptions::with_targets(Duration::from_millis(20), Duration::from_millis(5))
+}
+
+fn quick_pair_options(rounds: usize) -> PairOptions {
+    PairOptions::with_targets(Duration::from_millis(10), Duration::from_millis(5), rounds)
+}
+
+fn steady_clock() -> ClockDrift {
+    ClockDrift::from_regions(
+        ClockSource::SpinReference,
+        vec![1000.0; 8],
+        0.02,
+        Vec::new(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Bounded reads.
+// ---------------------------------------------------------------------------------------
+
+/// Locks out an off-by-one in the byte cap (a file exactly at the cap rejected, or one
+/// byte over accepted) and a missing file being treated as an error: §6 says a file at
+/// the cap is accepted, over it rejected, missing → none.
+#[test]
+fn read_capped_accepts_at_cap_rejects_one_over_and_maps_missing_to_none() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cap = 64_u64;
+    let at_cap = dir.path().join("at_cap");
+    std::fs::write(&at_cap, vec![b'7'; cap as usize]).expect("write");
+    let over_cap = dir.path().join("over_cap");
+    std::fs::write(&over_cap, vec![b'7'; cap as usize + 1]).expect("write");
+
+    let read = read_capped(&at_cap, cap).expect("at cap is accepted");
+    assert_eq!(read.map(|bytes| bytes.len()), Some(cap as usize));
+
+    match read_capped(&over_cap, cap) {
+        Err(HostCostError::FileTooLarge { cap: reported, .. }) => assert_eq!(reported, cap),
+        other => panic!("one byte over the cap must be rejected, got {other:?}"),
+    }
+    let message = read_capped(&over_cap, cap).unwrap_err().to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+
+    let missing = dir.path().join("missing");
+    assert!(read_capped(&missing, cap)
+        .expect("missing is not an error")
+        .is_none());
+}
+
+/// Locks out a reader that allocates whatever a path holds: a large file under a small
+/// cap is rejected (and, by construction, at most cap + 1 bytes were read).
+#[test]
+fn read_capped_rejects_a_large_file_under_a_small_cap() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![0_u8; 1 << 20]).expect("write");
+    assert!(matches!(
+        read_capped(&big, 64),
+        Err(HostCostError::FileTooLarge { .. })
+    ));
+    assert!(read_capped(&big, 1 << 20).expect("exactly 1 MiB").is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// Estimator arithmetic on fixed samples.
+// ---------------------------------------------------------------------------------------
+
+/// Locks out a wrong estimator: minimum not the smallest, median of an even count not
+/// the mean of the middle two, NaN-unsafe sorting, or a population (n) divisor in the
+/// relative standard deviation where the sample (n − 1) divisor is documented.
+#[test]
+fn estimators_on_fixed_samples() {
+    assert_eq!(estimate::minimum(&[3.0, 1.5, 2.0]), Some(1.5));
+    assert_eq!(estimate::minimum(&[]), None);
+    assert_eq!(estimate::maximum(&[3.0, 1.5, 2.0]), Some(3.0));
+    assert_eq!(estimate::median(&[5.0, 1.0, 3.0]), Some(3.0));
+    assert_eq!(estimate::median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    assert_eq!(estimate::median(&[7.0]), Some(7.0));
+    assert_eq!(estimate::median(&[]), None);
+    assert_eq!(
+        estimate::quantile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.1),
+        Some(1.4)
+    );
+    assert_eq!(
+        estimate::quantile(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.5),
+        Some(3.0)
+    );
+    assert_eq!(estimate::quantile(&[1.0, 2.0], 1.5), None);
+
+    // mean 3, sample variance 10 / 4 = 2.5
+    let rsd = estimate::relative_std_dev(&[1.0, 2.0, 3.0, 4.0, 5.0]).expect("rsd");
+    assert!((rsd - 2.5_f64.sqrt() / 3.0).abs() < 1e-12, "{rsd}");
+    assert_eq!(estimate::relative_std_dev(&[2.0, 2.0, 2.0]), Some(0.0));
+    assert_eq!(estimate::relative_std_dev(&[2.0]), None);
+
+    assert_eq!(estimate::relative_spread(&[100.0, 98.0, 102.0]), Some(0.04));
+    // ratios 0.9 .. 1.3: p10 = 0.94, p90 = 1.26, median 1.1
+    let spread = estimate::ratio_spread(&[0.9, 1.0, 1.1, 1.2, 1.3]).expect("spread");
+    assert!((spread - 0.32 / 1.1).abs() < 1e-12, "{spread}");
+}
+
+/// Locks out off-by-one verdict thresholds: exactly 5 % is ok and exactly 20 % is
+/// advisory (both bounds inclusive), a hair above each moves down one class, and a
+/// missing or NaN spread is void, never ok.
+#[test]
+fn cell_verdict_thresholds_at_the_boundaries() {
+    let thresholds = CellThresholds::default();
+    let verdict = |rsd| cell_verdict(100.0, rsd, &thresholds);
+    assert_eq!(verdict(Some(0.0)), CellVerdict::Ok);
+    assert_eq!(verdict(Some(0.05)), CellVerdict::Ok);
+    assert_eq!(verdict(Some(0.050_001)), CellVerdict::Advisory);
+    assert_eq!(verdict(Some(0.20)), CellVerdict::Advisory);
+    assert_eq!(verdict(Some(0.200_001)), CellVerdict::Void);
+    assert_eq!(verdict(None), CellVerdict::Void);
+    assert_eq!(verdict(Some(f64::NAN)), CellVerdict::Void);
+    assert_eq!(
+        cell_verdict(0.99, Some(0.0), &thresholds),
+        CellVerdict::OptimisedAway
+    );
+    assert_eq!(cell_verdict(1.0, Some(0.0), &thresholds), CellVerdict::Ok);
+    assert_eq!(
+        cell_verdict(f64::NAN, Some(0.0), &thresholds),
+        CellVerdict::OptimisedAway
+    );
+}
+
+/// Locks out a publishability verdict that hides a failing condition: each of too few
+/// rounds, spread too large and drift too large is reported on its own and together,
+/// the limits are inclusive, and an unknown drift is a reason, not a pass.
+#[test]
+fn publishability_lists_every_reason() {
+    let limits = PairThresholds::default();
+    assert!(publishability(8, Some(0.20), Some(0.02), &limits).is_empty());
+    assert_eq!(
+        publishability(7, Some(0.1), Some(0.01), &limits),
+        vec![NotPublishable::TooFewRounds {
+            rounds: 7,
+            required: 8
+        }]
+    );
+    assert_eq!(
+        publishability(8, Some(0.21), Some(0.01), &limits),
+        vec![NotPublishable::RatioSpreadTooLarge {
+            spread: 0.21,
+            limit: 0.20
+        }]
+    );
+    assert_eq!(
+        publishability(8, Some(0.1), Some(0.03), &limits),
+        vec![NotPublishable::ClockDriftTooLarge {
+            drift: 0.03,
+            limit: 0.02
+        }]
+    );
+    assert_eq!(
+        publishability(8, Some(0.1), None, &limits),
+        vec![NotPublishable::ClockDriftUnknown]
+    );
+    assert_eq!(publishability(3, None, Some(0.5), &limits).len(), 3);
+}
+
+/// Locks out a wrong sign-test tail (one-sided, or off by one in the tail) that would
+/// make the A/A false-positive rate differ from the documented level.
+#[test]
+fn sign_test_p_values_are_exact() {
+    assert!((sign_test_p_value(10, 0) - 2.0 / 1024.0).abs() < 1e-15);
+    assert!((sign_test_p_value(0, 10) - 2.0 / 1024.0).abs() < 1e-15);
+    // 9 of 10: 2 × (10 + 1) / 1024
+    assert!((sign_test_p_value(9, 1) - 22.0 / 1024.0).abs() < 1e-15);
+    assert_eq!(sign_test_p_value(5, 5), 1.0);
+    assert_eq!(sign_test_p_value(0, 0), 1.0);
+    // large counts neither overflow nor underflow to garbage
+    let p = sign_test_p_value(600, 400);
+    assert!(p > 0.0 && p < 1e-9, "{p}");
+}
+
+/// Locks out a difference decision that fires on a consistent-but-negligible offset,
+/// ignores the direction, or fires without a significant sign test.
+#[test]
+fn difference_decision_on_fixed_ratios() {
+    let rule = DifferenceRule::default();
+    let slower = decide_difference(&[1.03; 10], &rule);
+    assert!(slower.detected);
+    assert_eq!(slower.direction, Some(Direction::BSlower));
+    assert_eq!((slower.rounds_above, slower.rounds_below), (10, 0));
+
+    let faster = decide_difference(&[0.97; 10], &rule);
+    assert_eq!(faster.direction, Some(Direction::BFaster));
+
+    let negligible = decide_difference(&[1.001; 10], &rule);
+    assert!(!negligible.detected, "below the minimum effect");
+
+    let mixed = decide_difference(&[1.05, 0.95, 1.04, 0.96, 1.05, 0.97, 1.02, 0.99], &rule);
+    assert!(!mixed.detected, "sign test not significant");
+    assert_eq!(decide_difference(&[1.0; 8], &rule).rounds_ignored, 8);
+}
+
+// ---------------------------------------------------------------------------------------
+// Drift and ABBA on injected sample streams.
+// ---------------------------------------------------------------------------------------
+
+/// Locks out an inert drift rule: a planted 3 % clock step between regions is flagged,
+/// a steady clock with 0.5 % jitter is not (negative control).
+#[test]
+fn drift_rule_fires_on_a_planted_clock_step() {
+    let step = vec![3000.0, 3001.0, 2999.0, 2910.0, 2911.0, 2909.0];
+    let stepped = ClockDrift::from_regions(ClockSource::Cpufreq, step, 0.02, Vec::new());
+    assert!(stepped.flagged, "{stepped:?}");
+    assert!(stepped.drift.expect("drift") > 0.02);
+
+    let steady = vec![3000.0, 3010.0, 2995.0, 3005.0, 2998.0, 3002.0];
+    let calm = ClockDrift::from_regions(ClockSource::Cpufreq, steady, 0.02, Vec::new());
+    assert!(!calm.flagged, "{calm:?}");
+    assert_eq!(
+        ClockDrift::from_regions(ClockSource::Cpufreq, Vec::new(), 0.02, Vec::new()).drift,
+        None
+    );
+}
+
+/// Region times of `schedule(order, rounds)` under a linear drift: a region at global
+/// slot `t` of arm `X` costs `cost_X × (1 + slope × t)`.
+fn drifting_stream(order: PairOrder, rounds: usize, cost_b: f64, slope: f64) -> Vec<f64> {
+    schedule(order, rounds)
+        .iter()
+        .enumerate()
+        .map(|(slot, arm)| {
+            let cost = if *arm == Arm::A { 1.0 } else { cost_b };
+            cost * (1.0 + slope * slot as f64)
+        })
+        .collect()
+}
+
+/// Locks out a pairing order that lets drift masquerade as a difference: under a planted
+/// linear drift ABBA's median ratio is the true ratio (1 for A/A, 1.1 for a 10 %
+/// slowdown) and no A/A difference is detected, while ABAB — the negative control — is
+/// biased upward and falsely detects one.
+#[test]
+fn abba_cancels_linear_drift_that_abab_does_not() {
+    let rule = DifferenceRule::default();
+    for cost_b in [1.0, 1.1] {
+        let abba = summarise_rounds(
+            PairOrder::Abba,
+            &drifting_stream(PairOrder::Abba, 12, cost_b, 0.02),
+        );
+        let ratios: Vec<f64> = abba.iter().map(|round| round.ratio).collect();
+        for ratio in &ratios {
+            assert!((ratio - cost_b).abs() < 1e-9, "ABBA round ratio {ratio}");
+        }
+        let abab = summarise_rounds(
+            PairOrder::Abab,
+            &drifting_stream(PairOrder::Abab, 12, cost_b, 0.02),
+        );
+        let abab_ratios: Vec<f64> = abab.iter().map(|round| round.ratio).collect();
+        let abab_median = estimate::median(&abab_ratios).expect("median");
+        assert!(
+            abab_median > cost_b * 1.01,
+            "ABAB should be biased upward, got {abab_median} for true {cost_b}"
+        );
+        if cost_b == 1.0 {
+            assert!(!decide_difference(&ratios, &rule).detected);
+            assert!(decide_difference(&abab_ratios, &rule).detected);
+        }
+    }
+    assert_eq!(
+        schedule(PairOrder::Abba, 2),
+        vec![
+            Arm::A,
+            Arm::B,
+            Arm::B,
+            Arm::A,
+            Arm::B,
+            Arm::A,
+            Arm::A,
+            Arm::B
+        ]
+    );
+}
+
+/// Locks out `Paired::from_samples` computing the ratio upside down, mixing up which
+/// region belongs to which arm, or deltas in the wrong unit: a stream where B costs 1.5×
+/// (3 µs vs 2 µs per unit, 1000 units per region) gives ratio 1.5, delta +1000 ns.
+#[test]
+fn paired_from_samples_on_an_injected_stream() {
+    let options = PairOptions::default();
+    let per_region_a = 2e-3;
+    let stream: Vec<f64> = schedule(PairOrder::Abba, 8)
+        .iter()
+        .map(|arm| {
+            if *arm == Arm::A {
+                per_region_a
+            } else {
+                per_region_a * 1.5
+            }
+        })
+        .collect();
+    let calibration = [Vec::<Probe>::new(), Vec::new()];
+    let paired = Paired::from_samples(
+        "a",
+        "b",
+        calibration,
+        1000,
+        stream,
+        steady_clock(),
+        &options,
+    )
+    .expect("valid samples");
+    assert!((paired.median_ratio - 1.5).abs() < 1e-12);
+    assert!((paired.median_delta_ns_per_unit - 1000.0).abs() < 1e-6);
+    assert!((paired.minimum_ns_per_unit_a - 2000.0).abs() < 1e-6);
+    assert!(paired.publishable(), "{:?}", paired.not_publishable);
+    assert_eq!(paired.difference.direction, Some(Direction::BSlower));
+    assert_eq!(paired.name, "b vs a");
+}
+
+// ---------------------------------------------------------------------------------------
+// Real timing, robust by construction.
+// ---------------------------------------------------------------------------------------
+
+/// Locks out a harness that calls an A/A comparison a difference (a position bias the
+/// ABBA order fails to cancel, or arms timed unequally). Uses α = 0.001 with 20 rounds
+/// (18 of 20 on one side needed) so the test's own false-positive rate is below 1 in
+/// 2,000 runs; the default α = 0.05 rate is measured on the GPU machine instead.
+#[test]
+fn a_a_comparison_is_not_a_difference() {
+    let mut options = quick_pair_options(20);
+    options.difference.alpha = 0.001;
+    let work = |iterations| chain_work(iterations, 2);
+    let paired = Paired::compare("same", work, "same again", work, &options).expect("measured");
+    assert!(
+        !paired.difference.detected,
+        "A/A called a difference: {:?} ratios {:?}",
+        paired.difference, paired.ratios
+    );
+    assert_eq!(paired.rounds.len(), 20);
+}
+
+/// Locks out a comparison that misses a large slowdown or reports it in the wrong
+/// direction: B does 1.5× A's work, so B is slower; swapping the arms (negative control
+/// of the direction) reports B faster.
+#[test]
+fn planted_slowdown_is_detected_in_the_right_direction() {
+    let options = quick_pair_options(20);
+    let light = |iterations| chain_work(iterations, 2);
+    let heavy = |iterations| chain_work(iterations, 3);
+
+    let slower = Paired::compare("light", light, "heavy", heavy, &options).expect("measured");
+    assert!(
+        slower.difference.detected,
+        "{:?} {:?}",
+        slower.difference, slower.ratios
+    );
+    assert_eq!(slower.difference.direction, Some(Direction::BSlower));
+    assert!(slower.median_ratio > 1.15, "{}", slower.median_ratio);
+    assert!(slower.median_delta_ns_per_unit > 0.0);
+
+    let faster = Paired::compare("heavy", heavy, "light", light, &options).expect("measured");
+    assert!(
+        faster.difference.detected,
+        "{:?} {:?}",
+        faster.difference, faster.ratios
+    );
+    assert_eq!(faster.difference.direction, Some(Direction::BFaster));
+    assert!(faster.median_ratio < 0.87, "{}", faster.median_ratio);
+}
+
+/// Locks out a cell that measures something other than the closure's work (work deleted,
+/// iterations ignored, per-unit division wrong): twice the work per unit measures
+/// 1.5–2.6× the time.
+#[test]
+fn doubling_the_work_doubles_the_cell() {
+    let options = quick_cell_options();
+    let single = Cell::measure("x1", &options, |n| chain_work(n, 1)).expect("x1");
+    let double = Cell::measure("x2", &options, |n| chain_work(n, 2)).expect("x2");
+    let ratio = double.minimum_ns_per_unit / single.minimum_ns_per_unit;
+    assert!(
+        (1.5..2.6).contains(&ratio),
+        "ratio {ratio}: {single:?} {double:?}"
+    );
+    assert_eq!(single.region_seconds.len(), 5);
+    assert!(single.iterations_per_region >= 1);
+    assert_ne!(single.verdict, CellVerdict::OptimisedAway);
+}
+
+/// Locks out a silent number from a probe whose work was optimised away: an empty
+/// closure and one that ignores its work both fail with `OptimisedAway`, while real work
+/// (negative control) measures fine.
+#[test]
+fn optimised_away_guard_fires_on_empty_work_only() {
+    let options = quick_cell_options();
+    for (name, result) in [
+        ("empty", Cell::measure("empty", &options, |_| 0)),
+        ("echo", Cell::measure("echo", &options, |n| n)),
+    ] {
+        match result {
+            Err(HostCostError::OptimisedAway { ns_per_unit, .. }) => {
+                assert!(ns_per_unit < 1.0, "{name}: {ns_per_unit}")
+            }
+            other => panic!("{name}: expected OptimisedAway, got {other:?}"),
+        }
+    }
+    let real = Cell::measure("real", &options, |n| chain_work(n, 1));
+    assert!(real.is_ok(), "{real:?}");
+
+    let options = quick_pair_options(2);
+    let paired = Paired::compare("real", |n| chain_work(n, 1), "empty", |_| 0, &options);
+    assert!(matches!(paired, Err(HostCostError::OptimisedAway { .. })));
+}
+
+/// Locks out an injected-sample cell that quotes anything but the minimum, or quotes a
+/// sub-nanosecond figure.
+#[test]
+fn cell_from_samples_quotes_the_minimum_and_refuses_sub_nanosecond() {
+    let thresholds = CellThresholds::default();
+    let regions = vec![0.0105, 0.0100, 0.0102, 0.0101, 0.0104];
+    let cell = Cell::from_samples(
+        "fixed",
+        Vec::new(),
+        10_000,
+        regions,
+        steady_clock(),
+        &thresholds,
+    )
+    .expect("cell");
+    assert!((cell.minimum_ns_per_unit - 1000.0).abs() < 1e-9);
+    assert_eq!(cell.verdict, CellVerdict::Ok);
+    let tiny = Cell::from_samples(
+        "tiny",
+        Vec::new(),
+        1 << 30,
+        vec![0.1; 5],
+        steady_clock(),
+        &thresholds,
+    );
+    assert!(matches!(tiny, Err(HostCostError::OptimisedAway { .. })));
+}
+
+/// Locks out bad options reaching the timing loop (a zero growth factor would never end
+/// calibration): they are rejected with a `Fix:` message.
+#[test]
+fn invalid_options_are_rejected_with_a_fix() {
+    let mut options = quick_cell_options();
+    options.probe_growth = 1;
+    let error = Cell::measure("x", &options, |n| chain_work(n, 1)).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    let mut options = quick_pair_options(0);
+    options.rounds = 0;
+    let error = Paired::compare("a", |n| n, "b", |n| n, &options).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Clock sources.
+// ---------------------------------------------------------------------------------------
+
+fn fake_sysfs(root: &Path, khz: &[Option<&str>]) -> ClockOptions {
+    let mut stat = String::from("cpu  10 0 10 100 0 0 0 0 0 0\n");
+    for cpu in 0..khz.len() {
+        stat.push_str(&format!("cpu{cpu} 5 0 5 50 0 0 0 0 0 0\n"));
+    }
+    stat.push_str("intr 1 2 3\n");
+    std::fs::write(root.join("stat"), stat).expect("stat");
+    for (cpu, value) in khz.iter().enumerate() {
+        if let Some(value) = value {
+            let dir = root.join("cpu").join(format!("cpu{cpu}")).join("cpufreq");
+            std::fs::create_dir_all(&dir).expect("dir");
+            std::fs::write(dir.join("scaling_cur_freq"), value).expect("freq");
+        }
+    }
+    ClockOptions {
+        proc_stat_path: root.join("stat"),
+        cpu_sysfs_dir: root.join("cpu"),
+        ..ClockOptions::default()
+    }
+}
+
+/// Locks out a silently inert drift check (§0: the GPU VM has no cpufreq): without
+/// cpufreq nodes the monitor falls back to the spin reference and still produces a drift
+/// figure and names its source; with nodes present (negative control) it uses cpufreq.
+#[test]
+fn clock_source_falls_back_to_the_spin_reference_without_cpufreq() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = fake_sysfs(dir.path(), &[None, None]);
+    let mut monitor = ClockMonitor::start(&options);
+    assert_eq!(monitor.source(), ClockSource::SpinReference);
+    for _ in 0..4 {
+        monitor.mark_boundary();
+    }
+    let drift = monitor.finish();
+    assert_eq!(drift.source.label(), "spin-reference");
+    assert_eq!(drift.per_region.len(), 3);
+    assert!(drift.drift.is_some());
+    assert!(drift.per_region.iter().all(|rate| *rate > 0.0));
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = fake_sysfs(dir.path(), &[Some("2400000\n"), None, Some("3000000\n")]);
+    let mut monitor = ClockMonitor::start(&options);
+    assert_eq!(monitor.source(), ClockSource::Cpufreq);
+    monitor.mark_boundary();
+    monitor.mark_boundary();
+    let drift = monitor.finish();
+    assert_eq!(drift.source.label(), "cpufreq");
+    // no busy jiffies elapsed between the two reads of the fixed file: plain mean.
+    assert_eq!(drift.per_region, vec![2700.0]);
+
+    let forced = ClockOptions {
+        source: ClockSourceChoice::SpinReference,
+        ..options
+    };
+    assert_eq!(
+        ClockMonitor::start(&forced).source(),
+        ClockSource::SpinReference
+    );
+}
+
+/// Locks out a cpufreq file over its 64-byte cap being trusted: such a CPU is not used
+/// as a cpufreq source.
+#[test]
+fn oversized_cpufreq_file_is_not_trusted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let huge = "1".repeat(65);
+    let options = fake_sysfs(dir.path(), &[Some(&huge)]);
+    assert_eq!(
+        ClockMonitor::start(&options).source(),
+        ClockSource::SpinReference
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Report.
+// ---------------------------------------------------------------------------------------
+
+/// Locks out a report that loses results or panics on an unwritable directory: both files
+/// are written with the cell, comparison and failure in them, the table names each, and
+/// writing under a regular file returns an error instead of panicking.
+#[test]
+fn report_writes_both_files_and_survives_an_unwritable_directory() {
+    let thresholds = CellThresholds::default();
+    let cell = Cell::from_samples(
+        "dispatch \"resident\"",
+        vec![Probe {
+            iterations: 1,
+            seconds: 1e-5,
+        }],
+        1000,
+        vec![0.0101, 0.0100, 0.0102],
+        steady_clock(),
+        &thresholds,
+    )
+    .expect("cell");
+    let stream: Vec<f64> = schedule(PairOrder::Abba, 8)
+        .iter()
+        .map(|arm| if *arm == Arm::A { 1e-3 } else { 1.1e-3 })
+        .collect();
+    let paired = Paired::from_samples(
+        "eager",
+        "graph",
+        [Vec::new(), Vec::new()],
+        100,
+        stream,
+        steady_clock(),
+        &PairOptions::default(),
+    )
+    .expect("paired");
+    let mut report = Report::new("self test/report");
+    report.add_cell(cell);
+    report.add_paired(paired);
+    report.add_failure(
+        "empty",
+        &HostCostError::OptimisedAway {
+            name: "empty".into(),
+            ns_per_unit: 0.0,
+            threshold_ns: 1.0,
+        },
+    );
+
+    let table = report.table();
+    for needle in [
+        "dispatch \"resident\"",
+        "graph vs eager",
+        "FAILED empty",
+        "spin-reference",
+    ] {
+        assert!(table.contains(needle), "{needle} missing from\n{table}");
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let written = report.write_files(dir.path()).expect("written");
+    assert_eq!(written.len(), 2);
+    let samples = std::fs::read_to_string(dir.path().join("self_test_report.samples.json"))
+        .expect("samples file");
+    assert!(samples.contains("\"schema\": \"vyre-cuda/host-cost-samples/v1\""));
+    assert!(samples.contains("\"region_seconds\": [0.0101, 0.01, 0.0102]"));
+    assert!(samples.contains("dispatch \\\"resident\\\""));
+    assert!(samples.contains("\"schedule\": \"ABBABAAB"));
+    let bencher = std::fs::read_to_string(dir.path().join("self_test_report.bencher.json"))
+        .expect("bencher file");
+    assert!(bencher.contains(
+        "\"latency\": {\"value\": 10000, \"lower_value\": 10000, \"upper_value\": 10200}"
+    ));
+    assert!(bencher.contains("\"graph vs eager\": {\"ratio\""));
+
+    let blocker = dir.path().join("a_file");
+    std::fs::write(&blocker, b"x").expect("write");
+    let error = report.write_files(&blocker.join("sub")).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+}
