@@ -8,6 +8,7 @@
 
 pub mod codegen;
 pub mod config;
+pub mod fixtures;
 pub mod ir;
 pub mod lower;
 pub mod reference;

@@ -162,9 +162,10 @@ impl fmt::Display for BackendError {
                 } else {
                     write!(
                         f,
-                        "Fix: {program} faulted on the GPU: {error}; the CUDA context is lost: drop this \
-                         CudaBackend and call CudaBackend::acquire again (it resets the device); find the \
-                         bad access with the reference interpreter and config.codegen.bounds_checks = false"
+                        "Fix: {program} faulted on the GPU: {error}; the CUDA context is lost: drop every \
+                         CudaBackend of this device; CudaBackend::acquire resets the device where the driver \
+                         allows it and otherwise says the process must restart; find the bad access with the \
+                         reference interpreter (run it with config.codegen.bounds_checks = false)"
                     )
                 }
             }

@@ -18,6 +18,7 @@ mod cache;
 pub mod caps;
 mod dispatch;
 pub mod driver;
+pub mod floor;
 mod error;
 mod kernel;
 mod pool;
@@ -71,6 +72,15 @@ pub struct PoolStats {
     pub resident_bytes: u64,
     /// Live resident buffers.
     pub resident_buffers: u64,
+}
+
+/// The memory budget at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// What it was computed from.
+    pub inputs: budget::BudgetInputs,
+    /// Bytes a new dispatch or allocation may take.
+    pub available: u64,
 }
 
 /// A CUDA device, ready to compile and dispatch programs. Cheap to clone (an
@@ -133,17 +143,39 @@ impl CudaBackend {
         let _guard = ACQUIRE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let device = Device::get(ordinal as i32).map_err(|e| BackendError::driver("opening the device", e))?;
         let epoch = DEVICE_EPOCH[ordinal].load(Ordering::Acquire);
-        if DEVICE_RESET_EPOCH[ordinal].load(Ordering::Acquire) != epoch {
-            PrimaryContext::reset_device(device)
-                .map_err(|e| BackendError::driver("resetting the device after a kernel fault", e))?;
-            DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
+        let recovering = DEVICE_RESET_EPOCH[ordinal].load(Ordering::Acquire) != epoch;
+        // After a sticky fault the driver may refuse every call in this process
+        // (CUDA documents that such errors need a process restart); say so plainly.
+        let unrecoverable = |error: driver::DriverError| BackendError::ContextLost {
+            cause: format!(
+                "an earlier kernel fault on device {ordinal} left CUDA unusable in this process ({error}); \
+                 the driver does not allow recovery here, so restart the process"
+            ),
+        };
+        if recovering {
+            PrimaryContext::reset_device(device).map_err(unrecoverable)?;
             tracing::warn!(ordinal, "reset the primary context after a kernel fault");
         }
-        let context =
-            PrimaryContext::retain(device).map_err(|e| BackendError::driver("retaining the primary context", e))?;
+        let context = PrimaryContext::retain(device).map_err(|e| {
+            if recovering || e.is_sticky() {
+                unrecoverable(e)
+            } else {
+                BackendError::driver("retaining the primary context", e)
+            }
+        })?;
         context
             .bind()
-            .map_err(|e| BackendError::driver("binding the primary context", e))?;
+            .and_then(|_| driver::memory_info())
+            .map_err(|e| {
+                if recovering || e.is_sticky() {
+                    unrecoverable(e)
+                } else {
+                    BackendError::driver("binding the primary context", e)
+                }
+            })?;
+        if recovering {
+            DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
+        }
         let caps = read_caps(ordinal, device).map_err(|e| BackendError::driver("reading device attributes", e))?;
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
@@ -204,6 +236,26 @@ impl CudaBackend {
             resident_bytes: resident.live_bytes(),
             resident_buffers: resident.live_count(),
         }
+    }
+
+    /// The memory budget a new allocation is checked against now (§4.6); asks the
+    /// driver for live free memory.
+    pub fn memory_budget(&self) -> Result<MemoryBudget, BackendError> {
+        let inner = &self.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let (live_free, _) =
+            driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
+        let inputs = budget::BudgetInputs {
+            total: inner.caps.total_memory,
+            resident: self.resident_bytes(),
+            pooled: inner.transients.pooled_bytes(),
+            live_free,
+        };
+        Ok(MemoryBudget {
+            inputs,
+            available: budget::available_bytes(&inputs),
+        })
     }
 
     /// Bytes held by resident buffers.

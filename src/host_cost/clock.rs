@@ -187,7 +187,7 @@ impl Default for ClockOptions {
             proc_stat_path: PathBuf::from("/proc/stat"),
             cpu_sysfs_dir: PathBuf::from("/sys/devices/system/cpu"),
             source: ClockSourceChoice::Auto,
-            spin_target: Duration::from_micros(20),
+            spin_target: Duration::from_micros(200),
             spin_repeats: 5,
             drift_limit: 0.02,
         }

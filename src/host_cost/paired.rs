@@ -36,7 +36,10 @@ pub struct PairOptions {
     /// Factor by which each probe's repetitions grow. Default 4.
     pub probe_growth: u64,
     /// Rounds of four regions. Default 10 (≥ 8 for publication; 10 lets the sign test
-    /// reach p = 0.002 when every round agrees).
+    /// reach p = 0.002 when every round agrees). On a loaded machine prefer many short
+    /// rounds (e.g. 60 × 0.5 ms): a multi-millisecond preemption spoils the round it
+    /// lands in, and the sign test counts rounds, so fewer spoiled rounds matter more
+    /// than longer regions.
     pub rounds: usize,
     /// Region order. Default [`PairOrder::Abba`]; `Abab` only to demonstrate its bias.
     pub order: PairOrder,

@@ -308,6 +308,9 @@ macro_rules! binary_methods {
         impl Expr {
             $(
                 #[doc = concat!("`self ", stringify!($op), " rhs`; see [`BinaryOp::", stringify!($op), "`].")]
+                // The operator traits are implemented too; these inherent forms let
+                // user code chain (`x.rem(10u32)`) without importing std::ops traits.
+                #[allow(clippy::should_implement_trait)]
                 pub fn $method(self, rhs: impl Into<Expr>) -> Expr {
                     Expr::binary(BinaryOp::$op, self, rhs)
                 }

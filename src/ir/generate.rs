@@ -34,7 +34,7 @@ impl SeededRng {
     /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
         SeededRng {
-            state: seed ^ 0x5eed_0f_7679_7265,
+            state: seed ^ 0x5eed_0f0f_7679_7265,
         }
     }
 
@@ -158,7 +158,19 @@ fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
     match ty {
         ScalarType::U32 => {
             const U: [u32; 13] = [
-                0, 1, 2, 3, 7, 31, 32, 33, 255, 256, 0x7fff_ffff, 0x8000_0000, u32::MAX,
+                0,
+                1,
+                2,
+                3,
+                7,
+                31,
+                32,
+                33,
+                255,
+                256,
+                0x7fff_ffff,
+                0x8000_0000,
+                u32::MAX,
             ];
             if rng.one_in(4) {
                 Literal::U32(rng.next_u32())
@@ -228,9 +240,15 @@ struct ValidGenerator {
     /// Output buffers written at the thread's own index.
     outputs: Vec<(Name, ElemType)>,
     atomic_buffer: Option<Name>,
+    /// The one atomic operation of this program. Different operations on one element
+    /// do not commute (`(x + a) | b` differs from `(x | b) + a`), so mixing them would
+    /// make the final value depend on thread order: a GPU run caught exactly that.
+    atomic_op: AtomicOp,
     variables: Vec<Variable>,
     next_variable: u32,
     budget: i64,
+    /// Deepest expression tree a statement gets.
+    expr_depth: u32,
 }
 
 const GID: &str = "gid";
@@ -339,7 +357,7 @@ impl ValidGenerator {
             ReadAt::OwnIndex => Expr::var(GID),
             ReadAt::AnyIndex => match self.rng.below(3) {
                 0 => Expr::var(GID),
-                1 => Expr::var(GID).add(self.expr(ScalarType::U32, depth)),
+                1 => Expr::var(GID) + self.expr(ScalarType::U32, depth),
                 _ => self.expr(ScalarType::U32, depth),
             },
         };
@@ -351,7 +369,9 @@ impl ValidGenerator {
         let op = match ty {
             ScalarType::U32 | ScalarType::I32 => *self
                 .rng
-                .pick(&[Add, Sub, Mul, Div, Rem, BitAnd, BitOr, BitXor, Shl, Shr, Min, Max])
+                .pick(&[
+                    Add, Sub, Mul, Div, Rem, BitAnd, BitOr, BitXor, Shl, Shr, Min, Max,
+                ])
                 .unwrap_or(&Add),
             ScalarType::F32 => *self
                 .rng
@@ -403,12 +423,14 @@ impl ValidGenerator {
         let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
         match self.rng.below(4) {
             0 => Expr::workgroup_id(axis).less_than(self.rng.range(0, 4)),
-            1 => Expr::workgroup_id(axis)
-                .rem(2u32)
-                .equals(self.rng.range(0, 1)),
+            1 => (Expr::workgroup_id(axis) % 2u32).equals(self.rng.range(0, 1)),
             2 => {
                 let index = self.rng.below(self.all_buffers.len() as u64) as usize;
-                let buffer = self.all_buffers.get(index).cloned().unwrap_or_else(|| "in0".into());
+                let buffer = self
+                    .all_buffers
+                    .get(index)
+                    .cloned()
+                    .unwrap_or_else(|| "in0".into());
                 Expr::length(buffer).greater_than(self.rng.range(0, 8))
             }
             _ => Expr::workgroup_count(axis)
@@ -420,7 +442,12 @@ impl ValidGenerator {
     fn statement_block(&mut self, depth: u32) -> Vec<Node> {
         let mark = self.variables.len();
         let mut nodes = Vec::new();
-        let statements = self.rng.range(1, 5);
+        // The top level runs until the budget is spent; nested blocks stay short.
+        let statements = if depth == 0 {
+            u32::MAX
+        } else {
+            self.rng.range(1, 5)
+        };
         for _ in 0..statements {
             if self.budget <= 0 {
                 break;
@@ -430,7 +457,7 @@ impl ValidGenerator {
             match choice {
                 0 | 1 => {
                     let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
-                    let value = self.expr(ty, 3);
+                    let value = self.expr(ty, self.expr_depth);
                     let name = self.fresh_name();
                     let mutable = self.rng.one_in(2);
                     nodes.push(Node::Let {
@@ -443,14 +470,14 @@ impl ValidGenerator {
                 2 | 3 => {
                     let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
                     if let Some(name) = self.variable_of(ty, true) {
-                        let value = self.expr(ty, 3);
+                        let value = self.expr(ty, self.expr_depth);
                         nodes.push(Node::Assign { name, value });
                     }
                 }
                 4 | 5 => {
                     let index = self.rng.below(self.outputs.len() as u64) as usize;
                     if let Some((buffer, elem)) = self.outputs.get(index).cloned() {
-                        let value = self.expr(elem.value_type(), 3);
+                        let value = self.expr(elem.value_type(), self.expr_depth);
                         nodes.push(Node::Store {
                             buffer,
                             index: Expr::var(GID),
@@ -460,7 +487,7 @@ impl ValidGenerator {
                 }
                 6 => {
                     if let Some(buffer) = self.atomic_buffer.clone() {
-                        let op = *self.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+                        let op = self.atomic_op;
                         let index = self.expr(ScalarType::U32, 2);
                         let value = self.expr(ScalarType::U32, 2);
                         nodes.push(Node::Atomic {
@@ -472,7 +499,7 @@ impl ValidGenerator {
                     }
                 }
                 7 | 8 if depth < 4 => {
-                    let condition = self.expr(ScalarType::Bool, 3);
+                    let condition = self.expr(ScalarType::Bool, self.expr_depth);
                     let then_body = self.statement_block(depth + 1).into();
                     let else_body = if self.rng.one_in(2) {
                         self.statement_block(depth + 1).into()
@@ -582,7 +609,12 @@ fn workgroup_shape(rng: &mut SeededRng, options: &GeneratorOptions) -> [u32; 3] 
         *rng.pick(&SHAPES).unwrap_or(&[1, 1, 1])
     };
     for (axis, size) in shape.iter_mut().enumerate() {
-        let limit = limits.max_workgroup_size.get(axis).copied().unwrap_or(1).max(1);
+        let limit = limits
+            .max_workgroup_size
+            .get(axis)
+            .copied()
+            .unwrap_or(1)
+            .max(1);
         *size = (*size).clamp(1, limit);
     }
     // Shrink the largest axis until the thread count fits.
@@ -598,6 +630,12 @@ fn workgroup_shape(rng: &mut SeededRng, options: &GeneratorOptions) -> [u32; 3] 
 /// See the module docs for the rules that make the result independent of thread
 /// order. The same seed and options always give the same case.
 pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
+    generate_valid(seed, options, true)
+}
+
+/// [`valid_program`], optionally without drawing input bytes (the fuzzer needs only
+/// the program, and inputs dominate the cost for large grids).
+fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> RandomCase {
     let mut rng = SeededRng::new(seed);
     let grid_sync = options.allow_grid_sync && rng.one_in(3);
     let workgroup_size = workgroup_shape(&mut rng, options);
@@ -631,10 +669,13 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
         all_buffers: Vec::new(),
         outputs: Vec::new(),
         atomic_buffer: None,
+        atomic_op: AtomicOp::Add,
         variables: Vec::new(),
         next_variable: 0,
         budget: options.max_nodes as i64,
+        expr_depth: if with_inputs { 3 } else { 2 },
     };
+    generator.atomic_op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
     let rng = &mut generator.rng;
 
     // Buffer declarations: (decl, element count for inputs).
@@ -772,16 +813,14 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
 
     // Prelude: global and local linear ids.
     let [size_x, size_y, _] = workgroup_size;
-    let row = Expr::workgroup_count(Axis::X).mul(size_x);
-    let plane = row
-        .clone()
-        .mul(Expr::workgroup_count(Axis::Y).mul(size_y));
+    let row = Expr::workgroup_count(Axis::X) * size_x;
+    let plane = row.clone() * (Expr::workgroup_count(Axis::Y) * size_y);
     let global_linear = Expr::global_id(Axis::X)
-        .add(Expr::global_id(Axis::Y).mul(row))
-        .add(Expr::global_id(Axis::Z).mul(plane));
+        + Expr::global_id(Axis::Y) * row
+        + Expr::global_id(Axis::Z) * plane;
     let local_linear = Expr::local_id(Axis::X)
-        .add(Expr::local_id(Axis::Y).mul(size_x))
-        .add(Expr::local_id(Axis::Z).mul(size_x * size_y));
+        + Expr::local_id(Axis::Y) * size_x
+        + Expr::local_id(Axis::Z) * (size_x * size_y);
     let mut body: Vec<Node> = vec![
         Node::Let {
             name: GID.into(),
@@ -802,11 +841,11 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
         let mut phase = vec![Node::Store {
             buffer: "shared".into(),
             index: Expr::var(LID),
-            value: generator.expr(shared_elem.value_type(), 3),
+            value: generator.expr(shared_elem.value_type(), generator.expr_depth),
         }];
         if shared_atomics {
             for _ in 0..generator.rng.range(1, 3) {
-                let op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+                let op = generator.atomic_op;
                 let index = generator.expr(ScalarType::U32, 2);
                 let value = generator.expr(ScalarType::U32, 2);
                 phase.push(Node::Atomic {
@@ -851,24 +890,26 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
     // Reduction phase: in uniform control flow, before any return.
     if options.allow_workgroup_reduce && generator.rng.one_in(2) {
         let op = *generator.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum);
-        let value = generator.expr(ScalarType::U32, 3);
+        let value = generator.expr(ScalarType::U32, generator.expr_depth);
         let name = generator.fresh_name();
         let reduce = Node::WorkgroupReduce {
             name: name.clone(),
             op,
             value,
         };
-        let output = generator
-            .rng
-            .below(generator.outputs.len() as u64) as usize;
-        let use_result = generator.outputs.get(output).cloned().map(|(buffer, elem)| {
-            let value = Expr::var(name.clone()).cast(elem.value_type());
-            Node::Store {
-                buffer,
-                index: Expr::var(GID),
-                value,
-            }
-        });
+        let output = generator.rng.below(generator.outputs.len() as u64) as usize;
+        let use_result = generator
+            .outputs
+            .get(output)
+            .cloned()
+            .map(|(buffer, elem)| {
+                let value = Expr::var(name.clone()).cast(elem.value_type());
+                Node::Store {
+                    buffer,
+                    index: Expr::var(GID),
+                    value,
+                }
+            });
         if generator.rng.one_in(2) {
             body.push(reduce);
             generator.declare(name, ScalarType::U32, false);
@@ -887,7 +928,7 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
 
     // Grid-sync phase: stage[gid] written, sync, then stage read anywhere.
     if grid_sync {
-        let value = generator.expr(stage_elem.value_type(), 3);
+        let value = generator.expr(stage_elem.value_type(), generator.expr_depth);
         body.push(Node::Store {
             buffer: "stage".into(),
             index: Expr::var(GID),
@@ -897,9 +938,7 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
         generator
             .readable
             .push(("stage".into(), stage_elem, ReadAt::AnyIndex));
-        let neighbour = Expr::var(GID)
-            .add(generator.rng.range(1, 5))
-            .rem(Expr::length("stage"));
+        let neighbour = (Expr::var(GID) + generator.rng.range(1, 5)) % Expr::length("stage");
         let name = generator.fresh_name();
         body.push(Node::Let {
             name: name.clone(),
@@ -916,7 +955,7 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
         if generator.rng.one_in(5) {
             continue;
         }
-        let value = generator.expr(elem.value_type(), 3);
+        let value = generator.expr(elem.value_type(), generator.expr_depth);
         body.push(Node::Store {
             buffer,
             index: Expr::var(GID),
@@ -940,6 +979,7 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
     globals.sort_by_key(|(d, _)| d.binding);
     let inputs = globals
         .iter()
+        .filter(|_| with_inputs)
         .map(|(decl, elements)| match decl.access {
             Access::WriteOnly => vec![0u8; *elements as usize * decl.elem.size_bytes() as usize],
             _ => random_bytes(rng, decl.elem, *elements),
@@ -957,8 +997,8 @@ pub fn valid_program(seed: u64, options: &GeneratorOptions) -> RandomCase {
 // ---- arbitrary (mostly invalid) programs -----------------------------------------------
 
 const NAME_POOL: [&str; 16] = [
-    "gid", "lid", "v1", "v2", "v3", "v4", "x", "in0", "out0", "out1", "atom", "shared", "", "__vyre_t",
-    "stage", "in1",
+    "gid", "lid", "v1", "v2", "v3", "v4", "x", "in0", "out0", "out1", "atom", "shared", "",
+    "__vyre_t", "stage", "in1",
 ];
 
 struct ArbitraryGenerator {
@@ -968,7 +1008,12 @@ struct ArbitraryGenerator {
 
 impl ArbitraryGenerator {
     fn name(&mut self) -> Name {
-        (*self.rng.pick(&NAME_POOL).unwrap_or(&"x")).into()
+        static POOL: std::sync::OnceLock<Vec<Name>> = std::sync::OnceLock::new();
+        let pool = POOL.get_or_init(|| NAME_POOL.iter().map(|&n| Name::from(n)).collect());
+        match self.rng.pick(pool) {
+            Some(name) => name.clone(),
+            None => "x".into(),
+        }
     }
 
     fn ty(&mut self) -> ScalarType {
@@ -980,7 +1025,9 @@ impl ArbitraryGenerator {
         if depth == 0 || self.budget <= 0 || self.rng.one_in(3) {
             return match self.rng.below(5) {
                 0 => Expr::Var(self.name()),
-                1 => Expr::Length { buffer: self.name() },
+                1 => Expr::Length {
+                    buffer: self.name(),
+                },
                 2 => {
                     let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
                     Expr::Builtin(match self.rng.below(4) {
@@ -1405,21 +1452,20 @@ pub fn arbitrary_program(seed: u64) -> Program {
     let mut rng = SeededRng::new(seed ^ 0xa4b1_7a4b);
     if rng.one_in(3) {
         let options = GeneratorOptions {
-            max_nodes: 12,
+            max_nodes: 8,
             allow_grid_sync: rng.one_in(2),
+            max_threads_per_workgroup: 64,
+            max_workgroups: 2,
             ..GeneratorOptions::default()
         };
-        let mut program = valid_program(rng.next_u64(), &options).program;
+        let mut program = generate_valid(rng.next_u64(), &options, false).program;
         for _ in 0..rng.range(1, 3) {
             let mutation_rng = SeededRng::new(rng.next_u64());
             program = mutate(&program, mutation_rng);
         }
         return program;
     }
-    let mut generator = ArbitraryGenerator {
-        rng,
-        budget: 40,
-    };
+    let mut generator = ArbitraryGenerator { rng, budget: 24 };
     let buffer_count = generator.rng.range(0, 5);
     let buffers: Vec<BufferDecl> = (0..buffer_count).map(|i| generator.buffer(i)).collect();
     let workgroup_size = if generator.rng.one_in(2) {
@@ -1431,7 +1477,7 @@ pub fn arbitrary_program(seed: u64) -> Program {
             generator.workgroup_axis(),
         ]
     };
-    let mut body = if generator.rng.one_in(24) {
+    let mut body = if generator.rng.one_in(64) {
         generator.deep()
     } else {
         Vec::new()

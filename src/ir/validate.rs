@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::program::*;
 
@@ -156,6 +157,54 @@ impl std::error::Error for ValidationError {}
 
 type Checked<T> = Result<T, ValidationError>;
 
+/// A fast non-cryptographic hasher for names and binding slots (an Fx-style
+/// multiply-rotate). Name lookups dominated validation time with SipHash; the keys
+/// come from the program being validated, and a crafted collision set can only slow
+/// its own validation down.
+#[derive(Default, Clone, Copy)]
+struct NameHasher {
+    hash: u64,
+}
+
+impl NameHasher {
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            for (slot, byte) in word.iter_mut().zip(chunk) {
+                *slot = *byte;
+            }
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, value: u8) {
+        self.add(value as u64);
+    }
+    fn write_u32(&mut self, value: u32) {
+        self.add(value as u64);
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.add(value);
+    }
+    fn write_usize(&mut self, value: usize) {
+        self.add(value as u64);
+    }
+    fn finish(&self) -> u64 {
+        // The multiply leaves the low bits weak and the table indexes by them: mix.
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
+
 /// Check a user program against every rule of §1.
 pub fn validate(program: &Program, limits: &Limits) -> Result<(), ValidationError> {
     Checker::run(program, limits, false)
@@ -238,10 +287,10 @@ const FLAG_GRID_CHECKED: u8 = 2;
 struct Checker<'p> {
     limits: &'p Limits,
     lowered: bool,
-    buffers: HashMap<&'p str, &'p BufferDecl>,
+    buffers: FastMap<&'p str, &'p BufferDecl>,
     /// Subgroup reductions are workgroup-uniform when one subgroup is the whole workgroup.
     single_subgroup: bool,
-    scope: HashMap<&'p str, u32>,
+    scope: FastMap<&'p str, u32>,
     scope_names: Vec<&'p str>,
     vars: Vec<VarInfo>,
     /// Uniformity graph: each node's level (starts at its constant part) and flags.
@@ -267,9 +316,9 @@ impl<'p> Checker<'p> {
         let mut checker = Checker {
             limits,
             lowered,
-            buffers: HashMap::with_capacity(program.buffers().len()),
+            buffers: FastMap::with_capacity_and_hasher(program.buffers().len(), Default::default()),
             single_subgroup,
-            scope: HashMap::new(),
+            scope: FastMap::default(),
             scope_names: Vec::new(),
             vars: Vec::new(),
             levels: Vec::new(),
@@ -311,11 +360,14 @@ impl<'p> Checker<'p> {
     }
 
     fn check_buffers(&mut self, buffers: &'p [BufferDecl]) -> Checked<()> {
-        let mut bindings: HashMap<u32, &str> = HashMap::with_capacity(buffers.len());
+        let mut bindings: FastMap<u32, &str> =
+            FastMap::with_capacity_and_hasher(buffers.len(), Default::default());
         let mut shared_bytes: u64 = 0;
         for (position, decl) in buffers.iter().enumerate() {
             let name = &*decl.name;
-            self.check_name(name, "buffer", &|| format!("declared at position {position}"))?;
+            self.check_name(name, "buffer", &|| {
+                format!("declared at position {position}")
+            })?;
             if self.buffers.insert(name, decl).is_some() {
                 return Err(ValidationError::new(
                     Rule::DuplicateBufferName,
@@ -373,10 +425,7 @@ impl<'p> Checker<'p> {
                         }
                     };
                     if decl.access == Access::Workgroup {
-                        shared_bytes = match shared_bytes.checked_add(bytes) {
-                            Some(total) => total,
-                            None => u64::MAX,
-                        };
+                        shared_bytes = shared_bytes.saturating_add(bytes);
                         if shared_bytes > self.limits.max_shared_memory_bytes as u64 {
                             return Err(ValidationError::new(
                                 Rule::SharedMemoryOverLimit,
@@ -987,7 +1036,10 @@ impl<'p> Checker<'p> {
         match expr {
             Expr::Literal(literal) => Ok((literal.ty(), Level::Grid)),
             Expr::Var(name) => {
-                let info = self.scope.get(&**name).and_then(|&id| self.vars.get(id as usize));
+                let info = self
+                    .scope
+                    .get(&**name)
+                    .and_then(|&id| self.vars.get(id as usize));
                 match info {
                     Some(info) => {
                         let (ty, level_node) = (info.ty, info.level_node);
@@ -1081,10 +1133,7 @@ impl<'p> Checker<'p> {
                         ),
                     ));
                 }
-                Ok((
-                    true_ty,
-                    condition_level.min(true_level).min(false_level),
-                ))
+                Ok((true_ty, condition_level.min(true_level).min(false_level)))
             }
             Expr::Cast { to, value } => {
                 let (_, level) = self.expr(value, node, next)?;
@@ -1118,7 +1167,14 @@ impl<'p> Checker<'p> {
             }
             Expr::SubgroupReduce { op: _, value } => {
                 self.subgroup_allowed(expr, node)?;
+                // A reduction over the whole workgroup (one subgroup) does not depend on
+                // the per-lane operand's divergence, so the operand's dependencies are
+                // dropped: the result is the same in every lane.
+                let mark = self.deps.len();
                 let (ty, _) = self.expr(value, node, next)?;
+                if self.single_subgroup {
+                    self.deps.truncate(mark);
+                }
                 self.expect_type(ty, ScalarType::U32, "the subgroup-reduced value", node)?;
                 self.defer(self.current_context, CheckKind::Subgroup);
                 let level = if self.single_subgroup {
@@ -1180,9 +1236,7 @@ impl<'p> Checker<'p> {
                 left,
                 "a u32 or i32 left operand and a u32 shift amount",
             ),
-            BinaryOp::Eq | BinaryOp::Ne => {
-                (left == right, Bool, "two operands of the same type")
-            }
+            BinaryOp::Eq | BinaryOp::Ne => (left == right, Bool, "two operands of the same type"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => (
                 left == right && numeric(left),
                 Bool,

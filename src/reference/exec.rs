@@ -150,7 +150,17 @@ fn apply_unary(kind: UnaryKind, values: &mut [u32]) {
             }
         };
     }
-    arms!(IntNeg, F32Neg, BitNot, LogicalNot, I32Abs, U32Abs, F32Abs, CountOnes, LeadingZeros);
+    arms!(
+        IntNeg,
+        F32Neg,
+        BitNot,
+        LogicalNot,
+        I32Abs,
+        U32Abs,
+        F32Abs,
+        CountOnes,
+        LeadingZeros
+    );
 }
 
 fn apply_cast(kind: CastKind, values: &mut [u32]) {
@@ -381,7 +391,11 @@ impl<'a> Machine<'a> {
         Ok(Some(base + index as usize))
     }
 
-    fn block(&mut self, block: &[CompiledNode], lanes: &mut Vec<u32>) -> Result<(), ReferenceError> {
+    fn block(
+        &mut self,
+        block: &[CompiledNode],
+        lanes: &mut Vec<u32>,
+    ) -> Result<(), ReferenceError> {
         for node in block {
             if lanes.is_empty() {
                 break;
@@ -613,9 +627,7 @@ impl<'a> Machine<'a> {
             CompiledExpr::WorkgroupCount(axis) => {
                 self.filled(self.grid.workgroup_count[*axis], lanes.len())
             }
-            CompiledExpr::Length(buffer) => {
-                self.filled(self.buffers[*buffer].length, lanes.len())
-            }
+            CompiledExpr::Length(buffer) => self.filled(self.buffers[*buffer].length, lanes.len()),
             CompiledExpr::Load { buffer, index } => {
                 let mut values = self.eval(index, lanes)?;
                 if let Err(error) = self.load(*buffer, lanes, &mut values) {

@@ -165,6 +165,46 @@ pub fn run_with_stats(
     options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
     let grid = check_request(program, config, options)?;
+    let depth = compile::nesting_depth(program);
+    if depth > compile::MAX_NESTING {
+        return Err(ReferenceError::new(format!(
+            "Fix: {} nests statements and expressions more than {} levels deep; bind intermediate values with let to flatten it.",
+            program.display_name(),
+            compile::MAX_NESTING
+        )));
+    }
+    if depth <= compile::INLINE_NESTING {
+        return execute(program, inputs, config, grid);
+    }
+    // Compilation and evaluation recurse once per level: give deep programs a stack
+    // that fits them instead of overflowing the caller's.
+    std::thread::scope(|scope| {
+        let worker = std::thread::Builder::new()
+            .name("vyre-reference-deep".to_owned())
+            .stack_size(compile::DEEP_STACK_BYTES)
+            .spawn_scoped(scope, || execute(program, inputs, config, grid))
+            .map_err(|error| {
+                ReferenceError::new(format!(
+                    "Fix: the reference interpreter could not start a thread for deeply nested {} ({error}); flatten the program with let bindings.",
+                    program.display_name()
+                ))
+            })?;
+        worker.join().unwrap_or_else(|_| {
+            Err(ReferenceError::new(format!(
+                "Fix: the reference interpreter failed on {}; report this program as a bug.",
+                program.display_name()
+            )))
+        })
+    })
+}
+
+/// Compile and run `program` on the current thread.
+fn execute(
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+    grid: Grid,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
     let compiled = compile::compile(program).map_err(ReferenceError::new)?;
     let buffers = load_inputs(program, inputs, &grid)?;
     let mut machine = Machine::new(program, &compiled, grid, buffers)?;

@@ -7,6 +7,13 @@
 //! loops in `exec` never look at types. This file is where "the GPU and the CPU
 //! give byte-identical results" is decided, one operator at a time; each choice
 //! that is not plain Rust arithmetic says which PTX instruction it matches.
+//!
+//! Checked on an H200 (sm_90) against hand-written PTX: `add/sub/mul/div.rn.f32`
+//! return `0x7fffffff` for every NaN result; `min.f32`/`max.f32` return the other
+//! operand for one NaN, `0x7fffffff` for two, and order `-0.0 < +0.0`; denormals
+//! pass through `add.rn.f32` unflushed; `cvt.rzi` saturates. `neg.f32`/`abs.f32`
+//! would also canonicalise a NaN, so `Neg`/`Abs` on `f32` are sign-bit operations
+//! (`xor.b32`/`and.b32`), as the code generator emits them.
 
 /// The bit pattern the GPU produces for every arithmetic NaN result, and for
 /// `min`/`max` of two NaNs: NVIDIA's canonical NaN.
@@ -298,7 +305,8 @@ mod tests {
         let zero = 0.0f32.to_bits();
         assert_eq!(binary(BinaryKind::F32Div, zero, zero), CANONICAL_NAN);
         // Negative control: the unfiltered Rust result differs from the GPU's bits.
-        assert_ne!((0.0f32 / 0.0f32).to_bits(), CANONICAL_NAN);
+        let host_zero = std::hint::black_box(0.0f32);
+        assert_ne!((host_zero / host_zero).to_bits(), CANONICAL_NAN);
     }
 
     /// Locks out `f32::min`'s unspecified choice between `-0.0` and `+0.0`.

@@ -462,12 +462,12 @@ impl<'p> Writer<'p> {
         let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
         let parameters = globals.len() * 2;
         let mut written = 0;
-        for (kind, width) in [("ptr", "u64"), ("len", "u32")] {
+        for (kind, width, role) in [("ptr", "u64", "address"), ("len", "u32", "element count")] {
             for (position, decl) in globals.iter().enumerate() {
                 written += 1;
                 let comma = if written < parameters { "," } else { "" };
                 let _ = write!(out, "\n\t.param .{width} vyre_{kind}_{position}{comma}");
-                push_comment(&mut out, " ", decl);
+                push_comment(&mut out, " ", format_args!("{decl} {role}"));
                 out.pop(); // push_comment ends the line; the loop starts the next one.
             }
         }
@@ -773,7 +773,16 @@ impl<'p> Writer<'p> {
                 let result = self.value(elem.value_type());
                 let guard = self.bounds_guard(slot, index);
                 if guard.is_some() {
-                    emit!(self, "mov.{} {result}, 0;", result.reg.class.ptx_type());
+                    let zero = if result.ty == ScalarType::F32 {
+                        "0f00000000"
+                    } else {
+                        "0"
+                    };
+                    emit!(
+                        self,
+                        "mov.{} {result}, {zero};",
+                        result.reg.class.ptx_type()
+                    );
                 }
                 let address = self.element_address(slot, index);
                 let space = self.buffers[slot].space.name();
@@ -1223,7 +1232,9 @@ fn identifier_part(name: &str) -> String {
         .collect()
 }
 
-/// Append `indent// text\n`, with `text` on one line whatever names it contains.
+/// Append `indent// text\n`, with `text` on one printable-ASCII line whatever names
+/// it contains (ptxas rejects any non-ASCII byte, even in comments): line breaks
+/// become spaces, other characters outside printable ASCII become `\u{..}` escapes.
 fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     out.push_str(indent);
     out.push_str("// ");
@@ -1232,10 +1243,18 @@ fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     while out.ends_with('\n') {
         out.pop();
     }
-    if out[start..].contains(['\n', '\r']) {
-        let flattened = out[start..].replace(['\n', '\r'], " ");
-        out.truncate(start);
-        out.push_str(&flattened);
+    let plain = |c: char| c == ' ' || c.is_ascii_graphic();
+    if !out[start..].chars().all(plain) {
+        let written = out.split_off(start);
+        for c in written.chars() {
+            match c {
+                '\n' | '\r' => out.push(' '),
+                c if plain(c) => out.push(c),
+                c => {
+                    let _ = write!(out, "\\u{{{:x}}}", c as u32);
+                }
+            }
+        }
     }
     out.push('\n');
 }

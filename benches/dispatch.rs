@@ -1,0 +1,267 @@
+//! `dispatch_resident_timed` of the §6 fixture against the raw-driver floor,
+//! measured in the same run (SPEC §9, issue 3):
+//!
+//! - ratio to the floor at (buffers, IR nodes) = (9, 64), (9, 1,024), (9, 16,384),
+//!   (2, 64), (17, 64), every writable buffer read back (target ≤ 1.15);
+//! - flatness: the 16,384-node dispatch against the 1-node dispatch (target ≤ 1.05);
+//! - cold first dispatch of a new 4,096-node program: lower + emit + driver JIT +
+//!   launch (target ≤ 100 ms).
+//!
+//! Each comparison is a paired ABBA run of host_cost (`Paired::compare`): the floor is
+//! a prebuilt `cuLaunchKernel` + one 16-byte async copy per output + one synchronize
+//! on one stream (`backend::floor::RawFloor`). Run: `cargo bench --bench dispatch`
+//! (on the GPU machine: `.gpu/bin/bench-dispatch`). Set `VYRE_BENCH_QUICK=1` for
+//! shorter regions.
+
+use std::time::{Duration, Instant};
+
+use vyre_cuda::backend::floor::RawFloor;
+use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
+use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture};
+use vyre_cuda::host_cost::{PairOptions, Paired, Report};
+use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::DispatchConfig;
+
+struct Shape {
+    buffers: u32,
+    nodes: u32,
+}
+
+fn resident_inputs(gpu: &CudaBackend, program: &Program) -> Vec<ResidentBuffer> {
+    program
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let bytes = b.static_size_bytes().unwrap_or(16);
+            let h = gpu.allocate_resident(bytes).expect("allocate resident");
+            gpu.upload_resident(&h, &vec![1u8; bytes as usize]).expect("upload");
+            h
+        })
+        .collect()
+}
+
+fn options() -> PairOptions {
+    if std::env::var_os("VYRE_BENCH_QUICK").is_some() {
+        PairOptions::with_targets(Duration::from_millis(20), Duration::from_millis(5), 10)
+    } else {
+        PairOptions::with_targets(Duration::from_millis(60), Duration::from_millis(15), 12)
+    }
+}
+
+fn row(p: &Paired) -> String {
+    let verdict = if p.publishable() {
+        "publishable".to_string()
+    } else {
+        format!("not publishable: {:?}", p.not_publishable)
+    };
+    format!(
+        "{:<34} floor {:>7.2} µs  dispatch {:>7.2} µs  ratio {:.3} (spread {:.1} %)  {}",
+        p.name,
+        p.minimum_ns_per_unit_a / 1e3,
+        p.minimum_ns_per_unit_b / 1e3,
+        p.median_ratio,
+        p.ratio_spread.unwrap_or(f64::NAN) * 100.0,
+        verdict
+    )
+}
+
+fn record(
+    report: &mut Report,
+    lines: &mut Vec<String>,
+    name: &str,
+    result: Result<Paired, vyre_cuda::host_cost::HostCostError>,
+) {
+    match result {
+        Ok(p) => {
+            let line = row(&p);
+            println!("{line}");
+            lines.push(line);
+            report.add_paired(p);
+        }
+        Err(e) => {
+            println!("{name}: {e}");
+            report.add_failure(name, &e);
+        }
+    }
+}
+
+fn main() {
+    let gpu = match CudaBackend::acquire() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            println!("no CUDA device ({e}): the dispatch bench needs one; nothing measured");
+            return;
+        }
+    };
+    println!("device: {} (sm_{}), driver {}", gpu.caps().name, gpu.caps().ptx_target_sm(), gpu.caps().driver_version);
+    let mut report = Report::new("bench_dispatch");
+    let config = DispatchConfig::linear(1);
+    let shapes = [
+        Shape { buffers: 9, nodes: 64 },
+        Shape { buffers: 9, nodes: 1024 },
+        Shape { buffers: 9, nodes: 16384 },
+        Shape { buffers: 2, nodes: 64 },
+        Shape { buffers: 17, nodes: 64 },
+    ];
+    let mut lines = Vec::new();
+    for shape in &shapes {
+        let program = host_cost_fixture(shape.buffers, chain_for_nodes(shape.nodes));
+        let handles = resident_inputs(&gpu, &program);
+        let reads = (shape.buffers - 1) as usize;
+        let mut floor = RawFloor::new(&gpu, &program, [1, 1, 1]).expect("raw floor");
+        gpu.dispatch_resident_timed(&program, &handles, &config).expect("warm dispatch");
+        let name_a = format!("floor b{} n{}", shape.buffers, program.node_count());
+        let name_b = format!("dispatch b{} n{}", shape.buffers, program.node_count());
+        let result = Paired::compare(
+            &name_a,
+            |n| {
+                let mut acc = 0u64;
+                for _ in 0..n {
+                    acc ^= floor.launch_async_reads_sync(reads).expect("floor");
+                }
+                acc
+            },
+            &name_b,
+            |n| {
+                let mut acc = 0u64;
+                for _ in 0..n {
+                    let t = gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                    acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
+                }
+                acc
+            },
+            &options(),
+        );
+        record(&mut report, &mut lines, &name_b, result);
+        // The same dispatch against the timed floor (the raw driver plus the two event
+        // pairs and elapsed queries that device timing needs).
+        let name_t = format!("timed floor b{} n{}", shape.buffers, program.node_count());
+        let result = Paired::compare(
+            &name_t,
+            |n| {
+                let mut acc = 0u64;
+                for _ in 0..n {
+                    acc ^= floor.launch_timed_async_reads_sync(reads).expect("timed floor");
+                }
+                acc
+            },
+            &name_b,
+            |n| {
+                let mut acc = 0u64;
+                for _ in 0..n {
+                    let t = gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                    acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
+                }
+                acc
+            },
+            &options(),
+        );
+        record(&mut report, &mut lines, &name_t, result);
+        if shape.buffers == 9 && shape.nodes == 64 {
+            // Untimed resident dispatch (no events) against the plain floor.
+            let result = Paired::compare(
+                &name_a,
+                |n| {
+                    let mut acc = 0u64;
+                    for _ in 0..n {
+                        acc ^= floor.launch_async_reads_sync(reads).expect("floor");
+                    }
+                    acc
+                },
+                "untimed dispatch_resident b9 n62",
+                |n| {
+                    let mut acc = 0u64;
+                    for _ in 0..n {
+                        acc ^= gpu.dispatch_resident(&program, &handles, &config).expect("dispatch")[0][0] as u64;
+                    }
+                    acc
+                },
+                &options(),
+            );
+            record(&mut report, &mut lines, "untimed", result);
+            // Where the host time goes: the probe's phase table over 2,000 warm dispatches.
+            let (_, probe_lines) = {
+                let _on = vyre_cuda::probe::override_enabled(Some(true));
+                vyre_cuda::probe::capture_lines(|| {
+                    for _ in 0..2000 {
+                        gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                    }
+                })
+            };
+            let warm = probe_lines[probe_lines.len().min(500)..].join("\n");
+            let summary = vyre_cuda::probe::report::summarize_log(&warm);
+            println!("{}", vyre_cuda::probe::report::render_table(&summary));
+        }
+        drop(floor);
+        for h in handles {
+            gpu.free_resident(h).expect("free");
+        }
+    }
+
+    // Flatness: the largest program against the smallest, both full dispatches.
+    let small = host_cost_fixture(9, 0);
+    let large = host_cost_fixture(9, chain_for_nodes(16384));
+    let small_handles = resident_inputs(&gpu, &small);
+    let large_handles = resident_inputs(&gpu, &large);
+    gpu.dispatch_resident_timed(&small, &small_handles, &config).expect("warm");
+    gpu.dispatch_resident_timed(&large, &large_handles, &config).expect("warm");
+    let arm = |program: &Program, handles: &[ResidentBuffer], n: u64| {
+        let mut acc = 0u64;
+        for _ in 0..n {
+            acc ^= gpu.dispatch_resident_timed(program, handles, &config).expect("dispatch").wall_ns;
+        }
+        acc
+    };
+    match Paired::compare(
+        &format!("dispatch n{}", small.node_count()),
+        |n| arm(&small, &small_handles, n),
+        &format!("dispatch n{}", large.node_count()),
+        |n| arm(&large, &large_handles, n),
+        &options(),
+    ) {
+        Ok(p) => {
+            println!(
+                "flatness: {} nodes vs {} nodes: ratio {:.3} (target ≤ 1.05), {}",
+                large.node_count(),
+                small.node_count(),
+                p.median_ratio,
+                if p.publishable() { "publishable" } else { "not publishable" }
+            );
+            report.add_paired(p);
+        }
+        Err(e) => report.add_failure("flatness", &e),
+    }
+
+    // Cold first dispatch of a new 4,096-node program (distinct literals, so neither
+    // our caches nor the driver's JIT cache can serve it).
+    let mut cold_ms = Vec::new();
+    for seed in 0..5u32 {
+        let unique = std::process::id().wrapping_mul(7919).wrapping_add(seed);
+        let program = Program::builder([1, 1, 1])
+            .buffer("in", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(4))
+            .buffer("out", 1, Access::ReadWrite, ElemType::U32, BufferCount::Static(4))
+            .body(|b| {
+                let mut acc = b.let_("acc0", Expr::load("in", 0u32) ^ unique);
+                for k in 1..=chain_for_nodes(4096) {
+                    acc = b.let_(format!("acc{k}"), acc + k);
+                }
+                b.store("out", 0u32, acc);
+            })
+            .build();
+        let input = [0u8; 16];
+        let start = Instant::now();
+        gpu.dispatch(&program, &[&input, &input], &config).expect("cold dispatch");
+        cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    cold_ms.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "cold first dispatch of a new {}-node program (lower + emit + JIT + launch): min {:.1} ms, median {:.1} ms (target ≤ 100 ms)",
+        host_cost_fixture(9, chain_for_nodes(4096)).node_count(),
+        cold_ms[0],
+        cold_ms[cold_ms.len() / 2]
+    );
+    if let Err(e) = report.finish() {
+        println!("could not write the report files: {e}");
+    }
+    let _ = lines;
+}

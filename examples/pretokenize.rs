@@ -1,0 +1,563 @@
+//! The example a user runs first (§8): a tokenizer-shaped GPU pipeline.
+//!
+//! ```text
+//! cargo run --release --example pretokenize
+//! cargo run --release --example pretokenize -- --shape cjk --iterations 1000
+//! cargo run --release --example pretokenize -- --input README.md
+//! cargo run --release --example pretokenize -- --backend reference --bytes 4096
+//! ```
+//!
+//! It splits 262,144 bytes of generated text (prose, CJK, code) into pre-token
+//! pieces with five dispatches per encode (byte classes, boundary marks, per-block
+//! counts by workgroup reduction, a scan of the counts, compaction; the programs
+//! and the splitting rules are in `src/pretokenize/`), checks every result against
+//! the CPU reference interpreter and a plain Rust splitter, and prints per shape:
+//!
+//! * **encode**: min and median wall time of one whole encode over `--iterations`
+//!   encodes: text upload, five dispatches, the piece starts read back straight
+//!   into a `u32` buffer. Throughput is text bytes over the median encode.
+//! * **per step**: each dispatch's median `wall` (the whole call), `kernel` (device
+//!   events around the launch only), `host = wall − kernel` (everything that was
+//!   not the kernel running: driver calls, launch latency, any readback copy,
+//!   synchronize wake-up) and `enqueue` (host time until the last asynchronous
+//!   operation was enqueued). The **per-dispatch host cost** is the median of
+//!   `wall − kernel` over every dispatch of the run. The encode's **host
+//!   overhead** is `encode wall − Σ kernel`, so it also counts the upload and the
+//!   gaps between dispatches: nothing is hidden.
+//! * **phase table**: a second pass of the same number of encodes with the phase
+//!   probe (§5) on, its lines captured and summarized per program: where each
+//!   dispatch's host time went. Timings of the first pass are taken with the probe
+//!   off.
+//!
+//! Without a CUDA device (or with `--backend reference`) the same programs run on
+//! the reference interpreter: one line says so, the tables carry no device
+//! figures, and only a few encodes run (the interpreter is slow).
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+// Until lib.rs declares `pub mod pretokenize;`, compile the module into this
+// example; its `crate::` paths resolve through these imports.
+#[path = "../src/pretokenize/mod.rs"]
+#[allow(dead_code)]
+mod pretokenize;
+#[allow(unused_imports)]
+use vyre_cuda::{backend, config, ir, reference};
+
+use pretokenize::pipeline::{dispatch_host_ns, run_reference, CudaPipeline, EncodeTiming, DISPATCHES_PER_ENCODE};
+use pretokenize::programs::{programs, Programs, STEP_NAMES};
+use pretokenize::text::{generate, Shape};
+use pretokenize::{cpu, MAX_TEXT_BYTES};
+use vyre_cuda::backend::{BackendError, CudaBackend};
+use vyre_cuda::probe::{self, report};
+
+const DEFAULT_BYTES: usize = 262_144;
+const DEFAULT_ITERATIONS: u32 = 200;
+const DEFAULT_REFERENCE_ITERATIONS: u32 = 3;
+const DEFAULT_SEED: u64 = 42;
+const WARMUP_ENCODES: u32 = 5;
+/// §8's targets on the H200, per shape.
+const TARGET_ENCODE_NS: u64 = 500_000;
+const TARGET_HOST_NS: u64 = TARGET_ENCODE_NS / 2;
+
+const HELP: &str = "\
+pretokenize: split text into pre-token pieces with a 5-dispatch GPU pipeline
+
+USAGE: cargo run --release --example pretokenize -- [FLAGS]
+
+FLAGS:
+  --shape prose|cjk|code|all   generated text shape (default all)
+  --bytes N                    bytes of generated text per shape (default 262144)
+  --input FILE                 split FILE instead of generated text (not with --shape/--bytes)
+  --seed N                     generator seed (default 42)
+  --iterations N               timed encodes per shape (default 200; 3 on the reference interpreter)
+  --backend auto|cuda|reference
+                               auto (default): CUDA if a device answers, else the CPU
+                               reference interpreter; cuda: fail without a device
+  --help                       this text
+
+Every result is checked against the reference interpreter and a plain CPU splitter.";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendChoice {
+    Auto,
+    Cuda,
+    Reference,
+}
+
+#[derive(Debug)]
+struct Options {
+    shapes: Vec<Shape>,
+    bytes: Option<usize>,
+    input: Option<String>,
+    seed: u64,
+    iterations: Option<u32>,
+    backend: BackendChoice,
+}
+
+/// One text to split, with the name it is reported under.
+struct Sample {
+    name: String,
+    text: Vec<u8>,
+}
+
+fn main() -> ExitCode {
+    let options = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let samples = match load_samples(&options) {
+        Ok(samples) => samples,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&options, &samples) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Arguments.
+
+fn parse_number<T: std::str::FromStr>(flag: &str, value: &str, what: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("Fix: {flag} takes {what}, not '{value}'"))
+}
+
+/// `Ok(None)` means `--help`.
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
+    let mut options = Options {
+        shapes: Shape::ALL.to_vec(),
+        bytes: None,
+        input: None,
+        seed: DEFAULT_SEED,
+        iterations: None,
+        backend: BackendChoice::Auto,
+    };
+    let mut shape_given = false;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            return Ok(None);
+        }
+        let (flag, inline_value) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag.to_owned(), Some(value.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        let known = ["--shape", "--bytes", "--input", "--seed", "--iterations", "--backend"];
+        if !known.contains(&flag.as_str()) {
+            return Err(if flag.starts_with('-') {
+                format!("Fix: unknown flag '{flag}'; run with --help to see the flags")
+            } else {
+                format!("Fix: unexpected argument '{arg}'; flags take the form --name VALUE (see --help)")
+            });
+        }
+        let value = match inline_value {
+            Some(value) => value,
+            None => args
+                .next()
+                .ok_or_else(|| format!("Fix: {flag} needs a value (see --help)"))?,
+        };
+        match flag.as_str() {
+            "--shape" => {
+                shape_given = true;
+                options.shapes = if value == "all" {
+                    Shape::ALL.to_vec()
+                } else {
+                    vec![value
+                        .parse::<Shape>()
+                        .map_err(|_| format!("Fix: --shape takes prose, cjk, code or all, not '{value}'"))?]
+                };
+            }
+            "--bytes" => {
+                let bytes: usize = parse_number(&flag, &value, "a whole number of bytes")?;
+                if bytes == 0 || bytes > MAX_TEXT_BYTES {
+                    return Err(format!("Fix: --bytes takes 1 to {MAX_TEXT_BYTES} bytes, not {bytes}"));
+                }
+                options.bytes = Some(bytes);
+            }
+            "--input" => options.input = Some(value),
+            "--seed" => options.seed = parse_number(&flag, &value, "a whole number from 0 to 2^64 - 1")?,
+            "--iterations" => {
+                let iterations: u32 = parse_number(&flag, &value, "a whole number of encodes")?;
+                if iterations == 0 {
+                    return Err("Fix: --iterations takes at least 1 encode, not 0".to_owned());
+                }
+                options.iterations = Some(iterations);
+            }
+            "--backend" => {
+                options.backend = match value.as_str() {
+                    "auto" => BackendChoice::Auto,
+                    "cuda" => BackendChoice::Cuda,
+                    "reference" => BackendChoice::Reference,
+                    _ => return Err(format!("Fix: --backend takes auto, cuda or reference, not '{value}'")),
+                }
+            }
+            _ => unreachable!("flag checked against the known list"),
+        }
+    }
+    if options.input.is_some() && (shape_given || options.bytes.is_some()) {
+        return Err("Fix: --input splits a file; drop --shape and --bytes, which only shape generated text".to_owned());
+    }
+    Ok(Some(options))
+}
+
+fn load_samples(options: &Options) -> Result<Vec<Sample>, String> {
+    if let Some(path) = &options.input {
+        let unreadable = |error: std::io::Error| format!("Fix: cannot read --input '{path}' ({error}); pass a readable file");
+        let size = std::fs::metadata(path).map_err(unreadable)?.len();
+        if size > MAX_TEXT_BYTES as u64 {
+            return Err(format!(
+                "Fix: --input '{path}' has {size} bytes, more than the pipeline's limit of {MAX_TEXT_BYTES}; split it"
+            ));
+        }
+        let text = std::fs::read(path).map_err(unreadable)?;
+        if text.is_empty() {
+            return Err(format!("Fix: --input '{path}' is empty; pass a file with at least one byte"));
+        }
+        return Ok(vec![Sample {
+            name: format!("file {path}"),
+            text,
+        }]);
+    }
+    let bytes = options.bytes.unwrap_or(DEFAULT_BYTES);
+    Ok(options
+        .shapes
+        .iter()
+        .map(|&shape| Sample {
+            name: format!("shape {shape}"),
+            text: generate(shape, bytes, options.seed),
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------
+// Running.
+
+fn median(values: &[u64]) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    report::nearest_rank(&sorted, 50)
+}
+
+fn minimum(values: &[u64]) -> u64 {
+    values.iter().copied().min().unwrap_or(0)
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1000.0)
+}
+
+/// A duration with the unit that keeps it readable: `850.2 us`, `71.9 ms`, `2.41 s`.
+fn duration(ns: u64) -> String {
+    match ns {
+        0..=999_999 => format!("{:.1} us", ns as f64 / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.2} s", ns as f64 / 1e9),
+    }
+}
+
+fn megabytes_per_second(bytes: usize, ns: u64) -> f64 {
+    if ns == 0 {
+        return 0.0;
+    }
+    bytes as f64 * 1000.0 / ns as f64
+}
+
+/// Why there is no device, in a few words.
+fn no_device_reason(error: &BackendError) -> String {
+    match error {
+        BackendError::NoDriver { detail } => detail.clone(),
+        BackendError::NoDevice { .. } => "the driver reports no CUDA device".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn run(options: &Options, samples: &[Sample]) -> Result<(), String> {
+    let programs = programs();
+    let backend = match options.backend {
+        BackendChoice::Reference => {
+            println!("--backend reference: running on the CPU reference interpreter");
+            None
+        }
+        BackendChoice::Cuda => Some(CudaBackend::acquire().map_err(|error| error.to_string())?),
+        BackendChoice::Auto => match CudaBackend::acquire() {
+            Ok(backend) => Some(backend),
+            Err(error) => {
+                println!(
+                    "no CUDA device ({}): running on the CPU reference interpreter",
+                    no_device_reason(&error)
+                );
+                None
+            }
+        },
+    };
+    match backend {
+        Some(backend) => run_cuda(options, samples, &programs, &backend),
+        None => run_on_reference(options, samples, &programs),
+    }
+}
+
+fn print_header(samples: &[Sample], seed: u64, iterations: u32, backend: &str) {
+    let lengths: Vec<usize> = samples.iter().map(|sample| sample.text.len()).collect();
+    let bytes = if lengths.windows(2).all(|pair| pair[0] == pair[1]) {
+        format!("{} bytes", lengths[0])
+    } else {
+        format!("{lengths:?} bytes")
+    };
+    println!("vyre-cuda pretokenize: {bytes} per text, seed {seed}, {iterations} timed encodes per text, backend {backend}");
+    println!(
+        "pipeline: {DISPATCHES_PER_ENCODE} dispatches per encode ({}), 256-thread workgroups, a 1024-thread scan",
+        STEP_NAMES.join(" -> ")
+    );
+}
+
+fn run_on_reference(options: &Options, samples: &[Sample], programs: &Programs) -> Result<(), String> {
+    let iterations = options.iterations.unwrap_or(DEFAULT_REFERENCE_ITERATIONS);
+    print_header(samples, options.seed, iterations, "reference interpreter (CPU)");
+    if options.iterations.is_none() {
+        println!("({iterations} encodes per text: the interpreter is slow; --iterations changes it)");
+    }
+    for sample in samples {
+        let text = &sample.text;
+        let cpu_start = Instant::now();
+        let expected = cpu::piece_starts(text);
+        let cpu_ns = cpu_start.elapsed().as_nanos() as u64;
+        let mut walls = Vec::new();
+        let mut steps: Vec<[u64; DISPATCHES_PER_ENCODE]> = Vec::new();
+        for _ in 0..iterations {
+            let start = Instant::now();
+            let run = run_reference(programs, text).map_err(|error| error.to_string())?;
+            walls.push(start.elapsed().as_nanos() as u64);
+            check_equal(&sample.name, "reference interpreter", &run.piece_starts, &expected)?;
+            steps.push(run.step_ns);
+        }
+        println!();
+        println!(
+            "{}: {} bytes, {} pieces; checked: reference interpreter == CPU splitter",
+            sample.name,
+            text.len(),
+            expected.len()
+        );
+        let median_wall = median(&walls);
+        println!(
+            "  encode on the reference interpreter: min {}, median {} over {iterations} encodes ({:.2} MB/s); CPU splitter {}",
+            duration(minimum(&walls)),
+            duration(median_wall),
+            megabytes_per_second(text.len(), median_wall),
+            duration(cpu_ns)
+        );
+        println!("  per step (median; no device figures on the interpreter):");
+        println!("    {:<12} {:>10} {:>8} {:>8}", "step", "wall", "kernel", "host");
+        for (index, name) in STEP_NAMES.iter().enumerate() {
+            let values: Vec<u64> = steps.iter().map(|step| step[index]).collect();
+            println!("    {:<12} {:>10} {:>8} {:>8}", name, duration(median(&values)), "-", "-");
+        }
+        println!("  phase table: none (the probe times CUDA dispatches; none ran)");
+    }
+    Ok(())
+}
+
+fn check_equal(name: &str, what: &str, got: &[u32], expected: &[u32]) -> Result<(), String> {
+    if got == expected {
+        return Ok(());
+    }
+    let first = got.iter().zip(expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
+    Err(format!(
+        "Fix: {name}: the {what} found {} pieces and the CPU splitter {}, first difference at piece {first} \
+         ({:?} vs {:?}); this is a bug in vyre-cuda: report it with the command line",
+        got.len(),
+        expected.len(),
+        got.get(first),
+        expected.get(first)
+    ))
+}
+
+/// Per-shape results for the closing summary.
+struct ShapeResult {
+    name: String,
+    median_encode_ns: u64,
+    median_host_ns: u64,
+}
+
+fn run_cuda(options: &Options, samples: &[Sample], programs: &Programs, backend: &CudaBackend) -> Result<(), String> {
+    let iterations = options.iterations.unwrap_or(DEFAULT_ITERATIONS);
+    let caps = backend.caps();
+    print_header(
+        samples,
+        options.seed,
+        iterations,
+        &format!("cuda ({}, sm_{})", caps.name, caps.ptx_target_sm()),
+    );
+    let mut pipeline: Option<CudaPipeline> = None;
+    let mut results = Vec::new();
+    for sample in samples {
+        let text = &sample.text;
+        // Buffers are allocated once per text length (once per run for generated text).
+        if pipeline.as_ref().is_none_or(|p| p.text_len() != text.len()) {
+            drop(pipeline.take()); // frees the old buffers before allocating new ones
+            pipeline = Some(CudaPipeline::new(backend, programs, text.len()).map_err(|e| e.to_string())?);
+        }
+        let Some(pipeline) = pipeline.as_mut() else {
+            unreachable!("built above")
+        };
+        let cpu_start = Instant::now();
+        let expected = cpu::piece_starts(text);
+        let cpu_ns = cpu_start.elapsed().as_nanos() as u64;
+        let reference_start = Instant::now();
+        let oracle = run_reference(programs, text).map_err(|e| e.to_string())?;
+        let reference_ns = reference_start.elapsed().as_nanos() as u64;
+        check_equal(&sample.name, "reference interpreter", &oracle.piece_starts, &expected)?;
+
+        // Timed pass, probe forced off so its clock reads cost nothing.
+        let mut timings: Vec<EncodeTiming> = Vec::with_capacity(iterations as usize);
+        {
+            let _probe_off = probe::override_enabled(Some(false));
+            for _ in 0..WARMUP_ENCODES {
+                pipeline.encode(text).map_err(|e| e.to_string())?;
+                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+            }
+            for _ in 0..iterations {
+                timings.push(pipeline.encode(text).map_err(|e| e.to_string())?);
+                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+            }
+        }
+        // Probe pass: the same encodes with the probe on, lines captured.
+        let (probe_result, lines) = {
+            let _probe_on = probe::override_enabled(Some(true));
+            probe::capture_lines(|| -> Result<(), String> {
+                for _ in 0..iterations {
+                    pipeline.encode(text).map_err(|e| e.to_string())?;
+                    check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                }
+                Ok(())
+            })
+        };
+        probe_result?;
+
+        let walls: Vec<u64> = timings.iter().map(|t| t.wall_ns).collect();
+        let hosts: Vec<u64> = timings.iter().map(EncodeTiming::host_ns).collect();
+        let kernels: Vec<u64> = timings.iter().map(EncodeTiming::kernel_ns).collect();
+        let median_encode = median(&walls);
+        let median_host = median(&hosts);
+        println!();
+        println!(
+            "{}: {} bytes, {} pieces; checked: GPU == reference interpreter == CPU splitter ({} encodes)",
+            sample.name,
+            text.len(),
+            expected.len(),
+            WARMUP_ENCODES + 2 * iterations
+        );
+        println!(
+            "  encode (upload + {DISPATCHES_PER_ENCODE} dispatches + readback): min {} us, median {} us -> {:.0} MB/s at the median",
+            us(minimum(&walls)),
+            us(median_encode),
+            megabytes_per_second(text.len(), median_encode)
+        );
+        println!(
+            "  kernels (sum of {DISPATCHES_PER_ENCODE}) median {} us; host overhead (encode - kernels) median {} us = {:.0}% of the encode",
+            us(median(&kernels)),
+            us(median_host),
+            100.0 * median_host as f64 / median_encode.max(1) as f64
+        );
+        println!(
+            "  for scale: CPU splitter (plain Rust, one thread) {}; reference interpreter {}",
+            duration(cpu_ns),
+            duration(reference_ns)
+        );
+        println!("  per step (median over {iterations} encodes, us):");
+        println!(
+            "    {:<12} {:>8} {:>8} {:>18} {:>8}",
+            "step", "wall", "kernel", "host=wall-kernel", "enqueue"
+        );
+        let uploads: Vec<u64> = timings.iter().map(|t| t.upload_ns).collect();
+        println!(
+            "    {:<12} {:>8} {:>8} {:>18} {:>8}",
+            "upload",
+            us(median(&uploads)),
+            "-",
+            us(median(&uploads)),
+            "-"
+        );
+        let mut all_dispatch_hosts = Vec::with_capacity(DISPATCHES_PER_ENCODE * timings.len());
+        for (index, name) in STEP_NAMES.iter().enumerate() {
+            let pick = |field: fn(&backend::DispatchTiming) -> u64| -> u64 {
+                median(&timings.iter().map(|t| field(&t.steps[index])).collect::<Vec<_>>())
+            };
+            all_dispatch_hosts.extend(timings.iter().map(|t| dispatch_host_ns(&t.steps[index])));
+            println!(
+                "    {:<12} {:>8} {:>8} {:>18} {:>8}",
+                name,
+                us(pick(|s| s.wall_ns)),
+                us(pick(|s| s.kernel_ns)),
+                us(pick(dispatch_host_ns)),
+                us(pick(|s| s.enqueue_ns))
+            );
+        }
+        println!(
+            "  per-dispatch host cost (wall - kernel): median {} us over {} dispatches",
+            us(median(&all_dispatch_hosts)),
+            all_dispatch_hosts.len()
+        );
+        print_phase_table(&lines, pipeline, iterations);
+        results.push(ShapeResult {
+            name: sample.name.clone(),
+            median_encode_ns: median_encode,
+            median_host_ns: median_host,
+        });
+    }
+    println!();
+    println!(
+        "targets (H200, per text): encode < {} us, host overhead < {} us (half the encode budget)",
+        us(TARGET_ENCODE_NS),
+        us(TARGET_HOST_NS)
+    );
+    for result in &results {
+        let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+        println!(
+            "  {:<14} encode median {:>8} us: {:<6}  host overhead median {:>8} us: {}",
+            result.name,
+            us(result.median_encode_ns),
+            verdict(result.median_encode_ns < TARGET_ENCODE_NS),
+            us(result.median_host_ns),
+            verdict(result.median_host_ns < TARGET_HOST_NS)
+        );
+    }
+    Ok(())
+}
+
+/// The probe's per-program table for one text, each group labelled with its step.
+fn print_phase_table(lines: &[String], pipeline: &CudaPipeline, iterations: u32) {
+    let records: Vec<probe::DispatchRecord> = lines.iter().filter_map(|line| probe::parse_line(line)).collect();
+    let summary = report::LogSummary {
+        lines: lines.len(),
+        records: records.len(),
+        malformed: lines.len() - records.len(),
+        unrelated: 0,
+        groups: report::summarize(&records),
+    };
+    let mut table = report::render_table(&summary);
+    for (name, kernel) in STEP_NAMES.iter().zip(pipeline.kernels()) {
+        let program = kernel.program();
+        let header = format!("\nnodes={} buffers={}:", program.node_count(), program.buffers().len());
+        table = table.replace(&header, &format!("\n{name}: nodes={} buffers={}:", program.node_count(), program.buffers().len()));
+    }
+    println!("  phase probe ({iterations} more encodes with the probe on):");
+    for line in table.lines() {
+        println!("    {line}");
+    }
+}

@@ -1,0 +1,49 @@
+//! The measurement fixture of §6, shared by benches, instruments, tests and the
+//! raw-driver floor so every figure in the README describes the same program.
+//!
+//! Buffers: `in` (read-only u32 × 4, binding 0), `out` (read-write u32 × 4,
+//! binding 1), `scratch1..` (read-write u32 × 4, bindings 2..); body
+//! `acc0 = in[0]; accK = acc(K−1) + K; out[0] = acc_last`; workgroup `[1, 1, 1]`.
+
+use crate::ir::{Access, BufferCount, ElemType, Expr, Program};
+
+/// The §6 fixture with `buffers` buffers in total (at least 2) and a chain of
+/// `chain` additions (so about `3 × chain` IR nodes).
+pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
+    let buffers = buffers.max(2);
+    let mut builder = Program::builder([1, 1, 1])
+        .entry_op_id(format!("host_cost_fixture_b{buffers}_n{chain}"))
+        .buffer("in", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(4))
+        .buffer("out", 1, Access::ReadWrite, ElemType::U32, BufferCount::Static(4));
+    for k in 1..buffers - 1 {
+        builder = builder.buffer(
+            format!("scratch{k}"),
+            k + 1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        );
+    }
+    builder
+        .body(|b| {
+            let mut acc = b.let_("acc0", Expr::load("in", 0u32));
+            for k in 1..=chain {
+                acc = b.let_(format!("acc{k}"), acc + k);
+            }
+            b.store("out", 0u32, acc);
+        })
+        .build()
+}
+
+/// The fixture's expected `out[0]` for input `in[0] = x`.
+pub fn host_cost_fixture_expected(x: u32, chain: u32) -> u32 {
+    let triangle = (chain as u64 * (chain as u64 + 1) / 2) as u32;
+    x.wrapping_add(triangle)
+}
+
+/// Chain length that gives the fixture approximately `nodes` IR nodes.
+pub fn chain_for_nodes(nodes: u32) -> u32 {
+    // Each link is a Let, a Binary, a Var and a Literal: 4 nodes; the first load and
+    // the final store add 6.
+    nodes.saturating_sub(6) / 4
+}

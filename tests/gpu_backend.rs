@@ -1,0 +1,507 @@
+//! GPU tests of the CUDA backend (§4). Ignored by default; run on the GPU machine
+//! with `bash .gpu/run.sh gpu_`. Every result is checked against the reference
+//! interpreter or a hand-computed value.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::{backend, bytes, reference, words};
+use vyre_cuda::backend::{BackendError, Binding, CudaBackend};
+use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
+use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+use vyre_cuda::ir::*;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
+
+fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
+    program
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
+            if &*b.name == "in" {
+                v[..4].copy_from_slice(&x.to_le_bytes());
+            }
+            v
+        })
+        .collect()
+}
+
+/// Locks out a broken thin slice (IR → PTX → driver → readback): the §6 fixture
+/// must give the hand-computed sum on the borrowed and the resident path.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_fixture_matches_hand_computed_and_reference() {
+    let gpu = backend();
+    let program = host_cost_fixture(9, 64);
+    let inputs = fixture_inputs(&program, 5);
+    let config = DispatchConfig::linear(1);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let outputs = gpu.dispatch(&program, &borrowed, &config).unwrap();
+    assert_eq!(outputs.len(), 8, "out + 7 scratch buffers come back");
+    assert_eq!(words(&outputs[0])[0], host_cost_fixture_expected(5, 64));
+    assert_eq!(outputs, reference(&program, &inputs, &config));
+
+    let handles: Vec<_> = inputs
+        .iter()
+        .map(|v| {
+            let h = gpu.allocate_resident(v.len() as u64).unwrap();
+            gpu.upload_resident(&h, v).unwrap();
+            h
+        })
+        .collect();
+    let timed = gpu.dispatch_resident_timed(&program, &handles, &config).unwrap();
+    assert_eq!(timed.outputs, outputs);
+    assert!(timed.kernel_ns <= timed.device_window_ns, "{timed:?}");
+    assert!(timed.enqueue_ns <= timed.wall_ns && timed.wait_ns <= timed.wall_ns, "{timed:?}");
+    for h in handles {
+        gpu.free_resident(h).unwrap();
+    }
+}
+
+/// Locks out any semantic drift between PTX and the reference interpreter: random
+/// valid programs (every construct, every type) must give byte-identical outputs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_random_programs_match_reference_byte_for_byte() {
+    let gpu = backend();
+    let options = GeneratorOptions::default();
+    let mut checked = 0;
+    for seed in 0..400u64 {
+        let case = valid_program(seed, &options);
+        let expected = reference(&case.program, &case.inputs, &case.config);
+        let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        let got = gpu
+            .dispatch(&case.program, &borrowed, &case.config)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+        assert_eq!(got, expected, "seed {seed}: GPU and reference differ\n{}", case.program);
+        checked += 1;
+    }
+    assert_eq!(checked, 400);
+}
+
+/// Locks out wrong reductions on the device: lowered workgroup reductions (warp
+/// path and tree path shapes) must match the reference for sum, min and max.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_workgroup_reductions_match_reference() {
+    let gpu = backend();
+    for size in [32u32, 64, 256, 48, 1, 1024] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+            let program = Program::builder([size, 1, 1])
+                .buffer("values", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+                .buffer("result", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+                .body(|b| {
+                    let g = b.let_("g", Expr::global_id(Axis::X));
+                    let r = b.workgroup_reduce("r", op, Expr::load("values", g.clone()));
+                    b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+                        b.store("result", Expr::workgroup_id(Axis::X), r);
+                    });
+                })
+                .build();
+            let groups = 3u32;
+            let n = size * groups;
+            let values: Vec<u32> = (0..n).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
+            let inputs = vec![bytes(&values), vec![0u8; 4 * groups as usize]];
+            let config = DispatchConfig::linear(groups);
+            let expected = reference(&program, &inputs, &config);
+            let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+            let got = gpu.dispatch(&program, &borrowed, &config).unwrap();
+            assert_eq!(got, expected, "size {size} op {op:?}");
+        }
+    }
+}
+
+/// Locks out leaks and lost data in resident buffers: allocate, upload, dispatch,
+/// read, free, with byte accounting at every step.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_resident_lifecycle_and_accounting() {
+    let gpu = backend();
+    let before = gpu.resident_bytes();
+    let program = Program::builder([64, 1, 1])
+        .buffer("data", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.store("data", i.clone(), Expr::load("data", i.clone()) * 3u32 + 1u32);
+        })
+        .build();
+    let values: Vec<u32> = (0..256).collect();
+    let h = gpu.allocate_resident(1024).unwrap();
+    assert_eq!(gpu.resident_bytes(), before + 1024);
+    gpu.upload_resident(&h, &bytes(&values)).unwrap();
+    assert_eq!(words(&gpu.read_resident(&h).unwrap()), values);
+    let out = gpu
+        .dispatch_resident(&program, &[h], &DispatchConfig::linear(4).with_readback(ReadbackPolicy::None))
+        .unwrap();
+    assert!(out.is_empty(), "readback None returns nothing");
+    let expected: Vec<u32> = values.iter().map(|v| v * 3 + 1).collect();
+    assert_eq!(words(&gpu.read_resident(&h).unwrap()), expected, "outputs stay resident");
+    gpu.free_resident(h).unwrap();
+    assert_eq!(gpu.resident_bytes(), before);
+}
+
+/// Locks out undefined behaviour through handles: double free, stale and foreign
+/// handles are errors with Fix messages, on the device too.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_handle_misuse_is_an_error() {
+    let gpu = backend();
+    let other = CudaBackend::acquire().unwrap();
+    let h = gpu.allocate_resident(16).unwrap();
+    let foreign = other.read_resident(&h).unwrap_err().to_string();
+    assert!(foreign.starts_with("Fix:") && foreign.contains("another CudaBackend"), "{foreign}");
+    gpu.free_resident(h).unwrap();
+    let double = gpu.free_resident(h).unwrap_err().to_string();
+    assert!(double.starts_with("Fix:") && double.contains("already freed"), "{double}");
+    let h2 = gpu.allocate_resident(16).unwrap();
+    let stale = gpu.read_resident(&h).unwrap_err().to_string();
+    assert!(stale.contains("stale handle"), "{stale}");
+    let program = host_cost_fixture(2, 1);
+    let err = gpu.dispatch_resident(&program, &[h, h2], &DispatchConfig::linear(1));
+    assert!(matches!(err, Err(BackendError::InvalidHandle { .. })), "{err:?}");
+    gpu.free_resident(h2).unwrap();
+}
+
+/// Locks out a preflight that lets an over-budget dispatch allocate: with the
+/// budget nearly used up by resident memory, a borrowed dispatch must fail before
+/// any transient allocation, naming bytes required and available.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_over_budget_dispatch_fails_before_allocating() {
+    let gpu = backend();
+    let total = gpu.caps().total_memory;
+    // Fill the budget with resident memory until under 32 MiB are left. The live-free
+    // cap (90 % of free memory) shrinks with each allocation, so this converges in a
+    // few steps.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let available = gpu.memory_budget().unwrap().available;
+        assert!(available < total);
+        if available < (32 << 20) {
+            break;
+        }
+        held.push(gpu.allocate_resident(available - (16 << 20)).unwrap());
+    }
+    assert!(gpu.memory_budget().unwrap().available < (32 << 20), "could not fill the budget");
+    gpu.trim_pools();
+    let before = gpu.pool_stats();
+    let program = Program::builder([64, 1, 1])
+        .buffer("big", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer("out", 1, Access::WriteOnly, ElemType::U32, BufferCount::Static(1))
+        .body(|b| {
+            b.store("out", 0u32, Expr::load("big", 0u32));
+        })
+        .build();
+    let big = vec![0u8; 64 << 20];
+    let out = vec![0u8; 4];
+    let err = gpu.dispatch(&program, &[&big, &out], &DispatchConfig::linear(1)).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, BackendError::OverBudget { .. }), "{message}");
+    assert!(message.starts_with("Fix:") && message.contains("bytes"), "{message}");
+    assert_eq!(gpu.pool_stats().transient_allocations, before.transient_allocations, "nothing allocated");
+    for h in held {
+        gpu.free_resident(h).unwrap();
+    }
+    // With memory back, the same dispatch runs.
+    assert!(gpu.dispatch(&program, &[&big, &out], &DispatchConfig::linear(1)).is_ok());
+}
+
+/// A grid-sync program: every thread writes its id, the grid syncs, then every
+/// thread reads its right neighbour's value (across workgroups).
+fn grid_sync_program() -> Program {
+    Program::builder([128, 1, 1])
+        .entry_op_id("grid_neighbour")
+        .buffer("first", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer("second", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .body(|b| {
+            let g = b.let_("g", Expr::global_id(Axis::X));
+            let n = b.let_("n", Expr::length("first"));
+            b.store("first", g.clone(), g.clone() * 7u32 + 1u32);
+            b.grid_sync();
+            let next = b.let_("next", (g.clone() + 1u32) % n);
+            b.store("second", g.clone(), Expr::load("first", next));
+        })
+        .build()
+}
+
+/// Locks out a grid sync that does not synchronise (or a barrier counter left
+/// unbalanced): neighbours across workgroups must see phase-one values, and a grid
+/// too large to be co-resident is a clear error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_grid_sync_is_cooperative_and_checks_residency() {
+    let gpu = backend();
+    let program = grid_sync_program();
+    let blocks = gpu.caps().sm_count;
+    let n = (128 * blocks) as usize;
+    let inputs = vec![vec![0u8; 4 * n], vec![0u8; 4 * n]];
+    let config = DispatchConfig::linear(blocks);
+    let expected = reference(&program, &inputs, &config);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    for _ in 0..5 {
+        assert_eq!(gpu.dispatch(&program, &borrowed, &config).unwrap(), expected);
+    }
+    let kernel = gpu.compile(&program, &config).unwrap();
+    assert!(kernel.uses_grid_sync());
+
+    let huge = DispatchConfig::linear(1_000_000);
+    let big = vec![vec![0u8; 4 * 128 * 1_000_000], vec![0u8; 4 * 128 * 1_000_000]];
+    let big_refs: Vec<&[u8]> = big.iter().map(|v| v.as_slice()).collect();
+    let err = gpu.dispatch(&program, &big_refs, &huge).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, BackendError::GridTooLargeForGridSync { .. }), "{message}");
+    assert!(message.starts_with("Fix:") && message.contains("grid_neighbour"), "{message}");
+    assert!(gpu.is_usable());
+}
+
+/// Locks out fixpoint iterations that run once (or restage between runs): five
+/// replays of `x += 1` over one buffer give 5.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
+    let gpu = backend();
+    let program = Program::builder([32, 1, 1])
+        .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.store("x", i.clone(), Expr::load("x", i.clone()) + 1u32);
+        })
+        .build();
+    let input = bytes(&[10u32; 64]);
+    let config = DispatchConfig::linear(2).with_fixpoint_iterations(5);
+    let out = gpu.dispatch(&program, &[&input], &config).unwrap();
+    assert_eq!(words(&out[0]), vec![15u32; 64]);
+    assert_eq!(out, reference(&program, &[input.clone()], &config));
+}
+
+/// Locks out readback policies that read the wrong bytes: byte ranges come back
+/// in the order asked, and bad ranges are Fix errors.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_readback_ranges_and_mixed_bindings() {
+    let gpu = backend();
+    let program = Program::builder([16, 1, 1])
+        .buffer("a", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer("b", 1, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer("c", 2, Access::WriteOnly, ElemType::U8, BufferCount::Runtime)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let v = b.let_("v", Expr::load("a", i.clone()));
+            b.store("b", i.clone(), v.clone() + Expr::load("b", i.clone()));
+            b.store("c", i.clone(), v + 200u32);
+        })
+        .build();
+    let a: Vec<u32> = (0..16).collect();
+    let resident_a = gpu.allocate_resident(64).unwrap();
+    gpu.upload_resident(&resident_a, &bytes(&a)).unwrap();
+    let b_in = bytes(&[100u32; 16]);
+    let c_in = vec![0xAAu8; 16];
+    let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+        ByteRange { binding: 2, offset: 4, len: 4 },
+        ByteRange { binding: 1, offset: 8, len: 8 },
+    ]);
+    let config = DispatchConfig::linear(1).with_readback(ranges);
+    let bindings = [Binding::Resident(resident_a), Binding::Borrowed(&b_in), Binding::Borrowed(&c_in)];
+    let out = gpu.dispatch_bindings(&program, &bindings, &config).unwrap().outputs;
+    assert_eq!(out, vec![vec![204, 205, 206, 207], bytes(&[102, 103])]);
+
+    let bad = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+        binding: 0,
+        offset: 0,
+        len: 4
+    }]));
+    let message = gpu.dispatch_bindings(&program, &bindings, &bad).unwrap_err().to_string();
+    assert!(message.starts_with("Fix:") && message.contains("not an output"), "{message}");
+    let past = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+        binding: 1,
+        offset: 60,
+        len: 8
+    }]));
+    let message = gpu.dispatch_bindings(&program, &bindings, &past).unwrap_err().to_string();
+    assert!(message.contains("past the buffer"), "{message}");
+    gpu.free_resident(resident_a).unwrap();
+}
+
+/// Locks out one caller's bytes reaching another: a write-only transient output
+/// starts zeroed even when its pooled buffer last held a secret.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_transient_outputs_never_leak_between_dispatches() {
+    let gpu = backend();
+    let writer = Program::builder([64, 1, 1])
+        .buffer("o", 0, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .body(|b| {
+            b.store("o", Expr::global_id(Axis::X), 0xDEAD_BEEFu32);
+        })
+        .build();
+    let silent = Program::builder([64, 1, 1])
+        .buffer("o", 0, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .body(|b| {
+            b.if_(Expr::global_id(Axis::X).equals(1_000_000u32), |b| {
+                b.store("o", 0u32, 1u32);
+            });
+        })
+        .build();
+    let size = vec![0u8; 4096];
+    let secret = gpu.dispatch(&writer, &[&size], &DispatchConfig::linear(16)).unwrap();
+    assert!(words(&secret[0]).iter().all(|&w| w == 0xDEAD_BEEF));
+    let after = gpu.dispatch(&silent, &[&size], &DispatchConfig::linear(16)).unwrap();
+    assert!(after[0].iter().all(|&b| b == 0), "a previous dispatch's bytes leaked");
+}
+
+/// Locks out data races in the shared caches and pools: 8 threads × 1,000
+/// dispatches over 4 programs, every result checked, counters consistent.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_eight_threads_thousand_dispatches_each() {
+    let gpu = backend();
+    let programs: Arc<Vec<Program>> = Arc::new((1..=4u32).map(|k| host_cost_fixture(2 + k, 8 * k)).collect());
+    let before = gpu.cache_stats();
+    let threads: Vec<_> = (0..8u32)
+        .map(|t| {
+            let gpu = gpu.clone();
+            let programs = Arc::clone(&programs);
+            std::thread::spawn(move || {
+                for i in 0..1000u32 {
+                    let k = ((t + i) % 4) as usize;
+                    let program = &programs[k];
+                    let x = t * 100_000 + i;
+                    let inputs = fixture_inputs(program, x);
+                    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+                    let out = gpu.dispatch(program, &borrowed, &DispatchConfig::linear(1)).unwrap();
+                    let chain = 8 * (k as u32 + 1);
+                    assert_eq!(words(&out[0])[0], host_cost_fixture_expected(x, chain), "thread {t} call {i}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = gpu.cache_stats();
+    let ptx_lookups = (stats.ptx.hits + stats.ptx.misses) - (before.ptx.hits + before.ptx.misses);
+    assert_eq!(ptx_lookups, 8000, "one PTX lookup per dispatch");
+    assert!(stats.ptx_entries >= 4 && stats.module_entries >= 4);
+    assert!(stats.ptx.misses - before.ptx.misses <= 4 * 8, "at most one racing miss per thread and program");
+    assert!(gpu.pool_stats().lanes_created <= 8 + 1, "{:?}", gpu.pool_stats());
+}
+
+/// Locks out a cache hit that walks the program: 10,000 warm dispatches of one
+/// program compute its digest once and lower it once.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_warm_dispatches_never_walk_the_program() {
+    let gpu = backend();
+    let program = host_cost_fixture(9, 1024);
+    let inputs = fixture_inputs(&program, 1);
+    let handles: Vec<_> = inputs
+        .iter()
+        .map(|v| {
+            let h = gpu.allocate_resident(v.len() as u64).unwrap();
+            gpu.upload_resident(&h, v).unwrap();
+            h
+        })
+        .collect();
+    let digests = computations_on_current_thread();
+    let walks = vyre_cuda::lower::walks_on_current_thread();
+    let config = DispatchConfig::linear(1);
+    for _ in 0..10_000 {
+        gpu.dispatch_resident(&program, &handles, &config).unwrap();
+    }
+    assert!(computations_on_current_thread() - digests <= 1, "digest recomputed on warm dispatches");
+    assert!(vyre_cuda::lower::walks_on_current_thread() - walks <= 1, "lowering re-walked the program");
+    for h in handles {
+        gpu.free_resident(h).unwrap();
+    }
+}
+
+/// Locks out driver allocations on the warm path: after warm-up, 1,000 dispatches
+/// (borrowed and resident) create no lane, staging or transient buffer.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_warm_path_makes_no_driver_allocation() {
+    let gpu = backend();
+    let program = host_cost_fixture(5, 16);
+    let inputs = fixture_inputs(&program, 3);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let config = DispatchConfig::linear(1);
+    for _ in 0..3 {
+        gpu.dispatch(&program, &borrowed, &config).unwrap();
+    }
+    let warm = gpu.pool_stats();
+    for _ in 0..1000 {
+        gpu.dispatch(&program, &borrowed, &config).unwrap();
+    }
+    let after = gpu.pool_stats();
+    assert_eq!(after.lanes_created, warm.lanes_created);
+    assert_eq!(after.staging_allocations, warm.staging_allocations);
+    assert_eq!(after.transient_allocations, warm.transient_allocations);
+}
+
+/// Locks out silent bad input on the device path: wrong counts and sizes are Fix
+/// errors naming the buffer, before anything is enqueued.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_bad_inputs_are_fix_errors() {
+    let gpu = backend();
+    let program = host_cost_fixture(3, 2);
+    let four = vec![0u8; 16];
+    let m = gpu.dispatch(&program, &[&four], &DispatchConfig::linear(1)).unwrap_err().to_string();
+    assert!(m.starts_with("Fix:") && m.contains("takes 3 buffers"), "{m}");
+    let short = vec![0u8; 12];
+    let m = gpu
+        .dispatch(&program, &[&four, &short, &four], &DispatchConfig::linear(1))
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("Fix:") && m.contains("'out'"), "{m}");
+    let m = gpu
+        .dispatch(&program, &[&four, &four, &four], &DispatchConfig::linear(0))
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("Fix:") && m.contains("workgroups.x is 0"), "{m}");
+    let m = gpu
+        .dispatch(&program, &[&four, &four, &four], &DispatchConfig::linear(1).with_fixpoint_iterations(0))
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("Fix:") && m.contains("fixpoint"), "{m}");
+    let invalid = Program::builder([1, 1, 1])
+        .buffer("x", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(1))
+        .body(|b| {
+            b.store("x", 0u32, 1u32);
+        })
+        .build();
+    let m = gpu.dispatch(&invalid, &[&four[..4]], &DispatchConfig::linear(1)).unwrap_err().to_string();
+    assert!(m.starts_with("Fix:"), "{m}");
+    assert!(gpu.is_usable());
+}
+
+/// Locks out a kernel handle that skips checks: a compiled kernel dispatches
+/// through caller buffers and rejects mis-sized output slices.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
+    let gpu = backend();
+    let program = host_cost_fixture(3, 10);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let inputs = fixture_inputs(&program, 7);
+    let bindings: Vec<Binding> = inputs.iter().map(|v| Binding::Borrowed(v)).collect();
+    let (mut out0, mut out1) = ([0u8; 16], [0u8; 16]);
+    let timing = gpu
+        .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
+        .unwrap();
+    assert_eq!(words(&out0)[0], host_cost_fixture_expected(7, 10));
+    assert_eq!((timing.kernel_ns, timing.device_window_ns), (0, 0), "the hot path records no events");
+    assert!(timing.wall_ns > 0 && timing.wait_ns <= timing.wall_ns);
+    let timed = gpu
+        .dispatch_kernel_into_timed(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
+        .unwrap();
+    assert!(timed.kernel_ns > 0 && timed.kernel_ns <= timed.device_window_ns, "{timed:?}");
+    let mut small = [0u8; 8];
+    let m = gpu
+        .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut small])
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("Fix:") && m.contains("output slices"), "{m}");
+}

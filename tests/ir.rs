@@ -1,0 +1,796 @@
+//! The program value's contract: the content digest is computed at most once per
+//! value and shared by clones, is pinned byte for byte, moves when any field that
+//! affects code generation moves, and rewrites get fresh values; `Display` is legible.
+
+use vyre_cuda::fixtures::host_cost_fixture;
+use vyre_cuda::ir::*;
+
+/// The §6 host-cost fixture written out by hand: `in`, `out`, `scratch1..scratch3`,
+/// `acc0 = in[0]`, `accK = acc(K-1) + K` for K in 1..=4, `out[0] = acc4`.
+fn fixture() -> Program {
+    Program::builder([1, 1, 1])
+        .buffer(
+            "in",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "scratch1",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "scratch2",
+            3,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "scratch3",
+            4,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|b| {
+            let acc0 = b.let_("acc0", Expr::load("in", 0u32));
+            let acc1 = b.let_("acc1", acc0 + 1u32);
+            let acc2 = b.let_("acc2", acc1 + 2u32);
+            let acc3 = b.let_("acc3", acc2 + 3u32);
+            let acc4 = b.let_("acc4", acc3 + 4u32);
+            b.store("out", 0u32, acc4);
+        })
+        .build()
+}
+
+/// Locks out re-walking a program for its digest on every use (§0: per-dispatch cost
+/// growing with program size): 1,000 clones digested cost exactly one computation.
+#[test]
+fn digest_is_computed_once_and_shared_by_clones() {
+    let program = fixture();
+    let clones: Vec<Program> = (0..1000).map(|_| program.clone()).collect();
+    assert!(!program.digest_is_memoised());
+    let before = computations_on_current_thread();
+    let digests: Vec<Digest> = clones.iter().map(Program::digest).collect();
+    assert_eq!(computations_on_current_thread() - before, 1);
+    assert!(digests.iter().all(|d| *d == digests[0]));
+    assert!(program.digest_is_memoised());
+    assert_eq!(program.digest(), digests[0]);
+    assert_eq!(computations_on_current_thread() - before, 1);
+    // Negative control: separately built equal values are separate memos, so the
+    // counter does count computations.
+    let before = computations_on_current_thread();
+    let a = fixture();
+    let b = fixture();
+    assert_eq!(a.digest(), b.digest());
+    assert_eq!(computations_on_current_thread() - before, 2);
+}
+
+/// Locks out an accidental change of the canonical encoding or the hash (every
+/// PTX and module cache key derives from it): the fixture's digest, pinned.
+#[test]
+fn fixture_digest_is_pinned() {
+    assert_eq!(
+        fixture().digest().to_hex(),
+        "fba8f6d65d2a8708a027dfe4b52eb788e7e9da0b0b2456efdaaf8714425ef6b0"
+    );
+    // The crate's shared fixture is the same program (it adds an entry op id).
+    let shared = host_cost_fixture(5, 4);
+    assert_eq!(shared.buffers(), fixture().buffers());
+    assert_eq!(shared.entry(), fixture().entry());
+    assert_eq!(shared.workgroup_size(), fixture().workgroup_size());
+}
+
+/// Locks out a drift between the documented canonical encoding and the digest: a
+/// tiny program encoded by hand, byte by byte, hashes to its digest.
+#[test]
+fn digest_is_sha256_of_the_documented_encoding() {
+    let program = Program::builder([2, 3, 4])
+        .buffer(
+            "b",
+            7,
+            Access::WriteOnly,
+            ElemType::F32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.store("b", 1u32, -0.0f32);
+        })
+        .build();
+    let mut bytes = b"vyre-cuda program v1".to_vec();
+    bytes.extend(1u32.to_le_bytes()); // buffer count
+    bytes.extend(1u32.to_le_bytes()); // name length
+    bytes.extend(b"b");
+    bytes.extend(7u32.to_le_bytes()); // binding
+    bytes.push(2); // write_only
+    bytes.push(3); // f32
+    bytes.push(1); // runtime count
+    for w in [2u32, 3, 4] {
+        bytes.extend(w.to_le_bytes());
+    }
+    bytes.push(0); // no entry op id
+    bytes.push(0); // composable
+    bytes.extend(1u32.to_le_bytes()); // entry block length
+    bytes.push(2); // store
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(b"b");
+    bytes.extend([0, 0]); // index: literal u32
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend([0, 2]); // value: literal f32
+    bytes.extend((-0.0f32).to_bits().to_le_bytes());
+    assert_eq!(program.digest().0, sha256(&bytes));
+}
+
+// ---- sensitivity -------------------------------------------------------------------------
+
+fn lit_u32(v: u32) -> Expr {
+    Expr::u32(v)
+}
+
+fn buffers() -> Vec<BufferDecl> {
+    vec![
+        BufferDecl::new(
+            "in",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        ),
+        BufferDecl::new(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        ),
+    ]
+}
+
+/// A body with every node kind and every expression kind.
+fn body() -> Vec<Node> {
+    vec![
+        // 0
+        Node::Let {
+            name: "a".into(),
+            mutable: true,
+            value: Expr::load("in", Expr::global_id(Axis::X)),
+        },
+        // 1
+        Node::Assign {
+            name: "a".into(),
+            value: Expr::var("a") + 1u32,
+        },
+        // 2
+        Node::Store {
+            buffer: "out".into(),
+            index: lit_u32(0),
+            value: Expr::var("a"),
+        },
+        // 3
+        Node::If {
+            condition: Expr::var("a").less_than(3u32),
+            then_body: vec![Node::Barrier].into(),
+            else_body: vec![Node::Return].into(),
+        },
+        // 4
+        Node::Loop {
+            variable: "i".into(),
+            start: lit_u32(0),
+            end: Expr::length("out"),
+            body: vec![Node::GridSync].into(),
+        },
+        // 5
+        Node::Atomic {
+            op: AtomicOp::Add,
+            buffer: "out".into(),
+            index: lit_u32(1),
+            value: lit_u32(2),
+        },
+        // 6
+        Node::WorkgroupReduce {
+            name: "r".into(),
+            op: ReduceOp::Sum,
+            value: Expr::local_id(Axis::Y),
+        },
+        // 7
+        Node::Let {
+            name: "f".into(),
+            mutable: false,
+            value: Expr::bool(true).select(1.0f32, 0.0f32),
+        },
+        // 8
+        Node::Let {
+            name: "c".into(),
+            mutable: false,
+            value: Expr::unary(UnaryOp::BitNot, Expr::workgroup_id(Axis::Z)).cast(ScalarType::F32),
+        },
+        // 9
+        Node::Let {
+            name: "s".into(),
+            mutable: false,
+            value: Expr::SubgroupShuffleXor {
+                value: Box::new(lit_u32(1)),
+                lane_mask: 1,
+            },
+        },
+        // 10
+        Node::Let {
+            name: "t".into(),
+            mutable: false,
+            value: Expr::SubgroupReduce {
+                op: ReduceOp::Max,
+                value: Box::new(Expr::workgroup_count(Axis::X)),
+            },
+        },
+    ]
+}
+
+fn program(buffers: Vec<BufferDecl>, size: [u32; 3], body: Vec<Node>) -> Program {
+    Program::new(buffers, size, body)
+}
+
+fn with_buffer(edit: impl FnOnce(&mut BufferDecl)) -> Program {
+    let mut b = buffers();
+    edit(&mut b[0]);
+    program(b, [8, 2, 1], body())
+}
+
+fn with_node(index: usize, node: Node) -> Program {
+    let mut nodes = body();
+    nodes[index] = node;
+    program(buffers(), [8, 2, 1], nodes)
+}
+
+fn with_size(size: [u32; 3]) -> Program {
+    program(buffers(), size, body())
+}
+
+/// Locks out a digest blind to any field that changes generated code (two different
+/// programs would share a PTX cache entry): every variant below differs from the base
+/// and from each other; a rebuilt equal program (negative control) does not differ.
+#[test]
+fn every_codegen_field_moves_the_digest() {
+    let base = program(buffers(), [8, 2, 1], body());
+    let mut variants: Vec<(&str, Program)> = vec![
+        ("buffer name", with_buffer(|b| b.name = "input".into())),
+        ("buffer binding", with_buffer(|b| b.binding = 5)),
+        (
+            "buffer access",
+            with_buffer(|b| b.access = Access::ReadWrite),
+        ),
+        ("buffer elem", with_buffer(|b| b.elem = ElemType::I32)),
+        (
+            "buffer count",
+            with_buffer(|b| b.count = BufferCount::Static(5)),
+        ),
+        (
+            "buffer runtime",
+            with_buffer(|b| b.count = BufferCount::Runtime),
+        ),
+        ("buffer order", {
+            let mut b = buffers();
+            b.reverse();
+            program(b, [8, 2, 1], body())
+        }),
+        ("workgroup x", with_size([9, 2, 1])),
+        ("workgroup y", with_size([8, 3, 1])),
+        ("workgroup z", with_size([8, 2, 2])),
+        ("workgroup transposed", with_size([2, 8, 1])),
+        (
+            "let name",
+            with_node(
+                0,
+                Node::Let {
+                    name: "b".into(),
+                    mutable: true,
+                    value: Expr::load("in", Expr::global_id(Axis::X)),
+                },
+            ),
+        ),
+        (
+            "let mutable",
+            with_node(
+                0,
+                Node::Let {
+                    name: "a".into(),
+                    mutable: false,
+                    value: Expr::load("in", Expr::global_id(Axis::X)),
+                },
+            ),
+        ),
+        (
+            "load buffer",
+            with_node(
+                0,
+                Node::Let {
+                    name: "a".into(),
+                    mutable: true,
+                    value: Expr::load("out", Expr::global_id(Axis::X)),
+                },
+            ),
+        ),
+        (
+            "builtin axis",
+            with_node(
+                0,
+                Node::Let {
+                    name: "a".into(),
+                    mutable: true,
+                    value: Expr::load("in", Expr::global_id(Axis::Y)),
+                },
+            ),
+        ),
+        (
+            "builtin kind",
+            with_node(
+                0,
+                Node::Let {
+                    name: "a".into(),
+                    mutable: true,
+                    value: Expr::load("in", Expr::local_id(Axis::X)),
+                },
+            ),
+        ),
+        (
+            "assign name",
+            with_node(
+                1,
+                Node::Assign {
+                    name: "b".into(),
+                    value: Expr::var("a") + 1u32,
+                },
+            ),
+        ),
+        (
+            "binary op",
+            with_node(
+                1,
+                Node::Assign {
+                    name: "a".into(),
+                    value: Expr::var("a") - 1u32,
+                },
+            ),
+        ),
+        (
+            "operand order",
+            with_node(
+                1,
+                Node::Assign {
+                    name: "a".into(),
+                    value: Expr::u32(1) + Expr::var("a"),
+                },
+            ),
+        ),
+        (
+            "literal type tag",
+            with_node(
+                1,
+                Node::Assign {
+                    name: "a".into(),
+                    value: Expr::var("a") + 1i32,
+                },
+            ),
+        ),
+        (
+            "variable name",
+            with_node(
+                1,
+                Node::Assign {
+                    name: "a".into(),
+                    value: Expr::var("b") + 1u32,
+                },
+            ),
+        ),
+        (
+            "store buffer",
+            with_node(
+                2,
+                Node::Store {
+                    buffer: "in".into(),
+                    index: lit_u32(0),
+                    value: Expr::var("a"),
+                },
+            ),
+        ),
+        (
+            "store index",
+            with_node(
+                2,
+                Node::Store {
+                    buffer: "out".into(),
+                    index: lit_u32(1),
+                    value: Expr::var("a"),
+                },
+            ),
+        ),
+        (
+            "store value",
+            with_node(
+                2,
+                Node::Store {
+                    buffer: "out".into(),
+                    index: lit_u32(0),
+                    value: lit_u32(0),
+                },
+            ),
+        ),
+        (
+            "if condition",
+            with_node(
+                3,
+                Node::If {
+                    condition: Expr::var("a").less_equal(3u32),
+                    then_body: vec![Node::Barrier].into(),
+                    else_body: vec![Node::Return].into(),
+                },
+            ),
+        ),
+        (
+            "if branches swapped",
+            with_node(
+                3,
+                Node::If {
+                    condition: Expr::var("a").less_than(3u32),
+                    then_body: vec![Node::Return].into(),
+                    else_body: vec![Node::Barrier].into(),
+                },
+            ),
+        ),
+        (
+            "if block boundary",
+            with_node(
+                3,
+                Node::If {
+                    condition: Expr::var("a").less_than(3u32),
+                    then_body: vec![Node::Barrier, Node::Return].into(),
+                    else_body: Vec::new().into(),
+                },
+            ),
+        ),
+        (
+            "barrier becomes grid sync",
+            with_node(
+                3,
+                Node::If {
+                    condition: Expr::var("a").less_than(3u32),
+                    then_body: vec![Node::GridSync].into(),
+                    else_body: vec![Node::Return].into(),
+                },
+            ),
+        ),
+        (
+            "loop variable",
+            with_node(
+                4,
+                Node::Loop {
+                    variable: "j".into(),
+                    start: lit_u32(0),
+                    end: Expr::length("out"),
+                    body: vec![Node::GridSync].into(),
+                },
+            ),
+        ),
+        (
+            "loop start",
+            with_node(
+                4,
+                Node::Loop {
+                    variable: "i".into(),
+                    start: lit_u32(1),
+                    end: Expr::length("out"),
+                    body: vec![Node::GridSync].into(),
+                },
+            ),
+        ),
+        (
+            "loop end (length buffer)",
+            with_node(
+                4,
+                Node::Loop {
+                    variable: "i".into(),
+                    start: lit_u32(0),
+                    end: Expr::length("in"),
+                    body: vec![Node::GridSync].into(),
+                },
+            ),
+        ),
+        (
+            "loop body",
+            with_node(
+                4,
+                Node::Loop {
+                    variable: "i".into(),
+                    start: lit_u32(0),
+                    end: Expr::length("out"),
+                    body: vec![Node::GridSync, Node::GridSync].into(),
+                },
+            ),
+        ),
+        (
+            "atomic op",
+            with_node(
+                5,
+                Node::Atomic {
+                    op: AtomicOp::Or,
+                    buffer: "out".into(),
+                    index: lit_u32(1),
+                    value: lit_u32(2),
+                },
+            ),
+        ),
+        (
+            "atomic buffer",
+            with_node(
+                5,
+                Node::Atomic {
+                    op: AtomicOp::Add,
+                    buffer: "in".into(),
+                    index: lit_u32(1),
+                    value: lit_u32(2),
+                },
+            ),
+        ),
+        (
+            "atomic index",
+            with_node(
+                5,
+                Node::Atomic {
+                    op: AtomicOp::Add,
+                    buffer: "out".into(),
+                    index: lit_u32(2),
+                    value: lit_u32(2),
+                },
+            ),
+        ),
+        (
+            "atomic value",
+            with_node(
+                5,
+                Node::Atomic {
+                    op: AtomicOp::Add,
+                    buffer: "out".into(),
+                    index: lit_u32(1),
+                    value: lit_u32(3),
+                },
+            ),
+        ),
+        (
+            "reduce name",
+            with_node(
+                6,
+                Node::WorkgroupReduce {
+                    name: "q".into(),
+                    op: ReduceOp::Sum,
+                    value: Expr::local_id(Axis::Y),
+                },
+            ),
+        ),
+        (
+            "reduce op",
+            with_node(
+                6,
+                Node::WorkgroupReduce {
+                    name: "r".into(),
+                    op: ReduceOp::Min,
+                    value: Expr::local_id(Axis::Y),
+                },
+            ),
+        ),
+        (
+            "reduce value",
+            with_node(
+                6,
+                Node::WorkgroupReduce {
+                    name: "r".into(),
+                    op: ReduceOp::Sum,
+                    value: Expr::local_id(Axis::Z),
+                },
+            ),
+        ),
+        (
+            "f32 -0.0 vs 0.0",
+            with_node(
+                7,
+                Node::Let {
+                    name: "f".into(),
+                    mutable: false,
+                    value: Expr::bool(true).select(1.0f32, -0.0f32),
+                },
+            ),
+        ),
+        (
+            "bool literal",
+            with_node(
+                7,
+                Node::Let {
+                    name: "f".into(),
+                    mutable: false,
+                    value: Expr::bool(false).select(1.0f32, 0.0f32),
+                },
+            ),
+        ),
+        (
+            "select arms",
+            with_node(
+                7,
+                Node::Let {
+                    name: "f".into(),
+                    mutable: false,
+                    value: Expr::bool(true).select(0.0f32, 1.0f32),
+                },
+            ),
+        ),
+        (
+            "cast target",
+            with_node(
+                8,
+                Node::Let {
+                    name: "c".into(),
+                    mutable: false,
+                    value: Expr::unary(UnaryOp::BitNot, Expr::workgroup_id(Axis::Z))
+                        .cast(ScalarType::I32),
+                },
+            ),
+        ),
+        (
+            "unary op",
+            with_node(
+                8,
+                Node::Let {
+                    name: "c".into(),
+                    mutable: false,
+                    value: Expr::unary(UnaryOp::CountOnes, Expr::workgroup_id(Axis::Z))
+                        .cast(ScalarType::F32),
+                },
+            ),
+        ),
+        (
+            "lane mask",
+            with_node(
+                9,
+                Node::Let {
+                    name: "s".into(),
+                    mutable: false,
+                    value: Expr::SubgroupShuffleXor {
+                        value: Box::new(lit_u32(1)),
+                        lane_mask: 2,
+                    },
+                },
+            ),
+        ),
+        (
+            "subgroup reduce op",
+            with_node(
+                10,
+                Node::Let {
+                    name: "t".into(),
+                    mutable: false,
+                    value: Expr::SubgroupReduce {
+                        op: ReduceOp::Sum,
+                        value: Box::new(Expr::workgroup_count(Axis::X)),
+                    },
+                },
+            ),
+        ),
+        ("node removed", {
+            let mut nodes = body();
+            nodes.pop();
+            program(buffers(), [8, 2, 1], nodes)
+        }),
+    ];
+    variants.push(("entry op id", base.with_entry_op_id("op")));
+    variants.push(("other entry op id", base.with_entry_op_id("oq")));
+    variants.push(("empty entry op id", base.with_entry_op_id("")));
+    variants.push((
+        "non_composable_with_self",
+        base.with_non_composable_with_self(true),
+    ));
+
+    let mut seen = std::collections::HashMap::new();
+    seen.insert(base.digest(), "base");
+    for (what, variant) in &variants {
+        assert_ne!(
+            variant, &base,
+            "{what}: the variant must differ structurally"
+        );
+        if let Some(previous) = seen.insert(variant.digest(), what) {
+            panic!("{what} has the same digest as {previous}");
+        }
+    }
+    // Negative control: rebuilding the same program gives the same digest.
+    let rebuilt = program(buffers(), [8, 2, 1], body());
+    assert!(!Program::ptr_eq(&rebuilt, &base));
+    assert_eq!(rebuilt.digest(), base.digest());
+    assert_eq!(
+        base.with_non_composable_with_self(false).digest(),
+        base.digest()
+    );
+}
+
+/// Locks out clones that copy the program instead of sharing it.
+#[test]
+fn clones_share_one_allocation() {
+    let program = fixture();
+    let clone = program.clone();
+    assert!(Program::ptr_eq(&program, &clone));
+    assert!(Arc::ptr_eq(program.entry(), clone.entry()));
+    // Negative control: an equal program built separately is equal but not shared.
+    let rebuilt = fixture();
+    assert_eq!(rebuilt, program);
+    assert!(!Program::ptr_eq(&rebuilt, &program));
+}
+
+use std::sync::Arc;
+
+/// Locks out a rewrite reusing the original's memoised digest (a renamed program
+/// would be served the old program's cache entries).
+#[test]
+fn rewrites_get_a_fresh_digest() {
+    let program = fixture();
+    let original = program.digest();
+    let renamed = program.with_entry_op_id("tokenize.classify");
+    assert!(!Program::ptr_eq(&renamed, &program));
+    assert!(!renamed.digest_is_memoised());
+    let before = computations_on_current_thread();
+    assert_ne!(renamed.digest(), original);
+    assert_eq!(computations_on_current_thread() - before, 1);
+    assert_eq!(renamed.entry_op_id(), Some("tokenize.classify"));
+    assert_eq!(renamed.display_name(), "'tokenize.classify'");
+    // The rewrite shares the untouched parts and leaves the original's memo alone.
+    assert!(Arc::ptr_eq(renamed.entry(), program.entry()));
+    assert_eq!(program.digest(), original);
+    let flagged = program.with_non_composable_with_self(true);
+    assert!(!flagged.digest_is_memoised());
+    assert_ne!(flagged.digest(), original);
+    // Same id again: equal content, equal digest, separate value.
+    let again = program.with_entry_op_id("tokenize.classify");
+    assert_eq!(again.digest(), renamed.digest());
+    assert!(!Program::ptr_eq(&again, &renamed));
+}
+
+/// Locks out an illegible `Display` (test failures and logs print programs).
+#[test]
+fn display_of_the_fixture_is_legible() {
+    let text = fixture().to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "program workgroup_size [1, 1, 1]");
+    assert_eq!(lines[1], "  @binding(0) read_only in: u32[4]");
+    assert_eq!(lines[2], "  @binding(1) read_write out: u32[4]");
+    assert_eq!(lines[5], "  @binding(4) read_write scratch3: u32[4]");
+    assert!(lines.contains(&"    let acc0 = in[0u];"), "{text}");
+    assert!(lines.contains(&"    let acc4 = (acc3 + 4u);"), "{text}");
+    assert!(lines.contains(&"    out[0u] = acc4;"), "{text}");
+    assert_eq!(lines.last(), Some(&"}"));
+    // Debug reads the same, so assertion failures show programs.
+    assert_eq!(format!("{:?}", fixture()), text);
+    let named = fixture()
+        .with_entry_op_id("bench")
+        .with_non_composable_with_self(true);
+    assert!(named
+        .to_string()
+        .starts_with("program 'bench' workgroup_size [1, 1, 1] non_composable_with_self"));
+}
+
+/// Locks out the fixture being invalid (the host-cost instruments dispatch it).
+#[test]
+fn the_fixture_validates() {
+    assert_eq!(validate(&fixture(), &Limits::default()), Ok(()));
+    for (buffers, steps) in [(2, 0), (5, 1), (9, 128), (17, 1024)] {
+        let p = host_cost_fixture(buffers, steps);
+        assert_eq!(p.buffers().len(), buffers as usize);
+        assert_eq!(p.entry().len(), steps as usize + 2);
+        assert_eq!(validate(&p, &Limits::default()), Ok(()));
+    }
+}

@@ -1,0 +1,1698 @@
+//! Tests of the CPU reference interpreter (§3).
+//!
+//! Every expected value below is written out by hand from the IR's documented
+//! semantics, never computed by the interpreter itself: the interpreter is the
+//! oracle for the GPU, so its own oracle has to be arithmetic a reader can check.
+
+use vyre_cuda::ir::*;
+use vyre_cuda::reference::{self, ReferenceOptions};
+use vyre_cuda::{CodegenOptions, DispatchConfig};
+
+fn bytes_of(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn i32_bits(values: &[i32]) -> Vec<u32> {
+    values.iter().map(|&v| v as u32).collect()
+}
+
+fn f32_bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Run and return every output as `u32` words.
+fn run_words(program: &Program, inputs: &[&[u8]], config: &DispatchConfig) -> Vec<Vec<u32>> {
+    reference::run(program, inputs, config)
+        .unwrap_or_else(|e| panic!("{e}\n{program}"))
+        .iter()
+        .map(|b| words_of(b))
+        .collect()
+}
+
+fn elem_for(ty: ScalarType) -> ElemType {
+    match ty {
+        ScalarType::U32 | ScalarType::Bool => ElemType::U32,
+        ScalarType::I32 => ElemType::I32,
+        ScalarType::F32 => ElemType::F32,
+    }
+}
+
+/// One thread per element: `out[i] = a[i] op b[i]` (a `bool` result is stored as
+/// 0/1). Also runs each lane again with `b[i]` as a literal, so the interpreter's
+/// per-lane and uniform-operand paths are both held to the same expectation.
+fn binary_case(op: BinaryOp, ty: ScalarType, rhs_ty: ScalarType, a: &[u32], b: &[u32]) -> Vec<u32> {
+    assert_eq!(a.len(), b.len());
+    let n = a.len() as u32;
+    let result_is_bool =
+        op.is_comparison() || matches!(op, BinaryOp::LogicalAnd | BinaryOp::LogicalOr);
+    let out_elem = if result_is_bool {
+        ElemType::U32
+    } else {
+        elem_for(ty)
+    };
+    let build = |rhs: Expr, n: u32| {
+        Program::builder([n, 1, 1])
+            .buffer(
+                "a",
+                0,
+                Access::ReadOnly,
+                elem_for(ty),
+                BufferCount::Static(n),
+            )
+            .buffer(
+                "b",
+                1,
+                Access::ReadOnly,
+                elem_for(rhs_ty),
+                BufferCount::Static(n),
+            )
+            .buffer(
+                "out",
+                2,
+                Access::WriteOnly,
+                out_elem,
+                BufferCount::Static(n),
+            )
+            .body(move |blk| {
+                let i = blk.let_("i", Expr::global_id(Axis::X));
+                let mut lhs = Expr::load("a", i.clone());
+                if ty == ScalarType::Bool {
+                    lhs = lhs.cast(ScalarType::Bool);
+                }
+                let mut value = Expr::binary(op, lhs, rhs);
+                if result_is_bool {
+                    value = value.cast(ScalarType::U32);
+                }
+                blk.store("out", i, value);
+            })
+            .build()
+    };
+    let mut rhs = Expr::load("b", Expr::global_id(Axis::X));
+    if rhs_ty == ScalarType::Bool {
+        rhs = rhs.cast(ScalarType::Bool);
+    }
+    let per_lane = run_words(
+        &build(rhs, n),
+        &[&bytes_of(a), &bytes_of(b), &vec![0; 4 * n as usize]],
+        &DispatchConfig::linear(1),
+    )
+    .remove(0);
+    for (lane, &b_bits) in b.iter().enumerate() {
+        let literal = match rhs_ty {
+            ScalarType::U32 => Literal::U32(b_bits),
+            ScalarType::I32 => Literal::I32(b_bits as i32),
+            ScalarType::F32 => Literal::F32(f32::from_bits(b_bits)),
+            ScalarType::Bool => Literal::Bool(b_bits != 0),
+        };
+        let uniform = run_words(
+            &build(Expr::Literal(literal), n),
+            &[&bytes_of(a), &bytes_of(b), &vec![0; 4 * n as usize]],
+            &DispatchConfig::linear(1),
+        )
+        .remove(0);
+        assert_eq!(
+            uniform[lane], per_lane[lane],
+            "{op:?} lane {lane}: literal operand and per-lane operand disagree"
+        );
+    }
+    per_lane
+}
+
+fn unary_case(op: UnaryOp, ty: ScalarType, a: &[u32]) -> Vec<u32> {
+    let n = a.len() as u32;
+    let out_elem = match op {
+        UnaryOp::CountOnes | UnaryOp::LeadingZeros | UnaryOp::LogicalNot => ElemType::U32,
+        _ => elem_for(ty),
+    };
+    let program = Program::builder([n, 1, 1])
+        .buffer(
+            "a",
+            0,
+            Access::ReadOnly,
+            elem_for(ty),
+            BufferCount::Static(n),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            out_elem,
+            BufferCount::Static(n),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let mut operand = Expr::load("a", i.clone());
+            if ty == ScalarType::Bool {
+                operand = operand.cast(ScalarType::Bool);
+            }
+            let mut value = Expr::unary(op, operand);
+            if op == UnaryOp::LogicalNot {
+                value = value.cast(ScalarType::U32);
+            }
+            blk.store("out", i, value);
+        })
+        .build();
+    run_words(
+        &program,
+        &[&bytes_of(a), &vec![0; 4 * n as usize]],
+        &DispatchConfig::linear(1),
+    )
+    .remove(0)
+}
+
+fn cast_case(from: ScalarType, to: ScalarType, a: &[u32]) -> Vec<u32> {
+    let n = a.len() as u32;
+    let program = Program::builder([n, 1, 1])
+        .buffer(
+            "a",
+            0,
+            Access::ReadOnly,
+            elem_for(from),
+            BufferCount::Static(n),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            elem_for(to),
+            BufferCount::Static(n),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let mut value = Expr::load("a", i.clone());
+            if from == ScalarType::Bool {
+                value = value.cast(ScalarType::Bool);
+            }
+            value = value.cast(to);
+            if to == ScalarType::Bool {
+                value = value.cast(ScalarType::U32);
+            }
+            blk.store("out", i, value);
+        })
+        .build();
+    run_words(
+        &program,
+        &[&bytes_of(a), &vec![0; 4 * n as usize]],
+        &DispatchConfig::linear(1),
+    )
+    .remove(0)
+}
+
+use ScalarType::{Bool, F32, I32, U32};
+
+/// Locks out non-wrapping (panicking or saturating) u32 arithmetic and a division by
+/// zero that traps or returns anything but 0.
+#[test]
+fn u32_arithmetic_wraps_and_divides_by_zero_to_zero() {
+    let a = [0xFFFF_FFFF, 3, 0, 0x1_0000];
+    let b = [2, 4, 1, 0x1_0000];
+    assert_eq!(
+        binary_case(BinaryOp::Add, U32, U32, &a, &b),
+        [1, 7, 1, 0x2_0000]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Sub, U32, U32, &a, &b),
+        [0xFFFF_FFFD, 0xFFFF_FFFF, 0xFFFF_FFFF, 0]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Mul, U32, U32, &a, &b),
+        [0xFFFF_FFFE, 12, 0, 0]
+    );
+    let a = [7, 7, 0xFFFF_FFFF, 0];
+    let b = [2, 0, 0x10, 0];
+    assert_eq!(
+        binary_case(BinaryOp::Div, U32, U32, &a, &b),
+        [3, 0, 0x0FFF_FFFF, 0]
+    );
+    assert_eq!(binary_case(BinaryOp::Rem, U32, U32, &a, &b), [1, 0, 0xF, 0]);
+    assert_eq!(
+        binary_case(
+            BinaryOp::Min,
+            U32,
+            U32,
+            &[1, 0xFFFF_FFFF],
+            &[0xFFFF_FFFF, 2]
+        ),
+        [1, 2]
+    );
+    assert_eq!(
+        binary_case(
+            BinaryOp::Max,
+            U32,
+            U32,
+            &[1, 0xFFFF_FFFF],
+            &[0xFFFF_FFFF, 2]
+        ),
+        [0xFFFF_FFFF, 0xFFFF_FFFF]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::BitAnd, U32, U32, &[0xF0F0], &[0xFF00]),
+        [0xF000]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::BitOr, U32, U32, &[0xF0F0], &[0xFF00]),
+        [0xFFF0]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::BitXor, U32, U32, &[0xF0F0], &[0xFF00]),
+        [0x0FF0]
+    );
+}
+
+/// Locks out shifts that trap or saturate at 32 (PTX `shl` clamps; the IR says mod 32).
+#[test]
+fn shifts_take_the_amount_modulo_32() {
+    let a = [1, 1, 1, 0x8000_0000, 0x8000_0000, 0xF0];
+    let b = [31, 32, 33, 35, 32, 4];
+    assert_eq!(
+        binary_case(BinaryOp::Shl, U32, U32, &a, &b),
+        [0x8000_0000, 1, 2, 0, 0x8000_0000, 0xF00]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Shr, U32, U32, &a, &b),
+        [0, 1, 0, 0x1000_0000, 0x8000_0000, 0xF]
+    );
+    // Arithmetic shift on i32 keeps the sign, also past 32.
+    let a = i32_bits(&[-8, -1, -16, 16, i32::MIN]);
+    let b = [1, 40, 34, 33, 31];
+    assert_eq!(
+        binary_case(BinaryOp::Shr, I32, U32, &a, &b),
+        i32_bits(&[-4, -1, -4, 8, -1])
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Shl, I32, U32, &i32_bits(&[-1, 3]), &[31, 33]),
+        i32_bits(&[i32::MIN, 6])
+    );
+}
+
+/// Locks out the i32 edge cases the GPU defines and Rust panics on: overflow,
+/// division by zero, `i32::MIN / -1`.
+#[test]
+fn i32_arithmetic_wraps_truncates_and_handles_min_over_minus_one() {
+    let a = i32_bits(&[i32::MAX, i32::MIN, 0x4000_0000, -3]);
+    let b = i32_bits(&[1, 1, 4, 5]);
+    assert_eq!(
+        binary_case(BinaryOp::Add, I32, I32, &a, &b),
+        i32_bits(&[i32::MIN, i32::MIN + 1, 0x4000_0004, 2])
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Sub, I32, I32, &a, &b),
+        i32_bits(&[i32::MAX - 1, i32::MAX, 0x3FFF_FFFC, -8])
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Mul, I32, I32, &a, &b),
+        i32_bits(&[i32::MAX, i32::MIN, 0, -15])
+    );
+    let a = i32_bits(&[-7, 7, i32::MIN, 5, -7, 0]);
+    let b = i32_bits(&[2, -2, -1, 0, -7, -3]);
+    assert_eq!(
+        binary_case(BinaryOp::Div, I32, I32, &a, &b),
+        i32_bits(&[-3, -3, i32::MIN, 0, 1, 0])
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Rem, I32, I32, &a, &b),
+        i32_bits(&[-1, 1, 0, 0, 0, 0])
+    );
+    let a = i32_bits(&[-1, 5, i32::MIN]);
+    let b = i32_bits(&[1, -5, i32::MAX]);
+    assert_eq!(
+        binary_case(BinaryOp::Min, I32, I32, &a, &b),
+        i32_bits(&[-1, -5, i32::MIN])
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Max, I32, I32, &a, &b),
+        i32_bits(&[1, 5, i32::MAX])
+    );
+    assert_eq!(binary_case(BinaryOp::Lt, I32, I32, &a, &b), [1, 0, 1]);
+    assert_eq!(binary_case(BinaryOp::Lt, U32, U32, &a, &b), [0, 1, 0]);
+    assert_eq!(binary_case(BinaryOp::Ge, I32, I32, &a, &b), [0, 1, 0]);
+}
+
+/// Locks out fused multiply-add, round-to-nearest mistakes and x86's default NaN
+/// `0xffc00000` (the GPU returns the canonical NaN `0x7fffffff`).
+#[test]
+fn f32_arithmetic_rounds_to_nearest_even_and_never_fuses() {
+    // 1 + 2^-24 is half an ulp above 1: ties to even gives 1. 1 + 3*2^-24 gives 1 + 2 ulp.
+    let a = f32_bits(&[1.0, 1.0, 1.5, -1.0]);
+    let b = f32_bits(&[
+        f32::from_bits(0x3380_0000),
+        f32::from_bits(0x3440_0000),
+        2.25,
+        0.0,
+    ]);
+    assert_eq!(
+        binary_case(BinaryOp::Add, F32, F32, &a, &b),
+        [0x3F80_0000, 0x3F80_0002, 0x4070_0000, 0xBF80_0000]
+    );
+    // 1/0 = inf, -1/0 = -inf, 0/0 = canonical NaN, 3/2 = 1.5.
+    let a = f32_bits(&[1.0, -1.0, 0.0, 3.0]);
+    let b = f32_bits(&[0.0, 0.0, 0.0, 2.0]);
+    assert_eq!(
+        binary_case(BinaryOp::Div, F32, F32, &a, &b),
+        [0x7F80_0000, 0xFF80_0000, 0x7FFF_FFFF, 0x3FC0_0000]
+    );
+    // inf - inf and inf * 0 are NaN: canonical.
+    let inf = f32::INFINITY;
+    assert_eq!(
+        binary_case(
+            BinaryOp::Sub,
+            F32,
+            F32,
+            &f32_bits(&[inf]),
+            &f32_bits(&[inf])
+        ),
+        [0x7FFF_FFFF]
+    );
+    assert_eq!(
+        binary_case(
+            BinaryOp::Mul,
+            F32,
+            F32,
+            &f32_bits(&[inf]),
+            &f32_bits(&[0.0])
+        ),
+        [0x7FFF_FFFF]
+    );
+
+    // (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 rounds (tie, even) to 1 + 2^-11 = 0x3F801000;
+    // minus (1 + 2^-11) is then exactly 0. A fused multiply-add would give 2^-24.
+    let x = f32::from_bits(0x3F80_0800); // 1 + 2^-12
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::F32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::F32,
+            BufferCount::Static(2),
+        )
+        .body(|blk| {
+            let a = Expr::load("x", 0u32);
+            let c = Expr::load("x", 1u32);
+            blk.store("out", 0u32, a.clone() * a.clone());
+            blk.store("out", 1u32, a.clone() * a - c);
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[
+            &bytes_of(&f32_bits(&[x, f32::from_bits(0x3F80_1000)])),
+            &[0; 8],
+        ],
+        &DispatchConfig::linear(1),
+    );
+    assert_eq!(out[0], [0x3F80_1000, 0]);
+}
+
+/// Locks out NaN-propagating min/max (PTX `min.f32` returns the non-NaN operand),
+/// a non-canonical NaN for two NaNs, and an unspecified order of signed zeros.
+#[test]
+fn f32_min_max_ignore_one_nan() {
+    let nan = f32::from_bits(0x7FC0_0001);
+    let a = f32_bits(&[nan, 1.0, nan, -0.0, 0.0, -2.0]);
+    let b = f32_bits(&[1.0, nan, f32::from_bits(0xFFC0_0000), 0.0, -0.0, 3.0]);
+    assert_eq!(
+        binary_case(BinaryOp::Min, F32, F32, &a, &b),
+        [
+            0x3F80_0000,
+            0x3F80_0000,
+            0x7FFF_FFFF,
+            0x8000_0000,
+            0x8000_0000,
+            0xC000_0000
+        ]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::Max, F32, F32, &a, &b),
+        [0x3F80_0000, 0x3F80_0000, 0x7FFF_FFFF, 0, 0, 0x4040_0000]
+    );
+}
+
+/// Locks out unordered f32 comparisons: NaN compares false except for `!=`.
+#[test]
+fn f32_comparisons_are_ordered() {
+    let nan = f32::NAN;
+    let a = f32_bits(&[nan, 1.0, nan, -0.0, 1.0]);
+    let b = f32_bits(&[1.0, nan, nan, 0.0, 2.0]);
+    assert_eq!(binary_case(BinaryOp::Lt, F32, F32, &a, &b), [0, 0, 0, 0, 1]);
+    assert_eq!(binary_case(BinaryOp::Le, F32, F32, &a, &b), [0, 0, 0, 1, 1]);
+    assert_eq!(binary_case(BinaryOp::Gt, F32, F32, &a, &b), [0, 0, 0, 0, 0]);
+    assert_eq!(binary_case(BinaryOp::Ge, F32, F32, &a, &b), [0, 0, 0, 1, 0]);
+    assert_eq!(binary_case(BinaryOp::Eq, F32, F32, &a, &b), [0, 0, 0, 1, 0]);
+    assert_eq!(binary_case(BinaryOp::Ne, F32, F32, &a, &b), [1, 1, 1, 0, 1]);
+}
+
+/// Locks out bools stored as anything but 0/1 and logical ops that short-circuit
+/// into wrong values.
+#[test]
+fn bool_operators_yield_zero_or_one() {
+    let a = [0, 0, 1, 1];
+    let b = [0, 1, 0, 1];
+    assert_eq!(
+        binary_case(BinaryOp::LogicalAnd, Bool, Bool, &a, &b),
+        [0, 0, 0, 1]
+    );
+    assert_eq!(
+        binary_case(BinaryOp::LogicalOr, Bool, Bool, &a, &b),
+        [0, 1, 1, 1]
+    );
+    assert_eq!(binary_case(BinaryOp::Eq, Bool, Bool, &a, &b), [1, 0, 0, 1]);
+    assert_eq!(binary_case(BinaryOp::Ne, Bool, Bool, &a, &b), [0, 1, 1, 0]);
+    // A u32 of 5 cast to bool is true: stored as 1, not 5.
+    assert_eq!(unary_case(UnaryOp::LogicalNot, Bool, &[0, 5]), [1, 0]);
+}
+
+/// Locks out a panicking `abs(i32::MIN)`/`-i32::MIN`, and an f32 abs/neg that
+/// disturbs NaN payloads.
+#[test]
+fn unary_operators() {
+    assert_eq!(
+        unary_case(UnaryOp::Neg, I32, &i32_bits(&[i32::MIN, 5, -5])),
+        i32_bits(&[i32::MIN, -5, 5])
+    );
+    assert_eq!(
+        unary_case(UnaryOp::Abs, I32, &i32_bits(&[i32::MIN, -5, 5])),
+        i32_bits(&[i32::MIN, 5, 5])
+    );
+    assert_eq!(
+        unary_case(UnaryOp::Abs, F32, &[0xFFC0_0000, 0x8000_0000, 0xBF80_0000]),
+        [0x7FC0_0000, 0, 0x3F80_0000]
+    );
+    assert_eq!(
+        unary_case(UnaryOp::Neg, F32, &[0x3F80_0000, 0]),
+        [0xBF80_0000, 0x8000_0000]
+    );
+    assert_eq!(
+        unary_case(UnaryOp::BitNot, U32, &[0, 0xF0F0_F0F0]),
+        [0xFFFF_FFFF, 0x0F0F_0F0F]
+    );
+    assert_eq!(
+        unary_case(UnaryOp::CountOnes, U32, &[0, 0xF0F0, 0xFFFF_FFFF]),
+        [0, 8, 32]
+    );
+    assert_eq!(
+        unary_case(
+            UnaryOp::LeadingZeros,
+            U32,
+            &[0, 1, 0x8000_0000, 0x0001_0000]
+        ),
+        [32, 31, 0, 15]
+    );
+    assert_eq!(unary_case(UnaryOp::CountOnes, I32, &i32_bits(&[-1])), [32]);
+}
+
+/// Locks out casts that wrap instead of saturating, keep garbage for NaN, round
+/// instead of truncating, or treat `-0.0` as true.
+#[test]
+fn casts_follow_rust_as_semantics() {
+    let f = f32_bits(&[f32::NAN, 3e9, -3e9, -1.5, 1.9, -0.0]);
+    assert_eq!(
+        cast_case(F32, I32, &f),
+        i32_bits(&[0, i32::MAX, i32::MIN, -1, 1, 0])
+    );
+    assert_eq!(cast_case(F32, U32, &f), [0, 3_000_000_000, 0, 0, 1, 0]);
+    assert_eq!(
+        cast_case(F32, U32, &f32_bits(&[5e9, f32::INFINITY])),
+        [u32::MAX, u32::MAX]
+    );
+    assert_eq!(cast_case(F32, Bool, &f), [1, 1, 1, 1, 1, 0]);
+    // 16777217 is not representable: rounds to even 16777216 (0x4B800000).
+    assert_eq!(
+        cast_case(U32, F32, &[16_777_217, 0xFFFF_FFFF, 1]),
+        [0x4B80_0000, 0x4F80_0000, 0x3F80_0000]
+    );
+    assert_eq!(
+        cast_case(I32, F32, &i32_bits(&[-1, i32::MIN])),
+        [0xBF80_0000, 0xCF00_0000]
+    );
+    assert_eq!(cast_case(U32, I32, &[0xFFFF_FFFF]), [0xFFFF_FFFF]);
+    assert_eq!(cast_case(I32, U32, &i32_bits(&[-2])), [0xFFFF_FFFE]);
+    assert_eq!(cast_case(U32, Bool, &[0, 5, 0x8000_0000]), [0, 1, 1]);
+    assert_eq!(cast_case(I32, Bool, &i32_bits(&[0, -1])), [0, 1]);
+    assert_eq!(cast_case(Bool, F32, &[0, 1]), [0, 0x3F80_0000]);
+    assert_eq!(cast_case(Bool, I32, &[0, 7]), [0, 1]);
+}
+
+/// Locks out sign-extended u8 loads and u8 stores that write more than one byte.
+#[test]
+fn u8_buffers_zero_extend_on_load_and_keep_the_low_byte_on_store() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "bytes",
+            1,
+            Access::WriteOnly,
+            ElemType::U8,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "wide",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let c = blk.let_("c", Expr::load("text", i.clone()));
+            blk.store("bytes", i.clone(), c.clone() + 0x101u32);
+            blk.store("wide", i, c);
+        })
+        .build();
+    let out = reference::run(
+        &program,
+        &[&[0x41, 0xFF, 0x00, 0x07], &[9; 4], &[0; 16]],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap();
+    assert_eq!(out[0], [0x42, 0x00, 0x01, 0x08]);
+    assert_eq!(words_of(&out[1]), [0x41, 0xFF, 0, 7]);
+}
+
+fn shifted_copy_program() -> Program {
+    Program::builder([4, 1, 1])
+        .entry_op_id("shifted_copy")
+        .buffer(
+            "src",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "dst",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            // Reads src[i + 2] and writes dst[i + 2]: lanes 2 and 3 go out of range.
+            blk.store(
+                "dst",
+                i.clone() + 2u32,
+                Expr::load("src", i + 2u32) + 100u32,
+            );
+        })
+        .build()
+}
+
+/// Locks out out-of-range loads that read neighbouring memory and stores that
+/// land anywhere (bounds checks on: read 0, write nothing).
+#[test]
+fn out_of_range_loads_read_zero_and_stores_are_dropped() {
+    let out = run_words(
+        &shifted_copy_program(),
+        &[&bytes_of(&[10, 20, 30, 40]), &bytes_of(&[1, 2, 3, 4])],
+        &DispatchConfig::linear(1),
+    );
+    // Lane 0: dst[2] = src[2] + 100; lane 1: dst[3] = src[3] + 100; lanes 2, 3 dropped.
+    assert_eq!(out[0], [1, 2, 130, 140]);
+}
+
+/// Locks out the interpreter silently clamping accesses the GPU would fault on when
+/// bounds checks are off. Negative control: the same program and inputs with bounds
+/// checks on succeed, so the error comes from the out-of-range access alone.
+#[test]
+fn bounds_checks_off_makes_an_out_of_range_access_an_error() {
+    let config = DispatchConfig::linear(1).with_codegen(CodegenOptions {
+        bounds_checks: false,
+    });
+    let inputs: [&[u8]; 2] = [&bytes_of(&[10, 20, 30, 40]), &bytes_of(&[1, 2, 3, 4])];
+    let error = reference::run(&shifted_copy_program(), &inputs, &config).unwrap_err();
+    let message = error.to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    assert!(message.contains("shifted_copy"), "{message}");
+    assert!(message.contains("'src'"), "{message}");
+    assert!(message.contains("index 4"), "{message}");
+    assert!(message.contains("fault"), "{message}");
+    // Negative control.
+    assert!(reference::run(&shifted_copy_program(), &inputs, &DispatchConfig::linear(1)).is_ok());
+
+    // A store out of range with bounds checks off is an error too (in-range load).
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "dst",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(2),
+        )
+        .body(|blk| {
+            blk.store("dst", 2u32, 1u32);
+        })
+        .build();
+    let message = reference::run(&program, &[&[0; 8]], &config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("'dst'") && message.contains("index 2"),
+        "{message}"
+    );
+}
+
+/// Locks out if/else running both arms for a lane, or an else arm for lanes that
+/// took the then arm (masks must split the lanes exactly).
+#[test]
+fn if_else_splits_the_active_lanes() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let x = blk.let_mut("x", 0u32);
+            blk.if_else(
+                (i.clone() % 2u32).equals(0u32),
+                |blk| {
+                    blk.assign("x", x.clone() + 1u32);
+                    blk.if_(i.clone().less_than(4u32), |blk| {
+                        blk.assign("x", x.clone() + 10u32);
+                    });
+                },
+                |blk| {
+                    blk.assign("x", x.clone() + 2u32);
+                },
+            );
+            blk.store("out", i, x);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 32]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [11, 2, 11, 2, 1, 2, 1, 2]);
+}
+
+/// Locks out loops that run every lane the same number of times (uniform trip
+/// count) or re-evaluate their bounds each iteration.
+#[test]
+fn loops_have_per_thread_trip_counts() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "sum",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .buffer(
+            "count",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let sum = blk.let_mut("s", 0u32);
+            let n = blk.let_mut("n", i.clone());
+            blk.loop_("j", 0u32, n.clone(), |blk, j| {
+                blk.assign("s", sum.clone() + j);
+                // Changing n inside the body must not change the trip count.
+                blk.assign("n", n.clone() + 1u32);
+            });
+            blk.store("sum", i.clone(), sum);
+            // start > end: no iterations.
+            let c = blk.let_mut("c", 0u32);
+            blk.loop_("k", 5u32, i.clone(), |blk, _| {
+                blk.assign("c", c.clone() + 1u32);
+            });
+            blk.store("count", i, c);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 32], &[0; 32]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [0, 0, 1, 3, 6, 10, 15, 21]);
+    assert_eq!(out[1], [0, 0, 0, 0, 0, 0, 1, 2]);
+}
+
+/// Locks out `Return` that only leaves the current block (a returned lane must
+/// execute nothing more in the kernel, also from inside a loop).
+#[test]
+fn early_return_ends_the_thread() {
+    let program = Program::builder([6, 1, 1])
+        .buffer(
+            "iterations",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(6),
+        )
+        .buffer(
+            "after",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(6),
+        )
+        .buffer(
+            "touched",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(6),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            blk.if_(i.clone().equals(5u32), |blk| {
+                blk.return_();
+            });
+            blk.loop_("j", 0u32, 4u32, |blk, j| {
+                // First statement of the body: a returned lane must not reach it again.
+                blk.atomic(AtomicOp::Add, "touched", i.clone(), 1u32);
+                blk.if_(j.equals(i.clone()), |blk| {
+                    blk.return_();
+                });
+                blk.atomic(AtomicOp::Add, "iterations", i.clone(), 1u32);
+            });
+            blk.store("after", i, 7u32);
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[&[0; 24], &[0; 24], &[0; 24]],
+        &DispatchConfig::linear(1),
+    );
+    // Lane i returns at iteration i (i < 4) after i iterations; lane 4 finishes all 4;
+    // lane 5 returned before the loop.
+    assert_eq!(out[0], [0, 1, 2, 3, 4, 0]);
+    assert_eq!(out[1], [0, 0, 0, 0, 7, 0]);
+    // Lane i (i < 4) touches iterations 0..=i, then returns.
+    assert_eq!(out[2], [1, 2, 3, 4, 4, 0]);
+}
+
+/// Locks out shared memory that is not per workgroup, not zeroed, or read before
+/// every thread of the workgroup wrote it (thread i reads what thread n-1-i wrote).
+#[test]
+fn barrier_and_workgroup_memory_exchange_values() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .buffer(
+            "shared",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(9),
+        )
+        .body(|blk| {
+            let local = blk.let_("l", Expr::local_id(Axis::X));
+            let group = blk.let_("w", Expr::workgroup_id(Axis::X));
+            blk.store("shared", local.clone(), local.clone() * 10u32 + group);
+            blk.barrier();
+            let mirrored = Expr::load("shared", Expr::u32(7) - local.clone());
+            // shared[8] is never written: still zero.
+            blk.store(
+                "out",
+                Expr::global_id(Axis::X),
+                mirrored + Expr::load("shared", 8u32),
+            );
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 64]], &DispatchConfig::linear(2));
+    assert_eq!(
+        out[0],
+        [70, 60, 50, 40, 30, 20, 10, 0, 71, 61, 51, 41, 31, 21, 11, 1]
+    );
+}
+
+fn reduce_program(workgroup: u32, count: u32) -> Program {
+    Program::builder([workgroup, 1, 1])
+        .buffer(
+            "per_group",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(6),
+        )
+        .buffer(
+            "seen",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(count),
+        )
+        .body(|blk| {
+            let value = blk.let_("v", Expr::global_id(Axis::X) + 1u32);
+            let sum = blk.workgroup_reduce("sum", ReduceOp::Sum, value.clone());
+            let min = blk.workgroup_reduce("min", ReduceOp::Min, value.clone());
+            let max = blk.workgroup_reduce("max", ReduceOp::Max, value);
+            let group = blk.let_("w", Expr::workgroup_id(Axis::X));
+            blk.if_(Expr::local_id(Axis::X).equals(0u32), |blk| {
+                blk.store("per_group", group.clone() * 3u32, sum.clone());
+                blk.store("per_group", group.clone() * 3u32 + 1u32, min);
+                blk.store("per_group", group * 3u32 + 2u32, max);
+            });
+            // Every thread sees its workgroup's sum.
+            blk.store("seen", Expr::global_id(Axis::X), sum);
+        })
+        .build()
+}
+
+/// Locks out reductions over the wrong set of threads (one workgroup's threads
+/// leaking into another's, or only a subgroup's) and results visible to one thread only.
+#[test]
+fn workgroup_reduce_sum_min_max() {
+    // Two workgroups of 64; values 1..=64 and 65..=128.
+    let out = run_words(
+        &reduce_program(64, 128),
+        &[&[0; 24], &[0; 512]],
+        &DispatchConfig::linear(2),
+    );
+    assert_eq!(out[0], [2080, 1, 64, 6176, 65, 128]);
+    assert!(out[1][..64].iter().all(|&s| s == 2080));
+    assert!(out[1][64..].iter().all(|&s| s == 6176));
+    // Two workgroups of 48 (not a multiple of the warp size): 1..=48 and 49..=96.
+    let out = run_words(
+        &reduce_program(48, 96),
+        &[&[0; 24], &[0; 384]],
+        &DispatchConfig::linear(2),
+    );
+    assert_eq!(out[0], [1176, 1, 48, 3480, 49, 96]);
+    assert!(out[1][..48].iter().all(|&s| s == 1176));
+    assert!(out[1][48..].iter().all(|&s| s == 3480));
+}
+
+/// Locks out atomics that lose updates when many lanes hit one element in one
+/// statement, and min/max/or applied as something else.
+#[test]
+fn atomics_build_a_histogram() {
+    let program = Program::builder([16, 1, 1])
+        .buffer(
+            "hist",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "stats",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(3),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            blk.atomic(AtomicOp::Add, "hist", i.clone() % 4u32, 1u32);
+            blk.atomic(AtomicOp::Min, "stats", 0u32, i.clone() + 3u32);
+            blk.atomic(AtomicOp::Max, "stats", 1u32, i.clone() * 2u32);
+            blk.atomic(AtomicOp::Or, "stats", 2u32, Expr::u32(1) << i);
+            // Out of range (bounds checks on): nothing happens.
+            blk.atomic(AtomicOp::Add, "hist", 4u32, 1u32);
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[&bytes_of(&[100, 0, 0, 0]), &bytes_of(&[50, 7, 0x1_0000])],
+        &DispatchConfig::linear(1),
+    );
+    assert_eq!(out[0], [104, 4, 4, 4]);
+    assert_eq!(out[1], [3, 30, 0x1_FFFF]);
+}
+
+/// Locks out grid sync that only synchronises a workgroup: phase 2 reads an
+/// element another workgroup wrote in phase 1.
+#[test]
+fn grid_sync_makes_other_workgroups_writes_visible() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .body(|blk| {
+            let g = blk.let_("g", Expr::global_id(Axis::X));
+            blk.store("data", g.clone(), g.clone() * g.clone());
+            blk.grid_sync();
+            blk.store("out", g.clone(), Expr::load("data", (g + 4u32) % 16u32));
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 64], &[0; 64]], &DispatchConfig::linear(4));
+    assert_eq!(
+        out[1],
+        [16, 25, 36, 49, 64, 81, 100, 121, 144, 169, 196, 225, 0, 1, 4, 9]
+    );
+}
+
+/// Locks out fixpoint iterations that restart from the inputs instead of the
+/// previous run's buffers, or that keep workgroup memory between runs.
+#[test]
+fn fixpoint_iterations_rerun_over_the_same_buffers() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "runs",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            blk.store("x", i.clone(), Expr::load("x", i.clone()) * 2u32 + 1u32);
+            blk.atomic(AtomicOp::Add, "runs", 0u32, 1u32);
+        })
+        .build();
+    let config = DispatchConfig::linear(1).with_fixpoint_iterations(3);
+    let out = run_words(
+        &program,
+        &[&bytes_of(&[0, 1, 2, 3]), &bytes_of(&[10])],
+        &config,
+    );
+    // x -> 2x + 1 three times: 8x + 7.
+    assert_eq!(out[0], [7, 15, 23, 31]);
+    // 4 threads add 1 per run, starting from the input 10.
+    assert_eq!(out[1], [22]);
+}
+
+/// Locks out workgroup memory carried from one fixpoint run to the next.
+#[test]
+fn workgroup_memory_is_zeroed_for_every_fixpoint_run() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "seen",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(3),
+        )
+        .buffer(
+            "run",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "shared",
+            2,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            blk.atomic(AtomicOp::Add, "shared", 0u32, 1u32);
+            blk.barrier();
+            blk.if_(Expr::local_id(Axis::X).equals(0u32), |blk| {
+                let r = blk.let_("r", Expr::load("run", 0u32));
+                blk.store("seen", r.clone(), Expr::load("shared", 0u32));
+                blk.store("run", 0u32, r + 1u32);
+            });
+        })
+        .build();
+    let config = DispatchConfig::linear(1).with_fixpoint_iterations(3);
+    let out = run_words(&program, &[&[0; 12], &[0; 4]], &config);
+    assert_eq!(out[0], [2, 2, 2]);
+    assert_eq!(out[1], [3]);
+}
+
+/// Locks out builtins computed with the wrong axis order or a wrong linearisation.
+#[test]
+fn builtins_in_three_dimensions() {
+    let program = Program::builder([2, 2, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .buffer(
+            "count",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(3),
+        )
+        .body(|blk| {
+            let index = Expr::global_id(Axis::X)
+                + Expr::u32(4)
+                    * (Expr::global_id(Axis::Y) + Expr::u32(2) * Expr::global_id(Axis::Z));
+            let value = Expr::workgroup_id(Axis::X) * 1000u32
+                + Expr::workgroup_id(Axis::Y) * 10000u32
+                + Expr::workgroup_id(Axis::Z) * 100u32
+                + Expr::local_id(Axis::X) * 10u32
+                + Expr::local_id(Axis::Y)
+                + Expr::local_id(Axis::Z) * 100000u32;
+            blk.store("out", index, value);
+            blk.store("count", 0u32, Expr::workgroup_count(Axis::X));
+            blk.store("count", 1u32, Expr::workgroup_count(Axis::Y));
+            blk.store("count", 2u32, Expr::workgroup_count(Axis::Z));
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[&[0; 64], &[0; 12]],
+        &DispatchConfig::new([2, 1, 2]),
+    );
+    assert_eq!(
+        out[0],
+        [
+            0, 10, 1000, 1010, 1, 11, 1001, 1011, //
+            100, 110, 1100, 1110, 101, 111, 1101, 1111
+        ]
+    );
+    assert_eq!(out[1], [2, 1, 2]);
+}
+
+/// Locks out lockstep execution that is not statement by statement: a value
+/// stored by every lane in one statement is visible to all lanes in the next.
+#[test]
+fn a_store_is_visible_to_later_statements() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            blk.store("data", i.clone(), i.clone() + 10u32);
+            blk.barrier();
+            blk.store("out", i.clone(), Expr::load("data", (i + 1u32) % 4u32));
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 16], &[0; 16]], &DispatchConfig::linear(1));
+    assert_eq!(out[1], [11, 12, 13, 10]);
+}
+
+fn subgroup_program(workgroup: u32, lanes: u32) -> Program {
+    Program::builder([workgroup, 1, 1])
+        .buffer(
+            "shuffled",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(lanes),
+        )
+        .buffer(
+            "reduced",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(lanes),
+        )
+        .buffer(
+            "far",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(lanes),
+        )
+        .body(|blk| {
+            let g = blk.let_("g", Expr::global_id(Axis::X));
+            let shuffle = |mask| Expr::SubgroupShuffleXor {
+                value: Box::new(g.clone() * 10u32),
+                lane_mask: mask,
+            };
+            blk.store("shuffled", g.clone(), shuffle(1));
+            blk.store("far", g.clone(), shuffle(2));
+            blk.store(
+                "reduced",
+                g.clone(),
+                Expr::SubgroupReduce {
+                    op: ReduceOp::Sum,
+                    value: Box::new(g.clone()),
+                },
+            );
+        })
+        .build()
+}
+
+fn run_subgroups(program: &Program, lanes: usize, workgroups: u32) -> Vec<Vec<u32>> {
+    let options = ReferenceOptions {
+        subgroup_size: 4,
+        limits: Limits {
+            subgroup_size: 4,
+            ..Limits::default()
+        },
+        ..ReferenceOptions::default()
+    };
+    let zeros = vec![0u8; 4 * lanes];
+    reference::run_with_options(
+        program,
+        &[&zeros, &zeros, &zeros],
+        &DispatchConfig::linear(workgroups),
+        &options,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .iter()
+    .map(|b| words_of(b))
+    .collect()
+}
+
+/// Locks out subgroups formed across workgroups or with the wrong lane numbering
+/// in lowered programs (shuffle-xor partners, per-subgroup reduction).
+#[test]
+fn subgroup_shuffle_xor_and_reduce() {
+    // Two workgroups of 8 with subgroups of 4: lanes {0..4}, {4..8}, {8..12}, {12..16}.
+    let out = run_subgroups(&subgroup_program(8, 16), 16, 2);
+    assert_eq!(
+        out[0],
+        [10, 0, 30, 20, 50, 40, 70, 60, 90, 80, 110, 100, 130, 120, 150, 140]
+    );
+    assert_eq!(
+        out[1],
+        [6, 6, 6, 6, 22, 22, 22, 22, 38, 38, 38, 38, 54, 54, 54, 54]
+    );
+    assert_eq!(
+        out[2],
+        [20, 30, 0, 10, 60, 70, 40, 50, 100, 110, 80, 90, 140, 150, 120, 130]
+    );
+}
+
+/// Locks out garbage (or a panic) when a shuffle partner does not exist: with
+/// workgroups of 6 and subgroups of 4, the second subgroup has only lanes 0 and 1,
+/// so a shuffle by 2 returns each lane's own value (the documented fallback).
+#[test]
+fn subgroup_shuffle_without_a_partner_returns_the_own_value() {
+    let out = run_subgroups(&subgroup_program(6, 12), 12, 2);
+    assert_eq!(out[0], [10, 0, 30, 20, 50, 40, 70, 60, 90, 80, 110, 100]);
+    assert_eq!(out[1], [6, 6, 6, 6, 9, 9, 30, 30, 30, 30, 21, 21]);
+    assert_eq!(out[2], [20, 30, 0, 10, 40, 50, 80, 90, 60, 70, 100, 110]);
+}
+
+/// The §6 host-cost fixture with K = 8: `acc0 = in[0]; accK = acc(K-1) + K`.
+/// Locks out variable slots being reused while still live (16k-node fixtures put
+/// every acc in one scope).
+#[test]
+fn host_cost_fixture_program_gives_in_plus_36() {
+    let k = 8;
+    let mut builder = Program::builder([1, 1, 1])
+        .buffer(
+            "in",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        );
+    for s in 1..=k {
+        builder = builder.buffer(
+            format!("scratch{s}"),
+            1 + s,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        );
+    }
+    let program = builder
+        .body(|blk| {
+            let mut acc = blk.let_("acc0", Expr::load("in", 0u32));
+            for step in 1..=k {
+                acc = blk.let_(format!("acc{step}"), acc + step);
+            }
+            blk.store("out", 0u32, acc);
+        })
+        .build();
+    let mut inputs: Vec<Vec<u8>> = vec![bytes_of(&[5, 0, 0, 0]), vec![0; 16]];
+    inputs.extend((0..k).map(|_| vec![0u8; 16]));
+    let inputs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let out = run_words(&program, &inputs, &DispatchConfig::linear(1));
+    assert_eq!(out.len(), 1 + k as usize);
+    assert_eq!(out[0], [41, 0, 0, 0]);
+}
+
+/// Outputs are the read-write and write-only buffers in ascending binding order,
+/// whatever the declaration order; read-only buffers are not returned.
+#[test]
+fn outputs_come_back_in_binding_order() {
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "late",
+            5,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "input",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "early",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|blk| {
+            blk.store("late", 0u32, Expr::load("input", 0u32) + 1u32);
+            blk.store("early", 0u32, Expr::length("early"));
+        })
+        .build();
+    // Inputs in binding order: input (1), early (2), late (5).
+    let out = run_words(
+        &program,
+        &[&bytes_of(&[41]), &bytes_of(&[9, 9, 9]), &bytes_of(&[77])],
+        &DispatchConfig::linear(1),
+    );
+    assert_eq!(out, [vec![3, 9, 9], vec![42]]);
+}
+
+fn one_buffer_program() -> Program {
+    Program::builder([1, 1, 1])
+        .entry_op_id("one_buffer")
+        .buffer(
+            "fixed",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "bytes",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|blk| {
+            blk.store("fixed", 0u32, Expr::length("bytes"));
+        })
+        .build()
+}
+
+fn assert_fix(result: Result<Vec<Vec<u8>>, reference::ReferenceError>, needles: &[&str]) {
+    let message = result.expect_err("must be rejected").to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    for needle in needles {
+        assert!(message.contains(needle), "{message} lacks {needle}");
+    }
+}
+
+/// Locks out panics and silent acceptance on malformed requests. Negative control:
+/// the well-formed request succeeds, so each error comes from the one thing changed.
+#[test]
+fn bad_requests_are_errors_that_say_how_to_fix_them() {
+    let program = one_buffer_program();
+    let good_fixed = [0u8; 8];
+    let good_runtime = [0u8; 12];
+    let config = DispatchConfig::linear(1);
+    let out = reference::run(&program, &[&good_fixed, &good_runtime], &config).unwrap();
+    assert_eq!(words_of(&out[0]), [3, 0]);
+
+    assert_fix(
+        reference::run(&program, &[&good_fixed], &config),
+        &["'bytes'", "2 input"],
+    );
+    assert_fix(
+        reference::run(&program, &[&[0u8; 12], &good_runtime], &config),
+        &["'fixed'", "8 bytes"],
+    );
+    assert_fix(
+        reference::run(&program, &[&good_fixed, &[0u8; 10]], &config),
+        &["'bytes'", "multiple of 4"],
+    );
+    assert_fix(
+        reference::run(
+            &program,
+            &[&good_fixed, &good_runtime],
+            &DispatchConfig::new([1, 0, 1]),
+        ),
+        &["workgroups"],
+    );
+    assert_fix(
+        reference::run(
+            &program,
+            &[&good_fixed, &good_runtime],
+            &config.clone().with_fixpoint_iterations(0),
+        ),
+        &["fixpoint"],
+    );
+    assert_fix(
+        reference::run(
+            &program,
+            &[&good_fixed, &good_runtime],
+            &DispatchConfig::new([65536, 65536, 2]),
+        ),
+        &["threads"],
+    );
+    let options = ReferenceOptions {
+        subgroup_size: 0,
+        ..ReferenceOptions::default()
+    };
+    assert_fix(
+        reference::run_with_options(&program, &[&good_fixed, &good_runtime], &config, &options),
+        &["subgroup_size"],
+    );
+}
+
+/// Locks out panics on programs the validator should have rejected (the
+/// interpreter re-checks what it relies on): unknown names, type mismatches,
+/// stores to read-only buffers. The exact wording belongs to whichever layer
+/// rejects first, so only the `Fix:` prefix and the offending name are checked.
+#[test]
+fn invalid_programs_are_errors_not_panics() {
+    let base = || {
+        Program::builder([1, 1, 1])
+            .buffer(
+                "ro",
+                0,
+                Access::ReadOnly,
+                ElemType::U32,
+                BufferCount::Static(1),
+            )
+            .buffer(
+                "rw",
+                1,
+                Access::ReadWrite,
+                ElemType::F32,
+                BufferCount::Static(1),
+            )
+    };
+    let inputs: [&[u8]; 2] = [&[0; 4], &[0; 4]];
+    let config = DispatchConfig::linear(1);
+    let cases: Vec<(Program, &str)> = vec![
+        (
+            base()
+                .body(|b| {
+                    b.store("rw", 0u32, Expr::var("ghost"));
+                })
+                .build(),
+            "ghost",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.store("nowhere", 0u32, 1.0f32);
+                })
+                .build(),
+            "nowhere",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.store("rw", 0u32, 1u32);
+                })
+                .build(),
+            "rw",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.store("ro", 0u32, 1u32);
+                })
+                .build(),
+            "ro",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.assign("x", 1u32);
+                })
+                .build(),
+            "x",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.let_("x", 1u32);
+                    b.assign("x", 2u32);
+                })
+                .build(),
+            "x",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.let_("x", Expr::u32(1) + Expr::i32(1));
+                })
+                .build(),
+            "Fix:",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.if_(1u32, |_| {});
+                })
+                .build(),
+            "Fix:",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.atomic(AtomicOp::Add, "rw", 0u32, 1u32);
+                })
+                .build(),
+            "rw",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.if_(true, |b| {
+                        b.let_("inner", 1u32);
+                    });
+                    b.store("rw", 0u32, Expr::var("inner").cast(ScalarType::F32));
+                })
+                .build(),
+            "inner",
+        ),
+        (
+            base()
+                .body(|b| {
+                    b.let_("twice", 1u32);
+                    b.if_(true, |b| {
+                        b.let_("twice", 2u32);
+                    });
+                })
+                .build(),
+            "twice",
+        ),
+    ];
+    for (program, needle) in cases {
+        assert_fix(reference::run(&program, &inputs, &config), &[needle]);
+    }
+}
+
+/// Locks out a loop of ~4 billion iterations hanging the test suite: the lane-step
+/// cap stops it with an error. Negative control: a higher cap lets a short loop finish.
+#[test]
+fn runaway_loops_hit_the_lane_step_cap() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let n = Expr::load("out", 0u32);
+            blk.loop_("j", 0u32, n, |blk, _| {
+                blk.atomic(AtomicOp::Add, "out", 0u32, 0u32);
+            });
+        })
+        .build();
+    let options = ReferenceOptions {
+        max_lane_steps: 1000,
+        ..ReferenceOptions::default()
+    };
+    let config = DispatchConfig::linear(1);
+    assert_fix(
+        reference::run_with_options(&program, &[&bytes_of(&[u32::MAX])], &config, &options),
+        &["max_lane_steps"],
+    );
+    // 2 lanes * (1 loop node + 100 iterations * 2 steps) = 402 steps: under the cap.
+    let out =
+        reference::run_with_options(&program, &[&bytes_of(&[100])], &config, &options).unwrap();
+    assert_eq!(words_of(&out[0]), [100]);
+}
+
+/// Throughput on a tokenizer-sized grid (262,144 threads). Prints lane-ops per
+/// second; asserts only the result. Run with
+/// `cargo test --release --test reference -- --ignored --nocapture throughput`.
+#[test]
+#[ignore = "measurement: run in release with --nocapture"]
+fn reference_throughput_262144_threads() {
+    let threads: u32 = 262_144;
+    let program = Program::builder([256, 1, 1])
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "classes",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "counts",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let c = blk.let_("c", Expr::load("text", i.clone()));
+            let class = blk.let_mut("class", 0u32);
+            blk.if_else(
+                c.clone()
+                    .greater_equal(0x61u32)
+                    .and(c.clone().less_equal(0x7Au32)),
+                |blk| {
+                    blk.assign("class", 1u32);
+                },
+                |blk| {
+                    blk.if_(c.clone().equals(0x20u32), |blk| {
+                        blk.assign("class", 2u32);
+                    });
+                },
+            );
+            let h = blk.let_mut("h", c.clone());
+            blk.loop_("k", 0u32, 4u32, |blk, k| {
+                blk.assign("h", (h.clone() * 31u32 + k) ^ (h.clone() >> 3u32));
+            });
+            blk.store(
+                "classes",
+                i.clone(),
+                class.clone() + (h.clone() & 0xFF00u32),
+            );
+            let boundary = blk.let_("b", class.equals(2u32).cast(ScalarType::U32));
+            let total = blk.workgroup_reduce("total", ReduceOp::Sum, boundary);
+            blk.if_(Expr::local_id(Axis::X).equals(0u32), |blk| {
+                blk.store("counts", Expr::workgroup_id(Axis::X), total);
+            });
+        })
+        .build();
+    let text: Vec<u8> = (0..threads)
+        .map(|i| b"the quick brown fox "[(i % 20) as usize])
+        .collect();
+    let classes = vec![0u8; 4 * threads as usize];
+    let counts = vec![0u8; 4 * (threads / 256) as usize];
+    let config = DispatchConfig::linear(threads / 256);
+    let options = ReferenceOptions::default();
+    let mut best = f64::INFINITY;
+    let mut stats = Default::default();
+    let mut outputs = Vec::new();
+    for _ in 0..5 {
+        let start = std::time::Instant::now();
+        let (out, s) =
+            reference::run_with_stats(&program, &[&text, &classes, &counts], &config, &options)
+                .unwrap();
+        best = best.min(start.elapsed().as_secs_f64());
+        stats = s;
+        outputs = out;
+    }
+    let counts = words_of(&outputs[1]);
+    // "the quick brown fox " has 4 spaces; 262,144 = 13,107 * 20 + 4 and "the " has 1.
+    assert_eq!(counts.iter().sum::<u32>(), threads / 20 * 4 + 1);
+    println!(
+        "reference interpreter: {} threads, {} lane-ops + {} lane-steps in {:.1} ms (best of 5): {:.1} M lane-ops/s, {:.1} M lane-steps/s",
+        threads,
+        stats.lane_ops,
+        stats.lane_steps,
+        best * 1e3,
+        stats.lane_ops as f64 / best / 1e6,
+        stats.lane_steps as f64 / best / 1e6
+    );
+}
+
+fn nested_sum_program(depth: u32) -> Program {
+    // global_id + 0 + 1 + ... + (depth - 1), as one left-deep expression.
+    let mut sum = Expr::global_id(Axis::X);
+    for k in 0..depth {
+        sum = sum + k;
+    }
+    Program::builder([1, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            blk.store("out", 0u32, sum);
+        })
+        .build()
+}
+
+/// Locks out a stack overflow (an abort, not even a panic) on deeply nested
+/// expressions: programs near the validator's 256-level limit must run (the
+/// interpreter gives them their own deep stack, since debug builds spend ~5 KiB per
+/// level and test threads have 2 MiB), and deeper ones must be refused with an error.
+#[test]
+fn deep_expressions_run_or_are_refused_without_overflowing() {
+    let out = run_words(
+        &nested_sum_program(240),
+        &[&[0; 4]],
+        &DispatchConfig::linear(1),
+    );
+    // 0 + 1 + ... + 239 = 239 * 240 / 2.
+    assert_eq!(out[0], [28_680]);
+    assert_fix(
+        reference::run(
+            &nested_sum_program(600),
+            &[&[0; 4]],
+            &DispatchConfig::linear(1),
+        ),
+        &["levels"],
+    );
+}
