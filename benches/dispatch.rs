@@ -34,7 +34,8 @@ fn resident_inputs(gpu: &CudaBackend, program: &Program) -> Vec<ResidentBuffer> 
         .map(|b| {
             let bytes = b.static_size_bytes().unwrap_or(16);
             let h = gpu.allocate_resident(bytes).expect("allocate resident");
-            gpu.upload_resident(&h, &vec![1u8; bytes as usize]).expect("upload");
+            gpu.upload_resident(&h, &vec![1u8; bytes as usize])
+                .expect("upload");
             h
         })
         .collect()
@@ -93,15 +94,35 @@ fn main() {
             return;
         }
     };
-    println!("device: {} (sm_{}), driver {}", gpu.caps().name, gpu.caps().ptx_target_sm(), gpu.caps().driver_version);
+    println!(
+        "device: {} (sm_{}), driver {}",
+        gpu.caps().name,
+        gpu.caps().ptx_target_sm(),
+        gpu.caps().driver_version
+    );
     let mut report = Report::new("bench_dispatch");
     let config = DispatchConfig::linear(1);
     let shapes = [
-        Shape { buffers: 9, nodes: 64 },
-        Shape { buffers: 9, nodes: 1024 },
-        Shape { buffers: 9, nodes: 16384 },
-        Shape { buffers: 2, nodes: 64 },
-        Shape { buffers: 17, nodes: 64 },
+        Shape {
+            buffers: 9,
+            nodes: 64,
+        },
+        Shape {
+            buffers: 9,
+            nodes: 1024,
+        },
+        Shape {
+            buffers: 9,
+            nodes: 16384,
+        },
+        Shape {
+            buffers: 2,
+            nodes: 64,
+        },
+        Shape {
+            buffers: 17,
+            nodes: 64,
+        },
     ];
     let mut lines = Vec::new();
     for shape in &shapes {
@@ -109,7 +130,8 @@ fn main() {
         let handles = resident_inputs(&gpu, &program);
         let reads = (shape.buffers - 1) as usize;
         let mut floor = RawFloor::new(&gpu, &program, [1, 1, 1]).expect("raw floor");
-        gpu.dispatch_resident_timed(&program, &handles, &config).expect("warm dispatch");
+        gpu.dispatch_resident_timed(&program, &handles, &config)
+            .expect("warm dispatch");
         let name_a = format!("floor b{} n{}", shape.buffers, program.node_count());
         let name_b = format!("dispatch b{} n{}", shape.buffers, program.node_count());
         let result = Paired::compare(
@@ -125,7 +147,9 @@ fn main() {
             |n| {
                 let mut acc = 0u64;
                 for _ in 0..n {
-                    let t = gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                    let t = gpu
+                        .dispatch_resident_timed(&program, &handles, &config)
+                        .expect("dispatch");
                     acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
                 }
                 acc
@@ -141,7 +165,9 @@ fn main() {
             |n| {
                 let mut acc = 0u64;
                 for _ in 0..n {
-                    acc ^= floor.launch_timed_async_reads_sync(reads).expect("timed floor");
+                    acc ^= floor
+                        .launch_timed_async_reads_sync(reads)
+                        .expect("timed floor");
                 }
                 acc
             },
@@ -149,7 +175,9 @@ fn main() {
             |n| {
                 let mut acc = 0u64;
                 for _ in 0..n {
-                    let t = gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                    let t = gpu
+                        .dispatch_resident_timed(&program, &handles, &config)
+                        .expect("dispatch");
                     acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
                 }
                 acc
@@ -172,7 +200,9 @@ fn main() {
                 |n| {
                     let mut acc = 0u64;
                     for _ in 0..n {
-                        acc ^= gpu.dispatch_resident(&program, &handles, &config).expect("dispatch")[0][0] as u64;
+                        acc ^= gpu
+                            .dispatch_resident(&program, &handles, &config)
+                            .expect("dispatch")[0][0] as u64;
                     }
                     acc
                 },
@@ -184,7 +214,8 @@ fn main() {
                 let _on = vyre_cuda::probe::override_enabled(Some(true));
                 vyre_cuda::probe::capture_lines(|| {
                     for _ in 0..2000 {
-                        gpu.dispatch_resident_timed(&program, &handles, &config).expect("dispatch");
+                        gpu.dispatch_resident_timed(&program, &handles, &config)
+                            .expect("dispatch");
                     }
                 })
             };
@@ -203,12 +234,17 @@ fn main() {
     let large = host_cost_fixture(9, chain_for_nodes(16384));
     let small_handles = resident_inputs(&gpu, &small);
     let large_handles = resident_inputs(&gpu, &large);
-    gpu.dispatch_resident_timed(&small, &small_handles, &config).expect("warm");
-    gpu.dispatch_resident_timed(&large, &large_handles, &config).expect("warm");
+    gpu.dispatch_resident_timed(&small, &small_handles, &config)
+        .expect("warm");
+    gpu.dispatch_resident_timed(&large, &large_handles, &config)
+        .expect("warm");
     let arm = |program: &Program, handles: &[ResidentBuffer], n: u64| {
         let mut acc = 0u64;
         for _ in 0..n {
-            acc ^= gpu.dispatch_resident_timed(program, handles, &config).expect("dispatch").wall_ns;
+            acc ^= gpu
+                .dispatch_resident_timed(program, handles, &config)
+                .expect("dispatch")
+                .wall_ns;
         }
         acc
     };
@@ -225,7 +261,11 @@ fn main() {
                 large.node_count(),
                 small.node_count(),
                 p.median_ratio,
-                if p.publishable() { "publishable" } else { "not publishable" }
+                if p.publishable() {
+                    "publishable"
+                } else {
+                    "not publishable"
+                }
             );
             report.add_paired(p);
         }
@@ -238,8 +278,20 @@ fn main() {
     for seed in 0..5u32 {
         let unique = std::process::id().wrapping_mul(7919).wrapping_add(seed);
         let program = Program::builder([1, 1, 1])
-            .buffer("in", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(4))
-            .buffer("out", 1, Access::ReadWrite, ElemType::U32, BufferCount::Static(4))
+            .buffer(
+                "in",
+                0,
+                Access::ReadOnly,
+                ElemType::U32,
+                BufferCount::Static(4),
+            )
+            .buffer(
+                "out",
+                1,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Static(4),
+            )
             .body(|b| {
                 let mut acc = b.let_("acc0", Expr::load("in", 0u32) ^ unique);
                 for k in 1..=chain_for_nodes(4096) {
@@ -250,7 +302,8 @@ fn main() {
             .build();
         let input = [0u8; 16];
         let start = Instant::now();
-        gpu.dispatch(&program, &[&input, &input], &config).expect("cold dispatch");
+        gpu.dispatch(&program, &[&input, &input], &config)
+            .expect("cold dispatch");
         cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }
     cold_ms.sort_by(|a, b| a.total_cmp(b));

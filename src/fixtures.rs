@@ -13,8 +13,20 @@ pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
     let buffers = buffers.max(2);
     let mut builder = Program::builder([1, 1, 1])
         .entry_op_id(format!("host_cost_fixture_b{buffers}_n{chain}"))
-        .buffer("in", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(4))
-        .buffer("out", 1, Access::ReadWrite, ElemType::U32, BufferCount::Static(4));
+        .buffer(
+            "in",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        );
     for k in 1..buffers - 1 {
         builder = builder.buffer(
             format!("scratch{k}"),

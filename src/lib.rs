@@ -11,6 +11,7 @@ pub mod config;
 pub mod fixtures;
 pub mod ir;
 pub mod lower;
+pub mod pretokenize;
 pub mod reference;
 
 pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};

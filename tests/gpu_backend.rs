@@ -50,10 +50,15 @@ fn gpu_fixture_matches_hand_computed_and_reference() {
             h
         })
         .collect();
-    let timed = gpu.dispatch_resident_timed(&program, &handles, &config).unwrap();
+    let timed = gpu
+        .dispatch_resident_timed(&program, &handles, &config)
+        .unwrap();
     assert_eq!(timed.outputs, outputs);
     assert!(timed.kernel_ns <= timed.device_window_ns, "{timed:?}");
-    assert!(timed.enqueue_ns <= timed.wall_ns && timed.wait_ns <= timed.wall_ns, "{timed:?}");
+    assert!(
+        timed.enqueue_ns <= timed.wall_ns && timed.wait_ns <= timed.wall_ns,
+        "{timed:?}"
+    );
     for h in handles {
         gpu.free_resident(h).unwrap();
     }
@@ -74,7 +79,11 @@ fn gpu_random_programs_match_reference_byte_for_byte() {
         let got = gpu
             .dispatch(&case.program, &borrowed, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
-        assert_eq!(got, expected, "seed {seed}: GPU and reference differ\n{}", case.program);
+        assert_eq!(
+            got, expected,
+            "seed {seed}: GPU and reference differ\n{}",
+            case.program
+        );
         checked += 1;
     }
     assert_eq!(checked, 400);
@@ -89,8 +98,20 @@ fn gpu_workgroup_reductions_match_reference() {
     for size in [32u32, 64, 256, 48, 1, 1024] {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
             let program = Program::builder([size, 1, 1])
-                .buffer("values", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
-                .buffer("result", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+                .buffer(
+                    "values",
+                    0,
+                    Access::ReadOnly,
+                    ElemType::U32,
+                    BufferCount::Runtime,
+                )
+                .buffer(
+                    "result",
+                    1,
+                    Access::WriteOnly,
+                    ElemType::U32,
+                    BufferCount::Runtime,
+                )
                 .body(|b| {
                     let g = b.let_("g", Expr::global_id(Axis::X));
                     let r = b.workgroup_reduce("r", op, Expr::load("values", g.clone()));
@@ -120,10 +141,20 @@ fn gpu_resident_lifecycle_and_accounting() {
     let gpu = backend();
     let before = gpu.resident_bytes();
     let program = Program::builder([64, 1, 1])
-        .buffer("data", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
-            b.store("data", i.clone(), Expr::load("data", i.clone()) * 3u32 + 1u32);
+            b.store(
+                "data",
+                i.clone(),
+                Expr::load("data", i.clone()) * 3u32 + 1u32,
+            );
         })
         .build();
     let values: Vec<u32> = (0..256).collect();
@@ -132,11 +163,19 @@ fn gpu_resident_lifecycle_and_accounting() {
     gpu.upload_resident(&h, &bytes(&values)).unwrap();
     assert_eq!(words(&gpu.read_resident(&h).unwrap()), values);
     let out = gpu
-        .dispatch_resident(&program, &[h], &DispatchConfig::linear(4).with_readback(ReadbackPolicy::None))
+        .dispatch_resident(
+            &program,
+            &[h],
+            &DispatchConfig::linear(4).with_readback(ReadbackPolicy::None),
+        )
         .unwrap();
     assert!(out.is_empty(), "readback None returns nothing");
     let expected: Vec<u32> = values.iter().map(|v| v * 3 + 1).collect();
-    assert_eq!(words(&gpu.read_resident(&h).unwrap()), expected, "outputs stay resident");
+    assert_eq!(
+        words(&gpu.read_resident(&h).unwrap()),
+        expected,
+        "outputs stay resident"
+    );
     gpu.free_resident(h).unwrap();
     assert_eq!(gpu.resident_bytes(), before);
 }
@@ -150,16 +189,25 @@ fn gpu_handle_misuse_is_an_error() {
     let other = CudaBackend::acquire().unwrap();
     let h = gpu.allocate_resident(16).unwrap();
     let foreign = other.read_resident(&h).unwrap_err().to_string();
-    assert!(foreign.starts_with("Fix:") && foreign.contains("another CudaBackend"), "{foreign}");
+    assert!(
+        foreign.starts_with("Fix:") && foreign.contains("another CudaBackend"),
+        "{foreign}"
+    );
     gpu.free_resident(h).unwrap();
     let double = gpu.free_resident(h).unwrap_err().to_string();
-    assert!(double.starts_with("Fix:") && double.contains("already freed"), "{double}");
+    assert!(
+        double.starts_with("Fix:") && double.contains("already freed"),
+        "{double}"
+    );
     let h2 = gpu.allocate_resident(16).unwrap();
     let stale = gpu.read_resident(&h).unwrap_err().to_string();
     assert!(stale.contains("stale handle"), "{stale}");
     let program = host_cost_fixture(2, 1);
     let err = gpu.dispatch_resident(&program, &[h, h2], &DispatchConfig::linear(1));
-    assert!(matches!(err, Err(BackendError::InvalidHandle { .. })), "{err:?}");
+    assert!(
+        matches!(err, Err(BackendError::InvalidHandle { .. })),
+        "{err:?}"
+    );
     gpu.free_resident(h2).unwrap();
 }
 
@@ -183,28 +231,54 @@ fn gpu_over_budget_dispatch_fails_before_allocating() {
         }
         held.push(gpu.allocate_resident(available - (16 << 20)).unwrap());
     }
-    assert!(gpu.memory_budget().unwrap().available < (32 << 20), "could not fill the budget");
+    assert!(
+        gpu.memory_budget().unwrap().available < (32 << 20),
+        "could not fill the budget"
+    );
     gpu.trim_pools();
     let before = gpu.pool_stats();
     let program = Program::builder([64, 1, 1])
-        .buffer("big", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
-        .buffer("out", 1, Access::WriteOnly, ElemType::U32, BufferCount::Static(1))
+        .buffer(
+            "big",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
         .body(|b| {
             b.store("out", 0u32, Expr::load("big", 0u32));
         })
         .build();
     let big = vec![0u8; 64 << 20];
     let out = vec![0u8; 4];
-    let err = gpu.dispatch(&program, &[&big, &out], &DispatchConfig::linear(1)).unwrap_err();
+    let err = gpu
+        .dispatch(&program, &[&big, &out], &DispatchConfig::linear(1))
+        .unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, BackendError::OverBudget { .. }), "{message}");
-    assert!(message.starts_with("Fix:") && message.contains("bytes"), "{message}");
-    assert_eq!(gpu.pool_stats().transient_allocations, before.transient_allocations, "nothing allocated");
+    assert!(
+        message.starts_with("Fix:") && message.contains("bytes"),
+        "{message}"
+    );
+    assert_eq!(
+        gpu.pool_stats().transient_allocations,
+        before.transient_allocations,
+        "nothing allocated"
+    );
     for h in held {
         gpu.free_resident(h).unwrap();
     }
     // With memory back, the same dispatch runs.
-    assert!(gpu.dispatch(&program, &[&big, &out], &DispatchConfig::linear(1)).is_ok());
+    assert!(gpu
+        .dispatch(&program, &[&big, &out], &DispatchConfig::linear(1))
+        .is_ok());
 }
 
 /// A grid-sync program: every thread writes its id, the grid syncs, then every
@@ -212,8 +286,20 @@ fn gpu_over_budget_dispatch_fails_before_allocating() {
 fn grid_sync_program() -> Program {
     Program::builder([128, 1, 1])
         .entry_op_id("grid_neighbour")
-        .buffer("first", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
-        .buffer("second", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "first",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "second",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let g = b.let_("g", Expr::global_id(Axis::X));
             let n = b.let_("n", Expr::length("first"));
@@ -240,18 +326,30 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
     let expected = reference(&program, &inputs, &config);
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     for _ in 0..5 {
-        assert_eq!(gpu.dispatch(&program, &borrowed, &config).unwrap(), expected);
+        assert_eq!(
+            gpu.dispatch(&program, &borrowed, &config).unwrap(),
+            expected
+        );
     }
     let kernel = gpu.compile(&program, &config).unwrap();
     assert!(kernel.uses_grid_sync());
 
     let huge = DispatchConfig::linear(1_000_000);
-    let big = vec![vec![0u8; 4 * 128 * 1_000_000], vec![0u8; 4 * 128 * 1_000_000]];
+    let big = [
+        vec![0u8; 4 * 128 * 1_000_000],
+        vec![0u8; 4 * 128 * 1_000_000],
+    ];
     let big_refs: Vec<&[u8]> = big.iter().map(|v| v.as_slice()).collect();
     let err = gpu.dispatch(&program, &big_refs, &huge).unwrap_err();
     let message = err.to_string();
-    assert!(matches!(err, BackendError::GridTooLargeForGridSync { .. }), "{message}");
-    assert!(message.starts_with("Fix:") && message.contains("grid_neighbour"), "{message}");
+    assert!(
+        matches!(err, BackendError::GridTooLargeForGridSync { .. }),
+        "{message}"
+    );
+    assert!(
+        message.starts_with("Fix:") && message.contains("grid_neighbour"),
+        "{message}"
+    );
     assert!(gpu.is_usable());
 }
 
@@ -262,7 +360,13 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
 fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
     let gpu = backend();
     let program = Program::builder([32, 1, 1])
-        .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.store("x", i.clone(), Expr::load("x", i.clone()) + 1u32);
@@ -272,7 +376,10 @@ fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
     let config = DispatchConfig::linear(2).with_fixpoint_iterations(5);
     let out = gpu.dispatch(&program, &[&input], &config).unwrap();
     assert_eq!(words(&out[0]), vec![15u32; 64]);
-    assert_eq!(out, reference(&program, &[input.clone()], &config));
+    assert_eq!(
+        out,
+        reference(&program, std::slice::from_ref(&input), &config)
+    );
 }
 
 /// Locks out readback policies that read the wrong bytes: byte ranges come back
@@ -282,9 +389,27 @@ fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
 fn gpu_readback_ranges_and_mixed_bindings() {
     let gpu = backend();
     let program = Program::builder([16, 1, 1])
-        .buffer("a", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
-        .buffer("b", 1, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
-        .buffer("c", 2, Access::WriteOnly, ElemType::U8, BufferCount::Runtime)
+        .buffer(
+            "a",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "b",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "c",
+            2,
+            Access::WriteOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             let v = b.let_("v", Expr::load("a", i.clone()));
@@ -298,27 +423,56 @@ fn gpu_readback_ranges_and_mixed_bindings() {
     let b_in = bytes(&[100u32; 16]);
     let c_in = vec![0xAAu8; 16];
     let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
-        ByteRange { binding: 2, offset: 4, len: 4 },
-        ByteRange { binding: 1, offset: 8, len: 8 },
+        ByteRange {
+            binding: 2,
+            offset: 4,
+            len: 4
+        },
+        ByteRange {
+            binding: 1,
+            offset: 8,
+            len: 8
+        },
     ]);
     let config = DispatchConfig::linear(1).with_readback(ranges);
-    let bindings = [Binding::Resident(resident_a), Binding::Borrowed(&b_in), Binding::Borrowed(&c_in)];
-    let out = gpu.dispatch_bindings(&program, &bindings, &config).unwrap().outputs;
+    let bindings = [
+        Binding::Resident(resident_a),
+        Binding::Borrowed(&b_in),
+        Binding::Borrowed(&c_in),
+    ];
+    let out = gpu
+        .dispatch_bindings(&program, &bindings, &config)
+        .unwrap()
+        .outputs;
     assert_eq!(out, vec![vec![204, 205, 206, 207], bytes(&[102, 103])]);
 
-    let bad = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
-        binding: 0,
-        offset: 0,
-        len: 4
-    }]));
-    let message = gpu.dispatch_bindings(&program, &bindings, &bad).unwrap_err().to_string();
-    assert!(message.starts_with("Fix:") && message.contains("not an output"), "{message}");
-    let past = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
-        binding: 1,
-        offset: 60,
-        len: 8
-    }]));
-    let message = gpu.dispatch_bindings(&program, &bindings, &past).unwrap_err().to_string();
+    let bad = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![
+        ByteRange {
+            binding: 0,
+            offset: 0,
+            len: 4
+        }
+    ]));
+    let message = gpu
+        .dispatch_bindings(&program, &bindings, &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("not an output"),
+        "{message}"
+    );
+    let past =
+        DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![
+            ByteRange {
+                binding: 1,
+                offset: 60,
+                len: 8
+            }
+        ]));
+    let message = gpu
+        .dispatch_bindings(&program, &bindings, &past)
+        .unwrap_err()
+        .to_string();
     assert!(message.contains("past the buffer"), "{message}");
     gpu.free_resident(resident_a).unwrap();
 }
@@ -330,13 +484,25 @@ fn gpu_readback_ranges_and_mixed_bindings() {
 fn gpu_transient_outputs_never_leak_between_dispatches() {
     let gpu = backend();
     let writer = Program::builder([64, 1, 1])
-        .buffer("o", 0, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "o",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             b.store("o", Expr::global_id(Axis::X), 0xDEAD_BEEFu32);
         })
         .build();
     let silent = Program::builder([64, 1, 1])
-        .buffer("o", 0, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "o",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             b.if_(Expr::global_id(Axis::X).equals(1_000_000u32), |b| {
                 b.store("o", 0u32, 1u32);
@@ -344,10 +510,17 @@ fn gpu_transient_outputs_never_leak_between_dispatches() {
         })
         .build();
     let size = vec![0u8; 4096];
-    let secret = gpu.dispatch(&writer, &[&size], &DispatchConfig::linear(16)).unwrap();
+    let secret = gpu
+        .dispatch(&writer, &[&size], &DispatchConfig::linear(16))
+        .unwrap();
     assert!(words(&secret[0]).iter().all(|&w| w == 0xDEAD_BEEF));
-    let after = gpu.dispatch(&silent, &[&size], &DispatchConfig::linear(16)).unwrap();
-    assert!(after[0].iter().all(|&b| b == 0), "a previous dispatch's bytes leaked");
+    let after = gpu
+        .dispatch(&silent, &[&size], &DispatchConfig::linear(16))
+        .unwrap();
+    assert!(
+        after[0].iter().all(|&b| b == 0),
+        "a previous dispatch's bytes leaked"
+    );
 }
 
 /// Locks out data races in the shared caches and pools: 8 threads × 1,000
@@ -356,7 +529,11 @@ fn gpu_transient_outputs_never_leak_between_dispatches() {
 #[ignore = "needs a CUDA device"]
 fn gpu_eight_threads_thousand_dispatches_each() {
     let gpu = backend();
-    let programs: Arc<Vec<Program>> = Arc::new((1..=4u32).map(|k| host_cost_fixture(2 + k, 8 * k)).collect());
+    let programs: Arc<Vec<Program>> = Arc::new(
+        (1..=4u32)
+            .map(|k| host_cost_fixture(2 + k, 8 * k))
+            .collect(),
+    );
     let before = gpu.cache_stats();
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
@@ -369,9 +546,15 @@ fn gpu_eight_threads_thousand_dispatches_each() {
                     let x = t * 100_000 + i;
                     let inputs = fixture_inputs(program, x);
                     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-                    let out = gpu.dispatch(program, &borrowed, &DispatchConfig::linear(1)).unwrap();
+                    let out = gpu
+                        .dispatch(program, &borrowed, &DispatchConfig::linear(1))
+                        .unwrap();
                     let chain = 8 * (k as u32 + 1);
-                    assert_eq!(words(&out[0])[0], host_cost_fixture_expected(x, chain), "thread {t} call {i}");
+                    assert_eq!(
+                        words(&out[0])[0],
+                        host_cost_fixture_expected(x, chain),
+                        "thread {t} call {i}"
+                    );
                 }
             })
         })
@@ -383,8 +566,15 @@ fn gpu_eight_threads_thousand_dispatches_each() {
     let ptx_lookups = (stats.ptx.hits + stats.ptx.misses) - (before.ptx.hits + before.ptx.misses);
     assert_eq!(ptx_lookups, 8000, "one PTX lookup per dispatch");
     assert!(stats.ptx_entries >= 4 && stats.module_entries >= 4);
-    assert!(stats.ptx.misses - before.ptx.misses <= 4 * 8, "at most one racing miss per thread and program");
-    assert!(gpu.pool_stats().lanes_created <= 8 + 1, "{:?}", gpu.pool_stats());
+    assert!(
+        stats.ptx.misses - before.ptx.misses <= 4 * 8,
+        "at most one racing miss per thread and program"
+    );
+    assert!(
+        gpu.pool_stats().lanes_created <= 8 + 1,
+        "{:?}",
+        gpu.pool_stats()
+    );
 }
 
 /// Locks out a cache hit that walks the program: 10,000 warm dispatches of one
@@ -409,8 +599,14 @@ fn gpu_warm_dispatches_never_walk_the_program() {
     for _ in 0..10_000 {
         gpu.dispatch_resident(&program, &handles, &config).unwrap();
     }
-    assert!(computations_on_current_thread() - digests <= 1, "digest recomputed on warm dispatches");
-    assert!(vyre_cuda::lower::walks_on_current_thread() - walks <= 1, "lowering re-walked the program");
+    assert!(
+        computations_on_current_thread() - digests <= 1,
+        "digest recomputed on warm dispatches"
+    );
+    assert!(
+        vyre_cuda::lower::walks_on_current_thread() - walks <= 1,
+        "lowering re-walked the program"
+    );
     for h in handles {
         gpu.free_resident(h).unwrap();
     }
@@ -447,11 +643,21 @@ fn gpu_bad_inputs_are_fix_errors() {
     let gpu = backend();
     let program = host_cost_fixture(3, 2);
     let four = vec![0u8; 16];
-    let m = gpu.dispatch(&program, &[&four], &DispatchConfig::linear(1)).unwrap_err().to_string();
-    assert!(m.starts_with("Fix:") && m.contains("takes 3 buffers"), "{m}");
+    let m = gpu
+        .dispatch(&program, &[&four], &DispatchConfig::linear(1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.starts_with("Fix:") && m.contains("takes 3 buffers"),
+        "{m}"
+    );
     let short = vec![0u8; 12];
     let m = gpu
-        .dispatch(&program, &[&four, &short, &four], &DispatchConfig::linear(1))
+        .dispatch(
+            &program,
+            &[&four, &short, &four],
+            &DispatchConfig::linear(1),
+        )
         .unwrap_err()
         .to_string();
     assert!(m.starts_with("Fix:") && m.contains("'out'"), "{m}");
@@ -459,19 +665,35 @@ fn gpu_bad_inputs_are_fix_errors() {
         .dispatch(&program, &[&four, &four, &four], &DispatchConfig::linear(0))
         .unwrap_err()
         .to_string();
-    assert!(m.starts_with("Fix:") && m.contains("workgroups.x is 0"), "{m}");
+    assert!(
+        m.starts_with("Fix:") && m.contains("workgroups.x is 0"),
+        "{m}"
+    );
     let m = gpu
-        .dispatch(&program, &[&four, &four, &four], &DispatchConfig::linear(1).with_fixpoint_iterations(0))
+        .dispatch(
+            &program,
+            &[&four, &four, &four],
+            &DispatchConfig::linear(1).with_fixpoint_iterations(0),
+        )
         .unwrap_err()
         .to_string();
     assert!(m.starts_with("Fix:") && m.contains("fixpoint"), "{m}");
     let invalid = Program::builder([1, 1, 1])
-        .buffer("x", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(1))
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
         .body(|b| {
             b.store("x", 0u32, 1u32);
         })
         .build();
-    let m = gpu.dispatch(&invalid, &[&four[..4]], &DispatchConfig::linear(1)).unwrap_err().to_string();
+    let m = gpu
+        .dispatch(&invalid, &[&four[..4]], &DispatchConfig::linear(1))
+        .unwrap_err()
+        .to_string();
     assert!(m.starts_with("Fix:"), "{m}");
     assert!(gpu.is_usable());
 }
@@ -492,12 +714,19 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
         .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
         .unwrap();
     assert_eq!(words(&out0)[0], host_cost_fixture_expected(7, 10));
-    assert_eq!((timing.kernel_ns, timing.device_window_ns), (0, 0), "the hot path records no events");
+    assert_eq!(
+        (timing.kernel_ns, timing.device_window_ns),
+        (0, 0),
+        "the hot path records no events"
+    );
     assert!(timing.wall_ns > 0 && timing.wait_ns <= timing.wall_ns);
     let timed = gpu
         .dispatch_kernel_into_timed(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
         .unwrap();
-    assert!(timed.kernel_ns > 0 && timed.kernel_ns <= timed.device_window_ns, "{timed:?}");
+    assert!(
+        timed.kernel_ns > 0 && timed.kernel_ns <= timed.device_window_ns,
+        "{timed:?}"
+    );
     let mut small = [0u8; 8];
     let m = gpu
         .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut small])

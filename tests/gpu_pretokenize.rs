@@ -4,24 +4,18 @@
 
 mod support;
 
-// Until lib.rs declares `pub mod pretokenize;`, compile the module into this test
-// crate; its `crate::` paths resolve through these imports.
-#[path = "../src/pretokenize/mod.rs"]
-#[allow(dead_code)]
-mod pretokenize;
-#[allow(unused_imports)]
-use vyre_cuda::{backend, config, ir, reference};
+use vyre_cuda::pretokenize;
 
+use pretokenize::cpu;
 use pretokenize::pipeline::{run_reference, CudaPipeline};
 use pretokenize::programs::programs;
 use pretokenize::text::{generate, Shape};
-use pretokenize::cpu;
 use support::backend as gpu_backend;
 
 /// Locks out any disagreement between the GPU, the reference interpreter and the
 /// CPU splitter on the example's workload: all three shapes at 262,144 bytes, each
-/// encoded twice and then with a different text of the same length (stale device
-/// data from the previous encode must never leak into the next).
+/// encoded on the hot path and the timed path, then a different text of the same
+/// length (stale device data from the previous encode must never leak into the next).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_all_shapes_match_reference_and_cpu_at_262144_bytes() {
@@ -33,13 +27,26 @@ fn gpu_all_shapes_match_reference_and_cpu_at_262144_bytes() {
         let expected = cpu::piece_starts(&text);
         let oracle = run_reference(&programs, &text).unwrap().piece_starts;
         assert_eq!(oracle, expected, "{shape}: reference vs CPU");
-        for round in 0..2 {
-            pipeline.encode(&text).unwrap();
-            assert_eq!(pipeline.piece_starts(), &expected[..], "{shape} round {round}: GPU vs CPU");
-        }
+        pipeline.encode(&text).unwrap();
+        assert_eq!(
+            pipeline.piece_starts(),
+            &expected[..],
+            "{shape}: GPU vs CPU"
+        );
+        // The timed path (events on every dispatch) must split identically.
+        pipeline.encode_timed(&text).unwrap();
+        assert_eq!(
+            pipeline.piece_starts(),
+            &expected[..],
+            "{shape} timed: GPU vs CPU"
+        );
         let other = generate(shape, 262_144, 43);
         pipeline.encode(&other).unwrap();
-        assert_eq!(pipeline.piece_starts(), &cpu::piece_starts(&other)[..], "{shape} seed 43");
+        assert_eq!(
+            pipeline.piece_starts(),
+            &cpu::piece_starts(&other)[..],
+            "{shape} seed 43"
+        );
     }
 }
 
@@ -55,12 +62,28 @@ fn gpu_invalid_utf8_and_odd_lengths_match_reference_and_cpu() {
     let mut long = generate(Shape::Cjk, 262_145, 5);
     long[1000] = 0x80; // a stray continuation byte
     long[262_144] = 0xE6; // a truncated lead at the very end
-    for text in [every_byte, long, b"x".to_vec(), b"\xC3".to_vec(), generate(Shape::Code, 257, 9)] {
+    for text in [
+        every_byte,
+        long,
+        b"x".to_vec(),
+        b"\xC3".to_vec(),
+        generate(Shape::Code, 257, 9),
+    ] {
         let expected = cpu::piece_starts(&text);
-        assert_eq!(run_reference(&programs, &text).unwrap().piece_starts, expected, "{} bytes", text.len());
+        assert_eq!(
+            run_reference(&programs, &text).unwrap().piece_starts,
+            expected,
+            "{} bytes",
+            text.len()
+        );
         let mut pipeline = CudaPipeline::new(&gpu, &programs, text.len()).unwrap();
         pipeline.encode(&text).unwrap();
-        assert_eq!(pipeline.piece_starts(), &expected[..], "{} bytes: GPU vs CPU", text.len());
+        assert_eq!(
+            pipeline.piece_starts(),
+            &expected[..],
+            "{} bytes: GPU vs CPU",
+            text.len()
+        );
     }
 }
 
@@ -83,7 +106,11 @@ fn gpu_encodes_allocate_nothing_once_warm() {
     }
     assert_eq!(gpu.pool_stats(), before, "encodes allocated");
     let second = CudaPipeline::new(&gpu, &programs, 1000).unwrap();
-    assert_ne!(gpu.pool_stats(), before, "negative control: a new pipeline allocates");
+    assert_ne!(
+        gpu.pool_stats(),
+        before,
+        "negative control: a new pipeline allocates"
+    );
     drop(second);
 }
 
@@ -97,7 +124,10 @@ fn gpu_wrong_length_is_a_fix_error() {
     let mut pipeline = CudaPipeline::new(&gpu, &programs, 512).unwrap();
     let error = pipeline.encode(&[b'a'; 511]).unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
-    assert!(CudaPipeline::new(&gpu, &programs, 0).unwrap_err().message().starts_with("Fix:"));
+    assert!(CudaPipeline::new(&gpu, &programs, 0)
+        .unwrap_err()
+        .message()
+        .starts_with("Fix:"));
     let text = generate(Shape::Prose, 512, 2);
     pipeline.encode(&text).unwrap();
     assert_eq!(pipeline.piece_starts(), &cpu::piece_starts(&text)[..]);

@@ -20,14 +20,17 @@ fn child_dispatches() {
         .global_buffers()
         .iter()
         .map(|b| {
-            let h = gpu.allocate_resident(b.static_size_bytes().unwrap()).unwrap();
+            let h = gpu
+                .allocate_resident(b.static_size_bytes().unwrap())
+                .unwrap();
             gpu.upload_resident(&h, &[0u8; 16]).unwrap();
             h
         })
         .collect();
     let config = DispatchConfig::linear(1);
     for _ in 0..300 {
-        gpu.dispatch_resident_timed(&program, &handles, &config).unwrap();
+        gpu.dispatch_resident_timed(&program, &handles, &config)
+            .unwrap();
     }
 }
 
@@ -44,15 +47,28 @@ fn gpu_probe_lines_attribute_warm_resident_dispatches() {
     }
     let exe = std::env::current_exe().unwrap();
     let output = Command::new(exe)
-        .args(["--exact", "gpu_probe_lines_attribute_warm_resident_dispatches", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "gpu_probe_lines_attribute_warm_resident_dispatches",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_MARKER, "1")
         .env(probe::ENV_VAR, "1")
         .output()
         .unwrap();
-    assert!(output.status.success(), "child failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     let records: Vec<_> = stderr.lines().filter_map(parse_line).collect();
-    assert!(records.len() >= 300, "expected ≥ 300 probe lines, got {}", records.len());
+    assert!(
+        records.len() >= 300,
+        "expected ≥ 300 probe lines, got {}",
+        records.len()
+    );
     let warm = &records[records.len() - 200..];
     let mut shares: Vec<f64> = warm
         .iter()
@@ -61,10 +77,17 @@ fn gpu_probe_lines_attribute_warm_resident_dispatches() {
     shares.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let median = shares[shares.len() / 2];
     eprintln!("median attributed share of wall: {:.1} %", median * 100.0);
-    assert!(median >= 0.90, "phases cover only {:.1} % of wall", median * 100.0);
+    assert!(
+        median >= 0.90,
+        "phases cover only {:.1} % of wall",
+        median * 100.0
+    );
     for r in warm {
         assert!(r.kernel_ns <= r.device_window_ns, "{r:?}");
-        assert_eq!(r.named_host_ns(), Phase::ALL.iter().map(|&p| r.phase_ns(p)).sum::<u64>());
+        assert_eq!(
+            r.named_host_ns(),
+            Phase::ALL.iter().map(|&p| r.phase_ns(p)).sum::<u64>()
+        );
         assert_eq!(r.nodes, program_nodes());
         assert_eq!(r.buffers, 9);
         assert_eq!(r.ptx_cache_hits, 1, "warm dispatches hit the PTX cache");

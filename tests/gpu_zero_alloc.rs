@@ -44,7 +44,9 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
     let kernel = gpu.compile(&program, &config).unwrap();
     let mut handles = Vec::new();
     for (i, b) in program.global_buffers().iter().enumerate() {
-        let h = gpu.allocate_resident(b.static_size_bytes().unwrap()).unwrap();
+        let h = gpu
+            .allocate_resident(b.static_size_bytes().unwrap())
+            .unwrap();
         let mut init = vec![0u8; 16];
         if i == 0 {
             init[..4].copy_from_slice(&9u32.to_le_bytes());
@@ -55,16 +57,21 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
     let mut storage = [[0u8; 16]; 8];
     for _ in 0..5 {
         let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(|s| &mut s[..]).collect();
-        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs).unwrap();
+        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs)
+            .unwrap();
     }
     let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut storage;
     let mut outs: [&mut [u8]; 8] = [s0, s1, s2, s3, s4, s5, s6, s7];
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..1000 {
-        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs).unwrap();
+        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs)
+            .unwrap();
     }
     let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
-    assert_eq!(during, 0, "the warm path allocated {during} times in 1,000 dispatches");
+    assert_eq!(
+        during, 0,
+        "the warm path allocated {during} times in 1,000 dispatches"
+    );
     assert_eq!(
         u32::from_le_bytes(outs[0][..4].try_into().unwrap()),
         host_cost_fixture_expected(9, 64)
@@ -72,5 +79,8 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
     // Negative control: the Vec-returning API allocates, and the counter sees it.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     gpu.dispatch_kernel(&kernel, &handles, &config).unwrap();
-    assert!(ALLOCATIONS.load(Ordering::Relaxed) > before, "counter must see allocations");
+    assert!(
+        ALLOCATIONS.load(Ordering::Relaxed) > before,
+        "counter must see allocations"
+    );
 }

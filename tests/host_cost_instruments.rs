@@ -17,9 +17,9 @@
 //! never failed on; no test asserts a wall-clock bound.
 //!
 //! Budget: the calibration targets are shorter than §6's defaults (cells: 5 regions of
-//! about 50 ms after probing to 10 ms, instead of 0.5 s; pairs: 10 ABBA rounds of 20 ms
-//! regions) so the whole set finishes in about 2–3 minutes; the power instrument is most
-//! of that. Every instrument prints this budget beside its table.
+//! about 50 ms after probing to 10 ms, instead of 0.5 s; readback pairs: 10 ABBA rounds
+//! of 20 ms regions; power comparisons: 40 rounds of 5 ms) so the whole set finishes in
+//! about 2–3 minutes; the power instrument (80 comparisons) is most of that. Every instrument prints this budget beside its table.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -35,6 +35,7 @@ use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_
 use vyre_cuda::host_cost::{report_dir, Cell, CellOptions, Direction, PairOptions, Paired, Report};
 use vyre_cuda::ir::{self, Digest, Node, Program};
 use vyre_cuda::lower;
+use vyre_cuda::probe;
 use vyre_cuda::{CodegenOptions, DispatchConfig};
 
 // ---------------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ fn pair_options() -> PairOptions {
 
 /// The budget line every instrument prints beside its table.
 const BUDGET_NOTE: &str = "budget: cells = 5 regions of ~50 ms (probes grow to >= 10 ms), \
-     pairs = 10 ABBA rounds of ~20 ms regions; shorter than the §6 defaults (0.5 s cells, \
+     readback pairs = 10 ABBA rounds of ~20 ms regions; shorter than the §6 defaults (0.5 s cells, \
      0.1 s pair regions) so the host_cost_ set fits a few minutes on the GPU machine. \
      Cells quote the minimum; read the rsd beside it.";
 
@@ -216,7 +217,15 @@ fn finish(report: &Report, errors: &DeviceErrors) -> Outcome {
 }
 
 fn banner(name: &str, what: &str) {
-    println!("\n=== {name} ===\n{what}\n{BUDGET_NOTE}");
+    println!("\n=== {name} ===\n{what}\n{BUDGET_NOTE}\nThe phase probe is forced off for the run.");
+}
+
+/// Forces the dispatch phase probe off for the instrument's whole run (figures must not
+/// include it, even with `VYRE_CUDA_DISPATCH_PHASE_PROBE` set). The guard also serialises
+/// the instruments when the harness runs tests in parallel: overrides from different
+/// threads wait for each other, and instruments must never share the machine.
+fn probe_forced_off() -> probe::EnabledOverride {
+    probe::override_enabled(Some(false))
 }
 
 /// `value / floor` as text, or `n/a` when either is missing.
@@ -447,6 +456,7 @@ fn floor_cells(
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_resident_prefix_cells() -> Outcome {
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_resident_prefix_cells",
         "Cumulative prefixes of a warm resident dispatch of the (9, 64) fixture. a-d mirror \
@@ -622,6 +632,7 @@ fn host_cost_resident_prefix_cells() -> Outcome {
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_ptx_key_components() -> Outcome {
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_ptx_key_components",
         "What each piece of the PTX key costs. 'fresh digest' cells build a new Program value \
@@ -827,6 +838,7 @@ fn binding_plan_mimic(slots: &[SlotFacts], bindings: &[Binding<'_>]) -> Result<u
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_enqueue_components() -> Outcome {
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_enqueue_components",
         "Each cell measures one component alone. Stream and event pool round trips are not \
@@ -995,6 +1007,7 @@ fn host_cost_enqueue_components() -> Outcome {
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_node_and_buffer_sweep() -> Outcome {
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_node_and_buffer_sweep",
         "Whole warm resident dispatch vs the raw-driver floor built from the same program \
@@ -1067,6 +1080,7 @@ fn host_cost_node_and_buffer_sweep() -> Outcome {
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_readback_strategy() -> Outcome {
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_readback_strategy",
         "Paired ABBA: A = N blocking 16-byte cuMemcpyDtoH, B = N async 16-byte copies + one \
@@ -1169,6 +1183,30 @@ enum PowerArm {
     Spin,
 }
 
+/// Rounds and region length (ms) of every power comparison: `VYRE_HOST_COST_POWER_SHAPE`
+/// as `ROUNDSxMS`, default 40 rounds of 5 ms. Many short rounds beat few long ones for the
+/// sign test when the noise is spiky (a preemption spoils one short round, not a long
+/// one): on a loaded 2-core build machine with the spin arm, 40x5 met every target (A/A
+/// 0/20, +1 % 18/20, +2 % 20/20, +5 % 20/20) where 10x20 detected +5 % in only 9/20.
+fn power_shape() -> Result<(usize, u64), Failure> {
+    let Ok(text) = std::env::var("VYRE_HOST_COST_POWER_SHAPE") else {
+        return Ok((40, 5));
+    };
+    let parsed = text.split_once('x').and_then(|(rounds, ms)| {
+        Some((
+            rounds.trim().parse::<usize>().ok()?,
+            ms.trim().parse::<u64>().ok()?,
+        ))
+    });
+    match parsed {
+        Some((rounds, ms)) if rounds >= 6 && ms >= 1 => Ok((rounds, ms)),
+        _ => Err(Failure(format!(
+            "Fix: VYRE_HOST_COST_POWER_SHAPE is '{text}'; write ROUNDSxMS with at least 6 \
+             rounds and 1 ms, e.g. 10x20 or 40x5"
+        ))),
+    }
+}
+
 /// Outcome counts of one effect size.
 #[derive(Default)]
 struct PowerTally {
@@ -1200,14 +1238,20 @@ fn host_cost_harness_power() -> Outcome {
         Ok("spin") => PowerArm::Spin,
         _ => PowerArm::Dispatch,
     };
-    let options =
-        PairOptions::with_targets(Duration::from_millis(20), Duration::from_millis(5), 10);
+    let (rounds, region_ms) = power_shape()?;
+    let options = PairOptions::with_targets(
+        Duration::from_millis(region_ms),
+        Duration::from_millis(region_ms.clamp(1, 5)),
+        rounds,
+    );
+    let _probe_off = probe_forced_off();
     banner(
         "host_cost_harness_power",
         &format!(
             "Power of Paired::compare: {RUNS} runs per effect (A/A, +1 %, +2 %, +5 %), \
-             interleaved so machine drift hits every effect alike; each run = 10 ABBA rounds \
-             of ~20 ms regions (probes >= 5 ms), the default difference rule (sign test \
+             interleaved so machine drift hits every effect alike; each run = {rounds} ABBA \
+             rounds of ~{region_ms} ms regions (VYRE_HOST_COST_POWER_SHAPE=ROUNDSxMS, default \
+             40x5), the default difference rule (sign test \
              alpha {}, minimum effect {}). Arm: {}. Planted work = a calibrated CPU spin \
              appended to every unit of arm B.",
             options.difference.alpha,

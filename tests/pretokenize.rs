@@ -5,13 +5,7 @@
 //! texts cross many workgroup boundaries and make the scan loop over several
 //! counts per thread.
 
-// Until lib.rs declares `pub mod pretokenize;`, compile the module into this test
-// crate; its `crate::` paths resolve through these imports.
-#[path = "../src/pretokenize/mod.rs"]
-#[allow(dead_code)]
-mod pretokenize;
-#[allow(unused_imports)]
-use vyre_cuda::{backend, config, ir, reference};
+use vyre_cuda::pretokenize;
 
 use pretokenize::pipeline::run_reference;
 use pretokenize::programs::{build, programs, Programs};
@@ -62,7 +56,15 @@ fn hand_written_texts() -> Vec<Vec<u8>> {
     .collect();
     // Long runs that cross 32-byte workgroups, and every byte value once.
     texts.push(b"a".repeat(300));
-    texts.push([b"x".repeat(70), b" ".repeat(65), b"7".repeat(33), b"!".repeat(40)].concat());
+    texts.push(
+        [
+            b"x".repeat(70),
+            b" ".repeat(65),
+            b"7".repeat(33),
+            b"!".repeat(40),
+        ]
+        .concat(),
+    );
     texts.push("語".repeat(50).into_bytes());
     texts.push((0..=255u8).collect());
     texts.push((0..=255u8).rev().cycle().take(700).collect());
@@ -76,8 +78,15 @@ fn pipeline_on_reference_equals_cpu_splitter_on_hand_written_texts() {
     let small = small_programs();
     for text in hand_written_texts() {
         let expected = cpu::piece_starts(&text);
-        let got = run_reference(&small, &text).expect("reference run").piece_starts;
-        assert_eq!(got, expected, "small geometry, text {:?}", String::from_utf8_lossy(&text));
+        let got = run_reference(&small, &text)
+            .expect("reference run")
+            .piece_starts;
+        assert_eq!(
+            got,
+            expected,
+            "small geometry, text {:?}",
+            String::from_utf8_lossy(&text)
+        );
     }
 }
 
@@ -91,7 +100,9 @@ fn default_geometry_pipeline_equals_cpu_splitter() {
         (0..=255u8).rev().cycle().take(1500).collect(),
         generate(Shape::Code, 1200, 3),
     ] {
-        let got = run_reference(&default, &text).expect("reference run").piece_starts;
+        let got = run_reference(&default, &text)
+            .expect("reference run")
+            .piece_starts;
         assert_eq!(got, cpu::piece_starts(&text));
     }
 }
@@ -104,8 +115,14 @@ fn pipeline_on_reference_equals_cpu_splitter_on_generated_shapes() {
     for shape in Shape::ALL {
         for (bytes, seed) in [(1024usize, 1u64), (999, 2), (33, 3), (1, 4)] {
             let text = generate(shape, bytes, seed);
-            let got = run_reference(&small, &text).expect("reference run").piece_starts;
-            assert_eq!(got, cpu::piece_starts(&text), "{shape} {bytes} bytes seed {seed}");
+            let got = run_reference(&small, &text)
+                .expect("reference run")
+                .piece_starts;
+            assert_eq!(
+                got,
+                cpu::piece_starts(&text),
+                "{shape} {bytes} bytes seed {seed}"
+            );
         }
     }
 }
@@ -116,14 +133,18 @@ fn pipeline_on_reference_equals_cpu_splitter_on_generated_shapes() {
 fn classify_program_matches_class_of_for_every_byte() {
     let text: Vec<u8> = (0..=255u8).collect();
     let program = programs().classify;
-    let outputs = reference::run(
+    let outputs = vyre_cuda::reference::run(
         &program,
         &[&text, &[0u8; 256]],
         &vyre_cuda::DispatchConfig::linear(1),
     )
     .expect("reference run");
     for byte in 0..=255u8 {
-        assert_eq!(outputs[0][byte as usize] as u32, class_of(byte), "byte {byte:#04x}");
+        assert_eq!(
+            outputs[0][byte as usize] as u32,
+            class_of(byte),
+            "byte {byte:#04x}"
+        );
     }
     assert_eq!(class_of(0x80), class::CONTINUATION);
     assert_eq!(class_of(0xE4), class::LEAD3);
@@ -156,7 +177,12 @@ fn cpu_splitter_gives_hand_written_piece_starts() {
         (b"a1 b2", &[0, 1, 2, 3, 4]),
     ];
     for (text, expected) in cases {
-        assert_eq!(cpu::piece_starts(text), expected, "text {:?}", String::from_utf8_lossy(text));
+        assert_eq!(
+            cpu::piece_starts(text),
+            expected,
+            "text {:?}",
+            String::from_utf8_lossy(text)
+        );
     }
     let text = "ab, 語!".as_bytes();
     let pieces = cpu::pieces(text, &cpu::piece_starts(text));
@@ -177,7 +203,11 @@ fn splitter_without_stray_rule(text: &[u8]) -> Vec<u32> {
         if single || previous != Some(kind) {
             starts.push(index as u32);
         }
-        previous = Some(if kind >= class::LEAD2 { class::PUNCTUATION } else { kind });
+        previous = Some(if kind >= class::LEAD2 {
+            class::PUNCTUATION
+        } else {
+            kind
+        });
     }
     starts
 }
@@ -194,7 +224,10 @@ fn negative_control_a_splitter_without_the_stray_rule_is_caught() {
         .iter()
         .filter(|text| splitter_without_stray_rule(text) != cpu::piece_starts(text))
         .count();
-    assert!(caught >= 5, "only {caught} texts exercise the stray-continuation rule");
+    assert!(
+        caught >= 5,
+        "only {caught} texts exercise the stray-continuation rule"
+    );
 }
 
 /// Locks out a nondeterministic or wrong-length generator: the same seed gives
@@ -215,7 +248,10 @@ fn generator_is_deterministic_exact_and_well_formed() {
     assert!(generate(Shape::Prose, 4096, 1).is_ascii());
     assert!(generate(Shape::Code, 4096, 1).is_ascii());
     let cjk = String::from_utf8(generate(Shape::Cjk, 4096, 1)).unwrap();
-    let ideographs = cjk.chars().filter(|c| ('\u{4E00}'..='\u{9FFF}').contains(c)).count();
+    let ideographs = cjk
+        .chars()
+        .filter(|c| ('\u{4E00}'..='\u{9FFF}').contains(c))
+        .count();
     assert!(ideographs > 1000, "{ideographs} ideographs");
     let mut random = SplitMix64::new(1);
     assert!((0..1000).all(|_| random.below(7) < 7));
@@ -242,5 +278,8 @@ fn bad_requests_get_fix_errors() {
     ] {
         assert!(build(geometry).unwrap_err().message().starts_with("Fix:"));
     }
-    assert_eq!(cpu::pieces(b"abc", &[0, 2, 1, 9]), [&b"ab"[..], b"", b"", b""]);
+    assert_eq!(
+        cpu::pieces(b"abc", &[0, 2, 1, 9]),
+        [&b"ab"[..], b"", b"", b""]
+    );
 }

@@ -229,7 +229,11 @@ mod tests {
             assert_ne!(v, base);
             assert_ne!(v.module_key(), base.module_key(), "{v:?}");
         }
-        assert_eq!(base.module_key(), key().module_key(), "module key is deterministic");
+        assert_eq!(
+            base.module_key(),
+            key().module_key(),
+            "module key is deterministic"
+        );
     }
 
     /// Locks out counters that do not count: a miss then a hit are both recorded, and

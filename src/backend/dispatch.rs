@@ -103,7 +103,8 @@ impl CudaBackend {
         inputs: &[&[u8]],
         config: &DispatchConfig,
     ) -> Result<Vec<Vec<u8>>, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
+        let bindings: SmallVec<[Binding; 16]> =
+            inputs.iter().map(|b| Binding::Borrowed(b)).collect();
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
@@ -114,7 +115,8 @@ impl CudaBackend {
         handles: &[ResidentBuffer],
         config: &DispatchConfig,
     ) -> Result<Vec<Vec<u8>>, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> = handles.iter().map(|h| Binding::Resident(*h)).collect();
+        let bindings: SmallVec<[Binding; 16]> =
+            handles.iter().map(|h| Binding::Resident(*h)).collect();
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
@@ -125,7 +127,8 @@ impl CudaBackend {
         handles: &[ResidentBuffer],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> = handles.iter().map(|h| Binding::Resident(*h)).collect();
+        let bindings: SmallVec<[Binding; 16]> =
+            handles.iter().map(|h| Binding::Resident(*h)).collect();
         self.run_program(program, &bindings, config, true)
     }
 
@@ -149,9 +152,15 @@ impl CudaBackend {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
         let mut outputs = Vec::new();
-        let timing = self
-            .inner
-            .execute(&kernel.inner, bindings, config, Sink::Vecs(&mut outputs), true, probe, start)?;
+        let timing = self.inner.execute(
+            &kernel.inner,
+            bindings,
+            config,
+            Sink::Vecs(&mut outputs),
+            true,
+            probe,
+            start,
+        )?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -171,8 +180,15 @@ impl CudaBackend {
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
-        self.inner
-            .execute(&kernel.inner, bindings, config, Sink::Slices(outputs), false, probe, start)
+        self.inner.execute(
+            &kernel.inner,
+            bindings,
+            config,
+            Sink::Slices(outputs),
+            false,
+            probe,
+            start,
+        )
     }
 
     /// [`CudaBackend::dispatch_kernel_into`] with device times from the event pairs.
@@ -185,8 +201,15 @@ impl CudaBackend {
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
-        self.inner
-            .execute(&kernel.inner, bindings, config, Sink::Slices(outputs), true, probe, start)
+        self.inner.execute(
+            &kernel.inner,
+            bindings,
+            config,
+            Sink::Slices(outputs),
+            true,
+            probe,
+            start,
+        )
     }
 
     fn run_program(
@@ -218,8 +241,13 @@ impl CudaBackend {
         let inner = &self.inner;
         inner.check_alive()?;
         inner.bind()?;
-        let (live_free, _) = driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
-        let resident = inner.resident.lock().unwrap_or_else(|p| p.into_inner()).live_bytes();
+        let (live_free, _) =
+            driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
+        let resident = inner
+            .resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .live_bytes();
         let budget = BudgetInputs {
             total: inner.caps.total_memory,
             resident,
@@ -230,8 +258,8 @@ impl CudaBackend {
             required: bytes,
             available,
         })?;
-        let memory =
-            DeviceMemory::allocate(bytes).map_err(|e| BackendError::driver(format!("allocating {bytes} resident bytes"), e))?;
+        let memory = DeviceMemory::allocate(bytes)
+            .map_err(|e| BackendError::driver(format!("allocating {bytes} resident bytes"), e))?;
         Ok(inner
             .resident
             .lock()
@@ -240,17 +268,13 @@ impl CudaBackend {
     }
 
     /// Copy `data` into the start of a resident buffer (`data` may be shorter).
-    pub fn upload_resident(&self, handle: &ResidentBuffer, data: &[u8]) -> Result<(), BackendError> {
-        self.resident_transfer(handle, data.len() as u64, "upload", |lane, memory| {
-            lane.staging.write(0, data);
-            // SAFETY: staging holds data.len() bytes and is not touched until the
-            // synchronize below; the device range is inside the live allocation
-            // (length checked by resident_transfer).
-            unsafe {
-                driver::copy_to_device_async(memory.address(), lane.staging.address(0), data.len(), &lane.stream)
-            }
-        })
-        .map(|_| ())
+    /// Blocks until the copy is done (one synchronize).
+    pub fn upload_resident(
+        &self,
+        handle: &ResidentBuffer,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        self.resident_transfer(handle, Transfer::Upload(data))
     }
 
     /// Read a whole resident buffer.
@@ -260,28 +284,25 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// Read the first `out.len()` bytes of a resident buffer into `out`.
-    pub fn read_resident_into(&self, handle: &ResidentBuffer, out: &mut [u8]) -> Result<(), BackendError> {
-        let len = out.len();
-        let mut staged: Option<usize> = None;
-        self.resident_transfer(handle, len as u64, "read", |lane, memory| {
-            staged = Some(len);
-            // SAFETY: staging holds len bytes and is read only after the synchronize;
-            // the device range is inside the live allocation.
-            unsafe { driver::copy_to_host_async(lane.staging.address(0), memory.address(), len, &lane.stream) }
-        })
-        .map(|lane_bytes| {
-            if let (Some(n), Some(bytes)) = (staged, lane_bytes) {
-                out.copy_from_slice(&bytes[..n]);
-            }
-        })
+    /// Read the first `out.len()` bytes of a resident buffer into `out` (no heap
+    /// allocation once the lane's staging is large enough).
+    pub fn read_resident_into(
+        &self,
+        handle: &ResidentBuffer,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        self.resident_transfer(handle, Transfer::Read(out))
     }
 
     /// Free a resident buffer. The handle (and every copy of it) becomes invalid;
     /// a dispatch still running keeps the memory alive until it finishes.
     pub fn free_resident(&self, handle: ResidentBuffer) -> Result<(), BackendError> {
         let inner = &self.inner;
-        let memory = inner.resident.lock().unwrap_or_else(|p| p.into_inner()).remove(&handle)?;
+        let memory = inner
+            .resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&handle)?;
         if inner.check_alive().is_ok() && inner.bind().is_ok() {
             drop(memory);
         } else {
@@ -290,21 +311,30 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Shared body of resident uploads and reads: lease a lane, enqueue one copy,
-    /// synchronize, hand back the staged bytes (for reads).
+    /// Shared body of resident uploads and reads: lease a lane, stage, enqueue one
+    /// copy, synchronize, and (for reads) copy the staged bytes out.
     fn resident_transfer(
         &self,
         handle: &ResidentBuffer,
-        len: u64,
-        verb: &str,
-        enqueue: impl FnOnce(&mut Lane, &DeviceMemory) -> driver::DriverResult<()>,
-    ) -> Result<Option<Vec<u8>>, BackendError> {
+        transfer: Transfer<'_, '_>,
+    ) -> Result<(), BackendError> {
         let inner = &self.inner;
+        let (verb, len) = match &transfer {
+            Transfer::Upload(data) => ("upload", data.len()),
+            Transfer::Read(out) => ("read", out.len()),
+        };
         inner.check_alive()?;
-        let memory = Arc::clone(inner.resident.lock().unwrap_or_else(|p| p.into_inner()).get(handle, verb)?);
-        if len > handle.len() {
+        let memory = Arc::clone(
+            inner
+                .resident
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(handle, verb)?,
+        );
+        if len as u64 > handle.len() {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot {verb} {len} bytes: the resident buffer holds {} bytes; allocate a larger one",
+                "Fix: cannot {verb} {len} bytes: the resident buffer holds {} bytes; allocate a larger one \
+                 or {verb} fewer bytes",
                 handle.len()
             )));
         }
@@ -313,22 +343,69 @@ impl CudaBackend {
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream", e))?;
+        let failed = |what: &str, e: driver::DriverError| {
+            if e.is_sticky() {
+                inner.mark_context_lost(format!("a resident {verb} failed: {e}"));
+            }
+            BackendError::driver(format!("{what} a resident {verb}"), e)
+        };
         let result = (|| {
             if lane
-                .ensure_staging(len as usize)
+                .ensure_staging(len)
                 .map_err(|e| BackendError::driver("allocating pinned staging", e))?
             {
-                inner.staging_allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                inner
+                    .staging_allocations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            enqueue(&mut lane, &memory).map_err(|e| BackendError::driver(format!("enqueueing a resident {verb}"), e))?;
-            lane.stream
-                .synchronize()
-                .map_err(|e| BackendError::driver(format!("waiting for a resident {verb}"), e))?;
-            Ok(Some(lane.staging.slice(0, len as usize).to_vec()))
+            match transfer {
+                Transfer::Upload(data) => {
+                    lane.staging.write(0, data);
+                    // SAFETY: staging holds len bytes and is not touched until the
+                    // synchronize below; [address, address+len) is inside the live
+                    // allocation (len checked against the handle above), which `memory`
+                    // keeps alive.
+                    unsafe {
+                        driver::copy_to_device_async(
+                            memory.address(),
+                            lane.staging.address(0),
+                            len,
+                            &lane.stream,
+                        )
+                    }
+                    .map_err(|e| failed("enqueueing", e))?;
+                    lane.stream
+                        .synchronize()
+                        .map_err(|e| failed("waiting for", e))?;
+                }
+                Transfer::Read(out) => {
+                    // SAFETY: as above, and staging is read only after the synchronize.
+                    unsafe {
+                        driver::copy_to_host_async(
+                            lane.staging.address(0),
+                            memory.address(),
+                            len,
+                            &lane.stream,
+                        )
+                    }
+                    .map_err(|e| failed("enqueueing", e))?;
+                    lane.stream
+                        .synchronize()
+                        .map_err(|e| failed("waiting for", e))?;
+                    out.copy_from_slice(lane.staging.slice(0, len));
+                }
+            }
+            Ok(())
         })();
         inner.finish_lane(lane, result.is_ok());
         result
     }
+}
+
+/// One resident transfer: bytes going up, or a buffer to fill.
+enum Transfer<'d, 'o> {
+    Upload(&'d [u8]),
+    Read(&'o mut [u8]),
 }
 
 fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
@@ -501,9 +578,15 @@ impl BackendInner {
         // prepare: binding plan checks, readback plan, launch plan, cooperative residency.
         let mut sizes: SmallVec<[u64; 16]> = SmallVec::new();
         let mut reads: SmallVec<[ReadItem; 16]> = SmallVec::new();
-        let (upload_bytes, staging_bytes) = self.plan_bindings(kernel, bindings, config, &mut sizes, &mut reads)?;
+        let (upload_bytes, staging_bytes) =
+            self.plan_bindings(kernel, bindings, config, &mut sizes, &mut reads)?;
         if let Sink::Slices(outputs) = &sink {
-            if outputs.len() != reads.len() || outputs.iter().zip(&reads).any(|(o, r)| o.len() as u64 != r.len) {
+            if outputs.len() != reads.len()
+                || outputs
+                    .iter()
+                    .zip(&reads)
+                    .any(|(o, r)| o.len() as u64 != r.len)
+            {
                 let wanted: Vec<u64> = reads.iter().map(|r| r.len).collect();
                 return Err(BackendError::bad_input(format!(
                     "Fix: dispatch_kernel_into needs {} output slices of lengths {:?} (one per readback item) \
@@ -593,7 +676,11 @@ impl BackendInner {
             Sink::Vecs(out) => {
                 out.reserve(reads.len());
                 for r in &reads {
-                    out.push(lane.staging.slice(r.staging_offset, r.len as usize).to_vec());
+                    out.push(
+                        lane.staging
+                            .slice(r.staging_offset, r.len as usize)
+                            .to_vec(),
+                    );
                 }
             }
             Sink::Slices(out) => {
@@ -650,11 +737,9 @@ impl BackendInner {
         // the inner start event marks the same instant, so it opens both windows and
         // one event record is saved.
         let enqueues_before_launch = grid_sync.is_some()
-            || kernel
-                .slots
-                .iter()
-                .zip(bindings)
-                .any(|(slot, b)| slot.access == Access::WriteOnly || matches!(b, Binding::Borrowed(_)));
+            || kernel.slots.iter().zip(bindings).any(|(slot, b)| {
+                slot.access == Access::WriteOnly || matches!(b, Binding::Borrowed(_))
+            });
         if want_timing && enqueues_before_launch {
             lane.outer_start
                 .record(&lane.stream)
@@ -678,7 +763,11 @@ impl BackendInner {
                     let memory = table
                         .as_ref()
                         .map(|t| t.get(handle, "dispatch with"))
-                        .unwrap_or_else(|| Err(BackendError::bad_input("Fix: internal: resident table not locked")))?;
+                        .unwrap_or_else(|| {
+                            Err(BackendError::bad_input(
+                                "Fix: internal: resident table not locked",
+                            ))
+                        })?;
                     resolved.push(Resolved {
                         address: memory.address(),
                         bytes,
@@ -686,10 +775,9 @@ impl BackendInner {
                     held.resident.push(Arc::clone(memory));
                 }
                 Binding::Borrowed(data) => {
-                    let memory = self
-                        .transients
-                        .take(bytes)
-                        .map_err(|e| BackendError::driver(format!("allocating {bytes} transient bytes"), e))?;
+                    let memory = self.transients.take(bytes).map_err(|e| {
+                        BackendError::driver(format!("allocating {bytes} transient bytes"), e)
+                    })?;
                     let address = memory.address();
                     held.transients.push(memory);
                     resolved.push(Resolved { address, bytes });
@@ -743,7 +831,12 @@ impl BackendInner {
         let mark = probe::charge_and_mark(Phase::Resolve, mark);
 
         // lease: the grid barrier counter is module-global.
-        let lease = grid_sync.map(|_| kernel.barrier_lease.lock().unwrap_or_else(|p| p.into_inner()));
+        let lease = grid_sync.map(|_| {
+            kernel
+                .barrier_lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
         // launch: the loop, bracketed by the inner events.
@@ -755,8 +848,15 @@ impl BackendInner {
         for _ in 0..config.fixpoint_iterations {
             if let Some(counter) = grid_sync {
                 // SAFETY: the barrier symbol holds GRID_BARRIER_WORDS u32 words.
-                unsafe { driver::fill_words_async(counter, 0, crate::codegen::GRID_BARRIER_WORDS, &lane.stream) }
-                    .map_err(|e| enqueue_error("resetting the grid barrier", e))?;
+                unsafe {
+                    driver::fill_words_async(
+                        counter,
+                        0,
+                        crate::codegen::GRID_BARRIER_WORDS,
+                        &lane.stream,
+                    )
+                }
+                .map_err(|e| enqueue_error("resetting the grid barrier", e))?;
             }
             // SAFETY: params holds one pointer per kernel parameter in the documented
             // order (buffer addresses, then u32 element counts), pointing at locals that
@@ -773,7 +873,8 @@ impl BackendInner {
                 )
             }
             .map_err(|e| {
-                if e.code == cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE {
+                if e.code == cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+                {
                     BackendError::GridTooLargeForGridSync {
                         program: kernel.name.clone(),
                         grid_blocks: plan.grid_blocks,
@@ -846,9 +947,14 @@ impl BackendInner {
         }
         if grid_sync.is_some() {
             let raw = lane.staging.slice(barrier_staging, 12);
-            let word = |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+            let word = |i: usize| {
+                u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
+            };
             let words = [word(0), word(1), word(2)];
-            if words[0] != 0 || plan.grid_blocks == 0 || !(words[2] as u64).is_multiple_of(plan.grid_blocks) {
+            if words[0] != 0
+                || plan.grid_blocks == 0
+                || !(words[2] as u64).is_multiple_of(plan.grid_blocks)
+            {
                 return Err(BackendError::GridBarrierAudit {
                     program: kernel.name.clone(),
                     words,
@@ -859,14 +965,23 @@ impl BackendInner {
         drop(lease);
         let mut timing = DispatchTiming {
             wall_ns: 0,
-            enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos()).unwrap_or(u64::MAX),
+            enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
+                .unwrap_or(u64::MAX),
             wait_ns,
             device_window_ns: 0,
             kernel_ns: 0,
         };
         if want_timing {
-            let window_start = if enqueues_before_launch { &lane.outer_start } else { &lane.inner_start };
-            let window_end = if enqueues_after_launch { &lane.outer_end } else { &lane.inner_end };
+            let window_start = if enqueues_before_launch {
+                &lane.outer_start
+            } else {
+                &lane.inner_start
+            };
+            let window_end = if enqueues_after_launch {
+                &lane.outer_end
+            } else {
+                &lane.inner_end
+            };
             timing.device_window_ns = Event::elapsed_ns(window_start, window_end).unwrap_or(0);
             timing.kernel_ns = Event::elapsed_ns(&lane.inner_start, &lane.inner_end).unwrap_or(0);
         }
@@ -875,7 +990,12 @@ impl BackendInner {
     }
 
     /// Memory preflight for borrowed bindings (§4.6).
-    fn preflight(&self, kernel: &KernelInner, bindings: &[Binding<'_>], sizes: &[u64]) -> Result<(), BackendError> {
+    fn preflight(
+        &self,
+        kernel: &KernelInner,
+        bindings: &[Binding<'_>],
+        sizes: &[u64],
+    ) -> Result<(), BackendError> {
         let requests: SmallVec<[u64; 16]> = bindings
             .iter()
             .zip(sizes)
@@ -887,16 +1007,23 @@ impl BackendInner {
             available: 0,
         };
         let required = budget::required_bytes(requests.iter().copied()).ok_or_else(overflow)?;
-        let missing = self.transients.missing_bytes(&requests).ok_or_else(overflow)?;
+        let missing = self
+            .transients
+            .missing_bytes(&requests)
+            .ok_or_else(overflow)?;
         if missing == 0 {
             return Ok(()); // every bucket is served from the idle pool: nothing new.
         }
         let inputs = || -> Result<BudgetInputs, BackendError> {
-            let (live_free, _) =
-                driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
+            let (live_free, _) = driver::memory_info()
+                .map_err(|e| BackendError::driver("querying free memory", e))?;
             Ok(BudgetInputs {
                 total: self.caps.total_memory,
-                resident: self.resident.lock().unwrap_or_else(|p| p.into_inner()).live_bytes(),
+                resident: self
+                    .resident
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .live_bytes(),
                 pooled: self.transients.pooled_bytes(),
                 live_free,
             })
@@ -906,6 +1033,9 @@ impl BackendInner {
         }
         tracing::info!(program = %kernel.name, required, "over budget: dropping the transient pool and re-checking");
         self.transients.drain(false);
-        budget::check(required, &inputs()?).map_err(|available| BackendError::OverBudget { required, available })
+        budget::check(required, &inputs()?).map_err(|available| BackendError::OverBudget {
+            required,
+            available,
+        })
     }
 }

@@ -32,7 +32,9 @@ impl DriverError {
         let status = unsafe { sys::cuGetErrorName(self.code, &mut ptr) };
         if status == sys::CUresult::CUDA_SUCCESS && !ptr.is_null() {
             // SAFETY: checked non-null above; the driver owns the static string.
-            unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(ptr) }
+                .to_string_lossy()
+                .into_owned()
         } else {
             format!("{:?}", self.code)
         }
@@ -163,7 +165,10 @@ pub fn init() -> DriverResult<()> {
 pub fn driver_version() -> DriverResult<i32> {
     let mut v = 0;
     // SAFETY: writes one int.
-    check(unsafe { sys::cuDriverGetVersion(&mut v) }, "cuDriverGetVersion")?;
+    check(
+        unsafe { sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion",
+    )?;
     Ok(v)
 }
 
@@ -573,7 +578,12 @@ pub unsafe fn copy_to_host_blocking_raw(dst: &mut [u8], src: u64) -> DriverResul
 /// # Safety
 /// `dst`+`len` must lie inside a live device allocation.
 #[inline]
-pub unsafe fn fill_bytes_async(dst: u64, value: u8, len: usize, stream: &Stream) -> DriverResult<()> {
+pub unsafe fn fill_bytes_async(
+    dst: u64,
+    value: u8,
+    len: usize,
+    stream: &Stream,
+) -> DriverResult<()> {
     check(
         sys::cuMemsetD8Async(dst, value, len, stream.raw),
         "cuMemsetD8Async",
@@ -585,7 +595,12 @@ pub unsafe fn fill_bytes_async(dst: u64, value: u8, len: usize, stream: &Stream)
 /// # Safety
 /// `dst`+`4*words` must lie inside a live device allocation, 4-byte aligned.
 #[inline]
-pub unsafe fn fill_words_async(dst: u64, value: u32, words: usize, stream: &Stream) -> DriverResult<()> {
+pub unsafe fn fill_words_async(
+    dst: u64,
+    value: u32,
+    words: usize,
+    stream: &Stream,
+) -> DriverResult<()> {
     check(
         sys::cuMemsetD32Async(dst, value, words, stream.raw),
         "cuMemsetD32Async",
@@ -649,7 +664,11 @@ impl LoadedModule {
     }
 
     /// Most co-resident blocks per SM for a block size and dynamic shared memory.
-    pub fn max_active_blocks_per_sm(&self, block_threads: u32, dynamic_shared: usize) -> DriverResult<u32> {
+    pub fn max_active_blocks_per_sm(
+        &self,
+        block_threads: u32,
+        dynamic_shared: usize,
+    ) -> DriverResult<u32> {
         let mut n = 0;
         // SAFETY: live function handle; writes one int.
         check(

@@ -94,6 +94,14 @@ pub enum BackendError {
         /// Workgroups in the grid.
         grid_blocks: u64,
     },
+    /// An earlier sticky fault left the device unusable for this whole process, and
+    /// the driver refused to reset it (CUDA documents such errors as needing a restart).
+    DeviceUnrecoverable {
+        /// Device ordinal.
+        ordinal: usize,
+        /// The call that failed during the reset attempt.
+        error: DriverError,
+    },
     /// An earlier kernel fault destroyed this backend's context.
     ContextLost {
         /// What faulted.
@@ -179,6 +187,12 @@ impl fmt::Display for BackendError {
                  total {}, grid {grid_blocks} workgroups); every workgroup must reach every grid_sync: report \
                  this with the program's Display output",
                 words[0], words[1], words[2]
+            ),
+            BackendError::DeviceUnrecoverable { ordinal, error } => write!(
+                f,
+                "Fix: an earlier kernel fault left CUDA device {ordinal} unusable in this process ({error}) and \
+                 the driver allows no recovery inside one process: restart the process (keep faulting \
+                 experiments in a child process if the parent must survive them)"
             ),
             BackendError::ContextLost { cause } => write!(
                 f,

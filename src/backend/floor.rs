@@ -38,29 +38,42 @@ impl RawFloor {
     /// Prepare `program` (a valid program with no workgroup reductions) for raw
     /// launches over `workgroups`, each global buffer sized as declared (runtime
     /// buffers get 16 bytes).
-    pub fn new(backend: &CudaBackend, program: &Program, workgroups: [u32; 3]) -> Result<RawFloor, BackendError> {
+    pub fn new(
+        backend: &CudaBackend,
+        program: &Program,
+        workgroups: [u32; 3],
+    ) -> Result<RawFloor, BackendError> {
         let inner = &backend.inner;
         inner.check_alive()?;
         inner.bind()?;
         let caps = backend.caps();
-        let ptx = codegen::program_to_ptx(program, &CodegenOptions::default(), caps.ptx_target_sm(), caps.warp_size)
-            .map_err(|e| BackendError::InvalidProgram {
-                program: program.display_name(),
-                message: e.to_string(),
-            })?;
-        let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
+        let ptx = codegen::program_to_ptx(
+            program,
+            &CodegenOptions::default(),
+            caps.ptx_target_sm(),
+            caps.warp_size,
+        )
+        .map_err(|e| BackendError::InvalidProgram {
             program: program.display_name(),
-            sm: caps.ptx_target_sm(),
-            error,
+            message: e.to_string(),
         })?;
-        let stream = Stream::new().map_err(|e| BackendError::driver("creating the floor stream", e))?;
+        let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
+            BackendError::ModuleLoad {
+                program: program.display_name(),
+                sm: caps.ptx_target_sm(),
+                error,
+            }
+        })?;
+        let stream =
+            Stream::new().map_err(|e| BackendError::driver("creating the floor stream", e))?;
         let globals = program.global_buffers();
         let mut buffers = Vec::new();
         let mut lengths = Vec::new();
         for b in &globals {
             let bytes = b.static_size_bytes().unwrap_or(16);
             buffers.push(
-                DeviceMemory::allocate(bytes).map_err(|e| BackendError::driver("allocating floor buffers", e))?,
+                DeviceMemory::allocate(bytes)
+                    .map_err(|e| BackendError::driver("allocating floor buffers", e))?,
             );
             lengths.push((bytes / b.elem.size_bytes() as u64) as u32);
         }
@@ -73,7 +86,8 @@ impl RawFloor {
         for l in lengths.iter_mut() {
             params.push(l as *mut u32 as *mut c_void);
         }
-        let staging = PinnedMemory::allocate(64 * 1024).map_err(|e| BackendError::driver("allocating floor staging", e))?;
+        let staging = PinnedMemory::allocate(64 * 1024)
+            .map_err(|e| BackendError::driver("allocating floor staging", e))?;
         let event = || Event::new().map_err(|e| BackendError::driver("creating floor events", e));
         let events = [event()?, event()?, event()?, event()?];
         Ok(RawFloor {
@@ -95,8 +109,17 @@ impl RawFloor {
         // SAFETY: params points at self.addresses / self.lengths (boxed, so their
         // addresses are stable), one per kernel parameter in codegen's order; the
         // buffers live as long as self.
-        unsafe { driver::launch(&self.module, self.grid, self.block, &self.stream, &mut self.params, false) }
-            .map_err(|e| BackendError::driver("raw floor launch", e))
+        unsafe {
+            driver::launch(
+                &self.module,
+                self.grid,
+                self.block,
+                &self.stream,
+                &mut self.params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("raw floor launch", e))
     }
 
     fn sync(&self) -> Result<(), BackendError> {
@@ -110,8 +133,15 @@ impl RawFloor {
             let source = self.buffers[i % self.buffers.len()].address();
             // SAFETY: 16 bytes at offset 16*i of 64 KiB staging (reads ≤ 4096), and
             // every floor buffer holds at least 16 bytes.
-            unsafe { driver::copy_to_host_async(self.staging.address((16 * i) % 65_536), source, 16, &self.stream) }
-                .map_err(|e| BackendError::driver("raw floor readback", e))?;
+            unsafe {
+                driver::copy_to_host_async(
+                    self.staging.address((16 * i) % 65_536),
+                    source,
+                    16,
+                    &self.stream,
+                )
+            }
+            .map_err(|e| BackendError::driver("raw floor readback", e))?;
         }
         Ok(())
     }
@@ -141,7 +171,9 @@ impl RawFloor {
         self.launch()?;
         self.async_reads(reads)?;
         self.sync()?;
-        Ok(u64::from_le_bytes(self.staging.slice(0, 8).try_into().unwrap_or([0; 8])))
+        Ok(u64::from_le_bytes(
+            self.staging.slice(0, 8).try_into().unwrap_or([0; 8]),
+        ))
     }
 
     /// The timed floor: what `dispatch_resident_timed` asks of the driver, and nothing
@@ -192,7 +224,9 @@ impl RawFloor {
     pub fn async_reads_one_sync(&mut self, reads: usize) -> Result<u64, BackendError> {
         self.async_reads(reads)?;
         self.sync()?;
-        Ok(u64::from_le_bytes(self.staging.slice(0, 8).try_into().unwrap_or([0; 8])))
+        Ok(u64::from_le_bytes(
+            self.staging.slice(0, 8).try_into().unwrap_or([0; 8]),
+        ))
     }
 
     /// Bind the context (for a thread that did not create the floor).

@@ -107,7 +107,11 @@ fn contains_grid_sync(block: &[Node]) -> bool {
 impl CudaBackend {
     /// Validate, lower, emit and load `program` (each step cached) and return a
     /// handle whose dispatches skip all lookups. Only `config.codegen` matters here.
-    pub fn compile(&self, program: &Program, config: &DispatchConfig) -> Result<Kernel, BackendError> {
+    pub fn compile(
+        &self,
+        program: &Program,
+        config: &DispatchConfig,
+    ) -> Result<Kernel, BackendError> {
         self.inner.check_alive()?;
         let mark = probe::mark();
         let kernel = self.inner.resolve_kernel(program, config, mark)?;
@@ -167,8 +171,9 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
-                let text = codegen::program_to_ptx(&lowered, &config.codegen, key.sm, key.subgroup_size)
-                    .map_err(|e| BackendError::InvalidProgram {
+                let text =
+                    codegen::program_to_ptx(&lowered, &config.codegen, key.sm, key.subgroup_size)
+                        .map_err(|e| BackendError::InvalidProgram {
                         program: program.display_name(),
                         message: e.to_string(),
                     })?;
@@ -202,13 +207,12 @@ impl BackendInner {
         module_key: ModuleKey,
     ) -> Result<KernelInner, BackendError> {
         let grid_sync = contains_grid_sync(lowered.entry());
-        let module = LoadedModule::load(&ptx, ENTRY_NAME, grid_sync.then_some(GRID_BARRIER_SYMBOL)).map_err(
-            |error| BackendError::ModuleLoad {
+        let module = LoadedModule::load(&ptx, ENTRY_NAME, grid_sync.then_some(GRID_BARRIER_SYMBOL))
+            .map_err(|error| BackendError::ModuleLoad {
                 program: program.display_name(),
                 sm: self.caps.ptx_target_sm(),
                 error,
-            },
-        )?;
+            })?;
         let mut slots: SmallVec<[ParamSlot; 16]> = SmallVec::new();
         for b in lowered.global_buffers() {
             slots.push(ParamSlot {
@@ -240,9 +244,9 @@ impl BackendInner {
                     });
                 }
                 let threads = workgroup_size.iter().map(|&v| v as u64).product::<u64>() as u32;
-                let per_sm = module
-                    .max_active_blocks_per_sm(threads, 0)
-                    .map_err(|e| BackendError::driver("querying occupancy for a grid-sync kernel", e))?;
+                let per_sm = module.max_active_blocks_per_sm(threads, 0).map_err(|e| {
+                    BackendError::driver("querying occupancy for a grid-sync kernel", e)
+                })?;
                 max_coresident_blocks = per_sm as u64 * self.caps.sm_count as u64;
                 Some(address)
             }
@@ -276,9 +280,16 @@ impl BackendInner {
     }
 
     /// The launch plan of `kernel` for `workgroups`, from the kernel's plan cache.
-    pub(crate) fn launch_plan(&self, kernel: &KernelInner, workgroups: [u32; 3]) -> Result<LaunchPlan, BackendError> {
+    pub(crate) fn launch_plan(
+        &self,
+        kernel: &KernelInner,
+        workgroups: [u32; 3],
+    ) -> Result<LaunchPlan, BackendError> {
         {
-            let plans = kernel.launch_plans.lock().unwrap_or_else(|p| p.into_inner());
+            let plans = kernel
+                .launch_plans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some(plan) = plans.iter().find(|p| p.grid == workgroups) {
                 self.plan_counter.hit();
                 return Ok(*plan);
@@ -286,7 +297,10 @@ impl BackendInner {
         }
         self.plan_counter.miss();
         let plan = LaunchPlan::new(workgroups, kernel.workgroup_size, &self.caps)?;
-        let mut plans = kernel.launch_plans.lock().unwrap_or_else(|p| p.into_inner());
+        let mut plans = kernel
+            .launch_plans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if plans.len() >= 8 {
             plans.remove(0);
         }

@@ -11,15 +11,17 @@
 //!   output (§0: 16 blocking copies 107.5 µs vs 36.8 µs async + one sync) (`dispatch`);
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
-//! Layering: [`driver`] is the only module with `unsafe`; everything above is safe.
+//! Layering: [`driver`] is the only module that calls libcuda; its `unsafe fn`s are
+//! called only from `dispatch` and `floor`, each with a `// SAFETY:` line; the public
+//! API is safe.
 
 pub mod budget;
 mod cache;
 pub mod caps;
 mod dispatch;
 pub mod driver;
-pub mod floor;
 mod error;
+pub mod floor;
 mod kernel;
 mod pool;
 mod resident;
@@ -133,7 +135,8 @@ impl CudaBackend {
         driver::init().map_err(|e| BackendError::NoDriver {
             detail: e.to_string(),
         })?;
-        let count = driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
+        let count =
+            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
         if ordinal >= count.max(0) as usize || ordinal >= MAX_DEVICES {
             return Err(BackendError::NoDevice {
                 ordinal,
@@ -141,17 +144,14 @@ impl CudaBackend {
             });
         }
         let _guard = ACQUIRE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let device = Device::get(ordinal as i32).map_err(|e| BackendError::driver("opening the device", e))?;
+        let device = Device::get(ordinal as i32)
+            .map_err(|e| BackendError::driver("opening the device", e))?;
         let epoch = DEVICE_EPOCH[ordinal].load(Ordering::Acquire);
         let recovering = DEVICE_RESET_EPOCH[ordinal].load(Ordering::Acquire) != epoch;
         // After a sticky fault the driver may refuse every call in this process
         // (CUDA documents that such errors need a process restart); say so plainly.
-        let unrecoverable = |error: driver::DriverError| BackendError::ContextLost {
-            cause: format!(
-                "an earlier kernel fault on device {ordinal} left CUDA unusable in this process ({error}); \
-                 the driver does not allow recovery here, so restart the process"
-            ),
-        };
+        let unrecoverable =
+            |error: driver::DriverError| BackendError::DeviceUnrecoverable { ordinal, error };
         if recovering {
             PrimaryContext::reset_device(device).map_err(unrecoverable)?;
             tracing::warn!(ordinal, "reset the primary context after a kernel fault");
@@ -176,7 +176,8 @@ impl CudaBackend {
         if recovering {
             DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
         }
-        let caps = read_caps(ordinal, device).map_err(|e| BackendError::driver("reading device attributes", e))?;
+        let caps = read_caps(ordinal, device)
+            .map_err(|e| BackendError::driver("reading device attributes", e))?;
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
             inner: Arc::new(BackendInner {
@@ -202,7 +203,11 @@ impl CudaBackend {
     }
 
     fn with_resident_table(self) -> Self {
-        *self.inner.resident.lock().unwrap_or_else(|p| p.into_inner()) = ResidentTable::new(self.inner.id);
+        *self
+            .inner
+            .resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = ResidentTable::new(self.inner.id);
         self
     }
 
@@ -351,7 +356,9 @@ fn read_caps(ordinal: usize, device: Device) -> driver::DriverResult<DeviceCaps>
             attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
         ],
         max_shared_memory_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
-        max_shared_memory_per_block_optin: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        max_shared_memory_per_block_optin: attr(
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
         warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
         cooperative_launch: attr(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
         concurrent_kernels: attr(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS)? != 0,

@@ -105,15 +105,16 @@ impl<M> ResidentTable<M> {
                 ),
             });
         }
-        let slot = self.slots.get(handle.slot as usize).ok_or_else(|| {
-            BackendError::InvalidHandle {
-                message: format!(
+        let slot =
+            self.slots
+                .get(handle.slot as usize)
+                .ok_or_else(|| BackendError::InvalidHandle {
+                    message: format!(
                     "Fix: cannot {verb} resident buffer slot {}: no such slot in this backend; \
                      the handle was forged or corrupted",
                     handle.slot
                 ),
-            }
-        })?;
+                })?;
         if slot.generation != handle.generation || slot.memory.is_none() {
             return Err(BackendError::InvalidHandle {
                 message: format!(
@@ -202,7 +203,10 @@ mod tests {
         // Foreign backend.
         let other: ResidentTable<Vec<u8>> = ResidentTable::new(8);
         let m = message(other.get(&b, "read").unwrap_err());
-        assert!(m.starts_with("Fix:") && m.contains("another CudaBackend"), "{m}");
+        assert!(
+            m.starts_with("Fix:") && m.contains("another CudaBackend"),
+            "{m}"
+        );
 
         // Forged slot.
         let forged = ResidentBuffer { slot: 999, ..b };

@@ -74,7 +74,9 @@ pub fn pieces<'t>(text: &'t [u8], starts: &[u32]) -> Vec<&'t [u8]> {
         .enumerate()
         .map(|(index, &start)| {
             let start = start as usize;
-            let end = starts.get(index + 1).map_or(text.len(), |&next| next as usize);
+            let end = starts
+                .get(index + 1)
+                .map_or(text.len(), |&next| next as usize);
             text.get(start..end.max(start)).unwrap_or(&[])
         })
         .collect()

@@ -40,6 +40,20 @@
 //! The output is the byte offset of every piece start, increasing; the number of
 //! pieces is its length. An empty text has no pieces.
 //!
+//! ```
+//! use vyre_cuda::pretokenize::{cpu, pipeline, programs};
+//! let text = "Hello, 世界 42!".as_bytes();
+//! // The five IR programs on the CPU reference interpreter (a CUDA device runs the
+//! // same programs through `pipeline::CudaPipeline`).
+//! let starts = pipeline::run_reference(&programs::programs(), text).unwrap().piece_starts;
+//! assert_eq!(starts, cpu::piece_starts(text));
+//! let pieces: Vec<&str> = cpu::pieces(text, &starts)
+//!     .into_iter()
+//!     .map(|piece| std::str::from_utf8(piece).unwrap())
+//!     .collect();
+//! assert_eq!(pieces, ["Hello", ",", " ", "世", "界", " ", "42", "!"]);
+//! ```
+//!
 //! # The pipeline
 //!
 //! `n` bytes, `B = ceil(n / 256)` workgroups of [`WORKGROUP_SIZE`] threads (the

@@ -73,20 +73,37 @@ pub fn run_reference(programs: &Programs, text: &[u8]) -> Result<ReferenceRun, P
         let start = Instant::now();
         let outputs = reference::run(program, inputs, config);
         *ns = elapsed_ns(start);
-        outputs.map_err(PretokenizeError::from).and_then(|mut outputs| {
-            outputs.pop().ok_or_else(|| {
-                PretokenizeError::new(format!(
-                    "Fix: internal: {} returned no output; report this as a bug",
-                    program.display_name()
-                ))
+        outputs
+            .map_err(PretokenizeError::from)
+            .and_then(|mut outputs| {
+                outputs.pop().ok_or_else(|| {
+                    PretokenizeError::new(format!(
+                        "Fix: internal: {} returned no output; report this as a bug",
+                        program.display_name()
+                    ))
+                })
             })
-        })
     };
     let zero_bytes = vec![0u8; n];
-    let classes = run(&programs.classify, &[text, &zero_bytes], &grid, &mut step_ns[0])?;
-    let marks = run(&programs.mark, &[&classes, &zero_bytes], &grid, &mut step_ns[1])?;
+    let classes = run(
+        &programs.classify,
+        &[text, &zero_bytes],
+        &grid,
+        &mut step_ns[0],
+    )?;
+    let marks = run(
+        &programs.mark,
+        &[&classes, &zero_bytes],
+        &grid,
+        &mut step_ns[1],
+    )?;
     let counts_zero = vec![0u8; 4 * blocks as usize];
-    let block_counts = run(&programs.block_count, &[&marks, &counts_zero], &grid, &mut step_ns[2])?;
+    let block_counts = run(
+        &programs.block_count,
+        &[&marks, &counts_zero],
+        &grid,
+        &mut step_ns[2],
+    )?;
     let offsets_zero = vec![0u8; 4 * (blocks as usize + 1)];
     let block_offsets = run(
         &programs.block_scan,
@@ -103,7 +120,10 @@ pub fn run_reference(programs: &Programs, text: &[u8]) -> Result<ReferenceRun, P
         &mut step_ns[4],
     )?;
     let piece_starts = words_of(&starts).take(count.min(n)).collect();
-    Ok(ReferenceRun { piece_starts, step_ns })
+    Ok(ReferenceRun {
+        piece_starts,
+        step_ns,
+    })
 }
 
 /// Timings of one encode on the device.
@@ -114,14 +134,18 @@ pub struct EncodeTiming {
     pub wall_ns: u64,
     /// The text upload (`upload_resident`: staging copy, async copy, synchronize).
     pub upload_ns: u64,
-    /// Each dispatch's timings, in dispatch order.
+    /// Each dispatch's timings, in dispatch order. `wall_ns` is always set; the
+    /// device fields only by [`CudaPipeline::encode_timed`] (0 otherwise).
     pub steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
 }
 
 impl EncodeTiming {
-    /// Device time of the five kernels (each dispatch's inner event pair).
+    /// Device time of the five kernels (each dispatch's inner event pair; 0 for an
+    /// untimed encode).
     pub fn kernel_ns(&self) -> u64 {
-        self.steps.iter().fold(0u64, |sum, step| sum.saturating_add(step.kernel_ns))
+        self.steps
+            .iter()
+            .fold(0u64, |sum, step| sum.saturating_add(step.kernel_ns))
     }
 
     /// Everything in the encode that is not a kernel running: `wall − Σ kernel`.
@@ -132,7 +156,7 @@ impl EncodeTiming {
     }
 }
 
-/// The host cost of one dispatch: `wall − kernel` (see the example's notes).
+/// The host cost of one timed dispatch: `wall − kernel`.
 pub fn dispatch_host_ns(step: &DispatchTiming) -> u64 {
     step.wall_ns.saturating_sub(step.kernel_ns)
 }
@@ -190,7 +214,11 @@ impl std::fmt::Debug for CudaPipeline {
 impl CudaPipeline {
     /// Compiles the five programs and allocates every device and host buffer for
     /// texts of exactly `text_len` bytes (at least 1).
-    pub fn new(backend: &CudaBackend, programs: &Programs, text_len: usize) -> Result<Self, PretokenizeError> {
+    pub fn new(
+        backend: &CudaBackend,
+        programs: &Programs,
+        text_len: usize,
+    ) -> Result<Self, PretokenizeError> {
         check_text_len(text_len)?;
         if text_len == 0 {
             return Err(PretokenizeError::new(
@@ -199,11 +227,12 @@ impl CudaPipeline {
         }
         let blocks = programs.geometry.blocks_for(text_len);
         let intermediate = DispatchConfig::linear(blocks).with_readback(ReadbackPolicy::None);
-        let scan = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec![ByteRange {
-            binding: 1,
-            offset: 4 * blocks as u64,
-            len: 4,
-        }]));
+        let scan =
+            DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec![ByteRange {
+                binding: 1,
+                offset: 4 * blocks as u64,
+                len: 4,
+            }]));
         let compile = |program: &Program| backend.compile(program, &intermediate);
         let kernels = [
             compile(&programs.classify)?,
@@ -270,8 +299,22 @@ impl CudaPipeline {
 
     /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): upload, five
     /// dispatches, read back the piece starts. The result is in
-    /// [`CudaPipeline::piece_starts`] until the next encode.
+    /// [`CudaPipeline::piece_starts`] until the next encode. This is the hot path:
+    /// its dispatches record no device timing events, so the returned steps hold
+    /// only host wall times (measured here); see [`CudaPipeline::encode_timed`].
     pub fn encode(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        self.encode_with(text, false)
+    }
+
+    /// [`CudaPipeline::encode`] with device timing events on every dispatch, so the
+    /// steps also carry `kernel_ns`, `device_window_ns`, `enqueue_ns` and
+    /// `wait_ns`. The events cost host time of their own, so time the hot path
+    /// with [`CudaPipeline::encode`] and take device times from here.
+    pub fn encode_timed(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        self.encode_with(text, true)
+    }
+
+    fn encode_with(&mut self, text: &[u8], timed: bool) -> Result<EncodeTiming, PretokenizeError> {
         if text.len() != self.text_len {
             return Err(PretokenizeError::new(format!(
                 "Fix: this CudaPipeline was built for {} bytes but the text has {}; build one for {} bytes",
@@ -280,38 +323,60 @@ impl CudaPipeline {
                 text.len()
             )));
         }
+        self.piece_count = 0;
         let start = Instant::now();
         let backend = &self.backend;
         let b = self.buffers;
         backend.upload_resident(&b.text, text)?;
         let upload_ns = elapsed_ns(start);
+        let dispatch = |kernel: &Kernel,
+                        bindings: &[Binding<'_>],
+                        config: &DispatchConfig,
+                        outputs: &mut [&mut [u8]]|
+         -> Result<DispatchTiming, PretokenizeError> {
+            let step_start = Instant::now();
+            let mut timing = if timed {
+                backend.dispatch_kernel_into_timed(kernel, bindings, config, outputs)?
+            } else {
+                backend.dispatch_kernel_into(kernel, bindings, config, outputs)?
+            };
+            if timing.wall_ns == 0 {
+                timing.wall_ns = elapsed_ns(step_start);
+            }
+            Ok(timing)
+        };
         let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
         let [classify, mark, block_count, block_scan, compact] = &self.kernels;
-        steps[0] = backend.dispatch_kernel_into(
+        steps[0] = dispatch(
             classify,
             &[Binding::Resident(b.text), Binding::Resident(b.classes)],
             &self.intermediate,
             &mut [],
         )?;
-        steps[1] = backend.dispatch_kernel_into(
+        steps[1] = dispatch(
             mark,
             &[Binding::Resident(b.classes), Binding::Resident(b.marks)],
             &self.intermediate,
             &mut [],
         )?;
-        steps[2] = backend.dispatch_kernel_into(
+        steps[2] = dispatch(
             block_count,
-            &[Binding::Resident(b.marks), Binding::Resident(b.block_counts)],
+            &[
+                Binding::Resident(b.marks),
+                Binding::Resident(b.block_counts),
+            ],
             &self.intermediate,
             &mut [],
         )?;
-        steps[3] = backend.dispatch_kernel_into(
+        steps[3] = dispatch(
             block_scan,
-            &[Binding::Resident(b.block_counts), Binding::Resident(b.block_offsets)],
+            &[
+                Binding::Resident(b.block_counts),
+                Binding::Resident(b.block_offsets),
+            ],
             &self.scan,
             &mut [&mut self.count_bytes],
         )?;
-        self.piece_count = 0;
         let count = u32::from_le_bytes(self.count_bytes) as usize;
         if count == 0 || count > self.text_len {
             return Err(PretokenizeError::new(format!(
@@ -327,7 +392,7 @@ impl CudaPipeline {
                 offset: 0,
                 len: 4 * count as u64,
             }]));
-        steps[4] = backend.dispatch_kernel_into(
+        steps[4] = dispatch(
             compact,
             &[
                 Binding::Resident(b.marks),

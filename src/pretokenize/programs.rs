@@ -10,7 +10,9 @@
 //! guarded or clamped, so the programs mean the same with bounds checks off.
 
 use super::{class, Geometry, PretokenizeError};
-use crate::ir::{Access, AtomicOp, Axis, BufferCount, ElemType, Expr, Program, ReduceOp, ScalarType};
+use crate::ir::{
+    Access, AtomicOp, Axis, BufferCount, ElemType, Expr, Program, ReduceOp, ScalarType,
+};
 
 /// The pipeline's programs, in dispatch order.
 #[derive(Clone, Debug)]
@@ -81,8 +83,20 @@ fn in_range(value: &Expr, low: u32, span: u32) -> Expr {
 pub fn classify(workgroup_size: u32) -> Program {
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.classify")
-        .buffer("text", 0, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
-        .buffer("classes", 1, Access::ReadWrite, ElemType::U8, BufferCount::Runtime)
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "classes",
+            1,
+            Access::ReadWrite,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.if_(i.clone().less_than(Expr::length("text")), |b| {
@@ -115,12 +129,18 @@ pub fn classify(workgroup_size: u32) -> Program {
                             class::LEAD4,
                             byte.clone().greater_equal(0xE0u32).select(
                                 class::LEAD3,
-                                byte.clone().greater_equal(0xC0u32).select(class::LEAD2, class::CONTINUATION),
+                                byte.clone()
+                                    .greater_equal(0xC0u32)
+                                    .select(class::LEAD2, class::CONTINUATION),
                             ),
                         ),
                     ),
                 );
-                b.store("classes", i.clone(), byte.greater_equal(0x80u32).select(high, ascii));
+                b.store(
+                    "classes",
+                    i.clone(),
+                    byte.greater_equal(0x80u32).select(high, ascii),
+                );
             });
         })
         .build()
@@ -130,8 +150,20 @@ pub fn classify(workgroup_size: u32) -> Program {
 pub fn mark(workgroup_size: u32) -> Program {
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.mark")
-        .buffer("classes", 0, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
-        .buffer("marks", 1, Access::ReadWrite, ElemType::U8, BufferCount::Runtime)
+        .buffer(
+            "classes",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "marks",
+            1,
+            Access::ReadWrite,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.if_(i.clone().less_than(Expr::length("classes")), |b| {
@@ -139,11 +171,18 @@ pub fn mark(workgroup_size: u32) -> Program {
                 // Look-back indices clamp to 0 near the start; `i == 0` is forced to
                 // a mark below, and for i = 1, 2 the clamped reads can only repeat
                 // byte 0, which the attachment test then reads consistently.
-                let back = |distance: u32| i.clone().greater_equal(distance).select(i.clone() - distance, 0u32);
+                let back = |distance: u32| {
+                    i.clone()
+                        .greater_equal(distance)
+                        .select(i.clone() - distance, 0u32)
+                };
                 let previous1 = b.let_("previous1", Expr::load("classes", back(1)));
                 let previous2 = b.let_("previous2", Expr::load("classes", back(2)));
                 let previous3 = b.let_("previous3", Expr::load("classes", back(3)));
-                let previous1_continuation = b.let_("previous1_continuation", previous1.clone().equals(class::CONTINUATION));
+                let previous1_continuation = b.let_(
+                    "previous1_continuation",
+                    previous1.clone().equals(class::CONTINUATION),
+                );
                 // A continuation byte is taken by the nearest lead within 3 bytes
                 // whose sequence length exceeds the distance to it.
                 let attached = b.let_(
@@ -153,7 +192,10 @@ pub fn mark(workgroup_size: u32) -> Program {
                         .greater_equal(class::LEAD2)
                         .and(previous1.clone().less_equal(class::LEAD4))
                         .or(previous1_continuation.clone().and(
-                            previous2.clone().equals(class::LEAD3).or(previous2.clone().equals(class::LEAD4)),
+                            previous2
+                                .clone()
+                                .equals(class::LEAD3)
+                                .or(previous2.clone().equals(class::LEAD4)),
                         ))
                         .or(previous1_continuation
                             .and(previous2.equals(class::CONTINUATION))
@@ -161,10 +203,15 @@ pub fn mark(workgroup_size: u32) -> Program {
                 );
                 let starts_piece = b.let_(
                     "starts_piece",
-                    i.clone().equals(0u32).or(current.clone().equals(class::CONTINUATION).select(
-                        attached.logical_not(),
-                        current.clone().greater_equal(class::PUNCTUATION).or(current.not_equals(previous1)),
-                    )),
+                    i.clone()
+                        .equals(0u32)
+                        .or(current.clone().equals(class::CONTINUATION).select(
+                            attached.logical_not(),
+                            current
+                                .clone()
+                                .greater_equal(class::PUNCTUATION)
+                                .or(current.not_equals(previous1)),
+                        )),
                 );
                 b.store("marks", i.clone(), starts_piece.cast(ScalarType::U32));
             });
@@ -176,8 +223,20 @@ pub fn mark(workgroup_size: u32) -> Program {
 pub fn block_count(workgroup_size: u32) -> Program {
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.block_count")
-        .buffer("marks", 0, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
-        .buffer("block_counts", 1, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "marks",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "block_counts",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             let mark = b.let_mut("mark", 0u32);
@@ -205,13 +264,34 @@ pub fn block_scan(scan_threads: u32) -> Program {
     let rounds = scan_threads.trailing_zeros();
     Program::builder([scan_threads, 1, 1])
         .entry_op_id("pretokenize.block_scan")
-        .buffer("block_counts", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
-        .buffer("block_offsets", 1, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
-        .buffer("thread_sums", 2, Access::Workgroup, ElemType::U32, BufferCount::Static(scan_threads))
+        .buffer(
+            "block_counts",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "block_offsets",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "thread_sums",
+            2,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(scan_threads),
+        )
         .body(|b| {
             let thread = b.let_("thread", Expr::local_id(Axis::X));
             let blocks = b.let_("blocks", Expr::length("block_counts"));
-            let per_thread = b.let_("per_thread", (blocks.clone() + (scan_threads - 1)) / scan_threads);
+            let per_thread = b.let_(
+                "per_thread",
+                (blocks.clone() + (scan_threads - 1)) / scan_threads,
+            );
             let first = b.let_("first", thread.clone() * per_thread.clone());
             let own = b.let_mut("own", 0u32);
             b.loop_("j", 0u32, per_thread.clone(), |b, j| {
@@ -226,7 +306,10 @@ pub fn block_scan(scan_threads: u32) -> Program {
                 let distance = b.let_("distance", u(1) << round);
                 let addend = b.let_mut("addend", 0u32);
                 b.if_(thread.clone().greater_equal(distance.clone()), |b| {
-                    b.assign("addend", Expr::load("thread_sums", thread.clone() - distance));
+                    b.assign(
+                        "addend",
+                        Expr::load("thread_sums", thread.clone() - distance),
+                    );
                 });
                 b.barrier();
                 b.store(
@@ -242,7 +325,10 @@ pub fn block_scan(scan_threads: u32) -> Program {
                 let index = b.let_("write_index", first.clone() + k);
                 b.if_(index.clone().less_than(blocks.clone()), |b| {
                     b.store("block_offsets", index.clone(), running.clone());
-                    b.assign("running", running.clone() + Expr::load("block_counts", index));
+                    b.assign(
+                        "running",
+                        running.clone() + Expr::load("block_counts", index),
+                    );
                 });
             });
             b.if_(thread.equals(scan_threads - 1), |b| {
@@ -261,10 +347,34 @@ pub fn compact(workgroup_size: u32) -> Program {
     let words = workgroup_size.div_ceil(32);
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.compact")
-        .buffer("marks", 0, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
-        .buffer("block_offsets", 1, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
-        .buffer("piece_starts", 2, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
-        .buffer("mark_bits", 3, Access::Workgroup, ElemType::U32, BufferCount::Static(words))
+        .buffer(
+            "marks",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "block_offsets",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "piece_starts",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "mark_bits",
+            3,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(words),
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             let local = b.let_("local", Expr::local_id(Axis::X));
@@ -283,7 +393,10 @@ pub fn compact(workgroup_size: u32) -> Program {
                 (Expr::load("mark_bits", word.clone()) & ((u(1) << bit) - 1u32)).count_ones(),
             );
             b.loop_("earlier", 0u32, word, |b, earlier| {
-                b.assign("rank", rank.clone() + Expr::load("mark_bits", earlier).count_ones());
+                b.assign(
+                    "rank",
+                    rank.clone() + Expr::load("mark_bits", earlier).count_ones(),
+                );
             });
             b.if_(mark.not_equals(0u32), |b| {
                 let base = Expr::load("block_offsets", Expr::workgroup_id(Axis::X));

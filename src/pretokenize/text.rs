@@ -170,10 +170,15 @@ fn cjk_sentence(random: &mut SplitMix64, out: &mut Vec<u8>, limit: usize) {
     out.push(if random.chance(1, 5) { b'\n' } else { b' ' });
 }
 
-const KEYWORDS: &[&str] = &["let", "fn", "if", "else", "for", "in", "return", "match", "while", "mut"];
-const OPERATORS: &[&str] = &[" = ", " + ", " - ", " * ", " == ", " != ", " += ", " -> ", " && ", " < ", ".", "::"];
+const KEYWORDS: &[&str] = &[
+    "let", "fn", "if", "else", "for", "in", "return", "match", "while", "mut",
+];
+const OPERATORS: &[&str] = &[
+    " = ", " + ", " - ", " * ", " == ", " != ", " += ", " -> ", " && ", " < ", ".", "::",
+];
 const IDENTIFIER_PARTS: &[&str] = &[
-    "count", "index", "buffer", "len", "value", "offset", "node", "state", "text", "piece", "block", "word",
+    "count", "index", "buffer", "len", "value", "offset", "node", "state", "text", "piece",
+    "block", "word",
 ];
 
 fn identifier(random: &mut SplitMix64, out: &mut Vec<u8>) {
