@@ -276,6 +276,27 @@ fn drift_rule_fires_on_a_planted_clock_step() {
     );
 }
 
+/// Locks out a drift rule that mistakes jitter for drift (what made every comparison on
+/// the GPU machine unpublishable): a clock that jitters by ±5 % around a steady centre
+/// is not flagged, though its jitter is reported, while the same jitter riding on a 4 %
+/// trend is flagged (negative control).
+#[test]
+fn drift_rule_ignores_jitter_but_not_a_trend() {
+    let jitter = [1.0, 0.95, 1.05, 0.97, 1.03, 1.0];
+    let steady: Vec<f64> = (0..48).map(|i| 3000.0 * jitter[i % 6]).collect();
+    let calm =
+        ClockDrift::from_regions(ClockSource::SpinReference, steady.clone(), 0.02, Vec::new());
+    assert!(!calm.flagged, "{calm:?}");
+    assert!(calm.jitter.expect("jitter") > 0.09, "{calm:?}");
+    let trending: Vec<f64> = steady
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (1.0 - 0.04 * i as f64 / 47.0))
+        .collect();
+    let drifting = ClockDrift::from_regions(ClockSource::SpinReference, trending, 0.02, Vec::new());
+    assert!(drifting.flagged, "{drifting:?}");
+}
+
 /// Region times of `schedule(order, rounds)` under a linear drift: a region at global
 /// slot `t` of arm `X` costs `cost_X × (1 + slope × t)`.
 fn drifting_stream(order: PairOrder, rounds: usize, cost_b: f64, slope: f64) -> Vec<f64> {

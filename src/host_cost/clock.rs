@@ -202,8 +202,11 @@ pub struct ClockDrift {
     /// One figure per timed region ([`ClockSource::unit`]): the busy-weighted MHz over
     /// the region, or the mean of the spin-reference rate at its two boundaries.
     pub per_region: Vec<f64>,
-    /// `(max − min) / median` of `per_region`; `None` without regions.
+    /// Spread of the medians of the three consecutive thirds of `per_region` over its
+    /// median (see [`estimate::clock_drift`]); `None` without regions.
     pub drift: Option<f64>,
+    /// `(max − min) / median` of `per_region`: region-to-region jitter, reported only.
+    pub jitter: Option<f64>,
     /// The limit applied.
     pub limit: f64,
     /// `drift > limit`.
@@ -226,6 +229,7 @@ impl ClockDrift {
         };
         ClockDrift {
             source,
+            jitter: estimate::clock_jitter(&per_region),
             per_region,
             drift,
             limit,

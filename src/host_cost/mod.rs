@@ -102,7 +102,8 @@
 //! Clock = {"source": "cpufreq" | "spin-reference",
 //!          "unit": "MHz" | "spin ops/us",
 //!          "per_region": [number],               // one figure per timed region
-//!          "drift": number | null,               // (max - min) / median of per_region
+//!          "drift": number | null,               // spread of the thirds' medians / median
+//!          "jitter": number | null,              // (max - min) / median of per_region
 //!          "limit": number, "flagged": bool, "notes": [string]}
 //! ```
 

@@ -303,14 +303,16 @@ fn percent(value: Option<f64>) -> String {
 }
 
 fn clock_summary(clock: &ClockDrift) -> String {
+    let percent = |value: Option<f64>| match value {
+        Some(v) => format!("{:.2}%", v * 100.0),
+        None => "n/a".to_string(),
+    };
     format!(
-        "{} drift {}{}",
+        "{} drift {}{} (jitter {})",
         clock.source.label(),
-        match clock.drift {
-            Some(drift) => format!("{:.2}%", drift * 100.0),
-            None => "n/a".to_string(),
-        },
-        if clock.flagged { " FLAGGED" } else { "" }
+        percent(clock.drift),
+        if clock.flagged { " FLAGGED" } else { "" },
+        percent(clock.jitter)
     )
 }
 
@@ -399,6 +401,8 @@ fn clock_json(out: &mut String, clock: &ClockDrift) {
     json_numbers(out, &clock.per_region);
     out.push_str(", \"drift\": ");
     json_optional(out, clock.drift);
+    out.push_str(", \"jitter\": ");
+    json_optional(out, clock.jitter);
     out.push_str(", \"limit\": ");
     json_number(out, clock.limit);
     let _ = write!(out, ", \"flagged\": {}, \"notes\": [", clock.flagged);
