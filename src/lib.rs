@@ -1,20 +1,62 @@
 //! # vyre-cuda
 //!
 //! A CUDA compute-dispatch backend for small GPU programs that a host calls
-//! thousands of times, with instruments that attribute every nanosecond of a
-//! dispatch's host cost. See `README.md` and `ARCHITECTURE.md`.
+//! thousands of times (a GPU-resident tokenizer is the first user), with
+//! instruments that attribute every nanosecond of a dispatch's host cost.
+//!
+//! Write a kernel in the [`ir`], dispatch it with [`backend::CudaBackend`], and
+//! fall back to the bit-identical CPU [`reference`](mod@reference) interpreter where there is no
+//! CUDA driver:
+//!
+//! ```
+//! use vyre_cuda::backend::CudaBackend;
+//! use vyre_cuda::ir::*;
+//! use vyre_cuda::DispatchConfig;
+//!
+//! let program = Program::builder([64, 1, 1])
+//!     .buffer("input", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+//!     .buffer("output", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+//!     .body(|b| {
+//!         let i = b.let_("i", Expr::global_id(Axis::X));
+//!         b.if_(i.clone().less_than(Expr::length("output")), |b| {
+//!             b.store("output", i.clone(), Expr::load("input", i.clone()) * 2u32);
+//!         });
+//!     })
+//!     .build();
+//! let input: Vec<u8> = (0..256u32).flat_map(|v| v.to_le_bytes()).collect();
+//! let output_size = vec![0u8; input.len()]; // write-only: only its length matters
+//! let config = DispatchConfig::linear(4); // 4 workgroups × 64 threads
+//!
+//! let results = match CudaBackend::acquire() {
+//!     Ok(gpu) => gpu.dispatch(&program, &[&input, &output_size], &config).unwrap(),
+//!     // No driver or device: the reference interpreter gives the same bytes.
+//!     Err(_) => vyre_cuda::reference::run(&program, &[&input, &output_size], &config).unwrap(),
+//! };
+//! let doubled: Vec<u32> = results[0]
+//!     .chunks_exact(4)
+//!     .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+//!     .collect();
+//! assert_eq!(doubled[..4], [0, 2, 4, 6]);
+//! ```
+//!
+//! Modules, in the order a dispatch meets them: [`ir`] (program, builder,
+//! validator), [`lower`], [`codegen`], [`backend`] (caps, caches, resident buffers,
+//! pools, dispatch, memory budget); beside them [`reference`](mod@reference), [`probe`] (the
+//! `VYRE_CUDA_DISPATCH_PHASE_PROBE` phase probe), [`host_cost`] (the estimator
+//! library behind the `host_cost_*` instruments) and [`pretokenize`] (the main
+//! example's pipeline). `ARCHITECTURE.md` maps them and states the invariants.
 
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod codegen;
 pub mod config;
 pub mod fixtures;
+pub mod host_cost;
 pub mod ir;
 pub mod lower;
 pub mod pretokenize;
+pub mod probe;
 pub mod reference;
 
 pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
-pub mod backend;
-pub mod host_cost;
-pub mod probe;

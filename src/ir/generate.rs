@@ -128,7 +128,7 @@ impl Default for GeneratorOptions {
 pub struct RandomCase {
     /// The seed it was generated from.
     pub seed: u64,
-    /// The program; passes [`crate::ir::validate`] with the options' limits.
+    /// The program; passes [`crate::ir::validate()`] with the options' limits.
     pub program: Program,
     /// One byte vector per global buffer, in binding order ([`Program::global_buffers`]);
     /// write-only buffers get zeros.

@@ -1,7 +1,7 @@
 //! The program IR: the language a kernel author writes in (§1).
 //!
 //! This module is the language reference: each node's and expression's doc comment
-//! says what it means at run time. [`validate`] owns every rule and every error
+//! says what it means at run time. [`validate`](mod@validate) owns every rule and every error
 //! message; everything downstream (lowering, code generation, the reference
 //! interpreter, the backend) may assume a program it receives has passed it.
 

@@ -453,12 +453,35 @@ impl DispatchRecord {
 }
 
 /// Writes `record` as a probe line (no trailing newline) into `out`.
+///
+/// Integers are formatted by hand: `core::fmt` cost about 40 ns per field, and a line
+/// has 27 of them, which made a probe-on dispatch measurably slower (§5's on/off
+/// target is 1.05).
 fn write_record(record: &DispatchRecord, out: &mut impl fmt::Write) -> fmt::Result {
     out.write_str(LINE_PREFIX)?;
     for (key, value) in LINE_KEYS.iter().zip(record.values()) {
-        write!(out, " {key}={value}")?;
+        out.write_str(" ")?;
+        out.write_str(key)?;
+        out.write_str("=")?;
+        write_decimal(out, value)?;
     }
     Ok(())
+}
+
+/// Writes `value` in decimal without `core::fmt`.
+fn write_decimal(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written, so this conversion cannot fail.
+    out.write_str(std::str::from_utf8(&digits[start..]).map_err(|_| fmt::Error)?)
 }
 
 /// Formats `record` as one probe line, without a trailing newline.

@@ -8,7 +8,7 @@
 //! and registers are named by type (`%r` 32-bit integers, `%f` `f32`, `%p`
 //! predicates, `%rd` 64-bit addresses).
 //!
-//! Shape, in the style of naga's back ends: a [`writer`] struct owns the output
+//! Shape, in the style of naga's back ends: a `writer` struct owns the output
 //! buffer, the register counters, the label counter and the variable scopes; this
 //! module holds the entry point, the error type and the constants the backend needs.
 //!
