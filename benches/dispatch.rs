@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
-use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture};
+use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{PairOptions, Paired, Report};
-use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::ir::Program;
 use vyre_cuda::DispatchConfig;
 
 struct Shape {
@@ -66,22 +66,32 @@ fn row(p: &Paired) -> String {
     )
 }
 
-fn record(
+/// One paired ABBA comparison of two per-unit arms; prints and records its row.
+fn pair(
     report: &mut Report,
     lines: &mut Vec<String>,
-    name: &str,
-    result: Result<Paired, vyre_cuda::host_cost::HostCostError>,
-) {
-    match result {
+    (name_a, arm_a): (&str, &mut dyn FnMut() -> u64),
+    (name_b, arm_b): (&str, &mut dyn FnMut() -> u64),
+) -> Option<Paired> {
+    let repeat = |arm: &mut dyn FnMut() -> u64, n: u64| (0..n).fold(0u64, |acc, _| acc ^ arm());
+    match Paired::compare(
+        name_a,
+        |n| repeat(&mut *arm_a, n),
+        name_b,
+        |n| repeat(&mut *arm_b, n),
+        &options(),
+    ) {
         Ok(p) => {
             let line = row(&p);
             println!("{line}");
             lines.push(line);
-            report.add_paired(p);
+            report.add_paired(p.clone());
+            Some(p)
         }
         Err(e) => {
-            println!("{name}: {e}");
-            report.add_failure(name, &e);
+            println!("{name_b} vs {name_a}: {e}");
+            report.add_failure(name_b, &e);
+            None
         }
     }
 }
@@ -134,81 +144,51 @@ fn main() {
             .expect("warm dispatch");
         let name_a = format!("floor b{} n{}", shape.buffers, program.node_count());
         let name_b = format!("dispatch b{} n{}", shape.buffers, program.node_count());
-        let result = Paired::compare(
-            &name_a,
-            |n| {
-                let mut acc = 0u64;
-                for _ in 0..n {
-                    acc ^= floor.launch_async_reads_sync(reads).expect("floor");
-                }
-                acc
-            },
-            &name_b,
-            |n| {
-                let mut acc = 0u64;
-                for _ in 0..n {
-                    let t = gpu
-                        .dispatch_resident_timed(&program, &handles, &config)
-                        .expect("dispatch");
-                    acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
-                }
-                acc
-            },
-            &options(),
+        let timed_dispatch = || {
+            let t = gpu
+                .dispatch_resident_timed(&program, &handles, &config)
+                .expect("dispatch");
+            t.outputs[0][0] as u64 ^ t.wall_ns
+        };
+        pair(
+            &mut report,
+            &mut lines,
+            (&name_a, &mut || {
+                floor.launch_async_reads_sync(reads).expect("floor")
+            }),
+            (&name_b, &mut { timed_dispatch }),
         );
-        record(&mut report, &mut lines, &name_b, result);
-        // The same dispatch against the timed floor (the raw driver plus the two event
-        // pairs and elapsed queries that device timing needs).
+        // The same dispatch against the timed floor (the raw driver plus the event
+        // records and elapsed-time queries that device timing needs).
         let name_t = format!("timed floor b{} n{}", shape.buffers, program.node_count());
-        let result = Paired::compare(
-            &name_t,
-            |n| {
-                let mut acc = 0u64;
-                for _ in 0..n {
-                    acc ^= floor
-                        .launch_timed_async_reads_sync(reads)
-                        .expect("timed floor");
-                }
-                acc
-            },
-            &name_b,
-            |n| {
-                let mut acc = 0u64;
-                for _ in 0..n {
-                    let t = gpu
-                        .dispatch_resident_timed(&program, &handles, &config)
-                        .expect("dispatch");
-                    acc ^= t.outputs[0][0] as u64 ^ t.wall_ns;
-                }
-                acc
-            },
-            &options(),
+        pair(
+            &mut report,
+            &mut lines,
+            (&name_t, &mut || {
+                floor
+                    .launch_timed_async_reads_sync(reads)
+                    .expect("timed floor")
+            }),
+            (&name_b, &mut { timed_dispatch }),
         );
-        record(&mut report, &mut lines, &name_t, result);
+        // Untimed resident dispatch (no events: the hot path) against the plain floor.
+        let name_u = format!(
+            "untimed dispatch b{} n{}",
+            shape.buffers,
+            program.node_count()
+        );
+        pair(
+            &mut report,
+            &mut lines,
+            (&name_a, &mut || {
+                floor.launch_async_reads_sync(reads).expect("floor")
+            }),
+            (&name_u, &mut || {
+                gpu.dispatch_resident(&program, &handles, &config)
+                    .expect("dispatch")[0][0] as u64
+            }),
+        );
         if shape.buffers == 9 && shape.nodes == 64 {
-            // Untimed resident dispatch (no events) against the plain floor.
-            let result = Paired::compare(
-                &name_a,
-                |n| {
-                    let mut acc = 0u64;
-                    for _ in 0..n {
-                        acc ^= floor.launch_async_reads_sync(reads).expect("floor");
-                    }
-                    acc
-                },
-                "untimed dispatch_resident b9 n62",
-                |n| {
-                    let mut acc = 0u64;
-                    for _ in 0..n {
-                        acc ^= gpu
-                            .dispatch_resident(&program, &handles, &config)
-                            .expect("dispatch")[0][0] as u64;
-                    }
-                    acc
-                },
-                &options(),
-            );
-            record(&mut report, &mut lines, "untimed", result);
             // Where the host time goes: the probe's phase table over 2,000 warm dispatches.
             let (_, probe_lines) = {
                 let _on = vyre_cuda::probe::override_enabled(Some(true));
@@ -238,38 +218,30 @@ fn main() {
         .expect("warm");
     gpu.dispatch_resident_timed(&large, &large_handles, &config)
         .expect("warm");
-    let arm = |program: &Program, handles: &[ResidentBuffer], n: u64| {
-        let mut acc = 0u64;
-        for _ in 0..n {
-            acc ^= gpu
-                .dispatch_resident_timed(program, handles, &config)
-                .expect("dispatch")
-                .wall_ns;
-        }
-        acc
+    let arm = |program: &Program, handles: &[ResidentBuffer]| {
+        gpu.dispatch_resident_timed(program, handles, &config)
+            .expect("dispatch")
+            .wall_ns
     };
-    match Paired::compare(
-        &format!("dispatch n{}", small.node_count()),
-        |n| arm(&small, &small_handles, n),
-        &format!("dispatch n{}", large.node_count()),
-        |n| arm(&large, &large_handles, n),
-        &options(),
+    let small_name = format!("dispatch n{}", small.node_count());
+    let large_name = format!("dispatch n{}", large.node_count());
+    if let Some(p) = pair(
+        &mut report,
+        &mut lines,
+        (&small_name, &mut || arm(&small, &small_handles)),
+        (&large_name, &mut || arm(&large, &large_handles)),
     ) {
-        Ok(p) => {
-            println!(
-                "flatness: {} nodes vs {} nodes: ratio {:.3} (target ≤ 1.05), {}",
-                large.node_count(),
-                small.node_count(),
-                p.median_ratio,
-                if p.publishable() {
-                    "publishable"
-                } else {
-                    "not publishable"
-                }
-            );
-            report.add_paired(p);
-        }
-        Err(e) => report.add_failure("flatness", &e),
+        println!(
+            "flatness: {} nodes vs {} nodes: ratio {:.3} (target ≤ 1.05), {}",
+            large.node_count(),
+            small.node_count(),
+            p.median_ratio,
+            if p.publishable() {
+                "publishable"
+            } else {
+                "not publishable"
+            }
+        );
     }
 
     // Cold first dispatch of a new 4,096-node program (distinct literals, so neither
@@ -277,29 +249,7 @@ fn main() {
     let mut cold_ms = Vec::new();
     for seed in 0..5u32 {
         let unique = std::process::id().wrapping_mul(7919).wrapping_add(seed);
-        let program = Program::builder([1, 1, 1])
-            .buffer(
-                "in",
-                0,
-                Access::ReadOnly,
-                ElemType::U32,
-                BufferCount::Static(4),
-            )
-            .buffer(
-                "out",
-                1,
-                Access::ReadWrite,
-                ElemType::U32,
-                BufferCount::Static(4),
-            )
-            .body(|b| {
-                let mut acc = b.let_("acc0", Expr::load("in", 0u32) ^ unique);
-                for k in 1..=chain_for_nodes(4096) {
-                    acc = b.let_(format!("acc{k}"), acc + k);
-                }
-                b.store("out", 0u32, acc);
-            })
-            .build();
+        let program = host_cost_fixture_salted(2, chain_for_nodes(4096), Some(unique));
         let input = [0u8; 16];
         let start = Instant::now();
         gpu.dispatch(&program, &[&input, &input], &config)

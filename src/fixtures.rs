@@ -8,8 +8,15 @@
 use crate::ir::{Access, BufferCount, ElemType, Expr, Program};
 
 /// The §6 fixture with `buffers` buffers in total (at least 2) and a chain of
-/// `chain` additions (so about `3 × chain` IR nodes).
+/// `chain` additions (`4 × chain + 6` IR nodes).
 pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
+    host_cost_fixture_salted(buffers, chain, None)
+}
+
+/// The fixture with `acc0 = in[0] ^ salt`: a program with the same shape and cost
+/// but different content (digest and PTX text), so neither the PTX cache nor the
+/// driver's JIT cache can serve it. Used to time cold first dispatches.
+pub fn host_cost_fixture_salted(buffers: u32, chain: u32, salt: Option<u32>) -> Program {
     let buffers = buffers.max(2);
     let mut builder = Program::builder([1, 1, 1])
         .entry_op_id(format!("host_cost_fixture_b{buffers}_n{chain}"))
@@ -38,7 +45,11 @@ pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
     }
     builder
         .body(|b| {
-            let mut acc = b.let_("acc0", Expr::load("in", 0u32));
+            let first = match salt {
+                Some(salt) => Expr::load("in", 0u32) ^ salt,
+                None => Expr::load("in", 0u32),
+            };
+            let mut acc = b.let_("acc0", first);
             for k in 1..=chain {
                 acc = b.let_(format!("acc{k}"), acc + k);
             }

@@ -52,6 +52,7 @@ pub mod backend;
 pub mod codegen;
 pub mod config;
 pub mod fixtures;
+pub mod graph;
 pub mod host_cost;
 pub mod ir;
 pub mod lower;

@@ -1229,39 +1229,8 @@ fn subgroup_shuffle_without_a_partner_returns_the_own_value() {
 #[test]
 fn host_cost_fixture_program_gives_in_plus_36() {
     let k = 8;
-    let mut builder = Program::builder([1, 1, 1])
-        .buffer(
-            "in",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(4),
-        )
-        .buffer(
-            "out",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(4),
-        );
-    for s in 1..=k {
-        builder = builder.buffer(
-            format!("scratch{s}"),
-            1 + s,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(4),
-        );
-    }
-    let program = builder
-        .body(|blk| {
-            let mut acc = blk.let_("acc0", Expr::load("in", 0u32));
-            for step in 1..=k {
-                acc = blk.let_(format!("acc{step}"), acc + step);
-            }
-            blk.store("out", 0u32, acc);
-        })
-        .build();
+    // The shared fixture (src/fixtures.rs) with K scratch buffers and a K-link chain.
+    let program = vyre_cuda::fixtures::host_cost_fixture(k + 2, k);
     let mut inputs: Vec<Vec<u8>> = vec![bytes_of(&[5, 0, 0, 0]), vec![0; 16]];
     inputs.extend((0..k).map(|_| vec![0u8; 16]));
     let inputs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();

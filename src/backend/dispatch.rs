@@ -149,18 +149,8 @@ impl CudaBackend {
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        let probe = probe::begin_dispatch();
-        let start = Instant::now();
         let mut outputs = Vec::new();
-        let timing = self.inner.execute(
-            &kernel.inner,
-            bindings,
-            config,
-            Sink::Vecs(&mut outputs),
-            true,
-            probe,
-            start,
-        )?;
+        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), true)?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -178,17 +168,7 @@ impl CudaBackend {
         config: &DispatchConfig,
         outputs: &mut [&mut [u8]],
     ) -> Result<DispatchTiming, BackendError> {
-        let probe = probe::begin_dispatch();
-        let start = Instant::now();
-        self.inner.execute(
-            &kernel.inner,
-            bindings,
-            config,
-            Sink::Slices(outputs),
-            false,
-            probe,
-            start,
-        )
+        self.run_kernel(kernel, bindings, config, Sink::Slices(outputs), false)
     }
 
     /// [`CudaBackend::dispatch_kernel_into`] with device times from the event pairs.
@@ -199,14 +179,26 @@ impl CudaBackend {
         config: &DispatchConfig,
         outputs: &mut [&mut [u8]],
     ) -> Result<DispatchTiming, BackendError> {
+        self.run_kernel(kernel, bindings, config, Sink::Slices(outputs), true)
+    }
+
+    /// The kernel path: open the probe dispatch first, then execute.
+    fn run_kernel(
+        &self,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+        sink: Sink<'_, '_>,
+        want_timing: bool,
+    ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
         self.inner.execute(
             &kernel.inner,
             bindings,
             config,
-            Sink::Slices(outputs),
-            true,
+            sink,
+            want_timing,
             probe,
             start,
         )
@@ -434,15 +426,17 @@ impl BackendInner {
         self.lanes.give_back(lane);
     }
 
-    /// Prepare: check bindings against the kernel and plan the readback. Pure.
-    fn plan_bindings(
+    /// Check bound byte sizes (one per binding, in binding order) against `kernel`:
+    /// the kernel belongs to this backend, the binding count matches, static buffers
+    /// get exactly their size and runtime buffers a whole number of elements that
+    /// fits a `u32` count, and `fixpoint_iterations` is at least 1. Pure; shared by
+    /// dispatches and graph recording (`crate::graph`).
+    pub(crate) fn check_bindings(
         &self,
         kernel: &KernelInner,
-        bindings: &[Binding<'_>],
+        sizes: &[u64],
         config: &DispatchConfig,
-        sizes: &mut SmallVec<[u64; 16]>,
-        reads: &mut SmallVec<[ReadItem; 16]>,
-    ) -> Result<(usize, usize), BackendError> {
+    ) -> Result<(), BackendError> {
         if kernel.backend_id != self.id {
             return Err(BackendError::InvalidHandle {
                 message: format!(
@@ -451,7 +445,7 @@ impl BackendInner {
                 ),
             });
         }
-        if bindings.len() != kernel.slots.len() {
+        if sizes.len() != kernel.slots.len() {
             let expected: Vec<String> = kernel
                 .slots
                 .iter()
@@ -462,7 +456,7 @@ impl BackendInner {
                 kernel.name,
                 kernel.slots.len(),
                 expected.join(", "),
-                bindings.len()
+                sizes.len()
             )));
         }
         if config.fixpoint_iterations == 0 {
@@ -470,17 +464,7 @@ impl BackendInner {
                 "Fix: DispatchConfig::fixpoint_iterations is 0; use at least 1",
             ));
         }
-        let mut upload_bytes = 0usize;
-        for (slot, binding) in kernel.slots.iter().zip(bindings) {
-            let bytes = match binding {
-                Binding::Resident(h) => h.len(),
-                Binding::Borrowed(b) => {
-                    if slot.access != Access::WriteOnly {
-                        upload_bytes = upload_bytes.saturating_add(align_up(b.len()));
-                    }
-                    b.len() as u64
-                }
-            };
+        for (slot, &bytes) in kernel.slots.iter().zip(sizes) {
             let elem = slot.elem.size_bytes() as u64;
             match slot.count {
                 BufferCount::Static(n) if bytes != n as u64 * elem => {
@@ -510,7 +494,31 @@ impl BackendInner {
                 }
                 _ => {}
             }
-            sizes.push(bytes);
+        }
+        Ok(())
+    }
+
+    /// Prepare: check bindings against the kernel and plan the readback. Pure.
+    fn plan_bindings(
+        &self,
+        kernel: &KernelInner,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+        sizes: &mut SmallVec<[u64; 16]>,
+        reads: &mut SmallVec<[ReadItem; 16]>,
+    ) -> Result<(usize, usize), BackendError> {
+        sizes.extend(bindings.iter().map(|binding| match binding {
+            Binding::Resident(h) => h.len(),
+            Binding::Borrowed(b) => b.len() as u64,
+        }));
+        self.check_bindings(kernel, sizes, config)?;
+        let mut upload_bytes = 0usize;
+        for (slot, binding) in kernel.slots.iter().zip(bindings) {
+            if let Binding::Borrowed(b) = binding {
+                if slot.access != Access::WriteOnly {
+                    upload_bytes = upload_bytes.saturating_add(align_up(b.len()));
+                }
+            }
         }
         let mut staging = upload_bytes;
         let mut push = |slot: u16, offset: u64, len: u64, reads: &mut SmallVec<[ReadItem; 16]>| {

@@ -12,7 +12,8 @@
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
 //! Layering: [`driver`] is the only module that calls libcuda; its `unsafe fn`s are
-//! called only from `dispatch` and `floor`, each with a `// SAFETY:` line; the public
+//! called only from `dispatch`, `floor` and `crate::graph`, each with a `// SAFETY:`
+//! line; the public
 //! API is safe.
 
 pub mod budget;
@@ -278,6 +279,11 @@ impl CudaBackend {
     /// Whether the backend's context is still usable (no sticky kernel fault).
     pub fn is_usable(&self) -> bool {
         self.inner.check_alive().is_ok()
+    }
+
+    /// The shared state, for crate modules outside `backend` (`crate::graph`).
+    pub(crate) fn shared(&self) -> &Arc<BackendInner> {
+        &self.inner
     }
 }
 

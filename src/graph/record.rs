@@ -1,0 +1,591 @@
+//! Recording: the caller's closure describes the chain (every call validated at
+//! once, no driver work), then one stream capture records it, the graph is
+//! instantiated, and the result becomes a [`DispatchGraph`].
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::backend::driver::{
+    self, Capture, DeviceMemory, DriverError, Event, GraphNodeKind, PinnedMemory, Stream,
+};
+use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
+use crate::config::{DispatchConfig, ReadbackPolicy};
+use crate::ir::Access;
+
+use super::{
+    next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
+    OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
+};
+
+/// Staging slots start on 256-byte boundaries, like a dispatch's staging.
+const STAGING_ALIGN: usize = 256;
+
+/// One operation of the chain, in capture order.
+#[derive(Clone, Copy, Debug)]
+enum Operation {
+    /// Copy input slot `input` to `address`.
+    Upload { input: u32, address: u64 },
+    /// Run step `step` (its clears and launches).
+    Dispatch { step: u32 },
+    /// Copy from `address` into output slot `output`.
+    ReadBack { output: u32, address: u64 },
+}
+
+/// Describes a chain of dispatches inside [`CudaBackend::record`]. Every method
+/// validates its arguments at once and returns an `Err` starting `Fix:`; nothing
+/// runs on the device until the graph is replayed.
+pub struct GraphRecorder<'b> {
+    backend: &'b CudaBackend,
+    id: u64,
+    operations: Vec<Operation>,
+    inputs: Vec<StagedRange>,
+    input_bytes: usize,
+    outputs: Vec<StagedRange>,
+    output_bytes: usize,
+    steps: Vec<Step>,
+    /// Byte sizes of the scratch buffers.
+    scratch: Vec<u64>,
+    memory: Vec<Arc<DeviceMemory>>,
+}
+
+impl CudaBackend {
+    /// Record a chain of dispatches into a replayable CUDA graph (§7). `build`
+    /// describes the chain through the [`GraphRecorder`]; when it returns `Ok`, the
+    /// chain is captured once and instantiated. See the [`crate::graph`] docs.
+    pub fn record(
+        &self,
+        build: impl FnOnce(&mut GraphRecorder<'_>) -> Result<(), BackendError>,
+    ) -> Result<DispatchGraph, BackendError> {
+        self.shared().check_alive()?;
+        crate::backend::driver::load_graph_symbols().map_err(|e| BackendError::NoDriver {
+            detail: match e {
+                crate::backend::driver::LoadError::SymbolMissing(symbol) => format!(
+                    "libcuda.so lacks {symbol}, which dispatch graphs need (plain dispatches still work); \
+                     upgrade the driver or dispatch without record()"
+                ),
+                crate::backend::driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
+            },
+        })?;
+        let mut recorder = GraphRecorder {
+            backend: self,
+            id: next_graph_id(),
+            operations: Vec::new(),
+            inputs: Vec::new(),
+            input_bytes: 0,
+            outputs: Vec::new(),
+            output_bytes: 0,
+            steps: Vec::new(),
+            scratch: Vec::new(),
+            memory: Vec::new(),
+        };
+        build(&mut recorder)?;
+        recorder.finish()
+    }
+}
+
+fn staged_len(bytes: u64, what: &str) -> Result<usize, BackendError> {
+    usize::try_from(bytes).map_err(|_| {
+        BackendError::bad_input(format!(
+            "Fix: a {what} of {bytes} bytes does not fit this host's address space; use a smaller range"
+        ))
+    })
+}
+
+fn align_up(offset: usize, len: usize) -> Result<usize, BackendError> {
+    len.div_ceil(STAGING_ALIGN)
+        .checked_mul(STAGING_ALIGN)
+        .and_then(|aligned| offset.checked_add(aligned))
+        .ok_or_else(|| {
+            BackendError::bad_input(
+                "Fix: the graph's pinned staging would overflow the address space; record fewer or \
+                 smaller uploads and read-backs",
+            )
+        })
+}
+
+impl GraphRecorder<'_> {
+    /// Copy the first `bytes` bytes of a fresh pinned input slot into the start of
+    /// `handle` at this point of every replay. Write the slot with
+    /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
+    pub fn upload(
+        &mut self,
+        handle: &ResidentBuffer,
+        bytes: u64,
+    ) -> Result<InputSlot, BackendError> {
+        let memory = self.hold(handle, "record an upload into")?;
+        if bytes == 0 {
+            return Err(BackendError::bad_input(
+                "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
+            ));
+        }
+        if bytes > handle.len() {
+            return Err(BackendError::bad_input(format!(
+                "Fix: cannot record an upload of {bytes} bytes: the resident buffer holds {} bytes; upload \
+                 at most that many or allocate a larger buffer",
+                handle.len()
+            )));
+        }
+        let len = staged_len(bytes, "upload")?;
+        let end = align_up(self.input_bytes, len)?;
+        let index = slot_index(self.inputs.len())?;
+        self.inputs.push(StagedRange {
+            offset: self.input_bytes,
+            len,
+        });
+        self.input_bytes = end;
+        self.operations.push(Operation::Upload {
+            input: index,
+            address: memory.address(),
+        });
+        self.memory.push(memory);
+        Ok(InputSlot {
+            graph: self.id,
+            index,
+        })
+    }
+
+    /// A dispatch of `kernel` over resident buffers, one per global buffer in
+    /// binding order, exactly as [`CudaBackend::dispatch_kernel`] would run it:
+    /// `WriteOnly` buffers are zeroed first, then `config.fixpoint_iterations`
+    /// launches over `config.workgroups`. `config.readback` must be `AllOutputs`
+    /// (the default) or `None`, both meaning "nothing": inside a graph, bytes come
+    /// back only through [`GraphRecorder::read_back`]. Only resident bindings:
+    /// replays outlive any host slice.
+    pub fn dispatch(
+        &mut self,
+        kernel: &Kernel,
+        handles: &[ResidentBuffer],
+        config: &DispatchConfig,
+    ) -> Result<StepId, BackendError> {
+        let bindings: SmallVec<[GraphBinding; 16]> =
+            handles.iter().map(|&h| GraphBinding::Resident(h)).collect();
+        self.dispatch_bindings(kernel, &bindings, config)
+    }
+
+    /// [`GraphRecorder::dispatch`] over resident and scratch bindings.
+    pub fn dispatch_bindings(
+        &mut self,
+        kernel: &Kernel,
+        bindings: &[GraphBinding],
+        config: &DispatchConfig,
+    ) -> Result<StepId, BackendError> {
+        let inner = self.backend.shared();
+        let name = &kernel.inner.name;
+        if let ReadbackPolicy::Ranges(_) = config.readback {
+            return Err(BackendError::bad_input(format!(
+                "Fix: DispatchConfig::readback ranges do not apply inside a dispatch graph (recording {name}); \
+                 use ReadbackPolicy::None and record GraphRecorder::read_back for the bytes you need"
+            )));
+        }
+        if kernel.uses_grid_sync() {
+            return Err(BackendError::bad_input(format!(
+                "Fix: {name} uses grid_sync, which dispatch graphs do not support (its module-global barrier \
+                 needs a lease and an audit around every launch); dispatch it outside the graph with \
+                 CudaBackend::dispatch_kernel, or split it at the grid_sync into separate recorded dispatches"
+            )));
+        }
+        let mut sizes: SmallVec<[u64; 16]> = SmallVec::new();
+        for binding in bindings {
+            match binding {
+                GraphBinding::Resident(handle) => sizes.push(handle.len()),
+                GraphBinding::Scratch(scratch) => {
+                    self.check_scratch(scratch)?;
+                    sizes.push(scratch.bytes);
+                }
+            }
+        }
+        inner.check_bindings(&kernel.inner, &sizes, config)?;
+        let plan = inner.launch_plan(&kernel.inner, config.workgroups)?;
+        let mut bound: SmallVec<[BoundAddress; 16]> = SmallVec::new();
+        let mut held: SmallVec<[Arc<DeviceMemory>; 16]> = SmallVec::new();
+        {
+            let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+            for binding in bindings {
+                match binding {
+                    GraphBinding::Resident(handle) => {
+                        let memory = table.get(handle, "record a dispatch over")?;
+                        bound.push(BoundAddress::Fixed(memory.address()));
+                        held.push(Arc::clone(memory));
+                    }
+                    GraphBinding::Scratch(scratch) => {
+                        bound.push(BoundAddress::Scratch(scratch.index))
+                    }
+                }
+            }
+        }
+        let counts: SmallVec<[u32; 16]> = kernel
+            .inner
+            .slots
+            .iter()
+            .zip(&sizes)
+            // check_bindings proved every size is a whole number of elements ≤ u32::MAX.
+            .map(|(slot, &bytes)| (bytes / slot.elem.size_bytes() as u64) as u32)
+            .collect();
+        let index = slot_index(self.steps.len())?;
+        self.steps.push(Step {
+            kernel: kernel.clone(),
+            bound,
+            sizes,
+            addresses: SmallVec::new(),
+            counts,
+            plan,
+            iterations: config.fixpoint_iterations,
+            nodes: SmallVec::new(),
+        });
+        self.operations.push(Operation::Dispatch { step: index });
+        self.memory.extend(held);
+        Ok(StepId {
+            graph: self.id,
+            index,
+        })
+    }
+
+    /// Copy `len` bytes of `handle` starting at byte `offset` into a fresh pinned
+    /// output slot at this point of every replay; read it with
+    /// [`DispatchGraph::output`] after a replay.
+    pub fn read_back(
+        &mut self,
+        handle: &ResidentBuffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<OutputSlot, BackendError> {
+        let memory = self.hold(handle, "record a read-back of")?;
+        if len == 0 {
+            return Err(BackendError::bad_input(
+                "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
+            ));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > handle.len()) {
+            return Err(BackendError::bad_input(format!(
+                "Fix: read-back range {offset}..+{len} is past the resident buffer's {} bytes; keep offset + \
+                 len within the buffer",
+                handle.len()
+            )));
+        }
+        let staged = staged_len(len, "read-back")?;
+        let end = align_up(self.output_bytes, staged)?;
+        let index = slot_index(self.outputs.len())?;
+        self.outputs.push(StagedRange {
+            offset: self.output_bytes,
+            len: staged,
+        });
+        self.output_bytes = end;
+        self.operations.push(Operation::ReadBack {
+            output: index,
+            address: memory.address() + offset,
+        });
+        self.memory.push(memory);
+        Ok(OutputSlot {
+            graph: self.id,
+            index,
+        })
+    }
+
+    /// A device buffer of `bytes` bytes that exists only while a replay runs: the
+    /// capture records an allocation node (`cuMemAllocAsync`) and a zero fill at the
+    /// start of the graph and the matching free node at its end, so every replay
+    /// sees it zeroed and no memory is held between replays. Bind it with
+    /// [`GraphRecorder::dispatch_bindings`]. Needs a device with memory pools.
+    pub fn scratch(&mut self, bytes: u64) -> Result<ScratchBuffer, BackendError> {
+        if bytes == 0 {
+            return Err(BackendError::bad_input(
+                "Fix: a scratch buffer of 0 bytes holds nothing; ask for at least 1 byte",
+            ));
+        }
+        staged_len(bytes, "scratch buffer")?;
+        let inner = self.backend.shared();
+        let pools = inner
+            .context
+            .device()
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )
+            .map_err(|e| BackendError::driver("asking whether the device has memory pools", e))?;
+        if pools == 0 {
+            return Err(BackendError::bad_input(
+                "Fix: this device has no memory pools, so a graph cannot allocate scratch memory; allocate \
+                 a resident buffer instead and bind it",
+            ));
+        }
+        let index = slot_index(self.scratch.len())?;
+        self.scratch.push(bytes);
+        Ok(ScratchBuffer {
+            graph: self.id,
+            index,
+            bytes,
+        })
+    }
+
+    fn check_scratch(&self, scratch: &ScratchBuffer) -> Result<(), BackendError> {
+        if scratch.graph != self.id {
+            return Err(BackendError::bad_input(format!(
+                "Fix: scratch buffer {} belongs to dispatch graph #{} but is bound in the recording of graph #{}; \
+                 scratch buffers live inside one graph: ask this recorder for its own",
+                scratch.index, scratch.graph, self.id
+            )));
+        }
+        match self.scratch.get(scratch.index as usize) {
+            Some(&bytes) if bytes == scratch.bytes => Ok(()),
+            _ => Err(BackendError::bad_input(format!(
+                "Fix: scratch buffer {} does not exist in this recording; the value was forged or corrupted",
+                scratch.index
+            ))),
+        }
+    }
+
+    /// The memory behind a live handle, kept alive by the returned `Arc`.
+    fn hold(&self, handle: &ResidentBuffer, verb: &str) -> Result<Arc<DeviceMemory>, BackendError> {
+        let inner = self.backend.shared();
+        let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Arc::clone(table.get(handle, verb)?))
+    }
+
+    /// Capture the described chain and instantiate it.
+    fn finish(mut self) -> Result<DispatchGraph, BackendError> {
+        if self.operations.is_empty() {
+            return Err(BackendError::bad_input(
+                "Fix: the recording closure recorded nothing; record at least one upload, dispatch or read-back",
+            ));
+        }
+        let backend = self.backend.clone();
+        let inner = Arc::clone(backend.shared());
+        inner.check_alive()?;
+        inner.bind()?;
+        let scratch_bytes = self
+            .scratch
+            .iter()
+            .try_fold(0u64, |total, &bytes| total.checked_add(bytes));
+        if !self.scratch.is_empty() {
+            let required = scratch_bytes.unwrap_or(u64::MAX);
+            let available = backend.memory_budget()?.available;
+            if required > available {
+                return Err(BackendError::OverBudget {
+                    required,
+                    available,
+                });
+            }
+        }
+        let name = if self.steps.is_empty() {
+            format!("dispatch graph #{} [copies only]", self.id)
+        } else {
+            let names: Vec<&str> = self
+                .steps
+                .iter()
+                .map(|s| s.kernel.inner.name.as_str())
+                .collect();
+            format!("dispatch graph #{} [{}]", self.id, names.join(" → "))
+        };
+        let resource_error =
+            |what: &str, e: DriverError| BackendError::driver(format!("{what} for {name}"), e);
+        let stream = Stream::new().map_err(|e| resource_error("creating the stream", e))?;
+        let window_start =
+            Event::new().map_err(|e| resource_error("creating a timing event", e))?;
+        let window_end = Event::new().map_err(|e| resource_error("creating a timing event", e))?;
+        let mut inputs = PinnedMemory::allocate(self.input_bytes)
+            .map_err(|e| resource_error("allocating pinned input staging", e))?;
+        let mut outputs = PinnedMemory::allocate(self.output_bytes)
+            .map_err(|e| resource_error("allocating pinned output staging", e))?;
+        let input_len = inputs.len();
+        inputs.slice_mut(0, input_len).fill(0);
+        let output_len = outputs.len();
+        outputs.slice_mut(0, output_len).fill(0);
+
+        let captured = self.capture(&stream, &inputs, &outputs, &name);
+        let failed = |what: &str, e: DriverError| {
+            if e.is_sticky() {
+                inner.mark_context_lost(format!("recording {name} failed: {e}"));
+            }
+            BackendError::driver(format!("{what} for {name}"), e)
+        };
+        let graph = captured?;
+        let graph_nodes = graph
+            .node_count()
+            .map_err(|e| failed("counting the graph's nodes", e))?;
+        let exec = graph
+            .instantiate()
+            .map_err(|e| failed("instantiating the graph", e))?;
+        Ok(DispatchGraph {
+            id: self.id,
+            name,
+            resources: Some(Resources {
+                exec,
+                graph,
+                stream,
+                window_start,
+                window_end,
+                inputs,
+                outputs,
+                memory: std::mem::take(&mut self.memory),
+            }),
+            steps: std::mem::take(&mut self.steps),
+            inputs: std::mem::take(&mut self.inputs),
+            outputs: std::mem::take(&mut self.outputs),
+            graph_nodes,
+            broken: None,
+            backend,
+        })
+    }
+
+    /// One stream capture of every operation in order, between the scratch
+    /// allocations and their frees. Any failure ends and discards the capture
+    /// (`Capture`'s drop), so the stream never stays capturing.
+    fn capture(
+        &mut self,
+        stream: &Stream,
+        inputs: &PinnedMemory,
+        outputs: &PinnedMemory,
+        name: &str,
+    ) -> Result<driver::Graph, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
+        let failed = |what: &str, e: DriverError| {
+            if e.is_sticky() {
+                inner.mark_context_lost(format!("recording {name} failed: {e}"));
+            }
+            BackendError::driver(format!("{what} while recording {name}"), e)
+        };
+        let capture = Capture::begin(stream).map_err(|e| failed("beginning the capture", e))?;
+        let mut scratch_addresses: SmallVec<[u64; 4]> = SmallVec::new();
+        for &bytes in &self.scratch {
+            // SAFETY: inside the capture this records an allocation node; its free
+            // node is recorded below, after every use, before the capture ends.
+            let address = unsafe { driver::allocate_async(bytes, stream) }
+                .map_err(|e| failed("recording a scratch allocation", e))?;
+            scratch_addresses.push(address);
+            // SAFETY: [address, address + bytes) is the graph allocation just recorded.
+            unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
+                .map_err(|e| failed("recording a scratch zero fill", e))?;
+        }
+        for operation in &self.operations {
+            match *operation {
+                Operation::Upload { input, address } => {
+                    let range = self.inputs[input as usize];
+                    // SAFETY: inputs[offset..+len] was sized at recording and lives in
+                    // the graph (as long as its executable); [address, address + len) is
+                    // inside a resident buffer whose memory the graph holds.
+                    unsafe {
+                        driver::copy_to_device_async(
+                            address,
+                            inputs.address(range.offset),
+                            range.len,
+                            stream,
+                        )
+                    }
+                    .map_err(|e| failed("recording an upload", e))?;
+                }
+                Operation::ReadBack { output, address } => {
+                    let range = self.outputs[output as usize];
+                    // SAFETY: outputs[offset..+len] was sized at recording and lives in
+                    // the graph; the device range was bounds-checked against the buffer,
+                    // whose memory the graph holds; the host reads it only after a
+                    // replay's synchronize.
+                    unsafe {
+                        driver::copy_to_host_async(
+                            outputs.address(range.offset),
+                            address,
+                            range.len,
+                            stream,
+                        )
+                    }
+                    .map_err(|e| failed("recording a read-back", e))?;
+                }
+                Operation::Dispatch { step } => {
+                    let step = &mut self.steps[step as usize];
+                    step.addresses = step
+                        .bound
+                        .iter()
+                        .map(|bound| match *bound {
+                            BoundAddress::Fixed(address) => address,
+                            BoundAddress::Scratch(index) => scratch_addresses[index as usize],
+                        })
+                        .collect();
+                    let kernel = &step.kernel.inner;
+                    for ((slot, &address), &bytes) in
+                        kernel.slots.iter().zip(&step.addresses).zip(&step.sizes)
+                    {
+                        // WriteOnly means "starts zeroed" on every path (§1).
+                        if slot.access == Access::WriteOnly && bytes > 0 {
+                            // SAFETY: [address, address + bytes) is the bound buffer.
+                            unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
+                                .map_err(|e| failed("recording a write-only clear", e))?;
+                        }
+                    }
+                    let mut addresses = step.addresses.clone();
+                    let mut counts = step.counts.clone();
+                    let mut params = parameter_array(&mut addresses, &mut counts);
+                    for _ in 0..step.iterations {
+                        // SAFETY: params holds one pointer per kernel parameter in the
+                        // documented order (addresses, then u32 counts), pointing at the
+                        // locals above, which outlive the call (the driver copies the
+                        // values into the graph); every address stays alive as long as
+                        // the graph (held memory or graph allocations).
+                        unsafe {
+                            driver::launch(
+                                &kernel.module,
+                                step.plan.grid,
+                                step.plan.block,
+                                stream,
+                                &mut params,
+                                false,
+                            )
+                        }
+                        .map_err(|e| failed("recording a launch", e))?;
+                        let node = capture
+                            .last_node()
+                            .map_err(|e| failed("finding the recorded launch node", e))?;
+                        step.nodes.push(node);
+                    }
+                }
+            }
+        }
+        for &address in &scratch_addresses {
+            // SAFETY: the allocation came from allocate_async above and every use of it
+            // was recorded before this point of the chain.
+            unsafe { driver::free_async(address, stream) }
+                .map_err(|e| failed("recording a scratch free", e))?;
+        }
+        let graph = capture.end().map_err(|e| failed("ending the capture", e))?;
+        for step in &self.steps {
+            for &node in &step.nodes {
+                let kind = graph
+                    .node_kind(node)
+                    .map_err(|e| failed("checking a launch node", e))?;
+                if kind != GraphNodeKind::Kernel {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: internal: a recorded launch of {} did not become a kernel node of {name}; \
+                         report this",
+                        step.kernel.inner.name
+                    )));
+                }
+            }
+        }
+        Ok(graph)
+    }
+}
+
+impl Drop for GraphRecorder<'_> {
+    /// A recording that failed (or whose graph took its resources) releases the
+    /// memory it held; with the context bound, or forgotten after a context loss.
+    fn drop(&mut self) {
+        if self.memory.is_empty() && self.steps.is_empty() {
+            return;
+        }
+        let inner = self.backend.shared();
+        if inner.check_alive().is_err() || inner.bind().is_err() {
+            for memory in self.memory.drain(..) {
+                std::mem::forget(memory);
+            }
+            for step in self.steps.drain(..) {
+                std::mem::forget(step.kernel);
+            }
+        }
+    }
+}
+
+fn slot_index(len: usize) -> Result<u32, BackendError> {
+    u32::try_from(len).map_err(|_| {
+        BackendError::bad_input(
+            "Fix: a recording holds at most u32::MAX operations of one kind; record fewer",
+        )
+    })
+}
