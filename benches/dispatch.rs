@@ -189,6 +189,28 @@ fn main() {
             }),
         );
         if shape.buffers == 9 && shape.nodes == 64 {
+            // The same work as one graph replay (§7): the kernel and every readback in
+            // one graph launch, one synchronize.
+            let kernel = gpu.compile(&program, &config).expect("compile");
+            let mut graph = gpu
+                .record(|rec| {
+                    rec.dispatch(&kernel, &handles, &config)?;
+                    for h in &handles[1..] {
+                        rec.read_back(h, 0, 16)?;
+                    }
+                    Ok(())
+                })
+                .expect("record");
+            pair(
+                &mut report,
+                &mut lines,
+                (&name_a, &mut || {
+                    floor.launch_async_reads_sync(reads).expect("floor")
+                }),
+                ("graph replay b9 n62", &mut || {
+                    graph.replay().expect("replay").wall_ns
+                }),
+            );
             // Where the host time goes: the probe's phase table over 2,000 warm dispatches.
             let (_, probe_lines) = {
                 let _on = vyre_cuda::probe::override_enabled(Some(true));

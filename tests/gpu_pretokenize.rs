@@ -14,7 +14,7 @@ use support::backend as gpu_backend;
 
 /// Locks out any disagreement between the GPU, the reference interpreter and the
 /// CPU splitter on the example's workload: all three shapes at 262,144 bytes, each
-/// encoded on the hot path and the timed path, then a different text of the same
+/// encoded on the hot path, the timed path and as a graph replay, then a different text of the same
 /// length (stale device data from the previous encode must never leak into the next).
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -46,6 +46,22 @@ fn gpu_all_shapes_match_reference_and_cpu_at_262144_bytes() {
             pipeline.piece_starts(),
             &cpu::piece_starts(&other)[..],
             "{shape} seed 43"
+        );
+        // The graph path (one replay per encode), alternating texts so a replay that
+        // served the previous encode's bytes would be caught.
+        for (text, seed) in [(&text, 42), (&other, 43), (&text, 42)] {
+            pipeline.encode_graph(text).unwrap();
+            assert_eq!(
+                pipeline.piece_starts(),
+                &cpu::piece_starts(text)[..],
+                "{shape} graph seed {seed}"
+            );
+        }
+        pipeline.encode_graph_timed(&other).unwrap();
+        assert_eq!(
+            pipeline.piece_starts(),
+            &cpu::piece_starts(&other)[..],
+            "{shape} timed graph"
         );
     }
 }

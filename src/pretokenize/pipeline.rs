@@ -18,6 +18,7 @@ use super::programs::Programs;
 use super::{check_text_len, PretokenizeError};
 use crate::backend::{Binding, CudaBackend, DispatchTiming, Kernel, ResidentBuffer};
 use crate::config::{ByteRange, DispatchConfig, ReadbackPolicy};
+use crate::graph::{DispatchGraph, InputSlot, OutputSlot};
 use crate::ir::Program;
 use crate::reference;
 
@@ -199,6 +200,26 @@ pub struct CudaPipeline {
     /// Room for every possible piece start; the device's bytes land here directly.
     piece_starts: Vec<u32>,
     piece_count: usize,
+    /// The whole encode as one CUDA graph, recorded on first use.
+    graph: Option<EncodeGraph>,
+}
+
+/// The recorded graph of one encode and its staging slots.
+struct EncodeGraph {
+    graph: DispatchGraph,
+    text: InputSlot,
+    count: OutputSlot,
+    starts: OutputSlot,
+}
+
+/// Timings of one graph encode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphEncodeTiming {
+    /// The whole encode, host clock: text into staging, one replay, copy-out.
+    pub wall_ns: u64,
+    /// The replay (one graph launch and one synchronize); its `device_window_ns` is
+    /// set only by [`CudaPipeline::encode_graph_timed`].
+    pub replay: DispatchTiming,
 }
 
 impl std::fmt::Debug for CudaPipeline {
@@ -274,6 +295,7 @@ impl CudaPipeline {
             count_bytes: [0; 4],
             piece_starts: vec![0; text_len],
             piece_count: 0,
+            graph: None,
         })
     }
 
@@ -312,6 +334,112 @@ impl CudaPipeline {
     /// with [`CudaPipeline::encode`] and take device times from here.
     pub fn encode_timed(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
         self.encode_with(text, true)
+    }
+
+    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the five kernels
+    /// and the readbacks are recorded once, then every encode is one graph launch and
+    /// one synchronize instead of six. A graph cannot size a readback from a count it
+    /// computes, so it reads back the whole piece-start buffer (4 bytes per text byte)
+    /// and the host copies out the first `count`: more device time, far less host time.
+    pub fn encode_graph(&mut self, text: &[u8]) -> Result<GraphEncodeTiming, PretokenizeError> {
+        self.encode_graph_with(text, false)
+    }
+
+    /// [`CudaPipeline::encode_graph`] with the replay's device window measured.
+    pub fn encode_graph_timed(
+        &mut self,
+        text: &[u8],
+    ) -> Result<GraphEncodeTiming, PretokenizeError> {
+        self.encode_graph_with(text, true)
+    }
+
+    fn record_graph(&self) -> Result<EncodeGraph, PretokenizeError> {
+        let b = self.buffers;
+        let n = self.text_len as u64;
+        let [classify, mark, block_count, block_scan, compact] = &self.kernels;
+        let mut slots = None;
+        let graph = self.backend.record(|rec| {
+            let text = rec.upload(&b.text, n)?;
+            rec.dispatch(classify, &[b.text, b.classes], &self.intermediate)?;
+            rec.dispatch(mark, &[b.classes, b.marks], &self.intermediate)?;
+            rec.dispatch(block_count, &[b.marks, b.block_counts], &self.intermediate)?;
+            let scan = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+            rec.dispatch(block_scan, &[b.block_counts, b.block_offsets], &scan)?;
+            rec.dispatch(
+                compact,
+                &[b.marks, b.block_offsets, b.piece_starts],
+                &self.intermediate,
+            )?;
+            let count = rec.read_back(&b.block_offsets, 4 * self.blocks as u64, 4)?;
+            let starts = rec.read_back(&b.piece_starts, 0, 4 * n)?;
+            slots = Some((text, count, starts));
+            Ok(())
+        })?;
+        let (text, count, starts) = slots.ok_or_else(|| {
+            PretokenizeError::new("Fix: internal: the encode graph recorded no slots; report this")
+        })?;
+        Ok(EncodeGraph {
+            graph,
+            text,
+            count,
+            starts,
+        })
+    }
+
+    fn encode_graph_with(
+        &mut self,
+        text: &[u8],
+        timed: bool,
+    ) -> Result<GraphEncodeTiming, PretokenizeError> {
+        if text.len() != self.text_len {
+            return Err(PretokenizeError::new(format!(
+                "Fix: this CudaPipeline was built for {} bytes but the text has {}; build one for {} bytes",
+                self.text_len,
+                text.len(),
+                text.len()
+            )));
+        }
+        self.piece_count = 0;
+        if self.graph.is_none() {
+            self.graph = Some(self.record_graph()?);
+        }
+        let Some(encode) = self.graph.as_mut() else {
+            return Err(PretokenizeError::new(
+                "Fix: internal: the encode graph is missing; report this",
+            ));
+        };
+        let start = Instant::now();
+        encode.graph.input_mut(encode.text)?.copy_from_slice(text);
+        let replay = if timed {
+            encode.graph.replay_timed()?
+        } else {
+            encode.graph.replay()?
+        };
+        let count_bytes = encode.graph.output(encode.count)?;
+        let count = u32::from_le_bytes([
+            count_bytes[0],
+            count_bytes[1],
+            count_bytes[2],
+            count_bytes[3],
+        ]) as usize;
+        if count == 0 || count > self.text_len {
+            return Err(PretokenizeError::new(format!(
+                "Fix: internal: the scan counted {count} pieces in {} bytes (expected 1 to {}); report this as a bug",
+                self.text_len, self.text_len
+            )));
+        }
+        let starts = encode.graph.output(encode.starts)?;
+        words_as_bytes_mut(&mut self.piece_starts[..count]).copy_from_slice(&starts[..4 * count]);
+        if cfg!(target_endian = "big") {
+            for start in &mut self.piece_starts[..count] {
+                *start = u32::from_le(*start);
+            }
+        }
+        self.piece_count = count;
+        Ok(GraphEncodeTiming {
+            wall_ns: elapsed_ns(start),
+            replay,
+        })
     }
 
     fn encode_with(&mut self, text: &[u8], timed: bool) -> Result<EncodeTiming, PretokenizeError> {
