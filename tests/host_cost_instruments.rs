@@ -552,7 +552,7 @@ fn host_cost_resident_prefix_cells() -> Outcome {
         .filter(|b| b.access.is_output())
         .map(|b| vec![0u8; b.static_size_bytes().unwrap_or(16) as usize])
         .collect();
-    let name = "e'. kernel dispatch into caller buffers";
+    let name = "e'. kernel dispatch into caller buffers (untimed)";
     let kernel_path = measure_cell(&mut report, &errors, name, |n| {
         repeat(n, &errors, name, || {
             let bindings = resident_bindings(handles);
@@ -593,13 +593,13 @@ fn host_cost_resident_prefix_cells() -> Outcome {
             difference(with_compile, bindings_only),
         ),
         (
-            "everything after the lookups (e - k)",
+            "everything after the lookups (e - k), timing events included",
             difference(whole, with_compile),
         ),
         ("whole dispatch (e)", whole),
-        ("kernel-path dispatch (e')", kernel_path),
+        ("kernel-path dispatch, untimed (e')", kernel_path),
         (
-            "program path above kernel path (e - e')",
+            "timed program path over untimed kernel path (e - e'): device-timing events + lookups",
             difference(whole, kernel_path),
         ),
         ("floor: launch issue only", floors.issue_only),
