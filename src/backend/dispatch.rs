@@ -26,7 +26,7 @@ use super::budget::{self, BudgetInputs};
 use super::driver::{self, DeviceMemory, Event};
 use super::kernel::KernelInner;
 use super::pool::Lane;
-use super::{BackendError, BackendInner, CudaBackend, Kernel, ResidentBuffer};
+use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
 /// One buffer binding of a dispatch, in the program's binding order.
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +86,28 @@ fn align_up(v: usize) -> usize {
 
 fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One dispatch as the public entry points received it.
+#[derive(Clone, Copy)]
+struct Request<'r, 'b> {
+    kernel: &'r KernelInner,
+    bindings: &'r [Binding<'b>],
+    config: &'r DispatchConfig,
+    /// Record device timing events (the probe being on forces it).
+    want_timing: bool,
+    /// The call's first instant (the wall clock starts here).
+    start: Instant,
+}
+
+/// What the prepare phase worked out for the rest of the dispatch.
+struct Prepared {
+    sizes: SmallVec<[u64; 16]>,
+    reads: SmallVec<[ReadItem; 16]>,
+    upload_bytes: usize,
+    /// Staging offset of the grid-barrier words (after uploads and readbacks).
+    barrier_staging: usize,
+    launch: LaunchPlan,
 }
 
 /// Resources a dispatch holds between lease and release.
@@ -192,16 +214,14 @@ impl CudaBackend {
         want_timing: bool,
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
-        let start = Instant::now();
-        self.inner.execute(
-            &kernel.inner,
+        let request = Request {
+            kernel: &kernel.inner,
             bindings,
             config,
-            sink,
             want_timing,
-            probe,
-            start,
-        )
+            start: Instant::now(),
+        };
+        self.inner.execute(request, sink, probe)
     }
 
     fn run_program(
@@ -216,15 +236,16 @@ impl CudaBackend {
         self.inner.check_alive()?;
         let kernel = self.inner.resolve_kernel(program, config, probe::mark())?;
         let mut outputs = Vec::new();
-        let timing = self.inner.execute(
-            &kernel,
+        let request = Request {
+            kernel: &kernel,
             bindings,
             config,
-            Sink::Vecs(&mut outputs),
             want_timing,
-            probe,
             start,
-        )?;
+        };
+        let timing = self
+            .inner
+            .execute(request, Sink::Vecs(&mut outputs), probe)?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -567,19 +588,21 @@ impl BackendInner {
         Ok((upload_bytes, staging))
     }
 
-    /// Run one dispatch of a resolved kernel. `start` is the call's first instant.
-    #[allow(clippy::too_many_arguments)]
+    /// Run one dispatch of a resolved kernel.
     fn execute(
         &self,
-        kernel: &KernelInner,
-        bindings: &[Binding<'_>],
-        config: &DispatchConfig,
+        request: Request<'_, '_>,
         sink: Sink<'_, '_>,
-        want_timing: bool,
         probe: Option<DispatchProbe>,
-        start: Instant,
     ) -> Result<DispatchTiming, BackendError> {
-        let want_timing = want_timing || probe.is_some();
+        let Request {
+            kernel,
+            bindings,
+            config,
+            start,
+            ..
+        } = request;
+        let want_timing = request.want_timing || probe.is_some();
         let mark = probe::mark();
         self.check_alive()?;
 
@@ -633,22 +656,19 @@ impl BackendInner {
             resident: SmallVec::new(),
             transients: SmallVec::new(),
         };
-        let barrier_staging = align_up(staging_bytes);
-        let result = self.enqueue_and_wait(
-            kernel,
-            bindings,
-            config,
-            &sizes,
-            &reads,
+        let prepared = Prepared {
+            sizes,
+            reads,
             upload_bytes,
-            barrier_staging,
-            plan,
-            &mut lane,
-            &mut held,
+            barrier_staging: align_up(staging_bytes),
+            launch: plan,
+        };
+        let request = Request {
             want_timing,
-            start,
-            mark,
-        );
+            ..request
+        };
+        let result = self.enqueue_and_wait(&request, &prepared, &mut lane, &mut held, mark);
+        let reads = prepared.reads;
         // Return transients to the pool only when the stream is known idle.
         let alive = self.check_alive().is_ok();
         let stream_idle = result.is_ok() || (alive && lane.stream.synchronize().is_ok());
@@ -708,23 +728,28 @@ impl BackendInner {
 
     /// Everything between lease and the end of the synchronize. Returns the timings
     /// so far and the probe mark for the host-side readback.
-    #[allow(clippy::too_many_arguments)]
     fn enqueue_and_wait(
         &self,
-        kernel: &KernelInner,
-        bindings: &[Binding<'_>],
-        config: &DispatchConfig,
-        sizes: &[u64],
-        reads: &[ReadItem],
-        upload_bytes: usize,
-        barrier_staging: usize,
-        plan: super::LaunchPlan,
+        request: &Request<'_, '_>,
+        prepared: &Prepared,
         lane: &mut Lane,
         held: &mut Held,
-        want_timing: bool,
-        start: Instant,
         mark: Option<Instant>,
     ) -> Result<(DispatchTiming, Option<Instant>), BackendError> {
+        let Request {
+            kernel,
+            bindings,
+            config,
+            want_timing,
+            start,
+        } = *request;
+        let Prepared {
+            ref sizes,
+            ref reads,
+            upload_bytes,
+            barrier_staging,
+            launch: plan,
+        } = *prepared;
         let enqueue_error = |what: &str, e: driver::DriverError| {
             if e.is_sticky() {
                 self.mark_context_lost(format!("{} failed while {what}: {e}", kernel.name));
