@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{backend, bytes, reference, words};
+use support::{backend, bytes, reference, resident_copies, words};
 use vyre_cuda::backend::{BackendError, Binding, CudaBackend};
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
@@ -42,14 +42,7 @@ fn gpu_fixture_matches_hand_computed_and_reference() {
     assert_eq!(words(&outputs[0])[0], host_cost_fixture_expected(5, 64));
     assert_eq!(outputs, reference(&program, &inputs, &config));
 
-    let handles: Vec<_> = inputs
-        .iter()
-        .map(|v| {
-            let h = gpu.allocate_resident(v.len() as u64).unwrap();
-            gpu.upload_resident(&h, v).unwrap();
-            h
-        })
-        .collect();
+    let handles = resident_copies(&gpu, &inputs);
     let timed = gpu
         .dispatch_resident_timed(&program, &handles, &config)
         .unwrap();
@@ -585,14 +578,7 @@ fn gpu_warm_dispatches_never_walk_the_program() {
     let gpu = backend();
     let program = host_cost_fixture(9, 1024);
     let inputs = fixture_inputs(&program, 1);
-    let handles: Vec<_> = inputs
-        .iter()
-        .map(|v| {
-            let h = gpu.allocate_resident(v.len() as u64).unwrap();
-            gpu.upload_resident(&h, v).unwrap();
-            h
-        })
-        .collect();
+    let handles = resident_copies(&gpu, &inputs);
     let digests = computations_on_current_thread();
     let walks = vyre_cuda::lower::walks_on_current_thread();
     let config = DispatchConfig::linear(1);

@@ -1,7 +1,7 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
-use vyre_cuda::backend::CudaBackend;
+use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
 use vyre_cuda::ir::Program;
 use vyre_cuda::DispatchConfig;
 
@@ -9,6 +9,18 @@ use vyre_cuda::DispatchConfig;
 /// where a missing device is a real failure.
 pub fn backend() -> CudaBackend {
     CudaBackend::acquire().unwrap_or_else(|e| panic!("gpu test needs a CUDA device: {e}"))
+}
+
+/// A resident buffer holding a copy of each input, in order.
+pub fn resident_copies(gpu: &CudaBackend, inputs: &[Vec<u8>]) -> Vec<ResidentBuffer> {
+    inputs
+        .iter()
+        .map(|v| {
+            let h = gpu.allocate_resident(v.len() as u64).unwrap();
+            gpu.upload_resident(&h, v).unwrap();
+            h
+        })
+        .collect()
 }
 
 /// Outputs of the reference interpreter for the same request.
