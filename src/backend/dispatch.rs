@@ -98,6 +98,8 @@ struct Request<'r, 'b> {
     want_timing: bool,
     /// The call's first instant (the wall clock starts here).
     start: Instant,
+    /// Where the next probe phase starts (`None` while the probe is off).
+    mark: Option<Instant>,
 }
 
 /// What the prepare phase worked out for the rest of the dispatch.
@@ -214,12 +216,14 @@ impl CudaBackend {
         want_timing: bool,
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
+        let start = Instant::now();
         let request = Request {
             kernel: &kernel.inner,
             bindings,
             config,
             want_timing,
-            start: Instant::now(),
+            start,
+            mark: probe.as_ref().map(|_| start),
         };
         self.inner.execute(request, sink, probe)
     }
@@ -234,7 +238,10 @@ impl CudaBackend {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
         self.inner.check_alive()?;
-        let kernel = self.inner.resolve_kernel(program, config, probe::mark())?;
+        // The wall clock's first instant doubles as the first phase mark.
+        let (kernel, mark) =
+            self.inner
+                .resolve_kernel(program, config, probe.as_ref().map(|_| start))?;
         let mut outputs = Vec::new();
         let request = Request {
             kernel: &kernel,
@@ -242,6 +249,7 @@ impl CudaBackend {
             config,
             want_timing,
             start,
+            mark,
         };
         let timing = self
             .inner
@@ -600,10 +608,10 @@ impl BackendInner {
             bindings,
             config,
             start,
+            mark,
             ..
         } = request;
         let want_timing = request.want_timing || probe.is_some();
-        let mark = probe::mark();
         self.check_alive()?;
 
         // prepare: binding plan checks, readback plan, launch plan, cooperative residency.
@@ -742,6 +750,7 @@ impl BackendInner {
             config,
             want_timing,
             start,
+            ..
         } = *request;
         let Prepared {
             ref sizes,

@@ -114,20 +114,22 @@ impl CudaBackend {
     ) -> Result<Kernel, BackendError> {
         self.inner.check_alive()?;
         let mark = probe::mark();
-        let kernel = self.inner.resolve_kernel(program, config, mark)?;
+        let (kernel, _) = self.inner.resolve_kernel(program, config, mark)?;
         Ok(Kernel { inner: kernel })
     }
 }
 
 impl BackendInner {
     /// The program path: validation (prepare) → lowering, key and PTX (ptx) →
-    /// module key (modkey) → module lookup or load (resolve).
+    /// module key (modkey) → module lookup or load (resolve). Returns the probe mark
+    /// at its end so the dispatch's next phase starts there (one clock read per
+    /// phase boundary).
     pub(crate) fn resolve_kernel(
         &self,
         program: &Program,
         config: &DispatchConfig,
         mark: Option<std::time::Instant>,
-    ) -> Result<Arc<KernelInner>, BackendError> {
+    ) -> Result<(Arc<KernelInner>, Option<std::time::Instant>), BackendError> {
         // prepare: validation, once per program digest.
         let digest = program.digest();
         match self.validation.get(&digest) {
@@ -144,15 +146,20 @@ impl BackendInner {
 
         // ptx: lowering (memoised in the program), the PTX key, the PTX cache.
         // Sub-phases are charged only when a whole-program walk really happened
-        // (the per-thread walk counters say so), so a cache hit reads 0.
-        let walk_mark = probe::mark();
-        let walks_before = walk_mark.map(|_| lower::walks_on_current_thread());
+        // (the per-thread walk counters say so), so a cache hit reads 0. They start
+        // at the `ptx` phase's own mark and read the clock only after a walk, so the
+        // warm path pays no extra clock read for them.
+        let walks_before = mark.map(|_| lower::walks_on_current_thread());
         let lowered = lower::lower_workgroup_reductions(program, &self.lowering);
+        let mut digest_mark = mark;
         if walks_before.is_some_and(|before| lower::walks_on_current_thread() != before) {
-            probe::charge_sub(SubPhase::PtxVsa, walk_mark);
+            let now = std::time::Instant::now();
+            if let Some(start) = mark {
+                probe::add_sub_phase_ns(SubPhase::PtxVsa, nanos_between(start, now));
+            }
+            digest_mark = Some(now);
         }
-        let digest_mark = probe::mark();
-        let digests_before = digest_mark.map(|_| ir::computations_on_current_thread());
+        let digests_before = mark.map(|_| ir::computations_on_current_thread());
         let lowered_digest = lowered.digest();
         if digests_before.is_some_and(|before| ir::computations_on_current_thread() != before) {
             probe::charge_sub(SubPhase::PtxDigest, digest_mark);
@@ -195,8 +202,8 @@ impl BackendInner {
                 self.kernels.insert(module_key, Arc::new(built))
             }
         };
-        probe::charge(Phase::Resolve, mark);
-        Ok(kernel)
+        let mark = probe::charge_and_mark(Phase::Resolve, mark);
+        Ok((kernel, mark))
     }
 
     fn build_kernel(
@@ -307,6 +314,10 @@ impl BackendInner {
         plans.push(plan);
         Ok(plan)
     }
+}
+
+fn nanos_between(start: std::time::Instant, end: std::time::Instant) -> u64 {
+    u64::try_from(end.saturating_duration_since(start).as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
