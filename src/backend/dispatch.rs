@@ -18,13 +18,14 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
-use crate::config::{DispatchConfig, ReadbackPolicy};
-use crate::ir::{Access, BufferCount, Program};
+use crate::config::DispatchConfig;
+use crate::ir::{Access, Program};
 use crate::probe::{self, Count, DispatchProbe, DispatchTiming, Phase};
 
 use super::budget::{self, BudgetInputs};
 use super::driver::{self, DeviceMemory, Event};
 use super::kernel::KernelInner;
+use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
@@ -67,21 +68,6 @@ enum Sink<'s, 'o> {
 struct Resolved {
     address: u64,
     bytes: u64,
-}
-
-/// One range to read back, with its place in staging.
-#[derive(Clone, Copy)]
-struct ReadItem {
-    slot: u16,
-    offset: u64,
-    len: u64,
-    staging_offset: usize,
-}
-
-const STAGING_ALIGN: usize = 256;
-
-fn align_up(v: usize) -> usize {
-    v.div_ceil(STAGING_ALIGN).saturating_mul(STAGING_ALIGN)
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -474,57 +460,12 @@ impl BackendInner {
                 ),
             });
         }
-        if sizes.len() != kernel.slots.len() {
-            let expected: Vec<String> = kernel
-                .slots
-                .iter()
-                .map(|s| format!("{} (binding {})", s.name, s.binding))
-                .collect();
-            return Err(BackendError::bad_input(format!(
-                "Fix: {} takes {} buffers in binding order [{}] but {} were given",
-                kernel.name,
-                kernel.slots.len(),
-                expected.join(", "),
-                sizes.len()
-            )));
-        }
-        if config.fixpoint_iterations == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: DispatchConfig::fixpoint_iterations is 0; use at least 1",
-            ));
-        }
-        for (slot, &bytes) in kernel.slots.iter().zip(sizes) {
-            let elem = slot.elem.size_bytes() as u64;
-            match slot.count {
-                BufferCount::Static(n) if bytes != n as u64 * elem => {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: buffer '{}' (binding {}) of {} is declared {} × {} = {} bytes but {} bytes were bound; \
-                         bind exactly {} bytes",
-                        slot.name,
-                        slot.binding,
-                        kernel.name,
-                        n,
-                        slot.elem.name(),
-                        n as u64 * elem,
-                        bytes,
-                        n as u64 * elem
-                    )))
-                }
-                BufferCount::Runtime if bytes % elem != 0 || bytes / elem > u32::MAX as u64 => {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: buffer '{}' (binding {}) of {} holds {} elements, so its byte length must be a \
-                         multiple of {elem} and at most {} bytes, but {bytes} bytes were bound",
-                        slot.name,
-                        slot.binding,
-                        kernel.name,
-                        slot.elem.name(),
-                        u32::MAX as u64 * elem
-                    )))
-                }
-                _ => {}
-            }
-        }
-        Ok(())
+        check_binding_sizes(
+            &kernel.name,
+            &kernel.slots,
+            sizes,
+            config.fixpoint_iterations,
+        )
     }
 
     /// Prepare: check bindings against the kernel and plan the readback. Pure.
@@ -549,50 +490,15 @@ impl BackendInner {
                 }
             }
         }
-        let mut staging = upload_bytes;
-        let mut push = |slot: u16, offset: u64, len: u64, reads: &mut SmallVec<[ReadItem; 16]>| {
-            reads.push(ReadItem {
-                slot,
-                offset,
-                len,
-                staging_offset: staging,
-            });
-            staging = staging.saturating_add(align_up(len as usize));
-        };
-        match &config.readback {
-            ReadbackPolicy::AllOutputs => {
-                for &slot in &kernel.outputs {
-                    push(slot, 0, sizes[slot as usize], reads);
-                }
-            }
-            ReadbackPolicy::None => {}
-            ReadbackPolicy::Ranges(ranges) => {
-                for range in ranges {
-                    let Some(slot) = kernel
-                        .outputs
-                        .iter()
-                        .copied()
-                        .find(|&s| kernel.slots[s as usize].binding == range.binding)
-                    else {
-                        return Err(BackendError::bad_input(format!(
-                            "Fix: readback range names binding {}, which is not an output (read_write or \
-                             write_only) buffer of {}; name one of its output bindings",
-                            range.binding, kernel.name
-                        )));
-                    };
-                    let size = sizes[slot as usize];
-                    let end = range.offset.checked_add(range.len);
-                    if end.is_none_or(|end| end > size) {
-                        return Err(BackendError::bad_input(format!(
-                            "Fix: readback range {}..+{} of binding {} is past the buffer's {size} bytes; \
-                             keep offset + len within the buffer",
-                            range.offset, range.len, range.binding
-                        )));
-                    }
-                    push(slot, range.offset, range.len, reads);
-                }
-            }
-        }
+        let staging = plan_readback(
+            &kernel.name,
+            &kernel.slots,
+            &kernel.outputs,
+            sizes,
+            &config.readback,
+            upload_bytes,
+            reads,
+        )?;
         Ok((upload_bytes, staging))
     }
 

@@ -13,23 +13,14 @@ use smallvec::SmallVec;
 
 use crate::codegen::{self, ENTRY_NAME, GRID_BARRIER_SYMBOL};
 use crate::config::DispatchConfig;
-use crate::ir::{self, Access, BufferCount, ElemType, Name, Node, Program};
+use crate::ir::{self, Node, Program};
 use crate::lower;
 use crate::probe::{self, Phase, SubPhase};
 
 use super::caps::LaunchPlan;
 use super::driver::LoadedModule;
+use super::plan::{binding_slots, ParamSlot};
 use super::{BackendError, BackendInner, CudaBackend, ModuleKey, PtxKey};
-
-/// One kernel parameter slot (a global buffer), in binding order.
-#[derive(Clone, Debug)]
-pub(crate) struct ParamSlot {
-    pub(crate) binding: u32,
-    pub(crate) name: Name,
-    pub(crate) elem: ElemType,
-    pub(crate) count: BufferCount,
-    pub(crate) access: Access,
-}
 
 /// A compiled, loaded program. Cheap to clone; valid only with the backend that
 /// compiled it (using it with another one is an `Err`).
@@ -220,22 +211,7 @@ impl BackendInner {
                 sm: self.caps.ptx_target_sm(),
                 error,
             })?;
-        let mut slots: SmallVec<[ParamSlot; 16]> = SmallVec::new();
-        for b in lowered.global_buffers() {
-            slots.push(ParamSlot {
-                binding: b.binding,
-                name: b.name.clone(),
-                elem: b.elem,
-                count: b.count,
-                access: b.access,
-            });
-        }
-        let outputs = slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.access.is_output())
-            .map(|(i, _)| i as u16)
-            .collect();
+        let (slots, outputs) = binding_slots(lowered);
         let workgroup_size = lowered.workgroup_size();
         let mut max_coresident_blocks = u64::MAX;
         let grid_barrier = match (grid_sync, module.global) {

@@ -24,6 +24,7 @@ pub mod driver;
 mod error;
 pub mod floor;
 mod kernel;
+mod plan;
 mod pool;
 mod resident;
 

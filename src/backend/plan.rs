@@ -1,0 +1,382 @@
+//! The binding plan (§4.2 "plan cache"): which buffers a kernel takes, in which
+//! order, which of them come back, and where each read-back range lands in staging.
+//!
+//! Pure arithmetic over the program's declarations, kept apart from the driver so
+//! every rule is tested on the CPU: a dispatch's bindings are checked against it
+//! (count, exact static sizes, runtime sizes a multiple of the element), and its
+//! readback policy is turned into byte ranges with checked bounds, before anything
+//! is enqueued.
+
+use smallvec::SmallVec;
+
+use crate::config::ReadbackPolicy;
+use crate::ir::{Access, BufferCount, ElemType, Name, Program};
+
+use super::BackendError;
+
+/// One kernel parameter slot (a global buffer), in binding order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ParamSlot {
+    pub(crate) binding: u32,
+    pub(crate) name: Name,
+    pub(crate) elem: ElemType,
+    pub(crate) count: BufferCount,
+    pub(crate) access: Access,
+}
+
+/// The parameter slots of a (lowered) program and the indices of its outputs.
+pub(crate) fn binding_slots(program: &Program) -> (SmallVec<[ParamSlot; 16]>, SmallVec<[u16; 16]>) {
+    let slots: SmallVec<[ParamSlot; 16]> = program
+        .global_buffers()
+        .into_iter()
+        .map(|b| ParamSlot {
+            binding: b.binding,
+            name: b.name.clone(),
+            elem: b.elem,
+            count: b.count,
+            access: b.access,
+        })
+        .collect();
+    let outputs = slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.access.is_output())
+        .map(|(i, _)| i as u16)
+        .collect();
+    (slots, outputs)
+}
+
+/// One range to read back, with its place in staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadItem {
+    /// Index into the slots.
+    pub(crate) slot: u16,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) staging_offset: usize,
+}
+
+/// Staging sections start on this alignment (the copy engines' preference).
+pub(crate) const STAGING_ALIGN: usize = 256;
+
+/// `v` rounded up to [`STAGING_ALIGN`].
+pub(crate) fn align_up(v: usize) -> usize {
+    v.div_ceil(STAGING_ALIGN).saturating_mul(STAGING_ALIGN)
+}
+
+/// Checks bound byte sizes (one per slot) and the replay count against the slots.
+pub(crate) fn check_binding_sizes(
+    kernel_name: &str,
+    slots: &[ParamSlot],
+    sizes: &[u64],
+    fixpoint_iterations: u32,
+) -> Result<(), BackendError> {
+    if sizes.len() != slots.len() {
+        let expected: Vec<String> = slots
+            .iter()
+            .map(|s| format!("{} (binding {})", s.name, s.binding))
+            .collect();
+        return Err(BackendError::bad_input(format!(
+            "Fix: {kernel_name} takes {} buffers in binding order [{}] but {} were given",
+            slots.len(),
+            expected.join(", "),
+            sizes.len()
+        )));
+    }
+    if fixpoint_iterations == 0 {
+        return Err(BackendError::bad_input(
+            "Fix: DispatchConfig::fixpoint_iterations is 0; use at least 1",
+        ));
+    }
+    for (slot, &bytes) in slots.iter().zip(sizes) {
+        let elem = slot.elem.size_bytes() as u64;
+        match slot.count {
+            BufferCount::Static(n) if bytes != n as u64 * elem => {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: buffer '{}' (binding {}) of {kernel_name} is declared {} × {} = {} bytes but {} bytes \
+                     were bound; bind exactly {} bytes",
+                    slot.name,
+                    slot.binding,
+                    n,
+                    slot.elem.name(),
+                    n as u64 * elem,
+                    bytes,
+                    n as u64 * elem
+                )))
+            }
+            BufferCount::Runtime if bytes % elem != 0 || bytes / elem > u32::MAX as u64 => {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: buffer '{}' (binding {}) of {kernel_name} holds {} elements, so its byte length must \
+                     be a multiple of {elem} and at most {} bytes, but {bytes} bytes were bound",
+                    slot.name,
+                    slot.binding,
+                    slot.elem.name(),
+                    u32::MAX as u64 * elem
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Turns a readback policy into ranges placed in staging from `staging_start` on
+/// (each aligned); returns the end of the last one.
+pub(crate) fn plan_readback(
+    kernel_name: &str,
+    slots: &[ParamSlot],
+    outputs: &[u16],
+    sizes: &[u64],
+    policy: &ReadbackPolicy,
+    staging_start: usize,
+    reads: &mut SmallVec<[ReadItem; 16]>,
+) -> Result<usize, BackendError> {
+    let mut staging = staging_start;
+    let mut push = |slot: u16, offset: u64, len: u64, reads: &mut SmallVec<[ReadItem; 16]>| {
+        reads.push(ReadItem {
+            slot,
+            offset,
+            len,
+            staging_offset: staging,
+        });
+        staging = staging.saturating_add(align_up(len as usize));
+    };
+    match policy {
+        ReadbackPolicy::AllOutputs => {
+            for &slot in outputs {
+                push(slot, 0, sizes[slot as usize], reads);
+            }
+        }
+        ReadbackPolicy::None => {}
+        ReadbackPolicy::Ranges(ranges) => {
+            for range in ranges {
+                let Some(slot) = outputs
+                    .iter()
+                    .copied()
+                    .find(|&s| slots[s as usize].binding == range.binding)
+                else {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: readback range names binding {}, which is not an output (read_write or \
+                         write_only) buffer of {kernel_name}; name one of its output bindings",
+                        range.binding
+                    )));
+                };
+                let size = sizes[slot as usize];
+                let end = range.offset.checked_add(range.len);
+                if end.is_none_or(|end| end > size) {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: readback range {}..+{} of binding {} is past the buffer's {size} bytes; \
+                         keep offset + len within the buffer",
+                        range.offset, range.len, range.binding
+                    )));
+                }
+                push(slot, range.offset, range.len, reads);
+            }
+        }
+    }
+    Ok(staging)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ByteRange;
+    use crate::ir::Program;
+
+    /// in (read-only u32×4, binding 3), out (write-only u8, runtime, binding 0),
+    /// acc (read-write u32 runtime, binding 7): declared out of binding order.
+    fn program() -> Program {
+        Program::builder([1, 1, 1])
+            .buffer(
+                "in",
+                3,
+                Access::ReadOnly,
+                ElemType::U32,
+                BufferCount::Static(4),
+            )
+            .buffer(
+                "out",
+                0,
+                Access::WriteOnly,
+                ElemType::U8,
+                BufferCount::Runtime,
+            )
+            .buffer(
+                "acc",
+                7,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .buffer(
+                "shared",
+                9,
+                Access::Workgroup,
+                ElemType::U32,
+                BufferCount::Static(8),
+            )
+            .build()
+    }
+
+    /// Locks out a plan that follows declaration order or includes workgroup memory:
+    /// slots are the global buffers in binding order, outputs are their indices.
+    #[test]
+    fn slots_follow_binding_order_and_skip_workgroup_memory() {
+        let (slots, outputs) = binding_slots(&program());
+        let names: Vec<&str> = slots.iter().map(|s| &*s.name).collect();
+        assert_eq!(names, ["out", "in", "acc"]);
+        assert_eq!(outputs.as_slice(), &[0, 2]);
+    }
+
+    /// Locks out unchecked binding sizes: a wrong count, a static size off by one, a
+    /// runtime size that is not a whole number of elements, and zero replays are Fix
+    /// errors naming the buffer; exact sizes pass (the control).
+    #[test]
+    fn binding_sizes_are_checked_exactly() {
+        let (slots, _) = binding_slots(&program());
+        assert!(check_binding_sizes("p", &slots, &[3, 16, 8], 1).is_ok());
+        let cases: [(&[u64], u32, &str); 5] = [
+            (&[3, 16], 1, "takes 3 buffers"),
+            (&[3, 15, 8], 1, "'in'"),
+            (&[3, 16, 6], 1, "'acc'"),
+            (&[3, 16, 8], 0, "fixpoint_iterations is 0"),
+            (&[3, 17, 8], 1, "bind exactly 16 bytes"),
+        ];
+        for (sizes, fixpoint, needle) in cases {
+            let message = check_binding_sizes("p", &slots, sizes, fixpoint)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                message.starts_with("Fix:") && message.contains(needle),
+                "{message} lacks {needle}"
+            );
+        }
+        // A runtime buffer longer than u32::MAX elements cannot be described by its length word.
+        let too_long = (u32::MAX as u64 + 1) * 4;
+        assert!(check_binding_sizes("p", &slots, &[3, 16, too_long], 1).is_err());
+    }
+
+    /// Locks out readback ranges that land on top of each other or outside their
+    /// buffer: all outputs come back in binding order at aligned staging offsets,
+    /// ranges keep the order asked, and a non-output or out-of-range request
+    /// (including one whose end overflows u64) is a Fix error.
+    #[test]
+    fn readback_plans_are_aligned_ordered_and_bounded() {
+        let (slots, outputs) = binding_slots(&program());
+        let sizes = [300u64, 16, 1000];
+        let mut reads = SmallVec::new();
+        let end = plan_readback(
+            "p",
+            &slots,
+            &outputs,
+            &sizes,
+            &ReadbackPolicy::AllOutputs,
+            512,
+            &mut reads,
+        )
+        .unwrap();
+        assert_eq!(
+            reads.as_slice(),
+            &[
+                ReadItem {
+                    slot: 0,
+                    offset: 0,
+                    len: 300,
+                    staging_offset: 512
+                },
+                ReadItem {
+                    slot: 2,
+                    offset: 0,
+                    len: 1000,
+                    staging_offset: 512 + 512
+                },
+            ]
+        );
+        assert_eq!(end, 512 + 512 + 1024);
+
+        let mut reads = SmallVec::new();
+        let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+            ByteRange {
+                binding: 7,
+                offset: 996,
+                len: 4
+            },
+            ByteRange {
+                binding: 0,
+                offset: 0,
+                len: 1
+            },
+        ]);
+        plan_readback("p", &slots, &outputs, &sizes, &ranges, 0, &mut reads).unwrap();
+        assert_eq!(
+            reads.as_slice(),
+            &[
+                ReadItem {
+                    slot: 2,
+                    offset: 996,
+                    len: 4,
+                    staging_offset: 0
+                },
+                ReadItem {
+                    slot: 0,
+                    offset: 0,
+                    len: 1,
+                    staging_offset: 256
+                },
+            ]
+        );
+
+        let mut none = SmallVec::new();
+        assert_eq!(
+            plan_readback(
+                "p",
+                &slots,
+                &outputs,
+                &sizes,
+                &ReadbackPolicy::None,
+                64,
+                &mut none
+            )
+            .unwrap(),
+            64
+        );
+        assert!(none.is_empty());
+
+        for (range, needle) in [
+            (
+                ByteRange {
+                    binding: 3,
+                    offset: 0,
+                    len: 4,
+                },
+                "not an output",
+            ),
+            (
+                ByteRange {
+                    binding: 7,
+                    offset: 997,
+                    len: 4,
+                },
+                "past the buffer",
+            ),
+            (
+                ByteRange {
+                    binding: 7,
+                    offset: u64::MAX,
+                    len: 2,
+                },
+                "past the buffer",
+            ),
+        ] {
+            let mut reads = SmallVec::new();
+            let policy = ReadbackPolicy::Ranges(smallvec::smallvec![range]);
+            let message = plan_readback("p", &slots, &outputs, &sizes, &policy, 0, &mut reads)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                message.starts_with("Fix:") && message.contains(needle),
+                "{message}"
+            );
+        }
+    }
+}
