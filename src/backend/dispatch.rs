@@ -43,7 +43,7 @@ pub enum Binding<'a> {
 /// Outputs and timings of one dispatch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TimedDispatch {
-    /// Bytes read back, one entry per readback item (see [`ReadbackPolicy`]).
+    /// Bytes read back, one entry per readback item (see [`ReadbackPolicy`](crate::ReadbackPolicy)).
     pub outputs: Vec<Vec<u8>>,
     /// The whole call, host clock.
     pub wall_ns: u64,
