@@ -46,6 +46,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
+use crate::ir::LoweringMemo;
 use crate::ir::{
     Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Name, Node, Program,
     ReduceOp,
@@ -71,29 +72,6 @@ impl LoweringCaps {
     pub fn key(&self) -> u64 {
         // Bits 0..32: subgroup size; bit 32: the flag; bits 40..64: the tag.
         CAPS_KEY_TAG << 40 | (self.subgroup_ops as u64) << 32 | self.subgroup_size as u64
-    }
-}
-
-/// What a program's memo slot remembers about lowering it.
-///
-/// Stored in the program's shared allocation (`ProgramInner::lowered`). An unchanged
-/// program is recorded as `needs_lowering: false` rather than as a pointer to itself,
-/// which would be a reference cycle and leak the program.
-#[derive(Debug)]
-pub(crate) struct LoweringMemo {
-    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
-    needs_lowering: bool,
-    /// The lowered program and the [`LoweringCaps::key`] it was made for (only set
-    /// when `needs_lowering`). One key per program: a call with another key recomputes.
-    result: OnceLock<(u64, Program)>,
-}
-
-impl LoweringMemo {
-    fn unchanged() -> Self {
-        LoweringMemo {
-            needs_lowering: false,
-            result: OnceLock::new(),
-        }
     }
 }
 
