@@ -1,13 +1,21 @@
 //! The validator: owns every rule of the IR and every `Fix:` message (§1).
 //!
-//! Lowering, code generation, the reference interpreter and the backend all assume
-//! the program they receive passed [`validate`] (or, after lowering,
-//! [`validate_lowered`]); none of them re-checks a rule. So this module is the one
-//! place a malformed program is turned into an error, and it must answer for *any*
-//! value a caller can build: it never panics, never recurses deeper than
-//! [`MAX_NESTING_DEPTH`], never walks more than [`MAX_NODES`] nodes (a program built
-//! from shared `Arc` blocks can describe an exponentially large tree) and uses checked
-//! arithmetic for every size.
+//! Lowering, code generation, the reference interpreter and the backend all take
+//! the proof of validity, a [`ValidProgram`], which only [`validate`] and (after
+//! lowering) [`validate_lowered`] hand out; none of them re-checks a rule. So this
+//! module is the one place a malformed program is turned into an error, and it must
+//! answer for *any* value a caller can build: it never panics, never recurses deeper
+//! than [`MAX_NESTING_DEPTH`], refuses a tree of more than [`MAX_NODES`] nodes before
+//! walking it (a program built from shared `Arc` blocks can describe 2⁶⁴ nodes in a
+//! few kilobytes; the size comes from [`Program::node_count`], which walks each
+//! shared block once), keeps its name tables keyed against crafted collisions, cuts
+//! long names in messages, and uses checked arithmetic for every size. It also knows
+//! the hardware limit the kernel ABI meets ([`MAX_GLOBAL_BUFFERS`]), so ptxas never
+//! sees a kernel it would refuse.
+//!
+//! The verdict (either way) is memoised in the program value, one per
+//! [`ProgramForm`], so the backend validates before any other walk on every dispatch
+//! at the cost of one atomic load when warm.
 //!
 //! The walk is one pass over the tree, O(n): it resolves names, checks types and
 //! records a small dependency graph for the uniformity rules (which variables and
@@ -23,8 +31,9 @@ use super::display::describe_node;
 use super::program::*;
 
 /// Deepest nesting of blocks and expressions a program may have (a node or an
-/// expression nested inside 256 others is rejected). Keeps every recursive walk in
-/// the crate (digest, display, lowering, code generation) far from the stack limit.
+/// expression nested inside 256 others is rejected). Keeps every recursive walk
+/// downstream of validation (lowering, code generation, the reference interpreter)
+/// far from the stack limit; the IR's own walks are iterative or bounded.
 pub const MAX_NESTING_DEPTH: u32 = 256;
 
 /// Most nodes plus expressions one program may have, counted as a tree (a block
