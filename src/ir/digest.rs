@@ -17,6 +17,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::program::*;
 use super::structural::{block_key, expr_children, node_blocks};
 
@@ -121,15 +123,11 @@ fn block_digest(root: &Block) -> [u8; 32] {
         Exit(&'a Block, usize),
     }
     let mut memo: HashMap<(usize, usize), [u8; 32]> = HashMap::new();
-    let mut frames: Vec<Frame<'_>> = vec![Frame::Enter(root)];
-    let mut done: Vec<[u8; 32]> = Vec::new();
+    let mut frames: SmallVec<[Frame<'_>; 8]> = SmallVec::new();
+    frames.push(Frame::Enter(root));
+    let mut done: SmallVec<[[u8; 32]; 4]> = SmallVec::new();
     let mut exprs: Vec<&Expr> = Vec::new();
-    let empty = {
-        let mut enc = Encoder::new();
-        enc.bytes(b"block");
-        enc.u32(0);
-        enc.hasher.finish()
-    };
+    let empty = empty_block_digest();
     while let Some(frame) = frames.pop() {
         match frame {
             Frame::Enter(block) => {
@@ -180,6 +178,17 @@ fn block_digest(root: &Block) -> [u8; 32] {
         }
     }
     done.pop().unwrap_or([0; 32])
+}
+
+/// The digest of an empty block (every `else {}`), computed once per process.
+fn empty_block_digest() -> [u8; 32] {
+    static EMPTY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    *EMPTY.get_or_init(|| {
+        let mut enc = Encoder::new();
+        enc.bytes(b"block");
+        enc.u32(0);
+        enc.hasher.finish()
+    })
 }
 
 struct Encoder {
