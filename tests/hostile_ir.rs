@@ -555,3 +555,42 @@ fn colliding_names_validate_without_quadratic_probing() {
     let program = Program::new(Vec::new(), [1, 1, 1], body);
     validate(&program, &Limits::default()).expect("distinct names validate");
 }
+
+/// Counts what a `Hash` implementation feeds the hasher.
+#[derive(Default)]
+struct CountingHasher {
+    writes: u64,
+}
+
+impl Hasher for CountingHasher {
+    fn write(&mut self, _bytes: &[u8]) {
+        self.writes += 1;
+    }
+    fn finish(&self) -> u64 {
+        self.writes
+    }
+}
+
+fn hash_writes<T: Hash>(value: &T) -> u64 {
+    let mut hasher = CountingHasher::default();
+    value.hash(&mut hasher);
+    hasher.writes
+}
+
+/// Locks out a `Hash` whose work grows with the program (a wide block pushed whole,
+/// or a deep tree walked whole): a node over 10⁶ siblings and a 10⁶-deep expression
+/// feed the hasher no more than a program of `HASH_ITEM_BUDGET` items does.
+#[test]
+fn hash_work_is_bounded_by_the_item_budget() {
+    let wide = Node::If {
+        condition: Expr::bool(true),
+        then_body: vec![Node::Barrier; DEPTH].into(),
+        else_body: Vec::new().into(),
+    };
+    let bound = 8 * HASH_ITEM_BUDGET as u64;
+    assert!(hash_writes(&wide) <= bound, "{}", hash_writes(&wide));
+    let deep = deep_expr(DEPTH, 1);
+    assert!(hash_writes(&deep) <= bound, "{}", hash_writes(&deep));
+    // Negative control: below the budget, more items mean more hashing.
+    assert!(hash_writes(&deep_expr(10, 1)) > hash_writes(&deep_expr(1, 1)));
+}

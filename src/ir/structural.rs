@@ -509,8 +509,10 @@ fn hash_prefix<H: Hasher>(start: Item<'_>, state: &mut H) {
             }
             Item::Node(node) => {
                 hash_node_fields(node, state);
+                // Only a block's first HASH_ITEM_BUDGET nodes can be in the prefix.
                 for block in node_blocks(node).into_iter().flatten().rev() {
-                    for child in block.iter().rev() {
+                    let first = &block[..block.len().min(HASH_ITEM_BUDGET)];
+                    for child in first.iter().rev() {
                         work.push(Item::Node(child));
                     }
                 }
