@@ -1393,17 +1393,34 @@ fn validation_verdict_is_memoised_per_program_value() {
         ..limits()
     };
     validate(&p, &other).expect("valid under smaller limits too");
-    assert_eq!(
-        vyre_cuda::ir::validate::walks_on_current_thread(),
-        before + 2
-    );
-    // The lowered rule set has its own slot.
+    let walks = || vyre_cuda::ir::validate::walks_on_current_thread() - before;
+    assert_eq!(walks(), 2);
+    // Both verdicts stay memoised: another caller's limits do not evict the first.
+    validate(&p, &limits()).expect("valid");
+    validate(&p, &other).expect("valid");
+    assert_eq!(walks(), 2);
+    // The lowered rule set has its own slots.
     let lowered = validate_lowered(&p, &limits()).expect("valid lowered");
     assert_eq!(lowered.form(), ProgramForm::Lowered);
-    assert_eq!(
-        vyre_cuda::ir::validate::walks_on_current_thread(),
-        before + 3
-    );
+    assert_eq!(walks(), 3);
+    // Four sets of limits per form are memoised; a fifth walks on every call.
+    for threads in [256, 128] {
+        let more = Limits {
+            max_threads_per_workgroup: threads,
+            ..limits()
+        };
+        validate(&p, &more).expect("valid");
+    }
+    assert_eq!(walks(), 5);
+    let fifth = Limits {
+        max_threads_per_workgroup: 64,
+        ..limits()
+    };
+    validate(&p, &fifth).expect("valid");
+    validate(&p, &fifth).expect("valid");
+    assert_eq!(walks(), 7);
+    validate(&p, &limits()).expect("valid");
+    assert_eq!(walks(), 7);
 }
 
 /// Defect locked out: a rejected program is re-walked on every call (an invalid

@@ -646,13 +646,17 @@ pub(crate) struct ProgramInner {
     pub(crate) non_composable_with_self: bool,
     pub(crate) digest: OnceLock<Digest>,
     pub(crate) node_count: OnceLock<u64>,
-    /// The validator's verdicts, one slot per [`ProgramForm`] (index
-    /// `ProgramForm::slot`), each for one set of [`Limits`](super::Limits).
-    pub(crate) validity: [OnceLock<super::validate::ValidityMemo>; 2],
+    /// The validator's verdicts: per [`ProgramForm`] (index `ProgramForm::slot`),
+    /// up to `VALIDITY_SLOTS` sets of [`Limits`](super::Limits), first come first
+    /// served (the backend's device limits, lowering's and codegen's own).
+    pub(crate) validity: [[OnceLock<super::validate::ValidityMemo>; VALIDITY_SLOTS]; 2],
     /// Storage for `lower::lower_workgroup_reductions`'s memo: `ir` owns the slot,
     /// `lower` decides what goes in it (so `ir` depends on nothing above it).
     pub(crate) lowered: OnceLock<LoweringMemo>,
 }
+
+/// Verdicts memoised per program and form, each for one set of limits.
+pub(crate) const VALIDITY_SLOTS: usize = 4;
 
 /// What a program's lowering memo slot remembers (filled only by `lower`).
 ///
@@ -727,7 +731,7 @@ impl Program {
                 non_composable_with_self,
                 digest: OnceLock::new(),
                 node_count: OnceLock::new(),
-                validity: [OnceLock::new(), OnceLock::new()],
+                validity: Default::default(),
                 lowered: OnceLock::new(),
             }),
         }

@@ -294,26 +294,36 @@ pub fn walks_on_current_thread() -> u64 {
 }
 
 fn checked(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<ValidProgram> {
-    let slot = &program.inner.validity[form.slot()];
-    let outcome = match slot.get() {
-        Some(memo) if memo.limits == *limits => memo.outcome.clone(),
-        Some(_) => walk(program, limits, form),
-        None => {
-            let outcome = walk(program, limits, form);
-            // A racing thread may have stored its verdict first: both are the same
-            // function of the same immutable program, so either may win.
-            let _ = slot.set(ValidityMemo {
-                limits: *limits,
-                outcome: outcome.clone(),
-            });
-            outcome
-        }
-    };
+    let outcome = memoised_outcome(program, limits, form);
     outcome.map(|()| ValidProgram {
         program: program.clone(),
         form,
         limits: *limits,
     })
+}
+
+/// The memoised verdict for these limits, or a walk whose verdict is stored in the
+/// first free slot (when every slot holds other limits, the walk is not stored).
+fn memoised_outcome(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
+    let slots = program.inner.validity.get(form.slot()).map(|s| &s[..]);
+    for slot in slots.unwrap_or(&[]) {
+        match slot.get() {
+            Some(memo) if memo.limits == *limits => return memo.outcome.clone(),
+            Some(_) => continue,
+            None => {
+                let outcome = walk(program, limits, form);
+                // A racing thread may have filled this slot first (with these or
+                // other limits); the verdict is the same function of the same
+                // immutable program either way, so it is returned regardless.
+                let _ = slot.set(ValidityMemo {
+                    limits: *limits,
+                    outcome: outcome.clone(),
+                });
+                return outcome;
+            }
+        }
+    }
+    walk(program, limits, form)
 }
 
 fn walk(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
@@ -323,8 +333,8 @@ fn walk(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
 
 /// Check a user program against every rule of §1.
 ///
-/// The verdict is memoised in the program (one per [`ProgramForm`], for one set of
-/// limits), so validating it again, or any clone of it, is O(1).
+/// The verdict is memoised in the program (per [`ProgramForm`], for up to four sets
+/// of limits), so validating it again, or any clone of it, is O(1).
 pub fn validate(program: &Program, limits: &Limits) -> Result<ValidProgram, ValidationError> {
     checked(program, limits, ProgramForm::User)
 }
