@@ -67,29 +67,91 @@ impl CellOptions {
         }
     }
 
-    fn validate(&self) -> Result<(), HostCostError> {
-        let problem = if self.regions < 2 {
-            Some(format!(
-                "CellOptions::regions is {}; use at least 2 (a spread needs two regions)",
-                self.regions
-            ))
-        } else if self.probe_growth < 2 {
-            Some(format!(
-                "CellOptions::probe_growth is {}; use at least 2 so calibration terminates",
-                self.probe_growth
-            ))
-        } else if self.target_region.is_zero() {
-            Some("CellOptions::target_region is zero; use a positive duration".to_string())
-        } else if self.max_iterations == 0 {
-            Some("CellOptions::max_iterations is zero; use at least 1".to_string())
-        } else {
-            None
-        };
-        match problem {
-            Some(message) => Err(HostCostError::InvalidOptions { message }),
-            None => Ok(()),
-        }
+    /// Checks every field against its bound (issue 13: an unbounded region count
+    /// exhausts memory, an unbounded growth never ends calibration, a NaN threshold
+    /// passes nothing).
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the first field out of bounds and the
+    /// bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        check_count("CellOptions::warmup_calls", self.warmup_calls, 0, MAX_WARMUP_CALLS)?;
+        check_duration("CellOptions::target_region", self.target_region, false)?;
+        check_duration("CellOptions::probe_minimum", self.probe_minimum, true)?;
+        check_count(
+            "CellOptions::probe_growth",
+            self.probe_growth,
+            2,
+            MAX_PROBE_GROWTH,
+        )?;
+        check_count("CellOptions::regions", self.regions, 2, estimate::MAX_ROUNDS)?;
+        check_count("CellOptions::max_iterations", self.max_iterations, 1, u64::MAX)?;
+        self.thresholds.validate()?;
+        self.clock.validate()
     }
+}
+
+/// Most warm-up calls any options may ask for.
+pub const MAX_WARMUP_CALLS: usize = 1_000_000;
+/// Largest calibration growth factor.
+pub const MAX_PROBE_GROWTH: u64 = 1 << 20;
+/// Longest region or probe any options may ask for.
+pub const MAX_REGION: Duration = Duration::from_secs(3600);
+
+/// `lowest ≤ value ≤ highest`, else [`HostCostError::InvalidOptions`] for `field`.
+pub(super) fn check_count<T>(
+    field: &'static str,
+    value: T,
+    lowest: T,
+    highest: T,
+) -> Result<(), HostCostError>
+where
+    T: PartialOrd + std::fmt::Debug + std::fmt::Display,
+{
+    if value < lowest || value > highest {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!("between {lowest} and {highest}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A duration of at most [`MAX_REGION`], positive unless `zero_allowed`.
+pub(super) fn check_duration(
+    field: &'static str,
+    value: Duration,
+    zero_allowed: bool,
+) -> Result<(), HostCostError> {
+    if (value.is_zero() && !zero_allowed) || value > MAX_REGION {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!(
+                "{} and at most {MAX_REGION:?}",
+                if zero_allowed { "at least 0" } else { "above 0" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A finite number in `[lowest, highest]`.
+pub(super) fn check_number(
+    field: &'static str,
+    value: f64,
+    lowest: f64,
+    highest: f64,
+) -> Result<(), HostCostError> {
+    if !(value >= lowest && value <= highest) {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!("to a finite number between {lowest} and {highest}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One calibration probe.
@@ -211,7 +273,7 @@ impl Cell {
         });
         let iterations = iterations_for(options.target_region, &last_probe, options.max_iterations);
 
-        let mut monitor = ClockMonitor::start(&options.clock);
+        let mut monitor = ClockMonitor::start(&options.clock)?;
         let mut region_seconds = Vec::with_capacity(options.regions);
         monitor.mark_boundary();
         for _ in 0..options.regions {
@@ -243,8 +305,9 @@ impl Cell {
         clock: ClockDrift,
         thresholds: &CellThresholds,
     ) -> Result<Cell, HostCostError> {
+        thresholds.validate()?;
         if region_seconds.is_empty() || iterations_per_region == 0 {
-            return Err(HostCostError::InvalidOptions {
+            return Err(HostCostError::InvalidSamples {
                 message: format!(
                     "cell `{name}` has {} regions of {iterations_per_region} iterations; \
                      give at least one region of at least one iteration",
