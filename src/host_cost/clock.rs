@@ -21,13 +21,15 @@
 //!   field, nanoseconds): time the thread was runnable but another thread held its CPU.
 //!   A competitor that runs only during arm B's regions never touches the boundaries,
 //!   so only an in-region reading can see it.
-//! - **steal** (`/proc/stat`, the aggregate `cpu` line's eighth field, where the kernel
-//!   reports it): time the hypervisor ran someone else on a virtual CPU, as a share of
-//!   the whole machine (it is counted in 10 ms ticks per CPU, so it is only meaningful
-//!   summed over many regions, which is how the between-arm gap uses it).
 //!
-//! A region's figure is `rate × (1 − delay share − steal share)`: the speed the measuring
-//! thread actually got.
+//! A region's figure is `rate × (1 − delay share)`: the speed the measuring thread
+//! actually got. **Steal** (`/proc/stat`, the aggregate `cpu` line's eighth field, where
+//! the kernel reports it: time the hypervisor ran someone else on a virtual CPU) is
+//! counted in 10 ms ticks per CPU, far coarser than a 5 ms region: folded into each
+//! region it added a between-arm noise of several percent on a 2-CPU VM with 1–5 %
+//! steal. It is therefore summed per arm ([`StealGap`]) and disqualifies a comparison
+//! only when the arms' steal shares differ by more than the limit **and** by more than
+//! three times the tick quantisation's standard error.
 //!
 //! # The verdict (issue 12)
 //! A paired comparison is published only if the **between-arm gap** — the mean figure of
@@ -398,8 +400,28 @@ pub struct Interference {
     /// Mean share of each region the measuring thread waited on a run queue; `None`
     /// without schedstat.
     pub run_queue_delay: Option<f64>,
-    /// Mean machine-wide steal share; `None` where the kernel reports no steal.
+    /// Machine-wide steal share over the whole run (steal ticks over CPU ticks); `None`
+    /// where the kernel reports no steal.
     pub steal: Option<f64>,
+}
+
+/// Steal per arm of a paired run, from 10 ms ticks summed over each arm's regions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StealGap {
+    /// Steal ticks during arm A's regions (all CPUs).
+    pub ticks_a: u64,
+    /// Steal ticks during arm B's regions.
+    pub ticks_b: u64,
+    /// `ticks_a` over the CPU ticks of arm A's regions (wall × CPUs).
+    pub share_a: f64,
+    /// Same for B.
+    pub share_b: f64,
+    /// Standard error of `share_b − share_a` from tick quantisation alone: each region's
+    /// tick count is off by at most one per CPU (uniform), so
+    /// `√(regions × CPUs / 6) / CPU ticks of one arm`.
+    pub standard_error: f64,
+    /// `|share_b − share_a| > limit` and `> 3 × standard_error`.
+    pub flagged: bool,
 }
 
 /// The clock record of one run: which source, the per-region figures and the verdict.
@@ -427,6 +449,18 @@ pub struct ClockDrift {
     pub drift_advisory: bool,
     /// Run-queue delay and steal over the run.
     pub interference: Interference,
+    /// Steal per arm (a paired run where the kernel reports steal); see [`StealGap`].
+    pub steal_gap: Option<StealGap>,
+    /// The bare clock figure of each region, before the run-queue delay is applied
+    /// (what the reference alone measured); empty for injected records.
+    pub rate_per_region: Vec<f64>,
+    /// Wall time of each region as the monitor saw it (boundary to boundary), seconds;
+    /// empty for injected records.
+    pub region_wall_seconds: Vec<f64>,
+    /// Machine-wide steal ticks during each region; empty where steal is not reported.
+    pub steal_ticks_per_region: Vec<u64>,
+    /// CPUs in `/proc/stat` (the steal denominators); 0 when unknown.
+    pub machine_cpus: usize,
     /// Why the source was chosen and any reads that failed along the way.
     pub notes: Vec<String>,
 }
@@ -455,17 +489,65 @@ impl ClockDrift {
             flagged: false,
             drift_advisory,
             interference: Interference::default(),
+            steal_gap: None,
+            rate_per_region: Vec::new(),
+            region_wall_seconds: Vec::new(),
+            steal_ticks_per_region: Vec::new(),
+            machine_cpus: 0,
             notes,
         }
     }
 
-    /// Applies the between-arm rule: `schedule[i]` is the arm of `per_region[i]`.
+    /// Applies the between-arm rules: `schedule[i]` is the arm of `per_region[i]`.
+    /// `flagged` is set by the clock gap or by a significant steal gap.
     pub fn with_arms(mut self, schedule: &[Arm]) -> ClockDrift {
         self.arm_gap = estimate::between_arm_gap(&self.per_region, schedule);
+        self.steal_gap = self.steal_between_arms(schedule);
         self.flagged = self
             .arm_gap
-            .is_some_and(|gap| !estimate::within_limit(gap.gap, self.limit));
+            .is_some_and(|gap| !estimate::within_limit(gap.gap, self.limit))
+            || self.steal_gap.is_some_and(|steal| steal.flagged);
         self
+    }
+
+    fn steal_between_arms(&self, schedule: &[Arm]) -> Option<StealGap> {
+        let regions = self.steal_ticks_per_region.len();
+        if regions == 0 || self.machine_cpus == 0 || self.region_wall_seconds.len() != regions
+        {
+            return None;
+        }
+        let cpus = self.machine_cpus as f64;
+        let mut ticks = [0_u64; 2];
+        let mut cpu_ticks = [0.0_f64; 2];
+        let mut counts = [0_usize; 2];
+        for ((steal, wall), arm) in self
+            .steal_ticks_per_region
+            .iter()
+            .zip(&self.region_wall_seconds)
+            .zip(schedule)
+        {
+            let slot = usize::from(*arm == Arm::B);
+            ticks[slot] = ticks[slot].saturating_add(*steal);
+            cpu_ticks[slot] += wall * TICKS_PER_SECOND * cpus;
+            counts[slot] += 1;
+        }
+        if cpu_ticks[0] <= 0.0 || cpu_ticks[1] <= 0.0 {
+            return None;
+        }
+        let share_a = ticks[0] as f64 / cpu_ticks[0];
+        let share_b = ticks[1] as f64 / cpu_ticks[1];
+        let standard_error = ((counts[0] as f64 * cpus / 6.0).sqrt() / cpu_ticks[0]).hypot(
+            (counts[1] as f64 * cpus / 6.0).sqrt() / cpu_ticks[1],
+        );
+        let difference = (share_b - share_a).abs();
+        Some(StealGap {
+            ticks_a: ticks[0],
+            ticks_b: ticks[1],
+            share_a,
+            share_b,
+            standard_error,
+            flagged: difference > self.limit && difference > 3.0 * standard_error,
+        })
     }
 }
 
@@ -757,39 +839,31 @@ impl ClockMonitor {
     /// Turns the boundaries into per-region figures and the advisories (a paired run
     /// then applies [`ClockDrift::with_arms`]).
     pub fn finish(self) -> ClockDrift {
-        let mut per_region = Vec::with_capacity(self.boundaries.len().saturating_sub(1));
+        let regions = self.boundaries.len().saturating_sub(1);
+        let mut per_region = Vec::with_capacity(regions);
+        let mut rates = Vec::with_capacity(regions);
+        let mut walls = Vec::with_capacity(regions);
+        let mut steal_ticks = Vec::with_capacity(regions);
         let mut delays = Vec::new();
-        let mut steals = Vec::new();
         for pair in self.boundaries.windows(2) {
             let (before, after) = (&pair[0], &pair[1]);
-            let wall_ns = after.at.saturating_duration_since(before.at).as_nanos() as f64;
-            let share = |amount_ns: f64| {
-                if wall_ns > 0.0 {
-                    (amount_ns / wall_ns).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                }
-            };
+            let wall = after.at.saturating_duration_since(before.at).as_secs_f64();
+            walls.push(wall);
             let delay = match (before.run_queue_delay_ns, after.run_queue_delay_ns) {
-                (Some(a), Some(b)) => Some(share(b.saturating_sub(a) as f64)),
-                _ => None,
-            };
-            let steal = match (before.steal_ticks, after.steal_ticks) {
-                (Some(a), Some(b)) if self.machine_cpus > 0 => Some(share(
-                    b.saturating_sub(a) as f64 * 1e9
-                        / TICKS_PER_SECOND
-                        / self.machine_cpus as f64,
-                )),
+                (Some(a), Some(b)) if wall > 0.0 => {
+                    Some((b.saturating_sub(a) as f64 / (wall * 1e9)).clamp(0.0, 1.0))
+                }
                 _ => None,
             };
             delays.extend(delay);
-            steals.extend(steal);
-            let available = (1.0 - delay.unwrap_or(0.0) - steal.unwrap_or(0.0)).max(0.0);
+            if let (Some(a), Some(b)) = (before.steal_ticks, after.steal_ticks) {
+                steal_ticks.push(b.saturating_sub(a));
+            }
             if let Some(base) = self.base_figure(before, after) {
-                per_region.push(base * available);
+                rates.push(base);
+                per_region.push(base * (1.0 - delay.unwrap_or(0.0)));
             }
         }
-        let regions = self.boundaries.len().saturating_sub(1);
         let mut notes = self.notes;
         if per_region.len() != regions {
             notes.push(format!(
@@ -798,13 +872,27 @@ impl ClockMonitor {
             ));
             // A partial series would pair figures with the wrong arms: drop it.
             per_region.clear();
+            rates.clear();
         }
+        if steal_ticks.len() != regions {
+            steal_ticks.clear();
+        }
+        let total_wall: f64 = walls.iter().sum();
+        let steal = (!steal_ticks.is_empty() && self.machine_cpus > 0 && total_wall > 0.0)
+            .then(|| {
+                let ticks: u64 = steal_ticks.iter().fold(0, |sum, t| sum.saturating_add(*t));
+                ticks as f64 / (total_wall * TICKS_PER_SECOND * self.machine_cpus as f64)
+            });
         let mut record =
             ClockDrift::from_regions(self.source, per_region, self.options.limit, notes);
         record.interference = Interference {
             run_queue_delay: estimate::mean(&delays),
-            steal: estimate::mean(&steals),
+            steal,
         };
+        record.rate_per_region = rates;
+        record.region_wall_seconds = walls;
+        record.steal_ticks_per_region = steal_ticks;
+        record.machine_cpus = self.machine_cpus;
         record
     }
 }
@@ -814,7 +902,16 @@ impl ClockMonitor {
 pub struct NoiseFloor {
     /// Source the trials used.
     pub source: ClockSource,
-    /// The between-arm gap of each A/A trial (both "arms" are the same busy wait).
+    /// The between-arm gap of the bare reference in each A/A trial (both "arms" are the
+    /// same busy wait): the reference's own noise, which must stay ≤ 0.5 %.
+    pub reference_gaps: Vec<f64>,
+    /// Median of `reference_gaps`.
+    pub median_reference_gap: Option<f64>,
+    /// Largest of `reference_gaps`.
+    pub maximum_reference_gap: Option<f64>,
+    /// The between-arm gap of the full figure (reference × (1 − run-queue delay)) in
+    /// each trial: what a comparison's verdict would have seen, machine interference
+    /// included.
     pub gaps: Vec<f64>,
     /// Median of `gaps`.
     pub median_gap: Option<f64>,
@@ -837,11 +934,14 @@ impl NoiseFloor {
         };
         format!(
             "reference noise floor ({} source, A/A of the reference against itself, {} \
-             trials of {rounds} ABBA rounds of {:.1} ms): median gap {}, max gap {} \
-             (target <= 0.5%, limit 2%); jitter {} (advisory); run-queue delay {}, steal {}",
+             trials of {rounds} ABBA rounds of {:.1} ms): reference alone median gap {}, \
+             max {} (target <= 0.5%); with run-queue delay median gap {}, max gap {} \
+             (limit 2%); jitter {} (advisory); run-queue delay {}, steal {}",
             self.source.label(),
             self.gaps.len(),
             region.as_secs_f64() * 1e3,
+            percent(self.median_reference_gap),
+            percent(self.maximum_reference_gap),
             percent(self.median_gap),
             percent(self.maximum_gap),
             percent(self.median_jitter),
@@ -902,6 +1002,7 @@ pub fn reference_noise_floor(
     }
     let schedule = estimate::schedule(estimate::PairOrder::Abba, rounds);
     let mut gaps = Vec::with_capacity(trials);
+    let mut reference_gaps = Vec::with_capacity(trials);
     let mut jitters = Vec::with_capacity(trials);
     let mut delays = Vec::new();
     let mut steals = Vec::new();
@@ -925,12 +1026,17 @@ pub fn reference_noise_floor(
             notes = record.notes.clone();
         }
         gaps.extend(record.arm_gap.map(|gap| gap.gap));
+        reference_gaps
+            .extend(estimate::between_arm_gap(&record.rate_per_region, &schedule).map(|g| g.gap));
         jitters.extend(record.jitter);
         delays.extend(record.interference.run_queue_delay);
         steals.extend(record.interference.steal);
     }
     Ok(NoiseFloor {
         source,
+        median_reference_gap: estimate::median(&reference_gaps),
+        maximum_reference_gap: estimate::maximum(&reference_gaps),
+        reference_gaps,
         median_gap: estimate::median(&gaps),
         maximum_gap: estimate::maximum(&gaps),
         median_jitter: estimate::median(&jitters),

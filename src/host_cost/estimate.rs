@@ -419,6 +419,17 @@ pub enum NotPublishable {
     /// No between-arm clock figure exists (no region of one arm, or the reference could
     /// not calibrate), so equal conditions are unproven.
     ClockGapUnknown,
+    /// The hypervisor stole a different share of the machine under arm B than under
+    /// arm A, by more than the limit and by more than three standard errors of the
+    /// 10 ms tick counting.
+    StealGapTooLarge {
+        /// Steal share during arm A's regions.
+        share_a: f64,
+        /// Steal share during arm B's regions.
+        share_b: f64,
+        /// Limit on their difference.
+        limit: f64,
+    },
 }
 
 impl fmt::Display for NotPublishable {
@@ -442,6 +453,17 @@ impl fmt::Display for NotPublishable {
             NotPublishable::ClockGapUnknown => {
                 formatter.write_str("clock gap between arms unknown")
             }
+            NotPublishable::StealGapTooLarge {
+                share_a,
+                share_b,
+                limit,
+            } => write!(
+                formatter,
+                "steal differs between arms: A {:.2}%, B {:.2}% (limit {:.2}%)",
+                share_a * 100.0,
+                share_b * 100.0,
+                limit * 100.0
+            ),
         }
     }
 }

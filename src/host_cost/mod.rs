@@ -115,9 +115,12 @@
 //!          "drift": number | null,               // advisory: thirds' medians spread
 //!          "jitter": number | null,              // advisory: (max - min) / median
 //!          "run_queue_delay": number | null,     // mean share of a region, schedstat
-//!          "steal": number | null,               // mean machine-wide steal share
+//!          "steal": number | null,               // machine-wide steal share of the run
+//!          "steal_gap": {"ticks_a": integer, "ticks_b": integer, "share_a": number,
+//!                        "share_b": number, "standard_error": number,
+//!                        "flagged": bool} | null,  // paired, where steal is reported
 //!          "limit": number,
-//!          "flagged": bool,                      // arm_gap.gap > limit
+//!          "flagged": bool,                      // arm gap > limit, or steal_gap flagged
 //!          "drift_advisory": bool,               // drift > limit (decides nothing)
 //!          "notes": [string]}
 //! ```
@@ -132,8 +135,8 @@ pub mod report;
 pub use cell::{Cell, CellOptions, Probe};
 pub use clock::{
     read_capped, reference_noise_floor, ClockDrift, ClockMonitor, ClockOptions, ClockSource,
-    ClockSourceChoice, Interference, NoiseFloor, SpinStatistic, CPUFREQ_CAP, PROC_STAT_CAP,
-    SCHEDSTAT_CAP,
+    ClockSourceChoice, Interference, NoiseFloor, SpinStatistic, StealGap, CPUFREQ_CAP,
+    PROC_STAT_CAP, SCHEDSTAT_CAP,
 };
 pub use error::HostCostError;
 pub use estimate::{

@@ -304,12 +304,19 @@ impl Paired {
             .collect();
         let ratio_spread = estimate::ratio_spread(&ratios);
         let difference = estimate::decide_difference(&ratios, &options.difference);
-        let not_publishable = estimate::publishability(
+        let mut not_publishable = estimate::publishability(
             rounds.len(),
             ratio_spread,
             clock.arm_gap.map(|gap| gap.gap),
             &options.thresholds,
         );
+        if let Some(steal) = clock.steal_gap.filter(|steal| steal.flagged) {
+            not_publishable.push(NotPublishable::StealGapTooLarge {
+                share_a: steal.share_a,
+                share_b: steal.share_b,
+                limit: clock.limit,
+            });
+        }
         Ok(Paired {
             name: format!("{name_b} vs {name_a}"),
             name_a: name_a.to_string(),

@@ -320,8 +320,15 @@ fn clock_summary(clock: &ClockDrift) -> String {
     if let Some(delay) = clock.interference.run_queue_delay {
         interference.push_str(&format!(", rq delay {}", percent(Some(delay))));
     }
-    if let Some(steal) = clock.interference.steal {
-        interference.push_str(&format!(", steal {}", percent(Some(steal))));
+    match (clock.steal_gap, clock.interference.steal) {
+        (Some(steal), _) => interference.push_str(&format!(
+            ", steal A {} B {}{}",
+            percent(Some(steal.share_a)),
+            percent(Some(steal.share_b)),
+            if steal.flagged { " FLAGGED" } else { "" }
+        )),
+        (None, Some(steal)) => interference.push_str(&format!(", steal {}", percent(Some(steal)))),
+        (None, None) => {}
     }
     format!(
         "{} {gap}advisory: drift {}{}, jitter {}{interference}",
@@ -436,6 +443,23 @@ fn clock_json(out: &mut String, clock: &ClockDrift) {
     json_optional(out, clock.interference.run_queue_delay);
     out.push_str(", \"steal\": ");
     json_optional(out, clock.interference.steal);
+    out.push_str(", \"steal_gap\": ");
+    match clock.steal_gap {
+        Some(steal) => {
+            let _ = write!(
+                out,
+                "{{\"ticks_a\": {}, \"ticks_b\": {}, \"share_a\": ",
+                steal.ticks_a, steal.ticks_b
+            );
+            json_number(out, steal.share_a);
+            out.push_str(", \"share_b\": ");
+            json_number(out, steal.share_b);
+            out.push_str(", \"standard_error\": ");
+            json_number(out, steal.standard_error);
+            let _ = write!(out, ", \"flagged\": {}}}", steal.flagged);
+        }
+        None => out.push_str("null"),
+    }
     out.push_str(", \"limit\": ");
     json_number(out, clock.limit);
     let _ = write!(
