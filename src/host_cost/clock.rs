@@ -758,7 +758,7 @@ impl ClockMonitor {
 
     /// Records the clock figure at a region boundary.
     pub fn mark_boundary(&mut self) {
-        if self.boundaries.len() >= 4 * estimate::MAX_ROUNDS + 1 {
+        if self.boundaries.len() > 4 * estimate::MAX_ROUNDS {
             self.note_once("more boundaries than any schedule has: ignored".to_string());
             return;
         }
