@@ -602,8 +602,10 @@ fn fake_sysfs(root: &Path, khz: &[Option<&str>]) -> ClockOptions {
     ClockOptions {
         proc_stat_path: root.join("stat"),
         cpu_sysfs_dir: root.join("cpu"),
-        // Absent: the figures are the bare clock, so they can be asserted exactly.
+        // Absent, and no CPU-time fallback: the figures are the bare clock, so they can
+        // be asserted exactly.
         schedstat_path: root.join("no-schedstat"),
+        thread_cpu_fallback: false,
         ..ClockOptions::default()
     }
 }
@@ -1062,6 +1064,21 @@ fn bad_clock_files_are_reported_and_skipped() {
     assert_eq!(record.per_region.len(), 2, "{record:?}");
     assert!(record.notes.iter().any(|note| note.contains("schedstat")), "{:?}", record.notes);
     assert_eq!(record.interference.run_queue_delay, None);
+    // With the fallback on, the thread's CPU time stands in, and the notes say so.
+    let fallback = ClockOptions {
+        thread_cpu_fallback: true,
+        ..options.clone()
+    };
+    let mut monitor = ClockMonitor::start(&fallback).expect("valid options");
+    monitor.mark_boundary();
+    monitor.mark_boundary();
+    let record = monitor.finish();
+    assert!(
+        record.notes.iter().any(|note| note.contains("CPU time")),
+        "{:?}",
+        record.notes
+    );
+    assert!(record.interference.run_queue_delay.is_some());
 
     // A readable schedstat whose delay jumps by 1000 s between two boundaries.
     std::fs::write(&garbage_schedstat, "5 0 1\n").expect("schedstat");

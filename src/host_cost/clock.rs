@@ -20,7 +20,12 @@
 //! - **run-queue delay** of the measuring thread (`/proc/thread-self/schedstat`, second
 //!   field, nanoseconds): time the thread was runnable but another thread held its CPU.
 //!   A competitor that runs only during arm B's regions never touches the boundaries,
-//!   so only an in-region reading can see it.
+//!   so only an in-region reading can see it. Where the kernel has no schedstat
+//!   (`CONFIG_SCHED_INFO` off), the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`)
+//!   stands in: the share of the region the thread was *not* on a CPU. That fallback
+//!   assumes the timed work does not sleep (a dispatch spin-waits in synchronize under
+//!   the primary context's default flags on a machine with more cores than contexts);
+//!   the notes say which one was used.
 //!
 //! A region's figure is `rate × (1 − delay share)`: the speed the measuring thread
 //! actually got. **Steal** (`/proc/stat`, the aggregate `cpu` line's eighth field, where
@@ -332,6 +337,9 @@ pub struct ClockOptions {
     /// `/proc/thread-self/schedstat`. Absent (kernels without `CONFIG_SCHED_INFO`): no
     /// in-region delay is measured, and the notes say so.
     pub schedstat_path: PathBuf,
+    /// Where schedstat is unreadable, read in-region interference from the thread's CPU
+    /// time instead (see the module docs). Default true.
+    pub thread_cpu_fallback: bool,
     /// Default [`ClockSourceChoice::Auto`].
     pub source: ClockSourceChoice,
     /// Calibration target of one spin-reference repetition, within
@@ -353,6 +361,7 @@ impl Default for ClockOptions {
             proc_stat_path: PathBuf::from("/proc/stat"),
             cpu_sysfs_dir: PathBuf::from("/sys/devices/system/cpu"),
             schedstat_path: PathBuf::from("/proc/thread-self/schedstat"),
+            thread_cpu_fallback: true,
             source: ClockSourceChoice::Auto,
             spin_target: Duration::from_micros(40),
             spin_repeats: 9,
@@ -565,7 +574,42 @@ struct Boundary {
     spin_ops_per_microsecond: Option<f64>,
     cpufreq: Vec<CpuReading>,
     run_queue_delay_ns: Option<u64>,
+    thread_cpu_ns: Option<u64>,
     steal_ticks: Option<u64>,
+}
+
+/// CPU time of the calling thread in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`).
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn thread_cpu_ns() -> Option<u64> {
+    #[repr(C)]
+    struct Timespec {
+        seconds: i64,
+        nanoseconds: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut time = Timespec {
+        seconds: 0,
+        nanoseconds: 0,
+    };
+    // SAFETY: `clock_gettime` (libc, linked by std on Linux) writes one `timespec`
+    // through the pointer, which points at a live, exclusively borrowed value whose
+    // layout is the C struct's on 64-bit Linux (two 64-bit fields).
+    let status = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut time) };
+    if status != 0 || time.seconds < 0 || time.nanoseconds < 0 {
+        return None;
+    }
+    (time.seconds as u64)
+        .checked_mul(1_000_000_000)?
+        .checked_add(time.nanoseconds as u64)
+}
+
+/// No thread CPU clock off 64-bit Linux.
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
 }
 
 /// Clock ticks per second of `/proc/stat` (`USER_HZ`, 100 on every Linux ABI).
@@ -637,8 +681,14 @@ impl ClockMonitor {
             Some(_) => true,
             None => {
                 monitor.notes.push(format!(
-                    "{} unreadable: in-region run-queue delay not measured",
-                    monitor.options.schedstat_path.display()
+                    "{} unreadable: {}",
+                    monitor.options.schedstat_path.display(),
+                    if monitor.options.thread_cpu_fallback && thread_cpu_ns().is_some() {
+                        "in-region interference read from the thread's CPU time (assumes \
+                         the timed work does not sleep)"
+                    } else {
+                        "in-region interference not measured"
+                    }
                 ));
                 false
             }
@@ -763,10 +813,12 @@ impl ClockMonitor {
             return;
         }
         let at = Instant::now();
-        let run_queue_delay_ns = if self.schedstat_readable {
-            self.read_run_queue_delay()
+        let (run_queue_delay_ns, thread_cpu_ns) = if self.schedstat_readable {
+            (self.read_run_queue_delay(), None)
+        } else if self.options.thread_cpu_fallback {
+            (None, thread_cpu_ns())
         } else {
-            None
+            (None, None)
         };
         let stat = self.read_proc_stat();
         let steal_ticks = stat.as_deref().and_then(parse_proc_stat_steal);
@@ -802,6 +854,7 @@ impl ClockMonitor {
             spin_ops_per_microsecond,
             cpufreq,
             run_queue_delay_ns,
+            thread_cpu_ns,
             steal_ticks,
         });
     }
@@ -849,11 +902,18 @@ impl ClockMonitor {
             let (before, after) = (&pair[0], &pair[1]);
             let wall = after.at.saturating_duration_since(before.at).as_secs_f64();
             walls.push(wall);
-            let delay = match (before.run_queue_delay_ns, after.run_queue_delay_ns) {
-                (Some(a), Some(b)) if wall > 0.0 => {
+            let delay = match (
+                before.run_queue_delay_ns.zip(after.run_queue_delay_ns),
+                before.thread_cpu_ns.zip(after.thread_cpu_ns),
+            ) {
+                _ if wall <= 0.0 => None,
+                (Some((a, b)), _) => {
                     Some((b.saturating_sub(a) as f64 / (wall * 1e9)).clamp(0.0, 1.0))
                 }
-                _ => None,
+                (None, Some((a, b))) => {
+                    Some((1.0 - b.saturating_sub(a) as f64 / (wall * 1e9)).clamp(0.0, 1.0))
+                }
+                (None, None) => None,
             };
             delays.extend(delay);
             if let (Some(a), Some(b)) = (before.steal_ticks, after.steal_ticks) {
