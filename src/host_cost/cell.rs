@@ -7,7 +7,7 @@
 //! time. The spread of the regions says whether the fastest one can be trusted.
 //!
 //! Procedure (§6): warm with 3 calls; probe with 1, 4, 16, ... repetitions until a probe
-//! lasts at least 0.05 s; scale the repetition count so one region lasts the target; time
+//! lasts at least 0.05 s, repeat that probe once and keep the faster; scale the repetition count so one region lasts the target; time
 //! 5 regions; quote the minimum per-unit time beside the relative standard deviation of
 //! the per-unit times (≤ 5 % ok, ≤ 20 % advisory, above that void). A minimum under
 //! 1 ns per unit is not a number but an error: the work was optimised away.
@@ -173,8 +173,13 @@ pub(super) fn time_region<F: FnMut(u64) -> u64>(work: &mut F, iterations: u64) -
 }
 
 /// Probes with 1, `growth`, `growth²`, ... repetitions until one probe lasts at least
-/// `probe_minimum` or reaches `max_iterations`; returns the probes (the last one is the
-/// calibration).
+/// `probe_minimum` or reaches `max_iterations`, then repeats that last probe once;
+/// returns every probe ([`calibration_probe`] picks the calibration).
+///
+/// The repeat exists because one interrupted probe used to decide the region length: a
+/// competitor woken at the start of a 1-repetition probe held the CPU for a whole 6 ms
+/// time slice, calibration stopped there, and the regions were sized to 1 repetition
+/// (measured with the interference instrument on the 2-core build machine).
 pub(super) fn calibrate<F: FnMut(u64) -> u64>(
     work: &mut F,
     probe_minimum: Duration,
@@ -190,9 +195,27 @@ pub(super) fn calibrate<F: FnMut(u64) -> u64>(
             seconds,
         });
         if seconds >= probe_minimum.as_secs_f64() || iterations >= max_iterations {
+            let seconds = time_region(work, iterations);
+            probes.push(Probe {
+                iterations,
+                seconds,
+            });
             return probes;
         }
         iterations = iterations.saturating_mul(growth).min(max_iterations);
+    }
+}
+
+/// The calibration of a probe series from [`calibrate`]: the faster of its last two
+/// probes when they ran the same repetitions (interference only adds time), else the
+/// last one. `None` for no probes.
+pub(super) fn calibration_probe(probes: &[Probe]) -> Option<Probe> {
+    match probes {
+        [.., before, last] if before.iterations == last.iterations => {
+            Some(if before.seconds <= last.seconds { *before } else { *last })
+        }
+        [.., last] => Some(*last),
+        [] => None,
     }
 }
 
@@ -267,7 +290,7 @@ impl Cell {
             options.probe_growth,
             options.max_iterations,
         );
-        let last_probe = calibration.last().copied().unwrap_or(Probe {
+        let last_probe = calibration_probe(&calibration).unwrap_or(Probe {
             iterations: 1,
             seconds: 0.0,
         });

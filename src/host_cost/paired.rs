@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use super::cell::{
-    calibrate, check_count, check_duration, check_number, iterations_for, time_region, Probe,
+    calibrate, calibration_probe, check_count, check_duration, check_number, iterations_for, time_region, Probe,
     MAX_PROBE_GROWTH, MAX_WARMUP_CALLS,
 };
 use super::clock::{ClockDrift, ClockMonitor, ClockOptions};
@@ -203,19 +203,20 @@ impl Paired {
             options.probe_growth,
             options.max_iterations,
         );
-        let per_unit = |probes: &[Probe]| {
-            probes
-                .last()
+        let final_a = calibration_probe(&probes_a);
+        let final_b = calibration_probe(&probes_b);
+        let per_unit = |probe: Option<Probe>| {
+            probe
                 .map(|probe| probe.seconds / probe.iterations as f64)
                 .unwrap_or(0.0)
         };
-        let slower = if per_unit(&probes_b) > per_unit(&probes_a) {
-            probes_b.last()
+        let slower = if per_unit(final_b) > per_unit(final_a) {
+            final_b
         } else {
-            probes_a.last()
+            final_a
         };
         let iterations = slower
-            .map(|probe| iterations_for(options.target_region, probe, options.max_iterations))
+            .map(|probe| iterations_for(options.target_region, &probe, options.max_iterations))
             .unwrap_or(1);
 
         let schedule = estimate::schedule(options.order, options.rounds);
