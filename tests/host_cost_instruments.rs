@@ -18,8 +18,10 @@
 //!
 //! Budget: the calibration targets are shorter than §6's defaults (cells: 5 regions of
 //! about 50 ms after probing to 10 ms, instead of 0.5 s; readback pairs: 10 ABBA rounds
-//! of 20 ms regions; power comparisons: 40 rounds of 5 ms) so the whole set finishes in
-//! about 2–3 minutes; the power instrument (80 comparisons) is most of that. Every instrument prints this budget beside its table.
+//! of 20 ms regions; power and interference comparisons: 80 rounds of 5 ms). The power
+//! instrument (80 comparisons, about 2.5 minutes) and the interference instrument (20
+//! comparisons, under a minute) are most of the set's time; both print their duration.
+//! Every instrument prints this budget beside its table.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -1327,7 +1329,10 @@ fn print_noise_floor(options: &PairOptions, rounds: usize, region_ms: u64) {
         }
         Err(error) => println!("reference noise floor not measured: {error}"),
     }
-    println!("(noise floor took {:.1} s)", started.elapsed().as_secs_f64());
+    println!(
+        "(noise floor took {:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Outcome counts of one effect size.
@@ -1461,7 +1466,12 @@ fn host_cost_harness_power() -> Outcome {
                 }
             };
             for reason in &paired.not_publishable {
-                let kind = reason.to_string().split(':').next().unwrap_or("").to_string();
+                let kind = reason
+                    .to_string()
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
                 match reasons.iter_mut().find(|(known, _)| *known == kind) {
                     Some((_, count)) => *count += 1,
                     None => reasons.push((kind, 1)),
@@ -1499,7 +1509,14 @@ fn host_cost_harness_power() -> Outcome {
     );
     println!(
         "{:<8} {:>6} {:>10} {:>10} {:>12} {:>12} {:>14} {:>16}",
-        "effect", "runs", "detected", "wrong dir.", "target", "publishable", "median gap", "median ratio"
+        "effect",
+        "runs",
+        "detected",
+        "wrong dir.",
+        "target",
+        "publishable",
+        "median gap",
+        "median ratio"
     );
     let median_of = |values: &[f64]| {
         let mut sorted = values.to_vec();
@@ -1537,7 +1554,8 @@ fn host_cost_harness_power() -> Outcome {
             format!("{}/{}", tally.publishable, tally.runs),
             median_of(&tally.clock_gaps)
                 .map_or_else(|| "n/a".to_string(), |g| format!("{:.3}%", g * 100.0)),
-            median_of(&tally.median_ratios).map_or_else(|| "n/a".to_string(), |m| format!("{m:.4}"))
+            median_of(&tally.median_ratios)
+                .map_or_else(|| "n/a".to_string(), |m| format!("{m:.4}"))
         );
     }
     if !reasons.is_empty() {
@@ -1550,6 +1568,7 @@ fn host_cost_harness_power() -> Outcome {
                 .join(", ")
         );
     }
+    let dispatch_arm = rig.arm == PowerArm::Dispatch;
     rig.free()?;
     let [aa, plus_one, plus_two, plus_five] = &tallies[..] else {
         return Err(Failure(
@@ -1623,9 +1642,15 @@ fn host_cost_harness_power() -> Outcome {
     if plus_five.detected_right < 15 {
         problems.push(format!(
             "+5% was detected in only {}/{} runs (need >= 15); the harness cannot see a 5% \
-             regression on this machine (rerun with VYRE_HOST_COST_POWER_ARM=spin to separate \
-             dispatch noise from the harness)",
-            plus_five.detected_right, plus_five.runs
+             regression on this machine{}",
+            plus_five.detected_right,
+            plus_five.runs,
+            if dispatch_arm {
+                " (rerun with VYRE_HOST_COST_POWER_ARM=spin to separate dispatch noise from \
+                 the harness)"
+            } else {
+                ""
+            }
         ));
     }
     for (label, tally) in [("+2%", plus_two), ("+5%", plus_five)] {

@@ -644,7 +644,9 @@ fn clock_source_falls_back_to_the_spin_reference_without_cpufreq() {
         ..options
     };
     assert_eq!(
-        ClockMonitor::start(&forced).expect("valid options").source(),
+        ClockMonitor::start(&forced)
+            .expect("valid options")
+            .source(),
         ClockSource::SpinReference
     );
 }
@@ -657,7 +659,9 @@ fn oversized_cpufreq_file_is_not_trusted() {
     let huge = "1".repeat(65);
     let options = fake_sysfs(dir.path(), &[Some(&huge)]);
     assert_eq!(
-        ClockMonitor::start(&options).expect("valid options").source(),
+        ClockMonitor::start(&options)
+            .expect("valid options")
+            .source(),
         ClockSource::SpinReference
     );
 }
@@ -780,10 +784,13 @@ fn compare_with_clock(rounds: usize, clock: ClockDrift) -> Paired {
 /// within each arm. Negative control: the same clock with no gap is publishable.
 #[test]
 fn a_three_percent_between_arm_gap_is_flagged() {
-    let gapped = compare_with_clock(40, clock_for(40, |_, arm| match arm {
-        Arm::A => 1000.0,
-        Arm::B => 970.0,
-    }));
+    let gapped = compare_with_clock(
+        40,
+        clock_for(40, |_, arm| match arm {
+            Arm::A => 1000.0,
+            Arm::B => 970.0,
+        }),
+    );
     let gap = gapped.clock.arm_gap.expect("gap computed");
     assert!((gap.gap - 0.03).abs() < 1e-12, "{gap:?}");
     assert!(gapped.clock.flagged);
@@ -836,7 +843,9 @@ fn a_trend_within_the_run_is_only_an_advisory() {
     let regions = 40 * 4;
     let trend = compare_with_clock(
         40,
-        clock_for(40, |slot, _| 1000.0 * (1.0 - 0.04 * slot as f64 / regions as f64)),
+        clock_for(40, |slot, _| {
+            1000.0 * (1.0 - 0.04 * slot as f64 / regions as f64)
+        }),
     );
     assert!(trend.clock.drift_advisory, "{:?}", trend.clock.drift);
     assert!(trend.clock.arm_gap.expect("gap").gap < 0.005);
@@ -862,8 +871,14 @@ fn between_arm_gap_on_fixed_figures() {
     let gap = estimate::between_arm_gap(&[100.0, 90.0, 110.0, 102.0], &arms).expect("gap");
     assert_eq!((gap.mean_a, gap.mean_b), (101.0, 100.0));
     assert!((gap.gap - 1.0 / 101.0).abs() < 1e-15);
-    assert_eq!(estimate::between_arm_gap(&[1.0, 1.0], &[Arm::A, Arm::A]), None);
-    assert_eq!(estimate::between_arm_gap(&[f64::NAN, 1.0], &[Arm::A, Arm::B]), None);
+    assert_eq!(
+        estimate::between_arm_gap(&[1.0, 1.0], &[Arm::A, Arm::A]),
+        None
+    );
+    assert_eq!(
+        estimate::between_arm_gap(&[f64::NAN, 1.0], &[Arm::A, Arm::B]),
+        None
+    );
 }
 
 /// Locks out an inexact or unbounded sign test (issue 13: `sign_test_p_value(10¹¹, 0)`
@@ -900,11 +915,9 @@ fn sign_test_is_exact_and_bounded() {
 /// release): two CPUs at `u64::MAX` busy jiffies weigh equally.
 #[test]
 fn busy_weighted_mhz_cannot_overflow() {
-    let mhz = vyre_cuda::host_cost::clock::busy_weighted_mhz(&[
-        (u64::MAX, 1000.0),
-        (u64::MAX, 3000.0),
-    ])
-    .expect("figure");
+    let mhz =
+        vyre_cuda::host_cost::clock::busy_weighted_mhz(&[(u64::MAX, 1000.0), (u64::MAX, 3000.0)])
+            .expect("figure");
     assert!((mhz - 2000.0).abs() < 1e-9, "{mhz}");
 }
 
@@ -949,7 +962,10 @@ fn read_capped_refuses_anything_but_a_regular_file() {
     }
     let regular = dir.path().join("regular");
     std::fs::write(&regular, b"42\n").expect("write");
-    assert_eq!(read_capped(&regular, 64).expect("reads"), Some(b"42\n".to_vec()));
+    assert_eq!(
+        read_capped(&regular, 64).expect("reads"),
+        Some(b"42\n".to_vec())
+    );
 }
 
 /// Locks out options that panic, exhaust memory or hang (issue 13: `CellOptions.regions
@@ -965,7 +981,10 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
                 let message = error.to_string();
                 assert!(message.starts_with("Fix: "), "{message}");
                 assert!(message.contains(field), "{message} should name {field}");
-                assert!(message.contains("set it"), "{message} should give the bound");
+                assert!(
+                    message.contains("set it"),
+                    "{message} should give the bound"
+                );
             }
             other => panic!("{field}: expected InvalidOptions, got {other:?}"),
         }
@@ -981,11 +1000,17 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
         ("CellOptions::warmup_calls", |o| o.warmup_calls = usize::MAX),
         ("CellOptions::probe_growth", |o| o.probe_growth = 1),
         ("CellOptions::probe_growth", |o| o.probe_growth = u64::MAX),
-        ("CellOptions::target_region", |o| o.target_region = Duration::ZERO),
-        ("CellOptions::target_region", |o| o.target_region = Duration::MAX),
+        ("CellOptions::target_region", |o| {
+            o.target_region = Duration::ZERO
+        }),
+        ("CellOptions::target_region", |o| {
+            o.target_region = Duration::MAX
+        }),
         ("CellOptions::max_iterations", |o| o.max_iterations = 0),
         ("CellThresholds::ok_rsd", |o| o.thresholds.ok_rsd = f64::NAN),
-        ("ClockOptions::spin_repeats", |o| o.clock.spin_repeats = usize::MAX),
+        ("ClockOptions::spin_repeats", |o| {
+            o.clock.spin_repeats = usize::MAX
+        }),
     ];
     for (field, edit) in cell_cases {
         let mut options = CellOptions::default();
@@ -999,7 +1024,9 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
     let pair_cases: [(&str, PairEdit); 11] = [
         ("PairOptions::rounds", |o| o.rounds = 1 << 62),
         ("PairOptions::rounds", |o| o.rounds = 0),
-        ("PairOptions::probe_minimum", |o| o.probe_minimum = Duration::MAX),
+        ("PairOptions::probe_minimum", |o| {
+            o.probe_minimum = Duration::MAX
+        }),
         ("PairOptions::optimised_away_below_ns", |o| {
             o.optimised_away_below_ns = f64::INFINITY
         }),
@@ -1013,8 +1040,12 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
         ("DifferenceRule::minimum_effect", |o| {
             o.difference.minimum_effect = -1.0
         }),
-        ("ClockOptions::spin_repeats", |o| o.clock.spin_repeats = usize::MAX),
-        ("ClockOptions::spin_target", |o| o.clock.spin_target = Duration::MAX),
+        ("ClockOptions::spin_repeats", |o| {
+            o.clock.spin_repeats = usize::MAX
+        }),
+        ("ClockOptions::spin_target", |o| {
+            o.clock.spin_target = Duration::MAX
+        }),
         ("ClockOptions::limit", |o| o.clock.limit = f64::NAN),
     ];
     for (field, edit) in pair_cases {
@@ -1024,8 +1055,10 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
         let compared = Paired::compare("a", |n| n, "b", |n| n, &options).map(|_| ());
         expect_field(compared, field);
     }
-    let mut clock = ClockOptions::default();
-    clock.spin_repeats = usize::MAX;
+    let clock = ClockOptions {
+        spin_repeats: usize::MAX,
+        ..ClockOptions::default()
+    };
     expect_field(
         ClockMonitor::start(&clock).map(|_| ()),
         "ClockOptions::spin_repeats",
@@ -1062,7 +1095,11 @@ fn bad_clock_files_are_reported_and_skipped() {
     }
     let record = monitor.finish();
     assert_eq!(record.per_region.len(), 2, "{record:?}");
-    assert!(record.notes.iter().any(|note| note.contains("schedstat")), "{:?}", record.notes);
+    assert!(
+        record.notes.iter().any(|note| note.contains("schedstat")),
+        "{:?}",
+        record.notes
+    );
     assert_eq!(record.interference.run_queue_delay, None);
     // With the fallback on, the thread's CPU time stands in, and the notes say so.
     let fallback = ClockOptions {
@@ -1112,5 +1149,8 @@ fn reference_noise_floor_reports_one_gap_per_trial() {
     assert_eq!(floor.gaps.len(), 3, "{floor:?}");
     assert!(floor.gaps.iter().all(|gap| gap.is_finite() && *gap >= 0.0));
     let line = floor.summary(4, Duration::from_micros(500));
-    assert!(line.contains("spin-reference") && line.contains("target <= 0.5%"), "{line}");
+    assert!(
+        line.contains("spin-reference") && line.contains("target <= 0.5%"),
+        "{line}"
+    );
 }

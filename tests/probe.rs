@@ -13,8 +13,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use vyre_cuda::probe::report::{
-    classify_line, render_json, render_table, summarize, summarize_log, summarize_reader,
-    LineKind, RowKind, MAX_LINE_BYTES,
+    classify_line, render_json, render_table, summarize, summarize_log, summarize_reader, LineKind,
+    RowKind, MAX_LINE_BYTES,
 };
 use vyre_cuda::probe::{
     self, Count, DispatchRecord, DispatchTiming, LineError, Phase, Sink, SubPhase, LINE_KEYS,
@@ -739,7 +739,10 @@ fn bad_probe_lines_are_refused_with_their_reason() {
     let cases = [
         (duplicate.as_str(), LineError::DuplicateKey { key: "seq" }),
         (overflow.as_str(), LineError::Overflow { key: "nodes" }),
-        (bad_identity.as_str(), LineError::BadValue { key: "program" }),
+        (
+            bad_identity.as_str(),
+            LineError::BadValue { key: "program" },
+        ),
     ];
     for (line, expected) in cases {
         assert_eq!(probe::parse_line_checked(line), Err(expected), "{line}");
@@ -750,7 +753,11 @@ fn bad_probe_lines_are_refused_with_their_reason() {
     let reasons: Vec<&str> = summary.malformed_reasons.iter().map(|(r, _)| *r).collect();
     assert_eq!(
         reasons,
-        ["duplicate key", "value overflows u64", "not a decimal value"]
+        [
+            "duplicate key",
+            "value overflows u64",
+            "not a decimal value"
+        ]
     );
     assert_eq!(summary.malformed_examples[0].0, 2, "1-based line numbers");
     assert!(render_table(&summary).contains("line 2: duplicate key `seq`"));
@@ -783,8 +790,14 @@ fn report_streams_and_caps_over_long_lines() {
         tail: std::io::Cursor::new(format!("\n{good}\n").into_bytes()),
     });
     let summary = summarize_reader(reader).expect("reads");
-    assert_eq!((summary.lines, summary.records, summary.malformed), (2, 1, 1));
-    assert_eq!(summary.malformed_reasons, vec![("line over the length cap", 1)]);
+    assert_eq!(
+        (summary.lines, summary.records, summary.malformed),
+        (2, 1, 1)
+    );
+    assert_eq!(
+        summary.malformed_reasons,
+        vec![("line over the length cap", 1)]
+    );
     // Negative control: a line exactly at the cap is classified, not refused.
     let at_cap = "y".repeat(MAX_LINE_BYTES);
     let summary = summarize_reader(at_cap.as_bytes()).expect("reads");
@@ -832,7 +845,10 @@ fn probe_lines_reach_the_chosen_sink() {
     assert_eq!(summary.records, 2, "{written}");
 
     probe::set_sink(Sink::Callback(Box::new(|_, _| panic!("a broken sink"))));
-    assert!(dispatch().is_some(), "the dispatch survives a panicking sink");
+    assert!(
+        dispatch().is_some(),
+        "the dispatch survives a panicking sink"
+    );
 
     probe::set_sink(Sink::Stderr);
     dispatch();

@@ -75,7 +75,12 @@ impl CellOptions {
     /// [`HostCostError::InvalidOptions`] naming the first field out of bounds and the
     /// bound.
     pub fn validate(&self) -> Result<(), HostCostError> {
-        check_count("CellOptions::warmup_calls", self.warmup_calls, 0, MAX_WARMUP_CALLS)?;
+        check_count(
+            "CellOptions::warmup_calls",
+            self.warmup_calls,
+            0,
+            MAX_WARMUP_CALLS,
+        )?;
         check_duration("CellOptions::target_region", self.target_region, false)?;
         check_duration("CellOptions::probe_minimum", self.probe_minimum, true)?;
         check_count(
@@ -84,8 +89,18 @@ impl CellOptions {
             2,
             MAX_PROBE_GROWTH,
         )?;
-        check_count("CellOptions::regions", self.regions, 2, estimate::MAX_ROUNDS)?;
-        check_count("CellOptions::max_iterations", self.max_iterations, 1, u64::MAX)?;
+        check_count(
+            "CellOptions::regions",
+            self.regions,
+            2,
+            estimate::MAX_ROUNDS,
+        )?;
+        check_count(
+            "CellOptions::max_iterations",
+            self.max_iterations,
+            1,
+            u64::MAX,
+        )?;
         self.thresholds.validate()?;
         self.clock.validate()
     }
@@ -130,7 +145,11 @@ pub(super) fn check_duration(
             value,
             format!(
                 "{} and at most {MAX_REGION:?}",
-                if zero_allowed { "at least 0" } else { "above 0" }
+                if zero_allowed {
+                    "at least 0"
+                } else {
+                    "above 0"
+                }
             ),
         ));
     }
@@ -212,7 +231,11 @@ pub(super) fn calibrate<F: FnMut(u64) -> u64>(
 pub(super) fn calibration_probe(probes: &[Probe]) -> Option<Probe> {
     match probes {
         [.., before, last] if before.iterations == last.iterations => {
-            Some(if before.seconds <= last.seconds { *before } else { *last })
+            Some(if before.seconds <= last.seconds {
+                *before
+            } else {
+                *last
+            })
         }
         [.., last] => Some(*last),
         [] => None,

@@ -223,9 +223,9 @@ pub const MAX_CPUS: usize = 8192;
 /// number, in clock ticks; `None` where the kernel does not report it (fewer fields) or
 /// the line is garbage.
 pub fn parse_proc_stat_steal(text: &str) -> Option<u64> {
-    let line = text.lines().find(|line| {
-        line.split_ascii_whitespace().next() == Some("cpu")
-    })?;
+    let line = text
+        .lines()
+        .find(|line| line.split_ascii_whitespace().next() == Some("cpu"))?;
     let numbers: Vec<u64> = line
         .split_ascii_whitespace()
         .skip(1)
@@ -521,8 +521,7 @@ impl ClockDrift {
 
     fn steal_between_arms(&self, schedule: &[Arm]) -> Option<StealGap> {
         let regions = self.steal_ticks_per_region.len();
-        if regions == 0 || self.machine_cpus == 0 || self.region_wall_seconds.len() != regions
-        {
+        if regions == 0 || self.machine_cpus == 0 || self.region_wall_seconds.len() != regions {
             return None;
         }
         let cpus = self.machine_cpus as f64;
@@ -545,9 +544,8 @@ impl ClockDrift {
         }
         let share_a = ticks[0] as f64 / cpu_ticks[0];
         let share_b = ticks[1] as f64 / cpu_ticks[1];
-        let standard_error = ((counts[0] as f64 * cpus / 6.0).sqrt() / cpu_ticks[0]).hypot(
-            (counts[1] as f64 * cpus / 6.0).sqrt() / cpu_ticks[1],
-        );
+        let standard_error = ((counts[0] as f64 * cpus / 6.0).sqrt() / cpu_ticks[0])
+            .hypot((counts[1] as f64 * cpus / 6.0).sqrt() / cpu_ticks[1]);
         let difference = (share_b - share_a).abs();
         Some(StealGap {
             ticks_a: ticks[0],
@@ -823,7 +821,9 @@ impl ClockMonitor {
         let stat = self.read_proc_stat();
         let steal_ticks = stat.as_deref().and_then(parse_proc_stat_steal);
         if self.machine_cpus == 0 {
-            self.machine_cpus = stat.as_deref().map_or(0, |text| parse_proc_stat(text).len());
+            self.machine_cpus = stat
+                .as_deref()
+                .map_or(0, |text| parse_proc_stat(text).len());
         }
         let mut cpufreq = Vec::new();
         let mut spin_ops_per_microsecond = None;
@@ -862,9 +862,9 @@ impl ClockMonitor {
     /// The base clock figure of the region between two boundaries.
     fn base_figure(&self, before: &Boundary, after: &Boundary) -> Option<f64> {
         match self.source {
-            ClockSource::SpinReference => Some(
-                (before.spin_ops_per_microsecond? + after.spin_ops_per_microsecond?) / 2.0,
-            ),
+            ClockSource::SpinReference => {
+                Some((before.spin_ops_per_microsecond? + after.spin_ops_per_microsecond?) / 2.0)
+            }
             ClockSource::Cpufreq => {
                 let cpus: Vec<(u64, f64)> = before
                     .cpufreq
@@ -938,8 +938,8 @@ impl ClockMonitor {
             steal_ticks.clear();
         }
         let total_wall: f64 = walls.iter().sum();
-        let steal = (!steal_ticks.is_empty() && self.machine_cpus > 0 && total_wall > 0.0)
-            .then(|| {
+        let steal =
+            (!steal_ticks.is_empty() && self.machine_cpus > 0 && total_wall > 0.0).then(|| {
                 let ticks: u64 = steal_ticks.iter().fold(0, |sum, t| sum.saturating_add(*t));
                 ticks as f64 / (total_wall * TICKS_PER_SECOND * self.machine_cpus as f64)
             });

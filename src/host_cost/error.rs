@@ -111,10 +111,7 @@ impl fmt::Display for HostCostError {
                 field,
                 value,
                 bound,
-            } => write!(
-                formatter,
-                "Fix: {field} is {value}; set it {bound}"
-            ),
+            } => write!(formatter, "Fix: {field} is {value}; set it {bound}"),
             HostCostError::InvalidSamples { message } => write!(formatter, "Fix: {message}"),
             HostCostError::NotRegularFile { path, kind } => write!(
                 formatter,

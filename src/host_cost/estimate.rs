@@ -165,7 +165,11 @@ impl CellThresholds {
             }
         };
         finite("CellThresholds::ok_rsd", self.ok_rsd, 0.0)?;
-        finite("CellThresholds::advisory_rsd", self.advisory_rsd, self.ok_rsd)?;
+        finite(
+            "CellThresholds::advisory_rsd",
+            self.advisory_rsd,
+            self.ok_rsd,
+        )?;
         finite(
             "CellThresholds::optimised_away_below_ns",
             self.optimised_away_below_ns,
@@ -692,7 +696,9 @@ fn binomial_half_pmf(n: u64, k: u64) -> f64 {
     }
     let (nf, kf, rest) = (n as f64, k as f64, (n - k) as f64);
     let half = nf / 2.0;
-    let log = stirling_error(n) - stirling_error(k) - stirling_error(n - k)
+    let log = stirling_error(n)
+        - stirling_error(k)
+        - stirling_error(n - k)
         - deviance(kf, half)
         - deviance(rest, half)
         + 0.5 * (nf / (2.0 * std::f64::consts::PI * kf * rest)).ln();
@@ -759,8 +765,7 @@ fn erfc(x: f64) -> f64 {
                     + t * (-0.186_288_06
                         + t * (0.278_868_07
                             + t * (-1.135_203_98
-                                + t * (1.488_515_87
-                                    + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
     let value = t * polynomial.exp();
     if x >= 0.0 {
         value

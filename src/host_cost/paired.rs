@@ -16,8 +16,8 @@
 use std::time::Duration;
 
 use super::cell::{
-    calibrate, calibration_probe, check_count, check_duration, check_number, iterations_for, time_region, Probe,
-    MAX_PROBE_GROWTH, MAX_WARMUP_CALLS,
+    calibrate, calibration_probe, check_count, check_duration, check_number, iterations_for,
+    time_region, Probe, MAX_PROBE_GROWTH, MAX_WARMUP_CALLS,
 };
 use super::clock::{ClockDrift, ClockMonitor, ClockOptions};
 use super::error::HostCostError;
@@ -99,7 +99,12 @@ impl PairOptions {
     /// [`HostCostError::InvalidOptions`] naming the first field out of bounds and the
     /// bound.
     pub fn validate(&self) -> Result<(), HostCostError> {
-        check_count("PairOptions::warmup_calls", self.warmup_calls, 0, MAX_WARMUP_CALLS)?;
+        check_count(
+            "PairOptions::warmup_calls",
+            self.warmup_calls,
+            0,
+            MAX_WARMUP_CALLS,
+        )?;
         check_duration("PairOptions::target_region", self.target_region, false)?;
         check_duration("PairOptions::probe_minimum", self.probe_minimum, true)?;
         check_count(
@@ -109,7 +114,12 @@ impl PairOptions {
             MAX_PROBE_GROWTH,
         )?;
         check_count("PairOptions::rounds", self.rounds, 1, estimate::MAX_ROUNDS)?;
-        check_count("PairOptions::max_iterations", self.max_iterations, 1, u64::MAX)?;
+        check_count(
+            "PairOptions::max_iterations",
+            self.max_iterations,
+            1,
+            u64::MAX,
+        )?;
         check_number(
             "PairOptions::optimised_away_below_ns",
             self.optimised_away_below_ns,

@@ -583,9 +583,13 @@ impl LineError {
 impl fmt::Display for LineError {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LineError::MissingField { expected } => write!(formatter, "truncated before `{expected}=`"),
+            LineError::MissingField { expected } => {
+                write!(formatter, "truncated before `{expected}=`")
+            }
             LineError::DuplicateKey { key } => write!(formatter, "duplicate key `{key}`"),
-            LineError::UnexpectedKey { expected } => write!(formatter, "expected `{expected}=` here"),
+            LineError::UnexpectedKey { expected } => {
+                write!(formatter, "expected `{expected}=` here")
+            }
             LineError::BadValue { key } => write!(formatter, "`{key}` is not a decimal integer"),
             LineError::Overflow { key } => write!(formatter, "`{key}` overflows u64"),
             LineError::TotalsDisagree { key } => write!(formatter, "`{key}` does not add up"),
@@ -637,14 +641,10 @@ pub fn parse_line_checked(line: &str) -> Result<DispatchRecord, LineError> {
     let record = DispatchRecord::from_values(&values);
     let all = record.values();
     if all[23] != values[23] {
-        return Err(LineError::TotalsDisagree {
-            key: LINE_KEYS[23],
-        });
+        return Err(LineError::TotalsDisagree { key: LINE_KEYS[23] });
     }
     if all[24] != values[24] {
-        return Err(LineError::TotalsDisagree {
-            key: LINE_KEYS[24],
-        });
+        return Err(LineError::TotalsDisagree { key: LINE_KEYS[24] });
     }
     Ok(record)
 }
@@ -1295,14 +1295,16 @@ fn deliver(target: &SinkTarget, record: &DispatchRecord, line: &[u8]) -> bool {
     let text = std::str::from_utf8(&line[..line.len().saturating_sub(1)]).unwrap_or("");
     match target {
         SinkTarget::Writer(writer) => {
-            let mut writer = writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut writer = writer
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let _ = writer.write_all(line);
             true
         }
-        SinkTarget::Callback(callback) => std::panic::catch_unwind(
-            std::panic::AssertUnwindSafe(|| callback(record, text)),
-        )
-        .is_ok(),
+        SinkTarget::Callback(callback) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(record, text)))
+                .is_ok()
+        }
         SinkTarget::Tracing => {
             tracing::info!(target: "vyre_cuda::probe", "{text}");
             true
@@ -1366,7 +1368,12 @@ mod tests {
             assert_eq!(parse_decimal(bad), Err(false), "{bad:?}");
         }
         assert_eq!(parse_hex("00000000000000ff"), Some(255));
-        for bad in ["ff", "00000000000000FF", "+000000000000000", "00000000000000000"] {
+        for bad in [
+            "ff",
+            "00000000000000FF",
+            "+000000000000000",
+            "00000000000000000",
+        ] {
             assert_eq!(parse_hex(bad), None, "{bad:?}");
         }
     }

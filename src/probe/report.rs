@@ -38,8 +38,8 @@
 //!   total wall is 0 shows shares of 0.
 
 use super::{parse_line_checked, DispatchRecord, LineError, Phase, SubPhase, LINE_PREFIX};
-use std::io::BufRead;
 use std::fmt::Write as _;
+use std::io::BufRead;
 
 /// What one log line is.
 #[derive(Debug, Clone, PartialEq, Eq)]
