@@ -14,7 +14,7 @@
 //! * **Probe line**: a line containing `vyre-cuda-dispatch-phase ` (normally at
 //!   its start; a line where another program's output ran in front of it, such
 //!   as `test foo ... vyre-cuda-dispatch-phase seq=...`, is read from the marker
-//!   on). It must then parse with [`parse_line`] (strict: all
+//!   on). It must then parse with [`parse_line`](super::parse_line) (strict: all
 //!   keys in order, integer values, totals consistent); otherwise it is counted
 //!   as **malformed** and skipped. Lines without the marker are **unrelated**
 //!   and only counted. Invalid UTF-8 is read lossily by the binary.
