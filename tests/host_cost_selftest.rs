@@ -1229,7 +1229,7 @@ fn interference_in_one_arm_only_is_flagged() {
             let mut digest = 0_u64;
             while !thread_stop.load(Ordering::Acquire) {
                 if thread_active.load(Ordering::Acquire) {
-                    digest = chain_work(64, 1) ^ digest;
+                    digest ^= chain_work(64, 1);
                 } else {
                     std::thread::park();
                 }
