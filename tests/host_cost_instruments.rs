@@ -35,7 +35,8 @@ use vyre_cuda::backend::{
 };
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::host_cost::{
-    reference_noise_floor, report_dir, Cell, CellOptions, Direction, PairOptions, Paired, Report,
+    reference_noise_floor, report_dir, Cell, CellOptions, ClockOptions, Direction, PairOptions,
+    Paired, Report, SpinStatistic,
 };
 use vyre_cuda::ir::{self, Digest, Node, Program};
 use vyre_cuda::lower;
@@ -1320,17 +1321,28 @@ impl PowerRig {
 fn print_noise_floor(options: &PairOptions, rounds: usize, region_ms: u64) {
     let region = Duration::from_millis(region_ms);
     let started = Instant::now();
-    match reference_noise_floor(&options.clock, 5, rounds, region) {
-        Ok(floor) => {
-            println!("{}", floor.summary(rounds, region));
-            for note in &floor.notes {
-                println!("  clock note: {note}");
+    let minimum = ClockOptions {
+        spin_statistic: SpinStatistic::Minimum,
+        ..options.clock.clone()
+    };
+    for (label, clock) in [
+        ("default (median of spins)", &options.clock),
+        ("alternative (minimum of spins)", &minimum),
+    ] {
+        match reference_noise_floor(clock, 5, rounds, region) {
+            Ok(floor) => {
+                println!("{label}: {}", floor.summary(rounds, region));
+                if clock == &options.clock {
+                    for note in &floor.notes {
+                        println!("  clock note: {note}");
+                    }
+                }
             }
+            Err(error) => println!("{label}: reference noise floor not measured: {error}"),
         }
-        Err(error) => println!("reference noise floor not measured: {error}"),
     }
     println!(
-        "(noise floor took {:.1} s)",
+        "(noise floors took {:.1} s)",
         started.elapsed().as_secs_f64()
     );
 }
