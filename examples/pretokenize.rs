@@ -715,10 +715,11 @@ fn print_phase_table(lines: &[String], pipeline: &CudaPipeline, iterations: u32)
         malformed: lines.len() - records.len(),
         unrelated: 0,
         groups: report::summarize(&records),
+        ..report::LogSummary::default()
     };
     let table = report::render_table(&summary);
     // The report is a header, then one blank-line-separated section per group
-    // whose first line starts `nodes=N buffers=B:`.
+    // whose first line starts `nodes=N buffers=B program=P:`.
     let mut sections: Vec<(usize, String)> = Vec::new();
     for (position, section) in table.split("\n\n").enumerate() {
         let mut order = usize::MAX;
@@ -729,7 +730,7 @@ fn print_phase_table(lines: &[String], pipeline: &CudaPipeline, iterations: u32)
         for (index, (name, kernel)) in STEP_NAMES.iter().zip(pipeline.kernels()).enumerate() {
             let program = kernel.program();
             let header = format!(
-                "nodes={} buffers={}:",
+                "nodes={} buffers={} program=",
                 program.node_count(),
                 program.buffers().len()
             );

@@ -99,3 +99,63 @@ fn gpu_probe_lines_attribute_warm_resident_dispatches() {
 fn program_nodes() -> u64 {
     host_cost_fixture(9, 64).node_count()
 }
+
+/// Locks out the report merging two kernels of the same shape (issue 12 item 5): the
+/// fixture and its salted twin have the same (nodes, buffers) but different content;
+/// their probe lines carry different, non-zero `program` identities, each program's
+/// identity is the same on every dispatch, and the report gives two groups.
+/// Negative control: the identities of the unsalted program agree with each other.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_probe_lines_tell_same_shape_programs_apart() {
+    use vyre_cuda::fixtures::host_cost_fixture_salted;
+    let gpu = support::backend();
+    let plain = host_cost_fixture(9, 64);
+    let salted = host_cost_fixture_salted(9, 64, Some(0x5a5a));
+    assert_eq!(plain.node_count(), salted.node_count());
+    let handles: Vec<_> = plain
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let h = gpu
+                .allocate_resident(b.static_size_bytes().unwrap())
+                .unwrap();
+            gpu.upload_resident(&h, &[0u8; 16]).unwrap();
+            h
+        })
+        .collect();
+    let config = DispatchConfig::linear(1);
+    let _on = probe::override_enabled(Some(true));
+    let ((), lines) = probe::capture_lines(|| {
+        for _ in 0..3 {
+            gpu.dispatch_resident_timed(&plain, &handles, &config)
+                .unwrap();
+            gpu.dispatch_resident_timed(&salted, &handles, &config)
+                .unwrap();
+        }
+    });
+    let records: Vec<_> = lines.iter().filter_map(|line| parse_line(line)).collect();
+    assert_eq!(records.len(), 6, "{lines:?}");
+    let plain_ids: Vec<u64> = records.iter().step_by(2).map(|r| r.program).collect();
+    let salted_ids: Vec<u64> = records
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|r| r.program)
+        .collect();
+    assert!(
+        plain_ids.iter().all(|&id| id != 0 && id == plain_ids[0]),
+        "{plain_ids:x?}"
+    );
+    assert!(
+        salted_ids.iter().all(|&id| id != 0 && id == salted_ids[0]),
+        "{salted_ids:x?}"
+    );
+    assert_ne!(plain_ids[0], salted_ids[0]);
+    let summary = probe::report::summarize_log(&lines.join("\n"));
+    assert_eq!(summary.groups.len(), 2, "{summary:?}");
+    assert!(summary.groups.iter().all(|group| group.dispatches == 3));
+    for handle in handles {
+        gpu.free_resident(handle).unwrap();
+    }
+}

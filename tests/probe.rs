@@ -13,10 +13,12 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use vyre_cuda::probe::report::{
-    classify_line, render_json, render_table, summarize, summarize_log, LineKind, RowKind,
+    classify_line, render_json, render_table, summarize, summarize_log, summarize_reader, LineKind,
+    RowKind, MAX_LINE_BYTES,
 };
 use vyre_cuda::probe::{
-    self, Count, DispatchRecord, DispatchTiming, Phase, SubPhase, LINE_KEYS, PHASE_COUNT,
+    self, Count, DispatchRecord, DispatchTiming, LineError, Phase, Sink, SubPhase, LINE_KEYS,
+    PHASE_COUNT,
 };
 
 /// The key list exactly as §5 of the SPEC writes it.
@@ -29,10 +31,13 @@ ptx_cache_hits= ptx_cache_misses=";
 /// Environment marker that turns a re-executed test into the child side.
 const CHILD_MARKER: &str = "VYRE_CUDA_PROBE_TEST_CHILD";
 
+/// §5's keys, then the fields appended after it (issue 12: `program`, at the end so a
+/// consumer that reads the documented order is not disturbed).
 fn spec_keys() -> Vec<&'static str> {
     SPEC_KEYS
         .split_whitespace()
         .map(|key| key.trim_end_matches('='))
+        .chain(["program"])
         .collect()
 }
 
@@ -604,7 +609,8 @@ fn report_binary_survives_garbage_and_bad_arguments() {
     assert_eq!(code, 0);
     assert_eq!(
         stdout,
-        "{\"lines\":5,\"records\":0,\"malformed\":3,\"unrelated\":2,\"groups\":[]}\n"
+        "{\"lines\":5,\"records\":0,\"malformed\":3,\"unrelated\":2,\"over_record_cap\":0,\
+         \"malformed_reasons\":{\"not a decimal value\":1,\"truncated\":2},\"groups\":[]}\n"
     );
     let (code, stdout, _) = report_binary(&[], Some(b""));
     assert_eq!(code, 0);
@@ -670,4 +676,181 @@ fn overrides_nest_and_restore() {
         assert!(probe::begin_dispatch().is_none());
     }
     assert!(probe::enabled());
+}
+
+// ---------------------------------------------------------------------------
+// Issue 12 item 5 and issue 13 item 7: program identity, sinks, bounded report.
+
+fn record_line(program: u64, nodes: u64, wall_ns: u64) -> String {
+    probe::format_line(&DispatchRecord {
+        nodes,
+        buffers: 9,
+        wall_ns,
+        phases: [wall_ns / 10; PHASE_COUNT],
+        program,
+        ..DispatchRecord::default()
+    })
+}
+
+/// Locks out the report merging two kernels of the same shape (issue 12 item 5): two
+/// programs with the same (nodes, buffers) but different identities are two groups,
+/// each with its own dispatches; the identity round-trips as 16 hex digits at the end
+/// of the line. Negative control: the same identity is one group.
+#[test]
+fn report_groups_by_program_identity() {
+    let first = record_line(0x0123_4567_89ab_cdef, 64, 10_000);
+    assert!(first.ends_with(" program=0123456789abcdef"), "{first}");
+    assert_eq!(
+        probe::parse_line(&first).map(|r| r.program),
+        Some(0x0123_4567_89ab_cdef)
+    );
+    let second = record_line(0xfeed, 64, 20_000);
+    let text = [first.as_str(), second.as_str(), first.as_str()].join("\n");
+    let summary = summarize_log(&text);
+    assert_eq!(summary.groups.len(), 2, "{summary:?}");
+    let counts: Vec<(u64, usize)> = summary
+        .groups
+        .iter()
+        .map(|group| (group.program, group.dispatches))
+        .collect();
+    assert!(counts.contains(&(0x0123_4567_89ab_cdef, 2)), "{counts:?}");
+    assert!(counts.contains(&(0xfeed, 1)), "{counts:?}");
+    let table = render_table(&summary);
+    assert!(table.contains("program=0123456789abcdef"), "{table}");
+    let same = summarize_log(&[first.as_str(), first.as_str()].join("\n"));
+    assert_eq!(same.groups.len(), 1);
+}
+
+/// Locks out a parser that accepts duplicate or overflowing fields, or a report that
+/// drops the reason (issue 12 "Bad input"): each bad line is refused with its own
+/// reason, counted by reason in the report, and the good line among them still counts.
+/// A line from before `program` existed still parses (identity 0).
+#[test]
+fn bad_probe_lines_are_refused_with_their_reason() {
+    let good = record_line(7, 16, 1_000);
+    let legacy = good
+        .rsplit_once(" program=")
+        .map(|(head, _)| head.to_string())
+        .expect("program field");
+    assert_eq!(probe::parse_line(&legacy).map(|r| r.program), Some(0));
+    let duplicate = good.replacen("nodes=16", "seq=0", 1);
+    let overflow = good.replacen("nodes=16", "nodes=99999999999999999999", 1);
+    let bad_identity = good.replace("program=0000000000000007", "program=7");
+    let cases = [
+        (duplicate.as_str(), LineError::DuplicateKey { key: "seq" }),
+        (overflow.as_str(), LineError::Overflow { key: "nodes" }),
+        (
+            bad_identity.as_str(),
+            LineError::BadValue { key: "program" },
+        ),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(probe::parse_line_checked(line), Err(expected), "{line}");
+    }
+    let text = [good.as_str(), &duplicate, &overflow, &bad_identity].join("\n");
+    let summary = summarize_log(&text);
+    assert_eq!((summary.records, summary.malformed), (1, 3));
+    let reasons: Vec<&str> = summary.malformed_reasons.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        reasons,
+        [
+            "duplicate key",
+            "value overflows u64",
+            "not a decimal value"
+        ]
+    );
+    assert_eq!(summary.malformed_examples[0].0, 2, "1-based line numbers");
+    assert!(render_table(&summary).contains("line 2: duplicate key `seq`"));
+}
+
+/// Locks out a report that reads its whole input before parsing (issue 13: `/dev/zero`
+/// grew to 3 GB): a reader that yields 16 MiB of one endless line, then a good probe
+/// line, is summarized as one malformed over-long line and one record, and the report
+/// never holds more than its line cap (the reader is a generator, not a buffer).
+#[test]
+fn report_streams_and_caps_over_long_lines() {
+    struct Endless {
+        remaining: usize,
+        tail: std::io::Cursor<Vec<u8>>,
+    }
+    impl std::io::Read for Endless {
+        fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+            if self.remaining == 0 {
+                return self.tail.read(buffer);
+            }
+            let n = buffer.len().min(self.remaining);
+            buffer[..n].fill(b'x');
+            self.remaining -= n;
+            Ok(n)
+        }
+    }
+    let good = record_line(9, 4, 500);
+    let reader = std::io::BufReader::new(Endless {
+        remaining: 16 << 20,
+        tail: std::io::Cursor::new(format!("\n{good}\n").into_bytes()),
+    });
+    let summary = summarize_reader(reader).expect("reads");
+    assert_eq!(
+        (summary.lines, summary.records, summary.malformed),
+        (2, 1, 1)
+    );
+    assert_eq!(
+        summary.malformed_reasons,
+        vec![("line over the length cap", 1)]
+    );
+    // Negative control: a line exactly at the cap is classified, not refused.
+    let at_cap = "y".repeat(MAX_LINE_BYTES);
+    let summary = summarize_reader(at_cap.as_bytes()).expect("reads");
+    assert_eq!((summary.unrelated, summary.malformed), (1, 0));
+}
+
+/// Locks out a probe that can only write to stderr (issue 12 item 5): with a callback
+/// sink the dispatch's record and line reach the callback; with a file sink the line
+/// lands in the file; a panicking callback does not turn the dispatch into a panic.
+/// Negative control: back on stderr, the callback sees nothing more.
+#[test]
+fn probe_lines_reach_the_chosen_sink() {
+    let _on = probe::override_enabled(Some(true));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(u64, String)>::new()));
+    let sink_seen = Arc::clone(&seen);
+    probe::set_sink(Sink::Callback(Box::new(move |record, line| {
+        sink_seen
+            .lock()
+            .expect("lock")
+            .push((record.program, line.to_string()));
+    })));
+    let dispatch = || {
+        let dispatch = probe::begin_dispatch().expect("on");
+        probe::note_program(|| 0xabc);
+        dispatch.finish(DispatchTiming {
+            wall_ns: 1_000,
+            ..DispatchTiming::default()
+        })
+    };
+    let record = dispatch().expect("record");
+    {
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].0, 0xabc);
+        assert_eq!(probe::parse_line(&seen[0].1), Some(record));
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("probe.log");
+    probe::set_sink(Sink::file(&path).expect("file"));
+    dispatch();
+    dispatch();
+    let written = std::fs::read_to_string(&path).expect("log");
+    let summary = summarize_log(&written);
+    assert_eq!(summary.records, 2, "{written}");
+
+    probe::set_sink(Sink::Callback(Box::new(|_, _| panic!("a broken sink"))));
+    assert!(
+        dispatch().is_some(),
+        "the dispatch survives a panicking sink"
+    );
+
+    probe::set_sink(Sink::Stderr);
+    dispatch();
+    assert_eq!(seen.lock().expect("lock").len(), 1);
 }

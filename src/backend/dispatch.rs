@@ -557,6 +557,7 @@ impl BackendInner {
             probe::count_with(Count::Bindings, || bindings.len() as u64);
             probe::count_with(Count::Fixpoint, || config.fixpoint_iterations as u64);
             probe::count_with(Count::GridBlocks, || plan.grid_blocks);
+            probe::note_program(|| kernel.module_key.0 as u64);
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 

@@ -15,10 +15,10 @@
 //! logic lives in `vyre_cuda::probe::report`.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::{BufReader, Write};
 use std::process::ExitCode;
 
-use vyre_cuda::probe::report::{render_json, render_table, summarize_log};
+use vyre_cuda::probe::report::{render_json, render_table, summarize_reader, LogSummary};
 
 const HELP: &str = "\
 vyre-cuda-phase-report: per-phase table of vyre-cuda dispatch probe lines
@@ -27,11 +27,13 @@ USAGE:
     vyre-cuda-phase-report [--json] [FILE | -]
 
 Reads FILE (or stdin when FILE is absent or `-`), keeps the lines that contain
-`vyre-cuda-dispatch-phase `, groups them by program shape (nodes, buffers) and
+`vyre-cuda-dispatch-phase `, groups them by program (identity and shape) and
 prints, per group and per phase, the median, the p90 (nearest rank, in
 microseconds) and the share of wall (row total / wall total of the group).
 Lines without the marker are ignored; probe lines that do not parse
-(truncated, garbage values, totals that do not add up) are counted and skipped.
+(truncated, garbage or overflowing values, duplicate or out-of-order keys,
+totals that do not add up, lines over 64 KiB) are counted by reason and
+skipped. The input is streamed: any input size costs bounded memory.
 
 Produce a log with:
     VYRE_CUDA_DISPATCH_PHASE_PROBE=1 <any dispatching binary> 2> probe.log
@@ -81,27 +83,28 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
     Ok(Some(options))
 }
 
-fn read_input(path: Option<&OsString>) -> Result<Vec<u8>, String> {
-    let mut bytes = Vec::new();
+/// Streams the log from `path` (or stdin) through the report in bounded memory
+/// (lines over the report's cap are counted as malformed, never stored whole).
+fn summarize_input(path: Option<&OsString>) -> Result<LogSummary, String> {
     match path {
         Some(path) if path != "-" => {
-            bytes = std::fs::read(path).map_err(|error| {
+            let file = std::fs::File::open(path).map_err(|error| {
                 format!(
                     "cannot read `{}`: {error}. Fix: pass an existing, readable log file (or - for stdin)",
                     path.to_string_lossy()
                 )
             })?;
+            summarize_reader(BufReader::new(file)).map_err(|error| {
+                format!(
+                    "cannot read `{}`: {error}. Fix: pass a readable log file (or - for stdin)",
+                    path.to_string_lossy()
+                )
+            })
         }
-        _ => {
-            std::io::stdin()
-                .lock()
-                .read_to_end(&mut bytes)
-                .map_err(|error| {
-                    format!("cannot read stdin: {error}. Fix: pass the log as a file argument")
-                })?;
-        }
+        _ => summarize_reader(std::io::stdin().lock()).map_err(|error| {
+            format!("cannot read stdin: {error}. Fix: pass the log as a file argument")
+        }),
     }
-    Ok(bytes)
 }
 
 /// Writes to stdout, ignoring errors (a closed pipe such as `| head` must not panic).
@@ -125,15 +128,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let bytes = match read_input(options.path.as_ref()) {
-        Ok(bytes) => bytes,
+    let summary = match summarize_input(options.path.as_ref()) {
+        Ok(summary) => summary,
         Err(message) => {
             print_stderr(&format!("vyre-cuda-phase-report: {message}\n"));
             return ExitCode::from(1);
         }
     };
-    let text = String::from_utf8_lossy(&bytes);
-    let summary = summarize_log(&text);
     if options.json {
         print_stdout(&render_json(&summary));
     } else {

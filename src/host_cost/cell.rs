@@ -7,7 +7,7 @@
 //! time. The spread of the regions says whether the fastest one can be trusted.
 //!
 //! Procedure (§6): warm with 3 calls; probe with 1, 4, 16, ... repetitions until a probe
-//! lasts at least 0.05 s; scale the repetition count so one region lasts the target; time
+//! lasts at least 0.05 s, repeat that probe once and keep the faster; scale the repetition count so one region lasts the target; time
 //! 5 regions; quote the minimum per-unit time beside the relative standard deviation of
 //! the per-unit times (≤ 5 % ok, ≤ 20 % advisory, above that void). A minimum under
 //! 1 ns per unit is not a number but an error: the work was optimised away.
@@ -67,29 +67,110 @@ impl CellOptions {
         }
     }
 
-    fn validate(&self) -> Result<(), HostCostError> {
-        let problem = if self.regions < 2 {
-            Some(format!(
-                "CellOptions::regions is {}; use at least 2 (a spread needs two regions)",
-                self.regions
-            ))
-        } else if self.probe_growth < 2 {
-            Some(format!(
-                "CellOptions::probe_growth is {}; use at least 2 so calibration terminates",
-                self.probe_growth
-            ))
-        } else if self.target_region.is_zero() {
-            Some("CellOptions::target_region is zero; use a positive duration".to_string())
-        } else if self.max_iterations == 0 {
-            Some("CellOptions::max_iterations is zero; use at least 1".to_string())
-        } else {
-            None
-        };
-        match problem {
-            Some(message) => Err(HostCostError::InvalidOptions { message }),
-            None => Ok(()),
-        }
+    /// Checks every field against its bound (issue 13: an unbounded region count
+    /// exhausts memory, an unbounded growth never ends calibration, a NaN threshold
+    /// passes nothing).
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the first field out of bounds and the
+    /// bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        check_count(
+            "CellOptions::warmup_calls",
+            self.warmup_calls,
+            0,
+            MAX_WARMUP_CALLS,
+        )?;
+        check_duration("CellOptions::target_region", self.target_region, false)?;
+        check_duration("CellOptions::probe_minimum", self.probe_minimum, true)?;
+        check_count(
+            "CellOptions::probe_growth",
+            self.probe_growth,
+            2,
+            MAX_PROBE_GROWTH,
+        )?;
+        check_count(
+            "CellOptions::regions",
+            self.regions,
+            2,
+            estimate::MAX_ROUNDS,
+        )?;
+        check_count(
+            "CellOptions::max_iterations",
+            self.max_iterations,
+            1,
+            u64::MAX,
+        )?;
+        self.thresholds.validate()?;
+        self.clock.validate()
     }
+}
+
+/// Most warm-up calls any options may ask for.
+pub const MAX_WARMUP_CALLS: usize = 1_000_000;
+/// Largest calibration growth factor.
+pub const MAX_PROBE_GROWTH: u64 = 1 << 20;
+/// Longest region or probe any options may ask for.
+pub const MAX_REGION: Duration = Duration::from_secs(3600);
+
+/// `lowest ≤ value ≤ highest`, else [`HostCostError::InvalidOptions`] for `field`.
+pub(super) fn check_count<T>(
+    field: &'static str,
+    value: T,
+    lowest: T,
+    highest: T,
+) -> Result<(), HostCostError>
+where
+    T: PartialOrd + std::fmt::Debug + std::fmt::Display,
+{
+    if value < lowest || value > highest {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!("between {lowest} and {highest}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A duration of at most [`MAX_REGION`], positive unless `zero_allowed`.
+pub(super) fn check_duration(
+    field: &'static str,
+    value: Duration,
+    zero_allowed: bool,
+) -> Result<(), HostCostError> {
+    if (value.is_zero() && !zero_allowed) || value > MAX_REGION {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!(
+                "{} and at most {MAX_REGION:?}",
+                if zero_allowed {
+                    "at least 0"
+                } else {
+                    "above 0"
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A finite number in `[lowest, highest]`.
+pub(super) fn check_number(
+    field: &'static str,
+    value: f64,
+    lowest: f64,
+    highest: f64,
+) -> Result<(), HostCostError> {
+    if !(value >= lowest && value <= highest) {
+        return Err(HostCostError::invalid_option(
+            field,
+            value,
+            format!("to a finite number between {lowest} and {highest}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One calibration probe.
@@ -111,8 +192,13 @@ pub(super) fn time_region<F: FnMut(u64) -> u64>(work: &mut F, iterations: u64) -
 }
 
 /// Probes with 1, `growth`, `growth²`, ... repetitions until one probe lasts at least
-/// `probe_minimum` or reaches `max_iterations`; returns the probes (the last one is the
-/// calibration).
+/// `probe_minimum` or reaches `max_iterations`, then repeats that last probe once;
+/// returns every probe ([`calibration_probe`] picks the calibration).
+///
+/// The repeat exists because one interrupted probe used to decide the region length: a
+/// competitor woken at the start of a 1-repetition probe held the CPU for a whole 6 ms
+/// time slice, calibration stopped there, and the regions were sized to 1 repetition
+/// (measured with the interference instrument on the 2-core build machine).
 pub(super) fn calibrate<F: FnMut(u64) -> u64>(
     work: &mut F,
     probe_minimum: Duration,
@@ -128,9 +214,31 @@ pub(super) fn calibrate<F: FnMut(u64) -> u64>(
             seconds,
         });
         if seconds >= probe_minimum.as_secs_f64() || iterations >= max_iterations {
+            let seconds = time_region(work, iterations);
+            probes.push(Probe {
+                iterations,
+                seconds,
+            });
             return probes;
         }
         iterations = iterations.saturating_mul(growth).min(max_iterations);
+    }
+}
+
+/// The calibration of a probe series from [`calibrate`]: the faster of its last two
+/// probes when they ran the same repetitions (interference only adds time), else the
+/// last one. `None` for no probes.
+pub(super) fn calibration_probe(probes: &[Probe]) -> Option<Probe> {
+    match probes {
+        [.., before, last] if before.iterations == last.iterations => {
+            Some(if before.seconds <= last.seconds {
+                *before
+            } else {
+                *last
+            })
+        }
+        [.., last] => Some(*last),
+        [] => None,
     }
 }
 
@@ -205,13 +313,13 @@ impl Cell {
             options.probe_growth,
             options.max_iterations,
         );
-        let last_probe = calibration.last().copied().unwrap_or(Probe {
+        let last_probe = calibration_probe(&calibration).unwrap_or(Probe {
             iterations: 1,
             seconds: 0.0,
         });
         let iterations = iterations_for(options.target_region, &last_probe, options.max_iterations);
 
-        let mut monitor = ClockMonitor::start(&options.clock);
+        let mut monitor = ClockMonitor::start(&options.clock)?;
         let mut region_seconds = Vec::with_capacity(options.regions);
         monitor.mark_boundary();
         for _ in 0..options.regions {
@@ -243,8 +351,9 @@ impl Cell {
         clock: ClockDrift,
         thresholds: &CellThresholds,
     ) -> Result<Cell, HostCostError> {
+        thresholds.validate()?;
         if region_seconds.is_empty() || iterations_per_region == 0 {
-            return Err(HostCostError::InvalidOptions {
+            return Err(HostCostError::InvalidSamples {
                 message: format!(
                     "cell `{name}` has {} regions of {iterations_per_region} iterations; \
                      give at least one region of at least one iteration",

@@ -35,11 +35,46 @@ pub enum HostCostError {
         /// The threshold it fell under.
         threshold_ns: f64,
     },
-    /// An options struct holds a value the procedure cannot run with.
+    /// An options field holds a value the procedure cannot run with (out of its bound:
+    /// a huge round or region count would exhaust memory, a huge repetition count would
+    /// hang, a NaN limit would pass nothing).
     InvalidOptions {
-        /// Which field and why.
+        /// The field, e.g. `PairOptions::rounds`.
+        field: &'static str,
+        /// The value it held, as printed.
+        value: String,
+        /// The bound it must satisfy, e.g. `between 1 and 100000`.
+        bound: String,
+    },
+    /// Injected samples cannot form the measurement (no whole round, zero iterations).
+    InvalidSamples {
+        /// What is wrong and what to give instead.
         message: String,
     },
+    /// A path that must be a regular file is something else (a FIFO, a directory, a
+    /// device): opening a FIFO blocks forever, so it is refused before opening.
+    NotRegularFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead ("directory", "FIFO", "other").
+        kind: &'static str,
+    },
+}
+
+impl HostCostError {
+    /// An [`HostCostError::InvalidOptions`] for `field` holding `value`, which must be
+    /// `bound`.
+    pub fn invalid_option(
+        field: &'static str,
+        value: impl std::fmt::Debug,
+        bound: impl Into<String>,
+    ) -> HostCostError {
+        HostCostError::InvalidOptions {
+            field,
+            value: format!("{value:?}"),
+            bound: bound.into(),
+        }
+    }
 }
 
 impl fmt::Display for HostCostError {
@@ -72,7 +107,18 @@ impl fmt::Display for HostCostError {
                  units of work that feed the u64 digest it returns (route inputs through \
                  std::hint::black_box)"
             ),
-            HostCostError::InvalidOptions { message } => write!(formatter, "Fix: {message}"),
+            HostCostError::InvalidOptions {
+                field,
+                value,
+                bound,
+            } => write!(formatter, "Fix: {field} is {value}; set it {bound}"),
+            HostCostError::InvalidSamples { message } => write!(formatter, "Fix: {message}"),
+            HostCostError::NotRegularFile { path, kind } => write!(
+                formatter,
+                "Fix: {} is a {kind}, not a regular file; point the harness at the kernel's \
+                 regular file (it is refused before opening: a FIFO would block forever)",
+                path.display()
+            ),
         }
     }
 }

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use super::error::HostCostError;
+
 /// Smallest sample, or `None` for an empty slice.
 ///
 /// The minimum is the cell estimator of §6: interference on a host (preemption, cache
@@ -142,6 +144,37 @@ impl Default for CellThresholds {
             advisory_rsd: 0.20,
             optimised_away_below_ns: 1.0,
         }
+    }
+}
+
+impl CellThresholds {
+    /// Checks the thresholds (finite, `0 ≤ ok_rsd ≤ advisory_rsd`).
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the field and its bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        let finite = |field: &'static str, value: f64, lowest: f64| {
+            if value >= lowest && value <= 1e12 {
+                Ok(())
+            } else {
+                Err(HostCostError::invalid_option(
+                    field,
+                    value,
+                    format!("to a finite number between {lowest} and 1e12"),
+                ))
+            }
+        };
+        finite("CellThresholds::ok_rsd", self.ok_rsd, 0.0)?;
+        finite(
+            "CellThresholds::advisory_rsd",
+            self.advisory_rsd,
+            self.ok_rsd,
+        )?;
+        finite(
+            "CellThresholds::optimised_away_below_ns",
+            self.optimised_away_below_ns,
+            0.0,
+        )
     }
 }
 
@@ -315,9 +348,9 @@ pub struct PairThresholds {
     pub minimum_rounds: usize,
     /// Largest publishable [`ratio_spread`]. Default 0.20.
     pub maximum_ratio_spread: f64,
-    /// Largest publishable clock drift ([`relative_spread`] of the per-region clock).
-    /// Default 0.02.
-    pub maximum_clock_drift: f64,
+    /// Largest publishable between-arm clock gap ([`between_arm_gap`]: the mean clock
+    /// figure of arm B's regions against arm A's). Default 0.02 (§6, the seed's rule).
+    pub maximum_clock_gap: f64,
 }
 
 impl Default for PairThresholds {
@@ -325,8 +358,40 @@ impl Default for PairThresholds {
         PairThresholds {
             minimum_rounds: 8,
             maximum_ratio_spread: 0.20,
-            maximum_clock_drift: 0.02,
+            maximum_clock_gap: 0.02,
         }
+    }
+}
+
+impl PairThresholds {
+    /// Checks the limits: `minimum_rounds ≤ MAX_ROUNDS`, a finite non-negative spread
+    /// limit, a clock-gap limit in `[0, 1]`.
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the field and its bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        if self.minimum_rounds > MAX_ROUNDS {
+            return Err(HostCostError::invalid_option(
+                "PairThresholds::minimum_rounds",
+                self.minimum_rounds,
+                format!("between 0 and {MAX_ROUNDS}"),
+            ));
+        }
+        if !(self.maximum_ratio_spread >= 0.0 && self.maximum_ratio_spread <= 1e12) {
+            return Err(HostCostError::invalid_option(
+                "PairThresholds::maximum_ratio_spread",
+                self.maximum_ratio_spread,
+                "to a finite number between 0 and 1e12",
+            ));
+        }
+        if !(self.maximum_clock_gap >= 0.0 && self.maximum_clock_gap <= 1.0) {
+            return Err(HostCostError::invalid_option(
+                "PairThresholds::maximum_clock_gap",
+                self.maximum_clock_gap,
+                "to a fraction between 0 and 1",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -347,15 +412,28 @@ pub enum NotPublishable {
         /// Limit.
         limit: f64,
     },
-    /// The clock drifted more than the limit during the comparison.
-    ClockDriftTooLarge {
-        /// Measured drift.
-        drift: f64,
+    /// The clock ran at a different speed under arm B than under arm A: the difference
+    /// may be the machine's, not the code's.
+    ClockGapTooLarge {
+        /// Measured gap `|mean B − mean A| / mean A`.
+        gap: f64,
         /// Limit.
         limit: f64,
     },
-    /// No drift figure exists (fewer than one region), so stability is unproven.
-    ClockDriftUnknown,
+    /// No between-arm clock figure exists (no region of one arm, or the reference could
+    /// not calibrate), so equal conditions are unproven.
+    ClockGapUnknown,
+    /// The hypervisor stole a different share of the machine under arm B than under
+    /// arm A, by more than the limit and by more than three standard errors of the
+    /// 10 ms tick counting.
+    StealGapTooLarge {
+        /// Steal share during arm A's regions.
+        share_a: f64,
+        /// Steal share during arm B's regions.
+        share_b: f64,
+        /// Limit on their difference.
+        limit: f64,
+    },
 }
 
 impl fmt::Display for NotPublishable {
@@ -370,24 +448,37 @@ impl fmt::Display for NotPublishable {
                 spread * 100.0,
                 limit * 100.0
             ),
-            NotPublishable::ClockDriftTooLarge { drift, limit } => write!(
+            NotPublishable::ClockGapTooLarge { gap, limit } => write!(
                 formatter,
-                "clock drift too large: {:.2}% > {:.2}%",
-                drift * 100.0,
+                "clock gap between arms too large: {:.2}% > {:.2}%",
+                gap * 100.0,
                 limit * 100.0
             ),
-            NotPublishable::ClockDriftUnknown => formatter.write_str("clock drift unknown"),
+            NotPublishable::ClockGapUnknown => {
+                formatter.write_str("clock gap between arms unknown")
+            }
+            NotPublishable::StealGapTooLarge {
+                share_a,
+                share_b,
+                limit,
+            } => write!(
+                formatter,
+                "steal differs between arms: A {:.2}%, B {:.2}% (limit {:.2}%)",
+                share_a * 100.0,
+                share_b * 100.0,
+                limit * 100.0
+            ),
         }
     }
 }
 
-/// Every reason a comparison with `rounds` rounds, ratio spread `ratio_spread` and clock
-/// drift `clock_drift` may not be published; empty means publishable. Limits are
-/// inclusive (a spread of exactly 20 % passes).
+/// Every reason a comparison with `rounds` rounds, ratio spread `ratio_spread` and
+/// between-arm clock gap `clock_gap` may not be published; empty means publishable.
+/// Limits are inclusive (a spread of exactly 20 % passes).
 pub fn publishability(
     rounds: usize,
     ratio_spread: Option<f64>,
-    clock_drift: Option<f64>,
+    clock_gap: Option<f64>,
     thresholds: &PairThresholds,
 ) -> Vec<NotPublishable> {
     let mut reasons = Vec::new();
@@ -404,17 +495,59 @@ pub fn publishability(
             limit: thresholds.maximum_ratio_spread,
         });
     }
-    match clock_drift {
-        None => reasons.push(NotPublishable::ClockDriftUnknown),
-        Some(drift) if !within_limit(drift, thresholds.maximum_clock_drift) => {
-            reasons.push(NotPublishable::ClockDriftTooLarge {
-                drift,
-                limit: thresholds.maximum_clock_drift,
+    match clock_gap {
+        None => reasons.push(NotPublishable::ClockGapUnknown),
+        Some(gap) if !within_limit(gap, thresholds.maximum_clock_gap) => {
+            reasons.push(NotPublishable::ClockGapTooLarge {
+                gap,
+                limit: thresholds.maximum_clock_gap,
             })
         }
         Some(_) => {}
     }
     reasons
+}
+
+/// The between-arm clock comparison of one paired run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArmGap {
+    /// Mean clock figure over arm A's regions.
+    pub mean_a: f64,
+    /// Mean clock figure over arm B's regions.
+    pub mean_b: f64,
+    /// `|mean_b − mean_a| / mean_a`.
+    pub gap: f64,
+}
+
+/// The seed's clock rule (§6): the mean clock figure of arm A's regions against arm B's.
+///
+/// A core that ramps, or a neighbour that steals cycles, while one arm runs survives any
+/// median of the ratios and reads as a win or a loss; this gap sees it. A trend within
+/// the run does not move it (ABBA gives both arms the same slot sums, see
+/// [`PairOrder::Abba`]), and region-to-region jitter only moves it by jitter/√regions.
+/// `per_region[i]` belongs to the arm `schedule[i]`; extra entries of either are ignored.
+/// `None` when an arm has no region or a mean is not a positive finite number.
+pub fn between_arm_gap(per_region: &[f64], schedule: &[Arm]) -> Option<ArmGap> {
+    let mut sums = [0.0_f64; 2];
+    let mut counts = [0_usize; 2];
+    for (figure, arm) in per_region.iter().zip(schedule) {
+        let slot = usize::from(*arm == Arm::B);
+        sums[slot] += figure;
+        counts[slot] += 1;
+    }
+    if counts[0] == 0 || counts[1] == 0 {
+        return None;
+    }
+    let mean_a = sums[0] / counts[0] as f64;
+    let mean_b = sums[1] / counts[1] as f64;
+    if !(mean_a.is_finite() && mean_b.is_finite() && mean_a > 0.0) {
+        return None;
+    }
+    Some(ArmGap {
+        mean_a,
+        mean_b,
+        gap: (mean_b - mean_a).abs() / mean_a,
+    })
 }
 
 /// Which arm is slower, when a difference is detected.
@@ -448,6 +581,30 @@ impl Default for DifferenceRule {
     }
 }
 
+impl DifferenceRule {
+    /// Checks `0 < alpha ≤ 1` and `0 ≤ minimum_effect < 1`.
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the field and its bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
+            return Err(HostCostError::invalid_option(
+                "DifferenceRule::alpha",
+                self.alpha,
+                "to a probability in (0, 1], e.g. 0.05",
+            ));
+        }
+        if !(self.minimum_effect >= 0.0 && self.minimum_effect < 1.0) {
+            return Err(HostCostError::invalid_option(
+                "DifferenceRule::minimum_effect",
+                self.minimum_effect,
+                "to a fraction in [0, 1), e.g. 0.005",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The "difference detected" decision and every input it used.
 ///
 /// Rule: an exact two-sided **sign test** on the per-round ratios (rounds above 1 vs
@@ -478,27 +635,143 @@ pub struct DifferenceDecision {
     pub direction: Option<Direction>,
 }
 
+/// Informative rounds up to which [`sign_test_p_value`] sums the binomial tail exactly
+/// (2⁴⁰; no options allow more than [`MAX_ROUNDS`]). The sum then takes at most about
+/// 5·10⁶ steps (the tail is summed from the observed count outwards until its terms fall
+/// below 10⁻¹⁷ of the sum, which happens within 9 standard deviations).
+pub const SIGN_TEST_EXACT_LIMIT: u64 = 1 << 40;
+
+/// Largest number of rounds (paired) or regions (cells) any option may ask for: enough
+/// for hours of measurement, small enough that the schedule and sample vectors stay
+/// within a few megabytes.
+pub const MAX_ROUNDS: usize = 100_000;
+
 /// Exact two-sided sign-test p-value for `above` successes against `below` failures:
 /// `min(1, 2 × P(X ≥ max(above, below)))` with `X ~ Binomial(above + below, ½)`.
+///
+/// Bounded in time for every input: the tail is summed term by term from the observed
+/// count (the first term from Loader's saddle-point formula, accurate to a few ulps at
+/// any size), stopping once the terms no longer change the sum. Beyond
+/// [`SIGN_TEST_EXACT_LIMIT`] informative rounds the continuity-corrected normal
+/// approximation is used instead (relative error below 10⁻⁶ at that size).
 pub fn sign_test_p_value(above: usize, below: usize) -> f64 {
-    let trials = above + below;
+    let trials = above as u128 + below as u128;
     if trials == 0 {
         return 1.0;
     }
-    let larger = above.max(below);
-    // ln C(n, k) built incrementally so large round counts neither overflow nor underflow.
-    let ln_half_power = trials as f64 * std::f64::consts::LN_2;
-    let mut ln_choose = 0.0_f64; // ln C(n, 0)
+    let larger = above.max(below) as u128;
+    // 2·P(X ≥ ⌈n/2⌉) ≥ 1: no evidence either way.
+    if 2 * larger <= trials + 1 {
+        return 1.0;
+    }
+    if trials > u128::from(SIGN_TEST_EXACT_LIMIT) {
+        let n = trials as f64;
+        let z = (larger as f64 - 0.5 - n / 2.0) / (n.sqrt() / 2.0);
+        return erfc(z / std::f64::consts::SQRT_2).min(1.0);
+    }
+    let n = trials as u64;
+    let k = larger as u64;
+    let mut term = binomial_half_pmf(n, k);
     let mut tail = 0.0_f64;
-    for successes in 0..=trials {
-        if successes >= larger {
-            tail += (ln_choose - ln_half_power).exp();
+    let mut successes = k;
+    loop {
+        tail += term;
+        if successes == n || term == 0.0 || term < tail * 1e-17 {
+            break;
         }
-        if successes < trials {
-            ln_choose += ((trials - successes) as f64).ln() - ((successes + 1) as f64).ln();
-        }
+        term *= (n - successes) as f64 / (successes + 1) as f64;
+        successes += 1;
     }
     (2.0 * tail).min(1.0)
+}
+
+/// `P(X = k)` for `X ~ Binomial(n, ½)`, by Loader's saddle-point expansion (the method
+/// of R's `dbinom`): exact to a few ulps at any `n`, with no factorial that overflows.
+fn binomial_half_pmf(n: u64, k: u64) -> f64 {
+    if k > n {
+        return 0.0;
+    }
+    if k == 0 || k == n {
+        return (-(n as f64) * std::f64::consts::LN_2).exp();
+    }
+    let (nf, kf, rest) = (n as f64, k as f64, (n - k) as f64);
+    let half = nf / 2.0;
+    let log = stirling_error(n)
+        - stirling_error(k)
+        - stirling_error(n - k)
+        - deviance(kf, half)
+        - deviance(rest, half)
+        + 0.5 * (nf / (2.0 * std::f64::consts::PI * kf * rest)).ln();
+    log.exp()
+}
+
+/// `ln(m!) − ((m + ½)·ln m − m + ½·ln 2π)`: the error of Stirling's formula.
+fn stirling_error(m: u64) -> f64 {
+    const S0: f64 = 1.0 / 12.0;
+    const S1: f64 = 1.0 / 360.0;
+    const S2: f64 = 1.0 / 1260.0;
+    const S3: f64 = 1.0 / 1680.0;
+    const S4: f64 = 1.0 / 1188.0;
+    let x = m as f64;
+    if m <= 15 {
+        let ln_factorial: f64 = (2..=m).map(|i| (i as f64).ln()).sum();
+        let half_ln_two_pi = 0.5 * (2.0 * std::f64::consts::PI).ln();
+        return ln_factorial - ((x + 0.5) * x.ln() - x + half_ln_two_pi);
+    }
+    let x2 = x * x;
+    if m > 500 {
+        (S0 - S1 / x2) / x
+    } else if m > 80 {
+        (S0 - (S1 - S2 / x2) / x2) / x
+    } else if m > 35 {
+        (S0 - (S1 - (S2 - S3 / x2) / x2) / x2) / x
+    } else {
+        (S0 - (S1 - (S2 - (S3 - S4 / x2) / x2) / x2) / x2) / x
+    }
+}
+
+/// `x·ln(x / mean) + mean − x`, computed without cancellation when `x` is near `mean`.
+fn deviance(x: f64, mean: f64) -> f64 {
+    if (x - mean).abs() < 0.1 * (x + mean) {
+        let v = (x - mean) / (x + mean);
+        let mut sum = (x - mean) * v;
+        let mut power = 2.0 * x * v;
+        let v2 = v * v;
+        // |v| < 0.1: each term shrinks by 100×, so this ends within 10 terms.
+        for j in 1..64 {
+            power *= v2;
+            let next = sum + power / f64::from(2 * j + 1);
+            if next == sum {
+                return next;
+            }
+            sum = next;
+        }
+        sum
+    } else {
+        x * (x / mean).ln() + mean - x
+    }
+}
+
+/// Complementary error function (Numerical Recipes' Chebyshev fit, relative error below
+/// 1.2·10⁻⁷), used only by the sign test's normal approximation beyond
+/// [`SIGN_TEST_EXACT_LIMIT`].
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let polynomial = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let value = t * polynomial.exp();
+    if x >= 0.0 {
+        value
+    } else {
+        2.0 - value
+    }
 }
 
 /// Applies [`DifferenceDecision`]'s rule to per-round ratios (B/A).
@@ -528,8 +801,10 @@ pub fn decide_difference(ratios: &[f64], rule: &DifferenceRule) -> DifferenceDec
     }
 }
 
-/// Clock drift of a run from its per-region clock figures (busy-weighted MHz or the spin
-/// reference's rate), flagged when above `limit` (§6: 0.02).
+/// Within-run clock drift of a run from its per-region clock figures (busy-weighted MHz
+/// or the spin reference's rate), flagged when above `limit`: an **advisory** since
+/// issue 12 (ABBA cancels a trend within a run; the verdict of a paired comparison is
+/// the between-arm gap, [`between_arm_gap`]).
 ///
 /// Drift is a change of the clock over the run, not its region-to-region jitter: the
 /// figures are cut into three consecutive thirds, and drift is the spread of the

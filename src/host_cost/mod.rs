@@ -21,7 +21,15 @@
 //!   "difference detected" decision with its inputs ([`DifferenceDecision`]).
 //!
 //! Both record the clock at every region boundary ([`ClockMonitor`], source `cpufreq` or
-//! `spin-reference`) and flag drift above 2 %. All estimator arithmetic is in
+//! `spin-reference`, with the measuring thread's run-queue delay and the machine's steal
+//! folded into each region's figure). A comparison is publishable only when the
+//! **between-arm clock gap** (mean figure of arm B's regions against arm A's, the seed's
+//! rule) is at most 2 %; the within-run drift and the jitter are printed as advisories.
+//! [`reference_noise_floor`] measures the reference's own between-arm noise.
+//!
+//! Every options struct has a `validate` that bounds every field
+//! ([`HostCostError::InvalidOptions`] names the field and the bound), and the measurements
+//! call it first: no option value can panic, exhaust memory or hang the harness. All estimator arithmetic is in
 //! [`estimate`] as pure functions, and both measurements have a `from_samples`
 //! constructor, so every rule can be exercised with injected samples.
 //!
@@ -99,12 +107,22 @@
 //!   }],
 //!   "failures": [{"name": string, "error": string}]
 //! }
-//! Clock = {"source": "cpufreq" | "spin-reference",
-//!          "unit": "MHz" | "spin ops/us",
+//! Clock = {"source": "cpufreq" | "spin-reference" | "unavailable",
+//!          "unit": "MHz" | "spin ops/us" | "none",
 //!          "per_region": [number],               // one figure per timed region
-//!          "drift": number | null,               // spread of the thirds' medians / median
-//!          "jitter": number | null,              // (max - min) / median of per_region
-//!          "limit": number, "flagged": bool, "notes": [string]}
+//!          "arm_gap": {"mean_a": number, "mean_b": number, "gap": number} | null,
+//!                                                // paired only: the verdict's input
+//!          "drift": number | null,               // advisory: thirds' medians spread
+//!          "jitter": number | null,              // advisory: (max - min) / median
+//!          "run_queue_delay": number | null,     // mean share of a region, schedstat
+//!          "steal": number | null,               // machine-wide steal share of the run
+//!          "steal_gap": {"ticks_a": integer, "ticks_b": integer, "share_a": number,
+//!                        "share_b": number, "standard_error": number,
+//!                        "flagged": bool} | null,  // paired, where steal is reported
+//!          "limit": number,
+//!          "flagged": bool,                      // arm gap > limit, or steal_gap flagged
+//!          "drift_advisory": bool,               // drift > limit (decides nothing)
+//!          "notes": [string]}
 //! ```
 
 pub mod cell;
@@ -116,12 +134,13 @@ pub mod report;
 
 pub use cell::{Cell, CellOptions, Probe};
 pub use clock::{
-    read_capped, ClockDrift, ClockMonitor, ClockOptions, ClockSource, ClockSourceChoice,
-    CPUFREQ_CAP, PROC_STAT_CAP,
+    read_capped, reference_noise_floor, ClockDrift, ClockMonitor, ClockOptions, ClockSource,
+    ClockSourceChoice, Interference, NoiseFloor, SpinStatistic, StealGap, CPUFREQ_CAP,
+    PROC_STAT_CAP, SCHEDSTAT_CAP,
 };
 pub use error::HostCostError;
 pub use estimate::{
-    Arm, CellThresholds, CellVerdict, DifferenceDecision, DifferenceRule, Direction,
+    Arm, ArmGap, CellThresholds, CellVerdict, DifferenceDecision, DifferenceRule, Direction,
     NotPublishable, PairOrder, PairThresholds, RoundSummary,
 };
 pub use paired::{PairOptions, Paired};

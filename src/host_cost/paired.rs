@@ -5,7 +5,7 @@
 //! machine, and cancels linear drift by mirroring the order inside each round (ABBA, see
 //! [`PairOrder::Abba`]). It quotes the **median** per-round ratio B/A and the median
 //! per-round delta per unit, the ratio spread, a publishability verdict (≥ 8 rounds,
-//! ratio spread ≤ 20 %, clock drift ≤ 2 %, with the reasons when not) and a separate
+//! ratio spread ≤ 20 %, between-arm clock gap ≤ 2 %, with the reasons when not) and a separate
 //! "difference detected" decision ([`DifferenceDecision`]: sign test plus a minimum
 //! effect) whose inputs are all exposed so its power can be measured.
 //!
@@ -15,7 +15,10 @@
 
 use std::time::Duration;
 
-use super::cell::{calibrate, iterations_for, time_region, Probe};
+use super::cell::{
+    calibrate, calibration_probe, check_count, check_duration, check_number, iterations_for,
+    time_region, Probe, MAX_PROBE_GROWTH, MAX_WARMUP_CALLS,
+};
 use super::clock::{ClockDrift, ClockMonitor, ClockOptions};
 use super::error::HostCostError;
 use super::estimate::{
@@ -89,24 +92,43 @@ impl PairOptions {
         }
     }
 
-    fn validate(&self) -> Result<(), HostCostError> {
-        let problem = if self.rounds == 0 {
-            Some("PairOptions::rounds is 0; use at least 8 (fewer is never publishable)")
-        } else if self.probe_growth < 2 {
-            Some("PairOptions::probe_growth is below 2; use at least 2 so calibration ends")
-        } else if self.target_region.is_zero() {
-            Some("PairOptions::target_region is zero; use a positive duration")
-        } else if self.max_iterations == 0 {
-            Some("PairOptions::max_iterations is zero; use at least 1")
-        } else {
-            None
-        };
-        match problem {
-            Some(message) => Err(HostCostError::InvalidOptions {
-                message: message.to_string(),
-            }),
-            None => Ok(()),
-        }
+    /// Checks every field against its bound (issue 13: `rounds = 2⁶²` used to panic
+    /// allocating the schedule).
+    ///
+    /// # Errors
+    /// [`HostCostError::InvalidOptions`] naming the first field out of bounds and the
+    /// bound.
+    pub fn validate(&self) -> Result<(), HostCostError> {
+        check_count(
+            "PairOptions::warmup_calls",
+            self.warmup_calls,
+            0,
+            MAX_WARMUP_CALLS,
+        )?;
+        check_duration("PairOptions::target_region", self.target_region, false)?;
+        check_duration("PairOptions::probe_minimum", self.probe_minimum, true)?;
+        check_count(
+            "PairOptions::probe_growth",
+            self.probe_growth,
+            2,
+            MAX_PROBE_GROWTH,
+        )?;
+        check_count("PairOptions::rounds", self.rounds, 1, estimate::MAX_ROUNDS)?;
+        check_count(
+            "PairOptions::max_iterations",
+            self.max_iterations,
+            1,
+            u64::MAX,
+        )?;
+        check_number(
+            "PairOptions::optimised_away_below_ns",
+            self.optimised_away_below_ns,
+            0.0,
+            1e12,
+        )?;
+        self.thresholds.validate()?;
+        self.difference.validate()?;
+        self.clock.validate()
     }
 }
 
@@ -191,23 +213,24 @@ impl Paired {
             options.probe_growth,
             options.max_iterations,
         );
-        let per_unit = |probes: &[Probe]| {
-            probes
-                .last()
+        let final_a = calibration_probe(&probes_a);
+        let final_b = calibration_probe(&probes_b);
+        let per_unit = |probe: Option<Probe>| {
+            probe
                 .map(|probe| probe.seconds / probe.iterations as f64)
                 .unwrap_or(0.0)
         };
-        let slower = if per_unit(&probes_b) > per_unit(&probes_a) {
-            probes_b.last()
+        let slower = if per_unit(final_b) > per_unit(final_a) {
+            final_b
         } else {
-            probes_a.last()
+            final_a
         };
         let iterations = slower
-            .map(|probe| iterations_for(options.target_region, probe, options.max_iterations))
+            .map(|probe| iterations_for(options.target_region, &probe, options.max_iterations))
             .unwrap_or(1);
 
         let schedule = estimate::schedule(options.order, options.rounds);
-        let mut monitor = ClockMonitor::start(&options.clock);
+        let mut monitor = ClockMonitor::start(&options.clock)?;
         let mut region_seconds = Vec::with_capacity(schedule.len());
         monitor.mark_boundary();
         for arm in &schedule {
@@ -247,7 +270,7 @@ impl Paired {
     ) -> Result<Paired, HostCostError> {
         let whole_rounds = region_seconds.len() / 4;
         if whole_rounds == 0 || iterations_per_region == 0 {
-            return Err(HostCostError::InvalidOptions {
+            return Err(HostCostError::InvalidSamples {
                 message: format!(
                     "comparison `{name_b} vs {name_a}` has {} regions of \
                      {iterations_per_region} iterations; give at least one whole round \
@@ -256,8 +279,10 @@ impl Paired {
                 ),
             });
         }
+        options.validate()?;
         let schedule = estimate::schedule(options.order, whole_rounds);
         let region_seconds = region_seconds[..whole_rounds * 4].to_vec();
+        let clock = clock.with_arms(&schedule);
         let units = iterations_per_region as f64;
         let arm_minimum = |wanted: Arm| {
             let per_unit: Vec<f64> = schedule
@@ -290,8 +315,19 @@ impl Paired {
             .collect();
         let ratio_spread = estimate::ratio_spread(&ratios);
         let difference = estimate::decide_difference(&ratios, &options.difference);
-        let not_publishable =
-            estimate::publishability(rounds.len(), ratio_spread, clock.drift, &options.thresholds);
+        let mut not_publishable = estimate::publishability(
+            rounds.len(),
+            ratio_spread,
+            clock.arm_gap.map(|gap| gap.gap),
+            &options.thresholds,
+        );
+        if let Some(steal) = clock.steal_gap.filter(|steal| steal.flagged) {
+            not_publishable.push(NotPublishable::StealGapTooLarge {
+                share_a: steal.share_a,
+                share_b: steal.share_b,
+                limit: clock.limit,
+            });
+        }
         Ok(Paired {
             name: format!("{name_b} vs {name_a}"),
             name_a: name_a.to_string(),

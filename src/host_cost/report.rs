@@ -307,11 +307,34 @@ fn clock_summary(clock: &ClockDrift) -> String {
         Some(v) => format!("{:.2}%", v * 100.0),
         None => "n/a".to_string(),
     };
+    // The verdict first (between-arm gap; cells have none), then the advisories.
+    let gap = match clock.arm_gap {
+        Some(gap) => format!(
+            "gap {}{}; ",
+            percent(Some(gap.gap)),
+            if clock.flagged { " FLAGGED" } else { "" }
+        ),
+        None => String::new(),
+    };
+    let mut interference = String::new();
+    if let Some(delay) = clock.interference.run_queue_delay {
+        interference.push_str(&format!(", rq delay {}", percent(Some(delay))));
+    }
+    match (clock.steal_gap, clock.interference.steal) {
+        (Some(steal), _) => interference.push_str(&format!(
+            ", steal A {} B {}{}",
+            percent(Some(steal.share_a)),
+            percent(Some(steal.share_b)),
+            if steal.flagged { " FLAGGED" } else { "" }
+        )),
+        (None, Some(steal)) => interference.push_str(&format!(", steal {}", percent(Some(steal)))),
+        (None, None) => {}
+    }
     format!(
-        "{} drift {}{} (jitter {})",
+        "{} {gap}advisory: drift {}{}, jitter {}{interference}",
         clock.source.label(),
         percent(clock.drift),
-        if clock.flagged { " FLAGGED" } else { "" },
+        if clock.drift_advisory { " (high)" } else { "" },
         percent(clock.jitter)
     )
 }
@@ -399,13 +422,51 @@ fn clock_json(out: &mut String, clock: &ClockDrift) {
     json_string(out, clock.source.unit());
     out.push_str(", \"per_region\": ");
     json_numbers(out, &clock.per_region);
+    out.push_str(", \"arm_gap\": ");
+    match clock.arm_gap {
+        Some(gap) => {
+            out.push_str("{\"mean_a\": ");
+            json_number(out, gap.mean_a);
+            out.push_str(", \"mean_b\": ");
+            json_number(out, gap.mean_b);
+            out.push_str(", \"gap\": ");
+            json_number(out, gap.gap);
+            out.push('}');
+        }
+        None => out.push_str("null"),
+    }
     out.push_str(", \"drift\": ");
     json_optional(out, clock.drift);
     out.push_str(", \"jitter\": ");
     json_optional(out, clock.jitter);
+    out.push_str(", \"run_queue_delay\": ");
+    json_optional(out, clock.interference.run_queue_delay);
+    out.push_str(", \"steal\": ");
+    json_optional(out, clock.interference.steal);
+    out.push_str(", \"steal_gap\": ");
+    match clock.steal_gap {
+        Some(steal) => {
+            let _ = write!(
+                out,
+                "{{\"ticks_a\": {}, \"ticks_b\": {}, \"share_a\": ",
+                steal.ticks_a, steal.ticks_b
+            );
+            json_number(out, steal.share_a);
+            out.push_str(", \"share_b\": ");
+            json_number(out, steal.share_b);
+            out.push_str(", \"standard_error\": ");
+            json_number(out, steal.standard_error);
+            let _ = write!(out, ", \"flagged\": {}}}", steal.flagged);
+        }
+        None => out.push_str("null"),
+    }
     out.push_str(", \"limit\": ");
     json_number(out, clock.limit);
-    let _ = write!(out, ", \"flagged\": {}, \"notes\": [", clock.flagged);
+    let _ = write!(
+        out,
+        ", \"flagged\": {}, \"drift_advisory\": {}, \"notes\": [",
+        clock.flagged, clock.drift_advisory
+    );
     for (index, note) in clock.notes.iter().enumerate() {
         if index > 0 {
             out.push_str(", ");

@@ -90,8 +90,8 @@ use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::io::Write as _;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 /// The environment variable that switches the probe on (read once per process).
@@ -101,7 +101,7 @@ pub const ENV_VAR: &str = "VYRE_CUDA_DISPATCH_PHASE_PROBE";
 pub const LINE_PREFIX: &str = "vyre-cuda-dispatch-phase";
 
 /// The keys of a probe line, in the exact order they are printed (§5).
-pub const LINE_KEYS: [&str; 27] = [
+pub const LINE_KEYS: [&str; 28] = [
     "seq",
     "nodes",
     "ptx_bytes",
@@ -129,10 +129,19 @@ pub const LINE_KEYS: [&str; 27] = [
     "unattributed_ns",
     "ptx_cache_hits",
     "ptx_cache_misses",
+    "program",
 ];
 
 /// Number of keys on a line.
 const PRINTED_KEYS: usize = LINE_KEYS.len();
+
+/// Keys of a line written before `program` was appended (issue 12): such a line still
+/// parses, with [`DispatchRecord::program`] 0 (not recorded).
+const LEGACY_KEYS: usize = PRINTED_KEYS - 1;
+
+/// Index of `program` in [`LINE_KEYS`]: the one field written as 16 lower-case hex
+/// digits (an identity, not a quantity).
+const PROGRAM_INDEX: usize = PRINTED_KEYS - 1;
 
 /// Number of host phases ([`Phase::ALL`]).
 pub const PHASE_COUNT: usize = 9;
@@ -352,6 +361,11 @@ pub struct DispatchRecord {
     pub ptx_cache_hits: u64,
     /// PTX source cache misses inside this dispatch.
     pub ptx_cache_misses: u64,
+    /// Identity of the dispatched program: the low 64 bits of its module key (program
+    /// digest, codegen policy and device caps), printed as 16 hex digits, so two
+    /// kernels of the same shape are told apart. 0 when the dispatch path recorded none
+    /// ([`note_program`]) or the line predates the field.
+    pub program: u64,
 }
 
 impl DispatchRecord {
@@ -393,7 +407,7 @@ impl DispatchRecord {
         }
     }
 
-    /// The 27 printed values in [`LINE_KEYS`] order.
+    /// The 28 printed values in [`LINE_KEYS`] order.
     fn values(&self) -> [u64; PRINTED_KEYS] {
         let p = &self.phases;
         [
@@ -424,6 +438,7 @@ impl DispatchRecord {
             self.unattributed_ns(),
             self.ptx_cache_hits,
             self.ptx_cache_misses,
+            self.program,
         ]
     }
 
@@ -448,6 +463,7 @@ impl DispatchRecord {
             sub_ptx_vsa_ns: v[22],
             ptx_cache_hits: v[25],
             ptx_cache_misses: v[26],
+            program: v[PROGRAM_INDEX],
         }
     }
 }
@@ -470,11 +486,15 @@ fn write_record(record: &DispatchRecord, out: &mut impl fmt::Write) -> fmt::Resu
 /// for probe-on over probe-off is 1.05. `None` only if the line would not fit.
 fn encode_record(record: &DispatchRecord, out: &mut LineBuffer) -> Option<()> {
     out.push(LINE_PREFIX.as_bytes())?;
-    for (key, value) in LINE_KEYS.iter().zip(record.values()) {
+    for (index, (key, value)) in LINE_KEYS.iter().zip(record.values()).enumerate() {
         out.push_byte(b' ')?;
         out.push(key.as_bytes())?;
         out.push_byte(b'=')?;
-        out.push_decimal(value)?;
+        if index == PROGRAM_INDEX {
+            out.push_hex(value)?;
+        } else {
+            out.push_decimal(value)?;
+        }
     }
     Some(())
 }
@@ -489,40 +509,161 @@ pub fn format_line(record: &DispatchRecord) -> String {
 }
 
 /// Parses one probe line strictly: it must start with [`LINE_PREFIX`] and one
-/// space, then hold exactly the [`LINE_KEYS`] in order (separated by ASCII
-/// whitespace; trailing whitespace such as `\r` is ignored), every value a
-/// plain decimal `u64` (digits only, no sign), and `named_host_ns` /
+/// space, then hold exactly the [`LINE_KEYS`] in order, each once (separated by
+/// ASCII whitespace; trailing whitespace such as `\r` is ignored), every value a
+/// plain decimal `u64` (digits only, no sign, at most `u64::MAX`) except
+/// `program` (exactly 16 lower-case hex digits), and `named_host_ns` /
 /// `unattributed_ns` must equal the values recomputed from the phases and wall
-/// (a line that does not add up is corrupt). Anything else is `None`.
+/// (a line that does not add up is corrupt). A line that ends after
+/// `ptx_cache_misses` (written before `program` was appended) is accepted with
+/// `program` 0. Anything else is `None`; [`parse_line_checked`] says why.
 pub fn parse_line(line: &str) -> Option<DispatchRecord> {
-    let rest = line.strip_prefix(LINE_PREFIX)?;
+    parse_line_checked(line).ok()
+}
+
+/// Why a probe line was refused by [`parse_line_checked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineError {
+    /// The line does not start with [`LINE_PREFIX`] and a space.
+    NoPrefix,
+    /// The line ended before this key (a truncated line).
+    MissingField {
+        /// The key that was due.
+        expected: &'static str,
+    },
+    /// A key that already appeared earlier in the line appeared again.
+    DuplicateKey {
+        /// The repeated key.
+        key: &'static str,
+    },
+    /// Another key (or no `key=`) where this key was due: keys out of order or unknown.
+    UnexpectedKey {
+        /// The key that was due.
+        expected: &'static str,
+    },
+    /// The value is empty or not plain digits (signs, dots, letters).
+    BadValue {
+        /// The key.
+        key: &'static str,
+    },
+    /// The value is all digits but above `u64::MAX`.
+    Overflow {
+        /// The key.
+        key: &'static str,
+    },
+    /// `named_host_ns` is not the sum of the nine phases, or `unattributed_ns` is not
+    /// `wall_ns − named_host_ns`.
+    TotalsDisagree {
+        /// The total that disagrees.
+        key: &'static str,
+    },
+    /// Something follows the last key.
+    ExtraField,
+    /// The line is longer than the reader's cap (counted by the report, never parsed).
+    TooLong,
+}
+
+impl LineError {
+    /// A short stable label, used to count refusals by kind.
+    pub fn label(self) -> &'static str {
+        match self {
+            LineError::NoPrefix => "no prefix",
+            LineError::MissingField { .. } => "truncated",
+            LineError::DuplicateKey { .. } => "duplicate key",
+            LineError::UnexpectedKey { .. } => "key out of order or unknown",
+            LineError::BadValue { .. } => "not a decimal value",
+            LineError::Overflow { .. } => "value overflows u64",
+            LineError::TotalsDisagree { .. } => "totals do not add up",
+            LineError::ExtraField => "extra field",
+            LineError::TooLong => "line over the length cap",
+        }
+    }
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineError::MissingField { expected } => {
+                write!(formatter, "truncated before `{expected}=`")
+            }
+            LineError::DuplicateKey { key } => write!(formatter, "duplicate key `{key}`"),
+            LineError::UnexpectedKey { expected } => {
+                write!(formatter, "expected `{expected}=` here")
+            }
+            LineError::BadValue { key } => write!(formatter, "`{key}` is not a decimal integer"),
+            LineError::Overflow { key } => write!(formatter, "`{key}` overflows u64"),
+            LineError::TotalsDisagree { key } => write!(formatter, "`{key}` does not add up"),
+            other => formatter.write_str(other.label()),
+        }
+    }
+}
+
+/// [`parse_line`] with the reason for a refusal.
+///
+/// # Errors
+/// The first rule the line breaks, as a [`LineError`].
+pub fn parse_line_checked(line: &str) -> Result<DispatchRecord, LineError> {
+    let rest = line.strip_prefix(LINE_PREFIX).ok_or(LineError::NoPrefix)?;
     if !rest.starts_with(' ') {
-        return None;
+        return Err(LineError::NoPrefix);
     }
     let mut values = [0u64; PRINTED_KEYS];
     let mut fields = rest.split_ascii_whitespace();
-    for (slot, key) in values.iter_mut().zip(&LINE_KEYS) {
-        let field = fields.next()?;
-        let value = field.strip_prefix(key)?.strip_prefix('=')?;
-        *slot = parse_decimal(value)?;
+    for (index, (slot, key)) in values.iter_mut().zip(&LINE_KEYS).enumerate() {
+        let Some(field) = fields.next() else {
+            if index == LEGACY_KEYS {
+                break; // a line from before `program` was appended
+            }
+            return Err(LineError::MissingField { expected: key });
+        };
+        let Some(value) = field.strip_prefix(key).and_then(|v| v.strip_prefix('=')) else {
+            let found = field.split('=').next().unwrap_or("");
+            if let Some(&earlier) = LINE_KEYS[..index].iter().find(|k| **k == found) {
+                return Err(LineError::DuplicateKey { key: earlier });
+            }
+            return Err(LineError::UnexpectedKey { expected: key });
+        };
+        *slot = if index == PROGRAM_INDEX {
+            parse_hex(value).ok_or(LineError::BadValue { key })?
+        } else {
+            parse_decimal(value).map_err(|overflow| {
+                if overflow {
+                    LineError::Overflow { key }
+                } else {
+                    LineError::BadValue { key }
+                }
+            })?
+        };
     }
     if fields.next().is_some() {
-        return None;
+        return Err(LineError::ExtraField);
     }
     let record = DispatchRecord::from_values(&values);
     let all = record.values();
-    if all[23] != values[23] || all[24] != values[24] {
-        return None;
+    if all[23] != values[23] {
+        return Err(LineError::TotalsDisagree { key: LINE_KEYS[23] });
     }
-    Some(record)
+    if all[24] != values[24] {
+        return Err(LineError::TotalsDisagree { key: LINE_KEYS[24] });
+    }
+    Ok(record)
 }
 
-/// Digits-only `u64` (rejects empty, signs, overflow).
-fn parse_decimal(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+/// Exactly 16 lower-case hex digits.
+fn parse_hex(text: &str) -> Option<u64> {
+    if text.len() != 16 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
-    text.parse().ok()
+    u64::from_str_radix(text, 16).ok()
+}
+
+/// Plain decimal digits; `Err(true)` when they overflow `u64`, `Err(false)` for
+/// anything else.
+fn parse_decimal(text: &str) -> Result<u64, bool> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(false);
+    }
+    text.parse().map_err(|_| true)
 }
 
 // ---------------------------------------------------------------------------
@@ -637,6 +778,7 @@ struct Accumulator {
     counts: [u64; COUNT_COUNT],
     ptx_cache_hits: u64,
     ptx_cache_misses: u64,
+    program: u64,
 }
 
 thread_local! {
@@ -708,6 +850,7 @@ fn begin_dispatch_on() -> Option<DispatchProbe> {
                 counts: [0; COUNT_COUNT],
                 ptx_cache_hits: 0,
                 ptx_cache_misses: 0,
+                program: 0,
             });
             Some(DispatchProbe {
                 index,
@@ -784,6 +927,7 @@ impl DispatchProbe {
             sub_ptx_vsa_ns: accumulator.sub_phases[SubPhase::PtxVsa.index()],
             ptx_cache_hits: accumulator.ptx_cache_hits,
             ptx_cache_misses: accumulator.ptx_cache_misses,
+            program: accumulator.program,
         };
         emit(&record);
         Some(record)
@@ -899,6 +1043,16 @@ pub fn count_with(count: Count, value: impl FnOnce() -> u64) {
     }
 }
 
+/// Records the identity of the program the open dispatch runs (printed as
+/// `program=`, 16 hex digits; the report groups by it). `identity` is only called
+/// while the probe is on; the backend passes the low 64 bits of the module key.
+#[inline]
+pub fn note_program(identity: impl FnOnce() -> u64) {
+    if enabled() {
+        with_accumulator(None, |a| a.program = identity());
+    }
+}
+
 /// Records one PTX source cache lookup (hit or miss) of this thread's
 /// innermost open dispatch. One relaxed load while off.
 #[inline]
@@ -934,7 +1088,7 @@ pub fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
     (result, lines.unwrap_or_default())
 }
 
-/// Longest possible line: prefix + 27 × (space + key + '=' + 20 digits).
+/// Longest possible line: prefix + 28 × (space + key + '=' + 20 digits).
 const LINE_CAPACITY: usize = 1024;
 
 /// A stack buffer a line is formatted into before its single write.
@@ -981,6 +1135,18 @@ impl LineBuffer {
         Some(())
     }
 
+    /// Appends `value` as exactly 16 lower-case hex digits.
+    fn push_hex(&mut self, value: u64) -> Option<()> {
+        let end = self.len.checked_add(16)?;
+        let slot = self.bytes.get_mut(self.len..end)?;
+        for (position, dst) in slot.iter_mut().enumerate() {
+            let nibble = (value >> (60 - 4 * position)) & 0xF;
+            *dst = b"0123456789abcdef"[nibble as usize];
+        }
+        self.len = end;
+        Some(())
+    }
+
     fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
@@ -1016,7 +1182,133 @@ fn emit(record: &DispatchRecord) {
         })
         .unwrap_or(false);
     if !captured {
+        write_to_sink(record, line);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Where lines go.
+
+/// Where probe lines go when they are not captured ([`capture_lines`]). Default
+/// [`Sink::Stderr`] (§5); a program that keeps stderr for its users picks another
+/// with [`set_sink`].
+pub enum Sink {
+    /// One `write_all` per line on locked stderr (the default).
+    Stderr,
+    /// One `write_all` per line (newline included) on this writer, e.g. an opened log
+    /// file ([`Sink::file`]). Write errors are ignored, as on stderr.
+    Writer(Box<dyn std::io::Write + Send>),
+    /// Called with the record and its line (no newline) after the dispatch's timing
+    /// is captured. A panic inside it is caught and the line goes to stderr instead:
+    /// the probe never turns a dispatch into a panic.
+    Callback(LineCallback),
+    /// A `tracing` event at `INFO` on target `vyre_cuda::probe`, with the line as
+    /// its message.
+    Tracing,
+}
+
+impl Sink {
+    /// A [`Sink::Writer`] appending to the file at `path` (created if absent).
+    ///
+    /// # Errors
+    /// The operating system's error when the file cannot be opened for appending.
+    pub fn file(path: &std::path::Path) -> std::io::Result<Sink> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Sink::Writer(Box::new(file)))
+    }
+}
+
+impl fmt::Debug for Sink {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(match self {
+            Sink::Stderr => "Sink::Stderr",
+            Sink::Writer(_) => "Sink::Writer",
+            Sink::Callback(_) => "Sink::Callback",
+            Sink::Tracing => "Sink::Tracing",
+        })
+    }
+}
+
+/// The chosen sink; `None` is stderr. Behind an `Arc` so a line is written after the
+/// lock is released (a callback that dispatches cannot deadlock the probe).
+static SINK: Mutex<Option<Arc<SinkTarget>>> = Mutex::new(None);
+/// `true` while a non-stderr sink is set: the stderr path never takes the lock.
+static SINK_CHOSEN: AtomicBool = AtomicBool::new(false);
+
+/// A [`Sink::Callback`]: receives each record and its line (no newline).
+pub type LineCallback = Box<dyn Fn(&DispatchRecord, &str) + Send + Sync>;
+
+enum SinkTarget {
+    Writer(Mutex<Box<dyn std::io::Write + Send>>),
+    Callback(LineCallback),
+    Tracing,
+}
+
+thread_local! {
+    /// Set while this thread is inside a sink, so a line produced from within the
+    /// sink (a callback that dispatches) goes to stderr instead of recursing.
+    static IN_SINK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Chooses where probe lines go from now on, for every thread of the process.
+/// Lines already being written finish on the old sink.
+pub fn set_sink(sink: Sink) {
+    let target = match sink {
+        Sink::Stderr => None,
+        Sink::Writer(writer) => Some(Arc::new(SinkTarget::Writer(Mutex::new(writer)))),
+        Sink::Callback(callback) => Some(Arc::new(SinkTarget::Callback(callback))),
+        Sink::Tracing => Some(Arc::new(SinkTarget::Tracing)),
+    };
+    let mut slot = SINK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    SINK_CHOSEN.store(target.is_some(), Ordering::Release);
+    *slot = target;
+}
+
+fn write_to_sink(record: &DispatchRecord, line: &[u8]) {
+    let target = if SINK_CHOSEN.load(Ordering::Acquire) {
+        SINK.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    } else {
+        None
+    };
+    let reentrant = IN_SINK.try_with(Cell::get).unwrap_or(true);
+    let delivered = match target {
+        Some(target) if !reentrant => {
+            let _ = IN_SINK.try_with(|flag| flag.set(true));
+            let delivered = deliver(&target, record, line);
+            let _ = IN_SINK.try_with(|flag| flag.set(false));
+            delivered
+        }
+        _ => false,
+    };
+    if !delivered {
         let _ = std::io::stderr().lock().write_all(line);
+    }
+}
+
+/// Writes one line to a chosen sink; `false` when it must fall back to stderr.
+fn deliver(target: &SinkTarget, record: &DispatchRecord, line: &[u8]) -> bool {
+    let text = std::str::from_utf8(&line[..line.len().saturating_sub(1)]).unwrap_or("");
+    match target {
+        SinkTarget::Writer(writer) => {
+            let mut writer = writer
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _ = writer.write_all(line);
+            true
+        }
+        SinkTarget::Callback(callback) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(record, text)))
+                .is_ok()
+        }
+        SinkTarget::Tracing => {
+            tracing::info!(target: "vyre_cuda::probe", "{text}");
+            true
+        }
     }
 }
 
@@ -1046,6 +1338,7 @@ mod tests {
             sub_ptx_vsa_ns: u64::MAX,
             ptx_cache_hits: u64::MAX,
             ptx_cache_misses: u64::MAX,
+            program: u64::MAX,
         };
         let mut buffer = LineBuffer {
             bytes: [0; LINE_CAPACITY],
@@ -1068,10 +1361,20 @@ mod tests {
     /// Locks out a parser that accepts signs, empty values or overflow.
     #[test]
     fn decimal_parser_is_strict() {
-        assert_eq!(parse_decimal("0"), Some(0));
-        assert_eq!(parse_decimal("18446744073709551615"), Some(u64::MAX));
-        for bad in ["", "+1", "-1", "1.0", "18446744073709551616", "1a", " 1"] {
-            assert_eq!(parse_decimal(bad), None, "{bad:?}");
+        assert_eq!(parse_decimal("0"), Ok(0));
+        assert_eq!(parse_decimal("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_decimal("18446744073709551616"), Err(true));
+        for bad in ["", "+1", "-1", "1.0", "1a", " 1"] {
+            assert_eq!(parse_decimal(bad), Err(false), "{bad:?}");
+        }
+        assert_eq!(parse_hex("00000000000000ff"), Some(255));
+        for bad in [
+            "ff",
+            "00000000000000FF",
+            "+000000000000000",
+            "00000000000000000",
+        ] {
+            assert_eq!(parse_hex(bad), None, "{bad:?}");
         }
     }
 

@@ -14,12 +14,20 @@
 //! * **Probe line**: a line containing `vyre-cuda-dispatch-phase ` (normally at
 //!   its start; a line where another program's output ran in front of it, such
 //!   as `test foo ... vyre-cuda-dispatch-phase seq=...`, is read from the marker
-//!   on). It must then parse with [`parse_line`] (strict: all
+//!   on). It must then parse with [`parse_line`](super::parse_line) (strict: all
 //!   keys in order, integer values, totals consistent); otherwise it is counted
 //!   as **malformed** and skipped. Lines without the marker are **unrelated**
 //!   and only counted. Invalid UTF-8 is read lossily by the binary.
-//! * **Group**: records with the same program shape `(nodes, buffers)`, sorted
-//!   ascending by that pair.
+//! * **Group**: records of the same program: the same `program` identity (the
+//!   low 64 bits of the module key) and shape `(nodes, buffers)`, sorted
+//!   ascending by `(nodes, buffers, program)`. Two kernels of the same shape are
+//!   two groups; lines from before `program` existed (identity 0) group by shape.
+//! * **Bounded memory**: [`summarize_reader`] streams its input; a line longer
+//!   than [`MAX_LINE_BYTES`] is counted as malformed (`line over the length cap`)
+//!   without being stored, and records beyond [`MAX_RECORDS`] are counted
+//!   (`over_record_cap`) and skipped, so any input costs at most a few tens of
+//!   megabytes. Malformed lines are counted by reason ([`LineError::label`]),
+//!   with the first few line numbers kept as examples.
 //! * **Median and p90**: nearest-rank percentiles of the sorted values
 //!   (`sorted[ceil(p/100 · n) − 1]`), so every figure is a value that was
 //!   actually measured; the median of an even count is the lower middle value.
@@ -29,16 +37,20 @@
 //!   up to 100 % whenever no record's phases exceed its wall. A group whose
 //!   total wall is 0 shows shares of 0.
 
-use super::{parse_line, DispatchRecord, Phase, SubPhase, LINE_PREFIX};
+use super::{parse_line_checked, DispatchRecord, LineError, Phase, SubPhase, LINE_PREFIX};
 use std::fmt::Write as _;
+use std::io::BufRead;
 
 /// What one log line is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// A classification is consumed at once; boxing the record would cost an allocation per
+// line for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum LineKind {
     /// A probe line that parsed.
     Record(DispatchRecord),
-    /// A line with the probe marker that does not parse (truncated, garbage).
-    Malformed,
+    /// A line with the probe marker that does not parse (truncated, garbage), and why.
+    Malformed(LineError),
     /// Any other line.
     Unrelated,
 }
@@ -48,9 +60,9 @@ pub fn classify_line(line: &str) -> LineKind {
     let Some(start) = find_marker(line) else {
         return LineKind::Unrelated;
     };
-    match parse_line(&line[start..]) {
-        Some(record) => LineKind::Record(record),
-        None => LineKind::Malformed,
+    match parse_line_checked(&line[start..]) {
+        Ok(record) => LineKind::Record(record),
+        Err(error) => LineKind::Malformed(error),
     }
 }
 
@@ -169,6 +181,8 @@ pub struct RowStats {
 /// One program shape's table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSummary {
+    /// Program identity of this group (`program=`; 0 when the lines carry none).
+    pub program: u64,
     /// IR nodes of the programs in this group.
     pub nodes: u64,
     /// Buffers of the programs in this group.
@@ -209,8 +223,144 @@ pub struct LogSummary {
     pub malformed: usize,
     /// Lines without the probe marker.
     pub unrelated: usize,
-    /// One table per program shape.
+    /// Malformed lines by reason ([`LineError::label`]), in first-seen order.
+    pub malformed_reasons: Vec<(&'static str, usize)>,
+    /// The first [`MALFORMED_EXAMPLES`] malformed lines: 1-based line number and why.
+    pub malformed_examples: Vec<(usize, LineError)>,
+    /// Valid records beyond [`MAX_RECORDS`], counted and skipped.
+    pub over_record_cap: usize,
+    /// One table per program.
     pub groups: Vec<GroupSummary>,
+}
+
+/// Longest line the report reads (64 KiB; a probe line is under 1 KiB even with
+/// another program's output in front of it). Longer lines are malformed.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Most records the report keeps (2¹⁸, about 60 MB); later ones are counted only.
+pub const MAX_RECORDS: usize = 1 << 18;
+/// Malformed lines quoted by number in a summary.
+pub const MALFORMED_EXAMPLES: usize = 8;
+
+/// Builds a [`LogSummary`] one line at a time (what [`summarize_reader`] and
+/// [`summarize_log`] share).
+#[derive(Debug, Default)]
+pub struct LogAccumulator {
+    summary: LogSummary,
+    records: Vec<DispatchRecord>,
+}
+
+impl LogAccumulator {
+    /// An empty accumulator.
+    pub fn new() -> LogAccumulator {
+        LogAccumulator::default()
+    }
+
+    /// Classifies and counts one line (without its newline).
+    pub fn push_line(&mut self, line: &str) {
+        if line.len() > MAX_LINE_BYTES {
+            self.push_malformed(LineError::TooLong);
+            return;
+        }
+        match classify_line(line) {
+            LineKind::Record(record) => {
+                self.summary.lines += 1;
+                if self.records.len() < MAX_RECORDS {
+                    self.records.push(record);
+                } else {
+                    self.summary.over_record_cap += 1;
+                }
+            }
+            LineKind::Malformed(error) => self.push_malformed(error),
+            LineKind::Unrelated => {
+                self.summary.lines += 1;
+                self.summary.unrelated += 1;
+            }
+        }
+    }
+
+    /// Counts one malformed line (for a line the caller refused to store, use
+    /// [`LineError::TooLong`]).
+    pub fn push_malformed(&mut self, error: LineError) {
+        let summary = &mut self.summary;
+        summary.lines += 1;
+        summary.malformed += 1;
+        let label = error.label();
+        match summary
+            .malformed_reasons
+            .iter_mut()
+            .find(|(known, _)| *known == label)
+        {
+            Some((_, count)) => *count += 1,
+            None => summary.malformed_reasons.push((label, 1)),
+        }
+        if summary.malformed_examples.len() < MALFORMED_EXAMPLES {
+            summary.malformed_examples.push((summary.lines, error));
+        }
+    }
+
+    /// The summary of every line pushed.
+    pub fn finish(self) -> LogSummary {
+        let mut summary = self.summary;
+        summary.records = self.records.len();
+        summary.groups = summarize(&self.records);
+        summary
+    }
+}
+
+/// Reads a log from `reader` line by line in bounded memory (see the module docs)
+/// and summarizes it. Invalid UTF-8 is read lossily.
+///
+/// # Errors
+/// The reader's I/O error (other than `Interrupted`, which is retried).
+pub fn summarize_reader<R: BufRead>(mut reader: R) -> std::io::Result<LogSummary> {
+    let mut accumulator = LogAccumulator::new();
+    let mut line: Vec<u8> = Vec::new();
+    let mut too_long = false;
+    let mut pending = false;
+    loop {
+        let chunk = match reader.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        let (piece, ends_line) = match chunk.iter().position(|&byte| byte == b'\n') {
+            Some(end) => (&chunk[..end], true),
+            None => (chunk, false),
+        };
+        pending = true;
+        if !too_long {
+            if line.len() + piece.len() > MAX_LINE_BYTES {
+                too_long = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(piece);
+            }
+        }
+        let used = piece.len() + usize::from(ends_line);
+        reader.consume(used);
+        if ends_line {
+            finish_line(&mut accumulator, &mut line, &mut too_long);
+            pending = false;
+        }
+    }
+    if pending {
+        finish_line(&mut accumulator, &mut line, &mut too_long);
+    }
+    Ok(accumulator.finish())
+}
+
+fn finish_line(accumulator: &mut LogAccumulator, line: &mut Vec<u8>, too_long: &mut bool) {
+    if *too_long {
+        accumulator.push_malformed(LineError::TooLong);
+    } else {
+        let text = String::from_utf8_lossy(line);
+        accumulator.push_line(text.strip_suffix('\r').unwrap_or(&text));
+    }
+    line.clear();
+    *too_long = false;
 }
 
 /// Nearest-rank percentile of an ascending slice (0 when empty):
@@ -227,27 +377,19 @@ pub fn nearest_rank(sorted: &[u64], percent: u32) -> u64 {
 
 /// Classifies every line of `text` and summarizes the records.
 pub fn summarize_log(text: &str) -> LogSummary {
-    let mut summary = LogSummary::default();
-    let mut records = Vec::new();
+    let mut accumulator = LogAccumulator::new();
     for line in text.lines() {
-        summary.lines += 1;
-        match classify_line(line) {
-            LineKind::Record(record) => records.push(record),
-            LineKind::Malformed => summary.malformed += 1,
-            LineKind::Unrelated => summary.unrelated += 1,
-        }
+        accumulator.push_line(line);
     }
-    summary.records = records.len();
-    summary.groups = summarize(&records);
-    summary
+    accumulator.finish()
 }
 
-/// Groups records by `(nodes, buffers)` and computes every row's statistics.
+/// Groups records by program (identity and shape) and summarizes each group.
 pub fn summarize(records: &[DispatchRecord]) -> Vec<GroupSummary> {
     let mut sorted: Vec<&DispatchRecord> = records.iter().collect();
-    sorted.sort_by_key(|record| (record.nodes, record.buffers));
+    sorted.sort_by_key(|record| (record.nodes, record.buffers, record.program));
     sorted
-        .chunk_by(|a, b| (a.nodes, a.buffers) == (b.nodes, b.buffers))
+        .chunk_by(|a, b| (a.nodes, a.buffers, a.program) == (b.nodes, b.buffers, b.program))
         .map(summarize_group)
         .collect()
 }
@@ -282,6 +424,7 @@ fn summarize_group(group: &[&DispatchRecord]) -> GroupSummary {
         .collect();
     let first = group[0];
     GroupSummary {
+        program: first.program,
         nodes: first.nodes,
         buffers: first.buffers,
         dispatches: group.len(),
@@ -318,15 +461,41 @@ pub fn render_table(summary: &LogSummary) -> String {
         out,
         "median and p90: nearest rank, microseconds; share: row total / wall total of the group"
     );
+    if !summary.malformed_reasons.is_empty() {
+        let reasons: Vec<String> = summary
+            .malformed_reasons
+            .iter()
+            .map(|(label, count)| format!("{count} {label}"))
+            .collect();
+        let examples: Vec<String> = summary
+            .malformed_examples
+            .iter()
+            .map(|(line, error)| format!("line {line}: {error}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "malformed: {} (first: {})",
+            reasons.join(", "),
+            examples.join("; ")
+        );
+    }
+    if summary.over_record_cap > 0 {
+        let _ = writeln!(
+            out,
+            "{} records beyond the {MAX_RECORDS}-record cap were counted and skipped",
+            summary.over_record_cap
+        );
+    }
     if summary.groups.is_empty() {
         let _ = writeln!(out, "\nno probe records");
     }
     for group in &summary.groups {
         let _ = writeln!(
             out,
-            "\nnodes={} buffers={}: {} dispatches; median ptx_bytes={} bindings={} fixpoint={} grid_blocks={}; ptx cache {} hits, {} misses",
+            "\nnodes={} buffers={} program={:016x}: {} dispatches; median ptx_bytes={} bindings={} fixpoint={} grid_blocks={}; ptx cache {} hits, {} misses",
             group.nodes,
             group.buffers,
+            group.program,
             group.dispatches,
             group.median_ptx_bytes,
             group.median_bindings,
@@ -375,16 +544,29 @@ pub fn render_json(summary: &LogSummary) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "{{\"lines\":{},\"records\":{},\"malformed\":{},\"unrelated\":{},\"groups\":[",
-        summary.lines, summary.records, summary.malformed, summary.unrelated
+        "{{\"lines\":{},\"records\":{},\"malformed\":{},\"unrelated\":{},\"over_record_cap\":{},\"malformed_reasons\":{{",
+        summary.lines,
+        summary.records,
+        summary.malformed,
+        summary.unrelated,
+        summary.over_record_cap
     );
+    for (index, (label, count)) in summary.malformed_reasons.iter().enumerate() {
+        let _ = write!(
+            out,
+            "{}\"{label}\":{count}",
+            if index > 0 { "," } else { "" }
+        );
+    }
+    out.push_str("},\"groups\":[");
     for (group_index, group) in summary.groups.iter().enumerate() {
         if group_index > 0 {
             out.push(',');
         }
         let _ = write!(
             out,
-            "{{\"nodes\":{},\"buffers\":{},\"dispatches\":{},\"median_ptx_bytes\":{},\"median_bindings\":{},\"median_fixpoint\":{},\"median_grid_blocks\":{},\"ptx_cache_hits\":{},\"ptx_cache_misses\":{},\"rows\":[",
+            "{{\"program\":\"{:016x}\",\"nodes\":{},\"buffers\":{},\"dispatches\":{},\"median_ptx_bytes\":{},\"median_bindings\":{},\"median_fixpoint\":{},\"median_grid_blocks\":{},\"ptx_cache_hits\":{},\"ptx_cache_misses\":{},\"rows\":[",
+            group.program,
             group.nodes,
             group.buffers,
             group.dispatches,
@@ -454,7 +636,7 @@ mod tests {
         assert_eq!(classify_line("ordinary log line"), LineKind::Unrelated);
         assert_eq!(
             classify_line("vyre-cuda-dispatch-phase seq=1"),
-            LineKind::Malformed
+            LineKind::Malformed(LineError::MissingField { expected: "nodes" })
         );
     }
 
