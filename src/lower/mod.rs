@@ -40,15 +40,37 @@
 //!
 //! The trailing barrier of both shared-memory forms is what makes a reduction inside
 //! a loop safe: the next iteration's first write to the buffer cannot overtake a
-//! slower thread's read of the previous iteration's result.
+//! slower thread's read of the previous iteration's result. It also makes it safe for
+//! a block that appears in several places (one `Arc` shared by several parents) to
+//! be rewritten **once**: its reductions keep one number and one buffer however often
+//! the block occurs, so a program whose shared blocks describe 2^64 statements costs
+//! one walk per distinct block, and its lowering shares the same blocks.
+//!
+//! # Hostile input
+//!
+//! The scan for reductions is iterative and visits each distinct block once. The
+//! rewrite runs only on a program that passes [`ir::validate`] against
+//! [`lowering_limits`] (its nesting is at most [`ir::validate::MAX_NESTING_DEPTH`], so
+//! the rewrite's recursion is bounded); [`lower`] returns that error, and
+//! [`lower_workgroup_reductions`] (the backend's call, on programs it validated)
+//! returns an invalid program unchanged, for code generation or the interpreter to
+//! report.
+//!
+//! # The subgroup size travels with the result
+//!
+//! A program lowered with subgroup steps for `S` lanes is only correct on `S`-lane
+//! subgroups (a workgroup sum of 64 lowered for 16 lanes reads 128 on 32). The result
+//! records `S` ([`lowered_subgroup_size`]); code generation and the reference
+//! interpreter refuse it for any other size.
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::ir::{
-    Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Name, Node, Program,
-    ReduceOp,
+    self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Name,
+    Node, Program, ReduceOp, ValidationError,
 };
 
 /// What the device offers that lowering may use. Part of the backend's cache
@@ -66,6 +88,26 @@ pub struct LoweringCaps {
 const CAPS_KEY_TAG: u64 = 0x4c_57_01;
 
 impl LoweringCaps {
+    /// Capabilities checked for sense: with `subgroup_ops`, `subgroup_size` must be at
+    /// least 1. (On a CUDA device use `DeviceCaps::lowering_caps`, which derives both
+    /// from the device; code generation accepts only 32-lane subgroups.)
+    pub fn new(subgroup_ops: bool, subgroup_size: u32) -> Result<Self, LoweringError> {
+        let caps = LoweringCaps {
+            subgroup_ops,
+            subgroup_size,
+        };
+        caps.check()?;
+        Ok(caps)
+    }
+
+    /// Whether these capabilities make sense (see [`LoweringCaps::new`]).
+    pub fn check(&self) -> Result<(), LoweringError> {
+        if self.subgroup_ops && self.subgroup_size == 0 {
+            return Err(LoweringError::Caps { caps: *self });
+        }
+        Ok(())
+    }
+
     /// A stable key identifying these capabilities (distinct capabilities give
     /// distinct keys). Used by the lowering memo and by the backend's cache keys.
     pub fn key(&self) -> u64 {
@@ -86,6 +128,9 @@ pub(crate) struct LoweringMemo {
     /// The lowered program and the [`LoweringCaps::key`] it was made for (only set
     /// when `needs_lowering`). One key per program: a call with another key recomputes.
     result: OnceLock<(u64, Program)>,
+    /// Set on a lowering's result that uses subgroup steps: the subgroup size they
+    /// were made for.
+    lowered_for_subgroup_size: Option<u32>,
 }
 
 impl LoweringMemo {
@@ -93,8 +138,64 @@ impl LoweringMemo {
         LoweringMemo {
             needs_lowering: false,
             result: OnceLock::new(),
+            lowered_for_subgroup_size: None,
         }
     }
+}
+
+/// Why [`lower`] refused. `Display` starts with `Fix:`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoweringError {
+    /// The program fails [`ir::validate`] against [`lowering_limits`].
+    Invalid(ValidationError),
+    /// The capabilities make no sense (see [`LoweringCaps::new`]).
+    Caps {
+        /// The capabilities given.
+        caps: LoweringCaps,
+    },
+}
+
+impl fmt::Display for LoweringError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoweringError::Invalid(error) => f.write_str(error.message()),
+            LoweringError::Caps { caps } => write!(
+                f,
+                "Fix: derive LoweringCaps from the device (DeviceCaps::lowering_caps): \
+                 subgroup_ops is set with subgroup_size {}, and a subgroup has at least 1 lane",
+                caps.subgroup_size
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoweringError {}
+
+/// The limits lowering validates against: none of the device's (the backend checks
+/// those); only the structural rules (names, types, nesting, node count) matter to
+/// the rewrite.
+pub fn lowering_limits() -> Limits {
+    // Written out in full on purpose; limits added to `Limits` later keep their defaults.
+    #[allow(clippy::needless_update)]
+    Limits {
+        max_threads_per_workgroup: u32::MAX,
+        max_workgroup_size: [u32::MAX; 3],
+        max_shared_memory_bytes: u32::MAX,
+        subgroup_size: 32,
+        ..Limits::default()
+    }
+}
+
+/// The subgroup size `program` was lowered for, when it is the result of
+/// [`lower_workgroup_reductions`] and uses subgroup steps (`None` for any other
+/// program). Code generation and the reference interpreter refuse such a program
+/// for a different subgroup size.
+pub fn lowered_subgroup_size(program: &Program) -> Option<u32> {
+    program
+        .inner
+        .lowered
+        .get()
+        .and_then(|memo| memo.lowered_for_subgroup_size)
 }
 
 thread_local! {
@@ -121,7 +222,7 @@ pub fn needs_lowering(program: &Program) -> bool {
         return memo.needs_lowering;
     }
     count_walk();
-    let needs = block_has_reduction(program.entry());
+    let needs = contains_reduction(program.entry());
     if !needs {
         // "Unchanged" holds for every capability set, so it can be memoised here.
         let _ = program.inner.lowered.set(LoweringMemo::unchanged());
@@ -129,17 +230,42 @@ pub fn needs_lowering(program: &Program) -> bool {
     needs
 }
 
-fn block_has_reduction(block: &[Node]) -> bool {
-    block.iter().any(|node| match node {
-        Node::WorkgroupReduce { .. } => true,
-        Node::If {
-            then_body,
-            else_body,
-            ..
-        } => block_has_reduction(then_body) || block_has_reduction(else_body),
-        Node::Loop { body, .. } => block_has_reduction(body),
-        _ => false,
-    })
+/// Whether any block reachable from `entry` holds a reduction: iterative (no depth
+/// limit) and visiting each distinct block allocation once (no blow-up on shared
+/// blocks).
+fn contains_reduction(entry: &Block) -> bool {
+    let mut seen: HashSet<*const Node> = HashSet::new();
+    let mut pending: Vec<&Block> = vec![entry];
+    while let Some(block) = pending.pop() {
+        if !seen.insert(block.as_ptr()) {
+            continue;
+        }
+        for node in block.iter() {
+            match node {
+                Node::WorkgroupReduce { .. } => return true,
+                Node::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    pending.push(then_body);
+                    pending.push(else_body);
+                }
+                Node::Loop { body, .. } => pending.push(body),
+                _ => {}
+            }
+        }
+    }
+    false
+}
+
+/// [`lower_workgroup_reductions`], checking first: the caps ([`LoweringCaps::check`])
+/// and the program ([`ir::validate`] against [`lowering_limits`]); returns the first
+/// error instead of lowering.
+pub fn lower(program: &Program, caps: &LoweringCaps) -> Result<Program, LoweringError> {
+    caps.check()?;
+    ir::validate(program, &lowering_limits()).map_err(LoweringError::Invalid)?;
+    Ok(lower_workgroup_reductions(program, caps))
 }
 
 /// Rewrite every [`Node::WorkgroupReduce`] of a validated program for a device with
@@ -151,6 +277,11 @@ fn block_has_reduction(block: &[Node]) -> bool {
 /// outcome is memoised in the program, so a repeat call with the same caps key, on
 /// any clone, returns the same value without walking. The result itself is marked
 /// as needing no lowering, so lowering it again is also O(1).
+///
+/// Meant for programs that passed validation (the backend's path). A program with a
+/// reduction that fails [`ir::validate`] against [`lowering_limits`], or caps that
+/// fail [`LoweringCaps::check`], is returned unchanged (code generation and the
+/// interpreter then report it); [`lower`] returns the error instead.
 pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Program {
     let key = caps.key();
     if let Some(memo) = program.inner.lowered.get() {
@@ -164,6 +295,13 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
         }
     }
 
+    if !needs_lowering(program) {
+        return program.clone();
+    }
+    // Bounded from here on: the rewrite recurses once per nesting level.
+    if caps.check().is_err() || ir::validate(program, &lowering_limits()).is_err() {
+        return program.clone();
+    }
     count_walk();
     let Some(lowered) = rewrite(program, caps) else {
         let _ = program.inner.lowered.set(LoweringMemo::unchanged());
@@ -173,6 +311,7 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
     let memo = program.inner.lowered.get_or_init(|| LoweringMemo {
         needs_lowering: true,
         result: OnceLock::new(),
+        lowered_for_subgroup_size: None,
     });
     // If another thread got there first with the same key, hand out its value so
     // every caller sees one lowered program.
@@ -190,7 +329,10 @@ fn rewrite(program: &Program, caps: &LoweringCaps) -> Option<Program> {
     buffers.append(&mut rewriter.new_buffers);
     let lowered = program.with_entry(buffers.into(), entry);
     // The output holds no reduction: lowering it again must be a no-op.
-    let _ = lowered.inner.lowered.set(LoweringMemo::unchanged());
+    let _ = lowered.inner.lowered.set(LoweringMemo {
+        lowered_for_subgroup_size: rewriter.used_subgroups.then_some(caps.subgroup_size),
+        ..LoweringMemo::unchanged()
+    });
     Some(lowered)
 }
 
@@ -203,6 +345,11 @@ struct Rewriter {
     used_bindings: HashSet<u32>,
     next_binding: u32,
     new_buffers: Vec<BufferDecl>,
+    /// Whether a subgroup reduction was emitted (the result then depends on the size).
+    used_subgroups: bool,
+    /// Each distinct block already rewritten (by address): its replacement, or `None`
+    /// when it is unchanged. A block shared by many parents is rewritten once.
+    rewritten: HashMap<*const Node, Option<Block>>,
 }
 
 impl Rewriter {
@@ -220,11 +367,23 @@ impl Rewriter {
             used_bindings,
             next_binding,
             new_buffers: Vec::new(),
+            used_subgroups: false,
+            rewritten: HashMap::new(),
         }
     }
 
-    /// The rewritten block, or `None` when nothing in it (at any depth) changed.
+    /// The rewritten block, or `None` when nothing in it (at any depth) changed; each
+    /// distinct allocation is rewritten once and its answer reused.
     fn block(&mut self, block: &Block) -> Option<Block> {
+        if let Some(known) = self.rewritten.get(&block.as_ptr()) {
+            return known.clone();
+        }
+        let answer = self.rewrite_block(block);
+        self.rewritten.insert(block.as_ptr(), answer.clone());
+        answer
+    }
+
+    fn rewrite_block(&mut self, block: &Block) -> Option<Block> {
         let mut rewritten: Option<Vec<Node>> = None;
         for (position, node) in block.iter().enumerate() {
             match self.node(node) {
@@ -289,6 +448,7 @@ impl Rewriter {
             return vec![let_(name.clone(), value.clone())];
         }
         if self.caps.subgroup_ops && subgroup > 0 && threads.is_multiple_of(subgroup) {
+            self.used_subgroups = true;
             let subgroup_sum = Expr::SubgroupReduce {
                 op,
                 value: Box::new(value.clone()),
