@@ -149,6 +149,80 @@ pub(crate) struct CompiledProgram {
     pub(crate) slot_count: usize,
     /// Which of the nine per-lane builtin tables the body reads.
     pub(crate) builtins_used: [bool; 9],
+    /// Most per-lane temporary vectors the executor holds at once on this body
+    /// (see [`temporaries_of_block`]); with the slot count, what a run's memory
+    /// check multiplies by the number of lanes.
+    pub(crate) temporaries: usize,
+}
+
+/// Bytes one compiled node or expression takes, at most (an upper bound used to
+/// charge compilation against the memory budget).
+pub(crate) const COMPILED_NODE_BYTES: u64 = 128;
+
+// Compiled nodes sit inline in vectors and expressions in boxes: their own sizes are
+// what the bound must cover.
+const _: () = assert!(std::mem::size_of::<CompiledNode>() as u64 <= COMPILED_NODE_BYTES);
+const _: () = assert!(std::mem::size_of::<CompiledExpr>() as u64 <= COMPILED_NODE_BYTES);
+
+/// Most temporary vectors alive at once while evaluating `expr` (the executor's
+/// `eval`: each node returns one vector; an operand evaluated while an earlier one is
+/// held adds one).
+fn temporaries_of_expr(expr: &CompiledExpr) -> usize {
+    match expr {
+        CompiledExpr::Constant(_)
+        | CompiledExpr::Variable(_)
+        | CompiledExpr::Length(_)
+        | CompiledExpr::Builtin(_)
+        | CompiledExpr::WorkgroupCount(_) => 1,
+        CompiledExpr::Load { index: inner, .. }
+        | CompiledExpr::Unary { operand: inner, .. }
+        | CompiledExpr::Cast { value: inner, .. }
+        | CompiledExpr::SubgroupReduce { value: inner, .. } => temporaries_of_expr(inner),
+        CompiledExpr::ShuffleXor { value, .. } => temporaries_of_expr(value).max(2),
+        CompiledExpr::Binary { lhs, rhs, .. } => {
+            temporaries_of_expr(lhs).max(1 + temporaries_of_expr(rhs))
+        }
+        CompiledExpr::Select {
+            condition,
+            if_true,
+            if_false,
+        } => temporaries_of_expr(condition)
+            .max(1 + temporaries_of_expr(if_true))
+            .max(2 + temporaries_of_expr(if_false)),
+    }
+}
+
+/// Most temporary vectors alive at once while a block runs, not counting the lane
+/// list the block was given (the executor's `node`, `run_loop`).
+pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
+    block
+        .iter()
+        .map(|node| match node {
+            CompiledNode::SetVariable { value, .. }
+            | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
+            CompiledNode::Store { index, value, .. } | CompiledNode::Atomic { index, value, .. } => {
+                temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
+            }
+            // Condition, then the two lane lists; each arm runs with both lists held.
+            CompiledNode::If {
+                condition,
+                then_body,
+                else_body,
+                ..
+            } => temporaries_of_expr(condition)
+                .max(3)
+                .max(2 + temporaries_of_block(then_body))
+                .max(2 + temporaries_of_block(else_body)),
+            // Starts and ends, then loop lanes, counters, limits and the body's lanes.
+            CompiledNode::Loop {
+                start, end, body, ..
+            } => temporaries_of_expr(start)
+                .max(1 + temporaries_of_expr(end))
+                .max(6 + temporaries_of_block(body)),
+            CompiledNode::Barrier | CompiledNode::GridSync | CompiledNode::Return => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// One variable in scope.
@@ -161,6 +235,10 @@ struct VariableInfo {
 
 struct Compiler<'p> {
     program: &'p Program,
+    /// Nodes and expressions compiled so far, and the most allowed (from the memory
+    /// budget): a program built from shared blocks can describe millions of nodes.
+    compiled_nodes: u64,
+    max_compiled_nodes: u64,
     buffer_index: HashMap<&'p str, usize>,
     variables: HashMap<Name, VariableInfo>,
     /// Names in scope, innermost last; a variable's slot is its position here.
@@ -247,8 +325,12 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
     block_depth(program.entry(), 0)
 }
 
-/// Compile `program`; every failure is a message starting `Fix:`.
-pub(crate) fn compile(program: &Program) -> Result<CompiledProgram, String> {
+/// Compile `program` into at most `max_memory_bytes` of compiled nodes; every failure
+/// is a message starting `Fix:`.
+pub(crate) fn compile(
+    program: &Program,
+    max_memory_bytes: u64,
+) -> Result<CompiledProgram, String> {
     let mut buffer_index = HashMap::new();
     let mut bindings = HashMap::new();
     for (position, decl) in program.buffers().iter().enumerate() {
@@ -278,6 +360,8 @@ pub(crate) fn compile(program: &Program) -> Result<CompiledProgram, String> {
     }
     let mut compiler = Compiler {
         program,
+        compiled_nodes: 0,
+        max_compiled_nodes: max_memory_bytes / COMPILED_NODE_BYTES,
         buffer_index,
         variables: HashMap::new(),
         scope: Vec::new(),
@@ -286,10 +370,12 @@ pub(crate) fn compile(program: &Program) -> Result<CompiledProgram, String> {
         depth: 0,
     };
     let body = compiler.block(program.entry())?;
+    let temporaries = 1 + temporaries_of_block(&body);
     Ok(CompiledProgram {
         body,
         slot_count: compiler.slot_count,
         builtins_used: compiler.builtins_used,
+        temporaries,
     })
 }
 
@@ -359,6 +445,15 @@ impl<'p> Compiler<'p> {
     }
 
     fn enter(&mut self) -> Result<(), String> {
+        self.compiled_nodes += 1;
+        if self.compiled_nodes > self.max_compiled_nodes {
+            return Err(format!(
+                "Fix: {} compiles to more than {} nodes ({} bytes each), over ReferenceOptions::max_memory_bytes; split the program, stop sharing one block in many places, or raise the budget.",
+                self.name(),
+                self.max_compiled_nodes,
+                COMPILED_NODE_BYTES
+            ));
+        }
         self.depth += 1;
         if self.depth > MAX_NESTING {
             return Err(format!(
@@ -824,7 +919,7 @@ mod tests {
     }
 
     fn message(program: Program) -> String {
-        let error = compile(&program).expect_err("must be rejected");
+        let error = compile(&program, u64::MAX).expect_err("must be rejected");
         assert!(error.starts_with("Fix: "), "{error}");
         error
     }
@@ -948,7 +1043,7 @@ mod tests {
                 b.store("rw", Expr::global_id(Axis::X), x);
             })
             .build();
-        assert!(compile(&program).is_ok());
+        assert!(compile(&program, u64::MAX).is_ok());
     }
 
     /// Locks out slots shared between variables that are live at the same time,
@@ -968,7 +1063,7 @@ mod tests {
                 b.let_("e", 5u32);
             })
             .build();
-        let compiled = compile(&program).unwrap();
+        let compiled = compile(&program, u64::MAX).unwrap();
         assert_eq!(compiled.slot_count, 3);
         let slots: Vec<usize> = compiled
             .body
