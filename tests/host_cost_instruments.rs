@@ -930,7 +930,8 @@ fn host_cost_enqueue_components() -> Outcome {
         let name = format!("validation, full walk ({label})");
         let validation = measure_cell(&mut report, &errors, &name, |n| {
             repeat(n, &errors, &name, || {
-                ir::validate(black_box(&walked), &limits).map(|()| 1)
+                ir::validate_unmemoised(black_box(&walked), &limits, ir::ProgramForm::User)
+                    .map(|_| 1)
             })
         });
         let scan = measure_cell(

@@ -23,13 +23,13 @@ fn expect_lowered_rule(program: &Program, rule: Rule, names: &[&str]) {
 }
 
 fn expect_rule_with(
-    result: Result<(), ValidationError>,
+    result: Result<ValidProgram, ValidationError>,
     rule: Rule,
     names: &[&str],
     program: &Program,
 ) {
     let error = match result {
-        Ok(()) => panic!("expected {rule:?}, but the program validated:\n{program}"),
+        Ok(_) => panic!("expected {rule:?}, but the program validated:\n{program}"),
         Err(e) => e,
     };
     assert_eq!(
@@ -116,7 +116,7 @@ fn reserved_names_are_rejected_for_users_but_not_for_lowering() {
         .build();
     expect_rule(&p, Rule::ReservedName, &["__vyre_tile"]);
     // Negative control: the same program is what lowering may produce.
-    assert_eq!(validate_lowered(&p, &limits()), Ok(()));
+    assert_eq!(validate_lowered(&p, &limits()).map(|_| ()), Ok(()));
     let p = with_body(|b| {
         b.let_("__vyre_sum", 1u32);
     });
@@ -770,12 +770,12 @@ fn subgroup_expressions_are_rejected_before_lowering() {
         Rule::SubgroupBeforeLowering,
         &["subgroup_shuffle_xor", "WorkgroupReduce"],
     );
-    assert_eq!(validate_lowered(&p, &limits()), Ok(()));
+    assert_eq!(validate_lowered(&p, &limits()).map(|_| ()), Ok(()));
     let p = with_body(|b| {
         b.let_("x", subgroup_sum(Expr::u32(1)));
     });
     expect_rule(&p, Rule::SubgroupBeforeLowering, &["subgroup_reduce", "x"]);
-    assert_eq!(validate_lowered(&p, &limits()), Ok(()));
+    assert_eq!(validate_lowered(&p, &limits()).map(|_| ()), Ok(()));
 }
 
 /// Locks out shuffle masks that name lanes outside the subgroup.
@@ -788,7 +788,7 @@ fn lane_masks_must_be_below_the_subgroup_size() {
     let p = with_body(|b| {
         b.let_("x", shuffle(31));
     });
-    assert_eq!(validate_lowered(&p, &limits()), Ok(()));
+    assert_eq!(validate_lowered(&p, &limits()).map(|_| ()), Ok(()));
 }
 
 /// Locks out lowered programs that still contain a workgroup reduction.
@@ -819,7 +819,7 @@ fn subgroup_operations_need_uniform_control_flow() {
             b.let_("x", subgroup_sum(gid()));
         });
     });
-    assert_eq!(validate_lowered(&p, &limits()), Ok(()));
+    assert_eq!(validate_lowered(&p, &limits()).map(|_| ()), Ok(()));
 }
 
 /// Locks out a lowered program being rejected for a barrier under the reduction result
@@ -846,7 +846,7 @@ fn lowered_shared_reads_at_uniform_indices_are_uniform() {
             .build()
     };
     assert_eq!(
-        validate_lowered(&lowered("__vyre_partials"), &limits()),
+        validate_lowered(&lowered("__vyre_partials"), &limits()).map(|_| ()),
         Ok(())
     );
     // Negative control: a user buffer read is not trusted to be uniform.
@@ -1165,7 +1165,7 @@ fn validation_never_panics_on_arbitrary_programs() {
                 }
             }
             match user {
-                Ok(()) => valid += 1,
+                Ok(_) => valid += 1,
                 Err(e) => *rules.entry(e.rule()).or_insert(0u32) += 1,
             }
             if let Err(e) = lowered {
@@ -1351,5 +1351,79 @@ fn generators_are_deterministic_and_cover_the_language() {
     assert!(
         shapes.len() > 10,
         "workgroup shapes barely vary: {shapes:?}"
+    );
+}
+
+/// Defect locked out: re-validating a program (or a clone of it) walks it again, so
+/// validity-as-a-type costs a walk per dispatch. The second call answers from the
+/// memo (no validator walk on this thread); other limits walk again.
+#[test]
+fn validation_verdict_is_memoised_per_program_value() {
+    let p = Program::builder([64, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.store("out", Expr::global_id(Axis::X), Expr::u32(1));
+        })
+        .build();
+    let before = vyre_cuda::ir::validate::walks_on_current_thread();
+    let first = validate(&p, &limits()).expect("valid");
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 1
+    );
+    let clone = p.clone();
+    let second = validate(&clone, &limits()).expect("valid");
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 1,
+        "re-validation of a clone walked the program"
+    );
+    assert_eq!(first, second);
+    assert_eq!(first.form(), ProgramForm::User);
+    assert!(Program::ptr_eq(first.program(), &p));
+    // Negative control: other limits are another question, so the validator walks.
+    let other = Limits {
+        max_threads_per_workgroup: 512,
+        ..limits()
+    };
+    validate(&p, &other).expect("valid under smaller limits too");
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 2
+    );
+    // The lowered rule set has its own slot.
+    let lowered = validate_lowered(&p, &limits()).expect("valid lowered");
+    assert_eq!(lowered.form(), ProgramForm::Lowered);
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 3
+    );
+}
+
+/// Defect locked out: a rejected program is re-walked on every call (an invalid
+/// program dispatched in a loop costs a walk each time). The error is memoised too.
+#[test]
+fn validation_error_is_memoised_per_program_value() {
+    let p = Program::new(Vec::new(), [0, 1, 1], Vec::new());
+    let before = vyre_cuda::ir::validate::walks_on_current_thread();
+    let first = validate(&p, &limits()).expect_err("zero workgroup size");
+    let second = validate(&p, &limits()).expect_err("zero workgroup size");
+    assert_eq!(first, second);
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 1
+    );
+    // The unmemoised entry point always walks (it is what measurements use).
+    let third = validate_unmemoised(&p, &limits(), ProgramForm::User).expect_err("zero size");
+    assert_eq!(third, first);
+    assert_eq!(
+        vyre_cuda::ir::validate::walks_on_current_thread(),
+        before + 2
     );
 }

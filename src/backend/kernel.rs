@@ -121,18 +121,20 @@ impl BackendInner {
         config: &DispatchConfig,
         mark: Option<std::time::Instant>,
     ) -> Result<(Arc<KernelInner>, Option<std::time::Instant>), BackendError> {
-        // prepare: validation, once per program digest.
-        let digest = program.digest();
-        match self.validation.get(&digest) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(invalid(program, &e)),
-            None => {
-                let result = ir::validate(program, &self.limits).map_err(Arc::new);
-                if let Err(e) = self.validation.insert(digest, result) {
-                    return Err(invalid(program, &e));
-                }
-            }
+        // prepare: validation, before any other walk of the program (the digest
+        // included), so a program too deep or too large for any walk gets its `Fix:`
+        // error instead of reaching one. The verdict is memoised in the program, so
+        // this is O(1) for a program (or any clone) seen before; the validation
+        // counter records whether a walk happened.
+        let walks_before = ir::validate::walks_on_current_thread();
+        let validated = ir::validate(program, &self.limits);
+        if ir::validate::walks_on_current_thread() == walks_before {
+            self.validation.counter.hit();
+        } else {
+            self.validation.counter.miss();
         }
+        let valid = validated.map_err(|e| invalid(program, &e))?;
+        let program = valid.program();
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
         // ptx: lowering (memoised in the program), the PTX key, the PTX cache.

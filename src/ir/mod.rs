@@ -14,5 +14,8 @@ pub mod validate;
 
 pub use builder::{BlockBuilder, ProgramBuilder};
 pub use digest::{computations_on_current_thread, computations_total, sha256, Digest};
+pub(crate) use program::LoweringMemo;
 pub use program::*;
-pub use validate::{validate, validate_lowered, Limits, ValidationError};
+pub use validate::{
+    validate, validate_lowered, validate_unmemoised, Limits, ValidProgram, ValidationError,
+};

@@ -641,9 +641,56 @@ pub(crate) struct ProgramInner {
     pub(crate) non_composable_with_self: bool,
     pub(crate) digest: OnceLock<Digest>,
     pub(crate) node_count: OnceLock<u64>,
-    /// Memo for `lower::lower_workgroup_reductions`: whether anything needs rewriting
-    /// and, if so, the result for one lowering-capabilities key.
-    pub(crate) lowered: OnceLock<crate::lower::LoweringMemo>,
+    /// The validator's verdicts, one slot per [`ProgramForm`] (index
+    /// `ProgramForm::slot`), each for one set of [`Limits`](super::Limits).
+    pub(crate) validity: [OnceLock<super::validate::ValidityMemo>; 2],
+    /// Storage for `lower::lower_workgroup_reductions`'s memo: `ir` owns the slot,
+    /// `lower` decides what goes in it (so `ir` depends on nothing above it).
+    pub(crate) lowered: OnceLock<LoweringMemo>,
+}
+
+/// What a program's lowering memo slot remembers (filled only by `lower`).
+///
+/// An unchanged program is recorded as `needs_lowering: false` rather than as a
+/// pointer to itself, which would be a reference cycle and leak the program.
+#[derive(Debug)]
+pub(crate) struct LoweringMemo {
+    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
+    pub(crate) needs_lowering: bool,
+    /// The lowered program and the lowering-capabilities key it was made for (only
+    /// set when `needs_lowering`). One key per program: a call with another key
+    /// recomputes.
+    pub(crate) result: OnceLock<(u64, Program)>,
+}
+
+impl LoweringMemo {
+    /// The memo of a program lowering leaves as it is.
+    pub(crate) fn unchanged() -> Self {
+        LoweringMemo {
+            needs_lowering: false,
+            result: OnceLock::new(),
+        }
+    }
+}
+
+/// Which rule set a program was validated against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProgramForm {
+    /// A user program: [`validate`](super::validate()) (workgroup reductions allowed,
+    /// subgroup expressions and reserved names refused).
+    User,
+    /// A lowered program: [`validate_lowered`](super::validate_lowered())
+    /// (subgroup expressions and reserved names allowed, workgroup reductions refused).
+    Lowered,
+}
+
+impl ProgramForm {
+    pub(crate) const fn slot(self) -> usize {
+        match self {
+            ProgramForm::User => 0,
+            ProgramForm::Lowered => 1,
+        }
+    }
 }
 
 /// An immutable program. Cloning copies one pointer; the digest and node count
@@ -675,6 +722,7 @@ impl Program {
                 non_composable_with_self,
                 digest: OnceLock::new(),
                 node_count: OnceLock::new(),
+                validity: [OnceLock::new(), OnceLock::new()],
                 lowered: OnceLock::new(),
             }),
         }

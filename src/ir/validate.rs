@@ -205,17 +205,152 @@ impl Hasher for NameHasher {
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
 
+/// A program the validator accepted, and the rules it was checked against.
+///
+/// Obtainable only from [`validate`], [`validate_lowered`] or
+/// [`validate_unmemoised`]: holding one is the proof that every rule of §1 holds, so
+/// lowering, code generation and the reference interpreter can take it instead of
+/// re-checking. Cloning copies one pointer (it wraps a [`Program`]); it dereferences
+/// to the program.
+#[derive(Clone)]
+pub struct ValidProgram {
+    program: Program,
+    form: ProgramForm,
+    limits: Limits,
+}
+
+impl ValidProgram {
+    /// The program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The program, giving up the proof.
+    pub fn into_program(self) -> Program {
+        self.program
+    }
+
+    /// Which rule set it passed: [`ProgramForm::User`] from [`validate`],
+    /// [`ProgramForm::Lowered`] from [`validate_lowered`].
+    pub fn form(&self) -> ProgramForm {
+        self.form
+    }
+
+    /// The device limits it was checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+impl std::ops::Deref for ValidProgram {
+    type Target = Program;
+    fn deref(&self) -> &Program {
+        &self.program
+    }
+}
+
+impl AsRef<Program> for ValidProgram {
+    fn as_ref(&self) -> &Program {
+        &self.program
+    }
+}
+
+impl PartialEq for ValidProgram {
+    /// Equal programs checked against the same rules and limits.
+    fn eq(&self, other: &Self) -> bool {
+        self.form == other.form && self.limits == other.limits && self.program == other.program
+    }
+}
+impl Eq for ValidProgram {}
+
+impl fmt::Debug for ValidProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ValidProgram({:?}) ", self.form)?;
+        fmt::Debug::fmt(&self.program, f)
+    }
+}
+
+impl fmt::Display for ValidProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.program, f)
+    }
+}
+
+/// One memoised verdict: the limits it was reached under and the outcome.
+pub(crate) struct ValidityMemo {
+    limits: Limits,
+    outcome: Result<(), ValidationError>,
+}
+
+thread_local! {
+    static VALIDATOR_WALKS_ON_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Number of whole-program validator walks on the calling thread. Tests use it to
+/// prove that re-validating a program (or any clone of it) answers from the memo.
+pub fn walks_on_current_thread() -> u64 {
+    VALIDATOR_WALKS_ON_THREAD.with(|c| c.get())
+}
+
+fn checked(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<ValidProgram> {
+    let slot = &program.inner.validity[form.slot()];
+    let outcome = match slot.get() {
+        Some(memo) if memo.limits == *limits => memo.outcome.clone(),
+        Some(_) => walk(program, limits, form),
+        None => {
+            let outcome = walk(program, limits, form);
+            // A racing thread may have stored its verdict first: both are the same
+            // function of the same immutable program, so either may win.
+            let _ = slot.set(ValidityMemo {
+                limits: *limits,
+                outcome: outcome.clone(),
+            });
+            outcome
+        }
+    };
+    outcome.map(|()| ValidProgram {
+        program: program.clone(),
+        form,
+        limits: *limits,
+    })
+}
+
+fn walk(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
+    VALIDATOR_WALKS_ON_THREAD.with(|c| c.set(c.get().saturating_add(1)));
+    Checker::run(program, limits, form == ProgramForm::Lowered)
+}
+
 /// Check a user program against every rule of §1.
-pub fn validate(program: &Program, limits: &Limits) -> Result<(), ValidationError> {
-    Checker::run(program, limits, false)
+///
+/// The verdict is memoised in the program (one per [`ProgramForm`], for one set of
+/// limits), so validating it again, or any clone of it, is O(1).
+pub fn validate(program: &Program, limits: &Limits) -> Result<ValidProgram, ValidationError> {
+    checked(program, limits, ProgramForm::User)
 }
 
 /// Check a program produced by lowering: subgroup expressions are allowed (in
 /// workgroup-uniform control flow, lane masks below the subgroup size), names with
 /// the reserved prefix are allowed, and `WorkgroupReduce` nodes are rejected because
-/// lowering must have rewritten them.
-pub fn validate_lowered(program: &Program, limits: &Limits) -> Result<(), ValidationError> {
-    Checker::run(program, limits, true)
+/// lowering must have rewritten them. Memoised like [`validate`].
+pub fn validate_lowered(
+    program: &Program,
+    limits: &Limits,
+) -> Result<ValidProgram, ValidationError> {
+    checked(program, limits, ProgramForm::Lowered)
+}
+
+/// [`validate`] or [`validate_lowered`] without the memo: always walks the program
+/// and records nothing. For measurements of the walk itself.
+pub fn validate_unmemoised(
+    program: &Program,
+    limits: &Limits,
+    form: ProgramForm,
+) -> Result<ValidProgram, ValidationError> {
+    walk(program, limits, form).map(|()| ValidProgram {
+        program: program.clone(),
+        form,
+        limits: *limits,
+    })
 }
 
 /// How far a value or a control-flow context is the same across threads. Ordered so

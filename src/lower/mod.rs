@@ -60,17 +60,19 @@
 //!
 //! A program lowered with subgroup steps for `S` lanes is only correct on `S`-lane
 //! subgroups (a workgroup sum of 64 lowered for 16 lanes reads 128 on 32). The result
-//! records `S` ([`lowered_subgroup_size`]); code generation and the reference
-//! interpreter refuse it for any other size.
+//! records `S` in its first statement ([`SUBGROUP_SIZE_MARKER`],
+//! [`lowered_subgroup_size`]); code generation and the reference interpreter refuse
+//! it for any other size.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use crate::ir::LoweringMemo;
 use crate::ir::{
-    self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Name,
-    Node, Program, ReduceOp, ValidationError,
+    self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Literal,
+    Name, Node, Program, ReduceOp, ValidationError,
 };
 
 /// What the device offers that lowering may use. Part of the backend's cache
@@ -113,33 +115,6 @@ impl LoweringCaps {
     pub fn key(&self) -> u64 {
         // Bits 0..32: subgroup size; bit 32: the flag; bits 40..64: the tag.
         CAPS_KEY_TAG << 40 | (self.subgroup_ops as u64) << 32 | self.subgroup_size as u64
-    }
-}
-
-/// What a program's memo slot remembers about lowering it.
-///
-/// Stored in the program's shared allocation (`ProgramInner::lowered`). An unchanged
-/// program is recorded as `needs_lowering: false` rather than as a pointer to itself,
-/// which would be a reference cycle and leak the program.
-#[derive(Debug)]
-pub(crate) struct LoweringMemo {
-    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
-    needs_lowering: bool,
-    /// The lowered program and the [`LoweringCaps::key`] it was made for (only set
-    /// when `needs_lowering`). One key per program: a call with another key recomputes.
-    result: OnceLock<(u64, Program)>,
-    /// Set on a lowering's result that uses subgroup steps: the subgroup size they
-    /// were made for.
-    lowered_for_subgroup_size: Option<u32>,
-}
-
-impl LoweringMemo {
-    fn unchanged() -> Self {
-        LoweringMemo {
-            needs_lowering: false,
-            result: OnceLock::new(),
-            lowered_for_subgroup_size: None,
-        }
     }
 }
 
@@ -186,16 +161,25 @@ pub fn lowering_limits() -> Limits {
     }
 }
 
-/// The subgroup size `program` was lowered for, when it is the result of
-/// [`lower_workgroup_reductions`] and uses subgroup steps (`None` for any other
-/// program). Code generation and the reference interpreter refuse such a program
-/// for a different subgroup size.
+/// Name of the `let` a lowering that uses subgroup steps puts first in the entry:
+/// its value is the subgroup size the steps were made for. It lives in the program
+/// itself, so it survives every copy and rename and is part of the digest (lowerings
+/// for two sizes never share a cache entry); it costs one `mov` that ptxas deletes.
+pub const SUBGROUP_SIZE_MARKER: &str = "__vyre_lowered_for_subgroup_size";
+
+/// The subgroup size `program` was lowered for, when lowering used subgroup steps
+/// (read from its first statement, [`SUBGROUP_SIZE_MARKER`]; O(1)); `None` for any
+/// other program. Code generation and the reference interpreter refuse such a
+/// program for a different subgroup size.
 pub fn lowered_subgroup_size(program: &Program) -> Option<u32> {
-    program
-        .inner
-        .lowered
-        .get()
-        .and_then(|memo| memo.lowered_for_subgroup_size)
+    match program.entry().first() {
+        Some(Node::Let {
+            name,
+            value: Expr::Literal(Literal::U32(size)),
+            ..
+        }) if &**name == SUBGROUP_SIZE_MARKER => Some(*size),
+        _ => None,
+    }
 }
 
 thread_local! {
@@ -311,7 +295,6 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
     let memo = program.inner.lowered.get_or_init(|| LoweringMemo {
         needs_lowering: true,
         result: OnceLock::new(),
-        lowered_for_subgroup_size: None,
     });
     // If another thread got there first with the same key, hand out its value so
     // every caller sees one lowered program.
@@ -324,15 +307,21 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
 /// The rewritten program, or `None` when it contains no reduction.
 fn rewrite(program: &Program, caps: &LoweringCaps) -> Option<Program> {
     let mut rewriter = Rewriter::new(program, *caps);
-    let entry = rewriter.block(program.entry())?;
+    let mut entry = rewriter.block(program.entry())?;
+    if rewriter.used_subgroups {
+        let mut marked = Vec::with_capacity(entry.len() + 1);
+        marked.push(let_(
+            SUBGROUP_SIZE_MARKER.into(),
+            Expr::u32(caps.subgroup_size),
+        ));
+        marked.extend(entry.iter().cloned());
+        entry = marked.into();
+    }
     let mut buffers: Vec<BufferDecl> = program.buffers().to_vec();
     buffers.append(&mut rewriter.new_buffers);
     let lowered = program.with_entry(buffers.into(), entry);
     // The output holds no reduction: lowering it again must be a no-op.
-    let _ = lowered.inner.lowered.set(LoweringMemo {
-        lowered_for_subgroup_size: rewriter.used_subgroups.then_some(caps.subgroup_size),
-        ..LoweringMemo::unchanged()
-    });
+    let _ = lowered.inner.lowered.set(LoweringMemo::unchanged());
     Some(lowered)
 }
 
