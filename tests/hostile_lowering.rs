@@ -563,3 +563,49 @@ fn expression_nodes_count_against_the_work_cap() {
     assert_eq!(stats.lane_ops, nodes * 64);
     assert_eq!(stats.work(), nodes * 64 + 64 + 64);
 }
+
+/// Measurement (not a guard; no time is asserted): how long the default work cap
+/// lets a runaway program run before its `Err`. The program is a valid 1,024-thread
+/// loop of `u32::MAX` iterations over a few statements (issue 13's 83-node program
+/// ran 48 s under the old cap). Run with
+/// `cargo test --release --test hostile_lowering -- --ignored --nocapture reference_work_cap_figures`.
+#[test]
+#[ignore = "measurement: run in release with --nocapture"]
+fn reference_work_cap_figures() {
+    let program = Program::builder([256, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let lane = b.let_("lane", Expr::global_id(Axis::X));
+            b.loop_("i", 0u32, u32::MAX, |b, i| {
+                let mixed = b.let_("mixed", (i.clone() ^ lane.clone()) * 2_654_435_761u32);
+                let index = b.let_("index", mixed.clone() % Expr::length("out"));
+                b.store("out", index, mixed + (i >> 3u32));
+            });
+        })
+        .build();
+    let input = vec![0u8; 4 * 1024];
+    let started = std::time::Instant::now();
+    let (error, stats) = match reference::run_with_stats(
+        &program,
+        &[&input],
+        &DispatchConfig::linear(4),
+        &ReferenceOptions::default(),
+    ) {
+        Err(error) => (error, ()),
+        Ok(_) => panic!("a loop of u32::MAX iterations cannot finish under the cap"),
+    };
+    let _ = stats;
+    println!(
+        "default work cap ({}): runaway {}-node program stopped after {:.2} s: {}",
+        ReferenceOptions::default().max_work,
+        program.node_count(),
+        started.elapsed().as_secs_f64(),
+        error
+    );
+}
