@@ -609,3 +609,43 @@ fn reference_work_cap_figures() {
         error
     );
 }
+
+/// Defect locked out: lowering, code generation and the interpreter re-check a
+/// program the validator already accepted (a second walk per entry point). A
+/// checked program (`ValidProgram`) must flow validate → `lower_valid` →
+/// `valid_program_to_ptx` / `run_valid` with one validator walk for the input and
+/// one for the lowered result, and give the same PTX and outputs as the plain entry
+/// points. Negative control: the plain entry point on a fresh program does walk.
+#[test]
+fn checked_programs_are_not_validated_again() {
+    use vyre_cuda::codegen::ptx::valid_program_to_ptx;
+    use vyre_cuda::ir::validate::walks_on_current_thread;
+    use vyre_cuda::lower::lower_valid;
+
+    let program = sum_of_ones(64);
+    let before = walks_on_current_thread();
+    let valid = validate(&program, &Limits::default()).expect("valid");
+    let lowered = lower_valid(&valid, &WARP).expect("lower");
+    assert_eq!(lowered.form(), ProgramForm::Lowered);
+    assert_eq!(walks_on_current_thread() - before, 2, "input and result, once each");
+    let ptx = valid_program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32).expect("ptx");
+    let outputs = reference::run_valid(
+        &lowered,
+        &[&[0; 4]],
+        &DispatchConfig::linear(1),
+    )
+    .expect("run");
+    assert_eq!(walks_on_current_thread() - before, 2, "nothing walked again");
+    assert_eq!(outputs[0], 64u32.to_le_bytes());
+    assert_eq!(
+        ptx,
+        program_to_ptx(lowered.program(), &CodegenOptions::default(), 90, 32).unwrap()
+    );
+
+    // Negative control: a fresh program's plain entry point validates (walks).
+    let fresh = sum_of_ones(32);
+    let lowered_fresh = lower_workgroup_reductions(&fresh, &WARP);
+    let before = walks_on_current_thread();
+    program_to_ptx(&lowered_fresh, &CodegenOptions::default(), 90, 32).expect("ptx");
+    assert!(walks_on_current_thread() > before);
+}

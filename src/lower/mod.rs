@@ -72,7 +72,7 @@ use std::sync::{Arc, OnceLock};
 use crate::ir::LoweringMemo;
 use crate::ir::{
     self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Literal,
-    Name, Node, Program, ReduceOp, ValidationError,
+    Name, Node, Program, ProgramForm, ReduceOp, ValidProgram, ValidationError,
 };
 
 /// What the device offers that lowering may use. Part of the backend's cache
@@ -249,7 +249,25 @@ fn contains_reduction(entry: &Block) -> bool {
 pub fn lower(program: &Program, caps: &LoweringCaps) -> Result<Program, LoweringError> {
     caps.check()?;
     ir::validate(program, &lowering_limits()).map_err(LoweringError::Invalid)?;
-    Ok(lower_workgroup_reductions(program, caps))
+    Ok(lower_validated(program, caps))
+}
+
+/// Lower a program the validator accepted, and validate the result in the lowered
+/// form against the same limits (so a lowering whose shared-memory buffers pass
+/// the device's limit is refused here, naming the buffer): the checked program code
+/// generation ([`crate::codegen::ptx::valid_program_to_ptx`]) and the interpreter
+/// ([`crate::reference::run_valid`]) take. Nothing is validated twice: the input's
+/// verdict is its type, and the result's verdict is memoised in the result.
+pub fn lower_valid(
+    program: &ValidProgram,
+    caps: &LoweringCaps,
+) -> Result<ValidProgram, LoweringError> {
+    caps.check()?;
+    if program.form() == ProgramForm::Lowered {
+        return Ok(program.clone());
+    }
+    let lowered = lower_validated(program, caps);
+    ir::validate_lowered(&lowered, program.limits()).map_err(LoweringError::Invalid)
 }
 
 /// Rewrite every [`Node::WorkgroupReduce`] of a validated program for a device with
@@ -284,6 +302,26 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
     }
     // Bounded from here on: the rewrite recurses once per nesting level.
     if caps.check().is_err() || ir::validate(program, &lowering_limits()).is_err() {
+        return program.clone();
+    }
+    lower_validated(program, caps)
+}
+
+/// The rewrite and its memo, for a program known to be valid and caps known to be
+/// sensible (the callers check both).
+fn lower_validated(program: &Program, caps: &LoweringCaps) -> Program {
+    let key = caps.key();
+    if let Some(memo) = program.inner.lowered.get() {
+        if !memo.needs_lowering {
+            return program.clone();
+        }
+        if let Some((memo_key, lowered)) = memo.result.get() {
+            if *memo_key == key {
+                return lowered.clone();
+            }
+        }
+    }
+    if !needs_lowering(program) {
         return program.clone();
     }
     count_walk();

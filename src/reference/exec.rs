@@ -156,7 +156,6 @@ fn apply_unary(kind: UnaryKind, values: &mut [u32]) {
         BitNot,
         LogicalNot,
         I32Abs,
-        U32Abs,
         F32Abs,
         CountOnes,
         LeadingZeros

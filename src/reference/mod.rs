@@ -69,7 +69,7 @@ mod ops;
 use std::fmt;
 
 use crate::config::DispatchConfig;
-use crate::ir::{self, Access, BufferCount, Program};
+use crate::ir::{self, Access, BufferCount, Program, ValidProgram};
 use crate::lower;
 
 use exec::{BufferStore, Grid, Machine, Storage};
@@ -177,6 +177,17 @@ pub fn run(
     run_with_options(program, inputs, config, &ReferenceOptions::default())
 }
 
+/// [`run`] for a program that already passed the validator: nothing is validated
+/// again (see [`run_valid_with_stats`]).
+pub fn run_valid(
+    program: &ValidProgram,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+) -> Result<Vec<Vec<u8>>, ReferenceError> {
+    run_valid_with_stats(program, inputs, config, &ReferenceOptions::default())
+        .map(|(outputs, _)| outputs)
+}
+
 /// [`run`] with explicit options.
 pub fn run_with_options(
     program: &Program,
@@ -194,15 +205,23 @@ pub fn run_with_stats(
     config: &DispatchConfig,
     options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let valid = validate_for_run(program, options)?;
+    run_valid_with_stats(&valid, inputs, config, options)
+}
+
+/// [`run_with_stats`] for a program that already passed the validator (user or
+/// lowered form, against the caller's limits): nothing is validated again.
+/// `options.limits` is not used.
+pub fn run_valid_with_stats(
+    program: &ValidProgram,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let program: &Program = program;
     let grid = check_request(program, config, options)?;
+    // Validated: at most `ir::validate::MAX_NESTING_DEPTH` levels, so this is bounded.
     let depth = compile::nesting_depth(program);
-    if depth > compile::MAX_NESTING {
-        return Err(ReferenceError::new(format!(
-            "Fix: {} nests statements and expressions more than {} levels deep; bind intermediate values with let to flatten it.",
-            program.display_name(),
-            compile::MAX_NESTING
-        )));
-    }
     if depth <= compile::INLINE_NESTING {
         return execute(program, inputs, config, grid, options);
     }
@@ -252,24 +271,37 @@ fn execute(
     Ok((outputs, stats))
 }
 
-/// Validation, grid shape and options: everything checked before any allocation.
+/// The validator's verdict, first of all: user programs (WorkgroupReduce) and
+/// lowered programs (subgroup expressions) both run here, so either form is accepted;
+/// the error reported is the user form's.
+fn validate_for_run(
+    program: &Program,
+    options: &ReferenceOptions,
+) -> Result<ValidProgram, ReferenceError> {
+    use ir::validate::Rule;
+    match ir::validate(program, &options.limits) {
+        Ok(valid) => Ok(valid),
+        // Only these differ between the forms; any other rule (nesting, node count,
+        // types) fails the lowered form too, so it is not walked again.
+        Err(user_error)
+            if matches!(
+                user_error.rule(),
+                Rule::SubgroupBeforeLowering | Rule::ReservedName
+            ) =>
+        {
+            ir::validate_lowered(program, &options.limits)
+                .map_err(|_| ReferenceError::new(user_error.message().to_owned()))
+        }
+        Err(user_error) => Err(ReferenceError::new(user_error.message().to_owned())),
+    }
+}
+
+/// Grid shape and options: everything checked before any allocation.
 fn check_request(
     program: &Program,
     config: &DispatchConfig,
     options: &ReferenceOptions,
 ) -> Result<Grid, ReferenceError> {
-    // User programs (WorkgroupReduce) and lowered programs (subgroup expressions)
-    // both run here: accept what either validator accepts.
-    if let Err(user_error) = ir::validate(program, &options.limits) {
-        if ir::validate_lowered(program, &options.limits).is_err() {
-            let message = user_error.message();
-            return Err(ReferenceError::new(if message.starts_with("Fix:") {
-                message.to_owned()
-            } else {
-                format!("Fix: {message}")
-            }));
-        }
-    }
     let name = program.display_name();
     if options.subgroup_size == 0 {
         return Err(ReferenceError::new(

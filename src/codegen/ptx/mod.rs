@@ -77,7 +77,7 @@
 use std::fmt;
 
 use crate::config::CodegenOptions;
-use crate::ir::{self, Limits, Program, ValidationError};
+use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
 mod writer;
 
@@ -216,6 +216,32 @@ pub fn program_to_ptx(
     sm: u32,
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
+    check_target(program, sm, subgroup_size)?;
+    let valid = ir::validate_lowered(program, &codegen_limits()).map_err(CodegenError::Invalid)?;
+    writer::Writer::new(&valid, *options, sm).finish()
+}
+
+/// [`program_to_ptx`] for a program the validator already accepted in the lowered
+/// form (for example from [`crate::lower::lower_valid`]): nothing is validated again.
+/// A program checked in the user form is validated in the lowered form (against its
+/// own limits) first, since code generation cannot emit a workgroup reduction.
+pub fn valid_program_to_ptx(
+    program: &ValidProgram,
+    options: &CodegenOptions,
+    sm: u32,
+    subgroup_size: u32,
+) -> Result<String, CodegenError> {
+    check_target(program, sm, subgroup_size)?;
+    if program.form() == ProgramForm::Lowered {
+        return writer::Writer::new(program, *options, sm).finish();
+    }
+    let valid =
+        ir::validate_lowered(program, program.limits()).map_err(CodegenError::Invalid)?;
+    writer::Writer::new(&valid, *options, sm).finish()
+}
+
+/// The target checks: sm, subgroup size, and the size the program was lowered for.
+fn check_target(program: &Program, sm: u32, subgroup_size: u32) -> Result<(), CodegenError> {
     if sm < MIN_SM {
         return Err(CodegenError::UnsupportedTarget { sm });
     }
@@ -230,8 +256,7 @@ pub fn program_to_ptx(
             });
         }
     }
-    ir::validate_lowered(program, &codegen_limits()).map_err(CodegenError::Invalid)?;
-    writer::Writer::new(program, *options, sm).finish()
+    Ok(())
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to

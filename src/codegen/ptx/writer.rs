@@ -14,7 +14,7 @@ use std::fmt::{self, Display, Write};
 use crate::config::CodegenOptions;
 use crate::ir::{
     AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node, Program,
-    ReduceOp, ScalarType, UnaryOp,
+    ReduceOp, ScalarType, UnaryOp, ValidProgram,
 };
 
 use super::{
@@ -194,7 +194,10 @@ pub(super) struct Writer<'p> {
 }
 
 impl<'p> Writer<'p> {
-    pub(super) fn new(program: &'p Program, options: CodegenOptions, sm: u32) -> Self {
+    /// A writer for a program checked in the lowered form (the caller guarantees the
+    /// form: `ValidProgram` carries the verdict, this module checks which one).
+    pub(super) fn new(program: &'p ValidProgram, options: CodegenOptions, sm: u32) -> Self {
+        let program: &'p Program = program;
         Writer {
             program,
             options,
