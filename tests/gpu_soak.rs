@@ -99,7 +99,10 @@ fn borrowed_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
     let got = gpu
         .dispatch(&checked.case.program, &inputs, &checked.case.config)
         .unwrap_or_else(|e| panic!("{at}: dispatch: {e}"));
-    assert_eq!(got, checked.expected, "{at}: dispatch differs from the reference");
+    assert_eq!(
+        got, checked.expected,
+        "{at}: dispatch differs from the reference"
+    );
 }
 
 fn resident_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
@@ -128,7 +131,10 @@ fn resident_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
         let stored = gpu
             .read_resident(&handles[position])
             .unwrap_or_else(|e| panic!("{at}: read_resident: {e}"));
-        assert_eq!(&stored, expected, "{at}: resident buffer {position} differs");
+        assert_eq!(
+            &stored, expected,
+            "{at}: resident buffer {position} differs"
+        );
     }
     for handle in handles {
         gpu.free_resident(handle)
@@ -305,8 +311,7 @@ fn soak_cases_fit_every_operation_of_the_soak() {
         let program = &checked.case.program;
         assert!(!format!("{program}").contains("grid_sync"), "{program}");
         assert_eq!(output_positions(program).len(), checked.expected.len());
-        for (position, expected) in output_positions(program).into_iter().zip(&checked.expected)
-        {
+        for (position, expected) in output_positions(program).into_iter().zip(&checked.expected) {
             assert_eq!(checked.case.inputs[position].len(), expected.len());
         }
     }

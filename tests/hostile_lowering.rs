@@ -101,7 +101,10 @@ fn rule_of_codegen(result: Result<String, CodegenError>) -> Rule {
             assert!(error.message().starts_with("Fix:"), "{error}");
             error.rule()
         }
-        other => panic!("expected the validator's error, got {:?}", other.map(|p| p.len())),
+        other => panic!(
+            "expected the validator's error, got {:?}",
+            other.map(|p| p.len())
+        ),
     }
 }
 
@@ -171,10 +174,7 @@ fn blocks_shared_two_to_the_64_ways_are_refused_promptly() {
     }];
     let program = shared_blocks(64, leaf, [64, 1, 1]);
     assert!(needs_lowering_of(&program));
-    assert_eq!(
-        rule_of_lowering(lower(&program, &WARP)),
-        Rule::TooManyNodes
-    );
+    assert_eq!(rule_of_lowering(lower(&program, &WARP)), Rule::TooManyNodes);
     assert!(Program::ptr_eq(
         &lower_workgroup_reductions(&program, &WARP),
         &program
@@ -221,7 +221,10 @@ fn a_shared_block_is_lowered_once_and_stays_shared() {
         then_body,
         else_body,
         ..
-    }) = lowered.entry().iter().find(|node| matches!(node, Node::If { .. }))
+    }) = lowered
+        .entry()
+        .iter()
+        .find(|node| matches!(node, Node::If { .. }))
     else {
         panic!("{lowered}")
     };
@@ -252,7 +255,10 @@ fn a_shared_block_is_lowered_once_and_stays_shared() {
         then_body,
         else_body,
         ..
-    }) = lowered.entry().iter().find(|node| matches!(node, Node::If { .. }))
+    }) = lowered
+        .entry()
+        .iter()
+        .find(|node| matches!(node, Node::If { .. }))
     else {
         panic!("{lowered}")
     };
@@ -280,9 +286,14 @@ fn ptx_of_many_shared_copies_stops_at_the_size_limit() {
     }
     // The largest program the §0 comparison uses (4,096 nodes, 9 buffers) is far
     // below the limit.
-    let fixture = vyre_cuda::fixtures::host_cost_fixture(9, vyre_cuda::fixtures::chain_for_nodes(4096));
+    let fixture =
+        vyre_cuda::fixtures::host_cost_fixture(9, vyre_cuda::fixtures::chain_for_nodes(4096));
     let fixture_ptx = program_to_ptx(&fixture, &CodegenOptions::default(), 90, 32).expect("ptx");
-    assert!(fixture_ptx.len() * 20 < MAX_PTX_BYTES, "{} bytes", fixture_ptx.len());
+    assert!(
+        fixture_ptx.len() * 20 < MAX_PTX_BYTES,
+        "{} bytes",
+        fixture_ptx.len()
+    );
     let small = shared_blocks(8, leaf, [1, 1, 1]);
     let ptx = program_to_ptx(&small, &CodegenOptions::default(), 90, 32).expect("ptx");
     assert_eq!(ptx.matches("st.global.u32").count(), 256);
@@ -322,7 +333,10 @@ fn long_names_do_not_multiply_into_the_ptx() {
     let longer = program_to_ptx(&build(&longer_name), &CodegenOptions::default(), 90, 32).unwrap();
     assert_eq!(ptx.len(), longer.len());
     assert!(ptx.len() < 200 << 10, "{} bytes of PTX", ptx.len());
-    assert!(ptx.contains("// nxxxxxxxx"), "comments keep the start of the name");
+    assert!(
+        ptx.contains("// nxxxxxxxx"),
+        "comments keep the start of the name"
+    );
     assert!(ptx.contains("..."), "a truncated comment says so");
 
     let ptx = program_to_ptx(&build("short"), &CodegenOptions::default(), 90, 32).unwrap();
@@ -377,10 +391,20 @@ fn a_program_lowered_for_one_subgroup_size_is_refused_for_another() {
                 subgroup_size: 32
             }
         );
-        assert!(error.to_string().starts_with("Fix: lower the program"), "{error}");
+        assert!(
+            error.to_string().starts_with("Fix: lower the program"),
+            "{error}"
+        );
         let refused = run_with_subgroups(&lowered, 32).unwrap_err();
-        assert!(refused.starts_with("Fix:") && refused.contains("lowered for"), "{refused}");
-        assert_eq!(run_with_subgroups(&lowered, size), Ok(64), "lowered for {size}");
+        assert!(
+            refused.starts_with("Fix:") && refused.contains("lowered for"),
+            "{refused}"
+        );
+        assert_eq!(
+            run_with_subgroups(&lowered, size),
+            Ok(64),
+            "lowered for {size}"
+        );
     }
     let lowered = lower(&program, &WARP).expect("lower");
     assert_eq!(lowered_subgroup_size(&lowered), Some(32));
@@ -404,7 +428,10 @@ fn a_program_lowered_for_one_subgroup_size_is_refused_for_another() {
 #[test]
 fn senseless_lowering_caps_get_a_fix_error() {
     let error = LoweringCaps::new(true, 0).unwrap_err();
-    assert!(error.to_string().starts_with("Fix: derive LoweringCaps"), "{error}");
+    assert!(
+        error.to_string().starts_with("Fix: derive LoweringCaps"),
+        "{error}"
+    );
     let caps = LoweringCaps {
         subgroup_ops: true,
         subgroup_size: 0,
@@ -489,7 +516,10 @@ fn fixpoint_iterations_count_against_the_work_cap() {
     )
     .unwrap_err()
     .to_string();
-    assert!(error.starts_with("Fix:") && error.contains("max_work"), "{error}");
+    assert!(
+        error.starts_with("Fix:") && error.contains("max_work"),
+        "{error}"
+    );
     let (_, stats) = reference::run_with_stats(
         &program,
         &[],
@@ -591,16 +621,14 @@ fn reference_work_cap_figures() {
         .build();
     let input = vec![0u8; 4 * 1024];
     let started = std::time::Instant::now();
-    let (error, stats) = match reference::run_with_stats(
+    let Err(error) = reference::run_with_stats(
         &program,
         &[&input],
         &DispatchConfig::linear(4),
         &ReferenceOptions::default(),
-    ) {
-        Err(error) => (error, ()),
-        Ok(_) => panic!("a loop of u32::MAX iterations cannot finish under the cap"),
+    ) else {
+        panic!("a loop of u32::MAX iterations cannot finish under the cap")
     };
-    let _ = stats;
     println!(
         "default work cap ({}): runaway {}-node program stopped after {:.2} s: {}",
         ReferenceOptions::default().max_work,
@@ -627,15 +655,19 @@ fn checked_programs_are_not_validated_again() {
     let valid = validate(&program, &Limits::default()).expect("valid");
     let lowered = lower_valid(&valid, &WARP).expect("lower");
     assert_eq!(lowered.form(), ProgramForm::Lowered);
-    assert_eq!(walks_on_current_thread() - before, 2, "input and result, once each");
+    assert_eq!(
+        walks_on_current_thread() - before,
+        2,
+        "input and result, once each"
+    );
     let ptx = valid_program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32).expect("ptx");
-    let outputs = reference::run_valid(
-        &lowered,
-        &[&[0; 4]],
-        &DispatchConfig::linear(1),
-    )
-    .expect("run");
-    assert_eq!(walks_on_current_thread() - before, 2, "nothing walked again");
+    let outputs =
+        reference::run_valid(&lowered, &[&[0; 4]], &DispatchConfig::linear(1)).expect("run");
+    assert_eq!(
+        walks_on_current_thread() - before,
+        2,
+        "nothing walked again"
+    );
     assert_eq!(outputs[0], 64u32.to_le_bytes());
     assert_eq!(
         ptx,

@@ -1262,9 +1262,7 @@ fn unsupported_inputs_give_fix_errors() {
         }
     }
     for error in [
-        CodegenError::Internal {
-            detail: "x".into(),
-        },
+        CodegenError::Internal { detail: "x".into() },
         CodegenError::TooLarge {
             program: "'x'".into(),
             limit_bytes: 1,

@@ -49,7 +49,7 @@
 //! # Hostile input
 //!
 //! The scan for reductions is iterative and visits each distinct block once. The
-//! rewrite runs only on a program that passes [`ir::validate`] against
+//! rewrite runs only on a program that passes [`ir::validate()`] against
 //! [`lowering_limits`] (its nesting is at most [`ir::validate::MAX_NESTING_DEPTH`], so
 //! the rewrite's recursion is bounded); [`lower`] returns that error, and
 //! [`lower_workgroup_reductions`] (the backend's call, on programs it validated)
@@ -121,7 +121,7 @@ impl LoweringCaps {
 /// Why [`lower`] refused. `Display` starts with `Fix:`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LoweringError {
-    /// The program fails [`ir::validate`] against [`lowering_limits`].
+    /// The program fails [`ir::validate()`] against [`lowering_limits`].
     Invalid(ValidationError),
     /// The capabilities make no sense (see [`LoweringCaps::new`]).
     Caps {
@@ -244,7 +244,7 @@ fn contains_reduction(entry: &Block) -> bool {
 }
 
 /// [`lower_workgroup_reductions`], checking first: the caps ([`LoweringCaps::check`])
-/// and the program ([`ir::validate`] against [`lowering_limits`]); returns the first
+/// and the program ([`ir::validate()`] against [`lowering_limits`]); returns the first
 /// error instead of lowering.
 pub fn lower(program: &Program, caps: &LoweringCaps) -> Result<Program, LoweringError> {
     caps.check()?;
@@ -281,7 +281,7 @@ pub fn lower_valid(
 /// as needing no lowering, so lowering it again is also O(1).
 ///
 /// Meant for programs that passed validation (the backend's path). A program with a
-/// reduction that fails [`ir::validate`] against [`lowering_limits`], or caps that
+/// reduction that fails [`ir::validate()`] against [`lowering_limits`], or caps that
 /// fail [`LoweringCaps::check`], is returned unchanged (code generation and the
 /// interpreter then report it); [`lower`] returns the error instead.
 pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Program {

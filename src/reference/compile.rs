@@ -16,8 +16,8 @@ use std::collections::HashMap;
 
 use super::ops::{BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
-    AtomicOp, BinaryOp, BufferDecl, Builtin, Expr, Name, Node,
-    Program, ReduceOp, ScalarType, UnaryOp,
+    AtomicOp, BinaryOp, BufferDecl, Builtin, Expr, Name, Node, Program, ReduceOp, ScalarType,
+    UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -201,7 +201,8 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
         .map(|node| match node {
             CompiledNode::SetVariable { value, .. }
             | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
-            CompiledNode::Store { index, value, .. } | CompiledNode::Atomic { index, value, .. } => {
+            CompiledNode::Store { index, value, .. }
+            | CompiledNode::Atomic { index, value, .. } => {
                 temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
             }
             // Condition, then the two lane lists; each arm runs with both lists held.
@@ -325,10 +326,7 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
 
 /// Compile `program` into at most `max_memory_bytes` of compiled nodes; every failure
 /// is a message starting `Fix:`.
-pub(crate) fn compile(
-    program: &Program,
-    max_memory_bytes: u64,
-) -> Result<CompiledProgram, String> {
+pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<CompiledProgram, String> {
     // Validated: buffer names are unique.
     let buffer_index = program
         .buffers()
@@ -384,14 +382,18 @@ impl<'p> Compiler<'p> {
         let slot = self.scope.len();
         self.scope.push(name.clone());
         self.slot_count = self.slot_count.max(self.scope.len());
-        self.variables.insert(name.clone(), VariableInfo { slot, ty });
+        self.variables
+            .insert(name.clone(), VariableInfo { slot, ty });
         slot
     }
 
     fn buffer(&self, name: &str) -> Result<(usize, &'p BufferDecl), String> {
         match self.buffer_index.get(name) {
             Some(&index) => Ok((index, &self.program.buffers()[index])),
-            None => Err(internal(&self.name(), format_args!("buffer '{name}' has no slot"))),
+            None => Err(internal(
+                &self.name(),
+                format_args!("buffer '{name}' has no slot"),
+            )),
         }
     }
 
@@ -419,12 +421,10 @@ impl<'p> Compiler<'p> {
     }
 
     fn variable(&self, name: &Name) -> Result<VariableInfo, String> {
-        self.variables.get(name).copied().ok_or_else(|| {
-            internal(
-                &self.name(),
-                format_args!("variable '{name}' has no slot"),
-            )
-        })
+        self.variables
+            .get(name)
+            .copied()
+            .ok_or_else(|| internal(&self.name(), format_args!("variable '{name}' has no slot")))
     }
 
     fn node_inner(&mut self, node: &Node) -> Result<CompiledNode, String> {
@@ -797,9 +797,10 @@ mod tests {
 
     /// The rule a run of `program` reports, its message checked to be the validator's.
     fn message(program: Program) -> Rule {
-        let error = crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1))
-            .expect_err("must be rejected")
-            .to_string();
+        let error =
+            crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1))
+                .expect_err("must be rejected")
+                .to_string();
         let validator = crate::ir::validate(&program, &crate::ir::Limits::default())
             .expect_err("the validator rejects it");
         assert_eq!(error, validator.message());
@@ -926,7 +927,10 @@ mod tests {
                 b.store("rw", Expr::global_id(Axis::X), x);
             })
             .build();
-        assert!(crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1)).is_ok());
+        assert!(
+            crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1))
+                .is_ok()
+        );
     }
 
     /// Locks out slots shared between variables that are live at the same time,

@@ -376,7 +376,8 @@ fn check_memory(
 ) -> Result<(), ReferenceError> {
     let lanes = u64::from(grid.total_lanes);
     let builtins = compiled.builtins_used.iter().filter(|&&used| used).count() as u64;
-    let per_lane = 4 * (compiled.slot_count as u64 + builtins) + 4 + 1 + 8 * compiled.temporaries as u64;
+    let per_lane =
+        4 * (compiled.slot_count as u64 + builtins) + 4 + 1 + 8 * compiled.temporaries as u64;
     let workgroups = lanes / u64::from(grid.threads_per_workgroup.max(1));
     // Global buffers take their input's bytes (outputs twice: the buffer and the
     // copy handed back); inputs come in binding order.
@@ -389,14 +390,16 @@ fn check_memory(
         };
         buffer_bytes = buffer_bytes.saturating_add((input.len() as u64).saturating_mul(copies));
     }
-    for decl in program.buffers().iter().filter(|decl| !decl.access.is_global()) {
+    for decl in program
+        .buffers()
+        .iter()
+        .filter(|decl| !decl.access.is_global())
+    {
         let instance = decl.static_size_bytes().unwrap_or(0);
         buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(workgroups));
     }
     // The compiled program was charged while it was built (`compile::compile`).
-    let needed = lanes
-        .saturating_mul(per_lane)
-        .saturating_add(buffer_bytes);
+    let needed = lanes.saturating_mul(per_lane).saturating_add(buffer_bytes);
     if needed > options.max_memory_bytes {
         return Err(ReferenceError::new(format!(
             "Fix: the reference run of {} needs about {needed} bytes ({lanes} threads × {per_lane} bytes per thread, plus {buffer_bytes} bytes of buffers), over ReferenceOptions::max_memory_bytes = {}; dispatch fewer workgroups or smaller buffers, or raise the budget.",

@@ -113,10 +113,13 @@ pub const MAX_PTX_BYTES: usize = 16 << 20;
 /// shared-memory bound only keeps sizes representable; the device's own, smaller
 /// limits are the backend's to check.
 pub fn codegen_limits() -> Limits {
+    // Written out in full on purpose; limits added to `Limits` later keep their defaults.
+    #[allow(clippy::needless_update)]
     Limits {
         max_threads_per_workgroup: 1024,
         max_workgroup_size: [1024, 1024, 64],
-        max_shared_memory_bytes: u32::MAX & !3,
+        // The largest multiple of 4: padded workgroup buffers still fit in a u32.
+        max_shared_memory_bytes: !3,
         subgroup_size: 32,
         ..Limits::default()
     }
@@ -235,8 +238,7 @@ pub fn valid_program_to_ptx(
     if program.form() == ProgramForm::Lowered {
         return writer::Writer::new(program, *options, sm).finish();
     }
-    let valid =
-        ir::validate_lowered(program, program.limits()).map_err(CodegenError::Invalid)?;
+    let valid = ir::validate_lowered(program, program.limits()).map_err(CodegenError::Invalid)?;
     writer::Writer::new(&valid, *options, sm).finish()
 }
 

@@ -316,7 +316,7 @@ impl<'p> Writer<'p> {
                 BufferCount::Runtime => 0,
             };
             let bytes = decl.static_size_bytes().unwrap_or(0);
-            let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(u32::MAX & !3);
+            let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
             let symbol = format!("vyre_shared_{position}_{}", identifier_part(&decl.name));
             let base = self.reg(RegClass::B64);
             emit!(self, "mov.u64 {base}, {symbol};");
@@ -333,7 +333,8 @@ impl<'p> Writer<'p> {
 
     /// Validated: buffer names are unique.
     fn add_buffer(&mut self, slot: BufferSlot<'p>) {
-        self.buffer_lookup.insert(&slot.decl.name, self.buffers.len());
+        self.buffer_lookup
+            .insert(&slot.decl.name, self.buffers.len());
         self.buffers.push(slot);
     }
 
@@ -636,7 +637,9 @@ impl<'p> Writer<'p> {
                 );
             }
             Node::WorkgroupReduce { .. } => {
-                return Err(internal(format_args!("a workgroup reduction is not lowered")))
+                return Err(internal(format_args!(
+                    "a workgroup reduction is not lowered"
+                )))
             }
             Node::Return => emit!(self, "ret;"),
         }
