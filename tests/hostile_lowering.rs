@@ -681,3 +681,45 @@ fn checked_programs_are_not_validated_again() {
     program_to_ptx(&lowered_fresh, &CodegenOptions::default(), 90, 32).expect("ptx");
     assert!(walks_on_current_thread() > before);
 }
+
+/// Defect locked out: lowering, PTX emission or the interpreter store their own
+/// validation verdict (against their own limits) in the program's one memo slot per
+/// form, so the backend's validation with the device's limits walks the program on
+/// every dispatch afterwards. After all three ran, the first validation with other
+/// limits walks once and the second answers from the memo. Negative control: a
+/// program whose slot was taken by other limits walks on every validation.
+#[test]
+fn lowering_ptx_and_reference_leave_the_validation_memo_to_its_user() {
+    use vyre_cuda::ir::validate::walks_on_current_thread;
+    let device = Limits {
+        max_shared_memory_bytes: 96 * 1024,
+        ..Limits::default()
+    };
+    let program = sum_of_ones(64);
+    let lowered = lower_workgroup_reductions(&program, &WARP);
+    lower(&program, &WARP).expect("lower");
+    program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32).expect("ptx");
+    reference::run(&program, &[&[0; 4]], &DispatchConfig::linear(1)).expect("run");
+    reference::run(&lowered, &[&[0; 4]], &DispatchConfig::linear(1)).expect("run");
+    for (what, checked) in [("user", &program), ("lowered", &lowered)] {
+        let validate_it = |p: &Program| {
+            if what == "user" {
+                validate(p, &device).map(|_| ())
+            } else {
+                validate_lowered(p, &device).map(|_| ())
+            }
+        };
+        let before = walks_on_current_thread();
+        validate_it(checked).unwrap();
+        validate_it(checked).unwrap();
+        assert_eq!(walks_on_current_thread() - before, 1, "{what}: memoised");
+    }
+
+    // Negative control: a slot taken by other limits makes every validation walk.
+    let taken = sum_of_ones(32);
+    validate(&taken, &Limits::default()).unwrap();
+    let before = walks_on_current_thread();
+    validate(&taken, &device).unwrap();
+    validate(&taken, &device).unwrap();
+    assert_eq!(walks_on_current_thread() - before, 2);
+}

@@ -248,7 +248,7 @@ fn contains_reduction(entry: &Block) -> bool {
 /// error instead of lowering.
 pub fn lower(program: &Program, caps: &LoweringCaps) -> Result<Program, LoweringError> {
     caps.check()?;
-    ir::validate(program, &lowering_limits()).map_err(LoweringError::Invalid)?;
+    validate_structure(program).map_err(LoweringError::Invalid)?;
     Ok(lower_validated(program, caps))
 }
 
@@ -301,10 +301,18 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
         return program.clone();
     }
     // Bounded from here on: the rewrite recurses once per nesting level.
-    if caps.check().is_err() || ir::validate(program, &lowering_limits()).is_err() {
+    if caps.check().is_err() || validate_structure(program).is_err() {
         return program.clone();
     }
     lower_validated(program, caps)
+}
+
+/// [`ir::validate()`] against [`lowering_limits`] **without** storing the verdict: the
+/// program's one memo slot per form belongs to the limits its user (the backend, with
+/// the device's limits) validates against; taking it with other limits would make
+/// every later validation with the device's limits walk again.
+fn validate_structure(program: &Program) -> Result<ValidProgram, ValidationError> {
+    ir::validate_unmemoised(program, &lowering_limits(), ProgramForm::User)
 }
 
 /// The rewrite and its memo, for a program known to be valid and caps known to be

@@ -69,7 +69,7 @@ mod ops;
 use std::fmt;
 
 use crate::config::DispatchConfig;
-use crate::ir::{self, Access, BufferCount, Program, ValidProgram};
+use crate::ir::{self, Access, BufferCount, Program, ProgramForm, ValidProgram};
 use crate::lower;
 
 use exec::{BufferStore, Grid, Machine, Storage};
@@ -279,7 +279,10 @@ fn validate_for_run(
     options: &ReferenceOptions,
 ) -> Result<ValidProgram, ReferenceError> {
     use ir::validate::Rule;
-    match ir::validate(program, &options.limits) {
+    // Not memoised: the program's memo slot belongs to the limits its user (the
+    // backend, with the device's) validates against, and a walk costs far less than
+    // interpreting the program.
+    match ir::validate_unmemoised(program, &options.limits, ProgramForm::User) {
         Ok(valid) => Ok(valid),
         // Only these differ between the forms; any other rule (nesting, node count,
         // types) fails the lowered form too, so it is not walked again.
@@ -289,7 +292,7 @@ fn validate_for_run(
                 Rule::SubgroupBeforeLowering | Rule::ReservedName
             ) =>
         {
-            ir::validate_lowered(program, &options.limits)
+            ir::validate_unmemoised(program, &options.limits, ProgramForm::Lowered)
                 .map_err(|_| ReferenceError::new(user_error.message().to_owned()))
         }
         Err(user_error) => Err(ReferenceError::new(user_error.message().to_owned())),

@@ -220,7 +220,10 @@ pub fn program_to_ptx(
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
     check_target(program, sm, subgroup_size)?;
-    let valid = ir::validate_lowered(program, &codegen_limits()).map_err(CodegenError::Invalid)?;
+    // Not memoised: the program's memo slot belongs to the limits its user validates
+    // against (see `lower::lower_valid`); this runs on a PTX cache miss only.
+    let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
+        .map_err(CodegenError::Invalid)?;
     writer::Writer::new(&valid, *options, sm).finish()
 }
 
