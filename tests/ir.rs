@@ -84,7 +84,7 @@ fn digest_is_computed_once_and_shared_by_clones() {
 fn fixture_digest_is_pinned() {
     assert_eq!(
         fixture().digest().to_hex(),
-        "fba8f6d65d2a8708a027dfe4b52eb788e7e9da0b0b2456efdaaf8714425ef6b0"
+        "855d2f9b44b32b39989a887180f6664d8cfa511e73edf397b20b0fc6bfcc8bf4"
     );
     // The crate's shared fixture is the same program (it adds an entry op id).
     let shared = host_cost_fixture(5, 4);
@@ -109,7 +109,17 @@ fn digest_is_sha256_of_the_documented_encoding() {
             b.store("b", 1u32, -0.0f32);
         })
         .build();
-    let mut bytes = b"vyre-cuda program v1".to_vec();
+    // The entry block, Merkle-style: its own digest enters the program's encoding.
+    let mut block = b"block".to_vec();
+    block.extend(1u32.to_le_bytes()); // entry block length
+    block.push(2); // store
+    block.extend(1u32.to_le_bytes());
+    block.extend(b"b");
+    block.extend([0, 0]); // index: literal u32
+    block.extend(1u32.to_le_bytes());
+    block.extend([0, 2]); // value: literal f32
+    block.extend((-0.0f32).to_bits().to_le_bytes());
+    let mut bytes = b"vyre-cuda program v2".to_vec();
     bytes.extend(1u32.to_le_bytes()); // buffer count
     bytes.extend(1u32.to_le_bytes()); // name length
     bytes.extend(b"b");
@@ -122,14 +132,7 @@ fn digest_is_sha256_of_the_documented_encoding() {
     }
     bytes.push(0); // no entry op id
     bytes.push(0); // composable
-    bytes.extend(1u32.to_le_bytes()); // entry block length
-    bytes.push(2); // store
-    bytes.extend(1u32.to_le_bytes());
-    bytes.extend(b"b");
-    bytes.extend([0, 0]); // index: literal u32
-    bytes.extend(1u32.to_le_bytes());
-    bytes.extend([0, 2]); // value: literal f32
-    bytes.extend((-0.0f32).to_bits().to_le_bytes());
+    bytes.extend(sha256(&block)); // the entry block's digest
     assert_eq!(program.digest().0, sha256(&bytes));
 }
 

@@ -1,5 +1,9 @@
 //! The content digest: SHA-256 of a canonical byte encoding of every program field
 //! that affects code generation (buffers, workgroup size, body, entry op id, flags).
+//! Blocks are hashed Merkle-style (a nested block enters its parent's encoding as its
+//! own 32-byte digest), by an explicit stack and with a memo per shared allocation:
+//! issue 13 measured the recursive v1 walk overflowing a 2 MiB stack at 13k levels
+//! and walking 2⁶⁴ nodes on 64 levels of shared blocks.
 //!
 //! It is the root of every cache key in the backend, so it must be stable across
 //! runs and platforms (fixed little-endian encoding, tagged variants, length
@@ -8,10 +12,15 @@
 //! "at most once" rule by counting rather than timing.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
 
 use super::program::*;
+use super::structural::{block_key, expr_children, node_blocks};
 
 /// A 32-byte content digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,10 +68,8 @@ pub fn computations_total() -> u64 {
 pub(crate) fn compute_digest(program: &Program) -> Digest {
     COMPUTATIONS_ON_THREAD.with(|c| c.set(c.get().saturating_add(1)));
     COMPUTATIONS_TOTAL.fetch_add(1, Ordering::Relaxed);
-    let mut enc = Encoder {
-        hasher: Sha256::new(),
-    };
-    enc.bytes(b"vyre-cuda program v1");
+    let mut enc = Encoder::new();
+    enc.bytes(b"vyre-cuda program v2");
     let inner = &program.inner;
     enc.u32(inner.buffers.len() as u32);
     for b in inner.buffers.iter() {
@@ -99,8 +106,89 @@ pub(crate) fn compute_digest(program: &Program) -> Digest {
         None => enc.u8(0),
     }
     enc.u8(inner.non_composable_with_self as u8);
-    enc.block(&inner.entry);
+    enc.bytes(&block_digest(&inner.entry));
     Digest(enc.hasher.finish())
+}
+
+/// The Merkle digest of a block: SHA-256 of `"block"`, the node count and each
+/// node's encoding, where a nested block is written as its own block digest.
+///
+/// Post-order over blocks by an explicit stack (no recursion at any depth), with a
+/// memo by allocation for shared blocks, so a block shared by many parents is
+/// hashed once: `b = [If { then: b, else: b }]` nested 64 times costs 64 block
+/// hashes, not 2⁶⁴. The result depends only on content, never on sharing.
+fn block_digest(root: &Block) -> [u8; 32] {
+    enum Frame<'a> {
+        Enter(&'a Block),
+        Exit(&'a Block, usize),
+    }
+    let mut memo: HashMap<(usize, usize), [u8; 32]> = HashMap::new();
+    let mut frames: SmallVec<[Frame<'_>; 8]> = SmallVec::new();
+    frames.push(Frame::Enter(root));
+    let mut done: SmallVec<[[u8; 32]; 4]> = SmallVec::new();
+    let mut exprs: Vec<&Expr> = Vec::new();
+    let empty = empty_block_digest();
+    while let Some(frame) = frames.pop() {
+        match frame {
+            Frame::Enter(block) => {
+                if Arc::strong_count(block) > 1 {
+                    if let Some(digest) = memo.get(&block_key(block)) {
+                        done.push(*digest);
+                        continue;
+                    }
+                }
+                // Empty blocks have one digest (`empty`), computed once: no frame.
+                let children = block
+                    .iter()
+                    .map(|node| {
+                        node_blocks(node)
+                            .into_iter()
+                            .flatten()
+                            .filter(|b| !b.is_empty())
+                            .count()
+                    })
+                    .sum();
+                frames.push(Frame::Exit(block, children));
+                for node in block.iter() {
+                    for child in node_blocks(node).into_iter().flatten() {
+                        if !child.is_empty() {
+                            frames.push(Frame::Enter(child));
+                        }
+                    }
+                }
+            }
+            Frame::Exit(block, children) => {
+                // The last child pushed was entered first, so the first child's
+                // digest is on top: reversed, the list is in program order.
+                let start = done.len().saturating_sub(children);
+                let nested: Vec<[u8; 32]> = done.drain(start..).rev().collect();
+                let mut nested = nested.iter();
+                let mut enc = Encoder::new();
+                enc.bytes(b"block");
+                enc.u32(block.len() as u32);
+                for node in block.iter() {
+                    enc.node(node, &empty, &mut nested, &mut exprs);
+                }
+                let digest = enc.hasher.finish();
+                if Arc::strong_count(block) > 1 {
+                    memo.insert(block_key(block), digest);
+                }
+                done.push(digest);
+            }
+        }
+    }
+    done.pop().unwrap_or([0; 32])
+}
+
+/// The digest of an empty block (every `else {}`), computed once per process.
+fn empty_block_digest() -> [u8; 32] {
+    static EMPTY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    *EMPTY.get_or_init(|| {
+        let mut enc = Encoder::new();
+        enc.bytes(b"block");
+        enc.u32(0);
+        enc.hasher.finish()
+    })
 }
 
 struct Encoder {
@@ -108,6 +196,11 @@ struct Encoder {
 }
 
 impl Encoder {
+    fn new() -> Self {
+        Encoder {
+            hasher: Sha256::new(),
+        }
+    }
     fn bytes(&mut self, b: &[u8]) {
         self.hasher.update(b);
     }
@@ -121,13 +214,22 @@ impl Encoder {
         self.u32(n.len() as u32);
         self.bytes(n.as_bytes());
     }
-    fn block(&mut self, block: &[Node]) {
-        self.u32(block.len() as u32);
-        for n in block {
-            self.node(n);
-        }
-    }
-    fn node(&mut self, node: &Node) {
+    /// One node; each nested block is written as the next digest of `nested`.
+    fn node<'a>(
+        &mut self,
+        node: &'a Node,
+        empty: &[u8; 32],
+        nested: &mut std::slice::Iter<'_, [u8; 32]>,
+        scratch: &mut Vec<&'a Expr>,
+    ) {
+        let mut block = |enc: &mut Encoder, block: &Block| {
+            let digest = if block.is_empty() {
+                *empty
+            } else {
+                nested.next().copied().unwrap_or([0; 32])
+            };
+            enc.bytes(&digest);
+        };
         match node {
             Node::Let {
                 name,
@@ -137,12 +239,12 @@ impl Encoder {
                 self.u8(0);
                 self.name(name);
                 self.u8(*mutable as u8);
-                self.expr(value);
+                self.expr(value, scratch);
             }
             Node::Assign { name, value } => {
                 self.u8(1);
                 self.name(name);
-                self.expr(value);
+                self.expr(value, scratch);
             }
             Node::Store {
                 buffer,
@@ -151,8 +253,8 @@ impl Encoder {
             } => {
                 self.u8(2);
                 self.name(buffer);
-                self.expr(index);
-                self.expr(value);
+                self.expr(index, scratch);
+                self.expr(value, scratch);
             }
             Node::If {
                 condition,
@@ -160,9 +262,9 @@ impl Encoder {
                 else_body,
             } => {
                 self.u8(3);
-                self.expr(condition);
-                self.block(then_body);
-                self.block(else_body);
+                self.expr(condition, scratch);
+                block(self, then_body);
+                block(self, else_body);
             }
             Node::Loop {
                 variable,
@@ -172,9 +274,9 @@ impl Encoder {
             } => {
                 self.u8(4);
                 self.name(variable);
-                self.expr(start);
-                self.expr(end);
-                self.block(body);
+                self.expr(start, scratch);
+                self.expr(end, scratch);
+                block(self, body);
             }
             Node::Barrier => self.u8(5),
             Node::GridSync => self.u8(6),
@@ -187,19 +289,29 @@ impl Encoder {
                 self.u8(7);
                 self.u8(*op as u8);
                 self.name(buffer);
-                self.expr(index);
-                self.expr(value);
+                self.expr(index, scratch);
+                self.expr(value, scratch);
             }
             Node::WorkgroupReduce { name, op, value } => {
                 self.u8(8);
                 self.name(name);
                 self.u8(*op as u8);
-                self.expr(value);
+                self.expr(value, scratch);
             }
             Node::Return => self.u8(9),
         }
     }
-    fn expr(&mut self, expr: &Expr) {
+    /// Pre-order encoding of an expression tree by an explicit stack.
+    fn expr<'a>(&mut self, root: &'a Expr, stack: &mut Vec<&'a Expr>) {
+        stack.clear();
+        stack.push(root);
+        while let Some(expr) = stack.pop() {
+            self.expr_fields(expr);
+            stack.extend(expr_children(expr).into_iter().flatten().rev());
+        }
+    }
+    /// An expression's tag and own fields (its children follow in pre-order).
+    fn expr_fields(&mut self, expr: &Expr) {
         match expr {
             Expr::Literal(lit) => {
                 self.u8(0);
@@ -210,40 +322,26 @@ impl Encoder {
                 self.u8(1);
                 self.name(name);
             }
-            Expr::Load { buffer, index } => {
+            Expr::Load { buffer, .. } => {
                 self.u8(2);
                 self.name(buffer);
-                self.expr(index);
             }
             Expr::Length { buffer } => {
                 self.u8(3);
                 self.name(buffer);
             }
-            Expr::Binary { op, lhs, rhs } => {
+            Expr::Binary { op, .. } => {
                 self.u8(4);
                 self.u8(*op as u8);
-                self.expr(lhs);
-                self.expr(rhs);
             }
-            Expr::Unary { op, operand } => {
+            Expr::Unary { op, .. } => {
                 self.u8(5);
                 self.u8(*op as u8);
-                self.expr(operand);
             }
-            Expr::Select {
-                condition,
-                if_true,
-                if_false,
-            } => {
-                self.u8(6);
-                self.expr(condition);
-                self.expr(if_true);
-                self.expr(if_false);
-            }
-            Expr::Cast { to, value } => {
+            Expr::Select { .. } => self.u8(6),
+            Expr::Cast { to, .. } => {
                 self.u8(7);
                 self.u8(*to as u8);
-                self.expr(value);
             }
             Expr::Builtin(b) => {
                 self.u8(8);
@@ -256,15 +354,13 @@ impl Encoder {
                 self.u8(kind);
                 self.u8(axis.index() as u8);
             }
-            Expr::SubgroupShuffleXor { value, lane_mask } => {
+            Expr::SubgroupShuffleXor { lane_mask, .. } => {
                 self.u8(9);
                 self.u32(*lane_mask);
-                self.expr(value);
             }
-            Expr::SubgroupReduce { op, value } => {
+            Expr::SubgroupReduce { op, .. } => {
                 self.u8(10);
                 self.u8(*op as u8);
-                self.expr(value);
             }
         }
     }
@@ -328,10 +424,11 @@ impl Sha256 {
 
     pub(crate) fn finish(mut self) -> [u8; 32] {
         let bit_length = self.length_bytes.wrapping_mul(8);
+        // 0x80, then zeros up to 56 bytes into a block, in one update.
+        let padding = [0u8; 64];
+        let zeros = (64 + 56 - (self.buffered + 1) % 64) % 64;
         self.update(&[0x80]);
-        while self.buffered != 56 {
-            self.update(&[0]);
-        }
+        self.update(&padding[..zeros]);
         self.update(&bit_length.to_be_bytes());
         let mut out = [0u8; 32];
         for (i, word) in self.state.iter().enumerate() {

@@ -10,12 +10,17 @@ mod digest;
 mod display;
 pub mod generate;
 mod program;
+mod structural;
 pub mod validate;
 
 pub use builder::{BlockBuilder, ProgramBuilder};
 pub use digest::{computations_on_current_thread, computations_total, sha256, Digest};
+pub use display::{
+    DISPLAY_MAX_BYTES, DISPLAY_MAX_DEPTH, DISPLAY_MAX_EXPR_DEPTH, DISPLAY_MAX_INDENT_LEVELS,
+};
 pub(crate) use program::LoweringMemo;
 pub use program::*;
+pub use structural::HASH_ITEM_BUDGET;
 pub use validate::{
     validate, validate_lowered, validate_unmemoised, Limits, ValidProgram, ValidationError,
 };

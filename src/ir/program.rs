@@ -469,7 +469,9 @@ impl ReduceOp {
 }
 
 /// An expression: a pure computation of one scalar value per thread.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// `Clone`, `Drop`, `==`, `Hash` and `Debug` never recurse (see `structural.rs`): an
+/// expression nested a million deep is cloned, compared and dropped on a 2 MiB stack.
 pub enum Expr {
     /// A constant.
     Literal(Literal),
@@ -545,7 +547,10 @@ pub enum Expr {
 }
 
 /// A statement.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+///
+/// `Drop`, `==`, `Hash` and `Debug` never recurse (see `structural.rs`); `Clone`
+/// copies the node's expressions and shares its blocks.
+#[derive(Clone)]
 pub enum Node {
     /// Declare a variable holding `value`; visible to the rest of the enclosing block
     /// and the blocks nested in it. Names may not shadow a variable already in scope.
@@ -843,57 +848,19 @@ impl Program {
         self.inner.digest.get().is_some()
     }
 
-    /// Number of nodes and expressions in the entry body (memoised like the digest).
+    /// Number of nodes and expressions in the entry body, counting a shared block once
+    /// per use and saturating at `u64::MAX` (memoised like the digest). Iterative, and
+    /// each shared block allocation is walked once.
     pub fn node_count(&self) -> u64 {
         *self
             .inner
             .node_count
-            .get_or_init(|| count_block(&self.inner.entry))
+            .get_or_init(|| super::structural::count_tree(&self.inner.entry))
     }
 
     /// True when both values share one allocation (a clone, or a no-op rewrite).
     pub fn ptr_eq(a: &Program, b: &Program) -> bool {
         Arc::ptr_eq(&a.inner, &b.inner)
-    }
-}
-
-fn count_block(block: &[Node]) -> u64 {
-    block.iter().map(count_node).sum()
-}
-
-fn count_node(node: &Node) -> u64 {
-    1 + match node {
-        Node::Let { value, .. } | Node::Assign { value, .. } => count_expr(value),
-        Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
-            count_expr(index) + count_expr(value)
-        }
-        Node::If {
-            condition,
-            then_body,
-            else_body,
-        } => count_expr(condition) + count_block(then_body) + count_block(else_body),
-        Node::Loop {
-            start, end, body, ..
-        } => count_expr(start) + count_expr(end) + count_block(body),
-        Node::WorkgroupReduce { value, .. } => count_expr(value),
-        Node::Barrier | Node::GridSync | Node::Return => 0,
-    }
-}
-
-fn count_expr(expr: &Expr) -> u64 {
-    1 + match expr {
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => 0,
-        Expr::Load { index, .. } => count_expr(index),
-        Expr::Binary { lhs, rhs, .. } => count_expr(lhs) + count_expr(rhs),
-        Expr::Unary { operand, .. } => count_expr(operand),
-        Expr::Select {
-            condition,
-            if_true,
-            if_false,
-        } => count_expr(condition) + count_expr(if_true) + count_expr(if_false),
-        Expr::Cast { value, .. }
-        | Expr::SubgroupShuffleXor { value, .. }
-        | Expr::SubgroupReduce { value, .. } => count_expr(value),
     }
 }
 
@@ -905,7 +872,7 @@ impl PartialEq for Program {
                 && self.inner.non_composable_with_self == other.inner.non_composable_with_self
                 && self.inner.entry_op_id == other.inner.entry_op_id
                 && self.inner.buffers == other.inner.buffers
-                && self.inner.entry == other.inner.entry)
+                && super::structural::blocks_equal(&self.inner.entry, &other.inner.entry))
     }
 }
 impl Eq for Program {}

@@ -1,13 +1,21 @@
 //! The validator: owns every rule of the IR and every `Fix:` message (§1).
 //!
-//! Lowering, code generation, the reference interpreter and the backend all assume
-//! the program they receive passed [`validate`] (or, after lowering,
-//! [`validate_lowered`]); none of them re-checks a rule. So this module is the one
-//! place a malformed program is turned into an error, and it must answer for *any*
-//! value a caller can build: it never panics, never recurses deeper than
-//! [`MAX_NESTING_DEPTH`], never walks more than [`MAX_NODES`] nodes (a program built
-//! from shared `Arc` blocks can describe an exponentially large tree) and uses checked
-//! arithmetic for every size.
+//! Lowering, code generation, the reference interpreter and the backend all take
+//! the proof of validity, a [`ValidProgram`], which only [`validate`] and (after
+//! lowering) [`validate_lowered`] hand out; none of them re-checks a rule. So this
+//! module is the one place a malformed program is turned into an error, and it must
+//! answer for *any* value a caller can build: it never panics, never recurses deeper
+//! than [`MAX_NESTING_DEPTH`], refuses a tree of more than [`MAX_NODES`] nodes before
+//! walking it (a program built from shared `Arc` blocks can describe 2⁶⁴ nodes in a
+//! few kilobytes; the size comes from [`Program::node_count`], which walks each
+//! shared block once), keeps its name tables keyed against crafted collisions, cuts
+//! long names in messages, and uses checked arithmetic for every size. It also knows
+//! the hardware limit the kernel ABI meets ([`MAX_GLOBAL_BUFFERS`]), so ptxas never
+//! sees a kernel it would refuse.
+//!
+//! The verdict (either way) is memoised in the program value, one per
+//! [`ProgramForm`], so the backend validates before any other walk on every dispatch
+//! at the cost of one atomic load when warm.
 //!
 //! The walk is one pass over the tree, O(n): it resolves names, checks types and
 //! records a small dependency graph for the uniformity rules (which variables and
@@ -18,18 +26,34 @@
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
-use std::hash::{BuildHasherDefault, Hasher};
 
+use super::display::describe_node;
 use super::program::*;
 
 /// Deepest nesting of blocks and expressions a program may have (a node or an
-/// expression nested inside 256 others is rejected). Keeps every recursive walk in
-/// the crate (digest, display, lowering, code generation) far from the stack limit.
+/// expression nested inside 256 others is rejected). Keeps every recursive walk
+/// downstream of validation (lowering, code generation, the reference interpreter)
+/// far from the stack limit; the IR's own walks are iterative or bounded.
 pub const MAX_NESTING_DEPTH: u32 = 256;
 
 /// Most nodes plus expressions one program may have, counted as a tree (a block
 /// shared by several parents counts once per parent).
 pub const MAX_NODES: u64 = 1 << 24;
+
+/// Bytes of kernel parameter space the PTX the crate emits may use: `ptxas` refuses a
+/// kernel whose `.param` space exceeds 0x1100 bytes for PTX ISA versions before 8.1
+/// ("uses too much parameter space"; issue 13 hit it at 363 buffers on `sm_90`), and
+/// on the GPU the same kernel would fail to load with no explanation.
+pub const MAX_KERNEL_PARAMETER_BYTES: u32 = 0x1100;
+
+/// Kernel parameter bytes one global buffer takes under the kernel ABI of
+/// `codegen::ptx`: a `.param .u64` device pointer and a `.param .u32` element count
+/// (all pointers first, then all counts, so no padding between them).
+pub const KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER: u32 = 8 + 4;
+
+/// Most global (non-`Workgroup`) buffers one program may declare: 362.
+pub const MAX_GLOBAL_BUFFERS: u32 =
+    MAX_KERNEL_PARAMETER_BYTES / KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER;
 
 /// Prefix of names reserved for buffers and variables that lowering introduces.
 pub const RESERVED_PREFIX: &str = "__vyre";
@@ -119,6 +143,9 @@ pub enum Rule {
     NestingTooDeep,
     /// The program has more than [`MAX_NODES`] nodes and expressions.
     TooManyNodes,
+    /// The global buffers' kernel parameters exceed [`MAX_KERNEL_PARAMETER_BYTES`]
+    /// (more than [`MAX_GLOBAL_BUFFERS`] global buffers).
+    TooManyBuffers,
 }
 
 /// A rule a program broke. The message starts with `Fix:` and says what to change.
@@ -157,53 +184,27 @@ impl std::error::Error for ValidationError {}
 
 type Checked<T> = Result<T, ValidationError>;
 
-/// A fast non-cryptographic hasher for names and binding slots (an Fx-style
-/// multiply-rotate). Name lookups dominated validation time with SipHash; the keys
-/// come from the program being validated, and a crafted collision set can only slow
-/// its own validation down.
-#[derive(Default, Clone, Copy)]
-struct NameHasher {
-    hash: u64,
+/// Longest name (in bytes) an error message quotes in full; longer ones are cut
+/// with `…`, so a 1 MiB name cannot make a 1 MiB message.
+pub const MESSAGE_NAME_MAX_BYTES: usize = 64;
+
+/// A name as error messages quote it (cut at [`MESSAGE_NAME_MAX_BYTES`]).
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= MESSAGE_NAME_MAX_BYTES {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut cut = MESSAGE_NAME_MAX_BYTES;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}… ({} bytes)", &name[..cut], name.len()))
 }
 
-impl NameHasher {
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for NameHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            for (slot, byte) in word.iter_mut().zip(chunk) {
-                *slot = *byte;
-            }
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-    fn write_u8(&mut self, value: u8) {
-        self.add(value as u64);
-    }
-    fn write_u32(&mut self, value: u32) {
-        self.add(value as u64);
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.add(value);
-    }
-    fn write_usize(&mut self, value: usize) {
-        self.add(value as u64);
-    }
-    fn finish(&self) -> u64 {
-        // The multiply leaves the low bits weak and the table indexes by them: mix.
-        let mut h = self.hash;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
+/// The validator's tables of names and binding slots. The keys come from the program
+/// being validated, so the hasher must resist crafted collisions: std's randomly
+/// keyed SipHash. (Issue 13: 80,000 names crafted to collide under the previous
+/// unkeyed multiply-rotate hasher took 64 s to validate, quadratic.)
+type FastMap<K, V> = HashMap<K, V>;
 
 /// A program the validator accepted, and the rules it was checked against.
 ///
@@ -451,7 +452,7 @@ impl<'p> Checker<'p> {
         let mut checker = Checker {
             limits,
             lowered,
-            buffers: FastMap::with_capacity_and_hasher(program.buffers().len(), Default::default()),
+            buffers: FastMap::with_capacity(program.buffers().len()),
             single_subgroup,
             scope: FastMap::default(),
             scope_names: Vec::new(),
@@ -468,6 +469,24 @@ impl<'p> Checker<'p> {
         };
         checker.check_buffers(program.buffers())?;
         checker.check_workgroup_size(program.workgroup_size())?;
+        // The tree's size first (iterative, each shared block counted once per
+        // allocation, memoised in the program): a few kilobytes of shared blocks can
+        // describe 2⁶⁴ nodes, which the walk below must never start on.
+        let nodes = program.node_count();
+        if nodes > MAX_NODES {
+            return Err(ValidationError::new(
+                Rule::TooManyNodes,
+                format!(
+                    "split the program: it has {} nodes and expressions (counting shared \
+                     blocks once per use), over the limit of {MAX_NODES}",
+                    if nodes == u64::MAX {
+                        "more than 2^64".to_string()
+                    } else {
+                        nodes.to_string()
+                    }
+                ),
+            ));
+        }
         let root = checker.new_level_node(Level::Grid);
         checker.block(program.entry(), Branch::Entry, root, 0)?;
         checker.solve();
@@ -482,21 +501,35 @@ impl<'p> Checker<'p> {
             ));
         }
         if !self.lowered && name.starts_with(RESERVED_PREFIX) {
-            return Err(ValidationError::new(
-                Rule::ReservedName,
+            return Err(ValidationError::new(Rule::ReservedName, {
+                let name = shown(name);
                 format!(
                     "rename the {what} `{name}` {}: names starting `{RESERVED_PREFIX}` are \
                      reserved for lowering",
                     where_()
-                ),
-            ));
+                )
+            }));
         }
         Ok(())
     }
 
     fn check_buffers(&mut self, buffers: &'p [BufferDecl]) -> Checked<()> {
-        let mut bindings: FastMap<u32, &str> =
-            FastMap::with_capacity_and_hasher(buffers.len(), Default::default());
+        let mut bindings: FastMap<u32, &str> = FastMap::with_capacity(buffers.len());
+        let globals = buffers.iter().filter(|b| b.access.is_global()).count();
+        if globals > MAX_GLOBAL_BUFFERS as usize {
+            return Err(ValidationError::new(
+                Rule::TooManyBuffers,
+                format!(
+                    "declare at most {MAX_GLOBAL_BUFFERS} global buffers (it declares \
+                     {globals}): each takes {KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER} bytes of \
+                     kernel parameters and {} take {} bytes, over the {MAX_KERNEL_PARAMETER_BYTES} \
+                     bytes of parameter space ptxas allows; pack several arrays into one buffer \
+                     at offsets, or split the program",
+                    globals,
+                    (globals as u64) * KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER as u64
+                ),
+            ));
+        }
         let mut shared_bytes: u64 = 0;
         for (position, decl) in buffers.iter().enumerate() {
             let name = &*decl.name;
@@ -504,73 +537,77 @@ impl<'p> Checker<'p> {
                 format!("declared at position {position}")
             })?;
             if self.buffers.insert(name, decl).is_some() {
-                return Err(ValidationError::new(
-                    Rule::DuplicateBufferName,
+                return Err(ValidationError::new(Rule::DuplicateBufferName, {
+                    let name = shown(name);
                     format!(
                         "rename one of the two buffers named `{name}`: buffer names must be unique"
-                    ),
-                ));
+                    )
+                }));
             }
             if let Some(other) = bindings.insert(decl.binding, name) {
-                return Err(ValidationError::new(
-                    Rule::BindingCollision,
+                return Err(ValidationError::new(Rule::BindingCollision, {
+                    let name = shown(name);
+                    let other = shown(other);
                     format!(
                         "give buffer `{name}` a binding slot other than {}: buffer `{other}` \
                          already uses it (binding collision)",
                         decl.binding
-                    ),
-                ));
+                    )
+                }));
             }
             match decl.count {
                 BufferCount::Runtime => {
                     if decl.access == Access::Workgroup {
                         return Err(ValidationError::new(
                             Rule::WorkgroupBufferNeedsStaticCount,
-                            format!(
-                                "give workgroup buffer `{name}` a static element count \
+                            {
+                                let name = shown(name);
+                                format!(
+                                    "give workgroup buffer `{name}` a static element count \
                                  (BufferCount::Static): shared memory is sized at compile time"
-                            ),
+                                )
+                            },
                         ));
                     }
                 }
                 BufferCount::Static(0) => {
-                    return Err(ValidationError::new(
-                        Rule::ZeroCount,
+                    return Err(ValidationError::new(Rule::ZeroCount, {
+                        let name = shown(name);
                         format!(
                             "give buffer `{name}` a static count of at least 1 (zero count), \
                              or remove it"
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 BufferCount::Static(count) => {
                     let bytes = (count as u64).checked_mul(decl.elem.size_bytes() as u64);
                     let bytes = match bytes {
                         Some(b) if b <= u32::MAX as u64 => b,
                         _ => {
-                            return Err(ValidationError::new(
-                                Rule::CountOverflow,
+                            return Err(ValidationError::new(Rule::CountOverflow, {
+                                let name = shown(name);
                                 format!(
                                     "shrink buffer `{name}`: {count} elements of {} do not fit in \
                                      {} bytes (overflowing count); use a smaller static count or \
                                      BufferCount::Runtime",
                                     decl.elem.name(),
                                     u32::MAX
-                                ),
-                            ))
+                                )
+                            }))
                         }
                     };
                     if decl.access == Access::Workgroup {
                         shared_bytes = shared_bytes.saturating_add(bytes);
                         if shared_bytes > self.limits.max_shared_memory_bytes as u64 {
-                            return Err(ValidationError::new(
-                                Rule::SharedMemoryOverLimit,
+                            return Err(ValidationError::new(Rule::SharedMemoryOverLimit, {
+                                let name = shown(name);
                                 format!(
                                     "shrink workgroup buffer `{name}` or the workgroup buffers \
                                      before it: together they need {shared_bytes} bytes of \
                                      shared memory, over the device limit of {} bytes",
                                     self.limits.max_shared_memory_bytes
-                                ),
-                            ));
+                                )
+                            }));
                         }
                     }
                 }
@@ -845,14 +882,14 @@ impl<'p> Checker<'p> {
     ) -> Checked<()> {
         self.check_name(name, "variable", &|| self.at(node))?;
         if self.scope.contains_key(&**name) {
-            return Err(ValidationError::new(
-                Rule::DuplicateVariable,
+            return Err(ValidationError::new(Rule::DuplicateVariable, {
+                let name = shown(name);
                 format!(
                     "rename the variable `{name}` declared {}: a variable of that name is \
                      already in scope and names may not shadow",
                     self.at(node)
-                ),
-            ));
+                )
+            }));
         }
         let id = self.vars.len() as u32;
         self.vars.push(VarInfo {
@@ -876,13 +913,13 @@ impl<'p> Checker<'p> {
     fn buffer(&self, name: &str, node: &Node) -> Checked<&'p BufferDecl> {
         match self.buffers.get(name) {
             Some(decl) => Ok(decl),
-            None => Err(ValidationError::new(
-                Rule::UnknownBuffer,
+            None => Err(ValidationError::new(Rule::UnknownBuffer, {
+                let name = shown(name);
                 format!(
                     "declare buffer `{name}` (used {}) or use one of the declared buffers",
                     self.at(node)
-                ),
-            )),
+                )
+            })),
         }
     }
 
@@ -959,14 +996,14 @@ impl<'p> Checker<'p> {
             }
             Node::Assign { name, value } => {
                 let Some(&id) = self.scope.get(&**name) else {
-                    return Err(ValidationError::new(
-                        Rule::UnknownVariable,
+                    return Err(ValidationError::new(Rule::UnknownVariable, {
+                        let name = shown(name);
                         format!(
                             "declare `{name}` with `let mut {name} = ...` before the assignment \
                              {}, or fix the name: no variable `{name}` is in scope",
                             self.at(node)
-                        ),
-                    ));
+                        )
+                    }));
                 };
                 let Some(info) = self.vars.get(id as usize) else {
                     return Ok(None);
@@ -978,28 +1015,28 @@ impl<'p> Checker<'p> {
                         VarKind::ReduceResult => "a workgroup reduction result",
                         VarKind::Let { .. } => "declared without `mut`",
                     };
-                    return Err(ValidationError::new(
-                        Rule::AssignToImmutable,
+                    return Err(ValidationError::new(Rule::AssignToImmutable, {
+                        let name = shown(name);
                         format!(
                             "assign to a mutable variable instead of `{name}` {}: `{name}` is \
                              {what}; declare a new `let mut` variable to hold changing values",
                             self.at(node)
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 let mark = self.deps.len();
                 let (ty, level) = self.expr(value, node, depth + 1)?;
                 if ty != declared {
-                    return Err(ValidationError::new(
-                        Rule::TypeMismatch,
+                    return Err(ValidationError::new(Rule::TypeMismatch, {
+                        let name = shown(name);
                         format!(
                             "assign a {} value to `{name}` {} (the value is a {}); cast it or \
                              declare `{name}` with the other type",
                             declared.name(),
                             self.at(node),
                             ty.name()
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 if let Some(slot) = self.levels.get_mut(target as usize) {
                     *slot = (*slot).min(level);
@@ -1015,14 +1052,14 @@ impl<'p> Checker<'p> {
             } => {
                 let decl = self.buffer(buffer, node)?;
                 if decl.access == Access::ReadOnly {
-                    return Err(ValidationError::new(
-                        Rule::StoreToReadOnly,
+                    return Err(ValidationError::new(Rule::StoreToReadOnly, {
+                        let buffer = shown(buffer);
                         format!(
                             "declare buffer `{buffer}` read_write or write_only, or store into \
                              another buffer: the store {} writes a read_only buffer",
                             self.at(node)
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 let mark = self.deps.len();
                 let (index_ty, _) = self.expr(index, node, depth + 1)?;
@@ -1030,8 +1067,8 @@ impl<'p> Checker<'p> {
                 let (value_ty, _) = self.expr(value, node, depth + 1)?;
                 let wanted = decl.elem.value_type();
                 if value_ty != wanted {
-                    return Err(ValidationError::new(
-                        Rule::TypeMismatch,
+                    return Err(ValidationError::new(Rule::TypeMismatch, {
+                        let buffer = shown(buffer);
                         format!(
                             "store a {} value into buffer `{buffer}` ({} elements) {} (the value \
                              is a {}); add a cast",
@@ -1039,8 +1076,8 @@ impl<'p> Checker<'p> {
                             decl.elem.name(),
                             self.at(node),
                             value_ty.name()
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 self.deps.truncate(mark);
                 Ok(None)
@@ -1107,16 +1144,16 @@ impl<'p> Checker<'p> {
                 let decl = self.buffer(buffer, node)?;
                 let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
                 if decl.elem != ElemType::U32 || !access_ok {
-                    return Err(ValidationError::new(
-                        Rule::AtomicBuffer,
+                    return Err(ValidationError::new(Rule::AtomicBuffer, {
+                        let buffer = shown(buffer);
                         format!(
                             "make buffer `{buffer}` a u32 buffer with read_write or workgroup \
                              access, or use another buffer: the atomic {} targets a {} {} buffer",
                             self.at(node),
                             decl.access.name(),
                             decl.elem.name()
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 let mark = self.deps.len();
                 let (index_ty, _) = self.expr(index, node, depth + 1)?;
@@ -1128,14 +1165,14 @@ impl<'p> Checker<'p> {
             }
             Node::WorkgroupReduce { name, op: _, value } => {
                 if self.lowered {
-                    return Err(ValidationError::new(
-                        Rule::WorkgroupReduceNotLowered,
+                    return Err(ValidationError::new(Rule::WorkgroupReduceNotLowered, {
+                        let name = shown(name);
                         format!(
                             "lower the workgroup reduction `{name}` {} before validating as \
                              lowered (lower::lower_workgroup_reductions rewrites it)",
                             self.at(node)
-                        ),
-                    ));
+                        )
+                    }));
                 }
                 let mark = self.deps.len();
                 let (ty, _) = self.expr(value, node, depth + 1)?;
@@ -1181,14 +1218,14 @@ impl<'p> Checker<'p> {
                         self.deps.push(level_node);
                         Ok((ty, Level::Grid))
                     }
-                    None => Err(ValidationError::new(
-                        Rule::UnknownVariable,
+                    None => Err(ValidationError::new(Rule::UnknownVariable, {
+                        let name = shown(name);
                         format!(
                             "declare `{name}` before its use {} (with `let`), or fix the name: \
                              no variable `{name}` is in scope there",
                             self.at(node)
-                        ),
-                    )),
+                        )
+                    })),
                 }
             }
             Expr::Load { buffer, index } => {
@@ -1454,138 +1491,5 @@ fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
     match walk(entry, Branch::Entry, ordinal, &mut seen, &mut path) {
         Some(description) => (path, description),
         None => (Vec::new(), "?".to_string()),
-    }
-}
-
-/// A short, bounded description of a node for error messages (expressions are
-/// abbreviated, so a huge or deep program never produces a huge message).
-fn describe_node(node: &Node) -> String {
-    let mut out = String::new();
-    let e = |out: &mut String, expr: &Expr| describe_expr(out, expr, 3);
-    match node {
-        Node::Let {
-            name,
-            mutable,
-            value,
-        } => {
-            let m = if *mutable { "mut " } else { "" };
-            let _ = write!(out, "let {m}{name} = ");
-            e(&mut out, value);
-        }
-        Node::Assign { name, value } => {
-            let _ = write!(out, "{name} = ");
-            e(&mut out, value);
-        }
-        Node::Store {
-            buffer,
-            index,
-            value,
-        } => {
-            let _ = write!(out, "{buffer}[");
-            e(&mut out, index);
-            out.push_str("] = ");
-            e(&mut out, value);
-        }
-        Node::If { condition, .. } => {
-            out.push_str("if ");
-            e(&mut out, condition);
-        }
-        Node::Loop {
-            variable,
-            start,
-            end,
-            ..
-        } => {
-            let _ = write!(out, "for {variable} in ");
-            e(&mut out, start);
-            out.push_str("..");
-            e(&mut out, end);
-        }
-        Node::Barrier => out.push_str("workgroup_barrier()"),
-        Node::GridSync => out.push_str("grid_sync()"),
-        Node::Atomic {
-            op,
-            buffer,
-            index,
-            value,
-        } => {
-            let _ = write!(out, "atomic_{}(&{buffer}[", op.name());
-            e(&mut out, index);
-            out.push_str("], ");
-            e(&mut out, value);
-            out.push(')');
-        }
-        Node::WorkgroupReduce { name, op, value } => {
-            let _ = write!(out, "let {name} = workgroup_reduce_{}(", op.name());
-            e(&mut out, value);
-            out.push(')');
-        }
-        Node::Return => out.push_str("return"),
-    }
-    out
-}
-
-fn describe_expr(out: &mut String, expr: &Expr, budget: u32) {
-    if budget == 0 || out.len() > 160 {
-        out.push('…');
-        return;
-    }
-    let next = budget - 1;
-    match expr {
-        Expr::Literal(literal) => {
-            let _ = write!(out, "{literal}");
-        }
-        Expr::Var(name) => out.push_str(name),
-        Expr::Load { buffer, index } => {
-            let _ = write!(out, "{buffer}[");
-            describe_expr(out, index, next);
-            out.push(']');
-        }
-        Expr::Length { buffer } => {
-            let _ = write!(out, "length({buffer})");
-        }
-        Expr::Binary { op, lhs, rhs } => {
-            out.push('(');
-            describe_expr(out, lhs, next);
-            let _ = write!(out, " {} ", op.symbol());
-            describe_expr(out, rhs, next);
-            out.push(')');
-        }
-        Expr::Unary { op, operand } => {
-            let _ = write!(out, "{}(", op.symbol());
-            describe_expr(out, operand, next);
-            out.push(')');
-        }
-        Expr::Select {
-            condition,
-            if_true,
-            if_false,
-        } => {
-            out.push_str("select(");
-            describe_expr(out, condition, next);
-            out.push_str(", ");
-            describe_expr(out, if_true, next);
-            out.push_str(", ");
-            describe_expr(out, if_false, next);
-            out.push(')');
-        }
-        Expr::Cast { to, value } => {
-            let _ = write!(out, "{}(", to.name());
-            describe_expr(out, value, next);
-            out.push(')');
-        }
-        Expr::Builtin(builtin) => {
-            let _ = write!(out, "{builtin}");
-        }
-        Expr::SubgroupShuffleXor { value, lane_mask } => {
-            out.push_str("subgroup_shuffle_xor(");
-            describe_expr(out, value, next);
-            let _ = write!(out, ", {lane_mask})");
-        }
-        Expr::SubgroupReduce { op, value } => {
-            let _ = write!(out, "subgroup_reduce_{}(", op.name());
-            describe_expr(out, value, next);
-            out.push(')');
-        }
     }
 }

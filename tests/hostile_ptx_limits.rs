@@ -1,0 +1,183 @@
+//! The kernel-parameter limit in the validator, checked against NVIDIA's `ptxas`
+//! (issue 13, §1, §2): 363 global buffers passed validation and PTX emission, then
+//! `ptxas -arch=sm_90` refused the kernel ("uses too much parameter space", limit
+//! 0x1100 bytes), which on the GPU is a late, unexplained module-load error.
+//!
+//! ptxas is found through `VYRE_PTXAS`, `PTXAS` or `PATH`; without it the assembler
+//! tests print "skipped: ptxas not found", unless `VYRE_REQUIRE_PTXAS=1` makes that a
+//! failure (CI sets it where ptxas is installed).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use vyre_cuda::codegen::program_to_ptx;
+use vyre_cuda::ir::validate::{
+    Rule, KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER, MAX_GLOBAL_BUFFERS, MAX_KERNEL_PARAMETER_BYTES,
+};
+use vyre_cuda::ir::*;
+use vyre_cuda::CodegenOptions;
+
+fn find_ptxas(test: &str) -> Option<PathBuf> {
+    let from_env = ["VYRE_PTXAS", "PTXAS"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .find(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let found = from_env.or_else(|| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("ptxas"))
+                .find(|c| c.is_file())
+        })
+    });
+    if found.is_none() {
+        let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "Fix: {test} needs ptxas (VYRE_REQUIRE_PTXAS=1): set VYRE_PTXAS to its path"
+        );
+        eprintln!("{test}: skipped: ptxas not found");
+    }
+    found
+}
+
+/// Assembles for `sm_90`; `Err` carries ptxas's message.
+fn assemble(ptxas: &PathBuf, ptx: &str) -> Result<(), String> {
+    let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let source = directory.path().join("limit.ptx");
+    let cubin = directory.path().join("limit.cubin");
+    std::fs::write(&source, ptx).map_err(|e| format!("write: {e}"))?;
+    let output = Command::new(ptxas)
+        .arg("-arch=sm_90")
+        .arg(&source)
+        .arg("-o")
+        .arg(&cubin)
+        .output()
+        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        ))
+    }
+}
+
+/// `buffers` runtime-sized `u32` read-write buffers; thread 0 adds one to element 0
+/// of every buffer, so each is really a parameter the kernel uses.
+fn program_with_buffers(buffers: u32) -> Program {
+    let mut builder = Program::builder([32, 1, 1]);
+    for index in 0..buffers {
+        builder = builder.buffer(
+            format!("b{index}"),
+            index,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        );
+    }
+    builder
+        .body(|b| {
+            for index in 0..buffers {
+                let name = format!("b{index}");
+                b.store(
+                    name.as_str(),
+                    0u32,
+                    Expr::load(name.as_str(), 0u32) + Expr::u32(1),
+                );
+            }
+        })
+        .build()
+}
+
+/// The limit is the one the ABI really meets: 12 bytes per global buffer, 362 fit.
+#[test]
+fn global_buffer_limit_follows_from_the_parameter_space() {
+    assert_eq!(KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER, 12);
+    assert_eq!(MAX_KERNEL_PARAMETER_BYTES, 4352);
+    assert_eq!(MAX_GLOBAL_BUFFERS, 362);
+    // The emitted kernel signature has exactly one u64 and one u32 per buffer.
+    let ptx = program_to_ptx(&program_with_buffers(3), &CodegenOptions::default(), 90, 32)
+        .expect("emits");
+    let parameters: Vec<&str> = ptx
+        .lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with(".param "))
+        .collect();
+    assert_eq!(parameters.len(), 6, "{ptx}");
+    let pointers = parameters
+        .iter()
+        .filter(|l| l.starts_with(".param .u64 "))
+        .count();
+    let counts = parameters
+        .iter()
+        .filter(|l| l.starts_with(".param .u32 "))
+        .count();
+    assert_eq!((pointers, counts), (3, 3), "{ptx}");
+}
+
+/// Locks out a validator that lets a kernel past the parameter space through: one
+/// buffer over the limit is refused in advance with a `Fix:` naming the limit and the
+/// count; workgroup buffers (not parameters) do not count.
+#[test]
+fn one_buffer_past_the_limit_is_refused_in_advance() {
+    let error = validate(
+        &program_with_buffers(MAX_GLOBAL_BUFFERS + 1),
+        &Limits::default(),
+    )
+    .expect_err("363 global buffers");
+    assert_eq!(error.rule(), Rule::TooManyBuffers, "{error}");
+    let message = error.message();
+    assert!(message.starts_with("Fix:"), "{message}");
+    for figure in ["362", "363", "4352", "4356"] {
+        assert!(
+            message.contains(figure),
+            "message lacks {figure}: {message}"
+        );
+    }
+    // Negative control: at the limit the program validates.
+    validate(
+        &program_with_buffers(MAX_GLOBAL_BUFFERS),
+        &Limits::default(),
+    )
+    .expect("362 global buffers fit");
+    // Workgroup buffers are not kernel parameters.
+    let mut builder = Program::builder([32, 1, 1]);
+    for index in 0..MAX_GLOBAL_BUFFERS + 8 {
+        let access = if index < MAX_GLOBAL_BUFFERS {
+            Access::ReadWrite
+        } else {
+            Access::Workgroup
+        };
+        builder = builder.buffer(
+            format!("b{index}"),
+            index,
+            access,
+            ElemType::U32,
+            BufferCount::Static(1),
+        );
+    }
+    validate(&builder.build(), &Limits::default()).expect("362 global + 8 workgroup");
+}
+
+/// The at-limit program assembles with the real ptxas, and the program one past the
+/// limit (emitted anyway, skipping the validator) is refused by ptxas for its
+/// parameter space: the validator's limit is exactly ptxas's.
+#[test]
+fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
+    let Some(ptxas) = find_ptxas("ptxas_accepts_the_limit_and_refuses_one_past_it") else {
+        return;
+    };
+    let options = CodegenOptions::default();
+    let at_limit = program_with_buffers(MAX_GLOBAL_BUFFERS);
+    validate(&at_limit, &Limits::default()).expect("valid at the limit");
+    let ptx = program_to_ptx(&at_limit, &options, 90, 32).expect("emits at the limit");
+    assemble(&ptxas, &ptx).unwrap_or_else(|e| panic!("ptxas refused 362 buffers: {e}"));
+
+    let past = program_with_buffers(MAX_GLOBAL_BUFFERS + 1);
+    let ptx = program_to_ptx(&past, &options, 90, 32).expect("emission does not validate");
+    let refusal = assemble(&ptxas, &ptx).expect_err("ptxas must refuse 363 buffers");
+    assert!(refusal.contains("parameter space"), "{refusal}");
+}
