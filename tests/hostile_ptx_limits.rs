@@ -163,8 +163,9 @@ fn one_buffer_past_the_limit_is_refused_in_advance() {
 }
 
 /// The at-limit program assembles with the real ptxas, and the program one past the
-/// limit (emitted anyway, skipping the validator) is refused by ptxas for its
-/// parameter space: the validator's limit is exactly ptxas's.
+/// limit is refused by `program_to_ptx` (it validates first) and, emitted anyway (the
+/// at-limit module with one more buffer's pointer and length parameters spliced in),
+/// by ptxas for its parameter space: the validator's limit is exactly ptxas's.
 #[test]
 fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
     let Some(ptxas) = find_ptxas("ptxas_accepts_the_limit_and_refuses_one_past_it") else {
@@ -177,7 +178,15 @@ fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
     assemble(&ptxas, &ptx).unwrap_or_else(|e| panic!("ptxas refused 362 buffers: {e}"));
 
     let past = program_with_buffers(MAX_GLOBAL_BUFFERS + 1);
-    let ptx = program_to_ptx(&past, &options, 90, 32).expect("emission does not validate");
-    let refusal = assemble(&ptxas, &ptx).expect_err("ptxas must refuse 363 buffers");
+    let refused = program_to_ptx(&past, &options, 90, 32).expect_err("emission validates first");
+    assert!(refused.to_string().contains("at most 362"), "{refused}");
+    let entry = ".visible .entry vyre_entry(";
+    assert!(ptx.contains(entry), "{ptx}");
+    let one_more = ptx.replacen(
+        entry,
+        &format!("{entry}\n\t.param .u64 vyre_ptr_extra,\n\t.param .u32 vyre_len_extra,"),
+        1,
+    );
+    let refusal = assemble(&ptxas, &one_more).expect_err("ptxas must refuse 363 buffers");
     assert!(refusal.contains("parameter space"), "{refusal}");
 }

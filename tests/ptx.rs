@@ -1201,10 +1201,10 @@ fn workgroup_memory_is_zeroed_before_the_program_runs() {
 fn unsupported_inputs_give_fix_errors() {
     let unlowered = reduction_source([64, 1, 1]);
     let error = program_to_ptx(&unlowered, &CHECKED, 90, 32).unwrap_err();
-    assert!(matches!(
-        error,
-        CodegenError::UnloweredWorkgroupReduce { .. }
-    ));
+    assert!(
+        matches!(&error, CodegenError::Invalid(e) if e.rule() == vyre_cuda::ir::validate::Rule::WorkgroupReduceNotLowered),
+        "{error:?}"
+    );
     assert!(
         error.to_string().contains("lower_workgroup_reductions"),
         "{error}"
@@ -1219,7 +1219,7 @@ fn unsupported_inputs_give_fix_errors() {
         CodegenError::UnsupportedSubgroupSize { subgroup_size: 64 }
     );
 
-    // Programs that skipped validation: errors, never panics.
+    // Programs that skipped validation: the validator's error, never a panic.
     let unknown_variable = Program::builder([1, 1, 1])
         .buffer(
             "out",
@@ -1252,14 +1252,25 @@ fn unsupported_inputs_give_fix_errors() {
     let zero_workgroup = Program::builder([0, 1, 1]).build();
     for program in [unknown_variable, unknown_buffer, mistyped, zero_workgroup] {
         match program_to_ptx(&program, &CHECKED, 90, 32) {
-            Err(e @ CodegenError::InvalidProgram { .. }) => {
-                assert!(e.to_string().starts_with("Fix: "), "{e}")
+            Err(CodegenError::Invalid(e)) => {
+                assert_eq!(
+                    Some(e),
+                    validate_lowered(&program, &vyre_cuda::codegen::codegen_limits()).err()
+                );
             }
-            other => panic!("expected InvalidProgram for\n{program}\ngot {other:?}"),
+            other => panic!("expected the validator's error for\n{program}\ngot {other:?}"),
         }
     }
     for error in [
-        CodegenError::UnloweredWorkgroupReduce { name: "x".into() },
+        CodegenError::Internal { detail: "x".into() },
+        CodegenError::TooLarge {
+            program: "'x'".into(),
+            limit_bytes: 1,
+        },
+        CodegenError::LoweredForOtherSubgroupSize {
+            lowered_for: 16,
+            subgroup_size: 32,
+        },
         CodegenError::UnsupportedTarget { sm: 60 },
         CodegenError::UnsupportedSubgroupSize { subgroup_size: 64 },
     ] {

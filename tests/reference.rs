@@ -1514,15 +1514,16 @@ fn runaway_loops_hit_the_lane_step_cap() {
         })
         .build();
     let options = ReferenceOptions {
-        max_lane_steps: 1000,
+        max_work: 1000,
         ..ReferenceOptions::default()
     };
     let config = DispatchConfig::linear(1);
     assert_fix(
         reference::run_with_options(&program, &[&bytes_of(&[u32::MAX])], &config, &options),
-        &["max_lane_steps"],
+        &["max_work"],
     );
-    // 2 lanes * (1 loop node + 100 iterations * 2 steps) = 402 steps: under the cap.
+    // 2 lanes * (1 kernel run + 1 loop node + 3 bound expressions + 100 iterations *
+    // (1 iteration + 1 atomic + 2 operands)) = 810 units of work: under the cap.
     let out =
         reference::run_with_options(&program, &[&bytes_of(&[100])], &config, &options).unwrap();
     assert_eq!(words_of(&out[0]), [100]);

@@ -40,16 +40,39 @@
 //!
 //! The trailing barrier of both shared-memory forms is what makes a reduction inside
 //! a loop safe: the next iteration's first write to the buffer cannot overtake a
-//! slower thread's read of the previous iteration's result.
+//! slower thread's read of the previous iteration's result. It also makes it safe for
+//! a block that appears in several places (one `Arc` shared by several parents) to
+//! be rewritten **once**: its reductions keep one number and one buffer however often
+//! the block occurs, so a program whose shared blocks describe 2^64 statements costs
+//! one walk per distinct block, and its lowering shares the same blocks.
+//!
+//! # Hostile input
+//!
+//! The scan for reductions is iterative and visits each distinct block once. The
+//! rewrite runs only on a program that passes [`ir::validate()`] against
+//! [`lowering_limits`] (its nesting is at most [`ir::validate::MAX_NESTING_DEPTH`], so
+//! the rewrite's recursion is bounded); [`lower`] returns that error, and
+//! [`lower_workgroup_reductions`] (the backend's call, on programs it validated)
+//! returns an invalid program unchanged, for code generation or the interpreter to
+//! report.
+//!
+//! # The subgroup size travels with the result
+//!
+//! A program lowered with subgroup steps for `S` lanes is only correct on `S`-lane
+//! subgroups (a workgroup sum of 64 lowered for 16 lanes reads 128 on 32). The result
+//! records `S` in its first statement ([`SUBGROUP_SIZE_MARKER`],
+//! [`lowered_subgroup_size`]); code generation and the reference interpreter refuse
+//! it for any other size.
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::ir::LoweringMemo;
 use crate::ir::{
-    Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Name, Node, Program,
-    ReduceOp,
+    self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Literal,
+    Name, Node, Program, ProgramForm, ReduceOp, ValidProgram, ValidationError,
 };
 
 /// What the device offers that lowering may use. Part of the backend's cache
@@ -67,11 +90,95 @@ pub struct LoweringCaps {
 const CAPS_KEY_TAG: u64 = 0x4c_57_01;
 
 impl LoweringCaps {
+    /// Capabilities checked for sense: with `subgroup_ops`, `subgroup_size` must be at
+    /// least 1. (On a CUDA device use `DeviceCaps::lowering_caps`, which derives both
+    /// from the device; code generation accepts only 32-lane subgroups.)
+    pub fn new(subgroup_ops: bool, subgroup_size: u32) -> Result<Self, LoweringError> {
+        let caps = LoweringCaps {
+            subgroup_ops,
+            subgroup_size,
+        };
+        caps.check()?;
+        Ok(caps)
+    }
+
+    /// Whether these capabilities make sense (see [`LoweringCaps::new`]).
+    pub fn check(&self) -> Result<(), LoweringError> {
+        if self.subgroup_ops && self.subgroup_size == 0 {
+            return Err(LoweringError::Caps { caps: *self });
+        }
+        Ok(())
+    }
+
     /// A stable key identifying these capabilities (distinct capabilities give
     /// distinct keys). Used by the lowering memo and by the backend's cache keys.
     pub fn key(&self) -> u64 {
         // Bits 0..32: subgroup size; bit 32: the flag; bits 40..64: the tag.
         CAPS_KEY_TAG << 40 | (self.subgroup_ops as u64) << 32 | self.subgroup_size as u64
+    }
+}
+
+/// Why [`lower`] refused. `Display` starts with `Fix:`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoweringError {
+    /// The program fails [`ir::validate()`] against [`lowering_limits`].
+    Invalid(ValidationError),
+    /// The capabilities make no sense (see [`LoweringCaps::new`]).
+    Caps {
+        /// The capabilities given.
+        caps: LoweringCaps,
+    },
+}
+
+impl fmt::Display for LoweringError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoweringError::Invalid(error) => f.write_str(error.message()),
+            LoweringError::Caps { caps } => write!(
+                f,
+                "Fix: derive LoweringCaps from the device (DeviceCaps::lowering_caps): \
+                 subgroup_ops is set with subgroup_size {}, and a subgroup has at least 1 lane",
+                caps.subgroup_size
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoweringError {}
+
+/// The limits lowering validates against: none of the device's (the backend checks
+/// those); only the structural rules (names, types, nesting, node count) matter to
+/// the rewrite.
+pub fn lowering_limits() -> Limits {
+    // Written out in full on purpose; limits added to `Limits` later keep their defaults.
+    #[allow(clippy::needless_update)]
+    Limits {
+        max_threads_per_workgroup: u32::MAX,
+        max_workgroup_size: [u32::MAX; 3],
+        max_shared_memory_bytes: u32::MAX,
+        subgroup_size: 32,
+        ..Limits::default()
+    }
+}
+
+/// Name of the `let` a lowering that uses subgroup steps puts first in the entry:
+/// its value is the subgroup size the steps were made for. It lives in the program
+/// itself, so it survives every copy and rename and is part of the digest (lowerings
+/// for two sizes never share a cache entry); it costs one `mov` that ptxas deletes.
+pub const SUBGROUP_SIZE_MARKER: &str = "__vyre_lowered_for_subgroup_size";
+
+/// The subgroup size `program` was lowered for, when lowering used subgroup steps
+/// (read from its first statement, [`SUBGROUP_SIZE_MARKER`]; O(1)); `None` for any
+/// other program. Code generation and the reference interpreter refuse such a
+/// program for a different subgroup size.
+pub fn lowered_subgroup_size(program: &Program) -> Option<u32> {
+    match program.entry().first() {
+        Some(Node::Let {
+            name,
+            value: Expr::Literal(Literal::U32(size)),
+            ..
+        }) if &**name == SUBGROUP_SIZE_MARKER => Some(*size),
+        _ => None,
     }
 }
 
@@ -99,7 +206,7 @@ pub fn needs_lowering(program: &Program) -> bool {
         return memo.needs_lowering;
     }
     count_walk();
-    let needs = block_has_reduction(program.entry());
+    let needs = contains_reduction(program.entry());
     if !needs {
         // "Unchanged" holds for every capability set, so it can be memoised here.
         let _ = program.inner.lowered.set(LoweringMemo::unchanged());
@@ -107,17 +214,60 @@ pub fn needs_lowering(program: &Program) -> bool {
     needs
 }
 
-fn block_has_reduction(block: &[Node]) -> bool {
-    block.iter().any(|node| match node {
-        Node::WorkgroupReduce { .. } => true,
-        Node::If {
-            then_body,
-            else_body,
-            ..
-        } => block_has_reduction(then_body) || block_has_reduction(else_body),
-        Node::Loop { body, .. } => block_has_reduction(body),
-        _ => false,
-    })
+/// Whether any block reachable from `entry` holds a reduction: iterative (no depth
+/// limit) and visiting each distinct block allocation once (no blow-up on shared
+/// blocks).
+fn contains_reduction(entry: &Block) -> bool {
+    let mut seen: HashSet<*const Node> = HashSet::new();
+    let mut pending: Vec<&Block> = vec![entry];
+    while let Some(block) = pending.pop() {
+        if !seen.insert(block.as_ptr()) {
+            continue;
+        }
+        for node in block.iter() {
+            match node {
+                Node::WorkgroupReduce { .. } => return true,
+                Node::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    pending.push(then_body);
+                    pending.push(else_body);
+                }
+                Node::Loop { body, .. } => pending.push(body),
+                _ => {}
+            }
+        }
+    }
+    false
+}
+
+/// [`lower_workgroup_reductions`], checking first: the caps ([`LoweringCaps::check`])
+/// and the program ([`ir::validate()`] against [`lowering_limits`]); returns the first
+/// error instead of lowering.
+pub fn lower(program: &Program, caps: &LoweringCaps) -> Result<Program, LoweringError> {
+    caps.check()?;
+    validate_structure(program).map_err(LoweringError::Invalid)?;
+    Ok(lower_validated(program, caps))
+}
+
+/// Lower a program the validator accepted, and validate the result in the lowered
+/// form against the same limits (so a lowering whose shared-memory buffers pass
+/// the device's limit is refused here, naming the buffer): the checked program code
+/// generation ([`crate::codegen::ptx::valid_program_to_ptx`]) and the interpreter
+/// ([`crate::reference::run_valid`]) take. Nothing is validated twice: the input's
+/// verdict is its type, and the result's verdict is memoised in the result.
+pub fn lower_valid(
+    program: &ValidProgram,
+    caps: &LoweringCaps,
+) -> Result<ValidProgram, LoweringError> {
+    caps.check()?;
+    if program.form() == ProgramForm::Lowered {
+        return Ok(program.clone());
+    }
+    let lowered = lower_validated(program, caps);
+    ir::validate_lowered(&lowered, program.limits()).map_err(LoweringError::Invalid)
 }
 
 /// Rewrite every [`Node::WorkgroupReduce`] of a validated program for a device with
@@ -129,6 +279,11 @@ fn block_has_reduction(block: &[Node]) -> bool {
 /// outcome is memoised in the program, so a repeat call with the same caps key, on
 /// any clone, returns the same value without walking. The result itself is marked
 /// as needing no lowering, so lowering it again is also O(1).
+///
+/// Meant for programs that passed validation (the backend's path). A program with a
+/// reduction that fails [`ir::validate()`] against [`lowering_limits`], or caps that
+/// fail [`LoweringCaps::check`], is returned unchanged (code generation and the
+/// interpreter then report it); [`lower`] returns the error instead.
 pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Program {
     let key = caps.key();
     if let Some(memo) = program.inner.lowered.get() {
@@ -142,6 +297,41 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
         }
     }
 
+    if !needs_lowering(program) {
+        return program.clone();
+    }
+    // Bounded from here on: the rewrite recurses once per nesting level.
+    if caps.check().is_err() || validate_structure(program).is_err() {
+        return program.clone();
+    }
+    lower_validated(program, caps)
+}
+
+/// [`ir::validate()`] against [`lowering_limits`] **without** storing the verdict: the
+/// program's one memo slot per form belongs to the limits its user (the backend, with
+/// the device's limits) validates against; taking it with other limits would make
+/// every later validation with the device's limits walk again.
+fn validate_structure(program: &Program) -> Result<ValidProgram, ValidationError> {
+    ir::validate_unmemoised(program, &lowering_limits(), ProgramForm::User)
+}
+
+/// The rewrite and its memo, for a program known to be valid and caps known to be
+/// sensible (the callers check both).
+fn lower_validated(program: &Program, caps: &LoweringCaps) -> Program {
+    let key = caps.key();
+    if let Some(memo) = program.inner.lowered.get() {
+        if !memo.needs_lowering {
+            return program.clone();
+        }
+        if let Some((memo_key, lowered)) = memo.result.get() {
+            if *memo_key == key {
+                return lowered.clone();
+            }
+        }
+    }
+    if !needs_lowering(program) {
+        return program.clone();
+    }
     count_walk();
     let Some(lowered) = rewrite(program, caps) else {
         let _ = program.inner.lowered.set(LoweringMemo::unchanged());
@@ -163,7 +353,16 @@ pub fn lower_workgroup_reductions(program: &Program, caps: &LoweringCaps) -> Pro
 /// The rewritten program, or `None` when it contains no reduction.
 fn rewrite(program: &Program, caps: &LoweringCaps) -> Option<Program> {
     let mut rewriter = Rewriter::new(program, *caps);
-    let entry = rewriter.block(program.entry())?;
+    let mut entry = rewriter.block(program.entry())?;
+    if rewriter.used_subgroups {
+        let mut marked = Vec::with_capacity(entry.len() + 1);
+        marked.push(let_(
+            SUBGROUP_SIZE_MARKER.into(),
+            Expr::u32(caps.subgroup_size),
+        ));
+        marked.extend(entry.iter().cloned());
+        entry = marked.into();
+    }
     let mut buffers: Vec<BufferDecl> = program.buffers().to_vec();
     buffers.append(&mut rewriter.new_buffers);
     let lowered = program.with_entry(buffers.into(), entry);
@@ -181,6 +380,11 @@ struct Rewriter {
     used_bindings: HashSet<u32>,
     next_binding: u32,
     new_buffers: Vec<BufferDecl>,
+    /// Whether a subgroup reduction was emitted (the result then depends on the size).
+    used_subgroups: bool,
+    /// Each distinct block already rewritten (by address): its replacement, or `None`
+    /// when it is unchanged. A block shared by many parents is rewritten once.
+    rewritten: HashMap<*const Node, Option<Block>>,
 }
 
 impl Rewriter {
@@ -198,11 +402,23 @@ impl Rewriter {
             used_bindings,
             next_binding,
             new_buffers: Vec::new(),
+            used_subgroups: false,
+            rewritten: HashMap::new(),
         }
     }
 
-    /// The rewritten block, or `None` when nothing in it (at any depth) changed.
+    /// The rewritten block, or `None` when nothing in it (at any depth) changed; each
+    /// distinct allocation is rewritten once and its answer reused.
     fn block(&mut self, block: &Block) -> Option<Block> {
+        if let Some(known) = self.rewritten.get(&block.as_ptr()) {
+            return known.clone();
+        }
+        let answer = self.rewrite_block(block);
+        self.rewritten.insert(block.as_ptr(), answer.clone());
+        answer
+    }
+
+    fn rewrite_block(&mut self, block: &Block) -> Option<Block> {
         let mut rewritten: Option<Vec<Node>> = None;
         for (position, node) in block.iter().enumerate() {
             match self.node(node) {
@@ -267,6 +483,7 @@ impl Rewriter {
             return vec![let_(name.clone(), value.clone())];
         }
         if self.caps.subgroup_ops && subgroup > 0 && threads.is_multiple_of(subgroup) {
+            self.used_subgroups = true;
             let subgroup_sum = Expr::SubgroupReduce {
                 op,
                 value: Box::new(value.clone()),

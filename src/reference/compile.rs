@@ -2,10 +2,11 @@
 //! operator to a typed operator, once per run, so the lockstep executor never hashes
 //! a name or looks at a type while lanes are waiting.
 //!
-//! It also re-checks what the executor relies on (known names, matching types,
-//! writable buffers, mutable assignment targets) and turns each violation into a
-//! `Fix:` error: the validator owns the rules, but the interpreter must never panic
-//! or guess on a program the validator did not see.
+//! It runs only on a program the validator accepted ([`crate::ir::ValidProgram`]) and
+//! relies on what that established (known names, matching types, writable buffers,
+//! mutable assignment targets, no shadowing, unique buffer names) instead of checking
+//! it again. A lookup that cannot fail on a valid program still answers with an
+//! error rather than a panic ([`internal`]): a validator bug must not crash a caller.
 //!
 //! Variable slots follow scopes: a variable's slot is its depth in the scope stack,
 //! so sibling blocks reuse slots and per-lane storage is bounded by the deepest
@@ -15,8 +16,8 @@ use std::collections::HashMap;
 
 use super::ops::{BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
-    Access, AtomicOp, BinaryOp, BufferCount, BufferDecl, Builtin, ElemType, Expr, Name, Node,
-    Program, ReduceOp, ScalarType, UnaryOp,
+    AtomicOp, BinaryOp, BufferDecl, Builtin, Expr, Name, Node, Program, ReduceOp, ScalarType,
+    UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -149,6 +150,81 @@ pub(crate) struct CompiledProgram {
     pub(crate) slot_count: usize,
     /// Which of the nine per-lane builtin tables the body reads.
     pub(crate) builtins_used: [bool; 9],
+    /// Most per-lane temporary vectors the executor holds at once on this body
+    /// (see [`temporaries_of_block`]); with the slot count, what a run's memory
+    /// check multiplies by the number of lanes.
+    pub(crate) temporaries: usize,
+}
+
+/// Bytes one compiled node or expression takes, at most (an upper bound used to
+/// charge compilation against the memory budget).
+pub(crate) const COMPILED_NODE_BYTES: u64 = 128;
+
+// Compiled nodes sit inline in vectors and expressions in boxes: their own sizes are
+// what the bound must cover.
+const _: () = assert!(std::mem::size_of::<CompiledNode>() as u64 <= COMPILED_NODE_BYTES);
+const _: () = assert!(std::mem::size_of::<CompiledExpr>() as u64 <= COMPILED_NODE_BYTES);
+
+/// Most temporary vectors alive at once while evaluating `expr` (the executor's
+/// `eval`: each node returns one vector; an operand evaluated while an earlier one is
+/// held adds one).
+fn temporaries_of_expr(expr: &CompiledExpr) -> usize {
+    match expr {
+        CompiledExpr::Constant(_)
+        | CompiledExpr::Variable(_)
+        | CompiledExpr::Length(_)
+        | CompiledExpr::Builtin(_)
+        | CompiledExpr::WorkgroupCount(_) => 1,
+        CompiledExpr::Load { index: inner, .. }
+        | CompiledExpr::Unary { operand: inner, .. }
+        | CompiledExpr::Cast { value: inner, .. }
+        | CompiledExpr::SubgroupReduce { value: inner, .. } => temporaries_of_expr(inner),
+        CompiledExpr::ShuffleXor { value, .. } => temporaries_of_expr(value).max(2),
+        CompiledExpr::Binary { lhs, rhs, .. } => {
+            temporaries_of_expr(lhs).max(1 + temporaries_of_expr(rhs))
+        }
+        CompiledExpr::Select {
+            condition,
+            if_true,
+            if_false,
+        } => temporaries_of_expr(condition)
+            .max(1 + temporaries_of_expr(if_true))
+            .max(2 + temporaries_of_expr(if_false)),
+    }
+}
+
+/// Most temporary vectors alive at once while a block runs, not counting the lane
+/// list the block was given (the executor's `node`, `run_loop`).
+pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
+    block
+        .iter()
+        .map(|node| match node {
+            CompiledNode::SetVariable { value, .. }
+            | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
+            CompiledNode::Store { index, value, .. }
+            | CompiledNode::Atomic { index, value, .. } => {
+                temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
+            }
+            // Condition, then the two lane lists; each arm runs with both lists held.
+            CompiledNode::If {
+                condition,
+                then_body,
+                else_body,
+                ..
+            } => temporaries_of_expr(condition)
+                .max(3)
+                .max(2 + temporaries_of_block(then_body))
+                .max(2 + temporaries_of_block(else_body)),
+            // Starts and ends, then loop lanes, counters, limits and the body's lanes.
+            CompiledNode::Loop {
+                start, end, body, ..
+            } => temporaries_of_expr(start)
+                .max(1 + temporaries_of_expr(end))
+                .max(6 + temporaries_of_block(body)),
+            CompiledNode::Barrier | CompiledNode::GridSync | CompiledNode::Return => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// One variable in scope.
@@ -156,23 +232,24 @@ pub(crate) struct CompiledProgram {
 struct VariableInfo {
     slot: usize,
     ty: ScalarType,
-    mutable: bool,
 }
 
 struct Compiler<'p> {
     program: &'p Program,
+    /// Nodes and expressions compiled so far, and the most allowed (from the memory
+    /// budget): a program built from shared blocks can describe millions of nodes.
+    compiled_nodes: u64,
+    max_compiled_nodes: u64,
     buffer_index: HashMap<&'p str, usize>,
     variables: HashMap<Name, VariableInfo>,
     /// Names in scope, innermost last; a variable's slot is its position here.
     scope: Vec<Name>,
     slot_count: usize,
     builtins_used: [bool; 9],
-    /// Current nesting of statements and expressions (both recurse here and in `exec`).
-    depth: usize,
 }
 
-/// Deepest nesting of blocks and expressions the interpreter accepts (a backstop:
-/// the validator already refuses more than 256). Compilation and evaluation recurse
+/// Where [`nesting_depth`] stops counting (the validator refuses more than 256
+/// levels, so a valid program never reaches it). Compilation and evaluation recurse
 /// once per level, at up to ~5 KiB of stack per level in debug builds (measured:
 /// 300 levels fit a 2 MiB thread inline, 400 do not).
 pub(crate) const MAX_NESTING: usize = 512;
@@ -247,49 +324,33 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
     block_depth(program.entry(), 0)
 }
 
-/// Compile `program`; every failure is a message starting `Fix:`.
-pub(crate) fn compile(program: &Program) -> Result<CompiledProgram, String> {
-    let mut buffer_index = HashMap::new();
-    let mut bindings = HashMap::new();
-    for (position, decl) in program.buffers().iter().enumerate() {
-        if buffer_index.insert(&*decl.name, position).is_some() {
-            return Err(format!(
-                "Fix: {} declares buffer '{}' twice; give every buffer a unique name.",
-                program.display_name(),
-                decl.name
-            ));
-        }
-        if let Some(other) = bindings.insert(decl.binding, &decl.name) {
-            return Err(format!(
-                "Fix: {} binds buffers '{}' and '{}' to slot {}; give every buffer its own binding.",
-                program.display_name(),
-                other,
-                decl.name,
-                decl.binding
-            ));
-        }
-        if decl.access == Access::Workgroup && decl.count == BufferCount::Runtime {
-            return Err(format!(
-                "Fix: workgroup buffer '{}' of {} is runtime-sized; give workgroup buffers a static count.",
-                decl.name,
-                program.display_name()
-            ));
-        }
-    }
+/// Compile `program` into at most `max_memory_bytes` of compiled nodes; every failure
+/// is a message starting `Fix:`.
+pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<CompiledProgram, String> {
+    // Validated: buffer names are unique.
+    let buffer_index = program
+        .buffers()
+        .iter()
+        .enumerate()
+        .map(|(position, decl)| (&*decl.name, position))
+        .collect();
     let mut compiler = Compiler {
         program,
+        compiled_nodes: 0,
+        max_compiled_nodes: max_memory_bytes / COMPILED_NODE_BYTES,
         buffer_index,
         variables: HashMap::new(),
         scope: Vec::new(),
         slot_count: 0,
         builtins_used: [false; 9],
-        depth: 0,
     };
     let body = compiler.block(program.entry())?;
+    let temporaries = 1 + temporaries_of_block(&body);
     Ok(CompiledProgram {
         body,
         slot_count: compiler.slot_count,
         builtins_used: compiler.builtins_used,
+        temporaries,
     })
 }
 
@@ -316,55 +377,34 @@ impl<'p> Compiler<'p> {
         result
     }
 
-    fn declare(&mut self, name: &Name, ty: ScalarType, mutable: bool) -> Result<usize, String> {
-        if self.variables.contains_key(name) {
-            return Err(format!(
-                "Fix: {} declares variable '{}' while another '{}' is in scope; rename one of them (shadowing is not allowed).",
-                self.name(),
-                name,
-                name
-            ));
-        }
+    /// Validated: no name shadows another in scope, so a slot is the scope depth.
+    fn declare(&mut self, name: &Name, ty: ScalarType) -> usize {
         let slot = self.scope.len();
         self.scope.push(name.clone());
         self.slot_count = self.slot_count.max(self.scope.len());
         self.variables
-            .insert(name.clone(), VariableInfo { slot, ty, mutable });
-        Ok(slot)
+            .insert(name.clone(), VariableInfo { slot, ty });
+        slot
     }
 
     fn buffer(&self, name: &str) -> Result<(usize, &'p BufferDecl), String> {
         match self.buffer_index.get(name) {
             Some(&index) => Ok((index, &self.program.buffers()[index])),
-            None => Err(format!(
-                "Fix: {} uses buffer '{}', which it does not declare; declare it or fix the name.",
-                self.name(),
-                name
+            None => Err(internal(
+                &self.name(),
+                format_args!("buffer '{name}' has no slot"),
             )),
         }
     }
 
-    fn expect(&self, what: &str, expected: ScalarType, actual: ScalarType) -> Result<(), String> {
-        if expected == actual {
-            Ok(())
-        } else {
-            Err(format!(
-                "Fix: in {}, {} must be {} but is {}; cast it or change the expression.",
-                self.name(),
-                what,
-                expected.name(),
-                actual.name()
-            ))
-        }
-    }
-
     fn enter(&mut self) -> Result<(), String> {
-        self.depth += 1;
-        if self.depth > MAX_NESTING {
+        self.compiled_nodes += 1;
+        if self.compiled_nodes > self.max_compiled_nodes {
             return Err(format!(
-                "Fix: {} nests statements and expressions more than {} levels deep; bind intermediate values with let to flatten it.",
+                "Fix: {} compiles to more than {} nodes ({} bytes each), over ReferenceOptions::max_memory_bytes; split the program, stop sharing one block in many places, or raise the budget.",
                 self.name(),
-                MAX_NESTING
+                self.max_compiled_nodes,
+                COMPILED_NODE_BYTES
             ));
         }
         Ok(())
@@ -372,49 +412,33 @@ impl<'p> Compiler<'p> {
 
     fn node(&mut self, node: &Node) -> Result<CompiledNode, String> {
         self.enter()?;
-        let result = self.node_inner(node);
-        self.depth -= 1;
-        result
+        self.node_inner(node)
     }
 
     fn expr(&mut self, expr: &Expr) -> Result<(CompiledExpr, ScalarType), String> {
         self.enter()?;
-        let result = self.expr_inner(expr);
-        self.depth -= 1;
-        result
+        self.expr_inner(expr)
+    }
+
+    fn variable(&self, name: &Name) -> Result<VariableInfo, String> {
+        self.variables
+            .get(name)
+            .copied()
+            .ok_or_else(|| internal(&self.name(), format_args!("variable '{name}' has no slot")))
     }
 
     fn node_inner(&mut self, node: &Node) -> Result<CompiledNode, String> {
+        // Validated: every type below matches, every assignment target is mutable and
+        // every store targets a writable buffer.
         Ok(match node {
-            Node::Let {
-                name,
-                mutable,
-                value,
-            } => {
+            Node::Let { name, value, .. } => {
                 let (value, ty) = self.expr(value)?;
-                let slot = self.declare(name, ty, *mutable)?;
+                let slot = self.declare(name, ty);
                 CompiledNode::SetVariable { slot, value }
             }
             Node::Assign { name, value } => {
-                let info = match self.variables.get(name) {
-                    Some(info) => *info,
-                    None => {
-                        return Err(format!(
-                            "Fix: {} assigns to '{}', which is not a variable in scope; declare it with let_mut first.",
-                            self.name(),
-                            name
-                        ))
-                    }
-                };
-                if !info.mutable {
-                    return Err(format!(
-                        "Fix: {} assigns to '{}', which is immutable; declare it with let_mut.",
-                        self.name(),
-                        name
-                    ));
-                }
-                let (value, ty) = self.expr(value)?;
-                self.expect(&format!("the value assigned to '{name}'"), info.ty, ty)?;
+                let info = self.variable(name)?;
+                let (value, _) = self.expr(value)?;
                 CompiledNode::SetVariable {
                     slot: info.slot,
                     value,
@@ -425,28 +449,11 @@ impl<'p> Compiler<'p> {
                 index,
                 value,
             } => {
-                let (buffer_index, decl) = self.buffer(buffer)?;
-                if decl.access == Access::ReadOnly {
-                    return Err(format!(
-                        "Fix: {} stores into read-only buffer '{}'; declare it read_write or write_only.",
-                        self.name(),
-                        buffer
-                    ));
-                }
-                let (index, index_ty) = self.expr(index)?;
-                self.expect(
-                    &format!("the index of a store to '{buffer}'"),
-                    ScalarType::U32,
-                    index_ty,
-                )?;
-                let (value, value_ty) = self.expr(value)?;
-                self.expect(
-                    &format!("the value stored to '{buffer}'"),
-                    decl.elem.value_type(),
-                    value_ty,
-                )?;
+                let (buffer, _) = self.buffer(buffer)?;
+                let (index, _) = self.expr(index)?;
+                let (value, _) = self.expr(value)?;
                 CompiledNode::Store {
-                    buffer: buffer_index,
+                    buffer,
                     index,
                     value,
                 }
@@ -456,8 +463,7 @@ impl<'p> Compiler<'p> {
                 then_body,
                 else_body,
             } => {
-                let (condition, ty) = self.expr(condition)?;
-                self.expect("an if condition", ScalarType::Bool, ty)?;
+                let (condition, _) = self.expr(condition)?;
                 let then_body = self.block(then_body)?;
                 let else_body = self.block(else_body)?;
                 let may_return = block_may_return(&then_body) || block_may_return(&else_body);
@@ -474,13 +480,11 @@ impl<'p> Compiler<'p> {
                 end,
                 body,
             } => {
-                let (start, start_ty) = self.expr(start)?;
-                self.expect("a loop start", ScalarType::U32, start_ty)?;
-                let (end, end_ty) = self.expr(end)?;
-                self.expect("a loop end", ScalarType::U32, end_ty)?;
+                let (start, _) = self.expr(start)?;
+                let (end, _) = self.expr(end)?;
                 // The loop variable lives in its own scope around the body.
                 let scope_depth = self.scope.len();
-                let slot = self.declare(variable, ScalarType::U32, false)?;
+                let slot = self.declare(variable, ScalarType::U32);
                 let body = self.block(body);
                 for name in self.scope.drain(scope_depth..) {
                     self.variables.remove(&name);
@@ -503,46 +507,20 @@ impl<'p> Compiler<'p> {
                 index,
                 value,
             } => {
-                let (buffer_index, decl) = self.buffer(buffer)?;
-                if decl.elem != ElemType::U32
-                    || !matches!(decl.access, Access::ReadWrite | Access::Workgroup)
-                {
-                    return Err(format!(
-                        "Fix: {} applies atomic {} to '{}' ({} {}); atomics need a u32 read_write or workgroup buffer.",
-                        self.name(),
-                        op.name(),
-                        buffer,
-                        decl.access.name(),
-                        decl.elem.name()
-                    ));
-                }
-                let (index, index_ty) = self.expr(index)?;
-                self.expect(
-                    &format!("the index of an atomic on '{buffer}'"),
-                    ScalarType::U32,
-                    index_ty,
-                )?;
-                let (value, value_ty) = self.expr(value)?;
-                self.expect(
-                    &format!("the operand of an atomic on '{buffer}'"),
-                    ScalarType::U32,
-                    value_ty,
-                )?;
+                // Validated: a u32 read-write or workgroup buffer.
+                let (buffer, _) = self.buffer(buffer)?;
+                let (index, _) = self.expr(index)?;
+                let (value, _) = self.expr(value)?;
                 CompiledNode::Atomic {
                     op: *op,
-                    buffer: buffer_index,
+                    buffer,
                     index,
                     value,
                 }
             }
             Node::WorkgroupReduce { name, op, value } => {
-                let (value, ty) = self.expr(value)?;
-                self.expect(
-                    &format!("the value of workgroup reduction '{name}'"),
-                    ScalarType::U32,
-                    ty,
-                )?;
-                let slot = self.declare(name, ScalarType::U32, false)?;
+                let (value, _) = self.expr(value)?;
+                let slot = self.declare(name, ScalarType::U32);
                 CompiledNode::WorkgroupReduce {
                     slot,
                     op: *op,
@@ -556,24 +534,13 @@ impl<'p> Compiler<'p> {
     fn expr_inner(&mut self, expr: &Expr) -> Result<(CompiledExpr, ScalarType), String> {
         Ok(match expr {
             Expr::Literal(literal) => (CompiledExpr::Constant(literal.bits()), literal.ty()),
-            Expr::Var(name) => match self.variables.get(name) {
-                Some(info) => (CompiledExpr::Variable(info.slot), info.ty),
-                None => {
-                    return Err(format!(
-                        "Fix: {} reads variable '{}', which is not in scope there; declare it before use in an enclosing block.",
-                        self.name(),
-                        name
-                    ))
-                }
-            },
+            Expr::Var(name) => {
+                let info = self.variable(name)?;
+                (CompiledExpr::Variable(info.slot), info.ty)
+            }
             Expr::Load { buffer, index } => {
                 let (buffer_index, decl) = self.buffer(buffer)?;
-                let (index, ty) = self.expr(index)?;
-                self.expect(
-                    &format!("the index of a load from '{buffer}'"),
-                    ScalarType::U32,
-                    ty,
-                )?;
+                let (index, _) = self.expr(index)?;
                 (
                     CompiledExpr::Load {
                         buffer: buffer_index,
@@ -615,18 +582,16 @@ impl<'p> Compiler<'p> {
                 if_true,
                 if_false,
             } => {
-                let (condition, condition_ty) = self.expr(condition)?;
-                self.expect("a select condition", ScalarType::Bool, condition_ty)?;
-                let (if_true, true_ty) = self.expr(if_true)?;
-                let (if_false, false_ty) = self.expr(if_false)?;
-                self.expect("the false arm of a select", true_ty, false_ty)?;
+                let (condition, _) = self.expr(condition)?;
+                let (if_true, ty) = self.expr(if_true)?;
+                let (if_false, _) = self.expr(if_false)?;
                 (
                     CompiledExpr::Select {
                         condition: Box::new(condition),
                         if_true: Box::new(if_true),
                         if_false: Box::new(if_false),
                     },
-                    true_ty,
+                    ty,
                 )
             }
             Expr::Cast { to, value } => {
@@ -659,8 +624,7 @@ impl<'p> Compiler<'p> {
                 (compiled, ScalarType::U32)
             }
             Expr::SubgroupShuffleXor { value, lane_mask } => {
-                let (value, ty) = self.expr(value)?;
-                self.expect("the value of a subgroup shuffle", ScalarType::U32, ty)?;
+                let (value, _) = self.expr(value)?;
                 (
                     CompiledExpr::ShuffleXor {
                         value: Box::new(value),
@@ -670,8 +634,7 @@ impl<'p> Compiler<'p> {
                 )
             }
             Expr::SubgroupReduce { op, value } => {
-                let (value, ty) = self.expr(value)?;
-                self.expect("the value of a subgroup reduction", ScalarType::U32, ty)?;
+                let (value, _) = self.expr(value)?;
                 (
                     CompiledExpr::SubgroupReduce {
                         op: *op,
@@ -691,13 +654,16 @@ impl<'p> Compiler<'p> {
     ) -> Result<(BinaryKind, ScalarType), String> {
         use BinaryKind as K;
         use ScalarType::{Bool, F32, I32, U32};
+        // Validated: the operand types fit the operator; what does not is a bug.
         let mismatch = || {
-            Err(format!(
-                "Fix: in {}, operator '{}' cannot take {} and {}; cast an operand so the types fit (see BinaryOp's docs).",
-                self.name(),
-                op.symbol(),
-                lhs.name(),
-                rhs.name()
+            Err(internal(
+                &self.name(),
+                format_args!(
+                    "operator '{}' on {} and {} has no kind",
+                    op.symbol(),
+                    lhs.name(),
+                    rhs.name()
+                ),
             ))
         };
         if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
@@ -761,26 +727,30 @@ impl<'p> Compiler<'p> {
         use ScalarType::{Bool, F32, I32, U32};
         use UnaryKind as K;
         let (kind, result) = match (op, ty) {
-            (UnaryOp::Neg, I32 | U32) => (K::IntNeg, ty),
+            (UnaryOp::Neg, I32) => (K::IntNeg, I32),
             (UnaryOp::Neg, F32) => (K::F32Neg, F32),
             (UnaryOp::BitNot, U32 | I32) => (K::BitNot, ty),
             (UnaryOp::LogicalNot, Bool) => (K::LogicalNot, Bool),
             (UnaryOp::Abs, I32) => (K::I32Abs, I32),
-            (UnaryOp::Abs, U32) => (K::U32Abs, U32),
             (UnaryOp::Abs, F32) => (K::F32Abs, F32),
             (UnaryOp::CountOnes, U32 | I32) => (K::CountOnes, U32),
             (UnaryOp::LeadingZeros, U32 | I32) => (K::LeadingZeros, U32),
             _ => {
-                return Err(format!(
-                "Fix: in {}, operator '{}' cannot take {}; cast the operand (see UnaryOp's docs).",
-                self.name(),
-                op.symbol(),
-                ty.name()
-            ))
+                return Err(internal(
+                    &self.name(),
+                    format_args!("operator '{}' on {} has no kind", op.symbol(), ty.name()),
+                ))
             }
         };
         Ok((kind, result))
     }
+}
+
+/// An inconsistency between the validator and this pass: a bug, never bad input.
+fn internal(program: &str, detail: std::fmt::Arguments<'_>) -> String {
+    format!(
+        "Fix: report {program} to vyre-cuda as a bug: the validator accepted it but the reference interpreter cannot run it ({detail})."
+    )
 }
 
 /// The conversion from `from` to `to` (every pair is defined).
@@ -802,7 +772,9 @@ fn cast_kind(from: ScalarType, to: ScalarType) -> CastKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Axis, BufferCount};
+    use crate::config::DispatchConfig;
+    use crate::ir::validate::Rule;
+    use crate::ir::{Access, Axis, BufferCount, ElemType};
 
     fn base() -> crate::ir::ProgramBuilder {
         Program::builder([1, 1, 1])
@@ -823,16 +795,23 @@ mod tests {
             )
     }
 
-    fn message(program: Program) -> String {
-        let error = compile(&program).expect_err("must be rejected");
-        assert!(error.starts_with("Fix: "), "{error}");
-        error
+    /// The rule a run of `program` reports, its message checked to be the validator's.
+    fn message(program: Program) -> Rule {
+        let error =
+            crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1))
+                .expect_err("must be rejected")
+                .to_string();
+        let validator = crate::ir::validate(&program, &crate::ir::Limits::default())
+            .expect_err("the validator rejects it");
+        assert_eq!(error, validator.message());
+        validator.rule()
     }
 
-    /// Locks out the compile pass accepting (and the executor then misreading)
-    /// programs the validator would reject, whichever order the layers run in.
+    /// Locks out the interpreter running (and the compile pass then misreading)
+    /// programs the validator rejects: the compile pass no longer re-checks, so a run
+    /// must answer every such program with the validator's error before compiling.
     #[test]
-    fn compile_rejects_what_the_executor_cannot_run_with_fix_messages() {
+    fn runs_refuse_what_the_validator_refuses_with_its_message() {
         let m = message(
             base()
                 .body(|b| {
@@ -840,7 +819,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("'ghost'") && m.contains("'probe'"), "{m}");
+        assert_eq!(m, Rule::UnknownVariable);
         let m = message(
             base()
                 .body(|b| {
@@ -848,7 +827,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("'nowhere'"), "{m}");
+        assert_eq!(m, Rule::UnknownBuffer);
         let m = message(
             base()
                 .body(|b| {
@@ -856,7 +835,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("must be f32 but is u32"), "{m}");
+        assert_eq!(m, Rule::TypeMismatch);
         let m = message(
             base()
                 .body(|b| {
@@ -864,7 +843,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("read-only buffer 'ro'"), "{m}");
+        assert_eq!(m, Rule::StoreToReadOnly);
         let m = message(
             base()
                 .body(|b| {
@@ -873,7 +852,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("immutable"), "{m}");
+        assert_eq!(m, Rule::AssignToImmutable);
         let m = message(
             base()
                 .body(|b| {
@@ -881,7 +860,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("'+' cannot take u32 and i32"), "{m}");
+        assert_eq!(m, Rule::TypeMismatch);
         let m = message(
             base()
                 .body(|b| {
@@ -889,7 +868,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("'abs' cannot take bool"), "{m}");
+        assert_eq!(m, Rule::TypeMismatch);
         let m = message(
             base()
                 .body(|b| {
@@ -897,7 +876,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("if condition must be bool"), "{m}");
+        assert_eq!(m, Rule::TypeMismatch);
         let m = message(
             base()
                 .body(|b| {
@@ -905,7 +884,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("atomics need a u32"), "{m}");
+        assert_eq!(m, Rule::AtomicBuffer);
         let m = message(
             base()
                 .body(|b| {
@@ -916,7 +895,7 @@ mod tests {
                 })
                 .build(),
         );
-        assert!(m.contains("shadowing"), "{m}");
+        assert_eq!(m, Rule::DuplicateVariable);
         let m = message(
             base()
                 .buffer(
@@ -928,7 +907,7 @@ mod tests {
                 )
                 .build(),
         );
-        assert!(m.contains("twice"), "{m}");
+        assert_eq!(m, Rule::DuplicateBufferName);
         let m = message(
             base()
                 .buffer(
@@ -940,7 +919,7 @@ mod tests {
                 )
                 .build(),
         );
-        assert!(m.contains("slot 1"), "{m}");
+        assert_eq!(m, Rule::BindingCollision);
         // Negative control: a well-typed program compiles.
         let program = base()
             .body(|b| {
@@ -948,7 +927,10 @@ mod tests {
                 b.store("rw", Expr::global_id(Axis::X), x);
             })
             .build();
-        assert!(compile(&program).is_ok());
+        assert!(
+            crate::reference::run(&program, &[&[0; 4], &[0; 4]], &DispatchConfig::linear(1))
+                .is_ok()
+        );
     }
 
     /// Locks out slots shared between variables that are live at the same time,
@@ -968,7 +950,7 @@ mod tests {
                 b.let_("e", 5u32);
             })
             .build();
-        let compiled = compile(&program).unwrap();
+        let compiled = compile(&program, u64::MAX).unwrap();
         assert_eq!(compiled.slot_count, 3);
         let slots: Vec<usize> = compiled
             .body

@@ -156,7 +156,6 @@ fn apply_unary(kind: UnaryKind, values: &mut [u32]) {
         BitNot,
         LogicalNot,
         I32Abs,
-        U32Abs,
         F32Abs,
         CountOnes,
         LeadingZeros
@@ -200,8 +199,8 @@ pub(crate) struct Grid {
     pub(crate) subgroup_size: u32,
     /// Whether out-of-range accesses are defined (read 0, write nothing).
     pub(crate) bounds_checks: bool,
-    /// The lane-step cap.
-    pub(crate) max_lane_steps: u64,
+    /// The work cap ([`ReferenceStats::work`]).
+    pub(crate) max_work: u64,
 }
 
 /// The machine state of one dispatch.
@@ -282,6 +281,8 @@ impl<'a> Machine<'a> {
 
     /// Run the kernel once over the whole grid (workgroup buffers start zeroed).
     pub(crate) fn run_kernel(&mut self) -> Result<(), ReferenceError> {
+        // Resetting every lane is work too: an empty body run u32::MAX times must stop.
+        self.count_steps(self.grid.total_lanes as usize)?;
         for buffer in self.buffers.iter_mut().filter(|b| b.per_workgroup) {
             buffer.clear();
         }
@@ -341,12 +342,22 @@ impl<'a> Machine<'a> {
     }
 
     fn count_steps(&mut self, lanes: usize) -> Result<(), ReferenceError> {
-        self.stats.lane_steps += lanes as u64;
-        if self.stats.lane_steps > self.grid.max_lane_steps {
+        self.stats.lane_steps = self.stats.lane_steps.saturating_add(lanes as u64);
+        self.check_work()
+    }
+
+    fn count_ops(&mut self, lanes: usize) -> Result<(), ReferenceError> {
+        self.stats.lane_ops = self.stats.lane_ops.saturating_add(lanes as u64);
+        self.check_work()
+    }
+
+    #[inline]
+    fn check_work(&self) -> Result<(), ReferenceError> {
+        if self.stats.work() > self.grid.max_work {
             return Err(ReferenceError::new(format!(
-                "Fix: {} ran past {} lane-steps (statements times active threads) on the reference interpreter; shorten its loops, or raise ReferenceOptions::max_lane_steps if the work is intended.",
+                "Fix: {} ran past {} units of work (statements, expression nodes and loop iterations, each times its active threads) on the reference interpreter; shorten its loops or dispatch fewer threads, or raise ReferenceOptions::max_work if the work is intended.",
                 self.program.display_name(),
-                self.grid.max_lane_steps
+                self.grid.max_work
             )));
         }
         Ok(())
@@ -619,7 +630,7 @@ impl<'a> Machine<'a> {
     }
 
     fn eval(&mut self, expr: &CompiledExpr, lanes: &[u32]) -> Result<Vec<u32>, ReferenceError> {
-        self.stats.lane_ops += lanes.len() as u64;
+        self.count_ops(lanes.len())?;
         Ok(match expr {
             CompiledExpr::Constant(bits) => self.filled(*bits, lanes.len()),
             CompiledExpr::Variable(slot) => self.gather(Table::Slot(*slot), lanes),
@@ -639,7 +650,10 @@ impl<'a> Machine<'a> {
             CompiledExpr::Binary { kind, lhs, rhs } => {
                 let mut values = self.eval(lhs, lanes)?;
                 if let CompiledExpr::Constant(bits) = **rhs {
-                    self.stats.lane_ops += lanes.len() as u64;
+                    if let Err(error) = self.count_ops(lanes.len()) {
+                        self.give(values);
+                        return Err(error);
+                    }
                     apply_binary(*kind, &mut values, Operand::Uniform(bits));
                 } else {
                     let right = self.eval(rhs, lanes)?;

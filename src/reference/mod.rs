@@ -34,6 +34,22 @@
 //! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
 //! - With `bounds_checks` off, an out-of-range access is an error naming the program,
 //!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
+//! - A program that [`lower::lower_workgroup_reductions`] made with subgroup steps
+//!   for `S`-lane subgroups runs only with `ReferenceOptions::subgroup_size == S`.
+//!
+//! # Bounded on any input
+//!
+//! A run validates first (a program nested 10^6 deep gets `NestingTooDeep`, one whose
+//! shared blocks describe 2^64 nodes gets `TooManyNodes`), then checks the memory it
+//! will need against [`ReferenceOptions::max_memory_bytes`] **before allocating**
+//! (per-lane variable slots, temporaries and bookkeeping times the lanes, plus every
+//! buffer and the compiled program), and counts its work against
+//! [`ReferenceOptions::max_work`]: every statement, every expression node and every
+//! loop iteration, times the lanes it runs on, and every lane once per kernel run
+//! (so `fixpoint_iterations = u32::MAX` over an empty body stops too). The default
+//! cap, 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
+//! development machine (release build, `reference_work_cap_figures`); the old cap
+//! (2^34 statements, expressions not counted) let a valid 83-node program run 48 s.
 //!
 //! Programs with racing writes (two lanes storing different values to one element
 //! without a barrier between) have no defined result on the GPU; here the highest
@@ -53,7 +69,8 @@ mod ops;
 use std::fmt;
 
 use crate::config::DispatchConfig;
-use crate::ir::{self, Access, BufferCount, Program};
+use crate::ir::{self, Access, BufferCount, Program, ProgramForm, ValidProgram};
+use crate::lower;
 
 use exec::{BufferStore, Grid, Machine, Storage};
 
@@ -65,10 +82,14 @@ pub struct ReferenceOptions {
     pub subgroup_size: u32,
     /// Device limits the program is validated against.
     pub limits: ir::Limits,
-    /// Most lane-steps (statements executed times active lanes, plus loop iterations
-    /// times active lanes) one call may take before it stops with an error instead
-    /// of appearing to hang. Default 2^34.
-    pub max_lane_steps: u64,
+    /// Most work one call may do before it stops with a `Fix:` error instead of
+    /// appearing to hang: statements, expression nodes and loop iterations, each
+    /// times the lanes it runs on, plus every lane once per kernel run
+    /// ([`ReferenceStats::work`]). Default 2^31, about 2 s of interpretation.
+    pub max_work: u64,
+    /// Most bytes of host memory one call may allocate (checked before allocating;
+    /// the error names the bytes). Default 2 GiB.
+    pub max_memory_bytes: u64,
 }
 
 impl Default for ReferenceOptions {
@@ -76,7 +97,8 @@ impl Default for ReferenceOptions {
         ReferenceOptions {
             subgroup_size: 32,
             limits: ir::Limits::default(),
-            max_lane_steps: 1 << 34,
+            max_work: 1 << 31,
+            max_memory_bytes: 2 << 30,
         }
     }
 }
@@ -84,10 +106,18 @@ impl Default for ReferenceOptions {
 /// What a run of the interpreter cost: useful for throughput figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReferenceStats {
-    /// Statements (and loop iterations) executed, summed over active lanes.
+    /// Statements (and loop iterations) executed, summed over active lanes, plus
+    /// every lane once per kernel run.
     pub lane_steps: u64,
     /// Expression nodes evaluated, summed over active lanes.
     pub lane_ops: u64,
+}
+
+impl ReferenceStats {
+    /// The work [`ReferenceOptions::max_work`] caps: `lane_steps + lane_ops`.
+    pub fn work(&self) -> u64 {
+        self.lane_steps.saturating_add(self.lane_ops)
+    }
 }
 
 /// Why the interpreter refused or stopped. The message starts with `Fix:` and says
@@ -147,6 +177,17 @@ pub fn run(
     run_with_options(program, inputs, config, &ReferenceOptions::default())
 }
 
+/// [`run`] for a program that already passed the validator: nothing is validated
+/// again (see [`run_valid_with_stats`]).
+pub fn run_valid(
+    program: &ValidProgram,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+) -> Result<Vec<Vec<u8>>, ReferenceError> {
+    run_valid_with_stats(program, inputs, config, &ReferenceOptions::default())
+        .map(|(outputs, _)| outputs)
+}
+
 /// [`run`] with explicit options.
 pub fn run_with_options(
     program: &Program,
@@ -164,17 +205,25 @@ pub fn run_with_stats(
     config: &DispatchConfig,
     options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let valid = validate_for_run(program, options)?;
+    run_valid_with_stats(&valid, inputs, config, options)
+}
+
+/// [`run_with_stats`] for a program that already passed the validator (user or
+/// lowered form, against the caller's limits): nothing is validated again.
+/// `options.limits` is not used.
+pub fn run_valid_with_stats(
+    program: &ValidProgram,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let program: &Program = program;
     let grid = check_request(program, config, options)?;
+    // Validated: at most `ir::validate::MAX_NESTING_DEPTH` levels, so this is bounded.
     let depth = compile::nesting_depth(program);
-    if depth > compile::MAX_NESTING {
-        return Err(ReferenceError::new(format!(
-            "Fix: {} nests statements and expressions more than {} levels deep; bind intermediate values with let to flatten it.",
-            program.display_name(),
-            compile::MAX_NESTING
-        )));
-    }
     if depth <= compile::INLINE_NESTING {
-        return execute(program, inputs, config, grid);
+        return execute(program, inputs, config, grid, options);
     }
     // Compilation and evaluation recurse once per level: give deep programs a stack
     // that fits them instead of overflowing the caller's.
@@ -182,7 +231,7 @@ pub fn run_with_stats(
         let worker = std::thread::Builder::new()
             .name("vyre-reference-deep".to_owned())
             .stack_size(compile::DEEP_STACK_BYTES)
-            .spawn_scoped(scope, || execute(program, inputs, config, grid))
+            .spawn_scoped(scope, || execute(program, inputs, config, grid, options))
             .map_err(|error| {
                 ReferenceError::new(format!(
                     "Fix: the reference interpreter could not start a thread for deeply nested {} ({error}); flatten the program with let bindings.",
@@ -204,8 +253,11 @@ fn execute(
     inputs: &[&[u8]],
     config: &DispatchConfig,
     grid: Grid,
+    options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
-    let compiled = compile::compile(program).map_err(ReferenceError::new)?;
+    let compiled =
+        compile::compile(program, options.max_memory_bytes).map_err(ReferenceError::new)?;
+    check_memory(program, inputs, &grid, &compiled, options)?;
     let buffers = load_inputs(program, inputs, &grid)?;
     let mut machine = Machine::new(program, &compiled, grid, buffers)?;
     for _ in 0..config.fixpoint_iterations {
@@ -219,30 +271,54 @@ fn execute(
     Ok((outputs, stats))
 }
 
-/// Validation, grid shape and options: everything checked before any allocation.
+/// The validator's verdict, first of all: user programs (WorkgroupReduce) and
+/// lowered programs (subgroup expressions) both run here, so either form is accepted;
+/// the error reported is the user form's.
+fn validate_for_run(
+    program: &Program,
+    options: &ReferenceOptions,
+) -> Result<ValidProgram, ReferenceError> {
+    use ir::validate::Rule;
+    // Not memoised: the program's memo slot belongs to the limits its user (the
+    // backend, with the device's) validates against, and a walk costs far less than
+    // interpreting the program.
+    match ir::validate_unmemoised(program, &options.limits, ProgramForm::User) {
+        Ok(valid) => Ok(valid),
+        // Only these differ between the forms; any other rule (nesting, node count,
+        // types) fails the lowered form too, so it is not walked again.
+        Err(user_error)
+            if matches!(
+                user_error.rule(),
+                Rule::SubgroupBeforeLowering | Rule::ReservedName
+            ) =>
+        {
+            ir::validate_unmemoised(program, &options.limits, ProgramForm::Lowered)
+                .map_err(|_| ReferenceError::new(user_error.message().to_owned()))
+        }
+        Err(user_error) => Err(ReferenceError::new(user_error.message().to_owned())),
+    }
+}
+
+/// Grid shape and options: everything checked before any allocation.
 fn check_request(
     program: &Program,
     config: &DispatchConfig,
     options: &ReferenceOptions,
 ) -> Result<Grid, ReferenceError> {
-    // User programs (WorkgroupReduce) and lowered programs (subgroup expressions)
-    // both run here: accept what either validator accepts.
-    if let Err(user_error) = ir::validate(program, &options.limits) {
-        if ir::validate_lowered(program, &options.limits).is_err() {
-            let message = user_error.message();
-            return Err(ReferenceError::new(if message.starts_with("Fix:") {
-                message.to_owned()
-            } else {
-                format!("Fix: {message}")
-            }));
-        }
-    }
     let name = program.display_name();
     if options.subgroup_size == 0 {
         return Err(ReferenceError::new(
             "Fix: ReferenceOptions::subgroup_size is 0; use the device's warp size (32)."
                 .to_owned(),
         ));
+    }
+    if let Some(lowered_for) = lower::lowered_subgroup_size(program) {
+        if lowered_for != options.subgroup_size {
+            return Err(ReferenceError::new(format!(
+                "Fix: run {name} with ReferenceOptions::subgroup_size = {lowered_for}, or lower it again for {}-lane subgroups: it was lowered for {lowered_for}-lane subgroups and its reductions would be wrong on {}.",
+                options.subgroup_size, options.subgroup_size
+            )));
+        }
     }
     if config.fixpoint_iterations == 0 {
         return Err(ReferenceError::new(format!(
@@ -284,8 +360,57 @@ fn check_request(
         total_lanes: total_lanes as u32,
         subgroup_size: options.subgroup_size,
         bounds_checks: config.codegen.bounds_checks,
-        max_lane_steps: options.max_lane_steps,
+        max_work: options.max_work,
     })
+}
+
+/// Refuse a run whose memory would pass [`ReferenceOptions::max_memory_bytes`], before
+/// anything per-lane or per-buffer is allocated. Counts, per lane: 4 bytes per
+/// variable slot and per builtin table used, 4 for the lane's workgroup, 1 for its
+/// alive flag, and 8 per temporary vector (4 bytes per lane, doubled for `Vec`
+/// growth); then every buffer (global buffers at their input's size, workgroup
+/// buffers once per workgroup), the output copies, and the compiled program.
+fn check_memory(
+    program: &Program,
+    inputs: &[&[u8]],
+    grid: &Grid,
+    compiled: &compile::CompiledProgram,
+    options: &ReferenceOptions,
+) -> Result<(), ReferenceError> {
+    let lanes = u64::from(grid.total_lanes);
+    let builtins = compiled.builtins_used.iter().filter(|&&used| used).count() as u64;
+    let per_lane =
+        4 * (compiled.slot_count as u64 + builtins) + 4 + 1 + 8 * compiled.temporaries as u64;
+    let workgroups = lanes / u64::from(grid.threads_per_workgroup.max(1));
+    // Global buffers take their input's bytes (outputs twice: the buffer and the
+    // copy handed back); inputs come in binding order.
+    let mut buffer_bytes: u64 = 0;
+    for (&position, input) in global_positions(program).iter().zip(inputs) {
+        let copies = if program.buffers()[position].access.is_output() {
+            2
+        } else {
+            1
+        };
+        buffer_bytes = buffer_bytes.saturating_add((input.len() as u64).saturating_mul(copies));
+    }
+    for decl in program
+        .buffers()
+        .iter()
+        .filter(|decl| !decl.access.is_global())
+    {
+        let instance = decl.static_size_bytes().unwrap_or(0);
+        buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(workgroups));
+    }
+    // The compiled program was charged while it was built (`compile::compile`).
+    let needed = lanes.saturating_mul(per_lane).saturating_add(buffer_bytes);
+    if needed > options.max_memory_bytes {
+        return Err(ReferenceError::new(format!(
+            "Fix: the reference run of {} needs about {needed} bytes ({lanes} threads × {per_lane} bytes per thread, plus {buffer_bytes} bytes of buffers), over ReferenceOptions::max_memory_bytes = {}; dispatch fewer workgroups or smaller buffers, or raise the budget.",
+            program.display_name(),
+            options.max_memory_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// Positions (in declaration order) of the global buffers, ascending binding.

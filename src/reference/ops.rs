@@ -122,8 +122,6 @@ pub(crate) enum UnaryKind {
     LogicalNot,
     /// Wrapping `i32` absolute value (`abs(MIN) == MIN`).
     I32Abs,
-    /// `u32` absolute value: the value itself.
-    U32Abs,
     /// `f32` absolute value: clears the sign bit.
     F32Abs,
     /// Population count.
@@ -271,7 +269,6 @@ pub(crate) fn unary(kind: UnaryKind, a: u32) -> u32 {
         UnaryKind::BitNot => !a,
         UnaryKind::LogicalNot => a ^ 1,
         UnaryKind::I32Abs => (a as i32).wrapping_abs() as u32,
-        UnaryKind::U32Abs => a,
         UnaryKind::F32Abs => a & !F32_SIGN,
         UnaryKind::CountOnes => a.count_ones(),
         UnaryKind::LeadingZeros => a.leading_zeros(),

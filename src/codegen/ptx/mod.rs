@@ -51,16 +51,25 @@
 //! After a launch that completed, word 0 is 0 and word 2 is a multiple of the number
 //! of blocks (blocks × grid syncs executed); the backend audits both.
 //!
-//! # Preconditions
+//! # Validation first, bounded output
 //!
-//! The program must have passed [`crate::ir::validate_lowered`] (subgroup expressions
-//! allowed) and must not contain [`Node::WorkgroupReduce`](crate::ir::Node::WorkgroupReduce)
-//! (run [`crate::lower::lower_workgroup_reductions`] first). Code generation never
-//! panics on other input: structural mistakes it notices come back as
-//! [`CodegenError::InvalidProgram`]. Subgroup expressions are emitted with a full
-//! lane mask (`0xffffffff`), which is correct because lowering only produces them
-//! when the workgroup's thread count is a multiple of 32 and in uniform control flow,
-//! so every lane of every warp is active.
+//! [`program_to_ptx`] runs [`crate::ir::validate_lowered`] (against
+//! [`codegen_limits`]) before it looks at anything else, and returns the validator's
+//! error ([`CodegenError::Invalid`]) for a program that fails it: a program nested
+//! 10^6 deep gets `NestingTooDeep` instead of overflowing the stack, and a program
+//! whose shared `Arc` blocks describe 2^64 nodes gets `TooManyNodes`. The writer then
+//! relies on what the validator established (types, names, a static count for every
+//! workgroup buffer, no [`Node::WorkgroupReduce`](crate::ir::Node::WorkgroupReduce):
+//! run [`crate::lower::lower_workgroup_reductions`] first) instead of checking it
+//! again. Its output is linear in the program's size: a comment holds at most
+//! [`COMMENT_BYTES`] of its statement, and the module stops at [`MAX_PTX_BYTES`]
+//! ([`CodegenError::TooLarge`]).
+//!
+//! Subgroup expressions are emitted with a full lane mask (`0xffffffff`), which is
+//! correct because lowering only produces them when the workgroup's thread count is a
+//! multiple of 32 and in uniform control flow, so every lane of every warp is active.
+//! A program lowered for another subgroup size is refused
+//! ([`CodegenError::LoweredForOtherSubgroupSize`]).
 //!
 //! [`Program`]: crate::ir::Program
 //! [`Program::global_buffers`]: crate::ir::Program::global_buffers
@@ -68,7 +77,7 @@
 use std::fmt;
 
 use crate::config::CodegenOptions;
-use crate::ir::Program;
+use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
 mod writer;
 
@@ -90,13 +99,51 @@ pub const MIN_SM: u32 = 70;
 /// Oldest compute capability with `redux.sync`; older targets get a shuffle ladder.
 pub const REDUX_MIN_SM: u32 = 80;
 
+/// Most bytes of a statement copied into its `//` comment (the rest becomes `...`).
+pub const COMMENT_BYTES: usize = 256;
+
+/// Most bytes of kernel body one module may have. Every statement and expression
+/// adds a bounded number of bytes, so this only stops programs whose shared blocks
+/// expand to about 100,000 statements or more; a 4,096-node program (the largest
+/// the §0 comparison uses) emits less than a twentieth of it (a test checks).
+pub const MAX_PTX_BYTES: usize = 16 << 20;
+
+/// The limits [`program_to_ptx`] validates against: what every CUDA device has
+/// (1024 threads per block, block axes up to 1024 × 1024 × 64, 32-lane warps). The
+/// shared-memory bound only keeps sizes representable; the device's own, smaller
+/// limits are the backend's to check.
+pub fn codegen_limits() -> Limits {
+    // Written out in full on purpose; limits added to `Limits` later keep their defaults.
+    #[allow(clippy::needless_update)]
+    Limits {
+        max_threads_per_workgroup: 1024,
+        max_workgroup_size: [1024, 1024, 64],
+        // The largest multiple of 4: padded workgroup buffers still fit in a u32.
+        max_shared_memory_bytes: !3,
+        subgroup_size: 32,
+        ..Limits::default()
+    }
+}
+
 /// Why a program could not be turned into PTX. `Display` starts with `Fix:`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CodegenError {
-    /// The program still contains a workgroup reduction.
-    UnloweredWorkgroupReduce {
-        /// Name of the reduction's result variable.
-        name: String,
+    /// The program fails [`ir::validate_lowered`]; holds the validator's error (a
+    /// workgroup reduction that was not lowered is `WorkgroupReduceNotLowered`).
+    Invalid(ValidationError),
+    /// The program was lowered for subgroups of another size.
+    LoweredForOtherSubgroupSize {
+        /// The subgroup size the program was lowered for.
+        lowered_for: u32,
+        /// The subgroup size code generation was asked for.
+        subgroup_size: u32,
+    },
+    /// The module would be larger than [`MAX_PTX_BYTES`].
+    TooLarge {
+        /// The program's display name (capped).
+        program: String,
+        /// [`MAX_PTX_BYTES`].
+        limit_bytes: usize,
     },
     /// The device is older than [`MIN_SM`].
     UnsupportedTarget {
@@ -108,9 +155,10 @@ pub enum CodegenError {
         /// The subgroup size asked for.
         subgroup_size: u32,
     },
-    /// The program breaks an IR rule the validator should have caught.
-    InvalidProgram {
-        /// What is wrong.
+    /// The writer met something the validator should have refused: a bug in
+    /// vyre-cuda, never a property of the input.
+    Internal {
+        /// What is inconsistent.
         detail: String,
     },
 }
@@ -118,10 +166,23 @@ pub enum CodegenError {
 impl fmt::Display for CodegenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CodegenError::UnloweredWorkgroupReduce { name } => write!(
+            CodegenError::Invalid(error) => f.write_str(error.message()),
+            CodegenError::LoweredForOtherSubgroupSize {
+                lowered_for,
+                subgroup_size,
+            } => write!(
                 f,
-                "Fix: call lower::lower_workgroup_reductions before code generation; the \
-                 program still contains the workgroup reduction `{name}`, which has no PTX form"
+                "Fix: lower the program with LoweringCaps {{ subgroup_size: {subgroup_size}, .. }} \
+                 (the target's warp size, e.g. DeviceCaps::lowering_caps); it was lowered for \
+                 {lowered_for}-lane subgroups and would compute wrong reductions on {subgroup_size}"
+            ),
+            CodegenError::TooLarge {
+                program,
+                limit_bytes,
+            } => write!(
+                f,
+                "Fix: split {program} into smaller kernels (or stop sharing one block in many \
+                 places): its PTX passes {limit_bytes} bytes"
             ),
             CodegenError::UnsupportedTarget { sm } => write!(
                 f,
@@ -132,10 +193,10 @@ impl fmt::Display for CodegenError {
                 f,
                 "Fix: pass subgroup_size 32 (the CUDA warp size); {subgroup_size} is not supported"
             ),
-            CodegenError::InvalidProgram { detail } => write!(
+            CodegenError::Internal { detail } => write!(
                 f,
-                "Fix: run ir::validate_lowered on the program before code generation and \
-                 correct what it reports; code generation found: {detail}"
+                "Fix: report this program to vyre-cuda as a bug (the validator accepted it \
+                 but the PTX writer cannot emit it): {detail}"
             ),
         }
     }
@@ -147,21 +208,60 @@ impl std::error::Error for CodegenError {}
 /// ([`ENTRY_NAME`]) for compute capability `sm` (`major * 10 + minor`).
 ///
 /// Deterministic: the same program, options and target give the same bytes.
-/// Errors only for a program that still contains a workgroup reduction, for
-/// `sm < 70`, for `subgroup_size != 32`, or for a program that breaks an IR rule.
+/// Errors for `sm < 70`, for `subgroup_size != 32`, for a program lowered for another
+/// subgroup size, for a program that fails [`ir::validate_lowered`] against
+/// [`codegen_limits`] (the validator's error, checked before any other walk: a
+/// workgroup reduction that was not lowered is one), and for a module over
+/// [`MAX_PTX_BYTES`].
 pub fn program_to_ptx(
     program: &Program,
     options: &CodegenOptions,
     sm: u32,
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
+    check_target(program, sm, subgroup_size)?;
+    // Not memoised: the program's memo slot belongs to the limits its user validates
+    // against (see `lower::lower_valid`); this runs on a PTX cache miss only.
+    let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
+        .map_err(CodegenError::Invalid)?;
+    writer::Writer::new(&valid, *options, sm).finish()
+}
+
+/// [`program_to_ptx`] for a program the validator already accepted in the lowered
+/// form (for example from [`crate::lower::lower_valid`]): nothing is validated again.
+/// A program checked in the user form is validated in the lowered form (against its
+/// own limits) first, since code generation cannot emit a workgroup reduction.
+pub fn valid_program_to_ptx(
+    program: &ValidProgram,
+    options: &CodegenOptions,
+    sm: u32,
+    subgroup_size: u32,
+) -> Result<String, CodegenError> {
+    check_target(program, sm, subgroup_size)?;
+    if program.form() == ProgramForm::Lowered {
+        return writer::Writer::new(program, *options, sm).finish();
+    }
+    let valid = ir::validate_lowered(program, program.limits()).map_err(CodegenError::Invalid)?;
+    writer::Writer::new(&valid, *options, sm).finish()
+}
+
+/// The target checks: sm, subgroup size, and the size the program was lowered for.
+fn check_target(program: &Program, sm: u32, subgroup_size: u32) -> Result<(), CodegenError> {
     if sm < MIN_SM {
         return Err(CodegenError::UnsupportedTarget { sm });
     }
     if subgroup_size != 32 {
         return Err(CodegenError::UnsupportedSubgroupSize { subgroup_size });
     }
-    writer::Writer::new(program, *options, sm).finish()
+    if let Some(lowered_for) = crate::lower::lowered_subgroup_size(program) {
+        if lowered_for != subgroup_size {
+            return Err(CodegenError::LoweredForOtherSubgroupSize {
+                lowered_for,
+                subgroup_size,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to

@@ -14,11 +14,12 @@ use std::fmt::{self, Display, Write};
 use crate::config::CodegenOptions;
 use crate::ir::{
     AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node, Program,
-    ReduceOp, ScalarType, UnaryOp,
+    ReduceOp, ScalarType, UnaryOp, ValidProgram,
 };
 
 use super::{
-    ptx_version, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, REDUX_MIN_SM,
+    ptx_version, CodegenError, COMMENT_BYTES, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
+    MAX_PTX_BYTES, REDUX_MIN_SM,
 };
 
 type Result<T> = std::result::Result<T, CodegenError>;
@@ -193,7 +194,10 @@ pub(super) struct Writer<'p> {
 }
 
 impl<'p> Writer<'p> {
-    pub(super) fn new(program: &'p Program, options: CodegenOptions, sm: u32) -> Self {
+    /// A writer for a program checked in the lowered form (the caller guarantees the
+    /// form: `ValidProgram` carries the verdict, this module checks which one).
+    pub(super) fn new(program: &'p ValidProgram, options: CodegenOptions, sm: u32) -> Self {
+        let program: &'p Program = program;
         Writer {
             program,
             options,
@@ -212,13 +216,7 @@ impl<'p> Writer<'p> {
     /// Write the whole module.
     pub(super) fn finish(mut self) -> Result<String> {
         let program: &'p Program = self.program;
-        let [x, y, z] = program.workgroup_size();
-        if x == 0 || y == 0 || z == 0 || program.threads_per_workgroup().is_none() {
-            return Err(invalid(format!(
-                "workgroup size [{x}, {y}, {z}] has a zero or overflowing thread count"
-            )));
-        }
-        self.prologue()?;
+        self.prologue();
         self.block(program.entry())?;
         emit!(self, "ret;");
         Ok(self.assemble())
@@ -258,24 +256,23 @@ impl<'p> Writer<'p> {
     }
 
     fn variable(&self, name: &str) -> Result<Value> {
-        self.variables.get(name).copied().ok_or_else(|| {
-            invalid(format!(
-                "variable `{name}` is used where it is not in scope"
-            ))
-        })
+        self.variables
+            .get(name)
+            .copied()
+            .ok_or_else(|| internal(format_args!("variable `{}` has no register", capped(name))))
     }
 
     fn buffer(&self, name: &str) -> Result<usize> {
         self.buffer_lookup
             .get(name)
             .copied()
-            .ok_or_else(|| invalid(format!("buffer `{name}` is not declared")))
+            .ok_or_else(|| internal(format_args!("buffer `{}` has no slot", capped(name))))
     }
 
     // ----- prologue and module text ----------------------------------------------------
 
     /// Load parameters, take shared-memory addresses and zero workgroup memory.
-    fn prologue(&mut self) -> Result<()> {
+    fn prologue(&mut self) {
         let program: &'p Program = self.program;
         let globals = program.global_buffers();
         if !globals.is_empty() {
@@ -299,7 +296,7 @@ impl<'p> Writer<'p> {
                 base,
                 length,
                 shared: None,
-            })?;
+            });
         }
 
         let mut shared: Vec<&'p BufferDecl> = program
@@ -309,25 +306,17 @@ impl<'p> Writer<'p> {
             .collect();
         shared.sort_by_key(|b| b.binding);
         if shared.is_empty() {
-            return Ok(());
+            return;
         }
         for (position, decl) in shared.into_iter().enumerate() {
-            let (count, bytes) = match (decl.count, decl.static_size_bytes()) {
-                (BufferCount::Static(count), Some(bytes)) => (count, bytes),
-                _ => {
-                    return Err(invalid(format!(
-                        "workgroup buffer `{}` needs a static element count",
-                        decl.name
-                    )))
-                }
+            // Validated: workgroup buffers have a static count, and their sizes fit in
+            // `codegen_limits().max_shared_memory_bytes`, a multiple of 4 below u32::MAX.
+            let count = match decl.count {
+                BufferCount::Static(count) => count,
+                BufferCount::Runtime => 0,
             };
-            let padded = bytes.div_ceil(4).max(1) * 4;
-            let padded = u32::try_from(padded).map_err(|_| {
-                invalid(format!(
-                    "workgroup buffer `{}` is {bytes} bytes, more than shared memory can hold",
-                    decl.name
-                ))
-            })?;
+            let bytes = decl.static_size_bytes().unwrap_or(0);
+            let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
             let symbol = format!("vyre_shared_{position}_{}", identifier_part(&decl.name));
             let base = self.reg(RegClass::B64);
             emit!(self, "mov.u64 {base}, {symbol};");
@@ -337,30 +326,24 @@ impl<'p> Writer<'p> {
                 base,
                 length: Length::Constant(count),
                 shared: Some((symbol, padded)),
-            })?;
+            });
         }
-        self.zero_workgroup_memory()
+        self.zero_workgroup_memory();
     }
 
-    fn add_buffer(&mut self, slot: BufferSlot<'p>) -> Result<()> {
-        let name: &'p str = &slot.decl.name;
-        if self
-            .buffer_lookup
-            .insert(name, self.buffers.len())
-            .is_some()
-        {
-            return Err(invalid(format!("buffer name `{name}` is declared twice")));
-        }
+    /// Validated: buffer names are unique.
+    fn add_buffer(&mut self, slot: BufferSlot<'p>) {
+        self.buffer_lookup
+            .insert(&slot.decl.name, self.buffers.len());
         self.buffers.push(slot);
-        Ok(())
     }
 
     /// Every thread clears a strided share of each workgroup buffer, then the workgroup
     /// waits, so reads before writes see 0 as in the reference interpreter.
-    fn zero_workgroup_memory(&mut self) -> Result<()> {
+    fn zero_workgroup_memory(&mut self) {
+        // Validated: at most `codegen_limits().max_threads_per_workgroup` (1024) threads.
         let threads = self.program.threads_per_workgroup().unwrap_or(0);
-        let stride = u32::try_from(u64::from(threads) * 4)
-            .map_err(|_| invalid(format!("{threads} threads per workgroup is too many")))?;
+        let stride = threads.saturating_mul(4);
         emit!(
             self,
             "// zero workgroup memory, then wait for the whole workgroup"
@@ -389,7 +372,6 @@ impl<'p> Writer<'p> {
             self.place(done);
         }
         emit!(self, "bar.sync 0;");
-        Ok(())
     }
 
     /// `tid.x + ntid.x * (tid.y + ntid.y * tid.z)` with the (required) block shape.
@@ -534,7 +516,21 @@ impl<'p> Writer<'p> {
         }
     }
 
+    /// Stop with [`CodegenError::TooLarge`] once the body passes [`MAX_PTX_BYTES`].
+    /// Checked before every statement and expression, each of which adds a bounded
+    /// number of bytes, so no program (shared blocks included) makes more than that.
+    fn check_size(&self) -> Result<()> {
+        if self.body.len() > MAX_PTX_BYTES {
+            return Err(CodegenError::TooLarge {
+                program: capped(&self.program.display_name()).to_owned(),
+                limit_bytes: MAX_PTX_BYTES,
+            });
+        }
+        Ok(())
+    }
+
     fn node(&mut self, node: &'p Node) -> Result<()> {
+        self.check_size()?;
         self.comment(node);
         match node {
             Node::Let { name, value, .. } => {
@@ -546,13 +542,6 @@ impl<'p> Writer<'p> {
             Node::Assign { name, value } => {
                 let value = self.expr(value)?;
                 let variable = self.variable(name)?;
-                if variable.ty != value.ty {
-                    return Err(invalid(format!(
-                        "`{name}` is {} but is assigned a {}",
-                        variable.ty.name(),
-                        value.ty.name()
-                    )));
-                }
                 self.mov(variable, value);
             }
             Node::Store {
@@ -564,7 +553,6 @@ impl<'p> Writer<'p> {
                 let index = self.index(index)?;
                 let value = self.expr(value)?;
                 let elem = self.buffers[slot].decl.elem;
-                expect(value, elem.value_type(), "a stored value")?;
                 let guard = self.bounds_guard(slot, index);
                 let address = self.element_address(slot, index);
                 let space = self.buffers[slot].space.name();
@@ -581,7 +569,6 @@ impl<'p> Writer<'p> {
                 else_body,
             } => {
                 let condition = self.expr(condition)?;
-                expect(condition, ScalarType::Bool, "an if condition")?;
                 let end = self.label("end_if");
                 if else_body.is_empty() {
                     emit!(self, "@!{condition} bra {end};");
@@ -634,14 +621,6 @@ impl<'p> Writer<'p> {
                 let slot = self.buffer(buffer)?;
                 let index = self.index(index)?;
                 let value = self.expr(value)?;
-                expect(value, ScalarType::U32, "an atomic operand")?;
-                let elem = self.buffers[slot].decl.elem;
-                if elem.value_type() != ScalarType::U32 || elem.size_bytes() != 4 {
-                    return Err(invalid(format!(
-                        "atomic on `{buffer}`, whose elements are {}, not u32",
-                        elem.name()
-                    )));
-                }
                 let guard = self.bounds_guard(slot, index);
                 let address = self.element_address(slot, index);
                 let space = self.buffers[slot].space.name();
@@ -657,10 +636,10 @@ impl<'p> Writer<'p> {
                     Guard(guard)
                 );
             }
-            Node::WorkgroupReduce { name, .. } => {
-                return Err(CodegenError::UnloweredWorkgroupReduce {
-                    name: name.to_string(),
-                })
+            Node::WorkgroupReduce { .. } => {
+                return Err(internal(format_args!(
+                    "a workgroup reduction is not lowered"
+                )))
             }
             Node::Return => emit!(self, "ret;"),
         }
@@ -727,9 +706,7 @@ impl<'p> Writer<'p> {
     // ----- memory ------------------------------------------------------------------------
 
     fn index(&mut self, index: &'p Expr) -> Result<Value> {
-        let value = self.expr(index)?;
-        expect(value, ScalarType::U32, "an index or loop bound")?;
-        Ok(value)
+        self.expr(index)
     }
 
     /// `index < length` as a predicate, or `None` when bounds checks are off.
@@ -763,6 +740,7 @@ impl<'p> Writer<'p> {
     // ----- expressions -------------------------------------------------------------------
 
     fn expr(&mut self, expr: &'p Expr) -> Result<Value> {
+        self.check_size()?;
         match expr {
             Expr::Literal(literal) => Ok(self.literal(*literal)),
             Expr::Var(name) => self.variable(name),
@@ -818,7 +796,7 @@ impl<'p> Writer<'p> {
                 let condition = self.expr(condition)?;
                 let if_true = self.expr(if_true)?;
                 let if_false = self.expr(if_false)?;
-                self.select(condition, if_true, if_false)
+                Ok(self.select(condition, if_true, if_false))
             }
             Expr::Cast { to, value } => {
                 let value = self.expr(value)?;
@@ -826,13 +804,8 @@ impl<'p> Writer<'p> {
             }
             Expr::Builtin(builtin) => Ok(self.builtin(*builtin)),
             Expr::SubgroupShuffleXor { value, lane_mask } => {
+                // Validated: the lane mask is below the subgroup size, 32.
                 let value = self.expr(value)?;
-                expect(value, ScalarType::U32, "a subgroup shuffle operand")?;
-                if *lane_mask >= 32 {
-                    return Err(invalid(format!(
-                        "subgroup shuffle lane mask {lane_mask} is not below the subgroup size 32"
-                    )));
-                }
                 let result = self.value(ScalarType::U32);
                 emit!(
                     self,
@@ -842,7 +815,6 @@ impl<'p> Writer<'p> {
             }
             Expr::SubgroupReduce { op, value } => {
                 let value = self.expr(value)?;
-                expect(value, ScalarType::U32, "a subgroup reduction operand")?;
                 Ok(self.subgroup_reduce(*op, value))
             }
         }
@@ -888,18 +860,8 @@ impl<'p> Writer<'p> {
     fn binary(&mut self, op: BinaryOp, lhs: Value, rhs: Value) -> Result<Value> {
         use BinaryOp as B;
         use ScalarType as T;
+        // Validated: both operands have one type (a shift amount is u32).
         let ty = lhs.ty;
-        let shift = matches!(op, B::Shl | B::Shr);
-        if shift {
-            expect(rhs, T::U32, "a shift amount")?;
-        } else if rhs.ty != ty {
-            return Err(invalid(format!(
-                "the operands of `{}` are {} and {}",
-                op.symbol(),
-                ty.name(),
-                rhs.ty.name()
-            )));
-        }
         let mnemonic = match (op, ty) {
             (B::Add, T::U32) => "add.u32",
             (B::Add, T::I32) => "add.s32",
@@ -969,8 +931,8 @@ impl<'p> Writer<'p> {
             (B::Max, T::I32) => "max.s32",
             (B::Max, T::F32) => "max.f32",
             _ => {
-                return Err(invalid(format!(
-                    "`{}` is not defined on {}",
+                return Err(internal(format_args!(
+                    "`{}` on {} has no instruction",
                     op.symbol(),
                     ty.name()
                 )))
@@ -1016,7 +978,7 @@ impl<'p> Writer<'p> {
         use UnaryOp as U;
         let ty = operand.ty;
         let result = match (op, ty) {
-            (U::Neg, T::I32 | T::U32) => {
+            (U::Neg, T::I32) => {
                 let result = self.value(ty);
                 emit!(self, "neg.s32 {result}, {operand};");
                 result
@@ -1025,8 +987,6 @@ impl<'p> Writer<'p> {
             // (neg.f32/abs.f32 may canonicalise NaN).
             (U::Neg, T::F32) => self.float_sign_bits(operand, "xor.b32", "0x80000000"),
             (U::Abs, T::F32) => self.float_sign_bits(operand, "and.b32", "0x7FFFFFFF"),
-            // |x| of an unsigned value is the value itself.
-            (U::Abs, T::U32) => operand,
             (U::Abs, T::I32) => {
                 // max(x, -x) wraps like Rust: abs(i32::MIN) == i32::MIN.
                 let negated = self.reg(RegClass::B32);
@@ -1056,8 +1016,8 @@ impl<'p> Writer<'p> {
                 result
             }
             _ => {
-                return Err(invalid(format!(
-                    "`{}` is not defined on {}",
+                return Err(internal(format_args!(
+                    "`{}` on {} has no instruction",
                     op.symbol(),
                     ty.name()
                 )))
@@ -1075,15 +1035,8 @@ impl<'p> Writer<'p> {
         result
     }
 
-    fn select(&mut self, condition: Value, if_true: Value, if_false: Value) -> Result<Value> {
-        expect(condition, ScalarType::Bool, "a select condition")?;
-        if if_true.ty != if_false.ty {
-            return Err(invalid(format!(
-                "select arms are {} and {}",
-                if_true.ty.name(),
-                if_false.ty.name()
-            )));
-        }
+    /// Validated: the condition is bool and both arms have one type.
+    fn select(&mut self, condition: Value, if_true: Value, if_false: Value) -> Value {
         let result = self.value(if_true.ty);
         match if_true.reg.class {
             RegClass::Pred => {
@@ -1102,7 +1055,7 @@ impl<'p> Writer<'p> {
                 class.ptx_type()
             ),
         }
-        Ok(result)
+        result
     }
 
     /// Rust `as` semantics (see `Expr::Cast`).
@@ -1188,20 +1141,20 @@ impl<'p> Writer<'p> {
     }
 }
 
-fn invalid(detail: String) -> CodegenError {
-    CodegenError::InvalidProgram { detail }
+/// An inconsistency between the validator and this writer: a bug, never bad input.
+fn internal(detail: fmt::Arguments<'_>) -> CodegenError {
+    CodegenError::Internal {
+        detail: detail.to_string(),
+    }
 }
 
-fn expect(value: Value, ty: ScalarType, what: &str) -> Result<()> {
-    if value.ty == ty {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "{what} must be {} but is {}",
-            ty.name(),
-            value.ty.name()
-        )))
+/// At most [`COMMENT_BYTES`] of `name` (on a character boundary), for messages.
+fn capped(name: &str) -> &str {
+    let mut end = name.len().min(COMMENT_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
     }
+    &name[..end]
 }
 
 /// Instruction type suffix for integer and float arithmetic and comparisons.
@@ -1235,11 +1188,24 @@ fn identifier_part(name: &str) -> String {
 /// Append `indent// text\n`, with `text` on one printable-ASCII line whatever names
 /// it contains (ptxas rejects any non-ASCII byte, even in comments): line breaks
 /// become spaces, other characters outside printable ASCII become `\u{..}` escapes.
+///
+/// At most [`COMMENT_BYTES`] of `text` are formatted (then `...`): a comment repeats
+/// names and expressions, and uncapped, a 1 MiB buffer name used 500 times made 1 GB
+/// of PTX. Formatting stops at the cap, so a huge expression costs no more than a
+/// short one.
 fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     out.push_str(indent);
     out.push_str("// ");
     let start = out.len();
-    let _ = write!(out, "{text}");
+    let mut capped = CappedWriter {
+        out,
+        room: COMMENT_BYTES,
+        truncated: false,
+    };
+    let _ = write!(capped, "{text}");
+    if capped.truncated {
+        out.push_str("...");
+    }
     while out.ends_with('\n') {
         out.pop();
     }
@@ -1257,4 +1223,30 @@ fn push_comment(out: &mut String, indent: &str, text: impl Display) {
         }
     }
     out.push('\n');
+}
+
+/// A `fmt::Write` that keeps the first `room` bytes and then fails, which makes the
+/// formatting machinery stop walking whatever it was printing.
+struct CappedWriter<'a> {
+    out: &'a mut String,
+    room: usize,
+    truncated: bool,
+}
+
+impl fmt::Write for CappedWriter<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        if text.len() <= self.room {
+            self.out.push_str(text);
+            self.room -= text.len();
+            return Ok(());
+        }
+        let mut end = self.room;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.out.push_str(&text[..end]);
+        self.room = 0;
+        self.truncated = true;
+        Err(fmt::Error)
+    }
 }

@@ -1,0 +1,319 @@
+//! GPU soak (issue 13 item 8): 8 threads share one `CudaBackend` for 60 s and mix
+//! every operation a long-lived process performs (compile, borrowed dispatch,
+//! resident dispatch, graph record and replay, allocate, upload, read and free),
+//! checking **every** result against the reference interpreter. Ignored by default;
+//! run on the GPU machine with `bash .gpu/run.sh gpu_soak` (or under
+//! `scripts/gpu-sanitize`). `VYRE_SOAK_SECONDS` (default 60) and
+//! `VYRE_SOAK_THREADS` (default 8) shorten or widen it.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{backend, bytes};
+use vyre_cuda::backend::CudaBackend;
+use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
+use vyre_cuda::ir::Program;
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+
+/// Distinct random programs the threads draw from (each compiled once, dispatched
+/// many times: the caches are exercised on hits and on racing misses).
+const CASES: u64 = 96;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One generated case with the reference interpreter's outputs.
+struct Checked {
+    case: RandomCase,
+    expected: Vec<Vec<u8>>,
+}
+
+fn checked_cases() -> Vec<Checked> {
+    // No grid sync: graphs refuse it, and every case may be replayed in a graph.
+    let options = GeneratorOptions::default();
+    (0..CASES)
+        .map(|seed| {
+            let case = valid_program(0x50a6_0000 + seed, &options);
+            let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+            let expected = vyre_cuda::reference::run(&case.program, &borrowed, &case.config)
+                .unwrap_or_else(|e| panic!("seed {}: reference failed: {e}", case.seed));
+            Checked { case, expected }
+        })
+        .collect()
+}
+
+/// Positions (in `inputs` order) of the output buffers.
+fn output_positions(program: &Program) -> Vec<usize> {
+    program
+        .global_buffers()
+        .iter()
+        .enumerate()
+        .filter(|(_, decl)| decl.access.is_output())
+        .map(|(position, _)| position)
+        .collect()
+}
+
+/// A splitmix64 stream per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What each kind of operation did, summed over threads.
+#[derive(Default)]
+struct Counts {
+    compiles: AtomicU64,
+    dispatches: AtomicU64,
+    resident_dispatches: AtomicU64,
+    graph_records: AtomicU64,
+    graph_replays: AtomicU64,
+    allocations: AtomicU64,
+}
+
+fn context(thread: u64, round: u64, checked: &Checked) -> String {
+    format!(
+        "thread {thread} round {round} seed {}\n{}",
+        checked.case.seed, checked.case.program
+    )
+}
+
+fn borrowed_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
+    let inputs: Vec<&[u8]> = checked.case.inputs.iter().map(|v| v.as_slice()).collect();
+    let got = gpu
+        .dispatch(&checked.case.program, &inputs, &checked.case.config)
+        .unwrap_or_else(|e| panic!("{at}: dispatch: {e}"));
+    assert_eq!(
+        got, checked.expected,
+        "{at}: dispatch differs from the reference"
+    );
+}
+
+fn resident_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
+    let handles: Vec<_> = checked
+        .case
+        .inputs
+        .iter()
+        .map(|input| {
+            let handle = gpu
+                .allocate_resident(input.len() as u64)
+                .unwrap_or_else(|e| panic!("{at}: allocate: {e}"));
+            gpu.upload_resident(&handle, input)
+                .unwrap_or_else(|e| panic!("{at}: upload: {e}"));
+            handle
+        })
+        .collect();
+    let got = gpu
+        .dispatch_resident(&checked.case.program, &handles, &checked.case.config)
+        .unwrap_or_else(|e| panic!("{at}: dispatch_resident: {e}"));
+    assert_eq!(got, checked.expected, "{at}: resident dispatch differs");
+    // The resident outputs hold the same bytes as the read-back copies.
+    for (position, expected) in output_positions(&checked.case.program)
+        .into_iter()
+        .zip(&checked.expected)
+    {
+        let stored = gpu
+            .read_resident(&handles[position])
+            .unwrap_or_else(|e| panic!("{at}: read_resident: {e}"));
+        assert_eq!(
+            &stored, expected,
+            "{at}: resident buffer {position} differs"
+        );
+    }
+    for handle in handles {
+        gpu.free_resident(handle)
+            .unwrap_or_else(|e| panic!("{at}: free: {e}"));
+    }
+}
+
+/// Compile, record upload → dispatch → read-back of every output, replay a few
+/// times with the inputs rewritten each time, check each replay, free.
+fn graph_round(gpu: &CudaBackend, checked: &Checked, replays: u64, counts: &Counts, at: &str) {
+    let case = &checked.case;
+    let kernel = gpu
+        .compile(&case.program, &case.config)
+        .unwrap_or_else(|e| panic!("{at}: compile: {e}"));
+    counts.compiles.fetch_add(1, Ordering::Relaxed);
+    let handles: Vec<_> = case
+        .inputs
+        .iter()
+        .map(|input| gpu.allocate_resident(input.len() as u64).unwrap())
+        .collect();
+    let config = case.config.clone().with_readback(ReadbackPolicy::None);
+    let outputs = output_positions(&case.program);
+    let mut slots = None;
+    let mut graph = gpu
+        .record(|rec| {
+            let uploads = handles
+                .iter()
+                .zip(&case.inputs)
+                .map(|(handle, input)| rec.upload(handle, input.len() as u64))
+                .collect::<Result<Vec<_>, _>>()?;
+            rec.dispatch(&kernel, &handles, &config)?;
+            let reads = outputs
+                .iter()
+                .map(|&position| rec.read_back(&handles[position], 0, handles[position].len()))
+                .collect::<Result<Vec<_>, _>>()?;
+            slots = Some((uploads, reads));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{at}: record: {e}"));
+    counts.graph_records.fetch_add(1, Ordering::Relaxed);
+    let (uploads, reads) = slots.expect("recorded");
+    for replay in 0..replays {
+        for (slot, input) in uploads.iter().zip(&case.inputs) {
+            graph
+                .input_mut(*slot)
+                .unwrap_or_else(|e| panic!("{at}: input_mut: {e}"))
+                .copy_from_slice(input);
+        }
+        graph
+            .replay()
+            .unwrap_or_else(|e| panic!("{at}: replay {replay}: {e}"));
+        for (slot, expected) in reads.iter().zip(&checked.expected) {
+            assert_eq!(
+                graph.output(*slot).unwrap(),
+                expected.as_slice(),
+                "{at}: replay {replay} differs from the reference"
+            );
+        }
+        counts.graph_replays.fetch_add(1, Ordering::Relaxed);
+    }
+    drop(graph);
+    // The graph held its buffers; freeing the handles afterwards must work.
+    for handle in handles {
+        gpu.free_resident(handle).unwrap();
+    }
+}
+
+/// Allocate buffers of random sizes, fill each with a pattern, read it back, free.
+fn allocation_churn(gpu: &CudaBackend, rng: &mut Rng, at: &str) {
+    let mut held = Vec::new();
+    for _ in 0..1 + rng.below(6) {
+        let words = 1 + rng.below(1 << 14) as u32;
+        let pattern: Vec<u32> = (0..words).map(|w| w ^ rng.next() as u32).collect();
+        let handle = gpu
+            .allocate_resident(4 * words as u64)
+            .unwrap_or_else(|e| panic!("{at}: allocate {words} words: {e}"));
+        gpu.upload_resident(&handle, &bytes(&pattern)).unwrap();
+        held.push((handle, pattern));
+    }
+    for (handle, pattern) in held {
+        assert_eq!(gpu.read_resident(&handle).unwrap(), bytes(&pattern), "{at}");
+        gpu.free_resident(handle).unwrap();
+    }
+}
+
+/// Locks out state that degrades under long concurrent use of one backend: a race
+/// in the caches, pools or resident table, a leak of device memory, a graph that
+/// goes stale, or a result that drifts. Every operation's result is compared with
+/// the reference interpreter (or with the bytes uploaded); at the end no resident
+/// memory is left and every thread ran every kind of operation.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_soak_eight_threads_mixed_operations_stay_correct() {
+    let seconds = env_or("VYRE_SOAK_SECONDS", 60);
+    let threads = env_or("VYRE_SOAK_THREADS", 8);
+    let gpu = backend();
+    let cases = Arc::new(checked_cases());
+    let counts = Arc::new(Counts::default());
+    let resident_before = gpu.resident_bytes();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let workers: Vec<_> = (0..threads)
+        .map(|thread| {
+            let gpu = gpu.clone();
+            let cases = Arc::clone(&cases);
+            let counts = Arc::clone(&counts);
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x5eed ^ thread.wrapping_mul(0x1000_0001));
+                let mut kinds_seen = [false; 5];
+                let mut round = 0u64;
+                // At least one round of each kind, then random kinds until the deadline.
+                while round < 5 || Instant::now() < deadline {
+                    let checked = &cases[rng.below(CASES) as usize];
+                    let at = context(thread, round, checked);
+                    let kind = if round < 5 { round } else { rng.below(5) };
+                    match kind {
+                        0 => {
+                            gpu.compile(&checked.case.program, &checked.case.config)
+                                .unwrap_or_else(|e| panic!("{at}: compile: {e}"));
+                            counts.compiles.fetch_add(1, Ordering::Relaxed);
+                            borrowed_dispatch(&gpu, checked, &at);
+                            counts.dispatches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        1 => {
+                            borrowed_dispatch(&gpu, checked, &at);
+                            counts.dispatches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        2 => {
+                            resident_dispatch(&gpu, checked, &at);
+                            counts.resident_dispatches.fetch_add(1, Ordering::Relaxed);
+                        }
+                        3 => graph_round(&gpu, checked, 1 + rng.below(8), &counts, &at),
+                        _ => {
+                            allocation_churn(&gpu, &mut rng, &at);
+                            counts.allocations.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    kinds_seen[kind as usize] = true;
+                    round += 1;
+                }
+                assert!(kinds_seen.iter().all(|&seen| seen), "thread {thread}");
+                round
+            })
+        })
+        .collect();
+    let rounds: u64 = workers
+        .into_iter()
+        .map(|worker| worker.join().expect("a soak thread failed"))
+        .sum();
+    assert_eq!(
+        gpu.resident_bytes(),
+        resident_before,
+        "resident memory left after every buffer was freed"
+    );
+    assert!(gpu.is_usable());
+    println!(
+        "soak: {threads} threads × {seconds} s: {rounds} rounds; {} compiles, {} dispatches, {} resident dispatches, {} graphs recorded, {} replays, {} allocation rounds; caches {:?}; pools {:?}",
+        counts.compiles.load(Ordering::Relaxed),
+        counts.dispatches.load(Ordering::Relaxed),
+        counts.resident_dispatches.load(Ordering::Relaxed),
+        counts.graph_records.load(Ordering::Relaxed),
+        counts.graph_replays.load(Ordering::Relaxed),
+        counts.allocations.load(Ordering::Relaxed),
+        gpu.cache_stats(),
+        gpu.pool_stats(),
+    );
+}
+
+/// A CPU check of the soak's own bookkeeping (it runs in `cargo test`): the cases
+/// it draws from are valid, none uses grid sync (graphs would refuse it), and the
+/// output positions pick exactly the buffers the reference returns.
+#[test]
+fn soak_cases_fit_every_operation_of_the_soak() {
+    for checked in checked_cases().iter().take(24) {
+        let program = &checked.case.program;
+        assert!(!format!("{program}").contains("grid_sync"), "{program}");
+        assert_eq!(output_positions(program).len(), checked.expected.len());
+        for (position, expected) in output_positions(program).into_iter().zip(&checked.expected) {
+            assert_eq!(checked.case.inputs[position].len(), expected.len());
+        }
+    }
+    let _ = DispatchConfig::linear(1);
+}
