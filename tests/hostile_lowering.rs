@@ -682,11 +682,11 @@ fn checked_programs_are_not_validated_again() {
 }
 
 /// Defect locked out: lowering, PTX emission or the interpreter store their own
-/// validation verdict (against their own limits) in the program's one memo slot per
+/// validation verdict (against their own limits) in the program's memo slots per
 /// form, so the backend's validation with the device's limits walks the program on
 /// every dispatch afterwards. After all three ran, the first validation with other
 /// limits walks once and the second answers from the memo. Negative control: a
-/// program whose slot was taken by other limits walks on every validation.
+/// program whose memo slots were all taken by other limits walks on every validation.
 #[test]
 fn lowering_ptx_and_reference_leave_the_validation_memo_to_its_user() {
     use vyre_cuda::ir::validate::walks_on_current_thread;
@@ -714,9 +714,16 @@ fn lowering_ptx_and_reference_leave_the_validation_memo_to_its_user() {
         assert_eq!(walks_on_current_thread() - before, 1, "{what}: memoised");
     }
 
-    // Negative control: a slot taken by other limits makes every validation walk.
+    // Negative control: a memo whose slots were all taken by other limits makes
+    // every validation walk.
     let taken = sum_of_ones(32);
-    validate(&taken, &Limits::default()).unwrap();
+    for threads in [1024, 512, 256, 128] {
+        let other = Limits {
+            max_threads_per_workgroup: threads,
+            ..Limits::default()
+        };
+        validate(&taken, &other).unwrap();
+    }
     let before = walks_on_current_thread();
     validate(&taken, &device).unwrap();
     validate(&taken, &device).unwrap();
