@@ -191,7 +191,20 @@ pub(super) struct Writer<'p> {
     /// restores exactly the outer scope.
     scope_log: Vec<(&'p str, Option<Value>)>,
     uses_grid_sync: bool,
+    /// A `b32` register holding 0 loaded from [`OPAQUE_ZERO_SYMBOL`]: the driver's JIT
+    /// cannot know its value, so it cannot constant-fold through it (see
+    /// [`Writer::opaque`]).
+    opaque_zero: Reg,
 }
+
+/// A `.const` word that is always 0. The host could rewrite a `.const` variable
+/// (cuModuleGetGlobal), so the JIT must load it: values mixed with it stay run-time
+/// values. Measured need (H200 driver and ptxas 12.9, `gpu_differential` seeds
+/// 1007798 and 1008915): the JIT's constant folder rounds an `f32` add/sub whose exact
+/// result is a tie the wrong way (`-26627844.0 - -1.0` folds to `-26627842.0`, the
+/// hardware gives `-26627844.0`), and its three-input min/max fusion drops a
+/// negation (`max(a, max(x, -x))` became `max(a, x, x)`).
+pub(crate) const OPAQUE_ZERO_SYMBOL: &str = "vyre_opaque_zero";
 
 impl<'p> Writer<'p> {
     /// A writer for a program checked in the lowered form (the caller guarantees the
@@ -210,6 +223,10 @@ impl<'p> Writer<'p> {
             variables: HashMap::new(),
             scope_log: Vec::new(),
             uses_grid_sync: false,
+            opaque_zero: Reg {
+                class: RegClass::B32,
+                index: 0,
+            },
         }
     }
 
@@ -274,6 +291,12 @@ impl<'p> Writer<'p> {
     /// Load parameters, take shared-memory addresses and zero workgroup memory.
     fn prologue(&mut self) {
         let program: &'p Program = self.program;
+        self.opaque_zero = self.reg(RegClass::B32);
+        emit!(
+            self,
+            "ld.const.u32 {}, [{OPAQUE_ZERO_SYMBOL}]; // 0, unknown to the JIT",
+            self.opaque_zero
+        );
         let globals = program.global_buffers();
         if !globals.is_empty() {
             emit!(self, "// buffer addresses and lengths");
@@ -419,6 +442,11 @@ impl<'p> Writer<'p> {
         let _ = writeln!(out, ".version {}", ptx_version(self.sm));
         let _ = writeln!(out, ".target sm_{}", self.sm);
         out.push_str(".address_size 64\n\n");
+        let _ = writeln!(
+            out,
+            "// always 0; hides constants from the JIT's folding (f32 ties, min/max fusion)\n\
+             .const .align 4 .u32 {OPAQUE_ZERO_SYMBOL} = 0;\n"
+        );
 
         if self.uses_grid_sync {
             out.push_str(
@@ -751,16 +779,17 @@ impl<'p> Writer<'p> {
                 let result = self.value(elem.value_type());
                 let guard = self.bounds_guard(slot, index);
                 if guard.is_some() {
-                    let zero = if result.ty == ScalarType::F32 {
-                        "0f00000000"
+                    if result.ty == ScalarType::F32 {
+                        // +0.0 the JIT cannot know: an index it proves out of range
+                        // must not hand it a constant to fold (see `opaque_bits`).
+                        emit!(self, "mov.b32 {result}, {};", self.opaque_zero);
                     } else {
-                        "0"
-                    };
-                    emit!(
-                        self,
-                        "mov.{} {result}, {zero};",
-                        result.reg.class.ptx_type()
-                    );
+                        emit!(
+                            self,
+                            "mov.{} {result}, 0;",
+                            result.reg.class.ptx_type()
+                        );
+                    }
                 }
                 let address = self.element_address(slot, index);
                 let space = self.buffers[slot].space.name();
@@ -825,7 +854,10 @@ impl<'p> Writer<'p> {
         match literal {
             Literal::U32(v) => emit!(self, "mov.u32 {result}, {v};"),
             Literal::I32(v) => emit!(self, "mov.s32 {result}, {v};"),
-            Literal::F32(v) => emit!(self, "mov.f32 {result}, 0f{:08X};", v.to_bits()),
+            Literal::F32(v) => {
+                let bits = self.opaque_bits(v.to_bits());
+                emit!(self, "mov.b32 {result}, {bits};");
+            }
             Literal::Bool(v) => emit!(self, "mov.pred {result}, {};", v as u32),
         }
         result
@@ -978,19 +1010,14 @@ impl<'p> Writer<'p> {
         use UnaryOp as U;
         let ty = operand.ty;
         let result = match (op, ty) {
-            (U::Neg, T::I32) => {
-                let result = self.value(ty);
-                emit!(self, "neg.s32 {result}, {operand};");
-                result
-            }
+            (U::Neg, T::I32) => self.negate_i32(operand),
             // Sign-bit flips on the bit pattern, so NaN payloads pass through unchanged
             // (neg.f32/abs.f32 may canonicalise NaN).
             (U::Neg, T::F32) => self.float_sign_bits(operand, "xor.b32", "0x80000000"),
             (U::Abs, T::F32) => self.float_sign_bits(operand, "and.b32", "0x7FFFFFFF"),
             (U::Abs, T::I32) => {
                 // max(x, -x) wraps like Rust: abs(i32::MIN) == i32::MIN.
-                let negated = self.reg(RegClass::B32);
-                emit!(self, "neg.s32 {negated}, {operand};");
+                let negated = self.negate_i32(operand);
                 let result = self.value(ty);
                 emit!(self, "max.s32 {result}, {operand}, {negated};");
                 result
@@ -1024,6 +1051,34 @@ impl<'p> Writer<'p> {
             }
         };
         Ok(result)
+    }
+
+    /// Two's-complement negation as `opaque_zero - x`. A plain `neg.s32` (or
+    /// `sub.s32 0, x`) feeding a nested `max.s32`/`min.s32` is fused by the JIT into a
+    /// three-input min/max that loses the negation (H200, ptxas 12.9: `VIMNMX3 R, x, x,
+    /// a` for `max(a, max(x, -x))`); an unknown minuend keeps a real subtraction.
+    fn negate_i32(&mut self, operand: Value) -> Value {
+        let result = self.value(ScalarType::I32);
+        emit!(self, "sub.s32 {result}, {}, {operand};", self.opaque_zero);
+        result
+    }
+
+    /// A `b32` register holding `bits`, computed as `opaque_zero ^ bits` so the JIT
+    /// does not know the value: every `f32` operation on it runs on the hardware
+    /// (correctly rounded) instead of in the JIT's constant folder, which rounds some
+    /// ties wrongly. (`f32` values enter a kernel only as literals, casts and loads;
+    /// literals and casts go through here, loads are run-time values already.)
+    fn opaque_bits(&mut self, bits: u32) -> Reg {
+        let result = self.reg(RegClass::B32);
+        emit!(self, "xor.b32 {result}, {}, 0x{bits:08X};", self.opaque_zero);
+        result
+    }
+
+    /// `value` (a `b32`) mixed with `opaque_zero`: same bits, unknown to the JIT.
+    fn opaque_copy(&mut self, value: Value) -> Reg {
+        let result = self.reg(RegClass::B32);
+        emit!(self, "xor.b32 {result}, {value}, {};", self.opaque_zero);
+        result
     }
 
     fn float_sign_bits(&mut self, operand: Value, mnemonic: &str, mask: &str) -> Value {
@@ -1069,10 +1124,13 @@ impl<'p> Writer<'p> {
                 ty: to,
             },
             (T::U32 | T::I32, T::F32) => {
+                // The integer is hidden from the JIT first: a constant it knows would
+                // give a constant f32 it folds further (see `opaque_bits`).
+                let hidden = self.opaque_copy(value);
                 let result = self.value(T::F32);
                 emit!(
                     self,
-                    "cvt.rn.f32.{} {result}, {value};",
+                    "cvt.rn.f32.{} {result}, {hidden};",
                     arithmetic_type(value.ty)
                 );
                 result
@@ -1093,8 +1151,13 @@ impl<'p> Writer<'p> {
                 result
             }
             (T::Bool, _) => {
+                // 1.0 or 0.0, hidden from the JIT's folding like a literal.
+                let chosen = self.reg(RegClass::B32);
+                emit!(self, "selp.b32 {chosen}, 0x3F800000, 0, {value};");
+                let hidden = self.reg(RegClass::B32);
+                emit!(self, "xor.b32 {hidden}, {chosen}, {};", self.opaque_zero);
                 let result = self.value(T::F32);
-                emit!(self, "selp.f32 {result}, 0f3F800000, 0f00000000, {value};");
+                emit!(self, "mov.b32 {result}, {hidden};");
                 result
             }
             (T::U32 | T::I32, _) => {
