@@ -13,9 +13,12 @@ pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
     host_cost_fixture_salted(buffers, chain, None)
 }
 
-/// The fixture with `acc0 = in[0] ^ salt`: a program with the same shape and cost
-/// but different content (digest and PTX text), so neither the PTX cache nor the
-/// driver's JIT cache can serve it. Used to time cold first dispatches.
+/// The fixture with the first link `acc1 = acc0 + (1 + salt)` (wrapping; the salt
+/// changes that literal's value only): a program with the same shape, node count and
+/// cost but different content (digest and PTX text), so neither the PTX cache nor the
+/// driver's JIT cache can serve it. Used to time cold first dispatches and to tell
+/// same-shape programs apart. `out[0]` is
+/// [`host_cost_fixture_expected`]`(x, chain) + salt` (for `chain >= 1`).
 pub fn host_cost_fixture_salted(buffers: u32, chain: u32, salt: Option<u32>) -> Program {
     let buffers = buffers.max(2);
     let mut builder = Program::builder([1, 1, 1])
@@ -45,13 +48,15 @@ pub fn host_cost_fixture_salted(buffers: u32, chain: u32, salt: Option<u32>) -> 
     }
     builder
         .body(|b| {
-            let first = match salt {
-                Some(salt) => Expr::load("in", 0u32) ^ salt,
-                None => Expr::load("in", 0u32),
-            };
-            let mut acc = b.let_("acc0", first);
+            // The salt changes a literal, never the tree: a salted program must have
+            // exactly the unsalted node count (an `in[0] ^ salt` would add two nodes).
+            let mut acc = b.let_("acc0", Expr::load("in", 0u32));
             for k in 1..=chain {
-                acc = b.let_(format!("acc{k}"), acc + k);
+                let step = match salt {
+                    Some(salt) if k == 1 => k.wrapping_add(salt),
+                    _ => k,
+                };
+                acc = b.let_(format!("acc{k}"), acc + step);
             }
             b.store("out", 0u32, acc);
         })

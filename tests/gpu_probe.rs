@@ -159,3 +159,98 @@ fn gpu_probe_lines_tell_same_shape_programs_apart() {
         gpu.free_resident(handle).unwrap();
     }
 }
+
+/// The CPU half of `gpu_probe_lines_tell_same_shape_programs_apart`, which failed on
+/// the H200 with 262 vs 264 nodes: the salted fixture used to compute
+/// `in[0] ^ salt` (two more nodes), so it was not "the same shape". Locks out a salt
+/// that changes the tree: both programs have the same (nodes, buffers), different
+/// digests, the salted output is the plain one plus the salt, and probe lines that
+/// differ only in the program identity give two report groups of three.
+/// Negative controls: the old `in[0] ^ salt` form has another node count, and lines
+/// with one identity collapse into one group.
+#[test]
+fn salted_fixture_has_the_same_shape_and_other_content() {
+    use vyre_cuda::fixtures::{host_cost_fixture_expected, host_cost_fixture_salted};
+    use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr, Program};
+    let plain = host_cost_fixture(9, 64);
+    let salted = host_cost_fixture_salted(9, 64, Some(0x5a5a));
+    assert_eq!(plain.node_count(), salted.node_count());
+    assert_eq!(plain.global_buffers().len(), salted.global_buffers().len());
+    assert_ne!(plain.digest(), salted.digest());
+    let inputs: Vec<Vec<u8>> = plain
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let mut bytes = vec![0u8; b.static_size_bytes().unwrap() as usize];
+            bytes[..4].copy_from_slice(&7u32.to_le_bytes());
+            bytes
+        })
+        .collect();
+    let config = DispatchConfig::linear(1);
+    let out_word = |program: &Program| {
+        let outputs = support::reference(program, &inputs, &config);
+        u32::from_le_bytes(outputs[0][..4].try_into().unwrap())
+    };
+    assert_eq!(out_word(&plain), host_cost_fixture_expected(7, 64));
+    assert_eq!(
+        out_word(&salted),
+        host_cost_fixture_expected(7, 64).wrapping_add(0x5a5a)
+    );
+
+    // Negative control: the former salted form is a different shape.
+    let old_salted = Program::builder([1, 1, 1])
+        .buffer(
+            "in",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|b| {
+            let mut acc = b.let_("acc0", Expr::load("in", 0u32) ^ 0x5a5au32);
+            for k in 1..=64u32 {
+                acc = b.let_(format!("acc{k}"), acc + k);
+            }
+            b.store("out", 0u32, acc);
+        })
+        .build();
+    let old_plain = host_cost_fixture(2, 64);
+    assert_eq!(old_salted.node_count(), old_plain.node_count() + 2);
+
+    // The report side: lines differing only in identity make two groups.
+    let line = |program: &Program, identity: u64, seq: u64| {
+        probe::format_line(&probe::DispatchRecord {
+            seq,
+            nodes: program.node_count(),
+            buffers: program.global_buffers().len() as u64,
+            bindings: program.global_buffers().len() as u64,
+            fixpoint: 1,
+            grid_blocks: 1,
+            wall_ns: 1_000,
+            program: identity,
+            ..Default::default()
+        })
+    };
+    let identity =
+        |program: &Program| u64::from_le_bytes(program.digest().0[..8].try_into().unwrap());
+    let mut lines = Vec::new();
+    for round in 0..3 {
+        lines.push(line(&plain, identity(&plain), 2 * round));
+        lines.push(line(&salted, identity(&salted), 2 * round + 1));
+    }
+    let summary = probe::report::summarize_log(&lines.join("\n"));
+    assert_eq!(summary.groups.len(), 2, "{summary:?}");
+    assert!(summary.groups.iter().all(|group| group.dispatches == 3));
+    let one_identity: Vec<String> = (0..6)
+        .map(|seq| line(&plain, identity(&plain), seq))
+        .collect();
+    let collapsed = probe::report::summarize_log(&one_identity.join("\n"));
+    assert_eq!(collapsed.groups.len(), 1, "{collapsed:?}");
+}
