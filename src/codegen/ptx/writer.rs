@@ -784,11 +784,7 @@ impl<'p> Writer<'p> {
                         // must not hand it a constant to fold (see `opaque_bits`).
                         emit!(self, "mov.b32 {result}, {};", self.opaque_zero);
                     } else {
-                        emit!(
-                            self,
-                            "mov.{} {result}, 0;",
-                            result.reg.class.ptx_type()
-                        );
+                        emit!(self, "mov.{} {result}, 0;", result.reg.class.ptx_type());
                     }
                 }
                 let address = self.element_address(slot, index);
@@ -1070,7 +1066,11 @@ impl<'p> Writer<'p> {
     /// literals and casts go through here, loads are run-time values already.)
     fn opaque_bits(&mut self, bits: u32) -> Reg {
         let result = self.reg(RegClass::B32);
-        emit!(self, "xor.b32 {result}, {}, 0x{bits:08X};", self.opaque_zero);
+        emit!(
+            self,
+            "xor.b32 {result}, {}, 0x{bits:08X};",
+            self.opaque_zero
+        );
         result
     }
 
