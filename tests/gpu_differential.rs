@@ -19,6 +19,7 @@
 //!   dropping the backend unloads its modules, so the driver holds at most
 //!   threads × 250 modules instead of all 10,000 (module loads in a context with
 //!   thousands of modules, and their device code memory, stop growing).
+//!
 //! The run prints thread-time totals per phase (generate + reference, compile =
 //! lower + PTX + JIT, dispatch) so the next GPU run says which phase dominates.
 
