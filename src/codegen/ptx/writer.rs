@@ -6,7 +6,11 @@
 //! must get exactly right is semantics, so every operator whose PTX instruction differs
 //! from the IR's definition (integer division, shifts, `f32` negation and absolute
 //! value, float-to-integer casts, `bool` selects) is spelled out with the guard that
-//! makes it agree bit for bit with the reference interpreter.
+//! makes it agree bit for bit with the reference interpreter. And because the
+//! driver's JIT optimises the PTX again, constants are hidden from it (`opaque_zero`):
+//! its constant folder rounds some `f32` ties wrongly and its three-input min/max
+//! fusion drops a negation (measured on the H200, differential seeds 1008915 and
+//! 1007798; tests/jit_folding.rs).
 
 use std::collections::HashMap;
 use std::fmt::{self, Display, Write};
