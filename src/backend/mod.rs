@@ -27,6 +27,7 @@ mod kernel;
 mod plan;
 mod pool;
 mod resident;
+pub(crate) mod stream_ops;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -146,6 +146,7 @@ use smallvec::SmallVec;
 use crate::backend::driver::{
     self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
 };
+use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
 use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
@@ -253,24 +254,6 @@ struct Step {
     iterations: u32,
     /// The launch nodes of this step, one per fixpoint iteration.
     nodes: SmallVec<[GraphNode; 4]>,
-}
-
-/// The parameter array of a launch: pointers to the addresses, then to the counts
-/// (the kernel ABI documented in `codegen::ptx`). The pointers are valid while
-/// `addresses` and `counts` are neither moved nor dropped.
-fn parameter_array(
-    addresses: &mut [u64],
-    counts: &mut [u32],
-) -> SmallVec<[*mut std::ffi::c_void; 32]> {
-    let mut params: SmallVec<[*mut std::ffi::c_void; 32]> =
-        SmallVec::with_capacity(addresses.len() + counts.len());
-    for address in addresses.iter_mut() {
-        params.push(address as *mut u64 as *mut std::ffi::c_void);
-    }
-    for count in counts.iter_mut() {
-        params.push(count as *mut u32 as *mut std::ffi::c_void);
-    }
-    params
 }
 
 /// Driver resources of a graph, in drop order.
@@ -445,7 +428,7 @@ impl DispatchGraph {
     fn update_step(
         &mut self,
         index: usize,
-        mut counts: SmallVec<[u32; 16]>,
+        counts: SmallVec<[u32; 16]>,
         plan: LaunchPlan,
     ) -> Result<(), BackendError> {
         self.usable()?;
@@ -455,14 +438,17 @@ impl DispatchGraph {
         let name = self.name.clone();
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let step = &self.steps[index];
-        let mut addresses = step.addresses.clone();
-        let mut params = parameter_array(&mut addresses, &mut counts);
+        let mut parameters = LaunchParameters {
+            addresses: step.addresses.clone(),
+            counts: counts.clone(),
+        };
+        let mut params = parameters.pointer_array();
         let mut updated = 0usize;
         let mut failure: Option<DriverError> = None;
         for node in &step.nodes {
             // SAFETY: `node` is a launch node of `resources.graph`, from which
             // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points at `addresses` and `counts`, alive until after the call, in the
+            // points into `parameters`, alive and unmoved until after the call, in the
             // kernel's parameter order; every address is held by the graph (resident
             // memory in `resources.memory`, scratch allocated by the graph itself); the
             // last replay synchronised, so no launch of the executable is running.
@@ -538,12 +524,7 @@ impl DispatchGraph {
 
         let name = &self.name;
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
-        let enqueue_error = |what: &str, e: DriverError| {
-            if e.is_sticky() {
-                inner.mark_context_lost(format!("{name} failed while {what}: {e}"));
-            }
-            BackendError::driver(format!("{what} for {name}"), e)
-        };
+        let enqueue_error = |what: &str, e: DriverError| inner.stream_failed(name, what, e);
         if want_timing {
             resources
                 .window_start
@@ -566,20 +547,7 @@ impl DispatchGraph {
         let enqueued = Instant::now();
         let mark = probe::charge_and_mark(Phase::Launch, mark);
 
-        let wait_start = Instant::now();
-        let synced = resources.stream.synchronize();
-        let wait_ns = elapsed_ns(wait_start);
-        if let Err(error) = synced {
-            let context_usable = !error.is_sticky();
-            if !context_usable {
-                inner.mark_context_lost(format!("{name} faulted: {error}"));
-            }
-            return Err(BackendError::KernelFault {
-                program: name.clone(),
-                error,
-                context_usable,
-            });
-        }
+        let wait_ns = inner.synchronize_with(name, || resources.stream.synchronize())?;
         let mut timing = DispatchTiming {
             wall_ns: 0,
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
@@ -713,25 +681,6 @@ fn next_graph_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Locks out a parameter array in the wrong order or with dangling pointers: the
-    /// kernel ABI is every buffer address, then every element count, each pointer
-    /// reading back the value it stands for.
-    #[test]
-    fn parameter_array_is_addresses_then_counts() {
-        let mut addresses = [0x1000u64, 0x2000, 0x3000];
-        let mut counts = [7u32, 8, 9];
-        let params = parameter_array(&mut addresses, &mut counts);
-        assert_eq!(params.len(), 6);
-        for (i, param) in params.iter().take(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {i} points at address {i}");
-        }
-        for (i, param) in params.iter().skip(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(counts[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {} points at count {i}", 3 + i);
-        }
-    }
 
     /// Locks out a graph type that could be shared between threads (replays are
     /// serialised by `&mut self`, but the executable handle must not be `Sync`) or

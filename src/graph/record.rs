@@ -7,15 +7,18 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::backend::driver::{
-    self, Capture, DeviceMemory, DriverError, Event, GraphNodeKind, PinnedMemory, Stream,
+    self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
+    LoadedModule, PinnedMemory, Stream,
+};
+use crate::backend::stream_ops::{
+    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
-use crate::ir::Access;
 
 use super::{
-    next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
-    OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
+    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot, Resources,
+    ScratchBuffer, StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.
@@ -456,38 +459,33 @@ impl GraphRecorder<'_> {
             unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
                 .map_err(|e| failed("recording a scratch zero fill", e))?;
         }
+        let mut target = CaptureTarget {
+            capture: &capture,
+            inputs,
+            outputs,
+            nodes: SmallVec::new(),
+        };
         for operation in &self.operations {
+            let mut ops: StreamOps<'_, LoadedModule> = StreamOps::empty();
+            let read_back;
+            let mut step_index = None;
             match *operation {
                 Operation::Upload { input, address } => {
                     let range = self.inputs[input as usize];
-                    // SAFETY: inputs[offset..+len] was sized at recording and lives in
-                    // the graph (as long as its executable); [address, address + len) is
-                    // inside a resident buffer whose memory the graph holds.
-                    unsafe {
-                        driver::copy_to_device_async(
-                            address,
-                            inputs.address(range.offset),
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording an upload", e))?;
+                    ops.uploads.push(StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    });
                 }
                 Operation::ReadBack { output, address } => {
                     let range = self.outputs[output as usize];
-                    // SAFETY: outputs[offset..+len] was sized at recording and lives in
-                    // the graph; the device range was bounds-checked against the buffer,
-                    // whose memory the graph holds; the host reads it only after a
-                    // replay's synchronize.
-                    unsafe {
-                        driver::copy_to_host_async(
-                            outputs.address(range.offset),
-                            address,
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording a read-back", e))?;
+                    read_back = [StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    }];
+                    ops.readback = Readback::StagedCopies(&read_back);
                 }
                 Operation::Dispatch { step } => {
                     let step = &mut self.steps[step as usize];
@@ -499,43 +497,35 @@ impl GraphRecorder<'_> {
                             BoundAddress::Scratch(index) => scratch_addresses[index as usize],
                         })
                         .collect();
-                    let kernel = &step.kernel.inner;
-                    for ((slot, &address), &bytes) in
-                        kernel.slots.iter().zip(&step.addresses).zip(&step.sizes)
-                    {
-                        // WriteOnly means "starts zeroed" on every path (§1).
-                        if slot.access == Access::WriteOnly && bytes > 0 {
-                            // SAFETY: [address, address + bytes) is the bound buffer.
-                            unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
-                                .map_err(|e| failed("recording a write-only clear", e))?;
-                        }
-                    }
-                    let mut addresses = step.addresses.clone();
-                    let mut counts = step.counts.clone();
-                    let mut params = parameter_array(&mut addresses, &mut counts);
-                    for _ in 0..step.iterations {
-                        // SAFETY: params holds one pointer per kernel parameter in the
-                        // documented order (addresses, then u32 counts), pointing at the
-                        // locals above, which outlive the call (the driver copies the
-                        // values into the graph); every address stays alive as long as
-                        // the graph (held memory or graph allocations).
-                        unsafe {
-                            driver::launch(
-                                &kernel.module,
-                                step.plan.grid,
-                                step.plan.block,
-                                stream,
-                                &mut params,
-                                false,
-                            )
-                        }
-                        .map_err(|e| failed("recording a launch", e))?;
-                        let node = capture
-                            .last_node()
-                            .map_err(|e| failed("finding the recorded launch node", e))?;
-                        step.nodes.push(node);
-                    }
+                    step_index = Some(operation);
                 }
+            }
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                let step = &self.steps[step as usize];
+                let kernel = &step.kernel.inner;
+                // The same description an eager dispatch enqueues (clears, then
+                // the launch loop), without its events and readback copies.
+                ops = StreamOps::dispatch(
+                    &kernel.slots,
+                    &step.addresses,
+                    &step.sizes,
+                    KernelLaunch {
+                        module: &kernel.module,
+                        grid: step.plan.grid,
+                        block: step.plan.block,
+                        iterations: step.iterations,
+                        grid_barrier: None,
+                    },
+                );
+            }
+            // SAFETY: upload and read-back staging ranges were sized at recording
+            // and live in the graph (as long as its executable); device ranges lie
+            // inside resident buffers whose memory the graph holds (bounds checked at
+            // recording) or graph allocations freed only at the end of the chain; the
+            // host touches the staging only between replays, after a synchronize.
+            unsafe { enqueue(&mut ops, &mut target) }.map_err(|f| failed(f.what, f.error))?;
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                self.steps[step as usize].nodes = std::mem::take(&mut target.nodes);
             }
         }
         for &address in &scratch_addresses {
@@ -588,4 +578,89 @@ fn slot_index(len: usize) -> Result<u32, BackendError> {
             "Fix: a recording holds at most u32::MAX operations of one kind; record fewer",
         )
     })
+}
+
+/// The capturing stream as a [`StreamTarget`]: uploads read the graph's input
+/// staging, read-backs write its output staging, and every launch's node is kept
+/// for later parameter updates.
+struct CaptureTarget<'c, 's> {
+    capture: &'c Capture<'s>,
+    inputs: &'c PinnedMemory,
+    outputs: &'c PinnedMemory,
+    nodes: SmallVec<[GraphNode; 4]>,
+}
+
+impl StreamTarget for CaptureTarget<'_, '_> {
+    type Module = LoadedModule;
+
+    fn record(&mut self, _mark: DeviceMark) -> DriverResult<()> {
+        // Graph steps are described untimed; a replay times the whole launch.
+        Ok(())
+    }
+
+    unsafe fn upload(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_device_async(
+                copy.device,
+                self.inputs.address(copy.staging_offset),
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
+        // Recording refuses grid-sync kernels, so no description asks for this.
+        Err(DriverError {
+            code: cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            call: "grid barrier reset inside a graph capture",
+        })
+    }
+
+    unsafe fn launch(
+        &mut self,
+        launch: &KernelLaunch<'_, LoadedModule>,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait); the driver copies the
+        // parameter values into the graph node.
+        unsafe {
+            driver::launch(
+                launch.module,
+                launch.grid,
+                launch.block,
+                self.capture.stream(),
+                params,
+                false,
+            )
+        }?;
+        self.nodes.push(self.capture.last_node()?);
+        Ok(())
+    }
+
+    unsafe fn read_back(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_host_async(
+                self.outputs.address(copy.staging_offset),
+                copy.device,
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    fn synchronize(&mut self) -> DriverResult<()> {
+        // A capturing stream cannot be synchronised; a replay synchronises instead.
+        Err(DriverError {
+            code: cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            call: "synchronize inside a graph capture",
+        })
+    }
 }
