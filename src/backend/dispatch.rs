@@ -32,6 +32,7 @@ use crate::ir::{Access, Program};
 use crate::probe::{self, Count, DispatchProbe, DispatchTiming, Phase};
 
 use super::budget::{self, BudgetInputs};
+use super::buffer::{DeviceBuffer, DeviceSpans};
 use super::driver::{self, DeviceMemory, DriverError, Event};
 use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
@@ -51,6 +52,25 @@ pub enum Binding<'a> {
     /// Host bytes staged into a pooled transient buffer for this dispatch only.
     /// `WriteOnly` outputs are zeroed on the device (the slice gives only the size).
     Borrowed(&'a [u8]),
+    /// An owned device buffer, used in place like a resident one; a dispatch in
+    /// flight keeps its memory alive even if the buffer is dropped meanwhile.
+    Buffer(&'a DeviceBuffer),
+}
+
+impl Binding<'_> {
+    /// Bytes bound.
+    pub fn len(&self) -> u64 {
+        match self {
+            Binding::Resident(handle) => handle.len(),
+            Binding::Borrowed(bytes) => bytes.len() as u64,
+            Binding::Buffer(buffer) => buffer.len(),
+        }
+    }
+
+    /// True when no byte is bound.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Outputs and timings of one dispatch.
@@ -83,15 +103,15 @@ fn elapsed_ns(since: Instant) -> u64 {
 /// One dispatch as the public entry points received it.
 #[derive(Clone, Copy)]
 pub(crate) struct Request<'r, 'b> {
-    kernel: &'r KernelInner,
-    bindings: &'r [Binding<'b>],
-    config: &'r DispatchConfig,
+    pub(crate) kernel: &'r KernelInner,
+    pub(crate) bindings: &'r [Binding<'b>],
+    pub(crate) config: &'r DispatchConfig,
     /// Record device timing events (the probe being on forces it).
-    want_timing: bool,
+    pub(crate) want_timing: bool,
     /// The call's first instant (the wall clock starts here).
-    start: Instant,
+    pub(crate) start: Instant,
     /// Where the next probe phase starts (`None` while the probe is off).
-    mark: Option<Instant>,
+    pub(crate) mark: Option<Instant>,
 }
 
 /// Resources a dispatch holds from staging until its lane is released.
@@ -127,6 +147,13 @@ pub(crate) struct InFlight {
     window: (DeviceMark, DeviceMark),
     start: Instant,
     enqueue_ns: u64,
+}
+
+impl InFlight {
+    /// Whether the dispatch records its device events.
+    pub(crate) fn timed(&self) -> bool {
+        self.timed
+    }
 }
 
 impl CudaBackend {
@@ -271,18 +298,24 @@ impl CudaBackend {
     /// Allocate a resident buffer of `bytes` bytes (contents undefined until uploaded).
     pub fn allocate_resident(&self, bytes: u64) -> Result<ResidentBuffer, BackendError> {
         let inner = &self.inner;
+        let memory = self.allocate_checked(bytes)?;
+        Ok(inner
+            .resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(memory, bytes))
+    }
+
+    /// Device memory of `bytes` bytes, checked against the budget (§4.6).
+    pub(crate) fn allocate_checked(&self, bytes: u64) -> Result<DeviceMemory, BackendError> {
+        let inner = &self.inner;
         inner.check_alive()?;
         inner.bind()?;
         let (live_free, _) =
             driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
-        let resident = inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live_bytes();
         let budget = BudgetInputs {
             total: inner.caps.total_memory,
-            resident,
+            resident: inner.held_bytes(),
             pooled: inner.transients.pooled_bytes(),
             live_free,
         };
@@ -290,13 +323,50 @@ impl CudaBackend {
             required: bytes,
             available,
         })?;
-        let memory = DeviceMemory::allocate(bytes)
-            .map_err(|e| BackendError::driver(format!("allocating {bytes} resident bytes"), e))?;
-        Ok(inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(memory, bytes))
+        DeviceMemory::allocate(bytes)
+            .map_err(|e| BackendError::driver(format!("allocating {bytes} device bytes"), e))
+    }
+
+    /// Zero a whole owned buffer (one fill and one synchronize).
+    pub(crate) fn zero_buffer(&self, buffer: &DeviceBuffer) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let memory = buffer.memory_for(inner, "clear")?;
+        let lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream", e))?;
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        if !buffer.is_empty() {
+            ops.clears.push(super::stream_ops::Clear {
+                device: memory.address(),
+                bytes: buffer.len() as usize,
+            });
+        }
+        let mut target = LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        };
+        // SAFETY: the clear covers exactly the buffer's allocation, which the
+        // caller's borrow keeps alive past the synchronize below.
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed("a buffer clear", f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, "a buffer clear").map(|_| ()));
+        let idle = result.is_ok();
+        inner.release(
+            lane,
+            Held {
+                resident: SmallVec::new(),
+                transients: SmallVec::new(),
+            },
+            idle,
+        );
+        result
     }
 
     /// Copy `data` into the start of a resident buffer (`data` may be shorter).
@@ -351,9 +421,9 @@ impl CudaBackend {
         transfer: Transfer<'_, '_>,
     ) -> Result<(), BackendError> {
         let inner = &self.inner;
-        let (verb, len) = match &transfer {
-            Transfer::Upload(data) => ("upload", data.len()),
-            Transfer::Read(out) => ("read", out.len()),
+        let verb = match &transfer {
+            Transfer::Upload(_) => "upload",
+            Transfer::Read(_) => "read",
         };
         inner.check_alive()?;
         let memory = Arc::clone(
@@ -363,11 +433,27 @@ impl CudaBackend {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(handle, verb)?,
         );
-        if len as u64 > handle.len() {
+        self.transfer(memory, handle.len(), transfer)
+    }
+
+    /// One blocking copy between host bytes and the start of `memory` (which holds
+    /// `capacity` bytes): lease a lane, stage, enqueue, synchronize, copy out.
+    pub(crate) fn transfer(
+        &self,
+        memory: Arc<DeviceMemory>,
+        capacity: u64,
+        transfer: Transfer<'_, '_>,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let (verb, len) = match &transfer {
+            Transfer::Upload(data) => ("upload", data.len()),
+            Transfer::Read(out) => ("read", out.len()),
+        };
+        inner.check_alive()?;
+        if len as u64 > capacity {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot {verb} {len} bytes: the resident buffer holds {} bytes; allocate a larger one \
-                 or {verb} fewer bytes",
-                handle.len()
+                "Fix: cannot {verb} {len} bytes: the buffer holds {capacity} bytes; allocate a larger one \
+                 or {verb} fewer bytes"
             )));
         }
         inner.bind()?;
@@ -375,14 +461,18 @@ impl CudaBackend {
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream", e))?;
-        let name = format!("a resident {verb}");
-        if lane
-            .ensure_staging(len)
-            .map_err(|e| BackendError::driver("allocating pinned staging", e))?
-        {
-            inner
-                .staging_allocations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("a buffer {verb}");
+        match lane.ensure_staging(len) {
+            Ok(true) => {
+                inner
+                    .staging_allocations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                inner.lanes.give_back(lane);
+                return Err(BackendError::driver("allocating pinned staging", e));
+            }
         }
         let copy = StagedCopy {
             device: memory.address(),
@@ -435,12 +525,12 @@ fn readback_deliver(readback: &Readback<'_>, staging: &driver::PinnedMemory, out
 }
 
 /// One resident transfer: bytes going up, or a buffer to fill.
-enum Transfer<'d, 'o> {
+pub(crate) enum Transfer<'d, 'o> {
     Upload(&'d [u8]),
     Read(&'o mut [u8]),
 }
 
-fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
+pub(crate) fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
     TimedDispatch {
         outputs,
         wall_ns: timing.wall_ns,
@@ -488,10 +578,7 @@ impl BackendInner {
         sizes: &mut SmallVec<[u64; 16]>,
         reads: &mut SmallVec<[ReadItem; 16]>,
     ) -> Result<(usize, usize), BackendError> {
-        sizes.extend(bindings.iter().map(|binding| match binding {
-            Binding::Resident(h) => h.len(),
-            Binding::Borrowed(b) => b.len() as u64,
-        }));
+        sizes.extend(bindings.iter().map(Binding::len));
         self.check_bindings(kernel, sizes, config)?;
         let mut upload_bytes = 0usize;
         for (slot, binding) in kernel.slots.iter().zip(bindings) {
@@ -746,6 +833,11 @@ impl BackendInner {
                     addresses.push(memory.address());
                     held.resident.push(Arc::clone(memory));
                 }
+                Binding::Buffer(buffer) => {
+                    let memory = buffer.memory_for(self, "dispatch with")?;
+                    addresses.push(memory.address());
+                    held.resident.push(Arc::clone(memory));
+                }
                 Binding::Borrowed(data) => {
                     let memory = self.transients.take(bytes).map_err(|e| {
                         BackendError::driver(format!("allocating {bytes} transient bytes"), e)
@@ -776,9 +868,7 @@ impl BackendInner {
         failure: EnqueueFailure,
         plan: &LaunchPlan,
     ) -> BackendError {
-        if failure.error.code
-            == cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-        {
+        if failure.error.is_cooperative_launch_too_large() {
             return BackendError::GridTooLargeForGridSync {
                 program: kernel.name.clone(),
                 grid_blocks: plan.grid_blocks,
@@ -843,6 +933,19 @@ impl BackendInner {
         sink: Sink<'_, '_>,
         mark: Option<Instant>,
     ) -> Result<DispatchTiming, BackendError> {
+        self.complete_with_spans(kernel, in_flight, sink, mark, None)
+    }
+
+    /// [`BackendInner::complete`], also measuring the dispatch's device instants
+    /// after an origin event (a timed dispatch only) before its lane is reused.
+    pub(crate) fn complete_with_spans(
+        &self,
+        kernel: &KernelInner,
+        in_flight: InFlight,
+        sink: Sink<'_, '_>,
+        mark: Option<Instant>,
+        spans: Option<(&Event, &mut Option<DeviceSpans>)>,
+    ) -> Result<DispatchTiming, BackendError> {
         let InFlight {
             lane,
             held,
@@ -901,6 +1004,15 @@ impl BackendInner {
                 target.event(DeviceMark::KernelEnd),
             )
             .unwrap_or(0);
+            if let Some((origin, out)) = spans {
+                let after = |mark| Event::elapsed_ns(origin, target.event(mark)).unwrap_or(0);
+                *out = Some(DeviceSpans {
+                    window_start_ns: after(window.0),
+                    kernel_start_ns: after(DeviceMark::KernelStart),
+                    kernel_end_ns: after(DeviceMark::KernelEnd),
+                    window_end_ns: after(window.1),
+                });
+            }
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
 
@@ -978,11 +1090,7 @@ impl BackendInner {
                 .map_err(|e| BackendError::driver("querying free memory", e))?;
             Ok(BudgetInputs {
                 total: self.caps.total_memory,
-                resident: self
-                    .resident
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .live_bytes(),
+                resident: self.held_bytes(),
                 pooled: self.transients.pooled_bytes(),
                 live_free,
             })

@@ -202,23 +202,58 @@ impl ScratchBuffer {
     }
 }
 
-/// One binding of a recorded dispatch: a resident buffer, or a scratch buffer of
-/// the same graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GraphBinding {
+/// One binding of a recorded dispatch: a resident buffer, an owned buffer, or a
+/// scratch buffer of the same graph.
+#[derive(Clone, Copy, Debug)]
+pub enum GraphBinding<'a> {
     /// A resident buffer (its memory is held by the graph from now on).
     Resident(crate::backend::ResidentBuffer),
+    /// An owned buffer (its memory is held by the graph from now on: dropping the
+    /// buffer while the graph exists frees nothing under it).
+    Buffer(&'a crate::backend::DeviceBuffer),
     /// A scratch buffer of the graph being recorded.
     Scratch(ScratchBuffer),
 }
 
-impl From<crate::backend::ResidentBuffer> for GraphBinding {
+impl From<crate::backend::ResidentBuffer> for GraphBinding<'_> {
     fn from(handle: crate::backend::ResidentBuffer) -> Self {
         GraphBinding::Resident(handle)
     }
 }
 
-impl From<ScratchBuffer> for GraphBinding {
+/// A buffer a recording can upload into or read back from: a
+/// [`ResidentBuffer`](crate::backend::ResidentBuffer) or a
+/// [`DeviceBuffer`](crate::backend::DeviceBuffer). Sealed.
+pub trait RecordableBuffer: sealed::Sealed {
+    /// The buffer as a binding of a recorded dispatch.
+    fn graph_binding(&self) -> GraphBinding<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::backend::ResidentBuffer {}
+    impl Sealed for crate::backend::DeviceBuffer {}
+}
+
+impl RecordableBuffer for crate::backend::ResidentBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Resident(*self)
+    }
+}
+
+impl RecordableBuffer for crate::backend::DeviceBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Buffer(self)
+    }
+}
+
+impl<'a> From<&'a crate::backend::DeviceBuffer> for GraphBinding<'a> {
+    fn from(buffer: &'a crate::backend::DeviceBuffer) -> Self {
+        GraphBinding::Buffer(buffer)
+    }
+}
+
+impl From<ScratchBuffer> for GraphBinding<'_> {
     fn from(scratch: ScratchBuffer) -> Self {
         GraphBinding::Scratch(scratch)
     }

@@ -17,8 +17,8 @@ use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
 
 use super::{
-    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot, Resources,
-    ScratchBuffer, StagedRange, Step, StepId,
+    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot,
+    RecordableBuffer, Resources, ScratchBuffer, StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.
@@ -113,20 +113,19 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
     pub fn upload(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         bytes: u64,
     ) -> Result<InputSlot, BackendError> {
-        let memory = self.hold(handle, "record an upload into")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record an upload into")?;
         if bytes == 0 {
             return Err(BackendError::bad_input(
                 "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
             ));
         }
-        if bytes > handle.len() {
+        if bytes > capacity {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the resident buffer holds {} bytes; upload \
-                 at most that many or allocate a larger buffer",
-                handle.len()
+                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
+                 at most that many or allocate a larger buffer"
             )));
         }
         let len = staged_len(bytes, "upload")?;
@@ -170,7 +169,7 @@ impl GraphRecorder<'_> {
     pub fn dispatch_bindings(
         &mut self,
         kernel: &Kernel,
-        bindings: &[GraphBinding],
+        bindings: &[GraphBinding<'_>],
         config: &DispatchConfig,
     ) -> Result<StepId, BackendError> {
         let inner = self.backend.shared();
@@ -192,6 +191,7 @@ impl GraphRecorder<'_> {
         for binding in bindings {
             match binding {
                 GraphBinding::Resident(handle) => sizes.push(handle.len()),
+                GraphBinding::Buffer(buffer) => sizes.push(buffer.len()),
                 GraphBinding::Scratch(scratch) => {
                     self.check_scratch(scratch)?;
                     sizes.push(scratch.bytes);
@@ -208,6 +208,11 @@ impl GraphRecorder<'_> {
                 match binding {
                     GraphBinding::Resident(handle) => {
                         let memory = table.get(handle, "record a dispatch over")?;
+                        bound.push(BoundAddress::Fixed(memory.address()));
+                        held.push(Arc::clone(memory));
+                    }
+                    GraphBinding::Buffer(buffer) => {
+                        let memory = buffer.memory_for(inner, "record a dispatch over")?;
                         bound.push(BoundAddress::Fixed(memory.address()));
                         held.push(Arc::clone(memory));
                     }
@@ -249,21 +254,20 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::output`] after a replay.
     pub fn read_back(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         offset: u64,
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
-        let memory = self.hold(handle, "record a read-back of")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record a read-back of")?;
         if len == 0 {
             return Err(BackendError::bad_input(
                 "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
             ));
         }
-        if offset.checked_add(len).is_none_or(|end| end > handle.len()) {
+        if offset.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the resident buffer's {} bytes; keep offset + \
-                 len within the buffer",
-                handle.len()
+                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
+                 len within the buffer"
             )));
         }
         let staged = staged_len(len, "read-back")?;
@@ -301,11 +305,9 @@ impl GraphRecorder<'_> {
         let pools = inner
             .context
             .device()
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            )
+            .memory_pools_supported()
             .map_err(|e| BackendError::driver("asking whether the device has memory pools", e))?;
-        if pools == 0 {
+        if !pools {
             return Err(BackendError::bad_input(
                 "Fix: this device has no memory pools, so a graph cannot allocate scratch memory; allocate \
                  a resident buffer instead and bind it",
@@ -337,11 +339,29 @@ impl GraphRecorder<'_> {
         }
     }
 
-    /// The memory behind a live handle, kept alive by the returned `Arc`.
-    fn hold(&self, handle: &ResidentBuffer, verb: &str) -> Result<Arc<DeviceMemory>, BackendError> {
+    /// The memory behind a live resident or owned buffer (kept alive by the
+    /// returned `Arc`) and its size; scratch buffers have no memory to copy outside
+    /// a replay's dispatches.
+    fn hold(
+        &self,
+        buffer: GraphBinding<'_>,
+        verb: &str,
+    ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
         let inner = self.backend.shared();
-        let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Arc::clone(table.get(handle, verb)?))
+        match buffer {
+            GraphBinding::Resident(handle) => {
+                let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+                Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
+            }
+            GraphBinding::Buffer(buffer) => Ok((
+                Arc::clone(buffer.memory_for(inner, verb)?),
+                buffer.len(),
+            )),
+            GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
+                "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
+                 resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
+            ))),
+        }
     }
 
     /// Capture the described chain and instantiate it.
@@ -617,10 +637,9 @@ impl StreamTarget for CaptureTarget<'_, '_> {
 
     unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
         // Recording refuses grid-sync kernels, so no description asks for this.
-        Err(DriverError {
-            code: cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
-            call: "grid barrier reset inside a graph capture",
-        })
+        Err(DriverError::not_supported(
+            "grid barrier reset inside a graph capture",
+        ))
     }
 
     unsafe fn launch(
@@ -658,9 +677,8 @@ impl StreamTarget for CaptureTarget<'_, '_> {
 
     fn synchronize(&mut self) -> DriverResult<()> {
         // A capturing stream cannot be synchronised; a replay synchronises instead.
-        Err(DriverError {
-            code: cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-            call: "synchronize inside a graph capture",
-        })
+        Err(DriverError::not_supported(
+            "synchronize inside a graph capture",
+        ))
     }
 }
