@@ -56,9 +56,9 @@ impl RawFloor {
             caps.ptx_target_sm(),
             caps.warp_size,
         )
-        .map_err(|e| BackendError::InvalidProgram {
+        .map_err(|error| BackendError::Codegen {
             program: program.display_name(),
-            message: e.to_string(),
+            error,
         })?;
         let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
             BackendError::ModuleLoad {

@@ -171,9 +171,9 @@ impl BackendInner {
                 probe::note_ptx_cache(false);
                 let text =
                     codegen::program_to_ptx(&lowered, &config.codegen, key.sm, key.subgroup_size)
-                        .map_err(|e| BackendError::InvalidProgram {
+                        .map_err(|error| BackendError::Codegen {
                         program: program.display_name(),
-                        message: e.to_string(),
+                        error,
                     })?;
                 self.ptx.insert(key, Arc::from(text))
             }
@@ -298,6 +298,6 @@ fn nanos_between(start: std::time::Instant, end: std::time::Instant) -> u64 {
 fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
     BackendError::InvalidProgram {
         program: program.display_name(),
-        message: e.message().to_string(),
+        error: e.clone(),
     }
 }

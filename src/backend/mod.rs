@@ -28,6 +28,7 @@ pub mod floor;
 mod kernel;
 mod plan;
 mod pool;
+mod portable;
 mod resident;
 pub(crate) mod stream_ops;
 
@@ -41,6 +42,10 @@ pub use dispatch::{Binding, TimedDispatch};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::Kernel;
+pub use portable::{
+    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyRecorder,
+    ReferenceBackend,
+};
 pub use resident::ResidentBuffer;
 
 pub use crate::probe::DispatchTiming;
@@ -68,6 +73,7 @@ static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Counts of pooled resources, for tests that prove a warm path allocates nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Dispatch lanes (stream + events + pinned staging) ever created.
     pub lanes_created: u64,
@@ -85,6 +91,7 @@ pub struct PoolStats {
 
 /// The memory budget at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryBudget {
     /// What it was computed from.
     pub inputs: budget::BudgetInputs,
