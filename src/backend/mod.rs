@@ -11,10 +11,23 @@
 //!   output (§0: 16 blocking copies 107.5 µs vs 36.8 µs async + one sync) (`dispatch`);
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
-//! Layering: [`driver`] is the only module that calls libcuda; its `unsafe fn`s are
-//! called only from `dispatch`, `floor` and `crate::graph`, each with a `// SAFETY:`
-//! line; the public
-//! API is safe.
+//! Layering: `driver` is the only module that calls libcuda, and it is private
+//! to the crate; its `unsafe fn`s are called only from `stream_ops` (the one
+//! description of a dispatch's stream operations), `dispatch`, `floor` and
+//! `crate::graph`, each with a `// SAFETY:` line; the public API is safe and names
+//! no raw driver type. Owned buffers and non-blocking submission are in
+//! [`DeviceBuffer`] and [`PendingDispatch`]; one interface over this backend and
+//! the reference interpreter is [`AnyBackend`].
+//!
+//! The raw driver layer cannot be reached from outside the crate:
+//!
+//! ```compile_fail
+//! use vyre_cuda::backend::driver::Stream;
+//! ```
+//!
+//! ```compile_fail
+//! use vyre_cuda::backend::driver::PrimaryContext;
+//! ```
 
 pub mod budget;
 mod buffer;
