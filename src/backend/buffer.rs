@@ -37,7 +37,7 @@ use crate::ir::Program;
 use crate::probe;
 
 use super::dispatch::{with_outputs, InFlight, Request, Sink, Submitted};
-use super::driver::{DeviceMemory, Event, Stream};
+use super::driver::{DeviceMemory, Event, PinnedMemory, Stream};
 use super::{BackendError, BackendInner, Binding, CudaBackend, Kernel, TimedDispatch};
 
 /// Most submissions pending at once on one backend (each holds a lane).
@@ -118,6 +118,98 @@ impl Drop for DeviceBuffer {
         } else {
             std::mem::forget(memory);
         }
+    }
+}
+
+/// Page-locked host memory owned by the caller, for borrowed inputs of the eager
+/// path without the copy into staging: fill it with [`PinnedBuffer::as_mut_slice`],
+/// bind it with [`Binding::Pinned`], and the dispatch's upload is one DMA straight
+/// from it. A dispatch in flight holds it; writing it meanwhile is refused with a
+/// `Fix:` error (never a torn upload). Freed on drop (once nothing holds it).
+pub struct PinnedBuffer {
+    /// `Some` until drop.
+    memory: Option<Arc<PinnedMemory>>,
+    len: usize,
+    backend: Arc<BackendInner>,
+}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PinnedBuffer {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes (always readable; a dispatch only reads them).
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory
+            .as_ref()
+            .map_or(&[][..], |memory| memory.slice(0, self.len))
+    }
+
+    /// The bytes, writable: an `Err` starting `Fix:` while a pending dispatch (or
+    /// one on another thread) still reads them.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], BackendError> {
+        let len = self.len;
+        match self.memory.as_mut().and_then(Arc::get_mut) {
+            Some(memory) => Ok(memory.slice_mut(0, len)),
+            None => Err(BackendError::bad_input(
+                "Fix: this PinnedBuffer is still being read by a dispatch in flight; wait for its \
+                 PendingDispatch before writing the buffer again (or use a second buffer)",
+            )),
+        }
+    }
+
+    /// The binding of this buffer.
+    pub fn binding(&self) -> Binding<'_> {
+        Binding::Pinned(self)
+    }
+
+    pub(crate) fn memory_for(
+        &self,
+        inner: &BackendInner,
+        verb: &str,
+    ) -> Result<&Arc<PinnedMemory>, BackendError> {
+        if self.backend.id != inner.id {
+            return Err(BackendError::InvalidHandle {
+                message: format!(
+                    "Fix: cannot {verb} a PinnedBuffer of another CudaBackend; use the backend that \
+                     allocated it"
+                ),
+            });
+        }
+        self.memory.as_ref().ok_or_else(|| {
+            BackendError::internal("a PinnedBuffer's memory is gone before its drop")
+        })
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let memory = self.memory.take();
+        if self.backend.check_alive().is_ok() && self.backend.bind().is_ok() {
+            drop(memory);
+        } else {
+            std::mem::forget(memory);
+        }
+    }
+}
+
+impl<'a> From<&'a PinnedBuffer> for Binding<'a> {
+    fn from(buffer: &'a PinnedBuffer) -> Self {
+        Binding::Pinned(buffer)
     }
 }
 
@@ -204,6 +296,23 @@ impl CudaBackend {
         };
         self.zero_buffer(&buffer)?;
         Ok(buffer)
+    }
+
+    /// A zeroed page-locked host buffer of `bytes` bytes for [`Binding::Pinned`].
+    pub fn pinned_buffer(&self, bytes: usize) -> Result<PinnedBuffer, BackendError> {
+        let inner = &self.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let mut memory = PinnedMemory::allocate(bytes).map_err(|e| {
+            BackendError::driver(format!("allocating {bytes} pinned host bytes"), e)
+        })?;
+        let capacity = memory.len();
+        memory.slice_mut(0, capacity).fill(0);
+        Ok(PinnedBuffer {
+            memory: Some(Arc::new(memory)),
+            len: bytes,
+            backend: Arc::clone(inner),
+        })
     }
 
     /// A device buffer holding a copy of `data`.

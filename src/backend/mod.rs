@@ -48,7 +48,9 @@ pub(crate) mod stream_ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use buffer::{DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
+pub use buffer::{
+    DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, PinnedBuffer, MAX_PENDING,
+};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use dispatch::{Binding, TimedDispatch};

@@ -11,7 +11,8 @@ use crate::backend::driver::{
     LoadedModule, PinnedMemory, Stream,
 };
 use crate::backend::stream_ops::{
-    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
+    enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
+    StreamTarget,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
@@ -633,6 +634,13 @@ impl StreamTarget for CaptureTarget<'_, '_> {
     unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
         // SAFETY: forwarded obligation (see the trait).
         unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn upload_pinned(&mut self, _copy: PinnedCopy) -> DriverResult<()> {
+        // A replay outlives any caller buffer: recordings bind no pinned buffers.
+        Err(DriverError::not_supported(
+            "a caller pinned-buffer upload inside a graph capture",
+        ))
     }
 
     unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
