@@ -34,7 +34,6 @@ use std::time::Instant;
 
 use crate::config::DispatchConfig;
 use crate::ir::Program;
-use crate::probe;
 
 use super::dispatch::{with_outputs, InFlight, Request, Sink, Submitted};
 use super::driver::{DeviceMemory, Event, PinnedMemory, Stream};
@@ -229,7 +228,9 @@ impl<'a> From<&'a DeviceBuffer> for Binding<'a> {
 /// until the dispatch is done, and only then are its staging and buffers reused.
 /// At most [`MAX_PENDING`] may be pending per backend; one more is an `Err`
 /// starting `Fix:`. Grid-sync kernels complete inside the submit call (their
-/// barrier counter is module-global and leased until the synchronize).
+/// barrier counter is module-global and leased until the synchronize). A pending
+/// dispatch holds its backend (and every buffer it binds) alive, so dropping the
+/// backend or a buffer meanwhile is safe. Submissions print no probe line.
 #[must_use = "a pending dispatch does nothing visible until `wait`; dropping it blocks until it finishes"]
 pub struct PendingDispatch {
     kernel: Kernel,
@@ -274,6 +275,13 @@ pub struct DeviceClock {
     event: Event,
     // Last: the context outlives the event.
     backend: CudaBackend,
+}
+
+impl Drop for DeviceClock {
+    fn drop(&mut self) {
+        // The event is destroyed right after this, in the backend's context.
+        let _ = self.backend.inner.bind();
+    }
 }
 
 impl std::fmt::Debug for DeviceClock {
@@ -510,7 +518,9 @@ impl PendingDispatch {
                             &self.kernel.inner,
                             *in_flight,
                             Sink::Vecs(&mut outputs),
-                            probe::mark(),
+                            // Submissions are not charged to the probe: no phase
+                            // may land in another dispatch's record.
+                            None,
                             clock.map(|origin| (origin, &mut spans)),
                         )
                         .map(|timing| with_outputs(timing, outputs)),
@@ -535,5 +545,25 @@ impl Drop for PendingDispatch {
             return;
         }
         let _ = self.finish(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out owned buffers and pending results that cannot cross threads: a
+    /// pipelined encoder submits on one thread and waits on another, and shares
+    /// buffers between threads.
+    #[test]
+    fn buffers_and_pending_results_cross_threads() {
+        fn assert_send<T: Send>() {}
+        fn assert_sync<T: Sync>() {}
+        assert_send::<DeviceBuffer>();
+        assert_sync::<DeviceBuffer>();
+        assert_send::<PinnedBuffer>();
+        assert_sync::<PinnedBuffer>();
+        assert_send::<PendingDispatch>();
+        assert_send::<DeviceClock>();
     }
 }
