@@ -768,7 +768,7 @@ fn forged(what: &str, index: u32) -> BackendError {
 }
 
 fn dropping() -> BackendError {
-    BackendError::bad_input("Fix: internal: the dispatch graph's resources are gone; report this")
+    BackendError::internal("the dispatch graph's resources are gone before its drop")
 }
 
 impl Drop for DispatchGraph {

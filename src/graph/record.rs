@@ -562,9 +562,8 @@ impl GraphRecorder<'_> {
                     .node_kind(node)
                     .map_err(|e| failed("checking a launch node", e))?;
                 if kind != GraphNodeKind::Kernel {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: internal: a recorded launch of {} did not become a kernel node of {name}; \
-                         report this",
+                    return Err(BackendError::internal(format!(
+                        "a recorded launch of {} did not become a kernel node of {name}",
                         step.kernel.inner.name
                     )));
                 }
