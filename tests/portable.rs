@@ -101,3 +101,67 @@ fn reference_interface_refuses_foreign_objects() {
         .to_string();
     assert!(message.starts_with("Fix:"), "{message}");
 }
+
+/// Locks out a reference graph that accepts what the CUDA recorder refuses (so code
+/// tested without a GPU would fail on one): readback ranges inside a graph and
+/// grid-sync kernels are `Fix:` errors, and an empty recording is refused.
+#[test]
+fn reference_recorder_refuses_what_cuda_graphs_refuse() {
+    use vyre_cuda::ir::*;
+    use vyre_cuda::{ByteRange, ReadbackPolicy};
+    let backend = AnyBackend::reference();
+    let program = support::portable_program();
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&program, &config).unwrap();
+    let buffers: Vec<_> = (0..3).map(|_| backend.buffer(256).unwrap()).collect();
+    let refs: Vec<_> = buffers.iter().collect();
+    let ranges = config
+        .clone()
+        .with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+            binding: 1,
+            offset: 0,
+            len: 4
+        }]));
+    let message = backend
+        .record(|rec| rec.dispatch(&kernel, &refs, &ranges).map(drop))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("ranges"),
+        "{message}"
+    );
+    let grid = Program::builder([64, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.if_(Expr::global_id(Axis::X).less_than(Expr::length("x")), |b| {
+                b.grid_sync();
+            });
+        })
+        .build();
+    let grid_kernel = backend.compile(&grid, &config).unwrap();
+    let message = backend
+        .record(|rec| rec.dispatch(&grid_kernel, &refs[..1], &config).map(drop))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("grid_sync"),
+        "{message}"
+    );
+    let message = backend.record(|_| Ok(())).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("recorded nothing"),
+        "{message}"
+    );
+    // Control: the same dispatch without ranges records and replays.
+    let mut graph = backend
+        .record(|rec| rec.dispatch(&kernel, &refs, &config).map(drop))
+        .unwrap();
+    graph.replay().unwrap();
+    assert_eq!(words(&backend.read(&buffers[0]).unwrap())[..2], [1, 1]);
+}

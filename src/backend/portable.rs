@@ -667,17 +667,28 @@ impl AnyRecorder<'_, '_> {
     }
 }
 
+/// Whether `block` reaches a grid sync anywhere. Iterative (an explicit stack of
+/// blocks): the program here has not been validated, so its depth is unbounded.
 fn contains_grid_sync(block: &[Node]) -> bool {
-    block.iter().any(|n| match n {
-        Node::GridSync => true,
-        Node::If {
-            then_body,
-            else_body,
-            ..
-        } => contains_grid_sync(then_body) || contains_grid_sync(else_body),
-        Node::Loop { body, .. } => contains_grid_sync(body),
-        _ => false,
-    })
+    let mut pending: Vec<&[Node]> = vec![block];
+    while let Some(block) = pending.pop() {
+        for node in block {
+            match node {
+                Node::GridSync => return true,
+                Node::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    pending.push(then_body);
+                    pending.push(else_body);
+                }
+                Node::Loop { body, .. } => pending.push(body),
+                _ => {}
+            }
+        }
+    }
+    false
 }
 
 #[derive(Debug)]
