@@ -71,6 +71,19 @@ fn reference_interface_honours_policies_buffers_and_graphs() {
         (0..n).map(|i| 10 * i + 2 + 2).collect::<Vec<_>>()
     );
     assert_eq!(words(&next()), iota);
+    // Element count 10 on the first step: it updates x[0..10] and y[0..10], clears z
+    // whole and writes z[0..10]; the second step runs over all 100.
+    let x_after_first = |i: u32| if i < 10 { 1000 + i + 1 } else { 1000 + i };
+    assert_eq!(
+        words(&next()),
+        (1..3).map(|i| 3 * x_after_first(i) + 1).collect::<Vec<_>>(),
+        "read-back after the count update"
+    );
+    assert_eq!(
+        words(&next()),
+        (0..n).map(|i| x_after_first(i) + 1).collect::<Vec<_>>()
+    );
+    assert_eq!(words(&next()), iota, "second step rewrites z over all 100");
     assert_eq!(k, seen.len(), "every observation checked");
 }
 

@@ -199,6 +199,14 @@ impl StepId {
     pub(crate) fn new(graph: u64, index: u32) -> Self {
         StepId { graph, index }
     }
+
+    /// The step's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("a step", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
 }
 
 /// A pinned output slot of one graph: bytes copied from a resident buffer by its
