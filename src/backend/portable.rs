@@ -851,12 +851,15 @@ impl AnyGraph {
     }
 }
 
+/// A recorded reference step's program, buffers and element counts.
+type StepParts<'g> = (&'g Program, &'g [Arc<HostMemory>], &'g mut Vec<Option<u32>>);
+
 impl ReferenceGraph {
     /// The program, buffers and element counts of recorded step `step`.
     fn step_mut(
         &mut self,
         step: StepId,
-    ) -> Result<(&Program, &[Arc<HostMemory>], &mut Vec<Option<u32>>), BackendError> {
+    ) -> Result<StepParts<'_>, BackendError> {
         let index = step.index_in(self.id)?;
         let operation = self
             .steps
