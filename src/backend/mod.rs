@@ -58,8 +58,8 @@ pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::Kernel;
 pub use portable::{
-    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyRecorder,
-    ReferenceBackend,
+    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
+    AnyRecorder, ReferenceBackend,
 };
 pub use resident::ResidentBuffer;
 

@@ -811,6 +811,25 @@ impl AnyGraph {
         }
     }
 
+    /// Enqueue one replay without waiting ([`DispatchGraph::submit`]; the reference
+    /// replays at once). The pending replay borrows the graph until `wait` or drop.
+    pub fn submit(&mut self) -> Result<AnyPendingReplay<'_>, BackendError> {
+        if let GraphKind::Reference(_) = self.kind {
+            return Ok(AnyPendingReplay {
+                kind: PendingReplayKind::Reference(self.replay()),
+            });
+        }
+        let kind = match &mut self.kind {
+            GraphKind::Cuda(graph) => PendingReplayKind::Cuda(graph.submit()?),
+            GraphKind::Reference(_) => {
+                return Err(BackendError::internal(
+                    "a reference graph reached the CUDA arm",
+                ))
+            }
+        };
+        Ok(AnyPendingReplay { kind })
+    }
+
     /// Replay the whole chain ([`DispatchGraph::replay`]).
     pub fn replay(&mut self) -> Result<DispatchTiming, BackendError> {
         match &mut self.kind {
@@ -851,15 +870,36 @@ impl AnyGraph {
     }
 }
 
+/// A replay submitted by [`AnyGraph::submit`]; borrows its graph until
+/// [`AnyPendingReplay::wait`] (or drop, which waits).
+#[derive(Debug)]
+#[must_use = "a pending replay does nothing visible until `wait`"]
+pub struct AnyPendingReplay<'g> {
+    kind: PendingReplayKind<'g>,
+}
+
+#[derive(Debug)]
+enum PendingReplayKind<'g> {
+    Cuda(crate::graph::PendingReplay<'g>),
+    Reference(Result<DispatchTiming, BackendError>),
+}
+
+impl AnyPendingReplay<'_> {
+    /// Wait for the replay; its outputs are in the graph's output slots.
+    pub fn wait(self) -> Result<DispatchTiming, BackendError> {
+        match self.kind {
+            PendingReplayKind::Cuda(pending) => pending.wait(),
+            PendingReplayKind::Reference(result) => result,
+        }
+    }
+}
+
 /// A recorded reference step's program, buffers and element counts.
 type StepParts<'g> = (&'g Program, &'g [Arc<HostMemory>], &'g mut Vec<Option<u32>>);
 
 impl ReferenceGraph {
     /// The program, buffers and element counts of recorded step `step`.
-    fn step_mut(
-        &mut self,
-        step: StepId,
-    ) -> Result<StepParts<'_>, BackendError> {
+    fn step_mut(&mut self, step: StepId) -> Result<StepParts<'_>, BackendError> {
         let index = step.index_in(self.id)?;
         let operation = self
             .steps
