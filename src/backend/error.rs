@@ -1,12 +1,20 @@
 //! One error type for the backend. Every message starts with `Fix:` and says what
 //! the caller should change; a kernel fault also says whether the context survived.
+//! Typed causes stay typed: a validation error keeps its [`Rule`](crate::ir::validate::Rule),
+//! a code generation error its [`CodegenError`], a driver failure its
+//! [`DriverError`], each reachable through [`std::error::Error::source`].
 
 use std::fmt;
 
 use super::driver::DriverError;
+use crate::codegen::CodegenError;
+use crate::ir::ValidationError;
+use crate::reference::ReferenceError;
 
-/// Everything that can go wrong in the CUDA backend.
+/// Everything that can go wrong in the CUDA backend (and the portable interface).
+/// Non-exhaustive: later versions may add variants.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum BackendError {
     /// libcuda could not be loaded or initialised.
     NoDriver {
@@ -27,12 +35,27 @@ pub enum BackendError {
         /// The failing call and status.
         error: DriverError,
     },
-    /// The program broke an IR rule (the message is the validator's).
+    /// The program broke an IR rule.
     InvalidProgram {
         /// The program's diagnostic name.
         program: String,
-        /// The validator's message (starts with `Fix:`).
-        message: String,
+        /// The validator's error: its rule and its `Fix:` message.
+        error: ValidationError,
+    },
+    /// Code generation refused the (valid) program.
+    Codegen {
+        /// The program's diagnostic name.
+        program: String,
+        /// What code generation refused.
+        error: CodegenError,
+    },
+    /// The reference interpreter refused or stopped (the portable interface's CPU
+    /// implementation).
+    Reference {
+        /// The program's diagnostic name.
+        program: String,
+        /// The interpreter's error (starts with `Fix:`).
+        error: ReferenceError,
     },
     /// The driver rejected generated PTX (a code generation bug, or a device too old).
     ModuleLoad {
@@ -107,6 +130,11 @@ pub enum BackendError {
         /// What faulted.
         cause: String,
     },
+    /// A broken internal invariant: a bug in this crate, never the caller's input.
+    Internal {
+        /// What broke.
+        message: String,
+    },
 }
 
 impl fmt::Display for BackendError {
@@ -126,9 +154,11 @@ impl fmt::Display for BackendError {
                 "Fix: the CUDA driver failed while {during}: {error}; check the device with nvidia-smi \
                  and that no other process holds all its memory"
             ),
-            BackendError::InvalidProgram { program, message } => {
-                write!(f, "{message} (in {program})")
+            BackendError::InvalidProgram { program, error } => {
+                write!(f, "{} (in {program})", error.message())
             }
+            BackendError::Codegen { program, error } => write!(f, "{error} (in {program})"),
+            BackendError::Reference { program, error } => write!(f, "{error} (in {program})"),
             BackendError::ModuleLoad { program, sm, error } => write!(
                 f,
                 "Fix: the driver rejected the PTX generated for {program} (sm_{sm}): {error}; \
@@ -194,6 +224,11 @@ impl fmt::Display for BackendError {
                  the driver allows no recovery inside one process: restart the process (keep faulting \
                  experiments in a child process if the parent must survive them)"
             ),
+            BackendError::Internal { message } => write!(
+                f,
+                "Fix: internal error in vyre-cuda ({message}); this is a bug in the crate, not in your \
+                 input: report it with the program's Display output"
+            ),
             BackendError::ContextLost { cause } => write!(
                 f,
                 "Fix: this backend's CUDA context was lost ({cause}); drop it and call CudaBackend::acquire again"
@@ -202,7 +237,20 @@ impl fmt::Display for BackendError {
     }
 }
 
-impl std::error::Error for BackendError {}
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BackendError::InvalidProgram { error, .. } => Some(error),
+            BackendError::Codegen { error, .. } => Some(error),
+            BackendError::Reference { error, .. } => Some(error),
+            BackendError::Driver { error, .. }
+            | BackendError::ModuleLoad { error, .. }
+            | BackendError::KernelFault { error, .. }
+            | BackendError::DeviceUnrecoverable { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 impl BackendError {
     pub(crate) fn driver(during: impl Into<String>, error: DriverError) -> Self {
@@ -212,9 +260,63 @@ impl BackendError {
         }
     }
 
+    /// A broken internal invariant (a bug in this crate, not the caller's input).
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        BackendError::Internal {
+            message: what.into(),
+        }
+    }
+
     pub(crate) fn bad_input(message: impl Into<String>) -> Self {
         BackendError::BadInput {
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// Locks out flattening typed causes into strings: a validation failure keeps
+    /// its `ValidationError` (and its rule) behind `source()`, a driver failure its
+    /// `DriverError`, and an internal failure is its own variant whose message
+    /// still starts with `Fix:` but never blames the caller's input.
+    #[test]
+    fn typed_causes_survive_behind_source() {
+        use crate::ir::*;
+        let program = Program::builder([64, 1, 1])
+            .body(|b| {
+                b.store("missing", 0u32, 1u32);
+            })
+            .build();
+        let validation = validate(&program, &Limits::default()).unwrap_err();
+        let error = BackendError::InvalidProgram {
+            program: program.display_name(),
+            error: validation.clone(),
+        };
+        let source = error
+            .source()
+            .and_then(|s| s.downcast_ref::<ValidationError>())
+            .expect("the validation error is the source");
+        assert_eq!(source.rule(), validation.rule());
+        assert!(error.to_string().starts_with("Fix:"), "{error}");
+
+        let driver = BackendError::driver("testing", DriverError::not_found("cuTest"));
+        assert!(driver
+            .source()
+            .and_then(|s| s.downcast_ref::<DriverError>())
+            .is_some_and(|d| d.call() == "cuTest"));
+
+        let internal = BackendError::internal("an invariant broke");
+        let message = internal.to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains("bug in the crate"),
+            "{message}"
+        );
+        assert!(internal.source().is_none());
+        // Negative control: bad input has no typed cause to expose.
+        assert!(BackendError::bad_input("Fix: x").source().is_none());
     }
 }

@@ -13,7 +13,10 @@ use crate::codegen::{self, ENTRY_NAME};
 use crate::config::CodegenOptions;
 use crate::ir::Program;
 
+use smallvec::SmallVec;
+
 use super::driver::{self, DeviceMemory, Event, LoadedModule, PinnedMemory, Stream};
+use super::stream_ops::LaunchParameters;
 use super::{BackendError, CudaBackend};
 
 /// Prebuilt launch of one program over its own device buffers.
@@ -26,9 +29,9 @@ pub struct RawFloor {
     /// Outer start (unused when nothing precedes the launch), inner start, inner end,
     /// outer end: the timed dispatch's events.
     events: [Event; 4],
-    addresses: Box<[u64]>,
-    lengths: Box<[u32]>,
-    params: Vec<*mut c_void>,
+    /// Boxed so the pointers in `params` stay valid when the floor moves.
+    parameters: Box<LaunchParameters>,
+    params: SmallVec<[*mut c_void; 32]>,
     grid: [u32; 3],
     block: [u32; 3],
     backend: CudaBackend,
@@ -53,9 +56,9 @@ impl RawFloor {
             caps.ptx_target_sm(),
             caps.warp_size,
         )
-        .map_err(|e| BackendError::InvalidProgram {
+        .map_err(|error| BackendError::Codegen {
             program: program.display_name(),
-            message: e.to_string(),
+            error,
         })?;
         let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
             BackendError::ModuleLoad {
@@ -77,15 +80,11 @@ impl RawFloor {
             );
             lengths.push((bytes / b.elem.size_bytes() as u64) as u32);
         }
-        let mut addresses: Box<[u64]> = buffers.iter().map(|b| b.address()).collect();
-        let mut lengths: Box<[u32]> = lengths.into_boxed_slice();
-        let mut params = Vec::new();
-        for a in addresses.iter_mut() {
-            params.push(a as *mut u64 as *mut c_void);
-        }
-        for l in lengths.iter_mut() {
-            params.push(l as *mut u32 as *mut c_void);
-        }
+        let mut parameters = Box::new(LaunchParameters {
+            addresses: buffers.iter().map(|b| b.address()).collect(),
+            counts: lengths.into_iter().collect(),
+        });
+        let params = parameters.pointer_array();
         let staging = PinnedMemory::allocate(64 * 1024)
             .map_err(|e| BackendError::driver("allocating floor staging", e))?;
         let event = || Event::new().map_err(|e| BackendError::driver("creating floor events", e));
@@ -96,8 +95,7 @@ impl RawFloor {
             buffers,
             staging,
             events,
-            addresses,
-            lengths,
+            parameters,
             params,
             grid: workgroups,
             block: program.workgroup_size(),
@@ -106,9 +104,9 @@ impl RawFloor {
     }
 
     fn launch(&mut self) -> Result<(), BackendError> {
-        // SAFETY: params points at self.addresses / self.lengths (boxed, so their
-        // addresses are stable), one per kernel parameter in codegen's order; the
-        // buffers live as long as self.
+        // SAFETY: params points into self.parameters (boxed, so its addresses are
+        // stable), one per kernel parameter in codegen's order; the buffers live as
+        // long as self.
         unsafe {
             driver::launch(
                 &self.module,
@@ -236,6 +234,6 @@ impl RawFloor {
 
     /// Number of parameters of the prebuilt launch.
     pub fn parameter_count(&self) -> usize {
-        self.addresses.len() + self.lengths.len()
+        self.parameters.addresses.len() + self.parameters.counts.len()
     }
 }

@@ -173,9 +173,9 @@ impl BackendInner {
                 probe::note_ptx_cache(false);
                 let text =
                     codegen::program_to_ptx(&lowered, &config.codegen, key.sm, key.subgroup_size)
-                        .map_err(|e| BackendError::InvalidProgram {
+                        .map_err(|error| BackendError::Codegen {
                         program: program.display_name(),
-                        message: e.to_string(),
+                        error,
                     })?;
                 self.ptx.insert(key, Arc::from(text))
             }
@@ -239,10 +239,9 @@ impl BackendInner {
                 return Err(BackendError::ModuleLoad {
                     program: program.display_name(),
                     sm: self.caps.ptx_target_sm(),
-                    error: super::driver::DriverError {
-                        code: cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND,
-                        call: "cuModuleGetGlobal_v2 (grid barrier symbol)",
-                    },
+                    error: super::driver::DriverError::not_found(
+                        "cuModuleGetGlobal_v2 (grid barrier symbol)",
+                    ),
                 })
             }
         };
@@ -301,6 +300,6 @@ fn nanos_between(start: std::time::Instant, end: std::time::Instant) -> u64 {
 fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
     BackendError::InvalidProgram {
         program: program.display_name(),
-        message: e.message().to_string(),
+        error: e.clone(),
     }
 }

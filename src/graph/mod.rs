@@ -108,7 +108,10 @@
 //! [`DispatchGraph`] is `Send` but not `Sync`: move it to the thread that replays
 //! it. Replays and updates take `&mut self`, so one graph never runs twice at once;
 //! every replay synchronises before returning, so input and output slots are never
-//! touched by the device while the host can reach them. Two graphs (or a graph and
+//! touched by the device while the host can reach them. [`DispatchGraph::submit`]
+//! enqueues a replay without waiting: its [`PendingReplay`] borrows the graph
+//! mutably until `wait` (or drop, which waits), so the same holds; several graphs
+//! may be in flight at once, each on its own stream. Two graphs (or a graph and
 //! plain dispatches) over the same resident buffers are not ordered against each
 //! other, exactly as two concurrent dispatches are not.
 //!
@@ -146,6 +149,7 @@ use smallvec::SmallVec;
 use crate::backend::driver::{
     self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
 };
+use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
 use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
@@ -161,6 +165,48 @@ static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
 pub struct InputSlot {
     graph: u64,
     index: u32,
+}
+
+impl InputSlot {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        InputSlot { graph, index }
+    }
+
+    /// The slot's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("an input slot", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
+}
+
+impl OutputSlot {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        OutputSlot { graph, index }
+    }
+
+    /// The slot's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("an output slot", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
+}
+
+impl StepId {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        StepId { graph, index }
+    }
+
+    /// The step's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("a step", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
 }
 
 /// A pinned output slot of one graph: bytes copied from a resident buffer by its
@@ -201,23 +247,58 @@ impl ScratchBuffer {
     }
 }
 
-/// One binding of a recorded dispatch: a resident buffer, or a scratch buffer of
-/// the same graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GraphBinding {
+/// One binding of a recorded dispatch: a resident buffer, an owned buffer, or a
+/// scratch buffer of the same graph.
+#[derive(Clone, Copy, Debug)]
+pub enum GraphBinding<'a> {
     /// A resident buffer (its memory is held by the graph from now on).
     Resident(crate::backend::ResidentBuffer),
+    /// An owned buffer (its memory is held by the graph from now on: dropping the
+    /// buffer while the graph exists frees nothing under it).
+    Buffer(&'a crate::backend::DeviceBuffer),
     /// A scratch buffer of the graph being recorded.
     Scratch(ScratchBuffer),
 }
 
-impl From<crate::backend::ResidentBuffer> for GraphBinding {
+impl From<crate::backend::ResidentBuffer> for GraphBinding<'_> {
     fn from(handle: crate::backend::ResidentBuffer) -> Self {
         GraphBinding::Resident(handle)
     }
 }
 
-impl From<ScratchBuffer> for GraphBinding {
+/// A buffer a recording can upload into or read back from: a
+/// [`ResidentBuffer`](crate::backend::ResidentBuffer) or a
+/// [`DeviceBuffer`](crate::backend::DeviceBuffer). Sealed.
+pub trait RecordableBuffer: sealed::Sealed {
+    /// The buffer as a binding of a recorded dispatch.
+    fn graph_binding(&self) -> GraphBinding<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::backend::ResidentBuffer {}
+    impl Sealed for crate::backend::DeviceBuffer {}
+}
+
+impl RecordableBuffer for crate::backend::ResidentBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Resident(*self)
+    }
+}
+
+impl RecordableBuffer for crate::backend::DeviceBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Buffer(self)
+    }
+}
+
+impl<'a> From<&'a crate::backend::DeviceBuffer> for GraphBinding<'a> {
+    fn from(buffer: &'a crate::backend::DeviceBuffer) -> Self {
+        GraphBinding::Buffer(buffer)
+    }
+}
+
+impl From<ScratchBuffer> for GraphBinding<'_> {
     fn from(scratch: ScratchBuffer) -> Self {
         GraphBinding::Scratch(scratch)
     }
@@ -253,24 +334,6 @@ struct Step {
     iterations: u32,
     /// The launch nodes of this step, one per fixpoint iteration.
     nodes: SmallVec<[GraphNode; 4]>,
-}
-
-/// The parameter array of a launch: pointers to the addresses, then to the counts
-/// (the kernel ABI documented in `codegen::ptx`). The pointers are valid while
-/// `addresses` and `counts` are neither moved nor dropped.
-fn parameter_array(
-    addresses: &mut [u64],
-    counts: &mut [u32],
-) -> SmallVec<[*mut std::ffi::c_void; 32]> {
-    let mut params: SmallVec<[*mut std::ffi::c_void; 32]> =
-        SmallVec::with_capacity(addresses.len() + counts.len());
-    for address in addresses.iter_mut() {
-        params.push(address as *mut u64 as *mut std::ffi::c_void);
-    }
-    for count in counts.iter_mut() {
-        params.push(count as *mut u32 as *mut std::ffi::c_void);
-    }
-    params
 }
 
 /// Driver resources of a graph, in drop order.
@@ -445,7 +508,7 @@ impl DispatchGraph {
     fn update_step(
         &mut self,
         index: usize,
-        mut counts: SmallVec<[u32; 16]>,
+        counts: SmallVec<[u32; 16]>,
         plan: LaunchPlan,
     ) -> Result<(), BackendError> {
         self.usable()?;
@@ -455,14 +518,17 @@ impl DispatchGraph {
         let name = self.name.clone();
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let step = &self.steps[index];
-        let mut addresses = step.addresses.clone();
-        let mut params = parameter_array(&mut addresses, &mut counts);
+        let mut parameters = LaunchParameters {
+            addresses: step.addresses.clone(),
+            counts: counts.clone(),
+        };
+        let mut params = parameters.pointer_array();
         let mut updated = 0usize;
         let mut failure: Option<DriverError> = None;
         for node in &step.nodes {
             // SAFETY: `node` is a launch node of `resources.graph`, from which
             // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points at `addresses` and `counts`, alive until after the call, in the
+            // points into `parameters`, alive and unmoved until after the call, in the
             // kernel's parameter order; every address is held by the graph (resident
             // memory in `resources.memory`, scratch allocated by the graph itself); the
             // last replay synchronised, so no launch of the executable is running.
@@ -504,16 +570,31 @@ impl DispatchGraph {
         Ok(())
     }
 
+    /// Enqueue one replay and return at once; [`PendingReplay::wait`] does the one
+    /// synchronize. The pending replay borrows the graph mutably, so its input and
+    /// output slots cannot be touched (nor the graph replayed again) until it is
+    /// waited for or dropped (dropping waits). Several graphs may be in flight at
+    /// once, each on its own stream. Records the window events (`device_window_ns`);
+    /// submissions are not charged to the probe.
+    pub fn submit(&mut self) -> Result<PendingReplay<'_>, BackendError> {
+        let start = Instant::now();
+        self.ready()?;
+        let launched = self.launch(true)?;
+        Ok(PendingReplay {
+            graph: self,
+            start,
+            enqueued: launched,
+            waited: false,
+        })
+    }
+
     /// One replay, charged to the probe.
     fn run(&mut self, want_timing: bool) -> Result<DispatchTiming, BackendError> {
         let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
         let want_timing = want_timing || dispatch_probe.is_some();
         let mark = probe::mark();
-        self.usable()?;
-        let inner = Arc::clone(self.backend.shared());
-        inner.check_alive()?;
-        inner.bind()?;
+        self.ready()?;
         if dispatch_probe.is_some() {
             let steps = &self.steps;
             let sum = |f: &dyn Fn(&Step) -> u64| {
@@ -535,15 +616,30 @@ impl DispatchGraph {
             probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
+        let enqueued = self.launch(want_timing)?;
+        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        let timing = self.wait_replay(want_timing, start, enqueued)?;
+        let mark = probe::charge_and_mark(Phase::Release, mark);
+        // Outputs stay in pinned staging (read in place through `output`): nothing
+        // to copy, so the readback phase is only this boundary.
+        probe::charge(Phase::Readback, mark);
+        let timing = DispatchTiming {
+            wall_ns: elapsed_ns(start),
+            ..timing
+        };
+        if let Some(dispatch_probe) = dispatch_probe {
+            dispatch_probe.finish(timing);
+        }
+        Ok(timing)
+    }
 
+    /// Enqueue one graph launch (bracketed by the window events when timed);
+    /// returns the instant the last operation was enqueued.
+    fn launch(&mut self, want_timing: bool) -> Result<Instant, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
         let name = &self.name;
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
-        let enqueue_error = |what: &str, e: DriverError| {
-            if e.is_sticky() {
-                inner.mark_context_lost(format!("{name} failed while {what}: {e}"));
-            }
-            BackendError::driver(format!("{what} for {name}"), e)
-        };
+        let enqueue_error = |what: &str, e: DriverError| inner.stream_failed(name, what, e);
         if want_timing {
             resources
                 .window_start
@@ -551,10 +647,11 @@ impl DispatchGraph {
                 .map_err(|e| enqueue_error("recording the window start event", e))?;
         }
         // SAFETY: every device allocation the graph touches is held by `resources.memory`
-        // (resident buffers) or allocated and freed by the graph itself (scratch); the
-        // pinned input and output staging live in `resources` and are reachable by the
-        // host only through `&mut self`/`&self` methods, which cannot run until this
-        // call returns after the synchronize below.
+        // (resident and owned buffers) or allocated and freed by the graph itself
+        // (scratch); the pinned input and output staging live in `resources` and are
+        // reachable by the host only through `&mut self`/`&self` methods, which cannot
+        // run until the synchronize: `replay` waits before returning, and a
+        // `PendingReplay` borrows the graph mutably until it has waited.
         unsafe { resources.exec.launch(&resources.stream) }
             .map_err(|e| enqueue_error("launching the graph", e))?;
         if want_timing {
@@ -563,23 +660,29 @@ impl DispatchGraph {
                 .record(&resources.stream)
                 .map_err(|e| enqueue_error("recording the window end event", e))?;
         }
-        let enqueued = Instant::now();
-        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        Ok(Instant::now())
+    }
 
-        let wait_start = Instant::now();
-        let synced = resources.stream.synchronize();
-        let wait_ns = elapsed_ns(wait_start);
-        if let Err(error) = synced {
-            let context_usable = !error.is_sticky();
-            if !context_usable {
-                inner.mark_context_lost(format!("{name} faulted: {error}"));
-            }
-            return Err(BackendError::KernelFault {
-                program: name.clone(),
-                error,
-                context_usable,
-            });
-        }
+    /// Prepare: the graph is not broken, the context alive and bound.
+    fn ready(&self) -> Result<(), BackendError> {
+        self.usable()?;
+        let inner = self.backend.shared();
+        inner.check_alive()?;
+        inner.bind()
+    }
+
+    /// The one synchronize of a replay and its device window.
+    fn wait_replay(
+        &mut self,
+        want_timing: bool,
+        start: Instant,
+        enqueued: Instant,
+    ) -> Result<DispatchTiming, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
+        inner.bind()?;
+        let name = &self.name;
+        let resources = self.resources.as_ref().ok_or_else(dropping)?;
+        let wait_ns = inner.synchronize_with(name, || resources.stream.synchronize())?;
         let mut timing = DispatchTiming {
             wall_ns: 0,
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
@@ -591,14 +694,6 @@ impl DispatchGraph {
         if want_timing {
             timing.device_window_ns =
                 Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0);
-        }
-        let mark = probe::charge_and_mark(Phase::Release, mark);
-        // Outputs stay in pinned staging (read in place through `output`): nothing
-        // to copy, so the readback phase is only this boundary.
-        probe::charge(Phase::Readback, mark);
-        timing.wall_ns = elapsed_ns(start);
-        if let Some(dispatch_probe) = dispatch_probe {
-            dispatch_probe.finish(timing);
         }
         Ok(timing)
     }
@@ -681,7 +776,7 @@ fn forged(what: &str, index: u32) -> BackendError {
 }
 
 fn dropping() -> BackendError {
-    BackendError::bad_input("Fix: internal: the dispatch graph's resources are gone; report this")
+    BackendError::internal("the dispatch graph's resources are gone before its drop")
 }
 
 impl Drop for DispatchGraph {
@@ -705,33 +800,54 @@ impl Drop for DispatchGraph {
     }
 }
 
-/// Graph identities, shared by the recorder.
-fn next_graph_id() -> u64 {
+/// A replay enqueued by [`DispatchGraph::submit`]. Borrows its graph mutably until
+/// [`PendingReplay::wait`] (consuming: waiting twice does not compile) or drop
+/// (which waits, discarding errors).
+#[must_use = "a pending replay does nothing visible until `wait`; dropping it blocks until it finishes"]
+pub struct PendingReplay<'g> {
+    graph: &'g mut DispatchGraph,
+    start: Instant,
+    enqueued: Instant,
+    waited: bool,
+}
+
+impl std::fmt::Debug for PendingReplay<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingReplay")
+            .field("graph", &self.graph.name)
+            .finish()
+    }
+}
+
+impl PendingReplay<'_> {
+    /// Wait for the replay: its timings (outputs are in the graph's output slots).
+    pub fn wait(mut self) -> Result<DispatchTiming, BackendError> {
+        self.waited = true;
+        let timing = self.graph.wait_replay(true, self.start, self.enqueued)?;
+        Ok(DispatchTiming {
+            wall_ns: elapsed_ns(self.start),
+            ..timing
+        })
+    }
+}
+
+impl Drop for PendingReplay<'_> {
+    fn drop(&mut self) {
+        if !self.waited {
+            let _ = self.graph.wait_replay(false, self.start, self.enqueued);
+        }
+    }
+}
+
+/// Graph identities, shared by the recorder (and the portable interface's reference
+/// graphs, whose slots use the same types).
+pub(crate) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Locks out a parameter array in the wrong order or with dangling pointers: the
-    /// kernel ABI is every buffer address, then every element count, each pointer
-    /// reading back the value it stands for.
-    #[test]
-    fn parameter_array_is_addresses_then_counts() {
-        let mut addresses = [0x1000u64, 0x2000, 0x3000];
-        let mut counts = [7u32, 8, 9];
-        let params = parameter_array(&mut addresses, &mut counts);
-        assert_eq!(params.len(), 6);
-        for (i, param) in params.iter().take(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {i} points at address {i}");
-        }
-        for (i, param) in params.iter().skip(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(counts[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {} points at count {i}", 3 + i);
-        }
-    }
 
     /// Locks out a graph type that could be shared between threads (replays are
     /// serialised by `&mut self`, but the executable handle must not be `Sync`) or

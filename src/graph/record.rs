@@ -7,15 +7,19 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::backend::driver::{
-    self, Capture, DeviceMemory, DriverError, Event, GraphNodeKind, PinnedMemory, Stream,
+    self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
+    LoadedModule, PinnedMemory, Stream,
+};
+use crate::backend::stream_ops::{
+    enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
+    StreamTarget,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
-use crate::ir::Access;
 
 use super::{
-    next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
-    OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
+    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot,
+    RecordableBuffer, Resources, ScratchBuffer, StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.
@@ -110,20 +114,19 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
     pub fn upload(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         bytes: u64,
     ) -> Result<InputSlot, BackendError> {
-        let memory = self.hold(handle, "record an upload into")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record an upload into")?;
         if bytes == 0 {
             return Err(BackendError::bad_input(
                 "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
             ));
         }
-        if bytes > handle.len() {
+        if bytes > capacity {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the resident buffer holds {} bytes; upload \
-                 at most that many or allocate a larger buffer",
-                handle.len()
+                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
+                 at most that many or allocate a larger buffer"
             )));
         }
         let len = staged_len(bytes, "upload")?;
@@ -167,7 +170,7 @@ impl GraphRecorder<'_> {
     pub fn dispatch_bindings(
         &mut self,
         kernel: &Kernel,
-        bindings: &[GraphBinding],
+        bindings: &[GraphBinding<'_>],
         config: &DispatchConfig,
     ) -> Result<StepId, BackendError> {
         let inner = self.backend.shared();
@@ -189,6 +192,7 @@ impl GraphRecorder<'_> {
         for binding in bindings {
             match binding {
                 GraphBinding::Resident(handle) => sizes.push(handle.len()),
+                GraphBinding::Buffer(buffer) => sizes.push(buffer.len()),
                 GraphBinding::Scratch(scratch) => {
                     self.check_scratch(scratch)?;
                     sizes.push(scratch.bytes);
@@ -205,6 +209,11 @@ impl GraphRecorder<'_> {
                 match binding {
                     GraphBinding::Resident(handle) => {
                         let memory = table.get(handle, "record a dispatch over")?;
+                        bound.push(BoundAddress::Fixed(memory.address()));
+                        held.push(Arc::clone(memory));
+                    }
+                    GraphBinding::Buffer(buffer) => {
+                        let memory = buffer.memory_for(inner, "record a dispatch over")?;
                         bound.push(BoundAddress::Fixed(memory.address()));
                         held.push(Arc::clone(memory));
                     }
@@ -246,21 +255,20 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::output`] after a replay.
     pub fn read_back(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         offset: u64,
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
-        let memory = self.hold(handle, "record a read-back of")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record a read-back of")?;
         if len == 0 {
             return Err(BackendError::bad_input(
                 "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
             ));
         }
-        if offset.checked_add(len).is_none_or(|end| end > handle.len()) {
+        if offset.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the resident buffer's {} bytes; keep offset + \
-                 len within the buffer",
-                handle.len()
+                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
+                 len within the buffer"
             )));
         }
         let staged = staged_len(len, "read-back")?;
@@ -298,11 +306,9 @@ impl GraphRecorder<'_> {
         let pools = inner
             .context
             .device()
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            )
+            .memory_pools_supported()
             .map_err(|e| BackendError::driver("asking whether the device has memory pools", e))?;
-        if pools == 0 {
+        if !pools {
             return Err(BackendError::bad_input(
                 "Fix: this device has no memory pools, so a graph cannot allocate scratch memory; allocate \
                  a resident buffer instead and bind it",
@@ -334,11 +340,29 @@ impl GraphRecorder<'_> {
         }
     }
 
-    /// The memory behind a live handle, kept alive by the returned `Arc`.
-    fn hold(&self, handle: &ResidentBuffer, verb: &str) -> Result<Arc<DeviceMemory>, BackendError> {
+    /// The memory behind a live resident or owned buffer (kept alive by the
+    /// returned `Arc`) and its size; scratch buffers have no memory to copy outside
+    /// a replay's dispatches.
+    fn hold(
+        &self,
+        buffer: GraphBinding<'_>,
+        verb: &str,
+    ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
         let inner = self.backend.shared();
-        let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Arc::clone(table.get(handle, verb)?))
+        match buffer {
+            GraphBinding::Resident(handle) => {
+                let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+                Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
+            }
+            GraphBinding::Buffer(buffer) => Ok((
+                Arc::clone(buffer.memory_for(inner, verb)?),
+                buffer.len(),
+            )),
+            GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
+                "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
+                 resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
+            ))),
+        }
     }
 
     /// Capture the described chain and instantiate it.
@@ -456,38 +480,33 @@ impl GraphRecorder<'_> {
             unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
                 .map_err(|e| failed("recording a scratch zero fill", e))?;
         }
+        let mut target = CaptureTarget {
+            capture: &capture,
+            inputs,
+            outputs,
+            nodes: SmallVec::new(),
+        };
         for operation in &self.operations {
+            let mut ops: StreamOps<'_, LoadedModule> = StreamOps::empty();
+            let read_back;
+            let mut step_index = None;
             match *operation {
                 Operation::Upload { input, address } => {
                     let range = self.inputs[input as usize];
-                    // SAFETY: inputs[offset..+len] was sized at recording and lives in
-                    // the graph (as long as its executable); [address, address + len) is
-                    // inside a resident buffer whose memory the graph holds.
-                    unsafe {
-                        driver::copy_to_device_async(
-                            address,
-                            inputs.address(range.offset),
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording an upload", e))?;
+                    ops.uploads.push(StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    });
                 }
                 Operation::ReadBack { output, address } => {
                     let range = self.outputs[output as usize];
-                    // SAFETY: outputs[offset..+len] was sized at recording and lives in
-                    // the graph; the device range was bounds-checked against the buffer,
-                    // whose memory the graph holds; the host reads it only after a
-                    // replay's synchronize.
-                    unsafe {
-                        driver::copy_to_host_async(
-                            outputs.address(range.offset),
-                            address,
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording a read-back", e))?;
+                    read_back = [StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    }];
+                    ops.readback = Readback::StagedCopies(&read_back);
                 }
                 Operation::Dispatch { step } => {
                     let step = &mut self.steps[step as usize];
@@ -499,43 +518,35 @@ impl GraphRecorder<'_> {
                             BoundAddress::Scratch(index) => scratch_addresses[index as usize],
                         })
                         .collect();
-                    let kernel = &step.kernel.inner;
-                    for ((slot, &address), &bytes) in
-                        kernel.slots.iter().zip(&step.addresses).zip(&step.sizes)
-                    {
-                        // WriteOnly means "starts zeroed" on every path (§1).
-                        if slot.access == Access::WriteOnly && bytes > 0 {
-                            // SAFETY: [address, address + bytes) is the bound buffer.
-                            unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
-                                .map_err(|e| failed("recording a write-only clear", e))?;
-                        }
-                    }
-                    let mut addresses = step.addresses.clone();
-                    let mut counts = step.counts.clone();
-                    let mut params = parameter_array(&mut addresses, &mut counts);
-                    for _ in 0..step.iterations {
-                        // SAFETY: params holds one pointer per kernel parameter in the
-                        // documented order (addresses, then u32 counts), pointing at the
-                        // locals above, which outlive the call (the driver copies the
-                        // values into the graph); every address stays alive as long as
-                        // the graph (held memory or graph allocations).
-                        unsafe {
-                            driver::launch(
-                                &kernel.module,
-                                step.plan.grid,
-                                step.plan.block,
-                                stream,
-                                &mut params,
-                                false,
-                            )
-                        }
-                        .map_err(|e| failed("recording a launch", e))?;
-                        let node = capture
-                            .last_node()
-                            .map_err(|e| failed("finding the recorded launch node", e))?;
-                        step.nodes.push(node);
-                    }
+                    step_index = Some(operation);
                 }
+            }
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                let step = &self.steps[step as usize];
+                let kernel = &step.kernel.inner;
+                // The same description an eager dispatch enqueues (clears, then
+                // the launch loop), without its events and readback copies.
+                ops = StreamOps::dispatch(
+                    &kernel.slots,
+                    &step.addresses,
+                    &step.sizes,
+                    KernelLaunch {
+                        module: &kernel.module,
+                        grid: step.plan.grid,
+                        block: step.plan.block,
+                        iterations: step.iterations,
+                        grid_barrier: None,
+                    },
+                );
+            }
+            // SAFETY: upload and read-back staging ranges were sized at recording
+            // and live in the graph (as long as its executable); device ranges lie
+            // inside resident buffers whose memory the graph holds (bounds checked at
+            // recording) or graph allocations freed only at the end of the chain; the
+            // host touches the staging only between replays, after a synchronize.
+            unsafe { enqueue(&mut ops, &mut target) }.map_err(|f| failed(f.what, f.error))?;
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                self.steps[step as usize].nodes = std::mem::take(&mut target.nodes);
             }
         }
         for &address in &scratch_addresses {
@@ -551,9 +562,8 @@ impl GraphRecorder<'_> {
                     .node_kind(node)
                     .map_err(|e| failed("checking a launch node", e))?;
                 if kind != GraphNodeKind::Kernel {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: internal: a recorded launch of {} did not become a kernel node of {name}; \
-                         report this",
+                    return Err(BackendError::internal(format!(
+                        "a recorded launch of {} did not become a kernel node of {name}",
                         step.kernel.inner.name
                     )));
                 }
@@ -588,4 +598,94 @@ fn slot_index(len: usize) -> Result<u32, BackendError> {
             "Fix: a recording holds at most u32::MAX operations of one kind; record fewer",
         )
     })
+}
+
+/// The capturing stream as a [`StreamTarget`]: uploads read the graph's input
+/// staging, read-backs write its output staging, and every launch's node is kept
+/// for later parameter updates.
+struct CaptureTarget<'c, 's> {
+    capture: &'c Capture<'s>,
+    inputs: &'c PinnedMemory,
+    outputs: &'c PinnedMemory,
+    nodes: SmallVec<[GraphNode; 4]>,
+}
+
+impl StreamTarget for CaptureTarget<'_, '_> {
+    type Module = LoadedModule;
+
+    fn record(&mut self, _mark: DeviceMark) -> DriverResult<()> {
+        // Graph steps are described untimed; a replay times the whole launch.
+        Ok(())
+    }
+
+    unsafe fn upload(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_device_async(
+                copy.device,
+                self.inputs.address(copy.staging_offset),
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn upload_pinned(&mut self, _copy: PinnedCopy) -> DriverResult<()> {
+        // A replay outlives any caller buffer: recordings bind no pinned buffers.
+        Err(DriverError::not_supported(
+            "a caller pinned-buffer upload inside a graph capture",
+        ))
+    }
+
+    unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
+        // Recording refuses grid-sync kernels, so no description asks for this.
+        Err(DriverError::not_supported(
+            "grid barrier reset inside a graph capture",
+        ))
+    }
+
+    unsafe fn launch(
+        &mut self,
+        launch: &KernelLaunch<'_, LoadedModule>,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait); the driver copies the
+        // parameter values into the graph node.
+        unsafe {
+            driver::launch(
+                launch.module,
+                launch.grid,
+                launch.block,
+                self.capture.stream(),
+                params,
+                false,
+            )
+        }?;
+        self.nodes.push(self.capture.last_node()?);
+        Ok(())
+    }
+
+    unsafe fn read_back(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_host_async(
+                self.outputs.address(copy.staging_offset),
+                copy.device,
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    fn synchronize(&mut self) -> DriverResult<()> {
+        // A capturing stream cannot be synchronised; a replay synchronises instead.
+        Err(DriverError::not_supported(
+            "synchronize inside a graph capture",
+        ))
+    }
 }
