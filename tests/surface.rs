@@ -22,6 +22,13 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "src/pretokenize/pipeline.rs",
     // A counting global allocator (the zero-allocation test).
     "tests/gpu_zero_alloc.rs",
+    // The measuring thread's CPU clock (`clock_gettime`), the in-region fallback for
+    // run-queue delay where schedstat is missing.
+    "src/host_cost/clock.rs",
+    // CPU affinity (`sched_{get,set}affinity`, `sched_getcpu`) to pin a competing
+    // thread onto the measuring thread's CPU (planted interference).
+    "tests/host_cost_selftest.rs",
+    "tests/host_cost_instruments.rs",
 ];
 
 /// Files allowed to name cudarc at all.
