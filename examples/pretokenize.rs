@@ -337,6 +337,8 @@ fn no_device_reason(error: &BackendError) -> String {
 
 fn run(options: &Options, samples: &[Sample]) -> Result<(), String> {
     let programs = programs();
+    // Build the class table now, so no timed CPU split pays for it.
+    pretokenize::unicode::class_table().map_err(|error| error.to_string())?;
     let backend = match options.backend {
         BackendChoice::Reference => {
             println!("--backend reference: running on the CPU reference interpreter");

@@ -251,20 +251,20 @@ pub fn random_string(random: &mut SplitMix64, max_units: u32) -> String {
     let mut out = String::new();
     for _ in 0..units {
         match random.below(20) {
-            0..=3 => out.push_str(*random.pick(CONTRACTIONS)),
-            4..=8 => out.push_str(*random.pick(SPACES)),
+            0..=3 => out.push_str(random.pick::<&str>(CONTRACTIONS)),
+            4..=8 => out.push_str(random.pick::<&str>(SPACES)),
             9..=12 => {
                 for _ in 0..1 + random.below(4) {
-                    out.push_str(*random.pick(LETTERS));
+                    out.push_str(random.pick::<&str>(LETTERS));
                 }
             }
             13..=14 => {
                 for _ in 0..1 + random.below(3) {
-                    out.push_str(*random.pick(NUMBERS));
+                    out.push_str(random.pick::<&str>(NUMBERS));
                 }
             }
-            15 => out.push_str(*random.pick(MARKS)),
-            16..=18 => out.push_str(*random.pick(OTHERS)),
+            15 => out.push_str(random.pick::<&str>(MARKS)),
+            16..=18 => out.push_str(random.pick::<&str>(OTHERS)),
             _ => {
                 let code_point = random.below(0x11_0000);
                 out.push(char::from_u32(code_point).unwrap_or('\u{FFFD}'));
