@@ -321,48 +321,73 @@ fn position_code(b: &mut BlockBuilder, prefix: &str, position: Expr) -> Expr {
     let name = |what: &str| format!("{prefix}_{what}");
     let text_len = Expr::length("text");
     let at = b.let_(name("position"), position);
-    // bytes[d] is text[position - 3 + d], 0 outside the text.
-    let mut bytes = Vec::with_capacity(7);
-    for d in 0..7u32 {
-        let index = b.let_(name(&format!("index{d}")), at.clone() + d - 3u32);
+    // text[position + offset], 0 outside the text (offset may be "negative":
+    // wrapping arithmetic, and every wrapped index is past the text).
+    let byte_at = |b: &mut BlockBuilder, offset: i32| -> Expr {
+        let label = if offset < 0 {
+            format!("back{}", -offset)
+        } else {
+            format!("ahead{offset}")
+        };
+        let index = b.let_(
+            name(&format!("index_{label}")),
+            if offset < 0 {
+                at.clone() - offset.unsigned_abs()
+            } else {
+                at.clone() + offset as u32
+            },
+        );
         let inside = index.clone().less_than(text_len.clone());
-        let byte = b.let_(
-            name(&format!("byte{d}")),
+        b.let_(
+            name(&format!("byte_{label}")),
             inside
                 .clone()
                 .select(Expr::load("text", inside.select(index, 0u32)), 0u32),
+        )
+    };
+    let b0 = byte_at(b, 0);
+    // An ASCII byte is always a whole character (no sequence covers it): only a
+    // byte 0x80..=0xFF needs the six bytes around it, so ASCII text skips that work.
+    let code_point = b.let_mut(name("code_point"), b0.clone());
+    let covered = b.let_mut(name("covered"), 0u32);
+    b.if_(b0.clone().greater_equal(0x80u32), |b| {
+        let mut bytes = Vec::with_capacity(7);
+        for offset in -3i32..=3 {
+            bytes.push(if offset == 0 {
+                b0.clone()
+            } else {
+                byte_at(b, offset)
+            });
+        }
+        // Valid sequence lengths at position - 3, - 2, - 1 and at the position.
+        let lengths: Vec<Expr> = (0..4)
+            .map(|start| {
+                b.let_(
+                    name(&format!("valid_length{start}")),
+                    valid_length([
+                        &bytes[start],
+                        &bytes[start + 1],
+                        &bytes[start + 2],
+                        &bytes[start + 3],
+                    ]),
+                )
+            })
+            .collect();
+        b.assign(
+            name("covered"),
+            lengths[2]
+                .clone()
+                .greater_equal(2u32)
+                .or(lengths[1].clone().greater_equal(3u32))
+                .or(lengths[0].clone().equals(4u32))
+                .cast(ScalarType::U32),
         );
-        bytes.push(byte);
-    }
-    // Valid sequence lengths at position - 3, - 2, - 1 and at the position.
-    let lengths: Vec<Expr> = (0..4)
-        .map(|start| {
-            b.let_(
-                name(&format!("valid_length{start}")),
-                valid_length([
-                    &bytes[start],
-                    &bytes[start + 1],
-                    &bytes[start + 2],
-                    &bytes[start + 3],
-                ]),
-            )
-        })
-        .collect();
-    let covered = b.let_(
-        name("covered"),
-        lengths[2]
-            .clone()
-            .greater_equal(2u32)
-            .or(lengths[1].clone().greater_equal(3u32))
-            .or(lengths[0].clone().equals(4u32)),
-    );
-    let [b0, b1, b2, b3] = [&bytes[3], &bytes[4], &bytes[5], &bytes[6]];
-    let low6 = |byte: &Expr| byte.clone() & 0x3Fu32;
-    let own = &lengths[3];
-    let code_point = b.let_(
-        name("code_point"),
-        own.clone().equals(1u32).select(
-            b0.clone(),
+        let [b0, b1, b2, b3] = [&bytes[3], &bytes[4], &bytes[5], &bytes[6]];
+        let low6 = |byte: &Expr| byte.clone() & 0x3Fu32;
+        let own = &lengths[3];
+        // A byte that starts no valid sequence decodes as U+FFFD.
+        b.assign(
+            name("code_point"),
             own.clone().equals(2u32).select(
                 ((b0.clone() & 0x1Fu32) << 6u32) | low6(b1),
                 own.clone().equals(3u32).select(
@@ -376,8 +401,9 @@ fn position_code(b: &mut BlockBuilder, prefix: &str, position: Expr) -> Expr {
                     ),
                 ),
             ),
-        ),
-    );
+        );
+    });
+    let covered = covered.not_equals(0u32);
     let block = b.let_(
         name("table_block"),
         Expr::load(
