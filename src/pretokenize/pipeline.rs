@@ -599,3 +599,45 @@ impl Drop for CudaPipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pretokenize::programs::programs;
+
+    /// Locks out a step description that drifts from its program: the real
+    /// steps pass the binding check, and (negative control) a step that binds the
+    /// buffers in another order is rejected with a `Fix:` error instead of feeding
+    /// a program the wrong buffers.
+    #[test]
+    fn binding_check_accepts_the_steps_and_rejects_a_reordered_one() {
+        let programs = programs();
+        for (step, program) in programs.steps() {
+            written_roles(step, program).expect("the real steps bind their programs' buffers");
+        }
+        let reordered = Step {
+            bindings: &[BufferRole::BlockOffsets, BufferRole::BlockCounts],
+            ..STEPS[1]
+        };
+        let error = written_roles(&reordered, &programs.block_scan).unwrap_err();
+        assert!(error.message().starts_with("Fix:"), "{error}");
+    }
+
+    /// Locks out a count check that lets a wrong count through: 0 pieces, more
+    /// pieces than bytes and a short read are all errors; 1 and `text_len` are not.
+    #[test]
+    fn piece_count_rejects_impossible_counts() {
+        assert_eq!(piece_count(&1u32.to_le_bytes(), 10), Ok(1));
+        assert_eq!(piece_count(&10u32.to_le_bytes(), 10), Ok(10));
+        for bytes in [
+            &0u32.to_le_bytes()[..],
+            &11u32.to_le_bytes()[..],
+            &[1, 0][..],
+        ] {
+            let error = piece_count(bytes, 10).unwrap_err();
+            assert!(error.message().starts_with("Fix:"), "{error}");
+        }
+        assert!(check_encode_len(4, b"abc").is_err());
+        assert!(check_encode_len(3, b"abc").is_ok());
+    }
+}
