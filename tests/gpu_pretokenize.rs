@@ -40,10 +40,6 @@ impl Pipelines<'_> {
 
     /// Encodes `text` eagerly and as a graph; both must give `expected`.
     fn check(&mut self, text: &[u8], expected: &[u32], what: &str) {
-        if text.is_empty() {
-            assert!(expected.is_empty(), "{what}: an empty text has no pieces");
-            return;
-        }
         let pipeline = self.get(text.len());
         pipeline.encode(text).expect("eager encode");
         assert_eq!(
@@ -243,7 +239,8 @@ fn gpu_encodes_allocate_nothing_once_warm() {
 }
 
 /// Locks out silent misuse: a text of another length is a `Fix:` error on both
-/// paths, and the pipeline still works afterwards.
+/// paths, and the pipeline still works afterwards; an empty text has no pieces;
+/// a text over the limit is a `Fix:` error.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_wrong_length_is_a_fix_error() {
@@ -254,7 +251,14 @@ fn gpu_wrong_length_is_a_fix_error() {
     assert!(error.message().starts_with("Fix:"), "{error}");
     let error = pipeline.encode_graph(&[b'a'; 513]).unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
-    assert!(CudaPipeline::new(&gpu, &programs, 0)
+    // An empty text has no pieces on the GPU too, eager and graph.
+    let mut empty = CudaPipeline::new(&gpu, &programs, 0).unwrap();
+    empty.encode(b"").unwrap();
+    assert!(empty.piece_starts().is_empty());
+    empty.encode_graph(b"").unwrap();
+    assert!(empty.piece_starts().is_empty());
+    assert!(empty
+        .encode(b"x")
         .unwrap_err()
         .message()
         .starts_with("Fix:"));

@@ -326,18 +326,15 @@ impl std::fmt::Debug for CudaPipeline {
 
 impl CudaPipeline {
     /// Compiles the programs, allocates every device and host buffer for texts of
-    /// exactly `text_len` bytes (at least 1) and uploads the class table.
+    /// exactly `text_len` bytes and uploads the class table. A pipeline for 0 bytes
+    /// is valid: its encodes dispatch nothing and give no pieces (an empty text has
+    /// none), as on the reference interpreter and the CPU splitter.
     pub fn new(
         backend: &CudaBackend,
         programs: &Programs,
         text_len: usize,
     ) -> Result<Self, PretokenizeError> {
         check_text_len(text_len)?;
-        if text_len == 0 {
-            return Err(PretokenizeError::new(
-                "Fix: a CudaPipeline needs texts of at least 1 byte; an empty text has no pieces, skip it",
-            ));
-        }
         let table = class_table()?.to_le_bytes();
         let layout = Layout::new(programs, text_len, table.len());
         let steps = programs.steps();
@@ -354,7 +351,8 @@ impl CudaPipeline {
         })?;
         let mut allocated: Vec<ResidentBuffer> = Vec::with_capacity(ROLES);
         for role in BufferRole::ALL {
-            match backend.allocate_resident(layout.bytes(role)) {
+            // At least 4 bytes: a 0-byte pipeline still holds valid handles.
+            match backend.allocate_resident(layout.bytes(role).max(4)) {
                 Ok(handle) => allocated.push(handle),
                 Err(error) => {
                     for handle in allocated {
@@ -477,6 +475,9 @@ impl CudaPipeline {
     ) -> Result<GraphEncodeTiming, PretokenizeError> {
         check_encode_len(self.layout.text_len, text)?;
         self.piece_count = 0;
+        if text.is_empty() {
+            return Ok(GraphEncodeTiming::default());
+        }
         if self.graph.is_none() {
             self.graph = Some(self.record_graph()?);
         }
@@ -510,6 +511,9 @@ impl CudaPipeline {
     fn encode_with(&mut self, text: &[u8], timed: bool) -> Result<EncodeTiming, PretokenizeError> {
         check_encode_len(self.layout.text_len, text)?;
         self.piece_count = 0;
+        if text.is_empty() {
+            return Ok(EncodeTiming::default());
+        }
         let start = Instant::now();
         self.backend
             .upload_resident(&self.buffer(BufferRole::Text), text)?;
