@@ -19,8 +19,8 @@
 //! * **oracle**: the time `fancy-regex` takes for the same split on this CPU, and
 //!   its MB/s, beside the GPU's.
 //! * **encode**: min and median wall time of one whole encode over `--iterations`
-//!   encodes of **pass 1**, the hot path a tokenizer runs: text upload, three
-//!   dispatches that record no timing events, exactly the piece starts read back
+//!   encodes of **pass 1**, the hot path a tokenizer runs: three
+//!   dispatches (the first staging the text) that record no timing events, exactly the piece starts read back
 //!   into a `u32` buffer. Throughput is text bytes over the median encode.
 //! * **per step**: `wall`, each dispatch's median host wall time in pass 1;
 //!   `kernel`, its median device time from **pass 2**, the same number of encodes
@@ -691,7 +691,7 @@ fn run_cuda(
         print_pieces(text, &expected);
         write_offsets(options, &expected)?;
         println!(
-            "  encode (upload + {DISPATCHES_PER_ENCODE} dispatches + readback): min {} us, median {} us -> {:.0} MB/s at the median",
+            "  encode ({DISPATCHES_PER_ENCODE} dispatches, the first staging the text, the last reading back the piece starts): min {} us, median {} us -> {:.0} MB/s at the median",
             us(minimum(&walls)),
             us(median_encode),
             megabytes_per_second(text.len(), median_encode)
@@ -718,17 +718,6 @@ fn run_cuda(
         println!(
             "    {:<12} {:>8} {:>8} {:>17} {:>11} {:>8}",
             "step", "wall", "kernel", "host=wall-kernel", "timed wall", "enqueue"
-        );
-        let uploads = median(&fast.iter().map(|t| t.upload_ns).collect::<Vec<_>>());
-        let timed_uploads = median(&timed.iter().map(|t| t.upload_ns).collect::<Vec<_>>());
-        println!(
-            "    {:<12} {:>8} {:>8} {:>17} {:>11} {:>8}",
-            "upload",
-            us(uploads),
-            "-",
-            us(uploads),
-            us(timed_uploads),
-            "-"
         );
         let mut dispatch_hosts = Vec::with_capacity(DISPATCHES_PER_ENCODE * fast.len());
         for (index, name) in STEPS.iter().map(|step| step.name).enumerate() {

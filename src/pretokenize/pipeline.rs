@@ -15,8 +15,9 @@
 //! through [`Kernel`] skip every cache lookup), the split reads nothing back, the
 //! scan reads back only the 4-byte piece count, and the compaction reads back
 //! exactly the `4 × count` bytes of piece starts into a buffer allocated once.
-//! Eager, per encode: one upload, three dispatches, four synchronizes, no
-//! allocation once warm. As a graph: one replay (upload, three kernels, the count)
+//! Eager, per encode: three dispatches, three synchronizes (the text goes up as a
+//! borrowed binding of the split dispatch, staged on its stream, so it costs no
+//! synchronize of its own), no allocation once warm. As a graph: one replay (upload, three kernels, the count)
 //! and one read of exactly the piece starts.
 //!
 //! Every use of the backend's API by this module (allocation, upload, dispatch,
@@ -243,13 +244,12 @@ fn written_roles(
 /// Timings of one encode on the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EncodeTiming {
-    /// The whole encode, host clock: upload, three dispatches (the last one reads
-    /// the piece starts straight into the pipeline's `u32` buffer).
+    /// The whole encode, host clock: three dispatches (the first stages the text,
+    /// the last reads the piece starts straight into the pipeline's `u32` buffer).
     pub wall_ns: u64,
-    /// The text upload (`upload_resident`: staging copy, async copy, synchronize).
-    pub upload_ns: u64,
-    /// Each dispatch's timings, in dispatch order. `wall_ns` is always set; the
-    /// device fields only by [`CudaPipeline::encode_timed`] (0 otherwise).
+    /// Each dispatch's timings, in dispatch order; the split's include the text's
+    /// staging and copy to the device. `wall_ns` is always set; the device fields
+    /// only by [`CudaPipeline::encode_timed`] (0 otherwise).
     pub steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
 }
 
@@ -406,8 +406,8 @@ impl CudaPipeline {
         &self.piece_starts[..self.piece_count]
     }
 
-    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): upload, three
-    /// dispatches, read back the piece starts. The result is in
+    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): three dispatches
+    /// (the first stages the text), read back the piece starts. The result is in
     /// [`CudaPipeline::piece_starts`] until the next encode. This is the hot path:
     /// its dispatches record no device timing events, so the returned steps hold
     /// only host wall times (measured here); see [`CudaPipeline::encode_timed`].
@@ -515,16 +515,19 @@ impl CudaPipeline {
             return Ok(EncodeTiming::default());
         }
         let start = Instant::now();
-        self.backend
-            .upload_resident(&self.buffer(BufferRole::Text), text)?;
-        let upload_ns = elapsed_ns(start);
         let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
         let mut count = 0usize;
         for (index, step) in STEPS.iter().enumerate() {
             let bindings: SmallVec<[Binding<'_>; 4]> = step
                 .bindings
                 .iter()
-                .map(|&role| Binding::Resident(self.buffers[role as usize]))
+                .map(|&role| match role {
+                    // The text rides the split dispatch as a borrowed binding: its copy
+                    // to the device is enqueued on the dispatch's stream and waited for
+                    // by the dispatch's one synchronize, not by a separate upload's.
+                    BufferRole::Text => Binding::Borrowed(text),
+                    _ => Binding::Resident(self.buffers[role as usize]),
+                })
                 .collect();
             let (range, output): (Option<ByteRange>, &mut [u8]) = match step.readback {
                 StepReadback::Nothing => (None, &mut []),
@@ -588,7 +591,6 @@ impl CudaPipeline {
         self.piece_count = count;
         Ok(EncodeTiming {
             wall_ns: elapsed_ns(start),
-            upload_ns,
             steps,
         })
     }
