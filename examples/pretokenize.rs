@@ -19,9 +19,10 @@
 //! * **oracle**: the time `fancy-regex` takes for the same split on this CPU, and
 //!   its MB/s, beside the GPU's.
 //! * **encode**: min and median wall time of one whole encode over `--iterations`
-//!   encodes of **pass 1**, the hot path a tokenizer runs: three
-//!   dispatches (the first staging the text) that record no timing events, exactly the piece starts read back
-//!   into a `u32` buffer. Throughput is text bytes over the median encode.
+//!   encodes of **pass 1**, the hot path a tokenizer runs: three dispatches (the
+//!   first staging the text) that record no timing events, exactly the piece
+//!   starts read back into a `u32` buffer. Throughput is text bytes over the
+//!   median encode.
 //! * **per step**: `wall`, each dispatch's median host wall time in pass 1;
 //!   `kernel`, its median device time from **pass 2**, the same number of encodes
 //!   with timing events around every launch (events cost host time of their own,
@@ -31,8 +32,8 @@
 //!   `enqueue`, host time until the last asynchronous operation was enqueued
 //!   (pass 2). The **per-dispatch host cost** is the median over every pass-1
 //!   dispatch of `wall − that step's median kernel`. The encode's **host
-//!   overhead** is `median encode − Σ median kernels`, so it also counts the upload
-//!   and the gaps between dispatches: nothing is hidden.
+//!   overhead** is `median encode − Σ median kernels`, so it also counts the
+//!   text's staging and the gaps between dispatches: nothing is hidden.
 //! * **phase table**: pass 2 also runs with the phase probe (§5) on, its lines
 //!   captured and summarized per program: where each dispatch's host time went.
 //!
