@@ -129,6 +129,48 @@ fn reference_pipeline_equals_oracle_on_random_strings() {
     }
 }
 
+/// Locks out a UTF-8 validity rule in the split program that differs from the
+/// standard's at the edges of the well-formed table (C1/C2, E0 A0, ED 9F/A0, F0 90,
+/// F4 8F/90, F5): every lead of interest with every boundary second byte and
+/// complete, short and interrupted tails, on the reference interpreter and the CPU
+/// splitter, against the oracle under the invalid rule. (Overlong forms are caught:
+/// accepting them decodes letters and digits. Accepting surrogates `ED A0..BF`
+/// would change no piece: U+D800..U+DFFF would be class "other", like the bytes.)
+#[test]
+fn utf8_boundaries_follow_the_invalid_rule() {
+    let oracle = Oracle::new();
+    let small = small_programs();
+    let leads = [
+        0xC1u8, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5,
+    ];
+    let seconds = [0x7Fu8, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0];
+    let tails: [&[u8]; 4] = [b"\x80\x80", b"\x80", b"\x80a", b""];
+    for lead in leads {
+        let mut text = Vec::new();
+        for second in seconds {
+            for tail in tails {
+                // Between a letter and a digit, so a sequence decoded to the wrong
+                // class (or wrongly valid) joins a neighbour and moves a piece start.
+                text.push(b'x');
+                text.push(lead);
+                text.push(second);
+                text.extend_from_slice(tail);
+                text.push(b'1');
+            }
+        }
+        let expected = oracle.starts(&text);
+        assert_eq!(
+            cpu::piece_starts(&text).unwrap(),
+            expected,
+            "CPU, lead {lead:#x}"
+        );
+        let got = run_reference(&small, &text)
+            .expect("reference run")
+            .piece_starts;
+        assert_eq!(got, expected, "reference, lead {lead:#x}: {}", shown(&text));
+    }
+}
+
 /// Locks out disagreements on realistic inputs: all three generated shapes at
 /// sizes that do and do not fill the last workgroup, both geometries.
 #[test]
