@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use vyre_cuda::pretokenize;
 
-use oracle::{corpus, random_bytes, random_string, Oracle};
+use oracle::{corpus, random_bytes, random_string, utf8_boundary_texts, Oracle};
 use pretokenize::cpu;
 use pretokenize::pipeline::{run_reference, CudaPipeline};
 use pretokenize::programs::{programs, Programs};
@@ -124,7 +124,7 @@ fn gpu_all_shapes_match_oracle_at_262144_bytes() {
 
 /// Locks out GPU-only disagreements on the hard cases: the whole hand-written
 /// corpus (contractions, white-space runs, scripts, marks, emoji, Unicode
-/// spaces, cut and invalid UTF-8) and 2,400 seeded random strings (valid and
+/// spaces, cut and invalid UTF-8), the UTF-8 well-formedness boundary texts and 2,400 seeded random strings (valid and
 /// damaged), eager and graph, each byte-identical to the oracle; then 100 texts of
 /// 40 random strings each, so the rule is exercised across workgroup boundaries.
 #[test]
@@ -138,7 +138,7 @@ fn gpu_corpus_and_random_strings_match_oracle() {
         programs: &programs,
         by_length: HashMap::new(),
     };
-    for text in corpus() {
+    for text in corpus().into_iter().chain(utf8_boundary_texts()) {
         pipelines.check(&text, &regex.starts(&text), "corpus");
     }
     let mut random = SplitMix64::new(0x6B_0009);

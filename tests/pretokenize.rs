@@ -10,7 +10,7 @@ mod oracle;
 
 use vyre_cuda::pretokenize;
 
-use oracle::{corpus, random_bytes, random_string, Oracle};
+use oracle::{corpus, random_bytes, random_string, utf8_boundary_texts, Oracle};
 use pretokenize::pipeline::run_reference;
 use pretokenize::programs::{build, programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape, SplitMix64};
@@ -140,24 +140,8 @@ fn reference_pipeline_equals_oracle_on_random_strings() {
 fn utf8_boundaries_follow_the_invalid_rule() {
     let oracle = Oracle::new();
     let small = small_programs();
-    let leads = [
-        0xC1u8, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5,
-    ];
-    let seconds = [0x7Fu8, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0];
-    let tails: [&[u8]; 4] = [b"\x80\x80", b"\x80", b"\x80a", b""];
-    for lead in leads {
-        let mut text = Vec::new();
-        for second in seconds {
-            for tail in tails {
-                // Between a letter and a digit, so a sequence decoded to the wrong
-                // class (or wrongly valid) joins a neighbour and moves a piece start.
-                text.push(b'x');
-                text.push(lead);
-                text.push(second);
-                text.extend_from_slice(tail);
-                text.push(b'1');
-            }
-        }
+    for text in utf8_boundary_texts() {
+        let lead = text[1];
         let expected = oracle.starts(&text);
         assert_eq!(
             cpu::piece_starts(&text).unwrap(),

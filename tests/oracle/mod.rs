@@ -301,3 +301,32 @@ pub fn random_bytes(random: &mut SplitMix64, max_units: u32) -> Vec<u8> {
     }
     bytes
 }
+
+/// One text per lead byte of interest (C1/C2, DF, E0, E1, EC, ED, EE, EF, F0, F1,
+/// F3, F4, F5): the lead with every boundary second byte of the well-formed table
+/// and complete, short and interrupted tails, each sequence between a letter and a
+/// digit, so a sequence decoded to the wrong class (or wrongly valid) joins a
+/// neighbour and moves a piece start.
+pub fn utf8_boundary_texts() -> Vec<Vec<u8>> {
+    let leads = [
+        0xC1u8, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5,
+    ];
+    let seconds = [0x7Fu8, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0];
+    let tails: [&[u8]; 4] = [b"\x80\x80", b"\x80", b"\x80a", b""];
+    leads
+        .iter()
+        .map(|&lead| {
+            let mut text = Vec::new();
+            for second in seconds {
+                for tail in tails {
+                    text.push(b'x');
+                    text.push(lead);
+                    text.push(second);
+                    text.extend_from_slice(tail);
+                    text.push(b'1');
+                }
+            }
+            text
+        })
+        .collect()
+}
