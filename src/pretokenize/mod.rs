@@ -7,9 +7,10 @@
 //! vyre-cuda exists for a GPU-resident tokenizer, and this split dominates a
 //! byte-level BPE tokenizer's CPU time (§10: 20–124 ms for 256 KiB through the
 //! usual CPU engines). The example a user runs first (`examples/pretokenize.rs`),
-//! the CPU tests and the GPU tests all exercise the same programs: text goes up
-//! once, three dispatches run over resident buffers with no intermediate
-//! readback, and only the piece starts come back.
+//! the CPU tests and the GPU tests all exercise the same programs: the text goes
+//! up once per encode, three dispatches run over device buffers allocated once
+//! (the class table among them, uploaded once per pipeline), and only the piece
+//! count and exactly the piece starts come back.
 //!
 //! # The split
 //!
