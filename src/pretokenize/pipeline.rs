@@ -127,6 +127,17 @@ impl Layout {
         }
     }
 
+    /// Bytes to allocate for `role`: exactly [`Layout::bytes`], because the
+    /// programs read a buffer's length as its element count (a padded `text` would
+    /// be a longer text). Only an empty buffer (a 0-byte pipeline, which never
+    /// dispatches) gets 1 byte, so it still holds a valid handle.
+    fn allocation_bytes(&self, role: BufferRole) -> u64 {
+        match self.bytes(role) {
+            0 => 1,
+            bytes => bytes,
+        }
+    }
+
     /// Byte offset of the piece count in [`BufferRole::BlockOffsets`].
     fn count_offset(&self) -> u64 {
         4 * self.blocks as u64
@@ -351,8 +362,7 @@ impl CudaPipeline {
         })?;
         let mut allocated: Vec<ResidentBuffer> = Vec::with_capacity(ROLES);
         for role in BufferRole::ALL {
-            // At least 4 bytes: a 0-byte pipeline still holds valid handles.
-            match backend.allocate_resident(layout.bytes(role).max(4)) {
+            match backend.allocate_resident(layout.allocation_bytes(role)) {
                 Ok(handle) => allocated.push(handle),
                 Err(error) => {
                     for handle in allocated {
@@ -627,6 +637,29 @@ mod tests {
         };
         let error = written_roles(&reordered, &programs.block_scan).unwrap_err();
         assert!(error.message().starts_with("Fix:"), "{error}");
+    }
+
+    /// Locks out padded device buffers: the programs take a buffer's length as its
+    /// element count, so a 1-byte text in a 4-byte buffer was split as 4 bytes
+    /// (seen on the H200: "the scan counted 2 pieces in 1 bytes"). Every role is
+    /// allocated at exactly its size for every text length from 1 up; only the
+    /// never-dispatched 0-byte pipeline rounds its empty buffers up to 1 byte.
+    #[test]
+    fn buffers_are_allocated_at_exactly_their_size() {
+        let programs = programs();
+        for text_len in [1usize, 2, 3, 4, 5, 255, 256, 257, 262_144] {
+            let layout = Layout::new(&programs, text_len, 4);
+            for role in BufferRole::ALL {
+                assert_eq!(
+                    layout.allocation_bytes(role),
+                    layout.bytes(role),
+                    "{role:?} at {text_len} bytes"
+                );
+            }
+            assert_eq!(layout.allocation_bytes(BufferRole::Text), text_len as u64);
+        }
+        let empty = Layout::new(&programs, 0, 4);
+        assert_eq!(empty.allocation_bytes(BufferRole::Text), 1);
     }
 
     /// Locks out a count check that lets a wrong count through: 0 pieces, more
