@@ -1,233 +1,263 @@
-//! CPU tests of the pretokenize pipeline (§8): the five IR programs, run on the
-//! reference interpreter, must split exactly like the plain CPU splitter, and the
-//! CPU splitter must give hand-written piece starts. Inputs stay small (the
-//! reference interpreter is slow in debug builds); small workgroups make short
-//! texts cross many workgroup boundaries and make the scan loop over several
-//! counts per thread.
+//! CPU tests of the GPT-2 pre-tokenizer (§10): the plain CPU splitter and the
+//! three IR programs (run on the reference interpreter) must give exactly the
+//! external oracle's piece starts (`fancy-regex` running the pattern) on valid
+//! UTF-8, and follow the documented rule (invalid bytes are U+FFFD) on the rest.
+//! Reference-interpreter inputs stay small (it is slow in debug builds); small
+//! workgroups make short texts cross many workgroup boundaries and make the scan
+//! loop over several counts per thread.
+
+mod oracle;
 
 use vyre_cuda::pretokenize;
 
+use oracle::{corpus, random_bytes, random_string, utf8_boundary_texts, Oracle};
 use pretokenize::pipeline::run_reference;
-use pretokenize::programs::{build, programs, Programs};
+use pretokenize::programs::{build, programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape, SplitMix64};
-use pretokenize::{class, class_of, cpu, Geometry};
+use pretokenize::{check_text_len, cpu, Geometry, MAX_TEXT_BYTES};
 
-/// 32-thread workgroups (a 1 KiB text is 32 blocks) and a 4-thread scan (8 counts
-/// per scan thread at 1 KiB).
+/// 16-thread workgroups (the smallest the split accepts: a 1 KiB text is 64
+/// blocks) and a 4-thread scan (16 counts per scan thread at 1 KiB).
 fn small_programs() -> Programs {
     build(Geometry {
-        workgroup_size: 32,
+        workgroup_size: 16,
         scan_threads: 4,
     })
     .expect("valid geometry")
 }
 
-/// Hand-written texts covering every rule, including invalid UTF-8.
-fn hand_written_texts() -> Vec<Vec<u8>> {
-    let mut texts: Vec<Vec<u8>> = [
-        &b""[..],
-        b"a",
-        b" ",
-        b".",
-        b"\x80",
-        b"\xFF",
-        b"Hello, world!",
-        b"abc123  def\n\n\tx",
-        "日本語 text".as_bytes(),
-        "混合 mixed テキスト 123, ok?".as_bytes(),
-        "é😀ß€".as_bytes(),
-        b"\x80abc",
-        b"\xE6\x97a",
-        b"\xFF\xFFab",
-        b"\xC3\xA9\xA9",
-        b"\xF0\x9F\x98\x80\x80",
-        b"x\xE6y",
-        b"\x80\x80\x80\x80",
-        b"\xE6\x97\xA5\x80\x80\x80",
-        b"\xF8\x80\x80\x80\x80",
-        b"\xC0\xAF\xE0\x80\xAF",
-        b"\xF0\x80",
-        b"\xF0\x80\x80",
-        b"ab\xC3",
-        b"\xED\xA0\x80z",
-    ]
-    .iter()
-    .map(|text| text.to_vec())
-    .collect();
-    // Long runs that cross 32-byte workgroups, and every byte value once.
-    texts.push(b"a".repeat(300));
-    texts.push(
-        [
-            b"x".repeat(70),
-            b" ".repeat(65),
-            b"7".repeat(33),
-            b"!".repeat(40),
-        ]
-        .concat(),
-    );
-    texts.push("語".repeat(50).into_bytes());
-    texts.push((0..=255u8).collect());
-    texts.push((0..=255u8).rev().cycle().take(700).collect());
-    texts
+fn shown(text: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(text))
 }
 
-/// Locks out any disagreement between the IR programs (run on the reference
-/// interpreter) and the plain CPU splitter on hand-written texts, valid UTF-8 or not.
+/// Locks out any disagreement between the CPU splitter and the oracle on the
+/// hand-written corpus (contractions, white-space runs, scripts, marks, emoji,
+/// invalid and cut UTF-8) and on the three generated shapes.
 #[test]
-fn pipeline_on_reference_equals_cpu_splitter_on_hand_written_texts() {
-    let small = small_programs();
-    for text in hand_written_texts() {
-        let expected = cpu::piece_starts(&text);
-        let got = run_reference(&small, &text)
-            .expect("reference run")
-            .piece_starts;
+fn cpu_splitter_equals_oracle_on_corpus_and_shapes() {
+    let oracle = Oracle::new();
+    let mut texts = corpus();
+    for shape in Shape::ALL {
+        texts.push(generate(shape, 20_000, 1));
+    }
+    for text in texts {
         assert_eq!(
-            got,
-            expected,
-            "small geometry, text {:?}",
-            String::from_utf8_lossy(&text)
+            cpu::piece_starts(&text).unwrap(),
+            oracle.starts(&text),
+            "text {}",
+            shown(&text)
         );
     }
 }
 
-/// Locks out a pipeline that is only right for the small test geometry: the
-/// default 256-thread geometry that the example and the GPU run must agree too.
+/// Locks out disagreements on inputs nobody thought of: 12,000 seeded random
+/// Unicode strings (weighted toward contractions, Unicode spaces, letters and
+/// digits of many scripts, marks, emoji and symbols), valid UTF-8, and 4,000 damaged
+/// ones (cut mid-character, bytes overwritten or inserted) under the invalid rule.
 #[test]
-fn default_geometry_pipeline_equals_cpu_splitter() {
+fn cpu_splitter_equals_oracle_on_random_strings() {
+    let oracle = Oracle::new();
+    let mut random = SplitMix64::new(0x5EED_0009);
+    for case in 0..12_000 {
+        let text = random_string(&mut random, 24);
+        assert_eq!(
+            cpu::piece_starts(text.as_bytes()).unwrap(),
+            oracle.starts_of_str(&text),
+            "case {case}: {text:?}"
+        );
+    }
+    let mut invalid = 0;
+    for case in 0..4_000 {
+        let text = random_bytes(&mut random, 24);
+        invalid += usize::from(std::str::from_utf8(&text).is_err());
+        assert_eq!(
+            cpu::piece_starts(&text).unwrap(),
+            oracle.starts(&text),
+            "damaged case {case}: {}",
+            shown(&text)
+        );
+    }
+    assert!(
+        invalid > 500,
+        "only {invalid} damaged strings were invalid UTF-8"
+    );
+}
+
+/// Locks out any disagreement between the IR programs (on the reference
+/// interpreter, small and default geometry) and the oracle on the corpus.
+#[test]
+fn reference_pipeline_equals_oracle_on_corpus() {
+    let oracle = Oracle::new();
+    let small = small_programs();
     let default = programs();
-    for text in [
-        "日本語 text, 123!".as_bytes().to_vec(),
-        (0..=255u8).rev().cycle().take(1500).collect(),
-        generate(Shape::Code, 1200, 3),
-    ] {
-        let got = run_reference(&default, &text)
+    for text in corpus() {
+        let expected = oracle.starts(&text);
+        let got = run_reference(&small, &text)
             .expect("reference run")
             .piece_starts;
-        assert_eq!(got, cpu::piece_starts(&text));
+        assert_eq!(got, expected, "small geometry, text {}", shown(&text));
+        if text.len() > 200 {
+            let got = run_reference(&default, &text)
+                .expect("reference run")
+                .piece_starts;
+            assert_eq!(got, expected, "default geometry, text {}", shown(&text));
+        }
+    }
+}
+
+/// Locks out disagreements of the per-byte rule on random inputs: 600 random
+/// strings, valid and damaged, concatenated into texts of a few hundred bytes so
+/// each reference run crosses many 16-byte workgroups.
+#[test]
+fn reference_pipeline_equals_oracle_on_random_strings() {
+    let oracle = Oracle::new();
+    let small = small_programs();
+    let mut random = SplitMix64::new(0xBADC_0FFE);
+    for round in 0..40 {
+        let mut text = Vec::new();
+        for _ in 0..15 {
+            if random.chance(1, 3) {
+                text.extend_from_slice(&random_bytes(&mut random, 16));
+            } else {
+                text.extend_from_slice(random_string(&mut random, 16).as_bytes());
+            }
+        }
+        let got = run_reference(&small, &text)
+            .expect("reference run")
+            .piece_starts;
+        assert_eq!(got, oracle.starts(&text), "round {round}: {}", shown(&text));
+    }
+}
+
+/// Locks out a UTF-8 validity rule in the split program that differs from the
+/// standard's at the edges of the well-formed table (C1/C2, E0 A0, ED 9F/A0, F0 90,
+/// F4 8F/90, F5): every lead of interest with every boundary second byte and
+/// complete, short and interrupted tails, on the reference interpreter and the CPU
+/// splitter, against the oracle under the invalid rule. (Overlong forms are caught:
+/// accepting them decodes letters and digits. Accepting surrogates `ED A0..BF`
+/// would change no piece: U+D800..U+DFFF would be class "other", like the bytes.)
+#[test]
+fn utf8_boundaries_follow_the_invalid_rule() {
+    let oracle = Oracle::new();
+    let small = small_programs();
+    for text in utf8_boundary_texts() {
+        let lead = text[1];
+        let expected = oracle.starts(&text);
+        assert_eq!(
+            cpu::piece_starts(&text).unwrap(),
+            expected,
+            "CPU, lead {lead:#x}"
+        );
+        let got = run_reference(&small, &text)
+            .expect("reference run")
+            .piece_starts;
+        assert_eq!(got, expected, "reference, lead {lead:#x}: {}", shown(&text));
     }
 }
 
 /// Locks out disagreements on realistic inputs: all three generated shapes at
-/// sizes that do and do not fill the last workgroup.
+/// sizes that do and do not fill the last workgroup, both geometries.
 #[test]
-fn pipeline_on_reference_equals_cpu_splitter_on_generated_shapes() {
+fn reference_pipeline_equals_cpu_splitter_on_generated_shapes() {
     let small = small_programs();
+    let default = programs();
     for shape in Shape::ALL {
         for (bytes, seed) in [(1024usize, 1u64), (999, 2), (33, 3), (1, 4)] {
             let text = generate(shape, bytes, seed);
-            let got = run_reference(&small, &text)
-                .expect("reference run")
-                .piece_starts;
-            assert_eq!(
-                got,
-                cpu::piece_starts(&text),
-                "{shape} {bytes} bytes seed {seed}"
-            );
+            let expected = cpu::piece_starts(&text).unwrap();
+            for programs in [&small, &default] {
+                let got = run_reference(programs, &text)
+                    .expect("reference run")
+                    .piece_starts;
+                assert_eq!(got, expected, "{shape} {bytes} bytes seed {seed}");
+            }
         }
     }
 }
 
-/// Locks out drift between the classify program and `class_of`: every byte value
-/// gets the same class on the reference interpreter as in plain Rust.
+/// Locks out a wrong oracle wrapper or CPU splitter: hand-computed pieces of the
+/// pattern's hard cases (contractions, `\s+(?!\S)`, ` ?` attaching only U+0020,
+/// marks not being letters, invalid bytes as U+FFFD).
 #[test]
-fn classify_program_matches_class_of_for_every_byte() {
-    let text: Vec<u8> = (0..=255u8).collect();
-    let program = programs().classify;
-    let outputs = vyre_cuda::reference::run(
-        &program,
-        &[&text, &[0u8; 256]],
-        &vyre_cuda::DispatchConfig::linear(1),
-    )
-    .expect("reference run");
-    for byte in 0..=255u8 {
-        assert_eq!(
-            outputs[0][byte as usize] as u32,
-            class_of(byte),
-            "byte {byte:#04x}"
-        );
-    }
-    assert_eq!(class_of(0x80), class::CONTINUATION);
-    assert_eq!(class_of(0xE4), class::LEAD3);
-}
-
-/// Locks out a wrong CPU splitter (the second oracle): hand-computed piece starts.
-#[test]
-fn cpu_splitter_gives_hand_written_piece_starts() {
-    let cases: [(&[u8], &[u32]); 16] = [
-        (b"", &[]),
-        (b"a", &[0]),
-        (b"Hello, world!", &[0, 5, 6, 7, 12]),
-        (b"abc123  def", &[0, 3, 6, 8]),
-        ("日本語 text".as_bytes(), &[0, 3, 6, 9, 10]),
-        (b"  \n\tab", &[0, 4]),
-        (b"...", &[0, 1, 2]),
-        // A stray continuation byte is a piece of its own.
-        (b"\x80abc", &[0, 1]),
-        // A truncated 3-byte character keeps its one continuation byte.
-        (b"\xE6\x97a", &[0, 2]),
-        // 0xFF is never valid: each is a piece.
-        (b"\xFF\xFFab", &[0, 1, 2]),
-        // A 2-byte character takes one continuation; the next is stray.
-        (b"\xC3\xA9\xA9", &[0, 2]),
-        (b"\xF0\x9F\x98\x80\x80", &[0, 4]),
-        (b"x\xE6y", &[0, 1, 2]),
-        (b"\x80\x80\x80\x80", &[0, 1, 2, 3]),
-        // 0xF8 takes nothing; overlong forms are grouped structurally.
-        (b"\xF8\x80\xC0\xAF", &[0, 1, 2]),
-        (b"a1 b2", &[0, 1, 2, 3, 4]),
+fn hand_computed_pieces() {
+    let oracle = Oracle::new();
+    let cases: &[(&[u8], &[&[u8]])] = &[
+        (b"", &[][..]),
+        (b"it's", &[b"it", b"'s"]),
+        (b"it'sa", &[b"it", b"'s", b"a"]),
+        (b" 's", &[b" '", b"s"]),
+        (b".'s", &[b".'", b"s"]),
+        (b"\n's", &[b"\n", b"'s"]),
+        (b"'re're", &[b"'re", b"'re"]),
+        (b"'RE", &[b"'", b"RE"]),
+        (b"a  b", &[b"a", b" ", b" b"]),
+        (b"a \n b", &[b"a", b" \n", b" b"]),
+        (b"\n\nword", &[b"\n", b"\n", b"word"]),
+        (b"end  ", &[b"end", b"  "]),
+        ("x\u{A0}y".as_bytes(), &[b"x", "\u{A0}".as_bytes(), b"y"]),
+        ("e\u{301}t".as_bytes(), &[b"e", "\u{301}".as_bytes(), b"t"]),
+        ("a 42 €".as_bytes(), &[b"a", b" 42", " €".as_bytes()]),
+        (b"ab \xC3", &[b"ab", b" \xC3"]),
     ];
     for (text, expected) in cases {
-        assert_eq!(
-            cpu::piece_starts(text),
-            expected,
-            "text {:?}",
-            String::from_utf8_lossy(text)
-        );
+        let starts = cpu::piece_starts(text).unwrap();
+        let pieces = cpu::pieces(text, &starts);
+        assert_eq!(&pieces[..], &expected[..], "text {}", shown(text));
+        assert_eq!(oracle.starts(text), starts, "oracle, text {}", shown(text));
     }
-    let text = "ab, 語!".as_bytes();
-    let pieces = cpu::pieces(text, &cpu::piece_starts(text));
-    assert_eq!(pieces, [&b"ab"[..], b",", b" ", "語".as_bytes(), b"!"]);
 }
 
-/// A splitter with the invalid-UTF-8 rule left out: every continuation byte joins
-/// the piece before it.
-fn splitter_without_stray_rule(text: &[u8]) -> Vec<u32> {
-    let mut starts = Vec::new();
-    let mut previous = None;
-    for (index, &byte) in text.iter().enumerate() {
-        let kind = class_of(byte);
-        if kind == class::CONTINUATION && index > 0 {
-            continue;
-        }
-        let single = kind >= class::PUNCTUATION || kind == class::CONTINUATION;
-        if single || previous != Some(kind) {
-            starts.push(index as u32);
-        }
-        previous = Some(if kind >= class::LEAD2 {
-            class::PUNCTUATION
-        } else {
-            kind
-        });
-    }
-    starts
+/// A splitter that attaches any white space (not only U+0020) to the next piece and
+/// ignores contractions: the kind of near miss the corpus must catch.
+fn near_miss_splitter(text: &str) -> Vec<u32> {
+    let regex = fancy_regex::Regex::new(r"\s?\p{L}+|\s?\p{N}+|\s?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+        .expect("near-miss pattern");
+    regex
+        .find_iter(text)
+        .map(|found| found.expect("match").start() as u32)
+        .collect()
 }
 
-/// Negative control for the comparisons above: the hand-written texts really
-/// exercise the invalid-UTF-8 rules, so a pipeline that dropped them would fail.
-/// A splitter without the stray-continuation rule agrees with the real one on
-/// valid text but not on the invalid inputs.
+/// Negative control for the comparisons above: the corpus and the random strings
+/// really exercise contractions and the U+0020-only attachment, so a splitter
+/// that got either wrong would fail them.
 #[test]
-fn negative_control_a_splitter_without_the_stray_rule_is_caught() {
-    let valid = "日本語 text, 123!".as_bytes();
-    assert_eq!(splitter_without_stray_rule(valid), cpu::piece_starts(valid));
-    let caught = hand_written_texts()
+fn negative_control_a_near_miss_splitter_is_caught() {
+    let oracle = Oracle::new();
+    let caught = corpus()
         .iter()
-        .filter(|text| splitter_without_stray_rule(text) != cpu::piece_starts(text))
+        .filter_map(|text| std::str::from_utf8(text).ok())
+        .filter(|text| near_miss_splitter(text) != oracle.starts_of_str(text))
         .count();
     assert!(
-        caught >= 5,
-        "only {caught} texts exercise the stray-continuation rule"
+        caught >= 20,
+        "only {caught} corpus texts catch the near miss"
     );
+    let mut random = SplitMix64::new(3);
+    let random_caught = (0..500)
+        .map(|_| random_string(&mut random, 24))
+        .filter(|text| near_miss_splitter(text) != oracle.starts_of_str(text))
+        .count();
+    assert!(
+        random_caught >= 100,
+        "only {random_caught} random strings catch it"
+    );
+}
+
+/// Locks out drift between the one description of the steps and the programs:
+/// every step binds exactly the program's global buffers, by name and order.
+#[test]
+fn steps_bind_exactly_the_programs_buffers() {
+    for (step, program) in programs().steps() {
+        let names: Vec<&str> = program
+            .global_buffers()
+            .iter()
+            .map(|decl| decl.name.as_ref())
+            .collect();
+        let bound: Vec<&str> = step.bindings.iter().map(|role| role.name()).collect();
+        assert_eq!(names, bound, "step {}", step.name);
+    }
+    assert_eq!(STEPS.len(), pretokenize::pipeline::DISPATCHES_PER_ENCODE);
 }
 
 /// Locks out a nondeterministic or wrong-length generator: the same seed gives
@@ -257,7 +287,8 @@ fn generator_is_deterministic_exact_and_well_formed() {
     assert!((0..1000).all(|_| random.below(7) < 7));
 }
 
-/// Locks out panics and vague errors on bad requests: shape names, geometries.
+/// Locks out panics and vague errors on bad requests: shape names, geometries,
+/// text over the pipeline's limit (on the CPU splitter and the reference run).
 #[test]
 fn bad_requests_get_fix_errors() {
     assert!("poetry".parse::<Shape>().unwrap_err().starts_with("Fix:"));
@@ -265,6 +296,10 @@ fn bad_requests_get_fix_errors() {
     for geometry in [
         Geometry {
             workgroup_size: 0,
+            scan_threads: 4,
+        },
+        Geometry {
+            workgroup_size: 15,
             scan_threads: 4,
         },
         Geometry {
@@ -278,6 +313,13 @@ fn bad_requests_get_fix_errors() {
     ] {
         assert!(build(geometry).unwrap_err().message().starts_with("Fix:"));
     }
+    assert!(check_text_len(MAX_TEXT_BYTES).is_ok());
+    // Zeroed pages are not touched until read: this costs no real memory.
+    let too_long = vec![0u8; MAX_TEXT_BYTES + 1];
+    let error = cpu::piece_starts(&too_long).unwrap_err();
+    assert!(error.message().starts_with("Fix:"), "{error}");
+    let error = run_reference(&programs(), &too_long).unwrap_err();
+    assert!(error.message().starts_with("Fix:"), "{error}");
     assert_eq!(
         cpu::pieces(b"abc", &[0, 2, 1, 9]),
         [&b"ab"[..], b"", b"", b""]

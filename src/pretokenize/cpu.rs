@@ -1,69 +1,126 @@
-//! The splitting rules in plain Rust, one thread, no IR: the second oracle.
+//! The GPT-2 split in plain Rust, one thread, no IR: the second formulation.
 //!
-//! The GPU programs apply the rules per byte by looking back at most three bytes;
-//! this splitter walks the text character by character instead, the way the rules
-//! in the [module docs](super) are worded. Two formulations that agree on every
-//! test input (valid, truncated and invalid UTF-8) are much stronger evidence than
-//! one formulation run twice.
+//! The GPU programs decide "does a piece start at byte `i`" from a window of
+//! bytes around `i`; this splitter instead walks the text the way a regex engine
+//! does, trying the pattern's alternatives in order at each match start:
+//!
+//! ```text
+//! 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//! ```
+//!
+//! Two formulations that agree with each other and with the external oracle
+//! (`fancy-regex`, in the tests) on every test input are much stronger evidence
+//! than one formulation run twice. Characters come from the standard library's
+//! UTF-8 decoder ([`<[u8]>::utf8_chunks`]); every byte that is not part of a valid
+//! character is a one-byte character decoded as U+FFFD (the crate's invalid-UTF-8
+//! rule, [module docs](super)).
 
-/// What a character is for splitting (rule 2 of the module docs).
+use super::unicode::{class_table, CharClass, ClassTable};
+use super::PretokenizeError;
+
+/// One decoded character.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Letter,
-    Digit,
-    Whitespace,
-    /// Punctuation, control, non-ASCII, stray continuation, invalid: a piece alone.
-    Single,
+pub struct Character {
+    /// Byte offset of its first byte.
+    pub start: u32,
+    /// Its code point (U+FFFD for a byte that is not part of a valid character).
+    pub code_point: u32,
+    /// Its class for the pattern.
+    pub class: CharClass,
 }
 
-fn is_continuation(byte: u8) -> bool {
-    byte & 0xC0 == 0x80
-}
-
-/// Bytes a lead byte announces (1 for anything that is not a lead byte).
-fn sequence_length(byte: u8) -> usize {
-    match byte {
-        0xC0..=0xDF => 2,
-        0xE0..=0xEF => 3,
-        0xF0..=0xF7 => 4,
-        _ => 1,
-    }
-}
-
-/// Length in bytes and kind of the character starting at `text[start]`.
-fn character_at(text: &[u8], start: usize) -> (usize, Kind) {
-    let byte = text[start];
-    let kind = match byte {
-        b'A'..=b'Z' | b'a'..=b'z' => Kind::Letter,
-        b'0'..=b'9' => Kind::Digit,
-        b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r' => Kind::Whitespace,
-        _ => Kind::Single,
-    };
-    let wanted = sequence_length(byte);
-    let mut length = 1;
-    while length < wanted && start + length < text.len() && is_continuation(text[start + length]) {
-        length += 1;
-    }
-    (length, kind)
-}
-
-/// The byte offset of every piece start of `text`, increasing (see the module docs
-/// for the rules). Offsets are `u32` like the GPU's; texts longer than
-/// `u32::MAX` bytes are outside the pipeline's limits.
-pub fn piece_starts(text: &[u8]) -> Vec<u32> {
-    let mut starts = Vec::new();
-    let mut previous: Option<Kind> = None;
-    let mut position = 0;
-    while position < text.len() {
-        let (length, kind) = character_at(text, position);
-        let continues_run = kind != Kind::Single && previous == Some(kind);
-        if !continues_run {
-            starts.push(position as u32);
+/// The characters of `text` under the invalid-UTF-8 rule: valid sequences decode
+/// as usual, every other byte is one character U+FFFD.
+pub fn characters(table: &ClassTable, text: &[u8]) -> Vec<Character> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut offset = 0u32;
+    for chunk in text.utf8_chunks() {
+        for character in chunk.valid().chars() {
+            out.push(Character {
+                start: offset,
+                code_point: character as u32,
+                class: table.class_of(character as u32),
+            });
+            offset += character.len_utf8() as u32;
         }
-        previous = Some(kind);
-        position += length;
+        for _ in chunk.invalid() {
+            out.push(Character {
+                start: offset,
+                code_point: 0xFFFD,
+                class: table.class_of(0xFFFD),
+            });
+            offset += 1;
+        }
     }
-    starts
+    out
+}
+
+/// Length in characters of a contraction (`'s 't 're 've 'm 'll 'd`, case
+/// sensitive) starting at `characters[at]`, or 0.
+fn contraction_len(characters: &[Character], at: usize) -> usize {
+    let code = |offset: usize| characters.get(at + offset).map(|c| c.code_point);
+    if code(0) != Some('\'' as u32) {
+        return 0;
+    }
+    let second = code(1).and_then(char::from_u32);
+    let third = code(2).and_then(char::from_u32);
+    match (second, third) {
+        (Some('s' | 't' | 'm' | 'd'), _) => 2,
+        (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => 3,
+        _ => 0,
+    }
+}
+
+/// Index (in characters) one past the match that starts at `characters[at]`.
+fn match_end(characters: &[Character], at: usize) -> usize {
+    let contraction = contraction_len(characters, at);
+    if contraction > 0 {
+        return at + contraction;
+    }
+    let class_at = |index: usize| characters.get(index).map(|c| c.class);
+    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional U+0020, then a
+    // maximal run of one class.
+    let body = if characters[at].code_point == ' ' as u32
+        && class_at(at + 1).is_some_and(|class| class != CharClass::Whitespace)
+    {
+        at + 1
+    } else {
+        at
+    };
+    let run_end = |from: usize, class: CharClass| {
+        let mut end = from;
+        while class_at(end) == Some(class) {
+            end += 1;
+        }
+        end
+    };
+    let body_class = characters[body].class;
+    if body_class != CharClass::Whitespace {
+        return run_end(body, body_class);
+    }
+    // `\s+(?!\S)`: the longest white-space run not followed by a non-space, that is
+    // the whole run at the end of the text, else the run less its last character.
+    // If that leaves nothing, `\s+` takes the one character.
+    let end = run_end(at, CharClass::Whitespace);
+    if end == characters.len() || end - at == 1 {
+        end
+    } else {
+        end - 1
+    }
+}
+
+/// The byte offset of every piece start of `text`, increasing. Offsets are `u32`
+/// like the GPU's; a text over [`super::MAX_TEXT_BYTES`] is an `Err` starting `Fix:`.
+pub fn piece_starts(text: &[u8]) -> Result<Vec<u32>, PretokenizeError> {
+    super::check_text_len(text.len())?;
+    let characters = characters(class_table()?, text);
+    let mut starts = Vec::new();
+    let mut at = 0;
+    while at < characters.len() {
+        starts.push(characters[at].start);
+        at = match_end(&characters, at);
+    }
+    Ok(starts)
 }
 
 /// The pieces themselves, as byte slices of `text` (for printing and tests). A

@@ -1,70 +1,261 @@
-//! The five programs of the pipeline, written with the IR builder.
+//! The pipeline's three programs, written with the IR builder, and the one
+//! description of its steps ([`STEPS`]) that the reference run, the eager CUDA run
+//! and the graph recording all follow.
 //!
-//! Every buffer is runtime-sized, so one compiled kernel serves every text length;
-//! the grid carries the size (`workgroups_for(n)` workgroups, or one for the scan).
-//! Intermediate buffers are `ReadWrite` rather than `WriteOnly`: every element is
-//! written by the step that produces it, so the backend's zeroing of write-only
-//! outputs would be wasted device work on every encode.
+//! Every global buffer is runtime-sized, so one compiled kernel serves every text
+//! length; the grid carries the size. Intermediate buffers are `ReadWrite` rather
+//! than `WriteOnly`: every element is written by the step that produces it, so the
+//! backend's zeroing of write-only outputs would be wasted device work.
 //!
 //! No program relies on bounds-checked loads for correctness: every index is
 //! guarded or clamped, so the programs mean the same with bounds checks off.
+//!
+//! # The split program
+//!
+//! Workgroup `g` of `W` threads owns bytes `g·W .. g·W + W`. First every thread
+//! computes a *byte code* ([`code`]) for one position of a shared window that
+//! reaches [`HALO`] bytes past the owned range on each side (the first `2·HALO`
+//! threads compute a second position), then a barrier, then each thread decides
+//! from the codes at distances −7..=+4 whether a piece starts at its byte (the
+//! rule in the [module docs](super)), stores the mark and takes part in a
+//! workgroup sum that gives the block's piece count. One dispatch replaces the
+//! classify, mark and count dispatches of a naive pipeline: on the H200 every
+//! eager dispatch costs one launch and one synchronize (§0: 8.5–9.8 µs), which is
+//! most of an encode.
+//!
+//! The byte code of position `j` reads `text[j-3 ..= j+3]`: byte `j` is the first
+//! byte of a character unless a valid UTF-8 sequence starting at `j-1`, `j-2` or
+//! `j-3` covers it; a valid sequence at `j` decodes to its code point, an ASCII
+//! byte to itself, anything else to U+FFFD; the class comes from the
+//! [class table](super::unicode) (two loads).
 
-use super::{class, Geometry, PretokenizeError};
+use super::unicode::CharClass;
+use super::{Geometry, PretokenizeError};
 use crate::ir::{
-    Access, AtomicOp, Axis, BufferCount, ElemType, Expr, Program, ReduceOp, ScalarType,
+    Access, AtomicOp, Axis, BlockBuilder, BufferCount, ElemType, Expr, Program, ReduceOp,
+    ScalarType,
 };
+
+/// Bytes of the split program's shared window on each side of a workgroup's
+/// bytes: the rule looks 7 bytes back and 4 ahead.
+pub const HALO: u32 = 8;
+
+/// The byte codes of the split program's window (`u32` in shared memory).
+pub mod code {
+    /// Set on the first byte of every character (valid or not).
+    pub const CHARACTER_START: u32 = 1;
+    /// The character's [`CharClass`](super::CharClass) sits in bits 1..=2.
+    pub const CLASS_SHIFT: u32 = 1;
+    /// The character's [`identity`](super::identity) sits in bits 3..=6.
+    pub const IDENTITY_SHIFT: u32 = 3;
+    /// A position outside the text (before byte 0 or at/after its end). A byte
+    /// inside a character but not its first has code 0.
+    pub const OUTSIDE: u32 = 0x80;
+}
+
+/// The ASCII characters the rule must tell apart (code bits 3..=6); 0 is any other.
+pub mod identity {
+    /// U+0020, the only space the pattern's ` ?` attaches.
+    pub const SPACE: u32 = 1;
+    /// `'`, which can begin a contraction.
+    pub const APOSTROPHE: u32 = 2;
+    /// `s`.
+    pub const S: u32 = 3;
+    /// `t`.
+    pub const T: u32 = 4;
+    /// `m`.
+    pub const M: u32 = 5;
+    /// `d`.
+    pub const D: u32 = 6;
+    /// `r`.
+    pub const R: u32 = 7;
+    /// `v`.
+    pub const V: u32 = 8;
+    /// `e`.
+    pub const E: u32 = 9;
+    /// `l`.
+    pub const L: u32 = 10;
+    /// Every identity with its byte.
+    pub const ALL: [(u8, u32); 10] = [
+        (b' ', SPACE),
+        (b'\'', APOSTROPHE),
+        (b's', S),
+        (b't', T),
+        (b'm', M),
+        (b'd', D),
+        (b'r', R),
+        (b'v', V),
+        (b'e', E),
+        (b'l', L),
+    ];
+}
 
 /// The pipeline's programs, in dispatch order.
 #[derive(Clone, Debug)]
 pub struct Programs {
     /// The workgroup shapes they were built for.
     pub geometry: Geometry,
-    /// Step 1: `text` (u8, binding 0) → `classes` (u8, binding 1).
-    pub classify: Program,
-    /// Step 2: `classes` (u8, binding 0) → `marks` (u8, binding 1), 1 where a piece starts.
-    pub mark: Program,
-    /// Step 3: `marks` (u8, binding 0) → `block_counts` (u32, binding 1), one per workgroup.
-    pub block_count: Program,
-    /// Step 4 (one workgroup of [`Geometry::scan_threads`]): `block_counts` (u32, binding 0) →
-    /// `block_offsets` (u32, binding 1, `B + 1` elements): exclusive prefix sums, then the total.
+    /// Step 1: `text` (u8), `class_table` (u32) → `marks` (u8, 1 where a piece
+    /// starts), `block_counts` (u32, pieces per workgroup).
+    pub split: Program,
+    /// Step 2 (one workgroup of [`Geometry::scan_threads`]): `block_counts` →
+    /// `block_offsets` (`B + 1` elements): exclusive prefix sums, then the total.
     pub block_scan: Program,
-    /// Step 5: `marks` (u8, binding 0), `block_offsets` (u32, binding 1) →
-    /// `piece_starts` (u32, binding 2, at least as many elements as pieces).
+    /// Step 3: `marks`, `block_offsets` → `piece_starts` (at least as many
+    /// elements as pieces).
     pub compact: Program,
 }
 
-/// Names of the steps, in dispatch order (the programs' entry op ids end with them).
-pub const STEP_NAMES: [&str; 5] = ["classify", "mark", "block_count", "block_scan", "compact"];
+/// A device buffer of the pipeline, by what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferRole {
+    /// The text, `n` bytes, uploaded per encode.
+    Text,
+    /// The [class table](super::unicode), uploaded once per pipeline.
+    ClassTable,
+    /// One byte per text byte: 1 where a piece starts.
+    Marks,
+    /// Pieces per workgroup, `B` words.
+    BlockCounts,
+    /// Exclusive prefix sums of the block counts, then the total: `B + 1` words.
+    BlockOffsets,
+    /// Piece start offsets, room for `n` words.
+    PieceStarts,
+}
+
+impl BufferRole {
+    /// Every role; `role as usize` indexes it.
+    pub const ALL: [BufferRole; 6] = [
+        BufferRole::Text,
+        BufferRole::ClassTable,
+        BufferRole::Marks,
+        BufferRole::BlockCounts,
+        BufferRole::BlockOffsets,
+        BufferRole::PieceStarts,
+    ];
+
+    /// The buffer's name in the programs that bind it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BufferRole::Text => "text",
+            BufferRole::ClassTable => "class_table",
+            BufferRole::Marks => "marks",
+            BufferRole::BlockCounts => "block_counts",
+            BufferRole::BlockOffsets => "block_offsets",
+            BufferRole::PieceStarts => "piece_starts",
+        }
+    }
+
+    /// The buffer's size in bytes for a text of `text_len` bytes split into
+    /// `blocks` workgroups, with a class table of `table_bytes` bytes.
+    pub fn bytes(self, text_len: usize, blocks: u32, table_bytes: usize) -> u64 {
+        let n = text_len as u64;
+        let blocks = blocks as u64;
+        match self {
+            BufferRole::Text | BufferRole::Marks => n,
+            BufferRole::ClassTable => table_bytes as u64,
+            BufferRole::BlockCounts => 4 * blocks,
+            BufferRole::BlockOffsets => 4 * (blocks + 1),
+            BufferRole::PieceStarts => 4 * n,
+        }
+    }
+}
+
+/// How many workgroups a step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// One workgroup per [`Geometry::workgroup_size`] bytes (`B`).
+    PerByte,
+    /// One workgroup.
+    Single,
+}
+
+/// What the eager CUDA run reads back right after a step (the graph run cannot
+/// size a readback from a count it computes, so it reads the count after the last
+/// step and then exactly the piece starts; the reference run reads both buffers
+/// after the last step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepReadback {
+    /// Nothing.
+    Nothing,
+    /// The piece count: the last word of [`BufferRole::BlockOffsets`].
+    PieceCount,
+    /// The first `count` words of [`BufferRole::PieceStarts`].
+    PieceStarts,
+}
+
+/// One step of the pipeline: which program, over which buffers (in binding
+/// order), on which grid, and what the eager run reads back after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The step's name (the program's entry op id is `pretokenize.<name>`).
+    pub name: &'static str,
+    /// The buffers bound, one per global buffer of the program, in binding order.
+    pub bindings: &'static [BufferRole],
+    /// The grid it runs on.
+    pub grid: Grid,
+    /// What the eager run reads back after it.
+    pub readback: StepReadback,
+}
+
+/// The pipeline, in dispatch order. After the last step the piece count is the
+/// last word of [`BufferRole::BlockOffsets`] and the piece starts are the first
+/// `count` words of [`BufferRole::PieceStarts`].
+pub const STEPS: [Step; 3] = [
+    Step {
+        name: "split",
+        bindings: &[
+            BufferRole::Text,
+            BufferRole::ClassTable,
+            BufferRole::Marks,
+            BufferRole::BlockCounts,
+        ],
+        grid: Grid::PerByte,
+        readback: StepReadback::Nothing,
+    },
+    Step {
+        name: "block_scan",
+        bindings: &[BufferRole::BlockCounts, BufferRole::BlockOffsets],
+        grid: Grid::Single,
+        readback: StepReadback::PieceCount,
+    },
+    Step {
+        name: "compact",
+        bindings: &[
+            BufferRole::Marks,
+            BufferRole::BlockOffsets,
+            BufferRole::PieceStarts,
+        ],
+        grid: Grid::PerByte,
+        readback: StepReadback::PieceStarts,
+    },
+];
 
 impl Programs {
-    /// The programs in dispatch order, with their step names.
-    pub fn steps(&self) -> [(&'static str, &Program); 5] {
+    /// The steps in dispatch order, each with its program.
+    pub fn steps(&self) -> [(&'static Step, &Program); 3] {
         [
-            (STEP_NAMES[0], &self.classify),
-            (STEP_NAMES[1], &self.mark),
-            (STEP_NAMES[2], &self.block_count),
-            (STEP_NAMES[3], &self.block_scan),
-            (STEP_NAMES[4], &self.compact),
+            (&STEPS[0], &self.split),
+            (&STEPS[1], &self.block_scan),
+            (&STEPS[2], &self.compact),
         ]
     }
 }
 
-/// The five programs with the default [`Geometry`] (256-thread workgroups, a
+/// The programs with the default [`Geometry`] (256-thread workgroups, a
 /// 1024-thread scan): what the example and the GPU tests run.
 pub fn programs() -> Programs {
     build(Geometry::default()).unwrap_or_else(|_| unreachable!("the default geometry is valid"))
 }
 
-/// The five programs for another geometry (small ones let CPU tests cross many
+/// The programs for another geometry (small ones let CPU tests cross many
 /// workgroup boundaries with short texts). Rejects a geometry the programs cannot
 /// run with.
 pub fn build(geometry: Geometry) -> Result<Programs, PretokenizeError> {
     geometry.check()?;
     Ok(Programs {
         geometry,
-        classify: classify(geometry.workgroup_size),
-        mark: mark(geometry.workgroup_size),
-        block_count: block_count(geometry.workgroup_size),
+        split: split(geometry.workgroup_size),
         block_scan: block_scan(geometry.scan_threads),
         compact: compact(geometry.workgroup_size),
     })
@@ -74,15 +265,217 @@ fn u(value: u32) -> Expr {
     Expr::u32(value)
 }
 
-/// `low <= value < low + span`, with one wrapping subtraction.
-fn in_range(value: &Expr, low: u32, span: u32) -> Expr {
-    (value.clone() - low).less_than(span)
+/// `low <= value <= high`, with one wrapping subtraction.
+fn in_range(value: &Expr, low: u32, high: u32) -> Expr {
+    (value.clone() - low).less_equal(high - low)
 }
 
-/// Step 1: one [`class`] code per byte.
-pub fn classify(workgroup_size: u32) -> Program {
+/// `value` is a UTF-8 continuation byte `0x80..=0xBF`.
+fn continuation(value: &Expr) -> Expr {
+    (value.clone() & 0xC0u32).equals(0x80u32)
+}
+
+/// Length of the valid UTF-8 sequence that starts with `bytes[0]` (1 for ASCII),
+/// or 0 where none does: Unicode's table of well-formed byte sequences (no
+/// overlong forms, no surrogates, nothing past U+10FFFF). A byte past the text
+/// reads as 0, so a sequence cut by the end of the text is not valid.
+fn valid_length(bytes: [&Expr; 4]) -> Expr {
+    let [b0, b1, b2, b3] = bytes;
+    let two = in_range(b0, 0xC2, 0xDF).and(continuation(b1));
+    let second_of_three = b0
+        .clone()
+        .equals(0xE0u32)
+        .and(in_range(b1, 0xA0, 0xBF))
+        .or(b0.clone().equals(0xEDu32).and(in_range(b1, 0x80, 0x9F)))
+        .or(b0
+            .clone()
+            .not_equals(0xE0u32)
+            .and(b0.clone().not_equals(0xEDu32))
+            .and(continuation(b1)));
+    let three = in_range(b0, 0xE0, 0xEF)
+        .and(second_of_three)
+        .and(continuation(b2));
+    let second_of_four = b0
+        .clone()
+        .equals(0xF0u32)
+        .and(in_range(b1, 0x90, 0xBF))
+        .or(b0.clone().equals(0xF4u32).and(in_range(b1, 0x80, 0x8F)))
+        .or(b0
+            .clone()
+            .not_equals(0xF0u32)
+            .and(b0.clone().not_equals(0xF4u32))
+            .and(continuation(b1)));
+    let four = in_range(b0, 0xF0, 0xF4)
+        .and(second_of_four)
+        .and(continuation(b2))
+        .and(continuation(b3));
+    b0.clone().less_than(0x80u32).select(
+        1u32,
+        two.select(2u32, three.select(3u32, four.select(4u32, 0u32))),
+    )
+}
+
+/// Emits the lets that compute the [`code`] of the text position `position`
+/// (a wrapping `u32`: "negative" positions are outside the text) and returns it.
+fn position_code(b: &mut BlockBuilder, prefix: &str, position: Expr) -> Expr {
+    let name = |what: &str| format!("{prefix}_{what}");
+    let text_len = Expr::length("text");
+    let at = b.let_(name("position"), position);
+    // text[position + offset], 0 outside the text (offset may be "negative":
+    // wrapping arithmetic, and every wrapped index is past the text).
+    let byte_at = |b: &mut BlockBuilder, offset: i32| -> Expr {
+        let label = if offset < 0 {
+            format!("back{}", -offset)
+        } else {
+            format!("ahead{offset}")
+        };
+        let index = b.let_(
+            name(&format!("index_{label}")),
+            if offset < 0 {
+                at.clone() - offset.unsigned_abs()
+            } else {
+                at.clone() + offset as u32
+            },
+        );
+        let inside = index.clone().less_than(text_len.clone());
+        b.let_(
+            name(&format!("byte_{label}")),
+            inside
+                .clone()
+                .select(Expr::load("text", inside.select(index, 0u32)), 0u32),
+        )
+    };
+    let b0 = byte_at(b, 0);
+    // An ASCII byte is always a whole character (no sequence covers it): only a
+    // byte 0x80..=0xFF needs the six bytes around it, so ASCII text skips that work.
+    let code_point = b.let_mut(name("code_point"), b0.clone());
+    let covered = b.let_mut(name("covered"), 0u32);
+    b.if_(b0.clone().greater_equal(0x80u32), |b| {
+        let mut bytes = Vec::with_capacity(7);
+        for offset in -3i32..=3 {
+            bytes.push(if offset == 0 {
+                b0.clone()
+            } else {
+                byte_at(b, offset)
+            });
+        }
+        // Valid sequence lengths at position - 3, - 2, - 1 and at the position.
+        let lengths: Vec<Expr> = (0..4)
+            .map(|start| {
+                b.let_(
+                    name(&format!("valid_length{start}")),
+                    valid_length([
+                        &bytes[start],
+                        &bytes[start + 1],
+                        &bytes[start + 2],
+                        &bytes[start + 3],
+                    ]),
+                )
+            })
+            .collect();
+        b.assign(
+            name("covered"),
+            lengths[2]
+                .clone()
+                .greater_equal(2u32)
+                .or(lengths[1].clone().greater_equal(3u32))
+                .or(lengths[0].clone().equals(4u32))
+                .cast(ScalarType::U32),
+        );
+        let [b0, b1, b2, b3] = [&bytes[3], &bytes[4], &bytes[5], &bytes[6]];
+        let low6 = |byte: &Expr| byte.clone() & 0x3Fu32;
+        let own = &lengths[3];
+        // A byte that starts no valid sequence decodes as U+FFFD.
+        b.assign(
+            name("code_point"),
+            own.clone().equals(2u32).select(
+                ((b0.clone() & 0x1Fu32) << 6u32) | low6(b1),
+                own.clone().equals(3u32).select(
+                    ((b0.clone() & 0x0Fu32) << 12u32) | (low6(b1) << 6u32) | low6(b2),
+                    own.clone().equals(4u32).select(
+                        ((b0.clone() & 0x07u32) << 18u32)
+                            | (low6(b1) << 12u32)
+                            | (low6(b2) << 6u32)
+                            | low6(b3),
+                        0xFFFDu32,
+                    ),
+                ),
+            ),
+        );
+    });
+    let covered = covered.not_equals(0u32);
+    let block = b.let_(
+        name("table_block"),
+        Expr::load(
+            "class_table",
+            code_point.clone() >> super::unicode::BLOCK_SHIFT,
+        ),
+    );
+    let word = b.let_(
+        name("table_word"),
+        Expr::load(
+            "class_table",
+            block + ((code_point.clone() >> 4u32) & 15u32),
+        ),
+    );
+    let class = b.let_(
+        name("class"),
+        (word >> ((code_point & 15u32) << 1u32)) & 3u32,
+    );
+    let mut ascii_identity = u(0);
+    for (byte, id) in identity::ALL {
+        ascii_identity = b0.clone().equals(byte as u32).select(id, ascii_identity);
+    }
+    let identity = b.let_(name("identity"), ascii_identity);
+    b.let_(
+        name("code"),
+        at.less_than(text_len).select(
+            covered.select(
+                0u32,
+                (class << code::CLASS_SHIFT)
+                    | (identity << code::IDENTITY_SHIFT)
+                    | code::CHARACTER_START,
+            ),
+            code::OUTSIDE,
+        ),
+    )
+}
+
+fn class_of_code(value: &Expr) -> Expr {
+    (value.clone() >> code::CLASS_SHIFT) & 3u32
+}
+
+fn identity_of_code(value: &Expr) -> Expr {
+    (value.clone() >> code::IDENTITY_SHIFT) & 15u32
+}
+
+fn is_class(value: &Expr, class: CharClass) -> Expr {
+    class_of_code(value).equals(class as u32)
+}
+
+fn is_outside(value: &Expr) -> Expr {
+    value.clone().equals(code::OUTSIDE)
+}
+
+/// The first non-zero code of four (the nearest character start, or OUTSIDE).
+fn first_character(codes: [&Expr; 4]) -> Expr {
+    let [a, b, c, d] = codes;
+    a.clone().not_equals(0u32).select(
+        a.clone(),
+        b.clone().not_equals(0u32).select(
+            b.clone(),
+            c.clone().not_equals(0u32).select(c.clone(), d.clone()),
+        ),
+    )
+}
+
+/// Step 1: byte codes into the shared window, then `marks[i]` (1 where a piece
+/// starts) and `block_counts[g]` (see the module docs). `workgroup_size` must be
+/// at least `2 · HALO` ([`Geometry::check`] says so).
+pub fn split(workgroup_size: u32) -> Program {
+    let halo = HALO;
     Program::builder([workgroup_size, 1, 1])
-        .entry_op_id("pretokenize.classify")
+        .entry_op_id("pretokenize.split")
         .buffer(
             "text",
             0,
@@ -91,167 +484,152 @@ pub fn classify(workgroup_size: u32) -> Program {
             BufferCount::Runtime,
         )
         .buffer(
-            "classes",
+            "class_table",
             1,
-            Access::ReadWrite,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("text")), |b| {
-                let byte = b.let_("byte", Expr::load("text", i.clone()));
-                let letter = b.let_(
-                    "is_letter",
-                    in_range(&byte, b'A' as u32, 26).or(in_range(&byte, b'a' as u32, 26)),
-                );
-                let digit = b.let_("is_digit", in_range(&byte, b'0' as u32, 10));
-                // \t \n \x0B \x0C \r are 9..=13.
-                let whitespace = b.let_(
-                    "is_whitespace",
-                    byte.clone().equals(b' ' as u32).or(in_range(&byte, 9, 5)),
-                );
-                let ascii = b.let_(
-                    "ascii_class",
-                    letter.select(
-                        class::LETTER,
-                        digit.select(
-                            class::DIGIT,
-                            whitespace.select(class::WHITESPACE, class::PUNCTUATION),
-                        ),
-                    ),
-                );
-                let high = b.let_(
-                    "high_class",
-                    byte.clone().greater_equal(0xF8u32).select(
-                        class::INVALID,
-                        byte.clone().greater_equal(0xF0u32).select(
-                            class::LEAD4,
-                            byte.clone().greater_equal(0xE0u32).select(
-                                class::LEAD3,
-                                byte.clone()
-                                    .greater_equal(0xC0u32)
-                                    .select(class::LEAD2, class::CONTINUATION),
-                            ),
-                        ),
-                    ),
-                );
-                b.store(
-                    "classes",
-                    i.clone(),
-                    byte.greater_equal(0x80u32).select(high, ascii),
-                );
-            });
-        })
-        .build()
-}
-
-/// Step 2: `marks[i] = 1` where a piece starts (see the module docs).
-pub fn mark(workgroup_size: u32) -> Program {
-    Program::builder([workgroup_size, 1, 1])
-        .entry_op_id("pretokenize.mark")
-        .buffer(
-            "classes",
-            0,
             Access::ReadOnly,
-            ElemType::U8,
+            ElemType::U32,
             BufferCount::Runtime,
         )
         .buffer(
             "marks",
-            1,
+            2,
             Access::ReadWrite,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("classes")), |b| {
-                let current = b.let_("current", Expr::load("classes", i.clone()));
-                // Look-back indices clamp to 0 near the start; `i == 0` is forced to
-                // a mark below, and for i = 1, 2 the clamped reads can only repeat
-                // byte 0, which the attachment test then reads consistently.
-                let back = |distance: u32| {
-                    i.clone()
-                        .greater_equal(distance)
-                        .select(i.clone() - distance, 0u32)
-                };
-                let previous1 = b.let_("previous1", Expr::load("classes", back(1)));
-                let previous2 = b.let_("previous2", Expr::load("classes", back(2)));
-                let previous3 = b.let_("previous3", Expr::load("classes", back(3)));
-                let previous1_continuation = b.let_(
-                    "previous1_continuation",
-                    previous1.clone().equals(class::CONTINUATION),
-                );
-                // A continuation byte is taken by the nearest lead within 3 bytes
-                // whose sequence length exceeds the distance to it.
-                let attached = b.let_(
-                    "attached",
-                    previous1
-                        .clone()
-                        .greater_equal(class::LEAD2)
-                        .and(previous1.clone().less_equal(class::LEAD4))
-                        .or(previous1_continuation.clone().and(
-                            previous2
-                                .clone()
-                                .equals(class::LEAD3)
-                                .or(previous2.clone().equals(class::LEAD4)),
-                        ))
-                        .or(previous1_continuation
-                            .and(previous2.equals(class::CONTINUATION))
-                            .and(previous3.equals(class::LEAD4))),
-                );
-                let starts_piece = b.let_(
-                    "starts_piece",
-                    i.clone()
-                        .equals(0u32)
-                        .or(current.clone().equals(class::CONTINUATION).select(
-                            attached.logical_not(),
-                            current
-                                .clone()
-                                .greater_equal(class::PUNCTUATION)
-                                .or(current.not_equals(previous1)),
-                        )),
-                );
-                b.store("marks", i.clone(), starts_piece.cast(ScalarType::U32));
-            });
-        })
-        .build()
-}
-
-/// Step 3: the number of piece starts in each workgroup's bytes.
-pub fn block_count(workgroup_size: u32) -> Program {
-    Program::builder([workgroup_size, 1, 1])
-        .entry_op_id("pretokenize.block_count")
-        .buffer(
-            "marks",
-            0,
-            Access::ReadOnly,
             ElemType::U8,
             BufferCount::Runtime,
         )
         .buffer(
             "block_counts",
-            1,
+            3,
             Access::ReadWrite,
             ElemType::U32,
             BufferCount::Runtime,
         )
+        .buffer(
+            "window",
+            4,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(workgroup_size + 2 * halo),
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
+            let local = b.let_("local", Expr::local_id(Axis::X));
+            // Window slot s holds the code of text position g·W - HALO + s.
+            let left = position_code(b, "left", i.clone() - halo);
+            b.store("window", local.clone(), left);
+            b.if_(local.clone().less_than(2 * halo), |b| {
+                let right = position_code(b, "right", i.clone() + workgroup_size - halo);
+                b.store("window", local.clone() + workgroup_size, right);
+            });
+            b.barrier();
+            // codes[k + 7] is the code at distance k from byte i, k = -7..=4.
+            let codes: Vec<Expr> = (0..12u32)
+                .map(|slot| {
+                    let name = if slot < 7 {
+                        format!("code_back{}", 7 - slot)
+                    } else {
+                        format!("code_ahead{}", slot - 7)
+                    };
+                    b.let_(
+                        name,
+                        Expr::load("window", local.clone() + (halo - 7 + slot)),
+                    )
+                })
+                .collect();
+            let at = |k: i32| &codes[(k + 7) as usize];
+            let previous_of =
+                |k: i32| first_character([at(k - 1), at(k - 2), at(k - 3), at(k - 4)]);
+            // A contraction may start at an apostrophe that is a match start: one
+            // after a letter, a number, white space other than U+0020, or nothing.
+            let contraction_at = |b: &mut BlockBuilder, k: i32| -> Expr {
+                let previous = b.let_(format!("contraction_previous{}", -k), previous_of(k));
+                let allowed = is_outside(&previous)
+                    .or(is_class(&previous, CharClass::Letter))
+                    .or(is_class(&previous, CharClass::Number))
+                    .or(is_class(&previous, CharClass::Whitespace)
+                        .and(identity_of_code(&previous).not_equals(identity::SPACE)));
+                let second = identity_of_code(at(k + 1));
+                let third = identity_of_code(at(k + 2));
+                let two = second
+                    .clone()
+                    .equals(identity::S)
+                    .or(second.clone().equals(identity::T))
+                    .or(second.clone().equals(identity::M))
+                    .or(second.clone().equals(identity::D));
+                let three = second
+                    .clone()
+                    .equals(identity::R)
+                    .or(second.clone().equals(identity::V))
+                    .and(third.clone().equals(identity::E))
+                    .or(second.equals(identity::L).and(third.equals(identity::L)));
+                b.let_(
+                    format!("contraction_back{}", -k),
+                    identity_of_code(at(k))
+                        .equals(identity::APOSTROPHE)
+                        .and(allowed)
+                        .select(two.select(2u32, three.select(3u32, 0u32)), 0u32),
+                )
+            };
+            let back1 = contraction_at(b, -1);
+            let back2 = contraction_at(b, -2);
+            let back3 = contraction_at(b, -3);
+            let own = at(0).clone();
+            let previous = b.let_("previous", previous_of(0));
+            let next = b.let_("next", first_character([at(1), at(2), at(3), at(4)]));
+            let inside_contraction = b.let_(
+                "inside_contraction",
+                back1.greater_equal(2u32).or(back2.clone().equals(3u32)),
+            );
+            let contraction_ends = b.let_(
+                "contraction_ends",
+                back2.equals(2u32).or(back3.equals(3u32)),
+            );
+            let previous_space = is_class(&previous, CharClass::Whitespace);
+            let own_space = b.let_("own_whitespace", is_class(&own, CharClass::Whitespace));
+            // White space after white space starts a piece only as the last of its
+            // run before a non-space (`\s+(?!\S)` leaves it to the next piece);
+            // anything else after U+0020 joins it (` ?`); otherwise a piece starts
+            // where the class changes.
+            let whitespace_rule = previous_space.clone().logical_not().or(is_outside(&next)
+                .logical_not()
+                .and(is_class(&next, CharClass::Whitespace).logical_not()));
+            let other_rule = previous_space
+                .clone()
+                .and(identity_of_code(&previous).not_equals(identity::SPACE))
+                .or(previous_space
+                    .logical_not()
+                    .and(class_of_code(&previous).not_equals(class_of_code(&own))));
+            let class_rule = b.let_(
+                "class_rule",
+                own_space
+                    .clone()
+                    .and(whitespace_rule)
+                    .or(own_space.logical_not().and(other_rule)),
+            );
+            let starts_piece = b.let_(
+                "starts_piece",
+                (own.clone() & code::CHARACTER_START)
+                    .equals(code::CHARACTER_START)
+                    .and(
+                        is_outside(&previous).or(inside_contraction
+                            .logical_not()
+                            .and(contraction_ends.or(class_rule))),
+                    ),
+            );
             let mark = b.let_mut("mark", 0u32);
             b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                b.assign("mark", Expr::load("marks", i.clone()));
+                b.assign("mark", starts_piece.cast(ScalarType::U32));
+                b.store("marks", i.clone(), mark.clone());
             });
             let count = b.workgroup_reduce("count", ReduceOp::Sum, mark);
-            b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+            b.if_(local.equals(0u32), |b| {
                 b.store("block_counts", Expr::workgroup_id(Axis::X), count);
             });
         })
         .build()
 }
 
-/// Step 4: exclusive prefix sums of the block counts, and the total, in one
+/// Step 2: exclusive prefix sums of the block counts, and the total, in one
 /// workgroup of `scan_threads` threads (a power of two).
 ///
 /// Thread `t` owns `per_thread = ceil(B / scan_threads)` consecutive counts (one,
@@ -338,7 +716,7 @@ pub fn block_scan(scan_threads: u32) -> Program {
         .build()
 }
 
-/// Step 5: every marked byte writes its offset to
+/// Step 3: every marked byte writes its offset to
 /// `piece_starts[block_offsets[workgroup] + rank]`, where `rank` counts the marks
 /// before it in its workgroup: marks are gathered into a shared bit mask (one
 /// atomic OR per mark, one barrier), and the rank is the population count of the
