@@ -19,6 +19,7 @@ use crate::ir::{
 
 use super::{
     ptx_version, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, REDUX_MIN_SM,
+    RESULT_RANGE_SLOTS,
 };
 
 type Result<T> = std::result::Result<T, CodegenError>;
@@ -30,6 +31,10 @@ macro_rules! emit {
         let _ = writeln!($writer.body, $($arg)*);
     }};
 }
+
+mod results;
+
+use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
 /// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
 /// for why every lane is active wherever lowering emits them).
@@ -190,10 +195,18 @@ pub(super) struct Writer<'p> {
     /// restores exactly the outer scope.
     scope_log: Vec<(&'p str, Option<Value>)>,
     uses_grid_sync: bool,
+    /// Emit the result ABI (`super::results`): start stamps, the finish count and the
+    /// last thread's stamps and readback copies into host-mapped memory.
+    results: bool,
 }
 
 impl<'p> Writer<'p> {
-    pub(super) fn new(program: &'p Program, options: CodegenOptions, sm: u32) -> Self {
+    pub(super) fn new(
+        program: &'p Program,
+        options: CodegenOptions,
+        sm: u32,
+        results: bool,
+    ) -> Self {
         Writer {
             program,
             options,
@@ -206,6 +219,7 @@ impl<'p> Writer<'p> {
             variables: HashMap::new(),
             scope_log: Vec::new(),
             uses_grid_sync: false,
+            results,
         }
     }
 
@@ -219,8 +233,15 @@ impl<'p> Writer<'p> {
             )));
         }
         self.prologue()?;
+        if self.results {
+            self.result_prologue();
+        }
         self.block(program.entry())?;
-        emit!(self, "ret;");
+        if self.results {
+            self.result_epilogue();
+        } else {
+            emit!(self, "ret;");
+        }
         Ok(self.assemble())
     }
 
@@ -460,7 +481,12 @@ impl<'p> Writer<'p> {
         }
 
         let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
-        let parameters = globals.len() * 2;
+        let result_parameters = if self.results {
+            RESULT_PARAMETERS.len()
+        } else {
+            0
+        };
+        let parameters = globals.len() * 2 + result_parameters;
         let mut written = 0;
         for (kind, width, role) in [("ptr", "u64", "address"), ("len", "u32", "element count")] {
             for (position, decl) in globals.iter().enumerate() {
@@ -470,6 +496,11 @@ impl<'p> Writer<'p> {
                 push_comment(&mut out, " ", format_args!("{decl} {role}"));
                 out.pop(); // push_comment ends the line; the loop starts the next one.
             }
+        }
+        for (declaration, role) in RESULT_PARAMETERS.iter().take(result_parameters) {
+            written += 1;
+            let comma = if written < parameters { "," } else { "" };
+            let _ = write!(out, "\n\t.param {declaration}{comma} // {role}");
         }
         if parameters > 0 {
             out.push('\n');
@@ -662,6 +693,8 @@ impl<'p> Writer<'p> {
                     name: name.to_string(),
                 })
             }
+            // Under the result ABI every thread must count itself finished.
+            Node::Return if self.results => emit!(self, "bra {RESULTS_LABEL};"),
             Node::Return => emit!(self, "ret;"),
         }
         Ok(())
