@@ -26,6 +26,7 @@ pub mod floor;
 mod kernel;
 mod plan;
 mod pool;
+pub mod readback;
 mod resident;
 
 use std::sync::atomic::{AtomicU64, Ordering};
