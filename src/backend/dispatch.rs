@@ -26,6 +26,10 @@ use super::budget::{self, BudgetInputs};
 use super::driver::{self, DeviceMemory, Event};
 use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
+use super::readback::{
+    route_reads, stamp_kernel_ns, ResultArea, Route, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES,
+    STAMP_BYTES,
+};
 use super::pool::Lane;
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
@@ -80,8 +84,9 @@ struct Request<'r, 'b> {
     kernel: &'r KernelInner,
     bindings: &'r [Binding<'b>],
     config: &'r DispatchConfig,
-    /// Record device timing events (the probe being on forces it).
-    want_timing: bool,
+    /// Record the outer event pair for `device_window_ns` (an explicit option; the
+    /// probe being on forces it). `kernel_ns` always comes from the kernel's stamps.
+    want_events: bool,
     /// The call's first instant (the wall clock starts here).
     start: Instant,
     /// Where the next probe phase starts (`None` while the probe is off).
@@ -92,6 +97,8 @@ struct Request<'r, 'b> {
 struct Prepared {
     sizes: SmallVec<[u64; 16]>,
     reads: SmallVec<[ReadItem; 16]>,
+    /// One route per read (mapped result area or DMA copy).
+    routes: SmallVec<[Route; 16]>,
     upload_bytes: usize,
     /// Staging offset of the grid-barrier words (after uploads and readbacks).
     barrier_staging: usize,
@@ -139,7 +146,7 @@ impl CudaBackend {
     ) -> Result<TimedDispatch, BackendError> {
         let bindings: SmallVec<[Binding; 16]> =
             handles.iter().map(|h| Binding::Resident(*h)).collect();
-        self.run_program(program, &bindings, config, true)
+        self.run_program(program, &bindings, config, false)
     }
 
     /// Dispatch with any mix of resident and borrowed bindings, with timings.
@@ -149,7 +156,7 @@ impl CudaBackend {
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        self.run_program(program, bindings, config, true)
+        self.run_program(program, bindings, config, false)
     }
 
     /// Dispatch a compiled kernel (no lookups at all), with timings.
@@ -160,7 +167,7 @@ impl CudaBackend {
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
         let mut outputs = Vec::new();
-        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), true)?;
+        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), false)?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -168,9 +175,10 @@ impl CudaBackend {
     /// readback item, each exactly the item's length: the hot path. Once warm it makes
     /// no driver allocation and no heap allocation, and it records no timing events
     /// (on driver 580 the event records and elapsed-time queries of a timed dispatch
-    /// cost about 10 µs, more than the launch itself), so the returned timing holds
-    /// zero device times unless the probe is on. Use
-    /// [`CudaBackend::dispatch_kernel_into_timed`] for device times.
+    /// cost about 10 µs, more than the launch itself): `kernel_ns` comes from the
+    /// kernel's own `%globaltimer` stamps (see [`TimedDispatch::kernel_ns`]) and
+    /// `device_window_ns` is 0 unless the probe is on. Use
+    /// [`CudaBackend::dispatch_kernel_into_timed`] for the event window too.
     pub fn dispatch_kernel_into(
         &self,
         kernel: &Kernel,
@@ -181,7 +189,10 @@ impl CudaBackend {
         self.run_kernel(kernel, bindings, config, Sink::Slices(outputs), false)
     }
 
-    /// [`CudaBackend::dispatch_kernel_into`] with device times from the event pairs.
+    /// [`CudaBackend::dispatch_kernel_into`] plus CUDA events around everything the
+    /// dispatch enqueues, for `device_window_ns` (uploads, clears, launches and DMA
+    /// copies). An explicit option: the events cost about 10 µs per dispatch on
+    /// driver 580, while `kernel_ns` needs none.
     pub fn dispatch_kernel_into_timed(
         &self,
         kernel: &Kernel,
@@ -199,7 +210,7 @@ impl CudaBackend {
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
         sink: Sink<'_, '_>,
-        want_timing: bool,
+        want_events: bool,
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
@@ -207,7 +218,7 @@ impl CudaBackend {
             kernel: &kernel.inner,
             bindings,
             config,
-            want_timing,
+            want_events,
             start,
             mark: probe.as_ref().map(|_| start),
         };
@@ -219,7 +230,7 @@ impl CudaBackend {
         program: &Program,
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
-        want_timing: bool,
+        want_events: bool,
     ) -> Result<TimedDispatch, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
@@ -233,7 +244,7 @@ impl CudaBackend {
             kernel: &kernel,
             bindings,
             config,
-            want_timing,
+            want_events,
             start,
             mark,
         };
@@ -517,7 +528,7 @@ impl BackendInner {
             mark,
             ..
         } = request;
-        let want_timing = request.want_timing || probe.is_some();
+        let want_events = request.want_events || probe.is_some();
         self.check_alive()?;
 
         // prepare: binding plan checks, readback plan, launch plan, cooperative residency.
@@ -570,19 +581,22 @@ impl BackendInner {
             resident: SmallVec::new(),
             transients: SmallVec::new(),
         };
+        let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
+        route_reads(&reads, RESULT_AREA_BYTES, MAPPED_RANGE_MAX_BYTES, &mut routes);
         let prepared = Prepared {
             sizes,
             reads,
+            routes,
             upload_bytes,
             barrier_staging: align_up(staging_bytes),
             launch: plan,
         };
         let request = Request {
-            want_timing,
+            want_events,
             ..request
         };
         let result = self.enqueue_and_wait(&request, &prepared, &mut lane, &mut held, mark);
-        let reads = prepared.reads;
+        let Prepared { reads, routes, .. } = prepared;
         // Return transients to the pool only when the stream is known idle.
         let alive = self.check_alive().is_ok();
         let stream_idle = result.is_ok() || (alive && lane.stream.synchronize().is_ok());
@@ -613,21 +627,24 @@ impl BackendInner {
             }
         };
 
-        // readback (host side): copy staged bytes out.
+        // readback (host side): copy mapped and staged bytes out.
+        let lane_ref = &lane;
+        let source = |r: &ReadItem, route: &Route| -> &[u8] {
+            match (route, lane_ref.results.as_ref()) {
+                (Route::Mapped { offset }, Some(area)) => area.bytes(*offset as usize, r.len as usize),
+                _ => lane_ref.staging.slice(r.staging_offset, r.len as usize),
+            }
+        };
         match sink {
             Sink::Vecs(out) => {
                 out.reserve(reads.len());
-                for r in &reads {
-                    out.push(
-                        lane.staging
-                            .slice(r.staging_offset, r.len as usize)
-                            .to_vec(),
-                    );
+                for (r, route) in reads.iter().zip(&routes) {
+                    out.push(source(r, route).to_vec());
                 }
             }
             Sink::Slices(out) => {
-                for (dst, r) in out.iter_mut().zip(&reads) {
-                    dst.copy_from_slice(lane.staging.slice(r.staging_offset, r.len as usize));
+                for ((dst, r), route) in out.iter_mut().zip(&reads).zip(&routes) {
+                    dst.copy_from_slice(source(r, route));
                 }
             }
         }
@@ -654,13 +671,14 @@ impl BackendInner {
             kernel,
             bindings,
             config,
-            want_timing,
+            want_events,
             start,
             ..
         } = *request;
         let Prepared {
             ref sizes,
             ref reads,
+            ref routes,
             upload_bytes,
             barrier_staging,
             launch: plan,
@@ -680,15 +698,19 @@ impl BackendInner {
             self.staging_allocations
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        // The outer window opens before the first enqueued operation. When nothing is
-        // enqueued before the launch loop (all-resident, no clears, no grid barrier),
-        // the inner start event marks the same instant, so it opens both windows and
-        // one event record is saved.
-        let enqueues_before_launch = grid_sync.is_some()
-            || kernel.slots.iter().zip(bindings).any(|(slot, b)| {
-                slot.access == Access::WriteOnly || matches!(b, Binding::Borrowed(_))
-            });
-        if want_timing && enqueues_before_launch {
+        // The result area (readback::ResultArea): allocated once per lane, armed
+        // (stamps cleared) before every launch.
+        if lane.results.is_none() {
+            lane.results = Some(
+                ResultArea::new()
+                    .map_err(|e| BackendError::driver("allocating the result area", e))?,
+            );
+            self.staging_allocations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        // Events only as an explicit option (or under the probe): the outer window
+        // opens before the first enqueued operation and closes after the last one.
+        if want_events {
             lane.outer_start
                 .record(&lane.stream)
                 .map_err(|e| enqueue_error("recording the outer start event", e))?;
@@ -776,6 +798,25 @@ impl BackendInner {
         for l in lengths.iter_mut() {
             params.push(l as *mut u32 as *mut std::ffi::c_void);
         }
+        // The result ABI's parameters: small readback items become descriptors the
+        // kernel's last thread copies into the mapped area.
+        let area = lane
+            .results
+            .as_mut()
+            .ok_or_else(|| BackendError::bad_input("Fix: internal: the lane has no result area"))?;
+        area.arm(&lane.stream)
+            .map_err(|e| enqueue_error("clearing the result stamps", e))?;
+        let mut result_params = area.params();
+        let mut mapped_end = STAMP_BYTES;
+        for (r, route) in reads.iter().zip(routes) {
+            if let Route::Mapped { offset } = *route {
+                let source = resolved[r.slot as usize].address + r.offset;
+                // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX).
+                result_params.describe(source, r.len as u32, offset);
+                mapped_end = mapped_end.max(offset as usize + r.len as usize);
+            }
+        }
+        result_params.push_pointers(&mut params);
         let mark = probe::charge_and_mark(Phase::Resolve, mark);
 
         // lease: the grid barrier counter is module-global.
@@ -787,13 +828,10 @@ impl BackendInner {
         });
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
-        // launch: the loop, bracketed by the inner events.
-        if want_timing {
-            lane.inner_start
-                .record(&lane.stream)
-                .map_err(|e| enqueue_error("recording the kernel start event", e))?;
-        }
-        for _ in 0..config.fixpoint_iterations {
+        // launch: the loop; the kernel stamps its own start and end.
+        let iterations = config.fixpoint_iterations;
+        for iteration in 0..iterations {
+            result_params.set_launch(iteration, iterations);
             if let Some(counter) = grid_sync {
                 // SAFETY: the barrier symbol holds GRID_BARRIER_WORDS u32 words.
                 unsafe {
@@ -807,9 +845,12 @@ impl BackendInner {
                 .map_err(|e| enqueue_error("resetting the grid barrier", e))?;
             }
             // SAFETY: params holds one pointer per kernel parameter in the documented
-            // order (buffer addresses, then u32 element counts), pointing at locals that
-            // outlive this call; every address is held alive (held.*) until after the
-            // synchronize.
+            // order (buffer addresses, u32 element counts, then the result ABI's five),
+            // pointing at locals that outlive this call (`result_params` is not moved
+            // after push_pointers); every address is held alive (held.*, the lane's
+            // result area) until after the synchronize; every descriptor's range was
+            // bounds-checked against its binding by plan_readback and its destination
+            // placed inside the area by route_reads.
             unsafe {
                 driver::launch(
                     &kernel.module,
@@ -833,15 +874,22 @@ impl BackendInner {
                 }
             })?;
         }
-        if want_timing {
-            lane.inner_end
-                .record(&lane.stream)
-                .map_err(|e| enqueue_error("recording the kernel end event", e))?;
-        }
         let mark = probe::charge_and_mark(Phase::Launch, mark);
 
-        // readback (enqueue): one async copy per item, then the barrier words.
-        for r in reads {
+        // readback (enqueue): one async copy per item routed to DMA, the result area's
+        // used prefix when it lives in device memory, then the barrier words.
+        if let Some(area) = lane.results.as_mut() {
+            if !area.is_mapped() {
+                // SAFETY: the lane owns the area until after the synchronize, and its
+                // mirror is read only after it.
+                unsafe { area.enqueue_copy_back(mapped_end, &lane.stream) }
+                    .map_err(|e| enqueue_error("copying the result area back", e))?;
+            }
+        }
+        for (r, route) in reads.iter().zip(routes) {
+            if *route != Route::Copy {
+                continue;
+            }
             let address = resolved[r.slot as usize].address + r.offset;
             // SAFETY: staging[staging_offset..+len] was sized by plan_bindings; the
             // device range was bounds-checked against the binding's size.
@@ -868,9 +916,7 @@ impl BackendInner {
             }
             .map_err(|e| enqueue_error("reading the grid barrier back", e))?;
         }
-        // Likewise the outer window closes at the inner end when nothing follows the loop.
-        let enqueues_after_launch = !reads.is_empty() || grid_sync.is_some();
-        if want_timing && enqueues_after_launch {
+        if want_events {
             lane.outer_end
                 .record(&lane.stream)
                 .map_err(|e| enqueue_error("recording the outer end event", e))?;
@@ -919,19 +965,22 @@ impl BackendInner {
             device_window_ns: 0,
             kernel_ns: 0,
         };
-        if want_timing {
-            let window_start = if enqueues_before_launch {
-                &lane.outer_start
-            } else {
-                &lane.inner_start
-            };
-            let window_end = if enqueues_after_launch {
-                &lane.outer_end
-            } else {
-                &lane.inner_end
-            };
-            timing.device_window_ns = Event::elapsed_ns(window_start, window_end).unwrap_or(0);
-            timing.kernel_ns = Event::elapsed_ns(&lane.inner_start, &lane.inner_end).unwrap_or(0);
+        let stamps = lane.results.as_ref().and_then(|area| area.stamps());
+        if stamps.is_none() {
+            // The kernel did not finish its epilogue: the area may hold an earlier
+            // dispatch's bytes, which must never be returned as this one's.
+            return Err(BackendError::Launch {
+                message: format!(
+                    "Fix: internal: {} completed without writing its end stamp, so its mapped results \
+                     cannot be trusted; report this with the program",
+                    kernel.name
+                ),
+            });
+        }
+        timing.kernel_ns = stamp_kernel_ns(stamps);
+        if want_events {
+            timing.device_window_ns =
+                Event::elapsed_ns(&lane.outer_start, &lane.outer_end).unwrap_or(0);
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
         Ok((timing, mark))

@@ -170,6 +170,13 @@ impl ResultParams {
         self.count.set(if last { self.described } else { 0 });
     }
 
+    /// Set the per-launch values directly (graph captures and node updates, which
+    /// choose flags per launch node and pass no descriptors).
+    pub(crate) fn set_raw(&self, flags: u32, count: u32) {
+        self.flags.set(flags);
+        self.count.set(count.min(self.described));
+    }
+
     /// Append the five parameter pointers (after the buffer addresses and counts).
     pub(crate) fn push_pointers<const N: usize>(&self, params: &mut SmallVec<[*mut c_void; N]>) {
         params.push(&self.control as *const u64 as *mut c_void);
@@ -180,6 +187,7 @@ impl ResultParams {
     }
 
     /// Descriptors added so far.
+    #[cfg(test)]
     pub(crate) fn described(&self) -> u32 {
         self.described
     }

@@ -116,8 +116,10 @@
 //!
 //! [`DispatchGraph::replay`] records no events (on driver 580 each event record
 //! costs about 2 µs); [`DispatchGraph::replay_timed`] records one pair around the
-//! graph launch for `device_window_ns`. A graph has no separate kernel window
-//! (its kernels and copies run as one launch), so `kernel_ns` is always 0. With the
+//! graph launch for `device_window_ns`. `kernel_ns` (both) comes from the kernels'
+//! own `%globaltimer` stamps (the result ABI, `backend::readback`): from the start of
+//! the first launch node to the end of the last, copies between kernels included,
+//! at no cost to the replay. With the
 //! probe on, each replay prints one line: `prepare` (liveness check, context bind),
 //! `launch` (the graph launch and its events), `release` (the synchronize and fault
 //! handling), `stage` and `readback` 0 (inputs and outputs are read and written in
@@ -145,6 +147,9 @@ use smallvec::SmallVec;
 
 use crate::backend::driver::{
     self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
+};
+use crate::backend::readback::{
+    stamp_kernel_ns, ResultArea, ResultParams, FLAG_END_STAMP, FLAG_START_STAMP,
 };
 use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
 use crate::ir::BufferCount;
@@ -255,22 +260,39 @@ struct Step {
     nodes: SmallVec<[GraphNode; 4]>,
 }
 
-/// The parameter array of a launch: pointers to the addresses, then to the counts
-/// (the kernel ABI documented in `codegen::ptx`). The pointers are valid while
-/// `addresses` and `counts` are neither moved nor dropped.
+/// The parameter array of a launch: pointers to the addresses, then to the counts,
+/// then the result ABI's five (the kernel ABI documented in `codegen::ptx`). The
+/// pointers are valid while `addresses`, `counts` and `results` are neither moved
+/// nor dropped.
 fn parameter_array(
     addresses: &mut [u64],
     counts: &mut [u32],
-) -> SmallVec<[*mut std::ffi::c_void; 32]> {
-    let mut params: SmallVec<[*mut std::ffi::c_void; 32]> =
-        SmallVec::with_capacity(addresses.len() + counts.len());
+    results: &ResultParams,
+) -> SmallVec<[*mut std::ffi::c_void; 40]> {
+    let mut params: SmallVec<[*mut std::ffi::c_void; 40]> =
+        SmallVec::with_capacity(addresses.len() + counts.len() + 5);
     for address in addresses.iter_mut() {
         params.push(address as *mut u64 as *mut std::ffi::c_void);
     }
     for count in counts.iter_mut() {
         params.push(count as *mut u32 as *mut std::ffi::c_void);
     }
+    results.push_pointers(&mut params);
     params
+}
+
+/// Result-ABI launch flags of launch `iteration` of step `step` (of `steps`): the
+/// graph's first launch writes the start stamp and its last one the end stamp, so
+/// the stamps span every kernel of a replay. Graph read-backs stay copy nodes.
+fn graph_launch_flags(step: usize, steps: usize, iteration: u32, iterations: u32) -> u32 {
+    let mut flags = 0;
+    if step == 0 && iteration == 0 {
+        flags |= FLAG_START_STAMP;
+    }
+    if step + 1 == steps && iteration + 1 == iterations {
+        flags |= FLAG_END_STAMP;
+    }
+    flags
 }
 
 /// Driver resources of a graph, in drop order.
@@ -284,6 +306,8 @@ struct Resources {
     window_end: Event,
     inputs: PinnedMemory,
     outputs: PinnedMemory,
+    /// The result area every launch's result-ABI parameters point at (stamps).
+    results: ResultArea,
     /// Owned only to keep every resident buffer the graph touches alive.
     #[allow(dead_code)]
     memory: Vec<Arc<DeviceMemory>>,
@@ -456,13 +480,19 @@ impl DispatchGraph {
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let step = &self.steps[index];
         let mut addresses = step.addresses.clone();
-        let mut params = parameter_array(&mut addresses, &mut counts);
+        let results = resources.results.params();
+        let mut params = parameter_array(&mut addresses, &mut counts, &results);
         let mut updated = 0usize;
         let mut failure: Option<DriverError> = None;
-        for node in &step.nodes {
+        let iterations = step.nodes.len() as u32;
+        for (iteration, node) in step.nodes.iter().enumerate() {
+            results.set_raw(
+                graph_launch_flags(index, self.steps.len(), iteration as u32, iterations),
+                0,
+            );
             // SAFETY: `node` is a launch node of `resources.graph`, from which
             // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points at `addresses` and `counts`, alive until after the call, in the
+            // points at `addresses`, `counts` and `results`, alive until after the call, in the
             // kernel's parameter order; every address is held by the graph (resident
             // memory in `resources.memory`, scratch allocated by the graph itself); the
             // last replay synchronised, so no launch of the executable is running.
@@ -537,7 +567,7 @@ impl DispatchGraph {
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
         let name = &self.name;
-        let resources = self.resources.as_ref().ok_or_else(dropping)?;
+        let resources = self.resources.as_mut().ok_or_else(dropping)?;
         let enqueue_error = |what: &str, e: DriverError| {
             if e.is_sticky() {
                 inner.mark_context_lost(format!("{name} failed while {what}: {e}"));
@@ -550,6 +580,10 @@ impl DispatchGraph {
                 .record(&resources.stream)
                 .map_err(|e| enqueue_error("recording the window start event", e))?;
         }
+        resources
+            .results
+            .arm(&resources.stream)
+            .map_err(|e| enqueue_error("clearing the result stamps", e))?;
         // SAFETY: every device allocation the graph touches is held by `resources.memory`
         // (resident buffers) or allocated and freed by the graph itself (scratch); the
         // pinned input and output staging live in `resources` and are reachable by the
@@ -557,6 +591,15 @@ impl DispatchGraph {
         // call returns after the synchronize below.
         unsafe { resources.exec.launch(&resources.stream) }
             .map_err(|e| enqueue_error("launching the graph", e))?;
+        if !resources.results.is_mapped() {
+            // SAFETY: the graph owns the area; its mirror is read after the synchronize.
+            unsafe {
+                resources
+                    .results
+                    .enqueue_copy_back(crate::backend::readback::STAMP_BYTES, &resources.stream)
+            }
+            .map_err(|e| enqueue_error("copying the result stamps back", e))?;
+        }
         if want_timing {
             resources
                 .window_end
@@ -591,6 +634,10 @@ impl DispatchGraph {
         if want_timing {
             timing.device_window_ns =
                 Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0);
+        }
+        // The kernels' own stamps: the first launch's start to the last launch's end.
+        if !self.steps.is_empty() {
+            timing.kernel_ns = stamp_kernel_ns(resources.results.stamps());
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
         // Outputs stay in pinned staging (read in place through `output`): nothing
@@ -721,8 +768,9 @@ mod tests {
     fn parameter_array_is_addresses_then_counts() {
         let mut addresses = [0x1000u64, 0x2000, 0x3000];
         let mut counts = [7u32, 8, 9];
-        let params = parameter_array(&mut addresses, &mut counts);
-        assert_eq!(params.len(), 6);
+        let results = ResultParams::new(0x10, 0x20);
+        let params = parameter_array(&mut addresses, &mut counts, &results);
+        assert_eq!(params.len(), 6 + 5, "buffers, counts, then the result ABI's five");
         for (i, param) in params.iter().take(3).enumerate() {
             let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
             assert_eq!(*param, expected, "parameter {i} points at address {i}");
@@ -731,6 +779,20 @@ mod tests {
             let expected = std::ptr::addr_of_mut!(counts[i]) as *mut std::ffi::c_void;
             assert_eq!(*param, expected, "parameter {} points at count {i}", 3 + i);
         }
+    }
+
+    /// Locks out stamps that cover only part of a replay (or none): the first launch
+    /// of the first step writes the start stamp, the last launch of the last step the
+    /// end stamp, a single launch both, and launches in between neither.
+    #[test]
+    fn graph_stamps_span_the_whole_replay() {
+        let both = FLAG_START_STAMP | FLAG_END_STAMP;
+        assert_eq!(graph_launch_flags(0, 1, 0, 1), both);
+        assert_eq!(graph_launch_flags(0, 3, 0, 2), FLAG_START_STAMP);
+        assert_eq!(graph_launch_flags(0, 3, 1, 2), 0);
+        assert_eq!(graph_launch_flags(1, 3, 0, 1), 0);
+        assert_eq!(graph_launch_flags(2, 3, 0, 2), 0);
+        assert_eq!(graph_launch_flags(2, 3, 1, 2), FLAG_END_STAMP);
     }
 
     /// Locks out a graph type that could be shared between threads (replays are

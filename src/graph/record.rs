@@ -13,8 +13,10 @@ use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
 use crate::ir::Access;
 
+use crate::backend::readback::ResultArea;
+
 use super::{
-    next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
+    graph_launch_flags, next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
     OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
 };
 
@@ -391,7 +393,9 @@ impl GraphRecorder<'_> {
         let output_len = outputs.len();
         outputs.slice_mut(0, output_len).fill(0);
 
-        let captured = self.capture(&stream, &inputs, &outputs, &name);
+        let results =
+            ResultArea::new().map_err(|e| resource_error("allocating the result area", e))?;
+        let captured = self.capture(&stream, &inputs, &outputs, &results, &name);
         let failed = |what: &str, e: DriverError| {
             if e.is_sticky() {
                 inner.mark_context_lost(format!("recording {name} failed: {e}"));
@@ -416,6 +420,7 @@ impl GraphRecorder<'_> {
                 window_end,
                 inputs,
                 outputs,
+                results,
                 memory: std::mem::take(&mut self.memory),
             }),
             steps: std::mem::take(&mut self.steps),
@@ -435,8 +440,10 @@ impl GraphRecorder<'_> {
         stream: &Stream,
         inputs: &PinnedMemory,
         outputs: &PinnedMemory,
+        results: &ResultArea,
         name: &str,
     ) -> Result<driver::Graph, BackendError> {
+        let steps = self.steps.len();
         let inner = Arc::clone(self.backend.shared());
         let failed = |what: &str, e: DriverError| {
             if e.is_sticky() {
@@ -489,8 +496,9 @@ impl GraphRecorder<'_> {
                     }
                     .map_err(|e| failed("recording a read-back", e))?;
                 }
-                Operation::Dispatch { step } => {
-                    let step = &mut self.steps[step as usize];
+                Operation::Dispatch { step: step_index } => {
+                    let step_index = step_index as usize;
+                    let step = &mut self.steps[step_index];
                     step.addresses = step
                         .bound
                         .iter()
@@ -512,13 +520,19 @@ impl GraphRecorder<'_> {
                     }
                     let mut addresses = step.addresses.clone();
                     let mut counts = step.counts.clone();
-                    let mut params = parameter_array(&mut addresses, &mut counts);
-                    for _ in 0..step.iterations {
+                    let result_params = results.params();
+                    let mut params = parameter_array(&mut addresses, &mut counts, &result_params);
+                    for iteration in 0..step.iterations {
+                        result_params.set_raw(
+                            graph_launch_flags(step_index, steps, iteration, step.iterations),
+                            0,
+                        );
                         // SAFETY: params holds one pointer per kernel parameter in the
-                        // documented order (addresses, then u32 counts), pointing at the
-                        // locals above, which outlive the call (the driver copies the
-                        // values into the graph); every address stays alive as long as
-                        // the graph (held memory or graph allocations).
+                        // documented order (addresses, u32 counts, the result ABI's five),
+                        // pointing at the locals above, which outlive the call (the driver
+                        // copies the values into the graph); every address stays alive as
+                        // long as the graph (held memory, graph allocations, the result
+                        // area in its resources); no descriptor is passed (count 0).
                         unsafe {
                             driver::launch(
                                 &kernel.module,
