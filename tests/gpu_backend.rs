@@ -702,10 +702,7 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
         .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
         .unwrap();
     assert_eq!(words(&out0)[0], host_cost_fixture_expected(7, 10));
-    assert_eq!(
-        timing.device_window_ns, 0,
-        "the hot path records no events"
-    );
+    assert_eq!(timing.device_window_ns, 0, "the hot path records no events");
     assert!(timing.kernel_ns > 0, "the kernel stamps itself: {timing:?}");
     assert!(timing.wall_ns > 0 && timing.wait_ns <= timing.wall_ns);
     let timed = gpu

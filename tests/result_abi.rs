@@ -35,7 +35,12 @@ fn ptxas() -> Option<PathBuf> {
 }
 
 /// Assemble for sm_90; Err carries ptxas's message and the numbered PTX.
-fn assemble(ptxas: &PathBuf, directory: &std::path::Path, name: &str, ptx: &str) -> Result<(), String> {
+fn assemble(
+    ptxas: &PathBuf,
+    directory: &std::path::Path,
+    name: &str,
+    ptx: &str,
+) -> Result<(), String> {
     let source = directory.join(format!("{name}.ptx"));
     std::fs::write(&source, ptx).map_err(|e| e.to_string())?;
     let output = Command::new(ptxas)
@@ -48,7 +53,10 @@ fn assemble(ptxas: &PathBuf, directory: &std::path::Path, name: &str, ptx: &str)
     if output.status.success() {
         return Ok(());
     }
-    let mut report = format!("ptxas rejected {name}:\n{}", String::from_utf8_lossy(&output.stderr));
+    let mut report = format!(
+        "ptxas rejected {name}:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     for (number, line) in ptx.lines().enumerate() {
         report.push_str(&format!("{:5} | {line}\n", number + 1));
     }
@@ -57,7 +65,13 @@ fn assemble(ptxas: &PathBuf, directory: &std::path::Path, name: &str, ptx: &str)
 
 fn early_return() -> Program {
     Program::builder([64, 1, 1])
-        .buffer("out", 0, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let gid = b.let_("gid", Expr::global_id(Axis::X));
             b.if_(gid.clone().greater_equal(Expr::length("out")), |b| {
@@ -98,10 +112,17 @@ fn result_abi_kernels_exit_only_through_the_epilogue() {
         "vyre_range_count",
         "vyre_ranges[256]",
     ] {
-        assert!(with.contains(&format!(" {parameter}")), "{parameter} missing:\n{with}");
+        assert!(
+            with.contains(&format!(" {parameter}")),
+            "{parameter} missing:\n{with}"
+        );
         assert!(!plain.contains(parameter), "plain ABI has {parameter}");
     }
-    assert_eq!(rets(&plain), 3, "negative control: the plain ABI exits at each return");
+    assert_eq!(
+        rets(&plain),
+        3,
+        "negative control: the plain ABI exits at each return"
+    );
     assert_eq!(RESULT_RANGE_SLOTS * 16, 256);
 }
 
@@ -157,10 +178,12 @@ fn result_abi_kernels_assemble_with_ptxas() {
                 })
             })
             .collect();
-        halves
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+        halves.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
-    assert!(failures.is_empty(), "{} modules rejected; first:\n{}", failures.len(), failures[0]);
+    assert!(
+        failures.is_empty(),
+        "{} modules rejected; first:\n{}",
+        failures.len(),
+        failures[0]
+    );
 }

@@ -174,12 +174,16 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
-                let text =
-                    codegen::program_to_ptx_with_results(&lowered, &config.codegen, key.sm, key.subgroup_size)
-                        .map_err(|e| BackendError::InvalidProgram {
-                        program: program.display_name(),
-                        message: e.to_string(),
-                    })?;
+                let text = codegen::program_to_ptx_with_results(
+                    &lowered,
+                    &config.codegen,
+                    key.sm,
+                    key.subgroup_size,
+                )
+                .map_err(|e| BackendError::InvalidProgram {
+                    program: program.display_name(),
+                    message: e.to_string(),
+                })?;
                 self.ptx.insert(key, Arc::from(text))
             }
         };

@@ -272,7 +272,11 @@ impl ResultArea {
     /// # Safety
     /// The mirror is read only after the stream is synchronised, and the area stays
     /// alive until then (the lane owns it).
-    pub(crate) unsafe fn enqueue_copy_back(&mut self, used: usize, stream: &Stream) -> DriverResult<()> {
+    pub(crate) unsafe fn enqueue_copy_back(
+        &mut self,
+        used: usize,
+        stream: &Stream,
+    ) -> DriverResult<()> {
         match &mut self.storage {
             Storage::Mapped(_) => Ok(()),
             Storage::Device { device, mirror } => driver::copy_to_host_async(
@@ -348,13 +352,21 @@ mod tests {
         // Slots run out after RESULT_RANGE_SLOTS items.
         let many = vec![item(16); RESULT_RANGE_SLOTS + 3];
         let mut routes = SmallVec::new();
-        assert_eq!(route_reads(&many, RESULT_AREA_BYTES, 4096, &mut routes), RESULT_RANGE_SLOTS);
-        assert!(routes[RESULT_RANGE_SLOTS..].iter().all(|r| *r == Route::Copy));
+        assert_eq!(
+            route_reads(&many, RESULT_AREA_BYTES, 4096, &mut routes),
+            RESULT_RANGE_SLOTS
+        );
+        assert!(routes[RESULT_RANGE_SLOTS..]
+            .iter()
+            .all(|r| *r == Route::Copy));
 
         // Room runs out: a 100-byte area holds the stamps and 84 bytes.
         let mut routes = SmallVec::new();
         assert_eq!(route_reads(&[item(80), item(8)], 100, 4096, &mut routes), 1);
-        assert_eq!(routes.as_slice(), &[Route::Mapped { offset: 16 }, Route::Copy]);
+        assert_eq!(
+            routes.as_slice(),
+            &[Route::Mapped { offset: 16 }, Route::Copy]
+        );
     }
 
     /// Locks out descriptors the kernel would misread and launch flags that stamp or
@@ -374,7 +386,10 @@ mod tests {
         assert_eq!(params.described(), RESULT_RANGE_SLOTS as u32);
 
         params.set_launch(0, 3);
-        assert_eq!((params.flags.get(), params.count.get()), (FLAG_START_STAMP, 0));
+        assert_eq!(
+            (params.flags.get(), params.count.get()),
+            (FLAG_START_STAMP, 0)
+        );
         params.set_launch(1, 3);
         assert_eq!((params.flags.get(), params.count.get()), (0, 0));
         params.set_launch(2, 3);
@@ -388,7 +403,11 @@ mod tests {
         let mut pointers: SmallVec<[*mut c_void; 8]> = SmallVec::new();
         params.push_pointers(&mut pointers);
         assert_eq!(pointers.len(), 5);
-        assert_eq!(pointers[4] as usize % 8, 0, "descriptors must be 8-byte aligned");
+        assert_eq!(
+            pointers[4] as usize % 8,
+            0,
+            "descriptors must be 8-byte aligned"
+        );
     }
 
     /// Locks out reporting garbage as kernel time: missing stamps give 0, reversed

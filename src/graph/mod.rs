@@ -770,7 +770,11 @@ mod tests {
         let mut counts = [7u32, 8, 9];
         let results = ResultParams::new(0x10, 0x20);
         let params = parameter_array(&mut addresses, &mut counts, &results);
-        assert_eq!(params.len(), 6 + 5, "buffers, counts, then the result ABI's five");
+        assert_eq!(
+            params.len(),
+            6 + 5,
+            "buffers, counts, then the result ABI's five"
+        );
         for (i, param) in params.iter().take(3).enumerate() {
             let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
             assert_eq!(*param, expected, "parameter {i} points at address {i}");

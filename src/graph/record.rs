@@ -16,8 +16,8 @@ use crate::ir::Access;
 use crate::backend::readback::ResultArea;
 
 use super::{
-    graph_launch_flags, next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding, InputSlot,
-    OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
+    graph_launch_flags, next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding,
+    InputSlot, OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.

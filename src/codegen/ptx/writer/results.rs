@@ -107,8 +107,14 @@ impl Writer<'_> {
         let low = r(self, RegClass::B32);
         let high = r(self, RegClass::B32);
         emit!(self, "mov.b64 {{{low}, {high}}}, {before};");
-        emit!(self, "shfl.sync.idx.b32 {low}, {low}, {leader}, 31, {mask};");
-        emit!(self, "shfl.sync.idx.b32 {high}, {high}, {leader}, 31, {mask};");
+        emit!(
+            self,
+            "shfl.sync.idx.b32 {low}, {low}, {leader}, 31, {mask};"
+        );
+        emit!(
+            self,
+            "shfl.sync.idx.b32 {high}, {high}, {leader}, 31, {mask};"
+        );
         emit!(self, "mov.b64 {before}, {{{low}, {high}}};");
         let blocks = r(self, RegClass::B64);
         for axis in ["x", "y", "z"] {
@@ -231,7 +237,10 @@ impl Writer<'_> {
         }
         self.place(next);
         emit!(self, "add.u32 {index}, {index}, 1;");
-        emit!(self, "add.s64 {descriptor}, {descriptor}, {DESCRIPTOR_BYTES};");
+        emit!(
+            self,
+            "add.s64 {descriptor}, {descriptor}, {DESCRIPTOR_BYTES};"
+        );
         emit!(self, "bra {range};");
         self.place(copied);
         emit!(self, "fence.sc.sys;");
