@@ -104,13 +104,12 @@ fn pair(
     }
 }
 
+/// A named measured operation (returns a value so the work cannot be elided).
+type Arm<'a> = (String, Box<dyn FnMut() -> u64 + 'a>);
+
 /// Per-call minimum (ns) of each arm over `rounds` rounds of `calls` calls, the arms'
 /// order rotated every round (the §0 method).
-fn rotated_minimum(
-    arms: &mut [(String, Box<dyn FnMut() -> u64 + '_>)],
-    rounds: usize,
-    calls: u32,
-) -> Vec<f64> {
+fn rotated_minimum(arms: &mut [Arm<'_>], rounds: usize, calls: u32) -> Vec<f64> {
     let mut best = vec![f64::INFINITY; arms.len()];
     let mut sink = 0u64;
     for round in 0..rounds {
@@ -156,7 +155,7 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
         })
         .expect("record");
     let floor = std::cell::RefCell::new(&mut floor);
-    let mut arms: Vec<(String, Box<dyn FnMut() -> u64 + '_>)> = vec![
+    let mut arms: Vec<Arm<'_>> = vec![
         (
             "floor: launch + sync".into(),
             Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
@@ -270,7 +269,7 @@ fn readback_sweep(gpu: &CudaBackend) {
     while size <= MAX {
         let area_ok = size <= ReadbackSweep::AREA_CAPACITY;
         let sweep_cell = std::cell::RefCell::new(&mut sweep);
-        let mut arms: Vec<(String, Box<dyn FnMut() -> u64 + '_>)> = vec![
+        let mut arms: Vec<Arm<'_>> = vec![
             (
                 "copy".into(),
                 Box::new(|| sweep_cell.borrow_mut().copy_sweep(size).expect("copy")),

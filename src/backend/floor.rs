@@ -410,6 +410,16 @@ impl RawFloor {
         self.result_area.bytes(offset, len).to_vec()
     }
 
+    /// Bytes the per-copy floor staged at `offset` (copy `i` lands at `16 * i`).
+    pub fn staged_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.staging.slice(offset, len).to_vec()
+    }
+
+    /// The first `len` bytes the mapped floor's kernel wrote for buffer `index`.
+    pub fn mapped_output(&self, index: usize, len: usize) -> Vec<u8> {
+        self.mapped.slice(256 * index, len).to_vec()
+    }
+
     /// Number of parameters of the prebuilt launch.
     pub fn parameter_count(&self) -> usize {
         self.addresses.len() + self.lengths.len()
@@ -504,7 +514,7 @@ impl ReadbackSweep {
     }
 
     fn check(&self, bytes: usize) -> Result<(), BackendError> {
-        if bytes == 0 || bytes % 4 != 0 || bytes > self.capacity {
+        if bytes == 0 || !bytes.is_multiple_of(4) || bytes > self.capacity {
             return Err(BackendError::bad_input(format!(
                 "Fix: sweep sizes must be positive multiples of 4 up to the {} bytes prepared; got {bytes}",
                 self.capacity
