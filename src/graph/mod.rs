@@ -779,7 +779,7 @@ mod tests {
             let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
             assert_eq!(*param, expected, "parameter {i} points at address {i}");
         }
-        for (i, param) in params.iter().skip(3).enumerate() {
+        for (i, param) in params.iter().skip(3).take(3).enumerate() {
             let expected = std::ptr::addr_of_mut!(counts[i]) as *mut std::ffi::c_void;
             assert_eq!(*param, expected, "parameter {} points at count {i}", 3 + i);
         }
