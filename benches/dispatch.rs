@@ -5,7 +5,10 @@
 //!   (2, 64), (17, 64), every writable buffer read back (target ≤ 1.15);
 //! - flatness: the 16,384-node dispatch against the 1-node dispatch (target ≤ 1.05);
 //! - cold first dispatch of a new 4,096-node program: lower + emit + driver JIT +
-//!   launch (target ≤ 100 ms).
+//!   launch (target ≤ 100 ms);
+//! - pipelining: submit + wait against `dispatch_kernel` (no hot-path regression),
+//!   and a loop with two submissions in flight against the blocking loop (target:
+//!   ≥ 1.6× its throughput).
 //!
 //! First, the three floors of issue 10 / §11, measured in the same run and quoted
 //! beside every dispatch figure (`floors_table`, minimum of 9 rotated rounds, as in
@@ -24,7 +27,7 @@
 use std::time::{Duration, Instant};
 
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
-use vyre_cuda::backend::{Binding, CudaBackend, ResidentBuffer};
+use vyre_cuda::backend::{Binding, CudaBackend, PendingDispatch, ResidentBuffer};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{PairOptions, Paired, Report};
 use vyre_cuda::ir::Program;
@@ -457,6 +460,86 @@ fn main() {
         drop(floor);
         for h in handles {
             gpu.free_resident(h).expect("free");
+        }
+    }
+
+    // Pipelining (issue 11): a loop of encodes with two in flight on separate lanes
+    // (submit N+1, then wait for N) against the blocking loop (submit, wait), per
+    // encode, same kernel and bindings shape. Target: throughput ≥ 1.6× blocking,
+    // i.e. a ratio ≤ 0.625. Each in-flight slot has its own buffers.
+    {
+        let program = host_cost_fixture(9, chain_for_nodes(64));
+        let kernel = gpu.compile(&program, &config).expect("compile");
+        let sets = [
+            resident_inputs(&gpu, &program),
+            resident_inputs(&gpu, &program),
+        ];
+        let bindings: Vec<Vec<Binding>> = sets
+            .iter()
+            .map(|set| set.iter().map(|h| Binding::Resident(*h)).collect())
+            .collect();
+        // Hot-path check: submit + wait against the blocking dispatch_kernel.
+        pair(
+            &mut report,
+            &mut lines,
+            ("dispatch_kernel b9 n64", &mut || {
+                gpu.dispatch_kernel(&kernel, &bindings[0], &config)
+                    .expect("dispatch")
+                    .outputs[0][0] as u64
+            }),
+            ("submit+wait b9 n64", &mut || {
+                gpu.submit_kernel(&kernel, &bindings[0], &config)
+                    .expect("submit")
+                    .wait()
+                    .expect("wait")
+                    .outputs[0][0] as u64
+            }),
+        );
+        let mut queue: std::collections::VecDeque<PendingDispatch> =
+            std::collections::VecDeque::new();
+        let mut turn = 0usize;
+        let pipelined = pair(
+            &mut report,
+            &mut lines,
+            ("blocking loop b9 n64", &mut || {
+                gpu.submit_kernel(&kernel, &bindings[0], &config)
+                    .expect("submit")
+                    .wait()
+                    .expect("wait")
+                    .outputs[0][0] as u64
+            }),
+            ("two in flight b9 n64", &mut || {
+                if queue.len() == 2 {
+                    let oldest = queue.pop_front().expect("two queued");
+                    let slot = turn % 2;
+                    let done = oldest.wait().expect("wait").outputs[0][0] as u64;
+                    queue.push_back(
+                        gpu.submit_kernel(&kernel, &bindings[slot], &config)
+                            .expect("submit"),
+                    );
+                    turn += 1;
+                    done
+                } else {
+                    queue.push_back(
+                        gpu.submit_kernel(&kernel, &bindings[turn % 2], &config)
+                            .expect("submit"),
+                    );
+                    turn += 1;
+                    0
+                }
+            }),
+        );
+        drop(queue);
+        if let Some(p) = pipelined {
+            println!(
+                "pipelining: two in flight run at {:.2}× the blocking loop's throughput (target ≥ 1.6)",
+                1.0 / p.median_ratio
+            );
+        }
+        for set in sets {
+            for h in set {
+                gpu.free_resident(h).expect("free");
+            }
         }
     }
 

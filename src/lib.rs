@@ -51,6 +51,7 @@
 pub mod backend;
 pub mod codegen;
 pub mod config;
+#[cfg(feature = "testing")]
 pub mod fixtures;
 pub mod graph;
 pub mod host_cost;

@@ -719,3 +719,292 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
         .to_string();
     assert!(m.starts_with("Fix:") && m.contains("output slices"), "{m}");
 }
+
+// ---------------------------------------------------------------------------
+// Owned buffers, non-blocking submission, driver-call counts (issues 10.3, 11).
+
+/// `x[i] = lcg^iterations(x[i])` over a runtime-sized `u32` buffer: long enough
+/// (with a large `iterations`) to overlap a transfer on another lane.
+fn lcg_program(iterations: u32) -> Program {
+    Program::builder([256, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("x")), |b| {
+                let acc = b.let_mut("acc", Expr::load("x", i.clone()));
+                b.loop_("j", 0u32, iterations, |b, _| {
+                    b.assign("acc", acc.clone() * 1_664_525u32 + 1_013_904_223u32);
+                });
+                b.store("x", i.clone(), acc.clone());
+            });
+        })
+        .build()
+}
+
+/// The LCG applied `iterations` times, as one affine map `x → a·x + c` (mod 2³²)
+/// composed on the host once, so checking a million outputs stays cheap.
+fn lcg_map(iterations: u32) -> impl Fn(u32) -> u32 {
+    let (a, c) = (0..iterations).fold((1u32, 0u32), |(a, c), _| {
+        (
+            a.wrapping_mul(1_664_525),
+            c.wrapping_mul(1_664_525).wrapping_add(1_013_904_223),
+        )
+    });
+    move |x| a.wrapping_mul(x).wrapping_add(c)
+}
+
+fn lcg_expected(x: u32, iterations: u32) -> u32 {
+    lcg_map(iterations)(x)
+}
+
+/// Locks out extra synchronizes (invariant 4) on every dispatch path: counting
+/// the real driver's `cuStreamSynchronize` calls on this thread, each dispatch —
+/// borrowed, resident, compiled kernel into caller buffers, timed, submitted and
+/// waited, graph replay — makes exactly one, and each launches its fixpoint
+/// iterations. Negative control: an upload followed by a dispatch counts two.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
+    use vyre_cuda::backend::thread_driver_calls;
+    let gpu = backend();
+    let program = lcg_program(3);
+    let config = DispatchConfig::linear(1).with_fixpoint_iterations(2);
+    let input = bytes(&(0..256u32).collect::<Vec<_>>());
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let buffer = gpu.buffer_from(&input).unwrap();
+    let handle = gpu.allocate_resident(input.len() as u64).unwrap();
+    gpu.upload_resident(&handle, &input).unwrap();
+    let mut graph = gpu
+        .record(|rec| {
+            rec.dispatch_bindings(&kernel, &[(&buffer).into()], &config)?;
+            rec.read_back(&buffer, 0, 16)?;
+            Ok(())
+        })
+        .unwrap();
+    // Warm every path once (lanes and staging are created on first use).
+    gpu.dispatch(&program, &[&input], &config).unwrap();
+    let mut out = vec![0u8; input.len()];
+    let check = |name: &str, launches: u64, graph_launches: u64, run: &mut dyn FnMut()| {
+        let before = thread_driver_calls();
+        run();
+        let after = thread_driver_calls();
+        assert_eq!(
+            after.synchronizes - before.synchronizes,
+            1,
+            "{name}: synchronizes"
+        );
+        assert_eq!(
+            after.launches - before.launches,
+            launches,
+            "{name}: launches"
+        );
+        assert_eq!(
+            after.graph_launches - before.graph_launches,
+            graph_launches,
+            "{name}: graph launches"
+        );
+    };
+    check("borrowed dispatch", 2, 0, &mut || {
+        gpu.dispatch(&program, &[&input], &config).unwrap();
+    });
+    check("resident dispatch", 2, 0, &mut || {
+        gpu.dispatch_resident(&program, &[handle], &config).unwrap();
+    });
+    check("timed resident dispatch", 2, 0, &mut || {
+        gpu.dispatch_resident_timed(&program, &[handle], &config)
+            .unwrap();
+    });
+    check("kernel into caller buffers", 2, 0, &mut || {
+        gpu.dispatch_kernel_into(&kernel, &[buffer.binding()], &config, &mut [&mut out])
+            .unwrap();
+    });
+    check("submit + wait", 2, 0, &mut || {
+        gpu.submit_kernel(&kernel, &[buffer.binding()], &config)
+            .unwrap()
+            .wait()
+            .unwrap();
+    });
+    check("graph replay", 0, 1, &mut || {
+        graph.replay().unwrap();
+    });
+    // Negative control: the counter does see a second synchronize.
+    let before = thread_driver_calls();
+    gpu.upload_resident(&handle, &input).unwrap();
+    gpu.dispatch_resident(&program, &[handle], &config).unwrap();
+    assert_eq!(thread_driver_calls().synchronizes - before.synchronizes, 2);
+    gpu.free_resident(handle).unwrap();
+}
+
+/// Locks out leaks and use-after-free of owned buffers: a buffer starts zeroed,
+/// its bytes are counted while it lives and released on drop; dropping it while a
+/// submitted dispatch still uses it is safe (the dispatch holds its memory) and
+/// the dispatch's outputs are right; a buffer of another backend is a `Fix:` error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_owned_buffers_free_on_drop_and_outlive_nothing_in_flight() {
+    let gpu = backend();
+    let baseline = gpu.pool_stats().resident_bytes;
+    let zeroed = gpu.buffer(4096).unwrap();
+    assert_eq!(gpu.read(&zeroed).unwrap(), vec![0u8; 4096], "starts zeroed");
+    assert_eq!(gpu.pool_stats().resident_bytes, baseline + 4096);
+    drop(zeroed);
+    assert_eq!(gpu.pool_stats().resident_bytes, baseline, "freed on drop");
+
+    let iterations = 64;
+    let program = lcg_program(iterations);
+    let config = DispatchConfig::linear(16);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let words_in: Vec<u32> = (0..4096u32).collect();
+    let buffer = gpu.buffer_from(&bytes(&words_in)).unwrap();
+    let pending = gpu
+        .submit_kernel(&kernel, &[buffer.binding()], &config)
+        .unwrap();
+    drop(buffer); // the dispatch in flight still holds the memory
+    let outputs = pending.wait().unwrap().outputs;
+    let expected: Vec<u32> = words_in
+        .iter()
+        .map(|&x| lcg_expected(x, iterations))
+        .collect();
+    assert_eq!(words(&outputs[0]), expected);
+    assert_eq!(gpu.pool_stats().resident_bytes, baseline);
+
+    let other = CudaBackend::acquire().unwrap();
+    let foreign = other.buffer(16).unwrap();
+    let message = gpu.read(&foreign).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("another CudaBackend"),
+        "{message}"
+    );
+}
+
+/// Locks out a pipeline that serialises: batch N+1's upload (a borrowed input on
+/// its own lane) must run while batch N's kernel computes, seen on the device
+/// clock (events, not wall time), and both outputs must be right. Negative
+/// control: the same two batches with a wait in between do not overlap.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_pipelined_submissions_overlap_upload_with_compute() {
+    let gpu = backend();
+    let iterations = 1 << 17;
+    let program = lcg_program(iterations);
+    let elements = 1usize << 20;
+    let config = DispatchConfig::linear((elements / 256) as u32);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let batch = |seed: u32| -> Vec<u32> {
+        (0..elements as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
+            .collect()
+    };
+    let (first, second) = (batch(1), batch(2));
+    let resident_first = gpu.buffer_from(&bytes(&first)).unwrap();
+    let second_bytes = bytes(&second);
+    let map = lcg_map(iterations);
+    let expect = |input: &[u32]| -> Vec<u32> { input.iter().map(|&x| map(x)).collect() };
+    // Warm both lanes and their staging.
+    for _ in 0..2 {
+        let a = gpu
+            .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
+            .unwrap();
+        let b = gpu
+            .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
+            .unwrap();
+        a.wait().unwrap();
+        b.wait().unwrap();
+    }
+    let overlaps = |a: &vyre_cuda::backend::DeviceSpans, b: &vyre_cuda::backend::DeviceSpans| {
+        // b's upload runs in [window_start, kernel_start); a's kernel in
+        // [kernel_start, kernel_end).
+        b.window_start_ns < a.kernel_end_ns && b.kernel_start_ns > a.kernel_start_ns
+    };
+
+    let clock = gpu.device_clock().unwrap();
+    let n = gpu
+        .submit_kernel_timed(&kernel, &[resident_first.binding()], &config)
+        .unwrap();
+    let n_plus_1 = gpu
+        .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
+        .unwrap();
+    let (out_n, spans_n) = n.wait_spans(&clock).unwrap();
+    let (out_n1, spans_n1) = n_plus_1.wait_spans(&clock).unwrap();
+    assert_eq!(words(&out_n.outputs[0]), expect(&first));
+    assert_eq!(words(&out_n1.outputs[0]), expect(&second));
+    assert!(
+        spans_n.kernel_end_ns > spans_n.kernel_start_ns
+            && spans_n1.kernel_start_ns > spans_n1.window_start_ns,
+        "spans measured: {spans_n:?} {spans_n1:?}"
+    );
+    assert!(
+        overlaps(&spans_n, &spans_n1),
+        "batch N+1's upload did not overlap batch N's kernel: {spans_n:?} {spans_n1:?}"
+    );
+
+    // Negative control: waiting in between serialises them.
+    let clock = gpu.device_clock().unwrap();
+    let (_, spans_a) = gpu
+        .submit_kernel_timed(&kernel, &[resident_first.binding()], &config)
+        .unwrap()
+        .wait_spans(&clock)
+        .unwrap();
+    let (_, spans_b) = gpu
+        .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
+        .unwrap()
+        .wait_spans(&clock)
+        .unwrap();
+    assert!(!overlaps(&spans_a, &spans_b), "{spans_a:?} {spans_b:?}");
+}
+
+/// Locks out unbounded or unsafe pending work: more than `MAX_PENDING` submissions
+/// is a `Fix:` error (not a new stream), dropping pending results waits for them
+/// (their outputs are never read, their lanes come back), and submission works
+/// again afterwards; an untimed submission refuses `wait_spans` with a `Fix:`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_pending_limit_drop_and_misuse() {
+    use vyre_cuda::backend::MAX_PENDING;
+    let gpu = backend();
+    let program = lcg_program(16);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let input = bytes(&(0..256u32).collect::<Vec<_>>());
+    let mut pending = Vec::new();
+    for _ in 0..MAX_PENDING {
+        pending.push(
+            gpu.submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
+                .unwrap(),
+        );
+    }
+    let message = gpu
+        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("pending"),
+        "{message}"
+    );
+    let lanes = gpu.pool_stats().lanes_created;
+    drop(pending); // each drop waits for its dispatch
+    let again = gpu
+        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
+        .unwrap();
+    let clock = gpu.device_clock().unwrap();
+    let message = again.wait_spans(&clock).unwrap_err().to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    let expected: Vec<u32> = (0..256u32).map(|x| lcg_expected(x, 16)).collect();
+    let out = gpu
+        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(words(&out.outputs[0]), expected);
+    assert_eq!(
+        gpu.pool_stats().lanes_created,
+        lanes,
+        "dropped lanes were reused"
+    );
+}

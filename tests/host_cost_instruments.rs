@@ -807,10 +807,7 @@ fn binding_plan_mimic(slots: &[SlotFacts], bindings: &[Binding<'_>]) -> Result<u
     let mut reads: SmallVec<[(u16, u64, usize); 16]> = SmallVec::new();
     let mut staging = 0usize;
     for (index, (slot, binding)) in slots.iter().zip(bindings).enumerate() {
-        let bytes = match binding {
-            Binding::Resident(handle) => handle.len(),
-            Binding::Borrowed(data) => data.len() as u64,
-        };
+        let bytes = binding.len();
         if bytes != slot.bytes {
             return Err(format!(
                 "slot {index}: {bytes} bytes bound, {} declared",

@@ -1,24 +1,37 @@
-//! Dispatch (§4.5): bindings → staged buffers → one launch loop → async readback →
-//! one synchronize, charged phase by phase to the probe.
+//! Dispatch (§4.5): bindings → staged buffers → one description of the stream
+//! operations → one synchronize, charged phase by phase to the probe.
 //!
-//! The order of work on a dispatch's stream is fixed: [outer start event], uploads
-//! and output clears, `fixpoint_iterations` launches (with the grid barrier reset
-//! before each one for grid-sync programs), one async device→host copy per readback
-//! item routed to DMA, [outer end event], then exactly one `cuStreamSynchronize`.
-//! Readback items of at most `readback::MAPPED_RANGE_MAX_BYTES` (up to 16 of them)
-//! are not copied at all: the kernel's last thread writes them into the lane's
-//! host-mapped result area (`readback` module docs; §0: 9.7–9.9 µs per dispatch for
-//! 1–16 outputs against 11.6–35.0 µs with one async copy each).
+//! A dispatch is split in two: [`BackendInner::submit`] prepares (binding and
+//! readback plans), stages (lane lease, transient buffers, borrowed bytes into
+//! pinned staging), describes the stream operations once as a
+//! [`StreamOps`](super::stream_ops::StreamOps) and enqueues them;
+//! [`BackendInner::complete`] does the one `cuStreamSynchronize`, the fault
+//! handling, the grid-barrier audit, the device times and the host side of the
+//! readback. The blocking entry points call both; the order of work on the stream
+//! is documented (and CPU-tested) in `stream_ops`. §0 measured why readback is
+//! async copies plus one synchronize: 16 blocking 16-byte copies cost 107.5 µs
+//! where 16 async copies and one synchronize cost 36.8 µs.
 //!
-//! Device time: `kernel_ns` comes from the `%globaltimer` stamps the kernel writes
-//! itself (earliest block start of the first launch to the end of the last thread of
-//! the last launch), so timing costs nothing. The outer event pair
-//! (`device_window_ns`, the whole stream window: uploads, clears, launches, copies)
-//! is recorded only when asked for explicitly
-//! ([`CudaBackend::dispatch_kernel_into_timed`]) or with the probe on: on driver 580
-//! the records and elapsed-time queries cost about 10 µs per dispatch.
+//! Probe phases: `stage` is binding resolution and staging writes, `resolve`
+//! building the description (clears, parameter array, readback copies), `lease` the
+//! grid-barrier lease, `launch` enqueueing every stream operation, `release` the
+//! synchronize and audit, `readback` the copy out of staging.
+//!
+//! Readback (§11, `readback` module): items of at most
+//! `readback::MAPPED_RANGE_MAX_BYTES` (up to 16) are not copied at all: the kernel's
+//! last thread writes them into the lane's host-mapped result area (§0: 9.7–9.9 µs
+//! per dispatch for 1–16 outputs against 11.6–35.0 µs with one async copy each);
+//! longer ones go by one async copy each into staging.
+//!
+//! Device time: `kernel_ns` always comes from the `%globaltimer` stamps the kernel
+//! writes itself (earliest block start of the first launch to the end of the last
+//! thread of the last launch), so timing costs nothing. CUDA events are recorded
+//! only when asked for explicitly ([`CudaBackend::dispatch_kernel_into_timed`],
+//! `submit_kernel_timed`) or with the probe on: they give `device_window_ns` (the
+//! whole stream window: uploads, clears, launches, copies) and the pipelining spans.
+//! On driver 580 their records and elapsed-time queries cost about 10 µs.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use smallvec::SmallVec;
@@ -28,13 +41,18 @@ use crate::ir::{Access, Program};
 use crate::probe::{self, Count, DispatchProbe, DispatchTiming, Phase};
 
 use super::budget::{self, BudgetInputs};
-use super::driver::{self, DeviceMemory, Event};
+use super::buffer::{DeviceBuffer, DeviceSpans};
+use super::driver::{self, DeviceMemory, DriverError, Event};
 use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
 use super::readback::{
-    route_reads, stamp_kernel_ns, ResultArea, Route, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES,
-    STAMP_BYTES,
+    route_reads, stamp_kernel_ns, Delivery, ResultArea, Route, MAPPED_RANGE_MAX_BYTES,
+    RESULT_AREA_BYTES, STAMP_BYTES,
+};
+use super::stream_ops::{
+    enqueue, Clear, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, Readback, StagedCopy,
+    StreamOps, StreamTarget,
 };
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
@@ -47,6 +65,25 @@ pub enum Binding<'a> {
     /// Host bytes staged into a pooled transient buffer for this dispatch only.
     /// `WriteOnly` outputs are zeroed on the device (the slice gives only the size).
     Borrowed(&'a [u8]),
+    /// An owned device buffer, used in place like a resident one; a dispatch in
+    /// flight keeps its memory alive even if the buffer is dropped meanwhile.
+    Buffer(&'a DeviceBuffer),
+}
+
+impl Binding<'_> {
+    /// Bytes bound.
+    pub fn len(&self) -> u64 {
+        match self {
+            Binding::Resident(handle) => handle.len(),
+            Binding::Borrowed(bytes) => bytes.len() as u64,
+            Binding::Buffer(buffer) => buffer.len(),
+        }
+    }
+
+    /// True when no byte is bound.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Outputs and timings of one dispatch.
@@ -61,8 +98,8 @@ pub struct TimedDispatch {
     /// Host time blocked in the one synchronize.
     pub wait_ns: u64,
     /// Device time between the outer event pair (uploads to the last DMA copy), or 0
-    /// when no events were recorded (they are recorded only by
-    /// [`CudaBackend::dispatch_kernel_into_timed`] and with the probe on).
+    /// when no events were recorded (only [`CudaBackend::dispatch_kernel_into_timed`],
+    /// `submit_kernel_timed` and the probe record them).
     pub device_window_ns: u64,
     /// Device time of the launch loop from the kernel's own `%globaltimer` stamps:
     /// earliest block start of the first launch to the moment the last thread of the
@@ -71,16 +108,9 @@ pub struct TimedDispatch {
 }
 
 /// Where read-back bytes go.
-enum Sink<'s, 'o> {
+pub(crate) enum Sink<'s, 'o> {
     Vecs(&'s mut Vec<Vec<u8>>),
     Slices(&'s mut [&'o mut [u8]]),
-}
-
-/// A binding resolved to a device address.
-#[derive(Clone, Copy)]
-struct Resolved {
-    address: u64,
-    bytes: u64,
 }
 
 fn elapsed_ns(since: Instant) -> u64 {
@@ -89,35 +119,61 @@ fn elapsed_ns(since: Instant) -> u64 {
 
 /// One dispatch as the public entry points received it.
 #[derive(Clone, Copy)]
-struct Request<'r, 'b> {
-    kernel: &'r KernelInner,
-    bindings: &'r [Binding<'b>],
-    config: &'r DispatchConfig,
-    /// Record the outer event pair for `device_window_ns` (an explicit option; the
-    /// probe being on forces it). `kernel_ns` always comes from the kernel's stamps.
-    want_events: bool,
+pub(crate) struct Request<'r, 'b> {
+    pub(crate) kernel: &'r KernelInner,
+    pub(crate) bindings: &'r [Binding<'b>],
+    pub(crate) config: &'r DispatchConfig,
+    /// Record the CUDA event pairs (`device_window_ns`, device spans): an explicit
+    /// option; the probe being on forces it. `kernel_ns` needs no events.
+    pub(crate) want_timing: bool,
     /// The call's first instant (the wall clock starts here).
-    start: Instant,
+    pub(crate) start: Instant,
     /// Where the next probe phase starts (`None` while the probe is off).
-    mark: Option<Instant>,
+    pub(crate) mark: Option<Instant>,
 }
 
-/// What the prepare phase worked out for the rest of the dispatch.
-struct Prepared {
-    sizes: SmallVec<[u64; 16]>,
-    reads: SmallVec<[ReadItem; 16]>,
-    /// One route per read (mapped result area or DMA copy).
-    routes: SmallVec<[Route; 16]>,
-    upload_bytes: usize,
-    /// Staging offset of the grid-barrier words (after uploads and readbacks).
-    barrier_staging: usize,
-    launch: LaunchPlan,
+/// Resources a dispatch holds from staging until its lane is released.
+pub(crate) struct Held {
+    pub(crate) resident: SmallVec<[Arc<DeviceMemory>; 16]>,
+    pub(crate) transients: SmallVec<[DeviceMemory; 16]>,
 }
 
-/// Resources a dispatch holds between lease and release.
-struct Held {
-    resident: SmallVec<[Arc<DeviceMemory>; 16]>,
-    transients: SmallVec<[DeviceMemory; 16]>,
+/// What [`BackendInner::submit`] returns: the dispatch in flight, the grid-barrier
+/// lease (grid-sync kernels; held until the dispatch completes) and the probe mark.
+pub(crate) struct Submitted<'k> {
+    pub(crate) in_flight: InFlight,
+    pub(crate) lease: Option<MutexGuard<'k, ()>>,
+    pub(crate) mark: Option<Instant>,
+}
+
+/// Bindings resolved to device addresses, and the uploads their borrowed bytes need.
+struct StagedBindings {
+    addresses: SmallVec<[u64; 16]>,
+    uploads: SmallVec<[StagedCopy; 16]>,
+}
+
+/// A dispatch enqueued on its lane and not yet synchronised: what
+/// [`BackendInner::complete`] needs to finish it.
+pub(crate) struct InFlight {
+    lane: Lane,
+    held: Held,
+    /// The DMA-routed readback copies.
+    reads: SmallVec<[StagedCopy; 16]>,
+    /// Where each readback item's bytes are after the synchronize, in item order.
+    deliveries: SmallVec<[Delivery; 16]>,
+    /// Grid sync: staging offset of the barrier words and the grid's block count.
+    barrier: Option<(usize, u64)>,
+    timed: bool,
+    window: (DeviceMark, DeviceMark),
+    start: Instant,
+    enqueue_ns: u64,
+}
+
+impl InFlight {
+    /// Whether the dispatch records its device events.
+    pub(crate) fn timed(&self) -> bool {
+        self.timed
+    }
 }
 
 impl CudaBackend {
@@ -146,8 +202,9 @@ impl CudaBackend {
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
-    /// [`CudaBackend::dispatch_resident`] with host timings and `kernel_ns` (from the
-    /// kernel's stamps: as cheap as the untimed call).
+    /// [`CudaBackend::dispatch_resident`] with host timings and `kernel_ns` (from
+    /// the kernel's own stamps: as cheap as the untimed call; `device_window_ns` is
+    /// 0 unless the probe is on).
     pub fn dispatch_resident_timed(
         &self,
         program: &Program,
@@ -159,7 +216,8 @@ impl CudaBackend {
         self.run_program(program, &bindings, config, false)
     }
 
-    /// Dispatch with any mix of resident and borrowed bindings, with timings.
+    /// Dispatch with any mix of resident and borrowed bindings, with host timings
+    /// and `kernel_ns` (stamps).
     pub fn dispatch_bindings(
         &self,
         program: &Program,
@@ -169,7 +227,8 @@ impl CudaBackend {
         self.run_program(program, bindings, config, false)
     }
 
-    /// Dispatch a compiled kernel (no lookups at all), with timings.
+    /// Dispatch a compiled kernel (no lookups at all), with host timings and
+    /// `kernel_ns` (stamps).
     pub fn dispatch_kernel(
         &self,
         kernel: &Kernel,
@@ -186,8 +245,7 @@ impl CudaBackend {
     /// no driver allocation and no heap allocation, and it records no timing events
     /// (on driver 580 the event records and elapsed-time queries of a timed dispatch
     /// cost about 10 µs, more than the launch itself): `kernel_ns` comes from the
-    /// kernel's own `%globaltimer` stamps (see [`TimedDispatch::kernel_ns`]) and
-    /// `device_window_ns` is 0 unless the probe is on. Use
+    /// kernel's own stamps and `device_window_ns` is 0 unless the probe is on. Use
     /// [`CudaBackend::dispatch_kernel_into_timed`] for the event window too.
     pub fn dispatch_kernel_into(
         &self,
@@ -201,8 +259,7 @@ impl CudaBackend {
 
     /// [`CudaBackend::dispatch_kernel_into`] plus CUDA events around everything the
     /// dispatch enqueues, for `device_window_ns` (uploads, clears, launches and DMA
-    /// copies). An explicit option: the events cost about 10 µs per dispatch on
-    /// driver 580, while `kernel_ns` needs none.
+    /// copies): the explicit option, about 10 µs dearer on driver 580.
     pub fn dispatch_kernel_into_timed(
         &self,
         kernel: &Kernel,
@@ -220,7 +277,7 @@ impl CudaBackend {
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
         sink: Sink<'_, '_>,
-        want_events: bool,
+        want_timing: bool,
     ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
@@ -228,7 +285,7 @@ impl CudaBackend {
             kernel: &kernel.inner,
             bindings,
             config,
-            want_events,
+            want_timing,
             start,
             mark: probe.as_ref().map(|_| start),
         };
@@ -240,7 +297,7 @@ impl CudaBackend {
         program: &Program,
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
-        want_events: bool,
+        want_timing: bool,
     ) -> Result<TimedDispatch, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
@@ -254,7 +311,7 @@ impl CudaBackend {
             kernel: &kernel,
             bindings,
             config,
-            want_events,
+            want_timing,
             start,
             mark,
         };
@@ -267,18 +324,24 @@ impl CudaBackend {
     /// Allocate a resident buffer of `bytes` bytes (contents undefined until uploaded).
     pub fn allocate_resident(&self, bytes: u64) -> Result<ResidentBuffer, BackendError> {
         let inner = &self.inner;
+        let memory = self.allocate_checked(bytes)?;
+        Ok(inner
+            .resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(memory, bytes))
+    }
+
+    /// Device memory of `bytes` bytes, checked against the budget (§4.6).
+    pub(crate) fn allocate_checked(&self, bytes: u64) -> Result<DeviceMemory, BackendError> {
+        let inner = &self.inner;
         inner.check_alive()?;
         inner.bind()?;
         let (live_free, _) =
             driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
-        let resident = inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live_bytes();
         let budget = BudgetInputs {
             total: inner.caps.total_memory,
-            resident,
+            resident: inner.held_bytes(),
             pooled: inner.transients.pooled_bytes(),
             live_free,
         };
@@ -286,13 +349,50 @@ impl CudaBackend {
             required: bytes,
             available,
         })?;
-        let memory = DeviceMemory::allocate(bytes)
-            .map_err(|e| BackendError::driver(format!("allocating {bytes} resident bytes"), e))?;
-        Ok(inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(memory, bytes))
+        DeviceMemory::allocate(bytes)
+            .map_err(|e| BackendError::driver(format!("allocating {bytes} device bytes"), e))
+    }
+
+    /// Zero a whole owned buffer (one fill and one synchronize).
+    pub(crate) fn zero_buffer(&self, buffer: &DeviceBuffer) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let memory = buffer.memory_for(inner, "clear")?;
+        let lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream", e))?;
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        if !buffer.is_empty() {
+            ops.clears.push(super::stream_ops::Clear {
+                device: memory.address(),
+                bytes: buffer.len() as usize,
+            });
+        }
+        let mut target = LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        };
+        // SAFETY: the clear covers exactly the buffer's allocation, which the
+        // caller's borrow keeps alive past the synchronize below.
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed("a buffer clear", f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, "a buffer clear").map(|_| ()));
+        let idle = result.is_ok();
+        inner.release(
+            lane,
+            Held {
+                resident: SmallVec::new(),
+                transients: SmallVec::new(),
+            },
+            idle,
+        );
+        result
     }
 
     /// Copy `data` into the start of a resident buffer (`data` may be shorter).
@@ -347,9 +447,9 @@ impl CudaBackend {
         transfer: Transfer<'_, '_>,
     ) -> Result<(), BackendError> {
         let inner = &self.inner;
-        let (verb, len) = match &transfer {
-            Transfer::Upload(data) => ("upload", data.len()),
-            Transfer::Read(out) => ("read", out.len()),
+        let verb = match &transfer {
+            Transfer::Upload(_) => "upload",
+            Transfer::Read(_) => "read",
         };
         inner.check_alive()?;
         let memory = Arc::clone(
@@ -359,11 +459,27 @@ impl CudaBackend {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(handle, verb)?,
         );
-        if len as u64 > handle.len() {
+        self.transfer(memory, handle.len(), transfer)
+    }
+
+    /// One blocking copy between host bytes and the start of `memory` (which holds
+    /// `capacity` bytes): lease a lane, stage, enqueue, synchronize, copy out.
+    pub(crate) fn transfer(
+        &self,
+        memory: Arc<DeviceMemory>,
+        capacity: u64,
+        transfer: Transfer<'_, '_>,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let (verb, len) = match &transfer {
+            Transfer::Upload(data) => ("upload", data.len()),
+            Transfer::Read(out) => ("read", out.len()),
+        };
+        inner.check_alive()?;
+        if len as u64 > capacity {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot {verb} {len} bytes: the resident buffer holds {} bytes; allocate a larger one \
-                 or {verb} fewer bytes",
-                handle.len()
+                "Fix: cannot {verb} {len} bytes: the buffer holds {capacity} bytes; allocate a larger one \
+                 or {verb} fewer bytes"
             )));
         }
         inner.bind()?;
@@ -371,72 +487,76 @@ impl CudaBackend {
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream", e))?;
-        let failed = |what: &str, e: driver::DriverError| {
-            if e.is_sticky() {
-                inner.mark_context_lost(format!("a resident {verb} failed: {e}"));
-            }
-            BackendError::driver(format!("{what} a resident {verb}"), e)
-        };
-        let result = (|| {
-            if lane
-                .ensure_staging(len)
-                .map_err(|e| BackendError::driver("allocating pinned staging", e))?
-            {
+        let name = format!("a buffer {verb}");
+        match lane.ensure_staging(len) {
+            Ok(true) => {
                 inner
                     .staging_allocations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            match transfer {
-                Transfer::Upload(data) => {
-                    lane.staging.write(0, data);
-                    // SAFETY: staging holds len bytes and is not touched until the
-                    // synchronize below; [address, address+len) is inside the live
-                    // allocation (len checked against the handle above), which `memory`
-                    // keeps alive.
-                    unsafe {
-                        driver::copy_to_device_async(
-                            memory.address(),
-                            lane.staging.address(0),
-                            len,
-                            &lane.stream,
-                        )
-                    }
-                    .map_err(|e| failed("enqueueing", e))?;
-                    lane.stream
-                        .synchronize()
-                        .map_err(|e| failed("waiting for", e))?;
-                }
-                Transfer::Read(out) => {
-                    // SAFETY: as above, and staging is read only after the synchronize.
-                    unsafe {
-                        driver::copy_to_host_async(
-                            lane.staging.address(0),
-                            memory.address(),
-                            len,
-                            &lane.stream,
-                        )
-                    }
-                    .map_err(|e| failed("enqueueing", e))?;
-                    lane.stream
-                        .synchronize()
-                        .map_err(|e| failed("waiting for", e))?;
-                    out.copy_from_slice(lane.staging.slice(0, len));
-                }
+            Ok(false) => {}
+            Err(e) => {
+                inner.lanes.give_back(lane);
+                return Err(BackendError::driver("allocating pinned staging", e));
             }
-            Ok(())
-        })();
-        inner.finish_lane(lane, result.is_ok());
+        }
+        let copy = StagedCopy {
+            device: memory.address(),
+            staging_offset: 0,
+            len,
+        };
+        let copies = [copy];
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        let out = match transfer {
+            Transfer::Upload(data) => {
+                lane.staging.write(0, data);
+                ops.uploads.push(copy);
+                None
+            }
+            Transfer::Read(out) => {
+                ops.readback = Readback::StagedCopies(&copies);
+                Some(out)
+            }
+        };
+        let mut target = LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        };
+        // SAFETY: staging holds len bytes and is not touched until the synchronize
+        // below; [address, address+len) is inside the live allocation (len checked
+        // against the handle above), which `memory` keeps alive past it.
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed(&name, f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, &name).map(|_| ()));
+        if let (Ok(()), Some(out)) = (&result, out) {
+            readback_deliver(&ops.readback, &lane.staging, out);
+        }
+        let held = Held {
+            resident: smallvec::smallvec![memory],
+            transients: SmallVec::new(),
+        };
+        inner.release(lane, held, result.is_ok());
         result
     }
 }
 
+fn readback_deliver(readback: &Readback<'_>, staging: &driver::PinnedMemory, out: &mut [u8]) {
+    readback.deliver(staging, None, |_, bytes| out.copy_from_slice(bytes));
+}
+
 /// One resident transfer: bytes going up, or a buffer to fill.
-enum Transfer<'d, 'o> {
+pub(crate) enum Transfer<'d, 'o> {
     Upload(&'d [u8]),
     Read(&'o mut [u8]),
 }
 
-fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
+pub(crate) fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
     TimedDispatch {
         outputs,
         wall_ns: timing.wall_ns,
@@ -448,20 +568,6 @@ fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch 
 }
 
 impl BackendInner {
-    /// Return a lane to the pool. After a failure its stream may still hold work,
-    /// so it is synchronised first; after a context loss it is forgotten.
-    fn finish_lane(&self, lane: Lane, clean: bool) {
-        if self.check_alive().is_err() {
-            std::mem::forget(lane);
-            return;
-        }
-        if !clean && lane.stream.synchronize().is_err() {
-            std::mem::forget(lane);
-            return;
-        }
-        self.lanes.give_back(lane);
-    }
-
     /// Check bound byte sizes (one per binding, in binding order) against `kernel`:
     /// the kernel belongs to this backend, the binding count matches, static buffers
     /// get exactly their size and runtime buffers a whole number of elements that
@@ -498,10 +604,7 @@ impl BackendInner {
         sizes: &mut SmallVec<[u64; 16]>,
         reads: &mut SmallVec<[ReadItem; 16]>,
     ) -> Result<(usize, usize), BackendError> {
-        sizes.extend(bindings.iter().map(|binding| match binding {
-            Binding::Resident(h) => h.len(),
-            Binding::Borrowed(b) => b.len() as u64,
-        }));
+        sizes.extend(bindings.iter().map(Binding::len));
         self.check_bindings(kernel, sizes, config)?;
         let mut upload_bytes = 0usize;
         for (slot, binding) in kernel.slots.iter().zip(bindings) {
@@ -523,13 +626,36 @@ impl BackendInner {
         Ok((upload_bytes, staging))
     }
 
-    /// Run one dispatch of a resolved kernel.
+    /// Run one dispatch of a resolved kernel: submit, then complete.
     fn execute(
         &self,
         request: Request<'_, '_>,
         sink: Sink<'_, '_>,
         probe: Option<DispatchProbe>,
     ) -> Result<DispatchTiming, BackendError> {
+        let kernel = request.kernel;
+        let Submitted {
+            in_flight,
+            lease,
+            mark,
+        } = self.submit(request, &sink, probe.is_some())?;
+        let result = self.complete(kernel, in_flight, sink, mark);
+        drop(lease);
+        let timing = result?;
+        if let Some(probe) = probe {
+            probe.finish(timing);
+        }
+        Ok(timing)
+    }
+
+    /// Prepare, stage and enqueue one dispatch on a leased lane; nothing waits. The
+    /// returned lease (grid-sync kernels only) must be held until [`Self::complete`].
+    pub(crate) fn submit<'k>(
+        &self,
+        request: Request<'k, '_>,
+        sink: &Sink<'_, '_>,
+        probe_on: bool,
+    ) -> Result<Submitted<'k>, BackendError> {
         let Request {
             kernel,
             bindings,
@@ -538,7 +664,7 @@ impl BackendInner {
             mark,
             ..
         } = request;
-        let want_events = request.want_events || probe.is_some();
+        let timed = request.want_timing || probe_on;
         self.check_alive()?;
 
         // prepare: binding plan checks, readback plan, launch plan, cooperative residency.
@@ -546,7 +672,7 @@ impl BackendInner {
         let mut reads: SmallVec<[ReadItem; 16]> = SmallVec::new();
         let (upload_bytes, staging_bytes) =
             self.plan_bindings(kernel, bindings, config, &mut sizes, &mut reads)?;
-        if let Sink::Slices(outputs) = &sink {
+        if let Sink::Slices(outputs) = sink {
             if outputs.len() != reads.len()
                 || outputs
                     .iter()
@@ -571,7 +697,7 @@ impl BackendInner {
                 max_coresident: kernel.max_coresident_blocks,
             });
         }
-        if probe.is_some() {
+        if probe_on {
             probe::count_with(Count::Nodes, || kernel.program.node_count());
             probe::count_with(Count::PtxBytes, || kernel.ptx.len() as u64);
             probe::count_with(Count::Buffers, || kernel.program.buffers().len() as u64);
@@ -581,133 +707,186 @@ impl BackendInner {
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
-        // stage: lease a lane, resolve bindings, upload borrowed inputs, clear outputs.
+        // stage: lease a lane, resolve bindings, write borrowed inputs into staging.
         self.bind()?;
         let mut lane = self
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream and its events", e))?;
+        let barrier_staging = align_up(staging_bytes);
         let mut held = Held {
             resident: SmallVec::new(),
             transients: SmallVec::new(),
         };
-        let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
-        route_reads(
-            &reads,
-            RESULT_AREA_BYTES,
-            MAPPED_RANGE_MAX_BYTES,
-            &mut routes,
+        let staged = self.stage(
+            kernel,
+            bindings,
+            &sizes,
+            &mut lane,
+            &mut held,
+            barrier_staging + if kernel.grid_barrier.is_some() { 16 } else { 0 },
         );
-        let prepared = Prepared {
-            sizes,
-            reads,
-            routes,
-            upload_bytes,
-            barrier_staging: align_up(staging_bytes),
-            launch: plan,
-        };
-        let request = Request {
-            want_events,
-            ..request
-        };
-        let result = self.enqueue_and_wait(&request, &prepared, &mut lane, &mut held, mark);
-        let Prepared { reads, routes, .. } = prepared;
-        // Return transients to the pool only when the stream is known idle.
-        let alive = self.check_alive().is_ok();
-        let stream_idle = result.is_ok() || (alive && lane.stream.synchronize().is_ok());
-        if stream_idle && alive {
-            for memory in held.transients.drain(..) {
-                self.transients.put(memory);
-            }
-        } else {
-            for memory in held.transients.drain(..) {
-                std::mem::forget(memory);
-            }
-        }
-        if !alive {
-            for memory in held.resident.drain(..) {
-                std::mem::forget(memory);
-            }
-        }
-        drop(held);
-        let (mut timing, mark) = match result {
+        let StagedBindings { addresses, uploads } = match staged {
             Ok(v) => v,
             Err(e) => {
-                if stream_idle && alive {
-                    self.lanes.give_back(lane);
-                } else {
-                    std::mem::forget(lane);
-                }
+                self.release(lane, held, false);
                 return Err(e);
             }
         };
+        debug_assert!(uploads.iter().map(|u| align_up(u.len)).sum::<usize>() <= upload_bytes);
+        let mark = probe::charge_and_mark(Phase::Stage, mark);
 
-        // readback (host side): copy mapped and staged bytes out.
-        let lane_ref = &lane;
-        let source = |r: &ReadItem, route: &Route| -> &[u8] {
-            match (route, lane_ref.results.as_ref()) {
-                (Route::Mapped { offset }, Some(area)) => {
-                    area.bytes(*offset as usize, r.len as usize)
+        // resolve: the one description of the dispatch's stream operations. Small
+        // readback items become result-ABI descriptors (the kernel's last thread
+        // copies them into the lane's mapped area); the rest stay DMA copies.
+        if lane.results.is_none() {
+            match ResultArea::new() {
+                Ok(area) => {
+                    lane.results = Some(area);
+                    self.staging_allocations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                _ => lane_ref.staging.slice(r.staging_offset, r.len as usize),
+                Err(e) => {
+                    self.release(lane, held, false);
+                    return Err(BackendError::driver("allocating the result area", e));
+                }
             }
+        }
+        let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
+        route_reads(&reads, RESULT_AREA_BYTES, MAPPED_RANGE_MAX_BYTES, &mut routes);
+        let area = lane.results.as_mut().ok_or_else(|| BackendError::internal("no result area"))?;
+        let arm_clear = area.arm_host();
+        let mut results = area.params();
+        let mut copies: SmallVec<[StagedCopy; 16]> = SmallVec::new();
+        let mut deliveries: SmallVec<[Delivery; 16]> = SmallVec::new();
+        let mut area_end = STAMP_BYTES;
+        for (r, route) in reads.iter().zip(&routes) {
+            let source = addresses[r.slot as usize] + r.offset;
+            match *route {
+                Route::Mapped { offset } => {
+                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX).
+                    results.describe(source, r.len as u32, offset);
+                    area_end = area_end.max(offset as usize + r.len as usize);
+                    deliveries.push(Delivery::Area {
+                        offset: offset as usize,
+                        len: r.len as usize,
+                    });
+                }
+                Route::Copy => {
+                    copies.push(StagedCopy {
+                        device: source,
+                        staging_offset: r.staging_offset,
+                        len: r.len as usize,
+                    });
+                    deliveries.push(Delivery::Staging {
+                        offset: r.staging_offset,
+                        len: r.len as usize,
+                    });
+                }
+            }
+        }
+        let area_copy = area.copy_back(area_end);
+        let mut ops = StreamOps::dispatch(
+            &kernel.slots,
+            &addresses,
+            &sizes,
+            KernelLaunch {
+                module: &kernel.module,
+                grid: plan.grid,
+                block: plan.block,
+                iterations: config.fixpoint_iterations,
+                grid_barrier: kernel.grid_barrier,
+            },
+        );
+        ops.uploads = uploads;
+        if let Some((device, bytes)) = arm_clear {
+            ops.clears.push(Clear { device, bytes });
+        }
+        ops.parameters.results = Some(results);
+        ops.readback = Readback::Routed {
+            copies: &copies,
+            deliveries: &deliveries,
+            area_copy,
         };
-        match sink {
-            Sink::Vecs(out) => {
-                out.reserve(reads.len());
-                for (r, route) in reads.iter().zip(&routes) {
-                    out.push(source(r, route).to_vec());
-                }
-            }
-            Sink::Slices(out) => {
-                for ((dst, r), route) in out.iter_mut().zip(&reads).zip(&routes) {
-                    dst.copy_from_slice(source(r, route));
-                }
-            }
+        ops.barrier_readback = kernel.grid_barrier.map(|counter| StagedCopy {
+            device: counter,
+            staging_offset: barrier_staging,
+            len: 4 * crate::codegen::GRID_BARRIER_WORDS,
+        });
+        ops.timed = timed;
+        let window = ops.window_marks();
+        let mark = probe::charge_and_mark(Phase::Resolve, mark);
+
+        // lease: the grid barrier counter is module-global.
+        let lease = kernel.grid_barrier.map(|_| {
+            kernel
+                .barrier_lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
+        let mark = probe::charge_and_mark(Phase::Lease, mark);
+
+        // launch: every stream operation (uploads, clears, launches, readback copies).
+        let mut target = LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        };
+        // SAFETY: every address in `ops` is a resolved binding whose memory `held`
+        // keeps alive (resident Arcs, transient buffers), the kernel's barrier symbol
+        // (alive with the kernel) or the lane's result area (alive with the lane);
+        // staging was sized by `stage` for the uploads, the readback plan and the
+        // barrier words, and nothing on the host touches it (or the area) until
+        // `complete` has synchronised the stream. Every result descriptor names a
+        // range plan_readback bounds-checked against its binding and a destination
+        // route_reads placed inside the area.
+        let enqueued = unsafe { enqueue(&mut ops, &mut target) };
+        if let Err(failure) = enqueued {
+            let error = self.enqueue_failed(kernel, failure, &plan);
+            drop(lease);
+            self.release(lane, held, false);
+            return Err(error);
         }
-        self.lanes.give_back(lane);
-        probe::charge(Phase::Readback, mark);
-        timing.wall_ns = elapsed_ns(start);
-        if let Some(probe) = probe {
-            probe.finish(timing);
-        }
-        Ok(timing)
+        let enqueued = Instant::now();
+        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        drop(ops);
+        Ok(Submitted {
+            in_flight: InFlight {
+                lane,
+                held,
+                reads: copies,
+                deliveries,
+                barrier: kernel
+                    .grid_barrier
+                    .map(|_| (barrier_staging, plan.grid_blocks)),
+                timed,
+                window,
+                start,
+                enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
+                    .unwrap_or(u64::MAX),
+            },
+            lease,
+            mark,
+        })
     }
 
-    /// Everything between lease and the end of the synchronize. Returns the timings
-    /// so far and the probe mark for the host-side readback.
-    fn enqueue_and_wait(
+    /// Resolve every binding to a device address, take transient buffers for
+    /// borrowed ones and write their bytes into staging. Returns the addresses and
+    /// the upload copies.
+    fn stage(
         &self,
-        request: &Request<'_, '_>,
-        prepared: &Prepared,
+        kernel: &KernelInner,
+        bindings: &[Binding<'_>],
+        sizes: &[u64],
         lane: &mut Lane,
         held: &mut Held,
-        mark: Option<Instant>,
-    ) -> Result<(DispatchTiming, Option<Instant>), BackendError> {
-        let Request {
-            kernel,
-            bindings,
-            config,
-            want_events,
-            start,
-            ..
-        } = *request;
-        let Prepared {
-            ref sizes,
-            ref reads,
-            ref routes,
-            upload_bytes,
-            barrier_staging,
-            launch: plan,
-        } = *prepared;
-        let enqueue_error = |what: &str, e: driver::DriverError| {
-            if e.is_sticky() {
-                self.mark_context_lost(format!("{} failed while {what}: {e}", kernel.name));
-            }
-            BackendError::driver(format!("{what} for {}", kernel.name), e)
-        };
-        let grid_sync = kernel.grid_barrier;
-        let staging_needed = barrier_staging + if grid_sync.is_some() { 16 } else { 0 };
+        staging_needed: usize,
+    ) -> Result<StagedBindings, BackendError> {
         if lane
             .ensure_staging(staging_needed)
             .map_err(|e| BackendError::driver("allocating pinned staging", e))?
@@ -715,24 +894,6 @@ impl BackendInner {
             self.staging_allocations
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        // The result area (readback::ResultArea): allocated once per lane, armed
-        // (stamps cleared) before every launch.
-        if lane.results.is_none() {
-            lane.results = Some(
-                ResultArea::new()
-                    .map_err(|e| BackendError::driver("allocating the result area", e))?,
-            );
-            self.staging_allocations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        // Events only as an explicit option (or under the probe): the outer window
-        // opens before the first enqueued operation and closes after the last one.
-        if want_events {
-            lane.outer_start
-                .record(&lane.stream)
-                .map_err(|e| enqueue_error("recording the outer start event", e))?;
-        }
-        let mut resolved: SmallVec<[Resolved; 16]> = SmallVec::new();
         let any_resident = bindings.iter().any(|b| matches!(b, Binding::Resident(_)));
         let any_borrowed = bindings.iter().any(|b| matches!(b, Binding::Borrowed(_)));
         if any_borrowed {
@@ -743,6 +904,8 @@ impl BackendInner {
         } else {
             None
         };
+        let mut addresses: SmallVec<[u64; 16]> = SmallVec::new();
+        let mut uploads: SmallVec<[StagedCopy; 16]> = SmallVec::new();
         let mut upload_offset = 0usize;
         for ((slot, binding), &bytes) in kernel.slots.iter().zip(bindings).zip(sizes) {
             match binding {
@@ -751,14 +914,14 @@ impl BackendInner {
                         .as_ref()
                         .map(|t| t.get(handle, "dispatch with"))
                         .unwrap_or_else(|| {
-                            Err(BackendError::bad_input(
-                                "Fix: internal: resident table not locked",
-                            ))
+                            Err(BackendError::internal("the resident table was not locked"))
                         })?;
-                    resolved.push(Resolved {
-                        address: memory.address(),
-                        bytes,
-                    });
+                    addresses.push(memory.address());
+                    held.resident.push(Arc::clone(memory));
+                }
+                Binding::Buffer(buffer) => {
+                    let memory = buffer.memory_for(self, "dispatch with")?;
+                    addresses.push(memory.address());
                     held.resident.push(Arc::clone(memory));
                 }
                 Binding::Borrowed(data) => {
@@ -767,217 +930,155 @@ impl BackendInner {
                     })?;
                     let address = memory.address();
                     held.transients.push(memory);
-                    resolved.push(Resolved { address, bytes });
+                    addresses.push(address);
                     if slot.access != Access::WriteOnly && !data.is_empty() {
                         lane.staging.write(upload_offset, data);
-                        // SAFETY: staging[upload_offset..+len] was sized by plan_bindings and
-                        // is not rewritten before the synchronize; the transient buffer
-                        // holds at least `bytes` (its bucket).
-                        unsafe {
-                            driver::copy_to_device_async(
-                                address,
-                                lane.staging.address(upload_offset),
-                                data.len(),
-                                &lane.stream,
-                            )
-                        }
-                        .map_err(|e| enqueue_error("uploading a borrowed input", e))?;
+                        uploads.push(StagedCopy {
+                            device: address,
+                            staging_offset: upload_offset,
+                            len: data.len(),
+                        });
                         upload_offset += align_up(data.len());
                     }
                 }
             }
-            // WriteOnly means "starts zeroed" on every path (§1), resident or not; a
-            // transient buffer may also hold a previous caller's bytes, which must never
-            // be visible here.
-            if slot.access == Access::WriteOnly && bytes > 0 {
-                let address = resolved.last().map_or(0, |r| r.address);
-                // SAFETY: [address, address+bytes) is inside the resolved allocation.
-                unsafe { driver::fill_bytes_async(address, 0, bytes as usize, &lane.stream) }
-                    .map_err(|e| enqueue_error("clearing a write-only output", e))?;
-            }
         }
-        drop(table);
-        debug_assert!(upload_offset <= upload_bytes);
-        let mark = probe::charge_and_mark(Phase::Stage, mark);
+        Ok(StagedBindings { addresses, uploads })
+    }
 
-        // resolve: the parameter array (pointers, then element counts).
-        let n = resolved.len();
-        let mut addresses: SmallVec<[u64; 16]> = SmallVec::with_capacity(n);
-        let mut lengths: SmallVec<[u32; 16]> = SmallVec::with_capacity(n);
-        for (slot, r) in kernel.slots.iter().zip(&resolved) {
-            addresses.push(r.address);
-            lengths.push((r.bytes / slot.elem.size_bytes() as u64) as u32);
-        }
-        let mut params: SmallVec<[*mut std::ffi::c_void; 32]> = SmallVec::with_capacity(2 * n);
-        for a in addresses.iter_mut() {
-            params.push(a as *mut u64 as *mut std::ffi::c_void);
-        }
-        for l in lengths.iter_mut() {
-            params.push(l as *mut u32 as *mut std::ffi::c_void);
-        }
-        // The result ABI's parameters: small readback items become descriptors the
-        // kernel's last thread copies into the mapped area.
-        let area = lane
-            .results
-            .as_mut()
-            .ok_or_else(|| BackendError::bad_input("Fix: internal: the lane has no result area"))?;
-        area.arm(&lane.stream)
-            .map_err(|e| enqueue_error("clearing the result stamps", e))?;
-        let mut result_params = area.params();
-        let mut mapped_end = STAMP_BYTES;
-        for (r, route) in reads.iter().zip(routes) {
-            if let Route::Mapped { offset } = *route {
-                let source = resolved[r.slot as usize].address + r.offset;
-                // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX).
-                result_params.describe(source, r.len as u32, offset);
-                mapped_end = mapped_end.max(offset as usize + r.len as usize);
-            }
-        }
-        result_params.push_pointers(&mut params);
-        let mark = probe::charge_and_mark(Phase::Resolve, mark);
-
-        // lease: the grid barrier counter is module-global.
-        let lease = grid_sync.map(|_| {
-            kernel
-                .barrier_lease
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-        });
-        let mark = probe::charge_and_mark(Phase::Lease, mark);
-
-        // launch: the loop; the kernel stamps its own start and end.
-        let iterations = config.fixpoint_iterations;
-        for iteration in 0..iterations {
-            result_params.set_launch(iteration, iterations);
-            if let Some(counter) = grid_sync {
-                // SAFETY: the barrier symbol holds GRID_BARRIER_WORDS u32 words.
-                unsafe {
-                    driver::fill_words_async(
-                        counter,
-                        0,
-                        crate::codegen::GRID_BARRIER_WORDS,
-                        &lane.stream,
-                    )
-                }
-                .map_err(|e| enqueue_error("resetting the grid barrier", e))?;
-            }
-            // SAFETY: params holds one pointer per kernel parameter in the documented
-            // order (buffer addresses, u32 element counts, then the result ABI's five),
-            // pointing at locals that outlive this call (`result_params` is not moved
-            // after push_pointers); every address is held alive (held.*, the lane's
-            // result area) until after the synchronize; every descriptor's range was
-            // bounds-checked against its binding by plan_readback and its destination
-            // placed inside the area by route_reads.
-            unsafe {
-                driver::launch(
-                    &kernel.module,
-                    plan.grid,
-                    plan.block,
-                    &lane.stream,
-                    &mut params,
-                    grid_sync.is_some(),
-                )
-            }
-            .map_err(|e| {
-                if e.code == cudarc::driver::sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
-                {
-                    BackendError::GridTooLargeForGridSync {
-                        program: kernel.name.clone(),
-                        grid_blocks: plan.grid_blocks,
-                        max_coresident: kernel.max_coresident_blocks,
-                    }
-                } else {
-                    enqueue_error("launching", e)
-                }
-            })?;
-        }
-        let mark = probe::charge_and_mark(Phase::Launch, mark);
-
-        // readback (enqueue): one async copy per item routed to DMA, the result area's
-        // used prefix when it lives in device memory, then the barrier words.
-        if let Some(area) = lane.results.as_mut() {
-            if !area.is_mapped() {
-                // SAFETY: the lane owns the area until after the synchronize, and its
-                // mirror is read only after it.
-                unsafe { area.enqueue_copy_back(mapped_end, &lane.stream) }
-                    .map_err(|e| enqueue_error("copying the result area back", e))?;
-            }
-        }
-        for (r, route) in reads.iter().zip(routes) {
-            if *route != Route::Copy {
-                continue;
-            }
-            let address = resolved[r.slot as usize].address + r.offset;
-            // SAFETY: staging[staging_offset..+len] was sized by plan_bindings; the
-            // device range was bounds-checked against the binding's size.
-            unsafe {
-                driver::copy_to_host_async(
-                    lane.staging.address(r.staging_offset),
-                    address,
-                    r.len as usize,
-                    &lane.stream,
-                )
-            }
-            .map_err(|e| enqueue_error("enqueueing a readback copy", e))?;
-        }
-        if let Some(counter) = grid_sync {
-            // SAFETY: 12 bytes of staging after barrier_staging were reserved; the
-            // symbol holds 3 words.
-            unsafe {
-                driver::copy_to_host_async(
-                    lane.staging.address(barrier_staging),
-                    counter,
-                    4 * crate::codegen::GRID_BARRIER_WORDS,
-                    &lane.stream,
-                )
-            }
-            .map_err(|e| enqueue_error("reading the grid barrier back", e))?;
-        }
-        if want_events {
-            lane.outer_end
-                .record(&lane.stream)
-                .map_err(|e| enqueue_error("recording the outer end event", e))?;
-        }
-        let enqueued = Instant::now();
-        let mark = probe::charge_and_mark(Phase::Readback, mark);
-
-        // release: the one synchronize, fault handling, barrier audit.
-        let wait_start = Instant::now();
-        let synced = lane.stream.synchronize();
-        let wait_ns = elapsed_ns(wait_start);
-        if let Err(error) = synced {
-            let context_usable = !error.is_sticky();
-            if !context_usable {
-                self.mark_context_lost(format!("{} faulted: {error}", kernel.name));
-            }
-            return Err(BackendError::KernelFault {
+    /// The error for a refused stream operation: a cooperative launch too large is
+    /// its own error; a sticky status marks the context lost.
+    fn enqueue_failed(
+        &self,
+        kernel: &KernelInner,
+        failure: EnqueueFailure,
+        plan: &LaunchPlan,
+    ) -> BackendError {
+        if failure.error.is_cooperative_launch_too_large() {
+            return BackendError::GridTooLargeForGridSync {
                 program: kernel.name.clone(),
-                error,
-                context_usable,
-            });
+                grid_blocks: plan.grid_blocks,
+                max_coresident: kernel.max_coresident_blocks,
+            };
         }
-        if grid_sync.is_some() {
-            let raw = lane.staging.slice(barrier_staging, 12);
+        self.stream_failed(&kernel.name, failure.what, failure.error)
+    }
+
+    /// A driver call on a stream failed: a sticky status poisons the device
+    /// (invariant 9). Shared by dispatches, graphs and resident transfers.
+    pub(crate) fn stream_failed(&self, name: &str, what: &str, error: DriverError) -> BackendError {
+        if error.is_sticky() {
+            self.mark_context_lost(format!("{name} failed while {what}: {error}"));
+        }
+        BackendError::driver(format!("{what} for {name}"), error)
+    }
+
+    /// The one synchronize of a dispatch (or replay, or transfer) and its fault
+    /// handling: a failure is a `KernelFault` naming `name`, and a sticky one
+    /// marks the context lost. Returns the host time blocked.
+    pub(crate) fn synchronize<T: StreamTarget>(
+        &self,
+        target: &mut T,
+        name: &str,
+    ) -> Result<u64, BackendError> {
+        self.synchronize_with(name, || target.synchronize())
+    }
+
+    /// [`BackendInner::synchronize`] around any synchronizing call (a graph
+    /// replay's stream).
+    pub(crate) fn synchronize_with(
+        &self,
+        name: &str,
+        synchronize: impl FnOnce() -> driver::DriverResult<()>,
+    ) -> Result<u64, BackendError> {
+        let wait_start = Instant::now();
+        let synced = synchronize();
+        let wait_ns = elapsed_ns(wait_start);
+        match synced {
+            Ok(()) => Ok(wait_ns),
+            Err(error) => {
+                let context_usable = !error.is_sticky();
+                if !context_usable {
+                    self.mark_context_lost(format!("{name} faulted: {error}"));
+                }
+                Err(BackendError::KernelFault {
+                    program: name.to_string(),
+                    error,
+                    context_usable,
+                })
+            }
+        }
+    }
+
+    /// Wait for a submitted dispatch: the one synchronize, the barrier audit, the
+    /// device times, the host side of the readback, and the lane's return.
+    pub(crate) fn complete(
+        &self,
+        kernel: &KernelInner,
+        in_flight: InFlight,
+        sink: Sink<'_, '_>,
+        mark: Option<Instant>,
+    ) -> Result<DispatchTiming, BackendError> {
+        self.complete_with_spans(kernel, in_flight, sink, mark, None)
+    }
+
+    /// [`BackendInner::complete`], also measuring the dispatch's device instants
+    /// after an origin event (a timed dispatch only) before its lane is reused.
+    pub(crate) fn complete_with_spans(
+        &self,
+        kernel: &KernelInner,
+        in_flight: InFlight,
+        sink: Sink<'_, '_>,
+        mark: Option<Instant>,
+        spans: Option<(&Event, &mut Option<DeviceSpans>)>,
+    ) -> Result<DispatchTiming, BackendError> {
+        let InFlight {
+            lane,
+            held,
+            reads,
+            deliveries,
+            barrier,
+            timed,
+            window,
+            start,
+            enqueue_ns,
+        } = in_flight;
+        let mut target = LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        };
+        let waited = self.synchronize(&mut target, &kernel.name);
+        let wait_ns = match waited {
+            Ok(ns) => ns,
+            Err(e) => {
+                self.release(lane, held, false);
+                return Err(e);
+            }
+        };
+        if let Some((offset, grid_blocks)) = barrier {
+            let raw = lane.staging.slice(offset, 12);
             let word = |i: usize| {
                 u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]])
             };
             let words = [word(0), word(1), word(2)];
-            if words[0] != 0
-                || plan.grid_blocks == 0
-                || !(words[2] as u64).is_multiple_of(plan.grid_blocks)
-            {
+            if words[0] != 0 || grid_blocks == 0 || !(words[2] as u64).is_multiple_of(grid_blocks) {
+                self.release(lane, held, true);
                 return Err(BackendError::GridBarrierAudit {
                     program: kernel.name.clone(),
                     words,
-                    grid_blocks: plan.grid_blocks,
+                    grid_blocks,
                 });
             }
         }
-        drop(lease);
         let mut timing = DispatchTiming {
             wall_ns: 0,
-            enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
-                .unwrap_or(u64::MAX),
+            enqueue_ns,
             wait_ns,
             device_window_ns: 0,
             kernel_ns: 0,
@@ -986,21 +1087,75 @@ impl BackendInner {
         if stamps.is_none() {
             // The kernel did not finish its epilogue: the area may hold an earlier
             // dispatch's bytes, which must never be returned as this one's.
-            return Err(BackendError::Launch {
-                message: format!(
-                    "Fix: internal: {} completed without writing its end stamp, so its mapped results \
-                     cannot be trusted; report this with the program",
-                    kernel.name
-                ),
-            });
+            self.release(lane, held, true);
+            return Err(BackendError::internal(format!(
+                "{} completed without writing its end stamp, so its mapped results cannot be trusted",
+                kernel.name
+            )));
         }
         timing.kernel_ns = stamp_kernel_ns(stamps);
-        if want_events {
+        if timed {
             timing.device_window_ns =
-                Event::elapsed_ns(&lane.outer_start, &lane.outer_end).unwrap_or(0);
+                Event::elapsed_ns(target.event(window.0), target.event(window.1)).unwrap_or(0);
+            if let Some((origin, out)) = spans {
+                let after = |mark| Event::elapsed_ns(origin, target.event(mark)).unwrap_or(0);
+                *out = Some(DeviceSpans {
+                    window_start_ns: after(window.0),
+                    kernel_start_ns: after(DeviceMark::KernelStart),
+                    kernel_end_ns: after(DeviceMark::KernelEnd),
+                    window_end_ns: after(window.1),
+                });
+            }
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
-        Ok((timing, mark))
+
+        // readback (host side): copy mapped and staged bytes out.
+        let readback = Readback::Routed {
+            copies: &reads,
+            deliveries: &deliveries,
+            area_copy: None,
+        };
+        let area = lane.results.as_ref();
+        match sink {
+            Sink::Vecs(out) => {
+                out.reserve(deliveries.len());
+                readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes.to_vec()));
+            }
+            Sink::Slices(out) => {
+                readback.deliver(&lane.staging, area, |i, bytes| out[i].copy_from_slice(bytes));
+            }
+        }
+        self.release(lane, held, true);
+        probe::charge(Phase::Readback, mark);
+        timing.wall_ns = elapsed_ns(start);
+        Ok(timing)
+    }
+
+    /// Return a dispatch's lane and transient buffers. After a failure the stream
+    /// may still hold work, so it is synchronised first; when that fails or the
+    /// context is gone, everything is forgotten instead (its handles died with the
+    /// context, or the device may still use the memory).
+    pub(crate) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
+        let alive = self.check_alive().is_ok();
+        let idle = alive && (stream_idle || lane.stream.synchronize().is_ok());
+        if idle {
+            for memory in held.transients.drain(..) {
+                self.transients.put(memory);
+            }
+            self.lanes.give_back(lane);
+        } else {
+            for memory in held.transients.drain(..) {
+                std::mem::forget(memory);
+            }
+            std::mem::forget(lane);
+        }
+        if !idle {
+            // Dead context: the handles died with it. Busy stream: the device may
+            // still use the memory, so leaking it is the only safe choice.
+            for memory in held.resident.drain(..) {
+                std::mem::forget(memory);
+            }
+        }
     }
 
     /// Memory preflight for borrowed bindings (§4.6).
@@ -1033,11 +1188,7 @@ impl BackendInner {
                 .map_err(|e| BackendError::driver("querying free memory", e))?;
             Ok(BudgetInputs {
                 total: self.caps.total_memory,
-                resident: self
-                    .resident
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .live_bytes(),
+                resident: self.held_bytes(),
                 pooled: self.transients.pooled_bytes(),
                 live_free,
             })

@@ -18,12 +18,43 @@ use cudarc::driver::sys;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverError {
     /// The raw status.
-    pub code: sys::CUresult,
+    pub(crate) code: sys::CUresult,
     /// The driver function that returned it.
-    pub call: &'static str,
+    pub(crate) call: &'static str,
 }
 
 impl DriverError {
+    /// The driver function that returned the status.
+    pub fn call(&self) -> &'static str {
+        self.call
+    }
+
+    /// The raw `CUresult` value.
+    pub fn raw_status(&self) -> u32 {
+        self.code as u32
+    }
+
+    /// "Not found" (a module symbol the kernel needs is missing).
+    pub(crate) fn not_found(call: &'static str) -> DriverError {
+        DriverError {
+            code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            call,
+        }
+    }
+
+    /// "Not supported" (an operation a context refuses, e.g. inside a capture).
+    pub(crate) fn not_supported(call: &'static str) -> DriverError {
+        DriverError {
+            code: sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+            call,
+        }
+    }
+
+    /// A cooperative launch whose grid cannot be co-resident.
+    pub(crate) fn is_cooperative_launch_too_large(&self) -> bool {
+        self.code == sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    }
+
     /// The driver's name for the status, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
     pub fn name(&self) -> String {
         let mut ptr: *const std::ffi::c_char = std::ptr::null();
@@ -70,6 +101,42 @@ impl std::error::Error for DriverError {}
 
 /// Driver result alias.
 pub type DriverResult<T> = Result<T, DriverError>;
+
+/// Driver calls made by the current thread, by kind: what tests count to prove
+/// invariant 4 ("one synchronize per dispatch") on the real driver. One
+/// thread-local increment per counted call (a few nanoseconds against the
+/// microseconds of the call itself).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCallCounts {
+    /// `cuStreamSynchronize`.
+    pub synchronizes: u64,
+    /// `cuLaunchKernel` and `cuLaunchCooperativeKernel`.
+    pub launches: u64,
+    /// `cuGraphLaunch`.
+    pub graph_launches: u64,
+    /// Async copies, either direction.
+    pub async_copies: u64,
+}
+
+thread_local! {
+    static CALLS: std::cell::Cell<DriverCallCounts> =
+        const { std::cell::Cell::new(DriverCallCounts { synchronizes: 0, launches: 0, graph_launches: 0, async_copies: 0 }) };
+}
+
+#[inline]
+fn count(bump: impl FnOnce(&mut DriverCallCounts)) {
+    CALLS.with(|calls| {
+        let mut counts = calls.get();
+        bump(&mut counts);
+        calls.set(counts);
+    });
+}
+
+/// The driver calls the current thread has made so far.
+#[cfg(feature = "testing")]
+pub fn thread_call_counts() -> DriverCallCounts {
+    CALLS.with(|calls| calls.get())
+}
 
 #[inline]
 fn check(code: sys::CUresult, call: &'static str) -> DriverResult<()> {
@@ -237,6 +304,14 @@ impl Device {
         Ok(v)
     }
 
+    /// Whether the device has stream-ordered memory pools (graph allocations).
+    pub fn memory_pools_supported(self) -> DriverResult<bool> {
+        Ok(
+            self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?
+                != 0,
+        )
+    }
+
     /// Marketing name.
     pub fn name(self) -> DriverResult<String> {
         let mut buf = [0 as std::ffi::c_char; 256];
@@ -289,7 +364,7 @@ impl PrimaryContext {
 
     /// Reset the device's primary context: destroys every allocation and module in
     /// it. The only way back from a sticky kernel fault.
-    pub fn reset_device(device: Device) -> DriverResult<()> {
+    pub(crate) fn reset_device(device: Device) -> DriverResult<()> {
         // SAFETY: valid device handle; callers guarantee no live handle of theirs is
         // used afterwards (the backend's epoch check enforces it).
         check(
@@ -365,6 +440,7 @@ impl Stream {
     /// Block until all work on the stream is done.
     #[inline]
     pub fn synchronize(&self) -> DriverResult<()> {
+        count(|c| c.synchronizes += 1);
         // SAFETY: live stream handle.
         check(
             unsafe { sys::cuStreamSynchronize(self.raw) },
@@ -508,11 +584,6 @@ impl PinnedMemory {
         self.bytes
     }
 
-    /// Never true (allocations are at least one byte); for clippy's sake.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-
     /// Host address of byte `offset`; callers keep offset + length within `len()`.
     pub(crate) fn address(&self, offset: usize) -> *mut u8 {
         debug_assert!(offset <= self.bytes);
@@ -560,6 +631,7 @@ pub unsafe fn copy_to_device_async(
     len: usize,
     stream: &Stream,
 ) -> DriverResult<()> {
+    count(|c| c.async_copies += 1);
     check(
         sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, stream.raw),
         "cuMemcpyHtoDAsync_v2",
@@ -578,24 +650,15 @@ pub unsafe fn copy_to_host_async(
     len: usize,
     stream: &Stream,
 ) -> DriverResult<()> {
+    count(|c| c.async_copies += 1);
     check(
         sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, stream.raw),
         "cuMemcpyDtoHAsync_v2",
     )
 }
 
-/// A blocking device → host copy (used only by instruments that measure it, and by
-/// `read_resident`, which must wait anyway).
-pub fn copy_to_host_blocking(dst: &mut [u8], src: &DeviceMemory, offset: u64) -> DriverResult<()> {
-    let len = (dst.len() as u64).min(src.bytes.saturating_sub(offset)) as usize;
-    // SAFETY: dst holds len bytes; [offset, offset+len) is inside the allocation.
-    check(
-        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src.ptr + offset, len) },
-        "cuMemcpyDtoH_v2",
-    )
-}
-
 /// A blocking device → host copy of raw addresses (instruments only).
+#[cfg(feature = "testing")]
 ///
 /// # Safety
 /// `src`+`dst.len()` must lie inside a live device allocation.
@@ -743,6 +806,7 @@ pub unsafe fn launch(
     params: &mut [*mut c_void],
     cooperative: bool,
 ) -> DriverResult<()> {
+    count(|c| c.launches += 1);
     if cooperative {
         check(
             sys::cuLaunchCooperativeKernel(
@@ -996,6 +1060,7 @@ impl GraphExec {
     /// the stream is synchronised.
     #[inline]
     pub unsafe fn launch(&self, stream: &Stream) -> DriverResult<()> {
+        count(|c| c.graph_launches += 1);
         check(sys::cuGraphLaunch(self.raw, stream.raw), "cuGraphLaunch")
     }
 
@@ -1160,16 +1225,6 @@ impl MappedMemory {
         })
     }
 
-    /// Capacity in bytes.
-    pub fn len(&self) -> usize {
-        self.bytes
-    }
-
-    /// Never true (allocations are at least one byte); for clippy's sake.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-
     /// Device address of byte `offset` (what a kernel parameter carries).
     pub fn device_address(&self, offset: usize) -> u64 {
         debug_assert!(offset <= self.bytes);
@@ -1216,4 +1271,41 @@ pub fn copy_to_device_blocking(dst: &DeviceMemory, data: &[u8]) -> DriverResult<
         unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, len) },
         "cuMemcpyHtoD_v2",
     )
+}
+
+/// Every device attribute the backend's [`DeviceCaps`](super::DeviceCaps) holds.
+pub(crate) fn read_caps(ordinal: usize, device: Device) -> DriverResult<super::DeviceCaps> {
+    use sys::CUdevice_attribute::*;
+    let attr = |a| device.attribute(a).map(|v| v.max(0) as u32);
+    Ok(super::DeviceCaps {
+        ordinal,
+        name: device.name()?,
+        compute_capability: (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        total_memory: device.total_memory()?,
+        max_threads_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        max_threads_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+        max_block_dims: [
+            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+        ],
+        max_grid_dims: [
+            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+        ],
+        max_shared_memory_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+        max_shared_memory_per_block_optin: attr(
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?,
+        warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
+        cooperative_launch: attr(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
+        concurrent_kernels: attr(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS)? != 0,
+        async_engine_count: attr(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)?,
+        driver_version: driver_version()?,
+    })
 }

@@ -107,6 +107,11 @@ pub enum BackendError {
         /// What faulted.
         cause: String,
     },
+    /// A broken internal invariant: a bug in this crate, never the caller's input.
+    Internal {
+        /// What broke.
+        message: String,
+    },
 }
 
 impl fmt::Display for BackendError {
@@ -194,6 +199,11 @@ impl fmt::Display for BackendError {
                  the driver allows no recovery inside one process: restart the process (keep faulting \
                  experiments in a child process if the parent must survive them)"
             ),
+            BackendError::Internal { message } => write!(
+                f,
+                "Fix: internal error in vyre-cuda ({message}); this is a bug in the crate, not in your \
+                 input: report it with the program's Display output"
+            ),
             BackendError::ContextLost { cause } => write!(
                 f,
                 "Fix: this backend's CUDA context was lost ({cause}); drop it and call CudaBackend::acquire again"
@@ -209,6 +219,13 @@ impl BackendError {
         BackendError::Driver {
             during: during.into(),
             error,
+        }
+    }
+
+    /// A broken internal invariant (a bug in this crate, not the caller's input).
+    pub(crate) fn internal(what: impl Into<String>) -> Self {
+        BackendError::Internal {
+            message: what.into(),
         }
     }
 

@@ -31,6 +31,8 @@ use crate::ir::Program;
 
 use super::driver::{self, DeviceMemory, Event, LoadedModule, MappedMemory, PinnedMemory, Stream};
 use super::readback::{ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES};
+use super::stream_ops::LaunchParameters;
+use smallvec::SmallVec;
 use super::{BackendError, CudaBackend};
 
 /// Prebuilt launch of one program over its own device buffers.
@@ -43,21 +45,22 @@ pub struct RawFloor {
     /// Outer start (unused when nothing precedes the launch), inner start, inner end,
     /// outer end: the timed dispatch's events.
     events: [Event; 4],
-    addresses: Box<[u64]>,
-    lengths: Box<[u32]>,
-    params: Vec<*mut c_void>,
+    /// Boxed so the pointers in `params` stay valid when the floor moves (likewise
+    /// the mapped and result-ABI parameter sets below).
+    parameters: Box<LaunchParameters>,
+    params: SmallVec<[*mut c_void; 40]>,
     grid: [u32; 3],
     block: [u32; 3],
     /// Host-mapped memory the output buffers are bound to in `mapped_params`.
     mapped: MappedMemory,
-    mapped_addresses: Box<[u64]>,
-    mapped_params: Vec<*mut c_void>,
+    mapped_parameters: Box<LaunchParameters>,
+    mapped_params: SmallVec<[*mut c_void; 40]>,
     /// The result-ABI build of the same program, its area and parameters (one
     /// descriptor per output buffer after the first binding, 16 bytes each).
     result_module: LoadedModule,
     result_area: ResultArea,
-    result_values: Box<ResultParams>,
-    result_params: Vec<*mut c_void>,
+    result_parameters: Box<LaunchParameters>,
+    result_params: SmallVec<[*mut c_void; 40]>,
     backend: CudaBackend,
 }
 
@@ -104,15 +107,13 @@ impl RawFloor {
             );
             lengths.push((bytes / b.elem.size_bytes() as u64) as u32);
         }
-        let mut addresses: Box<[u64]> = buffers.iter().map(|b| b.address()).collect();
-        let mut lengths: Box<[u32]> = lengths.into_boxed_slice();
-        let mut params = Vec::new();
-        for a in addresses.iter_mut() {
-            params.push(a as *mut u64 as *mut c_void);
-        }
-        for l in lengths.iter_mut() {
-            params.push(l as *mut u32 as *mut c_void);
-        }
+        let counts: SmallVec<[u32; 16]> = lengths.into_iter().collect();
+        let mut parameters = Box::new(LaunchParameters {
+            addresses: buffers.iter().map(|b| b.address()).collect(),
+            counts: counts.clone(),
+            results: None,
+        });
+        let params = parameters.pointer_array();
         let staging = PinnedMemory::allocate(64 * 1024)
             .map_err(|e| BackendError::driver("allocating floor staging", e))?;
         let event = || Event::new().map_err(|e| BackendError::driver("creating floor events", e));
@@ -122,24 +123,22 @@ impl RawFloor {
         // device memory, every other buffer gets 256 mapped bytes of its own.
         let mapped = MappedMemory::allocate(256 * globals.len().max(1))
             .map_err(|e| BackendError::driver("allocating floor mapped memory", e))?;
-        let mut mapped_addresses: Box<[u64]> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                if i == 0 || b.size() > 256 {
-                    b.address()
-                } else {
-                    mapped.device_address(256 * i)
-                }
-            })
-            .collect();
-        let mut mapped_params = Vec::new();
-        for a in mapped_addresses.iter_mut() {
-            mapped_params.push(a as *mut u64 as *mut c_void);
-        }
-        for l in lengths.iter_mut() {
-            mapped_params.push(l as *mut u32 as *mut c_void);
-        }
+        let mut mapped_parameters = Box::new(LaunchParameters {
+            addresses: buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    if i == 0 || b.size() > 256 {
+                        b.address()
+                    } else {
+                        mapped.device_address(256 * i)
+                    }
+                })
+                .collect(),
+            counts: counts.clone(),
+            results: None,
+        });
+        let mapped_params = mapped_parameters.pointer_array();
 
         let result_ptx = codegen::program_to_ptx_with_results(
             program,
@@ -160,38 +159,33 @@ impl RawFloor {
         })?;
         let result_area = ResultArea::new()
             .map_err(|e| BackendError::driver("allocating the floor result area", e))?;
-        let mut result_values = Box::new(result_area.params());
+        let mut results = result_area.params();
         for (i, b) in buffers.iter().enumerate().skip(1) {
             let offset = (STAMP_BYTES + 16 * (i - 1)) as u32;
-            result_values.describe(b.address(), 16.min(b.size() as u32), offset);
+            results.describe(b.address(), 16.min(b.size() as u32), offset);
         }
-        let mut result_params = Vec::new();
-        for a in addresses.iter_mut() {
-            result_params.push(a as *mut u64 as *mut c_void);
-        }
-        for l in lengths.iter_mut() {
-            result_params.push(l as *mut u32 as *mut c_void);
-        }
-        let mut pointers: smallvec::SmallVec<[*mut c_void; 8]> = smallvec::SmallVec::new();
-        result_values.push_pointers(&mut pointers);
-        result_params.extend(pointers);
+        let mut result_parameters = Box::new(LaunchParameters {
+            addresses: parameters.addresses.clone(),
+            counts,
+            results: Some(results),
+        });
+        let result_params = result_parameters.pointer_array();
         Ok(RawFloor {
             module,
             stream,
             buffers,
             staging,
             events,
-            addresses,
-            lengths,
+            parameters,
             params,
             grid: workgroups,
             block: program.workgroup_size(),
             mapped,
-            mapped_addresses,
+            mapped_parameters,
             mapped_params,
             result_module,
             result_area,
-            result_values,
+            result_parameters,
             result_params,
             backend: backend.clone(),
         })
@@ -208,9 +202,9 @@ impl RawFloor {
     /// memory (it writes them there itself), launch + one synchronize, then the host
     /// reads 8 bytes of the first output.
     pub fn launch_mapped_sync(&mut self) -> Result<u64, BackendError> {
-        // SAFETY: mapped_params points at self.mapped_addresses / self.lengths (boxed,
-        // stable), one per parameter in codegen's order; every address is a live
-        // device buffer or 256 bytes of self.mapped (each output holds ≤ 256 bytes).
+        // SAFETY: mapped_params points into self.mapped_parameters (boxed, stable),
+        // one per parameter in codegen's order; every address is a live device buffer
+        // or 256 bytes of self.mapped (each output holds ≤ 256 bytes).
         unsafe {
             driver::launch(
                 &self.module,
@@ -223,7 +217,7 @@ impl RawFloor {
         }
         .map_err(|e| BackendError::driver("raw floor mapped launch", e))?;
         self.sync()?;
-        let first = self.mapped_addresses.len().min(2) - 1;
+        let first = self.mapped_parameters.addresses.len().min(2) - 1;
         Ok(u64::from_le_bytes(
             self.mapped
                 .slice(256 * first, 8)
@@ -239,12 +233,14 @@ impl RawFloor {
         self.result_area
             .arm(&self.stream)
             .map_err(|e| BackendError::driver("raw floor result arming", e))?;
-        self.result_values.set_raw(
-            super::readback::FLAG_START_STAMP | super::readback::FLAG_END_STAMP,
-            reads as u32,
-        );
-        // SAFETY: result_params points at self.addresses / self.lengths and into the
-        // boxed self.result_values (stable), in the result ABI's order; every
+        if let Some(results) = &self.result_parameters.results {
+            results.set_raw(
+                super::readback::FLAG_START_STAMP | super::readback::FLAG_END_STAMP,
+                reads as u32,
+            );
+        }
+        // SAFETY: result_params points into the boxed self.result_parameters
+        // (stable), in the result ABI's order; every
         // descriptor names 16 bytes of a live floor buffer and a destination inside
         // the area; the area lives as long as self.
         unsafe {
@@ -276,9 +272,9 @@ impl RawFloor {
     }
 
     fn launch(&mut self) -> Result<(), BackendError> {
-        // SAFETY: params points at self.addresses / self.lengths (boxed, so their
-        // addresses are stable), one per kernel parameter in codegen's order; the
-        // buffers live as long as self.
+        // SAFETY: params points into self.parameters (boxed, so its addresses are
+        // stable), one per kernel parameter in codegen's order; the buffers live as
+        // long as self.
         unsafe {
             driver::launch(
                 &self.module,
@@ -422,7 +418,7 @@ impl RawFloor {
 
     /// Number of parameters of the prebuilt launch.
     pub fn parameter_count(&self) -> usize {
-        self.addresses.len() + self.lengths.len()
+        self.parameters.addresses.len() + self.parameters.counts.len()
     }
 }
 

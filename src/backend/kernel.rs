@@ -246,10 +246,9 @@ impl BackendInner {
                 return Err(BackendError::ModuleLoad {
                     program: program.display_name(),
                     sm: self.caps.ptx_target_sm(),
-                    error: super::driver::DriverError {
-                        code: cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND,
-                        call: "cuModuleGetGlobal_v2 (grid barrier symbol)",
-                    },
+                    error: super::driver::DriverError::not_found(
+                        "cuModuleGetGlobal_v2 (grid barrier symbol)",
+                    ),
                 })
             }
         };

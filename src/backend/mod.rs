@@ -17,24 +17,29 @@
 //! API is safe.
 
 pub mod budget;
+mod buffer;
 mod cache;
 pub mod caps;
 mod dispatch;
-pub mod driver;
+pub(crate) mod driver;
 mod error;
+#[cfg(feature = "testing")]
 pub mod floor;
 mod kernel;
 mod plan;
 mod pool;
 pub mod readback;
 mod resident;
+pub(crate) mod stream_ops;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use buffer::{DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use dispatch::{Binding, TimedDispatch};
+pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::Kernel;
 pub use resident::ResidentBuffer;
@@ -112,6 +117,10 @@ pub(crate) struct BackendInner {
     pub(crate) transients: TransientPool,
     pub(crate) staging_allocations: AtomicU64,
     pub(crate) lost: Mutex<Option<String>>,
+    /// Bytes held by live [`DeviceBuffer`]s.
+    pub(crate) owned_bytes: AtomicU64,
+    /// Submissions pending ([`PendingDispatch`]), at most [`MAX_PENDING`].
+    pub(crate) pending: std::sync::atomic::AtomicUsize,
     // Declared last: dropped after every handle above was released in its context.
     pub(crate) context: PrimaryContext,
 }
@@ -179,7 +188,7 @@ impl CudaBackend {
         if recovering {
             DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
         }
-        let caps = read_caps(ordinal, device)
+        let caps = driver::read_caps(ordinal, device)
             .map_err(|e| BackendError::driver("reading device attributes", e))?;
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
@@ -199,6 +208,8 @@ impl CudaBackend {
                 transients: TransientPool::new(),
                 staging_allocations: AtomicU64::new(0),
                 lost: Mutex::new(None),
+                owned_bytes: AtomicU64::new(0),
+                pending: std::sync::atomic::AtomicUsize::new(0),
                 context,
             }),
         }
@@ -241,7 +252,9 @@ impl CudaBackend {
             staging_allocations: inner.staging_allocations.load(Ordering::Relaxed),
             transient_allocations: inner.transients.driver_allocations(),
             pooled_bytes: inner.transients.pooled_bytes(),
-            resident_bytes: resident.live_bytes(),
+            resident_bytes: resident
+                .live_bytes()
+                .saturating_add(inner.owned_bytes.load(Ordering::Relaxed)),
             resident_buffers: resident.live_count(),
         }
     }
@@ -289,6 +302,16 @@ impl CudaBackend {
     }
 }
 
+/// Driver calls made by the current thread so far (test support: how tests prove
+/// "one synchronize per dispatch" on the real driver).
+#[cfg(feature = "testing")]
+pub fn thread_driver_calls() -> DriverCallCounts {
+    driver::thread_call_counts()
+}
+
+#[cfg(feature = "testing")]
+pub use driver::DriverCallCounts;
+
 impl BackendInner {
     /// One relaxed load on the happy path.
     #[inline]
@@ -317,6 +340,16 @@ impl BackendInner {
         );
     }
 
+    /// Bytes held by resident buffers and owned [`DeviceBuffer`]s (the budget's
+    /// "resident" input).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.resident
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .live_bytes()
+            .saturating_add(self.owned_bytes.load(Ordering::Relaxed))
+    }
+
     pub(crate) fn bind(&self) -> Result<(), BackendError> {
         self.context
             .bind()
@@ -337,40 +370,4 @@ impl Drop for BackendInner {
             .unwrap_or_else(|p| p.into_inner())
             .clear(leak);
     }
-}
-
-fn read_caps(ordinal: usize, device: Device) -> driver::DriverResult<DeviceCaps> {
-    use cudarc::driver::sys::CUdevice_attribute::*;
-    let attr = |a| device.attribute(a).map(|v| v.max(0) as u32);
-    Ok(DeviceCaps {
-        ordinal,
-        name: device.name()?,
-        compute_capability: (
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        ),
-        sm_count: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-        total_memory: device.total_memory()?,
-        max_threads_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-        max_threads_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
-        max_block_dims: [
-            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
-            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-            attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
-        ],
-        max_grid_dims: [
-            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
-            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-            attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
-        ],
-        max_shared_memory_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
-        max_shared_memory_per_block_optin: attr(
-            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )?,
-        warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE)?,
-        cooperative_launch: attr(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
-        concurrent_kernels: attr(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS)? != 0,
-        async_engine_count: attr(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)?,
-        driver_version: driver::driver_version()?,
-    })
 }

@@ -3,7 +3,7 @@
 //!
 //! Creating a stream, an event or pinned memory costs driver time far above the
 //! §0 launch floor (3.7 µs), so once a dispatch shape is warm nothing on its path
-//! allocates from the driver: a dispatch leases one lane (stream + 2 events +
+//! allocates from the driver: a dispatch leases one lane (stream + 4 events +
 //! staging) for its whole life, and borrowed inputs take device buffers from the
 //! bucket of their rounded size.
 
@@ -20,6 +20,9 @@ pub(crate) struct Lane {
     /// Outer window: before the first enqueued operation / after the last.
     pub(crate) outer_start: Event,
     pub(crate) outer_end: Event,
+    /// Kernel window: around the launch loop only.
+    pub(crate) inner_start: Event,
+    pub(crate) inner_end: Event,
     /// Page-locked staging for uploads and readback.
     pub(crate) staging: PinnedMemory,
     /// Host-mapped result area and control block (`readback`), made on first use.
@@ -34,6 +37,8 @@ impl Lane {
             stream: Stream::new()?,
             outer_start: Event::new()?,
             outer_end: Event::new()?,
+            inner_start: Event::new()?,
+            inner_end: Event::new()?,
             staging: PinnedMemory::allocate(INITIAL_STAGING_BYTES)?,
             results: None,
         })
@@ -85,7 +90,7 @@ impl LanePool {
             .push(lane);
     }
 
-    /// Lanes created so far (each is a stream, two events, staging and a result area).
+    /// Lanes created so far (each is a stream, four events and staging).
     pub(crate) fn created(&self) -> u64 {
         self.created.load(Ordering::Relaxed)
     }

@@ -112,7 +112,13 @@ pub(crate) fn route_reads(
 /// points into it, so it must not move between [`ResultParams::push_pointers`] and
 /// the last launch; the per-launch values live in `Cell`s so they can change between
 /// launches while those pointers exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ResultParams {
+    /// Whether this description's first launch writes the start stamp and its last
+    /// launch the end stamp (an eager dispatch: both; a graph step: only the graph's
+    /// first and last step).
+    pub(crate) stamps_start: bool,
+    pub(crate) stamps_end: bool,
     control: u64,
     results: u64,
     flags: Cell<u32>,
@@ -133,6 +139,8 @@ impl ResultParams {
     /// device addresses; no descriptors yet.
     pub(crate) fn new(control: u64, results: u64) -> Self {
         ResultParams {
+            stamps_start: true,
+            stamps_end: true,
             control,
             results,
             flags: Cell::new(0),
@@ -160,16 +168,17 @@ impl ResultParams {
     pub(crate) fn set_launch(&self, iteration: u32, iterations: u32) {
         let last = iteration + 1 >= iterations;
         let mut flags = 0;
-        if iteration == 0 {
+        if iteration == 0 && self.stamps_start {
             flags |= FLAG_START_STAMP;
         }
-        if last {
+        if last && self.stamps_end {
             flags |= FLAG_END_STAMP;
         }
         self.flags.set(flags);
         self.count.set(if last { self.described } else { 0 });
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Set the per-launch values directly (graph captures and node updates, which
     /// choose flags per launch node and pass no descriptors).
     pub(crate) fn set_raw(&self, flags: u32, count: u32) {
@@ -191,6 +200,23 @@ impl ResultParams {
     pub(crate) fn described(&self) -> u32 {
         self.described
     }
+}
+
+/// Where one readback item's bytes are after the synchronize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// In the lane's pinned staging (a DMA copy).
+    Staging { offset: usize, len: usize },
+    /// In the result area (the kernel's last thread copied them).
+    Area { offset: usize, len: usize },
+}
+
+/// The one copy that brings a device-memory result area back (no mapping available).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AreaCopy {
+    pub(crate) device: u64,
+    pub(crate) host: *mut u8,
+    pub(crate) len: usize,
 }
 
 /// Where an area's bytes live.
@@ -237,6 +263,7 @@ impl ResultArea {
         Ok(ResultArea { storage, control })
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Whether the kernel writes the host's bytes directly (no copy needed).
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped(_))
@@ -249,6 +276,32 @@ impl ResultArea {
             Storage::Device { device, .. } => device.address(),
         };
         ResultParams::new(self.control.address(), results)
+    }
+
+    /// Before a launch, host side: clear the stamps of a mapped area (returns `None`),
+    /// or return the 16-byte device fill that clears a device-memory area's stamps
+    /// (as `(device address, bytes)`, to be enqueued before the launches).
+    pub(crate) fn arm_host(&mut self) -> Option<(u64, usize)> {
+        match &mut self.storage {
+            Storage::Mapped(m) => {
+                m.write(0, &[0u8; STAMP_BYTES]);
+                None
+            }
+            Storage::Device { device, .. } => Some((device.address(), STAMP_BYTES)),
+        }
+    }
+
+    /// For a device-memory area: the copy of its first `used` bytes into the pinned
+    /// mirror, to be enqueued after the launches. `None` for a mapped area.
+    pub(crate) fn copy_back(&mut self, used: usize) -> Option<AreaCopy> {
+        match &mut self.storage {
+            Storage::Mapped(_) => None,
+            Storage::Device { device, mirror } => Some(AreaCopy {
+                device: device.address(),
+                host: mirror.address(0),
+                len: used.clamp(STAMP_BYTES, RESULT_AREA_BYTES),
+            }),
+        }
     }
 
     /// Before a launch: clear the stamps, so a kernel that did not finish its

@@ -70,7 +70,12 @@
 //!   launch nodes, each with the parameter values (buffer addresses, then `u32`
 //!   element counts) the driver copied into the graph at capture;
 //! - [`GraphRecorder::read_back`]: a device → host copy into the graph's pinned
-//!   output slot (read it with [`DispatchGraph::output`] after a replay);
+//!   output slot (read it with [`DispatchGraph::output`] after a replay). Read-backs
+//!   recorded right after a dispatch (nothing in between) of at most
+//!   `readback::MAPPED_RANGE_MAX_BYTES` each, up to 16 per dispatch, are *folded*
+//!   into that dispatch's last launch instead: its last thread copies them into the
+//!   graph's host-mapped result area, so they cost no copy node (§0: a graph of a
+//!   kernel and N copies costs 8.0–33.3 µs for N = 1–16, the kernel alone 8.5);
 //! - [`GraphRecorder::scratch`]: a graph allocation node (`cuMemAllocAsync` inside
 //!   the capture) at the start, zero-filled, and its free node at the end, so a
 //!   scratch buffer exists (zeroed) only while a replay runs.
@@ -148,9 +153,8 @@ use smallvec::SmallVec;
 use crate::backend::driver::{
     self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
 };
-use crate::backend::readback::{
-    stamp_kernel_ns, ResultArea, ResultParams, FLAG_END_STAMP, FLAG_START_STAMP,
-};
+use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
+use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
 use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
@@ -206,23 +210,58 @@ impl ScratchBuffer {
     }
 }
 
-/// One binding of a recorded dispatch: a resident buffer, or a scratch buffer of
-/// the same graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GraphBinding {
+/// One binding of a recorded dispatch: a resident buffer, an owned buffer, or a
+/// scratch buffer of the same graph.
+#[derive(Clone, Copy, Debug)]
+pub enum GraphBinding<'a> {
     /// A resident buffer (its memory is held by the graph from now on).
     Resident(crate::backend::ResidentBuffer),
+    /// An owned buffer (its memory is held by the graph from now on: dropping the
+    /// buffer while the graph exists frees nothing under it).
+    Buffer(&'a crate::backend::DeviceBuffer),
     /// A scratch buffer of the graph being recorded.
     Scratch(ScratchBuffer),
 }
 
-impl From<crate::backend::ResidentBuffer> for GraphBinding {
+impl From<crate::backend::ResidentBuffer> for GraphBinding<'_> {
     fn from(handle: crate::backend::ResidentBuffer) -> Self {
         GraphBinding::Resident(handle)
     }
 }
 
-impl From<ScratchBuffer> for GraphBinding {
+/// A buffer a recording can upload into or read back from: a
+/// [`ResidentBuffer`](crate::backend::ResidentBuffer) or a
+/// [`DeviceBuffer`](crate::backend::DeviceBuffer). Sealed.
+pub trait RecordableBuffer: sealed::Sealed {
+    /// The buffer as a binding of a recorded dispatch.
+    fn graph_binding(&self) -> GraphBinding<'_>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::backend::ResidentBuffer {}
+    impl Sealed for crate::backend::DeviceBuffer {}
+}
+
+impl RecordableBuffer for crate::backend::ResidentBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Resident(*self)
+    }
+}
+
+impl RecordableBuffer for crate::backend::DeviceBuffer {
+    fn graph_binding(&self) -> GraphBinding<'_> {
+        GraphBinding::Buffer(self)
+    }
+}
+
+impl<'a> From<&'a crate::backend::DeviceBuffer> for GraphBinding<'a> {
+    fn from(buffer: &'a crate::backend::DeviceBuffer) -> Self {
+        GraphBinding::Buffer(buffer)
+    }
+}
+
+impl From<ScratchBuffer> for GraphBinding<'_> {
     fn from(scratch: ScratchBuffer) -> Self {
         GraphBinding::Scratch(scratch)
     }
@@ -258,41 +297,9 @@ struct Step {
     iterations: u32,
     /// The launch nodes of this step, one per fixpoint iteration.
     nodes: SmallVec<[GraphNode; 4]>,
-}
-
-/// The parameter array of a launch: pointers to the addresses, then to the counts,
-/// then the result ABI's five (the kernel ABI documented in `codegen::ptx`). The
-/// pointers are valid while `addresses`, `counts` and `results` are neither moved
-/// nor dropped.
-fn parameter_array(
-    addresses: &mut [u64],
-    counts: &mut [u32],
-    results: &ResultParams,
-) -> SmallVec<[*mut std::ffi::c_void; 40]> {
-    let mut params: SmallVec<[*mut std::ffi::c_void; 40]> =
-        SmallVec::with_capacity(addresses.len() + counts.len() + 5);
-    for address in addresses.iter_mut() {
-        params.push(address as *mut u64 as *mut std::ffi::c_void);
-    }
-    for count in counts.iter_mut() {
-        params.push(count as *mut u32 as *mut std::ffi::c_void);
-    }
-    results.push_pointers(&mut params);
-    params
-}
-
-/// Result-ABI launch flags of launch `iteration` of step `step` (of `steps`): the
-/// graph's first launch writes the start stamp and its last one the end stamp, so
-/// the stamps span every kernel of a replay. Graph read-backs stay copy nodes.
-fn graph_launch_flags(step: usize, steps: usize, iteration: u32, iterations: u32) -> u32 {
-    let mut flags = 0;
-    if step == 0 && iteration == 0 {
-        flags |= FLAG_START_STAMP;
-    }
-    if step + 1 == steps && iteration + 1 == iterations {
-        flags |= FLAG_END_STAMP;
-    }
-    flags
+    /// The result-ABI values its launches were captured with (stamp flags and the
+    /// descriptors of the read-backs folded into its last launch).
+    results: ResultParams,
 }
 
 /// Driver resources of a graph, in drop order.
@@ -306,8 +313,11 @@ struct Resources {
     window_end: Event,
     inputs: PinnedMemory,
     outputs: PinnedMemory,
-    /// The result area every launch's result-ABI parameters point at (stamps).
+    /// The result area every launch's result-ABI parameters point at: the stamps,
+    /// and the read-backs folded into a dispatch's epilogue.
     results: ResultArea,
+    /// Bytes of `results` in use (stamps and folded read-backs).
+    results_used: usize,
     /// Owned only to keep every resident buffer the graph touches alive.
     #[allow(dead_code)]
     memory: Vec<Arc<DeviceMemory>>,
@@ -323,6 +333,9 @@ pub struct DispatchGraph {
     steps: Vec<Step>,
     inputs: Vec<StagedRange>,
     outputs: Vec<StagedRange>,
+    /// Per output slot: its offset in the result area when the read-back was folded
+    /// into the preceding dispatch's epilogue (no copy node), else `None`.
+    folded_outputs: Vec<Option<usize>>,
     graph_nodes: usize,
     /// Set when a parameter update failed half-way: the executable may mix old and
     /// new parameters, so it must not run again.
@@ -398,7 +411,10 @@ impl DispatchGraph {
             .get(slot.index as usize)
             .ok_or_else(|| forged("output slot", slot.index))?;
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
-        Ok(resources.outputs.slice(range.offset, range.len))
+        match self.folded_outputs.get(slot.index as usize).copied().flatten() {
+            Some(offset) => Ok(resources.results.bytes(offset, range.len)),
+            None => Ok(resources.outputs.slice(range.offset, range.len)),
+        }
     }
 
     /// Replay the whole chain: one `cuGraphLaunch` and one synchronize. Records no
@@ -469,7 +485,7 @@ impl DispatchGraph {
     fn update_step(
         &mut self,
         index: usize,
-        mut counts: SmallVec<[u32; 16]>,
+        counts: SmallVec<[u32; 16]>,
         plan: LaunchPlan,
     ) -> Result<(), BackendError> {
         self.usable()?;
@@ -479,20 +495,21 @@ impl DispatchGraph {
         let name = self.name.clone();
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let step = &self.steps[index];
-        let mut addresses = step.addresses.clone();
-        let results = resources.results.params();
-        let mut params = parameter_array(&mut addresses, &mut counts, &results);
+        let mut parameters = LaunchParameters {
+            addresses: step.addresses.clone(),
+            counts: counts.clone(),
+            results: Some(step.results.clone()),
+        };
+        let mut params = parameters.pointer_array();
         let mut updated = 0usize;
         let mut failure: Option<DriverError> = None;
         let iterations = step.nodes.len() as u32;
         for (iteration, node) in step.nodes.iter().enumerate() {
-            results.set_raw(
-                graph_launch_flags(index, self.steps.len(), iteration as u32, iterations),
-                0,
-            );
+            // The same per-launch result values the capture used for this node.
+            parameters.set_launch(iteration as u32, iterations);
             // SAFETY: `node` is a launch node of `resources.graph`, from which
             // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points at `addresses`, `counts` and `results`, alive until after the call, in the
+            // points into `parameters`, alive and unmoved until after the call, in the
             // kernel's parameter order; every address is held by the graph (resident
             // memory in `resources.memory`, scratch allocated by the graph itself); the
             // last replay synchronised, so no launch of the executable is running.
@@ -568,22 +585,18 @@ impl DispatchGraph {
 
         let name = &self.name;
         let resources = self.resources.as_mut().ok_or_else(dropping)?;
-        let enqueue_error = |what: &str, e: DriverError| {
-            if e.is_sticky() {
-                inner.mark_context_lost(format!("{name} failed while {what}: {e}"));
-            }
-            BackendError::driver(format!("{what} for {name}"), e)
-        };
+        let results_used = resources.results_used;
+        let enqueue_error = |what: &str, e: DriverError| inner.stream_failed(name, what, e);
+        resources
+            .results
+            .arm(&resources.stream)
+            .map_err(|e| enqueue_error("clearing the result stamps", e))?;
         if want_timing {
             resources
                 .window_start
                 .record(&resources.stream)
                 .map_err(|e| enqueue_error("recording the window start event", e))?;
         }
-        resources
-            .results
-            .arm(&resources.stream)
-            .map_err(|e| enqueue_error("clearing the result stamps", e))?;
         // SAFETY: every device allocation the graph touches is held by `resources.memory`
         // (resident buffers) or allocated and freed by the graph itself (scratch); the
         // pinned input and output staging live in `resources` and are reachable by the
@@ -591,15 +604,14 @@ impl DispatchGraph {
         // call returns after the synchronize below.
         unsafe { resources.exec.launch(&resources.stream) }
             .map_err(|e| enqueue_error("launching the graph", e))?;
-        if !resources.results.is_mapped() {
-            // SAFETY: the graph owns the area; its mirror is read after the synchronize.
-            unsafe {
-                resources
-                    .results
-                    .enqueue_copy_back(crate::backend::readback::STAMP_BYTES, &resources.stream)
-            }
-            .map_err(|e| enqueue_error("copying the result stamps back", e))?;
+        // SAFETY: the graph owns the area (device memory and mirror) for its life; the
+        // mirror is read only after the synchronize below. No-op for a mapped area.
+        unsafe {
+            resources
+                .results
+                .enqueue_copy_back(results_used, &resources.stream)
         }
+        .map_err(|e| enqueue_error("copying the result area back", e))?;
         if want_timing {
             resources
                 .window_end
@@ -609,20 +621,7 @@ impl DispatchGraph {
         let enqueued = Instant::now();
         let mark = probe::charge_and_mark(Phase::Launch, mark);
 
-        let wait_start = Instant::now();
-        let synced = resources.stream.synchronize();
-        let wait_ns = elapsed_ns(wait_start);
-        if let Err(error) = synced {
-            let context_usable = !error.is_sticky();
-            if !context_usable {
-                inner.mark_context_lost(format!("{name} faulted: {error}"));
-            }
-            return Err(BackendError::KernelFault {
-                program: name.clone(),
-                error,
-                context_usable,
-            });
-        }
+        let wait_ns = inner.synchronize_with(name, || resources.stream.synchronize())?;
         let mut timing = DispatchTiming {
             wall_ns: 0,
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
@@ -635,9 +634,16 @@ impl DispatchGraph {
             timing.device_window_ns =
                 Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0);
         }
-        // The kernels' own stamps: the first launch's start to the last launch's end.
         if !self.steps.is_empty() {
-            timing.kernel_ns = stamp_kernel_ns(resources.results.stamps());
+            // The kernels' own stamps: the first launch's start to the last one's end.
+            let stamps = resources.results.stamps();
+            if stamps.is_none() {
+                return Err(BackendError::internal(format!(
+                    "{name} replayed without its last kernel writing the end stamp, so its folded \
+                     read-backs cannot be trusted"
+                )));
+            }
+            timing.kernel_ns = stamp_kernel_ns(stamps);
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
         // Outputs stay in pinned staging (read in place through `output`): nothing
@@ -760,44 +766,6 @@ fn next_graph_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Locks out a parameter array in the wrong order or with dangling pointers: the
-    /// kernel ABI is every buffer address, then every element count, each pointer
-    /// reading back the value it stands for.
-    #[test]
-    fn parameter_array_is_addresses_then_counts() {
-        let mut addresses = [0x1000u64, 0x2000, 0x3000];
-        let mut counts = [7u32, 8, 9];
-        let results = ResultParams::new(0x10, 0x20);
-        let params = parameter_array(&mut addresses, &mut counts, &results);
-        assert_eq!(
-            params.len(),
-            6 + 5,
-            "buffers, counts, then the result ABI's five"
-        );
-        for (i, param) in params.iter().take(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(addresses[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {i} points at address {i}");
-        }
-        for (i, param) in params.iter().skip(3).take(3).enumerate() {
-            let expected = std::ptr::addr_of_mut!(counts[i]) as *mut std::ffi::c_void;
-            assert_eq!(*param, expected, "parameter {} points at count {i}", 3 + i);
-        }
-    }
-
-    /// Locks out stamps that cover only part of a replay (or none): the first launch
-    /// of the first step writes the start stamp, the last launch of the last step the
-    /// end stamp, a single launch both, and launches in between neither.
-    #[test]
-    fn graph_stamps_span_the_whole_replay() {
-        let both = FLAG_START_STAMP | FLAG_END_STAMP;
-        assert_eq!(graph_launch_flags(0, 1, 0, 1), both);
-        assert_eq!(graph_launch_flags(0, 3, 0, 2), FLAG_START_STAMP);
-        assert_eq!(graph_launch_flags(0, 3, 1, 2), 0);
-        assert_eq!(graph_launch_flags(1, 3, 0, 1), 0);
-        assert_eq!(graph_launch_flags(2, 3, 0, 2), 0);
-        assert_eq!(graph_launch_flags(2, 3, 1, 2), FLAG_END_STAMP);
-    }
 
     /// Locks out a graph type that could be shared between threads (replays are
     /// serialised by `&mut self`, but the executable handle must not be `Sync`) or

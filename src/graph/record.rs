@@ -7,17 +7,21 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::backend::driver::{
-    self, Capture, DeviceMemory, DriverError, Event, GraphNodeKind, PinnedMemory, Stream,
+    self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
+    LoadedModule, PinnedMemory, Stream,
+};
+use crate::backend::stream_ops::{
+    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
+};
+use crate::backend::readback::{
+    AreaCopy, ResultArea, ResultParams, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
-use crate::ir::Access;
-
-use crate::backend::readback::ResultArea;
 
 use super::{
-    graph_launch_flags, next_graph_id, parameter_array, BoundAddress, DispatchGraph, GraphBinding,
-    InputSlot, OutputSlot, Resources, ScratchBuffer, StagedRange, Step, StepId,
+    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot,
+    RecordableBuffer, Resources, ScratchBuffer, StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.
@@ -112,20 +116,19 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
     pub fn upload(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         bytes: u64,
     ) -> Result<InputSlot, BackendError> {
-        let memory = self.hold(handle, "record an upload into")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record an upload into")?;
         if bytes == 0 {
             return Err(BackendError::bad_input(
                 "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
             ));
         }
-        if bytes > handle.len() {
+        if bytes > capacity {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the resident buffer holds {} bytes; upload \
-                 at most that many or allocate a larger buffer",
-                handle.len()
+                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
+                 at most that many or allocate a larger buffer"
             )));
         }
         let len = staged_len(bytes, "upload")?;
@@ -169,7 +172,7 @@ impl GraphRecorder<'_> {
     pub fn dispatch_bindings(
         &mut self,
         kernel: &Kernel,
-        bindings: &[GraphBinding],
+        bindings: &[GraphBinding<'_>],
         config: &DispatchConfig,
     ) -> Result<StepId, BackendError> {
         let inner = self.backend.shared();
@@ -191,6 +194,7 @@ impl GraphRecorder<'_> {
         for binding in bindings {
             match binding {
                 GraphBinding::Resident(handle) => sizes.push(handle.len()),
+                GraphBinding::Buffer(buffer) => sizes.push(buffer.len()),
                 GraphBinding::Scratch(scratch) => {
                     self.check_scratch(scratch)?;
                     sizes.push(scratch.bytes);
@@ -207,6 +211,11 @@ impl GraphRecorder<'_> {
                 match binding {
                     GraphBinding::Resident(handle) => {
                         let memory = table.get(handle, "record a dispatch over")?;
+                        bound.push(BoundAddress::Fixed(memory.address()));
+                        held.push(Arc::clone(memory));
+                    }
+                    GraphBinding::Buffer(buffer) => {
+                        let memory = buffer.memory_for(inner, "record a dispatch over")?;
                         bound.push(BoundAddress::Fixed(memory.address()));
                         held.push(Arc::clone(memory));
                     }
@@ -234,6 +243,7 @@ impl GraphRecorder<'_> {
             plan,
             iterations: config.fixpoint_iterations,
             nodes: SmallVec::new(),
+            results: ResultParams::default(),
         });
         self.operations.push(Operation::Dispatch { step: index });
         self.memory.extend(held);
@@ -248,21 +258,20 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::output`] after a replay.
     pub fn read_back(
         &mut self,
-        handle: &ResidentBuffer,
+        buffer: &impl RecordableBuffer,
         offset: u64,
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
-        let memory = self.hold(handle, "record a read-back of")?;
+        let (memory, capacity) = self.hold(buffer.graph_binding(), "record a read-back of")?;
         if len == 0 {
             return Err(BackendError::bad_input(
                 "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
             ));
         }
-        if offset.checked_add(len).is_none_or(|end| end > handle.len()) {
+        if offset.checked_add(len).is_none_or(|end| end > capacity) {
             return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the resident buffer's {} bytes; keep offset + \
-                 len within the buffer",
-                handle.len()
+                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
+                 len within the buffer"
             )));
         }
         let staged = staged_len(len, "read-back")?;
@@ -300,11 +309,9 @@ impl GraphRecorder<'_> {
         let pools = inner
             .context
             .device()
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-            )
+            .memory_pools_supported()
             .map_err(|e| BackendError::driver("asking whether the device has memory pools", e))?;
-        if pools == 0 {
+        if !pools {
             return Err(BackendError::bad_input(
                 "Fix: this device has no memory pools, so a graph cannot allocate scratch memory; allocate \
                  a resident buffer instead and bind it",
@@ -336,11 +343,29 @@ impl GraphRecorder<'_> {
         }
     }
 
-    /// The memory behind a live handle, kept alive by the returned `Arc`.
-    fn hold(&self, handle: &ResidentBuffer, verb: &str) -> Result<Arc<DeviceMemory>, BackendError> {
+    /// The memory behind a live resident or owned buffer (kept alive by the
+    /// returned `Arc`) and its size; scratch buffers have no memory to copy outside
+    /// a replay's dispatches.
+    fn hold(
+        &self,
+        buffer: GraphBinding<'_>,
+        verb: &str,
+    ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
         let inner = self.backend.shared();
-        let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Arc::clone(table.get(handle, verb)?))
+        match buffer {
+            GraphBinding::Resident(handle) => {
+                let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+                Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
+            }
+            GraphBinding::Buffer(buffer) => Ok((
+                Arc::clone(buffer.memory_for(inner, verb)?),
+                buffer.len(),
+            )),
+            GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
+                "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
+                 resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
+            ))),
+        }
     }
 
     /// Capture the described chain and instantiate it.
@@ -395,7 +420,8 @@ impl GraphRecorder<'_> {
 
         let results =
             ResultArea::new().map_err(|e| resource_error("allocating the result area", e))?;
-        let captured = self.capture(&stream, &inputs, &outputs, &results, &name);
+        let folding = self.fold_read_backs(&results);
+        let captured = self.capture(&stream, &inputs, &outputs, &folding, &name);
         let failed = |what: &str, e: DriverError| {
             if e.is_sticky() {
                 inner.mark_context_lost(format!("recording {name} failed: {e}"));
@@ -421,15 +447,59 @@ impl GraphRecorder<'_> {
                 inputs,
                 outputs,
                 results,
+                results_used: folding.used,
                 memory: std::mem::take(&mut self.memory),
             }),
             steps: std::mem::take(&mut self.steps),
             inputs: std::mem::take(&mut self.inputs),
             outputs: std::mem::take(&mut self.outputs),
+            folded_outputs: folding.outputs,
             graph_nodes,
             broken: None,
             backend,
         })
+    }
+
+    /// Which read-backs ride in a dispatch's epilogue: those recorded right after a
+    /// dispatch (only read-backs in between), each at most `MAPPED_RANGE_MAX_BYTES`,
+    /// up to `RESULT_RANGE_SLOTS` per dispatch, while the area has room. Fills every
+    /// step's result parameters (stamp flags, descriptors) and says where each
+    /// folded output lands in the area.
+    fn fold_read_backs(&mut self, area: &ResultArea) -> Folding {
+        let steps = self.steps.len();
+        for (index, step) in self.steps.iter_mut().enumerate() {
+            step.results = area.params();
+            step.results.stamps_start = index == 0;
+            step.results.stamps_end = index + 1 == steps;
+        }
+        let mut outputs = vec![None; self.outputs.len()];
+        let mut next = STAMP_BYTES;
+        let mut current: Option<usize> = None;
+        for operation in &self.operations {
+            match *operation {
+                Operation::Dispatch { step } => current = Some(step as usize),
+                Operation::ReadBack { output, address } => {
+                    let Some(step) = current else { continue };
+                    let len = self.outputs[output as usize].len;
+                    let fits = len as u64 <= MAPPED_RANGE_MAX_BYTES
+                        && next + len <= RESULT_AREA_BYTES
+                        && u32::try_from(next).is_ok();
+                    if fits
+                        && self.steps[step]
+                            .results
+                            .describe(address, len as u32, next as u32)
+                    {
+                        outputs[output as usize] = Some(next);
+                        next = (next + len).div_ceil(16) * 16;
+                    }
+                }
+                Operation::Upload { .. } => current = None,
+            }
+        }
+        Folding {
+            outputs,
+            used: next,
+        }
     }
 
     /// One stream capture of every operation in order, between the scratch
@@ -440,10 +510,9 @@ impl GraphRecorder<'_> {
         stream: &Stream,
         inputs: &PinnedMemory,
         outputs: &PinnedMemory,
-        results: &ResultArea,
+        folding: &Folding,
         name: &str,
     ) -> Result<driver::Graph, BackendError> {
-        let steps = self.steps.len();
         let inner = Arc::clone(self.backend.shared());
         let failed = |what: &str, e: DriverError| {
             if e.is_sticky() {
@@ -463,42 +532,42 @@ impl GraphRecorder<'_> {
             unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
                 .map_err(|e| failed("recording a scratch zero fill", e))?;
         }
+        let mut target = CaptureTarget {
+            capture: &capture,
+            inputs,
+            outputs,
+            nodes: SmallVec::new(),
+        };
         for operation in &self.operations {
+            let mut ops: StreamOps<'_, LoadedModule> = StreamOps::empty();
+            let read_back;
+            let mut step_index = None;
             match *operation {
                 Operation::Upload { input, address } => {
                     let range = self.inputs[input as usize];
-                    // SAFETY: inputs[offset..+len] was sized at recording and lives in
-                    // the graph (as long as its executable); [address, address + len) is
-                    // inside a resident buffer whose memory the graph holds.
-                    unsafe {
-                        driver::copy_to_device_async(
-                            address,
-                            inputs.address(range.offset),
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording an upload", e))?;
+                    ops.uploads.push(StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    });
+                }
+                Operation::ReadBack { output, .. }
+                    if folding.outputs[output as usize].is_some() =>
+                {
+                    // Folded into the preceding dispatch's epilogue: no copy node.
+                    continue;
                 }
                 Operation::ReadBack { output, address } => {
                     let range = self.outputs[output as usize];
-                    // SAFETY: outputs[offset..+len] was sized at recording and lives in
-                    // the graph; the device range was bounds-checked against the buffer,
-                    // whose memory the graph holds; the host reads it only after a
-                    // replay's synchronize.
-                    unsafe {
-                        driver::copy_to_host_async(
-                            outputs.address(range.offset),
-                            address,
-                            range.len,
-                            stream,
-                        )
-                    }
-                    .map_err(|e| failed("recording a read-back", e))?;
+                    read_back = [StagedCopy {
+                        device: address,
+                        staging_offset: range.offset,
+                        len: range.len,
+                    }];
+                    ops.readback = Readback::StagedCopies(&read_back);
                 }
-                Operation::Dispatch { step: step_index } => {
-                    let step_index = step_index as usize;
-                    let step = &mut self.steps[step_index];
+                Operation::Dispatch { step } => {
+                    let step = &mut self.steps[step as usize];
                     step.addresses = step
                         .bound
                         .iter()
@@ -507,49 +576,41 @@ impl GraphRecorder<'_> {
                             BoundAddress::Scratch(index) => scratch_addresses[index as usize],
                         })
                         .collect();
-                    let kernel = &step.kernel.inner;
-                    for ((slot, &address), &bytes) in
-                        kernel.slots.iter().zip(&step.addresses).zip(&step.sizes)
-                    {
-                        // WriteOnly means "starts zeroed" on every path (§1).
-                        if slot.access == Access::WriteOnly && bytes > 0 {
-                            // SAFETY: [address, address + bytes) is the bound buffer.
-                            unsafe { driver::fill_bytes_async(address, 0, bytes as usize, stream) }
-                                .map_err(|e| failed("recording a write-only clear", e))?;
-                        }
-                    }
-                    let mut addresses = step.addresses.clone();
-                    let mut counts = step.counts.clone();
-                    let result_params = results.params();
-                    let mut params = parameter_array(&mut addresses, &mut counts, &result_params);
-                    for iteration in 0..step.iterations {
-                        result_params.set_raw(
-                            graph_launch_flags(step_index, steps, iteration, step.iterations),
-                            0,
-                        );
-                        // SAFETY: params holds one pointer per kernel parameter in the
-                        // documented order (addresses, u32 counts, the result ABI's five),
-                        // pointing at the locals above, which outlive the call (the driver
-                        // copies the values into the graph); every address stays alive as
-                        // long as the graph (held memory, graph allocations, the result
-                        // area in its resources); no descriptor is passed (count 0).
-                        unsafe {
-                            driver::launch(
-                                &kernel.module,
-                                step.plan.grid,
-                                step.plan.block,
-                                stream,
-                                &mut params,
-                                false,
-                            )
-                        }
-                        .map_err(|e| failed("recording a launch", e))?;
-                        let node = capture
-                            .last_node()
-                            .map_err(|e| failed("finding the recorded launch node", e))?;
-                        step.nodes.push(node);
-                    }
+                    step_index = Some(operation);
                 }
+            }
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                let step = &self.steps[step as usize];
+                let kernel = &step.kernel.inner;
+                // The same description an eager dispatch enqueues (clears, then
+                // the launch loop), without its events and readback copies.
+                ops = StreamOps::dispatch(
+                    &kernel.slots,
+                    &step.addresses,
+                    &step.sizes,
+                    KernelLaunch {
+                        module: &kernel.module,
+                        grid: step.plan.grid,
+                        block: step.plan.block,
+                        iterations: step.iterations,
+                        grid_barrier: None,
+                    },
+                );
+                // The result ABI's values: the graph's stamps and this step's folded
+                // read-backs (copied by its last launch's last thread).
+                ops.parameters.results = Some(step.results.clone());
+            }
+            // SAFETY: upload and read-back staging ranges were sized at recording
+            // and live in the graph (as long as its executable); device ranges lie
+            // inside resident buffers whose memory the graph holds (bounds checked at
+            // recording) or graph allocations freed only at the end of the chain; the
+            // result area (control block, mapped bytes) lives in the graph's resources
+            // and every folded descriptor's destination was placed inside it; the
+            // host touches the staging and the area only between replays, after a
+            // synchronize.
+            unsafe { enqueue(&mut ops, &mut target) }.map_err(|f| failed(f.what, f.error))?;
+            if let Some(&Operation::Dispatch { step }) = step_index {
+                self.steps[step as usize].nodes = std::mem::take(&mut target.nodes);
             }
         }
         for &address in &scratch_addresses {
@@ -596,10 +657,108 @@ impl Drop for GraphRecorder<'_> {
     }
 }
 
+/// The read-backs folded into dispatch epilogues (`GraphRecorder::fold_read_backs`).
+struct Folding {
+    /// Per output slot, its offset in the result area when folded.
+    outputs: Vec<Option<usize>>,
+    /// Bytes of the area in use (stamps included).
+    used: usize,
+}
+
 fn slot_index(len: usize) -> Result<u32, BackendError> {
     u32::try_from(len).map_err(|_| {
         BackendError::bad_input(
             "Fix: a recording holds at most u32::MAX operations of one kind; record fewer",
         )
     })
+}
+
+/// The capturing stream as a [`StreamTarget`]: uploads read the graph's input
+/// staging, read-backs write its output staging, and every launch's node is kept
+/// for later parameter updates.
+struct CaptureTarget<'c, 's> {
+    capture: &'c Capture<'s>,
+    inputs: &'c PinnedMemory,
+    outputs: &'c PinnedMemory,
+    nodes: SmallVec<[GraphNode; 4]>,
+}
+
+impl StreamTarget for CaptureTarget<'_, '_> {
+    type Module = LoadedModule;
+
+    fn record(&mut self, _mark: DeviceMark) -> DriverResult<()> {
+        // Graph steps are described untimed; a replay times the whole launch.
+        Ok(())
+    }
+
+    unsafe fn upload(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_device_async(
+                copy.device,
+                self.inputs.address(copy.staging_offset),
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
+        // Recording refuses grid-sync kernels, so no description asks for this.
+        Err(DriverError::not_supported(
+            "grid barrier reset inside a graph capture",
+        ))
+    }
+
+    unsafe fn launch(
+        &mut self,
+        launch: &KernelLaunch<'_, LoadedModule>,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait); the driver copies the
+        // parameter values into the graph node.
+        unsafe {
+            driver::launch(
+                launch.module,
+                launch.grid,
+                launch.block,
+                self.capture.stream(),
+                params,
+                false,
+            )
+        }?;
+        self.nodes.push(self.capture.last_node()?);
+        Ok(())
+    }
+
+    unsafe fn read_back(&mut self, copy: StagedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_host_async(
+                self.outputs.address(copy.staging_offset),
+                copy.device,
+                copy.len,
+                self.capture.stream(),
+            )
+        }
+    }
+
+    unsafe fn copy_area_back(&mut self, copy: AreaCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_host_async(copy.host, copy.device, copy.len, self.capture.stream())
+        }
+    }
+
+    fn synchronize(&mut self) -> DriverResult<()> {
+        // A capturing stream cannot be synchronised; a replay synchronises instead.
+        Err(DriverError::not_supported(
+            "synchronize inside a graph capture",
+        ))
+    }
 }

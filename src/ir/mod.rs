@@ -8,6 +8,7 @@
 mod builder;
 mod digest;
 mod display;
+#[cfg(feature = "testing")]
 pub mod generate;
 mod program;
 pub mod validate;

@@ -1,0 +1,416 @@
+//! Owned device buffers and non-blocking submission (issue 11, SPEC §12).
+//!
+//! # Why this module exists
+//!
+//! A tokenizer's hot loop wants two things the handle API did not give it:
+//! - **Buffers that free themselves.** [`DeviceBuffer`] owns its device memory and
+//!   frees it on `Drop`. The memory sits behind an `Arc` that every dispatch in
+//!   flight and every [`DispatchGraph`](crate::graph::DispatchGraph) using it also
+//!   holds, so dropping a buffer while the device still reads it only drops one
+//!   reference: the memory is freed (`cuMemFree`, context bound) when the last user
+//!   — the pending dispatch's `wait`, or the graph's drop, both after their
+//!   synchronize — lets go. Use after free and double free cannot be written in
+//!   safe code: a binding borrows the buffer (`&DeviceBuffer`), and `Drop` runs once.
+//!   The generation-checked [`ResidentBuffer`](super::ResidentBuffer) handle stays
+//!   for FFI-like callers that need a `Copy` value.
+//! - **Submission that does not block.** [`CudaBackend::submit_kernel`] enqueues a
+//!   dispatch on its own lane (stream + events + pinned staging) and returns a
+//!   [`PendingDispatch`] at once; [`PendingDispatch::wait`] does the one
+//!   synchronize and yields outputs and timings. While batch N computes, the host
+//!   stages and enqueues batch N+1 on another lane: its upload runs on the copy
+//!   engine beside N's kernel. `wait` consumes the pending result, so waiting
+//!   twice does not compile; dropping one without waiting synchronises its lane
+//!   first (a documented blocking wait) and only then reuses its staging.
+//!
+//! At most [`MAX_PENDING`] submissions may be pending per backend; one more is an
+//! `Err` starting `Fix:` (wait for an earlier one first), never an unbounded pile of
+//! streams. Grid-sync kernels complete inside `submit_kernel` (their barrier counter
+//! is module-global and leased until the synchronize), so their pending result is
+//! already done.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::DispatchConfig;
+use crate::ir::Program;
+use crate::probe;
+
+use super::dispatch::{with_outputs, InFlight, Request, Sink, Submitted};
+use super::driver::{DeviceMemory, Event, Stream};
+use super::{BackendError, BackendInner, Binding, CudaBackend, Kernel, TimedDispatch};
+
+/// Most submissions pending at once on one backend (each holds a lane).
+pub const MAX_PENDING: usize = 16;
+
+/// Device memory owned by the caller: freed on `Drop`, stream-ordered (see the
+/// [module docs](self)). Bind it with [`Binding::Buffer`] (or `(&buffer).into()`).
+/// Starts zeroed.
+pub struct DeviceBuffer {
+    /// `Some` until drop.
+    memory: Option<Arc<DeviceMemory>>,
+    pub(crate) bytes: u64,
+    pub(crate) backend: Arc<BackendInner>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("bytes", &self.bytes)
+            .field("backend", &self.backend.id)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The binding of this buffer (a cheap borrowed view).
+    pub fn binding(&self) -> Binding<'_> {
+        Binding::Buffer(self)
+    }
+
+    /// The memory, checked to belong to `inner`'s backend.
+    pub(crate) fn memory_for(
+        &self,
+        inner: &BackendInner,
+        verb: &str,
+    ) -> Result<&Arc<DeviceMemory>, BackendError> {
+        if self.backend.id != inner.id {
+            return Err(BackendError::InvalidHandle {
+                message: format!(
+                    "Fix: cannot {verb} a DeviceBuffer of another CudaBackend (backend {} vs this one, {}); \
+                     use the backend that allocated it",
+                    self.backend.id, inner.id
+                ),
+            });
+        }
+        self.memory.as_ref().ok_or_else(|| {
+            BackendError::internal("a DeviceBuffer's memory is gone before its drop")
+        })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        self.backend
+            .owned_bytes
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+        // The memory goes when the last holder (this buffer, a pending dispatch, a
+        // graph) drops its `Arc`; each holder binds the context first. After a
+        // sticky fault the context and its allocations are gone: forget instead.
+        let memory = self.memory.take();
+        if self.backend.check_alive().is_ok() && self.backend.bind().is_ok() {
+            drop(memory);
+        } else {
+            std::mem::forget(memory);
+        }
+    }
+}
+
+impl<'a> From<&'a DeviceBuffer> for Binding<'a> {
+    fn from(buffer: &'a DeviceBuffer) -> Self {
+        Binding::Buffer(buffer)
+    }
+}
+
+/// A dispatch enqueued by [`CudaBackend::submit_kernel`] and not yet waited for.
+/// `Send`: it may be waited for on another thread.
+#[must_use = "a pending dispatch does nothing visible until `wait`; dropping it blocks until it finishes"]
+pub struct PendingDispatch {
+    kernel: Kernel,
+    state: PendingState,
+    backend: CudaBackend,
+}
+
+enum PendingState {
+    InFlight(Box<InFlight>),
+    /// Completed at submission (grid-sync kernels).
+    Done(Result<TimedDispatch, BackendError>),
+    /// Waited for or dropped.
+    Finished,
+}
+
+impl std::fmt::Debug for PendingDispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingDispatch")
+            .field("program", &self.kernel.inner.name)
+            .finish()
+    }
+}
+
+/// Device instants of one timed dispatch, in nanoseconds after a [`DeviceClock`]
+/// origin: comparable across dispatches on different lanes (the overlap of an
+/// upload with another dispatch's kernel is visible here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSpans {
+    /// The dispatch's first stream operation (its uploads and clears start here).
+    pub window_start_ns: u64,
+    /// Its launch loop starts (uploads are done).
+    pub kernel_start_ns: u64,
+    /// Its launch loop ends.
+    pub kernel_end_ns: u64,
+    /// Its last stream operation ends.
+    pub window_end_ns: u64,
+}
+
+/// An origin on the device's clock: one event recorded and completed, against
+/// which [`PendingDispatch::wait_spans`] measures a dispatch's instants.
+pub struct DeviceClock {
+    event: Event,
+    // Last: the context outlives the event.
+    backend: CudaBackend,
+}
+
+impl std::fmt::Debug for DeviceClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceClock").finish()
+    }
+}
+
+impl CudaBackend {
+    /// Allocate a zeroed device buffer of `bytes` bytes, freed when dropped.
+    /// Checked against the memory budget (§4.6).
+    pub fn buffer(&self, bytes: u64) -> Result<DeviceBuffer, BackendError> {
+        let memory = self.allocate_checked(bytes)?;
+        let inner = &self.inner;
+        inner.owned_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let buffer = DeviceBuffer {
+            memory: Some(Arc::new(memory)),
+            bytes,
+            backend: Arc::clone(inner),
+        };
+        self.zero_buffer(&buffer)?;
+        Ok(buffer)
+    }
+
+    /// A device buffer holding a copy of `data`.
+    pub fn buffer_from(&self, data: &[u8]) -> Result<DeviceBuffer, BackendError> {
+        let buffer = self.buffer(data.len() as u64)?;
+        self.upload(&buffer, data)?;
+        Ok(buffer)
+    }
+
+    /// Copy `data` into the start of `buffer` (`data` may be shorter). Blocks until
+    /// the copy is done (one synchronize).
+    pub fn upload(&self, buffer: &DeviceBuffer, data: &[u8]) -> Result<(), BackendError> {
+        let memory = Arc::clone(buffer.memory_for(&self.inner, "upload into")?);
+        self.transfer(
+            memory,
+            buffer.bytes,
+            super::dispatch::Transfer::Upload(data),
+        )
+    }
+
+    /// Read a whole buffer.
+    pub fn read(&self, buffer: &DeviceBuffer) -> Result<Vec<u8>, BackendError> {
+        let mut out = vec![0u8; buffer.bytes as usize];
+        self.read_into(buffer, &mut out)?;
+        Ok(out)
+    }
+
+    /// Read the first `out.len()` bytes of `buffer` into `out`.
+    pub fn read_into(&self, buffer: &DeviceBuffer, out: &mut [u8]) -> Result<(), BackendError> {
+        let memory = Arc::clone(buffer.memory_for(&self.inner, "read")?);
+        self.transfer(memory, buffer.bytes, super::dispatch::Transfer::Read(out))
+    }
+
+    /// Enqueue a dispatch of a compiled kernel and return at once (see the
+    /// [module docs](self)): borrowed inputs are copied into the lane's pinned
+    /// staging before this returns, so the slices may be reused immediately.
+    /// Records no timing events (device times 0 unless the probe is on); see
+    /// [`CudaBackend::submit_kernel_timed`].
+    pub fn submit_kernel(
+        &self,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+    ) -> Result<PendingDispatch, BackendError> {
+        self.submit_with(kernel, bindings, config, false)
+    }
+
+    /// [`CudaBackend::submit_kernel`] with device times (and [`DeviceSpans`]).
+    pub fn submit_kernel_timed(
+        &self,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+    ) -> Result<PendingDispatch, BackendError> {
+        self.submit_with(kernel, bindings, config, true)
+    }
+
+    /// Compile (cached) and submit `program`: [`CudaBackend::submit_kernel_timed`].
+    pub fn submit(
+        &self,
+        program: &Program,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+    ) -> Result<PendingDispatch, BackendError> {
+        let kernel = self.compile(program, config)?;
+        self.submit_with(&kernel, bindings, config, true)
+    }
+
+    /// Record an origin event on the device's clock and wait for it.
+    pub fn device_clock(&self) -> Result<DeviceClock, BackendError> {
+        let inner = &self.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let event = Event::new().map_err(|e| BackendError::driver("creating a clock event", e))?;
+        let stream =
+            Stream::new().map_err(|e| BackendError::driver("creating a clock stream", e))?;
+        event
+            .record(&stream)
+            .map_err(|e| BackendError::driver("recording a clock event", e))?;
+        inner.synchronize_with("the device clock origin", || stream.synchronize())?;
+        Ok(DeviceClock {
+            event,
+            backend: self.clone(),
+        })
+    }
+
+    fn submit_with(
+        &self,
+        kernel: &Kernel,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+        timed: bool,
+    ) -> Result<PendingDispatch, BackendError> {
+        let inner = &self.inner;
+        let pending = inner.pending.fetch_add(1, Ordering::AcqRel);
+        if pending >= MAX_PENDING {
+            inner.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(BackendError::bad_input(format!(
+                "Fix: {MAX_PENDING} dispatches are already pending on this backend (each holds a lane); \
+                 wait for an earlier PendingDispatch before submitting {}",
+                kernel.inner.name
+            )));
+        }
+        let start = Instant::now();
+        let request = Request {
+            kernel: &kernel.inner,
+            bindings,
+            config,
+            want_timing: timed,
+            start,
+            mark: None,
+        };
+        let mut outputs = Vec::new();
+        let state = match inner.submit(request, &Sink::Vecs(&mut outputs), false) {
+            Err(e) => {
+                inner.pending.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+            Ok(Submitted {
+                in_flight,
+                lease: Some(lease),
+                mark,
+            }) => {
+                // Grid sync: the barrier lease cannot outlive this call, so wait now.
+                let done = inner
+                    .complete(&kernel.inner, in_flight, Sink::Vecs(&mut outputs), mark)
+                    .map(|timing| with_outputs(timing, outputs));
+                drop(lease);
+                PendingState::Done(done)
+            }
+            Ok(Submitted { in_flight, .. }) => PendingState::InFlight(Box::new(in_flight)),
+        };
+        Ok(PendingDispatch {
+            kernel: kernel.clone(),
+            state,
+            backend: self.clone(),
+        })
+    }
+}
+
+impl PendingDispatch {
+    /// Wait for the dispatch: the one synchronize, then its outputs (per its
+    /// readback policy) and timings.
+    pub fn wait(mut self) -> Result<TimedDispatch, BackendError> {
+        self.finish(None).map(|(timed, _)| timed)
+    }
+
+    /// [`PendingDispatch::wait`], also returning the dispatch's device instants
+    /// after `clock`. Needs a timed submission ([`CudaBackend::submit_kernel_timed`]).
+    pub fn wait_spans(
+        mut self,
+        clock: &DeviceClock,
+    ) -> Result<(TimedDispatch, DeviceSpans), BackendError> {
+        if clock.backend.inner.id != self.backend.inner.id {
+            return Err(BackendError::bad_input(
+                "Fix: the DeviceClock belongs to another CudaBackend; take one from this backend",
+            ));
+        }
+        match &self.state {
+            PendingState::InFlight(in_flight) if in_flight.timed() => {}
+            _ => {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: {} was submitted without timing events (or completed at submission); submit it \
+                     with CudaBackend::submit_kernel_timed to read its device spans",
+                    self.kernel.inner.name
+                )))
+            }
+        }
+        let (timed, spans) = self.finish(Some(&clock.event))?;
+        Ok((timed, spans.unwrap_or_default()))
+    }
+
+    fn finish(
+        &mut self,
+        clock: Option<&Event>,
+    ) -> Result<(TimedDispatch, Option<DeviceSpans>), BackendError> {
+        let inner = Arc::clone(&self.backend.inner);
+        let state = std::mem::replace(&mut self.state, PendingState::Finished);
+        match state {
+            PendingState::Finished => Err(BackendError::internal(
+                "a pending dispatch was finished twice",
+            )),
+            PendingState::Done(result) => {
+                inner.pending.fetch_sub(1, Ordering::AcqRel);
+                result.map(|timed| (timed, None))
+            }
+            PendingState::InFlight(in_flight) => {
+                // `wait` may run on another thread than `submit`.
+                let bound = inner.bind();
+                let mut outputs = Vec::new();
+                let mut spans = None;
+                let result = match bound {
+                    Ok(()) => inner
+                        .complete_with_spans(
+                            &self.kernel.inner,
+                            *in_flight,
+                            Sink::Vecs(&mut outputs),
+                            probe::mark(),
+                            clock.map(|origin| (origin, &mut spans)),
+                        )
+                        .map(|timing| with_outputs(timing, outputs)),
+                    Err(e) => {
+                        // Without the context nothing can be synchronised or freed.
+                        std::mem::forget(in_flight);
+                        Err(e)
+                    }
+                };
+                inner.pending.fetch_sub(1, Ordering::AcqRel);
+                Ok((result?, spans))
+            }
+        }
+    }
+}
+
+impl Drop for PendingDispatch {
+    /// Dropping without `wait` blocks until the dispatch is done (its staging and
+    /// buffers are released only then); errors are discarded.
+    fn drop(&mut self) {
+        if matches!(self.state, PendingState::Finished) {
+            return;
+        }
+        let _ = self.finish(None);
+    }
+}
