@@ -753,8 +753,16 @@ impl BackendInner {
             }
         }
         let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
-        route_reads(&reads, RESULT_AREA_BYTES, MAPPED_RANGE_MAX_BYTES, &mut routes);
-        let area = lane.results.as_mut().ok_or_else(|| BackendError::internal("no result area"))?;
+        route_reads(
+            &reads,
+            RESULT_AREA_BYTES,
+            MAPPED_RANGE_MAX_BYTES,
+            &mut routes,
+        );
+        let area = lane
+            .results
+            .as_mut()
+            .ok_or_else(|| BackendError::internal("no result area"))?;
         let arm_clear = area.arm_host();
         let mut results = area.params();
         let mut copies: SmallVec<[StagedCopy; 16]> = SmallVec::new();
@@ -1122,7 +1130,9 @@ impl BackendInner {
                 readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes.to_vec()));
             }
             Sink::Slices(out) => {
-                readback.deliver(&lane.staging, area, |i, bytes| out[i].copy_from_slice(bytes));
+                readback.deliver(&lane.staging, area, |i, bytes| {
+                    out[i].copy_from_slice(bytes)
+                });
             }
         }
         self.release(lane, held, true);

@@ -32,8 +32,8 @@ use crate::ir::Program;
 use super::driver::{self, DeviceMemory, Event, LoadedModule, MappedMemory, PinnedMemory, Stream};
 use super::readback::{ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES};
 use super::stream_ops::LaunchParameters;
-use smallvec::SmallVec;
 use super::{BackendError, CudaBackend};
+use smallvec::SmallVec;
 
 /// Prebuilt launch of one program over its own device buffers.
 pub struct RawFloor {

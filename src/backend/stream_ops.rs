@@ -191,7 +191,9 @@ impl Readback<'_> {
             Readback::Routed { deliveries, .. } => {
                 for (i, delivery) in deliveries.iter().enumerate() {
                     match (*delivery, area) {
-                        (Delivery::Staging { offset, len }, _) => sink(i, staging.slice(offset, len)),
+                        (Delivery::Staging { offset, len }, _) => {
+                            sink(i, staging.slice(offset, len))
+                        }
                         (Delivery::Area { offset, len }, Some(area)) => {
                             sink(i, area.bytes(offset, len))
                         }

@@ -411,7 +411,12 @@ impl DispatchGraph {
             .get(slot.index as usize)
             .ok_or_else(|| forged("output slot", slot.index))?;
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
-        match self.folded_outputs.get(slot.index as usize).copied().flatten() {
+        match self
+            .folded_outputs
+            .get(slot.index as usize)
+            .copied()
+            .flatten()
+        {
             Some(offset) => Ok(resources.results.bytes(offset, range.len)),
             None => Ok(resources.outputs.slice(range.offset, range.len)),
         }

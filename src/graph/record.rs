@@ -10,11 +10,11 @@ use crate::backend::driver::{
     self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
     LoadedModule, PinnedMemory, Stream,
 };
-use crate::backend::stream_ops::{
-    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
-};
 use crate::backend::readback::{
     AreaCopy, ResultArea, ResultParams, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES, STAMP_BYTES,
+};
+use crate::backend::stream_ops::{
+    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
