@@ -557,6 +557,8 @@ pub(crate) mod tests {
         },
         ReadBack(StagedCopy),
         AreaCopy(usize),
+        /// The result ABI's `(flags, range count)` of the launch that follows.
+        ResultFlags(u32, u32),
         Synchronize,
     }
 
@@ -598,6 +600,17 @@ pub(crate) mod tests {
                 params.len() == 2 * n || params.len() == 2 * n + 5,
                 "one pointer per parameter (plus the result ABI's five)"
             );
+            if params.len() == 2 * n + 5 {
+                // SAFETY (test): the pointers come from LaunchParameters::pointer_array,
+                // whose result pointers 2 and 3 are the u32 flags and range count.
+                let (flags, count) = unsafe {
+                    (
+                        *(params[2 * n + 2] as *const u32),
+                        *(params[2 * n + 3] as *const u32),
+                    )
+                };
+                self.seen.push(Seen::ResultFlags(flags, count));
+            }
             // SAFETY (test): the pointers come from LaunchParameters::pointer_array.
             let addresses = params[..n]
                 .iter()
@@ -774,6 +787,62 @@ pub(crate) mod tests {
         let mut without_clear = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
         without_clear.clears.clear();
         assert_ne!(run(without_clear), graph_seen);
+    }
+
+    /// Locks out result-ABI launches that stamp or copy on the wrong iteration, and
+    /// a routed readback that copies mapped items or forgets the DMA ones: over three
+    /// fixpoint launches the first writes the start stamp, the last the end stamp and
+    /// the descriptors' copies, the middle one neither; only the DMA-routed copy and
+    /// the area copy-back are enqueued, after the loop (the host side, delivery from
+    /// the area or staging, needs a driver: `gpu_readback` covers it).
+    #[test]
+    fn result_abi_launches_and_routed_readback() {
+        use crate::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
+        let addresses = [0x100, 0x200, 0x300];
+        let sizes = [16, 32, 64];
+        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        let mut results = ResultParams::new(0xC000, 0xD000);
+        assert!(results.describe(0x200, 32, 16));
+        ops.parameters.results = Some(results);
+        let copies = [StagedCopy {
+            device: 0x300,
+            staging_offset: 512,
+            len: 64,
+        }];
+        let deliveries = [
+            Delivery::Area {
+                offset: 16,
+                len: 32,
+            },
+            Delivery::Staging {
+                offset: 512,
+                len: 64,
+            },
+        ];
+        let area_copy = AreaCopy {
+            device: 0xE000,
+            host: std::ptr::null_mut(),
+            len: 48,
+        };
+        ops.readback = Readback::Routed {
+            copies: &copies,
+            deliveries: &deliveries,
+            area_copy: Some(area_copy),
+        };
+        let seen = run(ops);
+        let flags: Vec<(u32, u32)> = seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::ResultFlags(f, c) => Some((*f, *c)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flags, [(FLAG_START_STAMP, 0), (0, 0), (FLAG_END_STAMP, 1)]);
+        let tail: Vec<&Seen> = seen
+            .iter()
+            .skip_while(|s| !matches!(s, Seen::ReadBack(_)))
+            .collect();
+        assert_eq!(tail, [&Seen::ReadBack(copies[0]), &Seen::AreaCopy(48)]);
     }
 
     /// Locks out a grid-sync dispatch whose barrier is not reset before every

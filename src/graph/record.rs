@@ -467,39 +467,19 @@ impl GraphRecorder<'_> {
     /// folded output lands in the area.
     fn fold_read_backs(&mut self, area: &ResultArea) -> Folding {
         let steps = self.steps.len();
-        for (index, step) in self.steps.iter_mut().enumerate() {
-            step.results = area.params();
-            step.results.stamps_start = index == 0;
-            step.results.stamps_end = index + 1 == steps;
+        let mut params: Vec<ResultParams> = (0..steps)
+            .map(|index| {
+                let mut params = area.params();
+                params.stamps_start = index == 0;
+                params.stamps_end = index + 1 == steps;
+                params
+            })
+            .collect();
+        let folding = plan_folding(&self.operations, &self.outputs, &mut params);
+        for (step, params) in self.steps.iter_mut().zip(params) {
+            step.results = params;
         }
-        let mut outputs = vec![None; self.outputs.len()];
-        let mut next = STAMP_BYTES;
-        let mut current: Option<usize> = None;
-        for operation in &self.operations {
-            match *operation {
-                Operation::Dispatch { step } => current = Some(step as usize),
-                Operation::ReadBack { output, address } => {
-                    let Some(step) = current else { continue };
-                    let len = self.outputs[output as usize].len;
-                    let fits = len as u64 <= MAPPED_RANGE_MAX_BYTES
-                        && next + len <= RESULT_AREA_BYTES
-                        && u32::try_from(next).is_ok();
-                    if fits
-                        && self.steps[step]
-                            .results
-                            .describe(address, len as u32, next as u32)
-                    {
-                        outputs[output as usize] = Some(next);
-                        next = (next + len).div_ceil(16) * 16;
-                    }
-                }
-                Operation::Upload { .. } => current = None,
-            }
-        }
-        Folding {
-            outputs,
-            used: next,
-        }
+        folding
     }
 
     /// One stream capture of every operation in order, between the scratch
@@ -657,6 +637,41 @@ impl Drop for GraphRecorder<'_> {
     }
 }
 
+/// The folding rule of `GraphRecorder::fold_read_backs` (pure): walk the operations;
+/// after a dispatch, each read-back (until the next upload or dispatch) that fits the
+/// size limit, a free descriptor of that step and the area is described in `steps`
+/// (one `ResultParams` per step) and placed at the next 16-byte aligned offset.
+fn plan_folding(
+    operations: &[Operation],
+    outputs: &[StagedRange],
+    steps: &mut [ResultParams],
+) -> Folding {
+    let mut folded = vec![None; outputs.len()];
+    let mut next = STAMP_BYTES;
+    let mut current: Option<usize> = None;
+    for operation in operations {
+        match *operation {
+            Operation::Dispatch { step } => current = Some(step as usize),
+            Operation::ReadBack { output, address } => {
+                let Some(step) = current else { continue };
+                let len = outputs[output as usize].len;
+                let fits = len as u64 <= MAPPED_RANGE_MAX_BYTES
+                    && next + len <= RESULT_AREA_BYTES
+                    && u32::try_from(next).is_ok();
+                if fits && steps[step].describe(address, len as u32, next as u32) {
+                    folded[output as usize] = Some(next);
+                    next = (next + len).div_ceil(16) * 16;
+                }
+            }
+            Operation::Upload { .. } => current = None,
+        }
+    }
+    Folding {
+        outputs: folded,
+        used: next,
+    }
+}
+
 /// The read-backs folded into dispatch epilogues (`GraphRecorder::fold_read_backs`).
 struct Folding {
     /// Per output slot, its offset in the result area when folded.
@@ -760,5 +775,81 @@ impl StreamTarget for CaptureTarget<'_, '_> {
         Err(DriverError::not_supported(
             "synchronize inside a graph capture",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(len: usize) -> StagedRange {
+        StagedRange { offset: 0, len }
+    }
+
+    /// Locks out folding a read-back that does not directly follow its dispatch
+    /// (an upload in between could change the bytes), folding one too large for the
+    /// mapped route, and overlapping places in the area: only read-backs after a
+    /// dispatch and before the next upload, each at most the limit, are folded, into
+    /// the step they follow, at aligned offsets after the stamps.
+    #[test]
+    fn read_backs_fold_only_right_after_their_dispatch() {
+        let operations = [
+            Operation::ReadBack {
+                output: 0,
+                address: 0x10,
+            }, // before any dispatch
+            Operation::Dispatch { step: 0 },
+            Operation::ReadBack {
+                output: 1,
+                address: 0x20,
+            },
+            Operation::ReadBack {
+                output: 2,
+                address: 0x30,
+            }, // too large
+            Operation::ReadBack {
+                output: 3,
+                address: 0x40,
+            },
+            Operation::Upload {
+                input: 0,
+                address: 0x50,
+            },
+            Operation::ReadBack {
+                output: 4,
+                address: 0x60,
+            }, // after an upload
+            Operation::Dispatch { step: 1 },
+            Operation::ReadBack {
+                output: 5,
+                address: 0x70,
+            },
+        ];
+        let outputs = [
+            range(4),
+            range(20),
+            range(MAPPED_RANGE_MAX_BYTES as usize + 4),
+            range(8),
+            range(4),
+            range(16),
+        ];
+        let mut steps = vec![ResultParams::new(1, 2), ResultParams::new(1, 2)];
+        let folding = plan_folding(&operations, &outputs, &mut steps);
+        assert_eq!(
+            folding.outputs,
+            [None, Some(16), None, Some(48), None, Some(64)]
+        );
+        assert_eq!(folding.used, 80);
+        assert_eq!(steps[0], {
+            let mut p = ResultParams::new(1, 2);
+            p.describe(0x20, 20, 16);
+            p.describe(0x40, 8, 48);
+            p
+        });
+        assert_eq!(steps[1], {
+            let mut p = ResultParams::new(1, 2);
+            p.describe(0x70, 16, 64);
+            p
+        });
     }
 }
