@@ -23,6 +23,12 @@ impl Default for CodegenOptions {
 }
 
 impl CodegenOptions {
+    /// The same options with bounds checks on or off.
+    pub fn with_bounds_checks(mut self, bounds_checks: bool) -> Self {
+        self.bounds_checks = bounds_checks;
+        self
+    }
+
     /// A stable 64-bit digest of the policy, for cache keys.
     pub fn policy_digest(&self) -> u64 {
         // Versioned so a future field can never collide with an old key.
@@ -41,8 +47,10 @@ pub struct ByteRange {
     pub len: u64,
 }
 
-/// Which outputs a dispatch copies back to the host.
+/// Which outputs a dispatch copies back to the host. Non-exhaustive: later versions
+/// may add policies.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum ReadbackPolicy {
     /// Every `ReadWrite` and `WriteOnly` buffer, whole, in binding order.
     #[default]
@@ -53,8 +61,10 @@ pub enum ReadbackPolicy {
     Ranges(SmallVec<[ByteRange; 4]>),
 }
 
-/// One dispatch's parameters.
+/// One dispatch's parameters. Non-exhaustive: build it with [`DispatchConfig::new`]
+/// or [`DispatchConfig::linear`] and the `with_*` methods.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct DispatchConfig {
     /// Number of workgroups on each axis.
     pub workgroups: [u32; 3],

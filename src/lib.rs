@@ -62,3 +62,9 @@ pub mod probe;
 pub mod reference;
 
 pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
+
+/// The README's code blocks, compiled and run as doctests so the quick start
+/// cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1008,3 +1008,21 @@ fn gpu_pending_limit_drop_and_misuse() {
         "dropped lanes were reused"
     );
 }
+
+/// Locks out any difference between the CUDA backend and the reference fallback
+/// behind the portable interface: the same session (buffers, every readback
+/// policy, submissions, a graph, caller errors) gives byte-identical observations
+/// in the same shapes on both.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_portable_session_is_identical_on_cuda_and_reference() {
+    use vyre_cuda::backend::AnyBackend;
+    let cuda = AnyBackend::Cuda(backend());
+    let reference = AnyBackend::reference();
+    let on_gpu = support::portable_session(&cuda);
+    let on_cpu = support::portable_session(&reference);
+    assert_eq!(on_gpu.len(), on_cpu.len());
+    for (i, (g, c)) in on_gpu.iter().zip(&on_cpu).enumerate() {
+        assert_eq!(g, c, "observation {i} differs");
+    }
+}

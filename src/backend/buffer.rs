@@ -43,9 +43,14 @@ use super::{BackendError, BackendInner, Binding, CudaBackend, Kernel, TimedDispa
 /// Most submissions pending at once on one backend (each holds a lane).
 pub const MAX_PENDING: usize = 16;
 
-/// Device memory owned by the caller: freed on `Drop`, stream-ordered (see the
-/// [module docs](self)). Bind it with [`Binding::Buffer`] (or `(&buffer).into()`).
-/// Starts zeroed.
+/// Device memory owned by the caller, freed on `Drop`. Starts zeroed. Bind it with
+/// [`Binding::Buffer`] (or `(&buffer).into()`).
+///
+/// Stream-ordered and safe while in flight: the memory sits behind an `Arc` that
+/// every dispatch in flight and every graph using it also holds, so dropping the
+/// buffer while the device still reads it only drops one reference; the memory is
+/// freed when the last holder lets go, after its synchronize. Use after free and
+/// double free cannot be written in safe code (bindings borrow the buffer).
 pub struct DeviceBuffer {
     /// `Some` until drop.
     memory: Option<Arc<DeviceMemory>>,
@@ -124,6 +129,15 @@ impl<'a> From<&'a DeviceBuffer> for Binding<'a> {
 
 /// A dispatch enqueued by [`CudaBackend::submit_kernel`] and not yet waited for.
 /// `Send`: it may be waited for on another thread.
+///
+/// Each pending dispatch holds its own lane (stream, events, pinned staging), so
+/// while batch N computes the host can stage and enqueue batch N+1, whose upload
+/// runs on the copy engine beside N's kernel. [`PendingDispatch::wait`] consumes
+/// the value: waiting twice does not compile. Dropping it without waiting blocks
+/// until the dispatch is done, and only then are its staging and buffers reused.
+/// At most [`MAX_PENDING`] may be pending per backend; one more is an `Err`
+/// starting `Fix:`. Grid-sync kernels complete inside the submit call (their
+/// barrier counter is module-global and leased until the synchronize).
 #[must_use = "a pending dispatch does nothing visible until `wait`; dropping it blocks until it finishes"]
 pub struct PendingDispatch {
     kernel: Kernel,
@@ -223,8 +237,8 @@ impl CudaBackend {
         self.transfer(memory, buffer.bytes, super::dispatch::Transfer::Read(out))
     }
 
-    /// Enqueue a dispatch of a compiled kernel and return at once (see the
-    /// [module docs](self)): borrowed inputs are copied into the lane's pinned
+    /// Enqueue a dispatch of a compiled kernel and return at once (see
+    /// [`PendingDispatch`]): borrowed inputs are copied into the lane's pinned
     /// staging before this returns, so the slices may be reused immediately.
     /// Records no timing events (device times 0 unless the probe is on); see
     /// [`CudaBackend::submit_kernel_timed`].

@@ -101,6 +101,7 @@ pub struct HitMiss {
 
 /// Counters of every cache of a backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Validation cache (programs validated once).
     pub validation: HitMiss,

@@ -13,6 +13,7 @@ use super::error::BackendError;
 
 /// What a CUDA device offers, read once when the backend is acquired.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceCaps {
     /// Device ordinal.
     pub ordinal: usize,

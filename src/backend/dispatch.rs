@@ -56,8 +56,10 @@ use super::stream_ops::{
 };
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
-/// One buffer binding of a dispatch, in the program's binding order.
+/// One buffer binding of a dispatch, in the program's binding order. Non-exhaustive:
+/// later versions may add binding kinds.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum Binding<'a> {
     /// A resident buffer: used in place; outputs stay in it (and are also read back
     /// per the readback policy).
@@ -88,6 +90,7 @@ impl Binding<'_> {
 
 /// Outputs and timings of one dispatch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TimedDispatch {
     /// Bytes read back, one entry per readback item (see [`ReadbackPolicy`](crate::ReadbackPolicy)).
     pub outputs: Vec<Vec<u8>>,

@@ -1,12 +1,20 @@
 //! One error type for the backend. Every message starts with `Fix:` and says what
 //! the caller should change; a kernel fault also says whether the context survived.
+//! Typed causes stay typed: a validation error keeps its [`Rule`](crate::ir::validate::Rule),
+//! a code generation error its [`CodegenError`], a driver failure its
+//! [`DriverError`], each reachable through [`std::error::Error::source`].
 
 use std::fmt;
 
 use super::driver::DriverError;
+use crate::codegen::CodegenError;
+use crate::ir::ValidationError;
+use crate::reference::ReferenceError;
 
-/// Everything that can go wrong in the CUDA backend.
+/// Everything that can go wrong in the CUDA backend (and the portable interface).
+/// Non-exhaustive: later versions may add variants.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum BackendError {
     /// libcuda could not be loaded or initialised.
     NoDriver {
@@ -27,12 +35,27 @@ pub enum BackendError {
         /// The failing call and status.
         error: DriverError,
     },
-    /// The program broke an IR rule (the message is the validator's).
+    /// The program broke an IR rule.
     InvalidProgram {
         /// The program's diagnostic name.
         program: String,
-        /// The validator's message (starts with `Fix:`).
-        message: String,
+        /// The validator's error: its rule and its `Fix:` message.
+        error: ValidationError,
+    },
+    /// Code generation refused the (valid) program.
+    Codegen {
+        /// The program's diagnostic name.
+        program: String,
+        /// What code generation refused.
+        error: CodegenError,
+    },
+    /// The reference interpreter refused or stopped (the portable interface's CPU
+    /// implementation).
+    Reference {
+        /// The program's diagnostic name.
+        program: String,
+        /// The interpreter's error (starts with `Fix:`).
+        error: ReferenceError,
     },
     /// The driver rejected generated PTX (a code generation bug, or a device too old).
     ModuleLoad {
@@ -131,9 +154,11 @@ impl fmt::Display for BackendError {
                 "Fix: the CUDA driver failed while {during}: {error}; check the device with nvidia-smi \
                  and that no other process holds all its memory"
             ),
-            BackendError::InvalidProgram { program, message } => {
-                write!(f, "{message} (in {program})")
+            BackendError::InvalidProgram { program, error } => {
+                write!(f, "{} (in {program})", error.message())
             }
+            BackendError::Codegen { program, error } => write!(f, "{error} (in {program})"),
+            BackendError::Reference { program, error } => write!(f, "{error} (in {program})"),
             BackendError::ModuleLoad { program, sm, error } => write!(
                 f,
                 "Fix: the driver rejected the PTX generated for {program} (sm_{sm}): {error}; \
@@ -212,7 +237,20 @@ impl fmt::Display for BackendError {
     }
 }
 
-impl std::error::Error for BackendError {}
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BackendError::InvalidProgram { error, .. } => Some(error),
+            BackendError::Codegen { error, .. } => Some(error),
+            BackendError::Reference { error, .. } => Some(error),
+            BackendError::Driver { error, .. }
+            | BackendError::ModuleLoad { error, .. }
+            | BackendError::KernelFault { error, .. }
+            | BackendError::DeviceUnrecoverable { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 impl BackendError {
     pub(crate) fn driver(during: impl Into<String>, error: DriverError) -> Self {

@@ -83,9 +83,9 @@ impl RawFloor {
             caps.ptx_target_sm(),
             caps.warp_size,
         )
-        .map_err(|e| BackendError::InvalidProgram {
+        .map_err(|error| BackendError::Codegen {
             program: program.display_name(),
-            message: e.to_string(),
+            error,
         })?;
         let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
             BackendError::ModuleLoad {
@@ -146,9 +146,9 @@ impl RawFloor {
             caps.ptx_target_sm(),
             caps.warp_size,
         )
-        .map_err(|e| BackendError::InvalidProgram {
+        .map_err(|error| BackendError::Codegen {
             program: program.display_name(),
-            message: e.to_string(),
+            error,
         })?;
         let result_module = LoadedModule::load(&result_ptx, ENTRY_NAME, None).map_err(|error| {
             BackendError::ModuleLoad {
@@ -478,9 +478,9 @@ impl ReadbackSweep {
             } else {
                 codegen::program_to_ptx(&program, &options, caps.ptx_target_sm(), caps.warp_size)
             }
-            .map_err(|e| BackendError::InvalidProgram {
+            .map_err(|error| BackendError::Codegen {
                 program: program.display_name(),
-                message: e.to_string(),
+                error,
             })?;
             LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
                 program: program.display_name(),

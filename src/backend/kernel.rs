@@ -180,9 +180,9 @@ impl BackendInner {
                     key.sm,
                     key.subgroup_size,
                 )
-                .map_err(|e| BackendError::InvalidProgram {
+                .map_err(|error| BackendError::Codegen {
                     program: program.display_name(),
-                    message: e.to_string(),
+                    error,
                 })?;
                 self.ptx.insert(key, Arc::from(text))
             }
@@ -307,6 +307,6 @@ fn nanos_between(start: std::time::Instant, end: std::time::Instant) -> u64 {
 fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
     BackendError::InvalidProgram {
         program: program.display_name(),
-        message: e.message().to_string(),
+        error: e.clone(),
     }
 }

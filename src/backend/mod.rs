@@ -11,10 +11,23 @@
 //!   output (§0: 16 blocking copies 107.5 µs vs 36.8 µs async + one sync) (`dispatch`);
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
-//! Layering: [`driver`] is the only module that calls libcuda; its `unsafe fn`s are
-//! called only from `dispatch`, `floor` and `crate::graph`, each with a `// SAFETY:`
-//! line; the public
-//! API is safe.
+//! Layering: `driver` is the only module that calls libcuda, and it is private
+//! to the crate; its `unsafe fn`s are called only from `stream_ops` (the one
+//! description of a dispatch's stream operations), `dispatch`, `floor` and
+//! `crate::graph`, each with a `// SAFETY:` line; the public API is safe and names
+//! no raw driver type. Owned buffers and non-blocking submission are in
+//! [`DeviceBuffer`] and [`PendingDispatch`]; one interface over this backend and
+//! the reference interpreter is [`AnyBackend`].
+//!
+//! The raw driver layer cannot be reached from outside the crate:
+//!
+//! ```compile_fail
+//! use vyre_cuda::backend::driver::Stream;
+//! ```
+//!
+//! ```compile_fail
+//! use vyre_cuda::backend::driver::PrimaryContext;
+//! ```
 
 pub mod budget;
 mod buffer;
@@ -28,6 +41,7 @@ pub mod floor;
 mod kernel;
 mod plan;
 mod pool;
+mod portable;
 pub mod readback;
 mod resident;
 pub(crate) mod stream_ops;
@@ -42,6 +56,10 @@ pub use dispatch::{Binding, TimedDispatch};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::Kernel;
+pub use portable::{
+    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyRecorder,
+    ReferenceBackend,
+};
 pub use resident::ResidentBuffer;
 
 pub use crate::probe::DispatchTiming;
@@ -69,6 +87,7 @@ static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Counts of pooled resources, for tests that prove a warm path allocates nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Dispatch lanes (stream + events + pinned staging) ever created.
     pub lanes_created: u64,
@@ -86,6 +105,7 @@ pub struct PoolStats {
 
 /// The memory budget at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryBudget {
     /// What it was computed from.
     pub inputs: budget::BudgetInputs,

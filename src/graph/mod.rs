@@ -172,6 +172,40 @@ pub struct InputSlot {
     index: u32,
 }
 
+impl InputSlot {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        InputSlot { graph, index }
+    }
+
+    /// The slot's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("an input slot", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
+}
+
+impl OutputSlot {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        OutputSlot { graph, index }
+    }
+
+    /// The slot's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("an output slot", self.graph, graph));
+        }
+        Ok(self.index as usize)
+    }
+}
+
+impl StepId {
+    pub(crate) fn new(graph: u64, index: u32) -> Self {
+        StepId { graph, index }
+    }
+}
+
 /// A pinned output slot of one graph: bytes copied from a resident buffer by its
 /// read-back step on every replay. Returned by [`GraphRecorder::read_back`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -763,8 +797,9 @@ impl Drop for DispatchGraph {
     }
 }
 
-/// Graph identities, shared by the recorder.
-fn next_graph_id() -> u64 {
+/// Graph identities, shared by the recorder (and the portable interface's reference
+/// graphs, whose slots use the same types).
+pub(crate) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)
 }
 

@@ -42,3 +42,126 @@ pub fn words(bytes: &[u8]) -> Vec<u32> {
 pub fn bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
+
+/// `y[i] = 3·x[i] + 1` (x read-write: also `x[i] += 1`), `z[i] = i` (write-only).
+pub fn portable_program() -> Program {
+    use vyre_cuda::ir::*;
+    Program::builder([64, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "y",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "z",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("x")), |b| {
+                let v = b.let_("v", Expr::load("x", i.clone()));
+                b.store("y", i.clone(), v.clone() * 3u32 + 1u32);
+                b.store("x", i.clone(), v + 1u32);
+                b.store("z", i.clone(), i.clone());
+            });
+        })
+        .build()
+}
+
+/// Every observable result of one session through the portable interface: buffers
+/// (upload, read), a blocking dispatch under each readback policy, submitted
+/// dispatches, a graph's replays, and the text of errors a caller can cause. The
+/// same session must give the same list on every backend.
+pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>> {
+    use vyre_cuda::backend::AnyBinding;
+    use vyre_cuda::{ByteRange, ReadbackPolicy};
+    let n = 100u32;
+    let program = portable_program();
+    let config = DispatchConfig::linear(2);
+    let kernel = backend.compile(&program, &config).unwrap();
+    let x = backend
+        .buffer_from(&bytes(&(0..n).collect::<Vec<_>>()))
+        .unwrap();
+    let y = backend.buffer(4 * n as u64).unwrap();
+    let z_garbage = vec![0xEEu8; 4 * n as usize];
+    let mut seen = Vec::new();
+    seen.push(backend.read(&y).unwrap()); // zeroed
+    let bindings = [
+        AnyBinding::Buffer(&x),
+        AnyBinding::Buffer(&y),
+        AnyBinding::Bytes(&z_garbage),
+    ];
+    let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+        ByteRange {
+            binding: 2,
+            offset: 8,
+            len: 12
+        },
+        ByteRange {
+            binding: 0,
+            offset: 0,
+            len: 4
+        },
+    ]);
+    for policy in [ReadbackPolicy::AllOutputs, ReadbackPolicy::None, ranges] {
+        let timed = backend
+            .dispatch(&kernel, &bindings, &config.clone().with_readback(policy))
+            .unwrap();
+        seen.push(vec![timed.outputs.len() as u8]);
+        seen.extend(timed.outputs);
+    }
+    seen.push(backend.read(&x).unwrap()); // three dispatches: x + 3
+    let first = backend.submit(&kernel, &bindings, &config).unwrap();
+    let second = backend.submit(&kernel, &bindings, &config).unwrap();
+    seen.extend(first.wait().unwrap().outputs);
+    seen.extend(second.wait().unwrap().outputs);
+    let past = ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+        binding: 1,
+        offset: 4 * n as u64 - 2,
+        len: 4
+    }]);
+    let error = backend
+        .dispatch(&kernel, &bindings, &config.clone().with_readback(past))
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("Fix:"), "{error}");
+    seen.push(error.into_bytes());
+    let graph_config = config.clone().with_readback(ReadbackPolicy::None);
+    let z = backend.buffer(4 * n as u64).unwrap();
+    let mut slots = None;
+    let mut graph = backend
+        .record(|rec| {
+            let input = rec.upload(&x, 4 * n as u64)?;
+            rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
+            rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
+            let output = rec.read_back(&y, 4, 8)?;
+            slots = Some((input, output));
+            Ok(())
+        })
+        .unwrap();
+    let (input, output) = slots.unwrap();
+    for round in 0..3u32 {
+        let values: Vec<u32> = (0..n).map(|i| i * 10 + round).collect();
+        graph
+            .input_mut(input)
+            .unwrap()
+            .copy_from_slice(&bytes(&values));
+        graph.replay().unwrap();
+        seen.push(graph.output(output).unwrap().to_vec());
+    }
+    seen.push(backend.read(&x).unwrap());
+    seen.push(backend.read(&z).unwrap());
+    seen
+}
