@@ -349,7 +349,8 @@ struct Resources {
     outputs: PinnedMemory,
     /// The result area every launch's result-ABI parameters point at: the stamps,
     /// and the read-backs folded into a dispatch's epilogue.
-    results: ResultArea,
+    /// Boxed: a graph value stays small (it sits in `AnyBackend`'s graph enum).
+    results: Box<ResultArea>,
     /// Bytes of `results` in use (stamps and folded read-backs).
     results_used: usize,
     /// Owned only to keep every resident buffer the graph touches alive.
@@ -369,7 +370,7 @@ pub struct DispatchGraph {
     outputs: Vec<StagedRange>,
     /// Per output slot: its offset in the result area when the read-back was folded
     /// into the preceding dispatch's epilogue (no copy node), else `None`.
-    folded_outputs: Vec<Option<usize>>,
+    folded_outputs: Box<[Option<usize>]>,
     graph_nodes: usize,
     /// Set when a parameter update failed half-way: the executable may mix old and
     /// new parameters, so it must not run again.
