@@ -1265,6 +1265,10 @@ impl Drop for MappedMemory {
 /// A blocking host → device copy of a few bytes (one-time initialisation of a
 /// device control block; never on the dispatch path).
 pub fn copy_to_device_blocking(dst: &DeviceMemory, data: &[u8]) -> DriverResult<()> {
+    load_mapped_symbols().map_err(|_| DriverError {
+        code: sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
+        call: "cuMemcpyHtoD_v2 (missing from this driver)",
+    })?;
     let len = (data.len() as u64).min(dst.bytes) as usize;
     // SAFETY: `data` holds len bytes; [0, len) is inside the live allocation.
     check(

@@ -80,8 +80,9 @@
 //! completes `nctaid × ntid` threads is the last: its leader reads `%globaltimer` (the
 //! end stamp), writes the stamps the flags ask for, and resets the control block to
 //! `(0, u64::MAX)`; then the group's lanes copy every range (32-bit words when
-//! source, length and destination are 4-byte aligned, bytes otherwise) and fence at
-//! system scope (`fence.sc.sys`). The stamps therefore span from the earliest block
+//! source, length and destination are 4-byte aligned, bytes otherwise). No system-scope
+//! fence is needed: the host reads the area only after synchronising the stream, and
+//! a completed kernel's stores to mapped memory are visible to the host. The stamps therefore span from the earliest block
 //! start to the moment the last thread of the grid finished, and the copies read
 //! every thread's final stores.
 //!

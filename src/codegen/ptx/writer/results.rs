@@ -67,8 +67,8 @@ impl Writer<'_> {
     /// Every thread counts itself finished (one atomic per group of converged lanes,
     /// after a release fence); the group holding the last thread of the grid takes the
     /// end stamp, writes both stamps, resets the control block for the next launch and
-    /// copies the readback ranges into the mapped area, then fences at system scope so
-    /// the host sees the bytes once the stream is synchronised.
+    /// copies the readback ranges into the mapped area; the host reads them after the
+    /// stream is synchronised (kernel completion makes mapped stores visible).
     pub(super) fn result_epilogue(&mut self) {
         let threads = u64::from(self.program.threads_per_workgroup().unwrap_or(1));
         let _ = writeln!(self.body, "{RESULTS_LABEL}:");
@@ -242,8 +242,10 @@ impl Writer<'_> {
             "add.s64 {descriptor}, {descriptor}, {DESCRIPTOR_BYTES};"
         );
         emit!(self, "bra {range};");
+        // No system-scope fence: the host reads the area only after the stream is
+        // synchronised, and a kernel's stores to mapped memory are visible to the host
+        // once the kernel has completed (CUDA's zero-copy rule).
         self.place(copied);
-        emit!(self, "fence.sc.sys;");
         self.place(done);
         emit!(self, "ret;");
     }
