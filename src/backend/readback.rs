@@ -16,14 +16,14 @@
 //! docs): the first thread of each block folds `%globaltimer` into a device control
 //! block, and the last thread of the grid to finish writes the start and end stamps
 //! and copies up to [`RESULT_RANGE_SLOTS`] readback ranges into this module's
-//! [`ResultArea`], host-mapped memory, before the kernel ends. One launch, one
+//! `ResultArea`, host-mapped memory, before the kernel ends. One launch, one
 //! synchronize, no copy and no event: the extra work is one atomic per converged
 //! group of threads and a few hundred bytes of posted PCIe writes. Outputs stay in
 //! their device buffers too, so resident outputs are valid for the next dispatch.
 //!
 //! # Size policy
 //!
-//! [`route_reads`] sends a readback item through the mapped area when it is at most
+//! `route_reads` sends a readback item through the mapped area when it is at most
 //! [`MAPPED_RANGE_MAX_BYTES`] long, a descriptor slot is free and the area has room
 //! ([`RESULT_AREA_BYTES`] per lane, 16-byte aligned placement); everything else goes
 //! by DMA into pinned staging exactly as before. The crossover (one warp's posted
