@@ -174,6 +174,11 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
+                super::readback::check_result_abi_fits(
+                    &program.display_name(),
+                    lowered.global_buffers().len(),
+                )
+                .map_err(BackendError::bad_input)?;
                 let text = codegen::program_to_ptx_with_results(
                     &lowered,
                     &config.codegen,

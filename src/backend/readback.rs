@@ -68,6 +68,37 @@ const CONTROL_BYTES: usize = 16;
 /// Placement alignment of mapped ranges (keeps word copies possible).
 const MAPPED_ALIGN: usize = 16;
 
+/// Most bytes of kernel parameters the driver accepts (CUDA's 4 KiB limit).
+pub const KERNEL_PARAMETER_LIMIT_BYTES: usize = 4096;
+
+/// Bytes of kernel parameters a result-ABI kernel over `global_buffers` buffers
+/// takes: a u64 address and a u32 count each, then the five result parameters
+/// (u64, u64, u32, u32, 256 descriptor bytes, 8-byte aligned).
+pub fn result_abi_parameter_bytes(global_buffers: usize) -> usize {
+    let counts = (4 * global_buffers).div_ceil(8) * 8;
+    8 * global_buffers + counts + 8 + 8 + 4 + 4 + 16 * RESULT_RANGE_SLOTS
+}
+
+/// Whether a program with `global_buffers` buffers can host the result ABI (its
+/// stamps and mapped readback); an `Err` starting `Fix:` when its parameters would
+/// pass the driver's limit.
+pub(crate) fn check_result_abi_fits(program: &str, global_buffers: usize) -> Result<(), String> {
+    let bytes = result_abi_parameter_bytes(global_buffers);
+    if bytes <= KERNEL_PARAMETER_LIMIT_BYTES {
+        return Ok(());
+    }
+    let most = (0..global_buffers)
+        .rev()
+        .find(|&n| result_abi_parameter_bytes(n) <= KERNEL_PARAMETER_LIMIT_BYTES)
+        .unwrap_or(0);
+    Err(format!(
+        "Fix: {program} binds {global_buffers} global buffers, so its kernel parameters (an address and a \
+         count per buffer, plus the result area that carries its timing stamps and small outputs) take \
+         {bytes} bytes, more than the driver's {KERNEL_PARAMETER_LIMIT_BYTES}; bind at most {most} \
+         global buffers (pack several into one, or split the program)"
+    ))
+}
+
 /// How one readback item travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -460,6 +491,27 @@ mod tests {
             pointers[4] as usize % 8,
             0,
             "descriptors must be 8-byte aligned"
+        );
+    }
+
+    /// Locks out a kernel whose parameters the driver would refuse at launch: the
+    /// byte count follows the ABI's layout (counts padded to 8 before the result
+    /// parameters), 318 buffers fit exactly in 4 KiB, 319 get a Fix error naming
+    /// the limit and the largest count that fits.
+    #[test]
+    fn result_abi_parameters_fit_the_driver_limit() {
+        assert_eq!(result_abi_parameter_bytes(0), 280);
+        assert_eq!(result_abi_parameter_bytes(1), 8 + 8 + 280);
+        assert_eq!(result_abi_parameter_bytes(2), 16 + 8 + 280);
+        assert_eq!(
+            result_abi_parameter_bytes(318),
+            KERNEL_PARAMETER_LIMIT_BYTES
+        );
+        assert!(check_result_abi_fits("p", 318).is_ok());
+        let message = check_result_abi_fits("p", 319).unwrap_err();
+        assert!(
+            message.starts_with("Fix:") && message.contains("at most 318"),
+            "{message}"
         );
     }
 
