@@ -357,7 +357,8 @@ fn gpu_stamp_kernel_time_matches_an_event_pair() {
 /// Locks out bad readback input turning into a panic, silent truncation or lost
 /// data: ranges out of bounds are a `Fix:` error; more ranges than descriptor slots
 /// and outputs larger than the mapped area fall back to DMA and still return the
-/// reference bytes.
+/// reference bytes; a program too wide to host the stamps is a `Fix:` error (and
+/// the widest that fits runs: the control).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_bad_readback_input_errs_or_falls_back() {
@@ -413,6 +414,39 @@ fn gpu_bad_readback_input_errs_or_falls_back() {
     for h in handles {
         gpu.free_resident(h).unwrap();
     }
+    // A program too wide to host the result area (its kernel parameters would pass
+    // the driver's 4 KiB) is a Fix error before anything is launched; one buffer
+    // fewer than the limit still runs.
+    let wide = |buffers: u32| {
+        let mut builder = Program::builder([1, 1, 1]).entry_op_id(format!("wide_{buffers}"));
+        for binding in 0..buffers {
+            builder = builder.buffer(
+                format!("b{binding}"),
+                binding,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Static(1),
+            );
+        }
+        builder
+            .body(|b| {
+                b.store("b0", 0u32, Expr::load("b0", 0u32) + 1u32);
+            })
+            .build()
+    };
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let message = gpu.compile(&wide(319), &config).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("at most 318"),
+        "{message}"
+    );
+    let fits = wide(318);
+    let inputs = vec![vec![0u8; 4]; 318];
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let outputs = gpu
+        .dispatch(&fits, &borrowed, &DispatchConfig::linear(1))
+        .unwrap();
+    assert_eq!(outputs[0], 1u32.to_le_bytes());
 }
 
 /// Locks out floors that measure less work than a dispatch does: the raw floor's
