@@ -77,7 +77,9 @@
 //! epilogue instead of exiting. There every thread fences (`fence.acq_rel.gpu`); the
 //! lanes that arrive together (`activemask`) elect their lowest lane, which adds the
 //! group's size to control `[0]` (`atom.acq_rel.gpu`). The group whose addition
-//! completes `nctaid × ntid` threads is the last: its leader reads `%globaltimer` (the
+//! completes `nctaid × ntid` threads is the last (the leader broadcasts the old count
+//! with `shfl.sync`, then the group passes `bar.warp.sync`, which orders every lane's
+//! later loads after the leader's acquire): its leader reads `%globaltimer` (the
 //! end stamp), writes the stamps the flags ask for, and resets the control block to
 //! `(0, u64::MAX)`; then the group's lanes copy every range (32-bit words when
 //! source, length and destination are 4-byte aligned, bytes otherwise). No system-scope

@@ -116,6 +116,9 @@ impl Writer<'_> {
             "shfl.sync.idx.b32 {high}, {high}, {leader}, 31, {mask};"
         );
         emit!(self, "mov.b64 {before}, {{{low}, {high}}};");
+        // Orders the group's later loads after its leader's acquiring atomic
+        // (bar.warp.sync guarantees memory ordering among its participants).
+        emit!(self, "bar.warp.sync {mask};");
         let blocks = r(self, RegClass::B64);
         for axis in ["x", "y", "z"] {
             let count = self.special("nctaid", axis);
