@@ -12,6 +12,9 @@ use super::{RegClass, Writer, RESULT_RANGE_SLOTS};
 /// every `return`).
 pub(super) const RESULTS_LABEL: &str = "$L_vyre_results";
 
+/// Words of every aligned range the leader copies before the strided loop.
+const FAST_WORDS: u32 = 4;
+
 /// Bytes of one range descriptor in `vyre_ranges`: u64 source address, u32 length,
 /// u32 destination offset.
 const DESCRIPTOR_BYTES: usize = 16;
@@ -183,6 +186,7 @@ impl Writer<'_> {
         emit!(self, "popc.b32 {rank}, {below};");
         emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
         emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
+        self.result_fast_copies(is_leader, count, results);
         emit!(self, "mov.u64 {descriptor}, vyre_ranges;");
         emit!(self, "mov.u32 {index}, 0;");
         let range = self.label("results_range");
@@ -220,7 +224,12 @@ impl Writer<'_> {
             let units = r(self, RegClass::B32);
             let position = r(self, RegClass::B32);
             emit!(self, "shr.u32 {units}, {length}, {shift};");
-            emit!(self, "mov.u32 {position}, {rank};");
+            if path_end {
+                // The fast path already copied the first FAST_WORDS words.
+                emit!(self, "add.u32 {position}, {rank}, {FAST_WORDS};");
+            } else {
+                emit!(self, "mov.u32 {position}, {rank};");
+            }
             let top = self.label("results_copy");
             self.place(top);
             let past = r(self, RegClass::Pred);
@@ -251,5 +260,72 @@ impl Writer<'_> {
         self.place(copied);
         self.place(done);
         emit!(self, "ret;");
+    }
+
+    /// The leader's fast path: the first [`FAST_WORDS`] words of every 4-byte-aligned
+    /// range, all loads issued before any store, so small outputs cost one L2 round
+    /// trip in total instead of one per word (a one-thread grid's last group is a
+    /// single lane). The strided loop then copies only what lies beyond.
+    fn result_fast_copies(
+        &mut self,
+        is_leader: super::Reg,
+        count: super::Reg,
+        results: super::Reg,
+    ) {
+        let r = |w: &mut Self, class| w.reg(class);
+        let done = self.label("results_fast_done");
+        emit!(self, "@!{is_leader} bra {done};");
+        let mut stores = Vec::with_capacity(RESULT_RANGE_SLOTS);
+        for slot in 0..RESULT_RANGE_SLOTS {
+            let base = DESCRIPTOR_BYTES * slot;
+            let source = r(self, RegClass::B64);
+            let length = r(self, RegClass::B32);
+            let offset = r(self, RegClass::B32);
+            let low = r(self, RegClass::B32);
+            let alignment = r(self, RegClass::B32);
+            let valid = r(self, RegClass::Pred);
+            let aligned = r(self, RegClass::Pred);
+            emit!(self, "setp.lt.u32 {valid}, {slot}, {count};");
+            emit!(self, "ld.param.u64 {source}, [vyre_ranges+{base}];");
+            emit!(self, "ld.param.u32 {length}, [vyre_ranges+{}];", base + 8);
+            emit!(self, "ld.param.u32 {offset}, [vyre_ranges+{}];", base + 12);
+            emit!(self, "cvt.u32.u64 {low}, {source};");
+            emit!(self, "or.b32 {alignment}, {low}, {length};");
+            emit!(self, "or.b32 {alignment}, {alignment}, {offset};");
+            emit!(self, "and.b32 {alignment}, {alignment}, 3;");
+            emit!(self, "setp.eq.and.u32 {aligned}, {alignment}, 0, {valid};");
+            emit!(self, "cvta.to.global.u64 {source}, {source};");
+            let mut words = Vec::with_capacity(FAST_WORDS as usize);
+            for word in 0..FAST_WORDS {
+                let present = r(self, RegClass::Pred);
+                let value = r(self, RegClass::B32);
+                emit!(
+                    self,
+                    "setp.gt.and.u32 {present}, {length}, {}, {aligned};",
+                    4 * word
+                );
+                emit!(
+                    self,
+                    "@{present} ld.relaxed.gpu.global.u32 {value}, [{source}+{}];",
+                    4 * word
+                );
+                words.push((present, value));
+            }
+            stores.push((offset, words));
+        }
+        for (offset, words) in stores {
+            let wide = r(self, RegClass::B64);
+            let to = r(self, RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {offset};");
+            emit!(self, "add.s64 {to}, {results}, {wide};");
+            for (word, (present, value)) in words.into_iter().enumerate() {
+                emit!(
+                    self,
+                    "@{present} st.global.u32 [{to}+{}], {value};",
+                    4 * word
+                );
+            }
+        }
+        self.place(done);
     }
 }
