@@ -6,10 +6,11 @@
 //!
 //! Write a kernel in the [`ir`], dispatch it with [`backend::CudaBackend`], and
 //! fall back to the bit-identical CPU [`reference`](mod@reference) interpreter where there is no
-//! CUDA driver:
+//! CUDA driver. [`backend::AnyBackend`] puts both behind one interface (buffers,
+//! compiled kernels, dispatches, submissions, graphs), so the code is written once:
 //!
 //! ```
-//! use vyre_cuda::backend::CudaBackend;
+//! use vyre_cuda::backend::{AnyBackend, AnyBinding};
 //! use vyre_cuda::ir::*;
 //! use vyre_cuda::DispatchConfig;
 //!
@@ -27,11 +28,11 @@
 //! let output_size = vec![0u8; input.len()]; // write-only: only its length matters
 //! let config = DispatchConfig::linear(4); // 4 workgroups × 64 threads
 //!
-//! let results = match CudaBackend::acquire() {
-//!     Ok(gpu) => gpu.dispatch(&program, &[&input, &output_size], &config).unwrap(),
-//!     // No driver or device: the reference interpreter gives the same bytes.
-//!     Err(_) => vyre_cuda::reference::run(&program, &[&input, &output_size], &config).unwrap(),
-//! };
+//! // CUDA where there is a driver and a device, the reference interpreter otherwise.
+//! let backend = AnyBackend::cuda_or_reference();
+//! let kernel = backend.compile(&program, &config).unwrap();
+//! let bindings = [AnyBinding::Bytes(&input), AnyBinding::Bytes(&output_size)];
+//! let results = backend.dispatch(&kernel, &bindings, &config).unwrap().outputs;
 //! let doubled: Vec<u32> = results[0]
 //!     .chunks_exact(4)
 //!     .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))

@@ -1026,3 +1026,45 @@ fn gpu_portable_session_is_identical_on_cuda_and_reference() {
         assert_eq!(g, c, "observation {i} differs");
     }
 }
+
+/// Locks out torn or stale uploads from caller pinned memory: a dispatch bound to a
+/// `PinnedBuffer` computes on its bytes, the buffer cannot be rewritten while the
+/// dispatch is in flight (a `Fix:` error, not a race), and can be right after.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
+    let gpu = backend();
+    let iterations = 32;
+    let program = lcg_program(iterations);
+    let config = DispatchConfig::linear(4);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let mut pinned = gpu.pinned_buffer(4 * 1024).unwrap();
+    assert!(pinned.as_slice().iter().all(|&b| b == 0), "starts zeroed");
+    for round in 0..3u32 {
+        let values: Vec<u32> = (0..1024u32).map(|i| i * 7 + round).collect();
+        pinned
+            .as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&bytes(&values));
+        let pending = gpu
+            .submit_kernel(&kernel, &[pinned.binding()], &config)
+            .unwrap();
+        let message = pinned.as_mut_slice().unwrap_err().to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains("in flight"),
+            "{message}"
+        );
+        let outputs = pending.wait().unwrap().outputs;
+        let expected: Vec<u32> = values
+            .iter()
+            .map(|&x| lcg_expected(x, iterations))
+            .collect();
+        assert_eq!(words(&outputs[0]), expected, "round {round}");
+        assert_eq!(
+            words(pinned.as_slice()),
+            values,
+            "the pinned input is not written"
+        );
+    }
+    assert!(pinned.as_mut_slice().is_ok());
+}

@@ -884,3 +884,59 @@ fn gpu_graph_over_owned_buffers_survives_their_drop() {
     drop(graph);
     assert_eq!(gpu.pool_stats().resident_bytes, baseline);
 }
+
+/// Locks out a non-blocking replay that returns before its work is ordered or
+/// lets the host touch its slots early: two graphs submitted back to back (each on
+/// its own stream) both compute the right bytes after `wait`, and a dropped
+/// pending replay has finished (its output is complete) when the drop returns.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_submissions_run_in_flight_and_wait() {
+    let gpu = backend();
+    let program = times3();
+    let config = DispatchConfig::linear(blocks_for(N));
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let record = |x: &vyre_cuda::backend::DeviceBuffer, y: &vyre_cuda::backend::DeviceBuffer| {
+        let mut slots = None;
+        let graph = gpu
+            .record(|rec| {
+                let input = rec.upload(x, 4 * N as u64)?;
+                rec.dispatch_bindings(&kernel, &[x.into(), y.into()], &config)?;
+                let output = rec.read_back(y, 0, 4 * N as u64)?;
+                slots = Some((input, output));
+                Ok(())
+            })
+            .unwrap();
+        let (input, output) = slots.unwrap();
+        (graph, input, output)
+    };
+    let buffers: Vec<_> = (0..4).map(|_| gpu.buffer(4 * N as u64).unwrap()).collect();
+    let (mut a, a_in, a_out) = record(&buffers[0], &buffers[1]);
+    let (mut b, b_in, b_out) = record(&buffers[2], &buffers[3]);
+    for round in 0..3u64 {
+        let va = random_words(500 + round, N);
+        let vb = random_words(600 + round, N);
+        a.input_mut(a_in).unwrap().copy_from_slice(&bytes(&va));
+        b.input_mut(b_in).unwrap().copy_from_slice(&bytes(&vb));
+        let pending_a = a.submit().unwrap();
+        let pending_b = b.submit().unwrap();
+        let timing_b = pending_b.wait().unwrap();
+        if round % 2 == 0 {
+            pending_a.wait().unwrap();
+        } else {
+            drop(pending_a); // waits
+        }
+        assert!(timing_b.wait_ns <= timing_b.wall_ns, "{timing_b:?}");
+        let times3 = |v: &[u32]| v.iter().map(|x| x.wrapping_mul(3)).collect::<Vec<_>>();
+        assert_eq!(
+            words(a.output(a_out).unwrap()),
+            times3(&va),
+            "round {round}"
+        );
+        assert_eq!(
+            words(b.output(b_out).unwrap()),
+            times3(&vb),
+            "round {round}"
+        );
+    }
+}

@@ -71,6 +71,19 @@ fn reference_interface_honours_policies_buffers_and_graphs() {
         (0..n).map(|i| 10 * i + 2 + 2).collect::<Vec<_>>()
     );
     assert_eq!(words(&next()), iota);
+    // Element count 10 on the first step: it updates x[0..10] and y[0..10], clears z
+    // whole and writes z[0..10]; the second step runs over all 100.
+    let x_after_first = |i: u32| if i < 10 { 1000 + i + 1 } else { 1000 + i };
+    assert_eq!(
+        words(&next()),
+        (1..3).map(|i| 3 * x_after_first(i) + 1).collect::<Vec<_>>(),
+        "read-back after the count update"
+    );
+    assert_eq!(
+        words(&next()),
+        (0..n).map(|i| x_after_first(i) + 1).collect::<Vec<_>>()
+    );
+    assert_eq!(words(&next()), iota, "second step rewrites z over all 100");
     assert_eq!(k, seen.len(), "every observation checked");
 }
 
@@ -100,4 +113,68 @@ fn reference_interface_refuses_foreign_objects() {
         .unwrap_err()
         .to_string();
     assert!(message.starts_with("Fix:"), "{message}");
+}
+
+/// Locks out a reference graph that accepts what the CUDA recorder refuses (so code
+/// tested without a GPU would fail on one): readback ranges inside a graph and
+/// grid-sync kernels are `Fix:` errors, and an empty recording is refused.
+#[test]
+fn reference_recorder_refuses_what_cuda_graphs_refuse() {
+    use vyre_cuda::ir::*;
+    use vyre_cuda::{ByteRange, ReadbackPolicy};
+    let backend = AnyBackend::reference();
+    let program = support::portable_program();
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&program, &config).unwrap();
+    let buffers: Vec<_> = (0..3).map(|_| backend.buffer(256).unwrap()).collect();
+    let refs: Vec<_> = buffers.iter().collect();
+    let ranges = config
+        .clone()
+        .with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+            binding: 1,
+            offset: 0,
+            len: 4
+        }]));
+    let message = backend
+        .record(|rec| rec.dispatch(&kernel, &refs, &ranges).map(drop))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("ranges"),
+        "{message}"
+    );
+    let grid = Program::builder([64, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.if_(Expr::global_id(Axis::X).less_than(Expr::length("x")), |b| {
+                b.grid_sync();
+            });
+        })
+        .build();
+    let grid_kernel = backend.compile(&grid, &config).unwrap();
+    let message = backend
+        .record(|rec| rec.dispatch(&grid_kernel, &refs[..1], &config).map(drop))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("grid_sync"),
+        "{message}"
+    );
+    let message = backend.record(|_| Ok(())).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("recorded nothing"),
+        "{message}"
+    );
+    // Control: the same dispatch without ranges records and replays.
+    let mut graph = backend
+        .record(|rec| rec.dispatch(&kernel, &refs, &config).map(drop))
+        .unwrap();
+    graph.replay().unwrap();
+    assert_eq!(words(&backend.read(&buffers[0]).unwrap())[..2], [1, 1]);
 }

@@ -34,10 +34,9 @@ use std::time::Instant;
 
 use crate::config::DispatchConfig;
 use crate::ir::Program;
-use crate::probe;
 
 use super::dispatch::{with_outputs, InFlight, Request, Sink, Submitted};
-use super::driver::{DeviceMemory, Event, Stream};
+use super::driver::{DeviceMemory, Event, PinnedMemory, Stream};
 use super::{BackendError, BackendInner, Binding, CudaBackend, Kernel, TimedDispatch};
 
 /// Most submissions pending at once on one backend (each holds a lane).
@@ -121,6 +120,98 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// Page-locked host memory owned by the caller, for borrowed inputs of the eager
+/// path without the copy into staging: fill it with [`PinnedBuffer::as_mut_slice`],
+/// bind it with [`Binding::Pinned`], and the dispatch's upload is one DMA straight
+/// from it. A dispatch in flight holds it; writing it meanwhile is refused with a
+/// `Fix:` error (never a torn upload). Freed on drop (once nothing holds it).
+pub struct PinnedBuffer {
+    /// `Some` until drop.
+    memory: Option<Arc<PinnedMemory>>,
+    len: usize,
+    backend: Arc<BackendInner>,
+}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PinnedBuffer {
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes (always readable; a dispatch only reads them).
+    pub fn as_slice(&self) -> &[u8] {
+        self.memory
+            .as_ref()
+            .map_or(&[][..], |memory| memory.slice(0, self.len))
+    }
+
+    /// The bytes, writable: an `Err` starting `Fix:` while a pending dispatch (or
+    /// one on another thread) still reads them.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8], BackendError> {
+        let len = self.len;
+        match self.memory.as_mut().and_then(Arc::get_mut) {
+            Some(memory) => Ok(memory.slice_mut(0, len)),
+            None => Err(BackendError::bad_input(
+                "Fix: this PinnedBuffer is still being read by a dispatch in flight; wait for its \
+                 PendingDispatch before writing the buffer again (or use a second buffer)",
+            )),
+        }
+    }
+
+    /// The binding of this buffer.
+    pub fn binding(&self) -> Binding<'_> {
+        Binding::Pinned(self)
+    }
+
+    pub(crate) fn memory_for(
+        &self,
+        inner: &BackendInner,
+        verb: &str,
+    ) -> Result<&Arc<PinnedMemory>, BackendError> {
+        if self.backend.id != inner.id {
+            return Err(BackendError::InvalidHandle {
+                message: format!(
+                    "Fix: cannot {verb} a PinnedBuffer of another CudaBackend; use the backend that \
+                     allocated it"
+                ),
+            });
+        }
+        self.memory.as_ref().ok_or_else(|| {
+            BackendError::internal("a PinnedBuffer's memory is gone before its drop")
+        })
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let memory = self.memory.take();
+        if self.backend.check_alive().is_ok() && self.backend.bind().is_ok() {
+            drop(memory);
+        } else {
+            std::mem::forget(memory);
+        }
+    }
+}
+
+impl<'a> From<&'a PinnedBuffer> for Binding<'a> {
+    fn from(buffer: &'a PinnedBuffer) -> Self {
+        Binding::Pinned(buffer)
+    }
+}
+
 impl<'a> From<&'a DeviceBuffer> for Binding<'a> {
     fn from(buffer: &'a DeviceBuffer) -> Self {
         Binding::Buffer(buffer)
@@ -137,7 +228,9 @@ impl<'a> From<&'a DeviceBuffer> for Binding<'a> {
 /// until the dispatch is done, and only then are its staging and buffers reused.
 /// At most [`MAX_PENDING`] may be pending per backend; one more is an `Err`
 /// starting `Fix:`. Grid-sync kernels complete inside the submit call (their
-/// barrier counter is module-global and leased until the synchronize).
+/// barrier counter is module-global and leased until the synchronize). A pending
+/// dispatch holds its backend (and every buffer it binds) alive, so dropping the
+/// backend or a buffer meanwhile is safe. Submissions print no probe line.
 #[must_use = "a pending dispatch does nothing visible until `wait`; dropping it blocks until it finishes"]
 pub struct PendingDispatch {
     kernel: Kernel,
@@ -184,6 +277,13 @@ pub struct DeviceClock {
     backend: CudaBackend,
 }
 
+impl Drop for DeviceClock {
+    fn drop(&mut self) {
+        // The event is destroyed right after this, in the backend's context.
+        let _ = self.backend.inner.bind();
+    }
+}
+
 impl std::fmt::Debug for DeviceClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceClock").finish()
@@ -204,6 +304,23 @@ impl CudaBackend {
         };
         self.zero_buffer(&buffer)?;
         Ok(buffer)
+    }
+
+    /// A zeroed page-locked host buffer of `bytes` bytes for [`Binding::Pinned`].
+    pub fn pinned_buffer(&self, bytes: usize) -> Result<PinnedBuffer, BackendError> {
+        let inner = &self.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let mut memory = PinnedMemory::allocate(bytes).map_err(|e| {
+            BackendError::driver(format!("allocating {bytes} pinned host bytes"), e)
+        })?;
+        let capacity = memory.len();
+        memory.slice_mut(0, capacity).fill(0);
+        Ok(PinnedBuffer {
+            memory: Some(Arc::new(memory)),
+            len: bytes,
+            backend: Arc::clone(inner),
+        })
     }
 
     /// A device buffer holding a copy of `data`.
@@ -401,7 +518,9 @@ impl PendingDispatch {
                             &self.kernel.inner,
                             *in_flight,
                             Sink::Vecs(&mut outputs),
-                            probe::mark(),
+                            // Submissions are not charged to the probe: no phase
+                            // may land in another dispatch's record.
+                            None,
                             clock.map(|origin| (origin, &mut spans)),
                         )
                         .map(|timing| with_outputs(timing, outputs)),
@@ -426,5 +545,25 @@ impl Drop for PendingDispatch {
             return;
         }
         let _ = self.finish(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out owned buffers and pending results that cannot cross threads: a
+    /// pipelined encoder submits on one thread and waits on another, and shares
+    /// buffers between threads.
+    #[test]
+    fn buffers_and_pending_results_cross_threads() {
+        fn assert_send<T: Send>() {}
+        fn assert_sync<T: Sync>() {}
+        assert_send::<DeviceBuffer>();
+        assert_sync::<DeviceBuffer>();
+        assert_send::<PinnedBuffer>();
+        assert_sync::<PinnedBuffer>();
+        assert_send::<PendingDispatch>();
+        assert_send::<DeviceClock>();
     }
 }

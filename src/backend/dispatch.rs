@@ -41,8 +41,8 @@ use crate::ir::{Access, Program};
 use crate::probe::{self, Count, DispatchProbe, DispatchTiming, Phase};
 
 use super::budget::{self, BudgetInputs};
-use super::buffer::{DeviceBuffer, DeviceSpans};
-use super::driver::{self, DeviceMemory, DriverError, Event};
+use super::buffer::{DeviceBuffer, DeviceSpans, PinnedBuffer};
+use super::driver::{self, DeviceMemory, DriverError, Event, PinnedMemory};
 use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
@@ -51,8 +51,8 @@ use super::readback::{
     RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use super::stream_ops::{
-    enqueue, Clear, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, Readback, StagedCopy,
-    StreamOps, StreamTarget,
+    enqueue, Clear, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, PinnedCopy, Readback,
+    StagedCopy, StreamOps, StreamTarget,
 };
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
@@ -70,6 +70,11 @@ pub enum Binding<'a> {
     /// An owned device buffer, used in place like a resident one; a dispatch in
     /// flight keeps its memory alive even if the buffer is dropped meanwhile.
     Buffer(&'a DeviceBuffer),
+    /// Host bytes in caller-owned pinned memory, copied by DMA straight from it into
+    /// a pooled transient buffer (no copy into staging). The dispatch holds the
+    /// pinned memory until it is done, so it cannot be rewritten meanwhile
+    /// ([`PinnedBuffer::as_mut_slice`] says `Fix:` while it is in flight).
+    Pinned(&'a PinnedBuffer),
 }
 
 impl Binding<'_> {
@@ -79,6 +84,7 @@ impl Binding<'_> {
             Binding::Resident(handle) => handle.len(),
             Binding::Borrowed(bytes) => bytes.len() as u64,
             Binding::Buffer(buffer) => buffer.len(),
+            Binding::Pinned(pinned) => pinned.len() as u64,
         }
     }
 
@@ -139,6 +145,8 @@ pub(crate) struct Request<'r, 'b> {
 pub(crate) struct Held {
     pub(crate) resident: SmallVec<[Arc<DeviceMemory>; 16]>,
     pub(crate) transients: SmallVec<[DeviceMemory; 16]>,
+    /// Caller pinned buffers the uploads read from.
+    pub(crate) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
 }
 
 /// What [`BackendInner::submit`] returns: the dispatch in flight, the grid-barrier
@@ -153,6 +161,7 @@ pub(crate) struct Submitted<'k> {
 struct StagedBindings {
     addresses: SmallVec<[u64; 16]>,
     uploads: SmallVec<[StagedCopy; 16]>,
+    pinned_uploads: SmallVec<[PinnedCopy; 4]>,
 }
 
 /// A dispatch enqueued on its lane and not yet synchronised: what
@@ -392,6 +401,7 @@ impl CudaBackend {
             Held {
                 resident: SmallVec::new(),
                 transients: SmallVec::new(),
+                pinned: SmallVec::new(),
             },
             idle,
         );
@@ -490,7 +500,11 @@ impl CudaBackend {
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream", e))?;
-        let name = format!("a buffer {verb}");
+        // Static names: a warm transfer allocates nothing on the heap.
+        let name = match transfer {
+            Transfer::Upload(_) => "a buffer upload",
+            Transfer::Read(_) => "a buffer read",
+        };
         match lane.ensure_staging(len) {
             Ok(true) => {
                 inner
@@ -535,14 +549,15 @@ impl CudaBackend {
         // below; [address, address+len) is inside the live allocation (len checked
         // against the handle above), which `memory` keeps alive past it.
         let result = unsafe { enqueue(&mut ops, &mut target) }
-            .map_err(|f| inner.stream_failed(&name, f.what, f.error))
-            .and_then(|()| inner.synchronize(&mut target, &name).map(|_| ()));
+            .map_err(|f| inner.stream_failed(name, f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, name).map(|_| ()));
         if let (Ok(()), Some(out)) = (&result, out) {
             readback_deliver(&ops.readback, &lane.staging, out);
         }
         let held = Held {
             resident: smallvec::smallvec![memory],
             transients: SmallVec::new(),
+            pinned: SmallVec::new(),
         };
         inner.release(lane, held, result.is_ok());
         result
@@ -720,6 +735,7 @@ impl BackendInner {
         let mut held = Held {
             resident: SmallVec::new(),
             transients: SmallVec::new(),
+            pinned: SmallVec::new(),
         };
         let staged = self.stage(
             kernel,
@@ -729,7 +745,11 @@ impl BackendInner {
             &mut held,
             barrier_staging + if kernel.grid_barrier.is_some() { 16 } else { 0 },
         );
-        let StagedBindings { addresses, uploads } = match staged {
+        let StagedBindings {
+            addresses,
+            uploads,
+            pinned_uploads,
+        } = match staged {
             Ok(v) => v,
             Err(e) => {
                 self.release(lane, held, false);
@@ -810,6 +830,7 @@ impl BackendInner {
             },
         );
         ops.uploads = uploads;
+        ops.pinned_uploads = pinned_uploads;
         if let Some((device, bytes)) = arm_clear {
             ops.clears.push(Clear { device, bytes });
         }
@@ -906,7 +927,9 @@ impl BackendInner {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let any_resident = bindings.iter().any(|b| matches!(b, Binding::Resident(_)));
-        let any_borrowed = bindings.iter().any(|b| matches!(b, Binding::Borrowed(_)));
+        let any_borrowed = bindings
+            .iter()
+            .any(|b| matches!(b, Binding::Borrowed(_) | Binding::Pinned(_)));
         if any_borrowed {
             self.preflight(kernel, bindings, sizes)?;
         }
@@ -917,6 +940,7 @@ impl BackendInner {
         };
         let mut addresses: SmallVec<[u64; 16]> = SmallVec::new();
         let mut uploads: SmallVec<[StagedCopy; 16]> = SmallVec::new();
+        let mut pinned_uploads: SmallVec<[PinnedCopy; 4]> = SmallVec::new();
         let mut upload_offset = 0usize;
         for ((slot, binding), &bytes) in kernel.slots.iter().zip(bindings).zip(sizes) {
             match binding {
@@ -934,6 +958,23 @@ impl BackendInner {
                     let memory = buffer.memory_for(self, "dispatch with")?;
                     addresses.push(memory.address());
                     held.resident.push(Arc::clone(memory));
+                }
+                Binding::Pinned(pinned) => {
+                    let host = pinned.memory_for(self, "dispatch with")?;
+                    let memory = self.transients.take(bytes).map_err(|e| {
+                        BackendError::driver(format!("allocating {bytes} transient bytes"), e)
+                    })?;
+                    let address = memory.address();
+                    held.transients.push(memory);
+                    addresses.push(address);
+                    if slot.access != Access::WriteOnly && bytes > 0 {
+                        pinned_uploads.push(PinnedCopy {
+                            device: address,
+                            host: host.address(0),
+                            len: bytes as usize,
+                        });
+                    }
+                    held.pinned.push(Arc::clone(host));
                 }
                 Binding::Borrowed(data) => {
                     let memory = self.transients.take(bytes).map_err(|e| {
@@ -954,7 +995,11 @@ impl BackendInner {
                 }
             }
         }
-        Ok(StagedBindings { addresses, uploads })
+        Ok(StagedBindings {
+            addresses,
+            uploads,
+            pinned_uploads,
+        })
     }
 
     /// The error for a refused stream operation: a cooperative launch too large is
@@ -1168,6 +1213,9 @@ impl BackendInner {
             for memory in held.resident.drain(..) {
                 std::mem::forget(memory);
             }
+            for memory in held.pinned.drain(..) {
+                std::mem::forget(memory);
+            }
         }
     }
 
@@ -1181,7 +1229,7 @@ impl BackendInner {
         let requests: SmallVec<[u64; 16]> = bindings
             .iter()
             .zip(sizes)
-            .filter(|(b, _)| matches!(b, Binding::Borrowed(_)))
+            .filter(|(b, _)| matches!(b, Binding::Borrowed(_) | Binding::Pinned(_)))
             .map(|(_, &s)| s)
             .collect();
         let overflow = || BackendError::OverBudget {

@@ -273,3 +273,50 @@ impl BackendError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// Locks out flattening typed causes into strings: a validation failure keeps
+    /// its `ValidationError` (and its rule) behind `source()`, a driver failure its
+    /// `DriverError`, and an internal failure is its own variant whose message
+    /// still starts with `Fix:` but never blames the caller's input.
+    #[test]
+    fn typed_causes_survive_behind_source() {
+        use crate::ir::*;
+        let program = Program::builder([64, 1, 1])
+            .body(|b| {
+                b.store("missing", 0u32, 1u32);
+            })
+            .build();
+        let validation = validate(&program, &Limits::default()).unwrap_err();
+        let error = BackendError::InvalidProgram {
+            program: program.display_name(),
+            error: validation.clone(),
+        };
+        let source = error
+            .source()
+            .and_then(|s| s.downcast_ref::<ValidationError>())
+            .expect("the validation error is the source");
+        assert_eq!(source.rule(), validation.rule());
+        assert!(error.to_string().starts_with("Fix:"), "{error}");
+
+        let driver = BackendError::driver("testing", DriverError::not_found("cuTest"));
+        assert!(driver
+            .source()
+            .and_then(|s| s.downcast_ref::<DriverError>())
+            .is_some_and(|d| d.call() == "cuTest"));
+
+        let internal = BackendError::internal("an invariant broke");
+        let message = internal.to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains("bug in the crate"),
+            "{message}"
+        );
+        assert!(internal.source().is_none());
+        // Negative control: bad input has no typed cause to expose.
+        assert!(BackendError::bad_input("Fix: x").source().is_none());
+    }
+}

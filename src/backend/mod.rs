@@ -49,7 +49,9 @@ pub(crate) mod stream_ops;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use buffer::{DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
+pub use buffer::{
+    DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, PinnedBuffer, MAX_PENDING,
+};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use dispatch::{Binding, TimedDispatch};
@@ -57,8 +59,8 @@ pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::Kernel;
 pub use portable::{
-    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyRecorder,
-    ReferenceBackend,
+    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
+    AnyRecorder, ReferenceBackend,
 };
 pub use resident::ResidentBuffer;
 

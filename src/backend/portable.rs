@@ -404,7 +404,7 @@ impl AnyBackend {
                     operations: Vec::new(),
                     inputs: Vec::new(),
                     outputs: Vec::new(),
-                    steps: 0,
+                    steps: Vec::new(),
                 };
                 let mut any = AnyRecorder {
                     kind: RecorderKind::Reference(&mut graph),
@@ -618,12 +618,13 @@ impl AnyRecorder<'_, '_> {
                 let sizes: SmallVec<[u64; 16]> =
                     memories.iter().map(|m| m.lock().len() as u64).collect();
                 check_binding_sizes(&name, &slots, &sizes, config.fixpoint_iterations)?;
-                let index = graph.steps;
-                graph.steps += 1;
+                let index = graph.steps.len() as u32;
+                graph.steps.push(graph.operations.len());
                 graph.operations.push(ReferenceOperation::Dispatch {
                     program: program.clone(),
                     memories,
                     config: config.clone().with_readback(ReadbackPolicy::None),
+                    counts: vec![None; slots.len()],
                 });
                 Ok(StepId::new(graph.id, index))
             }
@@ -667,17 +668,28 @@ impl AnyRecorder<'_, '_> {
     }
 }
 
+/// Whether `block` reaches a grid sync anywhere. Iterative (an explicit stack of
+/// blocks): the program here has not been validated, so its depth is unbounded.
 fn contains_grid_sync(block: &[Node]) -> bool {
-    block.iter().any(|n| match n {
-        Node::GridSync => true,
-        Node::If {
-            then_body,
-            else_body,
-            ..
-        } => contains_grid_sync(then_body) || contains_grid_sync(else_body),
-        Node::Loop { body, .. } => contains_grid_sync(body),
-        _ => false,
-    })
+    let mut pending: Vec<&[Node]> = vec![block];
+    while let Some(block) = pending.pop() {
+        for node in block {
+            match node {
+                Node::GridSync => return true,
+                Node::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => {
+                    pending.push(then_body);
+                    pending.push(else_body);
+                }
+                Node::Loop { body, .. } => pending.push(body),
+                _ => {}
+            }
+        }
+    }
+    false
 }
 
 #[derive(Debug)]
@@ -690,6 +702,8 @@ enum ReferenceOperation {
         program: Program,
         memories: Vec<Arc<HostMemory>>,
         config: DispatchConfig,
+        /// Element counts set by `set_element_count`, per slot (`None`: the buffer's).
+        counts: Vec<Option<u32>>,
     },
     ReadBack {
         output: usize,
@@ -707,7 +721,8 @@ struct ReferenceGraph {
     operations: Vec<ReferenceOperation>,
     inputs: Vec<Vec<u8>>,
     outputs: Vec<Vec<u8>>,
-    steps: u32,
+    /// Index into `operations` of each recorded dispatch.
+    steps: Vec<usize>,
 }
 
 /// A replayable chain of an [`AnyBackend`] ([`DispatchGraph`] on CUDA).
@@ -753,6 +768,68 @@ impl AnyGraph {
         }
     }
 
+    /// Change the element count `step` passes for `binding` (a runtime-sized buffer)
+    /// on later replays ([`DispatchGraph::set_element_count`]).
+    pub fn set_element_count(
+        &mut self,
+        step: StepId,
+        binding: u32,
+        elements: u32,
+    ) -> Result<(), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_element_count(step, binding, elements),
+            GraphKind::Reference(graph) => {
+                let (program, memories, counts) = graph.step_mut(step)?;
+                let (slots, _) = binding_slots(program);
+                let name = program.display_name();
+                let Some(index) = slots.iter().position(|s| s.binding == binding) else {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: {name} has no global buffer at binding {binding}; name one of its bindings"
+                    )));
+                };
+                let slot = &slots[index];
+                if let crate::ir::BufferCount::Static(n) = slot.count {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: buffer '{}' (binding {binding}) of {name} has a static count of {n} elements, \
+                         which the kernel uses instead of the parameter; only runtime-sized buffers take \
+                         element count updates",
+                        slot.name
+                    )));
+                }
+                let capacity = memories[index].lock().len() as u64 / slot.elem.size_bytes() as u64;
+                if elements as u64 > capacity {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: buffer '{}' (binding {binding}) of {name} holds {capacity} elements, so it \
+                         cannot pass {elements}; pass at most {capacity} or record the graph over a larger \
+                         buffer",
+                        slot.name
+                    )));
+                }
+                counts[index] = Some(elements);
+                Ok(())
+            }
+        }
+    }
+
+    /// Enqueue one replay without waiting ([`DispatchGraph::submit`]; the reference
+    /// replays at once). The pending replay borrows the graph until `wait` or drop.
+    pub fn submit(&mut self) -> Result<AnyPendingReplay<'_>, BackendError> {
+        if let GraphKind::Reference(_) = self.kind {
+            return Ok(AnyPendingReplay {
+                kind: PendingReplayKind::Reference(self.replay()),
+            });
+        }
+        let kind = match &mut self.kind {
+            GraphKind::Cuda(graph) => PendingReplayKind::Cuda(graph.submit()?),
+            GraphKind::Reference(_) => {
+                return Err(BackendError::internal(
+                    "a reference graph reached the CUDA arm",
+                ))
+            }
+        };
+        Ok(AnyPendingReplay { kind })
+    }
+
     /// Replay the whole chain ([`DispatchGraph::replay`]).
     pub fn replay(&mut self) -> Result<DispatchTiming, BackendError> {
         match &mut self.kind {
@@ -769,7 +846,8 @@ impl AnyGraph {
                             program,
                             memories,
                             config,
-                        } => replay_dispatch(program, memories, config)?,
+                            counts,
+                        } => replay_dispatch(program, memories, config, counts)?,
                         ReferenceOperation::ReadBack {
                             output,
                             memory,
@@ -792,15 +870,76 @@ impl AnyGraph {
     }
 }
 
+/// A replay submitted by [`AnyGraph::submit`]; borrows its graph until
+/// [`AnyPendingReplay::wait`] (or drop, which waits).
+#[derive(Debug)]
+#[must_use = "a pending replay does nothing visible until `wait`"]
+pub struct AnyPendingReplay<'g> {
+    kind: PendingReplayKind<'g>,
+}
+
+#[derive(Debug)]
+enum PendingReplayKind<'g> {
+    Cuda(crate::graph::PendingReplay<'g>),
+    Reference(Result<DispatchTiming, BackendError>),
+}
+
+impl AnyPendingReplay<'_> {
+    /// Wait for the replay; its outputs are in the graph's output slots.
+    pub fn wait(self) -> Result<DispatchTiming, BackendError> {
+        match self.kind {
+            PendingReplayKind::Cuda(pending) => pending.wait(),
+            PendingReplayKind::Reference(result) => result,
+        }
+    }
+}
+
+/// A recorded reference step's program, buffers and element counts.
+type StepParts<'g> = (&'g Program, &'g [Arc<HostMemory>], &'g mut Vec<Option<u32>>);
+
+impl ReferenceGraph {
+    /// The program, buffers and element counts of recorded step `step`.
+    fn step_mut(&mut self, step: StepId) -> Result<StepParts<'_>, BackendError> {
+        let index = step.index_in(self.id)?;
+        let operation = self
+            .steps
+            .get(index)
+            .and_then(|&at| self.operations.get_mut(at));
+        match operation {
+            Some(ReferenceOperation::Dispatch {
+                program,
+                memories,
+                counts,
+                ..
+            }) => Ok((program, memories, counts)),
+            _ => Err(forged("step")),
+        }
+    }
+}
+
 /// One recorded dispatch on the reference side: run over the buffers' current
 /// bytes, outputs written back.
 fn replay_dispatch(
     program: &Program,
     memories: &[Arc<HostMemory>],
     config: &DispatchConfig,
+    counts: &[Option<u32>],
 ) -> Result<(), BackendError> {
-    let (_, outputs) = binding_slots(program);
-    let inputs: Vec<Vec<u8>> = memories.iter().map(|m| m.lock().clone()).collect();
+    let (slots, outputs) = binding_slots(program);
+    // A set element count passes a prefix of the buffer, as the CUDA kernel sees
+    // only that many elements; the rest of the buffer is left as it was.
+    let inputs: Vec<Vec<u8>> = memories
+        .iter()
+        .zip(&slots)
+        .zip(counts)
+        .map(|((m, slot), count)| {
+            let bytes = m.lock();
+            match count {
+                Some(n) => bytes[..*n as usize * slot.elem.size_bytes() as usize].to_vec(),
+                None => bytes.clone(),
+            }
+        })
+        .collect();
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     let results = crate::reference::run(program, &borrowed, config).map_err(|error| {
         BackendError::Reference {
@@ -809,7 +948,13 @@ fn replay_dispatch(
         }
     })?;
     for (&slot, bytes) in outputs.iter().zip(results) {
-        memories[slot as usize].lock().copy_from_slice(&bytes);
+        let mut memory = memories[slot as usize].lock();
+        memory[..bytes.len()].copy_from_slice(&bytes);
+        // `WriteOnly` starts zeroed: the CUDA step clears the whole buffer, not
+        // only the elements it passes.
+        if slots[slot as usize].access == crate::ir::Access::WriteOnly {
+            memory[bytes.len()..].fill(0);
+        }
     }
     Ok(())
 }

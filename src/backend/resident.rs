@@ -133,9 +133,7 @@ impl<M> ResidentTable<M> {
         let slot = self.check(handle, verb)?;
         slot.memory
             .as_ref()
-            .ok_or_else(|| BackendError::InvalidHandle {
-                message: "Fix: resident buffer vanished; report this".into(),
-            })
+            .ok_or_else(|| BackendError::internal("a live resident slot has no memory"))
     }
 
     /// Free a handle's slot; the memory is released once no dispatch holds it.
@@ -148,9 +146,7 @@ impl<M> ResidentTable<M> {
         self.live_count = self.live_count.saturating_sub(1);
         entry.bytes = 0;
         self.free_slots.push(handle.slot);
-        memory.ok_or_else(|| BackendError::InvalidHandle {
-            message: "Fix: resident buffer vanished; report this".into(),
-        })
+        memory.ok_or_else(|| BackendError::internal("a live resident slot has no memory"))
     }
 
     /// Drop every buffer (without freeing through the driver when `leak` is set,

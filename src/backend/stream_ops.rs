@@ -17,7 +17,7 @@
 //! only function that turns a description into driver calls, in one fixed order:
 //!
 //! ```text
-//! [window start] uploads  clears  [kernel start]  (barrier reset, launch) × N
+//! [window start] uploads  pinned uploads  clears  [kernel start]  (barrier reset, launch) × N
 //! [kernel end]  readback  barrier readback  [window end]
 //! ```
 //!
@@ -111,6 +111,15 @@ pub(crate) struct StagedCopy {
     /// Offset of the first byte in the target's staging.
     pub(crate) staging_offset: usize,
     /// Bytes copied.
+    pub(crate) len: usize,
+}
+
+/// A copy from caller-owned pinned host memory to the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PinnedCopy {
+    pub(crate) device: u64,
+    /// Host address of the first byte (inside a pinned allocation the dispatch holds).
+    pub(crate) host: *const u8,
     pub(crate) len: usize,
 }
 
@@ -209,6 +218,8 @@ impl Readback<'_> {
 /// order [`enqueue`] issues them.
 pub(crate) struct StreamOps<'a, M> {
     pub(crate) uploads: SmallVec<[StagedCopy; 16]>,
+    /// Uploads straight from caller pinned buffers (after the staged ones).
+    pub(crate) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
     pub(crate) clears: SmallVec<[Clear; 16]>,
     pub(crate) launch: Option<KernelLaunch<'a, M>>,
     pub(crate) parameters: LaunchParameters,
@@ -224,6 +235,7 @@ impl<'a, M> StreamOps<'a, M> {
     pub(crate) fn empty() -> Self {
         StreamOps {
             uploads: SmallVec::new(),
+            pinned_uploads: SmallVec::new(),
             clears: SmallVec::new(),
             launch: None,
             parameters: LaunchParameters::default(),
@@ -262,6 +274,7 @@ impl<'a, M> StreamOps<'a, M> {
     /// kernel start event also opens the window (one event record saved).
     pub(crate) fn enqueues_before_launch(&self) -> bool {
         !self.uploads.is_empty()
+            || !self.pinned_uploads.is_empty()
             || !self.clears.is_empty()
             || self
                 .launch
@@ -314,6 +327,14 @@ pub(crate) trait StreamTarget {
     /// staging range inside the target's staging, untouched by the host, until the
     /// stream passes the copy.
     unsafe fn upload(&mut self, copy: StagedCopy) -> DriverResult<()>;
+
+    /// Copy `copy.len` bytes from caller pinned memory to the device.
+    ///
+    /// # Safety
+    /// The host range lies inside a pinned allocation, and the device range inside
+    /// a device allocation, both alive (and the host bytes unwritten) until the
+    /// stream passes the copy.
+    unsafe fn upload_pinned(&mut self, copy: PinnedCopy) -> DriverResult<()>;
 
     /// Zero `clear.bytes` bytes of device memory.
     ///
@@ -380,6 +401,10 @@ pub(crate) unsafe fn enqueue<T: StreamTarget>(
     for &copy in &ops.uploads {
         // SAFETY: the caller's obligation covers every upload of `ops`.
         unsafe { target.upload(copy) }.map_err(fail("uploading an input"))?;
+    }
+    for &copy in &ops.pinned_uploads {
+        // SAFETY: the caller's obligation covers every pinned upload of `ops`.
+        unsafe { target.upload_pinned(copy) }.map_err(fail("uploading a pinned input"))?;
     }
     for &clear in &ops.clears {
         // SAFETY: the caller's obligation covers every clear of `ops`.
@@ -485,6 +510,11 @@ impl StreamTarget for LaneTarget<'_> {
         }
     }
 
+    unsafe fn upload_pinned(&mut self, copy: PinnedCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::copy_to_device_async(copy.device, copy.host, copy.len, self.stream) }
+    }
+
     unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
         // SAFETY: forwarded obligation (see the trait).
         unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.stream) }
@@ -547,6 +577,7 @@ pub(crate) mod tests {
     pub(crate) enum Seen {
         Record(DeviceMark),
         Upload(StagedCopy),
+        UploadPinned(PinnedCopy),
         Clear(Clear),
         ResetBarrier(u64),
         Launch {
@@ -580,6 +611,10 @@ pub(crate) mod tests {
         }
         unsafe fn upload(&mut self, copy: StagedCopy) -> DriverResult<()> {
             self.seen.push(Seen::Upload(copy));
+            Ok(())
+        }
+        unsafe fn upload_pinned(&mut self, copy: PinnedCopy) -> DriverResult<()> {
+            self.seen.push(Seen::UploadPinned(copy));
             Ok(())
         }
         unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
@@ -703,7 +738,7 @@ pub(crate) mod tests {
     }
 
     /// Locks out a reordered or incomplete eager dispatch: events bracket exactly
-    /// what they claim, uploads and clears precede the launch loop, every iteration
+    /// what they claim, staged and pinned uploads and clears precede the launch loop, every iteration
     /// passes the same parameters (addresses, then counts = bytes / element size),
     /// readbacks follow the loop.
     #[test]
@@ -717,6 +752,12 @@ pub(crate) mod tests {
             len: 16,
         };
         ops.uploads.push(upload);
+        let pinned = PinnedCopy {
+            device: 0x100,
+            host: std::ptr::null(),
+            len: 16,
+        };
+        ops.pinned_uploads.push(pinned);
         let reads = [
             StagedCopy {
                 device: 0x200,
@@ -746,6 +787,7 @@ pub(crate) mod tests {
             vec![
                 Seen::Record(DeviceMark::WindowStart),
                 Seen::Upload(upload),
+                Seen::UploadPinned(pinned),
                 Seen::Clear(Clear {
                     device: 0x200,
                     bytes: 32

@@ -113,7 +113,10 @@
 //! [`DispatchGraph`] is `Send` but not `Sync`: move it to the thread that replays
 //! it. Replays and updates take `&mut self`, so one graph never runs twice at once;
 //! every replay synchronises before returning, so input and output slots are never
-//! touched by the device while the host can reach them. Two graphs (or a graph and
+//! touched by the device while the host can reach them. [`DispatchGraph::submit`]
+//! enqueues a replay without waiting: its [`PendingReplay`] borrows the graph
+//! mutably until `wait` (or drop, which waits), so the same holds; several graphs
+//! may be in flight at once, each on its own stream. Two graphs (or a graph and
 //! plain dispatches) over the same resident buffers are not ordered against each
 //! other, exactly as two concurrent dispatches are not.
 //!
@@ -203,6 +206,14 @@ impl OutputSlot {
 impl StepId {
     pub(crate) fn new(graph: u64, index: u32) -> Self {
         StepId { graph, index }
+    }
+
+    /// The step's index, checked to belong to graph `graph`.
+    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+        if self.graph != graph {
+            return Err(foreign("a step", self.graph, graph));
+        }
+        Ok(self.index as usize)
     }
 }
 
@@ -591,16 +602,31 @@ impl DispatchGraph {
         Ok(())
     }
 
+    /// Enqueue one replay and return at once; [`PendingReplay::wait`] does the one
+    /// synchronize. The pending replay borrows the graph mutably, so its input and
+    /// output slots cannot be touched (nor the graph replayed again) until it is
+    /// waited for or dropped (dropping waits). Several graphs may be in flight at
+    /// once, each on its own stream. Records the window events (`device_window_ns`);
+    /// submissions are not charged to the probe.
+    pub fn submit(&mut self) -> Result<PendingReplay<'_>, BackendError> {
+        let start = Instant::now();
+        self.ready()?;
+        let launched = self.launch(true)?;
+        Ok(PendingReplay {
+            graph: self,
+            start,
+            enqueued: launched,
+            waited: false,
+        })
+    }
+
     /// One replay, charged to the probe.
     fn run(&mut self, want_timing: bool) -> Result<DispatchTiming, BackendError> {
         let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
         let want_timing = want_timing || dispatch_probe.is_some();
         let mark = probe::mark();
-        self.usable()?;
-        let inner = Arc::clone(self.backend.shared());
-        inner.check_alive()?;
-        inner.bind()?;
+        self.ready()?;
         if dispatch_probe.is_some() {
             let steps = &self.steps;
             let sum = |f: &dyn Fn(&Step) -> u64| {
@@ -622,7 +648,27 @@ impl DispatchGraph {
             probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
+        let enqueued = self.launch(want_timing)?;
+        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        let timing = self.wait_replay(want_timing, start, enqueued)?;
+        let mark = probe::charge_and_mark(Phase::Release, mark);
+        // Outputs stay in pinned staging (read in place through `output`): nothing
+        // to copy, so the readback phase is only this boundary.
+        probe::charge(Phase::Readback, mark);
+        let timing = DispatchTiming {
+            wall_ns: elapsed_ns(start),
+            ..timing
+        };
+        if let Some(dispatch_probe) = dispatch_probe {
+            dispatch_probe.finish(timing);
+        }
+        Ok(timing)
+    }
 
+    /// Enqueue one graph launch (bracketed by the window events when timed);
+    /// returns the instant the last operation was enqueued.
+    fn launch(&mut self, want_timing: bool) -> Result<Instant, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
         let name = &self.name;
         let resources = self.resources.as_mut().ok_or_else(dropping)?;
         let results_used = resources.results_used;
@@ -638,10 +684,11 @@ impl DispatchGraph {
                 .map_err(|e| enqueue_error("recording the window start event", e))?;
         }
         // SAFETY: every device allocation the graph touches is held by `resources.memory`
-        // (resident buffers) or allocated and freed by the graph itself (scratch); the
-        // pinned input and output staging live in `resources` and are reachable by the
-        // host only through `&mut self`/`&self` methods, which cannot run until this
-        // call returns after the synchronize below.
+        // (resident and owned buffers) or allocated and freed by the graph itself
+        // (scratch); the pinned input and output staging live in `resources` and are
+        // reachable by the host only through `&mut self`/`&self` methods, which cannot
+        // run until the synchronize: `replay` waits before returning, and a
+        // `PendingReplay` borrows the graph mutably until it has waited.
         unsafe { resources.exec.launch(&resources.stream) }
             .map_err(|e| enqueue_error("launching the graph", e))?;
         // SAFETY: the graph owns the area (device memory and mirror) for its life; the
@@ -658,9 +705,28 @@ impl DispatchGraph {
                 .record(&resources.stream)
                 .map_err(|e| enqueue_error("recording the window end event", e))?;
         }
-        let enqueued = Instant::now();
-        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        Ok(Instant::now())
+    }
 
+    /// Prepare: the graph is not broken, the context alive and bound.
+    fn ready(&self) -> Result<(), BackendError> {
+        self.usable()?;
+        let inner = self.backend.shared();
+        inner.check_alive()?;
+        inner.bind()
+    }
+
+    /// The one synchronize of a replay and its device window.
+    fn wait_replay(
+        &mut self,
+        want_timing: bool,
+        start: Instant,
+        enqueued: Instant,
+    ) -> Result<DispatchTiming, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
+        inner.bind()?;
+        let name = &self.name;
+        let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let wait_ns = inner.synchronize_with(name, || resources.stream.synchronize())?;
         let mut timing = DispatchTiming {
             wall_ns: 0,
@@ -684,14 +750,6 @@ impl DispatchGraph {
                 )));
             }
             timing.kernel_ns = stamp_kernel_ns(stamps);
-        }
-        let mark = probe::charge_and_mark(Phase::Release, mark);
-        // Outputs stay in pinned staging (read in place through `output`): nothing
-        // to copy, so the readback phase is only this boundary.
-        probe::charge(Phase::Readback, mark);
-        timing.wall_ns = elapsed_ns(start);
-        if let Some(dispatch_probe) = dispatch_probe {
-            dispatch_probe.finish(timing);
         }
         Ok(timing)
     }
@@ -774,7 +832,7 @@ fn forged(what: &str, index: u32) -> BackendError {
 }
 
 fn dropping() -> BackendError {
-    BackendError::bad_input("Fix: internal: the dispatch graph's resources are gone; report this")
+    BackendError::internal("the dispatch graph's resources are gone before its drop")
 }
 
 impl Drop for DispatchGraph {
@@ -794,6 +852,45 @@ impl Drop for DispatchGraph {
             for step in self.steps.drain(..) {
                 std::mem::forget(step.kernel);
             }
+        }
+    }
+}
+
+/// A replay enqueued by [`DispatchGraph::submit`]. Borrows its graph mutably until
+/// [`PendingReplay::wait`] (consuming: waiting twice does not compile) or drop
+/// (which waits, discarding errors).
+#[must_use = "a pending replay does nothing visible until `wait`; dropping it blocks until it finishes"]
+pub struct PendingReplay<'g> {
+    graph: &'g mut DispatchGraph,
+    start: Instant,
+    enqueued: Instant,
+    waited: bool,
+}
+
+impl std::fmt::Debug for PendingReplay<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingReplay")
+            .field("graph", &self.graph.name)
+            .finish()
+    }
+}
+
+impl PendingReplay<'_> {
+    /// Wait for the replay: its timings (outputs are in the graph's output slots).
+    pub fn wait(mut self) -> Result<DispatchTiming, BackendError> {
+        self.waited = true;
+        let timing = self.graph.wait_replay(true, self.start, self.enqueued)?;
+        Ok(DispatchTiming {
+            wall_ns: elapsed_ns(self.start),
+            ..timing
+        })
+    }
+}
+
+impl Drop for PendingReplay<'_> {
+    fn drop(&mut self) {
+        if !self.waited {
+            let _ = self.graph.wait_replay(false, self.start, self.enqueued);
         }
     }
 }

@@ -14,7 +14,8 @@ use crate::backend::readback::{
     AreaCopy, ResultArea, ResultParams, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use crate::backend::stream_ops::{
-    enqueue, Clear, DeviceMark, KernelLaunch, Readback, StagedCopy, StreamOps, StreamTarget,
+    enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
+    StreamTarget,
 };
 use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
 use crate::config::{DispatchConfig, ReadbackPolicy};
@@ -606,9 +607,8 @@ impl GraphRecorder<'_> {
                     .node_kind(node)
                     .map_err(|e| failed("checking a launch node", e))?;
                 if kind != GraphNodeKind::Kernel {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: internal: a recorded launch of {} did not become a kernel node of {name}; \
-                         report this",
+                    return Err(BackendError::internal(format!(
+                        "a recorded launch of {} did not become a kernel node of {name}",
                         step.kernel.inner.name
                     )));
                 }
@@ -721,6 +721,13 @@ impl StreamTarget for CaptureTarget<'_, '_> {
     unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
         // SAFETY: forwarded obligation (see the trait).
         unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn upload_pinned(&mut self, _copy: PinnedCopy) -> DriverResult<()> {
+        // A replay outlives any caller buffer: recordings bind no pinned buffers.
+        Err(DriverError::not_supported(
+            "a caller pinned-buffer upload inside a graph capture",
+        ))
     }
 
     unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {

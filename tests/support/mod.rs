@@ -144,24 +144,50 @@ pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>
     let mut graph = backend
         .record(|rec| {
             let input = rec.upload(&x, 4 * n as u64)?;
-            rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
+            let step = rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
             rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
             let output = rec.read_back(&y, 4, 8)?;
-            slots = Some((input, output));
+            slots = Some((input, output, step));
             Ok(())
         })
         .unwrap();
-    let (input, output) = slots.unwrap();
+    let (input, output, step) = slots.unwrap();
     for round in 0..3u32 {
         let values: Vec<u32> = (0..n).map(|i| i * 10 + round).collect();
         graph
             .input_mut(input)
             .unwrap()
             .copy_from_slice(&bytes(&values));
-        graph.replay().unwrap();
+        if round == 1 {
+            graph.submit().unwrap().wait().unwrap();
+        } else {
+            graph.replay().unwrap();
+        }
         seen.push(graph.output(output).unwrap().to_vec());
     }
     seen.push(backend.read(&x).unwrap());
     seen.push(backend.read(&z).unwrap());
+    // Parameter update without re-capture: the first step now passes 10 elements of x
+    // (its kernel loops over length(x)); z is write-only, so it is cleared whole.
+    graph.set_element_count(step, 0, 10).unwrap();
+    let values: Vec<u32> = (0..n).map(|i| 1000 + i).collect();
+    graph
+        .input_mut(input)
+        .unwrap()
+        .copy_from_slice(&bytes(&values));
+    graph.replay().unwrap();
+    seen.push(graph.output(output).unwrap().to_vec());
+    seen.push(backend.read(&x).unwrap());
+    seen.push(backend.read(&z).unwrap());
+    let error = graph
+        .set_element_count(step, 0, n + 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("Fix:") && error.contains("cannot pass"),
+        "{error}"
+    );
+    let error = graph.set_element_count(step, 7, 1).unwrap_err().to_string();
+    assert!(error.starts_with("Fix:"), "{error}");
     seen
 }
