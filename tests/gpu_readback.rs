@@ -72,6 +72,13 @@ fn small_and_large() -> Program {
         .build()
 }
 
+/// Upload each input again into its resident buffer (programs that accumulate).
+fn reupload(gpu: &CudaBackend, handles: &[vyre_cuda::backend::ResidentBuffer], inputs: &[Vec<u8>]) {
+    for (handle, bytes) in handles.iter().zip(inputs) {
+        gpu.upload_resident(handle, bytes).unwrap();
+    }
+}
+
 fn small_and_large_inputs(seed: u32, large_words: usize) -> Vec<Vec<u8>> {
     vec![bytes(&[seed]), vec![0u8; 64], vec![0xEEu8; 4 * large_words]]
 }
@@ -150,6 +157,9 @@ fn gpu_outputs_match_the_reference_on_every_path() {
             gpu.dispatch_resident(&program, &handles, &config).unwrap(),
             expected
         );
+        // `large` accumulates, so every dispatch over the handles starts from the
+        // inputs again.
+        reupload(&gpu, &handles, &inputs);
         // Byte ranges: odd offsets and lengths (byte copies), one range per output
         // and a long one that goes by DMA.
         let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
@@ -407,6 +417,7 @@ fn gpu_bad_readback_input_errs_or_falls_back() {
         let start = range.offset as usize;
         assert_eq!(bytes[..], expected[1][start..start + 4], "{range:?}");
     }
+    reupload(&gpu, &handles, &inputs);
     assert_eq!(
         gpu.dispatch_resident(&program, &handles, &config).unwrap(),
         expected

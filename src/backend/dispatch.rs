@@ -47,7 +47,7 @@ use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
 use super::readback::{
-    route_reads, stamp_kernel_ns, Delivery, ResultArea, Route, MAPPED_RANGE_MAX_BYTES,
+    mapped_range_limit, route_reads, stamp_kernel_ns, Delivery, ResultArea, Route,
     RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use super::stream_ops::{
@@ -776,10 +776,11 @@ impl BackendInner {
             }
         }
         let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
+        let threads = kernel.workgroup_size.iter().product::<u32>();
         route_reads(
             &reads,
             RESULT_AREA_BYTES,
-            MAPPED_RANGE_MAX_BYTES,
+            mapped_range_limit(threads),
             &mut routes,
         );
         let area = lane

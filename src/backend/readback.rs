@@ -52,9 +52,26 @@ pub use crate::codegen::RESULT_RANGE_SLOTS;
 use super::driver::{self, DeviceMemory, DriverResult, MappedMemory, Stream};
 use super::plan::ReadItem;
 
-/// Longest readback item sent through the mapped area; longer ones go by DMA.
-/// Measured crossover on the H200: see the module docs and README.
+/// Longest readback item ever sent through the mapped area; longer ones go by DMA.
+/// The limit for one kernel is [`mapped_range_limit`] of its workgroup size, at most
+/// this. Measured crossover on the H200: see the module docs and README.
 pub const MAPPED_RANGE_MAX_BYTES: u64 = 4096;
+
+/// L2 round trips beyond the first that a mapped range may cost before one DMA copy
+/// is cheaper (§0 and the sweep: one extra async copy costs about 2 µs, one round
+/// trip of the last group's loads about 0.3 µs).
+const MAPPED_EXTRA_ROUND_TRIPS: u64 = 4;
+
+/// Longest readback item worth sending through the mapped area for a kernel with
+/// `threads_per_workgroup` threads: the last finishing group has at most
+/// min(threads, 32) lanes; its leader copies the first 16 bytes of every range in
+/// the first round trip, then each round trip moves 4 words per lane. A one-thread
+/// kernel gets 80 bytes, a full warp 2,064, never more than
+/// [`MAPPED_RANGE_MAX_BYTES`].
+pub fn mapped_range_limit(threads_per_workgroup: u32) -> u64 {
+    let lanes = u64::from(threads_per_workgroup.clamp(1, 32));
+    (16 + MAPPED_EXTRA_ROUND_TRIPS * lanes * 16).min(MAPPED_RANGE_MAX_BYTES)
+}
 
 /// Bytes of one lane's result area: 16 bytes of stamps, then readback bytes.
 pub const RESULT_AREA_BYTES: usize = 64 * 1024;
@@ -513,6 +530,18 @@ mod tests {
             message.starts_with("Fix:") && message.contains("at most 318"),
             "{message}"
         );
+    }
+
+    /// Locks out a size policy that sends long ranges through a one-lane copy: the
+    /// limit grows with the lanes a workgroup can offer and stops at the cap.
+    #[test]
+    fn mapped_limit_follows_the_lanes_of_the_last_group() {
+        assert_eq!(mapped_range_limit(0), 80);
+        assert_eq!(mapped_range_limit(1), 80);
+        assert_eq!(mapped_range_limit(8), 16 + 4 * 8 * 16);
+        assert_eq!(mapped_range_limit(32), 2064);
+        assert_eq!(mapped_range_limit(1024), 2064);
+        assert!(mapped_range_limit(u32::MAX) <= MAPPED_RANGE_MAX_BYTES);
     }
 
     /// Locks out reporting garbage as kernel time: missing stamps give 0, reversed

@@ -11,7 +11,7 @@ use crate::backend::driver::{
     LoadedModule, PinnedMemory, Stream,
 };
 use crate::backend::readback::{
-    AreaCopy, ResultArea, ResultParams, MAPPED_RANGE_MAX_BYTES, RESULT_AREA_BYTES, STAMP_BYTES,
+    mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use crate::backend::stream_ops::{
     enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
@@ -476,7 +476,14 @@ impl GraphRecorder<'_> {
                 params
             })
             .collect();
-        let folding = plan_folding(&self.operations, &self.outputs, &mut params);
+        let limits: Vec<u64> = self
+            .steps
+            .iter()
+            .map(|step| {
+                mapped_range_limit(step.kernel.inner.workgroup_size.iter().product::<u32>())
+            })
+            .collect();
+        let folding = plan_folding(&self.operations, &self.outputs, &limits, &mut params);
         for (step, params) in self.steps.iter_mut().zip(params) {
             step.results = params;
         }
@@ -639,11 +646,12 @@ impl Drop for GraphRecorder<'_> {
 
 /// The folding rule of `GraphRecorder::fold_read_backs` (pure): walk the operations;
 /// after a dispatch, each read-back (until the next upload or dispatch) that fits the
-/// size limit, a free descriptor of that step and the area is described in `steps`
+/// step's size limit (`limits`, from `readback::mapped_range_limit`), a free descriptor of that step and the area is described in `steps`
 /// (one `ResultParams` per step) and placed at the next 16-byte aligned offset.
 fn plan_folding(
     operations: &[Operation],
     outputs: &[StagedRange],
+    limits: &[u64],
     steps: &mut [ResultParams],
 ) -> Folding {
     let mut folded = vec![None; outputs.len()];
@@ -655,7 +663,7 @@ fn plan_folding(
             Operation::ReadBack { output, address } => {
                 let Some(step) = current else { continue };
                 let len = outputs[output as usize].len;
-                let fits = len as u64 <= MAPPED_RANGE_MAX_BYTES
+                let fits = len as u64 <= limits[step]
                     && next + len <= RESULT_AREA_BYTES
                     && u32::try_from(next).is_ok();
                 if fits && steps[step].describe(address, len as u32, next as u32) {
@@ -788,6 +796,7 @@ impl StreamTarget for CaptureTarget<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::readback::MAPPED_RANGE_MAX_BYTES;
 
     fn range(len: usize) -> StagedRange {
         StagedRange { offset: 0, len }
@@ -841,7 +850,12 @@ mod tests {
             range(16),
         ];
         let mut steps = vec![ResultParams::new(1, 2), ResultParams::new(1, 2)];
-        let folding = plan_folding(&operations, &outputs, &mut steps);
+        let folding = plan_folding(
+            &operations,
+            &outputs,
+            &[MAPPED_RANGE_MAX_BYTES; 2],
+            &mut steps,
+        );
         assert_eq!(
             folding.outputs,
             [None, Some(16), None, Some(48), None, Some(64)]

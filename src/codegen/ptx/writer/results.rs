@@ -12,6 +12,9 @@ use super::{RegClass, Writer, RESULT_RANGE_SLOTS};
 /// every `return`).
 pub(super) const RESULTS_LABEL: &str = "$L_vyre_results";
 
+/// Units (words or bytes) each lane of the strided loop has in flight at once.
+const UNROLL: u32 = 4;
+
 /// Words of every aligned range the leader copies before the strided loop.
 const FAST_WORDS: u32 = 4;
 
@@ -152,6 +155,9 @@ impl Writer<'_> {
         emit!(self, "ld.param.u64 {results}, [vyre_results];");
         emit!(self, "cvta.to.global.u64 {results}, {results};");
         emit!(self, "ld.param.u32 {flags}, [vyre_launch_flags];");
+        let count = r(self, RegClass::B32);
+        emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
+        emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
         let copies = self.label("results_copies");
         emit!(self, "@!{is_leader} bra {copies};");
         let end = r(self, RegClass::B64);
@@ -160,7 +166,10 @@ impl Writer<'_> {
         let set = r(self, RegClass::Pred);
         let idle = r(self, RegClass::B64);
         emit!(self, "mov.u64 {end}, %globaltimer;");
+        // Every load of the leader (the earliest start, the fast-path words) is
+        // issued before any store, so together they cost one L2 round trip.
         emit!(self, "ld.relaxed.gpu.global.u64 {start}, [{control}+8];");
+        let fast = self.result_fast_loads(count);
         emit!(self, "and.b32 {bit}, {flags}, 1;");
         emit!(self, "setp.ne.u32 {set}, {bit}, 0;");
         emit!(self, "@{set} st.global.u64 [{results}], {start};");
@@ -172,21 +181,18 @@ impl Writer<'_> {
         emit!(self, "mov.u64 {idle}, 0xffffffffffffffff;");
         emit!(self, "st.relaxed.gpu.global.u64 [{control}], 0;");
         emit!(self, "st.relaxed.gpu.global.u64 [{control}+8], {idle};");
+        self.result_fast_stores(fast, results);
         self.place(copies);
 
         // Each lane of the group copies a strided share of every range: words when
         // source, length and destination are 4-byte aligned, bytes otherwise.
         let below = r(self, RegClass::B32);
         let rank = r(self, RegClass::B32);
-        let count = r(self, RegClass::B32);
         let descriptor = r(self, RegClass::B64);
         let index = r(self, RegClass::B32);
         emit!(self, "mov.u32 {below}, %lanemask_lt;");
         emit!(self, "and.b32 {below}, {below}, {mask};");
         emit!(self, "popc.b32 {rank}, {below};");
-        emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
-        emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
-        self.result_fast_copies(is_leader, count, results);
         emit!(self, "mov.u64 {descriptor}, vyre_ranges;");
         emit!(self, "mov.u32 {index}, 0;");
         let range = self.label("results_range");
@@ -235,16 +241,37 @@ impl Writer<'_> {
             let past = r(self, RegClass::Pred);
             emit!(self, "setp.ge.u32 {past}, {position}, {units};");
             emit!(self, "@{past} bra {next};");
-            let byte_offset = r(self, RegClass::B64);
-            let from = r(self, RegClass::B64);
-            let to = r(self, RegClass::B64);
-            let value = r(self, RegClass::B32);
-            emit!(self, "mul.wide.u32 {byte_offset}, {position}, {unit};");
-            emit!(self, "add.s64 {from}, {source}, {byte_offset};");
-            emit!(self, "add.s64 {to}, {destination}, {byte_offset};");
-            emit!(self, "ld.relaxed.gpu.global.{ty} {value}, [{from}];");
-            emit!(self, "st.global.{ty} [{to}], {value};");
-            emit!(self, "add.u32 {position}, {position}, {group};");
+            // UNROLL independent loads in flight per lane, then their stores: one
+            // L2 round trip per UNROLL units instead of one per unit.
+            let mut pending = Vec::with_capacity(UNROLL as usize);
+            for step in 0..UNROLL {
+                let at = r(self, RegClass::B32);
+                let inside = r(self, RegClass::Pred);
+                let byte_offset = r(self, RegClass::B64);
+                let from = r(self, RegClass::B64);
+                let to = r(self, RegClass::B64);
+                let value = r(self, RegClass::B32);
+                if step == 0 {
+                    emit!(self, "mov.u32 {at}, {position};");
+                } else {
+                    emit!(self, "mad.lo.u32 {at}, {group}, {step}, {position};");
+                }
+                emit!(self, "setp.lt.u32 {inside}, {at}, {units};");
+                emit!(self, "mul.wide.u32 {byte_offset}, {at}, {unit};");
+                emit!(self, "add.s64 {from}, {source}, {byte_offset};");
+                emit!(self, "add.s64 {to}, {destination}, {byte_offset};");
+                emit!(
+                    self,
+                    "@{inside} ld.relaxed.gpu.global.{ty} {value}, [{from}];"
+                );
+                pending.push((inside, to, value));
+            }
+            for (inside, to, value) in pending {
+                emit!(self, "@{inside} st.global.{ty} [{to}], {value};");
+            }
+            let stride = r(self, RegClass::B32);
+            emit!(self, "mul.lo.u32 {stride}, {group}, {UNROLL};");
+            emit!(self, "add.u32 {position}, {position}, {stride};");
             emit!(self, "bra {top};");
         }
         self.place(next);
@@ -262,20 +289,13 @@ impl Writer<'_> {
         emit!(self, "ret;");
     }
 
-    /// The leader's fast path: the first [`FAST_WORDS`] words of every 4-byte-aligned
-    /// range, all loads issued before any store, so small outputs cost one L2 round
-    /// trip in total instead of one per word (a one-thread grid's last group is a
-    /// single lane). The strided loop then copies only what lies beyond.
-    fn result_fast_copies(
-        &mut self,
-        is_leader: super::Reg,
-        count: super::Reg,
-        results: super::Reg,
-    ) {
+    /// The leader's fast path, loads: the first [`FAST_WORDS`] words of every
+    /// 4-byte-aligned range (a one-thread grid's last group is a single lane, so
+    /// small outputs must not cost one L2 round trip per word). Returns, per slot,
+    /// the destination offset register and the (predicate, value) of each word.
+    fn result_fast_loads(&mut self, count: super::Reg) -> FastWords {
         let r = |w: &mut Self, class| w.reg(class);
-        let done = self.label("results_fast_done");
-        emit!(self, "@!{is_leader} bra {done};");
-        let mut stores = Vec::with_capacity(RESULT_RANGE_SLOTS);
+        let mut slots = Vec::with_capacity(RESULT_RANGE_SLOTS);
         for slot in 0..RESULT_RANGE_SLOTS {
             let base = DESCRIPTOR_BYTES * slot;
             let source = r(self, RegClass::B64);
@@ -311,11 +331,16 @@ impl Writer<'_> {
                 );
                 words.push((present, value));
             }
-            stores.push((offset, words));
+            slots.push((offset, words));
         }
-        for (offset, words) in stores {
-            let wide = r(self, RegClass::B64);
-            let to = r(self, RegClass::B64);
+        slots
+    }
+
+    /// The leader's fast path, stores (after every load was issued).
+    fn result_fast_stores(&mut self, slots: FastWords, results: super::Reg) {
+        for (offset, words) in slots {
+            let wide = self.reg(RegClass::B64);
+            let to = self.reg(RegClass::B64);
             emit!(self, "cvt.u64.u32 {wide}, {offset};");
             emit!(self, "add.s64 {to}, {results}, {wide};");
             for (word, (present, value)) in words.into_iter().enumerate() {
@@ -326,6 +351,9 @@ impl Writer<'_> {
                 );
             }
         }
-        self.place(done);
     }
 }
+
+/// Per descriptor slot: the destination offset and each fast word's predicate and
+/// value registers.
+type FastWords = Vec<(super::Reg, Vec<(super::Reg, super::Reg)>)>;
