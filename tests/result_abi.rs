@@ -187,3 +187,51 @@ fn result_abi_kernels_assemble_with_ptxas() {
         failures[0]
     );
 }
+
+/// Locks out the atomic-free single-warp epilogue where it could deadlock or miss a
+/// thread: it is emitted (guarded by a run-time one-block check) only for programs of
+/// at most 32 threads whose body has no barrier or subgroup operation; a 64-thread
+/// program and a 32-thread program with a barrier get only the counting epilogue.
+#[test]
+fn single_warp_epilogue_only_where_every_lane_reaches_it() {
+    let options = CodegenOptions::default();
+    let ptx = |program: &Program| program_to_ptx_with_results(program, &options, 90, 32).unwrap();
+    let has_fast = |text: &str| text.contains("$L_results_general_");
+    assert!(
+        has_fast(&ptx(&host_cost_fixture(9, 64))),
+        "one thread, no barrier"
+    );
+    let wide = |threads: u32, barrier: bool| {
+        Program::builder([threads, 1, 1])
+            .buffer(
+                "out",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .body(move |b| {
+                let i = b.let_("i", Expr::global_id(Axis::X));
+                if barrier {
+                    b.barrier();
+                }
+                b.if_(i.clone().less_than(Expr::length("out")), |b| {
+                    b.store("out", i.clone(), i.clone());
+                });
+            })
+            .build()
+    };
+    assert!(
+        has_fast(&ptx(&wide(32, false))),
+        "a full warp without barriers"
+    );
+    assert!(
+        !has_fast(&ptx(&wide(64, false))),
+        "two warps need the counter"
+    );
+    assert!(!has_fast(&ptx(&wide(32, true))), "a barrier can hold lanes");
+    // Both variants still count through the control block when several blocks run.
+    for text in [ptx(&wide(32, false)), ptx(&wide(64, false))] {
+        assert!(text.contains("atom.acq_rel.gpu.global.add.u64"), "{text}");
+    }
+}

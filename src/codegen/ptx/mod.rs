@@ -72,6 +72,12 @@
 //! - `.align 8 .b8 vyre_ranges[256]`: [`RESULT_RANGE_SLOTS`] descriptors of 16 bytes,
 //!   u64 source device address, u32 byte length, u32 destination offset in the area.
 //!
+//! Fast case: a program of at most 32 threads per workgroup whose body has no
+//! barrier, grid sync or subgroup operation, launched as one block, skips the
+//! counting below: every lane reaches the epilogue, one `bar.warp.sync` over the whole
+//! warp finds the end, and lane 0 uses its own entry time as the start stamp (no
+//! control-block round trip). The run-time check is `nctaid == (1, 1, 1)`.
+//!
 //! Protocol: at entry the thread with local linear id 0 of each block does
 //! `red.min.u64` of `%globaltimer` into control `[8]`. Every `return` branches to the
 //! epilogue instead of exiting. There every thread fences (`fence.acq_rel.gpu`); the

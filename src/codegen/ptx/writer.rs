@@ -198,6 +198,11 @@ pub(super) struct Writer<'p> {
     /// Emit the result ABI (`super::results`): start stamps, the finish count and the
     /// last thread's stamps and readback copies into host-mapped memory.
     results: bool,
+    /// The body synchronises lanes or threads (barriers, subgroup operations), so the
+    /// result epilogue must not hold early-returned lanes back (see `results`).
+    synchronises: bool,
+    /// The result prologue's start time register (written by local thread 0).
+    result_start: Option<Reg>,
 }
 
 impl<'p> Writer<'p> {
@@ -220,6 +225,8 @@ impl<'p> Writer<'p> {
             scope_log: Vec::new(),
             uses_grid_sync: false,
             results,
+            synchronises: false,
+            result_start: None,
         }
     }
 
@@ -654,7 +661,10 @@ impl<'p> Writer<'p> {
                 emit!(self, "bra {top};");
                 self.place(exit);
             }
-            Node::Barrier => emit!(self, "bar.sync 0;"),
+            Node::Barrier => {
+                self.synchronises = true;
+                emit!(self, "bar.sync 0;")
+            }
             Node::GridSync => self.grid_sync(),
             Node::Atomic {
                 op,
@@ -703,6 +713,7 @@ impl<'p> Writer<'p> {
     /// The grid-barrier protocol documented in the `ptx` module docs.
     fn grid_sync(&mut self) {
         self.uses_grid_sync = true;
+        self.synchronises = true;
         emit!(self, "bar.sync 0;");
         let linear = self.local_linear_id();
         let not_leader = self.reg(RegClass::Pred);
@@ -1192,6 +1203,7 @@ impl<'p> Writer<'p> {
     }
 
     fn subgroup_reduce(&mut self, op: ReduceOp, value: Value) -> Value {
+        self.synchronises = true;
         let operation = match op {
             ReduceOp::Sum => "add",
             ReduceOp::Min => "min",

@@ -68,6 +68,7 @@ impl Writer<'_> {
         emit!(self, "mov.u64 {now}, %globaltimer;");
         emit!(self, "red.relaxed.gpu.global.min.u64 [{control}+8], {now};");
         self.place(skip);
+        self.result_start = Some(now);
     }
 
     /// Every thread counts itself finished (one atomic per group of converged lanes,
@@ -90,6 +91,51 @@ impl Writer<'_> {
         let leader = r(self, RegClass::B32);
         let group = r(self, RegClass::B32);
         let is_leader = r(self, RegClass::Pred);
+        let control = r(self, RegClass::B64);
+        let single = r(self, RegClass::Pred);
+        let last = self.label("results_last");
+        // One warp, one block, no lane synchronisation in the body: every lane
+        // reaches this point (returns branch here), so one bar.warp.sync over the
+        // whole warp finds the last thread without any atomic, and lane 0's own start
+        // register is the earliest start (no control-block round trips).
+        let start_register = self.result_start;
+        match start_register {
+            Some(entry_start) if threads <= 32 && !self.synchronises => {
+                let whole = if threads == 32 {
+                    u32::MAX
+                } else {
+                    (1u32 << threads) - 1
+                };
+                let general = self.label("results_general");
+                // One block: nctaid is (1, 1, 1) (compared per axis: a product could wrap).
+                let mut first = true;
+                for axis in ["x", "y", "z"] {
+                    let count = self.special("nctaid", axis);
+                    if first {
+                        emit!(self, "setp.eq.u32 {single}, {count}, 1;");
+                        first = false;
+                    } else {
+                        emit!(self, "setp.eq.and.u32 {single}, {count}, 1, {single};");
+                    }
+                }
+                emit!(self, "@!{single} bra {general};");
+                emit!(self, "bar.warp.sync {whole};");
+                emit!(self, "mov.u32 {mask}, {whole};");
+                emit!(self, "mov.u32 {lane}, %laneid;");
+                emit!(self, "mov.u32 {group}, {threads};");
+                emit!(self, "setp.eq.u32 {is_leader}, {lane}, 0;");
+                emit!(self, "ld.param.u64 {control}, [vyre_control];");
+                emit!(self, "cvta.to.global.u64 {control}, {control};");
+                let _ = entry_start;
+                emit!(self, "bra {last};");
+                self.place(general);
+            }
+            _ => {
+                let zero = r(self, RegClass::B32);
+                emit!(self, "mov.u32 {zero}, 0;");
+                emit!(self, "setp.ne.u32 {single}, {zero}, 0;");
+            }
+        }
         emit!(self, "fence.acq_rel.gpu;");
         emit!(self, "activemask.b32 {mask};");
         emit!(self, "mov.u32 {lane}, %laneid;");
@@ -99,7 +145,6 @@ impl Writer<'_> {
         emit!(self, "popc.b32 {group}, {mask};");
         emit!(self, "setp.eq.u32 {is_leader}, {lane}, {leader};");
         emit!(self, "bar.warp.sync {mask};");
-        let control = r(self, RegClass::B64);
         let group_wide = r(self, RegClass::B64);
         let before = r(self, RegClass::B64);
         emit!(self, "ld.param.u64 {control}, [vyre_control];");
@@ -150,6 +195,7 @@ impl Writer<'_> {
             "// the last group: every other thread's stores are visible from here on"
         );
         emit!(self, "fence.acq_rel.gpu;");
+        self.place(last);
         let results = r(self, RegClass::B64);
         let flags = r(self, RegClass::B32);
         emit!(self, "ld.param.u64 {results}, [vyre_results];");
@@ -168,7 +214,13 @@ impl Writer<'_> {
         emit!(self, "mov.u64 {end}, %globaltimer;");
         // Every load of the leader (the earliest start, the fast-path words) is
         // issued before any store, so together they cost one L2 round trip.
-        emit!(self, "ld.relaxed.gpu.global.u64 {start}, [{control}+8];");
+        emit!(
+            self,
+            "@!{single} ld.relaxed.gpu.global.u64 {start}, [{control}+8];"
+        );
+        if let Some(entry_start) = start_register {
+            emit!(self, "@{single} mov.u64 {start}, {entry_start};");
+        }
         let fast = self.result_fast_loads(count);
         emit!(self, "and.b32 {bit}, {flags}, 1;");
         emit!(self, "setp.ne.u32 {set}, {bit}, 0;");
