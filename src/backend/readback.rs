@@ -24,12 +24,17 @@
 //! # Size policy
 //!
 //! `route_reads` sends a readback item through the mapped area when it is at most
-//! [`MAPPED_RANGE_MAX_BYTES`] long, a descriptor slot is free and the area has room
+//! [`mapped_range_limit`] of the kernel's workgroup size long (never more than
+//! [`MAPPED_RANGE_MAX_BYTES`]), a descriptor slot is free and the area has room
 //! ([`RESULT_AREA_BYTES`] per lane, 16-byte aligned placement); everything else goes
-//! by DMA into pinned staging exactly as before. The crossover (one warp's posted
-//! stores against one DMA copy of the same size) is measured by the dispatch bench's
-//! size sweep (`RawFloor::mapped_write_sweep` against `RawFloor::copy_sweep`); the
-//! constant records that measurement (see README, "Readback crossover").
+//! by DMA into pinned staging. The limit models the copy: the last finishing group
+//! (at most min(threads, 32) lanes) moves the first 16 bytes of every range in one L2
+//! round trip, then 4 words per lane per round trip, and about 4 extra round trips
+//! cost what one more async copy does. Measured on the H200 (2026-12-01, first
+//! sweep, with a one-word-per-round-trip loop and 32 lanes): one DMA copy of 16 B to
+//! 16 KiB costs 11.9–12.4 µs per dispatch, the area 11.4 µs at 16 B, 12.7 at 1 KiB,
+//! 16.5 at 4 KiB; the kernel writing mapped memory itself 10.0–10.3 µs up to 16 KiB.
+//! The dispatch bench's `readback_sweep` re-measures it every run.
 //!
 //! # Semantics kept
 //!
