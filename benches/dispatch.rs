@@ -10,7 +10,15 @@
 //!   and a loop with two submissions in flight against the blocking loop (target:
 //!   ≥ 1.6× its throughput).
 //!
-//! Each comparison is a paired ABBA run of host_cost (`Paired::compare`): the floor is
+//! First, the three floors of issue 10 / §11, measured in the same run and quoted
+//! beside every dispatch figure (`floors_table`, minimum of 9 rotated rounds, as in
+//! §0's readback table): launch + sync (the physical floor), the best raw readback
+//! (the kernel writes host-mapped memory; also the result ABI's raw mechanism), and
+//! the per-output-copy floor. Then the readback size sweep that sets
+//! `readback::MAPPED_RANGE_MAX_BYTES` (`readback_sweep`). Set `VYRE_BENCH_FLOORS_ONLY=1`
+//! to stop after those two.
+//!
+//! Each comparison below is a paired ABBA run of host_cost (`Paired::compare`): the floor is
 //! a prebuilt `cuLaunchKernel` + one 16-byte async copy per output + one synchronize
 //! on one stream (`backend::floor::RawFloor`). Run: `cargo bench --bench dispatch`
 //! (on the GPU machine: `.gpu/bin/bench-dispatch`). Set `VYRE_BENCH_QUICK=1` for
@@ -18,7 +26,7 @@
 
 use std::time::{Duration, Instant};
 
-use vyre_cuda::backend::floor::RawFloor;
+use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{Binding, CudaBackend, PendingDispatch, ResidentBuffer};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{PairOptions, Paired, Report};
@@ -99,6 +107,214 @@ fn pair(
     }
 }
 
+/// A named measured operation (returns a value so the work cannot be elided).
+type Arm<'a> = (String, Box<dyn FnMut() -> u64 + 'a>);
+
+/// Per-call minimum (ns) of each arm over `rounds` rounds of `calls` calls, the arms'
+/// order rotated every round (the §0 method).
+fn rotated_minimum(arms: &mut [Arm<'_>], rounds: usize, calls: u32) -> Vec<f64> {
+    let mut best = vec![f64::INFINITY; arms.len()];
+    let mut sink = 0u64;
+    for round in 0..rounds {
+        for k in 0..arms.len() {
+            let index = (k + round) % arms.len();
+            let arm = &mut arms[index].1;
+            sink ^= arm(); // one warm call outside the timed region
+            let start = Instant::now();
+            for _ in 0..calls {
+                sink ^= arm();
+            }
+            let per_call = start.elapsed().as_nanos() as f64 / calls as f64;
+            best[index] = best[index].min(per_call);
+        }
+    }
+    std::hint::black_box(sink);
+    best
+}
+
+fn quick() -> bool {
+    std::env::var_os("VYRE_BENCH_QUICK").is_some()
+}
+
+/// Issue 10's floors and every dispatch path of one fixture shape, in one rotated
+/// measurement; prints µs and the ratio of each dispatch figure to the three floors,
+/// then the targets.
+fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
+    let program = host_cost_fixture(buffers, chain_for_nodes(nodes));
+    let handles = resident_inputs(gpu, &program);
+    let reads = (buffers - 1) as usize;
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).expect("compile");
+    let bindings: Vec<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
+    let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
+    let mut out_buffers = vec![[0u8; 16]; reads];
+    let mut graph = gpu
+        .record(|rec| {
+            rec.dispatch(&kernel, &handles, &config)?;
+            for h in &handles[1..] {
+                rec.read_back(h, 0, 16)?;
+            }
+            Ok(())
+        })
+        .expect("record");
+    let floor = std::cell::RefCell::new(&mut floor);
+    let mut arms: Vec<Arm<'_>> = vec![
+        (
+            "floor: launch + sync".into(),
+            Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
+        ),
+        (
+            "floor: kernel writes mapped memory".into(),
+            Box::new(|| floor.borrow_mut().launch_mapped_sync().expect("floor")),
+        ),
+        (
+            format!("floor: result ABI, {reads} ranges"),
+            Box::new(|| {
+                floor
+                    .borrow_mut()
+                    .launch_result_abi_sync(reads)
+                    .expect("floor")
+            }),
+        ),
+        (
+            format!("floor: {reads} async copies + sync"),
+            Box::new(|| {
+                floor
+                    .borrow_mut()
+                    .launch_async_reads_sync(reads)
+                    .expect("floor")
+            }),
+        ),
+        (
+            "dispatch_resident (untimed)".into(),
+            Box::new(|| {
+                gpu.dispatch_resident(&program, &handles, &config)
+                    .expect("dispatch")[0][0] as u64
+            }),
+        ),
+        (
+            "dispatch_resident_timed".into(),
+            Box::new(|| {
+                gpu.dispatch_resident_timed(&program, &handles, &config)
+                    .expect("dispatch")
+                    .kernel_ns
+            }),
+        ),
+        (
+            "dispatch_kernel_into (compiled, caller buffers)".into(),
+            Box::new(|| {
+                let mut outs: Vec<&mut [u8]> =
+                    out_buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
+                gpu.dispatch_kernel_into(&kernel, &bindings, &config, &mut outs)
+                    .expect("dispatch")
+                    .kernel_ns
+            }),
+        ),
+        (
+            "graph replay: kernel + read_backs".into(),
+            Box::new(|| graph.replay().expect("replay").wall_ns),
+        ),
+    ];
+    let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
+    let ns = rotated_minimum(&mut arms, rounds, calls);
+    let (physical, mapped, copies) = (ns[0], ns[1], ns[3]);
+    println!("\n(buffers {buffers}, nodes {}), {reads} outputs of 16 B, minimum of {rounds} rotated rounds × {calls} calls:", program.node_count());
+    println!(
+        "{:<48} {:>9} {:>11} {:>11} {:>11}",
+        "", "µs", "/launch+sync", "/mapped", "/per-copy"
+    );
+    for ((name, _), &t) in arms.iter().zip(&ns) {
+        println!(
+            "{name:<48} {:>9.2} {:>11.3} {:>11.3} {:>11.3}",
+            t / 1e3,
+            t / physical,
+            t / mapped,
+            t / copies
+        );
+    }
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let untimed = ns[4] / physical;
+    let timed = ns[5] / ns[4];
+    let graph_ratio = ns[7] / physical;
+    println!(
+        "target untimed ≤ 1.35 × launch+sync: {untimed:.3} {}",
+        verdict(untimed <= 1.35)
+    );
+    println!(
+        "target timed ≤ 1.10 × untimed: {timed:.3} {}",
+        verdict(timed <= 1.10)
+    );
+    println!(
+        "target graph replay ≤ 1.15 × launch+sync: {graph_ratio:.3} {}",
+        verdict(graph_ratio <= 1.15)
+    );
+    drop(arms);
+    drop(graph);
+    for h in handles {
+        gpu.free_resident(h).expect("free");
+    }
+    ns[4]
+}
+
+/// The size crossover between the mapped result area and one DMA copy (and, for
+/// scale, the kernel writing host-mapped memory itself), sizes 16 B to 1 MiB.
+fn readback_sweep(gpu: &CudaBackend) {
+    const MAX: usize = 1 << 20;
+    let mut sweep = ReadbackSweep::new(gpu, MAX).expect("sweep");
+    let (rounds, calls) = if quick() { (5, 50) } else { (9, 200) };
+    println!("\nreadback size sweep (fill kernel, then the bytes reach the host), µs, minimum of {rounds} rotated rounds:");
+    println!(
+        "{:>9} {:>10} {:>14} {:>16}",
+        "bytes", "DMA copy", "result area", "kernel → mapped"
+    );
+    let mut crossover = None;
+    let mut size = 16usize;
+    while size <= MAX {
+        let area_ok = size <= ReadbackSweep::AREA_CAPACITY;
+        let sweep_cell = std::cell::RefCell::new(&mut sweep);
+        let mut arms: Vec<Arm<'_>> = vec![
+            (
+                "copy".into(),
+                Box::new(|| sweep_cell.borrow_mut().copy_sweep(size).expect("copy")),
+            ),
+            (
+                "mapped".into(),
+                Box::new(|| {
+                    sweep_cell
+                        .borrow_mut()
+                        .mapped_write_sweep(size)
+                        .expect("mapped")
+                }),
+            ),
+        ];
+        if area_ok {
+            arms.push((
+                "area".into(),
+                Box::new(|| sweep_cell.borrow_mut().area_sweep(size).expect("area")),
+            ));
+        }
+        let ns = rotated_minimum(&mut arms, rounds, calls);
+        drop(arms);
+        let area = ns.get(2).copied();
+        if let Some(area) = area {
+            if crossover.is_none() && area > ns[0] {
+                crossover = Some(size);
+            }
+        }
+        println!(
+            "{size:>9} {:>10.2} {:>14} {:>16.2}",
+            ns[0] / 1e3,
+            area.map_or("-".to_string(), |a| format!("{:.2}", a / 1e3)),
+            ns[1] / 1e3
+        );
+        size *= 4;
+    }
+    match crossover {
+        Some(size) => println!("crossover: the result area loses to one DMA copy from {size} bytes (MAPPED_RANGE_MAX_BYTES = {})", vyre_cuda::backend::readback::MAPPED_RANGE_MAX_BYTES),
+        None => println!("crossover: the result area wins up to its capacity ({} bytes)", ReadbackSweep::AREA_CAPACITY),
+    }
+}
+
 fn main() {
     let gpu = match CudaBackend::acquire() {
         Ok(gpu) => gpu,
@@ -113,6 +329,19 @@ fn main() {
         gpu.caps().ptx_target_sm(),
         gpu.caps().driver_version
     );
+    let mut untimed = Vec::new();
+    for (buffers, nodes) in [(9, 64), (9, 16384), (17, 64), (2, 64)] {
+        untimed.push(floors_table(&gpu, buffers, nodes));
+    }
+    let flat = untimed[2] / untimed[3];
+    println!(
+        "target untimed (17, 64) ≤ 1.15 × (2, 64): {flat:.3} {}",
+        if flat <= 1.15 { "met" } else { "MISSED" }
+    );
+    readback_sweep(&gpu);
+    if std::env::var_os("VYRE_BENCH_FLOORS_ONLY").is_some() {
+        return;
+    }
     let mut report = Report::new("bench_dispatch");
     let config = DispatchConfig::linear(1);
     let shapes = [

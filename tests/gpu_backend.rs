@@ -47,7 +47,9 @@ fn gpu_fixture_matches_hand_computed_and_reference() {
         .dispatch_resident_timed(&program, &handles, &config)
         .unwrap();
     assert_eq!(timed.outputs, outputs);
-    assert!(timed.kernel_ns <= timed.device_window_ns, "{timed:?}");
+    // kernel_ns comes from the kernel's own stamps; no events → no window.
+    assert!(timed.kernel_ns > 0, "{timed:?}");
+    assert_eq!(timed.device_window_ns, 0, "{timed:?}");
     assert!(
         timed.enqueue_ns <= timed.wall_ns && timed.wait_ns <= timed.wall_ns,
         "{timed:?}"
@@ -700,11 +702,8 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
         .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
         .unwrap();
     assert_eq!(words(&out0)[0], host_cost_fixture_expected(7, 10));
-    assert_eq!(
-        (timing.kernel_ns, timing.device_window_ns),
-        (0, 0),
-        "the hot path records no events"
-    );
+    assert_eq!(timing.device_window_ns, 0, "the hot path records no events");
+    assert!(timing.kernel_ns > 0, "the kernel stamps itself: {timing:?}");
     assert!(timing.wall_ns > 0 && timing.wait_ns <= timing.wall_ns);
     let timed = gpu
         .dispatch_kernel_into_timed(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])

@@ -222,7 +222,9 @@ fn gpu_graph_chain_replays_fresh_inputs_match_reference() {
     let (mut graph, input, _, output) = chain.record(&gpu);
     assert_eq!(graph.step_count(), 3);
     assert_eq!(graph.launch_nodes(), 3);
-    // upload + 3 × (write-only clear + launch) + read-back.
+    // upload + 3 × (write-only clear + launch) + read-back: at 4,000 bytes the
+    // read-back is longer than `readback::mapped_range_limit` allows, so it stays a
+    // copy node instead of riding in the last launch's epilogue.
     assert_eq!(graph.graph_nodes(), 8, "{graph:?}");
     for round in 0..100u64 {
         let values = random_words(round + 1, N);
@@ -241,7 +243,10 @@ fn gpu_graph_chain_replays_fresh_inputs_match_reference() {
             timing.wait_ns <= timing.wall_ns && timing.enqueue_ns <= timing.wall_ns,
             "round {round}: {timing:?}"
         );
-        assert_eq!(timing.kernel_ns, 0, "a graph has no separate kernel window");
+        assert!(
+            timing.kernel_ns > 0,
+            "the kernels' stamps span the replay: {timing:?}"
+        );
         let got = words(graph.output(output).unwrap());
         let hand: Vec<u32> = values.iter().map(|&v| hand_chain(v)).collect();
         assert_eq!(got, hand, "round {round}: hand-computed");
@@ -807,7 +812,7 @@ fn gpu_graph_replay_probe_lines_add_up() {
         assert_eq!(record.buffers, 6, "{line}");
         assert_eq!(record.fixpoint, 3, "{line}");
         assert_eq!(record.grid_blocks, 3 * blocks_for(N) as u64, "{line}");
-        assert_eq!(record.kernel_ns, 0, "{line}");
+        assert!(record.kernel_ns > 0, "stamps: {line}");
         assert!(record.device_window_ns > 0, "probe on → timed: {line}");
         assert_eq!(
             (record.ptx_cache_hits, record.ptx_cache_misses),

@@ -17,10 +17,19 @@
 //! grid-barrier lease, `launch` enqueueing every stream operation, `release` the
 //! synchronize and audit, `readback` the copy out of staging.
 //!
-//! Device time comes from two event pairs: the inner pair brackets only the launch
-//! loop (`kernel_ns`), the outer pair the whole stream window
-//! (`device_window_ns`), so host starvation between enqueues is never reported as
-//! kernel time.
+//! Readback (§11, `readback` module): items of at most
+//! `readback::MAPPED_RANGE_MAX_BYTES` (up to 16) are not copied at all: the kernel's
+//! last thread writes them into the lane's host-mapped result area (§0: 9.7–9.9 µs
+//! per dispatch for 1–16 outputs against 11.6–35.0 µs with one async copy each);
+//! longer ones go by one async copy each into staging.
+//!
+//! Device time: `kernel_ns` always comes from the `%globaltimer` stamps the kernel
+//! writes itself (earliest block start of the first launch to the end of the last
+//! thread of the last launch), so timing costs nothing. CUDA events are recorded
+//! only when asked for explicitly ([`CudaBackend::dispatch_kernel_into_timed`],
+//! `submit_kernel_timed`) or with the probe on: they give `device_window_ns` (the
+//! whole stream window: uploads, clears, launches, copies) and the pipelining spans.
+//! On driver 580 their records and elapsed-time queries cost about 10 µs.
 
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
@@ -37,9 +46,13 @@ use super::driver::{self, DeviceMemory, DriverError, Event, PinnedMemory};
 use super::kernel::KernelInner;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
+use super::readback::{
+    mapped_range_limit, route_reads, stamp_kernel_ns, Delivery, ResultArea, Route,
+    RESULT_AREA_BYTES, STAMP_BYTES,
+};
 use super::stream_ops::{
-    enqueue, readback_copies, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, PinnedCopy,
-    Readback, StagedCopy, StreamOps, StreamTarget,
+    enqueue, Clear, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, PinnedCopy, Readback,
+    StagedCopy, StreamOps, StreamTarget,
 };
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
@@ -93,9 +106,13 @@ pub struct TimedDispatch {
     pub enqueue_ns: u64,
     /// Host time blocked in the one synchronize.
     pub wait_ns: u64,
-    /// Device time between the outer events (uploads to readback).
+    /// Device time between the outer event pair (uploads to the last DMA copy), or 0
+    /// when no events were recorded (only [`CudaBackend::dispatch_kernel_into_timed`],
+    /// `submit_kernel_timed` and the probe record them).
     pub device_window_ns: u64,
-    /// Device time between the inner events (the launch loop only).
+    /// Device time of the launch loop from the kernel's own `%globaltimer` stamps:
+    /// earliest block start of the first launch to the moment the last thread of the
+    /// last launch finished (32 ns ticks on the H200). Always measured, at no cost.
     pub kernel_ns: u64,
 }
 
@@ -115,7 +132,8 @@ pub(crate) struct Request<'r, 'b> {
     pub(crate) kernel: &'r KernelInner,
     pub(crate) bindings: &'r [Binding<'b>],
     pub(crate) config: &'r DispatchConfig,
-    /// Record device timing events (the probe being on forces it).
+    /// Record the CUDA event pairs (`device_window_ns`, device spans): an explicit
+    /// option; the probe being on forces it. `kernel_ns` needs no events.
     pub(crate) want_timing: bool,
     /// The call's first instant (the wall clock starts here).
     pub(crate) start: Instant,
@@ -151,8 +169,10 @@ struct StagedBindings {
 pub(crate) struct InFlight {
     lane: Lane,
     held: Held,
-    /// The readback copies, in item order.
+    /// The DMA-routed readback copies.
     reads: SmallVec<[StagedCopy; 16]>,
+    /// Where each readback item's bytes are after the synchronize, in item order.
+    deliveries: SmallVec<[Delivery; 16]>,
     /// Grid sync: staging offset of the barrier words and the grid's block count.
     barrier: Option<(usize, u64)>,
     timed: bool,
@@ -194,7 +214,9 @@ impl CudaBackend {
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
-    /// [`CudaBackend::dispatch_resident`] with host and device timings.
+    /// [`CudaBackend::dispatch_resident`] with host timings and `kernel_ns` (from
+    /// the kernel's own stamps: as cheap as the untimed call; `device_window_ns` is
+    /// 0 unless the probe is on).
     pub fn dispatch_resident_timed(
         &self,
         program: &Program,
@@ -203,20 +225,22 @@ impl CudaBackend {
     ) -> Result<TimedDispatch, BackendError> {
         let bindings: SmallVec<[Binding; 16]> =
             handles.iter().map(|h| Binding::Resident(*h)).collect();
-        self.run_program(program, &bindings, config, true)
+        self.run_program(program, &bindings, config, false)
     }
 
-    /// Dispatch with any mix of resident and borrowed bindings, with timings.
+    /// Dispatch with any mix of resident and borrowed bindings, with host timings
+    /// and `kernel_ns` (stamps).
     pub fn dispatch_bindings(
         &self,
         program: &Program,
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        self.run_program(program, bindings, config, true)
+        self.run_program(program, bindings, config, false)
     }
 
-    /// Dispatch a compiled kernel (no lookups at all), with timings.
+    /// Dispatch a compiled kernel (no lookups at all), with host timings and
+    /// `kernel_ns` (stamps).
     pub fn dispatch_kernel(
         &self,
         kernel: &Kernel,
@@ -224,7 +248,7 @@ impl CudaBackend {
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
         let mut outputs = Vec::new();
-        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), true)?;
+        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), false)?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -232,9 +256,9 @@ impl CudaBackend {
     /// readback item, each exactly the item's length: the hot path. Once warm it makes
     /// no driver allocation and no heap allocation, and it records no timing events
     /// (on driver 580 the event records and elapsed-time queries of a timed dispatch
-    /// cost about 10 µs, more than the launch itself), so the returned timing holds
-    /// zero device times unless the probe is on. Use
-    /// [`CudaBackend::dispatch_kernel_into_timed`] for device times.
+    /// cost about 10 µs, more than the launch itself): `kernel_ns` comes from the
+    /// kernel's own stamps and `device_window_ns` is 0 unless the probe is on. Use
+    /// [`CudaBackend::dispatch_kernel_into_timed`] for the event window too.
     pub fn dispatch_kernel_into(
         &self,
         kernel: &Kernel,
@@ -245,7 +269,9 @@ impl CudaBackend {
         self.run_kernel(kernel, bindings, config, Sink::Slices(outputs), false)
     }
 
-    /// [`CudaBackend::dispatch_kernel_into`] with device times from the event pairs.
+    /// [`CudaBackend::dispatch_kernel_into`] plus CUDA events around everything the
+    /// dispatch enqueues, for `device_window_ns` (uploads, clears, launches and DMA
+    /// copies): the explicit option, about 10 µs dearer on driver 580.
     pub fn dispatch_kernel_into_timed(
         &self,
         kernel: &Kernel,
@@ -539,7 +565,7 @@ impl CudaBackend {
 }
 
 fn readback_deliver(readback: &Readback<'_>, staging: &driver::PinnedMemory, out: &mut [u8]) {
-    readback.deliver(staging, |_, bytes| out.copy_from_slice(bytes));
+    readback.deliver(staging, None, |_, bytes| out.copy_from_slice(bytes));
 }
 
 /// One resident transfer: bytes going up, or a buffer to fill.
@@ -734,8 +760,65 @@ impl BackendInner {
         debug_assert!(uploads.iter().map(|u| align_up(u.len)).sum::<usize>() <= upload_bytes);
         let mark = probe::charge_and_mark(Phase::Stage, mark);
 
-        // resolve: the one description of the dispatch's stream operations.
-        let copies = readback_copies(&reads, &addresses);
+        // resolve: the one description of the dispatch's stream operations. Small
+        // readback items become result-ABI descriptors (the kernel's last thread
+        // copies them into the lane's mapped area); the rest stay DMA copies.
+        if lane.results.is_none() {
+            match ResultArea::new() {
+                Ok(area) => {
+                    lane.results = Some(area);
+                    self.staging_allocations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.release(lane, held, false);
+                    return Err(BackendError::driver("allocating the result area", e));
+                }
+            }
+        }
+        let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
+        let threads = kernel.workgroup_size.iter().product::<u32>();
+        route_reads(
+            &reads,
+            RESULT_AREA_BYTES,
+            mapped_range_limit(threads),
+            &mut routes,
+        );
+        let area = lane
+            .results
+            .as_mut()
+            .ok_or_else(|| BackendError::internal("no result area"))?;
+        let arm_clear = area.arm_host();
+        let mut results = area.params();
+        let mut copies: SmallVec<[StagedCopy; 16]> = SmallVec::new();
+        let mut deliveries: SmallVec<[Delivery; 16]> = SmallVec::new();
+        let mut area_end = STAMP_BYTES;
+        for (r, route) in reads.iter().zip(&routes) {
+            let source = addresses[r.slot as usize] + r.offset;
+            match *route {
+                Route::Mapped { offset } => {
+                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX).
+                    results.describe(source, r.len as u32, offset);
+                    area_end = area_end.max(offset as usize + r.len as usize);
+                    deliveries.push(Delivery::Area {
+                        offset: offset as usize,
+                        len: r.len as usize,
+                    });
+                }
+                Route::Copy => {
+                    copies.push(StagedCopy {
+                        device: source,
+                        staging_offset: r.staging_offset,
+                        len: r.len as usize,
+                    });
+                    deliveries.push(Delivery::Staging {
+                        offset: r.staging_offset,
+                        len: r.len as usize,
+                    });
+                }
+            }
+        }
+        let area_copy = area.copy_back(area_end);
         let mut ops = StreamOps::dispatch(
             &kernel.slots,
             &addresses,
@@ -750,7 +833,15 @@ impl BackendInner {
         );
         ops.uploads = uploads;
         ops.pinned_uploads = pinned_uploads;
-        ops.readback = Readback::StagedCopies(&copies);
+        if let Some((device, bytes)) = arm_clear {
+            ops.clears.push(Clear { device, bytes });
+        }
+        ops.parameters.results = Some(results);
+        ops.readback = Readback::Routed {
+            copies: &copies,
+            deliveries: &deliveries,
+            area_copy,
+        };
         ops.barrier_readback = kernel.grid_barrier.map(|counter| StagedCopy {
             device: counter,
             staging_offset: barrier_staging,
@@ -781,10 +872,13 @@ impl BackendInner {
             ],
         };
         // SAFETY: every address in `ops` is a resolved binding whose memory `held`
-        // keeps alive (resident Arcs, transient buffers) or the kernel's barrier
-        // symbol (alive with the kernel); staging was sized by `stage` for the
-        // uploads, the readback plan and the barrier words, and nothing on the host
-        // touches it until `complete` has synchronised the stream.
+        // keeps alive (resident Arcs, transient buffers), the kernel's barrier symbol
+        // (alive with the kernel) or the lane's result area (alive with the lane);
+        // staging was sized by `stage` for the uploads, the readback plan and the
+        // barrier words, and nothing on the host touches it (or the area) until
+        // `complete` has synchronised the stream. Every result descriptor names a
+        // range plan_readback bounds-checked against its binding and a destination
+        // route_reads placed inside the area.
         let enqueued = unsafe { enqueue(&mut ops, &mut target) };
         if let Err(failure) = enqueued {
             let error = self.enqueue_failed(kernel, failure, &plan);
@@ -800,6 +894,7 @@ impl BackendInner {
                 lane,
                 held,
                 reads: copies,
+                deliveries,
                 barrier: kernel
                     .grid_barrier
                     .map(|_| (barrier_staging, plan.grid_blocks)),
@@ -999,6 +1094,7 @@ impl BackendInner {
             lane,
             held,
             reads,
+            deliveries,
             barrier,
             timed,
             window,
@@ -1045,14 +1141,20 @@ impl BackendInner {
             device_window_ns: 0,
             kernel_ns: 0,
         };
+        let stamps = lane.results.as_ref().and_then(|area| area.stamps());
+        if stamps.is_none() {
+            // The kernel did not finish its epilogue: the area may hold an earlier
+            // dispatch's bytes, which must never be returned as this one's.
+            self.release(lane, held, true);
+            return Err(BackendError::internal(format!(
+                "{} completed without writing its end stamp, so its mapped results cannot be trusted",
+                kernel.name
+            )));
+        }
+        timing.kernel_ns = stamp_kernel_ns(stamps);
         if timed {
             timing.device_window_ns =
                 Event::elapsed_ns(target.event(window.0), target.event(window.1)).unwrap_or(0);
-            timing.kernel_ns = Event::elapsed_ns(
-                target.event(DeviceMark::KernelStart),
-                target.event(DeviceMark::KernelEnd),
-            )
-            .unwrap_or(0);
             if let Some((origin, out)) = spans {
                 let after = |mark| Event::elapsed_ns(origin, target.event(mark)).unwrap_or(0);
                 *out = Some(DeviceSpans {
@@ -1065,15 +1167,22 @@ impl BackendInner {
         }
         let mark = probe::charge_and_mark(Phase::Release, mark);
 
-        // readback (host side): copy staged bytes out.
-        let readback = Readback::StagedCopies(&reads);
+        // readback (host side): copy mapped and staged bytes out.
+        let readback = Readback::Routed {
+            copies: &reads,
+            deliveries: &deliveries,
+            area_copy: None,
+        };
+        let area = lane.results.as_ref();
         match sink {
             Sink::Vecs(out) => {
-                out.reserve(reads.len());
-                readback.deliver(&lane.staging, |_, bytes| out.push(bytes.to_vec()));
+                out.reserve(deliveries.len());
+                readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes.to_vec()));
             }
             Sink::Slices(out) => {
-                readback.deliver(&lane.staging, |i, bytes| out[i].copy_from_slice(bytes));
+                readback.deliver(&lane.staging, area, |i, bytes| {
+                    out[i].copy_from_slice(bytes)
+                });
             }
         }
         self.release(lane, held, true);

@@ -6,6 +6,22 @@
 //! parameter array; each measured operation is then only the driver calls named
 //! in its doc comment. This is the "launch + async DtoH + one synchronize" row of
 //! §0, reproduced live.
+//!
+//! Three floors every dispatch figure is quoted against (§11, issue 10), measured in
+//! the same run:
+//!
+//! - the physical floor, [`RawFloor::launch_sync`]: one launch, one synchronize,
+//!   no bytes back;
+//! - the best raw readback, [`RawFloor::launch_mapped_sync`]: the plain kernel's
+//!   outputs bound straight to host-mapped memory (the §0 "kernel writes host-mapped
+//!   pinned memory" column), and beside it [`RawFloor::launch_result_abi_sync`], the
+//!   backend's own mechanism with nothing else around it (the result-ABI kernel's
+//!   last thread copying the outputs into a mapped area);
+//! - the per-output-copy floor, [`RawFloor::launch_async_reads_sync`]: one async
+//!   16-byte copy per output and one synchronize (what dispatches did before).
+//!
+//! [`ReadbackSweep`] measures the size crossover between the mapped route and one
+//! DMA copy (`readback::MAPPED_RANGE_MAX_BYTES`).
 
 use std::ffi::c_void;
 
@@ -13,11 +29,11 @@ use crate::codegen::{self, ENTRY_NAME};
 use crate::config::CodegenOptions;
 use crate::ir::Program;
 
-use smallvec::SmallVec;
-
-use super::driver::{self, DeviceMemory, Event, LoadedModule, PinnedMemory, Stream};
+use super::driver::{self, DeviceMemory, Event, LoadedModule, MappedMemory, PinnedMemory, Stream};
+use super::readback::{ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES};
 use super::stream_ops::LaunchParameters;
 use super::{BackendError, CudaBackend};
+use smallvec::SmallVec;
 
 /// Prebuilt launch of one program over its own device buffers.
 pub struct RawFloor {
@@ -29,11 +45,22 @@ pub struct RawFloor {
     /// Outer start (unused when nothing precedes the launch), inner start, inner end,
     /// outer end: the timed dispatch's events.
     events: [Event; 4],
-    /// Boxed so the pointers in `params` stay valid when the floor moves.
+    /// Boxed so the pointers in `params` stay valid when the floor moves (likewise
+    /// the mapped and result-ABI parameter sets below).
     parameters: Box<LaunchParameters>,
-    params: SmallVec<[*mut c_void; 32]>,
+    params: SmallVec<[*mut c_void; 40]>,
     grid: [u32; 3],
     block: [u32; 3],
+    /// Host-mapped memory the output buffers are bound to in `mapped_params`.
+    mapped: MappedMemory,
+    mapped_parameters: Box<LaunchParameters>,
+    mapped_params: SmallVec<[*mut c_void; 40]>,
+    /// The result-ABI build of the same program, its area and parameters (one
+    /// descriptor per output buffer after the first binding, 16 bytes each).
+    result_module: LoadedModule,
+    result_area: ResultArea,
+    result_parameters: Box<LaunchParameters>,
+    result_params: SmallVec<[*mut c_void; 40]>,
     backend: CudaBackend,
 }
 
@@ -80,15 +107,69 @@ impl RawFloor {
             );
             lengths.push((bytes / b.elem.size_bytes() as u64) as u32);
         }
+        let counts: SmallVec<[u32; 16]> = lengths.into_iter().collect();
         let mut parameters = Box::new(LaunchParameters {
             addresses: buffers.iter().map(|b| b.address()).collect(),
-            counts: lengths.into_iter().collect(),
+            counts: counts.clone(),
+            results: None,
         });
         let params = parameters.pointer_array();
         let staging = PinnedMemory::allocate(64 * 1024)
             .map_err(|e| BackendError::driver("allocating floor staging", e))?;
         let event = || Event::new().map_err(|e| BackendError::driver("creating floor events", e));
         let events = [event()?, event()?, event()?, event()?];
+
+        // Outputs bound to mapped memory: binding 0 (the fixture's input) stays in
+        // device memory, every other buffer gets 256 mapped bytes of its own.
+        let mapped = MappedMemory::allocate(256 * globals.len().max(1))
+            .map_err(|e| BackendError::driver("allocating floor mapped memory", e))?;
+        let mut mapped_parameters = Box::new(LaunchParameters {
+            addresses: buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    if i == 0 || b.size() > 256 {
+                        b.address()
+                    } else {
+                        mapped.device_address(256 * i)
+                    }
+                })
+                .collect(),
+            counts: counts.clone(),
+            results: None,
+        });
+        let mapped_params = mapped_parameters.pointer_array();
+
+        let result_ptx = codegen::program_to_ptx_with_results(
+            program,
+            &CodegenOptions::default(),
+            caps.ptx_target_sm(),
+            caps.warp_size,
+        )
+        .map_err(|error| BackendError::Codegen {
+            program: program.display_name(),
+            error,
+        })?;
+        let result_module = LoadedModule::load(&result_ptx, ENTRY_NAME, None).map_err(|error| {
+            BackendError::ModuleLoad {
+                program: program.display_name(),
+                sm: caps.ptx_target_sm(),
+                error,
+            }
+        })?;
+        let result_area = ResultArea::new()
+            .map_err(|e| BackendError::driver("allocating the floor result area", e))?;
+        let mut results = result_area.params();
+        for (i, b) in buffers.iter().enumerate().skip(1) {
+            let offset = (STAMP_BYTES + 16 * (i - 1)) as u32;
+            results.describe(b.address(), 16.min(b.size() as u32), offset);
+        }
+        let mut result_parameters = Box::new(LaunchParameters {
+            addresses: parameters.addresses.clone(),
+            counts,
+            results: Some(results),
+        });
+        let result_params = result_parameters.pointer_array();
         Ok(RawFloor {
             module,
             stream,
@@ -99,8 +180,95 @@ impl RawFloor {
             params,
             grid: workgroups,
             block: program.workgroup_size(),
+            mapped,
+            mapped_parameters,
+            mapped_params,
+            result_module,
+            result_area,
+            result_parameters,
+            result_params,
             backend: backend.clone(),
         })
+    }
+
+    /// The physical floor: launch + one synchronize, nothing read back.
+    pub fn launch_sync(&mut self) -> Result<u64, BackendError> {
+        self.launch()?;
+        self.sync()?;
+        Ok(1)
+    }
+
+    /// The best raw readback: the plain kernel with its outputs bound to host-mapped
+    /// memory (it writes them there itself), launch + one synchronize, then the host
+    /// reads 8 bytes of the first output.
+    pub fn launch_mapped_sync(&mut self) -> Result<u64, BackendError> {
+        // SAFETY: mapped_params points into self.mapped_parameters (boxed, stable),
+        // one per parameter in codegen's order; every address is a live device buffer
+        // or 256 bytes of self.mapped (each output holds ≤ 256 bytes).
+        unsafe {
+            driver::launch(
+                &self.module,
+                self.grid,
+                self.block,
+                &self.stream,
+                &mut self.mapped_params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("raw floor mapped launch", e))?;
+        self.sync()?;
+        let first = self.mapped_parameters.addresses.len().min(2) - 1;
+        Ok(u64::from_le_bytes(
+            self.mapped
+                .slice(256 * first, 8)
+                .try_into()
+                .unwrap_or([0; 8]),
+        ))
+    }
+
+    /// The backend's mechanism and nothing else: the result-ABI kernel, whose last
+    /// thread stamps and copies `reads` 16-byte outputs (at most 16) into the mapped
+    /// result area; launch + one synchronize, then the host reads the end stamp.
+    pub fn launch_result_abi_sync(&mut self, reads: usize) -> Result<u64, BackendError> {
+        self.result_area
+            .arm(&self.stream)
+            .map_err(|e| BackendError::driver("raw floor result arming", e))?;
+        if let Some(results) = &self.result_parameters.results {
+            results.set_raw(
+                super::readback::FLAG_START_STAMP | super::readback::FLAG_END_STAMP,
+                reads as u32,
+            );
+        }
+        // SAFETY: result_params points into the boxed self.result_parameters
+        // (stable), in the result ABI's order; every
+        // descriptor names 16 bytes of a live floor buffer and a destination inside
+        // the area; the area lives as long as self.
+        unsafe {
+            driver::launch(
+                &self.result_module,
+                self.grid,
+                self.block,
+                &self.stream,
+                &mut self.result_params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("raw floor result-ABI launch", e))?;
+        self.sync()?;
+        if !self.result_area.is_mapped() {
+            return Err(BackendError::Launch {
+                message: "Fix: this device cannot map host memory, so the result-ABI floor does not apply"
+                    .to_string(),
+            });
+        }
+        let stamps = self.result_area.stamps().unwrap_or((0, 0));
+        Ok(stamps.1 ^ stamps.0)
+    }
+
+    /// The kernel time the result-ABI floor's last launch stamped (end − start), in
+    /// ns; 0 before any.
+    pub fn result_abi_kernel_ns(&self) -> u64 {
+        super::readback::stamp_kernel_ns(self.result_area.stamps())
     }
 
     fn launch(&mut self) -> Result<(), BackendError> {
@@ -232,8 +400,231 @@ impl RawFloor {
         self.backend.inner.bind()
     }
 
+    /// Bytes the floor's result-ABI area returned at `offset` (tests compare them with
+    /// the plain kernel's outputs).
+    pub fn result_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.result_area.bytes(offset, len).to_vec()
+    }
+
+    /// Bytes the per-copy floor staged at `offset` (copy `i` lands at `16 * i`).
+    pub fn staged_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.staging.slice(offset, len).to_vec()
+    }
+
+    /// The first `len` bytes the mapped floor's kernel wrote for buffer `index`.
+    pub fn mapped_output(&self, index: usize, len: usize) -> Vec<u8> {
+        self.mapped.slice(256 * index, len).to_vec()
+    }
+
     /// Number of parameters of the prebuilt launch.
     pub fn parameter_count(&self) -> usize {
         self.parameters.addresses.len() + self.parameters.counts.len()
+    }
+}
+
+/// The size sweep behind `readback::MAPPED_RANGE_MAX_BYTES`: one fill kernel
+/// (`out[i] = i`, 256 threads per block) over a buffer of `bytes`, its bytes then
+/// reaching the host three ways: one DMA copy, the result ABI's last-thread copy into
+/// the mapped area (at most the area's capacity), and the plain kernel writing
+/// host-mapped memory directly (every thread its own word).
+pub struct ReadbackSweep {
+    plain: LoadedModule,
+    results: LoadedModule,
+    stream: Stream,
+    device: DeviceMemory,
+    mapped: MappedMemory,
+    staging: PinnedMemory,
+    area: ResultArea,
+    capacity: usize,
+    backend: CudaBackend,
+}
+
+impl ReadbackSweep {
+    /// Largest size the area route can carry.
+    pub const AREA_CAPACITY: usize = RESULT_AREA_BYTES - STAMP_BYTES;
+
+    /// Prepare buffers for sizes up to `max_bytes` (a multiple of 4).
+    pub fn new(backend: &CudaBackend, max_bytes: usize) -> Result<ReadbackSweep, BackendError> {
+        use crate::ir::{Access, Axis, BufferCount, ElemType, Expr};
+        let inner = &backend.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let program = Program::builder([256, 1, 1])
+            .entry_op_id("readback_sweep_fill")
+            .buffer(
+                "out",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .body(|b| {
+                let i = b.let_("i", Expr::global_id(Axis::X));
+                b.if_(i.clone().less_than(Expr::length("out")), |b| {
+                    b.store("out", i.clone(), i.clone());
+                });
+            })
+            .build();
+        let caps = backend.caps();
+        let load = |results: bool| -> Result<LoadedModule, BackendError> {
+            let options = CodegenOptions::default();
+            let ptx = if results {
+                codegen::program_to_ptx_with_results(
+                    &program,
+                    &options,
+                    caps.ptx_target_sm(),
+                    caps.warp_size,
+                )
+            } else {
+                codegen::program_to_ptx(&program, &options, caps.ptx_target_sm(), caps.warp_size)
+            }
+            .map_err(|error| BackendError::Codegen {
+                program: program.display_name(),
+                error,
+            })?;
+            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
+                program: program.display_name(),
+                sm: caps.ptx_target_sm(),
+                error,
+            })
+        };
+        let failed = |what: &'static str| move |e| BackendError::driver(what, e);
+        Ok(ReadbackSweep {
+            plain: load(false)?,
+            results: load(true)?,
+            stream: Stream::new().map_err(failed("creating the sweep stream"))?,
+            device: DeviceMemory::allocate(max_bytes as u64)
+                .map_err(failed("allocating the sweep buffer"))?,
+            mapped: MappedMemory::allocate(max_bytes)
+                .map_err(failed("allocating sweep mapped memory"))?,
+            staging: PinnedMemory::allocate(max_bytes)
+                .map_err(failed("allocating sweep staging"))?,
+            area: ResultArea::new().map_err(failed("allocating the sweep result area"))?,
+            capacity: max_bytes,
+            backend: backend.clone(),
+        })
+    }
+
+    fn grid(bytes: usize) -> [u32; 3] {
+        [((bytes / 4).div_ceil(256)).max(1) as u32, 1, 1]
+    }
+
+    fn check(&self, bytes: usize) -> Result<(), BackendError> {
+        if bytes == 0 || !bytes.is_multiple_of(4) || bytes > self.capacity {
+            return Err(BackendError::bad_input(format!(
+                "Fix: sweep sizes must be positive multiples of 4 up to the {} bytes prepared; got {bytes}",
+                self.capacity
+            )));
+        }
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        module_is_results: bool,
+        address: u64,
+        bytes: usize,
+        results: Option<&ResultParams>,
+    ) -> Result<(), BackendError> {
+        let mut address = address;
+        let mut length = (bytes / 4) as u32;
+        let mut params: smallvec::SmallVec<[*mut c_void; 8]> = smallvec::SmallVec::new();
+        params.push(&mut address as *mut u64 as *mut c_void);
+        params.push(&mut length as *mut u32 as *mut c_void);
+        if let Some(results) = results {
+            results.push_pointers(&mut params);
+        }
+        let module = if module_is_results {
+            &self.results
+        } else {
+            &self.plain
+        };
+        // SAFETY: params points at the locals above (and `results`, borrowed for the
+        // call), in the kernel's parameter order; `address` holds at least `bytes`
+        // (checked against the capacity), and any descriptor names `bytes` of the
+        // device buffer and a destination inside the area.
+        unsafe {
+            driver::launch(
+                module,
+                Self::grid(bytes),
+                [256, 1, 1],
+                &self.stream,
+                &mut params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("sweep launch", e))
+    }
+
+    fn sync(&self) -> Result<(), BackendError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| BackendError::driver("sweep synchronize", e))
+    }
+
+    /// Fill `bytes` of device memory, one async DMA copy of them, one synchronize.
+    pub fn copy_sweep(&mut self, bytes: usize) -> Result<u64, BackendError> {
+        self.check(bytes)?;
+        let device = self.device.address();
+        self.run(false, device, bytes, None)?;
+        // SAFETY: staging and the device buffer hold `capacity` ≥ bytes; staging is
+        // read only after the synchronize.
+        unsafe { driver::copy_to_host_async(self.staging.address(0), device, bytes, &self.stream) }
+            .map_err(|e| BackendError::driver("sweep copy", e))?;
+        self.sync()?;
+        Ok(u64::from(self.staging.slice(bytes - 4, 1)[0]))
+    }
+
+    /// Fill `bytes` of device memory with the result-ABI kernel, whose last thread
+    /// copies them into the mapped area; one synchronize. At most
+    /// [`ReadbackSweep::AREA_CAPACITY`] bytes.
+    pub fn area_sweep(&mut self, bytes: usize) -> Result<u64, BackendError> {
+        self.check(bytes)?;
+        if bytes > Self::AREA_CAPACITY {
+            return Err(BackendError::bad_input(format!(
+                "Fix: the result area carries at most {} bytes; sweep the area route below that",
+                Self::AREA_CAPACITY
+            )));
+        }
+        self.area
+            .arm(&self.stream)
+            .map_err(|e| BackendError::driver("sweep arming", e))?;
+        let mut values = self.area.params();
+        values.describe(self.device.address(), bytes as u32, STAMP_BYTES as u32);
+        values.set_launch(0, 1);
+        let device = self.device.address();
+        self.run(true, device, bytes, Some(&values))?;
+        self.sync()?;
+        Ok(u64::from(self.area.bytes(STAMP_BYTES + bytes - 4, 1)[0]))
+    }
+
+    /// The plain fill kernel writing `bytes` of host-mapped memory directly; one
+    /// synchronize.
+    pub fn mapped_write_sweep(&mut self, bytes: usize) -> Result<u64, BackendError> {
+        self.check(bytes)?;
+        let mapped = self.mapped.device_address(0);
+        self.run(false, mapped, bytes, None)?;
+        self.sync()?;
+        Ok(u64::from(self.mapped.slice(bytes - 4, 1)[0]))
+    }
+
+    /// Bytes the last area sweep delivered (tests compare them with the copy route).
+    pub fn area_bytes(&self, bytes: usize) -> Vec<u8> {
+        self.area.bytes(STAMP_BYTES, bytes).to_vec()
+    }
+
+    /// Bytes the last copy sweep delivered.
+    pub fn copied_bytes(&self, bytes: usize) -> Vec<u8> {
+        self.staging.slice(0, bytes).to_vec()
+    }
+
+    /// Bytes the last mapped-write sweep delivered.
+    pub fn mapped_bytes(&self, bytes: usize) -> Vec<u8> {
+        self.mapped.slice(0, bytes).to_vec()
+    }
+
+    /// Bind the context (for a thread that did not create the sweep).
+    pub fn bind(&self) -> Result<(), BackendError> {
+        self.backend.inner.bind()
     }
 }

@@ -95,6 +95,10 @@ fn contains_grid_sync(block: &[Node]) -> bool {
     })
 }
 
+/// Mixed into the PTX key's policy digest: the backend's PTX is the result-ABI
+/// variant ([`codegen::program_to_ptx_with_results`]), never the plain one.
+const RESULT_ABI_POLICY_BIT: u64 = 1 << 40;
+
 impl CudaBackend {
     /// Validate, lower, emit and load `program` (each step cached) and return a
     /// handle whose dispatches skip all lookups. Only `config.codegen` matters here.
@@ -159,7 +163,8 @@ impl BackendInner {
         }
         let key = PtxKey {
             program: lowered_digest,
-            policy: config.codegen.policy_digest(),
+            // Every backend kernel carries the result ABI (readback module docs).
+            policy: config.codegen.policy_digest() ^ RESULT_ABI_POLICY_BIT,
             sm: self.caps.ptx_target_sm(),
             subgroup_size: self.caps.warp_size,
             features: self.features,
@@ -171,12 +176,21 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
-                let text =
-                    codegen::program_to_ptx(&lowered, &config.codegen, key.sm, key.subgroup_size)
-                        .map_err(|error| BackendError::Codegen {
-                        program: program.display_name(),
-                        error,
-                    })?;
+                super::readback::check_result_abi_fits(
+                    &program.display_name(),
+                    lowered.global_buffers().len(),
+                )
+                .map_err(BackendError::bad_input)?;
+                let text = codegen::program_to_ptx_with_results(
+                    &lowered,
+                    &config.codegen,
+                    key.sm,
+                    key.subgroup_size,
+                )
+                .map_err(|error| BackendError::Codegen {
+                    program: program.display_name(),
+                    error,
+                })?;
                 self.ptx.insert(key, Arc::from(text))
             }
         };

@@ -42,6 +42,7 @@ mod kernel;
 mod plan;
 mod pool;
 mod portable;
+pub mod readback;
 mod resident;
 pub(crate) mod stream_ops;
 

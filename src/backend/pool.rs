@@ -25,6 +25,8 @@ pub(crate) struct Lane {
     pub(crate) inner_end: Event,
     /// Page-locked staging for uploads and readback.
     pub(crate) staging: PinnedMemory,
+    /// Host-mapped result area and control block (`readback`), made on first use.
+    pub(crate) results: Option<super::readback::ResultArea>,
 }
 
 const INITIAL_STAGING_BYTES: usize = 64 * 1024;
@@ -38,6 +40,7 @@ impl Lane {
             inner_start: Event::new()?,
             inner_end: Event::new()?,
             staging: PinnedMemory::allocate(INITIAL_STAGING_BYTES)?,
+            results: None,
         })
     }
 

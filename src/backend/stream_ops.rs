@@ -31,14 +31,14 @@
 //!
 //! # How a readback mechanism plugs in
 //!
-//! [`Readback`] says how outputs reach the host. Today: nothing, or one async copy
-//! per item into staging ([`Readback::StagedCopies`]). A new mechanism (host-mapped
-//! pinned memory the kernel writes itself, one gathered copy from an arena) is a new
-//! variant with (1) its stream operations in the `Readback` arm of [`enqueue`] (a
-//! gather launch and one copy, or nothing at all for mapped memory) and (2) its host
-//! side in [`Readback::deliver`], which copies the bytes of each item into the
-//! caller's sink after the synchronize. Graph read-backs and eager readbacks both go
-//! through the same arm.
+//! [`Readback`] says how outputs reach the host: nothing, one async copy per item
+//! into staging ([`Readback::StagedCopies`]), or routed by size
+//! ([`Readback::Routed`], `readback` module): small items are copied by the kernel's
+//! own last thread into the host-mapped result area (no stream operation at all;
+//! their descriptors travel in [`LaunchParameters::results`]), the rest by DMA as
+//! before, plus one copy of the area when it had to live in device memory. The host
+//! side is [`Readback::deliver`], which hands each item's bytes to the caller's sink
+//! after the synchronize.
 
 use std::ffi::c_void;
 
@@ -47,14 +47,18 @@ use smallvec::SmallVec;
 use crate::ir::Access;
 
 use super::driver::{self, DriverError, DriverResult, Event, LoadedModule, PinnedMemory, Stream};
-use super::plan::{ParamSlot, ReadItem};
+use super::plan::ParamSlot;
+use super::readback::{AreaCopy, Delivery, ResultArea, ResultParams};
 
 /// The kernel parameter values of one launch: every buffer address, then every
-/// `u32` element count (the kernel ABI documented in `codegen::ptx`).
+/// `u32` element count, then the result ABI's five values (the kernel ABI documented
+/// in `codegen::ptx`; every backend kernel has them, the raw floor's plain kernels
+/// do not).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LaunchParameters {
     pub(crate) addresses: SmallVec<[u64; 16]>,
     pub(crate) counts: SmallVec<[u32; 16]>,
+    pub(crate) results: Option<ResultParams>,
 }
 
 impl LaunchParameters {
@@ -72,18 +76,30 @@ impl LaunchParameters {
         parameters
     }
 
-    /// The driver's `void**` array: pointers to each address, then to each count.
-    /// The pointers are valid while `self` is neither moved nor dropped.
-    pub(crate) fn pointer_array(&mut self) -> SmallVec<[*mut c_void; 32]> {
-        let mut params: SmallVec<[*mut c_void; 32]> =
-            SmallVec::with_capacity(self.addresses.len() + self.counts.len());
+    /// The driver's `void**` array: pointers to each address, then to each count,
+    /// then to the result ABI's values. The pointers are valid while `self` is
+    /// neither moved nor dropped.
+    pub(crate) fn pointer_array(&mut self) -> SmallVec<[*mut c_void; 40]> {
+        let mut params: SmallVec<[*mut c_void; 40]> =
+            SmallVec::with_capacity(self.addresses.len() + self.counts.len() + 5);
         for address in self.addresses.iter_mut() {
             params.push(address as *mut u64 as *mut c_void);
         }
         for count in self.counts.iter_mut() {
             params.push(count as *mut u32 as *mut c_void);
         }
+        if let Some(results) = &self.results {
+            results.push_pointers(&mut params);
+        }
         params
+    }
+
+    /// Set the result ABI's per-launch values for launch `iteration` of
+    /// `iterations` (no-op without them). The pointer array stays valid.
+    pub(crate) fn set_launch(&self, iteration: u32, iterations: u32) {
+        if let Some(results) = &self.results {
+            results.set_launch(iteration, iterations);
+        }
     }
 }
 
@@ -145,6 +161,14 @@ pub(crate) enum Readback<'a> {
     Nothing,
     /// One async device → host copy per item into the target's staging.
     StagedCopies(&'a [StagedCopy]),
+    /// Routed by size (`readback::route_reads`): `copies` are the DMA-routed items'
+    /// copies; `deliveries` say, per item in order, where its bytes are; `area_copy`
+    /// brings a device-memory result area back (none when it is host-mapped).
+    Routed {
+        copies: &'a [StagedCopy],
+        deliveries: &'a [Delivery],
+        area_copy: Option<AreaCopy>,
+    },
 }
 
 impl Readback<'_> {
@@ -152,17 +176,38 @@ impl Readback<'_> {
         match self {
             Readback::Nothing => false,
             Readback::StagedCopies(copies) => !copies.is_empty(),
+            Readback::Routed {
+                copies, area_copy, ..
+            } => !copies.is_empty() || area_copy.is_some(),
         }
     }
 
-    /// After the synchronize: hand item `i`'s bytes (in the staging `staging`) to
-    /// `sink`, in item order.
-    pub(crate) fn deliver(&self, staging: &PinnedMemory, mut sink: impl FnMut(usize, &[u8])) {
+    /// After the synchronize: hand item `i`'s bytes (in the staging `staging`, or in
+    /// the result area `area`) to `sink`, in item order.
+    pub(crate) fn deliver(
+        &self,
+        staging: &PinnedMemory,
+        area: Option<&ResultArea>,
+        mut sink: impl FnMut(usize, &[u8]),
+    ) {
         match self {
             Readback::Nothing => {}
             Readback::StagedCopies(copies) => {
                 for (i, copy) in copies.iter().enumerate() {
                     sink(i, staging.slice(copy.staging_offset, copy.len));
+                }
+            }
+            Readback::Routed { deliveries, .. } => {
+                for (i, delivery) in deliveries.iter().enumerate() {
+                    match (*delivery, area) {
+                        (Delivery::Staging { offset, len }, _) => {
+                            sink(i, staging.slice(offset, len))
+                        }
+                        (Delivery::Area { offset, len }, Some(area)) => {
+                            sink(i, area.bytes(offset, len))
+                        }
+                        (Delivery::Area { .. }, None) => sink(i, &[]),
+                    }
                 }
             }
         }
@@ -322,6 +367,14 @@ pub(crate) trait StreamTarget {
     /// synchronize.
     unsafe fn read_back(&mut self, copy: StagedCopy) -> DriverResult<()>;
 
+    /// Copy a device-memory result area back into its pinned mirror.
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations (the area's device memory and
+    /// mirror) until the stream passes the copy; the host reads the mirror only
+    /// after the synchronize.
+    unsafe fn copy_area_back(&mut self, copy: AreaCopy) -> DriverResult<()>;
+
     /// Block until everything enqueued is done: the one synchronize of a dispatch.
     fn synchronize(&mut self) -> DriverResult<()>;
 }
@@ -364,7 +417,10 @@ pub(crate) unsafe fn enqueue<T: StreamTarget>(
                 .map_err(fail("recording the kernel start event"))?;
         }
         let mut params = ops.parameters.pointer_array();
-        for _ in 0..launch.iterations {
+        for iteration in 0..launch.iterations {
+            // The result ABI's flags: the first launch stamps the start, the last one
+            // the end and copies the mapped readback ranges.
+            ops.parameters.set_launch(iteration, launch.iterations);
             if let Some(counter) = launch.grid_barrier {
                 // SAFETY: the description's barrier address is the kernel's symbol.
                 unsafe { target.reset_grid_barrier(counter) }
@@ -383,11 +439,29 @@ pub(crate) unsafe fn enqueue<T: StreamTarget>(
     }
     match ops.readback {
         Readback::Nothing => {}
-        Readback::StagedCopies(copies) => {
+        Readback::StagedCopies(copies)
+        | Readback::Routed {
+            copies,
+            area_copy: None,
+            ..
+        } => {
             for &copy in copies {
                 // SAFETY: the caller's obligation covers every readback of `ops`.
                 unsafe { target.read_back(copy) }.map_err(fail("enqueueing a readback copy"))?;
             }
+        }
+        Readback::Routed {
+            copies,
+            area_copy: Some(area_copy),
+            ..
+        } => {
+            for &copy in copies {
+                // SAFETY: the caller's obligation covers every readback of `ops`.
+                unsafe { target.read_back(copy) }.map_err(fail("enqueueing a readback copy"))?;
+            }
+            // SAFETY: the caller's obligation covers the area and its mirror.
+            unsafe { target.copy_area_back(area_copy) }
+                .map_err(fail("copying the result area back"))?;
         }
     }
     if let Some(copy) = ops.barrier_readback {
@@ -483,21 +557,14 @@ impl StreamTarget for LaneTarget<'_> {
         }
     }
 
+    unsafe fn copy_area_back(&mut self, copy: AreaCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::copy_to_host_async(copy.host, copy.device, copy.len, self.stream) }
+    }
+
     fn synchronize(&mut self) -> DriverResult<()> {
         self.stream.synchronize()
     }
-}
-
-/// Readback items as staged copies from their bound addresses.
-pub(crate) fn readback_copies(reads: &[ReadItem], addresses: &[u64]) -> SmallVec<[StagedCopy; 16]> {
-    reads
-        .iter()
-        .map(|r| StagedCopy {
-            device: addresses[r.slot as usize] + r.offset,
-            staging_offset: r.staging_offset,
-            len: r.len as usize,
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -520,6 +587,9 @@ pub(crate) mod tests {
             cooperative: bool,
         },
         ReadBack(StagedCopy),
+        AreaCopy(usize),
+        /// The result ABI's `(flags, range count)` of the launch that follows.
+        ResultFlags(u32, u32),
         Synchronize,
     }
 
@@ -561,7 +631,21 @@ pub(crate) mod tests {
             params: &mut [*mut c_void],
         ) -> DriverResult<()> {
             let n = *launch.module / 2;
-            assert_eq!(params.len(), 2 * n, "one pointer per parameter");
+            assert!(
+                params.len() == 2 * n || params.len() == 2 * n + 5,
+                "one pointer per parameter (plus the result ABI's five)"
+            );
+            if params.len() == 2 * n + 5 {
+                // SAFETY (test): the pointers come from LaunchParameters::pointer_array,
+                // whose result pointers 2 and 3 are the u32 flags and range count.
+                let (flags, count) = unsafe {
+                    (
+                        *(params[2 * n + 2] as *const u32),
+                        *(params[2 * n + 3] as *const u32),
+                    )
+                };
+                self.seen.push(Seen::ResultFlags(flags, count));
+            }
             // SAFETY (test): the pointers come from LaunchParameters::pointer_array.
             let addresses = params[..n]
                 .iter()
@@ -582,6 +666,10 @@ pub(crate) mod tests {
         }
         unsafe fn read_back(&mut self, copy: StagedCopy) -> DriverResult<()> {
             self.seen.push(Seen::ReadBack(copy));
+            Ok(())
+        }
+        unsafe fn copy_area_back(&mut self, copy: AreaCopy) -> DriverResult<()> {
+            self.seen.push(Seen::AreaCopy(copy.len));
             Ok(())
         }
         fn synchronize(&mut self) -> DriverResult<()> {
@@ -635,6 +723,7 @@ pub(crate) mod tests {
         let mut parameters = LaunchParameters {
             addresses: [0x1000u64, 0x2000, 0x3000].into_iter().collect(),
             counts: [7u32, 8, 9].into_iter().collect(),
+            results: None,
         };
         let params = parameters.pointer_array();
         assert_eq!(params.len(), 6);
@@ -740,6 +829,62 @@ pub(crate) mod tests {
         let mut without_clear = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
         without_clear.clears.clear();
         assert_ne!(run(without_clear), graph_seen);
+    }
+
+    /// Locks out result-ABI launches that stamp or copy on the wrong iteration, and
+    /// a routed readback that copies mapped items or forgets the DMA ones: over three
+    /// fixpoint launches the first writes the start stamp, the last the end stamp and
+    /// the descriptors' copies, the middle one neither; only the DMA-routed copy and
+    /// the area copy-back are enqueued, after the loop (the host side, delivery from
+    /// the area or staging, needs a driver: `gpu_readback` covers it).
+    #[test]
+    fn result_abi_launches_and_routed_readback() {
+        use crate::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
+        let addresses = [0x100, 0x200, 0x300];
+        let sizes = [16, 32, 64];
+        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        let mut results = ResultParams::new(0xC000, 0xD000);
+        assert!(results.describe(0x200, 32, 16));
+        ops.parameters.results = Some(results);
+        let copies = [StagedCopy {
+            device: 0x300,
+            staging_offset: 512,
+            len: 64,
+        }];
+        let deliveries = [
+            Delivery::Area {
+                offset: 16,
+                len: 32,
+            },
+            Delivery::Staging {
+                offset: 512,
+                len: 64,
+            },
+        ];
+        let area_copy = AreaCopy {
+            device: 0xE000,
+            host: std::ptr::null_mut(),
+            len: 48,
+        };
+        ops.readback = Readback::Routed {
+            copies: &copies,
+            deliveries: &deliveries,
+            area_copy: Some(area_copy),
+        };
+        let seen = run(ops);
+        let flags: Vec<(u32, u32)> = seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::ResultFlags(f, c) => Some((*f, *c)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flags, [(FLAG_START_STAMP, 0), (0, 0), (FLAG_END_STAMP, 1)]);
+        let tail: Vec<&Seen> = seen
+            .iter()
+            .skip_while(|s| !matches!(s, Seen::ReadBack(_)))
+            .collect();
+        assert_eq!(tail, [&Seen::ReadBack(copies[0]), &Seen::AreaCopy(48)]);
     }
 
     /// Locks out a grid-sync dispatch whose barrier is not reset before every

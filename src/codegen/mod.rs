@@ -9,6 +9,6 @@
 pub mod ptx;
 
 pub use ptx::{
-    codegen_limits, program_to_ptx, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL,
-    GRID_BARRIER_WORDS,
+    codegen_limits, program_to_ptx, program_to_ptx_with_results, CodegenError, ENTRY_NAME,
+    GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, RESULT_RANGE_SLOTS,
 };

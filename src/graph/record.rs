@@ -10,6 +10,9 @@ use crate::backend::driver::{
     self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
     LoadedModule, PinnedMemory, Stream,
 };
+use crate::backend::readback::{
+    mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
+};
 use crate::backend::stream_ops::{
     enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
     StreamTarget,
@@ -241,6 +244,7 @@ impl GraphRecorder<'_> {
             plan,
             iterations: config.fixpoint_iterations,
             nodes: SmallVec::new(),
+            results: ResultParams::default(),
         });
         self.operations.push(Operation::Dispatch { step: index });
         self.memory.extend(held);
@@ -415,7 +419,10 @@ impl GraphRecorder<'_> {
         let output_len = outputs.len();
         outputs.slice_mut(0, output_len).fill(0);
 
-        let captured = self.capture(&stream, &inputs, &outputs, &name);
+        let results =
+            ResultArea::new().map_err(|e| resource_error("allocating the result area", e))?;
+        let folding = self.fold_read_backs(&results);
+        let captured = self.capture(&stream, &inputs, &outputs, &folding, &name);
         let failed = |what: &str, e: DriverError| {
             if e.is_sticky() {
                 inner.mark_context_lost(format!("recording {name} failed: {e}"));
@@ -440,15 +447,47 @@ impl GraphRecorder<'_> {
                 window_end,
                 inputs,
                 outputs,
+                results: Box::new(results),
+                results_used: folding.used,
                 memory: std::mem::take(&mut self.memory),
             }),
             steps: std::mem::take(&mut self.steps),
             inputs: std::mem::take(&mut self.inputs),
             outputs: std::mem::take(&mut self.outputs),
+            folded_outputs: folding.outputs.into_boxed_slice(),
             graph_nodes,
             broken: None,
             backend,
         })
+    }
+
+    /// Which read-backs ride in a dispatch's epilogue: those recorded right after a
+    /// dispatch (only read-backs in between), each at most `MAPPED_RANGE_MAX_BYTES`,
+    /// up to `RESULT_RANGE_SLOTS` per dispatch, while the area has room. Fills every
+    /// step's result parameters (stamp flags, descriptors) and says where each
+    /// folded output lands in the area.
+    fn fold_read_backs(&mut self, area: &ResultArea) -> Folding {
+        let steps = self.steps.len();
+        let mut params: Vec<ResultParams> = (0..steps)
+            .map(|index| {
+                let mut params = area.params();
+                params.stamps_start = index == 0;
+                params.stamps_end = index + 1 == steps;
+                params
+            })
+            .collect();
+        let limits: Vec<u64> = self
+            .steps
+            .iter()
+            .map(|step| {
+                mapped_range_limit(step.kernel.inner.workgroup_size.iter().product::<u32>())
+            })
+            .collect();
+        let folding = plan_folding(&self.operations, &self.outputs, &limits, &mut params);
+        for (step, params) in self.steps.iter_mut().zip(params) {
+            step.results = params;
+        }
+        folding
     }
 
     /// One stream capture of every operation in order, between the scratch
@@ -459,6 +498,7 @@ impl GraphRecorder<'_> {
         stream: &Stream,
         inputs: &PinnedMemory,
         outputs: &PinnedMemory,
+        folding: &Folding,
         name: &str,
     ) -> Result<driver::Graph, BackendError> {
         let inner = Arc::clone(self.backend.shared());
@@ -499,6 +539,12 @@ impl GraphRecorder<'_> {
                         len: range.len,
                     });
                 }
+                Operation::ReadBack { output, .. }
+                    if folding.outputs[output as usize].is_some() =>
+                {
+                    // Folded into the preceding dispatch's epilogue: no copy node.
+                    continue;
+                }
                 Operation::ReadBack { output, address } => {
                     let range = self.outputs[output as usize];
                     read_back = [StagedCopy {
@@ -538,12 +584,18 @@ impl GraphRecorder<'_> {
                         grid_barrier: None,
                     },
                 );
+                // The result ABI's values: the graph's stamps and this step's folded
+                // read-backs (copied by its last launch's last thread).
+                ops.parameters.results = Some(step.results.clone());
             }
             // SAFETY: upload and read-back staging ranges were sized at recording
             // and live in the graph (as long as its executable); device ranges lie
             // inside resident buffers whose memory the graph holds (bounds checked at
             // recording) or graph allocations freed only at the end of the chain; the
-            // host touches the staging only between replays, after a synchronize.
+            // result area (control block, mapped bytes) lives in the graph's resources
+            // and every folded descriptor's destination was placed inside it; the
+            // host touches the staging and the area only between replays, after a
+            // synchronize.
             unsafe { enqueue(&mut ops, &mut target) }.map_err(|f| failed(f.what, f.error))?;
             if let Some(&Operation::Dispatch { step }) = step_index {
                 self.steps[step as usize].nodes = std::mem::take(&mut target.nodes);
@@ -590,6 +642,50 @@ impl Drop for GraphRecorder<'_> {
             }
         }
     }
+}
+
+/// The folding rule of `GraphRecorder::fold_read_backs` (pure): walk the operations;
+/// after a dispatch, each read-back (until the next upload or dispatch) that fits the
+/// step's size limit (`limits`, from `readback::mapped_range_limit`), a free descriptor of that step and the area is described in `steps`
+/// (one `ResultParams` per step) and placed at the next 16-byte aligned offset.
+fn plan_folding(
+    operations: &[Operation],
+    outputs: &[StagedRange],
+    limits: &[u64],
+    steps: &mut [ResultParams],
+) -> Folding {
+    let mut folded = vec![None; outputs.len()];
+    let mut next = STAMP_BYTES;
+    let mut current: Option<usize> = None;
+    for operation in operations {
+        match *operation {
+            Operation::Dispatch { step } => current = Some(step as usize),
+            Operation::ReadBack { output, address } => {
+                let Some(step) = current else { continue };
+                let len = outputs[output as usize].len;
+                let fits = len as u64 <= limits[step]
+                    && next + len <= RESULT_AREA_BYTES
+                    && u32::try_from(next).is_ok();
+                if fits && steps[step].describe(address, len as u32, next as u32) {
+                    folded[output as usize] = Some(next);
+                    next = (next + len).div_ceil(16) * 16;
+                }
+            }
+            Operation::Upload { .. } => current = None,
+        }
+    }
+    Folding {
+        outputs: folded,
+        used: next,
+    }
+}
+
+/// The read-backs folded into dispatch epilogues (`GraphRecorder::fold_read_backs`).
+struct Folding {
+    /// Per output slot, its offset in the result area when folded.
+    outputs: Vec<Option<usize>>,
+    /// Bytes of the area in use (stamps included).
+    used: usize,
 }
 
 fn slot_index(len: usize) -> Result<u32, BackendError> {
@@ -682,10 +778,99 @@ impl StreamTarget for CaptureTarget<'_, '_> {
         }
     }
 
+    unsafe fn copy_area_back(&mut self, copy: AreaCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe {
+            driver::copy_to_host_async(copy.host, copy.device, copy.len, self.capture.stream())
+        }
+    }
+
     fn synchronize(&mut self) -> DriverResult<()> {
         // A capturing stream cannot be synchronised; a replay synchronises instead.
         Err(DriverError::not_supported(
             "synchronize inside a graph capture",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::readback::MAPPED_RANGE_MAX_BYTES;
+
+    fn range(len: usize) -> StagedRange {
+        StagedRange { offset: 0, len }
+    }
+
+    /// Locks out folding a read-back that does not directly follow its dispatch
+    /// (an upload in between could change the bytes), folding one too large for the
+    /// mapped route, and overlapping places in the area: only read-backs after a
+    /// dispatch and before the next upload, each at most the limit, are folded, into
+    /// the step they follow, at aligned offsets after the stamps.
+    #[test]
+    fn read_backs_fold_only_right_after_their_dispatch() {
+        let operations = [
+            Operation::ReadBack {
+                output: 0,
+                address: 0x10,
+            }, // before any dispatch
+            Operation::Dispatch { step: 0 },
+            Operation::ReadBack {
+                output: 1,
+                address: 0x20,
+            },
+            Operation::ReadBack {
+                output: 2,
+                address: 0x30,
+            }, // too large
+            Operation::ReadBack {
+                output: 3,
+                address: 0x40,
+            },
+            Operation::Upload {
+                input: 0,
+                address: 0x50,
+            },
+            Operation::ReadBack {
+                output: 4,
+                address: 0x60,
+            }, // after an upload
+            Operation::Dispatch { step: 1 },
+            Operation::ReadBack {
+                output: 5,
+                address: 0x70,
+            },
+        ];
+        let outputs = [
+            range(4),
+            range(20),
+            range(MAPPED_RANGE_MAX_BYTES as usize + 4),
+            range(8),
+            range(4),
+            range(16),
+        ];
+        let mut steps = vec![ResultParams::new(1, 2), ResultParams::new(1, 2)];
+        let folding = plan_folding(
+            &operations,
+            &outputs,
+            &[MAPPED_RANGE_MAX_BYTES; 2],
+            &mut steps,
+        );
+        assert_eq!(
+            folding.outputs,
+            [None, Some(16), None, Some(48), None, Some(64)]
+        );
+        assert_eq!(folding.used, 80);
+        assert_eq!(steps[0], {
+            let mut p = ResultParams::new(1, 2);
+            p.describe(0x20, 20, 16);
+            p.describe(0x40, 8, 48);
+            p
+        });
+        assert_eq!(steps[1], {
+            let mut p = ResultParams::new(1, 2);
+            p.describe(0x70, 16, 64);
+            p
+        });
     }
 }

@@ -51,6 +51,49 @@
 //! After a launch that completed, word 0 is 0 and word 2 is a multiple of the number
 //! of blocks (blocks × grid syncs executed); the backend audits both.
 //!
+//! # Result ABI (the backend's kernels)
+//!
+//! [`program_to_ptx_with_results`] emits the same kernel with five more parameters
+//! after the element counts, so the kernel itself delivers its device time and its
+//! small outputs (§11; measured on the H200, §0: a kernel writing host-mapped memory
+//! costs 9.7–9.9 µs per dispatch for 1–16 outputs where one async copy per output
+//! costs 11.6–35.0 µs, and event timing about 10 µs more):
+//!
+//! - `.u64 vyre_control`: a 16-byte device control block, `[0]` u64 finished-thread
+//!   count, `[8]` u64 earliest block start. **The backend initialises it once to
+//!   `(0, u64::MAX)`; every launch that completes leaves it that way again.**
+//! - `.u64 vyre_results`: the device address of a host-mapped result area:
+//!   `[0]` u64 start stamp, `[8]` u64 end stamp (both `%globaltimer` nanoseconds),
+//!   then readback bytes at the offsets the descriptors name.
+//! - `.u32 vyre_launch_flags`: bit 0 writes the start stamp (the first launch of a
+//!   dispatch), bit 1 the end stamp (the last launch).
+//! - `.u32 vyre_range_count`: how many of the descriptors are valid (at most
+//!   [`RESULT_RANGE_SLOTS`]).
+//! - `.align 8 .b8 vyre_ranges[256]`: [`RESULT_RANGE_SLOTS`] descriptors of 16 bytes,
+//!   u64 source device address, u32 byte length, u32 destination offset in the area.
+//!
+//! Fast case: a program of at most 32 threads per workgroup whose body has no
+//! barrier, grid sync or subgroup operation, launched as one block, skips the
+//! counting below: every lane reaches the epilogue, one `bar.warp.sync` over the whole
+//! warp finds the end, and lane 0 uses its own entry time as the start stamp (no
+//! control-block round trip). The run-time check is `nctaid == (1, 1, 1)`.
+//!
+//! Protocol: at entry the thread with local linear id 0 of each block does
+//! `red.min.u64` of `%globaltimer` into control `[8]`. Every `return` branches to the
+//! epilogue instead of exiting. There every thread fences (`fence.acq_rel.gpu`); the
+//! lanes that arrive together (`activemask`) elect their lowest lane, which adds the
+//! group's size to control `[0]` (`atom.acq_rel.gpu`). The group whose addition
+//! completes `nctaid × ntid` threads is the last (the leader broadcasts the old count
+//! with `shfl.sync`, then the group passes `bar.warp.sync`, which orders every lane's
+//! later loads after the leader's acquire): its leader reads `%globaltimer` (the
+//! end stamp), writes the stamps the flags ask for, and resets the control block to
+//! `(0, u64::MAX)`; then the group's lanes copy every range (32-bit words when
+//! source, length and destination are 4-byte aligned, bytes otherwise). No system-scope
+//! fence is needed: the host reads the area only after synchronising the stream, and
+//! a completed kernel's stores to mapped memory are visible to the host. The stamps therefore span from the earliest block
+//! start to the moment the last thread of the grid finished, and the copies read
+//! every thread's final stores.
+//!
 //! # Validation first, bounded output
 //!
 //! [`program_to_ptx`] runs [`crate::ir::validate_lowered`] (against
@@ -91,6 +134,9 @@ pub const GRID_BARRIER_SYMBOL: &str = "vyre_grid_barrier";
 /// Number of `u32` words at [`GRID_BARRIER_SYMBOL`]; the backend zeroes all of them
 /// before every launch.
 pub const GRID_BARRIER_WORDS: usize = 3;
+
+/// Readback range descriptors a result-ABI kernel takes (`vyre_ranges`).
+pub const RESULT_RANGE_SLOTS: usize = 16;
 
 /// Oldest compute capability (as `major * 10 + minor`) the emitted PTX supports:
 /// `shfl.sync`, `fence.acq_rel.gpu` and `ld.acquire` need Volta.
@@ -224,7 +270,7 @@ pub fn program_to_ptx(
     // against (see `lower::lower_valid`); this runs on a PTX cache miss only.
     let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
         .map_err(CodegenError::Invalid)?;
-    writer::Writer::new(&valid, *options, sm).finish()
+    writer::Writer::new(&valid, *options, sm, false).finish()
 }
 
 /// [`program_to_ptx`] for a program the validator already accepted in the lowered
@@ -239,10 +285,10 @@ pub fn valid_program_to_ptx(
 ) -> Result<String, CodegenError> {
     check_target(program, sm, subgroup_size)?;
     if program.form() == ProgramForm::Lowered {
-        return writer::Writer::new(program, *options, sm).finish();
+        return writer::Writer::new(program, *options, sm, false).finish();
     }
     let valid = ir::validate_lowered(program, program.limits()).map_err(CodegenError::Invalid)?;
-    writer::Writer::new(&valid, *options, sm).finish()
+    writer::Writer::new(&valid, *options, sm, false).finish()
 }
 
 /// The target checks: sm, subgroup size, and the size the program was lowered for.
@@ -262,6 +308,23 @@ fn check_target(program: &Program, sm: u32, subgroup_size: u32) -> Result<(), Co
         }
     }
     Ok(())
+}
+
+/// [`program_to_ptx`] with the result ABI (see the module docs): the kernel stamps
+/// its own device time and its last thread copies up to [`RESULT_RANGE_SLOTS`]
+/// readback ranges into host-mapped memory. The CUDA backend compiles every program
+/// this way; [`program_to_ptx`] stays the plain ABI (the PTX snapshots, the raw floor).
+/// It validates first, exactly as [`program_to_ptx`] does.
+pub fn program_to_ptx_with_results(
+    program: &Program,
+    options: &CodegenOptions,
+    sm: u32,
+    subgroup_size: u32,
+) -> Result<String, CodegenError> {
+    check_target(program, sm, subgroup_size)?;
+    let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
+        .map_err(CodegenError::Invalid)?;
+    writer::Writer::new(&valid, *options, sm, true).finish()
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to

@@ -23,7 +23,7 @@ use crate::ir::{
 
 use super::{
     ptx_version, CodegenError, COMMENT_BYTES, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
-    MAX_PTX_BYTES, REDUX_MIN_SM,
+    MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
 };
 
 type Result<T> = std::result::Result<T, CodegenError>;
@@ -35,6 +35,10 @@ macro_rules! emit {
         let _ = writeln!($writer.body, $($arg)*);
     }};
 }
+
+mod results;
+
+use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
 /// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
 /// for why every lane is active wherever lowering emits them).
@@ -199,6 +203,14 @@ pub(super) struct Writer<'p> {
     /// cannot know its value, so it cannot constant-fold through it (see
     /// [`Writer::opaque`]).
     opaque_zero: Reg,
+    /// Emit the result ABI (`super::results`): start stamps, the finish count and the
+    /// last thread's stamps and readback copies into host-mapped memory.
+    results: bool,
+    /// The body synchronises lanes or threads (barriers, subgroup operations), so the
+    /// result epilogue must not hold early-returned lanes back (see `results`).
+    synchronises: bool,
+    /// The result prologue's start time register (written by local thread 0).
+    result_start: Option<Reg>,
 }
 
 /// A `.const` word that is always 0. The host could rewrite a `.const` variable
@@ -213,7 +225,13 @@ pub(crate) const OPAQUE_ZERO_SYMBOL: &str = "vyre_opaque_zero";
 impl<'p> Writer<'p> {
     /// A writer for a program checked in the lowered form (the caller guarantees the
     /// form: `ValidProgram` carries the verdict, this module checks which one).
-    pub(super) fn new(program: &'p ValidProgram, options: CodegenOptions, sm: u32) -> Self {
+    /// `results` emits the result ABI (`super::results`).
+    pub(super) fn new(
+        program: &'p ValidProgram,
+        options: CodegenOptions,
+        sm: u32,
+        results: bool,
+    ) -> Self {
         let program: &'p Program = program;
         Writer {
             program,
@@ -231,6 +249,9 @@ impl<'p> Writer<'p> {
                 class: RegClass::B32,
                 index: 0,
             },
+            results,
+            synchronises: false,
+            result_start: None,
         }
     }
 
@@ -238,8 +259,15 @@ impl<'p> Writer<'p> {
     pub(super) fn finish(mut self) -> Result<String> {
         let program: &'p Program = self.program;
         self.prologue();
+        if self.results {
+            self.result_prologue();
+        }
         self.block(program.entry())?;
-        emit!(self, "ret;");
+        if self.results {
+            self.result_epilogue();
+        } else {
+            emit!(self, "ret;");
+        }
         Ok(self.assemble())
     }
 
@@ -474,7 +502,12 @@ impl<'p> Writer<'p> {
         }
 
         let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
-        let parameters = globals.len() * 2;
+        let result_parameters = if self.results {
+            RESULT_PARAMETERS.len()
+        } else {
+            0
+        };
+        let parameters = globals.len() * 2 + result_parameters;
         let mut written = 0;
         for (kind, width, role) in [("ptr", "u64", "address"), ("len", "u32", "element count")] {
             for (position, decl) in globals.iter().enumerate() {
@@ -484,6 +517,11 @@ impl<'p> Writer<'p> {
                 push_comment(&mut out, " ", format_args!("{decl} {role}"));
                 out.pop(); // push_comment ends the line; the loop starts the next one.
             }
+        }
+        for (declaration, role) in RESULT_PARAMETERS.iter().take(result_parameters) {
+            written += 1;
+            let comma = if written < parameters { "," } else { "" };
+            let _ = write!(out, "\n\t.param {declaration}{comma} // {role}");
         }
         if parameters > 0 {
             out.push('\n');
@@ -642,7 +680,10 @@ impl<'p> Writer<'p> {
                 emit!(self, "bra {top};");
                 self.place(exit);
             }
-            Node::Barrier => emit!(self, "bar.sync 0;"),
+            Node::Barrier => {
+                self.synchronises = true;
+                emit!(self, "bar.sync 0;")
+            }
             Node::GridSync => self.grid_sync(),
             Node::Atomic {
                 op,
@@ -673,6 +714,8 @@ impl<'p> Writer<'p> {
                     "a workgroup reduction is not lowered"
                 )))
             }
+            // Under the result ABI every thread must count itself finished.
+            Node::Return if self.results => emit!(self, "bra {RESULTS_LABEL};"),
             Node::Return => emit!(self, "ret;"),
         }
         Ok(())
@@ -681,6 +724,7 @@ impl<'p> Writer<'p> {
     /// The grid-barrier protocol documented in the `ptx` module docs.
     fn grid_sync(&mut self) {
         self.uses_grid_sync = true;
+        self.synchronises = true;
         emit!(self, "bar.sync 0;");
         let linear = self.local_linear_id();
         let not_leader = self.reg(RegClass::Pred);
@@ -1179,6 +1223,7 @@ impl<'p> Writer<'p> {
     }
 
     fn subgroup_reduce(&mut self, op: ReduceOp, value: Value) -> Value {
+        self.synchronises = true;
         let operation = match op {
             ReduceOp::Sum => "add",
             ReduceOp::Min => "min",

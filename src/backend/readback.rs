@@ -1,0 +1,560 @@
+//! Readback and device time at the physical limit (§11): small outputs reach the
+//! host through host-mapped pinned memory written by the dispatch's own kernel, large
+//! ones by DMA, and the kernel stamps its own device time.
+//!
+//! # Why
+//!
+//! The physical floor of a dispatch is one launch and one synchronize. §0 measured on
+//! the H200 (2026-12-01, per dispatch, a kernel writing N 16-byte outputs): launch +
+//! sync 8.5–8.8 µs; one async copy per output 11.6 µs (N = 1) to 35.0 µs (N = 16);
+//! `cuMemcpyBatchAsync` 11.0–15.8; one copy from a contiguous arena 11.4–17.3; a
+//! kernel writing host-mapped memory directly 9.7–9.9 µs; a second (gather) launch into
+//! mapped memory 12.3–12.6 µs. A timed dispatch spent about 10 µs more on CUDA event
+//! records and elapsed-time queries, while `%globaltimer` ticks every 32 ns there.
+//!
+//! So the backend's kernels carry the *result ABI* ([`crate::codegen::ptx`] module
+//! docs): the first thread of each block folds `%globaltimer` into a device control
+//! block, and the last thread of the grid to finish writes the start and end stamps
+//! and copies up to [`RESULT_RANGE_SLOTS`] readback ranges into this module's
+//! `ResultArea`, host-mapped memory, before the kernel ends. One launch, one
+//! synchronize, no copy and no event: the extra work is one atomic per converged
+//! group of threads and a few hundred bytes of posted PCIe writes. Outputs stay in
+//! their device buffers too, so resident outputs are valid for the next dispatch.
+//!
+//! # Size policy
+//!
+//! `route_reads` sends a readback item through the mapped area when it is at most
+//! [`mapped_range_limit`] of the kernel's workgroup size long (never more than
+//! [`MAPPED_RANGE_MAX_BYTES`]), a descriptor slot is free and the area has room
+//! ([`RESULT_AREA_BYTES`] per lane, 16-byte aligned placement); everything else goes
+//! by DMA into pinned staging. The limit models the copy: the last finishing group
+//! (at most min(threads, 32) lanes) moves the first 16 bytes of every range in one L2
+//! round trip, then 4 words per lane per round trip, and about 4 extra round trips
+//! cost what one more async copy does. Measured on the H200 (2026-12-01, first
+//! sweep, with a one-word-per-round-trip loop and 32 lanes): one DMA copy of 16 B to
+//! 16 KiB costs 11.9–12.4 µs per dispatch, the area 11.4 µs at 16 B, 12.7 at 1 KiB,
+//! 16.5 at 4 KiB; the kernel writing mapped memory itself 10.0–10.3 µs up to 16 KiB.
+//! The dispatch bench's `readback_sweep` re-measures it every run.
+//!
+//! # Semantics kept
+//!
+//! - Exactly one synchronize: the mapped bytes are read only after it.
+//! - No byte of one dispatch reaches another caller: each lane (one dispatch at a
+//!   time) owns its area; the host zeroes the end stamp before the launch and refuses
+//!   to read the area when the kernel did not write it back (`ResultArea::stamps`).
+//! - Nothing allocates once warm: a lane allocates its area once.
+//! - Without host-mapped memory (a driver or device that cannot map), the area lives
+//!   in device memory and one DMA copy brings its used prefix back (the "one copy from
+//!   a contiguous arena" mechanism), said once in the log.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+
+use smallvec::SmallVec;
+
+pub use crate::codegen::RESULT_RANGE_SLOTS;
+
+use super::driver::{self, DeviceMemory, DriverResult, MappedMemory, Stream};
+use super::plan::ReadItem;
+
+/// Longest readback item ever sent through the mapped area; longer ones go by DMA.
+/// The limit for one kernel is [`mapped_range_limit`] of its workgroup size, at most
+/// this. Measured crossover on the H200: see the module docs and README.
+pub const MAPPED_RANGE_MAX_BYTES: u64 = 4096;
+
+/// L2 round trips beyond the first that a mapped range may cost before one DMA copy
+/// is cheaper (§0 and the sweep: one extra async copy costs about 2 µs, one round
+/// trip of the last group's loads about 0.3 µs).
+const MAPPED_EXTRA_ROUND_TRIPS: u64 = 4;
+
+/// Longest readback item worth sending through the mapped area for a kernel with
+/// `threads_per_workgroup` threads: the last finishing group has at most
+/// min(threads, 32) lanes; its leader copies the first 16 bytes of every range in
+/// the first round trip, then each round trip moves 4 words per lane. A one-thread
+/// kernel gets 80 bytes, a full warp 2,064, never more than
+/// [`MAPPED_RANGE_MAX_BYTES`].
+pub fn mapped_range_limit(threads_per_workgroup: u32) -> u64 {
+    let lanes = u64::from(threads_per_workgroup.clamp(1, 32));
+    (16 + MAPPED_EXTRA_ROUND_TRIPS * lanes * 16).min(MAPPED_RANGE_MAX_BYTES)
+}
+
+/// Bytes of one lane's result area: 16 bytes of stamps, then readback bytes.
+pub const RESULT_AREA_BYTES: usize = 64 * 1024;
+
+/// The start and end stamps at the head of the area.
+pub(crate) const STAMP_BYTES: usize = 16;
+
+/// Bytes of the device control block (u64 finished threads, u64 earliest start).
+const CONTROL_BYTES: usize = 16;
+
+/// Placement alignment of mapped ranges (keeps word copies possible).
+const MAPPED_ALIGN: usize = 16;
+
+/// Most bytes of kernel parameters the driver accepts (CUDA's 4 KiB limit).
+pub const KERNEL_PARAMETER_LIMIT_BYTES: usize = 4096;
+
+/// Bytes of kernel parameters a result-ABI kernel over `global_buffers` buffers
+/// takes: a u64 address and a u32 count each, then the five result parameters
+/// (u64, u64, u32, u32, 256 descriptor bytes, 8-byte aligned).
+pub fn result_abi_parameter_bytes(global_buffers: usize) -> usize {
+    let counts = (4 * global_buffers).div_ceil(8) * 8;
+    8 * global_buffers + counts + 8 + 8 + 4 + 4 + 16 * RESULT_RANGE_SLOTS
+}
+
+/// Whether a program with `global_buffers` buffers can host the result ABI (its
+/// stamps and mapped readback); an `Err` starting `Fix:` when its parameters would
+/// pass the driver's limit.
+pub(crate) fn check_result_abi_fits(program: &str, global_buffers: usize) -> Result<(), String> {
+    let bytes = result_abi_parameter_bytes(global_buffers);
+    if bytes <= KERNEL_PARAMETER_LIMIT_BYTES {
+        return Ok(());
+    }
+    let most = (0..global_buffers)
+        .rev()
+        .find(|&n| result_abi_parameter_bytes(n) <= KERNEL_PARAMETER_LIMIT_BYTES)
+        .unwrap_or(0);
+    Err(format!(
+        "Fix: {program} binds {global_buffers} global buffers, so its kernel parameters (an address and a \
+         count per buffer, plus the result area that carries its timing stamps and small outputs) take \
+         {bytes} bytes, more than the driver's {KERNEL_PARAMETER_LIMIT_BYTES}; bind at most {most} \
+         global buffers (pack several into one, or split the program)"
+    ))
+}
+
+/// How one readback item travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Copied by the kernel's last thread to this offset of the result area.
+    Mapped { offset: u32 },
+    /// One async DMA copy into pinned staging (the item's `staging_offset`).
+    Copy,
+}
+
+/// Chooses a route per item (pure): mapped while the item is at most `max_range`
+/// bytes, a descriptor slot is free and the area of `area_bytes` has room; copy
+/// otherwise. Returns the number of mapped items.
+pub(crate) fn route_reads(
+    reads: &[ReadItem],
+    area_bytes: usize,
+    max_range: u64,
+    routes: &mut SmallVec<[Route; 16]>,
+) -> usize {
+    let mut next = STAMP_BYTES;
+    let mut mapped = 0usize;
+    for read in reads {
+        let fits = read.len <= max_range
+            && mapped < RESULT_RANGE_SLOTS
+            && next
+                .checked_add(read.len as usize)
+                .is_some_and(|end| end <= area_bytes)
+            && u32::try_from(next).is_ok();
+        if fits {
+            routes.push(Route::Mapped {
+                offset: next as u32,
+            });
+            mapped += 1;
+            next = (next + read.len as usize).div_ceil(MAPPED_ALIGN) * MAPPED_ALIGN;
+        } else {
+            routes.push(Route::Copy);
+        }
+    }
+    mapped
+}
+
+/// The result-ABI parameter values of one dispatch's launches. The parameter array
+/// points into it, so it must not move between [`ResultParams::push_pointers`] and
+/// the last launch; the per-launch values live in `Cell`s so they can change between
+/// launches while those pointers exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ResultParams {
+    /// Whether this description's first launch writes the start stamp and its last
+    /// launch the end stamp (an eager dispatch: both; a graph step: only the graph's
+    /// first and last step).
+    pub(crate) stamps_start: bool,
+    pub(crate) stamps_end: bool,
+    control: u64,
+    results: u64,
+    flags: Cell<u32>,
+    count: Cell<u32>,
+    /// Descriptors as the kernel reads them (little-endian: u64 source, u32 length,
+    /// u32 destination offset), 8-byte aligned.
+    ranges: [u64; 2 * RESULT_RANGE_SLOTS],
+    described: u32,
+}
+
+/// `vyre_launch_flags` bit: this launch writes the start stamp.
+pub(crate) const FLAG_START_STAMP: u32 = 1;
+/// `vyre_launch_flags` bit: this launch writes the end stamp.
+pub(crate) const FLAG_END_STAMP: u32 = 2;
+
+impl ResultParams {
+    /// Parameters for an area whose control block and mapped bytes are at these
+    /// device addresses; no descriptors yet.
+    pub(crate) fn new(control: u64, results: u64) -> Self {
+        ResultParams {
+            stamps_start: true,
+            stamps_end: true,
+            control,
+            results,
+            flags: Cell::new(0),
+            count: Cell::new(0),
+            ranges: [0; 2 * RESULT_RANGE_SLOTS],
+            described: 0,
+        }
+    }
+
+    /// Add one range: `len` bytes from device address `source` to `offset` in the
+    /// area. Returns false (adding nothing) when every slot is taken.
+    pub(crate) fn describe(&mut self, source: u64, len: u32, offset: u32) -> bool {
+        let index = self.described as usize;
+        if index >= RESULT_RANGE_SLOTS {
+            return false;
+        }
+        self.ranges[2 * index] = source;
+        self.ranges[2 * index + 1] = u64::from(len) | (u64::from(offset) << 32);
+        self.described += 1;
+        true
+    }
+
+    /// Set the values for launch `iteration` of `iterations`: the first writes the
+    /// start stamp, the last the end stamp and the copies.
+    pub(crate) fn set_launch(&self, iteration: u32, iterations: u32) {
+        let last = iteration + 1 >= iterations;
+        let mut flags = 0;
+        if iteration == 0 && self.stamps_start {
+            flags |= FLAG_START_STAMP;
+        }
+        if last && self.stamps_end {
+            flags |= FLAG_END_STAMP;
+        }
+        self.flags.set(flags);
+        self.count.set(if last { self.described } else { 0 });
+    }
+
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    /// Set the per-launch values directly (graph captures and node updates, which
+    /// choose flags per launch node and pass no descriptors).
+    pub(crate) fn set_raw(&self, flags: u32, count: u32) {
+        self.flags.set(flags);
+        self.count.set(count.min(self.described));
+    }
+
+    /// Append the five parameter pointers (after the buffer addresses and counts).
+    pub(crate) fn push_pointers<const N: usize>(&self, params: &mut SmallVec<[*mut c_void; N]>) {
+        params.push(&self.control as *const u64 as *mut c_void);
+        params.push(&self.results as *const u64 as *mut c_void);
+        params.push(self.flags.as_ptr() as *mut c_void);
+        params.push(self.count.as_ptr() as *mut c_void);
+        params.push(self.ranges.as_ptr() as *mut c_void);
+    }
+
+    /// Descriptors added so far.
+    #[cfg(test)]
+    pub(crate) fn described(&self) -> u32 {
+        self.described
+    }
+}
+
+/// Where one readback item's bytes are after the synchronize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// In the lane's pinned staging (a DMA copy).
+    Staging { offset: usize, len: usize },
+    /// In the result area (the kernel's last thread copied them).
+    Area { offset: usize, len: usize },
+}
+
+/// The one copy that brings a device-memory result area back (no mapping available).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AreaCopy {
+    pub(crate) device: u64,
+    pub(crate) host: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// Where an area's bytes live.
+enum Storage {
+    /// Host-mapped: the kernel's stores reach the host directly.
+    Mapped(MappedMemory),
+    /// Device memory (no mapping available) with a pinned mirror filled by one copy.
+    Device {
+        device: DeviceMemory,
+        mirror: driver::PinnedMemory,
+    },
+}
+
+/// One lane's result area and control block.
+pub(crate) struct ResultArea {
+    storage: Storage,
+    control: DeviceMemory,
+}
+
+impl ResultArea {
+    /// Allocate an area (mapped when the driver allows, device memory otherwise) and
+    /// initialise its control block to `(0, u64::MAX)`. Blocking; done once per lane.
+    pub(crate) fn new() -> DriverResult<ResultArea> {
+        let control = DeviceMemory::allocate(CONTROL_BYTES as u64)?;
+        let mut idle = [0u8; CONTROL_BYTES];
+        idle[8..].copy_from_slice(&u64::MAX.to_le_bytes());
+        driver::copy_to_device_blocking(&control, &idle)?;
+        let storage = match MappedMemory::allocate(RESULT_AREA_BYTES) {
+            Ok(mapped) => Storage::Mapped(mapped),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(
+                        error = %e,
+                        "host-mapped memory is unavailable: results come back with one copy from device memory"
+                    )
+                });
+                Storage::Device {
+                    device: DeviceMemory::allocate(RESULT_AREA_BYTES as u64)?,
+                    mirror: driver::PinnedMemory::allocate(RESULT_AREA_BYTES)?,
+                }
+            }
+        };
+        Ok(ResultArea { storage, control })
+    }
+
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    /// Whether the kernel writes the host's bytes directly (no copy needed).
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped(_))
+    }
+
+    /// The parameter values pointing at this area.
+    pub(crate) fn params(&self) -> ResultParams {
+        let results = match &self.storage {
+            Storage::Mapped(m) => m.device_address(0),
+            Storage::Device { device, .. } => device.address(),
+        };
+        ResultParams::new(self.control.address(), results)
+    }
+
+    /// Before a launch, host side: clear the stamps of a mapped area (returns `None`),
+    /// or return the 16-byte device fill that clears a device-memory area's stamps
+    /// (as `(device address, bytes)`, to be enqueued before the launches).
+    pub(crate) fn arm_host(&mut self) -> Option<(u64, usize)> {
+        match &mut self.storage {
+            Storage::Mapped(m) => {
+                m.write(0, &[0u8; STAMP_BYTES]);
+                None
+            }
+            Storage::Device { device, .. } => Some((device.address(), STAMP_BYTES)),
+        }
+    }
+
+    /// For a device-memory area: the copy of its first `used` bytes into the pinned
+    /// mirror, to be enqueued after the launches. `None` for a mapped area.
+    pub(crate) fn copy_back(&mut self, used: usize) -> Option<AreaCopy> {
+        match &mut self.storage {
+            Storage::Mapped(_) => None,
+            Storage::Device { device, mirror } => Some(AreaCopy {
+                device: device.address(),
+                host: mirror.address(0),
+                len: used.clamp(STAMP_BYTES, RESULT_AREA_BYTES),
+            }),
+        }
+    }
+
+    /// Before a launch: clear the stamps, so a kernel that did not finish its
+    /// epilogue can never pass off an earlier dispatch's bytes as its own.
+    pub(crate) fn arm(&mut self, stream: &Stream) -> DriverResult<()> {
+        match &mut self.storage {
+            Storage::Mapped(m) => {
+                m.write(0, &[0u8; STAMP_BYTES]);
+                Ok(())
+            }
+            Storage::Device { device, .. } => {
+                // SAFETY: the first STAMP_BYTES of the area are inside the allocation.
+                unsafe { driver::fill_bytes_async(device.address(), 0, STAMP_BYTES, stream) }
+            }
+        }
+    }
+
+    /// After the launches, device storage only: one copy of the used prefix
+    /// (`used` bytes) into the pinned mirror.
+    ///
+    /// # Safety
+    /// The mirror is read only after the stream is synchronised, and the area stays
+    /// alive until then (the lane owns it).
+    pub(crate) unsafe fn enqueue_copy_back(
+        &mut self,
+        used: usize,
+        stream: &Stream,
+    ) -> DriverResult<()> {
+        match &mut self.storage {
+            Storage::Mapped(_) => Ok(()),
+            Storage::Device { device, mirror } => driver::copy_to_host_async(
+                mirror.address(0),
+                device.address(),
+                used.min(RESULT_AREA_BYTES),
+                stream,
+            ),
+        }
+    }
+
+    /// After the synchronize: `(start, end)` `%globaltimer` stamps, or `None` when the
+    /// kernel did not write its end stamp (its bytes must not be used).
+    pub(crate) fn stamps(&self) -> Option<(u64, u64)> {
+        let head = self.bytes(0, STAMP_BYTES);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&head[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (start, end) = (word(0), word(1));
+        (end != 0).then_some((start, end))
+    }
+
+    /// After the synchronize: `len` bytes at `offset`.
+    pub(crate) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped(m) => m.slice(offset, len),
+            Storage::Device { mirror, .. } => mirror.slice(offset, len),
+        }
+    }
+}
+
+/// Kernel time from the stamps: end − start, 0 when they are missing or reversed.
+pub(crate) fn stamp_kernel_ns(stamps: Option<(u64, u64)>) -> u64 {
+    stamps.map_or(0, |(start, end)| end.saturating_sub(start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(len: u64) -> ReadItem {
+        ReadItem {
+            slot: 0,
+            offset: 0,
+            len,
+            staging_offset: 0,
+        }
+    }
+
+    /// Locks out a size policy that sends large items through the mapped area, lets
+    /// two mapped items overlap, overruns the area or hands out more descriptors than
+    /// the kernel has: items at most the limit are mapped at 16-byte aligned offsets
+    /// after the stamps, the rest are copied.
+    #[test]
+    fn routes_follow_size_slots_and_room() {
+        let reads = [item(16), item(5000), item(3), item(4096), item(0)];
+        let mut routes = SmallVec::new();
+        let mapped = route_reads(&reads, RESULT_AREA_BYTES, 4096, &mut routes);
+        assert_eq!(mapped, 4);
+        assert_eq!(
+            routes.as_slice(),
+            &[
+                Route::Mapped { offset: 16 },
+                Route::Copy,
+                Route::Mapped { offset: 32 },
+                Route::Mapped { offset: 48 },
+                Route::Mapped { offset: 48 + 4096 },
+            ]
+        );
+
+        // Slots run out after RESULT_RANGE_SLOTS items.
+        let many = vec![item(16); RESULT_RANGE_SLOTS + 3];
+        let mut routes = SmallVec::new();
+        assert_eq!(
+            route_reads(&many, RESULT_AREA_BYTES, 4096, &mut routes),
+            RESULT_RANGE_SLOTS
+        );
+        assert!(routes[RESULT_RANGE_SLOTS..]
+            .iter()
+            .all(|r| *r == Route::Copy));
+
+        // Room runs out: a 100-byte area holds the stamps and 84 bytes.
+        let mut routes = SmallVec::new();
+        assert_eq!(route_reads(&[item(80), item(8)], 100, 4096, &mut routes), 1);
+        assert_eq!(
+            routes.as_slice(),
+            &[Route::Mapped { offset: 16 }, Route::Copy]
+        );
+    }
+
+    /// Locks out descriptors the kernel would misread and launch flags that stamp or
+    /// copy on the wrong launch: the encoding is (u64 source, u32 length | u32 offset
+    /// << 32), copies happen only on the last launch, the start stamp only on the
+    /// first, and a 17th descriptor is refused.
+    #[test]
+    fn parameters_encode_descriptors_and_per_launch_flags() {
+        let mut params = ResultParams::new(0x1000, 0x2000);
+        assert!(params.describe(0xdead_0000, 16, 32));
+        assert_eq!(params.ranges[0], 0xdead_0000);
+        assert_eq!(params.ranges[1], 16 | (32 << 32));
+        for _ in 1..RESULT_RANGE_SLOTS {
+            assert!(params.describe(1, 1, 1));
+        }
+        assert!(!params.describe(1, 1, 1));
+        assert_eq!(params.described(), RESULT_RANGE_SLOTS as u32);
+
+        params.set_launch(0, 3);
+        assert_eq!(
+            (params.flags.get(), params.count.get()),
+            (FLAG_START_STAMP, 0)
+        );
+        params.set_launch(1, 3);
+        assert_eq!((params.flags.get(), params.count.get()), (0, 0));
+        params.set_launch(2, 3);
+        assert_eq!(
+            (params.flags.get(), params.count.get()),
+            (FLAG_END_STAMP, RESULT_RANGE_SLOTS as u32)
+        );
+        params.set_launch(0, 1);
+        assert_eq!(params.flags.get(), FLAG_START_STAMP | FLAG_END_STAMP);
+
+        let mut pointers: SmallVec<[*mut c_void; 8]> = SmallVec::new();
+        params.push_pointers(&mut pointers);
+        assert_eq!(pointers.len(), 5);
+        assert_eq!(
+            pointers[4] as usize % 8,
+            0,
+            "descriptors must be 8-byte aligned"
+        );
+    }
+
+    /// Locks out a kernel whose parameters the driver would refuse at launch: the
+    /// byte count follows the ABI's layout (counts padded to 8 before the result
+    /// parameters), 318 buffers fit exactly in 4 KiB, 319 get a Fix error naming
+    /// the limit and the largest count that fits.
+    #[test]
+    fn result_abi_parameters_fit_the_driver_limit() {
+        assert_eq!(result_abi_parameter_bytes(0), 280);
+        assert_eq!(result_abi_parameter_bytes(1), 8 + 8 + 280);
+        assert_eq!(result_abi_parameter_bytes(2), 16 + 8 + 280);
+        assert_eq!(
+            result_abi_parameter_bytes(318),
+            KERNEL_PARAMETER_LIMIT_BYTES
+        );
+        assert!(check_result_abi_fits("p", 318).is_ok());
+        let message = check_result_abi_fits("p", 319).unwrap_err();
+        assert!(
+            message.starts_with("Fix:") && message.contains("at most 318"),
+            "{message}"
+        );
+    }
+
+    /// Locks out a size policy that sends long ranges through a one-lane copy: the
+    /// limit grows with the lanes a workgroup can offer and stops at the cap.
+    #[test]
+    fn mapped_limit_follows_the_lanes_of_the_last_group() {
+        assert_eq!(mapped_range_limit(0), 80);
+        assert_eq!(mapped_range_limit(1), 80);
+        assert_eq!(mapped_range_limit(8), 16 + 4 * 8 * 16);
+        assert_eq!(mapped_range_limit(32), 2064);
+        assert_eq!(mapped_range_limit(1024), 2064);
+        assert!(mapped_range_limit(u32::MAX) <= MAPPED_RANGE_MAX_BYTES);
+    }
+
+    /// Locks out reporting garbage as kernel time: missing stamps give 0, reversed
+    /// ones saturate to 0, and a real pair gives end − start.
+    #[test]
+    fn kernel_time_comes_from_the_stamps() {
+        assert_eq!(stamp_kernel_ns(None), 0);
+        assert_eq!(stamp_kernel_ns(Some((10, 5))), 0);
+        assert_eq!(stamp_kernel_ns(Some((1_000, 4_200))), 3_200);
+    }
+}

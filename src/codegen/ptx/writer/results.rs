@@ -1,0 +1,411 @@
+//! The result ABI's prologue and epilogue (see `ptx::results` in the module docs of
+//! [`crate::codegen::ptx`]): the kernel stamps its own device time with
+//! `%globaltimer` and its last finishing thread copies the small readback ranges into
+//! host-mapped memory, so a dispatch needs no event records and no DMA copy per
+//! output.
+
+use std::fmt::Write;
+
+use super::{RegClass, Writer, RESULT_RANGE_SLOTS};
+
+/// The label every thread reaches when it is done with the body (the normal end and
+/// every `return`).
+pub(super) const RESULTS_LABEL: &str = "$L_vyre_results";
+
+/// Units (words or bytes) each lane of the strided loop has in flight at once.
+const UNROLL: u32 = 4;
+
+/// Words of every aligned range the leader copies before the strided loop.
+const FAST_WORDS: u32 = 4;
+
+/// Bytes of one range descriptor in `vyre_ranges`: u64 source address, u32 length,
+/// u32 destination offset.
+const DESCRIPTOR_BYTES: usize = 16;
+
+const _: () = assert!(RESULT_RANGE_SLOTS * DESCRIPTOR_BYTES == 256);
+
+/// The extra kernel parameters, after the element counts, with their roles.
+pub(super) const RESULT_PARAMETERS: [(&str, &str); 5] = [
+    (
+        ".u64 vyre_control",
+        "device control block: [0] u64 finished threads, [8] u64 earliest block start",
+    ),
+    (
+        ".u64 vyre_results",
+        "host-mapped result area: [0] u64 start stamp, [8] u64 end stamp, then readback bytes",
+    ),
+    (
+        ".u32 vyre_launch_flags",
+        "bit 0: write the start stamp, bit 1: write the end stamp",
+    ),
+    (
+        ".u32 vyre_range_count",
+        "valid descriptors in vyre_ranges (copied by the last thread)",
+    ),
+    (
+        ".align 8 .b8 vyre_ranges[256]",
+        "16 descriptors: u64 source address, u32 bytes, u32 offset in the result area",
+    ),
+];
+
+impl Writer<'_> {
+    /// The first thread of every block folds its start time into the control block's
+    /// earliest-start word (`red.min`), so the last thread can read the earliest one.
+    pub(super) fn result_prologue(&mut self) {
+        emit!(
+            self,
+            "// result ABI: the first thread of each block records its start time"
+        );
+        let linear = self.local_linear_id();
+        let not_first = self.reg(RegClass::Pred);
+        let skip = self.label("start_stamped");
+        emit!(self, "setp.ne.u32 {not_first}, {linear}, 0;");
+        emit!(self, "@{not_first} bra {skip};");
+        let control = self.reg(RegClass::B64);
+        let now = self.reg(RegClass::B64);
+        emit!(self, "ld.param.u64 {control}, [vyre_control];");
+        emit!(self, "cvta.to.global.u64 {control}, {control};");
+        emit!(self, "mov.u64 {now}, %globaltimer;");
+        emit!(self, "red.relaxed.gpu.global.min.u64 [{control}+8], {now};");
+        self.place(skip);
+        self.result_start = Some(now);
+    }
+
+    /// Every thread counts itself finished (one atomic per group of converged lanes,
+    /// after a release fence); the group holding the last thread of the grid takes the
+    /// end stamp, writes both stamps, resets the control block for the next launch and
+    /// copies the readback ranges into the mapped area; the host reads them after the
+    /// stream is synchronised (kernel completion makes mapped stores visible).
+    pub(super) fn result_epilogue(&mut self) {
+        let threads = u64::from(self.program.threads_per_workgroup().unwrap_or(1));
+        let _ = writeln!(self.body, "{RESULTS_LABEL}:");
+        emit!(
+            self,
+            "// result ABI epilogue: count finished threads; the last copies results out"
+        );
+        let r = |w: &mut Self, class| w.reg(class);
+        let mask = r(self, RegClass::B32);
+        let lane = r(self, RegClass::B32);
+        let negated = r(self, RegClass::B32);
+        let lowest = r(self, RegClass::B32);
+        let leader = r(self, RegClass::B32);
+        let group = r(self, RegClass::B32);
+        let is_leader = r(self, RegClass::Pred);
+        let control = r(self, RegClass::B64);
+        let single = r(self, RegClass::Pred);
+        let last = self.label("results_last");
+        // One warp, one block, no lane synchronisation in the body: every lane
+        // reaches this point (returns branch here), so one bar.warp.sync over the
+        // whole warp finds the last thread without any atomic, and lane 0's own start
+        // register is the earliest start (no control-block round trips).
+        let start_register = self.result_start;
+        match start_register {
+            Some(entry_start) if threads <= 32 && !self.synchronises => {
+                let whole = if threads == 32 {
+                    u32::MAX
+                } else {
+                    (1u32 << threads) - 1
+                };
+                let general = self.label("results_general");
+                // One block: nctaid is (1, 1, 1) (compared per axis: a product could wrap).
+                let mut first = true;
+                for axis in ["x", "y", "z"] {
+                    let count = self.special("nctaid", axis);
+                    if first {
+                        emit!(self, "setp.eq.u32 {single}, {count}, 1;");
+                        first = false;
+                    } else {
+                        emit!(self, "setp.eq.and.u32 {single}, {count}, 1, {single};");
+                    }
+                }
+                emit!(self, "@!{single} bra {general};");
+                emit!(self, "bar.warp.sync {whole};");
+                emit!(self, "mov.u32 {mask}, {whole};");
+                emit!(self, "mov.u32 {lane}, %laneid;");
+                emit!(self, "mov.u32 {group}, {threads};");
+                emit!(self, "setp.eq.u32 {is_leader}, {lane}, 0;");
+                emit!(self, "ld.param.u64 {control}, [vyre_control];");
+                emit!(self, "cvta.to.global.u64 {control}, {control};");
+                let _ = entry_start;
+                emit!(self, "bra {last};");
+                self.place(general);
+            }
+            _ => {
+                let zero = r(self, RegClass::B32);
+                emit!(self, "mov.u32 {zero}, 0;");
+                emit!(self, "setp.ne.u32 {single}, {zero}, 0;");
+            }
+        }
+        emit!(self, "fence.acq_rel.gpu;");
+        emit!(self, "activemask.b32 {mask};");
+        emit!(self, "mov.u32 {lane}, %laneid;");
+        emit!(self, "neg.s32 {negated}, {mask};");
+        emit!(self, "and.b32 {lowest}, {mask}, {negated};");
+        emit!(self, "bfind.u32 {leader}, {lowest};");
+        emit!(self, "popc.b32 {group}, {mask};");
+        emit!(self, "setp.eq.u32 {is_leader}, {lane}, {leader};");
+        emit!(self, "bar.warp.sync {mask};");
+        let group_wide = r(self, RegClass::B64);
+        let before = r(self, RegClass::B64);
+        emit!(self, "ld.param.u64 {control}, [vyre_control];");
+        emit!(self, "cvta.to.global.u64 {control}, {control};");
+        emit!(self, "cvt.u64.u32 {group_wide}, {group};");
+        emit!(self, "mov.u64 {before}, 0;");
+        emit!(
+            self,
+            "@{is_leader} atom.acq_rel.gpu.global.add.u64 {before}, [{control}], {group_wide};"
+        );
+        let low = r(self, RegClass::B32);
+        let high = r(self, RegClass::B32);
+        emit!(self, "mov.b64 {{{low}, {high}}}, {before};");
+        emit!(
+            self,
+            "shfl.sync.idx.b32 {low}, {low}, {leader}, 31, {mask};"
+        );
+        emit!(
+            self,
+            "shfl.sync.idx.b32 {high}, {high}, {leader}, 31, {mask};"
+        );
+        emit!(self, "mov.b64 {before}, {{{low}, {high}}};");
+        // Orders the group's later loads after its leader's acquiring atomic
+        // (bar.warp.sync guarantees memory ordering among its participants).
+        emit!(self, "bar.warp.sync {mask};");
+        let blocks = r(self, RegClass::B64);
+        for axis in ["x", "y", "z"] {
+            let count = self.special("nctaid", axis);
+            let wide = r(self, RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {count};");
+            if axis == "x" {
+                emit!(self, "mov.u64 {blocks}, {wide};");
+            } else {
+                emit!(self, "mul.lo.u64 {blocks}, {blocks}, {wide};");
+            }
+        }
+        let total = r(self, RegClass::B64);
+        let arrived = r(self, RegClass::B64);
+        let not_last = r(self, RegClass::Pred);
+        let done = self.label("results_done");
+        emit!(self, "mul.lo.u64 {total}, {blocks}, {threads};");
+        emit!(self, "add.u64 {arrived}, {before}, {group_wide};");
+        emit!(self, "setp.ne.u64 {not_last}, {arrived}, {total};");
+        emit!(self, "@{not_last} bra {done};");
+
+        emit!(
+            self,
+            "// the last group: every other thread's stores are visible from here on"
+        );
+        emit!(self, "fence.acq_rel.gpu;");
+        self.place(last);
+        let results = r(self, RegClass::B64);
+        let flags = r(self, RegClass::B32);
+        emit!(self, "ld.param.u64 {results}, [vyre_results];");
+        emit!(self, "cvta.to.global.u64 {results}, {results};");
+        emit!(self, "ld.param.u32 {flags}, [vyre_launch_flags];");
+        let count = r(self, RegClass::B32);
+        emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
+        emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
+        let copies = self.label("results_copies");
+        emit!(self, "@!{is_leader} bra {copies};");
+        let end = r(self, RegClass::B64);
+        let start = r(self, RegClass::B64);
+        let bit = r(self, RegClass::B32);
+        let set = r(self, RegClass::Pred);
+        let idle = r(self, RegClass::B64);
+        emit!(self, "mov.u64 {end}, %globaltimer;");
+        // Every load of the leader (the earliest start, the fast-path words) is
+        // issued before any store, so together they cost one L2 round trip.
+        emit!(
+            self,
+            "@!{single} ld.relaxed.gpu.global.u64 {start}, [{control}+8];"
+        );
+        if let Some(entry_start) = start_register {
+            emit!(self, "@{single} mov.u64 {start}, {entry_start};");
+        }
+        let fast = self.result_fast_loads(count);
+        emit!(self, "and.b32 {bit}, {flags}, 1;");
+        emit!(self, "setp.ne.u32 {set}, {bit}, 0;");
+        emit!(self, "@{set} st.global.u64 [{results}], {start};");
+        let bit = r(self, RegClass::B32);
+        let set = r(self, RegClass::Pred);
+        emit!(self, "and.b32 {bit}, {flags}, 2;");
+        emit!(self, "setp.ne.u32 {set}, {bit}, 0;");
+        emit!(self, "@{set} st.global.u64 [{results}+8], {end};");
+        emit!(self, "mov.u64 {idle}, 0xffffffffffffffff;");
+        emit!(self, "st.relaxed.gpu.global.u64 [{control}], 0;");
+        emit!(self, "st.relaxed.gpu.global.u64 [{control}+8], {idle};");
+        self.result_fast_stores(fast, results);
+        self.place(copies);
+
+        // Each lane of the group copies a strided share of every range: words when
+        // source, length and destination are 4-byte aligned, bytes otherwise.
+        let below = r(self, RegClass::B32);
+        let rank = r(self, RegClass::B32);
+        let descriptor = r(self, RegClass::B64);
+        let index = r(self, RegClass::B32);
+        emit!(self, "mov.u32 {below}, %lanemask_lt;");
+        emit!(self, "and.b32 {below}, {below}, {mask};");
+        emit!(self, "popc.b32 {rank}, {below};");
+        emit!(self, "mov.u64 {descriptor}, vyre_ranges;");
+        emit!(self, "mov.u32 {index}, 0;");
+        let range = self.label("results_range");
+        let copied = self.label("results_copied");
+        let next = self.label("results_next");
+        let bytes_path = self.label("results_bytes");
+        self.place(range);
+        let finished = r(self, RegClass::Pred);
+        emit!(self, "setp.ge.u32 {finished}, {index}, {count};");
+        emit!(self, "@{finished} bra {copied};");
+        let source = r(self, RegClass::B64);
+        let length = r(self, RegClass::B32);
+        let offset = r(self, RegClass::B32);
+        let destination = r(self, RegClass::B64);
+        let offset_wide = r(self, RegClass::B64);
+        emit!(self, "ld.param.u64 {source}, [{descriptor}];");
+        emit!(self, "ld.param.u32 {length}, [{descriptor}+8];");
+        emit!(self, "ld.param.u32 {offset}, [{descriptor}+12];");
+        emit!(self, "cvta.to.global.u64 {source}, {source};");
+        emit!(self, "cvt.u64.u32 {offset_wide}, {offset};");
+        emit!(self, "add.s64 {destination}, {results}, {offset_wide};");
+        let source_low = r(self, RegClass::B32);
+        let alignment = r(self, RegClass::B32);
+        let unaligned = r(self, RegClass::Pred);
+        emit!(self, "cvt.u32.u64 {source_low}, {source};");
+        emit!(self, "or.b32 {alignment}, {source_low}, {length};");
+        emit!(self, "or.b32 {alignment}, {alignment}, {offset};");
+        emit!(self, "and.b32 {alignment}, {alignment}, 3;");
+        emit!(self, "setp.ne.u32 {unaligned}, {alignment}, 0;");
+        emit!(self, "@{unaligned} bra {bytes_path};");
+        for (unit, shift, ty, path_end) in [(4u32, 2u32, "u32", true), (1, 0, "u8", false)] {
+            if !path_end {
+                self.place(bytes_path);
+            }
+            let units = r(self, RegClass::B32);
+            let position = r(self, RegClass::B32);
+            emit!(self, "shr.u32 {units}, {length}, {shift};");
+            if path_end {
+                // The fast path already copied the first FAST_WORDS words.
+                emit!(self, "add.u32 {position}, {rank}, {FAST_WORDS};");
+            } else {
+                emit!(self, "mov.u32 {position}, {rank};");
+            }
+            let top = self.label("results_copy");
+            self.place(top);
+            let past = r(self, RegClass::Pred);
+            emit!(self, "setp.ge.u32 {past}, {position}, {units};");
+            emit!(self, "@{past} bra {next};");
+            // UNROLL independent loads in flight per lane, then their stores: one
+            // L2 round trip per UNROLL units instead of one per unit.
+            let mut pending = Vec::with_capacity(UNROLL as usize);
+            for step in 0..UNROLL {
+                let at = r(self, RegClass::B32);
+                let inside = r(self, RegClass::Pred);
+                let byte_offset = r(self, RegClass::B64);
+                let from = r(self, RegClass::B64);
+                let to = r(self, RegClass::B64);
+                let value = r(self, RegClass::B32);
+                if step == 0 {
+                    emit!(self, "mov.u32 {at}, {position};");
+                } else {
+                    emit!(self, "mad.lo.u32 {at}, {group}, {step}, {position};");
+                }
+                emit!(self, "setp.lt.u32 {inside}, {at}, {units};");
+                emit!(self, "mul.wide.u32 {byte_offset}, {at}, {unit};");
+                emit!(self, "add.s64 {from}, {source}, {byte_offset};");
+                emit!(self, "add.s64 {to}, {destination}, {byte_offset};");
+                emit!(
+                    self,
+                    "@{inside} ld.relaxed.gpu.global.{ty} {value}, [{from}];"
+                );
+                pending.push((inside, to, value));
+            }
+            for (inside, to, value) in pending {
+                emit!(self, "@{inside} st.global.{ty} [{to}], {value};");
+            }
+            let stride = r(self, RegClass::B32);
+            emit!(self, "mul.lo.u32 {stride}, {group}, {UNROLL};");
+            emit!(self, "add.u32 {position}, {position}, {stride};");
+            emit!(self, "bra {top};");
+        }
+        self.place(next);
+        emit!(self, "add.u32 {index}, {index}, 1;");
+        emit!(
+            self,
+            "add.s64 {descriptor}, {descriptor}, {DESCRIPTOR_BYTES};"
+        );
+        emit!(self, "bra {range};");
+        // No system-scope fence: the host reads the area only after the stream is
+        // synchronised, and a kernel's stores to mapped memory are visible to the host
+        // once the kernel has completed (CUDA's zero-copy rule).
+        self.place(copied);
+        self.place(done);
+        emit!(self, "ret;");
+    }
+
+    /// The leader's fast path, loads: the first [`FAST_WORDS`] words of every
+    /// 4-byte-aligned range (a one-thread grid's last group is a single lane, so
+    /// small outputs must not cost one L2 round trip per word). Returns, per slot,
+    /// the destination offset register and the (predicate, value) of each word.
+    fn result_fast_loads(&mut self, count: super::Reg) -> FastWords {
+        let r = |w: &mut Self, class| w.reg(class);
+        let mut slots = Vec::with_capacity(RESULT_RANGE_SLOTS);
+        for slot in 0..RESULT_RANGE_SLOTS {
+            let base = DESCRIPTOR_BYTES * slot;
+            let source = r(self, RegClass::B64);
+            let length = r(self, RegClass::B32);
+            let offset = r(self, RegClass::B32);
+            let low = r(self, RegClass::B32);
+            let alignment = r(self, RegClass::B32);
+            let valid = r(self, RegClass::Pred);
+            let aligned = r(self, RegClass::Pred);
+            emit!(self, "setp.lt.u32 {valid}, {slot}, {count};");
+            emit!(self, "ld.param.u64 {source}, [vyre_ranges+{base}];");
+            emit!(self, "ld.param.u32 {length}, [vyre_ranges+{}];", base + 8);
+            emit!(self, "ld.param.u32 {offset}, [vyre_ranges+{}];", base + 12);
+            emit!(self, "cvt.u32.u64 {low}, {source};");
+            emit!(self, "or.b32 {alignment}, {low}, {length};");
+            emit!(self, "or.b32 {alignment}, {alignment}, {offset};");
+            emit!(self, "and.b32 {alignment}, {alignment}, 3;");
+            emit!(self, "setp.eq.and.u32 {aligned}, {alignment}, 0, {valid};");
+            emit!(self, "cvta.to.global.u64 {source}, {source};");
+            let mut words = Vec::with_capacity(FAST_WORDS as usize);
+            for word in 0..FAST_WORDS {
+                let present = r(self, RegClass::Pred);
+                let value = r(self, RegClass::B32);
+                emit!(
+                    self,
+                    "setp.gt.and.u32 {present}, {length}, {}, {aligned};",
+                    4 * word
+                );
+                emit!(
+                    self,
+                    "@{present} ld.relaxed.gpu.global.u32 {value}, [{source}+{}];",
+                    4 * word
+                );
+                words.push((present, value));
+            }
+            slots.push((offset, words));
+        }
+        slots
+    }
+
+    /// The leader's fast path, stores (after every load was issued).
+    fn result_fast_stores(&mut self, slots: FastWords, results: super::Reg) {
+        for (offset, words) in slots {
+            let wide = self.reg(RegClass::B64);
+            let to = self.reg(RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {offset};");
+            emit!(self, "add.s64 {to}, {results}, {wide};");
+            for (word, (present, value)) in words.into_iter().enumerate() {
+                emit!(
+                    self,
+                    "@{present} st.global.u32 [{to}+{}], {value};",
+                    4 * word
+                );
+            }
+        }
+    }
+}
+
+/// Per descriptor slot: the destination offset and each fast word's predicate and
+/// value registers.
+type FastWords = Vec<(super::Reg, Vec<(super::Reg, super::Reg)>)>;

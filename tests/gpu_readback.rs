@@ -1,0 +1,544 @@
+//! GPU tests of readback and device time at the physical limit (§11, issue 10): small
+//! outputs come back through the host-mapped result area the kernel writes itself,
+//! large ones by DMA, and `kernel_ns` comes from the kernel's `%globaltimer` stamps.
+//! Ignored by default; run on the GPU machine (`gpu_readback`). Every output is
+//! checked against the reference interpreter.
+
+mod support;
+
+use support::{backend, bytes, reference, resident_copies, words};
+use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
+use vyre_cuda::backend::readback::{MAPPED_RANGE_MAX_BYTES, RESULT_RANGE_SLOTS};
+use vyre_cuda::backend::{Binding, CudaBackend};
+use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
+use vyre_cuda::ir::*;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
+
+fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
+    program
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
+            if &*b.name == "in" {
+                v[..4].copy_from_slice(&x.to_le_bytes());
+            }
+            v
+        })
+        .collect()
+}
+
+/// `small[i] = i * 3 + seed` (16 words) and `large[i] += i ^ seed` over a runtime
+/// buffer: one output the mapped area carries and one it must leave to DMA (and
+/// one whose result depends on what the previous dispatch left in it).
+fn small_and_large() -> Program {
+    Program::builder([256, 1, 1])
+        .entry_op_id("readback_small_and_large")
+        .buffer(
+            "seed",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "small",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .buffer(
+            "large",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let seed = b.let_("s", Expr::load("seed", 0u32));
+            b.if_(i.clone().less_than(16u32), |b| {
+                b.store("small", i.clone(), i.clone() * 3u32 + seed.clone());
+            });
+            b.if_(i.clone().less_than(Expr::length("large")), |b| {
+                b.store(
+                    "large",
+                    i.clone(),
+                    Expr::load("large", i.clone()) + (i.clone() ^ seed.clone()),
+                );
+            });
+        })
+        .build()
+}
+
+/// Upload each input again into its resident buffer (programs that accumulate).
+fn reupload(gpu: &CudaBackend, handles: &[vyre_cuda::backend::ResidentBuffer], inputs: &[Vec<u8>]) {
+    for (handle, bytes) in handles.iter().zip(inputs) {
+        gpu.upload_resident(handle, bytes).unwrap();
+    }
+}
+
+fn small_and_large_inputs(seed: u32, large_words: usize) -> Vec<Vec<u8>> {
+    vec![bytes(&[seed]), vec![0u8; 64], vec![0xEEu8; 4 * large_words]]
+}
+
+/// Locks out a mapped route that delivers wrong, stale or misplaced bytes on any
+/// dispatch path: the 17-buffer fixture (16 outputs: every descriptor slot) and a
+/// program with one small and one large output (mapped + DMA in one dispatch) give
+/// the reference interpreter's bytes on the borrowed, resident, mixed and
+/// compiled-kernel paths, with fixpoint iterations, and with byte ranges at odd
+/// offsets and lengths (the kernel's byte-copy path); the stamps are present
+/// (`kernel_ns > 0`) on every path.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_outputs_match_the_reference_on_every_path() {
+    let gpu = backend();
+    let program = host_cost_fixture(17, 64);
+    let config = DispatchConfig::linear(1);
+    for x in [1u32, 77, 0xFFFF_FFF0] {
+        let inputs = fixture_inputs(&program, x);
+        let expected = reference(&program, &inputs, &config);
+        assert_eq!(expected.len(), 16);
+        assert_eq!(words(&expected[0])[0], host_cost_fixture_expected(x, 64));
+        let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        assert_eq!(
+            gpu.dispatch(&program, &borrowed, &config).unwrap(),
+            expected
+        );
+        let handles = resident_copies(&gpu, &inputs);
+        let timed = gpu
+            .dispatch_resident_timed(&program, &handles, &config)
+            .unwrap();
+        assert_eq!(timed.outputs, expected, "resident x={x}");
+        assert!(timed.kernel_ns > 0, "{timed:?}");
+        let mixed: Vec<Binding> = handles
+            .iter()
+            .zip(&inputs)
+            .enumerate()
+            .map(|(i, (h, v))| {
+                if i % 2 == 0 {
+                    Binding::Resident(*h)
+                } else {
+                    Binding::Borrowed(v)
+                }
+            })
+            .collect();
+        let mixed_out = gpu.dispatch_bindings(&program, &mixed, &config).unwrap();
+        assert_eq!(mixed_out.outputs, expected, "mixed x={x}");
+        let kernel = gpu.compile(&program, &config).unwrap();
+        let mut storage = vec![[0u8; 16]; 16];
+        let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(|s| &mut s[..]).collect();
+        let timing = gpu
+            .dispatch_kernel_into(&kernel, &mixed, &config, &mut outs)
+            .unwrap();
+        assert!(timing.kernel_ns > 0);
+        let got: Vec<Vec<u8>> = storage.iter().map(|s| s.to_vec()).collect();
+        assert_eq!(got, expected, "compiled kernel x={x}");
+        for h in handles {
+            gpu.free_resident(h).unwrap();
+        }
+    }
+
+    let program = small_and_large();
+    let large_words = 4 * MAPPED_RANGE_MAX_BYTES as usize; // 4 × the limit in bytes
+    for fixpoint in [1u32, 3] {
+        let config = DispatchConfig::linear((large_words as u32).div_ceil(256))
+            .with_fixpoint_iterations(fixpoint);
+        let inputs = small_and_large_inputs(fixpoint * 11, large_words);
+        let expected = reference(&program, &inputs, &config);
+        let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        assert_eq!(
+            gpu.dispatch(&program, &borrowed, &config).unwrap(),
+            expected
+        );
+        let handles = resident_copies(&gpu, &inputs);
+        assert_eq!(
+            gpu.dispatch_resident(&program, &handles, &config).unwrap(),
+            expected
+        );
+        // `large` accumulates, so every dispatch over the handles starts from the
+        // inputs again.
+        reupload(&gpu, &handles, &inputs);
+        // Byte ranges: odd offsets and lengths (byte copies), one range per output
+        // and a long one that goes by DMA.
+        let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+            ByteRange {
+                binding: 1,
+                offset: 3,
+                len: 5
+            },
+            ByteRange {
+                binding: 2,
+                offset: 1,
+                len: 7
+            },
+            ByteRange {
+                binding: 2,
+                offset: 0,
+                len: 4 * large_words as u64
+            },
+            ByteRange {
+                binding: 1,
+                offset: 60,
+                len: 4
+            },
+        ]);
+        let ranged = gpu
+            .dispatch_resident(&program, &handles, &config.clone().with_readback(ranges))
+            .unwrap();
+        assert_eq!(ranged[0], expected[0][3..8]);
+        assert_eq!(ranged[1], expected[1][1..8]);
+        assert_eq!(ranged[2], expected[1]);
+        assert_eq!(ranged[3], expected[0][60..64]);
+        for h in handles {
+            gpu.free_resident(h).unwrap();
+        }
+    }
+}
+
+/// Locks out outputs that exist only in the mapped area: after a resident dispatch
+/// the device buffers hold the same bytes (the next dispatch reads them), and a
+/// second dispatch that consumes the first one's output sees it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_resident_outputs_stay_valid_in_device_memory() {
+    let gpu = backend();
+    let program = small_and_large();
+    let config = DispatchConfig::linear(1);
+    let inputs = small_and_large_inputs(5, 64);
+    let handles = resident_copies(&gpu, &inputs);
+    let outputs = gpu.dispatch_resident(&program, &handles, &config).unwrap();
+    assert_eq!(gpu.read_resident(&handles[1]).unwrap(), outputs[0]);
+    assert_eq!(gpu.read_resident(&handles[2]).unwrap(), outputs[1]);
+    // `large` accumulates: the second dispatch must start from the first one's
+    // device bytes, which is what two fixpoint iterations compute.
+    let second = gpu.dispatch_resident(&program, &handles, &config).unwrap();
+    let expected = reference(
+        &program,
+        &inputs,
+        &config.clone().with_fixpoint_iterations(2),
+    );
+    assert_eq!(second, expected);
+    for h in handles {
+        gpu.free_resident(h).unwrap();
+    }
+}
+
+/// Locks out bytes of one dispatch reaching another caller through the reused
+/// mapped area: after a dispatch that wrote non-zero bytes into every descriptor
+/// slot's place, a dispatch whose write-only outputs the kernel never stores must
+/// return zeros (WriteOnly starts zeroed), on the same lane (one thread, serial).
+/// Negative control: the first dispatch really returned non-zero bytes.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_no_bytes_leak_between_dispatches_through_the_area() {
+    let gpu = backend();
+    let writer = host_cost_fixture(17, 64);
+    let config = DispatchConfig::linear(1);
+    let inputs = fixture_inputs(&writer, 0xABCD);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let first = gpu.dispatch(&writer, &borrowed, &config).unwrap();
+    assert!(first.iter().any(|o| o.iter().any(|&b| b != 0)), "control");
+    let mut silent = Program::builder([32, 1, 1]).entry_op_id("silent_outputs");
+    for binding in 0..16 {
+        silent = silent.buffer(
+            format!("o{binding}"),
+            binding,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        );
+    }
+    let silent = silent.body(|b| {
+        b.let_("unused", Expr::global_id(Axis::X));
+    });
+    let silent = silent.build();
+    let zeros = vec![vec![0u8; 16]; 16];
+    let borrowed: Vec<&[u8]> = zeros.iter().map(|v| v.as_slice()).collect();
+    let writer_inputs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    for _ in 0..3 {
+        assert_eq!(gpu.dispatch(&silent, &borrowed, &config).unwrap(), zeros);
+        assert_eq!(
+            gpu.dispatch(&writer, &writer_inputs, &config).unwrap(),
+            first
+        );
+    }
+}
+
+/// A kernel long enough to time: 32 threads each run `rounds` dependent
+/// multiply-adds.
+fn spinner() -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id("readback_spinner")
+        .buffer(
+            "rounds",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.let_mut("acc", i.clone());
+            b.loop_("k", 0u32, Expr::load("rounds", 0u32), |b, k| {
+                b.assign(
+                    "acc",
+                    (Expr::var("acc") * 1_664_525u32 + 1_013_904_223u32) ^ k,
+                );
+            });
+            b.store("out", i.clone(), Expr::var("acc"));
+        })
+        .build()
+}
+
+/// Locks out a stamp-based `kernel_ns` that is not device time: on a kernel of
+/// about a millisecond, the stamps (the kernel's own `%globaltimer`) agree with a
+/// CUDA event pair around the same launch within 2 µs or 5 %, at two lengths, and
+/// the long kernel's stamp time is about twice the short one's. Negative control:
+/// the short kernel's stamps do not agree with the long kernel's events, so the
+/// tolerance can tell different work apart.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stamp_kernel_time_matches_an_event_pair() {
+    let gpu = backend();
+    let program = spinner();
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let agree = |a: u64, b: u64| {
+        let diff = a.abs_diff(b);
+        diff <= 2_000 || (diff as f64) <= 0.05 * a.max(b) as f64
+    };
+    let mut measured = Vec::new();
+    for rounds in [200_000u32, 400_000] {
+        let inputs = vec![bytes(&[rounds]), vec![0u8; 128]];
+        let handles = resident_copies(&gpu, &inputs);
+        let bindings: Vec<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
+        // Warm, then the median of 5 of each.
+        let mut pairs = Vec::new();
+        for _ in 0..6 {
+            let t = gpu
+                .dispatch_kernel_into_timed(&kernel, &bindings, &config, &mut [])
+                .unwrap();
+            pairs.push((t.kernel_ns, t.device_window_ns));
+        }
+        pairs.remove(0);
+        pairs.sort();
+        let (stamps, events) = pairs[pairs.len() / 2];
+        eprintln!("rounds {rounds}: stamps {stamps} ns, events {events} ns");
+        assert!(
+            stamps > 100_000,
+            "the kernel must run long enough to compare: {stamps} ns"
+        );
+        assert!(
+            agree(stamps, events),
+            "stamps {stamps} ns vs events {events} ns"
+        );
+        // The untimed call reports the same stamp time (no events needed).
+        let untimed = gpu
+            .dispatch_kernel_into(&kernel, &bindings, &config, &mut [])
+            .unwrap();
+        assert!(agree(untimed.kernel_ns, stamps), "{untimed:?} vs {stamps}");
+        assert_eq!(untimed.device_window_ns, 0);
+        measured.push((stamps, events));
+        for h in handles {
+            gpu.free_resident(h).unwrap();
+        }
+    }
+    let ((short_stamps, _), (long_stamps, long_events)) = (measured[0], measured[1]);
+    let ratio = long_stamps as f64 / short_stamps as f64;
+    assert!(
+        (1.7..2.3).contains(&ratio),
+        "twice the rounds, {ratio:.2} × the time"
+    );
+    assert!(
+        !agree(short_stamps, long_events),
+        "negative control: {short_stamps} ns must not pass for {long_events} ns"
+    );
+}
+
+/// Locks out bad readback input turning into a panic, silent truncation or lost
+/// data: ranges out of bounds are a `Fix:` error; more ranges than descriptor slots
+/// and outputs larger than the mapped area fall back to DMA and still return the
+/// reference bytes; a program too wide to host the stamps is a `Fix:` error (and
+/// the widest that fits runs: the control).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_bad_readback_input_errs_or_falls_back() {
+    let gpu = backend();
+    let program = small_and_large();
+    let large_words = 32 * 1024; // 128 KiB: larger than the whole mapped area
+    let config = DispatchConfig::linear((large_words as u32).div_ceil(256));
+    let inputs = small_and_large_inputs(9, large_words);
+    let expected = reference(&program, &inputs, &config);
+    let handles = resident_copies(&gpu, &inputs);
+    let out_of_bounds = ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+        binding: 1,
+        offset: 60,
+        len: 8
+    }]);
+    let message = gpu
+        .dispatch_resident(
+            &program,
+            &handles,
+            &config.clone().with_readback(out_of_bounds),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("past the buffer"),
+        "{message}"
+    );
+    // RESULT_RANGE_SLOTS + 4 one-word ranges: 16 mapped, 4 by DMA.
+    let many: smallvec::SmallVec<[ByteRange; 4]> = (0..RESULT_RANGE_SLOTS as u64 + 4)
+        .map(|k| ByteRange {
+            binding: 2,
+            offset: 4 * k * 7,
+            len: 4,
+        })
+        .collect();
+    let got = gpu
+        .dispatch_resident(
+            &program,
+            &handles,
+            &config
+                .clone()
+                .with_readback(ReadbackPolicy::Ranges(many.clone())),
+        )
+        .unwrap();
+    for (range, bytes) in many.iter().zip(&got) {
+        let start = range.offset as usize;
+        assert_eq!(bytes[..], expected[1][start..start + 4], "{range:?}");
+    }
+    reupload(&gpu, &handles, &inputs);
+    assert_eq!(
+        gpu.dispatch_resident(&program, &handles, &config).unwrap(),
+        expected
+    );
+    for h in handles {
+        gpu.free_resident(h).unwrap();
+    }
+    // A program too wide to host the result area (its kernel parameters would pass
+    // the driver's 4 KiB) is a Fix error before anything is launched; one buffer
+    // fewer than the limit still runs.
+    let wide = |buffers: u32| {
+        let mut builder = Program::builder([1, 1, 1]).entry_op_id(format!("wide_{buffers}"));
+        for binding in 0..buffers {
+            builder = builder.buffer(
+                format!("b{binding}"),
+                binding,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Static(1),
+            );
+        }
+        builder
+            .body(|b| {
+                b.store("b0", 0u32, Expr::load("b0", 0u32) + 1u32);
+            })
+            .build()
+    };
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let message = gpu.compile(&wide(319), &config).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("at most 318"),
+        "{message}"
+    );
+    let fits = wide(318);
+    let inputs = vec![vec![0u8; 4]; 318];
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let outputs = gpu
+        .dispatch(&fits, &borrowed, &DispatchConfig::linear(1))
+        .unwrap();
+    assert_eq!(outputs[0], 1u32.to_le_bytes());
+}
+
+/// Locks out floors that measure less work than a dispatch does: the raw floor's
+/// mapped and result-ABI mechanisms deliver the fixture's real output, and the size
+/// sweep's three routes deliver identical bytes at every size it measures.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_floor_mechanisms_deliver_real_bytes() {
+    let gpu = backend();
+    let program = host_cost_fixture(9, 64);
+    let mut floor = RawFloor::new(&gpu, &program, [1, 1, 1]).unwrap();
+    floor.launch_async_reads_sync(8).unwrap();
+    floor.launch_mapped_sync().unwrap();
+    floor.launch_result_abi_sync(8).unwrap();
+    assert!(floor.result_abi_kernel_ns() > 0);
+    // The floor's buffers start uninitialised, so compare the routes with each
+    // other: `out[0]` (buffer 1, = in[0] + the chain's sum) is the same word in the
+    // per-copy floor's staging (copy 1), the mapped floor's memory and the result
+    // area's first range.
+    let staged = floor.staged_bytes(16, 4);
+    assert_eq!(floor.mapped_output(1, 4), staged, "mapped floor");
+    assert_eq!(floor.result_bytes(16, 4), staged, "result-ABI floor");
+    drop(floor);
+
+    let mut sweep = ReadbackSweep::new(&gpu, 1 << 20).unwrap();
+    for size in [16usize, 4096, ReadbackSweep::AREA_CAPACITY / 4 * 4, 1 << 20] {
+        sweep.copy_sweep(size).unwrap();
+        let copied = sweep.copied_bytes(size);
+        let expected: Vec<u8> = (0..size as u32 / 4).flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(copied, expected, "copy route, {size} bytes");
+        sweep.mapped_write_sweep(size).unwrap();
+        assert_eq!(
+            sweep.mapped_bytes(size),
+            expected,
+            "mapped route, {size} bytes"
+        );
+        if size <= ReadbackSweep::AREA_CAPACITY {
+            sweep.area_sweep(size).unwrap();
+            assert_eq!(sweep.area_bytes(size), expected, "area route, {size} bytes");
+        } else {
+            assert!(sweep
+                .area_sweep(size)
+                .unwrap_err()
+                .to_string()
+                .starts_with("Fix:"));
+        }
+    }
+}
+
+/// Locks out a graph whose kernels lost their result-ABI parameters (they would read
+/// garbage pointers): a recorded dispatch with read-backs replays with the
+/// reference's bytes and stamps its kernel time.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_replay_delivers_outputs_and_stamps() {
+    let gpu: CudaBackend = backend();
+    let program = host_cost_fixture(9, 64);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let inputs = fixture_inputs(&program, 31);
+    let expected = reference(&program, &inputs, &config);
+    let handles = resident_copies(&gpu, &inputs);
+    let mut slots = Vec::new();
+    let mut graph = gpu
+        .record(|rec| {
+            rec.dispatch(&kernel, &handles, &config)?;
+            for h in &handles[1..] {
+                slots.push(rec.read_back(h, 0, 16)?);
+            }
+            Ok(())
+        })
+        .unwrap();
+    for _ in 0..3 {
+        let timing = graph.replay().unwrap();
+        assert!(timing.kernel_ns > 0, "{timing:?}");
+        for (slot, want) in slots.iter().zip(&expected) {
+            assert_eq!(graph.output(*slot).unwrap(), &want[..]);
+        }
+    }
+    drop(graph);
+    for h in handles {
+        gpu.free_resident(h).unwrap();
+    }
+}
