@@ -4,8 +4,7 @@
 mod support;
 
 use vyre_cuda::backend::{BackendError, CudaBackend};
-use vyre_cuda::ir::*;
-use vyre_cuda::{CodegenOptions, DispatchConfig};
+use vyre_cuda::DispatchConfig;
 
 /// Locks out a fault that is swallowed or unnamed: an out-of-bounds store with
 /// bounds checks off must come back as a KernelFault naming the program, saying
@@ -15,52 +14,13 @@ use vyre_cuda::{CodegenOptions, DispatchConfig};
 #[ignore = "needs a CUDA device"]
 fn gpu_kernel_fault_names_program_and_recovers() {
     let gpu = support::backend();
-    let program = Program::builder([32, 1, 1])
-        .entry_op_id("wild_store")
-        .buffer(
-            "out",
-            0,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            b.store(
-                "out",
-                Expr::global_id(Axis::X) * 0x0400_0000u32 + 0x3FFF_0000u32,
-                1u32,
-            );
-        })
-        .build();
-    let unchecked = DispatchConfig::linear(1).with_codegen(CodegenOptions {
-        bounds_checks: false,
-    });
+    let program = support::wild_store_program();
     let out = vec![0u8; 16];
-    let err = gpu.dispatch(&program, &[&out], &unchecked).unwrap_err();
-    let message = err.to_string();
-    match &err {
-        BackendError::KernelFault {
-            program,
-            context_usable,
-            ..
-        } => {
-            assert!(program.contains("wild_store"), "{message}");
-            assert!(!context_usable, "an illegal address is sticky: {message}");
-        }
-        other => panic!("expected a kernel fault, got {other:?}"),
-    }
-    assert!(
-        message.starts_with("Fix:") && message.contains("context is lost"),
-        "{message}"
-    );
-    assert!(!gpu.is_usable());
-    let after = gpu
-        .dispatch(&program, &[&out], &DispatchConfig::linear(1))
+    let err = gpu
+        .dispatch(&program, &[&out], &support::unchecked_config())
         .unwrap_err();
-    assert!(
-        matches!(after, BackendError::ContextLost { .. }),
-        "{after:?}"
-    );
+    support::assert_sticky_fault(&err, "wild_store");
+    support::assert_reports_context_lost(&gpu);
     drop(gpu);
 
     // Recovery: a fresh acquire resets the primary context. Where the driver allows

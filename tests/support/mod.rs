@@ -191,3 +191,93 @@ pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>
     assert!(error.starts_with("Fix:"), "{error}");
     seen
 }
+
+/// A program whose 32 threads store far outside their 16-byte buffer: with bounds
+/// checks off ([`unchecked_config`]) it faults the kernel with an illegal address,
+/// which is sticky (the whole process's context for the device is lost).
+pub fn wild_store_program() -> Program {
+    use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr};
+    Program::builder([32, 1, 1])
+        .entry_op_id("wild_store")
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.store(
+                "out",
+                Expr::global_id(Axis::X) * 0x0400_0000u32 + 0x3FFF_0000u32,
+                1u32,
+            );
+        })
+        .build()
+}
+
+/// One workgroup with bounds checks off, so [`wild_store_program`] really faults.
+pub fn unchecked_config() -> DispatchConfig {
+    DispatchConfig::linear(1)
+        .with_codegen(vyre_cuda::CodegenOptions::default().with_bounds_checks(false))
+}
+
+/// Asserts `error` is a sticky `KernelFault` naming `name`, whose message starts
+/// `Fix:` and says the context is lost.
+pub fn assert_sticky_fault(error: &vyre_cuda::backend::BackendError, name: &str) {
+    use vyre_cuda::backend::BackendError;
+    let message = error.to_string();
+    match error {
+        BackendError::KernelFault {
+            program,
+            context_usable,
+            ..
+        } => {
+            assert!(program.contains(name), "{message}");
+            assert!(!context_usable, "an illegal address is sticky: {message}");
+        }
+        other => panic!("expected a kernel fault, got {other:?}"),
+    }
+    assert!(
+        message.starts_with("Fix:") && message.contains("context is lost"),
+        "{message}"
+    );
+}
+
+/// Asserts a backend of the faulted device reports the loss: not usable, and a
+/// dispatch is refused with `ContextLost` (invariant 9: a sticky fault poisons every
+/// backend of that device, not only the one that launched the kernel).
+pub fn assert_reports_context_lost(gpu: &CudaBackend) {
+    use vyre_cuda::backend::BackendError;
+    assert!(
+        !gpu.is_usable(),
+        "a backend of the faulted device claims to be usable"
+    );
+    let out = vec![0u8; 16];
+    let after = gpu
+        .dispatch(&wild_store_program(), &[&out], &DispatchConfig::linear(1))
+        .unwrap_err();
+    assert!(
+        matches!(after, BackendError::ContextLost { .. }),
+        "{after:?}"
+    );
+}
+
+/// The negative control of the fault tests: the same shape as
+/// [`wild_store_program`], storing 7 into its buffer's first word.
+pub fn in_bounds_store_program() -> Program {
+    use vyre_cuda::ir::{Access, BufferCount, ElemType};
+    Program::builder([32, 1, 1])
+        .entry_op_id("in_bounds_store")
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.store("out", 0u32, 7u32);
+        })
+        .build()
+}
