@@ -1155,51 +1155,9 @@ fn reference_noise_floor_reports_one_gap_per_trial() {
     );
 }
 
-/// Pins the calling thread to one CPU through the C library std links (Linux only).
 #[cfg(target_os = "linux")]
-mod pinning {
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    pub struct CpuSet([u64; 16]);
-
-    extern "C" {
-        fn sched_getaffinity(pid: i32, size: usize, mask: *mut CpuSet) -> i32;
-        fn sched_setaffinity(pid: i32, size: usize, mask: *const CpuSet) -> i32;
-        fn sched_getcpu() -> i32;
-    }
-
-    pub fn get() -> Option<CpuSet> {
-        let mut set = CpuSet([0; 16]);
-        // SAFETY: pid 0 is the calling thread; the kernel writes at most
-        // `size_of::<CpuSet>()` bytes into `set`, a live, exclusively borrowed value.
-        let status = unsafe { sched_getaffinity(0, std::mem::size_of::<CpuSet>(), &mut set) };
-        (status == 0).then_some(set)
-    }
-
-    pub fn set(set: &CpuSet) -> bool {
-        // SAFETY: pid 0 is the calling thread; the kernel only reads
-        // `size_of::<CpuSet>()` bytes from `set`, which is live for the call.
-        unsafe { sched_setaffinity(0, std::mem::size_of::<CpuSet>(), set) == 0 }
-    }
-
-    /// Pins the calling thread to the CPU it runs on; returns that CPU.
-    pub fn pin_here() -> Option<usize> {
-        // SAFETY: `sched_getcpu` takes no arguments and only returns a number.
-        let cpu = usize::try_from(unsafe { sched_getcpu() }).ok()?;
-        if cpu >= 1024 {
-            return None;
-        }
-        let mut one = CpuSet([0; 16]);
-        one.0[cpu / 64] = 1 << (cpu % 64);
-        set(&one).then_some(cpu)
-    }
-
-    pub fn pin(cpu: usize) -> bool {
-        let mut one = CpuSet([0; 16]);
-        one.0[cpu / 64] = 1 << (cpu % 64);
-        set(&one)
-    }
-}
+#[path = "affinity/mod.rs"]
+mod affinity;
 
 /// Locks out a clock check that is blind to interference confined to one arm (issue 12
 /// item 3, on the CPU): with the measuring thread and a busy competitor pinned to one
@@ -1217,15 +1175,15 @@ fn interference_in_one_arm_only_is_flagged() {
     let _serial = timing_lock();
     // Runs on its own thread so pinning never leaks into other tests.
     let outcome = std::thread::spawn(|| {
-        let saved = pinning::get();
-        let Some(cpu) = pinning::pin_here() else {
+        let saved = affinity::get();
+        let Some(cpu) = affinity::pin_here() else {
             return Err("affinity unavailable".to_string());
         };
         let active = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let (thread_active, thread_stop) = (Arc::clone(&active), Arc::clone(&stop));
         let competitor = std::thread::spawn(move || {
-            let _ = pinning::pin(cpu);
+            let _ = affinity::pin(cpu);
             let mut digest = 0_u64;
             while !thread_stop.load(Ordering::Acquire) {
                 if thread_active.load(Ordering::Acquire) {
@@ -1265,7 +1223,7 @@ fn interference_in_one_arm_only_is_flagged() {
         competitor.thread().unpark();
         let _ = competitor.join();
         if let Some(saved) = saved {
-            let _ = pinning::set(&saved);
+            let _ = affinity::set(&saved);
         }
         if flagged {
             Ok(())

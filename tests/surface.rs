@@ -30,8 +30,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "src/host_cost/clock.rs",
     // CPU affinity (`sched_{get,set}affinity`, `sched_getcpu`) to pin a competing
     // thread onto the measuring thread's CPU (planted interference).
-    "tests/host_cost_selftest.rs",
-    "tests/host_cost_instruments.rs",
+    "tests/affinity/mod.rs",
 ];
 
 /// Files allowed to name cudarc at all.
