@@ -380,16 +380,7 @@ impl CudaBackend {
                 bytes: buffer.len() as usize,
             });
         }
-        let mut target = LaneTarget {
-            stream: &lane.stream,
-            staging: &lane.staging,
-            events: [
-                &lane.outer_start,
-                &lane.inner_start,
-                &lane.inner_end,
-                &lane.outer_end,
-            ],
-        };
+        let mut target = LaneTarget::of(&lane);
         // SAFETY: the clear covers exactly the buffer's allocation, which the
         // caller's borrow keeps alive past the synchronize below.
         let result = unsafe { enqueue(&mut ops, &mut target) }
@@ -535,16 +526,7 @@ impl CudaBackend {
                 Some(out)
             }
         };
-        let mut target = LaneTarget {
-            stream: &lane.stream,
-            staging: &lane.staging,
-            events: [
-                &lane.outer_start,
-                &lane.inner_start,
-                &lane.inner_end,
-                &lane.outer_end,
-            ],
-        };
+        let mut target = LaneTarget::of(&lane);
         // SAFETY: staging holds len bytes and is not touched until the synchronize
         // below; [address, address+len) is inside the live allocation (len checked
         // against the handle above), which `memory` keeps alive past it.
@@ -861,16 +843,7 @@ impl BackendInner {
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
         // launch: every stream operation (uploads, clears, launches, readback copies).
-        let mut target = LaneTarget {
-            stream: &lane.stream,
-            staging: &lane.staging,
-            events: [
-                &lane.outer_start,
-                &lane.inner_start,
-                &lane.inner_end,
-                &lane.outer_end,
-            ],
-        };
+        let mut target = LaneTarget::of(&lane);
         // SAFETY: every address in `ops` is a resolved binding whose memory `held`
         // keeps alive (resident Arcs, transient buffers), the kernel's barrier symbol
         // (alive with the kernel) or the lane's result area (alive with the lane);
@@ -1101,16 +1074,7 @@ impl BackendInner {
             start,
             enqueue_ns,
         } = in_flight;
-        let mut target = LaneTarget {
-            stream: &lane.stream,
-            staging: &lane.staging,
-            events: [
-                &lane.outer_start,
-                &lane.inner_start,
-                &lane.inner_end,
-                &lane.outer_end,
-            ],
-        };
+        let mut target = LaneTarget::of(&lane);
         let waited = self.synchronize(&mut target, &kernel.name);
         let wait_ns = match waited {
             Ok(ns) => ns,

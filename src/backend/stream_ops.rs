@@ -485,7 +485,21 @@ pub(crate) struct LaneTarget<'l> {
     pub(crate) events: [&'l Event; 4],
 }
 
-impl LaneTarget<'_> {
+impl<'l> LaneTarget<'l> {
+    /// The target of a leased lane: its stream, staging and four events.
+    pub(crate) fn of(lane: &'l super::pool::Lane) -> Self {
+        LaneTarget {
+            stream: &lane.stream,
+            staging: &lane.staging,
+            events: [
+                &lane.outer_start,
+                &lane.inner_start,
+                &lane.inner_end,
+                &lane.outer_end,
+            ],
+        }
+    }
+
     pub(crate) fn event(&self, mark: DeviceMark) -> &Event {
         self.events[mark as usize]
     }
