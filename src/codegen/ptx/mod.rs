@@ -265,12 +265,24 @@ pub fn program_to_ptx(
     sm: u32,
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
+    validate_and_emit(program, options, sm, subgroup_size, false)
+}
+
+/// The target checks, then validation in the lowered form against
+/// [`codegen_limits`], then the writer (`results`: with the result ABI).
+fn validate_and_emit(
+    program: &Program,
+    options: &CodegenOptions,
+    sm: u32,
+    subgroup_size: u32,
+    results: bool,
+) -> Result<String, CodegenError> {
     check_target(program, sm, subgroup_size)?;
     // Not memoised: the program's memo slot belongs to the limits its user validates
     // against (see `lower::lower_valid`); this runs on a PTX cache miss only.
     let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
         .map_err(CodegenError::Invalid)?;
-    writer::Writer::new(&valid, *options, sm, false).finish()
+    writer::Writer::new(&valid, *options, sm, results).finish()
 }
 
 /// [`program_to_ptx`] for a program the validator already accepted in the lowered
@@ -321,10 +333,7 @@ pub fn program_to_ptx_with_results(
     sm: u32,
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
-    check_target(program, sm, subgroup_size)?;
-    let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
-        .map_err(CodegenError::Invalid)?;
-    writer::Writer::new(&valid, *options, sm, true).finish()
+    validate_and_emit(program, options, sm, subgroup_size, true)
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to
