@@ -24,12 +24,14 @@
 //! (on the GPU machine: `.gpu/bin/bench-dispatch`). Set `VYRE_BENCH_QUICK=1` for
 //! shorter regions.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Instant;
 
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{Binding, CudaBackend, PendingDispatch, ResidentBuffer};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
-use vyre_cuda::host_cost::{PairOptions, Paired, Report};
+use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::ir::Program;
 use vyre_cuda::DispatchConfig;
 
@@ -52,31 +54,6 @@ fn resident_inputs(gpu: &CudaBackend, program: &Program) -> Vec<ResidentBuffer> 
         .collect()
 }
 
-fn options() -> PairOptions {
-    if std::env::var_os("VYRE_BENCH_QUICK").is_some() {
-        PairOptions::with_targets(Duration::from_millis(20), Duration::from_millis(5), 10)
-    } else {
-        PairOptions::with_targets(Duration::from_millis(60), Duration::from_millis(15), 12)
-    }
-}
-
-fn row(p: &Paired) -> String {
-    let verdict = if p.publishable() {
-        "publishable".to_string()
-    } else {
-        format!("not publishable: {:?}", p.not_publishable)
-    };
-    format!(
-        "{:<34} floor {:>7.2} µs  dispatch {:>7.2} µs  ratio {:.3} (spread {:.1} %)  {}",
-        p.name,
-        p.minimum_ns_per_unit_a / 1e3,
-        p.minimum_ns_per_unit_b / 1e3,
-        p.median_ratio,
-        p.ratio_spread.unwrap_or(f64::NAN) * 100.0,
-        verdict
-    )
-}
-
 /// One paired ABBA comparison of two per-unit arms; prints and records its row.
 fn pair(
     report: &mut Report,
@@ -90,10 +67,10 @@ fn pair(
         |n| repeat(&mut *arm_a, n),
         name_b,
         |n| repeat(&mut *arm_b, n),
-        &options(),
+        &common::options(),
     ) {
         Ok(p) => {
-            let line = row(&p);
+            let line = common::row(&p, "dispatch", 34, 3);
             println!("{line}");
             lines.push(line);
             report.add_paired(p.clone());

@@ -13,43 +13,20 @@
 #[path = "../tests/oracle/mod.rs"]
 mod oracle;
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Instant;
 
 use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::CudaBackend;
 use vyre_cuda::fixtures::host_cost_fixture;
-use vyre_cuda::host_cost::{PairOptions, Paired, Report};
+use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::pretokenize::pipeline::CudaPipeline;
 use vyre_cuda::pretokenize::programs::programs;
 use vyre_cuda::pretokenize::text::{generate, Shape};
 
 const TEXT_BYTES: usize = 262_144;
 const MEDIAN_ENCODES: usize = 1000;
-
-fn options() -> PairOptions {
-    if std::env::var_os("VYRE_BENCH_QUICK").is_some() {
-        PairOptions::with_targets(Duration::from_millis(20), Duration::from_millis(5), 10)
-    } else {
-        PairOptions::with_targets(Duration::from_millis(60), Duration::from_millis(15), 12)
-    }
-}
-
-fn row(p: &Paired) -> String {
-    let verdict = if p.publishable() {
-        "publishable".to_string()
-    } else {
-        format!("not publishable: {:?}", p.not_publishable)
-    };
-    format!(
-        "{:<28} floor {:>7.2} µs  encode {:>7.2} µs  ratio {:.2} (spread {:.1} %)  {}",
-        p.name,
-        p.minimum_ns_per_unit_a / 1e3,
-        p.minimum_ns_per_unit_b / 1e3,
-        p.median_ratio,
-        p.ratio_spread.unwrap_or(f64::NAN) * 100.0,
-        verdict
-    )
-}
 
 fn median_us(mut samples: Vec<u64>) -> f64 {
     samples.sort_unstable();
@@ -113,10 +90,10 @@ fn main() {
                 },
                 &name,
                 |n| (0..n).fold(0u64, |acc, _| acc ^ encode()),
-                &options(),
+                &common::options(),
             ) {
                 Ok(p) => {
-                    println!("{}", row(&p));
+                    println!("{}", common::row(&p, "encode", 28, 2));
                     report.add_paired(p);
                 }
                 Err(e) => {
