@@ -77,23 +77,26 @@ impl RawFloor {
         inner.check_alive()?;
         inner.bind()?;
         let caps = backend.caps();
-        let ptx = codegen::program_to_ptx(
-            program,
-            &CodegenOptions::default(),
-            caps.ptx_target_sm(),
-            caps.warp_size,
-        )
-        .map_err(|error| BackendError::Codegen {
-            program: program.display_name(),
-            error,
-        })?;
-        let module = LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
-            BackendError::ModuleLoad {
+        // The plain ABI and the result ABI of the same program, emitted and loaded the
+        // same way.
+        let load = |emit: fn(&Program, &CodegenOptions, u32, u32) -> Result<String, _>| {
+            let ptx = emit(
+                program,
+                &CodegenOptions::default(),
+                caps.ptx_target_sm(),
+                caps.warp_size,
+            )
+            .map_err(|error| BackendError::Codegen {
+                program: program.display_name(),
+                error,
+            })?;
+            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
                 program: program.display_name(),
                 sm: caps.ptx_target_sm(),
                 error,
-            }
-        })?;
+            })
+        };
+        let module = load(codegen::program_to_ptx)?;
         let stream =
             Stream::new().map_err(|e| BackendError::driver("creating the floor stream", e))?;
         let globals = program.global_buffers();
@@ -140,23 +143,7 @@ impl RawFloor {
         });
         let mapped_params = mapped_parameters.pointer_array();
 
-        let result_ptx = codegen::program_to_ptx_with_results(
-            program,
-            &CodegenOptions::default(),
-            caps.ptx_target_sm(),
-            caps.warp_size,
-        )
-        .map_err(|error| BackendError::Codegen {
-            program: program.display_name(),
-            error,
-        })?;
-        let result_module = LoadedModule::load(&result_ptx, ENTRY_NAME, None).map_err(|error| {
-            BackendError::ModuleLoad {
-                program: program.display_name(),
-                sm: caps.ptx_target_sm(),
-                error,
-            }
-        })?;
+        let result_module = load(codegen::program_to_ptx_with_results)?;
         let result_area = ResultArea::new()
             .map_err(|e| BackendError::driver("allocating the floor result area", e))?;
         let mut results = result_area.params();
