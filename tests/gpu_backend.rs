@@ -6,26 +6,12 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{backend, bytes, reference, resident_copies, words};
+use support::{backend, bytes, fixture_inputs, reference, resident_copies, words};
 use vyre_cuda::backend::{BackendError, Binding, CudaBackend};
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
-
-fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
-    program
-        .global_buffers()
-        .iter()
-        .map(|b| {
-            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
-            if &*b.name == "in" {
-                v[..4].copy_from_slice(&x.to_le_bytes());
-            }
-            v
-        })
-        .collect()
-}
 
 /// Locks out a broken thin slice (IR → PTX → driver → readback): the §6 fixture
 /// must give the hand-computed sum on the borrowed and the resident path.

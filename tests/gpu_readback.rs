@@ -6,27 +6,13 @@
 
 mod support;
 
-use support::{backend, bytes, reference, resident_copies, words};
+use support::{backend, bytes, fixture_inputs, reference, resident_copies, words};
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::readback::{MAPPED_RANGE_MAX_BYTES, RESULT_RANGE_SLOTS};
 use vyre_cuda::backend::{Binding, CudaBackend};
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::*;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
-
-fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
-    program
-        .global_buffers()
-        .iter()
-        .map(|b| {
-            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
-            if &*b.name == "in" {
-                v[..4].copy_from_slice(&x.to_le_bytes());
-            }
-            v
-        })
-        .collect()
-}
 
 /// `small[i] = i * 3 + seed` (16 words) and `large[i] += i ^ seed` over a runtime
 /// buffer: one output the mapped area carries and one it must leave to DMA (and

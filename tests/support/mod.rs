@@ -23,6 +23,22 @@ pub fn resident_copies(gpu: &CudaBackend, inputs: &[Vec<u8>]) -> Vec<ResidentBuf
         .collect()
 }
 
+/// Inputs of the §6 fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
+/// global buffer zeroed at its static size, with `x` in the first word of `in`.
+pub fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
+    program
+        .global_buffers()
+        .iter()
+        .map(|b| {
+            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
+            if &*b.name == "in" {
+                v[..4].copy_from_slice(&x.to_le_bytes());
+            }
+            v
+        })
+        .collect()
+}
+
 /// Outputs of the reference interpreter for the same request.
 pub fn reference(program: &Program, inputs: &[Vec<u8>], config: &DispatchConfig) -> Vec<Vec<u8>> {
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
