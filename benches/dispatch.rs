@@ -28,7 +28,8 @@ mod common;
 
 use std::time::Instant;
 
-use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
+use vyre_cuda::backend::floor::{EpilogueAnatomy, LaunchParameterSweep, RawFloor, ReadbackSweep};
+use vyre_cuda::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
 use vyre_cuda::backend::{Binding, CudaBackend, PendingDispatch, ResidentBuffer};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
@@ -292,6 +293,131 @@ fn readback_sweep(gpu: &CudaBackend) {
     }
 }
 
+/// Where a result-ABI launch's time goes: launch + sync against the size of the
+/// kernel's parameters (a trivial kernel per size), and the result-ABI kernel of
+/// the fixture with its epilogue's parts switched on one by one.
+fn launch_anatomy(gpu: &CudaBackend) {
+    let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
+    let mut sweep = LaunchParameterSweep::new(gpu).expect("parameter sweep");
+    let sweep_cell = std::cell::RefCell::new(&mut sweep);
+    let mut arms: Vec<Arm<'_>> = LaunchParameterSweep::SIZES
+        .iter()
+        .enumerate()
+        .map(|(index, (size, first, words))| -> Arm<'_> {
+            let sweep_cell = &sweep_cell;
+            (
+                format!("{size} B block, {words} words read from byte {first}"),
+                Box::new(move || sweep_cell.borrow_mut().launch_sync(index).expect("sweep")),
+            )
+        })
+        .collect();
+    let ns = rotated_minimum(&mut arms, rounds, calls);
+    println!("\nlaunch + sync against kernel parameter bytes (+ 8), µs, minimum of {rounds} rotated rounds × {calls} calls:");
+    for ((name, _), t) in arms.iter().zip(&ns) {
+        println!("{name:>44} {:>9.2}", t / 1e3);
+    }
+    drop(arms);
+    let mut anatomy = EpilogueAnatomy::new(gpu).expect("epilogue anatomy");
+    let names = anatomy.names();
+    let anatomy_cell = std::cell::RefCell::new(&mut anatomy);
+    let mut arms: Vec<Arm<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(index, name)| -> Arm<'_> {
+            let anatomy_cell = &anatomy_cell;
+            (
+                name.to_string(),
+                Box::new(move || {
+                    anatomy_cell
+                        .borrow_mut()
+                        .launch_sync(index)
+                        .expect("anatomy")
+                }),
+            )
+        })
+        .collect();
+    let ns = rotated_minimum(&mut arms, rounds, calls);
+    println!("\none-thread kernels, launch + sync, µs:");
+    for ((name, _), t) in arms.iter().zip(&ns) {
+        println!("{name:>40} {:>9.2}", t / 1e3);
+    }
+    drop(arms);
+    for buffers in [9u32, 17] {
+        let program = host_cost_fixture(buffers, chain_for_nodes(64));
+        let reads = (buffers - 1) as usize;
+        let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
+        let floor = std::cell::RefCell::new(&mut floor);
+        let stamps = FLAG_START_STAMP | FLAG_END_STAMP;
+        let variant = |flags: u32, count: usize| -> Box<dyn FnMut() -> u64 + '_> {
+            let floor = &floor;
+            Box::new(move || {
+                floor
+                    .borrow_mut()
+                    .launch_result_abi_flags_sync(flags, count)
+                    .expect("floor")
+            })
+        };
+        let mut arms: Vec<Arm<'_>> = vec![
+            (
+                "plain kernel: launch + sync".into(),
+                Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
+            ),
+            ("result ABI: counting only".into(), variant(0, 0)),
+            ("result ABI: + stamps".into(), variant(stamps, 0)),
+            ("result ABI: + 1 range".into(), variant(stamps, 1)),
+            (
+                format!("result ABI: + {reads} ranges"),
+                variant(stamps, reads),
+            ),
+        ];
+        let ns = rotated_minimum(&mut arms, rounds, calls);
+        println!(
+            "\nresult-ABI anatomy, (buffers {buffers}, nodes {}), µs:",
+            program.node_count()
+        );
+        for ((name, _), t) in arms.iter().zip(&ns) {
+            println!("{name:>32} {:>9.2}", t / 1e3);
+        }
+        drop(arms);
+        // The launch call and the synchronize timed apart (medians of 2,000).
+        let split = |launch: &mut dyn FnMut()| -> (f64, f64) {
+            let mut launches = Vec::with_capacity(2000);
+            let mut waits = Vec::with_capacity(2000);
+            for _ in 0..2000 {
+                let t0 = Instant::now();
+                launch();
+                let t1 = Instant::now();
+                floor.borrow().synchronize().expect("sync");
+                waits.push(t1.elapsed().as_nanos() as f64);
+                launches.push((t1 - t0).as_nanos() as f64);
+            }
+            launches.sort_by(f64::total_cmp);
+            waits.sort_by(f64::total_cmp);
+            (launches[1000] / 1e3, waits[1000] / 1e3)
+        };
+        let plain = split(&mut || floor.borrow_mut().launch_only().expect("launch"));
+        let counting = split(&mut || {
+            floor
+                .borrow_mut()
+                .launch_result_abi_flags(0, 0)
+                .expect("launch")
+        });
+        let full = split(&mut || {
+            floor
+                .borrow_mut()
+                .launch_result_abi_flags(stamps, reads)
+                .expect("launch")
+        });
+        for (name, (l, w)) in [
+            ("plain", plain),
+            ("result ABI counting only", counting),
+            ("result ABI full", full),
+        ] {
+            println!("{name:>32}: launch call {l:.2} µs, synchronize {w:.2} µs (medians)");
+        }
+    }
+}
+
 fn main() {
     let gpu = match CudaBackend::acquire() {
         Ok(gpu) => gpu,
@@ -306,6 +432,7 @@ fn main() {
         gpu.caps().ptx_target_sm(),
         gpu.caps().driver_version
     );
+    launch_anatomy(&gpu);
     let mut untimed = Vec::new();
     for (buffers, nodes) in [(9, 64), (9, 16384), (17, 64), (2, 64)] {
         untimed.push(floors_table(&gpu, buffers, nodes));

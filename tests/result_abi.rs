@@ -235,3 +235,56 @@ fn single_warp_epilogue_only_where_every_lane_reaches_it() {
         assert!(text.contains("atom.acq_rel.gpu.global.add.u64"), "{text}");
     }
 }
+
+/// Locks out an epilogue that evaluates every descriptor slot whatever the range
+/// count: predicated-off loads of all 16 slots cost 1.5 µs per dispatch on the H200
+/// with no range described (2026-12-01, `EpilogueAnatomy` and the result-ABI rows of
+/// the dispatch bench). Each of the leader's 16 slots must first branch out of the
+/// load sequence, and again out of the store sequence, once its index reaches the
+/// count, before any of its descriptor words is read. Negative control: the same
+/// check on the text with the guards removed finds the first slot's descriptor read
+/// unguarded.
+#[test]
+fn epilogue_jumps_over_descriptor_slots_past_the_count() {
+    let program = host_cost_fixture(9, chain_for_nodes(64));
+    let ptx = program_to_ptx_with_results(&program, &CodegenOptions::default(), 90, 32)
+        .expect("fixture PTX");
+    let guards = |text: &str| -> Result<(), String> {
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for slot in 0..RESULT_RANGE_SLOTS {
+            let read = format!("[vyre_ranges+{}]", 16 * slot);
+            let at = lines
+                .iter()
+                .position(|l| l.starts_with("ld.param.u64") && l.ends_with(&format!("{read};")))
+                .ok_or_else(|| format!("slot {slot}: no descriptor read"))?;
+            let guarded = lines[..at]
+                .iter()
+                .rev()
+                .take(4)
+                .any(|l| l.contains("bra $L_results_fast_loaded"));
+            if !guarded {
+                return Err(format!(
+                    "slot {slot}: descriptor read without a guard before it"
+                ));
+            }
+        }
+        let store_guards = lines
+            .iter()
+            .filter(|l| l.contains("bra $L_results_fast_stored"))
+            .count();
+        if store_guards != RESULT_RANGE_SLOTS {
+            return Err(format!(
+                "{store_guards} store guards, expected {RESULT_RANGE_SLOTS}"
+            ));
+        }
+        Ok(())
+    };
+    guards(&ptx).expect("every slot is guarded");
+    let unguarded: String = ptx
+        .lines()
+        .filter(|l| !l.contains("bra $L_results_fast_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let error = guards(&unguarded).expect_err("the negative control must fail");
+    assert!(error.starts_with("slot 0:"), "{error}");
+}

@@ -21,7 +21,12 @@
 //!   16-byte copy per output and one synchronize (what dispatches did before).
 //!
 //! [`ReadbackSweep`] measures the size crossover between the mapped route and one
-//! DMA copy (`readback::MAPPED_RANGE_MAX_BYTES`).
+//! DMA copy (`readback::MAPPED_RANGE_MAX_BYTES`). [`LaunchParameterSweep`] and
+//! [`EpilogueAnatomy`] take a launch apart (parameter bytes; each instruction the
+//! result ABI adds), and [`RawFloor::launch_result_abi_flags_sync`] the result ABI's
+//! parts: on the H200 (2026-12-01) 8 to 4,000 parameter bytes cost the same, every
+//! single epilogue instruction under 0.5 µs, while 16 unguarded descriptor slots cost
+//! 1.5 µs with no range described (now guarded; see `codegen::ptx`).
 
 use std::ffi::c_void;
 
@@ -217,14 +222,49 @@ impl RawFloor {
     /// thread stamps and copies `reads` 16-byte outputs (at most 16) into the mapped
     /// result area; launch + one synchronize, then the host reads the end stamp.
     pub fn launch_result_abi_sync(&mut self, reads: usize) -> Result<u64, BackendError> {
+        self.launch_result_abi_flags_sync(
+            super::readback::FLAG_START_STAMP | super::readback::FLAG_END_STAMP,
+            reads,
+        )
+    }
+
+    /// [`RawFloor::launch_result_abi_sync`] with the launch flags given (0: neither
+    /// stamp, so the epilogue only counts finished threads), to take the mechanism's
+    /// cost apart: the counting, the stamps and each range's copy.
+    pub fn launch_result_abi_flags_sync(
+        &mut self,
+        flags: u32,
+        reads: usize,
+    ) -> Result<u64, BackendError> {
+        self.launch_result_abi_flags(flags, reads)?;
+        self.sync()?;
+        let stamps = self.result_area.stamps().unwrap_or((0, 0));
+        Ok(stamps.1 ^ stamps.0)
+    }
+
+    /// The plain launch alone (no synchronize): with [`RawFloor::synchronize`], to
+    /// time the launch call and the wait apart.
+    pub fn launch_only(&mut self) -> Result<(), BackendError> {
+        self.launch()
+    }
+
+    /// One synchronize of the floor's stream.
+    pub fn synchronize(&self) -> Result<(), BackendError> {
+        self.sync()
+    }
+
+    /// The result-ABI launch of [`RawFloor::launch_result_abi_flags_sync`] alone (no
+    /// synchronize); follow with [`RawFloor::synchronize`].
+    pub fn launch_result_abi_flags(
+        &mut self,
+        flags: u32,
+        reads: usize,
+    ) -> Result<(), BackendError> {
         self.result_area
             .arm(&self.stream)
             .map_err(|e| BackendError::driver("raw floor result arming", e))?;
         if let Some(results) = &self.result_parameters.results {
-            results.set_raw(
-                super::readback::FLAG_START_STAMP | super::readback::FLAG_END_STAMP,
-                reads as u32,
-            );
+            results.set_raw(flags, reads as u32);
         }
         // SAFETY: result_params points into the boxed self.result_parameters
         // (stable), in the result ABI's order; every
@@ -241,15 +281,13 @@ impl RawFloor {
             )
         }
         .map_err(|e| BackendError::driver("raw floor result-ABI launch", e))?;
-        self.sync()?;
         if !self.result_area.is_mapped() {
             return Err(BackendError::Launch {
                 message: "Fix: this device cannot map host memory, so the result-ABI floor does not apply"
                     .to_string(),
             });
         }
-        let stamps = self.result_area.stamps().unwrap_or((0, 0));
-        Ok(stamps.1 ^ stamps.0)
+        Ok(())
     }
 
     /// The kernel time the result-ABI floor's last launch stamped (end − start), in
@@ -611,6 +649,346 @@ impl ReadbackSweep {
     }
 
     /// Bind the context (for a thread that did not create the sweep).
+    pub fn bind(&self) -> Result<(), BackendError> {
+        self.backend.inner.bind()
+    }
+}
+
+/// What the launch call itself costs per byte of kernel parameters: one trivial
+/// kernel per size in [`LaunchParameterSweep::SIZES`], taking an output address and
+/// a parameter block of that many bytes, whose one thread stores the block's last
+/// word. Launch + one synchronize each. The result ABI's 256-byte descriptor table
+/// travels in the parameters; this sweep says whether that size costs anything.
+pub struct LaunchParameterSweep {
+    modules: Vec<(usize, LoadedModule)>,
+    stream: Stream,
+    output: DeviceMemory,
+    block: Box<[u64; 512]>,
+    backend: CudaBackend,
+}
+
+impl LaunchParameterSweep {
+    /// Parameter block sizes swept, in bytes (plus the 8-byte output address), each
+    /// with the byte offset where the kernel starts reading and how many u64 words
+    /// it reads (and folds into its one store).
+    pub const SIZES: [(usize, usize, usize); 12] = [
+        (8, 0, 1),
+        (256, 248, 1),
+        (512, 504, 1),
+        (1024, 1016, 1),
+        (4000, 3992, 1),
+        (256, 0, 32),
+        (512, 0, 32),
+        (512, 256, 32),
+        (1024, 768, 32),
+        (4000, 3744, 32),
+        (512, 256, 8),
+        (512, 256, 16),
+    ];
+
+    /// Load one module per size.
+    pub fn new(backend: &CudaBackend) -> Result<LaunchParameterSweep, BackendError> {
+        let inner = &backend.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let sm = backend.caps().ptx_target_sm();
+        let failed = |what: &'static str| move |e| BackendError::driver(what, e);
+        let mut modules = Vec::with_capacity(Self::SIZES.len());
+        for &(size, first, words) in &Self::SIZES {
+            let loads: String = (0..words)
+                .map(|w| {
+                    format!(
+                        "ld.param.u64 %rd2, [block+{}];\nxor.b64 %rd1, %rd1, %rd2;\n",
+                        first + 8 * w
+                    )
+                })
+                .collect();
+            let ptx = format!(
+                ".version {version}\n.target sm_{sm}\n.address_size 64\n\
+                 .visible .entry vyre_parameter_sweep(.param .u64 out, .param .align 8 .b8 block[{size}])\n{{\n\
+                 .reg .b64 %rd<3>;\n\
+                 ld.param.u64 %rd0, [out];\n\
+                 cvta.to.global.u64 %rd0, %rd0;\n\
+                 mov.u64 %rd1, 0;\n\
+                 {loads}\
+                 st.global.u64 [%rd0], %rd1;\n\
+                 ret;\n}}\n",
+                version = codegen::ptx::ptx_version(sm),
+            );
+            let module =
+                LoadedModule::load(&ptx, "vyre_parameter_sweep", None).map_err(|error| {
+                    BackendError::ModuleLoad {
+                        program: format!("parameter sweep kernel ({size} parameter bytes)"),
+                        sm,
+                        error,
+                    }
+                })?;
+            modules.push((size, module));
+        }
+        Ok(LaunchParameterSweep {
+            modules,
+            stream: Stream::new().map_err(failed("creating the parameter sweep stream"))?,
+            output: DeviceMemory::allocate(8)
+                .map_err(failed("allocating the parameter sweep output"))?,
+            block: Box::new([7; 512]),
+            backend: backend.clone(),
+        })
+    }
+
+    /// Launch the kernel of [`LaunchParameterSweep::SIZES`]`[index]` once, one
+    /// synchronize.
+    pub fn launch_sync(&mut self, index: usize) -> Result<u64, BackendError> {
+        let Some((size, module)) = self.modules.get(index) else {
+            return Err(BackendError::bad_input(format!(
+                "Fix: the parameter sweep has {} sizes; index {index} is past them",
+                self.modules.len()
+            )));
+        };
+        let mut out = self.output.address();
+        self.block[size / 8 - 1] = index as u64;
+        let mut params = [
+            &mut out as *mut u64 as *mut c_void,
+            self.block.as_mut_ptr() as *mut c_void,
+        ];
+        // SAFETY: the kernel takes a u64 and a `size`-byte block; `out` is a local
+        // and `block` holds 4096 bytes ≥ size, both alive for the call; the output
+        // allocation (8 bytes) outlives the synchronize below.
+        unsafe {
+            driver::launch(
+                module,
+                [1, 1, 1],
+                [1, 1, 1],
+                &self.stream,
+                &mut params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("parameter sweep launch", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| BackendError::driver("parameter sweep synchronize", e))?;
+        Ok(*size as u64)
+    }
+
+    /// Bind the context (for a thread that did not create the sweep).
+    pub fn bind(&self) -> Result<(), BackendError> {
+        self.backend.inner.bind()
+    }
+}
+
+/// What each instruction the result ABI's epilogue adds costs a one-thread kernel:
+/// launch + one synchronize of hand-written kernels that each do one of them
+/// (reading `%globaltimer`, a `red.min` into device memory, an acquire-release
+/// atomic, a GPU-scope fence, 16 bytes stored into host-mapped memory), against an
+/// empty kernel. The dispatch bench prints the table.
+pub struct EpilogueAnatomy {
+    kernels: Vec<(String, LoadedModule)>,
+    stream: Stream,
+    scratch: DeviceMemory,
+    mapped: MappedMemory,
+    backend: CudaBackend,
+}
+
+impl EpilogueAnatomy {
+    /// The kernels' names and bodies; `%rd0` holds a device scratch address (16
+    /// bytes), `%rd1` a host-mapped one.
+    const BODIES: [(&'static str, &'static str); 9] = [
+        ("empty kernel", ""),
+        ("2 × %globaltimer → device memory", "mov.u64 %rd2, %globaltimer;\nmov.u64 %rd3, %globaltimer;\nst.global.v2.u64 [%rd0], {%rd2, %rd3};\n"),
+        ("2 × %globaltimer → mapped memory", "mov.u64 %rd2, %globaltimer;\nmov.u64 %rd3, %globaltimer;\nst.global.v2.u64 [%rd1], {%rd2, %rd3};\n"),
+        ("16 B stored into mapped memory", "mov.u64 %rd2, 5;\nst.global.v2.u64 [%rd1], {%rd2, %rd2};\n"),
+        ("red.min.u64 into device memory", "mov.u64 %rd2, 5;\nred.relaxed.gpu.global.min.u64 [%rd0+8], %rd2;\n"),
+        ("red.min, then reset stores", "mov.u64 %rd2, 5;\nred.relaxed.gpu.global.min.u64 [%rd0+8], %rd2;\nmov.u64 %rd3, -1;\nst.global.u64 [%rd0+8], %rd3;\n"),
+        ("atom.acq_rel.gpu add (result stored)", "mov.u64 %rd2, 1;\natom.acq_rel.gpu.global.add.u64 %rd3, [%rd0], %rd2;\nst.global.u64 [%rd0+8], %rd3;\n"),
+        ("fence.acq_rel.gpu", "fence.acq_rel.gpu;\n"),
+        ("load 16 B of device memory → mapped", "ld.relaxed.gpu.global.v2.u64 {%rd2, %rd3}, [%rd0];\nst.global.v2.u64 [%rd1], {%rd2, %rd3};\n"),
+    ];
+
+    /// Load every kernel.
+    pub fn new(backend: &CudaBackend) -> Result<EpilogueAnatomy, BackendError> {
+        let inner = &backend.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let sm = backend.caps().ptx_target_sm();
+        let failed = |what: &'static str| move |e| BackendError::driver(what, e);
+        let mut kernels = Vec::with_capacity(Self::BODIES.len());
+        // Code size: 640 predicated-off loads (what 16 unrolled range copies execute
+        // when no range is described), and the same code jumped over.
+        let predicated: String = (0..640)
+            .map(|i| format!("@%p0 ld.global.u32 %r0, [%rd0+{}];\n", 4 * (i % 4)))
+            .collect();
+        let stores = |stride: usize, vector: bool| -> String {
+            (0..16)
+                .map(|i| {
+                    if vector {
+                        format!(
+                            "st.global.v4.u32 [%rd1+{}], {{%r0, %r0, %r0, %r0}};\n",
+                            stride * i
+                        )
+                    } else {
+                        (0..4)
+                            .map(|w| format!("st.global.u32 [%rd1+{}], %r0;\n", stride * i + 4 * w))
+                            .collect()
+                    }
+                })
+                .collect()
+        };
+        let loads_to = |strong: bool, mapped: bool| -> String {
+            let kind = if strong {
+                "ld.relaxed.gpu.global"
+            } else {
+                "ld.global"
+            };
+            let target = if mapped { "%rd1" } else { "%rd0" };
+            let loads: String = (0..16)
+                .map(|i| {
+                    format!(
+                        "{kind}.v4.u32 {{%v{a}, %v{b}, %v{c}, %v{d}}}, [%rd0+{}];\n",
+                        256 * i,
+                        a = 4 * i,
+                        b = 4 * i + 1,
+                        c = 4 * i + 2,
+                        d = 4 * i + 3
+                    )
+                })
+                .collect();
+            let stores: String = (0..16)
+                .map(|i| {
+                    format!(
+                        "st.global.v4.u32 [{target}+{}], {{%v{a}, %v{b}, %v{c}, %v{d}}};\n",
+                        if mapped { 16 * i } else { 4096 + 16 * i },
+                        a = 4 * i,
+                        b = 4 * i + 1,
+                        c = 4 * i + 2,
+                        d = 4 * i + 3
+                    )
+                })
+                .collect();
+            format!(".reg .b32 %v<64>;\n{loads}{stores}")
+        };
+        let bodies = Self::BODIES
+            .iter()
+            .map(|(name, body)| (name.to_string(), body.to_string()))
+            .chain([
+                (
+                    "16 × v4 stores → mapped, contiguous".to_string(),
+                    format!("mov.u32 %r0, 3;\n{}", stores(16, true)),
+                ),
+                (
+                    "64 × u32 stores → mapped, contiguous".to_string(),
+                    format!("mov.u32 %r0, 3;\n{}", stores(16, false)),
+                ),
+                (
+                    "16 × v4 stores → mapped, 64-B stride".to_string(),
+                    format!("mov.u32 %r0, 3;\n{}", stores(64, true)),
+                ),
+                (
+                    "16 strong v4 loads (16 lines) → device".to_string(),
+                    loads_to(true, false),
+                ),
+                (
+                    "16 weak v4 loads (16 lines) → device".to_string(),
+                    loads_to(false, false),
+                ),
+                (
+                    "16 strong v4 loads → mapped contiguous".to_string(),
+                    loads_to(true, true),
+                ),
+                (
+                    "16 weak v4 loads → mapped contiguous".to_string(),
+                    loads_to(false, true),
+                ),
+                (
+                    "16 device stores, then strong loads → mapped".to_string(),
+                    format!(
+                        "mov.u32 %r0, 3;\n{}{}",
+                        (0..16)
+                            .map(|i| format!("st.global.u32 [%rd0+{}], %r0;\n", 256 * i))
+                            .collect::<String>(),
+                        loads_to(true, true)
+                    ),
+                ),
+            ])
+            .chain([
+                (
+                    "640 predicated-off loads".to_string(),
+                    format!("setp.eq.u64 %p0, %rd0, 0;\n{predicated}"),
+                ),
+                (
+                    "the same 640 loads branched over".to_string(),
+                    format!("setp.eq.u64 %p0, %rd0, 0;\n@!%p0 bra $L_end;\n{predicated}$L_end:\n"),
+                ),
+            ]);
+        for (name, body) in bodies {
+            let ptx = format!(
+                ".version {version}\n.target sm_{sm}\n.address_size 64\n\
+                 .visible .entry vyre_epilogue_anatomy(.param .u64 scratch, .param .u64 mapped)\n{{\n\
+                 .reg .b64 %rd<4>;\n.reg .b32 %r<1>;\n.reg .pred %p<1>;\n\
+                 ld.param.u64 %rd0, [scratch];\ncvta.to.global.u64 %rd0, %rd0;\n\
+                 ld.param.u64 %rd1, [mapped];\ncvta.to.global.u64 %rd1, %rd1;\n\
+                 {body}ret;\n}}\n",
+                version = codegen::ptx::ptx_version(sm),
+            );
+            let module =
+                LoadedModule::load(&ptx, "vyre_epilogue_anatomy", None).map_err(|error| {
+                    BackendError::ModuleLoad {
+                        program: format!("epilogue anatomy kernel ({name})"),
+                        sm,
+                        error,
+                    }
+                })?;
+            kernels.push((name, module));
+        }
+        Ok(EpilogueAnatomy {
+            kernels,
+            stream: Stream::new().map_err(failed("creating the anatomy stream"))?,
+            scratch: DeviceMemory::allocate(8192).map_err(failed("allocating anatomy scratch"))?,
+            mapped: MappedMemory::allocate(4096)
+                .map_err(failed("allocating anatomy mapped memory"))?,
+            backend: backend.clone(),
+        })
+    }
+
+    /// The kernels' names, in [`EpilogueAnatomy::launch_sync`]'s index order.
+    pub fn names(&self) -> Vec<String> {
+        self.kernels.iter().map(|(name, _)| name.clone()).collect()
+    }
+
+    /// Launch kernel `index` (one thread) and synchronize.
+    pub fn launch_sync(&mut self, index: usize) -> Result<u64, BackendError> {
+        let Some((_, module)) = self.kernels.get(index) else {
+            return Err(BackendError::bad_input(format!(
+                "Fix: the epilogue anatomy has {} kernels; index {index} is past them",
+                self.kernels.len()
+            )));
+        };
+        let mut scratch = self.scratch.address();
+        let mut mapped = self.mapped.device_address(0);
+        let mut params = [
+            &mut scratch as *mut u64 as *mut c_void,
+            &mut mapped as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: both kernels' parameters are two u64 addresses, held by the locals
+        // for the call; the kernels touch at most 16 bytes of each allocation, which
+        // outlive the synchronize below.
+        unsafe {
+            driver::launch(
+                module,
+                [1, 1, 1],
+                [1, 1, 1],
+                &self.stream,
+                &mut params,
+                false,
+            )
+        }
+        .map_err(|e| BackendError::driver("anatomy launch", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| BackendError::driver("anatomy synchronize", e))?;
+        Ok(index as u64)
+    }
+
+    /// Bind the context (for a thread that did not create it).
     pub fn bind(&self) -> Result<(), BackendError> {
         self.backend.inner.bind()
     }

@@ -183,9 +183,9 @@ pub(crate) struct ResultParams {
 }
 
 /// `vyre_launch_flags` bit: this launch writes the start stamp.
-pub(crate) const FLAG_START_STAMP: u32 = 1;
+pub const FLAG_START_STAMP: u32 = 1;
 /// `vyre_launch_flags` bit: this launch writes the end stamp.
-pub(crate) const FLAG_END_STAMP: u32 = 2;
+pub const FLAG_END_STAMP: u32 = 2;
 
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these

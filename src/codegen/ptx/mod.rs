@@ -76,7 +76,10 @@
 //! barrier, grid sync or subgroup operation, launched as one block, skips the
 //! counting below: every lane reaches the epilogue, one `bar.warp.sync` over the whole
 //! warp finds the end, and lane 0 uses its own entry time as the start stamp (no
-//! control-block round trip). The run-time check is `nctaid == (1, 1, 1)`.
+//! control-block round trip). The run-time check is `nctaid == (1, 1, 1)`. The
+//! leader reads descriptor slot k only when k < `vyre_range_count` (it branches out
+//! of the unrolled slots at the first one past the count): evaluating all 16 slots
+//! predicated off cost 1.5 µs per dispatch on the H200 with no range described.
 //!
 //! Protocol: at entry the thread with local linear id 0 of each block does
 //! `red.min.u64` of `%globaltimer` into control `[8]`. Every `return` branches to the
