@@ -782,9 +782,13 @@ impl LaunchParameterSweep {
 /// atomic, a GPU-scope fence, 16 bytes stored into host-mapped memory), against an
 /// empty kernel. The dispatch bench prints the table.
 pub struct EpilogueAnatomy {
-    kernels: Vec<(String, LoadedModule)>,
+    /// Name, module, and whether the kernel's first parameter is `table` (the
+    /// addresses of 16 separate allocations) instead of `scratch`.
+    kernels: Vec<(String, LoadedModule, bool)>,
     stream: Stream,
     scratch: DeviceMemory,
+    table: DeviceMemory,
+    _separate: Vec<DeviceMemory>,
     mapped: MappedMemory,
     backend: CudaBackend,
 }
@@ -866,6 +870,31 @@ impl EpilogueAnatomy {
                 .collect();
             format!(".reg .b32 %v<64>;\n{loads}{stores}")
         };
+        // Loads from 16 separate allocations, whose addresses the kernel first reads
+        // from a table (as the epilogue reads its descriptors).
+        let separate = |words: bool| -> String {
+            let per = if words { 4 } else { 1 };
+            let mut text = String::from(".reg .b64 %a<16>;\n.reg .b32 %w<64>;\n");
+            for i in 0..16 {
+                text += &format!(
+                    "ld.global.u64 %a{i}, [%rd0+{}];\ncvta.to.global.u64 %a{i}, %a{i};\n",
+                    8 * i
+                );
+            }
+            for i in 0..16 {
+                for w in 0..per {
+                    text += &format!(
+                        "ld.relaxed.gpu.global.u32 %w{}, [%a{i}+{}];\n",
+                        per * i + w,
+                        4 * w
+                    );
+                }
+            }
+            for i in 0..16 * per {
+                text += &format!("st.global.u32 [%rd1+{}], %w{i};\n", 4 * i);
+            }
+            text
+        };
         let bodies = Self::BODIES
             .iter()
             .map(|(name, body)| (name.to_string(), body.to_string()))
@@ -897,6 +926,29 @@ impl EpilogueAnatomy {
                 (
                     "16 weak v4 loads → mapped contiguous".to_string(),
                     loads_to(false, true),
+                ),
+                (
+                    "TABLE 16 allocations: addresses, 16 u32 loads → mapped".to_string(),
+                    separate(false),
+                ),
+                (
+                    "TABLE 16 allocations: addresses, 64 u32 loads → mapped".to_string(),
+                    separate(true),
+                ),
+                (
+                    "64 u32 loads (16 lines) → 64 u32 mapped stores".to_string(),
+                    format!(
+                        ".reg .b32 %w<64>;\n{}{}",
+                        (0..64)
+                            .map(|i| format!(
+                                "ld.relaxed.gpu.global.u32 %w{i}, [%rd0+{}];\n",
+                                256 * (i / 4) + 4 * (i % 4)
+                            ))
+                            .collect::<String>(),
+                        (0..64)
+                            .map(|i| format!("st.global.u32 [%rd1+{}], %w{i};\n", 4 * i))
+                            .collect::<String>()
+                    ),
                 ),
                 (
                     "16 device stores, then strong loads → mapped".to_string(),
@@ -937,10 +989,24 @@ impl EpilogueAnatomy {
                         error,
                     }
                 })?;
-            kernels.push((name, module));
+            let uses_table = name.starts_with("TABLE");
+            kernels.push((name, module, uses_table));
         }
+        let separate_memory = (0..16)
+            .map(|_| DeviceMemory::allocate(256))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed("allocating anatomy buffers"))?;
+        let table = DeviceMemory::allocate(128).map_err(failed("allocating the anatomy table"))?;
+        let addresses: Vec<u8> = separate_memory
+            .iter()
+            .flat_map(|m| m.address().to_le_bytes())
+            .collect();
+        driver::copy_to_device_blocking(&table, &addresses)
+            .map_err(failed("writing the anatomy table"))?;
         Ok(EpilogueAnatomy {
             kernels,
+            table,
+            _separate: separate_memory,
             stream: Stream::new().map_err(failed("creating the anatomy stream"))?,
             scratch: DeviceMemory::allocate(8192).map_err(failed("allocating anatomy scratch"))?,
             mapped: MappedMemory::allocate(4096)
@@ -951,18 +1017,25 @@ impl EpilogueAnatomy {
 
     /// The kernels' names, in [`EpilogueAnatomy::launch_sync`]'s index order.
     pub fn names(&self) -> Vec<String> {
-        self.kernels.iter().map(|(name, _)| name.clone()).collect()
+        self.kernels
+            .iter()
+            .map(|(name, _, _)| name.clone())
+            .collect()
     }
 
     /// Launch kernel `index` (one thread) and synchronize.
     pub fn launch_sync(&mut self, index: usize) -> Result<u64, BackendError> {
-        let Some((_, module)) = self.kernels.get(index) else {
+        let Some((_, module, uses_table)) = self.kernels.get(index) else {
             return Err(BackendError::bad_input(format!(
                 "Fix: the epilogue anatomy has {} kernels; index {index} is past them",
                 self.kernels.len()
             )));
         };
-        let mut scratch = self.scratch.address();
+        let mut scratch = if *uses_table {
+            self.table.address()
+        } else {
+            self.scratch.address()
+        };
         let mut mapped = self.mapped.device_address(0);
         let mut params = [
             &mut scratch as *mut u64 as *mut c_void,

@@ -180,12 +180,21 @@ pub(crate) struct ResultParams {
     /// u32 destination offset), 8-byte aligned.
     ranges: [u64; 2 * RESULT_RANGE_SLOTS],
     described: u32,
+    /// Descriptors `[0, looped)` need the kernel's strided loop (unaligned, or longer
+    /// than the leader's fast path); the rest the fast path copies whole.
+    looped: u32,
 }
 
 /// `vyre_launch_flags` bit: this launch writes the start stamp.
 pub const FLAG_START_STAMP: u32 = 1;
 /// `vyre_launch_flags` bit: this launch writes the end stamp.
 pub const FLAG_END_STAMP: u32 = 2;
+/// `vyre_launch_flags` bits 8-15: how many leading descriptors need the strided copy.
+const FLAG_LOOPED_SHIFT: u32 = 8;
+
+/// Bytes of every 4-byte-aligned range the kernel's leader copies before (and
+/// instead of) the strided loop (`FAST_WORDS` words in the writer).
+const FAST_PATH_BYTES: u32 = 16;
 
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these
@@ -200,6 +209,7 @@ impl ResultParams {
             count: Cell::new(0),
             ranges: [0; 2 * RESULT_RANGE_SLOTS],
             described: 0,
+            looped: 0,
         }
     }
 
@@ -210,10 +220,27 @@ impl ResultParams {
         if index >= RESULT_RANGE_SLOTS {
             return false;
         }
-        self.ranges[2 * index] = source;
-        self.ranges[2 * index + 1] = u64::from(len) | (u64::from(offset) << 32);
+        let aligned = (source as u32 | len | offset) & 3 == 0;
+        let mut at = index;
+        if !aligned || len > FAST_PATH_BYTES {
+            // Keep the looped descriptors in front: the first fast-path one (if
+            // any) moves to the end. The order of descriptors is free (each names
+            // its own destination).
+            let front = self.looped as usize;
+            self.ranges.copy_within(2 * front..2 * front + 2, 2 * index);
+            at = front;
+            self.looped += 1;
+        }
+        self.ranges[2 * at] = source;
+        self.ranges[2 * at + 1] = u64::from(len) | (u64::from(offset) << 32);
         self.described += 1;
         true
+    }
+
+    /// The loop count bits of `vyre_launch_flags` for a launch copying `count`
+    /// descriptors.
+    fn looped_bits(&self, count: u32) -> u32 {
+        self.looped.min(count) << FLAG_LOOPED_SHIFT
     }
 
     /// Set the values for launch `iteration` of `iterations`: the first writes the
@@ -227,16 +254,18 @@ impl ResultParams {
         if last && self.stamps_end {
             flags |= FLAG_END_STAMP;
         }
-        self.flags.set(flags);
-        self.count.set(if last { self.described } else { 0 });
+        let count = if last { self.described } else { 0 };
+        self.flags.set(flags | self.looped_bits(count));
+        self.count.set(count);
     }
 
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Set the per-launch values directly (graph captures and node updates, which
     /// choose flags per launch node and pass no descriptors).
     pub(crate) fn set_raw(&self, flags: u32, count: u32) {
-        self.flags.set(flags);
-        self.count.set(count.min(self.described));
+        let count = count.min(self.described);
+        self.flags.set(flags | self.looped_bits(count));
+        self.count.set(count);
     }
 
     /// Append the five parameter pointers (after the buffer addresses and counts).
@@ -475,6 +504,52 @@ mod tests {
         );
     }
 
+    /// Locks out a range the kernel would copy only partly, or a dispatch of small
+    /// outputs that still runs the strided loop: descriptors the loop must copy
+    /// (unaligned, or longer than the leader's 16 bytes) sit in front and their
+    /// number rides in flags bits 8-15; every described range stays present exactly
+    /// once. Negative control: a description with only small aligned ranges asks for
+    /// no loop iteration.
+    #[test]
+    fn ranges_needing_the_strided_loop_come_first_and_are_counted() {
+        let decode = |p: &ResultParams| -> Vec<(u64, u64)> {
+            (0..p.described as usize)
+                .map(|i| (p.ranges[2 * i], p.ranges[2 * i + 1]))
+                .collect()
+        };
+        let mut params = ResultParams::new(0x1000, 0x2000);
+        assert!(params.describe(0x100, 16, 16)); // fast
+        assert!(params.describe(0x200, 64, 32)); // long: loop
+        assert!(params.describe(0x300, 8, 96)); // fast
+        assert!(params.describe(0x401, 4, 112)); // unaligned: loop
+        let ranges = decode(&params);
+        assert_eq!(ranges.len(), 4);
+        let looped: Vec<u64> = ranges[..2].iter().map(|r| r.0).collect();
+        assert!(
+            looped.contains(&0x200) && looped.contains(&0x401),
+            "{ranges:x?}"
+        );
+        let mut sources: Vec<u64> = ranges.iter().map(|r| r.0).collect();
+        sources.sort_unstable();
+        assert_eq!(sources, [0x100, 0x200, 0x300, 0x401]);
+        assert!(ranges.contains(&(0x100, 16 | (16 << 32))));
+        assert!(ranges.contains(&(0x401, 4 | (112 << 32))));
+        params.set_launch(0, 1);
+        assert_eq!(params.flags.get() >> FLAG_LOOPED_SHIFT, 2);
+        params.set_raw(FLAG_END_STAMP, 1);
+        assert_eq!(
+            params.flags.get(),
+            FLAG_END_STAMP | (1 << FLAG_LOOPED_SHIFT)
+        );
+
+        let mut small = ResultParams::new(0x1000, 0x2000);
+        for i in 0..8 {
+            assert!(small.describe(0x1000 * (i + 1), 16, 16 * (i as u32 + 1)));
+        }
+        small.set_launch(0, 1);
+        assert_eq!(small.flags.get(), FLAG_START_STAMP | FLAG_END_STAMP);
+    }
+
     /// Locks out descriptors the kernel would misread and launch flags that stamp or
     /// copy on the wrong launch: the encoding is (u64 source, u32 length | u32 offset
     /// << 32), copies happen only on the last launch, the start stamp only on the
@@ -499,12 +574,17 @@ mod tests {
         params.set_launch(1, 3);
         assert_eq!((params.flags.get(), params.count.get()), (0, 0));
         params.set_launch(2, 3);
+        // The 15 unaligned one-byte ranges need the strided loop (flags bits 8-15).
+        let looped = (RESULT_RANGE_SLOTS as u32 - 1) << FLAG_LOOPED_SHIFT;
         assert_eq!(
             (params.flags.get(), params.count.get()),
-            (FLAG_END_STAMP, RESULT_RANGE_SLOTS as u32)
+            (FLAG_END_STAMP | looped, RESULT_RANGE_SLOTS as u32)
         );
         params.set_launch(0, 1);
-        assert_eq!(params.flags.get(), FLAG_START_STAMP | FLAG_END_STAMP);
+        assert_eq!(
+            params.flags.get(),
+            FLAG_START_STAMP | FLAG_END_STAMP | looped
+        );
 
         let mut pointers: SmallVec<[*mut c_void; 8]> = SmallVec::new();
         params.push_pointers(&mut pointers);

@@ -36,7 +36,7 @@ pub(super) const RESULT_PARAMETERS: [(&str, &str); 5] = [
     ),
     (
         ".u32 vyre_launch_flags",
-        "bit 0: write the start stamp, bit 1: write the end stamp",
+        "bit 0: write the start stamp, bit 1: the end stamp; bits 8-15: leading ranges the strided loop copies",
     ),
     (
         ".u32 vyre_range_count",
@@ -204,6 +204,11 @@ impl Writer<'_> {
         let count = r(self, RegClass::B32);
         emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
         emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
+        // Only the leading descriptors the host marked (flags bits 8-15) need the
+        // strided loop: the leader's fast path copies every other range whole.
+        let looped = r(self, RegClass::B32);
+        emit!(self, "bfe.u32 {looped}, {flags}, 8, 8;");
+        emit!(self, "min.u32 {looped}, {looped}, {count};");
         let copies = self.label("results_copies");
         emit!(self, "@!{is_leader} bra {copies};");
         let end = r(self, RegClass::B64);
@@ -253,7 +258,7 @@ impl Writer<'_> {
         let bytes_path = self.label("results_bytes");
         self.place(range);
         let finished = r(self, RegClass::Pred);
-        emit!(self, "setp.ge.u32 {finished}, {index}, {count};");
+        emit!(self, "setp.ge.u32 {finished}, {index}, {looped};");
         emit!(self, "@{finished} bra {copied};");
         let source = r(self, RegClass::B64);
         let length = r(self, RegClass::B32);
