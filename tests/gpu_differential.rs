@@ -35,7 +35,7 @@ use std::time::Instant;
 use support::backend;
 use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, MAX_BATCH_PROGRAMS};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
-use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::ir::{Expr, Node, Program};
 use vyre_cuda::DispatchConfig;
 
 /// First seed: disjoint from the 400 seeds of `gpu_random_programs_match_reference_byte_for_byte`.
@@ -246,7 +246,7 @@ fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
 }
 
 /// Locks out a batch error that hides the failing program or loads half a batch: a
-/// store into a read-only buffer at index 2 refuses the whole batch with the
+/// store into an undeclared buffer at index 2 refuses the whole batch with the
 /// validator's `Fix:` error naming "program 2 of the batch" and loads nothing; a
 /// program given twice gets one kernel; more than `MAX_BATCH_PROGRAMS` programs is a
 /// `Fix:` error.
@@ -255,18 +255,13 @@ fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
 fn gpu_compile_batch_refuses_a_bad_batch_and_loads_nothing() {
     let gpu = backend();
     let cases: Vec<RandomCase> = (2_100_000..2_100_004).map(case_of).collect();
-    let invalid = Program::builder([1, 1, 1])
-        .buffer(
-            "in",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(1),
-        )
-        .body(|b| {
-            b.store("in", Expr::u32(0), Expr::u32(1));
-        })
-        .build();
+    // Stores into a buffer it does not declare.
+    let store = Node::Store {
+        buffer: "missing".into(),
+        index: Expr::u32(0),
+        value: Expr::u32(1),
+    };
+    let invalid = Program::new(Vec::new(), [1, 1, 1], vec![store]);
     let mut programs: Vec<Program> = cases.iter().map(|case| case.program.clone()).collect();
     programs.insert(2, invalid);
     let config = DispatchConfig::linear(1);

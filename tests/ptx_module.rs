@@ -192,27 +192,19 @@ fn assert_same_text(got: &str, expected: &str, results: bool) {
 }
 
 /// A program whose workgroup reduction was not lowered (code generation cannot emit
-/// it).
+/// it): each workgroup's sum of its local ids.
 fn unlowered_reduction() -> Program {
-    Program::builder([64, 1, 1])
-        .buffer(
-            "values",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
+    Program::builder([32, 1, 1])
         .buffer(
             "sums",
-            1,
+            0,
             Access::WriteOnly,
             ElemType::U32,
-            BufferCount::Runtime,
+            BufferCount::Static(1),
         )
         .body(|b| {
-            let gid = b.let_("gid", Expr::global_id(Axis::X));
-            let total = b.workgroup_reduce("total", ReduceOp::Sum, Expr::load("values", gid));
-            b.store("sums", Expr::workgroup_id(Axis::X), total);
+            let total = b.workgroup_reduce("total", ReduceOp::Sum, Expr::local_id(Axis::X));
+            b.store("sums", 0u32, total);
         })
         .build()
 }
