@@ -36,12 +36,8 @@ struct Fixture {
     sm: u32,
 }
 
-const CHECKED: CodegenOptions = CodegenOptions {
-    bounds_checks: true,
-};
-const UNCHECKED: CodegenOptions = CodegenOptions {
-    bounds_checks: false,
-};
+const CHECKED: CodegenOptions = CodegenOptions::new();
+const UNCHECKED: CodegenOptions = CodegenOptions::new().with_bounds_checks(false);
 
 fn fixture(name: &'static str, program: Program) -> Fixture {
     Fixture {
@@ -1575,9 +1571,7 @@ fn random_programs_assemble_with_ptxas() {
         if let Err(e) = validate_lowered(&program, &Limits::default()) {
             panic!("random program {seed} is not valid (generator bug): {e}\n{program}");
         }
-        let options = CodegenOptions {
-            bounds_checks: seed % 4 != 3,
-        };
+        let options = CodegenOptions::new().with_bounds_checks(seed % 4 != 3);
         let sm = if seed % 5 == 4 { 70 } else { 90 };
         let ptx = program_to_ptx(&program, &options, sm, 32)
             .unwrap_or_else(|e| panic!("random program {seed} did not generate: {e}\n{program}"));
@@ -1923,8 +1917,8 @@ fn gpu_operator_edge_cases_match_reference() {
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
     for bounds_checks in [true, false] {
-        let config =
-            vyre_cuda::DispatchConfig::linear(3).with_codegen(CodegenOptions { bounds_checks });
+        let config = vyre_cuda::DispatchConfig::linear(3)
+            .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
         let got = gpu
             .dispatch(&program, &borrowed, &config)
