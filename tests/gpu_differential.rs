@@ -3,7 +3,9 @@
 //! interpreter, and the batch compilation it relies on (`CudaBackend::compile_batch`).
 //! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_differential`.
 //! `VYRE_DIFFERENTIAL_PROGRAMS` changes the count (default 10,000),
-//! `VYRE_DIFFERENTIAL_THREADS` the threads (default: every core),
+//! `VYRE_DIFFERENTIAL_PROCESSES` the processes they are spread over (default
+//! [`DEFAULT_PROCESSES`]; 1 = all in this process), `VYRE_DIFFERENTIAL_THREADS` the
+//! threads per process (default: the cores divided by the processes),
 //! `VYRE_DIFFERENTIAL_BATCH` the programs compiled per `compile_batch` call (default
 //! [`DEFAULT_BATCH`]; 1 = one `compile`, so one module and one driver JIT, per
 //! program, the path before batching).
@@ -14,9 +16,16 @@
 //! 10,000 programs in ~200 s with one module per program. Once the writer hid
 //! constants from the JIT (the opaque zero word, tests/jit_folding.rs) one module
 //! per program cost ~44 ms and the loads of concurrent threads did not overlap:
-//! 2,500 programs did not finish in 110 s. So programs are compiled in batches, one
-//! module (one JIT) per batch, and the run prints the compile time per program (JIT
-//! included) and per module, so each GPU run shows what batching buys.
+//! 2,500 programs did not finish in 110 s. Two answers, each measurable alone:
+//! - programs are compiled in batches, one module (one JIT) per batch, which pays
+//!   whatever the JIT costs per call once per batch;
+//! - the programs are spread over child processes (this test binary again, each
+//!   checking the indices that are its number modulo the process count): if the
+//!   driver serialises module loads within a process, separate processes (separate
+//!   contexts) JIT in parallel.
+//!
+//! Each process prints its compile time per program (JIT included) and per module;
+//! the parent asserts that the processes' counts add up to the programs asked for.
 //!
 //! Each thread has its own backend, replaced once it has served
 //! [`PROGRAMS_PER_BACKEND`] programs: a program is used once, so its module-cache
@@ -46,6 +55,10 @@ const PROGRAMS_PER_BACKEND: u64 = 256;
 
 /// Programs per `compile_batch` call (one module, one driver JIT) by default.
 const DEFAULT_BATCH: u64 = 64;
+
+/// Processes the programs are spread over by default (each its own CUDA context and
+/// driver JIT; see the module docs).
+const DEFAULT_PROCESSES: u64 = 4;
 
 fn env_count(name: &str) -> Option<u64> {
     std::env::var(name)
@@ -84,19 +97,129 @@ fn compile_cases(gpu: &CudaBackend, cases: &[RandomCase], batch: u64) -> Vec<Ker
         .unwrap_or_else(|e| panic!("{}: {e}", seeds()))
 }
 
+/// Set in a child process of the differential: `k/P`, the child's share of the
+/// programs (those whose index is `k` modulo `P`).
+const CHILD_SHARE: &str = "VYRE_DIFFERENTIAL_CHILD";
+
+/// Which programs one process checks: every index that is `index` modulo `of`.
+#[derive(Clone, Copy)]
+struct Share {
+    index: u64,
+    of: u64,
+}
+
+impl Share {
+    /// This process's share: from [`CHILD_SHARE`], or every program.
+    fn of_this_process() -> Share {
+        let parsed = std::env::var(CHILD_SHARE).ok().and_then(|value| {
+            let (index, of) = value.split_once('/')?;
+            Some(Share {
+                index: index.parse().ok()?,
+                of: of.parse().ok()?,
+            })
+        });
+        parsed
+            .filter(|share| share.index < share.of)
+            .unwrap_or(Share { index: 0, of: 1 })
+    }
+
+    /// How many of `programs` fall in this share.
+    fn programs(self, programs: u64) -> u64 {
+        programs / self.of + u64::from(self.index < programs % self.of)
+    }
+
+    /// The program indices below `programs` in this share, in order.
+    fn indices(self, programs: u64) -> impl Iterator<Item = u64> {
+        (self.index..programs).step_by(self.of as usize)
+    }
+
+    fn label(self) -> String {
+        if self.of == 1 {
+            String::new()
+        } else {
+            format!(" (process {} of {})", self.index + 1, self.of)
+        }
+    }
+}
+
+/// The test binary again, once per share, each checking its share; their counts
+/// must add up to `programs`.
+fn run_in_child_processes(processes: u64, programs: u64) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let started = Instant::now();
+    let children: Vec<_> = (0..processes)
+        .map(|index| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "gpu_differential_ten_thousand_random_programs_match_reference",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_SHARE, format!("{index}/{processes}"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a differential process")
+        })
+        .collect();
+    let mut checked = 0;
+    for (index, child) in children.into_iter().enumerate() {
+        let output = child
+            .wait_with_output()
+            .expect("wait for a differential process");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "differential process {index} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find(|line| line.starts_with("differential ("))
+            .unwrap_or_else(|| panic!("process {index} printed no summary:\n{stdout}"));
+        println!("{line}");
+        checked += line
+            .split_once("): ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("unreadable summary: {line}"));
+    }
+    assert_eq!(
+        checked, programs,
+        "the processes did not check every program"
+    );
+    println!(
+        "differential: {programs} random programs byte-identical on GPU and reference in {:.1} s \
+         with {processes} processes",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// Locks out semantic drift between the PTX writer and the reference interpreter
 /// that 400 programs do not reach (a rare operator/type pair, a lowering shape, a
 /// grid-sync protocol slip, a JIT rewrite such as the f32 tie folding of seed
 /// 1008915), and batch kernels that differ from their single-program kernels: every
 /// program of 10,000 must give byte-identical outputs on both. The count of
-/// programs checked is asserted, so a run that skipped programs fails.
+/// programs checked is asserted (per process, and their sum), so a run that skipped
+/// programs fails.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_ten_thousand_random_programs_match_reference() {
     let programs = env_count("VYRE_DIFFERENTIAL_PROGRAMS").unwrap_or(10_000);
+    let share = Share::of_this_process();
+    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
+        .unwrap_or(DEFAULT_PROCESSES)
+        .clamp(1, 16);
+    if share.of == 1 && processes > 1 {
+        run_in_child_processes(processes, programs);
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(8, |n| n.get() as u64);
     let threads = env_count("VYRE_DIFFERENTIAL_THREADS")
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(8, |n| n.get() as u64));
-    let threads = threads.clamp(1, 64);
+        .unwrap_or((cores / share.of).max(1))
+        .clamp(1, 64);
     let batch = env_count("VYRE_DIFFERENTIAL_BATCH")
         .unwrap_or(DEFAULT_BATCH)
         .clamp(1, MAX_BATCH_PROGRAMS as u64);
@@ -111,7 +234,11 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
             let compiles = Arc::clone(&compiles);
             let phase_ns = Arc::clone(&phase_ns);
             std::thread::spawn(move || {
-                let mine: Vec<u64> = (thread..programs).step_by(threads as usize).collect();
+                let mine: Vec<u64> = share
+                    .indices(programs)
+                    .skip(thread as usize)
+                    .step_by(threads as usize)
+                    .collect();
                 let mut gpu = backend();
                 let mut served = 0u64;
                 for chunk in mine.chunks(batch as usize) {
@@ -176,18 +303,20 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
     for worker in workers {
         worker.join().expect("a differential thread failed");
     }
-    assert_eq!(checked.load(Ordering::Relaxed), programs);
+    assert_eq!(checked.load(Ordering::Relaxed), share.programs(programs));
     let seconds = |slot: usize| phase_ns[slot].load(Ordering::Relaxed) as f64 / 1e9;
     let modules = compiles.load(Ordering::Relaxed).max(1);
     println!(
-        "differential: {programs} random programs byte-identical on GPU and reference in {:.1} s \
+        "differential{}: {} random programs byte-identical on GPU and reference in {:.1} s \
          with {threads} threads, {batch} programs per module ({modules} modules); thread time: \
          generate + reference {:.1} s, compile (lower + PTX + JIT) {:.1} s = {:.2} ms per program, \
          {:.1} ms per module, dispatch {:.1} s",
+        share.label(),
+        share.programs(programs),
         started.elapsed().as_secs_f64(),
         seconds(0),
         seconds(1),
-        seconds(1) * 1e3 / programs.max(1) as f64,
+        seconds(1) * 1e3 / share.programs(programs).max(1) as f64,
         seconds(1) * 1e3 / modules as f64,
         seconds(2)
     );
@@ -327,5 +456,37 @@ fn gpu_jit_folding_regressions_match_reference() {
             .dispatch(&case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(got, expected, "seed {seed}: GPU and reference differ");
+    }
+}
+
+/// Locks out a split over processes that skips or repeats programs (the parent's
+/// count check would then fail on the GPU, or pass with programs unchecked): for
+/// every process count up to 16 and program counts around it, the shares' indices
+/// are disjoint, cover every program, and each share's count is what
+/// `Share::programs` says. Runs on the CPU. Negative control: the count without
+/// the remainder (`programs / of`) is wrong for the first share of 10 over 3.
+#[test]
+fn differential_shares_cover_every_program_once() {
+    assert_ne!(Share { index: 0, of: 3 }.programs(10), 10 / 3);
+    for of in 1..=16u64 {
+        for programs in [0, 1, of - 1, of, of + 1, 10_000] {
+            let mut seen = vec![0u32; programs as usize];
+            for index in 0..of {
+                let share = Share { index, of };
+                let mine: Vec<u64> = share.indices(programs).collect();
+                assert_eq!(
+                    mine.len() as u64,
+                    share.programs(programs),
+                    "{index}/{of} of {programs}"
+                );
+                for i in mine {
+                    seen[i as usize] += 1;
+                }
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{of} processes, {programs} programs"
+            );
+        }
     }
 }
