@@ -151,7 +151,9 @@ impl CudaBackend {
     ///
     /// Errors: more than [`MAX_BATCH_PROGRAMS`] programs, or any program that
     /// `compile` would refuse, with the error naming that program's index in
-    /// `programs`; every program is validated before anything is loaded.
+    /// `programs`. Every program is validated before anything is loaded, so an
+    /// invalid one loads nothing; a code generation or driver error can come after
+    /// earlier modules of a split batch were loaded (their kernels stay cached).
     pub fn compile_batch<P: Borrow<Program>>(
         &self,
         programs: &[P],
