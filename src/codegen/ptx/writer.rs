@@ -471,6 +471,14 @@ impl<'p> Writer<'p> {
         linear
     }
 
+    /// [`ENTRY_NAME`], or kernel `index`'s own in a module of several kernels.
+    fn entry_name(&self) -> std::borrow::Cow<'static, str> {
+        match self.module_kernel {
+            None => ENTRY_NAME.into(),
+            Some(kernel) => super::module_entry_name(kernel).into(),
+        }
+    }
+
     /// [`GRID_BARRIER_SYMBOL`], or kernel `index`'s own in a module of several kernels.
     fn grid_barrier_symbol(&self) -> std::borrow::Cow<'static, str> {
         match self.module_kernel {
@@ -531,14 +539,7 @@ impl<'p> Writer<'p> {
             out.push('\n');
         }
 
-        match self.module_kernel {
-            None => {
-                let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
-            }
-            Some(kernel) => {
-                let _ = write!(out, ".visible .entry {}(", super::module_entry_name(kernel));
-            }
-        }
+        let _ = write!(out, ".visible .entry {}(", self.entry_name());
         let result_parameters = if self.results {
             RESULT_PARAMETERS.len()
         } else {
@@ -1291,7 +1292,6 @@ impl<'p> Writer<'p> {
     }
 }
 
-/// An inconsistency between the validator and this writer: a bug, never bad input.
 /// `.version`, `.target`, `.address_size` and the opaque zero word: written once per
 /// module (a module of several kernels shares them).
 pub(super) fn module_header(out: &mut String, sm: u32) {
@@ -1305,6 +1305,7 @@ pub(super) fn module_header(out: &mut String, sm: u32) {
     );
 }
 
+/// An inconsistency between the validator and this writer: a bug, never bad input.
 fn internal(detail: fmt::Arguments<'_>) -> CodegenError {
     CodegenError::Internal {
         detail: detail.to_string(),
