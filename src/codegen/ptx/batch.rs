@@ -1,13 +1,15 @@
 //! Several programs in one PTX module, so the driver JIT-compiles them in one
 //! `cuModuleLoadData`.
 //!
-//! Why it exists: the driver's JIT is paid per module load, and a user with many
+//! Why it exists: every module load is a driver JIT call, and a user with many
 //! kernels (a tokenizer compiles its 4–6 at start-up; the differential test compiles
-//! 10,000 random programs) pays it once per kernel when every program is its own
+//! 10,000 random programs) makes one per kernel when every program is its own
 //! module. Measured on the H200 (issue 13): once the writer hid constants from the
 //! JIT (the opaque zero word), one program per module cost about 44 ms of JIT, and
 //! the loads of concurrent threads did not overlap, so 2,500 programs took more than
-//! 110 s. [`PtxModuleBuilder`] writes many kernels into one module instead.
+//! 110 s. [`PtxModuleBuilder`] writes many kernels into one module instead, so the
+//! per-call part is paid once (the compile work stays per kernel: ptxas on the build
+//! machine took 9.1 s for 64 generated kernels in one module, 10.6 s in 64).
 //!
 //! # Module layout
 //!
