@@ -5,8 +5,11 @@
 use smallvec::SmallVec;
 
 /// Code-generation policy. It changes the emitted PTX, so it is part of the PTX
-/// cache key (the "dispatch-policy digest").
+/// cache key (the "dispatch-policy digest"). Non-exhaustive: later versions may add
+/// policies; build it with [`CodegenOptions::new`] (also usable in `const` items) or
+/// `Default`, and the `with_*` methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct CodegenOptions {
     /// Guard every load, store and atomic with a bounds check (out-of-range loads read
     /// 0, stores and atomics do nothing). On by default; turning it off makes an
@@ -16,15 +19,20 @@ pub struct CodegenOptions {
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions {
-            bounds_checks: true,
-        }
+        Self::new()
     }
 }
 
 impl CodegenOptions {
+    /// The default policy: bounds checks on.
+    pub const fn new() -> Self {
+        CodegenOptions {
+            bounds_checks: true,
+        }
+    }
+
     /// The same options with bounds checks on or off.
-    pub fn with_bounds_checks(mut self, bounds_checks: bool) -> Self {
+    pub const fn with_bounds_checks(mut self, bounds_checks: bool) -> Self {
         self.bounds_checks = bounds_checks;
         self
     }

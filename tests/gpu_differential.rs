@@ -1,27 +1,44 @@
 //! GPU differential test at scale (issue 13 item 8): at least 10,000 random valid
 //! programs per run, each byte-identical on the GPU and on the reference
-//! interpreter. Ignored by default; run on the GPU machine with
-//! `bash .gpu/run.sh gpu_differential`. `VYRE_DIFFERENTIAL_PROGRAMS` changes the
-//! count (default 10,000), `VYRE_DIFFERENTIAL_THREADS` the threads (default: every
-//! core, at least 8).
+//! interpreter, and the batch compilation it relies on (`CudaBackend::compile_batch`).
+//! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_differential`.
+//! `VYRE_DIFFERENTIAL_PROGRAMS` changes the count (default 10,000),
+//! `VYRE_DIFFERENTIAL_PROCESSES` the processes they are spread over (default
+//! [`DEFAULT_PROCESSES`]; 1 = all in this process), `VYRE_DIFFERENTIAL_THREADS` the
+//! threads per process (default: the cores divided by the processes),
+//! `VYRE_DIFFERENTIAL_BATCH` the programs compiled per `compile_batch` call (default
+//! [`DEFAULT_BATCH`]; 1 = one `compile`, so one module and one driver JIT, per
+//! program, the path before batching).
 //!
-//! Where the time goes (H200 run 2: 10,000 programs in ~200 s with 8 threads on one
-//! backend, i.e. ~160 ms of thread time per program): every program is new, so each
-//! one pays the driver's JIT of its ~20 KB PTX module (`cuModuleLoadData`; ptxas
-//! -O3 on the same modules takes ~30-45 ms each on the 2-core build machine, process
-//! start included), while generation, the reference interpreter and lowering + PTX
-//! text together take ~0.4 ms (release, measured on 40 seeds). Two changes, both
-//! aimed at the JIT:
-//! - threads = every core (16 on the H200 host) instead of 8: the JIT runs on the
-//!   calling thread, so if the driver does not serialise it this halves the run;
-//! - each thread has its own backend, replaced every [`PROGRAMS_PER_BACKEND`]
-//!   programs: a program is used once, so its module-cache entry is dead weight;
-//!   dropping the backend unloads its modules, so the driver holds at most
-//!   threads × 250 modules instead of all 10,000 (module loads in a context with
-//!   thousands of modules, and their device code memory, stop growing).
+//! Where the time goes: every program is new, so each one pays the driver's JIT
+//! (`cuModuleLoadData`); generation, the reference interpreter and lowering + PTX
+//! text together take ~0.4 ms per program (release, measured on 40 seeds). H200 run 2:
+//! 10,000 programs in ~200 s with one module per program. Once the writer hid
+//! constants from the JIT (the opaque zero word, tests/jit_folding.rs) one module
+//! per program cost ~44 ms and the loads of concurrent threads did not overlap:
+//! 2,500 programs did not finish in 110 s. Two answers, each measurable alone:
+//! - programs are compiled in batches, one module (one JIT) per batch, which pays
+//!   whatever the JIT costs per call once per batch;
+//! - the programs are spread over child processes (this test binary again, each
+//!   checking the indices that are its number modulo the process count): if the
+//!   driver serialises module loads within a process, separate processes (separate
+//!   contexts) JIT in parallel.
 //!
-//! The run prints thread-time totals per phase (generate + reference, compile =
-//! lower + PTX + JIT, dispatch) so the next GPU run says which phase dominates.
+//!
+//! Measured on the 2-core build machine with ptxas 12.9 (`-arch=sm_90`, the JIT's
+//! compiler run standalone) on the first 64 programs of this test (2.6 MB of PTX):
+//! one module of 64 kernels 9.1 s, 64 one-kernel modules 10.6 s, an empty module
+//! 0.03 s. The work is per kernel, so batching saves only the per-call part; the
+//! processes are what can divide the JIT time (if the driver serialises it within a
+//! process), hence [`DEFAULT_PROCESSES`] of them.
+//!
+//! Each process prints its compile time per program (JIT included) and per module;
+//! the parent asserts that the processes' counts add up to the programs asked for.
+//!
+//! Each thread has its own backend, replaced once it has served
+//! [`PROGRAMS_PER_BACKEND`] programs: a program is used once, so its module-cache
+//! entry is dead weight; dropping the backend unloads its modules, so the driver
+//! holds at most a few modules per thread instead of all of them.
 
 mod support;
 
@@ -33,14 +50,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use support::backend;
-use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, MAX_BATCH_PROGRAMS};
+use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
+use vyre_cuda::ir::{Expr, Node, Program};
 use vyre_cuda::DispatchConfig;
 
 /// First seed: disjoint from the 400 seeds of `gpu_random_programs_match_reference_byte_for_byte`.
 const FIRST_SEED: u64 = 1_000_000;
 
 /// Programs one backend serves before it is dropped (unloading its modules).
-const PROGRAMS_PER_BACKEND: u64 = 250;
+const PROGRAMS_PER_BACKEND: u64 = 256;
+
+/// Programs per `compile_batch` call (one module, one driver JIT) by default.
+const DEFAULT_BATCH: u64 = 64;
+
+/// Processes the programs are spread over by default (each its own CUDA context and
+/// driver JIT; see the module docs): half the H200 host's 16 cores, two threads each.
+const DEFAULT_PROCESSES: u64 = 8;
 
 fn env_count(name: &str) -> Option<u64> {
     std::env::var(name)
@@ -48,58 +74,223 @@ fn env_count(name: &str) -> Option<u64> {
         .and_then(|value| value.parse().ok())
 }
 
+/// The case of `seed`: every tenth program may use a grid sync.
+fn case_of(seed: u64) -> RandomCase {
+    let options = GeneratorOptions {
+        allow_grid_sync: seed % 10 == 9,
+        ..GeneratorOptions::default()
+    };
+    valid_program(seed, &options)
+}
+
+/// The kernels of `cases`: one `compile` each when `batch` is 1, else one
+/// `compile_batch` call (the caller passes at most `batch` cases).
+fn compile_cases(gpu: &CudaBackend, cases: &[RandomCase], batch: u64) -> Vec<Kernel> {
+    let seeds = || format!("seeds {}..", cases[0].seed);
+    if batch == 1 {
+        return cases
+            .iter()
+            .map(|case| {
+                gpu.compile(&case.program, &case.config)
+                    .unwrap_or_else(|e| panic!("seed {}: {e}\n{}", case.seed, case.program))
+            })
+            .collect();
+    }
+    // One codegen policy per batch: the generator never varies it.
+    assert!(cases
+        .iter()
+        .all(|case| case.config.codegen == cases[0].config.codegen));
+    let programs: Vec<&Program> = cases.iter().map(|case| &case.program).collect();
+    gpu.compile_batch(&programs, &cases[0].config)
+        .unwrap_or_else(|e| panic!("{}: {e}", seeds()))
+}
+
+/// Set in a child process of the differential: `k/P`, the child's share of the
+/// programs (those whose index is `k` modulo `P`).
+const CHILD_SHARE: &str = "VYRE_DIFFERENTIAL_CHILD";
+
+/// Which programs one process checks: every index that is `index` modulo `of`.
+#[derive(Clone, Copy)]
+struct Share {
+    index: u64,
+    of: u64,
+}
+
+impl Share {
+    /// This process's share: from [`CHILD_SHARE`], or every program.
+    fn of_this_process() -> Share {
+        let parsed = std::env::var(CHILD_SHARE).ok().and_then(|value| {
+            let (index, of) = value.split_once('/')?;
+            Some(Share {
+                index: index.parse().ok()?,
+                of: of.parse().ok()?,
+            })
+        });
+        parsed
+            .filter(|share| share.index < share.of)
+            .unwrap_or(Share { index: 0, of: 1 })
+    }
+
+    /// How many of `programs` fall in this share.
+    fn programs(self, programs: u64) -> u64 {
+        programs / self.of + u64::from(self.index < programs % self.of)
+    }
+
+    /// The program indices below `programs` in this share, in order.
+    fn indices(self, programs: u64) -> impl Iterator<Item = u64> {
+        (self.index..programs).step_by(self.of as usize)
+    }
+
+    fn label(self) -> String {
+        if self.of == 1 {
+            String::new()
+        } else {
+            format!(" (process {} of {})", self.index + 1, self.of)
+        }
+    }
+}
+
+/// The test binary again, once per share, each checking its share; their counts
+/// must add up to `programs`.
+fn run_in_child_processes(processes: u64, programs: u64) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let started = Instant::now();
+    let children: Vec<_> = (0..processes)
+        .map(|index| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "gpu_differential_ten_thousand_random_programs_match_reference",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_SHARE, format!("{index}/{processes}"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a differential process")
+        })
+        .collect();
+    let mut checked = 0;
+    for (index, child) in children.into_iter().enumerate() {
+        let output = child
+            .wait_with_output()
+            .expect("wait for a differential process");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "differential process {index} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find(|line| line.starts_with("differential ("))
+            .unwrap_or_else(|| panic!("process {index} printed no summary:\n{stdout}"));
+        println!("{line}");
+        checked += line
+            .split_once("): ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|count| count.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("unreadable summary: {line}"));
+    }
+    assert_eq!(
+        checked, programs,
+        "the processes did not check every program"
+    );
+    println!(
+        "differential: {programs} random programs byte-identical on GPU and reference in {:.1} s \
+         with {processes} processes",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// Locks out semantic drift between the PTX writer and the reference interpreter
 /// that 400 programs do not reach (a rare operator/type pair, a lowering shape, a
 /// grid-sync protocol slip, a JIT rewrite such as the f32 tie folding of seed
-/// 1008915): every program of 10,000 must give byte-identical outputs on both. The
-/// count of programs checked is asserted, so a run that skipped programs fails.
+/// 1008915), and batch kernels that differ from their single-program kernels: every
+/// program of 10,000 must give byte-identical outputs on both. The count of
+/// programs checked is asserted (per process, and their sum), so a run that skipped
+/// programs fails.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_ten_thousand_random_programs_match_reference() {
     let programs = env_count("VYRE_DIFFERENTIAL_PROGRAMS").unwrap_or(10_000);
+    let share = Share::of_this_process();
+    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
+        .unwrap_or(DEFAULT_PROCESSES)
+        .clamp(1, 16);
+    if share.of == 1 && processes > 1 {
+        run_in_child_processes(processes, programs);
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(8, |n| n.get() as u64);
     let threads = env_count("VYRE_DIFFERENTIAL_THREADS")
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(8, |n| n.get() as u64));
-    let threads = threads.clamp(1, 64);
+        .unwrap_or((cores / share.of).max(1))
+        .clamp(1, 64);
+    let batch = env_count("VYRE_DIFFERENTIAL_BATCH")
+        .unwrap_or(DEFAULT_BATCH)
+        .clamp(1, MAX_BATCH_PROGRAMS as u64);
     let checked = Arc::new(AtomicU64::new(0));
+    let compiles = Arc::new(AtomicU64::new(0));
     // Thread-time totals in nanoseconds: generate + reference, compile, dispatch.
     let phase_ns: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
     let started = Instant::now();
     let workers: Vec<_> = (0..threads)
         .map(|thread| {
             let checked = Arc::clone(&checked);
+            let compiles = Arc::clone(&compiles);
             let phase_ns = Arc::clone(&phase_ns);
             std::thread::spawn(move || {
-                let plain = GeneratorOptions::default();
-                let with_grid_sync = GeneratorOptions {
-                    allow_grid_sync: true,
-                    ..GeneratorOptions::default()
-                };
+                let mine: Vec<u64> = share
+                    .indices(programs)
+                    .skip(thread as usize)
+                    .step_by(threads as usize)
+                    .collect();
                 let mut gpu = backend();
                 let mut served = 0u64;
-                let mut index = thread;
-                while index < programs {
-                    if served == PROGRAMS_PER_BACKEND {
+                for chunk in mine.chunks(batch as usize) {
+                    if served >= PROGRAMS_PER_BACKEND {
                         gpu = backend();
                         served = 0;
                     }
-                    let seed = FIRST_SEED + index;
-                    let options = if index % 10 == 9 {
-                        &with_grid_sync
-                    } else {
-                        &plain
-                    };
                     let start = Instant::now();
-                    let case = valid_program(seed, options);
-                    let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-                    let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-                        .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
+                    let cases: Vec<RandomCase> = chunk
+                        .iter()
+                        .map(|&index| case_of(FIRST_SEED + index))
+                        .collect();
+                    let expected: Vec<Vec<Vec<u8>>> = cases
+                        .iter()
+                        .map(|case| {
+                            let inputs: Vec<&[u8]> =
+                                case.inputs.iter().map(|v| v.as_slice()).collect();
+                            vyre_cuda::reference::run(&case.program, &inputs, &case.config)
+                                .unwrap_or_else(|e| {
+                                    panic!("seed {}: reference failed: {e}", case.seed)
+                                })
+                        })
+                        .collect();
                     let compile_start = Instant::now();
-                    gpu.compile(&case.program, &case.config)
-                        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+                    let kernels = compile_cases(&gpu, &cases, batch);
+                    compiles.fetch_add(
+                        if batch == 1 { cases.len() as u64 } else { 1 },
+                        Ordering::Relaxed,
+                    );
                     let dispatch_start = Instant::now();
-                    let got = gpu
-                        .dispatch(&case.program, &inputs, &case.config)
-                        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+                    for ((case, kernel), expected) in cases.iter().zip(&kernels).zip(&expected) {
+                        let bindings: Vec<Binding<'_>> =
+                            case.inputs.iter().map(|v| Binding::Borrowed(v)).collect();
+                        let got = gpu
+                            .dispatch_kernel(kernel, &bindings, &case.config)
+                            .unwrap_or_else(|e| {
+                                panic!("seed {}: {e}\n{}", case.seed, case.program)
+                            });
+                        assert_eq!(
+                            &got.outputs, expected,
+                            "seed {}: GPU and reference differ\n{}",
+                            case.seed, case.program
+                        );
+                    }
                     let done = Instant::now();
                     for (slot, (from, to)) in [
                         (start, compile_start),
@@ -111,14 +302,8 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     {
                         phase_ns[slot].fetch_add((to - from).as_nanos() as u64, Ordering::Relaxed);
                     }
-                    assert_eq!(
-                        got, expected,
-                        "seed {seed}: GPU and reference differ\n{}",
-                        case.program
-                    );
-                    checked.fetch_add(1, Ordering::Relaxed);
-                    served += 1;
-                    index += threads;
+                    checked.fetch_add(cases.len() as u64, Ordering::Relaxed);
+                    served += cases.len() as u64;
                 }
             })
         })
@@ -126,17 +311,128 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
     for worker in workers {
         worker.join().expect("a differential thread failed");
     }
-    assert_eq!(checked.load(Ordering::Relaxed), programs);
+    assert_eq!(checked.load(Ordering::Relaxed), share.programs(programs));
     let seconds = |slot: usize| phase_ns[slot].load(Ordering::Relaxed) as f64 / 1e9;
+    let modules = compiles.load(Ordering::Relaxed).max(1);
     println!(
-        "differential: {programs} random programs byte-identical on GPU and reference in {:.1} s \
-         with {threads} threads; thread time: generate + reference {:.1} s, compile (lower + PTX + JIT) \
-         {:.1} s, dispatch {:.1} s",
+        "differential{}: {} random programs byte-identical on GPU and reference in {:.1} s \
+         with {threads} threads, {batch} programs per module ({modules} modules); thread time: \
+         generate + reference {:.1} s, compile (lower + PTX + JIT) {:.1} s = {:.2} ms per program, \
+         {:.1} ms per module, dispatch {:.1} s",
+        share.label(),
+        share.programs(programs),
         started.elapsed().as_secs_f64(),
         seconds(0),
         seconds(1),
+        seconds(1) * 1e3 / share.programs(programs).max(1) as f64,
+        seconds(1) * 1e3 / modules as f64,
         seconds(2)
     );
+}
+
+/// Locks out a batch module whose kernels are mixed up (kernel i running program
+/// j's code, a grid barrier shared between kernels, a kernel whose module was
+/// unloaded) and a batch that loads one module per program: 40 generated programs
+/// (grid syncs among them) compiled in one call share one module, each kernel's
+/// dispatch gives the reference interpreter's bytes, and `compile` of each program
+/// afterwards is a module-cache hit returning a kernel of that same module.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
+    let gpu = backend();
+    let cases: Vec<RandomCase> = (2_000_000..2_000_040).map(case_of).collect();
+    let before = gpu.cache_stats();
+    let kernels = compile_cases(&gpu, &cases, cases.len() as u64);
+    assert_eq!(kernels.len(), cases.len());
+    assert!(
+        kernels.iter().any(Kernel::uses_grid_sync),
+        "no grid-sync program in the batch"
+    );
+    // One module-cache entry per distinct program (the batch loads each once).
+    let distinct: std::collections::HashSet<_> = kernels.iter().map(Kernel::module_key).collect();
+    assert_eq!(
+        gpu.cache_stats().module_entries,
+        before.module_entries + distinct.len() as u64
+    );
+    for (index, (case, kernel)) in cases.iter().zip(&kernels).enumerate() {
+        assert!(
+            kernel.shares_module_with(&kernels[0]),
+            "kernel {index} has its own module"
+        );
+        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
+            .unwrap_or_else(|e| panic!("program {index}: reference failed: {e}"));
+        let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
+        let got = gpu
+            .dispatch_kernel(kernel, &bindings, &case.config)
+            .unwrap_or_else(|e| panic!("program {index}: {e}\n{}", case.program));
+        assert_eq!(
+            got.outputs, expected,
+            "program {index}: GPU and reference differ\n{}",
+            case.program
+        );
+    }
+    let hits_before = gpu.cache_stats().module.hits;
+    for (case, kernel) in cases.iter().zip(&kernels) {
+        let again = gpu.compile(&case.program, &case.config).expect("compile");
+        assert_eq!(again.module_key(), kernel.module_key());
+        assert!(again.shares_module_with(kernel));
+    }
+    assert_eq!(
+        gpu.cache_stats().module.hits,
+        hits_before + cases.len() as u64
+    );
+}
+
+/// Locks out a batch error that hides the failing program or loads half a batch: a
+/// store into an undeclared buffer at index 2 refuses the whole batch with the
+/// validator's `Fix:` error naming "program 2 of the batch" and loads nothing; a
+/// program given twice gets one kernel; more than `MAX_BATCH_PROGRAMS` programs is a
+/// `Fix:` error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_compile_batch_refuses_a_bad_batch_and_loads_nothing() {
+    let gpu = backend();
+    let cases: Vec<RandomCase> = (2_100_000..2_100_004).map(case_of).collect();
+    // Stores into a buffer it does not declare.
+    let store = Node::Store {
+        buffer: "missing".into(),
+        index: Expr::u32(0),
+        value: Expr::u32(1),
+    };
+    let invalid = Program::new(Vec::new(), [1, 1, 1], vec![store]);
+    let mut programs: Vec<Program> = cases.iter().map(|case| case.program.clone()).collect();
+    programs.insert(2, invalid);
+    let config = DispatchConfig::linear(1);
+    let before = gpu.cache_stats().module_entries;
+    let error = gpu
+        .compile_batch(&programs, &config)
+        .expect_err("invalid program");
+    let message = error.to_string();
+    assert!(
+        matches!(error, BackendError::InvalidProgram { .. }),
+        "{error:?}"
+    );
+    assert!(message.starts_with("Fix:"), "{message}");
+    assert!(message.contains("program 2 of the batch"), "{message}");
+    assert_eq!(
+        gpu.cache_stats().module_entries,
+        before,
+        "a refused batch loaded kernels"
+    );
+
+    let repeated = [&cases[0].program, &cases[1].program, &cases[0].program];
+    let kernels = gpu
+        .compile_batch(&repeated, &config)
+        .expect("repeated program");
+    assert_eq!(kernels[0].module_key(), kernels[2].module_key());
+    assert_eq!(gpu.cache_stats().module_entries, before + 2);
+
+    let too_many = vec![&cases[0].program; MAX_BATCH_PROGRAMS + 1];
+    let error = gpu
+        .compile_batch(&too_many, &config)
+        .expect_err("too many programs");
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
 }
 
 /// Locks out the two JIT rewrites the differential found (tests/jit_folding.rs has
@@ -170,5 +466,37 @@ fn gpu_jit_folding_regressions_match_reference() {
             .dispatch(&case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(got, expected, "seed {seed}: GPU and reference differ");
+    }
+}
+
+/// Locks out a split over processes that skips or repeats programs (the parent's
+/// count check would then fail on the GPU, or pass with programs unchecked): for
+/// every process count up to 16 and program counts around it, the shares' indices
+/// are disjoint, cover every program, and each share's count is what
+/// `Share::programs` says. Runs on the CPU. Negative control: the count without
+/// the remainder (`programs / of`) is wrong for the first share of 10 over 3.
+#[test]
+fn differential_shares_cover_every_program_once() {
+    assert_ne!(Share { index: 0, of: 3 }.programs(10), 10 / 3);
+    for of in 1..=16u64 {
+        for programs in [0, 1, of - 1, of, of + 1, 10_000] {
+            let mut seen = vec![0u32; programs as usize];
+            for index in 0..of {
+                let share = Share { index, of };
+                let mine: Vec<u64> = share.indices(programs).collect();
+                assert_eq!(
+                    mine.len() as u64,
+                    share.programs(programs),
+                    "{index}/{of} of {programs}"
+                );
+                for i in mine {
+                    seen[i as usize] += 1;
+                }
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{of} processes, {programs} programs"
+            );
+        }
     }
 }

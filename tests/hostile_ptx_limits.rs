@@ -7,8 +7,8 @@
 //! tests print "skipped: ptxas not found", unless `VYRE_REQUIRE_PTXAS=1` makes that a
 //! failure (CI sets it where ptxas is installed).
 
-use std::path::PathBuf;
-use std::process::Command;
+#[path = "support/ptxas.rs"]
+mod ptxas;
 
 use vyre_cuda::codegen::program_to_ptx;
 use vyre_cuda::ir::validate::{
@@ -16,54 +16,6 @@ use vyre_cuda::ir::validate::{
 };
 use vyre_cuda::ir::*;
 use vyre_cuda::CodegenOptions;
-
-fn find_ptxas(test: &str) -> Option<PathBuf> {
-    let from_env = ["VYRE_PTXAS", "PTXAS"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .find(|p| !p.is_empty())
-        .map(PathBuf::from);
-    let found = from_env.or_else(|| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join("ptxas"))
-                .find(|c| c.is_file())
-        })
-    });
-    if found.is_none() {
-        let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "Fix: {test} needs ptxas (VYRE_REQUIRE_PTXAS=1): set VYRE_PTXAS to its path"
-        );
-        eprintln!("{test}: skipped: ptxas not found");
-    }
-    found
-}
-
-/// Assembles for `sm_90`; `Err` carries ptxas's message.
-fn assemble(ptxas: &PathBuf, ptx: &str) -> Result<(), String> {
-    let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-    let source = directory.path().join("limit.ptx");
-    let cubin = directory.path().join("limit.cubin");
-    std::fs::write(&source, ptx).map_err(|e| format!("write: {e}"))?;
-    let output = Command::new(ptxas)
-        .arg("-arch=sm_90")
-        .arg(&source)
-        .arg("-o")
-        .arg(&cubin)
-        .output()
-        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stderr),
-            String::from_utf8_lossy(&output.stdout)
-        ))
-    }
-}
 
 /// `buffers` runtime-sized `u32` read-write buffers; thread 0 adds one to element 0
 /// of every buffer, so each is really a parameter the kernel uses.
@@ -168,14 +120,15 @@ fn one_buffer_past_the_limit_is_refused_in_advance() {
 /// by ptxas for its parameter space: the validator's limit is exactly ptxas's.
 #[test]
 fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
-    let Some(ptxas) = find_ptxas("ptxas_accepts_the_limit_and_refuses_one_past_it") else {
+    let Some(ptxas) = ptxas::require("ptxas_accepts_the_limit_and_refuses_one_past_it") else {
         return;
     };
     let options = CodegenOptions::default();
     let at_limit = program_with_buffers(MAX_GLOBAL_BUFFERS);
     validate(&at_limit, &Limits::default()).expect("valid at the limit");
     let ptx = program_to_ptx(&at_limit, &options, 90, 32).expect("emits at the limit");
-    assemble(&ptxas, &ptx).unwrap_or_else(|e| panic!("ptxas refused 362 buffers: {e}"));
+    ptxas::assemble(&ptxas, "limit", &ptx)
+        .unwrap_or_else(|e| panic!("ptxas refused 362 buffers: {e}"));
 
     let past = program_with_buffers(MAX_GLOBAL_BUFFERS + 1);
     let refused = program_to_ptx(&past, &options, 90, 32).expect_err("emission validates first");
@@ -187,6 +140,7 @@ fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
         &format!("{entry}\n\t.param .u64 vyre_ptr_extra,\n\t.param .u32 vyre_len_extra,"),
         1,
     );
-    let refusal = assemble(&ptxas, &one_more).expect_err("ptxas must refuse 363 buffers");
+    let refusal = ptxas::assemble(&ptxas, "past_limit", &one_more)
+        .expect_err("ptxas must refuse 363 buffers");
     assert!(refusal.contains("parameter space"), "{refusal}");
 }

@@ -24,123 +24,8 @@ use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 use vyre_cuda::CodegenOptions;
 
-/// Finding and running NVIDIA's `ptxas`.
-mod ptxas {
-    use std::path::{Path, PathBuf};
-    use std::process::Command;
-    use std::sync::OnceLock;
-
-    /// The ptxas binary, searched once per test process.
-    pub fn find() -> Option<PathBuf> {
-        static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
-        FOUND.get_or_init(search).clone()
-    }
-
-    fn search() -> Option<PathBuf> {
-        for variable in ["VYRE_PTXAS", "PTXAS"] {
-            if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
-                let path = PathBuf::from(path);
-                assert!(
-                    path.is_file(),
-                    "Fix: {variable} is set to {}, which is not a file; point it at a ptxas binary or unset it",
-                    path.display()
-                );
-                return Some(path);
-            }
-        }
-        if let Some(paths) = std::env::var_os("PATH") {
-            for directory in std::env::split_paths(&paths) {
-                let candidate = directory.join("ptxas");
-                if candidate.is_file() {
-                    return Some(candidate);
-                }
-            }
-        }
-        let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-ptxas/lib");
-        if let Ok(entries) = std::fs::read_dir(&venv_lib) {
-            let mut pythons: Vec<PathBuf> = entries
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-                .map(|e| e.path())
-                .collect();
-            pythons.sort();
-            for python in pythons {
-                let candidate = python.join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
-                if candidate.is_file() {
-                    return Some(candidate);
-                }
-            }
-        }
-        let output = Command::new("python3")
-            .args([
-                "-c",
-                "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0])",
-            ])
-            .output()
-            .ok()?;
-        if !output.status.success() {
-            return None;
-        }
-        let root = String::from_utf8(output.stdout).ok()?;
-        let candidate = PathBuf::from(root.trim()).join("bin/ptxas");
-        candidate.is_file().then_some(candidate)
-    }
-
-    /// The ptxas binary, or `None` after printing that the caller is skipped.
-    /// Panics (fails the test) when `VYRE_REQUIRE_PTXAS=1` and none is found.
-    pub fn require(test: &str) -> Option<PathBuf> {
-        let found = find();
-        if found.is_none() {
-            let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "Fix: {test} needs ptxas (VYRE_REQUIRE_PTXAS=1): install it with \
-                 `python3 -m venv .venv-ptxas && .venv-ptxas/bin/pip install nvidia-cuda-nvcc-cu12` \
-                 or set VYRE_PTXAS to its path"
-            );
-            eprintln!("{test}: skipped: ptxas not found");
-        }
-        found
-    }
-
-    /// Assemble one module for `sm_90`. The error shows ptxas's message and the PTX
-    /// with line numbers.
-    pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<(), String> {
-        let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-        assemble_in(ptxas, directory.path(), name, ptx)
-    }
-
-    /// [`assemble`], writing `<name>.ptx` into an existing directory.
-    pub fn assemble_in(
-        ptxas: &Path,
-        directory: &Path,
-        name: &str,
-        ptx: &str,
-    ) -> Result<(), String> {
-        let source = directory.join(format!("{name}.ptx"));
-        let cubin = directory.join(format!("{name}.cubin"));
-        std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
-        let output = Command::new(ptxas)
-            .arg("-arch=sm_90")
-            .arg(&source)
-            .arg("-o")
-            .arg(&cubin)
-            .output()
-            .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
-        let _ = std::fs::remove_file(&cubin);
-        if output.status.success() {
-            return Ok(());
-        }
-        let mut report = format!("ptxas rejected {name}:\n");
-        report.push_str(&String::from_utf8_lossy(&output.stderr));
-        report.push_str(&String::from_utf8_lossy(&output.stdout));
-        report.push_str("\n---- PTX ----\n");
-        for (number, line) in ptx.lines().enumerate() {
-            report.push_str(&format!("{:5} | {line}\n", number + 1));
-        }
-        Err(report)
-    }
-}
+#[path = "support/ptxas.rs"]
+mod ptxas;
 
 // ----- fixtures ------------------------------------------------------------------------
 
@@ -151,12 +36,8 @@ struct Fixture {
     sm: u32,
 }
 
-const CHECKED: CodegenOptions = CodegenOptions {
-    bounds_checks: true,
-};
-const UNCHECKED: CodegenOptions = CodegenOptions {
-    bounds_checks: false,
-};
+const CHECKED: CodegenOptions = CodegenOptions::new();
+const UNCHECKED: CodegenOptions = CodegenOptions::new().with_bounds_checks(false);
 
 fn fixture(name: &'static str, program: Program) -> Fixture {
     Fixture {
@@ -1690,9 +1571,7 @@ fn random_programs_assemble_with_ptxas() {
         if let Err(e) = validate_lowered(&program, &Limits::default()) {
             panic!("random program {seed} is not valid (generator bug): {e}\n{program}");
         }
-        let options = CodegenOptions {
-            bounds_checks: seed % 4 != 3,
-        };
+        let options = CodegenOptions::new().with_bounds_checks(seed % 4 != 3);
         let sm = if seed % 5 == 4 { 70 } else { 90 };
         let ptx = program_to_ptx(&program, &options, sm, 32)
             .unwrap_or_else(|e| panic!("random program {seed} did not generate: {e}\n{program}"));
@@ -2038,8 +1917,8 @@ fn gpu_operator_edge_cases_match_reference() {
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
     for bounds_checks in [true, false] {
-        let config =
-            vyre_cuda::DispatchConfig::linear(3).with_codegen(CodegenOptions { bounds_checks });
+        let config = vyre_cuda::DispatchConfig::linear(3)
+            .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
         let got = gpu
             .dispatch(&program, &borrowed, &config)

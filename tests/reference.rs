@@ -635,9 +635,8 @@ fn out_of_range_loads_read_zero_and_stores_are_dropped() {
 /// checks on succeed, so the error comes from the out-of-range access alone.
 #[test]
 fn bounds_checks_off_makes_an_out_of_range_access_an_error() {
-    let config = DispatchConfig::linear(1).with_codegen(CodegenOptions {
-        bounds_checks: false,
-    });
+    let config =
+        DispatchConfig::linear(1).with_codegen(CodegenOptions::new().with_bounds_checks(false));
     let inputs: [&[u8]; 2] = [&bytes_of(&[10, 20, 30, 40]), &bytes_of(&[1, 2, 3, 4])];
     let error = reference::run(&shifted_copy_program(), &inputs, &config).unwrap_err();
     let message = error.to_string();

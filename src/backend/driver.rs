@@ -11,6 +11,7 @@
 
 use std::ffi::{c_void, CStr, CString};
 use std::fmt;
+use std::sync::Arc;
 
 use cudarc::driver::sys;
 
@@ -703,9 +704,30 @@ pub unsafe fn fill_words_async(
     )
 }
 
-/// A loaded module with its one entry function.
+/// A loaded module, unloaded when the last [`LoadedModule`] of its entries drops.
+struct ModuleHandle(sys::CUmodule);
+
+// SAFETY: a module handle is usable from any thread of the process; it is only
+// read after loading and unloaded once, by the last owner's drop.
+unsafe impl Send for ModuleHandle {}
+// SAFETY: as above: shared owners only read the handle.
+unsafe impl Sync for ModuleHandle {}
+
+impl Drop for ModuleHandle {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded by `LoadedModule::load_entries` and this is
+        // the last owner (the `Arc` in every `LoadedModule` of it is gone).
+        unsafe {
+            sys::cuModuleUnload(self.0);
+        }
+    }
+}
+
+/// One entry function of a loaded module. Every entry of a module keeps the module
+/// loaded (a shared `Arc`), so the kernels of one [`LoadedModule::load_entries`]
+/// call can be used and dropped independently.
 pub struct LoadedModule {
-    module: sys::CUmodule,
+    module: Arc<ModuleHandle>,
     pub(crate) function: sys::CUfunction,
     /// Address and size of a module-scope global, when requested and present.
     pub(crate) global: Option<(u64, usize)>,
@@ -716,47 +738,85 @@ unsafe impl Send for LoadedModule {}
 // SAFETY: launches only read the handles.
 unsafe impl Sync for LoadedModule {}
 
+/// `text` as a C string for a driver call; a NUL byte inside is `CUDA_ERROR_NOT_FOUND`
+/// (`INVALID_IMAGE` for the image itself) naming `call`.
+fn c_string(text: &str, code: sys::CUresult, call: &'static str) -> DriverResult<CString> {
+    CString::new(text).map_err(|_| DriverError { code, call })
+}
+
 impl LoadedModule {
     /// JIT-load PTX text and look up `entry` (and `global`, if given).
     pub fn load(ptx: &str, entry: &str, global: Option<&str>) -> DriverResult<LoadedModule> {
-        let image = CString::new(ptx).map_err(|_| DriverError {
-            code: sys::CUresult::CUDA_ERROR_INVALID_IMAGE,
-            call: "cuModuleLoadData (PTX contains a NUL byte)",
-        })?;
-        let mut module = std::ptr::null_mut();
+        let mut entries = Self::load_entries(ptx, &[(entry, global)])?;
+        entries.pop().ok_or(DriverError {
+            code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            call: "cuModuleGetFunction",
+        })
+    }
+
+    /// JIT-load PTX text once (one `cuModuleLoadData`) and look up each entry
+    /// function (with its module-scope global, if given), in order: a module of
+    /// several kernels ([`crate::codegen::PtxModuleBuilder`]) costs one driver JIT.
+    pub fn load_entries(
+        ptx: &str,
+        entries: &[(&str, Option<&str>)],
+    ) -> DriverResult<Vec<LoadedModule>> {
+        let image = c_string(
+            ptx,
+            sys::CUresult::CUDA_ERROR_INVALID_IMAGE,
+            "cuModuleLoadData (PTX contains a NUL byte)",
+        )?;
+        let mut raw = std::ptr::null_mut();
         // SAFETY: image is a NUL-terminated PTX string that outlives the call.
         check(
-            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
+            unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const c_void) },
             "cuModuleLoadData",
         )?;
-        let mut loaded = LoadedModule {
-            module,
-            function: std::ptr::null_mut(),
-            global: None,
-        };
-        let entry = CString::new(entry).map_err(|_| DriverError {
-            code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
-            call: "cuModuleGetFunction (name contains a NUL byte)",
-        })?;
-        // SAFETY: live module; writes one function handle.
-        check(
-            unsafe { sys::cuModuleGetFunction(&mut loaded.function, module, entry.as_ptr()) },
-            "cuModuleGetFunction",
-        )?;
-        if let Some(name) = global {
-            let name = CString::new(name).map_err(|_| DriverError {
-                code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
-                call: "cuModuleGetGlobal (name contains a NUL byte)",
-            })?;
-            let (mut ptr, mut size) = (0u64, 0usize);
-            // SAFETY: live module; writes one pointer and one size.
-            check(
-                unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, module, name.as_ptr()) },
-                "cuModuleGetGlobal_v2",
+        let module = Arc::new(ModuleHandle(raw));
+        let mut loaded = Vec::with_capacity(entries.len());
+        for &(entry, global) in entries {
+            let entry = c_string(
+                entry,
+                sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                "cuModuleGetFunction (name contains a NUL byte)",
             )?;
-            loaded.global = Some((ptr, size));
+            let mut function = std::ptr::null_mut();
+            // SAFETY: live module (held by `module`); writes one function handle.
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut function, raw, entry.as_ptr()) },
+                "cuModuleGetFunction",
+            )?;
+            let global = match global {
+                None => None,
+                Some(name) => {
+                    let name = c_string(
+                        name,
+                        sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                        "cuModuleGetGlobal (name contains a NUL byte)",
+                    )?;
+                    let (mut ptr, mut size) = (0u64, 0usize);
+                    // SAFETY: live module; writes one pointer and one size.
+                    check(
+                        unsafe {
+                            sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, raw, name.as_ptr())
+                        },
+                        "cuModuleGetGlobal_v2",
+                    )?;
+                    Some((ptr, size))
+                }
+            };
+            loaded.push(LoadedModule {
+                module: Arc::clone(&module),
+                function,
+                global,
+            });
         }
         Ok(loaded)
+    }
+
+    /// Whether `self` and `other` are entries of one loaded module.
+    pub fn shares_module_with(&self, other: &LoadedModule) -> bool {
+        Arc::ptr_eq(&self.module, &other.module)
     }
 
     /// Most co-resident blocks per SM for a block size and dynamic shared memory.
@@ -779,15 +839,6 @@ impl LoadedModule {
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         )?;
         Ok(n.max(0) as u32)
-    }
-}
-
-impl Drop for LoadedModule {
-    fn drop(&mut self) {
-        // SAFETY: we own the module.
-        unsafe {
-            sys::cuModuleUnload(self.module);
-        }
     }
 }
 

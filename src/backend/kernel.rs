@@ -6,12 +6,28 @@
 //! Dispatching a [`Program`] runs `resolve_kernel`, whose warm path is a few
 //! memo reads and two hash lookups, charged to the probe's `prepare`, `ptx`,
 //! `modkey` and `resolve` phases.
+//!
+//! [`CudaBackend::compile_batch`] compiles many programs with one driver JIT call
+//! (`cuModuleLoadData`) per PTX module ([`PtxModuleBuilder`]). On the H200 the JIT of
+//! a one-program module cost about 44 ms once the writer hid constants from it, and
+//! loads from several threads did not overlap (issue 13: 2,500 differential programs
+//! did not finish in 110 s). A batch pays the per-call part once per module (and
+//! holds one module instead of one per kernel); the compile work itself is per
+//! kernel (ptxas on the build machine: 64 generated kernels took 9.1 s as one module,
+//! 10.6 s as 64 modules).
+//! Each batch kernel is entered into the module cache under its own key (what
+//! [`CudaBackend::compile`] of the same program would use), so a later `compile` or
+//! program-path dispatch of it finds the loaded kernel; the PTX cache is not filled
+//! (its values are one-program modules), so that first lookup emits the program's
+//! PTX text once (a CPU walk, no JIT) before it finds the kernel.
 
+use std::borrow::Borrow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use crate::codegen::{self, ENTRY_NAME, GRID_BARRIER_SYMBOL};
+use crate::codegen::{self, CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL};
 use crate::config::DispatchConfig;
 use crate::ir::{self, Node, Program};
 use crate::lower;
@@ -66,9 +82,16 @@ impl Kernel {
         &self.inner.program
     }
 
-    /// The PTX source that was loaded.
+    /// The PTX source that was loaded (for a kernel of
+    /// [`CudaBackend::compile_batch`], the whole module it shares with others).
     pub fn ptx(&self) -> &str {
         &self.inner.ptx
+    }
+
+    /// Whether `self` and `other` are entries of one loaded module (kernels of one
+    /// [`CudaBackend::compile_batch`] call share one; each keeps it loaded).
+    pub fn shares_module_with(&self, other: &Kernel) -> bool {
+        self.inner.module.shares_module_with(&other.inner.module)
     }
 
     /// The module-cache key.
@@ -99,6 +122,11 @@ fn contains_grid_sync(block: &[Node]) -> bool {
 /// variant ([`codegen::program_to_ptx_with_results`]), never the plain one.
 const RESULT_ABI_POLICY_BIT: u64 = 1 << 40;
 
+/// Most programs one [`CudaBackend::compile_batch`] call takes. Each module it loads
+/// is also bounded, by [`codegen::ptx::MAX_PTX_BYTES`] of PTX (a batch past that is
+/// split into several modules).
+pub const MAX_BATCH_PROGRAMS: usize = 1024;
+
 impl CudaBackend {
     /// Validate, lower, emit and load `program` (each step cached) and return a
     /// handle whose dispatches skip all lookups. Only `config.codegen` matters here.
@@ -114,6 +142,202 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// [`CudaBackend::compile`] for many programs at once, with one driver JIT
+    /// (`cuModuleLoadData`) per PTX module instead of one per program: the
+    /// programs not compiled before become the kernels of one module (several, if
+    /// their PTX passes [`codegen::ptx::MAX_PTX_BYTES`]). Returns one kernel per
+    /// program, in order; a program given twice, or compiled before, gets the same
+    /// kernel [`CudaBackend::compile`] would return. Each kernel is entered into the
+    /// module cache under its own key (module docs) and keeps its module loaded.
+    /// Only `config.codegen` matters here.
+    ///
+    /// Errors: more than [`MAX_BATCH_PROGRAMS`] programs, or any program that
+    /// `compile` would refuse, with the error naming that program's index in
+    /// `programs`. Every program is validated before anything is loaded, so an
+    /// invalid one loads nothing; a code generation or driver error can come after
+    /// earlier modules of a split batch were loaded (their kernels stay cached).
+    pub fn compile_batch<P: Borrow<Program>>(
+        &self,
+        programs: &[P],
+        config: &DispatchConfig,
+    ) -> Result<Vec<Kernel>, BackendError> {
+        check_batch_size(programs.len())?;
+        self.inner.check_alive()?;
+        let kernels = self.inner.compile_batch(programs, config)?;
+        Ok(kernels.into_iter().map(|inner| Kernel { inner }).collect())
+    }
+}
+
+/// The `Fix:` error for a batch of more than [`MAX_BATCH_PROGRAMS`] programs.
+fn check_batch_size(programs: usize) -> Result<(), BackendError> {
+    if programs > MAX_BATCH_PROGRAMS {
+        return Err(BackendError::bad_input(format!(
+            "Fix: pass at most {MAX_BATCH_PROGRAMS} programs to compile_batch (got {programs}); \
+             split them over several calls"
+        )));
+    }
+    Ok(())
+}
+
+/// `error` of the program at `index` of a batch, saying which one it is.
+fn in_batch(index: usize, error: BackendError) -> BackendError {
+    let name = |program: String| format!("program {index} of the batch, {program}");
+    let note = |message: String| format!("{message} (program {index} of the batch)");
+    match error {
+        BackendError::InvalidProgram { program, error } => BackendError::InvalidProgram {
+            program: name(program),
+            error,
+        },
+        BackendError::Codegen { program, error } => BackendError::Codegen {
+            program: name(program),
+            error,
+        },
+        BackendError::ModuleLoad { program, sm, error } => BackendError::ModuleLoad {
+            program: name(program),
+            sm,
+            error,
+        },
+        BackendError::BadInput { message } => BackendError::BadInput {
+            message: note(message),
+        },
+        BackendError::Launch { message } => BackendError::Launch {
+            message: note(message),
+        },
+        other => other,
+    }
+}
+
+/// A batch program that is not in the module cache yet.
+struct BatchItem {
+    /// Its index in the caller's batch.
+    index: usize,
+    program: Program,
+    lowered: Program,
+    module_key: ModuleKey,
+}
+
+impl BackendInner {
+    fn compile_batch<P: Borrow<Program>>(
+        &self,
+        programs: &[P],
+        config: &DispatchConfig,
+    ) -> Result<Vec<Arc<KernelInner>>, BackendError> {
+        // Validate, lower and key every program first: an invalid one refuses the
+        // batch before anything is loaded.
+        let mut kernels: Vec<Option<Arc<KernelInner>>> = vec![None; programs.len()];
+        let mut to_load: Vec<BatchItem> = Vec::new();
+        let mut first_of_key: HashMap<ModuleKey, usize> = HashMap::new();
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        for (index, program) in programs.iter().enumerate() {
+            let valid = self
+                .validate_counted(program.borrow())
+                .map_err(|e| in_batch(index, e))?;
+            let program = valid.program();
+            let lowered = lower::lower_workgroup_reductions(program, &self.lowering);
+            let module_key = self.ptx_key(lowered.digest(), config).module_key();
+            if let Some(kernel) = self.kernels.get(&module_key) {
+                kernels[index] = Some(kernel);
+            } else if let Some(&first) = first_of_key.get(&module_key) {
+                repeats.push((index, first));
+            } else {
+                super::readback::check_result_abi_fits(
+                    &program.display_name(),
+                    lowered.global_buffers().len(),
+                )
+                .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
+                first_of_key.insert(module_key, index);
+                to_load.push(BatchItem {
+                    index,
+                    program: program.clone(),
+                    lowered,
+                    module_key,
+                });
+            }
+        }
+
+        // Emit into as few modules as the PTX size limit allows, loading each when
+        // it is full.
+        let (sm, subgroup_size) = (self.caps.ptx_target_sm(), self.caps.warp_size);
+        let empty = || PtxModuleBuilder::with_results(&config.codegen, sm, subgroup_size);
+        let mut module = empty();
+        let mut entries = Vec::new();
+        for item in &to_load {
+            let pushed = match module.push(&item.lowered) {
+                Err(CodegenError::ModuleFull { .. }) if !module.is_empty() => {
+                    let full = std::mem::replace(&mut module, empty());
+                    self.load_batch_module(full, std::mem::take(&mut entries), &mut kernels)?;
+                    module.push(&item.lowered)
+                }
+                pushed => pushed,
+            };
+            let entry = pushed.map_err(|error| {
+                let program = item.program.display_name();
+                in_batch(item.index, BackendError::Codegen { program, error })
+            })?;
+            entries.push((item, entry));
+        }
+        if !module.is_empty() {
+            self.load_batch_module(module, entries, &mut kernels)?;
+        }
+        for (index, first) in repeats {
+            kernels[index] = kernels[first].clone();
+        }
+        kernels
+            .into_iter()
+            .map(|kernel| {
+                kernel.ok_or_else(|| BackendError::Internal {
+                    message: "compile_batch left a program without a kernel".into(),
+                })
+            })
+            .collect()
+    }
+
+    /// Load one batch module (one driver JIT) and enter each of its kernels into the
+    /// module cache (the first insert of a key wins, as in `resolve_kernel`).
+    fn load_batch_module(
+        &self,
+        module: PtxModuleBuilder,
+        entries: Vec<(&BatchItem, codegen::ModuleEntry)>,
+        kernels: &mut [Option<Arc<KernelInner>>],
+    ) -> Result<(), BackendError> {
+        let ptx: Arc<str> = Arc::from(module.finish());
+        let names: Vec<(&str, Option<&str>)> = entries
+            .iter()
+            .map(|(_, entry)| (entry.entry.as_str(), entry.grid_barrier.as_deref()))
+            .collect();
+        self.bind()?;
+        let loaded = LoadedModule::load_entries(&ptx, &names).map_err(|error| {
+            let (first, last) = match (entries.first(), entries.last()) {
+                (Some((first, _)), Some((last, _))) => (first.index, last.index),
+                _ => (0, 0),
+            };
+            BackendError::ModuleLoad {
+                program: format!(
+                    "the module of batch programs {first} to {last} ({} kernels; the driver does \
+                     not say which one it refused: compile them one by one to find it)",
+                    entries.len()
+                ),
+                sm: self.caps.ptx_target_sm(),
+                error,
+            }
+        })?;
+        for ((item, _), module) in entries.iter().zip(loaded) {
+            let built = self
+                .kernel_from_module(
+                    &item.program,
+                    &item.lowered,
+                    Arc::clone(&ptx),
+                    item.module_key,
+                    module,
+                )
+                .map_err(|e| in_batch(item.index, e))?;
+            kernels[item.index] = Some(self.kernels.insert(item.module_key, Arc::new(built)));
+        }
+        Ok(())
+    }
+}
+
 impl BackendInner {
     /// The program path: validation (prepare) → lowering, key and PTX (ptx) →
     /// module key (modkey) → module lookup or load (resolve). Returns the probe mark
@@ -125,19 +349,8 @@ impl BackendInner {
         config: &DispatchConfig,
         mark: Option<std::time::Instant>,
     ) -> Result<(Arc<KernelInner>, Option<std::time::Instant>), BackendError> {
-        // prepare: validation, before any other walk of the program (the digest
-        // included), so a program too deep or too large for any walk gets its `Fix:`
-        // error instead of reaching one. The verdict is memoised in the program, so
-        // this is O(1) for a program (or any clone) seen before; the validation
-        // counter records whether a walk happened.
-        let walks_before = ir::validate::walks_on_current_thread();
-        let validated = ir::validate(program, &self.limits);
-        if ir::validate::walks_on_current_thread() == walks_before {
-            self.validation.counter.hit();
-        } else {
-            self.validation.counter.miss();
-        }
-        let valid = validated.map_err(|e| invalid(program, &e))?;
+        // prepare: validation, before any other walk of the program.
+        let valid = self.validate_counted(program)?;
         let program = valid.program();
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
@@ -161,14 +374,7 @@ impl BackendInner {
         if digests_before.is_some_and(|before| ir::computations_on_current_thread() != before) {
             probe::charge_sub(SubPhase::PtxDigest, digest_mark);
         }
-        let key = PtxKey {
-            program: lowered_digest,
-            // Every backend kernel carries the result ABI (readback module docs).
-            policy: config.codegen.policy_digest() ^ RESULT_ABI_POLICY_BIT,
-            sm: self.caps.ptx_target_sm(),
-            subgroup_size: self.caps.warp_size,
-            features: self.features,
-        };
+        let key = self.ptx_key(lowered_digest, config);
         let ptx = match self.ptx.get(&key) {
             Some(ptx) => {
                 probe::note_ptx_cache(true);
@@ -213,6 +419,35 @@ impl BackendInner {
         Ok((kernel, mark))
     }
 
+    /// Validation against the device's limits, before any other walk (the digest
+    /// included), so a program too deep or too large for any walk gets its `Fix:`
+    /// error instead of reaching one. The verdict is memoised in the program, so this
+    /// is O(1) for a program (or any clone) seen before; the validation counter
+    /// records whether a walk happened.
+    fn validate_counted(&self, program: &Program) -> Result<ir::ValidProgram, BackendError> {
+        let walks_before = ir::validate::walks_on_current_thread();
+        let validated = ir::validate(program, &self.limits);
+        if ir::validate::walks_on_current_thread() == walks_before {
+            self.validation.counter.hit();
+        } else {
+            self.validation.counter.miss();
+        }
+        validated.map_err(|e| invalid(program, &e))
+    }
+
+    /// The PTX key of a lowered program (by its digest) under `config`'s codegen
+    /// options, on this device.
+    fn ptx_key(&self, lowered_digest: ir::Digest, config: &DispatchConfig) -> PtxKey {
+        PtxKey {
+            program: lowered_digest,
+            // Every backend kernel carries the result ABI (readback module docs).
+            policy: config.codegen.policy_digest() ^ RESULT_ABI_POLICY_BIT,
+            sm: self.caps.ptx_target_sm(),
+            subgroup_size: self.caps.warp_size,
+            features: self.features,
+        }
+    }
+
     fn build_kernel(
         &self,
         program: &Program,
@@ -227,6 +462,21 @@ impl BackendInner {
                 sm: self.caps.ptx_target_sm(),
                 error,
             })?;
+        self.kernel_from_module(program, lowered, ptx, module_key, module)
+    }
+
+    /// The kernel of `program` (lowered to `lowered`) whose entry `module` is: its
+    /// binding plan, and for a grid-sync program the barrier words and the
+    /// co-residency limit.
+    fn kernel_from_module(
+        &self,
+        program: &Program,
+        lowered: &Program,
+        ptx: Arc<str>,
+        module_key: ModuleKey,
+        module: LoadedModule,
+    ) -> Result<KernelInner, BackendError> {
+        let grid_sync = contains_grid_sync(lowered.entry());
         let (slots, outputs) = binding_slots(lowered);
         let workgroup_size = lowered.workgroup_size();
         let mut max_coresident_blocks = u64::MAX;
@@ -315,5 +565,63 @@ fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
     BackendError::InvalidProgram {
         program: program.display_name(),
         error: e.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Access, BufferCount, ElemType, Expr, Limits};
+
+    /// Locks out an unbounded batch (one call building a module of any size and
+    /// holding every program's PTX at once): [`MAX_BATCH_PROGRAMS`] passes the check,
+    /// one more is a `Fix:` error naming the bound.
+    #[test]
+    fn batch_size_is_bounded() {
+        assert!(check_batch_size(MAX_BATCH_PROGRAMS).is_ok());
+        let error = check_batch_size(MAX_BATCH_PROGRAMS + 1).expect_err("one past the bound");
+        let message = error.to_string();
+        assert!(message.starts_with("Fix:"), "{message}");
+        assert!(
+            message.contains(&MAX_BATCH_PROGRAMS.to_string()),
+            "{message}"
+        );
+    }
+
+    /// Locks out a batch error that hides which program failed, or that loses the
+    /// validator's typed error and its `Fix:` message: the error of program 3 names
+    /// "program 3 of the batch" and keeps both. Negative control: the same error
+    /// outside a batch does not name an index.
+    #[test]
+    fn batch_errors_name_the_program_index_and_keep_the_fix() {
+        let program = Program::builder([1, 1, 1])
+            .buffer(
+                "in",
+                0,
+                Access::ReadOnly,
+                ElemType::U32,
+                BufferCount::Static(1),
+            )
+            .body(|b| {
+                b.store("in", Expr::u32(0), Expr::u32(1));
+            })
+            .build();
+        let validation =
+            ir::validate(&program, &Limits::default()).expect_err("store to read-only");
+        let plain = invalid(&program, &validation);
+        assert!(!plain.to_string().contains("of the batch"), "{plain}");
+        let batched = in_batch(3, plain);
+        let message = batched.to_string();
+        assert!(message.starts_with("Fix:"), "{message}");
+        assert!(message.contains("program 3 of the batch"), "{message}");
+        match batched {
+            BackendError::InvalidProgram { error, .. } => assert_eq!(error, validation),
+            other => panic!("lost the validation error: {other:?}"),
+        }
+        let bad_input = in_batch(7, BackendError::bad_input("Fix: bind fewer buffers"));
+        assert_eq!(
+            bad_input.to_string(),
+            "Fix: bind fewer buffers (program 7 of the batch)"
+        );
     }
 }

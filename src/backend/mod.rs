@@ -57,7 +57,7 @@ pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use dispatch::{Binding, TimedDispatch};
 pub use driver::DriverError;
 pub use error::BackendError;
-pub use kernel::Kernel;
+pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
 pub use portable::{
     AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
     AnyRecorder, ReferenceBackend,

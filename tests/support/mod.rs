@@ -297,3 +297,15 @@ pub fn in_bounds_store_program() -> Program {
         })
         .build()
 }
+
+/// Whether this run is under compute-sanitizer (`scripts/gpu-sanitize` exports
+/// `VYRE_UNDER_SANITIZER=1`); if so, prints that `test` skips and `why`. Only for
+/// tests that compare two clocks: the tools' instrumentation stretches kernels, so
+/// their timing is not the device's (the normal run still checks them).
+pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
+    let under = std::env::var_os("VYRE_UNDER_SANITIZER").is_some_and(|v| v == "1");
+    if under {
+        eprintln!("{test}: skipped under compute-sanitizer (VYRE_UNDER_SANITIZER=1): {why}");
+    }
+    under
+}

@@ -129,7 +129,10 @@ use std::fmt;
 use crate::config::CodegenOptions;
 use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
+mod batch;
 mod writer;
+
+pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
 
 /// Name of the single kernel in every emitted module.
 pub const ENTRY_NAME: &str = "vyre_entry";
@@ -198,6 +201,14 @@ pub enum CodegenError {
         /// [`MAX_PTX_BYTES`].
         limit_bytes: usize,
     },
+    /// [`PtxModuleBuilder::push`]: the program would take the module past
+    /// [`MAX_PTX_BYTES`] (the module is unchanged; start another for it).
+    ModuleFull {
+        /// Kernels the module already holds.
+        kernels: usize,
+        /// [`MAX_PTX_BYTES`].
+        limit_bytes: usize,
+    },
     /// The device is older than [`MIN_SM`].
     UnsupportedTarget {
         /// The compute capability asked for.
@@ -236,6 +247,14 @@ impl fmt::Display for CodegenError {
                 f,
                 "Fix: split {program} into smaller kernels (or stop sharing one block in many \
                  places): its PTX passes {limit_bytes} bytes"
+            ),
+            CodegenError::ModuleFull {
+                kernels,
+                limit_bytes,
+            } => write!(
+                f,
+                "Fix: finish this PTX module (it holds {kernels} kernels) and push the program into \
+                 a new one: together they would pass {limit_bytes} bytes"
             ),
             CodegenError::UnsupportedTarget { sm } => write!(
                 f,

@@ -211,6 +211,10 @@ pub(super) struct Writer<'p> {
     synchronises: bool,
     /// The result prologue's start time register (written by local thread 0).
     result_start: Option<Reg>,
+    /// `Some(index)`: this is kernel `index` of a module of several kernels
+    /// (`super::batch`): its entry and module-scope symbols carry the index and the
+    /// module header is written once by the module, not here.
+    module_kernel: Option<usize>,
 }
 
 /// A `.const` word that is always 0. The host could rewrite a `.const` variable
@@ -252,11 +256,24 @@ impl<'p> Writer<'p> {
             results,
             synchronises: false,
             result_start: None,
+            module_kernel: None,
         }
     }
 
+    /// The same writer, writing kernel `index` of a module of several kernels.
+    pub(super) fn for_module_kernel(mut self, index: usize) -> Self {
+        self.module_kernel = Some(index);
+        self
+    }
+
     /// Write the whole module.
-    pub(super) fn finish(mut self) -> Result<String> {
+    pub(super) fn finish(self) -> Result<String> {
+        self.finish_kernel().map(|(text, _)| text)
+    }
+
+    /// Write the kernel (for a standalone kernel, the whole module); also says
+    /// whether it uses the grid-barrier symbol.
+    pub(super) fn finish_kernel(mut self) -> Result<(String, bool)> {
         let program: &'p Program = self.program;
         self.prologue();
         if self.results {
@@ -268,7 +285,8 @@ impl<'p> Writer<'p> {
         } else {
             emit!(self, "ret;");
         }
-        Ok(self.assemble())
+        let uses_grid_sync = self.uses_grid_sync;
+        Ok((self.assemble(), uses_grid_sync))
     }
 
     // ----- registers, labels, scopes -------------------------------------------------
@@ -372,7 +390,15 @@ impl<'p> Writer<'p> {
             };
             let bytes = decl.static_size_bytes().unwrap_or(0);
             let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
-            let symbol = format!("vyre_shared_{position}_{}", identifier_part(&decl.name));
+            let symbol = match self.module_kernel {
+                None => format!("vyre_shared_{position}_{}", identifier_part(&decl.name)),
+                Some(kernel) => {
+                    format!(
+                        "vyre_shared_{kernel}_{position}_{}",
+                        identifier_part(&decl.name)
+                    )
+                }
+            };
             let base = self.reg(RegClass::B64);
             emit!(self, "mov.u64 {base}, {symbol};");
             self.add_buffer(BufferSlot {
@@ -445,6 +471,22 @@ impl<'p> Writer<'p> {
         linear
     }
 
+    /// [`ENTRY_NAME`], or kernel `index`'s own in a module of several kernels.
+    fn entry_name(&self) -> std::borrow::Cow<'static, str> {
+        match self.module_kernel {
+            None => ENTRY_NAME.into(),
+            Some(kernel) => super::module_entry_name(kernel).into(),
+        }
+    }
+
+    /// [`GRID_BARRIER_SYMBOL`], or kernel `index`'s own in a module of several kernels.
+    fn grid_barrier_symbol(&self) -> std::borrow::Cow<'static, str> {
+        match self.module_kernel {
+            None => GRID_BARRIER_SYMBOL.into(),
+            Some(kernel) => super::module_grid_barrier_symbol(kernel).into(),
+        }
+    }
+
     fn special(&mut self, register: &str, axis: &str) -> Reg {
         let r = self.reg(RegClass::B32);
         emit!(self, "mov.u32 {r}, %{register}.{axis};");
@@ -471,14 +513,9 @@ impl<'p> Writer<'p> {
                 "off"
             }
         );
-        let _ = writeln!(out, ".version {}", ptx_version(self.sm));
-        let _ = writeln!(out, ".target sm_{}", self.sm);
-        out.push_str(".address_size 64\n\n");
-        let _ = writeln!(
-            out,
-            "// always 0; hides constants from the JIT's folding (f32 ties, min/max fusion)\n\
-             .const .align 4 .u32 {OPAQUE_ZERO_SYMBOL} = 0;\n"
-        );
+        if self.module_kernel.is_none() {
+            module_header(&mut out, self.sm);
+        }
 
         if self.uses_grid_sync {
             out.push_str(
@@ -486,7 +523,8 @@ impl<'p> Writer<'p> {
             );
             let _ = writeln!(
                 out,
-                ".global .align 4 .u32 {GRID_BARRIER_SYMBOL}[{GRID_BARRIER_WORDS}];\n"
+                ".global .align 4 .u32 {}[{GRID_BARRIER_WORDS}];\n",
+                self.grid_barrier_symbol()
             );
         }
         let mut any_shared = false;
@@ -501,7 +539,7 @@ impl<'p> Writer<'p> {
             out.push('\n');
         }
 
-        let _ = write!(out, ".visible .entry {ENTRY_NAME}(");
+        let _ = write!(out, ".visible .entry {}(", self.entry_name());
         let result_parameters = if self.results {
             RESULT_PARAMETERS.len()
         } else {
@@ -734,7 +772,8 @@ impl<'p> Writer<'p> {
         emit!(self, "setp.ne.u32 {not_leader}, {linear}, 0;");
         emit!(self, "@{not_leader} bra {done};");
         let words = self.reg(RegClass::B64);
-        emit!(self, "mov.u64 {words}, {GRID_BARRIER_SYMBOL};");
+        let symbol = self.grid_barrier_symbol();
+        emit!(self, "mov.u64 {words}, {symbol};");
         emit!(self, "fence.acq_rel.gpu;");
         let generation = self.reg(RegClass::B32);
         emit!(self, "ld.acquire.gpu.global.u32 {generation}, [{words}+4];");
@@ -1251,6 +1290,19 @@ impl<'p> Writer<'p> {
         }
         accumulated
     }
+}
+
+/// `.version`, `.target`, `.address_size` and the opaque zero word: written once per
+/// module (a module of several kernels shares them).
+pub(super) fn module_header(out: &mut String, sm: u32) {
+    let _ = writeln!(out, ".version {}", ptx_version(sm));
+    let _ = writeln!(out, ".target sm_{sm}");
+    out.push_str(".address_size 64\n\n");
+    let _ = writeln!(
+        out,
+        "// always 0; hides constants from the JIT's folding (f32 ties, min/max fusion)\n\
+         .const .align 4 .u32 {OPAQUE_ZERO_SYMBOL} = 0;\n"
+    );
 }
 
 /// An inconsistency between the validator and this writer: a bug, never bad input.

@@ -1,0 +1,116 @@
+//! Finding and running NVIDIA's `ptxas` for the PTX tests (include it with
+//! `#[path = "support/ptxas.rs"] mod ptxas;`). ptxas is found through `VYRE_PTXAS`,
+//! `PTXAS`, `PATH`, a `.venv-ptxas` in the repository or the `nvidia-cuda-nvcc`
+//! Python package; without it a test prints that it skipped, unless
+//! `VYRE_REQUIRE_PTXAS=1` makes that a failure (CI sets it where ptxas is installed).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The ptxas binary, searched once per test process.
+pub fn find() -> Option<PathBuf> {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND.get_or_init(search).clone()
+}
+
+fn search() -> Option<PathBuf> {
+    for variable in ["VYRE_PTXAS", "PTXAS"] {
+        if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "Fix: {variable} is set to {}, which is not a file; point it at a ptxas binary or unset it",
+                path.display()
+            );
+            return Some(path);
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for directory in std::env::split_paths(&paths) {
+            let candidate = directory.join("ptxas");
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-ptxas/lib");
+    if let Ok(entries) = std::fs::read_dir(&venv_lib) {
+        let mut pythons: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
+        for python in pythons {
+            let candidate = python.join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0])",
+        ])
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    let root = String::from_utf8(output.stdout).ok()?;
+    let candidate = PathBuf::from(root.trim()).join("bin/ptxas");
+    candidate.is_file().then_some(candidate)
+}
+
+/// The ptxas binary, or `None` after printing that the caller is skipped.
+/// Panics (fails the test) when `VYRE_REQUIRE_PTXAS=1` and none is found.
+pub fn require(test: &str) -> Option<PathBuf> {
+    let found = find();
+    if found.is_none() {
+        let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "Fix: {test} needs ptxas (VYRE_REQUIRE_PTXAS=1): install it with \
+             `python3 -m venv .venv-ptxas && .venv-ptxas/bin/pip install nvidia-cuda-nvcc-cu12` \
+             or set VYRE_PTXAS to its path"
+        );
+        eprintln!("{test}: skipped: ptxas not found");
+    }
+    found
+}
+
+/// Assemble one module for `sm_90`. The error shows ptxas's message and the PTX
+/// with line numbers.
+pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<(), String> {
+    let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    assemble_in(ptxas, directory.path(), name, ptx)
+}
+
+/// [`assemble`], writing `<name>.ptx` into an existing directory.
+pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Result<(), String> {
+    let source = directory.join(format!("{name}.ptx"));
+    let cubin = directory.join(format!("{name}.cubin"));
+    std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
+    let output = Command::new(ptxas)
+        .arg("-arch=sm_90")
+        .arg(&source)
+        .arg("-o")
+        .arg(&cubin)
+        .output()
+        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
+    let _ = std::fs::remove_file(&cubin);
+    if output.status.success() {
+        return Ok(());
+    }
+    let mut report = format!("ptxas rejected {name}:\n");
+    report.push_str(&String::from_utf8_lossy(&output.stderr));
+    report.push_str(&String::from_utf8_lossy(&output.stdout));
+    report.push_str("\n---- PTX ----\n");
+    for (number, line) in ptx.lines().enumerate() {
+        report.push_str(&format!("{:5} | {line}\n", number + 1));
+    }
+    Err(report)
+}
