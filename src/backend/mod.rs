@@ -87,6 +87,23 @@ static DEVICE_RESET_EPOCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0)
 static ACQUIRE_LOCK: Mutex<()> = Mutex::new(());
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Low bits of a backend id that hold its device ordinal (`MAX_DEVICES` ≤ 2^8), so
+/// a [`ResidentBuffer`] handle (which carries only its backend's id) names its
+/// device too: a recording can refuse another device's buffer with a message that
+/// says so (`crate::graph::stitch`), without a registry or a lock.
+const DEVICE_BITS: u32 = 8;
+const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
+
+/// A fresh backend id for device `ordinal`: a serial number, then the ordinal.
+fn next_backend_id(ordinal: usize) -> u64 {
+    NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed) << DEVICE_BITS | ordinal as u64
+}
+
+/// The device ordinal of the backend with id `id`.
+pub(crate) fn device_of_backend(id: u64) -> usize {
+    (id & ((1 << DEVICE_BITS) - 1)) as usize
+}
+
 /// Counts of pooled resources, for tests that prove a warm path allocates nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -215,7 +232,7 @@ impl CudaBackend {
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
             inner: Arc::new(BackendInner {
-                id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
+                id: next_backend_id(ordinal),
                 limits: caps.limits(),
                 lowering: caps.lowering_caps(),
                 features: caps.pipeline_features(),
@@ -236,6 +253,27 @@ impl CudaBackend {
             }),
         }
         .with_resident_table())
+    }
+
+    /// Number of CUDA devices on this host (0 without a driver is an `Err`: the
+    /// driver could not be loaded). One backend per device: [`CudaBackend::acquire_device`]
+    /// with each ordinal below this count; stitch their recorded graphs with
+    /// [`crate::graph::StitchBuilder`].
+    pub fn device_count() -> Result<usize, BackendError> {
+        driver::load_driver().map_err(|e| BackendError::NoDriver {
+            detail: format!("libcuda.so could not be used: {e:?}"),
+        })?;
+        driver::init().map_err(|e| BackendError::NoDriver {
+            detail: e.to_string(),
+        })?;
+        let count =
+            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
+        Ok(count.max(0) as usize)
+    }
+
+    /// The ordinal of this backend's device.
+    pub fn ordinal(&self) -> usize {
+        self.inner.caps.ordinal
     }
 
     fn with_resident_table(self) -> Self {
