@@ -1,6 +1,8 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod stitch;
+
 use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
 use vyre_cuda::ir::Program;
 use vyre_cuda::DispatchConfig;
