@@ -10,10 +10,8 @@
 
 mod support;
 
-use support::stitch::{
-    blocks_for, random_words, reference_chain, scale, scale_config, Chain, Stitched, N,
-};
-use support::{bytes, words};
+use support::stitch::{blocks_for, reference_chain, scale, scale_config, Chain, Stitched, N};
+use support::{bytes, random_words, words};
 use vyre_cuda::backend::{BackendError, CudaBackend, ResidentBuffer};
 use vyre_cuda::graph::{EdgeKind, StitchBuilder, TransferRoute};
 use vyre_cuda::DispatchConfig;

@@ -2079,7 +2079,7 @@ fn host_cost_graph_cross_device() -> Outcome {
     let second = gpu1.clone().unwrap_or_else(|| gpu0.clone());
     let chain = support::stitch::Chain::new(&gpu0, &second);
     let stitched = RefCell::new(chain.stitch(false));
-    let input = support::bytes(&support::stitch::random_words(7, support::stitch::N));
+    let input = support::bytes(&support::random_words(7, support::stitch::N));
     let expected = support::words(&support::stitch::reference_chain(&support::words(&input)).1)[0];
     let eager_name = "chain: eager parts";
     let stitched_name = "chain: stitched replay";

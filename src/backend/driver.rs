@@ -1065,29 +1065,49 @@ impl GraphExec {
         count(|c| c.graph_launches += 1);
         check(sys::cuGraphLaunch(self.raw, stream.raw), "cuGraphLaunch")
     }
+}
 
-    /// Change a kernel node's grid and parameter values for later launches
-    /// (`cuGraphExecKernelNodeSetParams_v2`); the values are copied by the call.
-    ///
-    /// # Safety
-    /// `node` must be a kernel node of the graph this executable was instantiated
-    /// from, launching `module`'s function; `params` must hold one pointer per kernel
-    /// parameter, in order, each pointing at a value of the parameter's size that
-    /// stays alive for this call; every device address passed must stay alive while
-    /// the executable can be launched. No launch of this executable may be running.
-    pub unsafe fn set_kernel_node_params(
-        &self,
-        node: GraphNode,
-        module: &LoadedModule,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: &mut [*mut c_void],
-    ) -> DriverResult<()> {
-        let node_params = kernel_node_params(module, grid, block, params);
-        check(
-            sys::cuGraphExecKernelNodeSetParams_v2(self.raw, node.0, &node_params),
+/// Where a kernel node's parameters are changed.
+#[derive(Clone, Copy)]
+pub enum KernelNodeHolder<'g> {
+    /// An executable graph: later launches of it use the new values
+    /// (`cuGraphExecKernelNodeSetParams_v2`).
+    Executable(&'g GraphExec),
+    /// The captured graph the node belongs to: what a later clone of it (a parent's
+    /// child-graph node) or [`GraphExec::set_child_graph_params`] picks up
+    /// (`cuGraphKernelNodeSetParams_v2`). The driver call names only the node; the
+    /// graph is borrowed so the node's owner is alive for the call.
+    Captured(#[allow(dead_code)] &'g Graph),
+}
+
+/// Change a kernel node's grid and parameter values in `holder`; the values are
+/// copied by the call.
+///
+/// # Safety
+/// `node` must be a kernel node of the captured graph (or of the graph the
+/// executable was instantiated from), launching `module`'s function; `params` must
+/// hold one pointer per kernel parameter, in order, each pointing at a value of the
+/// parameter's size that stays alive for this call; every device address passed must
+/// stay alive while the executable (or any clone of the graph) can be launched. No
+/// launch of the executable may be running.
+pub unsafe fn set_kernel_node_params(
+    holder: KernelNodeHolder<'_>,
+    node: GraphNode,
+    module: &LoadedModule,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: &mut [*mut c_void],
+) -> DriverResult<()> {
+    let node_params = kernel_node_params(module, grid, block, params);
+    match holder {
+        KernelNodeHolder::Executable(exec) => check(
+            sys::cuGraphExecKernelNodeSetParams_v2(exec.raw, node.0, &node_params),
             "cuGraphExecKernelNodeSetParams_v2",
-        )
+        ),
+        KernelNodeHolder::Captured(_) => check(
+            sys::cuGraphKernelNodeSetParams_v2(node.0, &node_params),
+            "cuGraphKernelNodeSetParams_v2",
+        ),
     }
 }
 
@@ -1226,6 +1246,24 @@ pub enum CopyEnd {
     Host(*mut u8),
 }
 
+impl CopyEnd {
+    /// The memory type, device address and host pointer of a `CUDA_MEMCPY3D` end.
+    fn parts(self) -> (sys::CUmemorytype, u64, *const c_void) {
+        match self {
+            CopyEnd::Device(address) => (
+                sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                address,
+                std::ptr::null(),
+            ),
+            CopyEnd::Host(host) => (
+                sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                0,
+                host as *const c_void,
+            ),
+        }
+    }
+}
+
 impl Graph {
     /// `cuGraphCreate`: an empty graph to add nodes to.
     pub fn empty() -> DriverResult<Graph> {
@@ -1280,26 +1318,10 @@ impl Graph {
         // SAFETY: CUDA_MEMCPY3D is a plain C struct of integers and pointers; all
         // zeroes is its documented "unused" state for every field set below.
         let mut copy: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-        match source {
-            CopyEnd::Device(address) => {
-                copy.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                copy.srcDevice = address;
-            }
-            CopyEnd::Host(host) => {
-                copy.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-                copy.srcHost = host as *const c_void;
-            }
-        }
-        match destination {
-            CopyEnd::Device(address) => {
-                copy.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                copy.dstDevice = address;
-            }
-            CopyEnd::Host(host) => {
-                copy.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_HOST;
-                copy.dstHost = host as *mut c_void;
-            }
-        }
+        (copy.srcMemoryType, copy.srcDevice, copy.srcHost) = source.parts();
+        let destination_host;
+        (copy.dstMemoryType, copy.dstDevice, destination_host) = destination.parts();
+        copy.dstHost = destination_host as *mut c_void;
         copy.WidthInBytes = bytes;
         copy.Height = 1;
         copy.Depth = 1;
@@ -1316,30 +1338,6 @@ impl Graph {
             "cuGraphAddMemcpyNode",
         )?;
         Ok(GraphNode(node))
-    }
-
-    /// Change a kernel node of this (not executable) graph: what a later clone of
-    /// the graph, or [`GraphExec::set_child_graph_params`], picks up
-    /// (`cuGraphKernelNodeSetParams_v2`; the values are copied by the call).
-    ///
-    /// # Safety
-    /// As for [`GraphExec::set_kernel_node_params`]: `node` is a kernel node of this
-    /// graph launching `module`'s function, `params` holds one pointer per kernel
-    /// parameter, each alive for this call, and every device address passed stays
-    /// alive while any executable or clone of this graph can be launched.
-    pub unsafe fn set_kernel_node_params(
-        &self,
-        node: GraphNode,
-        module: &LoadedModule,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: &mut [*mut c_void],
-    ) -> DriverResult<()> {
-        let node_params = kernel_node_params(module, grid, block, params);
-        check(
-            sys::cuGraphKernelNodeSetParams_v2(node.0, &node_params),
-            "cuGraphKernelNodeSetParams_v2",
-        )
     }
 }
 

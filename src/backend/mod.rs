@@ -175,23 +175,11 @@ impl CudaBackend {
     /// to [`crate::reference`]. If an earlier kernel fault destroyed the device's
     /// context, this resets it first.
     pub fn acquire_device(ordinal: usize) -> Result<CudaBackend, BackendError> {
-        driver::load_driver().map_err(|e| BackendError::NoDriver {
-            detail: match e {
-                driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
-                driver::LoadError::SymbolMissing(s) => {
-                    format!("libcuda.so lacks {s}; the driver is too old (need CUDA 12.0+)")
-                }
-            },
-        })?;
-        driver::init().map_err(|e| BackendError::NoDriver {
-            detail: e.to_string(),
-        })?;
-        let count =
-            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
-        if ordinal >= count.max(0) as usize || ordinal >= MAX_DEVICES {
+        let count = Self::device_count()?;
+        if ordinal >= count || ordinal >= MAX_DEVICES {
             return Err(BackendError::NoDevice {
                 ordinal,
-                available: count.max(0) as usize,
+                available: count,
             });
         }
         let _guard = ACQUIRE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -255,13 +243,18 @@ impl CudaBackend {
         .with_resident_table())
     }
 
-    /// Number of CUDA devices on this host (0 without a driver is an `Err`: the
-    /// driver could not be loaded). One backend per device: [`CudaBackend::acquire_device`]
+    /// Number of CUDA devices on this host (loads and initialises the driver; no
+    /// driver is an `Err`, never a panic). One backend per device: [`CudaBackend::acquire_device`]
     /// with each ordinal below this count; stitch their recorded graphs with
     /// [`crate::graph::StitchBuilder`].
     pub fn device_count() -> Result<usize, BackendError> {
         driver::load_driver().map_err(|e| BackendError::NoDriver {
-            detail: format!("libcuda.so could not be used: {e:?}"),
+            detail: match e {
+                driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
+                driver::LoadError::SymbolMissing(s) => {
+                    format!("libcuda.so lacks {s}; the driver is too old (need CUDA 12.0+)")
+                }
+            },
         })?;
         driver::init().map_err(|e| BackendError::NoDriver {
             detail: e.to_string(),

@@ -157,7 +157,8 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::backend::driver::{
-    self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
+    self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, KernelNodeHolder, PinnedMemory,
+    Stream,
 };
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
@@ -573,8 +574,9 @@ impl DispatchGraph {
             // kernel's parameter order; every address is held by the graph (resident
             // memory in `resources.memory`, scratch allocated by the graph itself); the
             // last replay synchronised, so no launch of the executable is running.
-            let in_exec = unsafe {
-                resources.exec.set_kernel_node_params(
+            let mut set = |holder| unsafe {
+                driver::set_kernel_node_params(
+                    holder,
                     *node,
                     &step.kernel.inner.module,
                     plan.grid,
@@ -582,19 +584,11 @@ impl DispatchGraph {
                     &mut params,
                 )
             };
+            let in_exec = set(KernelNodeHolder::Executable(&resources.exec));
             // The captured graph gets the same values, so it always describes what its
             // executable runs: a graph stitched under a parent later (`stitch`) is
             // cloned from it, and the parent's child-node update reads it.
-            // SAFETY: as above; `node` is a launch node of `resources.graph` itself.
-            let result = in_exec.and_then(|()| unsafe {
-                resources.graph.set_kernel_node_params(
-                    *node,
-                    &step.kernel.inner.module,
-                    plan.grid,
-                    plan.block,
-                    &mut params,
-                )
-            });
+            let result = in_exec.and_then(|()| set(KernelNodeHolder::Captured(&resources.graph)));
             match result {
                 Ok(()) => updated += 1,
                 Err(e) => {

@@ -18,32 +18,9 @@ pub fn blocks_for(n: usize) -> u32 {
     (n as u32).div_ceil(WORKGROUP)
 }
 
-/// `dst[i] = src[i] * factor` for `i < length(dst)`; `src` read-only, `dst`
-/// write-only, both runtime-sized `u32`.
+/// `dst[i] = src[i] * factor` for `i < length(dst)` (`super::elementwise`).
 pub fn scale(name: &str, factor: u32) -> Program {
-    Program::builder([WORKGROUP, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "src",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "dst",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
-                b.store("dst", i.clone(), Expr::load("src", i.clone()) * factor);
-            });
-        })
-        .build()
+    super::elementwise(name, WORKGROUP, |v| v * factor)
 }
 
 /// `sum[0] = src[0] + … + src[length(src) − 1]` (wrapping), one thread.
@@ -102,19 +79,6 @@ pub fn reference_chain(input: &[u32]) -> (Vec<u8>, Vec<u8>) {
         &DispatchConfig::linear(1),
     );
     (scaled, sum)
-}
-
-/// Deterministic pseudo-random words (xorshift64*), different per seed.
-pub fn random_words(seed: u64, n: usize) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
-        })
-        .collect()
 }
 
 /// Kernels and resident buffers of the chain: `input → x` on `first`, `y → z` on
@@ -233,27 +197,41 @@ impl Chain {
     /// and the two transfers as a read to the host and an upload to the other device;
     /// returns the sum's word.
     pub fn run_eagerly(&self, input: &[u8]) -> Result<u32, vyre_cuda::backend::BackendError> {
-        let resident = Binding::Resident;
         self.first.upload_resident(&self.input, input)?;
-        self.first.dispatch_kernel(
-            &self.times3,
-            &[resident(self.input), resident(self.x)],
-            &scale_config(),
-        )?;
-        self.second
-            .upload_resident(&self.y, &self.first.read_resident(&self.x)?)?;
-        self.second.dispatch_kernel(
-            &self.times5,
-            &[resident(self.y), resident(self.z)],
-            &scale_config(),
-        )?;
-        self.first
-            .upload_resident(&self.w, &self.second.read_resident(&self.z)?)?;
-        self.first.dispatch_kernel(
-            &self.reduce,
-            &[resident(self.w), resident(self.sum)],
-            &reduce_config(),
-        )?;
+        // (backend, kernel, source, destination, config, the bytes to bring in first).
+        let stages = [
+            (
+                &self.first,
+                &self.times3,
+                self.input,
+                self.x,
+                scale_config(),
+                None,
+            ),
+            (
+                &self.second,
+                &self.times5,
+                self.y,
+                self.z,
+                scale_config(),
+                Some((&self.first, self.x)),
+            ),
+            (
+                &self.first,
+                &self.reduce,
+                self.w,
+                self.sum,
+                reduce_config(),
+                Some((&self.second, self.z)),
+            ),
+        ];
+        for (gpu, kernel, source, destination, config, incoming) in stages {
+            if let Some((from, buffer)) = incoming {
+                gpu.upload_resident(&source, &from.read_resident(&buffer)?)?;
+            }
+            let bindings = [Binding::Resident(source), Binding::Resident(destination)];
+            gpu.dispatch_kernel(kernel, &bindings, &config)?;
+        }
         let sum = self.first.read_resident(&self.sum)?;
         Ok(u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]))
     }
