@@ -202,6 +202,7 @@ const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphGetNodes",
     "cuGraphNodeGetType",
     "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphKernelNodeSetParams_v2",
     "cuMemAllocAsync",
     "cuMemFreeAsync",
 ];
@@ -1193,7 +1194,6 @@ const STITCH_SYMBOLS: &[&str] = &[
     "cuGraphCreate",
     "cuGraphAddChildGraphNode",
     "cuGraphAddMemcpyNode",
-    "cuGraphKernelNodeSetParams_v2",
     "cuGraphExecChildGraphNodeSetParams",
     "cuDeviceCanAccessPeer",
     "cuCtxEnablePeerAccess",

@@ -143,12 +143,12 @@
 //! - A recording spans one device: a stream capture cannot span devices, so a
 //!   buffer or kernel of another device's backend is refused with a `Fix:` error.
 //!   Per-device recordings are stitched under one parent graph with dependency
-//!   edges and cross-device copies by [`StitchBuilder`] (the `stitch` module docs).
+//!   edges and cross-device copies by [`StitchBuilder`] (see [`stitch`]).
 //! - Readback sizes that depend on a value computed inside the graph: a read-back
 //!   range is fixed at record time.
 
 mod record;
-mod stitch;
+pub mod stitch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
