@@ -424,3 +424,23 @@ impl Drop for BackendInner {
             .clear(leak);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out a backend id that loses its device (a recording could then not tell
+    /// another device's `ResidentBuffer` from a foreign backend's of the same device,
+    /// and its refusal would point the wrong way) or that repeats: every ordinal
+    /// below `MAX_DEVICES` comes back out, and ids stay distinct.
+    #[test]
+    fn backend_ids_carry_their_device() {
+        let ids: Vec<u64> = (0..MAX_DEVICES).map(next_backend_id).collect();
+        for (ordinal, &id) in ids.iter().enumerate() {
+            assert_eq!(device_of_backend(id), ordinal, "id {id:#x}");
+        }
+        let again = next_backend_id(0);
+        assert!(!ids.contains(&again));
+        assert_eq!(device_of_backend(again), 0);
+    }
+}
