@@ -1965,6 +1965,8 @@ impl ChainedParent {
             let x = gpu
                 .allocate_resident(4)
                 .context("allocating a child's word")?;
+            gpu.upload_resident(&x, &[0u8; 4])
+                .context("zeroing a child's word")?;
             let kernel = &kernels[index % backends.len()];
             let graph = gpu
                 .record(|rec| rec.dispatch(kernel, &[x], &config).map(drop))
@@ -2138,7 +2140,11 @@ fn host_cost_graph_cross_device() -> Outcome {
     println!("\n{:<58} {:>12} {:<13}", "figure", "ns", "verdict");
     match &per_node {
         Some(p) => println!(
-            "{:<58} {:>12.1} {:<13}",
+            "{:<58} {:>12.1}\n{:<58} {:>12.1}\n{:<58} {:>12.1} {:<13}",
+            "replay of 50 same-device children (min)",
+            p.minimum_ns_per_unit_a,
+            "replay of 100 same-device children (min)",
+            p.minimum_ns_per_unit_b,
             "same-device cost per child node ((100 - 50) / 50)",
             p.median_delta_ns_per_unit / 50.0,
             verdict(p)
@@ -2147,7 +2153,9 @@ fn host_cost_graph_cross_device() -> Outcome {
     }
     match (&gpu1, &cross) {
         (Some(_), Some(p)) => println!(
-            "{:<58} {:>12.1} {:<13}\n{:<58} {:>12.3}",
+            "{:<58} {:>12.1}\n{:<58} {:>12.1} {:<13}\n{:<58} {:>12.3}",
+            "replay of 100 alternating-device children (min)",
+            p.minimum_ns_per_unit_b,
             "extra cost of one cross-device edge (delta / 99)",
             p.median_delta_ns_per_unit / 99.0,
             verdict(p),
