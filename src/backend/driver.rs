@@ -1322,9 +1322,14 @@ impl Graph {
         let destination_host;
         (copy.dstMemoryType, copy.dstDevice, destination_host) = destination.parts();
         copy.dstHost = destination_host as *mut c_void;
+        // One row of `bytes` bytes: pitches equal to the row, one row per plane.
         copy.WidthInBytes = bytes;
         copy.Height = 1;
         copy.Depth = 1;
+        copy.srcPitch = bytes;
+        copy.dstPitch = bytes;
+        copy.srcHeight = 1;
+        copy.dstHeight = 1;
         let mut node = std::ptr::null_mut();
         check(
             sys::cuGraphAddMemcpyNode(
