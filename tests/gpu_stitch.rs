@@ -383,7 +383,7 @@ fn gpu_stitch_refusals_are_fix_errors() {
         let mut stitch = StitchBuilder::new();
         let (a, b) = (stitch.child(record_one()), stitch.child(record_one()));
         let m = fix_message(stitch.transfer(a, &there, b, &chain.y, 4).unwrap_err());
-        assert!(m.contains("of device 1"), "{m}");
+        assert!(m.contains("source buffer is of device 1"), "{m}");
         gpu1.free_resident(there).unwrap();
     } else {
         println!(

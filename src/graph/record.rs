@@ -672,12 +672,20 @@ pub(super) fn hold_memory(
 /// another device's work fails in the driver (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`)
 /// and can leave the stream unusable. Scratch buffers belong to the recording.
 fn same_device(inner: &BackendInner, binding: &GraphBinding<'_>) -> Result<(), BackendError> {
-    let owner = match binding {
-        GraphBinding::Resident(handle) => device_of_backend(handle.backend_id),
-        GraphBinding::Buffer(buffer) => buffer.backend.caps.ordinal,
-        GraphBinding::Scratch(_) => return Ok(()),
-    };
-    check_device("a buffer", owner, inner.caps.ordinal)
+    match binding_device(binding) {
+        Some(owner) => check_device("a buffer", owner, inner.caps.ordinal),
+        None => Ok(()),
+    }
+}
+
+/// The device a binding's memory lives on (`None` for a scratch buffer, which lives
+/// inside its recording).
+pub(super) fn binding_device(binding: &GraphBinding<'_>) -> Option<usize> {
+    match binding {
+        GraphBinding::Resident(handle) => Some(device_of_backend(handle.backend_id)),
+        GraphBinding::Buffer(buffer) => Some(buffer.backend.caps.ordinal),
+        GraphBinding::Scratch(_) => None,
+    }
 }
 
 /// `Ok` when `owner` (the device of a buffer or kernel) is `recording` (the device

@@ -134,7 +134,7 @@ use crate::backend::driver::{
 };
 use crate::backend::{BackendError, CudaBackend, DispatchTiming};
 
-use super::record::hold_memory;
+use super::record::{binding_device, hold_memory};
 use super::{next_graph_id, DispatchGraph, InputSlot, OutputSlot, RecordableBuffer, StepId};
 
 /// One child of a stitch: returned by [`StitchBuilder::child`], valid for that
@@ -369,17 +369,25 @@ impl StitchBuilder {
                 "Fix: a transfer of 0 bytes copies nothing; transfer at least 1 byte or use depend",
             ));
         }
-        let verb = "transfer from";
-        let (source, source_len) = hold_memory(
-            self.children[from as usize].backend.shared(),
-            source.graph_binding(),
-            verb,
-        )?;
-        let (destination, destination_len) = hold_memory(
-            self.children[to as usize].backend.shared(),
-            destination.graph_binding(),
-            "transfer into",
-        )?;
+        let mut held = SmallVec::<[(Arc<DeviceMemory>, u64); 2]>::new();
+        for (end, child, buffer, verb) in [
+            ("source", from, source.graph_binding(), "transfer from"),
+            (
+                "destination",
+                to,
+                destination.graph_binding(),
+                "transfer into",
+            ),
+        ] {
+            let inner = self.children[child as usize].backend.shared();
+            if let Some(device) = binding_device(&buffer) {
+                check_transfer_end(end, child, device, inner.caps.ordinal)?;
+            }
+            held.push(hold_memory(inner, buffer, verb)?);
+        }
+        let [(source, source_len), (destination, destination_len)]: [_; 2] = held
+            .into_inner()
+            .map_err(|_| BackendError::internal("a transfer has two ends"))?;
         for (end, len) in [("source", source_len), ("destination", destination_len)] {
             if bytes > len {
                 return Err(BackendError::bad_input(format!(
@@ -660,6 +668,26 @@ pub(crate) fn choose_route(
     } else {
         TransferRoute::HostBounce
     }
+}
+
+/// `Ok` when a transfer's `end` buffer (on `buffer_device`) lives on the device of
+/// the child it belongs to (`child`, on `child_device`), else a `Fix:` error (pure).
+/// The source is read where its child wrote it, the destination written where its
+/// child reads it; the transfer itself is what crosses devices.
+pub(crate) fn check_transfer_end(
+    end: &str,
+    child: u32,
+    buffer_device: usize,
+    child_device: usize,
+) -> Result<(), BackendError> {
+    if buffer_device == child_device {
+        return Ok(());
+    }
+    Err(BackendError::bad_input(format!(
+        "Fix: the transfer's {end} buffer is of device {buffer_device}, but child {child} runs on device \
+         {child_device}; pass a buffer of child {child}'s backend (the transfer copies between the two \
+         children's devices itself)"
+    )))
 }
 
 /// `child`'s index, checked to belong to stitch `stitch` of `children` children.
@@ -1144,6 +1172,18 @@ mod tests {
             "{m}"
         );
         assert!(super::super::record::check_device("a buffer", 2, 2).is_ok());
+    }
+
+    /// Locks out a transfer whose end lives on another device than its child (the
+    /// copy node would read bytes its child never wrote, or write where the next child
+    /// does not read): the message names the end, both devices and the child;
+    /// negative control: matching devices pass.
+    #[test]
+    fn transfer_ends_must_live_on_their_childs_device() {
+        let m = message(check_transfer_end("source", 2, 1, 0).unwrap_err());
+        assert!(m.contains("source buffer is of device 1"), "{m}");
+        assert!(m.contains("child 2 runs on device 0"), "{m}");
+        assert!(check_transfer_end("destination", 0, 3, 3).is_ok());
     }
 
     /// Locks out a stitched graph that could not move to a replay thread.
