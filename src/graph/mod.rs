@@ -568,12 +568,14 @@ impl DispatchGraph {
         for (iteration, node) in step.nodes.iter().enumerate() {
             // The same per-launch result values the capture used for this node.
             parameters.set_launch(iteration as u32, iterations);
-            // SAFETY: `node` is a launch node of `resources.graph`, from which
-            // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points into `parameters`, alive and unmoved until after the call, in the
-            // kernel's parameter order; every address is held by the graph (resident
-            // memory in `resources.memory`, scratch allocated by the graph itself); the
-            // last replay synchronised, so no launch of the executable is running.
+            // SAFETY: `node` is a launch node of `resources.graph` (the `Captured`
+            // holder), from which `resources.exec` (the `Executable` one) was
+            // instantiated, launching this step's kernel; `params` points into
+            // `parameters`, alive and unmoved until after the call, in the kernel's
+            // parameter order; every address is held by the graph (resident memory in
+            // `resources.memory`, scratch allocated by the graph itself), and a stitched
+            // parent cloned from it owns this graph; the last replay synchronised, so no
+            // launch of the executable is running.
             let mut set = |holder| unsafe {
                 driver::set_kernel_node_params(
                     holder,
