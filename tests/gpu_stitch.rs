@@ -403,3 +403,59 @@ fn gpu_stitch_refusals_are_fix_errors() {
     assert_eq!(words(&direct[0]), vec![3, 6, 9]);
     chain.free();
 }
+
+/// Locks out stitched replays the phase probe cannot see or attribute: with the
+/// probe on, every replay prints one parseable line whose phases add up, whose
+/// counts are the sums over every child's steps (three programs, three launch
+/// nodes), and with the probe off none.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stitch_replay_probe_lines_add_up() {
+    use vyre_cuda::probe::{self, parse_line, Phase};
+    let gpu = support::backend();
+    let chain = Chain::new(&gpu, &gpu);
+    let mut stitched = chain.stitch(false);
+    stitched.graph.replay().unwrap(); // warm
+    const REPLAYS: usize = 5;
+    let (results, lines) = {
+        let _on = probe::override_enabled(Some(true));
+        probe::capture_lines(|| {
+            (0..REPLAYS)
+                .map(|_| stitched.graph.replay())
+                .collect::<Vec<_>>()
+        })
+    };
+    for result in results {
+        result.unwrap();
+    }
+    assert_eq!(lines.len(), REPLAYS, "one line per replay: {lines:#?}");
+    let nodes: u64 = [
+        scale("times3", 3),
+        scale("times5", 5),
+        support::stitch::reduce_sum(),
+    ]
+    .iter()
+    .map(|p| p.node_count())
+    .sum();
+    for line in &lines {
+        let record = parse_line(line).unwrap_or_else(|| panic!("unparseable: {line}"));
+        let sum = Phase::ALL
+            .iter()
+            .fold(0u64, |s, &p| s.saturating_add(record.phase_ns(p)));
+        assert_eq!(record.named_host_ns(), sum, "{line}");
+        assert!(record.named_host_ns() <= record.wall_ns, "{line}");
+        assert!(record.phase_ns(Phase::Launch) > 0, "{line}");
+        assert!(record.phase_ns(Phase::Release) > 0, "{line}");
+        assert_eq!(record.nodes, nodes, "{line}");
+        assert_eq!(record.fixpoint, 3, "{line}");
+        assert_eq!(record.bindings, 6, "{line}");
+        assert!(record.kernel_ns > 0, "{line}");
+    }
+    let (_, quiet) = {
+        let _off = probe::override_enabled(Some(false));
+        probe::capture_lines(|| stitched.graph.replay().unwrap())
+    };
+    assert!(quiet.is_empty(), "{quiet:?}");
+    drop(stitched);
+    chain.free();
+}

@@ -648,24 +648,7 @@ impl DispatchGraph {
         let mark = probe::mark();
         self.ready()?;
         if dispatch_probe.is_some() {
-            let steps = &self.steps;
-            let sum = |f: &dyn Fn(&Step) -> u64| {
-                steps
-                    .iter()
-                    .fold(0u64, |total, step| total.saturating_add(f(step)))
-            };
-            probe::count_with(Count::Nodes, || {
-                sum(&|s| s.kernel.inner.program.node_count())
-            });
-            probe::count_with(Count::PtxBytes, || {
-                sum(&|s| s.kernel.inner.ptx.len() as u64)
-            });
-            probe::count_with(Count::Buffers, || {
-                sum(&|s| s.kernel.inner.program.buffers().len() as u64)
-            });
-            probe::count_with(Count::Bindings, || sum(&|s| s.bound.len() as u64));
-            probe::count_with(Count::Fixpoint, || sum(&|s| s.nodes.len() as u64));
-            probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
+            count_steps_for_probe(self.steps.iter());
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
         let enqueued = self.launch(want_timing)?;
@@ -883,6 +866,29 @@ impl DispatchGraph {
             }
         }
     }
+}
+
+/// The probe's counts of one replay: sums over `steps` (`nodes`, `ptx_bytes`,
+/// `buffers`, `bindings`, `grid_blocks`; `fixpoint` is the number of launch nodes).
+/// Shared by graph and stitched replays.
+fn count_steps_for_probe<'s>(steps: impl Iterator<Item = &'s Step> + Clone) {
+    let sum = |f: &dyn Fn(&Step) -> u64| {
+        steps
+            .clone()
+            .fold(0u64, |total, step| total.saturating_add(f(step)))
+    };
+    probe::count_with(Count::Nodes, || {
+        sum(&|s| s.kernel.inner.program.node_count())
+    });
+    probe::count_with(Count::PtxBytes, || {
+        sum(&|s| s.kernel.inner.ptx.len() as u64)
+    });
+    probe::count_with(Count::Buffers, || {
+        sum(&|s| s.kernel.inner.program.buffers().len() as u64)
+    });
+    probe::count_with(Count::Bindings, || sum(&|s| s.bound.len() as u64));
+    probe::count_with(Count::Fixpoint, || sum(&|s| s.nodes.len() as u64));
+    probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
 }
 
 fn foreign(what: &str, owner: u64, this: u64) -> BackendError {

@@ -120,9 +120,11 @@
 //! `cuGraphExecChildGraphNodeSetParams` (documented for exactly this; a kernel node
 //! inside a child-graph node is not one the parent's executable exposes to
 //! `cuGraphExecKernelNodeSetParams`). A failed update marks the parent broken.
-//! Replays are not charged to the phase probe; `device_window_ns` is 0 and
-//! `kernel_ns` is the sum of the children's stamped kernel spans (devices' timers
-//! are not one clock).
+//! With the phase probe on, each replay prints one line like a graph replay's
+//! (`prepare`: checks, binds and the children's stamp clears; `launch`; `release`:
+//! the synchronize; `readback`: the children's stamp checks; counts summed over every
+//! child's steps). `device_window_ns` is 0 (no events) and `kernel_ns` is the sum of
+//! the children's stamped kernel spans (devices' timers are not one clock).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -133,6 +135,7 @@ use crate::backend::driver::{
     self, CopyEnd, DeviceMemory, GraphExec, GraphNode, PinnedMemory, Stream,
 };
 use crate::backend::{BackendError, CudaBackend, DispatchTiming};
+use crate::probe::{self, Phase};
 
 use super::record::{binding_device, hold_memory};
 use super::{next_graph_id, DispatchGraph, InputSlot, OutputSlot, RecordableBuffer, StepId};
@@ -971,14 +974,20 @@ impl StitchedGraph {
     /// one synchronize (plus, only where a child's result area is not host-mapped,
     /// one fill before and one copy after on that child's stream).
     pub fn replay(&mut self) -> Result<DispatchTiming, BackendError> {
+        let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
+        let mark = probe::mark();
         self.usable()?;
+        if dispatch_probe.is_some() {
+            super::count_steps_for_probe(self.children.iter().flat_map(|c| c.steps.iter()));
+        }
         for child in &mut self.children {
             child.arm_as_child()?;
         }
         let inner = Arc::clone(self.home.shared());
         inner.check_alive()?;
         inner.bind()?;
+        let mark = probe::charge_and_mark(Phase::Prepare, mark);
         let name = &self.name;
         let parent = self.driver.as_ref().ok_or_else(dropping)?;
         // SAFETY: every device allocation a node touches is held by a child (its
@@ -989,20 +998,29 @@ impl StitchedGraph {
         unsafe { parent.exec.launch(&parent.stream) }
             .map_err(|e| inner.stream_failed(name, "launching the parent graph", e))?;
         let enqueued = Instant::now();
+        let mark = probe::charge_and_mark(Phase::Launch, mark);
         let wait_ns = inner.synchronize_with(name, || parent.stream.synchronize())?;
+        let mark = probe::charge_and_mark(Phase::Release, mark);
         let mut kernel_ns = 0u64;
         for child in &mut self.children {
             child.backend.shared().check_alive()?;
             kernel_ns = kernel_ns.saturating_add(child.collect_as_child()?);
         }
-        Ok(DispatchTiming {
+        // Outputs are read in place; the readback phase is the children's stamp
+        // checks (and, without host-mapped areas, their copies back).
+        probe::charge(Phase::Readback, mark);
+        let timing = DispatchTiming {
             wall_ns: super::elapsed_ns(start),
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
                 .unwrap_or(u64::MAX),
             wait_ns,
             device_window_ns: 0,
             kernel_ns,
-        })
+        };
+        if let Some(dispatch_probe) = dispatch_probe {
+            dispatch_probe.finish(timing);
+        }
+        Ok(timing)
     }
 
     fn usable(&self) -> Result<(), BackendError> {
