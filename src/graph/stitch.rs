@@ -17,7 +17,7 @@
 //! an eager launch; a parent keeps that shape across devices instead of paying one
 //! launch and one synchronize per device per encode. What one cross-device edge
 //! costs against a same-device one is what the `host_cost_graph_cross_device`
-//! instrument (tests/host_cost_stitch.rs) measures; its figures go in SPEC §0 once
+//! instrument (tests/host_cost_instruments.rs, section 7) measures; its figures go in SPEC §0 once
 //! a two-GPU machine has run it.
 //!
 //! # Shape
