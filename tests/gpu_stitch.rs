@@ -459,3 +459,23 @@ fn gpu_stitch_replay_probe_lines_add_up() {
     drop(stitched);
     chain.free();
 }
+
+/// Locks out a chain fixture whose reference is wrong (every GPU comparison above
+/// would then check against garbage): on the CPU, the reference interpreter's run of
+/// ×3, ×5 and the sum equals the hand-computed values, at full length and at a
+/// count that is not a multiple of the workgroup; negative control: another input
+/// gives another sum.
+#[test]
+fn stitched_chain_reference_matches_hand_computation() {
+    for n in [N, 65, 1] {
+        let values = random_words(11 + n as u64, n);
+        let (scaled, sum) = reference_chain(&values);
+        let hand: Vec<u32> = values.iter().map(|v| v.wrapping_mul(15)).collect();
+        assert_eq!(words(&scaled), hand, "n = {n}");
+        let total = hand.iter().fold(0u32, |acc, &v| acc.wrapping_add(v));
+        assert_eq!(words(&sum), [total], "n = {n}");
+    }
+    let (_, one) = reference_chain(&random_words(1, N));
+    let (_, other) = reference_chain(&random_words(2, N));
+    assert_ne!(one, other, "the sum ignores its input");
+}
