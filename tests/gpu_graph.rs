@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{backend, bytes, words};
+use support::{backend, bytes, random_words, words};
 use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, ResidentBuffer};
 use vyre_cuda::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot, StepId};
 use vyre_cuda::ir::*;
@@ -20,33 +20,9 @@ fn blocks_for(n: usize) -> u32 {
     (n as u32).div_ceil(WORKGROUP)
 }
 
-/// `dst[i] = f(src[i])` for `i < length(dst)`: `src` read-only, `dst` write-only,
-/// both runtime-sized `u32`.
+/// `dst[i] = f(src[i])` for `i < length(dst)` (see `support::elementwise`).
 fn elementwise(name: &str, f: impl FnOnce(Expr) -> Expr) -> Program {
-    Program::builder([WORKGROUP, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "src",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "dst",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
-                let v = b.let_("v", Expr::load("src", i.clone()));
-                b.store("dst", i.clone(), f(v));
-            });
-        })
-        .build()
+    support::elementwise(name, WORKGROUP, f)
 }
 
 fn times3() -> Program {
@@ -125,19 +101,6 @@ fn hand_affine(mut x: u32, iterations: u32) -> u32 {
         x = x.wrapping_mul(7).wrapping_add(3);
     }
     x
-}
-
-/// Deterministic pseudo-random words (xorshift64*), different per seed.
-fn random_words(seed: u64, n: usize) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
-        })
-        .collect()
 }
 
 /// The three-program chain on the reference interpreter over the first `n` words.

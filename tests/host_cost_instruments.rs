@@ -249,6 +249,23 @@ fn difference(later: Option<f64>, earlier: Option<f64>) -> Option<f64> {
     Some(later? - earlier?)
 }
 
+/// A comparison's verdict as text: `publishable`, or why not.
+fn verdict(paired: &Paired) -> String {
+    if paired.publishable() {
+        "publishable".to_string()
+    } else {
+        format!(
+            "unpublishable: {}",
+            paired
+                .not_publishable
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    }
+}
+
 fn digest_word(digest: Digest) -> u64 {
     digest
         .0
@@ -1131,18 +1148,7 @@ fn host_cost_readback_strategy() -> Outcome {
                 p.minimum_ns_per_unit_a,
                 p.minimum_ns_per_unit_b,
                 p.median_ratio,
-                if p.publishable() {
-                    "publishable".to_string()
-                } else {
-                    format!(
-                        "unpublishable: {}",
-                        p.not_publishable
-                            .iter()
-                            .map(|r| r.to_string())
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    )
-                }
+                verdict(&p)
             ),
             None => println!("{reads:>6} (failed, see above)"),
         }
@@ -1906,4 +1912,282 @@ fn host_cost_interference_flagged() -> Outcome {
             failures.join("\n  ")
         )))
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Stitched graphs across devices (issue 14, SPEC §7): the cost of one cross-device
+// dependency edge against a same-device control, the same-device per-node cost, and a
+// stitched replay of the two-device chain against running its parts eagerly.
+
+mod support;
+
+/// `x[0] = x[0] + 1`, one thread: the tiny kernel of every child. Read-write, so a
+/// child is exactly one kernel node (no clear).
+fn bump_program() -> Program {
+    use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr};
+    Program::builder([1, 1, 1])
+        .entry_op_id("bump")
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.store("x", 0u32, Expr::load("x", 0u32) + 1u32);
+        })
+        .build()
+}
+
+/// A parent of children chained by order edges (child i after child i − 1), child i
+/// recorded on `backends[i % backends.len()]` over its own one-word buffer. Counts its
+/// replays, so [`ChainedParent::check`] can prove every child ran every time.
+struct ChainedParent {
+    graph: vyre_cuda::graph::StitchedGraph,
+    buffers: Vec<(CudaBackend, ResidentBuffer)>,
+    replays: u64,
+}
+
+impl ChainedParent {
+    fn new(backends: &[CudaBackend], children: usize) -> Result<ChainedParent, Failure> {
+        let config = DispatchConfig::linear(1).with_readback(vyre_cuda::ReadbackPolicy::None);
+        let kernels = backends
+            .iter()
+            .map(|gpu| gpu.compile(&bump_program(), &config))
+            .collect::<Result<Vec<_>, _>>()
+            .context("compiling the bump kernel")?;
+        let mut stitch = vyre_cuda::graph::StitchBuilder::new();
+        let mut buffers = Vec::with_capacity(children);
+        let mut previous = None;
+        for index in 0..children {
+            let gpu = &backends[index % backends.len()];
+            let x = gpu
+                .allocate_resident(4)
+                .context("allocating a child's word")?;
+            gpu.upload_resident(&x, &[0u8; 4])
+                .context("zeroing a child's word")?;
+            let kernel = &kernels[index % backends.len()];
+            let graph = gpu
+                .record(|rec| rec.dispatch(kernel, &[x], &config).map(drop))
+                .context("recording a child")?;
+            let child = stitch.child(graph);
+            if let Some(before) = previous {
+                stitch
+                    .depend(before, child)
+                    .context("ordering two children")?;
+            }
+            previous = Some(child);
+            buffers.push((gpu.clone(), x));
+        }
+        let graph = stitch.build().context("building the parent")?;
+        Ok(ChainedParent {
+            graph,
+            buffers,
+            replays: 0,
+        })
+    }
+
+    fn replay(&mut self) -> Result<u64, BackendError> {
+        self.replays += 1;
+        Ok(self.graph.replay()?.wait_ns)
+    }
+
+    /// Every child's word equals the number of replays (each child ran each time).
+    fn check(&self, name: &str) -> Outcome {
+        for (index, (gpu, x)) in self.buffers.iter().enumerate() {
+            let word = gpu.read_resident(x).context("reading a child's word")?;
+            let value = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            if value != self.replays as u32 {
+                return Err(Failure(format!(
+                    "{name}: child {index} counted {value} runs, the parent replayed {} times",
+                    self.replays
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ChainedParent {
+    fn drop(&mut self) {
+        for (gpu, x) in self.buffers.drain(..) {
+            let _ = gpu.free_resident(x);
+        }
+    }
+}
+
+#[test]
+#[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
+fn host_cost_graph_cross_device() -> Outcome {
+    let _probe_off = probe_forced_off();
+    banner(
+        "host_cost_graph_cross_device",
+        "Stitched parents of 1-thread kernels chained by order edges. Paired ABBA, replay + \
+         synchronize per unit: (1) 50 vs 100 same-device children -> same-device cost per \
+         child node (delta / 50); (2) 100 same-device vs 100 alternating-device children \
+         (2 x 50, 99 cross-device edges) -> extra cost of one cross-device edge (delta / 99); \
+         (3) the issue-14 chain (device 0 x3 -> device 1 x5 -> device 0 sum) eagerly (3 \
+         dispatches, 2 host round trips) vs stitched (one replay).",
+    );
+    let devices = CudaBackend::device_count().context("counting CUDA devices")?;
+    let gpu0 = acquire();
+    let gpu1 = if devices >= 2 {
+        Some(CudaBackend::acquire_device(1).context("acquiring device 1")?)
+    } else {
+        None
+    };
+    let errors = DeviceErrors::default();
+    let mut report = Report::new("host_cost_graph_cross_device");
+    let same = [gpu0.clone()];
+    let half = RefCell::new(ChainedParent::new(&same, 50)?);
+    let full = RefCell::new(ChainedParent::new(&same, 100)?);
+    let replay = |parent: &RefCell<ChainedParent>, n: u64, name: &str| {
+        repeat(n, &errors, name, || parent.borrow_mut().replay())
+    };
+    let per_node = measure_pair(
+        &mut report,
+        &errors,
+        ("50 same-device children", |n| {
+            replay(&half, n, "50 same-device children")
+        }),
+        ("100 same-device children", |n| {
+            replay(&full, n, "100 same-device children")
+        }),
+        &pair_options(),
+    );
+    let alternating = match &gpu1 {
+        Some(gpu1) => Some(RefCell::new(ChainedParent::new(
+            &[gpu0.clone(), gpu1.clone()],
+            100,
+        )?)),
+        None => None,
+    };
+    let cross = alternating.as_ref().and_then(|alternating| {
+        measure_pair(
+            &mut report,
+            &errors,
+            ("100 same-device children", |n| {
+                replay(&full, n, "100 same-device children")
+            }),
+            ("100 alternating-device children", |n| {
+                replay(alternating, n, "100 alternating-device children")
+            }),
+            &pair_options(),
+        )
+    });
+
+    // The issue-14 chain: eager parts against one stitched replay.
+    let second = gpu1.clone().unwrap_or_else(|| gpu0.clone());
+    let chain = support::stitch::Chain::new(&gpu0, &second);
+    let stitched = RefCell::new(chain.stitch(false));
+    let input = support::bytes(&support::random_words(7, support::stitch::N));
+    let expected = support::words(&support::stitch::reference_chain(&support::words(&input)).1)[0];
+    let eager_name = "chain: eager parts";
+    let stitched_name = "chain: stitched replay";
+    let chain_pair = measure_pair(
+        &mut report,
+        &errors,
+        (eager_name, |n| {
+            repeat(n, &errors, eager_name, || {
+                chain.run_eagerly(&input).map(u64::from)
+            })
+        }),
+        (stitched_name, |n| {
+            repeat(n, &errors, stitched_name, || {
+                let mut parts = stitched.borrow_mut();
+                let (first, last, slot, sum) =
+                    (parts.children[0], parts.children[2], parts.input, parts.sum);
+                parts.graph.input_mut(first, slot)?.copy_from_slice(&input);
+                parts.graph.replay()?;
+                let word = parts.graph.output(last, sum)?;
+                Ok::<u64, BackendError>(
+                    u32::from_le_bytes([word[0], word[1], word[2], word[3]]) as u64
+                )
+            })
+        }),
+        &pair_options(),
+    );
+    let result = finish(&report, &errors);
+
+    // Correctness after the timing: every child ran every replay, and both chain arms
+    // computed the reference's sum.
+    half.borrow().check("50 same-device children")?;
+    full.borrow().check("100 same-device children")?;
+    if let Some(alternating) = &alternating {
+        alternating
+            .borrow()
+            .check("100 alternating-device children")?;
+    }
+    let eager_sum = chain.run_eagerly(&input).context("the eager chain")?;
+    let stitched_sum = {
+        let parts = stitched.borrow();
+        let word = parts
+            .graph
+            .output(parts.children[2], parts.sum)
+            .context("the stitched chain's sum")?;
+        u32::from_le_bytes([word[0], word[1], word[2], word[3]])
+    };
+    if eager_sum != expected || stitched_sum != expected {
+        return Err(Failure(format!(
+            "chain sums differ from the reference {expected}: eager {eager_sum}, stitched {stitched_sum}"
+        )));
+    }
+    println!("\n{}", stitched.borrow().graph);
+    drop(stitched);
+    chain.free();
+
+    println!("\n{:<58} {:>12} {:<13}", "figure", "ns", "verdict");
+    match &per_node {
+        Some(p) => println!(
+            "{:<58} {:>12.1}\n{:<58} {:>12.1}\n{:<58} {:>12.1} {:<13}",
+            "replay of 50 same-device children (min)",
+            p.minimum_ns_per_unit_a,
+            "replay of 100 same-device children (min)",
+            p.minimum_ns_per_unit_b,
+            "same-device cost per child node ((100 - 50) / 50)",
+            p.median_delta_ns_per_unit / 50.0,
+            verdict(p)
+        ),
+        None => println!("same-device cost per child node: failed, see above"),
+    }
+    match (&gpu1, &cross) {
+        (Some(_), Some(p)) => println!(
+            "{:<58} {:>12.1}\n{:<58} {:>12.1} {:<13}\n{:<58} {:>12.3}",
+            "replay of 100 alternating-device children (min)",
+            p.minimum_ns_per_unit_b,
+            "extra cost of one cross-device edge (delta / 99)",
+            p.median_delta_ns_per_unit / 99.0,
+            verdict(p),
+            "ratio alternating / same-device (100 children)",
+            p.median_ratio
+        ),
+        (Some(_), None) => println!("cross-device edge: failed, see above"),
+        (None, _) => println!(
+            "cross-device edge rows need two GPUs: this host has {devices} CUDA device(s); rerun \
+             on an nvidia-h200-x2 machine (the chain below ran with all three children on device 0)"
+        ),
+    }
+    match &chain_pair {
+        Some(p) => println!(
+            "{:<58} {:>12.1}\n{:<58} {:>12.1}\n{:<58} {:>12.3} {:<13}",
+            format!("{eager_name} (min per chain)"),
+            p.minimum_ns_per_unit_a,
+            format!("{stitched_name} (min per chain)"),
+            p.minimum_ns_per_unit_b,
+            "ratio stitched / eager",
+            p.median_ratio,
+            verdict(p)
+        ),
+        None => println!("chain comparison: failed, see above"),
+    }
+    println!(
+        "chain devices: {}",
+        if gpu1.is_some() {
+            "0 -> 1 -> 0"
+        } else {
+            "0 -> 0 -> 0 (one GPU)"
+        }
+    );
+    result
 }

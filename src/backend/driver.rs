@@ -203,6 +203,7 @@ const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphGetNodes",
     "cuGraphNodeGetType",
     "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphKernelNodeSetParams_v2",
     "cuMemAllocAsync",
     "cuMemFreeAsync",
 ];
@@ -908,8 +909,10 @@ pub struct Graph {
 // is moved between threads, never shared, and takes `&mut self` to change it.
 unsafe impl Send for Graph {}
 
-/// A node of a [`Graph`], valid while that graph lives.
+/// A node of a [`Graph`], valid while that graph lives. Transparent, so a slice of
+/// nodes is an array of driver node handles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
 pub struct GraphNode(sys::CUgraphNode);
 
 // SAFETY: a node handle is an opaque value; it is only passed back to the driver
@@ -1114,43 +1117,74 @@ impl GraphExec {
         count(|c| c.graph_launches += 1);
         check(sys::cuGraphLaunch(self.raw, stream.raw), "cuGraphLaunch")
     }
+}
 
-    /// Change a kernel node's grid and parameter values for later launches
-    /// (`cuGraphExecKernelNodeSetParams_v2`); the values are copied by the call.
-    ///
-    /// # Safety
-    /// `node` must be a kernel node of the graph this executable was instantiated
-    /// from, launching `module`'s function; `params` must hold one pointer per kernel
-    /// parameter, in order, each pointing at a value of the parameter's size that
-    /// stays alive for this call; every device address passed must stay alive while
-    /// the executable can be launched. No launch of this executable may be running.
-    pub unsafe fn set_kernel_node_params(
-        &self,
-        node: GraphNode,
-        module: &LoadedModule,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: &mut [*mut c_void],
-    ) -> DriverResult<()> {
-        let node_params = sys::CUDA_KERNEL_NODE_PARAMS {
-            func: module.function,
-            gridDimX: grid[0],
-            gridDimY: grid[1],
-            gridDimZ: grid[2],
-            blockDimX: block[0],
-            blockDimY: block[1],
-            blockDimZ: block[2],
-            sharedMemBytes: 0,
-            kernelParams: params.as_mut_ptr(),
-            extra: std::ptr::null_mut(),
-            // Ignored when `func` is set.
-            kern: std::ptr::null_mut(),
-            ctx: std::ptr::null_mut(),
-        };
-        check(
-            sys::cuGraphExecKernelNodeSetParams_v2(self.raw, node.0, &node_params),
+/// Where a kernel node's parameters are changed.
+#[derive(Clone, Copy)]
+pub enum KernelNodeHolder<'g> {
+    /// An executable graph: later launches of it use the new values
+    /// (`cuGraphExecKernelNodeSetParams_v2`).
+    Executable(&'g GraphExec),
+    /// The captured graph the node belongs to: what a later clone of it (a parent's
+    /// child-graph node) or [`GraphExec::set_child_graph_params`] picks up
+    /// (`cuGraphKernelNodeSetParams_v2`). The driver call names only the node; the
+    /// graph is borrowed so the node's owner is alive for the call.
+    Captured(#[allow(dead_code)] &'g Graph),
+}
+
+/// Change a kernel node's grid and parameter values in `holder`; the values are
+/// copied by the call.
+///
+/// # Safety
+/// `node` must be a kernel node of the captured graph (or of the graph the
+/// executable was instantiated from), launching `module`'s function; `params` must
+/// hold one pointer per kernel parameter, in order, each pointing at a value of the
+/// parameter's size that stays alive for this call; every device address passed must
+/// stay alive while the executable (or any clone of the graph) can be launched. No
+/// launch of the executable may be running.
+pub unsafe fn set_kernel_node_params(
+    holder: KernelNodeHolder<'_>,
+    node: GraphNode,
+    module: &LoadedModule,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: &mut [*mut c_void],
+) -> DriverResult<()> {
+    let node_params = kernel_node_params(module, grid, block, params);
+    match holder {
+        KernelNodeHolder::Executable(exec) => check(
+            sys::cuGraphExecKernelNodeSetParams_v2(exec.raw, node.0, &node_params),
             "cuGraphExecKernelNodeSetParams_v2",
-        )
+        ),
+        KernelNodeHolder::Captured(_) => check(
+            sys::cuGraphKernelNodeSetParams_v2(node.0, &node_params),
+            "cuGraphKernelNodeSetParams_v2",
+        ),
+    }
+}
+
+/// The kernel-node parameter block of one launch of `module`'s function. The
+/// function names its module's context, so the node runs on that module's device.
+fn kernel_node_params(
+    module: &LoadedModule,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: &mut [*mut c_void],
+) -> sys::CUDA_KERNEL_NODE_PARAMS {
+    sys::CUDA_KERNEL_NODE_PARAMS {
+        func: module.function,
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block[0],
+        blockDimY: block[1],
+        blockDimZ: block[2],
+        sharedMemBytes: 0,
+        kernelParams: params.as_mut_ptr(),
+        extra: std::ptr::null_mut(),
+        // Ignored when `func` is set.
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
     }
 }
 
@@ -1197,6 +1231,190 @@ impl PinnedMemory {
         // SAFETY: [start, end) lies within our allocation; `&mut self` gives exclusive
         // access, and the caller synchronised every stream that reads it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Stitched graphs across the devices of one host (`crate::graph::stitch`): a parent
+// graph built node by node (a stream capture cannot span devices), whose nodes are
+// clones of per-device captured graphs (child-graph nodes) and copies between them.
+
+/// Driver symbols only stitched graphs need. Checked on first use of a stitch, so a
+/// driver that lacks one still serves plain dispatches and single graphs.
+const STITCH_SYMBOLS: &[&str] = &[
+    "cuGraphCreate",
+    "cuGraphAddChildGraphNode",
+    "cuGraphAddMemcpyNode",
+    "cuGraphExecChildGraphNodeSetParams",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+];
+
+/// Checks the symbols stitched graphs use (after [`load_graph_symbols`]). Cached.
+pub fn load_stitch_symbols() -> Result<(), LoadError> {
+    static LOADED: std::sync::OnceLock<Result<(), LoadError>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            load_graph_symbols()?;
+            check_symbols(STITCH_SYMBOLS)
+        })
+        .clone()
+}
+
+/// `cuDeviceCanAccessPeer(device, peer)`: whether `device` can address `peer`'s
+/// memory directly (peer-to-peer over NVLink or PCIe).
+pub fn can_access_peer(device: Device, peer: Device) -> DriverResult<bool> {
+    let mut can = 0;
+    // SAFETY: writes one int for two valid device handles.
+    check(
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, device.0, peer.0) },
+        "cuDeviceCanAccessPeer",
+    )?;
+    Ok(can != 0)
+}
+
+impl PrimaryContext {
+    /// Let this context address `peer`'s allocations directly
+    /// (`cuCtxEnablePeerAccess`, with this context bound). Enabling an access that is
+    /// already on is not an error: a stitch asks for it every time it is built.
+    pub fn enable_peer_access(&self, peer: &PrimaryContext) -> DriverResult<()> {
+        self.bind()?;
+        // SAFETY: `peer.raw` is a retained, live context; this context is current.
+        let status = unsafe { sys::cuCtxEnablePeerAccess(peer.raw, 0) };
+        if status == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check(status, "cuCtxEnablePeerAccess")
+    }
+}
+
+/// One end of a linear copy node.
+#[derive(Clone, Copy, Debug)]
+pub enum CopyEnd {
+    /// A device address (unified addressing: the address names its device).
+    Device(u64),
+    /// Pinned host memory.
+    Host(*mut u8),
+}
+
+impl CopyEnd {
+    /// The memory type, device address and host pointer of a `CUDA_MEMCPY3D` end.
+    fn parts(self) -> (sys::CUmemorytype, u64, *const c_void) {
+        match self {
+            CopyEnd::Device(address) => (
+                sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                address,
+                std::ptr::null(),
+            ),
+            CopyEnd::Host(host) => (
+                sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                0,
+                host as *const c_void,
+            ),
+        }
+    }
+}
+
+impl Graph {
+    /// `cuGraphCreate`: an empty graph to add nodes to.
+    pub fn empty() -> DriverResult<Graph> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one graph handle; flags must be 0.
+        check(unsafe { sys::cuGraphCreate(&mut raw, 0) }, "cuGraphCreate")?;
+        Ok(Graph { raw })
+    }
+
+    /// `cuGraphAddChildGraphNode`: a node running a clone of `child`, after
+    /// `dependencies`. Later changes to `child` reach the clone only through
+    /// [`GraphExec::set_child_graph_params`].
+    pub fn add_child_graph(
+        &self,
+        dependencies: &[GraphNode],
+        child: &Graph,
+    ) -> DriverResult<GraphNode> {
+        let mut node = std::ptr::null_mut();
+        // SAFETY: both graphs are live; `dependencies` are nodes of this graph
+        // (`GraphNode` is a transparent-by-value handle, read as an array of
+        // CUgraphNode of the given length); writes one node handle.
+        check(
+            unsafe {
+                sys::cuGraphAddChildGraphNode(
+                    &mut node,
+                    self.raw,
+                    dependencies.as_ptr() as *const sys::CUgraphNode,
+                    dependencies.len(),
+                    child.raw,
+                )
+            },
+            "cuGraphAddChildGraphNode",
+        )?;
+        Ok(GraphNode(node))
+    }
+
+    /// `cuGraphAddMemcpyNode`: a node copying `bytes` from `source` to `destination`
+    /// in `context`, after `dependencies`.
+    ///
+    /// # Safety
+    /// Both ends must stay valid (device allocations alive, pinned host memory alive
+    /// and untouched by the host while a launch runs) for as long as an executable
+    /// made from this graph can be launched, and hold at least `bytes` bytes.
+    pub unsafe fn add_copy(
+        &self,
+        dependencies: &[GraphNode],
+        source: CopyEnd,
+        destination: CopyEnd,
+        bytes: usize,
+        context: &PrimaryContext,
+    ) -> DriverResult<GraphNode> {
+        // SAFETY: CUDA_MEMCPY3D is a plain C struct of integers and pointers; all
+        // zeroes is its documented "unused" state for every field set below.
+        let mut copy: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+        (copy.srcMemoryType, copy.srcDevice, copy.srcHost) = source.parts();
+        let destination_host;
+        (copy.dstMemoryType, copy.dstDevice, destination_host) = destination.parts();
+        copy.dstHost = destination_host as *mut c_void;
+        // One row of `bytes` bytes: pitches equal to the row, one row per plane.
+        copy.WidthInBytes = bytes;
+        copy.Height = 1;
+        copy.Depth = 1;
+        copy.srcPitch = bytes;
+        copy.dstPitch = bytes;
+        copy.srcHeight = 1;
+        copy.dstHeight = 1;
+        let mut node = std::ptr::null_mut();
+        check(
+            sys::cuGraphAddMemcpyNode(
+                &mut node,
+                self.raw,
+                dependencies.as_ptr() as *const sys::CUgraphNode,
+                dependencies.len(),
+                &copy,
+                context.raw,
+            ),
+            "cuGraphAddMemcpyNode",
+        )?;
+        Ok(GraphNode(node))
+    }
+}
+
+impl GraphExec {
+    /// Make the clone inside child-graph node `node` run with `child`'s current node
+    /// parameters on later launches (`cuGraphExecChildGraphNodeSetParams`); the
+    /// topology of `child` must be the one the node was cloned from.
+    ///
+    /// # Safety
+    /// `node` is a child-graph node of the graph this executable was instantiated
+    /// from, cloned from `child`; every device address in `child`'s nodes stays alive
+    /// while the executable can be launched; no launch of it is running.
+    pub unsafe fn set_child_graph_params(
+        &self,
+        node: GraphNode,
+        child: &Graph,
+    ) -> DriverResult<()> {
+        check(
+            sys::cuGraphExecChildGraphNodeSetParams(self.raw, node.0, child.raw),
+            "cuGraphExecChildGraphNodeSetParams",
+        )
     }
 }
 

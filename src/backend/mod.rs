@@ -87,6 +87,23 @@ static DEVICE_RESET_EPOCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0)
 static ACQUIRE_LOCK: Mutex<()> = Mutex::new(());
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Low bits of a backend id that hold its device ordinal (`MAX_DEVICES` ≤ 2^8), so
+/// a [`ResidentBuffer`] handle (which carries only its backend's id) names its
+/// device too: a recording can refuse another device's buffer with a message that
+/// says so (`crate::graph::stitch`), without a registry or a lock.
+const DEVICE_BITS: u32 = 8;
+const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
+
+/// A fresh backend id for device `ordinal`: a serial number, then the ordinal.
+fn next_backend_id(ordinal: usize) -> u64 {
+    NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed) << DEVICE_BITS | ordinal as u64
+}
+
+/// The device ordinal of the backend with id `id`.
+pub(crate) fn device_of_backend(id: u64) -> usize {
+    (id & ((1 << DEVICE_BITS) - 1)) as usize
+}
+
 /// Counts of pooled resources, for tests that prove a warm path allocates nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -158,23 +175,11 @@ impl CudaBackend {
     /// to [`crate::reference`]. If an earlier kernel fault destroyed the device's
     /// context, this resets it first.
     pub fn acquire_device(ordinal: usize) -> Result<CudaBackend, BackendError> {
-        driver::load_driver().map_err(|e| BackendError::NoDriver {
-            detail: match e {
-                driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
-                driver::LoadError::SymbolMissing(s) => {
-                    format!("libcuda.so lacks {s}; the driver is too old (need CUDA 12.0+)")
-                }
-            },
-        })?;
-        driver::init().map_err(|e| BackendError::NoDriver {
-            detail: e.to_string(),
-        })?;
-        let count =
-            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
-        if ordinal >= count.max(0) as usize || ordinal >= MAX_DEVICES {
+        let count = Self::device_count()?;
+        if ordinal >= count || ordinal >= MAX_DEVICES {
             return Err(BackendError::NoDevice {
                 ordinal,
-                available: count.max(0) as usize,
+                available: count,
             });
         }
         let _guard = ACQUIRE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -215,7 +220,7 @@ impl CudaBackend {
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
             inner: Arc::new(BackendInner {
-                id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
+                id: next_backend_id(ordinal),
                 limits: caps.limits(),
                 lowering: caps.lowering_caps(),
                 features: caps.pipeline_features(),
@@ -236,6 +241,32 @@ impl CudaBackend {
             }),
         }
         .with_resident_table())
+    }
+
+    /// Number of CUDA devices on this host (loads and initialises the driver; no
+    /// driver is an `Err`, never a panic). One backend per device: [`CudaBackend::acquire_device`]
+    /// with each ordinal below this count; stitch their recorded graphs with
+    /// [`crate::graph::StitchBuilder`].
+    pub fn device_count() -> Result<usize, BackendError> {
+        driver::load_driver().map_err(|e| BackendError::NoDriver {
+            detail: match e {
+                driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
+                driver::LoadError::SymbolMissing(s) => {
+                    format!("libcuda.so lacks {s}; the driver is too old (need CUDA 12.0+)")
+                }
+            },
+        })?;
+        driver::init().map_err(|e| BackendError::NoDriver {
+            detail: e.to_string(),
+        })?;
+        let count =
+            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
+        Ok(count.max(0) as usize)
+    }
+
+    /// The ordinal of this backend's device.
+    pub fn ordinal(&self) -> usize {
+        self.inner.caps.ordinal
     }
 
     fn with_resident_table(self) -> Self {
@@ -391,5 +422,25 @@ impl Drop for BackendInner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear(leak);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out a backend id that loses its device (a recording could then not tell
+    /// another device's `ResidentBuffer` from a foreign backend's of the same device,
+    /// and its refusal would point the wrong way) or that repeats: every ordinal
+    /// below `MAX_DEVICES` comes back out, and ids stay distinct.
+    #[test]
+    fn backend_ids_carry_their_device() {
+        let ids: Vec<u64> = (0..MAX_DEVICES).map(next_backend_id).collect();
+        for (ordinal, &id) in ids.iter().enumerate() {
+            assert_eq!(device_of_backend(id), ordinal, "id {id:#x}");
+        }
+        let again = next_backend_id(0);
+        assert!(!ids.contains(&again));
+        assert_eq!(device_of_backend(again), 0);
     }
 }

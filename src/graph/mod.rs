@@ -140,12 +140,15 @@
 //! - Grid-sync (cooperative) kernels are rejected at record time: their barrier
 //!   counter is module-global and needs the per-module lease and arrival audit a
 //!   plain dispatch performs around each launch, which a replay cannot do.
-//! - Per-device child graphs stitched across GPUs (the multi-GPU part of §7) are
-//!   not implemented: a graph belongs to one backend (one device).
+//! - A recording spans one device: a stream capture cannot span devices, so a
+//!   buffer or kernel of another device's backend is refused with a `Fix:` error.
+//!   Per-device recordings are stitched under one parent graph with dependency
+//!   edges and cross-device copies by [`StitchBuilder`] (see [`stitch`]).
 //! - Readback sizes that depend on a value computed inside the graph: a read-back
 //!   range is fixed at record time.
 
 mod record;
+pub mod stitch;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -154,7 +157,8 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::backend::driver::{
-    self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, PinnedMemory, Stream,
+    self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, KernelNodeHolder, PinnedMemory,
+    Stream,
 };
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
@@ -163,6 +167,7 @@ use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
+pub use stitch::{ChildId, EdgeKind, StitchBuilder, StitchEdge, StitchedGraph, TransferRoute};
 
 /// Source of graph identities, so a slot or step of one graph is refused by another.
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
@@ -350,8 +355,9 @@ struct Step {
 /// Driver resources of a graph, in drop order.
 struct Resources {
     exec: GraphExec,
-    /// Owned only to outlive `exec` (node handles point into it).
-    #[allow(dead_code)]
+    /// The captured graph `exec` was instantiated from (its node handles point into
+    /// it); parameter updates are written into both, so a parent graph cloned from
+    /// it (`stitch`) starts from the current values.
     graph: driver::Graph,
     stream: Stream,
     window_start: Event,
@@ -383,6 +389,9 @@ pub struct DispatchGraph {
     /// into the preceding dispatch's epilogue (no copy node), else `None`.
     folded_outputs: Box<[Option<usize>]>,
     graph_nodes: usize,
+    /// Scratch buffers (graph allocation nodes): a graph with any cannot be a child
+    /// of a stitched parent (the driver refuses allocation nodes in child graphs).
+    scratch_buffers: usize,
     /// Set when a parameter update failed half-way: the executable may mix old and
     /// new parameters, so it must not run again.
     broken: Option<String>,
@@ -553,19 +562,23 @@ impl DispatchGraph {
         };
         let mut params = parameters.pointer_array();
         let mut updated = 0usize;
+        let mut partly = false;
         let mut failure: Option<DriverError> = None;
         let iterations = step.nodes.len() as u32;
         for (iteration, node) in step.nodes.iter().enumerate() {
             // The same per-launch result values the capture used for this node.
             parameters.set_launch(iteration as u32, iterations);
-            // SAFETY: `node` is a launch node of `resources.graph`, from which
-            // `resources.exec` was instantiated, launching this step's kernel; `params`
-            // points into `parameters`, alive and unmoved until after the call, in the
-            // kernel's parameter order; every address is held by the graph (resident
-            // memory in `resources.memory`, scratch allocated by the graph itself); the
-            // last replay synchronised, so no launch of the executable is running.
-            let result = unsafe {
-                resources.exec.set_kernel_node_params(
+            // SAFETY: `node` is a launch node of `resources.graph` (the `Captured`
+            // holder), from which `resources.exec` (the `Executable` one) was
+            // instantiated, launching this step's kernel; `params` points into
+            // `parameters`, alive and unmoved until after the call, in the kernel's
+            // parameter order; every address is held by the graph (resident memory in
+            // `resources.memory`, scratch allocated by the graph itself), and a stitched
+            // parent cloned from it owns this graph; the last replay synchronised, so no
+            // launch of the executable is running.
+            let mut set = |holder| unsafe {
+                driver::set_kernel_node_params(
+                    holder,
                     *node,
                     &step.kernel.inner.module,
                     plan.grid,
@@ -573,9 +586,16 @@ impl DispatchGraph {
                     &mut params,
                 )
             };
+            let in_exec = set(KernelNodeHolder::Executable(&resources.exec));
+            // The captured graph gets the same values, so it always describes what its
+            // executable runs: a graph stitched under a parent later (`stitch`) is
+            // cloned from it, and the parent's child-node update reads it.
+            let result = in_exec.and_then(|()| set(KernelNodeHolder::Captured(&resources.graph)));
             match result {
                 Ok(()) => updated += 1,
                 Err(e) => {
+                    // A failure of the second call leaves the executable changed.
+                    partly = in_exec.is_ok();
                     failure = Some(e);
                     break;
                 }
@@ -585,7 +605,7 @@ impl DispatchGraph {
             if error.is_sticky() {
                 inner.mark_context_lost(format!("updating {name} failed: {error}"));
             }
-            if updated > 0 {
+            if updated > 0 || partly {
                 self.broken = Some(format!(
                     "a parameter update failed after {updated} of {} launch nodes ({error})",
                     step.nodes.len()
@@ -628,24 +648,7 @@ impl DispatchGraph {
         let mark = probe::mark();
         self.ready()?;
         if dispatch_probe.is_some() {
-            let steps = &self.steps;
-            let sum = |f: &dyn Fn(&Step) -> u64| {
-                steps
-                    .iter()
-                    .fold(0u64, |total, step| total.saturating_add(f(step)))
-            };
-            probe::count_with(Count::Nodes, || {
-                sum(&|s| s.kernel.inner.program.node_count())
-            });
-            probe::count_with(Count::PtxBytes, || {
-                sum(&|s| s.kernel.inner.ptx.len() as u64)
-            });
-            probe::count_with(Count::Buffers, || {
-                sum(&|s| s.kernel.inner.program.buffers().len() as u64)
-            });
-            probe::count_with(Count::Bindings, || sum(&|s| s.bound.len() as u64));
-            probe::count_with(Count::Fixpoint, || sum(&|s| s.nodes.len() as u64));
-            probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
+            count_steps_for_probe(self.steps.iter());
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
         let enqueued = self.launch(want_timing)?;
@@ -740,18 +743,65 @@ impl DispatchGraph {
             timing.device_window_ns =
                 Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0);
         }
-        if !self.steps.is_empty() {
-            // The kernels' own stamps: the first launch's start to the last one's end.
-            let stamps = resources.results.stamps();
-            if stamps.is_none() {
-                return Err(BackendError::internal(format!(
-                    "{name} replayed without its last kernel writing the end stamp, so its folded \
-                     read-backs cannot be trusted"
-                )));
-            }
-            timing.kernel_ns = stamp_kernel_ns(stamps);
-        }
+        timing.kernel_ns = self.stamped_kernel_ns()?;
         Ok(timing)
+    }
+
+    /// After a synchronize: the kernels' own stamps, from the first launch's start to
+    /// the last one's end (0 for a graph of copies only); an error when the last
+    /// kernel did not write its end stamp (its folded read-backs cannot be trusted).
+    fn stamped_kernel_ns(&self) -> Result<u64, BackendError> {
+        if self.steps.is_empty() {
+            return Ok(0);
+        }
+        let resources = self.resources.as_ref().ok_or_else(dropping)?;
+        let stamps = resources.results.stamps();
+        if stamps.is_none() {
+            return Err(BackendError::internal(format!(
+                "{} replayed without its last kernel writing the end stamp, so its folded \
+                 read-backs cannot be trusted",
+                self.name
+            )));
+        }
+        Ok(stamp_kernel_ns(stamps))
+    }
+
+    /// Before a stitched parent's launch (`stitch`): clear this child's result
+    /// stamps. A mapped area is cleared by the host; a device-memory area by a fill
+    /// on the child's own stream, waited for here so the parent's launch (on another
+    /// stream, maybe another device) cannot overtake it.
+    pub(crate) fn arm_as_child(&mut self) -> Result<(), BackendError> {
+        self.ready()?;
+        let inner = Arc::clone(self.backend.shared());
+        let name = self.name.clone();
+        let resources = self.resources.as_mut().ok_or_else(dropping)?;
+        resources
+            .results
+            .arm(&resources.stream)
+            .map_err(|e| inner.stream_failed(&name, "clearing the result stamps", e))?;
+        if !resources.results.is_mapped() {
+            inner.synchronize_with(&name, || resources.stream.synchronize())?;
+        }
+        Ok(())
+    }
+
+    /// After a stitched parent's synchronize: bring a device-memory result area back
+    /// (one copy and a synchronize on the child's stream; nothing for a mapped area)
+    /// and read the child's kernel time from its stamps.
+    pub(crate) fn collect_as_child(&mut self) -> Result<u64, BackendError> {
+        let inner = Arc::clone(self.backend.shared());
+        inner.bind()?;
+        let name = self.name.clone();
+        let resources = self.resources.as_mut().ok_or_else(dropping)?;
+        if !resources.results.is_mapped() {
+            let used = resources.results_used;
+            // SAFETY: the graph owns the area for its life; the mirror is read only
+            // after the synchronize just below.
+            unsafe { resources.results.enqueue_copy_back(used, &resources.stream) }
+                .map_err(|e| inner.stream_failed(&name, "copying the result area back", e))?;
+            inner.synchronize_with(&name, || resources.stream.synchronize())?;
+        }
+        self.stamped_kernel_ns()
     }
 
     fn usable(&self) -> Result<(), BackendError> {
@@ -816,6 +866,29 @@ impl DispatchGraph {
             }
         }
     }
+}
+
+/// The probe's counts of one replay: sums over `steps` (`nodes`, `ptx_bytes`,
+/// `buffers`, `bindings`, `grid_blocks`; `fixpoint` is the number of launch nodes).
+/// Shared by graph and stitched replays.
+fn count_steps_for_probe<'s>(steps: impl Iterator<Item = &'s Step> + Clone) {
+    let sum = |f: &dyn Fn(&Step) -> u64| {
+        steps
+            .clone()
+            .fold(0u64, |total, step| total.saturating_add(f(step)))
+    };
+    probe::count_with(Count::Nodes, || {
+        sum(&|s| s.kernel.inner.program.node_count())
+    });
+    probe::count_with(Count::PtxBytes, || {
+        sum(&|s| s.kernel.inner.ptx.len() as u64)
+    });
+    probe::count_with(Count::Buffers, || {
+        sum(&|s| s.kernel.inner.program.buffers().len() as u64)
+    });
+    probe::count_with(Count::Bindings, || sum(&|s| s.bound.len() as u64));
+    probe::count_with(Count::Fixpoint, || sum(&|s| s.nodes.len() as u64));
+    probe::count_with(Count::GridBlocks, || sum(&|s| s.plan.grid_blocks));
 }
 
 fn foreign(what: &str, owner: u64, this: u64) -> BackendError {

@@ -17,7 +17,9 @@ use crate::backend::stream_ops::{
     enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
     StreamTarget,
 };
-use crate::backend::{BackendError, CudaBackend, Kernel, ResidentBuffer};
+use crate::backend::{
+    device_of_backend, BackendError, BackendInner, CudaBackend, Kernel, ResidentBuffer,
+};
 use crate::config::{DispatchConfig, ReadbackPolicy};
 
 use super::{
@@ -178,6 +180,14 @@ impl GraphRecorder<'_> {
     ) -> Result<StepId, BackendError> {
         let inner = self.backend.shared();
         let name = &kernel.inner.name;
+        check_device(
+            &format!("the kernel for {name}"),
+            device_of_backend(kernel.inner.backend_id),
+            inner.caps.ordinal,
+        )?;
+        for binding in bindings {
+            same_device(inner, binding)?;
+        }
         if let ReadbackPolicy::Ranges(_) = config.readback {
             return Err(BackendError::bad_input(format!(
                 "Fix: DispatchConfig::readback ranges do not apply inside a dispatch graph (recording {name}); \
@@ -352,21 +362,7 @@ impl GraphRecorder<'_> {
         buffer: GraphBinding<'_>,
         verb: &str,
     ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
-        let inner = self.backend.shared();
-        match buffer {
-            GraphBinding::Resident(handle) => {
-                let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-                Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
-            }
-            GraphBinding::Buffer(buffer) => Ok((
-                Arc::clone(buffer.memory_for(inner, verb)?),
-                buffer.len(),
-            )),
-            GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
-                "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
-                 resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
-            ))),
-        }
+        hold_memory(self.backend.shared(), buffer, verb)
     }
 
     /// Capture the described chain and instantiate it.
@@ -456,6 +452,7 @@ impl GraphRecorder<'_> {
             outputs: std::mem::take(&mut self.outputs),
             folded_outputs: folding.outputs.into_boxed_slice(),
             graph_nodes,
+            scratch_buffers: self.scratch.len(),
             broken: None,
             backend,
         })
@@ -642,6 +639,68 @@ impl Drop for GraphRecorder<'_> {
             }
         }
     }
+}
+
+/// The memory behind a live resident or owned buffer of `inner`'s backend (kept
+/// alive by the returned `Arc`) and its size; scratch buffers have no memory to copy
+/// outside a replay's dispatches. A buffer of another device is refused with the
+/// cross-device message first (`same_device`). Shared by recordings and stitches.
+pub(super) fn hold_memory(
+    inner: &BackendInner,
+    buffer: GraphBinding<'_>,
+    verb: &str,
+) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
+    same_device(inner, &buffer)?;
+    match buffer {
+        GraphBinding::Resident(handle) => {
+            let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
+            Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
+        }
+        GraphBinding::Buffer(buffer) => Ok((
+            Arc::clone(buffer.memory_for(inner, verb)?),
+            buffer.len(),
+        )),
+        GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
+            "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
+             resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
+        ))),
+    }
+}
+
+/// Refuses a binding that lives on another device than `inner`'s: one recording is
+/// one stream capture on one device, and a capture that touches (or waits on)
+/// another device's work fails in the driver (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`)
+/// and can leave the stream unusable. Scratch buffers belong to the recording.
+fn same_device(inner: &BackendInner, binding: &GraphBinding<'_>) -> Result<(), BackendError> {
+    match binding_device(binding) {
+        Some(owner) => check_device("a buffer", owner, inner.caps.ordinal),
+        None => Ok(()),
+    }
+}
+
+/// The device a binding's memory lives on (`None` for a scratch buffer, which lives
+/// inside its recording).
+pub(super) fn binding_device(binding: &GraphBinding<'_>) -> Option<usize> {
+    match binding {
+        GraphBinding::Resident(handle) => Some(device_of_backend(handle.backend_id)),
+        GraphBinding::Buffer(buffer) => Some(buffer.backend.caps.ordinal),
+        GraphBinding::Scratch(_) => None,
+    }
+}
+
+/// `Ok` when `owner` (the device of a buffer or kernel) is `recording` (the device
+/// of the recording's backend), else the cross-device `Fix:` error. Pure.
+pub(super) fn check_device(what: &str, owner: usize, recording: usize) -> Result<(), BackendError> {
+    if owner == recording {
+        return Ok(());
+    }
+    Err(BackendError::bad_input(format!(
+        "Fix: {what} of device {owner} is used in a recording on device {recording}; one recording is \
+         one stream capture on one device and cannot bind or wait on another device's buffers, kernels \
+         or work. Record device {owner}'s part with its own backend (CudaBackend::acquire_device({owner})), \
+         then stitch the per-device graphs with graph::StitchBuilder (depend for ordering, transfer \
+         for the bytes that cross)"
+    )))
 }
 
 /// The folding rule of `GraphRecorder::fold_read_backs` (pure): walk the operations;

@@ -1,8 +1,10 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod stitch;
+
 use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
-use vyre_cuda::ir::Program;
+use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::DispatchConfig;
 
 /// The backend of device 0; GPU tests are ignored unless run on a CUDA machine,
@@ -308,4 +310,46 @@ pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
         eprintln!("{test}: skipped under compute-sanitizer (VYRE_UNDER_SANITIZER=1): {why}");
     }
     under
+}
+
+/// `dst[i] = f(src[i])` for `i < length(dst)`: `src` read-only, `dst` write-only,
+/// both runtime-sized `u32`, workgroup `[workgroup, 1, 1]`.
+pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> Program {
+    Program::builder([workgroup, 1, 1])
+        .entry_op_id(name)
+        .buffer(
+            "src",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "dst",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
+                let v = b.let_("v", Expr::load("src", i.clone()));
+                b.store("dst", i.clone(), f(v));
+            });
+        })
+        .build()
+}
+
+/// Deterministic pseudo-random words (xorshift64*), different per seed.
+pub fn random_words(seed: u64, n: usize) -> Vec<u32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
+        })
+        .collect()
 }
