@@ -21,8 +21,8 @@ use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::CudaBackend;
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::host_cost::{Paired, Report};
-use vyre_cuda::pretokenize::pipeline::CudaPipeline;
-use vyre_cuda::pretokenize::programs::programs;
+use vyre_cuda::pretokenize::pipeline::{describe_driver_calls, encode_driver_calls, CudaPipeline};
+use vyre_cuda::pretokenize::programs::{self, programs};
 use vyre_cuda::pretokenize::text::{generate, Shape};
 
 const TEXT_BYTES: usize = 262_144;
@@ -69,6 +69,33 @@ fn main() {
             pipeline.piece_starts(),
             &expected[..],
             "{shape}: graph vs oracle"
+        );
+        let calls = encode_driver_calls(&mut pipeline, &text).expect("encodes");
+        println!("  {shape}: {}", describe_driver_calls(&calls));
+        let timed: Vec<_> = (0..MEDIAN_ENCODES / 4)
+            .map(|_| pipeline.encode_timed(&text).expect("timed encode"))
+            .collect();
+        let steps: Vec<String> = programs::STEPS
+            .iter()
+            .enumerate()
+            .map(|(index, step)| {
+                let kernel = timed.iter().map(|t| t.steps[index].kernel_ns).collect();
+                format!("{} {:.1}", step.name, median_us(kernel))
+            })
+            .collect();
+        let graph_kernels = (0..MEDIAN_ENCODES / 4)
+            .map(|_| {
+                pipeline
+                    .encode_graph(&text)
+                    .expect("graph encode")
+                    .replay
+                    .kernel_ns
+            })
+            .collect();
+        println!(
+            "  {shape}: kernel medians (µs, the kernels' own stamps): eager {}; graph, first start to last end {:.1}",
+            steps.join(", "),
+            median_us(graph_kernels)
         );
         for (label, graph) in [("eager", false), ("graph", true)] {
             let mut encode = || {

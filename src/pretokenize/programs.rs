@@ -119,7 +119,9 @@ pub enum BufferRole {
     BlockCounts,
     /// Exclusive prefix sums of the block counts, then the total: `B + 1` words.
     BlockOffsets,
-    /// Piece start offsets, room for `n` words.
+    /// Piece start offsets, room for `n` words. Host-mapped
+    /// ([`BufferRole::host_mapped`]): the compaction stores them straight into host
+    /// memory.
     PieceStarts,
 }
 
@@ -146,6 +148,18 @@ impl BufferRole {
         }
     }
 
+    /// Whether the CUDA run keeps this buffer in host-mapped pinned memory
+    /// ([`CudaBackend::host_mapped_buffer`](crate::backend::CudaBackend::host_mapped_buffer))
+    /// instead of device memory: only the piece starts, so the compaction's stores
+    /// reach the host with the encode's synchronize and no copy, whatever the count
+    /// (measured on the H200, 2026-12-01: a separate read of exactly the piece starts
+    /// after the graph replay cost 14–30 µs for about 400 KB; a kernel writing
+    /// 256 KiB into mapped memory costs no more than launch + synchronize plus
+    /// about 6 µs).
+    pub const fn host_mapped(self) -> bool {
+        matches!(self, BufferRole::PieceStarts)
+    }
+
     /// The buffer's size in bytes for a text of `text_len` bytes split into
     /// `blocks` workgroups, with a class table of `table_bytes` bytes.
     pub fn bytes(self, text_len: usize, blocks: u32, table_bytes: usize) -> u64 {
@@ -170,18 +184,18 @@ pub enum Grid {
     Single,
 }
 
-/// What the eager CUDA run reads back right after a step (the graph run cannot
-/// size a readback from a count it computes, so it reads the count after the last
-/// step and then exactly the piece starts; the reference run reads both buffers
-/// after the last step).
+/// What the eager CUDA run reads back right after a step. The piece starts are
+/// never read back: they are in host-mapped memory
+/// ([`BufferRole::host_mapped`]) once the last step's synchronize returns. The
+/// graph run reads the count after the last step; the reference run reads both
+/// buffers after the last step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepReadback {
     /// Nothing.
     Nothing,
-    /// The piece count: the last word of [`BufferRole::BlockOffsets`].
+    /// The piece count: the last word of [`BufferRole::BlockOffsets`] (4 bytes,
+    /// which ride in the dispatch's own epilogue into mapped memory: no copy).
     PieceCount,
-    /// The first `count` words of [`BufferRole::PieceStarts`].
-    PieceStarts,
 }
 
 /// One step of the pipeline: which program, over which buffers (in binding
@@ -227,7 +241,7 @@ pub const STEPS: [Step; 3] = [
             BufferRole::PieceStarts,
         ],
         grid: Grid::PerByte,
-        readback: StepReadback::PieceStarts,
+        readback: StepReadback::Nothing,
     },
 ];
 
