@@ -17,11 +17,12 @@ use pretokenize::text::{generate, Shape, SplitMix64};
 use pretokenize::{check_text_len, cpu, Geometry, MAX_TEXT_BYTES};
 
 /// 16-thread workgroups (the smallest the split accepts: a 1 KiB text is 64
-/// blocks) and a 4-thread scan (16 counts per scan thread at 1 KiB).
+/// blocks) and at most 3 compaction workgroups (22 blocks each at 1 KiB, the last
+/// one 20: prefixes, several blocks per workgroup and an uneven split).
 fn small_programs() -> Programs {
     build(Geometry {
         workgroup_size: 16,
-        scan_threads: 4,
+        compact_workgroups: 3,
     })
     .expect("valid geometry")
 }
@@ -175,6 +176,33 @@ fn reference_pipeline_equals_cpu_splitter_on_generated_shapes() {
     }
 }
 
+/// Locks out a compaction that loses or misplaces pieces when its workgroups own
+/// several blocks of the split or sum long prefixes: one workgroup for every
+/// block (prefixes of up to 255 counts: four rounds of four loads), one
+/// workgroup for all of them (no prefix, 256 blocks in a row), an uneven split,
+/// and a workgroup size that is not a power of two, each on 4 KiB of every shape.
+#[test]
+fn reference_pipeline_equals_cpu_splitter_across_compaction_grids() {
+    for (workgroup_size, compact_workgroups) in [(16, 1024), (16, 1), (16, 7), (48, 5)] {
+        let programs = build(Geometry {
+            workgroup_size,
+            compact_workgroups,
+        })
+        .expect("valid geometry");
+        for shape in Shape::ALL {
+            let text = generate(shape, 4096, 7);
+            let got = run_reference(&programs, &text)
+                .expect("reference run")
+                .piece_starts;
+            assert_eq!(
+                got,
+                cpu::piece_starts(&text).unwrap(),
+                "{shape}, {workgroup_size}-thread workgroups, at most {compact_workgroups} compaction workgroups"
+            );
+        }
+    }
+}
+
 /// Locks out a wrong oracle wrapper or CPU splitter: hand-computed pieces of the
 /// pattern's hard cases (contractions, `\s+(?!\S)`, ` ?` attaching only U+0020,
 /// marks not being letters, invalid bytes as U+FFFD).
@@ -296,19 +324,23 @@ fn bad_requests_get_fix_errors() {
     for geometry in [
         Geometry {
             workgroup_size: 0,
-            scan_threads: 4,
+            compact_workgroups: 4,
         },
         Geometry {
             workgroup_size: 15,
-            scan_threads: 4,
+            compact_workgroups: 4,
         },
         Geometry {
             workgroup_size: 32,
-            scan_threads: 6,
+            compact_workgroups: 0,
+        },
+        Geometry {
+            workgroup_size: 32,
+            compact_workgroups: 65_537,
         },
         Geometry {
             workgroup_size: 2048,
-            scan_threads: 4,
+            compact_workgroups: 4,
         },
     ] {
         assert!(build(geometry).unwrap_err().message().starts_with("Fix:"));

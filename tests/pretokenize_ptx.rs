@@ -40,7 +40,7 @@ fn pretokenize_programs_validate_lower_and_assemble() {
     let directory = tempfile::tempdir().expect("tempdir");
     let small = build(Geometry {
         workgroup_size: 48,
-        scan_threads: 8,
+        compact_workgroups: 5,
     })
     .expect("geometry");
     for programs in [programs(), small] {

@@ -1,4 +1,4 @@
-//! Running the three programs: on the CPU reference interpreter (the oracle, and
+//! Running the two programs: on the CPU reference interpreter (the oracle, and
 //! the fallback without a GPU) or on a CUDA device over resident buffers (and one
 //! host-mapped buffer for the piece starts), eagerly or as one CUDA graph.
 //!
@@ -12,15 +12,15 @@
 //! 8.5–9.8 µs on the raw driver, so the host cost per encode is counted in
 //! synchronizes): every buffer is allocated once in [`CudaPipeline::new`] and the
 //! class table uploaded then, kernels are compiled once (dispatches through
-//! [`Kernel`] skip every cache lookup), the split reads nothing back, the scan's
-//! dispatch brings back only the 4-byte piece count (in its epilogue, through
-//! mapped memory: no copy), and the compaction stores the piece starts straight
-//! into host-mapped pinned memory ([`BufferRole::host_mapped`]), so they are on
+//! [`Kernel`] skip every cache lookup), the split reads nothing back, the
+//! compaction's dispatch brings back only the 4-byte piece count (in its epilogue,
+//! through mapped memory: no copy) and stores the piece starts straight into
+//! host-mapped pinned memory ([`BufferRole::host_mapped`]), so they are on
 //! the host when its synchronize returns and [`CudaPipeline::piece_starts`] is a
 //! view of them: no copy and no read of its own, whatever the count. Eager, per
-//! encode: three dispatches, three synchronizes (the text goes up as a borrowed
+//! encode: two dispatches, two synchronizes (the text goes up as a borrowed
 //! binding of the split dispatch, staged on its stream), no DMA copy back, no
-//! allocation once warm. As a graph: one replay (upload, three kernels, the count)
+//! allocation once warm. As a graph: one replay (upload, two kernels, the count)
 //! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
 //! the mapped piece starts: the separate read of exactly the piece starts after a
 //! replay cost 14–30 µs for 90–290 KB.)
@@ -86,7 +86,7 @@ pub fn check_encode_len(expected: usize, text: &[u8]) -> Result<(), PretokenizeE
     Ok(())
 }
 
-/// The count check: the 4 little-endian bytes the scan wrote, which for a text
+/// The count check: the 4 little-endian bytes the compaction wrote, which for a text
 /// of `text_len > 0` bytes must be 1 to `text_len` (every character starts at most
 /// one piece, and byte 0 always starts one).
 pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, PretokenizeError> {
@@ -94,7 +94,7 @@ pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, Pretoke
     match count {
         Some(count) if (1..=text_len).contains(&count) => Ok(count),
         _ => Err(PretokenizeError::new(format!(
-            "Fix: internal: the scan counted {count:?} pieces in {text_len} bytes (expected 1 to {text_len}); report this as a bug"
+            "Fix: internal: the compaction counted {count:?} pieces in {text_len} bytes (expected 1 to {text_len}); report this as a bug"
         ))),
     }
 }
@@ -104,14 +104,17 @@ pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, Pretoke
 struct Layout {
     text_len: usize,
     blocks: u32,
+    compaction_workgroups: u32,
     table_bytes: usize,
 }
 
 impl Layout {
     fn new(programs: &Programs, text_len: usize, table_bytes: usize) -> Layout {
+        let blocks = programs.geometry.blocks_for(text_len);
         Layout {
             text_len,
-            blocks: programs.geometry.blocks_for(text_len),
+            blocks,
+            compaction_workgroups: programs.geometry.compaction_workgroups(blocks),
             table_bytes,
         }
     }
@@ -123,7 +126,7 @@ impl Layout {
     fn workgroups(&self, grid: Grid) -> u32 {
         match grid {
             Grid::PerByte => self.blocks,
-            Grid::Single => 1,
+            Grid::Compaction => self.compaction_workgroups,
         }
     }
 
@@ -136,11 +139,6 @@ impl Layout {
             0 => 1,
             bytes => bytes,
         }
-    }
-
-    /// Byte offset of the piece count in [`BufferRole::BlockOffsets`].
-    fn count_offset(&self) -> u64 {
-        4 * self.blocks as u64
     }
 }
 
@@ -212,11 +210,7 @@ pub fn run_reference(programs: &Programs, text: &[u8]) -> Result<ReferenceRun, P
             buffers[role as usize] = bytes;
         }
     }
-    let offset = layout.count_offset() as usize;
-    let count_bytes = buffers[BufferRole::BlockOffsets as usize]
-        .get(offset..offset + 4)
-        .unwrap_or(&[]);
-    let count = piece_count(count_bytes, text.len())?;
+    let count = piece_count(&buffers[BufferRole::PieceCount as usize], text.len())?;
     let piece_starts = words_of(&buffers[BufferRole::PieceStarts as usize][..4 * count]).collect();
     Ok(ReferenceRun {
         piece_starts,
@@ -255,7 +249,7 @@ fn written_roles(
 /// Timings of one encode on the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EncodeTiming {
-    /// The whole encode, host clock: three dispatches (the first stages the text,
+    /// The whole encode, host clock: two dispatches (the first stages the text,
     /// the last stores the piece starts into host-mapped memory).
     pub wall_ns: u64,
     /// Each dispatch's timings, in dispatch order; the split's include the text's
@@ -491,7 +485,7 @@ impl CudaPipeline {
             .unwrap_or(&[])
     }
 
-    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): three dispatches
+    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): two dispatches
     /// (the first stages the text), read back the piece starts. The result is in
     /// [`CudaPipeline::piece_starts`] until the next encode. This is the hot path:
     /// its dispatches record no device timing events, so the returned steps hold
@@ -508,7 +502,7 @@ impl CudaPipeline {
         self.encode_with(text, true)
     }
 
-    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the three
+    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the two
     /// kernels and the count's readback (folded into the last kernel's epilogue)
     /// are recorded once, then every encode is one graph launch and one
     /// synchronize, nothing else: the compaction stored the piece starts into
@@ -529,7 +523,7 @@ impl CudaPipeline {
         let layout = self.layout;
         let mut slots = None;
         let text_buffer = self.resident(BufferRole::Text)?;
-        let offsets = self.resident(BufferRole::BlockOffsets)?;
+        let count_buffer = self.resident(BufferRole::PieceCount)?;
         let mut step_bindings: SmallVec<[SmallVec<[GraphBinding<'_>; 4]>; 3]> = SmallVec::new();
         for step in &STEPS {
             step_bindings.push(
@@ -546,7 +540,7 @@ impl CudaPipeline {
             {
                 rec.dispatch_bindings(kernel, bindings, config)?;
             }
-            let count = rec.read_back(&offsets, layout.count_offset(), 4)?;
+            let count = rec.read_back(&count_buffer, 0, 4)?;
             slots = Some((text, count));
             Ok(())
         })?;
@@ -609,8 +603,8 @@ impl CudaPipeline {
                 StepReadback::Nothing => (None, &mut []),
                 StepReadback::PieceCount => (
                     Some(ByteRange {
-                        binding: binding_of(step, BufferRole::BlockOffsets)?,
-                        offset: self.layout.count_offset(),
+                        binding: binding_of(step, BufferRole::PieceCount)?,
+                        offset: 0,
                         len: 4,
                     }),
                     &mut count_bytes,
@@ -727,10 +721,15 @@ mod tests {
             written_roles(step, program).expect("the real steps bind their programs' buffers");
         }
         let reordered = Step {
-            bindings: &[BufferRole::BlockOffsets, BufferRole::BlockCounts],
+            bindings: &[
+                BufferRole::BlockCounts,
+                BufferRole::Marks,
+                BufferRole::PieceStarts,
+                BufferRole::PieceCount,
+            ],
             ..STEPS[1]
         };
-        let error = written_roles(&reordered, &programs.block_scan).unwrap_err();
+        let error = written_roles(&reordered, &programs.compact).unwrap_err();
         assert!(error.message().starts_with("Fix:"), "{error}");
     }
 

@@ -1,4 +1,4 @@
-//! The pipeline's three programs, written with the IR builder, and the one
+//! The pipeline's two programs, written with the IR builder, and the one
 //! description of its steps ([`STEPS`]) that the reference run, the eager CUDA run
 //! and the graph recording all follow.
 //!
@@ -98,11 +98,9 @@ pub struct Programs {
     /// Step 1: `text` (u8), `class_table` (u32) → `marks` (u8, 1 where a piece
     /// starts), `block_counts` (u32, pieces per workgroup).
     pub split: Program,
-    /// Step 2 (one workgroup of [`Geometry::scan_threads`]): `block_counts` →
-    /// `block_offsets` (`B + 1` elements): exclusive prefix sums, then the total.
-    pub block_scan: Program,
-    /// Step 3: `marks`, `block_offsets` → `piece_starts` (at least as many
-    /// elements as pieces).
+    /// Step 2 (at most [`Geometry::compact_workgroups`] workgroups): `marks`,
+    /// `block_counts` → `piece_starts` (at least as many elements as pieces) and
+    /// `piece_count` (one element): the scan and the compaction in one program.
     pub compact: Program,
 }
 
@@ -117,12 +115,12 @@ pub enum BufferRole {
     Marks,
     /// Pieces per workgroup, `B` words.
     BlockCounts,
-    /// Exclusive prefix sums of the block counts, then the total: `B + 1` words.
-    BlockOffsets,
     /// Piece start offsets, room for `n` words. Host-mapped
     /// ([`BufferRole::host_mapped`]): the compaction stores them straight into host
     /// memory.
     PieceStarts,
+    /// The number of pieces: one word.
+    PieceCount,
 }
 
 impl BufferRole {
@@ -132,8 +130,8 @@ impl BufferRole {
         BufferRole::ClassTable,
         BufferRole::Marks,
         BufferRole::BlockCounts,
-        BufferRole::BlockOffsets,
         BufferRole::PieceStarts,
+        BufferRole::PieceCount,
     ];
 
     /// The buffer's name in the programs that bind it.
@@ -143,8 +141,8 @@ impl BufferRole {
             BufferRole::ClassTable => "class_table",
             BufferRole::Marks => "marks",
             BufferRole::BlockCounts => "block_counts",
-            BufferRole::BlockOffsets => "block_offsets",
             BufferRole::PieceStarts => "piece_starts",
+            BufferRole::PieceCount => "piece_count",
         }
     }
 
@@ -169,8 +167,8 @@ impl BufferRole {
             BufferRole::Text | BufferRole::Marks => n,
             BufferRole::ClassTable => table_bytes as u64,
             BufferRole::BlockCounts => 4 * blocks,
-            BufferRole::BlockOffsets => 4 * (blocks + 1),
             BufferRole::PieceStarts => 4 * n,
+            BufferRole::PieceCount => 4,
         }
     }
 }
@@ -180,8 +178,10 @@ impl BufferRole {
 pub enum Grid {
     /// One workgroup per [`Geometry::workgroup_size`] bytes (`B`).
     PerByte,
-    /// One workgroup.
-    Single,
+    /// `ceil(B / per)` workgroups of `per = ceil(B / compact_workgroups)` blocks
+    /// each ([`Geometry::compaction_workgroups`]): `B` up to
+    /// [`Geometry::compact_workgroups`].
+    Compaction,
 }
 
 /// What the eager CUDA run reads back right after a step. The piece starts are
@@ -193,8 +193,8 @@ pub enum Grid {
 pub enum StepReadback {
     /// Nothing.
     Nothing,
-    /// The piece count: the last word of [`BufferRole::BlockOffsets`] (4 bytes,
-    /// which ride in the dispatch's own epilogue into mapped memory: no copy).
+    /// The piece count, [`BufferRole::PieceCount`] (4 bytes, which ride in the
+    /// dispatch's own epilogue into mapped memory: no copy).
     PieceCount,
 }
 
@@ -212,10 +212,10 @@ pub struct Step {
     pub readback: StepReadback,
 }
 
-/// The pipeline, in dispatch order. After the last step the piece count is the
-/// last word of [`BufferRole::BlockOffsets`] and the piece starts are the first
-/// `count` words of [`BufferRole::PieceStarts`].
-pub const STEPS: [Step; 3] = [
+/// The pipeline, in dispatch order. After the last step the piece count is
+/// [`BufferRole::PieceCount`] and the piece starts are the first `count` words of
+/// [`BufferRole::PieceStarts`].
+pub const STEPS: [Step; 2] = [
     Step {
         name: "split",
         bindings: &[
@@ -228,36 +228,27 @@ pub const STEPS: [Step; 3] = [
         readback: StepReadback::Nothing,
     },
     Step {
-        name: "block_scan",
-        bindings: &[BufferRole::BlockCounts, BufferRole::BlockOffsets],
-        grid: Grid::Single,
-        readback: StepReadback::PieceCount,
-    },
-    Step {
         name: "compact",
         bindings: &[
             BufferRole::Marks,
-            BufferRole::BlockOffsets,
+            BufferRole::BlockCounts,
             BufferRole::PieceStarts,
+            BufferRole::PieceCount,
         ],
-        grid: Grid::PerByte,
-        readback: StepReadback::Nothing,
+        grid: Grid::Compaction,
+        readback: StepReadback::PieceCount,
     },
 ];
 
 impl Programs {
     /// The steps in dispatch order, each with its program.
-    pub fn steps(&self) -> [(&'static Step, &Program); 3] {
-        [
-            (&STEPS[0], &self.split),
-            (&STEPS[1], &self.block_scan),
-            (&STEPS[2], &self.compact),
-        ]
+    pub fn steps(&self) -> [(&'static Step, &Program); 2] {
+        [(&STEPS[0], &self.split), (&STEPS[1], &self.compact)]
     }
 }
 
-/// The programs with the default [`Geometry`] (256-thread workgroups, a
-/// 1024-thread scan): what the example and the GPU tests run.
+/// The programs with the default [`Geometry`] (256-thread workgroups, at most
+/// 1024 compaction workgroups): what the example and the GPU tests run.
 pub fn programs() -> Programs {
     build(Geometry::default()).unwrap_or_else(|_| unreachable!("the default geometry is valid"))
 }
@@ -270,7 +261,6 @@ pub fn build(geometry: Geometry) -> Result<Programs, PretokenizeError> {
     Ok(Programs {
         geometry,
         split: split(geometry.workgroup_size),
-        block_scan: block_scan(geometry.scan_threads),
         compact: compact(geometry.workgroup_size),
     })
 }
@@ -643,100 +633,30 @@ pub fn split(workgroup_size: u32) -> Program {
         .build()
 }
 
-/// Step 2: exclusive prefix sums of the block counts, and the total, in one
-/// workgroup of `scan_threads` threads (a power of two).
+/// Step 2: the scan and the compaction in one program. Workgroup `h` of `G`
+/// (`G` = [`Grid::Compaction`]) owns `per = ceil(B / G)` consecutive blocks of
+/// the split, starting at block `first = h · per`:
 ///
-/// Thread `t` owns `per_thread = ceil(B / scan_threads)` consecutive counts (one,
-/// with the default geometry, for texts up to 256 KiB): it sums them, a
-/// Hillis–Steele scan over the threads' sums in shared memory (log2 of
-/// `scan_threads` rounds, two barriers each) gives every thread the total before
-/// its first count, and the thread writes its counts' offsets serially. The last
-/// thread writes the total at `B`.
-pub fn block_scan(scan_threads: u32) -> Program {
-    let rounds = scan_threads.trailing_zeros();
-    Program::builder([scan_threads, 1, 1])
-        .entry_op_id("pretokenize.block_scan")
-        .buffer(
-            "block_counts",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "block_offsets",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "thread_sums",
-            2,
-            Access::Workgroup,
-            ElemType::U32,
-            BufferCount::Static(scan_threads),
-        )
-        .body(|b| {
-            let thread = b.let_("thread", Expr::local_id(Axis::X));
-            let blocks = b.let_("blocks", Expr::length("block_counts"));
-            let per_thread = b.let_(
-                "per_thread",
-                (blocks.clone() + (scan_threads - 1)) / scan_threads,
-            );
-            let first = b.let_("first", thread.clone() * per_thread.clone());
-            let own = b.let_mut("own", 0u32);
-            b.loop_("j", 0u32, per_thread.clone(), |b, j| {
-                let index = b.let_("sum_index", first.clone() + j);
-                b.if_(index.clone().less_than(blocks.clone()), |b| {
-                    b.assign("own", own.clone() + Expr::load("block_counts", index));
-                });
-            });
-            b.store("thread_sums", thread.clone(), own.clone());
-            b.barrier();
-            b.loop_("round", 0u32, rounds, |b, round| {
-                let distance = b.let_("distance", u(1) << round);
-                let addend = b.let_mut("addend", 0u32);
-                b.if_(thread.clone().greater_equal(distance.clone()), |b| {
-                    b.assign(
-                        "addend",
-                        Expr::load("thread_sums", thread.clone() - distance),
-                    );
-                });
-                b.barrier();
-                b.store(
-                    "thread_sums",
-                    thread.clone(),
-                    Expr::load("thread_sums", thread.clone()) + addend,
-                );
-                b.barrier();
-            });
-            let inclusive = b.let_("inclusive", Expr::load("thread_sums", thread.clone()));
-            let running = b.let_mut("running", inclusive.clone() - own);
-            b.loop_("k", 0u32, per_thread, |b, k| {
-                let index = b.let_("write_index", first.clone() + k);
-                b.if_(index.clone().less_than(blocks.clone()), |b| {
-                    b.store("block_offsets", index.clone(), running.clone());
-                    b.assign(
-                        "running",
-                        running.clone() + Expr::load("block_counts", index),
-                    );
-                });
-            });
-            b.if_(thread.equals(scan_threads - 1), |b| {
-                b.store("block_offsets", blocks, inclusive);
-            });
-        })
-        .build()
-}
-
-/// Step 3: every marked byte writes its offset to
-/// `piece_starts[block_offsets[workgroup] + rank]`, where `rank` counts the marks
-/// before it in its workgroup: marks are gathered into a shared bit mask (one
-/// atomic OR per mark, one barrier), and the rank is the population count of the
-/// earlier bits.
+/// 1. its piece offset is the sum of `block_counts[0 .. first)`: every thread sums
+///    a strided quarter of them, four independent loads per round, and a
+///    workgroup sum adds the threads' parts (with the default geometry and texts up
+///    to 256 KiB, `per` = 1 and each thread loads at most 4 counts);
+/// 2. then block by block: the block's marks are gathered into a shared bit mask
+///    (one atomic OR per mark, barriers around), every marked byte writes its
+///    offset to `piece_starts[offset + rank]`, where `rank` is the population
+///    count of the earlier bits, and the offset grows by the block's count;
+/// 3. the workgroup that owns the last block writes the total into
+///    `piece_count[0]`.
+///
+/// One dispatch instead of a single-workgroup scan dispatch followed by the
+/// compaction: on the eager path that is one synchronize less per encode
+/// (§0: 8.5–9.8 µs each), in a graph one kernel node and the scan's serial
+/// rounds less. The prefix costs `first / W` loads per thread, so the grid is
+/// capped ([`Geometry::compact_workgroups`]) to keep the sum of all prefixes
+/// linear in the text (at most `G · B / 2` loads in all).
 pub fn compact(workgroup_size: u32) -> Program {
     let words = workgroup_size.div_ceil(32);
+    const UNROLL: u32 = 4;
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.compact")
         .buffer(
@@ -747,7 +667,7 @@ pub fn compact(workgroup_size: u32) -> Program {
             BufferCount::Runtime,
         )
         .buffer(
-            "block_offsets",
+            "block_counts",
             1,
             Access::ReadOnly,
             ElemType::U32,
@@ -761,38 +681,103 @@ pub fn compact(workgroup_size: u32) -> Program {
             BufferCount::Runtime,
         )
         .buffer(
-            "mark_bits",
+            "piece_count",
             3,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "mark_bits",
+            4,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(words),
         )
         .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
             let local = b.let_("local", Expr::local_id(Axis::X));
-            let word = b.let_("word", local.clone() / 32u32);
-            let bit = b.let_("bit", local % 32u32);
-            let mark = b.let_mut("mark", 0u32);
-            b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                b.assign("mark", Expr::load("marks", i.clone()));
-            });
-            b.if_(mark.clone().not_equals(0u32), |b| {
-                b.atomic(AtomicOp::Or, "mark_bits", word.clone(), u(1) << bit.clone());
-            });
-            b.barrier();
-            let rank = b.let_mut(
-                "rank",
-                (Expr::load("mark_bits", word.clone()) & ((u(1) << bit) - 1u32)).count_ones(),
+            let blocks = b.let_("blocks", Expr::length("block_counts"));
+            let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
+            let per_group = b.let_(
+                "per_group",
+                (blocks.clone() + (groups.clone() - 1u32)) / groups,
             );
-            b.loop_("earlier", 0u32, word, |b, earlier| {
-                b.assign(
-                    "rank",
-                    rank.clone() + Expr::load("mark_bits", earlier).count_ones(),
-                );
+            let first = b.let_("first", Expr::workgroup_id(Axis::X) * per_group.clone());
+            // 1. The offset of block `first`: the counts before it.
+            let part = b.let_mut("part", 0u32);
+            let stride = workgroup_size * UNROLL;
+            b.loop_(
+                "prefix_round",
+                0u32,
+                (first.clone() + (stride - 1)) / stride,
+                |b, round| {
+                    let base = b.let_("prefix_base", round * stride + local.clone());
+                    let mut sum = part.clone();
+                    for lane in 0..UNROLL {
+                        let index = b.let_(
+                            format!("prefix_index{lane}"),
+                            base.clone() + lane * workgroup_size,
+                        );
+                        let inside = index.clone().less_than(first.clone());
+                        sum = sum
+                            + inside.clone().select(
+                                Expr::load("block_counts", inside.select(index, 0u32)),
+                                0u32,
+                            );
+                    }
+                    b.assign("part", sum);
+                },
+            );
+            let before = b.workgroup_reduce("before", ReduceOp::Sum, part);
+            let running = b.let_mut("running", before);
+            // 2. The owned blocks, one after another.
+            b.loop_("owned", 0u32, per_group.clone(), |b, owned| {
+                let block = b.let_("block", first.clone() + owned);
+                b.if_(block.clone().less_than(blocks.clone()), |b| {
+                    b.if_(local.clone().less_than(words), |b| {
+                        b.store("mark_bits", local.clone(), 0u32);
+                    });
+                    b.barrier();
+                    let i = b.let_("i", block.clone() * workgroup_size + local.clone());
+                    let word = b.let_("word", local.clone() / 32u32);
+                    let bit = b.let_("bit", local.clone() % 32u32);
+                    let mark = b.let_mut("mark", 0u32);
+                    b.if_(i.clone().less_than(Expr::length("marks")), |b| {
+                        b.assign("mark", Expr::load("marks", i.clone()));
+                    });
+                    b.if_(mark.clone().not_equals(0u32), |b| {
+                        b.atomic(AtomicOp::Or, "mark_bits", word.clone(), u(1) << bit.clone());
+                    });
+                    b.barrier();
+                    let rank = b.let_mut(
+                        "rank",
+                        (Expr::load("mark_bits", word.clone()) & ((u(1) << bit) - 1u32))
+                            .count_ones(),
+                    );
+                    b.loop_("earlier", 0u32, word, |b, earlier| {
+                        b.assign(
+                            "rank",
+                            rank.clone() + Expr::load("mark_bits", earlier).count_ones(),
+                        );
+                    });
+                    b.if_(mark.not_equals(0u32), |b| {
+                        b.store("piece_starts", running.clone() + rank, i);
+                    });
+                    b.assign(
+                        "running",
+                        running.clone() + Expr::load("block_counts", block.clone()),
+                    );
+                    // Every thread has read the mask before the next block clears it.
+                    b.barrier();
+                });
             });
-            b.if_(mark.not_equals(0u32), |b| {
-                let base = Expr::load("block_offsets", Expr::workgroup_id(Axis::X));
-                b.store("piece_starts", base + rank, i);
+            // 3. The total, from the workgroup that owns the last block.
+            let owns_last = first
+                .clone()
+                .less_than(blocks.clone())
+                .and((first + per_group).greater_equal(blocks));
+            b.if_(owns_last.and(local.equals(0u32)), |b| {
+                b.store("piece_count", 0u32, running);
             });
         })
         .build()
