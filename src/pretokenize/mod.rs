@@ -77,8 +77,9 @@
 //!
 //! # The pipeline
 //!
-//! `n` bytes, `B = ceil(n / 256)` workgroups of [`WORKGROUP_SIZE`] threads (the
-//! default [`Geometry`]; tests build smaller ones). [`programs::STEPS`] is the one
+//! `n` bytes, `B = ceil(n / 1024)` blocks of [`WORKGROUP_SIZE`] threads and
+//! [`BYTES_PER_THREAD`] bytes per thread (the default [`Geometry`]; tests build
+//! smaller ones). [`programs::STEPS`] is the one
 //! description of the steps that the reference run, the eager CUDA run and the
 //! graph recording follow:
 //!
@@ -108,8 +109,18 @@ use std::fmt;
 /// [`Geometry`].
 pub const WORKGROUP_SIZE: u32 = 256;
 
+/// Bytes each thread of both programs handles in the default [`Geometry`] (a
+/// block of the split is `WORKGROUP_SIZE · BYTES_PER_THREAD` = 1 KiB).
+///
+/// Why not one: every warp of a kernel ends with one atomic on a single
+/// per-launch counter (the result ABI's end-of-grid detection, `codegen::ptx`),
+/// and 1 byte per thread is 8,192 warps per kernel for 256 KiB; 4 bytes per
+/// thread cut that to 2,048, with the thread's text and table loads unrolled so
+/// they overlap.
+pub const BYTES_PER_THREAD: u32 = 4;
+
 /// Most workgroups of the compaction in the default [`Geometry`]: texts up to
-/// 256 KiB get one block of the split per compaction workgroup.
+/// 1 MiB get one block of the split per compaction workgroup.
 pub const COMPACT_WORKGROUPS: u32 = 1024;
 
 /// The workgroup shapes the programs are built for.
@@ -118,6 +129,10 @@ pub struct Geometry {
     /// Threads per workgroup of both programs: 16..=1024 (the split program's
     /// first `2 · HALO` threads fill the window's far side).
     pub workgroup_size: u32,
+    /// Bytes each thread handles, 1..=8: thread `t` of a block takes its bytes
+    /// `t, t + W, t + 2W, ...`, so a block of the split is `W · bytes_per_thread`
+    /// bytes ([`Geometry::block_bytes`]).
+    pub bytes_per_thread: u32,
     /// Most workgroups of the compaction, 1..=65536: each sums the counts of the
     /// blocks before its own (so all of them together load at most
     /// `compact_workgroups · B / 2` counts) and then compacts
@@ -126,10 +141,11 @@ pub struct Geometry {
 }
 
 impl Default for Geometry {
-    /// [`WORKGROUP_SIZE`] and [`COMPACT_WORKGROUPS`].
+    /// [`WORKGROUP_SIZE`], [`BYTES_PER_THREAD`] and [`COMPACT_WORKGROUPS`].
     fn default() -> Self {
         Geometry {
             workgroup_size: WORKGROUP_SIZE,
+            bytes_per_thread: BYTES_PER_THREAD,
             compact_workgroups: COMPACT_WORKGROUPS,
         }
     }
@@ -144,6 +160,12 @@ impl Geometry {
                 self.workgroup_size
             )));
         }
+        if !(1..=8).contains(&self.bytes_per_thread) {
+            return Err(PretokenizeError::new(format!(
+                "Fix: Geometry::bytes_per_thread is {}; use 1 to 8",
+                self.bytes_per_thread
+            )));
+        }
         if !(1..=65_536).contains(&self.compact_workgroups) {
             return Err(PretokenizeError::new(format!(
                 "Fix: Geometry::compact_workgroups is {}; use 1 to 65536",
@@ -153,10 +175,15 @@ impl Geometry {
         Ok(())
     }
 
-    /// Workgroups of the split (`B`, one per `workgroup_size` bytes) for a text of
-    /// `text_len` bytes.
+    /// Bytes of one block of the split: `workgroup_size · bytes_per_thread`.
+    pub fn block_bytes(&self) -> u32 {
+        self.workgroup_size.saturating_mul(self.bytes_per_thread)
+    }
+
+    /// Workgroups of the split (`B`, one per [`Geometry::block_bytes`] bytes) for a
+    /// text of `text_len` bytes.
     pub fn blocks_for(&self, text_len: usize) -> u32 {
-        let blocks = text_len.div_ceil(self.workgroup_size.max(1) as usize);
+        let blocks = text_len.div_ceil(self.block_bytes().max(1) as usize);
         u32::try_from(blocks).unwrap_or(u32::MAX)
     }
 

@@ -260,8 +260,8 @@ pub fn build(geometry: Geometry) -> Result<Programs, PretokenizeError> {
     geometry.check()?;
     Ok(Programs {
         geometry,
-        split: split(geometry.workgroup_size),
-        compact: compact(geometry.workgroup_size),
+        split: split(geometry),
+        compact: compact(geometry),
     })
 }
 
@@ -476,8 +476,11 @@ fn first_character(codes: [&Expr; 4]) -> Expr {
 /// Step 1: byte codes into the shared window, then `marks[i]` (1 where a piece
 /// starts) and `block_counts[g]` (see the module docs). `workgroup_size` must be
 /// at least `2 · HALO` ([`Geometry::check`] says so).
-pub fn split(workgroup_size: u32) -> Program {
+pub fn split(geometry: Geometry) -> Program {
     let halo = HALO;
+    let workgroup_size = geometry.workgroup_size;
+    let per_thread = geometry.bytes_per_thread;
+    let block_bytes = geometry.block_bytes();
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.split")
         .buffer(
@@ -513,121 +516,138 @@ pub fn split(workgroup_size: u32) -> Program {
             4,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(workgroup_size + 2 * halo),
+            BufferCount::Static(block_bytes + 2 * halo),
         )
         .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
             let local = b.let_("local", Expr::local_id(Axis::X));
-            // Window slot s holds the code of text position g·W - HALO + s.
-            let left = position_code(b, "left", i.clone() - halo);
-            b.store("window", local.clone(), left);
+            let block_start = b.let_("block_start", Expr::workgroup_id(Axis::X) * block_bytes);
+            // Window slot s holds the code of text position g·S - HALO + s (S = the
+            // block's bytes). Thread t fills slots t, t + W, ... (unrolled: the text
+            // and table loads of its positions are independent and overlap), the
+            // first 2·HALO threads also the far side.
+            for part in 0..per_thread {
+                let slot = local.clone() + part * workgroup_size;
+                let code = position_code(
+                    b,
+                    &format!("near{part}"),
+                    block_start.clone() + slot.clone() - halo,
+                );
+                b.store("window", slot, code);
+            }
             b.if_(local.clone().less_than(2 * halo), |b| {
-                let right = position_code(b, "right", i.clone() + workgroup_size - halo);
-                b.store("window", local.clone() + workgroup_size, right);
+                let slot = local.clone() + block_bytes;
+                let code = position_code(b, "far", block_start.clone() + slot.clone() - halo);
+                b.store("window", slot, code);
             });
             b.barrier();
-            // codes[k + 7] is the code at distance k from byte i, k = -7..=4.
-            let codes: Vec<Expr> = (0..12u32)
-                .map(|slot| {
-                    let name = if slot < 7 {
-                        format!("code_back{}", 7 - slot)
-                    } else {
-                        format!("code_ahead{}", slot - 7)
-                    };
+            let count = b.let_mut("count", 0u32);
+            // Thread t decides bytes t, t + W, ... of the block.
+            b.loop_("part", 0u32, per_thread, |b, part| {
+                let offset = b.let_("offset", local.clone() + part * workgroup_size);
+                let i = b.let_("i", block_start.clone() + offset.clone());
+                // codes[k + 7] is the code at distance k from byte i, k = -7..=4.
+                let codes: Vec<Expr> = (0..12u32)
+                    .map(|slot| {
+                        let name = if slot < 7 {
+                            format!("code_back{}", 7 - slot)
+                        } else {
+                            format!("code_ahead{}", slot - 7)
+                        };
+                        b.let_(
+                            name,
+                            Expr::load("window", offset.clone() + (halo - 7 + slot)),
+                        )
+                    })
+                    .collect();
+                let at = |k: i32| &codes[(k + 7) as usize];
+                let previous_of =
+                    |k: i32| first_character([at(k - 1), at(k - 2), at(k - 3), at(k - 4)]);
+                // A contraction may start at an apostrophe that is a match start: one
+                // after a letter, a number, white space other than U+0020, or nothing.
+                let contraction_at = |b: &mut BlockBuilder, k: i32| -> Expr {
+                    let previous = b.let_(format!("contraction_previous{}", -k), previous_of(k));
+                    let allowed = is_outside(&previous)
+                        .or(is_class(&previous, CharClass::Letter))
+                        .or(is_class(&previous, CharClass::Number))
+                        .or(is_class(&previous, CharClass::Whitespace)
+                            .and(identity_of_code(&previous).not_equals(identity::SPACE)));
+                    let second = identity_of_code(at(k + 1));
+                    let third = identity_of_code(at(k + 2));
+                    let two = second
+                        .clone()
+                        .equals(identity::S)
+                        .or(second.clone().equals(identity::T))
+                        .or(second.clone().equals(identity::M))
+                        .or(second.clone().equals(identity::D));
+                    let three = second
+                        .clone()
+                        .equals(identity::R)
+                        .or(second.clone().equals(identity::V))
+                        .and(third.clone().equals(identity::E))
+                        .or(second.equals(identity::L).and(third.equals(identity::L)));
                     b.let_(
-                        name,
-                        Expr::load("window", local.clone() + (halo - 7 + slot)),
+                        format!("contraction_back{}", -k),
+                        identity_of_code(at(k))
+                            .equals(identity::APOSTROPHE)
+                            .and(allowed)
+                            .select(two.select(2u32, three.select(3u32, 0u32)), 0u32),
                     )
-                })
-                .collect();
-            let at = |k: i32| &codes[(k + 7) as usize];
-            let previous_of =
-                |k: i32| first_character([at(k - 1), at(k - 2), at(k - 3), at(k - 4)]);
-            // A contraction may start at an apostrophe that is a match start: one
-            // after a letter, a number, white space other than U+0020, or nothing.
-            let contraction_at = |b: &mut BlockBuilder, k: i32| -> Expr {
-                let previous = b.let_(format!("contraction_previous{}", -k), previous_of(k));
-                let allowed = is_outside(&previous)
-                    .or(is_class(&previous, CharClass::Letter))
-                    .or(is_class(&previous, CharClass::Number))
-                    .or(is_class(&previous, CharClass::Whitespace)
-                        .and(identity_of_code(&previous).not_equals(identity::SPACE)));
-                let second = identity_of_code(at(k + 1));
-                let third = identity_of_code(at(k + 2));
-                let two = second
-                    .clone()
-                    .equals(identity::S)
-                    .or(second.clone().equals(identity::T))
-                    .or(second.clone().equals(identity::M))
-                    .or(second.clone().equals(identity::D));
-                let three = second
-                    .clone()
-                    .equals(identity::R)
-                    .or(second.clone().equals(identity::V))
-                    .and(third.clone().equals(identity::E))
-                    .or(second.equals(identity::L).and(third.equals(identity::L)));
-                b.let_(
-                    format!("contraction_back{}", -k),
-                    identity_of_code(at(k))
-                        .equals(identity::APOSTROPHE)
-                        .and(allowed)
-                        .select(two.select(2u32, three.select(3u32, 0u32)), 0u32),
-                )
-            };
-            let back1 = contraction_at(b, -1);
-            let back2 = contraction_at(b, -2);
-            let back3 = contraction_at(b, -3);
-            let own = at(0).clone();
-            let previous = b.let_("previous", previous_of(0));
-            let next = b.let_("next", first_character([at(1), at(2), at(3), at(4)]));
-            let inside_contraction = b.let_(
-                "inside_contraction",
-                back1.greater_equal(2u32).or(back2.clone().equals(3u32)),
-            );
-            let contraction_ends = b.let_(
-                "contraction_ends",
-                back2.equals(2u32).or(back3.equals(3u32)),
-            );
-            let previous_space = is_class(&previous, CharClass::Whitespace);
-            let own_space = b.let_("own_whitespace", is_class(&own, CharClass::Whitespace));
-            // White space after white space starts a piece only as the last of its
-            // run before a non-space (`\s+(?!\S)` leaves it to the next piece);
-            // anything else after U+0020 joins it (` ?`); otherwise a piece starts
-            // where the class changes.
-            let whitespace_rule = previous_space.clone().logical_not().or(is_outside(&next)
-                .logical_not()
-                .and(is_class(&next, CharClass::Whitespace).logical_not()));
-            let other_rule = previous_space
-                .clone()
-                .and(identity_of_code(&previous).not_equals(identity::SPACE))
-                .or(previous_space
+                };
+                let back1 = contraction_at(b, -1);
+                let back2 = contraction_at(b, -2);
+                let back3 = contraction_at(b, -3);
+                let own = at(0).clone();
+                let previous = b.let_("previous", previous_of(0));
+                let next = b.let_("next", first_character([at(1), at(2), at(3), at(4)]));
+                let inside_contraction = b.let_(
+                    "inside_contraction",
+                    back1.greater_equal(2u32).or(back2.clone().equals(3u32)),
+                );
+                let contraction_ends = b.let_(
+                    "contraction_ends",
+                    back2.equals(2u32).or(back3.equals(3u32)),
+                );
+                let previous_space = is_class(&previous, CharClass::Whitespace);
+                let own_space = b.let_("own_whitespace", is_class(&own, CharClass::Whitespace));
+                // White space after white space starts a piece only as the last of its
+                // run before a non-space (`\s+(?!\S)` leaves it to the next piece);
+                // anything else after U+0020 joins it (` ?`); otherwise a piece starts
+                // where the class changes.
+                let whitespace_rule = previous_space.clone().logical_not().or(is_outside(&next)
                     .logical_not()
-                    .and(class_of_code(&previous).not_equals(class_of_code(&own))));
-            let class_rule = b.let_(
-                "class_rule",
-                own_space
+                    .and(is_class(&next, CharClass::Whitespace).logical_not()));
+                let other_rule = previous_space
                     .clone()
-                    .and(whitespace_rule)
-                    .or(own_space.logical_not().and(other_rule)),
-            );
-            let starts_piece = b.let_(
-                "starts_piece",
-                (own.clone() & code::CHARACTER_START)
-                    .equals(code::CHARACTER_START)
-                    .and(
-                        is_outside(&previous).or(inside_contraction
-                            .logical_not()
-                            .and(contraction_ends.or(class_rule))),
-                    ),
-            );
-            let mark = b.let_mut("mark", 0u32);
-            b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                b.assign("mark", starts_piece.cast(ScalarType::U32));
-                b.store("marks", i.clone(), mark.clone());
+                    .and(identity_of_code(&previous).not_equals(identity::SPACE))
+                    .or(previous_space
+                        .logical_not()
+                        .and(class_of_code(&previous).not_equals(class_of_code(&own))));
+                let class_rule = b.let_(
+                    "class_rule",
+                    own_space
+                        .clone()
+                        .and(whitespace_rule)
+                        .or(own_space.logical_not().and(other_rule)),
+                );
+                let starts_piece = b.let_(
+                    "starts_piece",
+                    (own.clone() & code::CHARACTER_START)
+                        .equals(code::CHARACTER_START)
+                        .and(
+                            is_outside(&previous).or(inside_contraction
+                                .logical_not()
+                                .and(contraction_ends.or(class_rule))),
+                        ),
+                );
+                b.if_(i.clone().less_than(Expr::length("marks")), |b| {
+                    let mark = b.let_("mark", starts_piece.cast(ScalarType::U32));
+                    b.store("marks", i.clone(), mark.clone());
+                    b.assign("count", count.clone() + mark);
+                });
             });
-            let count = b.workgroup_reduce("count", ReduceOp::Sum, mark);
+            let total = b.workgroup_reduce("block_count", ReduceOp::Sum, count);
             b.if_(local.equals(0u32), |b| {
-                b.store("block_counts", Expr::workgroup_id(Axis::X), count);
+                b.store("block_counts", Expr::workgroup_id(Axis::X), total);
             });
         })
         .build()
@@ -638,13 +658,15 @@ pub fn split(workgroup_size: u32) -> Program {
 /// the split, starting at block `first = h · per`:
 ///
 /// 1. its piece offset is the sum of `block_counts[0 .. first)`: every thread sums
-///    a strided quarter of them, four independent loads per round, and a
-///    workgroup sum adds the threads' parts (with the default geometry and texts up
-///    to 256 KiB, `per` = 1 and each thread loads at most 4 counts);
+///    a strided part of them, four independent loads per round, and a workgroup
+///    sum adds the threads' parts (with the default geometry and texts up to
+///    1 MiB, `per` = 1 and each thread loads at most 4 counts);
 /// 2. then block by block: the block's marks are gathered into a shared bit mask
-///    (one atomic OR per mark, barriers around), every marked byte writes its
-///    offset to `piece_starts[offset + rank]`, where `rank` is the population
-///    count of the earlier bits, and the offset grows by the block's count;
+///    (one atomic OR per mark; thread `t` owns bytes `t, t + W, ...` as in the
+///    split), the first threads turn the mask into per-word prefix counts, every
+///    marked byte writes its offset to `piece_starts[offset + rank]` (`rank` = the
+///    marks before it in the block: its word's prefix plus the population count of
+///    the earlier bits), and the offset grows by the block's count;
 /// 3. the workgroup that owns the last block writes the total into
 ///    `piece_count[0]`.
 ///
@@ -654,9 +676,12 @@ pub fn split(workgroup_size: u32) -> Program {
 /// rounds less. The prefix costs `first / W` loads per thread, so the grid is
 /// capped ([`Geometry::compact_workgroups`]) to keep the sum of all prefixes
 /// linear in the text (at most `G · B / 2` loads in all).
-pub fn compact(workgroup_size: u32) -> Program {
-    let words = workgroup_size.div_ceil(32);
+pub fn compact(geometry: Geometry) -> Program {
     const UNROLL: u32 = 4;
+    let workgroup_size = geometry.workgroup_size;
+    let per_thread = geometry.bytes_per_thread;
+    let block_bytes = geometry.block_bytes();
+    let words = block_bytes.div_ceil(32);
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.compact")
         .buffer(
@@ -690,6 +715,13 @@ pub fn compact(workgroup_size: u32) -> Program {
         .buffer(
             "mark_bits",
             4,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(words),
+        )
+        .buffer(
+            "word_prefix",
+            5,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(words),
@@ -734,35 +766,55 @@ pub fn compact(workgroup_size: u32) -> Program {
             b.loop_("owned", 0u32, per_group.clone(), |b, owned| {
                 let block = b.let_("block", first.clone() + owned);
                 b.if_(block.clone().less_than(blocks.clone()), |b| {
-                    b.if_(local.clone().less_than(words), |b| {
-                        b.store("mark_bits", local.clone(), 0u32);
-                    });
+                    for word in (0..words).step_by(workgroup_size as usize) {
+                        b.if_((local.clone() + word).less_than(words), |b| {
+                            b.store("mark_bits", local.clone() + word, 0u32);
+                        });
+                    }
                     b.barrier();
-                    let i = b.let_("i", block.clone() * workgroup_size + local.clone());
-                    let word = b.let_("word", local.clone() / 32u32);
-                    let bit = b.let_("bit", local.clone() % 32u32);
-                    let mark = b.let_mut("mark", 0u32);
-                    b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                        b.assign("mark", Expr::load("marks", i.clone()));
-                    });
-                    b.if_(mark.clone().not_equals(0u32), |b| {
-                        b.atomic(AtomicOp::Or, "mark_bits", word.clone(), u(1) << bit.clone());
-                    });
+                    let block_start = b.let_("block_start", block.clone() * block_bytes);
+                    let mut marks = Vec::with_capacity(per_thread as usize);
+                    for part in 0..per_thread {
+                        let offset = local.clone() + part * workgroup_size;
+                        let i = b.let_(format!("i{part}"), block_start.clone() + offset.clone());
+                        let mark = b.let_mut(format!("mark{part}"), 0u32);
+                        b.if_(i.clone().less_than(Expr::length("marks")), |b| {
+                            b.assign(format!("mark{part}"), Expr::load("marks", i.clone()));
+                        });
+                        b.if_(mark.clone().not_equals(0u32), |b| {
+                            b.atomic(
+                                AtomicOp::Or,
+                                "mark_bits",
+                                offset.clone() / 32u32,
+                                u(1) << (offset.clone() % 32u32),
+                            );
+                        });
+                        marks.push((offset, i, mark));
+                    }
                     b.barrier();
-                    let rank = b.let_mut(
-                        "rank",
-                        (Expr::load("mark_bits", word.clone()) & ((u(1) << bit) - 1u32))
-                            .count_ones(),
-                    );
-                    b.loop_("earlier", 0u32, word, |b, earlier| {
-                        b.assign(
-                            "rank",
-                            rank.clone() + Expr::load("mark_bits", earlier).count_ones(),
-                        );
-                    });
-                    b.if_(mark.not_equals(0u32), |b| {
-                        b.store("piece_starts", running.clone() + rank, i);
-                    });
+                    for word in (0..words).step_by(workgroup_size as usize) {
+                        let own = local.clone() + word;
+                        b.if_(own.clone().less_than(words), |b| {
+                            let prefix = b.let_mut("prefix", 0u32);
+                            b.loop_("earlier", 0u32, own.clone(), |b, earlier| {
+                                b.assign(
+                                    "prefix",
+                                    prefix.clone() + Expr::load("mark_bits", earlier).count_ones(),
+                                );
+                            });
+                            b.store("word_prefix", own.clone(), prefix);
+                        });
+                    }
+                    b.barrier();
+                    for (offset, i, mark) in marks {
+                        b.if_(mark.not_equals(0u32), |b| {
+                            let word = offset.clone() / 32u32;
+                            let earlier_bits = (u(1) << (offset % 32u32)) - 1u32;
+                            let rank = Expr::load("word_prefix", word.clone())
+                                + (Expr::load("mark_bits", word) & earlier_bits).count_ones();
+                            b.store("piece_starts", running.clone() + rank, i);
+                        });
+                    }
                     b.assign(
                         "running",
                         running.clone() + Expr::load("block_counts", block.clone()),
