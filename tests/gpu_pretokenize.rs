@@ -277,7 +277,8 @@ fn gpu_wrong_length_is_a_fix_error() {
 }
 
 /// Locks out a second round trip per encode: eager is one synchronize per
-/// dispatch, three kernel launches and one async copy (the text up: the count and
+/// dispatch (the dispatches are chained on the device, so only the last one
+/// blocks), one kernel launch each and one async copy (the text up: the count and
 /// the piece starts come back through host-mapped memory); a graph encode is one
 /// graph launch and one synchronize with no copy after it. Negative control: a
 /// read of the piece starts after the replay (what the pipeline did before the

@@ -165,6 +165,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
@@ -447,6 +448,16 @@ impl Stream {
             "cuStreamSynchronize",
         )
     }
+
+    /// Make work enqueued on this stream from now on wait for `event`'s last
+    /// record (`cuStreamWaitEvent`): device-side ordering, nothing waits on the host.
+    pub fn wait_event(&self, event: &Event) -> DriverResult<()> {
+        // SAFETY: live stream and event handles of the same context.
+        check(
+            unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
 }
 
 impl Drop for Stream {
@@ -475,6 +486,20 @@ impl Event {
         // SAFETY: writes one handle; a context is current.
         check(
             unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(Event { raw })
+    }
+
+    /// An event for ordering streams only (`CU_EVENT_DISABLE_TIMING`: cheaper to
+    /// record and wait on; it cannot be timed).
+    pub fn for_ordering() -> DriverResult<Event> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one handle; a context is current.
+        check(
+            unsafe {
+                sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            },
             "cuEventCreate",
         )?;
         Ok(Event { raw })

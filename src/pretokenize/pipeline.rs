@@ -18,9 +18,11 @@
 //! host-mapped pinned memory ([`BufferRole::host_mapped`]), so they are on
 //! the host when its synchronize returns and [`CudaPipeline::piece_starts`] is a
 //! view of them: no copy and no read of its own, whatever the count. Eager, per
-//! encode: two dispatches, two synchronizes (the text goes up as a borrowed
-//! binding of the split dispatch, staged on its stream), no DMA copy back, no
-//! allocation once warm. As a graph: one replay (upload, two kernels, the count)
+//! encode: two dispatches submitted back to back, the compaction ordered after
+//! the split on the device (an event, [`CudaBackend::submit_kernel_after`]), one
+//! blocking synchronize for both (the split's own then finds its stream idle: §0,
+//! 1.8 µs), the text up as a borrowed binding of the split (staged on its stream),
+//! no DMA copy back, no driver allocation once warm. As a graph: one replay (upload, two kernels, the count)
 //! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
 //! the mapped piece starts: the separate read of exactly the piece starts after a
 //! replay cost 14–30 µs for 90–290 KB.)
@@ -37,7 +39,9 @@ use smallvec::{smallvec, SmallVec};
 use super::programs::{BufferRole, Grid, Programs, Step, StepReadback, STEPS};
 use super::unicode::class_table;
 use super::{check_text_len, PretokenizeError};
-use crate::backend::{Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, ResidentBuffer};
+use crate::backend::{
+    Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, PendingDispatch, ResidentBuffer,
+};
 use crate::config::{ByteRange, DispatchConfig, ReadbackPolicy};
 use crate::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot};
 use crate::ir::{Access, Program};
@@ -297,8 +301,10 @@ pub struct GraphEncodeTiming {
 pub struct CudaPipeline {
     backend: CudaBackend,
     kernels: [Kernel; DISPATCHES_PER_ENCODE],
-    /// Each step's dispatch configuration without readback.
+    /// Each step's dispatch configuration without readback (the graph's).
     configs: [DispatchConfig; DISPATCHES_PER_ENCODE],
+    /// The same with the eager readback of each step ([`Step::readback`]).
+    eager_configs: [DispatchConfig; DISPATCHES_PER_ENCODE],
     layout: Layout,
     /// Indexed by `BufferRole as usize`; `None` for the host-mapped role.
     buffers: [Option<ResidentBuffer>; ROLES],
@@ -355,6 +361,19 @@ impl CudaPipeline {
         let kernels: [Kernel; DISPATCHES_PER_ENCODE] = kernels.try_into().map_err(|_| {
             PretokenizeError::new("Fix: internal: wrong number of kernels; report this as a bug")
         })?;
+        let mut eager_configs = configs.clone();
+        for (((step, _), config), eager) in steps.iter().zip(&configs).zip(&mut eager_configs) {
+            if step.readback == StepReadback::PieceCount {
+                let count = ByteRange {
+                    binding: binding_of(step, BufferRole::PieceCount)?,
+                    offset: 0,
+                    len: 4,
+                };
+                *eager = config
+                    .clone()
+                    .with_readback(ReadbackPolicy::Ranges(smallvec![count]));
+            }
+        }
         let mapped_starts =
             backend.host_mapped_buffer(layout.allocation_bytes(BufferRole::PieceStarts))?;
         if cfg!(target_endian = "little")
@@ -383,6 +402,7 @@ impl CudaPipeline {
             backend: backend.clone(),
             kernels,
             configs,
+            eager_configs,
             layout,
             buffers,
             mapped_starts,
@@ -485,21 +505,28 @@ impl CudaPipeline {
             .unwrap_or(&[])
     }
 
-    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): two dispatches
-    /// (the first stages the text), read back the piece starts. The result is in
-    /// [`CudaPipeline::piece_starts`] until the next encode. This is the hot path:
-    /// its dispatches record no device timing events, so the returned steps hold
-    /// only host wall times (measured here); see [`CudaPipeline::encode_timed`].
+    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): the two
+    /// dispatches are submitted back to back, the compaction ordered after the
+    /// split on the device ([`CudaBackend::submit_kernel_after`]; the split stages
+    /// the text), and one blocking synchronize waits for both (the split's own
+    /// then finds its stream idle). The result is in [`CudaPipeline::piece_starts`]
+    /// until the next encode. This is the hot path: no device timing events, and
+    /// submissions print no probe line; each step's `kernel_ns` is its kernel's own
+    /// stamps, its `wall_ns` runs from its submission to the end of its wait. See
+    /// [`CudaPipeline::encode_timed`].
     pub fn encode(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        self.encode_with(text, false)
+        self.encode_chained(text)
     }
 
-    /// [`CudaPipeline::encode`] with device timing events on every dispatch, so the
-    /// steps also carry `kernel_ns`, `device_window_ns`, `enqueue_ns` and
-    /// `wait_ns`. The events cost host time of their own, so time the hot path
-    /// with [`CudaPipeline::encode`] and take device times from here.
+    /// The same split, one dispatch at a time (each waits for the one before on
+    /// the host), with device timing events on every dispatch and a probe line
+    /// each, so the steps also carry `device_window_ns` and disjoint `wall_ns`,
+    /// `enqueue_ns` and `wait_ns`, and the probe's phase table sees every step.
+    /// The events and the extra synchronize cost host time of their own, so time
+    /// the hot path with [`CudaPipeline::encode`] and take device times and phases
+    /// from here.
     pub fn encode_timed(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        self.encode_with(text, true)
+        self.encode_stepwise(text)
     }
 
     /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the two
@@ -583,62 +610,39 @@ impl CudaPipeline {
         })
     }
 
-    fn encode_with(&mut self, text: &[u8], timed: bool) -> Result<EncodeTiming, PretokenizeError> {
-        check_encode_len(self.layout.text_len, text)?;
-        self.piece_count = 0;
-        if text.is_empty() {
-            return Ok(EncodeTiming::default());
+    /// The bindings of `step` for an eager run over `text`.
+    fn eager_bindings<'a>(
+        &'a self,
+        step: &Step,
+        text: &'a [u8],
+    ) -> Result<SmallVec<[Binding<'a>; 4]>, PretokenizeError> {
+        step.bindings
+            .iter()
+            .map(|&role| self.eager_binding(role, text))
+            .collect()
+    }
+
+    /// The piece count of an eager run: the readback of the step that reads it.
+    fn eager_count(
+        &self,
+        step: &Step,
+        outputs: &[impl AsRef<[u8]>],
+        count: &mut Option<usize>,
+    ) -> Result<(), PretokenizeError> {
+        if step.readback == StepReadback::PieceCount {
+            let bytes = outputs.first().map_or(&[][..], AsRef::as_ref);
+            *count = Some(piece_count(bytes, self.layout.text_len)?);
         }
-        let start = Instant::now();
-        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
-        let mut count = None;
-        for (index, step) in STEPS.iter().enumerate() {
-            let bindings: SmallVec<[Binding<'_>; 4]> = step
-                .bindings
-                .iter()
-                .map(|&role| self.eager_binding(role, text))
-                .collect::<Result<_, _>>()?;
-            let mut count_bytes = [0u8; 4];
-            let (range, output): (Option<ByteRange>, &mut [u8]) = match step.readback {
-                StepReadback::Nothing => (None, &mut []),
-                StepReadback::PieceCount => (
-                    Some(ByteRange {
-                        binding: binding_of(step, BufferRole::PieceCount)?,
-                        offset: 0,
-                        len: 4,
-                    }),
-                    &mut count_bytes,
-                ),
-            };
-            let config = match range {
-                None => self.configs[index].clone(),
-                Some(range) => self.configs[index]
-                    .clone()
-                    .with_readback(ReadbackPolicy::Ranges(smallvec![range])),
-            };
-            let kernel = &self.kernels[index];
-            let step_start = Instant::now();
-            let mut outputs: SmallVec<[&mut [u8]; 1]> = SmallVec::new();
-            if range.is_some() {
-                outputs.push(output);
-            }
-            let mut timing = if timed {
-                self.backend
-                    .dispatch_kernel_into_timed(kernel, &bindings, &config, &mut outputs)?
-            } else {
-                self.backend
-                    .dispatch_kernel_into(kernel, &bindings, &config, &mut outputs)?
-            };
-            drop(outputs);
-            drop(bindings);
-            if timing.wall_ns == 0 {
-                timing.wall_ns = elapsed_ns(step_start);
-            }
-            steps[index] = timing;
-            if step.readback == StepReadback::PieceCount {
-                count = Some(piece_count(&count_bytes, self.layout.text_len)?);
-            }
-        }
+        Ok(())
+    }
+
+    /// Ends an eager run: the count some step read, the piece starts handed out.
+    fn finish_eager(
+        &mut self,
+        count: Option<usize>,
+        start: Instant,
+        steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
+    ) -> Result<EncodeTiming, PretokenizeError> {
         let count = count.ok_or_else(|| {
             PretokenizeError::new(
                 "Fix: internal: no step read the piece count; report this as a bug",
@@ -650,13 +654,85 @@ impl CudaPipeline {
             steps,
         })
     }
+
+    fn encode_stepwise(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        check_encode_len(self.layout.text_len, text)?;
+        self.piece_count = 0;
+        if text.is_empty() {
+            return Ok(EncodeTiming::default());
+        }
+        let start = Instant::now();
+        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut count = None;
+        for (index, step) in STEPS.iter().enumerate() {
+            let bindings = self.eager_bindings(step, text)?;
+            let mut count_bytes = [0u8; 4];
+            let mut outputs: SmallVec<[&mut [u8]; 1]> = SmallVec::new();
+            if step.readback == StepReadback::PieceCount {
+                outputs.push(&mut count_bytes);
+            }
+            let step_start = Instant::now();
+            let mut timing = self.backend.dispatch_kernel_into_timed(
+                &self.kernels[index],
+                &bindings,
+                &self.eager_configs[index],
+                &mut outputs,
+            )?;
+            drop(outputs);
+            drop(bindings);
+            if timing.wall_ns == 0 {
+                timing.wall_ns = elapsed_ns(step_start);
+            }
+            steps[index] = timing;
+            self.eager_count(step, &[count_bytes], &mut count)?;
+        }
+        self.finish_eager(count, start, steps)
+    }
+
+    fn encode_chained(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        check_encode_len(self.layout.text_len, text)?;
+        self.piece_count = 0;
+        if text.is_empty() {
+            return Ok(EncodeTiming::default());
+        }
+        let start = Instant::now();
+        // Every step is submitted at once, each ordered after the one before on the
+        // device; nothing waits until all are enqueued.
+        let mut pending: SmallVec<[PendingDispatch; DISPATCHES_PER_ENCODE]> = SmallVec::new();
+        for ((step, kernel), config) in STEPS.iter().zip(&self.kernels).zip(&self.eager_configs) {
+            let bindings = self.eager_bindings(step, text)?;
+            let submitted = match pending.last() {
+                None => self.backend.submit_kernel(kernel, &bindings, config),
+                Some(previous) => self
+                    .backend
+                    .submit_kernel_after(previous, kernel, &bindings, config),
+            }?;
+            pending.push(submitted);
+        }
+        // The last step's synchronize covers the whole chain; the earlier steps'
+        // streams are idle by then, so their waits return at once.
+        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut count = None;
+        for (index, submitted) in pending.into_iter().enumerate().rev() {
+            let done = submitted.wait()?;
+            steps[index] = DispatchTiming {
+                wall_ns: done.wall_ns,
+                enqueue_ns: done.enqueue_ns,
+                wait_ns: done.wait_ns,
+                device_window_ns: done.device_window_ns,
+                kernel_ns: done.kernel_ns,
+            };
+            self.eager_count(&STEPS[index], &done.outputs, &mut count)?;
+        }
+        self.finish_eager(count, start, steps)
+    }
 }
 
 /// The driver calls of one eager and one graph encode of `text` on this thread
 /// (test support, like [`crate::backend::thread_driver_calls`]): what the example,
 /// the bench and the GPU tests print and check (eager: one synchronize per
-/// dispatch and the text's one upload; graph: one graph launch and one
-/// synchronize, nothing after it).
+/// dispatch, all but the last on an idle stream, and the text's one upload;
+/// graph: one graph launch and one synchronize, nothing after it).
 #[cfg(feature = "testing")]
 pub fn encode_driver_calls(
     pipeline: &mut CudaPipeline,
@@ -683,9 +759,9 @@ pub fn encode_driver_calls(
 pub fn describe_driver_calls(calls: &[crate::backend::DriverCallCounts; 2]) -> String {
     let [eager, graph] = calls;
     format!(
-        "driver calls per encode: eager {} synchronizes, {} kernel launches, {} async copies \
-         (the text up; the piece count and starts come through host-mapped memory); \
-         graph {} graph launch, {} synchronize, {} async copies after the replay",
+        "driver calls per encode: eager {} synchronizes (one blocking, the rest on streams already \
+         idle), {} kernel launches, {} async copies (the text up; the piece count and starts come \
+         through host-mapped memory); graph {} graph launch, {} synchronize, {} async copies",
         eager.synchronizes,
         eager.launches,
         eager.async_copies,
