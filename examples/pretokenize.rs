@@ -603,6 +603,7 @@ fn run_cuda(
             &expected,
         )?;
         let oracle_ns = check_oracle(&sample.name, text, &expected)?;
+        let check = |what: &str, starts: &[u32]| check_equal(&sample.name, what, starts, &expected);
 
         // Pass 1, the hot path: untimed dispatches, probe forced off.
         let mut fast: Vec<EncodeTiming> = Vec::with_capacity(iterations as usize);
@@ -610,11 +611,11 @@ fn run_cuda(
             let _probe_off = probe::override_enabled(Some(false));
             for _ in 0..WARMUP_ENCODES {
                 pipeline.encode(text).map_err(|e| e.to_string())?;
-                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                check("GPU", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 fast.push(pipeline.encode(text).map_err(|e| e.to_string())?);
-                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                check("GPU", pipeline.piece_starts())?;
             }
         }
         // Pass 2: device timing events on every dispatch and the probe on, its
@@ -625,7 +626,7 @@ fn run_cuda(
             probe::capture_lines(|| -> Result<(), String> {
                 for _ in 0..iterations {
                     timed.push(pipeline.encode_timed(text).map_err(|e| e.to_string())?);
-                    check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                    check("GPU", pipeline.piece_starts())?;
                 }
                 Ok(())
             })
@@ -641,45 +642,25 @@ fn run_cuda(
             let _probe_off = probe::override_enabled(Some(false));
             for _ in 0..WARMUP_ENCODES {
                 pipeline.encode_graph(text).map_err(|e| e.to_string())?;
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                check("GPU graph", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 let timing = pipeline.encode_graph(text).map_err(|e| e.to_string())?;
                 graph_walls.push(timing.wall_ns);
                 graph_kernels.push(timing.replay.kernel_ns);
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                check("GPU graph", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 let timed = pipeline
                     .encode_graph_timed(text)
                     .map_err(|e| e.to_string())?;
                 graph_windows.push(timed.replay.device_window_ns);
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                check("GPU graph", pipeline.piece_starts())?;
             }
         }
 
         let calls = encode_driver_calls(pipeline, text).map_err(|e| e.to_string())?;
-        check_equal(
-            &sample.name,
-            "GPU graph",
-            pipeline.piece_starts(),
-            &expected,
-        )?;
+        check("GPU graph", pipeline.piece_starts())?;
 
         let walls: Vec<u64> = fast.iter().map(|t| t.wall_ns).collect();
         let median_encode = median(&walls);

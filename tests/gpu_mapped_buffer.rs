@@ -6,58 +6,21 @@
 
 mod support;
 
+use support::{triple_plus_one, triple_plus_one_program, words};
 use vyre_cuda::backend::{thread_driver_calls, CudaBackend};
-use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 const WORDS: u32 = 1024;
 
-/// `out[i] = input[i] * 3 + i` over `WORDS` words (64-thread workgroups).
-fn triple_plus_index() -> Program {
-    Program::builder([64, 1, 1])
-        .buffer(
-            "input",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "out",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("out")), |b| {
-                b.store(
-                    "out",
-                    i.clone(),
-                    Expr::load("input", i.clone()) * 3u32 + i.clone(),
-                );
-            });
-        })
-        .build()
-}
-
-fn words(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 fn setup(gpu: &CudaBackend) -> (vyre_cuda::backend::Kernel, DispatchConfig, Vec<u8>) {
-    let config = DispatchConfig::linear(WORDS / 64).with_readback(ReadbackPolicy::None);
-    let kernel = gpu.compile(&triple_plus_index(), &config).unwrap();
+    let config = DispatchConfig::linear(WORDS / 256).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
     let input: Vec<u8> = (0..WORDS).flat_map(|i| (i * 7).to_le_bytes()).collect();
     (kernel, config, input)
 }
 
 fn expected() -> Vec<u32> {
-    (0..WORDS).map(|i| i * 7 * 3 + i).collect()
+    (0..WORDS).map(|i| triple_plus_one(i * 7, 1)).collect()
 }
 
 /// Locks out a host-mapped buffer whose kernel stores do not reach the host (or

@@ -4,43 +4,12 @@
 
 mod support;
 
+use support::{triple_plus_one, triple_plus_one_program, words};
 use vyre_cuda::backend::thread_driver_calls;
-use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 const WORDS: u32 = 1 << 20;
 const ROUNDS: u32 = 500;
-
-/// `to[i] = from[i] * 3 + 1`, repeated `rounds` times in a loop (so the first
-/// kernel runs long enough that an unordered second one would overlap it).
-fn step(rounds: u32) -> Program {
-    Program::builder([256, 1, 1])
-        .buffer(
-            "from",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "to",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("to")), |b| {
-                let value = b.let_mut("value", Expr::load("from", i.clone()));
-                b.loop_("round", 0u32, rounds, |b, _| {
-                    b.assign("value", value.clone() * 3u32 + 1u32);
-                });
-                b.store("to", i.clone(), value);
-            });
-        })
-        .build()
-}
 
 /// Locks out a chained submission that is not ordered on the device, or that
 /// still waits on the host: the second dispatch reads what the first wrote
@@ -51,21 +20,15 @@ fn step(rounds: u32) -> Program {
 fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
     let gpu = support::backend();
     let config = DispatchConfig::linear(WORDS / 256).with_readback(ReadbackPolicy::None);
-    let slow = gpu.compile(&step(ROUNDS), &config).unwrap();
-    let fast = gpu.compile(&step(1), &config).unwrap();
+    let slow = gpu
+        .compile(&triple_plus_one_program(ROUNDS), &config)
+        .unwrap();
+    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
     let input: Vec<u8> = (0..WORDS).flat_map(|i| i.to_le_bytes()).collect();
     let source = gpu.buffer_from(&input).unwrap();
     let middle = gpu.buffer(4 * WORDS as u64).unwrap();
     let mut last = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
-    let expected: Vec<u32> = (0..WORDS)
-        .map(|i| {
-            let mut value = i;
-            for _ in 0..ROUNDS {
-                value = value.wrapping_mul(3).wrapping_add(1);
-            }
-            value.wrapping_mul(3).wrapping_add(1)
-        })
-        .collect();
+    let expected: Vec<u32> = (0..WORDS).map(|i| triple_plus_one(i, ROUNDS + 1)).collect();
     let clock = gpu.device_clock().unwrap();
     for round in 0..3 {
         let before = thread_driver_calls();
@@ -88,14 +51,8 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
             second_spans.window_start_ns,
             first_spans.window_end_ns
         );
-        let words: Vec<u32> = last
-            .mapped_bytes()
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
         assert!(
-            words == expected,
+            words(last.mapped_bytes().unwrap()) == expected,
             "round {round}: the second dispatch read unfinished words"
         );
         last.mapped_bytes_mut().unwrap().fill(0);

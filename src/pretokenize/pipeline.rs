@@ -582,9 +582,7 @@ impl CudaPipeline {
         text: &[u8],
         timed: bool,
     ) -> Result<GraphEncodeTiming, PretokenizeError> {
-        check_encode_len(self.layout.text_len, text)?;
-        self.piece_count = 0;
-        if text.is_empty() {
+        if !self.begin_encode(text)? {
             return Ok(GraphEncodeTiming::default());
         }
         if self.graph.is_none() {
@@ -608,6 +606,14 @@ impl CudaPipeline {
             wall_ns: elapsed_ns(start),
             replay,
         })
+    }
+
+    /// The start of every encode: the length check, the last result cleared;
+    /// `false` for an empty text (no pieces, nothing to run).
+    fn begin_encode(&mut self, text: &[u8]) -> Result<bool, PretokenizeError> {
+        check_encode_len(self.layout.text_len, text)?;
+        self.piece_count = 0;
+        Ok(!text.is_empty())
     }
 
     /// The bindings of `step` for an eager run over `text`.
@@ -656,9 +662,7 @@ impl CudaPipeline {
     }
 
     fn encode_stepwise(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        check_encode_len(self.layout.text_len, text)?;
-        self.piece_count = 0;
-        if text.is_empty() {
+        if !self.begin_encode(text)? {
             return Ok(EncodeTiming::default());
         }
         let start = Instant::now();
@@ -690,9 +694,7 @@ impl CudaPipeline {
     }
 
     fn encode_chained(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        check_encode_len(self.layout.text_len, text)?;
-        self.piece_count = 0;
-        if text.is_empty() {
+        if !self.begin_encode(text)? {
             return Ok(EncodeTiming::default());
         }
         let start = Instant::now();
