@@ -725,4 +725,18 @@ mod tests {
         assert_send::<PendingDispatch>();
         assert_send::<DeviceClock>();
     }
+
+    /// Locks out a vague refusal of an in-place read of device memory: the error
+    /// starts `Fix:` and names both ways out (copy it back, or allocate the buffer
+    /// host-mapped).
+    #[test]
+    fn reading_device_memory_in_place_is_a_fix_error_naming_the_remedies() {
+        let message = device_memory_is_not_mapped().to_string();
+        assert!(message.starts_with("Fix:"), "{message}");
+        assert!(message.contains("CudaBackend::read"), "{message}");
+        assert!(
+            message.contains("CudaBackend::host_mapped_buffer"),
+            "{message}"
+        );
+    }
 }
