@@ -257,14 +257,16 @@ pub struct EncodeTiming {
     /// the last stores the piece starts into host-mapped memory).
     pub wall_ns: u64,
     /// Each dispatch's timings, in dispatch order; the split's include the text's
-    /// staging and copy to the device. `wall_ns` is always set; the device fields
-    /// only by [`CudaPipeline::encode_timed`] (0 otherwise).
+    /// staging and copy to the device. `wall_ns` and `kernel_ns` (the kernel's own
+    /// `%globaltimer` stamps) are always set; `device_window_ns` only by
+    /// [`CudaPipeline::encode_timed`] (0 otherwise). In the chained hot path
+    /// ([`CudaPipeline::encode`]) each `wall_ns` runs from the step's submission
+    /// to the end of its wait, so the steps' walls overlap.
     pub steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
 }
 
 impl EncodeTiming {
-    /// Device time of the kernels (each dispatch's inner event pair; 0 for an
-    /// untimed encode).
+    /// Device time of the kernels (the sum of the steps' `kernel_ns`).
     pub fn kernel_ns(&self) -> u64 {
         self.steps
             .iter()

@@ -1,5 +1,5 @@
 //! The pipeline's two programs, written with the IR builder, and the one
-//! description of its steps ([`STEPS`]) that the reference run, the eager CUDA run
+//! description of its steps ([`STEPS`]) that the reference run, the eager CUDA runs
 //! and the graph recording all follow.
 //!
 //! Every global buffer is runtime-sized, so one compiled kernel serves every text
@@ -12,13 +12,15 @@
 //!
 //! # The split program
 //!
-//! Workgroup `g` of `W` threads owns bytes `g·W .. g·W + W`. First every thread
-//! computes a *byte code* ([`code`]) for one position of a shared window that
-//! reaches [`HALO`] bytes past the owned range on each side (the first `2·HALO`
-//! threads compute a second position), then a barrier, then each thread decides
-//! from the codes at distances −7..=+4 whether a piece starts at its byte (the
-//! rule in the [module docs](super)), stores the mark and takes part in a
-//! workgroup sum that gives the block's piece count. One dispatch replaces the
+//! Workgroup `g` of `W` threads owns the `S = W · K` bytes `g·S .. g·S + S`
+//! (`K` = [`Geometry::bytes_per_thread`]; thread `t` takes bytes `t, t + W, ...`,
+//! so every load and store of a warp is 32 consecutive bytes). First every
+//! thread computes a *byte code* ([`code`]) for `K` positions of a shared window
+//! that reaches [`HALO`] bytes past the owned range on each side (the first
+//! `2·HALO` threads compute one more position), then a barrier, then each thread
+//! decides for its `K` bytes from the codes at distances −7..=+4 whether a piece
+//! starts there (the rule in the [module docs](super)), stores the marks and
+//! takes part in a workgroup sum that gives the block's piece count. One dispatch replaces the
 //! classify, mark and count dispatches of a naive pipeline: on the H200 every
 //! eager dispatch costs one launch and one synchronize (§0: 8.5–9.8 µs), which is
 //! most of an encode.
@@ -475,8 +477,9 @@ fn first_character(codes: [&Expr; 4]) -> Expr {
 }
 
 /// Step 1: byte codes into the shared window, then `marks[i]` (1 where a piece
-/// starts) and `block_counts[g]` (see the module docs). `workgroup_size` must be
-/// at least `2 · HALO` ([`Geometry::check`] says so).
+/// starts) and `block_counts[g]` (see the module docs). `geometry` must pass
+/// [`Geometry::check`] (at least `2 · HALO` threads, 1 to 8 bytes per thread);
+/// [`build`] checks it.
 pub fn split(geometry: Geometry) -> Program {
     let halo = HALO;
     let workgroup_size = geometry.workgroup_size;
