@@ -59,18 +59,7 @@ fn main() {
         let start = Instant::now();
         let expected = regex.starts(&text);
         let oracle_ns = start.elapsed().as_nanos() as f64;
-        pipeline.encode(&text).expect("encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "{shape}: eager vs oracle"
-        );
-        pipeline.encode_graph(&text).expect("graph encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "{shape}: graph vs oracle"
-        );
+        check_against_oracle(&mut pipeline, &text, &expected, &shape.to_string());
         let calls = encode_driver_calls(&mut pipeline, &text).expect("encodes");
         println!("  {shape}: {}", describe_driver_calls(&calls));
         let (steps, graph_kernels) = kernel_medians(&mut pipeline, &text, MEDIAN_ENCODES / 4);
@@ -146,18 +135,7 @@ fn geometry_sweep(gpu: &CudaBackend, regex: &oracle::Oracle) {
         };
         let programs = build(geometry).expect("valid geometry");
         let mut pipeline = CudaPipeline::new(gpu, &programs, TEXT_BYTES).expect("pipeline");
-        pipeline.encode(&text).expect("encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "eager, {geometry:?}"
-        );
-        pipeline.encode_graph(&text).expect("graph encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "graph, {geometry:?}"
-        );
+        check_against_oracle(&mut pipeline, &text, &expected, &format!("{geometry:?}"));
         let eager = (0..SWEEP_ENCODES)
             .map(|_| pipeline.encode(&text).expect("encode").wall_ns)
             .collect();
@@ -200,4 +178,12 @@ fn kernel_medians(pipeline: &mut CudaPipeline, text: &[u8], encodes: usize) -> (
         })
         .collect();
     (steps.join(", "), median_us(graph))
+}
+
+/// One eager and one graph encode, each checked against the oracle's starts.
+fn check_against_oracle(pipeline: &mut CudaPipeline, text: &[u8], expected: &[u32], what: &str) {
+    pipeline.encode(text).expect("encode");
+    assert_eq!(pipeline.piece_starts(), expected, "{what}: eager vs oracle");
+    pipeline.encode_graph(text).expect("graph encode");
+    assert_eq!(pipeline.piece_starts(), expected, "{what}: graph vs oracle");
 }

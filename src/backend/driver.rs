@@ -482,24 +482,20 @@ unsafe impl Sync for Event {}
 impl Event {
     /// A timing-capable event.
     pub fn new() -> DriverResult<Event> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes one handle; a context is current.
-        check(
-            unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
-            "cuEventCreate",
-        )?;
-        Ok(Event { raw })
+        Event::with_flags(sys::CUevent_flags::CU_EVENT_DEFAULT)
     }
 
     /// An event for ordering streams only (`CU_EVENT_DISABLE_TIMING`: cheaper to
     /// record and wait on; it cannot be timed).
     pub fn for_ordering() -> DriverResult<Event> {
+        Event::with_flags(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
+
+    fn with_flags(flags: sys::CUevent_flags) -> DriverResult<Event> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle; a context is current.
         check(
-            unsafe {
-                sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-            },
+            unsafe { sys::cuEventCreate(&mut raw, flags as u32) },
             "cuEventCreate",
         )?;
         Ok(Event { raw })
