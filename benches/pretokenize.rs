@@ -21,9 +21,10 @@ use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::CudaBackend;
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::host_cost::{Paired, Report};
-use vyre_cuda::pretokenize::pipeline::CudaPipeline;
-use vyre_cuda::pretokenize::programs::programs;
+use vyre_cuda::pretokenize::pipeline::{describe_driver_calls, encode_driver_calls, CudaPipeline};
+use vyre_cuda::pretokenize::programs::{self, build, programs};
 use vyre_cuda::pretokenize::text::{generate, Shape};
+use vyre_cuda::pretokenize::Geometry;
 
 const TEXT_BYTES: usize = 262_144;
 const MEDIAN_ENCODES: usize = 1000;
@@ -58,17 +59,12 @@ fn main() {
         let start = Instant::now();
         let expected = regex.starts(&text);
         let oracle_ns = start.elapsed().as_nanos() as f64;
-        pipeline.encode(&text).expect("encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "{shape}: eager vs oracle"
-        );
-        pipeline.encode_graph(&text).expect("graph encode");
-        assert_eq!(
-            pipeline.piece_starts(),
-            &expected[..],
-            "{shape}: graph vs oracle"
+        check_against_oracle(&mut pipeline, &text, &expected, &shape.to_string());
+        let calls = encode_driver_calls(&mut pipeline, &text).expect("encodes");
+        println!("  {shape}: {}", describe_driver_calls(&calls));
+        let (steps, graph_kernels) = kernel_medians(&mut pipeline, &text, MEDIAN_ENCODES / 4);
+        println!(
+            "  {shape}: kernel medians (µs, the kernels' own stamps): eager {steps}; graph, first start to last end {graph_kernels:.1}",
         );
         for (label, graph) in [("eager", false), ("graph", true)] {
             let mut encode = || {
@@ -115,7 +111,79 @@ fn main() {
             TEXT_BYTES as f64 * 1e3 / oracle_ns
         );
     }
+    geometry_sweep(&gpu, &regex);
     if let Err(e) = report.finish() {
         println!("could not write the report files: {e}");
     }
+}
+
+/// The same encode at other bytes per thread (the default is
+/// `pretokenize::BYTES_PER_THREAD`): plain medians, kernel medians per step and
+/// of the graph, so the default can be chosen from this machine's figures.
+fn geometry_sweep(gpu: &CudaBackend, regex: &oracle::Oracle) {
+    const SWEEP_ENCODES: usize = 300;
+    let text = generate(Shape::Prose, TEXT_BYTES, 42);
+    let expected = regex.starts(&text);
+    println!(
+        "geometry sweep ({} prose, {SWEEP_ENCODES} encodes each, medians):",
+        TEXT_BYTES
+    );
+    for bytes_per_thread in [1, 2, 4, 8] {
+        let geometry = Geometry {
+            bytes_per_thread,
+            ..Geometry::default()
+        };
+        let programs = build(geometry).expect("valid geometry");
+        let mut pipeline = CudaPipeline::new(gpu, &programs, TEXT_BYTES).expect("pipeline");
+        check_against_oracle(&mut pipeline, &text, &expected, &format!("{geometry:?}"));
+        let eager = (0..SWEEP_ENCODES)
+            .map(|_| pipeline.encode(&text).expect("encode").wall_ns)
+            .collect();
+        let graph = (0..SWEEP_ENCODES)
+            .map(|_| pipeline.encode_graph(&text).expect("graph encode").wall_ns)
+            .collect();
+        let (steps, graph_kernels) = kernel_medians(&mut pipeline, &text, SWEEP_ENCODES);
+        println!(
+            "  {bytes_per_thread} bytes/thread ({} blocks): eager {:.1} µs, graph {:.1} µs; kernels µs: {}; graph kernels {:.1}",
+            geometry.blocks_for(TEXT_BYTES),
+            median_us(eager),
+            median_us(graph),
+            steps,
+            graph_kernels
+        );
+    }
+}
+
+/// Medians of the kernels' own stamps over `encodes` timed eager encodes (per
+/// step, as "name µs, ...") and graph replays (first start to last end, µs).
+fn kernel_medians(pipeline: &mut CudaPipeline, text: &[u8], encodes: usize) -> (String, f64) {
+    let timed: Vec<_> = (0..encodes)
+        .map(|_| pipeline.encode_timed(text).expect("timed encode"))
+        .collect();
+    let steps: Vec<String> = programs::STEPS
+        .iter()
+        .enumerate()
+        .map(|(index, step)| {
+            let kernel = timed.iter().map(|t| t.steps[index].kernel_ns).collect();
+            format!("{} {:.1}", step.name, median_us(kernel))
+        })
+        .collect();
+    let graph = (0..encodes)
+        .map(|_| {
+            pipeline
+                .encode_graph(text)
+                .expect("graph encode")
+                .replay
+                .kernel_ns
+        })
+        .collect();
+    (steps.join(", "), median_us(graph))
+}
+
+/// One eager and one graph encode, each checked against the oracle's starts.
+fn check_against_oracle(pipeline: &mut CudaPipeline, text: &[u8], expected: &[u32], what: &str) {
+    pipeline.encode(text).expect("encode");
+    assert_eq!(pipeline.piece_starts(), expected, "{what}: eager vs oracle");
+    pipeline.encode_graph(text).expect("graph encode");
+    assert_eq!(pipeline.piece_starts(), expected, "{what}: graph vs oracle");
 }

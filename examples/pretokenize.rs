@@ -10,30 +10,32 @@
 //! It splits 262,144 bytes of generated text (prose, CJK, code), or `--input
 //! FILE`, by GPT-2's pre-tokenizer pattern
 //! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
-//! with three dispatches per encode (split: decode, class lookup, piece-start
-//! rule and per-block count; a scan of the counts; compaction; the programs and the
-//! rule are in `src/pretokenize/`), checks every result against the external
+//! with two dispatches per encode (split: decode, class lookup, piece-start rule
+//! and per-block count; compaction: each workgroup sums the counts before its
+//! blocks, then writes the piece starts into host-mapped memory; the programs and
+//! the rule are in `src/pretokenize/`), checks every result against the external
 //! regex oracle (`fancy-regex`, tiktoken's engine), the CPU reference interpreter
 //! and a plain Rust splitter, prints the first pieces, and per text:
 //!
 //! * **oracle**: the time `fancy-regex` takes for the same split on this CPU, and
 //!   its MB/s, beside the GPU's.
 //! * **encode**: min and median wall time of one whole encode over `--iterations`
-//!   encodes of **pass 1**, the hot path a tokenizer runs: three dispatches (the
-//!   first staging the text) that record no timing events, exactly the piece
-//!   starts read back into a `u32` buffer. Throughput is text bytes over the
+//!   encodes of **pass 1**, the hot path a tokenizer runs: two dispatches (the
+//!   first staging the text) enqueued back to back, ordered on the device, one
+//!   blocking synchronize, no timing events; the piece count and starts arrive
+//!   through host-mapped memory (no copy back). Throughput is text bytes over the
 //!   median encode.
-//! * **per step**: `wall`, each dispatch's median host wall time in pass 1;
-//!   `kernel`, its median device time from **pass 2**, the same number of encodes
-//!   with timing events around every launch (events cost host time of their own,
-//!   which is why the hot path is timed without them; `timed wall` shows what
-//!   they add); `host = wall − kernel`: everything that was not the kernel running
-//!   (driver calls, launch latency, any readback copy, synchronize wake-up);
+//! * **per step**: `kernel`, its median device time in pass 1 (the kernel's own
+//!   `%globaltimer` stamps); `timed wall`, its median host wall time in **pass 2**,
+//!   the same number of encodes one dispatch at a time with timing events (events
+//!   and the per-dispatch synchronize cost host time of their own, which is why
+//!   the hot path does neither); `host = timed wall − kernel`: everything that was
+//!   not the kernel running (driver calls, launch latency, synchronize wake-up);
 //!   `enqueue`, host time until the last asynchronous operation was enqueued
-//!   (pass 2). The **per-dispatch host cost** is the median over every pass-1
-//!   dispatch of `wall − that step's median kernel`. The encode's **host
-//!   overhead** is `median encode − Σ median kernels`, so it also counts the
-//!   text's staging and the gaps between dispatches: nothing is hidden.
+//!   (pass 2). The encode's **host overhead** is `median encode − Σ median
+//!   kernels`, so it also counts the text's staging: nothing is hidden.
+//! * **driver calls**: synchronizes, launches and async copies of one eager and
+//!   one graph encode, counted on the real driver.
 //! * **phase table**: pass 2 also runs with the phase probe (§5) on, its lines
 //!   captured and summarized per program: where each dispatch's host time went.
 //!
@@ -53,7 +55,10 @@ use std::time::Instant;
 
 use vyre_cuda::pretokenize;
 
-use pretokenize::pipeline::{run_reference, CudaPipeline, EncodeTiming, DISPATCHES_PER_ENCODE};
+use pretokenize::pipeline::{
+    describe_driver_calls, encode_driver_calls, run_reference, CudaPipeline, EncodeTiming,
+    DISPATCHES_PER_ENCODE,
+};
 use pretokenize::programs::{programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape};
 use pretokenize::{cpu, MAX_TEXT_BYTES};
@@ -377,9 +382,12 @@ fn print_header(samples: &[Sample], seed: u64, iterations: u32, backend: &str) {
     println!("vyre-cuda pretokenize: {bytes} per text, seed {seed}, {iterations} timed encodes per text, backend {backend}");
     let names: Vec<&str> = STEPS.iter().map(|step| step.name).collect();
     println!(
-        "pipeline: GPT-2 pattern {}; {DISPATCHES_PER_ENCODE} dispatches per encode ({}), 256-thread workgroups, a 1024-thread scan; Unicode {}",
+        "pipeline: GPT-2 pattern {}; {DISPATCHES_PER_ENCODE} dispatches per encode ({}), {}-thread workgroups, {} bytes per thread, at most {} compaction workgroups; Unicode {}",
         oracle::GPT2_PATTERN,
         names.join(" -> "),
+        pretokenize::WORKGROUP_SIZE,
+        pretokenize::BYTES_PER_THREAD,
+        pretokenize::COMPACT_WORKGROUPS,
         pretokenize::unicode::UNICODE_VERSION
     );
 }
@@ -595,6 +603,7 @@ fn run_cuda(
             &expected,
         )?;
         let oracle_ns = check_oracle(&sample.name, text, &expected)?;
+        let check = |what: &str, starts: &[u32]| check_equal(&sample.name, what, starts, &expected);
 
         // Pass 1, the hot path: untimed dispatches, probe forced off.
         let mut fast: Vec<EncodeTiming> = Vec::with_capacity(iterations as usize);
@@ -602,11 +611,11 @@ fn run_cuda(
             let _probe_off = probe::override_enabled(Some(false));
             for _ in 0..WARMUP_ENCODES {
                 pipeline.encode(text).map_err(|e| e.to_string())?;
-                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                check("GPU", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 fast.push(pipeline.encode(text).map_err(|e| e.to_string())?);
-                check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                check("GPU", pipeline.piece_starts())?;
             }
         }
         // Pass 2: device timing events on every dispatch and the probe on, its
@@ -617,7 +626,7 @@ fn run_cuda(
             probe::capture_lines(|| -> Result<(), String> {
                 for _ in 0..iterations {
                     timed.push(pipeline.encode_timed(text).map_err(|e| e.to_string())?);
-                    check_equal(&sample.name, "GPU", pipeline.piece_starts(), &expected)?;
+                    check("GPU", pipeline.piece_starts())?;
                 }
                 Ok(())
             })
@@ -628,42 +637,30 @@ fn run_cuda(
         // untimed for the wall, then timed for the device window.
         let mut graph_walls = Vec::with_capacity(iterations as usize);
         let mut graph_windows = Vec::with_capacity(iterations as usize);
-        let mut graph_readbacks = Vec::with_capacity(iterations as usize);
+        let mut graph_kernels = Vec::with_capacity(iterations as usize);
         {
             let _probe_off = probe::override_enabled(Some(false));
             for _ in 0..WARMUP_ENCODES {
                 pipeline.encode_graph(text).map_err(|e| e.to_string())?;
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                check("GPU graph", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 let timing = pipeline.encode_graph(text).map_err(|e| e.to_string())?;
                 graph_walls.push(timing.wall_ns);
-                graph_readbacks.push(timing.readback_ns);
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                graph_kernels.push(timing.replay.kernel_ns);
+                check("GPU graph", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 let timed = pipeline
                     .encode_graph_timed(text)
                     .map_err(|e| e.to_string())?;
                 graph_windows.push(timed.replay.device_window_ns);
-                check_equal(
-                    &sample.name,
-                    "GPU graph",
-                    pipeline.piece_starts(),
-                    &expected,
-                )?;
+                check("GPU graph", pipeline.piece_starts())?;
             }
         }
+
+        let calls = encode_driver_calls(pipeline, text).map_err(|e| e.to_string())?;
+        check("GPU graph", pipeline.piece_starts())?;
 
         let walls: Vec<u64> = fast.iter().map(|t| t.wall_ns).collect();
         let median_encode = median(&walls);
@@ -677,7 +674,7 @@ fn run_cuda(
                 )
             };
         let kernel_medians: Vec<u64> = (0..DISPATCHES_PER_ENCODE)
-            .map(|index| step_median(&timed, index, |s| s.kernel_ns))
+            .map(|index| step_median(&fast, index, |s| s.kernel_ns))
             .collect();
         let kernels_total: u64 = kernel_medians.iter().sum();
         let median_host = median_encode.saturating_sub(kernels_total);
@@ -692,7 +689,7 @@ fn run_cuda(
         print_pieces(text, &expected);
         write_offsets(options, &expected)?;
         println!(
-            "  encode ({DISPATCHES_PER_ENCODE} dispatches, the first staging the text, the last reading back the piece starts): min {} us, median {} us -> {:.0} MB/s at the median",
+            "  encode ({DISPATCHES_PER_ENCODE} dispatches enqueued back to back and ordered on the device, one blocking synchronize; the first stages the text, the last stores the piece starts into host-mapped memory): min {} us, median {} us -> {:.0} MB/s at the median",
             us(minimum(&walls)),
             us(median_encode),
             megabytes_per_second(text.len(), median_encode)
@@ -715,44 +712,47 @@ fn run_cuda(
             megabytes_per_second(text.len(), cpu_ns),
             duration(reference_ns)
         );
-        println!("  per step (medians, us; wall from pass 1, the rest from pass 2 with timing events on):");
         println!(
-            "    {:<12} {:>8} {:>8} {:>17} {:>11} {:>8}",
-            "step", "wall", "kernel", "host=wall-kernel", "timed wall", "enqueue"
+            "  per step (medians, us): kernel = the kernel's own stamps in the hot path (pass 1, the steps chained on the device); \
+             the rest from pass 2 (one dispatch at a time, timing events on)"
         );
-        let mut dispatch_hosts = Vec::with_capacity(DISPATCHES_PER_ENCODE * fast.len());
+        println!(
+            "    {:<12} {:>8} {:>11} {:>22} {:>8}",
+            "step", "kernel", "timed wall", "host=timed wall-kernel", "enqueue"
+        );
+        let mut dispatch_hosts = Vec::with_capacity(DISPATCHES_PER_ENCODE * timed.len());
         for (index, name) in STEPS.iter().map(|step| step.name).enumerate() {
-            let wall = step_median(&fast, index, |s| s.wall_ns);
             let kernel = kernel_medians[index];
-            dispatch_hosts.extend(
-                fast.iter()
-                    .map(|t| t.steps[index].wall_ns.saturating_sub(kernel)),
-            );
+            let timed_wall = step_median(&timed, index, |s| s.wall_ns);
+            dispatch_hosts.extend(timed.iter().map(|t| {
+                t.steps[index]
+                    .wall_ns
+                    .saturating_sub(t.steps[index].kernel_ns)
+            }));
             println!(
-                "    {:<12} {:>8} {:>8} {:>17} {:>11} {:>8}",
+                "    {:<12} {:>8} {:>11} {:>22} {:>8}",
                 name,
-                us(wall),
                 us(kernel),
-                us(wall.saturating_sub(kernel)),
-                us(step_median(&timed, index, |s| s.wall_ns)),
+                us(timed_wall),
+                us(timed_wall.saturating_sub(kernel)),
                 us(step_median(&timed, index, |s| s.enqueue_ns))
             );
         }
         println!(
-            "  per-dispatch host cost (hot-path wall - median kernel): median {} us over {} dispatches",
+            "  per-dispatch host cost, one dispatch at a time (timed wall - kernel): median {} us over {} dispatches",
             us(median(&dispatch_hosts)),
             dispatch_hosts.len()
         );
         let graph_encode = median(&graph_walls);
         let graph_window = median(&graph_windows);
         println!(
-            "  as one CUDA graph (upload + {DISPATCHES_PER_ENCODE} kernels + the count in one replay, then a read of exactly the {} piece-start bytes): \
-             min {} us, median {} us -> {:.0} MB/s (the read: median {} us)",
+            "  as one CUDA graph (upload + {DISPATCHES_PER_ENCODE} kernels + the count in one replay; the {} piece-start bytes are in host-mapped memory when it returns): \
+             min {} us, median {} us -> {:.0} MB/s (kernels, first start to last end: median {} us)",
             4 * expected.len(),
             us(minimum(&graph_walls)),
             us(graph_encode),
             megabytes_per_second(text.len(), graph_encode),
-            us(median(&graph_readbacks))
+            us(median(&graph_kernels))
         );
         println!(
             "    device window (copies + kernels, timed replays) {} us; host overhead (encode - device window) {} us = {:.0}% of the encode",
@@ -760,6 +760,7 @@ fn run_cuda(
             us(graph_encode.saturating_sub(graph_window)),
             100.0 * graph_encode.saturating_sub(graph_window) as f64 / graph_encode.max(1) as f64
         );
+        println!("  {}", describe_driver_calls(&calls));
         print_phase_table(&lines, pipeline, iterations);
         results.push(ShapeResult {
             name: sample.name.clone(),

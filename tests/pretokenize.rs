@@ -16,12 +16,15 @@ use pretokenize::programs::{build, programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape, SplitMix64};
 use pretokenize::{check_text_len, cpu, Geometry, MAX_TEXT_BYTES};
 
-/// 16-thread workgroups (the smallest the split accepts: a 1 KiB text is 64
-/// blocks) and a 4-thread scan (16 counts per scan thread at 1 KiB).
+/// 16-thread workgroups (the smallest the split accepts), 3 bytes per thread (a
+/// 1 KiB text is 22 blocks of 48 bytes, the last one short) and at most 3
+/// compaction workgroups (8, 8 and 6 blocks at 1 KiB: prefixes, several blocks
+/// per workgroup and an uneven split).
 fn small_programs() -> Programs {
     build(Geometry {
         workgroup_size: 16,
-        scan_threads: 4,
+        bytes_per_thread: 3,
+        compact_workgroups: 3,
     })
     .expect("valid geometry")
 }
@@ -175,6 +178,43 @@ fn reference_pipeline_equals_cpu_splitter_on_generated_shapes() {
     }
 }
 
+/// Locks out a split or compaction that loses or misplaces pieces when threads
+/// own several bytes, workgroups own several blocks of the split or sum long
+/// prefixes: one byte per thread and one workgroup for every block (prefixes of
+/// up to 255 counts: four rounds of four loads), one workgroup for all of them (no
+/// prefix, many blocks in a row), uneven splits, 2 to 8 bytes per thread (a
+/// block's mask of several words and the window's halo across them) and a
+/// workgroup size that is not a power of two, each on 4 KiB of every shape.
+#[test]
+fn reference_pipeline_equals_cpu_splitter_across_compaction_grids() {
+    for (workgroup_size, bytes_per_thread, compact_workgroups) in [
+        (16, 1, 1024),
+        (16, 1, 1),
+        (16, 2, 7),
+        (16, 8, 3),
+        (48, 5, 5),
+        (32, 4, 1024),
+    ] {
+        let programs = build(Geometry {
+            workgroup_size,
+            bytes_per_thread,
+            compact_workgroups,
+        })
+        .expect("valid geometry");
+        for shape in Shape::ALL {
+            let text = generate(shape, 4096, 7);
+            let got = run_reference(&programs, &text)
+                .expect("reference run")
+                .piece_starts;
+            assert_eq!(
+                got,
+                cpu::piece_starts(&text).unwrap(),
+                "{shape}, {workgroup_size}-thread workgroups, {bytes_per_thread} bytes per thread, at most {compact_workgroups} compaction workgroups"
+            );
+        }
+    }
+}
+
 /// Locks out a wrong oracle wrapper or CPU splitter: hand-computed pieces of the
 /// pattern's hard cases (contractions, `\s+(?!\S)`, ` ?` attaching only U+0020,
 /// marks not being letters, invalid bytes as U+FFFD).
@@ -296,19 +336,38 @@ fn bad_requests_get_fix_errors() {
     for geometry in [
         Geometry {
             workgroup_size: 0,
-            scan_threads: 4,
+            bytes_per_thread: 1,
+            compact_workgroups: 4,
         },
         Geometry {
             workgroup_size: 15,
-            scan_threads: 4,
+            bytes_per_thread: 1,
+            compact_workgroups: 4,
         },
         Geometry {
             workgroup_size: 32,
-            scan_threads: 6,
+            bytes_per_thread: 1,
+            compact_workgroups: 0,
+        },
+        Geometry {
+            workgroup_size: 32,
+            bytes_per_thread: 1,
+            compact_workgroups: 65_537,
+        },
+        Geometry {
+            workgroup_size: 32,
+            bytes_per_thread: 0,
+            compact_workgroups: 4,
+        },
+        Geometry {
+            workgroup_size: 32,
+            bytes_per_thread: 9,
+            compact_workgroups: 4,
         },
         Geometry {
             workgroup_size: 2048,
-            scan_threads: 4,
+            bytes_per_thread: 1,
+            compact_workgroups: 4,
         },
     ] {
         assert!(build(geometry).unwrap_err().message().starts_with("Fix:"));

@@ -40,7 +40,8 @@ fn pretokenize_programs_validate_lower_and_assemble() {
     let directory = tempfile::tempdir().expect("tempdir");
     let small = build(Geometry {
         workgroup_size: 48,
-        scan_threads: 8,
+        bytes_per_thread: 3,
+        compact_workgroups: 5,
     })
     .expect("geometry");
     for programs in [programs(), small] {

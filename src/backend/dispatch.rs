@@ -139,6 +139,9 @@ pub(crate) struct Request<'r, 'b> {
     pub(crate) start: Instant,
     /// Where the next probe phase starts (`None` while the probe is off).
     pub(crate) mark: Option<Instant>,
+    /// A dispatch in flight this one must run after on the device (its lane's
+    /// `order` event is recorded and waited on; nothing waits on the host).
+    pub(crate) after: Option<&'r InFlight>,
 }
 
 /// Resources a dispatch holds from staging until its lane is released.
@@ -300,6 +303,7 @@ impl CudaBackend {
             want_timing,
             start,
             mark: probe.as_ref().map(|_| start),
+            after: None,
         };
         self.inner.execute(request, sink, probe)
     }
@@ -326,6 +330,7 @@ impl CudaBackend {
             want_timing,
             start,
             mark,
+            after: None,
         };
         let timing = self
             .inner
@@ -662,6 +667,7 @@ impl BackendInner {
             config,
             start,
             mark,
+            after,
             ..
         } = request;
         let timed = request.want_timing || probe_on;
@@ -841,6 +847,21 @@ impl BackendInner {
                 .unwrap_or_else(|p| p.into_inner())
         });
         let mark = probe::charge_and_mark(Phase::Lease, mark);
+
+        // order: after another dispatch in flight, on the device only.
+        if let Some(previous) = after {
+            let ordered = previous
+                .lane
+                .order
+                .record(&previous.lane.stream)
+                .and_then(|()| lane.stream.wait_event(&previous.lane.order));
+            if let Err(error) = ordered {
+                let error = self.stream_failed(&kernel.name, "ordering it after a dispatch", error);
+                drop(lease);
+                self.release(lane, held, false);
+                return Err(error);
+            }
+        }
 
         // launch: every stream operation (uploads, clears, launches, readback copies).
         let mut target = LaneTarget::of(&lane);

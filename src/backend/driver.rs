@@ -166,6 +166,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
@@ -449,6 +450,16 @@ impl Stream {
             "cuStreamSynchronize",
         )
     }
+
+    /// Make work enqueued on this stream from now on wait for `event`'s last
+    /// record (`cuStreamWaitEvent`): device-side ordering, nothing waits on the host.
+    pub fn wait_event(&self, event: &Event) -> DriverResult<()> {
+        // SAFETY: live stream and event handles of the same context.
+        check(
+            unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
 }
 
 impl Drop for Stream {
@@ -473,10 +484,20 @@ unsafe impl Sync for Event {}
 impl Event {
     /// A timing-capable event.
     pub fn new() -> DriverResult<Event> {
+        Event::with_flags(sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    /// An event for ordering streams only (`CU_EVENT_DISABLE_TIMING`: cheaper to
+    /// record and wait on; it cannot be timed).
+    pub fn for_ordering() -> DriverResult<Event> {
+        Event::with_flags(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+    }
+
+    fn with_flags(flags: sys::CUevent_flags) -> DriverResult<Event> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle; a context is current.
         check(
-            unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) },
+            unsafe { sys::cuEventCreate(&mut raw, flags as u32) },
             "cuEventCreate",
         )?;
         Ok(Event { raw })
@@ -515,9 +536,16 @@ impl Drop for Event {
 
 /// Device memory. Freed on drop (the owning context must still be alive, which
 /// the backend guarantees by dropping buffers before its context).
+///
+/// Or host-mapped memory seen through its device address
+/// ([`DeviceMemory::allocate_host_mapped`]): kernels read and write it like device
+/// memory, and its stores reach the host with no copy enqueued.
 pub struct DeviceMemory {
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: u64,
+    /// The host pages `ptr` addresses when this is host-mapped memory (freed by
+    /// their own drop instead of `cuMemFree`).
+    host_mapped: Option<MappedMemory>,
 }
 
 impl DeviceMemory {
@@ -530,7 +558,38 @@ impl DeviceMemory {
             unsafe { sys::cuMemAlloc_v2(&mut ptr, request) },
             "cuMemAlloc_v2",
         )?;
-        Ok(DeviceMemory { ptr, bytes })
+        Ok(DeviceMemory {
+            ptr,
+            bytes,
+            host_mapped: None,
+        })
+    }
+
+    /// Host-mapped pinned memory of at least one byte, zeroed, addressed by kernels
+    /// through its device pointer ([`MappedMemory`]).
+    pub fn allocate_host_mapped(bytes: u64) -> DriverResult<DeviceMemory> {
+        let request = usize::try_from(bytes).map_err(|_| DriverError {
+            code: sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            call: "cuMemHostAlloc(DEVICEMAP) (size past the host's address space)",
+        })?;
+        let mapped = MappedMemory::allocate(request)?;
+        Ok(DeviceMemory {
+            ptr: mapped.device_address(0),
+            bytes,
+            host_mapped: Some(mapped),
+        })
+    }
+
+    /// The host side of host-mapped memory (`None` for device memory). Read it only
+    /// after every stream whose kernels write it was synchronised.
+    pub fn host_mapped(&self) -> Option<&MappedMemory> {
+        self.host_mapped.as_ref()
+    }
+
+    /// [`DeviceMemory::host_mapped`], writable. Write it only while no kernel using
+    /// it is enqueued or running.
+    pub fn host_mapped_mut(&mut self) -> Option<&mut MappedMemory> {
+        self.host_mapped.as_mut()
     }
 
     /// Device address.
@@ -546,6 +605,10 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
+        if self.host_mapped.is_some() {
+            // The host pages are freed by the `MappedMemory` drop right after this.
+            return;
+        }
         // SAFETY: we own the allocation; errors ignored on drop.
         unsafe {
             sys::cuMemFree_v2(self.ptr);
@@ -1508,6 +1571,16 @@ impl MappedMemory {
         // SAFETY: [start, end) lies within our allocation; no kernel writes it while
         // the host reads (the caller synchronised first).
         unsafe { std::slice::from_raw_parts(self.host.add(start), end - start) }
+    }
+
+    /// Mutable view of `len` bytes at `offset` (truncated to capacity). The caller
+    /// ensures no kernel using this memory is enqueued or running.
+    pub fn slice_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
+        let end = offset.saturating_add(len).min(self.bytes);
+        let start = offset.min(end);
+        // SAFETY: [start, end) lies within our allocation; `&mut self` is exclusive on
+        // the host and no kernel uses it meanwhile (caller's duty).
+        unsafe { std::slice::from_raw_parts_mut(self.host.add(start), end - start) }
     }
 
     /// Write bytes from the host (truncated to capacity), e.g. to clear a stamp

@@ -23,6 +23,9 @@ pub(crate) struct Lane {
     /// Kernel window: around the launch loop only.
     pub(crate) inner_start: Event,
     pub(crate) inner_end: Event,
+    /// Recorded after the dispatch's operations when a later submission must run
+    /// after it on the device (`CudaBackend::submit_kernel_after`); never timed.
+    pub(crate) order: Event,
     /// Page-locked staging for uploads and readback.
     pub(crate) staging: PinnedMemory,
     /// Host-mapped result area and control block (`readback`), made on first use.
@@ -39,6 +42,7 @@ impl Lane {
             outer_end: Event::new()?,
             inner_start: Event::new()?,
             inner_end: Event::new()?,
+            order: Event::for_ordering()?,
             staging: PinnedMemory::allocate(INITIAL_STAGING_BYTES)?,
             results: None,
         })

@@ -1,5 +1,5 @@
 //! GPT-2's pre-tokenizer on the GPU (§10): split UTF-8 text into the pieces a
-//! byte-level BPE tokenizer (GPT-2; tiktoken's r50k and p50k) encodes, with three
+//! byte-level BPE tokenizer (GPT-2; tiktoken's r50k and p50k) encodes, with two
 //! small programs written in this crate's IR.
 //!
 //! # Why this module exists
@@ -8,9 +8,9 @@
 //! byte-level BPE tokenizer's CPU time (§10: 20–124 ms for 256 KiB through the
 //! usual CPU engines). The example a user runs first (`examples/pretokenize.rs`),
 //! the CPU tests and the GPU tests all exercise the same programs: the text goes
-//! up once per encode, three dispatches run over device buffers allocated once
-//! (the class table among them, uploaded once per pipeline), and only the piece
-//! count and exactly the piece starts come back.
+//! up once per encode, two dispatches run over buffers allocated once (the class
+//! table among them, uploaded once per pipeline), and only the piece count and
+//! exactly the piece starts come back, both through host-mapped memory.
 //!
 //! # The split
 //!
@@ -77,16 +77,21 @@
 //!
 //! # The pipeline
 //!
-//! `n` bytes, `B = ceil(n / 256)` workgroups of [`WORKGROUP_SIZE`] threads (the
-//! default [`Geometry`]; tests build smaller ones). [`programs::STEPS`] is the one
+//! `n` bytes, `B = ceil(n / 1024)` blocks of [`WORKGROUP_SIZE`] threads and
+//! [`BYTES_PER_THREAD`] bytes per thread (the default [`Geometry`]; tests build
+//! smaller ones). [`programs::STEPS`] is the one
 //! description of the steps that the reference run, the eager CUDA run and the
 //! graph recording follow:
 //!
 //! | step | program | reads | writes |
 //! |---|---|---|---|
 //! | 1 | `split` | `text` (u8), `class_table` (u32) | `marks[i]` = 1 where a piece starts, `block_counts[b]` |
-//! | 2 | `block_scan` | `block_counts` | `block_offsets[b]` exclusive, `block_offsets[B]` = total (one workgroup of [`SCAN_THREADS`]) |
-//! | 3 | `compact` | `marks`, `block_offsets` | `piece_starts[block_offsets[b] + rank] = i` |
+//! | 2 | `compact` (at most [`COMPACT_WORKGROUPS`] workgroups) | `marks`, `block_counts` | `piece_starts[Σ block_counts[..b] + rank] = i` (host-mapped), `piece_count[0]` |
+//!
+//! The compaction sums the counts before its blocks itself, so no scan dispatch
+//! runs between the two (measured on the H200, 2026-12-01: three dispatches took
+//! 102–108 µs eager per 256 KiB encode, a synchronize each, and the scan's single
+//! workgroup was a kernel node of its own in the graph).
 //!
 //! [`programs`] holds the IR, [`pipeline`] runs it on the reference interpreter
 //! or on a CUDA device, [`unicode`] builds the class table, [`text`] generates
@@ -104,26 +109,44 @@ use std::fmt;
 /// [`Geometry`].
 pub const WORKGROUP_SIZE: u32 = 256;
 
-/// Threads of the single workgroup that scans the per-block counts, in the
-/// default [`Geometry`].
-pub const SCAN_THREADS: u32 = 1024;
+/// Bytes each thread of both programs handles in the default [`Geometry`] (a
+/// block of the split is `WORKGROUP_SIZE · BYTES_PER_THREAD` = 1 KiB).
+///
+/// Why not one: every warp of a kernel ends with one atomic on a single
+/// per-launch counter (the result ABI's end-of-grid detection, `codegen::ptx`),
+/// and 1 byte per thread is 8,192 warps per kernel for 256 KiB; 4 bytes per
+/// thread cut that to 2,048, with the thread's text and table loads unrolled so
+/// they overlap.
+pub const BYTES_PER_THREAD: u32 = 4;
+
+/// Most workgroups of the compaction in the default [`Geometry`]: texts up to
+/// 1 MiB get one block of the split per compaction workgroup.
+pub const COMPACT_WORKGROUPS: u32 = 1024;
 
 /// The workgroup shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
-    /// Threads per workgroup of the per-byte programs: 16..=1024 (the split
-    /// program's first `2 · HALO` threads fill the window's far side).
+    /// Threads per workgroup of both programs: 16..=1024 (the split program's
+    /// first `2 · HALO` threads fill the window's far side).
     pub workgroup_size: u32,
-    /// Threads of the scan's single workgroup: a power of two, 1..=1024.
-    pub scan_threads: u32,
+    /// Bytes each thread handles, 1..=8: thread `t` of a block takes its bytes
+    /// `t, t + W, t + 2W, ...`, so a block of the split is `W · bytes_per_thread`
+    /// bytes ([`Geometry::block_bytes`]).
+    pub bytes_per_thread: u32,
+    /// Most workgroups of the compaction, 1..=65536: each sums the counts of the
+    /// blocks before its own (so all of them together load at most
+    /// `compact_workgroups · B / 2` counts) and then compacts
+    /// `ceil(B / compact_workgroups)` blocks one after another.
+    pub compact_workgroups: u32,
 }
 
 impl Default for Geometry {
-    /// [`WORKGROUP_SIZE`] and [`SCAN_THREADS`].
+    /// [`WORKGROUP_SIZE`], [`BYTES_PER_THREAD`] and [`COMPACT_WORKGROUPS`].
     fn default() -> Self {
         Geometry {
             workgroup_size: WORKGROUP_SIZE,
-            scan_threads: SCAN_THREADS,
+            bytes_per_thread: BYTES_PER_THREAD,
+            compact_workgroups: COMPACT_WORKGROUPS,
         }
     }
 }
@@ -137,19 +160,39 @@ impl Geometry {
                 self.workgroup_size
             )));
         }
-        if !(1..=1024).contains(&self.scan_threads) || !self.scan_threads.is_power_of_two() {
+        if !(1..=8).contains(&self.bytes_per_thread) {
             return Err(PretokenizeError::new(format!(
-                "Fix: Geometry::scan_threads is {}; use a power of two from 1 to 1024",
-                self.scan_threads
+                "Fix: Geometry::bytes_per_thread is {}; use 1 to 8",
+                self.bytes_per_thread
+            )));
+        }
+        if !(1..=65_536).contains(&self.compact_workgroups) {
+            return Err(PretokenizeError::new(format!(
+                "Fix: Geometry::compact_workgroups is {}; use 1 to 65536",
+                self.compact_workgroups
             )));
         }
         Ok(())
     }
 
-    /// Workgroups of the per-byte programs (`B`) for a text of `text_len` bytes.
+    /// Bytes of one block of the split: `workgroup_size · bytes_per_thread`.
+    pub fn block_bytes(&self) -> u32 {
+        self.workgroup_size.saturating_mul(self.bytes_per_thread)
+    }
+
+    /// Workgroups of the split (`B`, one per [`Geometry::block_bytes`] bytes) for a
+    /// text of `text_len` bytes.
     pub fn blocks_for(&self, text_len: usize) -> u32 {
-        let blocks = text_len.div_ceil(self.workgroup_size.max(1) as usize);
+        let blocks = text_len.div_ceil(self.block_bytes().max(1) as usize);
         u32::try_from(blocks).unwrap_or(u32::MAX)
+    }
+
+    /// Workgroups of the compaction for `blocks` blocks of the split: `ceil(B /
+    /// per)` with `per = ceil(B / compact_workgroups)` blocks each, so none is
+    /// idle.
+    pub fn compaction_workgroups(&self, blocks: u32) -> u32 {
+        let per = blocks.div_ceil(self.compact_workgroups.max(1)).max(1);
+        blocks.div_ceil(per)
     }
 }
 

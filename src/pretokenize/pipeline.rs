@@ -1,24 +1,31 @@
-//! Running the three programs: on the CPU reference interpreter (the oracle, and
-//! the fallback without a GPU) or on a CUDA device over resident buffers, eagerly
-//! or as one CUDA graph.
+//! Running the two programs: on the CPU reference interpreter (the oracle, and
+//! the fallback without a GPU) or on a CUDA device over resident buffers (and one
+//! host-mapped buffer for the piece starts), eagerly or as one CUDA graph.
 //!
 //! All three runs follow the one description of the pipeline in
 //! [`programs::STEPS`](super::programs::STEPS): which program runs over which
 //! buffers on which grid, and what the eager run reads back after it. The length
 //! check ([`check_encode_len`]), the count check ([`piece_count`]) and the
-//! byte-order fix ([`words_from_device`]) exist once and serve all three.
+//! byte-order fix (`words_of`) exist once and serve all three.
 //!
 //! The CUDA path is built for a tokenizer's hot loop (§0: launch + synchronize is
 //! 8.5–9.8 µs on the raw driver, so the host cost per encode is counted in
-//! synchronizes): every device buffer is allocated once in [`CudaPipeline::new`]
-//! and the class table uploaded then, kernels are compiled once (dispatches
-//! through [`Kernel`] skip every cache lookup), the split reads nothing back, the
-//! scan reads back only the 4-byte piece count, and the compaction reads back
-//! exactly the `4 × count` bytes of piece starts into a buffer allocated once.
-//! Eager, per encode: three dispatches, three synchronizes (the text goes up as a
-//! borrowed binding of the split dispatch, staged on its stream, so it costs no
-//! synchronize of its own), no allocation once warm. As a graph: one replay (upload, three kernels, the count)
-//! and one read of exactly the piece starts.
+//! synchronizes): every buffer is allocated once in [`CudaPipeline::new`] and the
+//! class table uploaded then, kernels are compiled once (dispatches through
+//! [`Kernel`] skip every cache lookup), the split reads nothing back, the
+//! compaction's dispatch brings back only the 4-byte piece count (in its epilogue,
+//! through mapped memory: no copy) and stores the piece starts straight into
+//! host-mapped pinned memory ([`BufferRole::host_mapped`]), so they are on
+//! the host when its synchronize returns and [`CudaPipeline::piece_starts`] is a
+//! view of them: no copy and no read of its own, whatever the count. Eager, per
+//! encode: two dispatches submitted back to back, the compaction ordered after
+//! the split on the device (an event, [`CudaBackend::submit_kernel_after`]), one
+//! blocking synchronize for both (the split's own then finds its stream idle: §0,
+//! 1.8 µs), the text up as a borrowed binding of the split (staged on its stream),
+//! no DMA copy back, no driver allocation once warm. As a graph: one replay (upload, two kernels, the count)
+//! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
+//! the mapped piece starts: the separate read of exactly the piece starts after a
+//! replay cost 14–30 µs for 90–290 KB.)
 //!
 //! Every use of the backend's API by this module (allocation, upload, dispatch,
 //! recording, readback) is in [`CudaPipeline`]'s methods `new`, `encode_with`,
@@ -32,9 +39,11 @@ use smallvec::{smallvec, SmallVec};
 use super::programs::{BufferRole, Grid, Programs, Step, StepReadback, STEPS};
 use super::unicode::class_table;
 use super::{check_text_len, PretokenizeError};
-use crate::backend::{Binding, CudaBackend, DispatchTiming, Kernel, ResidentBuffer};
+use crate::backend::{
+    Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, PendingDispatch, ResidentBuffer,
+};
 use crate::config::{ByteRange, DispatchConfig, ReadbackPolicy};
-use crate::graph::{DispatchGraph, InputSlot, OutputSlot};
+use crate::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot};
 use crate::ir::{Access, Program};
 use crate::reference;
 
@@ -47,26 +56,21 @@ fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The bytes of `words`, for reading device output straight into them; follow
-/// with [`words_from_device`].
-fn words_as_bytes_mut(words: &mut [u32]) -> &mut [u8] {
-    let len = std::mem::size_of_val(words);
-    // SAFETY: `u8` has alignment 1 and every byte pattern is a valid `u32`, so the
-    // words' memory may be viewed as `len` bytes; the view reborrows `words`
-    // mutably, so nothing else can touch them while it lives.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
-}
-
-/// Turns words whose bytes came from the device (little-endian) into host order:
-/// a no-op on little-endian hosts (every CUDA host), a swap elsewhere.
-pub fn words_from_device(words: &mut [u32]) {
+/// `bytes` (the host-mapped piece starts, page-aligned) as little-endian words
+/// in place; `None` when they are not 4-byte aligned (never for page-locked
+/// memory) or the host is big-endian (the caller converts into a copy then).
+fn words_in_place(bytes: &[u8]) -> Option<&[u32]> {
     if cfg!(target_endian = "big") {
-        for word in words {
-            *word = u32::from_le(*word);
-        }
+        return None;
     }
+    // SAFETY: every bit pattern is a valid `u32`, and `align_to` puts in the middle
+    // slice only whole, aligned words inside `bytes`; the view borrows `bytes`.
+    let (head, words, _) = unsafe { bytes.align_to::<u32>() };
+    head.is_empty().then_some(words)
 }
 
+/// The little-endian words of device bytes, in host order (the byte-order fix of
+/// every run that copies them).
 fn words_of(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
     bytes
         .chunks_exact(4)
@@ -86,7 +90,7 @@ pub fn check_encode_len(expected: usize, text: &[u8]) -> Result<(), PretokenizeE
     Ok(())
 }
 
-/// The count check: the 4 little-endian bytes the scan wrote, which for a text
+/// The count check: the 4 little-endian bytes the compaction wrote, which for a text
 /// of `text_len > 0` bytes must be 1 to `text_len` (every character starts at most
 /// one piece, and byte 0 always starts one).
 pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, PretokenizeError> {
@@ -94,7 +98,7 @@ pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, Pretoke
     match count {
         Some(count) if (1..=text_len).contains(&count) => Ok(count),
         _ => Err(PretokenizeError::new(format!(
-            "Fix: internal: the scan counted {count:?} pieces in {text_len} bytes (expected 1 to {text_len}); report this as a bug"
+            "Fix: internal: the compaction counted {count:?} pieces in {text_len} bytes (expected 1 to {text_len}); report this as a bug"
         ))),
     }
 }
@@ -104,14 +108,17 @@ pub fn piece_count(count_bytes: &[u8], text_len: usize) -> Result<usize, Pretoke
 struct Layout {
     text_len: usize,
     blocks: u32,
+    compaction_workgroups: u32,
     table_bytes: usize,
 }
 
 impl Layout {
     fn new(programs: &Programs, text_len: usize, table_bytes: usize) -> Layout {
+        let blocks = programs.geometry.blocks_for(text_len);
         Layout {
             text_len,
-            blocks: programs.geometry.blocks_for(text_len),
+            blocks,
+            compaction_workgroups: programs.geometry.compaction_workgroups(blocks),
             table_bytes,
         }
     }
@@ -123,7 +130,7 @@ impl Layout {
     fn workgroups(&self, grid: Grid) -> u32 {
         match grid {
             Grid::PerByte => self.blocks,
-            Grid::Single => 1,
+            Grid::Compaction => self.compaction_workgroups,
         }
     }
 
@@ -136,11 +143,6 @@ impl Layout {
             0 => 1,
             bytes => bytes,
         }
-    }
-
-    /// Byte offset of the piece count in [`BufferRole::BlockOffsets`].
-    fn count_offset(&self) -> u64 {
-        4 * self.blocks as u64
     }
 }
 
@@ -212,11 +214,7 @@ pub fn run_reference(programs: &Programs, text: &[u8]) -> Result<ReferenceRun, P
             buffers[role as usize] = bytes;
         }
     }
-    let offset = layout.count_offset() as usize;
-    let count_bytes = buffers[BufferRole::BlockOffsets as usize]
-        .get(offset..offset + 4)
-        .unwrap_or(&[]);
-    let count = piece_count(count_bytes, text.len())?;
+    let count = piece_count(&buffers[BufferRole::PieceCount as usize], text.len())?;
     let piece_starts = words_of(&buffers[BufferRole::PieceStarts as usize][..4 * count]).collect();
     Ok(ReferenceRun {
         piece_starts,
@@ -255,18 +253,20 @@ fn written_roles(
 /// Timings of one encode on the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EncodeTiming {
-    /// The whole encode, host clock: three dispatches (the first stages the text,
-    /// the last reads the piece starts straight into the pipeline's `u32` buffer).
+    /// The whole encode, host clock: two dispatches (the first stages the text,
+    /// the last stores the piece starts into host-mapped memory).
     pub wall_ns: u64,
     /// Each dispatch's timings, in dispatch order; the split's include the text's
-    /// staging and copy to the device. `wall_ns` is always set; the device fields
-    /// only by [`CudaPipeline::encode_timed`] (0 otherwise).
+    /// staging and copy to the device. `wall_ns` and `kernel_ns` (the kernel's own
+    /// `%globaltimer` stamps) are always set; `device_window_ns` only by
+    /// [`CudaPipeline::encode_timed`] (0 otherwise). In the chained hot path
+    /// ([`CudaPipeline::encode`]) each `wall_ns` runs from the step's submission
+    /// to the end of its wait, so the steps' walls overlap.
     pub steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
 }
 
 impl EncodeTiming {
-    /// Device time of the kernels (each dispatch's inner event pair; 0 for an
-    /// untimed encode).
+    /// Device time of the kernels (the sum of the steps' `kernel_ns`).
     pub fn kernel_ns(&self) -> u64 {
         self.steps
             .iter()
@@ -289,14 +289,12 @@ pub fn dispatch_host_ns(step: &DispatchTiming) -> u64 {
 /// Timings of one graph encode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphEncodeTiming {
-    /// The whole encode, host clock: text into staging, one replay, the read of
-    /// exactly the piece starts.
+    /// The whole encode, host clock: text into the graph's input slot, one replay
+    /// (the piece starts are in host-mapped memory when it returns).
     pub wall_ns: u64,
     /// The replay (one graph launch and one synchronize); its `device_window_ns` is
     /// set only by [`CudaPipeline::encode_graph_timed`].
     pub replay: DispatchTiming,
-    /// The read of the `4 × count` bytes of piece starts after the replay.
-    pub readback_ns: u64,
 }
 
 /// The pipeline on a CUDA device for texts of one length: compiled kernels and
@@ -305,14 +303,19 @@ pub struct GraphEncodeTiming {
 pub struct CudaPipeline {
     backend: CudaBackend,
     kernels: [Kernel; DISPATCHES_PER_ENCODE],
-    /// Each step's dispatch configuration without readback.
+    /// Each step's dispatch configuration without readback (the graph's).
     configs: [DispatchConfig; DISPATCHES_PER_ENCODE],
+    /// The same with the eager readback of each step ([`Step::readback`]).
+    eager_configs: [DispatchConfig; DISPATCHES_PER_ENCODE],
     layout: Layout,
-    /// Indexed by `BufferRole as usize`.
-    buffers: [ResidentBuffer; ROLES],
-    count_bytes: [u8; 4],
-    /// Room for every possible piece start; the device's bytes land here directly.
-    piece_starts: Vec<u32>,
+    /// Indexed by `BufferRole as usize`; `None` for the host-mapped role.
+    buffers: [Option<ResidentBuffer>; ROLES],
+    /// [`BufferRole::PieceStarts`]: host-mapped, room for every possible piece
+    /// start; the compaction's stores land here directly.
+    mapped_starts: DeviceBuffer,
+    /// The piece starts in host order on a big-endian host (empty elsewhere: the
+    /// mapped words are handed out in place).
+    host_order: Vec<u32>,
     piece_count: usize,
     /// The whole encode as one CUDA graph, recorded on first use.
     graph: Option<EncodeGraph>,
@@ -360,39 +363,112 @@ impl CudaPipeline {
         let kernels: [Kernel; DISPATCHES_PER_ENCODE] = kernels.try_into().map_err(|_| {
             PretokenizeError::new("Fix: internal: wrong number of kernels; report this as a bug")
         })?;
-        let mut allocated: Vec<ResidentBuffer> = Vec::with_capacity(ROLES);
+        let mut eager_configs = configs.clone();
+        for (((step, _), config), eager) in steps.iter().zip(&configs).zip(&mut eager_configs) {
+            if step.readback == StepReadback::PieceCount {
+                let count = ByteRange {
+                    binding: binding_of(step, BufferRole::PieceCount)?,
+                    offset: 0,
+                    len: 4,
+                };
+                *eager = config
+                    .clone()
+                    .with_readback(ReadbackPolicy::Ranges(smallvec![count]));
+            }
+        }
+        let mapped_starts =
+            backend.host_mapped_buffer(layout.allocation_bytes(BufferRole::PieceStarts))?;
+        if cfg!(target_endian = "little")
+            && words_in_place(mapped_starts.mapped_bytes_after_synchronize()?).is_none()
+        {
+            return Err(PretokenizeError::new(
+                "Fix: internal: host-mapped memory is not 4-byte aligned; report this as a bug",
+            ));
+        }
+        let mut buffers: [Option<ResidentBuffer>; ROLES] = [None; ROLES];
         for role in BufferRole::ALL {
+            if role.host_mapped() {
+                continue;
+            }
             match backend.allocate_resident(layout.allocation_bytes(role)) {
-                Ok(handle) => allocated.push(handle),
+                Ok(handle) => buffers[role as usize] = Some(handle),
                 Err(error) => {
-                    for handle in allocated {
+                    for handle in buffers.into_iter().flatten() {
                         let _ = backend.free_resident(handle);
                     }
                     return Err(error.into());
                 }
             }
         }
-        let buffers: [ResidentBuffer; ROLES] = allocated.try_into().map_err(|_| {
-            PretokenizeError::new("Fix: internal: wrong number of buffers; report this as a bug")
-        })?;
         let pipeline = CudaPipeline {
             backend: backend.clone(),
             kernels,
             configs,
+            eager_configs,
             layout,
             buffers,
-            count_bytes: [0; 4],
-            piece_starts: vec![0; text_len],
+            mapped_starts,
+            host_order: if cfg!(target_endian = "big") {
+                Vec::with_capacity(text_len)
+            } else {
+                Vec::new()
+            },
             piece_count: 0,
             graph: None,
         };
         // On error the pipeline drops here and frees its buffers.
-        backend.upload_resident(&pipeline.buffer(BufferRole::ClassTable), &table)?;
+        backend.upload_resident(&pipeline.resident(BufferRole::ClassTable)?, &table)?;
         Ok(pipeline)
     }
 
-    fn buffer(&self, role: BufferRole) -> ResidentBuffer {
-        self.buffers[role as usize]
+    /// The resident buffer of a role that lives in device memory.
+    fn resident(&self, role: BufferRole) -> Result<ResidentBuffer, PretokenizeError> {
+        self.buffers[role as usize].ok_or_else(|| {
+            PretokenizeError::new(format!(
+                "Fix: internal: {} is host-mapped, not resident; report this as a bug",
+                role.name()
+            ))
+        })
+    }
+
+    /// The buffer of `role` as a binding of a recorded dispatch.
+    fn graph_binding(&self, role: BufferRole) -> Result<GraphBinding<'_>, PretokenizeError> {
+        if role.host_mapped() {
+            Ok(GraphBinding::Buffer(&self.mapped_starts))
+        } else {
+            self.resident(role).map(GraphBinding::Resident)
+        }
+    }
+
+    /// The buffer of `role` as a binding of an eager dispatch: the text rides the
+    /// split dispatch as a borrowed binding (its copy to the device is enqueued on
+    /// the dispatch's stream and waited for by the dispatch's one synchronize, not
+    /// by a separate upload's).
+    fn eager_binding<'a>(
+        &'a self,
+        role: BufferRole,
+        text: &'a [u8],
+    ) -> Result<Binding<'a>, PretokenizeError> {
+        if role == BufferRole::Text {
+            Ok(Binding::Borrowed(text))
+        } else if role.host_mapped() {
+            Ok(Binding::Buffer(&self.mapped_starts))
+        } else {
+            self.resident(role).map(Binding::Resident)
+        }
+    }
+
+    /// Hands out the piece starts the last encode's synchronize brought into the
+    /// mapped memory: in place on little-endian hosts, converted into
+    /// `host_order` on big-endian ones.
+    fn take_piece_starts(&mut self, count: usize) -> Result<(), PretokenizeError> {
+        if cfg!(target_endian = "big") {
+            let bytes = self.mapped_starts.mapped_bytes_after_synchronize()?;
+            self.host_order.clear();
+            self.host_order.extend(words_of(&bytes[..4 * count]));
+        }
+        self.piece_count = count;
+        Ok(())
     }
 
     /// The text length this pipeline was built for.
@@ -411,34 +487,55 @@ impl CudaPipeline {
     }
 
     /// Piece starts of the last successful encode (empty before the first and
-    /// after a failed one).
+    /// after a failed one): a view of the host-mapped memory the compaction wrote
+    /// (no copy), valid until the next encode (which needs `&mut self`, so it cannot
+    /// start while the view lives).
     pub fn piece_starts(&self) -> &[u32] {
-        &self.piece_starts[..self.piece_count]
+        if self.piece_count == 0 {
+            return &[];
+        }
+        if cfg!(target_endian = "big") {
+            return &self.host_order[..self.piece_count];
+        }
+        // Every encode that set `piece_count` has synchronised the stream that wrote
+        // the mapped memory, and `&self` keeps the next one from starting.
+        self.mapped_starts
+            .mapped_bytes_after_synchronize()
+            .ok()
+            .and_then(words_in_place)
+            .and_then(|words| words.get(..self.piece_count))
+            .unwrap_or(&[])
     }
 
-    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): three dispatches
-    /// (the first stages the text), read back the piece starts. The result is in
-    /// [`CudaPipeline::piece_starts`] until the next encode. This is the hot path:
-    /// its dispatches record no device timing events, so the returned steps hold
-    /// only host wall times (measured here); see [`CudaPipeline::encode_timed`].
+    /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): the two
+    /// dispatches are submitted back to back, the compaction ordered after the
+    /// split on the device ([`CudaBackend::submit_kernel_after`]; the split stages
+    /// the text), and one blocking synchronize waits for both (the split's own
+    /// then finds its stream idle). The result is in [`CudaPipeline::piece_starts`]
+    /// until the next encode. This is the hot path: no device timing events, and
+    /// submissions print no probe line; each step's `kernel_ns` is its kernel's own
+    /// stamps, its `wall_ns` runs from its submission to the end of its wait. See
+    /// [`CudaPipeline::encode_timed`].
     pub fn encode(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        self.encode_with(text, false)
+        self.encode_chained(text)
     }
 
-    /// [`CudaPipeline::encode`] with device timing events on every dispatch, so the
-    /// steps also carry `kernel_ns`, `device_window_ns`, `enqueue_ns` and
-    /// `wait_ns`. The events cost host time of their own, so time the hot path
-    /// with [`CudaPipeline::encode`] and take device times from here.
+    /// The same split, one dispatch at a time (each waits for the one before on
+    /// the host), with device timing events on every dispatch and a probe line
+    /// each, so the steps also carry `device_window_ns` and disjoint `wall_ns`,
+    /// `enqueue_ns` and `wait_ns`, and the probe's phase table sees every step.
+    /// The events and the extra synchronize cost host time of their own, so time
+    /// the hot path with [`CudaPipeline::encode`] and take device times and phases
+    /// from here.
     pub fn encode_timed(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
-        self.encode_with(text, true)
+        self.encode_stepwise(text)
     }
 
-    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the three
-    /// kernels and the count's readback are recorded once, then every encode is one
-    /// graph launch and one synchronize, then one read of exactly the `4 × count`
-    /// bytes of piece starts (a graph cannot size a readback from a count it
-    /// computes, and reading the whole 4-bytes-per-text-byte buffer would cost more
-    /// than the extra synchronize).
+    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the two
+    /// kernels and the count's readback (folded into the last kernel's epilogue)
+    /// are recorded once, then every encode is one graph launch and one
+    /// synchronize, nothing else: the compaction stored the piece starts into
+    /// host-mapped memory, so no read sized by the count follows.
     pub fn encode_graph(&mut self, text: &[u8]) -> Result<GraphEncodeTiming, PretokenizeError> {
         self.encode_graph_with(text, false)
     }
@@ -454,21 +551,25 @@ impl CudaPipeline {
     fn record_graph(&self) -> Result<EncodeGraph, PretokenizeError> {
         let layout = self.layout;
         let mut slots = None;
-        let graph = self.backend.record(|rec| {
-            let text = rec.upload(&self.buffer(BufferRole::Text), layout.text_len as u64)?;
-            for ((step, kernel), config) in STEPS.iter().zip(&self.kernels).zip(&self.configs) {
-                let bindings: SmallVec<[ResidentBuffer; 4]> = step
-                    .bindings
+        let text_buffer = self.resident(BufferRole::Text)?;
+        let count_buffer = self.resident(BufferRole::PieceCount)?;
+        let mut step_bindings: SmallVec<[SmallVec<[GraphBinding<'_>; 4]>; 3]> = SmallVec::new();
+        for step in &STEPS {
+            step_bindings.push(
+                step.bindings
                     .iter()
-                    .map(|&role| self.buffer(role))
-                    .collect();
-                rec.dispatch(kernel, &bindings, config)?;
+                    .map(|&role| self.graph_binding(role))
+                    .collect::<Result<_, _>>()?,
+            );
+        }
+        let graph = self.backend.record(|rec| {
+            let text = rec.upload(&text_buffer, layout.text_len as u64)?;
+            for ((bindings, kernel), config) in
+                step_bindings.iter().zip(&self.kernels).zip(&self.configs)
+            {
+                rec.dispatch_bindings(kernel, bindings, config)?;
             }
-            let count = rec.read_back(
-                &self.buffer(BufferRole::BlockOffsets),
-                layout.count_offset(),
-                4,
-            )?;
+            let count = rec.read_back(&count_buffer, 0, 4)?;
             slots = Some((text, count));
             Ok(())
         })?;
@@ -483,9 +584,7 @@ impl CudaPipeline {
         text: &[u8],
         timed: bool,
     ) -> Result<GraphEncodeTiming, PretokenizeError> {
-        check_encode_len(self.layout.text_len, text)?;
-        self.piece_count = 0;
-        if text.is_empty() {
+        if !self.begin_encode(text)? {
             return Ok(GraphEncodeTiming::default());
         }
         if self.graph.is_none() {
@@ -504,111 +603,181 @@ impl CudaPipeline {
             encode.graph.replay()?
         };
         let count = piece_count(encode.graph.output(encode.count)?, self.layout.text_len)?;
-        let read_start = Instant::now();
-        let starts = self.buffers[BufferRole::PieceStarts as usize];
-        self.backend
-            .read_resident_into(&starts, words_as_bytes_mut(&mut self.piece_starts[..count]))?;
-        words_from_device(&mut self.piece_starts[..count]);
-        let readback_ns = elapsed_ns(read_start);
-        self.piece_count = count;
+        self.take_piece_starts(count)?;
         Ok(GraphEncodeTiming {
             wall_ns: elapsed_ns(start),
             replay,
-            readback_ns,
         })
     }
 
-    fn encode_with(&mut self, text: &[u8], timed: bool) -> Result<EncodeTiming, PretokenizeError> {
+    /// The start of every encode: the length check, the last result cleared;
+    /// `false` for an empty text (no pieces, nothing to run).
+    fn begin_encode(&mut self, text: &[u8]) -> Result<bool, PretokenizeError> {
         check_encode_len(self.layout.text_len, text)?;
         self.piece_count = 0;
-        if text.is_empty() {
-            return Ok(EncodeTiming::default());
+        Ok(!text.is_empty())
+    }
+
+    /// The bindings of `step` for an eager run over `text`.
+    fn eager_bindings<'a>(
+        &'a self,
+        step: &Step,
+        text: &'a [u8],
+    ) -> Result<SmallVec<[Binding<'a>; 4]>, PretokenizeError> {
+        step.bindings
+            .iter()
+            .map(|&role| self.eager_binding(role, text))
+            .collect()
+    }
+
+    /// The piece count of an eager run: the readback of the step that reads it.
+    fn eager_count(
+        &self,
+        step: &Step,
+        outputs: &[impl AsRef<[u8]>],
+        count: &mut Option<usize>,
+    ) -> Result<(), PretokenizeError> {
+        if step.readback == StepReadback::PieceCount {
+            let bytes = outputs.first().map_or(&[][..], AsRef::as_ref);
+            *count = Some(piece_count(bytes, self.layout.text_len)?);
         }
-        let start = Instant::now();
-        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
-        let mut count = 0usize;
-        for (index, step) in STEPS.iter().enumerate() {
-            let bindings: SmallVec<[Binding<'_>; 4]> = step
-                .bindings
-                .iter()
-                .map(|&role| match role {
-                    // The text rides the split dispatch as a borrowed binding: its copy
-                    // to the device is enqueued on the dispatch's stream and waited for
-                    // by the dispatch's one synchronize, not by a separate upload's.
-                    BufferRole::Text => Binding::Borrowed(text),
-                    _ => Binding::Resident(self.buffers[role as usize]),
-                })
-                .collect();
-            let (range, output): (Option<ByteRange>, &mut [u8]) = match step.readback {
-                StepReadback::Nothing => (None, &mut []),
-                StepReadback::PieceCount => (
-                    Some(ByteRange {
-                        binding: binding_of(step, BufferRole::BlockOffsets)?,
-                        offset: self.layout.count_offset(),
-                        len: 4,
-                    }),
-                    &mut self.count_bytes,
-                ),
-                StepReadback::PieceStarts if count == 0 => {
-                    return Err(PretokenizeError::new(format!(
-                        "Fix: internal: step {} reads the piece starts before any step read the count; report this as a bug",
-                        step.name
-                    )));
-                }
-                StepReadback::PieceStarts => (
-                    Some(ByteRange {
-                        binding: binding_of(step, BufferRole::PieceStarts)?,
-                        offset: 0,
-                        len: 4 * count as u64,
-                    }),
-                    words_as_bytes_mut(&mut self.piece_starts[..count]),
-                ),
-            };
-            let config = match range {
-                None => self.configs[index].clone(),
-                Some(range) => self.configs[index]
-                    .clone()
-                    .with_readback(ReadbackPolicy::Ranges(smallvec![range])),
-            };
-            let kernel = &self.kernels[index];
-            let step_start = Instant::now();
-            let mut outputs: SmallVec<[&mut [u8]; 1]> = SmallVec::new();
-            if range.is_some() {
-                outputs.push(output);
-            }
-            let mut timing = if timed {
-                self.backend
-                    .dispatch_kernel_into_timed(kernel, &bindings, &config, &mut outputs)?
-            } else {
-                self.backend
-                    .dispatch_kernel_into(kernel, &bindings, &config, &mut outputs)?
-            };
-            drop(outputs);
-            if timing.wall_ns == 0 {
-                timing.wall_ns = elapsed_ns(step_start);
-            }
-            steps[index] = timing;
-            match step.readback {
-                StepReadback::Nothing => {}
-                StepReadback::PieceCount => {
-                    count = piece_count(&self.count_bytes, self.layout.text_len)?;
-                }
-                StepReadback::PieceStarts => {
-                    words_from_device(&mut self.piece_starts[..count]);
-                }
-            }
-        }
-        self.piece_count = count;
+        Ok(())
+    }
+
+    /// Ends an eager run: the count some step read, the piece starts handed out.
+    fn finish_eager(
+        &mut self,
+        count: Option<usize>,
+        start: Instant,
+        steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
+    ) -> Result<EncodeTiming, PretokenizeError> {
+        let count = count.ok_or_else(|| {
+            PretokenizeError::new(
+                "Fix: internal: no step read the piece count; report this as a bug",
+            )
+        })?;
+        self.take_piece_starts(count)?;
         Ok(EncodeTiming {
             wall_ns: elapsed_ns(start),
             steps,
         })
     }
+
+    fn encode_stepwise(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        if !self.begin_encode(text)? {
+            return Ok(EncodeTiming::default());
+        }
+        let start = Instant::now();
+        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut count = None;
+        for (index, step) in STEPS.iter().enumerate() {
+            let bindings = self.eager_bindings(step, text)?;
+            let mut count_bytes = [0u8; 4];
+            let mut outputs: SmallVec<[&mut [u8]; 1]> = SmallVec::new();
+            if step.readback == StepReadback::PieceCount {
+                outputs.push(&mut count_bytes);
+            }
+            let step_start = Instant::now();
+            let mut timing = self.backend.dispatch_kernel_into_timed(
+                &self.kernels[index],
+                &bindings,
+                &self.eager_configs[index],
+                &mut outputs,
+            )?;
+            drop(outputs);
+            drop(bindings);
+            if timing.wall_ns == 0 {
+                timing.wall_ns = elapsed_ns(step_start);
+            }
+            steps[index] = timing;
+            self.eager_count(step, &[count_bytes], &mut count)?;
+        }
+        self.finish_eager(count, start, steps)
+    }
+
+    fn encode_chained(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
+        if !self.begin_encode(text)? {
+            return Ok(EncodeTiming::default());
+        }
+        let start = Instant::now();
+        // Every step is submitted at once, each ordered after the one before on the
+        // device; nothing waits until all are enqueued.
+        let mut pending: SmallVec<[PendingDispatch; DISPATCHES_PER_ENCODE]> = SmallVec::new();
+        for ((step, kernel), config) in STEPS.iter().zip(&self.kernels).zip(&self.eager_configs) {
+            let bindings = self.eager_bindings(step, text)?;
+            let submitted = match pending.last() {
+                None => self.backend.submit_kernel(kernel, &bindings, config),
+                Some(previous) => self
+                    .backend
+                    .submit_kernel_after(previous, kernel, &bindings, config),
+            }?;
+            pending.push(submitted);
+        }
+        // The last step's synchronize covers the whole chain; the earlier steps'
+        // streams are idle by then, so their waits return at once.
+        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut count = None;
+        for (index, submitted) in pending.into_iter().enumerate().rev() {
+            let done = submitted.wait()?;
+            steps[index] = DispatchTiming {
+                wall_ns: done.wall_ns,
+                enqueue_ns: done.enqueue_ns,
+                wait_ns: done.wait_ns,
+                device_window_ns: done.device_window_ns,
+                kernel_ns: done.kernel_ns,
+            };
+            self.eager_count(&STEPS[index], &done.outputs, &mut count)?;
+        }
+        self.finish_eager(count, start, steps)
+    }
+}
+
+/// The driver calls of one eager and one graph encode of `text` on this thread
+/// (test support, like [`crate::backend::thread_driver_calls`]): what the example,
+/// the bench and the GPU tests print and check (eager: one synchronize per
+/// dispatch, all but the last on an idle stream, and the text's one upload;
+/// graph: one graph launch and one synchronize, nothing after it).
+#[cfg(feature = "testing")]
+pub fn encode_driver_calls(
+    pipeline: &mut CudaPipeline,
+    text: &[u8],
+) -> Result<[crate::backend::DriverCallCounts; 2], PretokenizeError> {
+    use crate::backend::{thread_driver_calls, DriverCallCounts};
+    let difference = |before: DriverCallCounts, after: DriverCallCounts| DriverCallCounts {
+        synchronizes: after.synchronizes - before.synchronizes,
+        launches: after.launches - before.launches,
+        graph_launches: after.graph_launches - before.graph_launches,
+        async_copies: after.async_copies - before.async_copies,
+    };
+    let before = thread_driver_calls();
+    pipeline.encode(text)?;
+    let eager = difference(before, thread_driver_calls());
+    let before = thread_driver_calls();
+    pipeline.encode_graph(text)?;
+    let graph = difference(before, thread_driver_calls());
+    Ok([eager, graph])
+}
+
+/// One line describing [`encode_driver_calls`]' counts.
+#[cfg(feature = "testing")]
+pub fn describe_driver_calls(calls: &[crate::backend::DriverCallCounts; 2]) -> String {
+    let [eager, graph] = calls;
+    format!(
+        "driver calls per encode: eager {} synchronizes (one blocking, the rest on streams already \
+         idle), {} kernel launches, {} async copies (the text up; the piece count and starts come \
+         through host-mapped memory); graph {} graph launch, {} synchronize, {} async copies",
+        eager.synchronizes,
+        eager.launches,
+        eager.async_copies,
+        graph.graph_launches,
+        graph.synchronizes,
+        graph.async_copies
+    )
 }
 
 impl Drop for CudaPipeline {
     fn drop(&mut self) {
-        for handle in self.buffers {
+        for handle in self.buffers.into_iter().flatten() {
             // Nothing useful to do with an error while dropping: a lost context
             // already released the memory.
             let _ = self.backend.free_resident(handle);
@@ -632,10 +801,15 @@ mod tests {
             written_roles(step, program).expect("the real steps bind their programs' buffers");
         }
         let reordered = Step {
-            bindings: &[BufferRole::BlockOffsets, BufferRole::BlockCounts],
+            bindings: &[
+                BufferRole::BlockCounts,
+                BufferRole::Marks,
+                BufferRole::PieceStarts,
+                BufferRole::PieceCount,
+            ],
             ..STEPS[1]
         };
-        let error = written_roles(&reordered, &programs.block_scan).unwrap_err();
+        let error = written_roles(&reordered, &programs.compact).unwrap_err();
         assert!(error.message().starts_with("Fix:"), "{error}");
     }
 
@@ -660,6 +834,26 @@ mod tests {
         }
         let empty = Layout::new(&programs, 0, 4);
         assert_eq!(empty.allocation_bytes(BufferRole::Text), 1);
+    }
+
+    /// Locks out a misread of the host-mapped piece starts: aligned little-endian
+    /// bytes are viewed as exactly their words in place; (negative control) a
+    /// view that starts one byte off is refused instead of shifting every word.
+    #[test]
+    fn mapped_words_are_viewed_in_place_only_when_aligned() {
+        let words: Vec<u32> = vec![0x0403_0201, 7, u32::MAX];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // A Vec<u32>'s buffer is 4-byte aligned; view its bytes.
+        let backing: Vec<u32> = words_of(&bytes).collect();
+        // SAFETY: test only: viewing an aligned u32 buffer as its bytes.
+        let aligned =
+            unsafe { std::slice::from_raw_parts(backing.as_ptr().cast::<u8>(), 4 * backing.len()) };
+        if cfg!(target_endian = "little") {
+            assert_eq!(words_in_place(aligned), Some(&words[..]));
+            assert_eq!(words_in_place(&aligned[1..9]), None);
+        } else {
+            assert_eq!(words_in_place(aligned), None);
+        }
     }
 
     /// Locks out a count check that lets a wrong count through: 0 pieces, more

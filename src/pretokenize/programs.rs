@@ -1,5 +1,5 @@
-//! The pipeline's three programs, written with the IR builder, and the one
-//! description of its steps ([`STEPS`]) that the reference run, the eager CUDA run
+//! The pipeline's two programs, written with the IR builder, and the one
+//! description of its steps ([`STEPS`]) that the reference run, the eager CUDA runs
 //! and the graph recording all follow.
 //!
 //! Every global buffer is runtime-sized, so one compiled kernel serves every text
@@ -12,13 +12,15 @@
 //!
 //! # The split program
 //!
-//! Workgroup `g` of `W` threads owns bytes `g·W .. g·W + W`. First every thread
-//! computes a *byte code* ([`code`]) for one position of a shared window that
-//! reaches [`HALO`] bytes past the owned range on each side (the first `2·HALO`
-//! threads compute a second position), then a barrier, then each thread decides
-//! from the codes at distances −7..=+4 whether a piece starts at its byte (the
-//! rule in the [module docs](super)), stores the mark and takes part in a
-//! workgroup sum that gives the block's piece count. One dispatch replaces the
+//! Workgroup `g` of `W` threads owns the `S = W · K` bytes `g·S .. g·S + S`
+//! (`K` = [`Geometry::bytes_per_thread`]; thread `t` takes bytes `t, t + W, ...`,
+//! so every load and store of a warp is 32 consecutive bytes). First every
+//! thread computes a *byte code* ([`code`]) for `K` positions of a shared window
+//! that reaches [`HALO`] bytes past the owned range on each side (the first
+//! `2·HALO` threads compute one more position), then a barrier, then each thread
+//! decides for its `K` bytes from the codes at distances −7..=+4 whether a piece
+//! starts there (the rule in the [module docs](super)), stores the marks and
+//! takes part in a workgroup sum that gives the block's piece count. One dispatch replaces the
 //! classify, mark and count dispatches of a naive pipeline: on the H200 every
 //! eager dispatch costs one launch and one synchronize (§0: 8.5–9.8 µs), which is
 //! most of an encode.
@@ -98,11 +100,9 @@ pub struct Programs {
     /// Step 1: `text` (u8), `class_table` (u32) → `marks` (u8, 1 where a piece
     /// starts), `block_counts` (u32, pieces per workgroup).
     pub split: Program,
-    /// Step 2 (one workgroup of [`Geometry::scan_threads`]): `block_counts` →
-    /// `block_offsets` (`B + 1` elements): exclusive prefix sums, then the total.
-    pub block_scan: Program,
-    /// Step 3: `marks`, `block_offsets` → `piece_starts` (at least as many
-    /// elements as pieces).
+    /// Step 2 (at most [`Geometry::compact_workgroups`] workgroups): `marks`,
+    /// `block_counts` → `piece_starts` (at least as many elements as pieces) and
+    /// `piece_count` (one element): the scan and the compaction in one program.
     pub compact: Program,
 }
 
@@ -117,10 +117,12 @@ pub enum BufferRole {
     Marks,
     /// Pieces per workgroup, `B` words.
     BlockCounts,
-    /// Exclusive prefix sums of the block counts, then the total: `B + 1` words.
-    BlockOffsets,
-    /// Piece start offsets, room for `n` words.
+    /// Piece start offsets, room for `n` words. Host-mapped
+    /// ([`BufferRole::host_mapped`]): the compaction stores them straight into host
+    /// memory.
     PieceStarts,
+    /// The number of pieces: one word.
+    PieceCount,
 }
 
 impl BufferRole {
@@ -130,8 +132,8 @@ impl BufferRole {
         BufferRole::ClassTable,
         BufferRole::Marks,
         BufferRole::BlockCounts,
-        BufferRole::BlockOffsets,
         BufferRole::PieceStarts,
+        BufferRole::PieceCount,
     ];
 
     /// The buffer's name in the programs that bind it.
@@ -141,9 +143,22 @@ impl BufferRole {
             BufferRole::ClassTable => "class_table",
             BufferRole::Marks => "marks",
             BufferRole::BlockCounts => "block_counts",
-            BufferRole::BlockOffsets => "block_offsets",
             BufferRole::PieceStarts => "piece_starts",
+            BufferRole::PieceCount => "piece_count",
         }
+    }
+
+    /// Whether the CUDA run keeps this buffer in host-mapped pinned memory
+    /// ([`CudaBackend::host_mapped_buffer`](crate::backend::CudaBackend::host_mapped_buffer))
+    /// instead of device memory: only the piece starts, so the compaction's stores
+    /// reach the host with the encode's synchronize and no copy, whatever the count
+    /// (measured on the H200, 2026-12-01: a separate read of exactly the piece starts
+    /// after the graph replay cost 14–30 µs for about 400 KB; a kernel writing
+    /// 256 KiB into mapped memory costs no more than launch + synchronize plus
+    /// about 6 µs). Exactly one role is: the pipeline keeps it in its one
+    /// host-mapped buffer.
+    pub const fn host_mapped(self) -> bool {
+        matches!(self, BufferRole::PieceStarts)
     }
 
     /// The buffer's size in bytes for a text of `text_len` bytes split into
@@ -155,8 +170,8 @@ impl BufferRole {
             BufferRole::Text | BufferRole::Marks => n,
             BufferRole::ClassTable => table_bytes as u64,
             BufferRole::BlockCounts => 4 * blocks,
-            BufferRole::BlockOffsets => 4 * (blocks + 1),
             BufferRole::PieceStarts => 4 * n,
+            BufferRole::PieceCount => 4,
         }
     }
 }
@@ -166,22 +181,24 @@ impl BufferRole {
 pub enum Grid {
     /// One workgroup per [`Geometry::workgroup_size`] bytes (`B`).
     PerByte,
-    /// One workgroup.
-    Single,
+    /// `ceil(B / per)` workgroups of `per = ceil(B / compact_workgroups)` blocks
+    /// each ([`Geometry::compaction_workgroups`]): `B` up to
+    /// [`Geometry::compact_workgroups`].
+    Compaction,
 }
 
-/// What the eager CUDA run reads back right after a step (the graph run cannot
-/// size a readback from a count it computes, so it reads the count after the last
-/// step and then exactly the piece starts; the reference run reads both buffers
-/// after the last step).
+/// What the eager CUDA run reads back right after a step. The piece starts are
+/// never read back: they are in host-mapped memory
+/// ([`BufferRole::host_mapped`]) once the last step's synchronize returns. The
+/// graph run reads the count after the last step; the reference run reads both
+/// buffers after the last step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepReadback {
     /// Nothing.
     Nothing,
-    /// The piece count: the last word of [`BufferRole::BlockOffsets`].
+    /// The piece count, [`BufferRole::PieceCount`] (4 bytes, which ride in the
+    /// dispatch's own epilogue into mapped memory: no copy).
     PieceCount,
-    /// The first `count` words of [`BufferRole::PieceStarts`].
-    PieceStarts,
 }
 
 /// One step of the pipeline: which program, over which buffers (in binding
@@ -198,10 +215,10 @@ pub struct Step {
     pub readback: StepReadback,
 }
 
-/// The pipeline, in dispatch order. After the last step the piece count is the
-/// last word of [`BufferRole::BlockOffsets`] and the piece starts are the first
-/// `count` words of [`BufferRole::PieceStarts`].
-pub const STEPS: [Step; 3] = [
+/// The pipeline, in dispatch order. After the last step the piece count is
+/// [`BufferRole::PieceCount`] and the piece starts are the first `count` words of
+/// [`BufferRole::PieceStarts`].
+pub const STEPS: [Step; 2] = [
     Step {
         name: "split",
         bindings: &[
@@ -214,36 +231,27 @@ pub const STEPS: [Step; 3] = [
         readback: StepReadback::Nothing,
     },
     Step {
-        name: "block_scan",
-        bindings: &[BufferRole::BlockCounts, BufferRole::BlockOffsets],
-        grid: Grid::Single,
-        readback: StepReadback::PieceCount,
-    },
-    Step {
         name: "compact",
         bindings: &[
             BufferRole::Marks,
-            BufferRole::BlockOffsets,
+            BufferRole::BlockCounts,
             BufferRole::PieceStarts,
+            BufferRole::PieceCount,
         ],
-        grid: Grid::PerByte,
-        readback: StepReadback::PieceStarts,
+        grid: Grid::Compaction,
+        readback: StepReadback::PieceCount,
     },
 ];
 
 impl Programs {
     /// The steps in dispatch order, each with its program.
-    pub fn steps(&self) -> [(&'static Step, &Program); 3] {
-        [
-            (&STEPS[0], &self.split),
-            (&STEPS[1], &self.block_scan),
-            (&STEPS[2], &self.compact),
-        ]
+    pub fn steps(&self) -> [(&'static Step, &Program); 2] {
+        [(&STEPS[0], &self.split), (&STEPS[1], &self.compact)]
     }
 }
 
-/// The programs with the default [`Geometry`] (256-thread workgroups, a
-/// 1024-thread scan): what the example and the GPU tests run.
+/// The programs with the default [`Geometry`] (256-thread workgroups, at most
+/// 1024 compaction workgroups): what the example and the GPU tests run.
 pub fn programs() -> Programs {
     build(Geometry::default()).unwrap_or_else(|_| unreachable!("the default geometry is valid"))
 }
@@ -255,9 +263,8 @@ pub fn build(geometry: Geometry) -> Result<Programs, PretokenizeError> {
     geometry.check()?;
     Ok(Programs {
         geometry,
-        split: split(geometry.workgroup_size),
-        block_scan: block_scan(geometry.scan_threads),
-        compact: compact(geometry.workgroup_size),
+        split: split(geometry),
+        compact: compact(geometry),
     })
 }
 
@@ -470,10 +477,14 @@ fn first_character(codes: [&Expr; 4]) -> Expr {
 }
 
 /// Step 1: byte codes into the shared window, then `marks[i]` (1 where a piece
-/// starts) and `block_counts[g]` (see the module docs). `workgroup_size` must be
-/// at least `2 · HALO` ([`Geometry::check`] says so).
-pub fn split(workgroup_size: u32) -> Program {
+/// starts) and `block_counts[g]` (see the module docs). `geometry` must pass
+/// [`Geometry::check`] (at least `2 · HALO` threads, 1 to 8 bytes per thread);
+/// [`build`] checks it.
+pub fn split(geometry: Geometry) -> Program {
     let halo = HALO;
+    let workgroup_size = geometry.workgroup_size;
+    let per_thread = geometry.bytes_per_thread;
+    let block_bytes = geometry.block_bytes();
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.split")
         .buffer(
@@ -509,220 +520,172 @@ pub fn split(workgroup_size: u32) -> Program {
             4,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(workgroup_size + 2 * halo),
+            BufferCount::Static(block_bytes + 2 * halo),
         )
         .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
             let local = b.let_("local", Expr::local_id(Axis::X));
-            // Window slot s holds the code of text position g·W - HALO + s.
-            let left = position_code(b, "left", i.clone() - halo);
-            b.store("window", local.clone(), left);
-            b.if_(local.clone().less_than(2 * halo), |b| {
-                let right = position_code(b, "right", i.clone() + workgroup_size - halo);
-                b.store("window", local.clone() + workgroup_size, right);
-            });
-            b.barrier();
-            // codes[k + 7] is the code at distance k from byte i, k = -7..=4.
-            let codes: Vec<Expr> = (0..12u32)
-                .map(|slot| {
-                    let name = if slot < 7 {
-                        format!("code_back{}", 7 - slot)
-                    } else {
-                        format!("code_ahead{}", slot - 7)
-                    };
-                    b.let_(
-                        name,
-                        Expr::load("window", local.clone() + (halo - 7 + slot)),
-                    )
-                })
-                .collect();
-            let at = |k: i32| &codes[(k + 7) as usize];
-            let previous_of =
-                |k: i32| first_character([at(k - 1), at(k - 2), at(k - 3), at(k - 4)]);
-            // A contraction may start at an apostrophe that is a match start: one
-            // after a letter, a number, white space other than U+0020, or nothing.
-            let contraction_at = |b: &mut BlockBuilder, k: i32| -> Expr {
-                let previous = b.let_(format!("contraction_previous{}", -k), previous_of(k));
-                let allowed = is_outside(&previous)
-                    .or(is_class(&previous, CharClass::Letter))
-                    .or(is_class(&previous, CharClass::Number))
-                    .or(is_class(&previous, CharClass::Whitespace)
-                        .and(identity_of_code(&previous).not_equals(identity::SPACE)));
-                let second = identity_of_code(at(k + 1));
-                let third = identity_of_code(at(k + 2));
-                let two = second
-                    .clone()
-                    .equals(identity::S)
-                    .or(second.clone().equals(identity::T))
-                    .or(second.clone().equals(identity::M))
-                    .or(second.clone().equals(identity::D));
-                let three = second
-                    .clone()
-                    .equals(identity::R)
-                    .or(second.clone().equals(identity::V))
-                    .and(third.clone().equals(identity::E))
-                    .or(second.equals(identity::L).and(third.equals(identity::L)));
-                b.let_(
-                    format!("contraction_back{}", -k),
-                    identity_of_code(at(k))
-                        .equals(identity::APOSTROPHE)
-                        .and(allowed)
-                        .select(two.select(2u32, three.select(3u32, 0u32)), 0u32),
-                )
-            };
-            let back1 = contraction_at(b, -1);
-            let back2 = contraction_at(b, -2);
-            let back3 = contraction_at(b, -3);
-            let own = at(0).clone();
-            let previous = b.let_("previous", previous_of(0));
-            let next = b.let_("next", first_character([at(1), at(2), at(3), at(4)]));
-            let inside_contraction = b.let_(
-                "inside_contraction",
-                back1.greater_equal(2u32).or(back2.clone().equals(3u32)),
-            );
-            let contraction_ends = b.let_(
-                "contraction_ends",
-                back2.equals(2u32).or(back3.equals(3u32)),
-            );
-            let previous_space = is_class(&previous, CharClass::Whitespace);
-            let own_space = b.let_("own_whitespace", is_class(&own, CharClass::Whitespace));
-            // White space after white space starts a piece only as the last of its
-            // run before a non-space (`\s+(?!\S)` leaves it to the next piece);
-            // anything else after U+0020 joins it (` ?`); otherwise a piece starts
-            // where the class changes.
-            let whitespace_rule = previous_space.clone().logical_not().or(is_outside(&next)
-                .logical_not()
-                .and(is_class(&next, CharClass::Whitespace).logical_not()));
-            let other_rule = previous_space
-                .clone()
-                .and(identity_of_code(&previous).not_equals(identity::SPACE))
-                .or(previous_space
-                    .logical_not()
-                    .and(class_of_code(&previous).not_equals(class_of_code(&own))));
-            let class_rule = b.let_(
-                "class_rule",
-                own_space
-                    .clone()
-                    .and(whitespace_rule)
-                    .or(own_space.logical_not().and(other_rule)),
-            );
-            let starts_piece = b.let_(
-                "starts_piece",
-                (own.clone() & code::CHARACTER_START)
-                    .equals(code::CHARACTER_START)
-                    .and(
-                        is_outside(&previous).or(inside_contraction
-                            .logical_not()
-                            .and(contraction_ends.or(class_rule))),
-                    ),
-            );
-            let mark = b.let_mut("mark", 0u32);
-            b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                b.assign("mark", starts_piece.cast(ScalarType::U32));
-                b.store("marks", i.clone(), mark.clone());
-            });
-            let count = b.workgroup_reduce("count", ReduceOp::Sum, mark);
-            b.if_(local.equals(0u32), |b| {
-                b.store("block_counts", Expr::workgroup_id(Axis::X), count);
-            });
-        })
-        .build()
-}
-
-/// Step 2: exclusive prefix sums of the block counts, and the total, in one
-/// workgroup of `scan_threads` threads (a power of two).
-///
-/// Thread `t` owns `per_thread = ceil(B / scan_threads)` consecutive counts (one,
-/// with the default geometry, for texts up to 256 KiB): it sums them, a
-/// Hillis–Steele scan over the threads' sums in shared memory (log2 of
-/// `scan_threads` rounds, two barriers each) gives every thread the total before
-/// its first count, and the thread writes its counts' offsets serially. The last
-/// thread writes the total at `B`.
-pub fn block_scan(scan_threads: u32) -> Program {
-    let rounds = scan_threads.trailing_zeros();
-    Program::builder([scan_threads, 1, 1])
-        .entry_op_id("pretokenize.block_scan")
-        .buffer(
-            "block_counts",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "block_offsets",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "thread_sums",
-            2,
-            Access::Workgroup,
-            ElemType::U32,
-            BufferCount::Static(scan_threads),
-        )
-        .body(|b| {
-            let thread = b.let_("thread", Expr::local_id(Axis::X));
-            let blocks = b.let_("blocks", Expr::length("block_counts"));
-            let per_thread = b.let_(
-                "per_thread",
-                (blocks.clone() + (scan_threads - 1)) / scan_threads,
-            );
-            let first = b.let_("first", thread.clone() * per_thread.clone());
-            let own = b.let_mut("own", 0u32);
-            b.loop_("j", 0u32, per_thread.clone(), |b, j| {
-                let index = b.let_("sum_index", first.clone() + j);
-                b.if_(index.clone().less_than(blocks.clone()), |b| {
-                    b.assign("own", own.clone() + Expr::load("block_counts", index));
-                });
-            });
-            b.store("thread_sums", thread.clone(), own.clone());
-            b.barrier();
-            b.loop_("round", 0u32, rounds, |b, round| {
-                let distance = b.let_("distance", u(1) << round);
-                let addend = b.let_mut("addend", 0u32);
-                b.if_(thread.clone().greater_equal(distance.clone()), |b| {
-                    b.assign(
-                        "addend",
-                        Expr::load("thread_sums", thread.clone() - distance),
-                    );
-                });
-                b.barrier();
-                b.store(
-                    "thread_sums",
-                    thread.clone(),
-                    Expr::load("thread_sums", thread.clone()) + addend,
+            let block_start = b.let_("block_start", Expr::workgroup_id(Axis::X) * block_bytes);
+            // Window slot s holds the code of text position g·S - HALO + s (S = the
+            // block's bytes). Thread t fills slots t, t + W, ... (unrolled: the text
+            // and table loads of its positions are independent and overlap), the
+            // first 2·HALO threads also the far side.
+            for part in 0..per_thread {
+                let slot = local.clone() + part * workgroup_size;
+                let code = position_code(
+                    b,
+                    &format!("near{part}"),
+                    block_start.clone() + slot.clone() - halo,
                 );
-                b.barrier();
+                b.store("window", slot, code);
+            }
+            b.if_(local.clone().less_than(2 * halo), |b| {
+                let slot = local.clone() + block_bytes;
+                let code = position_code(b, "far", block_start.clone() + slot.clone() - halo);
+                b.store("window", slot, code);
             });
-            let inclusive = b.let_("inclusive", Expr::load("thread_sums", thread.clone()));
-            let running = b.let_mut("running", inclusive.clone() - own);
-            b.loop_("k", 0u32, per_thread, |b, k| {
-                let index = b.let_("write_index", first.clone() + k);
-                b.if_(index.clone().less_than(blocks.clone()), |b| {
-                    b.store("block_offsets", index.clone(), running.clone());
-                    b.assign(
-                        "running",
-                        running.clone() + Expr::load("block_counts", index),
-                    );
+            b.barrier();
+            let count = b.let_mut("count", 0u32);
+            // Thread t decides bytes t, t + W, ... of the block.
+            b.loop_("part", 0u32, per_thread, |b, part| {
+                let offset = b.let_("offset", local.clone() + part * workgroup_size);
+                let i = b.let_("i", block_start.clone() + offset.clone());
+                // codes[k + 7] is the code at distance k from byte i, k = -7..=4.
+                let codes: Vec<Expr> = (0..12u32)
+                    .map(|slot| {
+                        let name = if slot < 7 {
+                            format!("code_back{}", 7 - slot)
+                        } else {
+                            format!("code_ahead{}", slot - 7)
+                        };
+                        b.let_(
+                            name,
+                            Expr::load("window", offset.clone() + (halo - 7 + slot)),
+                        )
+                    })
+                    .collect();
+                let at = |k: i32| &codes[(k + 7) as usize];
+                let previous_of =
+                    |k: i32| first_character([at(k - 1), at(k - 2), at(k - 3), at(k - 4)]);
+                // A contraction may start at an apostrophe that is a match start: one
+                // after a letter, a number, white space other than U+0020, or nothing.
+                let contraction_at = |b: &mut BlockBuilder, k: i32| -> Expr {
+                    let previous = b.let_(format!("contraction_previous{}", -k), previous_of(k));
+                    let allowed = is_outside(&previous)
+                        .or(is_class(&previous, CharClass::Letter))
+                        .or(is_class(&previous, CharClass::Number))
+                        .or(is_class(&previous, CharClass::Whitespace)
+                            .and(identity_of_code(&previous).not_equals(identity::SPACE)));
+                    let second = identity_of_code(at(k + 1));
+                    let third = identity_of_code(at(k + 2));
+                    let two = second
+                        .clone()
+                        .equals(identity::S)
+                        .or(second.clone().equals(identity::T))
+                        .or(second.clone().equals(identity::M))
+                        .or(second.clone().equals(identity::D));
+                    let three = second
+                        .clone()
+                        .equals(identity::R)
+                        .or(second.clone().equals(identity::V))
+                        .and(third.clone().equals(identity::E))
+                        .or(second.equals(identity::L).and(third.equals(identity::L)));
+                    b.let_(
+                        format!("contraction_back{}", -k),
+                        identity_of_code(at(k))
+                            .equals(identity::APOSTROPHE)
+                            .and(allowed)
+                            .select(two.select(2u32, three.select(3u32, 0u32)), 0u32),
+                    )
+                };
+                let back1 = contraction_at(b, -1);
+                let back2 = contraction_at(b, -2);
+                let back3 = contraction_at(b, -3);
+                let own = at(0).clone();
+                let previous = b.let_("previous", previous_of(0));
+                let next = b.let_("next", first_character([at(1), at(2), at(3), at(4)]));
+                let inside_contraction = b.let_(
+                    "inside_contraction",
+                    back1.greater_equal(2u32).or(back2.clone().equals(3u32)),
+                );
+                let contraction_ends = b.let_(
+                    "contraction_ends",
+                    back2.equals(2u32).or(back3.equals(3u32)),
+                );
+                let previous_space = is_class(&previous, CharClass::Whitespace);
+                let own_space = b.let_("own_whitespace", is_class(&own, CharClass::Whitespace));
+                // White space after white space starts a piece only as the last of its
+                // run before a non-space (`\s+(?!\S)` leaves it to the next piece);
+                // anything else after U+0020 joins it (` ?`); otherwise a piece starts
+                // where the class changes.
+                let whitespace_rule = previous_space.clone().logical_not().or(is_outside(&next)
+                    .logical_not()
+                    .and(is_class(&next, CharClass::Whitespace).logical_not()));
+                let other_rule = previous_space
+                    .clone()
+                    .and(identity_of_code(&previous).not_equals(identity::SPACE))
+                    .or(previous_space
+                        .logical_not()
+                        .and(class_of_code(&previous).not_equals(class_of_code(&own))));
+                let class_rule = b.let_(
+                    "class_rule",
+                    own_space
+                        .clone()
+                        .and(whitespace_rule)
+                        .or(own_space.logical_not().and(other_rule)),
+                );
+                let starts_piece = b.let_(
+                    "starts_piece",
+                    (own.clone() & code::CHARACTER_START)
+                        .equals(code::CHARACTER_START)
+                        .and(
+                            is_outside(&previous).or(inside_contraction
+                                .logical_not()
+                                .and(contraction_ends.or(class_rule))),
+                        ),
+                );
+                b.if_(i.clone().less_than(Expr::length("marks")), |b| {
+                    let mark = b.let_("mark", starts_piece.cast(ScalarType::U32));
+                    b.store("marks", i.clone(), mark.clone());
+                    b.assign("count", count.clone() + mark);
                 });
             });
-            b.if_(thread.equals(scan_threads - 1), |b| {
-                b.store("block_offsets", blocks, inclusive);
+            let total = b.workgroup_reduce("block_count", ReduceOp::Sum, count);
+            b.if_(local.equals(0u32), |b| {
+                b.store("block_counts", Expr::workgroup_id(Axis::X), total);
             });
         })
         .build()
 }
 
-/// Step 3: every marked byte writes its offset to
-/// `piece_starts[block_offsets[workgroup] + rank]`, where `rank` counts the marks
-/// before it in its workgroup: marks are gathered into a shared bit mask (one
-/// atomic OR per mark, one barrier), and the rank is the population count of the
-/// earlier bits.
-pub fn compact(workgroup_size: u32) -> Program {
-    let words = workgroup_size.div_ceil(32);
+/// Step 2: the scan and the compaction in one program. Workgroup `h` of `G`
+/// (`G` = [`Grid::Compaction`]) owns `per = ceil(B / G)` consecutive blocks of
+/// the split, starting at block `first = h · per`:
+///
+/// 1. its piece offset is the sum of `block_counts[0 .. first)`: every thread sums
+///    a strided part of them, four independent loads per round, and a workgroup
+///    sum adds the threads' parts (with the default geometry and texts up to
+///    1 MiB, `per` = 1 and each thread loads at most 4 counts);
+/// 2. then block by block: the block's marks are gathered into a shared bit mask
+///    (one atomic OR per mark; thread `t` owns bytes `t, t + W, ...` as in the
+///    split), the first threads turn the mask into per-word prefix counts, every
+///    marked byte writes its offset to `piece_starts[offset + rank]` (`rank` = the
+///    marks before it in the block: its word's prefix plus the population count of
+///    the earlier bits), and the offset grows by the block's count;
+/// 3. the workgroup that owns the last block writes the total into
+///    `piece_count[0]`.
+///
+/// One dispatch instead of a single-workgroup scan dispatch followed by the
+/// compaction: on the eager path that is one synchronize less per encode
+/// (§0: 8.5–9.8 µs each), in a graph one kernel node and the scan's serial
+/// rounds less. The prefix costs `first / W` loads per thread, so the grid is
+/// capped ([`Geometry::compact_workgroups`]) to keep the sum of all prefixes
+/// linear in the text (at most `G · B / 2` loads in all).
+pub fn compact(geometry: Geometry) -> Program {
+    const UNROLL: u32 = 4;
+    let workgroup_size = geometry.workgroup_size;
+    let per_thread = geometry.bytes_per_thread;
+    let block_bytes = geometry.block_bytes();
+    let words = block_bytes.div_ceil(32);
     Program::builder([workgroup_size, 1, 1])
         .entry_op_id("pretokenize.compact")
         .buffer(
@@ -733,7 +696,7 @@ pub fn compact(workgroup_size: u32) -> Program {
             BufferCount::Runtime,
         )
         .buffer(
-            "block_offsets",
+            "block_counts",
             1,
             Access::ReadOnly,
             ElemType::U32,
@@ -747,38 +710,130 @@ pub fn compact(workgroup_size: u32) -> Program {
             BufferCount::Runtime,
         )
         .buffer(
-            "mark_bits",
+            "piece_count",
             3,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "mark_bits",
+            4,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(words),
+        )
+        .buffer(
+            "word_prefix",
+            5,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(words),
         )
         .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
             let local = b.let_("local", Expr::local_id(Axis::X));
-            let word = b.let_("word", local.clone() / 32u32);
-            let bit = b.let_("bit", local % 32u32);
-            let mark = b.let_mut("mark", 0u32);
-            b.if_(i.clone().less_than(Expr::length("marks")), |b| {
-                b.assign("mark", Expr::load("marks", i.clone()));
-            });
-            b.if_(mark.clone().not_equals(0u32), |b| {
-                b.atomic(AtomicOp::Or, "mark_bits", word.clone(), u(1) << bit.clone());
-            });
-            b.barrier();
-            let rank = b.let_mut(
-                "rank",
-                (Expr::load("mark_bits", word.clone()) & ((u(1) << bit) - 1u32)).count_ones(),
+            let blocks = b.let_("blocks", Expr::length("block_counts"));
+            let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
+            let per_group = b.let_(
+                "per_group",
+                (blocks.clone() + (groups.clone() - 1u32)) / groups,
             );
-            b.loop_("earlier", 0u32, word, |b, earlier| {
-                b.assign(
-                    "rank",
-                    rank.clone() + Expr::load("mark_bits", earlier).count_ones(),
-                );
+            let first = b.let_("first", Expr::workgroup_id(Axis::X) * per_group.clone());
+            // 1. The offset of block `first`: the counts before it.
+            let part = b.let_mut("part", 0u32);
+            let stride = workgroup_size * UNROLL;
+            b.loop_(
+                "prefix_round",
+                0u32,
+                (first.clone() + (stride - 1)) / stride,
+                |b, round| {
+                    let base = b.let_("prefix_base", round * stride + local.clone());
+                    let mut sum = part.clone();
+                    for lane in 0..UNROLL {
+                        let index = b.let_(
+                            format!("prefix_index{lane}"),
+                            base.clone() + lane * workgroup_size,
+                        );
+                        let inside = index.clone().less_than(first.clone());
+                        sum = sum
+                            + inside.clone().select(
+                                Expr::load("block_counts", inside.select(index, 0u32)),
+                                0u32,
+                            );
+                    }
+                    b.assign("part", sum);
+                },
+            );
+            let before = b.workgroup_reduce("before", ReduceOp::Sum, part);
+            let running = b.let_mut("running", before);
+            // 2. The owned blocks, one after another.
+            b.loop_("owned", 0u32, per_group.clone(), |b, owned| {
+                let block = b.let_("block", first.clone() + owned);
+                b.if_(block.clone().less_than(blocks.clone()), |b| {
+                    for word in (0..words).step_by(workgroup_size as usize) {
+                        b.if_((local.clone() + word).less_than(words), |b| {
+                            b.store("mark_bits", local.clone() + word, 0u32);
+                        });
+                    }
+                    b.barrier();
+                    let block_start = b.let_("block_start", block.clone() * block_bytes);
+                    let mut marks = Vec::with_capacity(per_thread as usize);
+                    for part in 0..per_thread {
+                        let offset = local.clone() + part * workgroup_size;
+                        let i = b.let_(format!("i{part}"), block_start.clone() + offset.clone());
+                        let mark = b.let_mut(format!("mark{part}"), 0u32);
+                        b.if_(i.clone().less_than(Expr::length("marks")), |b| {
+                            b.assign(format!("mark{part}"), Expr::load("marks", i.clone()));
+                        });
+                        b.if_(mark.clone().not_equals(0u32), |b| {
+                            b.atomic(
+                                AtomicOp::Or,
+                                "mark_bits",
+                                offset.clone() / 32u32,
+                                u(1) << (offset.clone() % 32u32),
+                            );
+                        });
+                        marks.push((offset, i, mark));
+                    }
+                    b.barrier();
+                    for word in (0..words).step_by(workgroup_size as usize) {
+                        let own = local.clone() + word;
+                        b.if_(own.clone().less_than(words), |b| {
+                            let prefix = b.let_mut("prefix", 0u32);
+                            b.loop_("earlier", 0u32, own.clone(), |b, earlier| {
+                                b.assign(
+                                    "prefix",
+                                    prefix.clone() + Expr::load("mark_bits", earlier).count_ones(),
+                                );
+                            });
+                            b.store("word_prefix", own.clone(), prefix);
+                        });
+                    }
+                    b.barrier();
+                    for (offset, i, mark) in marks {
+                        b.if_(mark.not_equals(0u32), |b| {
+                            let word = offset.clone() / 32u32;
+                            let earlier_bits = (u(1) << (offset % 32u32)) - 1u32;
+                            let rank = Expr::load("word_prefix", word.clone())
+                                + (Expr::load("mark_bits", word) & earlier_bits).count_ones();
+                            b.store("piece_starts", running.clone() + rank, i);
+                        });
+                    }
+                    b.assign(
+                        "running",
+                        running.clone() + Expr::load("block_counts", block.clone()),
+                    );
+                    // Every thread has read the mask before the next block clears it.
+                    b.barrier();
+                });
             });
-            b.if_(mark.not_equals(0u32), |b| {
-                let base = Expr::load("block_offsets", Expr::workgroup_id(Axis::X));
-                b.store("piece_starts", base + rank, i);
+            // 3. The total, from the workgroup that owns the last block.
+            let owns_last = first
+                .clone()
+                .less_than(blocks.clone())
+                .and((first + per_group).greater_equal(blocks));
+            b.if_(owns_last.and(local.equals(0u32)), |b| {
+                b.store("piece_count", 0u32, running);
             });
         })
         .build()

@@ -353,3 +353,44 @@ pub fn random_words(seed: u64, n: usize) -> Vec<u32> {
         })
         .collect()
 }
+
+/// `to[i] = f^rounds(from[i])` with `f(v) = 3·v + 1` (wrapping), 256-thread
+/// workgroups: `from` read-only, `to` read-write. With many rounds the kernel
+/// runs long enough that an unordered second dispatch would overlap it.
+pub fn triple_plus_one_program(rounds: u32) -> Program {
+    use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr};
+    Program::builder([256, 1, 1])
+        .buffer(
+            "from",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "to",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("to")), |b| {
+                let value = b.let_mut("value", Expr::load("from", i.clone()));
+                b.loop_("round", 0u32, rounds, |b, _| {
+                    b.assign("value", value.clone() * 3u32 + 1u32);
+                });
+                b.store("to", i.clone(), value);
+            });
+        })
+        .build()
+}
+
+/// What [`triple_plus_one_program`] computes for one word.
+pub fn triple_plus_one(mut value: u32, rounds: u32) -> u32 {
+    for _ in 0..rounds {
+        value = value.wrapping_mul(3).wrapping_add(1);
+    }
+    value
+}

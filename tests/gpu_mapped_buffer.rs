@@ -1,0 +1,178 @@
+//! GPU tests of host-mapped owned buffers (`CudaBackend::host_mapped_buffer`):
+//! kernels store straight into host memory, the host reads it in place after the
+//! synchronize, and reading or writing it while a dispatch or graph holds it is a
+//! `Fix:` error; and of `CudaBackend::submit_kernel_after`, a dependent dispatch
+//! enqueued at once behind another and waited for with one blocking synchronize.
+//! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_`.
+
+mod support;
+
+use support::{triple_plus_one, triple_plus_one_program, words};
+use vyre_cuda::backend::{thread_driver_calls, CudaBackend};
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+
+const WORDS: u32 = 1024;
+
+fn setup(gpu: &CudaBackend) -> (vyre_cuda::backend::Kernel, DispatchConfig, Vec<u8>) {
+    let config = DispatchConfig::linear(WORDS / 256).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
+    let input: Vec<u8> = (0..WORDS).flat_map(|i| (i * 7).to_le_bytes()).collect();
+    (kernel, config, input)
+}
+
+fn expected() -> Vec<u32> {
+    (0..WORDS).map(|i| triple_plus_one(i * 7, 1)).collect()
+}
+
+/// Locks out a host-mapped buffer whose kernel stores do not reach the host (or
+/// need a copy): after one dispatch the host reads exactly the kernel's words in
+/// place, with one synchronize and no async copy beyond the input's upload.
+/// Negative control: the same dispatch into a device-memory buffer leaves nothing
+/// readable in place (a `Fix:` error) and must be copied back.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_host_mapped_buffer_receives_kernel_stores_without_a_copy() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let mut mapped = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    assert!(mapped.is_host_mapped());
+    assert_eq!(
+        mapped.mapped_bytes().unwrap(),
+        &vec![0u8; 4 * WORDS as usize][..]
+    );
+    // Warm the lane first.
+    gpu.dispatch_kernel(
+        &kernel,
+        &[input_buffer.binding(), mapped.binding()],
+        &config,
+    )
+    .unwrap();
+    mapped.mapped_bytes_mut().unwrap().fill(0);
+    let before = thread_driver_calls();
+    gpu.dispatch_kernel(
+        &kernel,
+        &[input_buffer.binding(), mapped.binding()],
+        &config,
+    )
+    .unwrap();
+    let after = thread_driver_calls();
+    assert_eq!(after.synchronizes - before.synchronizes, 1);
+    assert_eq!(
+        after.async_copies - before.async_copies,
+        0,
+        "no copy at all"
+    );
+    assert_eq!(words(mapped.mapped_bytes().unwrap()), expected());
+    // The same bytes through the copy path (the mapped memory is addressable by DMA too).
+    assert_eq!(words(&gpu.read(&mapped).unwrap()), expected());
+
+    let mut device = gpu.buffer(4 * WORDS as u64).unwrap();
+    assert!(!device.is_host_mapped());
+    gpu.dispatch_kernel(
+        &kernel,
+        &[input_buffer.binding(), device.binding()],
+        &config,
+    )
+    .unwrap();
+    let error = device.mapped_bytes().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    assert_eq!(words(&gpu.read(&device).unwrap()), expected());
+}
+
+/// Locks out torn reads and host writes racing the device: while a submitted
+/// dispatch or a graph holds the buffer, reading or writing it in place is a
+/// `Fix:` error; after `wait` (or once the graph is dropped) it works, and a
+/// graph replay's stores are there. Host writes into the mapped memory are what a
+/// kernel then reads in place.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_host_mapped_buffer_is_refused_while_held() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let mut mapped_input = gpu.host_mapped_buffer(input.len() as u64).unwrap();
+    mapped_input
+        .mapped_bytes_mut()
+        .unwrap()
+        .copy_from_slice(&input);
+    let mut out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+
+    let pending = gpu
+        .submit_kernel(&kernel, &[mapped_input.binding(), out.binding()], &config)
+        .unwrap();
+    for error in [
+        out.mapped_bytes().map(|_| ()).unwrap_err(),
+        out.mapped_bytes_mut().map(|_| ()).unwrap_err(),
+        mapped_input.mapped_bytes_mut().map(|_| ()).unwrap_err(),
+    ] {
+        assert!(error.to_string().starts_with("Fix:"), "{error}");
+    }
+    pending.wait().unwrap();
+    assert_eq!(words(out.mapped_bytes().unwrap()), expected());
+
+    out.mapped_bytes_mut().unwrap().fill(0);
+    let mut graph = gpu
+        .record(|rec| {
+            rec.dispatch_bindings(&kernel, &[(&mapped_input).into(), (&out).into()], &config)?;
+            Ok(())
+        })
+        .unwrap();
+    graph.replay().unwrap();
+    let error = out.mapped_bytes().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    drop(graph);
+    assert_eq!(words(out.mapped_bytes().unwrap()), expected());
+}
+
+const CHAIN_WORDS: u32 = 1 << 20;
+const ROUNDS: u32 = 500;
+
+/// Locks out a chained submission that is not ordered on the device, or that
+/// still waits on the host: the second dispatch reads what the first wrote
+/// (every word right), its device window starts after the first one's ends, and
+/// submitting both costs no synchronize (the waits: one blocking, one idle).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
+    let gpu = support::backend();
+    let config = DispatchConfig::linear(CHAIN_WORDS / 256).with_readback(ReadbackPolicy::None);
+    let slow = gpu
+        .compile(&triple_plus_one_program(ROUNDS), &config)
+        .unwrap();
+    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
+    let input: Vec<u8> = (0..CHAIN_WORDS).flat_map(|i| i.to_le_bytes()).collect();
+    let source = gpu.buffer_from(&input).unwrap();
+    let middle = gpu.buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let mut last = gpu.host_mapped_buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let expected: Vec<u32> = (0..CHAIN_WORDS)
+        .map(|i| triple_plus_one(i, ROUNDS + 1))
+        .collect();
+    let clock = gpu.device_clock().unwrap();
+    for round in 0..3 {
+        let before = thread_driver_calls();
+        let first = gpu
+            .submit_kernel_timed(&slow, &[source.binding(), middle.binding()], &config)
+            .unwrap();
+        let second = gpu
+            .submit_kernel_after_timed(&first, &fast, &[middle.binding(), last.binding()], &config)
+            .unwrap();
+        assert_eq!(
+            thread_driver_calls().synchronizes - before.synchronizes,
+            0,
+            "submitting waits for nothing"
+        );
+        let (_, second_spans) = second.wait_spans(&clock).unwrap();
+        let (_, first_spans) = first.wait_spans(&clock).unwrap();
+        assert!(
+            second_spans.window_start_ns >= first_spans.window_end_ns,
+            "round {round}: the second dispatch started at {} ns, before the first ended at {} ns",
+            second_spans.window_start_ns,
+            first_spans.window_end_ns
+        );
+        assert!(
+            words(last.mapped_bytes().unwrap()) == expected,
+            "round {round}: the second dispatch read unfinished words"
+        );
+        last.mapped_bytes_mut().unwrap().fill(0);
+    }
+}
