@@ -183,9 +183,11 @@ fn run_in_child_processes(processes: u64, programs: u64) {
             "differential process {index} failed:\n{stdout}\n{}",
             String::from_utf8_lossy(&output.stderr)
         );
+        // libtest prints `test NAME ... ` without a newline first, so the summary
+        // may share its line.
         let line = stdout
             .lines()
-            .find(|line| line.starts_with("differential ("))
+            .find_map(|line| line.find("differential (").map(|at| &line[at..]))
             .unwrap_or_else(|| panic!("process {index} printed no summary:\n{stdout}"));
         println!("{line}");
         checked += line

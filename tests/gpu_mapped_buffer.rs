@@ -176,3 +176,67 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
         last.mapped_bytes_mut().unwrap().fill(0);
     }
 }
+
+/// Locks out two submissions in flight that run at once over memory one of them
+/// writes (found under compute-sanitizer: two pending increments of one buffer left
+/// it one short): a submission reading the buffer the previous one writes, with no
+/// explicit `submit_kernel_after`, starts on the device only after the writer ended
+/// and reads its finished words. Negative control: the same submission over
+/// disjoint buffers starts while the writer still runs, so the order seen above is
+/// the order book's doing, not the device's habit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_submissions_sharing_written_memory_run_in_order() {
+    let gpu = support::backend();
+    let config = DispatchConfig::linear(CHAIN_WORDS / 256).with_readback(ReadbackPolicy::None);
+    let slow = gpu
+        .compile(&triple_plus_one_program(ROUNDS), &config)
+        .unwrap();
+    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
+    let input: Vec<u8> = (0..CHAIN_WORDS).flat_map(|i| i.to_le_bytes()).collect();
+    let source = gpu.buffer_from(&input).unwrap();
+    let middle = gpu.buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let other_source = gpu.buffer_from(&input).unwrap();
+    let mut last = gpu.host_mapped_buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let other_last = gpu.buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let expected: Vec<u32> = (0..CHAIN_WORDS)
+        .map(|i| triple_plus_one(i, ROUNDS + 1))
+        .collect();
+    let clock = gpu.device_clock().unwrap();
+    for round in 0..3 {
+        let writer = gpu
+            .submit_kernel_timed(&slow, &[source.binding(), middle.binding()], &config)
+            .unwrap();
+        let reader = gpu
+            .submit_kernel_timed(&fast, &[middle.binding(), last.binding()], &config)
+            .unwrap();
+        let disjoint = gpu
+            .submit_kernel_timed(
+                &fast,
+                &[other_source.binding(), other_last.binding()],
+                &config,
+            )
+            .unwrap();
+        let (_, reader_spans) = reader.wait_spans(&clock).unwrap();
+        let (_, disjoint_spans) = disjoint.wait_spans(&clock).unwrap();
+        let (_, writer_spans) = writer.wait_spans(&clock).unwrap();
+        assert!(
+            reader_spans.window_start_ns >= writer_spans.window_end_ns,
+            "round {round}: the reader started at {} ns, before the writer ended at {} ns",
+            reader_spans.window_start_ns,
+            writer_spans.window_end_ns
+        );
+        assert!(
+            words(last.mapped_bytes().unwrap()) == expected,
+            "round {round}: the reader read unfinished words"
+        );
+        assert!(
+            disjoint_spans.window_start_ns < writer_spans.window_end_ns,
+            "round {round}: negative control: a submission over disjoint memory waited for the writer \
+             ({} ns vs {} ns)",
+            disjoint_spans.window_start_ns,
+            writer_spans.window_end_ns
+        );
+        last.mapped_bytes_mut().unwrap().fill(0);
+    }
+}

@@ -44,6 +44,7 @@ use super::budget::{self, BudgetInputs};
 use super::buffer::{DeviceBuffer, DeviceSpans, PinnedBuffer};
 use super::driver::{self, DeviceMemory, DriverError, Event, PinnedMemory};
 use super::kernel::KernelInner;
+use super::ordering::Accesses;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
 use super::readback::{
@@ -848,7 +849,27 @@ impl BackendInner {
         });
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
-        // order: after another dispatch in flight, on the device only.
+        // order: after every dispatch in flight that shares written memory with this
+        // one (`ordering`), and after an explicitly named one; on the device only.
+        let mut accesses = Accesses::default();
+        for ((slot, binding), &address) in kernel.slots.iter().zip(bindings).zip(&addresses) {
+            if matches!(binding, Binding::Resident(_) | Binding::Buffer(_)) {
+                if slot.access == Access::ReadOnly {
+                    accesses.reads.push(address);
+                } else {
+                    accesses.writes.push(address);
+                }
+            }
+        }
+        if let Err(error) = self
+            .in_flight
+            .order_after_conflicts(&accesses, &lane.stream)
+        {
+            let error = self.stream_failed(&kernel.name, "ordering it after a dispatch", error);
+            drop(lease);
+            self.release(lane, held, false);
+            return Err(error);
+        }
         if let Some(previous) = after {
             let ordered = previous
                 .lane
@@ -880,6 +901,7 @@ impl BackendInner {
             self.release(lane, held, false);
             return Err(error);
         }
+        self.in_flight.enter(&lane.stream, &lane.order, accesses);
         let enqueued = Instant::now();
         let mark = probe::charge_and_mark(Phase::Launch, mark);
         drop(ops);
@@ -1181,6 +1203,7 @@ impl BackendInner {
     /// context is gone, everything is forgotten instead (its handles died with the
     /// context, or the device may still use the memory).
     pub(crate) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
+        self.in_flight.leave(&lane.stream);
         let alive = self.check_alive().is_ok();
         let idle = alive && (stream_idle || lane.stream.synchronize().is_ok());
         if idle {

@@ -1429,21 +1429,38 @@ impl Graph {
         bytes: usize,
         context: &PrimaryContext,
     ) -> DriverResult<GraphNode> {
-        // SAFETY: CUDA_MEMCPY3D is a plain C struct of integers and pointers; all
-        // zeroes is its documented "unused" state for every field set below.
-        let mut copy: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-        (copy.srcMemoryType, copy.srcDevice, copy.srcHost) = source.parts();
-        let destination_host;
-        (copy.dstMemoryType, copy.dstDevice, destination_host) = destination.parts();
-        copy.dstHost = destination_host as *mut c_void;
+        // Every field named: the memory types are Rust enums with no zero variant,
+        // so a zeroed struct would be invalid (Rust refuses it at run time).
+        let (source_type, source_device, source_host) = source.parts();
+        let (destination_type, destination_device, destination_host) = destination.parts();
         // One row of `bytes` bytes: pitches equal to the row, one row per plane.
-        copy.WidthInBytes = bytes;
-        copy.Height = 1;
-        copy.Depth = 1;
-        copy.srcPitch = bytes;
-        copy.dstPitch = bytes;
-        copy.srcHeight = 1;
-        copy.dstHeight = 1;
+        let copy = sys::CUDA_MEMCPY3D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcZ: 0,
+            srcLOD: 0,
+            srcMemoryType: source_type,
+            srcHost: source_host,
+            srcDevice: source_device,
+            srcArray: std::ptr::null_mut(),
+            reserved0: std::ptr::null_mut(),
+            srcPitch: bytes,
+            srcHeight: 1,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstZ: 0,
+            dstLOD: 0,
+            dstMemoryType: destination_type,
+            dstHost: destination_host as *mut c_void,
+            dstDevice: destination_device,
+            dstArray: std::ptr::null_mut(),
+            reserved1: std::ptr::null_mut(),
+            dstPitch: bytes,
+            dstHeight: 1,
+            WidthInBytes: bytes,
+            Height: 1,
+            Depth: 1,
+        };
         let mut node = std::ptr::null_mut();
         check(
             sys::cuGraphAddMemcpyNode(

@@ -39,6 +39,7 @@ mod error;
 #[cfg(feature = "testing")]
 pub mod floor;
 mod kernel;
+mod ordering;
 mod plan;
 mod pool;
 mod portable;
@@ -160,6 +161,8 @@ pub(crate) struct BackendInner {
     pub(crate) owned_bytes: AtomicU64,
     /// Submissions pending ([`PendingDispatch`]), at most [`MAX_PENDING`].
     pub(crate) pending: std::sync::atomic::AtomicUsize,
+    /// Dispatches in flight and the shared memory each touches (`ordering`).
+    pub(crate) in_flight: ordering::OrderBook,
     // Declared last: dropped after every handle above was released in its context.
     pub(crate) context: PrimaryContext,
 }
@@ -237,6 +240,7 @@ impl CudaBackend {
                 lost: Mutex::new(None),
                 owned_bytes: AtomicU64::new(0),
                 pending: std::sync::atomic::AtomicUsize::new(0),
+                in_flight: ordering::OrderBook::default(),
                 context,
             }),
         }

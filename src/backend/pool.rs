@@ -12,11 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::budget::bucket_bytes;
+use std::sync::Arc;
+
 use super::driver::{DeviceMemory, DriverResult, Event, PinnedMemory, Stream};
 
 /// Everything one dispatch needs on the host side of the stream.
 pub(crate) struct Lane {
-    pub(crate) stream: Stream,
+    pub(crate) stream: Arc<Stream>,
     /// Outer window: before the first enqueued operation / after the last.
     pub(crate) outer_start: Event,
     pub(crate) outer_end: Event,
@@ -25,7 +27,7 @@ pub(crate) struct Lane {
     pub(crate) inner_end: Event,
     /// Recorded after the dispatch's operations when a later submission must run
     /// after it on the device (`CudaBackend::submit_kernel_after`); never timed.
-    pub(crate) order: Event,
+    pub(crate) order: Arc<Event>,
     /// Page-locked staging for uploads and readback.
     pub(crate) staging: PinnedMemory,
     /// Host-mapped result area and control block (`readback`), made on first use.
@@ -37,12 +39,12 @@ const INITIAL_STAGING_BYTES: usize = 64 * 1024;
 impl Lane {
     fn new() -> DriverResult<Lane> {
         Ok(Lane {
-            stream: Stream::new()?,
+            stream: Arc::new(Stream::new()?),
             outer_start: Event::new()?,
             outer_end: Event::new()?,
             inner_start: Event::new()?,
             inner_end: Event::new()?,
-            order: Event::for_ordering()?,
+            order: Arc::new(Event::for_ordering()?),
             staging: PinnedMemory::allocate(INITIAL_STAGING_BYTES)?,
             results: None,
         })
