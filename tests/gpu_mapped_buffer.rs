@@ -187,20 +187,24 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_submissions_sharing_written_memory_run_in_order() {
+    // One workgroup each, so the device has room to run a disjoint submission beside
+    // the writer; the writer's threads loop long enough (~1 ms) to be caught.
+    const SMALL_WORDS: u32 = 256;
+    const SLOW_ROUNDS: u32 = 400_000;
     let gpu = support::backend();
-    let config = DispatchConfig::linear(CHAIN_WORDS / 256).with_readback(ReadbackPolicy::None);
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
     let slow = gpu
-        .compile(&triple_plus_one_program(ROUNDS), &config)
+        .compile(&triple_plus_one_program(SLOW_ROUNDS), &config)
         .unwrap();
     let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
-    let input: Vec<u8> = (0..CHAIN_WORDS).flat_map(|i| i.to_le_bytes()).collect();
+    let input: Vec<u8> = (0..SMALL_WORDS).flat_map(|i| i.to_le_bytes()).collect();
     let source = gpu.buffer_from(&input).unwrap();
-    let middle = gpu.buffer(4 * CHAIN_WORDS as u64).unwrap();
+    let middle = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
     let other_source = gpu.buffer_from(&input).unwrap();
-    let mut last = gpu.host_mapped_buffer(4 * CHAIN_WORDS as u64).unwrap();
-    let other_last = gpu.buffer(4 * CHAIN_WORDS as u64).unwrap();
-    let expected: Vec<u32> = (0..CHAIN_WORDS)
-        .map(|i| triple_plus_one(i, ROUNDS + 1))
+    let mut last = gpu.host_mapped_buffer(4 * SMALL_WORDS as u64).unwrap();
+    let other_last = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
+    let expected: Vec<u32> = (0..SMALL_WORDS)
+        .map(|i| triple_plus_one(i, SLOW_ROUNDS + 1))
         .collect();
     let clock = gpu.device_clock().unwrap();
     for round in 0..3 {
