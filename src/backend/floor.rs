@@ -715,14 +715,12 @@ impl LaunchParameterSweep {
                  ret;\n}}\n",
                 version = codegen::ptx::ptx_version(sm),
             );
-            let module =
-                LoadedModule::load(&ptx, "vyre_parameter_sweep", None).map_err(|error| {
-                    BackendError::ModuleLoad {
-                        program: format!("parameter sweep kernel ({size} parameter bytes)"),
-                        sm,
-                        error,
-                    }
-                })?;
+            let module = load_hand_written(
+                &ptx,
+                "vyre_parameter_sweep",
+                format!("parameter sweep kernel ({size} parameter bytes)"),
+                sm,
+            )?;
             modules.push((size, module));
         }
         Ok(LaunchParameterSweep {
@@ -752,21 +750,8 @@ impl LaunchParameterSweep {
         ];
         // SAFETY: the kernel takes a u64 and a `size`-byte block; `out` is a local
         // and `block` holds 4096 bytes ≥ size, both alive for the call; the output
-        // allocation (8 bytes) outlives the synchronize below.
-        unsafe {
-            driver::launch(
-                module,
-                [1, 1, 1],
-                [1, 1, 1],
-                &self.stream,
-                &mut params,
-                false,
-            )
-        }
-        .map_err(|e| BackendError::driver("parameter sweep launch", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| BackendError::driver("parameter sweep synchronize", e))?;
+        // allocation (8 bytes) outlives the synchronize inside.
+        unsafe { launch_one_thread_sync(module, &self.stream, &mut params, "parameter sweep") }?;
         Ok(*size as u64)
     }
 
@@ -981,14 +966,12 @@ impl EpilogueAnatomy {
                  {body}ret;\n}}\n",
                 version = codegen::ptx::ptx_version(sm),
             );
-            let module =
-                LoadedModule::load(&ptx, "vyre_epilogue_anatomy", None).map_err(|error| {
-                    BackendError::ModuleLoad {
-                        program: format!("epilogue anatomy kernel ({name})"),
-                        sm,
-                        error,
-                    }
-                })?;
+            let module = load_hand_written(
+                &ptx,
+                "vyre_epilogue_anatomy",
+                format!("epilogue anatomy kernel ({name})"),
+                sm,
+            )?;
             let uses_table = name.starts_with("TABLE");
             kernels.push((name, module, uses_table));
         }
@@ -1041,23 +1024,11 @@ impl EpilogueAnatomy {
             &mut scratch as *mut u64 as *mut c_void,
             &mut mapped as *mut u64 as *mut c_void,
         ];
-        // SAFETY: both kernels' parameters are two u64 addresses, held by the locals
-        // for the call; the kernels touch at most 16 bytes of each allocation, which
-        // outlive the synchronize below.
-        unsafe {
-            driver::launch(
-                module,
-                [1, 1, 1],
-                [1, 1, 1],
-                &self.stream,
-                &mut params,
-                false,
-            )
-        }
-        .map_err(|e| BackendError::driver("anatomy launch", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| BackendError::driver("anatomy synchronize", e))?;
+        // SAFETY: every anatomy kernel's parameters are two u64 addresses, held by
+        // the locals for the call; a kernel touches at most 4,352 bytes of `scratch`
+        // (8,192 allocated), 256 of `mapped` (4,096) or, through `table`, 4 bytes of
+        // each 256-byte allocation, all of which outlive the synchronize inside.
+        unsafe { launch_one_thread_sync(module, &self.stream, &mut params, "anatomy") }?;
         Ok(index as u64)
     }
 
@@ -1065,4 +1036,38 @@ impl EpilogueAnatomy {
     pub fn bind(&self) -> Result<(), BackendError> {
         self.backend.inner.bind()
     }
+}
+
+/// JIT-load one hand-written measurement kernel; errors name `what`.
+fn load_hand_written(
+    ptx: &str,
+    entry: &str,
+    what: String,
+    sm: u32,
+) -> Result<LoadedModule, BackendError> {
+    LoadedModule::load(ptx, entry, None).map_err(|error| BackendError::ModuleLoad {
+        program: what,
+        sm,
+        error,
+    })
+}
+
+/// Launch `module` as one thread on `stream` and synchronize; errors name `what`.
+///
+/// # Safety
+/// `params` must hold one pointer per kernel parameter, each to a value of the
+/// parameter's size alive for the call, and every address the kernel touches must
+/// stay valid until this returns.
+unsafe fn launch_one_thread_sync(
+    module: &LoadedModule,
+    stream: &Stream,
+    params: &mut [*mut c_void],
+    what: &str,
+) -> Result<(), BackendError> {
+    // SAFETY: the caller's contract above is the driver launch's.
+    unsafe { driver::launch(module, [1, 1, 1], [1, 1, 1], stream, params, false) }
+        .map_err(|e| BackendError::driver(format!("{what} launch"), e))?;
+    stream
+        .synchronize()
+        .map_err(|e| BackendError::driver(format!("{what} synchronize"), e))
 }
