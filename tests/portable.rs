@@ -178,3 +178,55 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
     graph.replay().unwrap();
     assert_eq!(words(&backend.read(&buffers[0]).unwrap())[..2], [1, 1]);
 }
+
+/// Locks out a portable graph that cannot change its grid, or whose reference side
+/// ignores the change (code tested without a GPU would then disagree with CUDA,
+/// where `DispatchGraph::set_workgroups` exists): `dst = src + 1` over 256 words with
+/// 64-thread workgroups writes 64 words from one workgroup and all 256 after
+/// `set_workgroups([4, 1, 1])`; an axis of 0 is a `Fix:` error that changes
+/// nothing; `replay_timed` replays too, with no device window on the reference.
+#[test]
+fn reference_graph_changes_its_grid_without_recapture() {
+    use vyre_cuda::ir::Expr;
+    let backend = AnyBackend::reference();
+    let program = support::elementwise("plus_one", 64, |v| v + Expr::u32(1));
+    let config = DispatchConfig::linear(1).with_readback(vyre_cuda::ReadbackPolicy::None);
+    let kernel = backend.compile(&program, &config).unwrap();
+    let source = backend
+        .buffer_from(&bytes(&(0..256u32).collect::<Vec<_>>()))
+        .unwrap();
+    let destination = backend.buffer(4 * 256).unwrap();
+    let mut slots = None;
+    let mut graph = backend
+        .record(|rec| {
+            let step = rec.dispatch(&kernel, &[&source, &destination], &config)?;
+            slots = Some((step, rec.read_back(&destination, 0, 4 * 256)?));
+            Ok(())
+        })
+        .unwrap();
+    let (step, output) = slots.unwrap();
+    let written = |graph: &vyre_cuda::backend::AnyGraph| {
+        words(graph.output(output).unwrap())
+            .iter()
+            .enumerate()
+            .filter(|&(i, &w)| w == i as u32 + 1)
+            .count()
+    };
+    graph.replay().unwrap();
+    assert_eq!(written(&graph), 64, "one workgroup of 64 threads");
+    let message = graph
+        .set_workgroups(step, [0, 1, 1])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("axis of 0"),
+        "{message}"
+    );
+    graph.set_workgroups(step, [4, 1, 1]).unwrap();
+    let timing = graph.replay_timed().unwrap();
+    assert_eq!(written(&graph), 256, "four workgroups cover every word");
+    assert_eq!(
+        timing.device_window_ns, 0,
+        "the reference has no device window"
+    );
+}

@@ -811,6 +811,51 @@ impl AnyGraph {
         }
     }
 
+    /// Change the workgroups `step` launches on later replays, without re-capture
+    /// ([`DispatchGraph::set_workgroups`]). The reference side applies the same
+    /// grid rules: no axis of 0 and at most 2^32 - 1 threads in all.
+    pub fn set_workgroups(
+        &mut self,
+        step: StepId,
+        workgroups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_workgroups(step, workgroups),
+            GraphKind::Reference(graph) => {
+                let (program, config) = graph.step_config_mut(step)?;
+                let name = program.display_name();
+                if workgroups.contains(&0) {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: the graph's step running {name} cannot launch workgroups {workgroups:?}, with \
+                         an axis of 0; give every axis at least 1 workgroup"
+                    )));
+                }
+                let threads = program.threads_per_workgroup().unwrap_or(u32::MAX) as u64;
+                let lanes = workgroups
+                    .iter()
+                    .try_fold(threads, |total, &axis| total.checked_mul(u64::from(axis)));
+                if lanes.is_none_or(|lanes| lanes > u64::from(u32::MAX)) {
+                    return Err(BackendError::bad_input(format!(
+                        "Fix: the graph's step running {name} would launch workgroups {workgroups:?} of \
+                         {threads} threads, more than 2^32 - 1 threads in all; launch fewer workgroups"
+                    )));
+                }
+                config.workgroups = workgroups;
+                Ok(())
+            }
+        }
+    }
+
+    /// [`AnyGraph::replay`] with `device_window_ns` from an event pair on CUDA
+    /// ([`DispatchGraph::replay_timed`]); the reference has no device, so its
+    /// device times stay 0 and this is its plain replay.
+    pub fn replay_timed(&mut self) -> Result<DispatchTiming, BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.replay_timed(),
+            GraphKind::Reference(_) => self.replay(),
+        }
+    }
+
     /// Enqueue one replay without waiting ([`DispatchGraph::submit`]; the reference
     /// replays at once). The pending replay borrows the graph until `wait` or drop.
     pub fn submit(&mut self) -> Result<AnyPendingReplay<'_>, BackendError> {
@@ -899,6 +944,24 @@ type StepParts<'g> = (&'g Program, &'g [Arc<HostMemory>], &'g mut Vec<Option<u32
 
 impl ReferenceGraph {
     /// The program, buffers and element counts of recorded step `step`.
+    /// The program and dispatch configuration of recorded step `step`.
+    fn step_config_mut(
+        &mut self,
+        step: StepId,
+    ) -> Result<(&Program, &mut DispatchConfig), BackendError> {
+        let index = step.index_in(self.id)?;
+        let operation = self
+            .steps
+            .get(index)
+            .and_then(|&at| self.operations.get_mut(at));
+        match operation {
+            Some(ReferenceOperation::Dispatch {
+                program, config, ..
+            }) => Ok((program, config)),
+            _ => Err(forged("step")),
+        }
+    }
+
     fn step_mut(&mut self, step: StepId) -> Result<StepParts<'_>, BackendError> {
         let index = step.index_in(self.id)?;
         let operation = self
