@@ -812,8 +812,8 @@ impl AnyGraph {
     }
 
     /// Change the workgroups `step` launches on later replays, without re-capture
-    /// ([`DispatchGraph::set_workgroups`]). The reference side applies the same
-    /// grid rules: no axis of 0 and at most 2^32 - 1 threads in all.
+    /// ([`DispatchGraph::set_workgroups`]). The reference side checks the new grid
+    /// at once with the interpreter's own grid rules (`reference::check_grid`).
     pub fn set_workgroups(
         &mut self,
         step: StepId,
@@ -823,23 +823,12 @@ impl AnyGraph {
             GraphKind::Cuda(graph) => graph.set_workgroups(step, workgroups),
             GraphKind::Reference(graph) => {
                 let (program, config) = graph.step_config_mut(step)?;
-                let name = program.display_name();
-                if workgroups.contains(&0) {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: the graph's step running {name} cannot launch workgroups {workgroups:?}, with \
-                         an axis of 0; give every axis at least 1 workgroup"
-                    )));
-                }
-                let threads = program.threads_per_workgroup().unwrap_or(u32::MAX) as u64;
-                let lanes = workgroups
-                    .iter()
-                    .try_fold(threads, |total, &axis| total.checked_mul(u64::from(axis)));
-                if lanes.is_none_or(|lanes| lanes > u64::from(u32::MAX)) {
-                    return Err(BackendError::bad_input(format!(
-                        "Fix: the graph's step running {name} would launch workgroups {workgroups:?} of \
-                         {threads} threads, more than 2^32 - 1 threads in all; launch fewer workgroups"
-                    )));
-                }
+                crate::reference::check_grid(program, workgroups).map_err(|error| {
+                    BackendError::Reference {
+                        program: program.display_name(),
+                        error,
+                    }
+                })?;
                 config.workgroups = workgroups;
                 Ok(())
             }

@@ -299,33 +299,15 @@ fn validate_for_run(
     }
 }
 
-/// Grid shape and options: everything checked before any allocation.
-fn check_request(
+/// The grid rules of a dispatch of `program` over `workgroups`, shared by every
+/// path that takes a grid (a run, a graph step's new grid): no axis of 0, a
+/// workgroup size whose thread count fits a `u32`, at most 2^32 - 1 threads in all.
+/// Returns the workgroup size, its thread count and the total thread count.
+pub(crate) fn check_grid(
     program: &Program,
-    config: &DispatchConfig,
-    options: &ReferenceOptions,
-) -> Result<Grid, ReferenceError> {
+    workgroups: [u32; 3],
+) -> Result<([u32; 3], u32, u64), ReferenceError> {
     let name = program.display_name();
-    if options.subgroup_size == 0 {
-        return Err(ReferenceError::new(
-            "Fix: ReferenceOptions::subgroup_size is 0; use the device's warp size (32)."
-                .to_owned(),
-        ));
-    }
-    if let Some(lowered_for) = lower::lowered_subgroup_size(program) {
-        if lowered_for != options.subgroup_size {
-            return Err(ReferenceError::new(format!(
-                "Fix: run {name} with ReferenceOptions::subgroup_size = {lowered_for}, or lower it again for {}-lane subgroups: it was lowered for {lowered_for}-lane subgroups and its reductions would be wrong on {}.",
-                options.subgroup_size, options.subgroup_size
-            )));
-        }
-    }
-    if config.fixpoint_iterations == 0 {
-        return Err(ReferenceError::new(format!(
-            "Fix: the dispatch of {name} asks for 0 fixpoint iterations; run at least 1."
-        )));
-    }
-    let workgroups = config.workgroups;
     if workgroups.contains(&0) {
         return Err(ReferenceError::new(format!(
             "Fix: the dispatch of {name} has workgroups {workgroups:?}, with an axis of 0; give every axis at least 1 workgroup."
@@ -353,6 +335,37 @@ fn check_request(
                 "Fix: the dispatch of {name} asks for workgroups {workgroups:?} of {threads_per_workgroup} threads, more than 2^32 - 1 threads in all; dispatch fewer workgroups."
             ))
         })?;
+    Ok((size, threads_per_workgroup, total_lanes))
+}
+
+/// Grid shape and options: everything checked before any allocation.
+fn check_request(
+    program: &Program,
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<Grid, ReferenceError> {
+    let name = program.display_name();
+    if options.subgroup_size == 0 {
+        return Err(ReferenceError::new(
+            "Fix: ReferenceOptions::subgroup_size is 0; use the device's warp size (32)."
+                .to_owned(),
+        ));
+    }
+    if let Some(lowered_for) = lower::lowered_subgroup_size(program) {
+        if lowered_for != options.subgroup_size {
+            return Err(ReferenceError::new(format!(
+                "Fix: run {name} with ReferenceOptions::subgroup_size = {lowered_for}, or lower it again for {}-lane subgroups: it was lowered for {lowered_for}-lane subgroups and its reductions would be wrong on {}.",
+                options.subgroup_size, options.subgroup_size
+            )));
+        }
+    }
+    if config.fixpoint_iterations == 0 {
+        return Err(ReferenceError::new(format!(
+            "Fix: the dispatch of {name} asks for 0 fixpoint iterations; run at least 1."
+        )));
+    }
+    let workgroups = config.workgroups;
+    let (size, threads_per_workgroup, total_lanes) = check_grid(program, workgroups)?;
     Ok(Grid {
         workgroup_size: size,
         workgroup_count: workgroups,
