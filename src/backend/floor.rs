@@ -767,15 +767,23 @@ impl LaunchParameterSweep {
 /// atomic, a GPU-scope fence, 16 bytes stored into host-mapped memory), against an
 /// empty kernel. The dispatch bench prints the table.
 pub struct EpilogueAnatomy {
-    /// Name, module, and whether the kernel's first parameter is `table` (the
-    /// addresses of 16 separate allocations) instead of `scratch`.
-    kernels: Vec<(String, LoadedModule, bool)>,
+    /// Name, module, and what the kernel's first parameter points at.
+    kernels: Vec<(String, LoadedModule, Operand)>,
     stream: Stream,
     scratch: DeviceMemory,
     table: DeviceMemory,
     _separate: Vec<DeviceMemory>,
     mapped: MappedMemory,
     backend: CudaBackend,
+}
+
+/// What an anatomy kernel's first parameter points at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operand {
+    /// 8 KiB of device scratch.
+    Scratch,
+    /// A table of the addresses of 16 separate 256-byte allocations.
+    Table,
 }
 
 impl EpilogueAnatomy {
@@ -882,43 +890,52 @@ impl EpilogueAnatomy {
         };
         let bodies = Self::BODIES
             .iter()
-            .map(|(name, body)| (name.to_string(), body.to_string()))
+            .map(|(name, body)| (name.to_string(), body.to_string(), Operand::Scratch))
             .chain([
                 (
                     "16 × v4 stores → mapped, contiguous".to_string(),
                     format!("mov.u32 %r0, 3;\n{}", stores(16, true)),
+                    Operand::Scratch,
                 ),
                 (
                     "64 × u32 stores → mapped, contiguous".to_string(),
                     format!("mov.u32 %r0, 3;\n{}", stores(16, false)),
+                    Operand::Scratch,
                 ),
                 (
                     "16 × v4 stores → mapped, 64-B stride".to_string(),
                     format!("mov.u32 %r0, 3;\n{}", stores(64, true)),
+                    Operand::Scratch,
                 ),
                 (
                     "16 strong v4 loads (16 lines) → device".to_string(),
                     loads_to(true, false),
+                    Operand::Scratch,
                 ),
                 (
                     "16 weak v4 loads (16 lines) → device".to_string(),
                     loads_to(false, false),
+                    Operand::Scratch,
                 ),
                 (
                     "16 strong v4 loads → mapped contiguous".to_string(),
                     loads_to(true, true),
+                    Operand::Scratch,
                 ),
                 (
                     "16 weak v4 loads → mapped contiguous".to_string(),
                     loads_to(false, true),
+                    Operand::Scratch,
                 ),
                 (
-                    "TABLE 16 allocations: addresses, 16 u32 loads → mapped".to_string(),
+                    "16 allocations via a table: 16 u32 loads → mapped".to_string(),
                     separate(false),
+                    Operand::Table,
                 ),
                 (
-                    "TABLE 16 allocations: addresses, 64 u32 loads → mapped".to_string(),
+                    "16 allocations via a table: 64 u32 loads → mapped".to_string(),
                     separate(true),
+                    Operand::Table,
                 ),
                 (
                     "64 u32 loads (16 lines) → 64 u32 mapped stores".to_string(),
@@ -934,6 +951,7 @@ impl EpilogueAnatomy {
                             .map(|i| format!("st.global.u32 [%rd1+{}], %w{i};\n", 4 * i))
                             .collect::<String>()
                     ),
+                    Operand::Scratch,
                 ),
                 (
                     "16 device stores, then strong loads → mapped".to_string(),
@@ -944,19 +962,22 @@ impl EpilogueAnatomy {
                             .collect::<String>(),
                         loads_to(true, true)
                     ),
+                    Operand::Scratch,
                 ),
             ])
             .chain([
                 (
                     "640 predicated-off loads".to_string(),
                     format!("setp.eq.u64 %p0, %rd0, 0;\n{predicated}"),
+                    Operand::Scratch,
                 ),
                 (
                     "the same 640 loads branched over".to_string(),
                     format!("setp.eq.u64 %p0, %rd0, 0;\n@!%p0 bra $L_end;\n{predicated}$L_end:\n"),
+                    Operand::Scratch,
                 ),
             ]);
-        for (name, body) in bodies {
+        for (name, body, operand) in bodies {
             let ptx = format!(
                 ".version {version}\n.target sm_{sm}\n.address_size 64\n\
                  .visible .entry vyre_epilogue_anatomy(.param .u64 scratch, .param .u64 mapped)\n{{\n\
@@ -972,8 +993,7 @@ impl EpilogueAnatomy {
                 format!("epilogue anatomy kernel ({name})"),
                 sm,
             )?;
-            let uses_table = name.starts_with("TABLE");
-            kernels.push((name, module, uses_table));
+            kernels.push((name, module, operand));
         }
         let separate_memory = (0..16)
             .map(|_| DeviceMemory::allocate(256))
@@ -1008,16 +1028,15 @@ impl EpilogueAnatomy {
 
     /// Launch kernel `index` (one thread) and synchronize.
     pub fn launch_sync(&mut self, index: usize) -> Result<u64, BackendError> {
-        let Some((_, module, uses_table)) = self.kernels.get(index) else {
+        let Some((_, module, operand)) = self.kernels.get(index) else {
             return Err(BackendError::bad_input(format!(
                 "Fix: the epilogue anatomy has {} kernels; index {index} is past them",
                 self.kernels.len()
             )));
         };
-        let mut scratch = if *uses_table {
-            self.table.address()
-        } else {
-            self.scratch.address()
+        let mut scratch = match operand {
+            Operand::Table => self.table.address(),
+            Operand::Scratch => self.scratch.address(),
         };
         let mut mapped = self.mapped.device_address(0);
         let mut params = [
