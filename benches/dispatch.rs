@@ -234,6 +234,35 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
     ns[4]
 }
 
+/// Where an untimed resident dispatch's host time goes at one shape: the probe's
+/// phase table over 2,000 warm dispatches (the first 500 lines dropped). The probe
+/// adds its own clock reads, so the table is for comparing phases and shapes, not
+/// for the dispatch's absolute cost (the floors table has that).
+fn host_phases(gpu: &CudaBackend, buffers: u32, nodes: u32) {
+    let program = host_cost_fixture(buffers, chain_for_nodes(nodes));
+    let handles = resident_inputs(gpu, &program);
+    let config = DispatchConfig::linear(1);
+    let (_, lines) = {
+        let _on = vyre_cuda::probe::override_enabled(Some(true));
+        vyre_cuda::probe::capture_lines(|| {
+            for _ in 0..2000 {
+                gpu.dispatch_resident(&program, &handles, &config)
+                    .expect("dispatch");
+            }
+        })
+    };
+    let warm = lines[lines.len().min(500)..].join("\n");
+    let summary = vyre_cuda::probe::report::summarize_log(&warm);
+    println!(
+        "\nhost phases of dispatch_resident (buffers {buffers}, nodes {}), probe on:",
+        program.node_count()
+    );
+    println!("{}", vyre_cuda::probe::report::render_table(&summary));
+    for h in handles {
+        gpu.free_resident(h).expect("free");
+    }
+}
+
 /// The size crossover between the mapped result area and one DMA copy (and, for
 /// scale, the kernel writing host-mapped memory itself), sizes 16 B to 1 MiB.
 fn readback_sweep(gpu: &CudaBackend) {
@@ -442,6 +471,9 @@ fn main() {
         "target untimed (17, 64) ≤ 1.15 × (2, 64): {flat:.3} {}",
         if flat <= 1.15 { "met" } else { "MISSED" }
     );
+    for (buffers, nodes) in [(2, 64), (17, 64)] {
+        host_phases(&gpu, buffers, nodes);
+    }
     readback_sweep(&gpu);
     if std::env::var_os("VYRE_BENCH_FLOORS_ONLY").is_some() {
         return;
@@ -547,19 +579,8 @@ fn main() {
                     graph.replay().expect("replay").wall_ns
                 }),
             );
-            // Where the host time goes: the probe's phase table over 2,000 warm dispatches.
-            let (_, probe_lines) = {
-                let _on = vyre_cuda::probe::override_enabled(Some(true));
-                vyre_cuda::probe::capture_lines(|| {
-                    for _ in 0..2000 {
-                        gpu.dispatch_resident_timed(&program, &handles, &config)
-                            .expect("dispatch");
-                    }
-                })
-            };
-            let warm = probe_lines[probe_lines.len().min(500)..].join("\n");
-            let summary = vyre_cuda::probe::report::summarize_log(&warm);
-            println!("{}", vyre_cuda::probe::report::render_table(&summary));
+            // Where the host time goes: the probe's phase table.
+            host_phases(&gpu, shape.buffers, shape.nodes);
         }
         drop(floor);
         for h in handles {

@@ -129,8 +129,10 @@ const ROUNDS: u32 = 500;
 
 /// Locks out a chained submission that is not ordered on the device, or that
 /// still waits on the host: the second dispatch reads what the first wrote
-/// (every word right), its device window starts after the first one's ends, and
-/// submitting both costs no synchronize (the waits: one blocking, one idle).
+/// (every word right), its device window starts after the first one's ends,
+/// submitting both costs no synchronize (the waits: one blocking, one idle), and
+/// the second waits on the device once although two rules order it (it names the
+/// first, and it reads what the first writes).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
@@ -156,10 +158,19 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
         let second = gpu
             .submit_kernel_after_timed(&first, &fast, &[middle.binding(), last.binding()], &config)
             .unwrap();
+        let submitted = thread_driver_calls();
         assert_eq!(
-            thread_driver_calls().synchronizes - before.synchronizes,
+            submitted.synchronizes - before.synchronizes,
             0,
             "submitting waits for nothing"
+        );
+        // The second dispatch both names the first and reads what it writes: one
+        // device wait, not one per ordering rule (the order book and the explicit
+        // predecessor are one mechanism).
+        assert_eq!(
+            submitted.stream_waits - before.stream_waits,
+            1,
+            "round {round}: the dependent dispatch waits on the device exactly once"
         );
         let (_, second_spans) = second.wait_spans(&clock).unwrap();
         let (_, first_spans) = first.wait_spans(&clock).unwrap();

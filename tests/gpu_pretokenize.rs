@@ -278,7 +278,8 @@ fn gpu_wrong_length_is_a_fix_error() {
 
 /// Locks out a second round trip per encode: eager is one synchronize per
 /// dispatch (the dispatches are chained on the device, so only the last one
-/// blocks), one kernel launch each and one async copy (the text up: the count and
+/// blocks, and each waits on the device once for the one before), one kernel
+/// launch each and one async copy (the text up: the count and
 /// the piece starts come back through host-mapped memory); a graph encode is one
 /// graph launch and one synchronize with no copy after it. Negative control: a
 /// read of the piece starts after the replay (what the pipeline did before the
@@ -302,6 +303,11 @@ fn gpu_encodes_make_one_synchronize_per_dispatch_and_one_per_graph() {
     );
     assert_eq!(eager.launches, DISPATCHES_PER_ENCODE as u64, "{eager:?}");
     assert_eq!(eager.async_copies, 1, "{eager:?}");
+    assert_eq!(
+        eager.stream_waits,
+        DISPATCHES_PER_ENCODE as u64 - 1,
+        "each step waits once for the one before, not once per ordering rule: {eager:?}"
+    );
     assert_eq!(graph.graph_launches, 1, "{graph:?}");
     assert_eq!(graph.synchronizes, 1, "{graph:?}");
     assert_eq!(graph.async_copies, 0, "{graph:?}");

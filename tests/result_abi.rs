@@ -239,9 +239,9 @@ fn single_warp_epilogue_only_where_every_lane_reaches_it() {
 /// Locks out an epilogue that evaluates every descriptor slot whatever the range
 /// count: predicated-off loads of all 16 slots cost 1.5 µs per dispatch on the H200
 /// with no range described (2026-12-01, `EpilogueAnatomy` and the result-ABI rows of
-/// the dispatch bench). Each of the leader's 16 slots must first branch out of the
-/// load sequence, and again out of the store sequence, once its index reaches the
-/// count, before any of its descriptor words is read. Negative control: the same
+/// the dispatch bench). Each of the leader's 16 window slots must first branch out
+/// of the load sequence, and again out of the store sequence, once its index reaches
+/// the window count, before any of its descriptor words is read. Negative control: the same
 /// check on the text with the guards removed finds the first slot's descriptor read
 /// unguarded.
 #[test]
@@ -261,7 +261,7 @@ fn epilogue_jumps_over_descriptor_slots_past_the_count() {
                 .iter()
                 .rev()
                 .take(4)
-                .any(|l| l.contains("bra $L_results_fast_loaded"));
+                .any(|l| l.contains("bra $L_results_windows_loaded"));
             if !guarded {
                 return Err(format!(
                     "slot {slot}: descriptor read without a guard before it"
@@ -270,7 +270,7 @@ fn epilogue_jumps_over_descriptor_slots_past_the_count() {
         }
         let store_guards = lines
             .iter()
-            .filter(|l| l.contains("bra $L_results_fast_stored"))
+            .filter(|l| l.contains("bra $L_results_windows_stored"))
             .count();
         if store_guards != RESULT_RANGE_SLOTS {
             return Err(format!(
@@ -282,7 +282,7 @@ fn epilogue_jumps_over_descriptor_slots_past_the_count() {
     guards(&ptx).expect("every slot is guarded");
     let unguarded: String = ptx
         .lines()
-        .filter(|l| !l.contains("bra $L_results_fast_"))
+        .filter(|l| !l.contains("bra $L_results_windows_"))
         .map(|l| format!("{l}\n"))
         .collect();
     let error = guards(&unguarded).expect_err("the negative control must fail");

@@ -55,6 +55,7 @@ use super::stream_ops::{
     enqueue, Clear, DeviceMark, EnqueueFailure, KernelLaunch, LaneTarget, PinnedCopy, Readback,
     StagedCopy, StreamOps, StreamTarget,
 };
+use super::PerBinding;
 use super::{BackendError, BackendInner, CudaBackend, Kernel, LaunchPlan, ResidentBuffer};
 
 /// One buffer binding of a dispatch, in the program's binding order. Non-exhaustive:
@@ -147,7 +148,7 @@ pub(crate) struct Request<'r, 'b> {
 
 /// Resources a dispatch holds from staging until its lane is released.
 pub(crate) struct Held {
-    pub(crate) resident: SmallVec<[Arc<DeviceMemory>; 16]>,
+    pub(crate) resident: PerBinding<Arc<DeviceMemory>>,
     pub(crate) transients: SmallVec<[DeviceMemory; 16]>,
     /// Caller pinned buffers the uploads read from.
     pub(crate) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
@@ -163,7 +164,7 @@ pub(crate) struct Submitted<'k> {
 
 /// Bindings resolved to device addresses, and the uploads their borrowed bytes need.
 struct StagedBindings {
-    addresses: SmallVec<[u64; 16]>,
+    addresses: PerBinding<u64>,
     uploads: SmallVec<[StagedCopy; 16]>,
     pinned_uploads: SmallVec<[PinnedCopy; 4]>,
 }
@@ -174,9 +175,9 @@ pub(crate) struct InFlight {
     lane: Lane,
     held: Held,
     /// The DMA-routed readback copies.
-    reads: SmallVec<[StagedCopy; 16]>,
+    reads: PerBinding<StagedCopy>,
     /// Where each readback item's bytes are after the synchronize, in item order.
-    deliveries: SmallVec<[Delivery; 16]>,
+    deliveries: PerBinding<Delivery>,
     /// Grid sync: staging offset of the barrier words and the grid's block count.
     barrier: Option<(usize, u64)>,
     timed: bool,
@@ -201,8 +202,7 @@ impl CudaBackend {
         inputs: &[&[u8]],
         config: &DispatchConfig,
     ) -> Result<Vec<Vec<u8>>, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> =
-            inputs.iter().map(|b| Binding::Borrowed(b)).collect();
+        let bindings: PerBinding<Binding> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
@@ -213,8 +213,7 @@ impl CudaBackend {
         handles: &[ResidentBuffer],
         config: &DispatchConfig,
     ) -> Result<Vec<Vec<u8>>, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> =
-            handles.iter().map(|h| Binding::Resident(*h)).collect();
+        let bindings: PerBinding<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
         Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
@@ -227,8 +226,7 @@ impl CudaBackend {
         handles: &[ResidentBuffer],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        let bindings: SmallVec<[Binding; 16]> =
-            handles.iter().map(|h| Binding::Resident(*h)).collect();
+        let bindings: PerBinding<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
         self.run_program(program, &bindings, config, false)
     }
 
@@ -607,8 +605,8 @@ impl BackendInner {
         kernel: &KernelInner,
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
-        sizes: &mut SmallVec<[u64; 16]>,
-        reads: &mut SmallVec<[ReadItem; 16]>,
+        sizes: &mut PerBinding<u64>,
+        reads: &mut PerBinding<ReadItem>,
     ) -> Result<(usize, usize), BackendError> {
         sizes.extend(bindings.iter().map(Binding::len));
         self.check_bindings(kernel, sizes, config)?;
@@ -675,8 +673,8 @@ impl BackendInner {
         self.check_alive()?;
 
         // prepare: binding plan checks, readback plan, launch plan, cooperative residency.
-        let mut sizes: SmallVec<[u64; 16]> = SmallVec::new();
-        let mut reads: SmallVec<[ReadItem; 16]> = SmallVec::new();
+        let mut sizes: PerBinding<u64> = SmallVec::new();
+        let mut reads: PerBinding<ReadItem> = SmallVec::new();
         let (upload_bytes, staging_bytes) =
             self.plan_bindings(kernel, bindings, config, &mut sizes, &mut reads)?;
         if let Sink::Slices(outputs) = sink {
@@ -765,7 +763,7 @@ impl BackendInner {
                 }
             }
         }
-        let mut routes: SmallVec<[Route; 16]> = SmallVec::new();
+        let mut routes: PerBinding<Route> = SmallVec::new();
         let threads = kernel.workgroup_size.iter().product::<u32>();
         route_reads(
             &reads,
@@ -779,18 +777,23 @@ impl BackendInner {
             .ok_or_else(|| BackendError::internal("no result area"))?;
         let arm_clear = area.arm_host();
         let mut results = area.params();
-        let mut copies: SmallVec<[StagedCopy; 16]> = SmallVec::new();
-        let mut deliveries: SmallVec<[Delivery; 16]> = SmallVec::new();
+        let mut copies: PerBinding<StagedCopy> = SmallVec::new();
+        let mut deliveries: PerBinding<Delivery> = SmallVec::new();
         let mut area_end = STAMP_BYTES;
         for (r, route) in reads.iter().zip(&routes) {
-            let source = addresses[r.slot as usize] + r.offset;
+            let base = addresses[r.slot as usize];
+            let source = base + r.offset;
             match *route {
                 Route::Mapped { offset } => {
-                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX).
-                    results.describe(source, r.len as u32, offset);
-                    area_end = area_end.max(offset as usize + r.len as usize);
+                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX)
+                    // and took at most RESULT_RANGE_SLOTS items, so a slot is free.
+                    let memory = base..base + sizes[r.slot as usize];
+                    let delivered = results
+                        .describe(source, r.len as u32, offset, memory)
+                        .unwrap_or(offset) as usize;
+                    area_end = area_end.max(delivered + r.len as usize);
                     deliveries.push(Delivery::Area {
-                        offset: offset as usize,
+                        offset: delivered,
                         len: r.len as usize,
                     });
                 }
@@ -861,27 +864,15 @@ impl BackendInner {
                 }
             }
         }
+        let explicit = after.map(|previous| (&*previous.lane.stream, &*previous.lane.order));
         if let Err(error) = self
             .in_flight
-            .order_after_conflicts(&accesses, &lane.stream)
+            .order_after(&accesses, &lane.stream, explicit)
         {
             let error = self.stream_failed(&kernel.name, "ordering it after a dispatch", error);
             drop(lease);
             self.release(lane, held, false);
             return Err(error);
-        }
-        if let Some(previous) = after {
-            let ordered = previous
-                .lane
-                .order
-                .record(&previous.lane.stream)
-                .and_then(|()| lane.stream.wait_event(&previous.lane.order));
-            if let Err(error) = ordered {
-                let error = self.stream_failed(&kernel.name, "ordering it after a dispatch", error);
-                drop(lease);
-                self.release(lane, held, false);
-                return Err(error);
-            }
         }
 
         // launch: every stream operation (uploads, clears, launches, readback copies).
@@ -956,7 +947,7 @@ impl BackendInner {
         } else {
             None
         };
-        let mut addresses: SmallVec<[u64; 16]> = SmallVec::new();
+        let mut addresses: PerBinding<u64> = SmallVec::new();
         let mut uploads: SmallVec<[StagedCopy; 16]> = SmallVec::new();
         let mut pinned_uploads: SmallVec<[PinnedCopy; 4]> = SmallVec::new();
         let mut upload_offset = 0usize;

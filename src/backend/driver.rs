@@ -117,11 +117,26 @@ pub struct DriverCallCounts {
     pub graph_launches: u64,
     /// Async copies, either direction.
     pub async_copies: u64,
+    /// `cuStreamWaitEvent`: device-side waits of one stream on another's work.
+    pub stream_waits: u64,
+}
+
+impl DriverCallCounts {
+    /// The calls made since `before` (an earlier reading of the same thread).
+    pub fn since(&self, before: &DriverCallCounts) -> DriverCallCounts {
+        DriverCallCounts {
+            synchronizes: self.synchronizes - before.synchronizes,
+            launches: self.launches - before.launches,
+            graph_launches: self.graph_launches - before.graph_launches,
+            async_copies: self.async_copies - before.async_copies,
+            stream_waits: self.stream_waits - before.stream_waits,
+        }
+    }
 }
 
 thread_local! {
     static CALLS: std::cell::Cell<DriverCallCounts> =
-        const { std::cell::Cell::new(DriverCallCounts { synchronizes: 0, launches: 0, graph_launches: 0, async_copies: 0 }) };
+        const { std::cell::Cell::new(DriverCallCounts { synchronizes: 0, launches: 0, graph_launches: 0, async_copies: 0, stream_waits: 0 }) };
 }
 
 #[inline]
@@ -454,6 +469,7 @@ impl Stream {
     /// Make work enqueued on this stream from now on wait for `event`'s last
     /// record (`cuStreamWaitEvent`): device-side ordering, nothing waits on the host.
     pub fn wait_event(&self, event: &Event) -> DriverResult<()> {
+        count(|c| c.stream_waits += 1);
         // SAFETY: live stream and event handles of the same context.
         check(
             unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) },

@@ -38,7 +38,7 @@ use super::driver::{self, DeviceMemory, Event, LoadedModule, MappedMemory, Pinne
 use super::readback::{ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES};
 use super::stream_ops::LaunchParameters;
 use super::{BackendError, CudaBackend};
-use smallvec::SmallVec;
+use super::{ParameterArray, PerBinding};
 
 /// Prebuilt launch of one program over its own device buffers.
 pub struct RawFloor {
@@ -53,19 +53,19 @@ pub struct RawFloor {
     /// Boxed so the pointers in `params` stay valid when the floor moves (likewise
     /// the mapped and result-ABI parameter sets below).
     parameters: Box<LaunchParameters>,
-    params: SmallVec<[*mut c_void; 40]>,
+    params: ParameterArray,
     grid: [u32; 3],
     block: [u32; 3],
     /// Host-mapped memory the output buffers are bound to in `mapped_params`.
     mapped: MappedMemory,
     mapped_parameters: Box<LaunchParameters>,
-    mapped_params: SmallVec<[*mut c_void; 40]>,
+    mapped_params: ParameterArray,
     /// The result-ABI build of the same program, its area and parameters (one
     /// descriptor per output buffer after the first binding, 16 bytes each).
     result_module: LoadedModule,
     result_area: ResultArea,
     result_parameters: Box<LaunchParameters>,
-    result_params: SmallVec<[*mut c_void; 40]>,
+    result_params: ParameterArray,
     backend: CudaBackend,
 }
 
@@ -115,7 +115,7 @@ impl RawFloor {
             );
             lengths.push((bytes / b.elem.size_bytes() as u64) as u32);
         }
-        let counts: SmallVec<[u32; 16]> = lengths.into_iter().collect();
+        let counts: PerBinding<u32> = lengths.into_iter().collect();
         let mut parameters = Box::new(LaunchParameters {
             addresses: buffers.iter().map(|b| b.address()).collect(),
             counts: counts.clone(),
@@ -154,7 +154,8 @@ impl RawFloor {
         let mut results = result_area.params();
         for (i, b) in buffers.iter().enumerate().skip(1) {
             let offset = (STAMP_BYTES + 16 * (i - 1)) as u32;
-            results.describe(b.address(), 16.min(b.size() as u32), offset);
+            let memory = b.address()..b.address() + b.size();
+            results.describe(b.address(), 16.min(b.size() as u32), offset, memory);
         }
         let mut result_parameters = Box::new(LaunchParameters {
             addresses: parameters.addresses.clone(),
@@ -615,9 +616,10 @@ impl ReadbackSweep {
             .arm(&self.stream)
             .map_err(|e| BackendError::driver("sweep arming", e))?;
         let mut values = self.area.params();
-        values.describe(self.device.address(), bytes as u32, STAMP_BYTES as u32);
-        values.set_launch(0, 1);
         let device = self.device.address();
+        let memory = device..device + self.device.size();
+        values.describe(device, bytes as u32, STAMP_BYTES as u32, memory);
+        values.set_launch(0, 1);
         self.run(true, device, bytes, Some(&values))?;
         self.sync()?;
         Ok(u64::from(self.area.bytes(STAMP_BYTES + bytes - 4, 1)[0]))

@@ -76,6 +76,21 @@ use kernel::KernelInner;
 use pool::{LanePool, TransientPool};
 use resident::ResidentTable;
 
+/// Bindings (and readback items) one dispatch keeps inline, off the heap: every
+/// per-binding list of the dispatch path (sizes, addresses, held buffers, kernel
+/// parameters, order-book accesses, readback routes) is a [`PerBinding`]. With 16
+/// the §6 fixture's 17-buffer shape spilled six of them to the heap on every
+/// dispatch (an allocation and a free each).
+pub(crate) const INLINE_BINDINGS: usize = 32;
+
+/// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].
+pub(crate) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
+
+/// The driver's kernel parameter array: two values per binding, then the result
+/// ABI's five, inline up to [`INLINE_BINDINGS`] bindings.
+pub(crate) type ParameterArray =
+    smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5]>;
+
 /// Most device ordinals tracked for context-loss epochs.
 const MAX_DEVICES: usize = 64;
 

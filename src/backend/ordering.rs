@@ -25,15 +25,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use smallvec::SmallVec;
-
 use super::driver::{DriverResult, Event, Stream};
+use super::PerBinding;
 
 /// The memory one dispatch touches through shared buffers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Accesses {
-    pub(crate) reads: SmallVec<[u64; 8]>,
-    pub(crate) writes: SmallVec<[u64; 8]>,
+    pub(crate) reads: PerBinding<u64>,
+    pub(crate) writes: PerBinding<u64>,
 }
 
 impl Accesses {
@@ -67,25 +66,36 @@ pub(crate) struct OrderBook {
 
 impl OrderBook {
     /// Order `stream` (the new dispatch's, nothing enqueued on it yet) after every
-    /// dispatch in flight whose accesses conflict with `accesses`. Returns how many.
-    pub(crate) fn order_after_conflicts(
+    /// dispatch in flight whose accesses conflict with `accesses`, and after
+    /// `explicit` (a dispatch the caller named, as its stream and that stream's
+    /// order event), each once: an explicit predecessor that also conflicts is
+    /// waited on once, not twice. Returns how many dispatches it ordered after.
+    pub(crate) fn order_after(
         &self,
         accesses: &Accesses,
         stream: &Stream,
+        explicit: Option<(&Stream, &Event)>,
     ) -> DriverResult<usize> {
-        if accesses.is_empty() || self.len.load(Ordering::Acquire) == 0 {
-            return Ok(0);
-        }
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let mut ordered = 0;
-        for entry in entries
-            .iter()
-            .filter(|e| e.accesses.conflicts_with(accesses))
-        {
-            // The earlier lane is leased to its dispatch until it completes (and
-            // leaves the book first), so everything on its stream is that dispatch.
-            entry.order.record(&entry.stream)?;
-            stream.wait_event(&entry.order)?;
+        let mut explicit_done = false;
+        if !accesses.is_empty() && self.len.load(Ordering::Acquire) != 0 {
+            let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            for entry in entries
+                .iter()
+                .filter(|e| e.accesses.conflicts_with(accesses))
+            {
+                // The earlier lane is leased to its dispatch until it completes (and
+                // leaves the book first), so everything on its stream is that dispatch.
+                entry.order.record(&entry.stream)?;
+                stream.wait_event(&entry.order)?;
+                ordered += 1;
+                explicit_done |=
+                    explicit.is_some_and(|(earlier, _)| std::ptr::eq(&*entry.stream, earlier));
+            }
+        }
+        if let (Some((earlier, order)), false) = (explicit, explicit_done) {
+            order.record(earlier)?;
+            stream.wait_event(order)?;
             ordered += 1;
         }
         Ok(ordered)

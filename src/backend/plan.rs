@@ -13,6 +13,7 @@ use crate::config::ReadbackPolicy;
 use crate::ir::{Access, BufferCount, ElemType, Name, Program};
 
 use super::BackendError;
+use super::PerBinding;
 
 /// One kernel parameter slot (a global buffer), in binding order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,10 +130,10 @@ pub(crate) fn plan_readback(
     sizes: &[u64],
     policy: &ReadbackPolicy,
     staging_start: usize,
-    reads: &mut SmallVec<[ReadItem; 16]>,
+    reads: &mut PerBinding<ReadItem>,
 ) -> Result<usize, BackendError> {
     let mut staging = staging_start;
-    let mut push = |slot: u16, offset: u64, len: u64, reads: &mut SmallVec<[ReadItem; 16]>| {
+    let mut push = |slot: u16, offset: u64, len: u64, reads: &mut PerBinding<ReadItem>| {
         reads.push(ReadItem {
             slot,
             offset,

@@ -484,7 +484,7 @@ fn reference_dispatch(
     }
     let sizes: SmallVec<[u64; 16]> = inputs.iter().map(|v| v.len() as u64).collect();
     check_binding_sizes(&name, &slots, &sizes, config.fixpoint_iterations)?;
-    let mut reads: SmallVec<[ReadItem; 16]> = SmallVec::new();
+    let mut reads: crate::backend::PerBinding<ReadItem> = SmallVec::new();
     plan_readback(
         &name,
         &slots,

@@ -49,6 +49,7 @@ use crate::ir::Access;
 use super::driver::{self, DriverError, DriverResult, Event, LoadedModule, PinnedMemory, Stream};
 use super::plan::ParamSlot;
 use super::readback::{AreaCopy, Delivery, ResultArea, ResultParams};
+use super::{ParameterArray, PerBinding};
 
 /// The kernel parameter values of one launch: every buffer address, then every
 /// `u32` element count, then the result ABI's five values (the kernel ABI documented
@@ -56,8 +57,8 @@ use super::readback::{AreaCopy, Delivery, ResultArea, ResultParams};
 /// do not).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LaunchParameters {
-    pub(crate) addresses: SmallVec<[u64; 16]>,
-    pub(crate) counts: SmallVec<[u32; 16]>,
+    pub(crate) addresses: PerBinding<u64>,
+    pub(crate) counts: PerBinding<u32>,
     pub(crate) results: Option<ResultParams>,
 }
 
@@ -79,8 +80,8 @@ impl LaunchParameters {
     /// The driver's `void**` array: pointers to each address, then to each count,
     /// then to the result ABI's values. The pointers are valid while `self` is
     /// neither moved nor dropped.
-    pub(crate) fn pointer_array(&mut self) -> SmallVec<[*mut c_void; 40]> {
-        let mut params: SmallVec<[*mut c_void; 40]> =
+    pub(crate) fn pointer_array(&mut self) -> ParameterArray {
+        let mut params: ParameterArray =
             SmallVec::with_capacity(self.addresses.len() + self.counts.len() + 5);
         for address in self.addresses.iter_mut() {
             params.push(address as *mut u64 as *mut c_void);
@@ -858,7 +859,7 @@ pub(crate) mod tests {
         let sizes = [16, 32, 64];
         let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
         let mut results = ResultParams::new(0xC000, 0xD000);
-        assert!(results.describe(0x200, 32, 16));
+        assert_eq!(results.describe(0x200, 32, 16, 0x200..0x220), Some(16));
         ops.parameters.results = Some(results);
         let copies = [StagedCopy {
             device: 0x300,
@@ -893,12 +894,9 @@ pub(crate) mod tests {
                 _ => None,
             })
             .collect();
-        // The 32-byte range is longer than the leader's fast path: flags bits 8-15
-        // ask for one strided-loop range on the last launch.
-        assert_eq!(
-            flags,
-            [(FLAG_START_STAMP, 0), (0, 0), (FLAG_END_STAMP | 1 << 8, 1)]
-        );
+        // The 32-byte range is longer than a window: no window bits (8-15), the
+        // strided loop copies it on the last launch.
+        assert_eq!(flags, [(FLAG_START_STAMP, 0), (0, 0), (FLAG_END_STAMP, 1)]);
         let tail: Vec<&Seen> = seen
             .iter()
             .skip_while(|s| !matches!(s, Seen::ReadBack(_)))

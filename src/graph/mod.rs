@@ -162,6 +162,7 @@ use crate::backend::driver::{
 };
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
+use crate::backend::PerBinding;
 use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
 use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
@@ -338,11 +339,11 @@ struct Step {
     kernel: Kernel,
     bound: SmallVec<[BoundAddress; 16]>,
     /// Bytes bound per slot (binding order).
-    sizes: SmallVec<[u64; 16]>,
+    sizes: PerBinding<u64>,
     /// Device addresses per slot, resolved during the capture.
-    addresses: SmallVec<[u64; 16]>,
+    addresses: PerBinding<u64>,
     /// Element counts passed per slot (the kernel's second parameter half).
-    counts: SmallVec<[u32; 16]>,
+    counts: PerBinding<u32>,
     plan: LaunchPlan,
     iterations: u32,
     /// The launch nodes of this step, one per fixpoint iteration.
@@ -545,7 +546,7 @@ impl DispatchGraph {
     fn update_step(
         &mut self,
         index: usize,
-        counts: SmallVec<[u32; 16]>,
+        counts: PerBinding<u32>,
         plan: LaunchPlan,
     ) -> Result<(), BackendError> {
         self.usable()?;

@@ -37,8 +37,14 @@ enum Operation {
     Upload { input: u32, address: u64 },
     /// Run step `step` (its clears and launches).
     Dispatch { step: u32 },
-    /// Copy from `address` into output slot `output`.
-    ReadBack { output: u32, address: u64 },
+    /// Copy from `address` into output slot `output`; the buffer read occupies
+    /// device addresses `memory` (a folded read-back may read a whole 16-byte block
+    /// of it, never past it).
+    ReadBack {
+        output: u32,
+        address: u64,
+        memory: (u64, u64),
+    },
 }
 
 /// Describes a chain of dispatches inside [`CudaBackend::record`]. Every method
@@ -201,7 +207,7 @@ impl GraphRecorder<'_> {
                  CudaBackend::dispatch_kernel, or split it at the grid_sync into separate recorded dispatches"
             )));
         }
-        let mut sizes: SmallVec<[u64; 16]> = SmallVec::new();
+        let mut sizes: crate::backend::PerBinding<u64> = SmallVec::new();
         for binding in bindings {
             match binding {
                 GraphBinding::Resident(handle) => sizes.push(handle.len()),
@@ -236,7 +242,7 @@ impl GraphRecorder<'_> {
                 }
             }
         }
-        let counts: SmallVec<[u32; 16]> = kernel
+        let counts: crate::backend::PerBinding<u32> = kernel
             .inner
             .slots
             .iter()
@@ -296,6 +302,7 @@ impl GraphRecorder<'_> {
         self.operations.push(Operation::ReadBack {
             output: index,
             address: memory.address() + offset,
+            memory: (memory.address(), memory.address() + capacity),
         });
         self.memory.push(memory);
         Ok(OutputSlot {
@@ -542,7 +549,9 @@ impl GraphRecorder<'_> {
                     // Folded into the preceding dispatch's epilogue: no copy node.
                     continue;
                 }
-                Operation::ReadBack { output, address } => {
+                Operation::ReadBack {
+                    output, address, ..
+                } => {
                     let range = self.outputs[output as usize];
                     read_back = [StagedCopy {
                         device: address,
@@ -719,15 +728,26 @@ fn plan_folding(
     for operation in operations {
         match *operation {
             Operation::Dispatch { step } => current = Some(step as usize),
-            Operation::ReadBack { output, address } => {
+            Operation::ReadBack {
+                output,
+                address,
+                memory,
+            } => {
                 let Some(step) = current else { continue };
                 let len = outputs[output as usize].len;
+                // Whole 16-byte blocks per placement: a window's store writes one.
+                let footprint = len.div_ceil(16) * 16;
                 let fits = len as u64 <= limits[step]
-                    && next + len <= RESULT_AREA_BYTES
+                    && next + footprint <= RESULT_AREA_BYTES
                     && u32::try_from(next).is_ok();
-                if fits && steps[step].describe(address, len as u32, next as u32) {
-                    folded[output as usize] = Some(next);
-                    next = (next + len).div_ceil(16) * 16;
+                if !fits {
+                    continue;
+                }
+                if let Some(delivered) =
+                    steps[step].describe(address, len as u32, next as u32, memory.0..memory.1)
+                {
+                    folded[output as usize] = Some(delivered as usize);
+                    next += footprint;
                 }
             }
             Operation::Upload { .. } => current = None,
@@ -868,37 +888,27 @@ mod tests {
     /// the step they follow, at aligned offsets after the stamps.
     #[test]
     fn read_backs_fold_only_right_after_their_dispatch() {
+        // Each read buffer spans its 16-byte block, but output 3's (bytes 0x44..0x4c
+        // of a 32-byte buffer) is the only folded one inside a single block: a window,
+        // delivered 4 bytes into its placement.
+        let read = |output: u32, address: u64, memory: (u64, u64)| Operation::ReadBack {
+            output,
+            address,
+            memory,
+        };
         let operations = [
-            Operation::ReadBack {
-                output: 0,
-                address: 0x10,
-            }, // before any dispatch
+            read(0, 0x10, (0x10, 0x20)), // before any dispatch
             Operation::Dispatch { step: 0 },
-            Operation::ReadBack {
-                output: 1,
-                address: 0x20,
-            },
-            Operation::ReadBack {
-                output: 2,
-                address: 0x30,
-            }, // too large
-            Operation::ReadBack {
-                output: 3,
-                address: 0x40,
-            },
+            read(1, 0x20, (0x20, 0x40)),
+            read(2, 0x30, (0x30, 0x2000)), // too large
+            read(3, 0x44, (0x40, 0x60)),
             Operation::Upload {
                 input: 0,
                 address: 0x50,
             },
-            Operation::ReadBack {
-                output: 4,
-                address: 0x60,
-            }, // after an upload
+            read(4, 0x60, (0x60, 0x70)), // after an upload
             Operation::Dispatch { step: 1 },
-            Operation::ReadBack {
-                output: 5,
-                address: 0x70,
-            },
+            read(5, 0x70, (0x70, 0x80)),
         ];
         let outputs = [
             range(4),
@@ -917,18 +927,18 @@ mod tests {
         );
         assert_eq!(
             folding.outputs,
-            [None, Some(16), None, Some(48), None, Some(64)]
+            [None, Some(16), None, Some(52), None, Some(64)]
         );
         assert_eq!(folding.used, 80);
         assert_eq!(steps[0], {
             let mut p = ResultParams::new(1, 2);
-            p.describe(0x20, 20, 16);
-            p.describe(0x40, 8, 48);
+            assert_eq!(p.describe(0x20, 20, 16, 0x20..0x40), Some(16));
+            assert_eq!(p.describe(0x44, 8, 48, 0x40..0x60), Some(52));
             p
         });
         assert_eq!(steps[1], {
             let mut p = ResultParams::new(1, 2);
-            p.describe(0x70, 16, 64);
+            assert_eq!(p.describe(0x70, 16, 64, 0x70..0x80), Some(64));
             p
         });
     }

@@ -742,19 +742,13 @@ pub fn encode_driver_calls(
     pipeline: &mut CudaPipeline,
     text: &[u8],
 ) -> Result<[crate::backend::DriverCallCounts; 2], PretokenizeError> {
-    use crate::backend::{thread_driver_calls, DriverCallCounts};
-    let difference = |before: DriverCallCounts, after: DriverCallCounts| DriverCallCounts {
-        synchronizes: after.synchronizes - before.synchronizes,
-        launches: after.launches - before.launches,
-        graph_launches: after.graph_launches - before.graph_launches,
-        async_copies: after.async_copies - before.async_copies,
-    };
+    use crate::backend::thread_driver_calls;
     let before = thread_driver_calls();
     pipeline.encode(text)?;
-    let eager = difference(before, thread_driver_calls());
+    let eager = thread_driver_calls().since(&before);
     let before = thread_driver_calls();
     pipeline.encode_graph(text)?;
-    let graph = difference(before, thread_driver_calls());
+    let graph = thread_driver_calls().since(&before);
     Ok([eager, graph])
 }
 
@@ -764,10 +758,12 @@ pub fn describe_driver_calls(calls: &[crate::backend::DriverCallCounts; 2]) -> S
     let [eager, graph] = calls;
     format!(
         "driver calls per encode: eager {} synchronizes (one blocking, the rest on streams already \
-         idle), {} kernel launches, {} async copies (the text up; the piece count and starts come \
-         through host-mapped memory); graph {} graph launch, {} synchronize, {} async copies",
+         idle), {} kernel launches, {} device waits (each step after the previous one), {} async \
+         copies (the text up; the piece count and starts come through host-mapped memory); graph {} \
+         graph launch, {} synchronize, {} async copies",
         eager.synchronizes,
         eager.launches,
+        eager.stream_waits,
         eager.async_copies,
         graph.graph_launches,
         graph.synchronizes,

@@ -15,10 +15,8 @@ pub(super) const RESULTS_LABEL: &str = "$L_vyre_results";
 /// Units (words or bytes) each lane of the strided loop has in flight at once.
 const UNROLL: u32 = 4;
 
-/// Words of every aligned range the leader copies before the strided loop.
-const FAST_WORDS: u32 = 4;
-
-/// Bytes of one range descriptor in `vyre_ranges`: u64 source address, u32 length,
+/// Bytes of one range descriptor in `vyre_ranges`: a window's u64 source block and
+/// u64 destination address, or a looped range's u64 source address, u32 length and
 /// u32 destination offset.
 const DESCRIPTOR_BYTES: usize = 16;
 
@@ -36,7 +34,7 @@ pub(super) const RESULT_PARAMETERS: [(&str, &str); 5] = [
     ),
     (
         ".u32 vyre_launch_flags",
-        "bit 0: write the start stamp, bit 1: the end stamp; bits 8-15: leading ranges the strided loop copies",
+        "bit 0: write the start stamp, bit 1: the end stamp; bits 8-15: leading descriptors that are 16-byte windows",
     ),
     (
         ".u32 vyre_range_count",
@@ -44,7 +42,7 @@ pub(super) const RESULT_PARAMETERS: [(&str, &str); 5] = [
     ),
     (
         ".align 8 .b8 vyre_ranges[256]",
-        "16 descriptors: u64 source address, u32 bytes, u32 offset in the result area",
+        "16 descriptors: windows (u64 source block, u64 destination), then ranges (u64 source, u32 bytes, u32 offset)",
     ),
 ];
 
@@ -204,11 +202,11 @@ impl Writer<'_> {
         let count = r(self, RegClass::B32);
         emit!(self, "ld.param.u32 {count}, [vyre_range_count];");
         emit!(self, "min.u32 {count}, {count}, {RESULT_RANGE_SLOTS};");
-        // Only the leading descriptors the host marked (flags bits 8-15) need the
-        // strided loop: the leader's fast path copies every other range whole.
-        let looped = r(self, RegClass::B32);
-        emit!(self, "bfe.u32 {looped}, {flags}, 8, 8;");
-        emit!(self, "min.u32 {looped}, {looped}, {count};");
+        // The leading descriptors the host marked as windows (flags bits 8-15) are
+        // the leader's; the strided loop copies the rest.
+        let windows = r(self, RegClass::B32);
+        emit!(self, "bfe.u32 {windows}, {flags}, 8, 8;");
+        emit!(self, "min.u32 {windows}, {windows}, {count};");
         let copies = self.label("results_copies");
         emit!(self, "@!{is_leader} bra {copies};");
         let end = r(self, RegClass::B64);
@@ -217,8 +215,8 @@ impl Writer<'_> {
         let set = r(self, RegClass::Pred);
         let idle = r(self, RegClass::B64);
         emit!(self, "mov.u64 {end}, %globaltimer;");
-        // Every load of the leader (the earliest start, the fast-path words) is
-        // issued before any store, so together they cost one L2 round trip.
+        // Every load of the leader (the earliest start, the windows) is issued
+        // before any store, so together they cost one L2 round trip.
         emit!(
             self,
             "@!{single} ld.relaxed.gpu.global.u64 {start}, [{control}+8];"
@@ -226,7 +224,7 @@ impl Writer<'_> {
         if let Some(entry_start) = start_register {
             emit!(self, "@{single} mov.u64 {start}, {entry_start};");
         }
-        let fast = self.result_fast_loads(count);
+        let window_words = self.result_window_loads(windows);
         emit!(self, "and.b32 {bit}, {flags}, 1;");
         emit!(self, "setp.ne.u32 {set}, {bit}, 0;");
         emit!(self, "@{set} st.global.u64 [{results}], {start};");
@@ -238,11 +236,12 @@ impl Writer<'_> {
         emit!(self, "mov.u64 {idle}, 0xffffffffffffffff;");
         emit!(self, "st.relaxed.gpu.global.u64 [{control}], 0;");
         emit!(self, "st.relaxed.gpu.global.u64 [{control}+8], {idle};");
-        self.result_fast_stores(fast, results);
+        self.result_window_stores(window_words);
         self.place(copies);
 
-        // Each lane of the group copies a strided share of every range: words when
-        // source, length and destination are 4-byte aligned, bytes otherwise.
+        // Each lane of the group copies a strided share of every range after the
+        // windows: words when source, length and destination are 4-byte aligned,
+        // bytes otherwise.
         let below = r(self, RegClass::B32);
         let rank = r(self, RegClass::B32);
         let descriptor = r(self, RegClass::B64);
@@ -250,15 +249,21 @@ impl Writer<'_> {
         emit!(self, "mov.u32 {below}, %lanemask_lt;");
         emit!(self, "and.b32 {below}, {below}, {mask};");
         emit!(self, "popc.b32 {rank}, {below};");
+        let skipped = r(self, RegClass::B64);
         emit!(self, "mov.u64 {descriptor}, vyre_ranges;");
-        emit!(self, "mov.u32 {index}, 0;");
+        emit!(
+            self,
+            "mul.wide.u32 {skipped}, {windows}, {DESCRIPTOR_BYTES};"
+        );
+        emit!(self, "add.s64 {descriptor}, {descriptor}, {skipped};");
+        emit!(self, "mov.u32 {index}, {windows};");
         let range = self.label("results_range");
         let copied = self.label("results_copied");
         let next = self.label("results_next");
         let bytes_path = self.label("results_bytes");
         self.place(range);
         let finished = r(self, RegClass::Pred);
-        emit!(self, "setp.ge.u32 {finished}, {index}, {looped};");
+        emit!(self, "setp.ge.u32 {finished}, {index}, {count};");
         emit!(self, "@{finished} bra {copied};");
         let source = r(self, RegClass::B64);
         let length = r(self, RegClass::B32);
@@ -287,12 +292,7 @@ impl Writer<'_> {
             let units = r(self, RegClass::B32);
             let position = r(self, RegClass::B32);
             emit!(self, "shr.u32 {units}, {length}, {shift};");
-            if path_end {
-                // The fast path already copied the first FAST_WORDS words.
-                emit!(self, "add.u32 {position}, {rank}, {FAST_WORDS};");
-            } else {
-                emit!(self, "mov.u32 {position}, {rank};");
-            }
+            emit!(self, "mov.u32 {position}, {rank};");
             let top = self.label("results_copy");
             self.place(top);
             let past = r(self, RegClass::Pred);
@@ -346,61 +346,44 @@ impl Writer<'_> {
         emit!(self, "ret;");
     }
 
-    /// The leader's fast path, loads: the first [`FAST_WORDS`] words of every
-    /// 4-byte-aligned range (a one-thread grid's last group is a single lane, so
-    /// small outputs must not cost one L2 round trip per word). Returns, per slot,
-    /// the destination offset register and the (predicate, value) of each word.
+    /// The leader's window copies, loads: descriptor `k < windows` names an aligned
+    /// 16-byte block of a buffer (the host checked it lies inside the buffer), so
+    /// each slot is one vector load with no length or alignment arithmetic. Returns,
+    /// per slot, its skip predicate, destination register and loaded words.
     ///
-    /// Slot `k` is jumped over when `k ≥ count`, with every later one: predicated-off
-    /// loads are not free (measured on the H200, 2026-12-01, one-thread fixture: the
-    /// 16 unguarded slots cost 1.5 µs per dispatch with no range described, against
-    /// 0.1 µs guarded; `EpilogueAnatomy` and the result-ABI rows of the dispatch
-    /// bench).
-    fn result_fast_loads(&mut self, count: super::Reg) -> FastWords {
-        let r = |w: &mut Self, class| w.reg(class);
+    /// Slot `k` is jumped over when `k ≥ windows`, with every later one:
+    /// predicated-off loads are not free (measured on the H200, 2026-12-01,
+    /// one-thread fixture: 16 unguarded slots cost 1.5 µs per dispatch with no range
+    /// described, against 0.1 µs guarded; `EpilogueAnatomy`). The general per-slot
+    /// copy this replaces (bounds, alignment and four predicated words) cost about
+    /// 0.13 µs a range in a one-thread kernel: one warp's dependent instructions.
+    fn result_window_loads(&mut self, windows: super::Reg) -> Vec<WindowSlot> {
         let mut slots = Vec::with_capacity(RESULT_RANGE_SLOTS);
-        let loaded = self.label("results_fast_loaded");
+        let loaded = self.label("results_windows_loaded");
         for slot in 0..RESULT_RANGE_SLOTS {
             let base = DESCRIPTOR_BYTES * slot;
-            let beyond = r(self, RegClass::Pred);
-            emit!(self, "setp.le.u32 {beyond}, {count}, {slot};");
+            let beyond = self.reg(RegClass::Pred);
+            emit!(self, "setp.le.u32 {beyond}, {windows}, {slot};");
             emit!(self, "@{beyond} bra {loaded};");
-            let source = r(self, RegClass::B64);
-            let length = r(self, RegClass::B32);
-            let offset = r(self, RegClass::B32);
-            let low = r(self, RegClass::B32);
-            let alignment = r(self, RegClass::B32);
-            let valid = r(self, RegClass::Pred);
-            let aligned = r(self, RegClass::Pred);
-            emit!(self, "setp.lt.u32 {valid}, {slot}, {count};");
+            let source = self.reg(RegClass::B64);
+            let destination = self.reg(RegClass::B64);
             emit!(self, "ld.param.u64 {source}, [vyre_ranges+{base}];");
-            emit!(self, "ld.param.u32 {length}, [vyre_ranges+{}];", base + 8);
-            emit!(self, "ld.param.u32 {offset}, [vyre_ranges+{}];", base + 12);
-            emit!(self, "cvt.u32.u64 {low}, {source};");
-            emit!(self, "or.b32 {alignment}, {low}, {length};");
-            emit!(self, "or.b32 {alignment}, {alignment}, {offset};");
-            emit!(self, "and.b32 {alignment}, {alignment}, 3;");
-            emit!(self, "setp.eq.and.u32 {aligned}, {alignment}, 0, {valid};");
+            emit!(
+                self,
+                "ld.param.u64 {destination}, [vyre_ranges+{}];",
+                base + 8
+            );
             emit!(self, "cvta.to.global.u64 {source}, {source};");
-            let mut words = Vec::with_capacity(FAST_WORDS as usize);
-            for word in 0..FAST_WORDS {
-                let present = r(self, RegClass::Pred);
-                let value = r(self, RegClass::B32);
-                emit!(
-                    self,
-                    "setp.gt.and.u32 {present}, {length}, {}, {aligned};",
-                    4 * word
-                );
-                emit!(
-                    self,
-                    "@{present} ld.relaxed.gpu.global.u32 {value}, [{source}+{}];",
-                    4 * word
-                );
-                words.push((present, value));
-            }
-            slots.push(FastSlot {
+            emit!(self, "cvta.to.global.u64 {destination}, {destination};");
+            let words = [(); 4].map(|()| self.reg(RegClass::B32));
+            let [a, b, c, d] = &words;
+            emit!(
+                self,
+                "ld.relaxed.gpu.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{source}];"
+            );
+            slots.push(WindowSlot {
                 beyond,
-                offset,
+                destination,
                 words,
             });
         }
@@ -408,40 +391,31 @@ impl Writer<'_> {
         slots
     }
 
-    /// The leader's fast path, stores (after every load was issued).
-    fn result_fast_stores(&mut self, slots: FastWords, results: super::Reg) {
-        let stored = self.label("results_fast_stored");
-        for FastSlot {
+    /// The leader's window copies, stores (after every load was issued).
+    fn result_window_stores(&mut self, slots: Vec<WindowSlot>) {
+        let stored = self.label("results_windows_stored");
+        for WindowSlot {
             beyond,
-            offset,
-            words,
+            destination,
+            words: [a, b, c, d],
         } in slots
         {
             emit!(self, "@{beyond} bra {stored};");
-            let wide = self.reg(RegClass::B64);
-            let to = self.reg(RegClass::B64);
-            emit!(self, "cvt.u64.u32 {wide}, {offset};");
-            emit!(self, "add.s64 {to}, {results}, {wide};");
-            for (word, (present, value)) in words.into_iter().enumerate() {
-                emit!(
-                    self,
-                    "@{present} st.global.u32 [{to}+{}], {value};",
-                    4 * word
-                );
-            }
+            emit!(
+                self,
+                "st.global.v4.u32 [{destination}], {{{a}, {b}, {c}, {d}}};"
+            );
         }
         self.place(stored);
     }
 }
 
-/// One descriptor slot of the leader's fast path.
-struct FastSlot {
-    /// Set when the slot (and every later one) is past the range count.
+/// One window slot of the leader's copies.
+struct WindowSlot {
+    /// Set when the slot (and every later one) is past the window count.
     beyond: super::Reg,
-    /// The destination offset register.
-    offset: super::Reg,
-    /// Each fast word's predicate and value registers.
-    words: Vec<(super::Reg, super::Reg)>,
+    /// The destination address register (in the result area).
+    destination: super::Reg,
+    /// The four loaded words.
+    words: [super::Reg; 4],
 }
-
-type FastWords = Vec<FastSlot>;
