@@ -123,6 +123,7 @@ pub struct DriverCallCounts {
 
 impl DriverCallCounts {
     /// The calls made since `before` (an earlier reading of the same thread).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn since(&self, before: &DriverCallCounts) -> DriverCallCounts {
         DriverCallCounts {
             synchronizes: self.synchronizes - before.synchronizes,

@@ -70,9 +70,13 @@ impl LaunchParameters {
         let mut parameters = LaunchParameters::default();
         for ((slot, &address), &bytes) in slots.iter().zip(addresses).zip(sizes) {
             parameters.addresses.push(address);
+            // Element sizes are powers of two: a shift, not a 64-bit division per
+            // binding on every dispatch.
+            let size = slot.elem.size_bytes();
+            debug_assert!(size.is_power_of_two());
             parameters
                 .counts
-                .push((bytes / slot.elem.size_bytes() as u64) as u32);
+                .push((bytes >> size.trailing_zeros()) as u32);
         }
         parameters
     }
