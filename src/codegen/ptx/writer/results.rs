@@ -379,17 +379,7 @@ impl Writer<'_> {
             emit!(self, "setp.le.u32 {beyond}, {windows}, {first};");
             emit!(self, "@{beyond} bra {loaded};");
             slots.groups.push(beyond);
-            let sources: Vec<super::Reg> = (first..first + WINDOW_GROUP)
-                .map(|slot| {
-                    let source = self.reg(RegClass::B64);
-                    emit!(
-                        self,
-                        "ld.param.u64 {source}, [vyre_ranges+{}];",
-                        DESCRIPTOR_BYTES * slot
-                    );
-                    source
-                })
-                .collect();
+            let sources = self.window_group_addresses(first, 0);
             for (slot, source) in (first..).zip(sources) {
                 let live = self.window_live(windows, slot);
                 let words = [(); 4].map(|()| self.reg(RegClass::B32));
@@ -418,17 +408,7 @@ impl Writer<'_> {
         for (group, beyond) in groups.into_iter().enumerate() {
             let first = group * WINDOW_GROUP;
             emit!(self, "@{beyond} bra {stored};");
-            let destinations: Vec<super::Reg> = (first..first + WINDOW_GROUP)
-                .map(|slot| {
-                    let destination = self.reg(RegClass::B64);
-                    emit!(
-                        self,
-                        "ld.param.u64 {destination}, [vyre_ranges+{}];",
-                        DESCRIPTOR_BYTES * slot + 8
-                    );
-                    destination
-                })
-                .collect();
+            let destinations = self.window_group_addresses(first, 8);
             for (slot, destination) in (first..).zip(destinations) {
                 let live = self.window_live(windows, slot);
                 let [a, b, c, d] = &words[slot];
@@ -440,6 +420,23 @@ impl Writer<'_> {
             }
         }
         self.place(stored);
+    }
+
+    /// One address word (byte `word` of each descriptor: 0 the source block, 8 the
+    /// destination) of every slot of the group starting at slot `first`, read back
+    /// to back so no copy waits for its own constant load.
+    fn window_group_addresses(&mut self, first: usize, word: usize) -> Vec<super::Reg> {
+        (first..first + WINDOW_GROUP)
+            .map(|slot| {
+                let address = self.reg(RegClass::B64);
+                emit!(
+                    self,
+                    "ld.param.u64 {address}, [vyre_ranges+{}];",
+                    DESCRIPTOR_BYTES * slot + word
+                );
+                address
+            })
+            .collect()
     }
 
     /// A predicate set when window slot `slot` is below the window count.
