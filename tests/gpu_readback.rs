@@ -74,7 +74,9 @@ fn small_and_large_inputs(seed: u32, large_words: usize) -> Vec<Vec<u8>> {
 /// program with one small and one large output (mapped + DMA in one dispatch) give
 /// the reference interpreter's bytes on the borrowed, resident, mixed and
 /// compiled-kernel paths, with fixpoint iterations, and with byte ranges at odd
-/// offsets and lengths (the kernel's byte-copy path); the stamps are present
+/// offsets and lengths: inside one 16-byte block (windows, delivered from their
+/// place in the block), across a block boundary at an odd offset (the kernel's
+/// byte-copy loop) and at a word offset (its word loop); the stamps are present
 /// (`kernel_ns > 0`) on every path.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -169,6 +171,16 @@ fn gpu_outputs_match_the_reference_on_every_path() {
                 offset: 60,
                 len: 4
             },
+            ByteRange {
+                binding: 1,
+                offset: 13,
+                len: 6
+            },
+            ByteRange {
+                binding: 1,
+                offset: 12,
+                len: 8
+            },
         ]);
         let ranged = gpu
             .dispatch_resident(&program, &handles, &config.clone().with_readback(ranges))
@@ -177,6 +189,8 @@ fn gpu_outputs_match_the_reference_on_every_path() {
         assert_eq!(ranged[1], expected[1][1..8]);
         assert_eq!(ranged[2], expected[1]);
         assert_eq!(ranged[3], expected[0][60..64]);
+        assert_eq!(ranged[4], expected[0][13..19]);
+        assert_eq!(ranged[5], expected[0][12..20]);
         for h in handles {
             gpu.free_resident(h).unwrap();
         }

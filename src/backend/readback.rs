@@ -199,7 +199,7 @@ const FLAG_WINDOWS_SHIFT: u32 = 8;
 
 /// Bytes of one window: a range inside one aligned 16-byte block of its buffer is
 /// copied whole, block and all.
-pub(crate) const WINDOW_BYTES: u64 = 16;
+pub const WINDOW_BYTES: u64 = 16;
 
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these
