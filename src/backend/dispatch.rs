@@ -788,9 +788,14 @@ impl BackendInner {
                     // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX)
                     // and took at most RESULT_RANGE_SLOTS items, so a slot is free.
                     let memory = base..base + sizes[r.slot as usize];
-                    let delivered = results
-                        .describe(source, r.len as u32, offset, memory)
-                        .unwrap_or(offset) as usize;
+                    let Some(delivered) = results.describe(source, r.len as u32, offset, memory)
+                    else {
+                        self.release(lane, held, false);
+                        return Err(BackendError::internal(
+                            "a mapped readback found no free result descriptor",
+                        ));
+                    };
+                    let delivered = delivered as usize;
                     area_end = area_end.max(delivered + r.len as usize);
                     deliveries.push(Delivery::Area {
                         offset: delivered,
