@@ -45,6 +45,7 @@ use super::buffer::{DeviceBuffer, DeviceSpans, PinnedBuffer};
 use super::driver::{self, DeviceMemory, DriverError, Event, PinnedMemory};
 use super::kernel::KernelInner;
 use super::ordering::Accesses;
+use super::outputs::Outputs;
 use super::plan::{align_up, check_binding_sizes, plan_readback, ReadItem};
 use super::pool::Lane;
 use super::readback::{
@@ -121,6 +122,8 @@ pub struct TimedDispatch {
 /// Where read-back bytes go.
 pub(crate) enum Sink<'s, 'o> {
     Vecs(&'s mut Vec<Vec<u8>>),
+    /// One allocation for every item (the untimed `dispatch` and `dispatch_resident`).
+    Packed(&'s mut Outputs),
     Slices(&'s mut [&'o mut [u8]]),
 }
 
@@ -195,26 +198,28 @@ impl InFlight {
 
 impl CudaBackend {
     /// Dispatch `program` over borrowed host inputs, one per global buffer in binding
-    /// order (see [`Program::global_buffers`]); returns the read-back outputs.
+    /// order (see [`Program::global_buffers`]); returns the read-back outputs, every
+    /// item in one allocation ([`Outputs`]; `outputs[i]` is item `i`).
     pub fn dispatch(
         &self,
         program: &Program,
         inputs: &[&[u8]],
         config: &DispatchConfig,
-    ) -> Result<Vec<Vec<u8>>, BackendError> {
+    ) -> Result<Outputs, BackendError> {
         let bindings: PerBinding<Binding> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
-        Ok(self.run_program(program, &bindings, config, false)?.outputs)
+        self.run_program_packed(program, &bindings, config)
     }
 
-    /// Dispatch `program` over resident buffers, one per global buffer in binding order.
+    /// Dispatch `program` over resident buffers, one per global buffer in binding order;
+    /// returns the read-back outputs in one allocation ([`Outputs`]).
     pub fn dispatch_resident(
         &self,
         program: &Program,
         handles: &[ResidentBuffer],
         config: &DispatchConfig,
-    ) -> Result<Vec<Vec<u8>>, BackendError> {
+    ) -> Result<Outputs, BackendError> {
         let bindings: PerBinding<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
-        Ok(self.run_program(program, &bindings, config, false)?.outputs)
+        self.run_program_packed(program, &bindings, config)
     }
 
     /// [`CudaBackend::dispatch_resident`] with host timings and `kernel_ns` (from
@@ -314,6 +319,38 @@ impl CudaBackend {
         config: &DispatchConfig,
         want_timing: bool,
     ) -> Result<TimedDispatch, BackendError> {
+        let mut outputs = Vec::new();
+        let timing = self.run_program_into(
+            program,
+            bindings,
+            config,
+            Sink::Vecs(&mut outputs),
+            want_timing,
+        )?;
+        Ok(with_outputs(timing, outputs))
+    }
+
+    /// The untimed program path: every output in one allocation.
+    fn run_program_packed(
+        &self,
+        program: &Program,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+    ) -> Result<Outputs, BackendError> {
+        let mut outputs = Outputs::default();
+        self.run_program_into(program, bindings, config, Sink::Packed(&mut outputs), false)?;
+        Ok(outputs)
+    }
+
+    /// The program path: open the probe dispatch, resolve the kernel, execute.
+    fn run_program_into(
+        &self,
+        program: &Program,
+        bindings: &[Binding<'_>],
+        config: &DispatchConfig,
+        sink: Sink<'_, '_>,
+        want_timing: bool,
+    ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
         self.inner.check_alive()?;
@@ -321,7 +358,6 @@ impl CudaBackend {
         let (kernel, mark) =
             self.inner
                 .resolve_kernel(program, config, probe.as_ref().map(|_| start))?;
-        let mut outputs = Vec::new();
         let request = Request {
             kernel: &kernel,
             bindings,
@@ -331,10 +367,7 @@ impl CudaBackend {
             mark,
             after: None,
         };
-        let timing = self
-            .inner
-            .execute(request, Sink::Vecs(&mut outputs), probe)?;
-        Ok(with_outputs(timing, outputs))
+        self.inner.execute(request, sink, probe)
     }
 
     /// Allocate a resident buffer of `bytes` bytes (contents undefined until uploaded).
@@ -1181,6 +1214,11 @@ impl BackendInner {
             Sink::Vecs(out) => {
                 out.reserve(deliveries.len());
                 readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes.to_vec()));
+            }
+            Sink::Packed(out) => {
+                let total = deliveries.iter().map(Delivery::len).sum();
+                *out = Outputs::with_capacity(total);
+                readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes));
             }
             Sink::Slices(out) => {
                 readback.deliver(&lane.staging, area, |i, bytes| {

@@ -40,6 +40,7 @@ mod error;
 pub mod floor;
 mod kernel;
 mod ordering;
+mod outputs;
 mod plan;
 mod pool;
 mod portable;
@@ -59,6 +60,7 @@ pub use dispatch::{Binding, TimedDispatch};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
+pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use portable::{
     AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
     AnyRecorder, ReferenceBackend,

@@ -326,6 +326,15 @@ pub(crate) enum Delivery {
     Area { offset: usize, len: usize },
 }
 
+impl Delivery {
+    /// The item's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match *self {
+            Delivery::Staging { len, .. } | Delivery::Area { len, .. } => len,
+        }
+    }
+}
+
 /// The one copy that brings a device-memory result area back (no mapping available).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct AreaCopy {
