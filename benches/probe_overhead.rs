@@ -124,9 +124,9 @@ fn upload(backend: &CudaBackend, program: &Program) -> Result<Vec<ResidentBuffer
     Ok(handles)
 }
 
-fn first_word(outputs: &[Vec<u8>]) -> u64 {
+fn first_word(outputs: &vyre_cuda::backend::Outputs) -> u64 {
     outputs
-        .first()
+        .get(0)
         .and_then(|output| output.first_chunk::<4>())
         .map_or(0, |b| u64::from(u32::from_le_bytes(*b)))
 }

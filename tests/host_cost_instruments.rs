@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::{
-    BackendError, Binding, CudaBackend, DeviceCaps, LaunchPlan, PtxKey, ResidentBuffer,
+    BackendError, Binding, CudaBackend, DeviceCaps, LaunchPlan, Outputs, PtxKey, ResidentBuffer,
 };
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::host_cost::{
@@ -274,9 +274,9 @@ fn digest_word(digest: Digest) -> u64 {
 }
 
 /// First u32 of the first read-back output (the fixture's `out[0]`).
-fn first_word(outputs: &[Vec<u8>]) -> u64 {
+fn first_word(outputs: &Outputs) -> u64 {
     outputs
-        .first()
+        .get(0)
         .and_then(|output| output.first_chunk::<4>())
         .map_or(0, |b| u64::from(u32::from_le_bytes(*b)))
 }
@@ -584,7 +584,7 @@ fn host_cost_resident_prefix_cells() -> Outcome {
                 .dispatch_kernel_into(&kernel, &bindings, config, &mut slices)
                 .map(|timing| timing.wall_ns & 1)
         })
-        .wrapping_add(first_word(&storage))
+        .wrapping_add(first_word(&Outputs::from(&storage[..])))
     });
     let floors = floor_cells(&mut report, &errors, &mut floor, outputs);
 

@@ -49,6 +49,7 @@ use crate::ir::Program;
 
 use super::dispatch::{with_outputs, InFlight, Request, Sink, Submitted};
 use super::driver::{DeviceMemory, Event, PinnedMemory, Stream};
+use super::outputs::Outputs;
 use super::{BackendError, BackendInner, Binding, CudaBackend, Kernel, TimedDispatch};
 
 /// Most submissions pending at once on one backend (each holds a lane).
@@ -592,8 +593,8 @@ impl CudaBackend {
             mark: None,
             after,
         };
-        let mut outputs = Vec::new();
-        let state = match inner.submit(request, &Sink::Vecs(&mut outputs), false) {
+        let mut outputs = Outputs::default();
+        let state = match inner.submit(request, &Sink::Packed(&mut outputs), false) {
             Err(e) => {
                 inner.pending.fetch_sub(1, Ordering::AcqRel);
                 return Err(e);
@@ -605,7 +606,7 @@ impl CudaBackend {
             }) => {
                 // Grid sync: the barrier lease cannot outlive this call, so wait now.
                 let done = inner
-                    .complete(&kernel.inner, in_flight, Sink::Vecs(&mut outputs), mark)
+                    .complete(&kernel.inner, in_flight, Sink::Packed(&mut outputs), mark)
                     .map(|timing| with_outputs(timing, outputs));
                 drop(lease);
                 PendingState::Done(done)
@@ -669,14 +670,14 @@ impl PendingDispatch {
             PendingState::InFlight(in_flight) => {
                 // `wait` may run on another thread than `submit`.
                 let bound = inner.bind();
-                let mut outputs = Vec::new();
+                let mut outputs = Outputs::default();
                 let mut spans = None;
                 let result = match bound {
                     Ok(()) => inner
                         .complete_with_spans(
                             &self.kernel.inner,
                             *in_flight,
-                            Sink::Vecs(&mut outputs),
+                            Sink::Packed(&mut outputs),
                             // Submissions are not charged to the probe: no phase
                             // may land in another dispatch's record.
                             None,

@@ -101,8 +101,9 @@ impl Binding<'_> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TimedDispatch {
-    /// Bytes read back, one entry per readback item (see [`ReadbackPolicy`](crate::ReadbackPolicy)).
-    pub outputs: Vec<Vec<u8>>,
+    /// Bytes read back, one item per readback item (see [`ReadbackPolicy`](crate::ReadbackPolicy)),
+    /// in one allocation.
+    pub outputs: Outputs,
     /// The whole call, host clock.
     pub wall_ns: u64,
     /// Host time until the last asynchronous operation was enqueued.
@@ -121,9 +122,9 @@ pub struct TimedDispatch {
 
 /// Where read-back bytes go.
 pub(crate) enum Sink<'s, 'o> {
-    Vecs(&'s mut Vec<Vec<u8>>),
-    /// One allocation for every item (the untimed `dispatch` and `dispatch_resident`).
+    /// Every item in one allocation.
     Packed(&'s mut Outputs),
+    /// The caller's slices, one per item (allocates nothing).
     Slices(&'s mut [&'o mut [u8]]),
 }
 
@@ -254,8 +255,9 @@ impl CudaBackend {
         bindings: &[Binding<'_>],
         config: &DispatchConfig,
     ) -> Result<TimedDispatch, BackendError> {
-        let mut outputs = Vec::new();
-        let timing = self.run_kernel(kernel, bindings, config, Sink::Vecs(&mut outputs), false)?;
+        let mut outputs = Outputs::default();
+        let timing =
+            self.run_kernel(kernel, bindings, config, Sink::Packed(&mut outputs), false)?;
         Ok(with_outputs(timing, outputs))
     }
 
@@ -319,12 +321,12 @@ impl CudaBackend {
         config: &DispatchConfig,
         want_timing: bool,
     ) -> Result<TimedDispatch, BackendError> {
-        let mut outputs = Vec::new();
+        let mut outputs = Outputs::default();
         let timing = self.run_program_into(
             program,
             bindings,
             config,
-            Sink::Vecs(&mut outputs),
+            Sink::Packed(&mut outputs),
             want_timing,
         )?;
         Ok(with_outputs(timing, outputs))
@@ -593,7 +595,7 @@ pub(crate) enum Transfer<'d, 'o> {
     Read(&'o mut [u8]),
 }
 
-pub(crate) fn with_outputs(timing: DispatchTiming, outputs: Vec<Vec<u8>>) -> TimedDispatch {
+pub(crate) fn with_outputs(timing: DispatchTiming, outputs: Outputs) -> TimedDispatch {
     TimedDispatch {
         outputs,
         wall_ns: timing.wall_ns,
@@ -1211,10 +1213,6 @@ impl BackendInner {
         };
         let area = lane.results.as_ref();
         match sink {
-            Sink::Vecs(out) => {
-                out.reserve(deliveries.len());
-                readback.deliver(&lane.staging, area, |_, bytes| out.push(bytes.to_vec()));
-            }
             Sink::Packed(out) => {
                 let total = deliveries.iter().map(Delivery::len).sum();
                 *out = Outputs::with_capacity(total);

@@ -135,6 +135,16 @@ impl<'o> IntoIterator for &'o Outputs {
     }
 }
 
+impl IntoIterator for Outputs {
+    type Item = Vec<u8>;
+    type IntoIter = std::vec::IntoIter<Vec<u8>>;
+
+    /// Owned items (one allocation each), for code that keeps them apart.
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vecs().into_iter()
+    }
+}
+
 impl From<Outputs> for Vec<Vec<u8>> {
     fn from(outputs: Outputs) -> Vec<Vec<u8>> {
         outputs.into_vecs()
@@ -194,6 +204,7 @@ mod tests {
         assert_eq!(outputs.as_bytes(), &[1, 2, 3, 4, 5, 6]);
         assert_eq!(format!("{outputs:?}"), format!("{items:?}"));
         assert_eq!(outputs.clone().into_vecs(), items);
+        assert_eq!(outputs.clone().into_iter().collect::<Vec<_>>(), items);
         let split_elsewhere: Vec<Vec<u8>> = vec![vec![1, 2], vec![3], vec![4], vec![5, 6]];
         assert_ne!(outputs, split_elsewhere);
         assert_ne!(outputs, items[..3].to_vec());

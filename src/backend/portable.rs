@@ -60,6 +60,7 @@ use crate::config::{DispatchConfig, ReadbackPolicy};
 use crate::graph::{DispatchGraph, GraphBinding, GraphRecorder, InputSlot, OutputSlot, StepId};
 use crate::ir::{Node, Program};
 
+use super::outputs::Outputs;
 use super::plan::{binding_slots, check_binding_sizes, plan_readback, ReadItem};
 use super::{
     BackendError, Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, PendingDispatch,
@@ -512,13 +513,11 @@ fn reference_dispatch(
         }
         inputs[slot] = bytes;
     }
-    let outputs = reads
-        .iter()
-        .map(|read| {
-            let start = read.offset as usize;
-            inputs[read.slot as usize][start..start + read.len as usize].to_vec()
-        })
-        .collect();
+    let mut outputs = Outputs::with_capacity(reads.iter().map(|read| read.len as usize).sum());
+    for read in &reads {
+        let start = read.offset as usize;
+        outputs.push(&inputs[read.slot as usize][start..start + read.len as usize]);
+    }
     let wall_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
     Ok(TimedDispatch {
         outputs,

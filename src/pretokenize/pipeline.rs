@@ -634,11 +634,11 @@ impl CudaPipeline {
     fn eager_count(
         &self,
         step: &Step,
-        outputs: &[impl AsRef<[u8]>],
+        first_output: Option<&[u8]>,
         count: &mut Option<usize>,
     ) -> Result<(), PretokenizeError> {
         if step.readback == StepReadback::PieceCount {
-            let bytes = outputs.first().map_or(&[][..], AsRef::as_ref);
+            let bytes = first_output.unwrap_or(&[]);
             *count = Some(piece_count(bytes, self.layout.text_len)?);
         }
         Ok(())
@@ -690,7 +690,7 @@ impl CudaPipeline {
                 timing.wall_ns = elapsed_ns(step_start);
             }
             steps[index] = timing;
-            self.eager_count(step, &[count_bytes], &mut count)?;
+            self.eager_count(step, Some(&count_bytes[..]), &mut count)?;
         }
         self.finish_eager(count, start, steps)
     }
@@ -726,7 +726,7 @@ impl CudaPipeline {
                 device_window_ns: done.device_window_ns,
                 kernel_ns: done.kernel_ns,
             };
-            self.eager_count(&STEPS[index], &done.outputs, &mut count)?;
+            self.eager_count(&STEPS[index], done.outputs.get(0), &mut count)?;
         }
         self.finish_eager(count, start, steps)
     }
