@@ -208,7 +208,7 @@ impl CudaBackend {
         config: &DispatchConfig,
     ) -> Result<Outputs, BackendError> {
         let bindings: PerBinding<Binding> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
-        self.run_program_packed(program, &bindings, config)
+        Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
     /// Dispatch `program` over resident buffers, one per global buffer in binding order;
@@ -220,7 +220,7 @@ impl CudaBackend {
         config: &DispatchConfig,
     ) -> Result<Outputs, BackendError> {
         let bindings: PerBinding<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
-        self.run_program_packed(program, &bindings, config)
+        Ok(self.run_program(program, &bindings, config, false)?.outputs)
     }
 
     /// [`CudaBackend::dispatch_resident`] with host timings and `kernel_ns` (from
@@ -314,6 +314,8 @@ impl CudaBackend {
         self.inner.execute(request, sink, probe)
     }
 
+    /// The program path: open the probe dispatch, resolve the kernel, execute; every
+    /// output in one allocation.
     fn run_program(
         &self,
         program: &Program,
@@ -321,38 +323,6 @@ impl CudaBackend {
         config: &DispatchConfig,
         want_timing: bool,
     ) -> Result<TimedDispatch, BackendError> {
-        let mut outputs = Outputs::default();
-        let timing = self.run_program_into(
-            program,
-            bindings,
-            config,
-            Sink::Packed(&mut outputs),
-            want_timing,
-        )?;
-        Ok(with_outputs(timing, outputs))
-    }
-
-    /// The untimed program path: every output in one allocation.
-    fn run_program_packed(
-        &self,
-        program: &Program,
-        bindings: &[Binding<'_>],
-        config: &DispatchConfig,
-    ) -> Result<Outputs, BackendError> {
-        let mut outputs = Outputs::default();
-        self.run_program_into(program, bindings, config, Sink::Packed(&mut outputs), false)?;
-        Ok(outputs)
-    }
-
-    /// The program path: open the probe dispatch, resolve the kernel, execute.
-    fn run_program_into(
-        &self,
-        program: &Program,
-        bindings: &[Binding<'_>],
-        config: &DispatchConfig,
-        sink: Sink<'_, '_>,
-        want_timing: bool,
-    ) -> Result<DispatchTiming, BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
         self.inner.check_alive()?;
@@ -369,7 +339,11 @@ impl CudaBackend {
             mark,
             after: None,
         };
-        self.inner.execute(request, sink, probe)
+        let mut outputs = Outputs::default();
+        let timing = self
+            .inner
+            .execute(request, Sink::Packed(&mut outputs), probe)?;
+        Ok(with_outputs(timing, outputs))
     }
 
     /// Allocate a resident buffer of `bytes` bytes (contents undefined until uploaded).
