@@ -20,6 +20,8 @@
 
 #[path = "jit_folding/cases.rs"]
 mod cases;
+#[path = "support/ptxas.rs"]
+mod ptxas;
 
 use cases::*;
 use vyre_cuda::codegen::program_to_ptx;
@@ -97,34 +99,16 @@ fn ptx_hides_constants_and_negations_from_the_jit() {
     ));
 }
 
-/// Locks out a fix that ptxas rejects: the two programs assemble (needs ptxas via
-/// `VYRE_PTXAS`; skipped without it unless `VYRE_REQUIRE_PTXAS=1`).
+/// Locks out a fix that ptxas rejects: the two programs assemble (needs ptxas, found
+/// as `support/ptxas.rs` says; skipped without it unless `VYRE_REQUIRE_PTXAS=1`).
 #[test]
 fn fixed_programs_assemble_with_ptxas() {
-    let Some(ptxas) = std::env::var_os("VYRE_PTXAS").filter(|p| !p.is_empty()) else {
-        assert!(
-            std::env::var("VYRE_REQUIRE_PTXAS").map_or(true, |v| v != "1"),
-            "Fix: set VYRE_PTXAS to a ptxas binary"
-        );
-        eprintln!("fixed_programs_assemble_with_ptxas: skipped: VYRE_PTXAS not set");
+    let Some(ptxas) = ptxas::require("fixed_programs_assemble_with_ptxas") else {
         return;
     };
-    let directory = tempfile::tempdir().expect("tempdir");
     for (name, program) in [("tie", tie_program()), ("negation", negation_program())] {
-        let source = directory.path().join(format!("{name}.ptx"));
-        std::fs::write(&source, ptx_of(&program)).expect("write");
-        let output = std::process::Command::new(&ptxas)
-            .arg("-arch=sm_90")
-            .arg(&source)
-            .arg("-o")
-            .arg(directory.path().join(format!("{name}.cubin")))
-            .output()
-            .expect("run ptxas");
-        assert!(
-            output.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        ptxas::assemble(&ptxas, name, &ptx_of(&program))
+            .unwrap_or_else(|report| panic!("{report}"));
     }
 }
 

@@ -1,10 +1,10 @@
 //! The pretokenize programs through validation, lowering, PTX generation and the
 //! real `ptxas` (§2), so a program the GPU machine would reject is caught on a
-//! machine without a GPU. ptxas comes from `VYRE_PTXAS`; without it the test
-//! prints that it skipped, unless `VYRE_REQUIRE_PTXAS=1` makes that a failure.
+//! machine without a GPU. ptxas is found as `support/ptxas.rs` says; without it the
+//! test prints that it skipped, unless `VYRE_REQUIRE_PTXAS=1` makes that a failure.
 
-use std::path::PathBuf;
-use std::process::Command;
+#[path = "support/ptxas.rs"]
+mod ptxas;
 
 use vyre_cuda::codegen::program_to_ptx;
 use vyre_cuda::ir::{validate, validate_lowered, Limits};
@@ -13,30 +13,12 @@ use vyre_cuda::pretokenize::programs::{build, programs};
 use vyre_cuda::pretokenize::Geometry;
 use vyre_cuda::CodegenOptions;
 
-fn ptxas() -> Option<PathBuf> {
-    let found = std::env::var_os("VYRE_PTXAS")
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
-        .filter(|path| path.is_file());
-    let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|value| value == "1");
-    assert!(
-        found.is_some() || !required,
-        "Fix: VYRE_REQUIRE_PTXAS=1 but VYRE_PTXAS does not name a ptxas binary; set it"
-    );
-    found
-}
-
 /// Locks out programs the device would refuse: each step of the default and a
 /// small geometry validates, lowers (both reduction strategies), generates PTX
 /// and assembles with `ptxas -arch=sm_90`.
 #[test]
 fn pretokenize_programs_validate_lower_and_assemble() {
-    let ptxas = ptxas();
-    if ptxas.is_none() {
-        eprintln!(
-            "pretokenize_programs_validate_lower_and_assemble: ptxas not found, assembling skipped"
-        );
-    }
+    let ptxas = ptxas::require("pretokenize_programs_validate_lower_and_assemble");
     let directory = tempfile::tempdir().expect("tempdir");
     let small = build(Geometry {
         workgroup_size: 48,
@@ -65,20 +47,8 @@ fn pretokenize_programs_validate_lower_and_assemble() {
                     programs.geometry.workgroup_size,
                     if subgroup_ops { "subgroup" } else { "tree" }
                 );
-                let source = directory.path().join(format!("{name}.ptx"));
-                std::fs::write(&source, &ptx).expect("write PTX");
-                let output = Command::new(ptxas)
-                    .arg("-arch=sm_90")
-                    .arg(&source)
-                    .arg("-o")
-                    .arg(directory.path().join(format!("{name}.cubin")))
-                    .output()
-                    .expect("run ptxas");
-                assert!(
-                    output.status.success(),
-                    "ptxas rejected {name}: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
+                ptxas::assemble_in(ptxas, directory.path(), &name, &ptx)
+                    .unwrap_or_else(|report| panic!("{report}"));
             }
         }
     }

@@ -2,11 +2,11 @@
 //! kernel stamps its own device time and its last thread copies readback ranges into
 //! host-mapped memory (§11). These tests need no GPU; `gpu_readback` runs the kernels.
 //!
-//! ptxas is found through `VYRE_PTXAS` or `PATH`; without it the assembler test
-//! prints "skipped", unless `VYRE_REQUIRE_PTXAS=1`.
+//! ptxas is found as `support/ptxas.rs` says; without it the assembler test prints
+//! "skipped", unless `VYRE_REQUIRE_PTXAS=1`.
 
-use std::path::PathBuf;
-use std::process::Command;
+#[path = "support/ptxas.rs"]
+mod ptxas;
 
 use vyre_cuda::codegen::{program_to_ptx, program_to_ptx_with_results, RESULT_RANGE_SLOTS};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture};
@@ -14,54 +14,6 @@ use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 use vyre_cuda::CodegenOptions;
-
-fn ptxas() -> Option<PathBuf> {
-    let found = std::env::var_os("VYRE_PTXAS")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::split_paths(&std::env::var_os("PATH")?)
-                .map(|d| d.join("ptxas"))
-                .find(|c| c.is_file())
-        });
-    if found.is_none() {
-        assert!(
-            std::env::var("VYRE_REQUIRE_PTXAS").map_or(true, |v| v != "1"),
-            "Fix: VYRE_REQUIRE_PTXAS=1 but no ptxas was found; set VYRE_PTXAS to its path"
-        );
-        eprintln!("skipped: ptxas not found");
-    }
-    found
-}
-
-/// Assemble for sm_90; Err carries ptxas's message and the numbered PTX.
-fn assemble(
-    ptxas: &PathBuf,
-    directory: &std::path::Path,
-    name: &str,
-    ptx: &str,
-) -> Result<(), String> {
-    let source = directory.join(format!("{name}.ptx"));
-    std::fs::write(&source, ptx).map_err(|e| e.to_string())?;
-    let output = Command::new(ptxas)
-        .arg("-arch=sm_90")
-        .arg(&source)
-        .arg("-o")
-        .arg(directory.join(format!("{name}.cubin")))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let mut report = format!(
-        "ptxas rejected {name}:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for (number, line) in ptx.lines().enumerate() {
-        report.push_str(&format!("{:5} | {line}\n", number + 1));
-    }
-    Err(report)
-}
 
 fn early_return() -> Program {
     Program::builder([64, 1, 1])
@@ -131,7 +83,7 @@ fn result_abi_kernels_exit_only_through_the_epilogue() {
 /// atomics, workgroup reductions lowered both ways) must assemble with ptxas.
 #[test]
 fn result_abi_kernels_assemble_with_ptxas() {
-    let Some(ptxas) = ptxas() else {
+    let Some(ptxas) = ptxas::require("result_abi_kernels_assemble_with_ptxas") else {
         return;
     };
     let mut modules = Vec::new();
@@ -173,7 +125,9 @@ fn result_abi_kernels_assemble_with_ptxas() {
                         .iter()
                         .skip(worker)
                         .step_by(2)
-                        .filter_map(|(name, ptx)| assemble(ptxas, directory, name, ptx).err())
+                        .filter_map(|(name, ptx)| {
+                            ptxas::assemble_in(ptxas, directory, name, ptx).err()
+                        })
                         .collect::<Vec<_>>()
                 })
             })
