@@ -78,11 +78,13 @@ use kernel::KernelInner;
 use pool::{LanePool, TransientPool};
 use resident::ResidentTable;
 
-/// Bindings (and readback items) one dispatch keeps inline, off the heap: every
-/// per-binding list of the dispatch path (sizes, addresses, held buffers, kernel
-/// parameters, order-book accesses, readback routes) is a [`PerBinding`]. With 16
-/// the §6 fixture's 17-buffer shape spilled six of them to the heap on every
-/// dispatch (an allocation and a free each).
+/// Bindings (and readback items) one dispatch keeps inline, off the heap: the lists
+/// of the dispatch path that grow with every binding or readback item (sizes,
+/// addresses, resident holds, kernel parameters, order-book accesses, readback
+/// plans, routes and deliveries) are [`PerBinding`]s. With 16 the §6 fixture's
+/// 17-buffer shape spilled six of them to the heap on every dispatch (an allocation
+/// and a free each). Lists only borrowed or write-only bindings add to (transient
+/// buffers, uploads, clears) keep 16 inline.
 pub(crate) const INLINE_BINDINGS: usize = 32;
 
 /// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].

@@ -397,7 +397,9 @@ impl Writer<'_> {
     }
 
     /// The leader's window copies, stores (after every load was issued), grouped
-    /// and predicated like the loads.
+    /// and predicated like the loads. The per-slot predicates are set again rather
+    /// than kept from the loads: sixteen of them live across the stamps would exceed
+    /// the hardware's predicate registers and be spilled.
     fn result_window_stores(&mut self, slots: WindowSlots) {
         let stored = self.label("results_windows_stored");
         let WindowSlots {
