@@ -538,6 +538,83 @@ fn nested_control() -> Program {
         .build()
 }
 
+/// The scan to the next space: a data-dependent loop whose PTX must be as tight as
+/// hand-written (one compare and one branch per iteration).
+fn while_scan() -> Program {
+    Program::builder([64, 1, 1])
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "end",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let position = b.let_mut("position", gid.clone());
+            b.while_(
+                Expr::load("text", position.clone()).not_equals(32u32),
+                |b| {
+                    b.assign("position", position.clone() + 1u32);
+                },
+            );
+            b.store("end", gid, position);
+        })
+        .build()
+}
+
+/// `break` and `continue` in a bounded loop and in a `while` loop, nested.
+fn loop_control() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let sum = b.let_mut("sum", 0u32);
+            b.loop_("k", 0u32, 16u32, |b, k| {
+                b.if_(k.clone().bit_and(1u32).equals(1u32), |b| {
+                    b.continue_();
+                });
+                b.if_(k.clone().greater_than(gid.clone()), |b| {
+                    b.break_();
+                });
+                b.assign("sum", sum.clone() + k);
+            });
+            let n = b.let_mut("n", Expr::load("data", gid.clone()));
+            b.while_(true, |b| {
+                b.assign("n", n.clone() + 1u32);
+                b.if_(n.clone().greater_equal(100u32), |b| {
+                    b.break_();
+                });
+                b.if_(n.clone().rem(3u32).equals(0u32), |b| {
+                    b.continue_();
+                });
+                b.assign("sum", sum.clone() + n.clone());
+            });
+            b.store("out", gid, sum);
+        })
+        .build()
+}
+
 fn subgroup_ops() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -756,6 +833,12 @@ fn fixtures() -> Vec<Fixture> {
         fixture("odd_names", odd_names()),
         fixture("acc_chain_16", acc_chain(16)),
         fixture("unordered_bindings", unordered_bindings()),
+        fixture("while_scan", while_scan()),
+        Fixture {
+            options: CodegenOptions::new().with_max_loop_iterations(Some(1000)),
+            ..fixture("while_scan_capped", while_scan())
+        },
+        fixture("loop_control", loop_control()),
     ]
 }
 
@@ -1012,6 +1095,67 @@ fn bounds_check_guard_detects_unchecked_code() {
     for f in fixtures().iter().filter(|f| !f.options.bounds_checks) {
         assert!(!unguarded_accesses(&emit(f)).is_empty(), "{}", f.name);
     }
+}
+
+/// The loop-control instructions of the first loop of `kind` (`while` or `loop`) in
+/// `ptx`: every `setp` and every branch between its first label and its end label.
+/// With bounds checks off the body of `while_scan` has no compare of its own, so
+/// whatever is counted is what the loop itself costs per iteration.
+fn loop_control_instructions(ptx: &str, kind: &str) -> (usize, usize) {
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let top = format!("$L_{kind}_");
+    let end = format!("$L_{kind}_end_");
+    let first = lines
+        .iter()
+        .position(|l| l.starts_with(&top) && l.ends_with(':') && !l.starts_with(&end))
+        .expect("a loop label");
+    let last = lines
+        .iter()
+        .position(|l| l.starts_with(&end))
+        .expect("a loop end label");
+    let span = &lines[first..last];
+    let compares = span.iter().filter(|l| l.starts_with("setp")).count();
+    let branches = span.iter().filter(|l| l.contains("bra ")).count();
+    (compares, branches)
+}
+
+/// Locks out a `while` loop that costs more than hand-written PTX: each iteration of
+/// `while text[position] != 32 { position = position + 1 }` runs the body, one
+/// compare and one conditional branch back (the test sits below the body). Negative
+/// control: the shape before rotation (test at the top, unconditional branch back)
+/// counts two branches.
+#[test]
+fn a_while_iteration_costs_one_compare_and_one_branch() {
+    let ptx = emit(&Fixture {
+        options: UNCHECKED,
+        ..fixture("while_scan_unchecked", while_scan())
+    });
+    assert_eq!(loop_control_instructions(&ptx, "while"), (1, 1), "{ptx}");
+    let unrotated = "$L_while_1:\n\tsetp.eq.u32 %p1, %r11, %r12;\n\t@%p1 bra $L_while_end_2;\n\
+                     \tadd.u32 %r8, %r8, 1;\n\tbra $L_while_1;\n$L_while_end_2:\n";
+    assert_eq!(loop_control_instructions(unrotated, "while"), (1, 2));
+    // The bounded loop is rotated the same way.
+    let sum = Program::builder([32, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let total = b.let_mut("total", 0u32);
+            b.loop_("k", 0u32, Expr::length("out"), |b, k| {
+                b.assign("total", total.clone() + k);
+            });
+            b.store("out", 0u32, total);
+        })
+        .build();
+    let ptx = emit(&Fixture {
+        options: UNCHECKED,
+        ..fixture("for_sum", sum)
+    });
+    assert_eq!(loop_control_instructions(&ptx, "loop"), (1, 1), "{ptx}");
 }
 
 /// Float instructions that may be contracted into a fused multiply-add or that
@@ -1704,6 +1848,13 @@ fn random_programs_cover_every_node_and_expression_kind() {
                     walk(body, seen);
                     "loop"
                 }
+                Node::While { condition, body } => {
+                    walk_expr(condition, seen);
+                    walk(body, seen);
+                    "while"
+                }
+                Node::Break => "break",
+                Node::Continue => "continue",
                 Node::Barrier => "barrier",
                 Node::GridSync => "grid_sync",
                 Node::WorkgroupReduce { .. } => "workgroup_reduce",

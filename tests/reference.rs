@@ -746,6 +746,234 @@ fn loops_have_per_thread_trip_counts() {
     assert_eq!(out[1], [0, 0, 0, 0, 0, 0, 1, 2]);
 }
 
+/// Locks out a `while` loop with one trip count for every lane (or one that
+/// re-enters finished lanes): each lane counts its own Collatz steps, 0 to 16 of
+/// them, and a lane whose condition fails first waits for the others.
+#[test]
+fn while_loops_run_each_lane_until_its_condition_fails() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "steps",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let n = blk.let_mut("n", i.clone());
+            let steps = blk.let_mut("count", 0u32);
+            blk.while_(n.clone().greater_than(1u32), |blk| {
+                blk.if_else(
+                    n.clone().rem(2u32).equals(0u32),
+                    |blk| {
+                        blk.assign("n", n.clone() / 2u32);
+                    },
+                    |blk| {
+                        blk.assign("n", n.clone() * 3u32 + 1u32);
+                    },
+                );
+                blk.assign("count", steps.clone() + 1u32);
+            });
+            blk.store("steps", i, steps);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 32]], &DispatchConfig::linear(1));
+    // 3: 10 5 16 8 4 2 1; 6: 3 then 3's 7; 7: 22 11 34 17 52 26 13 40 20 10 5 16 8 4 2 1.
+    assert_eq!(out[0], [0, 0, 1, 7, 2, 5, 8, 16]);
+}
+
+/// Locks out a `break` or `continue` that leaves more than its innermost loop, that
+/// skips too little or too much, or whose lanes are lost to the loops around: lane
+/// `i` skips `k == i` (`continue`), stops the outer loop at `k == 3` (`break`, tested
+/// after the `continue`, so lane 3 goes on to `k == 4`), and the inner `while true`
+/// skips `j == 1` and ends at `j > k`.
+#[test]
+fn break_and_continue_leave_only_their_innermost_loop() {
+    let program = Program::builder([5, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(5),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let total = blk.let_mut("total", 0u32);
+            blk.loop_("k", 0u32, 5u32, |blk, k| {
+                blk.if_(k.clone().equals(i.clone()), |blk| {
+                    blk.continue_();
+                });
+                blk.if_(k.clone().equals(3u32), |blk| {
+                    blk.break_();
+                });
+                let j = blk.let_mut("j", 0u32);
+                blk.while_(true, |blk| {
+                    blk.assign("j", j.clone() + 1u32);
+                    blk.if_(j.clone().greater_than(k.clone()), |blk| {
+                        blk.break_();
+                    });
+                    blk.if_(j.clone().equals(1u32), |blk| {
+                        blk.continue_();
+                    });
+                    blk.assign("total", total.clone() + j.clone());
+                });
+                blk.assign("total", total.clone() + (k + 1u32) * 100u32);
+            });
+            blk.store("out", i, total);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 20]], &DispatchConfig::linear(1));
+    // k = 0, 1, 2 add 100, 200 and 2 + 300; k = 4 adds 2 + 3 + 4 + 500.
+    assert_eq!(out[0], [200 + 302, 100 + 302, 100 + 200, 602 + 509, 602]);
+}
+
+/// Locks out a `return` inside a `while` loop that only leaves the loop, and a loop
+/// that keeps running lanes that returned: lane `i` returns in iteration `i`.
+#[test]
+fn return_inside_a_while_loop_ends_the_thread() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "iterations",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "after",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let j = blk.let_mut("j", 0u32);
+            blk.while_(j.clone().less_than(3u32), |blk| {
+                blk.if_(j.clone().equals(i.clone()), |blk| {
+                    blk.return_();
+                });
+                blk.atomic(AtomicOp::Add, "iterations", i.clone(), 1u32);
+                blk.assign("j", j.clone() + 1u32);
+            });
+            blk.store("after", i, 7u32);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 16], &[0; 16]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [0, 1, 2, 3]);
+    assert_eq!(out[1], [0, 0, 0, 7]);
+}
+
+/// A one-thread (or one runaway lane among 64) `while true` loop.
+fn runaway_while(threads: u32) -> Program {
+    Program::builder([threads, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let n = blk.let_mut("n", 0u32);
+            blk.while_(Expr::global_id(Axis::X).equals(0u32), |blk| {
+                blk.assign("n", n.clone() + 1u32);
+            });
+            blk.store("out", 0u32, n);
+        })
+        .build()
+}
+
+/// Locks out a runaway `while` loop hanging the interpreter: one runaway lane (alone
+/// or among 64) stops at the work cap with a `Fix:` error, however few lanes it
+/// runs on (each iteration is charged as 32 lanes at least, so the default cap stops
+/// a one-thread loop in about a second of a release build; here a smaller cap keeps
+/// the debug test fast). Negative control: the cap's arithmetic lets a loop that
+/// ends finish.
+#[test]
+fn runaway_while_loops_stop_at_the_work_cap() {
+    let options = ReferenceOptions {
+        max_work: 1 << 22,
+        ..ReferenceOptions::default()
+    };
+    let config = DispatchConfig::linear(1);
+    for threads in [1, 64] {
+        assert_fix(
+            reference::run_with_options(&runaway_while(threads), &[&[0; 4]], &config, &options),
+            &["max_work"],
+        );
+    }
+    // Lane 0 runs away; lanes 1..64 do not enter the loop. The cost of an iteration
+    // is counted (1 iteration + 1 condition of 3 nodes + 1 assignment of 3 nodes,
+    // each at least 32), so 1,000 iterations of the same shape fit a cap of 2^22.
+    let ends = Program::builder([1, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let n = blk.let_mut("n", 0u32);
+            blk.while_(n.clone().less_than(1000u32), |blk| {
+                blk.assign("n", n.clone() + 1u32);
+            });
+            blk.store("out", 0u32, n);
+        })
+        .build();
+    let (out, stats) = reference::run_with_stats(&ends, &[&[0; 4]], &config, &options).unwrap();
+    assert_eq!(words_of(&out[0]), [1000]);
+    // Per iteration: the iteration, 3 condition nodes, the assignment and its 3
+    // nodes (8); then the failed test (4), the kernel run (1), `let n` and its
+    // literal (2), the `while` node (1) and the store with its 2 nodes (3).
+    assert_eq!(stats.work(), 32 * (1000 * 8 + 4 + 1 + 2 + 1 + 3));
+}
+
+/// Locks out an iteration cap the interpreter ignores while the GPU traps (or the
+/// other way round): with `CodegenOptions::max_loop_iterations = Some(10)`, a loop of
+/// 10 iterations finishes and one of 11 is a `Fix:` error naming the cap; bounded
+/// `for` loops are not capped.
+#[test]
+fn while_loops_stop_at_the_codegen_iteration_cap() {
+    let program = |iterations: u32| {
+        Program::builder([4, 1, 1])
+            .buffer(
+                "out",
+                0,
+                Access::WriteOnly,
+                ElemType::U32,
+                BufferCount::Static(4),
+            )
+            .body(|blk| {
+                let i = blk.let_("i", Expr::global_id(Axis::X));
+                let n = blk.let_mut("n", 0u32);
+                // Lane 3 runs `iterations` iterations, the others fewer.
+                blk.while_(n.clone().less_than(i.clone() + (iterations - 3)), |blk| {
+                    blk.assign("n", n.clone() + 1u32);
+                });
+                blk.loop_("k", 0u32, 100u32, |blk, _| {
+                    blk.assign("n", n.clone() + 1u32);
+                });
+                blk.store("out", i, n);
+            })
+            .build()
+    };
+    let config = DispatchConfig::linear(1)
+        .with_codegen(CodegenOptions::new().with_max_loop_iterations(Some(10)));
+    let out = run_words(&program(10), &[&[0; 16]], &config);
+    assert_eq!(out[0], [107, 108, 109, 110]);
+    assert_fix(
+        reference::run(&program(11), &[&[0; 16]], &config),
+        &["max_loop_iterations", "10 iterations", "trap"],
+    );
+    // Negative control: without the cap the longer loop runs.
+    let out = run_words(&program(11), &[&[0; 16]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [108, 109, 110, 111]);
+}
+
 /// Locks out `Return` that only leaves the current block (a returned lane must
 /// execute nothing more in the kernel, also from inside a loop).
 #[test]
@@ -1513,7 +1741,7 @@ fn runaway_loops_hit_the_lane_step_cap() {
         })
         .build();
     let options = ReferenceOptions {
-        max_work: 1000,
+        max_work: 20_000,
         ..ReferenceOptions::default()
     };
     let config = DispatchConfig::linear(1);
@@ -1521,8 +1749,9 @@ fn runaway_loops_hit_the_lane_step_cap() {
         reference::run_with_options(&program, &[&bytes_of(&[u32::MAX])], &config, &options),
         &["max_work"],
     );
-    // 2 lanes * (1 kernel run + 1 loop node + 3 bound expressions + 100 iterations *
-    // (1 iteration + 1 atomic + 2 operands)) = 810 units of work: under the cap.
+    // (1 kernel run + 1 loop node + 3 bound expressions + 100 iterations * (1
+    // iteration + 1 atomic + 2 operands)) * 32 (2 lanes are charged as 32) = 12,960
+    // units of work: under the cap.
     let out =
         reference::run_with_options(&program, &[&bytes_of(&[100])], &config, &options).unwrap();
     assert_eq!(words_of(&out[0]), [100]);

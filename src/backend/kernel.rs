@@ -106,16 +106,7 @@ impl Kernel {
 }
 
 fn contains_grid_sync(block: &[Node]) -> bool {
-    block.iter().any(|n| match n {
-        Node::GridSync => true,
-        Node::If {
-            then_body,
-            else_body,
-            ..
-        } => contains_grid_sync(then_body) || contains_grid_sync(else_body),
-        Node::Loop { body, .. } => contains_grid_sync(body),
-        _ => false,
-    })
+    crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
 
 /// Mixed into the PTX key's policy digest: the backend's PTX is the result-ABI

@@ -667,28 +667,10 @@ impl AnyRecorder<'_, '_> {
     }
 }
 
-/// Whether `block` reaches a grid sync anywhere. Iterative (an explicit stack of
-/// blocks): the program here has not been validated, so its depth is unbounded.
+/// Whether `block` reaches a grid sync anywhere (the program here has not been
+/// validated: the walk is iterative and visits each shared block once).
 fn contains_grid_sync(block: &[Node]) -> bool {
-    let mut pending: Vec<&[Node]> = vec![block];
-    while let Some(block) = pending.pop() {
-        for node in block {
-            match node {
-                Node::GridSync => return true,
-                Node::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => {
-                    pending.push(then_body);
-                    pending.push(else_body);
-                }
-                Node::Loop { body, .. } => pending.push(body),
-                _ => {}
-            }
-        }
-    }
-    false
+    crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
 
 #[derive(Debug)]

@@ -224,6 +224,28 @@ impl BlockBuilder {
         })
     }
 
+    /// `while condition { body }`.
+    pub fn while_(
+        &mut self,
+        condition: impl Into<Expr>,
+        body: impl FnOnce(&mut BlockBuilder),
+    ) -> &mut Self {
+        self.push(Node::While {
+            condition: condition.into(),
+            body: Self::nested(body),
+        })
+    }
+
+    /// Leave the innermost loop.
+    pub fn break_(&mut self) -> &mut Self {
+        self.push(Node::Break)
+    }
+
+    /// Go on with the innermost loop's next iteration.
+    pub fn continue_(&mut self) -> &mut Self {
+        self.push(Node::Continue)
+    }
+
     /// Workgroup barrier.
     pub fn barrier(&mut self) -> &mut Self {
         self.push(Node::Barrier)

@@ -299,6 +299,13 @@ impl Encoder {
                 self.expr(value, scratch);
             }
             Node::Return => self.u8(9),
+            Node::While { condition, body } => {
+                self.u8(10);
+                self.expr(condition, scratch);
+                block(self, body);
+            }
+            Node::Break => self.u8(11),
+            Node::Continue => self.u8(12),
         }
     }
     /// Pre-order encoding of an expression tree by an explicit stack.

@@ -170,7 +170,7 @@ impl<'w> Printer<'w> {
                 self.indent(depth)?;
                 self.put("}\n")
             }
-            Node::Loop { body, .. } => {
+            Node::Loop { body, .. } | Node::While { body, .. } => {
                 self.put(" {\n")?;
                 self.block(body, depth + 1)?;
                 self.indent(depth)?;
@@ -181,7 +181,7 @@ impl<'w> Printer<'w> {
     }
 
     /// A node on one line without its nested blocks or a terminator: `if c`,
-    /// `for i in a..b`, `let x = e`, `out[i] = v`.
+    /// `for i in a..b`, `while c`, `let x = e`, `out[i] = v`.
     pub(crate) fn node_head(&mut self, node: &Node) -> fmt::Result {
         match node {
             Node::Let {
@@ -227,6 +227,12 @@ impl<'w> Printer<'w> {
                 self.put("..")?;
                 self.expr(end, 0)
             }
+            Node::While { condition, .. } => {
+                self.put("while ")?;
+                self.expr(condition, 0)
+            }
+            Node::Break => self.put("break"),
+            Node::Continue => self.put("continue"),
             Node::Barrier => self.put("workgroup_barrier()"),
             Node::GridSync => self.put("grid_sync()"),
             Node::Atomic {

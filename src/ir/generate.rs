@@ -96,6 +96,9 @@ pub struct GeneratorOptions {
     pub allow_workgroup_reduce: bool,
     /// Generate early returns (always after the last barrier, reduction and grid sync).
     pub allow_early_return: bool,
+    /// Generate `while` loops (each with a fuel counter, so it ends) and `break` /
+    /// `continue` in loops.
+    pub allow_while_loops: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -115,11 +118,30 @@ impl Default for GeneratorOptions {
             allow_barriers: true,
             allow_workgroup_reduce: true,
             allow_early_return: true,
+            allow_while_loops: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
             limits: Limits::default(),
         }
+    }
+}
+
+impl GeneratorOptions {
+    /// These options with every construct added after the first differential runs
+    /// turned off (`while`, `break`, `continue`). Those
+    /// constructs draw from the seed only when they are on, so a seed printed by an
+    /// earlier run still gives its program with these options.
+    pub fn core_only(self) -> Self {
+        GeneratorOptions {
+            allow_while_loops: false,
+            ..self
+        }
+    }
+
+    /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
+    fn extended(&self) -> bool {
+        self.allow_while_loops
     }
 }
 
@@ -249,6 +271,8 @@ struct ValidGenerator {
     budget: i64,
     /// Deepest expression tree a statement gets.
     expr_depth: u32,
+    /// Loops around the block being generated (`break` and `continue` need one).
+    loop_depth: u32,
 }
 
 const GID: &str = "gid";
@@ -453,6 +477,15 @@ impl ValidGenerator {
                 break;
             }
             self.budget -= 1;
+            // Constructs added later draw only when on, so `core_only` keeps old seeds.
+            if self.options.extended() && self.rng.one_in(5) {
+                let (statements, ends_block) = self.extended_statement(depth);
+                nodes.extend(statements);
+                if ends_block {
+                    break;
+                }
+                continue;
+            }
             let choice = self.rng.below(12);
             match choice {
                 0 | 1 => {
@@ -523,7 +556,9 @@ impl ValidGenerator {
                     };
                     let mark_loop = self.variables.len();
                     self.declare(variable.clone(), ScalarType::U32, false);
+                    self.loop_depth += 1;
                     let body = self.statement_block(depth + 1).into();
+                    self.loop_depth -= 1;
                     self.variables.truncate(mark_loop);
                     nodes.push(Node::Loop {
                         variable,
@@ -559,6 +594,77 @@ impl ValidGenerator {
         }
         self.variables.truncate(mark);
         nodes
+    }
+
+    /// One of the constructs [`GeneratorOptions::core_only`] turns off (or nothing,
+    /// when the one drawn is off or does not fit here); also says whether it ends the
+    /// block (a bare `break` or `continue`: later statements would never run).
+    fn extended_statement(&mut self, depth: u32) -> (Vec<Node>, bool) {
+        let choice = self.rng.below(4);
+        match choice {
+            0 | 1 if self.options.allow_while_loops && depth < 4 => (self.while_loop(depth), false),
+            2 | 3 if self.options.allow_while_loops && self.loop_depth > 0 => {
+                let node = if choice == 2 {
+                    Node::Break
+                } else {
+                    Node::Continue
+                };
+                if self.rng.one_in(3) {
+                    return (vec![node], true);
+                }
+                let condition = self.expr(ScalarType::Bool, 2);
+                (
+                    vec![Node::If {
+                        condition,
+                        then_body: vec![node].into(),
+                        else_body: Vec::new().into(),
+                    }],
+                    false,
+                )
+            }
+            _ => (Vec::new(), false),
+        }
+    }
+
+    /// `let mut fuel = f; while fuel != 0 [&& c] { fuel = fuel - 1; ... }`: the loop
+    /// exits on data (`c`, a `break`, a `return`) and at the latest when its fuel
+    /// (at most 4, or a value clamped to it) runs out. The decrement comes first, so
+    /// a `continue` cannot skip it; the body never assigns `fuel` otherwise.
+    fn while_loop(&mut self, depth: u32) -> Vec<Node> {
+        let fuel = self.fresh_name();
+        let initial = if self.rng.one_in(2) {
+            Expr::u32(self.rng.range(0, 4))
+        } else {
+            Expr::binary(BinaryOp::Min, self.expr(ScalarType::U32, 2), 4u32)
+        };
+        let remaining = Expr::Var(fuel.clone()).not_equals(0u32);
+        let condition = if self.rng.one_in(2) {
+            remaining
+        } else {
+            remaining.and(self.expr(ScalarType::Bool, 2))
+        };
+        let mark = self.variables.len();
+        // Readable in the body, never chosen as an assignment target.
+        self.declare(fuel.clone(), ScalarType::U32, false);
+        self.loop_depth += 1;
+        let mut body = vec![Node::Assign {
+            name: fuel.clone(),
+            value: Expr::Var(fuel.clone()) - 1u32,
+        }];
+        body.extend(self.statement_block(depth + 1));
+        self.loop_depth -= 1;
+        self.variables.truncate(mark);
+        vec![
+            Node::Let {
+                name: fuel,
+                mutable: true,
+                value: initial,
+            },
+            Node::While {
+                condition,
+                body: body.into(),
+            },
+        ]
     }
 }
 
@@ -674,6 +780,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         next_variable: 0,
         budget: options.max_nodes as i64,
         expr_depth: if with_inputs { 3 } else { 2 },
+        loop_depth: 0,
     };
     generator.atomic_op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
     let rng = &mut generator.rng;
@@ -865,6 +972,31 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     condition,
                     then_body: phase.into(),
                     else_body: vec![Node::Barrier].into(),
+                });
+            }
+            _ if options.allow_while_loops && generator.rng.one_in(2) => {
+                // A workgroup-uniform `while` around the barrier, left by a uniform
+                // `break` in some workgroups.
+                let round = generator.fresh_name();
+                let rounds = generator.rng.range(1, 2);
+                let mut looped = vec![Node::Assign {
+                    name: round.clone(),
+                    value: Expr::Var(round.clone()) + 1u32,
+                }];
+                looped.extend(phase);
+                looped.push(Node::If {
+                    condition: generator.workgroup_uniform_condition(),
+                    then_body: vec![Node::Break].into(),
+                    else_body: Vec::new().into(),
+                });
+                body.push(Node::Let {
+                    name: round.clone(),
+                    mutable: true,
+                    value: Expr::u32(0),
+                });
+                body.push(Node::While {
+                    condition: Expr::Var(round).less_than(rounds),
+                    body: looped.into(),
                 });
             }
             _ => {
@@ -1093,7 +1225,7 @@ impl ArbitraryGenerator {
         let choice = if depth == 0 || self.budget <= 0 {
             self.rng.below(7)
         } else {
-            self.rng.below(10)
+            self.rng.below(11)
         };
         match choice {
             0 => Node::Let {
@@ -1110,9 +1242,11 @@ impl ArbitraryGenerator {
                 index: self.expr(2),
                 value: self.expr(3),
             },
-            3 => match self.rng.below(3) {
+            3 => match self.rng.below(5) {
                 0 => Node::Barrier,
                 1 => Node::GridSync,
+                2 => Node::Break,
+                3 => Node::Continue,
                 _ => Node::Return,
             },
             4 => Node::Atomic {
@@ -1136,10 +1270,14 @@ impl ArbitraryGenerator {
                 then_body: self.block(depth - 1).into(),
                 else_body: self.block(depth - 1).into(),
             },
-            _ => Node::Loop {
+            9 => Node::Loop {
                 variable: self.name(),
                 start: self.expr(1),
                 end: self.expr(1),
+                body: self.block(depth - 1).into(),
+            },
+            _ => Node::While {
+                condition: self.expr(2),
                 body: self.block(depth - 1).into(),
             },
         }
@@ -1241,18 +1379,27 @@ impl Mutator {
                         then_body: vec![node.clone()].into(),
                         else_body: Vec::new().into(),
                     }),
-                    4 => out.push(Node::Loop {
-                        variable: self.junk.name(),
-                        start: Expr::u32(0),
-                        end: self.junk.expr(1),
-                        body: vec![node.clone()].into(),
+                    4 => out.push(if self.junk.rng.one_in(2) {
+                        Node::Loop {
+                            variable: self.junk.name(),
+                            start: Expr::u32(0),
+                            end: self.junk.expr(1),
+                            body: vec![node.clone()].into(),
+                        }
+                    } else {
+                        Node::While {
+                            condition: self.junk.expr(1),
+                            body: vec![node.clone(), Node::Break].into(),
+                        }
                     }),
                     _ => {
                         out.push(node.clone());
-                        out.push(match self.junk.rng.below(4) {
+                        out.push(match self.junk.rng.below(6) {
                             0 => Node::Barrier,
                             1 => Node::GridSync,
                             2 => Node::Return,
+                            3 => Node::Break,
+                            4 => Node::Continue,
                             _ => Node::WorkgroupReduce {
                                 name: self.junk.name(),
                                 op: ReduceOp::Sum,
@@ -1328,7 +1475,13 @@ impl Mutator {
                 op: *op,
                 value: self.expr(value),
             },
-            Node::Barrier | Node::GridSync | Node::Return => node.clone(),
+            Node::While { condition, body } => Node::While {
+                condition: self.expr(condition),
+                body: self.block(body),
+            },
+            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
+                node.clone()
+            }
         }
     }
 

@@ -590,7 +590,8 @@ pub enum Node {
     },
     /// `for variable in start..end { body }` over `u32`; `start` and `end` are evaluated
     /// once, before the first iteration, so the loop is bounded. The loop variable is
-    /// immutable inside the body.
+    /// immutable inside the body. [`Node::Break`] leaves the loop, [`Node::Continue`]
+    /// goes on with the next value.
     Loop {
         /// Loop variable (`u32`).
         variable: Name,
@@ -601,6 +602,31 @@ pub enum Node {
         /// Body.
         body: Block,
     },
+    /// `while condition { body }`: evaluate `condition` (a `bool`) and, while it is
+    /// true, run `body` and evaluate it again. The loop exits on data, so it need not
+    /// terminate: on the GPU a runaway loop runs until the launch is killed, unless
+    /// [`CodegenOptions::max_loop_iterations`](crate::CodegenOptions::max_loop_iterations)
+    /// caps it (the kernel then traps, a `KernelFault` naming the program); the
+    /// reference interpreter stops it at its work cap (or at the same iteration cap)
+    /// with an `Err`. Threads leave the loop independently: a thread whose condition
+    /// is false (or that runs [`Node::Break`]) waits after the loop while the others
+    /// go on, so a barrier, workgroup reduction or scan inside the body needs a
+    /// workgroup-uniform condition and no `break`/`continue` under divergent control
+    /// (the validator refuses the rest). Variables declared in the body are new in
+    /// every iteration; assignments to outer variables persist.
+    While {
+        /// A `bool`, evaluated before every iteration.
+        condition: Expr,
+        /// Body.
+        body: Block,
+    },
+    /// Leave the innermost enclosing loop ([`Node::Loop`] or [`Node::While`]) now:
+    /// the thread continues after it. Only valid inside a loop.
+    Break,
+    /// End this iteration of the innermost enclosing loop: a [`Node::Loop`] goes on with
+    /// its next value, a [`Node::While`] evaluates its condition again. Only valid
+    /// inside a loop.
+    Continue,
     /// Wait until every thread of the workgroup arrives; memory written to workgroup and
     /// global buffers before it is visible to the workgroup after it. Must be reached by
     /// every thread of the workgroup (workgroup-uniform control flow).

@@ -81,10 +81,12 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 2] {
         Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
             [Some(index), Some(value)]
         }
-        Node::If { condition, .. } => [Some(condition), None],
+        Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None],
         Node::Loop { start, end, .. } => [Some(start), Some(end)],
         Node::WorkgroupReduce { value, .. } => [Some(value), None],
-        Node::Barrier | Node::GridSync | Node::Return => [None, None],
+        Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
+            [None, None]
+        }
     }
 }
 
@@ -96,7 +98,7 @@ pub(crate) fn node_blocks(node: &Node) -> [Option<&Block>; 2] {
             else_body,
             ..
         } => [Some(then_body), Some(else_body)],
-        Node::Loop { body, .. } => [Some(body), None],
+        Node::Loop { body, .. } | Node::While { body, .. } => [Some(body), None],
         _ => [None, None],
     }
 }
@@ -108,7 +110,7 @@ fn node_blocks_mut(node: &mut Node) -> [Option<&mut Block>; 2] {
             else_body,
             ..
         } => [Some(then_body), Some(else_body)],
-        Node::Loop { body, .. } => [Some(body), None],
+        Node::Loop { body, .. } | Node::While { body, .. } => [Some(body), None],
         _ => [None, None],
     }
 }
@@ -123,6 +125,26 @@ fn is_leaf(expr: &Expr) -> bool {
 /// Identity of a block allocation while it is alive (address and length).
 pub(crate) fn block_key(block: &Block) -> (usize, usize) {
     (block.as_ptr() as usize, block.len())
+}
+
+/// Whether any node of the tree under `entry` satisfies `matches`. Iterative (no
+/// depth limit, so it serves programs not yet validated) and visiting each distinct
+/// block allocation once (no blow-up on shared blocks).
+pub(crate) fn any_node(entry: &[Node], matches: impl Fn(&Node) -> bool) -> bool {
+    let mut seen: HashSet<(usize, usize)> = HashSet::new();
+    let mut pending: Vec<&[Node]> = vec![entry];
+    while let Some(block) = pending.pop() {
+        if !seen.insert((block.as_ptr() as usize, block.len())) {
+            continue;
+        }
+        for node in block {
+            if matches(node) {
+                return true;
+            }
+            pending.extend(node_blocks(node).into_iter().flatten().map(|b| &b[..]));
+        }
+    }
+    false
 }
 
 // ---- Drop ----------------------------------------------------------------------------
@@ -192,7 +214,7 @@ impl Drop for Node {
                 else_body,
                 ..
             } => !then_body.is_empty() || !else_body.is_empty(),
-            Node::Loop { body, .. } => !body.is_empty(),
+            Node::Loop { body, .. } | Node::While { body, .. } => !body.is_empty(),
             _ => false,
         };
         if !has_blocks {
@@ -329,11 +351,13 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
         ) => x == y && mx == my,
         (Node::Assign { name: x, .. }, Node::Assign { name: y, .. }) => x == y,
         (Node::Store { buffer: x, .. }, Node::Store { buffer: y, .. }) => x == y,
-        (Node::If { .. }, Node::If { .. }) => true,
+        (Node::If { .. }, Node::If { .. }) | (Node::While { .. }, Node::While { .. }) => true,
         (Node::Loop { variable: x, .. }, Node::Loop { variable: y, .. }) => x == y,
         (Node::Barrier, Node::Barrier)
         | (Node::GridSync, Node::GridSync)
-        | (Node::Return, Node::Return) => true,
+        | (Node::Return, Node::Return)
+        | (Node::Break, Node::Break)
+        | (Node::Continue, Node::Continue) => true,
         (
             Node::Atomic {
                 op: ox, buffer: x, ..
@@ -483,7 +507,13 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
             name.hash(state);
             op.hash(state);
         }
-        Node::If { .. } | Node::Barrier | Node::GridSync | Node::Return => {}
+        Node::If { .. }
+        | Node::While { .. }
+        | Node::Barrier
+        | Node::GridSync
+        | Node::Return
+        | Node::Break
+        | Node::Continue => {}
     }
     for block in node_blocks(node).into_iter().flatten() {
         block.len().hash(state);

@@ -139,6 +139,8 @@ pub enum Rule {
     DivergentSubgroupOp,
     /// A grid sync is reachable under control flow that is not grid-uniform.
     GridSyncNotGridUniform,
+    /// A `break` or `continue` is not inside a loop.
+    BreakOutsideLoop,
     /// Blocks and expressions nest deeper than [`MAX_NESTING_DEPTH`].
     NestingTooDeep,
     /// The program has more than [`MAX_NODES`] nodes and expressions.
@@ -427,6 +429,24 @@ struct DeferredCheck {
     kind: CheckKind,
 }
 
+/// How threads can leave a block other than by reaching its end: uniformity caps
+/// (level nodes) bounding every context from which they leave.
+#[derive(Clone, Copy, Debug, Default)]
+struct Exits {
+    /// A `return` inside the block: those threads are gone for the rest of the kernel.
+    returns: Option<u32>,
+    /// A `break` or `continue` of the innermost enclosing loop: those threads skip the
+    /// rest of the loop body (a `continue` is treated like a `break`, conservatively:
+    /// a loop with either under divergent control is a divergent loop).
+    loop_exits: Option<u32>,
+}
+
+impl Exits {
+    fn any(self) -> bool {
+        self.returns.is_some() || self.loop_exits.is_some()
+    }
+}
+
 const FLAG_WORKGROUP_CHECKED: u8 = 1;
 const FLAG_GRID_CHECKED: u8 = 2;
 
@@ -452,6 +472,8 @@ struct Checker<'p> {
     ordinal: u64,
     /// The context of the node whose expressions are being checked.
     current_context: u32,
+    /// Loops enclosing the node being checked (`break`/`continue` need one).
+    loop_depth: u32,
 }
 
 impl<'p> Checker<'p> {
@@ -476,6 +498,7 @@ impl<'p> Checker<'p> {
             visited: 0,
             ordinal: 0,
             current_context: 0,
+            loop_depth: 0,
         };
         checker.check_buffers(program.buffers())?;
         checker.check_workgroup_size(program.workgroup_size())?;
@@ -812,14 +835,17 @@ impl<'p> Checker<'p> {
             let uniform_inputs = "literals, workgroup_id, workgroup_count, buffer lengths, \
                                   workgroup reduction results and variables computed only from \
                                   those";
+            let divergent_loops = "a loop is divergent when its bounds or `while` condition \
+                                   differ between threads or a `break`/`continue` runs under such \
+                                   control";
             return Err(match check.kind {
                 CheckKind::Barrier => ValidationError::new(
                     Rule::DivergentBarrier,
                     format!(
                         "move the barrier {at} out of the divergent if/loop (or after no \
                          divergent return), or make the condition workgroup-uniform: every \
-                         thread of a workgroup must reach it; uniform conditions use only \
-                         {uniform_inputs}"
+                         thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
                     ),
                 ),
                 CheckKind::WorkgroupReduce => ValidationError::new(
@@ -827,8 +853,8 @@ impl<'p> Checker<'p> {
                     format!(
                         "move the workgroup reduction {at} out of the divergent if/loop (or \
                          before any divergent return), or make the condition workgroup-uniform: \
-                         every thread of a workgroup must reach it; uniform conditions use only \
-                         {uniform_inputs}"
+                         every thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
                     ),
                 ),
                 CheckKind::Subgroup => ValidationError::new(
@@ -955,43 +981,152 @@ impl<'p> Checker<'p> {
         }
     }
 
-    /// Walks one block; returns the exit cap: a level node bounding every context from
-    /// which a `return` inside this block can leave, if there is one.
+    /// Merges two optional caps into one (creating a cap only when needed).
+    fn merge_caps(&mut self, a: Option<u32>, b: Option<u32>) -> Option<u32> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(self.merge_cap(Some(a), b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn merge_exits(&mut self, a: Exits, b: Exits) -> Exits {
+        Exits {
+            returns: self.merge_caps(a.returns, b.returns),
+            loop_exits: self.merge_caps(a.loop_exits, b.loop_exits),
+        }
+    }
+
+    /// Walks one block; returns its exits: level nodes bounding every context from
+    /// which a `return`, `break` or `continue` inside this block can leave.
     fn block(
         &mut self,
         block: &'p [Node],
         branch: Branch,
         context: u32,
         depth: u32,
-    ) -> Checked<Option<u32>> {
+    ) -> Checked<Exits> {
         if depth > MAX_NESTING_DEPTH {
             return Err(self.too_deep());
         }
         let scope_mark = self.scope_names.len();
         let mut context = context;
-        let mut cap: Option<u32> = None;
+        let mut exits = Exits::default();
         for (index, node) in block.iter().enumerate() {
             self.path.push((branch, index));
             self.count_visit()?;
             self.ordinal = self.ordinal.saturating_add(1);
             self.current_context = context;
-            let child_cap = self.node(node, context, depth)?;
-            if let Some(child_cap) = child_cap {
-                // Threads that returned inside `node` are gone for the rest of this block.
-                cap = Some(self.merge_cap(cap, child_cap));
+            let child = self.node(node, context, depth)?;
+            if child.any() {
+                // Threads that left inside `node` are gone for the rest of this block.
+                exits = self.merge_exits(exits, child);
                 let rest = self.new_level_node(Level::Grid);
                 self.edge(context, rest);
-                self.edge(child_cap, rest);
+                for cap in [child.returns, child.loop_exits].into_iter().flatten() {
+                    self.edge(cap, rest);
+                }
                 context = rest;
             }
             self.path.pop();
         }
         self.end_scope(scope_mark);
-        Ok(cap)
+        Ok(exits)
     }
 
-    fn node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Option<u32>> {
+    /// The exits of a loop whose body left through `body`: a divergent `return`,
+    /// `break` or `continue` leaves later iterations divergent too; only returns leave
+    /// the loop's own block.
+    fn loop_exits(&mut self, body: Exits, body_context: u32) -> Exits {
+        for cap in [body.returns, body.loop_exits].into_iter().flatten() {
+            self.edge(cap, body_context);
+        }
+        Exits {
+            returns: body.returns,
+            loop_exits: None,
+        }
+    }
+
+    /// One node. The recursive walk goes block → node → block per nesting level on
+    /// the caller's stack (at most [`MAX_NESTING_DEPTH`] levels), so the frames on
+    /// that path stay small: the nodes with blocks are checked in `control_node`, the
+    /// rest (and every error message) in `simple_node`, which never recurses.
+    fn node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
         match node {
+            Node::If { .. } | Node::Loop { .. } | Node::While { .. } => {
+                self.control_node(node, context, depth)
+            }
+            _ => self.simple_node(node, context, depth),
+        }
+    }
+
+    /// `If`, `Loop` and `While`: the nodes with nested blocks.
+    fn control_node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
+        match node {
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(condition, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::Bool, "the if condition", node)?;
+                let body_context = self.node_from_deps(level, context, mark);
+                let then_exits = self.block(then_body, Branch::Then, body_context, depth + 1)?;
+                let else_exits = self.block(else_body, Branch::Else, body_context, depth + 1)?;
+                Ok(self.merge_exits(then_exits, else_exits))
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let mark = self.deps.len();
+                let (start_ty, start_level) = self.expr(start, node, depth + 1)?;
+                self.expect_type(start_ty, ScalarType::U32, "the loop start", node)?;
+                let (end_ty, end_level) = self.expr(end, node, depth + 1)?;
+                self.expect_type(end_ty, ScalarType::U32, "the loop end", node)?;
+                // The loop variable is exactly as uniform as the body's context.
+                let body_context = self.node_from_deps(start_level.min(end_level), context, mark);
+                let scope_mark = self.scope_names.len();
+                self.declare(
+                    variable,
+                    ScalarType::U32,
+                    VarKind::LoopVariable,
+                    body_context,
+                    node,
+                )?;
+                self.loop_depth += 1;
+                let body_exits = self.block(body, Branch::Body, body_context, depth + 1);
+                self.loop_depth -= 1;
+                let body_exits = body_exits?;
+                self.end_scope(scope_mark);
+                Ok(self.loop_exits(body_exits, body_context))
+            }
+            Node::While { condition, body } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(condition, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::Bool, "the while condition", node)?;
+                // Every iteration runs where the condition held, so the body is as
+                // uniform as the condition (which may read variables the body assigns:
+                // the graph is solved over all assignments).
+                let body_context = self.node_from_deps(level, context, mark);
+                self.loop_depth += 1;
+                let body_exits = self.block(body, Branch::Body, body_context, depth + 1);
+                self.loop_depth -= 1;
+                Ok(self.loop_exits(body_exits?, body_context))
+            }
+            _ => self.simple_node(node, context, depth),
+        }
+    }
+
+    /// Every node without nested blocks.
+    #[inline(never)]
+    fn simple_node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
+        match node {
+            Node::If { .. } | Node::Loop { .. } | Node::While { .. } => {
+                self.control_node(node, context, depth)
+            }
             Node::Let {
                 name,
                 mutable,
@@ -1002,7 +1137,7 @@ impl<'p> Checker<'p> {
                 let level_node = self.node_from_deps(level, context, mark);
                 let kind = VarKind::Let { mutable: *mutable };
                 self.declare(name, ty, kind, level_node, node)?;
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Assign { name, value } => {
                 let Some(&id) = self.scope.get(&**name) else {
@@ -1016,7 +1151,7 @@ impl<'p> Checker<'p> {
                     }));
                 };
                 let Some(info) = self.vars.get(id as usize) else {
-                    return Ok(None);
+                    return Ok(Exits::default());
                 };
                 let (declared, kind, target) = (info.ty, info.kind, info.level_node);
                 if kind != (VarKind::Let { mutable: true }) {
@@ -1053,7 +1188,7 @@ impl<'p> Checker<'p> {
                 }
                 self.edge(context, target);
                 self.drain_deps_into(target, mark);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Store {
                 buffer,
@@ -1090,60 +1225,37 @@ impl<'p> Checker<'p> {
                     }));
                 }
                 self.deps.truncate(mark);
-                Ok(None)
+                Ok(Exits::default())
             }
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => {
-                let mark = self.deps.len();
-                let (ty, level) = self.expr(condition, node, depth + 1)?;
-                self.expect_type(ty, ScalarType::Bool, "the if condition", node)?;
-                let body_context = self.node_from_deps(level, context, mark);
-                let then_cap = self.block(then_body, Branch::Then, body_context, depth + 1)?;
-                let else_cap = self.block(else_body, Branch::Else, body_context, depth + 1)?;
-                Ok(match (then_cap, else_cap) {
-                    (Some(a), Some(b)) => Some(self.merge_cap(Some(a), b)),
-                    (a, b) => a.or(b),
-                })
-            }
-            Node::Loop {
-                variable,
-                start,
-                end,
-                body,
-            } => {
-                let mark = self.deps.len();
-                let (start_ty, start_level) = self.expr(start, node, depth + 1)?;
-                self.expect_type(start_ty, ScalarType::U32, "the loop start", node)?;
-                let (end_ty, end_level) = self.expr(end, node, depth + 1)?;
-                self.expect_type(end_ty, ScalarType::U32, "the loop end", node)?;
-                // The loop variable is exactly as uniform as the body's context.
-                let body_context = self.node_from_deps(start_level.min(end_level), context, mark);
-                let scope_mark = self.scope_names.len();
-                self.declare(
-                    variable,
-                    ScalarType::U32,
-                    VarKind::LoopVariable,
-                    body_context,
-                    node,
-                )?;
-                let body_cap = self.block(body, Branch::Body, body_context, depth + 1)?;
-                self.end_scope(scope_mark);
-                if let Some(cap) = body_cap {
-                    // A divergent return leaves later iterations divergent too.
-                    self.edge(cap, body_context);
+            Node::Break | Node::Continue => {
+                if self.loop_depth == 0 {
+                    let what = if matches!(node, Node::Break) {
+                        "break"
+                    } else {
+                        "continue"
+                    };
+                    return Err(ValidationError::new(
+                        Rule::BreakOutsideLoop,
+                        format!(
+                            "move the `{what}` {} into a loop (`for` or `while`), or remove it: \
+                             it is not inside one",
+                            self.at(node)
+                        ),
+                    ));
                 }
-                Ok(body_cap)
+                let cap = self.merge_cap(None, context);
+                Ok(Exits {
+                    returns: None,
+                    loop_exits: Some(cap),
+                })
             }
             Node::Barrier => {
                 self.defer(context, CheckKind::Barrier);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::GridSync => {
                 self.defer(context, CheckKind::GridSync);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Atomic {
                 op: _,
@@ -1171,7 +1283,7 @@ impl<'p> Checker<'p> {
                 let (value_ty, _) = self.expr(value, node, depth + 1)?;
                 self.expect_type(value_ty, ScalarType::U32, "the atomic operand", node)?;
                 self.deps.truncate(mark);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::WorkgroupReduce { name, op: _, value } => {
                 if self.lowered {
@@ -1198,11 +1310,14 @@ impl<'p> Checker<'p> {
                     level_node,
                     node,
                 )?;
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Return => {
                 let cap = self.merge_cap(None, context);
-                Ok(Some(cap))
+                Ok(Exits {
+                    returns: Some(cap),
+                    loop_exits: None,
+                })
             }
         }
     }
@@ -1483,7 +1598,9 @@ fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
                     ..
                 } => walk(then_body, Branch::Then, ordinal, seen, path)
                     .or_else(|| walk(else_body, Branch::Else, ordinal, seen, path)),
-                Node::Loop { body, .. } => walk(body, Branch::Body, ordinal, seen, path),
+                Node::Loop { body, .. } | Node::While { body, .. } => {
+                    walk(body, Branch::Body, ordinal, seen, path)
+                }
                 _ => None,
             };
             if found.is_some() {

@@ -214,33 +214,9 @@ pub fn needs_lowering(program: &Program) -> bool {
     needs
 }
 
-/// Whether any block reachable from `entry` holds a reduction: iterative (no depth
-/// limit) and visiting each distinct block allocation once (no blow-up on shared
-/// blocks).
+/// Whether any block reachable from `entry` holds a reduction.
 fn contains_reduction(entry: &Block) -> bool {
-    let mut seen: HashSet<*const Node> = HashSet::new();
-    let mut pending: Vec<&Block> = vec![entry];
-    while let Some(block) = pending.pop() {
-        if !seen.insert(block.as_ptr()) {
-            continue;
-        }
-        for node in block.iter() {
-            match node {
-                Node::WorkgroupReduce { .. } => return true,
-                Node::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => {
-                    pending.push(then_body);
-                    pending.push(else_body);
-                }
-                Node::Loop { body, .. } => pending.push(body),
-                _ => {}
-            }
-        }
-    }
-    false
+    ir::any_node(entry, |node| matches!(node, Node::WorkgroupReduce { .. }))
 }
 
 /// [`lower_workgroup_reductions`], checking first: the caps ([`LoweringCaps::check`])
@@ -466,6 +442,13 @@ impl Rewriter {
                     variable: variable.clone(),
                     start: start.clone(),
                     end: end.clone(),
+                    body: new_body,
+                }])
+            }
+            Node::While { condition, body } => {
+                let new_body = self.block(body)?;
+                Some(vec![Node::While {
+                    condition: condition.clone(),
                     body: new_body,
                 }])
             }

@@ -105,12 +105,12 @@ pub(crate) enum CompiledNode {
         index: CompiledExpr,
         value: CompiledExpr,
     },
-    /// Two-way branch; `may_return` says whether a lane can end inside either arm.
+    /// Two-way branch; `leaves` says how lanes can leave either arm early.
     If {
         condition: CompiledExpr,
         then_body: Vec<CompiledNode>,
         else_body: Vec<CompiledNode>,
-        may_return: bool,
+        leaves: Leaves,
     },
     /// Bounded loop over `start..end` with the counter in `slot`.
     Loop {
@@ -118,8 +118,18 @@ pub(crate) enum CompiledNode {
         start: CompiledExpr,
         end: CompiledExpr,
         body: Vec<CompiledNode>,
-        may_return: bool,
+        body_leaves: Leaves,
     },
+    /// Loop while `condition` holds.
+    While {
+        condition: CompiledExpr,
+        body: Vec<CompiledNode>,
+        body_leaves: Leaves,
+    },
+    /// Leave the innermost loop.
+    Break,
+    /// Go on with the innermost loop's next iteration.
+    Continue,
     /// Workgroup barrier (a no-op in lockstep execution).
     Barrier,
     /// Grid sync (a no-op in lockstep execution).
@@ -139,6 +149,23 @@ pub(crate) enum CompiledNode {
     },
     /// End the active lanes.
     Return,
+}
+
+/// How lanes can leave a block before its end; the executor drops such lanes from
+/// the lists of the blocks around only when something inside can do it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Leaves {
+    /// A lane can execute `Return` inside.
+    pub(crate) returns: bool,
+    /// A lane can execute `Break` or `Continue` of a loop around the block.
+    pub(crate) loop_exits: bool,
+}
+
+impl Leaves {
+    /// Either way.
+    pub(crate) fn any(self) -> bool {
+        self.returns || self.loop_exits
+    }
 }
 
 /// A program ready for the executor.
@@ -221,7 +248,17 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
             } => temporaries_of_expr(start)
                 .max(1 + temporaries_of_expr(end))
                 .max(6 + temporaries_of_block(body)),
-            CompiledNode::Barrier | CompiledNode::GridSync | CompiledNode::Return => 0,
+            // Loop lanes, then the condition; loop lanes and the body's lanes.
+            CompiledNode::While {
+                condition, body, ..
+            } => (1 + temporaries_of_expr(condition))
+                .max(3)
+                .max(2 + temporaries_of_block(body)),
+            CompiledNode::Barrier
+            | CompiledNode::GridSync
+            | CompiledNode::Return
+            | CompiledNode::Break
+            | CompiledNode::Continue => 0,
         })
         .max()
         .unwrap_or(0)
@@ -295,7 +332,10 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             } => expr_depth(start, depth + 1)
                 .max(expr_depth(end, depth + 1))
                 .max(block_depth(body, depth)),
-            Node::Barrier | Node::GridSync | Node::Return => depth,
+            Node::While { condition, body } => {
+                expr_depth(condition, depth + 1).max(block_depth(body, depth))
+            }
+            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => depth,
         }
     }
     fn expr_depth(expr: &Expr, depth: usize) -> usize {
@@ -354,12 +394,32 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
     })
 }
 
-/// Whether any lane can execute `Return` inside this block.
-fn block_may_return(block: &[CompiledNode]) -> bool {
-    block.iter().any(|node| match node {
-        CompiledNode::Return => true,
-        CompiledNode::If { may_return, .. } | CompiledNode::Loop { may_return, .. } => *may_return,
-        _ => false,
+/// How lanes can leave this block early: a `Return` anywhere inside, a `Break` or
+/// `Continue` not inside a loop of its own.
+fn block_leaves(block: &[CompiledNode]) -> Leaves {
+    block.iter().fold(Leaves::default(), |leaves, node| {
+        let node_leaves = match node {
+            CompiledNode::Return => Leaves {
+                returns: true,
+                loop_exits: false,
+            },
+            CompiledNode::Break | CompiledNode::Continue => Leaves {
+                returns: false,
+                loop_exits: true,
+            },
+            CompiledNode::If { leaves, .. } => *leaves,
+            CompiledNode::Loop { body_leaves, .. } | CompiledNode::While { body_leaves, .. } => {
+                Leaves {
+                    returns: body_leaves.returns,
+                    loop_exits: false,
+                }
+            }
+            _ => Leaves::default(),
+        };
+        Leaves {
+            returns: leaves.returns || node_leaves.returns,
+            loop_exits: leaves.loop_exits || node_leaves.loop_exits,
+        }
     })
 }
 
@@ -466,12 +526,17 @@ impl<'p> Compiler<'p> {
                 let (condition, _) = self.expr(condition)?;
                 let then_body = self.block(then_body)?;
                 let else_body = self.block(else_body)?;
-                let may_return = block_may_return(&then_body) || block_may_return(&else_body);
+                let (then_leaves, else_leaves) =
+                    (block_leaves(&then_body), block_leaves(&else_body));
+                let leaves = Leaves {
+                    returns: then_leaves.returns || else_leaves.returns,
+                    loop_exits: then_leaves.loop_exits || else_leaves.loop_exits,
+                };
                 CompiledNode::If {
                     condition,
                     then_body,
                     else_body,
-                    may_return,
+                    leaves,
                 }
             }
             Node::Loop {
@@ -490,15 +555,27 @@ impl<'p> Compiler<'p> {
                     self.variables.remove(&name);
                 }
                 let body = body?;
-                let may_return = block_may_return(&body);
+                let body_leaves = block_leaves(&body);
                 CompiledNode::Loop {
                     slot,
                     start,
                     end,
                     body,
-                    may_return,
+                    body_leaves,
                 }
             }
+            Node::While { condition, body } => {
+                let (condition, _) = self.expr(condition)?;
+                let body = self.block(body)?;
+                let body_leaves = block_leaves(&body);
+                CompiledNode::While {
+                    condition,
+                    body,
+                    body_leaves,
+                }
+            }
+            Node::Break => CompiledNode::Break,
+            Node::Continue => CompiledNode::Continue,
             Node::Barrier => CompiledNode::Barrier,
             Node::GridSync => CompiledNode::GridSync,
             Node::Atomic {

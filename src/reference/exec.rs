@@ -11,7 +11,7 @@
 //! Temporary vectors come from a pool, because fresh allocations of this size are
 //! `mmap`s that fault in every page.
 
-use super::compile::{CompiledExpr, CompiledNode, CompiledProgram};
+use super::compile::{CompiledExpr, CompiledNode, CompiledProgram, Leaves};
 use super::ops::{self, BinaryKind, CastKind, UnaryKind};
 use super::{ReferenceError, ReferenceStats};
 use crate::ir::{AtomicOp, ElemType, Program, ReduceOp};
@@ -178,6 +178,21 @@ fn apply_cast(kind: CastKind, values: &mut [u32]) {
     arms!(IntToBool, F32ToBool, BoolToF32, U32ToF32, I32ToF32, F32ToU32, F32ToI32);
 }
 
+/// Work units a statement, loop iteration or expression node on fewer lanes is
+/// charged as if it ran on this many: running one costs the interpreter a fixed
+/// ~30 ns however few lanes it covers (release build, development machine: a
+/// one-thread `while true {}` did 2^24 units in 248 ms, a 64-thread one in 11.3 ms,
+/// 0.7 ns per lane-unit). Charged by lane count alone, a one-thread runaway loop ran
+/// 32 s (150 s in a debug build) before the default work cap stopped it; charged at
+/// least 32, it stops in about a second.
+pub(crate) const MIN_LANES_CHARGED: u64 = 32;
+
+/// The work units of one statement, iteration or expression node on `lanes` lanes.
+#[inline]
+fn charged(lanes: usize) -> u64 {
+    (lanes as u64).max(MIN_LANES_CHARGED)
+}
+
 /// When `lanes` is a run of consecutive ids, its first id (gathers become copies).
 #[inline]
 fn contiguous_start(lanes: &[u32]) -> Option<usize> {
@@ -201,6 +216,21 @@ pub(crate) struct Grid {
     pub(crate) bounds_checks: bool,
     /// The work cap ([`ReferenceStats::work`]).
     pub(crate) max_work: u64,
+    /// `CodegenOptions::max_loop_iterations`: most iterations of one `while` run.
+    pub(crate) max_loop_iterations: Option<u32>,
+}
+
+/// What a lane that is alive but not in a block's lane list is doing: it ran a
+/// `Break` or `Continue` and waits for the innermost loop to take it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+enum LoopExit {
+    /// Still in the loop body (or in no loop).
+    #[default]
+    Running,
+    /// Ran `Break`: leaves the loop after this iteration.
+    Broke,
+    /// Ran `Continue`: rejoins for the next iteration.
+    Continued,
 }
 
 /// The machine state of one dispatch.
@@ -214,6 +244,8 @@ pub(crate) struct Machine<'a> {
     slots: Vec<Vec<u32>>,
     /// False once a lane has executed `Return` in the current kernel run.
     alive: Vec<bool>,
+    /// Each lane's `Break`/`Continue` state, reset by the loop that consumes it.
+    loop_exit: Vec<LoopExit>,
     /// The linear workgroup id of each lane.
     workgroup_of_lane: Vec<u32>,
     /// Per-lane builtin values (global, local, workgroup id × 3 axes); empty if unused.
@@ -269,6 +301,7 @@ impl<'a> Machine<'a> {
             program,
             compiled,
             alive: zeroed_vec(lanes, "lane bookkeeping")?,
+            loop_exit: zeroed_vec(lanes, "lane bookkeeping")?,
             grid,
             buffers,
             slots,
@@ -287,6 +320,7 @@ impl<'a> Machine<'a> {
             buffer.clear();
         }
         self.alive.fill(true);
+        self.loop_exit.fill(LoopExit::Running);
         let mut lanes = self.take();
         lanes.extend(0..self.grid.total_lanes);
         let compiled = self.compiled;
@@ -342,12 +376,17 @@ impl<'a> Machine<'a> {
     }
 
     fn count_steps(&mut self, lanes: usize) -> Result<(), ReferenceError> {
-        self.stats.lane_steps = self.stats.lane_steps.saturating_add(lanes as u64);
+        self.stats.lane_steps = self.stats.lane_steps.saturating_add(charged(lanes));
         self.check_work()
     }
 
+    /// One loop iteration over `lanes` lanes.
+    fn count_iteration(&mut self, lanes: usize) -> Result<(), ReferenceError> {
+        self.count_steps(lanes)
+    }
+
     fn count_ops(&mut self, lanes: usize) -> Result<(), ReferenceError> {
-        self.stats.lane_ops = self.stats.lane_ops.saturating_add(lanes as u64);
+        self.stats.lane_ops = self.stats.lane_ops.saturating_add(charged(lanes));
         self.check_work()
     }
 
@@ -440,7 +479,7 @@ impl<'a> Machine<'a> {
                 condition,
                 then_body,
                 else_body,
-                may_return,
+                leaves,
             } => {
                 let condition = self.eval(condition, lanes)?;
                 let mut then_lanes = self.take();
@@ -460,9 +499,8 @@ impl<'a> Machine<'a> {
                 self.give(then_lanes);
                 self.give(else_lanes);
                 result?;
-                if *may_return {
-                    let alive = &self.alive;
-                    lanes.retain(|&lane| alive[lane as usize]);
+                if leaves.any() {
+                    self.keep_running(lanes);
                 }
             }
             CompiledNode::Loop {
@@ -470,18 +508,38 @@ impl<'a> Machine<'a> {
                 start,
                 end,
                 body,
-                may_return,
+                body_leaves,
             } => {
                 let starts = self.eval(start, lanes)?;
                 let ends = self.eval(end, lanes)?;
-                let result = self.run_loop(*slot, body, *may_return, lanes, &starts, &ends);
+                let result = self.run_loop(*slot, body, *body_leaves, lanes, &starts, &ends);
                 self.give(starts);
                 self.give(ends);
                 result?;
-                if *may_return {
-                    let alive = &self.alive;
-                    lanes.retain(|&lane| alive[lane as usize]);
+                if body_leaves.returns {
+                    self.keep_running(lanes);
                 }
+            }
+            CompiledNode::While {
+                condition,
+                body,
+                body_leaves,
+            } => {
+                self.run_while(condition, body, *body_leaves, lanes)?;
+                if body_leaves.returns {
+                    self.keep_running(lanes);
+                }
+            }
+            CompiledNode::Break | CompiledNode::Continue => {
+                let exit = if matches!(node, CompiledNode::Break) {
+                    LoopExit::Broke
+                } else {
+                    LoopExit::Continued
+                };
+                for &lane in lanes.iter() {
+                    self.loop_exit[lane as usize] = exit;
+                }
+                lanes.clear();
             }
             CompiledNode::Barrier | CompiledNode::GridSync => {
                 // Lockstep execution: every lane that will reach this point already has.
@@ -518,11 +576,106 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
+    /// Drops the lanes that returned, broke or continued from a block's lane list.
+    fn keep_running(&self, lanes: &mut Vec<u32>) {
+        let (alive, loop_exit) = (&self.alive, &self.loop_exit);
+        lanes.retain(|&lane| alive[lane as usize] && loop_exit[lane as usize] == LoopExit::Running);
+    }
+
+    /// After an iteration of a loop body that lanes may leave: whether `lane` goes on
+    /// with the next iteration (it neither returned nor broke); its `Break` or
+    /// `Continue` is consumed either way.
+    fn stays_in_loop(&mut self, lane: u32) -> bool {
+        let exit = std::mem::take(&mut self.loop_exit[lane as usize]);
+        self.alive[lane as usize] && exit != LoopExit::Broke
+    }
+
+    /// `while condition { body }` for `lanes`: each iteration evaluates the condition
+    /// for the lanes still looping and runs the body for those where it holds. Every
+    /// lane entered together, so one count of iterations is every lane's.
+    fn run_while(
+        &mut self,
+        condition: &CompiledExpr,
+        body: &[CompiledNode],
+        body_leaves: Leaves,
+        lanes: &[u32],
+    ) -> Result<(), ReferenceError> {
+        let mut loop_lanes = self.take();
+        loop_lanes.extend_from_slice(lanes);
+        let mut body_lanes = self.take();
+        let mut iterations: u64 = 0;
+        let mut result = Ok(());
+        while !loop_lanes.is_empty() {
+            result = self.count_iteration(loop_lanes.len());
+            if result.is_err() {
+                break;
+            }
+            let holds = match self.eval(condition, &loop_lanes) {
+                Ok(holds) => holds,
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
+            };
+            let mut kept = 0;
+            for position in 0..loop_lanes.len() {
+                if holds[position] != 0 {
+                    loop_lanes[kept] = loop_lanes[position];
+                    kept += 1;
+                }
+            }
+            loop_lanes.truncate(kept);
+            self.give(holds);
+            if loop_lanes.is_empty() {
+                break;
+            }
+            iterations += 1;
+            if let Some(cap) = self.grid.max_loop_iterations {
+                if iterations > u64::from(cap) {
+                    result = Err(self.loop_cap_error(cap));
+                    break;
+                }
+            }
+            let lanes_for_body = if body_leaves.any() {
+                body_lanes.clear();
+                body_lanes.extend_from_slice(&loop_lanes);
+                &mut body_lanes
+            } else {
+                &mut loop_lanes
+            };
+            result = self.block(body, lanes_for_body);
+            if result.is_err() {
+                break;
+            }
+            if body_leaves.any() {
+                let mut kept = 0;
+                for position in 0..loop_lanes.len() {
+                    let lane = loop_lanes[position];
+                    if self.stays_in_loop(lane) {
+                        loop_lanes[kept] = lane;
+                        kept += 1;
+                    }
+                }
+                loop_lanes.truncate(kept);
+            }
+        }
+        self.give(body_lanes);
+        self.give(loop_lanes);
+        result
+    }
+
+    fn loop_cap_error(&self, cap: u32) -> ReferenceError {
+        ReferenceError::new(format!(
+            "Fix: {} ran a `while` loop past {cap} iterations, the cap CodegenOptions::max_loop_iterations sets (on the GPU the kernel traps there); make the loop's condition become false, add a `break`, or raise or remove the cap.",
+            self.program.display_name()
+        ))
+    }
+
     fn run_loop(
         &mut self,
         slot: usize,
         body: &[CompiledNode],
-        may_return: bool,
+        body_leaves: Leaves,
         lanes: &[u32],
         starts: &[u32],
         ends: &[u32],
@@ -540,14 +693,14 @@ impl<'a> Machine<'a> {
         let mut body_lanes = self.take();
         let mut result = Ok(());
         while !loop_lanes.is_empty() {
-            result = self.count_steps(loop_lanes.len());
+            result = self.count_iteration(loop_lanes.len());
             if result.is_err() {
                 break;
             }
             self.scatter(slot, &loop_lanes, &counters);
-            // The body may drop lanes that return; it gets its own copy so the
-            // counters stay parallel to `loop_lanes`.
-            let lanes_for_body = if may_return {
+            // The body may drop lanes that return, break or continue; it gets its own
+            // copy so the counters stay parallel to `loop_lanes`.
+            let lanes_for_body = if body_leaves.any() {
                 body_lanes.clear();
                 body_lanes.extend_from_slice(&loop_lanes);
                 &mut body_lanes
@@ -562,7 +715,8 @@ impl<'a> Machine<'a> {
             for position in 0..loop_lanes.len() {
                 let lane = loop_lanes[position];
                 let next = counters[position].wrapping_add(1);
-                if next < limits[position] && self.alive[lane as usize] {
+                let stays = !body_leaves.any() || self.stays_in_loop(lane);
+                if next < limits[position] && stays {
                     loop_lanes[kept] = lane;
                     counters[kept] = next;
                     limits[kept] = limits[position];

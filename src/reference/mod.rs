@@ -23,7 +23,11 @@
 //! - `WorkgroupReduce` reduces over the lanes of each workgroup that reach it.
 //! - `If` splits the active lanes; the `then` arm runs to completion before the
 //!   `else` arm. `Loop` evaluates each lane's bounds once and iterates while any lane
-//!   has iterations left. `Return` ends a lane for the rest of the kernel run.
+//!   has iterations left. `While` evaluates its condition for the lanes still in the
+//!   loop before every iteration and runs the body for those where it holds, until
+//!   none is left. `Break` takes a lane out of its innermost loop and `Continue` out
+//!   of the rest of the current iteration (it rejoins for the next one). `Return`
+//!   ends a lane for the rest of the kernel run.
 //! - `SubgroupShuffleXor`: a lane's subgroup is `local_linear / subgroup_size` within
 //!   its workgroup and its subgroup lane is `local_linear % subgroup_size`. The result
 //!   is the value of subgroup lane `own ^ lane_mask`; **if that lane does not exist**
@@ -45,11 +49,15 @@
 //! (per-lane variable slots, temporaries and bookkeeping times the lanes, plus every
 //! buffer and the compiled program), and counts its work against
 //! [`ReferenceOptions::max_work`]: every statement, every expression node and every
-//! loop iteration, times the lanes it runs on, and every lane once per kernel run
-//! (so `fixpoint_iterations = u32::MAX` over an empty body stops too). The default
-//! cap, 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
-//! development machine (release build, `reference_work_cap_figures`); the old cap
-//! (2^34 statements, expressions not counted) let a valid 83-node program run 48 s.
+//! loop iteration, times the lanes it runs on (at least 32: running one costs a fixed
+//! amount however few lanes it covers), and every lane once per kernel run (so
+//! `fixpoint_iterations = u32::MAX` over an empty body stops too). The default cap,
+//! 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
+//! development machine (release build, `reference_work_cap_figures`) and a
+//! one-thread `while true {}` after about a second; the old cap (2^34 statements,
+//! expressions not counted) let a valid 83-node program run 48 s. With
+//! `CodegenOptions::max_loop_iterations` set, a `while` loop that passes the cap
+//! stops the run with an error there too, as the GPU traps.
 //!
 //! Programs with racing writes (two lanes storing different values to one element
 //! without a barrier between) have no defined result on the GPU; here the highest
@@ -84,7 +92,7 @@ pub struct ReferenceOptions {
     pub limits: ir::Limits,
     /// Most work one call may do before it stops with a `Fix:` error instead of
     /// appearing to hang: statements, expression nodes and loop iterations, each
-    /// times the lanes it runs on, plus every lane once per kernel run
+    /// times the lanes it runs on (at least 32), plus every lane once per kernel run
     /// ([`ReferenceStats::work`]). Default 2^31, about 2 s of interpretation.
     pub max_work: u64,
     /// Most bytes of host memory one call may allocate (checked before allocating;
@@ -106,10 +114,10 @@ impl Default for ReferenceOptions {
 /// What a run of the interpreter cost: useful for throughput figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReferenceStats {
-    /// Statements (and loop iterations) executed, summed over active lanes, plus
-    /// every lane once per kernel run.
+    /// Statements (and loop iterations) executed, each counted for its active lanes
+    /// but at least 32, plus every lane once per kernel run (at least 32).
     pub lane_steps: u64,
-    /// Expression nodes evaluated, summed over active lanes.
+    /// Expression nodes evaluated, each counted for its active lanes but at least 32.
     pub lane_ops: u64,
 }
 
@@ -374,14 +382,15 @@ fn check_request(
         subgroup_size: options.subgroup_size,
         bounds_checks: config.codegen.bounds_checks,
         max_work: options.max_work,
+        max_loop_iterations: config.codegen.max_loop_iterations,
     })
 }
 
 /// Refuse a run whose memory would pass [`ReferenceOptions::max_memory_bytes`], before
 /// anything per-lane or per-buffer is allocated. Counts, per lane: 4 bytes per
-/// variable slot and per builtin table used, 4 for the lane's workgroup, 1 for its
-/// alive flag, and 8 per temporary vector (4 bytes per lane, doubled for `Vec`
-/// growth); then every buffer (global buffers at their input's size, workgroup
+/// variable slot and per builtin table used, 4 for the lane's workgroup, 1 each for
+/// its alive flag and its loop state, and 8 per temporary vector (4 bytes per lane,
+/// doubled for `Vec` growth); then every buffer (global buffers at their input's size, workgroup
 /// buffers once per workgroup), the output copies, and the compiled program.
 fn check_memory(
     program: &Program,
@@ -393,7 +402,7 @@ fn check_memory(
     let lanes = u64::from(grid.total_lanes);
     let builtins = compiled.builtins_used.iter().filter(|&&used| used).count() as u64;
     let per_lane =
-        4 * (compiled.slot_count as u64 + builtins) + 4 + 1 + 8 * compiled.temporaries as u64;
+        4 * (compiled.slot_count as u64 + builtins) + 4 + 2 + 8 * compiled.temporaries as u64;
     let workgroups = lanes / u64::from(grid.threads_per_workgroup.max(1));
     // Global buffers take their input's bytes (outputs twice: the buffer and the
     // copy handed back); inputs come in binding order.

@@ -142,6 +142,13 @@ impl Display for Label {
     }
 }
 
+/// Where `break` and `continue` of one loop branch to.
+#[derive(Clone, Copy, Debug)]
+struct LoopTargets {
+    exit: Label,
+    next: Label,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Space {
     Global,
@@ -211,6 +218,9 @@ pub(super) struct Writer<'p> {
     synchronises: bool,
     /// The result prologue's start time register (written by local thread 0).
     result_start: Option<Reg>,
+    /// The loops around the statement being written, innermost last: where a `break`
+    /// and a `continue` of each one branch to.
+    loops: Vec<LoopTargets>,
     /// `Some(index)`: this is kernel `index` of a module of several kernels
     /// (`super::batch`): its entry and module-scope symbols carry the index and the
     /// module header is written once by the module, not here.
@@ -256,6 +266,7 @@ impl<'p> Writer<'p> {
             results,
             synchronises: false,
             result_start: None,
+            loops: Vec::new(),
             module_kernel: None,
         }
     }
@@ -620,8 +631,19 @@ impl<'p> Writer<'p> {
                 "\t",
                 format_args!("for {variable} in {start}..{end}"),
             ),
+            Node::While { condition, .. } => {
+                push_comment(&mut self.body, "\t", format_args!("while {condition}"))
+            }
             other => push_comment(&mut self.body, "\t", other),
         }
+    }
+
+    /// A loop body, with `break` and `continue` branching to `targets`.
+    fn loop_body(&mut self, body: &'p Block, targets: LoopTargets) -> Result<()> {
+        self.loops.push(targets);
+        let result = self.block(body);
+        self.loops.pop();
+        result
     }
 
     /// Stop with [`CodegenError::TooLarge`] once the body passes [`MAX_PTX_BYTES`].
@@ -704,19 +726,67 @@ impl<'p> Writer<'p> {
                 let limit = self.value(ScalarType::U32);
                 self.mov(counter, start);
                 self.mov(limit, end);
+                // Rotated: the test sits below the body, so an iteration costs one
+                // compare and one branch.
                 let top = self.label("loop");
+                let next = self.label("loop_next");
+                let test = self.label("loop_test");
                 let exit = self.label("loop_end");
+                emit!(self, "bra {test};");
                 self.place(top);
-                let done = self.reg(RegClass::Pred);
-                emit!(self, "setp.ge.u32 {done}, {counter}, {limit};");
-                emit!(self, "@{done} bra {exit};");
                 let mark = self.scope_log.len();
                 self.bind(variable, counter);
-                self.block(body)?;
+                self.loop_body(body, LoopTargets { exit, next })?;
                 self.leave_scope(mark);
+                self.place(next);
                 emit!(self, "add.u32 {counter}, {counter}, 1;");
-                emit!(self, "bra {top};");
+                self.place(test);
+                let more = self.reg(RegClass::Pred);
+                emit!(self, "setp.lt.u32 {more}, {counter}, {limit};");
+                emit!(self, "@{more} bra {top};");
                 self.place(exit);
+            }
+            Node::While { condition, body } => {
+                // Rotated like `for`: one branch into the test, then each iteration is
+                // the body, the condition and one conditional branch back.
+                let top = self.label("while");
+                let test = self.label("while_test");
+                let exit = self.label("while_end");
+                let iterations = self.options.max_loop_iterations.map(|cap| {
+                    let count = self.reg(RegClass::B32);
+                    emit!(self, "mov.u32 {count}, 0;");
+                    (count, cap)
+                });
+                emit!(self, "bra {test};");
+                self.place(top);
+                if let Some((count, cap)) = iterations {
+                    let over = self.reg(RegClass::Pred);
+                    emit!(self, "add.u32 {count}, {count}, 1;");
+                    emit!(self, "setp.gt.u32 {over}, {count}, {cap};");
+                    emit!(self, "@{over} trap; // CodegenOptions::max_loop_iterations");
+                }
+                self.loop_body(body, LoopTargets { exit, next: test })?;
+                self.place(test);
+                if matches!(condition, Expr::Literal(Literal::Bool(true))) {
+                    // `while true`: the loop ends only by `break` or `return`.
+                    emit!(self, "bra {top};");
+                } else {
+                    let holds = self.expr(condition)?;
+                    emit!(self, "@{holds} bra {top};");
+                }
+                self.place(exit);
+            }
+            Node::Break | Node::Continue => {
+                // Validated: inside a loop.
+                let targets = self.loops.last().copied().ok_or_else(|| {
+                    internal(format_args!("a `break` or `continue` outside a loop"))
+                })?;
+                let target = if matches!(node, Node::Break) {
+                    targets.exit
+                } else {
+                    targets.next
+                };
+                emit!(self, "bra {target};");
             }
             Node::Barrier => {
                 self.synchronises = true;
