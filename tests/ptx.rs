@@ -55,8 +55,8 @@ fn binary_result(op: BinaryOp, ty: ScalarType) -> Option<ScalarType> {
     use ScalarType as T;
     let defined = match op {
         B::Add | B::Sub | B::Mul | B::Div | B::Min | B::Max => ty != T::Bool,
-        B::Rem | B::Shl | B::Shr => matches!(ty, T::U32 | T::I32),
-        B::BitAnd | B::BitOr | B::BitXor => matches!(ty, T::U32 | T::I32),
+        B::Rem | B::Shl | B::Shr => ty.is_integer(),
+        B::BitAnd | B::BitOr | B::BitXor => ty.is_integer(),
         B::Eq | B::Ne => true,
         B::Lt | B::Le | B::Gt | B::Ge => ty != T::Bool,
         B::LogicalAnd | B::LogicalOr => ty == T::Bool,
@@ -69,10 +69,10 @@ fn unary_result(op: UnaryOp, ty: ScalarType) -> Option<ScalarType> {
     use ScalarType as T;
     use UnaryOp as U;
     match (op, ty) {
-        (U::Neg | U::Abs, T::I32 | T::F32) => Some(ty),
-        (U::BitNot, T::U32 | T::I32) => Some(ty),
+        (U::Neg | U::Abs, T::I32 | T::I64 | T::F32) => Some(ty),
+        (U::BitNot, _) if ty.is_integer() => Some(ty),
         (U::LogicalNot, T::Bool) => Some(T::Bool),
-        (U::CountOnes | U::LeadingZeros, T::U32 | T::I32) => Some(T::U32),
+        (U::CountOnes | U::LeadingZeros, _) if ty.is_integer() => Some(T::U32),
         _ => None,
     }
 }
@@ -95,6 +95,117 @@ fn typed_operands(b: &mut BlockBuilder) {
     b.let_("b_f32", Expr::load("f", 1u32));
     b.let_("a_bool", Expr::var("a_u32").less_than(Expr::var("b_u32")));
     b.let_("b_bool", Expr::var("a_i32").less_than(Expr::var("b_i32")));
+}
+
+/// The 64-bit types' operands for [`every_op_64`], from buffers `w` (`u64`) and `s`
+/// (`i64`).
+fn wide_operands(b: &mut BlockBuilder) {
+    b.let_("a_u64", Expr::load("w", 0u32));
+    b.let_("b_u64", Expr::load("w", 1u32));
+    b.let_("a_i64", Expr::load("s", 0u32));
+    b.let_("b_i64", Expr::load("s", 1u32));
+}
+
+/// Every operator, cast and select on a 64-bit operand (or into a 64-bit type), each
+/// result stored into the `u64` output `wide_out`.
+fn every_op_64() -> Program {
+    const WIDE: [ScalarType; 2] = [ScalarType::U64, ScalarType::I64];
+    let mut results: Vec<Expr> = Vec::new();
+    for op in BinaryOp::ALL {
+        for ty in WIDE {
+            if binary_result(op, ty).is_some() {
+                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+                    operand("b", ScalarType::U32)
+                } else {
+                    operand("b", ty)
+                };
+                results.push(Expr::binary(op, operand("a", ty), rhs));
+            }
+        }
+    }
+    for op in UnaryOp::ALL {
+        for ty in WIDE {
+            if unary_result(op, ty).is_some() {
+                results.push(Expr::unary(op, operand("a", ty)));
+            }
+        }
+    }
+    for from in ScalarType::ALL {
+        for to in ScalarType::ALL {
+            if from.is_wide() || to.is_wide() {
+                results.push(operand("a", from).cast(to));
+            }
+        }
+    }
+    for ty in WIDE {
+        results.push(Expr::var("a_bool").select(operand("a", ty), operand("b", ty)));
+    }
+    let count = results.len() as u32;
+    Program::builder([1, 1, 1])
+        .buffer(
+            "u",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "i",
+            1,
+            Access::ReadOnly,
+            ElemType::I32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "f",
+            2,
+            Access::ReadOnly,
+            ElemType::F32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "w",
+            3,
+            Access::ReadOnly,
+            ElemType::U64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "s",
+            4,
+            Access::ReadOnly,
+            ElemType::I64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "wide_out",
+            5,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(count),
+        )
+        .buffer(
+            "shared64",
+            6,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(3),
+        )
+        .body(|b| {
+            typed_operands(b);
+            wide_operands(b);
+            for (slot, result) in results.into_iter().enumerate() {
+                b.store("wide_out", slot as u32, result.cast(ScalarType::U64));
+            }
+            b.store("shared64", 1u32, Expr::i64(i64::MIN));
+            b.store(
+                "wide_out",
+                0u32,
+                Expr::load("shared64", 1u32).cast(ScalarType::U64),
+            );
+            b.store("wide_out", 1u32, Expr::u64(u64::MAX));
+        })
+        .build()
 }
 
 fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
@@ -839,6 +950,7 @@ fn fixtures() -> Vec<Fixture> {
             ..fixture("while_scan_capped", while_scan())
         },
         fixture("loop_control", loop_control()),
+        fixture("every_op_64", every_op_64()),
     ]
 }
 
@@ -1562,6 +1674,8 @@ mod random {
                     f32::from_bits(bits)
                 }),
                 ScalarType::Bool => Expr::bool(bits & 1 == 1),
+                ScalarType::U64 => Expr::u64(u64::from(bits) << (bits % 33)),
+                ScalarType::I64 => Expr::i64(-i64::from(bits)),
             }
         }
 
@@ -1940,21 +2054,23 @@ const EDGE_F32: [u32; 12] = [
     0x4effffff,  // just below 2^31
 ];
 
-/// Every operator, unary operator, cast and select on every pair of edge operands:
-/// thread `t` takes operands `a = x[t / 12]`, `b = x[t % 12]` and writes one result
-/// per operation into the output buffer of the result's type.
-fn edge_case_program() -> Program {
+/// Every operator, unary operator, cast and select on every pair of edge operands of
+/// `types` (the 32-bit types, or all six): thread `t` takes operands
+/// `a = x[t / 12]`, `b = x[t % 12]` and writes one result per operation into the
+/// output buffer of the result's type. Inputs: `u`, `i`, `f` (and `w`, `s` for the
+/// 64-bit types), then one output per type, `out_<type>`.
+fn edge_case_program(types: &[ScalarType]) -> Program {
     const PAIRS: u32 = 144;
-    let mut counts = [0u32; 4]; // results per thread per output type
-    let slot = |ty: ScalarType| match ty {
-        ScalarType::U32 => 0,
-        ScalarType::I32 => 1,
-        ScalarType::F32 => 2,
-        ScalarType::Bool => 3,
+    let mut counts = [0u32; 6]; // results per thread per output type
+    let slot = |ty: ScalarType| {
+        types
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a result of one of the types")
     };
     let mut stores: Vec<(ScalarType, Expr)> = Vec::new();
     for op in BinaryOp::ALL {
-        for ty in TYPES {
+        for &ty in types {
             if let Some(result) = binary_result(op, ty) {
                 let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
                     operand("b", ScalarType::U32)
@@ -1966,18 +2082,18 @@ fn edge_case_program() -> Program {
         }
     }
     for op in UnaryOp::ALL {
-        for ty in TYPES {
+        for &ty in types {
             if let Some(result) = unary_result(op, ty) {
                 stores.push((result, Expr::unary(op, operand("a", ty))));
             }
         }
     }
-    for from in TYPES {
-        for to in TYPES {
+    for &from in types {
+        for &to in types {
             stores.push((to, operand("a", from).cast(to)));
         }
     }
-    for ty in TYPES {
+    for &ty in types {
         let chosen = operand("a", ScalarType::Bool).select(operand("a", ty), operand("b", ty));
         stores.push((ty, chosen));
     }
@@ -1987,36 +2103,35 @@ fn edge_case_program() -> Program {
         indexed.push((ty, counts[s], value));
         counts[s] += 1;
     }
-    let outputs = ["out_u32", "out_i32", "out_f32", "out_bool"];
-    let mut builder = Program::builder([64, 1, 1])
-        .buffer(
-            "u",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(12),
-        )
-        .buffer(
-            "i",
-            1,
-            Access::ReadOnly,
-            ElemType::I32,
-            BufferCount::Static(12),
-        )
-        .buffer(
-            "f",
-            2,
-            Access::ReadOnly,
-            ElemType::F32,
-            BufferCount::Static(12),
-        );
-    for (k, (name, elem)) in outputs
+    let outputs: Vec<String> = types
         .iter()
-        .zip([ElemType::U32, ElemType::I32, ElemType::F32, ElemType::U32])
-        .enumerate()
-    {
+        .map(|ty| format!("out_{}", ty.name()))
+        .collect();
+    let wide = types.iter().any(|ty| ty.is_wide());
+    let mut inputs = vec![
+        ("u", ElemType::U32),
+        ("i", ElemType::I32),
+        ("f", ElemType::F32),
+    ];
+    if wide {
+        inputs.extend([("w", ElemType::U64), ("s", ElemType::I64)]);
+    }
+    let mut builder = Program::builder([64, 1, 1]);
+    for (binding, (name, elem)) in inputs.iter().enumerate() {
+        let count = BufferCount::Static(12);
+        builder = builder.buffer(*name, binding as u32, Access::ReadOnly, *elem, count);
+    }
+    for (k, (name, ty)) in outputs.iter().zip(types).enumerate() {
+        let elem = match ty {
+            ScalarType::I32 => ElemType::I32,
+            ScalarType::F32 => ElemType::F32,
+            ScalarType::U64 => ElemType::U64,
+            ScalarType::I64 => ElemType::I64,
+            ScalarType::U32 | ScalarType::Bool => ElemType::U32,
+        };
         let count = BufferCount::Static(PAIRS * counts[k].max(1));
-        builder = builder.buffer(*name, 3 + k as u32, Access::WriteOnly, elem, count);
+        let binding = (inputs.len() + k) as u32;
+        builder = builder.buffer(name.as_str(), binding, Access::WriteOnly, elem, count);
     }
     builder
         .body(|b| {
@@ -2031,6 +2146,12 @@ fn edge_case_program() -> Program {
             b.let_("b_i32", Expr::load("i", y.clone()));
             b.let_("a_f32", Expr::load("f", x.clone()));
             b.let_("b_f32", Expr::load("f", y.clone()));
+            if wide {
+                b.let_("a_u64", Expr::load("w", x.clone()));
+                b.let_("b_u64", Expr::load("w", y.clone()));
+                b.let_("a_i64", Expr::load("s", x.clone()));
+                b.let_("b_i64", Expr::load("s", y.clone()));
+            }
             b.let_("a_bool", Expr::load("u", x).rem(2u32).equals(1u32));
             b.let_("b_bool", Expr::load("u", y).rem(2u32).equals(1u32));
             for (ty, position, value) in indexed {
@@ -2041,7 +2162,7 @@ fn edge_case_program() -> Program {
                 } else {
                     value
                 };
-                b.store(outputs[s], index, value);
+                b.store(outputs[s].as_str(), index, value);
             }
         })
         .build()
@@ -2055,18 +2176,78 @@ fn edge_case_program() -> Program {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_operator_edge_cases_match_reference() {
-    let program = edge_case_program();
-    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
+    for types in [&TYPES[..], &ScalarType::ALL[..]] {
+        edge_cases_match_reference(&gpu, types);
+    }
+}
+
+/// The edge-case operands as input buffers for [`edge_case_program`] over `types`,
+/// then zeroed outputs.
+fn edge_case_inputs(program: &Program, types: &[ScalarType]) -> Vec<Vec<u8>> {
     let mut inputs: Vec<Vec<u8>> = vec![
         EDGE_U32.iter().flat_map(|v| v.to_le_bytes()).collect(),
         EDGE_I32.iter().flat_map(|v| v.to_le_bytes()).collect(),
         EDGE_F32.iter().flat_map(|v| v.to_le_bytes()).collect(),
     ];
-    for decl in program.global_buffers().iter().skip(3) {
+    if types.iter().any(|ty| ty.is_wide()) {
+        inputs.push(EDGE_U64.iter().flat_map(|v| v.to_le_bytes()).collect());
+        inputs.push(EDGE_I64.iter().flat_map(|v| v.to_le_bytes()).collect());
+    }
+    for decl in program.global_buffers().iter().skip(inputs.len()) {
         inputs.push(vec![0u8; decl.static_size_bytes().unwrap_or(0) as usize]);
     }
+    inputs
+}
+
+/// The 64-bit edge operands: zero, one, the ends of both ranges, values just past 32
+/// bits, and shift amounts past 63 once truncated.
+const EDGE_U64: [u64; 12] = [
+    0,
+    1,
+    63,
+    64,
+    65,
+    0xffff_ffff,
+    0x1_0000_0000,
+    0x7fff_ffff_ffff_ffff,
+    0x8000_0000_0000_0000,
+    u64::MAX,
+    0xdead_beef_0bad_f00d,
+    0x0000_0001_0000_0021,
+];
+const EDGE_I64: [i64; 12] = [
+    0,
+    1,
+    -1,
+    2,
+    -2,
+    i64::MIN,
+    i64::MAX,
+    i64::MIN + 1,
+    i32::MIN as i64,
+    u32::MAX as i64,
+    -0x1234_5678_9abc,
+    7,
+];
+
+/// Locks out a 64-bit edge-case program that the GPU test could not even compare: it
+/// is valid lowered IR and runs on the reference interpreter.
+#[test]
+fn wide_edge_case_program_runs_on_the_reference() {
+    let program = edge_case_program(&ScalarType::ALL);
+    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let inputs = edge_case_inputs(&program, &ScalarType::ALL);
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
+    vyre_cuda::reference::run(&program, &borrowed, &vyre_cuda::DispatchConfig::linear(3))
+        .expect("reference");
+}
+
+fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[ScalarType]) {
+    let program = edge_case_program(types);
+    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let inputs = edge_case_inputs(&program, types);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     for bounds_checks in [true, false] {
         let config = vyre_cuda::DispatchConfig::linear(3)
             .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));

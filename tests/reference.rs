@@ -41,6 +41,8 @@ fn elem_for(ty: ScalarType) -> ElemType {
         ScalarType::U32 | ScalarType::Bool => ElemType::U32,
         ScalarType::I32 => ElemType::I32,
         ScalarType::F32 => ElemType::F32,
+        ScalarType::U64 => ElemType::U64,
+        ScalarType::I64 => ElemType::I64,
     }
 }
 
@@ -110,6 +112,7 @@ fn binary_case(op: BinaryOp, ty: ScalarType, rhs_ty: ScalarType, a: &[u32], b: &
             ScalarType::I32 => Literal::I32(b_bits as i32),
             ScalarType::F32 => Literal::F32(f32::from_bits(b_bits)),
             ScalarType::Bool => Literal::Bool(b_bits != 0),
+            ScalarType::U64 | ScalarType::I64 => panic!("32-bit operands only; see wide_case"),
         };
         let uniform = run_words(
             &build(Expr::Literal(literal), n),
@@ -744,6 +747,283 @@ fn loops_have_per_thread_trip_counts() {
     let out = run_words(&program, &[&[0; 32], &[0; 32]], &DispatchConfig::linear(1));
     assert_eq!(out[0], [0, 0, 1, 3, 6, 10, 15, 21]);
     assert_eq!(out[1], [0, 0, 0, 0, 0, 0, 1, 2]);
+}
+
+/// Runs one thread that stores each expression (cast to `u64`) into its own element
+/// of a `u64` output and returns the elements. `x` is a `u64` input holding
+/// `[u64::MAX, 5, 1 << 40]` and `y` an `i64` input holding `[i64::MIN, -1, -7]`.
+fn wide_results(results: Vec<Expr>) -> Vec<u64> {
+    let count = results.len() as u32;
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U64,
+            BufferCount::Static(3),
+        )
+        .buffer(
+            "y",
+            1,
+            Access::ReadOnly,
+            ElemType::I64,
+            BufferCount::Static(3),
+        )
+        .buffer(
+            "out",
+            2,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(count),
+        )
+        .body(|blk| {
+            for (slot, value) in results.into_iter().enumerate() {
+                blk.store("out", slot as u32, value.cast(ScalarType::U64));
+            }
+        })
+        .build();
+    let x: Vec<u8> = [u64::MAX, 5, 1 << 40]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let y: Vec<u8> = [i64::MIN, -1, -7]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = reference::run(
+        &program,
+        &[&x, &y, &vec![0; 8 * count as usize]],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{program}"));
+    out[0]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Locks out 64-bit arithmetic that wraps at 32 bits, divides like the hardware
+/// (a fault or garbage for a zero divisor, a trap for `i64::MIN / -1`), shifts by
+/// the amount modulo 32 (or unmasked), or compares signed values as unsigned.
+#[test]
+fn u64_and_i64_arithmetic_wraps_divides_totally_and_shifts_modulo_64() {
+    let x = |k: u32| Expr::load("x", k);
+    let y = |k: u32| Expr::load("y", k);
+    let bool_bits = |e: Expr| e.cast(ScalarType::U32);
+    let got = wide_results(vec![
+        x(0) + Expr::u64(2),
+        x(1) * x(2),
+        x(1) - Expr::u64(6),
+        x(0) / Expr::u64(0),
+        x(0) % Expr::u64(0),
+        x(0) / x(1),
+        y(0) / y(1),
+        y(0) % y(1),
+        y(2) / Expr::i64(2),
+        y(2) % Expr::i64(2),
+        x(1) << Expr::u32(65),
+        y(2) >> Expr::u32(65),
+        x(0) >> Expr::u32(60),
+        bool_bits(y(1).less_than(Expr::i64(0))),
+        bool_bits(x(0).greater_than(x(1))),
+        y(0).min(y(2)),
+        x(0).min(x(2)).cast(ScalarType::I64),
+        -y(0),
+        y(2).abs(),
+        !x(1),
+        x(0).count_ones(),
+        Expr::u64(0).leading_zeros(),
+        x(2).leading_zeros(),
+    ]);
+    assert_eq!(
+        got,
+        [
+            1,
+            5 << 40,
+            u64::MAX,
+            0,
+            0,
+            u64::MAX / 5,
+            i64::MIN as u64,
+            0,
+            -3i64 as u64,
+            -1i64 as u64,
+            10,
+            -4i64 as u64,
+            15,
+            1,
+            1,
+            i64::MIN as u64,
+            1 << 40,
+            i64::MIN as u64,
+            7,
+            !5u64,
+            64,
+            64,
+            23,
+        ]
+    );
+}
+
+/// Locks out 64-bit conversions that differ from Rust `as`: `u32` zero-extends,
+/// `i32` sign-extends (to `u64` too), 64 → 32 bits truncates, `f32` → 64-bit
+/// truncates and saturates with NaN at 0, 64-bit → `f32` rounds to nearest even.
+#[test]
+fn wide_casts_follow_rust_as_semantics() {
+    let x = |k: u32| Expr::load("x", k);
+    let y = |k: u32| Expr::load("y", k);
+    let got = wide_results(vec![
+        Expr::u32(u32::MAX).cast(ScalarType::U64),
+        Expr::i32(-1).cast(ScalarType::U64),
+        Expr::i32(-1).cast(ScalarType::I64),
+        x(0).cast(ScalarType::U32).cast(ScalarType::U64),
+        y(0).cast(ScalarType::I32).cast(ScalarType::I64),
+        Expr::f32(-1.5).cast(ScalarType::U64),
+        Expr::f32(1e20).cast(ScalarType::U64),
+        Expr::f32(-1e20).cast(ScalarType::I64),
+        Expr::f32(f32::NAN).cast(ScalarType::I64),
+        Expr::f32(1234.75).cast(ScalarType::I64),
+        x(0).cast(ScalarType::F32).cast(ScalarType::U32),
+        y(0).cast(ScalarType::F32).cast(ScalarType::U32),
+        Expr::u64(16_777_217)
+            .cast(ScalarType::F32)
+            .cast(ScalarType::U64),
+        x(0).cast(ScalarType::Bool).cast(ScalarType::U64),
+        Expr::bool(true).cast(ScalarType::I64),
+    ]);
+    assert_eq!(
+        got,
+        [
+            0xffff_ffff,
+            u64::MAX,
+            u64::MAX,
+            0xffff_ffff,
+            0,
+            0,
+            u64::MAX,
+            i64::MIN as u64,
+            0,
+            1234,
+            // 2^64 as f32, then saturated into a u32.
+            u32::MAX as u64,
+            // -2^63 as f32, negative: 0 as a u32.
+            0,
+            // 2^24 + 1 rounds to the even 2^24.
+            16_777_216,
+            1,
+            1,
+        ]
+    );
+}
+
+/// Locks out 64-bit elements stored as 4 bytes (or with the wrong byte order), and
+/// 64-bit values that lose their high half in variables, selects or workgroup
+/// memory: a `u64` buffer round-trips through each; an index past the end reads 0.
+#[test]
+fn u64_buffers_hold_eight_little_endian_bytes() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "shared",
+            1,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(2),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::local_id(Axis::X));
+            let v = blk.let_mut("v", Expr::load("data", i.clone()));
+            blk.assign("v", v.clone() + Expr::u64(1 << 32));
+            blk.store("shared", i.clone(), v.clone().cast(ScalarType::I64));
+            blk.barrier();
+            let other = Expr::load("shared", Expr::u32(1) - i.clone()).cast(ScalarType::U64);
+            let past = Expr::load("data", 2u32);
+            // Each lane stores the other lane's value (through a select whose other
+            // arm is its own).
+            blk.store("data", i.clone(), i.equals(5u32).select(v, other) + past);
+        })
+        .build();
+    let data: Vec<u8> = [0x0102_0304_0506_0708u64, 9]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = reference::run(&program, &[&data], &DispatchConfig::linear(1)).unwrap();
+    assert_eq!(
+        out[0],
+        [
+            9, 0, 0, 0, 1, 0, 0, 0, // lane 0: lane 1's 9 + 2^32
+            8, 7, 6, 5, 5, 3, 2, 1, // lane 1: lane 0's value + 2^32
+        ]
+    );
+}
+
+/// Locks out 32-bit semantics that change when a program also has a 64-bit value
+/// (its lanes are then kept in 64 bits: a 32-bit result whose high half is not
+/// zero, an `i32` compared through its 64-bit pattern, a `u8` store that keeps more
+/// than a byte): 300 generated 32-bit programs give the same bytes with an unused
+/// `u64` variable in front. Negative control: the variable does switch the lane width
+/// (the memory estimate per thread grows).
+#[test]
+fn thirty_two_bit_programs_give_the_same_bytes_on_64_bit_lanes() {
+    use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+    let options = GeneratorOptions::default().core_only();
+    for seed in 0..300 {
+        let case = valid_program(seed, &options);
+        let widened = case.program.with_entry(
+            case.program.buffers_shared().clone(),
+            std::iter::once(Node::Let {
+                name: "widened".into(),
+                mutable: false,
+                value: Expr::u64(1 << 40),
+            })
+            .chain(case.program.entry().iter().cloned())
+            .collect(),
+        );
+        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        let narrow = reference::run(&case.program, &inputs, &case.config)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let wide = reference::run(&widened, &inputs, &case.config)
+            .unwrap_or_else(|e| panic!("seed {seed} widened: {e}"));
+        assert_eq!(narrow, wide, "seed {seed}\n{}", case.program);
+    }
+    let per_thread = |program: &Program| {
+        let tight = ReferenceOptions {
+            max_memory_bytes: 1 << 20,
+            ..ReferenceOptions::default()
+        };
+        let error = reference::run_with_options(
+            program,
+            &[&[0; 8], &[0; 4]],
+            &DispatchConfig::linear(1 << 20),
+            &tight,
+        )
+        .unwrap_err()
+        .to_string();
+        error
+            .split(" bytes per thread")
+            .next()
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no per-thread figure in {error}"))
+    };
+    let narrow = one_buffer_program();
+    let widened = narrow.with_entry(
+        narrow.buffers_shared().clone(),
+        std::iter::once(Node::Let {
+            name: "widened".into(),
+            mutable: false,
+            value: Expr::u64(1),
+        })
+        .chain(narrow.entry().iter().cloned())
+        .collect(),
+    );
+    assert!(per_thread(&widened) > per_thread(&narrow));
 }
 
 /// Locks out a `while` loop with one trip count for every lane (or one that

@@ -548,22 +548,19 @@ fn literal(ty: ScalarType) -> Expr {
         ScalarType::I32 => Expr::i32(-1),
         ScalarType::F32 => Expr::f32(1.5),
         ScalarType::Bool => Expr::bool(true),
+        ScalarType::U64 => Expr::u64(1 << 40),
+        ScalarType::I64 => Expr::i64(-1),
     }
 }
 
-const TYPES: [ScalarType; 4] = [
-    ScalarType::U32,
-    ScalarType::I32,
-    ScalarType::F32,
-    ScalarType::Bool,
-];
+const TYPES: [ScalarType; 6] = ScalarType::ALL;
 
 /// The operator table of `program.rs`, written out independently.
 fn binary_allowed(op: BinaryOp, lhs: ScalarType, rhs: ScalarType) -> bool {
     use BinaryOp::*;
     use ScalarType::*;
-    let numeric = matches!(lhs, U32 | I32 | F32);
-    let integer = matches!(lhs, U32 | I32);
+    let numeric = matches!(lhs, U32 | I32 | U64 | I64 | F32);
+    let integer = matches!(lhs, U32 | I32 | U64 | I64);
     match op {
         Add | Sub | Mul | Div | Min | Max | Lt | Le | Gt | Ge => lhs == rhs && numeric,
         Rem | BitAnd | BitOr | BitXor => lhs == rhs && integer,
@@ -576,8 +573,10 @@ fn binary_allowed(op: BinaryOp, lhs: ScalarType, rhs: ScalarType) -> bool {
 fn unary_allowed(op: UnaryOp, ty: ScalarType) -> bool {
     use ScalarType::*;
     match op {
-        UnaryOp::Neg | UnaryOp::Abs => matches!(ty, I32 | F32),
-        UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => matches!(ty, U32 | I32),
+        UnaryOp::Neg | UnaryOp::Abs => matches!(ty, I32 | I64 | F32),
+        UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => {
+            matches!(ty, U32 | I32 | U64 | I64)
+        }
         UnaryOp::LogicalNot => ty == Bool,
     }
 }
@@ -1451,6 +1450,10 @@ fn generators_are_deterministic_and_cover_the_language() {
         "i32(",
         "bool(",
         " u8[",
+        " u64[",
+        " i64[",
+        "u64(",
+        "i64(",
         " f32[",
         " i32[",
         "NaN",

@@ -304,6 +304,16 @@ impl From<i32> for Expr {
         Expr::Literal(Literal::I32(v))
     }
 }
+impl From<u64> for Expr {
+    fn from(v: u64) -> Self {
+        Expr::Literal(Literal::U64(v))
+    }
+}
+impl From<i64> for Expr {
+    fn from(v: i64) -> Self {
+        Expr::Literal(Literal::I64(v))
+    }
+}
 impl From<f32> for Expr {
     fn from(v: f32) -> Self {
         Expr::Literal(Literal::F32(v))
@@ -390,6 +400,14 @@ impl Expr {
     }
     /// An `i32` literal.
     pub fn i32(v: i32) -> Expr {
+        v.into()
+    }
+    /// A `u64` literal.
+    pub fn u64(v: u64) -> Expr {
+        v.into()
+    }
+    /// An `i64` literal.
+    pub fn i64(v: i64) -> Expr {
         v.into()
     }
     /// An `f32` literal.

@@ -86,6 +86,8 @@ pub(crate) fn compute_digest(program: &Program) -> Digest {
             ElemType::U32 => 1,
             ElemType::I32 => 2,
             ElemType::F32 => 3,
+            ElemType::U64 => 4,
+            ElemType::I64 => 5,
         });
         match b.count {
             BufferCount::Static(n) => {
@@ -323,7 +325,12 @@ impl Encoder {
             Expr::Literal(lit) => {
                 self.u8(0);
                 self.u8(lit.ty() as u8);
-                self.u32(lit.bits());
+                // 32-bit types keep the first encoding's four bytes.
+                if lit.ty().is_wide() {
+                    self.hasher.update(&lit.bits().to_le_bytes());
+                } else {
+                    self.u32(lit.bits() as u32);
+                }
             }
             Expr::Var(name) => {
                 self.u8(1);

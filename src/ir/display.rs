@@ -400,6 +400,8 @@ impl Display for Literal {
             Literal::I32(v) => write!(f, "{v}i"),
             Literal::F32(v) => write!(f, "{v:?}f"),
             Literal::Bool(v) => write!(f, "{v}"),
+            Literal::U64(v) => write!(f, "{v}u64"),
+            Literal::I64(v) => write!(f, "{v}i64"),
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct GeneratorOptions {
     /// Generate `while` loops (each with a fuel counter, so it ends) and `break` /
     /// `continue` in loops.
     pub allow_while_loops: bool,
+    /// Generate `u64` and `i64` values, literals, casts and buffers.
+    pub allow_64_bit: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -119,6 +121,7 @@ impl Default for GeneratorOptions {
             allow_workgroup_reduce: true,
             allow_early_return: true,
             allow_while_loops: true,
+            allow_64_bit: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -129,19 +132,80 @@ impl Default for GeneratorOptions {
 
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
-    /// turned off (`while`, `break`, `continue`). Those
+    /// turned off (`while`, `break`, `continue`, 64-bit integers). Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
         GeneratorOptions {
             allow_while_loops: false,
+            allow_64_bit: false,
             ..self
         }
     }
 
     /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
     fn extended(&self) -> bool {
-        self.allow_while_loops
+        self.allow_while_loops || self.allow_64_bit
+    }
+}
+
+/// Which of the constructs [`GeneratorOptions::core_only`] turns off one program
+/// uses: each allowed one is drawn for about half the programs, so the differential
+/// sees them alone, together and not at all. Nothing is drawn for a construct that
+/// is off, which keeps `core_only` programs as they were.
+#[derive(Clone, Copy, Debug, Default)]
+struct Drawn {
+    while_loops: bool,
+    wide: bool,
+}
+
+impl Drawn {
+    fn draw(rng: &mut SeededRng, options: &GeneratorOptions) -> Self {
+        Drawn {
+            while_loops: options.allow_while_loops && rng.one_in(2),
+            wide: options.allow_64_bit && rng.one_in(2),
+        }
+    }
+
+    /// Whether the program uses any of them.
+    fn any(&self) -> bool {
+        self.while_loops || self.wide
+    }
+
+    /// Value types expressions draw from.
+    fn types(&self) -> &'static [ScalarType] {
+        if self.wide {
+            &TYPES_WIDE
+        } else {
+            &TYPES
+        }
+    }
+
+    /// Element types buffers draw from.
+    fn elems(&self) -> &'static [ElemType] {
+        if self.wide {
+            &ELEMS_WIDE
+        } else {
+            &ELEMS
+        }
+    }
+
+    /// Integer types (operands of `count_ones` and `leading_zeros`).
+    fn integers(&self) -> &'static [ScalarType] {
+        if self.wide {
+            &INTEGERS_WIDE
+        } else {
+            &TYPES[..2]
+        }
+    }
+
+    /// Ordered types (operands of `<` and friends).
+    fn ordered(&self) -> &'static [ScalarType] {
+        if self.wide {
+            &ORDERED_WIDE
+        } else {
+            &TYPES[..3]
+        }
     }
 }
 
@@ -166,6 +230,21 @@ const TYPES: [ScalarType; 4] = [
     ScalarType::Bool,
 ];
 const ELEMS: [ElemType; 4] = [ElemType::U8, ElemType::U32, ElemType::I32, ElemType::F32];
+const TYPES_WIDE: [ScalarType; 6] = ScalarType::ALL;
+const ELEMS_WIDE: [ElemType; 6] = ElemType::ALL;
+const INTEGERS_WIDE: [ScalarType; 4] = [
+    ScalarType::U32,
+    ScalarType::I32,
+    ScalarType::U64,
+    ScalarType::I64,
+];
+const ORDERED_WIDE: [ScalarType; 5] = [
+    ScalarType::U32,
+    ScalarType::I32,
+    ScalarType::F32,
+    ScalarType::U64,
+    ScalarType::I64,
+];
 const AXES: [Axis; 3] = [Axis::X, Axis::Y, Axis::Z];
 const ATOMIC_OPS: [AtomicOp; 4] = [AtomicOp::Add, AtomicOp::Min, AtomicOp::Max, AtomicOp::Or];
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
@@ -210,6 +289,43 @@ fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
         }
         ScalarType::F32 => Literal::F32(f32::from_bits(interesting_f32_bits(rng))),
         ScalarType::Bool => Literal::Bool(rng.one_in(2)),
+        ScalarType::U64 => {
+            const U: [u64; 10] = [
+                0,
+                1,
+                2,
+                63,
+                64,
+                0xffff_ffff,
+                0x1_0000_0000,
+                0x7fff_ffff_ffff_ffff,
+                0x8000_0000_0000_0000,
+                u64::MAX,
+            ];
+            if rng.one_in(4) {
+                Literal::U64(rng.next_u64())
+            } else {
+                Literal::U64(*rng.pick(&U).unwrap_or(&0))
+            }
+        }
+        ScalarType::I64 => {
+            const I: [i64; 9] = [
+                0,
+                1,
+                -1,
+                63,
+                -64,
+                i32::MIN as i64,
+                u32::MAX as i64,
+                i64::MIN,
+                i64::MAX,
+            ];
+            if rng.one_in(4) {
+                Literal::I64(rng.next_u64() as i64)
+            } else {
+                Literal::I64(*rng.pick(&I).unwrap_or(&0))
+            }
+        }
     }
 }
 
@@ -273,6 +389,8 @@ struct ValidGenerator {
     expr_depth: u32,
     /// Loops around the block being generated (`break` and `continue` need one).
     loop_depth: u32,
+    /// The later constructs this program uses.
+    drawn: Drawn,
 }
 
 const GID: &str = "gid";
@@ -319,7 +437,10 @@ impl ValidGenerator {
                 if_false: Box::new(self.expr(ty, next)),
             },
             5 => {
-                let from = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                let from = *self
+                    .rng
+                    .pick(self.drawn.types())
+                    .unwrap_or(&ScalarType::U32);
                 Expr::Cast {
                     to: ty,
                     value: Box::new(self.expr(from, next)),
@@ -391,7 +512,7 @@ impl ValidGenerator {
     fn binary(&mut self, ty: ScalarType, depth: u32) -> Expr {
         use BinaryOp::*;
         let op = match ty {
-            ScalarType::U32 | ScalarType::I32 => *self
+            ScalarType::U32 | ScalarType::I32 | ScalarType::U64 | ScalarType::I64 => *self
                 .rng
                 .pick(&[
                     Add, Sub, Mul, Div, Rem, BitAnd, BitOr, BitXor, Shl, Shr, Min, Max,
@@ -409,11 +530,17 @@ impl ValidGenerator {
         let (left_ty, right_ty) = match op {
             Shl | Shr => (ty, ScalarType::U32),
             Eq | Ne => {
-                let t = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                let t = *self
+                    .rng
+                    .pick(self.drawn.types())
+                    .unwrap_or(&ScalarType::U32);
                 (t, t)
             }
             Lt | Le | Gt | Ge => {
-                let t = *self.rng.pick(&TYPES[..3]).unwrap_or(&ScalarType::U32);
+                let t = *self
+                    .rng
+                    .pick(self.drawn.ordered())
+                    .unwrap_or(&ScalarType::U32);
                 (t, t)
             }
             _ => (ty, ty),
@@ -428,14 +555,23 @@ impl ValidGenerator {
                 0 => (BitNot, ScalarType::U32),
                 1 => (
                     CountOnes,
-                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                    *self
+                        .rng
+                        .pick(self.drawn.integers())
+                        .unwrap_or(&ScalarType::U32),
                 ),
                 _ => (
                     LeadingZeros,
-                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                    *self
+                        .rng
+                        .pick(self.drawn.integers())
+                        .unwrap_or(&ScalarType::U32),
                 ),
             },
-            ScalarType::I32 => (*self.rng.pick(&[Neg, BitNot, Abs]).unwrap_or(&Neg), ty),
+            ScalarType::U64 => (BitNot, ty),
+            ScalarType::I32 | ScalarType::I64 => {
+                (*self.rng.pick(&[Neg, BitNot, Abs]).unwrap_or(&Neg), ty)
+            }
             ScalarType::F32 => (*self.rng.pick(&[Neg, Abs]).unwrap_or(&Neg), ty),
             ScalarType::Bool => (LogicalNot, ty),
         };
@@ -478,7 +614,7 @@ impl ValidGenerator {
             }
             self.budget -= 1;
             // Constructs added later draw only when on, so `core_only` keeps old seeds.
-            if self.options.extended() && self.rng.one_in(5) {
+            if self.drawn.any() && self.rng.one_in(5) {
                 let (statements, ends_block) = self.extended_statement(depth);
                 nodes.extend(statements);
                 if ends_block {
@@ -489,7 +625,10 @@ impl ValidGenerator {
             let choice = self.rng.below(12);
             match choice {
                 0 | 1 => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     let value = self.expr(ty, self.expr_depth);
                     let name = self.fresh_name();
                     let mutable = self.rng.one_in(2);
@@ -501,7 +640,10 @@ impl ValidGenerator {
                     self.declare(name, ty, mutable);
                 }
                 2 | 3 => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     if let Some(name) = self.variable_of(ty, true) {
                         let value = self.expr(ty, self.expr_depth);
                         nodes.push(Node::Assign { name, value });
@@ -580,7 +722,10 @@ impl ValidGenerator {
                     });
                 }
                 _ => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     let value = self.expr(ty, 2);
                     let name = self.fresh_name();
                     nodes.push(Node::Let {
@@ -602,8 +747,8 @@ impl ValidGenerator {
     fn extended_statement(&mut self, depth: u32) -> (Vec<Node>, bool) {
         let choice = self.rng.below(4);
         match choice {
-            0 | 1 if self.options.allow_while_loops && depth < 4 => (self.while_loop(depth), false),
-            2 | 3 if self.options.allow_while_loops && self.loop_depth > 0 => {
+            0 | 1 if self.drawn.while_loops && depth < 4 => (self.while_loop(depth), false),
+            2 | 3 if self.drawn.while_loops && self.loop_depth > 0 => {
                 let node = if choice == 2 {
                     Node::Break
                 } else {
@@ -682,6 +827,14 @@ fn random_bytes(rng: &mut SeededRng, elem: ElemType, count: u32) -> Vec<u8> {
                 bytes.extend_from_slice(&value.to_le_bytes());
             }
             ElemType::F32 => bytes.extend_from_slice(&interesting_f32_bits(rng).to_le_bytes()),
+            ElemType::U64 | ElemType::I64 => {
+                let value = match rng.below(3) {
+                    0 => rng.range(0, 40) as u64,
+                    1 => rng.next_u32() as u64,
+                    _ => rng.next_u64(),
+                };
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
         }
     }
     bytes
@@ -781,15 +934,20 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         budget: options.max_nodes as i64,
         expr_depth: if with_inputs { 3 } else { 2 },
         loop_depth: 0,
+        drawn: Drawn::default(),
     };
+    if options.extended() {
+        generator.drawn = Drawn::draw(&mut generator.rng, options);
+    }
     generator.atomic_op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+    let elems = generator.drawn.elems();
     let rng = &mut generator.rng;
 
     // Buffer declarations: (decl, element count for inputs).
     let mut decls: Vec<(BufferDecl, u32)> = Vec::new();
     let input_count = rng.range(1, 3);
     for i in 0..input_count {
-        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
         let elements = rng.range(1, 2 * total_threads + 3);
         let count = if rng.one_in(2) {
             BufferCount::Static(elements)
@@ -804,7 +962,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
     }
     let output_count = rng.range(1, 3);
     for i in 0..output_count {
-        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
         let access = if rng.one_in(2) {
             Access::ReadWrite
         } else {
@@ -832,7 +990,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         ));
     }
     let use_shared = options.allow_barriers && rng.one_in(2);
-    let shared_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    let shared_elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
     let shared_atomics = use_shared && options.allow_atomics && rng.one_in(2);
     if use_shared {
         let count = threads_per_workgroup + rng.range(0, 3);
@@ -863,7 +1021,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             0,
         ));
     }
-    let stage_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    let stage_elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
     if grid_sync {
         decls.push((
             BufferDecl::new(
@@ -974,7 +1132,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     else_body: vec![Node::Barrier].into(),
                 });
             }
-            _ if options.allow_while_loops && generator.rng.one_in(2) => {
+            _ if generator.drawn.while_loops && generator.rng.one_in(2) => {
                 // A workgroup-uniform `while` around the barrier, left by a uniform
                 // `break` in some workgroups.
                 let round = generator.fresh_name();
@@ -1149,7 +1307,7 @@ impl ArbitraryGenerator {
     }
 
     fn ty(&mut self) -> ScalarType {
-        *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32)
+        *self.rng.pick(&TYPES_WIDE).unwrap_or(&ScalarType::U32)
     }
 
     fn expr(&mut self, depth: u32) -> Expr {
@@ -1306,7 +1464,7 @@ impl ArbitraryGenerator {
             self.name(),
             binding,
             *self.rng.pick(&ACCESSES).unwrap_or(&Access::ReadOnly),
-            *self.rng.pick(&ELEMS).unwrap_or(&ElemType::U32),
+            *self.rng.pick(&ELEMS_WIDE).unwrap_or(&ElemType::U32),
             count,
         )
     }

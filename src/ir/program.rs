@@ -22,7 +22,9 @@ pub type Block = Arc<[Node]>;
 ///
 /// `U8` exists because a tokenizer reads text: a load from a `U8` buffer yields a
 /// `u32` value in `0..=255`, and a store of a `u32` value into a `U8` buffer keeps
-/// its low 8 bits. Booleans are values only, never buffer elements.
+/// its low 8 bits. Booleans are values only, never buffer elements. `U64` and `I64`
+/// elements are 8 bytes, little-endian, like every other element in a dispatch's
+/// byte slices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ElemType {
     /// One byte per element; loads zero-extend to `u32`, stores truncate.
@@ -33,13 +35,28 @@ pub enum ElemType {
     I32,
     /// IEEE-754 binary32.
     F32,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// Signed 64-bit integer (two's complement).
+    I64,
 }
 
 impl ElemType {
+    /// Every element type, for generators and exhaustive tests.
+    pub const ALL: [ElemType; 6] = [
+        ElemType::U8,
+        ElemType::U32,
+        ElemType::I32,
+        ElemType::F32,
+        ElemType::U64,
+        ElemType::I64,
+    ];
+
     /// Bytes one element occupies in a buffer.
     pub const fn size_bytes(self) -> u32 {
         match self {
             ElemType::U8 => 1,
+            ElemType::U64 | ElemType::I64 => 8,
             _ => 4,
         }
     }
@@ -50,6 +67,8 @@ impl ElemType {
             ElemType::U8 | ElemType::U32 => ScalarType::U32,
             ElemType::I32 => ScalarType::I32,
             ElemType::F32 => ScalarType::F32,
+            ElemType::U64 => ScalarType::U64,
+            ElemType::I64 => ScalarType::I64,
         }
     }
 
@@ -60,6 +79,8 @@ impl ElemType {
             ElemType::U32 => "u32",
             ElemType::I32 => "i32",
             ElemType::F32 => "f32",
+            ElemType::U64 => "u64",
+            ElemType::I64 => "i64",
         }
     }
 }
@@ -75,9 +96,23 @@ pub enum ScalarType {
     F32,
     /// A truth value.
     Bool,
+    /// Unsigned 64-bit integer; arithmetic wraps.
+    U64,
+    /// Signed 64-bit integer; arithmetic wraps.
+    I64,
 }
 
 impl ScalarType {
+    /// Every value type, for generators and exhaustive tests.
+    pub const ALL: [ScalarType; 6] = [
+        ScalarType::U32,
+        ScalarType::I32,
+        ScalarType::F32,
+        ScalarType::Bool,
+        ScalarType::U64,
+        ScalarType::I64,
+    ];
+
     /// Lower-case name used in `Display` and error messages.
     pub const fn name(self) -> &'static str {
         match self {
@@ -85,6 +120,31 @@ impl ScalarType {
             ScalarType::I32 => "i32",
             ScalarType::F32 => "f32",
             ScalarType::Bool => "bool",
+            ScalarType::U64 => "u64",
+            ScalarType::I64 => "i64",
+        }
+    }
+
+    /// `u32`, `i32`, `u64` or `i64`.
+    pub const fn is_integer(self) -> bool {
+        matches!(
+            self,
+            ScalarType::U32 | ScalarType::I32 | ScalarType::U64 | ScalarType::I64
+        )
+    }
+
+    /// `u64` or `i64`: values of 64 bits.
+    pub const fn is_wide(self) -> bool {
+        matches!(self, ScalarType::U64 | ScalarType::I64)
+    }
+
+    /// Bits of the type's values: 64 for `u64` and `i64`, 32 for the others (`bool`
+    /// included: its pattern is 0 or 1).
+    pub const fn bits(self) -> u32 {
+        if self.is_wide() {
+            64
+        } else {
+            32
         }
     }
 }
@@ -232,6 +292,10 @@ pub enum Literal {
     F32(f32),
     /// A `bool`.
     Bool(bool),
+    /// A `u64`.
+    U64(u64),
+    /// An `i64`.
+    I64(i64),
 }
 
 impl Literal {
@@ -242,16 +306,21 @@ impl Literal {
             Literal::I32(_) => ScalarType::I32,
             Literal::F32(_) => ScalarType::F32,
             Literal::Bool(_) => ScalarType::Bool,
+            Literal::U64(_) => ScalarType::U64,
+            Literal::I64(_) => ScalarType::I64,
         }
     }
 
-    /// The 32-bit pattern of the literal (`bool` is 0 or 1).
-    pub const fn bits(self) -> u32 {
+    /// The bit pattern of the literal, zero-extended to 64 bits (`bool` is 0 or 1; a
+    /// 32-bit type's pattern is in the low 32 bits).
+    pub const fn bits(self) -> u64 {
         match self {
-            Literal::U32(v) => v,
-            Literal::I32(v) => v as u32,
-            Literal::F32(v) => v.to_bits(),
-            Literal::Bool(v) => v as u32,
+            Literal::U32(v) => v as u64,
+            Literal::I32(v) => v as u32 as u64,
+            Literal::F32(v) => v.to_bits() as u64,
+            Literal::Bool(v) => v as u64,
+            Literal::U64(v) => v,
+            Literal::I64(v) => v as u64,
         }
     }
 }
@@ -272,11 +341,15 @@ impl std::hash::Hash for Literal {
 /// Two-operand operators.
 ///
 /// Semantics, identical on the GPU and the reference interpreter:
-/// - `Add`, `Sub`, `Mul` wrap on integers; round to nearest on `f32` (never fused).
+/// - Both operands have one type (the shift amount excepted), the result has it too
+///   (comparisons give `bool`): a `u32` never meets a `u64` without a cast.
+/// - `Add`, `Sub`, `Mul` wrap on integers (modulo 2^32 or 2^64); round to nearest on
+///   `f32` (never fused).
 /// - `Div`, `Rem` on integers: division by zero gives 0; `i32::MIN / -1` gives
-///   `i32::MIN` and its remainder 0; signed division truncates toward zero.
-///   `Div` on `f32` is IEEE division; `Rem` is integer-only.
-/// - `Shl`, `Shr` use the right operand (a `u32`) modulo 32; `Shr` is arithmetic on `i32`.
+///   `i32::MIN` and its remainder 0 (`i64::MIN / -1` likewise); signed division
+///   truncates toward zero. `Div` on `f32` is IEEE division; `Rem` is integer-only.
+/// - `Shl`, `Shr` use the right operand (a `u32`) modulo the left operand's width
+///   (32 or 64); `Shr` is arithmetic on `i32` and `i64`.
 /// - `Min`, `Max` on `f32` return the non-NaN operand when exactly one is NaN.
 /// - Comparisons yield `bool`; `Eq`/`Ne` also compare `bool`s. `f32` compares are ordered
 ///   (any NaN compares false, except `Ne`, which is true).
@@ -368,10 +441,12 @@ impl BinaryOp {
 
 /// One-operand operators.
 ///
-/// - `Neg`: `i32` (wrapping) or `f32`.
-/// - `BitNot`: `u32` or `i32`. `LogicalNot`: `bool`.
-/// - `Abs`: `i32` (wrapping: `abs(i32::MIN) == i32::MIN`) or `f32` (clears the sign bit).
-/// - `CountOnes`, `LeadingZeros`: `u32` or `i32`, yield `u32`.
+/// - `Neg`: `i32`, `i64` (wrapping) or `f32`.
+/// - `BitNot`: any integer type. `LogicalNot`: `bool`.
+/// - `Abs`: `i32`, `i64` (wrapping: `abs(i32::MIN) == i32::MIN`) or `f32` (clears the
+///   sign bit).
+/// - `CountOnes`, `LeadingZeros`: any integer type, yield `u32` (`leading_zeros` of 0
+///   is the width, 32 or 64).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum UnaryOp {
@@ -517,8 +592,10 @@ pub enum Expr {
     },
     /// Convert to another scalar type, with Rust `as` semantics: `f32` → integer
     /// truncates toward zero and saturates, NaN gives 0; integer → `f32` rounds to
-    /// nearest; `u32` ↔ `i32` reinterprets the bits; `bool` → number is 0 or 1;
-    /// number → `bool` is `!= 0` (NaN is true).
+    /// nearest; `u32` ↔ `i32` and `u64` ↔ `i64` reinterpret the bits; a 64-bit integer
+    /// → a 32-bit one keeps the low 32 bits; `u32` → 64 bits zero-extends and `i32` →
+    /// 64 bits sign-extends; `bool` → number is 0 or 1; number → `bool` is `!= 0` (NaN
+    /// is true).
     Cast {
         /// Target type.
         to: ScalarType,

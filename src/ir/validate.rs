@@ -1382,18 +1382,22 @@ impl<'p> Checker<'p> {
             Expr::Unary { op, operand } => {
                 let (ty, level) = self.expr(operand, node, next)?;
                 let result = match (op, ty) {
-                    (UnaryOp::Neg | UnaryOp::Abs, ScalarType::I32 | ScalarType::F32) => Some(ty),
-                    (UnaryOp::BitNot, ScalarType::U32 | ScalarType::I32) => Some(ty),
-                    (UnaryOp::LogicalNot, ScalarType::Bool) => Some(ty),
                     (
-                        UnaryOp::CountOnes | UnaryOp::LeadingZeros,
-                        ScalarType::U32 | ScalarType::I32,
-                    ) => Some(ScalarType::U32),
+                        UnaryOp::Neg | UnaryOp::Abs,
+                        ScalarType::I32 | ScalarType::I64 | ScalarType::F32,
+                    ) => Some(ty),
+                    (UnaryOp::BitNot, _) if ty.is_integer() => Some(ty),
+                    (UnaryOp::LogicalNot, ScalarType::Bool) => Some(ty),
+                    (UnaryOp::CountOnes | UnaryOp::LeadingZeros, _) if ty.is_integer() => {
+                        Some(ScalarType::U32)
+                    }
                     _ => None,
                 };
                 let wanted = match op {
-                    UnaryOp::Neg | UnaryOp::Abs => "an i32 or f32",
-                    UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => "a u32 or i32",
+                    UnaryOp::Neg | UnaryOp::Abs => "an i32, i64 or f32",
+                    UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => {
+                        "an integer (u32, i32, u64 or i64)"
+                    }
                     UnaryOp::LogicalNot => "a bool",
                 };
                 match result {
@@ -1510,34 +1514,35 @@ impl<'p> Checker<'p> {
         node: &Node,
     ) -> Checked<ScalarType> {
         use ScalarType::*;
-        let numeric = |t: ScalarType| matches!(t, U32 | I32 | F32);
-        let integer = |t: ScalarType| matches!(t, U32 | I32);
+        let numeric = |t: ScalarType| t.is_integer() || t == F32;
+        let integer = |t: ScalarType| t.is_integer();
         let (ok, result, wanted) = match op {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => (
                 left == right && numeric(left),
                 left,
-                "two operands of one numeric type (u32, i32 or f32)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32)",
             ),
             BinaryOp::Min | BinaryOp::Max => (
                 left == right && numeric(left),
                 left,
-                "two operands of one numeric type (u32, i32 or f32)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32)",
             ),
             BinaryOp::Rem | BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor => (
                 left == right && integer(left),
                 left,
-                "two operands of one integer type (u32 or i32)",
+                "two operands of one integer type (u32, i32, u64 or i64)",
             ),
             BinaryOp::Shl | BinaryOp::Shr => (
                 integer(left) && right == U32,
                 left,
-                "a u32 or i32 left operand and a u32 shift amount",
+                "an integer left operand (u32, i32, u64 or i64) and a u32 shift amount",
             ),
             BinaryOp::Eq | BinaryOp::Ne => (left == right, Bool, "two operands of the same type"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => (
                 left == right && numeric(left),
                 Bool,
-                "two operands of one numeric type (u32, i32 or f32; bool has no order)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32; bool has no \
+                 order)",
             ),
             BinaryOp::LogicalAnd | BinaryOp::LogicalOr => {
                 (left == Bool && right == Bool, Bool, "two bool operands")

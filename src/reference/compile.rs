@@ -45,8 +45,8 @@ impl BuiltinTable {
 /// A typed expression.
 #[derive(Clone, Debug)]
 pub(crate) enum CompiledExpr {
-    /// A literal's bits.
-    Constant(u32),
+    /// A literal's bits (zero-extended).
+    Constant(u64),
     /// A variable slot.
     Variable(usize),
     /// A load from a buffer (index into the program's declarations).
@@ -181,6 +181,9 @@ pub(crate) struct CompiledProgram {
     /// (see [`temporaries_of_block`]); with the slot count, what a run's memory
     /// check multiplies by the number of lanes.
     pub(crate) temporaries: usize,
+    /// The program has 64-bit values (a `u64`/`i64` expression, variable or buffer
+    /// element): the executor then keeps every lane value in a `u64`.
+    pub(crate) wide: bool,
 }
 
 /// Bytes one compiled node or expression takes, at most (an upper bound used to
@@ -283,6 +286,8 @@ struct Compiler<'p> {
     scope: Vec<Name>,
     slot_count: usize,
     builtins_used: [bool; 9],
+    /// A 64-bit value was compiled.
+    wide: bool,
 }
 
 /// Where [`nesting_depth`] stops counting (the validator refuses more than 256
@@ -383,6 +388,10 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
         scope: Vec::new(),
         slot_count: 0,
         builtins_used: [false; 9],
+        wide: program
+            .buffers()
+            .iter()
+            .any(|decl| decl.elem.value_type().is_wide()),
     };
     let body = compiler.block(program.entry())?;
     let temporaries = 1 + temporaries_of_block(&body);
@@ -391,6 +400,7 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
         slot_count: compiler.slot_count,
         builtins_used: compiler.builtins_used,
         temporaries,
+        wide: compiler.wide,
     })
 }
 
@@ -477,7 +487,9 @@ impl<'p> Compiler<'p> {
 
     fn expr(&mut self, expr: &Expr) -> Result<(CompiledExpr, ScalarType), String> {
         self.enter()?;
-        self.expr_inner(expr)
+        let (compiled, ty) = self.expr_inner(expr)?;
+        self.wide |= ty.is_wide();
+        Ok((compiled, ty))
     }
 
     fn variable(&self, name: &Name) -> Result<VariableInfo, String> {
@@ -730,7 +742,7 @@ impl<'p> Compiler<'p> {
         rhs: ScalarType,
     ) -> Result<(BinaryKind, ScalarType), String> {
         use BinaryKind as K;
-        use ScalarType::{Bool, F32, I32, U32};
+        use ScalarType::{Bool, F32, I32, I64, U32, U64};
         // Validated: the operand types fit the operator; what does not is a bug.
         let mismatch = || {
             Err(internal(
@@ -748,6 +760,9 @@ impl<'p> Compiler<'p> {
                 (BinaryOp::Shl, U32 | I32, U32) => Ok((K::Shl, lhs)),
                 (BinaryOp::Shr, U32, U32) => Ok((K::U32Shr, U32)),
                 (BinaryOp::Shr, I32, U32) => Ok((K::I32Shr, I32)),
+                (BinaryOp::Shl, U64 | I64, U32) => Ok((K::Shl64, lhs)),
+                (BinaryOp::Shr, U64, U32) => Ok((K::U64Shr, U64)),
+                (BinaryOp::Shr, I64, U32) => Ok((K::I64Shr, I64)),
                 _ => mismatch(),
             };
         }
@@ -763,33 +778,46 @@ impl<'p> Compiler<'p> {
             (BinaryOp::Div, I32) => K::I32Div,
             (BinaryOp::Rem, U32) => K::U32Rem,
             (BinaryOp::Rem, I32) => K::I32Rem,
+            (BinaryOp::Add, U64 | I64) => K::Int64Add,
+            (BinaryOp::Sub, U64 | I64) => K::Int64Sub,
+            (BinaryOp::Mul, U64 | I64) => K::Int64Mul,
+            (BinaryOp::Div, U64) => K::U64Div,
+            (BinaryOp::Div, I64) => K::I64Div,
+            (BinaryOp::Rem, U64) => K::U64Rem,
+            (BinaryOp::Rem, I64) => K::I64Rem,
             (BinaryOp::Add, F32) => K::F32Add,
             (BinaryOp::Sub, F32) => K::F32Sub,
             (BinaryOp::Mul, F32) => K::F32Mul,
             (BinaryOp::Div, F32) => K::F32Div,
-            (BinaryOp::BitAnd, U32 | I32 | Bool) => K::BitAnd,
-            (BinaryOp::BitOr, U32 | I32 | Bool) => K::BitOr,
-            (BinaryOp::BitXor, U32 | I32 | Bool) => K::BitXor,
-            (BinaryOp::Eq, U32 | I32 | Bool) => K::BitsEq,
-            (BinaryOp::Ne, U32 | I32 | Bool) => K::BitsNe,
+            (BinaryOp::BitAnd, U32 | I32 | U64 | I64 | Bool) => K::BitAnd,
+            (BinaryOp::BitOr, U32 | I32 | U64 | I64 | Bool) => K::BitOr,
+            (BinaryOp::BitXor, U32 | I32 | U64 | I64 | Bool) => K::BitXor,
+            (BinaryOp::Eq, U32 | I32 | U64 | I64 | Bool) => K::BitsEq,
+            (BinaryOp::Ne, U32 | I32 | U64 | I64 | Bool) => K::BitsNe,
             (BinaryOp::Eq, F32) => K::F32Eq,
             (BinaryOp::Ne, F32) => K::F32Ne,
-            (BinaryOp::Lt, U32) => K::U32Lt,
-            (BinaryOp::Le, U32) => K::U32Le,
-            (BinaryOp::Gt, U32) => K::U32Gt,
-            (BinaryOp::Ge, U32) => K::U32Ge,
+            (BinaryOp::Lt, U32 | U64) => K::UnsignedLt,
+            (BinaryOp::Le, U32 | U64) => K::UnsignedLe,
+            (BinaryOp::Gt, U32 | U64) => K::UnsignedGt,
+            (BinaryOp::Ge, U32 | U64) => K::UnsignedGe,
             (BinaryOp::Lt, I32) => K::I32Lt,
             (BinaryOp::Le, I32) => K::I32Le,
             (BinaryOp::Gt, I32) => K::I32Gt,
             (BinaryOp::Ge, I32) => K::I32Ge,
+            (BinaryOp::Lt, I64) => K::I64Lt,
+            (BinaryOp::Le, I64) => K::I64Le,
+            (BinaryOp::Gt, I64) => K::I64Gt,
+            (BinaryOp::Ge, I64) => K::I64Ge,
             (BinaryOp::Lt, F32) => K::F32Lt,
             (BinaryOp::Le, F32) => K::F32Le,
             (BinaryOp::Gt, F32) => K::F32Gt,
             (BinaryOp::Ge, F32) => K::F32Ge,
-            (BinaryOp::Min, U32) => K::U32Min,
-            (BinaryOp::Max, U32) => K::U32Max,
+            (BinaryOp::Min, U32 | U64) => K::UnsignedMin,
+            (BinaryOp::Max, U32 | U64) => K::UnsignedMax,
             (BinaryOp::Min, I32) => K::I32Min,
             (BinaryOp::Max, I32) => K::I32Max,
+            (BinaryOp::Min, I64) => K::I64Min,
+            (BinaryOp::Max, I64) => K::I64Max,
             (BinaryOp::Min, F32) => K::F32Min,
             (BinaryOp::Max, F32) => K::F32Max,
             (BinaryOp::LogicalAnd, Bool) => K::LogicalAnd,
@@ -801,17 +829,21 @@ impl<'p> Compiler<'p> {
     }
 
     fn unary_kind(&self, op: UnaryOp, ty: ScalarType) -> Result<(UnaryKind, ScalarType), String> {
-        use ScalarType::{Bool, F32, I32, U32};
+        use ScalarType::{Bool, F32, I32, I64, U32, U64};
         use UnaryKind as K;
         let (kind, result) = match (op, ty) {
             (UnaryOp::Neg, I32) => (K::IntNeg, I32),
+            (UnaryOp::Neg, I64) => (K::Int64Neg, I64),
             (UnaryOp::Neg, F32) => (K::F32Neg, F32),
             (UnaryOp::BitNot, U32 | I32) => (K::BitNot, ty),
+            (UnaryOp::BitNot, U64 | I64) => (K::BitNot64, ty),
             (UnaryOp::LogicalNot, Bool) => (K::LogicalNot, Bool),
             (UnaryOp::Abs, I32) => (K::I32Abs, I32),
+            (UnaryOp::Abs, I64) => (K::I64Abs, I64),
             (UnaryOp::Abs, F32) => (K::F32Abs, F32),
-            (UnaryOp::CountOnes, U32 | I32) => (K::CountOnes, U32),
+            (UnaryOp::CountOnes, U32 | I32 | U64 | I64) => (K::CountOnes, U32),
             (UnaryOp::LeadingZeros, U32 | I32) => (K::LeadingZeros, U32),
+            (UnaryOp::LeadingZeros, U64 | I64) => (K::LeadingZeros64, U32),
             _ => {
                 return Err(internal(
                     &self.name(),
@@ -832,17 +864,25 @@ fn internal(program: &str, detail: std::fmt::Arguments<'_>) -> String {
 
 /// The conversion from `from` to `to` (every pair is defined).
 fn cast_kind(from: ScalarType, to: ScalarType) -> CastKind {
-    use ScalarType::{Bool, F32, I32, U32};
+    use ScalarType::{Bool, F32, I32, I64, U32, U64};
     match (from, to) {
         (F32, F32) => CastKind::Bits,
+        // Zero-extended patterns: u32/bool to any integer, and within one width.
         (U32 | I32 | Bool, U32 | I32) | (Bool, Bool) => CastKind::Bits,
-        (U32 | I32, Bool) => CastKind::IntToBool,
+        (U32 | Bool | U64 | I64, U64 | I64) => CastKind::Bits,
+        (I32, U64 | I64) => CastKind::SignExtend,
+        (U64 | I64, U32 | I32) => CastKind::Truncate,
+        (U32 | I32 | U64 | I64, Bool) => CastKind::IntToBool,
         (F32, Bool) => CastKind::F32ToBool,
         (Bool, F32) => CastKind::BoolToF32,
         (U32, F32) => CastKind::U32ToF32,
         (I32, F32) => CastKind::I32ToF32,
+        (U64, F32) => CastKind::U64ToF32,
+        (I64, F32) => CastKind::I64ToF32,
         (F32, U32) => CastKind::F32ToU32,
         (F32, I32) => CastKind::F32ToI32,
+        (F32, U64) => CastKind::F32ToU64,
+        (F32, I64) => CastKind::F32ToI64,
     }
 }
 

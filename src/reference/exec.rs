@@ -5,11 +5,16 @@
 //! linear lane id, see [`super`]) before the next one starts, so a barrier or a
 //! grid sync is satisfied by construction and a workgroup reduction sees every lane
 //! of its workgroup that reached it. Expressions are evaluated *vectorised*: one
-//! `Vec<u32>` of bit patterns per expression node, one element per active lane, so
+//! vector of bit patterns per expression node, one element per active lane, so
 //! the per-node interpretive overhead is paid once per statement instead of once per
 //! lane (the tokenizer example pushes 262,144 lanes through every statement).
 //! Temporary vectors come from a pool, because fresh allocations of this size are
 //! `mmap`s that fault in every page.
+//!
+//! A lane's value is a [`Word`]: a `u32` for programs without 64-bit values (every
+//! 32-bit type's pattern), a `u64` for programs with them (32-bit patterns
+//! zero-extended). The machine is generic over it, so 32-bit programs keep their
+//! 4-byte lanes and vector loops.
 
 use super::compile::{CompiledExpr, CompiledNode, CompiledProgram, Leaves};
 use super::ops::{self, BinaryKind, CastKind, UnaryKind};
@@ -22,6 +27,66 @@ pub(crate) enum Storage {
     Bytes(Vec<u8>),
     /// 32-bit elements (`u32`, `i32`, `f32` bits).
     Words(Vec<u32>),
+    /// 64-bit elements (`u64`, `i64`).
+    DoubleWords(Vec<u64>),
+}
+
+impl Storage {
+    /// Element `address` as a zero-extended bit pattern (a byte as a `u32` value).
+    #[inline]
+    pub(crate) fn read(&self, address: usize) -> u64 {
+        match self {
+            Storage::Bytes(bytes) => bytes[address] as u64,
+            Storage::Words(words) => words[address] as u64,
+            Storage::DoubleWords(words) => words[address],
+        }
+    }
+
+    /// Store a bit pattern at `address`, keeping the low bits the element holds.
+    #[inline]
+    pub(crate) fn write(&mut self, address: usize, value: u64) {
+        match self {
+            Storage::Bytes(bytes) => bytes[address] = value as u8,
+            Storage::Words(words) => words[address] = value as u32,
+            Storage::DoubleWords(words) => words[address] = value,
+        }
+    }
+}
+
+/// A lane's value: every scalar type's bit pattern (see the module docs).
+pub(crate) trait Word: Copy + Default + PartialEq + std::fmt::Debug + 'static {
+    /// The value of a pattern (a `u32` lane keeps its low 32 bits).
+    fn from_bits(bits: u64) -> Self;
+    /// The pattern, zero-extended.
+    fn bits(self) -> u64;
+}
+
+impl Word for u32 {
+    #[inline(always)]
+    fn from_bits(bits: u64) -> Self {
+        bits as u32
+    }
+    #[inline(always)]
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Word for u64 {
+    #[inline(always)]
+    fn from_bits(bits: u64) -> Self {
+        bits
+    }
+    #[inline(always)]
+    fn bits(self) -> u64 {
+        self
+    }
+}
+
+/// A lane's value as an element index, a `u32`.
+#[inline(always)]
+fn index_of<W: Word>(value: W) -> u32 {
+    value.bits() as u32
 }
 
 /// One buffer as the executor sees it.
@@ -49,7 +114,10 @@ impl BufferStore {
         let elements = length as u64 * instances;
         let storage = match elem {
             ElemType::U8 => Storage::Bytes(zeroed_vec(elements, name)?),
-            _ => Storage::Words(zeroed_vec(elements, name)?),
+            ElemType::U64 | ElemType::I64 => Storage::DoubleWords(zeroed_vec(elements, name)?),
+            ElemType::U32 | ElemType::I32 | ElemType::F32 => {
+                Storage::Words(zeroed_vec(elements, name)?)
+            }
         };
         Ok(BufferStore {
             name: name.to_owned(),
@@ -64,6 +132,7 @@ impl BufferStore {
         match &mut self.storage {
             Storage::Bytes(bytes) => bytes.fill(0),
             Storage::Words(words) => words.fill(0),
+            Storage::DoubleWords(words) => words.fill(0),
         }
     }
 
@@ -72,6 +141,7 @@ impl BufferStore {
         match &self.storage {
             Storage::Bytes(bytes) => bytes.clone(),
             Storage::Words(words) => words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            Storage::DoubleWords(words) => words.iter().flat_map(|w| w.to_le_bytes()).collect(),
         }
     }
 }
@@ -95,15 +165,15 @@ pub(crate) fn zeroed_vec<T: Clone + Default>(
 
 /// The right operand of a vectorised binary operation.
 #[derive(Clone, Copy)]
-enum Operand<'a> {
+enum Operand<'a, W> {
     /// One value per lane.
-    PerLane(&'a [u32]),
+    PerLane(&'a [W]),
     /// The same value for every lane (a literal).
-    Uniform(u32),
+    Uniform(W),
 }
 
 #[inline(always)]
-fn zip_apply(values: &mut [u32], rhs: Operand<'_>, operation: impl Fn(u32, u32) -> u32) {
+fn zip_apply<W: Word>(values: &mut [W], rhs: Operand<'_, W>, operation: impl Fn(W, W) -> W) {
     match rhs {
         Operand::PerLane(rhs) => {
             for (value, &right) in values.iter_mut().zip(rhs) {
@@ -120,31 +190,84 @@ fn zip_apply(values: &mut [u32], rhs: Operand<'_>, operation: impl Fn(u32, u32) 
 
 /// `values[i] = values[i] <kind> rhs[i]`, with the operator chosen outside the loop
 /// so each arm is a tight loop the compiler can vectorise.
-fn apply_binary(kind: BinaryKind, values: &mut [u32], rhs: Operand<'_>) {
+fn apply_binary<W: Word>(kind: BinaryKind, values: &mut [W], rhs: Operand<'_, W>) {
     macro_rules! arms {
         ($($kind:ident),* $(,)?) => {
             match kind {
-                $(BinaryKind::$kind => {
-                    zip_apply(values, rhs, |a, b| ops::binary(BinaryKind::$kind, a, b))
-                })*
+                $(BinaryKind::$kind => zip_apply(values, rhs, |a, b| {
+                    W::from_bits(ops::binary(BinaryKind::$kind, a.bits(), b.bits()))
+                }),)*
             }
         };
     }
     arms!(
-        IntAdd, IntSub, IntMul, U32Div, I32Div, U32Rem, I32Rem, F32Add, F32Sub, F32Mul, F32Div,
-        BitAnd, BitOr, BitXor, Shl, U32Shr, I32Shr, BitsEq, BitsNe, F32Eq, F32Ne, U32Lt, U32Le,
-        U32Gt, U32Ge, I32Lt, I32Le, I32Gt, I32Ge, F32Lt, F32Le, F32Gt, F32Ge, U32Min, U32Max,
-        I32Min, I32Max, F32Min, F32Max, LogicalAnd, LogicalOr,
+        IntAdd,
+        IntSub,
+        IntMul,
+        U32Div,
+        I32Div,
+        U32Rem,
+        I32Rem,
+        Int64Add,
+        Int64Sub,
+        Int64Mul,
+        U64Div,
+        I64Div,
+        U64Rem,
+        I64Rem,
+        F32Add,
+        F32Sub,
+        F32Mul,
+        F32Div,
+        BitAnd,
+        BitOr,
+        BitXor,
+        Shl,
+        U32Shr,
+        I32Shr,
+        Shl64,
+        U64Shr,
+        I64Shr,
+        BitsEq,
+        BitsNe,
+        F32Eq,
+        F32Ne,
+        UnsignedLt,
+        UnsignedLe,
+        UnsignedGt,
+        UnsignedGe,
+        I32Lt,
+        I32Le,
+        I32Gt,
+        I32Ge,
+        I64Lt,
+        I64Le,
+        I64Gt,
+        I64Ge,
+        F32Lt,
+        F32Le,
+        F32Gt,
+        F32Ge,
+        UnsignedMin,
+        UnsignedMax,
+        I32Min,
+        I32Max,
+        I64Min,
+        I64Max,
+        F32Min,
+        F32Max,
+        LogicalAnd,
+        LogicalOr,
     );
 }
 
-fn apply_unary(kind: UnaryKind, values: &mut [u32]) {
+fn apply_unary<W: Word>(kind: UnaryKind, values: &mut [W]) {
     macro_rules! arms {
         ($($kind:ident),* $(,)?) => {
             match kind {
                 $(UnaryKind::$kind => {
                     for value in values.iter_mut() {
-                        *value = ops::unary(UnaryKind::$kind, *value);
+                        *value = W::from_bits(ops::unary(UnaryKind::$kind, value.bits()));
                     }
                 })*
             }
@@ -152,30 +275,37 @@ fn apply_unary(kind: UnaryKind, values: &mut [u32]) {
     }
     arms!(
         IntNeg,
+        Int64Neg,
         F32Neg,
         BitNot,
+        BitNot64,
         LogicalNot,
         I32Abs,
+        I64Abs,
         F32Abs,
         CountOnes,
-        LeadingZeros
+        LeadingZeros,
+        LeadingZeros64
     );
 }
 
-fn apply_cast(kind: CastKind, values: &mut [u32]) {
+fn apply_cast<W: Word>(kind: CastKind, values: &mut [W]) {
     macro_rules! arms {
         ($($kind:ident),* $(,)?) => {
             match kind {
                 CastKind::Bits => {}
                 $(CastKind::$kind => {
                     for value in values.iter_mut() {
-                        *value = ops::cast(CastKind::$kind, *value);
+                        *value = W::from_bits(ops::cast(CastKind::$kind, value.bits()));
                     }
                 })*
             }
         };
     }
-    arms!(IntToBool, F32ToBool, BoolToF32, U32ToF32, I32ToF32, F32ToU32, F32ToI32);
+    arms!(
+        IntToBool, F32ToBool, BoolToF32, U32ToF32, I32ToF32, F32ToU32, F32ToI32, Truncate,
+        SignExtend, U64ToF32, I64ToF32, F32ToU64, F32ToI64
+    );
 }
 
 /// Work units a statement, loop iteration or expression node on fewer lanes is
@@ -234,14 +364,14 @@ enum LoopExit {
 }
 
 /// The machine state of one dispatch.
-pub(crate) struct Machine<'a> {
+pub(crate) struct Machine<'a, W: Word> {
     program: &'a Program,
     compiled: &'a CompiledProgram,
     grid: Grid,
     /// Every buffer the program declares, by declaration position.
     pub(crate) buffers: Vec<BufferStore>,
     /// Per-lane storage of each variable slot.
-    slots: Vec<Vec<u32>>,
+    slots: Vec<Vec<W>>,
     /// False once a lane has executed `Return` in the current kernel run.
     alive: Vec<bool>,
     /// Each lane's `Break`/`Continue` state, reset by the loop that consumes it.
@@ -249,13 +379,15 @@ pub(crate) struct Machine<'a> {
     /// The linear workgroup id of each lane.
     workgroup_of_lane: Vec<u32>,
     /// Per-lane builtin values (global, local, workgroup id × 3 axes); empty if unused.
-    builtin_tables: [Vec<u32>; 9],
-    /// Spare vectors for temporaries.
-    pool: Vec<Vec<u32>>,
+    builtin_tables: [Vec<W>; 9],
+    /// Spare vectors for temporary values.
+    pool: Vec<Vec<W>>,
+    /// Spare vectors for lane lists.
+    lane_pool: Vec<Vec<u32>>,
     stats: ReferenceStats,
 }
 
-impl<'a> Machine<'a> {
+impl<'a, W: Word> Machine<'a, W> {
     /// A machine with zeroed variables and the given buffers.
     pub(crate) fn new(
         program: &'a Program,
@@ -273,7 +405,7 @@ impl<'a> Machine<'a> {
         for (lane, workgroup) in workgroup_of_lane.iter_mut().enumerate() {
             *workgroup = lane as u32 / per_group;
         }
-        let mut builtin_tables: [Vec<u32>; 9] = Default::default();
+        let mut builtin_tables: [Vec<W>; 9] = Default::default();
         for (table_index, table) in builtin_tables.iter_mut().enumerate() {
             if !compiled.builtins_used[table_index] {
                 continue;
@@ -288,13 +420,13 @@ impl<'a> Machine<'a> {
                 let lane = lane as u32;
                 let workgroup = lane / per_group;
                 let local_linear = lane - workgroup * per_group;
-                *value = match table_index / 3 {
+                *value = W::from_bits(u64::from(match table_index / 3 {
                     0 => group(workgroup)
                         .wrapping_mul(grid.workgroup_size[axis])
                         .wrapping_add(local(local_linear)),
                     1 => local(local_linear),
                     _ => group(workgroup),
-                };
+                }));
             }
         }
         Ok(Machine {
@@ -308,6 +440,7 @@ impl<'a> Machine<'a> {
             workgroup_of_lane,
             builtin_tables,
             pool: Vec::new(),
+            lane_pool: Vec::new(),
             stats: ReferenceStats::default(),
         })
     }
@@ -321,11 +454,11 @@ impl<'a> Machine<'a> {
         }
         self.alive.fill(true);
         self.loop_exit.fill(LoopExit::Running);
-        let mut lanes = self.take();
+        let mut lanes = self.take_lanes();
         lanes.extend(0..self.grid.total_lanes);
         let compiled = self.compiled;
         let result = self.block(&compiled.body, &mut lanes);
-        self.give(lanes);
+        self.give_lanes(lanes);
         result
     }
 
@@ -334,23 +467,34 @@ impl<'a> Machine<'a> {
         self.stats
     }
 
-    fn take(&mut self) -> Vec<u32> {
+    fn take(&mut self) -> Vec<W> {
         let mut vector = self.pool.pop().unwrap_or_default();
         vector.clear();
         vector
     }
 
-    fn give(&mut self, vector: Vec<u32>) {
+    fn give(&mut self, vector: Vec<W>) {
         self.pool.push(vector);
     }
 
-    fn filled(&mut self, value: u32, count: usize) -> Vec<u32> {
-        let mut vector = self.take();
-        vector.resize(count, value);
+    fn take_lanes(&mut self) -> Vec<u32> {
+        let mut vector = self.lane_pool.pop().unwrap_or_default();
+        vector.clear();
         vector
     }
 
-    fn gather(&mut self, table: Table, lanes: &[u32]) -> Vec<u32> {
+    fn give_lanes(&mut self, vector: Vec<u32>) {
+        self.lane_pool.push(vector);
+    }
+
+    /// `count` copies of a bit pattern.
+    fn filled(&mut self, bits: u64, count: usize) -> Vec<W> {
+        let mut vector = self.take();
+        vector.resize(count, W::from_bits(bits));
+        vector
+    }
+
+    fn gather(&mut self, table: Table, lanes: &[u32]) -> Vec<W> {
         let mut out = self.take();
         let source = match table {
             Table::Slot(slot) => &self.slots[slot],
@@ -363,7 +507,7 @@ impl<'a> Machine<'a> {
         out
     }
 
-    fn scatter(&mut self, slot: usize, lanes: &[u32], values: &[u32]) {
+    fn scatter(&mut self, slot: usize, lanes: &[u32], values: &[W]) {
         let target = &mut self.slots[slot];
         match contiguous_start(lanes) {
             Some(first) => target[first..first + lanes.len()].copy_from_slice(values),
@@ -482,10 +626,10 @@ impl<'a> Machine<'a> {
                 leaves,
             } => {
                 let condition = self.eval(condition, lanes)?;
-                let mut then_lanes = self.take();
-                let mut else_lanes = self.take();
+                let mut then_lanes = self.take_lanes();
+                let mut else_lanes = self.take_lanes();
                 for (&lane, &taken) in lanes.iter().zip(&condition) {
-                    if taken != 0 {
+                    if taken != W::default() {
                         then_lanes.push(lane);
                     } else {
                         else_lanes.push(lane);
@@ -496,8 +640,8 @@ impl<'a> Machine<'a> {
                 if result.is_ok() {
                     result = self.block(else_body, &mut else_lanes);
                 }
-                self.give(then_lanes);
-                self.give(else_lanes);
+                self.give_lanes(then_lanes);
+                self.give_lanes(else_lanes);
                 result?;
                 if leaves.any() {
                     self.keep_running(lanes);
@@ -600,9 +744,9 @@ impl<'a> Machine<'a> {
         body_leaves: Leaves,
         lanes: &[u32],
     ) -> Result<(), ReferenceError> {
-        let mut loop_lanes = self.take();
+        let mut loop_lanes = self.take_lanes();
         loop_lanes.extend_from_slice(lanes);
-        let mut body_lanes = self.take();
+        let mut body_lanes = self.take_lanes();
         let mut iterations: u64 = 0;
         let mut result = Ok(());
         while !loop_lanes.is_empty() {
@@ -619,7 +763,7 @@ impl<'a> Machine<'a> {
             };
             let mut kept = 0;
             for position in 0..loop_lanes.len() {
-                if holds[position] != 0 {
+                if holds[position] != W::default() {
                     loop_lanes[kept] = loop_lanes[position];
                     kept += 1;
                 }
@@ -659,8 +803,8 @@ impl<'a> Machine<'a> {
                 loop_lanes.truncate(kept);
             }
         }
-        self.give(body_lanes);
-        self.give(loop_lanes);
+        self.give_lanes(body_lanes);
+        self.give_lanes(loop_lanes);
         result
     }
 
@@ -677,27 +821,31 @@ impl<'a> Machine<'a> {
         body: &[CompiledNode],
         body_leaves: Leaves,
         lanes: &[u32],
-        starts: &[u32],
-        ends: &[u32],
+        starts: &[W],
+        ends: &[W],
     ) -> Result<(), ReferenceError> {
-        let mut loop_lanes = self.take();
-        let mut counters = self.take();
-        let mut limits = self.take();
+        let mut loop_lanes = self.take_lanes();
+        let mut counters = self.take_lanes();
+        let mut limits = self.take_lanes();
         for ((&lane, &start), &end) in lanes.iter().zip(starts).zip(ends) {
+            let (start, end) = (index_of(start), index_of(end));
             if start < end {
                 loop_lanes.push(lane);
                 counters.push(start);
                 limits.push(end);
             }
         }
-        let mut body_lanes = self.take();
+        let mut body_lanes = self.take_lanes();
+        let mut counter_values = self.take();
         let mut result = Ok(());
         while !loop_lanes.is_empty() {
             result = self.count_iteration(loop_lanes.len());
             if result.is_err() {
                 break;
             }
-            self.scatter(slot, &loop_lanes, &counters);
+            counter_values.clear();
+            counter_values.extend(counters.iter().map(|&c| W::from_bits(u64::from(c))));
+            self.scatter(slot, &loop_lanes, &counter_values);
             // The body may drop lanes that return, break or continue; it gets its own
             // copy so the counters stay parallel to `loop_lanes`.
             let lanes_for_body = if body_leaves.any() {
@@ -727,10 +875,11 @@ impl<'a> Machine<'a> {
             counters.truncate(kept);
             limits.truncate(kept);
         }
-        self.give(body_lanes);
-        self.give(loop_lanes);
-        self.give(counters);
-        self.give(limits);
+        self.give(counter_values);
+        self.give_lanes(body_lanes);
+        self.give_lanes(loop_lanes);
+        self.give_lanes(counters);
+        self.give_lanes(limits);
         result
     }
 
@@ -738,17 +887,14 @@ impl<'a> Machine<'a> {
         &mut self,
         buffer: usize,
         lanes: &[u32],
-        indices: &[u32],
-        values: &[u32],
+        indices: &[W],
+        values: &[W],
     ) -> Result<(), ReferenceError> {
         for ((&lane, &index), &value) in lanes.iter().zip(indices).zip(values) {
-            let Some(address) = self.address("writes", buffer, lane, index)? else {
+            let Some(address) = self.address("writes", buffer, lane, index_of(index))? else {
                 continue;
             };
-            match &mut self.buffers[buffer].storage {
-                Storage::Bytes(bytes) => bytes[address] = value as u8,
-                Storage::Words(words) => words[address] = value,
-            }
+            self.buffers[buffer].storage.write(address, value.bits());
         }
         Ok(())
     }
@@ -758,41 +904,41 @@ impl<'a> Machine<'a> {
         op: AtomicOp,
         buffer: usize,
         lanes: &[u32],
-        indices: &[u32],
-        values: &[u32],
+        indices: &[W],
+        values: &[W],
     ) -> Result<(), ReferenceError> {
         for ((&lane, &index), &value) in lanes.iter().zip(indices).zip(values) {
-            let Some(address) = self.address("applies an atomic to", buffer, lane, index)? else {
+            let Some(address) =
+                self.address("applies an atomic to", buffer, lane, index_of(index))?
+            else {
                 continue;
             };
-            let Storage::Words(words) = &mut self.buffers[buffer].storage else {
-                return Err(ReferenceError::new(format!(
-                    "Fix: {} applies an atomic to byte buffer '{}'; atomics need a u32 buffer.",
-                    self.program.display_name(),
-                    self.buffers[buffer].name
-                )));
-            };
-            let old = words[address];
-            words[address] = match op {
+            let storage = &mut self.buffers[buffer].storage;
+            let old = storage.read(address) as u32;
+            let value = index_of(value);
+            let new = match op {
                 AtomicOp::Add => old.wrapping_add(value),
                 AtomicOp::Min => old.min(value),
                 AtomicOp::Max => old.max(value),
                 AtomicOp::Or => old | value,
             };
+            storage.write(address, u64::from(new));
         }
         Ok(())
     }
 
-    fn eval(&mut self, expr: &CompiledExpr, lanes: &[u32]) -> Result<Vec<u32>, ReferenceError> {
+    fn eval(&mut self, expr: &CompiledExpr, lanes: &[u32]) -> Result<Vec<W>, ReferenceError> {
         self.count_ops(lanes.len())?;
         Ok(match expr {
             CompiledExpr::Constant(bits) => self.filled(*bits, lanes.len()),
             CompiledExpr::Variable(slot) => self.gather(Table::Slot(*slot), lanes),
             CompiledExpr::Builtin(table) => self.gather(Table::Builtin(table.table_index()), lanes),
             CompiledExpr::WorkgroupCount(axis) => {
-                self.filled(self.grid.workgroup_count[*axis], lanes.len())
+                self.filled(u64::from(self.grid.workgroup_count[*axis]), lanes.len())
             }
-            CompiledExpr::Length(buffer) => self.filled(self.buffers[*buffer].length, lanes.len()),
+            CompiledExpr::Length(buffer) => {
+                self.filled(u64::from(self.buffers[*buffer].length), lanes.len())
+            }
             CompiledExpr::Load { buffer, index } => {
                 let mut values = self.eval(index, lanes)?;
                 if let Err(error) = self.load(*buffer, lanes, &mut values) {
@@ -808,7 +954,7 @@ impl<'a> Machine<'a> {
                         self.give(values);
                         return Err(error);
                     }
-                    apply_binary(*kind, &mut values, Operand::Uniform(bits));
+                    apply_binary(*kind, &mut values, Operand::Uniform(W::from_bits(bits)));
                 } else {
                     let right = self.eval(rhs, lanes)?;
                     apply_binary(*kind, &mut values, Operand::PerLane(&right));
@@ -837,7 +983,7 @@ impl<'a> Machine<'a> {
                 for ((value, &condition), &other) in
                     values.iter_mut().zip(&conditions).zip(&otherwise)
                 {
-                    if condition == 0 {
+                    if condition == W::default() {
                         *value = other;
                     }
                 }
@@ -865,37 +1011,35 @@ impl<'a> Machine<'a> {
         })
     }
 
-    fn load(
-        &self,
-        buffer: usize,
-        lanes: &[u32],
-        indices: &mut [u32],
-    ) -> Result<(), ReferenceError> {
+    fn load(&self, buffer: usize, lanes: &[u32], indices: &mut [W]) -> Result<(), ReferenceError> {
         let store = &self.buffers[buffer];
         let length = store.length;
-        if !store.per_workgroup && indices.iter().all(|&index| index < length) {
+        if !store.per_workgroup && indices.iter().all(|&index| index_of(index) < length) {
             // The common case: a global buffer read in range by every lane.
+            let read = |index: &mut W| -> usize { index_of(*index) as usize };
             match &store.storage {
                 Storage::Bytes(bytes) => {
                     for index in indices.iter_mut() {
-                        *index = bytes[*index as usize] as u32;
+                        *index = W::from_bits(u64::from(bytes[read(index)]));
                     }
                 }
                 Storage::Words(words) => {
                     for index in indices.iter_mut() {
-                        *index = words[*index as usize];
+                        *index = W::from_bits(u64::from(words[read(index)]));
+                    }
+                }
+                Storage::DoubleWords(words) => {
+                    for index in indices.iter_mut() {
+                        *index = W::from_bits(words[read(index)]);
                     }
                 }
             }
             return Ok(());
         }
         for (&lane, index) in lanes.iter().zip(indices.iter_mut()) {
-            *index = match self.address("reads", buffer, lane, *index)? {
-                None => 0,
-                Some(address) => match &store.storage {
-                    Storage::Bytes(bytes) => bytes[address] as u32,
-                    Storage::Words(words) => words[address],
-                },
+            *index = match self.address("reads", buffer, lane, index_of(*index))? {
+                None => W::default(),
+                Some(address) => W::from_bits(store.storage.read(address)),
             };
         }
         Ok(())
@@ -904,7 +1048,7 @@ impl<'a> Machine<'a> {
     /// `out[i]` = the value of the lane whose subgroup lane is `own ^ lane_mask` in
     /// the same subgroup, if that lane exists and is active; else the lane's own value
     /// (already in `out`).
-    fn shuffle_xor(&self, lane_mask: u32, lanes: &[u32], values: &[u32], out: &mut [u32]) {
+    fn shuffle_xor(&self, lane_mask: u32, lanes: &[u32], values: &[W], out: &mut [W]) {
         let per_group = self.grid.threads_per_workgroup;
         let subgroup_size = self.grid.subgroup_size;
         let mut run_start = 0;
@@ -952,12 +1096,12 @@ fn subgroup_key(lane: u32, per_group: u32, subgroup_size: u32) -> (u32, u32) {
     (workgroup, local / subgroup_size)
 }
 
-/// Replace each value by the reduction over its run of lanes with equal `key`
-/// (lanes are sorted, so each group is one contiguous run).
-fn reduce_runs<K: PartialEq>(
+/// Replace each value (a `u32`) by the reduction over its run of lanes with equal
+/// `key` (lanes are sorted, so each group is one contiguous run).
+fn reduce_runs<W: Word, K: PartialEq>(
     op: ReduceOp,
     lanes: &[u32],
-    values: &mut [u32],
+    values: &mut [W],
     key: impl Fn(u32) -> K,
 ) {
     let mut run_start = 0;
@@ -969,8 +1113,10 @@ fn reduce_runs<K: PartialEq>(
         }
         let total = values[run_start..run_end]
             .iter()
-            .fold(op.identity(), |total, &value| op.combine(total, value));
-        values[run_start..run_end].fill(total);
+            .fold(op.identity(), |total, &value| {
+                op.combine(total, index_of(value))
+            });
+        values[run_start..run_end].fill(W::from_bits(u64::from(total)));
         run_start = run_end;
     }
 }

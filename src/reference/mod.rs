@@ -267,7 +267,23 @@ fn execute(
         compile::compile(program, options.max_memory_bytes).map_err(ReferenceError::new)?;
     check_memory(program, inputs, &grid, &compiled, options)?;
     let buffers = load_inputs(program, inputs, &grid)?;
-    let mut machine = Machine::new(program, &compiled, grid, buffers)?;
+    if compiled.wide {
+        run_machine::<u64>(program, &compiled, config, grid, buffers)
+    } else {
+        run_machine::<u32>(program, &compiled, config, grid, buffers)
+    }
+}
+
+/// Run the kernel `config.fixpoint_iterations` times on a machine whose lanes hold
+/// `W` values, and read the outputs back.
+fn run_machine<W: exec::Word>(
+    program: &Program,
+    compiled: &compile::CompiledProgram,
+    config: &DispatchConfig,
+    grid: Grid,
+    buffers: Vec<BufferStore>,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let mut machine = Machine::<W>::new(program, compiled, grid, buffers)?;
     for _ in 0..config.fixpoint_iterations {
         machine.run_kernel()?;
     }
@@ -387,10 +403,10 @@ fn check_request(
 }
 
 /// Refuse a run whose memory would pass [`ReferenceOptions::max_memory_bytes`], before
-/// anything per-lane or per-buffer is allocated. Counts, per lane: 4 bytes per
-/// variable slot and per builtin table used, 4 for the lane's workgroup, 1 each for
-/// its alive flag and its loop state, and 8 per temporary vector (4 bytes per lane,
-/// doubled for `Vec` growth); then every buffer (global buffers at their input's size, workgroup
+/// anything per-lane or per-buffer is allocated. Counts, per lane: a lane value (4
+/// bytes, 8 in programs with 64-bit values) per variable slot and per builtin table
+/// used, 4 for the lane's workgroup, 1 each for its alive flag and its loop state,
+/// and two lane values per temporary vector (doubled for `Vec` growth); then every buffer (global buffers at their input's size, workgroup
 /// buffers once per workgroup), the output copies, and the compiled program.
 fn check_memory(
     program: &Program,
@@ -401,8 +417,12 @@ fn check_memory(
 ) -> Result<(), ReferenceError> {
     let lanes = u64::from(grid.total_lanes);
     let builtins = compiled.builtins_used.iter().filter(|&&used| used).count() as u64;
-    let per_lane =
-        4 * (compiled.slot_count as u64 + builtins) + 4 + 2 + 8 * compiled.temporaries as u64;
+    // Lane values are 8 bytes in programs with 64-bit values (`exec::Word`).
+    let word = if compiled.wide { 8 } else { 4 };
+    let per_lane = word * (compiled.slot_count as u64 + builtins)
+        + 4
+        + 2
+        + 2 * word * compiled.temporaries as u64;
     let workgroups = lanes / u64::from(grid.threads_per_workgroup.max(1));
     // Global buffers take their input's bytes (outputs twice: the buffer and the
     // copy handed back); inputs come in binding order.
@@ -538,6 +558,13 @@ fn load_inputs(
                 Storage::Words(words) => {
                     for (word, chunk) in words.iter_mut().zip(input.chunks_exact(4)) {
                         *word = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                    }
+                }
+                Storage::DoubleWords(words) => {
+                    for (word, chunk) in words.iter_mut().zip(input.chunks_exact(8)) {
+                        let mut bytes = [0u8; 8];
+                        bytes.copy_from_slice(chunk);
+                        *word = u64::from_le_bytes(bytes);
                     }
                 }
             }

@@ -6,7 +6,7 @@
 //! no compiler library). The output is meant to be read: every IR statement appears
 //! as a `//` comment (its `Display` form, one line) above the instructions it became,
 //! and registers are named by type (`%r` 32-bit integers, `%f` `f32`, `%p`
-//! predicates, `%rd` 64-bit addresses).
+//! predicates, `%rd` 64-bit addresses and integers).
 //!
 //! Shape, in the style of naga's back ends: a `writer` struct owns the output
 //! buffer, the register counters, the label counter and the variable scopes; this
@@ -24,10 +24,10 @@
 //!   `.param .u32` element count per global buffer. Every global buffer has its count
 //!   parameter even when its count is static (the kernel then uses the constant), so
 //!   the backend can always pass the same layout.
-//! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (size rounded up
-//!   to a multiple of 4) that every thread helps zero at kernel entry, followed by
-//!   `bar.sync 0`, so a read before any write yields 0 exactly as in the reference
-//!   interpreter.
+//! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (`.align 8` for
+//!   64-bit elements; size rounded up to a multiple of 4) that every thread helps
+//!   zero at kernel entry, followed by `bar.sync 0`, so a read before any write
+//!   yields 0 exactly as in the reference interpreter.
 //!
 //! # Grid-wide barrier protocol
 //!

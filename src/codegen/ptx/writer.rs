@@ -89,6 +89,7 @@ impl RegClass {
             ScalarType::U32 | ScalarType::I32 => RegClass::B32,
             ScalarType::F32 => RegClass::F32,
             ScalarType::Bool => RegClass::Pred,
+            ScalarType::U64 | ScalarType::I64 => RegClass::B64,
         }
     }
 }
@@ -542,7 +543,9 @@ impl<'p> Writer<'p> {
         for slot in &self.buffers {
             if let Some((symbol, bytes)) = &slot.shared {
                 push_comment(&mut out, "", slot.decl);
-                let _ = writeln!(out, ".shared .align 4 .b8 {symbol}[{bytes}];");
+                // 64-bit elements need 8-byte alignment; everything else 4.
+                let align = slot.decl.elem.size_bytes().max(4);
+                let _ = writeln!(out, ".shared .align {align} .b8 {symbol}[{bytes}];");
                 any_shared = true;
             }
         }
@@ -1012,6 +1015,8 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.b32 {result}, {bits};");
             }
             Literal::Bool(v) => emit!(self, "mov.pred {result}, {};", v as u32),
+            Literal::U64(v) => emit!(self, "mov.u64 {result}, {v};"),
+            Literal::I64(v) => emit!(self, "mov.s64 {result}, {v};"),
         }
         result
     }
@@ -1050,37 +1055,49 @@ impl<'p> Writer<'p> {
         let mnemonic = match (op, ty) {
             (B::Add, T::U32) => "add.u32",
             (B::Add, T::I32) => "add.s32",
+            (B::Add, T::U64) => "add.u64",
+            (B::Add, T::I64) => "add.s64",
             (B::Add, T::F32) => "add.rn.f32",
             (B::Sub, T::U32) => "sub.u32",
             (B::Sub, T::I32) => "sub.s32",
+            (B::Sub, T::U64) => "sub.u64",
+            (B::Sub, T::I64) => "sub.s64",
             (B::Sub, T::F32) => "sub.rn.f32",
             (B::Mul, T::U32) => "mul.lo.u32",
             (B::Mul, T::I32) => "mul.lo.s32",
+            (B::Mul, T::U64) => "mul.lo.u64",
+            (B::Mul, T::I64) => "mul.lo.s64",
             (B::Mul, T::F32) => "mul.rn.f32",
             (B::Div, T::F32) => "div.rn.f32",
-            (B::Div | B::Rem, T::U32 | T::I32) => {
+            (B::Div | B::Rem, _) if ty.is_integer() => {
                 return Ok(self.integer_division(op == B::Div, lhs, rhs))
             }
             (B::BitAnd, T::U32 | T::I32) => "and.b32",
             (B::BitOr, T::U32 | T::I32) => "or.b32",
             (B::BitXor, T::U32 | T::I32) => "xor.b32",
+            (B::BitAnd, T::U64 | T::I64) => "and.b64",
+            (B::BitOr, T::U64 | T::I64) => "or.b64",
+            (B::BitXor, T::U64 | T::I64) => "xor.b64",
             (B::BitAnd | B::LogicalAnd, T::Bool) => "and.pred",
             (B::BitOr | B::LogicalOr, T::Bool) => "or.pred",
             (B::BitXor, T::Bool) => "xor.pred",
-            (B::Shl | B::Shr, T::U32 | T::I32) => {
-                // PTX clamps shift amounts above 31; the IR takes them modulo 32.
+            (B::Shl | B::Shr, _) if ty.is_integer() => {
+                // PTX clamps shift amounts past the width; the IR takes them modulo it.
                 let amount = self.reg(RegClass::B32);
-                emit!(self, "and.b32 {amount}, {rhs}, 31;");
+                emit!(self, "and.b32 {amount}, {rhs}, {};", ty.bits() - 1);
                 let mnemonic = match (op, ty) {
+                    (B::Shl, T::U64 | T::I64) => "shl.b64",
                     (B::Shl, _) => "shl.b32",
                     (_, T::I32) => "shr.s32",
+                    (_, T::U64) => "shr.u64",
+                    (_, T::I64) => "shr.s64",
                     _ => "shr.u32",
                 };
                 let result = self.value(ty);
                 emit!(self, "{mnemonic} {result}, {lhs}, {amount};");
                 return Ok(result);
             }
-            (B::Eq | B::Ne | B::Lt | B::Le | B::Gt | B::Ge, T::U32 | T::I32 | T::F32) => {
+            (B::Eq | B::Ne | B::Lt | B::Le | B::Gt | B::Ge, _) if ty != T::Bool => {
                 let condition = match op {
                     B::Eq => "eq",
                     // Unordered not-equal: NaN != x is true, as in the IR.
@@ -1111,9 +1128,13 @@ impl<'p> Writer<'p> {
             // min.f32/max.f32 return the non-NaN operand when exactly one is NaN.
             (B::Min, T::U32) => "min.u32",
             (B::Min, T::I32) => "min.s32",
+            (B::Min, T::U64) => "min.u64",
+            (B::Min, T::I64) => "min.s64",
             (B::Min, T::F32) => "min.f32",
             (B::Max, T::U32) => "max.u32",
             (B::Max, T::I32) => "max.s32",
+            (B::Max, T::U64) => "max.u64",
+            (B::Max, T::I64) => "max.s64",
             (B::Max, T::F32) => "max.f32",
             _ => {
                 return Err(internal(format_args!(
@@ -1128,33 +1149,40 @@ impl<'p> Writer<'p> {
     }
 
     /// Integer `/` or `%` with the IR's total semantics: a zero divisor gives 0, and
-    /// `i32::MIN / -1` gives `i32::MIN` (remainder 0). The hardware divides by a safe
-    /// divisor (1) in those cases and the result is then selected.
+    /// `i32::MIN / -1` gives `i32::MIN` (remainder 0; `i64` likewise). The hardware
+    /// divides by a safe divisor (1) in those cases and the result is then selected.
     fn integer_division(&mut self, quotient: bool, lhs: Value, rhs: Value) -> Value {
         let ty = lhs.ty;
         let suffix = arithmetic_type(ty);
+        let bits = RegClass::of(ty).ptx_type();
         let by_zero = self.reg(RegClass::Pred);
         emit!(self, "setp.eq.{suffix} {by_zero}, {rhs}, 0;");
-        let unsafe_divisor = if ty == ScalarType::I32 {
-            let minus_one = self.reg(RegClass::Pred);
-            let minimum = self.reg(RegClass::Pred);
-            let overflow = self.reg(RegClass::Pred);
-            let either = self.reg(RegClass::Pred);
-            emit!(self, "setp.eq.s32 {minus_one}, {rhs}, -1;");
-            emit!(self, "setp.eq.s32 {minimum}, {lhs}, -2147483648;");
-            emit!(self, "and.pred {overflow}, {minus_one}, {minimum};");
-            emit!(self, "or.pred {either}, {by_zero}, {overflow};");
-            either
-        } else {
-            by_zero
+        let minimum = match ty {
+            ScalarType::I32 => Some(i32::MIN as i64),
+            ScalarType::I64 => Some(i64::MIN),
+            _ => None,
         };
-        let divisor = self.reg(RegClass::B32);
-        emit!(self, "selp.b32 {divisor}, 1, {rhs}, {unsafe_divisor};");
+        let unsafe_divisor = match minimum {
+            Some(minimum) => {
+                let minus_one = self.reg(RegClass::Pred);
+                let is_minimum = self.reg(RegClass::Pred);
+                let overflow = self.reg(RegClass::Pred);
+                let either = self.reg(RegClass::Pred);
+                emit!(self, "setp.eq.{suffix} {minus_one}, {rhs}, -1;");
+                emit!(self, "setp.eq.{suffix} {is_minimum}, {lhs}, {minimum};");
+                emit!(self, "and.pred {overflow}, {minus_one}, {is_minimum};");
+                emit!(self, "or.pred {either}, {by_zero}, {overflow};");
+                either
+            }
+            None => by_zero,
+        };
+        let divisor = self.reg(RegClass::of(ty));
+        emit!(self, "selp.{bits} {divisor}, 1, {rhs}, {unsafe_divisor};");
         let operation = if quotient { "div" } else { "rem" };
         let raw = self.value(ty);
         emit!(self, "{operation}.{suffix} {raw}, {lhs}, {divisor};");
         let result = self.value(ty);
-        emit!(self, "selp.b32 {result}, 0, {raw}, {by_zero};");
+        emit!(self, "selp.{bits} {result}, 0, {raw}, {by_zero};");
         result
     }
 
@@ -1163,21 +1191,29 @@ impl<'p> Writer<'p> {
         use UnaryOp as U;
         let ty = operand.ty;
         let result = match (op, ty) {
-            (U::Neg, T::I32) => self.negate_i32(operand),
+            (U::Neg, T::I32 | T::I64) => self.negate(operand),
             // Sign-bit flips on the bit pattern, so NaN payloads pass through unchanged
             // (neg.f32/abs.f32 may canonicalise NaN).
             (U::Neg, T::F32) => self.float_sign_bits(operand, "xor.b32", "0x80000000"),
             (U::Abs, T::F32) => self.float_sign_bits(operand, "and.b32", "0x7FFFFFFF"),
-            (U::Abs, T::I32) => {
+            (U::Abs, T::I32 | T::I64) => {
                 // max(x, -x) wraps like Rust: abs(i32::MIN) == i32::MIN.
-                let negated = self.negate_i32(operand);
+                let negated = self.negate(operand);
                 let result = self.value(ty);
-                emit!(self, "max.s32 {result}, {operand}, {negated};");
+                emit!(
+                    self,
+                    "max.{} {result}, {operand}, {negated};",
+                    arithmetic_type(ty)
+                );
                 result
             }
-            (U::BitNot, T::U32 | T::I32) => {
+            (U::BitNot, _) if ty.is_integer() => {
                 let result = self.value(ty);
-                emit!(self, "not.b32 {result}, {operand};");
+                emit!(
+                    self,
+                    "not.{} {result}, {operand};",
+                    RegClass::of(ty).ptx_type()
+                );
                 result
             }
             (U::BitNot | U::LogicalNot, T::Bool) => {
@@ -1185,14 +1221,14 @@ impl<'p> Writer<'p> {
                 emit!(self, "not.pred {result}, {operand};");
                 result
             }
-            (U::CountOnes, T::U32 | T::I32) => {
+            (U::CountOnes | U::LeadingZeros, _) if ty.is_integer() => {
+                let mnemonic = if op == U::CountOnes { "popc" } else { "clz" };
                 let result = self.value(T::U32);
-                emit!(self, "popc.b32 {result}, {operand};");
-                result
-            }
-            (U::LeadingZeros, T::U32 | T::I32) => {
-                let result = self.value(T::U32);
-                emit!(self, "clz.b32 {result}, {operand};");
+                emit!(
+                    self,
+                    "{mnemonic}.{} {result}, {operand};",
+                    RegClass::of(ty).ptx_type()
+                );
                 result
             }
             _ => {
@@ -1209,11 +1245,24 @@ impl<'p> Writer<'p> {
     /// Two's-complement negation as `opaque_zero - x`. A plain `neg.s32` (or
     /// `sub.s32 0, x`) feeding a nested `max.s32`/`min.s32` is fused by the JIT into a
     /// three-input min/max that loses the negation (H200, ptxas 12.9: `VIMNMX3 R, x, x,
-    /// a` for `max(a, max(x, -x))`); an unknown minuend keeps a real subtraction.
-    fn negate_i32(&mut self, operand: Value) -> Value {
-        let result = self.value(ScalarType::I32);
-        emit!(self, "sub.s32 {result}, {}, {operand};", self.opaque_zero);
+    /// a` for `max(a, max(x, -x))`); an unknown minuend keeps a real subtraction. An
+    /// `i64` is negated the same way, from the opaque zero widened.
+    fn negate(&mut self, operand: Value) -> Value {
+        let result = self.value(operand.ty);
+        if operand.ty.is_wide() {
+            let zero = self.opaque_zero_wide();
+            emit!(self, "sub.s64 {result}, {zero}, {operand};");
+        } else {
+            emit!(self, "sub.s32 {result}, {}, {operand};", self.opaque_zero);
+        }
         result
+    }
+
+    /// A `b64` register holding 0 the JIT cannot know (the opaque zero, widened).
+    fn opaque_zero_wide(&mut self) -> Reg {
+        let zero = self.reg(RegClass::B64);
+        emit!(self, "cvt.u64.u32 {zero}, {};", self.opaque_zero);
+        zero
     }
 
     /// A `b32` register holding `bits`, computed as `opaque_zero ^ bits` so the JIT
@@ -1231,8 +1280,15 @@ impl<'p> Writer<'p> {
         result
     }
 
-    /// `value` (a `b32`) mixed with `opaque_zero`: same bits, unknown to the JIT.
+    /// `value` (a `b32` or `b64` integer) mixed with `opaque_zero`: same bits,
+    /// unknown to the JIT.
     fn opaque_copy(&mut self, value: Value) -> Reg {
+        if value.ty.is_wide() {
+            let zero = self.opaque_zero_wide();
+            let result = self.reg(RegClass::B64);
+            emit!(self, "xor.b64 {result}, {value}, {zero};");
+            return result;
+        }
         let result = self.reg(RegClass::B32);
         emit!(self, "xor.b32 {result}, {value}, {};", self.opaque_zero);
         result
@@ -1276,11 +1332,24 @@ impl<'p> Writer<'p> {
         match (value.ty, to) {
             (from, to) if from == to => value,
             // Reinterpretation: same register, new type (consumers copy before mutating).
-            (T::U32, T::I32) | (T::I32, T::U32) => Value {
+            (T::U32, T::I32) | (T::I32, T::U32) | (T::U64, T::I64) | (T::I64, T::U64) => Value {
                 reg: value.reg,
                 ty: to,
             },
-            (T::U32 | T::I32, T::F32) => {
+            (T::U32 | T::I32, T::U64 | T::I64) => {
+                // Zero-extends a u32, sign-extends an i32.
+                let result = self.value(to);
+                let from = if value.ty == T::I32 { "s32" } else { "u32" };
+                let wide = if value.ty == T::I32 { "s64" } else { "u64" };
+                emit!(self, "cvt.{wide}.{from} {result}, {value};");
+                result
+            }
+            (T::U64 | T::I64, T::U32 | T::I32) => {
+                let result = self.value(to);
+                emit!(self, "cvt.u32.u64 {result}, {value};");
+                result
+            }
+            (T::U32 | T::I32 | T::U64 | T::I64, T::F32) => {
                 // The integer is hidden from the JIT first: a constant it knows would
                 // give a constant f32 it folds further (see `opaque_bits`).
                 let hidden = self.opaque_copy(value);
@@ -1292,19 +1361,24 @@ impl<'p> Writer<'p> {
                 );
                 result
             }
-            (T::F32, T::U32 | T::I32) => {
+            (T::F32, T::U32 | T::I32 | T::U64 | T::I64) => {
                 // cvt.rzi truncates and saturates; NaN is forced to 0 explicitly.
-                let raw = self.reg(RegClass::B32);
+                let class = RegClass::of(to);
+                let raw = self.reg(class);
                 emit!(self, "cvt.rzi.{}.f32 {raw}, {value};", arithmetic_type(to));
                 let nan = self.reg(RegClass::Pred);
                 emit!(self, "setp.nan.f32 {nan}, {value}, {value};");
                 let result = self.value(to);
-                emit!(self, "selp.b32 {result}, 0, {raw}, {nan};");
+                emit!(self, "selp.{} {result}, 0, {raw}, {nan};", class.ptx_type());
                 result
             }
-            (T::Bool, T::U32 | T::I32) => {
+            (T::Bool, T::U32 | T::I32 | T::U64 | T::I64) => {
                 let result = self.value(to);
-                emit!(self, "selp.b32 {result}, 1, 0, {value};");
+                emit!(
+                    self,
+                    "selp.{} {result}, 1, 0, {value};",
+                    RegClass::of(to).ptx_type()
+                );
                 result
             }
             (T::Bool, _) => {
@@ -1317,9 +1391,10 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.b32 {result}, {hidden};");
                 result
             }
-            (T::U32 | T::I32, _) => {
+            (T::U32 | T::I32 | T::U64 | T::I64, _) => {
                 let result = self.value(T::Bool);
-                emit!(self, "setp.ne.u32 {result}, {value}, 0;");
+                let width = if value.ty.is_wide() { "u64" } else { "u32" };
+                emit!(self, "setp.ne.{width} {result}, {value}, 0;");
                 result
             }
             (T::F32, _) => {
@@ -1396,7 +1471,9 @@ const fn arithmetic_type(ty: ScalarType) -> &'static str {
     match ty {
         ScalarType::I32 => "s32",
         ScalarType::F32 => "f32",
-        _ => "u32",
+        ScalarType::U64 => "u64",
+        ScalarType::I64 => "s64",
+        ScalarType::U32 | ScalarType::Bool => "u32",
     }
 }
 
@@ -1407,6 +1484,8 @@ const fn memory_type(elem: crate::ir::ElemType) -> &'static str {
         crate::ir::ElemType::U32 => "u32",
         crate::ir::ElemType::I32 => "s32",
         crate::ir::ElemType::F32 => "f32",
+        crate::ir::ElemType::U64 => "u64",
+        crate::ir::ElemType::I64 => "s64",
     }
 }
 
