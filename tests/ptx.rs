@@ -542,6 +542,63 @@ fn atomics() -> Program {
         .build()
 }
 
+/// Every returning atomic (fetches, compare-exchange, a plain exchange) on every
+/// integer width and signedness, in global and workgroup memory.
+fn returning_atomics() -> Program {
+    let elems = [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
+    let mut builder = Program::builder([32, 1, 1]);
+    for (k, elem) in elems.into_iter().enumerate() {
+        builder = builder
+            .buffer(
+                format!("global_{}", elem.name()),
+                2 * k as u32,
+                Access::ReadWrite,
+                elem,
+                BufferCount::Runtime,
+            )
+            .buffer(
+                format!("shared_{}", elem.name()),
+                2 * k as u32 + 1,
+                Access::Workgroup,
+                elem,
+                BufferCount::Static(8),
+            );
+    }
+    builder
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            for elem in elems {
+                let ty = elem.value_type();
+                let operand = gid.clone().cast(ty);
+                for space in ["global", "shared"] {
+                    let buffer = format!("{space}_{}", elem.name());
+                    let mut folded = Expr::load(buffer.clone(), 0u32);
+                    for op in AtomicOp::ALL {
+                        let name = format!("{space}_{}_{}", elem.name(), op.name());
+                        let old = b.atomic_fetch(
+                            name,
+                            op,
+                            buffer.clone(),
+                            gid.clone().rem(8u32),
+                            operand.clone(),
+                        );
+                        folded = folded ^ old;
+                    }
+                    let swapped = b.compare_exchange(
+                        format!("{space}_{}_swapped", elem.name()),
+                        buffer.clone(),
+                        1u32,
+                        folded,
+                        operand.clone(),
+                    );
+                    b.atomic(AtomicOp::Exchange, buffer.clone(), 2u32, swapped);
+                    b.atomic(AtomicOp::Sub, buffer, 3u32, operand.clone());
+                }
+            }
+        })
+        .build()
+}
+
 fn grid_sync() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -951,6 +1008,11 @@ fn fixtures() -> Vec<Fixture> {
         },
         fixture("loop_control", loop_control()),
         fixture("every_op_64", every_op_64()),
+        fixture("returning_atomics", returning_atomics()),
+        Fixture {
+            options: UNCHECKED,
+            ..fixture("returning_atomics_unchecked", returning_atomics())
+        },
     ]
 }
 
@@ -1180,8 +1242,10 @@ fn unguarded_accesses(ptx: &str) -> Vec<String> {
             let access = line.starts_with("ld.global")
                 || line.starts_with("st.global")
                 || line.starts_with("red.global")
+                || line.starts_with("atom.global")
                 || line.starts_with("ld.shared")
                 || line.starts_with("red.shared")
+                || line.starts_with("atom.shared")
                 || (line.starts_with("st.shared") && !line.ends_with("], 0;"));
             access && !line.contains(GRID_BARRIER_SYMBOL) && !line.starts_with("ld.acquire")
         })
@@ -1628,16 +1692,40 @@ mod random {
                         return None;
                     }
                     let buffer = atomic[self.rng.below(atomic.len())].name.clone();
-                    Some(Node::Atomic {
-                        op: self.rng.pick(&[
-                            AtomicOp::Add,
-                            AtomicOp::Min,
-                            AtomicOp::Max,
-                            AtomicOp::Or,
-                        ]),
-                        buffer,
-                        index: self.index(uniform),
-                        value: self.expr(ScalarType::U32, 2, uniform),
+                    let op = self.rng.pick(&AtomicOp::ALL);
+                    let index = self.index(uniform);
+                    let value = self.expr(ScalarType::U32, 2, uniform);
+                    Some(match self.rng.below(3) {
+                        0 => Node::Atomic {
+                            op,
+                            buffer,
+                            index,
+                            value,
+                        },
+                        returning => {
+                            let expected = self.expr(ScalarType::U32, 1, uniform);
+                            let name = self.fresh();
+                            self.scopes
+                                .last_mut()?
+                                .push((name.clone(), ScalarType::U32, false));
+                            if returning == 1 {
+                                Node::AtomicFetch {
+                                    name,
+                                    op,
+                                    buffer,
+                                    index,
+                                    value,
+                                }
+                            } else {
+                                Node::CompareExchange {
+                                    name,
+                                    buffer,
+                                    index,
+                                    expected,
+                                    value,
+                                }
+                            }
+                        }
                     })
                 }
                 9 if uniform => Some(Node::Barrier),
@@ -1944,6 +2032,22 @@ fn random_programs_cover_every_node_and_expression_kind() {
                         "atomic"
                     }
                 }
+                Node::AtomicFetch { index, value, .. } => {
+                    walk_expr(index, seen);
+                    walk_expr(value, seen);
+                    "atomic_fetch"
+                }
+                Node::CompareExchange {
+                    index,
+                    expected,
+                    value,
+                    ..
+                } => {
+                    walk_expr(index, seen);
+                    walk_expr(expected, seen);
+                    walk_expr(value, seen);
+                    "compare_exchange"
+                }
                 Node::If {
                     condition,
                     then_body,
@@ -1988,6 +2092,8 @@ fn random_programs_cover_every_node_and_expression_kind() {
         "if",
         "loop",
         "atomic",
+        "atomic_fetch",
+        "compare_exchange",
         "barrier",
         "grid_sync",
         "return",

@@ -1026,6 +1026,177 @@ fn thirty_two_bit_programs_give_the_same_bytes_on_64_bit_lanes() {
     assert!(per_thread(&widened) > per_thread(&narrow));
 }
 
+/// Locks out fetching atomics that return anything but the element's value just
+/// before the lane's own operation, in the order the reference defines (ascending
+/// lane within a statement), for every operation: four lanes apply
+/// `cells[k] op= operands[4k + lane]` and store what they got.
+#[test]
+fn fetch_atomics_return_the_previous_value_in_lane_order() {
+    let ops = AtomicOp::ALL;
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "cells",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .buffer(
+            "operands",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .buffer(
+            "got",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            for (k, op) in ops.into_iter().enumerate() {
+                let slot = lane.clone() + 4 * k as u32;
+                let old = blk.atomic_fetch(
+                    format!("old{k}"),
+                    op,
+                    "cells",
+                    k as u32,
+                    Expr::load("operands", slot.clone()),
+                );
+                blk.store("got", slot, old);
+            }
+        })
+        .build();
+    // Add, Sub, Min, Max, And, Or, Xor, Exchange.
+    let cells = [10, 100, 7, 7, 0xff, 1, 0, 5];
+    let operands = [
+        1, 2, 3, 4, 0, 1, 2, 3, 9, 5, 6, 2, 3, 8, 8, 10, 0xf0, 0x3c, 0xff, 0x0f, 2, 4, 8, 16, 1, 3,
+        1, 3, 6, 7, 8, 9,
+    ];
+    let out = run_words(
+        &program,
+        &[&bytes_of(&cells), &bytes_of(&operands), &[0; 128]],
+        &DispatchConfig::linear(1),
+    );
+    assert_eq!(out[0], [20, 94, 2, 10, 0x00, 31, 0, 9]);
+    assert_eq!(
+        out[1],
+        [
+            10, 11, 13, 16, 100, 100, 99, 97, 7, 7, 5, 5, 7, 7, 8, 8, 0xff, 0xf0, 0x30, 0x30, 1, 3,
+            7, 15, 0, 1, 2, 3, 5, 6, 7, 8,
+        ]
+    );
+}
+
+/// Locks out compare-exchange that swaps on a mismatch, returns the new value, or
+/// reads another lane's stale copy: lane `i` swaps `i` for `i + 10`, so only lane 1
+/// (which sees the initial 1) succeeds and lanes 2 and 3 see its 11. Out-of-range
+/// atomics change nothing and return 0; signed and 64-bit elements use their own
+/// order and width; workgroup elements count per workgroup.
+#[test]
+fn compare_exchange_signed_wide_and_workgroup_atomics() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "slot",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "signed",
+            1,
+            Access::ReadWrite,
+            ElemType::I32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "wide",
+            2,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "got",
+            3,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(24),
+        )
+        .buffer(
+            "tile",
+            4,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            let row = |k: u32| lane.clone() + 4 * k;
+            let swapped =
+                blk.compare_exchange("swapped", "slot", 0u32, lane.clone(), lane.clone() + 10u32);
+            blk.store("got", row(0), swapped.cast(ScalarType::U64));
+            let operand = Expr::i32(-5) * (lane.clone().rem(2u32).cast(ScalarType::I32)) + 3i32;
+            let low = blk.atomic_fetch("low", AtomicOp::Min, "signed", 0u32, operand);
+            blk.store("got", row(1), low.cast(ScalarType::U64));
+            let carried = blk.atomic_fetch(
+                "carried",
+                AtomicOp::Add,
+                "wide",
+                0u32,
+                Expr::u64(0xffff_ffff),
+            );
+            blk.store("got", row(2), carried);
+            let outside =
+                blk.atomic_fetch("outside", AtomicOp::Exchange, "slot", 5u32, lane.clone());
+            blk.store("got", row(3), outside.cast(ScalarType::U64));
+            let counted = blk.atomic_fetch("counted", AtomicOp::Sub, "tile", 0u32, Expr::i64(1));
+            blk.store("got", row(4), counted.cast(ScalarType::U64));
+        })
+        .build();
+    let out = reference::run(
+        &program,
+        &[
+            &bytes_of(&[1]),
+            &i32_bits(&[-1])
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>(),
+            &1u64.to_le_bytes(),
+            &[0; 192],
+        ],
+        &DispatchConfig::linear(2),
+    )
+    .unwrap();
+    let got: Vec<u64> = out[3]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(words_of(&out[0]), [11]);
+    assert_eq!(i32_bits(&[-2]), words_of(&out[1]));
+    assert_eq!(
+        out[2],
+        (1u64 + 4 * 0xffff_ffff).to_le_bytes(),
+        "the carry reaches the high word"
+    );
+    let rows: Vec<&[u64]> = got.chunks(4).collect();
+    assert_eq!(rows[0], [1, 1, 11, 11]);
+    // Operands 3, -2, 3, -2 against -1, signed: -1, -1, -2, -2 (sign-extended to u64).
+    let (minus_one, minus_two) = (-1i64 as u64, -2i64 as u64);
+    assert_eq!(rows[1], [minus_one, minus_one, minus_two, minus_two]);
+    assert_eq!(
+        rows[2],
+        [1, 1 + 0xffff_ffff, 1 + 2 * 0xffff_ffff, 1 + 3 * 0xffff_ffff]
+    );
+    assert_eq!(rows[3], [0, 0, 0, 0]);
+    // Each workgroup's tile starts at 0: its two lanes see 0 and -1.
+    assert_eq!(rows[4], [0, u64::MAX, 0, u64::MAX]);
+}
+
 /// Locks out a `while` loop with one trip count for every lane (or one that
 /// re-enters finished lanes): each lane counts its own Collatz steps, 0 to 16 of
 /// them, and a lane whose condition fails first waits for the others.

@@ -492,22 +492,34 @@ fn stores_into_read_only_buffers_are_rejected() {
     expect_valid(&p);
 }
 
-/// Locks out atomics on non-u32 buffers and on read-only or write-only buffers.
+/// Locks out atomics (plain, fetching and compare-exchange) on `u8` and `f32`
+/// buffers and on read-only or write-only buffers, and operands of another type
+/// than the element's; integer buffers of every width and signedness pass.
 #[test]
-fn atomics_need_u32_read_write_or_workgroup_buffers() {
-    let p = Program::builder([1, 1, 1])
-        .buffer(
-            "signed",
-            0,
-            Access::ReadWrite,
-            ElemType::I32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            b.atomic(AtomicOp::Add, "signed", 0u32, 1u32);
-        })
-        .build();
-    expect_rule(&p, Rule::AtomicBuffer, &["signed", "i32"]);
+fn atomics_need_integer_read_write_or_workgroup_buffers() {
+    for (elem, operand) in [
+        (ElemType::U8, Expr::u32(1)),
+        (ElemType::F32, Expr::f32(1.0)),
+    ] {
+        let fetch = Program::builder([1, 1, 1])
+            .buffer("text", 0, Access::ReadWrite, elem, BufferCount::Runtime)
+            .body(|b| {
+                b.atomic_fetch("old", AtomicOp::Add, "text", 0u32, operand.clone());
+            })
+            .build();
+        expect_rule(
+            &fetch,
+            Rule::AtomicBuffer,
+            &["text", elem.name(), "integer"],
+        );
+        let exchange = Program::builder([1, 1, 1])
+            .buffer("text", 0, Access::ReadWrite, elem, BufferCount::Runtime)
+            .body(|b| {
+                b.compare_exchange("old", "text", 0u32, operand.clone(), operand.clone());
+            })
+            .build();
+        expect_rule(&exchange, Rule::AtomicBuffer, &["text", elem.name()]);
+    }
     for access in [Access::ReadOnly, Access::WriteOnly] {
         let p = Program::builder([1, 1, 1])
             .buffer("counter", 0, access, ElemType::U32, BufferCount::Runtime)
@@ -516,7 +528,41 @@ fn atomics_need_u32_read_write_or_workgroup_buffers() {
             })
             .build();
         expect_rule(&p, Rule::AtomicBuffer, &["counter", access.name()]);
+        let p = Program::builder([1, 1, 1])
+            .buffer("table", 0, access, ElemType::U64, BufferCount::Runtime)
+            .body(|b| {
+                b.compare_exchange("old", "table", 0u32, Expr::u64(0), Expr::u64(7));
+            })
+            .build();
+        expect_rule(&p, Rule::AtomicBuffer, &["table", access.name()]);
     }
+    // Operands (and the expected value) have the element's value type.
+    let signed = |body: &dyn Fn(&mut BlockBuilder)| {
+        Program::builder([1, 1, 1])
+            .buffer(
+                "signed",
+                0,
+                Access::ReadWrite,
+                ElemType::I64,
+                BufferCount::Runtime,
+            )
+            .body(|b| body(b))
+            .build()
+    };
+    expect_rule(
+        &signed(&|b| {
+            b.atomic(AtomicOp::Add, "signed", 0u32, 1u32);
+        }),
+        Rule::TypeMismatch,
+        &["atomic operand", "i64", "u32"],
+    );
+    expect_rule(
+        &signed(&|b| {
+            b.compare_exchange("old", "signed", 0u32, Expr::i32(0), Expr::i64(1));
+        }),
+        Rule::TypeMismatch,
+        &["expected value", "i64", "i32"],
+    );
     let p = Program::builder([32, 1, 1])
         .buffer(
             "counter",
@@ -526,18 +572,70 @@ fn atomics_need_u32_read_write_or_workgroup_buffers() {
             BufferCount::Runtime,
         )
         .buffer(
-            "tile",
+            "signed",
             1,
+            Access::ReadWrite,
+            ElemType::I32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "wide",
+            2,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "tile",
+            3,
             Access::Workgroup,
-            ElemType::U32,
+            ElemType::I64,
             BufferCount::Static(4),
         )
         .body(|b| {
             b.atomic(AtomicOp::Min, "counter", 0u32, 1u32);
-            b.atomic(AtomicOp::Max, "tile", 1u32, 2u32);
+            b.atomic(AtomicOp::Exchange, "signed", 0u32, -1i32);
+            let old = b.atomic_fetch("old", AtomicOp::Xor, "wide", 1u32, Expr::u64(5));
+            b.atomic(AtomicOp::Max, "tile", 1u32, old.cast(ScalarType::I64));
+            b.compare_exchange("swapped", "tile", 2u32, Expr::i64(0), Expr::i64(-3));
         })
         .build();
     expect_valid(&p);
+}
+
+/// Locks out an atomic's result treated like other variables: it cannot be
+/// assigned (it is the element's value at one instant), and it is divergent (which
+/// value a thread gets depends on the others), so a barrier under it is refused.
+/// Negative control: the same shapes with a `let` of a uniform value pass.
+#[test]
+fn atomic_results_are_immutable_and_divergent() {
+    let p = with_body(|b| {
+        b.atomic_fetch("claimed", AtomicOp::Add, "output", 0u32, 1u32);
+        b.assign("claimed", 3u32);
+    });
+    expect_rule(
+        &p,
+        Rule::AssignToImmutable,
+        &["claimed", "the result of an atomic"],
+    );
+    let p = with_body(|b| {
+        let old = b.compare_exchange("old", "output", 0u32, 0u32, 1u32);
+        b.if_(old.equals(0u32), |b| {
+            b.barrier();
+        });
+    });
+    expect_rule(&p, Rule::DivergentBarrier, &["entry[1].then[0]"]);
+    let p = with_body(|b| {
+        b.atomic_fetch("old", AtomicOp::Add, "output", 0u32, 1u32);
+        b.let_("old", 2u32);
+    });
+    expect_rule(&p, Rule::DuplicateVariable, &["old"]);
+    expect_valid(&with_body(|b| {
+        let old = b.let_("old", Expr::workgroup_id(Axis::X));
+        b.if_(old.equals(0u32), |b| {
+            b.barrier();
+        });
+    }));
 }
 
 // ---- types ------------------------------------------------------------------------------
@@ -1438,6 +1536,8 @@ fn generators_are_deterministic_and_cover_the_language() {
         "while ",
         "break;",
         "continue;",
+        "atomic_fetch_",
+        "atomic_compare_exchange(",
         "} else {",
         "select(",
         "length(",

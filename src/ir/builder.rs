@@ -256,7 +256,50 @@ impl BlockBuilder {
         self.push(Node::GridSync)
     }
 
-    /// Atomic read-modify-write on a `u32` buffer element.
+    /// `let name = atomic_fetch_<op>(&buffer[index], value);` Returns `Expr::Var(name)`:
+    /// the element's value before this thread's operation.
+    pub fn atomic_fetch(
+        &mut self,
+        name: impl Into<Name>,
+        op: AtomicOp,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::AtomicFetch {
+            name: name.clone(),
+            op,
+            buffer: buffer.into(),
+            index: index.into(),
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
+    /// `let name = atomic_compare_exchange(&buffer[index], expected, value);` Returns
+    /// `Expr::Var(name)`: the element's previous value (equal to `expected` exactly
+    /// when the exchange happened).
+    pub fn compare_exchange(
+        &mut self,
+        name: impl Into<Name>,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+        expected: impl Into<Expr>,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::CompareExchange {
+            name: name.clone(),
+            buffer: buffer.into(),
+            index: index.into(),
+            expected: expected.into(),
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
+    /// Atomic read-modify-write on an integer buffer element (no value returned).
     pub fn atomic(
         &mut self,
         op: AtomicOp,

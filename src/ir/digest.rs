@@ -308,6 +308,34 @@ impl Encoder {
             }
             Node::Break => self.u8(11),
             Node::Continue => self.u8(12),
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                self.u8(13);
+                self.name(name);
+                self.u8(*op as u8);
+                self.name(buffer);
+                self.expr(index, scratch);
+                self.expr(value, scratch);
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                self.u8(14);
+                self.name(name);
+                self.name(buffer);
+                self.expr(index, scratch);
+                self.expr(expected, scratch);
+                self.expr(value, scratch);
+            }
         }
     }
     /// Pre-order encoding of an expression tree by an explicit stack.

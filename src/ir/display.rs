@@ -249,6 +249,42 @@ impl<'w> Printer<'w> {
                 self.expr(value, 0)?;
                 self.put(")")
             }
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put_fmt(format_args!(" = atomic_fetch_{}(&", op.name()))?;
+                self.put(buffer)?;
+                self.put("[")?;
+                self.expr(index, 0)?;
+                self.put("], ")?;
+                self.expr(value, 0)?;
+                self.put(")")
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put(" = atomic_compare_exchange(&")?;
+                self.put(buffer)?;
+                self.put("[")?;
+                self.expr(index, 0)?;
+                self.put("], ")?;
+                self.expr(expected, 0)?;
+                self.put(", ")?;
+                self.expr(value, 0)?;
+                self.put(")")
+            }
             Node::WorkgroupReduce { name, op, value } => {
                 self.put("let ")?;
                 self.put(name)?;

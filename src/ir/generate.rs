@@ -101,6 +101,11 @@ pub struct GeneratorOptions {
     pub allow_while_loops: bool,
     /// Generate `u64` and `i64` values, literals, casts and buffers.
     pub allow_64_bit: bool,
+    /// Generate atomics that return the previous value (fetch-add and the other
+    /// fetches, compare-exchange) in order-free forms: on an element only one thread
+    /// touches, or on a shared counter that every thread updates with one operation
+    /// and one operand, with the returned values only summed into a tally.
+    pub allow_returning_atomics: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -122,6 +127,7 @@ impl Default for GeneratorOptions {
             allow_early_return: true,
             allow_while_loops: true,
             allow_64_bit: true,
+            allow_returning_atomics: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -132,20 +138,22 @@ impl Default for GeneratorOptions {
 
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
-    /// turned off (`while`, `break`, `continue`, 64-bit integers). Those
+    /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics).
+    /// Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
         GeneratorOptions {
             allow_while_loops: false,
             allow_64_bit: false,
+            allow_returning_atomics: false,
             ..self
         }
     }
 
     /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
     fn extended(&self) -> bool {
-        self.allow_while_loops || self.allow_64_bit
+        self.allow_while_loops || self.allow_64_bit || self.allow_returning_atomics
     }
 }
 
@@ -157,6 +165,7 @@ impl GeneratorOptions {
 struct Drawn {
     while_loops: bool,
     wide: bool,
+    atomics: bool,
 }
 
 impl Drawn {
@@ -164,12 +173,22 @@ impl Drawn {
         Drawn {
             while_loops: options.allow_while_loops && rng.one_in(2),
             wide: options.allow_64_bit && rng.one_in(2),
+            atomics: options.allow_returning_atomics && options.allow_atomics && rng.one_in(2),
         }
     }
 
-    /// Whether the program uses any of them.
-    fn any(&self) -> bool {
-        self.while_loops || self.wide
+    /// Whether the program uses a construct that adds statements.
+    fn any_statements(&self) -> bool {
+        self.while_loops || self.atomics
+    }
+
+    /// Integer element types atomics draw from.
+    fn atomic_elems(&self) -> &'static [ElemType] {
+        if self.wide {
+            &ATOMIC_ELEMS_WIDE
+        } else {
+            &ATOMIC_ELEMS_WIDE[..2]
+        }
     }
 
     /// Value types expressions draw from.
@@ -247,6 +266,18 @@ const ORDERED_WIDE: [ScalarType; 5] = [
 ];
 const AXES: [Axis; 3] = [Axis::X, Axis::Y, Axis::Z];
 const ATOMIC_OPS: [AtomicOp; 4] = [AtomicOp::Add, AtomicOp::Min, AtomicOp::Max, AtomicOp::Or];
+/// The operations whose final value is order-free when one is used alone.
+const COMMUTING_ATOMIC_OPS: [AtomicOp; 7] = [
+    AtomicOp::Add,
+    AtomicOp::Sub,
+    AtomicOp::Min,
+    AtomicOp::Max,
+    AtomicOp::And,
+    AtomicOp::Or,
+    AtomicOp::Xor,
+];
+const ATOMIC_ELEMS_WIDE: [ElemType; 4] =
+    [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
 const ACCESSES: [Access; 4] = [
     Access::ReadOnly,
@@ -357,9 +388,11 @@ fn interesting_f32_bits(rng: &mut SeededRng) -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReadAt {
     /// Any index (nobody writes it during this phase).
-    AnyIndex,
+    Anywhere,
     /// Only the thread's own global linear id.
-    OwnIndex,
+    OwnGlobalId,
+    /// Only the thread's own local linear id (a workgroup buffer).
+    OwnLocalId,
 }
 
 struct Variable {
@@ -391,6 +424,28 @@ struct ValidGenerator {
     loop_depth: u32,
     /// The later constructs this program uses.
     drawn: Drawn,
+    /// An integer buffer of one element per thread (read back), which returning
+    /// atomics update only at the thread's own element (`gid`): their results are
+    /// deterministic.
+    owned: Option<(Name, ElemType)>,
+    /// The workgroup counterpart of `owned`, one element per local id (`lid`).
+    workgroup_owned: Option<(Name, ElemType)>,
+    /// Shared counters (a global and a workgroup one) that every thread updates with
+    /// `counter_update` alone, and the `u32` tally their returned values are added to.
+    counters: Vec<(Name, ElemType)>,
+    counter_update: CounterUpdate,
+    tally: Option<Name>,
+}
+
+/// The one update of a program's shared counters: an operation (a compare-exchange
+/// when `op` is `None`) and literal operands. Every thread applying the same
+/// function makes the sequence of values an element takes, and so the set of
+/// returned values, independent of thread order.
+#[derive(Clone, Copy, Debug)]
+struct CounterUpdate {
+    op: Option<AtomicOp>,
+    operand: u64,
+    expected: u64,
 }
 
 const GID: &str = "gid";
@@ -499,8 +554,9 @@ impl ValidGenerator {
             .nth(chosen)?
             .clone();
         let index = match read_at {
-            ReadAt::OwnIndex => Expr::var(GID),
-            ReadAt::AnyIndex => match self.rng.below(3) {
+            ReadAt::OwnGlobalId => Expr::var(GID),
+            ReadAt::OwnLocalId => Expr::var(LID),
+            ReadAt::Anywhere => match self.rng.below(3) {
                 0 => Expr::var(GID),
                 1 => Expr::var(GID) + self.expr(ScalarType::U32, depth),
                 _ => self.expr(ScalarType::U32, depth),
@@ -614,7 +670,7 @@ impl ValidGenerator {
             }
             self.budget -= 1;
             // Constructs added later draw only when on, so `core_only` keeps old seeds.
-            if self.drawn.any() && self.rng.one_in(5) {
+            if self.drawn.any_statements() && self.rng.one_in(5) {
                 let (statements, ends_block) = self.extended_statement(depth);
                 nodes.extend(statements);
                 if ends_block {
@@ -745,9 +801,11 @@ impl ValidGenerator {
     /// when the one drawn is off or does not fit here); also says whether it ends the
     /// block (a bare `break` or `continue`: later statements would never run).
     fn extended_statement(&mut self, depth: u32) -> (Vec<Node>, bool) {
-        let choice = self.rng.below(4);
+        let choice = self.rng.below(8);
         match choice {
             0 | 1 if self.drawn.while_loops && depth < 4 => (self.while_loop(depth), false),
+            4 | 5 if self.drawn.atomics => (self.owned_atomic(), false),
+            6 | 7 if self.drawn.atomics => (self.counter_atomic(), false),
             2 | 3 if self.drawn.while_loops && self.loop_depth > 0 => {
                 let node = if choice == 2 {
                     Node::Break
@@ -769,6 +827,123 @@ impl ValidGenerator {
             }
             _ => (Vec::new(), false),
         }
+    }
+
+    /// An atomic on the thread's own element of `owned` (at `gid`) or of
+    /// `workgroup_owned` (at `lid`): any operation, any operands; a returned value is
+    /// deterministic and becomes a variable like any other.
+    fn owned_atomic(&mut self) -> Vec<Node> {
+        let target = if self.rng.one_in(3) {
+            self.workgroup_owned.clone().map(|owned| (owned, LID))
+        } else {
+            self.owned.clone().map(|owned| (owned, GID))
+        };
+        let Some(((buffer, elem), at)) = target else {
+            return Vec::new();
+        };
+        let ty = elem.value_type();
+        let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
+        let index = Expr::var(at);
+        let value = self.expr(ty, 2);
+        let node = match self.rng.below(3) {
+            0 => {
+                return vec![Node::Atomic {
+                    op,
+                    buffer,
+                    index,
+                    value,
+                }]
+            }
+            1 => {
+                let name = self.fresh_name();
+                self.declare(name.clone(), ty, false);
+                Node::AtomicFetch {
+                    name,
+                    op,
+                    buffer,
+                    index,
+                    value,
+                }
+            }
+            _ => {
+                let expected = if self.rng.one_in(2) {
+                    // Often the element's own value, so the exchange happens.
+                    Expr::load(buffer.clone(), index.clone())
+                } else {
+                    self.expr(ty, 1)
+                };
+                let name = self.fresh_name();
+                self.declare(name.clone(), ty, false);
+                Node::CompareExchange {
+                    name,
+                    buffer,
+                    index,
+                    expected,
+                    value,
+                }
+            }
+        };
+        vec![node]
+    }
+
+    /// `let r = <the counter update>(&counter[i], ...); atomic_add(&tally[k], f(r));`
+    /// on a shared counter any thread may hit: `r` feeds only the tally (a sum, which
+    /// does not depend on which thread got which value) through `f`, a function of
+    /// `r` and literals alone.
+    fn counter_atomic(&mut self) -> Vec<Node> {
+        let count = self.counters.len() as u64;
+        let Some((buffer, elem)) = self.counters.get(self.rng.below(count) as usize).cloned()
+        else {
+            return Vec::new();
+        };
+        let Some(tally) = self.tally.clone() else {
+            return Vec::new();
+        };
+        let ty = elem.value_type();
+        let literal = |bits: u64| match ty {
+            ScalarType::I32 => Expr::i32(bits as i32),
+            ScalarType::U64 => Expr::u64(bits),
+            ScalarType::I64 => Expr::i64(bits as i64),
+            _ => Expr::u32(bits as u32),
+        };
+        let index = self.expr(ScalarType::U32, 2) % 4u32;
+        let name = self.fresh_name();
+        let update = self.counter_update;
+        let fetch = match update.op {
+            Some(op) => Node::AtomicFetch {
+                name: name.clone(),
+                op,
+                buffer,
+                index,
+                value: literal(update.operand),
+            },
+            None => Node::CompareExchange {
+                name: name.clone(),
+                buffer,
+                index,
+                expected: literal(update.expected),
+                value: literal(update.operand),
+            },
+        };
+        let previous = Expr::Var(name);
+        let c = self.rng.next_u64() | 1;
+        let folded = match self.rng.below(5) {
+            0 => previous,
+            1 => previous * literal(c),
+            2 => previous ^ literal(c),
+            3 => previous >> Expr::u32(self.rng.range(0, 70)),
+            _ => previous.count_ones().cast(ty),
+        };
+        let slot = self.expr(ScalarType::U32, 1);
+        vec![
+            fetch,
+            Node::Atomic {
+                op: AtomicOp::Add,
+                buffer: tally,
+                index: slot,
+                value: folded.cast(ScalarType::U32),
+            },
+        ]
     }
 
     /// `let mut fuel = f; while fuel != 0 [&& c] { fuel = fuel - 1; ... }`: the loop
@@ -935,11 +1110,44 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         expr_depth: if with_inputs { 3 } else { 2 },
         loop_depth: 0,
         drawn: Drawn::default(),
+        owned: None,
+        workgroup_owned: None,
+        counters: Vec::new(),
+        counter_update: CounterUpdate {
+            op: None,
+            operand: 0,
+            expected: 0,
+        },
+        tally: None,
     };
     if options.extended() {
         generator.drawn = Drawn::draw(&mut generator.rng, options);
     }
-    generator.atomic_op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+    let atomic_ops: &[AtomicOp] = if generator.drawn.atomics {
+        &COMMUTING_ATOMIC_OPS
+    } else {
+        &ATOMIC_OPS
+    };
+    generator.atomic_op = *generator.rng.pick(atomic_ops).unwrap_or(&AtomicOp::Add);
+    if generator.drawn.atomics {
+        let rng = &mut generator.rng;
+        let op = rng.pick(&AtomicOp::ALL).copied().filter(|_| !rng.one_in(4));
+        let operand = if rng.one_in(2) {
+            rng.range(0, 3) as u64
+        } else {
+            rng.next_u64()
+        };
+        let expected = match rng.below(3) {
+            0 => 0,
+            1 => operand,
+            _ => rng.next_u64(),
+        };
+        generator.counter_update = CounterUpdate {
+            op,
+            operand,
+            expected,
+        };
+    }
     let elems = generator.drawn.elems();
     let rng = &mut generator.rng;
 
@@ -987,6 +1195,64 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         decls.push((
             BufferDecl::new("atom", 0, Access::ReadWrite, ElemType::U32, count),
             elements,
+        ));
+    }
+    if generator.drawn.atomics {
+        let atomic_elems = generator.drawn.atomic_elems();
+        let owned_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        let count = if rng.one_in(2) {
+            BufferCount::Static(total_threads)
+        } else {
+            BufferCount::Runtime
+        };
+        decls.push((
+            BufferDecl::new("owned", 0, Access::ReadWrite, owned_elem, count),
+            total_threads,
+        ));
+        let counter_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        let counters = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "counter",
+                0,
+                Access::ReadWrite,
+                counter_elem,
+                BufferCount::Static(counters),
+            ),
+            counters,
+        ));
+        let tallies = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "tally",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Static(tallies),
+            ),
+            tallies,
+        ));
+        let workgroup_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        decls.push((
+            BufferDecl::new(
+                "workgroup_owned",
+                0,
+                Access::Workgroup,
+                workgroup_elem,
+                BufferCount::Static(threads_per_workgroup),
+            ),
+            0,
+        ));
+        let workgroup_counters = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "workgroup_counter",
+                0,
+                Access::Workgroup,
+                counter_elem,
+                BufferCount::Static(workgroup_counters),
+            ),
+            0,
         ));
     }
     let use_shared = options.allow_barriers && rng.one_in(2);
@@ -1059,7 +1325,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             Access::ReadOnly => {
                 generator
                     .readable
-                    .push((decl.name.clone(), decl.elem, ReadAt::AnyIndex));
+                    .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
             }
             Access::ReadWrite | Access::WriteOnly => {
                 let name = &*decl.name;
@@ -1067,12 +1333,32 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     generator.outputs.push((decl.name.clone(), decl.elem));
                     generator
                         .readable
-                        .push((decl.name.clone(), decl.elem, ReadAt::OwnIndex));
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnGlobalId));
                 } else if name == "atom" {
                     generator.atomic_buffer = Some(decl.name.clone());
+                } else if name == "owned" {
+                    generator.owned = Some((decl.name.clone(), decl.elem));
+                    generator.outputs.push((decl.name.clone(), decl.elem));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnGlobalId));
+                } else if name == "counter" {
+                    generator.counters.push((decl.name.clone(), decl.elem));
+                } else if name == "tally" {
+                    generator.tally = Some(decl.name.clone());
                 }
             }
-            Access::Workgroup => {}
+            Access::Workgroup => {
+                let name = &*decl.name;
+                if name == "workgroup_owned" {
+                    generator.workgroup_owned = Some((decl.name.clone(), decl.elem));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnLocalId));
+                } else if name == "workgroup_counter" {
+                    generator.counters.push((decl.name.clone(), decl.elem));
+                }
+            }
         }
     }
 
@@ -1169,11 +1455,11 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         }
         generator
             .readable
-            .push(("shared".into(), shared_elem, ReadAt::AnyIndex));
+            .push(("shared".into(), shared_elem, ReadAt::Anywhere));
         if shared_atomics {
             generator
                 .readable
-                .push(("shared_atom".into(), ElemType::U32, ReadAt::AnyIndex));
+                .push(("shared_atom".into(), ElemType::U32, ReadAt::Anywhere));
         }
     }
 
@@ -1227,7 +1513,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         body.push(Node::GridSync);
         generator
             .readable
-            .push(("stage".into(), stage_elem, ReadAt::AnyIndex));
+            .push(("stage".into(), stage_elem, ReadAt::Anywhere));
         let neighbour = (Expr::var(GID) + generator.rng.range(1, 5)) % Expr::length("stage");
         let name = generator.fresh_name();
         body.push(Node::Let {
@@ -1407,12 +1693,31 @@ impl ArbitraryGenerator {
                 3 => Node::Continue,
                 _ => Node::Return,
             },
-            4 => Node::Atomic {
-                op: *self.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add),
-                buffer: self.name(),
-                index: self.expr(2),
-                value: self.expr(2),
-            },
+            4 => {
+                let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
+                match self.rng.below(3) {
+                    0 => Node::Atomic {
+                        op,
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        value: self.expr(2),
+                    },
+                    1 => Node::AtomicFetch {
+                        name: self.name(),
+                        op,
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        value: self.expr(2),
+                    },
+                    _ => Node::CompareExchange {
+                        name: self.name(),
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        expected: self.expr(1),
+                        value: self.expr(2),
+                    },
+                }
+            }
             5 => Node::WorkgroupReduce {
                 name: self.name(),
                 op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
@@ -1631,6 +1936,32 @@ impl Mutator {
             Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
                 name: name.clone(),
                 op: *op,
+                value: self.expr(value),
+            },
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::AtomicFetch {
+                name: name.clone(),
+                op: *op,
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => Node::CompareExchange {
+                name: name.clone(),
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                expected: self.expr(expected),
                 value: self.expr(value),
             },
             Node::While { condition, body } => Node::While {

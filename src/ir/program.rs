@@ -482,8 +482,29 @@ impl UnaryOp {
     }
 }
 
-/// Atomic read-modify-write operations on `u32` buffer elements. They return no
-/// value, so the final memory contents do not depend on the order threads ran in.
+/// Atomic read-modify-write operations on an integer buffer element (`u32`, `i32`,
+/// `u64` or `i64`) with an operand `v` of the element's value type. Each replaces the
+/// element `x` by: `Add` `x + v`, `Sub` `x - v` (both wrapping), `Min`/`Max` the
+/// smaller/larger (signed for `i32`/`i64`), `And`/`Or`/`Xor` the bitwise operation,
+/// `Exchange` `v`. [`Node::AtomicFetch`] also returns `x`; [`Node::Atomic`] does not.
+///
+/// # Which results depend on the order threads run in
+///
+/// Threads of a dispatch reach an atomic in no defined order on the GPU; the reference
+/// interpreter applies one statement's atomics in ascending global thread id (lockstep
+/// order). What a program can rely on:
+/// - The final value of an element that several threads update with the **same**
+///   commutative operation (`Add`, `Sub`, `Min`, `Max`, `And`, `Or`, `Xor`) between two
+///   barriers does not depend on the order. Mixing two operations on one element
+///   (`(x + a) | b` is not `(x | b) + a`), or `Exchange` / compare-exchange with
+///   different operands, makes it order-dependent.
+/// - A **returned** value depends on the order as soon as two threads touch the same
+///   element: which thread sees which previous value is a race (a fetch-add that
+///   claims output slots hands out the same slots, to other threads). When every
+///   thread applies the same operation with the same operand, the *set* of returned
+///   values does not depend on the order, so an order-free use of them (their sum, or
+///   a constant stored at each claimed slot) gives the same bytes on the GPU and the
+///   reference; an element only one thread touches returns a deterministic value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum AtomicOp {
@@ -491,9 +512,25 @@ pub enum AtomicOp {
     Min,
     Max,
     Or,
+    Sub,
+    And,
+    Xor,
+    Exchange,
 }
 
 impl AtomicOp {
+    /// Every operation, for generators and exhaustive tests.
+    pub const ALL: [AtomicOp; 8] = [
+        AtomicOp::Add,
+        AtomicOp::Sub,
+        AtomicOp::Min,
+        AtomicOp::Max,
+        AtomicOp::And,
+        AtomicOp::Or,
+        AtomicOp::Xor,
+        AtomicOp::Exchange,
+    ];
+
     /// Lower-case name.
     pub const fn name(self) -> &'static str {
         match self {
@@ -501,7 +538,17 @@ impl AtomicOp {
             AtomicOp::Min => "min",
             AtomicOp::Max => "max",
             AtomicOp::Or => "or",
+            AtomicOp::Sub => "sub",
+            AtomicOp::And => "and",
+            AtomicOp::Xor => "xor",
+            AtomicOp::Exchange => "exchange",
         }
+    }
+
+    /// Whether applying it twice with any operands gives the same element in either
+    /// order (every operation but `Exchange`).
+    pub const fn commutes(self) -> bool {
+        !matches!(self, AtomicOp::Exchange)
     }
 }
 
@@ -712,8 +759,10 @@ pub enum Node {
     /// is visible to the grid after it. Needs grid-uniform control flow and a grid that
     /// fits on the device at once (launched cooperatively).
     GridSync,
-    /// Atomic read-modify-write of element `index` of a `u32` `ReadWrite` or
-    /// `Workgroup` buffer. Out-of-range indices do nothing (bounds checks on).
+    /// Atomic read-modify-write of element `index` of an integer (`u32`, `i32`, `u64`
+    /// or `i64`) `ReadWrite` or `Workgroup` buffer; see [`AtomicOp`] for the operations
+    /// and what depends on thread order. Out-of-range indices do nothing (bounds
+    /// checks on).
     Atomic {
         /// Operation.
         op: AtomicOp,
@@ -721,7 +770,42 @@ pub enum Node {
         buffer: Name,
         /// Element index, `u32`.
         index: Expr,
-        /// Operand, `u32`.
+        /// Operand, of the element's value type.
+        value: Expr,
+    },
+    /// `let name = atomic_fetch_<op>(&buffer[index], value);`: [`Node::Atomic`] that
+    /// also declares an immutable variable holding the element's value from just
+    /// before this thread's operation (an out-of-range index, with bounds checks on,
+    /// changes nothing and gives 0). Which value a thread gets depends on the order
+    /// of the threads that touch the element ([`AtomicOp`]).
+    AtomicFetch {
+        /// Variable holding the previous value (the element's value type).
+        name: Name,
+        /// Operation.
+        op: AtomicOp,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// Operand, of the element's value type.
+        value: Expr,
+    },
+    /// `let name = atomic_compare_exchange(&buffer[index], expected, value);`: one
+    /// atomic step that replaces the element by `value` when it equals `expected`,
+    /// and declares an immutable variable holding the element's previous value (so
+    /// the exchange happened exactly when `name == expected`). Same buffers, bounds
+    /// and order rules as [`Node::AtomicFetch`]: which of several threads racing on
+    /// one element wins depends on thread order.
+    CompareExchange {
+        /// Variable holding the previous value (the element's value type).
+        name: Name,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// The value the element must hold, of its value type.
+        expected: Expr,
+        /// The value it then gets, of its value type.
         value: Expr,
     },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every

@@ -75,17 +75,23 @@ fn expr_children_mut(expr: &mut Expr) -> [Option<&mut Box<Expr>>; 3] {
 }
 
 /// The expressions of a node, in evaluation order.
-pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 2] {
+pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
     match node {
-        Node::Let { value, .. } | Node::Assign { value, .. } => [Some(value), None],
-        Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
-            [Some(index), Some(value)]
-        }
-        Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None],
-        Node::Loop { start, end, .. } => [Some(start), Some(end)],
-        Node::WorkgroupReduce { value, .. } => [Some(value), None],
+        Node::Let { value, .. } | Node::Assign { value, .. } => [Some(value), None, None],
+        Node::Store { index, value, .. }
+        | Node::Atomic { index, value, .. }
+        | Node::AtomicFetch { index, value, .. } => [Some(index), Some(value), None],
+        Node::CompareExchange {
+            index,
+            expected,
+            value,
+            ..
+        } => [Some(index), Some(expected), Some(value)],
+        Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None, None],
+        Node::Loop { start, end, .. } => [Some(start), Some(end), None],
+        Node::WorkgroupReduce { value, .. } => [Some(value), None, None],
         Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
-            [None, None]
+            [None, None, None]
         }
     }
 }
@@ -367,6 +373,32 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
             },
         ) => ox == oy && x == y,
         (
+            Node::AtomicFetch {
+                name: nx,
+                op: ox,
+                buffer: x,
+                ..
+            },
+            Node::AtomicFetch {
+                name: ny,
+                op: oy,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && ox == oy && x == y,
+        (
+            Node::CompareExchange {
+                name: nx,
+                buffer: x,
+                ..
+            },
+            Node::CompareExchange {
+                name: ny,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && x == y,
+        (
             Node::WorkgroupReduce {
                 name: x, op: ox, ..
             },
@@ -501,6 +533,17 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
         | Node::Loop { variable: name, .. } => name.hash(state),
         Node::Atomic { op, buffer, .. } => {
             op.hash(state);
+            buffer.hash(state);
+        }
+        Node::AtomicFetch {
+            name, op, buffer, ..
+        } => {
+            name.hash(state);
+            op.hash(state);
+            buffer.hash(state);
+        }
+        Node::CompareExchange { name, buffer, .. } => {
+            name.hash(state);
             buffer.hash(state);
         }
         Node::WorkgroupReduce { name, op, .. } => {

@@ -121,7 +121,8 @@ pub enum Rule {
     UnknownBuffer,
     /// A store targets a `ReadOnly` buffer.
     StoreToReadOnly,
-    /// An atomic targets a buffer that is not `u32` with `ReadWrite` or `Workgroup` access.
+    /// An atomic targets a buffer that is not an integer buffer (`u32`, `i32`, `u64`,
+    /// `i64`) with `ReadWrite` or `Workgroup` access.
     AtomicBuffer,
     /// An operand, index, value or condition has the wrong type.
     TypeMismatch,
@@ -384,6 +385,7 @@ enum VarKind {
     Let { mutable: bool },
     LoopVariable,
     ReduceResult,
+    AtomicResult,
 }
 
 struct VarInfo {
@@ -1158,6 +1160,7 @@ impl<'p> Checker<'p> {
                     let what = match kind {
                         VarKind::LoopVariable => "a loop variable",
                         VarKind::ReduceResult => "a workgroup reduction result",
+                        VarKind::AtomicResult => "the result of an atomic",
                         VarKind::Let { .. } => "declared without `mut`",
                     };
                     return Err(ValidationError::new(Rule::AssignToImmutable, {
@@ -1263,26 +1266,29 @@ impl<'p> Checker<'p> {
                 index,
                 value,
             } => {
-                let decl = self.buffer(buffer, node)?;
-                let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
-                if decl.elem != ElemType::U32 || !access_ok {
-                    return Err(ValidationError::new(Rule::AtomicBuffer, {
-                        let buffer = shown(buffer);
-                        format!(
-                            "make buffer `{buffer}` a u32 buffer with read_write or workgroup \
-                             access, or use another buffer: the atomic {} targets a {} {} buffer",
-                            self.at(node),
-                            decl.access.name(),
-                            decl.elem.name()
-                        )
-                    }));
-                }
-                let mark = self.deps.len();
-                let (index_ty, _) = self.expr(index, node, depth + 1)?;
-                self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
-                let (value_ty, _) = self.expr(value, node, depth + 1)?;
-                self.expect_type(value_ty, ScalarType::U32, "the atomic operand", node)?;
-                self.deps.truncate(mark);
+                self.atomic_operands(node, buffer, index, None, value, depth)?;
+                Ok(Exits::default())
+            }
+            Node::AtomicFetch {
+                name,
+                op: _,
+                buffer,
+                index,
+                value,
+            } => {
+                let ty = self.atomic_operands(node, buffer, index, None, value, depth)?;
+                self.declare_atomic_result(name, ty, context, node)?;
+                Ok(Exits::default())
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                let ty = self.atomic_operands(node, buffer, index, Some(expected), value, depth)?;
+                self.declare_atomic_result(name, ty, context, node)?;
                 Ok(Exits::default())
             }
             Node::WorkgroupReduce { name, op: _, value } => {
@@ -1486,6 +1492,61 @@ impl<'p> Checker<'p> {
                 Ok((ScalarType::U32, level))
             }
         }
+    }
+
+    /// The rules every atomic shares: an integer `read_write` or `workgroup` buffer, a
+    /// `u32` index, operands (`expected` too) of the element's value type, which it
+    /// returns.
+    fn atomic_operands(
+        &mut self,
+        node: &Node,
+        buffer: &'p Name,
+        index: &'p Expr,
+        expected: Option<&'p Expr>,
+        value: &'p Expr,
+        depth: u32,
+    ) -> Checked<ScalarType> {
+        let decl = self.buffer(buffer, node)?;
+        let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
+        let ty = decl.elem.value_type();
+        if decl.elem == ElemType::U8 || !ty.is_integer() || !access_ok {
+            return Err(ValidationError::new(Rule::AtomicBuffer, {
+                let buffer = shown(buffer);
+                format!(
+                    "make buffer `{buffer}` an integer (u32, i32, u64 or i64) buffer with \
+                     read_write or workgroup access, or use another buffer: the atomic {} \
+                     targets a {} {} buffer",
+                    self.at(node),
+                    decl.access.name(),
+                    decl.elem.name()
+                )
+            }));
+        }
+        let mark = self.deps.len();
+        let (index_ty, _) = self.expr(index, node, depth + 1)?;
+        self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
+        if let Some(expected) = expected {
+            let (expected_ty, _) = self.expr(expected, node, depth + 1)?;
+            self.expect_type(expected_ty, ty, "the expected value", node)?;
+        }
+        let (value_ty, _) = self.expr(value, node, depth + 1)?;
+        self.expect_type(value_ty, ty, "the atomic operand", node)?;
+        self.deps.truncate(mark);
+        Ok(ty)
+    }
+
+    /// The variable an atomic returns into: immutable, and divergent (which value a
+    /// thread gets depends on the others).
+    fn declare_atomic_result(
+        &mut self,
+        name: &'p Name,
+        ty: ScalarType,
+        context: u32,
+        node: &Node,
+    ) -> Checked<()> {
+        let level_node = self.new_level_node(Level::Divergent);
+        self.edge(context, level_node);
+        self.declare(name, ty, VarKind::AtomicResult, level_node, node)
     }
 
     fn subgroup_allowed(&self, expr: &Expr, node: &Node) -> Checked<()> {

@@ -14,10 +14,10 @@
 
 use std::collections::HashMap;
 
-use super::ops::{BinaryKind, CastKind, UnaryKind};
+use super::ops::{AtomicKind, BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
-    AtomicOp, BinaryOp, BufferDecl, Builtin, Expr, Name, Node, Program, ReduceOp, ScalarType,
-    UnaryOp,
+    AtomicOp, BinaryOp, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program, ReduceOp,
+    ScalarType, UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -134,12 +134,15 @@ pub(crate) enum CompiledNode {
     Barrier,
     /// Grid sync (a no-op in lockstep execution).
     GridSync,
-    /// Atomic read-modify-write.
+    /// Atomic read-modify-write; `slot` receives the previous value (a fetch or a
+    /// compare-exchange), `expected` is a compare-exchange's.
     Atomic {
-        op: AtomicOp,
+        kind: AtomicKind,
         buffer: usize,
         index: CompiledExpr,
         value: CompiledExpr,
+        expected: Option<Box<CompiledExpr>>,
+        slot: Option<usize>,
     },
     /// Workgroup reduction into a slot.
     WorkgroupReduce {
@@ -231,10 +234,19 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
         .map(|node| match node {
             CompiledNode::SetVariable { value, .. }
             | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
-            CompiledNode::Store { index, value, .. }
-            | CompiledNode::Atomic { index, value, .. } => {
+            CompiledNode::Store { index, value, .. } => {
                 temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
             }
+            // Indices, operands, expected values, then the previous values.
+            CompiledNode::Atomic {
+                index,
+                value,
+                expected,
+                ..
+            } => temporaries_of_expr(index)
+                .max(1 + temporaries_of_expr(value))
+                .max(2 + expected.as_deref().map_or(0, temporaries_of_expr))
+                .max(4),
             // Condition, then the two lane lists; each arm runs with both lists held.
             CompiledNode::If {
                 condition,
@@ -322,9 +334,19 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             Node::Let { value, .. }
             | Node::Assign { value, .. }
             | Node::WorkgroupReduce { value, .. } => expr_depth(value, depth + 1),
-            Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
+            Node::Store { index, value, .. }
+            | Node::Atomic { index, value, .. }
+            | Node::AtomicFetch { index, value, .. } => {
                 expr_depth(index, depth + 1).max(expr_depth(value, depth + 1))
             }
+            Node::CompareExchange {
+                index,
+                expected,
+                value,
+                ..
+            } => expr_depth(index, depth + 1)
+                .max(expr_depth(expected, depth + 1))
+                .max(expr_depth(value, depth + 1)),
             Node::If {
                 condition,
                 then_body,
@@ -595,18 +617,21 @@ impl<'p> Compiler<'p> {
                 buffer,
                 index,
                 value,
-            } => {
-                // Validated: a u32 read-write or workgroup buffer.
-                let (buffer, _) = self.buffer(buffer)?;
-                let (index, _) = self.expr(index)?;
-                let (value, _) = self.expr(value)?;
-                CompiledNode::Atomic {
-                    op: *op,
-                    buffer,
-                    index,
-                    value,
-                }
-            }
+            } => self.atomic(Some(*op), buffer, index, None, value, None)?,
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => self.atomic(Some(*op), buffer, index, None, value, Some(name))?,
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => self.atomic(None, buffer, index, Some(expected), value, Some(name))?,
             Node::WorkgroupReduce { name, op, value } => {
                 let (value, _) = self.expr(value)?;
                 let slot = self.declare(name, ScalarType::U32);
@@ -735,6 +760,39 @@ impl<'p> Compiler<'p> {
         })
     }
 
+    /// Any atomic: `op`, or a compare-exchange when `None`. Validated: an integer
+    /// read-write or workgroup buffer and operands of its value type.
+    fn atomic(
+        &mut self,
+        op: Option<AtomicOp>,
+        buffer: &Name,
+        index: &Expr,
+        expected: Option<&Expr>,
+        value: &Expr,
+        result: Option<&Name>,
+    ) -> Result<CompiledNode, String> {
+        let (buffer, decl) = self.buffer(buffer)?;
+        let kind = match op {
+            Some(op) => atomic_kind(op, decl.elem),
+            None => AtomicKind::CompareExchange,
+        };
+        let (index, _) = self.expr(index)?;
+        let expected = match expected {
+            Some(expected) => Some(Box::new(self.expr(expected)?.0)),
+            None => None,
+        };
+        let (value, ty) = self.expr(value)?;
+        let slot = result.map(|name| self.declare(name, ty));
+        Ok(CompiledNode::Atomic {
+            kind,
+            buffer,
+            index,
+            value,
+            expected,
+            slot,
+        })
+    }
+
     fn binary_kind(
         &self,
         op: BinaryOp,
@@ -852,6 +910,27 @@ impl<'p> Compiler<'p> {
             }
         };
         Ok((kind, result))
+    }
+}
+
+/// The atomic operation `op` on an element of type `elem` (min and max are signed
+/// for `i32` and `i64`).
+fn atomic_kind(op: AtomicOp, elem: ElemType) -> AtomicKind {
+    let signed = matches!(elem, ElemType::I32 | ElemType::I64);
+    let wide = matches!(elem, ElemType::U64 | ElemType::I64);
+    match op {
+        AtomicOp::Add => AtomicKind::Add,
+        AtomicOp::Sub => AtomicKind::Sub,
+        AtomicOp::Min if !signed => AtomicKind::UnsignedMin,
+        AtomicOp::Max if !signed => AtomicKind::UnsignedMax,
+        AtomicOp::Min if wide => AtomicKind::I64Min,
+        AtomicOp::Max if wide => AtomicKind::I64Max,
+        AtomicOp::Min => AtomicKind::I32Min,
+        AtomicOp::Max => AtomicKind::I32Max,
+        AtomicOp::And => AtomicKind::And,
+        AtomicOp::Or => AtomicKind::Or,
+        AtomicOp::Xor => AtomicKind::Xor,
+        AtomicOp::Exchange => AtomicKind::Exchange,
     }
 }
 

@@ -19,7 +19,7 @@
 use super::compile::{CompiledExpr, CompiledNode, CompiledProgram, Leaves};
 use super::ops::{self, BinaryKind, CastKind, UnaryKind};
 use super::{ReferenceError, ReferenceStats};
-use crate::ir::{AtomicOp, ElemType, Program, ReduceOp};
+use crate::ir::{ElemType, Program, ReduceOp};
 
 /// The contents of one buffer (all workgroup instances for a workgroup buffer).
 pub(crate) enum Storage {
@@ -689,16 +689,36 @@ impl<'a, W: Word> Machine<'a, W> {
                 // Lockstep execution: every lane that will reach this point already has.
             }
             CompiledNode::Atomic {
-                op,
+                kind,
                 buffer,
                 index,
                 value,
+                expected,
+                slot,
             } => {
                 let indices = self.eval(index, lanes)?;
-                let values = self.eval(value, lanes)?;
-                let result = self.atomic(*op, *buffer, lanes, &indices, &values);
+                let expected = match expected {
+                    Some(expected) => Some(self.eval(expected, lanes)?),
+                    None => None,
+                };
+                let mut values = self.eval(value, lanes)?;
+                let operands = AtomicOperands {
+                    kind: *kind,
+                    buffer: *buffer,
+                    indices: &indices,
+                    expected: expected.as_deref(),
+                };
+                let result = self.atomic(operands, lanes, &mut values);
+                if result.is_ok() {
+                    if let Some(slot) = slot {
+                        self.scatter(*slot, lanes, &values);
+                    }
+                }
                 self.give(indices);
                 self.give(values);
+                if let Some(expected) = expected {
+                    self.give(expected);
+                }
                 result?;
             }
             CompiledNode::WorkgroupReduce { slot, op, value } => {
@@ -899,30 +919,35 @@ impl<'a, W: Word> Machine<'a, W> {
         Ok(())
     }
 
+    /// One atomic statement for `lanes`, in ascending lane order (the order the
+    /// reference defines; see `AtomicOp`): each lane's operand in `values` is
+    /// replaced by the element's value before its own operation (0 for an index out
+    /// of range, which changes nothing).
     fn atomic(
         &mut self,
-        op: AtomicOp,
-        buffer: usize,
+        operands: AtomicOperands<'_, W>,
         lanes: &[u32],
-        indices: &[W],
-        values: &[W],
+        values: &mut [W],
     ) -> Result<(), ReferenceError> {
-        for ((&lane, &index), &value) in lanes.iter().zip(indices).zip(values) {
+        let AtomicOperands {
+            kind,
+            buffer,
+            indices,
+            expected,
+        } = operands;
+        for (position, (&lane, &index)) in lanes.iter().zip(indices).enumerate() {
             let Some(address) =
                 self.address("applies an atomic to", buffer, lane, index_of(index))?
             else {
+                values[position] = W::default();
                 continue;
             };
             let storage = &mut self.buffers[buffer].storage;
-            let old = storage.read(address) as u32;
-            let value = index_of(value);
-            let new = match op {
-                AtomicOp::Add => old.wrapping_add(value),
-                AtomicOp::Min => old.min(value),
-                AtomicOp::Max => old.max(value),
-                AtomicOp::Or => old | value,
-            };
-            storage.write(address, u64::from(new));
+            let old = storage.read(address);
+            let compare = expected.map_or(0, |expected| expected[position].bits());
+            let new = ops::atomic(kind, old, values[position].bits(), compare);
+            storage.write(address, new);
+            values[position] = W::from_bits(old);
         }
         Ok(())
     }
@@ -1079,6 +1104,15 @@ impl<'a, W: Word> Machine<'a, W> {
             run_start = run_end;
         }
     }
+}
+
+/// What an atomic statement applies, besides each lane's operand.
+struct AtomicOperands<'v, W> {
+    kind: ops::AtomicKind,
+    buffer: usize,
+    indices: &'v [W],
+    /// A compare-exchange's expected values.
+    expected: Option<&'v [W]>,
 }
 
 /// Which per-lane table a gather reads.

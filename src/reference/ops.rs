@@ -208,6 +208,66 @@ pub(crate) enum CastKind {
     F32ToI64,
 }
 
+/// An atomic operation with the element's signedness resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicKind {
+    /// Wrapping add (either width: the store keeps the element's bits).
+    Add,
+    /// Wrapping subtract.
+    Sub,
+    /// Unsigned minimum (`u32` or `u64`).
+    UnsignedMin,
+    /// Unsigned maximum.
+    UnsignedMax,
+    /// Signed 32-bit minimum.
+    I32Min,
+    /// Signed 32-bit maximum.
+    I32Max,
+    /// Signed 64-bit minimum.
+    I64Min,
+    /// Signed 64-bit maximum.
+    I64Max,
+    /// Bitwise and.
+    And,
+    /// Bitwise or.
+    Or,
+    /// Bitwise xor.
+    Xor,
+    /// The operand replaces the element.
+    Exchange,
+    /// The operand replaces the element if it equals the expected value.
+    CompareExchange,
+}
+
+/// The element's new value (before the store keeps its bits) for an atomic of `kind`
+/// on the element `old` with `operand` (and `expected`, for a compare-exchange); all
+/// zero-extended patterns.
+#[inline]
+pub(crate) fn atomic(kind: AtomicKind, old: u64, operand: u64, expected: u64) -> u64 {
+    let (old32, operand32) = (old as u32 as i32, operand as u32 as i32);
+    match kind {
+        AtomicKind::Add => old.wrapping_add(operand),
+        AtomicKind::Sub => old.wrapping_sub(operand),
+        AtomicKind::UnsignedMin => old.min(operand),
+        AtomicKind::UnsignedMax => old.max(operand),
+        AtomicKind::I32Min => old32.min(operand32) as u32 as u64,
+        AtomicKind::I32Max => old32.max(operand32) as u32 as u64,
+        AtomicKind::I64Min => (old as i64).min(operand as i64) as u64,
+        AtomicKind::I64Max => (old as i64).max(operand as i64) as u64,
+        AtomicKind::And => old & operand,
+        AtomicKind::Or => old | operand,
+        AtomicKind::Xor => old ^ operand,
+        AtomicKind::Exchange => operand,
+        AtomicKind::CompareExchange => {
+            if old == expected {
+                operand
+            } else {
+                old
+            }
+        }
+    }
+}
+
 /// The bits of an `f32` result, with every NaN replaced by the canonical NaN the
 /// GPU produces (x86 would give `0xffc00000` for `0.0 / 0.0`).
 #[inline(always)]

@@ -143,6 +143,16 @@ impl Display for Label {
     }
 }
 
+/// The parts of an atomic node the writer emits (`op` is `None` for a
+/// compare-exchange, which has `expected`).
+struct AtomicNode<'p> {
+    op: Option<AtomicOp>,
+    buffer: &'p str,
+    index: &'p Expr,
+    expected: Option<&'p Expr>,
+    value: &'p Expr,
+}
+
 /// Where `break` and `continue` of one loop branch to.
 #[derive(Clone, Copy, Debug)]
 struct LoopTargets {
@@ -802,23 +812,46 @@ impl<'p> Writer<'p> {
                 index,
                 value,
             } => {
-                let slot = self.buffer(buffer)?;
-                let index = self.index(index)?;
-                let value = self.expr(value)?;
-                let guard = self.bounds_guard(slot, index);
-                let address = self.element_address(slot, index);
-                let space = self.buffers[slot].space.name();
-                let operation = match op {
-                    AtomicOp::Add => "add.u32",
-                    AtomicOp::Min => "min.u32",
-                    AtomicOp::Max => "max.u32",
-                    AtomicOp::Or => "or.b32",
+                let operands = AtomicNode {
+                    op: Some(*op),
+                    buffer,
+                    index,
+                    expected: None,
+                    value,
                 };
-                emit!(
-                    self,
-                    "{}red.{space}.{operation} [{address}], {value};",
-                    Guard(guard)
-                );
+                self.atomic(operands, None)?;
+            }
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                let operands = AtomicNode {
+                    op: Some(*op),
+                    buffer,
+                    index,
+                    expected: None,
+                    value,
+                };
+                self.atomic(operands, Some(name))?;
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                let operands = AtomicNode {
+                    op: None,
+                    buffer,
+                    index,
+                    expected: Some(expected),
+                    value,
+                };
+                self.atomic(operands, Some(name))?;
             }
             Node::WorkgroupReduce { .. } => {
                 return Err(internal(format_args!(
@@ -828,6 +861,70 @@ impl<'p> Writer<'p> {
             // Under the result ABI every thread must count itself finished.
             Node::Return if self.results => emit!(self, "bra {RESULTS_LABEL};"),
             Node::Return => emit!(self, "ret;"),
+        }
+        Ok(())
+    }
+
+    /// An atomic: `red` when nothing is returned and the operation has a reduction
+    /// form, `atom` (whose previous value lands in a register bound to `result`)
+    /// otherwise. Subtraction adds the negated operand (PTX has no atomic `sub`). With
+    /// bounds checks on, an out-of-range index skips the instruction and the result
+    /// is the 0 written before it.
+    fn atomic(&mut self, atomic: AtomicNode<'p>, result: Option<&'p str>) -> Result<()> {
+        let slot = self.buffer(atomic.buffer)?;
+        let index = self.index(atomic.index)?;
+        let expected = match atomic.expected {
+            Some(expected) => Some(self.expr(expected)?),
+            None => None,
+        };
+        let mut value = self.expr(atomic.value)?;
+        let elem = self.buffers[slot].decl.elem;
+        let ty = elem.value_type();
+        let bits = RegClass::of(ty).ptx_type();
+        let width = if ty.is_wide() { "64" } else { "32" };
+        let (operation, suffix) = match atomic.op {
+            Some(AtomicOp::Add) => ("add", if ty.is_wide() { "u64" } else { "u32" }),
+            Some(AtomicOp::Sub) => {
+                value = self.negate(value);
+                ("add", if ty.is_wide() { "u64" } else { "u32" })
+            }
+            Some(AtomicOp::Min) => ("min", arithmetic_type(ty)),
+            Some(AtomicOp::Max) => ("max", arithmetic_type(ty)),
+            Some(AtomicOp::And) => ("and", bits),
+            Some(AtomicOp::Or) => ("or", bits),
+            Some(AtomicOp::Xor) => ("xor", bits),
+            Some(AtomicOp::Exchange) => ("exch", bits),
+            None => ("cas", bits),
+        };
+        let guard = self.bounds_guard(slot, index);
+        let address = self.element_address(slot, index);
+        let space = self.buffers[slot].space.name();
+        if result.is_none() && atomic.op.is_some_and(AtomicOp::commutes) {
+            emit!(
+                self,
+                "{}red.{space}.{operation}.{suffix} [{address}], {value};",
+                Guard(guard)
+            );
+            return Ok(());
+        }
+        let previous = self.value(ty);
+        if guard.is_some() {
+            emit!(self, "mov.b{width} {previous}, 0;");
+        }
+        match expected {
+            Some(expected) => emit!(
+                self,
+                "{}atom.{space}.{operation}.{suffix} {previous}, [{address}], {expected}, {value};",
+                Guard(guard)
+            ),
+            None => emit!(
+                self,
+                "{}atom.{space}.{operation}.{suffix} {previous}, [{address}], {value};",
+                Guard(guard)
+            ),
+        }
+        if let Some(name) = result {
+            self.bind(name, previous);
         }
         Ok(())
     }
