@@ -599,6 +599,48 @@ fn returning_atomics() -> Program {
         .build()
 }
 
+/// Per-thread arrays: a small one (zeroed by unrolled stores), a large one (zeroed
+/// by a loop), bytes and 64-bit elements, indexed at run time.
+fn local_arrays() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .local_array("tokens", 2, ElemType::U32, 8)
+        .local_array("window", 3, ElemType::U64, 40)
+        .local_array("text", 4, ElemType::U8, 5)
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            b.loop_("k", 0u32, 8u32, |b, k| {
+                b.store(
+                    "tokens",
+                    k.clone(),
+                    Expr::load("data", gid.clone() + k.clone()),
+                );
+                b.store("text", k.clone(), k.clone() * 7u32);
+            });
+            let picked = b.let_("picked", Expr::load("tokens", gid.clone().rem(9u32)));
+            b.store(
+                "window",
+                picked.clone(),
+                Expr::load("text", picked.clone()).cast(ScalarType::U64),
+            );
+            b.store("out", gid, Expr::load("window", picked));
+        })
+        .build()
+}
+
 fn grid_sync() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -1009,6 +1051,11 @@ fn fixtures() -> Vec<Fixture> {
         fixture("loop_control", loop_control()),
         fixture("every_op_64", every_op_64()),
         fixture("returning_atomics", returning_atomics()),
+        fixture("local_arrays", local_arrays()),
+        Fixture {
+            options: UNCHECKED,
+            ..fixture("local_arrays_unchecked", local_arrays())
+        },
         Fixture {
             options: UNCHECKED,
             ..fixture("returning_atomics_unchecked", returning_atomics())
@@ -1246,7 +1293,9 @@ fn unguarded_accesses(ptx: &str) -> Vec<String> {
                 || line.starts_with("ld.shared")
                 || line.starts_with("red.shared")
                 || line.starts_with("atom.shared")
-                || (line.starts_with("st.shared") && !line.ends_with("], 0;"));
+                || line.starts_with("ld.local")
+                || (line.starts_with("st.shared") && !line.ends_with("], 0;"))
+                || (line.starts_with("st.local") && !line.ends_with("], 0;"));
             access && !line.contains(GRID_BARRIER_SYMBOL) && !line.starts_with("ld.acquire")
         })
         .map(str::to_string)

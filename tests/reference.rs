@@ -1197,6 +1197,79 @@ fn compare_exchange_signed_wide_and_workgroup_atomics() {
     assert_eq!(rows[4], [0, u64::MAX, 0, u64::MAX]);
 }
 
+/// Locks out local arrays shared between threads, kept across kernel runs, indexed
+/// at compile time only, or unchecked: each of 4 threads fills its own array with
+/// `10 * thread + j`, reads it back rotated by a run-time index, reads past its end
+/// (0) and stores past its end (nothing); a second kernel run starts from zeros.
+#[test]
+fn local_arrays_are_per_thread_zeroed_and_bounds_checked() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .local_array("scratch", 1, ElemType::U32, 3)
+        .local_array("bytes", 2, ElemType::U8, 2)
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            // Zero at the start of every kernel run, whatever the last run left.
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 3u32,
+                Expr::load("scratch", 2u32) + Expr::load("out", lane.clone() * 4u32 + 3u32),
+            );
+            blk.loop_("j", 0u32, 3u32, |blk, j| {
+                blk.store("scratch", j.clone(), lane.clone() * 10u32 + j);
+            });
+            blk.store("scratch", 3u32, 99u32);
+            blk.store("bytes", lane.clone(), 0x1ffu32);
+            let rotated = (lane.clone() + 1u32) % 3u32;
+            blk.store("out", lane.clone() * 4u32, Expr::load("scratch", rotated));
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 1u32,
+                Expr::load("scratch", 3u32) + Expr::load("scratch", lane.clone() + 100u32),
+            );
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 2u32,
+                Expr::load("bytes", lane.clone()) + Expr::load("bytes", 1u32),
+            );
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[&[0; 64]],
+        &DispatchConfig::linear(1).with_fixpoint_iterations(2),
+    );
+    assert_eq!(
+        out[0],
+        [
+            // Lane 0 reads its element 1; nothing past the end; byte 0 holds 0xff and
+            // byte 1 is lane 0's own, never written.
+            1,
+            0,
+            0xff,
+            0, //
+            12,
+            0,
+            0xff + 0xff,
+            0, // lane 1 wrote byte 1 itself
+            20,
+            0,
+            0,
+            0, // lanes 2 and 3 store past the byte array's end
+            31,
+            0,
+            0,
+            0,
+        ]
+    );
+}
+
 /// Locks out a `while` loop with one trip count for every lane (or one that
 /// re-enters finished lanes): each lane counts its own Collatz steps, 0 to 16 of
 /// them, and a lane whose condition fails first waits for the others.

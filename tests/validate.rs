@@ -638,6 +638,67 @@ fn atomic_results_are_immutable_and_divergent() {
     }));
 }
 
+/// Locks out local arrays the kernel cannot declare or the device cannot hold: a
+/// runtime count, zero elements, a byte size that overflows, more than
+/// `MAX_LOCAL_ARRAY_BYTES` per thread (alone or together), and atomics on them (a
+/// thread's own memory has nothing to be atomic against). Exactly the limit passes.
+#[test]
+fn local_arrays_need_a_static_count_within_the_per_thread_budget() {
+    use vyre_cuda::ir::validate::MAX_LOCAL_ARRAY_BYTES;
+    let local = |count: BufferCount, elem: ElemType| {
+        Program::builder([32, 1, 1])
+            .buffer("scratch", 0, Access::Local, elem, count)
+            .body(|b| {
+                b.store("scratch", Expr::local_id(Axis::X), 1u32);
+            })
+            .build()
+    };
+    expect_rule(
+        &local(BufferCount::Runtime, ElemType::U32),
+        Rule::LocalArrayNeedsStaticCount,
+        &["scratch", "static"],
+    );
+    expect_rule(
+        &local(BufferCount::Static(0), ElemType::U32),
+        Rule::ZeroCount,
+        &["scratch"],
+    );
+    expect_rule(
+        &local(BufferCount::Static(u32::MAX), ElemType::U32),
+        Rule::CountOverflow,
+        &["scratch"],
+    );
+    let words = MAX_LOCAL_ARRAY_BYTES / 4;
+    expect_rule(
+        &local(BufferCount::Static(words + 1), ElemType::U32),
+        Rule::LocalMemoryOverLimit,
+        &["scratch", "16388", "16384"],
+    );
+    expect_valid(&local(BufferCount::Static(words), ElemType::U32));
+    let two = Program::builder([1, 1, 1])
+        .local_array("first", 0, ElemType::U64, words / 4)
+        .local_array("second", 1, ElemType::U8, MAX_LOCAL_ARRAY_BYTES / 2 + 1)
+        .build();
+    expect_rule(&two, Rule::LocalMemoryOverLimit, &["second", "16385"]);
+    let atomic = Program::builder([1, 1, 1])
+        .local_array("scratch", 0, ElemType::U32, 4)
+        .body(|b| {
+            b.atomic_fetch("old", AtomicOp::Add, "scratch", 0u32, 1u32);
+        })
+        .build();
+    expect_rule(&atomic, Rule::AtomicBuffer, &["scratch", "local"]);
+    // A value read from a local array differs between threads.
+    let p = Program::builder([32, 1, 1])
+        .local_array("scratch", 0, ElemType::U32, 4)
+        .body(|b| {
+            b.if_(Expr::load("scratch", 0u32).equals(0u32), |b| {
+                b.barrier();
+            });
+        })
+        .build();
+    expect_rule(&p, Rule::DivergentBarrier, &["entry[0].then[0]"]);
+}
+
 // ---- types ------------------------------------------------------------------------------
 
 fn literal(ty: ScalarType) -> Expr {
@@ -1418,6 +1479,8 @@ fn validation_never_panics_on_arbitrary_programs() {
         Rule::ZeroCount,
         Rule::CountOverflow,
         Rule::SharedMemoryOverLimit,
+        Rule::LocalArrayNeedsStaticCount,
+        Rule::LocalMemoryOverLimit,
         Rule::WorkgroupSizeZero,
         Rule::WorkgroupSizeOverAxisLimit,
         Rule::WorkgroupSizeOverThreadLimit,
@@ -1550,6 +1613,7 @@ fn generators_are_deterministic_and_cover_the_language() {
         "i32(",
         "bool(",
         " u8[",
+        " local ",
         " u64[",
         " i64[",
         "u64(",

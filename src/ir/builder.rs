@@ -59,6 +59,23 @@ impl ProgramBuilder {
         self
     }
 
+    /// Declare a per-thread array of `length` elements ([`Access::Local`]).
+    pub fn local_array(
+        self,
+        name: impl Into<Name>,
+        binding: u32,
+        elem: ElemType,
+        length: u32,
+    ) -> Self {
+        self.buffer(
+            name,
+            binding,
+            Access::Local,
+            elem,
+            BufferCount::Static(length),
+        )
+    }
+
     /// Declare a buffer from a ready declaration.
     pub fn buffer_decl(mut self, decl: BufferDecl) -> Self {
         self.buffers.push(decl);

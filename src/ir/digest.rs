@@ -80,6 +80,7 @@ pub(crate) fn compute_digest(program: &Program) -> Digest {
             Access::ReadWrite => 1,
             Access::WriteOnly => 2,
             Access::Workgroup => 3,
+            Access::Local => 4,
         });
         enc.u8(match b.elem {
             ElemType::U8 => 0,

@@ -106,6 +106,9 @@ pub struct GeneratorOptions {
     /// touches, or on a shared counter that every thread updates with one operation
     /// and one operand, with the returned values only summed into a tally.
     pub allow_returning_atomics: bool,
+    /// Generate per-thread local arrays ([`Access::Local`]), stored to and loaded
+    /// from at any index (in range or not).
+    pub allow_local_arrays: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -128,6 +131,7 @@ impl Default for GeneratorOptions {
             allow_while_loops: true,
             allow_64_bit: true,
             allow_returning_atomics: true,
+            allow_local_arrays: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -138,8 +142,8 @@ impl Default for GeneratorOptions {
 
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
-    /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics).
-    /// Those
+    /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics,
+    /// local arrays). Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
@@ -147,13 +151,17 @@ impl GeneratorOptions {
             allow_while_loops: false,
             allow_64_bit: false,
             allow_returning_atomics: false,
+            allow_local_arrays: false,
             ..self
         }
     }
 
     /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
     fn extended(&self) -> bool {
-        self.allow_while_loops || self.allow_64_bit || self.allow_returning_atomics
+        self.allow_while_loops
+            || self.allow_64_bit
+            || self.allow_returning_atomics
+            || self.allow_local_arrays
     }
 }
 
@@ -166,6 +174,7 @@ struct Drawn {
     while_loops: bool,
     wide: bool,
     atomics: bool,
+    local_arrays: bool,
 }
 
 impl Drawn {
@@ -174,12 +183,13 @@ impl Drawn {
             while_loops: options.allow_while_loops && rng.one_in(2),
             wide: options.allow_64_bit && rng.one_in(2),
             atomics: options.allow_returning_atomics && options.allow_atomics && rng.one_in(2),
+            local_arrays: options.allow_local_arrays && rng.one_in(2),
         }
     }
 
     /// Whether the program uses a construct that adds statements.
     fn any_statements(&self) -> bool {
-        self.while_loops || self.atomics
+        self.while_loops || self.atomics || self.local_arrays
     }
 
     /// Integer element types atomics draw from.
@@ -279,11 +289,12 @@ const COMMUTING_ATOMIC_OPS: [AtomicOp; 7] = [
 const ATOMIC_ELEMS_WIDE: [ElemType; 4] =
     [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
-const ACCESSES: [Access; 4] = [
+const ACCESSES: [Access; 5] = [
     Access::ReadOnly,
     Access::ReadWrite,
     Access::WriteOnly,
     Access::Workgroup,
+    Access::Local,
 ];
 
 fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
@@ -435,6 +446,8 @@ struct ValidGenerator {
     counters: Vec<(Name, ElemType)>,
     counter_update: CounterUpdate,
     tally: Option<Name>,
+    /// Local arrays (private to each thread: any index, any order) and their lengths.
+    local_arrays: Vec<(Name, ElemType, u32)>,
 }
 
 /// The one update of a program's shared counters: an operation (a compare-exchange
@@ -806,6 +819,7 @@ impl ValidGenerator {
             0 | 1 if self.drawn.while_loops && depth < 4 => (self.while_loop(depth), false),
             4 | 5 if self.drawn.atomics => (self.owned_atomic(), false),
             6 | 7 if self.drawn.atomics => (self.counter_atomic(), false),
+            4..=7 if self.drawn.local_arrays => (self.local_store(), false),
             2 | 3 if self.drawn.while_loops && self.loop_depth > 0 => {
                 let node = if choice == 2 {
                     Node::Break
@@ -827,6 +841,27 @@ impl ValidGenerator {
             }
             _ => (Vec::new(), false),
         }
+    }
+
+    /// `local[i] = v` into one of the thread's local arrays: any index, sometimes
+    /// past the end (the store then does nothing).
+    fn local_store(&mut self) -> Vec<Node> {
+        let count = self.local_arrays.len() as u64;
+        let chosen = self.rng.below(count) as usize;
+        let Some((buffer, elem, length)) = self.local_arrays.get(chosen).cloned() else {
+            return Vec::new();
+        };
+        let index = if self.rng.one_in(3) {
+            self.expr(ScalarType::U32, 2)
+        } else {
+            self.expr(ScalarType::U32, 2) % (length + 2)
+        };
+        let value = self.expr(elem.value_type(), self.expr_depth);
+        vec![Node::Store {
+            buffer,
+            index,
+            value,
+        }]
     }
 
     /// An atomic on the thread's own element of `owned` (at `gid`) or of
@@ -1119,6 +1154,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             expected: 0,
         },
         tally: None,
+        local_arrays: Vec::new(),
     };
     if options.extended() {
         generator.drawn = Drawn::draw(&mut generator.rng, options);
@@ -1196,6 +1232,22 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             BufferDecl::new("atom", 0, Access::ReadWrite, ElemType::U32, count),
             elements,
         ));
+    }
+    if generator.drawn.local_arrays {
+        for k in 0..rng.range(1, 2) {
+            let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
+            let length = rng.range(1, 12);
+            decls.push((
+                BufferDecl::new(
+                    format!("local{k}"),
+                    0,
+                    Access::Local,
+                    elem,
+                    BufferCount::Static(length),
+                ),
+                length,
+            ));
+        }
     }
     if generator.drawn.atomics {
         let atomic_elems = generator.drawn.atomic_elems();
@@ -1346,6 +1398,16 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     generator.counters.push((decl.name.clone(), decl.elem));
                 } else if name == "tally" {
                     generator.tally = Some(decl.name.clone());
+                }
+            }
+            Access::Local => {
+                if let BufferCount::Static(length) = decl.count {
+                    generator
+                        .local_arrays
+                        .push((decl.name.clone(), decl.elem, length));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
                 }
             }
             Access::Workgroup => {

@@ -161,6 +161,14 @@ pub enum Access {
     /// Per-workgroup shared memory (`.shared` in PTX): one instance per workgroup,
     /// zero at kernel start, not a kernel parameter, never read back. Needs a static count.
     Workgroup,
+    /// A per-thread array (`.local` in PTX): one instance per thread, zero at kernel
+    /// start, not a kernel parameter, never read back, no atomics. Needs a static
+    /// count; all of a program's local arrays together take at most
+    /// [`MAX_LOCAL_ARRAY_BYTES`](super::validate::MAX_LOCAL_ARRAY_BYTES) per thread.
+    /// Indexed at run time and bounds-checked like any buffer (an out-of-range load
+    /// reads 0, a store does nothing). ptxas keeps it in registers when it can resolve
+    /// every index, in the thread's local memory (its stack) otherwise.
+    Local,
 }
 
 impl Access {
@@ -171,6 +179,7 @@ impl Access {
             Access::ReadWrite => "read_write",
             Access::WriteOnly => "write_only",
             Access::Workgroup => "workgroup",
+            Access::Local => "local",
         }
     }
 
@@ -179,9 +188,10 @@ impl Access {
         matches!(self, Access::ReadWrite | Access::WriteOnly)
     }
 
-    /// True for buffers that are kernel parameters (everything but `Workgroup`).
+    /// True for buffers that are kernel parameters (everything but `Workgroup` and
+    /// `Local`).
     pub const fn is_global(self) -> bool {
-        !matches!(self, Access::Workgroup)
+        !matches!(self, Access::Workgroup | Access::Local)
     }
 }
 

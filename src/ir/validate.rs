@@ -55,6 +55,14 @@ pub const KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER: u32 = 8 + 4;
 pub const MAX_GLOBAL_BUFFERS: u32 =
     MAX_KERNEL_PARAMETER_BYTES / KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER;
 
+/// Most bytes of [`Access::Local`] arrays one program may declare (per thread, all
+/// of them together). The driver reserves a kernel's local memory for every thread
+/// that can be resident at once: 16 KiB per thread is 4.4 GB on an H200 (2,048
+/// threads on each of 132 SMs), and the reference interpreter holds a copy per thread
+/// of the grid. CUDA itself allows 512 KiB; a table that large belongs in a global or
+/// workgroup buffer.
+pub const MAX_LOCAL_ARRAY_BYTES: u32 = 16 * 1024;
+
 /// Prefix of names reserved for buffers and variables that lowering introduces.
 pub const RESERVED_PREFIX: &str = "__vyre";
 
@@ -104,6 +112,10 @@ pub enum Rule {
     CountOverflow,
     /// The `Workgroup` buffers together exceed the shared-memory limit.
     SharedMemoryOverLimit,
+    /// A `Local` array has a runtime count.
+    LocalArrayNeedsStaticCount,
+    /// The `Local` arrays together exceed [`MAX_LOCAL_ARRAY_BYTES`] per thread.
+    LocalMemoryOverLimit,
     /// A workgroup size axis is zero.
     WorkgroupSizeZero,
     /// A workgroup size axis exceeds the device's per-axis limit.
@@ -566,6 +578,7 @@ impl<'p> Checker<'p> {
             ));
         }
         let mut shared_bytes: u64 = 0;
+        let mut local_bytes: u64 = 0;
         for (position, decl) in buffers.iter().enumerate() {
             let name = &*decl.name;
             self.check_name(name, "buffer", &|| {
@@ -604,6 +617,16 @@ impl<'p> Checker<'p> {
                             },
                         ));
                     }
+                    if decl.access == Access::Local {
+                        return Err(ValidationError::new(Rule::LocalArrayNeedsStaticCount, {
+                            let name = shown(name);
+                            format!(
+                                "give local array `{name}` a static element count \
+                                 (BufferCount::Static): per-thread arrays are sized at compile \
+                                 time"
+                            )
+                        }));
+                    }
                 }
                 BufferCount::Static(0) => {
                     return Err(ValidationError::new(Rule::ZeroCount, {
@@ -623,10 +646,14 @@ impl<'p> Checker<'p> {
                                 let name = shown(name);
                                 format!(
                                     "shrink buffer `{name}`: {count} elements of {} do not fit in \
-                                     {} bytes (overflowing count); use a smaller static count or \
-                                     BufferCount::Runtime",
+                                     {} bytes (overflowing count); use a smaller static count{}",
                                     decl.elem.name(),
-                                    u32::MAX
+                                    u32::MAX,
+                                    if decl.access.is_global() {
+                                        " or BufferCount::Runtime"
+                                    } else {
+                                        ""
+                                    }
                                 )
                             }))
                         }
@@ -641,6 +668,20 @@ impl<'p> Checker<'p> {
                                      before it: together they need {shared_bytes} bytes of \
                                      shared memory, over the device limit of {} bytes",
                                     self.limits.max_shared_memory_bytes
+                                )
+                            }));
+                        }
+                    }
+                    if decl.access == Access::Local {
+                        local_bytes = local_bytes.saturating_add(bytes);
+                        if local_bytes > MAX_LOCAL_ARRAY_BYTES as u64 {
+                            return Err(ValidationError::new(Rule::LocalMemoryOverLimit, {
+                                let name = shown(name);
+                                format!(
+                                    "shrink local array `{name}` or the local arrays before it: \
+                                     together they need {local_bytes} bytes per thread, over \
+                                     the limit of {MAX_LOCAL_ARRAY_BYTES}; keep large tables in \
+                                     a global or workgroup buffer"
                                 )
                             }));
                         }

@@ -89,14 +89,25 @@ fn index_of<W: Word>(value: W) -> u32 {
     value.bits() as u32
 }
 
+/// Whose a buffer instance is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Instances {
+    /// One for the grid: a global buffer.
+    Grid,
+    /// One per workgroup: a workgroup buffer.
+    Workgroup,
+    /// One per thread: a local array.
+    Thread,
+}
+
 /// One buffer as the executor sees it.
 pub(crate) struct BufferStore {
     /// Name, for error messages.
     pub(crate) name: String,
     /// Elements in one instance (what `Length` reads and bounds checks compare to).
     pub(crate) length: u32,
-    /// True for workgroup buffers: one instance of `length` elements per workgroup.
-    pub(crate) per_workgroup: bool,
+    /// How many instances of `length` elements it has.
+    pub(crate) instances: Instances,
     /// The elements.
     pub(crate) storage: Storage,
 }
@@ -109,7 +120,7 @@ impl BufferStore {
         elem: ElemType,
         length: u32,
         instances: u64,
-        per_workgroup: bool,
+        per: Instances,
     ) -> Result<Self, ReferenceError> {
         let elements = length as u64 * instances;
         let storage = match elem {
@@ -122,7 +133,7 @@ impl BufferStore {
         Ok(BufferStore {
             name: name.to_owned(),
             length,
-            per_workgroup,
+            instances: per,
             storage,
         })
     }
@@ -449,7 +460,10 @@ impl<'a, W: Word> Machine<'a, W> {
     pub(crate) fn run_kernel(&mut self) -> Result<(), ReferenceError> {
         // Resetting every lane is work too: an empty body run u32::MAX times must stop.
         self.count_steps(self.grid.total_lanes as usize)?;
-        for buffer in self.buffers.iter_mut().filter(|b| b.per_workgroup) {
+        for buffer in self.buffers.iter_mut() {
+            if buffer.instances == Instances::Grid {
+                continue;
+            }
             buffer.clear();
         }
         self.alive.fill(true);
@@ -577,10 +591,12 @@ impl<'a, W: Word> Machine<'a, W> {
                 Err(self.out_of_range(verb, buffer, index, lane))
             };
         }
-        let base = if store.per_workgroup {
-            self.workgroup_of_lane[lane as usize] as usize * store.length as usize
-        } else {
-            0
+        let base = match store.instances {
+            Instances::Grid => 0,
+            Instances::Workgroup => {
+                self.workgroup_of_lane[lane as usize] as usize * store.length as usize
+            }
+            Instances::Thread => lane as usize * store.length as usize,
         };
         Ok(Some(base + index as usize))
     }
@@ -1039,7 +1055,8 @@ impl<'a, W: Word> Machine<'a, W> {
     fn load(&self, buffer: usize, lanes: &[u32], indices: &mut [W]) -> Result<(), ReferenceError> {
         let store = &self.buffers[buffer];
         let length = store.length;
-        if !store.per_workgroup && indices.iter().all(|&index| index_of(index) < length) {
+        let grid_wide = store.instances == Instances::Grid;
+        if grid_wide && indices.iter().all(|&index| index_of(index) < length) {
             // The common case: a global buffer read in range by every lane.
             let read = |index: &mut W| -> usize { index_of(*index) as usize };
             match &store.storage {

@@ -34,7 +34,8 @@
 //!   (past the subgroup size or the workgroup's end) **or is not active, the lane gets
 //!   its own value**. (The IR requires full subgroups, so valid lowered programs never
 //!   see this case.) `SubgroupReduce` reduces over the active lanes of the subgroup.
-//! - Workgroup buffers: one zeroed instance per workgroup per kernel run.
+//! - Workgroup buffers: one zeroed instance per workgroup per kernel run; local arrays
+//!   one zeroed instance per thread per kernel run.
 //! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
 //! - With `bounds_checks` off, an out-of-range access is an error naming the program,
 //!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
@@ -80,7 +81,7 @@ use crate::config::DispatchConfig;
 use crate::ir::{self, Access, BufferCount, Program, ProgramForm, ValidProgram};
 use crate::lower;
 
-use exec::{BufferStore, Grid, Machine, Storage};
+use exec::{BufferStore, Grid, Instances, Machine, Storage};
 
 /// Knobs of the reference interpreter that a dispatch config does not carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -435,13 +436,14 @@ fn check_memory(
         };
         buffer_bytes = buffer_bytes.saturating_add((input.len() as u64).saturating_mul(copies));
     }
-    for decl in program
-        .buffers()
-        .iter()
-        .filter(|decl| !decl.access.is_global())
-    {
+    for decl in program.buffers() {
+        let instances = match decl.access {
+            Access::Workgroup => workgroups,
+            Access::Local => lanes,
+            _ => continue,
+        };
         let instance = decl.static_size_bytes().unwrap_or(0);
-        buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(workgroups));
+        buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(instances));
     }
     // The compiled program was charged while it was built (`compile::compile`).
     let needed = lanes.saturating_mul(per_lane).saturating_add(buffer_bytes);
@@ -504,19 +506,22 @@ fn load_inputs(
     for (decl, input) in program.buffers().iter().zip(input_of) {
         let elem_size = decl.elem.size_bytes() as usize;
         let Some(input) = input else {
-            // A workgroup buffer: one zeroed instance per workgroup.
+            // A workgroup buffer (one zeroed instance per workgroup) or a local array
+            // (one per thread).
             let BufferCount::Static(count) = decl.count else {
                 return Err(ReferenceError::new(format!(
-                    "Fix: workgroup buffer '{}' of {name} is runtime-sized; give it a static count.",
+                    "Fix: {} buffer '{}' of {name} is runtime-sized; give it a static count.",
+                    decl.access.name(),
                     decl.name
                 )));
             };
+            let (instances, per) = if decl.access == Access::Local {
+                (u64::from(grid.total_lanes), Instances::Thread)
+            } else {
+                (workgroup_count, Instances::Workgroup)
+            };
             buffers.push(BufferStore::zeroed(
-                &decl.name,
-                decl.elem,
-                count,
-                workgroup_count,
-                true,
+                &decl.name, decl.elem, count, instances, per,
             )?);
             continue;
         };
@@ -551,7 +556,7 @@ fn load_inputs(
                 })?
             }
         };
-        let mut store = BufferStore::zeroed(&decl.name, decl.elem, length, 1, false)?;
+        let mut store = BufferStore::zeroed(&decl.name, decl.elem, length, 1, Instances::Grid)?;
         if decl.access != Access::WriteOnly {
             match &mut store.storage {
                 Storage::Bytes(bytes) => bytes.copy_from_slice(input),

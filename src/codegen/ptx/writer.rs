@@ -17,8 +17,8 @@ use std::fmt::{self, Display, Write};
 
 use crate::config::CodegenOptions;
 use crate::ir::{
-    AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node, Program,
-    ReduceOp, ScalarType, UnaryOp, ValidProgram,
+    Access, AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node,
+    Program, ReduceOp, ScalarType, UnaryOp, ValidProgram,
 };
 
 use super::{
@@ -164,6 +164,7 @@ struct LoopTargets {
 enum Space {
     Global,
     Shared,
+    Local,
 }
 
 impl Space {
@@ -171,6 +172,7 @@ impl Space {
         match self {
             Space::Global => "global",
             Space::Shared => "shared",
+            Space::Local => "local",
         }
     }
 }
@@ -197,8 +199,9 @@ struct BufferSlot<'p> {
     /// 64-bit base address (global, or in the shared window).
     base: Reg,
     length: Length,
-    /// For workgroup buffers: the `.shared` symbol and its padded size in bytes.
-    shared: Option<(String, u32)>,
+    /// For workgroup buffers and local arrays: the `.shared` or `.local` symbol and
+    /// its padded size in bytes.
+    symbol: Option<(String, u32)>,
 }
 
 /// Walks one program once and produces its PTX module.
@@ -390,33 +393,54 @@ impl<'p> Writer<'p> {
                 space: Space::Global,
                 base,
                 length,
-                shared: None,
+                symbol: None,
             });
         }
 
-        let mut shared: Vec<&'p BufferDecl> = program
+        if self.declare_arrays(Space::Shared) {
+            self.zero_workgroup_memory();
+        }
+        if self.declare_arrays(Space::Local) {
+            self.zero_local_arrays();
+        }
+    }
+
+    /// The workgroup buffers (`Space::Shared`) or local arrays (`Space::Local`), in
+    /// binding order: a symbol each and its address in a register. Says whether
+    /// there were any.
+    fn declare_arrays(&mut self, space: Space) -> bool {
+        let access = match space {
+            Space::Shared => Access::Workgroup,
+            Space::Local => Access::Local,
+            Space::Global => return false,
+        };
+        let mut arrays: Vec<&'p BufferDecl> = self
+            .program
             .buffers()
             .iter()
-            .filter(|b| !b.access.is_global())
+            .filter(|b| b.access == access)
             .collect();
-        shared.sort_by_key(|b| b.binding);
-        if shared.is_empty() {
-            return;
-        }
-        for (position, decl) in shared.into_iter().enumerate() {
-            // Validated: workgroup buffers have a static count, and their sizes fit in
-            // `codegen_limits().max_shared_memory_bytes`, a multiple of 4 below u32::MAX.
+        arrays.sort_by_key(|b| b.binding);
+        let any = !arrays.is_empty();
+        for (position, decl) in arrays.into_iter().enumerate() {
+            // Validated: workgroup buffers and local arrays have a static count, and
+            // their sizes fit in `codegen_limits().max_shared_memory_bytes` (a multiple
+            // of 4 below u32::MAX) and `MAX_LOCAL_ARRAY_BYTES`.
             let count = match decl.count {
                 BufferCount::Static(count) => count,
                 BufferCount::Runtime => 0,
             };
             let bytes = decl.static_size_bytes().unwrap_or(0);
             let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
-            let symbol = match self.module_kernel {
-                None => format!("vyre_shared_{position}_{}", identifier_part(&decl.name)),
+            let kind = space.name();
+            // A `.local` symbol is the kernel's own; `.shared` ones are module-scope,
+            // so a kernel of a module of several gets its own names.
+            let module_kernel = self.module_kernel.filter(|_| space == Space::Shared);
+            let symbol = match module_kernel {
+                None => format!("vyre_{kind}_{position}_{}", identifier_part(&decl.name)),
                 Some(kernel) => {
                     format!(
-                        "vyre_shared_{kernel}_{position}_{}",
+                        "vyre_{kind}_{kernel}_{position}_{}",
                         identifier_part(&decl.name)
                     )
                 }
@@ -425,13 +449,46 @@ impl<'p> Writer<'p> {
             emit!(self, "mov.u64 {base}, {symbol};");
             self.add_buffer(BufferSlot {
                 decl,
-                space: Space::Shared,
+                space,
                 base,
                 length: Length::Constant(count),
-                shared: Some((symbol, padded)),
+                symbol: Some((symbol, padded)),
             });
         }
-        self.zero_workgroup_memory();
+        any
+    }
+
+    /// Each thread clears its own local arrays, so a read before any write sees 0
+    /// as in the reference interpreter: unrolled stores for arrays of up to 64
+    /// bytes, a loop for larger ones.
+    fn zero_local_arrays(&mut self) {
+        emit!(self, "// zero this thread's local arrays");
+        for position in 0..self.buffers.len() {
+            let slot = &self.buffers[position];
+            let (base, bytes) = match (&slot.symbol, slot.space) {
+                (Some((_, bytes)), Space::Local) => (slot.base, *bytes),
+                _ => continue,
+            };
+            if bytes <= 64 {
+                for offset in (0..bytes).step_by(4) {
+                    emit!(self, "st.local.u32 [{base}+{offset}], 0;");
+                }
+                continue;
+            }
+            let offset = self.reg(RegClass::B32);
+            emit!(self, "mov.u32 {offset}, 0;");
+            let top = self.label("zero_local");
+            self.place(top);
+            let wide = self.reg(RegClass::B64);
+            let address = self.reg(RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {offset};");
+            emit!(self, "add.s64 {address}, {base}, {wide};");
+            emit!(self, "st.local.u32 [{address}], 0;");
+            emit!(self, "add.u32 {offset}, {offset}, 4;");
+            let more = self.reg(RegClass::Pred);
+            emit!(self, "setp.lt.u32 {more}, {offset}, {bytes};");
+            emit!(self, "@{more} bra {top};");
+        }
     }
 
     /// Validated: buffer names are unique.
@@ -453,9 +510,10 @@ impl<'p> Writer<'p> {
         );
         let linear = self.local_linear_id();
         for position in 0..self.buffers.len() {
-            let (base, bytes) = match &self.buffers[position].shared {
-                Some((_, bytes)) => (self.buffers[position].base, *bytes),
-                None => continue,
+            let slot = &self.buffers[position];
+            let (base, bytes) = match (&slot.symbol, slot.space) {
+                (Some((_, bytes)), Space::Shared) => (slot.base, *bytes),
+                _ => continue,
             };
             let offset = self.reg(RegClass::B32);
             emit!(self, "shl.b32 {offset}, {linear}, 2;");
@@ -550,8 +608,12 @@ impl<'p> Writer<'p> {
             );
         }
         let mut any_shared = false;
-        for slot in &self.buffers {
-            if let Some((symbol, bytes)) = &slot.shared {
+        for slot in self
+            .buffers
+            .iter()
+            .filter(|slot| slot.space == Space::Shared)
+        {
+            if let Some((symbol, bytes)) = &slot.symbol {
                 push_comment(&mut out, "", slot.decl);
                 // 64-bit elements need 8-byte alignment; everything else 4.
                 let align = slot.decl.elem.size_bytes().max(4);
@@ -598,6 +660,18 @@ impl<'p> Writer<'p> {
                     class.ptx_type(),
                     class.prefix()
                 );
+            }
+        }
+        for slot in self
+            .buffers
+            .iter()
+            .filter(|slot| slot.space == Space::Local)
+        {
+            if let Some((symbol, bytes)) = &slot.symbol {
+                let align = slot.decl.elem.size_bytes().max(4);
+                out.push('\t');
+                push_comment(&mut out, "", slot.decl);
+                let _ = writeln!(out, "\t.local .align {align} .b8 {symbol}[{bytes}];");
             }
         }
         out.push('\n');
