@@ -886,6 +886,66 @@ fn reduction_source(workgroup: [u32; 3]) -> Program {
         .build()
 }
 
+/// The compaction a tokenizer's pre-pass needs: each thread's exclusive prefix sum
+/// of its flag is its output slot; the inclusive max is a running maximum.
+fn scan_source(workgroup: [u32; 3]) -> Program {
+    Program::builder(workgroup)
+        .buffer(
+            "values",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "packed",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let value = b.let_("value", Expr::load("values", gid.clone()));
+            let keep = b.let_("keep", (value.clone() & 1u32).cast(ScalarType::U32));
+            let slot = b.workgroup_scan("slot", ReduceOp::Sum, ScanKind::Exclusive, keep.clone());
+            let running =
+                b.workgroup_scan("running", ReduceOp::Max, ScanKind::Inclusive, value.clone());
+            b.if_(keep.equals(1u32), |b| {
+                b.store("packed", slot, running);
+            });
+        })
+        .build()
+}
+
+/// Subgroup scans as lowering writes them, every operation and kind.
+fn subgroup_scans() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let lane = b.let_("lane", Expr::local_id(Axis::X));
+            let mut slot = 0u32;
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                for kind in [ScanKind::Inclusive, ScanKind::Exclusive] {
+                    let scanned = Expr::SubgroupScan {
+                        op,
+                        kind,
+                        value: Box::new(lane.clone() * 3u32),
+                    };
+                    b.store("out", lane.clone() * 6u32 + slot, scanned);
+                    slot += 1;
+                }
+            }
+        })
+        .build()
+}
+
 fn odd_names() -> Program {
     Program::builder([1, 1, 1])
         .buffer(
@@ -1052,6 +1112,15 @@ fn fixtures() -> Vec<Fixture> {
         fixture("every_op_64", every_op_64()),
         fixture("returning_atomics", returning_atomics()),
         fixture("local_arrays", local_arrays()),
+        fixture("subgroup_scans", subgroup_scans()),
+        fixture(
+            "lowered_scan_subgroup",
+            lower_workgroup_reductions(&scan_source([128, 1, 1]), &subgroup_caps),
+        ),
+        fixture(
+            "lowered_scan_tree",
+            lower_workgroup_reductions(&scan_source([48, 1, 1]), &tree_caps),
+        ),
         Fixture {
             options: UNCHECKED,
             ..fixture("local_arrays_unchecked", local_arrays())
@@ -2058,6 +2127,10 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 walk_expr(value, seen);
                 "subgroup_reduce"
             }
+            Expr::SubgroupScan { value, .. } => {
+                walk_expr(value, seen);
+                "subgroup_scan"
+            }
         };
         seen.insert(kind);
     }
@@ -2125,6 +2198,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 Node::Barrier => "barrier",
                 Node::GridSync => "grid_sync",
                 Node::WorkgroupReduce { .. } => "workgroup_reduce",
+                Node::WorkgroupScan { .. } => "workgroup_scan",
                 Node::Return => "return",
             };
             seen.insert(kind);

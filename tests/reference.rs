@@ -1270,6 +1270,103 @@ fn local_arrays_are_per_thread_zeroed_and_bounds_checked() {
     );
 }
 
+/// Locks out workgroup scans in another order than the local linear id (`x + sx *
+/// y`), across workgroups, or off by one between inclusive and exclusive: a 2 x 2
+/// workgroup, two of them, every operation and kind, against prefixes written out
+/// by hand.
+#[test]
+fn workgroup_scans_follow_local_linear_order_within_each_workgroup() {
+    let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+    let kinds = [ScanKind::Inclusive, ScanKind::Exclusive];
+    let program = Program::builder([2, 2, 1])
+        .buffer(
+            "values",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(48),
+        )
+        .body(|blk| {
+            let local = Expr::local_id(Axis::X) + Expr::local_id(Axis::Y) * 2u32;
+            let thread = blk.let_("thread", Expr::workgroup_id(Axis::X) * 4u32 + local);
+            let value = blk.let_("value", Expr::load("values", thread.clone()));
+            for (k, (op, kind)) in ops
+                .iter()
+                .flat_map(|&op| kinds.iter().map(move |&kind| (op, kind)))
+                .enumerate()
+            {
+                let scanned = blk.workgroup_scan(format!("s{k}"), op, kind, value.clone());
+                blk.store("out", thread.clone() + 8 * k as u32, scanned);
+            }
+        })
+        .build();
+    let values = [3, 1, 4, 1, 5, 9, 2, 6];
+    let out = run_words(
+        &program,
+        &[&bytes_of(&values), &[0; 192]],
+        &DispatchConfig::linear(2),
+    );
+    let max = u32::MAX;
+    assert_eq!(
+        out[0],
+        [
+            3, 4, 8, 9, 5, 14, 16, 22, // inclusive sum
+            0, 3, 4, 8, 0, 5, 14, 16, // exclusive sum
+            3, 1, 1, 1, 5, 5, 2, 2, // inclusive min
+            max, 3, 1, 1, max, 5, 5, 2, // exclusive min
+            3, 3, 4, 4, 5, 9, 9, 9, // inclusive max
+            0, 3, 3, 4, 0, 5, 9, 9, // exclusive max
+        ]
+    );
+}
+
+/// Locks out a subgroup scan that crosses subgroups or ignores its kind: 8 lanes in
+/// subgroups of 4 (`ReferenceOptions::subgroup_size`), lane `i` holding `i + 1`.
+#[test]
+fn subgroup_scans_stay_within_their_subgroup() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::local_id(Axis::X));
+            for (k, kind) in [ScanKind::Inclusive, ScanKind::Exclusive]
+                .into_iter()
+                .enumerate()
+            {
+                let scanned = Expr::SubgroupScan {
+                    op: ReduceOp::Sum,
+                    kind,
+                    value: Box::new(lane.clone() + 1u32),
+                };
+                blk.store("out", lane.clone() + 8 * k as u32, scanned);
+            }
+        })
+        .build();
+    let options = ReferenceOptions {
+        subgroup_size: 4,
+        ..ReferenceOptions::default()
+    };
+    let out =
+        reference::run_with_options(&program, &[&[0; 64]], &DispatchConfig::linear(1), &options)
+            .unwrap();
+    assert_eq!(
+        words_of(&out[0]),
+        [1, 3, 6, 10, 5, 11, 18, 26, 0, 1, 3, 6, 0, 5, 11, 18]
+    );
+}
+
 /// Locks out a `while` loop with one trip count for every lane (or one that
 /// re-enters finished lanes): each lane counts its own Collatz steps, 0 to 16 of
 /// them, and a lane whose condition fails first waits for the others.

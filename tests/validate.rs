@@ -1184,6 +1184,64 @@ fn reductions_under_divergent_control_flow_are_rejected() {
     );
 }
 
+/// Locks out workgroup scans some threads of a workgroup skip (under a divergent
+/// `if`, in a loop threads leave at different times), scans of a non-`u32` value,
+/// scans left in a lowered program, and a scan's result taken as uniform (each
+/// thread's prefix is its own). Negative control: a scan in uniform control flow
+/// whose result feeds only per-thread work passes.
+#[test]
+fn workgroup_scans_need_uniform_control_flow_and_give_divergent_results() {
+    let p = with_body(|b| {
+        b.if_(gid().less_than(3u32), |b| {
+            b.workgroup_scan("offset", ReduceOp::Sum, ScanKind::Exclusive, 1u32);
+        });
+    });
+    expect_rule(
+        &p,
+        Rule::DivergentWorkgroupScan,
+        &["offset", "entry[0].then[0]", "workgroup_scan_exclusive_sum"],
+    );
+    let p = with_body(|b| {
+        b.while_(Expr::load("input", gid()).equals(0u32), |b| {
+            b.workgroup_scan("offset", ReduceOp::Max, ScanKind::Inclusive, 1u32);
+        });
+    });
+    expect_rule(&p, Rule::DivergentWorkgroupScan, &["entry[0].body[0]"]);
+    let p = with_body(|b| {
+        b.workgroup_scan("offset", ReduceOp::Sum, ScanKind::Inclusive, Expr::i32(1));
+    });
+    expect_rule(&p, Rule::TypeMismatch, &["scanned value", "u32", "i32"]);
+    let p = with_body(|b| {
+        let offset = b.workgroup_scan("offset", ReduceOp::Sum, ScanKind::Exclusive, 1u32);
+        b.if_(offset.equals(0u32), |b| {
+            b.barrier();
+        });
+    });
+    expect_rule(&p, Rule::DivergentBarrier, &["entry[1].then[0]"]);
+    let p = with_body(|b| {
+        b.workgroup_scan("offset", ReduceOp::Sum, ScanKind::Exclusive, 1u32);
+    });
+    expect_lowered_rule(&p, Rule::WorkgroupScanNotLowered, &["offset", "lower"]);
+    let p = with_body(|b| {
+        b.let_(
+            "prefix",
+            Expr::SubgroupScan {
+                op: ReduceOp::Sum,
+                kind: ScanKind::Inclusive,
+                value: Box::new(Expr::u32(1)),
+            },
+        );
+    });
+    expect_rule(&p, Rule::SubgroupBeforeLowering, &["subgroup_scan"]);
+    expect_valid(&with_body(|b| {
+        let offset = b.workgroup_scan("offset", ReduceOp::Sum, ScanKind::Exclusive, gid());
+        b.if_(Expr::workgroup_id(Axis::X).less_than(2u32), |b| {
+            b.workgroup_scan("again", ReduceOp::Min, ScanKind::Inclusive, offset.clone());
+        });
+        b.store("output", offset, 1u32);
+    }));
+}
+
 /// Locks out a grid sync that whole workgroups can skip (workgroup-uniform is not enough).
 #[test]
 fn grid_sync_needs_grid_uniform_control_flow() {
@@ -1494,6 +1552,7 @@ fn validation_never_panics_on_arbitrary_programs() {
         Rule::SubgroupBeforeLowering,
         Rule::DivergentBarrier,
         Rule::DivergentWorkgroupReduce,
+        Rule::DivergentWorkgroupScan,
         Rule::GridSyncNotGridUniform,
         Rule::BreakOutsideLoop,
         Rule::NestingTooDeep,
@@ -1506,6 +1565,7 @@ fn validation_never_panics_on_arbitrary_programs() {
     for rule in [
         Rule::LaneMaskOutOfRange,
         Rule::WorkgroupReduceNotLowered,
+        Rule::WorkgroupScanNotLowered,
         Rule::DivergentSubgroupOp,
     ] {
         assert!(

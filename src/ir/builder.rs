@@ -348,6 +348,24 @@ impl BlockBuilder {
         Expr::Var(name)
     }
 
+    /// `let name = workgroup_scan_<kind>_<op>(value);` Returns `Expr::Var(name)`.
+    pub fn workgroup_scan(
+        &mut self,
+        name: impl Into<Name>,
+        op: ReduceOp,
+        kind: ScanKind,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::WorkgroupScan {
+            name: name.clone(),
+            op,
+            kind,
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
     /// End this thread.
     pub fn return_(&mut self) -> &mut Self {
         self.push(Node::Return)

@@ -323,6 +323,18 @@ impl Encoder {
                 self.expr(index, scratch);
                 self.expr(value, scratch);
             }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                self.u8(15);
+                self.name(name);
+                self.u8(*op as u8);
+                self.u8(*kind as u8);
+                self.expr(value, scratch);
+            }
             Node::CompareExchange {
                 name,
                 buffer,
@@ -404,6 +416,11 @@ impl Encoder {
             Expr::SubgroupReduce { op, .. } => {
                 self.u8(10);
                 self.u8(*op as u8);
+            }
+            Expr::SubgroupScan { op, kind, .. } => {
+                self.u8(11);
+                self.u8(*op as u8);
+                self.u8(*kind as u8);
             }
         }
     }

@@ -285,6 +285,22 @@ impl<'w> Printer<'w> {
                 self.expr(value, 0)?;
                 self.put(")")
             }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put_fmt(format_args!(
+                    " = workgroup_scan_{}_{}(",
+                    kind.name(),
+                    op.name()
+                ))?;
+                self.expr(value, 0)?;
+                self.put(")")
+            }
             Node::WorkgroupReduce { name, op, value } => {
                 self.put("let ")?;
                 self.put(name)?;
@@ -377,6 +393,11 @@ impl<'w> Printer<'w> {
             }
             Expr::SubgroupReduce { op, value } => {
                 self.put_fmt(format_args!("subgroup_reduce_{}(", op.name()))?;
+                self.expr(value, next)?;
+                self.put(")")
+            }
+            Expr::SubgroupScan { op, kind, value } => {
+                self.put_fmt(format_args!("subgroup_scan_{}_{}(", kind.name(), op.name()))?;
                 self.expr(value, next)?;
                 self.put(")")
             }

@@ -109,6 +109,9 @@ pub struct GeneratorOptions {
     /// Generate per-thread local arrays ([`Access::Local`]), stored to and loaded
     /// from at any index (in range or not).
     pub allow_local_arrays: bool,
+    /// Generate workgroup scans (in workgroup-uniform control flow, before any
+    /// return, like the reductions).
+    pub allow_workgroup_scans: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -132,6 +135,7 @@ impl Default for GeneratorOptions {
             allow_64_bit: true,
             allow_returning_atomics: true,
             allow_local_arrays: true,
+            allow_workgroup_scans: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -143,7 +147,7 @@ impl Default for GeneratorOptions {
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
     /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics,
-    /// local arrays). Those
+    /// local arrays, workgroup scans). Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
@@ -152,6 +156,7 @@ impl GeneratorOptions {
             allow_64_bit: false,
             allow_returning_atomics: false,
             allow_local_arrays: false,
+            allow_workgroup_scans: false,
             ..self
         }
     }
@@ -162,6 +167,7 @@ impl GeneratorOptions {
             || self.allow_64_bit
             || self.allow_returning_atomics
             || self.allow_local_arrays
+            || self.allow_workgroup_scans
     }
 }
 
@@ -175,6 +181,7 @@ struct Drawn {
     wide: bool,
     atomics: bool,
     local_arrays: bool,
+    scans: bool,
 }
 
 impl Drawn {
@@ -184,6 +191,7 @@ impl Drawn {
             wide: options.allow_64_bit && rng.one_in(2),
             atomics: options.allow_returning_atomics && options.allow_atomics && rng.one_in(2),
             local_arrays: options.allow_local_arrays && rng.one_in(2),
+            scans: options.allow_workgroup_scans && rng.one_in(2),
         }
     }
 
@@ -289,6 +297,7 @@ const COMMUTING_ATOMIC_OPS: [AtomicOp; 7] = [
 const ATOMIC_ELEMS_WIDE: [ElemType; 4] =
     [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+const SCAN_KINDS: [ScanKind; 2] = [ScanKind::Inclusive, ScanKind::Exclusive];
 const ACCESSES: [Access; 5] = [
     Access::ReadOnly,
     Access::ReadWrite,
@@ -1564,6 +1573,63 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         }
     }
 
+    // Scan phase: like the reductions, in uniform control flow before any return;
+    // each thread stores its own prefix (which does not depend on thread order).
+    if generator.drawn.scans {
+        for _ in 0..generator.rng.range(1, 2) {
+            let op = *generator.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum);
+            let kind = *generator
+                .rng
+                .pick(&SCAN_KINDS)
+                .unwrap_or(&ScanKind::Inclusive);
+            let value = generator.expr(ScalarType::U32, generator.expr_depth);
+            let name = generator.fresh_name();
+            let scan = Node::WorkgroupScan {
+                name: name.clone(),
+                op,
+                kind,
+                value,
+            };
+            let output = generator.rng.below(generator.outputs.len() as u64) as usize;
+            let use_result = generator
+                .outputs
+                .get(output)
+                .cloned()
+                .map(|(buffer, elem)| Node::Store {
+                    buffer,
+                    index: Expr::var(GID),
+                    value: Expr::var(name.clone()).cast(elem.value_type()),
+                });
+            match generator.rng.below(3) {
+                0 => {
+                    body.push(scan);
+                    generator.declare(name, ScalarType::U32, false);
+                    body.extend(use_result);
+                }
+                1 => {
+                    let condition = generator.workgroup_uniform_condition();
+                    let mut inner = vec![scan];
+                    inner.extend(use_result);
+                    body.push(Node::If {
+                        condition,
+                        then_body: inner.into(),
+                        else_body: Vec::new().into(),
+                    });
+                }
+                _ => {
+                    let mut inner = vec![scan];
+                    inner.extend(use_result);
+                    body.push(Node::Loop {
+                        variable: generator.fresh_name(),
+                        start: Expr::u32(0),
+                        end: Expr::u32(generator.rng.range(1, 2)),
+                        body: inner.into(),
+                    });
+                }
+            }
+        }
+    }
+
     // Grid-sync phase: stage[gid] written, sync, then stage read anywhere.
     if grid_sync {
         let value = generator.expr(stage_elem.value_type(), generator.expr_depth);
@@ -1719,6 +1785,11 @@ impl ArbitraryGenerator {
                     self.rng.next_u32()
                 },
             },
+            _ if self.rng.one_in(2) => Expr::SubgroupScan {
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                kind: *self.rng.pick(&SCAN_KINDS).unwrap_or(&ScanKind::Inclusive),
+                value: Box::new(self.expr(next)),
+            },
             _ => Expr::SubgroupReduce {
                 op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
                 value: Box::new(self.expr(next)),
@@ -1780,6 +1851,12 @@ impl ArbitraryGenerator {
                     },
                 }
             }
+            5 if self.rng.one_in(2) => Node::WorkgroupScan {
+                name: self.name(),
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                kind: *self.rng.pick(&SCAN_KINDS).unwrap_or(&ScanKind::Inclusive),
+                value: self.expr(2),
+            },
             5 => Node::WorkgroupReduce {
                 name: self.name(),
                 op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
@@ -2000,6 +2077,17 @@ impl Mutator {
                 op: *op,
                 value: self.expr(value),
             },
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => Node::WorkgroupScan {
+                name: name.clone(),
+                op: *op,
+                kind: *kind,
+                value: self.expr(value),
+            },
             Node::AtomicFetch {
                 name,
                 op,
@@ -2087,6 +2175,11 @@ impl Mutator {
             },
             Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
                 op: *op,
+                value: boxed(self, value),
+            },
+            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
+                op: *op,
+                kind: *kind,
                 value: boxed(self, value),
             },
         }

@@ -600,6 +600,26 @@ impl ReduceOp {
     }
 }
 
+/// Whether a scan's result includes the thread's own value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanKind {
+    /// Thread `i` gets `v_0 ⊕ v_1 ⊕ ... ⊕ v_i`.
+    Inclusive,
+    /// Thread `i` gets `v_0 ⊕ ... ⊕ v_(i-1)`; the first thread gets the operation's
+    /// identity (0 for sum and max, `u32::MAX` for min).
+    Exclusive,
+}
+
+impl ScanKind {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScanKind::Inclusive => "inclusive",
+            ScanKind::Exclusive => "exclusive",
+        }
+    }
+}
+
 /// An expression: a pure computation of one scalar value per thread.
 ///
 /// `Clone`, `Drop`, `==`, `Hash` and `Debug` never recurse (see `structural.rs`): an
@@ -675,6 +695,17 @@ pub enum Expr {
     SubgroupReduce {
         /// Reduction.
         op: ReduceOp,
+        /// A `u32` value.
+        value: Box<Expr>,
+    },
+    /// The prefix of a `u32` value over the lanes of this thread's subgroup, in lane
+    /// order ([`ScanKind`]). Produced only by lowering; requires every lane of the
+    /// subgroup to be active.
+    SubgroupScan {
+        /// Combining operation.
+        op: ReduceOp,
+        /// Inclusive or exclusive.
+        kind: ScanKind,
         /// A `u32` value.
         value: Box<Expr>,
     },
@@ -829,6 +860,23 @@ pub enum Node {
         /// Each thread's contribution, `u32`.
         value: Expr,
     },
+    /// Declare an immutable `u32` variable holding this thread's prefix of `value`
+    /// over the threads of its workgroup in local linear id order (`x + size_x * (y +
+    /// size_y * z)`; see [`ScanKind`]): a prefix sum gives each thread its offset in a
+    /// compaction. Each thread sees its own result; it does not depend on the order
+    /// threads run in. Needs workgroup-uniform control flow (every thread of the
+    /// workgroup takes part). `Sum` wraps. Lowering (`crate::lower`) rewrites it
+    /// before code generation, like [`Node::WorkgroupReduce`].
+    WorkgroupScan {
+        /// Variable name of the result.
+        name: Name,
+        /// Combining operation.
+        op: ReduceOp,
+        /// Inclusive or exclusive.
+        kind: ScanKind,
+        /// Each thread's contribution, `u32`.
+        value: Expr,
+    },
     /// End this thread's execution. Threads that returned count as arrived at later
     /// barriers only if the return was in uniform control flow; the validator rejects
     /// barriers reachable after a divergent return.
@@ -861,7 +909,8 @@ pub(crate) const VALIDITY_SLOTS: usize = 4;
 /// pointer to itself, which would be a reference cycle and leak the program.
 #[derive(Debug)]
 pub(crate) struct LoweringMemo {
-    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
+    /// Whether the program contains a [`Node::WorkgroupReduce`] or [`Node::WorkgroupScan`]
+    /// anywhere.
     pub(crate) needs_lowering: bool,
     /// The lowered program and the lowering-capabilities key it was made for (only
     /// set when `needs_lowering`). One key per program: a call with another key

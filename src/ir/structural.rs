@@ -51,7 +51,8 @@ pub(crate) fn expr_children(expr: &Expr) -> [Option<&Expr>; 3] {
         } => [Some(condition), Some(if_true), Some(if_false)],
         Expr::Cast { value, .. }
         | Expr::SubgroupShuffleXor { value, .. }
-        | Expr::SubgroupReduce { value, .. } => [Some(value), None, None],
+        | Expr::SubgroupReduce { value, .. }
+        | Expr::SubgroupScan { value, .. } => [Some(value), None, None],
     }
 }
 
@@ -70,7 +71,8 @@ fn expr_children_mut(expr: &mut Expr) -> [Option<&mut Box<Expr>>; 3] {
         } => [Some(condition), Some(if_true), Some(if_false)],
         Expr::Cast { value, .. }
         | Expr::SubgroupShuffleXor { value, .. }
-        | Expr::SubgroupReduce { value, .. } => [Some(value), None, None],
+        | Expr::SubgroupReduce { value, .. }
+        | Expr::SubgroupScan { value, .. } => [Some(value), None, None],
     }
 }
 
@@ -89,7 +91,9 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
         } => [Some(index), Some(expected), Some(value)],
         Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None, None],
         Node::Loop { start, end, .. } => [Some(start), Some(end), None],
-        Node::WorkgroupReduce { value, .. } => [Some(value), None, None],
+        Node::WorkgroupReduce { value, .. } | Node::WorkgroupScan { value, .. } => {
+            [Some(value), None, None]
+        }
         Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
             [None, None, None]
         }
@@ -182,7 +186,8 @@ fn detach_subexpressions(expr: &mut Expr, pending: &mut Vec<Expr>) {
         | Expr::Unary { operand: child, .. }
         | Expr::Cast { value: child, .. }
         | Expr::SubgroupShuffleXor { value: child, .. }
-        | Expr::SubgroupReduce { value: child, .. } => detach(child, pending),
+        | Expr::SubgroupReduce { value: child, .. }
+        | Expr::SubgroupScan { value: child, .. } => detach(child, pending),
         Expr::Binary { lhs, rhs, .. } => {
             detach(lhs, pending);
             detach(rhs, pending);
@@ -288,6 +293,11 @@ fn shallow_clone(expr: &Expr) -> Expr {
             op: *op,
             value: hole(),
         },
+        Expr::SubgroupScan { op, kind, .. } => Expr::SubgroupScan {
+            op: *op,
+            kind: *kind,
+            value: hole(),
+        },
     }
 }
 
@@ -337,6 +347,14 @@ fn shallow_expr_eq(a: &Expr, b: &Expr) -> bool {
             Expr::SubgroupShuffleXor { lane_mask: y, .. },
         ) => x == y,
         (Expr::SubgroupReduce { op: x, .. }, Expr::SubgroupReduce { op: y, .. }) => x == y,
+        (
+            Expr::SubgroupScan {
+                op: x, kind: kx, ..
+            },
+            Expr::SubgroupScan {
+                op: y, kind: ky, ..
+            },
+        ) => x == y && kx == ky,
         _ => false,
     }
 }
@@ -406,6 +424,20 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
                 name: y, op: oy, ..
             },
         ) => x == y && ox == oy,
+        (
+            Node::WorkgroupScan {
+                name: x,
+                op: ox,
+                kind: kx,
+                ..
+            },
+            Node::WorkgroupScan {
+                name: y,
+                op: oy,
+                kind: ky,
+                ..
+            },
+        ) => x == y && ox == oy && kx == ky,
         _ => false,
     }
 }
@@ -518,6 +550,10 @@ fn hash_expr_fields<H: Hasher>(expr: &Expr, state: &mut H) {
         Expr::Builtin(builtin) => builtin.hash(state),
         Expr::SubgroupShuffleXor { lane_mask, .. } => lane_mask.hash(state),
         Expr::SubgroupReduce { op, .. } => op.hash(state),
+        Expr::SubgroupScan { op, kind, .. } => {
+            op.hash(state);
+            kind.hash(state);
+        }
     }
 }
 
@@ -549,6 +585,11 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
         Node::WorkgroupReduce { name, op, .. } => {
             name.hash(state);
             op.hash(state);
+        }
+        Node::WorkgroupScan { name, op, kind, .. } => {
+            name.hash(state);
+            op.hash(state);
+            kind.hash(state);
         }
         Node::If { .. }
         | Node::While { .. }
@@ -647,7 +688,8 @@ pub(crate) fn count_expr(expr: &Expr) -> u64 {
             | Expr::Unary { operand: child, .. }
             | Expr::Cast { value: child, .. }
             | Expr::SubgroupShuffleXor { value: child, .. }
-            | Expr::SubgroupReduce { value: child, .. } => stack.push(child),
+            | Expr::SubgroupReduce { value: child, .. }
+            | Expr::SubgroupScan { value: child, .. } => stack.push(child),
             Expr::Binary { lhs, rhs, .. } => {
                 stack.push(lhs);
                 stack.push(rhs);

@@ -144,10 +144,14 @@ pub enum Rule {
     LaneMaskOutOfRange,
     /// A lowered program still contains a `WorkgroupReduce` node.
     WorkgroupReduceNotLowered,
+    /// A lowered program still contains a `WorkgroupScan` node.
+    WorkgroupScanNotLowered,
     /// A barrier is reachable under control flow that is not workgroup-uniform.
     DivergentBarrier,
     /// A workgroup reduction is reachable under control flow that is not workgroup-uniform.
     DivergentWorkgroupReduce,
+    /// A workgroup scan is reachable under control flow that is not workgroup-uniform.
+    DivergentWorkgroupScan,
     /// A subgroup expression is reachable under control flow that is not workgroup-uniform.
     DivergentSubgroupOp,
     /// A grid sync is reachable under control flow that is not grid-uniform.
@@ -397,6 +401,7 @@ enum VarKind {
     Let { mutable: bool },
     LoopVariable,
     ReduceResult,
+    ScanResult,
     AtomicResult,
 }
 
@@ -433,6 +438,7 @@ enum CheckKind {
     Barrier,
     GridSync,
     WorkgroupReduce,
+    WorkgroupScan,
     Subgroup,
 }
 
@@ -900,6 +906,15 @@ impl<'p> Checker<'p> {
                          conditions use only {uniform_inputs}"
                     ),
                 ),
+                CheckKind::WorkgroupScan => ValidationError::new(
+                    Rule::DivergentWorkgroupScan,
+                    format!(
+                        "move the workgroup scan {at} out of the divergent if/loop (or before \
+                         any divergent return), or make the condition workgroup-uniform: every \
+                         thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
+                    ),
+                ),
                 CheckKind::Subgroup => ValidationError::new(
                     Rule::DivergentSubgroupOp,
                     format!(
@@ -1201,6 +1216,7 @@ impl<'p> Checker<'p> {
                     let what = match kind {
                         VarKind::LoopVariable => "a loop variable",
                         VarKind::ReduceResult => "a workgroup reduction result",
+                        VarKind::ScanResult => "a workgroup scan result",
                         VarKind::AtomicResult => "the result of an atomic",
                         VarKind::Let { .. } => "declared without `mut`",
                     };
@@ -1357,6 +1373,33 @@ impl<'p> Checker<'p> {
                     level_node,
                     node,
                 )?;
+                Ok(Exits::default())
+            }
+            Node::WorkgroupScan {
+                name,
+                op: _,
+                kind: _,
+                value,
+            } => {
+                if self.lowered {
+                    return Err(ValidationError::new(Rule::WorkgroupScanNotLowered, {
+                        let name = shown(name);
+                        format!(
+                            "lower the workgroup scan `{name}` {} before validating as \
+                             lowered (lower::lower_workgroup_reductions rewrites it)",
+                            self.at(node)
+                        )
+                    }));
+                }
+                let mark = self.deps.len();
+                let (ty, _) = self.expr(value, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::U32, "the scanned value", node)?;
+                self.deps.truncate(mark);
+                self.defer(context, CheckKind::WorkgroupScan);
+                // Each thread's prefix is its own: divergent.
+                let level_node = self.new_level_node(Level::Divergent);
+                self.edge(context, level_node);
+                self.declare(name, ScalarType::U32, VarKind::ScanResult, level_node, node)?;
                 Ok(Exits::default())
             }
             Node::Return => {
@@ -1532,6 +1575,13 @@ impl<'p> Checker<'p> {
                 };
                 Ok((ScalarType::U32, level))
             }
+            Expr::SubgroupScan { value, .. } => {
+                self.subgroup_allowed(expr, node)?;
+                let (ty, _) = self.expr(value, node, next)?;
+                self.expect_type(ty, ScalarType::U32, "the subgroup-scanned value", node)?;
+                self.defer(self.current_context, CheckKind::Subgroup);
+                Ok((ScalarType::U32, Level::Divergent))
+            }
         }
     }
 
@@ -1596,13 +1646,15 @@ impl<'p> Checker<'p> {
         }
         let what = match expr {
             Expr::SubgroupShuffleXor { .. } => "subgroup_shuffle_xor",
+            Expr::SubgroupScan { .. } => "subgroup_scan",
             _ => "subgroup_reduce",
         };
         Err(ValidationError::new(
             Rule::SubgroupBeforeLowering,
             format!(
                 "remove the `{what}` expression {}: subgroup expressions are produced only by \
-                 lowering; use Node::WorkgroupReduce for a reduction across the workgroup",
+                 lowering; use Node::WorkgroupReduce or Node::WorkgroupScan across the \
+                 workgroup",
                 self.at(node)
             ),
         ))

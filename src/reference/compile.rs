@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use super::ops::{AtomicKind, BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
     AtomicOp, BinaryOp, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program, ReduceOp,
-    ScalarType, UnaryOp,
+    ScalarType, ScanKind, UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -92,6 +92,12 @@ pub(crate) enum CompiledExpr {
         op: ReduceOp,
         value: Box<CompiledExpr>,
     },
+    /// A subgroup prefix.
+    SubgroupScan {
+        op: ReduceOp,
+        kind: ScanKind,
+        value: Box<CompiledExpr>,
+    },
 }
 
 /// A typed statement.
@@ -148,6 +154,13 @@ pub(crate) enum CompiledNode {
     WorkgroupReduce {
         slot: usize,
         op: ReduceOp,
+        value: CompiledExpr,
+    },
+    /// Workgroup prefix into a slot.
+    WorkgroupScan {
+        slot: usize,
+        op: ReduceOp,
+        kind: ScanKind,
         value: CompiledExpr,
     },
     /// End the active lanes.
@@ -211,7 +224,8 @@ fn temporaries_of_expr(expr: &CompiledExpr) -> usize {
         CompiledExpr::Load { index: inner, .. }
         | CompiledExpr::Unary { operand: inner, .. }
         | CompiledExpr::Cast { value: inner, .. }
-        | CompiledExpr::SubgroupReduce { value: inner, .. } => temporaries_of_expr(inner),
+        | CompiledExpr::SubgroupReduce { value: inner, .. }
+        | CompiledExpr::SubgroupScan { value: inner, .. } => temporaries_of_expr(inner),
         CompiledExpr::ShuffleXor { value, .. } => temporaries_of_expr(value).max(2),
         CompiledExpr::Binary { lhs, rhs, .. } => {
             temporaries_of_expr(lhs).max(1 + temporaries_of_expr(rhs))
@@ -233,7 +247,8 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
         .iter()
         .map(|node| match node {
             CompiledNode::SetVariable { value, .. }
-            | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
+            | CompiledNode::WorkgroupReduce { value, .. }
+            | CompiledNode::WorkgroupScan { value, .. } => temporaries_of_expr(value),
             CompiledNode::Store { index, value, .. } => {
                 temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
             }
@@ -333,7 +348,8 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
         match node {
             Node::Let { value, .. }
             | Node::Assign { value, .. }
-            | Node::WorkgroupReduce { value, .. } => expr_depth(value, depth + 1),
+            | Node::WorkgroupReduce { value, .. }
+            | Node::WorkgroupScan { value, .. } => expr_depth(value, depth + 1),
             Node::Store { index, value, .. }
             | Node::Atomic { index, value, .. }
             | Node::AtomicFetch { index, value, .. } => {
@@ -375,7 +391,8 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             | Expr::Unary { operand: inner, .. }
             | Expr::Cast { value: inner, .. }
             | Expr::SubgroupShuffleXor { value: inner, .. }
-            | Expr::SubgroupReduce { value: inner, .. } => expr_depth(inner, depth + 1),
+            | Expr::SubgroupReduce { value: inner, .. }
+            | Expr::SubgroupScan { value: inner, .. } => expr_depth(inner, depth + 1),
             Expr::Binary { lhs, rhs, .. } => {
                 expr_depth(lhs, depth + 1).max(expr_depth(rhs, depth + 1))
             }
@@ -641,6 +658,21 @@ impl<'p> Compiler<'p> {
                     value,
                 }
             }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                let (value, _) = self.expr(value)?;
+                let slot = self.declare(name, ScalarType::U32);
+                CompiledNode::WorkgroupScan {
+                    slot,
+                    op: *op,
+                    kind: *kind,
+                    value,
+                }
+            }
             Node::Return => CompiledNode::Return,
         })
     }
@@ -752,6 +784,17 @@ impl<'p> Compiler<'p> {
                 (
                     CompiledExpr::SubgroupReduce {
                         op: *op,
+                        value: Box::new(value),
+                    },
+                    ScalarType::U32,
+                )
+            }
+            Expr::SubgroupScan { op, kind, value } => {
+                let (value, _) = self.expr(value)?;
+                (
+                    CompiledExpr::SubgroupScan {
+                        op: *op,
+                        kind: *kind,
                         value: Box::new(value),
                     },
                     ScalarType::U32,

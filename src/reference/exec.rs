@@ -19,7 +19,7 @@
 use super::compile::{CompiledExpr, CompiledNode, CompiledProgram, Leaves};
 use super::ops::{self, BinaryKind, CastKind, UnaryKind};
 use super::{ReferenceError, ReferenceStats};
-use crate::ir::{ElemType, Program, ReduceOp};
+use crate::ir::{ElemType, Program, ReduceOp, ScanKind};
 
 /// The contents of one buffer (all workgroup instances for a workgroup buffer).
 pub(crate) enum Storage {
@@ -746,6 +746,20 @@ impl<'a, W: Word> Machine<'a, W> {
                 self.scatter(*slot, lanes, &values);
                 self.give(values);
             }
+            CompiledNode::WorkgroupScan {
+                slot,
+                op,
+                kind,
+                value,
+            } => {
+                let mut values = self.eval(value, lanes)?;
+                let workgroup_of_lane = &self.workgroup_of_lane;
+                scan_runs(*op, *kind, lanes, &mut values, |lane| {
+                    workgroup_of_lane[lane as usize]
+                });
+                self.scatter(*slot, lanes, &values);
+                self.give(values);
+            }
             CompiledNode::Return => {
                 for &lane in lanes.iter() {
                     self.alive[lane as usize] = false;
@@ -1049,6 +1063,15 @@ impl<'a, W: Word> Machine<'a, W> {
                 });
                 values
             }
+            CompiledExpr::SubgroupScan { op, kind, value } => {
+                let mut values = self.eval(value, lanes)?;
+                let per_group = self.grid.threads_per_workgroup;
+                let subgroup_size = self.grid.subgroup_size;
+                scan_runs(*op, *kind, lanes, &mut values, |lane| {
+                    subgroup_key(lane, per_group, subgroup_size)
+                });
+                values
+            }
         })
     }
 
@@ -1168,6 +1191,37 @@ fn reduce_runs<W: Word, K: PartialEq>(
                 op.combine(total, index_of(value))
             });
         values[run_start..run_end].fill(W::from_bits(u64::from(total)));
+        run_start = run_end;
+    }
+}
+
+/// Replace each value (a `u32`) by its prefix over its run of lanes with equal
+/// `key`, in lane order: the combination of the values before it, and with its own
+/// for an inclusive scan.
+fn scan_runs<W: Word, K: PartialEq>(
+    op: ReduceOp,
+    kind: ScanKind,
+    lanes: &[u32],
+    values: &mut [W],
+    key: impl Fn(u32) -> K,
+) {
+    let mut run_start = 0;
+    while run_start < lanes.len() {
+        let run_key = key(lanes[run_start]);
+        let mut run_end = run_start + 1;
+        while run_end < lanes.len() && key(lanes[run_end]) == run_key {
+            run_end += 1;
+        }
+        let mut before = op.identity();
+        for value in &mut values[run_start..run_end] {
+            let through = op.combine(before, index_of(*value));
+            let prefix = match kind {
+                ScanKind::Inclusive => through,
+                ScanKind::Exclusive => before,
+            };
+            *value = W::from_bits(u64::from(prefix));
+            before = through;
+        }
         run_start = run_end;
     }
 }

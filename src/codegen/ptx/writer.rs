@@ -18,7 +18,7 @@ use std::fmt::{self, Display, Write};
 use crate::config::CodegenOptions;
 use crate::ir::{
     Access, AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node,
-    Program, ReduceOp, ScalarType, UnaryOp, ValidProgram,
+    Program, ReduceOp, ScalarType, ScanKind, UnaryOp, ValidProgram,
 };
 
 use super::{
@@ -927,9 +927,9 @@ impl<'p> Writer<'p> {
                 };
                 self.atomic(operands, Some(name))?;
             }
-            Node::WorkgroupReduce { .. } => {
+            Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
                 return Err(internal(format_args!(
-                    "a workgroup reduction is not lowered"
+                    "a workgroup reduction or scan is not lowered"
                 )))
             }
             // Under the result ABI every thread must count itself finished.
@@ -1172,6 +1172,10 @@ impl<'p> Writer<'p> {
             Expr::SubgroupReduce { op, value } => {
                 let value = self.expr(value)?;
                 Ok(self.subgroup_reduce(*op, value))
+            }
+            Expr::SubgroupScan { op, kind, value } => {
+                let value = self.expr(value)?;
+                Ok(self.subgroup_scan(*op, *kind, value))
             }
         }
     }
@@ -1605,6 +1609,56 @@ impl<'p> Writer<'p> {
             accumulated = next;
         }
         accumulated
+    }
+
+    /// A prefix over the warp in lane order: five `shfl.sync.up` steps, each lane
+    /// combining the value `d` lanes below it when that lane exists (the shuffle's
+    /// predicate), so lane `i` ends with the combination of lanes `0..=i`; the
+    /// exclusive prefix is the inclusive one shifted up one lane, the identity in
+    /// lane 0.
+    fn subgroup_scan(&mut self, op: ReduceOp, kind: ScanKind, value: Value) -> Value {
+        self.synchronises = true;
+        let operation = match op {
+            ReduceOp::Sum => "add",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        };
+        let mut accumulated = value;
+        for distance in [1, 2, 4, 8, 16] {
+            let partner = self.reg(RegClass::B32);
+            let exists = self.reg(RegClass::Pred);
+            emit!(
+                self,
+                "shfl.sync.up.b32 {partner}|{exists}, {accumulated}, {distance}, 0, {FULL_WARP};"
+            );
+            let combined = self.reg(RegClass::B32);
+            emit!(
+                self,
+                "{operation}.u32 {combined}, {accumulated}, {partner};"
+            );
+            let next = self.value(ScalarType::U32);
+            emit!(
+                self,
+                "selp.b32 {next}, {combined}, {accumulated}, {exists};"
+            );
+            accumulated = next;
+        }
+        if kind == ScanKind::Inclusive {
+            return accumulated;
+        }
+        let below = self.reg(RegClass::B32);
+        let exists = self.reg(RegClass::Pred);
+        emit!(
+            self,
+            "shfl.sync.up.b32 {below}|{exists}, {accumulated}, 1, 0, {FULL_WARP};"
+        );
+        let result = self.value(ScalarType::U32);
+        emit!(
+            self,
+            "selp.b32 {result}, {below}, {}, {exists};",
+            op.identity()
+        );
+        result
     }
 }
 
