@@ -1054,3 +1054,25 @@ fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
     }
     assert!(pinned.as_mut_slice().is_ok());
 }
+
+/// The worked example of the ir docs (`examples/hash_table.rs`), compiled here.
+#[allow(dead_code)]
+mod hash_table {
+    include!("../examples/hash_table.rs");
+}
+
+/// Locks out a `while` loop, `break` or compare-exchange that misbehaves on the GPU
+/// in the ir docs' hash table (slots claimed by racing threads in any order): every
+/// one of 210 queries finds its host-computed count of 1,000 keys, as on the
+/// reference (tests/portable.rs). Negative control: the same comparison catches a
+/// table counted from other keys.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_hash_table_example_counts_every_key() {
+    let gpu = vyre_cuda::backend::AnyBackend::Cuda(backend());
+    assert_eq!(hash_table::check(&gpu).unwrap(), Vec::<u32>::new());
+    let (keys, queries) = hash_table::sample();
+    let other = hash_table::count_and_look_up(&gpu, &[1, 2, 2], &queries).unwrap();
+    assert_eq!(&other[..3], [1, 2, 0]);
+    assert_eq!(hash_table::miscounted(&keys, &queries, &other).len(), 200);
+}

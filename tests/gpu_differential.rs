@@ -51,7 +51,9 @@ use std::time::Instant;
 
 use support::backend;
 use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, MAX_BATCH_PROGRAMS};
-use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
+use vyre_cuda::ir::generate::{
+    constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
+};
 use vyre_cuda::ir::{Expr, Node, Program};
 use vyre_cuda::DispatchConfig;
 
@@ -76,11 +78,34 @@ fn env_count(name: &str) -> Option<u64> {
 
 /// The case of `seed`: every tenth program may use a grid sync.
 fn case_of(seed: u64) -> RandomCase {
-    let options = GeneratorOptions {
-        allow_grid_sync: seed % 10 == 9,
-        ..GeneratorOptions::default()
-    };
-    valid_program(seed, &options)
+    differential_case(seed)
+}
+
+/// Programs using each construct (`Construct::ALL` order), counted as they are drawn.
+type ConstructCounts = [AtomicU64; Construct::ALL.len()];
+
+fn count_constructs(counts: &ConstructCounts, program: &Program) {
+    for (count, used) in counts.iter().zip(constructs_used(program)) {
+        if used {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `name share%` for each construct, one line.
+fn construct_shares(counts: &[u64], programs: u64) -> String {
+    Construct::ALL
+        .iter()
+        .zip(counts)
+        .map(|(construct, &count)| {
+            format!(
+                "{} {:.1}%",
+                construct.name(),
+                100.0 * count as f64 / programs.max(1) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The kernels of `cases`: one `compile` each when `batch` is 1, else one
@@ -235,6 +260,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
         .clamp(1, MAX_BATCH_PROGRAMS as u64);
     let checked = Arc::new(AtomicU64::new(0));
     let compiles = Arc::new(AtomicU64::new(0));
+    let constructs: Arc<ConstructCounts> = Arc::new(Default::default());
     // Thread-time totals in nanoseconds: generate + reference, compile, dispatch.
     let phase_ns: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
     let started = Instant::now();
@@ -243,6 +269,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
             let checked = Arc::clone(&checked);
             let compiles = Arc::clone(&compiles);
             let phase_ns = Arc::clone(&phase_ns);
+            let constructs = Arc::clone(&constructs);
             std::thread::spawn(move || {
                 let mine: Vec<u64> = share
                     .indices(programs)
@@ -261,6 +288,9 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                         .iter()
                         .map(|&index| case_of(FIRST_SEED + index))
                         .collect();
+                    for case in &cases {
+                        count_constructs(&constructs, &case.program);
+                    }
                     let expected: Vec<Vec<Vec<u8>>> = cases
                         .iter()
                         .map(|case| {
@@ -329,6 +359,16 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
         seconds(1) * 1e3 / share.programs(programs).max(1) as f64,
         seconds(1) * 1e3 / modules as f64,
         seconds(2)
+    );
+    let counts: Vec<u64> = constructs
+        .iter()
+        .map(|count| count.load(Ordering::Relaxed))
+        .collect();
+    println!(
+        "constructs{} (share of the {} programs using each): {}",
+        share.label(),
+        share.programs(programs),
+        construct_shares(&counts, share.programs(programs))
     );
 }
 
@@ -500,6 +540,61 @@ fn differential_shares_cover_every_program_once() {
                 seen.iter().all(|&n| n == 1),
                 "{of} processes, {programs} programs"
             );
+        }
+    }
+}
+
+/// Locks out a differential that stops drawing a construct (a generator change that
+/// makes it rare would leave it untested on the GPU without a sound): across the
+/// differential's first 2,000 seeds every construct appears in at least 2% of the
+/// programs (grid syncs are allowed in one in ten), and each of the later ones
+/// (`while`, `break`, `continue`, returning atomics, 64-bit integers, local arrays,
+/// scans) in at least 15%. Prints the shares. Runs on the
+/// CPU. Negative control: the same count over `core_only` programs finds none of the
+/// later ones.
+#[test]
+fn differential_programs_draw_every_construct() {
+    const SEEDS: u64 = 2_000;
+    let count = |case: &dyn Fn(u64) -> RandomCase| {
+        let counts: ConstructCounts = Default::default();
+        for index in 0..SEEDS {
+            count_constructs(&counts, &case(FIRST_SEED + index).program);
+        }
+        counts
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect::<Vec<u64>>()
+    };
+    let counts = count(&case_of);
+    println!("constructs: {}", construct_shares(&counts, SEEDS));
+    let later = [
+        Construct::While,
+        Construct::Break,
+        Construct::Continue,
+        Construct::WideIntegers,
+        Construct::LocalArray,
+        Construct::AtomicFetch,
+        Construct::CompareExchange,
+        Construct::WorkgroupScan,
+    ];
+    for (construct, &count) in Construct::ALL.iter().zip(&counts) {
+        let floor = if later.contains(construct) { 15 } else { 2 };
+        assert!(
+            count * 100 >= SEEDS * floor,
+            "{} in only {count} of {SEEDS} programs",
+            construct.name()
+        );
+    }
+    let core = count(&|seed| {
+        let options = GeneratorOptions {
+            allow_grid_sync: seed % 10 == 9,
+            ..GeneratorOptions::default()
+        };
+        valid_program(seed, &options.core_only())
+    });
+    for (construct, &count) in Construct::ALL.iter().zip(&core) {
+        if later.contains(construct) {
+            assert_eq!(count, 0, "{} in a core_only program", construct.name());
         }
     }
 }

@@ -19,7 +19,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use vyre_cuda::codegen::{program_to_ptx, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL};
+use vyre_cuda::codegen::{
+    program_to_ptx, program_to_ptx_with_results, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL,
+};
 use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 use vyre_cuda::CodegenOptions;
@@ -2078,6 +2080,71 @@ fn random_programs_assemble_with_ptxas() {
             "{} of {} random programs failed; first:\n{first}",
             failures.len(),
             modules.len()
+        );
+    }
+}
+
+/// Locks out a differential program the GPU run would stop at before comparing any
+/// bytes, so its 10,000 programs prove less than they claim: the reference refuses it
+/// (work cap, memory, a validator disagreement), its lowering is invalid, or ptxas
+/// rejects the backend's kernel for it. The differential's first 200 cases (every
+/// construct; see `differential_programs_draw_every_construct`) run on the reference
+/// interpreter, and are lowered as on an H200 (warp shuffles) or without subgroup
+/// operations, emitted with the result ABI the backend uses and assembled by ptxas.
+#[test]
+fn differential_programs_run_on_the_reference_and_assemble() {
+    let Some(ptxas) = ptxas::require("differential_programs_run_on_the_reference_and_assemble")
+    else {
+        return;
+    };
+    const FIRST_SEED: u64 = 1_000_000;
+    const PROGRAMS: u64 = 200;
+    let mut modules = Vec::with_capacity(PROGRAMS as usize);
+    for seed in FIRST_SEED..FIRST_SEED + PROGRAMS {
+        let case = vyre_cuda::ir::generate::differential_case(seed);
+        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        if let Err(e) = vyre_cuda::reference::run(&case.program, &inputs, &case.config) {
+            panic!(
+                "seed {seed}: the reference refused it: {e}\n{}",
+                case.program
+            );
+        }
+        let caps = LoweringCaps {
+            subgroup_ops: seed % 3 != 0,
+            subgroup_size: 32,
+        };
+        let lowered = vyre_cuda::lower::lower(&case.program, &caps)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+        let ptx = program_to_ptx_with_results(&lowered, &case.config.codegen, 90, 32)
+            .unwrap_or_else(|e| panic!("seed {seed} did not generate: {e}\n{lowered}"));
+        modules.push((format!("differential_{seed}"), ptx));
+    }
+    let directory = tempfile::tempdir().expect("tempdir");
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|worker| {
+                let (modules, ptxas, directory) = (&modules, &ptxas, directory.path());
+                scope.spawn(move || {
+                    modules
+                        .iter()
+                        .skip(worker)
+                        .step_by(2)
+                        .filter_map(|(name, ptx)| {
+                            ptxas::assemble_in(ptxas, directory, name, ptx).err()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("ptxas worker"))
+            .collect()
+    });
+    if let Some(first) = failures.first() {
+        panic!(
+            "{} of {PROGRAMS} differential programs failed; first:\n{first}",
+            failures.len()
         );
     }
 }

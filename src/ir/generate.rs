@@ -1104,6 +1104,132 @@ fn workgroup_shape(rng: &mut SeededRng, options: &GeneratorOptions) -> [u32; 3] 
     shape
 }
 
+/// The case the GPU differential test checks for `seed`: the default options, a grid
+/// sync allowed in every tenth program. One definition for the differential and the
+/// CPU tests that vet its programs.
+pub fn differential_case(seed: u64) -> RandomCase {
+    let options = GeneratorOptions {
+        allow_grid_sync: seed % 10 == 9,
+        ..GeneratorOptions::default()
+    };
+    valid_program(seed, &options)
+}
+
+/// A language construct whose share of generated programs the differential reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum Construct {
+    ForLoop,
+    While,
+    Break,
+    Continue,
+    Return,
+    WideIntegers,
+    LocalArray,
+    Atomic,
+    AtomicFetch,
+    CompareExchange,
+    Barrier,
+    WorkgroupReduce,
+    WorkgroupScan,
+    GridSync,
+}
+
+impl Construct {
+    /// Every construct, in report order.
+    pub const ALL: [Construct; 14] = [
+        Construct::ForLoop,
+        Construct::While,
+        Construct::Break,
+        Construct::Continue,
+        Construct::Return,
+        Construct::WideIntegers,
+        Construct::LocalArray,
+        Construct::Atomic,
+        Construct::AtomicFetch,
+        Construct::CompareExchange,
+        Construct::Barrier,
+        Construct::WorkgroupReduce,
+        Construct::WorkgroupScan,
+        Construct::GridSync,
+    ];
+
+    /// A short name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Construct::ForLoop => "for",
+            Construct::While => "while",
+            Construct::Break => "break",
+            Construct::Continue => "continue",
+            Construct::Return => "return",
+            Construct::WideIntegers => "u64/i64",
+            Construct::LocalArray => "local array",
+            Construct::Atomic => "atomic",
+            Construct::AtomicFetch => "atomic fetch",
+            Construct::CompareExchange => "compare-exchange",
+            Construct::Barrier => "barrier",
+            Construct::WorkgroupReduce => "workgroup reduce",
+            Construct::WorkgroupScan => "workgroup scan",
+            Construct::GridSync => "grid sync",
+        }
+    }
+}
+
+/// Which constructs `program` uses: a flag per entry of [`Construct::ALL`]. A
+/// 64-bit buffer element, literal, variable or cast counts as `u64/i64`. Walks each
+/// shared block once, iteratively.
+pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
+    let mut used = [false; Construct::ALL.len()];
+    let mut mark = |construct: Construct| {
+        if let Some(position) = Construct::ALL.iter().position(|&c| c == construct) {
+            used[position] = true;
+        }
+    };
+    for decl in program.buffers() {
+        if decl.elem.value_type().is_wide() {
+            mark(Construct::WideIntegers);
+        }
+        if decl.access == Access::Local {
+            mark(Construct::LocalArray);
+        }
+    }
+    let mut exprs: Vec<&Expr> = Vec::new();
+    super::structural::any_node(program.entry(), |node| {
+        let construct = match node {
+            Node::Loop { .. } => Some(Construct::ForLoop),
+            Node::While { .. } => Some(Construct::While),
+            Node::Break => Some(Construct::Break),
+            Node::Continue => Some(Construct::Continue),
+            Node::Return => Some(Construct::Return),
+            Node::Atomic { .. } => Some(Construct::Atomic),
+            Node::AtomicFetch { .. } => Some(Construct::AtomicFetch),
+            Node::CompareExchange { .. } => Some(Construct::CompareExchange),
+            Node::Barrier => Some(Construct::Barrier),
+            Node::WorkgroupReduce { .. } => Some(Construct::WorkgroupReduce),
+            Node::WorkgroupScan { .. } => Some(Construct::WorkgroupScan),
+            Node::GridSync => Some(Construct::GridSync),
+            _ => None,
+        };
+        if let Some(construct) = construct {
+            mark(construct);
+        }
+        exprs.extend(super::structural::node_exprs(node).into_iter().flatten());
+        while let Some(expr) = exprs.pop() {
+            let wide = match expr {
+                Expr::Literal(literal) => literal.ty().is_wide(),
+                Expr::Cast { to, .. } => to.is_wide(),
+                _ => false,
+            };
+            if wide {
+                mark(Construct::WideIntegers);
+            }
+            exprs.extend(super::structural::expr_children(expr).into_iter().flatten());
+        }
+        false
+    });
+    used
+}
+
 /// A valid program with deterministic results, its inputs and a dispatch config.
 /// See the module docs for the rules that make the result independent of thread
 /// order. The same seed and options always give the same case.

@@ -140,9 +140,9 @@ pub(crate) fn block_key(block: &Block) -> (usize, usize) {
 /// Whether any node of the tree under `entry` satisfies `matches`. Iterative (no
 /// depth limit, so it serves programs not yet validated) and visiting each distinct
 /// block allocation once (no blow-up on shared blocks).
-pub(crate) fn any_node(entry: &[Node], matches: impl Fn(&Node) -> bool) -> bool {
+pub(crate) fn any_node<'a>(entry: &'a [Node], mut matches: impl FnMut(&'a Node) -> bool) -> bool {
     let mut seen: HashSet<(usize, usize)> = HashSet::new();
-    let mut pending: Vec<&[Node]> = vec![entry];
+    let mut pending: Vec<&'a [Node]> = vec![entry];
     while let Some(block) = pending.pop() {
         if !seen.insert((block.as_ptr() as usize, block.len())) {
             continue;
