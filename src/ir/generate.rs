@@ -13,11 +13,31 @@
 //!
 //! Determinism rules [`valid_program`] follows, so any thread order gives the same bytes:
 //! every thread stores only element `gid` (its global linear id) of each output buffer
-//! and reads outputs only at `gid`; atomics (add/min/max/or, order-independent) go to
-//! a buffer nobody loads; a workgroup buffer is written at the thread's local linear id
-//! (and by atomics), then a barrier, then only read; a grid-sync stage buffer is written
-//! at `gid` before the sync and only read after it. Barriers, reductions and grid syncs
-//! sit in uniform control flow and before any `return`.
+//! and reads outputs only at `gid`; atomics that return nothing use one commutative
+//! operation per program on a buffer nobody loads; a workgroup buffer is written at
+//! the thread's local linear id (and by atomics), then a barrier, then only read; a
+//! grid-sync stage buffer is written at `gid` before the sync and only read after it.
+//! Barriers, reductions, scans and grid syncs sit in workgroup- (grid-) uniform control
+//! flow and before any `return`; the `while` around a barrier has a uniform condition
+//! and a uniform `break`.
+//!
+//! The constructs [`GeneratorOptions::core_only`] turns off keep to these rules too:
+//! - every `while` loop counts down a fuel variable (at most 4) that its body
+//!   decrements first and never assigns otherwise, so it ends; `break` and `continue`
+//!   sit anywhere in loop bodies without barriers;
+//! - atomics that **return** a value do so only where no other thread interferes
+//!   (`owned[gid]`, `workgroup_owned[lid]`: one element per thread, any operation and
+//!   operands), or on a shared counter that every thread updates with the program's
+//!   one operation and literal operands (the values an element takes are then the same
+//!   sequence whatever the order, so the *set* of returned values is too), their
+//!   values only summed (`atomic_add`) into a tally through a function of the value
+//!   and literals;
+//! - local arrays are private to a thread: any index (past the end too), any order;
+//! - 64-bit values follow the same total semantics as 32-bit ones ([`BinaryOp`]).
+//!
+//! Each later construct is drawn for about half of the programs
+//! ([`differential_case`] is the differential's case, [`constructs_used`] says which
+//! constructs a program has).
 
 use super::program::*;
 use super::validate::Limits;

@@ -106,6 +106,26 @@
 //! start to the moment the last thread of the grid finished, and the copies read
 //! every thread's final stores.
 //!
+//! # Loops, atomics, local arrays
+//!
+//! - Both loops are rotated: one `bra` into the test, then each iteration is the
+//!   body, the test and one conditional branch back (`$L_loop`/`$L_while` ...
+//!   `$L_loop_test`/`$L_while_test`), so an iteration costs one compare and one branch
+//!   (the `while_scan` snapshot). `continue` branches to the increment (`for`) or the
+//!   test (`while`), `break` past the loop. With
+//!   [`CodegenOptions::max_loop_iterations`](crate::CodegenOptions) set, each `while`
+//!   iteration first counts itself and executes `trap` past the cap.
+//! - Atomics that return nothing are `red` (a `sub` is an `add` of the negated
+//!   operand, `exchange` an `atom.exch` whose result is dropped); fetches and
+//!   compare-exchange are `atom`, their result register preset to 0 under a bounds
+//!   guard.
+//! - Local arrays are `.local` arrays declared in the kernel and zeroed by each
+//!   thread at entry (unrolled stores up to 64 bytes, a loop beyond); ptxas keeps
+//!   them in registers when it can resolve every index.
+//! - Subgroup scans are five `shfl.sync.up` steps with the shuffle's in-range
+//!   predicate selecting whether to combine (plus one more step for an exclusive
+//!   scan).
+//!
 //! # Validation first, bounded output
 //!
 //! [`program_to_ptx`] runs [`crate::ir::validate_lowered`] (against
