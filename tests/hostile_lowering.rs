@@ -627,7 +627,7 @@ fn expression_nodes_count_against_the_work_cap() {
 /// Measurement (not a guard; no time is asserted): how long the default work cap
 /// lets a runaway program run before its `Err`. The program is a valid 1,024-thread
 /// loop of `u32::MAX` iterations over a few statements (issue 13's 83-node program
-/// ran 48 s under the old cap). Run with
+/// ran 48 s under the old cap), and a one-thread `while true`. Run with
 /// `cargo test --release --test hostile_lowering -- --ignored --nocapture reference_work_cap_figures`.
 #[test]
 #[ignore = "measurement: run in release with --nocapture"]
@@ -665,6 +665,31 @@ fn reference_work_cap_figures() {
         program.node_count(),
         started.elapsed().as_secs_f64(),
         error
+    );
+    // A one-thread `while true`: each iteration costs the interpreter the same fixed
+    // amount whatever its lanes, which the cap charges as 32 lanes.
+    let runaway = Program::builder([1, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let n = b.let_mut("n", 0u32);
+            b.while_(true, |b| {
+                b.assign("n", n.clone() + 1u32);
+            });
+        })
+        .build();
+    let started = std::time::Instant::now();
+    let Err(error) = reference::run(&runaway, &[&input], &DispatchConfig::linear(1)) else {
+        panic!("a while true loop cannot finish")
+    };
+    println!(
+        "default work cap: one-thread `while true` stopped after {:.2} s: {error}",
+        started.elapsed().as_secs_f64()
     );
 }
 
