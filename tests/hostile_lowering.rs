@@ -247,18 +247,7 @@ fn a_shared_block_with_a_scan_is_lowered_once_and_stays_shared() {
 fn check_shared_block_lowered_once(leaf: Vec<Node>) {
     let program = shared_blocks(10, leaf.clone(), [64, 1, 1]);
     let lowered = lower(&program, &WARP).expect("lower");
-    let Some(Node::If {
-        then_body,
-        else_body,
-        ..
-    }) = lowered
-        .entry()
-        .iter()
-        .find(|node| matches!(node, Node::If { .. }))
-    else {
-        panic!("{lowered}")
-    };
-    assert!(Arc::ptr_eq(then_body, else_body), "{lowered}");
+    assert!(arms_shared(&lowered), "{lowered}");
     let collective_buffers = lowered
         .buffers()
         .iter()
@@ -281,18 +270,23 @@ fn check_shared_block_lowered_once(leaf: Vec<Node>) {
         }],
     );
     let lowered = lower(&unshared, &WARP).expect("lower");
-    let Some(Node::If {
-        then_body,
-        else_body,
-        ..
-    }) = lowered
+    assert!(!arms_shared(&lowered), "{lowered}");
+}
+
+/// Whether the first `if` of `program`'s entry has one block for both arms.
+fn arms_shared(program: &Program) -> bool {
+    match program
         .entry()
         .iter()
         .find(|node| matches!(node, Node::If { .. }))
-    else {
-        panic!("{lowered}")
-    };
-    assert!(!Arc::ptr_eq(then_body, else_body));
+    {
+        Some(Node::If {
+            then_body,
+            else_body,
+            ..
+        }) => Arc::ptr_eq(then_body, else_body),
+        _ => panic!("no if in\n{program}"),
+    }
 }
 
 /// Defect locked out: PTX of shared blocks grows with the expanded tree without

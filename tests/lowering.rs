@@ -493,40 +493,64 @@ fn check_semantics(lower: impl Fn(&Program, &LoweringCaps) -> Program) -> Result
 
 /// A defective lowering: every reduction becomes the thread's own value.
 fn thread_local_lowering(program: &Program, _: &LoweringCaps) -> Program {
-    fn block(nodes: &[Node]) -> Block {
+    replace_collectives(program, &|node| match node {
+        Node::WorkgroupReduce { name, value, .. } => Some(own_value(name, value)),
+        _ => None,
+    })
+}
+
+/// `let name = value;`: a collective replaced by the thread's own value.
+fn own_value(name: &Name, value: &Expr) -> Node {
+    Node::Let {
+        name: name.clone(),
+        mutable: false,
+        value: value.clone(),
+    }
+}
+
+/// `program` with every node `replace` answers replaced, at any depth.
+fn replace_collectives(program: &Program, replace: &dyn Fn(&Node) -> Option<Node>) -> Program {
+    fn block(nodes: &[Node], replace: &dyn Fn(&Node) -> Option<Node>) -> Block {
         nodes
             .iter()
-            .map(|node| match node {
-                Node::WorkgroupReduce { name, value, .. } => Node::Let {
-                    name: name.clone(),
-                    mutable: false,
-                    value: value.clone(),
-                },
-                Node::If {
-                    condition,
-                    then_body,
-                    else_body,
-                } => Node::If {
-                    condition: condition.clone(),
-                    then_body: block(then_body),
-                    else_body: block(else_body),
-                },
-                Node::Loop {
-                    variable,
-                    start,
-                    end,
-                    body,
-                } => Node::Loop {
-                    variable: variable.clone(),
-                    start: start.clone(),
-                    end: end.clone(),
-                    body: block(body),
-                },
-                other => other.clone(),
+            .map(|node| {
+                if let Some(replaced) = replace(node) {
+                    return replaced;
+                }
+                match node {
+                    Node::If {
+                        condition,
+                        then_body,
+                        else_body,
+                    } => Node::If {
+                        condition: condition.clone(),
+                        then_body: block(then_body, replace),
+                        else_body: block(else_body, replace),
+                    },
+                    Node::Loop {
+                        variable,
+                        start,
+                        end,
+                        body,
+                    } => Node::Loop {
+                        variable: variable.clone(),
+                        start: start.clone(),
+                        end: end.clone(),
+                        body: block(body, replace),
+                    },
+                    Node::While { condition, body } => Node::While {
+                        condition: condition.clone(),
+                        body: block(body, replace),
+                    },
+                    other => other.clone(),
+                }
             })
             .collect()
     }
-    program.with_entry(program.buffers_shared().clone(), block(program.entry()))
+    program.with_entry(
+        program.buffers_shared().clone(),
+        block(program.entry(), replace),
+    )
 }
 
 // ---------------------------------------------------------------- guard tests
@@ -1004,47 +1028,11 @@ fn check_scan_semantics(lower: impl Fn(&Program, &LoweringCaps) -> Program) -> R
 
 /// A defective lowering: every scan becomes the thread's own value.
 fn thread_local_scan_lowering(program: &Program, caps: &LoweringCaps) -> Program {
-    fn block(nodes: &[Node]) -> Block {
-        nodes
-            .iter()
-            .map(|node| match node {
-                Node::WorkgroupScan { name, value, .. } => Node::Let {
-                    name: name.clone(),
-                    mutable: false,
-                    value: value.clone(),
-                },
-                Node::If {
-                    condition,
-                    then_body,
-                    else_body,
-                } => Node::If {
-                    condition: condition.clone(),
-                    then_body: block(then_body),
-                    else_body: block(else_body),
-                },
-                Node::Loop {
-                    variable,
-                    start,
-                    end,
-                    body,
-                } => Node::Loop {
-                    variable: variable.clone(),
-                    start: start.clone(),
-                    end: end.clone(),
-                    body: block(body),
-                },
-                Node::While { condition, body } => Node::While {
-                    condition: condition.clone(),
-                    body: block(body),
-                },
-                other => other.clone(),
-            })
-            .collect()
-    }
-    real(
-        &program.with_entry(program.buffers_shared().clone(), block(program.entry())),
-        caps,
-    )
+    let replaced = replace_collectives(program, &|node| match node {
+        Node::WorkgroupScan { name, value, .. } => Some(own_value(name, value)),
+        _ => None,
+    });
+    real(&replaced, caps)
 }
 
 /// Defect locked out: a lowered workgroup scan's outputs differ from the scan's

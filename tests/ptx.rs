@@ -143,28 +143,7 @@ fn every_op_64() -> Program {
         results.push(Expr::var("a_bool").select(operand("a", ty), operand("b", ty)));
     }
     let count = results.len() as u32;
-    Program::builder([1, 1, 1])
-        .buffer(
-            "u",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(2),
-        )
-        .buffer(
-            "i",
-            1,
-            Access::ReadOnly,
-            ElemType::I32,
-            BufferCount::Static(2),
-        )
-        .buffer(
-            "f",
-            2,
-            Access::ReadOnly,
-            ElemType::F32,
-            BufferCount::Static(2),
-        )
+    typed_inputs()
         .buffer(
             "w",
             3,
@@ -210,7 +189,8 @@ fn every_op_64() -> Program {
         .build()
 }
 
-fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
+/// One thread and the inputs `u`, `i`, `f` of [`typed_operands`] (bindings 0 to 2).
+fn typed_inputs() -> ProgramBuilder {
     Program::builder([1, 1, 1])
         .buffer(
             "u",
@@ -233,6 +213,10 @@ fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
             ElemType::F32,
             BufferCount::Static(2),
         )
+}
+
+fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
+    typed_inputs()
         .buffer(
             "out",
             3,

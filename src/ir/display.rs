@@ -241,13 +241,8 @@ impl<'w> Printer<'w> {
                 index,
                 value,
             } => {
-                self.put_fmt(format_args!("atomic_{}(&", op.name()))?;
-                self.put(buffer)?;
-                self.put("[")?;
-                self.expr(index, 0)?;
-                self.put("], ")?;
-                self.expr(value, 0)?;
-                self.put(")")
+                self.put_fmt(format_args!("atomic_{}", op.name()))?;
+                self.atomic_operands(buffer, index, None, value)
             }
             Node::AtomicFetch {
                 name,
@@ -258,13 +253,8 @@ impl<'w> Printer<'w> {
             } => {
                 self.put("let ")?;
                 self.put(name)?;
-                self.put_fmt(format_args!(" = atomic_fetch_{}(&", op.name()))?;
-                self.put(buffer)?;
-                self.put("[")?;
-                self.expr(index, 0)?;
-                self.put("], ")?;
-                self.expr(value, 0)?;
-                self.put(")")
+                self.put_fmt(format_args!(" = atomic_fetch_{}", op.name()))?;
+                self.atomic_operands(buffer, index, None, value)
             }
             Node::CompareExchange {
                 name,
@@ -275,15 +265,8 @@ impl<'w> Printer<'w> {
             } => {
                 self.put("let ")?;
                 self.put(name)?;
-                self.put(" = atomic_compare_exchange(&")?;
-                self.put(buffer)?;
-                self.put("[")?;
-                self.expr(index, 0)?;
-                self.put("], ")?;
-                self.expr(expected, 0)?;
-                self.put(", ")?;
-                self.expr(value, 0)?;
-                self.put(")")
+                self.put(" = atomic_compare_exchange")?;
+                self.atomic_operands(buffer, index, Some(expected), value)
             }
             Node::WorkgroupScan {
                 name,
@@ -310,6 +293,27 @@ impl<'w> Printer<'w> {
             }
             Node::Return => self.put("return"),
         }
+    }
+
+    /// `(&buffer[index], [expected, ]value)`.
+    fn atomic_operands(
+        &mut self,
+        buffer: &str,
+        index: &Expr,
+        expected: Option<&Expr>,
+        value: &Expr,
+    ) -> fmt::Result {
+        self.put("(&")?;
+        self.put(buffer)?;
+        self.put("[")?;
+        self.expr(index, 0)?;
+        self.put("], ")?;
+        if let Some(expected) = expected {
+            self.expr(expected, 0)?;
+            self.put(", ")?;
+        }
+        self.expr(value, 0)?;
+        self.put(")")
     }
 
     /// An expression; subexpressions deeper than the printer's limit print as `…`.

@@ -222,47 +222,36 @@ impl Drawn {
 
     /// Integer element types atomics draw from.
     fn atomic_elems(&self) -> &'static [ElemType] {
+        self.by_width(&ATOMIC_ELEMS_WIDE, &ATOMIC_ELEMS_WIDE[..2])
+    }
+
+    /// `wide` in a program with 64-bit values, `narrow` otherwise.
+    fn by_width<T>(&self, wide: &'static [T], narrow: &'static [T]) -> &'static [T] {
         if self.wide {
-            &ATOMIC_ELEMS_WIDE
+            wide
         } else {
-            &ATOMIC_ELEMS_WIDE[..2]
+            narrow
         }
     }
 
     /// Value types expressions draw from.
     fn types(&self) -> &'static [ScalarType] {
-        if self.wide {
-            &TYPES_WIDE
-        } else {
-            &TYPES
-        }
+        self.by_width(&TYPES_WIDE, &TYPES)
     }
 
     /// Element types buffers draw from.
     fn elems(&self) -> &'static [ElemType] {
-        if self.wide {
-            &ELEMS_WIDE
-        } else {
-            &ELEMS
-        }
+        self.by_width(&ELEMS_WIDE, &ELEMS)
     }
 
     /// Integer types (operands of `count_ones` and `leading_zeros`).
     fn integers(&self) -> &'static [ScalarType] {
-        if self.wide {
-            &INTEGERS_WIDE
-        } else {
-            &TYPES[..2]
-        }
+        self.by_width(&INTEGERS_WIDE, &TYPES[..2])
     }
 
     /// Ordered types (operands of `<` and friends).
     fn ordered(&self) -> &'static [ScalarType] {
-        if self.wide {
-            &ORDERED_WIDE
-        } else {
-            &TYPES[..3]
-        }
+        self.by_width(&ORDERED_WIDE, &TYPES[..3])
     }
 }
 

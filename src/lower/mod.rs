@@ -521,22 +521,12 @@ impl Rewriter {
         subgroup_reduce: Expr,
         warps: u32,
     ) -> Vec<Node> {
-        let subgroup = self.caps.subgroup_size;
         let buffer = self.shared_buffer(index, warps);
         let local = fresh(index, "local");
         let partial = fresh(index, "partial");
         let acc = fresh(index, "acc");
         let warp = fresh(index, "warp");
-        let local_var = Expr::Var(local.clone());
-
-        let (lane, warp_of_thread) = if subgroup.is_power_of_two() {
-            (
-                local_var.clone() & (subgroup - 1),
-                local_var.clone() >> subgroup.trailing_zeros(),
-            )
-        } else {
-            (local_var.clone() % subgroup, local_var.clone() / subgroup)
-        };
+        let (lane, warp_of_thread) = self.lane_and_warp(&local);
 
         vec![
             let_(local, self.local_linear_id()),
@@ -665,15 +655,7 @@ impl Rewriter {
         let prefix = scan_fresh(index, "prefix");
         let acc = scan_fresh(index, "acc");
         let warp = scan_fresh(index, "warp");
-        let local_var = Expr::Var(local.clone());
-        let (lane, warp_of_thread) = if subgroup.is_power_of_two() {
-            (
-                local_var.clone() & (subgroup - 1),
-                local_var.clone() >> subgroup.trailing_zeros(),
-            )
-        } else {
-            (local_var.clone() % subgroup, local_var.clone() / subgroup)
-        };
+        let (lane, warp_of_thread) = self.lane_and_warp(&local);
         let scanned = Expr::SubgroupScan {
             op,
             kind,
@@ -820,6 +802,21 @@ impl Rewriter {
         self.used_bindings.insert(binding);
         self.next_binding = self.next_binding.wrapping_add(1);
         binding
+    }
+
+    /// A thread's lane in its subgroup and its subgroup's number, from the variable
+    /// holding its local linear id (masks and shifts for a power-of-two size).
+    fn lane_and_warp(&self, local: &Name) -> (Expr, Expr) {
+        let subgroup = self.caps.subgroup_size;
+        let local = Expr::Var(local.clone());
+        if subgroup.is_power_of_two() {
+            (
+                local.clone() & (subgroup - 1),
+                local >> subgroup.trailing_zeros(),
+            )
+        } else {
+            (local.clone() % subgroup, local / subgroup)
+        }
     }
 
     /// `local_id.x + size.x * (local_id.y + size.y * local_id.z)`, without the terms

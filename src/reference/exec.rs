@@ -1116,16 +1116,10 @@ impl<'a, W: Word> Machine<'a, W> {
     fn shuffle_xor(&self, lane_mask: u32, lanes: &[u32], values: &[W], out: &mut [W]) {
         let per_group = self.grid.threads_per_workgroup;
         let subgroup_size = self.grid.subgroup_size;
-        let mut run_start = 0;
-        while run_start < lanes.len() {
-            let key = subgroup_key(lanes[run_start], per_group, subgroup_size);
-            let mut run_end = run_start + 1;
-            while run_end < lanes.len()
-                && subgroup_key(lanes[run_end], per_group, subgroup_size) == key
-            {
-                run_end += 1;
-            }
-            let run = &lanes[run_start..run_end];
+        let key = |lane| subgroup_key(lane, per_group, subgroup_size);
+        for_each_run(lanes, key, |positions| {
+            let run_start = positions.start;
+            let run = &lanes[positions];
             for (offset, &lane) in run.iter().enumerate() {
                 let local = lane % per_group;
                 let in_subgroup = local % subgroup_size;
@@ -1141,8 +1135,7 @@ impl<'a, W: Word> Machine<'a, W> {
                     out[run_start + offset] = values[run_start + found];
                 }
             }
-            run_start = run_end;
-        }
+        });
     }
 }
 
@@ -1178,6 +1171,22 @@ fn reduce_runs<W: Word, K: PartialEq>(
     values: &mut [W],
     key: impl Fn(u32) -> K,
 ) {
+    for_each_run(lanes, key, |run| {
+        let run = &mut values[run];
+        let total = run.iter().fold(op.identity(), |total, &value| {
+            op.combine(total, index_of(value))
+        });
+        run.fill(W::from_bits(u64::from(total)));
+    });
+}
+
+/// Calls `each` with the position range of every run of consecutive lanes with
+/// equal `key` (lanes are sorted, so each workgroup or subgroup is one run).
+fn for_each_run<K: PartialEq>(
+    lanes: &[u32],
+    key: impl Fn(u32) -> K,
+    mut each: impl FnMut(std::ops::Range<usize>),
+) {
     let mut run_start = 0;
     while run_start < lanes.len() {
         let run_key = key(lanes[run_start]);
@@ -1185,12 +1194,7 @@ fn reduce_runs<W: Word, K: PartialEq>(
         while run_end < lanes.len() && key(lanes[run_end]) == run_key {
             run_end += 1;
         }
-        let total = values[run_start..run_end]
-            .iter()
-            .fold(op.identity(), |total, &value| {
-                op.combine(total, index_of(value))
-            });
-        values[run_start..run_end].fill(W::from_bits(u64::from(total)));
+        each(run_start..run_end);
         run_start = run_end;
     }
 }
@@ -1205,15 +1209,9 @@ fn scan_runs<W: Word, K: PartialEq>(
     values: &mut [W],
     key: impl Fn(u32) -> K,
 ) {
-    let mut run_start = 0;
-    while run_start < lanes.len() {
-        let run_key = key(lanes[run_start]);
-        let mut run_end = run_start + 1;
-        while run_end < lanes.len() && key(lanes[run_end]) == run_key {
-            run_end += 1;
-        }
+    for_each_run(lanes, key, |run| {
         let mut before = op.identity();
-        for value in &mut values[run_start..run_end] {
+        for value in &mut values[run] {
             let through = op.combine(before, index_of(*value));
             let prefix = match kind {
                 ScanKind::Inclusive => through,
@@ -1222,6 +1220,5 @@ fn scan_runs<W: Word, K: PartialEq>(
             *value = W::from_bits(u64::from(prefix));
             before = through;
         }
-        run_start = run_end;
-    }
+    });
 }

@@ -1583,11 +1583,7 @@ impl<'p> Writer<'p> {
 
     fn subgroup_reduce(&mut self, op: ReduceOp, value: Value) -> Value {
         self.synchronises = true;
-        let operation = match op {
-            ReduceOp::Sum => "add",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-        };
+        let operation = reduce_instruction(op);
         if self.sm >= REDUX_MIN_SM {
             let result = self.value(ScalarType::U32);
             emit!(
@@ -1618,11 +1614,7 @@ impl<'p> Writer<'p> {
     /// lane 0.
     fn subgroup_scan(&mut self, op: ReduceOp, kind: ScanKind, value: Value) -> Value {
         self.synchronises = true;
-        let operation = match op {
-            ReduceOp::Sum => "add",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-        };
+        let operation = reduce_instruction(op);
         let mut accumulated = value;
         for distance in [1, 2, 4, 8, 16] {
             let partner = self.reg(RegClass::B32);
@@ -1673,6 +1665,15 @@ pub(super) fn module_header(out: &mut String, sm: u32) {
         "// always 0; hides constants from the JIT's folding (f32 ties, min/max fusion)\n\
          .const .align 4 .u32 {OPAQUE_ZERO_SYMBOL} = 0;\n"
     );
+}
+
+/// The `u32` instruction (and `redux.sync` operation) of a reduction.
+const fn reduce_instruction(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "add",
+        ReduceOp::Min => "min",
+        ReduceOp::Max => "max",
+    }
 }
 
 /// An inconsistency between the validator and this writer: a bug, never bad input.
