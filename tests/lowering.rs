@@ -662,17 +662,20 @@ fn nested_reductions_are_rewritten() {
 /// block alone fails the nested-reduction guard.
 #[test]
 fn nested_guard_detects_a_top_level_only_scan() {
-    let top_level_only = |p: &Program, c: &LoweringCaps| {
-        if p.entry()
-            .iter()
-            .any(|n| matches!(n, Node::WorkgroupReduce { .. }))
-        {
+    let top_level_only = top_level_only(|n| matches!(n, Node::WorkgroupReduce { .. }));
+    assert!(check_nested_reductions_rewritten(top_level_only).is_err());
+}
+
+/// A defective lowering that lowers only when the entry block itself holds a node
+/// `collective` accepts (a "nothing to rewrite" decision from the top level alone).
+fn top_level_only(collective: fn(&Node) -> bool) -> impl Fn(&Program, &LoweringCaps) -> Program {
+    move |p, c| {
+        if p.entry().iter().any(collective) {
             real(p, c)
         } else {
             p.clone()
         }
-    };
-    assert!(check_nested_reductions_rewritten(top_level_only).is_err());
+    }
 }
 
 /// Defect locked out: repeat lowering of the same program recomputes the rewrite.
@@ -1142,16 +1145,7 @@ fn nested_scans_are_rewritten() {
 /// collective fails the scan guard.
 #[test]
 fn scan_guard_detects_a_top_level_only_lowering() {
-    let top_level_only = |p: &Program, c: &LoweringCaps| {
-        if p.entry()
-            .iter()
-            .any(|n| matches!(n, Node::WorkgroupScan { .. }))
-        {
-            real(p, c)
-        } else {
-            p.clone()
-        }
-    };
+    let top_level_only = top_level_only(|n| matches!(n, Node::WorkgroupScan { .. }));
     assert!(check_scans_rewritten(top_level_only).is_err());
 }
 

@@ -861,6 +861,20 @@ impl ValidGenerator {
         }
     }
 
+    /// `out[gid] = name` (cast to the element) into an output drawn at random: each
+    /// thread stores its own result of a collective.
+    fn store_own_result(&mut self, name: &Name) -> Option<Node> {
+        let output = self.rng.below(self.outputs.len() as u64) as usize;
+        self.outputs.get(output).cloned().map(|(buffer, elem)| {
+            let value = Expr::var(name.clone()).cast(elem.value_type());
+            Node::Store {
+                buffer,
+                index: Expr::var(GID),
+                value,
+            }
+        })
+    }
+
     /// `local[i] = v` into one of the thread's local arrays: any index, sometimes
     /// past the end (the store then does nothing).
     fn local_store(&mut self) -> Vec<Node> {
@@ -1679,19 +1693,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             op,
             value,
         };
-        let output = generator.rng.below(generator.outputs.len() as u64) as usize;
-        let use_result = generator
-            .outputs
-            .get(output)
-            .cloned()
-            .map(|(buffer, elem)| {
-                let value = Expr::var(name.clone()).cast(elem.value_type());
-                Node::Store {
-                    buffer,
-                    index: Expr::var(GID),
-                    value,
-                }
-            });
+        let use_result = generator.store_own_result(&name);
         if generator.rng.one_in(2) {
             body.push(reduce);
             generator.declare(name, ScalarType::U32, false);
@@ -1725,16 +1727,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                 kind,
                 value,
             };
-            let output = generator.rng.below(generator.outputs.len() as u64) as usize;
-            let use_result = generator
-                .outputs
-                .get(output)
-                .cloned()
-                .map(|(buffer, elem)| Node::Store {
-                    buffer,
-                    index: Expr::var(GID),
-                    value: Expr::var(name.clone()).cast(elem.value_type()),
-                });
+            let use_result = generator.store_own_result(&name);
             match generator.rng.below(3) {
                 0 => {
                     body.push(scan);

@@ -830,14 +830,7 @@ impl<'a, W: Word> Machine<'a, W> {
                     break;
                 }
             }
-            let lanes_for_body = if body_leaves.any() {
-                body_lanes.clear();
-                body_lanes.extend_from_slice(&loop_lanes);
-                &mut body_lanes
-            } else {
-                &mut loop_lanes
-            };
-            result = self.block(body, lanes_for_body);
+            result = self.iteration(body, body_leaves, &mut loop_lanes, &mut body_lanes);
             if result.is_err() {
                 break;
             }
@@ -856,6 +849,24 @@ impl<'a, W: Word> Machine<'a, W> {
         self.give_lanes(body_lanes);
         self.give_lanes(loop_lanes);
         result
+    }
+
+    /// One iteration of a loop body for `loop_lanes`: on a copy of them (in
+    /// `body_lanes`) when lanes may leave it, so the caller's list (and what is kept
+    /// parallel to it) stays whole.
+    fn iteration(
+        &mut self,
+        body: &[CompiledNode],
+        body_leaves: Leaves,
+        loop_lanes: &mut Vec<u32>,
+        body_lanes: &mut Vec<u32>,
+    ) -> Result<(), ReferenceError> {
+        if !body_leaves.any() {
+            return self.block(body, loop_lanes);
+        }
+        body_lanes.clear();
+        body_lanes.extend_from_slice(loop_lanes);
+        self.block(body, body_lanes)
     }
 
     fn loop_cap_error(&self, cap: u32) -> ReferenceError {
@@ -898,14 +909,7 @@ impl<'a, W: Word> Machine<'a, W> {
             self.scatter(slot, &loop_lanes, &counter_values);
             // The body may drop lanes that return, break or continue; it gets its own
             // copy so the counters stay parallel to `loop_lanes`.
-            let lanes_for_body = if body_leaves.any() {
-                body_lanes.clear();
-                body_lanes.extend_from_slice(&loop_lanes);
-                &mut body_lanes
-            } else {
-                &mut loop_lanes
-            };
-            result = self.block(body, lanes_for_body);
+            result = self.iteration(body, body_leaves, &mut loop_lanes, &mut body_lanes);
             if result.is_err() {
                 break;
             }
