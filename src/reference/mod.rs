@@ -77,9 +77,9 @@
 //! are then evaluated vectorised, one vector of bit patterns per expression node for
 //! all active lanes (`exec.rs`), so interpretive overhead is paid per statement, not
 //! per lane. Lanes hold `u32`s, or `u64`s in a program with 64-bit values only (the
-//! executor is generic over the width), so 32-bit programs kept their speed: 16.5 ms
-//! for `reference_throughput_262144_threads` against 16.1 ms before 64-bit values
-//! existed (release, development machine, one run each).
+//! executor is generic over the width), so 32-bit programs kept their speed:
+//! `reference_throughput_262144_threads` took 15.6 and 16.5 ms (two runs) against
+//! 16.1 ms before 64-bit values existed (release, development machine).
 
 mod compile;
 mod exec;
