@@ -69,6 +69,63 @@ const ALL_PLACEMENTS: [Placement; 5] = [
 /// so a thread that saw a wrong result shows up in the output.
 fn reduction_program(size: [u32; 3], op: ReduceOp, placement: Placement) -> Program {
     let threads = size[0] * size[1] * size[2];
+    per_thread_program(size, |b, global, mine| match placement {
+        Placement::TopLevel => {
+            let r = b.workgroup_reduce("r", op, mine.clone());
+            b.store("output", global.clone(), r);
+        }
+        Placement::InLoop => {
+            b.loop_("iteration", 0u32, 3u32, |b, iteration| {
+                let varied = b.let_(
+                    "varied",
+                    mine.clone() ^ (iteration.clone() * 0x9e37_79b9u32),
+                );
+                let r = b.workgroup_reduce("r", op, varied);
+                b.store("output", global.clone() * 3u32 + iteration, r);
+            });
+        }
+        Placement::InIf => {
+            b.if_else(
+                Expr::workgroup_id(Axis::X).less_than(2u32),
+                |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone() + 1u32);
+                    b.store("output", global.clone(), r);
+                },
+                |b| {
+                    b.store("output", global.clone(), 7u32);
+                },
+            );
+        }
+        Placement::NestedTwice => {
+            b.loop_("iteration", 0u32, 2u32, |b, iteration| {
+                b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone() >> iteration.clone());
+                    b.store("output", global.clone() * 3u32 + iteration, r);
+                });
+            });
+            let last = b.workgroup_reduce("last", op, mine.clone() & 0xffu32);
+            b.store("output", global.clone() * 3u32 + 2u32, last);
+        }
+        Placement::ResultDrivesControl => {
+            let odd = b.workgroup_reduce("odd", ReduceOp::Sum, mine.clone() & 1u32);
+            b.if_else(
+                odd.clone().greater_than(threads / 2),
+                |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone());
+                    b.store("output", global.clone(), r);
+                },
+                |b| {
+                    b.store("output", global.clone(), odd.clone());
+                },
+            );
+        }
+    })
+}
+
+/// `size` threads per workgroup over `input` (read-only) and `output` (read-write),
+/// each thread's body given its global index `global` and `mine = input[global]`.
+fn per_thread_program(size: [u32; 3], body: impl FnOnce(&mut BlockBuilder, Expr, Expr)) -> Program {
+    let threads = size[0] * size[1] * size[2];
     Program::builder(size)
         .buffer(
             "input",
@@ -90,57 +147,7 @@ fn reduction_program(size: [u32; 3], op: ReduceOp, placement: Placement) -> Prog
                 Expr::workgroup_id(Axis::X) * threads + local_linear(size),
             );
             let mine = b.let_("mine", Expr::load("input", global.clone()));
-            match placement {
-                Placement::TopLevel => {
-                    let r = b.workgroup_reduce("r", op, mine.clone());
-                    b.store("output", global.clone(), r);
-                }
-                Placement::InLoop => {
-                    b.loop_("iteration", 0u32, 3u32, |b, iteration| {
-                        let varied = b.let_(
-                            "varied",
-                            mine.clone() ^ (iteration.clone() * 0x9e37_79b9u32),
-                        );
-                        let r = b.workgroup_reduce("r", op, varied);
-                        b.store("output", global.clone() * 3u32 + iteration, r);
-                    });
-                }
-                Placement::InIf => {
-                    b.if_else(
-                        Expr::workgroup_id(Axis::X).less_than(2u32),
-                        |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone() + 1u32);
-                            b.store("output", global.clone(), r);
-                        },
-                        |b| {
-                            b.store("output", global.clone(), 7u32);
-                        },
-                    );
-                }
-                Placement::NestedTwice => {
-                    b.loop_("iteration", 0u32, 2u32, |b, iteration| {
-                        b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone() >> iteration.clone());
-                            b.store("output", global.clone() * 3u32 + iteration, r);
-                        });
-                    });
-                    let last = b.workgroup_reduce("last", op, mine.clone() & 0xffu32);
-                    b.store("output", global.clone() * 3u32 + 2u32, last);
-                }
-                Placement::ResultDrivesControl => {
-                    let odd = b.workgroup_reduce("odd", ReduceOp::Sum, mine.clone() & 1u32);
-                    b.if_else(
-                        odd.clone().greater_than(threads / 2),
-                        |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone());
-                            b.store("output", global.clone(), r);
-                        },
-                        |b| {
-                            b.store("output", global.clone(), odd.clone());
-                        },
-                    );
-                }
-            }
+            body(b, global, mine);
         })
         .build()
 }
@@ -940,59 +947,34 @@ const KINDS: [ScanKind; 2] = [ScanKind::Inclusive, ScanKind::Exclusive];
 /// Like [`reduction_program`], with a workgroup scan: each thread stores its own
 /// prefix, so a thread that got another's shows up in the output.
 fn scan_program(size: [u32; 3], op: ReduceOp, kind: ScanKind, placement: ScanPlacement) -> Program {
-    let threads = size[0] * size[1] * size[2];
-    Program::builder(size)
-        .buffer(
-            "input",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "output",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let global = b.let_(
-                "global",
-                Expr::workgroup_id(Axis::X) * threads + local_linear(size),
-            );
-            let mine = b.let_("mine", Expr::load("input", global.clone()));
-            match placement {
-                ScanPlacement::TopLevel => {
-                    let s = b.workgroup_scan("s", op, kind, mine.clone());
-                    b.store("output", global.clone(), s);
-                }
-                ScanPlacement::InLoop => {
-                    b.loop_("iteration", 0u32, 3u32, |b, iteration| {
-                        let varied = b.let_("varied", mine.clone().rem(iteration.clone() + 5u32));
-                        let s = b.workgroup_scan("s", op, kind, varied);
-                        b.store("output", global.clone() * 3u32 + iteration, s);
-                    });
-                }
-                ScanPlacement::InWhileUnderIf => {
-                    b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
-                        let round = b.let_mut("round", 0u32);
-                        b.while_(round.clone().less_than(3u32), |b| {
-                            let s = b.workgroup_scan("s", op, kind, mine.clone() >> round.clone());
-                            b.store("output", global.clone() * 3u32 + round.clone(), s);
-                            b.assign("round", round.clone() + 1u32);
-                        });
-                    });
-                }
-                ScanPlacement::Chained => {
-                    let first = b.workgroup_scan("first", op, kind, mine.clone());
-                    let second =
-                        b.workgroup_scan("second", ReduceOp::Sum, ScanKind::Inclusive, first);
-                    b.store("output", global.clone() * 3u32, second);
-                }
-            }
-        })
-        .build()
+    per_thread_program(size, |b, global, mine| match placement {
+        ScanPlacement::TopLevel => {
+            let s = b.workgroup_scan("s", op, kind, mine.clone());
+            b.store("output", global.clone(), s);
+        }
+        ScanPlacement::InLoop => {
+            b.loop_("iteration", 0u32, 3u32, |b, iteration| {
+                let varied = b.let_("varied", mine.clone().rem(iteration.clone() + 5u32));
+                let s = b.workgroup_scan("s", op, kind, varied);
+                b.store("output", global.clone() * 3u32 + iteration, s);
+            });
+        }
+        ScanPlacement::InWhileUnderIf => {
+            b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
+                let round = b.let_mut("round", 0u32);
+                b.while_(round.clone().less_than(3u32), |b| {
+                    let s = b.workgroup_scan("s", op, kind, mine.clone() >> round.clone());
+                    b.store("output", global.clone() * 3u32 + round.clone(), s);
+                    b.assign("round", round.clone() + 1u32);
+                });
+            });
+        }
+        ScanPlacement::Chained => {
+            let first = b.workgroup_scan("first", op, kind, mine.clone());
+            let second = b.workgroup_scan("second", ReduceOp::Sum, ScanKind::Inclusive, first);
+            b.store("output", global.clone() * 3u32, second);
+        }
+    })
 }
 
 /// Runs a scan fixture on the reference with subgroups of `subgroup_size` lanes.
