@@ -43,9 +43,9 @@
 //! Modules, in the order a dispatch meets them: [`ir`] (program, builder,
 //! validator), [`lower`], [`codegen`], [`backend`] (caps, caches, resident buffers,
 //! pools, dispatch, memory budget); beside them [`reference`](mod@reference), [`probe`] (the
-//! `VYRE_CUDA_DISPATCH_PHASE_PROBE` phase probe), [`host_cost`] (the estimator
-//! library behind the `host_cost_*` instruments) and [`pretokenize`] (the main
-//! example's pipeline). `ARCHITECTURE.md` maps them and states the invariants.
+//! `VYRE_CUDA_DISPATCH_PHASE_PROBE` phase probe), and [`host_cost`] (the estimator
+//! library behind the `host_cost_*` instruments). Its first user, the
+//! `vyre-tokenizer` crate of this workspace, links it through this public API. `ARCHITECTURE.md` maps them and states the invariants.
 
 #![warn(missing_docs)]
 
@@ -58,7 +58,6 @@ pub mod graph;
 pub mod host_cost;
 pub mod ir;
 pub mod lower;
-pub mod pretokenize;
 pub mod probe;
 pub mod reference;
 

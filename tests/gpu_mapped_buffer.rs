@@ -124,6 +124,51 @@ fn gpu_host_mapped_buffer_is_refused_while_held() {
     assert_eq!(words(out.mapped_bytes().unwrap()), expected());
 }
 
+/// Locks out a graph's owner that cannot read a host-mapped output in place
+/// between replays (the pre-tokenizer's piece starts: a copy would cost as much as
+/// its kernels), and a view that lets anyone else write under it:
+/// `mapped_bytes_beside(&graph)` sees the replay's stores while `mapped_bytes`
+/// refuses; (negative controls) a second graph that binds the buffer, or a
+/// dispatch in flight, makes it a `Fix:` error, and a graph that does not bind
+/// the buffer subtracts nothing.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_host_mapped_buffer_is_read_beside_the_graph_that_binds_it() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let mut out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let record = |out: &vyre_cuda::backend::DeviceBuffer| {
+        gpu.record(|rec| {
+            rec.dispatch_bindings(&kernel, &[(&input_buffer).into(), out.into()], &config)?;
+            Ok(())
+        })
+        .unwrap()
+    };
+    let mut graph = record(&out);
+    graph.replay().unwrap();
+    assert!(out.mapped_bytes().is_err());
+    assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected());
+
+    let other_buffer = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let unrelated = record(&other_buffer);
+    let error = out.mapped_bytes_beside(&unrelated).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+
+    let second = record(&out);
+    let error = out.mapped_bytes_beside(&graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    drop(second);
+
+    let pending = gpu
+        .submit_kernel(&kernel, &[input_buffer.binding(), out.binding()], &config)
+        .unwrap();
+    let error = out.mapped_bytes_beside(&graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    pending.wait().unwrap();
+    assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected());
+}
+
 const CHAIN_WORDS: u32 = 1 << 20;
 const ROUNDS: u32 = 500;
 

@@ -23,8 +23,6 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "src/graph/record.rs",
     // Stitched parents: copy nodes, child-node updates and the parent's launch.
     "src/graph/stitch.rs",
-    // A byte view of a u32 staging vector (the pretokenize pipeline).
-    "src/pretokenize/pipeline.rs",
     // A counting global allocator (the zero-allocation test).
     "tests/gpu_zero_alloc.rs",
     // The measuring thread's CPU clock (`clock_gettime`), the in-region fallback for

@@ -142,20 +142,36 @@ impl DeviceBuffer {
         }
     }
 
-    /// The host view of a host-mapped buffer while others may hold its memory, for
-    /// an owner that proves the ordering itself (the pre-tokenizer holds both the
-    /// buffer and the only graph that binds it, and reads after the replay's or the
-    /// dispatch's synchronize, with `&mut` on both). The caller's duty: every
-    /// dispatch and replay that writes the buffer has been synchronised, and none is
-    /// enqueued while the view lives. An `Err` starting `Fix:` for device memory.
-    pub(crate) fn mapped_bytes_after_synchronize(&self) -> Result<&[u8], BackendError> {
+    /// The bytes of a host-mapped buffer that `graph` binds, read in place: the
+    /// graph holds the buffer's memory for its whole life, so
+    /// [`DeviceBuffer::mapped_bytes`] refuses while it lives; this view is for the
+    /// owner of both, between replays. While the view lives, `&mut self` keeps any
+    /// dispatch from binding the buffer and `&graph` keeps the graph from replaying
+    /// (a replay needs `&mut`, and a submitted replay borrows the graph until its
+    /// wait), so nothing can write the bytes under the view.
+    ///
+    /// An `Err` starting `Fix:` for a buffer in device memory, and when anything
+    /// besides this buffer and `graph` holds its memory (a [`PendingDispatch`] not
+    /// yet waited for, or another graph).
+    pub fn mapped_bytes_beside<'a>(
+        &'a mut self,
+        graph: &'a crate::graph::DispatchGraph,
+    ) -> Result<&'a [u8], BackendError> {
+        let len = self.bytes as usize;
         let memory = self.memory.as_ref().ok_or_else(|| {
             BackendError::internal("a DeviceBuffer's memory is gone before its drop")
         })?;
         let mapped = memory
             .host_mapped()
             .ok_or_else(device_memory_is_not_mapped)?;
-        Ok(mapped.slice(0, self.bytes as usize))
+        if Arc::strong_count(memory) != 1 + graph.holdings_of(memory) {
+            return Err(BackendError::bad_input(
+                "Fix: this host-mapped DeviceBuffer is held by a dispatch in flight or by another \
+                 DispatchGraph besides the one given; wait for the PendingDispatch (or drop the other \
+                 graph) before reading it in place",
+            ));
+        }
+        Ok(mapped.slice(0, len))
     }
 
     /// The memory, checked to belong to `inner`'s backend.

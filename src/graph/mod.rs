@@ -371,8 +371,8 @@ struct Resources {
     results: Box<ResultArea>,
     /// Bytes of `results` in use (stamps and folded read-backs).
     results_used: usize,
-    /// Owned only to keep every resident buffer the graph touches alive.
-    #[allow(dead_code)]
+    /// Keeps every resident buffer the graph touches alive (and says which:
+    /// [`DispatchGraph::holdings_of`]).
     memory: Vec<Arc<DeviceMemory>>,
 }
 
@@ -417,6 +417,19 @@ fn elapsed_ns(since: Instant) -> u64 {
 }
 
 impl DispatchGraph {
+    /// How many references to `memory` this graph holds (0 when it does not bind it):
+    /// what [`DeviceBuffer::mapped_bytes_beside`](crate::backend::DeviceBuffer::mapped_bytes_beside)
+    /// subtracts to prove nothing else holds a buffer.
+    pub(crate) fn holdings_of(&self, memory: &Arc<DeviceMemory>) -> usize {
+        self.resources.as_ref().map_or(0, |resources| {
+            resources
+                .memory
+                .iter()
+                .filter(|held| Arc::ptr_eq(held, memory))
+                .count()
+        })
+    }
+
     /// Diagnostic name: the graph's number and its steps' program names.
     pub fn name(&self) -> &str {
         &self.name

@@ -39,13 +39,13 @@ use smallvec::{smallvec, SmallVec};
 use super::programs::{BufferRole, Grid, Programs, Step, StepReadback, STEPS};
 use super::unicode::class_table;
 use super::{check_text_len, PretokenizeError};
-use crate::backend::{
+use vyre_cuda::backend::{
     Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, PendingDispatch, ResidentBuffer,
 };
-use crate::config::{ByteRange, DispatchConfig, ReadbackPolicy};
-use crate::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot};
-use crate::ir::{Access, Program};
-use crate::reference;
+use vyre_cuda::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot};
+use vyre_cuda::ir::{Access, Program};
+use vyre_cuda::reference;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
 /// Number of dispatches per encode.
 pub const DISPATCHES_PER_ENCODE: usize = STEPS.len();
@@ -63,10 +63,8 @@ fn words_in_place(bytes: &[u8]) -> Option<&[u32]> {
     if cfg!(target_endian = "big") {
         return None;
     }
-    // SAFETY: every bit pattern is a valid `u32`, and `align_to` puts in the middle
-    // slice only whole, aligned words inside `bytes`; the view borrows `bytes`.
-    let (head, words, _) = unsafe { bytes.align_to::<u32>() };
-    head.is_empty().then_some(words)
+    // Whole words only; refused (not shifted) when the start is not 4-byte aligned.
+    bytemuck::try_cast_slice(&bytes[..bytes.len() / 4 * 4]).ok()
 }
 
 /// The little-endian words of device bytes, in host order (the byte-order fix of
@@ -376,10 +374,9 @@ impl CudaPipeline {
                     .with_readback(ReadbackPolicy::Ranges(smallvec![count]));
             }
         }
-        let mapped_starts =
+        let mut mapped_starts =
             backend.host_mapped_buffer(layout.allocation_bytes(BufferRole::PieceStarts))?;
-        if cfg!(target_endian = "little")
-            && words_in_place(mapped_starts.mapped_bytes_after_synchronize()?).is_none()
+        if cfg!(target_endian = "little") && words_in_place(mapped_starts.mapped_bytes()?).is_none()
         {
             return Err(PretokenizeError::new(
                 "Fix: internal: host-mapped memory is not 4-byte aligned; report this as a bug",
@@ -463,12 +460,22 @@ impl CudaPipeline {
     /// `host_order` on big-endian ones.
     fn take_piece_starts(&mut self, count: usize) -> Result<(), PretokenizeError> {
         if cfg!(target_endian = "big") {
-            let bytes = self.mapped_starts.mapped_bytes_after_synchronize()?;
-            self.host_order.clear();
-            self.host_order.extend(words_of(&bytes[..4 * count]));
+            let bytes = self.mapped_starts_bytes()?;
+            let words: Vec<u32> = words_of(&bytes[..4 * count]).collect();
+            self.host_order = words;
         }
         self.piece_count = count;
         Ok(())
+    }
+
+    /// The host-mapped piece starts' bytes in place, after an encode's synchronize:
+    /// beside the recorded graph when there is one (it holds the buffer's memory).
+    fn mapped_starts_bytes(&mut self) -> Result<&[u8], PretokenizeError> {
+        let bytes = match &self.graph {
+            Some(encode) => self.mapped_starts.mapped_bytes_beside(&encode.graph),
+            None => self.mapped_starts.mapped_bytes(),
+        };
+        Ok(bytes?)
     }
 
     /// The text length this pipeline was built for.
@@ -490,7 +497,7 @@ impl CudaPipeline {
     /// after a failed one): a view of the host-mapped memory the compaction wrote
     /// (no copy), valid until the next encode (which needs `&mut self`, so it cannot
     /// start while the view lives).
-    pub fn piece_starts(&self) -> &[u32] {
+    pub fn piece_starts(&mut self) -> &[u32] {
         if self.piece_count == 0 {
             return &[];
         }
@@ -498,12 +505,12 @@ impl CudaPipeline {
             return &self.host_order[..self.piece_count];
         }
         // Every encode that set `piece_count` has synchronised the stream that wrote
-        // the mapped memory, and `&self` keeps the next one from starting.
-        self.mapped_starts
-            .mapped_bytes_after_synchronize()
+        // the mapped memory, and `&mut self` keeps the next one from starting.
+        let count = self.piece_count;
+        self.mapped_starts_bytes()
             .ok()
             .and_then(words_in_place)
-            .and_then(|words| words.get(..self.piece_count))
+            .and_then(|words| words.get(..count))
             .unwrap_or(&[])
     }
 
@@ -732,45 +739,6 @@ impl CudaPipeline {
     }
 }
 
-/// The driver calls of one eager and one graph encode of `text` on this thread
-/// (test support, like [`crate::backend::thread_driver_calls`]): what the example,
-/// the bench and the GPU tests print and check (eager: one synchronize per
-/// dispatch, all but the last on an idle stream, and the text's one upload;
-/// graph: one graph launch and one synchronize, nothing after it).
-#[cfg(feature = "testing")]
-pub fn encode_driver_calls(
-    pipeline: &mut CudaPipeline,
-    text: &[u8],
-) -> Result<[crate::backend::DriverCallCounts; 2], PretokenizeError> {
-    use crate::backend::thread_driver_calls;
-    let before = thread_driver_calls();
-    pipeline.encode(text)?;
-    let eager = thread_driver_calls().since(&before);
-    let before = thread_driver_calls();
-    pipeline.encode_graph(text)?;
-    let graph = thread_driver_calls().since(&before);
-    Ok([eager, graph])
-}
-
-/// One line describing [`encode_driver_calls`]' counts.
-#[cfg(feature = "testing")]
-pub fn describe_driver_calls(calls: &[crate::backend::DriverCallCounts; 2]) -> String {
-    let [eager, graph] = calls;
-    format!(
-        "driver calls per encode: eager {} synchronizes (one blocking, the rest on streams already \
-         idle), {} kernel launches, {} device waits (each step after the previous one), {} async \
-         copies (the text up; the piece count and starts come through host-mapped memory); graph {} \
-         graph launch, {} synchronize, {} async copies",
-        eager.synchronizes,
-        eager.launches,
-        eager.stream_waits,
-        eager.async_copies,
-        graph.graph_launches,
-        graph.synchronizes,
-        graph.async_copies
-    )
-}
-
 impl Drop for CudaPipeline {
     fn drop(&mut self) {
         for handle in self.buffers.into_iter().flatten() {
@@ -841,9 +809,7 @@ mod tests {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         // A Vec<u32>'s buffer is 4-byte aligned; view its bytes.
         let backing: Vec<u32> = words_of(&bytes).collect();
-        // SAFETY: test only: viewing an aligned u32 buffer as its bytes.
-        let aligned =
-            unsafe { std::slice::from_raw_parts(backing.as_ptr().cast::<u8>(), 4 * backing.len()) };
+        let aligned: &[u8] = bytemuck::cast_slice(&backing);
         if cfg!(target_endian = "little") {
             assert_eq!(words_in_place(aligned), Some(&words[..]));
             assert_eq!(words_in_place(&aligned[1..9]), None);

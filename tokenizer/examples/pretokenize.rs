@@ -46,6 +46,8 @@
 //! `--offsets FILE` writes the piece start byte offsets of the (one) text, one
 //! decimal per line, so any external tool can check them.
 
+#[path = "../tests/support/driver_calls.rs"]
+mod driver_calls;
 #[path = "../tests/oracle/mod.rs"]
 mod oracle;
 
@@ -53,12 +55,10 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use vyre_cuda::pretokenize;
+use vyre_tokenizer::pretokenize;
 
-use pretokenize::pipeline::{
-    describe_driver_calls, encode_driver_calls, run_reference, CudaPipeline, EncodeTiming,
-    DISPATCHES_PER_ENCODE,
-};
+use driver_calls::{describe_driver_calls, encode_driver_calls};
+use pretokenize::pipeline::{run_reference, CudaPipeline, EncodeTiming, DISPATCHES_PER_ENCODE};
 use pretokenize::programs::{programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape};
 use pretokenize::{cpu, MAX_TEXT_BYTES};

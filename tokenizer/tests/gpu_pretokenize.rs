@@ -4,19 +4,26 @@
 //! the invalid-UTF-8 rule), the plain CPU splitter and, where the text is small
 //! enough, the reference interpreter running the same programs.
 
+#[path = "support/driver_calls.rs"]
+mod driver_calls;
 mod oracle;
-mod support;
 
 use std::collections::HashMap;
 
-use vyre_cuda::pretokenize;
+use vyre_tokenizer::pretokenize;
 
 use oracle::{corpus, random_bytes, random_string, utf8_boundary_texts, Oracle};
 use pretokenize::cpu;
 use pretokenize::pipeline::{run_reference, CudaPipeline};
 use pretokenize::programs::{programs, Programs};
 use pretokenize::text::{generate, Shape, SplitMix64};
-use support::backend as gpu_backend;
+
+/// The backend of device 0; GPU tests are ignored unless run on a CUDA machine,
+/// where a missing device is a real failure.
+fn gpu_backend() -> vyre_cuda::backend::CudaBackend {
+    vyre_cuda::backend::CudaBackend::acquire()
+        .unwrap_or_else(|e| panic!("gpu test needs a CUDA device: {e}"))
+}
 
 fn shown(text: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(text))
@@ -287,7 +294,8 @@ fn gpu_wrong_length_is_a_fix_error() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_encodes_make_one_synchronize_per_dispatch_and_one_per_graph() {
-    use pretokenize::pipeline::{encode_driver_calls, DISPATCHES_PER_ENCODE};
+    use driver_calls::encode_driver_calls;
+    use pretokenize::pipeline::DISPATCHES_PER_ENCODE;
     use vyre_cuda::backend::thread_driver_calls;
     let gpu = gpu_backend();
     let programs = programs();

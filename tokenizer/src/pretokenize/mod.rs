@@ -62,7 +62,7 @@
 //! formulations and the oracle agree on every test input.
 //!
 //! ```
-//! use vyre_cuda::pretokenize::{cpu, pipeline, programs};
+//! use vyre_tokenizer::pretokenize::{cpu, pipeline, programs};
 //! let text = "Hello, world!  It's 42 €\n".as_bytes();
 //! // The three IR programs on the CPU reference interpreter (a CUDA device runs the
 //! // same programs through `pipeline::CudaPipeline`).
@@ -232,14 +232,14 @@ impl fmt::Display for PretokenizeError {
 
 impl std::error::Error for PretokenizeError {}
 
-impl From<crate::reference::ReferenceError> for PretokenizeError {
-    fn from(error: crate::reference::ReferenceError) -> Self {
+impl From<vyre_cuda::reference::ReferenceError> for PretokenizeError {
+    fn from(error: vyre_cuda::reference::ReferenceError) -> Self {
         PretokenizeError::new(error.message())
     }
 }
 
-impl From<crate::backend::BackendError> for PretokenizeError {
-    fn from(error: crate::backend::BackendError) -> Self {
+impl From<vyre_cuda::backend::BackendError> for PretokenizeError {
+    fn from(error: vyre_cuda::backend::BackendError) -> Self {
         PretokenizeError::new(error.to_string())
     }
 }

@@ -13,18 +13,22 @@
 #[path = "../tests/oracle/mod.rs"]
 mod oracle;
 
+#[path = "../../benches/common/mod.rs"]
 mod common;
+#[path = "../tests/support/driver_calls.rs"]
+mod driver_calls;
 
 use std::time::Instant;
 
+use driver_calls::{describe_driver_calls, encode_driver_calls};
 use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::CudaBackend;
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::host_cost::{Paired, Report};
-use vyre_cuda::pretokenize::pipeline::{describe_driver_calls, encode_driver_calls, CudaPipeline};
-use vyre_cuda::pretokenize::programs::{self, build, programs};
-use vyre_cuda::pretokenize::text::{generate, Shape};
-use vyre_cuda::pretokenize::Geometry;
+use vyre_tokenizer::pretokenize::pipeline::CudaPipeline;
+use vyre_tokenizer::pretokenize::programs::{self, build, programs};
+use vyre_tokenizer::pretokenize::text::{generate, Shape};
+use vyre_tokenizer::pretokenize::Geometry;
 
 const TEXT_BYTES: usize = 262_144;
 const MEDIAN_ENCODES: usize = 1000;

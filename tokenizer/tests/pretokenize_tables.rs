@@ -2,7 +2,7 @@
 
 mod oracle;
 
-use vyre_cuda::pretokenize::unicode::{class_table, CharClass, ClassTable, UNICODE_VERSION};
+use vyre_tokenizer::pretokenize::unicode::{class_table, CharClass, ClassTable, UNICODE_VERSION};
 
 /// Locks out a class table that differs from the oracle's `\p{L}`, `\p{N}` or
 /// `\s` anywhere: every code point `0..=0x10FFFF` (surrogates, which are not

@@ -33,7 +33,7 @@
 
 use super::unicode::CharClass;
 use super::{Geometry, PretokenizeError};
-use crate::ir::{
+use vyre_cuda::ir::{
     Access, AtomicOp, Axis, BlockBuilder, BufferCount, ElemType, Expr, Program, ReduceOp,
     ScalarType,
 };
@@ -149,7 +149,7 @@ impl BufferRole {
     }
 
     /// Whether the CUDA run keeps this buffer in host-mapped pinned memory
-    /// ([`CudaBackend::host_mapped_buffer`](crate::backend::CudaBackend::host_mapped_buffer))
+    /// ([`CudaBackend::host_mapped_buffer`](vyre_cuda::backend::CudaBackend::host_mapped_buffer))
     /// instead of device memory: only the piece starts, so the compaction's stores
     /// reach the host with the encode's synchronize and no copy, whatever the count
     /// (measured on the H200, 2026-12-01: a separate read of exactly the piece starts

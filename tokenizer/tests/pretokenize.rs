@@ -8,7 +8,7 @@
 
 mod oracle;
 
-use vyre_cuda::pretokenize;
+use vyre_tokenizer::pretokenize;
 
 use oracle::{corpus, random_bytes, random_string, utf8_boundary_texts, Oracle};
 use pretokenize::pipeline::run_reference;

@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use vyre_cuda::pretokenize::text::SplitMix64;
+use vyre_tokenizer::pretokenize::text::SplitMix64;
 
 /// GPT-2's pre-tokenizer pattern, exactly as tiktoken's r50k/p50k encodings use it.
 pub const GPT2_PATTERN: &str =

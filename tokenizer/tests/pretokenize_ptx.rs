@@ -3,15 +3,15 @@
 //! machine without a GPU. ptxas is found as `support/ptxas.rs` says; without it the
 //! test prints that it skipped, unless `VYRE_REQUIRE_PTXAS=1` makes that a failure.
 
-#[path = "support/ptxas.rs"]
+#[path = "../../tests/support/ptxas.rs"]
 mod ptxas;
 
 use vyre_cuda::codegen::program_to_ptx;
 use vyre_cuda::ir::{validate, validate_lowered, Limits};
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
-use vyre_cuda::pretokenize::programs::{build, programs};
-use vyre_cuda::pretokenize::Geometry;
 use vyre_cuda::CodegenOptions;
+use vyre_tokenizer::pretokenize::programs::{build, programs};
+use vyre_tokenizer::pretokenize::Geometry;
 
 /// Locks out programs the device would refuse: each step of the default and a
 /// small geometry validates, lowers (both reduction strategies), generates PTX
