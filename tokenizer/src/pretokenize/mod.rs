@@ -98,6 +98,7 @@
 //! the sample inputs.
 
 pub mod cpu;
+pub mod pattern;
 pub mod pipeline;
 pub mod programs;
 pub mod text;
