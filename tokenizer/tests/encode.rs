@@ -639,3 +639,36 @@ fn greedy_longest_match_differs_from_tiktoken_on_the_corpus() {
         .count();
     assert!(differing > 0);
 }
+
+/// Locks out a README example that drifts from the API: the README's tokenizer
+/// example (`rust,ignore` there: the root crate's doctests cannot see this
+/// crate) is, line for line, the crate docs' example that runs as a doctest.
+#[test]
+fn readme_example_is_the_crate_doc_example() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let start = readme
+        .find("```rust,ignore\nuse vyre_tokenizer")
+        .expect("README example")
+        + 15;
+    let readme_block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let doc_block: String = lib
+        .lines()
+        .skip_while(|line| *line != "//! ```")
+        .skip(1)
+        .take_while(|line| !line.starts_with("//! #") && *line != "//! ```")
+        .map(|line| {
+            format!(
+                "{}\n",
+                line.strip_prefix("//! ")
+                    .unwrap_or(line.trim_start_matches("//!"))
+            )
+        })
+        .collect();
+    assert!(
+        doc_block.contains("Tokenizer::"),
+        "no crate doc example found"
+    );
+    assert_eq!(readme_block, doc_block);
+}
