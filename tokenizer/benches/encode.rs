@@ -19,6 +19,8 @@
 //! `VYRE_BENCH_QUICK=1` shortens the regions. Run:
 //! `cargo bench -p vyre-tokenizer --bench encode`.
 
+// Its options; this bench prints its own rows (MB/s and speed-ups, not µs).
+#[allow(dead_code)]
 #[path = "../../benches/common/mod.rs"]
 mod common;
 #[path = "../tests/support/peers.rs"]

@@ -64,7 +64,7 @@ fn base64_value(character: u8) -> Option<u8> {
 /// only at the end, unused bits zero) and appends the bytes to `out`. `Err` holds
 /// a description of what is wrong.
 pub(crate) fn decode_base64(text: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return Err(format!(
             "its length {} is not a multiple of 4 (base64 with '=' padding)",
             text.len()
