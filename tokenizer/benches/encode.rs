@@ -1,7 +1,7 @@
 //! The CPU encoder against its peers (tiktoken-rs; bpe-openai for cl100k and
 //! o200k), as ratios measured in the same run: one thread over a whole text,
 //! and all threads over the same text cut into 8 KiB chunks after line feeds
-//! (ours through `encode_batch`, the peers through the same work queue).
+//! (ours through `encode_batch`, the peers interleaved over the threads).
 //!
 //! Texts, 262,144 bytes each: the three generated shapes (prose, CJK, code) and
 //! real text from the repository itself (no network: the files are on disk):

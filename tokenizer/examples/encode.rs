@@ -14,7 +14,7 @@
 //! `tiktoken-rs` and `bpe-openai` (which has cl100k and o200k only) on the same
 //! text, on one thread (the whole text) and on all threads (the text cut into
 //! chunks after line feeds, each chunk a batch item: `encode_batch` for ours, the
-//! same work queue for the others). Every run's ids are checked: identical to
+//! chunks interleaved over the threads for the others). Every run's ids are checked: identical to
 //! every peer's, on one thread and batched, or the example fails.
 //!
 //! `--backend auto|cpu|gpu` picks where the split runs (the BPE runs on the CPU
@@ -197,7 +197,11 @@ fn tokenizer_for(options: &Options) -> Result<(Tokenizer, String), String> {
         Backend::Auto => {
             let why_not = match tokenizer.clone().with_backend(Backend::Gpu) {
                 Ok(_) => None,
-                Err(error) => Some(error.to_string()),
+                // The device's own reason where there is one (no driver, say).
+                Err(error) => Some(
+                    std::error::Error::source(&error)
+                        .map_or_else(|| error.to_string(), |source| source.to_string()),
+                ),
             };
             let auto = tokenizer
                 .with_backend(Backend::Auto)
@@ -286,6 +290,9 @@ fn run(options: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// One way of running a tokenizer over the text: its ids, as a list of chunks.
+type Run<'a> = dyn Fn(&Peer) -> Vec<Vec<u32>> + 'a;
+
 /// Times ours and every peer on `text`, one thread and all threads, checks that
 /// every run's ids are identical, and returns ours.
 fn encode_and_compare(
@@ -296,73 +303,57 @@ fn encode_and_compare(
     iterations: usize,
     threads: usize,
 ) -> Result<Vec<u32>, String> {
-    let ours = Peer::Ours(tokenizer);
-    let (seconds, ids) = median_seconds(iterations, || ours.encode(text));
-    println!(
-        "{name}: {} bytes, {} tokens ({:.2} bytes per token); the split runs on the {}",
-        text.len(),
-        ids.len(),
-        text.len() as f64 / ids.len().max(1) as f64,
-        tokenizer.runs_on(text.len()).name()
-    );
-    print_figures(
-        "vyre-tokenizer, one thread",
-        text.len(),
-        ids.len(),
-        seconds,
-        None,
-    );
-    for peer in peers {
-        let (peer_seconds, peer_ids) = median_seconds(iterations, || peer.encode(text));
-        if peer_ids != ids {
-            return Err(format!(
-                "{name}: our ids differ from {}'s (one thread)",
-                peer.name()
-            ));
-        }
-        print_figures(
-            &format!("{}, one thread", peer.name()),
-            text.len(),
-            ids.len(),
-            peer_seconds,
-            Some(seconds),
-        );
-    }
     let chunks = chunks_of(text, CHUNK_BYTES);
-    let (batch_seconds, batch) = median_seconds(iterations, || ours.encode_chunks(&chunks));
-    let batch_tokens: usize = batch.iter().map(Vec::len).sum();
-    print_figures(
-        &format!(
-            "vyre-tokenizer, {threads} threads ({} chunks)",
-            chunks.len()
-        ),
-        text.len(),
-        batch_tokens,
-        batch_seconds,
-        None,
-    );
-    for peer in peers {
-        let (peer_seconds, peer_batch) = median_seconds(iterations, || peer.encode_chunks(&chunks));
-        if peer_batch != batch {
-            return Err(format!(
-                "{name}: our ids differ from {}'s (batched)",
-                peer.name()
-            ));
+    let ours = Peer::Ours(tokenizer);
+    // One thread over the whole text, then all threads over the chunks: each
+    // run's ids, as a list of chunks.
+    let one_thread = |peer: &Peer| vec![peer.encode(text)];
+    let all_threads = |peer: &Peer| peer.encode_chunks(&chunks);
+    let modes: [(String, &Run); 2] = [
+        ("one thread".to_owned(), &one_thread),
+        (format!("{threads} threads"), &all_threads),
+    ];
+    let mut our_ids = Vec::new();
+    for (mode, run) in modes {
+        let (seconds, ids) = median_seconds(iterations, || run(&ours));
+        let tokens: usize = ids.iter().map(Vec::len).sum();
+        if our_ids.is_empty() {
+            println!(
+                "{name}: {} bytes, {tokens} tokens ({:.2} bytes per token); the split runs on the {}",
+                text.len(),
+                text.len() as f64 / tokens.max(1) as f64,
+                tokenizer.runs_on(text.len()).name()
+            );
+            our_ids = ids.concat();
         }
-        print_figures(
-            &format!("{}, {threads} threads", peer.name()),
-            text.len(),
-            batch_tokens,
-            peer_seconds,
-            Some(batch_seconds),
-        );
+        let label = match ids.len() {
+            1 => format!("vyre-tokenizer, {mode}"),
+            chunks => format!("vyre-tokenizer, {mode} ({chunks} chunks)"),
+        };
+        print_figures(&label, text.len(), tokens, seconds, None);
+        for peer in peers {
+            let (peer_seconds, peer_ids) = median_seconds(iterations, || run(peer));
+            if peer_ids != ids {
+                return Err(format!(
+                    "{name}: our ids differ from {}'s ({mode})",
+                    peer.name()
+                ));
+            }
+            print_figures(
+                &format!("{}, {mode}", peer.name()),
+                text.len(),
+                tokens,
+                peer_seconds,
+                Some(seconds),
+            );
+        }
     }
     let names: Vec<&str> = peers.iter().map(Peer::name).collect();
     println!(
         "  ids identical to {} (one thread and batched)",
         names.join(" and ")
     );
-    Ok(ids)
+    Ok(our_ids)
 }
 
 /// One line of figures; `ours` (seconds) adds how many times faster ours is.

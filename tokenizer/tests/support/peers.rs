@@ -5,7 +5,6 @@
 //! `#[path = "…/support/peers.rs"] mod peers;`.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use vyre_tokenizer::{Encoding, Tokenizer};
@@ -41,27 +40,22 @@ impl Peer<'_> {
     }
 
     /// The ids of every chunk, on all threads (ours through `encode_batch`, the
-    /// others through the same work queue `encode_batch` uses).
+    /// others interleaved over the threads: equal chunks, so equal shares).
     pub fn encode_chunks(&self, chunks: &[&str]) -> Vec<Vec<u32>> {
         if let Peer::Ours(tokenizer) = self {
             return tokenizer.encode_batch(chunks);
         }
+        // Thread `t` takes chunks t, t + T, t + 2T, ...
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let next = AtomicUsize::new(0);
         let mut results = vec![Vec::new(); chunks.len()];
         std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let index = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(chunk) = chunks.get(index) else {
-                                break;
-                            };
-                            done.push((index, self.encode(chunk)));
-                        }
-                        done
+                .map(|first| {
+                    scope.spawn(move || {
+                        (first..chunks.len())
+                            .step_by(threads)
+                            .map(|index| (index, self.encode(chunks[index])))
+                            .collect::<Vec<_>>()
                     })
                 })
                 .collect();
