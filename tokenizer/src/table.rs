@@ -4,14 +4,17 @@
 //!
 //! Encoding real text asks "is this byte string a token, and of which rank" a few
 //! times per input byte: once per piece (most pieces are whole tokens) and once
-//! per adjacent pair the merge loop considers. `HashMap<Vec<u8>, u32>` with the
-//! standard SipHash spends most of an encode hashing, and every probe follows a
-//! pointer to the key's heap bytes to compare them. This table is open addressing
-//! with linear probing over 16-byte slots that hold the key's first 8 bytes
-//! inline, its length and its rank: a key of at most 8 bytes (most pairs and most
-//! tokens: the median token of every OpenAI vocabulary is under 8 bytes) is
-//! found or refused without touching any other memory; a longer one compares its
-//! tail against the vocabulary's byte arena once the inline part matched.
+//! per adjacent pair the merge loop considers. `HashMap<Vec<u8>, u32>` hashes
+//! with SipHash and follows a pointer to every candidate key's heap bytes to
+//! compare them. This table is open addressing with linear probing over 16-byte
+//! slots that hold the key's first 8 bytes inline, its length and its rank: a
+//! key of at most 8 bytes (most pairs, and 74–80 % of the tokens of every OpenAI
+//! vocabulary: their median token is 6 bytes) is found or refused without
+//! touching any other memory; a longer one compares its tail against the
+//! vocabulary's byte arena once the inline part matched. Measured on the 2-core
+//! build machine (2026-12-01, cl100k, every 2- to 8-byte window of README.md,
+//! hits and misses, best of 15 passes): 17.4 ns per lookup here, 31.5 ns through
+//! the standard `HashMap<Vec<u8>, u32>`.
 //!
 //! The hash is a multiplicative (Fibonacci) hash of the inline word and the
 //! length, with the remaining 8-byte words folded in for longer keys; the slot
