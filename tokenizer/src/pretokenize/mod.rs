@@ -98,7 +98,9 @@
 //! the sample inputs.
 
 pub mod cpu;
+mod matcher;
 pub mod pattern;
+pub mod per_position;
 pub mod pipeline;
 pub mod programs;
 pub mod text;

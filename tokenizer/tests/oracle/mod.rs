@@ -25,6 +25,13 @@ impl Oracle {
         }
     }
 
+    /// Compiles `pattern`'s regular expression, exactly as tiktoken publishes it.
+    pub fn for_pattern(pattern: vyre_tokenizer::pretokenize::pattern::Pattern) -> Oracle {
+        Oracle {
+            regex: fancy_regex::Regex::new(pattern.regex()).expect("the pattern compiles"),
+        }
+    }
+
     /// Byte offsets of the match starts in a valid string. Panics if the matches do
     /// not tile the text (they always do for this pattern: a broken oracle must
     /// not pass silently).
