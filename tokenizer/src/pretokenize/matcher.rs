@@ -198,6 +198,7 @@ impl<'t> Text<'t> {
 
     /// End of the GPT-2 piece starting at `at`:
     /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
+    #[inline]
     pub(super) fn gpt2_end(&self, at: usize) -> usize {
         let (kind, len) = self.char_at(at);
         if kind == Kind::Apostrophe {
@@ -230,6 +231,7 @@ impl<'t> Text<'t> {
     /// End of the cl100k piece starting at `at`:
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
     /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+    #[inline]
     pub(super) fn cl100k_end(&self, at: usize) -> usize {
         let (kind, len) = self.char_at(at);
         let next = at + len;
@@ -263,6 +265,7 @@ impl<'t> Text<'t> {
 
     /// End of the o200k piece starting at `at` (the pattern in
     /// [`Pattern::O200k`](super::pattern::Pattern::O200k)).
+    #[inline]
     pub(super) fn o200k_end(&self, at: usize) -> usize {
         let (kind, len) = self.char_at(at);
         let next = at + len;

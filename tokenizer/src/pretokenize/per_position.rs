@@ -320,12 +320,19 @@ fn non_letter_start(window: &Window, white_space: Phase) -> Phase {
 }
 
 /// The byte offset of every piece start of `text` by `pattern`, by the rule of
-/// the [module docs](self): characters decoded by the standard library under the
-/// invalid-byte rule, the two look-ahead facts by a reverse pass, the phases by a
-/// forward pass. Allocates per character; the fast split is
-/// [`Splitter`](super::pattern::Splitter). A text over
-/// [`super::MAX_TEXT_BYTES`] is an `Err` starting `Fix:`.
+/// the [module docs](self): [`windows`], then [`starts_from_windows`]. Allocates
+/// per character; the fast split is [`Splitter`](super::pattern::Splitter). A
+/// text over [`super::MAX_TEXT_BYTES`] is an `Err` starting `Fix:`.
 pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, PretokenizeError> {
+    Ok(starts_from_windows(pattern, windows(text)?))
+}
+
+/// The byte offset of every character of `text` and its [`Window`]: characters
+/// decoded by the standard library under the invalid-byte rule
+/// ([`cpu::code_points`](super::cpu::code_points)), the two look-ahead facts by
+/// a reverse pass. The same for every pattern. A text over
+/// [`super::MAX_TEXT_BYTES`] is an `Err` starting `Fix:`.
+pub fn windows(text: &[u8]) -> Result<Vec<(u32, Window)>, PretokenizeError> {
     super::check_text_len(text.len())?;
     let table = kind_table()?;
     let characters = code_points(text);
@@ -333,12 +340,7 @@ pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, Pretokeni
         .iter()
         .map(|&(_, code_point)| table.kind_of(code_point))
         .collect();
-    let kind_at = |index: isize| {
-        usize::try_from(index)
-            .ok()
-            .and_then(|index| kinds.get(index).copied())
-            .unwrap_or(Kind::End)
-    };
+    let kind_at = |index: usize| kinds.get(index).copied().unwrap_or(Kind::End);
     let code_at = |index: usize| characters.get(index).map_or(0, |&(_, code)| code);
     // Reverse pass: the facts about the text after each position (the values
     // past the end are `false` and `true`).
@@ -356,22 +358,41 @@ pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, Pretokeni
             !KindSet::WORD.contains(kind)
         };
     }
-    // Forward pass: the phases.
+    Ok(characters
+        .iter()
+        .enumerate()
+        .map(|(index, &(offset, _))| {
+            let before = |distance: usize| {
+                index
+                    .checked_sub(distance)
+                    .map_or(Kind::End, |at| kinds[at])
+            };
+            let window = Window {
+                before2: before(2),
+                before: before(1),
+                here: kinds[index],
+                after: kind_at(index + 1),
+                after2: kind_at(index + 2),
+                after_code: code_at(index + 1),
+                after2_code: code_at(index + 2),
+                break_ahead: break_ahead[index],
+                upper_to_end: upper_to_end[index],
+            };
+            (offset, window)
+        })
+        .collect())
+}
+
+/// The piece starts by `pattern` from every character's (byte offset,
+/// [`Window`]) in order: the forward pass of phases, [`continues`] or else
+/// [`starts`].
+pub fn starts_from_windows(
+    pattern: Pattern,
+    windows: impl IntoIterator<Item = (u32, Window)>,
+) -> Vec<u32> {
     let mut piece_starts = Vec::new();
     let mut phase = Phase::Begin;
-    for (index, &(offset, _)) in characters.iter().enumerate() {
-        let at = index as isize;
-        let window = Window {
-            before2: kind_at(at - 2),
-            before: kind_at(at - 1),
-            here: kinds[index],
-            after: kind_at(at + 1),
-            after2: kind_at(at + 2),
-            after_code: code_at(index + 1),
-            after2_code: code_at(index + 2),
-            break_ahead: break_ahead[index],
-            upper_to_end: upper_to_end[index],
-        };
+    for (offset, window) in windows {
         phase = match continues(pattern, phase, &window) {
             Some(next) => next,
             None => {
@@ -380,5 +401,5 @@ pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, Pretokeni
             }
         };
     }
-    Ok(piece_starts)
+    piece_starts
 }

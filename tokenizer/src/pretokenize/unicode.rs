@@ -317,7 +317,8 @@ impl Kind {
 pub struct KindSet(u32);
 
 impl KindSet {
-    const fn of(kinds: &[Kind]) -> KindSet {
+    /// The set of `kinds`.
+    pub const fn of(kinds: &[Kind]) -> KindSet {
         let mut bits = 0u32;
         let mut index = 0;
         while index < kinds.len() {
