@@ -84,11 +84,13 @@ fn assert_all_formulations(pattern: Pattern, text: &[u8], expected: &[u32], what
 /// to 12 in nine scripts, `\r\n` mixtures and Unicode spaces before line breaks,
 /// `/` after punctuation, marks at a start and after spaces, digits and
 /// punctuation, titlecase and caseless letters, CamelCase, emoji, CJK, invalid and
-/// cut UTF-8) and on the three generated shapes, for every pattern and every
-/// formulation.
+/// cut UTF-8, every lead byte with every boundary second byte of Unicode's
+/// well-formed table) and on the three generated shapes, for every pattern and
+/// every formulation.
 #[test]
 fn splits_equal_oracle_on_corpus_and_shapes() {
     let mut texts = split_corpus::corpus(oracle::corpus());
+    texts.extend(oracle::utf8_boundary_texts());
     for shape in Shape::ALL {
         texts.push(generate(shape, 20_000, 1));
     }

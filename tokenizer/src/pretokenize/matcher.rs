@@ -26,6 +26,38 @@
 
 use super::unicode::{Kind, KindSet, KindTable};
 
+/// The high bit of each byte of a `u64`.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// Which ASCII letters a run takes, eight bytes at a time.
+#[derive(Clone, Copy)]
+enum AsciiLetters {
+    /// `A-Za-z` (`\p{L}` on ASCII).
+    AnyCase,
+    /// `a-z` (o200k's `[\p{Ll}\p{Lm}\p{Lo}\p{M}]` on ASCII).
+    LowerCase,
+}
+
+impl AsciiLetters {
+    /// The high bit of byte `k` set where `chunk[k]` is such a letter (and so
+    /// ASCII): `0x61 <= x < 0x7B` for `x` the byte with its high bit cleared (and
+    /// bit 5 set for any case), tested by two additions that cannot carry out of
+    /// a byte.
+    #[inline(always)]
+    fn members(self, chunk: &[u8]) -> u64 {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(bytes);
+        let mut low = word & !HIGH_BITS;
+        if let AsciiLetters::AnyCase = self {
+            low |= 0x2020_2020_2020_2020;
+        }
+        let at_least_a = low + 0x1F1F_1F1F_1F1F_1F1F;
+        let past_z = low + 0x0505_0505_0505_0505;
+        at_least_a & !past_z & !word & HIGH_BITS
+    }
+}
+
 /// A text and the table its characters are classified by.
 #[derive(Clone, Copy)]
 pub(super) struct Text<'t> {
@@ -59,43 +91,69 @@ impl<'t> Text<'t> {
 
     /// [`Text::char_at`] for a non-ASCII lead byte: a well-formed sequence is
     /// one character, anything else one byte of kind U+FFFD.
+    ///
+    /// Well-formed means Unicode's table: a lead `C2..=F4` and its continuation
+    /// bytes `80..=BF`, decoding to a code point that needs that many bytes (no
+    /// overlong form), is no surrogate and is at most U+10FFFF. Those bounds on
+    /// the code point are exactly the table's special second-byte ranges (`E0`:
+    /// `A0..`, `ED`: `..9F`, `F0`: `90..`, `F4`: `..8F`).
     #[inline]
     fn decode(&self, at: usize) -> (Kind, usize) {
         let bytes = &self.bytes[at..];
-        let invalid = (self.table.stored_kind(0xFFFD), 1);
-        // The lead fixes the length and the range of the second byte (the rest
-        // are 0x80..=0xBF).
-        let (len, second_range) = match bytes[0] {
-            0xC2..=0xDF => (2, 0x80..=0xBF),
-            0xE0 => (3, 0xA0..=0xBF),
-            0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80..=0xBF),
-            0xED => (3, 0x80..=0x9F),
-            0xF0 => (4, 0x90..=0xBF),
-            0xF1..=0xF3 => (4, 0x80..=0xBF),
-            0xF4 => (4, 0x80..=0x8F),
-            _ => return invalid,
+        let lead = u32::from(bytes[0]);
+        // The six payload bits of byte `index` if it is a continuation byte.
+        let payload = |index: usize| {
+            bytes
+                .get(index)
+                .map(|&byte| u32::from(byte ^ 0x80))
+                .filter(|&bits| bits < 0x40)
         };
-        let Some(sequence) = bytes.get(..len) else {
-            return invalid;
-        };
-        if !second_range.contains(&sequence[1])
-            || sequence[2..]
-                .iter()
-                .any(|&byte| !(0x80..=0xBF).contains(&byte))
-        {
-            return invalid;
+        let decoded =
+            match lead {
+                0xC2..=0xDF => payload(1).map(|second| ((lead & 0x1F) << 6 | second, 2)),
+                0xE0..=0xEF => payload(1).zip(payload(2)).and_then(|(second, third)| {
+                    let code_point = (lead & 0x0F) << 12 | second << 6 | third;
+                    (code_point >= 0x800 && !(0xD800..=0xDFFF).contains(&code_point))
+                        .then_some((code_point, 3))
+                }),
+                0xF0..=0xF4 => payload(1).zip(payload(2)).zip(payload(3)).and_then(
+                    |((second, third), fourth)| {
+                        let code_point = (lead & 0x07) << 18 | second << 12 | third << 6 | fourth;
+                        (0x1_0000..=0x10_FFFF)
+                            .contains(&code_point)
+                            .then_some((code_point, 4))
+                    },
+                ),
+                _ => None,
+            };
+        match decoded {
+            Some((code_point, len)) => (self.table.stored_kind(code_point), len),
+            None => (self.table.stored_kind(0xFFFD), 1),
         }
-        let lead_bits = u32::from(bytes[0]) & (0x7F >> len);
-        let code_point = sequence[1..].iter().fold(lead_bits, |code, &byte| {
-            (code << 6) | (u32::from(byte) & 0x3F)
-        });
-        (self.table.stored_kind(code_point), len)
     }
 
     /// One past the longest run of `set` characters starting at `at`.
     #[inline(always)]
     fn run_end(&self, mut at: usize, set: KindSet) -> usize {
+        // Letter runs (the commonest) take eight ASCII bytes per step.
+        let ascii_letters = if set == KindSet::LETTER {
+            Some(AsciiLetters::AnyCase)
+        } else if set == KindSet::O200K_LOWER {
+            Some(AsciiLetters::LowerCase)
+        } else {
+            None
+        };
         loop {
+            if let Some(letters) = ascii_letters {
+                while let Some(chunk) = self.bytes.get(at..at + 8) {
+                    let members = letters.members(chunk);
+                    if members != HIGH_BITS {
+                        at += ((!members & HIGH_BITS).trailing_zeros() / 8) as usize;
+                        break;
+                    }
+                    at += 8;
+                }
+            }
             while let Some(&byte) = self.bytes.get(at) {
                 if byte >= 0x80 {
                     break;
@@ -105,12 +163,17 @@ impl<'t> Text<'t> {
                 }
                 at += 1;
             }
-            // A non-ASCII character or the end (`Kind::End` is in no set).
-            let (kind, len) = self.char_at(at);
-            if !set.contains(kind) {
-                return at;
+            // Non-ASCII characters, or the end (`Kind::End` is in no set).
+            loop {
+                let (kind, len) = self.char_at(at);
+                if !set.contains(kind) {
+                    return at;
+                }
+                at += len;
+                if self.bytes.get(at).is_none_or(|&byte| byte < 0x80) {
+                    break;
+                }
             }
-            at += len;
         }
     }
 
@@ -269,34 +332,37 @@ impl<'t> Text<'t> {
     pub(super) fn o200k_end(&self, at: usize) -> usize {
         let (kind, len) = self.char_at(at);
         let next = at + len;
-        // The first letter alternative, with its optional first character, then
-        // without it; then the second one likewise.
-        if KindSet::PREFIX.contains(kind) {
-            if let Some(end) = self.o200k_lower_end(next) {
-                return end;
-            }
-        }
         if KindSet::WORD.contains(kind) {
-            if let Some(end) = self.o200k_lower_end(at) {
-                return end;
+            // A mark is also `[^\r\n\p{L}\p{N}]`, so the first alternative first
+            // tries it as its optional first character. Without that character
+            // the first alternative matches at any mark, lower-case or caseless
+            // letter; it can fail only at Lu or Lt, where the second one matches.
+            if kind == Kind::Mark {
+                if let Some(end) = self.o200k_lower_end(next) {
+                    return end;
+                }
             }
+            return self
+                .o200k_lower_end(at)
+                .unwrap_or_else(|| self.o200k_upper_end(at));
         }
-        if KindSet::PREFIX.contains(kind) && KindSet::O200K_UPPER.contains(self.char_at(next).0) {
-            return self.o200k_upper_end(next);
-        }
-        if KindSet::O200K_UPPER.contains(kind) {
-            return self.o200k_upper_end(at);
-        }
-        // Not a letter or a mark (a mark always starts the first alternative).
         if kind == Kind::Number {
             return self.digits_end(next);
         }
-        if KindSet::OTHER.contains(kind) {
-            return self.other_end(next, KindSet::LINE_BREAK_OR_SLASH);
-        }
-        if kind == Kind::Space {
+        if KindSet::PREFIX.contains(kind) {
+            // An optional first character before a letter or mark: the first
+            // alternative fails only where the second matches (the letter is
+            // Lu or Lt).
             let (next_kind, next_len) = self.char_at(next);
-            if KindSet::OTHER.contains(next_kind) {
+            if KindSet::WORD.contains(next_kind) {
+                return self
+                    .o200k_lower_end(next)
+                    .unwrap_or_else(|| self.o200k_upper_end(next));
+            }
+            if KindSet::OTHER.contains(kind) {
+                return self.other_end(next, KindSet::LINE_BREAK_OR_SLASH);
+            }
+            if kind == Kind::Space && KindSet::OTHER.contains(next_kind) {
                 return self.other_end(next + next_len, KindSet::LINE_BREAK_OR_SLASH);
             }
         }
