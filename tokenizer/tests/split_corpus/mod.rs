@@ -513,11 +513,47 @@ const UNITS: &[&[&str]] = &[
     ],
     // lower-case letters (contraction letters among them)
     &[
-        "a", "s", "t", "e", "l", "r", "v", "m", "d", "x", "é", "ß", "ж", "λ", "\u{17F}", "ǆ", "𝐚",
+        "a",
+        "s",
+        "t",
+        "e",
+        "l",
+        "r",
+        "v",
+        "m",
+        "d",
+        "x",
+        "é",
+        "ß",
+        "ж",
+        "λ",
+        "\u{17F}",
+        "ǆ",
+        "𝐚",
+        "letters",
+        "abcdefghijklmnopqrstuvwxyz",
     ],
     // upper-case and titlecase letters
     &[
-        "A", "S", "T", "E", "L", "R", "V", "M", "D", "X", "É", "Ж", "Ω", "\u{212A}", "İ", "ǅ", "𝐀",
+        "A",
+        "S",
+        "T",
+        "E",
+        "L",
+        "R",
+        "V",
+        "M",
+        "D",
+        "X",
+        "É",
+        "Ж",
+        "Ω",
+        "\u{212A}",
+        "İ",
+        "ǅ",
+        "𝐀",
+        "HTTPSERVER",
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
     ],
     // caseless letters (Lm, Lo)
     &[
@@ -542,8 +578,8 @@ const UNITS: &[&[&str]] = &[
     ],
     // punctuation, symbols, controls, slash
     &[
-        ".", ",", "!", "-", "/", "/", ".\n", "/\r\n", "\"", "(", "€", "😀", "👍🏽", "\u{200D}", "\0",
-        "\u{7F}", "\u{FFFD}", "\u{E000}",
+        ".", ",", "!", "-", "/", "/", ".\n", "/\r\n", "\"", "(", "@", "[", "`", "{", "_", "€",
+        "😀", "👍🏽", "\u{200D}", "\0", "\u{7F}", "\u{FFFD}", "\u{E000}",
     ],
 ];
 
