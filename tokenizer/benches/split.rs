@@ -19,6 +19,9 @@ use vyre_tokenizer::pretokenize::text::{generate, Shape};
 
 const TEXT_BYTES: usize = 262_144;
 
+/// One arm of a comparison: `iterations` splits, a digest of them.
+type Arm<'a> = Box<dyn FnMut(u64) -> u64 + 'a>;
+
 fn mb_per_s(ns_per_text: f64) -> f64 {
     TEXT_BYTES as f64 * 1e3 / ns_per_text
 }
@@ -54,7 +57,7 @@ fn main() {
                     digest ^ regex.find_iter(text).count() as u64
                 })
             };
-            let arms: [(&str, Box<dyn FnMut(u64) -> u64>); 2] = [
+            let arms: [(&str, Arm<'_>); 2] = [
                 (
                     "split_into",
                     Box::new(|iterations: u64| {

@@ -455,3 +455,102 @@ fn negative_control_per_position_rule_needs_both_facts() {
         );
     }
 }
+
+/// The cl100k rule exactly as the module docs of `pretokenize` state it in
+/// words ("a piece starts at `c` iff ..."), over the kinds and `break_ahead` of
+/// `per_position::windows`, with the two backward facts (digits before `c` in
+/// its run, the nearest character before `p` that is not a line break) counted
+/// here.
+fn cl100k_rule_in_words(text: &[u8]) -> Vec<u32> {
+    use vyre_tokenizer::pretokenize::unicode::{Kind, KindSet};
+    let windows = per_position::windows(text).expect("windows");
+    let kinds: Vec<Kind> = windows.iter().map(|(_, window)| window.here).collect();
+    let punctuation = |kind: Kind| KindSet::OTHER.contains(kind);
+    let white = |kind: Kind| KindSet::WHITE_SPACE.contains(kind);
+    let line_break = |kind: Kind| kind == Kind::LineBreak;
+    let kind = |index: usize| kinds.get(index).copied().unwrap_or(Kind::End);
+    // Contractions: where they start, which characters they cover, where they end.
+    let mut inside = vec![false; kinds.len()];
+    let mut ends_before = vec![false; kinds.len() + 1];
+    for start in 0..kinds.len() {
+        let opens = kind(start) == Kind::Apostrophe
+            && (start == 0 || !(punctuation(kind(start - 1)) || kind(start - 1) == Kind::Space));
+        let letters = if KindSet::CONTRACTION_STMD.contains(kind(start + 1)) {
+            1
+        } else if (KindSet::CONTRACTION_RV.contains(kind(start + 1))
+            && KindSet::CONTRACTION_E.contains(kind(start + 2)))
+            || (KindSet::CONTRACTION_L.contains(kind(start + 1))
+                && KindSet::CONTRACTION_L.contains(kind(start + 2)))
+        {
+            2
+        } else {
+            0
+        };
+        if opens && letters > 0 {
+            inside[start + 1..=start + letters].fill(true);
+            ends_before[start + 1 + letters] = true;
+        }
+    }
+    let mut starts = Vec::new();
+    let mut digits_before = 0;
+    for (index, (offset, window)) in windows.iter().enumerate() {
+        let (c, x) = (window.here, window.after);
+        let starts_here = if index == 0 {
+            true
+        } else if inside[index] {
+            false
+        } else {
+            let p = kind(index - 1);
+            let nearest_before_p_not_break =
+                (0..index - 1).rev().map(kind).find(|&k| !line_break(k));
+            (c == Kind::Number && (p != Kind::Number || digits_before % 3 == 0))
+                || (p == Kind::Number && c != Kind::Number)
+                || ends_before[index]
+                || (KindSet::LETTER.contains(c)
+                    && (line_break(p)
+                        || (punctuation(p)
+                            && index >= 2
+                            && (punctuation(kind(index - 2)) || kind(index - 2) == Kind::Space))))
+                || (punctuation(c) && !punctuation(p) && p != Kind::Space)
+                || (white(c) && !white(p) && !(line_break(c) && punctuation(p)))
+                || (white(c)
+                    && white(p)
+                    && !line_break(c)
+                    && ((x != Kind::End && !white(x))
+                        || (line_break(p) && nearest_before_p_not_break.is_some_and(punctuation))
+                        || (line_break(p) && !window.break_ahead)))
+        };
+        if starts_here {
+            starts.push(*offset);
+        }
+        digits_before = if c == Kind::Number {
+            digits_before + 1
+        } else {
+            0
+        };
+    }
+    starts
+}
+
+/// Locks out a wrong statement of the cl100k rule in words (the one a kernel
+/// author reads in the `pretokenize` module docs): evaluated literally, it
+/// gives the oracle's piece starts on the corpus, the shapes and 5,000 random
+/// strings.
+#[test]
+fn cl100k_rule_in_words_equals_oracle() {
+    let oracle = Oracle::for_pattern(Pattern::Cl100k);
+    let mut texts = split_corpus::corpus(oracle::corpus());
+    for shape in Shape::ALL {
+        texts.push(generate(shape, 5_000, 3));
+    }
+    let mut random = SplitMix64::new(0x0070_0C0D);
+    texts.extend((0..5_000).map(|_| split_corpus::random_bytes(&mut random, 16)));
+    for text in texts {
+        assert_eq!(
+            cl100k_rule_in_words(&text),
+            oracle.starts(&text),
+            "{}",
+            shown(&text)
+        );
+    }
+}

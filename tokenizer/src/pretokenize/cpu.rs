@@ -1,4 +1,7 @@
-//! The GPT-2 split in plain Rust, one thread, no IR: the second formulation.
+//! The GPT-2 split in plain Rust, one thread, no IR: the second formulation of
+//! the GPU programs, kept simple rather than fast (it decodes the whole text into
+//! a vector first; the fast CPU split of every pattern is
+//! [`Splitter`](super::pattern::Splitter), checked against this one too).
 //!
 //! The GPU programs decide "does a piece start at byte `i`" from a window of
 //! bytes around `i`; this splitter instead walks the text the way a regex engine

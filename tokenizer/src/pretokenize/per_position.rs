@@ -42,25 +42,46 @@
 //! a minimum scan of positions on a device.
 //!
 //! What only the phase carries from arbitrarily far back: the count of digits in
-//! the current group (`\p{N}{1,3}` counts from the start of the number run), and
-//! whether a mark, `/`, `\r` or `\n` belongs to a run of punctuation (o200k puts a
-//! mark after punctuation into the punctuation piece, but a mark after a single
-//! punctuation character at a piece start into a letter piece with that
-//! character first; `.\u{301}` and `..\u{301}` differ) or to a letter piece, and
-//! whether a caseless letter (Lm, Lo, M) of o200k is before or after the run's
-//! first lower-case letter. A device evaluates the phases with a parallel prefix
-//! over per-position transition maps: each position's map from the previous
-//! phase to its own phase is known from its window alone, there are
-//! [`Phase::COUNT`] = 16 phases (4 bits), so a map packs into one `u64` and the
-//! composition of two maps is 16 nibble lookups.
+//! the current group (`\p{N}{1,3}` counts from the start of the number run);
+//! whether a mark, `/`, `\r` or `\n` belongs to a run of punctuation or to a
+//! letter piece (o200k puts a mark after a punctuation run into that run, but a
+//! mark after a single punctuation character that starts a piece into a letter
+//! piece with that character first: `..\u{301}a` is two pieces, `.\u{301}a`
+//! one; cl100k's and o200k's punctuation pieces take the line breaks, and
+//! o200k's the `/`, after them); and whether a caseless character of o200k (Lm,
+//! Lo, M) comes before or after its piece's first lower-case letter.
 //!
-//! # Per pattern
+//! # On a device
 //!
-//! GPT-2 needs none of the above but the bounded window (its rule is
-//! [per byte](super#the-rule-per-byte) on the GPU today); cl100k needs the digit
-//! count, the punctuation run's `[\r\n]*` tail (which `\r`/`\n` follow it) and
-//! `break_ahead`; o200k needs all of it. The phases each pattern uses, and what
-//! continues them, are in [`Phase`]'s documentation.
+//! 1. Decode each character and look its kind up in the resident
+//!    [`KindTable`](super::unicode::KindTable) (the five ASCII characters the
+//!    patterns name by their byte).
+//! 2. The two look-ahead facts: a minimum scan, from the right, of the
+//!    positions of characters outside the set (white space other than a line
+//!    break; Lu/Lt), then one test of the character found.
+//! 3. Per position, the transition map `previous phase -> phase` from the
+//!    window: [`Phase::COUNT`] = 16 phases of 4 bits, so one map is one `u64`.
+//! 4. A parallel prefix of the maps (composing two is 16 nibble lookups) gives
+//!    every phase; a piece starts where [`continues`] gave `None`, and the
+//!    compaction is GPT-2's.
+//!
+//! GPT-2 needs only the bounded window (its GPU rule is per byte, in the
+//! [parent module's docs](super)); cl100k needs the digit count, the
+//! punctuation run's `[\r\n]*` tail and `break_ahead`; o200k needs all of it.
+//! The phases each pattern uses, and what continues them, are in [`Phase`]'s
+//! documentation.
+//!
+//! ```
+//! use vyre_tokenizer::pretokenize::pattern::{piece_starts, Pattern};
+//! use vyre_tokenizer::pretokenize::per_position;
+//! for text in ["..\u{301}a .\u{301}a", "ABC日本DEF ABC日本DEFghi", "x \n\t\n  y"] {
+//!     let text = text.as_bytes();
+//!     for pattern in Pattern::ALL {
+//!         let by_rule = per_position::piece_starts(pattern, text).unwrap();
+//!         assert_eq!(by_rule, piece_starts(pattern, text).unwrap());
+//!     }
+//! }
+//! ```
 
 use super::cpu::code_points;
 use super::pattern::Pattern;

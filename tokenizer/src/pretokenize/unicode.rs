@@ -1,23 +1,30 @@
-//! The Unicode character classes the GPT-2 pattern needs, as one compact table
-//! that the GPU, the reference interpreter and the CPU splitter all read.
+//! The Unicode character classes the three patterns need, as two compact
+//! tables: the 2-bit [`ClassTable`] that GPT-2's GPU programs, the reference
+//! interpreter and [`cpu`](super::cpu) read, and the 4-bit [`KindTable`] that
+//! the CPU split of every pattern reads (laid out the same way, for a device to
+//! hold resident when cl100k and o200k get GPU programs).
 //!
 //! # Why this module exists
 //!
-//! The pattern's `\p{L}`, `\p{N}` and `\s` must mean exactly what they mean to the
-//! oracle (`fancy-regex`, which hands its character classes to the `regex` crate,
-//! which takes them from `regex-syntax`). So the table is built from
-//! `regex-syntax` itself: the same crate, the same version in `Cargo.lock`, the same
-//! ranges — [`UNICODE_VERSION`] is the Unicode version of its generated tables. A
-//! test compares the table with the oracle's own matches on every code point
-//! `0..=0x10FFFF` (`tests/pretokenize_tables.rs`).
+//! The patterns' `\p{L}`, `\p{N}`, `\s`, `\p{Lu}`, `\p{M}`, ... and the
+//! case-insensitive `(?i:'s|...)` must mean exactly what they mean to the oracle
+//! (`fancy-regex`, which hands its character classes to the `regex` crate, which
+//! takes them from `regex-syntax`). So the tables are built from `regex-syntax`
+//! itself: the same crate, the same version in `Cargo.lock`, the same ranges and
+//! the same simple case folding (U+017F LATIN SMALL LETTER LONG S is a
+//! contraction's `s`; U+212A KELVIN SIGN folds to `k`, which no contraction
+//! has) — [`UNICODE_VERSION`] is the Unicode version of its generated tables.
+//! Tests compare both tables with the oracle's own matches on every code point
+//! `0..=0x10FFFF`, class by class (`tests/pretokenize_tables.rs`,
+//! `tests/split_tables.rs`).
 //!
-//! # Layout (one `u32` buffer, uploaded once per pipeline)
+//! # Layout (one `u32` buffer each)
 //!
-//! Every code point has a 2-bit [`CharClass`]. Code points come in blocks of 256;
-//! blocks with the same 256 classes are stored once. The first
-//! [`INDEX_ENTRIES`] words map `code_point >> 8` to the word offset of its block;
-//! a block is [`WORDS_PER_BLOCK`] words of 16 two-bit classes each. A lookup is two
-//! dependent loads:
+//! Code points come in blocks of 256; blocks with the same 256 codes are stored
+//! once. The first [`INDEX_ENTRIES`] words map `code_point >> 8` to the word
+//! offset of its block. In the [`ClassTable`] every code point has a 2-bit
+//! [`CharClass`] and a block is [`WORDS_PER_BLOCK`] words of 16 classes each; a
+//! lookup is two dependent loads:
 //!
 //! ```text
 //! base  = table[cp >> 8]
@@ -25,8 +32,12 @@
 //! class = (word >> ((cp & 15) * 2)) & 3
 //! ```
 //!
-//! With Unicode 16.0 the table has a few hundred distinct blocks (see
-//! [`ClassTable::distinct_blocks`]), about 40 KB in all: it stays in the device's
+//! The [`KindTable`] is the same with a 4-bit [`Kind`] per code point
+//! ([`KIND_WORDS_PER_BLOCK`] words of 8 kinds per block; see its docs). With
+//! Unicode 16.0 the class table has 133 distinct blocks, 25,920 bytes in all,
+//! and the kind table 140 blocks, 35,328 bytes (an earlier version of these docs
+//! said "a few hundred blocks, about 40 KB" for the class table; the test
+//! bounds are below 1,000 blocks and 100,000 bytes): each stays in a device's
 //! caches, and ASCII text touches two cache lines of it.
 
 use std::collections::HashMap;
