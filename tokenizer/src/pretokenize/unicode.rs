@@ -95,7 +95,7 @@ impl CharClass {
 /// The class table: see the module docs for the layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassTable {
-    words: Vec<u32>,
+    table: TwoLevel<2>,
 }
 
 /// The code point ranges of one class, as `regex-syntax` parses it in Unicode mode.
@@ -120,28 +120,65 @@ fn class_ranges(pattern: &str) -> Result<Vec<(u32, u32)>, PretokenizeError> {
     }
 }
 
-/// Packs one small code per code point (`classes[cp]`, below `1 << bits`) into
-/// the two-level layout of the module docs: [`INDEX_ENTRIES`] index words, then
-/// each distinct block of 256 codes once, `32 / bits` codes per word, low bits
-/// first.
-fn pack_two_level(classes: &[u8], bits: u32) -> Vec<u32> {
-    let per_word = (32 / bits) as usize;
-    let words_per_block = (1usize << BLOCK_SHIFT) / per_word;
-    let mut words = vec![0u32; INDEX_ENTRIES as usize];
-    let mut seen: HashMap<Vec<u32>, u32> = HashMap::new();
-    for (block, chunk) in classes.chunks_exact(1 << BLOCK_SHIFT).enumerate() {
-        let mut packed = vec![0u32; words_per_block];
-        for (offset, &class) in chunk.iter().enumerate() {
-            packed[offset / per_word] |= (class as u32) << ((offset % per_word) as u32 * bits);
+/// A two-level table of `BITS`-bit codes, one per code point: the layout of the
+/// module docs ([`INDEX_ENTRIES`] index words, then each distinct block of 256
+/// codes once, `32 / BITS` codes per word, low bits first). Both tables are one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TwoLevel<const BITS: u32> {
+    words: Vec<u32>,
+}
+
+impl<const BITS: u32> TwoLevel<BITS> {
+    const PER_WORD: u32 = 32 / BITS;
+    const WORDS_PER_BLOCK: u32 = (1 << BLOCK_SHIFT) / Self::PER_WORD;
+
+    /// Packs `codes[cp]` (each below `1 << BITS`) for every code point.
+    fn pack(codes: &[u8]) -> TwoLevel<BITS> {
+        let per_word = Self::PER_WORD as usize;
+        let mut words = vec![0u32; INDEX_ENTRIES as usize];
+        let mut seen: HashMap<Vec<u32>, u32> = HashMap::new();
+        for (block, chunk) in codes.chunks_exact(1 << BLOCK_SHIFT).enumerate() {
+            let mut packed = vec![0u32; Self::WORDS_PER_BLOCK as usize];
+            for (offset, &code) in chunk.iter().enumerate() {
+                packed[offset / per_word] |= (code as u32) << ((offset % per_word) as u32 * BITS);
+            }
+            let next_base = u32::try_from(words.len()).unwrap_or(u32::MAX);
+            let base = *seen.entry(packed).or_insert_with_key(|packed| {
+                words.extend_from_slice(packed);
+                next_base
+            });
+            words[block] = base;
         }
-        let next_base = u32::try_from(words.len()).unwrap_or(u32::MAX);
-        let base = *seen.entry(packed).or_insert_with_key(|packed| {
-            words.extend_from_slice(packed);
-            next_base
-        });
-        words[block] = base;
+        TwoLevel { words }
     }
-    words
+
+    /// The code of `code_point` (below U+110000): two dependent loads.
+    #[inline(always)]
+    fn code(&self, code_point: u32) -> u32 {
+        let base = self.words[(code_point >> BLOCK_SHIFT) as usize];
+        let offset = code_point & ((1 << BLOCK_SHIFT) - 1);
+        let word = self.words[(base + offset / Self::PER_WORD) as usize];
+        (word >> ((offset % Self::PER_WORD) * BITS)) & ((1 << BITS) - 1)
+    }
+
+    fn le_bytes(&self) -> Vec<u8> {
+        self.words
+            .iter()
+            .flat_map(|word| word.to_le_bytes())
+            .collect()
+    }
+
+    fn distinct_blocks(&self) -> usize {
+        (self.words.len() - INDEX_ENTRIES as usize) / Self::WORDS_PER_BLOCK as usize
+    }
+}
+
+/// A table built on first use and shared by the whole process.
+fn built_once<T>(
+    cell: &'static OnceLock<Result<T, PretokenizeError>>,
+    build: fn() -> Result<T, PretokenizeError>,
+) -> Result<&'static T, PretokenizeError> {
+    cell.get_or_init(build).as_ref().map_err(Clone::clone)
 }
 
 impl ClassTable {
@@ -162,7 +199,7 @@ impl ClassTable {
             }
         }
         Ok(ClassTable {
-            words: pack_two_level(&classes, 2),
+            table: TwoLevel::pack(&classes),
         })
     }
 
@@ -172,37 +209,29 @@ impl ClassTable {
         if code_point >= CODE_POINTS {
             return CharClass::Other;
         }
-        let base = self.words[(code_point >> BLOCK_SHIFT) as usize];
-        let word = self.words[(base + ((code_point >> 4) & 15)) as usize];
-        CharClass::from_code(word >> ((code_point & 15) * 2))
+        CharClass::from_code(self.table.code(code_point))
     }
 
     /// The table's words (index, then blocks).
     pub fn words(&self) -> &[u32] {
-        &self.words
+        &self.table.words
     }
 
     /// The table as the device stores it: little-endian words.
     pub fn to_le_bytes(&self) -> Vec<u8> {
-        self.words
-            .iter()
-            .flat_map(|word| word.to_le_bytes())
-            .collect()
+        self.table.le_bytes()
     }
 
     /// Distinct blocks of 256 code points stored.
     pub fn distinct_blocks(&self) -> usize {
-        (self.words.len() - INDEX_ENTRIES as usize) / WORDS_PER_BLOCK as usize
+        self.table.distinct_blocks()
     }
 }
 
 /// The class table, built on first use and shared by the whole process.
 pub fn class_table() -> Result<&'static ClassTable, PretokenizeError> {
     static TABLE: OnceLock<Result<ClassTable, PretokenizeError>> = OnceLock::new();
-    TABLE
-        .get_or_init(ClassTable::build)
-        .as_ref()
-        .map_err(Clone::clone)
+    built_once(&TABLE, ClassTable::build)
 }
 
 /// Bits per code point of the [`KindTable`].
@@ -422,7 +451,7 @@ impl KindSet {
 /// laid out for a device to hold resident like that one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KindTable {
-    words: Vec<u32>,
+    table: TwoLevel<KIND_BITS>,
     /// The kinds of U+0000..=U+007F with the five named characters in place:
     /// the CPU's fast path, one load per ASCII byte.
     ascii: [Kind; 128],
@@ -485,7 +514,7 @@ impl KindTable {
                 }
             }
         }
-        let words = pack_two_level(&kinds, KIND_BITS);
+        let table = TwoLevel::pack(&kinds);
         let mut ascii = [Kind::Other; 128];
         for (code_point, slot) in ascii.iter_mut().enumerate() {
             *slot = match code_point as u8 {
@@ -496,7 +525,7 @@ impl KindTable {
                 _ => Kind::from_code(u32::from(kinds[code_point])),
             };
         }
-        Ok(KindTable { words, ascii })
+        Ok(KindTable { table, ascii })
     }
 
     /// The kind of `code_point`, the five named ASCII characters included. A value
@@ -517,9 +546,7 @@ impl KindTable {
         if code_point >= CODE_POINTS {
             return Kind::Other;
         }
-        let base = self.words[(code_point >> BLOCK_SHIFT) as usize];
-        let word = self.words[(base + ((code_point >> 3) & 31)) as usize];
-        Kind::from_code((word >> ((code_point & 7) * KIND_BITS)) & 15)
+        Kind::from_code(self.table.code(code_point))
     }
 
     /// The kind of an ASCII byte (`byte < 0x80`), the named characters included.
@@ -530,28 +557,22 @@ impl KindTable {
 
     /// The table's words (index, then blocks).
     pub fn words(&self) -> &[u32] {
-        &self.words
+        &self.table.words
     }
 
     /// The table as a device would store it: little-endian words.
     pub fn to_le_bytes(&self) -> Vec<u8> {
-        self.words
-            .iter()
-            .flat_map(|word| word.to_le_bytes())
-            .collect()
+        self.table.le_bytes()
     }
 
     /// Distinct blocks of 256 code points stored.
     pub fn distinct_blocks(&self) -> usize {
-        (self.words.len() - INDEX_ENTRIES as usize) / KIND_WORDS_PER_BLOCK as usize
+        self.table.distinct_blocks()
     }
 }
 
 /// The kind table, built on first use and shared by the whole process.
 pub fn kind_table() -> Result<&'static KindTable, PretokenizeError> {
     static TABLE: OnceLock<Result<KindTable, PretokenizeError>> = OnceLock::new();
-    TABLE
-        .get_or_init(KindTable::build)
-        .as_ref()
-        .map_err(Clone::clone)
+    built_once(&TABLE, KindTable::build)
 }

@@ -6,7 +6,8 @@
 //! lower-case ones, titlecase, CamelCase), long runs, and a seeded generator of
 //! random strings over an alphabet with every kind of character and every
 //! boundary between them. Shared by `tests/split.rs` and any test that wants the
-//! same inputs (through `mod split_corpus;` beside `mod oracle;`).
+//! same inputs (through `mod split_corpus;` beside `mod oracle;`, whose corpus
+//! and damage it extends).
 
 #![allow(dead_code)]
 
@@ -602,30 +603,9 @@ pub fn random_string(random: &mut SplitMix64, max_units: u32) -> String {
     out
 }
 
-/// [`random_string`]'s bytes, one time in three damaged: cut at a random byte
-/// (often mid-character), or a byte overwritten or inserted with a lead,
-/// continuation or never-valid byte.
+/// [`random_string`]'s bytes, one time in three damaged (`oracle::damage`).
 pub fn random_bytes(random: &mut SplitMix64, max_units: u32) -> Vec<u8> {
     let mut bytes = random_string(random, max_units).into_bytes();
-    if bytes.is_empty() {
-        return bytes;
-    }
-    match random.below(9) {
-        0 => {
-            let cut = random.below(bytes.len() as u32) as usize;
-            bytes.truncate(cut);
-        }
-        1 => {
-            let at = random.below(bytes.len() as u32) as usize;
-            bytes[at] = random.below(256) as u8;
-        }
-        2 => {
-            let at = random.below(bytes.len() as u32 + 1) as usize;
-            let byte =
-                *random.pick(&[0x80u8, 0xBF, 0xC0, 0xC3, 0xE0, 0xED, 0xF0, 0xF4, 0xF8, 0xFF]);
-            bytes.insert(at, byte);
-        }
-        _ => {}
-    }
+    super::oracle::damage(random, &mut bytes, 9);
     bytes
 }
