@@ -554,3 +554,16 @@ fn cl100k_rule_in_words_equals_oracle() {
         );
     }
 }
+
+/// Locks out a splitter that a `Send + Sync` tokenizer cannot hold, or that
+/// must be rebuilt per thread: `Splitter`, its pattern and its piece iterators
+/// are plain values (a compile-time check).
+#[test]
+fn splitter_is_copy_send_and_sync() {
+    fn plain<T: Copy + Send + Sync + 'static>() {}
+    fn shareable<T: Send + Sync>() {}
+    plain::<Splitter>();
+    plain::<Pattern>();
+    shareable::<vyre_tokenizer::pretokenize::pattern::Pieces<'static>>();
+    shareable::<vyre_tokenizer::pretokenize::pattern::StrPieces<'static>>();
+}

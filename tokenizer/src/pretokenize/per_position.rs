@@ -272,6 +272,24 @@ pub fn continues(pattern: Pattern, previous: Phase, window: &Window) -> Option<P
 
 /// The phase of a character where a piece starts: the pattern's first
 /// alternative that matches here, and which of its parts takes this character.
+/// It reads only this character and what follows (`here`, `after`, `after2`,
+/// their codes, `break_ahead`), in this order:
+///
+/// | pattern | phase | where |
+/// |---|---|---|
+/// | GPT-2 | `Contraction` | `'` then `s t m d`, or `re ve ll` (ASCII, case-sensitive) |
+/// | GPT-2 | `SpacePrefix` | U+0020 before a character that is not white space |
+/// | GPT-2 | `Letters`, `Numbers`, `OtherRun` | a letter, a number, anything else but white space |
+/// | cl100k | `Contraction` | `'` then a case fold of `s t m d`, or of `re ve ll` |
+/// | cl100k | `Letters` | a letter |
+/// | cl100k | `Prefix` | `[^\r\n\p{L}\p{N}]` before a letter |
+/// | o200k | `Lower`, `Upper` | an Ll letter; any other letter or a mark |
+/// | o200k | `Prefix` | `[^\r\n\p{L}\p{N}]` before a letter or mark |
+/// | cl100k, o200k | `FirstDigit` | a number |
+/// | cl100k, o200k | `OtherSpace` | U+0020 before punctuation |
+/// | cl100k, o200k | `OtherRun` | punctuation |
+/// | cl100k, o200k | `Breaks` | white space with `break_ahead` |
+/// | all | `Spaces` | any other white space |
 pub fn starts(pattern: Pattern, window: &Window) -> Phase {
     let here = window.here;
     let is = |set: KindSet| set.contains(here);
