@@ -53,13 +53,15 @@
 //! let paired = Paired::compare("x1", |n| work(n, 1), "x2", |n| work(n, 2),
 //!                              &PairOptions::default())?;
 //! report.add_paired(paired);
-//! let _ = report.finish(); // prints the table, writes target/host-cost/example.*.json
+//! let _ = report.finish(); // prints the table, writes report_dir()/example.*.json
 //! # Ok::<(), vyre_cuda::host_cost::HostCostError>(())
 //! ```
 //!
 //! # Output files
 //! [`Report::finish`] prints [`Report::table`] and writes two files into
-//! `$VYRE_HOST_COST_REPORT_DIR` (default `target/host-cost/`), named after the report
+//! [`report_dir`]: `$VYRE_HOST_COST_REPORT_DIR`, else `$CARGO_TARGET_DIR/host-cost/`,
+//! else `target/host-cost/` (relative paths from the current directory, which `cargo
+//! test` and `cargo bench` set to the package's root), named after the report
 //! (characters outside `[A-Za-z0-9._-]` replaced by `_`). Failure to write is printed and
 //! returned, never a panic.
 //!
