@@ -5,6 +5,9 @@
 //! test back into the concurrent phase, where its neighbours change its verdict, so
 //! every name must be a `gpu_` test of this workspace; and the script must parse.
 
+#[path = "support/sources.rs"]
+mod sources;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,17 +17,11 @@ fn root() -> PathBuf {
 
 /// The text of every `.rs` file under `dir`, recursively.
 fn sources_under(dir: &Path, out: &mut String) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            sources_under(&path, out);
-        } else if path.extension().is_some_and(|extension| extension == "rs") {
-            out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-            out.push('\n');
-        }
+    let mut files = Vec::new();
+    sources::rust_files(dir, &mut files);
+    for path in files {
+        out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        out.push('\n');
     }
 }
 
