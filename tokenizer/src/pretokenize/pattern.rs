@@ -14,12 +14,15 @@
 //! and the encoder must be at least twice as fast as tiktoken-rs. The
 //! [`Splitter`] runs each pattern as plain loops over a 4-bit Unicode kind table
 //! (no regex engine, no allocation per piece, eight ASCII letters per step):
-//! on this project's 2-core build machine, 256 KiB of generated text on one
-//! thread, `benches/split.rs` measured 430–610 MB/s on prose, 440–500 MB/s on
-//! CJK and 350–500 MB/s on code across the three patterns, where `fancy-regex`
-//! did 17–30 MB/s on prose and code and 70–120 MB/s on CJK (ratios in the same
-//! run: 5 to 20 times faster). Every input costs linear time, including
-//! 100 KiB of one letter, space, digit, apostrophe, line break or mark.
+//! on this project's 2-core build machine (no GPU; shared with other builds, load
+//! average about 7, so host_cost marked every comparison "not publishable"),
+//! 256 KiB of generated text on one thread, `benches/split.rs` measured
+//! 445–596 MB/s on prose, 305–483 MB/s on CJK and 365–477 MB/s on code across the
+//! three patterns (fastest regions), where `fancy-regex` did 13–29 MB/s on prose
+//! and code and 54–109 MB/s on CJK: median ratios (split time / regex time, same
+//! run) 0.03–0.10 on prose and code and 0.12–0.34 on CJK. Every input costs
+//! linear time, including 100 KiB of one letter, space, digit, apostrophe, line
+//! break or mark.
 //!
 //! # What each pattern decides
 //!
