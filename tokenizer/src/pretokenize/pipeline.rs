@@ -8,7 +8,7 @@
 //! check ([`check_encode_len`]), the count check ([`piece_count`]) and the
 //! byte-order fix (`words_of`) exist once and serve all three.
 //!
-//! The CUDA path is built for a tokenizer's hot loop (§0: launch + synchronize is
+//! The CUDA path is built for a tokenizer's hot loop (measured on the H200: launch + synchronize is
 //! 8.5–9.8 µs on the raw driver, so the host cost per encode is counted in
 //! synchronizes): every buffer is allocated once in [`CudaPipeline::new`] and the
 //! class table uploaded then, kernels are compiled once (dispatches through
@@ -20,7 +20,7 @@
 //! view of them: no copy and no read of its own, whatever the count. Eager, per
 //! encode: two dispatches submitted back to back, the compaction ordered after
 //! the split on the device (an event, [`CudaBackend::submit_kernel_after`]), one
-//! blocking synchronize for both (the split's own then finds its stream idle: §0,
+//! blocking synchronize for both (the split's own then finds its stream idle: measured
 //! 1.8 µs), the text up as a borrowed binding of the split (staged on its stream),
 //! no DMA copy back, no driver allocation once warm. As a graph: one replay (upload, two kernels, the count)
 //! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
@@ -538,7 +538,7 @@ impl CudaPipeline {
         self.encode_stepwise(text)
     }
 
-    /// [`CudaPipeline::encode`] as one CUDA graph (§7): the upload, the two
+    /// [`CudaPipeline::encode`] as one CUDA graph: the upload, the two
     /// kernels and the count's readback (folded into the last kernel's epilogue)
     /// are recorded once, then every encode is one graph launch and one
     /// synchronize, nothing else: the compaction stored the piece starts into
