@@ -9,12 +9,12 @@
 //! ```
 //! use vyre_tokenizer::{Backend, Tokenizer};
 //!
-//! let tokenizer = Tokenizer::r50k_base()?; // vocabulary embedded, parsed once per process
+//! let tokenizer = Tokenizer::cl100k_base()?; // vocabulary embedded, parsed once per process
 //! let ids = tokenizer.encode_ordinary("Hello, world!");
-//! assert_eq!(ids, [15496, 11, 995, 0]);
+//! assert_eq!(ids, [9906, 11, 1917, 0]);
 //! assert_eq!(tokenizer.decode(&ids)?, "Hello, world!");
 //! let ids = tokenizer.encode("<|endoftext|>", &["<|endoftext|>"])?; // allowed special tokens
-//! assert_eq!(ids, [50256]);
+//! assert_eq!(ids, [100257]);
 //! let batch = tokenizer.encode_batch(&["one", "two"]); // all threads
 //! assert_eq!(batch.len(), 2);
 //! let gpu = Tokenizer::r50k_base()?.with_backend(Backend::Auto)?; // GPU split where there is one

@@ -4,22 +4,15 @@
 //!
 //! It is the one place that puts an encoding together (vocabulary, pre-tokenizer
 //! pattern, special tokens) and runs it: the pre-tokenizer cuts the text into
-//! pieces ([`pattern::split_into`] on the CPU, or GPT-2's split on a CUDA device),
-//! and [`bpe`](crate::bpe) merges each piece. The split's piece-start buffer, the
-//! output and the merge loop's scratch are allocated once per call, never per
-//! piece. Built-in encodings parse their embedded vocabulary once per process and
-//! share it between tokenizers.
+//! pieces ([`Splitter::pieces`] on the CPU, which walks a text of any length
+//! without allocating, or GPT-2's split on a CUDA device), and [`bpe`](crate::bpe)
+//! merges each piece. The output and the merge loop's scratch are allocated once
+//! per call, never per piece. Built-in encodings parse their embedded vocabulary
+//! once per process and share it between tokenizers.
 //!
-//! # Texts over 256 MiB
-//!
-//! The pre-tokenizers take at most [`MAX_TEXT_BYTES`] per call, so a longer text is
-//! encoded in windows. A window ends where every one of the three patterns must
-//! start a piece, whatever follows (BPE never merges across a piece start, so the
-//! ids are those of the whole text): before an ASCII letter that follows a line
-//! feed, between an ASCII letter and an ASCII digit (either order), or before a
-//! space that follows a printable ASCII character and precedes an ASCII letter.
-//! A 256 MiB stretch with none of these (256 MiB of one letter, say) is cut at a
-//! character boundary instead; only there can the ids differ from tiktoken's.
+//! The GPU pipeline takes at most [`MAX_TEXT_BYTES`] (256 MiB) per text (its
+//! offsets are `u32` and its buffers are sized per length); a longer text is
+//! split on the CPU whatever the backend, so no input is refused.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -29,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use crate::bpe::{encode_piece, Scratch};
 use crate::error::{ErrorKind, TokenizerError};
 use crate::gpu::GpuSplitter;
-use crate::pretokenize::pattern::{self, Pattern};
+use crate::pretokenize::pattern::{Pattern, Splitter};
 use crate::pretokenize::MAX_TEXT_BYTES;
 use crate::special::{Finder, SpecialToken, SpecialTokens};
 use crate::vocab::Vocabulary;
@@ -182,7 +175,7 @@ impl FromStr for Encoding {
 #[derive(Debug)]
 struct EncodingData {
     name: String,
-    pattern: Pattern,
+    splitter: Splitter,
     vocabulary: Vocabulary,
     special: SpecialTokens,
 }
@@ -209,43 +202,11 @@ pub struct Tokenizer {
     gpu: Option<Arc<GpuSplitter>>,
 }
 
-/// The buffers of one encode call: piece starts, merge scratch.
+/// The buffers of one encode call: the GPU's piece starts, merge scratch.
 #[derive(Default)]
 struct EncodeState {
     starts: Vec<u32>,
     scratch: Scratch,
-}
-
-/// True where every pattern starts a piece at `text[at]`, whatever follows
-/// (module docs); `0 < at < text.len()`.
-fn is_universal_piece_start(text: &[u8], at: usize) -> bool {
-    let (before, here) = (text[at - 1], text[at]);
-    let after = text.get(at + 1).copied().unwrap_or(0);
-    (before == b'\n' && here.is_ascii_alphabetic())
-        || (before.is_ascii_alphabetic() && here.is_ascii_digit())
-        || (before.is_ascii_digit() && here.is_ascii_alphabetic())
-        || (here == b' ' && before.is_ascii_graphic() && after.is_ascii_alphabetic())
-}
-
-/// Cuts `text` into windows of at most [`MAX_TEXT_BYTES`] bytes (module docs) and
-/// calls `each(offset, window)` in order.
-fn for_each_window<E>(text: &[u8], mut each: impl FnMut(&[u8]) -> Result<(), E>) -> Result<(), E> {
-    let mut start = 0;
-    while text.len() - start > MAX_TEXT_BYTES {
-        let limit = start + MAX_TEXT_BYTES;
-        let cut = (start + 1..=limit)
-            .rev()
-            .find(|&at| is_universal_piece_start(text, at))
-            .or_else(|| {
-                (start + 1..=limit)
-                    .rev()
-                    .find(|&at| (text[at] as i8) >= -0x40)
-            })
-            .unwrap_or(limit);
-        each(&text[start..cut])?;
-        start = cut;
-    }
-    each(&text[start..])
 }
 
 impl Tokenizer {
@@ -271,13 +232,13 @@ impl Tokenizer {
         special_tokens: &[(&str, u32)],
     ) -> Result<Self, TokenizerError> {
         let special = SpecialTokens::new(special_tokens, &vocabulary)?;
-        // The split's own setup (its Unicode table) fails here, not inside an
-        // encode that cannot return an error.
-        pattern::split_into(pattern, b"a", &mut Vec::new())?;
+        // The split's setup (its Unicode table) fails here, if ever, not inside
+        // an encode.
+        let splitter = Splitter::new(pattern)?;
         Ok(Tokenizer {
             encoding: Arc::new(EncodingData {
                 name,
-                pattern,
+                splitter,
                 vocabulary,
                 special,
             }),
@@ -366,7 +327,7 @@ impl Tokenizer {
         if backend == Backend::Cpu {
             return Ok(self);
         }
-        if self.encoding.pattern != Pattern::Gpt2 {
+        if self.encoding.splitter.pattern() != Pattern::Gpt2 {
             if backend == Backend::Gpu {
                 return Err(TokenizerError::new(
                     ErrorKind::Backend,
@@ -393,9 +354,11 @@ impl Tokenizer {
     }
 
     /// Where the split of a text of `text_len` bytes runs: [`Backend::Cpu`] or
-    /// [`Backend::Gpu`] (the BPE after it runs on the CPU either way).
+    /// [`Backend::Gpu`] (the BPE after it runs on the CPU either way). Texts over
+    /// [`MAX_TEXT_BYTES`] split on the CPU on every backend.
     pub fn runs_on(&self, text_len: usize) -> Backend {
         match (&self.gpu, self.backend) {
+            (Some(_), _) if text_len > MAX_TEXT_BYTES => Backend::Cpu,
             (Some(_), Backend::Gpu) => Backend::Gpu,
             (Some(_), Backend::Auto) if text_len >= AUTO_GPU_MIN_BYTES => Backend::Gpu,
             _ => Backend::Cpu,
@@ -415,7 +378,7 @@ impl Tokenizer {
 
     /// The pre-tokenizer pattern.
     pub fn pattern(&self) -> Pattern {
-        self.encoding.pattern
+        self.encoding.splitter.pattern()
     }
 
     /// The vocabulary.
@@ -446,23 +409,12 @@ impl Tokenizer {
         out
     }
 
-    /// [`Tokenizer::encode_segment`], falling back to the CPU split should the GPU
-    /// fail.
+    /// [`Tokenizer::encode_segment`], splitting on the CPU should the GPU fail.
     fn encode_ordinary_into(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
         let before = out.len();
         if self.encode_segment(text, out, state).is_err() {
             out.truncate(before);
-            let cpu = Tokenizer {
-                encoding: self.encoding.clone(),
-                backend: Backend::Cpu,
-                gpu: None,
-            };
-            // The CPU split refuses nothing a window holds; should it ever, the
-            // text is merged as one piece rather than lost.
-            if cpu.encode_segment(text, out, state).is_err() {
-                out.truncate(before);
-                encode_piece(&self.encoding.vocabulary, text, out, &mut state.scratch);
-            }
+            self.encode_on_cpu(text, out, state);
         }
     }
 
@@ -631,36 +583,43 @@ impl Tokenizer {
         }
     }
 
-    /// Splits `text` (no special tokens) and merges every piece into `out`.
+    /// Splits `text` (no special tokens) where [`Tokenizer::runs_on`] says and
+    /// merges every piece into `out`. Only the GPU split can fail.
     fn encode_segment(
         &self,
         text: &[u8],
         out: &mut Vec<u32>,
         state: &mut EncodeState,
     ) -> Result<(), TokenizerError> {
-        let encoding = &*self.encoding;
         let gpu = match self.runs_on(text.len()) {
             Backend::Gpu => self.gpu.as_deref(),
             _ => None,
         };
-        for_each_window(text, |window| {
-            state.starts.clear();
-            match gpu {
-                Some(gpu) => gpu.split_into(window, &mut state.starts)?,
-                None => pattern::split_into(encoding.pattern, window, &mut state.starts)?,
-            }
-            let starts = &state.starts;
-            for (index, &start) in starts.iter().enumerate() {
-                let end = starts
-                    .get(index + 1)
-                    .map_or(window.len(), |&end| end as usize);
-                // A start list that is not increasing would be a splitter bug;
-                // `get` keeps it from becoming a panic.
-                let piece = window.get(start as usize..end).unwrap_or(&[]);
-                encode_piece(&encoding.vocabulary, piece, out, &mut state.scratch);
-            }
-            Ok(())
-        })
+        let Some(gpu) = gpu else {
+            self.encode_on_cpu(text, out, state);
+            return Ok(());
+        };
+        state.starts.clear();
+        gpu.split_into(text, &mut state.starts)?;
+        let starts = &state.starts;
+        for (index, &start) in starts.iter().enumerate() {
+            let end = starts
+                .get(index + 1)
+                .map_or(text.len(), |&end| end as usize);
+            // A start list that is not increasing would be a device bug; `get`
+            // keeps it from becoming a panic.
+            let piece = text.get(start as usize..end).unwrap_or(&[]);
+            encode_piece(&self.encoding.vocabulary, piece, out, &mut state.scratch);
+        }
+        Ok(())
+    }
+
+    /// The CPU split and the merges, for any bytes of any length.
+    fn encode_on_cpu(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
+        let encoding = &*self.encoding;
+        for piece in encoding.splitter.pieces(text) {
+            encode_piece(&encoding.vocabulary, piece, out, &mut state.scratch);
+        }
     }
 }
 
@@ -669,25 +628,4 @@ fn shared_gpu() -> Result<Arc<GpuSplitter>, TokenizerError> {
     static GPU: OnceLock<Result<Arc<GpuSplitter>, TokenizerError>> = OnceLock::new();
     GPU.get_or_init(|| GpuSplitter::acquire().map(Arc::new))
         .clone()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Locks out a window cut where a pattern would not start a piece: every
-    /// universal start rule holds on texts where the three patterns agree it is a
-    /// start, and (negative controls) a space before a letter after a space, a
-    /// letter after a letter and a newline before a digit are not cuts.
-    #[test]
-    fn universal_piece_starts_are_only_the_documented_ones() {
-        assert!(is_universal_piece_start(b"a\nb", 2));
-        assert!(is_universal_piece_start(b"ab1", 2));
-        assert!(is_universal_piece_start(b"12a", 2));
-        assert!(is_universal_piece_start(b"x. y", 2));
-        assert!(!is_universal_piece_start(b"x  y", 2));
-        assert!(!is_universal_piece_start(b"xy", 1));
-        assert!(!is_universal_piece_start(b"\n1", 1));
-        assert!(!is_universal_piece_start(b"x .", 1));
-    }
 }

@@ -1,19 +1,15 @@
 //! The CPU encoder against its two oracles: `tiktoken-rs` (tiktoken's core,
 //! ported; all four encodings) and `bpe-openai` (an independent implementation;
-//! cl100k and o200k). Ids must be identical on the pre-tokenizer corpus, the
-//! extended corpus (`support/encoding_corpus.rs`), the three generated shapes,
-//! 10,000 seeded random strings per encoding and long runs of one character;
-//! plus round trips, special tokens, batches, the invalid-UTF-8 rule and inputs
-//! that must not panic.
-//!
-//! The cl100k and o200k tests are ignored until those patterns' CPU splitters
-//! land (`pattern::split_into` refuses them today); they run as they are then.
+//! cl100k and o200k). Ids must be identical on the pre-tokenizers' corpus
+//! (`oracle::corpus` extended by `split_corpus`: contractions in every case,
+//! digit runs in several scripts, `\r\n` mixtures, `x/y/z`, marks, titlecase,
+//! emoji ZWJ sequences), the three generated shapes, 10,000 seeded random strings
+//! per encoding and 100 KiB runs; plus round trips, special tokens, batches, the
+//! invalid-UTF-8 rule and inputs that must not panic.
 
-#[path = "support/encoding_corpus.rs"]
-mod encoding_corpus;
 mod oracle;
+mod split_corpus;
 
-use encoding_corpus::{extended_corpus, random_text};
 use oracle::{corpus, random_bytes, random_string};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer, Vocabulary};
@@ -70,14 +66,12 @@ impl Oracles {
     }
 }
 
-/// Every valid text of the pre-tokenizer corpus and the extended corpus.
+/// Every valid text of the pre-tokenizers' corpus (tiktoken takes `&str`).
 fn all_corpus_texts() -> Vec<String> {
-    let mut texts: Vec<String> = corpus()
+    split_corpus::corpus(corpus())
         .into_iter()
         .filter_map(|text| String::from_utf8(text).ok())
-        .collect();
-    texts.extend(extended_corpus());
-    texts
+        .collect()
 }
 
 fn corpus_and_shapes(encoding: Encoding) {
@@ -107,14 +101,12 @@ fn p50k_ids_equal_tiktoken_on_corpus_and_shapes() {
 
 /// The same for cl100k_base, against tiktoken-rs and bpe-openai.
 #[test]
-#[ignore = "needs the cl100k CPU split (pattern::split_into refuses it until it lands)"]
 fn cl100k_ids_equal_both_oracles_on_corpus_and_shapes() {
     corpus_and_shapes(Encoding::Cl100kBase);
 }
 
 /// The same for o200k_base, against tiktoken-rs and bpe-openai.
 #[test]
-#[ignore = "needs the o200k CPU split (pattern::split_into refuses it until it lands)"]
 fn o200k_ids_equal_both_oracles_on_corpus_and_shapes() {
     corpus_and_shapes(Encoding::O200kBase);
 }
@@ -126,15 +118,15 @@ fn random_strings(encoding: Encoding, seed: u64) {
         let text = if case % 2 == 0 {
             random_string(&mut random, 24)
         } else {
-            random_text(&mut random, random_string, 16)
+            split_corpus::random_string(&mut random, 16)
         };
         oracles.check(&text, &format!("random case {case}"));
     }
 }
 
 /// Locks out disagreements on inputs nobody wrote by hand: 10,000 seeded random
-/// strings on r50k_base (half from the GPT-2 generator, half weighted toward
-/// case-mixed contractions, line breaks, `/`, marks and digit runs).
+/// strings on r50k_base (half from the GPT-2 split's generator, half from the
+/// newer patterns': every kind of character and every boundary between them).
 #[test]
 fn r50k_ids_equal_tiktoken_on_10000_random_strings() {
     random_strings(Encoding::R50kBase, 0x7E57_0050);
@@ -148,20 +140,19 @@ fn p50k_ids_equal_tiktoken_on_10000_random_strings() {
 
 /// The same on cl100k_base, against both oracles.
 #[test]
-#[ignore = "needs the cl100k CPU split (pattern::split_into refuses it until it lands)"]
 fn cl100k_ids_equal_both_oracles_on_10000_random_strings() {
     random_strings(Encoding::Cl100kBase, 0x7E57_0100);
 }
 
 /// The same on o200k_base, against both oracles.
 #[test]
-#[ignore = "needs the o200k CPU split (pattern::split_into refuses it until it lands)"]
 fn o200k_ids_equal_both_oracles_on_10000_random_strings() {
     random_strings(Encoding::O200kBase, 0x7E57_0200);
 }
 
 /// Runs of one character: `bytes` of each of a letter, spaces, digits and
-/// apostrophes, plus a letter run broken by a newline.
+/// apostrophes, plus a letter run broken by a newline (GPT-2's encodings; the
+/// others take `split_corpus::long_runs`, which holds these and more).
 fn runs(bytes: usize) -> Vec<(String, String)> {
     ["a", " ", "7", "'"]
         .iter()
@@ -174,15 +165,21 @@ fn runs(bytes: usize) -> Vec<(String, String)> {
 }
 
 /// Locks out a merge loop that goes wrong on long pieces (the bucket path):
-/// 100 KiB runs of a letter, spaces, digits and apostrophes against bpe-openai
-/// (linear in a piece's length; tiktoken's own loop is quadratic there).
+/// `split_corpus::long_runs` (100 KiB of a letter of each case, an ideograph,
+/// spaces, tabs, digits of two scripts, apostrophes, `\r\n`, newlines, marks,
+/// short-piece pairs) against bpe-openai (linear in a piece's length;
+/// tiktoken's own loop is quadratic there).
 fn long_runs_against_bpe_openai(encoding: Encoding) {
     let ours = Tokenizer::for_encoding(encoding).expect("built-in encoding");
     let bpe = match encoding {
         Encoding::Cl100kBase => bpe_openai::cl100k_base(),
         _ => bpe_openai::o200k_base(),
     };
-    for (what, text) in runs(100 << 10) {
+    // The peers take `&str`: the runs of invalid bytes are for the splits alone.
+    let runs = split_corpus::long_runs()
+        .into_iter()
+        .filter_map(|(what, bytes)| Some((what, String::from_utf8(bytes).ok()?)));
+    for (what, text) in runs {
         assert_eq!(
             ours.encode_ordinary(&text),
             bpe.encode(&text),
@@ -194,14 +191,12 @@ fn long_runs_against_bpe_openai(encoding: Encoding) {
 
 /// Locks out wrong merges of 100 KiB pieces on cl100k_base.
 #[test]
-#[ignore = "needs the cl100k CPU split (pattern::split_into refuses it until it lands)"]
 fn cl100k_long_runs_equal_bpe_openai() {
     long_runs_against_bpe_openai(Encoding::Cl100kBase);
 }
 
 /// Locks out wrong merges of 100 KiB pieces on o200k_base.
 #[test]
-#[ignore = "needs the o200k CPU split (pattern::split_into refuses it until it lands)"]
 fn o200k_long_runs_equal_bpe_openai() {
     long_runs_against_bpe_openai(Encoding::O200kBase);
 }
@@ -280,11 +275,11 @@ fn merges_equal_the_plain_rule_on_random_pieces() {
 }
 
 /// Locks out ids that lose or change text: decode(encode(x)) == x on the corpus
-/// and 2,000 random strings for every encoding whose split exists, and
+/// and 2,000 random strings for every encoding, and
 /// decode_bytes(encode_ordinary_bytes(x)) == x on 2,000 damaged byte strings.
 #[test]
 fn decode_inverts_encode() {
-    for encoding in [Encoding::R50kBase, Encoding::P50kBase] {
+    for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         for text in all_corpus_texts() {
             let ids = tokenizer.encode_ordinary(&text);
@@ -292,7 +287,7 @@ fn decode_inverts_encode() {
         }
         let mut random = SplitMix64::new(0xDEC0DE);
         for _ in 0..2_000 {
-            let text = random_text(&mut random, random_string, 12);
+            let text = split_corpus::random_string(&mut random, 12);
             assert_eq!(
                 tokenizer.decode(&tokenizer.encode_ordinary(&text)).unwrap(),
                 text
@@ -445,7 +440,7 @@ fn encode_batch_equals_per_text_encodes() {
                 index,
             ))
             .unwrap(),
-            _ => random_text(&mut random, random_string, 40),
+            _ => split_corpus::random_string(&mut random, 40),
         })
         .collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();

@@ -7,12 +7,10 @@
 //! The checks go through `Tokenizer::encode`, which reports a GPU failure as an
 //! `Err` (`encode_ordinary` would quietly split on the CPU instead).
 
-#[path = "support/encoding_corpus.rs"]
-mod encoding_corpus;
 mod oracle;
+mod split_corpus;
 
-use encoding_corpus::{extended_corpus, random_text};
-use oracle::{corpus, random_bytes, random_string};
+use oracle::corpus;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -42,7 +40,7 @@ fn check(cpu: &Tokenizer, gpu: &Tokenizer, text: &str, what: &str) {
 }
 
 /// Locks out any GPU split that changes ids: r50k_base and p50k_base on the
-/// GPU equal the CPU encoder on the pre-tokenizer corpus, the extended corpus,
+/// GPU equal the CPU encoder on the pre-tokenizers' corpus (`split_corpus`),
 /// 400 random strings and the three shapes at 262,144 bytes; damaged bytes
 /// follow the same invalid-UTF-8 rule on both.
 #[test]
@@ -50,19 +48,18 @@ fn check(cpu: &Tokenizer, gpu: &Tokenizer, text: &str, what: &str) {
 fn gpu_ids_equal_cpu_on_corpus_shapes_and_random_strings() {
     for encoding in [Encoding::R50kBase, Encoding::P50kBase] {
         let (cpu, gpu) = cpu_and_gpu(encoding);
-        let mut texts: Vec<String> = corpus()
+        let texts: Vec<String> = split_corpus::corpus(corpus())
             .into_iter()
             .filter_map(|text| String::from_utf8(text).ok())
             .collect();
-        texts.extend(extended_corpus());
         for text in &texts {
             check(&cpu, &gpu, text, "corpus");
         }
         let mut random = SplitMix64::new(0x06E0_0050);
         for case in 0..400 {
-            let text = random_text(&mut random, random_string, 20);
+            let text = split_corpus::random_string(&mut random, 20);
             check(&cpu, &gpu, &text, &format!("random case {case}"));
-            let bytes = random_bytes(&mut random, 20);
+            let bytes = split_corpus::random_bytes(&mut random, 20);
             assert_eq!(
                 gpu.encode_ordinary_bytes(&bytes),
                 cpu.encode_ordinary_bytes(&bytes),
