@@ -216,7 +216,9 @@ pub(crate) fn merge_short(vocabulary: &Vocabulary, piece: &[u8], out: &mut Vec<u
     }
     start[len] = len as u8;
     for index in 0..len - 1 {
-        pair_rank[index] = vocabulary.rank(&piece[index..index + 2]).unwrap_or(NONE);
+        pair_rank[index] = vocabulary
+            .pair_rank(piece[index], piece[index + 1])
+            .unwrap_or(NONE);
     }
     let mut parts = len;
     loop {

@@ -41,6 +41,11 @@ pub struct Vocabulary {
     spans: Vec<(u32, u32)>,
     table: TokenTable,
     byte_ranks: [u32; 256],
+    /// The rank of every 2-byte token, indexed by `first << 8 | second`
+    /// (`NO_TOKEN` where there is none): the merge loop's first lookups are all
+    /// of adjacent byte pairs, and this 256 KiB array stays in cache where the
+    /// hash table (4–8 MiB) does not.
+    pair_ranks: Box<[u32]>,
     tokens: usize,
 }
 
@@ -269,11 +274,18 @@ impl Vocabulary {
                 }
             }
         }
+        let mut pair_ranks = vec![NO_TOKEN; 1 << 16].into_boxed_slice();
+        for &(key, rank) in &entries {
+            if let &[first, second] = key {
+                pair_ranks[(first as usize) << 8 | second as usize] = rank;
+            }
+        }
         Ok(Vocabulary {
             arena,
             spans,
             table,
             byte_ranks,
+            pair_ranks,
             tokens: tokens.len(),
         })
     }
@@ -303,10 +315,20 @@ impl Vocabulary {
     /// The rank of `bytes`, if they are a token.
     #[inline(always)]
     pub fn rank(&self, bytes: &[u8]) -> Option<u32> {
+        if let &[first, second] = bytes {
+            return self.pair_rank(first, second);
+        }
         self.table.get(bytes, |rank| {
             let (offset, len) = self.spans[rank as usize];
             &self.arena[offset as usize..(offset + len) as usize]
         })
+    }
+
+    /// The rank of the two bytes `first, second`, if they are a token.
+    #[inline(always)]
+    pub fn pair_rank(&self, first: u8, second: u8) -> Option<u32> {
+        let rank = self.pair_ranks[(first as usize) << 8 | second as usize];
+        (rank != NO_TOKEN).then_some(rank)
     }
 
     /// The rank of the single byte `byte` (every vocabulary has all 256).
