@@ -46,7 +46,28 @@ pub struct Vocabulary {
     /// of adjacent byte pairs, and this 256 KiB array stays in cache where the
     /// hash table (4–8 MiB) does not.
     pair_ranks: Box<[u32]>,
+    /// The rank of every token that is one 3-byte UTF-8 character (U+0800 to
+    /// U+FFFF: the CJK ideographs, kana, Hangul among them), indexed by the
+    /// character's 16 bits (`NO_TOKEN` where there is none): CJK text merges its
+    /// bytes into whole characters first, and this 256 KiB array answers those
+    /// lookups from cache.
+    character_ranks: Box<[u32]>,
     tokens: usize,
+}
+
+/// The 16 payload bits of `key` if it is a lead byte `1110xxxx` and two
+/// continuation bytes (the shape of a 3-byte UTF-8 character, overlong or
+/// surrogate forms included: the index is only a table position).
+#[inline(always)]
+fn three_byte_character(key: &[u8]) -> Option<usize> {
+    match *key {
+        [lead @ 0xE0..=0xEF, second @ 0x80..=0xBF, third @ 0x80..=0xBF] => Some(
+            ((lead & 0x0F) as usize) << 12
+                | ((second & 0x3F) as usize) << 6
+                | (third & 0x3F) as usize,
+        ),
+        _ => None,
+    }
 }
 
 fn vocabulary_error(message: String) -> TokenizerError {
@@ -275,9 +296,13 @@ impl Vocabulary {
             }
         }
         let mut pair_ranks = vec![NO_TOKEN; 1 << 16].into_boxed_slice();
+        let mut character_ranks = vec![NO_TOKEN; 1 << 16].into_boxed_slice();
         for &(key, rank) in &entries {
             if let &[first, second] = key {
                 pair_ranks[(first as usize) << 8 | second as usize] = rank;
+            }
+            if let Some(index) = three_byte_character(key) {
+                character_ranks[index] = rank;
             }
         }
         Ok(Vocabulary {
@@ -286,6 +311,7 @@ impl Vocabulary {
             table,
             byte_ranks,
             pair_ranks,
+            character_ranks,
             tokens: tokens.len(),
         })
     }
@@ -318,6 +344,10 @@ impl Vocabulary {
         if let &[first, second] = bytes {
             return self.pair_rank(first, second);
         }
+        if let Some(index) = three_byte_character(bytes) {
+            let rank = self.character_ranks[index];
+            return (rank != NO_TOKEN).then_some(rank);
+        }
         self.table.get(bytes, |rank| {
             let (offset, len) = self.spans[rank as usize];
             &self.arena[offset as usize..(offset + len) as usize]
@@ -346,6 +376,47 @@ impl Vocabulary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Encoding;
+
+    /// Locks out the dense tables and the hash table disagreeing: for every
+    /// token of cl100k and o200k `rank` finds its rank, and for every 2-byte key
+    /// and every key of the 3-byte-character shape the dense answer is the hash
+    /// table's (which holds every token too); (negative control) a 3-byte key of
+    /// another shape is not taken for a character.
+    #[test]
+    fn dense_tables_agree_with_the_hash_table() {
+        for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
+            let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes()).unwrap();
+            let hashed = |key: &[u8]| {
+                vocabulary
+                    .table
+                    .get(key, |rank| vocabulary.token(rank).unwrap_or(&[]))
+            };
+            for rank in 0..vocabulary.rank_bound() {
+                if let Some(token) = vocabulary.token(rank) {
+                    assert_eq!(vocabulary.rank(token), Some(rank), "{token:?}");
+                    assert_eq!(hashed(token), Some(rank), "{token:?}");
+                }
+            }
+            for first in 0..=255u8 {
+                for second in 0..=255u8 {
+                    assert_eq!(vocabulary.rank(&[first, second]), hashed(&[first, second]));
+                }
+            }
+            for index in 0..1u32 << 16 {
+                let key = [
+                    0xE0 | (index >> 12) as u8,
+                    0x80 | (index >> 6 & 0x3F) as u8,
+                    0x80 | (index & 0x3F) as u8,
+                ];
+                assert_eq!(three_byte_character(&key), Some(index as usize));
+                assert_eq!(vocabulary.rank(&key), hashed(&key), "{key:?}");
+            }
+        }
+        assert_eq!(three_byte_character(&[0xE4, 0xB8, 0x41]), None);
+        assert_eq!(three_byte_character(&[0xF0, 0x80, 0x80]), None);
+        assert_eq!(three_byte_character(b"abc"), None);
+    }
 
     /// Locks out a lenient or wrong base64 decoder: the RFC 4648 test vectors
     /// decode exactly, and (negative controls) a wrong length, a misplaced `=`,
