@@ -237,7 +237,7 @@ impl CudaBackend {
         if recovering {
             DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
         }
-        let caps = driver::read_caps(ordinal, device)
+        let caps = caps::read_caps(ordinal, device)
             .map_err(|e| BackendError::driver("reading device attributes", e))?;
         tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
         Ok(CudaBackend {
