@@ -13,7 +13,23 @@ use crate::config::ReadbackPolicy;
 use crate::ir::{Access, BufferCount, ElemType, Name, Program};
 
 use super::BackendError;
-use super::PerBinding;
+
+/// Bindings (and readback items) one dispatch keeps inline, off the heap: the lists
+/// of the dispatch path that grow with every binding or readback item (sizes,
+/// addresses, resident holds, kernel parameters, order-book accesses, readback
+/// plans, routes and deliveries) are [`PerBinding`]s. With 16 the §6 fixture's
+/// 17-buffer shape spilled six of them to the heap on every dispatch (an allocation
+/// and a free each). Lists only borrowed or write-only bindings add to (transient
+/// buffers, uploads, clears) keep 16 inline.
+pub(crate) const INLINE_BINDINGS: usize = 32;
+
+/// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].
+pub(crate) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
+
+/// The driver's kernel parameter array: two values per binding, then the result
+/// ABI's five, inline up to [`INLINE_BINDINGS`] bindings.
+pub(crate) type ParameterArray =
+    smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5]>;
 
 /// One kernel parameter slot (a global buffer), in binding order.
 #[derive(Clone, Debug, PartialEq, Eq)]
