@@ -54,13 +54,13 @@ pub mod codegen;
 pub mod config;
 #[cfg(feature = "testing")]
 pub mod fixtures;
-pub mod graph;
 pub mod host_cost;
 pub mod ir;
 pub mod lower;
 pub mod probe;
 pub mod reference;
 
+pub use backend::graph;
 pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
 
 /// The README's code blocks, compiled and run as doctests so the quick start

@@ -24,10 +24,10 @@ const UNSAFE_ALLOWED: &[&str] = &[
     // device-memory area (no host mapping), over memory the area owns.
     "src/backend/readback.rs",
     // Graph capture, replay and kernel-node updates.
-    "src/graph/mod.rs",
-    "src/graph/record.rs",
+    "src/backend/graph/mod.rs",
+    "src/backend/graph/record.rs",
     // Stitched parents: copy nodes, child-node updates and the parent's launch.
-    "src/graph/stitch.rs",
+    "src/backend/graph/stitch.rs",
     // A counting global allocator (the zero-allocation test).
     "tests/gpu_zero_alloc.rs",
     // The measuring thread's CPU clock (`clock_gettime`), the in-region fallback for

@@ -39,6 +39,7 @@ pub(crate) mod driver;
 mod error;
 #[cfg(feature = "testing")]
 pub mod floor;
+pub mod graph;
 mod kernel;
 mod ordering;
 mod outputs;
