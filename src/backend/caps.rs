@@ -196,7 +196,7 @@ impl DeviceCaps {
 }
 
 /// A checked launch geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LaunchPlan {
     /// Blocks per axis.
     pub grid: [u32; 3],

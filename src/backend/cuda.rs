@@ -15,7 +15,6 @@ use super::driver::{self, Device, PrimaryContext};
 use super::kernel::KernelInner;
 use super::ordering;
 use super::pool::{LanePool, TransientPool};
-use super::resident::ResidentTable;
 use super::BackendError;
 
 /// Most device ordinals tracked for context-loss epochs.
@@ -31,9 +30,9 @@ static ACQUIRE_LOCK: Mutex<()> = Mutex::new(());
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Low bits of a backend id that hold its device ordinal (`MAX_DEVICES` ≤ 2^8), so
-/// a [`ResidentBuffer`] handle (which carries only its backend's id) names its
-/// device too: a recording can refuse another device's buffer with a message that
-/// says so (`crate::graph::stitch`), without a registry or a lock.
+/// a kernel (which carries only its backend's id) names its device too: a
+/// recording can refuse another device's kernel with a message that says so
+/// (`graph::stitch`), without a registry or a lock.
 const DEVICE_BITS: u32 = 8;
 const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
 
@@ -59,10 +58,10 @@ pub struct PoolStats {
     pub transient_allocations: u64,
     /// Bytes idle in the transient pool.
     pub pooled_bytes: u64,
-    /// Bytes held by resident buffers.
-    pub resident_bytes: u64,
-    /// Live resident buffers.
-    pub resident_buffers: u64,
+    /// Bytes held by live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
+    pub buffer_bytes: u64,
+    /// Live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
+    pub live_buffers: u64,
 }
 
 /// The memory budget at one instant.
@@ -94,14 +93,16 @@ pub(crate) struct BackendInner {
     pub(crate) ptx: CountedCache<PtxKey, Arc<str>>,
     pub(crate) kernels: CountedCache<ModuleKey, Arc<KernelInner>>,
     pub(crate) plan_counter: cache::Counter,
-    pub(crate) resident: Mutex<ResidentTable>,
     pub(crate) lanes: LanePool,
     pub(crate) transients: TransientPool,
     pub(crate) staging_allocations: AtomicU64,
     pub(crate) lost: Mutex<Option<String>>,
-    /// Bytes held by live [`DeviceBuffer`]s.
+    /// Bytes held by live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
     pub(crate) owned_bytes: AtomicU64,
-    /// Submissions pending ([`PendingDispatch`]), at most [`MAX_PENDING`].
+    /// Live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
+    pub(crate) owned_buffers: AtomicU64,
+    /// Submissions pending ([`PendingDispatch`](super::PendingDispatch)), at most
+    /// [`MAX_PENDING`](super::MAX_PENDING).
     pub(crate) pending: std::sync::atomic::AtomicUsize,
     /// Dispatches in flight and the shared memory each touches (`ordering`).
     pub(crate) in_flight: ordering::OrderBook,
@@ -175,18 +176,17 @@ impl CudaBackend {
                 ptx: CountedCache::new(),
                 kernels: CountedCache::new(),
                 plan_counter: cache::Counter::default(),
-                resident: Mutex::new(ResidentTable::new(0)),
                 lanes: LanePool::new(),
                 transients: TransientPool::new(),
                 staging_allocations: AtomicU64::new(0),
                 lost: Mutex::new(None),
                 owned_bytes: AtomicU64::new(0),
+                owned_buffers: AtomicU64::new(0),
                 pending: std::sync::atomic::AtomicUsize::new(0),
                 in_flight: ordering::OrderBook::default(),
                 context,
             }),
-        }
-        .with_resident_table())
+        })
     }
 
     /// Number of CUDA devices on this host (loads and initialises the driver; no
@@ -215,15 +215,6 @@ impl CudaBackend {
         self.inner.caps.ordinal
     }
 
-    fn with_resident_table(self) -> Self {
-        *self
-            .inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = ResidentTable::new(self.inner.id);
-        self
-    }
-
     /// What the device offers.
     pub fn caps(&self) -> &DeviceCaps {
         &self.inner.caps
@@ -242,24 +233,21 @@ impl CudaBackend {
         }
     }
 
-    /// Counts of pooled resources and resident bytes.
+    /// Counts of pooled resources and of the bytes buffers hold.
     pub fn pool_stats(&self) -> PoolStats {
         let inner = &self.inner;
-        let resident = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
         PoolStats {
             lanes_created: inner.lanes.created(),
             staging_allocations: inner.staging_allocations.load(Ordering::Relaxed),
             transient_allocations: inner.transients.driver_allocations(),
             pooled_bytes: inner.transients.pooled_bytes(),
-            resident_bytes: resident
-                .live_bytes()
-                .saturating_add(inner.owned_bytes.load(Ordering::Relaxed)),
-            resident_buffers: resident.live_count(),
+            buffer_bytes: inner.held_bytes(),
+            live_buffers: inner.owned_buffers.load(Ordering::Relaxed),
         }
     }
 
-    /// The memory budget a new allocation is checked against now (§4.6); asks the
-    /// driver for live free memory.
+    /// The memory budget a new allocation is checked against now; asks the driver
+    /// for live free memory.
     pub fn memory_budget(&self) -> Result<MemoryBudget, BackendError> {
         let inner = &self.inner;
         inner.check_alive()?;
@@ -268,7 +256,7 @@ impl CudaBackend {
             driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
         let inputs = budget::BudgetInputs {
             total: inner.caps.total_memory,
-            resident: self.resident_bytes(),
+            resident: inner.held_bytes(),
             pooled: inner.transients.pooled_bytes(),
             live_free,
         };
@@ -278,9 +266,9 @@ impl CudaBackend {
         })
     }
 
-    /// Bytes held by resident buffers.
-    pub fn resident_bytes(&self) -> u64 {
-        self.pool_stats().resident_bytes
+    /// Bytes held by live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.inner.held_bytes()
     }
 
     /// Free every idle transient buffer (they are re-allocated on demand).
@@ -295,8 +283,8 @@ impl CudaBackend {
         self.inner.check_alive().is_ok()
     }
 
-    /// The shared state, for crate modules outside `backend` (`crate::graph`).
-    pub(crate) fn shared(&self) -> &Arc<BackendInner> {
+    /// The shared state (for `graph`).
+    pub(super) fn shared(&self) -> &Arc<BackendInner> {
         &self.inner
     }
 }
@@ -329,14 +317,9 @@ impl BackendInner {
         );
     }
 
-    /// Bytes held by resident buffers and owned [`DeviceBuffer`]s (the budget's
-    /// "resident" input).
+    /// Bytes held by owned buffers in device memory (the budget's "resident" input).
     pub(crate) fn held_bytes(&self) -> u64 {
-        self.resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live_bytes()
-            .saturating_add(self.owned_bytes.load(Ordering::Relaxed))
+        self.owned_bytes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn bind(&self) -> Result<(), BackendError> {
@@ -354,10 +337,6 @@ impl Drop for BackendInner {
         self.kernels.clear(leak);
         self.lanes.clear(leak);
         self.transients.drain(leak);
-        self.resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear(leak);
     }
 }
 
@@ -366,8 +345,8 @@ mod tests {
     use super::*;
 
     /// Locks out a backend id that loses its device (a recording could then not tell
-    /// another device's `ResidentBuffer` from a foreign backend's of the same device,
-    /// and its refusal would point the wrong way) or that repeats: every ordinal
+    /// another device's kernel from a foreign backend's of the same device, and its
+    /// refusal would point the wrong way) or that repeats: every ordinal
     /// below `MAX_DEVICES` comes back out, and ids stay distinct.
     #[test]
     fn backend_ids_carry_their_device() {

@@ -29,6 +29,7 @@
 //! use vyre_cuda::backend::driver::PrimaryContext;
 //! ```
 
+mod any;
 pub mod budget;
 mod buffer;
 mod cache;
@@ -45,29 +46,23 @@ mod ordering;
 mod outputs;
 mod plan;
 mod pool;
-mod portable;
 pub mod readback;
-mod resident;
+mod reference_backend;
+mod request;
 pub(crate) mod stream_ops;
 
-pub use buffer::{
-    DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, PinnedBuffer, MAX_PENDING,
-};
+pub use any::{AnyBackend, AnyGraph, AnyPendingReplay, AnyRecorder, BackendKind};
+pub use buffer::{DeviceBuffer, PinnedBuffer};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use cuda::{CudaBackend, MemoryBudget, PoolStats};
-pub use dispatch::{Binding, TimedDispatch};
+pub use dispatch::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
-pub use portable::{
-    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
-    AnyRecorder, ReferenceBackend,
-};
-pub use resident::ResidentBuffer;
-
-pub use crate::probe::DispatchTiming;
+pub use reference_backend::ReferenceBackend;
+pub use request::{Binding, Dispatch, Finished, Timing, Timings};
 
 pub(crate) use cuda::{device_of_backend, BackendInner};
 pub(crate) use plan::{ParameterArray, PerBinding};

@@ -1,26 +1,28 @@
-//! The binding plan (§4.2 "plan cache"): which buffers a kernel takes, in which
-//! order, which of them come back, and where each read-back range lands in staging.
+//! The binding plan: which buffers a kernel takes, in which order, which of them
+//! come back, and where each read-back range lands in staging.
 //!
 //! Pure arithmetic over the program's declarations, kept apart from the driver so
-//! every rule is tested on the CPU: a dispatch's bindings are checked against it
-//! (count, exact static sizes, runtime sizes a multiple of the element), and its
-//! readback policy is turned into byte ranges with checked bounds, before anything
-//! is enqueued.
+//! every rule is tested on the CPU, and shared by the CUDA backend and the
+//! reference interpreter's backend so both refuse the same request with the same
+//! `Fix:` error at the same point ([`plan_request`]): a dispatch's bindings are
+//! checked against the kernel (count, exact static sizes, runtime sizes a multiple
+//! of the element, no written buffer bound twice), and its readback policy is turned
+//! into byte ranges with checked bounds, before anything is enqueued.
 
 use smallvec::SmallVec;
 
 use crate::config::ReadbackPolicy;
 use crate::ir::{Access, BufferCount, ElemType, Name, Program};
 
-use super::BackendError;
+use super::{BackendError, Binding, Dispatch};
 
 /// Bindings (and readback items) one dispatch keeps inline, off the heap: the lists
 /// of the dispatch path that grow with every binding or readback item (sizes,
-/// addresses, resident holds, kernel parameters, order-book accesses, readback
-/// plans, routes and deliveries) are [`PerBinding`]s. With 16 the §6 fixture's
-/// 17-buffer shape spilled six of them to the heap on every dispatch (an allocation
-/// and a free each). Lists only borrowed or write-only bindings add to (transient
-/// buffers, uploads, clears) keep 16 inline.
+/// addresses, buffer holds, kernel parameters, order-book accesses, readback
+/// plans, routes and deliveries) are [`PerBinding`]s. With 16 the measurement
+/// fixture's 17-buffer shape spilled six of them to the heap on every dispatch (an
+/// allocation and a free each). Lists only host, zeroed or pinned bindings add to
+/// (transient buffers, uploads, clears) keep 16 inline.
 pub(crate) const INLINE_BINDINGS: usize = 32;
 
 /// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].
@@ -102,7 +104,7 @@ pub(crate) fn check_binding_sizes(
     }
     if fixpoint_iterations == 0 {
         return Err(BackendError::bad_input(
-            "Fix: DispatchConfig::fixpoint_iterations is 0; use at least 1",
+            "Fix: the dispatch's fixpoint_iterations is 0; use at least 1",
         ));
     }
     for (slot, &bytes) in slots.iter().zip(sizes) {
@@ -192,6 +194,110 @@ pub(crate) fn plan_readback(
         }
     }
     Ok(staging)
+}
+
+/// What [`plan_request`] found: the bytes bound per slot and the readback items,
+/// with the staging the uploads and readbacks need.
+#[derive(Default)]
+pub(crate) struct RequestPlan {
+    /// Bytes bound per slot, in binding order.
+    pub(crate) sizes: PerBinding<u64>,
+    /// The readback items, in order, each placed in staging after the uploads.
+    pub(crate) reads: PerBinding<ReadItem>,
+    /// Staging bytes the host uploads take (each aligned).
+    pub(crate) upload_bytes: usize,
+    /// The end of the last readback's staging range.
+    pub(crate) staging_bytes: usize,
+}
+
+/// The checks and plans every backend makes of a request before it touches any
+/// memory, in one order: binding count and sizes, fixpoint iterations, buffers
+/// bound twice, the readback policy. Pure; `plan` is filled in place (it is large:
+/// the dispatch path keeps it on its stack).
+pub(crate) fn plan_request(
+    kernel_name: &str,
+    slots: &[ParamSlot],
+    outputs: &[u16],
+    request: &Dispatch<'_>,
+    plan: &mut RequestPlan,
+) -> Result<(), BackendError> {
+    plan.sizes.extend(request.bindings.iter().map(Binding::len));
+    check_binding_sizes(kernel_name, slots, &plan.sizes, request.fixpoint_iterations)?;
+    check_aliasing(kernel_name, slots, request.bindings)?;
+    plan.upload_bytes = 0;
+    for (slot, binding) in slots.iter().zip(request.bindings) {
+        if let Binding::Host(bytes) = binding {
+            if slot.access != Access::WriteOnly {
+                plan.upload_bytes = plan.upload_bytes.saturating_add(align_up(bytes.len()));
+            }
+        }
+    }
+    plan.staging_bytes = plan_readback(
+        kernel_name,
+        slots,
+        outputs,
+        &plan.sizes,
+        request.readback,
+        plan.upload_bytes,
+        &mut plan.reads,
+    )?;
+    Ok(())
+}
+
+/// The one rule for a buffer bound twice in one dispatch: allowed when no slot it
+/// is bound to writes it (two names for one read-only table), refused otherwise.
+/// Through two names, one written, the result would depend on the order threads
+/// run and on whether a backend stages copies (a CUDA kernel writes the memory the
+/// other name reads, the interpreter used to read a copy), so no backend accepts
+/// it. Pure: owned buffers cannot share memory, so buffer identity is the address
+/// of the `DeviceBuffer` bound.
+pub(crate) fn check_aliasing(
+    kernel_name: &str,
+    slots: &[ParamSlot],
+    bindings: &[Binding<'_>],
+) -> Result<(), BackendError> {
+    for (first, (slot, binding)) in slots.iter().zip(bindings).enumerate() {
+        let Binding::Buffer(buffer) = binding else {
+            continue;
+        };
+        for (other_slot, other) in slots.iter().zip(bindings).skip(first + 1) {
+            let same = matches!(other, Binding::Buffer(b) if std::ptr::eq(*b, *buffer));
+            if same && (slot.access.is_output() || other_slot.access.is_output()) {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: one DeviceBuffer is bound to both '{}' (binding {}) and '{}' (binding {}) \
+                     of {kernel_name}, and the kernel writes it through one of them, so the result \
+                     would depend on thread order; bind separate buffers (copy the input into a \
+                     second buffer first)",
+                    slot.name, slot.binding, other_slot.name, other_slot.binding
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks caller output slices against the readback items: one per item, each
+/// exactly the item's length (the into-caller-buffers path allocates nothing, so
+/// it cannot resize them).
+pub(crate) fn check_output_slices(
+    reads: &[ReadItem],
+    outputs: &[&mut [u8]],
+) -> Result<(), BackendError> {
+    if outputs.len() == reads.len()
+        && outputs
+            .iter()
+            .zip(reads)
+            .all(|(o, r)| o.len() as u64 == r.len)
+    {
+        return Ok(());
+    }
+    let wanted: Vec<u64> = reads.iter().map(|r| r.len).collect();
+    let got: Vec<usize> = outputs.iter().map(|o| o.len()).collect();
+    Err(BackendError::bad_input(format!(
+        "Fix: run_into needs {} output slices of lengths {wanted:?} (one per readback item) but \
+         got lengths {got:?}",
+        reads.len()
+    )))
 }
 
 #[cfg(test)]
