@@ -56,12 +56,12 @@ use super::{BackendError, Binding, CudaBackend};
 /// freed when the last holder lets go, after its synchronize. Use after free and
 /// double free cannot be written in safe code (bindings borrow the buffer).
 pub struct DeviceBuffer {
-    pub(crate) storage: Storage,
-    pub(crate) bytes: u64,
+    pub(in crate::backend) storage: Storage,
+    pub(in crate::backend) bytes: u64,
 }
 
 /// Where a buffer's bytes live.
-pub(crate) enum Storage {
+pub(in crate::backend) enum Storage {
     /// CUDA memory (`Some` until drop) of the backend `backend`.
     Cuda {
         memory: Option<Arc<DeviceMemory>>,
@@ -183,7 +183,7 @@ impl DeviceBuffer {
     }
 
     /// The CUDA memory, checked to belong to `inner`'s backend.
-    pub(crate) fn memory_for(
+    pub(in crate::backend) fn memory_for(
         &self,
         inner: &BackendInner,
         verb: &str,
@@ -197,7 +197,7 @@ impl DeviceBuffer {
     }
 
     /// The reference memory, checked to belong to `owner`.
-    pub(crate) fn host_for(
+    pub(in crate::backend) fn host_for(
         &self,
         owner: &ReferenceInner,
         verb: &str,
@@ -210,7 +210,7 @@ impl DeviceBuffer {
 
     /// The ordinal of the CUDA device the memory lives on (`None` for reference
     /// memory).
-    pub(crate) fn device_ordinal(&self) -> Option<usize> {
+    pub(in crate::backend) fn device_ordinal(&self) -> Option<usize> {
         match &self.storage {
             Storage::Cuda { backend, .. } => Some(backend.caps.ordinal),
             Storage::Reference(_) => None,
@@ -220,7 +220,7 @@ impl DeviceBuffer {
 
 /// The `Fix:` error for a buffer (or kernel, or pending dispatch) made by another
 /// backend; the same text on every backend.
-pub(crate) fn foreign_buffer(verb: &str) -> BackendError {
+pub(in crate::backend) fn foreign_buffer(verb: &str) -> BackendError {
     BackendError::InvalidHandle {
         message: format!(
             "Fix: cannot {verb} a DeviceBuffer of another backend; use the backend that allocated it"
@@ -318,7 +318,7 @@ impl PinnedBuffer {
         Binding::Pinned(self)
     }
 
-    pub(crate) fn memory_for(
+    pub(in crate::backend) fn memory_for(
         &self,
         inner: &BackendInner,
         verb: &str,
@@ -449,7 +449,7 @@ impl CudaBackend {
 
 /// How many values of `T` a buffer of `bytes` bytes holds: the `Fix:` error when
 /// not a whole number of them (or more than this host can address).
-pub(crate) fn whole_values<T>(bytes: u64) -> Result<usize, BackendError> {
+pub(in crate::backend) fn whole_values<T>(bytes: u64) -> Result<usize, BackendError> {
     let size = std::mem::size_of::<T>() as u64;
     if size == 0 || !bytes.is_multiple_of(size) {
         return Err(BackendError::bad_input(format!(

@@ -13,7 +13,7 @@ use super::driver::{self, Attribute, Device, DriverResult};
 use super::error::BackendError;
 
 /// Every device attribute [`DeviceCaps`] holds, read once at acquire.
-pub(crate) fn read_caps(ordinal: usize, device: Device) -> DriverResult<DeviceCaps> {
+pub(in crate::backend) fn read_caps(ordinal: usize, device: Device) -> DriverResult<DeviceCaps> {
     let attribute = |a| device.attribute(a).map(|v| v.max(0) as u32);
     Ok(DeviceCaps {
         ordinal,

@@ -42,7 +42,7 @@ fn next_backend_id(ordinal: usize) -> u64 {
 }
 
 /// The device ordinal of the backend with id `id`.
-pub(crate) fn device_of_backend(id: u64) -> usize {
+pub(in crate::backend) fn device_of_backend(id: u64) -> usize {
     (id & ((1 << DEVICE_BITS) - 1)) as usize
 }
 
@@ -82,32 +82,32 @@ pub struct CudaBackend {
     pub(super) inner: Arc<BackendInner>,
 }
 
-pub(crate) struct BackendInner {
-    pub(crate) id: u64,
-    pub(crate) caps: DeviceCaps,
-    pub(crate) limits: Limits,
-    pub(crate) lowering: LoweringCaps,
-    pub(crate) features: PipelineFeatures,
-    pub(crate) epoch: u64,
-    pub(crate) validation: ValidationCache,
-    pub(crate) ptx: CountedCache<PtxKey, Arc<str>>,
-    pub(crate) kernels: CountedCache<ModuleKey, Arc<KernelInner>>,
-    pub(crate) plan_counter: cache::Counter,
-    pub(crate) lanes: LanePool,
-    pub(crate) transients: TransientPool,
-    pub(crate) staging_allocations: AtomicU64,
-    pub(crate) lost: Mutex<Option<String>>,
+pub(in crate::backend) struct BackendInner {
+    pub(in crate::backend) id: u64,
+    pub(in crate::backend) caps: DeviceCaps,
+    pub(in crate::backend) limits: Limits,
+    pub(in crate::backend) lowering: LoweringCaps,
+    pub(in crate::backend) features: PipelineFeatures,
+    pub(in crate::backend) epoch: u64,
+    pub(in crate::backend) validation: ValidationCache,
+    pub(in crate::backend) ptx: CountedCache<PtxKey, Arc<str>>,
+    pub(in crate::backend) kernels: CountedCache<ModuleKey, Arc<KernelInner>>,
+    pub(in crate::backend) plan_counter: cache::Counter,
+    pub(in crate::backend) lanes: LanePool,
+    pub(in crate::backend) transients: TransientPool,
+    pub(in crate::backend) staging_allocations: AtomicU64,
+    pub(in crate::backend) lost: Mutex<Option<String>>,
     /// Bytes held by live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
-    pub(crate) owned_bytes: AtomicU64,
+    pub(in crate::backend) owned_bytes: AtomicU64,
     /// Live [`DeviceBuffer`](super::DeviceBuffer)s in device memory.
-    pub(crate) owned_buffers: AtomicU64,
+    pub(in crate::backend) owned_buffers: AtomicU64,
     /// Submissions pending ([`PendingDispatch`](super::PendingDispatch)), at most
     /// [`MAX_PENDING`](super::MAX_PENDING).
-    pub(crate) pending: std::sync::atomic::AtomicUsize,
+    pub(in crate::backend) pending: std::sync::atomic::AtomicUsize,
     /// Dispatches in flight and the shared memory each touches (`ordering`).
-    pub(crate) in_flight: ordering::OrderBook,
+    pub(in crate::backend) in_flight: ordering::OrderBook,
     // Declared last: dropped after every handle above was released in its context.
-    pub(crate) context: PrimaryContext,
+    pub(in crate::backend) context: PrimaryContext,
 }
 
 impl CudaBackend {
@@ -292,7 +292,7 @@ impl CudaBackend {
 impl BackendInner {
     /// One relaxed load on the happy path.
     #[inline]
-    pub(crate) fn check_alive(&self) -> Result<(), BackendError> {
+    pub(in crate::backend) fn check_alive(&self) -> Result<(), BackendError> {
         let current = DEVICE_EPOCH[self.caps.ordinal].load(Ordering::Relaxed);
         if current == self.epoch {
             return Ok(());
@@ -307,7 +307,7 @@ impl BackendInner {
     }
 
     /// Record a sticky fault: every backend of this device is now stale.
-    pub(crate) fn mark_context_lost(&self, cause: String) {
+    pub(in crate::backend) fn mark_context_lost(&self, cause: String) {
         *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
         let _ = DEVICE_EPOCH[self.caps.ordinal].compare_exchange(
             self.epoch,
@@ -318,11 +318,11 @@ impl BackendInner {
     }
 
     /// Bytes held by owned buffers in device memory (the budget's "resident" input).
-    pub(crate) fn held_bytes(&self) -> u64 {
+    pub(in crate::backend) fn held_bytes(&self) -> u64 {
         self.owned_bytes.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn bind(&self) -> Result<(), BackendError> {
+    pub(in crate::backend) fn bind(&self) -> Result<(), BackendError> {
         self.context
             .bind()
             .map_err(|e| BackendError::driver("binding the CUDA context to this thread", e))

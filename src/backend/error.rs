@@ -253,7 +253,7 @@ impl std::error::Error for BackendError {
 }
 
 impl BackendError {
-    pub(crate) fn driver(during: impl Into<String>, error: DriverError) -> Self {
+    pub(in crate::backend) fn driver(during: impl Into<String>, error: DriverError) -> Self {
         BackendError::Driver {
             during: during.into(),
             error,
@@ -261,13 +261,13 @@ impl BackendError {
     }
 
     /// A broken internal invariant (a bug in this crate, not the caller's input).
-    pub(crate) fn internal(what: impl Into<String>) -> Self {
+    pub(in crate::backend) fn internal(what: impl Into<String>) -> Self {
         BackendError::Internal {
             message: what.into(),
         }
     }
 
-    pub(crate) fn bad_input(message: impl Into<String>) -> Self {
+    pub(in crate::backend) fn bad_input(message: impl Into<String>) -> Self {
         BackendError::BadInput {
             message: message.into(),
         }

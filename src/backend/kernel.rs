@@ -44,12 +44,12 @@ use super::{BackendError, BackendInner, CudaBackend, ModuleKey, PtxKey};
 /// backend that compiled it (using it with another one is an `Err`).
 #[derive(Clone)]
 pub struct Kernel {
-    pub(crate) kind: KernelKind,
+    pub(in crate::backend) kind: KernelKind,
 }
 
 /// Which backend compiled a [`Kernel`].
 #[derive(Clone)]
-pub(crate) enum KernelKind {
+pub(in crate::backend) enum KernelKind {
     Cuda(Arc<KernelInner>),
     Reference(Arc<super::reference_backend::ReferenceKernel>),
 }
@@ -72,29 +72,29 @@ impl std::fmt::Debug for Kernel {
     }
 }
 
-pub(crate) struct KernelInner {
-    pub(crate) backend_id: u64,
-    pub(crate) name: String,
-    pub(crate) program: Program,
-    pub(crate) ptx: Arc<str>,
-    pub(crate) module_key: ModuleKey,
-    pub(crate) module: LoadedModule,
-    pub(crate) slots: SmallVec<[ParamSlot; 16]>,
+pub(in crate::backend) struct KernelInner {
+    pub(in crate::backend) backend_id: u64,
+    pub(in crate::backend) name: String,
+    pub(in crate::backend) program: Program,
+    pub(in crate::backend) ptx: Arc<str>,
+    pub(in crate::backend) module_key: ModuleKey,
+    pub(in crate::backend) module: LoadedModule,
+    pub(in crate::backend) slots: SmallVec<[ParamSlot; 16]>,
     /// Indices into `slots` of the output (ReadWrite/WriteOnly) buffers.
-    pub(crate) outputs: SmallVec<[u16; 16]>,
-    pub(crate) workgroup_size: [u32; 3],
+    pub(in crate::backend) outputs: SmallVec<[u16; 16]>,
+    pub(in crate::backend) workgroup_size: [u32; 3],
     /// Grid sync: the barrier counter's address and the co-residency limit.
-    pub(crate) grid_barrier: Option<u64>,
-    pub(crate) max_coresident_blocks: u64,
+    pub(in crate::backend) grid_barrier: Option<u64>,
+    pub(in crate::backend) max_coresident_blocks: u64,
     /// Held from launch to synchronize by a grid-sync dispatch: the barrier counter
     /// is module-global, so two such dispatches of one module must not overlap.
-    pub(crate) barrier_lease: Mutex<()>,
+    pub(in crate::backend) barrier_lease: Mutex<()>,
     /// The plan cache for this kernel: launch plans by grid shape.
-    pub(crate) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
+    pub(in crate::backend) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
 }
 
 impl Kernel {
-    pub(crate) fn cuda(inner: Arc<KernelInner>) -> Kernel {
+    pub(in crate::backend) fn cuda(inner: Arc<KernelInner>) -> Kernel {
         Kernel {
             kind: KernelKind::Cuda(inner),
         }
@@ -152,7 +152,7 @@ impl Kernel {
     }
 
     /// The kernel's global buffers in binding order.
-    pub(crate) fn slots(&self) -> &[ParamSlot] {
+    pub(in crate::backend) fn slots(&self) -> &[ParamSlot] {
         match &self.kind {
             KernelKind::Cuda(inner) => &inner.slots,
             KernelKind::Reference(inner) => &inner.slots,
@@ -160,7 +160,7 @@ impl Kernel {
     }
 
     /// The binding slot of the global buffer named `name`.
-    pub(crate) fn binding_named(&self, name: &str) -> Option<u32> {
+    pub(in crate::backend) fn binding_named(&self, name: &str) -> Option<u32> {
         self.slots()
             .iter()
             .find(|slot| slot.name.as_ref() == name)
@@ -170,7 +170,7 @@ impl Kernel {
 
 /// Whether `block` reaches a grid sync anywhere. Iterative (an explicit stack of
 /// blocks), so no program depth can overflow the caller's stack.
-pub(crate) fn contains_grid_sync(block: &[Node]) -> bool {
+pub(in crate::backend) fn contains_grid_sync(block: &[Node]) -> bool {
     let mut pending: Vec<&[Node]> = vec![block];
     while let Some(block) = pending.pop() {
         for node in block {
@@ -417,7 +417,7 @@ impl BackendInner {
     /// module key (modkey) → module lookup or load (resolve). Returns the probe mark
     /// at its end so the dispatch's next phase starts there (one clock read per
     /// phase boundary).
-    pub(crate) fn resolve_kernel(
+    pub(in crate::backend) fn resolve_kernel(
         &self,
         program: &Program,
         options: &CodegenOptions,
@@ -602,7 +602,7 @@ impl BackendInner {
     }
 
     /// The launch plan of `kernel` for `workgroups`, from the kernel's plan cache.
-    pub(crate) fn launch_plan(
+    pub(in crate::backend) fn launch_plan(
         &self,
         kernel: &KernelInner,
         workgroups: [u32; 3],

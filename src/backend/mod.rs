@@ -1,23 +1,36 @@
-//! The CUDA backend (§4): one [`CudaBackend`] per device, shared by threads.
+//! The backends: the CUDA backend ([`CudaBackend`], one per device, shared by
+//! threads), the reference interpreter as a backend ([`ReferenceBackend`]), and
+//! [`AnyBackend`] over both; the one dispatch request ([`Dispatch`]) they all take,
+//! and the one buffer model ([`DeviceBuffer`]) they all make.
 //!
-//! Why it looks the way it does: §0 measured the raw driver at 3.7 µs per launch
+//! Why it looks the way it does: on the H200 the raw driver costs 3.7 µs per launch
 //! issue and 11.8–12.4 µs for launch + one async readback + one synchronize, while a
 //! well-known backend spent 44–110 µs per resident dispatch, growing with program
 //! size. Everything here exists to stay near the raw floor and flat in program size:
 //! - caches keyed by memoised digests, so a warm dispatch walks no program (`cache`);
 //! - [`Kernel`] handles that skip even the cache lookups (`kernel`);
 //! - pooled streams, events, pinned staging and transient buffers (`pool`);
-//! - outputs read with async copies and one synchronize, never one blocking copy per
-//!   output (§0: 16 blocking copies 107.5 µs vs 36.8 µs async + one sync) (`dispatch`);
+//! - outputs read without a copy (the kernel's result ABI, `readback`) or with async
+//!   copies, and one synchronize, never one blocking copy per output (16 blocking
+//!   copies cost 107.5 µs against 36.8 µs async + one synchronize) (`dispatch`);
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
-//! Layering: `driver` is the only module that calls libcuda, and it is private
-//! to the crate; its `unsafe fn`s are called only from `stream_ops` (the one
-//! description of a dispatch's stream operations), `dispatch`, `floor` and
-//! `crate::graph`, each with a `// SAFETY:` line; the public API is safe and names
-//! no raw driver type. Owned buffers and non-blocking submission are in
-//! [`DeviceBuffer`] and [`PendingDispatch`]; one interface over this backend and
-//! the reference interpreter is [`AnyBackend`].
+//! # Layout
+//!
+//! This file is the façade: the module list and what is public. Layers, bottom up:
+//! - `driver` (one checked function per libcuda call, split by concern) is private;
+//!   its `unsafe fn`s are called only from `stream_ops` (the one description of a
+//!   dispatch's stream operations), `dispatch`, `readback`, `floor` and `graph`,
+//!   each with a `// SAFETY:` line; the public API is safe and names no driver type;
+//! - `cuda` holds [`CudaBackend`] and the state its dispatches, buffers and graphs
+//!   share; `request` the [`Dispatch`] request; `buffer` the owned buffers;
+//!   `dispatch` the dispatch path and non-blocking submission; `graph` the CUDA
+//!   graphs that capture the same stream operations; all of them are one privacy
+//!   boundary: their shared internals are `pub(in crate::backend)`, invisible to the
+//!   rest of the crate;
+//! - `reference_backend` answers the same requests on the CPU interpreter with the
+//!   same checks and errors;
+//! - `any` holds [`AnyBackend`], above both: nothing below it knows it exists.
 //!
 //! The raw driver layer cannot be reached from outside the crate:
 //!
@@ -36,7 +49,7 @@ mod cache;
 pub mod caps;
 mod cuda;
 mod dispatch;
-pub(crate) mod driver;
+mod driver;
 mod error;
 #[cfg(feature = "testing")]
 pub mod floor;
@@ -49,7 +62,7 @@ mod pool;
 pub mod readback;
 mod reference_backend;
 mod request;
-pub(crate) mod stream_ops;
+mod stream_ops;
 
 pub use any::{AnyBackend, AnyGraph, AnyPendingReplay, AnyRecorder, BackendKind};
 pub use buffer::{DeviceBuffer, PinnedBuffer};
@@ -64,8 +77,8 @@ pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use reference_backend::ReferenceBackend;
 pub use request::{Binding, Dispatch, Finished, Timing, Timings};
 
-pub(crate) use cuda::{device_of_backend, BackendInner};
-pub(crate) use plan::{ParameterArray, PerBinding};
+use cuda::{device_of_backend, BackendInner};
+use plan::{ParameterArray, PerBinding};
 
 /// Driver calls made by the current thread so far (test support: how tests prove
 /// "one synchronize per dispatch" on the real driver).

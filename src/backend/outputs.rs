@@ -47,7 +47,7 @@ pub struct Outputs {
 
 impl Outputs {
     /// No items yet, room for `bytes` bytes, names from `kernel`.
-    pub(crate) fn with_capacity(bytes: usize, kernel: Option<Kernel>) -> Outputs {
+    pub(in crate::backend) fn with_capacity(bytes: usize, kernel: Option<Kernel>) -> Outputs {
         Outputs {
             bytes: Vec::with_capacity(bytes),
             ends: SmallVec::new(),
@@ -57,12 +57,12 @@ impl Outputs {
     }
 
     /// Name the items by `kernel`'s buffers (for [`Outputs::get`]).
-    pub(crate) fn name_by(&mut self, kernel: Kernel) {
+    pub(in crate::backend) fn name_by(&mut self, kernel: Kernel) {
         self.kernel = Some(kernel);
     }
 
     /// Append one item read from the buffer at binding slot `binding`.
-    pub(crate) fn push(&mut self, binding: u32, item: &[u8]) {
+    pub(in crate::backend) fn push(&mut self, binding: u32, item: &[u8]) {
         self.bytes.extend_from_slice(item);
         self.ends.push(self.bytes.len());
         self.bindings.push(binding);
@@ -161,7 +161,7 @@ impl Outputs {
 }
 
 /// `bytes` as values of `T`, copied into a properly aligned `Vec`.
-pub(crate) fn typed<T: Pod>(bytes: &[u8], what: &str) -> Result<Vec<T>, BackendError> {
+pub(in crate::backend) fn typed<T: Pod>(bytes: &[u8], what: &str) -> Result<Vec<T>, BackendError> {
     let size = std::mem::size_of::<T>();
     if size == 0 || !bytes.len().is_multiple_of(size) {
         return Err(BackendError::bad_input(format!(

@@ -23,28 +23,30 @@ use super::{BackendError, Binding, Dispatch};
 /// fixture's 17-buffer shape spilled six of them to the heap on every dispatch (an
 /// allocation and a free each). Lists only host, zeroed or pinned bindings add to
 /// (transient buffers, uploads, clears) keep 16 inline.
-pub(crate) const INLINE_BINDINGS: usize = 32;
+pub(in crate::backend) const INLINE_BINDINGS: usize = 32;
 
 /// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].
-pub(crate) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
+pub(in crate::backend) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
 
 /// The driver's kernel parameter array: two values per binding, then the result
 /// ABI's five, inline up to [`INLINE_BINDINGS`] bindings.
-pub(crate) type ParameterArray =
+pub(in crate::backend) type ParameterArray =
     smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5]>;
 
 /// One kernel parameter slot (a global buffer), in binding order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ParamSlot {
-    pub(crate) binding: u32,
-    pub(crate) name: Name,
-    pub(crate) elem: ElemType,
-    pub(crate) count: BufferCount,
-    pub(crate) access: Access,
+pub(in crate::backend) struct ParamSlot {
+    pub(in crate::backend) binding: u32,
+    pub(in crate::backend) name: Name,
+    pub(in crate::backend) elem: ElemType,
+    pub(in crate::backend) count: BufferCount,
+    pub(in crate::backend) access: Access,
 }
 
 /// The parameter slots of a (lowered) program and the indices of its outputs.
-pub(crate) fn binding_slots(program: &Program) -> (SmallVec<[ParamSlot; 16]>, SmallVec<[u16; 16]>) {
+pub(in crate::backend) fn binding_slots(
+    program: &Program,
+) -> (SmallVec<[ParamSlot; 16]>, SmallVec<[u16; 16]>) {
     let slots: SmallVec<[ParamSlot; 16]> = program
         .global_buffers()
         .into_iter()
@@ -67,24 +69,24 @@ pub(crate) fn binding_slots(program: &Program) -> (SmallVec<[ParamSlot; 16]>, Sm
 
 /// One range to read back, with its place in staging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ReadItem {
+pub(in crate::backend) struct ReadItem {
     /// Index into the slots.
-    pub(crate) slot: u16,
-    pub(crate) offset: u64,
-    pub(crate) len: u64,
-    pub(crate) staging_offset: usize,
+    pub(in crate::backend) slot: u16,
+    pub(in crate::backend) offset: u64,
+    pub(in crate::backend) len: u64,
+    pub(in crate::backend) staging_offset: usize,
 }
 
 /// Staging sections start on this alignment (the copy engines' preference).
-pub(crate) const STAGING_ALIGN: usize = 256;
+pub(in crate::backend) const STAGING_ALIGN: usize = 256;
 
 /// `v` rounded up to [`STAGING_ALIGN`].
-pub(crate) fn align_up(v: usize) -> usize {
+pub(in crate::backend) fn align_up(v: usize) -> usize {
     v.div_ceil(STAGING_ALIGN).saturating_mul(STAGING_ALIGN)
 }
 
 /// Checks bound byte sizes (one per slot) and the replay count against the slots.
-pub(crate) fn check_binding_sizes(
+pub(in crate::backend) fn check_binding_sizes(
     kernel_name: &str,
     slots: &[ParamSlot],
     sizes: &[u64],
@@ -141,7 +143,7 @@ pub(crate) fn check_binding_sizes(
 
 /// Turns a readback policy into ranges placed in staging from `staging_start` on
 /// (each aligned); returns the end of the last one.
-pub(crate) fn plan_readback(
+pub(in crate::backend) fn plan_readback(
     kernel_name: &str,
     slots: &[ParamSlot],
     outputs: &[u16],
@@ -199,22 +201,22 @@ pub(crate) fn plan_readback(
 /// What [`plan_request`] found: the bytes bound per slot and the readback items,
 /// with the staging the uploads and readbacks need.
 #[derive(Default)]
-pub(crate) struct RequestPlan {
+pub(in crate::backend) struct RequestPlan {
     /// Bytes bound per slot, in binding order.
-    pub(crate) sizes: PerBinding<u64>,
+    pub(in crate::backend) sizes: PerBinding<u64>,
     /// The readback items, in order, each placed in staging after the uploads.
-    pub(crate) reads: PerBinding<ReadItem>,
+    pub(in crate::backend) reads: PerBinding<ReadItem>,
     /// Staging bytes the host uploads take (each aligned).
-    pub(crate) upload_bytes: usize,
+    pub(in crate::backend) upload_bytes: usize,
     /// The end of the last readback's staging range.
-    pub(crate) staging_bytes: usize,
+    pub(in crate::backend) staging_bytes: usize,
 }
 
 /// The checks and plans every backend makes of a request before it touches any
 /// memory, in one order: binding count and sizes, fixpoint iterations, buffers
 /// bound twice, the readback policy. Pure; `plan` is filled in place (it is large:
 /// the dispatch path keeps it on its stack).
-pub(crate) fn plan_request(
+pub(in crate::backend) fn plan_request(
     kernel_name: &str,
     slots: &[ParamSlot],
     outputs: &[u16],
@@ -251,7 +253,7 @@ pub(crate) fn plan_request(
 /// other name reads, the interpreter used to read a copy), so no backend accepts
 /// it. Pure: owned buffers cannot share memory, so buffer identity is the address
 /// of the `DeviceBuffer` bound.
-pub(crate) fn check_aliasing(
+pub(in crate::backend) fn check_aliasing(
     kernel_name: &str,
     slots: &[ParamSlot],
     bindings: &[Binding<'_>],
@@ -279,7 +281,7 @@ pub(crate) fn check_aliasing(
 /// Checks caller output slices against the readback items: one per item, each
 /// exactly the item's length (the into-caller-buffers path allocates nothing, so
 /// it cannot resize them).
-pub(crate) fn check_output_slices(
+pub(in crate::backend) fn check_output_slices(
     reads: &[ReadItem],
     outputs: &[&mut [u8]],
 ) -> Result<(), BackendError> {

@@ -35,7 +35,7 @@ static ALL_OUTPUTS: ReadbackPolicy = ReadbackPolicy::AllOutputs;
 
 /// What a request runs.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Target<'a> {
+pub(in crate::backend) enum Target<'a> {
     /// A compiled kernel: no lookup at all.
     Kernel(&'a Kernel),
     /// A program, compiled through the backend's caches (a warm lookup walks no
@@ -82,14 +82,14 @@ pub(crate) enum Target<'a> {
 #[derive(Clone, Copy, Debug)]
 #[must_use = "a request does nothing until a backend runs, submits or records it"]
 pub struct Dispatch<'a> {
-    pub(crate) target: Target<'a>,
-    pub(crate) bindings: &'a [Binding<'a>],
-    pub(crate) workgroups: [u32; 3],
-    pub(crate) fixpoint_iterations: u32,
-    pub(crate) readback: &'a ReadbackPolicy,
-    pub(crate) codegen: CodegenOptions,
-    pub(crate) timing: Timing,
-    pub(crate) after: Option<&'a PendingDispatch>,
+    pub(in crate::backend) target: Target<'a>,
+    pub(in crate::backend) bindings: &'a [Binding<'a>],
+    pub(in crate::backend) workgroups: [u32; 3],
+    pub(in crate::backend) fixpoint_iterations: u32,
+    pub(in crate::backend) readback: &'a ReadbackPolicy,
+    pub(in crate::backend) codegen: CodegenOptions,
+    pub(in crate::backend) timing: Timing,
+    pub(in crate::backend) after: Option<&'a PendingDispatch>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -237,7 +237,7 @@ impl<'a> Binding<'a> {
 
     /// Whether the binding is a fresh transient buffer of this dispatch (host bytes,
     /// zeroed or pinned), which the memory preflight counts.
-    pub(crate) fn is_transient(&self) -> bool {
+    pub(in crate::backend) fn is_transient(&self) -> bool {
         matches!(
             self,
             Binding::Host(_) | Binding::Zeroed(_) | Binding::Pinned(_)
@@ -316,7 +316,7 @@ pub struct Finished {
 
 impl Timings {
     /// The probe's record of these timings (its field names are the probe line's).
-    pub(crate) fn probe(&self) -> crate::probe::DispatchTiming {
+    pub(in crate::backend) fn probe(&self) -> crate::probe::DispatchTiming {
         crate::probe::DispatchTiming {
             wall_ns: self.wall_ns,
             enqueue_ns: self.enqueue_ns,

@@ -16,31 +16,31 @@ use super::{elapsed_ns, DeviceSpans, Held, Sink};
 
 /// A dispatch enqueued on its lane and not yet synchronised: what
 /// [`BackendInner::complete`] needs to finish it.
-pub(crate) struct InFlight {
-    pub(crate) lane: Lane,
-    pub(crate) held: Held,
+pub(in crate::backend) struct InFlight {
+    pub(in crate::backend) lane: Lane,
+    pub(in crate::backend) held: Held,
     /// The DMA-routed readback copies.
-    pub(crate) reads: PerBinding<StagedCopy>,
+    pub(in crate::backend) reads: PerBinding<StagedCopy>,
     /// Where each readback item's bytes are after the synchronize, in item order.
-    pub(crate) deliveries: PerBinding<Delivery>,
+    pub(in crate::backend) deliveries: PerBinding<Delivery>,
     /// The binding slot each item came from.
-    pub(crate) item_bindings: PerBinding<u32>,
+    pub(in crate::backend) item_bindings: PerBinding<u32>,
     /// Grid sync: staging offset of the barrier words and the grid's block count.
-    pub(crate) barrier: Option<(usize, u64)>,
-    pub(crate) timed: bool,
-    pub(crate) window: (DeviceMark, DeviceMark),
-    pub(crate) start: Instant,
-    pub(crate) enqueue_ns: u64,
+    pub(in crate::backend) barrier: Option<(usize, u64)>,
+    pub(in crate::backend) timed: bool,
+    pub(in crate::backend) window: (DeviceMark, DeviceMark),
+    pub(in crate::backend) start: Instant,
+    pub(in crate::backend) enqueue_ns: u64,
 }
 
 impl InFlight {
     /// Whether the dispatch records its device events.
-    pub(crate) fn timed(&self) -> bool {
+    pub(in crate::backend) fn timed(&self) -> bool {
         self.timed
     }
 
     /// The stream and order event a later dispatch waits on to run after this one.
-    pub(crate) fn order_handles(&self) -> (&Stream, &Event) {
+    pub(in crate::backend) fn order_handles(&self) -> (&Stream, &Event) {
         (&self.lane.stream, &self.lane.order)
     }
 }
@@ -49,7 +49,7 @@ impl BackendInner {
     /// Wait for a submitted dispatch: the one synchronize, the barrier audit, the
     /// device times (and, for a timed dispatch, its instants after `spans`' origin
     /// event), the host side of the readback, and the lane's return.
-    pub(crate) fn complete(
+    pub(in crate::backend) fn complete(
         &self,
         kernel: &KernelInner,
         in_flight: InFlight,
@@ -151,7 +151,12 @@ impl BackendInner {
     /// A driver call on a stream failed: a sticky status poisons the device (every
     /// backend of it refuses further work). Shared by dispatches, graphs and buffer
     /// transfers.
-    pub(crate) fn stream_failed(&self, name: &str, what: &str, error: DriverError) -> BackendError {
+    pub(in crate::backend) fn stream_failed(
+        &self,
+        name: &str,
+        what: &str,
+        error: DriverError,
+    ) -> BackendError {
         if error.is_sticky() {
             self.mark_context_lost(format!("{name} failed while {what}: {error}"));
         }
@@ -161,7 +166,7 @@ impl BackendInner {
     /// The one synchronize of a dispatch (or replay, or transfer) and its fault
     /// handling: a failure is a `KernelFault` naming `name`, and a sticky one
     /// marks the context lost. Returns the host time blocked.
-    pub(crate) fn synchronize<T: StreamTarget>(
+    pub(in crate::backend) fn synchronize<T: StreamTarget>(
         &self,
         target: &mut T,
         name: &str,
@@ -171,7 +176,7 @@ impl BackendInner {
 
     /// [`BackendInner::synchronize`] around any synchronizing call (a graph
     /// replay's stream).
-    pub(crate) fn synchronize_with(
+    pub(in crate::backend) fn synchronize_with(
         &self,
         name: &str,
         synchronize: impl FnOnce() -> driver::DriverResult<()>,
@@ -199,7 +204,7 @@ impl BackendInner {
     /// may still hold work, so it is synchronised first; when that fails or the
     /// context is gone, everything is forgotten instead (its handles died with the
     /// context, or the device may still use the memory).
-    pub(crate) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
+    pub(in crate::backend) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
         self.in_flight.leave(&lane.stream);
         let alive = self.check_alive().is_ok();
         let idle = alive && (stream_idle || lane.stream.synchronize().is_ok());

@@ -73,14 +73,14 @@ use super::{
     BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
 };
 
-pub(crate) use complete::InFlight;
-pub(crate) use pending::{count_pending, foreign_predecessor, PendingOrigin};
+pub(in crate::backend) use complete::InFlight;
+pub(in crate::backend) use pending::{count_pending, foreign_predecessor, PendingOrigin};
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
-pub(crate) use stage::{check_coresident, scratch_outside_a_graph, Held};
-pub(crate) use transfer::Transfer;
+pub(in crate::backend) use stage::{check_coresident, scratch_outside_a_graph, Held};
+pub(in crate::backend) use transfer::Transfer;
 
 /// Where read-back bytes go.
-pub(crate) enum Sink<'s, 'o> {
+pub(in crate::backend) enum Sink<'s, 'o> {
     /// Every item in one allocation.
     Packed(&'s mut Outputs),
     /// The caller's slices, one per item (allocates nothing).
@@ -90,15 +90,15 @@ pub(crate) enum Sink<'s, 'o> {
 /// What [`BackendInner::submit_request`] returns: the dispatch in flight, the
 /// grid-barrier lease (grid-sync kernels; held until the dispatch completes) and the
 /// probe mark.
-pub(crate) struct Submitted<'k> {
-    pub(crate) in_flight: InFlight,
-    pub(crate) lease: Option<MutexGuard<'k, ()>>,
-    pub(crate) mark: Option<Instant>,
+pub(in crate::backend) struct Submitted<'k> {
+    pub(in crate::backend) in_flight: InFlight,
+    pub(in crate::backend) lease: Option<MutexGuard<'k, ()>>,
+    pub(in crate::backend) mark: Option<Instant>,
 }
 
 /// The kernel a request names: borrowed from the request, or compiled (found in the
 /// caches) for a program request.
-pub(crate) enum Resolved<'k> {
+pub(in crate::backend) enum Resolved<'k> {
     Borrowed(&'k Kernel),
     Owned(Kernel),
 }
@@ -124,7 +124,7 @@ impl Resolved<'_> {
     }
 }
 
-pub(crate) fn elapsed_ns(since: Instant) -> u64 {
+pub(in crate::backend) fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -178,7 +178,7 @@ impl BackendInner {
     /// The kernel of `target`: the request's own, or a program's from the caches
     /// (validation, lowering, PTX and module lookups, charged to the probe's
     /// `prepare`, `ptx`, `modkey` and `resolve` phases from `mark` on).
-    pub(crate) fn resolve<'k>(
+    pub(in crate::backend) fn resolve<'k>(
         &self,
         target: Target<'k>,
         codegen: &CodegenOptions,
@@ -195,7 +195,7 @@ impl BackendInner {
     }
 
     /// The CUDA kernel inside `kernel`, checked to belong to this backend.
-    pub(crate) fn cuda_kernel<'k>(
+    pub(in crate::backend) fn cuda_kernel<'k>(
         &self,
         kernel: &'k Kernel,
     ) -> Result<&'k KernelInner, BackendError> {
@@ -241,7 +241,7 @@ impl BackendInner {
     /// nothing waits. The returned lease (grid-sync kernels only) must be held until
     /// [`BackendInner::complete`]. Every exit before the hand-over releases the lane
     /// (its [`LaneGuard`](stage::LaneGuard)).
-    pub(crate) fn submit_request<'k>(
+    pub(in crate::backend) fn submit_request<'k>(
         &self,
         kernel: &'k KernelInner,
         request: &Dispatch<'_>,
@@ -330,7 +330,7 @@ impl BackendInner {
 
 /// The `Fix:` error for a kernel another backend compiled; the same text on every
 /// backend.
-pub(crate) fn foreign_kernel(name: &str) -> BackendError {
+pub(in crate::backend) fn foreign_kernel(name: &str) -> BackendError {
     BackendError::InvalidHandle {
         message: format!(
             "Fix: the kernel for {name} was compiled by another backend; compile it with the backend \

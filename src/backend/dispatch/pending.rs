@@ -45,11 +45,11 @@ pub const MAX_PENDING: usize = 16;
 #[must_use = "a pending dispatch does nothing visible until `wait`; dropping it blocks until it finishes"]
 pub struct PendingDispatch {
     kernel: Kernel,
-    pub(crate) state: PendingState,
-    pub(crate) origin: PendingOrigin,
+    pub(in crate::backend) state: PendingState,
+    pub(in crate::backend) origin: PendingOrigin,
 }
 
-pub(crate) enum PendingState {
+pub(in crate::backend) enum PendingState {
     InFlight(Box<InFlight>),
     /// Completed at submission (grid-sync kernels, the reference interpreter).
     Done(Box<Result<Finished, BackendError>>),
@@ -58,7 +58,7 @@ pub(crate) enum PendingState {
 }
 
 /// The backend a pending dispatch counts against.
-pub(crate) enum PendingOrigin {
+pub(in crate::backend) enum PendingOrigin {
     Cuda(CudaBackend),
     Reference(Arc<ReferenceInner>),
 }
@@ -118,7 +118,7 @@ impl std::fmt::Debug for DeviceClock {
 
 /// Count one more pending submission against `counter`: the `Fix:` error (and no
 /// count) when [`MAX_PENDING`] are pending already. Shared by every backend.
-pub(crate) fn count_pending(
+pub(in crate::backend) fn count_pending(
     counter: &std::sync::atomic::AtomicUsize,
     name: &str,
 ) -> Result<(), BackendError> {
@@ -134,7 +134,7 @@ pub(crate) fn count_pending(
 }
 
 /// The `Fix:` error for a predecessor submitted on another backend.
-pub(crate) fn foreign_predecessor(name: &str) -> BackendError {
+pub(in crate::backend) fn foreign_predecessor(name: &str) -> BackendError {
     BackendError::bad_input(format!(
         "Fix: the PendingDispatch to order {name} after belongs to another backend; submit both on \
          the same backend"
@@ -143,7 +143,7 @@ pub(crate) fn foreign_predecessor(name: &str) -> BackendError {
 
 /// The dispatch in flight `request` must run after on the device: its `after`,
 /// checked to come from this backend (`None` when it already completed).
-pub(crate) fn predecessor<'r>(
+pub(in crate::backend) fn predecessor<'r>(
     inner: &BackendInner,
     request: &Dispatch<'r>,
     kernel: &KernelInner,
@@ -235,7 +235,7 @@ impl CudaBackend {
 
 impl PendingDispatch {
     /// A dispatch that completed at submission (the reference interpreter's).
-    pub(crate) fn done(
+    pub(in crate::backend) fn done(
         kernel: Kernel,
         result: Result<Finished, BackendError>,
         origin: PendingOrigin,

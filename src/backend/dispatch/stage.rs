@@ -28,66 +28,66 @@ use super::{InFlight, Sink};
 
 /// What the plan step found (pure; nothing touched yet).
 #[derive(Default)]
-pub(crate) struct Plan {
-    pub(crate) request: RequestPlan,
-    pub(crate) launch: LaunchPlan,
+pub(in crate::backend) struct Plan {
+    pub(in crate::backend) request: RequestPlan,
+    pub(in crate::backend) launch: LaunchPlan,
     /// Staging offset of a grid-sync kernel's barrier words (after the readbacks).
-    pub(crate) barrier_staging: usize,
+    pub(in crate::backend) barrier_staging: usize,
 }
 
 /// Resources a dispatch holds from staging until its lane is released.
 #[derive(Default)]
-pub(crate) struct Held {
+pub(in crate::backend) struct Held {
     /// Owned buffers bound (their memory stays alive while the device may use it).
-    pub(crate) buffers: PerBinding<Arc<DeviceMemory>>,
+    pub(in crate::backend) buffers: PerBinding<Arc<DeviceMemory>>,
     /// Transient buffers of host, zeroed and pinned bindings (back to the pool).
-    pub(crate) transients: SmallVec<[DeviceMemory; 16]>,
+    pub(in crate::backend) transients: SmallVec<[DeviceMemory; 16]>,
     /// Caller pinned buffers the uploads read from.
-    pub(crate) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
+    pub(in crate::backend) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
 }
 
 /// Bindings resolved to device addresses.
 #[derive(Default)]
-pub(crate) struct Staged {
-    pub(crate) addresses: PerBinding<u64>,
+pub(in crate::backend) struct Staged {
+    pub(in crate::backend) addresses: PerBinding<u64>,
 }
 
 /// The stream operations host, zeroed and pinned bindings need before the launch.
 #[derive(Default)]
-pub(crate) struct Transfers {
-    pub(crate) uploads: SmallVec<[StagedCopy; 16]>,
-    pub(crate) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
+pub(in crate::backend) struct Transfers {
+    pub(in crate::backend) uploads: SmallVec<[StagedCopy; 16]>,
+    pub(in crate::backend) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
     /// Zero fills of zeroed transients bound to slots the kernel reads (a
     /// `WriteOnly` slot is cleared by every dispatch's description anyway).
-    pub(crate) clears: SmallVec<[Clear; 16]>,
+    pub(in crate::backend) clears: SmallVec<[Clear; 16]>,
 }
 
 /// The readback routes: DMA copies into staging, and where every item's bytes are
 /// after the synchronize.
 #[derive(Default)]
-pub(crate) struct Routed {
-    pub(crate) copies: PerBinding<StagedCopy>,
-    pub(crate) deliveries: PerBinding<Delivery>,
+pub(in crate::backend) struct Routed {
+    pub(in crate::backend) copies: PerBinding<StagedCopy>,
+    pub(in crate::backend) deliveries: PerBinding<Delivery>,
     /// The binding slot each item came from (what `Outputs` records).
-    pub(crate) item_bindings: PerBinding<u32>,
+    pub(in crate::backend) item_bindings: PerBinding<u32>,
     /// The device fill that clears a device-memory area's stamps before the launch.
-    pub(crate) arm_clear: Option<(u64, usize)>,
+    pub(in crate::backend) arm_clear: Option<(u64, usize)>,
     /// The copy that brings a device-memory area back after the launch.
-    pub(crate) area_copy: Option<AreaCopy>,
+    pub(in crate::backend) area_copy: Option<AreaCopy>,
 }
 
 /// A leased lane and what the dispatch holds, released on every exit that does not
 /// hand them to an [`InFlight`]: the stream may hold work when a step fails, so the
 /// release synchronises it first (`BackendInner::release`).
-pub(crate) struct LaneGuard<'b> {
+pub(in crate::backend) struct LaneGuard<'b> {
     inner: &'b BackendInner,
     lane: Option<Lane>,
-    pub(crate) held: Held,
+    pub(in crate::backend) held: Held,
 }
 
 impl<'b> LaneGuard<'b> {
     /// Lease a lane (stream, events, staging) for one dispatch.
-    pub(crate) fn lease(inner: &'b BackendInner) -> Result<Self, BackendError> {
+    pub(in crate::backend) fn lease(inner: &'b BackendInner) -> Result<Self, BackendError> {
         let lane = inner
             .lanes
             .lease()
@@ -99,7 +99,7 @@ impl<'b> LaneGuard<'b> {
         })
     }
 
-    pub(crate) fn lane(&self) -> Result<&Lane, BackendError> {
+    pub(in crate::backend) fn lane(&self) -> Result<&Lane, BackendError> {
         self.lane.as_ref().ok_or_else(handed_over)
     }
 
@@ -108,7 +108,7 @@ impl<'b> LaneGuard<'b> {
     }
 
     /// The lane and holdings, for the dispatch in flight (the guard lets go).
-    pub(crate) fn hand_over(mut self) -> (Lane, Held) {
+    pub(in crate::backend) fn hand_over(mut self) -> (Lane, Held) {
         let held = std::mem::take(&mut self.held);
         match self.lane.take() {
             Some(lane) => (lane, held),
@@ -132,7 +132,11 @@ fn handed_over() -> BackendError {
 }
 
 /// The probe's counts of one dispatch (only while the probe is on).
-pub(crate) fn count_for_probe(kernel: &KernelInner, request: &Dispatch<'_>, plan: &Plan) {
+pub(in crate::backend) fn count_for_probe(
+    kernel: &KernelInner,
+    request: &Dispatch<'_>,
+    plan: &Plan,
+) {
     probe::count_with(Count::Nodes, || kernel.program.node_count());
     probe::count_with(Count::PtxBytes, || kernel.ptx.len() as u64);
     probe::count_with(Count::Buffers, || kernel.program.buffers().len() as u64);
@@ -146,7 +150,7 @@ pub(crate) fn count_for_probe(kernel: &KernelInner, request: &Dispatch<'_>, plan
 /// (shared with graph recording: the `WriteOnly` clears, the parameter array, the
 /// launch loop) plus what only an eager dispatch has: uploads, zero fills of
 /// transients, the result area's values, the routed readback and the events.
-pub(crate) fn operations<'a>(
+pub(in crate::backend) fn operations<'a>(
     kernel: &'a KernelInner,
     request: &Dispatch<'_>,
     plan: &'a Plan,
@@ -192,7 +196,7 @@ impl BackendInner {
     /// Plan: the request checks every backend makes (`plan::plan_request`), the
     /// caller's output slices, the launch plan (from the kernel's plan cache) and a
     /// grid-sync kernel's co-residency.
-    pub(crate) fn plan(
+    pub(in crate::backend) fn plan(
         &self,
         kernel: &KernelInner,
         request: &Dispatch<'_>,
@@ -223,7 +227,7 @@ impl BackendInner {
     /// Stage: grow the lane's staging, check the memory budget for transient
     /// bindings, and resolve every binding to a device address (taking transient
     /// buffers and writing host bytes into staging).
-    pub(crate) fn stage(
+    pub(in crate::backend) fn stage(
         &self,
         kernel: &KernelInner,
         request: &Dispatch<'_>,
@@ -316,7 +320,7 @@ impl BackendInner {
     /// Route readbacks: small items become result-ABI descriptors (the kernel's last
     /// thread copies them into the lane's mapped area), the rest DMA copies into
     /// staging. Returns the result ABI's parameter values.
-    pub(crate) fn route(
+    pub(in crate::backend) fn route(
         &self,
         kernel: &KernelInner,
         plan: &Plan,
@@ -393,7 +397,7 @@ impl BackendInner {
     /// Order: after every dispatch in flight that shares memory this one writes (or
     /// writes memory this one touches), and after an explicitly named predecessor;
     /// on the device only. Returns what this dispatch touches, for the order book.
-    pub(crate) fn order(
+    pub(in crate::backend) fn order(
         &self,
         kernel: &KernelInner,
         request: &Dispatch<'_>,
@@ -427,7 +431,7 @@ impl BackendInner {
     }
 
     /// Enqueue every stream operation of `ops` on the guarded lane.
-    pub(crate) fn enqueue(
+    pub(in crate::backend) fn enqueue(
         &self,
         kernel: &KernelInner,
         ops: &mut StreamOps<'_, driver::LoadedModule>,
@@ -507,7 +511,7 @@ impl BackendInner {
 
 /// A grid-sync kernel's grid must be co-resident: the `Fix:` error when it cannot be
 /// (shared with the reference backend's estimate of the same limit).
-pub(crate) fn check_coresident(
+pub(in crate::backend) fn check_coresident(
     name: &str,
     grid_sync: bool,
     launch: &LaunchPlan,
@@ -524,7 +528,7 @@ pub(crate) fn check_coresident(
 }
 
 /// The `Fix:` error for a graph scratch buffer bound outside a recording.
-pub(crate) fn scratch_outside_a_graph(name: &str) -> BackendError {
+pub(in crate::backend) fn scratch_outside_a_graph(name: &str) -> BackendError {
     BackendError::bad_input(format!(
         "Fix: a graph scratch buffer is bound to a dispatch of {name} outside its recording; scratch \
          buffers exist only while their graph replays: bind a DeviceBuffer (or Binding::Zeroed) instead"

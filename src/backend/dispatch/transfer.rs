@@ -10,7 +10,7 @@ use super::super::{BackendError, CudaBackend, DeviceBuffer};
 use super::Held;
 
 /// One buffer transfer: bytes going up, or a host slice to fill.
-pub(crate) enum Transfer<'d, 'o> {
+pub(in crate::backend) enum Transfer<'d, 'o> {
     Upload(&'d [u8]),
     Read(&'o mut [u8]),
 }
@@ -18,7 +18,10 @@ pub(crate) enum Transfer<'d, 'o> {
 impl CudaBackend {
     /// Device memory of `bytes` bytes, checked against the budget first: over it is
     /// [`BackendError::OverBudget`], never a driver failure (or an abort).
-    pub(crate) fn allocate_checked(&self, bytes: u64) -> Result<DeviceMemory, BackendError> {
+    pub(in crate::backend) fn allocate_checked(
+        &self,
+        bytes: u64,
+    ) -> Result<DeviceMemory, BackendError> {
         let inner = &self.inner;
         inner.check_alive()?;
         inner.bind()?;
@@ -39,7 +42,10 @@ impl CudaBackend {
     }
 
     /// Zero a whole owned buffer (one fill and one synchronize).
-    pub(crate) fn zero_buffer(&self, buffer: &DeviceBuffer) -> Result<(), BackendError> {
+    pub(in crate::backend) fn zero_buffer(
+        &self,
+        buffer: &DeviceBuffer,
+    ) -> Result<(), BackendError> {
         let inner = &self.inner;
         let memory = buffer.memory_for(inner, "clear")?;
         let lane = inner
@@ -67,7 +73,7 @@ impl CudaBackend {
     /// One blocking copy between host bytes and the start of `memory` (which holds
     /// `capacity` bytes): lease a lane, stage, enqueue, synchronize, copy out. Once
     /// the lane's staging is large enough it allocates nothing.
-    pub(crate) fn transfer(
+    pub(in crate::backend) fn transfer(
         &self,
         memory: Arc<DeviceMemory>,
         capacity: u64,

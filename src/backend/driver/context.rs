@@ -8,7 +8,7 @@ use super::{check, DriverResult};
 
 /// A device ordinal resolved to a driver handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Device(pub(crate) sys::CUdevice);
+pub struct Device(pub(in crate::backend) sys::CUdevice);
 
 impl Device {
     /// `cuDeviceGet`.
@@ -115,7 +115,7 @@ impl Attribute {
 
 /// A retained primary context. Released on drop.
 pub struct PrimaryContext {
-    pub(crate) raw: sys::CUcontext,
+    pub(in crate::backend) raw: sys::CUcontext,
     device: Device,
 }
 
@@ -139,7 +139,7 @@ impl PrimaryContext {
 
     /// Reset the device's primary context: destroys every allocation and module in
     /// it. The only way back from a sticky kernel fault.
-    pub(crate) fn reset_device(device: Device) -> DriverResult<()> {
+    pub(in crate::backend) fn reset_device(device: Device) -> DriverResult<()> {
         // SAFETY: valid device handle; callers guarantee no live handle of theirs is
         // used afterwards (the backend's epoch check enforces it).
         check(

@@ -15,8 +15,8 @@ use super::{check, count, load_mapped_symbols, DriverError, DriverResult};
 /// ([`DeviceMemory::allocate_host_mapped`]): kernels read and write it like device
 /// memory, and its stores reach the host with no copy enqueued.
 pub struct DeviceMemory {
-    pub(crate) ptr: sys::CUdeviceptr,
-    pub(crate) bytes: u64,
+    pub(in crate::backend) ptr: sys::CUdeviceptr,
+    pub(in crate::backend) bytes: u64,
     /// The host pages `ptr` addresses when this is host-mapped memory (freed by
     /// their own drop instead of `cuMemFree`).
     host_mapped: Option<MappedMemory>,
@@ -124,7 +124,7 @@ impl PinnedMemory {
     }
 
     /// Host address of byte `offset`; callers keep offset + length within `len()`.
-    pub(crate) fn address(&self, offset: usize) -> *mut u8 {
+    pub(in crate::backend) fn address(&self, offset: usize) -> *mut u8 {
         debug_assert!(offset <= self.bytes);
         self.ptr.wrapping_add(offset)
     }

@@ -44,9 +44,9 @@ pub use stream::{Event, Stream};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverError {
     /// The raw status.
-    pub(crate) code: sys::CUresult,
+    pub(in crate::backend) code: sys::CUresult,
     /// The driver function that returned it.
-    pub(crate) call: &'static str,
+    pub(in crate::backend) call: &'static str,
 }
 
 impl DriverError {
@@ -61,7 +61,7 @@ impl DriverError {
     }
 
     /// "Not found" (a module symbol the kernel needs is missing).
-    pub(crate) fn not_found(call: &'static str) -> DriverError {
+    pub(in crate::backend) fn not_found(call: &'static str) -> DriverError {
         DriverError {
             code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
             call,
@@ -69,7 +69,7 @@ impl DriverError {
     }
 
     /// "Not supported" (an operation a context refuses, e.g. inside a capture).
-    pub(crate) fn not_supported(call: &'static str) -> DriverError {
+    pub(in crate::backend) fn not_supported(call: &'static str) -> DriverError {
         DriverError {
             code: sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
             call,
@@ -77,7 +77,7 @@ impl DriverError {
     }
 
     /// A cooperative launch whose grid cannot be co-resident.
-    pub(crate) fn is_cooperative_launch_too_large(&self) -> bool {
+    pub(in crate::backend) fn is_cooperative_launch_too_large(&self) -> bool {
         self.code == sys::CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
     }
 

@@ -32,9 +32,9 @@ impl Drop for ModuleHandle {
 /// call can be used and dropped independently.
 pub struct LoadedModule {
     module: Arc<ModuleHandle>,
-    pub(crate) function: sys::CUfunction,
+    pub(in crate::backend) function: sys::CUfunction,
     /// Address and size of a module-scope global, when requested and present.
-    pub(crate) global: Option<(u64, usize)>,
+    pub(in crate::backend) global: Option<(u64, usize)>,
 }
 
 // SAFETY: module and function handles are usable from any thread of the process.

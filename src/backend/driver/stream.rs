@@ -6,7 +6,7 @@ use super::{check, count, DriverResult};
 
 /// A non-blocking stream. Destroyed on drop.
 pub struct Stream {
-    pub(crate) raw: sys::CUstream,
+    pub(in crate::backend) raw: sys::CUstream,
 }
 
 // SAFETY: stream handles are usable from any thread; the backend leases each

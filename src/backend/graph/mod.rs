@@ -176,7 +176,7 @@ use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
-pub(crate) use record::{check_recordable, grid_sync_in_a_graph};
+pub(in crate::backend) use record::{check_recordable, grid_sync_in_a_graph};
 pub use stitch::{ChildId, EdgeKind, StitchBuilder, StitchEdge, StitchedGraph, TransferRoute};
 
 /// Source of graph identities, so a slot or step of one graph is refused by another.
@@ -191,12 +191,12 @@ pub struct InputSlot {
 }
 
 impl InputSlot {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         InputSlot { graph, index }
     }
 
     /// The slot's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("an input slot", self.graph, graph));
         }
@@ -205,12 +205,12 @@ impl InputSlot {
 }
 
 impl OutputSlot {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         OutputSlot { graph, index }
     }
 
     /// The slot's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("an output slot", self.graph, graph));
         }
@@ -219,12 +219,12 @@ impl OutputSlot {
 }
 
 impl StepId {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         StepId { graph, index }
     }
 
     /// The step's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("a step", self.graph, graph));
         }
@@ -372,7 +372,7 @@ impl DispatchGraph {
     /// How many references to `memory` this graph holds (0 when it does not bind it):
     /// what [`DeviceBuffer::mapped_bytes_beside`](crate::backend::DeviceBuffer::mapped_bytes_beside)
     /// subtracts to prove nothing else holds a buffer.
-    pub(crate) fn holdings_of(&self, memory: &Arc<DeviceMemory>) -> usize {
+    pub(in crate::backend) fn holdings_of(&self, memory: &Arc<DeviceMemory>) -> usize {
         self.resources.as_ref().map_or(0, |resources| {
             resources
                 .memory
@@ -737,7 +737,7 @@ impl DispatchGraph {
     /// stamps. A mapped area is cleared by the host; a device-memory area by a fill
     /// on the child's own stream, waited for here so the parent's launch (on another
     /// stream, maybe another device) cannot overtake it.
-    pub(crate) fn arm_as_child(&mut self) -> Result<(), BackendError> {
+    pub(in crate::backend) fn arm_as_child(&mut self) -> Result<(), BackendError> {
         self.ready()?;
         let inner = Arc::clone(self.backend.shared());
         let name = self.name.clone();
@@ -755,7 +755,7 @@ impl DispatchGraph {
     /// After a stitched parent's synchronize: bring a device-memory result area back
     /// (one copy and a synchronize on the child's stream; nothing for a mapped area)
     /// and read the child's kernel time from its stamps.
-    pub(crate) fn collect_as_child(&mut self) -> Result<u64, BackendError> {
+    pub(in crate::backend) fn collect_as_child(&mut self) -> Result<u64, BackendError> {
         let inner = Arc::clone(self.backend.shared());
         inner.bind()?;
         let name = self.name.clone();
@@ -933,7 +933,7 @@ impl Drop for PendingReplay<'_> {
 
 /// Graph identities, shared by the recorder (and the portable interface's reference
 /// graphs, whose slots use the same types).
-pub(crate) fn next_graph_id() -> u64 {
+pub(in crate::backend) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)
 }
 

@@ -637,7 +637,10 @@ pub(super) fn hold_memory(
 /// backend: no predecessor (a graph runs its operations in recording order), no
 /// readback ranges (bytes come back through read-backs), and only buffers that
 /// outlive the recording (a replay outlives any host slice).
-pub(crate) fn check_recordable(name: &str, request: &Dispatch<'_>) -> Result<(), BackendError> {
+pub(in crate::backend) fn check_recordable(
+    name: &str,
+    request: &Dispatch<'_>,
+) -> Result<(), BackendError> {
     if request.after.is_some() {
         return Err(BackendError::bad_input(format!(
             "Fix: the recorded dispatch of {name} names a predecessor; inside a dispatch graph \
@@ -665,7 +668,7 @@ pub(crate) fn check_recordable(name: &str, request: &Dispatch<'_>) -> Result<(),
 
 /// The `Fix:` error for a grid-sync kernel inside a recording (the same on every
 /// backend).
-pub(crate) fn grid_sync_in_a_graph(name: &str) -> BackendError {
+pub(in crate::backend) fn grid_sync_in_a_graph(name: &str) -> BackendError {
     BackendError::bad_input(format!(
         "Fix: {name} uses grid_sync, which dispatch graphs do not support (its module-global barrier \
          needs a lease and an audit around every launch); dispatch it outside the graph, or split it at \

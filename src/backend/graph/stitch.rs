@@ -653,7 +653,7 @@ impl StitchBuilder {
 /// The route of one transfer (pure): forced through the host, else one device copy
 /// on one device, else peer-to-peer where the destination can address the source,
 /// else through the host.
-pub(crate) fn choose_route(
+pub(in crate::backend) fn choose_route(
     from_device: usize,
     to_device: usize,
     peer_access: bool,
@@ -674,7 +674,7 @@ pub(crate) fn choose_route(
 /// the child it belongs to (`child`, on `child_device`), else a `Fix:` error (pure).
 /// The source is read where its child wrote it, the destination written where its
 /// child reads it; the transfer itself is what crosses devices.
-pub(crate) fn check_transfer_end(
+pub(in crate::backend) fn check_transfer_end(
     end: &str,
     child: u32,
     buffer_device: usize,
@@ -711,7 +711,7 @@ fn check_child(child: ChildId, stitch: u64, children: usize) -> Result<u32, Back
 /// The children in an order that respects every edge `(before, after)` (pure; Kahn's
 /// algorithm, lowest index first among the ready ones). A cycle is a `Fix:` error
 /// naming the children on it.
-pub(crate) fn topological_order(
+pub(in crate::backend) fn topological_order(
     children: usize,
     edges: &[(u32, u32)],
 ) -> Result<Vec<u32>, BackendError> {

@@ -41,7 +41,7 @@ struct Step {
 
 /// A recorded chain on the reference side: its operations and its input and output
 /// slots.
-pub(crate) struct ReferenceGraph {
+pub(in crate::backend) struct ReferenceGraph {
     id: u64,
     backend: ReferenceBackend,
     operations: Vec<Operation>,
@@ -61,12 +61,12 @@ impl std::fmt::Debug for ReferenceGraph {
 }
 
 /// Describes a chain on the reference backend (the CUDA recorder's twin).
-pub(crate) struct ReferenceRecorder {
+pub(in crate::backend) struct ReferenceRecorder {
     graph: ReferenceGraph,
 }
 
 impl ReferenceRecorder {
-    pub(crate) fn new(backend: &ReferenceBackend) -> Self {
+    pub(in crate::backend) fn new(backend: &ReferenceBackend) -> Self {
         ReferenceRecorder {
             graph: ReferenceGraph {
                 id: next_graph_id(),
@@ -80,7 +80,7 @@ impl ReferenceRecorder {
     }
 
     /// The recorded chain; an empty recording is refused as on CUDA.
-    pub(crate) fn finish(self) -> Result<ReferenceGraph, BackendError> {
+    pub(in crate::backend) fn finish(self) -> Result<ReferenceGraph, BackendError> {
         if self.graph.operations.is_empty() {
             return Err(BackendError::bad_input(
                 "Fix: the recording closure recorded nothing; record at least one upload, dispatch or \
@@ -96,7 +96,7 @@ impl ReferenceRecorder {
             .map(Arc::clone)
     }
 
-    pub(crate) fn upload(
+    pub(in crate::backend) fn upload(
         &mut self,
         buffer: &DeviceBuffer,
         bytes: u64,
@@ -124,7 +124,10 @@ impl ReferenceRecorder {
         Ok(InputSlot::new(graph.id, index as u32))
     }
 
-    pub(crate) fn dispatch(&mut self, request: Dispatch<'_>) -> Result<StepId, BackendError> {
+    pub(in crate::backend) fn dispatch(
+        &mut self,
+        request: Dispatch<'_>,
+    ) -> Result<StepId, BackendError> {
         let backend = &self.graph.backend;
         let kernel = backend.resolve(request.target, &request.codegen)?;
         let reference = backend.reference_kernel(&kernel)?;
@@ -164,7 +167,7 @@ impl ReferenceRecorder {
         Ok(StepId::new(graph.id, index as u32))
     }
 
-    pub(crate) fn read_back(
+    pub(in crate::backend) fn read_back(
         &mut self,
         buffer: &DeviceBuffer,
         offset: u64,
@@ -196,7 +199,10 @@ impl ReferenceRecorder {
 }
 
 impl ReferenceGraph {
-    pub(crate) fn input_mut(&mut self, slot: InputSlot) -> Result<&mut [u8], BackendError> {
+    pub(in crate::backend) fn input_mut(
+        &mut self,
+        slot: InputSlot,
+    ) -> Result<&mut [u8], BackendError> {
         let index = slot.index_in(self.id)?;
         self.inputs
             .get_mut(index)
@@ -204,7 +210,7 @@ impl ReferenceGraph {
             .ok_or_else(|| forged("input slot"))
     }
 
-    pub(crate) fn output(&self, slot: OutputSlot) -> Result<&[u8], BackendError> {
+    pub(in crate::backend) fn output(&self, slot: OutputSlot) -> Result<&[u8], BackendError> {
         let index = slot.index_in(self.id)?;
         self.outputs
             .get(index)
@@ -225,7 +231,7 @@ impl ReferenceGraph {
         }
     }
 
-    pub(crate) fn set_element_count(
+    pub(in crate::backend) fn set_element_count(
         &mut self,
         step: StepId,
         binding: u32,
@@ -262,7 +268,7 @@ impl ReferenceGraph {
     }
 
     /// The new grid is checked as the CUDA graph checks it (its launch plan).
-    pub(crate) fn set_workgroups(
+    pub(in crate::backend) fn set_workgroups(
         &mut self,
         step: StepId,
         workgroups: [u32; 3],
@@ -274,7 +280,7 @@ impl ReferenceGraph {
         Ok(())
     }
 
-    pub(crate) fn replay(&mut self) -> Result<Timings, BackendError> {
+    pub(in crate::backend) fn replay(&mut self) -> Result<Timings, BackendError> {
         let start = Instant::now();
         for operation in &self.operations {
             match operation {

@@ -58,7 +58,7 @@ use super::{
     Outputs, PendingDispatch, Timings,
 };
 
-pub(crate) use graph::{ReferenceGraph, ReferenceRecorder};
+pub(in crate::backend) use graph::{ReferenceGraph, ReferenceRecorder};
 
 static NEXT_REFERENCE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -69,11 +69,11 @@ static NEXT_REFERENCE_ID: AtomicU64 = AtomicU64::new(1);
 /// clone.
 #[derive(Clone)]
 pub struct ReferenceBackend {
-    pub(crate) inner: Arc<ReferenceInner>,
+    pub(in crate::backend) inner: Arc<ReferenceInner>,
 }
 
-pub(crate) struct ReferenceInner {
-    pub(crate) id: u64,
+pub(in crate::backend) struct ReferenceInner {
+    pub(in crate::backend) id: u64,
     options: ReferenceOptions,
     /// The device the interpreter answers as: its launch-geometry limits and
     /// memory.
@@ -81,20 +81,20 @@ pub(crate) struct ReferenceInner {
     /// Bytes held by live buffers (the budget's "resident" input).
     held: AtomicU64,
     /// Submissions pending, at most [`MAX_PENDING`](super::MAX_PENDING).
-    pub(crate) pending: AtomicUsize,
+    pub(in crate::backend) pending: AtomicUsize,
     /// Why CUDA was not used, when this backend is a fallback.
-    pub(crate) fallback: Option<String>,
+    pub(in crate::backend) fallback: Option<String>,
 }
 
 /// Host memory of a reference buffer; counts its bytes against its backend while it
 /// lives (a graph may hold it after the buffer is dropped, as on CUDA).
-pub(crate) struct HostMemory {
-    pub(crate) owner: Arc<ReferenceInner>,
+pub(in crate::backend) struct HostMemory {
+    pub(in crate::backend) owner: Arc<ReferenceInner>,
     bytes: Mutex<Vec<u8>>,
 }
 
 impl HostMemory {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    pub(in crate::backend) fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
         self.bytes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -108,16 +108,16 @@ impl Drop for HostMemory {
 
 /// A compiled program on the reference backend: validated against its limits, with
 /// the binding plan the CUDA backend would make of it.
-pub(crate) struct ReferenceKernel {
-    pub(crate) backend_id: u64,
-    pub(crate) name: String,
-    pub(crate) program: ValidProgram,
-    pub(crate) codegen: CodegenOptions,
-    pub(crate) slots: SmallVec<[ParamSlot; 16]>,
-    pub(crate) outputs: SmallVec<[u16; 16]>,
-    pub(crate) workgroup_size: [u32; 3],
-    pub(crate) grid_sync: bool,
-    pub(crate) max_coresident_blocks: u64,
+pub(in crate::backend) struct ReferenceKernel {
+    pub(in crate::backend) backend_id: u64,
+    pub(in crate::backend) name: String,
+    pub(in crate::backend) program: ValidProgram,
+    pub(in crate::backend) codegen: CodegenOptions,
+    pub(in crate::backend) slots: SmallVec<[ParamSlot; 16]>,
+    pub(in crate::backend) outputs: SmallVec<[u16; 16]>,
+    pub(in crate::backend) workgroup_size: [u32; 3],
+    pub(in crate::backend) grid_sync: bool,
+    pub(in crate::backend) max_coresident_blocks: u64,
 }
 
 impl std::fmt::Debug for ReferenceBackend {
@@ -151,7 +151,7 @@ impl ReferenceBackend {
 
     /// A reference backend standing in for CUDA, which was not usable because of
     /// `why`.
-    pub(crate) fn fallback(why: String) -> Self {
+    pub(in crate::backend) fn fallback(why: String) -> Self {
         Self::build(ReferenceOptions::default(), Some(why))
     }
 
@@ -182,13 +182,13 @@ impl ReferenceBackend {
 
     /// Why CUDA is not used, when this backend is the fallback of
     /// `AnyBackend::cuda_or_reference`.
-    pub(crate) fn fallback_reason(&self) -> Option<&str> {
+    pub(in crate::backend) fn fallback_reason(&self) -> Option<&str> {
         self.inner.fallback.as_deref()
     }
 
     /// A zeroed buffer of `bytes` bytes, checked against the memory budget and
     /// allocated fallibly.
-    pub(crate) fn buffer(&self, bytes: u64) -> Result<DeviceBuffer, BackendError> {
+    pub(in crate::backend) fn buffer(&self, bytes: u64) -> Result<DeviceBuffer, BackendError> {
         self.check_budget(bytes)?;
         let memory = zeroed_vec(bytes, self.available())?;
         self.inner.held.fetch_add(bytes, Ordering::Relaxed);
@@ -201,7 +201,11 @@ impl ReferenceBackend {
         })
     }
 
-    pub(crate) fn upload(&self, buffer: &DeviceBuffer, data: &[u8]) -> Result<(), BackendError> {
+    pub(in crate::backend) fn upload(
+        &self,
+        buffer: &DeviceBuffer,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
         let memory = buffer.host_for(&self.inner, "upload into")?;
         let mut bytes = memory.lock();
         if data.len() > bytes.len() {
@@ -216,7 +220,7 @@ impl ReferenceBackend {
         Ok(())
     }
 
-    pub(crate) fn read_into(
+    pub(in crate::backend) fn read_into(
         &self,
         buffer: &DeviceBuffer,
         out: &mut [u8],
@@ -237,7 +241,7 @@ impl ReferenceBackend {
 
     /// Validate `program` against this backend's limits and make its binding plan,
     /// refusing what the CUDA backend's `compile` refuses.
-    pub(crate) fn compile(
+    pub(in crate::backend) fn compile(
         &self,
         program: &Program,
         codegen: &CodegenOptions,
@@ -290,7 +294,7 @@ impl ReferenceBackend {
         }
     }
 
-    pub(crate) fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
+    pub(in crate::backend) fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
         let kernel = self.resolve(request.target, &request.codegen)?;
         let mut outputs = Outputs::default();
         let prepared = self.prepare(&kernel, &request, &Sink::Packed(&mut outputs))?;
@@ -299,7 +303,7 @@ impl ReferenceBackend {
         Ok(Finished { outputs, timings })
     }
 
-    pub(crate) fn run_into(
+    pub(in crate::backend) fn run_into(
         &self,
         request: Dispatch<'_>,
         outputs: &mut [&mut [u8]],
@@ -311,7 +315,10 @@ impl ReferenceBackend {
 
     /// Run now; the pending result hands the outcome to `wait` (errors of the plan
     /// come from here, as on CUDA; errors of the run from `wait`).
-    pub(crate) fn submit(&self, request: Dispatch<'_>) -> Result<PendingDispatch, BackendError> {
+    pub(in crate::backend) fn submit(
+        &self,
+        request: Dispatch<'_>,
+    ) -> Result<PendingDispatch, BackendError> {
         let kernel = self.resolve(request.target, &request.codegen)?;
         super::dispatch::count_pending(&self.inner.pending, kernel.name())?;
         let mut outputs = Outputs::default();
@@ -493,7 +500,7 @@ impl ReferenceBackend {
     }
 
     /// The reference kernel inside `kernel`, checked to belong to this backend.
-    pub(crate) fn reference_kernel<'k>(
+    pub(in crate::backend) fn reference_kernel<'k>(
         &self,
         kernel: &'k Kernel,
     ) -> Result<&'k ReferenceKernel, BackendError> {
@@ -528,7 +535,7 @@ impl ReferenceBackend {
     }
 
     /// Read a whole buffer as values of `T`.
-    pub(crate) fn read_values<T: bytemuck::Pod>(
+    pub(in crate::backend) fn read_values<T: bytemuck::Pod>(
         &self,
         buffer: &DeviceBuffer,
     ) -> Result<Vec<T>, BackendError> {
