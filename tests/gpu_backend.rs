@@ -1098,3 +1098,28 @@ fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
     }
     assert!(pinned.as_mut_slice().is_ok());
 }
+
+/// Locks out a CPU fallback that answers differently from CUDA through `AnyBackend`
+/// (the GPU half of `reference_answers_every_parity_case_as_cuda_does`): every
+/// parity case — validation at `compile`, malformed requests, a buffer bound as input
+/// and write-only output, grids of 70,000 on y and of 0, 20 pending submissions,
+/// `buffer(u64::MAX)` and `buffer(1 << 40)`, a foreign buffer, and the good requests'
+/// bytes — gives the same outcome on both: the same outputs, or the same error kind
+/// and message (budget messages with their machine-specific byte counts masked).
+/// Negative control: a case list with one outcome changed is told apart.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_fallback_answers_exactly_as_cuda() {
+    use support::parity::{cases, Outcome};
+    use vyre_cuda::backend::AnyBackend;
+    let on_gpu = cases(&AnyBackend::Cuda(backend()));
+    let on_cpu = cases(&AnyBackend::reference());
+    assert_eq!(on_gpu.len(), on_cpu.len());
+    for ((name, gpu), (cpu_name, cpu)) in on_gpu.iter().zip(&on_cpu) {
+        assert_eq!(name, cpu_name);
+        assert_eq!(gpu, cpu, "case {name}: CUDA and the reference differ");
+    }
+    let mut changed = on_cpu.clone();
+    changed[0].1 = Outcome::Ran(vec![]);
+    assert_ne!(on_gpu, changed, "negative control");
+}

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{portable_session, words};
+use support::{bytes, portable_session, words};
 use vyre_cuda::backend::{AnyBackend, BackendKind, Binding, Dispatch};
 use vyre_cuda::DispatchConfig;
 
@@ -241,4 +241,106 @@ fn reference_graph_changes_its_grid_without_recapture() {
         timing.event_window_ns, None,
         "the reference has no device window"
     );
+}
+
+/// Locks out a fallback that answers differently from CUDA (the reference half of
+/// `gpu_fallback_answers_exactly_as_cuda`): every parity case gets the answer CUDA
+/// gives — invalid programs refused at `compile`, a grid of 70,000 on y and an axis
+/// of 0 refused by the launch plan, the 17th of 20 pending submissions refused,
+/// `buffer(u64::MAX)` and `buffer(1 << 40)` over the budget (no panic, no abort), a
+/// buffer bound as input and write-only output refused, every malformed request
+/// refused with a `Fix:` message — and the good requests run with the right bytes.
+#[test]
+fn reference_answers_every_parity_case_as_cuda_does() {
+    use support::parity::{cases, Outcome};
+    let seen = cases(&AnyBackend::reference());
+    let expected_refusals = [
+        ("compile: a store into a read-only buffer", "InvalidProgram"),
+        ("compile: 2048 threads per workgroup", "InvalidProgram"),
+        ("run: one buffer as input and write-only output", "BadInput"),
+        ("run: too few bindings", "BadInput"),
+        (
+            "run: a size that is not a whole number of elements",
+            "BadInput",
+        ),
+        ("run: zero fixpoint iterations", "BadInput"),
+        ("run: a readback range past the buffer", "BadInput"),
+        ("run_into: an output slice of the wrong length", "BadInput"),
+        ("run: a buffer of another backend", "InvalidHandle"),
+        ("read: a buffer of another backend", "InvalidHandle"),
+        ("grid: y = 70,000 workgroups", "Launch"),
+        ("grid: an axis of 0 workgroups", "Launch"),
+        ("submit: the one past MAX_PENDING", "BadInput"),
+        ("buffer: u64::MAX bytes", "OverBudget"),
+        ("buffer: 1 << 40 bytes", "OverBudget"),
+        ("run: a zeroed binding of 1 << 40 bytes", "BadInput"),
+    ];
+    for (name, kind) in expected_refusals {
+        let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
+        let (got, message) = outcome.refused().unwrap_or_else(|| panic!("{name}: ran"));
+        assert_eq!(got, kind, "{name}: {message}");
+        assert!(message.starts_with("Fix:"), "{name}: {message}");
+    }
+    let ran = |name: &str| match &seen.iter().find(|(case, _)| *case == name).expect(name).1 {
+        Outcome::Ran(items) => items.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    let plus_one: Vec<u32> = (1..=64).collect();
+    assert_eq!(ran("run: buffers"), vec![bytes(&plus_one)]);
+    assert_eq!(
+        ran("run: host values, an output stated by its length"),
+        vec![bytes(&plus_one)]
+    );
+    assert_eq!(ran("run: output by name, typed"), vec![bytes(&plus_one)]);
+    assert_eq!(
+        ran("submit: pending submissions accepted of 20"),
+        vec![vec![vyre_cuda::backend::MAX_PENDING as u8]]
+    );
+    assert_eq!(ran("compile: a valid program"), Vec::<Vec<u8>>::new());
+    let message = seen
+        .iter()
+        .find(|(case, _)| *case == "grid: y = 70,000 workgroups")
+        .and_then(|(_, outcome)| outcome.refused())
+        .map(|(_, message)| message.to_string())
+        .unwrap();
+    assert!(message.contains("workgroups.y"), "{message}");
+}
+
+/// Locks out `ReferenceOptions` that `AnyBackend` cannot reach: a reference backend
+/// made with a work cap of 1,000 stops a dispatch that the default options run,
+/// with the interpreter's `Fix:` error; its limits refuse at `compile` what the
+/// defaults accept. Negative control: the default reference runs both.
+#[test]
+fn reference_options_are_reachable_through_any_backend() {
+    use vyre_cuda::reference::ReferenceOptions;
+    let program = support::elementwise("plus_one", 64, |v| v + vyre_cuda::ir::Expr::u32(1));
+    let config = DispatchConfig::linear(4);
+    let capped = AnyBackend::reference_with(ReferenceOptions {
+        max_work: 1_000,
+        ..ReferenceOptions::default()
+    });
+    let values = [0u32; 256];
+    let bindings = [Binding::host(&values), Binding::zeroed::<u32>(256)];
+    let kernel = capped.compile(&program, &config).unwrap();
+    let error = capped
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
+        .unwrap_err();
+    assert!(
+        matches!(error, vyre_cuda::backend::BackendError::Reference { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    let narrow = AnyBackend::reference_with(ReferenceOptions {
+        limits: vyre_cuda::ir::Limits {
+            max_threads_per_workgroup: 32,
+            ..vyre_cuda::ir::Limits::default()
+        },
+        ..ReferenceOptions::default()
+    });
+    assert!(narrow.compile(&program, &config).is_err());
+    let default = AnyBackend::reference();
+    let kernel = default.compile(&program, &config).unwrap();
+    assert!(default
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
+        .is_ok());
 }

@@ -358,7 +358,7 @@ impl RawFloor {
     }
 
     /// Launch + `reads` async 16-byte device→host copies + one synchronize: the
-    /// floor of a resident dispatch that reads back `reads` outputs.
+    /// floor of a dispatch over device buffers that reads back `reads` outputs.
     pub fn launch_async_reads_sync(&mut self, reads: usize) -> Result<u64, BackendError> {
         self.launch()?;
         self.async_reads(reads)?;
@@ -368,7 +368,7 @@ impl RawFloor {
         ))
     }
 
-    /// The timed floor: what `dispatch_resident_timed` asks of the driver, and nothing
+    /// The timed floor: what a request with `Timing::EventWindow` asks of the driver, and nothing
     /// else — outer and inner event pairs around the launch and the `reads` async
     /// copies, one synchronize, two elapsed-time queries. The gap between this and
     /// [`RawFloor::launch_async_reads_sync`] is the price of device timing itself.
@@ -378,7 +378,7 @@ impl RawFloor {
                 .record(stream)
                 .map_err(|e| BackendError::driver("raw floor event record", e))
         };
-        // All-resident: nothing precedes the launch, so one event opens both windows
+        // All device buffers: nothing precedes the launch, so one event opens both windows
         // (as the backend does).
         record(&self.events[1], &self.stream)?;
         self.launch()?;

@@ -12,7 +12,7 @@
 //! overlapped.
 //!
 //! The order book records, for every dispatch in flight, the device addresses it
-//! reads and writes through owned or resident buffers (borrowed and pinned
+//! reads and writes through owned buffers (host, zeroed and pinned
 //! bindings get a fresh transient per dispatch, so they never conflict). A new
 //! dispatch that conflicts with one in flight waits for it on the device (an event
 //! recorded on the earlier stream, `cuStreamWaitEvent` on the new one): nothing

@@ -8,7 +8,7 @@
 //! result ABI delivers at the physical limit that became a visible share of the host
 //! cost: measured on the build machine (2026-12-01), 16 output `Vec`s of 16 bytes
 //! allocated, filled and dropped cost 0.50 µs; on the H200 the 17-buffer fixture's
-//! resident dispatch spent 3.4 µs above the raw result-ABI floor, and its readback
+//! dispatch over device buffers spent 3.4 µs above the raw result-ABI floor, and its readback
 //! phase grew by 0.58 µs from 1 output to 16. [`Outputs`] keeps every item's bytes
 //! back to back in one `Vec<u8>` and their end offsets and bindings inline (no
 //! allocation for up to [`INLINE_ITEMS`] items), so a dispatch allocates once, and

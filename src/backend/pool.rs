@@ -4,7 +4,7 @@
 //! Creating a stream, an event or pinned memory costs driver time far above the
 //! §0 launch floor (3.7 µs), so once a dispatch shape is warm nothing on its path
 //! allocates from the driver: a dispatch leases one lane (stream + 4 events +
-//! staging) for its whole life, and borrowed inputs take device buffers from the
+//! staging) for its whole life, and host, zeroed and pinned bindings take device buffers from the
 //! bucket of their rounded size.
 
 use std::collections::HashMap;
@@ -26,7 +26,7 @@ pub(in crate::backend) struct Lane {
     pub(in crate::backend) inner_start: Event,
     pub(in crate::backend) inner_end: Event,
     /// Recorded after the dispatch's operations when a later submission must run
-    /// after it on the device (`CudaBackend::submit_kernel_after`); never timed.
+    /// after it on the device (`Dispatch::after`); never timed.
     pub(in crate::backend) order: Arc<Event>,
     /// Page-locked staging for uploads and readback.
     pub(in crate::backend) staging: PinnedMemory,
@@ -110,7 +110,7 @@ impl LanePool {
     }
 }
 
-/// Device buffers for borrowed (non-resident) bindings, by bucket size.
+/// Transient device buffers for host, zeroed and pinned bindings, by bucket size.
 pub(in crate::backend) struct TransientPool {
     buckets: Mutex<HashMap<u64, Vec<DeviceMemory>>>,
     pooled_bytes: AtomicU64,

@@ -19,7 +19,7 @@
 //! `ResultArea`, host-mapped memory, before the kernel ends. One launch, one
 //! synchronize, no copy and no event: the extra work is one atomic per converged
 //! group of threads and a few hundred bytes of posted PCIe writes. Outputs stay in
-//! their device buffers too, so resident outputs are valid for the next dispatch.
+//! their device buffers too, so outputs in owned buffers are valid for the next dispatch.
 //!
 //! # Size policy
 //!

@@ -17,8 +17,10 @@
 //! same value.
 //!
 //! A request is a small `Copy` value that borrows everything it names (no
-//! allocation, nothing cloned): building one costs a few nanoseconds (measured on the
-//! build machine: `cargo bench --bench request`). It is the place later
+//! allocation, nothing cloned): building one costs a few nanoseconds, planning it
+//! (sizes, buffers bound twice, readback) a few dozen at 17 bindings (measured on the
+//! build machine by the `host_cost_request_building_and_planning` instrument below;
+//! figures in ARCHITECTURE.md). It is the place later
 //! per-dispatch choices go, as one more builder method each (scalar kernel
 //! parameters by name, say), without a new dispatch method.
 
@@ -330,6 +332,7 @@ impl Timings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DispatchConfig;
 
     /// Locks out a request that copies what it names or grows with its bindings: it
     /// is a few words that borrow (a fixed size whatever the binding count), and
@@ -340,6 +343,142 @@ mod tests {
         assert_copy::<Dispatch<'_>>();
         assert_copy::<Binding<'_>>();
         assert!(std::mem::size_of::<Dispatch<'_>>() <= 96);
+    }
+
+    /// Measures what building and planning a request cost on the host (the CPU half
+    /// of the dispatch path that this API added or changed): a request value, the
+    /// binding array from buffers, the shared plan (`plan_request`: sizes, buffers
+    /// bound twice, readback) and its aliasing check alone, and the kernel handle
+    /// `Outputs` keeps for lookups by name (one reference count up and down), at 9
+    /// and 17 bindings. Run: `cargo test --release --lib host_cost_request --
+    /// --ignored --nocapture`.
+    #[test]
+    #[ignore = "host-cost instrument: run with --ignored --nocapture host_cost"]
+    fn host_cost_request_building_and_planning() {
+        use crate::backend::plan::{check_aliasing, plan_request, RequestPlan};
+        use crate::backend::ReferenceBackend;
+        use crate::host_cost::{Cell, CellOptions};
+        use crate::ir::{Access, BufferCount, ElemType, Expr, Program};
+        use std::hint::black_box;
+        use std::time::Duration;
+        let options =
+            CellOptions::with_targets(Duration::from_millis(200), Duration::from_millis(20));
+        let backend = ReferenceBackend::new();
+        for buffers in [9u32, 17] {
+            let mut builder = Program::builder([1, 1, 1])
+                .buffer(
+                    "in",
+                    0,
+                    Access::ReadOnly,
+                    ElemType::U32,
+                    BufferCount::Static(4),
+                )
+                .buffer(
+                    "out",
+                    1,
+                    Access::ReadWrite,
+                    ElemType::U32,
+                    BufferCount::Static(4),
+                );
+            for k in 2..buffers {
+                builder = builder.buffer(
+                    format!("scratch{k}"),
+                    k,
+                    Access::ReadWrite,
+                    ElemType::U32,
+                    BufferCount::Static(4),
+                );
+            }
+            let program = builder
+                .body(|b| {
+                    b.store("out", 0u32, Expr::load("in", 0u32) + 1u32);
+                })
+                .build();
+            let kernel = backend
+                .compile(&program, &CodegenOptions::new())
+                .expect("compile");
+            let device: Vec<DeviceBuffer> = (0..buffers)
+                .map(|_| backend.buffer(16).expect("buffer"))
+                .collect();
+            let bindings: Vec<Binding> = device.iter().map(Binding::from).collect();
+            let config = DispatchConfig::linear(1);
+            let reference = backend.reference_kernel(&kernel).expect("reference kernel");
+            let cells = [
+                Cell::measure(
+                    &format!("request value ({buffers} bindings)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let request = Dispatch::new(black_box(&kernel), black_box(&bindings))
+                                .config(black_box(&config))
+                                .timing(Timing::KernelStamps);
+                            acc ^ black_box(request).bindings.len() as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("binding array ({buffers} buffers)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let array: crate::backend::PerBinding<Binding> =
+                                black_box(&device).iter().map(Binding::from).collect();
+                            acc ^ black_box(&array).len() as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("plan_request ({buffers} bindings)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let mut plan = RequestPlan::default();
+                            let request =
+                                Dispatch::new(&kernel, black_box(&bindings)).config(&config);
+                            plan_request(
+                                &reference.name,
+                                &reference.slots,
+                                &reference.outputs,
+                                &request,
+                                &mut plan,
+                            )
+                            .expect("plan");
+                            acc ^ black_box(&plan).staging_bytes as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("check_aliasing alone ({buffers} bindings)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            check_aliasing(&reference.name, &reference.slots, black_box(&bindings))
+                                .expect("no aliasing");
+                            acc ^ 1
+                        })
+                    },
+                ),
+                Cell::measure(
+                    "kernel handle clone + drop (Outputs' names)",
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let handle = black_box(&kernel).clone();
+                            acc ^ black_box(&handle).name().len() as u64
+                        })
+                    },
+                ),
+            ];
+            for cell in cells {
+                let cell = cell.expect("measured");
+                println!(
+                    "{:<48} {:>8.1} ns (rsd {:.1} %)",
+                    cell.name,
+                    cell.minimum_ns_per_unit,
+                    100.0 * cell.relative_std_dev.unwrap_or(0.0)
+                );
+            }
+        }
     }
 
     /// Locks out a typed binding that reinterprets the values' length: `host` binds

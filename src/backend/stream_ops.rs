@@ -2,7 +2,7 @@
 //!
 //! # Why this module exists
 //!
-//! An eager dispatch, a graph capture, a resident transfer and the raw floor all put
+//! An eager dispatch, a graph capture, a buffer transfer and the raw floor all put
 //! the same few operations on a stream: host → device copies from pinned staging,
 //! the zero fill that makes `WriteOnly` mean "starts zeroed", the parameter array
 //! (buffer addresses, then `u32` element counts), `fixpoint_iterations` launches
@@ -256,7 +256,7 @@ impl<'a, M> StreamOps<'a, M> {
 
     /// The operations of one dispatch of a kernel with `slots` bound to `addresses`
     /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (§1:
-    /// `WriteOnly` starts zeroed on every path, resident or transient), then the
+    /// `WriteOnly` starts zeroed on every path, owned buffer or transient), then the
     /// launch loop with the parameter array. The eager path and graph recording both
     /// build their dispatch through this one function.
     pub(in crate::backend) fn dispatch(
@@ -947,7 +947,7 @@ pub(in crate::backend) mod tests {
     }
 
     /// Locks out wasted or missing events: with nothing before or after the loop
-    /// (all-resident, no clears, no readback), the kernel events also delimit the
+    /// (all device buffers, no clears, no readback), the kernel events also delimit the
     /// window and no window event is recorded.
     #[test]
     fn a_bare_launch_shares_its_kernel_events_with_the_window() {

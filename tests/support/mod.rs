@@ -1,6 +1,7 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod parity;
 pub mod stitch;
 
 use vyre_cuda::backend::{CudaBackend, DeviceBuffer};

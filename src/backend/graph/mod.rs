@@ -931,7 +931,7 @@ impl Drop for PendingReplay<'_> {
     }
 }
 
-/// Graph identities, shared by the recorder (and the portable interface's reference
+/// Graph identities, shared by the recorder (and the reference backend's recorded
 /// graphs, whose slots use the same types).
 pub(in crate::backend) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)

@@ -540,25 +540,7 @@ impl GraphRecorder<'_> {
                 }
             }
             if let Some(&Operation::Dispatch { step }) = step_index {
-                let step = &self.steps[step as usize];
-                let kernel = &step.kernel;
-                // The same description an eager dispatch enqueues (clears, then
-                // the launch loop), without its events and readback copies.
-                ops = StreamOps::dispatch(
-                    &kernel.slots,
-                    &step.addresses,
-                    &step.sizes,
-                    KernelLaunch {
-                        module: &kernel.module,
-                        grid: step.plan.grid,
-                        block: step.plan.block,
-                        iterations: step.iterations,
-                        grid_barrier: None,
-                    },
-                );
-                // The result ABI's values: the graph's stamps and this step's folded
-                // read-backs (copied by its last launch's last thread).
-                ops.parameters.results = Some(step.results.clone());
+                ops = step_operations(&self.steps[step as usize]);
             }
             // SAFETY: upload and read-back staging ranges were sized at recording
             // and live in the graph (as long as its executable); device ranges lie
@@ -580,6 +562,18 @@ impl GraphRecorder<'_> {
                 .map_err(|e| failed("recording a scratch free", e))?;
         }
         let graph = capture.end().map_err(|e| failed("ending the capture", e))?;
+        self.check_launch_nodes(&graph, name, &failed)?;
+        Ok(graph)
+    }
+
+    /// Every recorded launch became a kernel node of `graph` (the nodes parameter
+    /// updates write).
+    fn check_launch_nodes(
+        &self,
+        graph: &driver::Graph,
+        name: &str,
+        failed: &dyn Fn(&str, DriverError) -> BackendError,
+    ) -> Result<(), BackendError> {
         for step in &self.steps {
             for &node in &step.nodes {
                 let kind = graph
@@ -593,8 +587,31 @@ impl GraphRecorder<'_> {
                 }
             }
         }
-        Ok(graph)
+        Ok(())
     }
+}
+
+/// The stream operations of one recorded step: the same description an eager
+/// dispatch enqueues (`StreamOps::dispatch`: the `WriteOnly` clears, then the launch
+/// loop), without its events and readback copies, with the result ABI's values of
+/// the graph (its stamps and this step's folded read-backs, copied by its last
+/// launch's last thread).
+fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
+    let kernel = &step.kernel;
+    let mut ops = StreamOps::dispatch(
+        &kernel.slots,
+        &step.addresses,
+        &step.sizes,
+        KernelLaunch {
+            module: &kernel.module,
+            grid: step.plan.grid,
+            block: step.plan.block,
+            iterations: step.iterations,
+            grid_barrier: None,
+        },
+    );
+    ops.parameters.results = Some(step.results.clone());
+    ops
 }
 
 impl Drop for GraphRecorder<'_> {
