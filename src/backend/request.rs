@@ -353,47 +353,19 @@ mod tests {
     /// and 17 bindings. Run: `cargo test --release --lib host_cost_request --
     /// --ignored --nocapture`.
     #[test]
+    #[cfg(feature = "testing")]
     #[ignore = "host-cost instrument: run with --ignored --nocapture host_cost"]
     fn host_cost_request_building_and_planning() {
         use crate::backend::plan::{check_aliasing, plan_request, RequestPlan};
         use crate::backend::ReferenceBackend;
         use crate::host_cost::{Cell, CellOptions};
-        use crate::ir::{Access, BufferCount, ElemType, Expr, Program};
         use std::hint::black_box;
         use std::time::Duration;
         let options =
             CellOptions::with_targets(Duration::from_millis(200), Duration::from_millis(20));
         let backend = ReferenceBackend::new();
         for buffers in [9u32, 17] {
-            let mut builder = Program::builder([1, 1, 1])
-                .buffer(
-                    "in",
-                    0,
-                    Access::ReadOnly,
-                    ElemType::U32,
-                    BufferCount::Static(4),
-                )
-                .buffer(
-                    "out",
-                    1,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Static(4),
-                );
-            for k in 2..buffers {
-                builder = builder.buffer(
-                    format!("scratch{k}"),
-                    k,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Static(4),
-                );
-            }
-            let program = builder
-                .body(|b| {
-                    b.store("out", 0u32, Expr::load("in", 0u32) + 1u32);
-                })
-                .build();
+            let program = crate::fixtures::host_cost_fixture(buffers, 16);
             let kernel = backend
                 .compile(&program, &CodegenOptions::new())
                 .expect("compile");

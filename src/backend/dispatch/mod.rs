@@ -133,22 +133,8 @@ impl CudaBackend {
     /// readback policy, addressable by buffer name) and [`Timings`]. With the phase
     /// probe on, prints one probe line.
     pub fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
-        let probe = probe::begin_dispatch();
-        let start = Instant::now();
-        let (kernel, mark) = self.inner.resolve(
-            request.target,
-            &request.codegen,
-            probe.as_ref().map(|_| start),
-        )?;
-        let inner = self.inner.cuda_kernel(&kernel)?;
         let mut outputs = Outputs::default();
-        let timings = self.inner.execute(
-            inner,
-            &request,
-            Sink::Packed(&mut outputs),
-            probe,
-            (start, mark),
-        )?;
+        let (kernel, timings) = self.finish(&request, Sink::Packed(&mut outputs))?;
         outputs.name_by(kernel.into_owned());
         Ok(Finished { outputs, timings })
     }
@@ -161,16 +147,26 @@ impl CudaBackend {
         request: Dispatch<'_>,
         outputs: &mut [&mut [u8]],
     ) -> Result<Timings, BackendError> {
+        self.finish(&request, Sink::Slices(outputs))
+            .map(|(_, timings)| timings)
+    }
+
+    /// The blocking finish of both: open the probe dispatch, resolve the kernel
+    /// (charged from the call's first instant), run, and hand the kernel back.
+    fn finish<'k>(
+        &self,
+        request: &Dispatch<'k>,
+        sink: Sink<'_, '_>,
+    ) -> Result<(Resolved<'k>, Timings), BackendError> {
         let probe = probe::begin_dispatch();
         let start = Instant::now();
-        let (kernel, mark) = self.inner.resolve(
-            request.target,
-            &request.codegen,
-            probe.as_ref().map(|_| start),
-        )?;
+        let mark = probe.as_ref().map(|_| start);
+        let (kernel, mark) = self.inner.resolve(request.target, &request.codegen, mark)?;
         let inner = self.inner.cuda_kernel(&kernel)?;
-        self.inner
-            .execute(inner, &request, Sink::Slices(outputs), probe, (start, mark))
+        let timings = self
+            .inner
+            .execute(inner, request, sink, probe, (start, mark))?;
+        Ok((kernel, timings))
     }
 }
 

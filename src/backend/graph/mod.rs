@@ -176,7 +176,9 @@ use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
-pub(in crate::backend) use record::{check_recordable, grid_sync_in_a_graph};
+pub(in crate::backend) use record::{
+    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
+};
 pub use stitch::{ChildId, EdgeKind, StitchBuilder, StitchEdge, StitchedGraph, TransferRoute};
 
 /// Source of graph identities, so a slot or step of one graph is refused by another.

@@ -129,17 +129,7 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
     pub fn upload(&mut self, buffer: &DeviceBuffer, bytes: u64) -> Result<InputSlot, BackendError> {
         let (memory, capacity) = self.hold(buffer, "record an upload into")?;
-        if bytes == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
-            ));
-        }
-        if bytes > capacity {
-            return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
-                 at most that many or allocate a larger buffer"
-            )));
-        }
+        check_recorded_upload(bytes, capacity)?;
         let len = staged_len(bytes, "upload")?;
         let end = align_up(self.input_bytes, len)?;
         let index = slot_index(self.inputs.len())?;
@@ -252,17 +242,7 @@ impl GraphRecorder<'_> {
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
         let (memory, capacity) = self.hold(buffer, "record a read-back of")?;
-        if len == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
-            ));
-        }
-        if offset.checked_add(len).is_none_or(|end| end > capacity) {
-            return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
-                 len within the buffer"
-            )));
-        }
+        check_recorded_read_back(offset, len, capacity)?;
         let staged = staged_len(len, "read-back")?;
         let end = align_up(self.output_bytes, staged)?;
         let index = slot_index(self.outputs.len())?;
@@ -679,6 +659,47 @@ pub(in crate::backend) fn check_recordable(
                  fresh inputs) or a scratch buffer of the recording"
             )));
         }
+    }
+    Ok(())
+}
+
+/// A recorded upload of `bytes` bytes into a buffer of `capacity` bytes: at least
+/// one byte, at most the buffer (the same rule on every backend).
+pub(in crate::backend) fn check_recorded_upload(
+    bytes: u64,
+    capacity: u64,
+) -> Result<(), BackendError> {
+    if bytes == 0 {
+        return Err(BackendError::bad_input(
+            "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
+        ));
+    }
+    if bytes > capacity {
+        return Err(BackendError::bad_input(format!(
+            "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
+             at most that many or allocate a larger buffer"
+        )));
+    }
+    Ok(())
+}
+
+/// A recorded read-back of `len` bytes from byte `offset` of a buffer of `capacity`
+/// bytes: at least one byte, inside the buffer (the same rule on every backend).
+pub(in crate::backend) fn check_recorded_read_back(
+    offset: u64,
+    len: u64,
+    capacity: u64,
+) -> Result<(), BackendError> {
+    if len == 0 {
+        return Err(BackendError::bad_input(
+            "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
+        ));
+    }
+    if offset.checked_add(len).is_none_or(|end| end > capacity) {
+        return Err(BackendError::bad_input(format!(
+            "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
+             len within the buffer"
+        )));
     }
     Ok(())
 }

@@ -9,7 +9,8 @@ use crate::config::DispatchConfig;
 use crate::reference;
 
 use super::super::graph::{
-    check_recordable, grid_sync_in_a_graph, next_graph_id, InputSlot, OutputSlot, StepId,
+    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
+    next_graph_id, InputSlot, OutputSlot, StepId,
 };
 use super::super::plan::{check_aliasing, check_binding_sizes};
 use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
@@ -102,18 +103,7 @@ impl ReferenceRecorder {
         bytes: u64,
     ) -> Result<InputSlot, BackendError> {
         let memory = self.memory(buffer, "record an upload into")?;
-        let capacity = buffer.len();
-        if bytes == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
-            ));
-        }
-        if bytes > capacity {
-            return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
-                 at most that many or allocate a larger buffer"
-            )));
-        }
+        check_recorded_upload(bytes, buffer.len())?;
         let graph = &mut self.graph;
         let index = graph.inputs.len();
         graph.inputs.push(vec![0; bytes as usize]);
@@ -174,18 +164,7 @@ impl ReferenceRecorder {
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
         let memory = self.memory(buffer, "record a read-back of")?;
-        let capacity = buffer.len();
-        if len == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
-            ));
-        }
-        if offset.checked_add(len).is_none_or(|end| end > capacity) {
-            return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
-                 len within the buffer"
-            )));
-        }
+        check_recorded_read_back(offset, len, buffer.len())?;
         let graph = &mut self.graph;
         let index = graph.outputs.len();
         graph.outputs.push(vec![0; len as usize]);
