@@ -19,8 +19,8 @@
 //! "no CUDA device: skipping the dispatch pair" and still runs the probe-point cells.
 //!
 //! Run: `cargo bench --bench probe_overhead` (GPU machine: `.gpu/bin/bench-probe_overhead`);
-//! `VYRE_BENCH_QUICK=1` shortens the regions. Files go to `$VYRE_HOST_COST_REPORT_DIR`
-//! (default `target/host-cost/`) as `probe_overhead.*.json`.
+//! `VYRE_BENCH_QUICK=1` shortens the regions. Files go to
+//! `vyre_cuda::host_cost::report_dir()` as `probe_overhead.*.json`.
 
 use std::cell::{Cell as StdCell, RefCell};
 use std::hint::black_box;

@@ -11,7 +11,7 @@
 //! All instruments are `#[ignore]` (they need a CUDA device and a quiet machine). Run them
 //! with `cargo test --release -- --ignored --nocapture host_cost` (on the GPU machine:
 //! `bash .gpu/run.sh host_cost_`). Each prints a [`Report`] table, writes its JSON files to
-//! `$VYRE_HOST_COST_REPORT_DIR` (default `target/host-cost/`) and asserts only what is
+//! [`report_dir`] and asserts only what is
 //! robust: no device error, the fixture's result is right, no cell was optimised away, and
 //! (for the power instrument) detection rates far from their targets. Noise is printed,
 //! never failed on; no test asserts a wall-clock bound.

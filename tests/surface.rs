@@ -3,7 +3,12 @@
 //! obligations. A scan of every source file of the crate enforces it, with
 //! negative controls showing the scan catches what it must and ignores comments.
 
-use std::path::{Path, PathBuf};
+#[path = "support/sources.rs"]
+mod sources;
+
+use std::path::Path;
+
+use sources::rust_files;
 
 /// Files allowed to contain `unsafe` code, relative to the crate root, and why.
 const UNSAFE_ALLOWED: &[&str] = &[
@@ -133,20 +138,6 @@ fn violations(path: &str, source: &str) -> Vec<String> {
         ));
     }
     found
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// Locks out `unsafe` code and raw driver types leaking out of the files that own

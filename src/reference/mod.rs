@@ -45,8 +45,12 @@
 //! (per-lane variable slots, temporaries and bookkeeping times the lanes, plus every
 //! buffer and the compiled program), and counts its work against
 //! [`ReferenceOptions::max_work`]: every statement, every expression node and every
-//! loop iteration, times the lanes it runs on, and every lane once per kernel run
-//! (so `fixpoint_iterations = u32::MAX` over an empty body stops too). The default
+//! loop iteration, times the lanes it runs on, and at the start of every kernel run
+//! the reset of every lane and every 4-byte word of workgroup memory zeroed (so
+//! `fixpoint_iterations = u32::MAX` over an empty body stops too, whatever its
+//! workgroup buffers: with one 48 KiB buffer a run costs 12,289 units). Costs paid
+//! once per call (loading inputs, zeroing outputs, the lane tables) are bounded by
+//! the memory check instead. The default
 //! cap, 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
 //! development machine (release build, `reference_work_cap_figures`); the old cap
 //! (2^34 statements, expressions not counted) let a valid 83-node program run 48 s.
@@ -84,8 +88,9 @@ pub struct ReferenceOptions {
     pub limits: ir::Limits,
     /// Most work one call may do before it stops with a `Fix:` error instead of
     /// appearing to hang: statements, expression nodes and loop iterations, each
-    /// times the lanes it runs on, plus every lane once per kernel run
-    /// ([`ReferenceStats::work`]). Default 2^31, about 2 s of interpretation.
+    /// times the lanes it runs on, plus every lane and every 4-byte word of workgroup
+    /// memory reset once per kernel run ([`ReferenceStats::work`]). Default 2^31,
+    /// about 2 s of interpretation.
     pub max_work: u64,
     /// Most bytes of host memory one call may allocate (checked before allocating;
     /// the error names the bytes). Default 2 GiB.
@@ -107,7 +112,8 @@ impl Default for ReferenceOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReferenceStats {
     /// Statements (and loop iterations) executed, summed over active lanes, plus
-    /// every lane once per kernel run.
+    /// every lane and every 4-byte word of workgroup memory reset once per kernel
+    /// run.
     pub lane_steps: u64,
     /// Expression nodes evaluated, summed over active lanes.
     pub lane_ops: u64,

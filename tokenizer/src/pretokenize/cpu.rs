@@ -1,4 +1,7 @@
-//! The GPT-2 split in plain Rust, one thread, no IR: the second formulation.
+//! The GPT-2 split in plain Rust, one thread, no IR: the second formulation of
+//! the GPU programs, kept simple rather than fast (it decodes the whole text into
+//! a vector first; the fast CPU split of every pattern is
+//! [`Splitter`](super::pattern::Splitter), checked against this one too).
 //!
 //! The GPU programs decide "does a piece start at byte `i`" from a window of
 //! bytes around `i`; this splitter instead walks the text the way a regex engine
@@ -29,30 +32,36 @@ pub struct Character {
     pub class: CharClass,
 }
 
-/// The characters of `text` under the invalid-UTF-8 rule: valid sequences decode
-/// as usual, every other byte is one character U+FFFD.
-pub fn characters(table: &ClassTable, text: &[u8]) -> Vec<Character> {
+/// The characters of `text` under the invalid-UTF-8 rule, as (byte offset,
+/// code point): valid sequences decode as usual (by the standard library's
+/// decoder, [`<[u8]>::utf8_chunks`]), every other byte is one character U+FFFD.
+pub fn code_points(text: &[u8]) -> Vec<(u32, u32)> {
     let mut out = Vec::with_capacity(text.len());
     let mut offset = 0u32;
     for chunk in text.utf8_chunks() {
         for character in chunk.valid().chars() {
-            out.push(Character {
-                start: offset,
-                code_point: character as u32,
-                class: table.class_of(character as u32),
-            });
+            out.push((offset, character as u32));
             offset += character.len_utf8() as u32;
         }
         for _ in chunk.invalid() {
-            out.push(Character {
-                start: offset,
-                code_point: 0xFFFD,
-                class: table.class_of(0xFFFD),
-            });
+            out.push((offset, 0xFFFD));
             offset += 1;
         }
     }
     out
+}
+
+/// The characters of `text` under the invalid-UTF-8 rule ([`code_points`]),
+/// classified by `table`.
+pub fn characters(table: &ClassTable, text: &[u8]) -> Vec<Character> {
+    code_points(text)
+        .into_iter()
+        .map(|(start, code_point)| Character {
+            start,
+            code_point,
+            class: table.class_of(code_point),
+        })
+        .collect()
 }
 
 /// Length in characters of a contraction (`'s 't 're 've 'm 'll 'd`, case

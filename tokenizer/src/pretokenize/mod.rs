@@ -1,43 +1,62 @@
-//! GPT-2's pre-tokenizer on the GPU (§10): split UTF-8 text into the pieces a
-//! byte-level BPE tokenizer (GPT-2; tiktoken's r50k and p50k) encodes, with two
-//! small programs written in this crate's IR.
+//! The pre-tokenizers: split UTF-8 text into the pieces a byte-level BPE
+//! tokenizer encodes, by the pattern of its encoding (GPT-2's for r50k and p50k,
+//! cl100k's, o200k's), on the CPU for all three and on the GPU for GPT-2's, with
+//! two small programs written in vyre-cuda's IR.
 //!
 //! # Why this module exists
 //!
 //! vyre-cuda exists for a GPU-resident tokenizer, and this split dominates a
-//! byte-level BPE tokenizer's CPU time (§10: 20–124 ms for 256 KiB through the
-//! usual CPU engines). The example a user runs first (`examples/pretokenize.rs`),
-//! the CPU tests and the GPU tests all exercise the same programs: the text goes
-//! up once per encode, two dispatches run over buffers allocated once (the class
-//! table among them, uploaded once per pipeline), and only the piece count and
-//! exactly the piece starts come back, both through host-mapped memory.
+//! byte-level BPE tokenizer's CPU time (measured on the GPU machine's CPU,
+//! 256 KiB of real text: 20–124 ms through the usual CPU engines). The example a
+//! user runs first (`examples/pretokenize.rs`), the CPU tests and the GPU tests
+//! all exercise the same programs: the text goes up once per encode, two
+//! dispatches run over buffers allocated once (the class table among them,
+//! uploaded once per pipeline), and only the piece count and exactly the piece
+//! starts come back, both through host-mapped memory. The BPE encoder's CPU path
+//! splits with [`pattern::Splitter`], hundreds of MB/s on one thread where
+//! `fancy-regex` (what tiktoken-rs splits with) does tens (`benches/split.rs`).
 //!
 //! # The split
 //!
-//! Exactly the pattern
+//! Exactly the pattern of a [`pattern::Pattern`], as tiktoken publishes it; for
+//! GPT-2
 //!
 //! ```text
 //! 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //! ```
 //!
 //! (leftmost-first, greedy; `\p{L}` = general category L*, `\p{N}` = N*, `\s` =
-//! White_Space, from the [Unicode table](unicode), Unicode
+//! White_Space, from the [Unicode tables](unicode), Unicode
 //! [`unicode::UNICODE_VERSION`]). The output is the byte offset of every match
 //! start, increasing. The matches tile the text (every character begins some
-//! alternative), so the pieces are the text cut at those offsets; an empty text
-//! has none. Verified against `fancy-regex` (the engine tiktoken's Rust core
-//! uses) on every generated and hand-written test text and on tens of thousands of
-//! random strings (`tests/pretokenize.rs`).
+//! alternative of each pattern), so the pieces are the text cut at those
+//! offsets; an empty text has none. Verified against `fancy-regex` (the engine
+//! tiktoken's Rust core uses) running each pattern's text on every generated and
+//! hand-written test text and on tens of thousands of random strings
+//! (`tests/pretokenize.rs`, `tests/split.rs`).
 //!
-//! **Invalid UTF-8.** Every byte that is not part of a valid UTF-8 character (by
-//! Unicode's table of well-formed sequences: no overlong forms, no surrogates,
-//! nothing past U+10FFFF, nothing cut short) is a character of its own that
-//! decodes as U+FFFD, so of class "other". The split of any byte string is
-//! therefore the oracle's split of the string with each such byte replaced by
-//! U+FFFD, mapped back to the original offsets; the tests check exactly that. Text
-//! cut mid-character is the same rule: the cut character's bytes are invalid.
+//! **Invalid UTF-8**, for every pattern and every path. Every byte that is not
+//! part of a valid UTF-8 character (by Unicode's table of well-formed sequences:
+//! no overlong forms, no surrogates, nothing past U+10FFFF, nothing cut short) is
+//! a character of its own that decodes as U+FFFD, so of class "other" (a symbol).
+//! The split of any byte string is therefore the oracle's split of the string
+//! with each such byte replaced by U+FFFD, mapped back to the original offsets;
+//! the tests check exactly that. Text cut mid-character is the same rule: the cut
+//! character's bytes are invalid.
 //!
-//! # The rule per byte
+//! # Three formulations
+//!
+//! - [`pattern::Splitter`]: the fast CPU split of every pattern, a sequential
+//!   matcher that tries the alternatives in order at each piece start (what the
+//!   encoder calls: [`pattern::split_into`], or its piece iterators).
+//! - [`per_position`]: every pattern as a rule evaluated at each character
+//!   position from a bounded window, two look-ahead facts and the phase of the
+//!   character before: the plan for the GPU programs of cl100k and o200k, run on
+//!   the CPU and checked like the others.
+//! - For GPT-2, the GPU programs ([`programs`], the rule per byte below) and
+//!   [`cpu`], the first plain-Rust formulation they were checked against.
+//!
+//! # The rule per byte (GPT-2, on the GPU)
 //!
 //! The GPU decides for each byte on its own whether a piece starts there. Say
 //! "character" for a decoded character, `c` for the one starting at the byte (no
@@ -75,6 +94,50 @@
 //! assert_eq!(pieces, ["Hello", ",", " world", "!", " ", " It", "'s", " 42", " €", "\n"]);
 //! ```
 //!
+//! # The rule per position (cl100k and o200k)
+//!
+//! Their patterns cut digit runs into groups of three, give a run of white
+//! space to `\s*[\r\n]+` up to its last line break, let punctuation take the
+//! line breaks after it, and (o200k) split letter runs by case with
+//! backtracking, so some starts depend on characters arbitrarily far away. In
+//! the words of the GPT-2 rule (`c`, `p` before it, `x` after it), a cl100k
+//! piece starts at `c` iff `p` does not exist, or `c` is not inside a
+//! contraction (`(?i:'s|'t|'re|'ve|'m|'ll|'d)`, starting where `p` of the `'`
+//! is not punctuation and not U+0020) and
+//!
+//! - `c` is a number and `p` is not, or the number run before `c` has a
+//!   multiple of three characters (*unbounded*: counted from the run's start);
+//! - `p` is a number and `c` is not, or a contraction ends just before `c`;
+//! - `c` is a letter and `p` is `\r`, `\n`, or punctuation at which no piece
+//!   starts (the character before `p` is punctuation or U+0020); any other
+//!   white space or punctuation before a letter is that piece's optional first
+//!   character;
+//! - `c` is punctuation (`[^\s\p{L}\p{N}]`) and `p` is neither punctuation nor
+//!   U+0020;
+//! - `c` is white space and `p` is not, unless `c` is `\r` or `\n` after
+//!   punctuation (the punctuation piece's `[\r\n]*` takes it);
+//! - `c` and `p` are white space, `c` is not `\r` or `\n`, and either `x`
+//!   exists and is not white space (the last white space before text starts the
+//!   next piece), or `p` is `\r` or `\n` and the nearest character before `p`
+//!   that is not `\r` or `\n` is punctuation (*unbounded*: `p` ends a
+//!   punctuation piece's tail), or `p` is `\r` or `\n` and none follows `c` in
+//!   its white-space run (*unbounded*: `\s*[\r\n]+` ends at the run's last
+//!   line break).
+//!
+//! ("Punctuation" is `[^\s\p{L}\p{N}]`: marks, symbols and U+FFFD too.)
+//!
+//! o200k has the same number, white-space and punctuation rules (its tail is
+//! `[\r\n/]*`), contractions only as a suffix of a letter piece, and letter
+//! pieces that need more: inside a run of letters and marks a piece starts at an
+//! Lu or Lt letter after an Ll letter, or after Lm/Lo/M characters that follow
+//! an Ll letter of the same piece (*unbounded* back), or after Lm/Lo/M
+//! characters when the run is Lu/Lt from `c` to its end (*unbounded* ahead: the
+//! first alternative backtracks to after the last caseless character); and a
+//! mark after punctuation belongs to the punctuation piece or to a letter piece
+//! depending on how that punctuation run began (*unbounded* back: `.\u{301}a` is
+//! one piece, `..\u{301}a` two). [`per_position`] states all of it exactly, as
+//! phases and two look-ahead facts a device computes with scans.
+//!
 //! # The pipeline
 //!
 //! `n` bytes, `B = ceil(n / 1024)` blocks of [`WORKGROUP_SIZE`] threads and
@@ -98,7 +161,9 @@
 //! the sample inputs.
 
 pub mod cpu;
+mod matcher;
 pub mod pattern;
+pub mod per_position;
 pub mod pipeline;
 pub mod programs;
 pub mod text;

@@ -8,9 +8,9 @@
 //! check ([`check_encode_len`]), the count check ([`piece_count`]) and the
 //! byte-order fix (`words_of`) exist once and serve all three.
 //!
-//! The CUDA path is built for a tokenizer's hot loop (launch + synchronize costs
-//! 8.5–9.8 µs on the raw driver of the H200, so the host cost per encode is counted
-//! in synchronizes): every buffer is allocated once in [`CudaPipeline::new`] and the
+//! The CUDA path is built for a tokenizer's hot loop (measured on the H200: launch + synchronize is
+//! 8.5–9.8 µs on the raw driver, so the host cost per encode is counted in
+//! synchronizes): every buffer is allocated once in [`CudaPipeline::new`] and the
 //! class table uploaded then, kernels are compiled once (dispatches through
 //! [`Kernel`] skip every cache lookup), the split reads nothing back, the
 //! compaction's dispatch brings back only the 4-byte piece count (in its epilogue,
@@ -20,8 +20,8 @@
 //! view of them: no copy and no read of its own, whatever the count. Eager, per
 //! encode: two dispatches submitted back to back, the compaction ordered after
 //! the split on the device (an event, [`Dispatch::after`]), one blocking
-//! synchronize for both (the split's own then finds its stream idle: 1.8 µs on the
-//! H200), the text up as a host binding of the split (staged on its stream),
+//! synchronize for both (the split's own then finds its stream idle: measured
+//! 1.8 µs), the text up as a host binding of the split (staged on its stream),
 //! no DMA copy back, no driver allocation once warm. As a graph: one replay (upload, two kernels, the count)
 //! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
 //! the mapped piece starts: the separate read of exactly the piece starts after a

@@ -22,7 +22,7 @@
 //! starts there (the rule in the [module docs](super)), stores the marks and
 //! takes part in a workgroup sum that gives the block's piece count. One dispatch replaces the
 //! classify, mark and count dispatches of a naive pipeline: on the H200 every
-//! eager dispatch costs one launch and one synchronize (§0: 8.5–9.8 µs), which is
+//! eager dispatch costs one launch and one synchronize (8.5–9.8 µs measured), which is
 //! most of an encode.
 //!
 //! The byte code of position `j` reads `text[j-3 ..= j+3]`: byte `j` is the first
@@ -676,7 +676,7 @@ pub fn split(geometry: Geometry) -> Program {
 ///
 /// One dispatch instead of a single-workgroup scan dispatch followed by the
 /// compaction: on the eager path that is one synchronize less per encode
-/// (§0: 8.5–9.8 µs each), in a graph one kernel node and the scan's serial
+/// (8.5–9.8 µs each, measured on the H200), in a graph one kernel node and the scan's serial
 /// rounds less. The prefix costs `first / W` loads per thread, so the grid is
 /// capped ([`Geometry::compact_workgroups`]) to keep the sum of all prefixes
 /// linear in the text (at most `G · B / 2` loads in all).

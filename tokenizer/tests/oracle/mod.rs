@@ -25,6 +25,13 @@ impl Oracle {
         }
     }
 
+    /// Compiles `pattern`'s regular expression, exactly as tiktoken publishes it.
+    pub fn for_pattern(pattern: vyre_tokenizer::pretokenize::pattern::Pattern) -> Oracle {
+        Oracle {
+            regex: fancy_regex::Regex::new(pattern.regex()).expect("the pattern compiles"),
+        }
+    }
+
     /// Byte offsets of the match starts in a valid string. Panics if the matches do
     /// not tile the text (they always do for this pattern: a broken oracle must
     /// not pass silently).
@@ -279,10 +286,18 @@ pub fn random_string(random: &mut SplitMix64, max_units: u32) -> String {
 /// of the results are invalid UTF-8.
 pub fn random_bytes(random: &mut SplitMix64, max_units: u32) -> Vec<u8> {
     let mut bytes = random_string(random, max_units).into_bytes();
+    damage(random, &mut bytes, 12);
+    bytes
+}
+
+/// Damages `bytes` one time in `one_in / 3`: cuts them at a random byte (often
+/// mid-character), overwrites a byte with a random one, or inserts a lead,
+/// continuation or never-valid byte, each one time in `one_in`.
+pub fn damage(random: &mut SplitMix64, bytes: &mut Vec<u8>, one_in: u32) {
     if bytes.is_empty() {
-        return bytes;
+        return;
     }
-    match random.below(12) {
+    match random.below(one_in) {
         0 => {
             let cut = random.below(bytes.len() as u32) as usize;
             bytes.truncate(cut);
@@ -299,7 +314,6 @@ pub fn random_bytes(random: &mut SplitMix64, max_units: u32) -> Vec<u8> {
         }
         _ => {}
     }
-    bytes
 }
 
 /// One text per lead byte of interest (C1/C2, DF, E0, E1, EC, ED, EE, EF, F0, F1,
