@@ -666,18 +666,7 @@ fn gpu_bad_inputs_are_fix_errors() {
     .unwrap_err()
     .to_string();
     assert!(m.starts_with("Fix:") && m.contains("fixpoint"), "{m}");
-    let invalid = Program::builder([1, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(1),
-        )
-        .body(|b| {
-            b.store("x", 0u32, 1u32);
-        })
-        .build();
+    let invalid = support::parity::store_to_read_only();
     let m = run_host(&gpu, &invalid, &[&four[..4]], &DispatchConfig::linear(1))
         .unwrap_err()
         .to_string();

@@ -425,18 +425,6 @@ impl AnyPendingReplay<'_> {
 mod tests {
     use super::*;
 
-    /// Locks out interface objects that cannot cross threads (a pipelined encoder
-    /// waits on another thread than it submits on).
-    #[test]
-    fn interface_objects_are_send() {
-        fn assert_send<T: Send>() {}
-        assert_send::<AnyBackend>();
-        assert_send::<DeviceBuffer>();
-        assert_send::<Kernel>();
-        assert_send::<PendingDispatch>();
-        assert_send::<AnyGraph>();
-    }
-
     /// Locks out a fallback nobody can see: the notice names the interpreter, and
     /// for a fallback the reason CUDA was not used; a requested reference says so.
     #[test]

@@ -468,19 +468,6 @@ pub(in crate::backend) fn whole_values<T>(bytes: u64) -> Result<usize, BackendEr
 mod tests {
     use super::*;
 
-    /// Locks out owned buffers that cannot cross threads: a pipelined encoder
-    /// submits on one thread and waits on another, and shares buffers between
-    /// threads.
-    #[test]
-    fn buffers_cross_threads() {
-        fn assert_send<T: Send>() {}
-        fn assert_sync<T: Sync>() {}
-        assert_send::<DeviceBuffer>();
-        assert_sync::<DeviceBuffer>();
-        assert_send::<PinnedBuffer>();
-        assert_sync::<PinnedBuffer>();
-    }
-
     /// Locks out a vague refusal of an in-place read of device memory: the error
     /// starts `Fix:` and names both ways out (copy it back, or allocate the buffer
     /// host-mapped).

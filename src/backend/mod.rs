@@ -89,3 +89,32 @@ pub fn thread_driver_calls() -> DriverCallCounts {
 
 #[cfg(feature = "testing")]
 pub use driver::DriverCallCounts;
+
+#[cfg(test)]
+mod tests {
+    use super::graph::{DispatchGraph, InputSlot, StepId, StitchBuilder, StitchedGraph};
+    use super::*;
+
+    /// Locks out backend values that cannot cross threads: a pipelined encoder submits
+    /// on one thread and waits on another, shares buffers between threads (they are
+    /// `Sync` too) and moves graphs to a replay thread.
+    #[test]
+    fn backend_values_cross_threads() {
+        fn assert_send<T: Send>() {}
+        fn assert_sync<T: Sync>() {}
+        assert_send::<AnyBackend>();
+        assert_send::<Kernel>();
+        assert_send::<PendingDispatch>();
+        assert_send::<DeviceClock>();
+        assert_send::<DeviceBuffer>();
+        assert_sync::<DeviceBuffer>();
+        assert_send::<PinnedBuffer>();
+        assert_sync::<PinnedBuffer>();
+        assert_send::<AnyGraph>();
+        assert_send::<DispatchGraph>();
+        assert_send::<InputSlot>();
+        assert_send::<StepId>();
+        assert_send::<StitchedGraph>();
+        assert_send::<StitchBuilder>();
+    }
+}

@@ -70,10 +70,9 @@ pub fn cases(backend: &AnyBackend) -> Vec<(&'static str, Outcome)> {
     seen
 }
 
-/// The same validation at `compile`.
-fn compile_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
-    let config = DispatchConfig::linear(1);
-    let store_to_read_only = Program::builder([1, 1, 1])
+/// A program the validator refuses: it stores into its read-only buffer `x`.
+pub fn store_to_read_only() -> Program {
+    Program::builder([1, 1, 1])
         .buffer(
             "x",
             0,
@@ -84,7 +83,13 @@ fn compile_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) 
         .body(|b| {
             b.store("x", 0u32, 1u32);
         })
-        .build();
+        .build()
+}
+
+/// The same validation at `compile`.
+fn compile_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let config = DispatchConfig::linear(1);
+    let store_to_read_only = store_to_read_only();
     seen.push((
         "compile: a store into a read-only buffer",
         observe(backend.compile(&store_to_read_only, &config), |_| vec![]),

@@ -351,15 +351,6 @@ impl Drop for PendingDispatch {
 mod tests {
     use super::*;
 
-    /// Locks out pending results and clocks that cannot cross threads: a pipelined
-    /// encoder submits on one thread and waits on another.
-    #[test]
-    fn pending_results_cross_threads() {
-        fn assert_send<T: Send>() {}
-        assert_send::<PendingDispatch>();
-        assert_send::<DeviceClock>();
-    }
-
     /// Locks out an unbounded pile of submissions: the counter admits
     /// [`MAX_PENDING`], refuses one more with a `Fix:` error, and a refusal does not
     /// count (after one wait, one more is admitted).

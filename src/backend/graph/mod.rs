@@ -938,19 +938,3 @@ impl Drop for PendingReplay<'_> {
 pub(in crate::backend) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Locks out a graph type that could be shared between threads (replays are
-    /// serialised by `&mut self`, but the executable handle must not be `Sync`) or
-    /// that could not move to a replay thread.
-    #[test]
-    fn graph_is_send() {
-        fn assert_send<T: Send>() {}
-        assert_send::<DispatchGraph>();
-        assert_send::<InputSlot>();
-        assert_send::<StepId>();
-    }
-}
