@@ -86,7 +86,7 @@ mod tests {
         assert_eq!(required_bytes([]), Some(0));
     }
 
-    /// Locks out the budget formula drifting from §4.6: the static and live-free caps
+    /// Locks out the budget formula drifting from its rule: the static and live-free caps
     /// both bind, and u64::MAX inputs do not overflow.
     #[test]
     fn budget_is_min_of_static_and_live_free() {

@@ -1,13 +1,13 @@
-//! Caches (§4.2): validation, PTX source, module and plan caches, with the keys
+//! Caches: validation, PTX source, module and plan caches, with the keys
 //! that decide identity and the hit/miss counters that prove they work.
 //!
 //! Identity: a PTX source is keyed by the (lowered) program's content digest, the
 //! dispatch-policy digest, the target SM, the subgroup size and the pipeline
 //! feature flags; a module is keyed by a digest of that PTX key. Because the
 //! program digest is memoised inside the program value (and lowering memoises its
-//! result), a warm lookup hashes ~60 bytes and walks no program. §0's reference
-//! backend re-walked the program per dispatch (44 → 110 µs from 64 to 4,096 nodes);
-//! this is what keeps ours flat.
+//! result), a warm lookup hashes ~60 bytes and walks no program. The reference
+//! dispatch backend we measured re-walked the program per dispatch (44 → 110 µs
+//! from 64 to 4,096 nodes); this is what keeps ours flat.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};

@@ -1,19 +1,19 @@
-//! The raw-driver floor (§9): the same work a dispatch does, done with nothing but
+//! The raw-driver floor: the same work a dispatch does, done with nothing but
 //! prebuilt driver calls, so every bench and instrument can quote its figures as a
 //! ratio to the floor measured in the same run on the same machine.
 //!
 //! It loads the program's PTX once, allocates its buffers once and prebuilds the
 //! parameter array; each measured operation is then only the driver calls named
 //! in its doc comment. This is the "launch + async DtoH + one synchronize" row of
-//! §0, reproduced live.
+//! the raw-driver measurements on the H200, reproduced live.
 //!
-//! Three floors every dispatch figure is quoted against (§11, issue 10), measured in
+//! Three floors every dispatch figure is quoted against (issue 10), measured in
 //! the same run:
 //!
 //! - the physical floor, [`RawFloor::launch_sync`]: one launch, one synchronize,
 //!   no bytes back;
 //! - the best raw readback, [`RawFloor::launch_mapped_sync`]: the plain kernel's
-//!   outputs bound straight to host-mapped memory (the §0 "kernel writes host-mapped
+//!   outputs bound straight to host-mapped memory (the raw measurements' "kernel writes host-mapped
 //!   pinned memory" column), and beside it [`RawFloor::launch_result_abi_sync`], the
 //!   backend's own mechanism with nothing else around it (the result-ABI kernel's
 //!   last thread copying the outputs into a mapped area);
@@ -339,7 +339,7 @@ impl RawFloor {
     }
 
     /// `cuLaunchKernel` issue only, params prebuilt; synchronizes every 256 calls so
-    /// the queue never fills (amortised into the figure, as in §0's row).
+    /// the queue never fills (amortised into the figure, as in the raw measurements' row).
     pub fn launch_issue_only(&mut self, calls: u64) -> Result<u64, BackendError> {
         for i in 0..calls {
             self.launch()?;

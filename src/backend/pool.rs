@@ -1,8 +1,8 @@
-//! Pools (§4.4): streams with their timing events and pinned staging ("lanes"),
+//! Pools: streams with their timing events and pinned staging ("lanes"),
 //! and transient device buffers in power-of-two buckets.
 //!
 //! Creating a stream, an event or pinned memory costs driver time far above the
-//! §0 launch floor (3.7 µs), so once a dispatch shape is warm nothing on its path
+//! launch floor (3.7 µs on the H200), so once a dispatch shape is warm nothing on its path
 //! allocates from the driver: a dispatch leases one lane (stream + 4 events +
 //! staging) for its whole life, and host, zeroed and pinned bindings take device buffers from the
 //! bucket of their rounded size.

@@ -1,10 +1,10 @@
-//! Readback and device time at the physical limit (§11): small outputs reach the
+//! Readback and device time at the physical limit: small outputs reach the
 //! host through host-mapped pinned memory written by the dispatch's own kernel, large
 //! ones by DMA, and the kernel stamps its own device time.
 //!
 //! # Why
 //!
-//! The physical floor of a dispatch is one launch and one synchronize. §0 measured on
+//! The physical floor of a dispatch is one launch and one synchronize. Measured on
 //! the H200 (2026-12-01, per dispatch, a kernel writing N 16-byte outputs): launch +
 //! sync 8.5–8.8 µs; one async copy per output 11.6 µs (N = 1) to 35.0 µs (N = 16);
 //! `cuMemcpyBatchAsync` 11.0–15.8; one copy from a contiguous arena 11.4–17.3; a
@@ -64,7 +64,7 @@ use super::plan::ReadItem;
 pub const MAPPED_RANGE_MAX_BYTES: u64 = 4096;
 
 /// L2 round trips beyond the first that a mapped range may cost before one DMA copy
-/// is cheaper (§0 and the sweep: one extra async copy costs about 2 µs, one round
+/// is cheaper (the raw measurements and the sweep: one extra async copy costs about 2 µs, one round
 /// trip of the last group's loads about 0.3 µs).
 const MAPPED_EXTRA_ROUND_TRIPS: u64 = 4;
 

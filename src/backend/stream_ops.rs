@@ -1,4 +1,4 @@
-//! One description of the stream operations of a dispatch (issue 10 item 3, SPEC §11).
+//! One description of the stream operations of a dispatch (issue 10 item 3).
 //!
 //! # Why this module exists
 //!
@@ -255,7 +255,7 @@ impl<'a, M> StreamOps<'a, M> {
     }
 
     /// The operations of one dispatch of a kernel with `slots` bound to `addresses`
-    /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (§1:
+    /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (the IR's rule:
     /// `WriteOnly` starts zeroed on every path, owned buffer or transient), then the
     /// launch loop with the parameter array. The eager path and graph recording both
     /// build their dispatch through this one function.
