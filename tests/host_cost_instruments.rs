@@ -849,7 +849,7 @@ fn binding_plan_mimic(slots: &[SlotFacts], bindings: &[Binding<'_>]) -> Result<u
 
 /// Enqueue components of a dispatch, each measured alone on the (9, 64) fixture: context
 /// bind, idle synchronize and launch issue (raw driver), a lane round trip (approximated:
-/// a 16-byte `read_resident_into` minus the floor's one async read + sync), function
+/// a 16-byte `read_into` of a device buffer minus the floor's one async read + sync), function
 /// resolve (warm `compile`), launch plan (`LaunchPlan::new`), binding plan (a test-side
 /// copy of its logic), and the two program walks the warm path must never pay —
 /// validation and the grid-sync scan — at 64 and 1,024 nodes.
@@ -865,7 +865,7 @@ fn host_cost_enqueue_components() -> Outcome {
         "host_cost_enqueue_components",
         "Each cell measures one component alone. Stream and event pool round trips are not \
          public (LanePool is private): 'lane round trip' approximates them as a 16-byte \
-         read_resident_into (lane lease + resident lookup + async copy + sync + return) \
+         read_into of a device buffer (lane lease + async copy + sync + return) \
          minus the floor's one async read + sync. 'binding plan' runs a test-side copy of \
          the plan's logic. Validation and the grid-sync scan are whole-program walks the \
          warm dispatch path never pays (validation is cached; the scan runs at kernel \
@@ -896,7 +896,7 @@ fn host_cost_enqueue_components() -> Outcome {
     let mut sixteen = [0u8; 16];
     let out_handle = handles.get(1);
     let name = "read_into 16 B";
-    let resident_read = match out_handle {
+    let buffer_read = match out_handle {
         Some(handle) => measure_cell(&mut report, &errors, name, |n| {
             repeat(n, &errors, name, || {
                 backend
@@ -984,8 +984,8 @@ fn host_cost_enqueue_components() -> Outcome {
         ("idle synchronize".to_string(), floors.idle_sync),
         ("launch issue only".to_string(), floors.issue_only),
         (
-            "lane round trip ~ read_resident_into - (1 read + sync)".to_string(),
-            difference(resident_read, one_read),
+            "lane round trip ~ read_into - (1 read + sync)".to_string(),
+            difference(buffer_read, one_read),
         ),
         ("function resolve (warm compile)".to_string(), resolve),
         ("launch plan".to_string(), launch_plan),
