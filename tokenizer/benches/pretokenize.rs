@@ -170,7 +170,10 @@ fn kernel_medians(pipeline: &mut CudaPipeline, text: &[u8], encodes: usize) -> (
         .iter()
         .enumerate()
         .map(|(index, step)| {
-            let kernel = timed.iter().map(|t| t.steps[index].kernel_ns).collect();
+            let kernel = timed
+                .iter()
+                .map(|t| t.steps[index].kernel_stamps_ns)
+                .collect();
             format!("{} {:.1}", step.name, median_us(kernel))
         })
         .collect();
@@ -180,7 +183,7 @@ fn kernel_medians(pipeline: &mut CudaPipeline, text: &[u8], encodes: usize) -> (
                 .encode_graph(text)
                 .expect("graph encode")
                 .replay
-                .kernel_ns
+                .kernel_stamps_ns
         })
         .collect();
     (steps.join(", "), median_us(graph))

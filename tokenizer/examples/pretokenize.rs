@@ -62,7 +62,7 @@ use pretokenize::pipeline::{run_reference, CudaPipeline, EncodeTiming, DISPATCHE
 use pretokenize::programs::{programs, Programs, STEPS};
 use pretokenize::text::{generate, Shape};
 use pretokenize::{cpu, MAX_TEXT_BYTES};
-use vyre_cuda::backend::{BackendError, CudaBackend, DispatchTiming};
+use vyre_cuda::backend::{BackendError, CudaBackend, Timings};
 use vyre_cuda::probe::{self, report};
 
 const DEFAULT_BYTES: usize = 262_144;
@@ -647,14 +647,14 @@ fn run_cuda(
             for _ in 0..iterations {
                 let timing = pipeline.encode_graph(text).map_err(|e| e.to_string())?;
                 graph_walls.push(timing.wall_ns);
-                graph_kernels.push(timing.replay.kernel_ns);
+                graph_kernels.push(timing.replay.kernel_stamps_ns);
                 check("GPU graph", pipeline.piece_starts())?;
             }
             for _ in 0..iterations {
                 let timed = pipeline
                     .encode_graph_timed(text)
                     .map_err(|e| e.to_string())?;
-                graph_windows.push(timed.replay.device_window_ns);
+                graph_windows.push(timed.replay.event_window_ns.unwrap_or(0));
                 check("GPU graph", pipeline.piece_starts())?;
             }
         }
@@ -664,17 +664,16 @@ fn run_cuda(
 
         let walls: Vec<u64> = fast.iter().map(|t| t.wall_ns).collect();
         let median_encode = median(&walls);
-        let step_median =
-            |runs: &[EncodeTiming], index: usize, field: fn(&DispatchTiming) -> u64| {
-                median(
-                    &runs
-                        .iter()
-                        .map(|t| field(&t.steps[index]))
-                        .collect::<Vec<_>>(),
-                )
-            };
+        let step_median = |runs: &[EncodeTiming], index: usize, field: fn(&Timings) -> u64| {
+            median(
+                &runs
+                    .iter()
+                    .map(|t| field(&t.steps[index]))
+                    .collect::<Vec<_>>(),
+            )
+        };
         let kernel_medians: Vec<u64> = (0..DISPATCHES_PER_ENCODE)
-            .map(|index| step_median(&fast, index, |s| s.kernel_ns))
+            .map(|index| step_median(&fast, index, |s| s.kernel_stamps_ns))
             .collect();
         let kernels_total: u64 = kernel_medians.iter().sum();
         let median_host = median_encode.saturating_sub(kernels_total);
@@ -727,7 +726,7 @@ fn run_cuda(
             dispatch_hosts.extend(timed.iter().map(|t| {
                 t.steps[index]
                     .wall_ns
-                    .saturating_sub(t.steps[index].kernel_ns)
+                    .saturating_sub(t.steps[index].kernel_stamps_ns)
             }));
             println!(
                 "    {:<12} {:>8} {:>11} {:>22} {:>8}",

@@ -1,5 +1,5 @@
 //! Running the two programs: on the CPU reference interpreter (the oracle, and
-//! the fallback without a GPU) or on a CUDA device over resident buffers (and one
+//! the fallback without a GPU) or on a CUDA device over device buffers (and one
 //! host-mapped buffer for the piece starts), eagerly or as one CUDA graph.
 //!
 //! All three runs follow the one description of the pipeline in
@@ -19,18 +19,18 @@
 //! the host when its synchronize returns and [`CudaPipeline::piece_starts`] is a
 //! view of them: no copy and no read of its own, whatever the count. Eager, per
 //! encode: two dispatches submitted back to back, the compaction ordered after
-//! the split on the device (an event, [`CudaBackend::submit_kernel_after`]), one
-//! blocking synchronize for both (the split's own then finds its stream idle: measured
-//! 1.8 µs), the text up as a borrowed binding of the split (staged on its stream),
+//! the split on the device (an event, [`Dispatch::after`]), one blocking
+//! synchronize for both (the split's own then finds its stream idle: measured
+//! 1.8 µs), the text up as a host binding of the split (staged on its stream),
 //! no DMA copy back, no driver allocation once warm. As a graph: one replay (upload, two kernels, the count)
 //! and one synchronize, nothing else. (Measured on the H200, 2026-12-01, before
 //! the mapped piece starts: the separate read of exactly the piece starts after a
 //! replay cost 14–30 µs for 90–290 KB.)
 //!
 //! Every use of the backend's API by this module (allocation, upload, dispatch,
-//! recording, readback) is in [`CudaPipeline`]'s methods `new`, `encode_with`,
-//! `record_graph` and `encode_graph_with`, so a port to another API touches only
-//! those.
+//! recording, readback) is in [`CudaPipeline`]'s methods `new`,
+//! `encode_stepwise`, `encode_chained`, `record_graph` and `encode_graph_with`, so
+//! a port to another API touches only those.
 
 use std::time::Instant;
 
@@ -40,9 +40,9 @@ use super::programs::{BufferRole, Grid, Programs, Step, StepReadback, STEPS};
 use super::unicode::class_table;
 use super::{check_text_len, PretokenizeError};
 use vyre_cuda::backend::{
-    Binding, CudaBackend, DeviceBuffer, DispatchTiming, Kernel, PendingDispatch, ResidentBuffer,
+    Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel, PendingDispatch, Timing, Timings,
 };
-use vyre_cuda::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot};
+use vyre_cuda::graph::{DispatchGraph, InputSlot, OutputSlot};
 use vyre_cuda::ir::{Access, Program};
 use vyre_cuda::reference;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
@@ -255,20 +255,20 @@ pub struct EncodeTiming {
     /// the last stores the piece starts into host-mapped memory).
     pub wall_ns: u64,
     /// Each dispatch's timings, in dispatch order; the split's include the text's
-    /// staging and copy to the device. `wall_ns` and `kernel_ns` (the kernel's own
-    /// `%globaltimer` stamps) are always set; `device_window_ns` only by
-    /// [`CudaPipeline::encode_timed`] (0 otherwise). In the chained hot path
+    /// staging and copy to the device. `wall_ns` and `kernel_stamps_ns` (the
+    /// kernel's own `%globaltimer` stamps) are always set; `event_window_ns` only by
+    /// [`CudaPipeline::encode_timed`] (`None` otherwise). In the chained hot path
     /// ([`CudaPipeline::encode`]) each `wall_ns` runs from the step's submission
     /// to the end of its wait, so the steps' walls overlap.
-    pub steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
+    pub steps: [Timings; DISPATCHES_PER_ENCODE],
 }
 
 impl EncodeTiming {
-    /// Device time of the kernels (the sum of the steps' `kernel_ns`).
+    /// Device time of the kernels (the sum of the steps' `kernel_stamps_ns`).
     pub fn kernel_ns(&self) -> u64 {
         self.steps
             .iter()
-            .fold(0u64, |sum, step| sum.saturating_add(step.kernel_ns))
+            .fold(0u64, |sum, step| sum.saturating_add(step.kernel_stamps_ns))
     }
 
     /// Everything in the encode that is not a kernel running: `wall − Σ kernel`.
@@ -280,8 +280,8 @@ impl EncodeTiming {
 }
 
 /// The host cost of one timed dispatch: `wall − kernel`.
-pub fn dispatch_host_ns(step: &DispatchTiming) -> u64 {
-    step.wall_ns.saturating_sub(step.kernel_ns)
+pub fn dispatch_host_ns(step: &Timings) -> u64 {
+    step.wall_ns.saturating_sub(step.kernel_stamps_ns)
 }
 
 /// Timings of one graph encode.
@@ -290,14 +290,14 @@ pub struct GraphEncodeTiming {
     /// The whole encode, host clock: text into the graph's input slot, one replay
     /// (the piece starts are in host-mapped memory when it returns).
     pub wall_ns: u64,
-    /// The replay (one graph launch and one synchronize); its `device_window_ns` is
+    /// The replay (one graph launch and one synchronize); its `event_window_ns` is
     /// set only by [`CudaPipeline::encode_graph_timed`].
-    pub replay: DispatchTiming,
+    pub replay: Timings,
 }
 
 /// The pipeline on a CUDA device for texts of one length: compiled kernels and
-/// resident buffers (the class table among them, uploaded once), made once, then
-/// [`CudaPipeline::encode`] per text.
+/// device buffers (the class table among them, uploaded once), made once, then
+/// [`CudaPipeline::encode`] per text. Its buffers free themselves when it drops.
 pub struct CudaPipeline {
     backend: CudaBackend,
     kernels: [Kernel; DISPATCHES_PER_ENCODE],
@@ -307,7 +307,7 @@ pub struct CudaPipeline {
     eager_configs: [DispatchConfig; DISPATCHES_PER_ENCODE],
     layout: Layout,
     /// Indexed by `BufferRole as usize`; `None` for the host-mapped role.
-    buffers: [Option<ResidentBuffer>; ROLES],
+    buffers: [Option<DeviceBuffer>; ROLES],
     /// [`BufferRole::PieceStarts`]: host-mapped, room for every possible piece
     /// start; the compaction's stores land here directly.
     mapped_starts: DeviceBuffer,
@@ -382,19 +382,11 @@ impl CudaPipeline {
                 "Fix: internal: host-mapped memory is not 4-byte aligned; report this as a bug",
             ));
         }
-        let mut buffers: [Option<ResidentBuffer>; ROLES] = [None; ROLES];
+        let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
         for role in BufferRole::ALL {
-            if role.host_mapped() {
-                continue;
-            }
-            match backend.allocate_resident(layout.allocation_bytes(role)) {
-                Ok(handle) => buffers[role as usize] = Some(handle),
-                Err(error) => {
-                    for handle in buffers.into_iter().flatten() {
-                        let _ = backend.free_resident(handle);
-                    }
-                    return Err(error.into());
-                }
+            if !role.host_mapped() {
+                // On error the buffers made so far drop here and free themselves.
+                buffers[role as usize] = Some(backend.buffer(layout.allocation_bytes(role))?);
             }
         }
         let pipeline = CudaPipeline {
@@ -414,44 +406,42 @@ impl CudaPipeline {
             graph: None,
         };
         // On error the pipeline drops here and frees its buffers.
-        backend.upload_resident(&pipeline.resident(BufferRole::ClassTable)?, &table)?;
+        backend.upload(pipeline.device_buffer(BufferRole::ClassTable)?, &table)?;
         Ok(pipeline)
     }
 
-    /// The resident buffer of a role that lives in device memory.
-    fn resident(&self, role: BufferRole) -> Result<ResidentBuffer, PretokenizeError> {
-        self.buffers[role as usize].ok_or_else(|| {
+    /// The buffer of a role that lives in device memory.
+    fn device_buffer(&self, role: BufferRole) -> Result<&DeviceBuffer, PretokenizeError> {
+        self.buffers[role as usize].as_ref().ok_or_else(|| {
             PretokenizeError::new(format!(
-                "Fix: internal: {} is host-mapped, not resident; report this as a bug",
+                "Fix: internal: {} is host-mapped, not in device memory; report this as a bug",
                 role.name()
             ))
         })
     }
 
     /// The buffer of `role` as a binding of a recorded dispatch.
-    fn graph_binding(&self, role: BufferRole) -> Result<GraphBinding<'_>, PretokenizeError> {
+    fn graph_binding(&self, role: BufferRole) -> Result<Binding<'_>, PretokenizeError> {
         if role.host_mapped() {
-            Ok(GraphBinding::Buffer(&self.mapped_starts))
+            Ok(Binding::Buffer(&self.mapped_starts))
         } else {
-            self.resident(role).map(GraphBinding::Resident)
+            self.device_buffer(role).map(Binding::Buffer)
         }
     }
 
     /// The buffer of `role` as a binding of an eager dispatch: the text rides the
-    /// split dispatch as a borrowed binding (its copy to the device is enqueued on
-    /// the dispatch's stream and waited for by the dispatch's one synchronize, not
-    /// by a separate upload's).
+    /// split dispatch as a host binding (its copy to the device is enqueued on the
+    /// dispatch's stream and waited for by the dispatch's one synchronize, not by a
+    /// separate upload's).
     fn eager_binding<'a>(
         &'a self,
         role: BufferRole,
         text: &'a [u8],
     ) -> Result<Binding<'a>, PretokenizeError> {
         if role == BufferRole::Text {
-            Ok(Binding::Borrowed(text))
-        } else if role.host_mapped() {
-            Ok(Binding::Buffer(&self.mapped_starts))
+            Ok(Binding::Host(text))
         } else {
-            self.resident(role).map(Binding::Resident)
+            self.graph_binding(role)
         }
     }
 
@@ -516,11 +506,11 @@ impl CudaPipeline {
 
     /// Splits `text` (exactly [`CudaPipeline::text_len`] bytes): the two
     /// dispatches are submitted back to back, the compaction ordered after the
-    /// split on the device ([`CudaBackend::submit_kernel_after`]; the split stages
+    /// split on the device ([`Dispatch::after`]; the split stages
     /// the text), and one blocking synchronize waits for both (the split's own
     /// then finds its stream idle). The result is in [`CudaPipeline::piece_starts`]
     /// until the next encode. This is the hot path: no device timing events, and
-    /// submissions print no probe line; each step's `kernel_ns` is its kernel's own
+    /// submissions print no probe line; each step's `kernel_stamps_ns` is its kernel's own
     /// stamps, its `wall_ns` runs from its submission to the end of its wait. See
     /// [`CudaPipeline::encode_timed`].
     pub fn encode(&mut self, text: &[u8]) -> Result<EncodeTiming, PretokenizeError> {
@@ -529,7 +519,7 @@ impl CudaPipeline {
 
     /// The same split, one dispatch at a time (each waits for the one before on
     /// the host), with device timing events on every dispatch and a probe line
-    /// each, so the steps also carry `device_window_ns` and disjoint `wall_ns`,
+    /// each, so the steps also carry `event_window_ns` and disjoint `wall_ns`,
     /// `enqueue_ns` and `wait_ns`, and the probe's phase table sees every step.
     /// The events and the extra synchronize cost host time of their own, so time
     /// the hot path with [`CudaPipeline::encode`] and take device times and phases
@@ -558,9 +548,9 @@ impl CudaPipeline {
     fn record_graph(&self) -> Result<EncodeGraph, PretokenizeError> {
         let layout = self.layout;
         let mut slots = None;
-        let text_buffer = self.resident(BufferRole::Text)?;
-        let count_buffer = self.resident(BufferRole::PieceCount)?;
-        let mut step_bindings: SmallVec<[SmallVec<[GraphBinding<'_>; 4]>; 3]> = SmallVec::new();
+        let text_buffer = self.device_buffer(BufferRole::Text)?;
+        let count_buffer = self.device_buffer(BufferRole::PieceCount)?;
+        let mut step_bindings: SmallVec<[SmallVec<[Binding<'_>; 4]>; 3]> = SmallVec::new();
         for step in &STEPS {
             step_bindings.push(
                 step.bindings
@@ -570,13 +560,13 @@ impl CudaPipeline {
             );
         }
         let graph = self.backend.record(|rec| {
-            let text = rec.upload(&text_buffer, layout.text_len as u64)?;
+            let text = rec.upload(text_buffer, layout.text_len as u64)?;
             for ((bindings, kernel), config) in
                 step_bindings.iter().zip(&self.kernels).zip(&self.configs)
             {
-                rec.dispatch_bindings(kernel, bindings, config)?;
+                rec.dispatch(Dispatch::new(kernel, bindings).config(config))?;
             }
-            let count = rec.read_back(&count_buffer, 0, 4)?;
+            let count = rec.read_back(count_buffer, 0, 4)?;
             slots = Some((text, count));
             Ok(())
         })?;
@@ -656,7 +646,7 @@ impl CudaPipeline {
         &mut self,
         count: Option<usize>,
         start: Instant,
-        steps: [DispatchTiming; DISPATCHES_PER_ENCODE],
+        steps: [Timings; DISPATCHES_PER_ENCODE],
     ) -> Result<EncodeTiming, PretokenizeError> {
         let count = count.ok_or_else(|| {
             PretokenizeError::new(
@@ -675,7 +665,7 @@ impl CudaPipeline {
             return Ok(EncodeTiming::default());
         }
         let start = Instant::now();
-        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut steps = [Timings::default(); DISPATCHES_PER_ENCODE];
         let mut count = None;
         for (index, step) in STEPS.iter().enumerate() {
             let bindings = self.eager_bindings(step, text)?;
@@ -685,12 +675,10 @@ impl CudaPipeline {
                 outputs.push(&mut count_bytes);
             }
             let step_start = Instant::now();
-            let mut timing = self.backend.dispatch_kernel_into_timed(
-                &self.kernels[index],
-                &bindings,
-                &self.eager_configs[index],
-                &mut outputs,
-            )?;
+            let request = Dispatch::new(&self.kernels[index], &bindings)
+                .config(&self.eager_configs[index])
+                .timing(Timing::EventWindow);
+            let mut timing = self.backend.run_into(request, &mut outputs)?;
             drop(outputs);
             drop(bindings);
             if timing.wall_ns == 0 {
@@ -712,40 +700,23 @@ impl CudaPipeline {
         let mut pending: SmallVec<[PendingDispatch; DISPATCHES_PER_ENCODE]> = SmallVec::new();
         for ((step, kernel), config) in STEPS.iter().zip(&self.kernels).zip(&self.eager_configs) {
             let bindings = self.eager_bindings(step, text)?;
+            let request = Dispatch::new(kernel, &bindings).config(config);
             let submitted = match pending.last() {
-                None => self.backend.submit_kernel(kernel, &bindings, config),
-                Some(previous) => self
-                    .backend
-                    .submit_kernel_after(previous, kernel, &bindings, config),
+                None => self.backend.submit(request),
+                Some(previous) => self.backend.submit(request.after(previous)),
             }?;
             pending.push(submitted);
         }
         // The last step's synchronize covers the whole chain; the earlier steps'
         // streams are idle by then, so their waits return at once.
-        let mut steps = [DispatchTiming::default(); DISPATCHES_PER_ENCODE];
+        let mut steps = [Timings::default(); DISPATCHES_PER_ENCODE];
         let mut count = None;
         for (index, submitted) in pending.into_iter().enumerate().rev() {
             let done = submitted.wait()?;
-            steps[index] = DispatchTiming {
-                wall_ns: done.wall_ns,
-                enqueue_ns: done.enqueue_ns,
-                wait_ns: done.wait_ns,
-                device_window_ns: done.device_window_ns,
-                kernel_ns: done.kernel_ns,
-            };
-            self.eager_count(&STEPS[index], done.outputs.get(0), &mut count)?;
+            steps[index] = done.timings;
+            self.eager_count(&STEPS[index], done.outputs.item(0), &mut count)?;
         }
         self.finish_eager(count, start, steps)
-    }
-}
-
-impl Drop for CudaPipeline {
-    fn drop(&mut self) {
-        for handle in self.buffers.into_iter().flatten() {
-            // Nothing useful to do with an error while dropping: a lost context
-            // already released the memory.
-            let _ = self.backend.free_resident(handle);
-        }
     }
 }
 

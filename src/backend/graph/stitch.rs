@@ -1,4 +1,4 @@
-//! Stitched graphs (§7, issue 14): recorded per-device [`DispatchGraph`]s placed
+//! Stitched graphs: recorded per-device [`DispatchGraph`]s placed
 //! as child-graph nodes under one parent graph, ordered by explicit dependency
 //! edges, with copy nodes carrying bytes between them, replayed with one
 //! `cuGraphLaunch` and one synchronize.
@@ -13,43 +13,45 @@
 //! backend ([`CudaBackend::acquire_device`]), and this module builds the parent
 //! node by node: one child-graph node per recording (`cuGraphAddChildGraphNode`,
 //! which clones it), copy nodes (`cuGraphAddMemcpyNode`) between them, and the
-//! edges. §0 measured a graph's per-kernel-node cost at 1.0 µs against 3.6 µs for
+//! edges. Measured on the H200: a graph's per-kernel-node cost is 1.0 µs against 3.6 µs for
 //! an eager launch; a parent keeps that shape across devices instead of paying one
 //! launch and one synchronize per device per encode. What one cross-device edge
 //! costs against a same-device one is what the `host_cost_graph_cross_device`
-//! instrument (tests/host_cost_instruments.rs, section 7) measures; its figures go in SPEC §0 once
-//! a two-GPU machine has run it.
+//! instrument (tests/host_cost_instruments.rs, section 7) measures; its figures are
+//! quoted once a two-GPU machine has run it.
 //!
 //! # Shape
 //!
 //! ```no_run
-//! # use vyre_cuda::backend::{BackendError, CudaBackend, ResidentBuffer, Kernel};
+//! # use vyre_cuda::backend::{BackendError, Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel};
 //! # use vyre_cuda::graph::{StitchBuilder, InputSlot, OutputSlot};
 //! # use vyre_cuda::DispatchConfig;
 //! # fn chain(
 //! #     gpu0: &CudaBackend, gpu1: &CudaBackend,
 //! #     scale0: &Kernel, scale1: &Kernel, reduce0: &Kernel,
-//! #     [a, b]: [ResidentBuffer; 2], [c, d]: [ResidentBuffer; 2], [e, sum]: [ResidentBuffer; 2],
+//! #     [a, b]: [&DeviceBuffer; 2], [c, d]: [&DeviceBuffer; 2], [e, sum]: [&DeviceBuffer; 2],
 //! #     config: &DispatchConfig,
 //! # ) -> Result<(), BackendError> {
+//! let on = |x, y| [Binding::Buffer(x), Binding::Buffer(y)];
 //! let mut slots = None;
 //! let first = gpu0.record(|rec| {
-//!     let input = rec.upload(&a, a.len())?;
-//!     rec.dispatch(scale0, &[a, b], config)?;
+//!     let input = rec.upload(a, a.len())?;
+//!     rec.dispatch(Dispatch::new(scale0, &on(a, b)).config(config))?;
 //!     slots = Some(input);
 //!     Ok(())
 //! })?;
-//! let second = gpu1.record(|rec| rec.dispatch(scale1, &[c, d], config).map(drop))?;
+//! let second =
+//!     gpu1.record(|rec| rec.dispatch(Dispatch::new(scale1, &on(c, d)).config(config)).map(drop))?;
 //! let mut result = None;
 //! let third = gpu0.record(|rec| {
-//!     rec.dispatch(reduce0, &[e, sum], config)?;
-//!     result = Some(rec.read_back(&sum, 0, 4)?);
+//!     rec.dispatch(Dispatch::new(reduce0, &on(e, sum)).config(config))?;
+//!     result = Some(rec.read_back(sum, 0, 4)?);
 //!     Ok(())
 //! })?;
 //! let mut stitch = StitchBuilder::new();
 //! let (first, second, third) = (stitch.child(first), stitch.child(second), stitch.child(third));
-//! stitch.transfer(first, &b, second, &c, b.len())?; // device 0 → device 1
-//! stitch.transfer(second, &d, third, &e, d.len())?; // device 1 → device 0
+//! stitch.transfer(first, b, second, c, b.len())?; // device 0 → device 1
+//! stitch.transfer(second, d, third, e, d.len())?; // device 1 → device 0
 //! let mut parent = stitch.build()?;
 //! println!("{parent}"); // which edge went peer-to-peer, which through the host
 //! parent.input_mut(first, slots.unwrap())?.fill(1);
@@ -92,7 +94,7 @@
 //!   destination to its `to` child's (another device's buffer is the same
 //!   cross-device error), both large enough.
 //! - A child with scratch buffers: the driver refuses allocation nodes inside child
-//!   graphs, so record it over resident buffers instead.
+//!   graphs, so record it over device buffers instead.
 //! - A broken child (a failed parameter update) and a child whose backend lost its
 //!   context.
 //!
@@ -123,7 +125,7 @@
 //! With the phase probe on, each replay prints one line like a graph replay's
 //! (`prepare`: checks, binds and the children's stamp clears; `launch`; `release`:
 //! the synchronize; `readback`: the children's stamp checks; counts summed over every
-//! child's steps). `device_window_ns` is 0 (no events) and `kernel_ns` is the sum of
+//! child's steps). `event_window_ns` is `None` (no events) and `kernel_stamps_ns` is the sum of
 //! the children's stamped kernel spans (devices' timers are not one clock).
 
 use std::sync::Arc;
@@ -134,11 +136,11 @@ use smallvec::SmallVec;
 use crate::backend::driver::{
     self, CopyEnd, DeviceMemory, GraphExec, GraphNode, PinnedMemory, Stream,
 };
-use crate::backend::{BackendError, CudaBackend, DispatchTiming};
+use crate::backend::{BackendError, CudaBackend, DeviceBuffer, Timings};
 use crate::probe::{self, Phase};
 
-use super::record::{binding_device, hold_memory};
-use super::{next_graph_id, DispatchGraph, InputSlot, OutputSlot, RecordableBuffer, StepId};
+use super::record::hold_memory;
+use super::{next_graph_id, DispatchGraph, InputSlot, OutputSlot, StepId};
 
 /// One child of a stitch: returned by [`StitchBuilder::child`], valid for that
 /// stitch and the [`StitchedGraph`] it builds.
@@ -329,9 +331,9 @@ impl StitchBuilder {
     pub fn transfer(
         &mut self,
         from: ChildId,
-        source: &impl RecordableBuffer,
+        source: &DeviceBuffer,
         to: ChildId,
-        destination: &impl RecordableBuffer,
+        destination: &DeviceBuffer,
         bytes: u64,
     ) -> Result<(), BackendError> {
         self.add_transfer(from, source, to, destination, bytes, false)
@@ -343,9 +345,9 @@ impl StitchBuilder {
     pub fn transfer_through_host(
         &mut self,
         from: ChildId,
-        source: &impl RecordableBuffer,
+        source: &DeviceBuffer,
         to: ChildId,
-        destination: &impl RecordableBuffer,
+        destination: &DeviceBuffer,
         bytes: u64,
     ) -> Result<(), BackendError> {
         self.add_transfer(from, source, to, destination, bytes, true)
@@ -354,9 +356,9 @@ impl StitchBuilder {
     fn add_transfer(
         &mut self,
         from: ChildId,
-        source: &impl RecordableBuffer,
+        source: &DeviceBuffer,
         to: ChildId,
-        destination: &impl RecordableBuffer,
+        destination: &DeviceBuffer,
         bytes: u64,
         through_host: bool,
     ) -> Result<(), BackendError> {
@@ -374,16 +376,11 @@ impl StitchBuilder {
         }
         let mut held = SmallVec::<[(Arc<DeviceMemory>, u64); 2]>::new();
         for (end, child, buffer, verb) in [
-            ("source", from, source.graph_binding(), "transfer from"),
-            (
-                "destination",
-                to,
-                destination.graph_binding(),
-                "transfer into",
-            ),
+            ("source", from, source, "transfer from"),
+            ("destination", to, destination, "transfer into"),
         ] {
             let inner = self.children[child as usize].backend.shared();
-            if let Some(device) = binding_device(&buffer) {
+            if let Some(device) = buffer.device_ordinal() {
                 check_transfer_end(end, child, device, inner.caps.ordinal)?;
             }
             held.push(hold_memory(inner, buffer, verb)?);
@@ -439,7 +436,7 @@ impl StitchBuilder {
             if child.scratch_buffers > 0 {
                 return Err(BackendError::bad_input(format!(
                     "Fix: child {index} ({}) has {} scratch buffer(s), and the driver refuses allocation \
-                     nodes inside a child graph; record it over resident buffers or DeviceBuffers instead",
+                     nodes inside a child graph; record it over DeviceBuffers instead",
                     child.name, child.scratch_buffers
                 )));
             }
@@ -656,7 +653,7 @@ impl StitchBuilder {
 /// The route of one transfer (pure): forced through the host, else one device copy
 /// on one device, else peer-to-peer where the destination can address the source,
 /// else through the host.
-pub(crate) fn choose_route(
+pub(in crate::backend) fn choose_route(
     from_device: usize,
     to_device: usize,
     peer_access: bool,
@@ -677,7 +674,7 @@ pub(crate) fn choose_route(
 /// the child it belongs to (`child`, on `child_device`), else a `Fix:` error (pure).
 /// The source is read where its child wrote it, the destination written where its
 /// child reads it; the transfer itself is what crosses devices.
-pub(crate) fn check_transfer_end(
+pub(in crate::backend) fn check_transfer_end(
     end: &str,
     child: u32,
     buffer_device: usize,
@@ -714,7 +711,7 @@ fn check_child(child: ChildId, stitch: u64, children: usize) -> Result<u32, Back
 /// The children in an order that respects every edge `(before, after)` (pure; Kahn's
 /// algorithm, lowest index first among the ready ones). A cycle is a `Fix:` error
 /// naming the children on it.
-pub(crate) fn topological_order(
+pub(in crate::backend) fn topological_order(
     children: usize,
     edges: &[(u32, u32)],
 ) -> Result<Vec<u32>, BackendError> {
@@ -973,7 +970,7 @@ impl StitchedGraph {
     /// Replay the whole parent: one `cuGraphLaunch` on the first child's device and
     /// one synchronize (plus, only where a child's result area is not host-mapped,
     /// one fill before and one copy after on that child's stream).
-    pub fn replay(&mut self) -> Result<DispatchTiming, BackendError> {
+    pub fn replay(&mut self) -> Result<Timings, BackendError> {
         let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
         let mark = probe::mark();
@@ -1009,16 +1006,16 @@ impl StitchedGraph {
         // Outputs are read in place; the readback phase is the children's stamp
         // checks (and, without host-mapped areas, their copies back).
         probe::charge(Phase::Readback, mark);
-        let timing = DispatchTiming {
+        let timing = Timings {
             wall_ns: super::elapsed_ns(start),
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
                 .unwrap_or(u64::MAX),
             wait_ns,
-            device_window_ns: 0,
-            kernel_ns,
+            kernel_stamps_ns: kernel_ns,
+            event_window_ns: None,
         };
         if let Some(dispatch_probe) = dispatch_probe {
-            dispatch_probe.finish(timing);
+            dispatch_probe.finish(timing.probe());
         }
         Ok(timing)
     }
@@ -1202,13 +1199,5 @@ mod tests {
         assert!(m.contains("source buffer is of device 1"), "{m}");
         assert!(m.contains("child 2 runs on device 0"), "{m}");
         assert!(check_transfer_end("destination", 0, 3, 3).is_ok());
-    }
-
-    /// Locks out a stitched graph that could not move to a replay thread.
-    #[test]
-    fn stitched_graph_is_send() {
-        fn assert_send<T: Send>() {}
-        assert_send::<StitchedGraph>();
-        assert_send::<StitchBuilder>();
     }
 }

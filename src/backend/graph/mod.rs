@@ -1,9 +1,12 @@
-//! Dispatch graphs (§7): a repeated chain of dispatches captured once into a CUDA
-//! graph and replayed with one launch and one synchronize.
+//! Dispatch graphs: a repeated chain of dispatches captured once into a CUDA graph
+//! and replayed with one launch and one synchronize. This module lives inside the
+//! backend because a capture records exactly the stream operations a dispatch
+//! enqueues (`StreamOps::dispatch`, the constructor both use) over the backend's own
+//! memory, contexts and result areas.
 //!
 //! # Why this module exists
 //!
-//! §0 measured, on the H200 machine, 3.6 µs of host time to issue each eager kernel
+//! Measured on the H200 machine: 3.6 µs of host time to issue each eager kernel
 //! and 8.5–9.8 µs for launch + synchronize, but 8.5 µs for a whole graph replay of
 //! one kernel + a 16-byte readback + synchronize, and 1.0 µs per further kernel node.
 //! A tokenizer runs the same 4–6 dispatches per encode; captured once, they cost one
@@ -13,7 +16,7 @@
 //! # Shape
 //!
 //! ```no_run
-//! use vyre_cuda::backend::CudaBackend;
+//! use vyre_cuda::backend::{Binding, CudaBackend, Dispatch};
 //! use vyre_cuda::ir::*;
 //! use vyre_cuda::DispatchConfig;
 //!
@@ -30,13 +33,15 @@
 //!     .build();
 //! let config = DispatchConfig::linear(4);
 //! let kernel = gpu.compile(&double, &config)?;
-//! let x = gpu.allocate_resident(4 * 256)?;
+//! let x = gpu.buffer(4 * 256)?;
+//! let bindings = [Binding::from(&x)];
+//! let step = Dispatch::new(&kernel, &bindings).config(&config);
 //! let (mut graph, input, output) = {
 //!     let mut slots = None;
 //!     let graph = gpu.record(|rec| {
 //!         let input = rec.upload(&x, 4 * 256)?;
-//!         rec.dispatch(&kernel, &[x], &config)?;
-//!         rec.dispatch(&kernel, &[x], &config)?;
+//!         rec.dispatch(step)?; // the same request an eager `gpu.run(step)` takes
+//!         rec.dispatch(step)?;
 //!         let output = rec.read_back(&x, 0, 4 * 256)?;
 //!         slots = Some((input, output));
 //!         Ok(())
@@ -59,14 +64,15 @@
 //!
 //! [`CudaBackend::record`] runs the caller's closure first, which only *describes*
 //! the chain: every call validates at once (binding counts and sizes through the
-//! same check a dispatch uses, handles alive, ranges in bounds, launch plan) and
+//! same checks a dispatch uses, buffers of this device, ranges in bounds, launch
+//! plan) and
 //! nothing touches the driver. When the closure returns `Ok`, the chain is captured
 //! on a stream the graph owns, with exactly the operations a dispatch enqueues:
 //!
 //! - [`GraphRecorder::upload`]: a host → device copy from the graph's own pinned
 //!   input slot (write it with [`DispatchGraph::input_mut`] before each replay);
-//! - [`GraphRecorder::dispatch`]: a zero fill of every `WriteOnly` binding (§1:
-//!   `WriteOnly` starts zeroed on every path), then `fixpoint_iterations` kernel
+//! - [`GraphRecorder::dispatch`]: a zero fill of every `WriteOnly` binding
+//!   (`WriteOnly` starts zeroed on every path), then `fixpoint_iterations` kernel
 //!   launch nodes, each with the parameter values (buffer addresses, then `u32`
 //!   element counts) the driver copied into the graph at capture;
 //! - [`GraphRecorder::read_back`]: a device → host copy into the graph's pinned
@@ -74,8 +80,9 @@
 //!   recorded right after a dispatch (nothing in between) of at most
 //!   `readback::MAPPED_RANGE_MAX_BYTES` each, up to 16 per dispatch, are *folded*
 //!   into that dispatch's last launch instead: its last thread copies them into the
-//!   graph's host-mapped result area, so they cost no copy node (§0: a graph of a
-//!   kernel and N copies costs 8.0–33.3 µs for N = 1–16, the kernel alone 8.5);
+//!   graph's host-mapped result area, so they cost no copy node (measured on the
+//!   H200: a graph of a kernel and N copies costs 8.0–33.3 µs for N = 1–16, the
+//!   kernel alone 8.5);
 //! - [`GraphRecorder::scratch`]: a graph allocation node (`cuMemAllocAsync` inside
 //!   the capture) at the start, zero-filled, and its free node at the end, so a
 //!   scratch buffer exists (zeroed) only while a replay runs.
@@ -102,10 +109,9 @@
 //!
 //! # Lifetimes
 //!
-//! A graph holds `Arc` clones of every resident buffer's memory it touches and
-//! [`Kernel`] clones of its kernels: freeing a handle while a graph exists cannot
-//! free memory under it (the memory goes when the graph does), and modules stay
-//! loaded. It also holds its backend, so the context outlives it. Drop order:
+//! A graph holds `Arc` clones of every buffer's memory it touches and of its
+//! kernels: dropping a buffer while a graph exists cannot free memory under it (the
+//! memory goes when the graph does), and modules stay loaded. It also holds its backend, so the context outlives it. Drop order:
 //! executable graph, graph, stream and events, pinned staging, then memory.
 //!
 //! # Threads
@@ -117,14 +123,15 @@
 //! enqueues a replay without waiting: its [`PendingReplay`] borrows the graph
 //! mutably until `wait` (or drop, which waits), so the same holds; several graphs
 //! may be in flight at once, each on its own stream. Two graphs (or a graph and
-//! plain dispatches) over the same resident buffers are not ordered against each
-//! other, exactly as two concurrent dispatches are not.
+//! plain dispatches) over the same buffers are not ordered against each
+//! other: a graph holds its buffers, and replaying it while a submission over the
+//! same buffers is pending is ordered only by the caller.
 //!
 //! # Timing and the probe
 //!
 //! [`DispatchGraph::replay`] records no events (on driver 580 each event record
 //! costs about 2 µs); [`DispatchGraph::replay_timed`] records one pair around the
-//! graph launch for `device_window_ns`. `kernel_ns` (both) comes from the kernels'
+//! graph launch for `event_window_ns`. `kernel_stamps_ns` (both) comes from the kernels'
 //! own `%globaltimer` stamps (the result ABI, `backend::readback`): from the start of
 //! the first launch node to the end of the last, copies between kernels included,
 //! at no cost to the replay. With the
@@ -160,20 +167,24 @@ use crate::backend::driver::{
     self, DeviceMemory, DriverError, Event, GraphExec, GraphNode, KernelNodeHolder, PinnedMemory,
     Stream,
 };
+use crate::backend::kernel::KernelInner;
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::PerBinding;
-use crate::backend::{BackendError, CudaBackend, DispatchTiming, Kernel, LaunchPlan};
+use crate::backend::{BackendError, CudaBackend, LaunchPlan, Timings};
 use crate::ir::BufferCount;
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
+pub(in crate::backend) use record::{
+    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
+};
 pub use stitch::{ChildId, EdgeKind, StitchBuilder, StitchEdge, StitchedGraph, TransferRoute};
 
 /// Source of graph identities, so a slot or step of one graph is refused by another.
 static NEXT_GRAPH_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A pinned input slot of one graph: bytes copied into a resident buffer at the
+/// A pinned input slot of one graph: bytes copied into a device buffer at the
 /// start of its upload step on every replay. Returned by [`GraphRecorder::upload`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct InputSlot {
@@ -182,12 +193,12 @@ pub struct InputSlot {
 }
 
 impl InputSlot {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         InputSlot { graph, index }
     }
 
     /// The slot's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("an input slot", self.graph, graph));
         }
@@ -196,12 +207,12 @@ impl InputSlot {
 }
 
 impl OutputSlot {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         OutputSlot { graph, index }
     }
 
     /// The slot's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("an output slot", self.graph, graph));
         }
@@ -210,12 +221,12 @@ impl OutputSlot {
 }
 
 impl StepId {
-    pub(crate) fn new(graph: u64, index: u32) -> Self {
+    pub(in crate::backend) fn new(graph: u64, index: u32) -> Self {
         StepId { graph, index }
     }
 
     /// The step's index, checked to belong to graph `graph`.
-    pub(crate) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
+    pub(in crate::backend) fn index_in(self, graph: u64) -> Result<usize, BackendError> {
         if self.graph != graph {
             return Err(foreign("a step", self.graph, graph));
         }
@@ -223,7 +234,7 @@ impl StepId {
     }
 }
 
-/// A pinned output slot of one graph: bytes copied from a resident buffer by its
+/// A pinned output slot of one graph: bytes copied from a device buffer by its
 /// read-back step on every replay. Returned by [`GraphRecorder::read_back`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OutputSlot {
@@ -261,63 +272,6 @@ impl ScratchBuffer {
     }
 }
 
-/// One binding of a recorded dispatch: a resident buffer, an owned buffer, or a
-/// scratch buffer of the same graph.
-#[derive(Clone, Copy, Debug)]
-pub enum GraphBinding<'a> {
-    /// A resident buffer (its memory is held by the graph from now on).
-    Resident(crate::backend::ResidentBuffer),
-    /// An owned buffer (its memory is held by the graph from now on: dropping the
-    /// buffer while the graph exists frees nothing under it).
-    Buffer(&'a crate::backend::DeviceBuffer),
-    /// A scratch buffer of the graph being recorded.
-    Scratch(ScratchBuffer),
-}
-
-impl From<crate::backend::ResidentBuffer> for GraphBinding<'_> {
-    fn from(handle: crate::backend::ResidentBuffer) -> Self {
-        GraphBinding::Resident(handle)
-    }
-}
-
-/// A buffer a recording can upload into or read back from: a
-/// [`ResidentBuffer`](crate::backend::ResidentBuffer) or a
-/// [`DeviceBuffer`](crate::backend::DeviceBuffer). Sealed.
-pub trait RecordableBuffer: sealed::Sealed {
-    /// The buffer as a binding of a recorded dispatch.
-    fn graph_binding(&self) -> GraphBinding<'_>;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::backend::ResidentBuffer {}
-    impl Sealed for crate::backend::DeviceBuffer {}
-}
-
-impl RecordableBuffer for crate::backend::ResidentBuffer {
-    fn graph_binding(&self) -> GraphBinding<'_> {
-        GraphBinding::Resident(*self)
-    }
-}
-
-impl RecordableBuffer for crate::backend::DeviceBuffer {
-    fn graph_binding(&self) -> GraphBinding<'_> {
-        GraphBinding::Buffer(self)
-    }
-}
-
-impl<'a> From<&'a crate::backend::DeviceBuffer> for GraphBinding<'a> {
-    fn from(buffer: &'a crate::backend::DeviceBuffer) -> Self {
-        GraphBinding::Buffer(buffer)
-    }
-}
-
-impl From<ScratchBuffer> for GraphBinding<'_> {
-    fn from(scratch: ScratchBuffer) -> Self {
-        GraphBinding::Scratch(scratch)
-    }
-}
-
 /// A place in a pinned staging buffer.
 #[derive(Clone, Copy, Debug)]
 struct StagedRange {
@@ -328,7 +282,7 @@ struct StagedRange {
 /// Where a binding's device address comes from.
 #[derive(Clone, Copy, Debug)]
 enum BoundAddress {
-    /// A resident buffer's address (its memory is held in `Resources::memory`).
+    /// An owned buffer's address (its memory is held in `Resources::memory`).
     Fixed(u64),
     /// A scratch buffer's graph allocation, known once the capture allocates it.
     Scratch(u32),
@@ -336,7 +290,7 @@ enum BoundAddress {
 
 /// One recorded dispatch.
 struct Step {
-    kernel: Kernel,
+    kernel: Arc<KernelInner>,
     bound: SmallVec<[BoundAddress; 16]>,
     /// Bytes bound per slot (binding order).
     sizes: PerBinding<u64>,
@@ -371,7 +325,7 @@ struct Resources {
     results: Box<ResultArea>,
     /// Bytes of `results` in use (stamps and folded read-backs).
     results_used: usize,
-    /// Keeps every resident buffer the graph touches alive (and says which:
+    /// Keeps every buffer the graph touches alive (and says which:
     /// [`DispatchGraph::holdings_of`]).
     memory: Vec<Arc<DeviceMemory>>,
 }
@@ -420,7 +374,7 @@ impl DispatchGraph {
     /// How many references to `memory` this graph holds (0 when it does not bind it):
     /// what [`DeviceBuffer::mapped_bytes_beside`](crate::backend::DeviceBuffer::mapped_bytes_beside)
     /// subtracts to prove nothing else holds a buffer.
-    pub(crate) fn holdings_of(&self, memory: &Arc<DeviceMemory>) -> usize {
+    pub(in crate::backend) fn holdings_of(&self, memory: &Arc<DeviceMemory>) -> usize {
         self.resources.as_ref().map_or(0, |resources| {
             resources
                 .memory
@@ -494,13 +448,13 @@ impl DispatchGraph {
     /// Replay the whole chain: one `cuGraphLaunch` and one synchronize. Records no
     /// timing events (device times read 0 unless the probe is on); see
     /// [`DispatchGraph::replay_timed`].
-    pub fn replay(&mut self) -> Result<DispatchTiming, BackendError> {
+    pub fn replay(&mut self) -> Result<Timings, BackendError> {
         self.run(false)
     }
 
-    /// [`DispatchGraph::replay`] with `device_window_ns` from an event pair around
+    /// [`DispatchGraph::replay`] with `event_window_ns` from an event pair around
     /// the graph launch (about 2 µs of host time per event on driver 580).
-    pub fn replay_timed(&mut self) -> Result<DispatchTiming, BackendError> {
+    pub fn replay_timed(&mut self) -> Result<Timings, BackendError> {
         self.run(true)
     }
 
@@ -514,8 +468,8 @@ impl DispatchGraph {
         elements: u32,
     ) -> Result<(), BackendError> {
         let (index, slot) = self.step_slot(step, binding, "set the element count of")?;
-        let kernel_slot = &self.steps[index].kernel.inner.slots[slot];
-        let program = self.steps[index].kernel.inner.name.clone();
+        let kernel_slot = &self.steps[index].kernel.slots[slot];
+        let program = self.steps[index].kernel.name.clone();
         if let BufferCount::Static(n) = kernel_slot.count {
             return Err(BackendError::bad_input(format!(
                 "Fix: buffer '{}' (binding {binding}) of {program} has a static count of {n} elements, \
@@ -550,7 +504,7 @@ impl DispatchGraph {
         let index = self.step_index(step)?;
         let inner = Arc::clone(self.backend.shared());
         inner.check_alive()?;
-        let plan = inner.launch_plan(&self.steps[index].kernel.inner, workgroups)?;
+        let plan = inner.launch_plan(&self.steps[index].kernel, workgroups)?;
         let counts = self.steps[index].counts.clone();
         self.update_step(index, counts, plan)
     }
@@ -586,7 +540,7 @@ impl DispatchGraph {
             // holder), from which `resources.exec` (the `Executable` one) was
             // instantiated, launching this step's kernel; `params` points into
             // `parameters`, alive and unmoved until after the call, in the kernel's
-            // parameter order; every address is held by the graph (resident memory in
+            // parameter order; every address is held by the graph (buffer memory in
             // `resources.memory`, scratch allocated by the graph itself), and a stitched
             // parent cloned from it owns this graph; the last replay synchronised, so no
             // launch of the executable is running.
@@ -594,7 +548,7 @@ impl DispatchGraph {
                 driver::set_kernel_node_params(
                     holder,
                     *node,
-                    &step.kernel.inner.module,
+                    &step.kernel.module,
                     plan.grid,
                     plan.block,
                     &mut params,
@@ -640,7 +594,7 @@ impl DispatchGraph {
     /// synchronize. The pending replay borrows the graph mutably, so its input and
     /// output slots cannot be touched (nor the graph replayed again) until it is
     /// waited for or dropped (dropping waits). Several graphs may be in flight at
-    /// once, each on its own stream. Records the window events (`device_window_ns`);
+    /// once, each on its own stream. Records the window events (`event_window_ns`);
     /// submissions are not charged to the probe.
     pub fn submit(&mut self) -> Result<PendingReplay<'_>, BackendError> {
         let start = Instant::now();
@@ -655,7 +609,7 @@ impl DispatchGraph {
     }
 
     /// One replay, charged to the probe.
-    fn run(&mut self, want_timing: bool) -> Result<DispatchTiming, BackendError> {
+    fn run(&mut self, want_timing: bool) -> Result<Timings, BackendError> {
         let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
         let want_timing = want_timing || dispatch_probe.is_some();
@@ -672,12 +626,12 @@ impl DispatchGraph {
         // Outputs stay in pinned staging (read in place through `output`): nothing
         // to copy, so the readback phase is only this boundary.
         probe::charge(Phase::Readback, mark);
-        let timing = DispatchTiming {
+        let timing = Timings {
             wall_ns: elapsed_ns(start),
             ..timing
         };
         if let Some(dispatch_probe) = dispatch_probe {
-            dispatch_probe.finish(timing);
+            dispatch_probe.finish(timing.probe());
         }
         Ok(timing)
     }
@@ -701,7 +655,7 @@ impl DispatchGraph {
                 .map_err(|e| enqueue_error("recording the window start event", e))?;
         }
         // SAFETY: every device allocation the graph touches is held by `resources.memory`
-        // (resident and owned buffers) or allocated and freed by the graph itself
+        // (owned buffers) or allocated and freed by the graph itself
         // (scratch); the pinned input and output staging live in `resources` and are
         // reachable by the host only through `&mut self`/`&self` methods, which cannot
         // run until the synchronize: `replay` waits before returning, and a
@@ -739,25 +693,26 @@ impl DispatchGraph {
         want_timing: bool,
         start: Instant,
         enqueued: Instant,
-    ) -> Result<DispatchTiming, BackendError> {
+    ) -> Result<Timings, BackendError> {
         let inner = Arc::clone(self.backend.shared());
         inner.bind()?;
         let name = &self.name;
         let resources = self.resources.as_ref().ok_or_else(dropping)?;
         let wait_ns = inner.synchronize_with(name, || resources.stream.synchronize())?;
-        let mut timing = DispatchTiming {
+        let mut timing = Timings {
             wall_ns: 0,
             enqueue_ns: u64::try_from(enqueued.duration_since(start).as_nanos())
                 .unwrap_or(u64::MAX),
             wait_ns,
-            device_window_ns: 0,
-            kernel_ns: 0,
+            kernel_stamps_ns: 0,
+            event_window_ns: None,
         };
         if want_timing {
-            timing.device_window_ns =
-                Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0);
+            timing.event_window_ns = Some(
+                Event::elapsed_ns(&resources.window_start, &resources.window_end).unwrap_or(0),
+            );
         }
-        timing.kernel_ns = self.stamped_kernel_ns()?;
+        timing.kernel_stamps_ns = self.stamped_kernel_ns()?;
         Ok(timing)
     }
 
@@ -784,7 +739,7 @@ impl DispatchGraph {
     /// stamps. A mapped area is cleared by the host; a device-memory area by a fill
     /// on the child's own stream, waited for here so the parent's launch (on another
     /// stream, maybe another device) cannot overtake it.
-    pub(crate) fn arm_as_child(&mut self) -> Result<(), BackendError> {
+    pub(in crate::backend) fn arm_as_child(&mut self) -> Result<(), BackendError> {
         self.ready()?;
         let inner = Arc::clone(self.backend.shared());
         let name = self.name.clone();
@@ -802,7 +757,7 @@ impl DispatchGraph {
     /// After a stitched parent's synchronize: bring a device-memory result area back
     /// (one copy and a synchronize on the child's stream; nothing for a mapped area)
     /// and read the child's kernel time from its stamps.
-    pub(crate) fn collect_as_child(&mut self) -> Result<u64, BackendError> {
+    pub(in crate::backend) fn collect_as_child(&mut self) -> Result<u64, BackendError> {
         let inner = Arc::clone(self.backend.shared());
         inner.bind()?;
         let name = self.name.clone();
@@ -861,7 +816,7 @@ impl DispatchGraph {
         verb: &str,
     ) -> Result<(usize, usize), BackendError> {
         let index = self.step_index(step)?;
-        let kernel = &self.steps[index].kernel.inner;
+        let kernel = &self.steps[index].kernel;
         let slot = kernel.slots.iter().position(|s| s.binding == binding);
         match slot {
             Some(slot) => Ok((index, slot)),
@@ -891,14 +846,10 @@ fn count_steps_for_probe<'s>(steps: impl Iterator<Item = &'s Step> + Clone) {
             .clone()
             .fold(0u64, |total, step| total.saturating_add(f(step)))
     };
-    probe::count_with(Count::Nodes, || {
-        sum(&|s| s.kernel.inner.program.node_count())
-    });
-    probe::count_with(Count::PtxBytes, || {
-        sum(&|s| s.kernel.inner.ptx.len() as u64)
-    });
+    probe::count_with(Count::Nodes, || sum(&|s| s.kernel.program.node_count()));
+    probe::count_with(Count::PtxBytes, || sum(&|s| s.kernel.ptx.len() as u64));
     probe::count_with(Count::Buffers, || {
-        sum(&|s| s.kernel.inner.program.buffers().len() as u64)
+        sum(&|s| s.kernel.program.buffers().len() as u64)
     });
     probe::count_with(Count::Bindings, || sum(&|s| s.bound.len() as u64));
     probe::count_with(Count::Fixpoint, || sum(&|s| s.nodes.len() as u64));
@@ -964,10 +915,10 @@ impl std::fmt::Debug for PendingReplay<'_> {
 
 impl PendingReplay<'_> {
     /// Wait for the replay: its timings (outputs are in the graph's output slots).
-    pub fn wait(mut self) -> Result<DispatchTiming, BackendError> {
+    pub fn wait(mut self) -> Result<Timings, BackendError> {
         self.waited = true;
         let timing = self.graph.wait_replay(true, self.start, self.enqueued)?;
-        Ok(DispatchTiming {
+        Ok(Timings {
             wall_ns: elapsed_ns(self.start),
             ..timing
         })
@@ -982,24 +933,8 @@ impl Drop for PendingReplay<'_> {
     }
 }
 
-/// Graph identities, shared by the recorder (and the portable interface's reference
+/// Graph identities, shared by the recorder (and the reference backend's recorded
 /// graphs, whose slots use the same types).
-pub(crate) fn next_graph_id() -> u64 {
+pub(in crate::backend) fn next_graph_id() -> u64 {
     NEXT_GRAPH_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Locks out a graph type that could be shared between threads (replays are
-    /// serialised by `&mut self`, but the executable handle must not be `Sync`) or
-    /// that could not move to a replay thread.
-    #[test]
-    fn graph_is_send() {
-        fn assert_send<T: Send>() {}
-        assert_send::<DispatchGraph>();
-        assert_send::<InputSlot>();
-        assert_send::<StepId>();
-    }
 }

@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::backend::dispatch::foreign_kernel;
 use crate::backend::driver::{
     self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
     LoadedModule, PinnedMemory, Stream,
 };
+use crate::backend::kernel::KernelKind;
+use crate::backend::plan::{check_aliasing, check_binding_sizes};
 use crate::backend::readback::{
     mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
 };
@@ -18,13 +21,14 @@ use crate::backend::stream_ops::{
     StreamTarget,
 };
 use crate::backend::{
-    device_of_backend, BackendError, BackendInner, CudaBackend, Kernel, ResidentBuffer,
+    device_of_backend, BackendError, BackendInner, Binding, CudaBackend, DeviceBuffer, Dispatch,
+    PerBinding,
 };
-use crate::config::{DispatchConfig, ReadbackPolicy};
+use crate::config::ReadbackPolicy;
 
 use super::{
-    next_graph_id, BoundAddress, DispatchGraph, GraphBinding, InputSlot, OutputSlot,
-    RecordableBuffer, Resources, ScratchBuffer, StagedRange, Step, StepId,
+    next_graph_id, BoundAddress, DispatchGraph, InputSlot, OutputSlot, Resources, ScratchBuffer,
+    StagedRange, Step, StepId,
 };
 
 /// Staging slots start on 256-byte boundaries, like a dispatch's staging.
@@ -65,7 +69,7 @@ pub struct GraphRecorder<'b> {
 }
 
 impl CudaBackend {
-    /// Record a chain of dispatches into a replayable CUDA graph (§7). `build`
+    /// Record a chain of dispatches into a replayable CUDA graph. `build`
     /// describes the chain through the [`GraphRecorder`]; when it returns `Ok`, the
     /// chain is captured once and instantiated. See the [`crate::graph`] docs.
     pub fn record(
@@ -123,23 +127,9 @@ impl GraphRecorder<'_> {
     /// Copy the first `bytes` bytes of a fresh pinned input slot into the start of
     /// `handle` at this point of every replay. Write the slot with
     /// [`DispatchGraph::input_mut`] before replaying; it starts zeroed.
-    pub fn upload(
-        &mut self,
-        buffer: &impl RecordableBuffer,
-        bytes: u64,
-    ) -> Result<InputSlot, BackendError> {
-        let (memory, capacity) = self.hold(buffer.graph_binding(), "record an upload into")?;
-        if bytes == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
-            ));
-        }
-        if bytes > capacity {
-            return Err(BackendError::bad_input(format!(
-                "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
-                 at most that many or allocate a larger buffer"
-            )));
-        }
+    pub fn upload(&mut self, buffer: &DeviceBuffer, bytes: u64) -> Result<InputSlot, BackendError> {
+        let (memory, capacity) = self.hold(buffer, "record an upload into")?;
+        check_recorded_upload(bytes, capacity)?;
         let len = staged_len(bytes, "upload")?;
         let end = align_up(self.input_bytes, len)?;
         let index = slot_index(self.inputs.len())?;
@@ -159,106 +149,78 @@ impl GraphRecorder<'_> {
         })
     }
 
-    /// A dispatch of `kernel` over resident buffers, one per global buffer in
-    /// binding order, exactly as [`CudaBackend::dispatch_kernel`] would run it:
-    /// `WriteOnly` buffers are zeroed first, then `config.fixpoint_iterations`
-    /// launches over `config.workgroups`. `config.readback` must be `AllOutputs`
-    /// (the default) or `None`, both meaning "nothing": inside a graph, bytes come
-    /// back only through [`GraphRecorder::read_back`]. Only resident bindings:
-    /// replays outlive any host slice.
-    pub fn dispatch(
-        &mut self,
-        kernel: &Kernel,
-        handles: &[ResidentBuffer],
-        config: &DispatchConfig,
-    ) -> Result<StepId, BackendError> {
-        let bindings: SmallVec<[GraphBinding; 16]> =
-            handles.iter().map(|&h| GraphBinding::Resident(h)).collect();
-        self.dispatch_bindings(kernel, &bindings, config)
-    }
-
-    /// [`GraphRecorder::dispatch`] over resident and scratch bindings.
-    pub fn dispatch_bindings(
-        &mut self,
-        kernel: &Kernel,
-        bindings: &[GraphBinding<'_>],
-        config: &DispatchConfig,
-    ) -> Result<StepId, BackendError> {
+    /// A dispatch exactly as an eager run of `request` would enqueue it
+    /// (`StreamOps::dispatch`, the constructor both share): `WriteOnly` buffers are
+    /// zeroed first, then `fixpoint_iterations` launches over the request's
+    /// workgroups. Its bindings are owned buffers (held by the graph from now on) or
+    /// scratch buffers of this recording: a replay outlives any host slice, so host,
+    /// zeroed and pinned bindings are refused. Its readback must be `AllOutputs` (the
+    /// default) or `None`, both meaning "nothing": inside a graph, bytes come back
+    /// only through [`GraphRecorder::read_back`]. It may not name a predecessor (the
+    /// graph's operations run in recording order); its timing is the replay's.
+    pub fn dispatch(&mut self, request: Dispatch<'_>) -> Result<StepId, BackendError> {
         let inner = self.backend.shared();
-        let name = &kernel.inner.name;
+        let (resolved, _) = inner.resolve(request.target, &request.codegen, None)?;
+        let name = resolved.name().to_string();
+        let KernelKind::Cuda(kernel) = &resolved.kind else {
+            return Err(foreign_kernel(&name));
+        };
+        let kernel = Arc::clone(kernel);
         check_device(
             &format!("the kernel for {name}"),
-            device_of_backend(kernel.inner.backend_id),
+            device_of_backend(kernel.backend_id),
             inner.caps.ordinal,
         )?;
-        for binding in bindings {
-            same_device(inner, binding)?;
+        if kernel.backend_id != inner.id {
+            return Err(foreign_kernel(&name));
         }
-        if let ReadbackPolicy::Ranges(_) = config.readback {
-            return Err(BackendError::bad_input(format!(
-                "Fix: DispatchConfig::readback ranges do not apply inside a dispatch graph (recording {name}); \
-                 use ReadbackPolicy::None and record GraphRecorder::read_back for the bytes you need"
-            )));
+        check_recordable(&name, &request)?;
+        if kernel.grid_barrier.is_some() {
+            return Err(grid_sync_in_a_graph(&name));
         }
-        if kernel.uses_grid_sync() {
-            return Err(BackendError::bad_input(format!(
-                "Fix: {name} uses grid_sync, which dispatch graphs do not support (its module-global barrier \
-                 needs a lease and an audit around every launch); dispatch it outside the graph with \
-                 CudaBackend::dispatch_kernel, or split it at the grid_sync into separate recorded dispatches"
-            )));
-        }
-        let mut sizes: crate::backend::PerBinding<u64> = SmallVec::new();
-        for binding in bindings {
-            match binding {
-                GraphBinding::Resident(handle) => sizes.push(handle.len()),
-                GraphBinding::Buffer(buffer) => sizes.push(buffer.len()),
-                GraphBinding::Scratch(scratch) => {
-                    self.check_scratch(scratch)?;
-                    sizes.push(scratch.bytes);
-                }
+        let mut sizes: PerBinding<u64> = SmallVec::new();
+        for binding in request.bindings {
+            if let Binding::Scratch(scratch) = binding {
+                self.check_scratch(scratch)?;
             }
+            sizes.push(binding.len());
         }
-        inner.check_bindings(&kernel.inner, &sizes, config)?;
-        let plan = inner.launch_plan(&kernel.inner, config.workgroups)?;
+        check_binding_sizes(&name, &kernel.slots, &sizes, request.fixpoint_iterations)?;
+        check_aliasing(&name, &kernel.slots, request.bindings)?;
+        let plan = inner.launch_plan(&kernel, request.workgroups)?;
         let mut bound: SmallVec<[BoundAddress; 16]> = SmallVec::new();
         let mut held: SmallVec<[Arc<DeviceMemory>; 16]> = SmallVec::new();
-        {
-            let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-            for binding in bindings {
-                match binding {
-                    GraphBinding::Resident(handle) => {
-                        let memory = table.get(handle, "record a dispatch over")?;
-                        bound.push(BoundAddress::Fixed(memory.address()));
-                        held.push(Arc::clone(memory));
-                    }
-                    GraphBinding::Buffer(buffer) => {
-                        let memory = buffer.memory_for(inner, "record a dispatch over")?;
-                        bound.push(BoundAddress::Fixed(memory.address()));
-                        held.push(Arc::clone(memory));
-                    }
-                    GraphBinding::Scratch(scratch) => {
-                        bound.push(BoundAddress::Scratch(scratch.index))
-                    }
+        for binding in request.bindings {
+            match binding {
+                Binding::Buffer(buffer) => {
+                    let (memory, _) = hold_memory(inner, buffer, "record a dispatch over")?;
+                    bound.push(BoundAddress::Fixed(memory.address()));
+                    held.push(memory);
+                }
+                Binding::Scratch(scratch) => bound.push(BoundAddress::Scratch(scratch.index)),
+                _ => {
+                    return Err(BackendError::internal(
+                        "check_recordable let a binding through",
+                    ))
                 }
             }
         }
-        let counts: crate::backend::PerBinding<u32> = kernel
-            .inner
+        let counts: PerBinding<u32> = kernel
             .slots
             .iter()
             .zip(&sizes)
-            // check_bindings proved every size is a whole number of elements ≤ u32::MAX.
+            // check_binding_sizes proved every size is a whole number of elements ≤ u32::MAX.
             .map(|(slot, &bytes)| (bytes / slot.elem.size_bytes() as u64) as u32)
             .collect();
         let index = slot_index(self.steps.len())?;
         self.steps.push(Step {
-            kernel: kernel.clone(),
+            kernel,
             bound,
             sizes,
             addresses: SmallVec::new(),
             counts,
             plan,
-            iterations: config.fixpoint_iterations,
+            iterations: request.fixpoint_iterations,
             nodes: SmallVec::new(),
             results: ResultParams::default(),
         });
@@ -275,22 +237,12 @@ impl GraphRecorder<'_> {
     /// [`DispatchGraph::output`] after a replay.
     pub fn read_back(
         &mut self,
-        buffer: &impl RecordableBuffer,
+        buffer: &DeviceBuffer,
         offset: u64,
         len: u64,
     ) -> Result<OutputSlot, BackendError> {
-        let (memory, capacity) = self.hold(buffer.graph_binding(), "record a read-back of")?;
-        if len == 0 {
-            return Err(BackendError::bad_input(
-                "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
-            ));
-        }
-        if offset.checked_add(len).is_none_or(|end| end > capacity) {
-            return Err(BackendError::bad_input(format!(
-                "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
-                 len within the buffer"
-            )));
-        }
+        let (memory, capacity) = self.hold(buffer, "record a read-back of")?;
+        check_recorded_read_back(offset, len, capacity)?;
         let staged = staged_len(len, "read-back")?;
         let end = align_up(self.output_bytes, staged)?;
         let index = slot_index(self.outputs.len())?;
@@ -315,7 +267,8 @@ impl GraphRecorder<'_> {
     /// capture records an allocation node (`cuMemAllocAsync`) and a zero fill at the
     /// start of the graph and the matching free node at its end, so every replay
     /// sees it zeroed and no memory is held between replays. Bind it with
-    /// [`GraphRecorder::dispatch_bindings`]. Needs a device with memory pools.
+    /// [`Binding::Scratch`] in [`GraphRecorder::dispatch`]. Needs a device with memory
+    /// pools.
     pub fn scratch(&mut self, bytes: u64) -> Result<ScratchBuffer, BackendError> {
         if bytes == 0 {
             return Err(BackendError::bad_input(
@@ -332,7 +285,7 @@ impl GraphRecorder<'_> {
         if !pools {
             return Err(BackendError::bad_input(
                 "Fix: this device has no memory pools, so a graph cannot allocate scratch memory; allocate \
-                 a resident buffer instead and bind it",
+                 a DeviceBuffer instead and bind it",
             ));
         }
         let index = slot_index(self.scratch.len())?;
@@ -361,12 +314,11 @@ impl GraphRecorder<'_> {
         }
     }
 
-    /// The memory behind a live resident or owned buffer (kept alive by the
-    /// returned `Arc`) and its size; scratch buffers have no memory to copy outside
-    /// a replay's dispatches.
+    /// The memory behind a live owned buffer (kept alive by the returned `Arc`) and
+    /// its size.
     fn hold(
         &self,
-        buffer: GraphBinding<'_>,
+        buffer: &DeviceBuffer,
         verb: &str,
     ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
         hold_memory(self.backend.shared(), buffer, verb)
@@ -400,11 +352,7 @@ impl GraphRecorder<'_> {
         let name = if self.steps.is_empty() {
             format!("dispatch graph #{} [copies only]", self.id)
         } else {
-            let names: Vec<&str> = self
-                .steps
-                .iter()
-                .map(|s| s.kernel.inner.name.as_str())
-                .collect();
+            let names: Vec<&str> = self.steps.iter().map(|s| s.kernel.name.as_str()).collect();
             format!("dispatch graph #{} [{}]", self.id, names.join(" → "))
         };
         let resource_error =
@@ -483,9 +431,7 @@ impl GraphRecorder<'_> {
         let limits: Vec<u64> = self
             .steps
             .iter()
-            .map(|step| {
-                mapped_range_limit(step.kernel.inner.workgroup_size.iter().product::<u32>())
-            })
+            .map(|step| mapped_range_limit(step.kernel.workgroup_size.iter().product::<u32>()))
             .collect();
         let folding = plan_folding(&self.operations, &self.outputs, &limits, &mut params);
         for (step, params) in self.steps.iter_mut().zip(params) {
@@ -574,29 +520,11 @@ impl GraphRecorder<'_> {
                 }
             }
             if let Some(&Operation::Dispatch { step }) = step_index {
-                let step = &self.steps[step as usize];
-                let kernel = &step.kernel.inner;
-                // The same description an eager dispatch enqueues (clears, then
-                // the launch loop), without its events and readback copies.
-                ops = StreamOps::dispatch(
-                    &kernel.slots,
-                    &step.addresses,
-                    &step.sizes,
-                    KernelLaunch {
-                        module: &kernel.module,
-                        grid: step.plan.grid,
-                        block: step.plan.block,
-                        iterations: step.iterations,
-                        grid_barrier: None,
-                    },
-                );
-                // The result ABI's values: the graph's stamps and this step's folded
-                // read-backs (copied by its last launch's last thread).
-                ops.parameters.results = Some(step.results.clone());
+                ops = step_operations(&self.steps[step as usize]);
             }
             // SAFETY: upload and read-back staging ranges were sized at recording
             // and live in the graph (as long as its executable); device ranges lie
-            // inside resident buffers whose memory the graph holds (bounds checked at
+            // inside buffers whose memory the graph holds (bounds checked at
             // recording) or graph allocations freed only at the end of the chain; the
             // result area (control block, mapped bytes) lives in the graph's resources
             // and every folded descriptor's destination was placed inside it; the
@@ -614,6 +542,18 @@ impl GraphRecorder<'_> {
                 .map_err(|e| failed("recording a scratch free", e))?;
         }
         let graph = capture.end().map_err(|e| failed("ending the capture", e))?;
+        self.check_launch_nodes(&graph, name, &failed)?;
+        Ok(graph)
+    }
+
+    /// Every recorded launch became a kernel node of `graph` (the nodes parameter
+    /// updates write).
+    fn check_launch_nodes(
+        &self,
+        graph: &driver::Graph,
+        name: &str,
+        failed: &dyn Fn(&str, DriverError) -> BackendError,
+    ) -> Result<(), BackendError> {
         for step in &self.steps {
             for &node in &step.nodes {
                 let kind = graph
@@ -622,13 +562,36 @@ impl GraphRecorder<'_> {
                 if kind != GraphNodeKind::Kernel {
                     return Err(BackendError::internal(format!(
                         "a recorded launch of {} did not become a kernel node of {name}",
-                        step.kernel.inner.name
+                        step.kernel.name
                     )));
                 }
             }
         }
-        Ok(graph)
+        Ok(())
     }
+}
+
+/// The stream operations of one recorded step: the same description an eager
+/// dispatch enqueues (`StreamOps::dispatch`: the `WriteOnly` clears, then the launch
+/// loop), without its events and readback copies, with the result ABI's values of
+/// the graph (its stamps and this step's folded read-backs, copied by its last
+/// launch's last thread).
+fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
+    let kernel = &step.kernel;
+    let mut ops = StreamOps::dispatch(
+        &kernel.slots,
+        &step.addresses,
+        &step.sizes,
+        KernelLaunch {
+            module: &kernel.module,
+            grid: step.plan.grid,
+            block: step.plan.block,
+            iterations: step.iterations,
+            grid_barrier: None,
+        },
+    );
+    ops.parameters.results = Some(step.results.clone());
+    ops
 }
 
 impl Drop for GraphRecorder<'_> {
@@ -650,51 +613,105 @@ impl Drop for GraphRecorder<'_> {
     }
 }
 
-/// The memory behind a live resident or owned buffer of `inner`'s backend (kept
-/// alive by the returned `Arc`) and its size; scratch buffers have no memory to copy
-/// outside a replay's dispatches. A buffer of another device is refused with the
-/// cross-device message first (`same_device`). Shared by recordings and stitches.
+/// The memory behind a live owned buffer of `inner`'s backend (kept alive by the
+/// returned `Arc`) and its size. A buffer of another device is refused with the
+/// cross-device message first: one recording is one stream capture on one device,
+/// and a capture that touches (or waits on) another device's work fails in the
+/// driver (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and can leave the stream
+/// unusable. Shared by recordings and stitches.
 pub(super) fn hold_memory(
     inner: &BackendInner,
-    buffer: GraphBinding<'_>,
+    buffer: &DeviceBuffer,
     verb: &str,
 ) -> Result<(Arc<DeviceMemory>, u64), BackendError> {
-    same_device(inner, &buffer)?;
-    match buffer {
-        GraphBinding::Resident(handle) => {
-            let table = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-            Ok((Arc::clone(table.get(&handle, verb)?), handle.len()))
+    if let Some(owner) = buffer.device_ordinal() {
+        check_device("a buffer", owner, inner.caps.ordinal)?;
+    }
+    Ok((Arc::clone(buffer.memory_for(inner, verb)?), buffer.len()))
+}
+
+/// The rules a recorded dispatch follows beyond an eager one's, the same on every
+/// backend: no predecessor (a graph runs its operations in recording order), no
+/// readback ranges (bytes come back through read-backs), and only buffers that
+/// outlive the recording (a replay outlives any host slice).
+pub(in crate::backend) fn check_recordable(
+    name: &str,
+    request: &Dispatch<'_>,
+) -> Result<(), BackendError> {
+    if request.after.is_some() {
+        return Err(BackendError::bad_input(format!(
+            "Fix: the recorded dispatch of {name} names a predecessor; inside a dispatch graph \
+             operations run in the order they were recorded, so record it after the one it follows \
+             instead of naming it"
+        )));
+    }
+    if let ReadbackPolicy::Ranges(_) = request.readback {
+        return Err(BackendError::bad_input(format!(
+            "Fix: readback ranges do not apply inside a dispatch graph (recording {name}); use \
+             ReadbackPolicy::None and record a read_back for the bytes you need"
+        )));
+    }
+    for (index, binding) in request.bindings.iter().enumerate() {
+        if !matches!(binding, Binding::Buffer(_) | Binding::Scratch(_)) {
+            return Err(BackendError::bad_input(format!(
+                "Fix: binding {index} of the recorded dispatch of {name} is host data (host, zeroed \
+                 or pinned); a replay outlives it: bind a DeviceBuffer (record an upload into it for \
+                 fresh inputs) or a scratch buffer of the recording"
+            )));
         }
-        GraphBinding::Buffer(buffer) => Ok((
-            Arc::clone(buffer.memory_for(inner, verb)?),
-            buffer.len(),
-        )),
-        GraphBinding::Scratch(_) => Err(BackendError::bad_input(format!(
-            "Fix: cannot {verb} a scratch buffer: it exists only while a replay's dispatches run; copy a \
-             resident or owned buffer instead (let a dispatch copy the scratch bytes into one)"
-        ))),
     }
+    Ok(())
 }
 
-/// Refuses a binding that lives on another device than `inner`'s: one recording is
-/// one stream capture on one device, and a capture that touches (or waits on)
-/// another device's work fails in the driver (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`)
-/// and can leave the stream unusable. Scratch buffers belong to the recording.
-fn same_device(inner: &BackendInner, binding: &GraphBinding<'_>) -> Result<(), BackendError> {
-    match binding_device(binding) {
-        Some(owner) => check_device("a buffer", owner, inner.caps.ordinal),
-        None => Ok(()),
+/// A recorded upload of `bytes` bytes into a buffer of `capacity` bytes: at least
+/// one byte, at most the buffer (the same rule on every backend).
+pub(in crate::backend) fn check_recorded_upload(
+    bytes: u64,
+    capacity: u64,
+) -> Result<(), BackendError> {
+    if bytes == 0 {
+        return Err(BackendError::bad_input(
+            "Fix: an upload of 0 bytes copies nothing; upload at least 1 byte or leave the upload out",
+        ));
     }
+    if bytes > capacity {
+        return Err(BackendError::bad_input(format!(
+            "Fix: cannot record an upload of {bytes} bytes: the buffer holds {capacity} bytes; upload \
+             at most that many or allocate a larger buffer"
+        )));
+    }
+    Ok(())
 }
 
-/// The device a binding's memory lives on (`None` for a scratch buffer, which lives
-/// inside its recording).
-pub(super) fn binding_device(binding: &GraphBinding<'_>) -> Option<usize> {
-    match binding {
-        GraphBinding::Resident(handle) => Some(device_of_backend(handle.backend_id)),
-        GraphBinding::Buffer(buffer) => Some(buffer.backend.caps.ordinal),
-        GraphBinding::Scratch(_) => None,
+/// A recorded read-back of `len` bytes from byte `offset` of a buffer of `capacity`
+/// bytes: at least one byte, inside the buffer (the same rule on every backend).
+pub(in crate::backend) fn check_recorded_read_back(
+    offset: u64,
+    len: u64,
+    capacity: u64,
+) -> Result<(), BackendError> {
+    if len == 0 {
+        return Err(BackendError::bad_input(
+            "Fix: a read-back of 0 bytes copies nothing; read at least 1 byte or leave the read-back out",
+        ));
     }
+    if offset.checked_add(len).is_none_or(|end| end > capacity) {
+        return Err(BackendError::bad_input(format!(
+            "Fix: read-back range {offset}..+{len} is past the buffer's {capacity} bytes; keep offset + \
+             len within the buffer"
+        )));
+    }
+    Ok(())
+}
+
+/// The `Fix:` error for a grid-sync kernel inside a recording (the same on every
+/// backend).
+pub(in crate::backend) fn grid_sync_in_a_graph(name: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: {name} uses grid_sync, which dispatch graphs do not support (its module-global barrier \
+         needs a lease and an audit around every launch); dispatch it outside the graph, or split it at \
+         the grid_sync into separate recorded dispatches"
+    ))
 }
 
 /// `Ok` when `owner` (the device of a buffer or kernel) is `recording` (the device
