@@ -32,7 +32,7 @@ const NO_TOKEN: u32 = u32::MAX;
 
 /// A vocabulary: token bytes ↔ rank (the rank is the token id and the merge
 /// priority: lower merges first).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Vocabulary {
     /// Every token's bytes, back to back, in rank order.
     arena: Vec<u8>,
@@ -67,6 +67,17 @@ fn three_byte_character(key: &[u8]) -> Option<usize> {
                 | (third & 0x3F) as usize,
         ),
         _ => None,
+    }
+}
+
+impl std::fmt::Debug for Vocabulary {
+    /// A summary: the tables are megabytes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vocabulary")
+            .field("tokens", &self.tokens)
+            .field("rank_bound", &self.rank_bound())
+            .field("max_token_len", &self.max_token_len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -377,6 +388,19 @@ impl Vocabulary {
 mod tests {
     use super::*;
     use crate::Encoding;
+
+    /// Locks out a `{:?}` of a tokenizer that prints megabytes: a vocabulary's
+    /// Debug is a one-line summary.
+    #[test]
+    fn debug_is_a_summary() {
+        let vocabulary =
+            Vocabulary::from_tiktoken_bytes(Encoding::R50kBase.tiktoken_bytes()).unwrap();
+        let summary = format!("{vocabulary:?}");
+        assert!(
+            summary.len() < 200 && summary.contains("50256"),
+            "{summary}"
+        );
+    }
 
     /// Locks out the dense tables and the hash table disagreeing: for every
     /// token of cl100k and o200k `rank` finds its rank, and for every 2-byte key
