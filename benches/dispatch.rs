@@ -1,18 +1,19 @@
-//! `dispatch_resident_timed` of the §6 fixture against the raw-driver floor,
-//! measured in the same run (SPEC §9, issue 3):
+//! A program request (`run(Dispatch::program(..))`) of the measurement fixture over
+//! device buffers against the raw-driver floor, measured in the same run:
 //!
 //! - ratio to the floor at (buffers, IR nodes) = (9, 64), (9, 1,024), (9, 16,384),
 //!   (2, 64), (17, 64), every writable buffer read back (target ≤ 1.15);
 //! - flatness: the 16,384-node dispatch against the 1-node dispatch (target ≤ 1.05);
 //! - cold first dispatch of a new 4,096-node program: lower + emit + driver JIT +
 //!   launch (target ≤ 100 ms);
-//! - pipelining: submit + wait against `dispatch_kernel` (no hot-path regression),
+//! - pipelining: submit + wait against a blocking `run` of the same kernel request
+//!   (no hot-path regression),
 //!   and a loop with two submissions in flight against the blocking loop (target:
 //!   ≥ 1.6× its throughput).
 //!
-//! First, the three floors of issue 10 / §11, measured in the same run and quoted
-//! beside every dispatch figure (`floors_table`, minimum of 9 rotated rounds, as in
-//! §0's readback table): launch + sync (the physical floor), the best raw readback
+//! First, the three floors, measured in the same run and quoted beside every
+//! dispatch figure (`floors_table`, minimum of 9 rotated rounds, the method of the
+//! measured readback table): launch + sync (the physical floor), the best raw readback
 //! (the kernel writes host-mapped memory; also the result ABI's raw mechanism), and
 //! the per-output-copy floor. Then the readback size sweep that sets
 //! `readback::MAPPED_RANGE_MAX_BYTES` (`readback_sweep`). Set `VYRE_BENCH_FLOORS_ONLY=1`
@@ -30,7 +31,7 @@ use std::time::Instant;
 
 use vyre_cuda::backend::floor::{EpilogueAnatomy, LaunchParameterSweep, RawFloor, ReadbackSweep};
 use vyre_cuda::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
-use vyre_cuda::backend::{Binding, CudaBackend, PendingDispatch, ResidentBuffer};
+use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch, Finished, PendingDispatch};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::ir::Program;
@@ -41,18 +42,42 @@ struct Shape {
     nodes: u32,
 }
 
-fn resident_inputs(gpu: &CudaBackend, program: &Program) -> Vec<ResidentBuffer> {
+/// One device buffer per global buffer of `program`, each filled with ones.
+fn resident_inputs(gpu: &CudaBackend, program: &Program) -> Vec<DeviceBuffer> {
     program
         .global_buffers()
         .iter()
         .map(|b| {
             let bytes = b.static_size_bytes().unwrap_or(16);
-            let h = gpu.allocate_resident(bytes).expect("allocate resident");
-            gpu.upload_resident(&h, &vec![1u8; bytes as usize])
-                .expect("upload");
-            h
+            gpu.buffer_from(&vec![1u8; bytes as usize])
+                .expect("allocate and upload")
         })
         .collect()
+}
+
+/// The bindings of `buffers`, in order.
+fn on(buffers: &[DeviceBuffer]) -> Vec<Binding<'_>> {
+    buffers.iter().map(Binding::from).collect()
+}
+
+/// A blocking program request over `bindings` (what `dispatch_resident` was).
+fn run_program(
+    gpu: &CudaBackend,
+    program: &Program,
+    bindings: &[Binding<'_>],
+    config: &DispatchConfig,
+) -> Finished {
+    gpu.run(Dispatch::program(program, bindings).config(config))
+        .expect("dispatch")
+}
+
+/// The first byte of the first output (what keeps a measured arm's work observable).
+fn first_byte(finished: &Finished) -> u64 {
+    finished
+        .outputs
+        .item(0)
+        .and_then(|item| item.first())
+        .map_or(0, |&byte| byte as u64)
 }
 
 /// One paired ABBA comparison of two per-unit arms; prints and records its row.
@@ -89,7 +114,7 @@ fn pair(
 type Arm<'a> = (String, Box<dyn FnMut() -> u64 + 'a>);
 
 /// Per-call minimum (ns) of each arm over `rounds` rounds of `calls` calls, the arms'
-/// order rotated every round (the §0 method).
+/// order rotated every round (the method of the measured floor tables).
 fn rotated_minimum(arms: &mut [Arm<'_>], rounds: usize, calls: u32) -> Vec<f64> {
     let mut best = vec![f64::INFINITY; arms.len()];
     let mut sink = 0u64;
@@ -123,12 +148,12 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
     let reads = (buffers - 1) as usize;
     let config = DispatchConfig::linear(1);
     let kernel = gpu.compile(&program, &config).expect("compile");
-    let bindings: Vec<Binding> = handles.iter().map(|h| Binding::Resident(*h)).collect();
+    let bindings = on(&handles);
     let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
     let mut out_buffers = vec![[0u8; 16]; reads];
     let mut graph = gpu
         .record(|rec| {
-            rec.dispatch(&kernel, &handles, &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?;
             for h in &handles[1..] {
                 rec.read_back(h, 0, 16)?;
             }
@@ -164,28 +189,25 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
             }),
         ),
         (
-            "dispatch_resident (untimed)".into(),
+            "run (program, outputs) [dispatch_resident]".into(),
+            Box::new(|| first_byte(&run_program(gpu, &program, &bindings, &config))),
+        ),
+        (
+            "run (program, timings) [dispatch_resident_timed]".into(),
             Box::new(|| {
-                gpu.dispatch_resident(&program, &handles, &config)
-                    .expect("dispatch")[0][0] as u64
+                run_program(gpu, &program, &bindings, &config)
+                    .timings
+                    .kernel_stamps_ns
             }),
         ),
         (
-            "dispatch_resident_timed".into(),
-            Box::new(|| {
-                gpu.dispatch_resident_timed(&program, &handles, &config)
-                    .expect("dispatch")
-                    .kernel_ns
-            }),
-        ),
-        (
-            "dispatch_kernel_into (compiled, caller buffers)".into(),
+            "run_into (kernel, caller buffers) [dispatch_kernel_into]".into(),
             Box::new(|| {
                 let mut outs: Vec<&mut [u8]> =
                     out_buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
-                gpu.dispatch_kernel_into(&kernel, &bindings, &config, &mut outs)
+                gpu.run_into(Dispatch::new(&kernel, &bindings).config(&config), &mut outs)
                     .expect("dispatch")
-                    .kernel_ns
+                    .kernel_stamps_ns
             }),
         ),
         (
@@ -198,12 +220,12 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
     let (physical, mapped, copies) = (ns[0], ns[1], ns[3]);
     println!("\n(buffers {buffers}, nodes {}), {reads} outputs of 16 B, minimum of {rounds} rotated rounds × {calls} calls:", program.node_count());
     println!(
-        "{:<48} {:>9} {:>11} {:>11} {:>11}",
+        "{:<58} {:>9} {:>11} {:>11} {:>11}",
         "", "µs", "/launch+sync", "/mapped", "/per-copy"
     );
     for ((name, _), &t) in arms.iter().zip(&ns) {
         println!(
-            "{name:<48} {:>9.2} {:>11.3} {:>11.3} {:>11.3}",
+            "{name:<58} {:>9.2} {:>11.3} {:>11.3} {:>11.3}",
             t / 1e3,
             t / physical,
             t / mapped,
@@ -228,39 +250,33 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
     );
     drop(arms);
     drop(graph);
-    for h in handles {
-        gpu.free_resident(h).expect("free");
-    }
     ns[4]
 }
 
-/// Where an untimed resident dispatch's host time goes at one shape: the probe's
+/// Where a program request's host time goes at one shape: the probe's
 /// phase table over 2,000 warm dispatches (the first 500 lines dropped). The probe
 /// adds its own clock reads, so the table is for comparing phases and shapes, not
 /// for the dispatch's absolute cost (the floors table has that).
 fn host_phases(gpu: &CudaBackend, buffers: u32, nodes: u32) {
     let program = host_cost_fixture(buffers, chain_for_nodes(nodes));
     let handles = resident_inputs(gpu, &program);
+    let bindings = on(&handles);
     let config = DispatchConfig::linear(1);
     let (_, lines) = {
         let _on = vyre_cuda::probe::override_enabled(Some(true));
         vyre_cuda::probe::capture_lines(|| {
             for _ in 0..2000 {
-                gpu.dispatch_resident(&program, &handles, &config)
-                    .expect("dispatch");
+                run_program(gpu, &program, &bindings, &config);
             }
         })
     };
     let warm = lines[lines.len().min(500)..].join("\n");
     let summary = vyre_cuda::probe::report::summarize_log(&warm);
     println!(
-        "\nhost phases of dispatch_resident (buffers {buffers}, nodes {}), probe on:",
+        "\nhost phases of run (program request over device buffers; buffers {buffers}, nodes {}), probe on:",
         program.node_count()
     );
     println!("{}", vyre_cuda::probe::report::render_table(&summary));
-    for h in handles {
-        gpu.free_resident(h).expect("free");
-    }
 }
 
 /// The size crossover between the mapped result area and one DMA copy (and, for
@@ -506,17 +522,15 @@ fn main() {
     for shape in &shapes {
         let program = host_cost_fixture(shape.buffers, chain_for_nodes(shape.nodes));
         let handles = resident_inputs(&gpu, &program);
+        let bindings = on(&handles);
         let reads = (shape.buffers - 1) as usize;
         let mut floor = RawFloor::new(&gpu, &program, [1, 1, 1]).expect("raw floor");
-        gpu.dispatch_resident_timed(&program, &handles, &config)
-            .expect("warm dispatch");
+        run_program(&gpu, &program, &bindings, &config);
         let name_a = format!("floor b{} n{}", shape.buffers, program.node_count());
         let name_b = format!("dispatch b{} n{}", shape.buffers, program.node_count());
         let timed_dispatch = || {
-            let t = gpu
-                .dispatch_resident_timed(&program, &handles, &config)
-                .expect("dispatch");
-            t.outputs[0][0] as u64 ^ t.wall_ns
+            let t = run_program(&gpu, &program, &bindings, &config);
+            first_byte(&t) ^ t.timings.wall_ns
         };
         pair(
             &mut report,
@@ -552,17 +566,16 @@ fn main() {
                 floor.launch_async_reads_sync(reads).expect("floor")
             }),
             (&name_u, &mut || {
-                gpu.dispatch_resident(&program, &handles, &config)
-                    .expect("dispatch")[0][0] as u64
+                first_byte(&run_program(&gpu, &program, &bindings, &config))
             }),
         );
         if shape.buffers == 9 && shape.nodes == 64 {
-            // The same work as one graph replay (§7): the kernel and every readback in
+            // The same work as one graph replay: the kernel and every readback in
             // one graph launch, one synchronize.
             let kernel = gpu.compile(&program, &config).expect("compile");
             let mut graph = gpu
                 .record(|rec| {
-                    rec.dispatch(&kernel, &handles, &config)?;
+                    rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?;
                     for h in &handles[1..] {
                         rec.read_back(h, 0, 16)?;
                     }
@@ -583,9 +596,6 @@ fn main() {
             host_phases(&gpu, shape.buffers, shape.nodes);
         }
         drop(floor);
-        for h in handles {
-            gpu.free_resident(h).expect("free");
-        }
     }
 
     // Pipelining (issue 11): a loop of encodes with two in flight on separate lanes
@@ -599,25 +609,22 @@ fn main() {
             resident_inputs(&gpu, &program),
             resident_inputs(&gpu, &program),
         ];
-        let bindings: Vec<Vec<Binding>> = sets
-            .iter()
-            .map(|set| set.iter().map(|h| Binding::Resident(*h)).collect())
-            .collect();
-        // Hot-path check: submit + wait against the blocking dispatch_kernel.
+        let bindings: Vec<Vec<Binding>> = sets.iter().map(|set| on(set)).collect();
+        let request = |slot: usize| Dispatch::new(&kernel, &bindings[slot]).config(&config);
+        // Hot-path check: submit + wait against the blocking run of the same request.
         pair(
             &mut report,
             &mut lines,
-            ("dispatch_kernel b9 n64", &mut || {
-                gpu.dispatch_kernel(&kernel, &bindings[0], &config)
-                    .expect("dispatch")
-                    .outputs[0][0] as u64
+            ("run (kernel) b9 n64 [dispatch_kernel]", &mut || {
+                first_byte(&gpu.run(request(0)).expect("dispatch"))
             }),
             ("submit+wait b9 n64", &mut || {
-                gpu.submit_kernel(&kernel, &bindings[0], &config)
-                    .expect("submit")
-                    .wait()
-                    .expect("wait")
-                    .outputs[0][0] as u64
+                first_byte(
+                    &gpu.submit(request(0))
+                        .expect("submit")
+                        .wait()
+                        .expect("wait"),
+                )
             }),
         );
         let mut queue: std::collections::VecDeque<PendingDispatch> =
@@ -627,28 +634,23 @@ fn main() {
             &mut report,
             &mut lines,
             ("blocking loop b9 n64", &mut || {
-                gpu.submit_kernel(&kernel, &bindings[0], &config)
-                    .expect("submit")
-                    .wait()
-                    .expect("wait")
-                    .outputs[0][0] as u64
+                first_byte(
+                    &gpu.submit(request(0))
+                        .expect("submit")
+                        .wait()
+                        .expect("wait"),
+                )
             }),
             ("two in flight b9 n64", &mut || {
                 if queue.len() == 2 {
                     let oldest = queue.pop_front().expect("two queued");
                     let slot = turn % 2;
-                    let done = oldest.wait().expect("wait").outputs[0][0] as u64;
-                    queue.push_back(
-                        gpu.submit_kernel(&kernel, &bindings[slot], &config)
-                            .expect("submit"),
-                    );
+                    let done = first_byte(&oldest.wait().expect("wait"));
+                    queue.push_back(gpu.submit(request(slot)).expect("submit"));
                     turn += 1;
                     done
                 } else {
-                    queue.push_back(
-                        gpu.submit_kernel(&kernel, &bindings[turn % 2], &config)
-                            .expect("submit"),
-                    );
+                    queue.push_back(gpu.submit(request(turn % 2)).expect("submit"));
                     turn += 1;
                     0
                 }
@@ -661,11 +663,6 @@ fn main() {
                 1.0 / p.median_ratio
             );
         }
-        for set in sets {
-            for h in set {
-                gpu.free_resident(h).expect("free");
-            }
-        }
     }
 
     // Flatness: the largest program against the smallest, both full dispatches.
@@ -673,13 +670,12 @@ fn main() {
     let large = host_cost_fixture(9, chain_for_nodes(16384));
     let small_handles = resident_inputs(&gpu, &small);
     let large_handles = resident_inputs(&gpu, &large);
-    gpu.dispatch_resident_timed(&small, &small_handles, &config)
-        .expect("warm");
-    gpu.dispatch_resident_timed(&large, &large_handles, &config)
-        .expect("warm");
-    let arm = |program: &Program, handles: &[ResidentBuffer]| {
-        gpu.dispatch_resident_timed(program, handles, &config)
-            .expect("dispatch")
+    let (small_bindings, large_bindings) = (on(&small_handles), on(&large_handles));
+    run_program(&gpu, &small, &small_bindings, &config);
+    run_program(&gpu, &large, &large_bindings, &config);
+    let arm = |program: &Program, bindings: &[Binding<'_>]| {
+        run_program(&gpu, program, bindings, &config)
+            .timings
             .wall_ns
     };
     let small_name = format!("dispatch n{}", small.node_count());
@@ -687,8 +683,8 @@ fn main() {
     if let Some(p) = pair(
         &mut report,
         &mut lines,
-        (&small_name, &mut || arm(&small, &small_handles)),
-        (&large_name, &mut || arm(&large, &large_handles)),
+        (&small_name, &mut || arm(&small, &small_bindings)),
+        (&large_name, &mut || arm(&large, &large_bindings)),
     ) {
         println!(
             "flatness: {} nodes vs {} nodes: ratio {:.3} (target ≤ 1.05), {}",
@@ -711,8 +707,11 @@ fn main() {
         let program = host_cost_fixture_salted(2, chain_for_nodes(4096), Some(unique));
         let input = [0u8; 16];
         let start = Instant::now();
-        gpu.dispatch(&program, &[&input, &input], &config)
-            .expect("cold dispatch");
+        gpu.run(
+            Dispatch::program(&program, &[Binding::Host(&input), Binding::Host(&input)])
+                .config(&config),
+        )
+        .expect("cold dispatch");
         cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
     }
     cold_ms.sort_by(|a, b| a.total_cmp(b));

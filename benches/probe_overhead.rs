@@ -19,15 +19,15 @@
 //! "no CUDA device: skipping the dispatch pair" and still runs the probe-point cells.
 //!
 //! Run: `cargo bench --bench probe_overhead` (GPU machine: `.gpu/bin/bench-probe_overhead`);
-//! `VYRE_BENCH_QUICK=1` shortens the regions. Files go to `$VYRE_HOST_COST_REPORT_DIR`
-//! (default `target/host-cost/`) as `probe_overhead.*.json`.
+//! `VYRE_BENCH_QUICK=1` shortens the regions. Files go to
+//! `vyre_cuda::host_cost::report_dir()` as `probe_overhead.*.json`.
 
 use std::cell::{Cell as StdCell, RefCell};
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
+use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::host_cost::{Cell, CellOptions, PairOptions, Paired, Report};
 use vyre_cuda::ir::Program;
@@ -100,33 +100,30 @@ fn point_cell(report: &mut Report, broken: &mut Vec<String>, on: bool) -> Option
     }
 }
 
-/// Resident buffers of `program` (declared sizes), `in[0] = INPUT`.
-fn upload(backend: &CudaBackend, program: &Program) -> Result<Vec<ResidentBuffer>, String> {
-    let mut handles = Vec::new();
+/// Device buffers of `program` (declared sizes), `in[0] = INPUT`.
+fn upload(backend: &CudaBackend, program: &Program) -> Result<Vec<DeviceBuffer>, String> {
+    let mut buffers = Vec::new();
     for decl in program.global_buffers() {
         let bytes = decl
             .static_size_bytes()
             .ok_or_else(|| format!("fixture buffer '{}' has no static size", decl.name))?;
-        let handle = backend
-            .allocate_resident(bytes)
-            .map_err(|e| format!("allocating a resident buffer: {e}"))?;
         let mut data = vec![0u8; bytes as usize];
         if &*decl.name == "in" {
             if let Some(word) = data.first_chunk_mut::<4>() {
                 *word = INPUT.to_le_bytes();
             }
         }
-        backend
-            .upload_resident(&handle, &data)
-            .map_err(|e| format!("uploading a resident buffer: {e}"))?;
-        handles.push(handle);
+        let buffer = backend
+            .buffer_from(&data)
+            .map_err(|e| format!("allocating and filling a fixture buffer: {e}"))?;
+        buffers.push(buffer);
     }
-    Ok(handles)
+    Ok(buffers)
 }
 
 fn first_word(outputs: &vyre_cuda::backend::Outputs) -> u64 {
     outputs
-        .get(0)
+        .item(0)
         .and_then(|output| output.first_chunk::<4>())
         .map_or(0, |b| u64::from(u32::from_le_bytes(*b)))
 }
@@ -144,12 +141,14 @@ fn dispatch_pair(backend: &CudaBackend, report: &mut Report) -> Result<PairSumma
     let chain = chain_for_nodes(64);
     let program = host_cost_fixture(9, chain);
     let config = DispatchConfig::linear(1);
-    let handles = upload(backend, &program)?;
+    let buffers = upload(backend, &program)?;
+    let bindings: Vec<Binding> = buffers.iter().map(Binding::from).collect();
+    let request = Dispatch::program(&program, &bindings).config(&config);
     let expected = u64::from(host_cost_fixture_expected(INPUT, chain));
     {
         let _off = probe::override_enabled(Some(false));
         let timed = backend
-            .dispatch_resident_timed(&program, &handles, &config)
+            .run(request)
             .map_err(|e| format!("warm dispatch: {e}"))?;
         if first_word(&timed.outputs) != expected {
             return Err(format!(
@@ -173,7 +172,7 @@ fn dispatch_pair(backend: &CudaBackend, report: &mut Report) -> Result<PairSumma
             let mut digest = 0u64;
             let mut done = 0u64;
             for _ in 0..iterations {
-                match backend.dispatch_resident_timed(&program, &handles, &config) {
+                match backend.run(request) {
                     Ok(timed) => {
                         digest = digest.rotate_left(5) ^ first_word(&timed.outputs);
                         done += 1;
@@ -204,11 +203,8 @@ fn dispatch_pair(backend: &CudaBackend, report: &mut Report) -> Result<PairSumma
         |n| arm(n, true),
         &pair_options(),
     );
-    for handle in handles {
-        backend
-            .free_resident(handle)
-            .map_err(|e| format!("freeing a resident buffer: {e}"))?;
-    }
+    drop(bindings);
+    drop(buffers);
     if let Some(error) = error.into_inner() {
         return Err(error);
     }

@@ -9,9 +9,9 @@
 // Run: `cargo run --example hash_table` (the GPU where there is one, the reference
 // interpreter otherwise). The ir module docs show this file; tests run it on both.
 
-use vyre_cuda::backend::{AnyBackend, AnyBinding, BackendError};
+use vyre_cuda::backend::{AnyBackend, BackendError, Binding, Dispatch};
 use vyre_cuda::ir::*;
-use vyre_cuda::DispatchConfig;
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 /// Slots in the table: a power of two, so `slot + 1` wraps with a mask.
 pub const SLOTS: u32 = 256;
@@ -133,10 +133,6 @@ pub fn look_up() -> Program {
         .build()
 }
 
-fn bytes(words: &[u32]) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
 /// Counts `keys` into a fresh table on `backend`, then returns each query's count.
 pub fn count_and_look_up(
     backend: &AnyBackend,
@@ -145,32 +141,30 @@ pub fn count_and_look_up(
 ) -> Result<Vec<u32>, BackendError> {
     let table = backend.buffer(u64::from(SLOTS) * 4)?;
     let counts = backend.buffer(u64::from(SLOTS) * 4)?;
-    let counting = DispatchConfig::linear((keys.len() as u32).div_ceil(THREADS).max(1));
-    let keys_buffer = backend.buffer_from(&bytes(keys))?;
+    let keys_buffer = backend.buffer_from(keys)?;
+    let counting = DispatchConfig::linear((keys.len() as u32).div_ceil(THREADS).max(1))
+        .with_readback(ReadbackPolicy::None);
     let kernel = backend.compile(&count_keys(), &counting)?;
     let bindings = [
-        AnyBinding::Buffer(&keys_buffer),
-        AnyBinding::Buffer(&table),
-        AnyBinding::Buffer(&counts),
+        Binding::from(&keys_buffer),
+        Binding::from(&table),
+        Binding::from(&counts),
     ];
-    backend.dispatch(&kernel, &bindings, &counting)?;
+    backend.run(Dispatch::new(&kernel, &bindings).config(&counting))?;
 
-    let queries_buffer = backend.buffer_from(&bytes(queries))?;
+    let queries_buffer = backend.buffer_from(queries)?;
     let found = backend.buffer(queries.len() as u64 * 4)?;
-    let looking = DispatchConfig::linear((queries.len() as u32).div_ceil(THREADS).max(1));
+    let looking = DispatchConfig::linear((queries.len() as u32).div_ceil(THREADS).max(1))
+        .with_readback(ReadbackPolicy::None);
     let kernel = backend.compile(&look_up(), &looking)?;
     let bindings = [
-        AnyBinding::Buffer(&queries_buffer),
-        AnyBinding::Buffer(&table),
-        AnyBinding::Buffer(&counts),
-        AnyBinding::Buffer(&found),
+        Binding::from(&queries_buffer),
+        Binding::from(&table),
+        Binding::from(&counts),
+        Binding::from(&found),
     ];
-    backend.dispatch(&kernel, &bindings, &looking)?;
-    Ok(backend
-        .read(&found)?
-        .chunks_exact(4)
-        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        .collect())
+    backend.run(Dispatch::new(&kernel, &bindings).config(&looking))?;
+    backend.read::<u32>(&found)
 }
 
 /// 1,000 keys with repeats (200 distinct values) and the queries 1..=210 (the last
@@ -201,13 +195,7 @@ fn main() -> Result<(), BackendError> {
     let backend = AnyBackend::cuda_or_reference();
     let wrong = check(&backend)?;
     assert!(wrong.is_empty(), "counts differ for {wrong:?}");
-    println!(
-        "hash table on the {} backend: 1,000 keys counted, 210 queries answered",
-        if backend.is_cuda() {
-            "CUDA"
-        } else {
-            "reference"
-        }
-    );
+    println!("{}", backend.notice());
+    println!("hash table: 1,000 keys counted, 210 queries answered");
     Ok(())
 }

@@ -85,7 +85,7 @@ pub enum ReadbackPolicy {
     /// Every `ReadWrite` and `WriteOnly` buffer, whole, in binding order.
     #[default]
     AllOutputs,
-    /// Nothing: outputs stay on the device (resident buffers keep them).
+    /// Nothing: outputs stay on the device (device buffers keep them).
     None,
     /// Only these byte ranges, in the order given.
     Ranges(SmallVec<[ByteRange; 4]>),

@@ -4,16 +4,22 @@
 //! thousands of times (a GPU-resident tokenizer is the first user), with
 //! instruments that attribute every nanosecond of a dispatch's host cost.
 //!
-//! Write a kernel in the [`ir`], dispatch it with [`backend::CudaBackend`], and
-//! fall back to the bit-identical CPU [`reference`](mod@reference) interpreter where there is no
-//! CUDA driver. [`backend::AnyBackend`] puts both behind one interface (buffers,
-//! compiled kernels, dispatches, submissions, graphs), so the code is written once:
+//! Write a kernel in the [`ir`], compile it once, and run it with one request:
+//! a [`backend::Dispatch`] names the kernel (or a program), its bindings, the grid,
+//! what to read back, how to time and what to run after, and a backend finishes it
+//! by blocking (`run`: outputs and timings), by submitting (`submit`: a pending
+//! result whose `wait` gives the same) or by writing into caller buffers
+//! (`run_into`). [`backend::AnyBackend`] is the CUDA backend where there is a driver
+//! and a device and the bit-identical CPU [`reference`](mod@reference) interpreter
+//! otherwise, answering every request the same way (errors included), so the code
+//! is written once:
 //!
 //! ```
-//! use vyre_cuda::backend::{AnyBackend, AnyBinding};
+//! use vyre_cuda::backend::{AnyBackend, Binding, Dispatch};
 //! use vyre_cuda::ir::*;
 //! use vyre_cuda::DispatchConfig;
 //!
+//! # fn main() -> Result<(), vyre_cuda::backend::BackendError> {
 //! let program = Program::builder([64, 1, 1])
 //!     .buffer("input", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
 //!     .buffer("output", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
@@ -24,28 +30,38 @@
 //!         });
 //!     })
 //!     .build();
-//! let input: Vec<u8> = (0..256u32).flat_map(|v| v.to_le_bytes()).collect();
-//! let output_size = vec![0u8; input.len()]; // write-only: only its length matters
-//! let config = DispatchConfig::linear(4); // 4 workgroups × 64 threads
 //!
 //! // CUDA where there is a driver and a device, the reference interpreter otherwise.
 //! let backend = AnyBackend::cuda_or_reference();
-//! let kernel = backend.compile(&program, &config).unwrap();
-//! let bindings = [AnyBinding::Bytes(&input), AnyBinding::Bytes(&output_size)];
-//! let results = backend.dispatch(&kernel, &bindings, &config).unwrap().outputs;
-//! let doubled: Vec<u32> = results[0]
-//!     .chunks_exact(4)
-//!     .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-//!     .collect();
+//! println!("{}", backend.notice()); // which one, in one line
+//! let kernel = backend.compile(&program, &DispatchConfig::new([4, 1, 1]))?;
+//!
+//! let input: Vec<u32> = (0..256).collect();
+//! let bindings = [
+//!     Binding::host(&input),    // typed host data, staged for this dispatch
+//!     Binding::Zeroed(4 * 256), // a write-only output, stated by its length
+//! ];
+//! let request = Dispatch::new(&kernel, &bindings).workgroups([4, 1, 1]); // 4 × 64 threads
+//! let finished = backend.run(request)?;
+//! let doubled: Vec<u32> = finished.outputs.read("output")?; // by buffer name
 //! assert_eq!(doubled[..4], [0, 2, 4, 6]);
+//!
+//! // Owned buffers keep their bytes between dispatches and free themselves on drop.
+//! let x = backend.buffer_from(&input)?;
+//! let pending = backend.submit(Dispatch::new(&kernel, &[Binding::from(&x), Binding::Zeroed(1024)]))?;
+//! assert_eq!(pending.wait()?.outputs.read::<u32>("output")?[1], 2);
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Modules, in the order a dispatch meets them: [`ir`] (program, builder,
-//! validator), [`lower`], [`codegen`], [`backend`] (caps, caches, resident buffers,
-//! pools, dispatch, memory budget); beside them [`reference`](mod@reference), [`probe`] (the
-//! `VYRE_CUDA_DISPATCH_PHASE_PROBE` phase probe), [`host_cost`] (the estimator
-//! library behind the `host_cost_*` instruments) and [`pretokenize`] (the main
-//! example's pipeline). `ARCHITECTURE.md` maps them and states the invariants.
+//! validator), [`lower`], [`codegen`], [`backend`] (the request, buffers, caches,
+//! pools, dispatch, graphs, the reference backend and [`backend::AnyBackend`] over
+//! both); beside them [`reference`](mod@reference), [`probe`] (the
+//! `VYRE_CUDA_DISPATCH_PHASE_PROBE` phase probe), and [`host_cost`] (the estimator
+//! library behind the `host_cost_*` instruments). Its first user, the
+//! `vyre-tokenizer` crate of this workspace, links it through this public API.
+//! `ARCHITECTURE.md` maps them and states the invariants.
 
 #![warn(missing_docs)]
 
@@ -54,14 +70,13 @@ pub mod codegen;
 pub mod config;
 #[cfg(feature = "testing")]
 pub mod fixtures;
-pub mod graph;
 pub mod host_cost;
 pub mod ir;
 pub mod lower;
-pub mod pretokenize;
 pub mod probe;
 pub mod reference;
 
+pub use backend::graph;
 pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
 
 /// The README's code blocks, compiled and run as doctests so the quick start

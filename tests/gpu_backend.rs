@@ -1,4 +1,4 @@
-//! GPU tests of the CUDA backend (§4). Ignored by default; run on the GPU machine
+//! GPU tests of the CUDA backend. Ignored by default; run on the GPU machine
 //! with `bash .gpu/run.sh gpu_`. Every result is checked against the reference
 //! interpreter or a hand-computed value.
 
@@ -6,15 +6,18 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{backend, bytes, fixture_inputs, reference, resident_copies, words};
-use vyre_cuda::backend::{BackendError, Binding, CudaBackend};
+use support::{
+    backend, bindings, buffer_copies, bytes, fixture_inputs, reference, run_host, words,
+};
+use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Dispatch, Timing};
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
-/// Locks out a broken thin slice (IR → PTX → driver → readback): the §6 fixture
-/// must give the hand-computed sum on the borrowed and the resident path.
+/// Locks out a broken thin slice (IR → PTX → driver → readback): the measurement
+/// fixture must give the hand-computed sum through host bindings and through device
+/// buffers, and its outputs are found by buffer name and by binding.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_fixture_matches_hand_computed_and_reference() {
@@ -23,26 +26,29 @@ fn gpu_fixture_matches_hand_computed_and_reference() {
     let inputs = fixture_inputs(&program, 5);
     let config = DispatchConfig::linear(1);
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let outputs = gpu.dispatch(&program, &borrowed, &config).unwrap();
+    let outputs = run_host(&gpu, &program, &borrowed, &config).unwrap();
     assert_eq!(outputs.len(), 8, "out + 7 scratch buffers come back");
-    assert_eq!(words(&outputs[0])[0], host_cost_fixture_expected(5, 64));
+    assert_eq!(
+        outputs.read::<u32>("out").unwrap()[0],
+        host_cost_fixture_expected(5, 64)
+    );
+    assert_eq!(outputs.get("out").unwrap(), outputs.binding(1).unwrap());
     assert_eq!(outputs, reference(&program, &inputs, &config));
 
-    let handles = resident_copies(&gpu, &inputs);
+    let buffers = buffer_copies(&gpu, &inputs);
+    let bound = bindings(&buffers);
     let timed = gpu
-        .dispatch_resident_timed(&program, &handles, &config)
+        .run(Dispatch::program(&program, &bound).config(&config))
         .unwrap();
     assert_eq!(timed.outputs, outputs);
-    // kernel_ns comes from the kernel's own stamps; no events → no window.
-    assert!(timed.kernel_ns > 0, "{timed:?}");
-    assert_eq!(timed.device_window_ns, 0, "{timed:?}");
+    // kernel_stamps_ns comes from the kernel's own stamps; no events → no window.
+    let timings = timed.timings;
+    assert!(timings.kernel_stamps_ns > 0, "{timings:?}");
+    assert_eq!(timings.event_window_ns, None, "{timings:?}");
     assert!(
-        timed.enqueue_ns <= timed.wall_ns && timed.wait_ns <= timed.wall_ns,
-        "{timed:?}"
+        timings.enqueue_ns <= timings.wall_ns && timings.wait_ns <= timings.wall_ns,
+        "{timings:?}"
     );
-    for h in handles {
-        gpu.free_resident(h).unwrap();
-    }
 }
 
 /// Locks out any semantic drift between PTX and the reference interpreter: random
@@ -57,8 +63,7 @@ fn gpu_random_programs_match_reference_byte_for_byte() {
         let case = valid_program(seed, &options);
         let expected = reference(&case.program, &case.inputs, &case.config);
         let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let got = gpu
-            .dispatch(&case.program, &borrowed, &case.config)
+        let got = run_host(&gpu, &case.program, &borrowed, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         assert_eq!(
             got, expected,
@@ -108,7 +113,7 @@ fn gpu_workgroup_reductions_match_reference() {
             let config = DispatchConfig::linear(groups);
             let expected = reference(&program, &inputs, &config);
             let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-            let got = gpu.dispatch(&program, &borrowed, &config).unwrap();
+            let got = run_host(&gpu, &program, &borrowed, &config).unwrap();
             assert_eq!(got, expected, "size {size} op {op:?}");
         }
     }
@@ -154,7 +159,7 @@ fn gpu_workgroup_scans_match_reference() {
                 let config = DispatchConfig::linear(groups);
                 let expected = reference(&program, &inputs, &config);
                 let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-                let got = gpu.dispatch(&program, &borrowed, &config).unwrap();
+                let got = run_host(&gpu, &program, &borrowed, &config).unwrap();
                 assert_eq!(got, expected, "size {size} op {op:?} {kind:?}");
             }
         }
@@ -204,19 +209,21 @@ fn gpu_contended_fetch_add_hands_out_each_slot_once() {
     let expected = reference(&program, &inputs, &config);
     assert_eq!(words(&expected[2]), vec![1; threads as usize]);
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let got = gpu.dispatch(&program, &borrowed, &config).unwrap();
+    let got = run_host(&gpu, &program, &borrowed, &config)
+        .unwrap()
+        .into_vecs();
     assert_eq!(words(&got[0]), [threads]);
     assert_eq!(got[1], (u64::from(threads) << 32).to_le_bytes());
     assert_eq!(got, expected);
 }
 
-/// Locks out leaks and lost data in resident buffers: allocate, upload, dispatch,
-/// read, free, with byte accounting at every step.
+/// Locks out leaks and lost data in device buffers: allocate, upload, dispatch,
+/// read, drop, with byte accounting at every step.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_resident_lifecycle_and_accounting() {
+fn gpu_buffer_lifecycle_and_accounting() {
     let gpu = backend();
-    let before = gpu.resident_bytes();
+    let before = gpu.buffer_bytes();
     let program = Program::builder([64, 1, 1])
         .buffer(
             "data",
@@ -235,68 +242,76 @@ fn gpu_resident_lifecycle_and_accounting() {
         })
         .build();
     let values: Vec<u32> = (0..256).collect();
-    let h = gpu.allocate_resident(1024).unwrap();
-    assert_eq!(gpu.resident_bytes(), before + 1024);
-    gpu.upload_resident(&h, &bytes(&values)).unwrap();
-    assert_eq!(words(&gpu.read_resident(&h).unwrap()), values);
+    let buffer = gpu.buffer(1024).unwrap();
+    assert_eq!(gpu.buffer_bytes(), before + 1024);
+    gpu.upload(&buffer, &values).unwrap();
+    assert_eq!(gpu.read::<u32>(&buffer).unwrap(), values);
+    let none = ReadbackPolicy::None;
     let out = gpu
-        .dispatch_resident(
-            &program,
-            &[h],
-            &DispatchConfig::linear(4).with_readback(ReadbackPolicy::None),
+        .run(
+            Dispatch::program(&program, &[Binding::from(&buffer)])
+                .workgroups([4, 1, 1])
+                .readback(&none),
         )
         .unwrap();
-    assert!(out.is_empty(), "readback None returns nothing");
+    assert!(out.outputs.is_empty(), "readback None returns nothing");
     let expected: Vec<u32> = values.iter().map(|v| v * 3 + 1).collect();
     assert_eq!(
-        words(&gpu.read_resident(&h).unwrap()),
+        gpu.read::<u32>(&buffer).unwrap(),
         expected,
-        "outputs stay resident"
+        "outputs stay in the buffer"
     );
-    gpu.free_resident(h).unwrap();
-    assert_eq!(gpu.resident_bytes(), before);
+    drop(buffer);
+    assert_eq!(gpu.buffer_bytes(), before);
 }
 
-/// Locks out undefined behaviour through handles: double free, stale and foreign
-/// handles are errors with Fix messages, on the device too.
+/// Locks out a backend that uses another backend's memory or module: a buffer of
+/// another `CudaBackend` is refused for reads and bindings, and a kernel compiled by
+/// another backend is refused, each an `InvalidHandle` error with a `Fix:` message.
+/// (Double frees and stale handles cannot be written: buffers free themselves on
+/// drop and bindings borrow them.) Negative control: the same request over the
+/// backend's own buffers and kernel runs.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_handle_misuse_is_an_error() {
+fn gpu_foreign_buffers_and_kernels_are_refused() {
     let gpu = backend();
     let other = CudaBackend::acquire().unwrap();
-    let h = gpu.allocate_resident(16).unwrap();
-    let foreign = other.read_resident(&h).unwrap_err().to_string();
-    assert!(
-        foreign.starts_with("Fix:") && foreign.contains("another CudaBackend"),
-        "{foreign}"
-    );
-    gpu.free_resident(h).unwrap();
-    let double = gpu.free_resident(h).unwrap_err().to_string();
-    assert!(
-        double.starts_with("Fix:") && double.contains("already freed"),
-        "{double}"
-    );
-    let h2 = gpu.allocate_resident(16).unwrap();
-    let stale = gpu.read_resident(&h).unwrap_err().to_string();
-    assert!(stale.contains("stale handle"), "{stale}");
     let program = host_cost_fixture(2, 1);
-    let err = gpu.dispatch_resident(&program, &[h, h2], &DispatchConfig::linear(1));
+    let config = DispatchConfig::linear(1);
+    let foreign = other.buffer(16).unwrap();
+    let message = gpu.read::<u8>(&foreign).unwrap_err().to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("another backend"),
+        "{message}"
+    );
+    let own = gpu.buffer(16).unwrap();
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let mixed = [Binding::from(&foreign), Binding::from(&own)];
+    let err = gpu.run(Dispatch::new(&kernel, &mixed));
     assert!(
         matches!(err, Err(BackendError::InvalidHandle { .. })),
         "{err:?}"
     );
-    gpu.free_resident(h2).unwrap();
+    let other_kernel = other.compile(&program, &config).unwrap();
+    let own_other = gpu.buffer(16).unwrap();
+    let own_bindings = [Binding::from(&own), Binding::from(&own_other)];
+    let err = gpu.run(Dispatch::new(&other_kernel, &own_bindings));
+    assert!(
+        matches!(err, Err(BackendError::InvalidHandle { .. })),
+        "{err:?}"
+    );
+    gpu.run(Dispatch::new(&kernel, &own_bindings)).unwrap();
 }
 
 /// Locks out a preflight that lets an over-budget dispatch allocate: with the
-/// budget nearly used up by resident memory, a borrowed dispatch must fail before
-/// any transient allocation, naming bytes required and available.
+/// budget nearly used up by device buffers, a dispatch of host bytes must fail
+/// before any transient allocation, naming bytes required and available.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_over_budget_dispatch_fails_before_allocating() {
     let gpu = backend();
     let total = gpu.caps().total_memory;
-    // Fill the budget with resident memory until under 32 MiB are left. The live-free
+    // Fill the budget with device buffers until under 32 MiB are left. The live-free
     // cap (90 % of free memory) shrinks with each allocation, so this converges in a
     // few steps.
     let mut held = Vec::new();
@@ -306,7 +321,7 @@ fn gpu_over_budget_dispatch_fails_before_allocating() {
         if available < (32 << 20) {
             break;
         }
-        held.push(gpu.allocate_resident(available - (16 << 20)).unwrap());
+        held.push(gpu.buffer(available - (16 << 20)).unwrap());
     }
     assert!(
         gpu.memory_budget().unwrap().available < (32 << 20),
@@ -335,9 +350,7 @@ fn gpu_over_budget_dispatch_fails_before_allocating() {
         .build();
     let big = vec![0u8; 64 << 20];
     let out = vec![0u8; 4];
-    let err = gpu
-        .dispatch(&program, &[&big, &out], &DispatchConfig::linear(1))
-        .unwrap_err();
+    let err = run_host(&gpu, &program, &[&big, &out], &DispatchConfig::linear(1)).unwrap_err();
     let message = err.to_string();
     assert!(matches!(err, BackendError::OverBudget { .. }), "{message}");
     assert!(
@@ -349,13 +362,9 @@ fn gpu_over_budget_dispatch_fails_before_allocating() {
         before.transient_allocations,
         "nothing allocated"
     );
-    for h in held {
-        gpu.free_resident(h).unwrap();
-    }
+    drop(held);
     // With memory back, the same dispatch runs.
-    assert!(gpu
-        .dispatch(&program, &[&big, &out], &DispatchConfig::linear(1))
-        .is_ok());
+    assert!(run_host(&gpu, &program, &[&big, &out], &DispatchConfig::linear(1)).is_ok());
 }
 
 /// A grid-sync program: every thread writes its id, the grid syncs, then every
@@ -404,7 +413,7 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     for _ in 0..5 {
         assert_eq!(
-            gpu.dispatch(&program, &borrowed, &config).unwrap(),
+            run_host(&gpu, &program, &borrowed, &config).unwrap(),
             expected
         );
     }
@@ -417,7 +426,7 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
         vec![0u8; 4 * 128 * 1_000_000],
     ];
     let big_refs: Vec<&[u8]> = big.iter().map(|v| v.as_slice()).collect();
-    let err = gpu.dispatch(&program, &big_refs, &huge).unwrap_err();
+    let err = run_host(&gpu, &program, &big_refs, &huge).unwrap_err();
     let message = err.to_string();
     assert!(
         matches!(err, BackendError::GridTooLargeForGridSync { .. }),
@@ -451,8 +460,8 @@ fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
         .build();
     let input = bytes(&[10u32; 64]);
     let config = DispatchConfig::linear(2).with_fixpoint_iterations(5);
-    let out = gpu.dispatch(&program, &[&input], &config).unwrap();
-    assert_eq!(words(&out[0]), vec![15u32; 64]);
+    let out = run_host(&gpu, &program, &[&input], &config).unwrap();
+    assert_eq!(out.read::<u32>("x").unwrap(), vec![15u32; 64]);
     assert_eq!(
         out,
         reference(&program, std::slice::from_ref(&input), &config)
@@ -460,7 +469,8 @@ fn gpu_fixpoint_iterations_replay_in_one_dispatch() {
 }
 
 /// Locks out readback policies that read the wrong bytes: byte ranges come back
-/// in the order asked, and bad ranges are Fix errors.
+/// in the order asked (over a mix of a device buffer, host bytes and an output
+/// stated by its length), and bad ranges are Fix errors.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_readback_ranges_and_mixed_bindings() {
@@ -495,10 +505,8 @@ fn gpu_readback_ranges_and_mixed_bindings() {
         })
         .build();
     let a: Vec<u32> = (0..16).collect();
-    let resident_a = gpu.allocate_resident(64).unwrap();
-    gpu.upload_resident(&resident_a, &bytes(&a)).unwrap();
-    let b_in = bytes(&[100u32; 16]);
-    let c_in = vec![0xAAu8; 16];
+    let device_a = gpu.buffer_from(&a).unwrap();
+    let b_in = [100u32; 16];
     let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
         ByteRange {
             binding: 2,
@@ -513,15 +521,17 @@ fn gpu_readback_ranges_and_mixed_bindings() {
     ]);
     let config = DispatchConfig::linear(1).with_readback(ranges);
     let bindings = [
-        Binding::Resident(resident_a),
-        Binding::Borrowed(&b_in),
-        Binding::Borrowed(&c_in),
+        Binding::from(&device_a),
+        Binding::host(&b_in),
+        Binding::Zeroed(16),
     ];
     let out = gpu
-        .dispatch_bindings(&program, &bindings, &config)
+        .run(Dispatch::program(&program, &bindings).config(&config))
         .unwrap()
         .outputs;
     assert_eq!(out, vec![vec![204, 205, 206, 207], bytes(&[102, 103])]);
+    assert_eq!(out.item_binding(0), Some(2));
+    assert_eq!(out.get("b").unwrap(), bytes(&[102, 103]));
 
     let bad = DispatchConfig::linear(1).with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![
         ByteRange {
@@ -531,7 +541,7 @@ fn gpu_readback_ranges_and_mixed_bindings() {
         }
     ]));
     let message = gpu
-        .dispatch_bindings(&program, &bindings, &bad)
+        .run(Dispatch::program(&program, &bindings).config(&bad))
         .unwrap_err()
         .to_string();
     assert!(
@@ -547,11 +557,10 @@ fn gpu_readback_ranges_and_mixed_bindings() {
             }
         ]));
     let message = gpu
-        .dispatch_bindings(&program, &bindings, &past)
+        .run(Dispatch::program(&program, &bindings).config(&past))
         .unwrap_err()
         .to_string();
     assert!(message.contains("past the buffer"), "{message}");
-    gpu.free_resident(resident_a).unwrap();
 }
 
 /// Locks out one caller's bytes reaching another: a write-only transient output
@@ -586,16 +595,22 @@ fn gpu_transient_outputs_never_leak_between_dispatches() {
             });
         })
         .build();
-    let size = vec![0u8; 4096];
+    let size = [Binding::Zeroed(4096)];
     let secret = gpu
-        .dispatch(&writer, &[&size], &DispatchConfig::linear(16))
-        .unwrap();
-    assert!(words(&secret[0]).iter().all(|&w| w == 0xDEAD_BEEF));
+        .run(Dispatch::program(&writer, &size).workgroups([16, 1, 1]))
+        .unwrap()
+        .outputs;
+    assert!(secret
+        .read::<u32>("o")
+        .unwrap()
+        .iter()
+        .all(|&w| w == 0xDEAD_BEEF));
     let after = gpu
-        .dispatch(&silent, &[&size], &DispatchConfig::linear(16))
-        .unwrap();
+        .run(Dispatch::program(&silent, &size).workgroups([16, 1, 1]))
+        .unwrap()
+        .outputs;
     assert!(
-        after[0].iter().all(|&b| b == 0),
+        after.get("o").unwrap().iter().all(|&b| b == 0),
         "a previous dispatch's bytes leaked"
     );
 }
@@ -623,12 +638,11 @@ fn gpu_eight_threads_thousand_dispatches_each() {
                     let x = t * 100_000 + i;
                     let inputs = fixture_inputs(program, x);
                     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-                    let out = gpu
-                        .dispatch(program, &borrowed, &DispatchConfig::linear(1))
-                        .unwrap();
+                    let out =
+                        run_host(&gpu, program, &borrowed, &DispatchConfig::linear(1)).unwrap();
                     let chain = 8 * (k as u32 + 1);
                     assert_eq!(
-                        words(&out[0])[0],
+                        out.read::<u32>("out").unwrap()[0],
                         host_cost_fixture_expected(x, chain),
                         "thread {t} call {i}"
                     );
@@ -662,12 +676,14 @@ fn gpu_warm_dispatches_never_walk_the_program() {
     let gpu = backend();
     let program = host_cost_fixture(9, 1024);
     let inputs = fixture_inputs(&program, 1);
-    let handles = resident_copies(&gpu, &inputs);
+    let buffers = buffer_copies(&gpu, &inputs);
+    let bound = bindings(&buffers);
     let digests = computations_on_current_thread();
     let walks = vyre_cuda::lower::walks_on_current_thread();
     let config = DispatchConfig::linear(1);
     for _ in 0..10_000 {
-        gpu.dispatch_resident(&program, &handles, &config).unwrap();
+        gpu.run(Dispatch::program(&program, &bound).config(&config))
+            .unwrap();
     }
     assert!(
         computations_on_current_thread() - digests <= 1,
@@ -677,13 +693,10 @@ fn gpu_warm_dispatches_never_walk_the_program() {
         vyre_cuda::lower::walks_on_current_thread() - walks <= 1,
         "lowering re-walked the program"
     );
-    for h in handles {
-        gpu.free_resident(h).unwrap();
-    }
 }
 
 /// Locks out driver allocations on the warm path: after warm-up, 1,000 dispatches
-/// (borrowed and resident) create no lane, staging or transient buffer.
+/// of host bindings create no lane, staging or transient buffer.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_warm_path_makes_no_driver_allocation() {
@@ -693,11 +706,11 @@ fn gpu_warm_path_makes_no_driver_allocation() {
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     let config = DispatchConfig::linear(1);
     for _ in 0..3 {
-        gpu.dispatch(&program, &borrowed, &config).unwrap();
+        run_host(&gpu, &program, &borrowed, &config).unwrap();
     }
     let warm = gpu.pool_stats();
     for _ in 0..1000 {
-        gpu.dispatch(&program, &borrowed, &config).unwrap();
+        run_host(&gpu, &program, &borrowed, &config).unwrap();
     }
     let after = gpu.pool_stats();
     assert_eq!(after.lanes_created, warm.lanes_created);
@@ -713,8 +726,7 @@ fn gpu_bad_inputs_are_fix_errors() {
     let gpu = backend();
     let program = host_cost_fixture(3, 2);
     let four = vec![0u8; 16];
-    let m = gpu
-        .dispatch(&program, &[&four], &DispatchConfig::linear(1))
+    let m = run_host(&gpu, &program, &[&four], &DispatchConfig::linear(1))
         .unwrap_err()
         .to_string();
     assert!(
@@ -722,46 +734,38 @@ fn gpu_bad_inputs_are_fix_errors() {
         "{m}"
     );
     let short = vec![0u8; 12];
-    let m = gpu
-        .dispatch(
-            &program,
-            &[&four, &short, &four],
-            &DispatchConfig::linear(1),
-        )
-        .unwrap_err()
-        .to_string();
+    let m = run_host(
+        &gpu,
+        &program,
+        &[&four, &short, &four],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(m.starts_with("Fix:") && m.contains("'out'"), "{m}");
-    let m = gpu
-        .dispatch(&program, &[&four, &four, &four], &DispatchConfig::linear(0))
-        .unwrap_err()
-        .to_string();
+    let m = run_host(
+        &gpu,
+        &program,
+        &[&four, &four, &four],
+        &DispatchConfig::linear(0),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         m.starts_with("Fix:") && m.contains("workgroups.x is 0"),
         "{m}"
     );
-    let m = gpu
-        .dispatch(
-            &program,
-            &[&four, &four, &four],
-            &DispatchConfig::linear(1).with_fixpoint_iterations(0),
-        )
-        .unwrap_err()
-        .to_string();
+    let m = run_host(
+        &gpu,
+        &program,
+        &[&four, &four, &four],
+        &DispatchConfig::linear(1).with_fixpoint_iterations(0),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(m.starts_with("Fix:") && m.contains("fixpoint"), "{m}");
-    let invalid = Program::builder([1, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(1),
-        )
-        .body(|b| {
-            b.store("x", 0u32, 1u32);
-        })
-        .build();
-    let m = gpu
-        .dispatch(&invalid, &[&four[..4]], &DispatchConfig::linear(1))
+    let invalid = support::parity::store_to_read_only();
+    let m = run_host(&gpu, &invalid, &[&four[..4]], &DispatchConfig::linear(1))
         .unwrap_err()
         .to_string();
     assert!(m.starts_with("Fix:"), "{m}");
@@ -778,25 +782,33 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
     let config = DispatchConfig::linear(1);
     let kernel = gpu.compile(&program, &config).unwrap();
     let inputs = fixture_inputs(&program, 7);
-    let bindings: Vec<Binding> = inputs.iter().map(|v| Binding::Borrowed(v)).collect();
+    let bound = support::host_bindings(&inputs);
+    let request = Dispatch::new(&kernel, &bound).config(&config);
     let (mut out0, mut out1) = ([0u8; 16], [0u8; 16]);
-    let timing = gpu
-        .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
-        .unwrap();
+    let timing = gpu.run_into(request, &mut [&mut out0, &mut out1]).unwrap();
     assert_eq!(words(&out0)[0], host_cost_fixture_expected(7, 10));
-    assert_eq!(timing.device_window_ns, 0, "the hot path records no events");
-    assert!(timing.kernel_ns > 0, "the kernel stamps itself: {timing:?}");
+    assert_eq!(
+        timing.event_window_ns, None,
+        "the hot path records no events"
+    );
+    assert!(
+        timing.kernel_stamps_ns > 0,
+        "the kernel stamps itself: {timing:?}"
+    );
     assert!(timing.wall_ns > 0 && timing.wait_ns <= timing.wall_ns);
     let timed = gpu
-        .dispatch_kernel_into_timed(&kernel, &bindings, &config, &mut [&mut out0, &mut out1])
+        .run_into(
+            request.timing(Timing::EventWindow),
+            &mut [&mut out0, &mut out1],
+        )
         .unwrap();
     assert!(
-        timed.kernel_ns > 0 && timed.kernel_ns <= timed.device_window_ns,
+        timed.kernel_stamps_ns > 0 && Some(timed.kernel_stamps_ns) <= timed.event_window_ns,
         "{timed:?}"
     );
     let mut small = [0u8; 8];
     let m = gpu
-        .dispatch_kernel_into(&kernel, &bindings, &config, &mut [&mut out0, &mut small])
+        .run_into(request, &mut [&mut out0, &mut small])
         .unwrap_err()
         .to_string();
     assert!(m.starts_with("Fix:") && m.contains("output slices"), "{m}");
@@ -845,11 +857,13 @@ fn lcg_expected(x: u32, iterations: u32) -> u32 {
     lcg_map(iterations)(x)
 }
 
-/// Locks out extra synchronizes (invariant 4) on every dispatch path: counting
-/// the real driver's `cuStreamSynchronize` calls on this thread, each dispatch —
-/// borrowed, resident, compiled kernel into caller buffers, timed, submitted and
-/// waited, graph replay — makes exactly one, and each launches its fixpoint
-/// iterations. Negative control: an upload followed by a dispatch counts two.
+/// Locks out extra synchronizes (invariant 4) on every way to finish a request:
+/// counting the real driver's `cuStreamSynchronize` calls on this thread, each —
+/// a program over host bytes, a program over device buffers, the same with the
+/// event window, a kernel into caller buffers, submitted and waited, submitted
+/// after a pending one (the chain waits once per dispatch), graph replay — makes
+/// exactly one per dispatch, and each launches its fixpoint iterations. Negative
+/// control: an upload followed by a dispatch counts two.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
@@ -860,17 +874,18 @@ fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
     let input = bytes(&(0..256u32).collect::<Vec<_>>());
     let kernel = gpu.compile(&program, &config).unwrap();
     let buffer = gpu.buffer_from(&input).unwrap();
-    let handle = gpu.allocate_resident(input.len() as u64).unwrap();
-    gpu.upload_resident(&handle, &input).unwrap();
+    let other = gpu.buffer_from(&input).unwrap();
+    let on_buffer = [Binding::from(&buffer)];
+    let on_other = [Binding::from(&other)];
     let mut graph = gpu
         .record(|rec| {
-            rec.dispatch_bindings(&kernel, &[(&buffer).into()], &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &on_buffer).config(&config))?;
             rec.read_back(&buffer, 0, 16)?;
             Ok(())
         })
         .unwrap();
     // Warm every path once (lanes and staging are created on first use).
-    gpu.dispatch(&program, &[&input], &config).unwrap();
+    run_host(&gpu, &program, &[&input], &config).unwrap();
     let mut out = vec![0u8; input.len()];
     let check = |name: &str, launches: u64, graph_launches: u64, run: &mut dyn FnMut()| {
         let before = thread_driver_calls();
@@ -892,22 +907,30 @@ fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
             "{name}: graph launches"
         );
     };
-    check("borrowed dispatch", 2, 0, &mut || {
-        gpu.dispatch(&program, &[&input], &config).unwrap();
+    check("program over host bytes", 2, 0, &mut || {
+        run_host(&gpu, &program, &[&input], &config).unwrap();
     });
-    check("resident dispatch", 2, 0, &mut || {
-        gpu.dispatch_resident(&program, &[handle], &config).unwrap();
-    });
-    check("timed resident dispatch", 2, 0, &mut || {
-        gpu.dispatch_resident_timed(&program, &[handle], &config)
+    check("program over a device buffer", 2, 0, &mut || {
+        gpu.run(Dispatch::program(&program, &on_other).config(&config))
             .unwrap();
+    });
+    check("with the event window", 2, 0, &mut || {
+        gpu.run(
+            Dispatch::program(&program, &on_other)
+                .config(&config)
+                .timing(Timing::EventWindow),
+        )
+        .unwrap();
     });
     check("kernel into caller buffers", 2, 0, &mut || {
-        gpu.dispatch_kernel_into(&kernel, &[buffer.binding()], &config, &mut [&mut out])
-            .unwrap();
+        gpu.run_into(
+            Dispatch::new(&kernel, &on_buffer).config(&config),
+            &mut [&mut out],
+        )
+        .unwrap();
     });
     check("submit + wait", 2, 0, &mut || {
-        gpu.submit_kernel(&kernel, &[buffer.binding()], &config)
+        gpu.submit(Dispatch::new(&kernel, &on_buffer).config(&config))
             .unwrap()
             .wait()
             .unwrap();
@@ -915,12 +938,26 @@ fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
     check("graph replay", 0, 1, &mut || {
         graph.replay().unwrap();
     });
+    // A chain of two, the second after the first on the device: two dispatches,
+    // two synchronizes (the earlier one then finds its stream idle), one device wait.
+    let before = thread_driver_calls();
+    let request = Dispatch::new(&kernel, &on_buffer).config(&config);
+    let first = gpu.submit(request).unwrap();
+    let second = gpu.submit(request.after(&first)).unwrap();
+    second.wait().unwrap();
+    first.wait().unwrap();
+    let chained = thread_driver_calls().since(&before);
+    assert_eq!(
+        (chained.synchronizes, chained.launches, chained.stream_waits),
+        (2, 4, 1),
+        "{chained:?}"
+    );
     // Negative control: the counter does see a second synchronize.
     let before = thread_driver_calls();
-    gpu.upload_resident(&handle, &input).unwrap();
-    gpu.dispatch_resident(&program, &[handle], &config).unwrap();
+    gpu.upload(&other, &input).unwrap();
+    gpu.run(Dispatch::program(&program, &on_other).config(&config))
+        .unwrap();
     assert_eq!(thread_driver_calls().synchronizes - before.synchronizes, 2);
-    gpu.free_resident(handle).unwrap();
 }
 
 /// Locks out leaks and use-after-free of owned buffers: a buffer starts zeroed,
@@ -931,21 +968,31 @@ fn gpu_every_dispatch_path_makes_exactly_one_synchronize() {
 #[ignore = "needs a CUDA device"]
 fn gpu_owned_buffers_free_on_drop_and_outlive_nothing_in_flight() {
     let gpu = backend();
-    let baseline = gpu.pool_stats().resident_bytes;
+    let baseline = gpu.pool_stats();
     let zeroed = gpu.buffer(4096).unwrap();
-    assert_eq!(gpu.read(&zeroed).unwrap(), vec![0u8; 4096], "starts zeroed");
-    assert_eq!(gpu.pool_stats().resident_bytes, baseline + 4096);
+    assert_eq!(
+        gpu.read::<u8>(&zeroed).unwrap(),
+        vec![0u8; 4096],
+        "starts zeroed"
+    );
+    assert_eq!(gpu.pool_stats().buffer_bytes, baseline.buffer_bytes + 4096);
+    assert_eq!(gpu.pool_stats().live_buffers, baseline.live_buffers + 1);
     drop(zeroed);
-    assert_eq!(gpu.pool_stats().resident_bytes, baseline, "freed on drop");
+    assert_eq!(
+        gpu.pool_stats().buffer_bytes,
+        baseline.buffer_bytes,
+        "freed on drop"
+    );
+    assert_eq!(gpu.pool_stats().live_buffers, baseline.live_buffers);
 
     let iterations = 64;
     let program = lcg_program(iterations);
     let config = DispatchConfig::linear(16);
     let kernel = gpu.compile(&program, &config).unwrap();
     let words_in: Vec<u32> = (0..4096u32).collect();
-    let buffer = gpu.buffer_from(&bytes(&words_in)).unwrap();
+    let buffer = gpu.buffer_from(&words_in).unwrap();
     let pending = gpu
-        .submit_kernel(&kernel, &[buffer.binding()], &config)
+        .submit(Dispatch::new(&kernel, &[buffer.binding()]).config(&config))
         .unwrap();
     drop(buffer); // the dispatch in flight still holds the memory
     let outputs = pending.wait().unwrap().outputs;
@@ -953,19 +1000,19 @@ fn gpu_owned_buffers_free_on_drop_and_outlive_nothing_in_flight() {
         .iter()
         .map(|&x| lcg_expected(x, iterations))
         .collect();
-    assert_eq!(words(&outputs[0]), expected);
-    assert_eq!(gpu.pool_stats().resident_bytes, baseline);
+    assert_eq!(outputs.read::<u32>("x").unwrap(), expected);
+    assert_eq!(gpu.pool_stats().buffer_bytes, baseline.buffer_bytes);
 
     let other = CudaBackend::acquire().unwrap();
     let foreign = other.buffer(16).unwrap();
-    let message = gpu.read(&foreign).unwrap_err().to_string();
+    let message = gpu.read::<u8>(&foreign).unwrap_err().to_string();
     assert!(
-        message.starts_with("Fix:") && message.contains("another CudaBackend"),
+        message.starts_with("Fix:") && message.contains("another backend"),
         "{message}"
     );
 }
 
-/// Locks out a pipeline that serialises: batch N+1's upload (a borrowed input on
+/// Locks out a pipeline that serialises: batch N+1's upload (a host binding on
 /// its own lane) must run while batch N's kernel computes, seen on the device
 /// clock (events, not wall time), and both outputs must be right. Negative
 /// control: the same two batches with a wait in between do not overlap.
@@ -984,18 +1031,20 @@ fn gpu_pipelined_submissions_overlap_upload_with_compute() {
             .collect()
     };
     let (first, second) = (batch(1), batch(2));
-    let resident_first = gpu.buffer_from(&bytes(&first)).unwrap();
-    let second_bytes = bytes(&second);
+    let device_first = gpu.buffer_from(&first).unwrap();
+    let on_device = [device_first.binding()];
+    let on_host = [Binding::host(&second)];
+    let timed = |bindings| {
+        Dispatch::new(&kernel, bindings)
+            .config(&config)
+            .timing(Timing::EventWindow)
+    };
     let map = lcg_map(iterations);
     let expect = |input: &[u32]| -> Vec<u32> { input.iter().map(|&x| map(x)).collect() };
     // Warm both lanes and their staging.
     for _ in 0..2 {
-        let a = gpu
-            .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
-            .unwrap();
-        let b = gpu
-            .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
-            .unwrap();
+        let a = gpu.submit(timed(&on_host)).unwrap();
+        let b = gpu.submit(timed(&on_host)).unwrap();
         a.wait().unwrap();
         b.wait().unwrap();
     }
@@ -1006,16 +1055,12 @@ fn gpu_pipelined_submissions_overlap_upload_with_compute() {
     };
 
     let clock = gpu.device_clock().unwrap();
-    let n = gpu
-        .submit_kernel_timed(&kernel, &[resident_first.binding()], &config)
-        .unwrap();
-    let n_plus_1 = gpu
-        .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
-        .unwrap();
+    let n = gpu.submit(timed(&on_device)).unwrap();
+    let n_plus_1 = gpu.submit(timed(&on_host)).unwrap();
     let (out_n, spans_n) = n.wait_spans(&clock).unwrap();
     let (out_n1, spans_n1) = n_plus_1.wait_spans(&clock).unwrap();
-    assert_eq!(words(&out_n.outputs[0]), expect(&first));
-    assert_eq!(words(&out_n1.outputs[0]), expect(&second));
+    assert_eq!(out_n.outputs.read::<u32>("x").unwrap(), expect(&first));
+    assert_eq!(out_n1.outputs.read::<u32>("x").unwrap(), expect(&second));
     assert!(
         spans_n.kernel_end_ns > spans_n.kernel_start_ns
             && spans_n1.kernel_start_ns > spans_n1.window_start_ns,
@@ -1029,12 +1074,12 @@ fn gpu_pipelined_submissions_overlap_upload_with_compute() {
     // Negative control: waiting in between serialises them.
     let clock = gpu.device_clock().unwrap();
     let (_, spans_a) = gpu
-        .submit_kernel_timed(&kernel, &[resident_first.binding()], &config)
+        .submit(timed(&on_device))
         .unwrap()
         .wait_spans(&clock)
         .unwrap();
     let (_, spans_b) = gpu
-        .submit_kernel_timed(&kernel, &[Binding::Borrowed(&second_bytes)], &config)
+        .submit(timed(&on_host))
         .unwrap()
         .wait_spans(&clock)
         .unwrap();
@@ -1053,37 +1098,27 @@ fn gpu_pending_limit_drop_and_misuse() {
     let program = lcg_program(16);
     let config = DispatchConfig::linear(1);
     let kernel = gpu.compile(&program, &config).unwrap();
-    let input = bytes(&(0..256u32).collect::<Vec<_>>());
+    let input: Vec<u32> = (0..256u32).collect();
+    let bound = [Binding::host(&input)];
+    let request = Dispatch::new(&kernel, &bound).config(&config);
     let mut pending = Vec::new();
     for _ in 0..MAX_PENDING {
-        pending.push(
-            gpu.submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
-                .unwrap(),
-        );
+        pending.push(gpu.submit(request).unwrap());
     }
-    let message = gpu
-        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
-        .unwrap_err()
-        .to_string();
+    let message = gpu.submit(request).unwrap_err().to_string();
     assert!(
         message.starts_with("Fix:") && message.contains("pending"),
         "{message}"
     );
     let lanes = gpu.pool_stats().lanes_created;
     drop(pending); // each drop waits for its dispatch
-    let again = gpu
-        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
-        .unwrap();
+    let again = gpu.submit(request).unwrap();
     let clock = gpu.device_clock().unwrap();
     let message = again.wait_spans(&clock).unwrap_err().to_string();
     assert!(message.starts_with("Fix:"), "{message}");
     let expected: Vec<u32> = (0..256u32).map(|x| lcg_expected(x, 16)).collect();
-    let out = gpu
-        .submit_kernel(&kernel, &[Binding::Borrowed(&input)], &config)
-        .unwrap()
-        .wait()
-        .unwrap();
-    assert_eq!(words(&out.outputs[0]), expected);
+    let out = gpu.submit(request).unwrap().wait().unwrap();
+    assert_eq!(out.outputs.read::<u32>("x").unwrap(), expected);
     assert_eq!(
         gpu.pool_stats().lanes_created,
         lanes,
@@ -1129,7 +1164,7 @@ fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
             .unwrap()
             .copy_from_slice(&bytes(&values));
         let pending = gpu
-            .submit_kernel(&kernel, &[pinned.binding()], &config)
+            .submit(Dispatch::new(&kernel, &[pinned.binding()]).config(&config))
             .unwrap();
         let message = pinned.as_mut_slice().unwrap_err().to_string();
         assert!(
@@ -1141,7 +1176,7 @@ fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
             .iter()
             .map(|&x| lcg_expected(x, iterations))
             .collect();
-        assert_eq!(words(&outputs[0]), expected, "round {round}");
+        assert_eq!(outputs.read::<u32>("x").unwrap(), expected, "round {round}");
         assert_eq!(
             words(pinned.as_slice()),
             values,
@@ -1171,4 +1206,29 @@ fn gpu_hash_table_example_counts_every_key() {
     let other = hash_table::count_and_look_up(&gpu, &[1, 2, 2], &queries).unwrap();
     assert_eq!(&other[..3], [1, 2, 0]);
     assert_eq!(hash_table::miscounted(&keys, &queries, &other).len(), 200);
+}
+
+/// Locks out a CPU fallback that answers differently from CUDA through `AnyBackend`
+/// (the GPU half of `reference_answers_every_parity_case_as_cuda_does`): every
+/// parity case — validation at `compile`, malformed requests, a buffer bound as input
+/// and write-only output, grids of 70,000 on y and of 0, 20 pending submissions,
+/// `buffer(u64::MAX)` and `buffer(1 << 40)`, a foreign buffer, and the good requests'
+/// bytes — gives the same outcome on both: the same outputs, or the same error kind
+/// and message (budget messages with their machine-specific byte counts masked).
+/// Negative control: a case list with one outcome changed is told apart.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_fallback_answers_exactly_as_cuda() {
+    use support::parity::{cases, Outcome};
+    use vyre_cuda::backend::AnyBackend;
+    let on_gpu = cases(&AnyBackend::Cuda(backend()));
+    let on_cpu = cases(&AnyBackend::reference());
+    assert_eq!(on_gpu.len(), on_cpu.len());
+    for ((name, gpu), (cpu_name, cpu)) in on_gpu.iter().zip(&on_cpu) {
+        assert_eq!(name, cpu_name);
+        assert_eq!(gpu, cpu, "case {name}: CUDA and the reference differ");
+    }
+    let mut changed = on_cpu.clone();
+    changed[0].1 = Outcome::Ran(vec![]);
+    assert_ne!(on_gpu, changed, "negative control");
 }

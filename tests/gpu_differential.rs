@@ -50,7 +50,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use support::backend;
-use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, MAX_BATCH_PROGRAMS};
+use vyre_cuda::backend::{
+    BackendError, Binding, CudaBackend, Dispatch, Kernel, MAX_BATCH_PROGRAMS,
+};
 use vyre_cuda::ir::generate::{
     constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
 };
@@ -311,9 +313,9 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     let dispatch_start = Instant::now();
                     for ((case, kernel), expected) in cases.iter().zip(&kernels).zip(&expected) {
                         let bindings: Vec<Binding<'_>> =
-                            case.inputs.iter().map(|v| Binding::Borrowed(v)).collect();
+                            case.inputs.iter().map(|v| Binding::Host(v)).collect();
                         let got = gpu
-                            .dispatch_kernel(kernel, &bindings, &case.config)
+                            .run(Dispatch::new(kernel, &bindings).config(&case.config))
                             .unwrap_or_else(|e| {
                                 panic!("seed {}: {e}\n{}", case.seed, case.program)
                             });
@@ -404,9 +406,9 @@ fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
         let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
         let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("program {index}: reference failed: {e}"));
-        let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Borrowed(b)).collect();
+        let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Host(b)).collect();
         let got = gpu
-            .dispatch_kernel(kernel, &bindings, &case.config)
+            .run(Dispatch::new(kernel, &bindings).config(&case.config))
             .unwrap_or_else(|e| panic!("program {index}: {e}\n{}", case.program));
         assert_eq!(
             got.outputs, expected,
@@ -487,17 +489,21 @@ fn gpu_compile_batch_refuses_a_bad_batch_and_loads_nothing() {
 fn gpu_jit_folding_regressions_match_reference() {
     let gpu = backend();
     let config = DispatchConfig::linear(1);
-    let tie = gpu
-        .dispatch(&jit_folding_cases::tie_program(), &[&[0u8; 12]], &config)
-        .expect("dispatch");
+    let tie = support::run_host(
+        &gpu,
+        &jit_folding_cases::tie_program(),
+        &[&[0u8; 12]],
+        &config,
+    )
+    .expect("dispatch");
     assert_eq!(tie, vec![jit_folding_cases::tie_expected()]);
-    let negation = gpu
-        .dispatch(
-            &jit_folding_cases::negation_program(),
-            &[&jit_folding_cases::negation_inputs(), &[0u8; 12]],
-            &config,
-        )
-        .expect("dispatch");
+    let negation = support::run_host(
+        &gpu,
+        &jit_folding_cases::negation_program(),
+        &[&jit_folding_cases::negation_inputs(), &[0u8; 12]],
+        &config,
+    )
+    .expect("dispatch");
     assert_eq!(negation, vec![jit_folding_cases::negation_expected()]);
     for seed in [1_007_798u64, 1_008_915] {
         // `core_only`: the generator that printed these seeds.
@@ -505,8 +511,7 @@ fn gpu_jit_folding_regressions_match_reference() {
         let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
         let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
-        let got = gpu
-            .dispatch(&case.program, &inputs, &case.config)
+        let got = support::run_host(&gpu, &case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(got, expected, "seed {seed}: GPU and reference differ");
     }

@@ -16,9 +16,7 @@ fn gpu_kernel_fault_names_program_and_recovers() {
     let gpu = support::backend();
     let program = support::wild_store_program();
     let out = vec![0u8; 16];
-    let err = gpu
-        .dispatch(&program, &[&out], &support::unchecked_config())
-        .unwrap_err();
+    let err = support::run_host(&gpu, &program, &[&out], &support::unchecked_config()).unwrap_err();
     support::assert_sticky_fault(&err, "wild_store");
     support::assert_reports_context_lost(&gpu);
     drop(gpu);
@@ -28,11 +26,10 @@ fn gpu_kernel_fault_names_program_and_recovers() {
     // needing a process restart), acquire must say exactly that, never panic.
     match CudaBackend::acquire() {
         Ok(fresh) => {
-            let ok = fresh
-                .dispatch(&program, &[&out], &DispatchConfig::linear(1))
-                .unwrap();
+            let ok =
+                support::run_host(&fresh, &program, &[&out], &DispatchConfig::linear(1)).unwrap();
             assert_eq!(
-                ok[0],
+                ok.item(0).unwrap(),
                 vec![0u8; 16],
                 "bounds-checked stores out of range write nothing"
             );

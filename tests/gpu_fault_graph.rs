@@ -3,6 +3,7 @@
 
 mod support;
 
+use vyre_cuda::backend::{Binding, Dispatch};
 use vyre_cuda::DispatchConfig;
 
 /// Locks out a fault inside a replayed graph that is swallowed, reported as a
@@ -25,7 +26,7 @@ fn gpu_kernel_fault_during_graph_replay_is_reported_to_every_backend() {
     let fine_kernel = gpu.compile(&fine, &DispatchConfig::linear(1)).unwrap();
     let mut fine_graph = gpu
         .record(|rec| {
-            rec.dispatch_bindings(&fine_kernel, &[(&out).into()], &DispatchConfig::linear(1))?;
+            rec.dispatch(Dispatch::new(&fine_kernel, &[Binding::from(&out)]))?;
             Ok(())
         })
         .unwrap();
@@ -37,7 +38,7 @@ fn gpu_kernel_fault_during_graph_replay_is_reported_to_every_backend() {
         .unwrap();
     let mut graph = gpu
         .record(|rec| {
-            rec.dispatch_bindings(&kernel, &[(&out).into()], &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &[Binding::from(&out)]).config(&config))?;
             Ok(())
         })
         .unwrap();

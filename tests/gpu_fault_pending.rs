@@ -3,7 +3,7 @@
 
 mod support;
 
-use vyre_cuda::backend::Binding;
+use vyre_cuda::backend::{Binding, Dispatch};
 
 /// Locks out a fault in a pipelined submission that is lost between `submit` and
 /// `wait`, blamed on the wrong dispatch, or hidden from the device's other backends
@@ -26,33 +26,26 @@ fn gpu_kernel_fault_during_pipelined_submission_is_reported_to_every_backend() {
     let wild_kernel = gpu
         .compile(&support::wild_store_program(), &config)
         .unwrap();
-    let out = [0u8; 16];
+    let out = [Binding::Zeroed(16)];
+    let fine_request = Dispatch::new(&fine_kernel, &out);
 
-    let first = gpu
-        .submit_kernel(
-            &fine_kernel,
-            &[Binding::Borrowed(&out)],
-            &vyre_cuda::DispatchConfig::linear(1),
-        )
-        .unwrap();
+    let first = gpu.submit(fine_request).unwrap();
     let done = first.wait().unwrap();
-    assert_eq!(done.outputs[0][..4], 7u32.to_le_bytes(), "negative control");
+    assert_eq!(
+        done.outputs.get("out").unwrap()[..4],
+        7u32.to_le_bytes(),
+        "negative control"
+    );
     assert!(gpu.is_usable() && bystander.is_usable());
 
-    let fine_again = gpu
-        .submit_kernel(
-            &fine_kernel,
-            &[Binding::Borrowed(&out)],
-            &vyre_cuda::DispatchConfig::linear(1),
-        )
-        .unwrap();
+    let fine_again = gpu.submit(fine_request).unwrap();
     let faulting = gpu
-        .submit_kernel(&wild_kernel, &[Binding::Borrowed(&out)], &config)
+        .submit(Dispatch::new(&wild_kernel, &out).config(&config))
         .unwrap();
     // The earlier submission may complete or see the fault (the context dies for
     // every stream); it must never panic or report success with wrong bytes.
     match fine_again.wait() {
-        Ok(result) => assert_eq!(result.outputs[0][..4], 7u32.to_le_bytes()),
+        Ok(result) => assert_eq!(result.outputs.get("out").unwrap()[..4], 7u32.to_le_bytes()),
         Err(error) => assert!(error.to_string().starts_with("Fix:"), "{error}"),
     }
     let err = faulting.wait().unwrap_err();

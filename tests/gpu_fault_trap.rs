@@ -65,9 +65,12 @@ fn gpu_runaway_while_loop_traps_at_the_iteration_cap() {
     let three = DispatchConfig::linear(1)
         .with_codegen(CodegenOptions::new().with_max_loop_iterations(Some(3)));
     let expected = vyre_cuda::reference::run(&ends, &[&out], &three).unwrap();
-    assert_eq!(gpu.dispatch(&ends, &[&out], &three).unwrap(), expected);
+    assert_eq!(
+        support::run_host(&gpu, &ends, &[&out], &three).unwrap(),
+        expected
+    );
 
-    let error = gpu.dispatch(&program, &[&out], &capped).unwrap_err();
+    let error = support::run_host(&gpu, &program, &[&out], &capped).unwrap_err();
     support::assert_sticky_fault(&error, "runaway_while");
     assert!(error.to_string().contains("max_loop_iterations"), "{error}");
     support::assert_reports_context_lost(&gpu);

@@ -1,12 +1,12 @@
-//! GPU tests of dispatch graphs (§7): a chain of dispatches captured once and
+//! GPU tests of dispatch graphs: a chain of dispatches captured once and
 //! replayed. Ignored by default; run on the GPU machine. Every result is checked
 //! against the reference interpreter and hand-computed values.
 
 mod support;
 
 use support::{backend, bytes, random_words, words};
-use vyre_cuda::backend::{BackendError, Binding, CudaBackend, Kernel, ResidentBuffer};
-use vyre_cuda::graph::{DispatchGraph, GraphBinding, InputSlot, OutputSlot, StepId};
+use vyre_cuda::backend::{BackendError, Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel};
+use vyre_cuda::graph::{DispatchGraph, InputSlot, OutputSlot, StepId};
 use vyre_cuda::ir::*;
 use vyre_cuda::probe::{self, parse_line, Phase};
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
@@ -118,20 +118,28 @@ fn reference_chain(input: &[u32]) -> Vec<u32> {
     words(&current)
 }
 
-/// Compiled kernels of the chain and its resident buffers (`N` words each).
+/// Compiled kernels of the chain and its device buffers (`N` words each).
 struct Chain {
     kernels: [Kernel; 3],
-    input: ResidentBuffer,
-    x: ResidentBuffer,
-    y: ResidentBuffer,
-    out: ResidentBuffer,
+    input: DeviceBuffer,
+    x: DeviceBuffer,
+    y: DeviceBuffer,
+    out: DeviceBuffer,
+}
+
+/// The bindings of `buffers`, in order.
+fn on<'a>(buffers: &[&'a DeviceBuffer]) -> Vec<Binding<'a>> {
+    buffers
+        .iter()
+        .map(|&buffer| Binding::from(buffer))
+        .collect()
 }
 
 impl Chain {
     fn new(gpu: &CudaBackend) -> Chain {
         let config = DispatchConfig::linear(blocks_for(N));
         let compile = |p: Program| gpu.compile(&p, &config).unwrap();
-        let buffer = || gpu.allocate_resident(4 * N as u64).unwrap();
+        let buffer = || gpu.buffer(4 * N as u64).unwrap();
         Chain {
             kernels: [compile(times3()), compile(plus1()), compile(pow5())],
             input: buffer(),
@@ -148,9 +156,15 @@ impl Chain {
         let graph = gpu
             .record(|rec| {
                 let input = rec.upload(&self.input, 4 * N as u64)?;
-                let a = rec.dispatch(&self.kernels[0], &[self.input, self.x], &config)?;
-                let b = rec.dispatch(&self.kernels[1], &[self.x, self.y], &config)?;
-                let c = rec.dispatch(&self.kernels[2], &[self.y, self.out], &config)?;
+                let a = rec.dispatch(
+                    Dispatch::new(&self.kernels[0], &on(&[&self.input, &self.x])).config(&config),
+                )?;
+                let b = rec.dispatch(
+                    Dispatch::new(&self.kernels[1], &on(&[&self.x, &self.y])).config(&config),
+                )?;
+                let c = rec.dispatch(
+                    Dispatch::new(&self.kernels[2], &on(&[&self.y, &self.out])).config(&config),
+                )?;
                 let output = rec.read_back(&self.out, 0, 4 * N as u64)?;
                 ids = Some((input, [a, b, c], output));
                 Ok(())
@@ -160,10 +174,8 @@ impl Chain {
         (graph, input, steps, output)
     }
 
-    fn free(self, gpu: &CudaBackend) {
-        for h in [self.input, self.x, self.y, self.out] {
-            gpu.free_resident(h).unwrap();
-        }
+    fn free(self, _gpu: &CudaBackend) {
+        // The buffers free themselves; a graph that binds them keeps their memory.
     }
 }
 
@@ -199,7 +211,10 @@ fn gpu_graph_chain_replays_fresh_inputs_match_reference() {
             graph.replay().unwrap()
         } else {
             let timed = graph.replay_timed().unwrap();
-            assert!(timed.device_window_ns > 0, "round {round}: {timed:?}");
+            assert!(
+                timed.event_window_ns.is_some_and(|ns| ns > 0),
+                "round {round}: {timed:?}"
+            );
             timed
         };
         assert!(
@@ -207,7 +222,7 @@ fn gpu_graph_chain_replays_fresh_inputs_match_reference() {
             "round {round}: {timing:?}"
         );
         assert!(
-            timing.kernel_ns > 0,
+            timing.kernel_stamps_ns > 0,
             "the kernels' stamps span the replay: {timing:?}"
         );
         let got = words(graph.output(output).unwrap());
@@ -291,29 +306,26 @@ fn gpu_graph_set_element_count_changes_processed_length() {
     chain.free(&gpu);
 }
 
-/// Locks out a graph that borrows its buffers instead of holding them: freeing every
-/// handle after recording (and allocating and filling new buffers, which may reuse
-/// the slots) must not change what replays compute; replays also work from another
-/// thread (the graph is `Send` and binds the context itself).
+/// Locks out a graph that borrows its buffers instead of holding them: dropping
+/// every buffer after recording (and allocating and filling new buffers, which may
+/// reuse the freed addresses) must not change what replays compute; replays also
+/// work from another thread (the graph is `Send` and binds the context itself).
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_graph_survives_freeing_its_handles() {
+fn gpu_graph_survives_dropping_its_buffers() {
     let gpu = backend();
     let chain = Chain::new(&gpu);
     let (mut graph, input, _, output) = chain.record(&gpu);
-    let handles = [chain.input, chain.x, chain.y, chain.out];
-    chain.free(&gpu);
-    for h in handles {
-        let m = fix_message(gpu.read_resident(&h).unwrap_err());
-        assert!(m.contains("already freed"), "{m}");
-    }
+    let live = gpu.pool_stats().live_buffers;
+    drop(chain);
+    assert_eq!(
+        gpu.pool_stats().live_buffers,
+        live - 4,
+        "the buffers are gone"
+    );
     // New buffers, filled with a pattern a replay must never see.
-    let decoys: Vec<ResidentBuffer> = (0..4)
-        .map(|_| {
-            let h = gpu.allocate_resident(4 * N as u64).unwrap();
-            gpu.upload_resident(&h, &vec![0xAB; 4 * N]).unwrap();
-            h
-        })
+    let decoys: Vec<DeviceBuffer> = (0..4)
+        .map(|_| gpu.buffer_from(&vec![0xABu8; 4 * N]).unwrap())
         .collect();
     for round in 0..5u64 {
         let values = random_words(1000 + round, N);
@@ -325,9 +337,9 @@ fn gpu_graph_survives_freeing_its_handles() {
         let got = words(graph.output(output).unwrap());
         assert_eq!(got, reference_chain(&values), "round {round}");
     }
-    for h in &decoys {
+    for decoy in &decoys {
         assert!(
-            gpu.read_resident(h).unwrap().iter().all(|&b| b == 0xAB),
+            gpu.read::<u8>(decoy).unwrap().iter().all(|&b| b == 0xAB),
             "a replay wrote into a buffer it does not hold"
         );
     }
@@ -345,15 +357,13 @@ fn gpu_graph_survives_freeing_its_handles() {
     .join()
     .unwrap();
     assert_eq!(got.0, reference_chain(&got.1), "replay on another thread");
-    for h in decoys {
-        gpu.free_resident(h).unwrap();
-    }
+    drop(decoys);
     assert!(gpu.is_usable());
 }
 
 /// Locks out any difference between a replay and the eager path: the chain plus a
 /// three-iteration fixpoint step, as a graph (reading back every intermediate) and
-/// as plain `dispatch_kernel` calls over separate buffers, must agree byte for byte
+/// as plain `run` requests over separate buffers, must agree byte for byte
 /// on every buffer, and with the reference interpreter.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -370,10 +380,15 @@ fn gpu_graph_matches_plain_dispatch_chain_byte_for_byte() {
     let mut graph = gpu
         .record(|rec| {
             let input = rec.upload(&chain.input, 4 * N as u64)?;
-            rec.dispatch(&chain.kernels[0], &[chain.input, chain.x], &config)?;
-            rec.dispatch(&chain.kernels[1], &[chain.x, chain.y], &config)?;
-            rec.dispatch(&chain.kernels[2], &[chain.y, chain.out], &config)?;
-            rec.dispatch(&affine_kernel, &[chain.out], &fixpoint)?;
+            let pairs = [
+                (&chain.kernels[0], [&chain.input, &chain.x]),
+                (&chain.kernels[1], [&chain.x, &chain.y]),
+                (&chain.kernels[2], [&chain.y, &chain.out]),
+            ];
+            for (kernel, buffers) in pairs {
+                rec.dispatch(Dispatch::new(kernel, &on(&buffers)).config(&config))?;
+            }
+            rec.dispatch(Dispatch::new(&affine_kernel, &on(&[&chain.out])).config(&fixpoint))?;
             let x = rec.read_back(&chain.x, 0, 4 * N as u64)?;
             let y = rec.read_back(&chain.y, 0, 4 * N as u64)?;
             let out = rec.read_back(&chain.out, 0, 4 * N as u64)?;
@@ -390,7 +405,7 @@ fn gpu_graph_matches_plain_dispatch_chain_byte_for_byte() {
         "1 + 1 + 1 + 3 fixpoint launch nodes"
     );
 
-    let eager = [(); 4].map(|_| gpu.allocate_resident(4 * N as u64).unwrap());
+    let eager = [(); 4].map(|_| gpu.buffer(4 * N as u64).unwrap());
     let none = config.clone().with_readback(ReadbackPolicy::None);
     for round in 0..10u64 {
         let values = random_words(500 + round, N);
@@ -400,19 +415,16 @@ fn gpu_graph_matches_plain_dispatch_chain_byte_for_byte() {
             .copy_from_slice(&bytes(&values));
         graph.replay().unwrap();
 
-        gpu.upload_resident(&eager[0], &bytes(&values)).unwrap();
+        gpu.upload(&eager[0], &values).unwrap();
         for (k, pair) in chain.kernels.iter().zip([[0, 1], [1, 2], [2, 3]]) {
-            let bindings = [
-                Binding::Resident(eager[pair[0]]),
-                Binding::Resident(eager[pair[1]]),
-            ];
-            gpu.dispatch_kernel(k, &bindings, &none).unwrap();
+            let bindings = on(&[&eager[pair[0]], &eager[pair[1]]]);
+            gpu.run(Dispatch::new(k, &bindings).config(&none)).unwrap();
         }
-        gpu.dispatch_kernel(&affine_kernel, &[Binding::Resident(eager[3])], &fixpoint)
+        gpu.run(Dispatch::new(&affine_kernel, &on(&[&eager[3]])).config(&fixpoint))
             .unwrap();
         let eager_bytes: Vec<Vec<u8>> = eager[1..]
             .iter()
-            .map(|h| gpu.read_resident(h).unwrap())
+            .map(|buffer| gpu.read::<u8>(buffer).unwrap())
             .collect();
         for (i, slot) in outputs[..3].iter().enumerate() {
             assert_eq!(
@@ -441,9 +453,7 @@ fn gpu_graph_matches_plain_dispatch_chain_byte_for_byte() {
         assert_eq!(words(graph.output(outputs[2]).unwrap()), hand);
     }
     drop(graph);
-    for h in eager {
-        gpu.free_resident(h).unwrap();
-    }
+    drop(eager);
     chain.free(&gpu);
 }
 
@@ -463,9 +473,9 @@ fn gpu_graph_scratch_buffers_replay_correctly() {
         compile(pow5()),
         compile(accumulate()),
     );
-    let input = gpu.allocate_resident(4 * N as u64).unwrap();
-    let out = gpu.allocate_resident(4 * N as u64).unwrap();
-    let summed = gpu.allocate_resident(4 * N as u64).unwrap();
+    let input = gpu.buffer(4 * N as u64).unwrap();
+    let out = gpu.buffer(4 * N as u64).unwrap();
+    let summed = gpu.buffer(4 * N as u64).unwrap();
     let mut slots = None;
     let mut graph = gpu
         .record(|rec| {
@@ -473,15 +483,20 @@ fn gpu_graph_scratch_buffers_replay_correctly() {
             let y = rec.scratch(4 * N as u64)?;
             let acc = rec.scratch(4 * N as u64)?;
             let upload = rec.upload(&input, 4 * N as u64)?;
-            let r = GraphBinding::Resident;
-            let s = GraphBinding::Scratch;
-            rec.dispatch_bindings(&k_times3, &[r(input), s(x)], &config)?;
-            rec.dispatch_bindings(&k_plus1, &[s(x), s(y)], &config)?;
-            rec.dispatch_bindings(&k_pow5, &[s(y), r(out)], &config)?;
-            // acc += input, then summed = acc + 1: equals input + 1 only if acc
-            // started at zero in this replay.
-            rec.dispatch_bindings(&k_accumulate, &[r(input), s(acc)], &config)?;
-            rec.dispatch_bindings(&k_plus1, &[s(acc), r(summed)], &config)?;
+            let r = Binding::from;
+            let s = Binding::Scratch;
+            let steps = [
+                (&k_times3, [r(&input), s(x)]),
+                (&k_plus1, [s(x), s(y)]),
+                (&k_pow5, [s(y), r(&out)]),
+                // acc += input, then summed = acc + 1: equals input + 1 only if acc
+                // started at zero in this replay.
+                (&k_accumulate, [r(&input), s(acc)]),
+                (&k_plus1, [s(acc), r(&summed)]),
+            ];
+            for (kernel, bindings) in &steps {
+                rec.dispatch(Dispatch::new(kernel, bindings).config(&config))?;
+            }
             let chained = rec.read_back(&out, 0, 4 * N as u64)?;
             let summed_slot = rec.read_back(&summed, 0, 4 * N as u64)?;
             slots = Some((upload, chained, summed_slot));
@@ -510,16 +525,13 @@ fn gpu_graph_scratch_buffers_replay_correctly() {
         );
     }
     drop(graph);
-    for h in [input, out, summed] {
-        gpu.free_resident(h).unwrap();
-    }
 }
 
 /// Locks out recordings that accept bad input (and would fault or compute garbage at
-/// replay): wrong binding counts, sizes, stale handles, ranges past the end, zero
-/// fixpoint or workgroups, readback ranges, grid-sync kernels, foreign scratch
-/// buffers, foreign slots and static-count updates are all `Fix:` errors at record
-/// time. Negative control: the same recording with correct input succeeds and
+/// replay): wrong binding counts, sizes, host bindings, a predecessor, ranges
+/// past the end, zero fixpoint or workgroups, readback ranges, grid-sync kernels,
+/// foreign scratch buffers, foreign slots and static-count updates are all `Fix:`
+/// errors at record time. Negative control: the same recording with correct input succeeds and
 /// replays, and the backend stays usable (no stream left capturing).
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -533,7 +545,12 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
             fix_message(gpu.record(|rec| build(rec)).unwrap_err())
         };
 
-    let m = record_error(&|rec| rec.dispatch(k0, &[chain.input], &config).map(drop));
+    let one = on(&[&chain.input]);
+    let two = on(&[&chain.input, &chain.x]);
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &one).config(&config))
+            .map(drop)
+    });
     assert!(m.contains("takes 2 buffers"), "{m}");
     let m = record_error(&|rec| rec.read_back(&chain.out, 4 * N as u64 - 4, 8).map(drop));
     assert!(m.contains("past"), "{m}");
@@ -541,23 +558,41 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
     assert!(m.contains("holds"), "{m}");
     let m = record_error(&|rec| rec.upload(&chain.input, 0).map(drop));
     assert!(m.contains("0 bytes"), "{m}");
-    let odd = gpu.allocate_resident(6).unwrap();
-    let m = record_error(&|rec| rec.dispatch(k0, &[odd, chain.x], &config).map(drop));
+    let odd = gpu.buffer(6).unwrap();
+    let odd_bindings = on(&[&odd, &chain.x]);
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &odd_bindings).config(&config))
+            .map(drop)
+    });
     assert!(m.contains("multiple of 4"), "{m}");
     let m = record_error(&|rec| {
         rec.dispatch(
-            k0,
-            &[chain.input, chain.x],
-            &config.clone().with_fixpoint_iterations(0),
+            Dispatch::new(k0, &two)
+                .config(&config)
+                .fixpoint_iterations(0),
         )
         .map(drop)
     });
     assert!(m.contains("fixpoint_iterations"), "{m}");
     let m = record_error(&|rec| {
-        rec.dispatch(k0, &[chain.input, chain.x], &DispatchConfig::new([0, 1, 1]))
+        rec.dispatch(Dispatch::new(k0, &two).workgroups([0, 1, 1]))
             .map(drop)
     });
     assert!(m.contains("workgroups"), "{m}");
+    let host = [0u8; 4 * N];
+    let hosted = [Binding::Host(&host), Binding::from(&chain.x)];
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &hosted).config(&config))
+            .map(drop)
+    });
+    assert!(m.contains("replay outlives"), "{m}");
+    let pending = gpu.submit(Dispatch::new(k0, &two).config(&config)).unwrap();
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &two).config(&config).after(&pending))
+            .map(drop)
+    });
+    assert!(m.contains("predecessor"), "{m}");
+    pending.wait().unwrap();
     let ranges = config.clone().with_readback(ReadbackPolicy::Ranges(
         [ByteRange {
             binding: 1,
@@ -567,18 +602,27 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
         .into_iter()
         .collect(),
     ));
-    let m = record_error(&|rec| rec.dispatch(k0, &[chain.input, chain.x], &ranges).map(drop));
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &two).config(&ranges))
+            .map(drop)
+    });
     assert!(m.contains("read_back"), "{m}");
     let m = record_error(&|_| Ok(()));
     assert!(m.contains("recorded nothing"), "{m}");
 
-    // Stale handle.
-    let stale = gpu.allocate_resident(4 * N as u64).unwrap();
-    gpu.free_resident(stale).unwrap();
-    let m = record_error(&|rec| rec.upload(&stale, 4).map(drop));
-    assert!(m.contains("already freed"), "{m}");
-    let m = record_error(&|rec| rec.dispatch(k0, &[stale, chain.x], &config).map(drop));
-    assert!(m.contains("already freed"), "{m}");
+    // A buffer of another backend.
+    let foreign = CudaBackend::acquire()
+        .unwrap()
+        .buffer(4 * N as u64)
+        .unwrap();
+    let m = record_error(&|rec| rec.upload(&foreign, 4).map(drop));
+    assert!(m.contains("another backend"), "{m}");
+    let foreign_bindings = on(&[&foreign, &chain.x]);
+    let m = record_error(&|rec| {
+        rec.dispatch(Dispatch::new(k0, &foreign_bindings).config(&config))
+            .map(drop)
+    });
+    assert!(m.contains("another backend"), "{m}");
 
     // Grid-sync kernels are refused.
     let grid_sync = Program::builder([WORKGROUP, 1, 1])
@@ -595,13 +639,11 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
             b.store("out", Expr::local_id(Axis::X), 1u32);
         })
         .build();
-    let synced_out = gpu.allocate_resident(4 * WORKGROUP as u64).unwrap();
+    let synced_out = gpu.buffer(4 * WORKGROUP as u64).unwrap();
     let k_sync = gpu.compile(&grid_sync, &DispatchConfig::linear(1)).unwrap();
     assert!(k_sync.uses_grid_sync());
-    let m = record_error(&|rec| {
-        rec.dispatch(&k_sync, &[synced_out], &DispatchConfig::linear(1))
-            .map(drop)
-    });
+    let synced = on(&[&synced_out]);
+    let m = record_error(&|rec| rec.dispatch(Dispatch::new(&k_sync, &synced)).map(drop));
     assert!(m.contains("grid_sync"), "{m}");
 
     // A scratch buffer of another recording.
@@ -613,16 +655,10 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
         })
         .unwrap();
     let leaked = leaked.unwrap();
+    let leaking = [Binding::from(&chain.input), Binding::Scratch(leaked)];
     let m = record_error(&|rec| {
-        rec.dispatch_bindings(
-            k0,
-            &[
-                GraphBinding::Resident(chain.input),
-                GraphBinding::Scratch(leaked),
-            ],
-            &config,
-        )
-        .map(drop)
+        rec.dispatch(Dispatch::new(k0, &leaking).config(&config))
+            .map(drop)
     });
     assert!(m.contains("belongs to dispatch graph"), "{m}");
     let m = record_error(&|rec| rec.scratch(0).map(drop));
@@ -687,11 +723,11 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
     let k_static = gpu
         .compile(&static_program, &DispatchConfig::linear(1))
         .unwrap();
-    let static_out = gpu.allocate_resident(4 * WORKGROUP as u64).unwrap();
+    let static_out = gpu.buffer(4 * WORKGROUP as u64).unwrap();
     let mut static_ids = None;
     let mut static_graph = gpu
         .record(|rec| {
-            let step = rec.dispatch(&k_static, &[static_out], &DispatchConfig::linear(1))?;
+            let step = rec.dispatch(Dispatch::new(&k_static, &on(&[&static_out])))?;
             let slot = rec.read_back(&static_out, 0, 4 * WORKGROUP as u64)?;
             static_ids = Some((step, slot));
             Ok(())
@@ -711,18 +747,16 @@ fn gpu_graph_rejects_bad_recordings_with_fix_errors() {
     );
 
     // The backend is still usable: no stream was left capturing.
-    let direct = gpu
-        .dispatch(
-            &times3(),
-            &[&bytes(&[1, 2, 3]), &[0u8; 12]],
-            &DispatchConfig::linear(1),
-        )
-        .unwrap();
-    assert_eq!(words(&direct[0]), vec![3, 6, 9]);
+    let direct = support::run_host(
+        &gpu,
+        &times3(),
+        &[&bytes(&[1, 2, 3]), &[0u8; 12]],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap();
+    assert_eq!(words(direct.item(0).unwrap()), vec![3, 6, 9]);
     drop((graph, second, other, static_graph));
-    for h in [odd, synced_out, static_out] {
-        gpu.free_resident(h).unwrap();
-    }
+    drop((odd, synced_out, static_out));
     chain.free(&gpu);
 }
 
@@ -815,14 +849,14 @@ fn gpu_graph_over_owned_buffers_survives_their_drop() {
     let program = times3();
     let config = DispatchConfig::linear(blocks_for(N));
     let kernel = gpu.compile(&program, &config).unwrap();
-    let baseline = gpu.pool_stats().resident_bytes;
+    let baseline = gpu.pool_stats().buffer_bytes;
     let x = gpu.buffer(4 * N as u64).unwrap();
     let y = gpu.buffer(4 * N as u64).unwrap();
     let mut slots = None;
     let mut graph = gpu
         .record(|rec| {
             let input = rec.upload(&x, 4 * N as u64)?;
-            rec.dispatch_bindings(&kernel, &[(&x).into(), (&y).into()], &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &on(&[&x, &y])).config(&config))?;
             let output = rec.read_back(&y, 0, 4 * N as u64)?;
             slots = Some((input, output));
             Ok(())
@@ -846,7 +880,7 @@ fn gpu_graph_over_owned_buffers_survives_their_drop() {
         );
     }
     drop(graph);
-    assert_eq!(gpu.pool_stats().resident_bytes, baseline);
+    assert_eq!(gpu.pool_stats().buffer_bytes, baseline);
 }
 
 /// Locks out a non-blocking replay that returns before its work is ordered or
@@ -865,7 +899,7 @@ fn gpu_graph_submissions_run_in_flight_and_wait() {
         let graph = gpu
             .record(|rec| {
                 let input = rec.upload(x, 4 * N as u64)?;
-                rec.dispatch_bindings(&kernel, &[x.into(), y.into()], &config)?;
+                rec.dispatch(Dispatch::new(&kernel, &on(&[x, y])).config(&config))?;
                 let output = rec.read_back(y, 0, 4 * N as u64)?;
                 slots = Some((input, output));
                 Ok(())

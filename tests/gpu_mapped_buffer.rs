@@ -1,14 +1,16 @@
 //! GPU tests of host-mapped owned buffers (`CudaBackend::host_mapped_buffer`):
 //! kernels store straight into host memory, the host reads it in place after the
 //! synchronize, and reading or writing it while a dispatch or graph holds it is a
-//! `Fix:` error; and of `CudaBackend::submit_kernel_after`, a dependent dispatch
-//! enqueued at once behind another and waited for with one blocking synchronize.
+//! `Fix:` error; and of `Dispatch::after`, a dependent dispatch submitted at once
+//! behind another and waited for with one blocking synchronize.
 //! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_`.
 
 mod support;
 
 use support::{triple_plus_one, triple_plus_one_program, words};
-use vyre_cuda::backend::{thread_driver_calls, CudaBackend};
+use vyre_cuda::backend::{
+    thread_driver_calls, Binding, CudaBackend, DeviceBuffer, Dispatch, Timing,
+};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 const WORDS: u32 = 1024;
@@ -18,6 +20,14 @@ fn setup(gpu: &CudaBackend) -> (vyre_cuda::backend::Kernel, DispatchConfig, Vec<
     let kernel = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
     let input: Vec<u8> = (0..WORDS).flat_map(|i| (i * 7).to_le_bytes()).collect();
     (kernel, config, input)
+}
+
+/// The bindings of `buffers`, in order.
+fn on<'a>(buffers: &[&'a DeviceBuffer]) -> Vec<Binding<'a>> {
+    buffers
+        .iter()
+        .map(|&buffer| Binding::from(buffer))
+        .collect()
 }
 
 fn expected() -> Vec<u32> {
@@ -42,20 +52,12 @@ fn gpu_host_mapped_buffer_receives_kernel_stores_without_a_copy() {
         &vec![0u8; 4 * WORDS as usize][..]
     );
     // Warm the lane first.
-    gpu.dispatch_kernel(
-        &kernel,
-        &[input_buffer.binding(), mapped.binding()],
-        &config,
-    )
-    .unwrap();
+    gpu.run(Dispatch::new(&kernel, &on(&[&input_buffer, &mapped])).config(&config))
+        .unwrap();
     mapped.mapped_bytes_mut().unwrap().fill(0);
     let before = thread_driver_calls();
-    gpu.dispatch_kernel(
-        &kernel,
-        &[input_buffer.binding(), mapped.binding()],
-        &config,
-    )
-    .unwrap();
+    gpu.run(Dispatch::new(&kernel, &on(&[&input_buffer, &mapped])).config(&config))
+        .unwrap();
     let after = thread_driver_calls();
     assert_eq!(after.synchronizes - before.synchronizes, 1);
     assert_eq!(
@@ -65,19 +67,15 @@ fn gpu_host_mapped_buffer_receives_kernel_stores_without_a_copy() {
     );
     assert_eq!(words(mapped.mapped_bytes().unwrap()), expected());
     // The same bytes through the copy path (the mapped memory is addressable by DMA too).
-    assert_eq!(words(&gpu.read(&mapped).unwrap()), expected());
+    assert_eq!(gpu.read::<u32>(&mapped).unwrap(), expected());
 
     let mut device = gpu.buffer(4 * WORDS as u64).unwrap();
     assert!(!device.is_host_mapped());
-    gpu.dispatch_kernel(
-        &kernel,
-        &[input_buffer.binding(), device.binding()],
-        &config,
-    )
-    .unwrap();
+    gpu.run(Dispatch::new(&kernel, &on(&[&input_buffer, &device])).config(&config))
+        .unwrap();
     let error = device.mapped_bytes().unwrap_err();
     assert!(error.to_string().starts_with("Fix:"), "{error}");
-    assert_eq!(words(&gpu.read(&device).unwrap()), expected());
+    assert_eq!(gpu.read::<u32>(&device).unwrap(), expected());
 }
 
 /// Locks out torn reads and host writes racing the device: while a submitted
@@ -98,7 +96,7 @@ fn gpu_host_mapped_buffer_is_refused_while_held() {
     let mut out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
 
     let pending = gpu
-        .submit_kernel(&kernel, &[mapped_input.binding(), out.binding()], &config)
+        .submit(Dispatch::new(&kernel, &on(&[&mapped_input, &out])).config(&config))
         .unwrap();
     for error in [
         out.mapped_bytes().map(|_| ()).unwrap_err(),
@@ -113,7 +111,7 @@ fn gpu_host_mapped_buffer_is_refused_while_held() {
     out.mapped_bytes_mut().unwrap().fill(0);
     let mut graph = gpu
         .record(|rec| {
-            rec.dispatch_bindings(&kernel, &[(&mapped_input).into(), (&out).into()], &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &on(&[&mapped_input, &out])).config(&config))?;
             Ok(())
         })
         .unwrap();
@@ -122,6 +120,51 @@ fn gpu_host_mapped_buffer_is_refused_while_held() {
     assert!(error.to_string().starts_with("Fix:"), "{error}");
     drop(graph);
     assert_eq!(words(out.mapped_bytes().unwrap()), expected());
+}
+
+/// Locks out a graph's owner that cannot read a host-mapped output in place
+/// between replays (the pre-tokenizer's piece starts: a copy would cost as much as
+/// its kernels), and a view that lets anyone else write under it:
+/// `mapped_bytes_beside(&graph)` sees the replay's stores while `mapped_bytes`
+/// refuses; (negative controls) a second graph that binds the buffer, or a
+/// dispatch in flight, makes it a `Fix:` error, and a graph that does not bind
+/// the buffer subtracts nothing.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_host_mapped_buffer_is_read_beside_the_graph_that_binds_it() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let mut out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let record = |out: &vyre_cuda::backend::DeviceBuffer| {
+        gpu.record(|rec| {
+            rec.dispatch(Dispatch::new(&kernel, &on(&[&input_buffer, out])).config(&config))?;
+            Ok(())
+        })
+        .unwrap()
+    };
+    let mut graph = record(&out);
+    graph.replay().unwrap();
+    assert!(out.mapped_bytes().is_err());
+    assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected());
+
+    let other_buffer = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let unrelated = record(&other_buffer);
+    let error = out.mapped_bytes_beside(&unrelated).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+
+    let second = record(&out);
+    let error = out.mapped_bytes_beside(&graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    drop(second);
+
+    let pending = gpu
+        .submit(Dispatch::new(&kernel, &on(&[&input_buffer, &out])).config(&config))
+        .unwrap();
+    let error = out.mapped_bytes_beside(&graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    pending.wait().unwrap();
+    assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected());
 }
 
 const CHAIN_WORDS: u32 = 1 << 20;
@@ -153,10 +196,19 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
     for round in 0..3 {
         let before = thread_driver_calls();
         let first = gpu
-            .submit_kernel_timed(&slow, &[source.binding(), middle.binding()], &config)
+            .submit(
+                Dispatch::new(&slow, &on(&[&source, &middle]))
+                    .config(&config)
+                    .timing(Timing::EventWindow),
+            )
             .unwrap();
         let second = gpu
-            .submit_kernel_after_timed(&first, &fast, &[middle.binding(), last.binding()], &config)
+            .submit(
+                Dispatch::new(&fast, &on(&[&middle, &last]))
+                    .config(&config)
+                    .timing(Timing::EventWindow)
+                    .after(&first),
+            )
             .unwrap();
         let submitted = thread_driver_calls();
         assert_eq!(
@@ -191,7 +243,7 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
 /// Locks out two submissions in flight that run at once over memory one of them
 /// writes (found under compute-sanitizer: two pending increments of one buffer left
 /// it one short): a submission reading the buffer the previous one writes, with no
-/// explicit `submit_kernel_after`, starts on the device only after the writer ended
+/// explicit `Dispatch::after`, starts on the device only after the writer ended
 /// and reads its finished words. Negative control: the same submission over
 /// disjoint buffers starts while the writer still runs, so the order seen above is
 /// the order book's doing, not the device's habit.
@@ -219,19 +271,17 @@ fn gpu_submissions_sharing_written_memory_run_in_order() {
         .collect();
     let clock = gpu.device_clock().unwrap();
     for round in 0..3 {
-        let writer = gpu
-            .submit_kernel_timed(&slow, &[source.binding(), middle.binding()], &config)
-            .unwrap();
-        let reader = gpu
-            .submit_kernel_timed(&fast, &[middle.binding(), last.binding()], &config)
-            .unwrap();
-        let disjoint = gpu
-            .submit_kernel_timed(
-                &fast,
-                &[other_source.binding(), other_last.binding()],
-                &config,
+        let timed = |kernel, buffers: &[&DeviceBuffer]| {
+            gpu.submit(
+                Dispatch::new(kernel, &on(buffers))
+                    .config(&config)
+                    .timing(Timing::EventWindow),
             )
-            .unwrap();
+            .unwrap()
+        };
+        let writer = timed(&slow, &[&source, &middle]);
+        let reader = timed(&fast, &[&middle, &last]);
+        let disjoint = timed(&fast, &[&other_source, &other_last]);
         let (_, reader_spans) = reader.wait_spans(&clock).unwrap();
         let (_, disjoint_spans) = disjoint.wait_spans(&clock).unwrap();
         let (_, writer_spans) = writer.wait_spans(&clock).unwrap();

@@ -12,25 +12,19 @@ use vyre_cuda::DispatchConfig;
 
 const CHILD_MARKER: &str = "VYRE_CUDA_GPU_PROBE_CHILD";
 
-/// The child's body: warm resident dispatches of the §6 fixture (9 buffers, 64 nodes).
+/// The child's body: warm dispatches of the measurement fixture (9 buffers, 64
+/// nodes) over device buffers.
 fn child_dispatches() {
     let gpu = support::backend();
     let program = host_cost_fixture(9, 64);
-    let handles: Vec<_> = program
+    let buffers: Vec<_> = program
         .global_buffers()
         .iter()
-        .map(|b| {
-            let h = gpu
-                .allocate_resident(b.static_size_bytes().unwrap())
-                .unwrap();
-            gpu.upload_resident(&h, &[0u8; 16]).unwrap();
-            h
-        })
+        .map(|b| gpu.buffer(b.static_size_bytes().unwrap()).unwrap())
         .collect();
     let config = DispatchConfig::linear(1);
     for _ in 0..300 {
-        gpu.dispatch_resident_timed(&program, &handles, &config)
-            .unwrap();
+        support::run_buffers(&gpu, &program, &buffers, &config).unwrap();
     }
 }
 
@@ -113,25 +107,17 @@ fn gpu_probe_lines_tell_same_shape_programs_apart() {
     let plain = host_cost_fixture(9, 64);
     let salted = host_cost_fixture_salted(9, 64, Some(0x5a5a));
     assert_eq!(plain.node_count(), salted.node_count());
-    let handles: Vec<_> = plain
+    let buffers: Vec<_> = plain
         .global_buffers()
         .iter()
-        .map(|b| {
-            let h = gpu
-                .allocate_resident(b.static_size_bytes().unwrap())
-                .unwrap();
-            gpu.upload_resident(&h, &[0u8; 16]).unwrap();
-            h
-        })
+        .map(|b| gpu.buffer(b.static_size_bytes().unwrap()).unwrap())
         .collect();
     let config = DispatchConfig::linear(1);
     let _on = probe::override_enabled(Some(true));
     let ((), lines) = probe::capture_lines(|| {
         for _ in 0..3 {
-            gpu.dispatch_resident_timed(&plain, &handles, &config)
-                .unwrap();
-            gpu.dispatch_resident_timed(&salted, &handles, &config)
-                .unwrap();
+            support::run_buffers(&gpu, &plain, &buffers, &config).unwrap();
+            support::run_buffers(&gpu, &salted, &buffers, &config).unwrap();
         }
     });
     let records: Vec<_> = lines.iter().filter_map(|line| parse_line(line)).collect();
@@ -155,9 +141,6 @@ fn gpu_probe_lines_tell_same_shape_programs_apart() {
     let summary = probe::report::summarize_log(&lines.join("\n"));
     assert_eq!(summary.groups.len(), 2, "{summary:?}");
     assert!(summary.groups.iter().all(|group| group.dispatches == 3));
-    for handle in handles {
-        gpu.free_resident(handle).unwrap();
-    }
 }
 
 /// The CPU half of `gpu_probe_lines_tell_same_shape_programs_apart`, which failed on

@@ -1,6 +1,7 @@
 //! GPU soak (issue 13 item 8): 8 threads share one `CudaBackend` for 60 s and mix
-//! every operation a long-lived process performs (compile, borrowed dispatch,
-//! resident dispatch, graph record and replay, allocate, upload, read and free),
+//! every operation a long-lived process performs (compile, a dispatch over host
+//! bytes, a dispatch over device buffers, graph record and replay, allocate,
+//! upload, read and drop),
 //! checking **every** result against the reference interpreter. Ignored by default;
 //! run on the GPU machine with `bash .gpu/run.sh gpu_soak` (or under
 //! `scripts/gpu-sanitize`). `VYRE_SOAK_SECONDS` (default 60) and
@@ -13,8 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{backend, bytes};
-use vyre_cuda::backend::CudaBackend;
+use support::backend;
+use vyre_cuda::backend::{Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
 use vyre_cuda::ir::Program;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
@@ -117,8 +118,7 @@ fn context(thread: u64, round: u64, checked: &Checked) -> String {
 
 fn borrowed_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
     let inputs: Vec<&[u8]> = checked.case.inputs.iter().map(|v| v.as_slice()).collect();
-    let got = gpu
-        .dispatch(&checked.case.program, &inputs, &checked.case.config)
+    let got = support::run_host(gpu, &checked.case.program, &inputs, &checked.case.config)
         .unwrap_or_else(|e| panic!("{at}: dispatch: {e}"));
     assert_eq!(
         got, checked.expected,
@@ -127,39 +127,28 @@ fn borrowed_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
 }
 
 fn resident_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
-    let handles: Vec<_> = checked
+    let buffers: Vec<_> = checked
         .case
         .inputs
         .iter()
         .map(|input| {
-            let handle = gpu
-                .allocate_resident(input.len() as u64)
-                .unwrap_or_else(|e| panic!("{at}: allocate: {e}"));
-            gpu.upload_resident(&handle, input)
-                .unwrap_or_else(|e| panic!("{at}: upload: {e}"));
-            handle
+            gpu.buffer_from(input)
+                .unwrap_or_else(|e| panic!("{at}: allocate and upload: {e}"))
         })
         .collect();
-    let got = gpu
-        .dispatch_resident(&checked.case.program, &handles, &checked.case.config)
-        .unwrap_or_else(|e| panic!("{at}: dispatch_resident: {e}"));
-    assert_eq!(got, checked.expected, "{at}: resident dispatch differs");
-    // The resident outputs hold the same bytes as the read-back copies.
+    let got = support::run_buffers(gpu, &checked.case.program, &buffers, &checked.case.config)
+        .unwrap_or_else(|e| panic!("{at}: dispatch over buffers: {e}"))
+        .outputs;
+    assert_eq!(got, checked.expected, "{at}: dispatch over buffers differs");
+    // The buffers hold the same bytes as the read-back copies.
     for (position, expected) in output_positions(&checked.case.program)
         .into_iter()
         .zip(&checked.expected)
     {
         let stored = gpu
-            .read_resident(&handles[position])
-            .unwrap_or_else(|e| panic!("{at}: read_resident: {e}"));
-        assert_eq!(
-            &stored, expected,
-            "{at}: resident buffer {position} differs"
-        );
-    }
-    for handle in handles {
-        gpu.free_resident(handle)
-            .unwrap_or_else(|e| panic!("{at}: free: {e}"));
+            .read::<u8>(&buffers[position])
+            .unwrap_or_else(|e| panic!("{at}: read: {e}"));
+        assert_eq!(&stored, expected, "{at}: buffer {position} differs");
     }
 }
 
@@ -171,25 +160,26 @@ fn graph_round(gpu: &CudaBackend, checked: &Checked, replays: u64, counts: &Coun
         .compile(&case.program, &case.config)
         .unwrap_or_else(|e| panic!("{at}: compile: {e}"));
     counts.compiles.fetch_add(1, Ordering::Relaxed);
-    let handles: Vec<_> = case
+    let buffers: Vec<_> = case
         .inputs
         .iter()
-        .map(|input| gpu.allocate_resident(input.len() as u64).unwrap())
+        .map(|input| gpu.buffer(input.len() as u64).unwrap())
         .collect();
+    let bound: Vec<Binding> = buffers.iter().map(Binding::from).collect();
     let config = case.config.clone().with_readback(ReadbackPolicy::None);
     let outputs = output_positions(&case.program);
     let mut slots = None;
     let mut graph = gpu
         .record(|rec| {
-            let uploads = handles
+            let uploads = buffers
                 .iter()
                 .zip(&case.inputs)
-                .map(|(handle, input)| rec.upload(handle, input.len() as u64))
+                .map(|(buffer, input)| rec.upload(buffer, input.len() as u64))
                 .collect::<Result<Vec<_>, _>>()?;
-            rec.dispatch(&kernel, &handles, &config)?;
+            rec.dispatch(Dispatch::new(&kernel, &bound).config(&config))?;
             let reads = outputs
                 .iter()
-                .map(|&position| rec.read_back(&handles[position], 0, handles[position].len()))
+                .map(|&position| rec.read_back(&buffers[position], 0, buffers[position].len()))
                 .collect::<Result<Vec<_>, _>>()?;
             slots = Some((uploads, reads));
             Ok(())
@@ -216,28 +206,26 @@ fn graph_round(gpu: &CudaBackend, checked: &Checked, replays: u64, counts: &Coun
         }
         counts.graph_replays.fetch_add(1, Ordering::Relaxed);
     }
+    // The graph holds its buffers: dropping them first frees nothing under it.
+    drop(bound);
+    drop(buffers);
     drop(graph);
-    // The graph held its buffers; freeing the handles afterwards must work.
-    for handle in handles {
-        gpu.free_resident(handle).unwrap();
-    }
 }
 
-/// Allocate buffers of random sizes, fill each with a pattern, read it back, free.
+/// Allocate buffers of random sizes, fill each with a pattern, read it back, drop.
 fn allocation_churn(gpu: &CudaBackend, rng: &mut Rng, at: &str) {
     let mut held = Vec::new();
     for _ in 0..1 + rng.below(6) {
         let words = 1 + rng.below(1 << 14) as u32;
         let pattern: Vec<u32> = (0..words).map(|w| w ^ rng.next() as u32).collect();
-        let handle = gpu
-            .allocate_resident(4 * words as u64)
+        let buffer = gpu
+            .buffer(4 * words as u64)
             .unwrap_or_else(|e| panic!("{at}: allocate {words} words: {e}"));
-        gpu.upload_resident(&handle, &bytes(&pattern)).unwrap();
-        held.push((handle, pattern));
+        gpu.upload(&buffer, &pattern).unwrap();
+        held.push((buffer, pattern));
     }
-    for (handle, pattern) in held {
-        assert_eq!(gpu.read_resident(&handle).unwrap(), bytes(&pattern), "{at}");
-        gpu.free_resident(handle).unwrap();
+    for (buffer, pattern) in held {
+        assert_eq!(gpu.read::<u32>(&buffer).unwrap(), pattern, "{at}");
     }
 }
 
@@ -254,7 +242,7 @@ fn gpu_soak_eight_threads_mixed_operations_stay_correct() {
     let gpu = backend();
     let cases = Arc::new(checked_cases());
     let counts = Arc::new(Counts::default());
-    let resident_before = gpu.resident_bytes();
+    let resident_before = gpu.buffer_bytes();
     let kinds = Arc::new(soak_kinds());
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let workers: Vec<_> = (0..threads)
@@ -314,9 +302,9 @@ fn gpu_soak_eight_threads_mixed_operations_stay_correct() {
         .map(|worker| worker.join().expect("a soak thread failed"))
         .sum();
     assert_eq!(
-        gpu.resident_bytes(),
+        gpu.buffer_bytes(),
         resident_before,
-        "resident memory left after every buffer was freed"
+        "device memory left after every buffer was dropped"
     );
     assert!(gpu.is_usable());
     println!(

@@ -12,7 +12,7 @@ mod support;
 
 use support::stitch::{blocks_for, reference_chain, scale, scale_config, Chain, Stitched, N};
 use support::{bytes, random_words, words};
-use vyre_cuda::backend::{BackendError, CudaBackend, ResidentBuffer};
+use vyre_cuda::backend::{BackendError, Binding, CudaBackend, DeviceBuffer, Dispatch};
 use vyre_cuda::graph::{EdgeKind, StitchBuilder, TransferRoute};
 use vyre_cuda::DispatchConfig;
 
@@ -36,7 +36,10 @@ fn replay_three_times(stitched: &mut Stitched, seed: u64) {
             timing.wait_ns <= timing.wall_ns,
             "round {round}: {timing:?}"
         );
-        assert!(timing.kernel_ns > 0, "round {round}: stamps: {timing:?}");
+        assert!(
+            timing.kernel_stamps_ns > 0,
+            "round {round}: stamps: {timing:?}"
+        );
         let (scaled, sum) = reference_chain(&values);
         let out = &stitched.graph;
         assert_eq!(
@@ -201,7 +204,9 @@ fn gpu_stitch_element_count_updates_reach_the_parent() {
     let mut lone = gpu
         .record(|rec| {
             let input = rec.upload(&chain.input, 4 * N as u64)?;
-            let step = rec.dispatch(&chain.times3, &[chain.input, chain.x], &scale_config())?;
+            let bindings = [Binding::from(&chain.input), Binding::from(&chain.x)];
+            let step =
+                rec.dispatch(Dispatch::new(&chain.times3, &bindings).config(&scale_config()))?;
             let out = rec.read_back(&chain.x, 0, 4 * N as u64)?;
             ids = Some((input, step, out));
             Ok(())
@@ -229,31 +234,28 @@ fn gpu_stitch_element_count_updates_reach_the_parent() {
 }
 
 /// Locks out a parent that borrows its buffers (a use after free at replay): after
-/// stitching, every handle is freed and decoy buffers are allocated (they may reuse
-/// the memory); replays still match the reference and never write the decoys.
+/// stitching, every buffer is dropped and decoy buffers are allocated (they may
+/// reuse the memory); replays still match the reference and never write the decoys.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_stitch_survives_freeing_every_handle() {
     let gpu = support::backend();
     let chain = Chain::new(&gpu, &gpu);
     let mut stitched = chain.stitch(true);
-    let handles = [chain.input, chain.x, chain.y, chain.z, chain.w, chain.sum];
+    let live = gpu.pool_stats().live_buffers;
     chain.free();
-    for h in handles {
-        let m = fix_message(gpu.read_resident(&h).unwrap_err());
-        assert!(m.contains("already freed"), "{m}");
-    }
-    let decoys: Vec<ResidentBuffer> = (0..6)
-        .map(|_| {
-            let h = gpu.allocate_resident(4 * N as u64).unwrap();
-            gpu.upload_resident(&h, &vec![0xAB; 4 * N]).unwrap();
-            h
-        })
+    assert_eq!(
+        gpu.pool_stats().live_buffers,
+        live - 6,
+        "the buffers are gone"
+    );
+    let decoys: Vec<DeviceBuffer> = (0..6)
+        .map(|_| gpu.buffer_from(&vec![0xABu8; 4 * N]).unwrap())
         .collect();
     replay_three_times(&mut stitched, 900);
-    for h in &decoys {
+    for decoy in &decoys {
         assert!(
-            gpu.read_resident(h).unwrap().iter().all(|&b| b == 0xAB),
+            gpu.read::<u8>(decoy).unwrap().iter().all(|&b| b == 0xAB),
             "a replay wrote into a buffer it does not hold"
         );
     }
@@ -265,9 +267,7 @@ fn gpu_stitch_survives_freeing_every_handle() {
     .join()
     .unwrap();
     drop(moved);
-    for h in decoys {
-        gpu.free_resident(h).unwrap();
-    }
+    drop(decoys);
     assert!(gpu.is_usable());
 }
 
@@ -283,9 +283,10 @@ fn gpu_stitch_refusals_are_fix_errors() {
     let gpu = support::backend();
     let chain = Chain::new(&gpu, &gpu);
     let bytes_all = 4 * N as u64;
+    let input_x = [Binding::from(&chain.input), Binding::from(&chain.x)];
     let record_one = || {
         gpu.record(|rec| {
-            rec.dispatch(&chain.times3, &[chain.input, chain.x], &scale_config())
+            rec.dispatch(Dispatch::new(&chain.times3, &input_x).config(&scale_config()))
                 .map(drop)
         })
         .unwrap()
@@ -295,12 +296,9 @@ fn gpu_stitch_refusals_are_fix_errors() {
     let with_scratch = gpu
         .record(|rec| {
             let scratch = rec.scratch(bytes_all)?;
-            rec.dispatch_bindings(
-                &chain.times3,
-                &[chain.input.into(), scratch.into()],
-                &scale_config(),
-            )
-            .map(drop)
+            let bindings = [Binding::from(&chain.input), Binding::from(scratch)];
+            rec.dispatch(Dispatch::new(&chain.times3, &bindings).config(&scale_config()))
+                .map(drop)
         })
         .unwrap();
     let mut stitch = StitchBuilder::new();
@@ -318,13 +316,13 @@ fn gpu_stitch_refusals_are_fix_errors() {
 
     // Transfers: another backend's buffer, too many bytes, zero bytes, to itself.
     let other = CudaBackend::acquire_device(0).unwrap();
-    let foreign = other.allocate_resident(bytes_all).unwrap();
+    let foreign = other.buffer(bytes_all).unwrap();
     let mut stitch = StitchBuilder::new();
     let (a, b) = (stitch.child(record_one()), stitch.child(record_one()));
     let m = fix_message(stitch.transfer(a, &foreign, b, &chain.y, 4).unwrap_err());
-    assert!(m.contains("another CudaBackend"), "{m}");
+    assert!(m.contains("another backend"), "{m}");
     let m = fix_message(stitch.transfer(a, &chain.x, b, &foreign, 4).unwrap_err());
-    assert!(m.contains("another CudaBackend"), "{m}");
+    assert!(m.contains("another backend"), "{m}");
     let m = fix_message(stitch.transfer(a, &chain.x, b, &chain.sum, 8).unwrap_err());
     assert!(m.contains("holds 4 bytes"), "{m}");
     let m = fix_message(stitch.transfer(a, &chain.x, b, &chain.y, 0).unwrap_err());
@@ -347,13 +345,13 @@ fn gpu_stitch_refusals_are_fix_errors() {
     ));
     built.replay().unwrap();
     drop(built);
-    other.free_resident(foreign).unwrap();
+    drop(foreign);
 
     // Across devices, where the host has two.
     let devices = CudaBackend::device_count().unwrap();
     if devices >= 2 {
         let gpu1 = CudaBackend::acquire_device(1).unwrap();
-        let there = gpu1.allocate_resident(bytes_all).unwrap();
+        let there = gpu1.buffer(bytes_all).unwrap();
         let kernel_there = gpu1.compile(&scale("times3", 3), &scale_config()).unwrap();
         let m = fix_message(
             gpu.record(|rec| rec.upload(&there, 4).map(drop))
@@ -365,7 +363,8 @@ fn gpu_stitch_refusals_are_fix_errors() {
         );
         let m = fix_message(
             gpu.record(|rec| {
-                rec.dispatch(&chain.times3, &[chain.input, there], &scale_config())
+                let bindings = [Binding::from(&chain.input), Binding::from(&there)];
+                rec.dispatch(Dispatch::new(&chain.times3, &bindings).config(&scale_config()))
                     .map(drop)
             })
             .unwrap_err(),
@@ -373,7 +372,7 @@ fn gpu_stitch_refusals_are_fix_errors() {
         assert!(m.contains("of device 1"), "{m}");
         let m = fix_message(
             gpu.record(|rec| {
-                rec.dispatch(&kernel_there, &[chain.input, chain.x], &scale_config())
+                rec.dispatch(Dispatch::new(&kernel_there, &input_x).config(&scale_config()))
                     .map(drop)
             })
             .unwrap_err(),
@@ -384,7 +383,7 @@ fn gpu_stitch_refusals_are_fix_errors() {
         let (a, b) = (stitch.child(record_one()), stitch.child(record_one()));
         let m = fix_message(stitch.transfer(a, &there, b, &chain.y, 4).unwrap_err());
         assert!(m.contains("source buffer is of device 1"), "{m}");
-        gpu1.free_resident(there).unwrap();
+        drop(there);
     } else {
         println!(
             "the cross-device refusals need 2 CUDA devices and this host has {devices}; \
@@ -393,14 +392,14 @@ fn gpu_stitch_refusals_are_fix_errors() {
     }
 
     // The backend still works: nothing was left capturing or half-built.
-    let direct = gpu
-        .dispatch(
-            &scale("times3", 3),
-            &[&bytes(&[1, 2, 3]), &[0u8; 12]],
-            &DispatchConfig::linear(1),
-        )
-        .unwrap();
-    assert_eq!(words(&direct[0]), vec![3, 6, 9]);
+    let direct = support::run_host(
+        &gpu,
+        &scale("times3", 3),
+        &[&bytes(&[1, 2, 3]), &[0u8; 12]],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap();
+    assert_eq!(direct.read::<u32>("dst").unwrap(), vec![3, 6, 9]);
     chain.free();
 }
 

@@ -4,7 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vyre_cuda::backend::{Binding, CudaBackend};
+use vyre_cuda::backend::{Binding, CudaBackend, Dispatch};
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::DispatchConfig;
 
@@ -32,9 +32,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Locks out heap allocation on the hot path: 1,000 warm dispatches of a compiled
-/// kernel over resident buffers into caller buffers allocate nothing; a negative
-/// control (the Vec-returning API) shows the counter does see allocations.
+/// Locks out heap allocation on the hot path: 1,000 warm `run_into` requests of a
+/// compiled kernel over device buffers into caller buffers allocate nothing (the
+/// request itself included); a negative control (`run`, which returns owned
+/// outputs) shows the counter does see allocations.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
@@ -42,29 +43,28 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
     let program = host_cost_fixture(9, 64);
     let config = DispatchConfig::linear(1);
     let kernel = gpu.compile(&program, &config).unwrap();
-    let mut handles = Vec::new();
+    let mut buffers = Vec::new();
     for (i, b) in program.global_buffers().iter().enumerate() {
-        let h = gpu
-            .allocate_resident(b.static_size_bytes().unwrap())
-            .unwrap();
-        let mut init = vec![0u8; 16];
+        let buffer = gpu.buffer(b.static_size_bytes().unwrap()).unwrap();
+        let mut init = [0u32; 4];
         if i == 0 {
-            init[..4].copy_from_slice(&9u32.to_le_bytes());
+            init[0] = 9;
         }
-        gpu.upload_resident(&h, &init).unwrap();
-        handles.push(Binding::Resident(h));
+        gpu.upload(&buffer, &init).unwrap();
+        buffers.push(buffer);
     }
+    let bindings: Vec<Binding> = buffers.iter().map(Binding::from).collect();
     let mut storage = [[0u8; 16]; 8];
     for _ in 0..5 {
         let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(|s| &mut s[..]).collect();
-        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs)
+        gpu.run_into(Dispatch::new(&kernel, &bindings).config(&config), &mut outs)
             .unwrap();
     }
     let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut storage;
     let mut outs: [&mut [u8]; 8] = [s0, s1, s2, s3, s4, s5, s6, s7];
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..1000 {
-        gpu.dispatch_kernel_into(&kernel, &handles, &config, &mut outs)
+        gpu.run_into(Dispatch::new(&kernel, &bindings).config(&config), &mut outs)
             .unwrap();
     }
     let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
@@ -78,7 +78,8 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
     );
     // Negative control: the Vec-returning API allocates, and the counter sees it.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
-    gpu.dispatch_kernel(&kernel, &handles, &config).unwrap();
+    gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
+        .unwrap();
     assert!(
         ALLOCATIONS.load(Ordering::Relaxed) > before,
         "counter must see allocations"

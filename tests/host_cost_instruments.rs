@@ -11,7 +11,7 @@
 //! All instruments are `#[ignore]` (they need a CUDA device and a quiet machine). Run them
 //! with `cargo test --release -- --ignored --nocapture host_cost` (on the GPU machine:
 //! `bash .gpu/run.sh host_cost_`). Each prints a [`Report`] table, writes its JSON files to
-//! `$VYRE_HOST_COST_REPORT_DIR` (default `target/host-cost/`) and asserts only what is
+//! [`report_dir`] and asserts only what is
 //! robust: no device error, the fixture's result is right, no cell was optimised away, and
 //! (for the power instrument) detection rates far from their targets. Noise is printed,
 //! never failed on; no test asserts a wall-clock bound.
@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 use vyre_cuda::backend::floor::RawFloor;
 use vyre_cuda::backend::{
-    BackendError, Binding, CudaBackend, DeviceCaps, LaunchPlan, Outputs, PtxKey, ResidentBuffer,
+    BackendError, Binding, CudaBackend, DeviceBuffer, DeviceCaps, Dispatch, LaunchPlan, Outputs,
+    PtxKey,
 };
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::host_cost::{
@@ -275,18 +276,22 @@ fn digest_word(digest: Digest) -> u64 {
 
 /// First u32 of the first read-back output (the fixture's `out[0]`).
 fn first_word(outputs: &Outputs) -> u64 {
-    outputs
-        .get(0)
-        .and_then(|output| output.first_chunk::<4>())
+    outputs.item(0).map_or(0, first_word_of)
+}
+
+/// First u32 of `bytes`.
+fn first_word_of(bytes: &[u8]) -> u64 {
+    bytes
+        .first_chunk::<4>()
         .map_or(0, |b| u64::from(u32::from_le_bytes(*b)))
 }
 
-/// A resident fixture: the program, its buffers (static sizes, `in[0] = INPUT`), the
-/// config and the expected `out[0]`.
+/// A fixture in device buffers: the program, its buffers (static sizes,
+/// `in[0] = INPUT`), the config and the expected `out[0]`.
 struct Resident {
     program: Program,
     chain: u32,
-    handles: Vec<ResidentBuffer>,
+    handles: Vec<DeviceBuffer>,
     config: DispatchConfig,
 }
 
@@ -299,18 +304,15 @@ impl Resident {
             let bytes = decl.static_size_bytes().ok_or_else(|| {
                 Failure(format!("fixture buffer '{}' has no static size", decl.name))
             })?;
-            let handle = backend
-                .allocate_resident(bytes)
-                .context("allocating a resident fixture buffer")?;
             let mut data = vec![0u8; bytes as usize];
             if &*decl.name == "in" {
                 if let Some(word) = data.first_chunk_mut::<4>() {
                     *word = INPUT.to_le_bytes();
                 }
             }
-            backend
-                .upload_resident(&handle, &data)
-                .context("uploading a resident fixture buffer")?;
+            let handle = backend
+                .buffer_from(&data)
+                .context("allocating and filling a fixture buffer")?;
             handles.push(handle);
         }
         Ok(Resident {
@@ -345,8 +347,9 @@ impl Resident {
             .compile(&self.program, &self.config)
             .context("compiling the fixture")?;
         let cold = started.elapsed();
+        let bindings = resident_bindings(&self.handles);
         let timed = backend
-            .dispatch_resident_timed(&self.program, &self.handles, &self.config)
+            .run(Dispatch::program(&self.program, &bindings).config(&self.config))
             .context("dispatching the fixture")?;
         let expected = u64::from(host_cost_fixture_expected(INPUT, self.chain));
         let got = first_word(&timed.outputs);
@@ -360,26 +363,23 @@ impl Resident {
         Ok(cold)
     }
 
-    /// One warm resident dispatch through the program path; digest = `out[0]`.
+    /// One warm dispatch of a program request over device buffers; digest = `out[0]`.
     fn dispatch(&self, backend: &CudaBackend) -> Result<u64, BackendError> {
+        let bindings = resident_bindings(&self.handles);
         backend
-            .dispatch_resident_timed(&self.program, &self.handles, &self.config)
-            .map(|timed| first_word(&timed.outputs))
+            .run(Dispatch::program(&self.program, &bindings).config(&self.config))
+            .map(|finished| first_word(&finished.outputs))
     }
 
-    fn free(self, backend: &CudaBackend) -> Outcome {
-        for handle in self.handles {
-            backend
-                .free_resident(handle)
-                .context("freeing a resident fixture buffer")?;
-        }
+    fn free(self, _backend: &CudaBackend) -> Outcome {
+        // The buffers free themselves.
         Ok(())
     }
 }
 
-/// The binding array a dispatch builds from resident handles.
-fn resident_bindings(handles: &[ResidentBuffer]) -> SmallVec<[Binding<'static>; 16]> {
-    handles.iter().map(|h| Binding::Resident(*h)).collect()
+/// The binding array a request borrows, built from device buffers.
+fn resident_bindings(buffers: &[DeviceBuffer]) -> SmallVec<[Binding<'_>; 16]> {
+    buffers.iter().map(Binding::from).collect()
 }
 
 /// The backend's PTX key of `program`, computed the way its warm path does: lowering memo,
@@ -559,12 +559,12 @@ fn host_cost_resident_prefix_cells() -> Outcome {
         repeat(n, &errors, name, || {
             let bindings = resident_bindings(black_box(handles));
             black_box(&bindings);
-            backend
-                .compile(black_box(program), config)
-                .map(|kernel| kernel.module_key().0 as u64 ^ bindings.len() as u64)
+            backend.compile(black_box(program), config).map(|kernel| {
+                kernel.module_key().map_or(0, |key| key.0 as u64) ^ bindings.len() as u64
+            })
         })
     });
-    let name = "e. whole dispatch (resident, timed)";
+    let name = "e. whole dispatch (program request over device buffers)";
     let whole = measure_cell(&mut report, &errors, name, |n| {
         repeat(n, &errors, name, || fixture.dispatch(&backend))
     });
@@ -574,17 +574,20 @@ fn host_cost_resident_prefix_cells() -> Outcome {
         .filter(|b| b.access.is_output())
         .map(|b| vec![0u8; b.static_size_bytes().unwrap_or(16) as usize])
         .collect();
-    let name = "e'. kernel dispatch into caller buffers (untimed)";
+    let name = "e'. kernel request into caller buffers (run_into)";
     let kernel_path = measure_cell(&mut report, &errors, name, |n| {
         repeat(n, &errors, name, || {
             let bindings = resident_bindings(handles);
             let mut slices: SmallVec<[&mut [u8]; 16]> =
                 storage.iter_mut().map(|v| v.as_mut_slice()).collect();
             backend
-                .dispatch_kernel_into(&kernel, &bindings, config, &mut slices)
+                .run_into(
+                    Dispatch::new(&kernel, &bindings).config(config),
+                    &mut slices,
+                )
                 .map(|timing| timing.wall_ns & 1)
         })
-        .wrapping_add(first_word(&Outputs::from(&storage[..])))
+        .wrapping_add(storage.first().map_or(0, |bytes| first_word_of(bytes)))
     });
     let floors = floor_cells(&mut report, &errors, &mut floor, outputs);
 
@@ -846,7 +849,7 @@ fn binding_plan_mimic(slots: &[SlotFacts], bindings: &[Binding<'_>]) -> Result<u
 
 /// Enqueue components of a dispatch, each measured alone on the (9, 64) fixture: context
 /// bind, idle synchronize and launch issue (raw driver), a lane round trip (approximated:
-/// a 16-byte `read_resident_into` minus the floor's one async read + sync), function
+/// a 16-byte `read_into` of a device buffer minus the floor's one async read + sync), function
 /// resolve (warm `compile`), launch plan (`LaunchPlan::new`), binding plan (a test-side
 /// copy of its logic), and the two program walks the warm path must never pay —
 /// validation and the grid-sync scan — at 64 and 1,024 nodes.
@@ -862,7 +865,7 @@ fn host_cost_enqueue_components() -> Outcome {
         "host_cost_enqueue_components",
         "Each cell measures one component alone. Stream and event pool round trips are not \
          public (LanePool is private): 'lane round trip' approximates them as a 16-byte \
-         read_resident_into (lane lease + resident lookup + async copy + sync + return) \
+         read_into of a device buffer (lane lease + async copy + sync + return) \
          minus the floor's one async read + sync. 'binding plan' runs a test-side copy of \
          the plan's logic. Validation and the grid-sync scan are whole-program walks the \
          warm dispatch path never pays (validation is cached; the scan runs at kernel \
@@ -891,13 +894,13 @@ fn host_cost_enqueue_components() -> Outcome {
         repeat(n, &errors, name, || floor.async_reads_one_sync(1))
     });
     let mut sixteen = [0u8; 16];
-    let out_handle = handles.get(1).copied();
-    let name = "read_resident_into 16 B";
-    let resident_read = match out_handle {
+    let out_handle = handles.get(1);
+    let name = "read_into 16 B";
+    let buffer_read = match out_handle {
         Some(handle) => measure_cell(&mut report, &errors, name, |n| {
             repeat(n, &errors, name, || {
                 backend
-                    .read_resident_into(&handle, &mut sixteen)
+                    .read_into(handle, &mut sixteen)
                     .map(|()| u64::from(sixteen[0]))
             })
         }),
@@ -908,7 +911,7 @@ fn host_cost_enqueue_components() -> Outcome {
         repeat(n, &errors, name, || {
             backend
                 .compile(black_box(program), config)
-                .map(|kernel| kernel.module_key().0 as u64)
+                .map(|kernel| kernel.module_key().map_or(0, |key| key.0 as u64))
         })
     });
     let name = "launch plan (LaunchPlan::new)";
@@ -937,7 +940,7 @@ fn host_cost_enqueue_components() -> Outcome {
             binding_plan_mimic(black_box(&slots), black_box(&bindings))
         })
     });
-    let name = "whole dispatch (dispatch_resident_timed)";
+    let name = "whole dispatch (program request over device buffers)";
     let whole = measure_cell(&mut report, &errors, name, |n| {
         repeat(n, &errors, name, || fixture.dispatch(&backend))
     });
@@ -981,8 +984,8 @@ fn host_cost_enqueue_components() -> Outcome {
         ("idle synchronize".to_string(), floors.idle_sync),
         ("launch issue only".to_string(), floors.issue_only),
         (
-            "lane round trip ~ read_resident_into - (1 read + sync)".to_string(),
-            difference(resident_read, one_read),
+            "lane round trip ~ read_into - (1 read + sync)".to_string(),
+            difference(buffer_read, one_read),
         ),
         ("function resolve (warm compile)".to_string(), resolve),
         ("launch plan".to_string(), launch_plan),
@@ -1008,6 +1011,7 @@ fn host_cost_enqueue_components() -> Outcome {
         "not measured: stream and event pool round trips alone (LanePool is private; the \
          lane row above approximates them, and they are inside the whole dispatch)"
     );
+    drop(bindings);
     fixture.free(&backend)?;
     result
 }
@@ -1945,7 +1949,7 @@ fn bump_program() -> Program {
 /// replays, so [`ChainedParent::check`] can prove every child ran every time.
 struct ChainedParent {
     graph: vyre_cuda::graph::StitchedGraph,
-    buffers: Vec<(CudaBackend, ResidentBuffer)>,
+    buffers: Vec<(CudaBackend, DeviceBuffer)>,
     replays: u64,
 }
 
@@ -1963,13 +1967,14 @@ impl ChainedParent {
         for index in 0..children {
             let gpu = &backends[index % backends.len()];
             let x = gpu
-                .allocate_resident(4)
-                .context("allocating a child's word")?;
-            gpu.upload_resident(&x, &[0u8; 4])
-                .context("zeroing a child's word")?;
+                .buffer(4)
+                .context("allocating a child's (zeroed) word")?;
             let kernel = &kernels[index % backends.len()];
             let graph = gpu
-                .record(|rec| rec.dispatch(kernel, &[x], &config).map(drop))
+                .record(|rec| {
+                    rec.dispatch(Dispatch::new(kernel, &[Binding::from(&x)]).config(&config))
+                        .map(drop)
+                })
                 .context("recording a child")?;
             let child = stitch.child(graph);
             if let Some(before) = previous {
@@ -1996,8 +2001,7 @@ impl ChainedParent {
     /// Every child's word equals the number of replays (each child ran each time).
     fn check(&self, name: &str) -> Outcome {
         for (index, (gpu, x)) in self.buffers.iter().enumerate() {
-            let word = gpu.read_resident(x).context("reading a child's word")?;
-            let value = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            let value = gpu.read::<u32>(x).context("reading a child's word")?[0];
             if value != self.replays as u32 {
                 return Err(Failure(format!(
                     "{name}: child {index} counted {value} runs, the parent replayed {} times",
@@ -2006,14 +2010,6 @@ impl ChainedParent {
             }
         }
         Ok(())
-    }
-}
-
-impl Drop for ChainedParent {
-    fn drop(&mut self) {
-        for (gpu, x) in self.buffers.drain(..) {
-            let _ = gpu.free_resident(x);
-        }
     }
 }
 

@@ -746,6 +746,88 @@ fn report_writes_both_files_and_survives_an_unwritable_directory() {
     assert!(error.to_string().starts_with("Fix:"), "{error}");
 }
 
+/// Set in a re-run of this test binary: the child side of
+/// `report_finish_writes_where_the_environment_says`.
+const REPORT_CHILD_MARKER: &str = "VYRE_HOST_COST_REPORT_TEST_CHILD";
+
+/// The child side: does nothing in a normal run; re-run with [`REPORT_CHILD_MARKER`]
+/// set, it finishes a report named `child_report` wherever `report_dir()` says.
+#[test]
+fn report_child_finishes_a_report() {
+    if std::env::var_os(REPORT_CHILD_MARKER).is_none() {
+        return;
+    }
+    let mut report = Report::new("child_report");
+    report.add_failure(
+        "none",
+        &HostCostError::OptimisedAway {
+            name: "none".into(),
+            ns_per_unit: 0.0,
+            threshold_ns: 1.0,
+        },
+    );
+    report.finish().expect("report written");
+}
+
+/// Locks out `Report::finish` writing under `target/` when the build lives in
+/// `$CARGO_TARGET_DIR` (issue 22), or anywhere but `$VYRE_HOST_COST_REPORT_DIR` when
+/// that is set: this binary runs its child test with the variables set as a user would
+/// and looks for the files. Negative control: with neither variable the files land in
+/// `target/host-cost` under the child's working directory, and nowhere else.
+#[test]
+fn report_finish_writes_where_the_environment_says() {
+    let run_child = |working_dir: &Path, report_dir: Option<&Path>, target_dir: Option<&Path>| {
+        let mut child =
+            std::process::Command::new(std::env::current_exe().expect("test binary path"));
+        child
+            .args([
+                "--exact",
+                "report_child_finishes_a_report",
+                "--test-threads=1",
+            ])
+            .current_dir(working_dir)
+            .env(REPORT_CHILD_MARKER, "1")
+            .env_remove(vyre_cuda::host_cost::REPORT_DIR_ENV)
+            .env_remove("CARGO_TARGET_DIR");
+        if let Some(dir) = report_dir {
+            child.env(vyre_cuda::host_cost::REPORT_DIR_ENV, dir);
+        }
+        if let Some(dir) = target_dir {
+            child.env("CARGO_TARGET_DIR", dir);
+        }
+        let output = child.output().expect("child runs");
+        assert!(
+            output.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    };
+    let written = |dir: &Path| dir.join("child_report.samples.json").is_file();
+    let root = tempfile::tempdir().expect("temp dir");
+    let (work, reports, build) = (
+        root.path().join("work"),
+        root.path().join("reports"),
+        root.path().join("build"),
+    );
+    std::fs::create_dir_all(&work).expect("working directory");
+
+    run_child(&work, None, Some(&build));
+    assert!(
+        written(&build.join("host-cost")),
+        "not under CARGO_TARGET_DIR"
+    );
+    assert!(!written(&work.join("target/host-cost")));
+    std::fs::remove_dir_all(build.join("host-cost")).expect("cleared");
+
+    run_child(&work, Some(&reports), Some(&build));
+    assert!(written(&reports), "not in VYRE_HOST_COST_REPORT_DIR");
+    assert!(!written(&build.join("host-cost")));
+    assert!(!written(&work.join("target/host-cost")));
+
+    run_child(&work, None, None);
+    assert!(written(&work.join("target/host-cost")), "not under target/");
+}
+
 // ---------------------------------------------------------------------------------------
 // Issue 12: the between-arm clock gap is the verdict; issue 13: bounded inputs.
 // ---------------------------------------------------------------------------------------

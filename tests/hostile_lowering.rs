@@ -554,6 +554,73 @@ fn fixpoint_iterations_count_against_the_work_cap() {
     assert_eq!(stats.work(), 1000 * 4 * 64);
 }
 
+/// An empty program on 1-thread workgroups with one workgroup buffer of `count`
+/// elements of `elem`: all a kernel run does is reset its lane and zero that memory.
+fn empty_with_workgroup_memory(elem: ElemType, count: u32) -> Program {
+    Program::builder([1, 1, 1])
+        .buffer(
+            "shared",
+            0,
+            Access::Workgroup,
+            elem,
+            BufferCount::Static(count),
+        )
+        .build()
+}
+
+/// Defect locked out (issue 22): zeroing workgroup memory at the start of each kernel
+/// run was not work, so an empty program with a 48 KiB workgroup buffer and
+/// `fixpoint_iterations = u32::MAX` was charged one unit per run and zeroed 48 KiB
+/// 2^31 times before the cap stopped it (over ten minutes). It must end with the
+/// cap's `Fix:` error under the default cap (12,289 units a run: about 175,000 runs,
+/// 0.15 s in a release build; the buffer here is of bytes, whose zeroing is a `memset`
+/// even in a debug build, where a `u32` buffer's takes 7 s). Negative control: the count grows with the memory reset, exactly: a run costs one
+/// unit per thread plus one per 4-byte word of workgroup memory over all workgroups
+/// (at least 32 units, like every step of the interpreter),
+/// so doubling the buffer or the workgroups doubles the words, byte buffers count in
+/// whole words, and fixpoint iterations multiply the whole.
+#[test]
+fn workgroup_memory_resets_count_against_the_work_cap() {
+    let words_48_kib = 48 * 1024 / 4;
+    // The counts first: under the defect they fail at once, where the capped run
+    // below would take half an hour.
+    let work = |elem: ElemType, count: u32, workgroups: u32, runs: u32| {
+        let (_, stats) = reference::run_with_stats(
+            &empty_with_workgroup_memory(elem, count),
+            &[],
+            &DispatchConfig::linear(workgroups).with_fixpoint_iterations(runs),
+            &ReferenceOptions::default(),
+        )
+        .unwrap();
+        stats.work()
+    };
+    let one_run = work(ElemType::U32, words_48_kib, 1, 1);
+    assert_eq!(one_run, 1 + u64::from(words_48_kib));
+    assert_eq!(work(ElemType::U32, words_48_kib / 2, 1, 1), 1 + 6144);
+    assert_eq!(work(ElemType::U32, words_48_kib, 2, 1), 2 * one_run);
+    assert_eq!(work(ElemType::U8, 48 * 1024, 1, 1), one_run);
+    assert_eq!(
+        work(ElemType::U8, 161, 1, 1),
+        1 + 41,
+        "a partial word counts whole"
+    );
+    assert_eq!(work(ElemType::U8, 5, 1, 1), 32, "at least 32 units a run");
+    assert_eq!(work(ElemType::U32, words_48_kib, 1, 3), 3 * one_run);
+
+    let error = reference::run_with_options(
+        &empty_with_workgroup_memory(ElemType::U8, 48 * 1024),
+        &[],
+        &DispatchConfig::linear(1).with_fixpoint_iterations(u32::MAX),
+        &ReferenceOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.starts_with("Fix:") && error.contains("max_work"),
+        "{error}"
+    );
+}
+
 /// A balanced tree of `+` with `2^depth` leaves (`2^(depth+1) - 1` nodes), each leaf
 /// the lane's id.
 fn balanced_sum(depth: u32) -> Expr {
@@ -684,6 +751,19 @@ fn reference_work_cap_figures() {
     println!(
         "default work cap: one-thread `while true` stopped after {:.2} s: {error}",
         started.elapsed().as_secs_f64()
+    );
+    // Issue 22's run: an empty body, 48 KiB of workgroup memory, u32::MAX runs.
+    let started = std::time::Instant::now();
+    let outcome = reference::run_with_options(
+        &empty_with_workgroup_memory(ElemType::U32, 48 * 1024 / 4),
+        &[],
+        &DispatchConfig::linear(1).with_fixpoint_iterations(u32::MAX),
+        &ReferenceOptions::default(),
+    );
+    println!(
+        "default work cap: empty program with 48 KiB of u32 workgroup memory, u32::MAX fixpoint iterations, stopped after {:.2} s (an error: {})",
+        started.elapsed().as_secs_f64(),
+        outcome.is_err()
     );
 }
 

@@ -1,4 +1,4 @@
-//! The portable interface (`AnyBackend`, issue 11 §3) on the reference
+//! The portable interface (`AnyBackend`) on the reference
 //! implementation: one program through buffers, dispatches under every readback
 //! policy, submissions and a graph, checked against hand-computed values. The GPU
 //! test `gpu_portable_session_is_identical_on_cuda_and_reference` runs the same
@@ -7,7 +7,7 @@
 mod support;
 
 use support::{bytes, portable_session, words};
-use vyre_cuda::backend::{AnyBackend, AnyBinding};
+use vyre_cuda::backend::{AnyBackend, BackendKind, Binding, Dispatch};
 use vyre_cuda::DispatchConfig;
 
 /// Locks out a reference fallback that ignores the readback policy, loses outputs
@@ -16,7 +16,7 @@ use vyre_cuda::DispatchConfig;
 #[test]
 fn reference_interface_honours_policies_buffers_and_graphs() {
     let backend = AnyBackend::reference();
-    assert!(!backend.is_cuda());
+    assert_eq!(backend.kind(), BackendKind::Reference);
     let seen = portable_session(&backend);
     let n = 100u32;
     let iota: Vec<u32> = (0..n).collect();
@@ -28,6 +28,7 @@ fn reference_interface_honours_policies_buffers_and_graphs() {
     assert_eq!(next(), vec![0u8; 400], "a new buffer starts zeroed");
     // AllOutputs: x, y, z whole, in binding order.
     assert_eq!(next(), vec![3]);
+    assert_eq!([next(), next(), next()], [[0], [1], [2]], "item bindings");
     assert_eq!(words(&next()), (1..=n).collect::<Vec<_>>());
     assert_eq!(
         words(&next()),
@@ -42,6 +43,7 @@ fn reference_interface_honours_policies_buffers_and_graphs() {
     assert_eq!(next(), vec![0]);
     // Ranges: z[2..5], then x[0] (after three dispatches: 3).
     assert_eq!(next(), vec![2]);
+    assert_eq!([next(), next()], [[2], [0]], "item bindings");
     assert_eq!(words(&next()), vec![2, 3, 4]);
     assert_eq!(words(&next()), vec![3]);
     assert_eq!(
@@ -49,13 +51,18 @@ fn reference_interface_honours_policies_buffers_and_graphs() {
         (3..n + 3).collect::<Vec<_>>(),
         "outputs stay in x"
     );
-    // Two submissions: x + 4, then x + 5.
+    // Two submissions, the second ordered after the first: x + 4, then x + 5.
     assert_eq!(words(&next()), (4..n + 4).collect::<Vec<_>>());
     let _y = next();
     let _z = next();
     assert_eq!(words(&next()), (5..n + 5).collect::<Vec<_>>());
     let _y = next();
     let _z = next();
+    // One more run, y read by name as typed words: 3·(i + 5) + 1.
+    assert_eq!(
+        words(&next()),
+        (0..n).map(|i| 3 * (i + 5) + 1).collect::<Vec<_>>()
+    );
     let error = String::from_utf8(next()).unwrap();
     assert!(
         error.starts_with("Fix: readback range 398..+4 of binding 1 is past"),
@@ -95,24 +102,21 @@ fn reference_interface_refuses_foreign_objects() {
     let b = AnyBackend::reference();
     let program = support::portable_program();
     let config = DispatchConfig::linear(1);
-    let buffer = a.buffer_from(&bytes(&[1, 2, 3, 4])).unwrap();
-    let message = b.read(&buffer).unwrap_err().to_string();
+    let buffer = a.buffer_from(&[1u32, 2, 3, 4]).unwrap();
+    let message = b.read::<u8>(&buffer).unwrap_err().to_string();
     assert!(message.starts_with("Fix:"), "{message}");
     let kernel = a.compile(&program, &config).unwrap();
     let z = [0u8; 16];
+    let bindings = [Binding::from(&buffer), Binding::Host(&z), Binding::Host(&z)];
     let message = b
-        .dispatch(
-            &kernel,
-            &[
-                AnyBinding::Buffer(&buffer),
-                AnyBinding::Bytes(&z),
-                AnyBinding::Bytes(&z),
-            ],
-            &config,
-        )
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
         .unwrap_err()
         .to_string();
     assert!(message.starts_with("Fix:"), "{message}");
+    // Control: its own backend runs the same request.
+    assert!(a
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
+        .is_ok());
 }
 
 /// Locks out a reference graph that accepts what the CUDA recorder refuses (so code
@@ -127,7 +131,7 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
     let config = DispatchConfig::linear(1);
     let kernel = backend.compile(&program, &config).unwrap();
     let buffers: Vec<_> = (0..3).map(|_| backend.buffer(256).unwrap()).collect();
-    let refs: Vec<_> = buffers.iter().collect();
+    let refs: Vec<Binding> = buffers.iter().map(Binding::from).collect();
     let ranges = config
         .clone()
         .with_readback(ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
@@ -136,7 +140,10 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
             len: 4
         }]));
     let message = backend
-        .record(|rec| rec.dispatch(&kernel, &refs, &ranges).map(drop))
+        .record(|rec| {
+            rec.dispatch(Dispatch::new(&kernel, &refs).config(&ranges))
+                .map(drop)
+        })
         .unwrap_err()
         .to_string();
     assert!(
@@ -152,14 +159,15 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
             BufferCount::Runtime,
         )
         .body(|b| {
-            b.if_(Expr::global_id(Axis::X).less_than(Expr::length("x")), |b| {
-                b.grid_sync();
-            });
+            b.grid_sync();
         })
         .build();
     let grid_kernel = backend.compile(&grid, &config).unwrap();
     let message = backend
-        .record(|rec| rec.dispatch(&grid_kernel, &refs[..1], &config).map(drop))
+        .record(|rec| {
+            rec.dispatch(Dispatch::new(&grid_kernel, &refs[..1]).config(&config))
+                .map(drop)
+        })
         .unwrap_err()
         .to_string();
     assert!(
@@ -173,10 +181,13 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
     );
     // Control: the same dispatch without ranges records and replays.
     let mut graph = backend
-        .record(|rec| rec.dispatch(&kernel, &refs, &config).map(drop))
+        .record(|rec| {
+            rec.dispatch(Dispatch::new(&kernel, &refs).config(&config))
+                .map(drop)
+        })
         .unwrap();
     graph.replay().unwrap();
-    assert_eq!(words(&backend.read(&buffers[0]).unwrap())[..2], [1, 1]);
+    assert_eq!(backend.read::<u32>(&buffers[0]).unwrap()[..2], [1, 1]);
 }
 
 /// Locks out a portable graph that cannot change its grid, or whose reference side
@@ -193,13 +204,14 @@ fn reference_graph_changes_its_grid_without_recapture() {
     let config = DispatchConfig::linear(1).with_readback(vyre_cuda::ReadbackPolicy::None);
     let kernel = backend.compile(&program, &config).unwrap();
     let source = backend
-        .buffer_from(&bytes(&(0..256u32).collect::<Vec<_>>()))
+        .buffer_from(&(0..256u32).collect::<Vec<_>>())
         .unwrap();
     let destination = backend.buffer(4 * 256).unwrap();
+    let bindings = [Binding::from(&source), Binding::from(&destination)];
     let mut slots = None;
     let mut graph = backend
         .record(|rec| {
-            let step = rec.dispatch(&kernel, &[&source, &destination], &config)?;
+            let step = rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?;
             slots = Some((step, rec.read_back(&destination, 0, 4 * 256)?));
             Ok(())
         })
@@ -219,14 +231,14 @@ fn reference_graph_changes_its_grid_without_recapture() {
         .unwrap_err()
         .to_string();
     assert!(
-        message.starts_with("Fix:") && message.contains("axis of 0"),
-        "{message}"
+        message.starts_with("Fix:") && message.contains("workgroups.x is 0"),
+        "the CUDA launch plan's message: {message}"
     );
     graph.set_workgroups(step, [4, 1, 1]).unwrap();
     let timing = graph.replay_timed().unwrap();
     assert_eq!(written(&graph), 256, "four workgroups cover every word");
     assert_eq!(
-        timing.device_window_ns, 0,
+        timing.event_window_ns, None,
         "the reference has no device window"
     );
 }
@@ -250,4 +262,106 @@ fn hash_table_example_counts_every_key_on_the_reference() {
     let other = hash_table::count_and_look_up(&backend, &[1, 2, 2], &queries).unwrap();
     assert_eq!(&other[..3], [1, 2, 0]);
     assert_eq!(hash_table::miscounted(&keys, &queries, &other).len(), 200);
+}
+
+/// Locks out a fallback that answers differently from CUDA (the reference half of
+/// `gpu_fallback_answers_exactly_as_cuda`): every parity case gets the answer CUDA
+/// gives — invalid programs refused at `compile`, a grid of 70,000 on y and an axis
+/// of 0 refused by the launch plan, the 17th of 20 pending submissions refused,
+/// `buffer(u64::MAX)` and `buffer(1 << 40)` over the budget (no panic, no abort), a
+/// buffer bound as input and write-only output refused, every malformed request
+/// refused with a `Fix:` message — and the good requests run with the right bytes.
+#[test]
+fn reference_answers_every_parity_case_as_cuda_does() {
+    use support::parity::{cases, Outcome};
+    let seen = cases(&AnyBackend::reference());
+    let expected_refusals = [
+        ("compile: a store into a read-only buffer", "InvalidProgram"),
+        ("compile: 2048 threads per workgroup", "InvalidProgram"),
+        ("run: one buffer as input and write-only output", "BadInput"),
+        ("run: too few bindings", "BadInput"),
+        (
+            "run: a size that is not a whole number of elements",
+            "BadInput",
+        ),
+        ("run: zero fixpoint iterations", "BadInput"),
+        ("run: a readback range past the buffer", "BadInput"),
+        ("run_into: an output slice of the wrong length", "BadInput"),
+        ("run: a buffer of another backend", "InvalidHandle"),
+        ("read: a buffer of another backend", "InvalidHandle"),
+        ("grid: y = 70,000 workgroups", "Launch"),
+        ("grid: an axis of 0 workgroups", "Launch"),
+        ("submit: the one past MAX_PENDING", "BadInput"),
+        ("buffer: u64::MAX bytes", "OverBudget"),
+        ("buffer: 1 << 40 bytes", "OverBudget"),
+        ("run: a zeroed binding of 1 << 40 bytes", "BadInput"),
+    ];
+    for (name, kind) in expected_refusals {
+        let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
+        let (got, message) = outcome.refused().unwrap_or_else(|| panic!("{name}: ran"));
+        assert_eq!(got, kind, "{name}: {message}");
+        assert!(message.starts_with("Fix:"), "{name}: {message}");
+    }
+    let ran = |name: &str| match &seen.iter().find(|(case, _)| *case == name).expect(name).1 {
+        Outcome::Ran(items) => items.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    let plus_one: Vec<u32> = (1..=64).collect();
+    assert_eq!(ran("run: buffers"), vec![bytes(&plus_one)]);
+    assert_eq!(
+        ran("run: host values, an output stated by its length"),
+        vec![bytes(&plus_one)]
+    );
+    assert_eq!(ran("run: output by name, typed"), vec![bytes(&plus_one)]);
+    assert_eq!(
+        ran("submit: pending submissions accepted of 20"),
+        vec![vec![vyre_cuda::backend::MAX_PENDING as u8]]
+    );
+    assert_eq!(ran("compile: a valid program"), Vec::<Vec<u8>>::new());
+    let message = seen
+        .iter()
+        .find(|(case, _)| *case == "grid: y = 70,000 workgroups")
+        .and_then(|(_, outcome)| outcome.refused())
+        .map(|(_, message)| message.to_string())
+        .unwrap();
+    assert!(message.contains("workgroups.y"), "{message}");
+}
+
+/// Locks out `ReferenceOptions` that `AnyBackend` cannot reach: a reference backend
+/// made with a work cap of 1,000 stops a dispatch that the default options run,
+/// with the interpreter's `Fix:` error; its limits refuse at `compile` what the
+/// defaults accept. Negative control: the default reference runs both.
+#[test]
+fn reference_options_are_reachable_through_any_backend() {
+    use vyre_cuda::reference::ReferenceOptions;
+    let program = support::elementwise("plus_one", 64, |v| v + vyre_cuda::ir::Expr::u32(1));
+    let config = DispatchConfig::linear(4);
+    let capped = AnyBackend::reference_with(ReferenceOptions {
+        max_work: 1_000,
+        ..ReferenceOptions::default()
+    });
+    let values = [0u32; 256];
+    let bindings = [Binding::host(&values), Binding::zeroed::<u32>(256)];
+    let kernel = capped.compile(&program, &config).unwrap();
+    let error = capped
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
+        .unwrap_err();
+    assert!(
+        matches!(error, vyre_cuda::backend::BackendError::Reference { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    let narrow = AnyBackend::reference_with(ReferenceOptions {
+        limits: vyre_cuda::ir::Limits {
+            max_threads_per_workgroup: 32,
+            ..vyre_cuda::ir::Limits::default()
+        },
+        ..ReferenceOptions::default()
+    });
+    assert!(narrow.compile(&program, &config).is_err());
+    let default = AnyBackend::reference();
+    let kernel = default.compile(&program, &config).unwrap();
+    assert!(default
+        .run(Dispatch::new(&kernel, &bindings).config(&config))
+        .is_ok());
 }

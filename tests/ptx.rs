@@ -2448,6 +2448,19 @@ fn edge_case_program(types: &[ScalarType]) -> Program {
         .build()
 }
 
+/// `program` on the GPU over host bytes (one per global buffer), waited for.
+fn gpu_run(
+    gpu: &vyre_cuda::backend::CudaBackend,
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &vyre_cuda::DispatchConfig,
+) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
+    use vyre_cuda::backend::{Binding, Dispatch};
+    let bindings: Vec<Binding> = inputs.iter().map(|bytes| Binding::Host(bytes)).collect();
+    gpu.run(Dispatch::program(program, &bindings).config(config))
+        .map(|finished| finished.outputs)
+}
+
 /// Locks out any PTX instruction whose edge-case result differs from the reference
 /// interpreter (integer division by zero and overflow, shifts past 31, NaN and signed
 /// zeros through min/max/compare/cast, saturating float-to-integer casts, `abs` of
@@ -2532,9 +2545,7 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
         let config = vyre_cuda::DispatchConfig::linear(3)
             .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
-        let got = gpu
-            .dispatch(&program, &borrowed, &config)
-            .expect("gpu dispatch");
+        let got = gpu_run(gpu, &program, &borrowed, &config).expect("gpu dispatch");
         assert_eq!(got.len(), expected.len());
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let differing: Vec<String> = g
@@ -2573,11 +2584,12 @@ fn gpu_generated_programs_match_reference() {
         let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
         let expected = vyre_cuda::reference::run(&case.program, &borrowed, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
-        let got = gpu
-            .dispatch(&case.program, &borrowed, &case.config)
+        let got = gpu_run(&gpu, &case.program, &borrowed, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         if got != expected {
-            let which: Vec<usize> = (0..got.len()).filter(|&k| got[k] != expected[k]).collect();
+            let which: Vec<usize> = (0..got.len())
+                .filter(|&k| got.item(k) != Some(&expected[k][..]))
+                .collect();
             panic!(
                 "seed {seed}: outputs {which:?} differ from the reference\n{}",
                 case.program

@@ -1,10 +1,12 @@
-//! Memory preflight (§4.6): before a dispatch stages borrowed inputs, the bytes it
-//! needs (rounded up to pool buckets) are checked against
-//! `min(90% of total − resident − pooled, 90% of live free memory)`.
+//! Memory preflight: before a dispatch stages host, zeroed or pinned bindings (and
+//! before a buffer is allocated), the bytes it needs (rounded up to pool buckets) are
+//! checked against `min(90% of total − held − pooled, 90% of live free memory)`.
+//! The reference backend applies the same arithmetic to its own memory cap.
 //!
 //! Pure arithmetic, widened to `u128` before any multiply so no input can wrap, and
-//! kept free of driver calls so it is tested on the CPU. All-resident dispatches
-//! never come here (they need no new memory), so they skip the driver query.
+//! kept free of driver calls so it is tested on the CPU. A dispatch over device
+//! buffers alone never comes here (it needs no new memory), so it skips the driver
+//! query.
 
 /// Smallest transient bucket: tiny inputs share one size class.
 pub const MIN_BUCKET_BYTES: u64 = 256;
@@ -29,7 +31,7 @@ pub fn required_bytes(requests: impl IntoIterator<Item = u64>) -> Option<u64> {
 pub struct BudgetInputs {
     /// Device memory in bytes.
     pub total: u64,
-    /// Bytes held by resident buffers.
+    /// Bytes held by buffers.
     pub resident: u64,
     /// Bytes held by the transient pool.
     pub pooled: u64,
@@ -84,7 +86,7 @@ mod tests {
         assert_eq!(required_bytes([]), Some(0));
     }
 
-    /// Locks out the budget formula drifting from §4.6: the static and live-free caps
+    /// Locks out the budget formula drifting from its rule: the static and live-free caps
     /// both bind, and u64::MAX inputs do not overflow.
     #[test]
     fn budget_is_min_of_static_and_live_free() {

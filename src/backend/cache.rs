@@ -1,13 +1,13 @@
-//! Caches (§4.2): validation, PTX source, module and plan caches, with the keys
+//! Caches: validation, PTX source, module and plan caches, with the keys
 //! that decide identity and the hit/miss counters that prove they work.
 //!
 //! Identity: a PTX source is keyed by the (lowered) program's content digest, the
 //! dispatch-policy digest, the target SM, the subgroup size and the pipeline
 //! feature flags; a module is keyed by a digest of that PTX key. Because the
 //! program digest is memoised inside the program value (and lowering memoises its
-//! result), a warm lookup hashes ~60 bytes and walks no program. §0's reference
-//! backend re-walked the program per dispatch (44 → 110 µs from 64 to 4,096 nodes);
-//! this is what keeps ours flat.
+//! result), a warm lookup hashes ~60 bytes and walks no program. The reference
+//! dispatch backend we measured re-walked the program per dispatch (44 → 110 µs
+//! from 64 to 4,096 nodes); this is what keeps ours flat.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -68,21 +68,21 @@ impl PtxKey {
 
 /// A hit/miss counter pair.
 #[derive(Default, Debug)]
-pub(crate) struct Counter {
+pub(in crate::backend) struct Counter {
     hits: AtomicU64,
     misses: AtomicU64,
 }
 
 impl Counter {
     #[inline]
-    pub(crate) fn hit(&self) {
+    pub(in crate::backend) fn hit(&self) {
         self.hits.fetch_add(1, Ordering::Relaxed);
     }
     #[inline]
-    pub(crate) fn miss(&self) {
+    pub(in crate::backend) fn miss(&self) {
         self.misses.fetch_add(1, Ordering::Relaxed);
     }
-    pub(crate) fn read(&self) -> HitMiss {
+    pub(in crate::backend) fn read(&self) -> HitMiss {
         HitMiss {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
@@ -119,13 +119,13 @@ pub struct CacheStats {
 
 /// A concurrent map with counters: readers share, a miss builds outside any lock
 /// and the first insert wins (so concurrent misses of one key agree on one value).
-pub(crate) struct CountedCache<K, V> {
+pub(in crate::backend) struct CountedCache<K, V> {
     map: RwLock<HashMap<K, V, BuildHasherDefault<DigestHasher>>>,
-    pub(crate) counter: Counter,
+    pub(in crate::backend) counter: Counter,
 }
 
 impl<K: Hash + Eq + Copy, V: Clone> CountedCache<K, V> {
-    pub(crate) fn new() -> Self {
+    pub(in crate::backend) fn new() -> Self {
         CountedCache {
             map: RwLock::new(HashMap::default()),
             counter: Counter::default(),
@@ -133,7 +133,7 @@ impl<K: Hash + Eq + Copy, V: Clone> CountedCache<K, V> {
     }
 
     #[inline]
-    pub(crate) fn get(&self, key: &K) -> Option<V> {
+    pub(in crate::backend) fn get(&self, key: &K) -> Option<V> {
         let found = self
             .map
             .read()
@@ -148,7 +148,7 @@ impl<K: Hash + Eq + Copy, V: Clone> CountedCache<K, V> {
     }
 
     /// Insert unless present; returns the value that is in the map afterwards.
-    pub(crate) fn insert(&self, key: K, value: V) -> V {
+    pub(in crate::backend) fn insert(&self, key: K, value: V) -> V {
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -157,13 +157,13 @@ impl<K: Hash + Eq + Copy, V: Clone> CountedCache<K, V> {
             .clone()
     }
 
-    pub(crate) fn len(&self) -> u64 {
+    pub(in crate::backend) fn len(&self) -> u64 {
         self.map.read().unwrap_or_else(|p| p.into_inner()).len() as u64
     }
 
     /// Empty the map; when `leak` is set the values are forgotten, not dropped
     /// (their driver handles died with a reset context).
-    pub(crate) fn clear(&self, leak: bool) {
+    pub(in crate::backend) fn clear(&self, leak: bool) {
         let drained = std::mem::take(&mut *self.map.write().unwrap_or_else(|p| p.into_inner()));
         if leak {
             std::mem::forget(drained);
@@ -172,12 +172,13 @@ impl<K: Hash + Eq + Copy, V: Clone> CountedCache<K, V> {
 }
 
 /// Validation results by program digest.
-pub(crate) type ValidationCache = CountedCache<Digest, Result<(), Arc<ValidationError>>>;
+pub(in crate::backend) type ValidationCache =
+    CountedCache<Digest, Result<(), Arc<ValidationError>>>;
 
 /// A hasher for keys that are already digests: never used for attacker-chosen
 /// keys, and faster than SipHash on the hot path.
 #[derive(Default)]
-pub(crate) struct DigestHasher(u64);
+pub(in crate::backend) struct DigestHasher(u64);
 
 impl Hasher for DigestHasher {
     fn finish(&self) -> u64 {

@@ -1,4 +1,4 @@
-//! Device capabilities (§4.1): what the device can do, the flags derived from it,
+//! Device capabilities: what the device can do, the flags derived from it,
 //! and the launch-geometry checks every dispatch goes through.
 //!
 //! Caps are read once at `acquire` (≈40 attribute queries) and never again: the
@@ -9,7 +9,42 @@
 use crate::ir::Limits;
 use crate::lower::LoweringCaps;
 
+use super::driver::{self, Attribute, Device, DriverResult};
 use super::error::BackendError;
+
+/// Every device attribute [`DeviceCaps`] holds, read once at acquire.
+pub(in crate::backend) fn read_caps(ordinal: usize, device: Device) -> DriverResult<DeviceCaps> {
+    let attribute = |a| device.attribute(a).map(|v| v.max(0) as u32);
+    Ok(DeviceCaps {
+        ordinal,
+        name: device.name()?,
+        compute_capability: (
+            attribute(Attribute::ComputeCapabilityMajor)?,
+            attribute(Attribute::ComputeCapabilityMinor)?,
+        ),
+        sm_count: attribute(Attribute::MultiprocessorCount)?,
+        total_memory: device.total_memory()?,
+        max_threads_per_block: attribute(Attribute::MaxThreadsPerBlock)?,
+        max_threads_per_sm: attribute(Attribute::MaxThreadsPerMultiprocessor)?,
+        max_block_dims: [
+            attribute(Attribute::MaxBlockDim(0))?,
+            attribute(Attribute::MaxBlockDim(1))?,
+            attribute(Attribute::MaxBlockDim(2))?,
+        ],
+        max_grid_dims: [
+            attribute(Attribute::MaxGridDim(0))?,
+            attribute(Attribute::MaxGridDim(1))?,
+            attribute(Attribute::MaxGridDim(2))?,
+        ],
+        max_shared_memory_per_block: attribute(Attribute::MaxSharedMemoryPerBlock)?,
+        max_shared_memory_per_block_optin: attribute(Attribute::MaxSharedMemoryPerBlockOptin)?,
+        warp_size: attribute(Attribute::WarpSize)?,
+        cooperative_launch: attribute(Attribute::CooperativeLaunch)? != 0,
+        concurrent_kernels: attribute(Attribute::ConcurrentKernels)? != 0,
+        async_engine_count: attribute(Attribute::AsyncEngineCount)?,
+        driver_version: driver::driver_version()?,
+    })
+}
 
 /// What a CUDA device offers, read once when the backend is acquired.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,7 +196,7 @@ impl DeviceCaps {
 }
 
 /// A checked launch geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LaunchPlan {
     /// Blocks per axis.
     pub grid: [u32; 3],

@@ -11,7 +11,7 @@ use crate::codegen::CodegenError;
 use crate::ir::ValidationError;
 use crate::reference::ReferenceError;
 
-/// Everything that can go wrong in the CUDA backend (and the portable interface).
+/// Everything that can go wrong in a backend (CUDA, the reference backend, `AnyBackend`).
 /// Non-exhaustive: later versions may add variants.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -49,7 +49,7 @@ pub enum BackendError {
         /// What code generation refused.
         error: CodegenError,
     },
-    /// The reference interpreter refused or stopped (the portable interface's CPU
+    /// The reference interpreter refused or stopped (the reference backend's
     /// implementation).
     Reference {
         /// The program's diagnostic name.
@@ -85,14 +85,14 @@ pub enum BackendError {
         /// Most workgroups that can be co-resident.
         max_coresident: u64,
     },
-    /// A dispatch needs more device memory than the budget allows.
+    /// An allocation or dispatch needs more device memory than the budget allows.
     OverBudget {
-        /// Bytes the dispatch needs (bucketed).
+        /// Bytes needed (a dispatch's transient buffers bucketed).
         required: u64,
         /// Bytes the budget leaves.
         available: u64,
     },
-    /// A resident-buffer handle is stale, freed twice, or from another backend.
+    /// A buffer, kernel or pending dispatch of another backend was passed.
     InvalidHandle {
         /// The full message, starting with `Fix:`.
         message: String,
@@ -143,7 +143,8 @@ impl fmt::Display for BackendError {
             BackendError::NoDriver { detail } => write!(
                 f,
                 "Fix: no usable CUDA driver ({detail}); install the NVIDIA driver (libcuda.so), \
-                 or run on the CPU with vyre_cuda::reference::run"
+                 or run on the CPU with AnyBackend::reference (AnyBackend::cuda_or_reference falls \
+                 back by itself)"
             ),
             BackendError::NoDevice { ordinal, available } => write!(
                 f,
@@ -182,9 +183,11 @@ impl fmt::Display for BackendError {
                 available,
             } => write!(
                 f,
-                "Fix: this dispatch needs {required} bytes of device memory but the budget leaves {available} \
-                 (90% of total minus resident and pooled bytes, capped by 90% of free memory); free resident \
-                 buffers, dispatch smaller inputs, or keep inputs resident"
+                "Fix: {required} bytes of device memory are needed but the budget leaves {available} \
+                 (90% of the device's memory minus the bytes buffers and the transient pool hold, capped \
+                 by 90% of its free memory; the reference interpreter's device memory is \
+                 ReferenceOptions::max_memory_bytes); drop buffers you no longer need, allocate or \
+                 dispatch less, or keep inputs in device buffers"
             ),
             BackendError::KernelFault {
                 program,
@@ -254,7 +257,7 @@ impl std::error::Error for BackendError {
 }
 
 impl BackendError {
-    pub(crate) fn driver(during: impl Into<String>, error: DriverError) -> Self {
+    pub(in crate::backend) fn driver(during: impl Into<String>, error: DriverError) -> Self {
         BackendError::Driver {
             during: during.into(),
             error,
@@ -262,13 +265,13 @@ impl BackendError {
     }
 
     /// A broken internal invariant (a bug in this crate, not the caller's input).
-    pub(crate) fn internal(what: impl Into<String>) -> Self {
+    pub(in crate::backend) fn internal(what: impl Into<String>) -> Self {
         BackendError::Internal {
             message: what.into(),
         }
     }
 
-    pub(crate) fn bad_input(message: impl Into<String>) -> Self {
+    pub(in crate::backend) fn bad_input(message: impl Into<String>) -> Self {
         BackendError::BadInput {
             message: message.into(),
         }

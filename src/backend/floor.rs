@@ -1,19 +1,19 @@
-//! The raw-driver floor (§9): the same work a dispatch does, done with nothing but
+//! The raw-driver floor: the same work a dispatch does, done with nothing but
 //! prebuilt driver calls, so every bench and instrument can quote its figures as a
 //! ratio to the floor measured in the same run on the same machine.
 //!
 //! It loads the program's PTX once, allocates its buffers once and prebuilds the
 //! parameter array; each measured operation is then only the driver calls named
 //! in its doc comment. This is the "launch + async DtoH + one synchronize" row of
-//! §0, reproduced live.
+//! the raw-driver measurements on the H200, reproduced live.
 //!
-//! Three floors every dispatch figure is quoted against (§11, issue 10), measured in
+//! Three floors every dispatch figure is quoted against (issue 10), measured in
 //! the same run:
 //!
 //! - the physical floor, [`RawFloor::launch_sync`]: one launch, one synchronize,
 //!   no bytes back;
 //! - the best raw readback, [`RawFloor::launch_mapped_sync`]: the plain kernel's
-//!   outputs bound straight to host-mapped memory (the §0 "kernel writes host-mapped
+//!   outputs bound straight to host-mapped memory (the raw measurements' "kernel writes host-mapped
 //!   pinned memory" column), and beside it [`RawFloor::launch_result_abi_sync`], the
 //!   backend's own mechanism with nothing else around it (the result-ABI kernel's
 //!   last thread copying the outputs into a mapped area);
@@ -339,7 +339,7 @@ impl RawFloor {
     }
 
     /// `cuLaunchKernel` issue only, params prebuilt; synchronizes every 256 calls so
-    /// the queue never fills (amortised into the figure, as in §0's row).
+    /// the queue never fills (amortised into the figure, as in the raw measurements' row).
     pub fn launch_issue_only(&mut self, calls: u64) -> Result<u64, BackendError> {
         for i in 0..calls {
             self.launch()?;
@@ -358,7 +358,7 @@ impl RawFloor {
     }
 
     /// Launch + `reads` async 16-byte device→host copies + one synchronize: the
-    /// floor of a resident dispatch that reads back `reads` outputs.
+    /// floor of a dispatch over device buffers that reads back `reads` outputs.
     pub fn launch_async_reads_sync(&mut self, reads: usize) -> Result<u64, BackendError> {
         self.launch()?;
         self.async_reads(reads)?;
@@ -368,7 +368,7 @@ impl RawFloor {
         ))
     }
 
-    /// The timed floor: what `dispatch_resident_timed` asks of the driver, and nothing
+    /// The timed floor: what a request with `Timing::EventWindow` asks of the driver, and nothing
     /// else — outer and inner event pairs around the launch and the `reads` async
     /// copies, one synchronize, two elapsed-time queries. The gap between this and
     /// [`RawFloor::launch_async_reads_sync`] is the price of device timing itself.
@@ -378,7 +378,7 @@ impl RawFloor {
                 .record(stream)
                 .map_err(|e| BackendError::driver("raw floor event record", e))
         };
-        // All-resident: nothing precedes the launch, so one event opens both windows
+        // All device buffers: nothing precedes the launch, so one event opens both windows
         // (as the backend does).
         record(&self.events[1], &self.stream)?;
         self.launch()?;

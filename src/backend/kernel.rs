@@ -1,5 +1,5 @@
 //! From a program to a launchable kernel: validation, lowering, the PTX key, the
-//! PTX and module caches, and the binding plan (§4.2).
+//! PTX and module caches, and the binding plan.
 //!
 //! [`Kernel`] is the handle a caller keeps: dispatching through it skips every
 //! lookup below (its module, function, binding plan and launch plans are inside).
@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::codegen::{self, CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL};
-use crate::config::DispatchConfig;
+use crate::config::{CodegenOptions, DispatchConfig};
 use crate::ir::{self, Node, Program};
 use crate::lower;
 use crate::probe::{self, Phase, SubPhase};
@@ -38,74 +38,140 @@ use super::driver::LoadedModule;
 use super::plan::{binding_slots, ParamSlot};
 use super::{BackendError, BackendInner, CudaBackend, ModuleKey, PtxKey};
 
-/// A compiled, loaded program. Cheap to clone; valid only with the backend that
-/// compiled it (using it with another one is an `Err`).
+/// A compiled program, ready to dispatch: on CUDA a loaded module with its binding
+/// plan and launch plans (dispatching through it skips every cache lookup), on the
+/// reference interpreter the validated program. Cheap to clone; valid only with the
+/// backend that compiled it (using it with another one is an `Err`).
 #[derive(Clone)]
 pub struct Kernel {
-    pub(crate) inner: Arc<KernelInner>,
+    pub(in crate::backend) kind: KernelKind,
+}
+
+/// Which backend compiled a [`Kernel`].
+#[derive(Clone)]
+pub(in crate::backend) enum KernelKind {
+    Cuda(Arc<KernelInner>),
+    Reference(Arc<super::reference_backend::ReferenceKernel>),
 }
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel")
-            .field("program", &self.inner.name)
-            .field("module_key", &self.inner.module_key)
-            .field("ptx_bytes", &self.inner.ptx.len())
-            .finish()
+        match &self.kind {
+            KernelKind::Cuda(inner) => f
+                .debug_struct("Kernel")
+                .field("program", &inner.name)
+                .field("module_key", &inner.module_key)
+                .field("ptx_bytes", &inner.ptx.len())
+                .finish(),
+            KernelKind::Reference(inner) => f
+                .debug_struct("Kernel")
+                .field("program", &inner.name)
+                .field("backend", &"reference")
+                .finish(),
+        }
     }
 }
 
-pub(crate) struct KernelInner {
-    pub(crate) backend_id: u64,
-    pub(crate) name: String,
-    pub(crate) program: Program,
-    pub(crate) ptx: Arc<str>,
-    pub(crate) module_key: ModuleKey,
-    pub(crate) module: LoadedModule,
-    pub(crate) slots: SmallVec<[ParamSlot; 16]>,
+pub(in crate::backend) struct KernelInner {
+    pub(in crate::backend) backend_id: u64,
+    pub(in crate::backend) name: String,
+    pub(in crate::backend) program: Program,
+    pub(in crate::backend) ptx: Arc<str>,
+    pub(in crate::backend) module_key: ModuleKey,
+    pub(in crate::backend) module: LoadedModule,
+    pub(in crate::backend) slots: SmallVec<[ParamSlot; 16]>,
     /// Indices into `slots` of the output (ReadWrite/WriteOnly) buffers.
-    pub(crate) outputs: SmallVec<[u16; 16]>,
-    pub(crate) workgroup_size: [u32; 3],
+    pub(in crate::backend) outputs: SmallVec<[u16; 16]>,
+    pub(in crate::backend) workgroup_size: [u32; 3],
     /// Grid sync: the barrier counter's address and the co-residency limit.
-    pub(crate) grid_barrier: Option<u64>,
-    pub(crate) max_coresident_blocks: u64,
+    pub(in crate::backend) grid_barrier: Option<u64>,
+    pub(in crate::backend) max_coresident_blocks: u64,
     /// Held from launch to synchronize by a grid-sync dispatch: the barrier counter
     /// is module-global, so two such dispatches of one module must not overlap.
-    pub(crate) barrier_lease: Mutex<()>,
+    pub(in crate::backend) barrier_lease: Mutex<()>,
     /// The plan cache for this kernel: launch plans by grid shape.
-    pub(crate) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
+    pub(in crate::backend) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
 }
 
 impl Kernel {
+    pub(in crate::backend) fn cuda(inner: Arc<KernelInner>) -> Kernel {
+        Kernel {
+            kind: KernelKind::Cuda(inner),
+        }
+    }
+
     /// The program this kernel was compiled from.
     pub fn program(&self) -> &Program {
-        &self.inner.program
+        match &self.kind {
+            KernelKind::Cuda(inner) => &inner.program,
+            KernelKind::Reference(inner) => inner.program.program(),
+        }
+    }
+
+    /// The program's diagnostic name (what errors and probe lines call it).
+    pub fn name(&self) -> &str {
+        match &self.kind {
+            KernelKind::Cuda(inner) => &inner.name,
+            KernelKind::Reference(inner) => &inner.name,
+        }
     }
 
     /// The PTX source that was loaded (for a kernel of
-    /// [`CudaBackend::compile_batch`], the whole module it shares with others).
-    pub fn ptx(&self) -> &str {
-        &self.inner.ptx
+    /// [`CudaBackend::compile_batch`], the whole module it shares with others);
+    /// `None` on the reference interpreter, which runs the program itself.
+    pub fn ptx(&self) -> Option<&str> {
+        match &self.kind {
+            KernelKind::Cuda(inner) => Some(&inner.ptx),
+            KernelKind::Reference(_) => None,
+        }
     }
 
     /// Whether `self` and `other` are entries of one loaded module (kernels of one
     /// [`CudaBackend::compile_batch`] call share one; each keeps it loaded).
     pub fn shares_module_with(&self, other: &Kernel) -> bool {
-        self.inner.module.shares_module_with(&other.inner.module)
+        match (&self.kind, &other.kind) {
+            (KernelKind::Cuda(a), KernelKind::Cuda(b)) => a.module.shares_module_with(&b.module),
+            _ => false,
+        }
     }
 
-    /// The module-cache key.
-    pub fn module_key(&self) -> ModuleKey {
-        self.inner.module_key
+    /// The module-cache key (`None` on the reference interpreter).
+    pub fn module_key(&self) -> Option<ModuleKey> {
+        match &self.kind {
+            KernelKind::Cuda(inner) => Some(inner.module_key),
+            KernelKind::Reference(_) => None,
+        }
     }
 
-    /// Whether dispatches launch cooperatively (the program uses grid sync).
+    /// Whether the program uses grid sync (CUDA launches it cooperatively).
     pub fn uses_grid_sync(&self) -> bool {
-        self.inner.grid_barrier.is_some()
+        match &self.kind {
+            KernelKind::Cuda(inner) => inner.grid_barrier.is_some(),
+            KernelKind::Reference(inner) => inner.grid_sync,
+        }
+    }
+
+    /// The kernel's global buffers in binding order.
+    pub(in crate::backend) fn slots(&self) -> &[ParamSlot] {
+        match &self.kind {
+            KernelKind::Cuda(inner) => &inner.slots,
+            KernelKind::Reference(inner) => &inner.slots,
+        }
+    }
+
+    /// The binding slot of the global buffer named `name`.
+    pub(in crate::backend) fn binding_named(&self, name: &str) -> Option<u32> {
+        self.slots()
+            .iter()
+            .find(|slot| slot.name.as_ref() == name)
+            .map(|slot| slot.binding)
     }
 }
 
-fn contains_grid_sync(block: &[Node]) -> bool {
+/// Whether `block` reaches a grid sync anywhere. Iterative and visiting each shared
+/// block once (`ir::any_node`), so no program depth or sharing can overflow the
+/// caller's stack or blow up.
+pub(in crate::backend) fn contains_grid_sync(block: &[Node]) -> bool {
     crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
 
@@ -128,8 +194,8 @@ impl CudaBackend {
     ) -> Result<Kernel, BackendError> {
         self.inner.check_alive()?;
         let mark = probe::mark();
-        let (kernel, _) = self.inner.resolve_kernel(program, config, mark)?;
-        Ok(Kernel { inner: kernel })
+        let (kernel, _) = self.inner.resolve_kernel(program, &config.codegen, mark)?;
+        Ok(Kernel::cuda(kernel))
     }
 }
 
@@ -155,8 +221,8 @@ impl CudaBackend {
     ) -> Result<Vec<Kernel>, BackendError> {
         check_batch_size(programs.len())?;
         self.inner.check_alive()?;
-        let kernels = self.inner.compile_batch(programs, config)?;
-        Ok(kernels.into_iter().map(|inner| Kernel { inner }).collect())
+        let kernels = self.inner.compile_batch(programs, &config.codegen)?;
+        Ok(kernels.into_iter().map(Kernel::cuda).collect())
     }
 }
 
@@ -212,7 +278,7 @@ impl BackendInner {
     fn compile_batch<P: Borrow<Program>>(
         &self,
         programs: &[P],
-        config: &DispatchConfig,
+        options: &CodegenOptions,
     ) -> Result<Vec<Arc<KernelInner>>, BackendError> {
         // Validate, lower and key every program first: an invalid one refuses the
         // batch before anything is loaded.
@@ -226,7 +292,7 @@ impl BackendInner {
                 .map_err(|e| in_batch(index, e))?;
             let program = valid.program();
             let lowered = lower::lower_workgroup_reductions(program, &self.lowering);
-            let module_key = self.ptx_key(lowered.digest(), config).module_key();
+            let module_key = self.ptx_key(lowered.digest(), options).module_key();
             if let Some(kernel) = self.kernels.get(&module_key) {
                 kernels[index] = Some(kernel);
             } else if let Some(&first) = first_of_key.get(&module_key) {
@@ -250,7 +316,7 @@ impl BackendInner {
         // Emit into as few modules as the PTX size limit allows, loading each when
         // it is full.
         let (sm, subgroup_size) = (self.caps.ptx_target_sm(), self.caps.warp_size);
-        let empty = || PtxModuleBuilder::with_results(&config.codegen, sm, subgroup_size);
+        let empty = || PtxModuleBuilder::with_results(options, sm, subgroup_size);
         let mut module = empty();
         let mut entries = Vec::new();
         for item in &to_load {
@@ -334,10 +400,10 @@ impl BackendInner {
     /// module key (modkey) → module lookup or load (resolve). Returns the probe mark
     /// at its end so the dispatch's next phase starts there (one clock read per
     /// phase boundary).
-    pub(crate) fn resolve_kernel(
+    pub(in crate::backend) fn resolve_kernel(
         &self,
         program: &Program,
-        config: &DispatchConfig,
+        options: &CodegenOptions,
         mark: Option<std::time::Instant>,
     ) -> Result<(Arc<KernelInner>, Option<std::time::Instant>), BackendError> {
         // prepare: validation, before any other walk of the program.
@@ -365,7 +431,7 @@ impl BackendInner {
         if digests_before.is_some_and(|before| ir::computations_on_current_thread() != before) {
             probe::charge_sub(SubPhase::PtxDigest, digest_mark);
         }
-        let key = self.ptx_key(lowered_digest, config);
+        let key = self.ptx_key(lowered_digest, options);
         let ptx = match self.ptx.get(&key) {
             Some(ptx) => {
                 probe::note_ptx_cache(true);
@@ -380,7 +446,7 @@ impl BackendInner {
                 .map_err(BackendError::bad_input)?;
                 let text = codegen::program_to_ptx_with_results(
                     &lowered,
-                    &config.codegen,
+                    options,
                     key.sm,
                     key.subgroup_size,
                 )
@@ -428,11 +494,11 @@ impl BackendInner {
 
     /// The PTX key of a lowered program (by its digest) under `config`'s codegen
     /// options, on this device.
-    fn ptx_key(&self, lowered_digest: ir::Digest, config: &DispatchConfig) -> PtxKey {
+    fn ptx_key(&self, lowered_digest: ir::Digest, options: &CodegenOptions) -> PtxKey {
         PtxKey {
             program: lowered_digest,
             // Every backend kernel carries the result ABI (readback module docs).
-            policy: config.codegen.policy_digest() ^ RESULT_ABI_POLICY_BIT,
+            policy: options.policy_digest() ^ RESULT_ABI_POLICY_BIT,
             sm: self.caps.ptx_target_sm(),
             subgroup_size: self.caps.warp_size,
             features: self.features,
@@ -519,7 +585,7 @@ impl BackendInner {
     }
 
     /// The launch plan of `kernel` for `workgroups`, from the kernel's plan cache.
-    pub(crate) fn launch_plan(
+    pub(in crate::backend) fn launch_plan(
         &self,
         kernel: &KernelInner,
         workgroups: [u32; 3],

@@ -1,23 +1,36 @@
-//! The CUDA backend (§4): one [`CudaBackend`] per device, shared by threads.
+//! The backends: the CUDA backend ([`CudaBackend`], one per device, shared by
+//! threads), the reference interpreter as a backend ([`ReferenceBackend`]), and
+//! [`AnyBackend`] over both; the one dispatch request ([`Dispatch`]) they all take,
+//! and the one buffer model ([`DeviceBuffer`]) they all make.
 //!
-//! Why it looks the way it does: §0 measured the raw driver at 3.7 µs per launch
+//! Why it looks the way it does: on the H200 the raw driver costs 3.7 µs per launch
 //! issue and 11.8–12.4 µs for launch + one async readback + one synchronize, while a
 //! well-known backend spent 44–110 µs per resident dispatch, growing with program
 //! size. Everything here exists to stay near the raw floor and flat in program size:
 //! - caches keyed by memoised digests, so a warm dispatch walks no program (`cache`);
 //! - [`Kernel`] handles that skip even the cache lookups (`kernel`);
 //! - pooled streams, events, pinned staging and transient buffers (`pool`);
-//! - outputs read with async copies and one synchronize, never one blocking copy per
-//!   output (§0: 16 blocking copies 107.5 µs vs 36.8 µs async + one sync) (`dispatch`);
+//! - outputs read without a copy (the kernel's result ABI, `readback`) or with async
+//!   copies, and one synchronize, never one blocking copy per output (16 blocking
+//!   copies cost 107.5 µs against 36.8 µs async + one synchronize) (`dispatch`);
 //! - raw driver calls through a prebuilt parameter array (`driver`).
 //!
-//! Layering: `driver` is the only module that calls libcuda, and it is private
-//! to the crate; its `unsafe fn`s are called only from `stream_ops` (the one
-//! description of a dispatch's stream operations), `dispatch`, `floor` and
-//! `crate::graph`, each with a `// SAFETY:` line; the public API is safe and names
-//! no raw driver type. Owned buffers and non-blocking submission are in
-//! [`DeviceBuffer`] and [`PendingDispatch`]; one interface over this backend and
-//! the reference interpreter is [`AnyBackend`].
+//! # Layout
+//!
+//! This file is the façade: the module list and what is public. Layers, bottom up:
+//! - `driver` (one checked function per libcuda call, split by concern) is private;
+//!   its `unsafe fn`s are called only from `stream_ops` (the one description of a
+//!   dispatch's stream operations), `dispatch`, `readback`, `floor` and `graph`,
+//!   each with a `// SAFETY:` line; the public API is safe and names no driver type;
+//! - `cuda` holds [`CudaBackend`] and the state its dispatches, buffers and graphs
+//!   share; `request` the [`Dispatch`] request; `buffer` the owned buffers;
+//!   `dispatch` the dispatch path and non-blocking submission; `graph` the CUDA
+//!   graphs that capture the same stream operations; all of them are one privacy
+//!   boundary: their shared internals are `pub(in crate::backend)`, invisible to the
+//!   rest of the crate;
+//! - `reference_backend` answers the same requests on the CPU interpreter with the
+//!   same checks and errors;
+//! - `any` holds [`AnyBackend`], above both: nothing below it knows it exists.
 //!
 //! The raw driver layer cannot be reached from outside the crate:
 //!
@@ -29,354 +42,43 @@
 //! use vyre_cuda::backend::driver::PrimaryContext;
 //! ```
 
+mod any;
 pub mod budget;
 mod buffer;
 mod cache;
 pub mod caps;
+mod cuda;
 mod dispatch;
-pub(crate) mod driver;
+mod driver;
 mod error;
 #[cfg(feature = "testing")]
 pub mod floor;
+pub mod graph;
 mod kernel;
 mod ordering;
 mod outputs;
 mod plan;
 mod pool;
-mod portable;
 pub mod readback;
-mod resident;
-pub(crate) mod stream_ops;
+mod reference_backend;
+mod request;
+mod stream_ops;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-pub use buffer::{
-    DeviceBuffer, DeviceClock, DeviceSpans, PendingDispatch, PinnedBuffer, MAX_PENDING,
-};
+pub use any::{AnyBackend, AnyGraph, AnyPendingReplay, AnyRecorder, BackendKind};
+pub use buffer::{DeviceBuffer, PinnedBuffer};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
-pub use dispatch::{Binding, TimedDispatch};
+pub use cuda::{CudaBackend, MemoryBudget, PoolStats};
+pub use dispatch::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
-pub use portable::{
-    AnyBackend, AnyBinding, AnyBuffer, AnyGraph, AnyKernel, AnyPending, AnyPendingReplay,
-    AnyRecorder, ReferenceBackend,
-};
-pub use resident::ResidentBuffer;
+pub use reference_backend::ReferenceBackend;
+pub use request::{Binding, Dispatch, Finished, Timing, Timings};
 
-pub use crate::probe::DispatchTiming;
-
-use crate::ir::Limits;
-use crate::lower::LoweringCaps;
-
-use cache::{CountedCache, ValidationCache};
-use driver::{Device, PrimaryContext};
-use kernel::KernelInner;
-use pool::{LanePool, TransientPool};
-use resident::ResidentTable;
-
-/// Bindings (and readback items) one dispatch keeps inline, off the heap: the lists
-/// of the dispatch path that grow with every binding or readback item (sizes,
-/// addresses, resident holds, kernel parameters, order-book accesses, readback
-/// plans, routes and deliveries) are [`PerBinding`]s. With 16 the §6 fixture's
-/// 17-buffer shape spilled six of them to the heap on every dispatch (an allocation
-/// and a free each). Lists only borrowed or write-only bindings add to (transient
-/// buffers, uploads, clears) keep 16 inline.
-pub(crate) const INLINE_BINDINGS: usize = 32;
-
-/// A per-binding list of the dispatch path, inline up to [`INLINE_BINDINGS`].
-pub(crate) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
-
-/// The driver's kernel parameter array: two values per binding, then the result
-/// ABI's five, inline up to [`INLINE_BINDINGS`] bindings.
-pub(crate) type ParameterArray =
-    smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5]>;
-
-/// Most device ordinals tracked for context-loss epochs.
-const MAX_DEVICES: usize = 64;
-
-/// Per device: bumped when a sticky fault destroys the primary context, so every
-/// backend on that device sees (with one relaxed load per call) that its handles died.
-static DEVICE_EPOCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// Per device: the epoch whose context has been reset already.
-static DEVICE_RESET_EPOCH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
-/// Serialises acquire/reset per process.
-static ACQUIRE_LOCK: Mutex<()> = Mutex::new(());
-static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Low bits of a backend id that hold its device ordinal (`MAX_DEVICES` ≤ 2^8), so
-/// a [`ResidentBuffer`] handle (which carries only its backend's id) names its
-/// device too: a recording can refuse another device's buffer with a message that
-/// says so (`crate::graph::stitch`), without a registry or a lock.
-const DEVICE_BITS: u32 = 8;
-const _: () = assert!(MAX_DEVICES <= 1 << DEVICE_BITS);
-
-/// A fresh backend id for device `ordinal`: a serial number, then the ordinal.
-fn next_backend_id(ordinal: usize) -> u64 {
-    NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed) << DEVICE_BITS | ordinal as u64
-}
-
-/// The device ordinal of the backend with id `id`.
-pub(crate) fn device_of_backend(id: u64) -> usize {
-    (id & ((1 << DEVICE_BITS) - 1)) as usize
-}
-
-/// Counts of pooled resources, for tests that prove a warm path allocates nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// Dispatch lanes (stream + events + pinned staging) ever created.
-    pub lanes_created: u64,
-    /// Pinned staging buffers (re)allocated.
-    pub staging_allocations: u64,
-    /// Transient device buffers allocated from the driver.
-    pub transient_allocations: u64,
-    /// Bytes idle in the transient pool.
-    pub pooled_bytes: u64,
-    /// Bytes held by resident buffers.
-    pub resident_bytes: u64,
-    /// Live resident buffers.
-    pub resident_buffers: u64,
-}
-
-/// The memory budget at one instant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MemoryBudget {
-    /// What it was computed from.
-    pub inputs: budget::BudgetInputs,
-    /// Bytes a new dispatch or allocation may take.
-    pub available: u64,
-}
-
-/// A CUDA device, ready to compile and dispatch programs. Cheap to clone (an
-/// `Arc`); `Send + Sync`: threads may dispatch through one backend concurrently,
-/// each dispatch on its own pooled stream.
-#[derive(Clone)]
-pub struct CudaBackend {
-    inner: Arc<BackendInner>,
-}
-
-pub(crate) struct BackendInner {
-    pub(crate) id: u64,
-    pub(crate) caps: DeviceCaps,
-    pub(crate) limits: Limits,
-    pub(crate) lowering: LoweringCaps,
-    pub(crate) features: PipelineFeatures,
-    pub(crate) epoch: u64,
-    pub(crate) validation: ValidationCache,
-    pub(crate) ptx: CountedCache<PtxKey, Arc<str>>,
-    pub(crate) kernels: CountedCache<ModuleKey, Arc<KernelInner>>,
-    pub(crate) plan_counter: cache::Counter,
-    pub(crate) resident: Mutex<ResidentTable>,
-    pub(crate) lanes: LanePool,
-    pub(crate) transients: TransientPool,
-    pub(crate) staging_allocations: AtomicU64,
-    pub(crate) lost: Mutex<Option<String>>,
-    /// Bytes held by live [`DeviceBuffer`]s.
-    pub(crate) owned_bytes: AtomicU64,
-    /// Submissions pending ([`PendingDispatch`]), at most [`MAX_PENDING`].
-    pub(crate) pending: std::sync::atomic::AtomicUsize,
-    /// Dispatches in flight and the shared memory each touches (`ordering`).
-    pub(crate) in_flight: ordering::OrderBook,
-    // Declared last: dropped after every handle above was released in its context.
-    pub(crate) context: PrimaryContext,
-}
-
-impl CudaBackend {
-    /// The backend of device 0.
-    pub fn acquire() -> Result<CudaBackend, BackendError> {
-        Self::acquire_device(0)
-    }
-
-    /// The backend of device `ordinal`. Loads libcuda at run time: on a machine
-    /// without a driver this is an `Err` (never a panic), so callers can fall back
-    /// to [`crate::reference`]. If an earlier kernel fault destroyed the device's
-    /// context, this resets it first.
-    pub fn acquire_device(ordinal: usize) -> Result<CudaBackend, BackendError> {
-        let count = Self::device_count()?;
-        if ordinal >= count || ordinal >= MAX_DEVICES {
-            return Err(BackendError::NoDevice {
-                ordinal,
-                available: count,
-            });
-        }
-        let _guard = ACQUIRE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        let device = Device::get(ordinal as i32)
-            .map_err(|e| BackendError::driver("opening the device", e))?;
-        let epoch = DEVICE_EPOCH[ordinal].load(Ordering::Acquire);
-        let recovering = DEVICE_RESET_EPOCH[ordinal].load(Ordering::Acquire) != epoch;
-        // After a sticky fault the driver may refuse every call in this process
-        // (CUDA documents that such errors need a process restart); say so plainly.
-        let unrecoverable =
-            |error: driver::DriverError| BackendError::DeviceUnrecoverable { ordinal, error };
-        if recovering {
-            PrimaryContext::reset_device(device).map_err(unrecoverable)?;
-            tracing::warn!(ordinal, "reset the primary context after a kernel fault");
-        }
-        let context = PrimaryContext::retain(device).map_err(|e| {
-            if recovering || e.is_sticky() {
-                unrecoverable(e)
-            } else {
-                BackendError::driver("retaining the primary context", e)
-            }
-        })?;
-        context
-            .bind()
-            .and_then(|_| driver::memory_info())
-            .map_err(|e| {
-                if recovering || e.is_sticky() {
-                    unrecoverable(e)
-                } else {
-                    BackendError::driver("binding the primary context", e)
-                }
-            })?;
-        if recovering {
-            DEVICE_RESET_EPOCH[ordinal].store(epoch, Ordering::Release);
-        }
-        let caps = driver::read_caps(ordinal, device)
-            .map_err(|e| BackendError::driver("reading device attributes", e))?;
-        tracing::info!(name = %caps.name, sm = caps.ptx_target_sm(), "acquired CUDA device");
-        Ok(CudaBackend {
-            inner: Arc::new(BackendInner {
-                id: next_backend_id(ordinal),
-                limits: caps.limits(),
-                lowering: caps.lowering_caps(),
-                features: caps.pipeline_features(),
-                caps,
-                epoch,
-                validation: CountedCache::new(),
-                ptx: CountedCache::new(),
-                kernels: CountedCache::new(),
-                plan_counter: cache::Counter::default(),
-                resident: Mutex::new(ResidentTable::new(0)),
-                lanes: LanePool::new(),
-                transients: TransientPool::new(),
-                staging_allocations: AtomicU64::new(0),
-                lost: Mutex::new(None),
-                owned_bytes: AtomicU64::new(0),
-                pending: std::sync::atomic::AtomicUsize::new(0),
-                in_flight: ordering::OrderBook::default(),
-                context,
-            }),
-        }
-        .with_resident_table())
-    }
-
-    /// Number of CUDA devices on this host (loads and initialises the driver; no
-    /// driver is an `Err`, never a panic). One backend per device: [`CudaBackend::acquire_device`]
-    /// with each ordinal below this count; stitch their recorded graphs with
-    /// [`crate::graph::StitchBuilder`].
-    pub fn device_count() -> Result<usize, BackendError> {
-        driver::load_driver().map_err(|e| BackendError::NoDriver {
-            detail: match e {
-                driver::LoadError::LibraryMissing => "libcuda.so could not be opened".into(),
-                driver::LoadError::SymbolMissing(s) => {
-                    format!("libcuda.so lacks {s}; the driver is too old (need CUDA 12.0+)")
-                }
-            },
-        })?;
-        driver::init().map_err(|e| BackendError::NoDriver {
-            detail: e.to_string(),
-        })?;
-        let count =
-            driver::device_count().map_err(|e| BackendError::driver("counting devices", e))?;
-        Ok(count.max(0) as usize)
-    }
-
-    /// The ordinal of this backend's device.
-    pub fn ordinal(&self) -> usize {
-        self.inner.caps.ordinal
-    }
-
-    fn with_resident_table(self) -> Self {
-        *self
-            .inner
-            .resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = ResidentTable::new(self.inner.id);
-        self
-    }
-
-    /// What the device offers.
-    pub fn caps(&self) -> &DeviceCaps {
-        &self.inner.caps
-    }
-
-    /// Hit/miss counters of every cache.
-    pub fn cache_stats(&self) -> CacheStats {
-        let inner = &self.inner;
-        CacheStats {
-            validation: inner.validation.counter.read(),
-            ptx: inner.ptx.counter.read(),
-            module: inner.kernels.counter.read(),
-            plan: inner.plan_counter.read(),
-            ptx_entries: inner.ptx.len(),
-            module_entries: inner.kernels.len(),
-        }
-    }
-
-    /// Counts of pooled resources and resident bytes.
-    pub fn pool_stats(&self) -> PoolStats {
-        let inner = &self.inner;
-        let resident = inner.resident.lock().unwrap_or_else(|p| p.into_inner());
-        PoolStats {
-            lanes_created: inner.lanes.created(),
-            staging_allocations: inner.staging_allocations.load(Ordering::Relaxed),
-            transient_allocations: inner.transients.driver_allocations(),
-            pooled_bytes: inner.transients.pooled_bytes(),
-            resident_bytes: resident
-                .live_bytes()
-                .saturating_add(inner.owned_bytes.load(Ordering::Relaxed)),
-            resident_buffers: resident.live_count(),
-        }
-    }
-
-    /// The memory budget a new allocation is checked against now (§4.6); asks the
-    /// driver for live free memory.
-    pub fn memory_budget(&self) -> Result<MemoryBudget, BackendError> {
-        let inner = &self.inner;
-        inner.check_alive()?;
-        inner.bind()?;
-        let (live_free, _) =
-            driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
-        let inputs = budget::BudgetInputs {
-            total: inner.caps.total_memory,
-            resident: self.resident_bytes(),
-            pooled: inner.transients.pooled_bytes(),
-            live_free,
-        };
-        Ok(MemoryBudget {
-            inputs,
-            available: budget::available_bytes(&inputs),
-        })
-    }
-
-    /// Bytes held by resident buffers.
-    pub fn resident_bytes(&self) -> u64 {
-        self.pool_stats().resident_bytes
-    }
-
-    /// Free every idle transient buffer (they are re-allocated on demand).
-    pub fn trim_pools(&self) {
-        if self.inner.check_alive().is_ok() && self.inner.context.bind().is_ok() {
-            self.inner.transients.drain(false);
-        }
-    }
-
-    /// Whether the backend's context is still usable (no sticky kernel fault).
-    pub fn is_usable(&self) -> bool {
-        self.inner.check_alive().is_ok()
-    }
-
-    /// The shared state, for crate modules outside `backend` (`crate::graph`).
-    pub(crate) fn shared(&self) -> &Arc<BackendInner> {
-        &self.inner
-    }
-}
+use cuda::{device_of_backend, BackendInner};
+use plan::{ParameterArray, PerBinding};
 
 /// Driver calls made by the current thread so far (test support: how tests prove
 /// "one synchronize per dispatch" on the real driver).
@@ -388,82 +90,31 @@ pub fn thread_driver_calls() -> DriverCallCounts {
 #[cfg(feature = "testing")]
 pub use driver::DriverCallCounts;
 
-impl BackendInner {
-    /// One relaxed load on the happy path.
-    #[inline]
-    pub(crate) fn check_alive(&self) -> Result<(), BackendError> {
-        let current = DEVICE_EPOCH[self.caps.ordinal].load(Ordering::Relaxed);
-        if current == self.epoch {
-            return Ok(());
-        }
-        let cause = self
-            .lost
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "a kernel fault on this device, through another backend".into());
-        Err(BackendError::ContextLost { cause })
-    }
-
-    /// Record a sticky fault: every backend of this device is now stale.
-    pub(crate) fn mark_context_lost(&self, cause: String) {
-        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause);
-        let _ = DEVICE_EPOCH[self.caps.ordinal].compare_exchange(
-            self.epoch,
-            self.epoch + 1,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Bytes held by resident buffers and owned [`DeviceBuffer`]s (the budget's
-    /// "resident" input).
-    pub(crate) fn held_bytes(&self) -> u64 {
-        self.resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live_bytes()
-            .saturating_add(self.owned_bytes.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn bind(&self) -> Result<(), BackendError> {
-        self.context
-            .bind()
-            .map_err(|e| BackendError::driver("binding the CUDA context to this thread", e))
-    }
-}
-
-impl Drop for BackendInner {
-    fn drop(&mut self) {
-        // Handles die with a reset context: freeing them then would be invalid, so
-        // after a fault they are forgotten instead (the reset already released them).
-        let leak = self.check_alive().is_err() || self.context.bind().is_err();
-        self.kernels.clear(leak);
-        self.lanes.clear(leak);
-        self.transients.drain(leak);
-        self.resident
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear(leak);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::graph::{DispatchGraph, InputSlot, StepId, StitchBuilder, StitchedGraph};
     use super::*;
 
-    /// Locks out a backend id that loses its device (a recording could then not tell
-    /// another device's `ResidentBuffer` from a foreign backend's of the same device,
-    /// and its refusal would point the wrong way) or that repeats: every ordinal
-    /// below `MAX_DEVICES` comes back out, and ids stay distinct.
+    /// Locks out backend values that cannot cross threads: a pipelined encoder submits
+    /// on one thread and waits on another, shares buffers between threads (they are
+    /// `Sync` too) and moves graphs to a replay thread.
     #[test]
-    fn backend_ids_carry_their_device() {
-        let ids: Vec<u64> = (0..MAX_DEVICES).map(next_backend_id).collect();
-        for (ordinal, &id) in ids.iter().enumerate() {
-            assert_eq!(device_of_backend(id), ordinal, "id {id:#x}");
-        }
-        let again = next_backend_id(0);
-        assert!(!ids.contains(&again));
-        assert_eq!(device_of_backend(again), 0);
+    fn backend_values_cross_threads() {
+        fn assert_send<T: Send>() {}
+        fn assert_sync<T: Sync>() {}
+        assert_send::<AnyBackend>();
+        assert_send::<Kernel>();
+        assert_send::<PendingDispatch>();
+        assert_send::<DeviceClock>();
+        assert_send::<DeviceBuffer>();
+        assert_sync::<DeviceBuffer>();
+        assert_send::<PinnedBuffer>();
+        assert_sync::<PinnedBuffer>();
+        assert_send::<AnyGraph>();
+        assert_send::<DispatchGraph>();
+        assert_send::<InputSlot>();
+        assert_send::<StepId>();
+        assert_send::<StitchedGraph>();
+        assert_send::<StitchBuilder>();
     }
 }

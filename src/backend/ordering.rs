@@ -12,7 +12,7 @@
 //! overlapped.
 //!
 //! The order book records, for every dispatch in flight, the device addresses it
-//! reads and writes through owned or resident buffers (borrowed and pinned
+//! reads and writes through owned buffers (host, zeroed and pinned
 //! bindings get a fresh transient per dispatch, so they never conflict). A new
 //! dispatch that conflicts with one in flight waits for it on the device (an event
 //! recorded on the earlier stream, `cuStreamWaitEvent` on the new one): nothing
@@ -30,14 +30,14 @@ use super::PerBinding;
 
 /// The memory one dispatch touches through shared buffers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Accesses {
-    pub(crate) reads: PerBinding<u64>,
-    pub(crate) writes: PerBinding<u64>,
+pub(in crate::backend) struct Accesses {
+    pub(in crate::backend) reads: PerBinding<u64>,
+    pub(in crate::backend) writes: PerBinding<u64>,
 }
 
 impl Accesses {
     /// Whether the two cannot run at once: one writes what the other touches.
-    pub(crate) fn conflicts_with(&self, other: &Accesses) -> bool {
+    pub(in crate::backend) fn conflicts_with(&self, other: &Accesses) -> bool {
         let touches = |set: &Accesses, address: &u64| {
             set.writes.contains(address) || set.reads.contains(address)
         };
@@ -45,7 +45,7 @@ impl Accesses {
             || other.writes.iter().any(|a| self.reads.contains(a))
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub(in crate::backend) fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty()
     }
 }
@@ -58,7 +58,7 @@ struct Entry {
 
 /// Every dispatch in flight on one backend with the memory it touches.
 #[derive(Default)]
-pub(crate) struct OrderBook {
+pub(in crate::backend) struct OrderBook {
     entries: Mutex<Vec<Entry>>,
     /// Entries, readable without the lock (an empty book costs one load).
     len: AtomicUsize,
@@ -70,7 +70,7 @@ impl OrderBook {
     /// `explicit` (a dispatch the caller named, as its stream and that stream's
     /// order event), each once: an explicit predecessor that also conflicts is
     /// waited on once, not twice. Returns how many dispatches it ordered after.
-    pub(crate) fn order_after(
+    pub(in crate::backend) fn order_after(
         &self,
         accesses: &Accesses,
         stream: &Stream,
@@ -102,7 +102,12 @@ impl OrderBook {
     }
 
     /// Enter a dispatch just enqueued on `stream`.
-    pub(crate) fn enter(&self, stream: &Arc<Stream>, order: &Arc<Event>, accesses: Accesses) {
+    pub(in crate::backend) fn enter(
+        &self,
+        stream: &Arc<Stream>,
+        order: &Arc<Event>,
+        accesses: Accesses,
+    ) {
         if accesses.is_empty() {
             return;
         }
@@ -116,7 +121,7 @@ impl OrderBook {
     }
 
     /// Remove the dispatch of `stream` (it completed, or failed before running).
-    pub(crate) fn leave(&self, stream: &Arc<Stream>) {
+    pub(in crate::backend) fn leave(&self, stream: &Arc<Stream>) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }

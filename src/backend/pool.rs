@@ -1,10 +1,10 @@
-//! Pools (§4.4): streams with their timing events and pinned staging ("lanes"),
+//! Pools: streams with their timing events and pinned staging ("lanes"),
 //! and transient device buffers in power-of-two buckets.
 //!
 //! Creating a stream, an event or pinned memory costs driver time far above the
-//! §0 launch floor (3.7 µs), so once a dispatch shape is warm nothing on its path
+//! launch floor (3.7 µs on the H200), so once a dispatch shape is warm nothing on its path
 //! allocates from the driver: a dispatch leases one lane (stream + 4 events +
-//! staging) for its whole life, and borrowed inputs take device buffers from the
+//! staging) for its whole life, and host, zeroed and pinned bindings take device buffers from the
 //! bucket of their rounded size.
 
 use std::collections::HashMap;
@@ -17,21 +17,21 @@ use std::sync::Arc;
 use super::driver::{DeviceMemory, DriverResult, Event, PinnedMemory, Stream};
 
 /// Everything one dispatch needs on the host side of the stream.
-pub(crate) struct Lane {
-    pub(crate) stream: Arc<Stream>,
+pub(in crate::backend) struct Lane {
+    pub(in crate::backend) stream: Arc<Stream>,
     /// Outer window: before the first enqueued operation / after the last.
-    pub(crate) outer_start: Event,
-    pub(crate) outer_end: Event,
+    pub(in crate::backend) outer_start: Event,
+    pub(in crate::backend) outer_end: Event,
     /// Kernel window: around the launch loop only.
-    pub(crate) inner_start: Event,
-    pub(crate) inner_end: Event,
+    pub(in crate::backend) inner_start: Event,
+    pub(in crate::backend) inner_end: Event,
     /// Recorded after the dispatch's operations when a later submission must run
-    /// after it on the device (`CudaBackend::submit_kernel_after`); never timed.
-    pub(crate) order: Arc<Event>,
+    /// after it on the device (`Dispatch::after`); never timed.
+    pub(in crate::backend) order: Arc<Event>,
     /// Page-locked staging for uploads and readback.
-    pub(crate) staging: PinnedMemory,
+    pub(in crate::backend) staging: PinnedMemory,
     /// Host-mapped result area and control block (`readback`), made on first use.
-    pub(crate) results: Option<super::readback::ResultArea>,
+    pub(in crate::backend) results: Option<super::readback::ResultArea>,
 }
 
 const INITIAL_STAGING_BYTES: usize = 64 * 1024;
@@ -52,7 +52,7 @@ impl Lane {
 
     /// Grow staging to hold at least `bytes` (rounded to a power of two). Returns
     /// whether the driver was asked for memory.
-    pub(crate) fn ensure_staging(&mut self, bytes: usize) -> DriverResult<bool> {
+    pub(in crate::backend) fn ensure_staging(&mut self, bytes: usize) -> DriverResult<bool> {
         if self.staging.len() >= bytes {
             return Ok(false);
         }
@@ -66,13 +66,13 @@ impl Lane {
 }
 
 /// Idle lanes, shared by every thread of a backend.
-pub(crate) struct LanePool {
+pub(in crate::backend) struct LanePool {
     idle: Mutex<Vec<Lane>>,
     created: AtomicU64,
 }
 
 impl LanePool {
-    pub(crate) fn new() -> Self {
+    pub(in crate::backend) fn new() -> Self {
         LanePool {
             idle: Mutex::new(Vec::with_capacity(16)),
             created: AtomicU64::new(0),
@@ -80,7 +80,7 @@ impl LanePool {
     }
 
     /// Take an idle lane or create one (the caller has the context bound).
-    pub(crate) fn lease(&self) -> DriverResult<Lane> {
+    pub(in crate::backend) fn lease(&self) -> DriverResult<Lane> {
         if let Some(lane) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(lane);
         }
@@ -89,7 +89,7 @@ impl LanePool {
     }
 
     /// Return a lane whose stream has no pending work.
-    pub(crate) fn give_back(&self, lane: Lane) {
+    pub(in crate::backend) fn give_back(&self, lane: Lane) {
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -97,12 +97,12 @@ impl LanePool {
     }
 
     /// Lanes created so far (each is a stream, four events and staging).
-    pub(crate) fn created(&self) -> u64 {
+    pub(in crate::backend) fn created(&self) -> u64 {
         self.created.load(Ordering::Relaxed)
     }
 
     /// Drop every idle lane (or leak them when the context was reset under them).
-    pub(crate) fn clear(&self, leak: bool) {
+    pub(in crate::backend) fn clear(&self, leak: bool) {
         let lanes = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
         if leak {
             std::mem::forget(lanes);
@@ -110,15 +110,15 @@ impl LanePool {
     }
 }
 
-/// Device buffers for borrowed (non-resident) bindings, by bucket size.
-pub(crate) struct TransientPool {
+/// Transient device buffers for host, zeroed and pinned bindings, by bucket size.
+pub(in crate::backend) struct TransientPool {
     buckets: Mutex<HashMap<u64, Vec<DeviceMemory>>>,
     pooled_bytes: AtomicU64,
     driver_allocations: AtomicU64,
 }
 
 impl TransientPool {
-    pub(crate) fn new() -> Self {
+    pub(in crate::backend) fn new() -> Self {
         TransientPool {
             buckets: Mutex::new(HashMap::new()),
             pooled_bytes: AtomicU64::new(0),
@@ -127,18 +127,18 @@ impl TransientPool {
     }
 
     /// Bytes held idle in the pool.
-    pub(crate) fn pooled_bytes(&self) -> u64 {
+    pub(in crate::backend) fn pooled_bytes(&self) -> u64 {
         self.pooled_bytes.load(Ordering::Relaxed)
     }
 
     /// Driver allocations made by the pool so far.
-    pub(crate) fn driver_allocations(&self) -> u64 {
+    pub(in crate::backend) fn driver_allocations(&self) -> u64 {
         self.driver_allocations.load(Ordering::Relaxed)
     }
 
     /// Bytes of `requests` that the idle pool cannot serve (what a dispatch would
     /// newly allocate). Pure lookup; takes nothing.
-    pub(crate) fn missing_bytes(&self, requests: &[u64]) -> Option<u64> {
+    pub(in crate::backend) fn missing_bytes(&self, requests: &[u64]) -> Option<u64> {
         let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let mut wanted: smallvec::SmallVec<[(u64, usize); 16]> = smallvec::SmallVec::new();
         let mut missing: u128 = 0;
@@ -163,7 +163,7 @@ impl TransientPool {
     }
 
     /// A buffer of at least `bytes` (its bucket size), from the pool or the driver.
-    pub(crate) fn take(&self, bytes: u64) -> DriverResult<DeviceMemory> {
+    pub(in crate::backend) fn take(&self, bytes: u64) -> DriverResult<DeviceMemory> {
         let bucket = bucket_bytes(bytes).unwrap_or(u64::MAX);
         if let Some(memory) = self
             .buckets
@@ -180,7 +180,7 @@ impl TransientPool {
     }
 
     /// Return a buffer taken with `take`.
-    pub(crate) fn put(&self, memory: DeviceMemory) {
+    pub(in crate::backend) fn put(&self, memory: DeviceMemory) {
         let bucket = memory.size();
         self.pooled_bytes.fetch_add(bucket, Ordering::Relaxed);
         self.buckets
@@ -192,7 +192,7 @@ impl TransientPool {
     }
 
     /// Free every idle buffer (memory pressure), or leak them after a context reset.
-    pub(crate) fn drain(&self, leak: bool) {
+    pub(in crate::backend) fn drain(&self, leak: bool) {
         let drained = std::mem::take(&mut *self.buckets.lock().unwrap_or_else(|p| p.into_inner()));
         self.pooled_bytes.store(0, Ordering::Relaxed);
         if leak {

@@ -1,10 +1,10 @@
-//! Readback and device time at the physical limit (§11): small outputs reach the
+//! Readback and device time at the physical limit: small outputs reach the
 //! host through host-mapped pinned memory written by the dispatch's own kernel, large
 //! ones by DMA, and the kernel stamps its own device time.
 //!
 //! # Why
 //!
-//! The physical floor of a dispatch is one launch and one synchronize. §0 measured on
+//! The physical floor of a dispatch is one launch and one synchronize. Measured on
 //! the H200 (2026-12-01, per dispatch, a kernel writing N 16-byte outputs): launch +
 //! sync 8.5–8.8 µs; one async copy per output 11.6 µs (N = 1) to 35.0 µs (N = 16);
 //! `cuMemcpyBatchAsync` 11.0–15.8; one copy from a contiguous arena 11.4–17.3; a
@@ -19,7 +19,7 @@
 //! `ResultArea`, host-mapped memory, before the kernel ends. One launch, one
 //! synchronize, no copy and no event: the extra work is one atomic per converged
 //! group of threads and a few hundred bytes of posted PCIe writes. Outputs stay in
-//! their device buffers too, so resident outputs are valid for the next dispatch.
+//! their device buffers too, so outputs in owned buffers are valid for the next dispatch.
 //!
 //! # Size policy
 //!
@@ -64,7 +64,7 @@ use super::plan::ReadItem;
 pub const MAPPED_RANGE_MAX_BYTES: u64 = 4096;
 
 /// L2 round trips beyond the first that a mapped range may cost before one DMA copy
-/// is cheaper (§0 and the sweep: one extra async copy costs about 2 µs, one round
+/// is cheaper (the raw measurements and the sweep: one extra async copy costs about 2 µs, one round
 /// trip of the last group's loads about 0.3 µs).
 const MAPPED_EXTRA_ROUND_TRIPS: u64 = 4;
 
@@ -83,7 +83,7 @@ pub fn mapped_range_limit(threads_per_workgroup: u32) -> u64 {
 pub const RESULT_AREA_BYTES: usize = 64 * 1024;
 
 /// The start and end stamps at the head of the area.
-pub(crate) const STAMP_BYTES: usize = 16;
+pub(in crate::backend) const STAMP_BYTES: usize = 16;
 
 /// Bytes of the device control block (u64 finished threads, u64 earliest start).
 const CONTROL_BYTES: usize = 16;
@@ -105,7 +105,10 @@ pub fn result_abi_parameter_bytes(global_buffers: usize) -> usize {
 /// Whether a program with `global_buffers` buffers can host the result ABI (its
 /// stamps and mapped readback); an `Err` starting `Fix:` when its parameters would
 /// pass the driver's limit.
-pub(crate) fn check_result_abi_fits(program: &str, global_buffers: usize) -> Result<(), String> {
+pub(in crate::backend) fn check_result_abi_fits(
+    program: &str,
+    global_buffers: usize,
+) -> Result<(), String> {
     let bytes = result_abi_parameter_bytes(global_buffers);
     if bytes <= KERNEL_PARAMETER_LIMIT_BYTES {
         return Ok(());
@@ -124,7 +127,7 @@ pub(crate) fn check_result_abi_fits(program: &str, global_buffers: usize) -> Res
 
 /// How one readback item travels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Route {
+pub(in crate::backend) enum Route {
     /// Copied by the kernel's last thread to this offset of the result area.
     Mapped { offset: u32 },
     /// One async DMA copy into pinned staging (the item's `staging_offset`).
@@ -134,7 +137,7 @@ pub(crate) enum Route {
 /// Chooses a route per item (pure): mapped while the item is at most `max_range`
 /// bytes, a descriptor slot is free and the area of `area_bytes` has room; copy
 /// otherwise. Returns the number of mapped items.
-pub(crate) fn route_reads(
+pub(in crate::backend) fn route_reads(
     reads: &[ReadItem],
     area_bytes: usize,
     max_range: u64,
@@ -170,12 +173,12 @@ pub(crate) fn route_reads(
 /// the last launch; the per-launch values live in `Cell`s so they can change between
 /// launches while those pointers exist.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ResultParams {
+pub(in crate::backend) struct ResultParams {
     /// Whether this description's first launch writes the start stamp and its last
     /// launch the end stamp (an eager dispatch: both; a graph step: only the graph's
     /// first and last step).
-    pub(crate) stamps_start: bool,
-    pub(crate) stamps_end: bool,
+    pub(in crate::backend) stamps_start: bool,
+    pub(in crate::backend) stamps_end: bool,
     control: u64,
     results: u64,
     flags: Cell<u32>,
@@ -204,7 +207,7 @@ pub const WINDOW_BYTES: u64 = 16;
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these
     /// device addresses; no descriptors yet.
-    pub(crate) fn new(control: u64, results: u64) -> Self {
+    pub(in crate::backend) fn new(control: u64, results: u64) -> Self {
         ResultParams {
             stamps_start: true,
             stamps_end: true,
@@ -230,7 +233,7 @@ impl ResultParams {
     /// plus the range's position in the block. On the H200 (2026-12-01) each copy of
     /// the general path cost about 0.13 µs in a one-thread kernel: some 50 dependent
     /// instructions of one warp. Every other range goes through the strided loop.
-    pub(crate) fn describe(
+    pub(in crate::backend) fn describe(
         &mut self,
         source: u64,
         len: u32,
@@ -278,7 +281,7 @@ impl ResultParams {
 
     /// Set the values for launch `iteration` of `iterations`: the first writes the
     /// start stamp, the last the end stamp and the copies.
-    pub(crate) fn set_launch(&self, iteration: u32, iterations: u32) {
+    pub(in crate::backend) fn set_launch(&self, iteration: u32, iterations: u32) {
         let last = iteration + 1 >= iterations;
         let mut flags = 0;
         if iteration == 0 && self.stamps_start {
@@ -295,14 +298,17 @@ impl ResultParams {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Set the per-launch values directly (graph captures and node updates, which
     /// choose flags per launch node and pass no descriptors).
-    pub(crate) fn set_raw(&self, flags: u32, count: u32) {
+    pub(in crate::backend) fn set_raw(&self, flags: u32, count: u32) {
         let count = count.min(self.described);
         self.flags.set(flags | self.window_bits(count));
         self.count.set(count);
     }
 
     /// Append the five parameter pointers (after the buffer addresses and counts).
-    pub(crate) fn push_pointers<const N: usize>(&self, params: &mut SmallVec<[*mut c_void; N]>) {
+    pub(in crate::backend) fn push_pointers<const N: usize>(
+        &self,
+        params: &mut SmallVec<[*mut c_void; N]>,
+    ) {
         params.push(&self.control as *const u64 as *mut c_void);
         params.push(&self.results as *const u64 as *mut c_void);
         params.push(self.flags.as_ptr() as *mut c_void);
@@ -312,14 +318,14 @@ impl ResultParams {
 
     /// Descriptors added so far.
     #[cfg(test)]
-    pub(crate) fn described(&self) -> u32 {
+    pub(in crate::backend) fn described(&self) -> u32 {
         self.described
     }
 }
 
 /// Where one readback item's bytes are after the synchronize.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Delivery {
+pub(in crate::backend) enum Delivery {
     /// In the lane's pinned staging (a DMA copy).
     Staging { offset: usize, len: usize },
     /// In the result area (the kernel's last thread copied them).
@@ -328,7 +334,7 @@ pub(crate) enum Delivery {
 
 impl Delivery {
     /// The item's length in bytes.
-    pub(crate) fn len(&self) -> usize {
+    pub(in crate::backend) fn len(&self) -> usize {
         match *self {
             Delivery::Staging { len, .. } | Delivery::Area { len, .. } => len,
         }
@@ -337,10 +343,10 @@ impl Delivery {
 
 /// The one copy that brings a device-memory result area back (no mapping available).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct AreaCopy {
-    pub(crate) device: u64,
-    pub(crate) host: *mut u8,
-    pub(crate) len: usize,
+pub(in crate::backend) struct AreaCopy {
+    pub(in crate::backend) device: u64,
+    pub(in crate::backend) host: *mut u8,
+    pub(in crate::backend) len: usize,
 }
 
 /// Where an area's bytes live.
@@ -355,7 +361,7 @@ enum Storage {
 }
 
 /// One lane's result area and control block.
-pub(crate) struct ResultArea {
+pub(in crate::backend) struct ResultArea {
     storage: Storage,
     control: DeviceMemory,
 }
@@ -363,7 +369,7 @@ pub(crate) struct ResultArea {
 impl ResultArea {
     /// Allocate an area (mapped when the driver allows, device memory otherwise) and
     /// initialise its control block to `(0, u64::MAX)`. Blocking; done once per lane.
-    pub(crate) fn new() -> DriverResult<ResultArea> {
+    pub(in crate::backend) fn new() -> DriverResult<ResultArea> {
         let control = DeviceMemory::allocate(CONTROL_BYTES as u64)?;
         let mut idle = [0u8; CONTROL_BYTES];
         idle[8..].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -389,12 +395,12 @@ impl ResultArea {
 
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     /// Whether the kernel writes the host's bytes directly (no copy needed).
-    pub(crate) fn is_mapped(&self) -> bool {
+    pub(in crate::backend) fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped(_))
     }
 
     /// The parameter values pointing at this area.
-    pub(crate) fn params(&self) -> ResultParams {
+    pub(in crate::backend) fn params(&self) -> ResultParams {
         let results = match &self.storage {
             Storage::Mapped(m) => m.device_address(0),
             Storage::Device { device, .. } => device.address(),
@@ -405,7 +411,7 @@ impl ResultArea {
     /// Before a launch, host side: clear the stamps of a mapped area (returns `None`),
     /// or return the 16-byte device fill that clears a device-memory area's stamps
     /// (as `(device address, bytes)`, to be enqueued before the launches).
-    pub(crate) fn arm_host(&mut self) -> Option<(u64, usize)> {
+    pub(in crate::backend) fn arm_host(&mut self) -> Option<(u64, usize)> {
         match &mut self.storage {
             Storage::Mapped(m) => {
                 m.write(0, &[0u8; STAMP_BYTES]);
@@ -417,7 +423,7 @@ impl ResultArea {
 
     /// For a device-memory area: the copy of its first `used` bytes into the pinned
     /// mirror, to be enqueued after the launches. `None` for a mapped area.
-    pub(crate) fn copy_back(&mut self, used: usize) -> Option<AreaCopy> {
+    pub(in crate::backend) fn copy_back(&mut self, used: usize) -> Option<AreaCopy> {
         match &mut self.storage {
             Storage::Mapped(_) => None,
             Storage::Device { device, mirror } => Some(AreaCopy {
@@ -430,7 +436,7 @@ impl ResultArea {
 
     /// Before a launch: clear the stamps, so a kernel that did not finish its
     /// epilogue can never pass off an earlier dispatch's bytes as its own.
-    pub(crate) fn arm(&mut self, stream: &Stream) -> DriverResult<()> {
+    pub(in crate::backend) fn arm(&mut self, stream: &Stream) -> DriverResult<()> {
         match &mut self.storage {
             Storage::Mapped(m) => {
                 m.write(0, &[0u8; STAMP_BYTES]);
@@ -449,7 +455,7 @@ impl ResultArea {
     /// # Safety
     /// The mirror is read only after the stream is synchronised, and the area stays
     /// alive until then (the lane owns it).
-    pub(crate) unsafe fn enqueue_copy_back(
+    pub(in crate::backend) unsafe fn enqueue_copy_back(
         &mut self,
         used: usize,
         stream: &Stream,
@@ -467,7 +473,7 @@ impl ResultArea {
 
     /// After the synchronize: `(start, end)` `%globaltimer` stamps, or `None` when the
     /// kernel did not write its end stamp (its bytes must not be used).
-    pub(crate) fn stamps(&self) -> Option<(u64, u64)> {
+    pub(in crate::backend) fn stamps(&self) -> Option<(u64, u64)> {
         let head = self.bytes(0, STAMP_BYTES);
         let word = |i: usize| {
             let mut w = [0u8; 8];
@@ -479,7 +485,7 @@ impl ResultArea {
     }
 
     /// After the synchronize: `len` bytes at `offset`.
-    pub(crate) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+    pub(in crate::backend) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         match &self.storage {
             Storage::Mapped(m) => m.slice(offset, len),
             Storage::Device { mirror, .. } => mirror.slice(offset, len),
@@ -488,7 +494,7 @@ impl ResultArea {
 }
 
 /// Kernel time from the stamps: end − start, 0 when they are missing or reversed.
-pub(crate) fn stamp_kernel_ns(stamps: Option<(u64, u64)>) -> u64 {
+pub(in crate::backend) fn stamp_kernel_ns(stamps: Option<(u64, u64)>) -> u64 {
     stamps.map_or(0, |(start, end)| end.saturating_sub(start))
 }
 

@@ -1,8 +1,8 @@
-//! One description of the stream operations of a dispatch (issue 10 item 3, SPEC §11).
+//! One description of the stream operations of a dispatch (issue 10 item 3).
 //!
 //! # Why this module exists
 //!
-//! An eager dispatch, a graph capture, a resident transfer and the raw floor all put
+//! An eager dispatch, a graph capture, a buffer transfer and the raw floor all put
 //! the same few operations on a stream: host → device copies from pinned staging,
 //! the zero fill that makes `WriteOnly` mean "starts zeroed", the parameter array
 //! (buffer addresses, then `u32` element counts), `fixpoint_iterations` launches
@@ -56,17 +56,21 @@ use super::{ParameterArray, PerBinding};
 /// in `codegen::ptx`; every backend kernel has them, the raw floor's plain kernels
 /// do not).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct LaunchParameters {
-    pub(crate) addresses: PerBinding<u64>,
-    pub(crate) counts: PerBinding<u32>,
-    pub(crate) results: Option<ResultParams>,
+pub(in crate::backend) struct LaunchParameters {
+    pub(in crate::backend) addresses: PerBinding<u64>,
+    pub(in crate::backend) counts: PerBinding<u32>,
+    pub(in crate::backend) results: Option<ResultParams>,
 }
 
 impl LaunchParameters {
     /// Parameters for `slots` bound to `addresses` holding `sizes` bytes each. The
     /// sizes were checked to be whole numbers of elements whose count fits a `u32`
     /// (`plan::check_binding_sizes`).
-    pub(crate) fn for_bindings(slots: &[ParamSlot], addresses: &[u64], sizes: &[u64]) -> Self {
+    pub(in crate::backend) fn for_bindings(
+        slots: &[ParamSlot],
+        addresses: &[u64],
+        sizes: &[u64],
+    ) -> Self {
         let mut parameters = LaunchParameters::default();
         for ((slot, &address), &bytes) in slots.iter().zip(addresses).zip(sizes) {
             parameters.addresses.push(address);
@@ -84,7 +88,7 @@ impl LaunchParameters {
     /// The driver's `void**` array: pointers to each address, then to each count,
     /// then to the result ABI's values. The pointers are valid while `self` is
     /// neither moved nor dropped.
-    pub(crate) fn pointer_array(&mut self) -> ParameterArray {
+    pub(in crate::backend) fn pointer_array(&mut self) -> ParameterArray {
         let mut params: ParameterArray =
             SmallVec::with_capacity(self.addresses.len() + self.counts.len() + 5);
         for address in self.addresses.iter_mut() {
@@ -101,7 +105,7 @@ impl LaunchParameters {
 
     /// Set the result ABI's per-launch values for launch `iteration` of
     /// `iterations` (no-op without them). The pointer array stays valid.
-    pub(crate) fn set_launch(&self, iteration: u32, iterations: u32) {
+    pub(in crate::backend) fn set_launch(&self, iteration: u32, iterations: u32) {
         if let Some(results) = &self.results {
             results.set_launch(iteration, iterations);
         }
@@ -110,34 +114,34 @@ impl LaunchParameters {
 
 /// A copy between pinned host staging and device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StagedCopy {
+pub(in crate::backend) struct StagedCopy {
     /// Device address of the first byte.
-    pub(crate) device: u64,
+    pub(in crate::backend) device: u64,
     /// Offset of the first byte in the target's staging.
-    pub(crate) staging_offset: usize,
+    pub(in crate::backend) staging_offset: usize,
     /// Bytes copied.
-    pub(crate) len: usize,
+    pub(in crate::backend) len: usize,
 }
 
 /// A copy from caller-owned pinned host memory to the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PinnedCopy {
-    pub(crate) device: u64,
+pub(in crate::backend) struct PinnedCopy {
+    pub(in crate::backend) device: u64,
     /// Host address of the first byte (inside a pinned allocation the dispatch holds).
-    pub(crate) host: *const u8,
-    pub(crate) len: usize,
+    pub(in crate::backend) host: *const u8,
+    pub(in crate::backend) len: usize,
 }
 
 /// A zero fill of device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Clear {
-    pub(crate) device: u64,
-    pub(crate) bytes: usize,
+pub(in crate::backend) struct Clear {
+    pub(in crate::backend) device: u64,
+    pub(in crate::backend) bytes: usize,
 }
 
 /// The timing events a description may record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DeviceMark {
+pub(in crate::backend) enum DeviceMark {
     /// Before the first operation of the dispatch.
     WindowStart,
     /// Before the launch loop.
@@ -149,19 +153,19 @@ pub(crate) enum DeviceMark {
 }
 
 /// The launch loop of a dispatch.
-pub(crate) struct KernelLaunch<'a, M> {
-    pub(crate) module: &'a M,
-    pub(crate) grid: [u32; 3],
-    pub(crate) block: [u32; 3],
-    pub(crate) iterations: u32,
+pub(in crate::backend) struct KernelLaunch<'a, M> {
+    pub(in crate::backend) module: &'a M,
+    pub(in crate::backend) grid: [u32; 3],
+    pub(in crate::backend) block: [u32; 3],
+    pub(in crate::backend) iterations: u32,
     /// A grid-sync kernel's module-global barrier counter: reset before each launch,
     /// launched cooperatively.
-    pub(crate) grid_barrier: Option<u64>,
+    pub(in crate::backend) grid_barrier: Option<u64>,
 }
 
 /// How a dispatch's outputs reach the host (see the module docs for adding one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Readback<'a> {
+pub(in crate::backend) enum Readback<'a> {
     /// Nothing comes back through the stream.
     Nothing,
     /// One async device → host copy per item into the target's staging.
@@ -189,7 +193,7 @@ impl Readback<'_> {
 
     /// After the synchronize: hand item `i`'s bytes (in the staging `staging`, or in
     /// the result area `area`) to `sink`, in item order.
-    pub(crate) fn deliver(
+    pub(in crate::backend) fn deliver(
         &self,
         staging: &PinnedMemory,
         area: Option<&ResultArea>,
@@ -221,23 +225,23 @@ impl Readback<'_> {
 
 /// Every stream operation of one dispatch (or of one graph operation), in the
 /// order [`enqueue`] issues them.
-pub(crate) struct StreamOps<'a, M> {
-    pub(crate) uploads: SmallVec<[StagedCopy; 16]>,
+pub(in crate::backend) struct StreamOps<'a, M> {
+    pub(in crate::backend) uploads: SmallVec<[StagedCopy; 16]>,
     /// Uploads straight from caller pinned buffers (after the staged ones).
-    pub(crate) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
-    pub(crate) clears: SmallVec<[Clear; 16]>,
-    pub(crate) launch: Option<KernelLaunch<'a, M>>,
-    pub(crate) parameters: LaunchParameters,
-    pub(crate) readback: Readback<'a>,
+    pub(in crate::backend) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
+    pub(in crate::backend) clears: SmallVec<[Clear; 16]>,
+    pub(in crate::backend) launch: Option<KernelLaunch<'a, M>>,
+    pub(in crate::backend) parameters: LaunchParameters,
+    pub(in crate::backend) readback: Readback<'a>,
     /// The grid barrier's words, copied back for the arrival audit.
-    pub(crate) barrier_readback: Option<StagedCopy>,
+    pub(in crate::backend) barrier_readback: Option<StagedCopy>,
     /// Record the [`DeviceMark`] events.
-    pub(crate) timed: bool,
+    pub(in crate::backend) timed: bool,
 }
 
 impl<'a, M> StreamOps<'a, M> {
     /// No operations at all.
-    pub(crate) fn empty() -> Self {
+    pub(in crate::backend) fn empty() -> Self {
         StreamOps {
             uploads: SmallVec::new(),
             pinned_uploads: SmallVec::new(),
@@ -251,11 +255,11 @@ impl<'a, M> StreamOps<'a, M> {
     }
 
     /// The operations of one dispatch of a kernel with `slots` bound to `addresses`
-    /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (§1:
-    /// `WriteOnly` starts zeroed on every path, resident or transient), then the
+    /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (the IR's rule:
+    /// `WriteOnly` starts zeroed on every path, owned buffer or transient), then the
     /// launch loop with the parameter array. The eager path and graph recording both
     /// build their dispatch through this one function.
-    pub(crate) fn dispatch(
+    pub(in crate::backend) fn dispatch(
         slots: &[ParamSlot],
         addresses: &[u64],
         sizes: &[u64],
@@ -277,7 +281,7 @@ impl<'a, M> StreamOps<'a, M> {
 
     /// Whether anything is enqueued before the launch loop. When nothing is, the
     /// kernel start event also opens the window (one event record saved).
-    pub(crate) fn enqueues_before_launch(&self) -> bool {
+    pub(in crate::backend) fn enqueues_before_launch(&self) -> bool {
         !self.uploads.is_empty()
             || !self.pinned_uploads.is_empty()
             || !self.clears.is_empty()
@@ -289,12 +293,12 @@ impl<'a, M> StreamOps<'a, M> {
 
     /// Whether anything is enqueued after the launch loop (else the kernel end
     /// event also closes the window).
-    pub(crate) fn enqueues_after_launch(&self) -> bool {
+    pub(in crate::backend) fn enqueues_after_launch(&self) -> bool {
         self.readback.enqueues() || self.barrier_readback.is_some()
     }
 
     /// The events that open and close the device window of a timed description.
-    pub(crate) fn window_marks(&self) -> (DeviceMark, DeviceMark) {
+    pub(in crate::backend) fn window_marks(&self) -> (DeviceMark, DeviceMark) {
         let start = if self.enqueues_before_launch() {
             DeviceMark::WindowStart
         } else {
@@ -311,14 +315,14 @@ impl<'a, M> StreamOps<'a, M> {
 
 /// A stream operation that the driver refused, and what was being done.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct EnqueueFailure {
-    pub(crate) what: &'static str,
-    pub(crate) error: DriverError,
+pub(in crate::backend) struct EnqueueFailure {
+    pub(in crate::backend) what: &'static str,
+    pub(in crate::backend) error: DriverError,
 }
 
 /// Where the operations of a description go: one method per kind of stream
 /// operation, plus the one synchronize.
-pub(crate) trait StreamTarget {
+pub(in crate::backend) trait StreamTarget {
     /// The loaded module type launches name.
     type Module;
 
@@ -391,7 +395,7 @@ pub(crate) trait StreamTarget {
 /// every staging range inside the target's staging (which the host leaves alone),
 /// until the target's stream is synchronised (or, for a capture, for as long as the
 /// graph can run).
-pub(crate) unsafe fn enqueue<T: StreamTarget>(
+pub(in crate::backend) unsafe fn enqueue<T: StreamTarget>(
     ops: &mut StreamOps<'_, T::Module>,
     target: &mut T,
 ) -> Result<(), EnqueueFailure> {
@@ -483,16 +487,16 @@ pub(crate) unsafe fn enqueue<T: StreamTarget>(
 
 /// A dispatch lane's stream, its four events and its staging (uploads and readback
 /// share it), for eager work.
-pub(crate) struct LaneTarget<'l> {
-    pub(crate) stream: &'l Stream,
-    pub(crate) staging: &'l PinnedMemory,
+pub(in crate::backend) struct LaneTarget<'l> {
+    pub(in crate::backend) stream: &'l Stream,
+    pub(in crate::backend) staging: &'l PinnedMemory,
     /// Window start, kernel start, kernel end, window end.
-    pub(crate) events: [&'l Event; 4],
+    pub(in crate::backend) events: [&'l Event; 4],
 }
 
 impl<'l> LaneTarget<'l> {
     /// The target of a leased lane: its stream, staging and four events.
-    pub(crate) fn of(lane: &'l super::pool::Lane) -> Self {
+    pub(in crate::backend) fn of(lane: &'l super::pool::Lane) -> Self {
         LaneTarget {
             stream: &lane.stream,
             staging: &lane.staging,
@@ -505,7 +509,7 @@ impl<'l> LaneTarget<'l> {
         }
     }
 
-    pub(crate) fn event(&self, mark: DeviceMark) -> &Event {
+    pub(in crate::backend) fn event(&self, mark: DeviceMark) -> &Event {
         self.events[mark as usize]
     }
 }
@@ -587,13 +591,13 @@ impl StreamTarget for LaneTarget<'_> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+pub(in crate::backend) mod tests {
     use super::*;
     use crate::ir::{BufferCount, ElemType, Name};
 
     /// One operation as a recording target saw it.
     #[derive(Clone, Debug, PartialEq, Eq)]
-    pub(crate) enum Seen {
+    pub(in crate::backend) enum Seen {
         Record(DeviceMark),
         Upload(StagedCopy),
         UploadPinned(PinnedCopy),
@@ -614,8 +618,8 @@ pub(crate) mod tests {
 
     /// A target that records every call instead of making it.
     #[derive(Default)]
-    pub(crate) struct Recording {
-        pub(crate) seen: Vec<Seen>,
+    pub(in crate::backend) struct Recording {
+        pub(in crate::backend) seen: Vec<Seen>,
         /// Parameter count of the modules launched (the "module" is its count).
         _unused: (),
     }
@@ -943,7 +947,7 @@ pub(crate) mod tests {
     }
 
     /// Locks out wasted or missing events: with nothing before or after the loop
-    /// (all-resident, no clears, no readback), the kernel events also delimit the
+    /// (all device buffers, no clears, no readback), the kernel events also delimit the
     /// window and no window event is recorded.
     #[test]
     fn a_bare_launch_shares_its_kernel_events_with_the_window() {

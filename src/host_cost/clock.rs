@@ -442,11 +442,14 @@ pub struct ClockDrift {
     /// the region, or the mean of the spin-reference rate at its two boundaries, times
     /// `1 − run-queue delay share − steal share` of the region.
     pub per_region: Vec<f64>,
-    /// The verdict's input for a paired run ([`estimate::between_arm_gap`]); `None` for
-    /// a cell (no arms) or when no figure exists.
+    /// The verdict's input for a paired run (the mean figure of arm B's regions against
+    /// arm A's, [`ArmGap`](estimate::ArmGap)); `None` for a cell (no arms) or when no
+    /// figure exists.
     pub arm_gap: Option<estimate::ArmGap>,
     /// Advisory: spread of the medians of the three consecutive thirds of `per_region`
-    /// over its median (see [`estimate::clock_drift`]); `None` without regions.
+    /// over its median (a step or a trend moves a third's median, region-to-region
+    /// jitter does not; one or two regions fall back to `(max − min) / median`); `None`
+    /// without regions.
     pub drift: Option<f64>,
     /// Advisory: `(max − min) / median` of `per_region`, region-to-region jitter.
     pub jitter: Option<f64>,

@@ -64,7 +64,7 @@ pub enum HostCostError {
 impl HostCostError {
     /// An [`HostCostError::InvalidOptions`] for `field` holding `value`, which must be
     /// `bound`.
-    pub fn invalid_option(
+    pub(crate) fn invalid_option(
         field: &'static str,
         value: impl std::fmt::Debug,
         bound: impl Into<String>,

@@ -346,10 +346,11 @@ pub fn summarise_rounds(order: PairOrder, region_times: &[f64]) -> Vec<RoundSumm
 pub struct PairThresholds {
     /// Fewest rounds a publishable comparison has. Default 8.
     pub minimum_rounds: usize,
-    /// Largest publishable [`ratio_spread`]. Default 0.20.
+    /// Largest publishable ratio spread (`(p90 − p10) / median` of the per-round
+    /// ratios, [`Paired::ratio_spread`](super::Paired::ratio_spread)). Default 0.20.
     pub maximum_ratio_spread: f64,
-    /// Largest publishable between-arm clock gap ([`between_arm_gap`]: the mean clock
-    /// figure of arm B's regions against arm A's). Default 0.02 (§6, the seed's rule).
+    /// Largest publishable between-arm clock gap ([`ArmGap::gap`]: the mean clock
+    /// figure of arm B's regions against arm A's). Default 0.02 (the seed's rule).
     pub maximum_clock_gap: f64,
 }
 

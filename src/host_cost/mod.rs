@@ -17,7 +17,7 @@
 //!   it returns [`HostCostError::OptimisedAway`].
 //! - [`Paired::compare`] — B against A: rounds of `A B B A` / `B A A B`
 //!   ([`PairOrder::Abba`]), the **median** per-round ratio B/A and delta, the ratio spread
-//!   ([`estimate::ratio_spread`]), publishability with reasons ([`NotPublishable`]) and a
+//!   (`(p90 − p10) / median` of the per-round ratios), publishability with reasons ([`NotPublishable`]) and a
 //!   "difference detected" decision with its inputs ([`DifferenceDecision`]).
 //!
 //! Both record the clock at every region boundary ([`ClockMonitor`], source `cpufreq` or
@@ -29,9 +29,13 @@
 //!
 //! Every options struct has a `validate` that bounds every field
 //! ([`HostCostError::InvalidOptions`] names the field and the bound), and the measurements
-//! call it first: no option value can panic, exhaust memory or hang the harness. All estimator arithmetic is in
-//! [`estimate`] as pure functions, and both measurements have a `from_samples`
-//! constructor, so every rule can be exercised with injected samples.
+//! call it first: no option value can panic, exhaust memory or hang the harness. Both
+//! measurements have a `from_samples` constructor ([`Cell::from_samples`],
+//! [`Paired::from_samples`]; [`ClockDrift::from_regions`] for the clock), so every
+//! rule can be exercised, or applied to samples timed elsewhere, with injected samples.
+//! The estimators' arithmetic itself (pure functions over samples) and the clock's
+//! capped `/proc` and cpufreq readers are internal; the crate's self-tests reach them
+//! through the `testing` feature.
 //!
 //! ```no_run
 //! use std::hint::black_box;
@@ -53,13 +57,15 @@
 //! let paired = Paired::compare("x1", |n| work(n, 1), "x2", |n| work(n, 2),
 //!                              &PairOptions::default())?;
 //! report.add_paired(paired);
-//! let _ = report.finish(); // prints the table, writes target/host-cost/example.*.json
+//! let _ = report.finish(); // prints the table, writes report_dir()/example.*.json
 //! # Ok::<(), vyre_cuda::host_cost::HostCostError>(())
 //! ```
 //!
 //! # Output files
 //! [`Report::finish`] prints [`Report::table`] and writes two files into
-//! `$VYRE_HOST_COST_REPORT_DIR` (default `target/host-cost/`), named after the report
+//! [`report_dir`]: `$VYRE_HOST_COST_REPORT_DIR`, else `$CARGO_TARGET_DIR/host-cost/`,
+//! else `target/host-cost/` (relative paths from the current directory, which `cargo
+//! test` and `cargo bench` set to the package's root), named after the report
 //! (characters outside `[A-Za-z0-9._-]` replaced by `_`). Failure to write is printed and
 //! returned, never a panic.
 //!
@@ -125,23 +131,36 @@
 //!          "notes": [string]}
 //! ```
 
-pub mod cell;
-pub mod clock;
-pub mod error;
-pub mod estimate;
-pub mod paired;
-pub mod report;
+mod cell;
+mod error;
+mod paired;
+mod report;
 
-pub use cell::{Cell, CellOptions, Probe};
+// The clock's file readers and parsers and the estimators' pure arithmetic: the crate's
+// own machinery, public to its self-tests (which feed them injected samples and files)
+// with the `testing` feature. Their result types are re-exported below.
+#[cfg(feature = "testing")]
+pub mod clock;
+#[cfg(not(feature = "testing"))]
+mod clock;
+#[cfg(feature = "testing")]
+pub mod estimate;
+#[cfg(not(feature = "testing"))]
+mod estimate;
+
+#[cfg(feature = "testing")]
+pub use clock::{read_capped, CPUFREQ_CAP, PROC_STAT_CAP, SCHEDSTAT_CAP};
+
+pub use cell::{Cell, CellOptions, Probe, MAX_PROBE_GROWTH, MAX_REGION, MAX_WARMUP_CALLS};
 pub use clock::{
-    read_capped, reference_noise_floor, ClockDrift, ClockMonitor, ClockOptions, ClockSource,
-    ClockSourceChoice, Interference, NoiseFloor, SpinStatistic, StealGap, CPUFREQ_CAP,
-    PROC_STAT_CAP, SCHEDSTAT_CAP,
+    reference_noise_floor, ClockDrift, ClockMonitor, ClockOptions, ClockSource, ClockSourceChoice,
+    Interference, NoiseFloor, SpinStatistic, StealGap, MAX_NOISE_TRIALS, MAX_SPIN_REPEATS,
+    SPIN_TARGET_BOUNDS,
 };
 pub use error::HostCostError;
 pub use estimate::{
     Arm, ArmGap, CellThresholds, CellVerdict, DifferenceDecision, DifferenceRule, Direction,
-    NotPublishable, PairOrder, PairThresholds, RoundSummary,
+    NotPublishable, PairOrder, PairThresholds, RoundSummary, MAX_ROUNDS,
 };
 pub use paired::{PairOptions, Paired};
-pub use report::{report_dir, Report, DEFAULT_REPORT_DIR, REPORT_DIR_ENV};
+pub use report::{report_dir, Report, DEFAULT_REPORT_DIR, REPORT_DIR_ENV, SAMPLES_SCHEMA};

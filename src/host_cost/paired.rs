@@ -147,7 +147,7 @@ pub struct Paired {
     pub calibration: [Vec<Probe>; 2],
     /// Repetitions in every region of both arms.
     pub iterations_per_region: u64,
-    /// Which arm each region timed, in order ([`estimate::schedule`]).
+    /// Which arm each region timed, in order: rounds of [`PairOrder`]'s four slots.
     pub schedule: Vec<Arm>,
     /// Wall time of each region in seconds, in schedule order (raw samples).
     pub region_seconds: Vec<f64>,
@@ -161,7 +161,8 @@ pub struct Paired {
     pub median_ratio: f64,
     /// Median of `deltas_ns_per_unit`: the quoted delta.
     pub median_delta_ns_per_unit: f64,
-    /// [`estimate::ratio_spread`] of `ratios`.
+    /// Spread of `ratios`: `(p90 − p10) / median` (linear-interpolated quantiles);
+    /// `None` without rounds or with a median that is not positive.
     pub ratio_spread: Option<f64>,
     /// Fastest region of arm A in ns per unit.
     pub minimum_ns_per_unit_a: f64,

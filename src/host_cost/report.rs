@@ -6,6 +6,7 @@
 //! effort: a read-only file system must not turn a finished measurement into a panic,
 //! so write failures are returned and printed, never fatal.
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -17,8 +18,12 @@ use super::paired::Paired;
 
 /// Environment variable naming the report directory.
 pub const REPORT_DIR_ENV: &str = "VYRE_HOST_COST_REPORT_DIR";
-/// Report directory when [`REPORT_DIR_ENV`] is unset or empty (relative to the current
-/// directory, which `cargo test` sets to the crate root).
+/// Cargo's variable for its build directory: without [`REPORT_DIR_ENV`], reports go to
+/// its `host-cost` subdirectory.
+const TARGET_DIR_ENV: &str = "CARGO_TARGET_DIR";
+/// Report directory when neither [`REPORT_DIR_ENV`] nor `CARGO_TARGET_DIR` is set (or
+/// both are empty): relative to the current directory, which `cargo test` and `cargo
+/// bench` set to the root of the package whose test or bench runs.
 pub const DEFAULT_REPORT_DIR: &str = "target/host-cost";
 /// Value of the `"schema"` field of the raw-samples file.
 pub const SAMPLES_SCHEMA: &str = "vyre-cuda/host-cost-samples/v1";
@@ -32,11 +37,26 @@ pub struct Report {
     failures: Vec<(String, String)>,
 }
 
-/// The directory reports go to: `$VYRE_HOST_COST_REPORT_DIR`, else `target/host-cost`.
+/// The directory reports go to: `$VYRE_HOST_COST_REPORT_DIR`, else
+/// `$CARGO_TARGET_DIR/host-cost`, else [`DEFAULT_REPORT_DIR`] (`target/host-cost`). An
+/// empty variable counts as unset; a relative path is taken from the current
+/// directory.
 pub fn report_dir() -> PathBuf {
-    match std::env::var_os(REPORT_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(DEFAULT_REPORT_DIR),
+    report_dir_from(
+        std::env::var_os(REPORT_DIR_ENV),
+        std::env::var_os(TARGET_DIR_ENV),
+    )
+}
+
+/// [`report_dir`]'s rule, given the two variables' values.
+fn report_dir_from(report_dir: Option<OsString>, target_dir: Option<OsString>) -> PathBuf {
+    let set = |value: Option<OsString>| value.filter(|value| !value.is_empty());
+    if let Some(dir) = set(report_dir) {
+        return PathBuf::from(dir);
+    }
+    match set(target_dir) {
+        Some(target) => PathBuf::from(target).join("host-cost"),
+        None => PathBuf::from(DEFAULT_REPORT_DIR),
     }
 }
 
@@ -594,5 +614,34 @@ mod tests {
         assert_eq!(file_stem(""), "report");
         assert_eq!(file_stem(".."), "report");
         assert_eq!(file_stem("dispatch sweep"), "dispatch_sweep");
+    }
+
+    /// Locks out a report directory that ignores `CARGO_TARGET_DIR` (reports landed in
+    /// `target/` beside a build that lives elsewhere) or lets it override the explicit
+    /// variable. Negative control: each rule's variable, set empty, falls through to the
+    /// next rule, so the precedence is what decides.
+    #[test]
+    fn report_dir_prefers_its_variable_then_the_target_dir_then_target() {
+        let some = |text: &str| Some(OsString::from(text));
+        assert_eq!(
+            report_dir_from(some("/reports"), some("/build")),
+            PathBuf::from("/reports")
+        );
+        assert_eq!(
+            report_dir_from(None, some("/build")),
+            PathBuf::from("/build/host-cost")
+        );
+        assert_eq!(
+            report_dir_from(some(""), some("relative/build")),
+            PathBuf::from("relative/build/host-cost")
+        );
+        assert_eq!(
+            report_dir_from(None, None),
+            PathBuf::from(DEFAULT_REPORT_DIR)
+        );
+        assert_eq!(
+            report_dir_from(some(""), some("")),
+            PathBuf::from("target/host-cost")
+        );
     }
 }

@@ -1,98 +1,102 @@
-//! Dispatch phase probe (§5): where each dispatch's host time goes.
+//! Dispatch phase probe: where each dispatch's host time goes.
 //!
 //! # Why this module exists
 //!
 //! A resident dispatch on the H200 machine costs a few microseconds of driver
-//! work (§0: 3.7 µs to issue a launch, 1.8 µs to synchronize an idle stream),
-//! while a well-known backend spends 44–110 µs of host time per dispatch and
-//! nobody can say where. This probe splits the host time of every dispatch into
-//! nine disjoint phases that add up, so a regression shows up as a number in a
-//! named phase instead of a vague "dispatch got slower".
+//! work (3.7 µs to issue a launch, 1.8 µs to synchronize an idle stream), while a
+//! well-known backend spends 44–110 µs of host time per dispatch and nobody can say
+//! where. This probe splits the host time of every dispatch into nine disjoint
+//! phases that add up, so a regression shows up as a number in a named phase
+//! instead of a vague "dispatch got slower".
+//!
+//! # Switching it on
 //!
 //! With the environment variable [`ENV_VAR`] (`VYRE_CUDA_DISPATCH_PHASE_PROBE`)
 //! set to anything but `0`, `false`, `off`, `no` or the empty string (read once
-//! per process), each dispatch prints exactly one line to stderr **after** its
-//! timing has been captured, in this key order ([`LINE_KEYS`]):
+//! per process, by the first dispatch; [`enabled`] says what it read), each
+//! dispatch writes exactly one line **after** its timing has been captured, to
+//! stderr or to the [`Sink`] chosen with [`set_sink`], in this key order
+//! ([`LINE_KEYS`]):
 //!
 //! ```text
 //! vyre-cuda-dispatch-phase seq= nodes= ptx_bytes= buffers= bindings= fixpoint=
 //! grid_blocks= wall_ns= enqueue_ns= wait_ns= device_window_ns= kernel_ns=
 //! prepare_ns= ptx_ns= modkey_ns= stage_ns= resolve_ns= lease_ns= launch_ns=
 //! release_ns= readback_ns= sub_ptx_digest_ns= sub_ptx_vsa_ns= named_host_ns=
-//! unattributed_ns= ptx_cache_hits= ptx_cache_misses=
+//! unattributed_ns= ptx_cache_hits= ptx_cache_misses= program=
 //! ```
 //!
-//! (one line; space separated `key=value`, all values decimal integers).
+//! (one line; space separated `key=value`, every value a decimal integer except
+//! `program`, 16 lower-case hex digits). [`parse_line`] reads a line back into a
+//! [`DispatchRecord`]; the [`report`] submodule (and the `vyre-cuda-phase-report`
+//! binary built on it) turns a log of lines into per-phase tables.
 //!
-//! # Cost when off
+//! # What a line means
 //!
-//! Every probe point ([`begin_dispatch`], [`mark`], [`timed`], [`count_with`],
-//! ...) costs one relaxed load of a cached byte and reads no clock while the probe
-//! is off; [`charge`] with the `None` that [`mark`] returned then costs nothing.
-//! Counts (IR nodes, PTX bytes, ...) are passed as closures to [`count_with`] so
-//! they are only computed while the probe is on.
-//!
-//! # Semantics
-//!
-//! * **Thread-local stack of accumulators.** [`begin_dispatch`] pushes a fresh
-//!   accumulator on the calling thread's stack and returns a [`DispatchProbe`]
-//!   guard; the free functions ([`charge`], [`add_phase_ns`], [`count_with`],
-//!   [`note_ptx_cache`], ...) charge the accumulator on top of the calling
-//!   thread's stack, and the guard's methods charge its own accumulator. A
-//!   dispatch nested inside another one (a graph record, a helper dispatch) gets
-//!   its own accumulator and its own line; the outer dispatch only sees the
-//!   nested one's time inside whatever outer phase encloses it. Threads never
-//!   share accumulators. Charges made while no dispatch is open on the thread
-//!   (for example a `compile` outside any dispatch) are dropped.
-//! * **Disjoint leaves.** The nine [`Phase`]s must not nest inside each other;
+//! * **Disjoint leaves.** The nine [`Phase`]s never nest inside each other;
 //!   `named_host_ns` is their plain saturating sum and `unattributed_ns` is
 //!   `wall_ns - named_host_ns`, saturating at 0 (never hidden: a dispatch whose
 //!   phases do not cover its wall shows it here). Sub-phases ([`SubPhase`]) are
 //!   measured inside `ptx` and never added to the sum.
-//! * **PTX cache counters** are per dispatch: the number of PTX source cache
-//!   lookups that hit / missed inside this dispatch, reported through
-//!   [`note_ptx_cache`] (usually `1 0` or `0 1`; `0 0` when the caller passed a
-//!   precompiled kernel and no lookup happened).
+//! * **Counts** ([`Count`]: IR nodes, PTX bytes, buffers, bindings, fixpoint
+//!   iterations, grid blocks) are gathered only while the probe is on.
+//! * **PTX cache counters** are per dispatch: the PTX source cache lookups that hit
+//!   / missed inside this dispatch (usually `1 0` or `0 1`; `0 0` when the caller
+//!   passed a precompiled kernel and no lookup happened).
+//! * **Nesting and threads.** A dispatch nested inside another one (a graph
+//!   record, a helper dispatch) gets its own line; the outer dispatch only sees the
+//!   nested one's time inside whatever outer phase encloses it. Threads never
+//!   share a dispatch's accounts.
 //! * **`seq`** is a process-wide sequence number taken when the line is written,
 //!   so lines of one thread appear in increasing `seq` order.
-//! * **Wall.** `wall_ns` is the value the backend passes in [`DispatchTiming`];
-//!   when that is 0 (an untimed dispatch path) the probe substitutes the time
-//!   from [`begin_dispatch`] to [`DispatchProbe::finish`].
-//! * **Never an error or a panic** while on: arithmetic saturates, write errors
-//!   are ignored, thread-local access during thread teardown is skipped.
-//! * **One write per line.** The line is formatted into a stack buffer and
-//!   written with a single `write_all` on locked stderr, so lines from different
-//!   threads never interleave (and one line is far below `PIPE_BUF`).
+//! * **Wall.** `wall_ns` is the dispatch's own wall time ([`DispatchTiming`]); an
+//!   untimed dispatch path reports the probe's begin-to-finish time instead.
 //!
-//! # Usage in a dispatch path
+//! # Cost and safety
 //!
-//! ```
-//! use vyre_cuda::probe::{self, Count, DispatchTiming, Phase};
+//! Off, every probe point inside a dispatch costs one relaxed load of a cached
+//! byte and reads no clock (`cargo bench --bench probe_overhead` measures it). On,
+//! the probe can never turn a dispatch into an error or a panic: arithmetic
+//! saturates, write errors are ignored, thread-local access during thread teardown
+//! is skipped. **One write per line**: a line is formatted into a stack buffer and
+//! written with a single `write_all` on locked stderr (or the sink), so lines from
+//! different threads never interleave (and one line is far below `PIPE_BUF`).
 //!
-//! let dispatch_probe = probe::begin_dispatch(); // None when off
-//! let mark = probe::mark();
-//! // ... binding plan, launch plan, validation ...
-//! probe::charge(Phase::Prepare, mark);
-//! probe::count_with(Count::Buffers, || 9);
-//! let outputs = probe::timed(Phase::Readback, || vec![0u8; 16]);
-//! if let Some(dispatch_probe) = dispatch_probe {
-//!     dispatch_probe.finish(DispatchTiming { wall_ns: 0, ..DispatchTiming::default() });
+//! ```no_run
+//! use std::sync::mpsc;
+//! use vyre_cuda::probe::{self, Phase, Sink};
+//!
+//! // Run with VYRE_CUDA_DISPATCH_PHASE_PROBE=1; keep stderr for the program's users.
+//! let (sender, lines) = mpsc::channel();
+//! let sender = std::sync::Mutex::new(sender);
+//! probe::set_sink(Sink::Callback(Box::new(move |record, _line| {
+//!     let _ = sender.lock().map(|sender| sender.send(*record));
+//! })));
+//! // ... dispatches ...
+//! for record in lines.try_iter() {
+//!     println!("launch {} ns of {} ns", record.phase_ns(Phase::Launch), record.wall_ns);
 //! }
-//! # let _ = outputs;
 //! ```
 //!
-//! The [`report`] submodule (and the `vyre-cuda-phase-report` binary built on
-//! it) turns a log of these lines into a per-phase table.
+//! The probe points the dispatch paths call are crate-private; the crate's own
+//! tests and benches reach them, and force the switch, through the `testing`
+//! feature.
 
+mod point;
 pub mod report;
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::fmt;
 use std::io::Write as _;
-use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+// The probe points: crate-private, public to the crate's own tests and benches (which
+// drive synthetic dispatches through them) with the `testing` feature.
+#[cfg(feature = "testing")]
+pub use point::*;
+#[cfg(not(feature = "testing"))]
+pub(crate) use point::*;
 
 /// The environment variable that switches the probe on (read once per process).
 pub const ENV_VAR: &str = "VYRE_CUDA_DISPATCH_PHASE_PROBE";
@@ -100,7 +104,7 @@ pub const ENV_VAR: &str = "VYRE_CUDA_DISPATCH_PHASE_PROBE";
 /// The first word of every probe line, followed by one space.
 pub const LINE_PREFIX: &str = "vyre-cuda-dispatch-phase";
 
-/// The keys of a probe line, in the exact order they are printed (§5).
+/// The keys of a probe line, in the exact order they are printed.
 pub const LINE_KEYS: [&str; 28] = [
     "seq",
     "nodes",
@@ -146,11 +150,11 @@ const PROGRAM_INDEX: usize = PRINTED_KEYS - 1;
 /// Number of host phases ([`Phase::ALL`]).
 pub const PHASE_COUNT: usize = 9;
 /// Number of sub-phases ([`SubPhase::ALL`]).
-pub const SUB_PHASE_COUNT: usize = 2;
+const SUB_PHASE_COUNT: usize = 2;
 /// Number of counts ([`Count::ALL`]).
-pub const COUNT_COUNT: usize = 6;
+const COUNT_COUNT: usize = 6;
 
-/// The nine disjoint host phases of a dispatch (§5). Their times add up to
+/// The nine disjoint host phases of a dispatch. Their times add up to
 /// `named_host_ns`; they must never be nested inside each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Phase {
@@ -306,10 +310,9 @@ impl Count {
     }
 }
 
-/// Timings the backend measured for one dispatch, handed to
-/// [`DispatchProbe::finish`]. Field meanings are those of the backend's
-/// `TimedDispatch` (§4.5). `wall_ns == 0` means "not measured": the probe then
-/// uses its own begin-to-finish time as the wall.
+/// Timings the backend measured for one dispatch, the ones a probe line carries
+/// beside its phases. `wall_ns == 0` means "not measured": the probe then uses its
+/// own begin-to-finish time as the wall.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DispatchTiming {
     /// The whole dispatch call.
@@ -364,7 +367,7 @@ pub struct DispatchRecord {
     /// Identity of the dispatched program: the low 64 bits of its module key (program
     /// digest, codegen policy and device caps), printed as 16 hex digits, so two
     /// kernels of the same shape are told apart. 0 when the dispatch path recorded none
-    /// ([`note_program`]) or the line predates the field.
+    /// or the line predates the field.
     pub program: u64,
 }
 
@@ -482,8 +485,8 @@ fn write_record(record: &DispatchRecord, out: &mut impl fmt::Write) -> fmt::Resu
 /// Encodes `record` as a probe line (no trailing newline) straight into bytes.
 ///
 /// Hand-rolled rather than `write!`: through `core::fmt` a line cost about 770 ns
-/// (27 integer fields), half of what the probe adds to a dispatch, and §5's target
-/// for probe-on over probe-off is 1.05. `None` only if the line would not fit.
+/// (27 integer fields), half of what the probe adds to a dispatch, and the target for
+/// probe-on over probe-off is 1.05. `None` only if the line would not fit.
 fn encode_record(record: &DispatchRecord, out: &mut LineBuffer) -> Option<()> {
     out.push(LINE_PREFIX.as_bytes())?;
     for (index, (key, value)) in LINE_KEYS.iter().zip(record.values()).enumerate() {
@@ -713,379 +716,74 @@ fn env_says_on() -> bool {
     })
 }
 
-/// Serializes overrides across threads (the switch is process-wide).
-static OVERRIDE_LOCK: Mutex<()> = Mutex::new(());
+#[cfg(feature = "testing")]
+pub use forced::{override_enabled, EnabledOverride};
 
-thread_local! {
-    /// How many [`EnabledOverride`]s this thread holds (nesting skips the lock).
-    static OVERRIDE_DEPTH: Cell<u32> = const { Cell::new(0) };
-}
+/// Forcing the switch from inside a process: test support (the `testing` feature), for
+/// the crate's tests and benches that exercise both sides of the switch in one process.
+/// A program's switch is [`ENV_VAR`].
+#[cfg(feature = "testing")]
+mod forced {
+    use std::cell::Cell;
+    use std::marker::PhantomData;
+    use std::sync::atomic::Ordering;
+    use std::sync::{Mutex, MutexGuard};
 
-/// Forces the process-wide switch while alive; see [`override_enabled`].
-#[must_use = "the override ends when this guard is dropped"]
-pub struct EnabledOverride {
-    previous: u8,
-    lock: Option<MutexGuard<'static, ()>>,
-    _thread_bound: PhantomData<*const ()>,
-}
+    use super::{env_says_on, STATE, STATE_OFF, STATE_ON};
 
-/// Forces the probe on (`Some(true)`), off (`Some(false)`) or back to what
-/// [`ENV_VAR`] says (`None`) for the whole process until the returned guard is
-/// dropped, which restores the previous state. For tests and benches that must
-/// exercise both sides of the switch in one process.
-///
-/// Overrides from different threads are serialized by a process-wide lock (a
-/// second thread waits until the first guard is dropped), so two tests never
-/// see each other's setting; nesting on one thread is allowed and does not wait.
-/// Threads that never take an override still see the forced state.
-pub fn override_enabled(on: Option<bool>) -> EnabledOverride {
-    let depth = OVERRIDE_DEPTH.with(Cell::get);
-    let lock = if depth == 0 {
-        Some(
-            OVERRIDE_LOCK
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
-    } else {
-        None
-    };
-    OVERRIDE_DEPTH.with(|d| d.set(depth.saturating_add(1)));
-    let on = on.unwrap_or_else(env_says_on);
-    let previous = STATE.swap(if on { STATE_ON } else { STATE_OFF }, Ordering::Relaxed);
-    EnabledOverride {
-        previous,
-        lock,
-        _thread_bound: PhantomData,
-    }
-}
+    /// Serializes overrides across threads (the switch is process-wide).
+    static OVERRIDE_LOCK: Mutex<()> = Mutex::new(());
 
-impl Drop for EnabledOverride {
-    fn drop(&mut self) {
-        STATE.store(self.previous, Ordering::Relaxed);
-        let _ = OVERRIDE_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
-        drop(self.lock.take());
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The per-thread accumulators.
-
-/// Everything one open dispatch has been charged so far.
-struct Accumulator {
-    started: Instant,
-    phases: [u64; PHASE_COUNT],
-    sub_phases: [u64; SUB_PHASE_COUNT],
-    counts: [u64; COUNT_COUNT],
-    ptx_cache_hits: u64,
-    ptx_cache_misses: u64,
-    program: u64,
-}
-
-thread_local! {
-    /// Open dispatches of this thread, innermost last.
-    static STACK: RefCell<Vec<Accumulator>> = const { RefCell::new(Vec::new()) };
-    /// Where finished lines go when a test captures them.
-    static CAPTURE: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
-}
-
-/// Process-wide line sequence number.
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Runs `f` on the accumulator at `index` (or on top when `None`); skipped when
-/// there is none, when the stack is borrowed, or during thread teardown.
-fn with_accumulator(index: Option<usize>, f: impl FnOnce(&mut Accumulator)) {
-    let _ = STACK.try_with(|stack| {
-        if let Ok(mut stack) = stack.try_borrow_mut() {
-            let slot = match index {
-                Some(index) => stack.get_mut(index),
-                None => stack.last_mut(),
-            };
-            if let Some(accumulator) = slot {
-                f(accumulator);
-            }
-        }
-    });
-}
-
-fn elapsed_ns(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// An open dispatch on this thread; returned by [`begin_dispatch`] only while
-/// the probe is on. Call [`DispatchProbe::finish`] once the dispatch's timing
-/// is known; dropping it without `finish` (an error path) discards the
-/// dispatch's accumulator and prints nothing.
-///
-/// The guard is tied to its thread (`!Send`). Guards must end innermost first;
-/// ending an outer guard also discards any inner accumulators still open above
-/// it, whose later `finish` then prints nothing.
-#[must_use = "call finish() to print the line; dropping discards the dispatch"]
-pub struct DispatchProbe {
-    index: usize,
-    _thread_bound: PhantomData<*const ()>,
-}
-
-/// Opens a dispatch on this thread: `None` (one relaxed load) when the probe is
-/// off. Call it first thing in a dispatch so its begin-to-finish time can stand
-/// in for an unmeasured wall.
-#[inline]
-pub fn begin_dispatch() -> Option<DispatchProbe> {
-    if !enabled() {
-        return None;
-    }
-    begin_dispatch_on()
-}
-
-#[cold]
-#[inline(never)]
-fn begin_dispatch_on() -> Option<DispatchProbe> {
-    STACK
-        .try_with(|stack| {
-            let mut stack = stack.try_borrow_mut().ok()?;
-            let index = stack.len();
-            stack.push(Accumulator {
-                started: Instant::now(),
-                phases: [0; PHASE_COUNT],
-                sub_phases: [0; SUB_PHASE_COUNT],
-                counts: [0; COUNT_COUNT],
-                ptx_cache_hits: 0,
-                ptx_cache_misses: 0,
-                program: 0,
-            });
-            Some(DispatchProbe {
-                index,
-                _thread_bound: PhantomData,
-            })
-        })
-        .ok()
-        .flatten()
-}
-
-impl DispatchProbe {
-    /// Adds `ns` to `phase` of this dispatch (saturating).
-    pub fn add_phase_ns(&self, phase: Phase, ns: u64) {
-        with_accumulator(Some(self.index), |a| {
-            let slot = &mut a.phases[phase.index()];
-            *slot = slot.saturating_add(ns);
-        });
+    thread_local! {
+        /// How many [`EnabledOverride`]s this thread holds (nesting skips the lock).
+        static OVERRIDE_DEPTH: Cell<u32> = const { Cell::new(0) };
     }
 
-    /// Adds `ns` to `sub_phase` of this dispatch (saturating).
-    pub fn add_sub_phase_ns(&self, sub_phase: SubPhase, ns: u64) {
-        with_accumulator(Some(self.index), |a| {
-            let slot = &mut a.sub_phases[sub_phase.index()];
-            *slot = slot.saturating_add(ns);
-        });
+    /// Forces the process-wide switch while alive; see [`override_enabled`].
+    #[must_use = "the override ends when this guard is dropped"]
+    pub struct EnabledOverride {
+        previous: u8,
+        lock: Option<MutexGuard<'static, ()>>,
+        _thread_bound: PhantomData<*const ()>,
     }
 
-    /// Sets a count of this dispatch.
-    pub fn set_count(&self, count: Count, value: u64) {
-        with_accumulator(Some(self.index), |a| a.counts[count.index()] = value);
-    }
-
-    /// Records one PTX source cache lookup of this dispatch.
-    pub fn note_ptx_cache(&self, hit: bool) {
-        with_accumulator(Some(self.index), |a| note_cache(a, hit));
-    }
-
-    /// Ends the dispatch and prints its line (to stderr, or to the current
-    /// [`capture_lines`] buffer). Returns the record that was printed, or `None`
-    /// when the accumulator was already gone (an outer guard ended first).
-    pub fn finish(self, timing: DispatchTiming) -> Option<DispatchRecord> {
-        let accumulator = STACK
-            .try_with(|stack| {
-                let mut stack = stack.try_borrow_mut().ok()?;
-                if stack.len() <= self.index {
-                    return None;
-                }
-                stack.truncate(self.index + 1);
-                stack.pop()
-            })
-            .ok()
-            .flatten()?;
-        let wall_ns = if timing.wall_ns == 0 {
-            elapsed_ns(accumulator.started)
+    /// Forces the probe on (`Some(true)`), off (`Some(false)`) or back to what
+    /// [`ENV_VAR`](super::ENV_VAR) says (`None`) for the whole process until the returned guard is
+    /// dropped, which restores the previous state. For tests and benches that must
+    /// exercise both sides of the switch in one process.
+    ///
+    /// Overrides from different threads are serialized by a process-wide lock (a
+    /// second thread waits until the first guard is dropped), so two tests never
+    /// see each other's setting; nesting on one thread is allowed and does not wait.
+    /// Threads that never take an override still see the forced state.
+    pub fn override_enabled(on: Option<bool>) -> EnabledOverride {
+        let depth = OVERRIDE_DEPTH.with(Cell::get);
+        let lock = if depth == 0 {
+            Some(
+                OVERRIDE_LOCK
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            )
         } else {
-            timing.wall_ns
+            None
         };
-        let counts = accumulator.counts;
-        let record = DispatchRecord {
-            seq: SEQ.fetch_add(1, Ordering::Relaxed),
-            nodes: counts[Count::Nodes.index()],
-            ptx_bytes: counts[Count::PtxBytes.index()],
-            buffers: counts[Count::Buffers.index()],
-            bindings: counts[Count::Bindings.index()],
-            fixpoint: counts[Count::Fixpoint.index()],
-            grid_blocks: counts[Count::GridBlocks.index()],
-            wall_ns,
-            enqueue_ns: timing.enqueue_ns,
-            wait_ns: timing.wait_ns,
-            device_window_ns: timing.device_window_ns,
-            kernel_ns: timing.kernel_ns,
-            phases: accumulator.phases,
-            sub_ptx_digest_ns: accumulator.sub_phases[SubPhase::PtxDigest.index()],
-            sub_ptx_vsa_ns: accumulator.sub_phases[SubPhase::PtxVsa.index()],
-            ptx_cache_hits: accumulator.ptx_cache_hits,
-            ptx_cache_misses: accumulator.ptx_cache_misses,
-            program: accumulator.program,
-        };
-        emit(&record);
-        Some(record)
-    }
-}
-
-impl Drop for DispatchProbe {
-    fn drop(&mut self) {
-        let _ = STACK.try_with(|stack| {
-            if let Ok(mut stack) = stack.try_borrow_mut() {
-                stack.truncate(self.index);
-            }
-        });
-    }
-}
-
-fn note_cache(a: &mut Accumulator, hit: bool) {
-    if hit {
-        a.ptx_cache_hits = a.ptx_cache_hits.saturating_add(1);
-    } else {
-        a.ptx_cache_misses = a.ptx_cache_misses.saturating_add(1);
-    }
-}
-
-/// Starts timing a phase: `Some(now)` while on, `None` (one relaxed load, no
-/// clock read) while off. Pass the result to [`charge`] or [`charge_sub`].
-#[inline]
-pub fn mark() -> Option<Instant> {
-    if enabled() {
-        Some(Instant::now())
-    } else {
-        None
-    }
-}
-
-/// Charges the time since `mark` to `phase` of this thread's innermost open
-/// dispatch. `None` (probe off) does nothing.
-#[inline]
-pub fn charge(phase: Phase, mark: Option<Instant>) {
-    if let Some(started) = mark {
-        add_phase_ns(phase, elapsed_ns(started));
-    }
-}
-
-/// Charges the time since `mark` to `sub_phase` (not part of the sum).
-#[inline]
-pub fn charge_sub(sub_phase: SubPhase, mark: Option<Instant>) {
-    if let Some(started) = mark {
-        add_sub_phase_ns(sub_phase, elapsed_ns(started));
-    }
-}
-
-/// Charges the time since `mark` to `phase` and returns a new mark taken at the
-/// same instant, for back-to-back phases with one clock read per boundary.
-#[inline]
-pub fn charge_and_mark(phase: Phase, mark: Option<Instant>) -> Option<Instant> {
-    let started = mark?;
-    let now = Instant::now();
-    let ns = u64::try_from(now.saturating_duration_since(started).as_nanos()).unwrap_or(u64::MAX);
-    add_phase_ns(phase, ns);
-    Some(now)
-}
-
-/// Runs `f` and charges its time to `phase` (no clock read while off).
-#[inline]
-pub fn timed<R>(phase: Phase, f: impl FnOnce() -> R) -> R {
-    let started = mark();
-    let result = f();
-    charge(phase, started);
-    result
-}
-
-/// Runs `f` and charges its time to `sub_phase` (no clock read while off).
-#[inline]
-pub fn timed_sub<R>(sub_phase: SubPhase, f: impl FnOnce() -> R) -> R {
-    let started = mark();
-    let result = f();
-    charge_sub(sub_phase, started);
-    result
-}
-
-/// Adds `ns` to `phase` of this thread's innermost open dispatch (saturating),
-/// for durations measured elsewhere. Does nothing while off (one relaxed load)
-/// or when no dispatch is open.
-pub fn add_phase_ns(phase: Phase, ns: u64) {
-    if !enabled() {
-        return;
-    }
-    with_accumulator(None, |a| {
-        let slot = &mut a.phases[phase.index()];
-        *slot = slot.saturating_add(ns);
-    });
-}
-
-/// Adds `ns` to `sub_phase` of this thread's innermost open dispatch.
-pub fn add_sub_phase_ns(sub_phase: SubPhase, ns: u64) {
-    if !enabled() {
-        return;
-    }
-    with_accumulator(None, |a| {
-        let slot = &mut a.sub_phases[sub_phase.index()];
-        *slot = slot.saturating_add(ns);
-    });
-}
-
-/// Sets `count` of this thread's innermost open dispatch to `value()`; the
-/// closure runs only while the probe is on and a dispatch is open, so a costly
-/// count (a node walk) is never paid while off.
-#[inline]
-pub fn count_with(count: Count, value: impl FnOnce() -> u64) {
-    if enabled() {
-        with_accumulator(None, |a| a.counts[count.index()] = value());
-    }
-}
-
-/// Records the identity of the program the open dispatch runs (printed as
-/// `program=`, 16 hex digits; the report groups by it). `identity` is only called
-/// while the probe is on; the backend passes the low 64 bits of the module key.
-#[inline]
-pub fn note_program(identity: impl FnOnce() -> u64) {
-    if enabled() {
-        with_accumulator(None, |a| a.program = identity());
-    }
-}
-
-/// Records one PTX source cache lookup (hit or miss) of this thread's
-/// innermost open dispatch. One relaxed load while off.
-#[inline]
-pub fn note_ptx_cache(hit: bool) {
-    if enabled() {
-        with_accumulator(None, |a| note_cache(a, hit));
-    }
-}
-
-/// Runs `f` and returns, with its result, the probe lines finished on this
-/// thread meanwhile (without newlines) instead of printing them to stderr.
-/// Captures nest: an inner capture takes the lines finished inside it.
-/// Capturing does not switch the probe on; see [`override_enabled`].
-pub fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
-    /// Puts the outer capture back even when `f` panics.
-    struct Restore(Option<Option<Vec<String>>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            if let Some(outer) = self.0.take() {
-                let _ = CAPTURE.try_with(|capture| {
-                    if let Ok(mut capture) = capture.try_borrow_mut() {
-                        *capture = outer;
-                    }
-                });
-            }
+        OVERRIDE_DEPTH.with(|d| d.set(depth.saturating_add(1)));
+        let on = on.unwrap_or_else(env_says_on);
+        let previous = STATE.swap(if on { STATE_ON } else { STATE_OFF }, Ordering::Relaxed);
+        EnabledOverride {
+            previous,
+            lock,
+            _thread_bound: PhantomData,
         }
     }
-    let outer = CAPTURE.with(|capture| capture.borrow_mut().replace(Vec::new()));
-    let mut restore = Restore(Some(outer));
-    let result = f();
-    let outer = restore.0.take().unwrap_or_default();
-    let lines = CAPTURE.with(|capture| std::mem::replace(&mut *capture.borrow_mut(), outer));
-    (result, lines.unwrap_or_default())
+
+    impl Drop for EnabledOverride {
+        fn drop(&mut self) {
+            STATE.store(self.previous, Ordering::Relaxed);
+            let _ = OVERRIDE_DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+            drop(self.lock.take());
+        }
+    }
 }
 
 /// Longest possible line: prefix + 28 × (space + key + '=' + 20 digits).
@@ -1152,45 +850,10 @@ impl LineBuffer {
     }
 }
 
-/// Sends a finished record to the capture buffer or to stderr (one write).
-fn emit(record: &DispatchRecord) {
-    let mut buffer = LineBuffer {
-        bytes: [0; LINE_CAPACITY],
-        len: 0,
-    };
-    if encode_record(record, &mut buffer).is_none() || buffer.push(b"\n").is_none() {
-        return;
-    }
-    let line = buffer.as_bytes();
-    let captured = CAPTURE
-        .try_with(|capture| match capture.try_borrow_mut() {
-            Ok(mut capture) => match capture.as_mut() {
-                Some(lines) => {
-                    let text = &line[..line.len() - 1];
-                    // The line is ASCII, so the validating conversion always takes its
-                    // fast path (the lossy one walked it chunk by chunk: 20 % of a
-                    // probe-on dispatch's probe cost).
-                    lines.push(match std::str::from_utf8(text) {
-                        Ok(ascii) => ascii.to_owned(),
-                        Err(_) => String::from_utf8_lossy(text).into_owned(),
-                    });
-                    true
-                }
-                None => false,
-            },
-            Err(_) => false,
-        })
-        .unwrap_or(false);
-    if !captured {
-        write_to_sink(record, line);
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Where lines go.
 
-/// Where probe lines go when they are not captured ([`capture_lines`]). Default
-/// [`Sink::Stderr`] (§5); a program that keeps stderr for its users picks another
+/// Where probe lines go. Default [`Sink::Stderr`]; a program that keeps stderr for its users picks another
 /// with [`set_sink`].
 pub enum Sink {
     /// One `write_all` per line on locked stderr (the default).

@@ -1,4 +1,4 @@
-//! Per-phase tables from a log of probe lines (§5).
+//! Per-phase tables from a log of probe lines.
 //!
 //! # Why this module exists
 //!
@@ -280,7 +280,7 @@ impl LogAccumulator {
 
     /// Counts one malformed line (for a line the caller refused to store, use
     /// [`LineError::TooLong`]).
-    pub fn push_malformed(&mut self, error: LineError) {
+    fn push_malformed(&mut self, error: LineError) {
         let summary = &mut self.summary;
         summary.lines += 1;
         summary.malformed += 1;
@@ -443,7 +443,7 @@ fn summarize_group(group: &[&DispatchRecord]) -> GroupSummary {
 }
 
 /// Nanoseconds as microseconds with three decimals, exactly (no float).
-pub fn format_us(ns: u64) -> String {
+fn format_us(ns: u64) -> String {
     format!("{}.{:03}", ns / 1000, ns % 1000)
 }
 

@@ -147,6 +147,15 @@ impl BufferStore {
         }
     }
 
+    /// The 4-byte words [`BufferStore::clear`] writes: what a clear costs the work cap.
+    pub(crate) fn clear_words(&self) -> usize {
+        match &self.storage {
+            Storage::Bytes(bytes) => bytes.len().div_ceil(4),
+            Storage::Words(words) => words.len(),
+            Storage::DoubleWords(words) => words.len().saturating_mul(2),
+        }
+    }
+
     /// The contents as little-endian bytes.
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
         match &self.storage {
@@ -458,8 +467,15 @@ impl<'a, W: Word> Machine<'a, W> {
 
     /// Run the kernel once over the whole grid (workgroup buffers start zeroed).
     pub(crate) fn run_kernel(&mut self) -> Result<(), ReferenceError> {
-        // Resetting every lane is work too: an empty body run u32::MAX times must stop.
-        self.count_steps(self.grid.total_lanes as usize)?;
+        // Resetting every lane and zeroing every workgroup buffer and local array is work
+        // too: an empty body run u32::MAX times must stop, however large that memory.
+        let cleared: usize = self
+            .buffers
+            .iter()
+            .filter(|b| b.instances != Instances::Grid)
+            .map(BufferStore::clear_words)
+            .sum();
+        self.count_steps((self.grid.total_lanes as usize).saturating_add(cleared))?;
         for buffer in self.buffers.iter_mut() {
             if buffer.instances == Instances::Grid {
                 continue;
@@ -552,7 +568,7 @@ impl<'a, W: Word> Machine<'a, W> {
     fn check_work(&self) -> Result<(), ReferenceError> {
         if self.stats.work() > self.grid.max_work {
             return Err(ReferenceError::new(format!(
-                "Fix: {} ran past {} units of work (statements, expression nodes and loop iterations, each times its active threads) on the reference interpreter; shorten its loops or dispatch fewer threads, or raise ReferenceOptions::max_work if the work is intended.",
+                "Fix: {} ran past {} units of work (statements, expression nodes and loop iterations, each times its active threads, and each kernel run's reset of its threads and workgroup memory) on the reference interpreter; shorten its loops, or dispatch fewer threads or fixpoint iterations, or raise ReferenceOptions::max_work if the work is intended.",
                 self.program.display_name(),
                 self.grid.max_work
             )));

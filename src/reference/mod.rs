@@ -58,14 +58,18 @@
 //! buffer and the compiled program), and counts its work against
 //! [`ReferenceOptions::max_work`]: every statement, every expression node and every
 //! loop iteration, times the lanes it runs on (at least 32: running one costs a fixed
-//! amount however few lanes it covers), and every lane once per kernel run (so
-//! `fixpoint_iterations = u32::MAX` over an empty body stops too). The default cap,
-//! 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
-//! development machine (release build, `reference_work_cap_figures`) and a
-//! one-thread `while true {}` after about a second; the old cap (2^34 statements,
-//! expressions not counted) let a valid 83-node program run 48 s. With
-//! `CodegenOptions::max_loop_iterations` set, a `while` loop that passes the cap
-//! stops the run with an error there too, as the GPU traps.
+//! amount however few lanes it covers), and at the start of every kernel run the reset
+//! of every lane and every 4-byte word of workgroup memory and per-thread local arrays
+//! zeroed (so `fixpoint_iterations = u32::MAX` over an empty body stops too, whatever
+//! its workgroup buffers: with one 48 KiB buffer a run costs 12,289 units). Costs paid
+//! once per call (loading inputs, zeroing outputs, the lane tables) are bounded by
+//! the memory check instead. The default cap, 2^31, stopped a runaway 1,024-thread
+//! loop after 1.9 s on one core of the development machine (release build,
+//! `reference_work_cap_figures`) and a one-thread `while true {}` after about a
+//! second; the old cap (2^34 statements, expressions not counted) let a valid
+//! 83-node program run 48 s. With `CodegenOptions::max_loop_iterations` set, a
+//! `while` loop that passes the cap stops the run with an error there too, as the
+//! GPU traps.
 //!
 //! Programs with racing writes (two lanes storing different values to one element
 //! without a barrier between) have no defined result on the GPU; here the highest
@@ -103,7 +107,8 @@ pub struct ReferenceOptions {
     pub limits: ir::Limits,
     /// Most work one call may do before it stops with a `Fix:` error instead of
     /// appearing to hang: statements, expression nodes and loop iterations, each
-    /// times the lanes it runs on (at least 32), plus every lane once per kernel run
+    /// times the lanes it runs on (at least 32), plus every lane and every 4-byte word
+    /// of workgroup memory and local arrays reset once per kernel run
     /// ([`ReferenceStats::work`]). Default 2^31, about 2 s of interpretation.
     pub max_work: u64,
     /// Most bytes of host memory one call may allocate (checked before allocating;
@@ -126,7 +131,8 @@ impl Default for ReferenceOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReferenceStats {
     /// Statements (and loop iterations) executed, each counted for its active lanes
-    /// but at least 32, plus every lane once per kernel run (at least 32).
+    /// but at least 32, plus every lane and every 4-byte word of workgroup memory and
+    /// local arrays reset once per kernel run (at least 32).
     pub lane_steps: u64,
     /// Expression nodes evaluated, each counted for its active lanes but at least 32.
     pub lane_ops: u64,

@@ -1,9 +1,10 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod parity;
 pub mod stitch;
 
-use vyre_cuda::backend::{CudaBackend, ResidentBuffer};
+use vyre_cuda::backend::{CudaBackend, DeviceBuffer};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::DispatchConfig;
 
@@ -13,19 +14,56 @@ pub fn backend() -> CudaBackend {
     CudaBackend::acquire().unwrap_or_else(|e| panic!("gpu test needs a CUDA device: {e}"))
 }
 
-/// A resident buffer holding a copy of each input, in order.
-pub fn resident_copies(gpu: &CudaBackend, inputs: &[Vec<u8>]) -> Vec<ResidentBuffer> {
-    inputs
+/// A device buffer holding a copy of each input, in order.
+pub fn buffer_copies(gpu: &CudaBackend, inputs: &[Vec<u8>]) -> Vec<DeviceBuffer> {
+    inputs.iter().map(|v| gpu.buffer_from(v).unwrap()).collect()
+}
+
+/// Bindings of every buffer in `buffers`, in order.
+pub fn bindings(buffers: &[DeviceBuffer]) -> Vec<vyre_cuda::backend::Binding<'_>> {
+    buffers
         .iter()
-        .map(|v| {
-            let h = gpu.allocate_resident(v.len() as u64).unwrap();
-            gpu.upload_resident(&h, v).unwrap();
-            h
-        })
+        .map(vyre_cuda::backend::Binding::from)
         .collect()
 }
 
-/// Inputs of the §6 fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
+/// Host bindings of every input in `inputs`, in order.
+pub fn host_bindings(inputs: &[Vec<u8>]) -> Vec<vyre_cuda::backend::Binding<'_>> {
+    inputs
+        .iter()
+        .map(|v| vyre_cuda::backend::Binding::Host(v))
+        .collect()
+}
+
+/// Run `program` over host inputs (one per global buffer, in binding order) and
+/// wait: what the tests call "a dispatch of borrowed bytes".
+pub fn run_host(
+    gpu: &CudaBackend,
+    program: &Program,
+    inputs: &[&[u8]],
+    config: &DispatchConfig,
+) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
+    let bindings: Vec<vyre_cuda::backend::Binding> = inputs
+        .iter()
+        .map(|bytes| vyre_cuda::backend::Binding::Host(bytes))
+        .collect();
+    gpu.run(vyre_cuda::backend::Dispatch::program(program, &bindings).config(config))
+        .map(|finished| finished.outputs)
+}
+
+/// Run `program` over device buffers (one per global buffer, in binding order) and
+/// wait: outputs stay in the buffers and come back per `config.readback`.
+pub fn run_buffers(
+    gpu: &CudaBackend,
+    program: &Program,
+    buffers: &[DeviceBuffer],
+    config: &DispatchConfig,
+) -> Result<vyre_cuda::backend::Finished, vyre_cuda::backend::BackendError> {
+    let bound = bindings(buffers);
+    gpu.run(vyre_cuda::backend::Dispatch::program(program, &bound).config(config))
+}
+
+/// Inputs of the measurement fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
 /// global buffer zeroed at its static size, with `x` in the first word of `in`.
 pub fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
     program
@@ -103,24 +141,24 @@ pub fn portable_program() -> Program {
 /// dispatches, a graph's replays, and the text of errors a caller can cause. The
 /// same session must give the same list on every backend.
 pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>> {
-    use vyre_cuda::backend::AnyBinding;
+    use vyre_cuda::backend::{Binding, Dispatch};
     use vyre_cuda::{ByteRange, ReadbackPolicy};
     let n = 100u32;
     let program = portable_program();
     let config = DispatchConfig::linear(2);
     let kernel = backend.compile(&program, &config).unwrap();
-    let x = backend
-        .buffer_from(&bytes(&(0..n).collect::<Vec<_>>()))
-        .unwrap();
+    let x = backend.buffer_from(&(0..n).collect::<Vec<_>>()).unwrap();
     let y = backend.buffer(4 * n as u64).unwrap();
+    // Bound to a write-only buffer, host bytes give only its length.
     let z_garbage = vec![0xEEu8; 4 * n as usize];
     let mut seen = Vec::new();
-    seen.push(backend.read(&y).unwrap()); // zeroed
+    seen.push(backend.read::<u8>(&y).unwrap()); // zeroed
     let bindings = [
-        AnyBinding::Buffer(&x),
-        AnyBinding::Buffer(&y),
-        AnyBinding::Bytes(&z_garbage),
+        Binding::from(&x),
+        Binding::from(&y),
+        Binding::Host(&z_garbage),
     ];
+    let request = Dispatch::new(&kernel, &bindings).config(&config);
     let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
         ByteRange {
             binding: 2,
@@ -134,36 +172,47 @@ pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>
         },
     ]);
     for policy in [ReadbackPolicy::AllOutputs, ReadbackPolicy::None, ranges] {
-        let timed = backend
-            .dispatch(&kernel, &bindings, &config.clone().with_readback(policy))
-            .unwrap();
-        seen.push(vec![timed.outputs.len() as u8]);
-        seen.extend(timed.outputs);
+        let finished = backend.run(request.readback(&policy)).unwrap();
+        seen.push(vec![finished.outputs.len() as u8]);
+        for index in 0..finished.outputs.len() {
+            seen.push(vec![finished.outputs.item_binding(index).unwrap() as u8]);
+        }
+        seen.extend(finished.outputs.into_vecs());
     }
-    seen.push(backend.read(&x).unwrap()); // three dispatches: x + 3
-    let first = backend.submit(&kernel, &bindings, &config).unwrap();
-    let second = backend.submit(&kernel, &bindings, &config).unwrap();
-    seen.extend(first.wait().unwrap().outputs);
-    seen.extend(second.wait().unwrap().outputs);
+    seen.push(backend.read::<u8>(&x).unwrap()); // three dispatches: x + 3
+    let first = backend.submit(request).unwrap();
+    let second = backend.submit(request.after(&first)).unwrap();
+    let second = second.wait().unwrap();
+    seen.extend(first.wait().unwrap().outputs.into_vecs());
+    seen.extend(second.outputs.into_vecs());
+    // Outputs by buffer name: the same bytes as by binding.
+    let finished = backend.run(request).unwrap();
+    assert_eq!(
+        finished.outputs.get("z").unwrap(),
+        finished.outputs.binding(2).unwrap()
+    );
+    seen.push(bytes(&finished.outputs.read::<u32>("y").unwrap()));
     let past = ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
         binding: 1,
         offset: 4 * n as u64 - 2,
         len: 4
     }]);
     let error = backend
-        .dispatch(&kernel, &bindings, &config.clone().with_readback(past))
+        .run(request.readback(&past))
         .unwrap_err()
         .to_string();
     assert!(error.starts_with("Fix:"), "{error}");
     seen.push(error.into_bytes());
     let graph_config = config.clone().with_readback(ReadbackPolicy::None);
     let z = backend.buffer(4 * n as u64).unwrap();
+    let graph_bindings = [Binding::from(&x), Binding::from(&y), Binding::from(&z)];
+    let step_request = Dispatch::new(&kernel, &graph_bindings).config(&graph_config);
     let mut slots = None;
     let mut graph = backend
         .record(|rec| {
             let input = rec.upload(&x, 4 * n as u64)?;
-            let step = rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
-            rec.dispatch(&kernel, &[&x, &y, &z], &graph_config)?;
+            let step = rec.dispatch(step_request)?;
+            rec.dispatch(step_request)?;
             let output = rec.read_back(&y, 4, 8)?;
             slots = Some((input, output, step));
             Ok(())
@@ -183,8 +232,8 @@ pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>
         }
         seen.push(graph.output(output).unwrap().to_vec());
     }
-    seen.push(backend.read(&x).unwrap());
-    seen.push(backend.read(&z).unwrap());
+    seen.push(backend.read::<u8>(&x).unwrap());
+    seen.push(backend.read::<u8>(&z).unwrap());
     // Parameter update without re-capture: the first step now passes 10 elements of x
     // (its kernel loops over length(x)); z is write-only, so it is cleared whole.
     graph.set_element_count(step, 0, 10).unwrap();
@@ -195,8 +244,8 @@ pub fn portable_session(backend: &vyre_cuda::backend::AnyBackend) -> Vec<Vec<u8>
         .copy_from_slice(&bytes(&values));
     graph.replay().unwrap();
     seen.push(graph.output(output).unwrap().to_vec());
-    seen.push(backend.read(&x).unwrap());
-    seen.push(backend.read(&z).unwrap());
+    seen.push(backend.read::<u8>(&x).unwrap());
+    seen.push(backend.read::<u8>(&z).unwrap());
     let error = graph
         .set_element_count(step, 0, n + 1)
         .unwrap_err()
@@ -271,9 +320,10 @@ pub fn assert_reports_context_lost(gpu: &CudaBackend) {
         !gpu.is_usable(),
         "a backend of the faulted device claims to be usable"
     );
-    let out = vec![0u8; 16];
+    let program = wild_store_program();
+    let bindings = [vyre_cuda::backend::Binding::Zeroed(16)];
     let after = gpu
-        .dispatch(&wild_store_program(), &[&out], &DispatchConfig::linear(1))
+        .run(vyre_cuda::backend::Dispatch::program(&program, &bindings))
         .unwrap_err();
     assert!(
         matches!(after, BackendError::ContextLost { .. }),

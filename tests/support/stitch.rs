@@ -5,7 +5,7 @@
 //! parts), so both measure and check the very same chain.
 
 use super::bytes;
-use vyre_cuda::backend::{Binding, CudaBackend, Kernel, ResidentBuffer};
+use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel};
 use vyre_cuda::graph::{ChildId, InputSlot, OutputSlot, StepId, StitchBuilder, StitchedGraph};
 use vyre_cuda::ir::*;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
@@ -81,7 +81,7 @@ pub fn reference_chain(input: &[u32]) -> (Vec<u8>, Vec<u8>) {
     (scaled, sum)
 }
 
-/// Kernels and resident buffers of the chain: `input → x` on `first`, `y → z` on
+/// Kernels and device buffers of the chain: `input → x` on `first`, `y → z` on
 /// `second`, `w → sum` on `first` (each `N` words, `sum` one word).
 pub struct Chain {
     pub first: CudaBackend,
@@ -89,12 +89,12 @@ pub struct Chain {
     pub times3: Kernel,
     pub times5: Kernel,
     pub reduce: Kernel,
-    pub input: ResidentBuffer,
-    pub x: ResidentBuffer,
-    pub y: ResidentBuffer,
-    pub z: ResidentBuffer,
-    pub w: ResidentBuffer,
-    pub sum: ResidentBuffer,
+    pub input: DeviceBuffer,
+    pub x: DeviceBuffer,
+    pub y: DeviceBuffer,
+    pub z: DeviceBuffer,
+    pub w: DeviceBuffer,
+    pub sum: DeviceBuffer,
 }
 
 /// The ids a stitched chain hands back.
@@ -109,7 +109,7 @@ pub struct Stitched {
 
 impl Chain {
     pub fn new(first: &CudaBackend, second: &CudaBackend) -> Chain {
-        let words = |gpu: &CudaBackend| gpu.allocate_resident(4 * N as u64).unwrap();
+        let words = |gpu: &CudaBackend| gpu.buffer(4 * N as u64).unwrap();
         Chain {
             times3: first.compile(&scale("times3", 3), &scale_config()).unwrap(),
             times5: second
@@ -121,7 +121,7 @@ impl Chain {
             y: words(second),
             z: words(second),
             w: words(first),
-            sum: first.allocate_resident(4).unwrap(),
+            sum: first.buffer(4).unwrap(),
             first: first.clone(),
             second: second.clone(),
         }
@@ -136,7 +136,9 @@ impl Chain {
             .first
             .record(|rec| {
                 let input = rec.upload(&self.input, bytes)?;
-                let step = rec.dispatch(&self.times3, &[self.input, self.x], &scale_config())?;
+                let bindings = [Binding::from(&self.input), Binding::from(&self.x)];
+                let step =
+                    rec.dispatch(Dispatch::new(&self.times3, &bindings).config(&scale_config()))?;
                 ids = Some((input, step));
                 Ok(())
             })
@@ -146,8 +148,10 @@ impl Chain {
         let second = self
             .second
             .record(|rec| {
-                step_second =
-                    Some(rec.dispatch(&self.times5, &[self.y, self.z], &scale_config())?);
+                let bindings = [Binding::from(&self.y), Binding::from(&self.z)];
+                step_second = Some(
+                    rec.dispatch(Dispatch::new(&self.times5, &bindings).config(&scale_config()))?,
+                );
                 Ok(())
             })
             .unwrap();
@@ -155,7 +159,9 @@ impl Chain {
         let third = self
             .first
             .record(|rec| {
-                let step = rec.dispatch(&self.reduce, &[self.w, self.sum], &reduce_config())?;
+                let bindings = [Binding::from(&self.w), Binding::from(&self.sum)];
+                let step =
+                    rec.dispatch(Dispatch::new(&self.reduce, &bindings).config(&reduce_config()))?;
                 let sum = rec.read_back(&self.sum, 0, 4)?;
                 let scaled = rec.read_back(&self.w, 0, bytes)?;
                 reads = Some((step, sum, scaled));
@@ -197,51 +203,45 @@ impl Chain {
     /// and the two transfers as a read to the host and an upload to the other device;
     /// returns the sum's word.
     pub fn run_eagerly(&self, input: &[u8]) -> Result<u32, vyre_cuda::backend::BackendError> {
-        self.first.upload_resident(&self.input, input)?;
+        self.first.upload(&self.input, input)?;
         // (backend, kernel, source, destination, config, the bytes to bring in first).
         let stages = [
             (
                 &self.first,
                 &self.times3,
-                self.input,
-                self.x,
+                &self.input,
+                &self.x,
                 scale_config(),
                 None,
             ),
             (
                 &self.second,
                 &self.times5,
-                self.y,
-                self.z,
+                &self.y,
+                &self.z,
                 scale_config(),
-                Some((&self.first, self.x)),
+                Some((&self.first, &self.x)),
             ),
             (
                 &self.first,
                 &self.reduce,
-                self.w,
-                self.sum,
+                &self.w,
+                &self.sum,
                 reduce_config(),
-                Some((&self.second, self.z)),
+                Some((&self.second, &self.z)),
             ),
         ];
         for (gpu, kernel, source, destination, config, incoming) in stages {
             if let Some((from, buffer)) = incoming {
-                gpu.upload_resident(&source, &from.read_resident(&buffer)?)?;
+                gpu.upload(source, &from.read::<u8>(buffer)?)?;
             }
-            let bindings = [Binding::Resident(source), Binding::Resident(destination)];
-            gpu.dispatch_kernel(kernel, &bindings, &config)?;
+            let bindings = [Binding::from(source), Binding::from(destination)];
+            gpu.run(Dispatch::new(kernel, &bindings).config(&config))?;
         }
-        let sum = self.first.read_resident(&self.sum)?;
-        Ok(u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]]))
+        Ok(self.first.read::<u32>(&self.sum)?[0])
     }
 
-    pub fn free(self) {
-        for h in [self.input, self.x, self.w, self.sum] {
-            self.first.free_resident(h).unwrap();
-        }
-        for h in [self.y, self.z] {
-            self.second.free_resident(h).unwrap();
-        }
-    }
+    /// Drop the chain: its buffers free themselves (a graph or parent that binds
+    /// them keeps their memory until it goes).
+    pub fn free(self) {}
 }

@@ -1,0 +1,255 @@
+//! The second half of a dispatch: the one synchronize, fault handling, the
+//! grid-barrier audit, the device times, the host side of the readback, and the
+//! lane's return.
+
+use std::time::Instant;
+
+use crate::probe::{self, Phase};
+
+use super::super::driver::{self, DriverError, Event, Stream};
+use super::super::kernel::KernelInner;
+use super::super::pool::Lane;
+use super::super::readback::{stamp_kernel_ns, Delivery};
+use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StagedCopy, StreamTarget};
+use super::super::{BackendError, BackendInner, Outputs, PerBinding, Timings};
+use super::{elapsed_ns, DeviceSpans, Held, Sink};
+
+/// A dispatch enqueued on its lane and not yet synchronised: what
+/// [`BackendInner::complete`] needs to finish it.
+pub(in crate::backend) struct InFlight {
+    pub(in crate::backend) lane: Lane,
+    pub(in crate::backend) held: Held,
+    /// The DMA-routed readback copies.
+    pub(in crate::backend) reads: PerBinding<StagedCopy>,
+    /// Where each readback item's bytes are after the synchronize, in item order.
+    pub(in crate::backend) deliveries: PerBinding<Delivery>,
+    /// The binding slot each item came from.
+    pub(in crate::backend) item_bindings: PerBinding<u32>,
+    /// Grid sync: staging offset of the barrier words and the grid's block count.
+    pub(in crate::backend) barrier: Option<(usize, u64)>,
+    pub(in crate::backend) timed: bool,
+    pub(in crate::backend) window: (DeviceMark, DeviceMark),
+    pub(in crate::backend) start: Instant,
+    pub(in crate::backend) enqueue_ns: u64,
+}
+
+impl InFlight {
+    /// Whether the dispatch records its device events.
+    pub(in crate::backend) fn timed(&self) -> bool {
+        self.timed
+    }
+
+    /// The stream and order event a later dispatch waits on to run after this one.
+    pub(in crate::backend) fn order_handles(&self) -> (&Stream, &Event) {
+        (&self.lane.stream, &self.lane.order)
+    }
+}
+
+impl BackendInner {
+    /// Wait for a submitted dispatch: the one synchronize, the barrier audit, the
+    /// device times (and, for a timed dispatch, its instants after `spans`' origin
+    /// event), the host side of the readback, and the lane's return.
+    pub(in crate::backend) fn complete(
+        &self,
+        kernel: &KernelInner,
+        in_flight: InFlight,
+        sink: Sink<'_, '_>,
+        mark: Option<Instant>,
+        spans: Option<(&Event, &mut Option<DeviceSpans>)>,
+    ) -> Result<Timings, BackendError> {
+        let InFlight {
+            lane,
+            held,
+            reads,
+            deliveries,
+            item_bindings,
+            barrier,
+            timed,
+            window,
+            start,
+            enqueue_ns,
+        } = in_flight;
+        let mut target = LaneTarget::of(&lane);
+        let wait_ns = match self.synchronize(&mut target, &kernel.name) {
+            Ok(ns) => ns,
+            Err(e) => {
+                self.release(lane, held, false);
+                return Err(e);
+            }
+        };
+        let checked = audit_barrier(kernel, &lane, barrier).and_then(|()| {
+            lane.results
+                .as_ref()
+                .and_then(|area| area.stamps())
+                // The kernel did not finish its epilogue: the area may hold an earlier
+                // dispatch's bytes, which must never be returned as this one's.
+                .ok_or_else(|| {
+                    BackendError::internal(format!(
+                        "{} completed without writing its end stamp, so its mapped results cannot be \
+                         trusted",
+                        kernel.name
+                    ))
+                })
+        });
+        let stamps = match checked {
+            Ok(stamps) => stamps,
+            Err(e) => {
+                self.release(lane, held, true);
+                return Err(e);
+            }
+        };
+        let mut timings = Timings {
+            wall_ns: 0,
+            enqueue_ns,
+            wait_ns,
+            kernel_stamps_ns: stamp_kernel_ns(Some(stamps)),
+            event_window_ns: None,
+        };
+        if timed {
+            timings.event_window_ns = Some(
+                Event::elapsed_ns(target.event(window.0), target.event(window.1)).unwrap_or(0),
+            );
+            if let Some((origin, out)) = spans {
+                let after = |mark| Event::elapsed_ns(origin, target.event(mark)).unwrap_or(0);
+                *out = Some(DeviceSpans {
+                    window_start_ns: after(window.0),
+                    kernel_start_ns: after(DeviceMark::KernelStart),
+                    kernel_end_ns: after(DeviceMark::KernelEnd),
+                    window_end_ns: after(window.1),
+                });
+            }
+        }
+        let mark = probe::charge_and_mark(Phase::Release, mark);
+
+        // readback (host side): copy mapped and staged bytes out.
+        let readback = Readback::Routed {
+            copies: &reads,
+            deliveries: &deliveries,
+            area_copy: None,
+        };
+        let area = lane.results.as_ref();
+        match sink {
+            Sink::Packed(out) => {
+                let total = deliveries.iter().map(Delivery::len).sum();
+                *out = Outputs::with_capacity(total, None);
+                readback.deliver(&lane.staging, area, |i, bytes| {
+                    out.push(item_bindings[i], bytes)
+                });
+            }
+            Sink::Slices(out) => {
+                readback.deliver(&lane.staging, area, |i, bytes| {
+                    out[i].copy_from_slice(bytes)
+                });
+            }
+        }
+        self.release(lane, held, true);
+        probe::charge(Phase::Readback, mark);
+        timings.wall_ns = elapsed_ns(start);
+        Ok(timings)
+    }
+
+    /// A driver call on a stream failed: a sticky status poisons the device (every
+    /// backend of it refuses further work). Shared by dispatches, graphs and buffer
+    /// transfers.
+    pub(in crate::backend) fn stream_failed(
+        &self,
+        name: &str,
+        what: &str,
+        error: DriverError,
+    ) -> BackendError {
+        if error.is_sticky() {
+            self.mark_context_lost(format!("{name} failed while {what}: {error}"));
+        }
+        BackendError::driver(format!("{what} for {name}"), error)
+    }
+
+    /// The one synchronize of a dispatch (or replay, or transfer) and its fault
+    /// handling: a failure is a `KernelFault` naming `name`, and a sticky one
+    /// marks the context lost. Returns the host time blocked.
+    pub(in crate::backend) fn synchronize<T: StreamTarget>(
+        &self,
+        target: &mut T,
+        name: &str,
+    ) -> Result<u64, BackendError> {
+        self.synchronize_with(name, || target.synchronize())
+    }
+
+    /// [`BackendInner::synchronize`] around any synchronizing call (a graph
+    /// replay's stream).
+    pub(in crate::backend) fn synchronize_with(
+        &self,
+        name: &str,
+        synchronize: impl FnOnce() -> driver::DriverResult<()>,
+    ) -> Result<u64, BackendError> {
+        let wait_start = Instant::now();
+        let synced = synchronize();
+        let wait_ns = elapsed_ns(wait_start);
+        match synced {
+            Ok(()) => Ok(wait_ns),
+            Err(error) => {
+                let context_usable = !error.is_sticky();
+                if !context_usable {
+                    self.mark_context_lost(format!("{name} faulted: {error}"));
+                }
+                Err(BackendError::KernelFault {
+                    program: name.to_string(),
+                    error,
+                    context_usable,
+                })
+            }
+        }
+    }
+
+    /// Return a dispatch's lane and transient buffers. After a failure the stream
+    /// may still hold work, so it is synchronised first; when that fails or the
+    /// context is gone, everything is forgotten instead (its handles died with the
+    /// context, or the device may still use the memory).
+    pub(in crate::backend) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
+        self.in_flight.leave(&lane.stream);
+        let alive = self.check_alive().is_ok();
+        let idle = alive && (stream_idle || lane.stream.synchronize().is_ok());
+        if idle {
+            for memory in held.transients.drain(..) {
+                self.transients.put(memory);
+            }
+            self.lanes.give_back(lane);
+            return;
+        }
+        // Dead context: the handles died with it. Busy stream: the device may still
+        // use the memory, so leaking it is the only safe choice.
+        for memory in held.transients.drain(..) {
+            std::mem::forget(memory);
+        }
+        std::mem::forget(lane);
+        for memory in held.buffers.drain(..) {
+            std::mem::forget(memory);
+        }
+        for memory in held.pinned.drain(..) {
+            std::mem::forget(memory);
+        }
+    }
+}
+
+/// A grid-sync dispatch's barrier words after the synchronize: every workgroup
+/// arrived at every barrier (arrivals back to 0, total a multiple of the grid).
+fn audit_barrier(
+    kernel: &KernelInner,
+    lane: &Lane,
+    barrier: Option<(usize, u64)>,
+) -> Result<(), BackendError> {
+    let Some((offset, grid_blocks)) = barrier else {
+        return Ok(());
+    };
+    let raw = lane.staging.slice(offset, 12);
+    let word =
+        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    let words = [word(0), word(1), word(2)];
+    if words[0] != 0 || grid_blocks == 0 || !(words[2] as u64).is_multiple_of(grid_blocks) {
+        return Err(BackendError::GridBarrierAudit {
+            program: kernel.name.clone(),
+            words,
+            grid_blocks,
+        });
+    }
+    Ok(())
+}

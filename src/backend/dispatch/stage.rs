@@ -1,0 +1,536 @@
+//! The steps of [`BackendInner::submit_request`](super::BackendInner::submit_request)
+//! between the request and the device: plan, stage, route readbacks, describe,
+//! order, enqueue. Each step fills a value on the caller's stack (the per-binding
+//! lists are large inline arrays; returning them would copy kilobytes per dispatch).
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::ir::Access;
+use crate::probe::{self, Count};
+
+use super::super::budget::{self, BudgetInputs};
+use super::super::driver::{self, DeviceMemory, PinnedMemory};
+use super::super::kernel::KernelInner;
+use super::super::ordering::Accesses;
+use super::super::plan::{align_up, check_output_slices, plan_request, ReadItem, RequestPlan};
+use super::super::pool::Lane;
+use super::super::readback::{
+    mapped_range_limit, route_reads, AreaCopy, Delivery, ResultArea, ResultParams, Route,
+    RESULT_AREA_BYTES, STAMP_BYTES,
+};
+use super::super::stream_ops::{
+    enqueue, Clear, KernelLaunch, LaneTarget, PinnedCopy, Readback, StagedCopy, StreamOps,
+};
+use super::super::{BackendError, BackendInner, Binding, Dispatch, LaunchPlan, PerBinding};
+use super::{InFlight, Sink};
+
+/// What the plan step found (pure; nothing touched yet).
+#[derive(Default)]
+pub(in crate::backend) struct Plan {
+    pub(in crate::backend) request: RequestPlan,
+    pub(in crate::backend) launch: LaunchPlan,
+    /// Staging offset of a grid-sync kernel's barrier words (after the readbacks).
+    pub(in crate::backend) barrier_staging: usize,
+}
+
+/// Resources a dispatch holds from staging until its lane is released.
+#[derive(Default)]
+pub(in crate::backend) struct Held {
+    /// Owned buffers bound (their memory stays alive while the device may use it).
+    pub(in crate::backend) buffers: PerBinding<Arc<DeviceMemory>>,
+    /// Transient buffers of host, zeroed and pinned bindings (back to the pool).
+    pub(in crate::backend) transients: SmallVec<[DeviceMemory; 16]>,
+    /// Caller pinned buffers the uploads read from.
+    pub(in crate::backend) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
+}
+
+/// Bindings resolved to device addresses.
+#[derive(Default)]
+pub(in crate::backend) struct Staged {
+    pub(in crate::backend) addresses: PerBinding<u64>,
+}
+
+/// The stream operations host, zeroed and pinned bindings need before the launch.
+#[derive(Default)]
+pub(in crate::backend) struct Transfers {
+    pub(in crate::backend) uploads: SmallVec<[StagedCopy; 16]>,
+    pub(in crate::backend) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
+    /// Zero fills of zeroed transients bound to slots the kernel reads (a
+    /// `WriteOnly` slot is cleared by every dispatch's description anyway).
+    pub(in crate::backend) clears: SmallVec<[Clear; 16]>,
+}
+
+/// The readback routes: DMA copies into staging, and where every item's bytes are
+/// after the synchronize.
+#[derive(Default)]
+pub(in crate::backend) struct Routed {
+    pub(in crate::backend) copies: PerBinding<StagedCopy>,
+    pub(in crate::backend) deliveries: PerBinding<Delivery>,
+    /// The binding slot each item came from (what `Outputs` records).
+    pub(in crate::backend) item_bindings: PerBinding<u32>,
+    /// The device fill that clears a device-memory area's stamps before the launch.
+    pub(in crate::backend) arm_clear: Option<(u64, usize)>,
+    /// The copy that brings a device-memory area back after the launch.
+    pub(in crate::backend) area_copy: Option<AreaCopy>,
+}
+
+/// A leased lane and what the dispatch holds, released on every exit that does not
+/// hand them to an [`InFlight`]: the stream may hold work when a step fails, so the
+/// release synchronises it first (`BackendInner::release`).
+pub(in crate::backend) struct LaneGuard<'b> {
+    inner: &'b BackendInner,
+    lane: Option<Lane>,
+    pub(in crate::backend) held: Held,
+}
+
+impl<'b> LaneGuard<'b> {
+    /// Lease a lane (stream, events, staging) for one dispatch.
+    pub(in crate::backend) fn lease(inner: &'b BackendInner) -> Result<Self, BackendError> {
+        let lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream and its events", e))?;
+        Ok(LaneGuard {
+            inner,
+            lane: Some(lane),
+            held: Held::default(),
+        })
+    }
+
+    pub(in crate::backend) fn lane(&self) -> Result<&Lane, BackendError> {
+        self.lane.as_ref().ok_or_else(handed_over)
+    }
+
+    fn lane_mut(&mut self) -> Result<&mut Lane, BackendError> {
+        self.lane.as_mut().ok_or_else(handed_over)
+    }
+
+    /// The lane and holdings, for the dispatch in flight (the guard lets go).
+    pub(in crate::backend) fn hand_over(mut self) -> (Lane, Held) {
+        let held = std::mem::take(&mut self.held);
+        match self.lane.take() {
+            Some(lane) => (lane, held),
+            // `lease` always sets the lane and only this consumes it.
+            None => unreachable!("a lane guard hands its lane over once"),
+        }
+    }
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane.take() {
+            self.inner
+                .release(lane, std::mem::take(&mut self.held), false);
+        }
+    }
+}
+
+fn handed_over() -> BackendError {
+    BackendError::internal("a lane guard was used after handing its lane over")
+}
+
+/// The probe's counts of one dispatch (only while the probe is on).
+pub(in crate::backend) fn count_for_probe(
+    kernel: &KernelInner,
+    request: &Dispatch<'_>,
+    plan: &Plan,
+) {
+    probe::count_with(Count::Nodes, || kernel.program.node_count());
+    probe::count_with(Count::PtxBytes, || kernel.ptx.len() as u64);
+    probe::count_with(Count::Buffers, || kernel.program.buffers().len() as u64);
+    probe::count_with(Count::Bindings, || request.bindings.len() as u64);
+    probe::count_with(Count::Fixpoint, || request.fixpoint_iterations as u64);
+    probe::count_with(Count::GridBlocks, || plan.launch.grid_blocks);
+    probe::note_program(|| kernel.module_key.0 as u64);
+}
+
+/// The one description of a dispatch's stream operations: [`StreamOps::dispatch`]
+/// (shared with graph recording: the `WriteOnly` clears, the parameter array, the
+/// launch loop) plus what only an eager dispatch has: uploads, zero fills of
+/// transients, the result area's values, the routed readback and the events.
+pub(in crate::backend) fn operations<'a>(
+    kernel: &'a KernelInner,
+    request: &Dispatch<'_>,
+    plan: &'a Plan,
+    staged: &'a Staged,
+    transfers: Transfers,
+    (routed, results): (&'a Routed, ResultParams),
+    timed: bool,
+) -> StreamOps<'a, driver::LoadedModule> {
+    let mut ops = StreamOps::dispatch(
+        &kernel.slots,
+        &staged.addresses,
+        &plan.request.sizes,
+        KernelLaunch {
+            module: &kernel.module,
+            grid: plan.launch.grid,
+            block: plan.launch.block,
+            iterations: request.fixpoint_iterations,
+            grid_barrier: kernel.grid_barrier,
+        },
+    );
+    ops.uploads = transfers.uploads;
+    ops.pinned_uploads = transfers.pinned_uploads;
+    ops.clears.extend(transfers.clears);
+    if let Some((device, bytes)) = routed.arm_clear {
+        ops.clears.push(Clear { device, bytes });
+    }
+    ops.parameters.results = Some(results);
+    ops.readback = Readback::Routed {
+        copies: &routed.copies,
+        deliveries: &routed.deliveries,
+        area_copy: routed.area_copy,
+    };
+    ops.barrier_readback = kernel.grid_barrier.map(|counter| StagedCopy {
+        device: counter,
+        staging_offset: plan.barrier_staging,
+        len: 4 * crate::codegen::GRID_BARRIER_WORDS,
+    });
+    ops.timed = timed;
+    ops
+}
+
+impl BackendInner {
+    /// Plan: the request checks every backend makes (`plan::plan_request`), the
+    /// caller's output slices, the launch plan (from the kernel's plan cache) and a
+    /// grid-sync kernel's co-residency.
+    pub(in crate::backend) fn plan(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        sink: &Sink<'_, '_>,
+        plan: &mut Plan,
+    ) -> Result<(), BackendError> {
+        plan_request(
+            &kernel.name,
+            &kernel.slots,
+            &kernel.outputs,
+            request,
+            &mut plan.request,
+        )?;
+        if let Sink::Slices(outputs) = sink {
+            check_output_slices(&plan.request.reads, outputs)?;
+        }
+        plan.launch = self.launch_plan(kernel, request.workgroups)?;
+        check_coresident(
+            &kernel.name,
+            kernel.grid_barrier.is_some(),
+            &plan.launch,
+            kernel.max_coresident_blocks,
+        )?;
+        plan.barrier_staging = align_up(plan.request.staging_bytes);
+        Ok(())
+    }
+
+    /// Stage: grow the lane's staging, check the memory budget for transient
+    /// bindings, and resolve every binding to a device address (taking transient
+    /// buffers and writing host bytes into staging).
+    pub(in crate::backend) fn stage(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        plan: &Plan,
+        guard: &mut LaneGuard<'_>,
+        (staged, transfers): (&mut Staged, &mut Transfers),
+    ) -> Result<(), BackendError> {
+        let needed = plan.barrier_staging + if kernel.grid_barrier.is_some() { 16 } else { 0 };
+        if guard
+            .lane_mut()?
+            .ensure_staging(needed)
+            .map_err(|e| BackendError::driver("allocating pinned staging", e))?
+        {
+            self.staging_allocations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if request.bindings.iter().any(Binding::is_transient) {
+            self.preflight(kernel, request.bindings, &plan.request.sizes)?;
+        }
+        let mut upload_offset = 0usize;
+        for ((slot, binding), &bytes) in kernel
+            .slots
+            .iter()
+            .zip(request.bindings)
+            .zip(&plan.request.sizes)
+        {
+            let reads_it = slot.access != Access::WriteOnly;
+            let address = match binding {
+                Binding::Buffer(buffer) => {
+                    let memory = buffer.memory_for(self, "dispatch with")?;
+                    guard.held.buffers.push(Arc::clone(memory));
+                    memory.address()
+                }
+                Binding::Host(data) => {
+                    let address = self.take_transient(bytes, &mut guard.held)?;
+                    if reads_it && !data.is_empty() {
+                        guard.lane_mut()?.staging.write(upload_offset, data);
+                        transfers.uploads.push(StagedCopy {
+                            device: address,
+                            staging_offset: upload_offset,
+                            len: data.len(),
+                        });
+                        upload_offset += align_up(data.len());
+                    }
+                    address
+                }
+                Binding::Zeroed(_) => {
+                    let address = self.take_transient(bytes, &mut guard.held)?;
+                    if reads_it && bytes > 0 {
+                        transfers.clears.push(Clear {
+                            device: address,
+                            bytes: bytes as usize,
+                        });
+                    }
+                    address
+                }
+                Binding::Pinned(pinned) => {
+                    let host = Arc::clone(pinned.memory_for(self, "dispatch with")?);
+                    let address = self.take_transient(bytes, &mut guard.held)?;
+                    if reads_it && bytes > 0 {
+                        transfers.pinned_uploads.push(PinnedCopy {
+                            device: address,
+                            host: host.address(0),
+                            len: bytes as usize,
+                        });
+                    }
+                    guard.held.pinned.push(host);
+                    address
+                }
+                Binding::Scratch(_) => return Err(scratch_outside_a_graph(&kernel.name)),
+            };
+            staged.addresses.push(address);
+        }
+        debug_assert!(upload_offset <= plan.request.upload_bytes);
+        Ok(())
+    }
+
+    /// A pooled transient buffer of `bytes` bytes, held until the lane's release;
+    /// returns its device address.
+    fn take_transient(&self, bytes: u64, held: &mut Held) -> Result<u64, BackendError> {
+        let memory = self
+            .transients
+            .take(bytes)
+            .map_err(|e| BackendError::driver(format!("allocating {bytes} transient bytes"), e))?;
+        let address = memory.address();
+        held.transients.push(memory);
+        Ok(address)
+    }
+
+    /// Route readbacks: small items become result-ABI descriptors (the kernel's last
+    /// thread copies them into the lane's mapped area), the rest DMA copies into
+    /// staging. Returns the result ABI's parameter values.
+    pub(in crate::backend) fn route(
+        &self,
+        kernel: &KernelInner,
+        plan: &Plan,
+        staged: &Staged,
+        guard: &mut LaneGuard<'_>,
+        routed: &mut Routed,
+    ) -> Result<ResultParams, BackendError> {
+        let lane = guard.lane_mut()?;
+        if lane.results.is_none() {
+            let area = ResultArea::new()
+                .map_err(|e| BackendError::driver("allocating the result area", e))?;
+            lane.results = Some(area);
+            self.staging_allocations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let reads: &[ReadItem] = &plan.request.reads;
+        let mut routes: PerBinding<Route> = SmallVec::new();
+        let threads = kernel.workgroup_size.iter().product::<u32>();
+        route_reads(
+            reads,
+            RESULT_AREA_BYTES,
+            mapped_range_limit(threads),
+            &mut routes,
+        );
+        let area = lane
+            .results
+            .as_mut()
+            .ok_or_else(|| BackendError::internal("no result area"))?;
+        routed.arm_clear = area.arm_host();
+        let mut results = area.params();
+        let mut area_end = STAMP_BYTES;
+        for (read, route) in reads.iter().zip(&routes) {
+            let base = staged.addresses[read.slot as usize];
+            let source = base + read.offset;
+            let len = read.len as usize;
+            routed
+                .item_bindings
+                .push(kernel.slots[read.slot as usize].binding);
+            match *route {
+                Route::Mapped { offset } => {
+                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX)
+                    // and took at most RESULT_RANGE_SLOTS items, so a slot is free.
+                    let memory = base..base + plan.request.sizes[read.slot as usize];
+                    let delivered = results
+                        .describe(source, read.len as u32, offset, memory)
+                        .ok_or_else(|| {
+                            BackendError::internal(
+                                "a mapped readback found no free result descriptor",
+                            )
+                        })? as usize;
+                    area_end = area_end.max(delivered + len);
+                    routed.deliveries.push(Delivery::Area {
+                        offset: delivered,
+                        len,
+                    });
+                }
+                Route::Copy => {
+                    routed.copies.push(StagedCopy {
+                        device: source,
+                        staging_offset: read.staging_offset,
+                        len,
+                    });
+                    routed.deliveries.push(Delivery::Staging {
+                        offset: read.staging_offset,
+                        len,
+                    });
+                }
+            }
+        }
+        routed.area_copy = area.copy_back(area_end);
+        Ok(results)
+    }
+
+    /// Order: after every dispatch in flight that shares memory this one writes (or
+    /// writes memory this one touches), and after an explicitly named predecessor;
+    /// on the device only. Returns what this dispatch touches, for the order book.
+    pub(in crate::backend) fn order(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        staged: &Staged,
+        guard: &LaneGuard<'_>,
+        after: Option<&InFlight>,
+    ) -> Result<Accesses, BackendError> {
+        let mut accesses = Accesses::default();
+        for ((slot, binding), &address) in kernel
+            .slots
+            .iter()
+            .zip(request.bindings)
+            .zip(&staged.addresses)
+        {
+            if matches!(binding, Binding::Buffer(_)) {
+                if slot.access == Access::ReadOnly {
+                    accesses.reads.push(address);
+                } else {
+                    accesses.writes.push(address);
+                }
+            }
+        }
+        let lane = guard.lane()?;
+        let explicit = after.map(InFlight::order_handles);
+        self.in_flight
+            .order_after(&accesses, &lane.stream, explicit)
+            .map_err(|error| {
+                self.stream_failed(&kernel.name, "ordering it after a dispatch", error)
+            })?;
+        Ok(accesses)
+    }
+
+    /// Enqueue every stream operation of `ops` on the guarded lane.
+    pub(in crate::backend) fn enqueue(
+        &self,
+        kernel: &KernelInner,
+        ops: &mut StreamOps<'_, driver::LoadedModule>,
+        guard: &LaneGuard<'_>,
+        plan: &Plan,
+    ) -> Result<(), BackendError> {
+        let mut target = LaneTarget::of(guard.lane()?);
+        // SAFETY: every address in `ops` is a resolved binding whose memory the guard
+        // holds (owned buffers' Arcs, transient buffers), the kernel's barrier symbol
+        // (alive with the kernel) or the lane's result area (alive with the lane);
+        // staging was sized by `stage` for the uploads, the readback plan and the
+        // barrier words, and nothing on the host touches it (or the area) until
+        // `complete` has synchronised the stream (or the guard's release has). Every
+        // result descriptor names a range plan_readback bounds-checked against its
+        // binding and a destination route_reads placed inside the area.
+        unsafe { enqueue(ops, &mut target) }.map_err(|failure| {
+            if failure.error.is_cooperative_launch_too_large() {
+                return BackendError::GridTooLargeForGridSync {
+                    program: kernel.name.clone(),
+                    grid_blocks: plan.launch.grid_blocks,
+                    max_coresident: kernel.max_coresident_blocks,
+                };
+            }
+            self.stream_failed(&kernel.name, failure.what, failure.error)
+        })
+    }
+
+    /// Memory preflight for transient bindings: the bytes they need (bucketed) are
+    /// checked against min(90% of total − held − pooled, 90% of live free memory);
+    /// over budget → drop the transient pool and re-check → still over: an `Err`
+    /// naming the bytes. Skipped entirely when the idle pool serves every bucket.
+    fn preflight(
+        &self,
+        kernel: &KernelInner,
+        bindings: &[Binding<'_>],
+        sizes: &[u64],
+    ) -> Result<(), BackendError> {
+        let requests: SmallVec<[u64; 16]> = bindings
+            .iter()
+            .zip(sizes)
+            .filter(|(binding, _)| binding.is_transient())
+            .map(|(_, &bytes)| bytes)
+            .collect();
+        let overflow = || BackendError::OverBudget {
+            required: u64::MAX,
+            available: 0,
+        };
+        let required = budget::required_bytes(requests.iter().copied()).ok_or_else(overflow)?;
+        let missing = self
+            .transients
+            .missing_bytes(&requests)
+            .ok_or_else(overflow)?;
+        if missing == 0 {
+            return Ok(()); // every bucket is served from the idle pool: nothing new.
+        }
+        let inputs = || -> Result<BudgetInputs, BackendError> {
+            let (live_free, _) = driver::memory_info()
+                .map_err(|e| BackendError::driver("querying free memory", e))?;
+            Ok(BudgetInputs {
+                total: self.caps.total_memory,
+                resident: self.held_bytes(),
+                pooled: self.transients.pooled_bytes(),
+                live_free,
+            })
+        };
+        if budget::check(required, &inputs()?).is_ok() {
+            return Ok(());
+        }
+        tracing::info!(program = %kernel.name, required, "over budget: dropping the transient pool and re-checking");
+        self.transients.drain(false);
+        budget::check(required, &inputs()?).map_err(|available| BackendError::OverBudget {
+            required,
+            available,
+        })
+    }
+}
+
+/// A grid-sync kernel's grid must be co-resident: the `Fix:` error when it cannot be
+/// (shared with the reference backend's estimate of the same limit).
+pub(in crate::backend) fn check_coresident(
+    name: &str,
+    grid_sync: bool,
+    launch: &LaunchPlan,
+    max_coresident: u64,
+) -> Result<(), BackendError> {
+    if grid_sync && launch.grid_blocks > max_coresident {
+        return Err(BackendError::GridTooLargeForGridSync {
+            program: name.to_string(),
+            grid_blocks: launch.grid_blocks,
+            max_coresident,
+        });
+    }
+    Ok(())
+}
+
+/// The `Fix:` error for a graph scratch buffer bound outside a recording.
+pub(in crate::backend) fn scratch_outside_a_graph(name: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: a graph scratch buffer is bound to a dispatch of {name} outside its recording; scratch \
+         buffers exist only while their graph replays: bind a DeviceBuffer (or Binding::Zeroed) instead"
+    ))
+}

@@ -1,0 +1,146 @@
+//! Blocking copies into and out of owned buffers, and their zero fill: one lane,
+//! one description of the stream operations, one synchronize each, like a dispatch.
+
+use std::sync::Arc;
+
+use super::super::budget::{self, BudgetInputs};
+use super::super::driver::{self, DeviceMemory};
+use super::super::stream_ops::{enqueue, Clear, LaneTarget, Readback, StagedCopy, StreamOps};
+use super::super::{BackendError, CudaBackend, DeviceBuffer};
+use super::Held;
+
+/// One buffer transfer: bytes going up, or a host slice to fill.
+pub(in crate::backend) enum Transfer<'d, 'o> {
+    Upload(&'d [u8]),
+    Read(&'o mut [u8]),
+}
+
+impl CudaBackend {
+    /// Device memory of `bytes` bytes, checked against the budget first: over it is
+    /// [`BackendError::OverBudget`], never a driver failure (or an abort).
+    pub(in crate::backend) fn allocate_checked(
+        &self,
+        bytes: u64,
+    ) -> Result<DeviceMemory, BackendError> {
+        let inner = &self.inner;
+        inner.check_alive()?;
+        inner.bind()?;
+        let (live_free, _) =
+            driver::memory_info().map_err(|e| BackendError::driver("querying free memory", e))?;
+        let budget = BudgetInputs {
+            total: inner.caps.total_memory,
+            resident: inner.held_bytes(),
+            pooled: inner.transients.pooled_bytes(),
+            live_free,
+        };
+        budget::check(bytes, &budget).map_err(|available| BackendError::OverBudget {
+            required: bytes,
+            available,
+        })?;
+        DeviceMemory::allocate(bytes)
+            .map_err(|e| BackendError::driver(format!("allocating {bytes} device bytes"), e))
+    }
+
+    /// Zero a whole owned buffer (one fill and one synchronize).
+    pub(in crate::backend) fn zero_buffer(
+        &self,
+        buffer: &DeviceBuffer,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let memory = buffer.memory_for(inner, "clear")?;
+        let lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream", e))?;
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        if !buffer.is_empty() {
+            ops.clears.push(Clear {
+                device: memory.address(),
+                bytes: buffer.len() as usize,
+            });
+        }
+        let mut target = LaneTarget::of(&lane);
+        // SAFETY: the clear covers exactly the buffer's allocation, which the
+        // caller's borrow keeps alive past the synchronize below.
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed("a buffer clear", f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, "a buffer clear").map(|_| ()));
+        let idle = result.is_ok();
+        inner.release(lane, Held::default(), idle);
+        result
+    }
+
+    /// One blocking copy between host bytes and the start of `memory` (which holds
+    /// `capacity` bytes): lease a lane, stage, enqueue, synchronize, copy out. Once
+    /// the lane's staging is large enough it allocates nothing.
+    pub(in crate::backend) fn transfer(
+        &self,
+        memory: Arc<DeviceMemory>,
+        capacity: u64,
+        transfer: Transfer<'_, '_>,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        // Static names: a warm transfer allocates nothing on the heap.
+        let (verb, name, len) = match &transfer {
+            Transfer::Upload(data) => ("upload", "a buffer upload", data.len()),
+            Transfer::Read(out) => ("read", "a buffer read", out.len()),
+        };
+        inner.check_alive()?;
+        if len as u64 > capacity {
+            return Err(BackendError::bad_input(format!(
+                "Fix: cannot {verb} {len} bytes: the buffer holds {capacity} bytes; allocate a larger one \
+                 or {verb} fewer bytes"
+            )));
+        }
+        inner.bind()?;
+        let mut lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream", e))?;
+        match lane.ensure_staging(len) {
+            Ok(true) => {
+                inner
+                    .staging_allocations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                inner.lanes.give_back(lane);
+                return Err(BackendError::driver("allocating pinned staging", e));
+            }
+        }
+        let copy = StagedCopy {
+            device: memory.address(),
+            staging_offset: 0,
+            len,
+        };
+        let copies = [copy];
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        let out = match transfer {
+            Transfer::Upload(data) => {
+                lane.staging.write(0, data);
+                ops.uploads.push(copy);
+                None
+            }
+            Transfer::Read(out) => {
+                ops.readback = Readback::StagedCopies(&copies);
+                Some(out)
+            }
+        };
+        let mut target = LaneTarget::of(&lane);
+        // SAFETY: staging holds len bytes and is not touched until the synchronize
+        // below; [address, address+len) is inside the live allocation (len checked
+        // against its capacity above), which `memory` keeps alive past it.
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed(name, f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, name).map(|_| ()));
+        if let (Ok(()), Some(out)) = (&result, out) {
+            ops.readback
+                .deliver(&lane.staging, None, |_, bytes| out.copy_from_slice(bytes));
+        }
+        let mut held = Held::default();
+        held.buffers.push(memory);
+        inner.release(lane, held, result.is_ok());
+        result
+    }
+}

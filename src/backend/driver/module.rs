@@ -1,0 +1,199 @@
+//! JIT-loaded modules, their entry functions, and kernel launches.
+
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::stream::Stream;
+use super::{check, count, DriverError, DriverResult};
+
+/// A loaded module, unloaded when the last [`LoadedModule`] of its entries drops.
+struct ModuleHandle(sys::CUmodule);
+
+// SAFETY: a module handle is usable from any thread of the process; it is only
+// read after loading and unloaded once, by the last owner's drop.
+unsafe impl Send for ModuleHandle {}
+// SAFETY: as above: shared owners only read the handle.
+unsafe impl Sync for ModuleHandle {}
+
+impl Drop for ModuleHandle {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded by `LoadedModule::load_entries` and this is
+        // the last owner (the `Arc` in every `LoadedModule` of it is gone).
+        unsafe {
+            sys::cuModuleUnload(self.0);
+        }
+    }
+}
+
+/// One entry function of a loaded module. Every entry of a module keeps the module
+/// loaded (a shared `Arc`), so the kernels of one [`LoadedModule::load_entries`]
+/// call can be used and dropped independently.
+pub struct LoadedModule {
+    module: Arc<ModuleHandle>,
+    pub(in crate::backend) function: sys::CUfunction,
+    /// Address and size of a module-scope global, when requested and present.
+    pub(in crate::backend) global: Option<(u64, usize)>,
+}
+
+// SAFETY: module and function handles are usable from any thread of the process.
+unsafe impl Send for LoadedModule {}
+// SAFETY: launches only read the handles.
+unsafe impl Sync for LoadedModule {}
+
+/// `text` as a C string for a driver call; a NUL byte inside is `CUDA_ERROR_NOT_FOUND`
+/// (`INVALID_IMAGE` for the image itself) naming `call`.
+fn c_string(text: &str, code: sys::CUresult, call: &'static str) -> DriverResult<CString> {
+    CString::new(text).map_err(|_| DriverError { code, call })
+}
+
+impl LoadedModule {
+    /// JIT-load PTX text and look up `entry` (and `global`, if given).
+    pub fn load(ptx: &str, entry: &str, global: Option<&str>) -> DriverResult<LoadedModule> {
+        let mut entries = Self::load_entries(ptx, &[(entry, global)])?;
+        entries.pop().ok_or(DriverError {
+            code: sys::CUresult::CUDA_ERROR_NOT_FOUND,
+            call: "cuModuleGetFunction",
+        })
+    }
+
+    /// JIT-load PTX text once (one `cuModuleLoadData`) and look up each entry
+    /// function (with its module-scope global, if given), in order: a module of
+    /// several kernels ([`crate::codegen::PtxModuleBuilder`]) costs one driver JIT.
+    pub fn load_entries(
+        ptx: &str,
+        entries: &[(&str, Option<&str>)],
+    ) -> DriverResult<Vec<LoadedModule>> {
+        let image = c_string(
+            ptx,
+            sys::CUresult::CUDA_ERROR_INVALID_IMAGE,
+            "cuModuleLoadData (PTX contains a NUL byte)",
+        )?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: image is a NUL-terminated PTX string that outlives the call.
+        check(
+            unsafe { sys::cuModuleLoadData(&mut raw, image.as_ptr() as *const c_void) },
+            "cuModuleLoadData",
+        )?;
+        let module = Arc::new(ModuleHandle(raw));
+        let mut loaded = Vec::with_capacity(entries.len());
+        for &(entry, global) in entries {
+            let entry = c_string(
+                entry,
+                sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                "cuModuleGetFunction (name contains a NUL byte)",
+            )?;
+            let mut function = std::ptr::null_mut();
+            // SAFETY: live module (held by `module`); writes one function handle.
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut function, raw, entry.as_ptr()) },
+                "cuModuleGetFunction",
+            )?;
+            let global = match global {
+                None => None,
+                Some(name) => {
+                    let name = c_string(
+                        name,
+                        sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                        "cuModuleGetGlobal (name contains a NUL byte)",
+                    )?;
+                    let (mut ptr, mut size) = (0u64, 0usize);
+                    // SAFETY: live module; writes one pointer and one size.
+                    check(
+                        unsafe {
+                            sys::cuModuleGetGlobal_v2(&mut ptr, &mut size, raw, name.as_ptr())
+                        },
+                        "cuModuleGetGlobal_v2",
+                    )?;
+                    Some((ptr, size))
+                }
+            };
+            loaded.push(LoadedModule {
+                module: Arc::clone(&module),
+                function,
+                global,
+            });
+        }
+        Ok(loaded)
+    }
+
+    /// Whether `self` and `other` are entries of one loaded module.
+    pub fn shares_module_with(&self, other: &LoadedModule) -> bool {
+        Arc::ptr_eq(&self.module, &other.module)
+    }
+
+    /// Most co-resident blocks per SM for a block size and dynamic shared memory.
+    pub fn max_active_blocks_per_sm(
+        &self,
+        block_threads: u32,
+        dynamic_shared: usize,
+    ) -> DriverResult<u32> {
+        let mut n = 0;
+        // SAFETY: live function handle; writes one int.
+        check(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut n,
+                    self.function,
+                    block_threads as i32,
+                    dynamic_shared,
+                )
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        Ok(n.max(0) as u32)
+    }
+}
+
+/// Enqueue a launch with a prebuilt parameter array.
+///
+/// # Safety
+/// `params` must hold one pointer per kernel parameter, in order, each pointing at
+/// a value of the parameter's size that stays alive for this call; every device
+/// address passed must be live until the stream passes the launch.
+#[inline]
+pub unsafe fn launch(
+    module: &LoadedModule,
+    grid: [u32; 3],
+    block: [u32; 3],
+    stream: &Stream,
+    params: &mut [*mut c_void],
+    cooperative: bool,
+) -> DriverResult<()> {
+    count(|c| c.launches += 1);
+    if cooperative {
+        check(
+            sys::cuLaunchCooperativeKernel(
+                module.function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                stream.raw,
+                params.as_mut_ptr(),
+            ),
+            "cuLaunchCooperativeKernel",
+        )
+    } else {
+        check(
+            sys::cuLaunchKernel(
+                module.function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                stream.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            "cuLaunchKernel",
+        )
+    }
+}

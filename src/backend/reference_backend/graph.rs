@@ -1,0 +1,342 @@
+//! Recorded chains on the reference backend: the recording rules of a CUDA graph
+//! (`graph::record`'s own checks), replayed operation by operation on the
+//! interpreter.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::DispatchConfig;
+use crate::reference;
+
+use super::super::graph::{
+    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
+    next_graph_id, InputSlot, OutputSlot, StepId,
+};
+use super::super::plan::{check_aliasing, check_binding_sizes};
+use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
+use super::{HostMemory, ReferenceBackend, ReferenceKernel};
+
+/// One operation of a recorded chain, holding the memory it touches.
+enum Operation {
+    Upload {
+        input: usize,
+        memory: Arc<HostMemory>,
+    },
+    Dispatch(Step),
+    ReadBack {
+        output: usize,
+        memory: Arc<HostMemory>,
+        offset: usize,
+    },
+}
+
+/// One recorded dispatch.
+struct Step {
+    kernel: Kernel,
+    memories: Vec<Arc<HostMemory>>,
+    workgroups: [u32; 3],
+    fixpoint_iterations: u32,
+    /// Element counts set by `set_element_count`, per slot (`None`: the buffer's).
+    counts: Vec<Option<u32>>,
+}
+
+/// A recorded chain on the reference side: its operations and its input and output
+/// slots.
+pub(in crate::backend) struct ReferenceGraph {
+    id: u64,
+    backend: ReferenceBackend,
+    operations: Vec<Operation>,
+    inputs: Vec<Vec<u8>>,
+    outputs: Vec<Vec<u8>>,
+    /// Index into `operations` of each recorded dispatch.
+    steps: Vec<usize>,
+}
+
+impl std::fmt::Debug for ReferenceGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReferenceGraph")
+            .field("id", &self.id)
+            .field("operations", &self.operations.len())
+            .finish()
+    }
+}
+
+/// Describes a chain on the reference backend (the CUDA recorder's twin).
+pub(in crate::backend) struct ReferenceRecorder {
+    graph: ReferenceGraph,
+}
+
+impl ReferenceRecorder {
+    pub(in crate::backend) fn new(backend: &ReferenceBackend) -> Self {
+        ReferenceRecorder {
+            graph: ReferenceGraph {
+                id: next_graph_id(),
+                backend: backend.clone(),
+                operations: Vec::new(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                steps: Vec::new(),
+            },
+        }
+    }
+
+    /// The recorded chain; an empty recording is refused as on CUDA.
+    pub(in crate::backend) fn finish(self) -> Result<ReferenceGraph, BackendError> {
+        if self.graph.operations.is_empty() {
+            return Err(BackendError::bad_input(
+                "Fix: the recording closure recorded nothing; record at least one upload, dispatch or \
+                 read-back",
+            ));
+        }
+        Ok(self.graph)
+    }
+
+    fn memory(&self, buffer: &DeviceBuffer, verb: &str) -> Result<Arc<HostMemory>, BackendError> {
+        buffer
+            .host_for(&self.graph.backend.inner, verb)
+            .map(Arc::clone)
+    }
+
+    pub(in crate::backend) fn upload(
+        &mut self,
+        buffer: &DeviceBuffer,
+        bytes: u64,
+    ) -> Result<InputSlot, BackendError> {
+        let memory = self.memory(buffer, "record an upload into")?;
+        check_recorded_upload(bytes, buffer.len())?;
+        let graph = &mut self.graph;
+        let index = graph.inputs.len();
+        graph.inputs.push(vec![0; bytes as usize]);
+        graph.operations.push(Operation::Upload {
+            input: index,
+            memory,
+        });
+        Ok(InputSlot::new(graph.id, index as u32))
+    }
+
+    pub(in crate::backend) fn dispatch(
+        &mut self,
+        request: Dispatch<'_>,
+    ) -> Result<StepId, BackendError> {
+        let backend = &self.graph.backend;
+        let kernel = backend.resolve(request.target, &request.codegen)?;
+        let reference = backend.reference_kernel(&kernel)?;
+        let name = &reference.name;
+        check_recordable(name, &request)?;
+        if reference.grid_sync {
+            return Err(grid_sync_in_a_graph(name));
+        }
+        let mut memories = Vec::with_capacity(request.bindings.len());
+        for binding in request.bindings {
+            match binding {
+                Binding::Buffer(buffer) => {
+                    memories.push(self.memory(buffer, "record a dispatch over")?)
+                }
+                _ => {
+                    return Err(super::super::buffer::foreign_buffer(
+                        "record a dispatch over",
+                    ))
+                }
+            }
+        }
+        let sizes: Vec<u64> = request.bindings.iter().map(Binding::len).collect();
+        check_binding_sizes(name, &reference.slots, &sizes, request.fixpoint_iterations)?;
+        check_aliasing(name, &reference.slots, request.bindings)?;
+        LaunchPlan::new(request.workgroups, reference.workgroup_size, backend.caps())?;
+        let counts = vec![None; reference.slots.len()];
+        let graph = &mut self.graph;
+        let index = graph.steps.len();
+        graph.steps.push(graph.operations.len());
+        graph.operations.push(Operation::Dispatch(Step {
+            kernel,
+            memories,
+            workgroups: request.workgroups,
+            fixpoint_iterations: request.fixpoint_iterations,
+            counts,
+        }));
+        Ok(StepId::new(graph.id, index as u32))
+    }
+
+    pub(in crate::backend) fn read_back(
+        &mut self,
+        buffer: &DeviceBuffer,
+        offset: u64,
+        len: u64,
+    ) -> Result<OutputSlot, BackendError> {
+        let memory = self.memory(buffer, "record a read-back of")?;
+        check_recorded_read_back(offset, len, buffer.len())?;
+        let graph = &mut self.graph;
+        let index = graph.outputs.len();
+        graph.outputs.push(vec![0; len as usize]);
+        graph.operations.push(Operation::ReadBack {
+            output: index,
+            memory,
+            offset: offset as usize,
+        });
+        Ok(OutputSlot::new(graph.id, index as u32))
+    }
+}
+
+impl ReferenceGraph {
+    pub(in crate::backend) fn input_mut(
+        &mut self,
+        slot: InputSlot,
+    ) -> Result<&mut [u8], BackendError> {
+        let index = slot.index_in(self.id)?;
+        self.inputs
+            .get_mut(index)
+            .map(Vec::as_mut_slice)
+            .ok_or_else(|| forged("input slot"))
+    }
+
+    pub(in crate::backend) fn output(&self, slot: OutputSlot) -> Result<&[u8], BackendError> {
+        let index = slot.index_in(self.id)?;
+        self.outputs
+            .get(index)
+            .map(Vec::as_slice)
+            .ok_or_else(|| forged("output slot"))
+    }
+
+    /// The recorded dispatch `step` and its kernel.
+    fn step_mut(&mut self, step: StepId) -> Result<(&mut Step, &ReferenceBackend), BackendError> {
+        let index = step.index_in(self.id)?;
+        let operation = self
+            .steps
+            .get(index)
+            .and_then(|&at| self.operations.get_mut(at));
+        match operation {
+            Some(Operation::Dispatch(step)) => Ok((step, &self.backend)),
+            _ => Err(forged("step")),
+        }
+    }
+
+    pub(in crate::backend) fn set_element_count(
+        &mut self,
+        step: StepId,
+        binding: u32,
+        elements: u32,
+    ) -> Result<(), BackendError> {
+        let (step, backend) = self.step_mut(step)?;
+        let kernel = backend.reference_kernel(&step.kernel)?;
+        let name = &kernel.name;
+        let Some(index) = kernel.slots.iter().position(|s| s.binding == binding) else {
+            return Err(BackendError::bad_input(format!(
+                "Fix: {name} has no global buffer at binding {binding}; name one of its bindings"
+            )));
+        };
+        let slot = &kernel.slots[index];
+        if let crate::ir::BufferCount::Static(n) = slot.count {
+            return Err(BackendError::bad_input(format!(
+                "Fix: buffer '{}' (binding {binding}) of {name} has a static count of {n} elements, \
+                 which the kernel uses instead of the parameter; only runtime-sized buffers take \
+                 element count updates",
+                slot.name
+            )));
+        }
+        let capacity = step.memories[index].lock().len() as u64 / slot.elem.size_bytes() as u64;
+        if elements as u64 > capacity {
+            return Err(BackendError::bad_input(format!(
+                "Fix: buffer '{}' (binding {binding}) of {name} holds {capacity} elements, so it \
+                 cannot pass {elements}; pass at most {capacity} or record the graph over a larger \
+                 buffer",
+                slot.name
+            )));
+        }
+        step.counts[index] = Some(elements);
+        Ok(())
+    }
+
+    /// The new grid is checked as the CUDA graph checks it (its launch plan).
+    pub(in crate::backend) fn set_workgroups(
+        &mut self,
+        step: StepId,
+        workgroups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        let (step, backend) = self.step_mut(step)?;
+        let kernel = backend.reference_kernel(&step.kernel)?;
+        LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
+        step.workgroups = workgroups;
+        Ok(())
+    }
+
+    pub(in crate::backend) fn replay(&mut self) -> Result<Timings, BackendError> {
+        let start = Instant::now();
+        for operation in &self.operations {
+            match operation {
+                Operation::Upload { input, memory } => {
+                    let data = &self.inputs[*input];
+                    memory.lock()[..data.len()].copy_from_slice(data);
+                }
+                Operation::Dispatch(step) => {
+                    let kernel = self.backend.reference_kernel(&step.kernel)?;
+                    replay_dispatch(&self.backend, kernel, step)?;
+                }
+                Operation::ReadBack {
+                    output,
+                    memory,
+                    offset,
+                } => {
+                    let out = &mut self.outputs[*output];
+                    let len = out.len();
+                    out.copy_from_slice(&memory.lock()[*offset..*offset + len]);
+                }
+            }
+        }
+        let wall_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        Ok(Timings {
+            wall_ns,
+            enqueue_ns: wall_ns,
+            ..Timings::default()
+        })
+    }
+}
+
+/// One recorded dispatch on the reference side: run over the buffers' current
+/// bytes, outputs written back.
+fn replay_dispatch(
+    backend: &ReferenceBackend,
+    kernel: &ReferenceKernel,
+    step: &Step,
+) -> Result<(), BackendError> {
+    // A set element count passes a prefix of the buffer, as the CUDA kernel sees
+    // only that many elements; the rest of the buffer is left as it was.
+    let inputs: Vec<Vec<u8>> = step
+        .memories
+        .iter()
+        .zip(&kernel.slots)
+        .zip(&step.counts)
+        .map(|((memory, slot), count)| {
+            let bytes = memory.lock();
+            match count {
+                Some(n) => bytes[..*n as usize * slot.elem.size_bytes() as usize].to_vec(),
+                None => bytes.clone(),
+            }
+        })
+        .collect();
+    let borrowed: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let config = DispatchConfig::new(step.workgroups)
+        .with_fixpoint_iterations(step.fixpoint_iterations)
+        .with_codegen(kernel.codegen);
+    let (results, _) =
+        reference::run_valid_with_stats(&kernel.program, &borrowed, &config, backend.options())
+            .map_err(|error| BackendError::Reference {
+                program: kernel.name.clone(),
+                error,
+            })?;
+    for (&slot, bytes) in kernel.outputs.iter().zip(results) {
+        let mut memory = step.memories[slot as usize].lock();
+        memory[..bytes.len()].copy_from_slice(&bytes);
+        // `WriteOnly` starts zeroed: the CUDA step clears the whole buffer, not
+        // only the elements it passes.
+        if kernel.slots[slot as usize].access == crate::ir::Access::WriteOnly {
+            memory[bytes.len()..].fill(0);
+        }
+    }
+    Ok(())
+}
+
+fn forged(what: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: {what} does not exist in this dispatch graph; the value was forged or corrupted"
+    ))
+}

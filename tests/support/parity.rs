@@ -1,0 +1,250 @@
+//! The fallback-parity cases: requests and allocations a caller can make through
+//! `AnyBackend`, each run the same way on any backend, with what came back recorded
+//! in a form two backends can be compared by (outputs, or the error's kind and
+//! message). `tests/portable.rs` checks the reference backend's answers against the
+//! expected ones; `gpu_fallback_answers_exactly_as_cuda` (tests/gpu_backend.rs)
+//! checks that CUDA and the reference give the same list.
+
+use vyre_cuda::backend::{AnyBackend, BackendError, Binding, Dispatch, MAX_PENDING};
+use vyre_cuda::ir::*;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
+
+/// What one case observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The request ran: its read-back items (or, for allocations, nothing).
+    Ran(Vec<Vec<u8>>),
+    /// It was refused: the error's kind and message. Memory-budget messages name the
+    /// bytes the budget leaves, which are the machine's, so their digits are masked.
+    Refused { kind: String, message: String },
+}
+
+impl Outcome {
+    pub fn refused(&self) -> Option<(&str, &str)> {
+        match self {
+            Outcome::Refused { kind, message } => Some((kind, message)),
+            Outcome::Ran(_) => None,
+        }
+    }
+}
+
+fn refused(error: &BackendError) -> Outcome {
+    let kind = format!("{error:?}")
+        .split([' ', '{', '('])
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let mut message = error.to_string();
+    if matches!(error, BackendError::OverBudget { .. }) {
+        let mut masked = String::with_capacity(message.len());
+        for c in message.chars() {
+            if !c.is_ascii_digit() {
+                masked.push(c);
+            } else if !masked.ends_with('#') {
+                masked.push('#');
+            }
+        }
+        message = masked;
+    }
+    Outcome::Refused { kind, message }
+}
+
+fn observe<T>(result: Result<T, BackendError>, ran: impl FnOnce(T) -> Vec<Vec<u8>>) -> Outcome {
+    match result {
+        Ok(value) => Outcome::Ran(ran(value)),
+        Err(error) => refused(&error),
+    }
+}
+
+/// `dst[i] = src[i] + 1` over 64-thread workgroups, runtime-sized `u32`s.
+fn plus_one() -> Program {
+    super::elementwise("plus_one", 64, |v| v + Expr::u32(1))
+}
+
+/// Every case, in order, with its name.
+pub fn cases(backend: &AnyBackend) -> Vec<(&'static str, Outcome)> {
+    let mut seen = Vec::new();
+    compile_cases(backend, &mut seen);
+    request_cases(backend, &mut seen);
+    limit_cases(backend, &mut seen);
+    seen
+}
+
+/// A program the validator refuses: it stores into its read-only buffer `x`.
+pub fn store_to_read_only() -> Program {
+    Program::builder([1, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.store("x", 0u32, 1u32);
+        })
+        .build()
+}
+
+/// The same validation at `compile`.
+fn compile_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let config = DispatchConfig::linear(1);
+    let store_to_read_only = store_to_read_only();
+    seen.push((
+        "compile: a store into a read-only buffer",
+        observe(backend.compile(&store_to_read_only, &config), |_| vec![]),
+    ));
+    let too_wide = Program::builder([2048, 1, 1]).build();
+    seen.push((
+        "compile: 2048 threads per workgroup",
+        observe(backend.compile(&too_wide, &config), |_| vec![]),
+    ));
+    seen.push((
+        "compile: a valid program",
+        observe(backend.compile(&plus_one(), &config), |_| vec![]),
+    ));
+}
+
+/// The same checks of a request, and the same outputs of good ones.
+fn request_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&plus_one(), &config).expect("compile");
+    let values: Vec<u32> = (0..64).collect();
+    let source = backend.buffer_from(&values).expect("buffer");
+    let destination = backend.buffer(4 * 64).expect("buffer");
+    let outputs = |finished: vyre_cuda::backend::Finished| finished.outputs.into_vecs();
+    let run = |bindings: &[Binding<'_>]| backend.run(Dispatch::new(&kernel, bindings));
+
+    let good = [Binding::from(&source), Binding::from(&destination)];
+    seen.push(("run: buffers", observe(run(&good), outputs)));
+    let stated = [Binding::host(&values), Binding::zeroed::<u32>(64)];
+    seen.push((
+        "run: host values, an output stated by its length",
+        observe(run(&stated), outputs),
+    ));
+    seen.push((
+        "run: output by name, typed",
+        observe(run(&good), |finished| {
+            let words: Vec<u32> = finished.outputs.read("dst").expect("dst");
+            vec![bytemuck_bytes(&words)]
+        }),
+    ));
+    let aliased = [Binding::from(&source), Binding::from(&source)];
+    seen.push((
+        "run: one buffer as input and write-only output",
+        observe(run(&aliased), outputs),
+    ));
+    seen.push(("run: too few bindings", observe(run(&good[..1]), outputs)));
+    let odd = [Binding::Host(&[0u8; 6]), Binding::from(&destination)];
+    seen.push((
+        "run: a size that is not a whole number of elements",
+        observe(run(&odd), outputs),
+    ));
+    seen.push((
+        "run: zero fixpoint iterations",
+        observe(
+            backend.run(Dispatch::new(&kernel, &good).fixpoint_iterations(0)),
+            outputs,
+        ),
+    ));
+    let past = ReadbackPolicy::Ranges(
+        [ByteRange {
+            binding: 1,
+            offset: 252,
+            len: 8,
+        }]
+        .into_iter()
+        .collect(),
+    );
+    seen.push((
+        "run: a readback range past the buffer",
+        observe(
+            backend.run(Dispatch::new(&kernel, &good).readback(&past)),
+            outputs,
+        ),
+    ));
+    let mut short = [0u8; 8];
+    seen.push((
+        "run_into: an output slice of the wrong length",
+        observe(
+            backend.run_into(Dispatch::new(&kernel, &good), &mut [&mut short]),
+            |_| vec![],
+        ),
+    ));
+    let other = match backend {
+        AnyBackend::Cuda(_) => {
+            AnyBackend::Cuda(vyre_cuda::backend::CudaBackend::acquire().expect("cuda"))
+        }
+        _ => AnyBackend::reference(),
+    };
+    let foreign = other.buffer(4 * 64).expect("buffer");
+    let mixed = [Binding::from(&source), Binding::from(&foreign)];
+    seen.push((
+        "run: a buffer of another backend",
+        observe(run(&mixed), outputs),
+    ));
+    seen.push((
+        "read: a buffer of another backend",
+        observe(backend.read::<u8>(&foreign), |bytes| vec![bytes]),
+    ));
+}
+
+/// The same limits: grids, pending submissions, memory.
+fn limit_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&plus_one(), &config).expect("compile");
+    let source = backend.buffer(4 * 64).expect("buffer");
+    let destination = backend.buffer(4 * 64).expect("buffer");
+    let good = [Binding::from(&source), Binding::from(&destination)];
+    let outputs = |finished: vyre_cuda::backend::Finished| finished.outputs.into_vecs();
+    for (name, workgroups) in [
+        ("grid: y = 70,000 workgroups", [1, 70_000, 1]),
+        ("grid: an axis of 0 workgroups", [0, 1, 1]),
+    ] {
+        seen.push((
+            name,
+            observe(
+                backend.run(Dispatch::new(&kernel, &good).workgroups(workgroups)),
+                outputs,
+            ),
+        ));
+    }
+    // 20 submissions: MAX_PENDING are accepted, the next is refused.
+    let mut pending = Vec::new();
+    let mut refusal = None;
+    for _ in 0..20 {
+        match backend.submit(Dispatch::new(&kernel, &good)) {
+            Ok(submitted) => pending.push(submitted),
+            Err(error) => {
+                refusal.get_or_insert(refused(&error));
+            }
+        }
+    }
+    seen.push((
+        "submit: pending submissions accepted of 20",
+        Outcome::Ran(vec![vec![pending.len() as u8]]),
+    ));
+    assert_eq!(pending.len(), MAX_PENDING);
+    seen.push((
+        "submit: the one past MAX_PENDING",
+        refusal.unwrap_or(Outcome::Ran(vec![])),
+    ));
+    for submitted in pending {
+        submitted.wait().expect("wait");
+    }
+    for (name, bytes) in [
+        ("buffer: u64::MAX bytes", u64::MAX),
+        ("buffer: 1 << 40 bytes", 1 << 40),
+    ] {
+        seen.push((name, observe(backend.buffer(bytes), |_| vec![])));
+    }
+    let huge = [Binding::Zeroed(1 << 40), Binding::from(&destination)];
+    seen.push((
+        "run: a zeroed binding of 1 << 40 bytes",
+        observe(backend.run(Dispatch::new(&kernel, &huge)), outputs),
+    ));
+}
+
+fn bytemuck_bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}

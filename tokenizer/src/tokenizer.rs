@@ -1,0 +1,631 @@
+//! [`Tokenizer`]: text to token ids and back, in the shape tiktoken's users know.
+//!
+//! # Why this module exists
+//!
+//! It is the one place that puts an encoding together (vocabulary, pre-tokenizer
+//! pattern, special tokens) and runs it: the pre-tokenizer cuts the text into
+//! pieces ([`Splitter::pieces`] on the CPU, which walks a text of any length
+//! without allocating, or GPT-2's split on a CUDA device), and [`bpe`](crate::bpe)
+//! merges each piece. The output and the merge loop's scratch are allocated once
+//! per call, never per piece. Built-in encodings parse their embedded vocabulary
+//! once per process and share it between tokenizers.
+//!
+//! The GPU pipeline takes at most [`MAX_TEXT_BYTES`] (256 MiB) per text (its
+//! offsets are `u32` and its buffers are sized per length); a longer text is
+//! split on the CPU whatever the backend, so no input is refused.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::bpe::{encode_piece, Scratch};
+use crate::error::{ErrorKind, TokenizerError};
+use crate::gpu::GpuSplitter;
+use crate::pretokenize::pattern::{Pattern, Splitter};
+use crate::pretokenize::MAX_TEXT_BYTES;
+use crate::special::{Finder, SpecialToken, SpecialTokens};
+use crate::vocab::Vocabulary;
+
+/// Where a tokenizer runs.
+///
+/// Today the GPU runs only the pre-tokenizer, and only GPT-2's pattern (r50k_base,
+/// p50k_base): a GPU encode splits the text on the device and merges the pieces
+/// on the CPU. cl100k_base and o200k_base run on the CPU under
+/// [`Backend::Auto`]; [`Backend::Gpu`] refuses them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The CPU (the default): no device is touched.
+    #[default]
+    Cpu,
+    /// The GPU where there is a CUDA device and a GPU pre-tokenizer for the
+    /// encoding's pattern, for texts of at least [`AUTO_GPU_MIN_BYTES`] (below
+    /// that a dispatch costs more than the CPU split); the CPU otherwise.
+    Auto,
+    /// The GPU, or an `Err` at [`Tokenizer::with_backend`] saying why not.
+    Gpu,
+}
+
+impl Backend {
+    /// Lower-case name, as on the example's command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Auto => "auto",
+            Backend::Gpu => "gpu",
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = TokenizerError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Backend::Auto, Backend::Cpu, Backend::Gpu]
+            .into_iter()
+            .find(|backend| backend.name() == text)
+            .ok_or_else(|| {
+                TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!("Fix: unknown backend {text:?}; use auto, cpu or gpu"),
+                )
+            })
+    }
+}
+
+/// Under [`Backend::Auto`], texts shorter than this (64 KiB) are split on the CPU.
+pub const AUTO_GPU_MIN_BYTES: usize = 64 << 10;
+
+/// [`Tokenizer::encode_batch`] runs on one thread below this many bytes in all.
+pub const BATCH_PARALLEL_MIN_BYTES: usize = 64 << 10;
+
+/// tiktoken's four OpenAI encodings, built in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Encoding {
+    /// GPT-3 (`r50k_base`): GPT-2's pattern, 50,256 ranks, `<|endoftext|>` 50256.
+    R50kBase,
+    /// Codex (`p50k_base`): GPT-2's pattern, ranks to 50280 (none at 50256),
+    /// `<|endoftext|>` 50256.
+    P50kBase,
+    /// GPT-3.5 and GPT-4 (`cl100k_base`): 100,256 ranks, `<|endoftext|>` 100257,
+    /// `<|fim_prefix|>` 100258, `<|fim_middle|>` 100259, `<|fim_suffix|>` 100260,
+    /// `<|endofprompt|>` 100276.
+    Cl100kBase,
+    /// GPT-4o (`o200k_base`): 199,998 ranks, `<|endoftext|>` 199999,
+    /// `<|endofprompt|>` 200018.
+    O200kBase,
+}
+
+impl Encoding {
+    /// Every built-in encoding.
+    pub const ALL: [Encoding; 4] = [
+        Encoding::R50kBase,
+        Encoding::P50kBase,
+        Encoding::Cl100kBase,
+        Encoding::O200kBase,
+    ];
+
+    /// tiktoken's name, e.g. `cl100k_base`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Encoding::R50kBase => "r50k_base",
+            Encoding::P50kBase => "p50k_base",
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::O200kBase => "o200k_base",
+        }
+    }
+
+    /// The pre-tokenizer pattern.
+    pub const fn pattern(self) -> Pattern {
+        match self {
+            Encoding::R50kBase | Encoding::P50kBase => Pattern::Gpt2,
+            Encoding::Cl100kBase => Pattern::Cl100k,
+            Encoding::O200kBase => Pattern::O200k,
+        }
+    }
+
+    /// The special tokens, as tiktoken defines them.
+    pub const fn special_tokens(self) -> &'static [(&'static str, u32)] {
+        match self {
+            Encoding::R50kBase | Encoding::P50kBase => &[("<|endoftext|>", 50256)],
+            Encoding::Cl100kBase => &[
+                ("<|endoftext|>", 100257),
+                ("<|fim_prefix|>", 100258),
+                ("<|fim_middle|>", 100259),
+                ("<|fim_suffix|>", 100260),
+                ("<|endofprompt|>", 100276),
+            ],
+            Encoding::O200kBase => &[("<|endoftext|>", 199999), ("<|endofprompt|>", 200018)],
+        }
+    }
+
+    /// The embedded `.tiktoken` vocabulary (vendored from the tiktoken-rs crate,
+    /// MIT: `tokenizer/vocab/`).
+    pub fn tiktoken_bytes(self) -> &'static [u8] {
+        match self {
+            Encoding::R50kBase => include_bytes!("../vocab/r50k_base.tiktoken"),
+            Encoding::P50kBase => include_bytes!("../vocab/p50k_base.tiktoken"),
+            Encoding::Cl100kBase => include_bytes!("../vocab/cl100k_base.tiktoken"),
+            Encoding::O200kBase => include_bytes!("../vocab/o200k_base.tiktoken"),
+        }
+    }
+}
+
+impl FromStr for Encoding {
+    type Err = TokenizerError;
+
+    /// `r50k`, `p50k`, `cl100k`, `o200k`, with or without `_base`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Encoding::ALL
+            .into_iter()
+            .find(|encoding| {
+                encoding.name() == text || encoding.name().strip_suffix("_base") == Some(text)
+            })
+            .ok_or_else(|| {
+                TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!("Fix: unknown encoding {text:?}; use r50k, p50k, cl100k or o200k"),
+                )
+            })
+    }
+}
+
+/// Everything an encoding is; shared by the tokenizers made from it.
+#[derive(Debug)]
+struct EncodingData {
+    name: String,
+    splitter: Splitter,
+    vocabulary: Vocabulary,
+    special: SpecialTokens,
+}
+
+/// A tiktoken-exact tokenizer: one encoding on one backend. Cheap to clone (the
+/// encoding is shared); `Send + Sync`, so one tokenizer serves many threads.
+///
+/// ```
+/// use vyre_tokenizer::Tokenizer;
+/// let tokenizer = Tokenizer::r50k_base()?;
+/// let ids = tokenizer.encode_ordinary("Hello, world!");
+/// assert_eq!(ids, [15496, 11, 995, 0]);
+/// assert_eq!(tokenizer.decode(&ids)?, "Hello, world!");
+/// // Special tokens are text unless allowed, and an error where not allowed.
+/// assert!(tokenizer.encode("<|endoftext|>", &[]).is_err());
+/// assert_eq!(tokenizer.encode("<|endoftext|>", &["<|endoftext|>"])?, [50256]);
+/// # Ok::<(), vyre_tokenizer::TokenizerError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    encoding: Arc<EncodingData>,
+    backend: Backend,
+    /// Present when `backend` may run the split on a device.
+    gpu: Option<Arc<GpuSplitter>>,
+}
+
+/// The buffers of one encode call: the GPU's piece starts, merge scratch.
+#[derive(Default)]
+struct EncodeState {
+    starts: Vec<u32>,
+    scratch: Scratch,
+}
+
+impl Tokenizer {
+    /// A tokenizer of `vocabulary` with the pre-tokenizer `pattern` and
+    /// `special_tokens` (text, id), on the CPU.
+    pub fn new(
+        vocabulary: Vocabulary,
+        pattern: Pattern,
+        special_tokens: &[(&str, u32)],
+    ) -> Result<Self, TokenizerError> {
+        Self::with_name(
+            pattern.name().to_owned(),
+            vocabulary,
+            pattern,
+            special_tokens,
+        )
+    }
+
+    fn with_name(
+        name: String,
+        vocabulary: Vocabulary,
+        pattern: Pattern,
+        special_tokens: &[(&str, u32)],
+    ) -> Result<Self, TokenizerError> {
+        let special = SpecialTokens::new(special_tokens, &vocabulary)?;
+        // The split's setup (its Unicode table) fails here, if ever, not inside
+        // an encode.
+        let splitter = Splitter::new(pattern)?;
+        Ok(Tokenizer {
+            encoding: Arc::new(EncodingData {
+                name,
+                splitter,
+                vocabulary,
+                special,
+            }),
+            backend: Backend::Cpu,
+            gpu: None,
+        })
+    }
+
+    /// A tokenizer from a `.tiktoken` file (see [`Vocabulary::from_tiktoken_file`]).
+    pub fn from_tiktoken_file(
+        path: impl AsRef<Path>,
+        pattern: Pattern,
+        special_tokens: &[(&str, u32)],
+    ) -> Result<Self, TokenizerError> {
+        Self::new(
+            Vocabulary::from_tiktoken_file(path)?,
+            pattern,
+            special_tokens,
+        )
+    }
+
+    /// A tokenizer from the contents of a `.tiktoken` file.
+    pub fn from_tiktoken_bytes(
+        bytes: &[u8],
+        pattern: Pattern,
+        special_tokens: &[(&str, u32)],
+    ) -> Result<Self, TokenizerError> {
+        Self::new(
+            Vocabulary::from_tiktoken_bytes(bytes)?,
+            pattern,
+            special_tokens,
+        )
+    }
+
+    /// A built-in encoding, on the CPU. Its vocabulary is parsed once per process.
+    pub fn for_encoding(encoding: Encoding) -> Result<Self, TokenizerError> {
+        static BUILT: [OnceLock<Result<Tokenizer, TokenizerError>>; 4] = [
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+            OnceLock::new(),
+        ];
+        let index = Encoding::ALL
+            .iter()
+            .position(|&e| e == encoding)
+            .unwrap_or(0);
+        BUILT[index]
+            .get_or_init(|| {
+                let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes())?;
+                Self::with_name(
+                    encoding.name().to_owned(),
+                    vocabulary,
+                    encoding.pattern(),
+                    encoding.special_tokens(),
+                )
+            })
+            .clone()
+    }
+
+    /// `r50k_base` (GPT-3).
+    pub fn r50k_base() -> Result<Self, TokenizerError> {
+        Self::for_encoding(Encoding::R50kBase)
+    }
+
+    /// `p50k_base` (Codex).
+    pub fn p50k_base() -> Result<Self, TokenizerError> {
+        Self::for_encoding(Encoding::P50kBase)
+    }
+
+    /// `cl100k_base` (GPT-3.5, GPT-4).
+    pub fn cl100k_base() -> Result<Self, TokenizerError> {
+        Self::for_encoding(Encoding::Cl100kBase)
+    }
+
+    /// `o200k_base` (GPT-4o).
+    pub fn o200k_base() -> Result<Self, TokenizerError> {
+        Self::for_encoding(Encoding::O200kBase)
+    }
+
+    /// The same tokenizer on `backend`. [`Backend::Gpu`] is an `Err` without a
+    /// CUDA device or for a pattern with no GPU pre-tokenizer (cl100k, o200k);
+    /// [`Backend::Auto`] then runs on the CPU.
+    pub fn with_backend(mut self, backend: Backend) -> Result<Self, TokenizerError> {
+        self.backend = backend;
+        self.gpu = None;
+        if backend == Backend::Cpu {
+            return Ok(self);
+        }
+        if self.encoding.splitter.pattern() != Pattern::Gpt2 {
+            if backend == Backend::Gpu {
+                return Err(TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "Fix: {} has no GPU pre-tokenizer yet (only GPT-2's pattern runs on the GPU: \
+                         r50k_base, p50k_base); use Backend::Auto or Backend::Cpu",
+                        self.encoding.name
+                    ),
+                ));
+            }
+            return Ok(self);
+        }
+        match shared_gpu() {
+            Ok(gpu) => self.gpu = Some(gpu),
+            Err(error) if backend == Backend::Gpu => return Err(error),
+            Err(_) => {}
+        }
+        Ok(self)
+    }
+
+    /// The backend asked for ([`Tokenizer::with_backend`]).
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Where the split of a text of `text_len` bytes runs: [`Backend::Cpu`] or
+    /// [`Backend::Gpu`] (the BPE after it runs on the CPU either way). Texts over
+    /// [`MAX_TEXT_BYTES`] split on the CPU on every backend.
+    pub fn runs_on(&self, text_len: usize) -> Backend {
+        match (&self.gpu, self.backend) {
+            (Some(_), _) if text_len > MAX_TEXT_BYTES => Backend::Cpu,
+            (Some(_), Backend::Gpu) => Backend::Gpu,
+            (Some(_), Backend::Auto) if text_len >= AUTO_GPU_MIN_BYTES => Backend::Gpu,
+            _ => Backend::Cpu,
+        }
+    }
+
+    /// The CUDA device's name, when the GPU may run.
+    pub fn device_name(&self) -> Option<&str> {
+        self.gpu.as_deref().map(GpuSplitter::device_name)
+    }
+
+    /// The encoding's name (`cl100k_base`, or the pattern's name for a tokenizer
+    /// made from a file).
+    pub fn name(&self) -> &str {
+        &self.encoding.name
+    }
+
+    /// The pre-tokenizer pattern.
+    pub fn pattern(&self) -> Pattern {
+        self.encoding.splitter.pattern()
+    }
+
+    /// The vocabulary.
+    pub fn vocabulary(&self) -> &Vocabulary {
+        &self.encoding.vocabulary
+    }
+
+    /// The special tokens.
+    pub fn special_tokens(&self) -> &[SpecialToken] {
+        self.encoding.special.all()
+    }
+
+    /// The token ids of `text`; special-token text is ordinary text here.
+    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+        self.encode_ordinary_bytes(text.as_bytes())
+    }
+
+    /// The token ids of any bytes. Bytes that are not UTF-8 follow the
+    /// pre-tokenizer's rule (each is a character of its own, U+FFFD, for the
+    /// split; [`crate::pretokenize`]), and merge as the bytes they are, so
+    /// [`Tokenizer::decode_bytes`] gives back exactly `text`. On valid UTF-8 the
+    /// ids are [`Tokenizer::encode_ordinary`]'s. Should the GPU fail, the split
+    /// runs again on the CPU (the ids are the same); [`Tokenizer::encode`]
+    /// reports such a failure instead.
+    pub fn encode_ordinary_bytes(&self, text: &[u8]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_ordinary_into(text, &mut out, &mut EncodeState::default());
+        out
+    }
+
+    /// [`Tokenizer::encode_segment`], splitting on the CPU should the GPU fail.
+    fn encode_ordinary_into(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
+        let before = out.len();
+        if self.encode_segment(text, out, state).is_err() {
+            out.truncate(before);
+            self.encode_on_cpu(text, out, state);
+        }
+    }
+
+    /// The token ids of `text`, with the special tokens in `allowed_special`
+    /// (their texts) encoded as their ids. Like tiktoken's default
+    /// (`disallowed_special="all"`), any other special token of this encoding
+    /// found in the text is an `Err` naming it; an allowed name that is not a
+    /// special token of this encoding is an `Err` too.
+    pub fn encode(&self, text: &str, allowed_special: &[&str]) -> Result<Vec<u32>, TokenizerError> {
+        let special = &self.encoding.special;
+        let mut allowed: Vec<&SpecialToken> = Vec::with_capacity(allowed_special.len());
+        for &name in allowed_special {
+            let token = special.by_text(name).ok_or_else(|| {
+                TokenizerError::new(
+                    ErrorKind::DisallowedSpecialToken,
+                    format!(
+                        "Fix: {name:?} is not a special token of {}; allow only {}",
+                        self.encoding.name,
+                        self.special_token_list()
+                    ),
+                )
+            })?;
+            allowed.push(token);
+        }
+        let disallowed = special
+            .all()
+            .iter()
+            .filter(|token| !allowed.contains(token));
+        if let Some((offset, token)) = Finder::new(text, disallowed).find_from(0) {
+            return Err(TokenizerError::new(
+                ErrorKind::DisallowedSpecialToken,
+                format!(
+                    "Fix: the text holds the special token {:?} at byte {offset}, which this call does not \
+                     allow; pass it in allowed_special to encode it as id {}, or use encode_ordinary to \
+                     encode it as plain text",
+                    token.text, token.id
+                ),
+            ));
+        }
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut state = EncodeState::default();
+        let mut finder = Finder::new(text, allowed.iter().copied());
+        let mut at = 0;
+        while let Some((offset, token)) = finder.find_from(at) {
+            self.encode_segment(&text.as_bytes()[at..offset], &mut out, &mut state)?;
+            out.push(token.id);
+            at = offset + token.text.len();
+        }
+        self.encode_segment(&text.as_bytes()[at..], &mut out, &mut state)?;
+        Ok(out)
+    }
+
+    /// [`Tokenizer::encode`] with every special token allowed.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut state = EncodeState::default();
+        let mut finder = Finder::new(text, self.encoding.special.all().iter());
+        let mut at = 0;
+        while let Some((offset, token)) = finder.find_from(at) {
+            self.encode_ordinary_into(&text.as_bytes()[at..offset], &mut out, &mut state);
+            out.push(token.id);
+            at = offset + token.text.len();
+        }
+        self.encode_ordinary_into(&text.as_bytes()[at..], &mut out, &mut state);
+        out
+    }
+
+    /// [`Tokenizer::encode_ordinary`] of every text, on all of the machine's
+    /// threads (one when the texts hold under [`BATCH_PARALLEL_MIN_BYTES`] in
+    /// all): `result[i]` is the ids of `texts[i]`.
+    pub fn encode_batch(&self, texts: &[&str]) -> Vec<Vec<u32>> {
+        let total: usize = texts.iter().map(|text| text.len()).sum();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |threads| threads.get())
+            .min(texts.len());
+        if threads <= 1 || total < BATCH_PARALLEL_MIN_BYTES {
+            return texts
+                .iter()
+                .map(|text| self.encode_ordinary(text))
+                .collect();
+        }
+        let next = AtomicUsize::new(0);
+        let mut results: Vec<Vec<u32>> = vec![Vec::new(); texts.len()];
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(text) = texts.get(index) else { break };
+                            done.push((index, self.encode_ordinary(text)));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            for worker in workers {
+                match worker.join() {
+                    Ok(done) => {
+                        for (index, ids) in done {
+                            results[index] = ids;
+                        }
+                    }
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        });
+        results
+    }
+
+    /// The bytes of `ids` (ranks and special tokens), concatenated. An id that is
+    /// neither is an `Err` naming it and its position.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
+        let vocabulary = &self.encoding.vocabulary;
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for (position, &id) in ids.iter().enumerate() {
+            if let Some(bytes) = vocabulary.token(id) {
+                out.extend_from_slice(bytes);
+            } else if let Some(token) = self.encoding.special.by_id(id) {
+                out.extend_from_slice(token.text.as_bytes());
+            } else {
+                return Err(TokenizerError::new(
+                    ErrorKind::UnknownToken,
+                    format!(
+                        "Fix: id {id} at position {position} is no token of {} (ranks below {}, special tokens {}); \
+                         decode only ids this encoding produced",
+                        self.encoding.name,
+                        vocabulary.rank_bound(),
+                        self.special_token_list()
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The text of `ids`; an `Err` if an id is unknown or the bytes are not UTF-8
+    /// (ids cut in the middle of a character: use [`Tokenizer::decode_bytes`]).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        String::from_utf8(self.decode_bytes(ids)?).map_err(|error| {
+            TokenizerError::new(
+                ErrorKind::InvalidUtf8,
+                format!(
+                    "Fix: the ids decode to bytes that are not UTF-8 (from byte {}); use decode_bytes for \
+                     ids that may cut a character",
+                    error.utf8_error().valid_up_to()
+                ),
+            )
+            .with_source(error.utf8_error())
+        })
+    }
+
+    fn special_token_list(&self) -> String {
+        let names: Vec<String> = self
+            .encoding
+            .special
+            .all()
+            .iter()
+            .map(|token| format!("{:?} ({})", token.text, token.id))
+            .collect();
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// Splits `text` (no special tokens) where [`Tokenizer::runs_on`] says and
+    /// merges every piece into `out`. Only the GPU split can fail.
+    fn encode_segment(
+        &self,
+        text: &[u8],
+        out: &mut Vec<u32>,
+        state: &mut EncodeState,
+    ) -> Result<(), TokenizerError> {
+        let gpu = match self.runs_on(text.len()) {
+            Backend::Gpu => self.gpu.as_deref(),
+            _ => None,
+        };
+        let Some(gpu) = gpu else {
+            self.encode_on_cpu(text, out, state);
+            return Ok(());
+        };
+        state.starts.clear();
+        gpu.split_into(text, &mut state.starts)?;
+        let starts = &state.starts;
+        for (index, &start) in starts.iter().enumerate() {
+            let end = starts
+                .get(index + 1)
+                .map_or(text.len(), |&end| end as usize);
+            // A start list that is not increasing would be a device bug; `get`
+            // keeps it from becoming a panic.
+            let piece = text.get(start as usize..end).unwrap_or(&[]);
+            encode_piece(&self.encoding.vocabulary, piece, out, &mut state.scratch);
+        }
+        Ok(())
+    }
+
+    /// The CPU split and the merges, for any bytes of any length.
+    fn encode_on_cpu(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
+        let encoding = &*self.encoding;
+        for piece in encoding.splitter.pieces(text) {
+            encode_piece(&encoding.vocabulary, piece, out, &mut state.scratch);
+        }
+    }
+}
+
+/// One GPU splitter per process (device 0): its pipelines are worth sharing.
+fn shared_gpu() -> Result<Arc<GpuSplitter>, TokenizerError> {
+    static GPU: OnceLock<Result<Arc<GpuSplitter>, TokenizerError>> = OnceLock::new();
+    GPU.get_or_init(|| GpuSplitter::acquire().map(Arc::new))
+        .clone()
+}
