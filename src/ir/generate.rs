@@ -29,9 +29,10 @@
 //!   (`owned[gid]`, `workgroup_owned[lid]`: one element per thread, any operation and
 //!   operands), or on a shared counter that every thread updates with the program's
 //!   one operation and literal operands (the values an element takes are then the same
-//!   sequence whatever the order, so the *set* of returned values is too), their
-//!   values only summed (`atomic_add`) into a tally through a function of the value
-//!   and literals;
+//!   sequence whatever the order, so the *multiset* of returned values is too), their
+//!   values only summed (`atomic_add`) into one tally element through one function of
+//!   the value and literals, both the same at every site of the program (per site,
+//!   the order would decide which site's function got which value);
 //! - local arrays are private to a thread: any index (past the end too), any order;
 //! - 64-bit values follow the same total semantics as 32-bit ones ([`BinaryOp`]).
 //!
@@ -470,13 +471,29 @@ struct ValidGenerator {
 
 /// The one update of a program's shared counters: an operation (a compare-exchange
 /// when `op` is `None`) and literal operands. Every thread applying the same
-/// function makes the sequence of values an element takes, and so the set of
-/// returned values, independent of thread order.
+/// function makes the sequence of values an element takes, and so the multiset of
+/// returned values, independent of thread order. What becomes of a returned value is
+/// one per program too (`fold` into `tally[tally_slot]`): were it chosen per site,
+/// the order would decide which site, and so which function or slot, got which value.
 #[derive(Clone, Copy, Debug)]
 struct CounterUpdate {
     op: Option<AtomicOp>,
     operand: u64,
     expected: u64,
+    fold: CounterFold,
+    /// The tally element every returned value is added to (past the end: none).
+    tally_slot: u32,
+}
+
+/// The function of a returned counter value (and literals alone) that is added to
+/// the tally.
+#[derive(Clone, Copy, Debug)]
+enum CounterFold {
+    Value,
+    Times(u64),
+    Xor(u64),
+    ShiftRight(u32),
+    CountOnes,
 }
 
 const GID: &str = "gid";
@@ -956,7 +973,7 @@ impl ValidGenerator {
     /// `let r = <the counter update>(&counter[i], ...); atomic_add(&tally[k], f(r));`
     /// on a shared counter any thread may hit: `r` feeds only the tally (a sum, which
     /// does not depend on which thread got which value) through `f`, a function of
-    /// `r` and literals alone.
+    /// `r` and literals alone, with `f` and `k` the same at every site of the program.
     fn counter_atomic(&mut self) -> Vec<Node> {
         let count = self.counters.len() as u64;
         let Some((buffer, elem)) = self.counters.get(self.rng.below(count) as usize).cloned()
@@ -993,21 +1010,19 @@ impl ValidGenerator {
             },
         };
         let previous = Expr::Var(name);
-        let c = self.rng.next_u64() | 1;
-        let folded = match self.rng.below(5) {
-            0 => previous,
-            1 => previous * literal(c),
-            2 => previous ^ literal(c),
-            3 => previous >> Expr::u32(self.rng.range(0, 70)),
-            _ => previous.count_ones().cast(ty),
+        let folded = match update.fold {
+            CounterFold::Value => previous,
+            CounterFold::Times(c) => previous * literal(c),
+            CounterFold::Xor(c) => previous ^ literal(c),
+            CounterFold::ShiftRight(amount) => previous >> Expr::u32(amount),
+            CounterFold::CountOnes => previous.count_ones().cast(ty),
         };
-        let slot = self.expr(ScalarType::U32, 1);
         vec![
             fetch,
             Node::Atomic {
                 op: AtomicOp::Add,
                 buffer: tally,
-                index: slot,
+                index: Expr::u32(update.tally_slot),
                 value: folded.cast(ScalarType::U32),
             },
         ]
@@ -1310,6 +1325,8 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             op: None,
             operand: 0,
             expected: 0,
+            fold: CounterFold::Value,
+            tally_slot: 0,
         },
         tally: None,
         local_arrays: Vec::new(),
@@ -1336,10 +1353,20 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             1 => operand,
             _ => rng.next_u64(),
         };
+        let c = rng.next_u64() | 1;
+        let fold = match rng.below(5) {
+            0 => CounterFold::Value,
+            1 => CounterFold::Times(c),
+            2 => CounterFold::Xor(c),
+            3 => CounterFold::ShiftRight(rng.range(0, 70)),
+            _ => CounterFold::CountOnes,
+        };
         generator.counter_update = CounterUpdate {
             op,
             operand,
             expected,
+            fold,
+            tally_slot: rng.range(0, 3),
         };
     }
     let elems = generator.drawn.elems();

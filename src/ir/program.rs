@@ -511,10 +511,16 @@ impl UnaryOp {
 /// - A **returned** value depends on the order as soon as two threads touch the same
 ///   element: which thread sees which previous value is a race (a fetch-add that
 ///   claims output slots hands out the same slots, to other threads). When every
-///   thread applies the same operation with the same operand, the *set* of returned
-///   values does not depend on the order, so an order-free use of them (their sum, or
-///   a constant stored at each claimed slot) gives the same bytes on the GPU and the
-///   reference; an element only one thread touches returns a deterministic value.
+///   thread applies the same operation with the same operand, the *multiset* of
+///   returned values does not depend on the order, so an order-free use of them (one
+///   function of the value summed into one element, or a constant stored at each
+///   claimed slot) gives the same bytes on the GPU and the reference; using them
+///   differently at two sites is not order-free (the order decides which site got
+///   which value). An element only one thread touches returns a deterministic value.
+///
+/// `ReferenceOptions::reverse_atomic_order` runs the reference with each statement's
+/// atomics in descending order instead: outputs that change with it depend on the
+/// order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum AtomicOp {

@@ -368,6 +368,8 @@ pub(crate) struct Grid {
     pub(crate) max_work: u64,
     /// `CodegenOptions::max_loop_iterations`: most iterations of one `while` run.
     pub(crate) max_loop_iterations: Option<u32>,
+    /// `ReferenceOptions::reverse_atomic_order`: atomics apply in descending lane order.
+    pub(crate) reverse_atomic_order: bool,
 }
 
 /// What a lane that is alive but not in a block's lane list is doing: it ran a
@@ -970,7 +972,8 @@ impl<'a, W: Word> Machine<'a, W> {
     }
 
     /// One atomic statement for `lanes`, in ascending lane order (the order the
-    /// reference defines; see `AtomicOp`): each lane's operand in `values` is
+    /// reference defines; see `AtomicOp`), descending with
+    /// `ReferenceOptions::reverse_atomic_order`: each lane's operand in `values` is
     /// replaced by the element's value before its own operation (0 for an index out
     /// of range, which changes nothing).
     fn atomic(
@@ -985,7 +988,14 @@ impl<'a, W: Word> Machine<'a, W> {
             indices,
             expected,
         } = operands;
-        for (position, (&lane, &index)) in lanes.iter().zip(indices).enumerate() {
+        let count = lanes.len().min(indices.len());
+        for step in 0..count {
+            let position = if self.grid.reverse_atomic_order {
+                count - 1 - step
+            } else {
+                step
+            };
+            let (lane, index) = (lanes[position], indices[position]);
             let Some(address) =
                 self.address("applies an atomic to", buffer, lane, index_of(index))?
             else {

@@ -114,6 +114,12 @@ pub struct ReferenceOptions {
     /// Most bytes of host memory one call may allocate (checked before allocating;
     /// the error names the bytes). Default 2 GiB.
     pub max_memory_bytes: u64,
+    /// Apply the lanes of each atomic statement in descending instead of ascending
+    /// global invocation order (default `false`). The GPU promises neither order, so
+    /// a program whose outputs change with this flag depends on the order threads
+    /// run in (see `ir::AtomicOp`); the differential tests check their generated
+    /// programs both ways.
+    pub reverse_atomic_order: bool,
 }
 
 impl Default for ReferenceOptions {
@@ -123,6 +129,7 @@ impl Default for ReferenceOptions {
             limits: ir::Limits::default(),
             max_work: 1 << 31,
             max_memory_bytes: 2 << 30,
+            reverse_atomic_order: false,
         }
     }
 }
@@ -416,6 +423,7 @@ fn check_request(
         bounds_checks: config.codegen.bounds_checks,
         max_work: options.max_work,
         max_loop_iterations: config.codegen.max_loop_iterations,
+        reverse_atomic_order: options.reverse_atomic_order,
     })
 }
 
