@@ -15,6 +15,16 @@ pub struct CodegenOptions {
     /// 0, stores and atomics do nothing). On by default; turning it off makes an
     /// out-of-range access a real memory fault on the GPU.
     pub bounds_checks: bool,
+    /// Most iterations one run of a `while` loop (`Node::While`) may make in one
+    /// thread; `None` (the default) puts no cap on it. A thread that starts
+    /// iteration `cap + 1` executes `trap`: the dispatch fails with
+    /// `BackendError::KernelFault` naming the program, and like any trap it loses the
+    /// CUDA context (the next `CudaBackend::acquire` resets the device). The
+    /// reference interpreter stops at the same iteration with an `Err` naming the
+    /// cap. Use it while developing a loop that might not terminate: it costs one
+    /// add, one compare and a predicated trap per iteration. Bounded `for` loops
+    /// (`Node::Loop`) are not counted.
+    pub max_loop_iterations: Option<u32>,
 }
 
 impl Default for CodegenOptions {
@@ -28,6 +38,7 @@ impl CodegenOptions {
     pub const fn new() -> Self {
         CodegenOptions {
             bounds_checks: true,
+            max_loop_iterations: None,
         }
     }
 
@@ -37,10 +48,21 @@ impl CodegenOptions {
         self
     }
 
+    /// The same options with a cap on `while` loop iterations (`None`: no cap).
+    pub const fn with_max_loop_iterations(mut self, cap: Option<u32>) -> Self {
+        self.max_loop_iterations = cap;
+        self
+    }
+
     /// A stable 64-bit digest of the policy, for cache keys.
     pub fn policy_digest(&self) -> u64 {
-        // Versioned so a future field can never collide with an old key.
-        0x7679_7265_0001_0000 | self.bounds_checks as u64
+        // Versioned so a future field can never collide with an old key: without a
+        // loop cap the digest is the first version's, with one the tag differs and
+        // the cap takes the low 32 bits.
+        match self.max_loop_iterations {
+            None => 0x7679_7265_0001_0000 | self.bounds_checks as u64,
+            Some(cap) => 0x7679_0002_0000_0000 | (self.bounds_checks as u64) << 40 | cap as u64,
+        }
     }
 }
 

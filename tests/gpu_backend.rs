@@ -119,6 +119,104 @@ fn gpu_workgroup_reductions_match_reference() {
     }
 }
 
+/// Locks out wrong scans on the device: lowered workgroup scans (one warp, warps
+/// with a shared-memory total per warp, the tree for 48 threads, one thread, 1,024
+/// threads) give every thread the reference's prefix, for sum, min and max,
+/// inclusive and exclusive.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_workgroup_scans_match_reference() {
+    let gpu = backend();
+    for size in [32u32, 64, 256, 48, 1, 1024] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+            for kind in [ScanKind::Inclusive, ScanKind::Exclusive] {
+                let program = Program::builder([size, 1, 1])
+                    .buffer(
+                        "values",
+                        0,
+                        Access::ReadOnly,
+                        ElemType::U32,
+                        BufferCount::Runtime,
+                    )
+                    .buffer(
+                        "prefix",
+                        1,
+                        Access::WriteOnly,
+                        ElemType::U32,
+                        BufferCount::Runtime,
+                    )
+                    .body(|b| {
+                        let g = b.let_("g", Expr::global_id(Axis::X));
+                        let value = Expr::load("values", g.clone());
+                        let s = b.workgroup_scan("s", op, kind, value);
+                        b.store("prefix", g, s);
+                    })
+                    .build();
+                let groups = 3u32;
+                let n = size * groups;
+                let values: Vec<u32> = (0..n).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
+                let inputs = vec![bytes(&values), vec![0u8; 4 * n as usize]];
+                let config = DispatchConfig::linear(groups);
+                let expected = reference(&program, &inputs, &config);
+                let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+                let got = run_host(&gpu, &program, &borrowed, &config).unwrap();
+                assert_eq!(got, expected, "size {size} op {op:?} {kind:?}");
+            }
+        }
+    }
+}
+
+/// Locks out a contended fetch-add that hands one slot to two threads or skips one
+/// (a lost update, a wrong returned value, a 64-bit counter that wraps at 32 bits):
+/// 8 workgroups of 256 threads each claim `slot = fetch_add(&next, 1)` and mark
+/// `claimed[slot]`, and add `2^32` to a `u64` total; every slot is claimed exactly
+/// once and the counters end at 2,048 and 2,048 * 2^32, as on the reference.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_contended_fetch_add_hands_out_each_slot_once() {
+    let gpu = backend();
+    let threads = 256 * 8u32;
+    let program = Program::builder([256, 1, 1])
+        .buffer(
+            "next",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "total",
+            1,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "claimed",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(threads),
+        )
+        .body(|b| {
+            let slot = b.atomic_fetch("slot", AtomicOp::Add, "next", 0u32, 1u32);
+            b.atomic(AtomicOp::Add, "claimed", slot, 1u32);
+            b.atomic_fetch("before", AtomicOp::Add, "total", 0u32, Expr::u64(1 << 32));
+        })
+        .build();
+    let inputs = vec![vec![0u8; 4], vec![0u8; 8], vec![0u8; 4 * threads as usize]];
+    let config = DispatchConfig::linear(8);
+    let expected = reference(&program, &inputs, &config);
+    assert_eq!(words(&expected[2]), vec![1; threads as usize]);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+    let got = run_host(&gpu, &program, &borrowed, &config)
+        .unwrap()
+        .into_vecs();
+    assert_eq!(words(&got[0]), [threads]);
+    assert_eq!(got[1], (u64::from(threads) << 32).to_le_bytes());
+    assert_eq!(got, expected);
+}
+
 /// Locks out leaks and lost data in device buffers: allocate, upload, dispatch,
 /// read, drop, with byte accounting at every step.
 #[test]
@@ -1086,6 +1184,28 @@ fn gpu_pinned_buffers_upload_directly_and_refuse_writes_in_flight() {
         );
     }
     assert!(pinned.as_mut_slice().is_ok());
+}
+
+/// The worked example of the ir docs (`examples/hash_table.rs`), compiled here.
+#[allow(dead_code)]
+mod hash_table {
+    include!("../examples/hash_table.rs");
+}
+
+/// Locks out a `while` loop, `break` or compare-exchange that misbehaves on the GPU
+/// in the ir docs' hash table (slots claimed by racing threads in any order): every
+/// one of 210 queries finds its host-computed count of 1,000 keys, as on the
+/// reference (tests/portable.rs). Negative control: the same comparison catches a
+/// table counted from other keys.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_hash_table_example_counts_every_key() {
+    let gpu = vyre_cuda::backend::AnyBackend::Cuda(backend());
+    assert_eq!(hash_table::check(&gpu).unwrap(), Vec::<u32>::new());
+    let (keys, queries) = hash_table::sample();
+    let other = hash_table::count_and_look_up(&gpu, &[1, 2, 2], &queries).unwrap();
+    assert_eq!(&other[..3], [1, 2, 0]);
+    assert_eq!(hash_table::miscounted(&keys, &queries, &other).len(), 200);
 }
 
 /// Locks out a CPU fallback that answers differently from CUDA through `AnyBackend`

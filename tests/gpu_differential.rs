@@ -53,7 +53,9 @@ use support::backend;
 use vyre_cuda::backend::{
     BackendError, Binding, CudaBackend, Dispatch, Kernel, MAX_BATCH_PROGRAMS,
 };
-use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
+use vyre_cuda::ir::generate::{
+    constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
+};
 use vyre_cuda::ir::{Expr, Node, Program};
 use vyre_cuda::DispatchConfig;
 
@@ -78,11 +80,34 @@ fn env_count(name: &str) -> Option<u64> {
 
 /// The case of `seed`: every tenth program may use a grid sync.
 fn case_of(seed: u64) -> RandomCase {
-    let options = GeneratorOptions {
-        allow_grid_sync: seed % 10 == 9,
-        ..GeneratorOptions::default()
-    };
-    valid_program(seed, &options)
+    differential_case(seed)
+}
+
+/// Programs using each construct (`Construct::ALL` order), counted as they are drawn.
+type ConstructCounts = [AtomicU64; Construct::ALL.len()];
+
+fn count_constructs(counts: &ConstructCounts, program: &Program) {
+    for (count, used) in counts.iter().zip(constructs_used(program)) {
+        if used {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `name share%` for each construct, one line.
+fn construct_shares(counts: &[u64], programs: u64) -> String {
+    Construct::ALL
+        .iter()
+        .zip(counts)
+        .map(|(construct, &count)| {
+            format!(
+                "{} {:.1}%",
+                construct.name(),
+                100.0 * count as f64 / programs.max(1) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The kernels of `cases`: one `compile` each when `batch` is 1, else one
@@ -174,6 +199,12 @@ fn run_in_child_processes(processes: u64, programs: u64) {
                 .expect("spawn a differential process")
         })
         .collect();
+    // The children's own construct lines are not passed on: count every program here
+    // (generation alone) while they run.
+    let constructs: ConstructCounts = Default::default();
+    for index in 0..programs {
+        count_constructs(&constructs, &case_of(FIRST_SEED + index).program);
+    }
     let mut checked = 0;
     for (index, child) in children.into_iter().enumerate() {
         let output = child
@@ -207,6 +238,14 @@ fn run_in_child_processes(processes: u64, programs: u64) {
          with {processes} processes",
         started.elapsed().as_secs_f64()
     );
+    let counts: Vec<u64> = constructs
+        .iter()
+        .map(|count| count.load(Ordering::Relaxed))
+        .collect();
+    println!(
+        "constructs (share of the {programs} programs using each): {}",
+        construct_shares(&counts, programs)
+    );
 }
 
 /// Locks out semantic drift between the PTX writer and the reference interpreter
@@ -237,6 +276,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
         .clamp(1, MAX_BATCH_PROGRAMS as u64);
     let checked = Arc::new(AtomicU64::new(0));
     let compiles = Arc::new(AtomicU64::new(0));
+    let constructs: Arc<ConstructCounts> = Arc::new(Default::default());
     // Thread-time totals in nanoseconds: generate + reference, compile, dispatch.
     let phase_ns: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
     let started = Instant::now();
@@ -245,6 +285,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
             let checked = Arc::clone(&checked);
             let compiles = Arc::clone(&compiles);
             let phase_ns = Arc::clone(&phase_ns);
+            let constructs = Arc::clone(&constructs);
             std::thread::spawn(move || {
                 let mine: Vec<u64> = share
                     .indices(programs)
@@ -263,6 +304,9 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                         .iter()
                         .map(|&index| case_of(FIRST_SEED + index))
                         .collect();
+                    for case in &cases {
+                        count_constructs(&constructs, &case.program);
+                    }
                     let expected: Vec<Vec<Vec<u8>>> = cases
                         .iter()
                         .map(|case| {
@@ -331,6 +375,16 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
         seconds(1) * 1e3 / share.programs(programs).max(1) as f64,
         seconds(1) * 1e3 / modules as f64,
         seconds(2)
+    );
+    let counts: Vec<u64> = constructs
+        .iter()
+        .map(|count| count.load(Ordering::Relaxed))
+        .collect();
+    println!(
+        "constructs{} (share of the {} programs using each): {}",
+        share.label(),
+        share.programs(programs),
+        construct_shares(&counts, share.programs(programs))
     );
 }
 
@@ -466,7 +520,8 @@ fn gpu_jit_folding_regressions_match_reference() {
     .expect("dispatch");
     assert_eq!(negation, vec![jit_folding_cases::negation_expected()]);
     for seed in [1_007_798u64, 1_008_915] {
-        let case = valid_program(seed, &GeneratorOptions::default());
+        // `core_only`: the generator that printed these seeds.
+        let case = valid_program(seed, &GeneratorOptions::default().core_only());
         let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
         let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
             .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
@@ -506,4 +561,125 @@ fn differential_shares_cover_every_program_once() {
             );
         }
     }
+}
+
+/// Locks out a differential that stops drawing a construct (a generator change that
+/// makes it rare would leave it untested on the GPU without a sound): across the
+/// differential's first 2,000 seeds every construct appears in at least 2% of the
+/// programs (grid syncs are allowed in one in ten), and each of the later ones
+/// (`while`, `break`, `continue`, returning atomics, 64-bit integers, local arrays,
+/// scans) in at least 15%. Prints the shares. Runs on the
+/// CPU. Negative control: the same count over `core_only` programs finds none of the
+/// later ones.
+#[test]
+fn differential_programs_draw_every_construct() {
+    const SEEDS: u64 = 2_000;
+    let count = |case: &dyn Fn(u64) -> RandomCase| {
+        let counts: ConstructCounts = Default::default();
+        for index in 0..SEEDS {
+            count_constructs(&counts, &case(FIRST_SEED + index).program);
+        }
+        counts
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect::<Vec<u64>>()
+    };
+    let counts = count(&case_of);
+    println!("constructs: {}", construct_shares(&counts, SEEDS));
+    let later = [
+        Construct::While,
+        Construct::Break,
+        Construct::Continue,
+        Construct::WideIntegers,
+        Construct::LocalArray,
+        Construct::AtomicFetch,
+        Construct::CompareExchange,
+        Construct::WorkgroupScan,
+    ];
+    for (construct, &count) in Construct::ALL.iter().zip(&counts) {
+        let floor = if later.contains(construct) { 15 } else { 2 };
+        assert!(
+            count * 100 >= SEEDS * floor,
+            "{} in only {count} of {SEEDS} programs",
+            construct.name()
+        );
+    }
+    let core = count(&|seed| {
+        let options = GeneratorOptions {
+            allow_grid_sync: seed % 10 == 9,
+            ..GeneratorOptions::default()
+        };
+        valid_program(seed, &options.core_only())
+    });
+    for (construct, &count) in Construct::ALL.iter().zip(&core) {
+        if later.contains(construct) {
+            assert_eq!(count, 0, "{} in a core_only program", construct.name());
+        }
+    }
+}
+
+/// The outputs of `case` on the reference interpreter, with atomics applied in
+/// ascending or in descending lane order.
+fn reference_in_order(case: &RandomCase, reverse_atomic_order: bool) -> Vec<Vec<u8>> {
+    let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+    let options = vyre_cuda::reference::ReferenceOptions {
+        reverse_atomic_order,
+        ..Default::default()
+    };
+    vyre_cuda::reference::run_with_options(&case.program, &inputs, &case.config, &options)
+        .unwrap_or_else(|e| panic!("the reference refused it: {e}\n{}", case.program))
+}
+
+/// Locks out generated programs whose outputs depend on the order threads run their
+/// atomics in, which the GPU does not keep (first found on the H200: every counter
+/// site folded its returned value into the tally through its own function and slot,
+/// so which site got which value was up to the order): the differential's first
+/// 1,000 cases and `gpu_random_programs_match_reference_byte_for_byte`'s 400 give the
+/// same bytes with each atomic statement's lanes applied in ascending and in
+/// descending order. Runs on the CPU. Negative control: a program that stores each
+/// thread's fetch-add result is told apart by the same comparison.
+#[test]
+fn generated_programs_do_not_depend_on_the_order_of_atomics() {
+    let differential = (FIRST_SEED..FIRST_SEED + 1_000).map(case_of);
+    let random = (0..400).map(|seed| valid_program(seed, &GeneratorOptions::default()));
+    for case in differential.chain(random) {
+        assert_eq!(
+            reference_in_order(&case, false),
+            reference_in_order(&case, true),
+            "the order of atomics changes the outputs of\n{}",
+            case.program
+        );
+    }
+
+    use vyre_cuda::ir::{Access, AtomicOp, Axis, BufferCount, ElemType, Expr, Program};
+    let program = Program::builder([64, 1, 1])
+        .buffer(
+            "next",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "slot",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(64),
+        )
+        .body(|b| {
+            let slot = b.atomic_fetch("taken", AtomicOp::Add, "next", 0u32, 1u32);
+            b.store("slot", Expr::global_id(Axis::X), slot);
+        })
+        .build();
+    let control = RandomCase {
+        seed: 0,
+        program,
+        inputs: vec![vec![0; 4], vec![0; 256]],
+        config: vyre_cuda::DispatchConfig::linear(1),
+    };
+    assert_ne!(
+        reference_in_order(&control, false),
+        reference_in_order(&control, true)
+    );
 }

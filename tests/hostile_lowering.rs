@@ -214,26 +214,46 @@ fn a_shared_block_is_lowered_once_and_stays_shared() {
             else_body: Arc::from(Vec::new()),
         },
     ];
+    check_shared_block_lowered_once(leaf);
+}
+
+/// Defect locked out: the same for a workgroup scan (the prefix sum of 64 ones is
+/// 64 in the last thread, which stores it).
+#[test]
+fn a_shared_block_with_a_scan_is_lowered_once_and_stays_shared() {
+    let leaf = vec![
+        Node::WorkgroupScan {
+            name: "s".into(),
+            op: ReduceOp::Sum,
+            kind: ScanKind::Inclusive,
+            value: Expr::u32(1),
+        },
+        Node::If {
+            condition: Expr::local_id(Axis::X).equals(63u32),
+            then_body: Arc::from(vec![Node::Store {
+                buffer: "out".into(),
+                index: Expr::u32(0),
+                value: Expr::var("s"),
+            }]),
+            else_body: Arc::from(Vec::new()),
+        },
+    ];
+    check_shared_block_lowered_once(leaf);
+}
+
+/// `leaf` (a collective and a store of 64 into `out[0]`) under 10 levels of shared
+/// blocks lowers once into one shared block with one buffer and computes 64; the
+/// same leaf in two separate arms lowers to two blocks.
+fn check_shared_block_lowered_once(leaf: Vec<Node>) {
     let program = shared_blocks(10, leaf.clone(), [64, 1, 1]);
     let lowered = lower(&program, &WARP).expect("lower");
-    let Some(Node::If {
-        then_body,
-        else_body,
-        ..
-    }) = lowered
-        .entry()
-        .iter()
-        .find(|node| matches!(node, Node::If { .. }))
-    else {
-        panic!("{lowered}")
-    };
-    assert!(Arc::ptr_eq(then_body, else_body), "{lowered}");
-    let reduction_buffers = lowered
+    assert!(arms_shared(&lowered), "{lowered}");
+    let collective_buffers = lowered
         .buffers()
         .iter()
         .filter(|b| b.access == Access::Workgroup)
         .count();
-    assert_eq!(reduction_buffers, 1);
+    assert_eq!(collective_buffers, 1);
     let expected = reference::run(&program, &[&[0; 4]], &DispatchConfig::linear(1)).unwrap();
     let actual = reference::run(&lowered, &[&[0; 4]], &DispatchConfig::linear(1)).unwrap();
     assert_eq!(expected, actual);
@@ -250,18 +270,23 @@ fn a_shared_block_is_lowered_once_and_stays_shared() {
         }],
     );
     let lowered = lower(&unshared, &WARP).expect("lower");
-    let Some(Node::If {
-        then_body,
-        else_body,
-        ..
-    }) = lowered
+    assert!(!arms_shared(&lowered), "{lowered}");
+}
+
+/// Whether the first `if` of `program`'s entry has one block for both arms.
+fn arms_shared(program: &Program) -> bool {
+    match program
         .entry()
         .iter()
         .find(|node| matches!(node, Node::If { .. }))
-    else {
-        panic!("{lowered}")
-    };
-    assert!(!Arc::ptr_eq(then_body, else_body));
+    {
+        Some(Node::If {
+            then_body,
+            else_body,
+            ..
+        }) => Arc::ptr_eq(then_body, else_body),
+        _ => panic!("no if in\n{program}"),
+    }
 }
 
 /// Defect locked out: PTX of shared blocks grows with the expanded tree without
@@ -550,7 +575,8 @@ fn empty_with_workgroup_memory(elem: ElemType, count: u32) -> Program {
 /// cap's `Fix:` error under the default cap (12,289 units a run: about 175,000 runs,
 /// 0.15 s in a release build; the buffer here is of bytes, whose zeroing is a `memset`
 /// even in a debug build, where a `u32` buffer's takes 7 s). Negative control: the count grows with the memory reset, exactly: a run costs one
-/// unit per thread plus one per 4-byte word of workgroup memory over all workgroups,
+/// unit per thread plus one per 4-byte word of workgroup memory over all workgroups
+/// (at least 32 units, like every step of the interpreter),
 /// so doubling the buffer or the workgroups doubles the words, byte buffers count in
 /// whole words, and fixpoint iterations multiply the whole.
 #[test]
@@ -574,10 +600,11 @@ fn workgroup_memory_resets_count_against_the_work_cap() {
     assert_eq!(work(ElemType::U32, words_48_kib, 2, 1), 2 * one_run);
     assert_eq!(work(ElemType::U8, 48 * 1024, 1, 1), one_run);
     assert_eq!(
-        work(ElemType::U8, 5, 1, 1),
-        1 + 2,
+        work(ElemType::U8, 161, 1, 1),
+        1 + 41,
         "a partial word counts whole"
     );
+    assert_eq!(work(ElemType::U8, 5, 1, 1), 32, "at least 32 units a run");
     assert_eq!(work(ElemType::U32, words_48_kib, 1, 3), 3 * one_run);
 
     let error = reference::run_with_options(
@@ -661,7 +688,7 @@ fn expression_nodes_count_against_the_work_cap() {
 /// Measurement (not a guard; no time is asserted): how long the default work cap
 /// lets a runaway program run before its `Err`. The program is a valid 1,024-thread
 /// loop of `u32::MAX` iterations over a few statements (issue 13's 83-node program
-/// ran 48 s under the old cap). Run with
+/// ran 48 s under the old cap), and a one-thread `while true`. Run with
 /// `cargo test --release --test hostile_lowering -- --ignored --nocapture reference_work_cap_figures`.
 #[test]
 #[ignore = "measurement: run in release with --nocapture"]
@@ -699,6 +726,31 @@ fn reference_work_cap_figures() {
         program.node_count(),
         started.elapsed().as_secs_f64(),
         error
+    );
+    // A one-thread `while true`: each iteration costs the interpreter the same fixed
+    // amount whatever its lanes, which the cap charges as 32 lanes.
+    let runaway = Program::builder([1, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let n = b.let_mut("n", 0u32);
+            b.while_(true, |b| {
+                b.assign("n", n.clone() + 1u32);
+            });
+        })
+        .build();
+    let started = std::time::Instant::now();
+    let Err(error) = reference::run(&runaway, &[&input], &DispatchConfig::linear(1)) else {
+        panic!("a while true loop cannot finish")
+    };
+    println!(
+        "default work cap: one-thread `while true` stopped after {:.2} s: {error}",
+        started.elapsed().as_secs_f64()
     );
     // Issue 22's run: an empty body, 48 KiB of workgroup memory, u32::MAX runs.
     let started = std::time::Instant::now();

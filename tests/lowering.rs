@@ -69,6 +69,63 @@ const ALL_PLACEMENTS: [Placement; 5] = [
 /// so a thread that saw a wrong result shows up in the output.
 fn reduction_program(size: [u32; 3], op: ReduceOp, placement: Placement) -> Program {
     let threads = size[0] * size[1] * size[2];
+    per_thread_program(size, |b, global, mine| match placement {
+        Placement::TopLevel => {
+            let r = b.workgroup_reduce("r", op, mine.clone());
+            b.store("output", global.clone(), r);
+        }
+        Placement::InLoop => {
+            b.loop_("iteration", 0u32, 3u32, |b, iteration| {
+                let varied = b.let_(
+                    "varied",
+                    mine.clone() ^ (iteration.clone() * 0x9e37_79b9u32),
+                );
+                let r = b.workgroup_reduce("r", op, varied);
+                b.store("output", global.clone() * 3u32 + iteration, r);
+            });
+        }
+        Placement::InIf => {
+            b.if_else(
+                Expr::workgroup_id(Axis::X).less_than(2u32),
+                |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone() + 1u32);
+                    b.store("output", global.clone(), r);
+                },
+                |b| {
+                    b.store("output", global.clone(), 7u32);
+                },
+            );
+        }
+        Placement::NestedTwice => {
+            b.loop_("iteration", 0u32, 2u32, |b, iteration| {
+                b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone() >> iteration.clone());
+                    b.store("output", global.clone() * 3u32 + iteration, r);
+                });
+            });
+            let last = b.workgroup_reduce("last", op, mine.clone() & 0xffu32);
+            b.store("output", global.clone() * 3u32 + 2u32, last);
+        }
+        Placement::ResultDrivesControl => {
+            let odd = b.workgroup_reduce("odd", ReduceOp::Sum, mine.clone() & 1u32);
+            b.if_else(
+                odd.clone().greater_than(threads / 2),
+                |b| {
+                    let r = b.workgroup_reduce("r", op, mine.clone());
+                    b.store("output", global.clone(), r);
+                },
+                |b| {
+                    b.store("output", global.clone(), odd.clone());
+                },
+            );
+        }
+    })
+}
+
+/// `size` threads per workgroup over `input` (read-only) and `output` (read-write),
+/// each thread's body given its global index `global` and `mine = input[global]`.
+fn per_thread_program(size: [u32; 3], body: impl FnOnce(&mut BlockBuilder, Expr, Expr)) -> Program {
+    let threads = size[0] * size[1] * size[2];
     Program::builder(size)
         .buffer(
             "input",
@@ -90,57 +147,7 @@ fn reduction_program(size: [u32; 3], op: ReduceOp, placement: Placement) -> Prog
                 Expr::workgroup_id(Axis::X) * threads + local_linear(size),
             );
             let mine = b.let_("mine", Expr::load("input", global.clone()));
-            match placement {
-                Placement::TopLevel => {
-                    let r = b.workgroup_reduce("r", op, mine.clone());
-                    b.store("output", global.clone(), r);
-                }
-                Placement::InLoop => {
-                    b.loop_("iteration", 0u32, 3u32, |b, iteration| {
-                        let varied = b.let_(
-                            "varied",
-                            mine.clone() ^ (iteration.clone() * 0x9e37_79b9u32),
-                        );
-                        let r = b.workgroup_reduce("r", op, varied);
-                        b.store("output", global.clone() * 3u32 + iteration, r);
-                    });
-                }
-                Placement::InIf => {
-                    b.if_else(
-                        Expr::workgroup_id(Axis::X).less_than(2u32),
-                        |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone() + 1u32);
-                            b.store("output", global.clone(), r);
-                        },
-                        |b| {
-                            b.store("output", global.clone(), 7u32);
-                        },
-                    );
-                }
-                Placement::NestedTwice => {
-                    b.loop_("iteration", 0u32, 2u32, |b, iteration| {
-                        b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone() >> iteration.clone());
-                            b.store("output", global.clone() * 3u32 + iteration, r);
-                        });
-                    });
-                    let last = b.workgroup_reduce("last", op, mine.clone() & 0xffu32);
-                    b.store("output", global.clone() * 3u32 + 2u32, last);
-                }
-                Placement::ResultDrivesControl => {
-                    let odd = b.workgroup_reduce("odd", ReduceOp::Sum, mine.clone() & 1u32);
-                    b.if_else(
-                        odd.clone().greater_than(threads / 2),
-                        |b| {
-                            let r = b.workgroup_reduce("r", op, mine.clone());
-                            b.store("output", global.clone(), r);
-                        },
-                        |b| {
-                            b.store("output", global.clone(), odd.clone());
-                        },
-                    );
-                }
-            }
+            body(b, global, mine);
         })
         .build()
 }
@@ -235,7 +242,7 @@ fn count_nodes(block: &[Node], predicate: &dyn Fn(&Node) -> bool) -> usize {
                     else_body,
                     ..
                 } => count_nodes(then_body, predicate) + count_nodes(else_body, predicate),
-                Node::Loop { body, .. } => count_nodes(body, predicate),
+                Node::Loop { body, .. } | Node::While { body, .. } => count_nodes(body, predicate),
                 _ => 0,
             };
             nested + predicate(node) as usize
@@ -253,9 +260,17 @@ fn barriers_in(program: &Program) -> usize {
     count_nodes(program.entry(), &|n| matches!(n, Node::Barrier))
 }
 
+fn scans_in(program: &Program) -> usize {
+    count_nodes(program.entry(), &|n| {
+        matches!(n, Node::WorkgroupScan { .. })
+    })
+}
+
 fn expr_has_subgroup_op(expr: &Expr) -> bool {
     match expr {
-        Expr::SubgroupReduce { .. } | Expr::SubgroupShuffleXor { .. } => true,
+        Expr::SubgroupReduce { .. }
+        | Expr::SubgroupShuffleXor { .. }
+        | Expr::SubgroupScan { .. } => true,
         Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => false,
         Expr::Load { index, .. } => expr_has_subgroup_op(index),
         Expr::Binary { lhs, rhs, .. } => expr_has_subgroup_op(lhs) || expr_has_subgroup_op(rhs),
@@ -485,40 +500,64 @@ fn check_semantics(lower: impl Fn(&Program, &LoweringCaps) -> Program) -> Result
 
 /// A defective lowering: every reduction becomes the thread's own value.
 fn thread_local_lowering(program: &Program, _: &LoweringCaps) -> Program {
-    fn block(nodes: &[Node]) -> Block {
+    replace_collectives(program, &|node| match node {
+        Node::WorkgroupReduce { name, value, .. } => Some(own_value(name, value)),
+        _ => None,
+    })
+}
+
+/// `let name = value;`: a collective replaced by the thread's own value.
+fn own_value(name: &Name, value: &Expr) -> Node {
+    Node::Let {
+        name: name.clone(),
+        mutable: false,
+        value: value.clone(),
+    }
+}
+
+/// `program` with every node `replace` answers replaced, at any depth.
+fn replace_collectives(program: &Program, replace: &dyn Fn(&Node) -> Option<Node>) -> Program {
+    fn block(nodes: &[Node], replace: &dyn Fn(&Node) -> Option<Node>) -> Block {
         nodes
             .iter()
-            .map(|node| match node {
-                Node::WorkgroupReduce { name, value, .. } => Node::Let {
-                    name: name.clone(),
-                    mutable: false,
-                    value: value.clone(),
-                },
-                Node::If {
-                    condition,
-                    then_body,
-                    else_body,
-                } => Node::If {
-                    condition: condition.clone(),
-                    then_body: block(then_body),
-                    else_body: block(else_body),
-                },
-                Node::Loop {
-                    variable,
-                    start,
-                    end,
-                    body,
-                } => Node::Loop {
-                    variable: variable.clone(),
-                    start: start.clone(),
-                    end: end.clone(),
-                    body: block(body),
-                },
-                other => other.clone(),
+            .map(|node| {
+                if let Some(replaced) = replace(node) {
+                    return replaced;
+                }
+                match node {
+                    Node::If {
+                        condition,
+                        then_body,
+                        else_body,
+                    } => Node::If {
+                        condition: condition.clone(),
+                        then_body: block(then_body, replace),
+                        else_body: block(else_body, replace),
+                    },
+                    Node::Loop {
+                        variable,
+                        start,
+                        end,
+                        body,
+                    } => Node::Loop {
+                        variable: variable.clone(),
+                        start: start.clone(),
+                        end: end.clone(),
+                        body: block(body, replace),
+                    },
+                    Node::While { condition, body } => Node::While {
+                        condition: condition.clone(),
+                        body: block(body, replace),
+                    },
+                    other => other.clone(),
+                }
             })
             .collect()
     }
-    program.with_entry(program.buffers_shared().clone(), block(program.entry()))
+    program.with_entry(
+        program.buffers_shared().clone(),
+        block(program.entry(), replace),
+    )
 }
 
 // ---------------------------------------------------------------- guard tests
@@ -630,17 +669,20 @@ fn nested_reductions_are_rewritten() {
 /// block alone fails the nested-reduction guard.
 #[test]
 fn nested_guard_detects_a_top_level_only_scan() {
-    let top_level_only = |p: &Program, c: &LoweringCaps| {
-        if p.entry()
-            .iter()
-            .any(|n| matches!(n, Node::WorkgroupReduce { .. }))
-        {
+    let top_level_only = top_level_only(|n| matches!(n, Node::WorkgroupReduce { .. }));
+    assert!(check_nested_reductions_rewritten(top_level_only).is_err());
+}
+
+/// A defective lowering that lowers only when the entry block itself holds a node
+/// `collective` accepts (a "nothing to rewrite" decision from the top level alone).
+fn top_level_only(collective: fn(&Node) -> bool) -> impl Fn(&Program, &LoweringCaps) -> Program {
+    move |p, c| {
+        if p.entry().iter().any(collective) {
             real(p, c)
         } else {
             p.clone()
         }
-    };
-    assert!(check_nested_reductions_rewritten(top_level_only).is_err());
+    }
 }
 
 /// Defect locked out: repeat lowering of the same program recomputes the rewrite.
@@ -877,4 +919,245 @@ fn collect_declarations(block: &[Node], out: &mut Vec<String>) {
             _ => {}
         }
     }
+}
+
+// ---------------------------------------------------------------- workgroup scans
+
+/// Where the scan sits in [`scan_program`].
+#[derive(Clone, Copy, Debug)]
+enum ScanPlacement {
+    /// In the entry block.
+    TopLevel,
+    /// In a uniform `for` loop, reusing its buffer each iteration.
+    InLoop,
+    /// In a uniform `while` inside a uniform `if`.
+    InWhileUnderIf,
+    /// Two scans, the second scanning the first's results.
+    Chained,
+}
+
+const SCAN_PLACEMENTS: [ScanPlacement; 4] = [
+    ScanPlacement::TopLevel,
+    ScanPlacement::InLoop,
+    ScanPlacement::InWhileUnderIf,
+    ScanPlacement::Chained,
+];
+const KINDS: [ScanKind; 2] = [ScanKind::Inclusive, ScanKind::Exclusive];
+
+/// Like [`reduction_program`], with a workgroup scan: each thread stores its own
+/// prefix, so a thread that got another's shows up in the output.
+fn scan_program(size: [u32; 3], op: ReduceOp, kind: ScanKind, placement: ScanPlacement) -> Program {
+    per_thread_program(size, |b, global, mine| match placement {
+        ScanPlacement::TopLevel => {
+            let s = b.workgroup_scan("s", op, kind, mine.clone());
+            b.store("output", global.clone(), s);
+        }
+        ScanPlacement::InLoop => {
+            b.loop_("iteration", 0u32, 3u32, |b, iteration| {
+                let varied = b.let_("varied", mine.clone().rem(iteration.clone() + 5u32));
+                let s = b.workgroup_scan("s", op, kind, varied);
+                b.store("output", global.clone() * 3u32 + iteration, s);
+            });
+        }
+        ScanPlacement::InWhileUnderIf => {
+            b.if_(Expr::workgroup_id(Axis::X).not_equals(1u32), |b| {
+                let round = b.let_mut("round", 0u32);
+                b.while_(round.clone().less_than(3u32), |b| {
+                    let s = b.workgroup_scan("s", op, kind, mine.clone() >> round.clone());
+                    b.store("output", global.clone() * 3u32 + round.clone(), s);
+                    b.assign("round", round.clone() + 1u32);
+                });
+            });
+        }
+        ScanPlacement::Chained => {
+            let first = b.workgroup_scan("first", op, kind, mine.clone());
+            let second = b.workgroup_scan("second", ReduceOp::Sum, ScanKind::Inclusive, first);
+            b.store("output", global.clone() * 3u32, second);
+        }
+    })
+}
+
+/// Runs a scan fixture on the reference with subgroups of `subgroup_size` lanes.
+fn run_scan(program: &Program, subgroup_size: u32, size: [u32; 3]) -> Result<Vec<Vec<u8>>, String> {
+    // Every placement writes at most 3 words per thread.
+    run_reference(program, subgroup_size, size, Placement::InLoop)
+}
+
+/// Guard: a lowered scan computes exactly what the workgroup scan does (the
+/// reference runs both), for every shape, operation, kind, placement and capability
+/// set. Locks out a rewrite that scans the wrong way (another order, a missed warp
+/// total, an off-by-one exclusive prefix).
+fn check_scan_semantics(lower: impl Fn(&Program, &LoweringCaps) -> Program) -> Result<(), String> {
+    for size in SHAPES {
+        for op in OPS {
+            for kind in KINDS {
+                for placement in SCAN_PLACEMENTS {
+                    let original = scan_program(size, op, kind, placement);
+                    for caps in SEMANTIC_CAPS {
+                        let lowered = lower(&original, &caps);
+                        let expected = run_scan(&original, caps.subgroup_size, size)?;
+                        let actual = run_scan(&lowered, caps.subgroup_size, size)?;
+                        if expected != actual {
+                            return Err(format!(
+                                "{op:?} {kind:?} {placement:?} over {size:?} with {caps:?}: \
+                                 outputs differ\n{lowered}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A defective lowering: every scan becomes the thread's own value.
+fn thread_local_scan_lowering(program: &Program, caps: &LoweringCaps) -> Program {
+    let replaced = replace_collectives(program, &|node| match node {
+        Node::WorkgroupScan { name, value, .. } => Some(own_value(name, value)),
+        _ => None,
+    });
+    real(&replaced, caps)
+}
+
+/// Defect locked out: a lowered workgroup scan's outputs differ from the scan's
+/// under the reference interpreter.
+#[test]
+fn scan_lowering_preserves_semantics_under_the_reference() {
+    check_scan_semantics(real).unwrap();
+}
+
+/// Negative control: a lowering that replaces each scan by the thread's own value
+/// fails the scan guard.
+#[test]
+fn scan_guard_detects_a_thread_local_scan() {
+    assert!(check_scan_semantics(thread_local_scan_lowering).is_err());
+}
+
+/// Defect locked out: the reference and the lowering agree on a wrong prefix (an
+/// inclusive scan taken for an exclusive one, another thread order): the prefix sums
+/// of three shapes, lowered with every capability set, against sums computed here,
+/// thread order `x + sx * y`.
+#[test]
+fn scans_match_prefix_sums_computed_on_the_host() {
+    for size in [[48, 1, 1], [64, 1, 1], [8, 4, 1]] {
+        let threads = (size[0] * size[1]) as usize;
+        let input: Vec<u32> = inputs_for(threads as u32)
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        for kind in KINDS {
+            let original = scan_program(size, ReduceOp::Sum, kind, ScanPlacement::TopLevel);
+            for caps in SEMANTIC_CAPS {
+                let lowered = real(&original, &caps);
+                let output = &run_scan(&lowered, caps.subgroup_size, size).unwrap()[0];
+                for (thread, bytes) in output.chunks_exact(4).enumerate().take(threads * 3) {
+                    let group = thread / threads;
+                    let own = thread % threads;
+                    let end = match kind {
+                        ScanKind::Inclusive => own + 1,
+                        ScanKind::Exclusive => own,
+                    };
+                    let expected = input[group * threads..group * threads + end]
+                        .iter()
+                        .fold(0u32, |a, &v| a.wrapping_add(v));
+                    assert_eq!(
+                        u32::from_le_bytes(bytes.try_into().unwrap()),
+                        expected,
+                        "{kind:?} thread {thread} of {size:?} with {caps:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Defect locked out: lowering emits a scan form the lowered-program validator
+/// rejects (a barrier under the divergent prefix, a scan left behind).
+#[test]
+fn every_lowered_scan_passes_validate_lowered() {
+    let limits = Limits::default();
+    for size in SHAPES {
+        for kind in KINDS {
+            for placement in SCAN_PLACEMENTS {
+                let original = scan_program(size, ReduceOp::Max, kind, placement);
+                validate(&original, &limits)
+                    .unwrap_or_else(|e| panic!("fixture invalid: {e}\n{original}"));
+                assert!(validate_lowered(&original, &limits).is_err());
+                for caps in SEMANTIC_CAPS {
+                    let lowered = real(&original, &caps);
+                    validate_lowered(&lowered, &limits)
+                        .unwrap_or_else(|e| panic!("{caps:?}: {e}\n{lowered}"));
+                }
+            }
+        }
+    }
+}
+
+/// Guard: scans nested in a `while` under an `if` are rewritten into a new value
+/// with a new digest and no scan left. Locks out a "nothing to rewrite" decision
+/// that misses scans or `while` bodies.
+fn check_scans_rewritten(lower: impl Fn(&Program, &LoweringCaps) -> Program) -> Result<(), String> {
+    for caps in BOTH_CAPS {
+        let program = scan_program(
+            [64, 1, 1],
+            ReduceOp::Sum,
+            ScanKind::Exclusive,
+            ScanPlacement::InWhileUnderIf,
+        );
+        let lowered = lower(&program, &caps);
+        if Program::ptr_eq(&program, &lowered) || scans_in(&lowered) != 0 {
+            return Err(format!("a nested scan was not rewritten under {caps:?}"));
+        }
+        if lowered.digest() == program.digest() {
+            return Err("the lowered program kept the original's digest".into());
+        }
+    }
+    Ok(())
+}
+
+/// Defect locked out: a scan reaches code generation (which refuses it) because
+/// lowering did not look for scans or into `while` bodies.
+#[test]
+fn nested_scans_are_rewritten() {
+    check_scans_rewritten(real).unwrap();
+}
+
+/// Negative control: a lowering that only acts when the entry block itself holds a
+/// collective fails the scan guard.
+#[test]
+fn scan_guard_detects_a_top_level_only_lowering() {
+    let top_level_only = top_level_only(|n| matches!(n, Node::WorkgroupScan { .. }));
+    assert!(check_scans_rewritten(top_level_only).is_err());
+}
+
+/// Defect locked out: the scan forms change shape unnoticed: one warp needs no
+/// shared memory or barrier; two warps take one total per warp in shared memory and
+/// two barriers; 48 threads (not whole warps) take the tree: one element per thread
+/// and 2 + 2 * ceil(log2 48) = 14 barriers.
+#[test]
+fn scan_forms_have_their_documented_shapes() {
+    let shape = |size: [u32; 3], caps: LoweringCaps| {
+        let lowered = real(
+            &scan_program(
+                size,
+                ReduceOp::Sum,
+                ScanKind::Inclusive,
+                ScanPlacement::TopLevel,
+            ),
+            &caps,
+        );
+        let buffers: Vec<u32> = generated_buffers(&lowered)
+            .iter()
+            .map(|b| match b.count {
+                BufferCount::Static(n) => n,
+                BufferCount::Runtime => 0,
+            })
+            .collect();
+        (buffers, barriers_in(&lowered), subgroup_ops_in(&lowered))
+    };
+    assert_eq!(shape([32, 1, 1], SUBGROUP), (vec![], 0, 1));
+    assert_eq!(shape([64, 1, 1], SUBGROUP), (vec![2], 2, 1));
+    assert_eq!(shape([48, 1, 1], SUBGROUP), (vec![48], 14, 0));
+    assert_eq!(shape([64, 1, 1], TREE), (vec![64], 14, 0));
 }

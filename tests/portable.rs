@@ -243,6 +243,27 @@ fn reference_graph_changes_its_grid_without_recapture() {
     );
 }
 
+/// The worked example of the ir docs (`examples/hash_table.rs`), compiled here.
+#[allow(dead_code)]
+mod hash_table {
+    include!("../examples/hash_table.rs");
+}
+
+/// Locks out a `while` loop, `break` or compare-exchange that the hash-table example
+/// exposes on the reference backend (a probe that stops early or never, a claim that
+/// swaps a taken slot, a key counted in two slots): every one of 210 queries finds
+/// its host-computed count of 1,000 keys. Negative control: a table counted from
+/// other keys is caught by the same comparison.
+#[test]
+fn hash_table_example_counts_every_key_on_the_reference() {
+    let backend = AnyBackend::reference();
+    assert_eq!(hash_table::check(&backend).unwrap(), Vec::<u32>::new());
+    let (keys, queries) = hash_table::sample();
+    let other = hash_table::count_and_look_up(&backend, &[1, 2, 2], &queries).unwrap();
+    assert_eq!(&other[..3], [1, 2, 0]);
+    assert_eq!(hash_table::miscounted(&keys, &queries, &other).len(), 200);
+}
+
 /// Locks out a fallback that answers differently from CUDA (the reference half of
 /// `gpu_fallback_answers_exactly_as_cuda`): every parity case gets the answer CUDA
 /// gives — invalid programs refused at `compile`, a grid of 70,000 on y and an axis

@@ -19,7 +19,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use vyre_cuda::codegen::{program_to_ptx, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL};
+use vyre_cuda::codegen::{
+    program_to_ptx, program_to_ptx_with_results, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL,
+};
 use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 use vyre_cuda::CodegenOptions;
@@ -55,8 +57,8 @@ fn binary_result(op: BinaryOp, ty: ScalarType) -> Option<ScalarType> {
     use ScalarType as T;
     let defined = match op {
         B::Add | B::Sub | B::Mul | B::Div | B::Min | B::Max => ty != T::Bool,
-        B::Rem | B::Shl | B::Shr => matches!(ty, T::U32 | T::I32),
-        B::BitAnd | B::BitOr | B::BitXor => matches!(ty, T::U32 | T::I32),
+        B::Rem | B::Shl | B::Shr => ty.is_integer(),
+        B::BitAnd | B::BitOr | B::BitXor => ty.is_integer(),
         B::Eq | B::Ne => true,
         B::Lt | B::Le | B::Gt | B::Ge => ty != T::Bool,
         B::LogicalAnd | B::LogicalOr => ty == T::Bool,
@@ -69,10 +71,10 @@ fn unary_result(op: UnaryOp, ty: ScalarType) -> Option<ScalarType> {
     use ScalarType as T;
     use UnaryOp as U;
     match (op, ty) {
-        (U::Neg | U::Abs, T::I32 | T::F32) => Some(ty),
-        (U::BitNot, T::U32 | T::I32) => Some(ty),
+        (U::Neg | U::Abs, T::I32 | T::I64 | T::F32) => Some(ty),
+        (U::BitNot, _) if ty.is_integer() => Some(ty),
         (U::LogicalNot, T::Bool) => Some(T::Bool),
-        (U::CountOnes | U::LeadingZeros, T::U32 | T::I32) => Some(T::U32),
+        (U::CountOnes | U::LeadingZeros, _) if ty.is_integer() => Some(T::U32),
         _ => None,
     }
 }
@@ -97,7 +99,98 @@ fn typed_operands(b: &mut BlockBuilder) {
     b.let_("b_bool", Expr::var("a_i32").less_than(Expr::var("b_i32")));
 }
 
-fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
+/// The 64-bit types' operands for [`every_op_64`], from buffers `w` (`u64`) and `s`
+/// (`i64`).
+fn wide_operands(b: &mut BlockBuilder) {
+    b.let_("a_u64", Expr::load("w", 0u32));
+    b.let_("b_u64", Expr::load("w", 1u32));
+    b.let_("a_i64", Expr::load("s", 0u32));
+    b.let_("b_i64", Expr::load("s", 1u32));
+}
+
+/// Every operator, cast and select on a 64-bit operand (or into a 64-bit type), each
+/// result stored into the `u64` output `wide_out`.
+fn every_op_64() -> Program {
+    const WIDE: [ScalarType; 2] = [ScalarType::U64, ScalarType::I64];
+    let mut results: Vec<Expr> = Vec::new();
+    for op in BinaryOp::ALL {
+        for ty in WIDE {
+            if binary_result(op, ty).is_some() {
+                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+                    operand("b", ScalarType::U32)
+                } else {
+                    operand("b", ty)
+                };
+                results.push(Expr::binary(op, operand("a", ty), rhs));
+            }
+        }
+    }
+    for op in UnaryOp::ALL {
+        for ty in WIDE {
+            if unary_result(op, ty).is_some() {
+                results.push(Expr::unary(op, operand("a", ty)));
+            }
+        }
+    }
+    for from in ScalarType::ALL {
+        for to in ScalarType::ALL {
+            if from.is_wide() || to.is_wide() {
+                results.push(operand("a", from).cast(to));
+            }
+        }
+    }
+    for ty in WIDE {
+        results.push(Expr::var("a_bool").select(operand("a", ty), operand("b", ty)));
+    }
+    let count = results.len() as u32;
+    typed_inputs()
+        .buffer(
+            "w",
+            3,
+            Access::ReadOnly,
+            ElemType::U64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "s",
+            4,
+            Access::ReadOnly,
+            ElemType::I64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "wide_out",
+            5,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(count),
+        )
+        .buffer(
+            "shared64",
+            6,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(3),
+        )
+        .body(|b| {
+            typed_operands(b);
+            wide_operands(b);
+            for (slot, result) in results.into_iter().enumerate() {
+                b.store("wide_out", slot as u32, result.cast(ScalarType::U64));
+            }
+            b.store("shared64", 1u32, Expr::i64(i64::MIN));
+            b.store(
+                "wide_out",
+                0u32,
+                Expr::load("shared64", 1u32).cast(ScalarType::U64),
+            );
+            b.store("wide_out", 1u32, Expr::u64(u64::MAX));
+        })
+        .build()
+}
+
+/// One thread and the inputs `u`, `i`, `f` of [`typed_operands`] (bindings 0 to 2).
+fn typed_inputs() -> ProgramBuilder {
     Program::builder([1, 1, 1])
         .buffer(
             "u",
@@ -120,6 +213,10 @@ fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
             ElemType::F32,
             BufferCount::Static(2),
         )
+}
+
+fn typed_program(body: impl FnOnce(&mut BlockBuilder)) -> Program {
+    typed_inputs()
         .buffer(
             "out",
             3,
@@ -431,6 +528,105 @@ fn atomics() -> Program {
         .build()
 }
 
+/// Every returning atomic (fetches, compare-exchange, a plain exchange) on every
+/// integer width and signedness, in global and workgroup memory.
+fn returning_atomics() -> Program {
+    let elems = [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
+    let mut builder = Program::builder([32, 1, 1]);
+    for (k, elem) in elems.into_iter().enumerate() {
+        builder = builder
+            .buffer(
+                format!("global_{}", elem.name()),
+                2 * k as u32,
+                Access::ReadWrite,
+                elem,
+                BufferCount::Runtime,
+            )
+            .buffer(
+                format!("shared_{}", elem.name()),
+                2 * k as u32 + 1,
+                Access::Workgroup,
+                elem,
+                BufferCount::Static(8),
+            );
+    }
+    builder
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            for elem in elems {
+                let ty = elem.value_type();
+                let operand = gid.clone().cast(ty);
+                for space in ["global", "shared"] {
+                    let buffer = format!("{space}_{}", elem.name());
+                    let mut folded = Expr::load(buffer.clone(), 0u32);
+                    for op in AtomicOp::ALL {
+                        let name = format!("{space}_{}_{}", elem.name(), op.name());
+                        let old = b.atomic_fetch(
+                            name,
+                            op,
+                            buffer.clone(),
+                            gid.clone().rem(8u32),
+                            operand.clone(),
+                        );
+                        folded = folded ^ old;
+                    }
+                    let swapped = b.compare_exchange(
+                        format!("{space}_{}_swapped", elem.name()),
+                        buffer.clone(),
+                        1u32,
+                        folded,
+                        operand.clone(),
+                    );
+                    b.atomic(AtomicOp::Exchange, buffer.clone(), 2u32, swapped);
+                    b.atomic(AtomicOp::Sub, buffer, 3u32, operand.clone());
+                }
+            }
+        })
+        .build()
+}
+
+/// Per-thread arrays: a small one (zeroed by unrolled stores), a large one (zeroed
+/// by a loop), bytes and 64-bit elements, indexed at run time.
+fn local_arrays() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .local_array("tokens", 2, ElemType::U32, 8)
+        .local_array("window", 3, ElemType::U64, 40)
+        .local_array("text", 4, ElemType::U8, 5)
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            b.loop_("k", 0u32, 8u32, |b, k| {
+                b.store(
+                    "tokens",
+                    k.clone(),
+                    Expr::load("data", gid.clone() + k.clone()),
+                );
+                b.store("text", k.clone(), k.clone() * 7u32);
+            });
+            let picked = b.let_("picked", Expr::load("tokens", gid.clone().rem(9u32)));
+            b.store(
+                "window",
+                picked.clone(),
+                Expr::load("text", picked.clone()).cast(ScalarType::U64),
+            );
+            b.store("out", gid, Expr::load("window", picked));
+        })
+        .build()
+}
+
 fn grid_sync() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -538,6 +734,83 @@ fn nested_control() -> Program {
         .build()
 }
 
+/// The scan to the next space: a data-dependent loop whose PTX must be as tight as
+/// hand-written (one compare and one branch per iteration).
+fn while_scan() -> Program {
+    Program::builder([64, 1, 1])
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "end",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let position = b.let_mut("position", gid.clone());
+            b.while_(
+                Expr::load("text", position.clone()).not_equals(32u32),
+                |b| {
+                    b.assign("position", position.clone() + 1u32);
+                },
+            );
+            b.store("end", gid, position);
+        })
+        .build()
+}
+
+/// `break` and `continue` in a bounded loop and in a `while` loop, nested.
+fn loop_control() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let sum = b.let_mut("sum", 0u32);
+            b.loop_("k", 0u32, 16u32, |b, k| {
+                b.if_(k.clone().bit_and(1u32).equals(1u32), |b| {
+                    b.continue_();
+                });
+                b.if_(k.clone().greater_than(gid.clone()), |b| {
+                    b.break_();
+                });
+                b.assign("sum", sum.clone() + k);
+            });
+            let n = b.let_mut("n", Expr::load("data", gid.clone()));
+            b.while_(true, |b| {
+                b.assign("n", n.clone() + 1u32);
+                b.if_(n.clone().greater_equal(100u32), |b| {
+                    b.break_();
+                });
+                b.if_(n.clone().rem(3u32).equals(0u32), |b| {
+                    b.continue_();
+                });
+                b.assign("sum", sum.clone() + n.clone());
+            });
+            b.store("out", gid, sum);
+        })
+        .build()
+}
+
 fn subgroup_ops() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -595,6 +868,66 @@ fn reduction_source(workgroup: [u32; 3]) -> Program {
             b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
                 b.store("sums", Expr::workgroup_id(Axis::X), total.clone());
             });
+        })
+        .build()
+}
+
+/// The compaction a tokenizer's pre-pass needs: each thread's exclusive prefix sum
+/// of its flag is its output slot; the inclusive max is a running maximum.
+fn scan_source(workgroup: [u32; 3]) -> Program {
+    Program::builder(workgroup)
+        .buffer(
+            "values",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "packed",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let value = b.let_("value", Expr::load("values", gid.clone()));
+            let keep = b.let_("keep", (value.clone() & 1u32).cast(ScalarType::U32));
+            let slot = b.workgroup_scan("slot", ReduceOp::Sum, ScanKind::Exclusive, keep.clone());
+            let running =
+                b.workgroup_scan("running", ReduceOp::Max, ScanKind::Inclusive, value.clone());
+            b.if_(keep.equals(1u32), |b| {
+                b.store("packed", slot, running);
+            });
+        })
+        .build()
+}
+
+/// Subgroup scans as lowering writes them, every operation and kind.
+fn subgroup_scans() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let lane = b.let_("lane", Expr::local_id(Axis::X));
+            let mut slot = 0u32;
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+                for kind in [ScanKind::Inclusive, ScanKind::Exclusive] {
+                    let scanned = Expr::SubgroupScan {
+                        op,
+                        kind,
+                        value: Box::new(lane.clone() * 3u32),
+                    };
+                    b.store("out", lane.clone() * 6u32 + slot, scanned);
+                    slot += 1;
+                }
+            }
         })
         .build()
 }
@@ -756,6 +1089,32 @@ fn fixtures() -> Vec<Fixture> {
         fixture("odd_names", odd_names()),
         fixture("acc_chain_16", acc_chain(16)),
         fixture("unordered_bindings", unordered_bindings()),
+        fixture("while_scan", while_scan()),
+        Fixture {
+            options: CodegenOptions::new().with_max_loop_iterations(Some(1000)),
+            ..fixture("while_scan_capped", while_scan())
+        },
+        fixture("loop_control", loop_control()),
+        fixture("every_op_64", every_op_64()),
+        fixture("returning_atomics", returning_atomics()),
+        fixture("local_arrays", local_arrays()),
+        fixture("subgroup_scans", subgroup_scans()),
+        fixture(
+            "lowered_scan_subgroup",
+            lower_workgroup_reductions(&scan_source([128, 1, 1]), &subgroup_caps),
+        ),
+        fixture(
+            "lowered_scan_tree",
+            lower_workgroup_reductions(&scan_source([48, 1, 1]), &tree_caps),
+        ),
+        Fixture {
+            options: UNCHECKED,
+            ..fixture("local_arrays_unchecked", local_arrays())
+        },
+        Fixture {
+            options: UNCHECKED,
+            ..fixture("returning_atomics_unchecked", returning_atomics())
+        },
     ]
 }
 
@@ -985,9 +1344,13 @@ fn unguarded_accesses(ptx: &str) -> Vec<String> {
             let access = line.starts_with("ld.global")
                 || line.starts_with("st.global")
                 || line.starts_with("red.global")
+                || line.starts_with("atom.global")
                 || line.starts_with("ld.shared")
                 || line.starts_with("red.shared")
-                || (line.starts_with("st.shared") && !line.ends_with("], 0;"));
+                || line.starts_with("atom.shared")
+                || line.starts_with("ld.local")
+                || (line.starts_with("st.shared") && !line.ends_with("], 0;"))
+                || (line.starts_with("st.local") && !line.ends_with("], 0;"));
             access && !line.contains(GRID_BARRIER_SYMBOL) && !line.starts_with("ld.acquire")
         })
         .map(str::to_string)
@@ -1012,6 +1375,67 @@ fn bounds_check_guard_detects_unchecked_code() {
     for f in fixtures().iter().filter(|f| !f.options.bounds_checks) {
         assert!(!unguarded_accesses(&emit(f)).is_empty(), "{}", f.name);
     }
+}
+
+/// The loop-control instructions of the first loop of `kind` (`while` or `loop`) in
+/// `ptx`: every `setp` and every branch between its first label and its end label.
+/// With bounds checks off the body of `while_scan` has no compare of its own, so
+/// whatever is counted is what the loop itself costs per iteration.
+fn loop_control_instructions(ptx: &str, kind: &str) -> (usize, usize) {
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let top = format!("$L_{kind}_");
+    let end = format!("$L_{kind}_end_");
+    let first = lines
+        .iter()
+        .position(|l| l.starts_with(&top) && l.ends_with(':') && !l.starts_with(&end))
+        .expect("a loop label");
+    let last = lines
+        .iter()
+        .position(|l| l.starts_with(&end))
+        .expect("a loop end label");
+    let span = &lines[first..last];
+    let compares = span.iter().filter(|l| l.starts_with("setp")).count();
+    let branches = span.iter().filter(|l| l.contains("bra ")).count();
+    (compares, branches)
+}
+
+/// Locks out a `while` loop that costs more than hand-written PTX: each iteration of
+/// `while text[position] != 32 { position = position + 1 }` runs the body, one
+/// compare and one conditional branch back (the test sits below the body). Negative
+/// control: the shape before rotation (test at the top, unconditional branch back)
+/// counts two branches.
+#[test]
+fn a_while_iteration_costs_one_compare_and_one_branch() {
+    let ptx = emit(&Fixture {
+        options: UNCHECKED,
+        ..fixture("while_scan_unchecked", while_scan())
+    });
+    assert_eq!(loop_control_instructions(&ptx, "while"), (1, 1), "{ptx}");
+    let unrotated = "$L_while_1:\n\tsetp.eq.u32 %p1, %r11, %r12;\n\t@%p1 bra $L_while_end_2;\n\
+                     \tadd.u32 %r8, %r8, 1;\n\tbra $L_while_1;\n$L_while_end_2:\n";
+    assert_eq!(loop_control_instructions(unrotated, "while"), (1, 2));
+    // The bounded loop is rotated the same way.
+    let sum = Program::builder([32, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let total = b.let_mut("total", 0u32);
+            b.loop_("k", 0u32, Expr::length("out"), |b, k| {
+                b.assign("total", total.clone() + k);
+            });
+            b.store("out", 0u32, total);
+        })
+        .build();
+    let ptx = emit(&Fixture {
+        options: UNCHECKED,
+        ..fixture("for_sum", sum)
+    });
+    assert_eq!(loop_control_instructions(&ptx, "loop"), (1, 1), "{ptx}");
 }
 
 /// Float instructions that may be contracted into a fused multiply-add or that
@@ -1372,16 +1796,40 @@ mod random {
                         return None;
                     }
                     let buffer = atomic[self.rng.below(atomic.len())].name.clone();
-                    Some(Node::Atomic {
-                        op: self.rng.pick(&[
-                            AtomicOp::Add,
-                            AtomicOp::Min,
-                            AtomicOp::Max,
-                            AtomicOp::Or,
-                        ]),
-                        buffer,
-                        index: self.index(uniform),
-                        value: self.expr(ScalarType::U32, 2, uniform),
+                    let op = self.rng.pick(&AtomicOp::ALL);
+                    let index = self.index(uniform);
+                    let value = self.expr(ScalarType::U32, 2, uniform);
+                    Some(match self.rng.below(3) {
+                        0 => Node::Atomic {
+                            op,
+                            buffer,
+                            index,
+                            value,
+                        },
+                        returning => {
+                            let expected = self.expr(ScalarType::U32, 1, uniform);
+                            let name = self.fresh();
+                            self.scopes
+                                .last_mut()?
+                                .push((name.clone(), ScalarType::U32, false));
+                            if returning == 1 {
+                                Node::AtomicFetch {
+                                    name,
+                                    op,
+                                    buffer,
+                                    index,
+                                    value,
+                                }
+                            } else {
+                                Node::CompareExchange {
+                                    name,
+                                    buffer,
+                                    index,
+                                    expected,
+                                    value,
+                                }
+                            }
+                        }
                     })
                 }
                 9 if uniform => Some(Node::Barrier),
@@ -1418,6 +1866,8 @@ mod random {
                     f32::from_bits(bits)
                 }),
                 ScalarType::Bool => Expr::bool(bits & 1 == 1),
+                ScalarType::U64 => Expr::u64(u64::from(bits) << (bits % 33)),
+                ScalarType::I64 => Expr::i64(-i64::from(bits)),
             }
         }
 
@@ -1618,6 +2068,71 @@ fn random_programs_assemble_with_ptxas() {
     }
 }
 
+/// Locks out a differential program the GPU run would stop at before comparing any
+/// bytes, so its 10,000 programs prove less than they claim: the reference refuses it
+/// (work cap, memory, a validator disagreement), its lowering is invalid, or ptxas
+/// rejects the backend's kernel for it. The differential's first 200 cases (every
+/// construct; see `differential_programs_draw_every_construct`) run on the reference
+/// interpreter, and are lowered as on an H200 (warp shuffles) or without subgroup
+/// operations, emitted with the result ABI the backend uses and assembled by ptxas.
+#[test]
+fn differential_programs_run_on_the_reference_and_assemble() {
+    let Some(ptxas) = ptxas::require("differential_programs_run_on_the_reference_and_assemble")
+    else {
+        return;
+    };
+    const FIRST_SEED: u64 = 1_000_000;
+    const PROGRAMS: u64 = 200;
+    let mut modules = Vec::with_capacity(PROGRAMS as usize);
+    for seed in FIRST_SEED..FIRST_SEED + PROGRAMS {
+        let case = vyre_cuda::ir::generate::differential_case(seed);
+        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        if let Err(e) = vyre_cuda::reference::run(&case.program, &inputs, &case.config) {
+            panic!(
+                "seed {seed}: the reference refused it: {e}\n{}",
+                case.program
+            );
+        }
+        let caps = LoweringCaps {
+            subgroup_ops: seed % 3 != 0,
+            subgroup_size: 32,
+        };
+        let lowered = vyre_cuda::lower::lower(&case.program, &caps)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+        let ptx = program_to_ptx_with_results(&lowered, &case.config.codegen, 90, 32)
+            .unwrap_or_else(|e| panic!("seed {seed} did not generate: {e}\n{lowered}"));
+        modules.push((format!("differential_{seed}"), ptx));
+    }
+    let directory = tempfile::tempdir().expect("tempdir");
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|worker| {
+                let (modules, ptxas, directory) = (&modules, &ptxas, directory.path());
+                scope.spawn(move || {
+                    modules
+                        .iter()
+                        .skip(worker)
+                        .step_by(2)
+                        .filter_map(|(name, ptx)| {
+                            ptxas::assemble_in(ptxas, directory, name, ptx).err()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("ptxas worker"))
+            .collect()
+    });
+    if let Some(first) = failures.first() {
+        panic!(
+            "{} of {PROGRAMS} differential programs failed; first:\n{first}",
+            failures.len()
+        );
+    }
+}
+
 /// Locks out a local generator too narrow to exercise codegen: across its seeds every
 /// node kind and every expression kind appears.
 #[test]
@@ -1663,6 +2178,10 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 walk_expr(value, seen);
                 "subgroup_reduce"
             }
+            Expr::SubgroupScan { value, .. } => {
+                walk_expr(value, seen);
+                "subgroup_scan"
+            }
         };
         seen.insert(kind);
     }
@@ -1686,6 +2205,22 @@ fn random_programs_cover_every_node_and_expression_kind() {
                         "atomic"
                     }
                 }
+                Node::AtomicFetch { index, value, .. } => {
+                    walk_expr(index, seen);
+                    walk_expr(value, seen);
+                    "atomic_fetch"
+                }
+                Node::CompareExchange {
+                    index,
+                    expected,
+                    value,
+                    ..
+                } => {
+                    walk_expr(index, seen);
+                    walk_expr(expected, seen);
+                    walk_expr(value, seen);
+                    "compare_exchange"
+                }
                 Node::If {
                     condition,
                     then_body,
@@ -1704,9 +2239,17 @@ fn random_programs_cover_every_node_and_expression_kind() {
                     walk(body, seen);
                     "loop"
                 }
+                Node::While { condition, body } => {
+                    walk_expr(condition, seen);
+                    walk(body, seen);
+                    "while"
+                }
+                Node::Break => "break",
+                Node::Continue => "continue",
                 Node::Barrier => "barrier",
                 Node::GridSync => "grid_sync",
                 Node::WorkgroupReduce { .. } => "workgroup_reduce",
+                Node::WorkgroupScan { .. } => "workgroup_scan",
                 Node::Return => "return",
             };
             seen.insert(kind);
@@ -1723,6 +2266,8 @@ fn random_programs_cover_every_node_and_expression_kind() {
         "if",
         "loop",
         "atomic",
+        "atomic_fetch",
+        "compare_exchange",
         "barrier",
         "grid_sync",
         "return",
@@ -1789,21 +2334,23 @@ const EDGE_F32: [u32; 12] = [
     0x4effffff,  // just below 2^31
 ];
 
-/// Every operator, unary operator, cast and select on every pair of edge operands:
-/// thread `t` takes operands `a = x[t / 12]`, `b = x[t % 12]` and writes one result
-/// per operation into the output buffer of the result's type.
-fn edge_case_program() -> Program {
+/// Every operator, unary operator, cast and select on every pair of edge operands of
+/// `types` (the 32-bit types, or all six): thread `t` takes operands
+/// `a = x[t / 12]`, `b = x[t % 12]` and writes one result per operation into the
+/// output buffer of the result's type. Inputs: `u`, `i`, `f` (and `w`, `s` for the
+/// 64-bit types), then one output per type, `out_<type>`.
+fn edge_case_program(types: &[ScalarType]) -> Program {
     const PAIRS: u32 = 144;
-    let mut counts = [0u32; 4]; // results per thread per output type
-    let slot = |ty: ScalarType| match ty {
-        ScalarType::U32 => 0,
-        ScalarType::I32 => 1,
-        ScalarType::F32 => 2,
-        ScalarType::Bool => 3,
+    let mut counts = [0u32; 6]; // results per thread per output type
+    let slot = |ty: ScalarType| {
+        types
+            .iter()
+            .position(|&t| t == ty)
+            .expect("a result of one of the types")
     };
     let mut stores: Vec<(ScalarType, Expr)> = Vec::new();
     for op in BinaryOp::ALL {
-        for ty in TYPES {
+        for &ty in types {
             if let Some(result) = binary_result(op, ty) {
                 let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
                     operand("b", ScalarType::U32)
@@ -1815,18 +2362,18 @@ fn edge_case_program() -> Program {
         }
     }
     for op in UnaryOp::ALL {
-        for ty in TYPES {
+        for &ty in types {
             if let Some(result) = unary_result(op, ty) {
                 stores.push((result, Expr::unary(op, operand("a", ty))));
             }
         }
     }
-    for from in TYPES {
-        for to in TYPES {
+    for &from in types {
+        for &to in types {
             stores.push((to, operand("a", from).cast(to)));
         }
     }
-    for ty in TYPES {
+    for &ty in types {
         let chosen = operand("a", ScalarType::Bool).select(operand("a", ty), operand("b", ty));
         stores.push((ty, chosen));
     }
@@ -1836,36 +2383,35 @@ fn edge_case_program() -> Program {
         indexed.push((ty, counts[s], value));
         counts[s] += 1;
     }
-    let outputs = ["out_u32", "out_i32", "out_f32", "out_bool"];
-    let mut builder = Program::builder([64, 1, 1])
-        .buffer(
-            "u",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(12),
-        )
-        .buffer(
-            "i",
-            1,
-            Access::ReadOnly,
-            ElemType::I32,
-            BufferCount::Static(12),
-        )
-        .buffer(
-            "f",
-            2,
-            Access::ReadOnly,
-            ElemType::F32,
-            BufferCount::Static(12),
-        );
-    for (k, (name, elem)) in outputs
+    let outputs: Vec<String> = types
         .iter()
-        .zip([ElemType::U32, ElemType::I32, ElemType::F32, ElemType::U32])
-        .enumerate()
-    {
+        .map(|ty| format!("out_{}", ty.name()))
+        .collect();
+    let wide = types.iter().any(|ty| ty.is_wide());
+    let mut inputs = vec![
+        ("u", ElemType::U32),
+        ("i", ElemType::I32),
+        ("f", ElemType::F32),
+    ];
+    if wide {
+        inputs.extend([("w", ElemType::U64), ("s", ElemType::I64)]);
+    }
+    let mut builder = Program::builder([64, 1, 1]);
+    for (binding, (name, elem)) in inputs.iter().enumerate() {
+        let count = BufferCount::Static(12);
+        builder = builder.buffer(*name, binding as u32, Access::ReadOnly, *elem, count);
+    }
+    for (k, (name, ty)) in outputs.iter().zip(types).enumerate() {
+        let elem = match ty {
+            ScalarType::I32 => ElemType::I32,
+            ScalarType::F32 => ElemType::F32,
+            ScalarType::U64 => ElemType::U64,
+            ScalarType::I64 => ElemType::I64,
+            ScalarType::U32 | ScalarType::Bool => ElemType::U32,
+        };
         let count = BufferCount::Static(PAIRS * counts[k].max(1));
-        builder = builder.buffer(*name, 3 + k as u32, Access::WriteOnly, elem, count);
+        let binding = (inputs.len() + k) as u32;
+        builder = builder.buffer(name.as_str(), binding, Access::WriteOnly, elem, count);
     }
     builder
         .body(|b| {
@@ -1880,6 +2426,12 @@ fn edge_case_program() -> Program {
             b.let_("b_i32", Expr::load("i", y.clone()));
             b.let_("a_f32", Expr::load("f", x.clone()));
             b.let_("b_f32", Expr::load("f", y.clone()));
+            if wide {
+                b.let_("a_u64", Expr::load("w", x.clone()));
+                b.let_("b_u64", Expr::load("w", y.clone()));
+                b.let_("a_i64", Expr::load("s", x.clone()));
+                b.let_("b_i64", Expr::load("s", y.clone()));
+            }
             b.let_("a_bool", Expr::load("u", x).rem(2u32).equals(1u32));
             b.let_("b_bool", Expr::load("u", y).rem(2u32).equals(1u32));
             for (ty, position, value) in indexed {
@@ -1890,7 +2442,7 @@ fn edge_case_program() -> Program {
                 } else {
                     value
                 };
-                b.store(outputs[s], index, value);
+                b.store(outputs[s].as_str(), index, value);
             }
         })
         .build()
@@ -1917,23 +2469,83 @@ fn gpu_run(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_operator_edge_cases_match_reference() {
-    let program = edge_case_program();
-    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
+    for types in [&TYPES[..], &ScalarType::ALL[..]] {
+        edge_cases_match_reference(&gpu, types);
+    }
+}
+
+/// The edge-case operands as input buffers for [`edge_case_program`] over `types`,
+/// then zeroed outputs.
+fn edge_case_inputs(program: &Program, types: &[ScalarType]) -> Vec<Vec<u8>> {
     let mut inputs: Vec<Vec<u8>> = vec![
         EDGE_U32.iter().flat_map(|v| v.to_le_bytes()).collect(),
         EDGE_I32.iter().flat_map(|v| v.to_le_bytes()).collect(),
         EDGE_F32.iter().flat_map(|v| v.to_le_bytes()).collect(),
     ];
-    for decl in program.global_buffers().iter().skip(3) {
+    if types.iter().any(|ty| ty.is_wide()) {
+        inputs.push(EDGE_U64.iter().flat_map(|v| v.to_le_bytes()).collect());
+        inputs.push(EDGE_I64.iter().flat_map(|v| v.to_le_bytes()).collect());
+    }
+    for decl in program.global_buffers().iter().skip(inputs.len()) {
         inputs.push(vec![0u8; decl.static_size_bytes().unwrap_or(0) as usize]);
     }
+    inputs
+}
+
+/// The 64-bit edge operands: zero, one, the ends of both ranges, values just past 32
+/// bits, and shift amounts past 63 once truncated.
+const EDGE_U64: [u64; 12] = [
+    0,
+    1,
+    63,
+    64,
+    65,
+    0xffff_ffff,
+    0x1_0000_0000,
+    0x7fff_ffff_ffff_ffff,
+    0x8000_0000_0000_0000,
+    u64::MAX,
+    0xdead_beef_0bad_f00d,
+    0x0000_0001_0000_0021,
+];
+const EDGE_I64: [i64; 12] = [
+    0,
+    1,
+    -1,
+    2,
+    -2,
+    i64::MIN,
+    i64::MAX,
+    i64::MIN + 1,
+    i32::MIN as i64,
+    u32::MAX as i64,
+    -0x1234_5678_9abc,
+    7,
+];
+
+/// Locks out a 64-bit edge-case program that the GPU test could not even compare: it
+/// is valid lowered IR and runs on the reference interpreter.
+#[test]
+fn wide_edge_case_program_runs_on_the_reference() {
+    let program = edge_case_program(&ScalarType::ALL);
+    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let inputs = edge_case_inputs(&program, &ScalarType::ALL);
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
+    vyre_cuda::reference::run(&program, &borrowed, &vyre_cuda::DispatchConfig::linear(3))
+        .expect("reference");
+}
+
+fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[ScalarType]) {
+    let program = edge_case_program(types);
+    validate_lowered(&program, &Limits::default()).expect("edge-case program is valid");
+    let inputs = edge_case_inputs(&program, types);
+    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     for bounds_checks in [true, false] {
         let config = vyre_cuda::DispatchConfig::linear(3)
             .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
-        let got = gpu_run(&gpu, &program, &borrowed, &config).expect("gpu dispatch");
+        let got = gpu_run(gpu, &program, &borrowed, &config).expect("gpu dispatch");
         assert_eq!(got.len(), expected.len());
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let differing: Vec<String> = g

@@ -41,6 +41,8 @@ fn elem_for(ty: ScalarType) -> ElemType {
         ScalarType::U32 | ScalarType::Bool => ElemType::U32,
         ScalarType::I32 => ElemType::I32,
         ScalarType::F32 => ElemType::F32,
+        ScalarType::U64 => ElemType::U64,
+        ScalarType::I64 => ElemType::I64,
     }
 }
 
@@ -110,6 +112,7 @@ fn binary_case(op: BinaryOp, ty: ScalarType, rhs_ty: ScalarType, a: &[u32], b: &
             ScalarType::I32 => Literal::I32(b_bits as i32),
             ScalarType::F32 => Literal::F32(f32::from_bits(b_bits)),
             ScalarType::Bool => Literal::Bool(b_bits != 0),
+            ScalarType::U64 | ScalarType::I64 => panic!("32-bit operands only; see wide_case"),
         };
         let uniform = run_words(
             &build(Expr::Literal(literal), n),
@@ -744,6 +747,852 @@ fn loops_have_per_thread_trip_counts() {
     let out = run_words(&program, &[&[0; 32], &[0; 32]], &DispatchConfig::linear(1));
     assert_eq!(out[0], [0, 0, 1, 3, 6, 10, 15, 21]);
     assert_eq!(out[1], [0, 0, 0, 0, 0, 0, 1, 2]);
+}
+
+/// Runs one thread that stores each expression (cast to `u64`) into its own element
+/// of a `u64` output and returns the elements. `x` is a `u64` input holding
+/// `[u64::MAX, 5, 1 << 40]` and `y` an `i64` input holding `[i64::MIN, -1, -7]`.
+fn wide_results(results: Vec<Expr>) -> Vec<u64> {
+    let count = results.len() as u32;
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U64,
+            BufferCount::Static(3),
+        )
+        .buffer(
+            "y",
+            1,
+            Access::ReadOnly,
+            ElemType::I64,
+            BufferCount::Static(3),
+        )
+        .buffer(
+            "out",
+            2,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(count),
+        )
+        .body(|blk| {
+            for (slot, value) in results.into_iter().enumerate() {
+                blk.store("out", slot as u32, value.cast(ScalarType::U64));
+            }
+        })
+        .build();
+    let x: Vec<u8> = [u64::MAX, 5, 1 << 40]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let y: Vec<u8> = [i64::MIN, -1, -7]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = reference::run(
+        &program,
+        &[&x, &y, &vec![0; 8 * count as usize]],
+        &DispatchConfig::linear(1),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{program}"));
+    out[0]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Locks out 64-bit arithmetic that wraps at 32 bits, divides like the hardware
+/// (a fault or garbage for a zero divisor, a trap for `i64::MIN / -1`), shifts by
+/// the amount modulo 32 (or unmasked), or compares signed values as unsigned.
+#[test]
+fn u64_and_i64_arithmetic_wraps_divides_totally_and_shifts_modulo_64() {
+    let x = |k: u32| Expr::load("x", k);
+    let y = |k: u32| Expr::load("y", k);
+    let bool_bits = |e: Expr| e.cast(ScalarType::U32);
+    let got = wide_results(vec![
+        x(0) + Expr::u64(2),
+        x(1) * x(2),
+        x(1) - Expr::u64(6),
+        x(0) / Expr::u64(0),
+        x(0) % Expr::u64(0),
+        x(0) / x(1),
+        y(0) / y(1),
+        y(0) % y(1),
+        y(2) / Expr::i64(2),
+        y(2) % Expr::i64(2),
+        x(1) << Expr::u32(65),
+        y(2) >> Expr::u32(65),
+        x(0) >> Expr::u32(60),
+        bool_bits(y(1).less_than(Expr::i64(0))),
+        bool_bits(x(0).greater_than(x(1))),
+        y(0).min(y(2)),
+        x(0).min(x(2)).cast(ScalarType::I64),
+        -y(0),
+        y(2).abs(),
+        !x(1),
+        x(0).count_ones(),
+        Expr::u64(0).leading_zeros(),
+        x(2).leading_zeros(),
+    ]);
+    assert_eq!(
+        got,
+        [
+            1,
+            5 << 40,
+            u64::MAX,
+            0,
+            0,
+            u64::MAX / 5,
+            i64::MIN as u64,
+            0,
+            -3i64 as u64,
+            -1i64 as u64,
+            10,
+            -4i64 as u64,
+            15,
+            1,
+            1,
+            i64::MIN as u64,
+            1 << 40,
+            i64::MIN as u64,
+            7,
+            !5u64,
+            64,
+            64,
+            23,
+        ]
+    );
+}
+
+/// Locks out 64-bit conversions that differ from Rust `as`: `u32` zero-extends,
+/// `i32` sign-extends (to `u64` too), 64 → 32 bits truncates, `f32` → 64-bit
+/// truncates and saturates with NaN at 0, 64-bit → `f32` rounds to nearest even.
+#[test]
+fn wide_casts_follow_rust_as_semantics() {
+    let x = |k: u32| Expr::load("x", k);
+    let y = |k: u32| Expr::load("y", k);
+    let got = wide_results(vec![
+        Expr::u32(u32::MAX).cast(ScalarType::U64),
+        Expr::i32(-1).cast(ScalarType::U64),
+        Expr::i32(-1).cast(ScalarType::I64),
+        x(0).cast(ScalarType::U32).cast(ScalarType::U64),
+        y(0).cast(ScalarType::I32).cast(ScalarType::I64),
+        Expr::f32(-1.5).cast(ScalarType::U64),
+        Expr::f32(1e20).cast(ScalarType::U64),
+        Expr::f32(-1e20).cast(ScalarType::I64),
+        Expr::f32(f32::NAN).cast(ScalarType::I64),
+        Expr::f32(1234.75).cast(ScalarType::I64),
+        x(0).cast(ScalarType::F32).cast(ScalarType::U32),
+        y(0).cast(ScalarType::F32).cast(ScalarType::U32),
+        Expr::u64(16_777_217)
+            .cast(ScalarType::F32)
+            .cast(ScalarType::U64),
+        x(0).cast(ScalarType::Bool).cast(ScalarType::U64),
+        Expr::bool(true).cast(ScalarType::I64),
+    ]);
+    assert_eq!(
+        got,
+        [
+            0xffff_ffff,
+            u64::MAX,
+            u64::MAX,
+            0xffff_ffff,
+            0,
+            0,
+            u64::MAX,
+            i64::MIN as u64,
+            0,
+            1234,
+            // 2^64 as f32, then saturated into a u32.
+            u32::MAX as u64,
+            // -2^63 as f32, negative: 0 as a u32.
+            0,
+            // 2^24 + 1 rounds to the even 2^24.
+            16_777_216,
+            1,
+            1,
+        ]
+    );
+}
+
+/// Locks out 64-bit elements stored as 4 bytes (or with the wrong byte order), and
+/// 64-bit values that lose their high half in variables, selects or workgroup
+/// memory: a `u64` buffer round-trips through each; an index past the end reads 0.
+#[test]
+fn u64_buffers_hold_eight_little_endian_bytes() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "shared",
+            1,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(2),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::local_id(Axis::X));
+            let v = blk.let_mut("v", Expr::load("data", i.clone()));
+            blk.assign("v", v.clone() + Expr::u64(1 << 32));
+            blk.store("shared", i.clone(), v.clone().cast(ScalarType::I64));
+            blk.barrier();
+            let other = Expr::load("shared", Expr::u32(1) - i.clone()).cast(ScalarType::U64);
+            let past = Expr::load("data", 2u32);
+            // Each lane stores the other lane's value (through a select whose other
+            // arm is its own).
+            blk.store("data", i.clone(), i.equals(5u32).select(v, other) + past);
+        })
+        .build();
+    let data: Vec<u8> = [0x0102_0304_0506_0708u64, 9]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = reference::run(&program, &[&data], &DispatchConfig::linear(1)).unwrap();
+    assert_eq!(
+        out[0],
+        [
+            9, 0, 0, 0, 1, 0, 0, 0, // lane 0: lane 1's 9 + 2^32
+            8, 7, 6, 5, 5, 3, 2, 1, // lane 1: lane 0's value + 2^32
+        ]
+    );
+}
+
+/// Locks out 32-bit semantics that change when a program also has a 64-bit value
+/// (its lanes are then kept in 64 bits: a 32-bit result whose high half is not
+/// zero, an `i32` compared through its 64-bit pattern, a `u8` store that keeps more
+/// than a byte): 300 generated 32-bit programs give the same bytes with an unused
+/// `u64` variable in front. Negative control: the variable does switch the lane width
+/// (the memory estimate per thread grows).
+#[test]
+fn thirty_two_bit_programs_give_the_same_bytes_on_64_bit_lanes() {
+    use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+    let options = GeneratorOptions::default().core_only();
+    for seed in 0..300 {
+        let case = valid_program(seed, &options);
+        let widened = case.program.with_entry(
+            case.program.buffers_shared().clone(),
+            std::iter::once(Node::Let {
+                name: "widened".into(),
+                mutable: false,
+                value: Expr::u64(1 << 40),
+            })
+            .chain(case.program.entry().iter().cloned())
+            .collect(),
+        );
+        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+        let narrow = reference::run(&case.program, &inputs, &case.config)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let wide = reference::run(&widened, &inputs, &case.config)
+            .unwrap_or_else(|e| panic!("seed {seed} widened: {e}"));
+        assert_eq!(narrow, wide, "seed {seed}\n{}", case.program);
+    }
+    let per_thread = |program: &Program| {
+        let tight = ReferenceOptions {
+            max_memory_bytes: 1 << 20,
+            ..ReferenceOptions::default()
+        };
+        let error = reference::run_with_options(
+            program,
+            &[&[0; 8], &[0; 4]],
+            &DispatchConfig::linear(1 << 20),
+            &tight,
+        )
+        .unwrap_err()
+        .to_string();
+        error
+            .split(" bytes per thread")
+            .next()
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no per-thread figure in {error}"))
+    };
+    let narrow = one_buffer_program();
+    let widened = narrow.with_entry(
+        narrow.buffers_shared().clone(),
+        std::iter::once(Node::Let {
+            name: "widened".into(),
+            mutable: false,
+            value: Expr::u64(1),
+        })
+        .chain(narrow.entry().iter().cloned())
+        .collect(),
+    );
+    assert!(per_thread(&widened) > per_thread(&narrow));
+}
+
+/// Locks out fetching atomics that return anything but the element's value just
+/// before the lane's own operation, in the order the reference defines (ascending
+/// lane within a statement), for every operation: four lanes apply
+/// `cells[k] op= operands[4k + lane]` and store what they got.
+#[test]
+fn fetch_atomics_return_the_previous_value_in_lane_order() {
+    let ops = AtomicOp::ALL;
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "cells",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .buffer(
+            "operands",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .buffer(
+            "got",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            for (k, op) in ops.into_iter().enumerate() {
+                let slot = lane.clone() + 4 * k as u32;
+                let old = blk.atomic_fetch(
+                    format!("old{k}"),
+                    op,
+                    "cells",
+                    k as u32,
+                    Expr::load("operands", slot.clone()),
+                );
+                blk.store("got", slot, old);
+            }
+        })
+        .build();
+    // Add, Sub, Min, Max, And, Or, Xor, Exchange.
+    let cells = [10, 100, 7, 7, 0xff, 1, 0, 5];
+    let operands = [
+        1, 2, 3, 4, 0, 1, 2, 3, 9, 5, 6, 2, 3, 8, 8, 10, 0xf0, 0x3c, 0xff, 0x0f, 2, 4, 8, 16, 1, 3,
+        1, 3, 6, 7, 8, 9,
+    ];
+    let out = run_words(
+        &program,
+        &[&bytes_of(&cells), &bytes_of(&operands), &[0; 128]],
+        &DispatchConfig::linear(1),
+    );
+    assert_eq!(out[0], [20, 94, 2, 10, 0x00, 31, 0, 9]);
+    assert_eq!(
+        out[1],
+        [
+            10, 11, 13, 16, 100, 100, 99, 97, 7, 7, 5, 5, 7, 7, 8, 8, 0xff, 0xf0, 0x30, 0x30, 1, 3,
+            7, 15, 0, 1, 2, 3, 5, 6, 7, 8,
+        ]
+    );
+}
+
+/// Locks out compare-exchange that swaps on a mismatch, returns the new value, or
+/// reads another lane's stale copy: lane `i` swaps `i` for `i + 10`, so only lane 1
+/// (which sees the initial 1) succeeds and lanes 2 and 3 see its 11. Out-of-range
+/// atomics change nothing and return 0; signed and 64-bit elements use their own
+/// order and width; workgroup elements count per workgroup.
+#[test]
+fn compare_exchange_signed_wide_and_workgroup_atomics() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "slot",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "signed",
+            1,
+            Access::ReadWrite,
+            ElemType::I32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "wide",
+            2,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "got",
+            3,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(24),
+        )
+        .buffer(
+            "tile",
+            4,
+            Access::Workgroup,
+            ElemType::I64,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            let row = |k: u32| lane.clone() + 4 * k;
+            let swapped =
+                blk.compare_exchange("swapped", "slot", 0u32, lane.clone(), lane.clone() + 10u32);
+            blk.store("got", row(0), swapped.cast(ScalarType::U64));
+            let operand = Expr::i32(-5) * (lane.clone().rem(2u32).cast(ScalarType::I32)) + 3i32;
+            let low = blk.atomic_fetch("low", AtomicOp::Min, "signed", 0u32, operand);
+            blk.store("got", row(1), low.cast(ScalarType::U64));
+            let carried = blk.atomic_fetch(
+                "carried",
+                AtomicOp::Add,
+                "wide",
+                0u32,
+                Expr::u64(0xffff_ffff),
+            );
+            blk.store("got", row(2), carried);
+            let outside =
+                blk.atomic_fetch("outside", AtomicOp::Exchange, "slot", 5u32, lane.clone());
+            blk.store("got", row(3), outside.cast(ScalarType::U64));
+            let counted = blk.atomic_fetch("counted", AtomicOp::Sub, "tile", 0u32, Expr::i64(1));
+            blk.store("got", row(4), counted.cast(ScalarType::U64));
+        })
+        .build();
+    let out = reference::run(
+        &program,
+        &[
+            &bytes_of(&[1]),
+            &i32_bits(&[-1])
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect::<Vec<u8>>(),
+            &1u64.to_le_bytes(),
+            &[0; 192],
+        ],
+        &DispatchConfig::linear(2),
+    )
+    .unwrap();
+    let got: Vec<u64> = out[3]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(words_of(&out[0]), [11]);
+    assert_eq!(i32_bits(&[-2]), words_of(&out[1]));
+    assert_eq!(
+        out[2],
+        (1u64 + 4 * 0xffff_ffff).to_le_bytes(),
+        "the carry reaches the high word"
+    );
+    let rows: Vec<&[u64]> = got.chunks(4).collect();
+    assert_eq!(rows[0], [1, 1, 11, 11]);
+    // Operands 3, -2, 3, -2 against -1, signed: -1, -1, -2, -2 (sign-extended to u64).
+    let (minus_one, minus_two) = (-1i64 as u64, -2i64 as u64);
+    assert_eq!(rows[1], [minus_one, minus_one, minus_two, minus_two]);
+    assert_eq!(
+        rows[2],
+        [1, 1 + 0xffff_ffff, 1 + 2 * 0xffff_ffff, 1 + 3 * 0xffff_ffff]
+    );
+    assert_eq!(rows[3], [0, 0, 0, 0]);
+    // Each workgroup's tile starts at 0: its two lanes see 0 and -1.
+    assert_eq!(rows[4], [0, u64::MAX, 0, u64::MAX]);
+}
+
+/// Locks out local arrays shared between threads, kept across kernel runs, indexed
+/// at compile time only, or unchecked: each of 4 threads fills its own array with
+/// `10 * thread + j`, reads it back rotated by a run-time index, reads past its end
+/// (0) and stores past its end (nothing); a second kernel run starts from zeros.
+#[test]
+fn local_arrays_are_per_thread_zeroed_and_bounds_checked() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .local_array("scratch", 1, ElemType::U32, 3)
+        .local_array("bytes", 2, ElemType::U8, 2)
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            // Zero at the start of every kernel run, whatever the last run left.
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 3u32,
+                Expr::load("scratch", 2u32) + Expr::load("out", lane.clone() * 4u32 + 3u32),
+            );
+            blk.loop_("j", 0u32, 3u32, |blk, j| {
+                blk.store("scratch", j.clone(), lane.clone() * 10u32 + j);
+            });
+            blk.store("scratch", 3u32, 99u32);
+            blk.store("bytes", lane.clone(), 0x1ffu32);
+            let rotated = (lane.clone() + 1u32) % 3u32;
+            blk.store("out", lane.clone() * 4u32, Expr::load("scratch", rotated));
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 1u32,
+                Expr::load("scratch", 3u32) + Expr::load("scratch", lane.clone() + 100u32),
+            );
+            blk.store(
+                "out",
+                lane.clone() * 4u32 + 2u32,
+                Expr::load("bytes", lane.clone()) + Expr::load("bytes", 1u32),
+            );
+        })
+        .build();
+    let out = run_words(
+        &program,
+        &[&[0; 64]],
+        &DispatchConfig::linear(1).with_fixpoint_iterations(2),
+    );
+    assert_eq!(
+        out[0],
+        [
+            // Lane 0 reads its element 1; nothing past the end; byte 0 holds 0xff and
+            // byte 1 is lane 0's own, never written.
+            1,
+            0,
+            0xff,
+            0, //
+            12,
+            0,
+            0xff + 0xff,
+            0, // lane 1 wrote byte 1 itself
+            20,
+            0,
+            0,
+            0, // lanes 2 and 3 store past the byte array's end
+            31,
+            0,
+            0,
+            0,
+        ]
+    );
+}
+
+/// Locks out workgroup scans in another order than the local linear id (`x + sx *
+/// y`), across workgroups, or off by one between inclusive and exclusive: a 2 x 2
+/// workgroup, two of them, every operation and kind, against prefixes written out
+/// by hand.
+#[test]
+fn workgroup_scans_follow_local_linear_order_within_each_workgroup() {
+    let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+    let kinds = [ScanKind::Inclusive, ScanKind::Exclusive];
+    let program = Program::builder([2, 2, 1])
+        .buffer(
+            "values",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(48),
+        )
+        .body(|blk| {
+            let local = Expr::local_id(Axis::X) + Expr::local_id(Axis::Y) * 2u32;
+            let thread = blk.let_("thread", Expr::workgroup_id(Axis::X) * 4u32 + local);
+            let value = blk.let_("value", Expr::load("values", thread.clone()));
+            for (k, (op, kind)) in ops
+                .iter()
+                .flat_map(|&op| kinds.iter().map(move |&kind| (op, kind)))
+                .enumerate()
+            {
+                let scanned = blk.workgroup_scan(format!("s{k}"), op, kind, value.clone());
+                blk.store("out", thread.clone() + 8 * k as u32, scanned);
+            }
+        })
+        .build();
+    let values = [3, 1, 4, 1, 5, 9, 2, 6];
+    let out = run_words(
+        &program,
+        &[&bytes_of(&values), &[0; 192]],
+        &DispatchConfig::linear(2),
+    );
+    let max = u32::MAX;
+    assert_eq!(
+        out[0],
+        [
+            3, 4, 8, 9, 5, 14, 16, 22, // inclusive sum
+            0, 3, 4, 8, 0, 5, 14, 16, // exclusive sum
+            3, 1, 1, 1, 5, 5, 2, 2, // inclusive min
+            max, 3, 1, 1, max, 5, 5, 2, // exclusive min
+            3, 3, 4, 4, 5, 9, 9, 9, // inclusive max
+            0, 3, 3, 4, 0, 5, 9, 9, // exclusive max
+        ]
+    );
+}
+
+/// Locks out a subgroup scan that crosses subgroups or ignores its kind: 8 lanes in
+/// subgroups of 4 (`ReferenceOptions::subgroup_size`), lane `i` holding `i + 1`.
+#[test]
+fn subgroup_scans_stay_within_their_subgroup() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(16),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::local_id(Axis::X));
+            for (k, kind) in [ScanKind::Inclusive, ScanKind::Exclusive]
+                .into_iter()
+                .enumerate()
+            {
+                let scanned = Expr::SubgroupScan {
+                    op: ReduceOp::Sum,
+                    kind,
+                    value: Box::new(lane.clone() + 1u32),
+                };
+                blk.store("out", lane.clone() + 8 * k as u32, scanned);
+            }
+        })
+        .build();
+    let options = ReferenceOptions {
+        subgroup_size: 4,
+        ..ReferenceOptions::default()
+    };
+    let out =
+        reference::run_with_options(&program, &[&[0; 64]], &DispatchConfig::linear(1), &options)
+            .unwrap();
+    assert_eq!(
+        words_of(&out[0]),
+        [1, 3, 6, 10, 5, 11, 18, 26, 0, 1, 3, 6, 0, 5, 11, 18]
+    );
+}
+
+/// Locks out a `while` loop with one trip count for every lane (or one that
+/// re-enters finished lanes): each lane counts its own Collatz steps, 0 to 16 of
+/// them, and a lane whose condition fails first waits for the others.
+#[test]
+fn while_loops_run_each_lane_until_its_condition_fails() {
+    let program = Program::builder([8, 1, 1])
+        .buffer(
+            "steps",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let n = blk.let_mut("n", i.clone());
+            let steps = blk.let_mut("count", 0u32);
+            blk.while_(n.clone().greater_than(1u32), |blk| {
+                blk.if_else(
+                    n.clone().rem(2u32).equals(0u32),
+                    |blk| {
+                        blk.assign("n", n.clone() / 2u32);
+                    },
+                    |blk| {
+                        blk.assign("n", n.clone() * 3u32 + 1u32);
+                    },
+                );
+                blk.assign("count", steps.clone() + 1u32);
+            });
+            blk.store("steps", i, steps);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 32]], &DispatchConfig::linear(1));
+    // 3: 10 5 16 8 4 2 1; 6: 3 then 3's 7; 7: 22 11 34 17 52 26 13 40 20 10 5 16 8 4 2 1.
+    assert_eq!(out[0], [0, 0, 1, 7, 2, 5, 8, 16]);
+}
+
+/// Locks out a `break` or `continue` that leaves more than its innermost loop, that
+/// skips too little or too much, or whose lanes are lost to the loops around: lane
+/// `i` skips `k == i` (`continue`), stops the outer loop at `k == 3` (`break`, tested
+/// after the `continue`, so lane 3 goes on to `k == 4`), and the inner `while true`
+/// skips `j == 1` and ends at `j > k`.
+#[test]
+fn break_and_continue_leave_only_their_innermost_loop() {
+    let program = Program::builder([5, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(5),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let total = blk.let_mut("total", 0u32);
+            blk.loop_("k", 0u32, 5u32, |blk, k| {
+                blk.if_(k.clone().equals(i.clone()), |blk| {
+                    blk.continue_();
+                });
+                blk.if_(k.clone().equals(3u32), |blk| {
+                    blk.break_();
+                });
+                let j = blk.let_mut("j", 0u32);
+                blk.while_(true, |blk| {
+                    blk.assign("j", j.clone() + 1u32);
+                    blk.if_(j.clone().greater_than(k.clone()), |blk| {
+                        blk.break_();
+                    });
+                    blk.if_(j.clone().equals(1u32), |blk| {
+                        blk.continue_();
+                    });
+                    blk.assign("total", total.clone() + j.clone());
+                });
+                blk.assign("total", total.clone() + (k + 1u32) * 100u32);
+            });
+            blk.store("out", i, total);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 20]], &DispatchConfig::linear(1));
+    // k = 0, 1, 2 add 100, 200 and 2 + 300; k = 4 adds 2 + 3 + 4 + 500.
+    assert_eq!(out[0], [200 + 302, 100 + 302, 100 + 200, 602 + 509, 602]);
+}
+
+/// Locks out a `return` inside a `while` loop that only leaves the loop, and a loop
+/// that keeps running lanes that returned: lane `i` returns in iteration `i`.
+#[test]
+fn return_inside_a_while_loop_ends_the_thread() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "iterations",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "after",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .body(|blk| {
+            let i = blk.let_("i", Expr::global_id(Axis::X));
+            let j = blk.let_mut("j", 0u32);
+            blk.while_(j.clone().less_than(3u32), |blk| {
+                blk.if_(j.clone().equals(i.clone()), |blk| {
+                    blk.return_();
+                });
+                blk.atomic(AtomicOp::Add, "iterations", i.clone(), 1u32);
+                blk.assign("j", j.clone() + 1u32);
+            });
+            blk.store("after", i, 7u32);
+        })
+        .build();
+    let out = run_words(&program, &[&[0; 16], &[0; 16]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [0, 1, 2, 3]);
+    assert_eq!(out[1], [0, 0, 0, 7]);
+}
+
+/// A one-thread (or one runaway lane among 64) `while true` loop.
+fn runaway_while(threads: u32) -> Program {
+    Program::builder([threads, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let n = blk.let_mut("n", 0u32);
+            blk.while_(Expr::global_id(Axis::X).equals(0u32), |blk| {
+                blk.assign("n", n.clone() + 1u32);
+            });
+            blk.store("out", 0u32, n);
+        })
+        .build()
+}
+
+/// Locks out a runaway `while` loop hanging the interpreter: one runaway lane (alone
+/// or among 64) stops at the work cap with a `Fix:` error, however few lanes it
+/// runs on (each iteration is charged as 32 lanes at least, so the default cap stops
+/// a one-thread loop in about a second of a release build; here a smaller cap keeps
+/// the debug test fast). Negative control: the cap's arithmetic lets a loop that
+/// ends finish.
+#[test]
+fn runaway_while_loops_stop_at_the_work_cap() {
+    let options = ReferenceOptions {
+        max_work: 1 << 22,
+        ..ReferenceOptions::default()
+    };
+    let config = DispatchConfig::linear(1);
+    for threads in [1, 64] {
+        assert_fix(
+            reference::run_with_options(&runaway_while(threads), &[&[0; 4]], &config, &options),
+            &["max_work"],
+        );
+    }
+    // Lane 0 runs away; lanes 1..64 do not enter the loop. The cost of an iteration
+    // is counted (1 iteration + 1 condition of 3 nodes + 1 assignment of 3 nodes,
+    // each at least 32), so 1,000 iterations of the same shape fit a cap of 2^22.
+    let ends = Program::builder([1, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let n = blk.let_mut("n", 0u32);
+            blk.while_(n.clone().less_than(1000u32), |blk| {
+                blk.assign("n", n.clone() + 1u32);
+            });
+            blk.store("out", 0u32, n);
+        })
+        .build();
+    let (out, stats) = reference::run_with_stats(&ends, &[&[0; 4]], &config, &options).unwrap();
+    assert_eq!(words_of(&out[0]), [1000]);
+    // Per iteration: the iteration, 3 condition nodes, the assignment and its 3
+    // nodes (8); then the failed test (4), the kernel run (1), `let n` and its
+    // literal (2), the `while` node (1) and the store with its 2 nodes (3).
+    assert_eq!(stats.work(), 32 * (1000 * 8 + 4 + 1 + 2 + 1 + 3));
+}
+
+/// Locks out an iteration cap the interpreter ignores while the GPU traps (or the
+/// other way round): with `CodegenOptions::max_loop_iterations = Some(10)`, a loop of
+/// 10 iterations finishes and one of 11 is a `Fix:` error naming the cap; bounded
+/// `for` loops are not capped.
+#[test]
+fn while_loops_stop_at_the_codegen_iteration_cap() {
+    let program = |iterations: u32| {
+        Program::builder([4, 1, 1])
+            .buffer(
+                "out",
+                0,
+                Access::WriteOnly,
+                ElemType::U32,
+                BufferCount::Static(4),
+            )
+            .body(|blk| {
+                let i = blk.let_("i", Expr::global_id(Axis::X));
+                let n = blk.let_mut("n", 0u32);
+                // Lane 3 runs `iterations` iterations, the others fewer.
+                blk.while_(n.clone().less_than(i.clone() + (iterations - 3)), |blk| {
+                    blk.assign("n", n.clone() + 1u32);
+                });
+                blk.loop_("k", 0u32, 100u32, |blk, _| {
+                    blk.assign("n", n.clone() + 1u32);
+                });
+                blk.store("out", i, n);
+            })
+            .build()
+    };
+    let config = DispatchConfig::linear(1)
+        .with_codegen(CodegenOptions::new().with_max_loop_iterations(Some(10)));
+    let out = run_words(&program(10), &[&[0; 16]], &config);
+    assert_eq!(out[0], [107, 108, 109, 110]);
+    assert_fix(
+        reference::run(&program(11), &[&[0; 16]], &config),
+        &["max_loop_iterations", "10 iterations", "trap"],
+    );
+    // Negative control: without the cap the longer loop runs.
+    let out = run_words(&program(11), &[&[0; 16]], &DispatchConfig::linear(1));
+    assert_eq!(out[0], [108, 109, 110, 111]);
 }
 
 /// Locks out `Return` that only leaves the current block (a returned lane must
@@ -1513,7 +2362,7 @@ fn runaway_loops_hit_the_lane_step_cap() {
         })
         .build();
     let options = ReferenceOptions {
-        max_work: 1000,
+        max_work: 20_000,
         ..ReferenceOptions::default()
     };
     let config = DispatchConfig::linear(1);
@@ -1521,8 +2370,9 @@ fn runaway_loops_hit_the_lane_step_cap() {
         reference::run_with_options(&program, &[&bytes_of(&[u32::MAX])], &config, &options),
         &["max_work"],
     );
-    // 2 lanes * (1 kernel run + 1 loop node + 3 bound expressions + 100 iterations *
-    // (1 iteration + 1 atomic + 2 operands)) = 810 units of work: under the cap.
+    // (1 kernel run + 1 loop node + 3 bound expressions + 100 iterations * (1
+    // iteration + 1 atomic + 2 operands)) * 32 (2 lanes are charged as 32) = 12,960
+    // units of work: under the cap.
     let out =
         reference::run_with_options(&program, &[&bytes_of(&[100])], &config, &options).unwrap();
     assert_eq!(words_of(&out[0]), [100]);

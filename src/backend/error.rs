@@ -205,8 +205,9 @@ impl fmt::Display for BackendError {
                         f,
                         "Fix: {program} faulted on the GPU: {error}; the CUDA context is lost: drop every \
                          CudaBackend of this device; CudaBackend::acquire resets the device where the driver \
-                         allows it and otherwise says the process must restart; find the bad access with the \
-                         reference interpreter (run it with config.codegen.bounds_checks = false)"
+                         allows it and otherwise says the process must restart; find the bad access, or the \
+                         `while` loop that passed config.codegen.max_loop_iterations (a trap), with the \
+                         reference interpreter (run it with the same config and bounds_checks = false)"
                     )
                 }
             }

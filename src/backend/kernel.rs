@@ -168,28 +168,11 @@ impl Kernel {
     }
 }
 
-/// Whether `block` reaches a grid sync anywhere. Iterative (an explicit stack of
-/// blocks), so no program depth can overflow the caller's stack.
+/// Whether `block` reaches a grid sync anywhere. Iterative and visiting each shared
+/// block once (`ir::any_node`), so no program depth or sharing can overflow the
+/// caller's stack or blow up.
 pub(in crate::backend) fn contains_grid_sync(block: &[Node]) -> bool {
-    let mut pending: Vec<&[Node]> = vec![block];
-    while let Some(block) = pending.pop() {
-        for node in block {
-            match node {
-                Node::GridSync => return true,
-                Node::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => {
-                    pending.push(then_body);
-                    pending.push(else_body);
-                }
-                Node::Loop { body, .. } => pending.push(body),
-                _ => {}
-            }
-        }
-    }
-    false
+    crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
 
 /// Mixed into the PTX key's policy digest: the backend's PTX is the result-ABI

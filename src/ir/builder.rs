@@ -59,6 +59,23 @@ impl ProgramBuilder {
         self
     }
 
+    /// Declare a per-thread array of `length` elements ([`Access::Local`]).
+    pub fn local_array(
+        self,
+        name: impl Into<Name>,
+        binding: u32,
+        elem: ElemType,
+        length: u32,
+    ) -> Self {
+        self.buffer(
+            name,
+            binding,
+            Access::Local,
+            elem,
+            BufferCount::Static(length),
+        )
+    }
+
     /// Declare a buffer from a ready declaration.
     pub fn buffer_decl(mut self, decl: BufferDecl) -> Self {
         self.buffers.push(decl);
@@ -224,6 +241,28 @@ impl BlockBuilder {
         })
     }
 
+    /// `while condition { body }`.
+    pub fn while_(
+        &mut self,
+        condition: impl Into<Expr>,
+        body: impl FnOnce(&mut BlockBuilder),
+    ) -> &mut Self {
+        self.push(Node::While {
+            condition: condition.into(),
+            body: Self::nested(body),
+        })
+    }
+
+    /// Leave the innermost loop.
+    pub fn break_(&mut self) -> &mut Self {
+        self.push(Node::Break)
+    }
+
+    /// Go on with the innermost loop's next iteration.
+    pub fn continue_(&mut self) -> &mut Self {
+        self.push(Node::Continue)
+    }
+
     /// Workgroup barrier.
     pub fn barrier(&mut self) -> &mut Self {
         self.push(Node::Barrier)
@@ -234,7 +273,50 @@ impl BlockBuilder {
         self.push(Node::GridSync)
     }
 
-    /// Atomic read-modify-write on a `u32` buffer element.
+    /// `let name = atomic_fetch_<op>(&buffer[index], value);` Returns `Expr::Var(name)`:
+    /// the element's value before this thread's operation.
+    pub fn atomic_fetch(
+        &mut self,
+        name: impl Into<Name>,
+        op: AtomicOp,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::AtomicFetch {
+            name: name.clone(),
+            op,
+            buffer: buffer.into(),
+            index: index.into(),
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
+    /// `let name = atomic_compare_exchange(&buffer[index], expected, value);` Returns
+    /// `Expr::Var(name)`: the element's previous value (equal to `expected` exactly
+    /// when the exchange happened).
+    pub fn compare_exchange(
+        &mut self,
+        name: impl Into<Name>,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+        expected: impl Into<Expr>,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::CompareExchange {
+            name: name.clone(),
+            buffer: buffer.into(),
+            index: index.into(),
+            expected: expected.into(),
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
+    /// Atomic read-modify-write on an integer buffer element (no value returned).
     pub fn atomic(
         &mut self,
         op: AtomicOp,
@@ -266,6 +348,24 @@ impl BlockBuilder {
         Expr::Var(name)
     }
 
+    /// `let name = workgroup_scan_<kind>_<op>(value);` Returns `Expr::Var(name)`.
+    pub fn workgroup_scan(
+        &mut self,
+        name: impl Into<Name>,
+        op: ReduceOp,
+        kind: ScanKind,
+        value: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::WorkgroupScan {
+            name: name.clone(),
+            op,
+            kind,
+            value: value.into(),
+        });
+        Expr::Var(name)
+    }
+
     /// End this thread.
     pub fn return_(&mut self) -> &mut Self {
         self.push(Node::Return)
@@ -280,6 +380,16 @@ impl From<u32> for Expr {
 impl From<i32> for Expr {
     fn from(v: i32) -> Self {
         Expr::Literal(Literal::I32(v))
+    }
+}
+impl From<u64> for Expr {
+    fn from(v: u64) -> Self {
+        Expr::Literal(Literal::U64(v))
+    }
+}
+impl From<i64> for Expr {
+    fn from(v: i64) -> Self {
+        Expr::Literal(Literal::I64(v))
     }
 }
 impl From<f32> for Expr {
@@ -368,6 +478,14 @@ impl Expr {
     }
     /// An `i32` literal.
     pub fn i32(v: i32) -> Expr {
+        v.into()
+    }
+    /// A `u64` literal.
+    pub fn u64(v: u64) -> Expr {
+        v.into()
+    }
+    /// An `i64` literal.
+    pub fn i64(v: i64) -> Expr {
         v.into()
     }
     /// An `f32` literal.

@@ -80,12 +80,15 @@ pub(crate) fn compute_digest(program: &Program) -> Digest {
             Access::ReadWrite => 1,
             Access::WriteOnly => 2,
             Access::Workgroup => 3,
+            Access::Local => 4,
         });
         enc.u8(match b.elem {
             ElemType::U8 => 0,
             ElemType::U32 => 1,
             ElemType::I32 => 2,
             ElemType::F32 => 3,
+            ElemType::U64 => 4,
+            ElemType::I64 => 5,
         });
         match b.count {
             BufferCount::Static(n) => {
@@ -299,6 +302,53 @@ impl Encoder {
                 self.expr(value, scratch);
             }
             Node::Return => self.u8(9),
+            Node::While { condition, body } => {
+                self.u8(10);
+                self.expr(condition, scratch);
+                block(self, body);
+            }
+            Node::Break => self.u8(11),
+            Node::Continue => self.u8(12),
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                self.u8(13);
+                self.name(name);
+                self.u8(*op as u8);
+                self.name(buffer);
+                self.expr(index, scratch);
+                self.expr(value, scratch);
+            }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                self.u8(15);
+                self.name(name);
+                self.u8(*op as u8);
+                self.u8(*kind as u8);
+                self.expr(value, scratch);
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                self.u8(14);
+                self.name(name);
+                self.name(buffer);
+                self.expr(index, scratch);
+                self.expr(expected, scratch);
+                self.expr(value, scratch);
+            }
         }
     }
     /// Pre-order encoding of an expression tree by an explicit stack.
@@ -316,7 +366,12 @@ impl Encoder {
             Expr::Literal(lit) => {
                 self.u8(0);
                 self.u8(lit.ty() as u8);
-                self.u32(lit.bits());
+                // 32-bit types keep the first encoding's four bytes.
+                if lit.ty().is_wide() {
+                    self.hasher.update(&lit.bits().to_le_bytes());
+                } else {
+                    self.u32(lit.bits() as u32);
+                }
             }
             Expr::Var(name) => {
                 self.u8(1);
@@ -361,6 +416,11 @@ impl Encoder {
             Expr::SubgroupReduce { op, .. } => {
                 self.u8(10);
                 self.u8(*op as u8);
+            }
+            Expr::SubgroupScan { op, kind, .. } => {
+                self.u8(11);
+                self.u8(*op as u8);
+                self.u8(*kind as u8);
             }
         }
     }

@@ -170,7 +170,7 @@ impl<'w> Printer<'w> {
                 self.indent(depth)?;
                 self.put("}\n")
             }
-            Node::Loop { body, .. } => {
+            Node::Loop { body, .. } | Node::While { body, .. } => {
                 self.put(" {\n")?;
                 self.block(body, depth + 1)?;
                 self.indent(depth)?;
@@ -181,7 +181,7 @@ impl<'w> Printer<'w> {
     }
 
     /// A node on one line without its nested blocks or a terminator: `if c`,
-    /// `for i in a..b`, `let x = e`, `out[i] = v`.
+    /// `for i in a..b`, `while c`, `let x = e`, `out[i] = v`.
     pub(crate) fn node_head(&mut self, node: &Node) -> fmt::Result {
         match node {
             Node::Let {
@@ -227,6 +227,12 @@ impl<'w> Printer<'w> {
                 self.put("..")?;
                 self.expr(end, 0)
             }
+            Node::While { condition, .. } => {
+                self.put("while ")?;
+                self.expr(condition, 0)
+            }
+            Node::Break => self.put("break"),
+            Node::Continue => self.put("continue"),
             Node::Barrier => self.put("workgroup_barrier()"),
             Node::GridSync => self.put("grid_sync()"),
             Node::Atomic {
@@ -235,11 +241,46 @@ impl<'w> Printer<'w> {
                 index,
                 value,
             } => {
-                self.put_fmt(format_args!("atomic_{}(&", op.name()))?;
-                self.put(buffer)?;
-                self.put("[")?;
-                self.expr(index, 0)?;
-                self.put("], ")?;
+                self.put_fmt(format_args!("atomic_{}", op.name()))?;
+                self.atomic_operands(buffer, index, None, value)
+            }
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put_fmt(format_args!(" = atomic_fetch_{}", op.name()))?;
+                self.atomic_operands(buffer, index, None, value)
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put(" = atomic_compare_exchange")?;
+                self.atomic_operands(buffer, index, Some(expected), value)
+            }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put_fmt(format_args!(
+                    " = workgroup_scan_{}_{}(",
+                    kind.name(),
+                    op.name()
+                ))?;
                 self.expr(value, 0)?;
                 self.put(")")
             }
@@ -252,6 +293,27 @@ impl<'w> Printer<'w> {
             }
             Node::Return => self.put("return"),
         }
+    }
+
+    /// `(&buffer[index], [expected, ]value)`.
+    fn atomic_operands(
+        &mut self,
+        buffer: &str,
+        index: &Expr,
+        expected: Option<&Expr>,
+        value: &Expr,
+    ) -> fmt::Result {
+        self.put("(&")?;
+        self.put(buffer)?;
+        self.put("[")?;
+        self.expr(index, 0)?;
+        self.put("], ")?;
+        if let Some(expected) = expected {
+            self.expr(expected, 0)?;
+            self.put(", ")?;
+        }
+        self.expr(value, 0)?;
+        self.put(")")
     }
 
     /// An expression; subexpressions deeper than the printer's limit print as `…`.
@@ -338,6 +400,11 @@ impl<'w> Printer<'w> {
                 self.expr(value, next)?;
                 self.put(")")
             }
+            Expr::SubgroupScan { op, kind, value } => {
+                self.put_fmt(format_args!("subgroup_scan_{}_{}(", kind.name(), op.name()))?;
+                self.expr(value, next)?;
+                self.put(")")
+            }
         }
     }
 }
@@ -394,6 +461,8 @@ impl Display for Literal {
             Literal::I32(v) => write!(f, "{v}i"),
             Literal::F32(v) => write!(f, "{v:?}f"),
             Literal::Bool(v) => write!(f, "{v}"),
+            Literal::U64(v) => write!(f, "{v}u64"),
+            Literal::I64(v) => write!(f, "{v}i64"),
         }
     }
 }

@@ -13,11 +13,32 @@
 //!
 //! Determinism rules [`valid_program`] follows, so any thread order gives the same bytes:
 //! every thread stores only element `gid` (its global linear id) of each output buffer
-//! and reads outputs only at `gid`; atomics (add/min/max/or, order-independent) go to
-//! a buffer nobody loads; a workgroup buffer is written at the thread's local linear id
-//! (and by atomics), then a barrier, then only read; a grid-sync stage buffer is written
-//! at `gid` before the sync and only read after it. Barriers, reductions and grid syncs
-//! sit in uniform control flow and before any `return`.
+//! and reads outputs only at `gid`; atomics that return nothing use one commutative
+//! operation per program on a buffer nobody loads; a workgroup buffer is written at
+//! the thread's local linear id (and by atomics), then a barrier, then only read; a
+//! grid-sync stage buffer is written at `gid` before the sync and only read after it.
+//! Barriers, reductions, scans and grid syncs sit in workgroup- (grid-) uniform control
+//! flow and before any `return`; the `while` around a barrier has a uniform condition
+//! and a uniform `break`.
+//!
+//! The constructs [`GeneratorOptions::core_only`] turns off keep to these rules too:
+//! - every `while` loop counts down a fuel variable (at most 4) that its body
+//!   decrements first and never assigns otherwise, so it ends; `break` and `continue`
+//!   sit anywhere in loop bodies without barriers;
+//! - atomics that **return** a value do so only where no other thread interferes
+//!   (`owned[gid]`, `workgroup_owned[lid]`: one element per thread, any operation and
+//!   operands), or on a shared counter that every thread updates with the program's
+//!   one operation and literal operands (the values an element takes are then the same
+//!   sequence whatever the order, so the *multiset* of returned values is too), their
+//!   values only summed (`atomic_add`) into one tally element through one function of
+//!   the value and literals, both the same at every site of the program (per site,
+//!   the order would decide which site's function got which value);
+//! - local arrays are private to a thread: any index (past the end too), any order;
+//! - 64-bit values follow the same total semantics as 32-bit ones ([`BinaryOp`]).
+//!
+//! Each later construct is drawn for about half of the programs
+//! ([`differential_case`] is the differential's case, [`constructs_used`] says which
+//! constructs a program has).
 
 use super::program::*;
 use super::validate::Limits;
@@ -96,6 +117,22 @@ pub struct GeneratorOptions {
     pub allow_workgroup_reduce: bool,
     /// Generate early returns (always after the last barrier, reduction and grid sync).
     pub allow_early_return: bool,
+    /// Generate `while` loops (each with a fuel counter, so it ends) and `break` /
+    /// `continue` in loops.
+    pub allow_while_loops: bool,
+    /// Generate `u64` and `i64` values, literals, casts and buffers.
+    pub allow_64_bit: bool,
+    /// Generate atomics that return the previous value (fetch-add and the other
+    /// fetches, compare-exchange) in order-free forms: on an element only one thread
+    /// touches, or on a shared counter that every thread updates with one operation
+    /// and one operand, with the returned values only summed into a tally.
+    pub allow_returning_atomics: bool,
+    /// Generate per-thread local arrays ([`Access::Local`]), stored to and loaded
+    /// from at any index (in range or not).
+    pub allow_local_arrays: bool,
+    /// Generate workgroup scans (in workgroup-uniform control flow, before any
+    /// return, like the reductions).
+    pub allow_workgroup_scans: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -115,11 +152,107 @@ impl Default for GeneratorOptions {
             allow_barriers: true,
             allow_workgroup_reduce: true,
             allow_early_return: true,
+            allow_while_loops: true,
+            allow_64_bit: true,
+            allow_returning_atomics: true,
+            allow_local_arrays: true,
+            allow_workgroup_scans: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
             limits: Limits::default(),
         }
+    }
+}
+
+impl GeneratorOptions {
+    /// These options with every construct added after the first differential runs
+    /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics,
+    /// local arrays, workgroup scans). Those
+    /// constructs draw from the seed only when they are on, so a seed printed by an
+    /// earlier run still gives its program with these options.
+    pub fn core_only(self) -> Self {
+        GeneratorOptions {
+            allow_while_loops: false,
+            allow_64_bit: false,
+            allow_returning_atomics: false,
+            allow_local_arrays: false,
+            allow_workgroup_scans: false,
+            ..self
+        }
+    }
+
+    /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
+    fn extended(&self) -> bool {
+        self.allow_while_loops
+            || self.allow_64_bit
+            || self.allow_returning_atomics
+            || self.allow_local_arrays
+            || self.allow_workgroup_scans
+    }
+}
+
+/// Which of the constructs [`GeneratorOptions::core_only`] turns off one program
+/// uses: each allowed one is drawn for about half the programs, so the differential
+/// sees them alone, together and not at all. Nothing is drawn for a construct that
+/// is off, which keeps `core_only` programs as they were.
+#[derive(Clone, Copy, Debug, Default)]
+struct Drawn {
+    while_loops: bool,
+    wide: bool,
+    atomics: bool,
+    local_arrays: bool,
+    scans: bool,
+}
+
+impl Drawn {
+    fn draw(rng: &mut SeededRng, options: &GeneratorOptions) -> Self {
+        Drawn {
+            while_loops: options.allow_while_loops && rng.one_in(2),
+            wide: options.allow_64_bit && rng.one_in(2),
+            atomics: options.allow_returning_atomics && options.allow_atomics && rng.one_in(2),
+            local_arrays: options.allow_local_arrays && rng.one_in(2),
+            scans: options.allow_workgroup_scans && rng.one_in(2),
+        }
+    }
+
+    /// Whether the program uses a construct that adds statements.
+    fn any_statements(&self) -> bool {
+        self.while_loops || self.atomics || self.local_arrays
+    }
+
+    /// Integer element types atomics draw from.
+    fn atomic_elems(&self) -> &'static [ElemType] {
+        self.by_width(&ATOMIC_ELEMS_WIDE, &ATOMIC_ELEMS_WIDE[..2])
+    }
+
+    /// `wide` in a program with 64-bit values, `narrow` otherwise.
+    fn by_width<T>(&self, wide: &'static [T], narrow: &'static [T]) -> &'static [T] {
+        if self.wide {
+            wide
+        } else {
+            narrow
+        }
+    }
+
+    /// Value types expressions draw from.
+    fn types(&self) -> &'static [ScalarType] {
+        self.by_width(&TYPES_WIDE, &TYPES)
+    }
+
+    /// Element types buffers draw from.
+    fn elems(&self) -> &'static [ElemType] {
+        self.by_width(&ELEMS_WIDE, &ELEMS)
+    }
+
+    /// Integer types (operands of `count_ones` and `leading_zeros`).
+    fn integers(&self) -> &'static [ScalarType] {
+        self.by_width(&INTEGERS_WIDE, &TYPES[..2])
+    }
+
+    /// Ordered types (operands of `<` and friends).
+    fn ordered(&self) -> &'static [ScalarType] {
+        self.by_width(&ORDERED_WIDE, &TYPES[..3])
     }
 }
 
@@ -144,14 +277,43 @@ const TYPES: [ScalarType; 4] = [
     ScalarType::Bool,
 ];
 const ELEMS: [ElemType; 4] = [ElemType::U8, ElemType::U32, ElemType::I32, ElemType::F32];
+const TYPES_WIDE: [ScalarType; 6] = ScalarType::ALL;
+const ELEMS_WIDE: [ElemType; 6] = ElemType::ALL;
+const INTEGERS_WIDE: [ScalarType; 4] = [
+    ScalarType::U32,
+    ScalarType::I32,
+    ScalarType::U64,
+    ScalarType::I64,
+];
+const ORDERED_WIDE: [ScalarType; 5] = [
+    ScalarType::U32,
+    ScalarType::I32,
+    ScalarType::F32,
+    ScalarType::U64,
+    ScalarType::I64,
+];
 const AXES: [Axis; 3] = [Axis::X, Axis::Y, Axis::Z];
 const ATOMIC_OPS: [AtomicOp; 4] = [AtomicOp::Add, AtomicOp::Min, AtomicOp::Max, AtomicOp::Or];
+/// The operations whose final value is order-free when one is used alone.
+const COMMUTING_ATOMIC_OPS: [AtomicOp; 7] = [
+    AtomicOp::Add,
+    AtomicOp::Sub,
+    AtomicOp::Min,
+    AtomicOp::Max,
+    AtomicOp::And,
+    AtomicOp::Or,
+    AtomicOp::Xor,
+];
+const ATOMIC_ELEMS_WIDE: [ElemType; 4] =
+    [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
-const ACCESSES: [Access; 4] = [
+const SCAN_KINDS: [ScanKind; 2] = [ScanKind::Inclusive, ScanKind::Exclusive];
+const ACCESSES: [Access; 5] = [
     Access::ReadOnly,
     Access::ReadWrite,
     Access::WriteOnly,
     Access::Workgroup,
+    Access::Local,
 ];
 
 fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
@@ -188,6 +350,43 @@ fn interesting_literal(rng: &mut SeededRng, ty: ScalarType) -> Literal {
         }
         ScalarType::F32 => Literal::F32(f32::from_bits(interesting_f32_bits(rng))),
         ScalarType::Bool => Literal::Bool(rng.one_in(2)),
+        ScalarType::U64 => {
+            const U: [u64; 10] = [
+                0,
+                1,
+                2,
+                63,
+                64,
+                0xffff_ffff,
+                0x1_0000_0000,
+                0x7fff_ffff_ffff_ffff,
+                0x8000_0000_0000_0000,
+                u64::MAX,
+            ];
+            if rng.one_in(4) {
+                Literal::U64(rng.next_u64())
+            } else {
+                Literal::U64(*rng.pick(&U).unwrap_or(&0))
+            }
+        }
+        ScalarType::I64 => {
+            const I: [i64; 9] = [
+                0,
+                1,
+                -1,
+                63,
+                -64,
+                i32::MIN as i64,
+                u32::MAX as i64,
+                i64::MIN,
+                i64::MAX,
+            ];
+            if rng.one_in(4) {
+                Literal::I64(rng.next_u64() as i64)
+            } else {
+                Literal::I64(*rng.pick(&I).unwrap_or(&0))
+            }
+        }
     }
 }
 
@@ -219,9 +418,11 @@ fn interesting_f32_bits(rng: &mut SeededRng) -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReadAt {
     /// Any index (nobody writes it during this phase).
-    AnyIndex,
+    Anywhere,
     /// Only the thread's own global linear id.
-    OwnIndex,
+    OwnGlobalId,
+    /// Only the thread's own local linear id (a workgroup buffer).
+    OwnLocalId,
 }
 
 struct Variable {
@@ -249,6 +450,50 @@ struct ValidGenerator {
     budget: i64,
     /// Deepest expression tree a statement gets.
     expr_depth: u32,
+    /// Loops around the block being generated (`break` and `continue` need one).
+    loop_depth: u32,
+    /// The later constructs this program uses.
+    drawn: Drawn,
+    /// An integer buffer of one element per thread (read back), which returning
+    /// atomics update only at the thread's own element (`gid`): their results are
+    /// deterministic.
+    owned: Option<(Name, ElemType)>,
+    /// The workgroup counterpart of `owned`, one element per local id (`lid`).
+    workgroup_owned: Option<(Name, ElemType)>,
+    /// Shared counters (a global and a workgroup one) that every thread updates with
+    /// `counter_update` alone, and the `u32` tally their returned values are added to.
+    counters: Vec<(Name, ElemType)>,
+    counter_update: CounterUpdate,
+    tally: Option<Name>,
+    /// Local arrays (private to each thread: any index, any order) and their lengths.
+    local_arrays: Vec<(Name, ElemType, u32)>,
+}
+
+/// The one update of a program's shared counters: an operation (a compare-exchange
+/// when `op` is `None`) and literal operands. Every thread applying the same
+/// function makes the sequence of values an element takes, and so the multiset of
+/// returned values, independent of thread order. What becomes of a returned value is
+/// one per program too (`fold` into `tally[tally_slot]`): were it chosen per site,
+/// the order would decide which site, and so which function or slot, got which value.
+#[derive(Clone, Copy, Debug)]
+struct CounterUpdate {
+    op: Option<AtomicOp>,
+    operand: u64,
+    expected: u64,
+    fold: CounterFold,
+    /// The tally element every returned value is added to (past the end: none).
+    tally_slot: u32,
+}
+
+/// The function of a returned counter value (and literals alone) that is added to
+/// the tally.
+#[derive(Clone, Copy, Debug)]
+enum CounterFold {
+    Value,
+    Times(u64),
+    Xor(u64),
+    ShiftRight(u32),
+    CountOnes,
 }
 
 const GID: &str = "gid";
@@ -295,7 +540,10 @@ impl ValidGenerator {
                 if_false: Box::new(self.expr(ty, next)),
             },
             5 => {
-                let from = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                let from = *self
+                    .rng
+                    .pick(self.drawn.types())
+                    .unwrap_or(&ScalarType::U32);
                 Expr::Cast {
                     to: ty,
                     value: Box::new(self.expr(from, next)),
@@ -354,8 +602,9 @@ impl ValidGenerator {
             .nth(chosen)?
             .clone();
         let index = match read_at {
-            ReadAt::OwnIndex => Expr::var(GID),
-            ReadAt::AnyIndex => match self.rng.below(3) {
+            ReadAt::OwnGlobalId => Expr::var(GID),
+            ReadAt::OwnLocalId => Expr::var(LID),
+            ReadAt::Anywhere => match self.rng.below(3) {
                 0 => Expr::var(GID),
                 1 => Expr::var(GID) + self.expr(ScalarType::U32, depth),
                 _ => self.expr(ScalarType::U32, depth),
@@ -367,7 +616,7 @@ impl ValidGenerator {
     fn binary(&mut self, ty: ScalarType, depth: u32) -> Expr {
         use BinaryOp::*;
         let op = match ty {
-            ScalarType::U32 | ScalarType::I32 => *self
+            ScalarType::U32 | ScalarType::I32 | ScalarType::U64 | ScalarType::I64 => *self
                 .rng
                 .pick(&[
                     Add, Sub, Mul, Div, Rem, BitAnd, BitOr, BitXor, Shl, Shr, Min, Max,
@@ -385,11 +634,17 @@ impl ValidGenerator {
         let (left_ty, right_ty) = match op {
             Shl | Shr => (ty, ScalarType::U32),
             Eq | Ne => {
-                let t = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                let t = *self
+                    .rng
+                    .pick(self.drawn.types())
+                    .unwrap_or(&ScalarType::U32);
                 (t, t)
             }
             Lt | Le | Gt | Ge => {
-                let t = *self.rng.pick(&TYPES[..3]).unwrap_or(&ScalarType::U32);
+                let t = *self
+                    .rng
+                    .pick(self.drawn.ordered())
+                    .unwrap_or(&ScalarType::U32);
                 (t, t)
             }
             _ => (ty, ty),
@@ -404,14 +659,23 @@ impl ValidGenerator {
                 0 => (BitNot, ScalarType::U32),
                 1 => (
                     CountOnes,
-                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                    *self
+                        .rng
+                        .pick(self.drawn.integers())
+                        .unwrap_or(&ScalarType::U32),
                 ),
                 _ => (
                     LeadingZeros,
-                    *self.rng.pick(&TYPES[..2]).unwrap_or(&ScalarType::U32),
+                    *self
+                        .rng
+                        .pick(self.drawn.integers())
+                        .unwrap_or(&ScalarType::U32),
                 ),
             },
-            ScalarType::I32 => (*self.rng.pick(&[Neg, BitNot, Abs]).unwrap_or(&Neg), ty),
+            ScalarType::U64 => (BitNot, ty),
+            ScalarType::I32 | ScalarType::I64 => {
+                (*self.rng.pick(&[Neg, BitNot, Abs]).unwrap_or(&Neg), ty)
+            }
             ScalarType::F32 => (*self.rng.pick(&[Neg, Abs]).unwrap_or(&Neg), ty),
             ScalarType::Bool => (LogicalNot, ty),
         };
@@ -453,10 +717,22 @@ impl ValidGenerator {
                 break;
             }
             self.budget -= 1;
+            // Constructs added later draw only when on, so `core_only` keeps old seeds.
+            if self.drawn.any_statements() && self.rng.one_in(5) {
+                let (statements, ends_block) = self.extended_statement(depth);
+                nodes.extend(statements);
+                if ends_block {
+                    break;
+                }
+                continue;
+            }
             let choice = self.rng.below(12);
             match choice {
                 0 | 1 => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     let value = self.expr(ty, self.expr_depth);
                     let name = self.fresh_name();
                     let mutable = self.rng.one_in(2);
@@ -468,7 +744,10 @@ impl ValidGenerator {
                     self.declare(name, ty, mutable);
                 }
                 2 | 3 => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     if let Some(name) = self.variable_of(ty, true) {
                         let value = self.expr(ty, self.expr_depth);
                         nodes.push(Node::Assign { name, value });
@@ -523,7 +802,9 @@ impl ValidGenerator {
                     };
                     let mark_loop = self.variables.len();
                     self.declare(variable.clone(), ScalarType::U32, false);
+                    self.loop_depth += 1;
                     let body = self.statement_block(depth + 1).into();
+                    self.loop_depth -= 1;
                     self.variables.truncate(mark_loop);
                     nodes.push(Node::Loop {
                         variable,
@@ -545,7 +826,10 @@ impl ValidGenerator {
                     });
                 }
                 _ => {
-                    let ty = *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32);
+                    let ty = *self
+                        .rng
+                        .pick(self.drawn.types())
+                        .unwrap_or(&ScalarType::U32);
                     let value = self.expr(ty, 2);
                     let name = self.fresh_name();
                     nodes.push(Node::Let {
@@ -559,6 +843,230 @@ impl ValidGenerator {
         }
         self.variables.truncate(mark);
         nodes
+    }
+
+    /// One of the constructs [`GeneratorOptions::core_only`] turns off (or nothing,
+    /// when the one drawn is off or does not fit here); also says whether it ends the
+    /// block (a bare `break` or `continue`: later statements would never run).
+    fn extended_statement(&mut self, depth: u32) -> (Vec<Node>, bool) {
+        let choice = self.rng.below(8);
+        match choice {
+            0 | 1 if self.drawn.while_loops && depth < 4 => (self.while_loop(depth), false),
+            4 | 5 if self.drawn.atomics => (self.owned_atomic(), false),
+            6 | 7 if self.drawn.atomics => (self.counter_atomic(), false),
+            4..=7 if self.drawn.local_arrays => (self.local_store(), false),
+            2 | 3 if self.drawn.while_loops && self.loop_depth > 0 => {
+                let node = if choice == 2 {
+                    Node::Break
+                } else {
+                    Node::Continue
+                };
+                if self.rng.one_in(3) {
+                    return (vec![node], true);
+                }
+                let condition = self.expr(ScalarType::Bool, 2);
+                (
+                    vec![Node::If {
+                        condition,
+                        then_body: vec![node].into(),
+                        else_body: Vec::new().into(),
+                    }],
+                    false,
+                )
+            }
+            _ => (Vec::new(), false),
+        }
+    }
+
+    /// `out[gid] = name` (cast to the element) into an output drawn at random: each
+    /// thread stores its own result of a collective.
+    fn store_own_result(&mut self, name: &Name) -> Option<Node> {
+        let output = self.rng.below(self.outputs.len() as u64) as usize;
+        self.outputs.get(output).cloned().map(|(buffer, elem)| {
+            let value = Expr::var(name.clone()).cast(elem.value_type());
+            Node::Store {
+                buffer,
+                index: Expr::var(GID),
+                value,
+            }
+        })
+    }
+
+    /// `local[i] = v` into one of the thread's local arrays: any index, sometimes
+    /// past the end (the store then does nothing).
+    fn local_store(&mut self) -> Vec<Node> {
+        let count = self.local_arrays.len() as u64;
+        let chosen = self.rng.below(count) as usize;
+        let Some((buffer, elem, length)) = self.local_arrays.get(chosen).cloned() else {
+            return Vec::new();
+        };
+        let index = if self.rng.one_in(3) {
+            self.expr(ScalarType::U32, 2)
+        } else {
+            self.expr(ScalarType::U32, 2) % (length + 2)
+        };
+        let value = self.expr(elem.value_type(), self.expr_depth);
+        vec![Node::Store {
+            buffer,
+            index,
+            value,
+        }]
+    }
+
+    /// An atomic on the thread's own element of `owned` (at `gid`) or of
+    /// `workgroup_owned` (at `lid`): any operation, any operands; a returned value is
+    /// deterministic and becomes a variable like any other.
+    fn owned_atomic(&mut self) -> Vec<Node> {
+        let target = if self.rng.one_in(3) {
+            self.workgroup_owned.clone().map(|owned| (owned, LID))
+        } else {
+            self.owned.clone().map(|owned| (owned, GID))
+        };
+        let Some(((buffer, elem), at)) = target else {
+            return Vec::new();
+        };
+        let ty = elem.value_type();
+        let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
+        let index = Expr::var(at);
+        let value = self.expr(ty, 2);
+        let node = match self.rng.below(3) {
+            0 => {
+                return vec![Node::Atomic {
+                    op,
+                    buffer,
+                    index,
+                    value,
+                }]
+            }
+            1 => {
+                let name = self.fresh_name();
+                self.declare(name.clone(), ty, false);
+                Node::AtomicFetch {
+                    name,
+                    op,
+                    buffer,
+                    index,
+                    value,
+                }
+            }
+            _ => {
+                let expected = if self.rng.one_in(2) {
+                    // Often the element's own value, so the exchange happens.
+                    Expr::load(buffer.clone(), index.clone())
+                } else {
+                    self.expr(ty, 1)
+                };
+                let name = self.fresh_name();
+                self.declare(name.clone(), ty, false);
+                Node::CompareExchange {
+                    name,
+                    buffer,
+                    index,
+                    expected,
+                    value,
+                }
+            }
+        };
+        vec![node]
+    }
+
+    /// `let r = <the counter update>(&counter[i], ...); atomic_add(&tally[k], f(r));`
+    /// on a shared counter any thread may hit: `r` feeds only the tally (a sum, which
+    /// does not depend on which thread got which value) through `f`, a function of
+    /// `r` and literals alone, with `f` and `k` the same at every site of the program.
+    fn counter_atomic(&mut self) -> Vec<Node> {
+        let count = self.counters.len() as u64;
+        let Some((buffer, elem)) = self.counters.get(self.rng.below(count) as usize).cloned()
+        else {
+            return Vec::new();
+        };
+        let Some(tally) = self.tally.clone() else {
+            return Vec::new();
+        };
+        let ty = elem.value_type();
+        let literal = |bits: u64| match ty {
+            ScalarType::I32 => Expr::i32(bits as i32),
+            ScalarType::U64 => Expr::u64(bits),
+            ScalarType::I64 => Expr::i64(bits as i64),
+            _ => Expr::u32(bits as u32),
+        };
+        let index = self.expr(ScalarType::U32, 2) % 4u32;
+        let name = self.fresh_name();
+        let update = self.counter_update;
+        let fetch = match update.op {
+            Some(op) => Node::AtomicFetch {
+                name: name.clone(),
+                op,
+                buffer,
+                index,
+                value: literal(update.operand),
+            },
+            None => Node::CompareExchange {
+                name: name.clone(),
+                buffer,
+                index,
+                expected: literal(update.expected),
+                value: literal(update.operand),
+            },
+        };
+        let previous = Expr::Var(name);
+        let folded = match update.fold {
+            CounterFold::Value => previous,
+            CounterFold::Times(c) => previous * literal(c),
+            CounterFold::Xor(c) => previous ^ literal(c),
+            CounterFold::ShiftRight(amount) => previous >> Expr::u32(amount),
+            CounterFold::CountOnes => previous.count_ones().cast(ty),
+        };
+        vec![
+            fetch,
+            Node::Atomic {
+                op: AtomicOp::Add,
+                buffer: tally,
+                index: Expr::u32(update.tally_slot),
+                value: folded.cast(ScalarType::U32),
+            },
+        ]
+    }
+
+    /// `let mut fuel = f; while fuel != 0 [&& c] { fuel = fuel - 1; ... }`: the loop
+    /// exits on data (`c`, a `break`, a `return`) and at the latest when its fuel
+    /// (at most 4, or a value clamped to it) runs out. The decrement comes first, so
+    /// a `continue` cannot skip it; the body never assigns `fuel` otherwise.
+    fn while_loop(&mut self, depth: u32) -> Vec<Node> {
+        let fuel = self.fresh_name();
+        let initial = if self.rng.one_in(2) {
+            Expr::u32(self.rng.range(0, 4))
+        } else {
+            Expr::binary(BinaryOp::Min, self.expr(ScalarType::U32, 2), 4u32)
+        };
+        let remaining = Expr::Var(fuel.clone()).not_equals(0u32);
+        let condition = if self.rng.one_in(2) {
+            remaining
+        } else {
+            remaining.and(self.expr(ScalarType::Bool, 2))
+        };
+        let mark = self.variables.len();
+        // Readable in the body, never chosen as an assignment target.
+        self.declare(fuel.clone(), ScalarType::U32, false);
+        self.loop_depth += 1;
+        let mut body = vec![Node::Assign {
+            name: fuel.clone(),
+            value: Expr::Var(fuel.clone()) - 1u32,
+        }];
+        body.extend(self.statement_block(depth + 1));
+        self.loop_depth -= 1;
+        self.variables.truncate(mark);
+        vec![
+            Node::Let {
+                name: fuel,
+                mutable: true,
+                value: initial,
+            },
+            Node::While {
+                condition,
+                body: body.into(),
+            },
+        ]
     }
 }
 
@@ -576,6 +1084,14 @@ fn random_bytes(rng: &mut SeededRng, elem: ElemType, count: u32) -> Vec<u8> {
                 bytes.extend_from_slice(&value.to_le_bytes());
             }
             ElemType::F32 => bytes.extend_from_slice(&interesting_f32_bits(rng).to_le_bytes()),
+            ElemType::U64 | ElemType::I64 => {
+                let value = match rng.below(3) {
+                    0 => rng.range(0, 40) as u64,
+                    1 => rng.next_u32() as u64,
+                    _ => rng.next_u64(),
+                };
+                bytes.extend_from_slice(&value.to_le_bytes());
+            }
         }
     }
     bytes
@@ -626,6 +1142,132 @@ fn workgroup_shape(rng: &mut SeededRng, options: &GeneratorOptions) -> [u32; 3] 
     shape
 }
 
+/// The case the GPU differential test checks for `seed`: the default options, a grid
+/// sync allowed in every tenth program. One definition for the differential and the
+/// CPU tests that vet its programs.
+pub fn differential_case(seed: u64) -> RandomCase {
+    let options = GeneratorOptions {
+        allow_grid_sync: seed % 10 == 9,
+        ..GeneratorOptions::default()
+    };
+    valid_program(seed, &options)
+}
+
+/// A language construct whose share of generated programs the differential reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum Construct {
+    ForLoop,
+    While,
+    Break,
+    Continue,
+    Return,
+    WideIntegers,
+    LocalArray,
+    Atomic,
+    AtomicFetch,
+    CompareExchange,
+    Barrier,
+    WorkgroupReduce,
+    WorkgroupScan,
+    GridSync,
+}
+
+impl Construct {
+    /// Every construct, in report order.
+    pub const ALL: [Construct; 14] = [
+        Construct::ForLoop,
+        Construct::While,
+        Construct::Break,
+        Construct::Continue,
+        Construct::Return,
+        Construct::WideIntegers,
+        Construct::LocalArray,
+        Construct::Atomic,
+        Construct::AtomicFetch,
+        Construct::CompareExchange,
+        Construct::Barrier,
+        Construct::WorkgroupReduce,
+        Construct::WorkgroupScan,
+        Construct::GridSync,
+    ];
+
+    /// A short name for reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Construct::ForLoop => "for",
+            Construct::While => "while",
+            Construct::Break => "break",
+            Construct::Continue => "continue",
+            Construct::Return => "return",
+            Construct::WideIntegers => "u64/i64",
+            Construct::LocalArray => "local array",
+            Construct::Atomic => "atomic",
+            Construct::AtomicFetch => "atomic fetch",
+            Construct::CompareExchange => "compare-exchange",
+            Construct::Barrier => "barrier",
+            Construct::WorkgroupReduce => "workgroup reduce",
+            Construct::WorkgroupScan => "workgroup scan",
+            Construct::GridSync => "grid sync",
+        }
+    }
+}
+
+/// Which constructs `program` uses: a flag per entry of [`Construct::ALL`]. A
+/// 64-bit buffer element, literal, variable or cast counts as `u64/i64`. Walks each
+/// shared block once, iteratively.
+pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
+    let mut used = [false; Construct::ALL.len()];
+    let mut mark = |construct: Construct| {
+        if let Some(position) = Construct::ALL.iter().position(|&c| c == construct) {
+            used[position] = true;
+        }
+    };
+    for decl in program.buffers() {
+        if decl.elem.value_type().is_wide() {
+            mark(Construct::WideIntegers);
+        }
+        if decl.access == Access::Local {
+            mark(Construct::LocalArray);
+        }
+    }
+    let mut exprs: Vec<&Expr> = Vec::new();
+    super::structural::any_node(program.entry(), |node| {
+        let construct = match node {
+            Node::Loop { .. } => Some(Construct::ForLoop),
+            Node::While { .. } => Some(Construct::While),
+            Node::Break => Some(Construct::Break),
+            Node::Continue => Some(Construct::Continue),
+            Node::Return => Some(Construct::Return),
+            Node::Atomic { .. } => Some(Construct::Atomic),
+            Node::AtomicFetch { .. } => Some(Construct::AtomicFetch),
+            Node::CompareExchange { .. } => Some(Construct::CompareExchange),
+            Node::Barrier => Some(Construct::Barrier),
+            Node::WorkgroupReduce { .. } => Some(Construct::WorkgroupReduce),
+            Node::WorkgroupScan { .. } => Some(Construct::WorkgroupScan),
+            Node::GridSync => Some(Construct::GridSync),
+            _ => None,
+        };
+        if let Some(construct) = construct {
+            mark(construct);
+        }
+        exprs.extend(super::structural::node_exprs(node).into_iter().flatten());
+        while let Some(expr) = exprs.pop() {
+            let wide = match expr {
+                Expr::Literal(literal) => literal.ty().is_wide(),
+                Expr::Cast { to, .. } => to.is_wide(),
+                _ => false,
+            };
+            if wide {
+                mark(Construct::WideIntegers);
+            }
+            exprs.extend(super::structural::expr_children(expr).into_iter().flatten());
+        }
+        false
+    });
+    used
+}
+
 /// A valid program with deterministic results, its inputs and a dispatch config.
 /// See the module docs for the rules that make the result independent of thread
 /// order. The same seed and options always give the same case.
@@ -674,15 +1316,67 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         next_variable: 0,
         budget: options.max_nodes as i64,
         expr_depth: if with_inputs { 3 } else { 2 },
+        loop_depth: 0,
+        drawn: Drawn::default(),
+        owned: None,
+        workgroup_owned: None,
+        counters: Vec::new(),
+        counter_update: CounterUpdate {
+            op: None,
+            operand: 0,
+            expected: 0,
+            fold: CounterFold::Value,
+            tally_slot: 0,
+        },
+        tally: None,
+        local_arrays: Vec::new(),
     };
-    generator.atomic_op = *generator.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add);
+    if options.extended() {
+        generator.drawn = Drawn::draw(&mut generator.rng, options);
+    }
+    let atomic_ops: &[AtomicOp] = if generator.drawn.atomics {
+        &COMMUTING_ATOMIC_OPS
+    } else {
+        &ATOMIC_OPS
+    };
+    generator.atomic_op = *generator.rng.pick(atomic_ops).unwrap_or(&AtomicOp::Add);
+    if generator.drawn.atomics {
+        let rng = &mut generator.rng;
+        let op = rng.pick(&AtomicOp::ALL).copied().filter(|_| !rng.one_in(4));
+        let operand = if rng.one_in(2) {
+            rng.range(0, 3) as u64
+        } else {
+            rng.next_u64()
+        };
+        let expected = match rng.below(3) {
+            0 => 0,
+            1 => operand,
+            _ => rng.next_u64(),
+        };
+        let c = rng.next_u64() | 1;
+        let fold = match rng.below(5) {
+            0 => CounterFold::Value,
+            1 => CounterFold::Times(c),
+            2 => CounterFold::Xor(c),
+            3 => CounterFold::ShiftRight(rng.range(0, 70)),
+            _ => CounterFold::CountOnes,
+        };
+        generator.counter_update = CounterUpdate {
+            op,
+            operand,
+            expected,
+            fold,
+            tally_slot: rng.range(0, 3),
+        };
+    }
+    let elems = generator.drawn.elems();
     let rng = &mut generator.rng;
 
     // Buffer declarations: (decl, element count for inputs).
     let mut decls: Vec<(BufferDecl, u32)> = Vec::new();
     let input_count = rng.range(1, 3);
     for i in 0..input_count {
-        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
         let elements = rng.range(1, 2 * total_threads + 3);
         let count = if rng.one_in(2) {
             BufferCount::Static(elements)
@@ -697,7 +1391,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
     }
     let output_count = rng.range(1, 3);
     for i in 0..output_count {
-        let elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+        let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
         let access = if rng.one_in(2) {
             Access::ReadWrite
         } else {
@@ -724,8 +1418,82 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             elements,
         ));
     }
+    if generator.drawn.local_arrays {
+        for k in 0..rng.range(1, 2) {
+            let elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
+            let length = rng.range(1, 12);
+            decls.push((
+                BufferDecl::new(
+                    format!("local{k}"),
+                    0,
+                    Access::Local,
+                    elem,
+                    BufferCount::Static(length),
+                ),
+                length,
+            ));
+        }
+    }
+    if generator.drawn.atomics {
+        let atomic_elems = generator.drawn.atomic_elems();
+        let owned_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        let count = if rng.one_in(2) {
+            BufferCount::Static(total_threads)
+        } else {
+            BufferCount::Runtime
+        };
+        decls.push((
+            BufferDecl::new("owned", 0, Access::ReadWrite, owned_elem, count),
+            total_threads,
+        ));
+        let counter_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        let counters = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "counter",
+                0,
+                Access::ReadWrite,
+                counter_elem,
+                BufferCount::Static(counters),
+            ),
+            counters,
+        ));
+        let tallies = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "tally",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Static(tallies),
+            ),
+            tallies,
+        ));
+        let workgroup_elem = *rng.pick(atomic_elems).unwrap_or(&ElemType::U32);
+        decls.push((
+            BufferDecl::new(
+                "workgroup_owned",
+                0,
+                Access::Workgroup,
+                workgroup_elem,
+                BufferCount::Static(threads_per_workgroup),
+            ),
+            0,
+        ));
+        let workgroup_counters = rng.range(1, 4);
+        decls.push((
+            BufferDecl::new(
+                "workgroup_counter",
+                0,
+                Access::Workgroup,
+                counter_elem,
+                BufferCount::Static(workgroup_counters),
+            ),
+            0,
+        ));
+    }
     let use_shared = options.allow_barriers && rng.one_in(2);
-    let shared_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    let shared_elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
     let shared_atomics = use_shared && options.allow_atomics && rng.one_in(2);
     if use_shared {
         let count = threads_per_workgroup + rng.range(0, 3);
@@ -756,7 +1524,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             0,
         ));
     }
-    let stage_elem = *rng.pick(&ELEMS).unwrap_or(&ElemType::U32);
+    let stage_elem = *rng.pick(elems).unwrap_or(&ElemType::U32);
     if grid_sync {
         decls.push((
             BufferDecl::new(
@@ -794,7 +1562,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             Access::ReadOnly => {
                 generator
                     .readable
-                    .push((decl.name.clone(), decl.elem, ReadAt::AnyIndex));
+                    .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
             }
             Access::ReadWrite | Access::WriteOnly => {
                 let name = &*decl.name;
@@ -802,12 +1570,42 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     generator.outputs.push((decl.name.clone(), decl.elem));
                     generator
                         .readable
-                        .push((decl.name.clone(), decl.elem, ReadAt::OwnIndex));
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnGlobalId));
                 } else if name == "atom" {
                     generator.atomic_buffer = Some(decl.name.clone());
+                } else if name == "owned" {
+                    generator.owned = Some((decl.name.clone(), decl.elem));
+                    generator.outputs.push((decl.name.clone(), decl.elem));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnGlobalId));
+                } else if name == "counter" {
+                    generator.counters.push((decl.name.clone(), decl.elem));
+                } else if name == "tally" {
+                    generator.tally = Some(decl.name.clone());
                 }
             }
-            Access::Workgroup => {}
+            Access::Local => {
+                if let BufferCount::Static(length) = decl.count {
+                    generator
+                        .local_arrays
+                        .push((decl.name.clone(), decl.elem, length));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
+                }
+            }
+            Access::Workgroup => {
+                let name = &*decl.name;
+                if name == "workgroup_owned" {
+                    generator.workgroup_owned = Some((decl.name.clone(), decl.elem));
+                    generator
+                        .readable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnLocalId));
+                } else if name == "workgroup_counter" {
+                    generator.counters.push((decl.name.clone(), decl.elem));
+                }
+            }
         }
     }
 
@@ -867,6 +1665,31 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                     else_body: vec![Node::Barrier].into(),
                 });
             }
+            _ if generator.drawn.while_loops && generator.rng.one_in(2) => {
+                // A workgroup-uniform `while` around the barrier, left by a uniform
+                // `break` in some workgroups.
+                let round = generator.fresh_name();
+                let rounds = generator.rng.range(1, 2);
+                let mut looped = vec![Node::Assign {
+                    name: round.clone(),
+                    value: Expr::Var(round.clone()) + 1u32,
+                }];
+                looped.extend(phase);
+                looped.push(Node::If {
+                    condition: generator.workgroup_uniform_condition(),
+                    then_body: vec![Node::Break].into(),
+                    else_body: Vec::new().into(),
+                });
+                body.push(Node::Let {
+                    name: round.clone(),
+                    mutable: true,
+                    value: Expr::u32(0),
+                });
+                body.push(Node::While {
+                    condition: Expr::Var(round).less_than(rounds),
+                    body: looped.into(),
+                });
+            }
             _ => {
                 let loop_variable = generator.fresh_name();
                 body.push(Node::Loop {
@@ -879,11 +1702,11 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         }
         generator
             .readable
-            .push(("shared".into(), shared_elem, ReadAt::AnyIndex));
+            .push(("shared".into(), shared_elem, ReadAt::Anywhere));
         if shared_atomics {
             generator
                 .readable
-                .push(("shared_atom".into(), ElemType::U32, ReadAt::AnyIndex));
+                .push(("shared_atom".into(), ElemType::U32, ReadAt::Anywhere));
         }
     }
 
@@ -897,19 +1720,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
             op,
             value,
         };
-        let output = generator.rng.below(generator.outputs.len() as u64) as usize;
-        let use_result = generator
-            .outputs
-            .get(output)
-            .cloned()
-            .map(|(buffer, elem)| {
-                let value = Expr::var(name.clone()).cast(elem.value_type());
-                Node::Store {
-                    buffer,
-                    index: Expr::var(GID),
-                    value,
-                }
-            });
+        let use_result = generator.store_own_result(&name);
         if generator.rng.one_in(2) {
             body.push(reduce);
             generator.declare(name, ScalarType::U32, false);
@@ -926,6 +1737,54 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         }
     }
 
+    // Scan phase: like the reductions, in uniform control flow before any return;
+    // each thread stores its own prefix (which does not depend on thread order).
+    if generator.drawn.scans {
+        for _ in 0..generator.rng.range(1, 2) {
+            let op = *generator.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum);
+            let kind = *generator
+                .rng
+                .pick(&SCAN_KINDS)
+                .unwrap_or(&ScanKind::Inclusive);
+            let value = generator.expr(ScalarType::U32, generator.expr_depth);
+            let name = generator.fresh_name();
+            let scan = Node::WorkgroupScan {
+                name: name.clone(),
+                op,
+                kind,
+                value,
+            };
+            let use_result = generator.store_own_result(&name);
+            match generator.rng.below(3) {
+                0 => {
+                    body.push(scan);
+                    generator.declare(name, ScalarType::U32, false);
+                    body.extend(use_result);
+                }
+                1 => {
+                    let condition = generator.workgroup_uniform_condition();
+                    let mut inner = vec![scan];
+                    inner.extend(use_result);
+                    body.push(Node::If {
+                        condition,
+                        then_body: inner.into(),
+                        else_body: Vec::new().into(),
+                    });
+                }
+                _ => {
+                    let mut inner = vec![scan];
+                    inner.extend(use_result);
+                    body.push(Node::Loop {
+                        variable: generator.fresh_name(),
+                        start: Expr::u32(0),
+                        end: Expr::u32(generator.rng.range(1, 2)),
+                        body: inner.into(),
+                    });
+                }
+            }
+        }
+    }
+
     // Grid-sync phase: stage[gid] written, sync, then stage read anywhere.
     if grid_sync {
         let value = generator.expr(stage_elem.value_type(), generator.expr_depth);
@@ -937,7 +1796,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         body.push(Node::GridSync);
         generator
             .readable
-            .push(("stage".into(), stage_elem, ReadAt::AnyIndex));
+            .push(("stage".into(), stage_elem, ReadAt::Anywhere));
         let neighbour = (Expr::var(GID) + generator.rng.range(1, 5)) % Expr::length("stage");
         let name = generator.fresh_name();
         body.push(Node::Let {
@@ -1017,7 +1876,7 @@ impl ArbitraryGenerator {
     }
 
     fn ty(&mut self) -> ScalarType {
-        *self.rng.pick(&TYPES).unwrap_or(&ScalarType::U32)
+        *self.rng.pick(&TYPES_WIDE).unwrap_or(&ScalarType::U32)
     }
 
     fn expr(&mut self, depth: u32) -> Expr {
@@ -1081,6 +1940,11 @@ impl ArbitraryGenerator {
                     self.rng.next_u32()
                 },
             },
+            _ if self.rng.one_in(2) => Expr::SubgroupScan {
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                kind: *self.rng.pick(&SCAN_KINDS).unwrap_or(&ScanKind::Inclusive),
+                value: Box::new(self.expr(next)),
+            },
             _ => Expr::SubgroupReduce {
                 op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
                 value: Box::new(self.expr(next)),
@@ -1093,7 +1957,7 @@ impl ArbitraryGenerator {
         let choice = if depth == 0 || self.budget <= 0 {
             self.rng.below(7)
         } else {
-            self.rng.below(10)
+            self.rng.below(11)
         };
         match choice {
             0 => Node::Let {
@@ -1110,15 +1974,42 @@ impl ArbitraryGenerator {
                 index: self.expr(2),
                 value: self.expr(3),
             },
-            3 => match self.rng.below(3) {
+            3 => match self.rng.below(5) {
                 0 => Node::Barrier,
                 1 => Node::GridSync,
+                2 => Node::Break,
+                3 => Node::Continue,
                 _ => Node::Return,
             },
-            4 => Node::Atomic {
-                op: *self.rng.pick(&ATOMIC_OPS).unwrap_or(&AtomicOp::Add),
-                buffer: self.name(),
-                index: self.expr(2),
+            4 => {
+                let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
+                match self.rng.below(3) {
+                    0 => Node::Atomic {
+                        op,
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        value: self.expr(2),
+                    },
+                    1 => Node::AtomicFetch {
+                        name: self.name(),
+                        op,
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        value: self.expr(2),
+                    },
+                    _ => Node::CompareExchange {
+                        name: self.name(),
+                        buffer: self.name(),
+                        index: self.expr(2),
+                        expected: self.expr(1),
+                        value: self.expr(2),
+                    },
+                }
+            }
+            5 if self.rng.one_in(2) => Node::WorkgroupScan {
+                name: self.name(),
+                op: *self.rng.pick(&REDUCE_OPS).unwrap_or(&ReduceOp::Sum),
+                kind: *self.rng.pick(&SCAN_KINDS).unwrap_or(&ScanKind::Inclusive),
                 value: self.expr(2),
             },
             5 => Node::WorkgroupReduce {
@@ -1136,10 +2027,14 @@ impl ArbitraryGenerator {
                 then_body: self.block(depth - 1).into(),
                 else_body: self.block(depth - 1).into(),
             },
-            _ => Node::Loop {
+            9 => Node::Loop {
                 variable: self.name(),
                 start: self.expr(1),
                 end: self.expr(1),
+                body: self.block(depth - 1).into(),
+            },
+            _ => Node::While {
+                condition: self.expr(2),
                 body: self.block(depth - 1).into(),
             },
         }
@@ -1168,7 +2063,7 @@ impl ArbitraryGenerator {
             self.name(),
             binding,
             *self.rng.pick(&ACCESSES).unwrap_or(&Access::ReadOnly),
-            *self.rng.pick(&ELEMS).unwrap_or(&ElemType::U32),
+            *self.rng.pick(&ELEMS_WIDE).unwrap_or(&ElemType::U32),
             count,
         )
     }
@@ -1241,18 +2136,27 @@ impl Mutator {
                         then_body: vec![node.clone()].into(),
                         else_body: Vec::new().into(),
                     }),
-                    4 => out.push(Node::Loop {
-                        variable: self.junk.name(),
-                        start: Expr::u32(0),
-                        end: self.junk.expr(1),
-                        body: vec![node.clone()].into(),
+                    4 => out.push(if self.junk.rng.one_in(2) {
+                        Node::Loop {
+                            variable: self.junk.name(),
+                            start: Expr::u32(0),
+                            end: self.junk.expr(1),
+                            body: vec![node.clone()].into(),
+                        }
+                    } else {
+                        Node::While {
+                            condition: self.junk.expr(1),
+                            body: vec![node.clone(), Node::Break].into(),
+                        }
                     }),
                     _ => {
                         out.push(node.clone());
-                        out.push(match self.junk.rng.below(4) {
+                        out.push(match self.junk.rng.below(6) {
                             0 => Node::Barrier,
                             1 => Node::GridSync,
                             2 => Node::Return,
+                            3 => Node::Break,
+                            4 => Node::Continue,
                             _ => Node::WorkgroupReduce {
                                 name: self.junk.name(),
                                 op: ReduceOp::Sum,
@@ -1328,7 +2232,50 @@ impl Mutator {
                 op: *op,
                 value: self.expr(value),
             },
-            Node::Barrier | Node::GridSync | Node::Return => node.clone(),
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => Node::WorkgroupScan {
+                name: name.clone(),
+                op: *op,
+                kind: *kind,
+                value: self.expr(value),
+            },
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::AtomicFetch {
+                name: name.clone(),
+                op: *op,
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => Node::CompareExchange {
+                name: name.clone(),
+                buffer: buffer.clone(),
+                index: self.expr(index),
+                expected: self.expr(expected),
+                value: self.expr(value),
+            },
+            Node::While { condition, body } => Node::While {
+                condition: self.expr(condition),
+                body: self.block(body),
+            },
+            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
+                node.clone()
+            }
         }
     }
 
@@ -1383,6 +2330,11 @@ impl Mutator {
             },
             Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
                 op: *op,
+                value: boxed(self, value),
+            },
+            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
+                op: *op,
+                kind: *kind,
                 value: boxed(self, value),
             },
         }

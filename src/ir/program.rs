@@ -22,7 +22,9 @@ pub type Block = Arc<[Node]>;
 ///
 /// `U8` exists because a tokenizer reads text: a load from a `U8` buffer yields a
 /// `u32` value in `0..=255`, and a store of a `u32` value into a `U8` buffer keeps
-/// its low 8 bits. Booleans are values only, never buffer elements.
+/// its low 8 bits. Booleans are values only, never buffer elements. `U64` and `I64`
+/// elements are 8 bytes, little-endian, like every other element in a dispatch's
+/// byte slices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ElemType {
     /// One byte per element; loads zero-extend to `u32`, stores truncate.
@@ -33,13 +35,28 @@ pub enum ElemType {
     I32,
     /// IEEE-754 binary32.
     F32,
+    /// Unsigned 64-bit integer.
+    U64,
+    /// Signed 64-bit integer (two's complement).
+    I64,
 }
 
 impl ElemType {
+    /// Every element type, for generators and exhaustive tests.
+    pub const ALL: [ElemType; 6] = [
+        ElemType::U8,
+        ElemType::U32,
+        ElemType::I32,
+        ElemType::F32,
+        ElemType::U64,
+        ElemType::I64,
+    ];
+
     /// Bytes one element occupies in a buffer.
     pub const fn size_bytes(self) -> u32 {
         match self {
             ElemType::U8 => 1,
+            ElemType::U64 | ElemType::I64 => 8,
             _ => 4,
         }
     }
@@ -50,6 +67,8 @@ impl ElemType {
             ElemType::U8 | ElemType::U32 => ScalarType::U32,
             ElemType::I32 => ScalarType::I32,
             ElemType::F32 => ScalarType::F32,
+            ElemType::U64 => ScalarType::U64,
+            ElemType::I64 => ScalarType::I64,
         }
     }
 
@@ -60,6 +79,8 @@ impl ElemType {
             ElemType::U32 => "u32",
             ElemType::I32 => "i32",
             ElemType::F32 => "f32",
+            ElemType::U64 => "u64",
+            ElemType::I64 => "i64",
         }
     }
 }
@@ -75,9 +96,23 @@ pub enum ScalarType {
     F32,
     /// A truth value.
     Bool,
+    /// Unsigned 64-bit integer; arithmetic wraps.
+    U64,
+    /// Signed 64-bit integer; arithmetic wraps.
+    I64,
 }
 
 impl ScalarType {
+    /// Every value type, for generators and exhaustive tests.
+    pub const ALL: [ScalarType; 6] = [
+        ScalarType::U32,
+        ScalarType::I32,
+        ScalarType::F32,
+        ScalarType::Bool,
+        ScalarType::U64,
+        ScalarType::I64,
+    ];
+
     /// Lower-case name used in `Display` and error messages.
     pub const fn name(self) -> &'static str {
         match self {
@@ -85,6 +120,31 @@ impl ScalarType {
             ScalarType::I32 => "i32",
             ScalarType::F32 => "f32",
             ScalarType::Bool => "bool",
+            ScalarType::U64 => "u64",
+            ScalarType::I64 => "i64",
+        }
+    }
+
+    /// `u32`, `i32`, `u64` or `i64`.
+    pub const fn is_integer(self) -> bool {
+        matches!(
+            self,
+            ScalarType::U32 | ScalarType::I32 | ScalarType::U64 | ScalarType::I64
+        )
+    }
+
+    /// `u64` or `i64`: values of 64 bits.
+    pub const fn is_wide(self) -> bool {
+        matches!(self, ScalarType::U64 | ScalarType::I64)
+    }
+
+    /// Bits of the type's values: 64 for `u64` and `i64`, 32 for the others (`bool`
+    /// included: its pattern is 0 or 1).
+    pub const fn bits(self) -> u32 {
+        if self.is_wide() {
+            64
+        } else {
+            32
         }
     }
 }
@@ -101,6 +161,14 @@ pub enum Access {
     /// Per-workgroup shared memory (`.shared` in PTX): one instance per workgroup,
     /// zero at kernel start, not a kernel parameter, never read back. Needs a static count.
     Workgroup,
+    /// A per-thread array (`.local` in PTX): one instance per thread, zero at kernel
+    /// start, not a kernel parameter, never read back, no atomics. Needs a static
+    /// count; all of a program's local arrays together take at most
+    /// [`MAX_LOCAL_ARRAY_BYTES`](super::validate::MAX_LOCAL_ARRAY_BYTES) per thread.
+    /// Indexed at run time and bounds-checked like any buffer (an out-of-range load
+    /// reads 0, a store does nothing). ptxas keeps it in registers when it can resolve
+    /// every index, in the thread's local memory (its stack) otherwise.
+    Local,
 }
 
 impl Access {
@@ -111,6 +179,7 @@ impl Access {
             Access::ReadWrite => "read_write",
             Access::WriteOnly => "write_only",
             Access::Workgroup => "workgroup",
+            Access::Local => "local",
         }
     }
 
@@ -119,9 +188,10 @@ impl Access {
         matches!(self, Access::ReadWrite | Access::WriteOnly)
     }
 
-    /// True for buffers that are kernel parameters (everything but `Workgroup`).
+    /// True for buffers that are kernel parameters (everything but `Workgroup` and
+    /// `Local`).
     pub const fn is_global(self) -> bool {
-        !matches!(self, Access::Workgroup)
+        !matches!(self, Access::Workgroup | Access::Local)
     }
 }
 
@@ -232,6 +302,10 @@ pub enum Literal {
     F32(f32),
     /// A `bool`.
     Bool(bool),
+    /// A `u64`.
+    U64(u64),
+    /// An `i64`.
+    I64(i64),
 }
 
 impl Literal {
@@ -242,16 +316,21 @@ impl Literal {
             Literal::I32(_) => ScalarType::I32,
             Literal::F32(_) => ScalarType::F32,
             Literal::Bool(_) => ScalarType::Bool,
+            Literal::U64(_) => ScalarType::U64,
+            Literal::I64(_) => ScalarType::I64,
         }
     }
 
-    /// The 32-bit pattern of the literal (`bool` is 0 or 1).
-    pub const fn bits(self) -> u32 {
+    /// The bit pattern of the literal, zero-extended to 64 bits (`bool` is 0 or 1; a
+    /// 32-bit type's pattern is in the low 32 bits).
+    pub const fn bits(self) -> u64 {
         match self {
-            Literal::U32(v) => v,
-            Literal::I32(v) => v as u32,
-            Literal::F32(v) => v.to_bits(),
-            Literal::Bool(v) => v as u32,
+            Literal::U32(v) => v as u64,
+            Literal::I32(v) => v as u32 as u64,
+            Literal::F32(v) => v.to_bits() as u64,
+            Literal::Bool(v) => v as u64,
+            Literal::U64(v) => v,
+            Literal::I64(v) => v as u64,
         }
     }
 }
@@ -272,11 +351,15 @@ impl std::hash::Hash for Literal {
 /// Two-operand operators.
 ///
 /// Semantics, identical on the GPU and the reference interpreter:
-/// - `Add`, `Sub`, `Mul` wrap on integers; round to nearest on `f32` (never fused).
+/// - Both operands have one type (the shift amount excepted), the result has it too
+///   (comparisons give `bool`): a `u32` never meets a `u64` without a cast.
+/// - `Add`, `Sub`, `Mul` wrap on integers (modulo 2^32 or 2^64); round to nearest on
+///   `f32` (never fused).
 /// - `Div`, `Rem` on integers: division by zero gives 0; `i32::MIN / -1` gives
-///   `i32::MIN` and its remainder 0; signed division truncates toward zero.
-///   `Div` on `f32` is IEEE division; `Rem` is integer-only.
-/// - `Shl`, `Shr` use the right operand (a `u32`) modulo 32; `Shr` is arithmetic on `i32`.
+///   `i32::MIN` and its remainder 0 (`i64::MIN / -1` likewise); signed division
+///   truncates toward zero. `Div` on `f32` is IEEE division; `Rem` is integer-only.
+/// - `Shl`, `Shr` use the right operand (a `u32`) modulo the left operand's width
+///   (32 or 64); `Shr` is arithmetic on `i32` and `i64`.
 /// - `Min`, `Max` on `f32` return the non-NaN operand when exactly one is NaN.
 /// - Comparisons yield `bool`; `Eq`/`Ne` also compare `bool`s. `f32` compares are ordered
 ///   (any NaN compares false, except `Ne`, which is true).
@@ -368,10 +451,12 @@ impl BinaryOp {
 
 /// One-operand operators.
 ///
-/// - `Neg`: `i32` (wrapping) or `f32`.
-/// - `BitNot`: `u32` or `i32`. `LogicalNot`: `bool`.
-/// - `Abs`: `i32` (wrapping: `abs(i32::MIN) == i32::MIN`) or `f32` (clears the sign bit).
-/// - `CountOnes`, `LeadingZeros`: `u32` or `i32`, yield `u32`.
+/// - `Neg`: `i32`, `i64` (wrapping) or `f32`.
+/// - `BitNot`: any integer type. `LogicalNot`: `bool`.
+/// - `Abs`: `i32`, `i64` (wrapping: `abs(i32::MIN) == i32::MIN`) or `f32` (clears the
+///   sign bit).
+/// - `CountOnes`, `LeadingZeros`: any integer type, yield `u32` (`leading_zeros` of 0
+///   is the width, 32 or 64).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum UnaryOp {
@@ -407,8 +492,35 @@ impl UnaryOp {
     }
 }
 
-/// Atomic read-modify-write operations on `u32` buffer elements. They return no
-/// value, so the final memory contents do not depend on the order threads ran in.
+/// Atomic read-modify-write operations on an integer buffer element (`u32`, `i32`,
+/// `u64` or `i64`) with an operand `v` of the element's value type. Each replaces the
+/// element `x` by: `Add` `x + v`, `Sub` `x - v` (both wrapping), `Min`/`Max` the
+/// smaller/larger (signed for `i32`/`i64`), `And`/`Or`/`Xor` the bitwise operation,
+/// `Exchange` `v`. [`Node::AtomicFetch`] also returns `x`; [`Node::Atomic`] does not.
+///
+/// # Which results depend on the order threads run in
+///
+/// Threads of a dispatch reach an atomic in no defined order on the GPU; the reference
+/// interpreter applies one statement's atomics in ascending global thread id (lockstep
+/// order). What a program can rely on:
+/// - The final value of an element that several threads update with the **same**
+///   commutative operation (`Add`, `Sub`, `Min`, `Max`, `And`, `Or`, `Xor`) between two
+///   barriers does not depend on the order. Mixing two operations on one element
+///   (`(x + a) | b` is not `(x | b) + a`), or `Exchange` / compare-exchange with
+///   different operands, makes it order-dependent.
+/// - A **returned** value depends on the order as soon as two threads touch the same
+///   element: which thread sees which previous value is a race (a fetch-add that
+///   claims output slots hands out the same slots, to other threads). When every
+///   thread applies the same operation with the same operand, the *multiset* of
+///   returned values does not depend on the order, so an order-free use of them (one
+///   function of the value summed into one element, or a constant stored at each
+///   claimed slot) gives the same bytes on the GPU and the reference; using them
+///   differently at two sites is not order-free (the order decides which site got
+///   which value). An element only one thread touches returns a deterministic value.
+///
+/// `ReferenceOptions::reverse_atomic_order` runs the reference with each statement's
+/// atomics in descending order instead: outputs that change with it depend on the
+/// order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum AtomicOp {
@@ -416,9 +528,25 @@ pub enum AtomicOp {
     Min,
     Max,
     Or,
+    Sub,
+    And,
+    Xor,
+    Exchange,
 }
 
 impl AtomicOp {
+    /// Every operation, for generators and exhaustive tests.
+    pub const ALL: [AtomicOp; 8] = [
+        AtomicOp::Add,
+        AtomicOp::Sub,
+        AtomicOp::Min,
+        AtomicOp::Max,
+        AtomicOp::And,
+        AtomicOp::Or,
+        AtomicOp::Xor,
+        AtomicOp::Exchange,
+    ];
+
     /// Lower-case name.
     pub const fn name(self) -> &'static str {
         match self {
@@ -426,7 +554,17 @@ impl AtomicOp {
             AtomicOp::Min => "min",
             AtomicOp::Max => "max",
             AtomicOp::Or => "or",
+            AtomicOp::Sub => "sub",
+            AtomicOp::And => "and",
+            AtomicOp::Xor => "xor",
+            AtomicOp::Exchange => "exchange",
         }
+    }
+
+    /// Whether applying it twice with any operands gives the same element in either
+    /// order (every operation but `Exchange`).
+    pub const fn commutes(self) -> bool {
+        !matches!(self, AtomicOp::Exchange)
     }
 }
 
@@ -464,6 +602,26 @@ impl ReduceOp {
             ReduceOp::Sum => a.wrapping_add(b),
             ReduceOp::Min => a.min(b),
             ReduceOp::Max => a.max(b),
+        }
+    }
+}
+
+/// Whether a scan's result includes the thread's own value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScanKind {
+    /// Thread `i` gets `v_0 ⊕ v_1 ⊕ ... ⊕ v_i`.
+    Inclusive,
+    /// Thread `i` gets `v_0 ⊕ ... ⊕ v_(i-1)`; the first thread gets the operation's
+    /// identity (0 for sum and max, `u32::MAX` for min).
+    Exclusive,
+}
+
+impl ScanKind {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScanKind::Inclusive => "inclusive",
+            ScanKind::Exclusive => "exclusive",
         }
     }
 }
@@ -517,8 +675,10 @@ pub enum Expr {
     },
     /// Convert to another scalar type, with Rust `as` semantics: `f32` → integer
     /// truncates toward zero and saturates, NaN gives 0; integer → `f32` rounds to
-    /// nearest; `u32` ↔ `i32` reinterprets the bits; `bool` → number is 0 or 1;
-    /// number → `bool` is `!= 0` (NaN is true).
+    /// nearest; `u32` ↔ `i32` and `u64` ↔ `i64` reinterpret the bits; a 64-bit integer
+    /// → a 32-bit one keeps the low 32 bits; `u32` → 64 bits zero-extends and `i32` →
+    /// 64 bits sign-extends; `bool` → number is 0 or 1; number → `bool` is `!= 0` (NaN
+    /// is true).
     Cast {
         /// Target type.
         to: ScalarType,
@@ -541,6 +701,17 @@ pub enum Expr {
     SubgroupReduce {
         /// Reduction.
         op: ReduceOp,
+        /// A `u32` value.
+        value: Box<Expr>,
+    },
+    /// The prefix of a `u32` value over the lanes of this thread's subgroup, in lane
+    /// order ([`ScanKind`]). Produced only by lowering; requires every lane of the
+    /// subgroup to be active.
+    SubgroupScan {
+        /// Combining operation.
+        op: ReduceOp,
+        /// Inclusive or exclusive.
+        kind: ScanKind,
         /// A `u32` value.
         value: Box<Expr>,
     },
@@ -590,7 +761,8 @@ pub enum Node {
     },
     /// `for variable in start..end { body }` over `u32`; `start` and `end` are evaluated
     /// once, before the first iteration, so the loop is bounded. The loop variable is
-    /// immutable inside the body.
+    /// immutable inside the body. [`Node::Break`] leaves the loop, [`Node::Continue`]
+    /// goes on with the next value.
     Loop {
         /// Loop variable (`u32`).
         variable: Name,
@@ -601,6 +773,31 @@ pub enum Node {
         /// Body.
         body: Block,
     },
+    /// `while condition { body }`: evaluate `condition` (a `bool`) and, while it is
+    /// true, run `body` and evaluate it again. The loop exits on data, so it need not
+    /// terminate: on the GPU a runaway loop runs until the launch is killed, unless
+    /// [`CodegenOptions::max_loop_iterations`](crate::CodegenOptions::max_loop_iterations)
+    /// caps it (the kernel then traps, a `KernelFault` naming the program); the
+    /// reference interpreter stops it at its work cap (or at the same iteration cap)
+    /// with an `Err`. Threads leave the loop independently: a thread whose condition
+    /// is false (or that runs [`Node::Break`]) waits after the loop while the others
+    /// go on, so a barrier, workgroup reduction or scan inside the body needs a
+    /// workgroup-uniform condition and no `break`/`continue` under divergent control
+    /// (the validator refuses the rest). Variables declared in the body are new in
+    /// every iteration; assignments to outer variables persist.
+    While {
+        /// A `bool`, evaluated before every iteration.
+        condition: Expr,
+        /// Body.
+        body: Block,
+    },
+    /// Leave the innermost enclosing loop ([`Node::Loop`] or [`Node::While`]) now:
+    /// the thread continues after it. Only valid inside a loop.
+    Break,
+    /// End this iteration of the innermost enclosing loop: a [`Node::Loop`] goes on with
+    /// its next value, a [`Node::While`] evaluates its condition again. Only valid
+    /// inside a loop.
+    Continue,
     /// Wait until every thread of the workgroup arrives; memory written to workgroup and
     /// global buffers before it is visible to the workgroup after it. Must be reached by
     /// every thread of the workgroup (workgroup-uniform control flow).
@@ -609,8 +806,10 @@ pub enum Node {
     /// is visible to the grid after it. Needs grid-uniform control flow and a grid that
     /// fits on the device at once (launched cooperatively).
     GridSync,
-    /// Atomic read-modify-write of element `index` of a `u32` `ReadWrite` or
-    /// `Workgroup` buffer. Out-of-range indices do nothing (bounds checks on).
+    /// Atomic read-modify-write of element `index` of an integer (`u32`, `i32`, `u64`
+    /// or `i64`) `ReadWrite` or `Workgroup` buffer; see [`AtomicOp`] for the operations
+    /// and what depends on thread order. Out-of-range indices do nothing (bounds
+    /// checks on).
     Atomic {
         /// Operation.
         op: AtomicOp,
@@ -618,7 +817,42 @@ pub enum Node {
         buffer: Name,
         /// Element index, `u32`.
         index: Expr,
-        /// Operand, `u32`.
+        /// Operand, of the element's value type.
+        value: Expr,
+    },
+    /// `let name = atomic_fetch_<op>(&buffer[index], value);`: [`Node::Atomic`] that
+    /// also declares an immutable variable holding the element's value from just
+    /// before this thread's operation (an out-of-range index, with bounds checks on,
+    /// changes nothing and gives 0). Which value a thread gets depends on the order
+    /// of the threads that touch the element ([`AtomicOp`]).
+    AtomicFetch {
+        /// Variable holding the previous value (the element's value type).
+        name: Name,
+        /// Operation.
+        op: AtomicOp,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// Operand, of the element's value type.
+        value: Expr,
+    },
+    /// `let name = atomic_compare_exchange(&buffer[index], expected, value);`: one
+    /// atomic step that replaces the element by `value` when it equals `expected`,
+    /// and declares an immutable variable holding the element's previous value (so
+    /// the exchange happened exactly when `name == expected`). Same buffers, bounds
+    /// and order rules as [`Node::AtomicFetch`]: which of several threads racing on
+    /// one element wins depends on thread order.
+    CompareExchange {
+        /// Variable holding the previous value (the element's value type).
+        name: Name,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+        /// The value the element must hold, of its value type.
+        expected: Expr,
+        /// The value it then gets, of its value type.
         value: Expr,
     },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every
@@ -629,6 +863,23 @@ pub enum Node {
         name: Name,
         /// Reduction.
         op: ReduceOp,
+        /// Each thread's contribution, `u32`.
+        value: Expr,
+    },
+    /// Declare an immutable `u32` variable holding this thread's prefix of `value`
+    /// over the threads of its workgroup in local linear id order (`x + size_x * (y +
+    /// size_y * z)`; see [`ScanKind`]): a prefix sum gives each thread its offset in a
+    /// compaction. Each thread sees its own result; it does not depend on the order
+    /// threads run in. Needs workgroup-uniform control flow (every thread of the
+    /// workgroup takes part). `Sum` wraps. Lowering (`crate::lower`) rewrites it
+    /// before code generation, like [`Node::WorkgroupReduce`].
+    WorkgroupScan {
+        /// Variable name of the result.
+        name: Name,
+        /// Combining operation.
+        op: ReduceOp,
+        /// Inclusive or exclusive.
+        kind: ScanKind,
         /// Each thread's contribution, `u32`.
         value: Expr,
     },
@@ -664,7 +915,8 @@ pub(crate) const VALIDITY_SLOTS: usize = 4;
 /// pointer to itself, which would be a reference cycle and leak the program.
 #[derive(Debug)]
 pub(crate) struct LoweringMemo {
-    /// Whether the program contains a [`Node::WorkgroupReduce`] anywhere.
+    /// Whether the program contains a [`Node::WorkgroupReduce`] or [`Node::WorkgroupScan`]
+    /// anywhere.
     pub(crate) needs_lowering: bool,
     /// The lowered program and the lowering-capabilities key it was made for (only
     /// set when `needs_lowering`). One key per program: a call with another key

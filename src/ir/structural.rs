@@ -51,7 +51,8 @@ pub(crate) fn expr_children(expr: &Expr) -> [Option<&Expr>; 3] {
         } => [Some(condition), Some(if_true), Some(if_false)],
         Expr::Cast { value, .. }
         | Expr::SubgroupShuffleXor { value, .. }
-        | Expr::SubgroupReduce { value, .. } => [Some(value), None, None],
+        | Expr::SubgroupReduce { value, .. }
+        | Expr::SubgroupScan { value, .. } => [Some(value), None, None],
     }
 }
 
@@ -70,21 +71,32 @@ fn expr_children_mut(expr: &mut Expr) -> [Option<&mut Box<Expr>>; 3] {
         } => [Some(condition), Some(if_true), Some(if_false)],
         Expr::Cast { value, .. }
         | Expr::SubgroupShuffleXor { value, .. }
-        | Expr::SubgroupReduce { value, .. } => [Some(value), None, None],
+        | Expr::SubgroupReduce { value, .. }
+        | Expr::SubgroupScan { value, .. } => [Some(value), None, None],
     }
 }
 
 /// The expressions of a node, in evaluation order.
-pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 2] {
+pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
     match node {
-        Node::Let { value, .. } | Node::Assign { value, .. } => [Some(value), None],
-        Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
-            [Some(index), Some(value)]
+        Node::Let { value, .. } | Node::Assign { value, .. } => [Some(value), None, None],
+        Node::Store { index, value, .. }
+        | Node::Atomic { index, value, .. }
+        | Node::AtomicFetch { index, value, .. } => [Some(index), Some(value), None],
+        Node::CompareExchange {
+            index,
+            expected,
+            value,
+            ..
+        } => [Some(index), Some(expected), Some(value)],
+        Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None, None],
+        Node::Loop { start, end, .. } => [Some(start), Some(end), None],
+        Node::WorkgroupReduce { value, .. } | Node::WorkgroupScan { value, .. } => {
+            [Some(value), None, None]
         }
-        Node::If { condition, .. } => [Some(condition), None],
-        Node::Loop { start, end, .. } => [Some(start), Some(end)],
-        Node::WorkgroupReduce { value, .. } => [Some(value), None],
-        Node::Barrier | Node::GridSync | Node::Return => [None, None],
+        Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
+            [None, None, None]
+        }
     }
 }
 
@@ -96,7 +108,7 @@ pub(crate) fn node_blocks(node: &Node) -> [Option<&Block>; 2] {
             else_body,
             ..
         } => [Some(then_body), Some(else_body)],
-        Node::Loop { body, .. } => [Some(body), None],
+        Node::Loop { body, .. } | Node::While { body, .. } => [Some(body), None],
         _ => [None, None],
     }
 }
@@ -108,7 +120,7 @@ fn node_blocks_mut(node: &mut Node) -> [Option<&mut Block>; 2] {
             else_body,
             ..
         } => [Some(then_body), Some(else_body)],
-        Node::Loop { body, .. } => [Some(body), None],
+        Node::Loop { body, .. } | Node::While { body, .. } => [Some(body), None],
         _ => [None, None],
     }
 }
@@ -123,6 +135,26 @@ fn is_leaf(expr: &Expr) -> bool {
 /// Identity of a block allocation while it is alive (address and length).
 pub(crate) fn block_key(block: &Block) -> (usize, usize) {
     (block.as_ptr() as usize, block.len())
+}
+
+/// Whether any node of the tree under `entry` satisfies `matches`. Iterative (no
+/// depth limit, so it serves programs not yet validated) and visiting each distinct
+/// block allocation once (no blow-up on shared blocks).
+pub(crate) fn any_node<'a>(entry: &'a [Node], mut matches: impl FnMut(&'a Node) -> bool) -> bool {
+    let mut seen: HashSet<(usize, usize)> = HashSet::new();
+    let mut pending: Vec<&'a [Node]> = vec![entry];
+    while let Some(block) = pending.pop() {
+        if !seen.insert((block.as_ptr() as usize, block.len())) {
+            continue;
+        }
+        for node in block {
+            if matches(node) {
+                return true;
+            }
+            pending.extend(node_blocks(node).into_iter().flatten().map(|b| &b[..]));
+        }
+    }
+    false
 }
 
 // ---- Drop ----------------------------------------------------------------------------
@@ -154,7 +186,8 @@ fn detach_subexpressions(expr: &mut Expr, pending: &mut Vec<Expr>) {
         | Expr::Unary { operand: child, .. }
         | Expr::Cast { value: child, .. }
         | Expr::SubgroupShuffleXor { value: child, .. }
-        | Expr::SubgroupReduce { value: child, .. } => detach(child, pending),
+        | Expr::SubgroupReduce { value: child, .. }
+        | Expr::SubgroupScan { value: child, .. } => detach(child, pending),
         Expr::Binary { lhs, rhs, .. } => {
             detach(lhs, pending);
             detach(rhs, pending);
@@ -192,7 +225,7 @@ impl Drop for Node {
                 else_body,
                 ..
             } => !then_body.is_empty() || !else_body.is_empty(),
-            Node::Loop { body, .. } => !body.is_empty(),
+            Node::Loop { body, .. } | Node::While { body, .. } => !body.is_empty(),
             _ => false,
         };
         if !has_blocks {
@@ -260,6 +293,11 @@ fn shallow_clone(expr: &Expr) -> Expr {
             op: *op,
             value: hole(),
         },
+        Expr::SubgroupScan { op, kind, .. } => Expr::SubgroupScan {
+            op: *op,
+            kind: *kind,
+            value: hole(),
+        },
     }
 }
 
@@ -309,6 +347,14 @@ fn shallow_expr_eq(a: &Expr, b: &Expr) -> bool {
             Expr::SubgroupShuffleXor { lane_mask: y, .. },
         ) => x == y,
         (Expr::SubgroupReduce { op: x, .. }, Expr::SubgroupReduce { op: y, .. }) => x == y,
+        (
+            Expr::SubgroupScan {
+                op: x, kind: kx, ..
+            },
+            Expr::SubgroupScan {
+                op: y, kind: ky, ..
+            },
+        ) => x == y && kx == ky,
         _ => false,
     }
 }
@@ -329,11 +375,13 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
         ) => x == y && mx == my,
         (Node::Assign { name: x, .. }, Node::Assign { name: y, .. }) => x == y,
         (Node::Store { buffer: x, .. }, Node::Store { buffer: y, .. }) => x == y,
-        (Node::If { .. }, Node::If { .. }) => true,
+        (Node::If { .. }, Node::If { .. }) | (Node::While { .. }, Node::While { .. }) => true,
         (Node::Loop { variable: x, .. }, Node::Loop { variable: y, .. }) => x == y,
         (Node::Barrier, Node::Barrier)
         | (Node::GridSync, Node::GridSync)
-        | (Node::Return, Node::Return) => true,
+        | (Node::Return, Node::Return)
+        | (Node::Break, Node::Break)
+        | (Node::Continue, Node::Continue) => true,
         (
             Node::Atomic {
                 op: ox, buffer: x, ..
@@ -343,6 +391,32 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
             },
         ) => ox == oy && x == y,
         (
+            Node::AtomicFetch {
+                name: nx,
+                op: ox,
+                buffer: x,
+                ..
+            },
+            Node::AtomicFetch {
+                name: ny,
+                op: oy,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && ox == oy && x == y,
+        (
+            Node::CompareExchange {
+                name: nx,
+                buffer: x,
+                ..
+            },
+            Node::CompareExchange {
+                name: ny,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && x == y,
+        (
             Node::WorkgroupReduce {
                 name: x, op: ox, ..
             },
@@ -350,6 +424,20 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
                 name: y, op: oy, ..
             },
         ) => x == y && ox == oy,
+        (
+            Node::WorkgroupScan {
+                name: x,
+                op: ox,
+                kind: kx,
+                ..
+            },
+            Node::WorkgroupScan {
+                name: y,
+                op: oy,
+                kind: ky,
+                ..
+            },
+        ) => x == y && ox == oy && kx == ky,
         _ => false,
     }
 }
@@ -462,6 +550,10 @@ fn hash_expr_fields<H: Hasher>(expr: &Expr, state: &mut H) {
         Expr::Builtin(builtin) => builtin.hash(state),
         Expr::SubgroupShuffleXor { lane_mask, .. } => lane_mask.hash(state),
         Expr::SubgroupReduce { op, .. } => op.hash(state),
+        Expr::SubgroupScan { op, kind, .. } => {
+            op.hash(state);
+            kind.hash(state);
+        }
     }
 }
 
@@ -479,11 +571,33 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
             op.hash(state);
             buffer.hash(state);
         }
+        Node::AtomicFetch {
+            name, op, buffer, ..
+        } => {
+            name.hash(state);
+            op.hash(state);
+            buffer.hash(state);
+        }
+        Node::CompareExchange { name, buffer, .. } => {
+            name.hash(state);
+            buffer.hash(state);
+        }
         Node::WorkgroupReduce { name, op, .. } => {
             name.hash(state);
             op.hash(state);
         }
-        Node::If { .. } | Node::Barrier | Node::GridSync | Node::Return => {}
+        Node::WorkgroupScan { name, op, kind, .. } => {
+            name.hash(state);
+            op.hash(state);
+            kind.hash(state);
+        }
+        Node::If { .. }
+        | Node::While { .. }
+        | Node::Barrier
+        | Node::GridSync
+        | Node::Return
+        | Node::Break
+        | Node::Continue => {}
     }
     for block in node_blocks(node).into_iter().flatten() {
         block.len().hash(state);
@@ -574,7 +688,8 @@ pub(crate) fn count_expr(expr: &Expr) -> u64 {
             | Expr::Unary { operand: child, .. }
             | Expr::Cast { value: child, .. }
             | Expr::SubgroupShuffleXor { value: child, .. }
-            | Expr::SubgroupReduce { value: child, .. } => stack.push(child),
+            | Expr::SubgroupReduce { value: child, .. }
+            | Expr::SubgroupScan { value: child, .. } => stack.push(child),
             Expr::Binary { lhs, rhs, .. } => {
                 stack.push(lhs);
                 stack.push(rhs);

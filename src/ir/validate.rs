@@ -55,6 +55,14 @@ pub const KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER: u32 = 8 + 4;
 pub const MAX_GLOBAL_BUFFERS: u32 =
     MAX_KERNEL_PARAMETER_BYTES / KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER;
 
+/// Most bytes of [`Access::Local`] arrays one program may declare (per thread, all
+/// of them together). The driver reserves a kernel's local memory for every thread
+/// that can be resident at once: 16 KiB per thread is 4.4 GB on an H200 (2,048
+/// threads on each of 132 SMs), and the reference interpreter holds a copy per thread
+/// of the grid. CUDA itself allows 512 KiB; a table that large belongs in a global or
+/// workgroup buffer.
+pub const MAX_LOCAL_ARRAY_BYTES: u32 = 16 * 1024;
+
 /// Prefix of names reserved for buffers and variables that lowering introduces.
 pub const RESERVED_PREFIX: &str = "__vyre";
 
@@ -104,6 +112,10 @@ pub enum Rule {
     CountOverflow,
     /// The `Workgroup` buffers together exceed the shared-memory limit.
     SharedMemoryOverLimit,
+    /// A `Local` array has a runtime count.
+    LocalArrayNeedsStaticCount,
+    /// The `Local` arrays together exceed [`MAX_LOCAL_ARRAY_BYTES`] per thread.
+    LocalMemoryOverLimit,
     /// A workgroup size axis is zero.
     WorkgroupSizeZero,
     /// A workgroup size axis exceeds the device's per-axis limit.
@@ -121,7 +133,8 @@ pub enum Rule {
     UnknownBuffer,
     /// A store targets a `ReadOnly` buffer.
     StoreToReadOnly,
-    /// An atomic targets a buffer that is not `u32` with `ReadWrite` or `Workgroup` access.
+    /// An atomic targets a buffer that is not an integer buffer (`u32`, `i32`, `u64`,
+    /// `i64`) with `ReadWrite` or `Workgroup` access.
     AtomicBuffer,
     /// An operand, index, value or condition has the wrong type.
     TypeMismatch,
@@ -131,14 +144,20 @@ pub enum Rule {
     LaneMaskOutOfRange,
     /// A lowered program still contains a `WorkgroupReduce` node.
     WorkgroupReduceNotLowered,
+    /// A lowered program still contains a `WorkgroupScan` node.
+    WorkgroupScanNotLowered,
     /// A barrier is reachable under control flow that is not workgroup-uniform.
     DivergentBarrier,
     /// A workgroup reduction is reachable under control flow that is not workgroup-uniform.
     DivergentWorkgroupReduce,
+    /// A workgroup scan is reachable under control flow that is not workgroup-uniform.
+    DivergentWorkgroupScan,
     /// A subgroup expression is reachable under control flow that is not workgroup-uniform.
     DivergentSubgroupOp,
     /// A grid sync is reachable under control flow that is not grid-uniform.
     GridSyncNotGridUniform,
+    /// A `break` or `continue` is not inside a loop.
+    BreakOutsideLoop,
     /// Blocks and expressions nest deeper than [`MAX_NESTING_DEPTH`].
     NestingTooDeep,
     /// The program has more than [`MAX_NODES`] nodes and expressions.
@@ -382,6 +401,8 @@ enum VarKind {
     Let { mutable: bool },
     LoopVariable,
     ReduceResult,
+    ScanResult,
+    AtomicResult,
 }
 
 struct VarInfo {
@@ -417,6 +438,7 @@ enum CheckKind {
     Barrier,
     GridSync,
     WorkgroupReduce,
+    WorkgroupScan,
     Subgroup,
 }
 
@@ -425,6 +447,24 @@ struct DeferredCheck {
     context: u32,
     ordinal: u64,
     kind: CheckKind,
+}
+
+/// How threads can leave a block other than by reaching its end: uniformity caps
+/// (level nodes) bounding every context from which they leave.
+#[derive(Clone, Copy, Debug, Default)]
+struct Exits {
+    /// A `return` inside the block: those threads are gone for the rest of the kernel.
+    returns: Option<u32>,
+    /// A `break` or `continue` of the innermost enclosing loop: those threads skip the
+    /// rest of the loop body (a `continue` is treated like a `break`, conservatively:
+    /// a loop with either under divergent control is a divergent loop).
+    loop_exits: Option<u32>,
+}
+
+impl Exits {
+    fn any(self) -> bool {
+        self.returns.is_some() || self.loop_exits.is_some()
+    }
 }
 
 const FLAG_WORKGROUP_CHECKED: u8 = 1;
@@ -452,6 +492,8 @@ struct Checker<'p> {
     ordinal: u64,
     /// The context of the node whose expressions are being checked.
     current_context: u32,
+    /// Loops enclosing the node being checked (`break`/`continue` need one).
+    loop_depth: u32,
 }
 
 impl<'p> Checker<'p> {
@@ -476,6 +518,7 @@ impl<'p> Checker<'p> {
             visited: 0,
             ordinal: 0,
             current_context: 0,
+            loop_depth: 0,
         };
         checker.check_buffers(program.buffers())?;
         checker.check_workgroup_size(program.workgroup_size())?;
@@ -541,6 +584,7 @@ impl<'p> Checker<'p> {
             ));
         }
         let mut shared_bytes: u64 = 0;
+        let mut local_bytes: u64 = 0;
         for (position, decl) in buffers.iter().enumerate() {
             let name = &*decl.name;
             self.check_name(name, "buffer", &|| {
@@ -579,6 +623,16 @@ impl<'p> Checker<'p> {
                             },
                         ));
                     }
+                    if decl.access == Access::Local {
+                        return Err(ValidationError::new(Rule::LocalArrayNeedsStaticCount, {
+                            let name = shown(name);
+                            format!(
+                                "give local array `{name}` a static element count \
+                                 (BufferCount::Static): per-thread arrays are sized at compile \
+                                 time"
+                            )
+                        }));
+                    }
                 }
                 BufferCount::Static(0) => {
                     return Err(ValidationError::new(Rule::ZeroCount, {
@@ -598,10 +652,14 @@ impl<'p> Checker<'p> {
                                 let name = shown(name);
                                 format!(
                                     "shrink buffer `{name}`: {count} elements of {} do not fit in \
-                                     {} bytes (overflowing count); use a smaller static count or \
-                                     BufferCount::Runtime",
+                                     {} bytes (overflowing count); use a smaller static count{}",
                                     decl.elem.name(),
-                                    u32::MAX
+                                    u32::MAX,
+                                    if decl.access.is_global() {
+                                        " or BufferCount::Runtime"
+                                    } else {
+                                        ""
+                                    }
                                 )
                             }))
                         }
@@ -616,6 +674,20 @@ impl<'p> Checker<'p> {
                                      before it: together they need {shared_bytes} bytes of \
                                      shared memory, over the device limit of {} bytes",
                                     self.limits.max_shared_memory_bytes
+                                )
+                            }));
+                        }
+                    }
+                    if decl.access == Access::Local {
+                        local_bytes = local_bytes.saturating_add(bytes);
+                        if local_bytes > MAX_LOCAL_ARRAY_BYTES as u64 {
+                            return Err(ValidationError::new(Rule::LocalMemoryOverLimit, {
+                                let name = shown(name);
+                                format!(
+                                    "shrink local array `{name}` or the local arrays before it: \
+                                     together they need {local_bytes} bytes per thread, over \
+                                     the limit of {MAX_LOCAL_ARRAY_BYTES}; keep large tables in \
+                                     a global or workgroup buffer"
                                 )
                             }));
                         }
@@ -812,14 +884,17 @@ impl<'p> Checker<'p> {
             let uniform_inputs = "literals, workgroup_id, workgroup_count, buffer lengths, \
                                   workgroup reduction results and variables computed only from \
                                   those";
+            let divergent_loops = "a loop is divergent when its bounds or `while` condition \
+                                   differ between threads or a `break`/`continue` runs under such \
+                                   control";
             return Err(match check.kind {
                 CheckKind::Barrier => ValidationError::new(
                     Rule::DivergentBarrier,
                     format!(
                         "move the barrier {at} out of the divergent if/loop (or after no \
                          divergent return), or make the condition workgroup-uniform: every \
-                         thread of a workgroup must reach it; uniform conditions use only \
-                         {uniform_inputs}"
+                         thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
                     ),
                 ),
                 CheckKind::WorkgroupReduce => ValidationError::new(
@@ -827,8 +902,17 @@ impl<'p> Checker<'p> {
                     format!(
                         "move the workgroup reduction {at} out of the divergent if/loop (or \
                          before any divergent return), or make the condition workgroup-uniform: \
-                         every thread of a workgroup must reach it; uniform conditions use only \
-                         {uniform_inputs}"
+                         every thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
+                    ),
+                ),
+                CheckKind::WorkgroupScan => ValidationError::new(
+                    Rule::DivergentWorkgroupScan,
+                    format!(
+                        "move the workgroup scan {at} out of the divergent if/loop (or before \
+                         any divergent return), or make the condition workgroup-uniform: every \
+                         thread of a workgroup must reach it ({divergent_loops}); uniform \
+                         conditions use only {uniform_inputs}"
                     ),
                 ),
                 CheckKind::Subgroup => ValidationError::new(
@@ -955,43 +1039,152 @@ impl<'p> Checker<'p> {
         }
     }
 
-    /// Walks one block; returns the exit cap: a level node bounding every context from
-    /// which a `return` inside this block can leave, if there is one.
+    /// Merges two optional caps into one (creating a cap only when needed).
+    fn merge_caps(&mut self, a: Option<u32>, b: Option<u32>) -> Option<u32> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(self.merge_cap(Some(a), b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn merge_exits(&mut self, a: Exits, b: Exits) -> Exits {
+        Exits {
+            returns: self.merge_caps(a.returns, b.returns),
+            loop_exits: self.merge_caps(a.loop_exits, b.loop_exits),
+        }
+    }
+
+    /// Walks one block; returns its exits: level nodes bounding every context from
+    /// which a `return`, `break` or `continue` inside this block can leave.
     fn block(
         &mut self,
         block: &'p [Node],
         branch: Branch,
         context: u32,
         depth: u32,
-    ) -> Checked<Option<u32>> {
+    ) -> Checked<Exits> {
         if depth > MAX_NESTING_DEPTH {
             return Err(self.too_deep());
         }
         let scope_mark = self.scope_names.len();
         let mut context = context;
-        let mut cap: Option<u32> = None;
+        let mut exits = Exits::default();
         for (index, node) in block.iter().enumerate() {
             self.path.push((branch, index));
             self.count_visit()?;
             self.ordinal = self.ordinal.saturating_add(1);
             self.current_context = context;
-            let child_cap = self.node(node, context, depth)?;
-            if let Some(child_cap) = child_cap {
-                // Threads that returned inside `node` are gone for the rest of this block.
-                cap = Some(self.merge_cap(cap, child_cap));
+            let child = self.node(node, context, depth)?;
+            if child.any() {
+                // Threads that left inside `node` are gone for the rest of this block.
+                exits = self.merge_exits(exits, child);
                 let rest = self.new_level_node(Level::Grid);
                 self.edge(context, rest);
-                self.edge(child_cap, rest);
+                for cap in [child.returns, child.loop_exits].into_iter().flatten() {
+                    self.edge(cap, rest);
+                }
                 context = rest;
             }
             self.path.pop();
         }
         self.end_scope(scope_mark);
-        Ok(cap)
+        Ok(exits)
     }
 
-    fn node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Option<u32>> {
+    /// The exits of a loop whose body left through `body`: a divergent `return`,
+    /// `break` or `continue` leaves later iterations divergent too; only returns leave
+    /// the loop's own block.
+    fn loop_exits(&mut self, body: Exits, body_context: u32) -> Exits {
+        for cap in [body.returns, body.loop_exits].into_iter().flatten() {
+            self.edge(cap, body_context);
+        }
+        Exits {
+            returns: body.returns,
+            loop_exits: None,
+        }
+    }
+
+    /// One node. The recursive walk goes block → node → block per nesting level on
+    /// the caller's stack (at most [`MAX_NESTING_DEPTH`] levels), so the frames on
+    /// that path stay small: the nodes with blocks are checked in `control_node`, the
+    /// rest (and every error message) in `simple_node`, which never recurses.
+    fn node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
         match node {
+            Node::If { .. } | Node::Loop { .. } | Node::While { .. } => {
+                self.control_node(node, context, depth)
+            }
+            _ => self.simple_node(node, context, depth),
+        }
+    }
+
+    /// `If`, `Loop` and `While`: the nodes with nested blocks.
+    fn control_node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
+        match node {
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(condition, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::Bool, "the if condition", node)?;
+                let body_context = self.node_from_deps(level, context, mark);
+                let then_exits = self.block(then_body, Branch::Then, body_context, depth + 1)?;
+                let else_exits = self.block(else_body, Branch::Else, body_context, depth + 1)?;
+                Ok(self.merge_exits(then_exits, else_exits))
+            }
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => {
+                let mark = self.deps.len();
+                let (start_ty, start_level) = self.expr(start, node, depth + 1)?;
+                self.expect_type(start_ty, ScalarType::U32, "the loop start", node)?;
+                let (end_ty, end_level) = self.expr(end, node, depth + 1)?;
+                self.expect_type(end_ty, ScalarType::U32, "the loop end", node)?;
+                // The loop variable is exactly as uniform as the body's context.
+                let body_context = self.node_from_deps(start_level.min(end_level), context, mark);
+                let scope_mark = self.scope_names.len();
+                self.declare(
+                    variable,
+                    ScalarType::U32,
+                    VarKind::LoopVariable,
+                    body_context,
+                    node,
+                )?;
+                self.loop_depth += 1;
+                let body_exits = self.block(body, Branch::Body, body_context, depth + 1);
+                self.loop_depth -= 1;
+                let body_exits = body_exits?;
+                self.end_scope(scope_mark);
+                Ok(self.loop_exits(body_exits, body_context))
+            }
+            Node::While { condition, body } => {
+                let mark = self.deps.len();
+                let (ty, level) = self.expr(condition, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::Bool, "the while condition", node)?;
+                // Every iteration runs where the condition held, so the body is as
+                // uniform as the condition (which may read variables the body assigns:
+                // the graph is solved over all assignments).
+                let body_context = self.node_from_deps(level, context, mark);
+                self.loop_depth += 1;
+                let body_exits = self.block(body, Branch::Body, body_context, depth + 1);
+                self.loop_depth -= 1;
+                Ok(self.loop_exits(body_exits?, body_context))
+            }
+            _ => self.simple_node(node, context, depth),
+        }
+    }
+
+    /// Every node without nested blocks.
+    #[inline(never)]
+    fn simple_node(&mut self, node: &'p Node, context: u32, depth: u32) -> Checked<Exits> {
+        match node {
+            Node::If { .. } | Node::Loop { .. } | Node::While { .. } => {
+                self.control_node(node, context, depth)
+            }
             Node::Let {
                 name,
                 mutable,
@@ -1002,7 +1195,7 @@ impl<'p> Checker<'p> {
                 let level_node = self.node_from_deps(level, context, mark);
                 let kind = VarKind::Let { mutable: *mutable };
                 self.declare(name, ty, kind, level_node, node)?;
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Assign { name, value } => {
                 let Some(&id) = self.scope.get(&**name) else {
@@ -1016,13 +1209,15 @@ impl<'p> Checker<'p> {
                     }));
                 };
                 let Some(info) = self.vars.get(id as usize) else {
-                    return Ok(None);
+                    return Ok(Exits::default());
                 };
                 let (declared, kind, target) = (info.ty, info.kind, info.level_node);
                 if kind != (VarKind::Let { mutable: true }) {
                     let what = match kind {
                         VarKind::LoopVariable => "a loop variable",
                         VarKind::ReduceResult => "a workgroup reduction result",
+                        VarKind::ScanResult => "a workgroup scan result",
+                        VarKind::AtomicResult => "the result of an atomic",
                         VarKind::Let { .. } => "declared without `mut`",
                     };
                     return Err(ValidationError::new(Rule::AssignToImmutable, {
@@ -1053,7 +1248,7 @@ impl<'p> Checker<'p> {
                 }
                 self.edge(context, target);
                 self.drain_deps_into(target, mark);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Store {
                 buffer,
@@ -1090,60 +1285,37 @@ impl<'p> Checker<'p> {
                     }));
                 }
                 self.deps.truncate(mark);
-                Ok(None)
+                Ok(Exits::default())
             }
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => {
-                let mark = self.deps.len();
-                let (ty, level) = self.expr(condition, node, depth + 1)?;
-                self.expect_type(ty, ScalarType::Bool, "the if condition", node)?;
-                let body_context = self.node_from_deps(level, context, mark);
-                let then_cap = self.block(then_body, Branch::Then, body_context, depth + 1)?;
-                let else_cap = self.block(else_body, Branch::Else, body_context, depth + 1)?;
-                Ok(match (then_cap, else_cap) {
-                    (Some(a), Some(b)) => Some(self.merge_cap(Some(a), b)),
-                    (a, b) => a.or(b),
-                })
-            }
-            Node::Loop {
-                variable,
-                start,
-                end,
-                body,
-            } => {
-                let mark = self.deps.len();
-                let (start_ty, start_level) = self.expr(start, node, depth + 1)?;
-                self.expect_type(start_ty, ScalarType::U32, "the loop start", node)?;
-                let (end_ty, end_level) = self.expr(end, node, depth + 1)?;
-                self.expect_type(end_ty, ScalarType::U32, "the loop end", node)?;
-                // The loop variable is exactly as uniform as the body's context.
-                let body_context = self.node_from_deps(start_level.min(end_level), context, mark);
-                let scope_mark = self.scope_names.len();
-                self.declare(
-                    variable,
-                    ScalarType::U32,
-                    VarKind::LoopVariable,
-                    body_context,
-                    node,
-                )?;
-                let body_cap = self.block(body, Branch::Body, body_context, depth + 1)?;
-                self.end_scope(scope_mark);
-                if let Some(cap) = body_cap {
-                    // A divergent return leaves later iterations divergent too.
-                    self.edge(cap, body_context);
+            Node::Break | Node::Continue => {
+                if self.loop_depth == 0 {
+                    let what = if matches!(node, Node::Break) {
+                        "break"
+                    } else {
+                        "continue"
+                    };
+                    return Err(ValidationError::new(
+                        Rule::BreakOutsideLoop,
+                        format!(
+                            "move the `{what}` {} into a loop (`for` or `while`), or remove it: \
+                             it is not inside one",
+                            self.at(node)
+                        ),
+                    ));
                 }
-                Ok(body_cap)
+                let cap = self.merge_cap(None, context);
+                Ok(Exits {
+                    returns: None,
+                    loop_exits: Some(cap),
+                })
             }
             Node::Barrier => {
                 self.defer(context, CheckKind::Barrier);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::GridSync => {
                 self.defer(context, CheckKind::GridSync);
-                Ok(None)
+                Ok(Exits::default())
             }
             Node::Atomic {
                 op: _,
@@ -1151,27 +1323,30 @@ impl<'p> Checker<'p> {
                 index,
                 value,
             } => {
-                let decl = self.buffer(buffer, node)?;
-                let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
-                if decl.elem != ElemType::U32 || !access_ok {
-                    return Err(ValidationError::new(Rule::AtomicBuffer, {
-                        let buffer = shown(buffer);
-                        format!(
-                            "make buffer `{buffer}` a u32 buffer with read_write or workgroup \
-                             access, or use another buffer: the atomic {} targets a {} {} buffer",
-                            self.at(node),
-                            decl.access.name(),
-                            decl.elem.name()
-                        )
-                    }));
-                }
-                let mark = self.deps.len();
-                let (index_ty, _) = self.expr(index, node, depth + 1)?;
-                self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
-                let (value_ty, _) = self.expr(value, node, depth + 1)?;
-                self.expect_type(value_ty, ScalarType::U32, "the atomic operand", node)?;
-                self.deps.truncate(mark);
-                Ok(None)
+                self.atomic_operands(node, buffer, index, None, value, depth)?;
+                Ok(Exits::default())
+            }
+            Node::AtomicFetch {
+                name,
+                op: _,
+                buffer,
+                index,
+                value,
+            } => {
+                let ty = self.atomic_operands(node, buffer, index, None, value, depth)?;
+                self.declare_atomic_result(name, ty, context, node)?;
+                Ok(Exits::default())
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                let ty = self.atomic_operands(node, buffer, index, Some(expected), value, depth)?;
+                self.declare_atomic_result(name, ty, context, node)?;
+                Ok(Exits::default())
             }
             Node::WorkgroupReduce { name, op: _, value } => {
                 if self.lowered {
@@ -1198,11 +1373,41 @@ impl<'p> Checker<'p> {
                     level_node,
                     node,
                 )?;
-                Ok(None)
+                Ok(Exits::default())
+            }
+            Node::WorkgroupScan {
+                name,
+                op: _,
+                kind: _,
+                value,
+            } => {
+                if self.lowered {
+                    return Err(ValidationError::new(Rule::WorkgroupScanNotLowered, {
+                        let name = shown(name);
+                        format!(
+                            "lower the workgroup scan `{name}` {} before validating as \
+                             lowered (lower::lower_workgroup_reductions rewrites it)",
+                            self.at(node)
+                        )
+                    }));
+                }
+                let mark = self.deps.len();
+                let (ty, _) = self.expr(value, node, depth + 1)?;
+                self.expect_type(ty, ScalarType::U32, "the scanned value", node)?;
+                self.deps.truncate(mark);
+                self.defer(context, CheckKind::WorkgroupScan);
+                // Each thread's prefix is its own: divergent.
+                let level_node = self.new_level_node(Level::Divergent);
+                self.edge(context, level_node);
+                self.declare(name, ScalarType::U32, VarKind::ScanResult, level_node, node)?;
+                Ok(Exits::default())
             }
             Node::Return => {
                 let cap = self.merge_cap(None, context);
-                Ok(Some(cap))
+                Ok(Exits {
+                    returns: Some(cap),
+                    loop_exits: None,
+                })
             }
         }
     }
@@ -1267,18 +1472,22 @@ impl<'p> Checker<'p> {
             Expr::Unary { op, operand } => {
                 let (ty, level) = self.expr(operand, node, next)?;
                 let result = match (op, ty) {
-                    (UnaryOp::Neg | UnaryOp::Abs, ScalarType::I32 | ScalarType::F32) => Some(ty),
-                    (UnaryOp::BitNot, ScalarType::U32 | ScalarType::I32) => Some(ty),
-                    (UnaryOp::LogicalNot, ScalarType::Bool) => Some(ty),
                     (
-                        UnaryOp::CountOnes | UnaryOp::LeadingZeros,
-                        ScalarType::U32 | ScalarType::I32,
-                    ) => Some(ScalarType::U32),
+                        UnaryOp::Neg | UnaryOp::Abs,
+                        ScalarType::I32 | ScalarType::I64 | ScalarType::F32,
+                    ) => Some(ty),
+                    (UnaryOp::BitNot, _) if ty.is_integer() => Some(ty),
+                    (UnaryOp::LogicalNot, ScalarType::Bool) => Some(ty),
+                    (UnaryOp::CountOnes | UnaryOp::LeadingZeros, _) if ty.is_integer() => {
+                        Some(ScalarType::U32)
+                    }
                     _ => None,
                 };
                 let wanted = match op {
-                    UnaryOp::Neg | UnaryOp::Abs => "an i32 or f32",
-                    UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => "a u32 or i32",
+                    UnaryOp::Neg | UnaryOp::Abs => "an i32, i64 or f32",
+                    UnaryOp::BitNot | UnaryOp::CountOnes | UnaryOp::LeadingZeros => {
+                        "an integer (u32, i32, u64 or i64)"
+                    }
                     UnaryOp::LogicalNot => "a bool",
                 };
                 match result {
@@ -1366,7 +1575,69 @@ impl<'p> Checker<'p> {
                 };
                 Ok((ScalarType::U32, level))
             }
+            Expr::SubgroupScan { value, .. } => {
+                self.subgroup_allowed(expr, node)?;
+                let (ty, _) = self.expr(value, node, next)?;
+                self.expect_type(ty, ScalarType::U32, "the subgroup-scanned value", node)?;
+                self.defer(self.current_context, CheckKind::Subgroup);
+                Ok((ScalarType::U32, Level::Divergent))
+            }
         }
+    }
+
+    /// The rules every atomic shares: an integer `read_write` or `workgroup` buffer, a
+    /// `u32` index, operands (`expected` too) of the element's value type, which it
+    /// returns.
+    fn atomic_operands(
+        &mut self,
+        node: &Node,
+        buffer: &'p Name,
+        index: &'p Expr,
+        expected: Option<&'p Expr>,
+        value: &'p Expr,
+        depth: u32,
+    ) -> Checked<ScalarType> {
+        let decl = self.buffer(buffer, node)?;
+        let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
+        let ty = decl.elem.value_type();
+        if decl.elem == ElemType::U8 || !ty.is_integer() || !access_ok {
+            return Err(ValidationError::new(Rule::AtomicBuffer, {
+                let buffer = shown(buffer);
+                format!(
+                    "make buffer `{buffer}` an integer (u32, i32, u64 or i64) buffer with \
+                     read_write or workgroup access, or use another buffer: the atomic {} \
+                     targets a {} {} buffer",
+                    self.at(node),
+                    decl.access.name(),
+                    decl.elem.name()
+                )
+            }));
+        }
+        let mark = self.deps.len();
+        let (index_ty, _) = self.expr(index, node, depth + 1)?;
+        self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
+        if let Some(expected) = expected {
+            let (expected_ty, _) = self.expr(expected, node, depth + 1)?;
+            self.expect_type(expected_ty, ty, "the expected value", node)?;
+        }
+        let (value_ty, _) = self.expr(value, node, depth + 1)?;
+        self.expect_type(value_ty, ty, "the atomic operand", node)?;
+        self.deps.truncate(mark);
+        Ok(ty)
+    }
+
+    /// The variable an atomic returns into: immutable, and divergent (which value a
+    /// thread gets depends on the others).
+    fn declare_atomic_result(
+        &mut self,
+        name: &'p Name,
+        ty: ScalarType,
+        context: u32,
+        node: &Node,
+    ) -> Checked<()> {
+        let level_node = self.new_level_node(Level::Divergent);
+        self.edge(context, level_node);
+        self.declare(name, ty, VarKind::AtomicResult, level_node, node)
     }
 
     fn subgroup_allowed(&self, expr: &Expr, node: &Node) -> Checked<()> {
@@ -1375,13 +1646,15 @@ impl<'p> Checker<'p> {
         }
         let what = match expr {
             Expr::SubgroupShuffleXor { .. } => "subgroup_shuffle_xor",
+            Expr::SubgroupScan { .. } => "subgroup_scan",
             _ => "subgroup_reduce",
         };
         Err(ValidationError::new(
             Rule::SubgroupBeforeLowering,
             format!(
                 "remove the `{what}` expression {}: subgroup expressions are produced only by \
-                 lowering; use Node::WorkgroupReduce for a reduction across the workgroup",
+                 lowering; use Node::WorkgroupReduce or Node::WorkgroupScan across the \
+                 workgroup",
                 self.at(node)
             ),
         ))
@@ -1395,34 +1668,35 @@ impl<'p> Checker<'p> {
         node: &Node,
     ) -> Checked<ScalarType> {
         use ScalarType::*;
-        let numeric = |t: ScalarType| matches!(t, U32 | I32 | F32);
-        let integer = |t: ScalarType| matches!(t, U32 | I32);
+        let numeric = |t: ScalarType| t.is_integer() || t == F32;
+        let integer = |t: ScalarType| t.is_integer();
         let (ok, result, wanted) = match op {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => (
                 left == right && numeric(left),
                 left,
-                "two operands of one numeric type (u32, i32 or f32)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32)",
             ),
             BinaryOp::Min | BinaryOp::Max => (
                 left == right && numeric(left),
                 left,
-                "two operands of one numeric type (u32, i32 or f32)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32)",
             ),
             BinaryOp::Rem | BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor => (
                 left == right && integer(left),
                 left,
-                "two operands of one integer type (u32 or i32)",
+                "two operands of one integer type (u32, i32, u64 or i64)",
             ),
             BinaryOp::Shl | BinaryOp::Shr => (
                 integer(left) && right == U32,
                 left,
-                "a u32 or i32 left operand and a u32 shift amount",
+                "an integer left operand (u32, i32, u64 or i64) and a u32 shift amount",
             ),
             BinaryOp::Eq | BinaryOp::Ne => (left == right, Bool, "two operands of the same type"),
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => (
                 left == right && numeric(left),
                 Bool,
-                "two operands of one numeric type (u32, i32 or f32; bool has no order)",
+                "two operands of one numeric type (u32, i32, u64, i64 or f32; bool has no \
+                 order)",
             ),
             BinaryOp::LogicalAnd | BinaryOp::LogicalOr => {
                 (left == Bool && right == Bool, Bool, "two bool operands")
@@ -1483,7 +1757,9 @@ fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
                     ..
                 } => walk(then_body, Branch::Then, ordinal, seen, path)
                     .or_else(|| walk(else_body, Branch::Else, ordinal, seen, path)),
-                Node::Loop { body, .. } => walk(body, Branch::Body, ordinal, seen, path),
+                Node::Loop { body, .. } | Node::While { body, .. } => {
+                    walk(body, Branch::Body, ordinal, seen, path)
+                }
                 _ => None,
             };
             if found.is_some() {

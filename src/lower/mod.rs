@@ -1,5 +1,6 @@
-//! Lowering (§2): rewrites every [`Node::WorkgroupReduce`] into operations the PTX
-//! writer emits directly (subgroup reductions, workgroup-shared buffers, barriers).
+//! Lowering (§2): rewrites every [`Node::WorkgroupReduce`] and [`Node::WorkgroupScan`]
+//! into operations the PTX writer emits directly (subgroup reductions and scans,
+//! workgroup-shared buffers, barriers).
 //!
 //! Why it exists as its own pass: code generation should only ever see operations a
 //! GPU executes one-to-one, and the choice between a warp-shuffle reduction and a
@@ -38,7 +39,24 @@
 //!   `if local < count { buf[local] = buf[local] ⊕ buf[local + stride] }` followed by a
 //!   **barrier**; `let name = buf[0];`; **barrier**. `ceil(log2 T) + 2` barriers.
 //!
-//! The trailing barrier of both shared-memory forms is what makes a reduction inside
+//! Each scan gets its own counter `N` too (numbered apart from the reductions), its
+//! buffer `__vyre_scan{N}` and helper variables `__vyre_scan{N}_local`, `_value`,
+//! `_prefix`, `_acc`, `_warp` and `_step{k}`:
+//! - `T <= 1`: `let name = value;` (inclusive) or the identity (exclusive).
+//! - Subgroup path, one warp: `let name = subgroup_scan(op, kind, value);`.
+//! - Subgroup path, `W` warps: each warp scans (`prefix`, a `SubgroupScan` of the
+//!   same kind); the warp's last lane stores the warp's total (`prefix`, or `prefix ⊕
+//!   value` for an exclusive scan) at `__vyre_scan{N}[warp]`; **barrier**; every
+//!   thread folds the totals of the warps before its own in a loop over all `W`
+//!   (`acc = select(w < warp, acc ⊕ buf[w], acc)`: a uniform trip count); `let name =
+//!   acc ⊕ prefix;`; **barrier**. Two barriers.
+//! - Tree path: Hillis-Steele over `T` elements: every thread stores its value at
+//!   `__vyre_scan{N}[local]`; **barrier**; for strides `s = 1, 2, 4, ... < T`: `let
+//!   step = buf[local - s]` (the identity below `s`), **barrier**, `buf[local] =
+//!   buf[local] ⊕ step`, **barrier**; `let name = buf[local]` (exclusive: `buf[local -
+//!   1]`, the identity for thread 0); **barrier**. `2 ceil(log2 T) + 2` barriers.
+//!
+//! The trailing barrier of every shared-memory form is what makes a reduction inside
 //! a loop safe: the next iteration's first write to the buffer cannot overtake a
 //! slower thread's read of the previous iteration's result. It also makes it safe for
 //! a block that appears in several places (one `Arc` shared by several parents) to
@@ -72,7 +90,7 @@ use std::sync::{Arc, OnceLock};
 use crate::ir::LoweringMemo;
 use crate::ir::{
     self, Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, ElemType, Expr, Limits, Literal,
-    Name, Node, Program, ProgramForm, ReduceOp, ValidProgram, ValidationError,
+    Name, Node, Program, ProgramForm, ReduceOp, ScanKind, ValidProgram, ValidationError,
 };
 
 /// What the device offers that lowering may use. Part of the backend's cache
@@ -196,7 +214,8 @@ fn count_walk() {
     WALKS_ON_THREAD.with(|c| c.set(c.get().saturating_add(1)));
 }
 
-/// Whether `program` contains a [`Node::WorkgroupReduce`] at any depth.
+/// Whether `program` contains a [`Node::WorkgroupReduce`] or a
+/// [`Node::WorkgroupScan`] at any depth.
 ///
 /// Answered from the program's memo when lowering or this function ran on it (or
 /// any clone) before; otherwise one walk, whose "nothing to rewrite" answer is
@@ -214,33 +233,14 @@ pub fn needs_lowering(program: &Program) -> bool {
     needs
 }
 
-/// Whether any block reachable from `entry` holds a reduction: iterative (no depth
-/// limit) and visiting each distinct block allocation once (no blow-up on shared
-/// blocks).
+/// Whether any block reachable from `entry` holds a reduction or a scan.
 fn contains_reduction(entry: &Block) -> bool {
-    let mut seen: HashSet<*const Node> = HashSet::new();
-    let mut pending: Vec<&Block> = vec![entry];
-    while let Some(block) = pending.pop() {
-        if !seen.insert(block.as_ptr()) {
-            continue;
-        }
-        for node in block.iter() {
-            match node {
-                Node::WorkgroupReduce { .. } => return true,
-                Node::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => {
-                    pending.push(then_body);
-                    pending.push(else_body);
-                }
-                Node::Loop { body, .. } => pending.push(body),
-                _ => {}
-            }
-        }
-    }
-    false
+    ir::any_node(entry, |node| {
+        matches!(
+            node,
+            Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. }
+        )
+    })
 }
 
 /// [`lower_workgroup_reductions`], checking first: the caps ([`LoweringCaps::check`])
@@ -270,8 +270,8 @@ pub fn lower_valid(
     ir::validate_lowered(&lowered, program.limits()).map_err(LoweringError::Invalid)
 }
 
-/// Rewrite every [`Node::WorkgroupReduce`] of a validated program for a device with
-/// `caps` (see the module docs for the exact output).
+/// Rewrite every [`Node::WorkgroupReduce`] and [`Node::WorkgroupScan`] of a validated
+/// program for a device with `caps` (see the module docs for the exact output).
 ///
 /// A program with nothing to rewrite is returned as the same value
 /// ([`Program::ptr_eq`] holds, its digest memo intact). A rewritten program is a new
@@ -377,6 +377,7 @@ struct Rewriter {
     threads: u32,
     caps: LoweringCaps,
     next_reduction: u32,
+    next_scan: u32,
     used_bindings: HashSet<u32>,
     next_binding: u32,
     new_buffers: Vec<BufferDecl>,
@@ -399,6 +400,7 @@ impl Rewriter {
             threads: program.threads_per_workgroup().unwrap_or(u32::MAX),
             caps,
             next_reduction: 0,
+            next_scan: 0,
             used_bindings,
             next_binding,
             new_buffers: Vec::new(),
@@ -439,6 +441,12 @@ impl Rewriter {
     fn node(&mut self, node: &Node) -> Option<Vec<Node>> {
         match node {
             Node::WorkgroupReduce { name, op, value } => Some(self.reduction(name, *op, value)),
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => Some(self.scan(name, *op, *kind, value)),
             Node::If {
                 condition,
                 then_body,
@@ -466,6 +474,13 @@ impl Rewriter {
                     variable: variable.clone(),
                     start: start.clone(),
                     end: end.clone(),
+                    body: new_body,
+                }])
+            }
+            Node::While { condition, body } => {
+                let new_body = self.block(body)?;
+                Some(vec![Node::While {
+                    condition: condition.clone(),
                     body: new_body,
                 }])
             }
@@ -506,22 +521,12 @@ impl Rewriter {
         subgroup_reduce: Expr,
         warps: u32,
     ) -> Vec<Node> {
-        let subgroup = self.caps.subgroup_size;
         let buffer = self.shared_buffer(index, warps);
         let local = fresh(index, "local");
         let partial = fresh(index, "partial");
         let acc = fresh(index, "acc");
         let warp = fresh(index, "warp");
-        let local_var = Expr::Var(local.clone());
-
-        let (lane, warp_of_thread) = if subgroup.is_power_of_two() {
-            (
-                local_var.clone() & (subgroup - 1),
-                local_var.clone() >> subgroup.trailing_zeros(),
-            )
-        } else {
-            (local_var.clone() % subgroup, local_var.clone() / subgroup)
-        };
+        let (lane, warp_of_thread) = self.lane_and_warp(&local);
 
         vec![
             let_(local, self.local_linear_id()),
@@ -605,9 +610,178 @@ impl Rewriter {
         nodes
     }
 
+    fn scan(&mut self, name: &Name, op: ReduceOp, kind: ScanKind, value: &Expr) -> Vec<Node> {
+        let index = self.next_scan;
+        self.next_scan = self.next_scan.wrapping_add(1);
+        let threads = self.threads;
+        let subgroup = self.caps.subgroup_size;
+        if threads <= 1 {
+            let only = match kind {
+                ScanKind::Inclusive => value.clone(),
+                ScanKind::Exclusive => Expr::u32(op.identity()),
+            };
+            return vec![let_(name.clone(), only)];
+        }
+        if self.caps.subgroup_ops && subgroup > 0 && threads.is_multiple_of(subgroup) {
+            self.used_subgroups = true;
+            if threads == subgroup {
+                let scanned = Expr::SubgroupScan {
+                    op,
+                    kind,
+                    value: Box::new(value.clone()),
+                };
+                return vec![let_(name.clone(), scanned)];
+            }
+            return self.subgroup_scan(index, name, op, kind, value, threads / subgroup);
+        }
+        self.tree_scan(index, name, op, kind, value)
+    }
+
+    /// Warp prefixes, each warp's total in shared memory (written by its last lane),
+    /// then every thread adds the totals of the warps before its own.
+    fn subgroup_scan(
+        &mut self,
+        index: u32,
+        name: &Name,
+        op: ReduceOp,
+        kind: ScanKind,
+        value: &Expr,
+        warps: u32,
+    ) -> Vec<Node> {
+        let subgroup = self.caps.subgroup_size;
+        let buffer = self.scan_buffer(index, warps);
+        let local = scan_fresh(index, "local");
+        let own = scan_fresh(index, "value");
+        let prefix = scan_fresh(index, "prefix");
+        let acc = scan_fresh(index, "acc");
+        let warp = scan_fresh(index, "warp");
+        let (lane, warp_of_thread) = self.lane_and_warp(&local);
+        let scanned = Expr::SubgroupScan {
+            op,
+            kind,
+            value: Box::new(Expr::Var(own.clone())),
+        };
+        // The warp's total: its last lane's inclusive prefix.
+        let total = match kind {
+            ScanKind::Inclusive => Expr::Var(prefix.clone()),
+            ScanKind::Exclusive => combine(op, Expr::Var(prefix.clone()), Expr::Var(own.clone())),
+        };
+        let earlier = Expr::Var(warp.clone()).less_than(warp_of_thread.clone());
+        vec![
+            let_(local, self.local_linear_id()),
+            let_(own, value.clone()),
+            let_(prefix.clone(), scanned),
+            Node::If {
+                condition: lane.equals(subgroup - 1),
+                then_body: Arc::from(vec![Node::Store {
+                    buffer: buffer.clone(),
+                    index: warp_of_thread,
+                    value: total,
+                }]),
+                else_body: Arc::from(Vec::new()),
+            },
+            Node::Barrier,
+            Node::Let {
+                name: acc.clone(),
+                mutable: true,
+                value: Expr::u32(op.identity()),
+            },
+            Node::Loop {
+                variable: warp.clone(),
+                start: Expr::u32(0),
+                end: Expr::u32(warps),
+                body: Arc::from(vec![Node::Assign {
+                    name: acc.clone(),
+                    value: earlier.select(
+                        combine(
+                            op,
+                            Expr::Var(acc.clone()),
+                            Expr::load(buffer, Expr::Var(warp)),
+                        ),
+                        Expr::Var(acc.clone()),
+                    ),
+                }]),
+            },
+            let_(name.clone(), combine(op, Expr::Var(acc), Expr::Var(prefix))),
+            Node::Barrier,
+        ]
+    }
+
+    /// A shared-memory Hillis-Steele scan over all threads: each step reads the
+    /// element `stride` below (barrier), then adds it to its own (barrier).
+    fn tree_scan(
+        &mut self,
+        index: u32,
+        name: &Name,
+        op: ReduceOp,
+        kind: ScanKind,
+        value: &Expr,
+    ) -> Vec<Node> {
+        let threads = self.threads;
+        let buffer = self.scan_buffer(index, threads);
+        let local = scan_fresh(index, "local");
+        let local_var = Expr::Var(local.clone());
+        let identity = Expr::u32(op.identity());
+        // `buf[local - distance]` for a thread with that many threads before it, the
+        // identity otherwise (the index never leaves the buffer).
+        let below = |distance: u32| {
+            let has = local_var.clone().greater_equal(distance);
+            let at = has
+                .clone()
+                .select(local_var.clone() - distance, local_var.clone());
+            has.select(Expr::load(buffer.clone(), at), identity.clone())
+        };
+        let mut nodes = vec![
+            let_(local, self.local_linear_id()),
+            Node::Store {
+                buffer: buffer.clone(),
+                index: local_var.clone(),
+                value: value.clone(),
+            },
+            Node::Barrier,
+        ];
+        // Invariant after the step with stride s: element i holds the combination of
+        // elements max(0, i - 2s + 1)..=i of the input.
+        let mut stride = 1u32;
+        let mut step = 0u32;
+        while stride < threads {
+            let term = scan_fresh(index, &format!("step{step}"));
+            nodes.push(let_(term.clone(), below(stride)));
+            nodes.push(Node::Barrier);
+            nodes.push(Node::Store {
+                buffer: buffer.clone(),
+                index: local_var.clone(),
+                value: combine(
+                    op,
+                    Expr::load(buffer.clone(), local_var.clone()),
+                    Expr::Var(term),
+                ),
+            });
+            nodes.push(Node::Barrier);
+            step += 1;
+            stride = stride.saturating_mul(2);
+        }
+        let result = match kind {
+            ScanKind::Inclusive => Expr::load(buffer, local_var),
+            ScanKind::Exclusive => below(1),
+        };
+        nodes.push(let_(name.clone(), result));
+        nodes.push(Node::Barrier);
+        nodes
+    }
+
+    /// Declares `__vyre_scan{index}` with `count` `u32` elements and returns its name.
+    fn scan_buffer(&mut self, index: u32, count: u32) -> Name {
+        self.workgroup_buffer(format!("__vyre_scan{index}").into(), count)
+    }
+
     /// Declares `__vyre_reduce{index}` with `count` `u32` elements and returns its name.
     fn shared_buffer(&mut self, index: u32, count: u32) -> Name {
-        let name: Name = format!("__vyre_reduce{index}").into();
+        self.workgroup_buffer(format!("__vyre_reduce{index}").into(), count)
+    }
+
+    /// Declares a `u32` workgroup buffer `name` of `count` elements at a fresh binding.
+    fn workgroup_buffer(&mut self, name: Name, count: u32) -> Name {
         let binding = self.fresh_binding();
         self.new_buffers.push(BufferDecl::new(
             name.clone(),
@@ -630,6 +804,21 @@ impl Rewriter {
         binding
     }
 
+    /// A thread's lane in its subgroup and its subgroup's number, from the variable
+    /// holding its local linear id (masks and shifts for a power-of-two size).
+    fn lane_and_warp(&self, local: &Name) -> (Expr, Expr) {
+        let subgroup = self.caps.subgroup_size;
+        let local = Expr::Var(local.clone());
+        if subgroup.is_power_of_two() {
+            (
+                local.clone() & (subgroup - 1),
+                local >> subgroup.trailing_zeros(),
+            )
+        } else {
+            (local.clone() % subgroup, local / subgroup)
+        }
+    }
+
     /// `local_id.x + size.x * (local_id.y + size.y * local_id.z)`, without the terms
     /// of axes whose size is 1.
     fn local_linear_id(&self) -> Expr {
@@ -648,6 +837,10 @@ impl Rewriter {
 
 fn fresh(index: u32, role: &str) -> Name {
     format!("__vyre_reduce{index}_{role}").into()
+}
+
+fn scan_fresh(index: u32, role: &str) -> Name {
+    format!("__vyre_scan{index}_{role}").into()
 }
 
 fn let_(name: Name, value: Expr) -> Node {

@@ -14,10 +14,10 @@
 
 use std::collections::HashMap;
 
-use super::ops::{BinaryKind, CastKind, UnaryKind};
+use super::ops::{AtomicKind, BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
-    AtomicOp, BinaryOp, BufferDecl, Builtin, Expr, Name, Node, Program, ReduceOp, ScalarType,
-    UnaryOp,
+    AtomicOp, BinaryOp, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program, ReduceOp,
+    ScalarType, ScanKind, UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -45,8 +45,8 @@ impl BuiltinTable {
 /// A typed expression.
 #[derive(Clone, Debug)]
 pub(crate) enum CompiledExpr {
-    /// A literal's bits.
-    Constant(u32),
+    /// A literal's bits (zero-extended).
+    Constant(u64),
     /// A variable slot.
     Variable(usize),
     /// A load from a buffer (index into the program's declarations).
@@ -92,6 +92,12 @@ pub(crate) enum CompiledExpr {
         op: ReduceOp,
         value: Box<CompiledExpr>,
     },
+    /// A subgroup prefix.
+    SubgroupScan {
+        op: ReduceOp,
+        kind: ScanKind,
+        value: Box<CompiledExpr>,
+    },
 }
 
 /// A typed statement.
@@ -105,12 +111,12 @@ pub(crate) enum CompiledNode {
         index: CompiledExpr,
         value: CompiledExpr,
     },
-    /// Two-way branch; `may_return` says whether a lane can end inside either arm.
+    /// Two-way branch; `leaves` says how lanes can leave either arm early.
     If {
         condition: CompiledExpr,
         then_body: Vec<CompiledNode>,
         else_body: Vec<CompiledNode>,
-        may_return: bool,
+        leaves: Leaves,
     },
     /// Bounded loop over `start..end` with the counter in `slot`.
     Loop {
@@ -118,18 +124,31 @@ pub(crate) enum CompiledNode {
         start: CompiledExpr,
         end: CompiledExpr,
         body: Vec<CompiledNode>,
-        may_return: bool,
+        body_leaves: Leaves,
     },
+    /// Loop while `condition` holds.
+    While {
+        condition: CompiledExpr,
+        body: Vec<CompiledNode>,
+        body_leaves: Leaves,
+    },
+    /// Leave the innermost loop.
+    Break,
+    /// Go on with the innermost loop's next iteration.
+    Continue,
     /// Workgroup barrier (a no-op in lockstep execution).
     Barrier,
     /// Grid sync (a no-op in lockstep execution).
     GridSync,
-    /// Atomic read-modify-write.
+    /// Atomic read-modify-write; `slot` receives the previous value (a fetch or a
+    /// compare-exchange), `expected` is a compare-exchange's.
     Atomic {
-        op: AtomicOp,
+        kind: AtomicKind,
         buffer: usize,
         index: CompiledExpr,
         value: CompiledExpr,
+        expected: Option<Box<CompiledExpr>>,
+        slot: Option<usize>,
     },
     /// Workgroup reduction into a slot.
     WorkgroupReduce {
@@ -137,8 +156,32 @@ pub(crate) enum CompiledNode {
         op: ReduceOp,
         value: CompiledExpr,
     },
+    /// Workgroup prefix into a slot.
+    WorkgroupScan {
+        slot: usize,
+        op: ReduceOp,
+        kind: ScanKind,
+        value: CompiledExpr,
+    },
     /// End the active lanes.
     Return,
+}
+
+/// How lanes can leave a block before its end; the executor drops such lanes from
+/// the lists of the blocks around only when something inside can do it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Leaves {
+    /// A lane can execute `Return` inside.
+    pub(crate) returns: bool,
+    /// A lane can execute `Break` or `Continue` of a loop around the block.
+    pub(crate) loop_exits: bool,
+}
+
+impl Leaves {
+    /// Either way.
+    pub(crate) fn any(self) -> bool {
+        self.returns || self.loop_exits
+    }
 }
 
 /// A program ready for the executor.
@@ -154,6 +197,9 @@ pub(crate) struct CompiledProgram {
     /// (see [`temporaries_of_block`]); with the slot count, what a run's memory
     /// check multiplies by the number of lanes.
     pub(crate) temporaries: usize,
+    /// The program has 64-bit values (a `u64`/`i64` expression, variable or buffer
+    /// element): the executor then keeps every lane value in a `u64`.
+    pub(crate) wide: bool,
 }
 
 /// Bytes one compiled node or expression takes, at most (an upper bound used to
@@ -178,7 +224,8 @@ fn temporaries_of_expr(expr: &CompiledExpr) -> usize {
         CompiledExpr::Load { index: inner, .. }
         | CompiledExpr::Unary { operand: inner, .. }
         | CompiledExpr::Cast { value: inner, .. }
-        | CompiledExpr::SubgroupReduce { value: inner, .. } => temporaries_of_expr(inner),
+        | CompiledExpr::SubgroupReduce { value: inner, .. }
+        | CompiledExpr::SubgroupScan { value: inner, .. } => temporaries_of_expr(inner),
         CompiledExpr::ShuffleXor { value, .. } => temporaries_of_expr(value).max(2),
         CompiledExpr::Binary { lhs, rhs, .. } => {
             temporaries_of_expr(lhs).max(1 + temporaries_of_expr(rhs))
@@ -200,11 +247,21 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
         .iter()
         .map(|node| match node {
             CompiledNode::SetVariable { value, .. }
-            | CompiledNode::WorkgroupReduce { value, .. } => temporaries_of_expr(value),
-            CompiledNode::Store { index, value, .. }
-            | CompiledNode::Atomic { index, value, .. } => {
+            | CompiledNode::WorkgroupReduce { value, .. }
+            | CompiledNode::WorkgroupScan { value, .. } => temporaries_of_expr(value),
+            CompiledNode::Store { index, value, .. } => {
                 temporaries_of_expr(index).max(1 + temporaries_of_expr(value))
             }
+            // Indices, operands, expected values, then the previous values.
+            CompiledNode::Atomic {
+                index,
+                value,
+                expected,
+                ..
+            } => temporaries_of_expr(index)
+                .max(1 + temporaries_of_expr(value))
+                .max(2 + expected.as_deref().map_or(0, temporaries_of_expr))
+                .max(4),
             // Condition, then the two lane lists; each arm runs with both lists held.
             CompiledNode::If {
                 condition,
@@ -221,7 +278,17 @@ pub(crate) fn temporaries_of_block(block: &[CompiledNode]) -> usize {
             } => temporaries_of_expr(start)
                 .max(1 + temporaries_of_expr(end))
                 .max(6 + temporaries_of_block(body)),
-            CompiledNode::Barrier | CompiledNode::GridSync | CompiledNode::Return => 0,
+            // Loop lanes, then the condition; loop lanes and the body's lanes.
+            CompiledNode::While {
+                condition, body, ..
+            } => (1 + temporaries_of_expr(condition))
+                .max(3)
+                .max(2 + temporaries_of_block(body)),
+            CompiledNode::Barrier
+            | CompiledNode::GridSync
+            | CompiledNode::Return
+            | CompiledNode::Break
+            | CompiledNode::Continue => 0,
         })
         .max()
         .unwrap_or(0)
@@ -246,6 +313,8 @@ struct Compiler<'p> {
     scope: Vec<Name>,
     slot_count: usize,
     builtins_used: [bool; 9],
+    /// A 64-bit value was compiled.
+    wide: bool,
 }
 
 /// Where [`nesting_depth`] stops counting (the validator refuses more than 256
@@ -279,10 +348,21 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
         match node {
             Node::Let { value, .. }
             | Node::Assign { value, .. }
-            | Node::WorkgroupReduce { value, .. } => expr_depth(value, depth + 1),
-            Node::Store { index, value, .. } | Node::Atomic { index, value, .. } => {
+            | Node::WorkgroupReduce { value, .. }
+            | Node::WorkgroupScan { value, .. } => expr_depth(value, depth + 1),
+            Node::Store { index, value, .. }
+            | Node::Atomic { index, value, .. }
+            | Node::AtomicFetch { index, value, .. } => {
                 expr_depth(index, depth + 1).max(expr_depth(value, depth + 1))
             }
+            Node::CompareExchange {
+                index,
+                expected,
+                value,
+                ..
+            } => expr_depth(index, depth + 1)
+                .max(expr_depth(expected, depth + 1))
+                .max(expr_depth(value, depth + 1)),
             Node::If {
                 condition,
                 then_body,
@@ -295,7 +375,10 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             } => expr_depth(start, depth + 1)
                 .max(expr_depth(end, depth + 1))
                 .max(block_depth(body, depth)),
-            Node::Barrier | Node::GridSync | Node::Return => depth,
+            Node::While { condition, body } => {
+                expr_depth(condition, depth + 1).max(block_depth(body, depth))
+            }
+            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => depth,
         }
     }
     fn expr_depth(expr: &Expr, depth: usize) -> usize {
@@ -308,7 +391,8 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             | Expr::Unary { operand: inner, .. }
             | Expr::Cast { value: inner, .. }
             | Expr::SubgroupShuffleXor { value: inner, .. }
-            | Expr::SubgroupReduce { value: inner, .. } => expr_depth(inner, depth + 1),
+            | Expr::SubgroupReduce { value: inner, .. }
+            | Expr::SubgroupScan { value: inner, .. } => expr_depth(inner, depth + 1),
             Expr::Binary { lhs, rhs, .. } => {
                 expr_depth(lhs, depth + 1).max(expr_depth(rhs, depth + 1))
             }
@@ -343,6 +427,10 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
         scope: Vec::new(),
         slot_count: 0,
         builtins_used: [false; 9],
+        wide: program
+            .buffers()
+            .iter()
+            .any(|decl| decl.elem.value_type().is_wide()),
     };
     let body = compiler.block(program.entry())?;
     let temporaries = 1 + temporaries_of_block(&body);
@@ -351,15 +439,36 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
         slot_count: compiler.slot_count,
         builtins_used: compiler.builtins_used,
         temporaries,
+        wide: compiler.wide,
     })
 }
 
-/// Whether any lane can execute `Return` inside this block.
-fn block_may_return(block: &[CompiledNode]) -> bool {
-    block.iter().any(|node| match node {
-        CompiledNode::Return => true,
-        CompiledNode::If { may_return, .. } | CompiledNode::Loop { may_return, .. } => *may_return,
-        _ => false,
+/// How lanes can leave this block early: a `Return` anywhere inside, a `Break` or
+/// `Continue` not inside a loop of its own.
+fn block_leaves(block: &[CompiledNode]) -> Leaves {
+    block.iter().fold(Leaves::default(), |leaves, node| {
+        let node_leaves = match node {
+            CompiledNode::Return => Leaves {
+                returns: true,
+                loop_exits: false,
+            },
+            CompiledNode::Break | CompiledNode::Continue => Leaves {
+                returns: false,
+                loop_exits: true,
+            },
+            CompiledNode::If { leaves, .. } => *leaves,
+            CompiledNode::Loop { body_leaves, .. } | CompiledNode::While { body_leaves, .. } => {
+                Leaves {
+                    returns: body_leaves.returns,
+                    loop_exits: false,
+                }
+            }
+            _ => Leaves::default(),
+        };
+        Leaves {
+            returns: leaves.returns || node_leaves.returns,
+            loop_exits: leaves.loop_exits || node_leaves.loop_exits,
+        }
     })
 }
 
@@ -417,7 +526,9 @@ impl<'p> Compiler<'p> {
 
     fn expr(&mut self, expr: &Expr) -> Result<(CompiledExpr, ScalarType), String> {
         self.enter()?;
-        self.expr_inner(expr)
+        let (compiled, ty) = self.expr_inner(expr)?;
+        self.wide |= ty.is_wide();
+        Ok((compiled, ty))
     }
 
     fn variable(&self, name: &Name) -> Result<VariableInfo, String> {
@@ -466,12 +577,17 @@ impl<'p> Compiler<'p> {
                 let (condition, _) = self.expr(condition)?;
                 let then_body = self.block(then_body)?;
                 let else_body = self.block(else_body)?;
-                let may_return = block_may_return(&then_body) || block_may_return(&else_body);
+                let (then_leaves, else_leaves) =
+                    (block_leaves(&then_body), block_leaves(&else_body));
+                let leaves = Leaves {
+                    returns: then_leaves.returns || else_leaves.returns,
+                    loop_exits: then_leaves.loop_exits || else_leaves.loop_exits,
+                };
                 CompiledNode::If {
                     condition,
                     then_body,
                     else_body,
-                    may_return,
+                    leaves,
                 }
             }
             Node::Loop {
@@ -490,15 +606,27 @@ impl<'p> Compiler<'p> {
                     self.variables.remove(&name);
                 }
                 let body = body?;
-                let may_return = block_may_return(&body);
+                let body_leaves = block_leaves(&body);
                 CompiledNode::Loop {
                     slot,
                     start,
                     end,
                     body,
-                    may_return,
+                    body_leaves,
                 }
             }
+            Node::While { condition, body } => {
+                let (condition, _) = self.expr(condition)?;
+                let body = self.block(body)?;
+                let body_leaves = block_leaves(&body);
+                CompiledNode::While {
+                    condition,
+                    body,
+                    body_leaves,
+                }
+            }
+            Node::Break => CompiledNode::Break,
+            Node::Continue => CompiledNode::Continue,
             Node::Barrier => CompiledNode::Barrier,
             Node::GridSync => CompiledNode::GridSync,
             Node::Atomic {
@@ -506,24 +634,42 @@ impl<'p> Compiler<'p> {
                 buffer,
                 index,
                 value,
-            } => {
-                // Validated: a u32 read-write or workgroup buffer.
-                let (buffer, _) = self.buffer(buffer)?;
-                let (index, _) = self.expr(index)?;
-                let (value, _) = self.expr(value)?;
-                CompiledNode::Atomic {
-                    op: *op,
-                    buffer,
-                    index,
-                    value,
-                }
-            }
+            } => self.atomic(Some(*op), buffer, index, None, value, None)?,
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => self.atomic(Some(*op), buffer, index, None, value, Some(name))?,
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => self.atomic(None, buffer, index, Some(expected), value, Some(name))?,
             Node::WorkgroupReduce { name, op, value } => {
                 let (value, _) = self.expr(value)?;
                 let slot = self.declare(name, ScalarType::U32);
                 CompiledNode::WorkgroupReduce {
                     slot,
                     op: *op,
+                    value,
+                }
+            }
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => {
+                let (value, _) = self.expr(value)?;
+                let slot = self.declare(name, ScalarType::U32);
+                CompiledNode::WorkgroupScan {
+                    slot,
+                    op: *op,
+                    kind: *kind,
                     value,
                 }
             }
@@ -643,6 +789,50 @@ impl<'p> Compiler<'p> {
                     ScalarType::U32,
                 )
             }
+            Expr::SubgroupScan { op, kind, value } => {
+                let (value, _) = self.expr(value)?;
+                (
+                    CompiledExpr::SubgroupScan {
+                        op: *op,
+                        kind: *kind,
+                        value: Box::new(value),
+                    },
+                    ScalarType::U32,
+                )
+            }
+        })
+    }
+
+    /// Any atomic: `op`, or a compare-exchange when `None`. Validated: an integer
+    /// read-write or workgroup buffer and operands of its value type.
+    fn atomic(
+        &mut self,
+        op: Option<AtomicOp>,
+        buffer: &Name,
+        index: &Expr,
+        expected: Option<&Expr>,
+        value: &Expr,
+        result: Option<&Name>,
+    ) -> Result<CompiledNode, String> {
+        let (buffer, decl) = self.buffer(buffer)?;
+        let kind = match op {
+            Some(op) => atomic_kind(op, decl.elem),
+            None => AtomicKind::CompareExchange,
+        };
+        let (index, _) = self.expr(index)?;
+        let expected = match expected {
+            Some(expected) => Some(Box::new(self.expr(expected)?.0)),
+            None => None,
+        };
+        let (value, ty) = self.expr(value)?;
+        let slot = result.map(|name| self.declare(name, ty));
+        Ok(CompiledNode::Atomic {
+            kind,
+            buffer,
+            index,
+            value,
+            expected,
+            slot,
         })
     }
 
@@ -653,7 +843,7 @@ impl<'p> Compiler<'p> {
         rhs: ScalarType,
     ) -> Result<(BinaryKind, ScalarType), String> {
         use BinaryKind as K;
-        use ScalarType::{Bool, F32, I32, U32};
+        use ScalarType::{Bool, F32, I32, I64, U32, U64};
         // Validated: the operand types fit the operator; what does not is a bug.
         let mismatch = || {
             Err(internal(
@@ -671,6 +861,9 @@ impl<'p> Compiler<'p> {
                 (BinaryOp::Shl, U32 | I32, U32) => Ok((K::Shl, lhs)),
                 (BinaryOp::Shr, U32, U32) => Ok((K::U32Shr, U32)),
                 (BinaryOp::Shr, I32, U32) => Ok((K::I32Shr, I32)),
+                (BinaryOp::Shl, U64 | I64, U32) => Ok((K::Shl64, lhs)),
+                (BinaryOp::Shr, U64, U32) => Ok((K::U64Shr, U64)),
+                (BinaryOp::Shr, I64, U32) => Ok((K::I64Shr, I64)),
                 _ => mismatch(),
             };
         }
@@ -686,33 +879,46 @@ impl<'p> Compiler<'p> {
             (BinaryOp::Div, I32) => K::I32Div,
             (BinaryOp::Rem, U32) => K::U32Rem,
             (BinaryOp::Rem, I32) => K::I32Rem,
+            (BinaryOp::Add, U64 | I64) => K::Int64Add,
+            (BinaryOp::Sub, U64 | I64) => K::Int64Sub,
+            (BinaryOp::Mul, U64 | I64) => K::Int64Mul,
+            (BinaryOp::Div, U64) => K::U64Div,
+            (BinaryOp::Div, I64) => K::I64Div,
+            (BinaryOp::Rem, U64) => K::U64Rem,
+            (BinaryOp::Rem, I64) => K::I64Rem,
             (BinaryOp::Add, F32) => K::F32Add,
             (BinaryOp::Sub, F32) => K::F32Sub,
             (BinaryOp::Mul, F32) => K::F32Mul,
             (BinaryOp::Div, F32) => K::F32Div,
-            (BinaryOp::BitAnd, U32 | I32 | Bool) => K::BitAnd,
-            (BinaryOp::BitOr, U32 | I32 | Bool) => K::BitOr,
-            (BinaryOp::BitXor, U32 | I32 | Bool) => K::BitXor,
-            (BinaryOp::Eq, U32 | I32 | Bool) => K::BitsEq,
-            (BinaryOp::Ne, U32 | I32 | Bool) => K::BitsNe,
+            (BinaryOp::BitAnd, U32 | I32 | U64 | I64 | Bool) => K::BitAnd,
+            (BinaryOp::BitOr, U32 | I32 | U64 | I64 | Bool) => K::BitOr,
+            (BinaryOp::BitXor, U32 | I32 | U64 | I64 | Bool) => K::BitXor,
+            (BinaryOp::Eq, U32 | I32 | U64 | I64 | Bool) => K::BitsEq,
+            (BinaryOp::Ne, U32 | I32 | U64 | I64 | Bool) => K::BitsNe,
             (BinaryOp::Eq, F32) => K::F32Eq,
             (BinaryOp::Ne, F32) => K::F32Ne,
-            (BinaryOp::Lt, U32) => K::U32Lt,
-            (BinaryOp::Le, U32) => K::U32Le,
-            (BinaryOp::Gt, U32) => K::U32Gt,
-            (BinaryOp::Ge, U32) => K::U32Ge,
+            (BinaryOp::Lt, U32 | U64) => K::UnsignedLt,
+            (BinaryOp::Le, U32 | U64) => K::UnsignedLe,
+            (BinaryOp::Gt, U32 | U64) => K::UnsignedGt,
+            (BinaryOp::Ge, U32 | U64) => K::UnsignedGe,
             (BinaryOp::Lt, I32) => K::I32Lt,
             (BinaryOp::Le, I32) => K::I32Le,
             (BinaryOp::Gt, I32) => K::I32Gt,
             (BinaryOp::Ge, I32) => K::I32Ge,
+            (BinaryOp::Lt, I64) => K::I64Lt,
+            (BinaryOp::Le, I64) => K::I64Le,
+            (BinaryOp::Gt, I64) => K::I64Gt,
+            (BinaryOp::Ge, I64) => K::I64Ge,
             (BinaryOp::Lt, F32) => K::F32Lt,
             (BinaryOp::Le, F32) => K::F32Le,
             (BinaryOp::Gt, F32) => K::F32Gt,
             (BinaryOp::Ge, F32) => K::F32Ge,
-            (BinaryOp::Min, U32) => K::U32Min,
-            (BinaryOp::Max, U32) => K::U32Max,
+            (BinaryOp::Min, U32 | U64) => K::UnsignedMin,
+            (BinaryOp::Max, U32 | U64) => K::UnsignedMax,
             (BinaryOp::Min, I32) => K::I32Min,
             (BinaryOp::Max, I32) => K::I32Max,
+            (BinaryOp::Min, I64) => K::I64Min,
+            (BinaryOp::Max, I64) => K::I64Max,
             (BinaryOp::Min, F32) => K::F32Min,
             (BinaryOp::Max, F32) => K::F32Max,
             (BinaryOp::LogicalAnd, Bool) => K::LogicalAnd,
@@ -724,17 +930,21 @@ impl<'p> Compiler<'p> {
     }
 
     fn unary_kind(&self, op: UnaryOp, ty: ScalarType) -> Result<(UnaryKind, ScalarType), String> {
-        use ScalarType::{Bool, F32, I32, U32};
+        use ScalarType::{Bool, F32, I32, I64, U32, U64};
         use UnaryKind as K;
         let (kind, result) = match (op, ty) {
             (UnaryOp::Neg, I32) => (K::IntNeg, I32),
+            (UnaryOp::Neg, I64) => (K::Int64Neg, I64),
             (UnaryOp::Neg, F32) => (K::F32Neg, F32),
             (UnaryOp::BitNot, U32 | I32) => (K::BitNot, ty),
+            (UnaryOp::BitNot, U64 | I64) => (K::BitNot64, ty),
             (UnaryOp::LogicalNot, Bool) => (K::LogicalNot, Bool),
             (UnaryOp::Abs, I32) => (K::I32Abs, I32),
+            (UnaryOp::Abs, I64) => (K::I64Abs, I64),
             (UnaryOp::Abs, F32) => (K::F32Abs, F32),
-            (UnaryOp::CountOnes, U32 | I32) => (K::CountOnes, U32),
+            (UnaryOp::CountOnes, U32 | I32 | U64 | I64) => (K::CountOnes, U32),
             (UnaryOp::LeadingZeros, U32 | I32) => (K::LeadingZeros, U32),
+            (UnaryOp::LeadingZeros, U64 | I64) => (K::LeadingZeros64, U32),
             _ => {
                 return Err(internal(
                     &self.name(),
@@ -743,6 +953,27 @@ impl<'p> Compiler<'p> {
             }
         };
         Ok((kind, result))
+    }
+}
+
+/// The atomic operation `op` on an element of type `elem` (min and max are signed
+/// for `i32` and `i64`).
+fn atomic_kind(op: AtomicOp, elem: ElemType) -> AtomicKind {
+    let signed = matches!(elem, ElemType::I32 | ElemType::I64);
+    let wide = matches!(elem, ElemType::U64 | ElemType::I64);
+    match op {
+        AtomicOp::Add => AtomicKind::Add,
+        AtomicOp::Sub => AtomicKind::Sub,
+        AtomicOp::Min if !signed => AtomicKind::UnsignedMin,
+        AtomicOp::Max if !signed => AtomicKind::UnsignedMax,
+        AtomicOp::Min if wide => AtomicKind::I64Min,
+        AtomicOp::Max if wide => AtomicKind::I64Max,
+        AtomicOp::Min => AtomicKind::I32Min,
+        AtomicOp::Max => AtomicKind::I32Max,
+        AtomicOp::And => AtomicKind::And,
+        AtomicOp::Or => AtomicKind::Or,
+        AtomicOp::Xor => AtomicKind::Xor,
+        AtomicOp::Exchange => AtomicKind::Exchange,
     }
 }
 
@@ -755,17 +986,25 @@ fn internal(program: &str, detail: std::fmt::Arguments<'_>) -> String {
 
 /// The conversion from `from` to `to` (every pair is defined).
 fn cast_kind(from: ScalarType, to: ScalarType) -> CastKind {
-    use ScalarType::{Bool, F32, I32, U32};
+    use ScalarType::{Bool, F32, I32, I64, U32, U64};
     match (from, to) {
         (F32, F32) => CastKind::Bits,
+        // Zero-extended patterns: u32/bool to any integer, and within one width.
         (U32 | I32 | Bool, U32 | I32) | (Bool, Bool) => CastKind::Bits,
-        (U32 | I32, Bool) => CastKind::IntToBool,
+        (U32 | Bool | U64 | I64, U64 | I64) => CastKind::Bits,
+        (I32, U64 | I64) => CastKind::SignExtend,
+        (U64 | I64, U32 | I32) => CastKind::Truncate,
+        (U32 | I32 | U64 | I64, Bool) => CastKind::IntToBool,
         (F32, Bool) => CastKind::F32ToBool,
         (Bool, F32) => CastKind::BoolToF32,
         (U32, F32) => CastKind::U32ToF32,
         (I32, F32) => CastKind::I32ToF32,
+        (U64, F32) => CastKind::U64ToF32,
+        (I64, F32) => CastKind::I64ToF32,
         (F32, U32) => CastKind::F32ToU32,
         (F32, I32) => CastKind::F32ToI32,
+        (F32, U64) => CastKind::F32ToU64,
+        (F32, I64) => CastKind::F32ToI64,
     }
 }
 

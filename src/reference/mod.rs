@@ -20,17 +20,29 @@
 //! are visible to every later statement. Consequences:
 //!
 //! - `Barrier` and `GridSync` are satisfied by construction (no-ops here).
-//! - `WorkgroupReduce` reduces over the lanes of each workgroup that reach it.
+//! - `WorkgroupReduce` reduces over the lanes of each workgroup that reach it;
+//!   `WorkgroupScan` gives each of them its prefix in lane order (which is local
+//!   linear order within a workgroup).
+//! - Atomics apply one lane at a time in ascending lane order, and a fetch or a
+//!   compare-exchange returns the element as that lane's own operation found it: the
+//!   one order the reference defines for what the GPU runs in any order
+//!   (`ir::AtomicOp` says which results depend on it).
 //! - `If` splits the active lanes; the `then` arm runs to completion before the
 //!   `else` arm. `Loop` evaluates each lane's bounds once and iterates while any lane
-//!   has iterations left. `Return` ends a lane for the rest of the kernel run.
+//!   has iterations left. `While` evaluates its condition for the lanes still in the
+//!   loop before every iteration and runs the body for those where it holds, until
+//!   none is left. `Break` takes a lane out of its innermost loop and `Continue` out
+//!   of the rest of the current iteration (it rejoins for the next one). `Return`
+//!   ends a lane for the rest of the kernel run.
 //! - `SubgroupShuffleXor`: a lane's subgroup is `local_linear / subgroup_size` within
 //!   its workgroup and its subgroup lane is `local_linear % subgroup_size`. The result
 //!   is the value of subgroup lane `own ^ lane_mask`; **if that lane does not exist**
 //!   (past the subgroup size or the workgroup's end) **or is not active, the lane gets
 //!   its own value**. (The IR requires full subgroups, so valid lowered programs never
-//!   see this case.) `SubgroupReduce` reduces over the active lanes of the subgroup.
-//! - Workgroup buffers: one zeroed instance per workgroup per kernel run.
+//!   see this case.) `SubgroupReduce` reduces over the active lanes of the subgroup,
+//!   `SubgroupScan` scans them in lane order.
+//! - Workgroup buffers: one zeroed instance per workgroup per kernel run; local arrays
+//!   one zeroed instance per thread per kernel run.
 //! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
 //! - With `bounds_checks` off, an out-of-range access is an error naming the program,
 //!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
@@ -45,15 +57,19 @@
 //! (per-lane variable slots, temporaries and bookkeeping times the lanes, plus every
 //! buffer and the compiled program), and counts its work against
 //! [`ReferenceOptions::max_work`]: every statement, every expression node and every
-//! loop iteration, times the lanes it runs on, and at the start of every kernel run
-//! the reset of every lane and every 4-byte word of workgroup memory zeroed (so
-//! `fixpoint_iterations = u32::MAX` over an empty body stops too, whatever its
-//! workgroup buffers: with one 48 KiB buffer a run costs 12,289 units). Costs paid
+//! loop iteration, times the lanes it runs on (at least 32: running one costs a fixed
+//! amount however few lanes it covers), and at the start of every kernel run the reset
+//! of every lane and every 4-byte word of workgroup memory and per-thread local arrays
+//! zeroed (so `fixpoint_iterations = u32::MAX` over an empty body stops too, whatever
+//! its workgroup buffers: with one 48 KiB buffer a run costs 12,289 units). Costs paid
 //! once per call (loading inputs, zeroing outputs, the lane tables) are bounded by
-//! the memory check instead. The default
-//! cap, 2^31, stopped a runaway 1,024-thread loop after 1.9 s on one core of the
-//! development machine (release build, `reference_work_cap_figures`); the old cap
-//! (2^34 statements, expressions not counted) let a valid 83-node program run 48 s.
+//! the memory check instead. The default cap, 2^31, stopped a runaway 1,024-thread
+//! loop after 1.9 s on one core of the development machine (release build,
+//! `reference_work_cap_figures`) and a one-thread `while true {}` after about a
+//! second; the old cap (2^34 statements, expressions not counted) let a valid
+//! 83-node program run 48 s. With `CodegenOptions::max_loop_iterations` set, a
+//! `while` loop that passes the cap stops the run with an error there too, as the
+//! GPU traps.
 //!
 //! Programs with racing writes (two lanes storing different values to one element
 //! without a barrier between) have no defined result on the GPU; here the highest
@@ -62,9 +78,12 @@
 //! # Speed
 //!
 //! Names are resolved and operators typed once per run (`compile.rs`); expressions
-//! are then evaluated vectorised, one `Vec<u32>` of bit patterns per expression node
-//! for all active lanes (`exec.rs`), so interpretive overhead is paid per statement,
-//! not per lane.
+//! are then evaluated vectorised, one vector of bit patterns per expression node for
+//! all active lanes (`exec.rs`), so interpretive overhead is paid per statement, not
+//! per lane. Lanes hold `u32`s, or `u64`s in a program with 64-bit values only (the
+//! executor is generic over the width), so 32-bit programs kept their speed:
+//! `reference_throughput_262144_threads` took 15.6 and 16.5 ms (two runs) against
+//! 16.1 ms before 64-bit values existed (release, development machine).
 
 mod compile;
 mod exec;
@@ -76,7 +95,7 @@ use crate::config::DispatchConfig;
 use crate::ir::{self, Access, BufferCount, Program, ProgramForm, ValidProgram};
 use crate::lower;
 
-use exec::{BufferStore, Grid, Machine, Storage};
+use exec::{BufferStore, Grid, Instances, Machine, Storage};
 
 /// Knobs of the reference interpreter that a dispatch config does not carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,13 +107,19 @@ pub struct ReferenceOptions {
     pub limits: ir::Limits,
     /// Most work one call may do before it stops with a `Fix:` error instead of
     /// appearing to hang: statements, expression nodes and loop iterations, each
-    /// times the lanes it runs on, plus every lane and every 4-byte word of workgroup
-    /// memory reset once per kernel run ([`ReferenceStats::work`]). Default 2^31,
-    /// about 2 s of interpretation.
+    /// times the lanes it runs on (at least 32), plus every lane and every 4-byte word
+    /// of workgroup memory and local arrays reset once per kernel run
+    /// ([`ReferenceStats::work`]). Default 2^31, about 2 s of interpretation.
     pub max_work: u64,
     /// Most bytes of host memory one call may allocate (checked before allocating;
     /// the error names the bytes). Default 2 GiB.
     pub max_memory_bytes: u64,
+    /// Apply the lanes of each atomic statement in descending instead of ascending
+    /// global invocation order (default `false`). The GPU promises neither order, so
+    /// a program whose outputs change with this flag depends on the order threads
+    /// run in (see `ir::AtomicOp`); the differential tests check their generated
+    /// programs both ways.
+    pub reverse_atomic_order: bool,
 }
 
 impl Default for ReferenceOptions {
@@ -104,6 +129,7 @@ impl Default for ReferenceOptions {
             limits: ir::Limits::default(),
             max_work: 1 << 31,
             max_memory_bytes: 2 << 30,
+            reverse_atomic_order: false,
         }
     }
 }
@@ -111,11 +137,11 @@ impl Default for ReferenceOptions {
 /// What a run of the interpreter cost: useful for throughput figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReferenceStats {
-    /// Statements (and loop iterations) executed, summed over active lanes, plus
-    /// every lane and every 4-byte word of workgroup memory reset once per kernel
-    /// run.
+    /// Statements (and loop iterations) executed, each counted for its active lanes
+    /// but at least 32, plus every lane and every 4-byte word of workgroup memory and
+    /// local arrays reset once per kernel run (at least 32).
     pub lane_steps: u64,
-    /// Expression nodes evaluated, summed over active lanes.
+    /// Expression nodes evaluated, each counted for its active lanes but at least 32.
     pub lane_ops: u64,
 }
 
@@ -265,7 +291,23 @@ fn execute(
         compile::compile(program, options.max_memory_bytes).map_err(ReferenceError::new)?;
     check_memory(program, inputs, &grid, &compiled, options)?;
     let buffers = load_inputs(program, inputs, &grid)?;
-    let mut machine = Machine::new(program, &compiled, grid, buffers)?;
+    if compiled.wide {
+        run_machine::<u64>(program, &compiled, config, grid, buffers)
+    } else {
+        run_machine::<u32>(program, &compiled, config, grid, buffers)
+    }
+}
+
+/// Run the kernel `config.fixpoint_iterations` times on a machine whose lanes hold
+/// `W` values, and read the outputs back.
+fn run_machine<W: exec::Word>(
+    program: &Program,
+    compiled: &compile::CompiledProgram,
+    config: &DispatchConfig,
+    grid: Grid,
+    buffers: Vec<BufferStore>,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let mut machine = Machine::<W>::new(program, compiled, grid, buffers)?;
     for _ in 0..config.fixpoint_iterations {
         machine.run_kernel()?;
     }
@@ -380,14 +422,16 @@ fn check_request(
         subgroup_size: options.subgroup_size,
         bounds_checks: config.codegen.bounds_checks,
         max_work: options.max_work,
+        max_loop_iterations: config.codegen.max_loop_iterations,
+        reverse_atomic_order: options.reverse_atomic_order,
     })
 }
 
 /// Refuse a run whose memory would pass [`ReferenceOptions::max_memory_bytes`], before
-/// anything per-lane or per-buffer is allocated. Counts, per lane: 4 bytes per
-/// variable slot and per builtin table used, 4 for the lane's workgroup, 1 for its
-/// alive flag, and 8 per temporary vector (4 bytes per lane, doubled for `Vec`
-/// growth); then every buffer (global buffers at their input's size, workgroup
+/// anything per-lane or per-buffer is allocated. Counts, per lane: a lane value (4
+/// bytes, 8 in programs with 64-bit values) per variable slot and per builtin table
+/// used, 4 for the lane's workgroup, 1 each for its alive flag and its loop state,
+/// and two lane values per temporary vector (doubled for `Vec` growth); then every buffer (global buffers at their input's size, workgroup
 /// buffers once per workgroup), the output copies, and the compiled program.
 fn check_memory(
     program: &Program,
@@ -398,8 +442,12 @@ fn check_memory(
 ) -> Result<(), ReferenceError> {
     let lanes = u64::from(grid.total_lanes);
     let builtins = compiled.builtins_used.iter().filter(|&&used| used).count() as u64;
-    let per_lane =
-        4 * (compiled.slot_count as u64 + builtins) + 4 + 1 + 8 * compiled.temporaries as u64;
+    // Lane values are 8 bytes in programs with 64-bit values (`exec::Word`).
+    let word = if compiled.wide { 8 } else { 4 };
+    let per_lane = word * (compiled.slot_count as u64 + builtins)
+        + 4
+        + 2
+        + 2 * word * compiled.temporaries as u64;
     let workgroups = lanes / u64::from(grid.threads_per_workgroup.max(1));
     // Global buffers take their input's bytes (outputs twice: the buffer and the
     // copy handed back); inputs come in binding order.
@@ -412,13 +460,14 @@ fn check_memory(
         };
         buffer_bytes = buffer_bytes.saturating_add((input.len() as u64).saturating_mul(copies));
     }
-    for decl in program
-        .buffers()
-        .iter()
-        .filter(|decl| !decl.access.is_global())
-    {
+    for decl in program.buffers() {
+        let instances = match decl.access {
+            Access::Workgroup => workgroups,
+            Access::Local => lanes,
+            _ => continue,
+        };
         let instance = decl.static_size_bytes().unwrap_or(0);
-        buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(workgroups));
+        buffer_bytes = buffer_bytes.saturating_add(instance.saturating_mul(instances));
     }
     // The compiled program was charged while it was built (`compile::compile`).
     let needed = lanes.saturating_mul(per_lane).saturating_add(buffer_bytes);
@@ -481,19 +530,22 @@ fn load_inputs(
     for (decl, input) in program.buffers().iter().zip(input_of) {
         let elem_size = decl.elem.size_bytes() as usize;
         let Some(input) = input else {
-            // A workgroup buffer: one zeroed instance per workgroup.
+            // A workgroup buffer (one zeroed instance per workgroup) or a local array
+            // (one per thread).
             let BufferCount::Static(count) = decl.count else {
                 return Err(ReferenceError::new(format!(
-                    "Fix: workgroup buffer '{}' of {name} is runtime-sized; give it a static count.",
+                    "Fix: {} buffer '{}' of {name} is runtime-sized; give it a static count.",
+                    decl.access.name(),
                     decl.name
                 )));
             };
+            let (instances, per) = if decl.access == Access::Local {
+                (u64::from(grid.total_lanes), Instances::Thread)
+            } else {
+                (workgroup_count, Instances::Workgroup)
+            };
             buffers.push(BufferStore::zeroed(
-                &decl.name,
-                decl.elem,
-                count,
-                workgroup_count,
-                true,
+                &decl.name, decl.elem, count, instances, per,
             )?);
             continue;
         };
@@ -528,13 +580,20 @@ fn load_inputs(
                 })?
             }
         };
-        let mut store = BufferStore::zeroed(&decl.name, decl.elem, length, 1, false)?;
+        let mut store = BufferStore::zeroed(&decl.name, decl.elem, length, 1, Instances::Grid)?;
         if decl.access != Access::WriteOnly {
             match &mut store.storage {
                 Storage::Bytes(bytes) => bytes.copy_from_slice(input),
                 Storage::Words(words) => {
                     for (word, chunk) in words.iter_mut().zip(input.chunks_exact(4)) {
                         *word = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                    }
+                }
+                Storage::DoubleWords(words) => {
+                    for (word, chunk) in words.iter_mut().zip(input.chunks_exact(8)) {
+                        let mut bytes = [0u8; 8];
+                        bytes.copy_from_slice(chunk);
+                        *word = u64::from_le_bytes(bytes);
                     }
                 }
             }

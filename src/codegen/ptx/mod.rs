@@ -6,7 +6,7 @@
 //! no compiler library). The output is meant to be read: every IR statement appears
 //! as a `//` comment (its `Display` form, one line) above the instructions it became,
 //! and registers are named by type (`%r` 32-bit integers, `%f` `f32`, `%p`
-//! predicates, `%rd` 64-bit addresses).
+//! predicates, `%rd` 64-bit addresses and integers).
 //!
 //! Shape, in the style of naga's back ends: a `writer` struct owns the output
 //! buffer, the register counters, the label counter and the variable scopes; this
@@ -24,10 +24,10 @@
 //!   `.param .u32` element count per global buffer. Every global buffer has its count
 //!   parameter even when its count is static (the kernel then uses the constant), so
 //!   the backend can always pass the same layout.
-//! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (size rounded up
-//!   to a multiple of 4) that every thread helps zero at kernel entry, followed by
-//!   `bar.sync 0`, so a read before any write yields 0 exactly as in the reference
-//!   interpreter.
+//! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (`.align 8` for
+//!   64-bit elements; size rounded up to a multiple of 4) that every thread helps
+//!   zero at kernel entry, followed by `bar.sync 0`, so a read before any write
+//!   yields 0 exactly as in the reference interpreter.
 //!
 //! # Grid-wide barrier protocol
 //!
@@ -105,6 +105,26 @@
 //! a completed kernel's stores to mapped memory are visible to the host. The stamps therefore span from the earliest block
 //! start to the moment the last thread of the grid finished, and the copies read
 //! every thread's final stores.
+//!
+//! # Loops, atomics, local arrays
+//!
+//! - Both loops are rotated: one `bra` into the test, then each iteration is the
+//!   body, the test and one conditional branch back (`$L_loop`/`$L_while` ...
+//!   `$L_loop_test`/`$L_while_test`), so an iteration costs one compare and one branch
+//!   (the `while_scan` snapshot). `continue` branches to the increment (`for`) or the
+//!   test (`while`), `break` past the loop. With
+//!   [`CodegenOptions::max_loop_iterations`](crate::CodegenOptions) set, each `while`
+//!   iteration first counts itself and executes `trap` past the cap.
+//! - Atomics that return nothing are `red` (a `sub` is an `add` of the negated
+//!   operand, `exchange` an `atom.exch` whose result is dropped); fetches and
+//!   compare-exchange are `atom`, their result register preset to 0 under a bounds
+//!   guard.
+//! - Local arrays are `.local` arrays declared in the kernel and zeroed by each
+//!   thread at entry (unrolled stores up to 64 bytes, a loop beyond); ptxas keeps
+//!   them in registers when it can resolve every index.
+//! - Subgroup scans are five `shfl.sync.up` steps with the shuffle's in-range
+//!   predicate selecting whether to combine (plus one more step for an exclusive
+//!   scan).
 //!
 //! # Validation first, bounded output
 //!

@@ -17,8 +17,8 @@ use std::fmt::{self, Display, Write};
 
 use crate::config::CodegenOptions;
 use crate::ir::{
-    AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node, Program,
-    ReduceOp, ScalarType, UnaryOp, ValidProgram,
+    Access, AtomicOp, BinaryOp, Block, BufferCount, BufferDecl, Builtin, Expr, Literal, Node,
+    Program, ReduceOp, ScalarType, ScanKind, UnaryOp, ValidProgram,
 };
 
 use super::{
@@ -89,6 +89,7 @@ impl RegClass {
             ScalarType::U32 | ScalarType::I32 => RegClass::B32,
             ScalarType::F32 => RegClass::F32,
             ScalarType::Bool => RegClass::Pred,
+            ScalarType::U64 | ScalarType::I64 => RegClass::B64,
         }
     }
 }
@@ -142,10 +143,28 @@ impl Display for Label {
     }
 }
 
+/// The parts of an atomic node the writer emits (`op` is `None` for a
+/// compare-exchange, which has `expected`).
+struct AtomicNode<'p> {
+    op: Option<AtomicOp>,
+    buffer: &'p str,
+    index: &'p Expr,
+    expected: Option<&'p Expr>,
+    value: &'p Expr,
+}
+
+/// Where `break` and `continue` of one loop branch to.
+#[derive(Clone, Copy, Debug)]
+struct LoopTargets {
+    exit: Label,
+    next: Label,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Space {
     Global,
     Shared,
+    Local,
 }
 
 impl Space {
@@ -153,6 +172,7 @@ impl Space {
         match self {
             Space::Global => "global",
             Space::Shared => "shared",
+            Space::Local => "local",
         }
     }
 }
@@ -179,8 +199,9 @@ struct BufferSlot<'p> {
     /// 64-bit base address (global, or in the shared window).
     base: Reg,
     length: Length,
-    /// For workgroup buffers: the `.shared` symbol and its padded size in bytes.
-    shared: Option<(String, u32)>,
+    /// For workgroup buffers and local arrays: the `.shared` or `.local` symbol and
+    /// its padded size in bytes.
+    symbol: Option<(String, u32)>,
 }
 
 /// Walks one program once and produces its PTX module.
@@ -211,6 +232,9 @@ pub(super) struct Writer<'p> {
     synchronises: bool,
     /// The result prologue's start time register (written by local thread 0).
     result_start: Option<Reg>,
+    /// The loops around the statement being written, innermost last: where a `break`
+    /// and a `continue` of each one branch to.
+    loops: Vec<LoopTargets>,
     /// `Some(index)`: this is kernel `index` of a module of several kernels
     /// (`super::batch`): its entry and module-scope symbols carry the index and the
     /// module header is written once by the module, not here.
@@ -256,6 +280,7 @@ impl<'p> Writer<'p> {
             results,
             synchronises: false,
             result_start: None,
+            loops: Vec::new(),
             module_kernel: None,
         }
     }
@@ -368,33 +393,54 @@ impl<'p> Writer<'p> {
                 space: Space::Global,
                 base,
                 length,
-                shared: None,
+                symbol: None,
             });
         }
 
-        let mut shared: Vec<&'p BufferDecl> = program
+        if self.declare_arrays(Space::Shared) {
+            self.zero_workgroup_memory();
+        }
+        if self.declare_arrays(Space::Local) {
+            self.zero_local_arrays();
+        }
+    }
+
+    /// The workgroup buffers (`Space::Shared`) or local arrays (`Space::Local`), in
+    /// binding order: a symbol each and its address in a register. Says whether
+    /// there were any.
+    fn declare_arrays(&mut self, space: Space) -> bool {
+        let access = match space {
+            Space::Shared => Access::Workgroup,
+            Space::Local => Access::Local,
+            Space::Global => return false,
+        };
+        let mut arrays: Vec<&'p BufferDecl> = self
+            .program
             .buffers()
             .iter()
-            .filter(|b| !b.access.is_global())
+            .filter(|b| b.access == access)
             .collect();
-        shared.sort_by_key(|b| b.binding);
-        if shared.is_empty() {
-            return;
-        }
-        for (position, decl) in shared.into_iter().enumerate() {
-            // Validated: workgroup buffers have a static count, and their sizes fit in
-            // `codegen_limits().max_shared_memory_bytes`, a multiple of 4 below u32::MAX.
+        arrays.sort_by_key(|b| b.binding);
+        let any = !arrays.is_empty();
+        for (position, decl) in arrays.into_iter().enumerate() {
+            // Validated: workgroup buffers and local arrays have a static count, and
+            // their sizes fit in `codegen_limits().max_shared_memory_bytes` (a multiple
+            // of 4 below u32::MAX) and `MAX_LOCAL_ARRAY_BYTES`.
             let count = match decl.count {
                 BufferCount::Static(count) => count,
                 BufferCount::Runtime => 0,
             };
             let bytes = decl.static_size_bytes().unwrap_or(0);
             let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
-            let symbol = match self.module_kernel {
-                None => format!("vyre_shared_{position}_{}", identifier_part(&decl.name)),
+            let kind = space.name();
+            // A `.local` symbol is the kernel's own; `.shared` ones are module-scope,
+            // so a kernel of a module of several gets its own names.
+            let module_kernel = self.module_kernel.filter(|_| space == Space::Shared);
+            let symbol = match module_kernel {
+                None => format!("vyre_{kind}_{position}_{}", identifier_part(&decl.name)),
                 Some(kernel) => {
                     format!(
-                        "vyre_shared_{kernel}_{position}_{}",
+                        "vyre_{kind}_{kernel}_{position}_{}",
                         identifier_part(&decl.name)
                     )
                 }
@@ -403,13 +449,46 @@ impl<'p> Writer<'p> {
             emit!(self, "mov.u64 {base}, {symbol};");
             self.add_buffer(BufferSlot {
                 decl,
-                space: Space::Shared,
+                space,
                 base,
                 length: Length::Constant(count),
-                shared: Some((symbol, padded)),
+                symbol: Some((symbol, padded)),
             });
         }
-        self.zero_workgroup_memory();
+        any
+    }
+
+    /// Each thread clears its own local arrays, so a read before any write sees 0
+    /// as in the reference interpreter: unrolled stores for arrays of up to 64
+    /// bytes, a loop for larger ones.
+    fn zero_local_arrays(&mut self) {
+        emit!(self, "// zero this thread's local arrays");
+        for position in 0..self.buffers.len() {
+            let slot = &self.buffers[position];
+            let (base, bytes) = match (&slot.symbol, slot.space) {
+                (Some((_, bytes)), Space::Local) => (slot.base, *bytes),
+                _ => continue,
+            };
+            if bytes <= 64 {
+                for offset in (0..bytes).step_by(4) {
+                    emit!(self, "st.local.u32 [{base}+{offset}], 0;");
+                }
+                continue;
+            }
+            let offset = self.reg(RegClass::B32);
+            emit!(self, "mov.u32 {offset}, 0;");
+            let top = self.label("zero_local");
+            self.place(top);
+            let wide = self.reg(RegClass::B64);
+            let address = self.reg(RegClass::B64);
+            emit!(self, "cvt.u64.u32 {wide}, {offset};");
+            emit!(self, "add.s64 {address}, {base}, {wide};");
+            emit!(self, "st.local.u32 [{address}], 0;");
+            emit!(self, "add.u32 {offset}, {offset}, 4;");
+            let more = self.reg(RegClass::Pred);
+            emit!(self, "setp.lt.u32 {more}, {offset}, {bytes};");
+            emit!(self, "@{more} bra {top};");
+        }
     }
 
     /// Validated: buffer names are unique.
@@ -431,9 +510,10 @@ impl<'p> Writer<'p> {
         );
         let linear = self.local_linear_id();
         for position in 0..self.buffers.len() {
-            let (base, bytes) = match &self.buffers[position].shared {
-                Some((_, bytes)) => (self.buffers[position].base, *bytes),
-                None => continue,
+            let slot = &self.buffers[position];
+            let (base, bytes) = match (&slot.symbol, slot.space) {
+                (Some((_, bytes)), Space::Shared) => (slot.base, *bytes),
+                _ => continue,
             };
             let offset = self.reg(RegClass::B32);
             emit!(self, "shl.b32 {offset}, {linear}, 2;");
@@ -528,10 +608,16 @@ impl<'p> Writer<'p> {
             );
         }
         let mut any_shared = false;
-        for slot in &self.buffers {
-            if let Some((symbol, bytes)) = &slot.shared {
+        for slot in self
+            .buffers
+            .iter()
+            .filter(|slot| slot.space == Space::Shared)
+        {
+            if let Some((symbol, bytes)) = &slot.symbol {
                 push_comment(&mut out, "", slot.decl);
-                let _ = writeln!(out, ".shared .align 4 .b8 {symbol}[{bytes}];");
+                // 64-bit elements need 8-byte alignment; everything else 4.
+                let align = slot.decl.elem.size_bytes().max(4);
+                let _ = writeln!(out, ".shared .align {align} .b8 {symbol}[{bytes}];");
                 any_shared = true;
             }
         }
@@ -574,6 +660,18 @@ impl<'p> Writer<'p> {
                     class.ptx_type(),
                     class.prefix()
                 );
+            }
+        }
+        for slot in self
+            .buffers
+            .iter()
+            .filter(|slot| slot.space == Space::Local)
+        {
+            if let Some((symbol, bytes)) = &slot.symbol {
+                let align = slot.decl.elem.size_bytes().max(4);
+                out.push('\t');
+                push_comment(&mut out, "", slot.decl);
+                let _ = writeln!(out, "\t.local .align {align} .b8 {symbol}[{bytes}];");
             }
         }
         out.push('\n');
@@ -620,8 +718,19 @@ impl<'p> Writer<'p> {
                 "\t",
                 format_args!("for {variable} in {start}..{end}"),
             ),
+            Node::While { condition, .. } => {
+                push_comment(&mut self.body, "\t", format_args!("while {condition}"))
+            }
             other => push_comment(&mut self.body, "\t", other),
         }
+    }
+
+    /// A loop body, with `break` and `continue` branching to `targets`.
+    fn loop_body(&mut self, body: &'p Block, targets: LoopTargets) -> Result<()> {
+        self.loops.push(targets);
+        let result = self.block(body);
+        self.loops.pop();
+        result
     }
 
     /// Stop with [`CodegenError::TooLarge`] once the body passes [`MAX_PTX_BYTES`].
@@ -704,19 +813,67 @@ impl<'p> Writer<'p> {
                 let limit = self.value(ScalarType::U32);
                 self.mov(counter, start);
                 self.mov(limit, end);
+                // Rotated: the test sits below the body, so an iteration costs one
+                // compare and one branch.
                 let top = self.label("loop");
+                let next = self.label("loop_next");
+                let test = self.label("loop_test");
                 let exit = self.label("loop_end");
+                emit!(self, "bra {test};");
                 self.place(top);
-                let done = self.reg(RegClass::Pred);
-                emit!(self, "setp.ge.u32 {done}, {counter}, {limit};");
-                emit!(self, "@{done} bra {exit};");
                 let mark = self.scope_log.len();
                 self.bind(variable, counter);
-                self.block(body)?;
+                self.loop_body(body, LoopTargets { exit, next })?;
                 self.leave_scope(mark);
+                self.place(next);
                 emit!(self, "add.u32 {counter}, {counter}, 1;");
-                emit!(self, "bra {top};");
+                self.place(test);
+                let more = self.reg(RegClass::Pred);
+                emit!(self, "setp.lt.u32 {more}, {counter}, {limit};");
+                emit!(self, "@{more} bra {top};");
                 self.place(exit);
+            }
+            Node::While { condition, body } => {
+                // Rotated like `for`: one branch into the test, then each iteration is
+                // the body, the condition and one conditional branch back.
+                let top = self.label("while");
+                let test = self.label("while_test");
+                let exit = self.label("while_end");
+                let iterations = self.options.max_loop_iterations.map(|cap| {
+                    let count = self.reg(RegClass::B32);
+                    emit!(self, "mov.u32 {count}, 0;");
+                    (count, cap)
+                });
+                emit!(self, "bra {test};");
+                self.place(top);
+                if let Some((count, cap)) = iterations {
+                    let over = self.reg(RegClass::Pred);
+                    emit!(self, "add.u32 {count}, {count}, 1;");
+                    emit!(self, "setp.gt.u32 {over}, {count}, {cap};");
+                    emit!(self, "@{over} trap; // CodegenOptions::max_loop_iterations");
+                }
+                self.loop_body(body, LoopTargets { exit, next: test })?;
+                self.place(test);
+                if matches!(condition, Expr::Literal(Literal::Bool(true))) {
+                    // `while true`: the loop ends only by `break` or `return`.
+                    emit!(self, "bra {top};");
+                } else {
+                    let holds = self.expr(condition)?;
+                    emit!(self, "@{holds} bra {top};");
+                }
+                self.place(exit);
+            }
+            Node::Break | Node::Continue => {
+                // Validated: inside a loop.
+                let targets = self.loops.last().copied().ok_or_else(|| {
+                    internal(format_args!("a `break` or `continue` outside a loop"))
+                })?;
+                let target = if matches!(node, Node::Break) {
+                    targets.exit
+                } else {
+                    targets.next
+                };
+                emit!(self, "bra {target};");
             }
             Node::Barrier => {
                 self.synchronises = true;
@@ -729,32 +886,119 @@ impl<'p> Writer<'p> {
                 index,
                 value,
             } => {
-                let slot = self.buffer(buffer)?;
-                let index = self.index(index)?;
-                let value = self.expr(value)?;
-                let guard = self.bounds_guard(slot, index);
-                let address = self.element_address(slot, index);
-                let space = self.buffers[slot].space.name();
-                let operation = match op {
-                    AtomicOp::Add => "add.u32",
-                    AtomicOp::Min => "min.u32",
-                    AtomicOp::Max => "max.u32",
-                    AtomicOp::Or => "or.b32",
+                let operands = AtomicNode {
+                    op: Some(*op),
+                    buffer,
+                    index,
+                    expected: None,
+                    value,
                 };
-                emit!(
-                    self,
-                    "{}red.{space}.{operation} [{address}], {value};",
-                    Guard(guard)
-                );
+                self.atomic(operands, None)?;
             }
-            Node::WorkgroupReduce { .. } => {
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => {
+                let operands = AtomicNode {
+                    op: Some(*op),
+                    buffer,
+                    index,
+                    expected: None,
+                    value,
+                };
+                self.atomic(operands, Some(name))?;
+            }
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => {
+                let operands = AtomicNode {
+                    op: None,
+                    buffer,
+                    index,
+                    expected: Some(expected),
+                    value,
+                };
+                self.atomic(operands, Some(name))?;
+            }
+            Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
                 return Err(internal(format_args!(
-                    "a workgroup reduction is not lowered"
+                    "a workgroup reduction or scan is not lowered"
                 )))
             }
             // Under the result ABI every thread must count itself finished.
             Node::Return if self.results => emit!(self, "bra {RESULTS_LABEL};"),
             Node::Return => emit!(self, "ret;"),
+        }
+        Ok(())
+    }
+
+    /// An atomic: `red` when nothing is returned and the operation has a reduction
+    /// form, `atom` (whose previous value lands in a register bound to `result`)
+    /// otherwise. Subtraction adds the negated operand (PTX has no atomic `sub`). With
+    /// bounds checks on, an out-of-range index skips the instruction and the result
+    /// is the 0 written before it.
+    fn atomic(&mut self, atomic: AtomicNode<'p>, result: Option<&'p str>) -> Result<()> {
+        let slot = self.buffer(atomic.buffer)?;
+        let index = self.index(atomic.index)?;
+        let expected = match atomic.expected {
+            Some(expected) => Some(self.expr(expected)?),
+            None => None,
+        };
+        let mut value = self.expr(atomic.value)?;
+        let elem = self.buffers[slot].decl.elem;
+        let ty = elem.value_type();
+        let bits = RegClass::of(ty).ptx_type();
+        let width = if ty.is_wide() { "64" } else { "32" };
+        let (operation, suffix) = match atomic.op {
+            Some(AtomicOp::Add) => ("add", if ty.is_wide() { "u64" } else { "u32" }),
+            Some(AtomicOp::Sub) => {
+                value = self.negate(value);
+                ("add", if ty.is_wide() { "u64" } else { "u32" })
+            }
+            Some(AtomicOp::Min) => ("min", arithmetic_type(ty)),
+            Some(AtomicOp::Max) => ("max", arithmetic_type(ty)),
+            Some(AtomicOp::And) => ("and", bits),
+            Some(AtomicOp::Or) => ("or", bits),
+            Some(AtomicOp::Xor) => ("xor", bits),
+            Some(AtomicOp::Exchange) => ("exch", bits),
+            None => ("cas", bits),
+        };
+        let guard = self.bounds_guard(slot, index);
+        let address = self.element_address(slot, index);
+        let space = self.buffers[slot].space.name();
+        if result.is_none() && atomic.op.is_some_and(AtomicOp::commutes) {
+            emit!(
+                self,
+                "{}red.{space}.{operation}.{suffix} [{address}], {value};",
+                Guard(guard)
+            );
+            return Ok(());
+        }
+        let previous = self.value(ty);
+        if guard.is_some() {
+            emit!(self, "mov.b{width} {previous}, 0;");
+        }
+        match expected {
+            Some(expected) => emit!(
+                self,
+                "{}atom.{space}.{operation}.{suffix} {previous}, [{address}], {expected}, {value};",
+                Guard(guard)
+            ),
+            None => emit!(
+                self,
+                "{}atom.{space}.{operation}.{suffix} {previous}, [{address}], {value};",
+                Guard(guard)
+            ),
+        }
+        if let Some(name) = result {
+            self.bind(name, previous);
         }
         Ok(())
     }
@@ -929,6 +1173,10 @@ impl<'p> Writer<'p> {
                 let value = self.expr(value)?;
                 Ok(self.subgroup_reduce(*op, value))
             }
+            Expr::SubgroupScan { op, kind, value } => {
+                let value = self.expr(value)?;
+                Ok(self.subgroup_scan(*op, *kind, value))
+            }
         }
     }
 
@@ -942,6 +1190,8 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.b32 {result}, {bits};");
             }
             Literal::Bool(v) => emit!(self, "mov.pred {result}, {};", v as u32),
+            Literal::U64(v) => emit!(self, "mov.u64 {result}, {v};"),
+            Literal::I64(v) => emit!(self, "mov.s64 {result}, {v};"),
         }
         result
     }
@@ -980,37 +1230,49 @@ impl<'p> Writer<'p> {
         let mnemonic = match (op, ty) {
             (B::Add, T::U32) => "add.u32",
             (B::Add, T::I32) => "add.s32",
+            (B::Add, T::U64) => "add.u64",
+            (B::Add, T::I64) => "add.s64",
             (B::Add, T::F32) => "add.rn.f32",
             (B::Sub, T::U32) => "sub.u32",
             (B::Sub, T::I32) => "sub.s32",
+            (B::Sub, T::U64) => "sub.u64",
+            (B::Sub, T::I64) => "sub.s64",
             (B::Sub, T::F32) => "sub.rn.f32",
             (B::Mul, T::U32) => "mul.lo.u32",
             (B::Mul, T::I32) => "mul.lo.s32",
+            (B::Mul, T::U64) => "mul.lo.u64",
+            (B::Mul, T::I64) => "mul.lo.s64",
             (B::Mul, T::F32) => "mul.rn.f32",
             (B::Div, T::F32) => "div.rn.f32",
-            (B::Div | B::Rem, T::U32 | T::I32) => {
+            (B::Div | B::Rem, _) if ty.is_integer() => {
                 return Ok(self.integer_division(op == B::Div, lhs, rhs))
             }
             (B::BitAnd, T::U32 | T::I32) => "and.b32",
             (B::BitOr, T::U32 | T::I32) => "or.b32",
             (B::BitXor, T::U32 | T::I32) => "xor.b32",
+            (B::BitAnd, T::U64 | T::I64) => "and.b64",
+            (B::BitOr, T::U64 | T::I64) => "or.b64",
+            (B::BitXor, T::U64 | T::I64) => "xor.b64",
             (B::BitAnd | B::LogicalAnd, T::Bool) => "and.pred",
             (B::BitOr | B::LogicalOr, T::Bool) => "or.pred",
             (B::BitXor, T::Bool) => "xor.pred",
-            (B::Shl | B::Shr, T::U32 | T::I32) => {
-                // PTX clamps shift amounts above 31; the IR takes them modulo 32.
+            (B::Shl | B::Shr, _) if ty.is_integer() => {
+                // PTX clamps shift amounts past the width; the IR takes them modulo it.
                 let amount = self.reg(RegClass::B32);
-                emit!(self, "and.b32 {amount}, {rhs}, 31;");
+                emit!(self, "and.b32 {amount}, {rhs}, {};", ty.bits() - 1);
                 let mnemonic = match (op, ty) {
+                    (B::Shl, T::U64 | T::I64) => "shl.b64",
                     (B::Shl, _) => "shl.b32",
                     (_, T::I32) => "shr.s32",
+                    (_, T::U64) => "shr.u64",
+                    (_, T::I64) => "shr.s64",
                     _ => "shr.u32",
                 };
                 let result = self.value(ty);
                 emit!(self, "{mnemonic} {result}, {lhs}, {amount};");
                 return Ok(result);
             }
-            (B::Eq | B::Ne | B::Lt | B::Le | B::Gt | B::Ge, T::U32 | T::I32 | T::F32) => {
+            (B::Eq | B::Ne | B::Lt | B::Le | B::Gt | B::Ge, _) if ty != T::Bool => {
                 let condition = match op {
                     B::Eq => "eq",
                     // Unordered not-equal: NaN != x is true, as in the IR.
@@ -1041,9 +1303,13 @@ impl<'p> Writer<'p> {
             // min.f32/max.f32 return the non-NaN operand when exactly one is NaN.
             (B::Min, T::U32) => "min.u32",
             (B::Min, T::I32) => "min.s32",
+            (B::Min, T::U64) => "min.u64",
+            (B::Min, T::I64) => "min.s64",
             (B::Min, T::F32) => "min.f32",
             (B::Max, T::U32) => "max.u32",
             (B::Max, T::I32) => "max.s32",
+            (B::Max, T::U64) => "max.u64",
+            (B::Max, T::I64) => "max.s64",
             (B::Max, T::F32) => "max.f32",
             _ => {
                 return Err(internal(format_args!(
@@ -1058,33 +1324,40 @@ impl<'p> Writer<'p> {
     }
 
     /// Integer `/` or `%` with the IR's total semantics: a zero divisor gives 0, and
-    /// `i32::MIN / -1` gives `i32::MIN` (remainder 0). The hardware divides by a safe
-    /// divisor (1) in those cases and the result is then selected.
+    /// `i32::MIN / -1` gives `i32::MIN` (remainder 0; `i64` likewise). The hardware
+    /// divides by a safe divisor (1) in those cases and the result is then selected.
     fn integer_division(&mut self, quotient: bool, lhs: Value, rhs: Value) -> Value {
         let ty = lhs.ty;
         let suffix = arithmetic_type(ty);
+        let bits = RegClass::of(ty).ptx_type();
         let by_zero = self.reg(RegClass::Pred);
         emit!(self, "setp.eq.{suffix} {by_zero}, {rhs}, 0;");
-        let unsafe_divisor = if ty == ScalarType::I32 {
-            let minus_one = self.reg(RegClass::Pred);
-            let minimum = self.reg(RegClass::Pred);
-            let overflow = self.reg(RegClass::Pred);
-            let either = self.reg(RegClass::Pred);
-            emit!(self, "setp.eq.s32 {minus_one}, {rhs}, -1;");
-            emit!(self, "setp.eq.s32 {minimum}, {lhs}, -2147483648;");
-            emit!(self, "and.pred {overflow}, {minus_one}, {minimum};");
-            emit!(self, "or.pred {either}, {by_zero}, {overflow};");
-            either
-        } else {
-            by_zero
+        let minimum = match ty {
+            ScalarType::I32 => Some(i32::MIN as i64),
+            ScalarType::I64 => Some(i64::MIN),
+            _ => None,
         };
-        let divisor = self.reg(RegClass::B32);
-        emit!(self, "selp.b32 {divisor}, 1, {rhs}, {unsafe_divisor};");
+        let unsafe_divisor = match minimum {
+            Some(minimum) => {
+                let minus_one = self.reg(RegClass::Pred);
+                let is_minimum = self.reg(RegClass::Pred);
+                let overflow = self.reg(RegClass::Pred);
+                let either = self.reg(RegClass::Pred);
+                emit!(self, "setp.eq.{suffix} {minus_one}, {rhs}, -1;");
+                emit!(self, "setp.eq.{suffix} {is_minimum}, {lhs}, {minimum};");
+                emit!(self, "and.pred {overflow}, {minus_one}, {is_minimum};");
+                emit!(self, "or.pred {either}, {by_zero}, {overflow};");
+                either
+            }
+            None => by_zero,
+        };
+        let divisor = self.reg(RegClass::of(ty));
+        emit!(self, "selp.{bits} {divisor}, 1, {rhs}, {unsafe_divisor};");
         let operation = if quotient { "div" } else { "rem" };
         let raw = self.value(ty);
         emit!(self, "{operation}.{suffix} {raw}, {lhs}, {divisor};");
         let result = self.value(ty);
-        emit!(self, "selp.b32 {result}, 0, {raw}, {by_zero};");
+        emit!(self, "selp.{bits} {result}, 0, {raw}, {by_zero};");
         result
     }
 
@@ -1093,21 +1366,29 @@ impl<'p> Writer<'p> {
         use UnaryOp as U;
         let ty = operand.ty;
         let result = match (op, ty) {
-            (U::Neg, T::I32) => self.negate_i32(operand),
+            (U::Neg, T::I32 | T::I64) => self.negate(operand),
             // Sign-bit flips on the bit pattern, so NaN payloads pass through unchanged
             // (neg.f32/abs.f32 may canonicalise NaN).
             (U::Neg, T::F32) => self.float_sign_bits(operand, "xor.b32", "0x80000000"),
             (U::Abs, T::F32) => self.float_sign_bits(operand, "and.b32", "0x7FFFFFFF"),
-            (U::Abs, T::I32) => {
+            (U::Abs, T::I32 | T::I64) => {
                 // max(x, -x) wraps like Rust: abs(i32::MIN) == i32::MIN.
-                let negated = self.negate_i32(operand);
+                let negated = self.negate(operand);
                 let result = self.value(ty);
-                emit!(self, "max.s32 {result}, {operand}, {negated};");
+                emit!(
+                    self,
+                    "max.{} {result}, {operand}, {negated};",
+                    arithmetic_type(ty)
+                );
                 result
             }
-            (U::BitNot, T::U32 | T::I32) => {
+            (U::BitNot, _) if ty.is_integer() => {
                 let result = self.value(ty);
-                emit!(self, "not.b32 {result}, {operand};");
+                emit!(
+                    self,
+                    "not.{} {result}, {operand};",
+                    RegClass::of(ty).ptx_type()
+                );
                 result
             }
             (U::BitNot | U::LogicalNot, T::Bool) => {
@@ -1115,14 +1396,14 @@ impl<'p> Writer<'p> {
                 emit!(self, "not.pred {result}, {operand};");
                 result
             }
-            (U::CountOnes, T::U32 | T::I32) => {
+            (U::CountOnes | U::LeadingZeros, _) if ty.is_integer() => {
+                let mnemonic = if op == U::CountOnes { "popc" } else { "clz" };
                 let result = self.value(T::U32);
-                emit!(self, "popc.b32 {result}, {operand};");
-                result
-            }
-            (U::LeadingZeros, T::U32 | T::I32) => {
-                let result = self.value(T::U32);
-                emit!(self, "clz.b32 {result}, {operand};");
+                emit!(
+                    self,
+                    "{mnemonic}.{} {result}, {operand};",
+                    RegClass::of(ty).ptx_type()
+                );
                 result
             }
             _ => {
@@ -1139,11 +1420,24 @@ impl<'p> Writer<'p> {
     /// Two's-complement negation as `opaque_zero - x`. A plain `neg.s32` (or
     /// `sub.s32 0, x`) feeding a nested `max.s32`/`min.s32` is fused by the JIT into a
     /// three-input min/max that loses the negation (H200, ptxas 12.9: `VIMNMX3 R, x, x,
-    /// a` for `max(a, max(x, -x))`); an unknown minuend keeps a real subtraction.
-    fn negate_i32(&mut self, operand: Value) -> Value {
-        let result = self.value(ScalarType::I32);
-        emit!(self, "sub.s32 {result}, {}, {operand};", self.opaque_zero);
+    /// a` for `max(a, max(x, -x))`); an unknown minuend keeps a real subtraction. An
+    /// `i64` is negated the same way, from the opaque zero widened.
+    fn negate(&mut self, operand: Value) -> Value {
+        let result = self.value(operand.ty);
+        if operand.ty.is_wide() {
+            let zero = self.opaque_zero_wide();
+            emit!(self, "sub.s64 {result}, {zero}, {operand};");
+        } else {
+            emit!(self, "sub.s32 {result}, {}, {operand};", self.opaque_zero);
+        }
         result
+    }
+
+    /// A `b64` register holding 0 the JIT cannot know (the opaque zero, widened).
+    fn opaque_zero_wide(&mut self) -> Reg {
+        let zero = self.reg(RegClass::B64);
+        emit!(self, "cvt.u64.u32 {zero}, {};", self.opaque_zero);
+        zero
     }
 
     /// A `b32` register holding `bits`, computed as `opaque_zero ^ bits` so the JIT
@@ -1161,8 +1455,15 @@ impl<'p> Writer<'p> {
         result
     }
 
-    /// `value` (a `b32`) mixed with `opaque_zero`: same bits, unknown to the JIT.
+    /// `value` (a `b32` or `b64` integer) mixed with `opaque_zero`: same bits,
+    /// unknown to the JIT.
     fn opaque_copy(&mut self, value: Value) -> Reg {
+        if value.ty.is_wide() {
+            let zero = self.opaque_zero_wide();
+            let result = self.reg(RegClass::B64);
+            emit!(self, "xor.b64 {result}, {value}, {zero};");
+            return result;
+        }
         let result = self.reg(RegClass::B32);
         emit!(self, "xor.b32 {result}, {value}, {};", self.opaque_zero);
         result
@@ -1206,11 +1507,24 @@ impl<'p> Writer<'p> {
         match (value.ty, to) {
             (from, to) if from == to => value,
             // Reinterpretation: same register, new type (consumers copy before mutating).
-            (T::U32, T::I32) | (T::I32, T::U32) => Value {
+            (T::U32, T::I32) | (T::I32, T::U32) | (T::U64, T::I64) | (T::I64, T::U64) => Value {
                 reg: value.reg,
                 ty: to,
             },
-            (T::U32 | T::I32, T::F32) => {
+            (T::U32 | T::I32, T::U64 | T::I64) => {
+                // Zero-extends a u32, sign-extends an i32.
+                let result = self.value(to);
+                let from = if value.ty == T::I32 { "s32" } else { "u32" };
+                let wide = if value.ty == T::I32 { "s64" } else { "u64" };
+                emit!(self, "cvt.{wide}.{from} {result}, {value};");
+                result
+            }
+            (T::U64 | T::I64, T::U32 | T::I32) => {
+                let result = self.value(to);
+                emit!(self, "cvt.u32.u64 {result}, {value};");
+                result
+            }
+            (T::U32 | T::I32 | T::U64 | T::I64, T::F32) => {
                 // The integer is hidden from the JIT first: a constant it knows would
                 // give a constant f32 it folds further (see `opaque_bits`).
                 let hidden = self.opaque_copy(value);
@@ -1222,19 +1536,24 @@ impl<'p> Writer<'p> {
                 );
                 result
             }
-            (T::F32, T::U32 | T::I32) => {
+            (T::F32, T::U32 | T::I32 | T::U64 | T::I64) => {
                 // cvt.rzi truncates and saturates; NaN is forced to 0 explicitly.
-                let raw = self.reg(RegClass::B32);
+                let class = RegClass::of(to);
+                let raw = self.reg(class);
                 emit!(self, "cvt.rzi.{}.f32 {raw}, {value};", arithmetic_type(to));
                 let nan = self.reg(RegClass::Pred);
                 emit!(self, "setp.nan.f32 {nan}, {value}, {value};");
                 let result = self.value(to);
-                emit!(self, "selp.b32 {result}, 0, {raw}, {nan};");
+                emit!(self, "selp.{} {result}, 0, {raw}, {nan};", class.ptx_type());
                 result
             }
-            (T::Bool, T::U32 | T::I32) => {
+            (T::Bool, T::U32 | T::I32 | T::U64 | T::I64) => {
                 let result = self.value(to);
-                emit!(self, "selp.b32 {result}, 1, 0, {value};");
+                emit!(
+                    self,
+                    "selp.{} {result}, 1, 0, {value};",
+                    RegClass::of(to).ptx_type()
+                );
                 result
             }
             (T::Bool, _) => {
@@ -1247,9 +1566,10 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.b32 {result}, {hidden};");
                 result
             }
-            (T::U32 | T::I32, _) => {
+            (T::U32 | T::I32 | T::U64 | T::I64, _) => {
                 let result = self.value(T::Bool);
-                emit!(self, "setp.ne.u32 {result}, {value}, 0;");
+                let width = if value.ty.is_wide() { "u64" } else { "u32" };
+                emit!(self, "setp.ne.{width} {result}, {value}, 0;");
                 result
             }
             (T::F32, _) => {
@@ -1263,11 +1583,7 @@ impl<'p> Writer<'p> {
 
     fn subgroup_reduce(&mut self, op: ReduceOp, value: Value) -> Value {
         self.synchronises = true;
-        let operation = match op {
-            ReduceOp::Sum => "add",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-        };
+        let operation = reduce_instruction(op);
         if self.sm >= REDUX_MIN_SM {
             let result = self.value(ScalarType::U32);
             emit!(
@@ -1290,6 +1606,52 @@ impl<'p> Writer<'p> {
         }
         accumulated
     }
+
+    /// A prefix over the warp in lane order: five `shfl.sync.up` steps, each lane
+    /// combining the value `d` lanes below it when that lane exists (the shuffle's
+    /// predicate), so lane `i` ends with the combination of lanes `0..=i`; the
+    /// exclusive prefix is the inclusive one shifted up one lane, the identity in
+    /// lane 0.
+    fn subgroup_scan(&mut self, op: ReduceOp, kind: ScanKind, value: Value) -> Value {
+        self.synchronises = true;
+        let operation = reduce_instruction(op);
+        let mut accumulated = value;
+        for distance in [1, 2, 4, 8, 16] {
+            let partner = self.reg(RegClass::B32);
+            let exists = self.reg(RegClass::Pred);
+            emit!(
+                self,
+                "shfl.sync.up.b32 {partner}|{exists}, {accumulated}, {distance}, 0, {FULL_WARP};"
+            );
+            let combined = self.reg(RegClass::B32);
+            emit!(
+                self,
+                "{operation}.u32 {combined}, {accumulated}, {partner};"
+            );
+            let next = self.value(ScalarType::U32);
+            emit!(
+                self,
+                "selp.b32 {next}, {combined}, {accumulated}, {exists};"
+            );
+            accumulated = next;
+        }
+        if kind == ScanKind::Inclusive {
+            return accumulated;
+        }
+        let below = self.reg(RegClass::B32);
+        let exists = self.reg(RegClass::Pred);
+        emit!(
+            self,
+            "shfl.sync.up.b32 {below}|{exists}, {accumulated}, 1, 0, {FULL_WARP};"
+        );
+        let result = self.value(ScalarType::U32);
+        emit!(
+            self,
+            "selp.b32 {result}, {below}, {}, {exists};",
+            op.identity()
+        );
+        result
+    }
 }
 
 /// `.version`, `.target`, `.address_size` and the opaque zero word: written once per
@@ -1303,6 +1665,15 @@ pub(super) fn module_header(out: &mut String, sm: u32) {
         "// always 0; hides constants from the JIT's folding (f32 ties, min/max fusion)\n\
          .const .align 4 .u32 {OPAQUE_ZERO_SYMBOL} = 0;\n"
     );
+}
+
+/// The `u32` instruction (and `redux.sync` operation) of a reduction.
+const fn reduce_instruction(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "add",
+        ReduceOp::Min => "min",
+        ReduceOp::Max => "max",
+    }
 }
 
 /// An inconsistency between the validator and this writer: a bug, never bad input.
@@ -1326,7 +1697,9 @@ const fn arithmetic_type(ty: ScalarType) -> &'static str {
     match ty {
         ScalarType::I32 => "s32",
         ScalarType::F32 => "f32",
-        _ => "u32",
+        ScalarType::U64 => "u64",
+        ScalarType::I64 => "s64",
+        ScalarType::U32 | ScalarType::Bool => "u32",
     }
 }
 
@@ -1337,6 +1710,8 @@ const fn memory_type(elem: crate::ir::ElemType) -> &'static str {
         crate::ir::ElemType::U32 => "u32",
         crate::ir::ElemType::I32 => "s32",
         crate::ir::ElemType::F32 => "f32",
+        crate::ir::ElemType::U64 => "u64",
+        crate::ir::ElemType::I64 => "s64",
     }
 }
 
