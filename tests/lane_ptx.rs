@@ -11,9 +11,7 @@ mod ptxas;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use vyre_cuda::codegen::ptx::lane::{
-    RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
-};
+use vyre_cuda::codegen::ptx::lane::{RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID};
 use vyre_cuda::codegen::{program_to_ptx, CodegenError, LaneModuleBuilder, LANE_ENTRY_NAME};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
@@ -26,8 +24,20 @@ use vyre_cuda::CodegenOptions;
 fn doubling() -> Program {
     Program::builder([32, 1, 1])
         .entry_op_id("lane_doubling")
-        .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
-        .buffer("w", 1, Access::Workgroup, ElemType::U32, BufferCount::Static(32))
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "w",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.store("w", Expr::local_id(Axis::X), Expr::workgroup_count(Axis::X));
@@ -45,8 +55,20 @@ fn doubling() -> Program {
 fn summing() -> Program {
     Program::builder([32, 1, 1])
         .entry_op_id("lane_summing")
-        .buffer("inp", 0, Access::ReadOnly, ElemType::U32, BufferCount::Static(4))
-        .buffer("out", 1, Access::WriteOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "inp",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             b.if_(Expr::local_id(Axis::X).not_equals(0u32), |b| {
                 b.return_();
@@ -119,9 +141,21 @@ fn the_fixture_lane_matches_its_snapshot_and_assembles() {
 #[test]
 fn a_body_reads_its_bindings_and_grid_from_the_record() {
     let program = Program::builder([32, 1, 1])
-        .buffer("a", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "a",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .buffer("b", 1, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
-        .buffer("c", 2, Access::ReadWrite, ElemType::F32, BufferCount::Runtime)
+        .buffer(
+            "c",
+            2,
+            Access::ReadWrite,
+            ElemType::F32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             let sum = Expr::length("a") + Expr::length("b") + Expr::workgroup_count(Axis::Z);
@@ -131,7 +165,8 @@ fn a_body_reads_its_bindings_and_grid_from_the_record() {
     let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
     lane.push(&program, &CodegenOptions::default()).unwrap();
     let ptx = lane.finish();
-    let body = &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
+    let body =
+        &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
     let offsets: Vec<usize> = body
         .match_indices("[vyre_lane_record+")
         .map(|(at, needle)| {
@@ -147,9 +182,14 @@ fn a_body_reads_its_bindings_and_grid_from_the_record() {
         .collect();
     expected.push(RECORD_GRID + 8);
     assert_eq!(offsets, expected, "{body}");
-    assert!(!body.contains("vyre_ptr_") && !body.contains("%ctaid"), "{body}");
+    assert!(
+        !body.contains("vyre_ptr_") && !body.contains("%ctaid"),
+        "{body}"
+    );
     let plain = program_to_ptx(&program, &CodegenOptions::default(), 90, 32).unwrap();
-    assert!(plain.contains("ld.param.u64 %rd0, [vyre_ptr_0]") && !plain.contains("vyre_lane_record"));
+    assert!(
+        plain.contains("ld.param.u64 %rd0, [vyre_ptr_0]") && !plain.contains("vyre_lane_record")
+    );
 }
 
 /// Locks out lanes the driver would refuse for some program the generator can make:
@@ -174,7 +214,10 @@ fn lanes_of_generated_programs_assemble_with_ptxas() {
         lane.push(&lowered, &case.config.codegen)
             .unwrap_or_else(|e| panic!("seed {}: {e}", 9_000 + seed));
     }
-    assert!(groups.values().any(|lane| lane.len() >= 4), "some shape repeats");
+    assert!(
+        groups.values().any(|lane| lane.len() >= 4),
+        "some shape repeats"
+    );
     let directory = tempfile::tempdir().unwrap();
     for (index, (shape, lane)) in groups.into_iter().enumerate() {
         let bodies = lane.len();
@@ -193,13 +236,25 @@ fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
     let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
     assert_eq!(lane.push(&doubling(), &CodegenOptions::default()), Ok(0));
     let wide = Program::builder([64, 1, 1])
-        .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             b.store("x", Expr::local_id(Axis::X), 1u32);
         })
         .build();
     let synced = Program::builder([32, 1, 1])
-        .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
         .body(|b| {
             b.grid_sync();
             b.store("x", Expr::local_id(Axis::X), 1u32);
@@ -211,7 +266,10 @@ fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
             .expect_err("not a body of this lane");
         assert!(matches!(error, CodegenError::LaneBody { .. }), "{error:?}");
         let message = error.to_string();
-        assert!(message.starts_with("Fix:") && message.contains(expected), "{message}");
+        assert!(
+            message.starts_with("Fix:") && message.contains(expected),
+            "{message}"
+        );
         assert_eq!(lane.len(), 1);
     }
     assert_eq!(lane.push(&summing(), &CodegenOptions::default()), Ok(1));

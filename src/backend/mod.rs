@@ -55,6 +55,7 @@ mod error;
 pub mod floor;
 pub mod graph;
 mod kernel;
+mod lane;
 mod ordering;
 mod outputs;
 mod plan;
@@ -64,7 +65,7 @@ mod reference_backend;
 mod request;
 mod stream_ops;
 
-pub use any::{AnyBackend, AnyGraph, AnyPendingReplay, AnyRecorder, BackendKind};
+pub use any::{AnyBackend, AnyGraph, AnyLane, AnyPendingReplay, AnyRecorder, BackendKind};
 pub use buffer::{DeviceBuffer, PinnedBuffer};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
@@ -73,6 +74,10 @@ pub use dispatch::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
+pub use lane::{
+    Lane, LaneOptions, WaitMode, MAX_LANE_AREA_BYTES, MAX_LANE_BLOCKS, MAX_LANE_KERNELS,
+    MAX_LANE_POLL_SLEEP, MAX_LANE_SLOTS,
+};
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use reference_backend::ReferenceBackend;
 pub use request::{Binding, Dispatch, Finished, Timing, Timings};
@@ -116,5 +121,9 @@ mod tests {
         assert_send::<StepId>();
         assert_send::<StitchedGraph>();
         assert_send::<StitchBuilder>();
+        assert_send::<Lane>();
+        assert_sync::<Lane>();
+        assert_send::<AnyLane>();
+        assert_sync::<AnyLane>();
     }
 }

@@ -281,7 +281,10 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (".u32 vyre_lane_area_stride", "bytes between result areas"),
-    (".u32 vyre_lane_staging_stride", "bytes between staging areas"),
+    (
+        ".u32 vyre_lane_staging_stride",
+        "bytes between staging areas",
+    ),
     (
         ".u32 vyre_lane_poll_sleep",
         "nanoseconds between polls (0: spin)",
@@ -670,7 +673,9 @@ impl Server {
         self.line(format_args!("rem.u32 %slot, %ticket, %slots;"));
         self.line(format_args!("@!%leader bra $L_lane_announced;"));
         self.line(format_args!("@!%dispatcher bra $L_lane_poll_go;"));
-        self.line(format_args!("mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"
+        ));
         self.line(format_args!("add.s64 %bell_address, %doorbells, %offset;"));
         self.place("$L_lane_poll_bell");
         self.line(format_args!(
@@ -724,7 +729,9 @@ impl Server {
     fn read_record(&mut self) {
         let t = self.threads;
         self.comment("the record: its length in 16-byte chunks and where it comes from");
-        self.line(format_args!("shr.u64 %wide, %bell, {DOORBELL_CHUNKS_SHIFT};"));
+        self.line(format_args!(
+            "shr.u64 %wide, %bell, {DOORBELL_CHUNKS_SHIFT};"
+        ));
         self.line(format_args!("cvt.u32.u64 %chunks, %wide;"));
         self.line(format_args!("and.b32 %chunks, %chunks, 65535;"));
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_SAME};"));
@@ -737,7 +744,9 @@ impl Server {
         self.line(format_args!("add.s64 %cache, %device, {DEVICE_CACHE_AT};"));
         self.line(format_args!("add.s64 %cache, %cache, %offset;"));
         self.line(format_args!("add.s64 %host_record, %records, %offset;"));
-        self.line(format_args!("selp.b64 %origin, %host_record, %cache, %reload;"));
+        self.line(format_args!(
+            "selp.b64 %origin, %host_record, %cache, %reload;"
+        ));
         let top = self.label("record");
         self.line(format_args!("mov.u32 %index, %lin;"));
         self.place(&top);
@@ -763,7 +772,10 @@ impl Server {
             self.line(format_args!("add.s64 %to, %cache, %at;"));
             self.line(format_args!("@%take st.global.v4.u32 [%to], {v};"));
         }
-        self.line(format_args!("add.u32 %index, %index, {};", t as usize * IN_FLIGHT));
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
         self.line(format_args!("bra {top};"));
         self.place("$L_lane_record_ready");
         self.line(format_args!("barrier.sync 1;"));
@@ -818,7 +830,9 @@ impl Server {
         }
         self.line(format_args!("mul.wide.u32 %offset, %slot, %area_stride;"));
         self.line(format_args!("add.s64 %area, %areas, %offset;"));
-        self.line(format_args!("mul.wide.u32 %offset, %slot, %staging_stride;"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, %staging_stride;"
+        ));
         self.line(format_args!("add.s64 %inputs, %staging, %offset;"));
         self.line(format_args!("mov.u32 %status, 0;"));
     }
@@ -845,7 +859,9 @@ impl Server {
         self.line(format_args!("ld.shared.u64 %destination, [%at];"));
         self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
         self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
-        self.line(format_args!("cvta.to.global.u64 %destination, %destination;"));
+        self.line(format_args!(
+            "cvta.to.global.u64 %destination, %destination;"
+        ));
         self.line(format_args!("setp.eq.u32 %zero, %source, {PROLOGUE_ZERO};"));
         self.line(format_args!("cvt.u64.u32 %offset, %source;"));
         self.line(format_args!("add.s64 %source_address, %inputs, %offset;"));
@@ -946,7 +962,9 @@ impl Server {
             self.line(format_args!("add.s64 %to, %destination, %at;"));
             self.line(format_args!("@%live st.global.{ty} [%to], {v};"));
         }
-        self.line(format_args!("mad.lo.u32 %index, {stride}, {IN_FLIGHT}, %index;"));
+        self.line(format_args!(
+            "mad.lo.u32 %index, {stride}, {IN_FLIGHT}, %index;"
+        ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
     }
@@ -1013,7 +1031,9 @@ impl Server {
             self.line(format_args!("@%take bra.uni $L_lane_body_{body};"));
         }
         self.comment("no such body: nothing runs, the status says so");
-        self.line(format_args!("mov.u32 %status, {AREA_STATUS_UNKNOWN_KERNEL};"));
+        self.line(format_args!(
+            "mov.u32 %status, {AREA_STATUS_UNKNOWN_KERNEL};"
+        ));
         self.line(format_args!("bra.uni $L_lane_body_done;"));
         for body in 0..bodies {
             let name = lane_body_name(body);
@@ -1109,7 +1129,9 @@ impl Server {
             "@!%dispatcher ld.relaxed.gpu.global.u64 %start, [%device+{DEVICE_START}];"
         ));
         self.line(format_args!("st.global.v2.u64 [%area], {{%start, %end}};"));
-        self.line(format_args!("st.global.v2.u32 [%area+16], {{%status, %want}};"));
+        self.line(format_args!(
+            "st.global.v2.u32 [%area+16], {{%status, %want}};"
+        ));
         self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.comment(
             "release at system scope: every output, readback byte and the header before the word",
@@ -1163,7 +1185,10 @@ impl Server {
             self.line(format_args!("add.s64 %to, %area, %offset;"));
             self.line(format_args!("@%live st.global.v4.u32 [%to], {v};"));
         }
-        self.line(format_args!("add.u32 %index, %index, {};", t as usize * IN_FLIGHT));
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
     }

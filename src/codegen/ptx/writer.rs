@@ -42,7 +42,7 @@ use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
 use super::lane::{
     lane_body_name, pool_place, LANE_GROUP_PARAMETERS, LANE_RECORD_SYMBOL, LANE_WORKGROUP_SYMBOL,
-    RECORD_BINDING_BYTES, RECORD_BINDINGS_AT, RECORD_GRID,
+    RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
 };
 
 /// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
@@ -416,7 +416,10 @@ impl<'p> Writer<'p> {
             // memory): the address, then the element count 8 bytes on.
             let entry = RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * position;
             if self.lane {
-                emit!(self, "ld.shared.u64 {base}, [{LANE_RECORD_SYMBOL}+{entry}];");
+                emit!(
+                    self,
+                    "ld.shared.u64 {base}, [{LANE_RECORD_SYMBOL}+{entry}];"
+                );
             } else {
                 emit!(self, "ld.param.u64 {base}, [vyre_ptr_{position}];");
             }
