@@ -690,7 +690,7 @@ impl LaneShared {
         check_lane_request(
             &kernel.name,
             request.workgroups,
-            plan.reads.len(),
+            (&plan.reads, self.options.result_bytes as usize),
             (inputs.staging, self.options.staging_bytes as usize),
             (inputs.operations, inputs.largest),
         )?;

@@ -142,15 +142,7 @@ pub(in crate::backend) fn place_readbacks(
         let footprint = len.div_ceil(16) * 16;
         let end = next.checked_add(footprint).filter(|&end| end <= area_bytes);
         let Some(end) = end else {
-            let needed: u64 = reads.iter().map(|r| r.len.div_ceil(16) * 16).sum::<u64>()
-                + AREA_HEADER_BYTES as u64;
-            return Err(BackendError::bad_input(format!(
-                "Fix: the readback of {kernel_name} needs {needed} bytes of the lane's result area \
-                 (16-byte aligned items after a {AREA_HEADER_BYTES}-byte header) but a slot has \
-                 {area_bytes}; build the lane with LaneOptions::result_bytes of at least {}, or read \
-                 less back (ReadbackPolicy::Ranges, or ReadbackPolicy::None and read the buffer)",
-                needed.div_ceil(128) * 128
-            )));
+            return Err(area_too_small(kernel_name, reads, area_bytes));
         };
         let memory = memory(read.slot);
         let source = memory.start + read.offset;
@@ -182,6 +174,27 @@ pub(in crate::backend) fn place_readbacks(
     placed.copies.extend(windows);
     placed.copies.extend(ranges);
     Ok(())
+}
+
+/// Bytes of a result area the readback items take: the header, then each item
+/// rounded up to 16 bytes.
+fn area_needed(reads: &[ReadItem]) -> u64 {
+    reads
+        .iter()
+        .map(|read| read.len.div_ceil(16).saturating_mul(16))
+        .fold(AREA_HEADER_BYTES as u64, u64::saturating_add)
+}
+
+/// The `Fix:` error for readback items that do not fit a slot's result area.
+fn area_too_small(kernel_name: &str, reads: &[ReadItem], area_bytes: usize) -> BackendError {
+    let needed = area_needed(reads);
+    BackendError::bad_input(format!(
+        "Fix: the readback of {kernel_name} needs {needed} bytes of the lane's result area (16-byte \
+         aligned items after a {AREA_HEADER_BYTES}-byte header) but a slot has {area_bytes}; build \
+         the lane with LaneOptions::result_bytes of at least {}, or read less back \
+         (ReadbackPolicy::Ranges, or ReadbackPolicy::None and read the buffer)",
+        needed.div_ceil(128).saturating_mul(128)
+    ))
 }
 
 /// What the lane rules look at in one kernel.
@@ -277,13 +290,13 @@ pub(in crate::backend) fn check_lane_blocks(
 }
 
 /// The rules of one lane request, on every backend: a grid whose workgroups a lane can
-/// number (at most `u32::MAX` in all), at most [`MAX_LANE_READBACKS`] readback items,
-/// host input bytes that fit a slot's staging, at most [`MAX_LANE_PROLOGUE`]
-/// zero fills and copies, each under 4 GiB.
+/// number (at most `u32::MAX` in all), at most [`MAX_LANE_READBACKS`] readback items
+/// that fit a slot's result area of `area_bytes`, host input bytes that fit a slot's
+/// staging, at most [`MAX_LANE_PROLOGUE`] zero fills and copies, each under 4 GiB.
 pub(in crate::backend) fn check_lane_request(
     kernel_name: &str,
     workgroups: [u32; 3],
-    reads: usize,
+    (reads, area_bytes): (&[ReadItem], usize),
     staging: (u64, usize),
     prologue: (usize, u64),
 ) -> Result<(), BackendError> {
@@ -297,11 +310,15 @@ pub(in crate::backend) fn check_lane_request(
             ),
         });
     }
-    if reads > MAX_LANE_READBACKS {
+    if reads.len() > MAX_LANE_READBACKS {
         return Err(BackendError::bad_input(format!(
             "Fix: a lane request reads back at most {MAX_LANE_READBACKS} items and this one of \
-             {kernel_name} reads {reads}; merge ranges or read buffers afterwards"
+             {kernel_name} reads {}; merge ranges or read buffers afterwards",
+            reads.len()
         )));
+    }
+    if area_needed(reads) > area_bytes as u64 {
+        return Err(area_too_small(kernel_name, reads, area_bytes));
     }
     let (input_bytes, staging_bytes) = staging;
     if input_bytes > staging_bytes as u64 {
@@ -505,17 +522,21 @@ mod tests {
     /// allowed values pass.
     #[test]
     fn lane_requests_stay_inside_the_record() {
-        assert!(check_lane_request("k", [u32::MAX, 1, 1], 64, (4096, 4096), (64, 1 << 31)).is_ok());
-        let too_many_groups = check_lane_request("k", [65536, 65536, 1], 0, (0, 0), (0, 0));
-        let too_many_reads = check_lane_request("k", [1, 1, 1], 65, (0, 0), (0, 0));
-        let too_much_input = check_lane_request("k", [1, 1, 1], 0, (4112, 4096), (0, 0));
-        let too_large_fill = check_lane_request("k", [1, 1, 1], 0, (0, 0), (1, 1 << 32));
-        for result in [
-            too_many_groups,
-            too_many_reads,
-            too_much_input,
-            too_large_fill,
-        ] {
+        let reads: Vec<ReadItem> = (0..64).map(|_| item(0, 0, 16)).collect();
+        let fits = (reads.as_slice(), 32 + 64 * 16);
+        let largest = check_lane_request("k", [u32::MAX, 1, 1], fits, (4096, 4096), (64, 1 << 31));
+        assert!(largest.is_ok());
+        let none = (&reads[..0], 256);
+        let more: Vec<ReadItem> = (0..65).map(|_| item(0, 0, 0)).collect();
+        let small_area = (reads.as_slice(), 32 + 64 * 16 - 16);
+        let refusals = [
+            check_lane_request("k", [65536, 65536, 1], none, (0, 0), (0, 0)),
+            check_lane_request("k", [1, 1, 1], (&more, 1 << 20), (0, 0), (0, 0)),
+            check_lane_request("k", [1, 1, 1], small_area, (0, 0), (0, 0)),
+            check_lane_request("k", [1, 1, 1], none, (4112, 4096), (0, 0)),
+            check_lane_request("k", [1, 1, 1], none, (0, 0), (1, 1 << 32)),
+        ];
+        for result in refusals {
             let message = result.unwrap_err().to_string();
             assert!(message.starts_with("Fix:"), "{message}");
         }

@@ -115,7 +115,7 @@ impl ReferenceLane {
         check_lane_request(
             &reference.name,
             request.workgroups,
-            plan.reads.len(),
+            (&plan.reads, self.options.result_bytes as usize),
             (inputs.staging, self.options.staging_bytes as usize),
             (inputs.operations, inputs.largest),
         )
