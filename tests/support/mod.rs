@@ -444,3 +444,41 @@ pub fn triple_plus_one(mut value: u32, rounds: u32) -> u32 {
     }
     value
 }
+
+/// Ends the whole test process with a message when it is not disarmed within
+/// `seconds`: a lane test that hangs (a driver call waiting for the lane's kernel, a
+/// request that never completes) then fails with a line saying what hung, instead of
+/// holding the GPU machine until its limit.
+pub struct Watchdog {
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Arm a [`Watchdog`] for `what`.
+pub fn watchdog(seconds: u64, what: &'static str) -> Watchdog {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed = std::sync::Arc::new(AtomicBool::new(true));
+    let flag = std::sync::Arc::clone(&armed);
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        while std::time::Instant::now() < deadline {
+            if !flag.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        if flag.load(Ordering::Acquire) {
+            eprintln!(
+                "watchdog: {what} did not finish within {seconds} s; ending the test process"
+            );
+            std::process::exit(101);
+        }
+    });
+    Watchdog { armed }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.armed
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
