@@ -20,14 +20,17 @@
 //! This file is the façade: the module list and what is public. Layers, bottom up:
 //! - `driver` (one checked function per libcuda call, split by concern) is private;
 //!   its `unsafe fn`s are called only from `stream_ops` (the one description of a
-//!   dispatch's stream operations), `dispatch`, `readback`, `floor` and `graph`,
-//!   each with a `// SAFETY:` line; the public API is safe and names no driver type;
+//!   dispatch's stream operations), `dispatch`, `readback`, `floor`, `graph` and
+//!   `lane` (the server's launch), each with a `// SAFETY:` line; the public API is
+//!   safe and names no driver type;
 //! - `cuda` holds [`CudaBackend`] and the state its dispatches, buffers and graphs
 //!   share; `request` the [`Dispatch`] request; `buffer` the owned buffers;
 //!   `dispatch` the dispatch path and non-blocking submission; `graph` the CUDA
 //!   graphs that capture the same stream operations; all of them are one privacy
 //!   boundary: their shared internals are `pub(in crate::backend)`, invisible to the
 //!   rest of the crate;
+//! - `lane` holds [`Lane`], a resident server kernel serving the same [`Dispatch`]
+//!   requests through host-mapped memory, below the launch floor;
 //! - `reference_backend` answers the same requests on the CPU interpreter with the
 //!   same checks and errors;
 //! - `any` holds [`AnyBackend`], above both: nothing below it knows it exists.

@@ -807,15 +807,29 @@ impl LaneShared {
         slot: usize,
         staged: &mut Staged,
     ) -> Result<Held, BackendError> {
+        let mut held = Held::default();
+        match self.stage_into(kernel, request, plan, slot, staged, &mut held) {
+            Ok(()) => Ok(held),
+            Err(error) => {
+                self.release(held);
+                Err(error)
+            }
+        }
+    }
+
+    /// [`LaneShared::stage`] into `held` (released by the caller on an error).
+    fn stage_into(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        plan: &RequestPlan,
+        slot: usize,
+        staged: &mut Staged,
+        held: &mut Held,
+    ) -> Result<(), BackendError> {
         let inner = &self.backend.inner;
         let memory = &self.resources()?.memory;
-        let mut held = Held::default();
         let mut staging = 0usize;
-        let zero = |destination: u64, bytes: u64| PrologueOp {
-            destination,
-            bytes: bytes as u32,
-            source: PROLOGUE_ZERO,
-        };
         for ((slot_decl, binding), &bytes) in
             kernel.slots.iter().zip(request.bindings).zip(&plan.sizes)
         {
@@ -825,42 +839,32 @@ impl LaneShared {
                 Binding::Host(data) => Some(data),
                 Binding::Pinned(pinned) => Some(
                     pinned
-                        .memory_for(inner, "dispatch with")
-                        .map(|memory| memory.slice(0, bytes as usize))
-                        .map_err(|e| {
-                            self.release(std::mem::take(&mut held));
-                            e
-                        })?,
+                        .memory_for(inner, "dispatch with")?
+                        .slice(0, bytes as usize),
                 ),
                 _ => None,
             };
             let address = match binding {
-                Binding::Buffer(buffer) => match buffer.memory_for(inner, "dispatch with") {
-                    Ok(memory) => {
-                        held.buffers.push(Arc::clone(memory));
-                        memory.address()
-                    }
-                    Err(e) => {
-                        self.release(held);
-                        return Err(e);
-                    }
-                },
+                // No hold on the buffer's memory (an atomic increment and decrement per
+                // binding on the hot path): while the lane runs nothing of its context is
+                // freed (`driver`'s `resident`), so a buffer dropped while this request is
+                // pending keeps its memory, and its address, until the lane has stopped.
+                Binding::Buffer(buffer) => buffer.memory_for(inner, "dispatch with")?.address(),
                 Binding::Scratch(_) => {
-                    self.release(held);
-                    return Err(super::dispatch::scratch_outside_a_graph(&kernel.name));
+                    return Err(super::dispatch::scratch_outside_a_graph(&kernel.name))
                 }
-                _ => match inner.take_transient(bytes, &mut held) {
-                    Ok(address) => address,
-                    Err(e) => {
-                        self.release(held);
-                        return Err(e);
-                    }
-                },
+                _ => inner.take_transient(bytes, held)?,
             };
-            if slot_decl.access == Access::WriteOnly && bytes > 0 {
-                staged.prologue.push(zero(address, bytes));
-            } else if matches!(binding, Binding::Zeroed(_)) && bytes > 0 {
-                staged.prologue.push(zero(address, bytes));
+            // `WriteOnly` starts zeroed (as a launch's clears), and so does a zeroed
+            // transient the kernel reads.
+            let zeroed =
+                slot_decl.access == Access::WriteOnly || matches!(binding, Binding::Zeroed(_));
+            if zeroed && bytes > 0 {
+                staged.prologue.push(PrologueOp {
+                    destination: address,
+                    bytes: bytes as u32,
+                    source: PROLOGUE_ZERO,
+                });
             }
             if let (Some(data), true) = (input, reads_it) {
                 if !data.is_empty() {
@@ -879,7 +883,7 @@ impl LaneShared {
             }
             staged.bindings.push((address, count));
         }
-        Ok(held)
+        Ok(())
     }
 
     /// Wait, on the host, for every eager dispatch and other lane's request in flight

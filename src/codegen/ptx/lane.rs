@@ -228,7 +228,7 @@ pub fn lane_device_bytes(slots: usize) -> usize {
 pub(super) fn pool_place(end: u32, decl: &BufferDecl) -> (u32, u32) {
     let bytes = decl.static_size_bytes().unwrap_or(0);
     let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
-    let align = decl.elem.size_bytes().max(4) as u32;
+    let align = decl.elem.size_bytes().max(4);
     let offset = end.div_ceil(align).saturating_mul(align);
     (offset, offset.saturating_add(padded))
 }
