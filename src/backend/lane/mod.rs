@@ -1011,14 +1011,22 @@ impl LaneShared {
     fn serving_program(&self) -> String {
         let served = self
             .resources()
-            .map(|resources| u64::from(resources.memory.completed()))
+            .map(|resources| resources.memory.completed())
             .unwrap_or(0);
-        let state = self.lock();
+        // `try_lock`: a thread waiting for another lane while holding this one's lock
+        // must not make this report wait (two lanes waiting on each other's timeout).
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return "a lane request".into(),
+        };
         state
             .slots
             .iter()
             .filter_map(|slot| slot.request.as_ref())
-            .filter(|request| (request.ticket.wrapping_add(1) as u32) > served as u32)
+            .filter(|request| {
+                (request.ticket.wrapping_add(1) as u32).wrapping_sub(served) as i32 > 0
+            })
             .min_by_key(|request| request.ticket)
             .and_then(|request| self.kernels.get(request.kernel))
             .map_or_else(
