@@ -177,6 +177,21 @@ impl Share {
     }
 }
 
+/// This process's share of `test`'s `programs` programs; `None` when this is the
+/// parent of a split run (`VYRE_DIFFERENTIAL_PROCESSES` > 1), which ran the shares in
+/// child processes and checked their counts (the test is done).
+fn share_or_spawn(test: &str, programs: u64, case: fn(u64) -> RandomCase) -> Option<Share> {
+    let share = Share::of_this_process();
+    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
+        .unwrap_or(DEFAULT_PROCESSES)
+        .clamp(1, 16);
+    if share.of == 1 && processes > 1 {
+        run_in_child_processes(test, processes, programs, case);
+        return None;
+    }
+    Some(share)
+}
+
 /// The test binary again, once per share, each running `test` on its share; their
 /// counts must add up to `programs` (`case` gives program `index` for the
 /// construct counts).
@@ -260,19 +275,13 @@ fn run_in_child_processes(test: &str, processes: u64, programs: u64, case: fn(u6
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_ten_thousand_random_programs_match_reference() {
     let programs = env_count("VYRE_DIFFERENTIAL_PROGRAMS").unwrap_or(10_000);
-    let share = Share::of_this_process();
-    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
-        .unwrap_or(DEFAULT_PROCESSES)
-        .clamp(1, 16);
-    if share.of == 1 && processes > 1 {
-        run_in_child_processes(
-            "gpu_differential_ten_thousand_random_programs_match_reference",
-            processes,
-            programs,
-            |index| case_of(FIRST_SEED + index),
-        );
+    let Some(share) = share_or_spawn(
+        "gpu_differential_ten_thousand_random_programs_match_reference",
+        programs,
+        |index| case_of(FIRST_SEED + index),
+    ) else {
         return;
-    }
+    };
     let cores = std::thread::available_parallelism().map_or(8, |n| n.get() as u64);
     let threads = env_count("VYRE_DIFFERENTIAL_THREADS")
         .unwrap_or((cores / share.of).max(1))
@@ -417,19 +426,13 @@ fn lane_case(index: u64) -> RandomCase {
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
     let programs = env_count("VYRE_LANE_DIFFERENTIAL_PROGRAMS").unwrap_or(2_000);
-    let share = Share::of_this_process();
-    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
-        .unwrap_or(DEFAULT_PROCESSES)
-        .clamp(1, 16);
-    if share.of == 1 && processes > 1 {
-        run_in_child_processes(
-            "gpu_differential_lanes_run_random_programs_as_the_reference_does",
-            processes,
-            programs,
-            lane_case,
-        );
+    let Some(share) = share_or_spawn(
+        "gpu_differential_lanes_run_random_programs_as_the_reference_does",
+        programs,
+        lane_case,
+    ) else {
         return;
-    }
+    };
     let started = Instant::now();
     let cases: Vec<RandomCase> = share.indices(programs).map(lane_case).collect();
     let mut by_shape: std::collections::BTreeMap<[u32; 3], Vec<&RandomCase>> =

@@ -6,31 +6,7 @@ mod support;
 
 use support::watchdog;
 use vyre_cuda::backend::{Binding, CudaBackend, Dispatch, LaneOptions};
-use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{CodegenOptions, DispatchConfig};
-
-/// 32 threads; thread `gid` counts `n` up from `first` while `keep_going(gid, n)`
-/// holds, then stores `n`.
-fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Expr) -> Program {
-    Program::builder([32, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "out",
-            0,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Static(32),
-        )
-        .body(|b| {
-            let gid = b.let_("gid", Expr::global_id(Axis::X));
-            let n = b.let_mut("n", first);
-            b.while_(keep_going(gid.clone(), n.clone()), |b| {
-                b.assign("n", n.clone() + 1u32);
-            });
-            b.store("out", gid, n);
-        })
-        .build()
-}
 
 /// Locks out a fault inside a lane that is swallowed, unnamed, or leaves the lane
 /// serving: a lane of a bounded loop (the negative control: the reference's bytes)
@@ -45,8 +21,9 @@ fn gpu_lane_kernel_fault_names_the_program_and_ends_the_lane() {
     let capped = DispatchConfig::linear(1)
         .with_codegen(CodegenOptions::new().with_max_loop_iterations(Some(1000)));
     let gpu = support::backend();
-    let bounded = counting_program("lane_bounded_while", 0, |gid, n| n.less_than(gid.rem(3u32)));
-    let runaway = counting_program("lane_runaway_while", 1, |gid, n| {
+    let bounded =
+        support::counting_program("lane_bounded_while", 0, |gid, n| n.less_than(gid.rem(3u32)));
+    let runaway = support::counting_program("lane_runaway_while", 1, |gid, n| {
         gid.equals(0u32).and(n.not_equals(0u32))
     });
     let bounded_kernel = gpu.compile(&bounded, &capped).unwrap();

@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use support::lane::{increment, store_one, triple};
 use support::{backend, bindings, buffer_copies, fixture_inputs, reference, watchdog, words};
 use vyre_cuda::backend::{
     AnyBackend, BackendError, Binding, CudaBackend, Dispatch, Kernel, Lane, LaneOptions, Timing,
@@ -16,42 +17,6 @@ use vyre_cuda::backend::{
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::*;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
-
-/// `y[i] = x[i] + 1` over 64-thread workgroups (`y` write-only).
-fn increment() -> Program {
-    elementwise("lane_increment", |x| x + 1u32)
-}
-
-/// `y[i] = x[i] * 3` over 64-thread workgroups.
-fn triple() -> Program {
-    elementwise("lane_triple", |x| x * 3u32)
-}
-
-fn elementwise(name: &str, f: fn(Expr) -> Expr) -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "y",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("x")), |b| {
-                b.store("y", i.clone(), f(Expr::load("x", i.clone())));
-            });
-        })
-        .build()
-}
 
 /// Workgroups of [16, 2, 1] exchanging values through workgroup memory around a
 /// barrier, numbering themselves with workgroup ids and counts on every axis, and
@@ -697,21 +662,7 @@ fn gpu_lane_bad_inputs_are_fix_errors() {
         "timeout",
     );
     let wide = gpu
-        .compile(
-            &Program::builder([1024, 1, 1])
-                .buffer(
-                    "x",
-                    0,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Runtime,
-                )
-                .body(|b| {
-                    b.store("x", Expr::local_id(Axis::X), 1u32);
-                })
-                .build(),
-            &DispatchConfig::linear(1),
-        )
+        .compile(&store_one([1024, 1, 1], false), &DispatchConfig::linear(1))
         .unwrap();
     fix(
         gpu.lane(&[&wide], LaneOptions::new().blocks(1024))

@@ -6,37 +6,11 @@ mod support;
 
 use std::time::Duration;
 
+use support::lane::elementwise;
 use support::{backend, watchdog};
 use vyre_cuda::backend::{Binding, Dispatch, LaneOptions};
 use vyre_cuda::ir::*;
 use vyre_cuda::DispatchConfig;
-
-/// `y[i] = x[i] + 1` over 64-thread workgroups.
-fn increment(name: &str) -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "y",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("x")), |b| {
-                b.store("y", i.clone(), Expr::load("x", i.clone()) + 1u32);
-            });
-        })
-        .build()
-}
 
 /// Locks out a lane that blocks the rest of the backend's life (the host hanging in a
 /// driver call that waits for the lane's kernel): with a lane running, compiling a new
@@ -48,7 +22,9 @@ fn increment(name: &str) -> Program {
 fn gpu_lane_compiles_and_allocates_while_it_runs() {
     let gpu = backend();
     let config = DispatchConfig::linear(1);
-    let kernel = gpu.compile(&increment("lane_running"), &config).unwrap();
+    let kernel = gpu
+        .compile(&elementwise("lane_running", |x| x + 1u32), &config)
+        .unwrap();
     let lane = gpu.lane(&[&kernel], LaneOptions::new()).unwrap();
     let x = gpu.buffer_from(&[1u32; 64]).unwrap();
     let bound = [Binding::from(&x), Binding::Zeroed(256)];
@@ -56,7 +32,10 @@ fn gpu_lane_compiles_and_allocates_while_it_runs() {
     {
         let _watchdog = watchdog(60, "a module load while a lane runs");
         let fresh = gpu
-            .compile(&increment("compiled_beside_a_lane"), &config)
+            .compile(
+                &elementwise("compiled_beside_a_lane", |x| x + 1u32),
+                &config,
+            )
             .unwrap();
         let got = gpu.run(Dispatch::new(&fresh, &bound)).unwrap();
         assert_eq!(got.outputs.read::<u32>("y").unwrap(), [2u32; 64]);

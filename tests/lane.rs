@@ -3,67 +3,15 @@
 //! same answers as a plain `run`. Runs in `cargo test`; `tests/gpu_lane.rs` holds the
 //! CUDA lane to the reference on the GPU machine.
 
+#[path = "support/lane.rs"]
+mod lane_programs;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use vyre_cuda::backend::{AnyBackend, BackendError, Binding, Dispatch, LaneOptions, WaitMode};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
-use vyre_cuda::ir::*;
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
-
-/// `y[i] = x[i] + 1` over 64-thread workgroups.
-fn increment_program() -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id("lane_increment")
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "y",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("x")), |b| {
-                b.store("y", i.clone(), Expr::load("x", i.clone()) + 1u32);
-            });
-        })
-        .build()
-}
-
-/// The same shape, another program (`y[i] = x[i] * 3`).
-fn triple_program() -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id("lane_triple")
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "y",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("x")), |b| {
-                b.store("y", i.clone(), Expr::load("x", i.clone()) * 3u32);
-            });
-        })
-        .build()
-}
 
 fn message(result: Result<impl std::fmt::Debug, BackendError>) -> String {
     let error = result.expect_err("a refusal");
@@ -139,42 +87,15 @@ fn a_reference_lane_answers_as_run_does() {
 fn lane_refusals_are_fix_errors() {
     let backend = AnyBackend::reference();
     let config = DispatchConfig::linear(1);
-    let increment = backend.compile(&increment_program(), &config).unwrap();
-    let triple = backend.compile(&triple_program(), &config).unwrap();
+    let increment = backend
+        .compile(&lane_programs::increment(), &config)
+        .unwrap();
+    let triple = backend.compile(&lane_programs::triple(), &config).unwrap();
     let other_shape = backend
-        .compile(
-            &Program::builder([32, 1, 1])
-                .buffer(
-                    "x",
-                    0,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Runtime,
-                )
-                .body(|b| {
-                    b.store("x", Expr::local_id(Axis::X), 1u32);
-                })
-                .build(),
-            &config,
-        )
+        .compile(&lane_programs::store_one([32, 1, 1], false), &config)
         .unwrap();
     let synced = backend
-        .compile(
-            &Program::builder([64, 1, 1])
-                .buffer(
-                    "x",
-                    0,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Runtime,
-                )
-                .body(|b| {
-                    b.grid_sync();
-                    b.store("x", Expr::local_id(Axis::X), 1u32);
-                })
-                .build(),
-            &config,
-        )
+        .compile(&lane_programs::store_one([64, 1, 1], true), &config)
         .unwrap();
     let options = LaneOptions::new();
     assert!(message(backend.lane(&[], options)).contains("at least one kernel"));
@@ -190,26 +111,12 @@ fn lane_refusals_are_fix_errors() {
     );
     // 1,024-thread blocks: two per SM of the reference's H200-like device.
     let wide = backend
-        .compile(
-            &Program::builder([1024, 1, 1])
-                .buffer(
-                    "x",
-                    0,
-                    Access::ReadWrite,
-                    ElemType::U32,
-                    BufferCount::Runtime,
-                )
-                .body(|b| {
-                    b.store("x", Expr::local_id(Axis::X), 1u32);
-                })
-                .build(),
-            &config,
-        )
+        .compile(&lane_programs::store_one([1024, 1, 1], false), &config)
         .unwrap();
     assert!(message(backend.lane(&[&wide], options.blocks(1 << 10))).contains("at most 264"));
     assert!(backend.lane(&[&wide], options.blocks(264)).is_ok());
     let foreign = AnyBackend::reference()
-        .compile(&increment_program(), &config)
+        .compile(&lane_programs::increment(), &config)
         .unwrap();
     assert!(message(backend.lane(&[&foreign], options)).contains("another backend"));
 

@@ -5,6 +5,8 @@
 //! grid where the host's request record puts them, and the builder refuses what a lane
 //! cannot run, unchanged.
 
+#[path = "support/lane.rs"]
+mod lane_programs;
 #[path = "support/ptxas.rs"]
 mod ptxas;
 
@@ -235,31 +237,8 @@ fn lanes_of_generated_programs_assemble_with_ptxas() {
 fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
     let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
     assert_eq!(lane.push(&doubling(), &CodegenOptions::default()), Ok(0));
-    let wide = Program::builder([64, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            b.store("x", Expr::local_id(Axis::X), 1u32);
-        })
-        .build();
-    let synced = Program::builder([32, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            b.grid_sync();
-            b.store("x", Expr::local_id(Axis::X), 1u32);
-        })
-        .build();
+    let wide = lane_programs::store_one([64, 1, 1], false);
+    let synced = lane_programs::store_one([32, 1, 1], true);
     for (program, expected) in [(wide, "[64, 1, 1]"), (synced, "grid sync")] {
         let error = lane
             .push(&program, &CodegenOptions::default())

@@ -1,6 +1,7 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod lane;
 pub mod parity;
 pub mod stitch;
 
@@ -481,4 +482,28 @@ impl Drop for Watchdog {
         self.armed
             .store(false, std::sync::atomic::Ordering::Release);
     }
+}
+
+/// 32 threads; thread `gid` counts `n` up from `first` while `keep_going(gid, n)`
+/// holds, then stores `n` (the fault binaries' loops: bounded, or runaway past an
+/// iteration cap).
+pub fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Expr) -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id(name)
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let n = b.let_mut("n", first);
+            b.while_(keep_going(gid.clone(), n.clone()), |b| {
+                b.assign("n", n.clone() + 1u32);
+            });
+            b.store("out", gid, n);
+        })
+        .build()
 }

@@ -677,16 +677,11 @@ impl Server {
             "mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"
         ));
         self.line(format_args!("add.s64 %bell_address, %doorbells, %offset;"));
-        self.place("$L_lane_poll_bell");
-        self.line(format_args!(
-            "ld.acquire.sys.global.u64 %bell, [%bell_address];"
-        ));
-        self.line(format_args!("cvt.u32.u64 %seen, %bell;"));
-        self.line(format_args!("setp.eq.u32 %found, %seen, %want;"));
-        self.line(format_args!("@%found bra $L_lane_rung;"));
-        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
-        self.line(format_args!("bra $L_lane_poll_bell;"));
-        self.place("$L_lane_rung");
+        self.poll(
+            "$L_lane_poll_bell",
+            "ld.acquire.sys.global.u64 %bell, [%bell_address];",
+            "$L_lane_rung",
+        );
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
         self.line(format_args!(
             "@%multi st.relaxed.gpu.global.u64 [%device+{DEVICE_START}], %start;"
@@ -700,16 +695,11 @@ impl Server {
         ));
         self.line(format_args!("st.shared.u64 [%state], %bell;"));
         self.line(format_args!("bra $L_lane_announced;"));
-        self.place("$L_lane_poll_go");
-        self.line(format_args!(
-            "ld.acquire.gpu.global.u64 %bell, [%device+{DEVICE_GO}];"
-        ));
-        self.line(format_args!("cvt.u32.u64 %seen, %bell;"));
-        self.line(format_args!("setp.eq.u32 %found, %seen, %want;"));
-        self.line(format_args!("@%found bra $L_lane_go;"));
-        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
-        self.line(format_args!("bra $L_lane_poll_go;"));
-        self.place("$L_lane_go");
+        self.poll(
+            "$L_lane_poll_go",
+            &format!("ld.acquire.gpu.global.u64 %bell, [%device+{DEVICE_GO}];"),
+            "$L_lane_go",
+        );
         self.comment(
             "what block 0 acquired from the host (record, staging, inputs) is ordered before this block's loads",
         );
@@ -721,6 +711,19 @@ impl Server {
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
         self.line(format_args!("@%stop bra $L_lane_stop;"));
+    }
+
+    /// A polling loop at `top`: `load` into `%bell` until its low 32 bits are `%want`
+    /// (sleeping `%sleep` ns between loads when asked), then on at `found`.
+    fn poll(&mut self, top: &str, load: &str, found: &str) {
+        self.place(top);
+        self.line(format_args!("{load}"));
+        self.line(format_args!("cvt.u32.u64 %seen, %bell;"));
+        self.line(format_args!("setp.eq.u32 %found, %seen, %want;"));
+        self.line(format_args!("@%found bra {found};"));
+        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
+        self.line(format_args!("bra {top};"));
+        self.place(found);
     }
 
     /// The record into shared memory: nothing when it equals the previous request's,
