@@ -840,6 +840,20 @@ impl Server {
         self.line(format_args!("mov.u32 %status, 0;"));
     }
 
+    /// Entry `%op` of the record's table at byte `table` (a prologue or readback
+    /// table): its u64 address into `address`, its u32 byte count into `%bytes` and its
+    /// last u32 (staging or area offset) into `%source`.
+    fn load_entry(&mut self, table: &str, address: &str) {
+        self.line(format_args!(
+            "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, {table};"
+        ));
+        self.line(format_args!("cvt.u64.u32 %at, %entry;"));
+        self.line(format_args!("add.s64 %at, %record, %at;"));
+        self.line(format_args!("ld.shared.u64 {address}, [%at];"));
+        self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
+        self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
+    }
+
     /// Zero fills and input copies over every thread of the lane, then a lane-wide
     /// barrier when there were any.
     fn run_prologue(&mut self) {
@@ -854,14 +868,7 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %op, %prologue;"));
         self.line(format_args!("@%past bra {done};"));
-        self.line(format_args!(
-            "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, %prologue_at;"
-        ));
-        self.line(format_args!("cvt.u64.u32 %at, %entry;"));
-        self.line(format_args!("add.s64 %at, %record, %at;"));
-        self.line(format_args!("ld.shared.u64 %destination, [%at];"));
-        self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
-        self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
+        self.load_entry("%prologue_at", "%destination");
         self.line(format_args!(
             "cvta.to.global.u64 %destination, %destination;"
         ));
@@ -1105,14 +1112,7 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %op, %readbacks;"));
         self.line(format_args!("@%past bra {done};"));
-        self.line(format_args!(
-            "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, %readback_at;"
-        ));
-        self.line(format_args!("cvt.u64.u32 %at, %entry;"));
-        self.line(format_args!("add.s64 %at, %record, %at;"));
-        self.line(format_args!("ld.shared.u64 %source_address, [%at];"));
-        self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
-        self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
+        self.load_entry("%readback_at", "%source_address");
         self.line(format_args!(
             "cvta.to.global.u64 %source_address, %source_address;"
         ));
