@@ -274,6 +274,11 @@ impl LaneOptions {
                 "Fix: WaitMode::Sleep({interval:?}) sleeps less than 1 µs; use WaitMode::Spin, or sleep \
                  at least 1 µs"
             )),
+            WaitMode::Sleep(interval) if interval > self.timeout => fix(format!(
+                "Fix: WaitMode::Sleep({interval:?}) sleeps longer than LaneOptions::timeout ({:?}), so a \
+                 wait could not end on time; sleep less than the timeout",
+                self.timeout
+            )),
             _ => Ok(()),
         }
     }
@@ -1462,6 +1467,12 @@ mod tests {
             (
                 LaneOptions::new().wait(WaitMode::Sleep(Duration::ZERO)),
                 "Sleep",
+            ),
+            (
+                LaneOptions::new()
+                    .timeout(Duration::from_millis(1))
+                    .wait(WaitMode::Sleep(Duration::from_millis(2))),
+                "longer than LaneOptions::timeout",
             ),
         ];
         for (options, field) in cases {
