@@ -553,6 +553,13 @@ impl LaneShared {
         Ok(shared)
     }
 
+    /// The slot of request `ticket`, as the server computes it: from the ticket's low
+    /// 32 bits (the server counts tickets in a `u32`, so after 2^32 requests a
+    /// `u64` remainder would name another slot unless the slot count divides 2^32).
+    fn slot_of(&self, ticket: u64) -> usize {
+        (ticket as u32 % self.options.slots) as usize
+    }
+
     /// The id of the backend the lane belongs to.
     pub(in crate::backend) fn backend_id(&self) -> u64 {
         self.backend.inner.id
@@ -710,7 +717,7 @@ impl LaneShared {
         inner.bind()?;
         let mut state = self.lock();
         let ticket = state.submitted;
-        let slot = (ticket % self.options.slots as u64) as usize;
+        let slot = self.slot_of(ticket);
         if state.slots[slot].request.is_some() {
             return Err(BackendError::bad_input(format!(
                 "Fix: {} requests are pending on this lane (LaneOptions::slots); wait for an earlier \
@@ -1067,7 +1074,7 @@ impl LaneShared {
         let wait_ns = self.wait_ticket(ticket)?;
         let mark = probe::charge_and_mark(Phase::Release, mark);
         let resources = self.resources()?;
-        let slot = (ticket % self.options.slots as u64) as usize;
+        let slot = self.slot_of(ticket);
         let mut state = self.lock();
         let request = match state.slots[slot].request.take() {
             Some(request) if request.ticket == ticket => request,
@@ -1137,7 +1144,7 @@ impl LaneShared {
         }
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let ticket = state.submitted;
-        let slot = (ticket % self.options.slots as u64) as usize;
+        let slot = self.slot_of(ticket);
         resources.memory.ring(
             slot,
             u64::from(ticket.wrapping_add(1) as u32) | DOORBELL_STOP,
