@@ -44,7 +44,8 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::config::{CodegenOptions, DispatchConfig, ReadbackPolicy};
-use crate::ir::{self, Program, ValidProgram};
+use crate::ir::validate::MAX_SCALARS;
+use crate::ir::{self, Literal, Program, ScalarDecl, ValidProgram};
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
@@ -52,7 +53,7 @@ use super::buffer::{whole_values, Storage};
 use super::dispatch::{foreign_kernel, PendingOrigin, Sink};
 use super::kernel::KernelKind;
 use super::plan::{binding_slots, check_output_slices, plan_request, ParamSlot, RequestPlan};
-use super::request::Target;
+use super::request::{ScalarValues, Target};
 use super::{
     BackendError, Binding, DeviceBuffer, DeviceCaps, Dispatch, Finished, Kernel, LaunchPlan,
     Outputs, PendingDispatch, Timings,
@@ -253,8 +254,7 @@ impl ReferenceBackend {
                 error,
             }
         })?;
-        super::readback::check_result_abi_fits(&name, program.global_buffers().len())
-            .map_err(BackendError::bad_input)?;
+        super::readback::check_result_abi_fits(&name, program).map_err(BackendError::bad_input)?;
         let (slots, outputs) = binding_slots(program);
         let workgroup_size = program.workgroup_size();
         let grid_sync = super::kernel::contains_grid_sync(program.entry());
@@ -360,7 +360,7 @@ impl ReferenceBackend {
         let mut plan = RequestPlan::default();
         plan_request(
             &reference.name,
-            &reference.slots,
+            (&reference.slots, reference.program.scalars()),
             &reference.outputs,
             request,
             &mut plan,
@@ -420,9 +420,11 @@ impl ReferenceBackend {
             codegen: kernel.codegen,
         };
         let borrowed: SmallVec<[&[u8]; 16]> = inputs.iter().map(Vec::as_slice).collect();
-        let (results, _) = reference::run_valid_with_stats(
+        let scalars = scalar_literals(kernel.program.scalars(), &request.scalars);
+        let (results, _) = reference::run_valid_with_scalars(
             &kernel.program,
             &borrowed,
+            &scalars,
             &config,
             &self.inner.options,
         )
@@ -550,6 +552,19 @@ struct Prepared<'k> {
     kernel: &'k ReferenceKernel,
     plan: RequestPlan,
     start: Instant,
+}
+
+/// The values of `declared` scalars in a request's `values` (every one supplied:
+/// `plan::check_request_scalars` checked), as the interpreter takes them.
+pub(in crate::backend) fn scalar_literals(
+    declared: &[ScalarDecl],
+    values: &ScalarValues,
+) -> SmallVec<[Literal; MAX_SCALARS]> {
+    declared
+        .iter()
+        .zip(values.words())
+        .map(|(decl, &word)| Literal::from_bits(decl.ty, word))
+        .collect()
 }
 
 /// `bytes` zero bytes, allocated fallibly: a size past this host's address space or
