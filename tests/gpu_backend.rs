@@ -61,9 +61,8 @@ fn gpu_random_programs_match_reference_byte_for_byte() {
     let mut checked = 0;
     for seed in 0..400u64 {
         let case = valid_program(seed, &options);
-        let expected = reference(&case.program, &case.inputs, &case.config);
-        let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let got = run_host(&gpu, &case.program, &borrowed, &case.config)
+        let expected = support::case_reference(&case, &case.scalars);
+        let got = support::run_case_host(&gpu, &case, &case.scalars)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         assert_eq!(
             got, expected,

@@ -2086,8 +2086,16 @@ fn differential_programs_run_on_the_reference_and_assemble() {
     let mut modules = Vec::with_capacity(PROGRAMS as usize);
     for seed in FIRST_SEED..FIRST_SEED + PROGRAMS {
         let case = vyre_cuda::ir::generate::differential_case(seed);
-        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        if let Err(e) = vyre_cuda::reference::run(&case.program, &inputs, &case.config) {
+        let options = vyre_cuda::reference::ReferenceOptions::default();
+        let inputs = case.input_slices();
+        let ran = vyre_cuda::reference::run_with_scalars(
+            &case.program,
+            &inputs,
+            &case.scalars,
+            &case.config,
+            &options,
+        );
+        if let Err(e) = ran {
             panic!(
                 "seed {seed}: the reference refused it: {e}\n{}",
                 case.program
@@ -2146,6 +2154,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 "load"
             }
             Expr::Length { .. } => "length",
+            Expr::Scalar(_) => "scalar",
             Expr::Binary { lhs, rhs, .. } => {
                 walk_expr(lhs, seen);
                 walk_expr(rhs, seen);
@@ -2452,13 +2461,16 @@ fn edge_case_program(types: &[ScalarType]) -> Program {
 fn gpu_run(
     gpu: &vyre_cuda::backend::CudaBackend,
     program: &Program,
-    inputs: &[&[u8]],
+    (inputs, scalars): (&[&[u8]], &[Literal]),
     config: &vyre_cuda::DispatchConfig,
 ) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
     use vyre_cuda::backend::{Binding, Dispatch};
     let bindings: Vec<Binding> = inputs.iter().map(|bytes| Binding::Host(bytes)).collect();
-    gpu.run(Dispatch::program(program, &bindings).config(config))
-        .map(|finished| finished.outputs)
+    let mut request = Dispatch::program(program, &bindings).config(config);
+    for (decl, &value) in program.scalars().iter().zip(scalars) {
+        request = request.scalar(&decl.name, value);
+    }
+    gpu.run(request).map(|finished| finished.outputs)
 }
 
 /// Locks out any PTX instruction whose edge-case result differs from the reference
@@ -2545,7 +2557,7 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
         let config = vyre_cuda::DispatchConfig::linear(3)
             .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
-        let got = gpu_run(gpu, &program, &borrowed, &config).expect("gpu dispatch");
+        let got = gpu_run(gpu, &program, (&borrowed, &[]), &config).expect("gpu dispatch");
         assert_eq!(got.len(), expected.len());
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let differing: Vec<String> = g
@@ -2581,11 +2593,24 @@ fn gpu_generated_programs_match_reference() {
     };
     for seed in 0..400u64 {
         let case = vyre_cuda::ir::generate::valid_program(seed, &options);
-        let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let expected = vyre_cuda::reference::run(&case.program, &borrowed, &case.config)
-            .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
-        let got = gpu_run(&gpu, &case.program, &borrowed, &case.config)
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+        let borrowed = case.input_slices();
+        let reference_options = vyre_cuda::reference::ReferenceOptions::default();
+        let expected = vyre_cuda::reference::run_with_scalars(
+            &case.program,
+            &borrowed,
+            &case.scalars,
+            &case.config,
+            &reference_options,
+        )
+        .map(|(outputs, _)| outputs)
+        .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
+        let got = gpu_run(
+            &gpu,
+            &case.program,
+            (&borrowed, &case.scalars),
+            &case.config,
+        )
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         if got != expected {
             let which: Vec<usize> = (0..got.len())
                 .filter(|&k| got.item(k) != Some(&expected[k][..]))

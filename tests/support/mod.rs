@@ -63,6 +63,29 @@ pub fn run_buffers(
     gpu.run(vyre_cuda::backend::Dispatch::program(program, &bound).config(config))
 }
 
+/// [`run_host`] of a generated case with `scalars` (one value per scalar parameter).
+pub fn run_case_host(
+    gpu: &CudaBackend,
+    case: &vyre_cuda::ir::generate::RandomCase,
+    scalars: &[vyre_cuda::ir::Literal],
+) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
+    let bindings = host_bindings(&case.inputs);
+    let request = vyre_cuda::backend::Dispatch::program(&case.program, &bindings);
+    gpu.run(with_scalars(request, &case.program, scalars).config(&case.config))
+        .map(|finished| finished.outputs)
+}
+
+/// [`run_buffers`] of a generated case with its own scalar values.
+pub fn run_case_buffers(
+    gpu: &CudaBackend,
+    case: &vyre_cuda::ir::generate::RandomCase,
+    buffers: &[DeviceBuffer],
+) -> Result<vyre_cuda::backend::Finished, vyre_cuda::backend::BackendError> {
+    let bound = bindings(buffers);
+    let request = vyre_cuda::backend::Dispatch::program(&case.program, &bound);
+    gpu.run(with_scalars(request, &case.program, &case.scalars).config(&case.config))
+}
+
 /// Inputs of the measurement fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
 /// global buffer zeroed at its static size, with `x` in the first word of `in`.
 pub fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
@@ -84,6 +107,41 @@ pub fn reference(program: &Program, inputs: &[Vec<u8>], config: &DispatchConfig)
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     vyre_cuda::reference::run(program, &borrowed, config)
         .unwrap_or_else(|e| panic!("reference failed: {e}\n{program}"))
+}
+
+/// The reference interpreter's outputs for a generated case with `scalars` (its own
+/// values, or another draw of `RandomCase::scalar_values`).
+pub fn case_reference(
+    case: &vyre_cuda::ir::generate::RandomCase,
+    scalars: &[vyre_cuda::ir::Literal],
+) -> Vec<Vec<u8>> {
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    vyre_cuda::reference::run_with_scalars(
+        &case.program,
+        &case.input_slices(),
+        scalars,
+        &case.config,
+        &options,
+    )
+    .map(|(outputs, _)| outputs)
+    .unwrap_or_else(|e| {
+        panic!(
+            "seed {}: reference failed: {e}\n{}",
+            case.seed, case.program
+        )
+    })
+}
+
+/// `request` with one value per scalar parameter of `program`, in declaration order.
+pub fn with_scalars<'a>(
+    mut request: vyre_cuda::backend::Dispatch<'a>,
+    program: &'a Program,
+    values: &[vyre_cuda::ir::Literal],
+) -> vyre_cuda::backend::Dispatch<'a> {
+    for (decl, &value) in program.scalars().iter().zip(values) {
+        request = request.scalar(&decl.name, value);
+    }
+    request
 }
 
 /// u32 words of a byte buffer.
