@@ -144,6 +144,45 @@ pub fn with_scalars<'a>(
     request
 }
 
+/// One scalar parameter of every type (`s_u32`, `s_i32`, `s_f32`, `s_bool`, `s_u64`,
+/// `s_i64`), each written by every thread with its id mixed in into its own static
+/// 8-element output (`out_u32`, ...; `bool` as a `u32` 0 or 1), over 8 threads:
+/// `u + i`, `s - i`, `f * i`, `b`, `w + i`, `x - i`.
+pub fn every_scalar_type() -> Program {
+    use vyre_cuda::ir::ScalarType::{self, *};
+    let elem = |ty: ScalarType| match ty {
+        U32 | Bool => ElemType::U32,
+        I32 => ElemType::I32,
+        F32 => ElemType::F32,
+        U64 => ElemType::U64,
+        I64 => ElemType::I64,
+    };
+    let mut builder = Program::builder([8, 1, 1]);
+    for (binding, ty) in [U32, I32, F32, Bool, U64, I64].into_iter().enumerate() {
+        builder = builder
+            .buffer(
+                format!("out_{}", ty.name()),
+                binding as u32,
+                Access::WriteOnly,
+                elem(ty),
+                BufferCount::Static(8),
+            )
+            .scalar(format!("s_{}", ty.name()), ty);
+    }
+    builder
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let s = |ty: ScalarType| Expr::scalar(format!("s_{}", ty.name()));
+            b.store("out_u32", i.clone(), s(U32) + i.clone());
+            b.store("out_i32", i.clone(), s(I32) - i.clone().cast(I32));
+            b.store("out_f32", i.clone(), s(F32) * i.clone().cast(F32));
+            b.store("out_bool", i.clone(), s(Bool).cast(U32));
+            b.store("out_u64", i.clone(), s(U64) + i.clone().cast(U64));
+            b.store("out_i64", i.clone(), s(I64) - i.clone().cast(I64));
+        })
+        .build()
+}
+
 /// u32 words of a byte buffer.
 pub fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
