@@ -83,6 +83,9 @@ fn case_of(seed: u64) -> RandomCase {
     differential_case(seed)
 }
 
+/// One set of scalar values and the reference's outputs for them.
+type ValuesAndOutputs = (Vec<Literal>, Vec<Vec<u8>>);
+
 /// The scalar values each case is dispatched with: its own, and for a program with
 /// scalar parameters one more draw (the same kernel must follow new values).
 fn value_draws(case: &RandomCase) -> impl Iterator<Item = Vec<Literal>> + '_ {
@@ -320,7 +323,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     }
                     // Each case's own scalar values, and for a program with scalars a
                     // second draw dispatched through the same kernel.
-                    let expected: Vec<Vec<(Vec<Literal>, Vec<Vec<u8>>)>> = cases
+                    let expected: Vec<Vec<ValuesAndOutputs>> = cases
                         .iter()
                         .map(|case| {
                             value_draws(case)

@@ -2586,7 +2586,7 @@ fn scalar_values_are_checked_before_a_run() {
     let program = support::every_scalar_type();
     let options = ReferenceOptions::default();
     let config = DispatchConfig::linear(1);
-    let zeros = vec![0u8; 64];
+    let zeros = [0u8; 64];
     let inputs: Vec<&[u8]> = program
         .global_buffers()
         .iter()

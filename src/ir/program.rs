@@ -1,4 +1,5 @@
-//! The program value: buffer declarations, workgroup shape and an entry body.
+//! The program value: buffer and scalar parameter declarations, workgroup shape and
+//! an entry body.
 //!
 //! A tokenizer dispatches the same few programs thousands of times, so the
 //! expensive facts about a program (its content digest, its node count) are

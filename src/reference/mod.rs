@@ -44,6 +44,9 @@
 //! - Workgroup buffers: one zeroed instance per workgroup per kernel run; local arrays
 //!   one zeroed instance per thread per kernel run.
 //! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
+//! - A scalar parameter ([`run_with_scalars`]) is one value for the whole run: it is
+//!   compiled into a constant of its declared type, so it behaves exactly as a literal
+//!   of the same bits would.
 //! - With `bounds_checks` off, an out-of-range access is an error naming the program,
 //!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
 //! - A program that [`lower::lower_workgroup_reductions`] made with subgroup steps
