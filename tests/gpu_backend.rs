@@ -1262,16 +1262,7 @@ fn gpu_scalar_values_reach_the_kernel_through_one_module() {
         (0x8000_0000, i32::MAX, -0.0, true, 0xffff_ffff, i64::MAX),
     ]
     .into_iter()
-    .map(|(u, s, f, b, w, x)| {
-        [
-            Literal::U32(u),
-            Literal::I32(s),
-            Literal::F32(f),
-            Literal::Bool(b),
-            Literal::U64(w),
-            Literal::I64(x),
-        ]
-    })
+    .map(support::every_scalar_value)
     .collect();
     let zeros: Vec<Vec<u8>> = program
         .global_buffers()

@@ -939,32 +939,9 @@ fn gpu_graph_submissions_run_in_flight_and_wait() {
     }
 }
 
-/// `acc[i] = acc[i] + scalar(k)` for each of 8 threads: run twice per dispatch
-/// (two launch nodes in a graph), it adds `2k`.
-fn accumulate_k() -> Program {
-    Program::builder([8, 1, 1])
-        .buffer(
-            "acc",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(8),
-        )
-        .scalar("k", ScalarType::U32)
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.store(
-                "acc",
-                i.clone(),
-                Expr::load("acc", i.clone()) + Expr::scalar("k"),
-            );
-        })
-        .build()
-}
-
 /// Locks out scalar updates that do not reach every launch node of a step (the
 /// second of two fixpoint launches keeping the old value), reach only the first
-/// replay, or cost a re-capture or a new module: a graph of `accumulate_k` (two
+/// replay, or cost a re-capture or a new module: a graph of `support::add_k` (two
 /// launches) and `support::every_scalar_type` gives the reference's bytes after
 /// each `set_scalar` of every type, `scalar` reads back what was set, the graph's
 /// node count and the module cache do not move, and a refused update (another
@@ -975,7 +952,7 @@ fn accumulate_k() -> Program {
 fn gpu_graph_set_scalar_reaches_every_later_replay() {
     let gpu = backend();
     let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let accumulate = gpu.compile(&accumulate_k(), &config).unwrap();
+    let accumulate = gpu.compile(&support::add_k(), &config).unwrap();
     let every = support::every_scalar_type();
     let typed = gpu.compile(&every, &config).unwrap();
     let acc = gpu.buffer(32).unwrap();
@@ -986,14 +963,7 @@ fn gpu_graph_set_scalar_reaches_every_later_replay() {
         .collect();
     let acc_binding = [Binding::from(&acc)];
     let typed_bindings = support::bindings(&outputs);
-    let first = [
-        Literal::U32(1),
-        Literal::I32(-1),
-        Literal::F32(1.5),
-        Literal::Bool(false),
-        Literal::U64(1 << 33),
-        Literal::I64(-(1 << 33)),
-    ];
+    let first = support::every_scalar_value((1, -1, 1.5, false, 1 << 33, -(1 << 33)));
     let mut slots = None;
     let mut graph = gpu
         .record(|rec| {
@@ -1043,14 +1013,7 @@ fn gpu_graph_set_scalar_reaches_every_later_replay() {
     };
     check(&mut graph, 3, &first, "recorded values");
     graph.set_scalar(sum_step, "k", 10u32).unwrap();
-    let second = [
-        Literal::U32(u32::MAX),
-        Literal::I32(i32::MIN),
-        Literal::F32(-0.0),
-        Literal::Bool(true),
-        Literal::U64(u64::MAX),
-        Literal::I64(7),
-    ];
+    let second = support::every_scalar_value((u32::MAX, i32::MIN, -0.0, true, u64::MAX, 7));
     for (decl, &value) in every.scalars().iter().zip(&second) {
         graph.set_scalar(typed_step, &decl.name, value).unwrap();
         assert_eq!(graph.scalar(typed_step, &decl.name).unwrap(), value);

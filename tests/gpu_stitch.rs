@@ -481,43 +481,27 @@ fn stitched_chain_reference_matches_hand_computation() {
 
 /// Locks out scalar updates that reach a child's own executable but not the parent's
 /// clone of it, or that a child made before it was stitched loses: a child adding the
-/// scalar `k` to 8 words, recorded with `k = 5` and set to 9 before stitching, adds
-/// 9 in the parent's replay, 11 after `StitchedGraph::set_scalar`, and a value of
-/// another type is a `Fix:` error that leaves 11.
+/// scalar `k` to 8 words (`support::add_k`), recorded with `k = 5` and set to 9
+/// before stitching, adds 9 in the parent's replay, 11 after
+/// `StitchedGraph::set_scalar`, and a value of another type is a `Fix:` error that
+/// leaves 11.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_stitch_scalar_updates_reach_the_parent() {
     use vyre_cuda::ir::*;
     let gpu = support::backend();
-    let add_k = Program::builder([8, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(8),
-        )
-        .scalar("k", ScalarType::U32)
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.store(
-                "x",
-                i.clone(),
-                Expr::load("x", i.clone()) + Expr::scalar("k"),
-            );
-        })
-        .build();
+    let add_k = support::add_k();
     let config = DispatchConfig::linear(1).with_readback(vyre_cuda::ReadbackPolicy::None);
     let kernel = gpu.compile(&add_k, &config).unwrap();
-    let x = gpu.buffer(32).unwrap();
-    let bindings = [Binding::from(&x)];
+    let acc = gpu.buffer(32).unwrap();
+    let bindings = [Binding::from(&acc)];
     let mut ids = None;
     let mut child = gpu
         .record(|rec| {
-            let input = rec.upload(&x, 32)?;
+            let input = rec.upload(&acc, 32)?;
             let request = Dispatch::new(&kernel, &bindings).config(&config);
             let step = rec.dispatch(request.scalar("k", 5u32))?;
-            let out = rec.read_back(&x, 0, 32)?;
+            let out = rec.read_back(&acc, 0, 32)?;
             ids = Some((input, step, out));
             Ok(())
         })

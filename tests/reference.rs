@@ -2539,14 +2539,7 @@ fn scalar_values_reach_every_thread() {
         (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),
         (u32::MAX, i32::MIN, -2.25, false, u64::MAX, 5),
     ] {
-        let values = [
-            Literal::U32(u),
-            Literal::I32(s),
-            Literal::F32(f),
-            Literal::Bool(flag),
-            Literal::U64(w),
-            Literal::I64(x),
-        ];
+        let values = support::every_scalar_value((u, s, f, flag, w, x));
         let (outputs, _) =
             reference::run_with_scalars(&program, &inputs, &values, &config, &options).unwrap();
         let per_thread = |f: &dyn Fn(u32) -> Vec<u8>| (0..8u32).flat_map(f).collect::<Vec<u8>>();
@@ -2592,14 +2585,7 @@ fn scalar_values_are_checked_before_a_run() {
         .iter()
         .map(|d| &zeros[..d.static_size_bytes().unwrap() as usize])
         .collect();
-    let good = [
-        Literal::U32(1),
-        Literal::I32(1),
-        Literal::F32(1.0),
-        Literal::Bool(true),
-        Literal::U64(1),
-        Literal::I64(1),
-    ];
+    let good = support::every_scalar_value((1, 1, 1.0, true, 1, 1));
     let message = reference::run(&program, &inputs, &config)
         .unwrap_err()
         .to_string();

@@ -494,8 +494,8 @@ mod tests {
     /// of the dispatch path that this API added or changed): a request value, the
     /// same with four scalar values (each `.scalar` matches its name against the
     /// kernel's declarations), the binding array from buffers, the shared plan
-    /// (`plan_request`: sizes, buffers bound twice, scalars, readback) without and
-    /// with the four scalars, its aliasing check alone, and the kernel handle
+    /// (`plan_request`: sizes, buffers bound twice, scalars, readback) of a program
+    /// without scalars and of one with four, its aliasing check alone, and the kernel handle
     /// `Outputs` keeps for lookups by name (one reference count up and down), at 9
     /// and 17 bindings; it prints the request's size. Run: `cargo test --release
     /// --lib host_cost_request -- --ignored --nocapture`.
@@ -504,6 +504,7 @@ mod tests {
     #[ignore = "host-cost instrument: run with --ignored --nocapture host_cost"]
     fn host_cost_request_building_and_planning() {
         use crate::backend::plan::{check_aliasing, plan_request, RequestPlan};
+        use crate::backend::reference_backend::ReferenceKernel;
         use crate::backend::ReferenceBackend;
         use crate::host_cost::{Cell, CellOptions};
         use std::hint::black_box;
@@ -531,42 +532,54 @@ mod tests {
                 None,
                 false,
             );
-            let kernel = backend
-                .compile(&program, &CodegenOptions::new())
-                .expect("compile");
+            let compile = |program: &Program| {
+                backend
+                    .compile(program, &CodegenOptions::new())
+                    .expect("compile")
+            };
+            let (kernel, plain_kernel) = (compile(&program), compile(&plain));
             let device: Vec<DeviceBuffer> = (0..buffers)
                 .map(|_| backend.buffer(16).expect("buffer"))
                 .collect();
             let bindings: Vec<Binding> = device.iter().map(Binding::from).collect();
             let config = DispatchConfig::linear(1);
             let reference = backend.reference_kernel(&kernel).expect("reference kernel");
+            let plain_reference = backend
+                .reference_kernel(&plain_kernel)
+                .expect("reference kernel");
             fn with_scalars(request: Dispatch<'_>, round: u32) -> Dispatch<'_> {
                 NAMES
                     .iter()
                     .fold(request, |request, &name| request.scalar(name, round))
             }
-            let plan = |request: &Dispatch<'_>| {
+            let plan = |reference: &ReferenceKernel, request: &Dispatch<'_>| {
                 let mut plan = RequestPlan::default();
                 let slots = (&reference.slots[..], reference.program.scalars());
-                let planned = plan_request(
+                plan_request(
                     &reference.name,
                     slots,
                     &reference.outputs,
                     request,
                     &mut plan,
-                );
-                (planned, plan.staging_bytes as u64)
+                )
+                .expect("plan");
+                plan.staging_bytes as u64
             };
-            let (kernel, bindings, config) = (&kernel, &bindings[..], &config);
+            let (kernel, plain_kernel) = (&kernel, &plain_kernel);
+            let (bindings, config) = (&bindings[..], &config);
+            // Planned again and again (a request is `Copy`): the plan alone.
+            let plain_request = Dispatch::new(plain_kernel, bindings).config(config);
+            let scalar_request = with_scalars(Dispatch::new(kernel, bindings).config(config), 7);
             let cells = [
                 Cell::measure(
                     &format!("request value ({buffers} bindings)"),
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            let request = Dispatch::new(black_box(kernel), black_box(bindings))
-                                .config(black_box(config))
-                                .timing(Timing::KernelStamps);
+                            let request =
+                                Dispatch::new(black_box(plain_kernel), black_box(bindings))
+                                    .config(black_box(config))
+                                    .timing(Timing::KernelStamps);
                             acc ^ black_box(request).bindings.len() as u64
                         })
                     },
@@ -595,15 +608,11 @@ mod tests {
                     },
                 ),
                 Cell::measure(
-                    &format!("plan_request ({buffers} bindings, no scalar values)"),
+                    &format!("plan_request ({buffers} bindings)"),
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            let request = Dispatch::new(kernel, black_box(bindings)).config(config);
-                            // Refused at the scalar check (no values): up to there the
-                            // plan is the one of a program without scalars.
-                            let (planned, bytes) = plan(&request);
-                            acc ^ bytes ^ planned.is_err() as u64
+                            acc ^ plan(plain_reference, black_box(&plain_request))
                         })
                     },
                 ),
@@ -611,14 +620,8 @@ mod tests {
                     &format!("plan_request ({buffers} bindings, 4 scalars)"),
                     &options,
                     |n| {
-                        (0..n).fold(0u64, |acc, round| {
-                            let request = with_scalars(
-                                Dispatch::new(kernel, black_box(bindings)).config(config),
-                                round as u32,
-                            );
-                            let (planned, bytes) = plan(black_box(&request));
-                            planned.expect("plan");
-                            acc ^ bytes
+                        (0..n).fold(0u64, |acc, _| {
+                            acc ^ plan(reference, black_box(&scalar_request))
                         })
                     },
                 ),

@@ -183,6 +183,44 @@ pub fn every_scalar_type() -> Program {
         .build()
 }
 
+/// `acc[i] = acc[i] + scalar(k)` for each of 8 threads over a static `u32[8]`: run
+/// twice per dispatch (two launch nodes in a graph), it adds `2k`.
+pub fn add_k() -> Program {
+    Program::builder([8, 1, 1])
+        .buffer(
+            "acc",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .scalar("k", vyre_cuda::ir::ScalarType::U32)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.store(
+                "acc",
+                i.clone(),
+                Expr::load("acc", i.clone()) + Expr::scalar("k"),
+            );
+        })
+        .build()
+}
+
+/// The values of [`every_scalar_type`]'s six scalars, in declaration order.
+pub fn every_scalar_value(
+    (u, s, f, b, w, x): (u32, i32, f32, bool, u64, i64),
+) -> [vyre_cuda::ir::Literal; 6] {
+    use vyre_cuda::ir::Literal;
+    [
+        Literal::U32(u),
+        Literal::I32(s),
+        Literal::F32(f),
+        Literal::Bool(b),
+        Literal::U64(w),
+        Literal::I64(x),
+    ]
+}
+
 /// u32 words of a byte buffer.
 pub fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
@@ -462,7 +500,18 @@ pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
 /// `dst[i] = f(src[i])` for `i < length(dst)`: `src` read-only, `dst` write-only,
 /// both runtime-sized `u32`, workgroup `[workgroup, 1, 1]`.
 pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> Program {
-    Program::builder([workgroup, 1, 1])
+    elementwise_with_scalars(name, workgroup, &[], f)
+}
+
+/// [`elementwise`] of a program that also declares the scalar parameters `scalars`
+/// (name, type), which `f` may read.
+pub fn elementwise_with_scalars(
+    name: &str,
+    workgroup: u32,
+    scalars: &[(&str, vyre_cuda::ir::ScalarType)],
+    f: impl FnOnce(Expr) -> Expr,
+) -> Program {
+    let mut builder = Program::builder([workgroup, 1, 1])
         .entry_op_id(name)
         .buffer(
             "src",
@@ -477,7 +526,11 @@ pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> 
             Access::WriteOnly,
             ElemType::U32,
             BufferCount::Runtime,
-        )
+        );
+    for &(scalar, ty) in scalars {
+        builder = builder.scalar(scalar, ty);
+    }
+    builder
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.if_(i.clone().less_than(Expr::length("dst")), |b| {

@@ -249,33 +249,10 @@ fn limit_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
 /// `dst[i] = on ? src[i] + k : src[i]` over 64-thread workgroups, with the scalar
 /// parameters `k: u32` and `on: bool`.
 pub fn plus_k() -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id("plus_k")
-        .buffer(
-            "src",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "dst",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .scalar("k", ScalarType::U32)
-        .scalar("on", ScalarType::Bool)
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
-                let v = b.let_("v", Expr::load("src", i.clone()));
-                let added = v.clone() + Expr::scalar("k");
-                b.store("dst", i.clone(), Expr::scalar("on").select(added, v));
-            });
-        })
-        .build()
+    let scalars = [("k", ScalarType::U32), ("on", ScalarType::Bool)];
+    super::elementwise_with_scalars("plus_k", 64, &scalars, |v| {
+        Expr::scalar("on").select(v.clone() + Expr::scalar("k"), v)
+    })
 }
 
 /// The same scalar values and the same refusals: values reach the kernel (a new

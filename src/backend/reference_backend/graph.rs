@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::DispatchConfig;
-use crate::reference;
 
 use super::super::graph::{
     check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
@@ -17,7 +16,7 @@ use super::super::plan::{
 };
 use super::super::request::ScalarValues;
 use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
-use super::{scalar_literals, HostMemory, ReferenceBackend, ReferenceKernel};
+use super::{HostMemory, ReferenceBackend, ReferenceKernel};
 use crate::ir::Literal;
 
 /// One operation of a recorded chain, holding the memory it touches.
@@ -367,18 +366,7 @@ fn replay_dispatch(
     let config = DispatchConfig::new(step.workgroups)
         .with_fixpoint_iterations(step.fixpoint_iterations)
         .with_codegen(kernel.codegen);
-    let scalars = scalar_literals(kernel.program.scalars(), &step.scalars);
-    let (results, _) = reference::run_valid_with_scalars(
-        &kernel.program,
-        &borrowed,
-        &scalars,
-        &config,
-        backend.options(),
-    )
-    .map_err(|error| BackendError::Reference {
-        program: kernel.name.clone(),
-        error,
-    })?;
+    let results = backend.interpret(kernel, &borrowed, &step.scalars, &config)?;
     for (&slot, bytes) in kernel.outputs.iter().zip(results) {
         let mut memory = step.memories[slot as usize].lock();
         memory[..bytes.len()].copy_from_slice(&bytes);

@@ -45,7 +45,7 @@ use smallvec::SmallVec;
 
 use crate::config::{CodegenOptions, DispatchConfig, ReadbackPolicy};
 use crate::ir::validate::MAX_SCALARS;
-use crate::ir::{self, Literal, Program, ScalarDecl, ValidProgram};
+use crate::ir::{self, Literal, Program, ValidProgram};
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
@@ -420,18 +420,7 @@ impl ReferenceBackend {
             codegen: kernel.codegen,
         };
         let borrowed: SmallVec<[&[u8]; 16]> = inputs.iter().map(Vec::as_slice).collect();
-        let scalars = scalar_literals(kernel.program.scalars(), &request.scalars);
-        let (results, _) = reference::run_valid_with_scalars(
-            &kernel.program,
-            &borrowed,
-            &scalars,
-            &config,
-            &self.inner.options,
-        )
-        .map_err(|error| BackendError::Reference {
-            program: kernel.name.clone(),
-            error,
-        })?;
+        let results = self.interpret(kernel, &borrowed, &request.scalars, &config)?;
         drop(borrowed);
         // The interpreter returns every output buffer whole, ascending binding: the
         // final bytes of those slots, which bound buffers keep.
@@ -501,6 +490,32 @@ impl ReferenceBackend {
         Ok(inputs)
     }
 
+    /// The interpreter's run of `kernel` over `inputs` with `scalars` (every declared
+    /// one supplied: `plan::check_request_scalars` checked): every output buffer's
+    /// final bytes, ascending binding.
+    pub(in crate::backend) fn interpret(
+        &self,
+        kernel: &ReferenceKernel,
+        inputs: &[&[u8]],
+        scalars: &ScalarValues,
+        config: &DispatchConfig,
+    ) -> Result<Vec<Vec<u8>>, BackendError> {
+        let values: SmallVec<[Literal; MAX_SCALARS]> = kernel
+            .program
+            .scalars()
+            .iter()
+            .zip(scalars.words())
+            .map(|(decl, &word)| Literal::from_bits(decl.ty, word))
+            .collect();
+        let options = &self.inner.options;
+        reference::run_valid_with_scalars(&kernel.program, inputs, &values, config, options)
+            .map(|(outputs, _)| outputs)
+            .map_err(|error| BackendError::Reference {
+                program: kernel.name.clone(),
+                error,
+            })
+    }
+
     /// The reference kernel inside `kernel`, checked to belong to this backend.
     pub(in crate::backend) fn reference_kernel<'k>(
         &self,
@@ -552,19 +567,6 @@ struct Prepared<'k> {
     kernel: &'k ReferenceKernel,
     plan: RequestPlan,
     start: Instant,
-}
-
-/// The values of `declared` scalars in a request's `values` (every one supplied:
-/// `plan::check_request_scalars` checked), as the interpreter takes them.
-pub(in crate::backend) fn scalar_literals(
-    declared: &[ScalarDecl],
-    values: &ScalarValues,
-) -> SmallVec<[Literal; MAX_SCALARS]> {
-    declared
-        .iter()
-        .zip(values.words())
-        .map(|(decl, &word)| Literal::from_bits(decl.ty, word))
-        .collect()
 }
 
 /// `bytes` zero bytes, allocated fallibly: a size past this host's address space or
