@@ -1264,11 +1264,7 @@ fn gpu_scalar_values_reach_the_kernel_through_one_module() {
     .into_iter()
     .map(support::every_scalar_value)
     .collect();
-    let zeros: Vec<Vec<u8>> = program
-        .global_buffers()
-        .iter()
-        .map(|d| vec![0; d.static_size_bytes().unwrap() as usize])
-        .collect();
+    let zeros = support::static_zeros(&program);
     let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
     let options = vyre_cuda::reference::ReferenceOptions::default();
     let expected = |values: &[Literal]| {

@@ -987,7 +987,7 @@ fn gpu_graph_set_scalar_reaches_every_later_replay() {
     let (zero, sum_step, sum, typed_step, reads) = slots.expect("recorded");
     let nodes = graph.graph_nodes();
     let modules = gpu.cache_stats().module;
-    let zeros: Vec<Vec<u8>> = outputs.iter().map(|b| vec![0; b.len() as usize]).collect();
+    let zeros = support::static_zeros(&every);
     let zero_inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
     let options = vyre_cuda::reference::ReferenceOptions::default();
     let check = |graph: &mut DispatchGraph, k: u32, values: &[Literal], round: &str| {

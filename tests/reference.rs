@@ -2529,11 +2529,7 @@ fn scalar_values_reach_every_thread() {
     let program = support::every_scalar_type();
     let options = ReferenceOptions::default();
     let config = DispatchConfig::linear(1);
-    let zeros: Vec<Vec<u8>> = program
-        .global_buffers()
-        .iter()
-        .map(|d| vec![0; d.static_size_bytes().unwrap() as usize])
-        .collect();
+    let zeros = support::static_zeros(&program);
     let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
     for (u, s, f, flag, w, x) in [
         (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),

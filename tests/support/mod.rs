@@ -89,16 +89,22 @@ pub fn run_case_buffers(
 /// Inputs of the measurement fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
 /// global buffer zeroed at its static size, with `x` in the first word of `in`.
 pub fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
+    let mut inputs = static_zeros(program);
+    for (decl, input) in program.global_buffers().iter().zip(&mut inputs) {
+        if &*decl.name == "in" {
+            input[..4].copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    inputs
+}
+
+/// One zeroed input per global buffer of `program` (all of static count), at its
+/// size, in binding order.
+pub fn static_zeros(program: &Program) -> Vec<Vec<u8>> {
     program
         .global_buffers()
         .iter()
-        .map(|b| {
-            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
-            if &*b.name == "in" {
-                v[..4].copy_from_slice(&x.to_le_bytes());
-            }
-            v
-        })
+        .map(|decl| vec![0; decl.static_size_bytes().expect("a static count") as usize])
         .collect()
 }
 
