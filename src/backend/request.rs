@@ -101,9 +101,11 @@ impl ScalarValues {
         }
     }
 
-    /// The first of the first `count` positions without a value.
+    /// The first of the first `count` positions without a value (one mask test).
     pub(in crate::backend) fn first_missing(&self, count: usize) -> Option<usize> {
-        (0..count.min(MAX_SCALARS)).find(|&position| !self.is_supplied(position))
+        let wanted = u16::MAX.checked_shr(u16::BITS - count.min(MAX_SCALARS) as u32);
+        let missing = wanted.unwrap_or(0) & !self.supplied;
+        (missing != 0).then(|| missing.trailing_zeros() as usize)
     }
 }
 
@@ -258,9 +260,10 @@ impl<'a> Dispatch<'a> {
     /// `-7i64`, or a [`Literal`]) of exactly the declared type (no conversion:
     /// `5` is an `i32`). Every declared scalar needs a value; giving one twice keeps
     /// the last. A name the program does not declare, or a value of another type,
-    /// makes the dispatch an `Err` starting `Fix:` (on every backend, from
-    /// `run`, `submit`, `run_into` and graph recording alike; a later good value
-    /// does not undo it). A new value needs no
+    /// makes the dispatch an `Err` starting `Fix:` (on every backend, from `run`,
+    /// `submit`, `run_into` and graph recording alike; a later good value does not
+    /// undo it). The name is matched against the declarations of what the request
+    /// runs here, once, so planning the request checks a mask. A new value needs no
     /// new PTX and no new JIT: values are never part of a cache key.
     ///
     /// ```
@@ -657,6 +660,65 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Locks out a request that loses a value, reports the wrong scalar as missing
+    /// or forgets a bad value: values land at their declaration positions (the last
+    /// of two kept), the first missing position is found by the mask at every count
+    /// up to 16 (0 and 16 included), and the first problem a request was given stays
+    /// (a later good value does not hide it). Negative control: a request with every
+    /// value and no problem has nothing missing.
+    #[test]
+    fn scalar_values_keep_positions_and_problems() {
+        let mut values = ScalarValues::default();
+        assert_eq!(values.first_missing(0), None);
+        assert_eq!(values.first_missing(1), Some(0));
+        for position in 0..MAX_SCALARS {
+            values.set(position, Literal::U32(position as u32));
+            assert_eq!(
+                values.first_missing(MAX_SCALARS),
+                (position + 1 < MAX_SCALARS).then_some(position + 1)
+            );
+        }
+        assert_eq!(values.first_missing(MAX_SCALARS), None);
+        values.set(3, Literal::I64(-1));
+        assert_eq!(values.get(3, ScalarType::I64), Some(Literal::I64(-1)));
+        assert_eq!(values.words()[3], u64::MAX);
+        let mut sparse = ScalarValues::default();
+        sparse.set(0, Literal::Bool(true));
+        sparse.set(2, Literal::F32(0.5));
+        assert_eq!(sparse.first_missing(3), Some(1));
+        assert_eq!(sparse.get(1, ScalarType::U32), None);
+        assert_eq!(sparse.get(2, ScalarType::F32), Some(Literal::F32(0.5)));
+
+        let program = Program::builder([1, 1, 1])
+            .scalar("a", ScalarType::U32)
+            .scalar("b", ScalarType::F32)
+            .build();
+        let request = Dispatch::program(&program, &[]);
+        let good = request
+            .scalar("b", 1.0f32)
+            .scalar("a", 1u32)
+            .scalar("a", 2u32);
+        assert!(good.scalar_problem.is_none());
+        assert_eq!(good.scalars.first_missing(2), None);
+        assert_eq!(good.scalars.get(0, ScalarType::U32), Some(Literal::U32(2)));
+        let bad = request
+            .scalar("a", 1i32)
+            .scalar("c", 1u32)
+            .scalar("a", 1u32);
+        assert!(matches!(
+            bad.scalar_problem,
+            Some(ScalarProblem::WrongType {
+                position: 0,
+                given: Literal::I32(1)
+            })
+        ));
+        let unknown = request.scalar("c", 1u32).scalar("a", 1i32);
+        assert!(matches!(
+            unknown.scalar_problem,
+            Some(ScalarProblem::Undeclared("c"))
+        ));
     }
 
     /// Locks out a typed binding that reinterprets the values' length: `host` binds
