@@ -78,23 +78,14 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
         u32::from_le_bytes(outs[0][..4].try_into().unwrap()),
         host_cost_fixture_expected(9, 64)
     );
-    // The same with scalar values: `out[0] = in[0] + a + u32(b) + u32(c) + u32(d)`.
+    // The same with scalar values: `out[0] = in[0] + a + u32(b) + u32(c) + u32(d)`
+    // over the two-buffer fixture's `in` and `out`.
     use vyre_cuda::ir::*;
-    let with_scalars = Program::builder([1, 1, 1])
-        .buffer(
-            "in",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Static(4),
-        )
-        .buffer(
-            "out",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Static(4),
-        )
+    let mut with_scalars = Program::builder([1, 1, 1]);
+    for decl in host_cost_fixture(2, 0).buffers() {
+        with_scalars = with_scalars.buffer_decl(decl.clone());
+    }
+    let with_scalars = with_scalars
         .scalar("a", ScalarType::U32)
         .scalar("b", ScalarType::I32)
         .scalar("c", ScalarType::F32)
