@@ -56,7 +56,7 @@ use vyre_cuda::backend::{
 use vyre_cuda::ir::generate::{
     constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
 };
-use vyre_cuda::ir::{Expr, Node, Program};
+use vyre_cuda::ir::{Expr, Literal, Node, Program};
 use vyre_cuda::DispatchConfig;
 
 /// First seed: disjoint from the 400 seeds of `gpu_random_programs_match_reference_byte_for_byte`.
@@ -81,6 +81,20 @@ fn env_count(name: &str) -> Option<u64> {
 /// The case of `seed`: every tenth program may use a grid sync.
 fn case_of(seed: u64) -> RandomCase {
     differential_case(seed)
+}
+
+/// One set of scalar values and the reference's outputs for them.
+type ValuesAndOutputs = (Vec<Literal>, Vec<Vec<u8>>);
+
+/// The scalar values each case is dispatched with: its own, and for a program with
+/// scalar parameters one more draw (the same kernel must follow new values).
+fn value_draws(case: &RandomCase) -> impl Iterator<Item = Vec<Literal>> + '_ {
+    let draws = if case.program.scalars().is_empty() {
+        1
+    } else {
+        2
+    };
+    (0..draws).map(|draw| case.scalar_values(draw))
 }
 
 /// Programs using each construct (`Construct::ALL` order), counted as they are drawn.
@@ -322,15 +336,17 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     for case in &cases {
                         count_constructs(&constructs, &case.program);
                     }
-                    let expected: Vec<Vec<Vec<u8>>> = cases
+                    // Each case's own scalar values, and for a program with scalars a
+                    // second draw dispatched through the same kernel.
+                    let expected: Vec<Vec<ValuesAndOutputs>> = cases
                         .iter()
                         .map(|case| {
-                            let inputs: Vec<&[u8]> =
-                                case.inputs.iter().map(|v| v.as_slice()).collect();
-                            vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-                                .unwrap_or_else(|e| {
-                                    panic!("seed {}: reference failed: {e}", case.seed)
+                            value_draws(case)
+                                .map(|values| {
+                                    let outputs = support::case_reference(case, &values);
+                                    (values, outputs)
                                 })
+                                .collect()
                         })
                         .collect();
                     let compile_start = Instant::now();
@@ -343,16 +359,18 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     for ((case, kernel), expected) in cases.iter().zip(&kernels).zip(&expected) {
                         let bindings: Vec<Binding<'_>> =
                             case.inputs.iter().map(|v| Binding::Host(v)).collect();
-                        let got = gpu
-                            .run(Dispatch::new(kernel, &bindings).config(&case.config))
-                            .unwrap_or_else(|e| {
+                        for (values, expected) in expected {
+                            let request = Dispatch::new(kernel, &bindings).config(&case.config);
+                            let request = support::with_scalars(request, &case.program, values);
+                            let got = gpu.run(request).unwrap_or_else(|e| {
                                 panic!("seed {}: {e}\n{}", case.seed, case.program)
                             });
-                        assert_eq!(
-                            &got.outputs, expected,
-                            "seed {}: GPU and reference differ\n{}",
-                            case.seed, case.program
-                        );
+                            assert_eq!(
+                                &got.outputs, expected,
+                                "seed {}: GPU and reference differ (scalars {values:?})\n{}",
+                                case.seed, case.program
+                            );
+                        }
                     }
                     let done = Instant::now();
                     for (slot, (from, to)) in [
@@ -556,12 +574,11 @@ fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
             kernel.shares_module_with(&kernels[0]),
             "kernel {index} has its own module"
         );
-        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-            .unwrap_or_else(|e| panic!("program {index}: reference failed: {e}"));
-        let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Host(b)).collect();
+        let expected = support::case_reference(case, &case.scalars);
+        let bindings = support::host_bindings(&case.inputs);
+        let request = Dispatch::new(kernel, &bindings).config(&case.config);
         let got = gpu
-            .run(Dispatch::new(kernel, &bindings).config(&case.config))
+            .run(support::with_scalars(request, &case.program, &case.scalars))
             .unwrap_or_else(|e| panic!("program {index}: {e}\n{}", case.program));
         assert_eq!(
             got.outputs, expected,
@@ -734,6 +751,7 @@ fn differential_programs_draw_every_construct() {
         Construct::AtomicFetch,
         Construct::CompareExchange,
         Construct::WorkgroupScan,
+        Construct::Scalar,
     ];
     for (construct, &count) in Construct::ALL.iter().zip(&counts) {
         let floor = if later.contains(construct) { 15 } else { 2 };
@@ -760,13 +778,19 @@ fn differential_programs_draw_every_construct() {
 /// The outputs of `case` on the reference interpreter, with atomics applied in
 /// ascending or in descending lane order.
 fn reference_in_order(case: &RandomCase, reverse_atomic_order: bool) -> Vec<Vec<u8>> {
-    let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
     let options = vyre_cuda::reference::ReferenceOptions {
         reverse_atomic_order,
         ..Default::default()
     };
-    vyre_cuda::reference::run_with_options(&case.program, &inputs, &case.config, &options)
-        .unwrap_or_else(|e| panic!("the reference refused it: {e}\n{}", case.program))
+    vyre_cuda::reference::run_with_scalars(
+        &case.program,
+        &case.input_slices(),
+        &case.scalars,
+        &case.config,
+        &options,
+    )
+    .map(|(outputs, _)| outputs)
+    .unwrap_or_else(|e| panic!("the reference refused it: {e}\n{}", case.program))
 }
 
 /// Locks out generated programs whose outputs depend on the order threads run their
@@ -816,6 +840,7 @@ fn generated_programs_do_not_depend_on_the_order_of_atomics() {
         program,
         inputs: vec![vec![0; 4], vec![0; 256]],
         config: vyre_cuda::DispatchConfig::linear(1),
+        scalars: Vec::new(),
     };
     assert_ne!(
         reference_in_order(&control, false),

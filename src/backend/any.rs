@@ -45,7 +45,7 @@
 use bytemuck::Pod;
 
 use crate::config::DispatchConfig;
-use crate::ir::Program;
+use crate::ir::{Literal, Program};
 use crate::reference::ReferenceOptions;
 
 use super::graph::{DispatchGraph, GraphRecorder, InputSlot, OutputSlot, PendingReplay, StepId};
@@ -469,6 +469,31 @@ impl AnyGraph {
         match &mut self.kind {
             GraphKind::Cuda(graph) => graph.set_workgroups(step, workgroups),
             GraphKind::Reference(graph) => graph.set_workgroups(step, workgroups),
+        }
+    }
+
+    /// The value `step` passes for its scalar parameter `name`
+    /// ([`DispatchGraph::scalar`]).
+    pub fn scalar(&self, step: StepId, name: &str) -> Result<Literal, BackendError> {
+        match &self.kind {
+            GraphKind::Cuda(graph) => graph.scalar(step, name),
+            GraphKind::Reference(graph) => graph.scalar(step, name),
+        }
+    }
+
+    /// Change the value `step` passes for its scalar parameter `name` on later
+    /// replays, without re-capture ([`DispatchGraph::set_scalar`]); checked as a
+    /// request's value is, with the same errors on both backends.
+    pub fn set_scalar(
+        &mut self,
+        step: StepId,
+        name: &str,
+        value: impl Into<Literal>,
+    ) -> Result<(), BackendError> {
+        let value = value.into();
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_scalar(step, name, value),
+            GraphKind::Reference(graph) => graph.set_scalar(step, name, value),
         }
     }
 

@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 
 use crate::codegen::{self, CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL};
 use crate::config::{CodegenOptions, DispatchConfig};
-use crate::ir::{self, Node, Program};
+use crate::ir::{self, Node, Program, ScalarDecl};
 use crate::lower;
 use crate::probe::{self, Phase, SubPhase};
 
@@ -109,6 +109,14 @@ impl Kernel {
             KernelKind::Cuda(inner) => &inner.program,
             KernelKind::Reference(inner) => inner.program.program(),
         }
+    }
+
+    /// The program's scalar parameters in declaration order: the kernel's scalar
+    /// ABI (parameter `i` of this list is the kernel parameter after the buffers'
+    /// and the result ABI's, documented in `codegen::ptx`) and the positions of a
+    /// request's [`ScalarValues`](super::ScalarValues).
+    pub fn scalars(&self) -> &[ScalarDecl] {
+        self.program().scalars()
     }
 
     /// The program's diagnostic name (what errors and probe lines call it).
@@ -301,11 +309,8 @@ impl BackendInner {
             } else if let Some(&first) = first_of_key.get(&module_key) {
                 repeats.push((index, first));
             } else {
-                super::readback::check_result_abi_fits(
-                    &program.display_name(),
-                    lowered.global_buffers().len(),
-                )
-                .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
+                super::readback::check_result_abi_fits(&program.display_name(), &lowered)
+                    .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
                 first_of_key.insert(module_key, index);
                 to_load.push(BatchItem {
                     index,
@@ -449,11 +454,8 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
-                super::readback::check_result_abi_fits(
-                    &program.display_name(),
-                    lowered.global_buffers().len(),
-                )
-                .map_err(BackendError::bad_input)?;
+                super::readback::check_result_abi_fits(&program.display_name(), &lowered)
+                    .map_err(BackendError::bad_input)?;
                 let text = codegen::program_to_ptx_with_results(
                     &lowered,
                     options,

@@ -159,10 +159,12 @@ pub(in crate::backend) fn operations<'a>(
     (routed, results): (&'a Routed, ResultParams),
     timed: bool,
 ) -> StreamOps<'a, driver::LoadedModule> {
+    let scalars = &request.scalars.words()[..kernel.program.scalars().len()];
     let mut ops = StreamOps::dispatch(
         &kernel.slots,
         &staged.addresses,
         &plan.request.sizes,
+        scalars,
         KernelLaunch {
             module: &kernel.module,
             grid: plan.launch.grid,
@@ -205,7 +207,7 @@ impl BackendInner {
     ) -> Result<(), BackendError> {
         plan_request(
             &kernel.name,
-            &kernel.slots,
+            (&kernel.slots, kernel.program.scalars()),
             &kernel.outputs,
             request,
             &mut plan.request,

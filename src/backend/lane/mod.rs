@@ -689,7 +689,7 @@ impl LaneShared {
         let mut plan = RequestPlan::default();
         plan_request(
             &kernel.name,
-            &kernel.slots,
+            (&kernel.slots, kernel.program.scalars()),
             &kernel.outputs,
             request,
             &mut plan,

@@ -98,7 +98,7 @@ impl ReferenceLane {
         let mut plan = RequestPlan::default();
         plan_request(
             &reference.name,
-            &reference.slots,
+            (&reference.slots, reference.program.scalars()),
             &reference.outputs,
             request,
             &mut plan,

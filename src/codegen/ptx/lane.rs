@@ -378,6 +378,14 @@ impl LaneModuleBuilder {
                     .into(),
             });
         }
+        if !program.scalars().is_empty() {
+            return Err(CodegenError::LaneBody {
+                program: program.display_name(),
+                reason: "dispatch it with a launch (CudaBackend::run): a lane's request record does not \
+                         carry scalar parameters yet"
+                    .into(),
+            });
+        }
         let index = self.count;
         let (text, bytes) = Writer::new(&valid, *options, self.sm, false)
             .for_lane_body(index)

@@ -220,6 +220,8 @@ pub(super) struct Writer<'p> {
     labels: u32,
     buffers: Vec<BufferSlot<'p>>,
     buffer_lookup: HashMap<&'p str, usize>,
+    /// Each scalar parameter's register, loaded once in the prologue.
+    scalars: HashMap<&'p str, Value>,
     variables: HashMap<&'p str, Value>,
     /// Declarations in order, with the binding each one hid, so leaving a block
     /// restores exactly the outer scope.
@@ -282,6 +284,7 @@ impl<'p> Writer<'p> {
             labels: 0,
             buffers: Vec::with_capacity(program.buffers().len()),
             buffer_lookup: HashMap::with_capacity(program.buffers().len()),
+            scalars: HashMap::with_capacity(program.scalars().len()),
             variables: HashMap::new(),
             scope_log: Vec::new(),
             uses_grid_sync: false,
@@ -449,11 +452,39 @@ impl<'p> Writer<'p> {
             });
         }
 
+        self.load_scalars();
         if self.declare_arrays(Space::Shared) {
             self.zero_workgroup_memory();
         }
         if self.declare_arrays(Space::Local) {
             self.zero_local_arrays();
+        }
+    }
+
+    /// Each scalar parameter into a register of its type, once (a `bool` arrives as
+    /// a `.u32` 0 or 1). Parameters the body never reads cost nothing: ptxas drops
+    /// the load.
+    fn load_scalars(&mut self) {
+        let program: &'p Program = self.program;
+        if !program.scalars().is_empty() {
+            emit!(self, "// scalar parameters");
+        }
+        for (position, decl) in program.scalars().iter().enumerate() {
+            let value = self.value(decl.ty);
+            let parameter = format!("vyre_scalar_{position}");
+            match decl.ty {
+                ScalarType::Bool => {
+                    let word = self.reg(RegClass::B32);
+                    emit!(self, "ld.param.u32 {word}, [{parameter}];");
+                    emit!(self, "setp.ne.u32 {value}, {word}, 0;");
+                }
+                ty => emit!(
+                    self,
+                    "ld.param.{} {value}, [{parameter}];",
+                    scalar_parameter_type(ty)
+                ),
+            }
+            self.scalars.insert(&decl.name, value);
         }
     }
 
@@ -713,7 +744,7 @@ impl<'p> Writer<'p> {
         } else {
             0
         };
-        let parameters = globals.len() * 2 + result_parameters;
+        let parameters = globals.len() * 2 + result_parameters + program.scalars().len();
         let mut written = 0;
         for (kind, width, role) in [("ptr", "u64", "address"), ("len", "u32", "element count")] {
             for (position, decl) in globals.iter().enumerate() {
@@ -728,6 +759,14 @@ impl<'p> Writer<'p> {
             written += 1;
             let comma = if written < parameters { "," } else { "" };
             let _ = write!(out, "\n\t.param {declaration}{comma} // {role}");
+        }
+        for (position, decl) in program.scalars().iter().enumerate() {
+            written += 1;
+            let comma = if written < parameters { "," } else { "" };
+            let width = scalar_parameter_type(decl.ty);
+            let _ = write!(out, "\n\t.param .{width} vyre_scalar_{position}{comma}");
+            push_comment(&mut out, " ", decl);
+            out.pop(); // push_comment ends the line; the loop starts the next one.
         }
         if parameters > 0 {
             out.push('\n');
@@ -1226,6 +1265,11 @@ impl<'p> Writer<'p> {
                 let result = self.value(ScalarType::U32);
                 emit!(self, "mov.u32 {result}, {length};");
                 Ok(result)
+            }
+            Expr::Scalar(name) => {
+                self.scalars.get(&**name).copied().ok_or_else(|| {
+                    internal(format_args!("scalar `{}` has no register", capped(name)))
+                })
             }
             Expr::Binary { op, lhs, rhs } => {
                 let lhs = self.expr(lhs)?;
@@ -1865,6 +1909,16 @@ fn identifier_part(name: &str) -> String {
 /// names and expressions, and uncapped, a 1 MiB buffer name used 500 times made 1 GB
 /// of PTX. Formatting stops at the cap, so a huge expression costs no more than a
 /// short one.
+/// The `.param` type of a scalar parameter (also its `ld.param` type): `bool`
+/// travels as a `.u32` 0 or 1.
+fn scalar_parameter_type(ty: ScalarType) -> &'static str {
+    match ty {
+        ScalarType::U32 | ScalarType::I32 | ScalarType::Bool => "u32",
+        ScalarType::F32 => "f32",
+        ScalarType::U64 | ScalarType::I64 => "u64",
+    }
+}
+
 fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     out.push_str(indent);
     out.push_str("// ");
