@@ -168,6 +168,7 @@ pub mod pipeline;
 pub mod programs;
 pub mod text;
 pub mod unicode;
+mod utf8_ir;
 
 use std::fmt;
 
