@@ -160,6 +160,7 @@
 //! or on a CUDA device, [`unicode`] builds the class table, [`text`] generates
 //! the sample inputs.
 
+pub mod batch;
 pub mod cpu;
 mod matcher;
 pub mod pattern;
