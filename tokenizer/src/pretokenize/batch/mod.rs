@@ -16,7 +16,8 @@ pub mod rules;
 pub mod runner;
 mod window;
 
-use vyre_cuda::ir::{ElemType, Program};
+use vyre_cuda::ir::{validate_lowered, ElemType, Limits, Program};
+use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 
 use super::pattern::Pattern;
 use super::unicode::kind_table;
@@ -24,11 +25,6 @@ use super::{Geometry, PretokenizeError, MAX_TEXT_BYTES};
 
 pub use lookback::COUNTER_WORDS;
 pub use window::HALO;
-
-/// Largest block (`workgroup_size · bytes_per_thread`) the batch programs take:
-/// their shared arrays (two words per byte of a block and its window, two per
-/// thread) must fit 48 KiB.
-pub const MAX_BLOCK_BYTES: u32 = 4096;
 
 /// A buffer of the split, by what it holds. Each step binds some of them in
 /// its own order ([`SplitStep::bindings`]); the sizes are
@@ -158,18 +154,12 @@ impl SplitPrograms {
 
     /// The split of `pattern` for another geometry (small ones let CPU tests
     /// cross many workgroups with short texts). Only `workgroup_size` and
-    /// `bytes_per_thread` matter here; a block of more than
-    /// [`MAX_BLOCK_BYTES`] is refused.
+    /// `bytes_per_thread` matter here. A geometry whose programs need more
+    /// shared memory than a device's 48 KiB (two words per byte of a block, and
+    /// one per thread for each workgroup reduction once lowered to a tree: up to
+    /// 256 × 8 or 512 × 4) is refused.
     pub fn build(pattern: Pattern, geometry: Geometry) -> Result<SplitPrograms, PretokenizeError> {
         geometry.check()?;
-        if geometry.block_bytes() > MAX_BLOCK_BYTES {
-            return Err(PretokenizeError::new(format!(
-                "Fix: a block of {} threads × {} bytes is {} bytes, more than the batch programs' {MAX_BLOCK_BYTES}; use fewer threads or bytes per thread",
-                geometry.workgroup_size,
-                geometry.bytes_per_thread,
-                geometry.block_bytes()
-            )));
-        }
         let steps = match rules::StateMachine::of(pattern) {
             None => vec![SplitStep {
                 name: "split",
@@ -189,6 +179,9 @@ impl SplitPrograms {
                 },
             ],
         };
+        for step in &steps {
+            fits_shared_memory(&step.program, geometry)?;
+        }
         Ok(SplitPrograms {
             pattern,
             geometry,
@@ -252,6 +245,24 @@ impl SplitPrograms {
             SplitBuffer::PieceCount => 4,
         })
     }
+}
+
+/// Refuses `program` where its lowering without subgroup operations (the one
+/// that needs the most shared memory: a tree per reduction) does not fit the
+/// device limits.
+fn fits_shared_memory(program: &Program, geometry: Geometry) -> Result<(), PretokenizeError> {
+    let caps = LoweringCaps {
+        subgroup_ops: false,
+        subgroup_size: Limits::default().subgroup_size,
+    };
+    let lowered = lower_workgroup_reductions(program, &caps);
+    validate_lowered(&lowered, &Limits::default()).map_err(|error| {
+        PretokenizeError::new(format!(
+            "Fix: the batch split's workgroups of {} threads × {} bytes do not fit the device ({error}); use fewer threads or bytes per thread",
+            geometry.workgroup_size, geometry.bytes_per_thread
+        ))
+    })?;
+    Ok(())
 }
 
 /// The resident kind table's bytes ([`SplitBuffer::KindTable`]): 35,328 bytes
