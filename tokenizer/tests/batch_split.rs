@@ -453,3 +453,117 @@ fn bad_batches_get_fix_errors() {
     .unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
 }
+
+/// Runs the steps of `programs` from their description alone over `buffers`
+/// (indexed by `SplitBuffer as usize`) for a text of `text_len` bytes.
+fn run_steps(
+    backend: &AnyBackend,
+    programs: &SplitPrograms,
+    buffers: &[vyre_cuda::backend::DeviceBuffer],
+    text_len: usize,
+) -> Result<(), vyre_cuda::backend::BackendError> {
+    let workgroups = programs.workgroups(text_len);
+    for step in programs.steps() {
+        let kernel = backend.compile(&step.program, &vyre_cuda::DispatchConfig::linear(1))?;
+        let bindings: Vec<vyre_cuda::backend::Binding> = step
+            .bindings
+            .iter()
+            .map(|&buffer| vyre_cuda::backend::Binding::from(&buffers[buffer as usize]))
+            .collect();
+        let request = vyre_cuda::backend::Dispatch::new(&kernel, &bindings)
+            .workgroups([workgroups, 1, 1])
+            .readback(&vyre_cuda::ReadbackPolicy::None);
+        backend.run(request)?;
+    }
+    Ok(())
+}
+
+/// Locks out a contract another module cannot compose: the steps run from
+/// their description alone (`SplitPrograms::steps`, the buffers by role,
+/// `workgroups`, `buffer_bytes`) over caller-owned buffers with room to spare
+/// (a text buffer longer than the batch, document ends padded with the text
+/// length, scratch and outputs twice the least size) give each document's
+/// split, twice over the same scratch, and leave the status words and counters
+/// zeroed. Negative control: a counter another run left dirty (ticket 1) makes
+/// the next run fail (a block waits for a block 0 that never comes, and the
+/// reference stops at its work cap) instead of passing.
+#[test]
+fn steps_compose_from_their_description() {
+    let backend = AnyBackend::reference();
+    let documents: Vec<Vec<u8>> = boundary_cases().into_iter().flatten().collect();
+    let (mut text, mut ends) = pack(&documents);
+    let text_len = text.len();
+    text.extend_from_slice(b"bytes past the last document end are never read");
+    ends.extend([text_len as u32; 3]);
+    for pattern in Pattern::ALL {
+        let programs = SplitPrograms::build(pattern, small()).expect("geometry");
+        let buffers: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
+            .iter()
+            .map(|&buffer| {
+                let least = programs
+                    .buffer_bytes(buffer, text_len, documents.len())
+                    .expect("size");
+                let bytes = match buffer {
+                    SplitBuffer::Text => text.len() as u64,
+                    SplitBuffer::DocumentEnds => 4 * ends.len() as u64,
+                    SplitBuffer::KindTable | SplitBuffer::Counters | SplitBuffer::PieceCount => {
+                        least
+                    }
+                    _ => 2 * least,
+                };
+                backend.buffer(bytes.max(4)).expect("buffer")
+            })
+            .collect();
+        backend
+            .upload(&buffers[SplitBuffer::Text as usize], &text)
+            .expect("text");
+        backend
+            .upload(&buffers[SplitBuffer::DocumentEnds as usize], &ends)
+            .expect("ends");
+        let table = vyre_tokenizer::pretokenize::batch::kind_table_bytes().expect("table");
+        assert_eq!(table.len(), 35_328, "the resident table's bytes");
+        backend
+            .upload(&buffers[SplitBuffer::KindTable as usize], &table)
+            .expect("table");
+        let expected = expected_starts(pattern, &documents);
+        for round in 0..2 {
+            run_steps(&backend, &programs, &buffers, text_len).expect("steps");
+            let count = backend
+                .read::<u32>(&buffers[SplitBuffer::PieceCount as usize])
+                .expect("count")[0] as usize;
+            let starts = backend
+                .read::<u32>(&buffers[SplitBuffer::PieceStarts as usize])
+                .expect("starts");
+            assert_eq!(&starts[..count], &expected[..], "{pattern:?} round {round}");
+            for scratch in [SplitBuffer::Statuses, SplitBuffer::Counters] {
+                let bytes = backend
+                    .read::<u8>(&buffers[scratch as usize])
+                    .expect("scratch");
+                assert!(
+                    bytes.iter().all(|&byte| byte == 0),
+                    "{pattern:?} round {round}: {} left dirty",
+                    scratch.name()
+                );
+            }
+        }
+        if pattern == Pattern::Gpt2 {
+            let capped = AnyBackend::reference_with(ReferenceOptions {
+                max_work: 1 << 27,
+                ..ReferenceOptions::default()
+            });
+            let dirty: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
+                .iter()
+                .map(|&buffer| {
+                    let bytes = backend.read::<u8>(&buffers[buffer as usize]).expect("copy");
+                    capped.buffer_from(&bytes).expect("buffer")
+                })
+                .collect();
+            run_steps(&capped, &programs, &dirty, text_len).expect("a clean run");
+            capped
+                .upload(&dirty[SplitBuffer::Counters as usize], &[1u32, 0])
+                .expect("dirty counter");
+            let error = run_steps(&capped, &programs, &dirty, text_len).unwrap_err();
+            assert!(error.to_string().contains("Fix:"), "{error}");
+        }
+    }
+}

@@ -6,15 +6,18 @@
 //! and resident, scratch and output buffers grown by powers of two and reused.
 //! [`BatchSplitter::split`] submits the steps back to back (each after the one
 //! before, on the device) with the text and the document ends as host
-//! bindings, waits once, and reads the piece starts; [`BatchSplitter::split_graph`]
-//! records the steps once per capacity (uploads from the graph's input slots,
-//! the dispatches, the count) and replays them with the element counts and
-//! grids of each batch set without a new capture.
+//! bindings and waits once; [`BatchSplitter::split_graph`] records the steps
+//! once per capacity (uploads from the graph's input slots, the dispatches, the
+//! count) and replays them with the element counts and grids of each batch,
+//! set without a new capture. On CUDA the piece starts live in host-mapped
+//! memory, so both hand them out in place after the one synchronize, as
+//! GPT-2's [`CudaPipeline`](crate::pretokenize::pipeline::CudaPipeline) does;
+//! on the reference interpreter they are read into a vector the splitter keeps.
 
 use smallvec::smallvec;
 
 use vyre_cuda::backend::{
-    AnyBackend, AnyGraph, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
+    AnyBackend, AnyGraph, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch, Timings,
 };
 use vyre_cuda::graph::{InputSlot, OutputSlot, StepId};
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
@@ -59,6 +62,11 @@ pub struct BatchSplitter {
     buffers: Option<Buffers>,
     graph_text: Option<(DeviceBuffer, DeviceBuffer)>,
     recorded: Option<Recorded>,
+    /// The piece starts read back (the reference interpreter, or a big-endian
+    /// host); empty where they are handed out in place.
+    host_starts: Vec<u32>,
+    /// Timings of the last run: one per step eagerly, the replay's as a graph.
+    timings: Vec<Timings>,
 }
 
 impl std::fmt::Debug for BatchSplitter {
@@ -94,6 +102,8 @@ impl BatchSplitter {
             buffers: None,
             graph_text: None,
             recorded: None,
+            host_starts: Vec::new(),
+            timings: Vec::new(),
         })
     }
 
@@ -105,6 +115,14 @@ impl BatchSplitter {
     /// The compiled kernels, one per step.
     pub fn kernels(&self) -> &[Kernel] {
         &self.kernels
+    }
+
+    /// Timings of the last successful split: one per step for
+    /// [`BatchSplitter::split`] (each `wall_ns` from the step's submission to
+    /// the end of its wait, so they overlap), one for the replay of
+    /// [`BatchSplitter::split_graph`].
+    pub fn timings(&self) -> &[Timings] {
+        &self.timings
     }
 
     /// Makes sure the buffers hold a text of `text_len` bytes.
@@ -127,7 +145,13 @@ impl BatchSplitter {
             text_capacity: capacity,
             codes,
             statuses: self.backend.buffer(bytes(SplitBuffer::Statuses)?)?,
-            piece_starts: self.backend.buffer(bytes(SplitBuffer::PieceStarts)?)?,
+            piece_starts: match &self.backend {
+                // Stored straight into host memory: no read after the run.
+                AnyBackend::Cuda(gpu) => {
+                    gpu.host_mapped_buffer(bytes(SplitBuffer::PieceStarts)?)?
+                }
+                _ => self.backend.buffer(bytes(SplitBuffer::PieceStarts)?)?,
+            },
             piece_count: self.backend.buffer(4)?,
         });
         // A graph holds the buffers it was recorded over: record again.
@@ -172,15 +196,17 @@ impl BatchSplitter {
     /// The piece starts of a batch: `text` holds the documents back to back and
     /// `document_ends` the end of each ([`check_batch`]). Each document splits
     /// exactly as it would alone; the offsets are into `text`. Eager: the steps
-    /// are submitted back to back and waited for once.
+    /// are submitted back to back and waited for once. The starts are valid
+    /// until the next split (which needs `&mut self`).
     pub fn split(
         &mut self,
         text: &[u8],
         document_ends: &[u32],
-    ) -> Result<Vec<u32>, PretokenizeError> {
+    ) -> Result<&[u32], PretokenizeError> {
         check_batch(text.len(), document_ends)?;
+        self.timings.clear();
         if text.is_empty() {
-            return Ok(Vec::new());
+            return Ok(&[]);
         }
         self.ensure_buffers(text.len())?;
         let workgroups = self.programs.workgroups(text.len());
@@ -211,14 +237,18 @@ impl BatchSplitter {
             }?;
             pending.push(submitted);
         }
+        // The last step's wait covers the chain; the others find their streams idle.
         let mut count = None;
-        for submitted in pending.into_iter().rev() {
+        let mut timings = vec![Timings::default(); pending.len()];
+        for (index, submitted) in pending.into_iter().enumerate().rev() {
             let finished = submitted.wait()?;
+            timings[index] = finished.timings;
             if count.is_none() {
                 count = Some(piece_count(finished.outputs.item(0), text.len())?);
             }
         }
-        self.read_starts(count.unwrap_or(0))
+        self.timings = timings;
+        self.piece_starts(count.unwrap_or(0))
     }
 
     /// [`BatchSplitter::split`] as one replay of a recorded graph (recorded on
@@ -227,10 +257,11 @@ impl BatchSplitter {
         &mut self,
         text: &[u8],
         document_ends: &[u32],
-    ) -> Result<Vec<u32>, PretokenizeError> {
+    ) -> Result<&[u32], PretokenizeError> {
         check_batch(text.len(), document_ends)?;
+        self.timings.clear();
         if text.is_empty() {
-            return Ok(Vec::new());
+            return Ok(&[]);
         }
         self.ensure_buffers(text.len())?;
         let fits = self.recorded.as_ref().is_some_and(|recorded| {
@@ -261,12 +292,13 @@ impl BatchSplitter {
             }
             recorded.graph.set_workgroups(id, [workgroups, 1, 1])?;
         }
-        recorded.graph.replay()?;
+        let replay = recorded.graph.replay()?;
         let count = piece_count(
             Some(recorded.graph.output(recorded.count_slot)?),
             text.len(),
         )?;
-        self.read_starts(count)
+        self.timings = vec![replay];
+        self.piece_starts(count)
     }
 
     fn record(&mut self, text_len: usize, document_count: usize) -> Result<(), PretokenizeError> {
@@ -327,15 +359,43 @@ impl BatchSplitter {
         Ok(())
     }
 
-    fn read_starts(&self, count: usize) -> Result<Vec<u32>, PretokenizeError> {
-        let buffers = self.buffers.as_ref().ok_or_else(|| {
+    /// The first `count` piece starts, after the run's synchronize: in place in
+    /// the host-mapped buffer (beside the recorded graph, which holds it), or
+    /// read into `host_starts`.
+    fn piece_starts(&mut self, count: usize) -> Result<&[u32], PretokenizeError> {
+        let buffers = self.buffers.as_mut().ok_or_else(|| {
             PretokenizeError::new("Fix: internal: the splitter's buffers are missing; report this")
         })?;
-        let mut starts = vec![0u32; count];
-        if count > 0 {
-            self.backend.read_into(&buffers.piece_starts, &mut starts)?;
+        if buffers.piece_starts.is_host_mapped() {
+            let graph = self
+                .recorded
+                .as_mut()
+                .and_then(|recorded| recorded.graph.as_cuda());
+            let bytes = match graph {
+                Some(graph) => buffers.piece_starts.mapped_bytes_beside(graph)?,
+                None => buffers.piece_starts.mapped_bytes()?,
+            };
+            let bytes = &bytes[..4 * count];
+            if cfg!(target_endian = "little") {
+                if let Ok(words) = bytemuck::try_cast_slice::<u8, u32>(bytes) {
+                    return Ok(words);
+                }
+            }
+            self.host_starts.clear();
+            self.host_starts.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]])),
+            );
+            return Ok(&self.host_starts);
         }
-        Ok(starts)
+        self.host_starts.clear();
+        self.host_starts.resize(count, 0);
+        if count > 0 {
+            self.backend
+                .read_into(&buffers.piece_starts, &mut self.host_starts)?;
+        }
+        Ok(&self.host_starts)
     }
 }
 
