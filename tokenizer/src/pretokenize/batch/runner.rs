@@ -212,7 +212,7 @@ impl BatchSplitter {
         let workgroups = self.programs.workgroups(text.len());
         let steps = self.programs.steps();
         let last = steps.len() - 1;
-        let count_binding = binding_index(&steps[last].bindings, SplitBuffer::PieceCount)?;
+        let count_binding = binding_index(steps[last].bindings, SplitBuffer::PieceCount)?;
         let plain = DispatchConfig::linear(workgroups).with_readback(ReadbackPolicy::None);
         let reading =
             DispatchConfig::linear(workgroups).with_readback(ReadbackPolicy::Ranges(smallvec![
