@@ -1,9 +1,122 @@
-//! The split of every pattern on the device, for a packed batch of documents:
-//! the programs, and the one description of their steps that a longer device
-//! pipeline composes (the BPE steps come after them) and that [`runner`] runs
-//! alone.
+//! The split of every pattern (GPT-2's, cl100k's, o200k's) on the device, for
+//! a packed batch of documents: the programs, and the one description of their
+//! steps ([`SplitPrograms`]) that a longer device pipeline composes (the BPE
+//! steps come after them, in the same stream or graph) and that [`runner`]
+//! runs alone on an `AnyBackend`.
 //!
-//! (Module docs are completed below.)
+//! # Why this module exists
+//!
+//! A GPU-resident tokenizer uploads text and downloads token ids; the split is
+//! its first step and must run on the device for every encoding, for many
+//! documents at once (`encode_batch` packs them into one upload), and give
+//! exactly [`pattern::split_into`](super::pattern::split_into)'s piece starts
+//! for each document, as if it were alone. GPT-2's single-document
+//! [`CudaPipeline`](super::pipeline::CudaPipeline) (two dispatches, measured at
+//! 54–59 µs per 256 KiB as a graph on the H200) stays as it is; these programs
+//! take any batch and every pattern.
+//!
+//! # The contract
+//!
+//! Inputs, per batch: [`SplitBuffer::Text`] (`u8`: the documents back to back)
+//! and [`SplitBuffer::DocumentEnds`] (`u32`: the exclusive end offset of each
+//! document in the text, never decreasing, the last equal to the text length;
+//! empty documents allowed: [`check_batch`]). Outputs:
+//! [`SplitBuffer::PieceStarts`] (`u32`: global byte offsets, increasing; every
+//! non-empty document's first byte is a piece start; no piece crosses a
+//! document end; look-behind and look-ahead never see another document: each
+//! document splits exactly as it would alone) and [`SplitBuffer::PieceCount`]
+//! (`u32[1]`). Resident: [`SplitBuffer::KindTable`] ([`kind_table_bytes`],
+//! 35,328 bytes, uploaded once). Scratch: [`SplitBuffer::Statuses`] and
+//! [`SplitBuffer::Counters`] (zeroed once when allocated; every step leaves
+//! them zeroed, so nothing clears them between runs) and, for cl100k and
+//! o200k, [`SplitBuffer::Codes`] (one byte per text byte, between their two
+//! steps).
+//!
+//! Every step ([`SplitPrograms::steps`]: its program and the buffers it binds,
+//! in binding order) runs on [`SplitPrograms::workgroups`]`(text length)`
+//! workgroups (at least one, so an empty batch writes a count of 0); sizes are
+//! [`SplitPrograms::buffer_bytes`]`(buffer, text length, documents)`. The text
+//! length the programs use is the last document end (capped at the text
+//! buffer's length), so a larger `Text` buffer serves (its bytes past the end
+//! are never read), and so does a longer `DocumentEnds` whose extra entries
+//! repeat the text length (empty documents); scratch and output buffers may be
+//! larger. In a recorded graph, `DispatchGraph::set_element_count` and
+//! `set_workgroups` move one recording to another batch size.
+//!
+//! | pattern | steps | reads | writes |
+//! |---|---|---|---|
+//! | GPT-2 | `split` | text, document ends, kind table | piece starts, piece count |
+//! | cl100k, o200k | `classify` | text, document ends, kind table | codes |
+//! | | `phases` | document ends, codes | piece starts, piece count |
+//!
+//! Device memory per text byte: text 1, piece starts 4, codes 1 (cl100k,
+//! o200k), and 16 bytes per 1 KiB block of status words: about 6 bytes.
+//!
+//! # How: the rule per position, as kernels
+//!
+//! Block `g` of `W` threads and `K` bytes per thread owns `S = W·K` bytes
+//! (1 KiB by default). Every program starts with the window (module `window`): the
+//! document starts near the block (a search of the document ends that narrows
+//! `W`-fold per round, then a binary search per position), every byte decoded
+//! inside its own document (a character cut by a document end is invalid
+//! there, as at the end of a text: the
+//! [invalid-byte rule](crate::pretokenize#the-split)) and every character's
+//! [`Kind`](crate::pretokenize::unicode::Kind) from the resident 4-bit table
+//! (two dependent loads). Thread `t` then decides its `K` consecutive bytes.
+//!
+//! - **GPT-2** needs only a bounded window: the [rule per
+//!   byte](crate::pretokenize#the-rule-per-byte-gpt-2-on-the-gpu) over codes
+//!   seven bytes back and four ahead. One dispatch: window, rule, the count per
+//!   thread, the IR's workgroup scan, a look-back for the block's first piece
+//!   index, the stores.
+//! - **cl100k and o200k** need facts from arbitrarily far away, in both
+//!   directions. [`per_position`](crate::pretokenize::per_position) states
+//!   them: `break_ahead` and `upper_to_end` look ahead; the digit count of a
+//!   number run (groups of three counted from the run's start, in characters),
+//!   a punctuation piece's line-break tail and o200k's caseless letters before
+//!   or after the first lower-case one look back. Step 1 (`classify`) computes
+//!   the two look-ahead facts as suffix minima of "the first character that
+//!   decides" (in the thread, the IR's minimum scan across the workgroup, a
+//!   look-back towards the end of the text across workgroups) and stores one
+//!   code byte per text byte. Step 2 (`phases`) runs the split as a [state
+//!   machine](rules) of eight states (the sixteen phases merged where the
+//!   window tells them apart): each character's transition map (3 bits per
+//!   state, 24 bits) and start bits (8) in one `u32`, composed per thread, a
+//!   Hillis–Steele scan of maps across the workgroup (module `maps`), a look-back of
+//!   maps across workgroups, then every byte's state and "a piece starts here"
+//!   bit; then the same count, scan, look-back and stores as GPT-2.
+//!
+//! No thread ever walks a run: a 100 KiB digit run, white-space run or
+//! upper-case stretch costs what any 100 KiB costs.
+//!
+//! The look-back (module `lookback`; decoupled: each block publishes its aggregate,
+//! then combines the blocks before it `W` status words at a time until one
+//! that has published its inclusive prefix) replaces a scan dispatch per
+//! prefix; blocks take their place in the text by a ticket in the order they
+//! start, so a block only ever waits for blocks that started before it.
+//!
+//! # Cost per 256 KiB (expected; the lead measures on the H200)
+//!
+//! GPT-2: one dispatch where the single-document pipeline has two (split,
+//! then compaction), and no marks array in between (256 KiB written and read
+//! back). Per byte about 30 integer operations of decode and table lookup
+//! (ASCII skips the decode), 25 of rule; per block nine workgroup reductions
+//! or scans (ticket, two in the document-end search, count scan and sum, three
+//! in the look-back, the last-block count) of two barriers each. Expected:
+//! about the single-document split's 6 µs of kernel plus a few µs of barriers
+//! and look-back, against 14–18 µs for the two kernels today, and one launch
+//! (3.6 µs eager, 1.0 µs as a graph node) less.
+//!
+//! cl100k and o200k: two dispatches. `classify` is GPT-2's window plus one or
+//! two minimum scans (about 10 operations per byte) and a byte store per text
+//! byte; `phases` reads one byte per text byte, evaluates its pattern's eight
+//! states per character (about 150 operations), composes maps (56 operations
+//! each: `K − 1` per thread, eight rounds of the workgroup scan) and runs two
+//! look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
+//!
+//! All of it was checked on the reference interpreter (`tests/batch_split.rs`);
+//! the GPU figures are estimates until `gpu_batch_split` and the bench run on
+//! a device.
 
 mod classify;
 pub mod code;

@@ -1,11 +1,11 @@
 //! The cl100k and o200k splits as a machine of at most eight states, stated once
-//! as data: the device programs are generated from it ([`super::phases`]) and
+//! as data: the device programs are generated from it (the `phases` step) and
 //! [`piece_starts`] runs it on the CPU, so the rule the GPU evaluates is checked
 //! against the oracle without a device and without the interpreter.
 //!
 //! # Why eight states
 //!
-//! [`per_position`](crate::pretokenize::per_position) states each split with the
+//! [`per_position`] states each split with the
 //! sixteen [`Phase`](crate::pretokenize::per_position::Phase)s. A device composes
 //! one transition map per character in a prefix scan, and a map over eight states
 //! of three bits fits one `u32` with a byte to spare (the character's "a piece
@@ -32,7 +32,7 @@
 //!   character before says which rule applies.
 //!
 //! The model ([`piece_starts`]) runs over
-//! [`per_position::windows`](crate::pretokenize::per_position::windows) and is
+//! [`per_position::windows`] and is
 //! held to `fancy-regex` by the tests, merges included.
 
 use crate::pretokenize::pattern::Pattern;
@@ -65,7 +65,7 @@ pub enum Field {
     After2,
 }
 
-/// A look-ahead fact (see [`per_position::Window`](crate::pretokenize::per_position::Window)).
+/// A look-ahead fact (see [`per_position::Window`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fact {
     /// `break_ahead` at this character.
