@@ -486,7 +486,8 @@ fn run_steps(
 /// split, twice over the same scratch, and leave the status words and counters
 /// zeroed. Negative control: a counter another run left dirty (ticket 1) makes
 /// the next run fail (a block waits for a block 0 that never comes, and the
-/// reference stops at its work cap) instead of passing.
+/// reference stops at its work cap) instead of passing. And a status buffer too
+/// short for the grid ends the run instead of leaving blocks waiting forever.
 #[test]
 fn steps_compose_from_their_description() {
     let backend = AnyBackend::reference();
@@ -564,6 +565,12 @@ fn steps_compose_from_their_description() {
                 .expect("dirty counter");
             let error = run_steps(&capped, &programs, &dirty, text_len).unwrap_err();
             assert!(error.to_string().contains("Fix:"), "{error}");
+            // Status words bound too few for the grid: the run still ends (the
+            // words past the buffer read as finished), it does not wait forever.
+            let mut short = dirty;
+            short[SplitBuffer::Counters as usize] = capped.buffer(8).expect("counters");
+            short[SplitBuffer::Statuses as usize] = capped.buffer(8).expect("statuses");
+            run_steps(&capped, &programs, &short, text_len).expect("a run that ends");
         }
     }
 }

@@ -140,7 +140,8 @@ impl LookBack<'_> {
     fn publish(&self, b: &mut BlockBuilder, flag: u64, values: &[Expr]) {
         let word = self.word(flag, values);
         let index = self.region.clone() + self.block.clone();
-        b.if_(local().equals(0u32), |b| {
+        let inside = index.clone().less_than(Expr::length("statuses"));
+        b.if_(local().equals(0u32).and(inside), |b| {
             b.atomic(AtomicOp::Exchange, "statuses", index, word);
         });
     }
@@ -193,8 +194,12 @@ impl LookBack<'_> {
                 .collect();
             let word_name = self.name("word");
             let word = b.let_mut(word_name.as_str(), self.word(INCLUSIVE, &identities));
-            let status = self.region.clone() + index;
-            b.if_(exists, |b| {
+            let status = b.let_(self.name("status"), self.region.clone() + index);
+            // A status word past the buffer (a caller that bound too few) reads
+            // as an inclusive identity: a wrong count, never a block waiting
+            // forever.
+            let readable = exists.and(status.clone().less_than(Expr::length("statuses")));
+            b.if_(readable, |b| {
                 let read = b.atomic_fetch(
                     self.name("read"),
                     AtomicOp::Or,
@@ -320,7 +325,10 @@ pub(super) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
     let finished = b.workgroup_reduce("finished", ReduceOp::Max, finished);
     let blocks = Expr::workgroup_count(vyre_cuda::ir::Axis::X);
     b.if_((finished + 1u32).equals(blocks.clone()), |b| {
-        let words = b.let_("status_words", blocks * regions);
+        let words = b.let_(
+            "status_words",
+            (blocks * regions).min(Expr::length("statuses")),
+        );
         b.loop_(
             "clear_round",
             0u32,
