@@ -118,40 +118,8 @@ fn with_continues(
     }))
 }
 
-/// Runs `machine` over `text` the way `rules::piece_starts` does.
 fn machine_starts(machine: &StateMachine, text: &[u8]) -> Vec<u32> {
-    let mut starts = Vec::new();
-    let mut state = rules::STOP;
-    let mut break_ahead_before = false;
-    for (index, (offset, window)) in vyre_tokenizer::pretokenize::per_position::windows(text)
-        .expect("windows")
-        .into_iter()
-        .enumerate()
-    {
-        let seen = rules::StateWindow {
-            kinds: [
-                window.before2,
-                window.before,
-                window.here,
-                window.after,
-                window.after2,
-            ],
-            break_ahead: window.break_ahead,
-            break_ahead_before,
-            upper_to_end: window.upper_to_end,
-        };
-        let (next, starts_here) = if index == 0 {
-            (machine.start(&seen), true)
-        } else {
-            machine.step(state, &seen)
-        };
-        if starts_here {
-            starts.push(offset);
-        }
-        state = next;
-        break_ahead_before = window.break_ahead;
-    }
-    starts
+    rules::machine_piece_starts(machine, text).expect("state machine")
 }
 
 /// Negative control for the merged states: the `White` state needs the
@@ -572,5 +540,31 @@ fn steps_compose_from_their_description() {
             short[SplitBuffer::Statuses as usize] = capped.buffer(8).expect("statuses");
             run_steps(&capped, &programs, &short, text_len).expect("a run that ends");
         }
+    }
+}
+
+/// Locks out a step description that drifts from its program: every step binds
+/// exactly its program's global buffers, by name and element type, in binding
+/// order, and every buffer a step binds has a size.
+#[test]
+fn steps_bind_exactly_their_programs_buffers() {
+    for pattern in Pattern::ALL {
+        let programs = SplitPrograms::new(pattern);
+        for step in programs.steps() {
+            let declared = step.program.global_buffers();
+            assert_eq!(
+                declared.len(),
+                step.bindings.len(),
+                "{pattern:?} {}",
+                step.name
+            );
+            for (decl, buffer) in declared.iter().zip(step.bindings) {
+                assert_eq!(&*decl.name, buffer.name(), "{pattern:?} {}", step.name);
+                assert_eq!(decl.elem, buffer.element(), "{pattern:?} {}", step.name);
+                assert!(programs.buffer_bytes(*buffer, 1_000, 3).expect("size") > 0);
+            }
+        }
+        assert_eq!(programs.workgroups(0), 1);
+        assert_eq!(programs.workgroups(1_025), 2);
     }
 }

@@ -16,6 +16,32 @@ use vyre_tokenizer::pretokenize::pattern::Pattern;
 use vyre_tokenizer::pretokenize::programs::{build, programs};
 use vyre_tokenizer::pretokenize::Geometry;
 
+/// Validates `program`, lowers it both ways (subgroup steps and shared-memory
+/// trees), generates PTX and, with ptxas found, assembles it as `name_<way>`.
+fn check_program(
+    ptxas: Option<&std::path::Path>,
+    directory: &std::path::Path,
+    name: &str,
+    program: &vyre_cuda::ir::Program,
+) {
+    validate(program, &Limits::default()).unwrap_or_else(|error| panic!("{name}: {error}"));
+    for subgroup_ops in [true, false] {
+        let caps = LoweringCaps {
+            subgroup_ops,
+            subgroup_size: 32,
+        };
+        let lowered = lower_workgroup_reductions(program, &caps);
+        validate_lowered(&lowered, &Limits::default())
+            .unwrap_or_else(|error| panic!("{name} lowered: {error}"));
+        let ptx = program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32)
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        let Some(ptxas) = ptxas else { continue };
+        let way = if subgroup_ops { "subgroup" } else { "tree" };
+        ptxas::assemble_in(ptxas, directory, &format!("{name}_{way}"), &ptx)
+            .unwrap_or_else(|report| panic!("{report}"));
+    }
+}
+
 /// Locks out programs the device would refuse: each step of the default and a
 /// small geometry validates, lowers (both reduction strategies), generates PTX
 /// and assembles with `ptxas -arch=sm_90`.
@@ -31,28 +57,8 @@ fn pretokenize_programs_validate_lower_and_assemble() {
     .expect("geometry");
     for programs in [programs(), small] {
         for (step, program) in programs.steps() {
-            validate(program, &Limits::default())
-                .unwrap_or_else(|error| panic!("{}: {error}", step.name));
-            for subgroup_ops in [true, false] {
-                let caps = LoweringCaps {
-                    subgroup_ops,
-                    subgroup_size: 32,
-                };
-                let lowered = lower_workgroup_reductions(program, &caps);
-                validate_lowered(&lowered, &Limits::default())
-                    .unwrap_or_else(|error| panic!("{} lowered: {error}", step.name));
-                let ptx = program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32)
-                    .unwrap_or_else(|error| panic!("{}: {error}", step.name));
-                let Some(ptxas) = &ptxas else { continue };
-                let name = format!(
-                    "{}_{}_{}",
-                    step.name,
-                    programs.geometry.workgroup_size,
-                    if subgroup_ops { "subgroup" } else { "tree" }
-                );
-                ptxas::assemble_in(ptxas, directory.path(), &name, &ptx)
-                    .unwrap_or_else(|report| panic!("{report}"));
-            }
+            let name = format!("{}_{}", step.name, programs.geometry.workgroup_size);
+            check_program(ptxas.as_deref(), directory.path(), &name, program);
         }
     }
 }
@@ -75,34 +81,8 @@ fn batch_split_programs_validate_lower_and_assemble() {
             };
             let programs = SplitPrograms::build(pattern, geometry).expect("geometry");
             for step in programs.steps() {
-                let what = format!(
-                    "{} {} at {workgroup_size}×{bytes_per_thread}",
-                    pattern.name(),
-                    step.name
-                );
-                let program = &step.program;
-                validate(program, &Limits::default())
-                    .unwrap_or_else(|error| panic!("{what}: {error}"));
-                for subgroup_ops in [true, false] {
-                    let caps = LoweringCaps {
-                        subgroup_ops,
-                        subgroup_size: 32,
-                    };
-                    let lowered = lower_workgroup_reductions(program, &caps);
-                    validate_lowered(&lowered, &Limits::default())
-                        .unwrap_or_else(|error| panic!("{what} lowered: {error}"));
-                    let ptx = program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32)
-                        .unwrap_or_else(|error| panic!("{what}: {error}"));
-                    let Some(ptxas) = &ptxas else { continue };
-                    let name = format!(
-                        "batch_{}_{}_{workgroup_size}_{}",
-                        pattern.name(),
-                        step.name,
-                        if subgroup_ops { "subgroup" } else { "tree" }
-                    );
-                    ptxas::assemble_in(ptxas, directory.path(), &name, &ptx)
-                        .unwrap_or_else(|report| panic!("{report}"));
-                }
+                let name = format!("batch_{}_{}_{workgroup_size}", pattern.name(), step.name);
+                check_program(ptxas.as_deref(), directory.path(), &name, &step.program);
             }
         }
     }

@@ -16,12 +16,14 @@
 //! the last one on, so the blocks a workgroup waits for started before it). A
 //! 100 KiB run of spaces costs what any 100 KiB costs.
 
-use vyre_cuda::ir::{Access, BufferCount, ElemType, Expr, Program, ReduceOp, ScanKind};
+use vyre_cuda::ir::{Expr, Program, ReduceOp, ScanKind};
 
 use super::code::{self, first_character};
 use super::ir::{as_u32, has_bit, in_set, local};
-use super::lookback::{self, Combine, Direction, LookBack, COUNTER_WORDS, INFINITY};
+use super::lookback::{self, Combine, Direction, LookBack, INFINITY};
+use super::pieces;
 use super::window::{self, Layout, HALO};
+use super::{SplitBuffer, CLASSIFY_BINDINGS};
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::unicode::{Kind, KindSet};
 use crate::pretokenize::Geometry;
@@ -81,50 +83,9 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
     let per_thread = layout.bytes_per_thread;
     let facts = facts(pattern);
     let builder = Program::builder([workgroup_size, 1, 1])
-        .entry_op_id(format!("pretokenize.batch.{}_classify", pattern.name()))
-        .buffer(
-            "text",
-            0,
-            Access::ReadOnly,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "document_ends",
-            1,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "kind_table",
-            2,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "codes",
-            3,
-            Access::ReadWrite,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "statuses",
-            4,
-            Access::ReadWrite,
-            ElemType::U64,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "counters",
-            5,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(COUNTER_WORDS),
-        );
-    window::declare(builder, layout, 6)
+        .entry_op_id(format!("pretokenize.batch.{}_classify", pattern.name()));
+    let builder = pieces::declare(builder, CLASSIFY_BINDINGS, &[SplitBuffer::Codes]);
+    window::declare(builder, layout, CLASSIFY_BINDINGS.len() as u32)
         .body(|b| {
             let ticket = lookback::take_ticket(b);
             let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
@@ -220,7 +181,6 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                 blocks,
                 direction: Direction::Forward,
                 channels: &channels,
-                map_scratch: "window",
             };
             let carries = ahead.carries(b);
             let inclusive: Vec<Expr> = carries

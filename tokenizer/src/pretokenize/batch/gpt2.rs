@@ -4,14 +4,14 @@
 //! workgroup scan and a look-back for the block's first piece index, and every
 //! piece start stored where it belongs.
 
-use vyre_cuda::ir::{
-    Access, BlockBuilder, BufferCount, ElemType, Expr, Program, ReduceOp, ScanKind,
-};
+use vyre_cuda::ir::{BlockBuilder, Expr, Program};
 
 use super::code::{self, first_character, kind, outside, starts_document};
-use super::ir::{as_u32, in_set, local};
-use super::lookback::{self, Combine, Direction, LookBack, COUNTER_WORDS};
+use super::ir::{in_set, local};
+use super::lookback;
+use super::pieces;
 use super::window::{self, Layout, HALO};
+use super::{SplitBuffer, GPT2_BINDINGS};
 use crate::pretokenize::unicode::{Kind, KindSet};
 use crate::pretokenize::Geometry;
 
@@ -42,58 +42,13 @@ pub(super) fn program(geometry: Geometry) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
-    let builder = Program::builder([workgroup_size, 1, 1])
-        .entry_op_id("pretokenize.batch.gpt2")
-        .buffer(
-            "text",
-            0,
-            Access::ReadOnly,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "document_ends",
-            1,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "kind_table",
-            2,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "statuses",
-            3,
-            Access::ReadWrite,
-            ElemType::U64,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "counters",
-            4,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(COUNTER_WORDS),
-        )
-        .buffer(
-            "piece_starts",
-            5,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "piece_count",
-            6,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(1),
-        );
-    window::declare(builder, layout, 7)
+    let builder = Program::builder([workgroup_size, 1, 1]).entry_op_id("pretokenize.batch.gpt2");
+    let builder = pieces::declare(
+        builder,
+        GPT2_BINDINGS,
+        &[SplitBuffer::PieceStarts, SplitBuffer::PieceCount],
+    );
+    window::declare(builder, layout, GPT2_BINDINGS.len() as u32)
         .body(|b| {
             let block = lookback::take_ticket(b);
             let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
@@ -117,43 +72,8 @@ pub(super) fn program(geometry: Geometry) -> Program {
                 let at = |distance: i32| &codes[(byte + distance + 7) as usize];
                 marks.push(rule(b, byte, &at));
             }
-            let count = marks
-                .iter()
-                .map(|mark| as_u32(mark.clone()))
-                .reduce(|a, b| a + b)
-                .unwrap_or(Expr::u32(0));
-            let count = b.let_("count", count);
-            let rank = b.workgroup_scan("rank", ReduceOp::Sum, ScanKind::Exclusive, count.clone());
-            let total = b.workgroup_reduce("block_count", ReduceOp::Sum, count);
-            let channels = [(Combine::Sum, total.clone())];
-            let pieces = LookBack {
-                prefix: "pieces",
-                workgroup_size,
-                region: Expr::u32(0),
-                block: block.clone(),
-                blocks: blocks.clone(),
-                direction: Direction::Backward,
-                channels: &channels,
-                map_scratch: "window",
-            };
-            let carried = pieces.carries(b).remove(0);
-            let before = b.let_("pieces_before", carried);
-            pieces.publish_inclusive(b, &[before.clone() + total.clone()]);
-            let slot = b.let_mut("piece_slot", before.clone() + rank);
-            for (byte, mark) in marks.into_iter().enumerate() {
-                let position = block_start.clone() + local() * per_thread + byte as u32;
-                b.if_(mark, |b| {
-                    b.store("piece_starts", slot.clone(), position);
-                    b.assign("piece_slot", slot.clone() + 1u32);
-                });
-            }
-            b.if_(
-                (block + 1u32).equals(blocks).and(local().equals(0u32)),
-                |b| {
-                    b.store("piece_count", 0u32, before + total);
-                },
-            );
-            lookback::finish(b, workgroup_size, 1);
+            let block = pieces::Block::new(&block, &blocks, &block_start, layout);
+            pieces::store(b, block, marks, Expr::u32(0), 1);
         })
         .build()
 }

@@ -59,8 +59,9 @@ pub(super) enum Combine {
     /// Minimum (fact events; identity [`INFINITY`]).
     Min,
     /// Transition maps over eight states ([`maps`]): an aggregate is a map, an
-    /// inclusive value a state.
-    States,
+    /// inclusive value a state. The name is a workgroup buffer of `W` words the
+    /// look-back combines maps in.
+    States(&'static str),
 }
 
 impl Combine {
@@ -68,7 +69,7 @@ impl Combine {
         match self {
             Combine::Sum => 0,
             Combine::Min => INFINITY,
-            Combine::States => maps::IDENTITY,
+            Combine::States(_) => maps::IDENTITY,
         }
     }
 
@@ -76,7 +77,7 @@ impl Combine {
     /// before the text).
     fn inclusive_identity(self) -> u32 {
         match self {
-            Combine::States => 0,
+            Combine::States(_) => 0,
             other => other.identity(),
         }
     }
@@ -118,8 +119,6 @@ pub(super) struct LookBack<'a> {
     pub direction: Direction,
     /// One or two values, each with its combination and this block's aggregate.
     pub channels: &'a [(Combine, Expr)],
-    /// A workgroup buffer of `W` words for combining maps.
-    pub map_scratch: &'a str,
 }
 
 impl LookBack<'_> {
@@ -254,7 +253,7 @@ impl LookBack<'_> {
                             );
                             b.assign(carry_name.as_str(), carry.min(part));
                         }
-                        Combine::States => {
+                        Combine::States(scratch) => {
                             // An inclusive prefix is a state: the map that sends
                             // everything there.
                             let entry = flag.clone().equals(2u32).select(
@@ -263,19 +262,13 @@ impl LookBack<'_> {
                             );
                             let entry = take.clone().select(entry, maps::IDENTITY);
                             let prefix = format!("{}_window{channel}", self.prefix);
-                            maps::scan_inclusive(
-                                b,
-                                &prefix,
-                                self.map_scratch,
-                                workgroup_size,
-                                entry,
-                            );
+                            maps::scan_inclusive(b, &prefix, scratch, workgroup_size, entry);
                             // The last thread's slot holds the composition of
                             // the window in text order: it comes before the
                             // blocks already combined.
                             let window = b.let_(
                                 self.name(&format!("window_total{channel}")),
-                                Expr::load(self.map_scratch, workgroup_size - 1),
+                                Expr::load(*scratch, workgroup_size - 1),
                             );
                             let composed = maps::compose(&window, &carry);
                             b.assign(carry_name.as_str(), composed);
@@ -300,7 +293,7 @@ impl LookBack<'_> {
             .into_iter()
             .zip(self.channels)
             .map(|(carry, (combine, _))| match combine {
-                Combine::States => maps::apply(&carry, &Expr::u32(0)),
+                Combine::States(_) => maps::apply(&carry, &Expr::u32(0)),
                 _ => carry,
             })
             .collect()

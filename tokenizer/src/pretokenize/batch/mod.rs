@@ -125,6 +125,7 @@ mod ir;
 mod lookback;
 mod maps;
 mod phases;
+mod pieces;
 pub mod rules;
 pub mod runner;
 mod window;

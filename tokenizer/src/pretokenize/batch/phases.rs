@@ -22,16 +22,16 @@
 
 use std::cell::RefCell;
 
-use vyre_cuda::ir::{
-    Access, BlockBuilder, BufferCount, ElemType, Expr, Program, ReduceOp, ScanKind,
-};
+use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program};
 
 use super::code::{self, first_character, kind, starts_character, starts_document};
 use super::ir::{as_u32, has_bit, in_set, load_where, local};
-use super::lookback::{self, Combine, Direction, LookBack, COUNTER_WORDS};
+use super::lookback::{self, Combine, Direction, LookBack};
 use super::maps;
+use super::pieces;
 use super::rules::{Condition, Fact, Field, StateMachine, MAP_BITS, MAX_STATES, STATE_BITS};
 use super::window::{self, Layout, HALO};
+use super::{SplitBuffer, PHASES_BINDINGS};
 use crate::pretokenize::unicode::Kind;
 use crate::pretokenize::Geometry;
 
@@ -43,200 +43,127 @@ pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
-    Program::builder([workgroup_size, 1, 1])
-        .entry_op_id(format!(
-            "pretokenize.batch.{}_phases",
-            machine.pattern.name()
-        ))
-        .buffer(
-            "document_ends",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "codes",
-            1,
-            Access::ReadOnly,
-            ElemType::U8,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "statuses",
-            2,
-            Access::ReadWrite,
-            ElemType::U64,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "counters",
-            3,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(COUNTER_WORDS),
-        )
-        .buffer(
-            "piece_starts",
-            4,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "piece_count",
-            5,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Static(1),
-        )
-        .buffer(
-            "window",
-            6,
-            Access::Workgroup,
-            ElemType::U32,
-            BufferCount::Static(layout.code_slots),
-        )
-        .buffer(
-            "scan",
-            7,
-            Access::Workgroup,
-            ElemType::U32,
-            BufferCount::Static(workgroup_size),
-        )
-        .buffer(
-            "lookback_maps",
-            8,
-            Access::Workgroup,
-            ElemType::U32,
-            BufferCount::Static(workgroup_size),
-        )
-        .body(|b| {
-            let block = lookback::take_ticket(b);
-            let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
-            let block_start = b.let_("block_start", block.clone() * layout.block_bytes);
-            let text_len = window::text_length(b, "codes");
-            for round in 0..layout.rounds(layout.code_slots) {
-                let slot = b.let_(format!("slot{round}"), local() + round * workgroup_size);
-                b.if_(slot.clone().less_than(layout.code_slots), |b| {
-                    let position = b.let_(
-                        format!("position{round}"),
-                        block_start.clone() - HALO + slot.clone(),
-                    );
-                    let inside = position.clone().less_than(text_len.clone());
-                    let loaded = load_where(
-                        b,
-                        &format!("loaded{round}"),
-                        "codes",
-                        position,
-                        inside.clone(),
-                    );
-                    b.store("window", slot, inside.select(loaded, code::OUTSIDE));
-                });
-            }
-            b.barrier();
-            let first_slot = b.let_("first_slot", local() * per_thread + HALO);
-            // codes[d + CONTEXT] = the code at distance d from the thread's first byte.
-            let codes: Vec<Expr> = (-CONTEXT..per_thread as i32 + CONTEXT)
-                .map(|distance| {
-                    let slot = if distance < 0 {
-                        first_slot.clone() - distance.unsigned_abs()
-                    } else {
-                        first_slot.clone() + distance as u32
-                    };
-                    b.let_(
-                        format!("c{}", distance + CONTEXT),
-                        Expr::load("window", slot),
-                    )
-                })
-                .collect();
-            let mut words = Vec::new();
-            for byte in 0..per_thread as i32 {
-                let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
-                words.push(character_word(b, machine, byte, &at));
-            }
-            // The thread's bytes in order.
-            let mut chunk = words[0].clone() & ((1u32 << MAP_BITS) - 1);
-            for (byte, word) in words.iter().enumerate().skip(1) {
-                let earlier = b.let_(format!("chunk{byte}"), chunk);
-                chunk = maps::compose(&earlier, word);
-            }
-            let chunk = b.let_("chunk", chunk & ((1u32 << MAP_BITS) - 1));
-            maps::scan_inclusive(b, "states", "scan", workgroup_size, chunk);
-            let before_thread = b.let_(
-                "before_thread",
-                local().greater_than(0u32).select(
-                    Expr::load(
-                        "scan",
-                        local().greater_than(0u32).select(local() - 1u32, 0u32),
-                    ),
-                    maps::IDENTITY,
-                ),
-            );
-            let block_map = b.let_("block_map", Expr::load("scan", workgroup_size - 1));
-            let channels = [(Combine::States, block_map.clone())];
-            let states = LookBack {
-                prefix: "states",
-                workgroup_size,
-                region: Expr::u32(0),
-                block: block.clone(),
-                blocks: blocks.clone(),
-                direction: Direction::Backward,
-                channels: &channels,
-                map_scratch: "lookback_maps",
-            };
-            let carried = states.carries(b).remove(0);
-            let state_before = b.let_("state_before_block", carried);
-            states.publish_inclusive(b, &[maps::apply(&block_map, &state_before)]);
-            let state = b.let_mut("state", maps::apply(&before_thread, &state_before));
-            let mut marks = Vec::new();
-            for (byte, word) in words.iter().enumerate() {
-                let mark = b.let_(
-                    format!("mark{byte}"),
-                    ((word.clone() >> (state.clone() + MAP_BITS)) & 1u32).equals(1u32),
+    let builder = Program::builder([workgroup_size, 1, 1]).entry_op_id(format!(
+        "pretokenize.batch.{}_phases",
+        machine.pattern.name()
+    ));
+    let first_shared = PHASES_BINDINGS.len() as u32;
+    pieces::declare(
+        builder,
+        PHASES_BINDINGS,
+        &[SplitBuffer::PieceStarts, SplitBuffer::PieceCount],
+    )
+    .buffer(
+        "window",
+        first_shared,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(layout.code_slots),
+    )
+    .buffer(
+        "scan",
+        first_shared + 1,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(workgroup_size),
+    )
+    .buffer(
+        "lookback_maps",
+        first_shared + 2,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(workgroup_size),
+    )
+    .body(|b| {
+        let block = lookback::take_ticket(b);
+        let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
+        let block_start = b.let_("block_start", block.clone() * layout.block_bytes);
+        let text_len = window::text_length(b, "codes");
+        for round in 0..layout.rounds(layout.code_slots) {
+            let slot = b.let_(format!("slot{round}"), local() + round * workgroup_size);
+            b.if_(slot.clone().less_than(layout.code_slots), |b| {
+                let position = b.let_(
+                    format!("position{round}"),
+                    block_start.clone() - HALO + slot.clone(),
                 );
-                b.assign("state", maps::apply(word, &state));
-                marks.push(mark);
-            }
-            let count = marks
-                .iter()
-                .map(|mark| as_u32(mark.clone()))
-                .reduce(|a, b| a + b)
-                .unwrap_or(Expr::u32(0));
-            let count = b.let_("count", count);
-            let rank = b.workgroup_scan("rank", ReduceOp::Sum, ScanKind::Exclusive, count.clone());
-            let total = b.workgroup_reduce("block_count", ReduceOp::Sum, count);
-            let channels = [(Combine::Sum, total.clone())];
-            let pieces = LookBack {
-                prefix: "pieces",
-                workgroup_size,
-                region: blocks.clone(),
-                block: block.clone(),
-                blocks: blocks.clone(),
-                direction: Direction::Backward,
-                channels: &channels,
-                map_scratch: "lookback_maps",
-            };
-            let carried = pieces.carries(b).remove(0);
-            let before = b.let_("pieces_before", carried);
-            pieces.publish_inclusive(b, &[before.clone() + total.clone()]);
-            let slot = b.let_mut("piece_slot", before.clone() + rank);
-            for (byte, mark) in marks.into_iter().enumerate() {
-                let position = block_start.clone() + local() * per_thread + byte as u32;
-                b.if_(mark, |b| {
-                    b.store("piece_starts", slot.clone(), position);
-                    b.assign("piece_slot", slot.clone() + 1u32);
-                });
-            }
-            b.if_(
-                (block + 1u32).equals(blocks).and(local().equals(0u32)),
-                |b| {
-                    b.store("piece_count", 0u32, before + total);
-                },
+                let inside = position.clone().less_than(text_len.clone());
+                let loaded = load_where(
+                    b,
+                    &format!("loaded{round}"),
+                    "codes",
+                    position,
+                    inside.clone(),
+                );
+                b.store("window", slot, inside.select(loaded, code::OUTSIDE));
+            });
+        }
+        b.barrier();
+        let first_slot = b.let_("first_slot", local() * per_thread + HALO);
+        // codes[d + CONTEXT] = the code at distance d from the thread's first byte.
+        let codes: Vec<Expr> = (-CONTEXT..per_thread as i32 + CONTEXT)
+            .map(|distance| {
+                let slot = if distance < 0 {
+                    first_slot.clone() - distance.unsigned_abs()
+                } else {
+                    first_slot.clone() + distance as u32
+                };
+                b.let_(
+                    format!("c{}", distance + CONTEXT),
+                    Expr::load("window", slot),
+                )
+            })
+            .collect();
+        let mut words = Vec::new();
+        for byte in 0..per_thread as i32 {
+            let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
+            words.push(character_word(b, machine, byte, &at));
+        }
+        // The thread's bytes in order.
+        let mut chunk = words[0].clone() & ((1u32 << MAP_BITS) - 1);
+        for (byte, word) in words.iter().enumerate().skip(1) {
+            let earlier = b.let_(format!("chunk{byte}"), chunk);
+            chunk = maps::compose(&earlier, word);
+        }
+        let chunk = b.let_("chunk", chunk & ((1u32 << MAP_BITS) - 1));
+        maps::scan_inclusive(b, "states", "scan", workgroup_size, chunk);
+        let before_thread = b.let_(
+            "before_thread",
+            local().greater_than(0u32).select(
+                Expr::load(
+                    "scan",
+                    local().greater_than(0u32).select(local() - 1u32, 0u32),
+                ),
+                maps::IDENTITY,
+            ),
+        );
+        let block_map = b.let_("block_map", Expr::load("scan", workgroup_size - 1));
+        let channels = [(Combine::States("lookback_maps"), block_map.clone())];
+        let states = LookBack {
+            prefix: "states",
+            workgroup_size,
+            region: Expr::u32(0),
+            block: block.clone(),
+            blocks: blocks.clone(),
+            direction: Direction::Backward,
+            channels: &channels,
+        };
+        let carried = states.carries(b).remove(0);
+        let state_before = b.let_("state_before_block", carried);
+        states.publish_inclusive(b, &[maps::apply(&block_map, &state_before)]);
+        let state = b.let_mut("state", maps::apply(&before_thread, &state_before));
+        let mut marks = Vec::new();
+        for (byte, word) in words.iter().enumerate() {
+            let mark = b.let_(
+                format!("mark{byte}"),
+                ((word.clone() >> (state.clone() + MAP_BITS)) & 1u32).equals(1u32),
             );
-            lookback::finish(b, workgroup_size, 2);
-        })
-        .build()
+            b.assign("state", maps::apply(word, &state));
+            marks.push(mark);
+        }
+        let block = pieces::Block::new(&block, &blocks, &block_start, layout);
+        pieces::store(b, block, marks, blocks.clone(), 2);
+    })
+    .build()
 }
 
 /// The window of one character as IR values.

@@ -293,93 +293,133 @@ const WHITE_GOES_ON: [Condition; 2] = [
     ]),
 ];
 
-/// A contraction, or a punctuation piece's tail of `$tail` characters: which
-/// of the two the character before says.
-macro_rules! contraction_or_tail {
-    ($tail:expr, $state:expr) => {
-        [
+/// The rules both machines share, for their own state numbers and
+/// punctuation tail: a contraction or a punctuation piece's tail (which of the
+/// two, the character before says), digit groups of three, punctuation runs,
+/// white space, and where a piece starts at anything but a letter or mark.
+macro_rules! shared_rules {
+    (
+        tail: $tail:expr,
+        contraction_or_tail: $contraction_or_tail:expr,
+        first_digit: $first_digit:expr,
+        second_digit: $second_digit:expr,
+        other_run: $other_run:expr,
+        white: $white:expr $(,)?
+    ) => {
+        pub const CONTRACTION_OR_TAIL_RULES: [Rule; 2] = [
             Rule {
                 when: Condition::All(&[
                     Condition::Kind(Field::Before, $tail),
                     Condition::Kind(Field::Here, $tail),
                 ]),
-                next: $state,
+                next: $contraction_or_tail,
             },
             Rule {
                 when: Condition::All(&[
                     Condition::Not(&Condition::Kind(Field::Before, $tail)),
                     CONTRACTION_GOES_ON,
                 ]),
-                next: $state,
+                next: $contraction_or_tail,
             },
-        ]
+        ];
+        pub const FIRST_DIGIT_RULES: [Rule; 1] = [Rule {
+            when: Condition::Kind(Field::Here, KindSet::NUMBER),
+            next: $second_digit,
+        }];
+        pub const SECOND_DIGIT_RULES: [Rule; 1] = [Rule {
+            when: Condition::Kind(Field::Here, KindSet::NUMBER),
+            next: STOP,
+        }];
+        pub const OTHER_RUN_RULES: [Rule; 2] = [
+            Rule {
+                when: Condition::Kind(Field::Here, KindSet::OTHER),
+                next: $other_run,
+            },
+            Rule {
+                when: Condition::Kind(Field::Here, $tail),
+                next: $contraction_or_tail,
+            },
+        ];
+        pub const WHITE_RULES: [Rule; 2] = [
+            Rule {
+                when: WHITE_GOES_ON[0],
+                next: $white,
+            },
+            Rule {
+                when: WHITE_GOES_ON[1],
+                next: $white,
+            },
+        ];
+        /// `\p{N}{1,3}| ?[^\s\p{L}\p{N}]+...|\s*[\r\n]+|\s+(?!\S)|\s+`.
+        pub const NON_LETTER_STARTS: [Rule; 4] = [
+            Rule {
+                when: Condition::Kind(Field::Here, KindSet::NUMBER),
+                next: $first_digit,
+            },
+            Rule {
+                when: Condition::All(&[
+                    Condition::Kind(Field::Here, SPACE),
+                    Condition::Kind(Field::After, KindSet::OTHER),
+                ]),
+                next: $other_run,
+            },
+            Rule {
+                when: Condition::Kind(Field::Here, KindSet::OTHER),
+                next: $other_run,
+            },
+            Rule {
+                when: Condition::Always,
+                next: $white,
+            },
+        ];
     };
+}
+
+/// `first` then `second`, as one array of `N = A + B` rules.
+const fn joined<const A: usize, const B: usize, const N: usize>(
+    first: [Rule; A],
+    second: [Rule; B],
+) -> [Rule; N] {
+    assert!(A + B == N, "joined rules: N must be A + B");
+    let mut out = [Rule {
+        when: Condition::Always,
+        next: STOP,
+    }; N];
+    let mut index = 0;
+    while index < A {
+        out[index] = first[index];
+        index += 1;
+    }
+    while index < N {
+        out[index] = second[index - A];
+        index += 1;
+    }
+    out
 }
 
 mod cl100k {
     use super::*;
-    pub const STOP: u8 = super::STOP;
     pub const CONTRACTION_OR_TAIL: u8 = 1;
     pub const LETTERS: u8 = 2;
     pub const FIRST_DIGIT: u8 = 3;
     pub const SECOND_DIGIT: u8 = 4;
     pub const OTHER_RUN: u8 = 5;
     pub const WHITE: u8 = 6;
-    pub const CONTRACTION_OR_TAIL_RULES: [Rule; 2] =
-        contraction_or_tail!(LINE_BREAK, CONTRACTION_OR_TAIL);
-}
-
-/// cl100k's machine (see the module docs for the merges).
-pub static CL100K: StateMachine = {
-    use cl100k::*;
-    StateMachine {
-        pattern: Pattern::Cl100k,
-        names: &[
-            "Stop",
-            "ContractionOrTail",
-            "Letters",
-            "FirstDigit",
-            "SecondDigit",
-            "OtherRun",
-            "White",
-        ],
-        continues: &[
-            &[],
-            &CONTRACTION_OR_TAIL_RULES,
-            &[Rule {
-                when: Condition::Kind(Field::Here, KindSet::LETTER),
-                next: LETTERS,
-            }],
-            &[Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: SECOND_DIGIT,
-            }],
-            &[Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: STOP,
-            }],
-            &[
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::OTHER),
-                    next: OTHER_RUN,
-                },
-                Rule {
-                    when: Condition::Kind(Field::Here, LINE_BREAK),
-                    next: CONTRACTION_OR_TAIL,
-                },
-            ],
-            &[
-                Rule {
-                    when: WHITE_GOES_ON[0],
-                    next: WHITE,
-                },
-                Rule {
-                    when: WHITE_GOES_ON[1],
-                    next: WHITE,
-                },
-            ],
-        ],
-        starts: &[
+    shared_rules! {
+        tail: LINE_BREAK,
+        contraction_or_tail: CONTRACTION_OR_TAIL,
+        first_digit: FIRST_DIGIT,
+        second_digit: SECOND_DIGIT,
+        other_run: OTHER_RUN,
+        white: WHITE,
+    }
+    pub const LETTERS_RULES: [Rule; 1] = [Rule {
+        when: Condition::Kind(Field::Here, KindSet::LETTER),
+        next: LETTERS,
+    }];
+    /// `(?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+`, then the rest.
+    pub const STARTS: [Rule; 7] = joined(
+        [
             Rule {
                 when: CONTRACTION_HERE,
                 next: CONTRACTION_OR_TAIL,
@@ -395,32 +435,37 @@ pub static CL100K: StateMachine = {
                 ]),
                 next: LETTERS,
             },
-            Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: FIRST_DIGIT,
-            },
-            Rule {
-                when: Condition::All(&[
-                    Condition::Kind(Field::Here, SPACE),
-                    Condition::Kind(Field::After, KindSet::OTHER),
-                ]),
-                next: OTHER_RUN,
-            },
-            Rule {
-                when: Condition::Kind(Field::Here, KindSet::OTHER),
-                next: OTHER_RUN,
-            },
-            Rule {
-                when: Condition::Always,
-                next: WHITE,
-            },
         ],
-    }
+        NON_LETTER_STARTS,
+    );
+}
+
+/// cl100k's machine (see the module docs for the merges).
+pub static CL100K: StateMachine = StateMachine {
+    pattern: Pattern::Cl100k,
+    names: &[
+        "Stop",
+        "ContractionOrTail",
+        "Letters",
+        "FirstDigit",
+        "SecondDigit",
+        "OtherRun",
+        "White",
+    ],
+    continues: &[
+        &[],
+        &cl100k::CONTRACTION_OR_TAIL_RULES,
+        &cl100k::LETTERS_RULES,
+        &cl100k::FIRST_DIGIT_RULES,
+        &cl100k::SECOND_DIGIT_RULES,
+        &cl100k::OTHER_RUN_RULES,
+        &cl100k::WHITE_RULES,
+    ],
+    starts: &cl100k::STARTS,
 };
 
 mod o200k {
     use super::*;
-    pub const STOP: u8 = super::STOP;
     pub const CONTRACTION_OR_TAIL: u8 = 1;
     pub const UPPER: u8 = 2;
     pub const LOWER: u8 = 3;
@@ -428,95 +473,55 @@ mod o200k {
     pub const SECOND_DIGIT: u8 = 5;
     pub const OTHER_RUN: u8 = 6;
     pub const WHITE: u8 = 7;
-    pub const CONTRACTION_OR_TAIL_RULES: [Rule; 2] =
-        contraction_or_tail!(KindSet::LINE_BREAK_OR_SLASH, CONTRACTION_OR_TAIL);
-}
-
-/// o200k's machine (see the module docs for the merges).
-pub static O200K: StateMachine = {
-    use o200k::*;
-    StateMachine {
-        pattern: Pattern::O200k,
-        names: &[
-            "Stop",
-            "ContractionOrTail",
-            "Upper",
-            "Lower",
-            "FirstDigit",
-            "SecondDigit",
-            "OtherRun",
-            "White",
-        ],
-        continues: &[
-            &[],
-            &CONTRACTION_OR_TAIL_RULES,
-            &[
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::LOWER_CASE),
-                    next: LOWER,
-                },
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::CASELESS),
-                    next: UPPER,
-                },
-                // An upper-case letter after a caseless one, in a run that is
-                // upper case to its end: the first alternative backtracks to
-                // after the caseless one, so a piece starts here.
-                Rule {
-                    when: Condition::All(&[
-                        Condition::Kind(Field::Here, KindSet::UPPER_CASE),
-                        Condition::Not(&Condition::All(&[
-                            Condition::Kind(Field::Before, KindSet::CASELESS),
-                            Condition::Fact(Fact::UpperToEnd),
-                        ])),
-                    ]),
-                    next: UPPER,
-                },
-                Rule {
-                    when: CONTRACTION_HERE,
-                    next: CONTRACTION_OR_TAIL,
-                },
-            ],
-            &[
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::O200K_LOWER),
-                    next: LOWER,
-                },
-                Rule {
-                    when: CONTRACTION_HERE,
-                    next: CONTRACTION_OR_TAIL,
-                },
-            ],
-            &[Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: SECOND_DIGIT,
-            }],
-            &[Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: STOP,
-            }],
-            &[
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::OTHER),
-                    next: OTHER_RUN,
-                },
-                Rule {
-                    when: Condition::Kind(Field::Here, KindSet::LINE_BREAK_OR_SLASH),
-                    next: CONTRACTION_OR_TAIL,
-                },
-            ],
-            &[
-                Rule {
-                    when: WHITE_GOES_ON[0],
-                    next: WHITE,
-                },
-                Rule {
-                    when: WHITE_GOES_ON[1],
-                    next: WHITE,
-                },
-            ],
-        ],
-        starts: &[
+    shared_rules! {
+        tail: KindSet::LINE_BREAK_OR_SLASH,
+        contraction_or_tail: CONTRACTION_OR_TAIL,
+        first_digit: FIRST_DIGIT,
+        second_digit: SECOND_DIGIT,
+        other_run: OTHER_RUN,
+        white: WHITE,
+    }
+    pub const UPPER_RULES: [Rule; 4] = [
+        Rule {
+            when: Condition::Kind(Field::Here, KindSet::LOWER_CASE),
+            next: LOWER,
+        },
+        Rule {
+            when: Condition::Kind(Field::Here, KindSet::CASELESS),
+            next: UPPER,
+        },
+        // An upper-case letter after a caseless one, in a run that is upper
+        // case to its end: the first alternative backtracks to after the
+        // caseless one, so a piece starts here.
+        Rule {
+            when: Condition::All(&[
+                Condition::Kind(Field::Here, KindSet::UPPER_CASE),
+                Condition::Not(&Condition::All(&[
+                    Condition::Kind(Field::Before, KindSet::CASELESS),
+                    Condition::Fact(Fact::UpperToEnd),
+                ])),
+            ]),
+            next: UPPER,
+        },
+        Rule {
+            when: CONTRACTION_HERE,
+            next: CONTRACTION_OR_TAIL,
+        },
+    ];
+    pub const LOWER_RULES: [Rule; 2] = [
+        Rule {
+            when: Condition::Kind(Field::Here, KindSet::O200K_LOWER),
+            next: LOWER,
+        },
+        Rule {
+            when: CONTRACTION_HERE,
+            next: CONTRACTION_OR_TAIL,
+        },
+    ];
+    /// The two letter alternatives (their optional first character included),
+    /// then the rest.
+    pub const STARTS: [Rule; 7] = joined(
+        [
             Rule {
                 when: Condition::Kind(Field::Here, KindSet::LOWER_CASE),
                 next: LOWER,
@@ -532,33 +537,39 @@ pub static O200K: StateMachine = {
                 ]),
                 next: UPPER,
             },
-            Rule {
-                when: Condition::Kind(Field::Here, KindSet::NUMBER),
-                next: FIRST_DIGIT,
-            },
-            Rule {
-                when: Condition::All(&[
-                    Condition::Kind(Field::Here, SPACE),
-                    Condition::Kind(Field::After, KindSet::OTHER),
-                ]),
-                next: OTHER_RUN,
-            },
-            Rule {
-                when: Condition::Kind(Field::Here, KindSet::OTHER),
-                next: OTHER_RUN,
-            },
-            Rule {
-                when: Condition::Always,
-                next: WHITE,
-            },
         ],
-    }
+        NON_LETTER_STARTS,
+    );
+}
+
+/// o200k's machine (see the module docs for the merges).
+pub static O200K: StateMachine = StateMachine {
+    pattern: Pattern::O200k,
+    names: &[
+        "Stop",
+        "ContractionOrTail",
+        "Upper",
+        "Lower",
+        "FirstDigit",
+        "SecondDigit",
+        "OtherRun",
+        "White",
+    ],
+    continues: &[
+        &[],
+        &o200k::CONTRACTION_OR_TAIL_RULES,
+        &o200k::UPPER_RULES,
+        &o200k::LOWER_RULES,
+        &o200k::FIRST_DIGIT_RULES,
+        &o200k::SECOND_DIGIT_RULES,
+        &o200k::OTHER_RUN_RULES,
+        &o200k::WHITE_RULES,
+    ],
+    starts: &o200k::STARTS,
 };
 
 /// The byte offset of every piece start of `text` by the state machine of
-/// `pattern` (cl100k or o200k; GPT-2 is an `Err`): the characters and facts of
-/// [`per_position::windows`], one [`StateMachine::step`] each. Allocates per
-/// character; the fast CPU split is [`Splitter`](crate::pretokenize::pattern::Splitter).
+/// `pattern` (cl100k or o200k; GPT-2 is an `Err`): [`machine_piece_starts`].
 pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, PretokenizeError> {
     let machine = StateMachine::of(pattern).ok_or_else(|| {
         PretokenizeError::new(format!(
@@ -566,6 +577,18 @@ pub fn piece_starts(pattern: Pattern, text: &[u8]) -> Result<Vec<u32>, Pretokeni
             pattern.name()
         ))
     })?;
+    machine_piece_starts(machine, text)
+}
+
+/// The byte offset of every piece start of `text` by `machine`: the characters
+/// and facts of [`per_position::windows`], one [`StateMachine::character_word`]
+/// each, run from [`STOP`] exactly as the device runs the words. Allocates per
+/// character; the fast CPU split is
+/// [`Splitter`](crate::pretokenize::pattern::Splitter).
+pub fn machine_piece_starts(
+    machine: &StateMachine,
+    text: &[u8],
+) -> Result<Vec<u32>, PretokenizeError> {
     let mut starts = Vec::new();
     let mut state = STOP;
     let mut break_ahead_before = false;

@@ -159,6 +159,18 @@ impl BatchSplitter {
         Ok(())
     }
 
+    /// The start of every split: the batch checked, the last timings cleared,
+    /// the buffers grown; `false` for an empty text (no pieces, nothing runs).
+    fn begin(&mut self, text: &[u8], document_ends: &[u32]) -> Result<bool, PretokenizeError> {
+        check_batch(text.len(), document_ends)?;
+        self.timings.clear();
+        if text.is_empty() {
+            return Ok(false);
+        }
+        self.ensure_buffers(text.len())?;
+        Ok(true)
+    }
+
     /// The binding of `buffer` (one that lives in the splitter) or of an input.
     fn binding<'a>(
         &'a self,
@@ -203,12 +215,9 @@ impl BatchSplitter {
         text: &[u8],
         document_ends: &[u32],
     ) -> Result<&[u32], PretokenizeError> {
-        check_batch(text.len(), document_ends)?;
-        self.timings.clear();
-        if text.is_empty() {
+        if !self.begin(text, document_ends)? {
             return Ok(&[]);
         }
-        self.ensure_buffers(text.len())?;
         let workgroups = self.programs.workgroups(text.len());
         let steps = self.programs.steps();
         let last = steps.len() - 1;
@@ -258,12 +267,9 @@ impl BatchSplitter {
         text: &[u8],
         document_ends: &[u32],
     ) -> Result<&[u32], PretokenizeError> {
-        check_batch(text.len(), document_ends)?;
-        self.timings.clear();
-        if text.is_empty() {
+        if !self.begin(text, document_ends)? {
             return Ok(&[]);
         }
-        self.ensure_buffers(text.len())?;
         let fits = self.recorded.as_ref().is_some_and(|recorded| {
             recorded.text_capacity >= text.len()
                 && recorded.document_capacity >= document_ends.len()
