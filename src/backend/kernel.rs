@@ -76,6 +76,9 @@ pub(in crate::backend) struct KernelInner {
     pub(in crate::backend) backend_id: u64,
     pub(in crate::backend) name: String,
     pub(in crate::backend) program: Program,
+    /// The code generation options it was compiled with (a lane emits its body again
+    /// with them).
+    pub(in crate::backend) codegen: CodegenOptions,
     pub(in crate::backend) ptx: Arc<str>,
     pub(in crate::backend) module_key: ModuleKey,
     pub(in crate::backend) module: LoadedModule,
@@ -323,7 +326,12 @@ impl BackendInner {
             let pushed = match module.push(&item.lowered) {
                 Err(CodegenError::ModuleFull { .. }) if !module.is_empty() => {
                     let full = std::mem::replace(&mut module, empty());
-                    self.load_batch_module(full, std::mem::take(&mut entries), &mut kernels)?;
+                    self.load_batch_module(
+                        full,
+                        std::mem::take(&mut entries),
+                        options,
+                        &mut kernels,
+                    )?;
                     module.push(&item.lowered)
                 }
                 pushed => pushed,
@@ -335,7 +343,7 @@ impl BackendInner {
             entries.push((item, entry));
         }
         if !module.is_empty() {
-            self.load_batch_module(module, entries, &mut kernels)?;
+            self.load_batch_module(module, entries, options, &mut kernels)?;
         }
         for (index, first) in repeats {
             kernels[index] = kernels[first].clone();
@@ -356,6 +364,7 @@ impl BackendInner {
         &self,
         module: PtxModuleBuilder,
         entries: Vec<(&BatchItem, codegen::ModuleEntry)>,
+        options: &CodegenOptions,
         kernels: &mut [Option<Arc<KernelInner>>],
     ) -> Result<(), BackendError> {
         let ptx: Arc<str> = Arc::from(module.finish());
@@ -384,6 +393,7 @@ impl BackendInner {
                 .kernel_from_module(
                     &item.program,
                     &item.lowered,
+                    options,
                     Arc::clone(&ptx),
                     item.module_key,
                     module,
@@ -468,7 +478,7 @@ impl BackendInner {
             Some(kernel) => kernel,
             None => {
                 self.bind()?;
-                let built = self.build_kernel(program, &lowered, ptx, module_key)?;
+                let built = self.build_kernel(program, &lowered, options, ptx, module_key)?;
                 self.kernels.insert(module_key, Arc::new(built))
             }
         };
@@ -509,6 +519,7 @@ impl BackendInner {
         &self,
         program: &Program,
         lowered: &Program,
+        options: &CodegenOptions,
         ptx: Arc<str>,
         module_key: ModuleKey,
     ) -> Result<KernelInner, BackendError> {
@@ -519,7 +530,7 @@ impl BackendInner {
                 sm: self.caps.ptx_target_sm(),
                 error,
             })?;
-        self.kernel_from_module(program, lowered, ptx, module_key, module)
+        self.kernel_from_module(program, lowered, options, ptx, module_key, module)
     }
 
     /// The kernel of `program` (lowered to `lowered`) whose entry `module` is: its
@@ -529,6 +540,7 @@ impl BackendInner {
         &self,
         program: &Program,
         lowered: &Program,
+        options: &CodegenOptions,
         ptx: Arc<str>,
         module_key: ModuleKey,
         module: LoadedModule,
@@ -571,6 +583,7 @@ impl BackendInner {
             backend_id: self.id,
             name: program.display_name(),
             program: program.clone(),
+            codegen: *options,
             ptx,
             module_key,
             module,

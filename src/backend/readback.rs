@@ -204,6 +204,22 @@ const FLAG_WINDOWS_SHIFT: u32 = 8;
 /// copied whole, block and all.
 pub const WINDOW_BYTES: u64 = 16;
 
+/// The aligned 16-byte block holding `len` bytes from `source`, when it lies inside
+/// the buffer occupying `memory` (so copying it whole reads no byte outside a bound
+/// buffer): the one window rule of the result ABI and of lanes.
+pub(in crate::backend) fn window_block(
+    source: u64,
+    len: u32,
+    memory: &std::ops::Range<u64>,
+) -> Option<u64> {
+    let block = source & !(WINDOW_BYTES - 1);
+    let inside = block >= memory.start
+        && block
+            .checked_add(WINDOW_BYTES)
+            .is_some_and(|end| end <= memory.end && source + u64::from(len) <= end);
+    inside.then_some(block)
+}
+
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these
     /// device addresses; no descriptors yet.
@@ -248,13 +264,9 @@ impl ResultParams {
         if index >= RESULT_RANGE_SLOTS {
             return None;
         }
-        let block = source & !(WINDOW_BYTES - 1);
-        let window = block >= memory.start
-            && block
-                .checked_add(WINDOW_BYTES)
-                .is_some_and(|end| end <= memory.end && source + u64::from(len) <= end)
-            && offset.is_multiple_of(WINDOW_BYTES as u32);
-        let delivered = if window {
+        let window = window_block(source, len, &memory)
+            .filter(|_| offset.is_multiple_of(WINDOW_BYTES as u32));
+        let delivered = if let Some(block) = window {
             // Keep the windows in front: the first looped descriptor (if any) moves
             // to the end. The order of descriptors is free (each names its own
             // destination).

@@ -1,6 +1,7 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod lane;
 pub mod parity;
 pub mod stitch;
 
@@ -443,4 +444,66 @@ pub fn triple_plus_one(mut value: u32, rounds: u32) -> u32 {
         value = value.wrapping_mul(3).wrapping_add(1);
     }
     value
+}
+
+/// Ends the whole test process with a message when it is not disarmed within
+/// `seconds`: a lane test that hangs (a driver call waiting for the lane's kernel, a
+/// request that never completes) then fails with a line saying what hung, instead of
+/// holding the GPU machine until its limit.
+pub struct Watchdog {
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Arm a [`Watchdog`] for `what`.
+pub fn watchdog(seconds: u64, what: &'static str) -> Watchdog {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed = std::sync::Arc::new(AtomicBool::new(true));
+    let flag = std::sync::Arc::clone(&armed);
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        while std::time::Instant::now() < deadline {
+            if !flag.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        if flag.load(Ordering::Acquire) {
+            eprintln!(
+                "watchdog: {what} did not finish within {seconds} s; ending the test process"
+            );
+            std::process::exit(101);
+        }
+    });
+    Watchdog { armed }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.armed
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// 32 threads; thread `gid` counts `n` up from `first` while `keep_going(gid, n)`
+/// holds, then stores `n` (the fault binaries' loops: bounded, or runaway past an
+/// iteration cap).
+pub fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Expr) -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id(name)
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let n = b.let_mut("n", first);
+            b.while_(keep_going(gid.clone(), n.clone()), |b| {
+                b.assign("n", n.clone() + 1u32);
+            });
+            b.store("out", gid, n);
+        })
+        .build()
 }

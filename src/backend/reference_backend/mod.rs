@@ -36,6 +36,7 @@
 //! `enqueue_ns` only; there are no kernel stamps and no events.
 
 mod graph;
+mod lane;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,6 +60,7 @@ use super::{
 };
 
 pub(in crate::backend) use graph::{ReferenceGraph, ReferenceRecorder};
+pub(in crate::backend) use lane::ReferenceLane;
 
 static NEXT_REFERENCE_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -155,9 +155,11 @@ use crate::config::CodegenOptions;
 use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
 mod batch;
+pub mod lane;
 mod writer;
 
 pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
+pub use lane::{lane_body_name, LaneModuleBuilder, LANE_ENTRY_NAME};
 
 /// Name of the single kernel in every emitted module.
 pub const ENTRY_NAME: &str = "vyre_entry";
@@ -234,6 +236,14 @@ pub enum CodegenError {
         /// [`MAX_PTX_BYTES`].
         limit_bytes: usize,
     },
+    /// [`LaneModuleBuilder::push`]: the program cannot be a body of this lane (another
+    /// workgroup shape, or a grid sync); the builder is unchanged.
+    LaneBody {
+        /// The program's display name (capped).
+        program: String,
+        /// What to change, after `Fix: `.
+        reason: String,
+    },
     /// The device is older than [`MIN_SM`].
     UnsupportedTarget {
         /// The compute capability asked for.
@@ -281,6 +291,9 @@ impl fmt::Display for CodegenError {
                 "Fix: finish this PTX module (it holds {kernels} kernels) and push the program into \
                  a new one: together they would pass {limit_bytes} bytes"
             ),
+            CodegenError::LaneBody { program, reason } => {
+                write!(f, "Fix: {reason} ({program})")
+            }
             CodegenError::UnsupportedTarget { sm } => write!(
                 f,
                 "Fix: use a GPU of compute capability 7.0 (sm_{MIN_SM}) or newer; PTX \
