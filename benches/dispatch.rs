@@ -149,7 +149,7 @@ fn quick() -> bool {
     std::env::var_os("VYRE_BENCH_QUICK").is_some()
 }
 
-/// Issue 10's floors and every dispatch path of one fixture shape, in one rotated
+/// The floors and every dispatch path of one fixture shape, in one rotated
 /// measurement; prints µs and the ratio of each dispatch figure to the three floors,
 /// then the targets.
 fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
@@ -819,7 +819,7 @@ fn main() {
         drop(floor);
     }
 
-    // Pipelining (issue 11): a loop of encodes with two in flight on separate lanes
+    // Pipelining: a loop of encodes with two in flight on separate lanes
     // (submit N+1, then wait for N) against the blocking loop (submit, wait), per
     // encode, same kernel and bindings shape. Target: throughput ≥ 1.6× blocking,
     // i.e. a ratio ≤ 0.625. Each in-flight slot has its own buffers.

@@ -1,4 +1,4 @@
-//! GPU differential test at scale (issue 13 item 8): at least 10,000 random valid
+//! GPU differential test at scale: at least 10,000 random valid
 //! programs per run, each byte-identical on the GPU and on the reference
 //! interpreter, and the batch compilation it relies on (`CudaBackend::compile_batch`).
 //! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_differential`.

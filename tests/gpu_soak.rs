@@ -1,4 +1,4 @@
-//! GPU soak (issue 13 item 8): 8 threads share one `CudaBackend` for 60 s and mix
+//! GPU soak: 8 threads share one `CudaBackend` for 60 s and mix
 //! every operation a long-lived process performs (compile, a dispatch over host
 //! bytes, a dispatch over device buffers, graph record and replay, allocate,
 //! upload, read and drop),

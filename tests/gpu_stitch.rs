@@ -1,4 +1,4 @@
-//! GPU tests of stitched graphs (§7, issue 14): per-device recorded graphs under one
+//! GPU tests of stitched graphs: per-device recorded graphs under one
 //! parent graph, ordered by edges, with transfers between them. Ignored by default;
 //! run on the GPU machine. Every result is checked against the reference
 //! interpreter (`vyre_cuda::reference`) byte for byte.

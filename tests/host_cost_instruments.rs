@@ -1,8 +1,8 @@
-//! Host-cost instruments on the GPU (§6, issue 5 item 4): where a warm resident dispatch's
+//! Host-cost instruments on the GPU: where a warm resident dispatch's
 //! host time goes, measured with the `host_cost` estimators against the raw-driver floor
 //! ([`RawFloor`]) taken in the same run.
 //!
-//! Why these exist: §0 measured the raw driver at 11.8–12.4 µs for launch + one async
+//! Why these exist: we measured the raw driver at 11.8–12.4 µs for launch + one async
 //! readback + one synchronize, while a well-known backend spends 44 µs per resident
 //! dispatch of the 64-node, 9-buffer program, growing with program size. A regression
 //! towards that shows up here as a named cell or phase difference, as a ratio to the
@@ -16,7 +16,7 @@
 //! (for the power instrument) detection rates far from their targets. Noise is printed,
 //! never failed on; no test asserts a wall-clock bound.
 //!
-//! Budget: the calibration targets are shorter than §6's defaults (cells: 5 regions of
+//! Budget: the calibration targets are shorter than the harness's defaults (cells: 5 regions of
 //! about 50 ms after probing to 10 ms, instead of 0.5 s; readback pairs: 10 ABBA rounds
 //! of 20 ms regions; power and interference comparisons: 80 rounds of 5 ms). The power
 //! instrument (80 comparisons, about 2.5 minutes) and the interference instrument (20
@@ -59,7 +59,7 @@ fn pair_options() -> PairOptions {
 
 /// The budget line every instrument prints beside its table.
 const BUDGET_NOTE: &str = "budget: cells = 5 regions of ~50 ms (probes grow to >= 10 ms), \
-     readback pairs = 10 ABBA rounds of ~20 ms regions; shorter than the §6 defaults (0.5 s cells, \
+     readback pairs = 10 ABBA rounds of ~20 ms regions; shorter than the harness defaults (0.5 s cells, \
      0.1 s pair regions) so the host_cost_ set fits a few minutes on the GPU machine. \
      Cells quote the minimum; read the rsd beside it.";
 
@@ -1025,7 +1025,7 @@ fn host_cost_enqueue_components() -> Outcome {
 /// sync), printed as ns per dispatch and ratio to that floor; plus the cold compile time
 /// of each program (single shot).
 ///
-/// Locks out the §0 reference backend's defect: per-dispatch host cost that grows with
+/// Locks out the seed backend's defect: per-dispatch host cost that grows with
 /// program size (44 µs at 64 nodes → 110 µs at 4,096). A flat path keeps the ratio to the
 /// floor flat across the node sweep.
 #[test]
@@ -1099,8 +1099,8 @@ fn host_cost_node_and_buffer_sweep() -> Outcome {
 /// Readback strategy on the raw driver: N blocking 16-byte copies (arm A) against N async
 /// copies + one synchronize (arm B), N = 1, 4, 8, 16, as paired ABBA comparisons.
 ///
-/// Locks out the design mistake §4.5 forbids — one blocking copy per output — by keeping
-/// the measured price of it in every run's output (§0: 107.5 µs vs 36.8 µs at N = 16).
+/// Locks out the design mistake — one blocking copy per output — by keeping
+/// the measured price of it in every run's output (measured: 107.5 µs vs 36.8 µs at N = 16).
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_readback_strategy() -> Outcome {
@@ -1272,7 +1272,7 @@ impl PowerRig {
             )));
         }
         // The spin arm's base length: about one dispatch (measured once, quickly), or
-        // §0's launch + readback + synchronize (~10 µs) without a device.
+        // The measured launch + readback + synchronize (~10 µs) without a device.
         let dispatch_ns = match &gpu {
             Some((backend, fixture)) => {
                 let started = Instant::now();
@@ -1284,7 +1284,9 @@ impl PowerRig {
                 started.elapsed().as_secs_f64() * 1e9 / 2_000.0
             }
             None => {
-                println!("no CUDA device: the spin arm is sized to 10 µs (§0's dispatch floor)");
+                println!(
+                    "no CUDA device: the spin arm is sized to 10 µs (the measured dispatch floor)"
+                );
                 10_000.0
             }
         };
@@ -1325,7 +1327,7 @@ impl PowerRig {
 }
 
 /// Prints the reference clock's own between-arm noise in the instruments' shape
-/// (issue 12 item 2: it must sit at or below 0.5 %).
+/// (it must sit at or below 0.5 %).
 fn print_noise_floor(options: &PairOptions, rounds: usize, region_ms: u64) {
     let region = Duration::from_millis(region_ms);
     let started = Instant::now();
@@ -1371,7 +1373,7 @@ fn needed(numerator: usize, runs: usize) -> usize {
     (numerator * runs).div_ceil(20)
 }
 
-/// Power of the paired harness on the GPU machine (issue 5 "Sensitivity", issue 12
+/// Power of the paired harness on the GPU machine (
 /// items 3–4): arm B is arm A plus planted work of +1 %, +2 % and +5 % of arm A's per-unit
 /// time (a calibrated CPU spin appended to each unit), each comparison run 20 times, plus
 /// 20 A/A runs (both arms identical). The arm is a warm resident dispatch of the (9, 64)
@@ -1753,7 +1755,7 @@ impl Competitor {
     }
 }
 
-/// Issue 12 item 3: real interference planted in arm B only must be flagged by the clock
+/// Real interference planted in arm B only must be flagged by the clock
 /// check. Both arms are the same workload (the power instrument's arm); during every one
 /// of arm B's regions (and its warm-up and calibration) a busy competing thread runs on
 /// the same CPU as the measuring thread (both pinned to the CPU the instrument started
@@ -1919,7 +1921,7 @@ fn host_cost_interference_flagged() -> Outcome {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. Stitched graphs across devices (issue 14, SPEC §7): the cost of one cross-device
+// 7. Stitched graphs across devices: the cost of one cross-device
 // dependency edge against a same-device control, the same-device per-node cost, and a
 // stitched replay of the two-device chain against running its parts eagerly.
 

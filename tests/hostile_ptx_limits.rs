@@ -1,5 +1,5 @@
 //! The kernel-parameter limit in the validator, checked against NVIDIA's `ptxas`
-//! (issue 13, §1, §2): 363 global buffers passed validation and PTX emission, then
+//!: 363 global buffers passed validation and PTX emission, then
 //! `ptxas -arch=sm_90` refused the kernel ("uses too much parameter space", limit
 //! 0x1100 bytes), which on the GPU is a late, unexplained module-load error.
 //!

@@ -5,7 +5,7 @@
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::ir::*;
 
-/// The §6 host-cost fixture written out by hand: `in`, `out`, `scratch1..scratch3`,
+/// The host-cost fixture written out by hand: `in`, `out`, `scratch1..scratch3`,
 /// `acc0 = in[0]`, `accK = acc(K-1) + K` for K in 1..=4, `out[0] = acc4`.
 fn fixture() -> Program {
     Program::builder([1, 1, 1])
@@ -55,7 +55,7 @@ fn fixture() -> Program {
         .build()
 }
 
-/// Locks out re-walking a program for its digest on every use (§0: per-dispatch cost
+/// Locks out re-walking a program for its digest on every use (measured: per-dispatch cost
 /// growing with program size): 1,000 clones digested cost exactly one computation.
 #[test]
 fn digest_is_computed_once_and_shared_by_clones() {

@@ -1,4 +1,4 @@
-//! Tests of `lower_workgroup_reductions` (§2): identity of no-op lowerings, memoised
+//! Tests of `lower_workgroup_reductions`: identity of no-op lowerings, memoised
 //! repeat calls, rewrites that change the digest (so a PTX cache can never serve the
 //! un-lowered program's code), nested reductions, the exact shape codegen receives,
 //! and semantic equivalence under the reference interpreter.

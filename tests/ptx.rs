@@ -1,4 +1,4 @@
-//! PTX code generation (§2), checked three ways:
+//! PTX code generation, checked three ways:
 //!
 //! 1. **The real assembler accepts it.** Every fixture and 500 random valid programs
 //!    go through NVIDIA's `ptxas -arch=sm_90`; a string that merely looks like PTX is
@@ -1018,7 +1018,7 @@ fn odd_names() -> Program {
         .build()
 }
 
-/// The §6 host-cost fixture: `acc0 = in[0]; accK = acc(K-1) + K; out[0] = acc_last`.
+/// The host-cost fixture: `acc0 = in[0]; accK = acc(K-1) + K; out[0] = acc_last`.
 fn acc_chain(links: u32) -> Program {
     Program::builder([1, 1, 1])
         .buffer(

@@ -1,4 +1,4 @@
-//! Tests of the CPU reference interpreter (§3).
+//! Tests of the CPU reference interpreter.
 //!
 //! Every expected value below is written out by hand from the IR's documented
 //! semantics, never computed by the interpreter itself: the interpreter is the
@@ -2073,7 +2073,7 @@ fn subgroup_shuffle_without_a_partner_returns_the_own_value() {
     assert_eq!(out[2], [20, 30, 0, 10, 40, 50, 80, 90, 60, 70, 100, 110]);
 }
 
-/// The §6 host-cost fixture with K = 8: `acc0 = in[0]; accK = acc(K-1) + K`.
+/// The host-cost fixture with K = 8: `acc0 = in[0]; accK = acc(K-1) + K`.
 /// Locks out variable slots being reused while still live (16k-node fixtures put
 /// every acc in one scope).
 #[test]

@@ -7,7 +7,7 @@
 //! in its doc comment. This is the "launch + async DtoH + one synchronize" row of
 //! the raw-driver measurements on the H200, reproduced live.
 //!
-//! Three floors every dispatch figure is quoted against (issue 10), measured in
+//! Three floors every dispatch figure is quoted against, measured in
 //! the same run:
 //!
 //! - the physical floor, [`RawFloor::launch_sync`]: one launch, one synchronize,

@@ -10,7 +10,7 @@
 //! [`CudaBackend::compile_batch`] compiles many programs with one driver JIT call
 //! (`cuModuleLoadData`) per PTX module ([`PtxModuleBuilder`]). On the H200 the JIT of
 //! a one-program module cost about 44 ms once the writer hid constants from it, and
-//! loads from several threads did not overlap (issue 13: 2,500 differential programs
+//! loads from several threads did not overlap (measured: 2,500 differential programs
 //! did not finish in 110 s). A batch pays the per-call part once per module (and
 //! holds one module instead of one per kernel); the compile work itself is per
 //! kernel (ptxas on the build machine: 64 generated kernels took 9.1 s as one module,

@@ -1,4 +1,4 @@
-//! One description of the stream operations of a dispatch (issue 10 item 3).
+//! One description of the stream operations of a dispatch.
 //!
 //! # Why this module exists
 //!

@@ -1,4 +1,4 @@
-//! Code generation (§2): turns a lowered, validated [`Program`](crate::ir::Program)
+//! Code generation: turns a lowered, validated [`Program`](crate::ir::Program)
 //! into text the GPU driver compiles.
 //!
 //! The only target is PTX ([`ptx`]), the virtual ISA every CUDA driver accepts and

@@ -3,7 +3,7 @@
 //!
 //! One bounded printer ([`Printer`]) serves `Display`, `Debug` and the validator's
 //! one-line node descriptions in error messages, so they always agree. It is bounded
-//! three ways, because issue 13 measured the unbounded printer overflowing a 2 MiB
+//! three ways, because a hostile test measured the unbounded printer overflowing a 2 MiB
 //! stack at expression depth 10k, producing 400 MB of indentation at block depth
 //! 10⁴ (quadratic) and over 3 GB for 64 levels of shared blocks:
 //! - blocks nested deeper than [`DISPLAY_MAX_DEPTH`] and expressions nested deeper

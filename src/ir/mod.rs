@@ -1,4 +1,4 @@
-//! The program IR: the language a kernel author writes in (§1).
+//! The program IR: the language a kernel author writes in.
 //!
 //! This module is the language reference: each node's and expression's doc comment
 //! says what it means at run time. [`validate`](mod@validate) owns every rule and every error

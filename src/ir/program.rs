@@ -4,7 +4,7 @@
 //! A tokenizer dispatches the same few programs thousands of times, so the
 //! expensive facts about a program (its content digest, its node count) are
 //! memoised inside the shared allocation: every clone of a `Program` is a
-//! pointer copy and sees the memo. §0 measured a backend whose per-dispatch
+//! pointer copy and sees the memo. A measured backend whose per-dispatch
 //! cost grew with program size because it re-walked the program on every
 //! call; this layout is what lets ours not do that.
 
@@ -754,7 +754,7 @@ pub enum Expr {
     /// An invocation builtin (`u32`).
     Builtin(Builtin),
     /// The `u32` value held by lane `lane ^ lane_mask` of this thread's subgroup (warp).
-    /// Produced only by lowering (§2); user programs are rejected if they contain it.
+    /// Produced only by lowering; user programs are rejected if they contain it.
     /// Requires every lane of the subgroup to be active.
     SubgroupShuffleXor {
         /// A `u32` value.
@@ -923,7 +923,7 @@ pub enum Node {
     },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every
     /// thread of the workgroup; all threads see the same result. Needs
-    /// workgroup-uniform control flow. Lowering (§2) rewrites it before code generation.
+    /// workgroup-uniform control flow. Lowering rewrites it before code generation.
     WorkgroupReduce {
         /// Variable name of the result.
         name: Name,

@@ -1,4 +1,4 @@
-//! The validator: owns every rule of the IR and every `Fix:` message (§1).
+//! The validator: owns every rule of the IR and every `Fix:` message.
 //!
 //! Lowering, code generation, the reference interpreter and the backend all take
 //! the proof of validity, a [`ValidProgram`], which only [`validate`] and (after
@@ -42,7 +42,7 @@ pub const MAX_NODES: u64 = 1 << 24;
 
 /// Bytes of kernel parameter space the PTX the crate emits may use: `ptxas` refuses a
 /// kernel whose `.param` space exceeds 0x1100 bytes for PTX ISA versions before 8.1
-/// ("uses too much parameter space"; issue 13 hit it at 363 buffers on `sm_90`), and
+/// ("uses too much parameter space"; hit at 363 buffers on `sm_90`), and
 /// on the GPU the same kernel would fail to load with no explanation.
 pub const MAX_KERNEL_PARAMETER_BYTES: u32 = 0x1100;
 
@@ -248,14 +248,14 @@ pub(crate) fn shown(name: &str) -> std::borrow::Cow<'_, str> {
 
 /// The validator's tables of names and binding slots. The keys come from the program
 /// being validated, so the hasher must resist crafted collisions: std's randomly
-/// keyed SipHash. (Issue 13: 80,000 names crafted to collide under the previous
+/// keyed SipHash. (80,000 names crafted to collide under the previous
 /// unkeyed multiply-rotate hasher took 64 s to validate, quadratic.)
 type FastMap<K, V> = HashMap<K, V>;
 
 /// A program the validator accepted, and the rules it was checked against.
 ///
 /// Obtainable only from [`validate`], [`validate_lowered`] or
-/// [`validate_unmemoised`]: holding one is the proof that every rule of §1 holds, so
+/// [`validate_unmemoised`]: holding one is the proof that every rule of the IR holds, so
 /// lowering, code generation and the reference interpreter can take it instead of
 /// re-checking. Cloning copies one pointer (it wraps a [`Program`]); it dereferences
 /// to the program.
@@ -377,7 +377,7 @@ fn walk(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
     Checker::run(program, limits, form == ProgramForm::Lowered)
 }
 
-/// Check a user program against every rule of §1.
+/// Check a user program against every rule of the IR.
 ///
 /// The verdict is memoised in the program (per [`ProgramForm`], for up to four sets
 /// of limits), so validating it again, or any clone of it, is O(1).

@@ -1,8 +1,8 @@
-//! The CPU reference interpreter (§3): runs a [`Program`] on the host with exactly
+//! The CPU reference interpreter: runs a [`Program`] on the host with exactly
 //! the GPU's semantics.
 //!
 //! It exists for three users: it is the **oracle** every GPU test compares against,
-//! the **fallback** a host without CUDA runs on (the example of §8 included), and the
+//! the **fallback** a host without CUDA runs on (the examples included), and the
 //! engine of **differential testing**, where random valid programs must give
 //! byte-identical outputs here and on the GPU. So every operator follows the IR's
 //! documented semantics bit for bit (see `ops.rs` for the few places where that is

@@ -2,7 +2,7 @@
 //! median wall time of an eager split (the steps submitted back to back, one
 //! wait) and of a graph replay, the kernels' own times per step, and for GPT-2
 //! the single-document `CudaPipeline` on the same text in the same run (the
-//! figure issue 19 quotes: ≤ 60 µs as a graph), so whether GPT-2's pipeline can
+//! target: ≤ 60 µs as a graph), so whether GPT-2's pipeline can
 //! move onto the batch programs is read off one table. Also the raw floor
 //! (one prebuilt launch, one 16-byte read, one synchronize) measured in the
 //! same run. Every split is checked against the CPU splitter first.

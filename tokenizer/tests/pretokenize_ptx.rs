@@ -1,6 +1,6 @@
 //! The pretokenize programs (GPT-2's single-document pipeline and the batch
 //! split of every pattern) through validation, lowering, PTX generation and the
-//! real `ptxas` (§2), so a program the GPU machine would reject is caught on a
+//! real `ptxas`, so a program the GPU machine would reject is caught on a
 //! machine without a GPU. ptxas is found as `support/ptxas.rs` says; without it the
 //! test prints that it skipped, unless `VYRE_REQUIRE_PTXAS=1` makes that a failure.
 

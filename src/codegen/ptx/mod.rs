@@ -65,7 +65,7 @@
 //!
 //! [`program_to_ptx_with_results`] emits the same kernel with five more parameters
 //! after the element counts (before any scalar parameters), so the kernel itself delivers its device time and its
-//! small outputs (§11; measured on the H200, §0: a kernel writing host-mapped memory
+//! small outputs (measured on the H200: a kernel writing host-mapped memory
 //! costs 9.7–9.9 µs per dispatch for 1–16 outputs where one async copy per output
 //! costs 11.6–35.0 µs, and event timing about 10 µs more):
 //!
@@ -199,7 +199,7 @@ pub const COMMENT_BYTES: usize = 256;
 /// Most bytes of kernel body one module may have. Every statement and expression
 /// adds a bounded number of bytes, so this only stops programs whose shared blocks
 /// expand to about 100,000 statements or more; a 4,096-node program (the largest
-/// the §0 comparison uses) emits less than a twentieth of it (a test checks).
+/// the seed comparison uses) emits less than a twentieth of it (a test checks).
 pub const MAX_PTX_BYTES: usize = 16 << 20;
 
 /// The limits [`program_to_ptx`] validates against: what every CUDA device has
