@@ -108,6 +108,17 @@ fn a_reference_lane_answers_as_run_does() {
     assert!(with_scalars > 0, "no generated program has scalars");
 }
 
+/// A reference backend, its kernel of `program` (one workgroup) and a lane of that
+/// kernel alone.
+fn lane_of_one(program: &Program) -> (AnyBackend, Kernel, AnyLane) {
+    let backend = AnyBackend::reference();
+    let kernel = backend
+        .compile(program, &DispatchConfig::linear(1))
+        .unwrap();
+    let lane = backend.lane(&[&kernel], LaneOptions::new()).unwrap();
+    (backend, kernel, lane)
+}
+
 /// Locks out a lane that mishandles a scalar type (a `bool` not reduced to 0 or 1, a
 /// 64-bit value cut to 32 bits, a signed value read unsigned, an `f32` read as an
 /// integer): a program with one scalar of every type answers through a reference
@@ -115,19 +126,15 @@ fn a_reference_lane_answers_as_run_does() {
 /// the hand-computed outputs (`u + i`, `s - i`, `f * i`, `b`, `w + i`, `x - i`).
 #[test]
 fn a_reference_lane_answers_as_run_does_for_every_scalar_type() {
-    let backend = AnyBackend::reference();
     let program = support::every_scalar_type();
     let config = DispatchConfig::linear(1);
-    let kernel = backend.compile(&program, &config).unwrap();
-    let lane = backend.lane(&[&kernel], LaneOptions::new()).unwrap();
+    let (backend, kernel, lane) = lane_of_one(&program);
     let zeros = support::static_zeros(&program);
     let bindings = support::host_bindings(&zeros);
-    let sets = [
-        (7, -3, 1.5, true, 1 << 40, -(1 << 40)),
-        (0, i32::MIN, -0.0, false, u64::MAX, i64::MIN),
-        (u32::MAX, i32::MAX, f32::MAX, true, 0, i64::MAX),
-    ];
-    for (index, set) in sets.into_iter().enumerate() {
+    for (index, set) in lane_programs::EVERY_SCALAR_VALUE_SETS
+        .into_iter()
+        .enumerate()
+    {
         let values = support::every_scalar_value(set);
         let outputs = assert_lane_answers_as_run(
             (&backend, &lane),
@@ -156,37 +163,16 @@ fn a_reference_lane_answers_as_run_does_for_every_scalar_type() {
 /// submitted back to back, gives `src[i] + k` of each request's own `k`.
 #[test]
 fn a_reference_lane_follows_scalar_values_request_by_request() {
-    let backend = AnyBackend::reference();
-    let config = DispatchConfig::linear(1);
-    let program = support::parity::plus_k();
-    let kernel = backend.compile(&program, &config).unwrap();
-    let lane = backend.lane(&[&kernel], LaneOptions::new()).unwrap();
+    let (_, kernel, lane) = lane_of_one(&support::parity::plus_k());
     let source: Vec<u32> = (0..64).collect();
     let bindings = [Binding::host(&source), Binding::zeroed::<u32>(64)];
-    let request = |k: u32| {
-        Dispatch::new(&kernel, &bindings)
-            .config(&config)
-            .scalar("k", k)
-            .scalar("on", true)
-    };
-    let expected = |k: u32| source.iter().map(|v| v + k).collect::<Vec<u32>>();
-    for k in [1u32, 2, 1, 2] {
-        let got = lane
-            .run(request(k))
-            .unwrap()
-            .outputs
-            .read::<u32>("dst")
-            .unwrap();
-        assert_eq!(got, expected(k), "k {k}");
-    }
-    let pending: Vec<_> = [1u32, 2, 1, 2]
-        .map(|k| (k, lane.submit(request(k)).unwrap()))
-        .into_iter()
-        .collect();
-    for (k, pending) in pending {
-        let got = pending.wait().unwrap().outputs.read::<u32>("dst").unwrap();
-        assert_eq!(got, expected(k), "submitted k {k}");
-    }
+    lane_programs::assert_plus_k_follows_each_value(
+        (&lane, &kernel),
+        (&bindings, &source),
+        &[1, 2, 1, 2],
+        4,
+        "reference lane",
+    );
 }
 
 /// Locks out a lane that runs a request missing a scalar value (the body would read
@@ -196,14 +182,10 @@ fn a_reference_lane_follows_scalar_values_request_by_request() {
 /// request runs.
 #[test]
 fn a_lane_refuses_bad_scalar_values_as_run_does() {
-    let backend = AnyBackend::reference();
-    let config = DispatchConfig::linear(1);
-    let kernel = backend
-        .compile(&support::parity::plus_k(), &config)
-        .unwrap();
-    let lane = backend.lane(&[&kernel], LaneOptions::new()).unwrap();
+    let (backend, kernel, lane) = lane_of_one(&support::parity::plus_k());
     let source = vec![0u32; 64];
     let bindings = [Binding::host(&source), Binding::zeroed::<u32>(64)];
+    let config = DispatchConfig::linear(1);
     let request = Dispatch::new(&kernel, &bindings).config(&config);
     let bad = [
         (request.scalar("k", 5u32), "scalar `on`"),
