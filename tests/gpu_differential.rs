@@ -86,17 +86,6 @@ fn case_of(seed: u64) -> RandomCase {
 /// One set of scalar values and the reference's outputs for them.
 type ValuesAndOutputs = (Vec<Literal>, Vec<Vec<u8>>);
 
-/// The scalar values each case is dispatched with: its own, and for a program with
-/// scalar parameters one more draw (the same kernel must follow new values).
-fn value_draws(case: &RandomCase) -> impl Iterator<Item = Vec<Literal>> + '_ {
-    let draws = if case.program.scalars().is_empty() {
-        1
-    } else {
-        2
-    };
-    (0..draws).map(|draw| case.scalar_values(draw))
-}
-
 /// Programs using each construct (`Construct::ALL` order), counted as they are drawn.
 type ConstructCounts = [AtomicU64; Construct::ALL.len()];
 
@@ -341,7 +330,7 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     let expected: Vec<Vec<ValuesAndOutputs>> = cases
                         .iter()
                         .map(|case| {
-                            value_draws(case)
+                            support::value_draws(case)
                                 .map(|values| {
                                     let outputs = support::case_reference(case, &values);
                                     (values, outputs)
@@ -433,11 +422,13 @@ fn lane_case(index: u64) -> RandomCase {
 /// Locks out a lane that runs a program differently from a launch (a builtin read
 /// from the wrong place, workgroup memory not zeroed between workgroups run in turn,
 /// a write-only output not zeroed, a fixpoint iteration racing the next, a readback
-/// copied wrong, a body of a lane running another's code): 2,000 random programs
+/// copied wrong, a body of a lane running another's code, a scalar value read from
+/// the wrong word or served stale from the previous record): 2,000 random programs
 /// (`VYRE_LANE_DIFFERENTIAL_PROGRAMS`), every construct of the generator among them,
 /// grouped by workgroup shape into lanes of up to 64 kernels compiled in one batch,
-/// lanes of 1, 2 or 3 blocks, every request over host bindings, byte-identical to the
-/// reference interpreter. Spread over `VYRE_DIFFERENTIAL_PROCESSES` processes of one
+/// lanes of 1, 2 or 3 blocks, every request over host bindings with the case's scalar
+/// values and, for a program with scalars, a second draw of them right after,
+/// byte-identical to the reference interpreter. Spread over `VYRE_DIFFERENTIAL_PROCESSES` processes of one
 /// thread each (a process's lanes and its module loads then never wait on each
 /// other); the count of programs checked is asserted.
 #[test]
@@ -482,23 +473,27 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
                 .unwrap_or_else(|e| panic!("a lane of seeds {}..: {e}", batch[0].seed));
             lanes += 1;
             for (case, kernel) in owned.iter().zip(&kernels) {
-                let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-                let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-                    .unwrap_or_else(|e| panic!("seed {}: reference failed: {e}", case.seed));
-                let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Host(b)).collect();
-                let got = lane
-                    .run(Dispatch::new(kernel, &bindings).config(&case.config))
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "seed {} ({blocks} blocks): {e}\n{}",
-                            case.seed, case.program
-                        )
-                    });
-                assert_eq!(
-                    got.outputs, expected,
-                    "seed {} ({blocks} blocks): lane and reference differ\n{}",
-                    case.seed, case.program
-                );
+                let bindings = support::host_bindings(&case.inputs);
+                // Each case's own scalar values, and for a program with scalars a
+                // second draw through the same body (a new record, the same module).
+                for values in support::value_draws(case) {
+                    let expected = support::case_reference(case, &values);
+                    let request = Dispatch::new(kernel, &bindings).config(&case.config);
+                    let got = lane
+                        .run(support::with_scalars(request, &case.program, &values))
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "seed {} ({blocks} blocks): {e}\n{}",
+                                case.seed, case.program
+                            )
+                        });
+                    assert_eq!(
+                        got.outputs, expected,
+                        "seed {} ({blocks} blocks): lane and reference differ (scalars \
+                         {values:?})\n{}",
+                        case.seed, case.program
+                    );
+                }
                 checked += 1;
             }
             lane.stop()

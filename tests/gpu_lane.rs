@@ -875,3 +875,66 @@ fn gpu_lane_wait_modes_and_threads_agree() {
         }
     });
 }
+
+/// Locks out a lane that serves a request with an earlier request's scalar values (a
+/// record without them, a "same record" or slot-cache shortcut that ignored them, a
+/// body reading the wrong word of the record) or reads a scalar type wrongly: over
+/// device buffers (so two requests' records differ in the value alone), `k` = 1, 2,
+/// 1, 2, 1, 2, 1, 2, 2, 2, 1 through lanes of 1, 2 and 4 slots (every record new to
+/// its slot, then each slot's cached record, then the same record twice) and four
+/// submitted back to back each give `src[i] + k` of their own `k`; a program with a
+/// scalar of every type gives the reference interpreter's bytes for values at both
+/// ends of each type; a request missing a value is refused with `run`'s `Fix:` text.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_scalar_values_follow_each_request() {
+    let _watchdog = watchdog(120, "lane scalar values");
+    let gpu = backend();
+    let any = AnyBackend::Cuda(gpu.clone());
+    let config = DispatchConfig::linear(1);
+    let plus_k = gpu.compile(&support::parity::plus_k(), &config).unwrap();
+    let source: Vec<u32> = (0..64).map(|i| i * 1000).collect();
+    let src = gpu.buffer_from(&source).unwrap();
+    let dst = gpu.buffer(4 * 64).unwrap();
+    let bound = [Binding::from(&src), Binding::from(&dst)];
+    for slots in [1, 2, 4] {
+        let lane = any
+            .lane(&[&plus_k], LaneOptions::new().slots(slots))
+            .unwrap();
+        support::lane::assert_plus_k_follows_each_value(
+            (&lane, &plus_k),
+            (&bound, &source),
+            &[1, 2, 1, 2, 1, 2, 1, 2, 2, 2, 1],
+            slots as usize,
+            &format!("{slots} slots"),
+        );
+        let missing = Dispatch::new(&plus_k, &bound)
+            .config(&config)
+            .scalar("k", 1u32);
+        let refusal = gpu.run(missing).unwrap_err().to_string();
+        assert!(refusal.starts_with("Fix:"), "{refusal}");
+        assert_eq!(lane.run(missing).unwrap_err().to_string(), refusal);
+    }
+
+    let program = support::every_scalar_type();
+    let typed = gpu.compile(&program, &config).unwrap();
+    let lane = lane_of(&gpu, std::slice::from_ref(&typed), LaneOptions::new());
+    let zeros = support::static_zeros(&program);
+    let buffers = buffer_copies(&gpu, &zeros);
+    let typed_bound = bindings(&buffers);
+    let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    let sets = support::lane::EVERY_SCALAR_VALUE_SETS;
+    // The first set again after the others: back to a value the lane served before.
+    for set in sets.into_iter().chain([sets[0]]) {
+        let values = support::every_scalar_value(set);
+        let (expected, _) =
+            vyre_cuda::reference::run_with_scalars(&program, &inputs, &values, &config, &options)
+                .unwrap();
+        let request = Dispatch::new(&typed, &typed_bound).config(&config);
+        let got = lane
+            .run(support::with_scalars(request, &program, &values))
+            .unwrap_or_else(|e| panic!("values {set:?}: {e}"));
+        assert_eq!(got.outputs, expected, "values {set:?}");
+    }
+}

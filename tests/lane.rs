@@ -3,14 +3,17 @@
 //! same answers as a plain `run`. Runs in `cargo test`; `tests/gpu_lane.rs` holds the
 //! CUDA lane to the reference on the GPU machine.
 
-#[path = "support/lane.rs"]
-mod lane_programs;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use vyre_cuda::backend::{AnyBackend, BackendError, Binding, Dispatch, LaneOptions, WaitMode};
+use support::lane as lane_programs;
+use vyre_cuda::backend::{
+    AnyBackend, AnyLane, BackendError, Binding, Dispatch, Kernel, LaneOptions, WaitMode,
+};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
+use vyre_cuda::ir::{Literal, Program};
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
 fn message(result: Result<impl std::fmt::Debug, BackendError>) -> String {
@@ -20,10 +23,47 @@ fn message(result: Result<impl std::fmt::Debug, BackendError>) -> String {
     message
 }
 
+/// Asserts that `lane` answers the request of `kernel` (compiled from `program`)
+/// over `bindings` with the scalar values `values` exactly as `backend.run` does,
+/// through its `run`, `run_into` and `submit`, and as a program request; returns
+/// the outputs.
+fn assert_lane_answers_as_run(
+    (backend, lane): (&AnyBackend, &AnyLane),
+    (kernel, program): (&Kernel, &Program),
+    (bindings, config): (&[Binding<'_>], &DispatchConfig),
+    values: &[Literal],
+    label: &str,
+) -> Vec<Vec<u8>> {
+    let request =
+        support::with_scalars(Dispatch::new(kernel, bindings), program, values).config(config);
+    let expected = backend.run(request).unwrap().outputs;
+    assert_eq!(lane.run(request).unwrap().outputs, expected, "{label}");
+    let mut buffers: Vec<Vec<u8>> = expected.into_vecs();
+    let expected_vecs = buffers.clone();
+    for buffer in &mut buffers {
+        buffer.fill(0xEE);
+    }
+    let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
+    lane.run_into(request, &mut slices).unwrap();
+    assert_eq!(buffers, expected_vecs, "{label}");
+    let pending = lane.submit(request).unwrap();
+    assert_eq!(pending.wait().unwrap().outputs, expected_vecs, "{label}");
+    let by_program =
+        support::with_scalars(Dispatch::program(program, bindings), program, values).config(config);
+    assert_eq!(
+        lane.run(by_program).unwrap().outputs,
+        expected_vecs,
+        "{label}"
+    );
+    expected_vecs
+}
+
 /// Locks out a reference lane that answers differently from a plain run (so code
 /// written against `AnyLane` would see other bytes without a GPU): 80 generated
 /// programs, one lane per workgroup shape, give `run`'s outputs through the lane's
-/// `run`, `run_into` and `submit`; a program request finds its compiled kernel.
+/// `run`, `run_into` and `submit`; a program request finds its compiled kernel. A
+/// program with scalar parameters runs with its own values and with a second draw
+/// through the same lane, and such programs are among the 80.
 #[test]
 fn a_reference_lane_answers_as_run_does() {
     let backend = AnyBackend::reference();
@@ -40,7 +80,7 @@ fn a_reference_lane_answers_as_run_does() {
     let options = LaneOptions::new()
         .result_bytes(1 << 20)
         .staging_bytes(1 << 20);
-    let mut checked = 0;
+    let (mut checked, mut with_scalars) = (0, 0);
     for group in by_shape.values() {
         let kernels: Vec<_> = group
             .iter()
@@ -50,31 +90,124 @@ fn a_reference_lane_answers_as_run_does() {
             .lane(&kernels.iter().collect::<Vec<_>>(), options)
             .unwrap();
         for (case, kernel) in group.iter().zip(&kernels) {
-            let bindings: Vec<Binding> = case.inputs.iter().map(|v| Binding::Host(v)).collect();
-            let request = Dispatch::new(kernel, &bindings).config(&case.config);
-            let expected = backend.run(request).unwrap().outputs;
-            assert_eq!(
-                lane.run(request).unwrap().outputs,
-                expected,
-                "seed {}",
-                case.seed
-            );
-            let mut buffers: Vec<Vec<u8>> = expected.into_vecs();
-            let expected_vecs = buffers.clone();
-            for buffer in &mut buffers {
-                buffer.fill(0xEE);
+            let bindings = support::host_bindings(&case.inputs);
+            for values in support::value_draws(case) {
+                assert_lane_answers_as_run(
+                    (&backend, &lane),
+                    (kernel, &case.program),
+                    (&bindings, &case.config),
+                    &values,
+                    &format!("seed {} (scalars {values:?})", case.seed),
+                );
             }
-            let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
-            lane.run_into(request, &mut slices).unwrap();
-            assert_eq!(buffers, expected_vecs, "seed {}", case.seed);
-            let pending = lane.submit(request).unwrap();
-            assert_eq!(pending.wait().unwrap().outputs, expected_vecs);
-            let by_program = Dispatch::program(&case.program, &bindings).config(&case.config);
-            assert_eq!(lane.run(by_program).unwrap().outputs, expected_vecs);
+            with_scalars += usize::from(!case.program.scalars().is_empty());
             checked += 1;
         }
     }
     assert_eq!(checked, cases.len());
+    assert!(with_scalars > 0, "no generated program has scalars");
+}
+
+/// A reference backend, its kernel of `program` (one workgroup) and a lane of that
+/// kernel alone.
+fn lane_of_one(program: &Program) -> (AnyBackend, Kernel, AnyLane) {
+    let backend = AnyBackend::reference();
+    let kernel = backend
+        .compile(program, &DispatchConfig::linear(1))
+        .unwrap();
+    let lane = backend.lane(&[&kernel], LaneOptions::new()).unwrap();
+    (backend, kernel, lane)
+}
+
+/// Locks out a lane that mishandles a scalar type (a `bool` not reduced to 0 or 1, a
+/// 64-bit value cut to 32 bits, a signed value read unsigned, an `f32` read as an
+/// integer): a program with one scalar of every type answers through a reference
+/// lane as `run` does, for values at both ends of each type, and the first set gives
+/// the hand-computed outputs (`u + i`, `s - i`, `f * i`, `b`, `w + i`, `x - i`).
+#[test]
+fn a_reference_lane_answers_as_run_does_for_every_scalar_type() {
+    let program = support::every_scalar_type();
+    let config = DispatchConfig::linear(1);
+    let (backend, kernel, lane) = lane_of_one(&program);
+    let zeros = support::static_zeros(&program);
+    let bindings = support::host_bindings(&zeros);
+    for (index, set) in lane_programs::EVERY_SCALAR_VALUE_SETS
+        .into_iter()
+        .enumerate()
+    {
+        let values = support::every_scalar_value(set);
+        let outputs = assert_lane_answers_as_run(
+            (&backend, &lane),
+            (&kernel, &program),
+            (&bindings, &config),
+            &values,
+            &format!("values {set:?}"),
+        );
+        if index == 0 {
+            let column = |out: usize| &outputs[out][..];
+            let thread = 3;
+            assert_eq!(support::words(column(0))[thread], 7 + 3);
+            assert_eq!(support::words(column(1))[thread] as i32, -3 - 3);
+            assert_eq!(f32::from_bits(support::words(column(2))[thread]), 4.5);
+            assert_eq!(support::words(column(3))[thread], 1);
+            let long = |out: usize| u64::from_le_bytes(column(out)[24..32].try_into().unwrap());
+            assert_eq!(long(4), (1 << 40) + 3);
+            assert_eq!(long(5) as i64, -(1 << 40) - 3);
+        }
+    }
+}
+
+/// Locks out a lane that serves a request with an earlier request's scalar values
+/// (on a CUDA lane: a record cache or "same record" shortcut that ignored the
+/// values): one kernel run with `k` = 1, 2, 1, 2 in a row, and the same four
+/// submitted back to back, gives `src[i] + k` of each request's own `k`.
+#[test]
+fn a_reference_lane_follows_scalar_values_request_by_request() {
+    let (_, kernel, lane) = lane_of_one(&support::parity::plus_k());
+    let source: Vec<u32> = (0..64).collect();
+    let bindings = [Binding::host(&source), Binding::zeroed::<u32>(64)];
+    lane_programs::assert_plus_k_follows_each_value(
+        (&lane, &kernel),
+        (&bindings, &source),
+        &[1, 2, 1, 2],
+        4,
+        "reference lane",
+    );
+}
+
+/// Locks out a lane that runs a request missing a scalar value (the body would read
+/// whatever the record held) or refuses it in other words than `run`: a missing, a
+/// mistyped and an undeclared value are refused by the lane's `run`, `run_into` and
+/// `submit` with `run`'s `Fix:` text. Negative control: with both values the same
+/// request runs.
+#[test]
+fn a_lane_refuses_bad_scalar_values_as_run_does() {
+    let (backend, kernel, lane) = lane_of_one(&support::parity::plus_k());
+    let source = vec![0u32; 64];
+    let bindings = [Binding::host(&source), Binding::zeroed::<u32>(64)];
+    let config = DispatchConfig::linear(1);
+    let request = Dispatch::new(&kernel, &bindings).config(&config);
+    let bad = [
+        (request.scalar("k", 5u32), "scalar `on`"),
+        (request.scalar("k", 5i32).scalar("on", true), "i32"),
+        (
+            request
+                .scalar("k", 5u32)
+                .scalar("on", true)
+                .scalar("kk", 1u32),
+            "kk",
+        ),
+    ];
+    for (request, expected) in bad {
+        let refusal = message(backend.run(request).map(drop));
+        assert!(refusal.contains(expected), "{refusal}");
+        assert_eq!(message(lane.run(request).map(drop)), refusal);
+        let mut output = vec![0u8; 256];
+        assert_eq!(message(lane.run_into(request, &mut [&mut output])), refusal);
+        assert_eq!(message(lane.submit(request).map(drop)), refusal);
+    }
+    let fine = lane.run(request.scalar("k", 5u32).scalar("on", true));
+    assert_eq!(fine.unwrap().outputs.read::<u32>("dst").unwrap()[0], 5);
 }
 
 /// Locks out a lane that accepts what a CUDA lane refuses (the reference would then

@@ -1,19 +1,21 @@
 //! Lane modules (`codegen::ptx::lane`): a resident server and the bodies of a set of
 //! programs in one PTX module. On the CPU: the real `ptxas` assembles them for `sm_90`
 //! (fixtures and generated programs, every workgroup shape the generator draws), the
-//! module of the fixture lane is a reviewed snapshot, a body reads its bindings and
-//! grid where the host's request record puts them, and the builder refuses what a lane
-//! cannot run, unchanged.
+//! module of the fixture lane is a reviewed snapshot, a body reads its bindings, grid
+//! and scalar values where the host's request record puts them, and the builder
+//! refuses what a lane cannot run, unchanged.
 
-#[path = "support/lane.rs"]
-mod lane_programs;
 #[path = "support/ptxas.rs"]
 mod ptxas;
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use vyre_cuda::codegen::ptx::lane::{RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID};
+use support::lane as lane_programs;
+use vyre_cuda::codegen::ptx::lane::{
+    record_scalar_at, RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
+};
 use vyre_cuda::codegen::{program_to_ptx, CodegenError, LaneModuleBuilder, LANE_ENTRY_NAME};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
@@ -194,19 +196,73 @@ fn a_body_reads_its_bindings_and_grid_from_the_record() {
     );
 }
 
+/// Locks out a lane body that reads a scalar value anywhere but where the host's
+/// record puts it (`record_scalar_at`: after the binding table, 8 bytes a value), at
+/// another width (a 64-bit value cut to 32 bits), or from a kernel parameter a body
+/// does not have, and a module the driver would refuse: the program with a scalar of
+/// every type, as a lane body, loads scalar `p` with `ld.shared` of its type from
+/// exactly `record_scalar_at(6, p)`, and ptxas assembles the lane for sm_90. Negative
+/// control: the plain kernel of the same program reads `ld.param` scalars, not the
+/// record.
+#[test]
+fn a_body_reads_its_scalars_from_the_record_and_assembles() {
+    let program = support::every_scalar_type();
+    let mut lane = LaneModuleBuilder::new(90, 32, [8, 1, 1]);
+    lane.push(&program, &CodegenOptions::default()).unwrap();
+    let ptx = lane.finish();
+    let body =
+        &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
+    let globals = program.global_buffers().len();
+    assert_eq!(globals, 6);
+    for (position, ty) in ["u32", "u32", "f32", "u32", "u64", "u64"]
+        .into_iter()
+        .enumerate()
+    {
+        let at = record_scalar_at(globals, position);
+        assert_eq!(
+            at,
+            RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * 6 + 8 * position
+        );
+        let load = body
+            .lines()
+            .find(|line| line.contains(&format!("[vyre_lane_record+{at}]")))
+            .unwrap_or_else(|| panic!("scalar {position} is not read at {at}\n{body}"));
+        assert!(
+            load.trim_start().starts_with(&format!("ld.shared.{ty} ")),
+            "{load}"
+        );
+    }
+    assert!(!body.contains("vyre_scalar_"), "{body}");
+    let plain = program_to_ptx(&program, &CodegenOptions::default(), 90, 32).unwrap();
+    let reads_parameter = plain
+        .lines()
+        .any(|line| line.contains("ld.param.u64") && line.contains("[vyre_scalar_4]"));
+    assert!(
+        reads_parameter && !plain.contains("vyre_lane_record"),
+        "{plain}"
+    );
+    let Some(ptxas) = ptxas::require("a_body_reads_its_scalars_from_the_record_and_assembles")
+    else {
+        return;
+    };
+    ptxas::assemble(&ptxas, "lane_scalars", &ptx).unwrap_or_else(|report| panic!("{report}"));
+}
+
 /// Locks out lanes the driver would refuse for some program the generator can make:
 /// 120 generated programs (workgroup memory, barriers, both lowerings, local arrays,
-/// loops, atomics, early returns among them), grouped by workgroup shape, each group
-/// one lane module, every module assembled by ptxas for sm_90; a group of one shape
-/// holds several bodies sharing the workgroup pool.
+/// loops, atomics, early returns, scalar parameters among them), grouped by workgroup
+/// shape, each group one lane module, every module assembled by ptxas for sm_90; a
+/// group of one shape holds several bodies sharing the workgroup pool.
 #[test]
 fn lanes_of_generated_programs_assemble_with_ptxas() {
     let Some(ptxas) = ptxas::require("lanes_of_generated_programs_assemble_with_ptxas") else {
         return;
     };
     let mut groups: BTreeMap<[u32; 3], LaneModuleBuilder> = BTreeMap::new();
+    let mut with_scalars = 0;
     for seed in 0..120u64 {
         let case = valid_program(9_000 + seed, &GeneratorOptions::default());
+        with_scalars += usize::from(!case.program.scalars().is_empty());
         let caps = LoweringCaps::new(seed % 2 == 0, 32).unwrap();
         let lowered = lower_workgroup_reductions(&case.program, &caps);
         let shape = lowered.workgroup_size();
@@ -220,6 +276,7 @@ fn lanes_of_generated_programs_assemble_with_ptxas() {
         groups.values().any(|lane| lane.len() >= 4),
         "some shape repeats"
     );
+    assert!(with_scalars > 0, "no generated body has scalars");
     let directory = tempfile::tempdir().unwrap();
     for (index, (shape, lane)) in groups.into_iter().enumerate() {
         let bodies = lane.len();

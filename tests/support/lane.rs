@@ -1,8 +1,54 @@
-//! Programs the lane tests share, CPU and GPU binaries alike (include it with
-//! `#[path = "support/lane.rs"] mod lane_programs;` or through `support::lane`).
+//! Programs and checks the lane tests share, CPU and GPU binaries alike (through
+//! `support::lane`).
 #![allow(dead_code)]
 
+use vyre_cuda::backend::{AnyLane, Binding, Dispatch, Kernel};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::DispatchConfig;
+
+/// Values of [`super::every_scalar_type`]'s scalars (for [`super::every_scalar_value`])
+/// at both ends of each type: a value cut to 32 bits, read unsigned or as another
+/// type shows in one of them.
+pub const EVERY_SCALAR_VALUE_SETS: [(u32, i32, f32, bool, u64, i64); 3] = [
+    (7, -3, 1.5, true, 1 << 40, -(1 << 40)),
+    (0, i32::MIN, -0.0, false, u64::MAX, i64::MIN),
+    (u32::MAX, i32::MAX, f32::MAX, true, 0, i64::MAX),
+];
+
+/// Asserts that `lane`, holding `kernel` of [`super::parity::plus_k`], follows the
+/// scalar `k` request by request over `bindings` (`src` holding `source`, then
+/// `dst`): each `k` of `ks` run in turn, then the first `in_flight` of them submitted
+/// back to back, give `src[i] + k` of their own `k`.
+pub fn assert_plus_k_follows_each_value(
+    (lane, kernel): (&AnyLane, &Kernel),
+    (bindings, source): (&[Binding<'_>], &[u32]),
+    ks: &[u32],
+    in_flight: usize,
+    label: &str,
+) {
+    let config = DispatchConfig::linear(1);
+    let request = |k: u32| {
+        Dispatch::new(kernel, bindings)
+            .config(&config)
+            .scalar("k", k)
+            .scalar("on", true)
+    };
+    let expected = |k: u32| source.iter().map(|v| v + k).collect::<Vec<u32>>();
+    let dst = |finished: vyre_cuda::backend::Finished| finished.outputs.read::<u32>("dst");
+    for (round, &k) in ks.iter().enumerate() {
+        let got = lane.run(request(k)).and_then(dst);
+        assert_eq!(got.unwrap(), expected(k), "{label}: round {round}, k {k}");
+    }
+    let pending: Vec<_> = ks
+        .iter()
+        .take(in_flight)
+        .map(|&k| (k, lane.submit(request(k)).unwrap()))
+        .collect();
+    for (k, pending) in pending {
+        let got = pending.wait().and_then(dst);
+        assert_eq!(got.unwrap(), expected(k), "{label}: submitted k {k}");
+    }
+}
 
 /// `y[i] = f(x[i])` over 64-thread workgroups (`x` read-only, `y` write-only), named
 /// `name`.

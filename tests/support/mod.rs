@@ -151,6 +151,20 @@ pub fn with_scalars<'a>(
     request
 }
 
+/// The scalar values each generated case is dispatched with: its own, and for a
+/// program with scalar parameters one more draw (the same kernel must follow new
+/// values).
+pub fn value_draws(
+    case: &vyre_cuda::ir::generate::RandomCase,
+) -> impl Iterator<Item = Vec<vyre_cuda::ir::Literal>> + '_ {
+    let draws = if case.program.scalars().is_empty() {
+        1
+    } else {
+        2
+    };
+    (0..draws).map(|draw| case.scalar_values(draw))
+}
+
 /// One scalar parameter of every type (`s_u32`, `s_i32`, `s_f32`, `s_bool`, `s_u64`,
 /// `s_i64`), each written by every thread with its id mixed in into its own static
 /// 8-element output (`out_u32`, ...; `bool` as a `u32` 0 or 1), over 8 threads:

@@ -19,8 +19,9 @@
 //! [`LaneOptions::blocks`] resident blocks, and returns a [`Lane`]. [`Lane::run`],
 //! [`Lane::run_into`] and [`Lane::submit`] take the same [`Dispatch`] request as
 //! [`CudaBackend::run`], so switching a hot loop to a lane is one call. A request
-//! writes its record (kernel, binding addresses and element counts, grid, zero fills,
-//! input copies, readback ranges) into host-mapped memory when it changed, its host
+//! writes its record (kernel, binding addresses and element counts, scalar values,
+//! grid, zero fills, input copies, readback ranges) into host-mapped memory when it
+//! changed (a new scalar value is a changed record, never a new module), its host
 //! inputs into the slot's staging, and rings the slot's doorbell; the host then
 //! spins (or yields, or sleeps: [`WaitMode`]) on the completion word, and reads the
 //! outputs from the slot's host-mapped result area. Up to [`LaneOptions::slots`]
@@ -107,7 +108,9 @@ pub(in crate::backend) use record::{
     check_lane_blocks, check_lane_kernels, check_lane_request, check_lane_shared, lane_name,
     LaneKernelShape,
 };
-use record::{place_readbacks, write_record, Placed, PrologueOp, RecordParts};
+use record::{
+    place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts, RecordRoute,
+};
 
 /// Most resident blocks a lane may hold.
 pub const MAX_LANE_BLOCKS: u32 = 1024;
@@ -755,15 +758,19 @@ impl LaneShared {
             iterations: request.fixpoint_iterations,
             grid: request.workgroups,
             bindings: &staged.bindings,
+            scalars: &request.scalars.words()[..kernel.program.scalars().len()],
             prologue: &staged.prologue,
             placed: &placed,
         };
         let state = &mut *state;
         let len = write_record(&parts, &mut state.scratch);
         let record = &state.scratch[..len];
-        let same = state.last_len == len && state.last[..len] == *record;
         let cached = &state.slots[slot];
-        let reload = !cached.cached || cached.record_len != len || cached.record[..len] != *record;
+        let route = record_route(
+            record,
+            &state.last[..state.last_len],
+            cached.cached.then(|| &cached.record[..cached.record_len]),
+        );
         let mark = probe::charge_and_mark(Phase::Resolve, mark);
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
@@ -775,15 +782,17 @@ impl LaneShared {
         }
         let mut doorbell =
             u64::from(ticket.wrapping_add(1) as u32) | ((len as u64 / 16) << DOORBELL_CHUNKS_SHIFT);
-        if same {
-            doorbell |= DOORBELL_SAME;
-        } else if reload {
-            resources.memory.write_record(slot, record);
-            let cached = &mut state.slots[slot];
-            cached.record[..len].copy_from_slice(record);
-            cached.record_len = len;
-            cached.cached = true;
-            doorbell |= DOORBELL_RELOAD;
+        match route {
+            RecordRoute::Same => doorbell |= DOORBELL_SAME,
+            RecordRoute::Cached => {}
+            RecordRoute::Reload => {
+                resources.memory.write_record(slot, record);
+                let cached = &mut state.slots[slot];
+                cached.record[..len].copy_from_slice(record);
+                cached.record_len = len;
+                cached.cached = true;
+                doorbell |= DOORBELL_RELOAD;
+            }
         }
         std::mem::swap(&mut state.scratch, &mut state.last);
         state.last_len = len;

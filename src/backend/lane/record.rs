@@ -12,7 +12,7 @@ use std::ops::Range;
 use smallvec::SmallVec;
 
 use crate::codegen::ptx::lane::{
-    AREA_HEADER_BYTES, MAX_LANE_BINDINGS, MAX_LANE_PROLOGUE, MAX_LANE_READBACKS,
+    record_scalar_at, AREA_HEADER_BYTES, MAX_LANE_BINDINGS, MAX_LANE_PROLOGUE, MAX_LANE_READBACKS,
     RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_BINDING_COUNT, RECORD_BYTES,
     RECORD_ENTRY_BYTES, RECORD_GRID, RECORD_ITERATIONS, RECORD_KERNEL, RECORD_PROLOGUE_AT,
     RECORD_PROLOGUE_COUNT, RECORD_READBACK_AT, RECORD_READBACK_COUNT, RECORD_SCALARS_AT,
@@ -59,13 +59,21 @@ pub(in crate::backend) struct RecordParts<'a> {
     pub(in crate::backend) grid: [u32; 3],
     /// `(device address, element count)` per binding, in binding order.
     pub(in crate::backend) bindings: &'a [(u64, u32)],
+    /// The scalar values' bit patterns, zero-extended, in declaration order (one per
+    /// scalar the kernel declares: the plan checked every one was given), as a
+    /// launch passes them.
+    pub(in crate::backend) scalars: &'a [u64],
     pub(in crate::backend) prologue: &'a [PrologueOp],
     pub(in crate::backend) placed: &'a Placed,
 }
 
 /// Write `parts` into `out` (the rest of `out` is left as it was); returns the
 /// record's length in bytes, a multiple of 16. The counts were checked against the
-/// `MAX_LANE_*` limits ([`check_lane_request`]), so the record fits.
+/// `MAX_LANE_*` limits ([`check_lane_request`], [`check_lane_kernels`]; a valid
+/// program's scalars are fewer than `MAX_LANE_SCALARS`), so the record fits. The
+/// scalar words are part of the record's bytes, so two requests that differ only in
+/// their values have different records ([`record_route`] never takes one for the
+/// other).
 pub(in crate::backend) fn write_record(
     parts: &RecordParts<'_>,
     out: &mut [u8; RECORD_BYTES],
@@ -78,10 +86,9 @@ pub(in crate::backend) fn write_record(
     };
     let [x, y, z] = parts.grid;
     let workgroups = x.saturating_mul(y).saturating_mul(z);
-    let scalars_at = RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * parts.bindings.len();
-    // No scalar words yet: named scalar parameters will travel here.
-    let scalar_words = 0usize;
-    let prologue_at = (scalars_at + 8 * scalar_words).div_ceil(16) * 16;
+    let scalars_at = record_scalar_at(parts.bindings.len(), 0);
+    let scalars_end = record_scalar_at(parts.bindings.len(), parts.scalars.len());
+    let prologue_at = scalars_end.div_ceil(16) * 16;
     let readback_at = prologue_at + RECORD_ENTRY_BYTES * parts.prologue.len();
     let end = readback_at + RECORD_ENTRY_BYTES * parts.placed.copies.len();
     out[..RECORD_BINDINGS_AT].fill(0);
@@ -92,7 +99,7 @@ pub(in crate::backend) fn write_record(
     }
     put32(out, RECORD_WORKGROUPS, workgroups);
     put32(out, RECORD_BINDING_COUNT, parts.bindings.len() as u32);
-    put32(out, RECORD_SCALAR_COUNT, scalar_words as u32);
+    put32(out, RECORD_SCALAR_COUNT, parts.scalars.len() as u32);
     put32(out, RECORD_PROLOGUE_COUNT, parts.prologue.len() as u32);
     put32(out, RECORD_WINDOW_COUNT, parts.placed.windows);
     put32(out, RECORD_READBACK_COUNT, parts.placed.copies.len() as u32);
@@ -105,7 +112,10 @@ pub(in crate::backend) fn write_record(
         put32(out, at + 8, count);
         put32(out, at + 12, 0);
     }
-    out[scalars_at..prologue_at].fill(0);
+    for (position, &word) in parts.scalars.iter().enumerate() {
+        put64(out, record_scalar_at(parts.bindings.len(), position), word);
+    }
+    out[scalars_end..prologue_at].fill(0);
     for (index, op) in parts.prologue.iter().enumerate() {
         let at = prologue_at + RECORD_ENTRY_BYTES * index;
         put64(out, at, op.destination);
@@ -119,6 +129,37 @@ pub(in crate::backend) fn write_record(
         put32(out, at + 12, copy.offset);
     }
     end
+}
+
+/// Where the server takes a request's record from (the doorbell's flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend) enum RecordRoute {
+    /// The record equals the previous request's: the blocks' shared copies are
+    /// current, no record byte moves.
+    Same,
+    /// The record equals the slot's copy in device memory: the blocks read it from
+    /// there, no record byte crosses the bus.
+    Cached,
+    /// The record is new to the slot: the host writes it, the device reads it from
+    /// host memory and keeps it as the slot's copy.
+    Reload,
+}
+
+/// The route of `record` after the previous request's record `previous`, with
+/// `slot_copy` the record the slot's device copy holds (`None` before its first).
+/// Byte for byte: a record differing in any word (a scalar value included) reloads.
+pub(in crate::backend) fn record_route(
+    record: &[u8],
+    previous: &[u8],
+    slot_copy: Option<&[u8]>,
+) -> RecordRoute {
+    if record == previous {
+        RecordRoute::Same
+    } else if slot_copy == Some(record) {
+        RecordRoute::Cached
+    } else {
+        RecordRoute::Reload
+    }
 }
 
 /// Place every readback item in a result area of `area_bytes`: after the area's
@@ -363,8 +404,10 @@ mod tests {
     }
 
     /// Locks out a record the server would misread: every header field at its ABI
-    /// offset, bindings at 64 + 16 i, the prologue table 16-byte aligned after them, the
-    /// readback table after it, the length a multiple of 16 covering the last entry.
+    /// offset, bindings at 64 + 16 i, the scalar words after them (where
+    /// `record_scalar_at` says, zero padding to 16 bytes after an odd count), the
+    /// prologue table 16-byte aligned after them, the readback table after it, the
+    /// length a multiple of 16 covering the last entry.
     #[test]
     fn the_record_follows_the_abi() {
         let mut placed = Placed::default();
@@ -385,6 +428,7 @@ mod tests {
             iterations: 2,
             grid: [3, 2, 4],
             bindings: &bindings,
+            scalars: &[0x1_0000_0002, 7, u64::MAX],
             prologue: &prologue,
             placed: &placed,
         };
@@ -403,8 +447,20 @@ mod tests {
         assert_eq!(word(&record, RECORD_READBACK_COUNT), 1);
         assert_eq!(double(&record, 64 + 16), 0xB000);
         assert_eq!(word(&record, 64 + 16 + 8), 7);
+        assert_eq!(word(&record, RECORD_SCALAR_COUNT), 3);
+        let scalars_at = word(&record, RECORD_SCALARS_AT) as usize;
+        assert_eq!(scalars_at, 64 + 3 * 16);
+        assert_eq!(
+            [0, 1, 2].map(|position| record_scalar_at(3, position)),
+            [scalars_at, scalars_at + 8, scalars_at + 16]
+        );
+        assert_eq!(
+            [0, 1, 2].map(|position| double(&record, scalars_at + 8 * position)),
+            [0x1_0000_0002, 7, u64::MAX]
+        );
         let prologue_at = word(&record, RECORD_PROLOGUE_AT) as usize;
-        assert_eq!(prologue_at, 64 + 3 * 16);
+        assert_eq!(prologue_at, scalars_at + 32);
+        assert_eq!(double(&record, scalars_at + 24), 0, "the padding is zeroed");
         assert_eq!(double(&record, prologue_at), 0xB000);
         assert_eq!(word(&record, prologue_at + 8), 28);
         assert_eq!(word(&record, prologue_at + 12), PROLOGUE_ZERO);
@@ -416,6 +472,72 @@ mod tests {
         assert!(len.is_multiple_of(16));
         // Nothing past the record was touched.
         assert!(record[len..].iter().all(|&b| b == 0xEE));
+    }
+
+    /// Locks out a lane that serves a request with an earlier request's scalar values
+    /// (a record without them, or a route that compared less than the whole record,
+    /// would call the request "same" or "cached" and the body would read the stale
+    /// word): two requests alike but for one scalar value have records differing in
+    /// exactly that word; the values 1, 2, 1, 2 on one slot reload every time, and
+    /// on two slots reload twice, then find each slot's copy holding their own value.
+    /// Negative controls: the records agree outside the scalar word (a comparison
+    /// skipping it would take one for the other), and a repeated request is "same".
+    #[test]
+    fn a_record_differing_only_in_a_scalar_value_is_never_served_stale() {
+        let placed = Placed::default();
+        let bindings = [(0xA000u64, 64u32), (0xB000, 64)];
+        let record_of = |value: u64| {
+            let parts = RecordParts {
+                kernel: 0,
+                iterations: 1,
+                grid: [1, 1, 1],
+                bindings: &bindings,
+                scalars: &[5, value],
+                prologue: &[],
+                placed: &placed,
+            };
+            let mut record = [0u8; RECORD_BYTES];
+            let len = write_record(&parts, &mut record);
+            record[..len].to_vec()
+        };
+        let (one, two) = (record_of(1), record_of(2));
+        let word_at = record_scalar_at(bindings.len(), 1);
+        let differing: Vec<usize> = (0..one.len()).filter(|&i| one[i] != two[i]).collect();
+        assert_eq!(differing, [word_at]);
+        let without_word = |record: &[u8]| {
+            let mut record = record.to_vec();
+            record[word_at..word_at + 8].fill(0);
+            record
+        };
+        assert_eq!(without_word(&one), without_word(&two));
+        assert_eq!(record_route(&one, &one, Some(&two)), RecordRoute::Same);
+
+        // The lane's bookkeeping: the previous record, and each slot's copy.
+        let routes = |slots: usize| {
+            let mut previous: Vec<u8> = Vec::new();
+            let mut copies: Vec<Option<Vec<u8>>> = vec![None; slots];
+            let mut routes = Vec::new();
+            for (ticket, record) in [&one, &two, &one, &two].into_iter().enumerate() {
+                let copy = &mut copies[ticket % slots];
+                let route = record_route(record, &previous, copy.as_deref());
+                if route == RecordRoute::Reload {
+                    *copy = Some(record.clone());
+                }
+                previous = record.clone();
+                routes.push(route);
+            }
+            routes
+        };
+        assert_eq!(routes(1), [RecordRoute::Reload; 4]);
+        assert_eq!(
+            routes(2),
+            [
+                RecordRoute::Reload,
+                RecordRoute::Reload,
+                RecordRoute::Cached,
+                RecordRoute::Cached
+            ]
+        );
     }
 
     /// Locks out a readback placement that overlaps items, reads outside a buffer as a

@@ -26,9 +26,9 @@
 //!   as large as the largest body's (each body lays its buffers out from the pool's
 //!   start and zeroes them at entry, as a launch's kernel does);
 //! - body `k` ([`lane_body_name`]): a `.func vyre_lane_body_k` taking the workgroup id
-//!   ([`LANE_GROUP_PARAMETERS`]), reading its buffer addresses, element counts and
-//!   the grid from the record, otherwise exactly the program's kernel (its `return`s
-//!   return to the server);
+//!   ([`LANE_GROUP_PARAMETERS`]), reading its buffer addresses, element counts, scalar
+//!   parameters' values ([`record_scalar_at`]) and the grid from the record, otherwise
+//!   exactly the program's kernel (its `return`s return to the server);
 //! - the server, `.visible .entry vyre_lane` ([`LANE_ENTRY_NAME`]) with
 //!   `.reqntid` of the lane's one workgroup shape: every body of a lane has that
 //!   shape, so local ids, barriers and subgroup operations mean what they mean in a
@@ -57,7 +57,10 @@
 //! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
 //! (and into the device-memory cache of the slot when reloading), then, with more than
 //! one block, hands the doorbell value to the others through the go word
-//! (`st.release.gpu`, polled with `ld.acquire.gpu`). Every block then
+//! (`st.release.gpu`, polled with `ld.acquire.gpu`). The scalar values are words of
+//! the record: a request that differs from the previous one only in its values has
+//! another record (so neither "same" nor the slot's cache serves it stale), and a new
+//! value is new record bytes, never new PTX. Every block then
 //!
 //! 1. runs the prologue: zero fills (`WriteOnly` bindings and zeroed transients:
 //!    "starts zeroed", as a launch's clears) and copies of host inputs from the
@@ -145,7 +148,7 @@ pub const RECORD_GRID: usize = 8;
 pub const RECORD_WORKGROUPS: usize = 20;
 /// u32: binding entries.
 pub const RECORD_BINDING_COUNT: usize = 24;
-/// u32: scalar words (u64 each, reserved for named scalar parameters).
+/// u32: scalar words, one per scalar parameter the body's program declares.
 pub const RECORD_SCALAR_COUNT: usize = 28;
 /// u32: prologue entries.
 pub const RECORD_PROLOGUE_COUNT: usize = 32;
@@ -157,13 +160,26 @@ pub const RECORD_READBACK_COUNT: usize = 40;
 pub const RECORD_PROLOGUE_AT: usize = 44;
 /// u32: byte offset of the readback table.
 pub const RECORD_READBACK_AT: usize = 48;
-/// u32: byte offset of the scalar words.
+/// u32: byte offset of the scalar words ([`record_scalar_at`] of scalar 0).
 pub const RECORD_SCALARS_AT: usize = 52;
 /// The binding table's offset: binding `i` at `64 + 16 i` (u64 device address, u32
 /// element count, u32 reserved).
 pub const RECORD_BINDINGS_AT: usize = 64;
 /// Bytes of one binding entry.
 pub const RECORD_BINDING_BYTES: usize = 16;
+/// Bytes of one scalar word: the value's bit pattern zero-extended to a u64, as a
+/// launch passes it (a 32-bit value, `f32` bits and a `bool`'s 0 or 1 in the low
+/// 4 bytes).
+pub const RECORD_SCALAR_BYTES: usize = 8;
+
+/// Where scalar parameter `position` (declaration order) of a body with `bindings`
+/// global buffers lies in its request record: the scalar words follow the binding
+/// table, one [`RECORD_SCALAR_BYTES`] word each (8-byte aligned, as the table is
+/// 16-byte aligned). The host writes each value there and the body reads it there,
+/// where a launch's kernel reads its `vyre_scalar_<position>` parameter.
+pub const fn record_scalar_at(bindings: usize, position: usize) -> usize {
+    RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * bindings + RECORD_SCALAR_BYTES * position
+}
 /// Bytes of one prologue entry (u64 destination, u32 bytes, u32 staging offset or
 /// [`PROLOGUE_ZERO`]) and of one readback descriptor (u64 source, u32 bytes, u32
 /// offset in the slot's result area; a window's source is its 16-byte block).
@@ -172,7 +188,8 @@ pub const RECORD_ENTRY_BYTES: usize = 16;
 pub const PROLOGUE_ZERO: u32 = u32::MAX;
 /// Most global buffers a lane body binds.
 pub const MAX_LANE_BINDINGS: usize = 64;
-/// Most scalar words a record carries.
+/// Most scalar words a record carries (a program declares at most
+/// [`MAX_SCALARS`](crate::ir::validate::MAX_SCALARS), fewer).
 pub const MAX_LANE_SCALARS: usize = 64;
 /// Most prologue entries (zero fills and input copies) of one request.
 pub const MAX_LANE_PROLOGUE: usize = 64;
@@ -182,10 +199,12 @@ pub const MAX_LANE_READBACKS: usize = 64;
 const _: () = assert!(
     RECORD_BINDINGS_AT
         + RECORD_BINDING_BYTES * MAX_LANE_BINDINGS
-        + 8 * MAX_LANE_SCALARS
+        + RECORD_SCALAR_BYTES * MAX_LANE_SCALARS
         + RECORD_ENTRY_BYTES * (MAX_LANE_PROLOGUE + MAX_LANE_READBACKS)
         <= RECORD_BYTES
 );
+// Every valid program's scalar values fit a record.
+const _: () = assert!(ir::validate::MAX_SCALARS <= MAX_LANE_SCALARS);
 
 // ----- doorbells, areas, device words ----------------------------------------------
 
@@ -375,14 +394,6 @@ impl LaneModuleBuilder {
                 reason: "dispatch it with a launch (CudaBackend::run): a lane runs a grid's workgroups \
                          in turn on its resident blocks, so a grid sync would wait for workgroups that \
                          have not started"
-                    .into(),
-            });
-        }
-        if !program.scalars().is_empty() {
-            return Err(CodegenError::LaneBody {
-                program: program.display_name(),
-                reason: "dispatch it with a launch (CudaBackend::run): a lane's request record does not \
-                         carry scalar parameters yet"
                     .into(),
             });
         }

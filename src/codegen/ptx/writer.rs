@@ -41,8 +41,8 @@ mod results;
 use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
 use super::lane::{
-    lane_body_name, pool_place, LANE_GROUP_PARAMETERS, LANE_RECORD_SYMBOL, LANE_WORKGROUP_SYMBOL,
-    RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
+    lane_body_name, pool_place, record_scalar_at, LANE_GROUP_PARAMETERS, LANE_RECORD_SYMBOL,
+    LANE_WORKGROUP_SYMBOL, RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
 };
 
 /// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
@@ -247,10 +247,11 @@ pub(super) struct Writer<'p> {
     /// module header is written once by the module, not here.
     module_kernel: Option<usize>,
     /// Lane mode (`super::lane`): the program is written as the device function of
-    /// body `module_kernel` of a lane's server kernel. Its buffer addresses, lengths
-    /// and workgroup count come from the request record in shared memory, its
-    /// workgroup id from the function's parameters, and its workgroup buffers live in
-    /// the lane's one shared pool (`lane_workgroup_bytes` is where they end).
+    /// body `module_kernel` of a lane's server kernel. Its buffer addresses, lengths,
+    /// scalar values and workgroup count come from the request record in shared
+    /// memory, its workgroup id from the function's parameters, and its workgroup
+    /// buffers live in the lane's one shared pool (`lane_workgroup_bytes` is where
+    /// they end).
     lane: bool,
     lane_workgroup_bytes: u32,
 }
@@ -463,24 +464,31 @@ impl<'p> Writer<'p> {
 
     /// Each scalar parameter into a register of its type, once (a `bool` arrives as
     /// a `.u32` 0 or 1). Parameters the body never reads cost nothing: ptxas drops
-    /// the load.
+    /// the load. A lane body reads the same word from the request record (the host
+    /// writes it where [`record_scalar_at`] says) instead of a kernel parameter.
     fn load_scalars(&mut self) {
         let program: &'p Program = self.program;
         if !program.scalars().is_empty() {
             emit!(self, "// scalar parameters");
         }
+        let bindings = program.global_buffers().len();
         for (position, decl) in program.scalars().iter().enumerate() {
             let value = self.value(decl.ty);
-            let parameter = format!("vyre_scalar_{position}");
+            let (space, source) = if self.lane {
+                let at = record_scalar_at(bindings, position);
+                ("shared", format!("{LANE_RECORD_SYMBOL}+{at}"))
+            } else {
+                ("param", format!("vyre_scalar_{position}"))
+            };
             match decl.ty {
                 ScalarType::Bool => {
                     let word = self.reg(RegClass::B32);
-                    emit!(self, "ld.param.u32 {word}, [{parameter}];");
+                    emit!(self, "ld.{space}.u32 {word}, [{source}];");
                     emit!(self, "setp.ne.u32 {value}, {word}, 0;");
                 }
                 ty => emit!(
                     self,
-                    "ld.param.{} {value}, [{parameter}];",
+                    "ld.{space}.{} {value}, [{source}];",
                     scalar_parameter_type(ty)
                 ),
             }
@@ -1901,16 +1909,8 @@ fn identifier_part(name: &str) -> String {
         .collect()
 }
 
-/// Append `indent// text\n`, with `text` on one printable-ASCII line whatever names
-/// it contains (ptxas rejects any non-ASCII byte, even in comments): line breaks
-/// become spaces, other characters outside printable ASCII become `\u{..}` escapes.
-///
-/// At most [`COMMENT_BYTES`] of `text` are formatted (then `...`): a comment repeats
-/// names and expressions, and uncapped, a 1 MiB buffer name used 500 times made 1 GB
-/// of PTX. Formatting stops at the cap, so a huge expression costs no more than a
-/// short one.
-/// The `.param` type of a scalar parameter (also its `ld.param` type): `bool`
-/// travels as a `.u32` 0 or 1.
+/// The `.param` type of a scalar parameter (also its `ld.param` type, and a lane
+/// body's `ld.shared` type): `bool` travels as a `.u32` 0 or 1.
 fn scalar_parameter_type(ty: ScalarType) -> &'static str {
     match ty {
         ScalarType::U32 | ScalarType::I32 | ScalarType::Bool => "u32",
@@ -1919,6 +1919,14 @@ fn scalar_parameter_type(ty: ScalarType) -> &'static str {
     }
 }
 
+/// Append `indent// text\n`, with `text` on one printable-ASCII line whatever names
+/// it contains (ptxas rejects any non-ASCII byte, even in comments): line breaks
+/// become spaces, other characters outside printable ASCII become `\u{..}` escapes.
+///
+/// At most [`COMMENT_BYTES`] of `text` are formatted (then `...`): a comment repeats
+/// names and expressions, and uncapped, a 1 MiB buffer name used 500 times made 1 GB
+/// of PTX. Formatting stops at the cap, so a huge expression costs no more than a
+/// short one.
 fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     out.push_str(indent);
     out.push_str("// ");
