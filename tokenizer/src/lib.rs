@@ -38,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 mod bpe;
+pub mod device;
 mod error;
 mod gpu;
 pub mod pretokenize;
