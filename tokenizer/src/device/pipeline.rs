@@ -1,13 +1,31 @@
 //! Running the BPE steps over batches of documents: buffers grown by powers of
 //! two and reused, batches cut into chunks that fit, chunks submitted so that one
-//! uploads while another computes, on a CUDA device or on the reference
-//! interpreter through the same calls.
+//! is staged and uploaded while another computes and a third's ids are handed
+//! out, on a CUDA device or on the reference interpreter through the same calls.
+//!
+//! # Text up, ids down
+//!
+//! On CUDA the host writes a chunk straight into host-mapped pinned memory (the
+//! documents gathered by all of the host's threads: ordinary `&str`s copy at
+//! 7–12 GB/s from pageable memory by DMA, measured on the H200 host, but a
+//! parallel gather into pinned memory runs at memory speed), the `stage` kernel
+//! pulls it into device memory, and `compact` writes the ids and each
+//! document's first id index straight back into host-mapped memory: no DMA copy
+//! either way and no read of a size the host must learn first. The host then
+//! hands each document its ids from that memory, again on all threads. A graph
+//! encode uploads the same buffers from the graph's pinned input slots instead
+//! of the `stage` kernel.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use vyre_cuda::backend::{AnyBackend, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch, Timings};
+use vyre_cuda::backend::{
+    AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
+    Timings,
+};
+use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::programs::{blocks, param, Geometry, Programs, Role, Step, STEPS};
@@ -24,17 +42,28 @@ pub const CHUNK_TEXT_BYTES: u64 = 64 << 20;
 /// Default most documents per chunk.
 pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 
-/// Chunks a batch is cut into at most, in flight at once.
+/// Chunks of one batch in flight at once: one being staged and uploaded while
+/// one computes (and the one before hands out its ids).
 pub const CHUNKS_IN_FLIGHT: usize = 2;
+
+/// Below this many bytes a gather or a scatter runs on the calling thread.
+const PARALLEL_COPY_BYTES: usize = 1 << 20;
 
 static NO_READBACK: ReadbackPolicy = ReadbackPolicy::None;
 
-fn backend_error(what: &str, error: vyre_cuda::backend::BackendError) -> TokenizerError {
+fn backend_error(what: &str, error: BackendError) -> TokenizerError {
     TokenizerError::new(
         ErrorKind::Backend,
         format!("Fix: the device encoder failed while {what}: {error}"),
     )
     .with_source(error)
+}
+
+fn internal(what: String) -> TokenizerError {
+    TokenizerError::new(
+        ErrorKind::Backend,
+        format!("Fix: internal: {what}; report this as a bug"),
+    )
 }
 
 /// How big one chunk may be: a batch is cut into chunks of whole documents, each
@@ -57,10 +86,10 @@ impl Default for ChunkLimits {
     }
 }
 
-/// What the last encode of a chunk counted on the device.
+/// What the device counted while encoding a chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EncodeCounts {
-    /// Pieces that took the merge loop.
+    /// Pieces that took the merge loop (the rest were whole tokens).
     pub merged_pieces: u32,
     /// Chunks of long pieces.
     pub chunks: u32,
@@ -72,6 +101,89 @@ pub struct EncodeCounts {
     pub serial_pieces: u32,
 }
 
+impl EncodeCounts {
+    fn of(params: &[u32]) -> EncodeCounts {
+        let at = |index: u32| params.get(index as usize).copied().unwrap_or(0);
+        EncodeCounts {
+            merged_pieces: at(param::MERGE_COUNT),
+            chunks: at(param::CHUNK_COUNT),
+            long_pieces: at(param::LONG_COUNT),
+            failed_boundaries: at(param::FAILED_BOUNDARIES),
+            serial_pieces: at(param::SERIAL_PIECES),
+        }
+    }
+}
+
+/// Timings of one chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkTimings {
+    /// From staging the text to the ids in the caller's hands, host clock.
+    pub wall_ns: u64,
+    /// Host time staging the chunk (the split on the host, the gather) and
+    /// submitting its steps.
+    pub submit_ns: u64,
+    /// Host time handing each document its ids after the wait.
+    pub scatter_ns: u64,
+    /// Each step's timings, in [`STEPS`] order (`kernel_stamps_ns` is the
+    /// kernel's own device time; all zero for an empty chunk and for a graph).
+    pub steps: [Timings; STEPS.len()],
+    /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
+    /// one small read after the wait).
+    pub counts: Option<EncodeCounts>,
+}
+
+impl ChunkTimings {
+    /// Device time of the kernels: the sum of the steps' `kernel_stamps_ns`.
+    pub fn kernel_ns(&self) -> u64 {
+        self.steps
+            .iter()
+            .fold(0, |sum, step| sum.saturating_add(step.kernel_stamps_ns))
+    }
+}
+
+/// Whether the host writes or reads `role` itself: on CUDA it lives in
+/// host-mapped pinned memory.
+fn host_visible(role: Role) -> bool {
+    matches!(
+        role,
+        Role::StagedParams
+            | Role::StagedText
+            | Role::StagedDocuments
+            | Role::Ids
+            | Role::DocumentTokenStarts
+    )
+}
+
+/// Bytes of `role`'s buffer for a slot of `text` bytes and `documents`
+/// documents of capacity (0: not a per-slot buffer).
+fn role_bytes(geometry: &Geometry, role: Role, text: u64, documents: u64) -> u64 {
+    let chunk = geometry.chunk_bytes as u64;
+    match role {
+        Role::Params | Role::StagedParams => 4 * param::WORDS as u64,
+        Role::Text | Role::StagedText => text,
+        Role::DocumentEnds | Role::StagedDocuments => 4 * documents,
+        Role::Vocabulary | Role::TokenBytes => 0,
+        Role::PieceCount => 16,
+        Role::PieceStarts | Role::TokenAt | Role::PartStart | Role::PairRank | Role::Ids => {
+            4 * text
+        }
+        Role::MergeList => 4 * (text / 2 + 1),
+        Role::ChunkList => 8 * (2 * text / chunk + 1),
+        Role::LongList => 4 * (text / chunk + 1),
+        Role::BlockCounts => 4 * blocks(geometry, text) as u64,
+        Role::DocumentTokenStarts => 4 * (documents + 1),
+    }
+}
+
+/// Buffer capacities for a chunk: powers of two, at least 16 bytes and 4
+/// documents.
+fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
+    (
+        text_len.max(16).next_power_of_two(),
+        documents.max(4).next_power_of_two(),
+    )
+}
+
 /// One set of buffers for a chunk in flight, sized by powers of two.
 struct Slot {
     text_capacity: u64,
@@ -81,36 +193,30 @@ struct Slot {
 
 impl Slot {
     fn buffer(&self, role: Role) -> Result<&DeviceBuffer, TokenizerError> {
-        self.buffers[role as usize].as_ref().ok_or_else(|| {
-            TokenizerError::new(
-                ErrorKind::Backend,
-                format!("Fix: internal: the device encoder has no {} buffer; report this as a bug", role.name()),
-            )
-        })
+        self.buffers[role as usize]
+            .as_ref()
+            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
+    }
+
+    fn buffer_mut(&mut self, role: Role) -> Result<&mut DeviceBuffer, TokenizerError> {
+        self.buffers[role as usize]
+            .as_mut()
+            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
     }
 }
 
-/// Bytes of `role`'s buffer for a slot of `text` bytes and `documents`
-/// documents of capacity.
-fn role_bytes(geometry: &Geometry, role: Role, text: u64, documents: u64) -> u64 {
-    let chunk = geometry.chunk_bytes as u64;
-    match role {
-        Role::Params | Role::StagedParams => 4 * param::WORDS as u64,
-        Role::Text | Role::StagedText => text,
-        Role::DocumentEnds | Role::StagedDocuments => 4 * documents,
-        Role::Vocabulary | Role::TokenBytes => 0,
-        Role::PieceCount => 16,
-        Role::PieceStarts | Role::TokenAt | Role::PartStart | Role::PairRank | Role::Ids => 4 * text,
-        Role::MergeList => 4 * (text / 2 + 1),
-        Role::ChunkList => 8 * (2 * text / chunk + 1),
-        Role::LongList => 4 * (text / chunk + 1),
-        Role::BlockCounts => 4 * blocks(geometry, text) as u64,
-        Role::DocumentTokenStarts => 4 * (documents + 1),
-    }
+/// A chunk's documents laid out as the device reads them.
+struct Layout {
+    /// The chunk's text length.
+    text_len: u32,
+    /// Each document's end offset.
+    ends: Vec<u32>,
+    /// The piece starts of the host split.
+    piece_starts: Vec<u32>,
 }
 
 /// The BPE steps of one encoding on one backend: the resident vocabulary, the
-/// compiled kernels and reusable buffer slots. See the [module docs](super).
+/// compiled kernels and reusable buffer slots. See the [module docs](self).
 pub struct DeviceEncoder {
     backend: AnyBackend,
     splitter: Splitter,
@@ -138,7 +244,12 @@ impl DeviceEncoder {
     /// [`Geometry`] and [`ChunkLimits`]: compiles the programs and uploads the
     /// vocabulary once.
     pub fn new(backend: AnyBackend, tokenizer: &Tokenizer) -> Result<Self, TokenizerError> {
-        Self::with_geometry(backend, tokenizer, Geometry::default(), ChunkLimits::default())
+        Self::with_geometry(
+            backend,
+            tokenizer,
+            Geometry::default(),
+            ChunkLimits::default(),
+        )
     }
 
     /// [`DeviceEncoder::new`] with another geometry and chunk limits (small ones
@@ -149,7 +260,8 @@ impl DeviceEncoder {
         geometry: Geometry,
         limits: ChunkLimits,
     ) -> Result<Self, TokenizerError> {
-        let programs = Programs::new(geometry).map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
+        let programs = Programs::new(geometry)
+            .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
         if limits.text_bytes == 0 || limits.documents == 0 {
             return Err(TokenizerError::new(
                 ErrorKind::Backend,
@@ -193,39 +305,46 @@ impl DeviceEncoder {
         self.splitter.pattern()
     }
 
+    /// The geometry its programs were built for.
+    pub fn geometry(&self) -> Geometry {
+        self.programs.geometry
+    }
+
+    /// The chunk limits it cuts batches by.
+    pub fn limits(&self) -> ChunkLimits {
+        self.limits
+    }
+
     /// Bytes the resident vocabulary takes on the device.
     pub fn vocabulary_bytes(&self) -> usize {
         self.vocabulary_bytes
     }
 
-    /// Device bytes of the buffers one chunk of `text_bytes` bytes and
-    /// `documents` documents needs (powers of two; the host-visible staging and
-    /// outputs included).
-    pub fn chunk_buffer_bytes(&self, text_bytes: u64, documents: u64) -> u64 {
+    /// Bytes of the buffers one chunk of `text_bytes` bytes and `documents`
+    /// documents takes: `(device, host-visible)`, where host-visible buffers are
+    /// host-mapped pinned memory on CUDA (capacities are powers of two).
+    pub fn chunk_buffer_bytes(&self, text_bytes: u64, documents: u64) -> (u64, u64) {
         let (text, documents) = capacities(text_bytes, documents);
-        Role::ALL
-            .iter()
-            .map(|&role| role_bytes(&self.programs.geometry, role, text, documents))
-            .sum()
+        let mut device = 0;
+        let mut host = 0;
+        for role in Role::ALL {
+            let bytes = role_bytes(&self.programs.geometry, role, text, documents);
+            if host_visible(role) {
+                host += bytes;
+            } else {
+                device += bytes;
+            }
+        }
+        (device, host)
     }
 
     /// The ids of every text: `result[i]` is the ids of `texts[i]`, as
     /// [`Tokenizer::encode_ordinary_bytes`] gives them. The batch is cut into
-    /// chunks ([`ChunkLimits`]) and up to [`CHUNKS_IN_FLIGHT`] run at once.
+    /// chunks ([`ChunkLimits`]); up to [`CHUNKS_IN_FLIGHT`] are on the device at
+    /// once.
     pub fn encode_batch_bytes(&self, texts: &[&[u8]]) -> Result<Vec<Vec<u32>>, TokenizerError> {
         let mut results = vec![Vec::new(); texts.len()];
-        let mut in_flight: std::collections::VecDeque<Submitted> = std::collections::VecDeque::new();
-        for range in chunk_ranges(texts, &self.limits) {
-            if in_flight.len() == CHUNKS_IN_FLIGHT {
-                if let Some(oldest) = in_flight.pop_front() {
-                    self.finish(oldest, texts, &mut results)?;
-                }
-            }
-            in_flight.push_back(self.submit_chunk(texts, range)?);
-        }
-        while let Some(oldest) = in_flight.pop_front() {
-            self.finish(oldest, texts, &mut results)?;
-        }
+        self.encode_batch_into(texts, &mut results)?;
         Ok(results)
     }
 
@@ -235,13 +354,121 @@ impl DeviceEncoder {
         self.encode_batch_bytes(&bytes)
     }
 
-    /// The ids of one text, and what each step's kernel took and counted.
-    pub fn encode_timed(&self, text: &[u8]) -> Result<(Vec<u32>, ChunkTimings), TokenizerError> {
-        let texts = [text];
-        let mut results = vec![Vec::new()];
-        let submitted = self.submit_chunk(&texts, 0..1)?;
-        let timings = self.finish(submitted, &texts, &mut results)?;
-        Ok((results.pop().unwrap_or_default(), timings))
+    /// [`DeviceEncoder::encode_batch_bytes`] into `results` (one per text;
+    /// each replaced), returning the timings of every chunk.
+    pub fn encode_batch_into(
+        &self,
+        texts: &[&[u8]],
+        results: &mut [Vec<u32>],
+    ) -> Result<Vec<ChunkTimings>, TokenizerError> {
+        if results.len() != texts.len() {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: encode_batch_into got {} result vectors for {} texts; pass one per text",
+                    results.len(),
+                    texts.len()
+                ),
+            ));
+        }
+        let mut timings = Vec::new();
+        let mut in_flight: VecDeque<(PendingEncode<'_>, Range<usize>)> = VecDeque::new();
+        for range in chunk_ranges(texts, &self.limits) {
+            if in_flight.len() == CHUNKS_IN_FLIGHT {
+                if let Some((oldest, done)) = in_flight.pop_front() {
+                    timings.push(oldest.wait_into(&mut results[done])?);
+                }
+            }
+            let pending = self.submit_bytes(&texts[range.clone()])?;
+            in_flight.push_back((pending, range));
+        }
+        while let Some((oldest, done)) = in_flight.pop_front() {
+            timings.push(oldest.wait_into(&mut results[done])?);
+        }
+        Ok(timings)
+    }
+
+    /// Stages `texts` as one chunk (whatever its size) and submits every step
+    /// without waiting: the texts are copied before this returns, so the caller
+    /// may reuse them at once. [`PendingEncode::wait`] gives the ids.
+    pub fn submit_bytes(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
+        let start = Instant::now();
+        let layout = self.layout(texts)?;
+        if layout.text_len == 0 {
+            return Ok(PendingEncode {
+                encoder: self,
+                slot: None,
+                pending: Vec::new(),
+                documents: texts.len(),
+                start,
+                submit_ns: elapsed_ns(start),
+                want_counts: false,
+            });
+        }
+        let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
+        match self.stage_and_submit(&mut slot, texts, &layout) {
+            Ok(pending) => Ok(PendingEncode {
+                encoder: self,
+                slot: Some(slot),
+                pending,
+                documents: texts.len(),
+                start,
+                submit_ns: elapsed_ns(start),
+                want_counts: false,
+            }),
+            Err(error) => {
+                self.give_back(slot);
+                Err(error)
+            }
+        }
+    }
+
+    /// [`DeviceEncoder::submit_bytes`] of strings.
+    pub fn submit(&self, texts: &[&str]) -> Result<PendingEncode<'_>, TokenizerError> {
+        let bytes: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+        self.submit_bytes(&bytes)
+    }
+
+    /// The ids of one text, the chunk's timings and what the device counted
+    /// (reading the counts costs one small read after the encode).
+    pub fn encode_counted(&self, text: &[u8]) -> Result<(Vec<u32>, ChunkTimings), TokenizerError> {
+        let mut pending = self.submit_bytes(&[text])?;
+        pending.want_counts = true;
+        let mut results = [Vec::new()];
+        let timings = pending.wait_into(&mut results)?;
+        let [ids] = results;
+        Ok((ids, timings))
+    }
+
+    /// The documents laid out back to back, with the host split's piece starts.
+    fn layout(&self, texts: &[&[u8]]) -> Result<Layout, TokenizerError> {
+        let total: u64 = texts.iter().map(|text| text.len() as u64).sum();
+        let text_len = u32::try_from(total).map_err(|_| {
+            TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: a chunk of {total} bytes does not fit the device's 32-bit offsets; \
+                     encode at most 4 GiB at once (lower ChunkLimits::text_bytes)"
+                ),
+            )
+        })?;
+        let mut ends = Vec::with_capacity(texts.len());
+        let mut piece_starts = Vec::with_capacity(text_len as usize / 4);
+        let mut offset = 0u32;
+        for text in texts {
+            let before = piece_starts.len();
+            self.splitter.split_into(text, &mut piece_starts)?;
+            for start in &mut piece_starts[before..] {
+                *start += offset;
+            }
+            offset += text.len() as u32;
+            ends.push(offset);
+        }
+        Ok(Layout {
+            text_len,
+            ends,
+            piece_starts,
+        })
     }
 
     /// A slot with room for `text_len` bytes and `documents` documents: an idle
@@ -249,7 +476,10 @@ impl DeviceEncoder {
     fn take_slot(&self, text_len: u64, documents: u64) -> Result<Slot, TokenizerError> {
         let (text, documents) = capacities(text_len, documents);
         {
-            let mut slots = self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut slots = self
+                .slots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(index) = slots
                 .iter()
                 .position(|slot| slot.text_capacity >= text && slot.document_capacity >= documents)
@@ -263,10 +493,17 @@ impl DeviceEncoder {
             if bytes == 0 {
                 continue;
             }
-            let buffer = self
-                .backend
-                .buffer(bytes)
-                .map_err(|error| backend_error(&format!("allocating {} bytes for {}", bytes, role.name()), error))?;
+            let buffer = if host_visible(role) {
+                host_visible_buffer(&self.backend, bytes)
+            } else {
+                self.backend.buffer(bytes)
+            }
+            .map_err(|error| {
+                backend_error(
+                    &format!("allocating {bytes} bytes for {}", role.name()),
+                    error,
+                )
+            })?;
             buffers[role as usize] = Some(buffer);
         }
         Ok(Slot {
@@ -277,97 +514,58 @@ impl DeviceEncoder {
     }
 
     fn give_back(&self, slot: Slot) {
-        let mut slots = self.slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         slots.push(slot);
         // Keep the largest few: a slot is tens of bytes per text byte.
         slots.sort_by_key(|slot| std::cmp::Reverse(slot.text_capacity));
         slots.truncate(CHUNKS_IN_FLIGHT);
     }
 
-    /// Stages the documents `range` of `texts` and submits every step.
-    fn submit_chunk(&self, texts: &[&[u8]], range: Range<usize>) -> Result<Submitted, TokenizerError> {
-        let documents = &texts[range.clone()];
-        let text_len: u64 = documents.iter().map(|text| text.len() as u64).sum();
-        let start = Instant::now();
-        if text_len == 0 {
-            return Ok(Submitted {
-                slot: None,
-                pending: Vec::new(),
-                range,
-                text_len,
-                start,
-            });
-        }
-        let text_len_u32 = u32::try_from(text_len).map_err(|_| {
-            TokenizerError::new(
-                ErrorKind::Backend,
-                format!("Fix: a chunk of {text_len} bytes does not fit the device's 32-bit offsets; lower ChunkLimits::text_bytes"),
-            )
-        })?;
-        let slot = self.take_slot(text_len, documents.len() as u64)?;
-        let result = self.stage_and_submit(&slot, documents, text_len_u32);
-        match result {
-            Ok(pending) => Ok(Submitted {
-                slot: Some(slot),
-                pending,
-                range,
-                text_len,
-                start,
-            }),
-            Err(error) => {
-                self.give_back(slot);
-                Err(error)
-            }
-        }
-    }
-
+    /// Writes the chunk into the slot's staging and submits every step, each
+    /// ordered after the one before on the device.
     fn stage_and_submit(
         &self,
-        slot: &Slot,
-        documents: &[&[u8]],
-        text_len: u32,
+        slot: &mut Slot,
+        texts: &[&[u8]],
+        layout: &Layout,
     ) -> Result<Vec<PendingDispatch>, TokenizerError> {
         let mut params = [0u32; param::WORDS as usize];
-        params[param::TEXT_LEN as usize] = text_len;
-        params[param::DOCUMENTS as usize] = documents.len() as u32;
-        let mut text = Vec::with_capacity(text_len as usize);
-        let mut ends = Vec::with_capacity(documents.len());
-        let mut starts = Vec::new();
-        for document in documents {
-            let offset = text.len() as u32;
-            let before = starts.len();
-            self.splitter.split_into(document, &mut starts)?;
-            for piece in &mut starts[before..] {
-                *piece += offset;
-            }
-            text.extend_from_slice(document);
-            ends.push(text.len() as u32);
-        }
-        // The u64 view of the staged text reads whole words.
-        text.resize(text.len().next_multiple_of(8), 0);
-        let upload = |role: Role, bytes: &[u8]| -> Result<(), TokenizerError> {
-            self.backend
-                .upload(slot.buffer(role)?, bytes)
+        params[param::TEXT_LEN as usize] = layout.text_len;
+        params[param::DOCUMENTS as usize] = texts.len() as u32;
+        let backend = &self.backend;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, |out| {
+            copy_words(out, &params);
+        })?;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedDocuments)?, |out| {
+            copy_words(out, &layout.ends);
+        })?;
+        let text_len = layout.text_len as usize;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
+            gather(&mut out[..text_len], texts);
+        })?;
+        let upload = |role: Role, words: &[u32]| -> Result<(), TokenizerError> {
+            backend
+                .upload(slot.buffer(role)?, words)
                 .map_err(|error| backend_error(&format!("uploading {}", role.name()), error))
         };
-        upload(Role::StagedParams, bytemuck::cast_slice(&params))?;
-        upload(Role::StagedText, &text)?;
-        upload(Role::StagedDocuments, bytemuck::cast_slice(&ends))?;
-        upload(Role::PieceStarts, bytemuck::cast_slice(&starts))?;
-        upload(Role::PieceCount, bytemuck::cast_slice(&[starts.len() as u32]))?;
+        upload(Role::PieceStarts, &layout.piece_starts)?;
+        upload(Role::PieceCount, &[layout.piece_starts.len() as u32])?;
         let geometry = &self.programs.geometry;
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(STEPS.len());
         for (step, kernel) in STEPS.iter().zip(&self.kernels) {
             let bindings = self.bindings(slot, step)?;
-            let workgroups = step
-                .grid
-                .workgroups(geometry, text_len as u64, documents.len() as u64);
+            let workgroups =
+                step.grid
+                    .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
             let request = Dispatch::new(kernel, &bindings)
                 .workgroups([workgroups, 1, 1])
                 .readback(&NO_READBACK);
             let submitted = match pending.last() {
-                None => self.backend.submit(request),
-                Some(previous) => self.backend.submit(request.after(previous)),
+                None => backend.submit(request),
+                Some(previous) => backend.submit(request.after(previous)),
             }
             .map_err(|error| backend_error(&format!("submitting bpe.{}", step.name), error))?;
             pending.push(submitted);
@@ -375,7 +573,11 @@ impl DeviceEncoder {
         Ok(pending)
     }
 
-    fn bindings<'a>(&'a self, slot: &'a Slot, step: &Step) -> Result<Vec<Binding<'a>>, TokenizerError> {
+    fn bindings<'a>(
+        &'a self,
+        slot: &'a Slot,
+        step: &Step,
+    ) -> Result<Vec<Binding<'a>>, TokenizerError> {
         step.bindings
             .iter()
             .map(|&role| match role {
@@ -386,122 +588,485 @@ impl DeviceEncoder {
             .collect()
     }
 
-    /// Waits for a submitted chunk and hands each document its ids.
-    fn finish(
-        &self,
-        submitted: Submitted,
-        texts: &[&[u8]],
-        results: &mut [Vec<u32>],
-    ) -> Result<ChunkTimings, TokenizerError> {
-        let Submitted {
-            slot,
-            pending,
-            range,
-            text_len,
-            start,
-        } = submitted;
-        let Some(slot) = slot else {
-            return Ok(ChunkTimings::default());
-        };
-        let outcome = self.collect(&slot, pending, texts, range, text_len, start, results);
-        self.give_back(slot);
-        outcome
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn collect(
-        &self,
-        slot: &Slot,
-        pending: Vec<PendingDispatch>,
-        texts: &[&[u8]],
-        range: Range<usize>,
-        text_len: u64,
-        start: Instant,
-        results: &mut [Vec<u32>],
-    ) -> Result<ChunkTimings, TokenizerError> {
-        let mut steps = [Timings::default(); STEPS.len()];
-        // The last step's wait covers the chain; the others then find idle streams.
-        for (index, submitted) in pending.into_iter().enumerate().rev() {
-            let done = submitted
-                .wait()
-                .map_err(|error| backend_error(&format!("running bpe.{}", STEPS[index].name), error))?;
-            steps[index] = done.timings;
-        }
-        let documents = range.len();
-        let read = |role: Role| -> Result<Vec<u32>, TokenizerError> {
-            self.backend
-                .read::<u32>(slot.buffer(role)?)
-                .map_err(|error| backend_error(&format!("reading {}", role.name()), error))
-        };
-        let starts = read(Role::DocumentTokenStarts)?;
-        let ids = read(Role::Ids)?;
-        let total = starts.get(documents).copied().unwrap_or(0) as usize;
-        if total as u64 > text_len || total > ids.len() {
+    /// Records the encode of one text of exactly `text_len` bytes as one graph:
+    /// the uploads from the graph's pinned input slots, then every step but
+    /// `stage`. [`EncodeGraph::encode`] replays it.
+    pub fn graph(&self, text_len: usize) -> Result<EncodeGraph<'_>, TokenizerError> {
+        let text_len_u32 = u32::try_from(text_len).map_err(|_| {
+            TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: a graph of {text_len} bytes does not fit the device's 32-bit offsets"
+                ),
+            )
+        })?;
+        if text_len == 0 {
             return Err(TokenizerError::new(
                 ErrorKind::Backend,
-                format!("Fix: internal: the device counted {total} tokens in {text_len} bytes; report this as a bug"),
+                "Fix: a graph encodes texts of one length of at least 1 byte; an empty text has no ids",
             ));
         }
-        for (offset, index) in range.clone().enumerate() {
-            let (first, last) = (starts[offset] as usize, starts[offset + 1] as usize);
-            if first > last || last > total {
-                return Err(TokenizerError::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "Fix: internal: the device gave document {index} ids {first}..{last} of {total}; report this as a bug"
-                    ),
-                ));
+        let slot = self.take_slot(text_len as u64, 1)?;
+        let geometry = self.programs.geometry;
+        let mut slots: Option<[InputSlot; 5]> = None;
+        let bindings: Vec<Vec<Binding<'_>>> = STEPS[1..]
+            .iter()
+            .map(|step| self.bindings(&slot, step))
+            .collect::<Result<_, _>>()?;
+        let recorded = self.backend.record(|recorder| {
+            let upload =
+                |recorder: &mut vyre_cuda::backend::AnyRecorder<'_, '_>, role: Role, bytes: u64| {
+                    recorder.upload(slot.buffer(role).map_err(to_backend)?, bytes)
+                };
+            let inputs = [
+                upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
+                upload(recorder, Role::Text, text_len as u64)?,
+                upload(recorder, Role::DocumentEnds, 4)?,
+                upload(recorder, Role::PieceStarts, 4 * text_len as u64)?,
+                upload(recorder, Role::PieceCount, 4)?,
+            ];
+            for ((step, kernel), bindings) in
+                STEPS[1..].iter().zip(&self.kernels[1..]).zip(&bindings)
+            {
+                let workgroups = step.grid.workgroups(&geometry, text_len as u64, 1);
+                recorder.dispatch(
+                    Dispatch::new(kernel, bindings)
+                        .workgroups([workgroups, 1, 1])
+                        .readback(&NO_READBACK),
+                )?;
             }
-            results[index] = ids[first..last].to_vec();
-        }
-        let _ = texts;
-        let params = read(Role::Params)?;
-        Ok(ChunkTimings {
-            wall_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-            steps,
-            counts: EncodeCounts {
-                merged_pieces: params[param::MERGE_COUNT as usize],
-                chunks: params[param::CHUNK_COUNT as usize],
-                long_pieces: params[param::LONG_COUNT as usize],
-                failed_boundaries: params[param::FAILED_BOUNDARIES as usize],
-                serial_pieces: params[param::SERIAL_PIECES as usize],
-            },
+            slots = Some(inputs);
+            Ok(())
+        });
+        drop(bindings);
+        let graph = match recorded {
+            Ok(graph) => graph,
+            Err(error) => {
+                self.give_back(slot);
+                return Err(backend_error("recording the encode graph", error));
+            }
+        };
+        let inputs =
+            slots.ok_or_else(|| internal("the encode graph recorded no input slots".to_owned()))?;
+        Ok(EncodeGraph {
+            encoder: self,
+            graph: Some(graph),
+            slot: Some(slot),
+            inputs,
+            text_len: text_len_u32,
         })
+    }
+
+    fn counts_of(&self, slot: &Slot) -> Result<EncodeCounts, TokenizerError> {
+        let params = self
+            .backend
+            .read::<u32>(slot.buffer(Role::Params)?)
+            .map_err(|error| backend_error("reading the counts", error))?;
+        Ok(EncodeCounts::of(&params))
     }
 }
 
-/// Timings and counts of one chunk.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ChunkTimings {
-    /// Staging to ids in hand, host clock.
-    pub wall_ns: u64,
-    /// Each step's timings, in [`STEPS`] order (`kernel_stamps_ns` is the
-    /// kernel's own device time).
-    pub steps: [Timings; STEPS.len()],
-    /// What the device counted.
-    pub counts: EncodeCounts,
+fn to_backend(error: TokenizerError) -> BackendError {
+    BackendError::BadInput {
+        message: error.message().to_owned(),
+    }
 }
 
-/// A chunk on its way: its slot (none for an empty chunk), its pending steps.
-struct Submitted {
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A host-visible buffer: host-mapped pinned memory on CUDA (device memory
+/// where the device cannot map it), the reference's memory otherwise.
+fn host_visible_buffer(backend: &AnyBackend, bytes: u64) -> Result<DeviceBuffer, BackendError> {
+    match backend {
+        AnyBackend::Cuda(gpu) => gpu
+            .host_mapped_buffer(bytes)
+            .or_else(|_| backend.buffer(bytes)),
+        _ => backend.buffer(bytes),
+    }
+}
+
+/// Fills the start of a host-visible buffer with `fill`: in place in mapped
+/// memory, through one upload otherwise.
+fn write_host_visible(
+    backend: &AnyBackend,
+    buffer: &mut DeviceBuffer,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<(), TokenizerError> {
+    if buffer.is_host_mapped() {
+        let bytes = buffer
+            .mapped_bytes_mut()
+            .map_err(|error| backend_error("staging the chunk", error))?;
+        fill(bytes);
+        return Ok(());
+    }
+    let mut bytes = vec![0u8; buffer.len() as usize];
+    fill(&mut bytes);
+    backend
+        .upload(buffer, &bytes)
+        .map_err(|error| backend_error("staging the chunk", error))
+}
+
+/// Calls `read` with the first `count` words of a host-visible buffer: in place
+/// in mapped memory (beside `graph` when a graph holds it), read back otherwise.
+fn read_host_visible<R>(
+    backend: &AnyBackend,
+    buffer: &mut DeviceBuffer,
+    graph: Option<&mut AnyGraph>,
+    count: usize,
+    read: impl FnOnce(&[u32]) -> R,
+) -> Result<R, TokenizerError> {
+    if count as u64 * 4 > buffer.len() {
+        return Err(internal(format!(
+            "a read of {count} words from a buffer of {} bytes",
+            buffer.len()
+        )));
+    }
+    if buffer.is_host_mapped() && cfg!(target_endian = "little") {
+        let bytes = match graph.and_then(AnyGraph::as_cuda) {
+            Some(graph) => buffer.mapped_bytes_beside(graph),
+            None => buffer.mapped_bytes(),
+        }
+        .map_err(|error| backend_error("reading the ids", error))?;
+        if let Ok(words) = bytemuck::try_cast_slice::<u8, u32>(&bytes[..count * 4]) {
+            return Ok(read(words));
+        }
+    }
+    let mut words = vec![0u32; count];
+    if count > 0 {
+        if buffer.is_host_mapped() {
+            return Err(internal(
+                "host-mapped memory that is not word-aligned".to_owned(),
+            ));
+        }
+        backend
+            .read_into(buffer, &mut words)
+            .map_err(|error| backend_error("reading the ids", error))?;
+    }
+    Ok(read(&words))
+}
+
+/// Little-endian words into the start of `out`.
+fn copy_words(out: &mut [u8], words: &[u32]) {
+    for (chunk, word) in out.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// The host's threads for a copy of `bytes` bytes.
+fn copy_threads(bytes: usize) -> usize {
+    if bytes < PARALLEL_COPY_BYTES {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |threads| threads.get())
+        .min(bytes / (PARALLEL_COPY_BYTES / 4))
+        .max(1)
+}
+
+/// The texts back to back into `out` (exactly their total length), on all
+/// threads when there is enough to copy: each thread takes a contiguous run of
+/// whole texts of about equal bytes.
+fn gather(out: &mut [u8], texts: &[&[u8]]) {
+    let threads = copy_threads(out.len());
+    if threads <= 1 {
+        let mut at = 0;
+        for text in texts {
+            out[at..at + text.len()].copy_from_slice(text);
+            at += text.len();
+        }
+        return;
+    }
+    let share = out.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let mut rest = out;
+        let mut first = 0;
+        while first < texts.len() {
+            let mut bytes = 0;
+            let mut last = first;
+            while last < texts.len() && (bytes < share || last == first) {
+                bytes += texts[last].len();
+                last += 1;
+            }
+            let (mine, after) = rest.split_at_mut(bytes);
+            rest = after;
+            let run = &texts[first..last];
+            scope.spawn(move || {
+                let mut at = 0;
+                for text in run {
+                    mine[at..at + text.len()].copy_from_slice(text);
+                    at += text.len();
+                }
+            });
+            first = last;
+        }
+    });
+}
+
+/// Each document's ids out of the chunk's `ids` by `starts` (document `i`
+/// has `ids[starts[i]..starts[i + 1]]`), on all threads when there is enough
+/// to copy. An `Err` when the device's offsets are not increasing within
+/// `ids`.
+fn scatter(ids: &[u32], starts: &[u32], results: &mut [Vec<u32>]) -> Result<(), TokenizerError> {
+    for (index, pair) in starts.windows(2).enumerate() {
+        if pair[0] > pair[1] || pair[1] as usize > ids.len() {
+            return Err(internal(format!(
+                "the device gave document {index} ids {}..{} of {}",
+                pair[0],
+                pair[1],
+                ids.len()
+            )));
+        }
+    }
+    let threads = copy_threads(ids.len() * 4).min(results.len().max(1));
+    let fill = |results: &mut [Vec<u32>], first: usize| {
+        for (offset, result) in results.iter_mut().enumerate() {
+            let (from, to) = (
+                starts[first + offset] as usize,
+                starts[first + offset + 1] as usize,
+            );
+            result.clear();
+            result.extend_from_slice(&ids[from..to]);
+        }
+    };
+    if threads <= 1 {
+        fill(results, 0);
+        return Ok(());
+    }
+    let per = results.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (index, part) in results.chunks_mut(per).enumerate() {
+            let fill = &fill;
+            scope.spawn(move || fill(part, index * per));
+        }
+    });
+    Ok(())
+}
+
+/// A chunk on the device: [`PendingEncode::wait`] gives each document its ids.
+/// Dropping it waits for the device and gives the buffers back.
+#[must_use = "a pending encode holds its buffers until it is waited for"]
+pub struct PendingEncode<'e> {
+    encoder: &'e DeviceEncoder,
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
-    range: Range<usize>,
-    text_len: u64,
+    documents: usize,
     start: Instant,
+    submit_ns: u64,
+    want_counts: bool,
 }
 
-/// Buffer capacities for a chunk: powers of two, at least 16 bytes and 4
-/// documents.
-fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
-    (
-        text_len.max(16).next_power_of_two(),
-        documents.max(4).next_power_of_two(),
-    )
+impl std::fmt::Debug for PendingEncode<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingEncode")
+            .field("documents", &self.documents)
+            .field("steps", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingEncode<'_> {
+    /// Waits for the device and returns each document's ids.
+    pub fn wait(self) -> Result<Vec<Vec<u32>>, TokenizerError> {
+        let mut results = vec![Vec::new(); self.documents];
+        self.wait_into(&mut results)?;
+        Ok(results)
+    }
+
+    /// [`PendingEncode::wait`] into `results` (one per document, each
+    /// replaced), with the chunk's timings.
+    pub fn wait_into(mut self, results: &mut [Vec<u32>]) -> Result<ChunkTimings, TokenizerError> {
+        if results.len() != self.documents {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: wait_into got {} result vectors for {} documents; pass one per document",
+                    results.len(),
+                    self.documents
+                ),
+            ));
+        }
+        let mut timings = ChunkTimings {
+            submit_ns: self.submit_ns,
+            ..ChunkTimings::default()
+        };
+        let Some(mut slot) = self.slot.take() else {
+            results.iter_mut().for_each(Vec::clear);
+            if self.want_counts {
+                timings.counts = Some(EncodeCounts::default());
+            }
+            timings.wall_ns = elapsed_ns(self.start);
+            return Ok(timings);
+        };
+        let outcome = self.collect(&mut slot, results, &mut timings);
+        self.encoder.give_back(slot);
+        outcome?;
+        timings.wall_ns = elapsed_ns(self.start);
+        Ok(timings)
+    }
+
+    fn collect(
+        &mut self,
+        slot: &mut Slot,
+        results: &mut [Vec<u32>],
+        timings: &mut ChunkTimings,
+    ) -> Result<(), TokenizerError> {
+        // The last step's wait covers the chain; the others then find idle streams.
+        let pending = std::mem::take(&mut self.pending);
+        let mut first_error = None;
+        for (index, submitted) in pending.into_iter().enumerate().rev() {
+            match submitted.wait() {
+                Ok(done) => timings.steps[index] = done.timings,
+                Err(error) => {
+                    first_error.get_or_insert_with(|| {
+                        backend_error(&format!("running bpe.{}", STEPS[index].name), error)
+                    });
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        let scatter_start = Instant::now();
+        hand_out(&self.encoder.backend, slot, None, self.documents, results)?;
+        timings.scatter_ns = elapsed_ns(scatter_start);
+        if self.want_counts {
+            timings.counts = Some(self.encoder.counts_of(slot)?);
+        }
+        Ok(())
+    }
+}
+
+/// Reads the document starts and the ids of a finished chunk and gives each of
+/// its `documents` documents its ids.
+fn hand_out(
+    backend: &AnyBackend,
+    slot: &mut Slot,
+    mut graph: Option<&mut AnyGraph>,
+    documents: usize,
+    results: &mut [Vec<u32>],
+) -> Result<(), TokenizerError> {
+    let starts = read_host_visible(
+        backend,
+        slot.buffer_mut(Role::DocumentTokenStarts)?,
+        graph.as_deref_mut(),
+        documents + 1,
+        <[u32]>::to_vec,
+    )?;
+    let total = starts.last().copied().unwrap_or(0) as usize;
+    let ids_capacity = slot.buffer(Role::Ids)?.len() as usize / 4;
+    if total > ids_capacity || starts.first() != Some(&0) {
+        return Err(internal(format!(
+            "the device counted {total} tokens (first document at {:?}) with room for {ids_capacity}",
+            starts.first()
+        )));
+    }
+    read_host_visible(backend, slot.buffer_mut(Role::Ids)?, graph, total, |ids| {
+        scatter(ids, &starts, results)
+    })?
+}
+
+impl Drop for PendingEncode<'_> {
+    fn drop(&mut self) {
+        // Waiting happens in the pending dispatches' own drops; the slot goes back
+        // only once they are done.
+        self.pending.clear();
+        if let Some(slot) = self.slot.take() {
+            self.encoder.give_back(slot);
+        }
+    }
+}
+
+/// The encode of texts of one length recorded as one graph
+/// ([`DeviceEncoder::graph`]): every encode is the host split, the text into
+/// the graph's pinned input slot, one replay and the ids read in place.
+pub struct EncodeGraph<'e> {
+    encoder: &'e DeviceEncoder,
+    graph: Option<AnyGraph>,
+    slot: Option<Slot>,
+    /// The input slots of params, text, document ends, piece starts and count.
+    inputs: [InputSlot; 5],
+    text_len: u32,
+}
+
+impl std::fmt::Debug for EncodeGraph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodeGraph")
+            .field("text_len", &self.text_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EncodeGraph<'_> {
+    /// The text length it was recorded for.
+    pub fn text_len(&self) -> usize {
+        self.text_len as usize
+    }
+
+    /// The ids of `text` (exactly [`EncodeGraph::text_len`] bytes).
+    pub fn encode(&mut self, text: &[u8]) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_timed(text).map(|(ids, _)| ids)
+    }
+
+    /// [`EncodeGraph::encode`] with the replay's timings.
+    pub fn encode_timed(&mut self, text: &[u8]) -> Result<(Vec<u32>, Timings), TokenizerError> {
+        if text.len() != self.text_len as usize {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: this EncodeGraph was recorded for {} bytes but the text has {}; record one for {} bytes",
+                    self.text_len,
+                    text.len(),
+                    text.len()
+                ),
+            ));
+        }
+        let encoder = self.encoder;
+        let layout = encoder.layout(&[text])?;
+        let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
+            return Err(internal("the encode graph is gone".to_owned()));
+        };
+        let mut params = [0u32; param::WORDS as usize];
+        params[param::TEXT_LEN as usize] = self.text_len;
+        params[param::DOCUMENTS as usize] = 1;
+        copy_words(input(graph, self.inputs[0])?, &params);
+        input(graph, self.inputs[1])?.copy_from_slice(text);
+        copy_words(input(graph, self.inputs[2])?, &layout.ends);
+        copy_words(input(graph, self.inputs[3])?, &layout.piece_starts);
+        copy_words(
+            input(graph, self.inputs[4])?,
+            &[layout.piece_starts.len() as u32],
+        );
+        let timings = graph
+            .replay()
+            .map_err(|error| backend_error("replaying the encode graph", error))?;
+        let mut results = [Vec::new()];
+        hand_out(&encoder.backend, slot, Some(graph), 1, &mut results)?;
+        let [ids] = results;
+        Ok((ids, timings))
+    }
+}
+
+impl Drop for EncodeGraph<'_> {
+    fn drop(&mut self) {
+        // The graph holds the slot's memory; it goes first.
+        self.graph.take();
+        if let Some(slot) = self.slot.take() {
+            self.encoder.give_back(slot);
+        }
+    }
+}
+
+/// The bytes of a graph's input slot.
+fn input(graph: &mut AnyGraph, slot: InputSlot) -> Result<&mut [u8], TokenizerError> {
+    graph
+        .input_mut(slot)
+        .map_err(|error| backend_error("staging the graph's inputs", error))
 }
 
 /// Consecutive ranges of whole documents within `limits` (a document over the
-/// byte limit alone in its range).
+/// byte limit alone in its range). An empty batch has no range.
 fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
     let mut ranges = Vec::new();
     let mut first = 0;

@@ -435,9 +435,13 @@ fn vocab(index: impl Into<Expr>) -> Expr {
 }
 
 /// A program builder with `step`'s global buffers declared in binding order.
-fn builder(geometry: &Geometry, step: &Step, element_type: impl Fn(Role) -> ElemType) -> ProgramBuilder {
-    let mut builder = Program::builder([geometry.workgroup_size, 1, 1])
-        .entry_op_id(format!("bpe.{}", step.name));
+fn builder(
+    geometry: &Geometry,
+    step: &Step,
+    element_type: impl Fn(Role) -> ElemType,
+) -> ProgramBuilder {
+    let mut builder =
+        Program::builder([geometry.workgroup_size, 1, 1]).entry_op_id(format!("bpe.{}", step.name));
     let written = written_roles(step.name);
     for (binding, &role) in step.bindings.iter().enumerate() {
         let access = if written.contains(&role) {
@@ -622,7 +626,11 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
         |b| {
             b.assign(parts_name.clone(), len.clone());
             b.loop_(names.of("init"), 0u32, len.clone(), |b, at| {
-                b.store(Role::PartStart.name(), start.clone() + at.clone(), at.clone());
+                b.store(
+                    Role::PartStart.name(),
+                    start.clone() + at.clone(),
+                    at.clone(),
+                );
                 if write {
                     b.store(
                         Role::TokenAt.name(),
@@ -656,7 +664,11 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
                 });
                 let first = b.let_(names.of("first"), part_start(at.clone()));
                 if write {
-                    b.store(Role::TokenAt.name(), start.clone() + first.clone(), best.clone());
+                    b.store(
+                        Role::TokenAt.name(),
+                        start.clone() + first.clone(),
+                        best.clone(),
+                    );
                     b.store(
                         Role::TokenAt.name(),
                         start.clone() + part_start(at.clone() + 1u32),
@@ -714,7 +726,11 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
                         start.clone() + before.clone(),
                         end - before,
                     );
-                    b.store(Role::PairRank.name(), start.clone() + at.clone() - 1u32, rank);
+                    b.store(
+                        Role::PairRank.name(),
+                        start.clone() + at.clone() - 1u32,
+                        rank,
+                    );
                 });
             });
         },
@@ -726,12 +742,16 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
 fn emit_piece(b: &mut BlockBuilder, names: &Names, index: Expr) -> (Expr, Expr) {
     let index = b.let_(names.of("piece"), index);
     let count = load(Role::PieceCount, 0u32);
-    let start = b.let_(names.of("piece_start"), load(Role::PieceStarts, index.clone()));
+    let start = b.let_(
+        names.of("piece_start"),
+        load(Role::PieceStarts, index.clone()),
+    );
     let end = b.let_(
         names.of("piece_end"),
-        (index.clone() + 1u32)
-            .less_than(count)
-            .select(load(Role::PieceStarts, index + 1u32), param(param::TEXT_LEN)),
+        (index.clone() + 1u32).less_than(count).select(
+            load(Role::PieceStarts, index + 1u32),
+            param(param::TEXT_LEN),
+        ),
     );
     (start, end)
 }
@@ -785,9 +805,7 @@ pub fn pieces(geometry: &Geometry) -> Program {
         .body(|b| {
             let piece = b.let_("piece", Expr::global_id(Axis::X));
             b.if_(
-                piece
-                    .clone()
-                    .greater_equal(load(Role::PieceCount, 0u32)),
+                piece.clone().greater_equal(load(Role::PieceCount, 0u32)),
                 |b| {
                     b.return_();
                 },
@@ -795,7 +813,13 @@ pub fn pieces(geometry: &Geometry) -> Program {
             let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
             let len = b.let_("len", end.clone() - start.clone());
             b.if_(len.clone().greater_than(chunk), |b| {
-                let slot = b.atomic_fetch("long_slot", AtomicOp::Add, Role::Params.name(), param::LONG_COUNT, 1u32);
+                let slot = b.atomic_fetch(
+                    "long_slot",
+                    AtomicOp::Add,
+                    Role::Params.name(),
+                    param::LONG_COUNT,
+                    1u32,
+                );
                 b.store(Role::LongList.name(), slot, piece.clone());
                 let chunks = b.let_("chunks", (len.clone() + (chunk - 1)) / chunk);
                 let base = b.atomic_fetch(
@@ -852,11 +876,8 @@ pub fn merge(geometry: &Geometry) -> Program {
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
-                let (piece_start, piece_end) = emit_piece(
-                    b,
-                    &Names::new("m"),
-                    load(Role::MergeList, entry.clone()),
-                );
+                let (piece_start, piece_end) =
+                    emit_piece(b, &Names::new("m"), load(Role::MergeList, entry.clone()));
                 let chunk = b.let_("chunk", (entry.clone() - merges.clone()) * 2u32);
                 let listed = b.let_("listed", entry.clone().less_than(merges.clone()));
                 let start = b.let_(
@@ -904,14 +925,26 @@ fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Ex
 
 /// Whether the tokens `first..middle` and `middle..end` of the text are
 /// compatible: tiktoken's rule merges their bytes into exactly those two.
-fn emit_compatible(b: &mut BlockBuilder, names: &Names, first: Expr, middle: Expr, end: Expr) -> Expr {
+fn emit_compatible(
+    b: &mut BlockBuilder,
+    names: &Names,
+    first: Expr,
+    middle: Expr,
+    end: Expr,
+) -> Expr {
     let first = b.let_(names.of("first"), first);
-    let parts = emit_encode(b, &names.nested("pair"), first.clone(), end - first.clone(), false);
+    let parts = emit_encode(
+        b,
+        &names.nested("pair"),
+        first.clone(),
+        end - first.clone(),
+        false,
+    );
     b.let_(
         names.of("compatible"),
-        parts.equals(2u32).and(
-            load(Role::PartStart, first.clone() + 1u32).equals(middle - first),
-        ),
+        parts
+            .equals(2u32)
+            .and(load(Role::PartStart, first.clone() + 1u32).equals(middle - first)),
     )
 }
 
@@ -930,7 +963,8 @@ pub fn long(geometry: &Geometry) -> Program {
             let longs = b.let_("longs", param(param::LONG_COUNT));
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
-                let (start, end) = emit_piece(b, &Names::new("l"), load(Role::LongList, entry.clone()));
+                let (start, end) =
+                    emit_piece(b, &Names::new("l"), load(Role::LongList, entry.clone()));
                 let serial = b.let_mut("serial", false);
                 let covered = b.let_mut("covered", start.clone());
                 let boundary = b.let_mut("boundary", start.clone() + chunk);
@@ -951,7 +985,12 @@ pub fn long(geometry: &Geometry) -> Program {
                                 right.clone(),
                             );
                             b.if_(compatible.logical_not(), |b| {
-                                b.atomic(AtomicOp::Add, Role::Params.name(), param::FAILED_BOUNDARIES, 1u32);
+                                b.atomic(
+                                    AtomicOp::Add,
+                                    Role::Params.name(),
+                                    param::FAILED_BOUNDARIES,
+                                    1u32,
+                                );
                                 emit_repair(
                                     b,
                                     [start.clone(), end.clone()],
@@ -965,7 +1004,12 @@ pub fn long(geometry: &Geometry) -> Program {
                     },
                 );
                 b.if_(serial, |b| {
-                    b.atomic(AtomicOp::Add, Role::Params.name(), param::SERIAL_PIECES, 1u32);
+                    b.atomic(
+                        AtomicOp::Add,
+                        Role::Params.name(),
+                        param::SERIAL_PIECES,
+                        1u32,
+                    );
                     emit_serial(b, start.clone(), end.clone());
                 });
                 b.assign("entry", entry.clone() + threads.clone());
@@ -1011,7 +1055,8 @@ fn emit_repair(
             b.if_(window_start.clone().greater_than(start.clone()), |b| {
                 let previous = emit_token_before(b, "previous", window_start.clone());
                 b.assign("before", previous.clone());
-                let first_end = emit_token_after(b, "first_end", window_start.clone(), window_end.clone());
+                let first_end =
+                    emit_token_after(b, "first_end", window_start.clone(), window_end.clone());
                 let compatible = emit_compatible(
                     b,
                     &Names::new("left_edge"),
@@ -1054,9 +1099,12 @@ fn emit_repair(
                         .and((after.clone() - window_start.clone()).less_equal(window_limit));
                     let grow_left = b.let_(
                         "grow_left",
-                        can_left
-                            .clone()
-                            .and(left_ok.clone().logical_not().or(can_right.clone().logical_not())),
+                        can_left.clone().and(
+                            left_ok
+                                .clone()
+                                .logical_not()
+                                .or(can_right.clone().logical_not()),
+                        ),
                     );
                     b.if_else(
                         grow_left,
@@ -1093,7 +1141,14 @@ fn heap_key(rank: Expr, position: Expr) -> Expr {
 
 /// Pushes `(rank, position)` onto the heap of the piece at `base` (its entries
 /// in `pair_rank`/`part_start` at `base..`), whose size is the variable `size`.
-fn emit_push(b: &mut BlockBuilder, names: &Names, base: &Expr, size: &str, rank: Expr, position: Expr) {
+fn emit_push(
+    b: &mut BlockBuilder,
+    names: &Names,
+    base: &Expr,
+    size: &str,
+    rank: Expr,
+    position: Expr,
+) {
     let rank = b.let_(names.of("rank"), rank);
     let position = b.let_(names.of("position"), position);
     let key = b.let_(names.of("key"), heap_key(rank.clone(), position.clone()));
@@ -1102,16 +1157,30 @@ fn emit_push(b: &mut BlockBuilder, names: &Names, base: &Expr, size: &str, rank:
     b.assign(size, Expr::var(size) + 1u32);
     b.while_(hole.clone().greater_than(0u32), |b| {
         let parent = b.let_(names.of("parent"), (hole.clone() - 1u32) >> 1u32);
-        let parent_rank = b.let_(names.of("parent_rank"), load(Role::PairRank, base.clone() + parent.clone()));
-        let parent_position = b.let_(names.of("parent_position"), load(Role::PartStart, base.clone() + parent.clone()));
+        let parent_rank = b.let_(
+            names.of("parent_rank"),
+            load(Role::PairRank, base.clone() + parent.clone()),
+        );
+        let parent_position = b.let_(
+            names.of("parent_position"),
+            load(Role::PartStart, base.clone() + parent.clone()),
+        );
         b.if_(
             heap_key(parent_rank.clone(), parent_position.clone()).less_equal(key.clone()),
             |b| {
                 b.break_();
             },
         );
-        b.store(Role::PairRank.name(), base.clone() + hole.clone(), parent_rank);
-        b.store(Role::PartStart.name(), base.clone() + hole.clone(), parent_position);
+        b.store(
+            Role::PairRank.name(),
+            base.clone() + hole.clone(),
+            parent_rank,
+        );
+        b.store(
+            Role::PartStart.name(),
+            base.clone() + hole.clone(),
+            parent_position,
+        );
         b.assign(hole_name.clone(), parent);
     });
     b.store(Role::PairRank.name(), base.clone() + hole.clone(), rank);
@@ -1138,12 +1207,20 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
         let rank = b.let_(
             "initial_rank",
             vocab(
-                ((byte(start.clone() + at.clone()) << 8u32) | byte(start.clone() + at.clone() + 1u32))
+                ((byte(start.clone() + at.clone()) << 8u32)
+                    | byte(start.clone() + at.clone() + 1u32))
                     + PAIR_RANKS_AT,
             ),
         );
         b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
-            emit_push(b, &Names::new("initial_push"), &start, "heap_size", rank.clone(), at.clone());
+            emit_push(
+                b,
+                &Names::new("initial_push"),
+                &start,
+                "heap_size",
+                rank.clone(),
+                at.clone(),
+            );
         });
     });
     b.while_(size.clone().greater_than(0u32), |b| {
@@ -1151,9 +1228,18 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
         let rank = b.let_("top_rank", load(Role::PairRank, start.clone()));
         let position = b.let_("top_position", load(Role::PartStart, start.clone()));
         b.assign("heap_size", size.clone() - 1u32);
-        let last_rank = b.let_("last_rank", load(Role::PairRank, start.clone() + size.clone()));
-        let last_position = b.let_("last_position", load(Role::PartStart, start.clone() + size.clone()));
-        let last_key = b.let_("last_key", heap_key(last_rank.clone(), last_position.clone()));
+        let last_rank = b.let_(
+            "last_rank",
+            load(Role::PairRank, start.clone() + size.clone()),
+        );
+        let last_position = b.let_(
+            "last_position",
+            load(Role::PartStart, start.clone() + size.clone()),
+        );
+        let last_key = b.let_(
+            "last_key",
+            heap_key(last_rank.clone(), last_position.clone()),
+        );
         let hole = b.let_mut("sift", 0u32);
         b.while_(Expr::bool(true), |b| {
             let child = b.let_mut("child", hole.clone() * 2u32 + 1u32);
@@ -1189,7 +1275,11 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
             );
             b.assign("sift", child.clone());
         });
-        b.store(Role::PairRank.name(), start.clone() + hole.clone(), last_rank);
+        b.store(
+            Role::PairRank.name(),
+            start.clone() + hole.clone(),
+            last_rank,
+        );
         b.store(Role::PartStart.name(), start.clone() + hole, last_position);
         // Is the popped pair still the pair at its position?
         let at = b.let_("at", start.clone() + position.clone());
@@ -1202,7 +1292,8 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                     "merged_len",
                     first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
                 );
-                let current = emit_lookup(b, &Names::new("current"), at.clone(), merged_len.clone());
+                let current =
+                    emit_lookup(b, &Names::new("current"), at.clone(), merged_len.clone());
                 b.if_(current.equals(rank.clone()), |b| {
                     b.store(Role::TokenAt.name(), at.clone(), rank.clone());
                     b.store(Role::TokenAt.name(), second.clone(), NO_TOKEN);
@@ -1224,7 +1315,8 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                                         b,
                                         &Names::new("rebuild"),
                                         part.clone(),
-                                        part_len.clone() + token_len(load(Role::TokenAt, next.clone())),
+                                        part_len.clone()
+                                            + token_len(load(Role::TokenAt, next.clone())),
                                     );
                                     b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
                                         emit_push(
@@ -1247,7 +1339,8 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                                     b,
                                     &Names::new("serial_right"),
                                     at.clone(),
-                                    merged_len.clone() + token_len(load(Role::TokenAt, after.clone())),
+                                    merged_len.clone()
+                                        + token_len(load(Role::TokenAt, after.clone())),
                                 );
                                 b.if_(right.clone().not_equals(NO_TOKEN), |b| {
                                     emit_push(
@@ -1293,7 +1386,10 @@ pub fn count(geometry: &Geometry) -> Program {
     builder(geometry, step("count"), element_type)
         .body(|b| {
             let local = b.let_("local", Expr::local_id(Axis::X));
-            let block_start = b.let_("block_start", Expr::workgroup_id(Axis::X) * geometry.block_bytes());
+            let block_start = b.let_(
+                "block_start",
+                Expr::workgroup_id(Axis::X) * geometry.block_bytes(),
+            );
             let text_len = b.let_("text_len", param(param::TEXT_LEN));
             let mut count = u(0);
             for part in 0..BYTES_PER_THREAD {
@@ -1302,8 +1398,7 @@ pub fn count(geometry: &Geometry) -> Program {
                     block_start.clone() + local.clone() + part * workgroup_size,
                 );
                 count = count
-                    + at
-                        .clone()
+                    + at.clone()
                         .less_than(text_len.clone())
                         .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
                         .cast(ScalarType::U32);
@@ -1319,7 +1414,12 @@ pub fn count(geometry: &Geometry) -> Program {
 /// The first document whose start is at least `at` (`documents` when none is):
 /// a binary search over the document ends (document `d` starts where `d − 1`
 /// ends; document 0 at 0).
-fn emit_first_document_from(b: &mut BlockBuilder, names: &Names, documents: Expr, at: Expr) -> Expr {
+fn emit_first_document_from(
+    b: &mut BlockBuilder,
+    names: &Names,
+    documents: Expr,
+    at: Expr,
+) -> Expr {
     let at = b.let_(names.of("at"), at);
     let low_name = names.of("low");
     let high_name = names.of("high");
@@ -1372,7 +1472,10 @@ pub fn compact(geometry: &Geometry) -> Program {
             // Reduced, so the block loop's bounds are workgroup-uniform.
             let text_len = b.workgroup_reduce("text_len", ReduceOp::Max, param(param::TEXT_LEN));
             let documents = b.workgroup_reduce("documents", ReduceOp::Max, param(param::DOCUMENTS));
-            let blocks = b.let_("blocks", (text_len.clone() + (block_bytes - 1)) / block_bytes);
+            let blocks = b.let_(
+                "blocks",
+                (text_len.clone() + (block_bytes - 1)) / block_bytes,
+            );
             let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
             let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups);
             let first = b.let_("first", Expr::workgroup_id(Axis::X) * per.clone());
@@ -1386,7 +1489,10 @@ pub fn compact(geometry: &Geometry) -> Program {
                     let base = b.let_("prefix_base", round * stride + local.clone());
                     let mut sum = part.clone();
                     for lane in 0..UNROLL {
-                        let index = b.let_(format!("prefix_index{lane}"), base.clone() + lane * workgroup_size);
+                        let index = b.let_(
+                            format!("prefix_index{lane}"),
+                            base.clone() + lane * workgroup_size,
+                        );
                         let inside = index.clone().less_than(first.clone());
                         sum = sum
                             + inside
@@ -1402,7 +1508,10 @@ pub fn compact(geometry: &Geometry) -> Program {
                 let block = b.let_("block", first.clone() + owned);
                 b.if_(block.clone().less_than(blocks.clone()), |b| {
                     let block_start = b.let_("block_start", block.clone() * block_bytes);
-                    let own = b.let_("own", block_start.clone() + local.clone() * BYTES_PER_THREAD);
+                    let own = b.let_(
+                        "own",
+                        block_start.clone() + local.clone() * BYTES_PER_THREAD,
+                    );
                     let mut tokens = Vec::new();
                     let mut count = u(0);
                     for k in 0..BYTES_PER_THREAD {
@@ -1416,7 +1525,12 @@ pub fn compact(geometry: &Geometry) -> Program {
                         count = count + token.clone().not_equals(NO_TOKEN).cast(ScalarType::U32);
                         tokens.push(token);
                     }
-                    let base = b.workgroup_scan("thread_offset", ReduceOp::Sum, ScanKind::Exclusive, count);
+                    let base = b.workgroup_scan(
+                        "thread_offset",
+                        ReduceOp::Sum,
+                        ScanKind::Exclusive,
+                        count,
+                    );
                     b.store("thread_base", local.clone(), base.clone());
                     let slot = b.let_mut("slot", running.clone() + base);
                     for token in tokens {
@@ -1429,7 +1543,12 @@ pub fn compact(geometry: &Geometry) -> Program {
                     // The documents that start in this block (the last block: also
                     // those starting at the text's end).
                     let last = b.let_("last", (block.clone() + 1u32).equals(blocks.clone()));
-                    let low = emit_first_document_from(b, &Names::new("low"), documents.clone(), block_start.clone());
+                    let low = emit_first_document_from(
+                        b,
+                        &Names::new("low"),
+                        documents.clone(),
+                        block_start.clone(),
+                    );
                     let high = emit_first_document_from(
                         b,
                         &Names::new("high"),
@@ -1447,8 +1566,14 @@ pub fn compact(geometry: &Geometry) -> Program {
                                 .select(0u32, load(Role::DocumentEnds, document.clone() - 1u32))
                                 - block_start.clone(),
                         );
-                        let owner = b.let_("owner", (offset.clone() / BYTES_PER_THREAD).min(workgroup_size - 1));
-                        let owner_start = b.let_("owner_start", block_start.clone() + owner.clone() * BYTES_PER_THREAD);
+                        let owner = b.let_(
+                            "owner",
+                            (offset.clone() / BYTES_PER_THREAD).min(workgroup_size - 1),
+                        );
+                        let owner_start = b.let_(
+                            "owner_start",
+                            block_start.clone() + owner.clone() * BYTES_PER_THREAD,
+                        );
                         let mut rank = Expr::load("thread_base", owner.clone());
                         for k in 0..BYTES_PER_THREAD {
                             let at = owner_start.clone() + k;
@@ -1459,10 +1584,17 @@ pub fn compact(geometry: &Geometry) -> Program {
                                     .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
                                     .cast(ScalarType::U32);
                         }
-                        b.store(Role::DocumentTokenStarts.name(), document.clone(), running.clone() + rank);
+                        b.store(
+                            Role::DocumentTokenStarts.name(),
+                            document.clone(),
+                            running.clone() + rank,
+                        );
                         b.assign("document", document.clone() + workgroup_size);
                     });
-                    b.assign("running", running.clone() + load(Role::BlockCounts, block.clone()));
+                    b.assign(
+                        "running",
+                        running.clone() + load(Role::BlockCounts, block.clone()),
+                    );
                     // Every thread has read `thread_base` before the next block.
                     b.barrier();
                 });

@@ -119,7 +119,9 @@ impl DeviceVocabulary {
             .filter_map(|rank| Some((rank, vocabulary.token(rank)?)))
             .filter(|(_, bytes)| bytes.len() >= 3)
             .collect();
-        let slot_bits = (hashed.len().max(8) * 2).next_power_of_two().trailing_zeros();
+        let slot_bits = (hashed.len().max(8) * 2)
+            .next_power_of_two()
+            .trailing_zeros();
         let slots_at = TOKENS_AT + rank_bound;
         let mut words = vec![0u32; slots_at as usize + (2usize << slot_bits)];
         words[header::SLOT_BITS as usize] = slot_bits;
@@ -237,7 +239,8 @@ impl DeviceVocabulary {
             return None;
         }
         let offset = (info >> 8) as usize;
-        self.token_bytes.get(offset..offset + (info & 0xFF) as usize)
+        self.token_bytes
+            .get(offset..offset + (info & 0xFF) as usize)
     }
 }
 
