@@ -40,7 +40,6 @@
 mod bpe;
 pub mod device;
 mod error;
-mod gpu;
 pub mod pretokenize;
 mod special;
 mod table;
@@ -49,7 +48,6 @@ mod vocab;
 
 pub use bpe::SHORT_PIECE_BYTES;
 pub use error::{ErrorKind, TokenizerError};
-pub use gpu::{CACHED_PIPELINES, CACHED_PIPELINE_MAX_BYTES};
 pub use pretokenize::pattern::Pattern;
 pub use special::SpecialToken;
 pub use tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES, BATCH_PARALLEL_MIN_BYTES};

@@ -32,6 +32,7 @@ use super::programs::{blocks, param, Geometry, Programs, Role, Step, STEPS};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::pattern::{Pattern, Splitter};
+use crate::vocab::Vocabulary;
 use crate::Tokenizer;
 
 const ROLES: usize = Role::ALL.len();
@@ -244,12 +245,7 @@ impl DeviceEncoder {
     /// [`Geometry`] and [`ChunkLimits`]: compiles the programs and uploads the
     /// vocabulary once.
     pub fn new(backend: AnyBackend, tokenizer: &Tokenizer) -> Result<Self, TokenizerError> {
-        Self::with_geometry(
-            backend,
-            tokenizer,
-            Geometry::default(),
-            ChunkLimits::default(),
-        )
+        Self::with_geometry(backend, tokenizer, Geometry::default(), ChunkLimits::default())
     }
 
     /// [`DeviceEncoder::new`] with another geometry and chunk limits (small ones
@@ -257,6 +253,23 @@ impl DeviceEncoder {
     pub fn with_geometry(
         backend: AnyBackend,
         tokenizer: &Tokenizer,
+        geometry: Geometry,
+        limits: ChunkLimits,
+    ) -> Result<Self, TokenizerError> {
+        Self::for_vocabulary(
+            backend,
+            tokenizer.vocabulary(),
+            tokenizer.pattern(),
+            geometry,
+            limits,
+        )
+    }
+
+    /// The encoder of `vocabulary` with pieces by `pattern`.
+    pub(crate) fn for_vocabulary(
+        backend: AnyBackend,
+        vocabulary: &Vocabulary,
+        pattern: Pattern,
         geometry: Geometry,
         limits: ChunkLimits,
     ) -> Result<Self, TokenizerError> {
@@ -268,7 +281,7 @@ impl DeviceEncoder {
                 "Fix: ChunkLimits must allow at least one byte and one document per chunk",
             ));
         }
-        let device_vocabulary = DeviceVocabulary::new(tokenizer.vocabulary())?;
+        let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
         let mut kernels = Vec::with_capacity(STEPS.len());
         for (step, program) in programs.steps() {
             let kernel = backend
@@ -276,23 +289,31 @@ impl DeviceEncoder {
                 .map_err(|error| backend_error(&format!("compiling bpe.{}", step.name), error))?;
             kernels.push(kernel);
         }
-        let vocabulary = backend
+        let vocabulary_buffer = backend
             .buffer_from(device_vocabulary.words())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
         let token_bytes = backend
             .buffer_from(device_vocabulary.token_bytes())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
         Ok(DeviceEncoder {
-            splitter: Splitter::new(tokenizer.pattern())?,
+            splitter: Splitter::new(pattern)?,
             backend,
             programs,
             kernels,
-            vocabulary,
+            vocabulary: vocabulary_buffer,
             token_bytes,
             vocabulary_bytes: device_vocabulary.device_bytes(),
             slots: Mutex::new(Vec::new()),
             limits,
         })
+    }
+
+    /// The CUDA device's name, or `None` on the reference interpreter.
+    pub fn device_name(&self) -> Option<&str> {
+        match &self.backend {
+            AnyBackend::Cuda(gpu) => Some(&gpu.caps().name),
+            _ => None,
+        }
     }
 
     /// The backend it runs on.
