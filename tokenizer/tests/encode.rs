@@ -530,7 +530,11 @@ fn tokenizer_is_send_and_sync() {
 fn gpu_backend_is_refused_where_it_cannot_run() {
     for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
-        assert_eq!(tokenizer.runs_on(1 << 20), Backend::Cpu, "the default backend is the CPU");
+        assert_eq!(
+            tokenizer.runs_on(1 << 20),
+            Backend::Cpu,
+            "the default backend is the CPU"
+        );
         match tokenizer.clone().with_backend(Backend::Gpu) {
             Ok(gpu) => {
                 assert_eq!(gpu.runs_on(10), Backend::Gpu);

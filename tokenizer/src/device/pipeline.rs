@@ -245,7 +245,12 @@ impl DeviceEncoder {
     /// [`Geometry`] and [`ChunkLimits`]: compiles the programs and uploads the
     /// vocabulary once.
     pub fn new(backend: AnyBackend, tokenizer: &Tokenizer) -> Result<Self, TokenizerError> {
-        Self::with_geometry(backend, tokenizer, Geometry::default(), ChunkLimits::default())
+        Self::with_geometry(
+            backend,
+            tokenizer,
+            Geometry::default(),
+            ChunkLimits::default(),
+        )
     }
 
     /// [`DeviceEncoder::new`] with another geometry and chunk limits (small ones
@@ -450,15 +455,18 @@ impl DeviceEncoder {
         self.submit_bytes(&bytes)
     }
 
-    /// The ids of one text, the chunk's timings and what the device counted
-    /// (reading the counts costs one small read after the encode).
-    pub fn encode_counted(&self, text: &[u8]) -> Result<(Vec<u32>, ChunkTimings), TokenizerError> {
-        let mut pending = self.submit_bytes(&[text])?;
+    /// The ids of `texts` as one chunk (whatever its size), its timings and
+    /// what the device counted (reading the counts costs one small read after
+    /// the wait).
+    pub fn encode_counted(
+        &self,
+        texts: &[&[u8]],
+    ) -> Result<(Vec<Vec<u32>>, ChunkTimings), TokenizerError> {
+        let mut pending = self.submit_bytes(texts)?;
         pending.want_counts = true;
-        let mut results = [Vec::new()];
+        let mut results = vec![Vec::new(); texts.len()];
         let timings = pending.wait_into(&mut results)?;
-        let [ids] = results;
-        Ok((ids, timings))
+        Ok((results, timings))
     }
 
     /// The documents laid out back to back, with the host split's piece starts.

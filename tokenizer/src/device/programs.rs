@@ -756,6 +756,37 @@ fn emit_piece(b: &mut BlockBuilder, names: &Names, index: Expr) -> (Expr, Expr) 
     (start, end)
 }
 
+/// The start of chunk `index` of the piece `start..end`: `index · C` bytes from
+/// its start, moved forward to the next first byte of a character (a byte that
+/// is not `10xxxxxx`) within 3 bytes, so cuts do not split characters (which
+/// keeps a run of 3-byte characters in step with its tokens), at most `end`.
+fn emit_chunk_start(
+    b: &mut BlockBuilder,
+    name: &str,
+    [start, end]: [Expr; 2],
+    index: Expr,
+    chunk: u32,
+) -> Expr {
+    let index = b.let_(format!("{name}_index"), index);
+    let nominal = b.let_(format!("{name}_nominal"), start + index.clone() * chunk);
+    let continuation = |offset: u32| {
+        let at = nominal.clone() + offset;
+        at.clone()
+            .less_than(end.clone())
+            .and((load(Role::Text, at) & 0xC0u32).equals(0x80u32))
+    };
+    let shift = continuation(0).select(
+        continuation(1).select(continuation(2).select(u(3), u(2)), u(1)),
+        u(0),
+    );
+    // The first chunk starts at the piece's start, whatever byte is there.
+    let shift = b.let_(
+        format!("{name}_shift"),
+        index.equals(0u32).select(u(0), shift),
+    );
+    b.let_(name, (nominal + shift).min(end))
+}
+
 /// `stage`: the staged parameters, text (as `u64` words) and document ends into
 /// the device buffers, one thread per 16 bytes or document.
 pub fn stage(geometry: &Geometry) -> Program {
@@ -831,13 +862,24 @@ pub fn pieces(geometry: &Geometry) -> Program {
                 );
                 b.loop_("chunk", 0u32, chunks, |b, index| {
                     let entry = b.let_("entry", (base.clone() + index.clone()) * 2u32);
-                    let chunk_start = b.let_("chunk_start", start.clone() + index * chunk);
-                    b.store(Role::ChunkList.name(), entry.clone(), chunk_start.clone());
-                    b.store(
-                        Role::ChunkList.name(),
-                        entry + 1u32,
-                        (chunk_start + chunk).min(end.clone()),
+                    let chunk_start = emit_chunk_start(
+                        b,
+                        "chunk_start",
+                        [start.clone(), end.clone()],
+                        index.clone(),
+                        chunk,
                     );
+                    let chunk_end = emit_chunk_start(
+                        b,
+                        "chunk_end",
+                        [start.clone(), end.clone()],
+                        index + 1u32,
+                        chunk,
+                    );
+                    // A last chunk that a character boundary pushed past the end
+                    // is an empty range, which `merge` skips.
+                    b.store(Role::ChunkList.name(), entry.clone(), chunk_start);
+                    b.store(Role::ChunkList.name(), entry + 1u32, chunk_end);
                 });
                 b.return_();
             });
@@ -890,7 +932,15 @@ pub fn merge(geometry: &Geometry) -> Program {
                     "end",
                     listed.select(piece_end, load(Role::ChunkList, chunk + 1u32)),
                 );
-                emit_encode(b, &Names::new("e"), start.clone(), end - start, true);
+                b.if_(start.clone().less_than(end.clone()), |b| {
+                    emit_encode(
+                        b,
+                        &Names::new("e"),
+                        start.clone(),
+                        end.clone() - start.clone(),
+                        true,
+                    );
+                });
                 b.assign("entry", entry.clone() + threads.clone());
             });
         })
@@ -967,7 +1017,15 @@ pub fn long(geometry: &Geometry) -> Program {
                     emit_piece(b, &Names::new("l"), load(Role::LongList, entry.clone()));
                 let serial = b.let_mut("serial", false);
                 let covered = b.let_mut("covered", start.clone());
-                let boundary = b.let_mut("boundary", start.clone() + chunk);
+                let chunk_index = b.let_mut("chunk_index", 1u32);
+                let next = emit_chunk_start(
+                    b,
+                    "first_boundary",
+                    [start.clone(), end.clone()],
+                    u(1),
+                    chunk,
+                );
+                let boundary = b.let_mut("boundary", next);
                 b.while_(
                     serial
                         .clone()
@@ -1000,7 +1058,15 @@ pub fn long(geometry: &Geometry) -> Program {
                                 );
                             });
                         });
-                        b.assign("boundary", boundary.clone() + chunk);
+                        b.assign("chunk_index", chunk_index.clone() + 1u32);
+                        let next = emit_chunk_start(
+                            b,
+                            "next_boundary",
+                            [start.clone(), end.clone()],
+                            chunk_index.clone(),
+                            chunk,
+                        );
+                        b.assign("boundary", next);
                     },
                 );
                 b.if_(serial, |b| {
