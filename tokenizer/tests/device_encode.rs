@@ -31,6 +31,7 @@ fn small_geometry(repair_attempts: u32) -> Geometry {
         repair_window_bytes: 32,
         repair_attempts,
         compact_workgroups: 3,
+        max_loop_iterations: None,
     }
 }
 
@@ -358,7 +359,9 @@ fn tokenizer_on_the_reference_device_equals_cpu() {
 /// reference interpreter whose work cap is too small for the programs,
 /// `encode` is an `Err` of kind `Backend` starting `Fix:` that names the
 /// failing program and keeps the backend's error as its source, while
-/// `encode_ordinary` and `encode_batch` fall back to the CPU and give its ids.
+/// `encode_ordinary` and `encode_batch` fall back to the CPU and give its ids;
+/// with every `while` loop capped below what a long piece needs, its encode is
+/// an error naming the program, while texts that stay under the cap encode.
 #[test]
 fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
     let cpu = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
@@ -379,6 +382,28 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
     assert_eq!(
         device.encode_batch(&[text, "b"]),
         cpu.encode_batch(&[text, "b"])
+    );
+    // A loop cap the long piece's merges pass: the program stops with an error
+    // naming it (on CUDA the same cap traps: a KernelFault, gpu_encode_fault.rs).
+    let capped = DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        &cpu,
+        Geometry {
+            max_loop_iterations: Some(4),
+            ..Geometry::default()
+        },
+        ChunkLimits::default(),
+    )
+    .unwrap();
+    let error = capped.encode_batch(&[&"x".repeat(1000)]).unwrap_err();
+    assert!(
+        error.message().starts_with("Fix:") && error.message().contains("bpe."),
+        "{error}"
+    );
+    let fine = "short pieces, each a token";
+    assert_eq!(
+        capped.encode_batch(&[fine]).unwrap(),
+        [cpu.encode_ordinary(fine)]
     );
 }
 

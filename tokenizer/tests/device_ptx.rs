@@ -27,6 +27,7 @@ fn device_programs_validate_lower_and_assemble() {
         repair_window_bytes: 24,
         repair_attempts: 2,
         compact_workgroups: 3,
+        max_loop_iterations: None,
     };
     for geometry in [Geometry::default(), small] {
         let programs = Programs::new(geometry).expect("geometry");

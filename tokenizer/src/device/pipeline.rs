@@ -26,7 +26,7 @@ use vyre_cuda::backend::{
     Timings,
 };
 use vyre_cuda::graph::InputSlot;
-use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
 
 use super::programs::{blocks, param, Geometry, Programs, Role, Step, STEPS};
 use super::vocabulary::DeviceVocabulary;
@@ -289,8 +289,10 @@ impl DeviceEncoder {
         let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
         let mut kernels = Vec::with_capacity(STEPS.len());
         for (step, program) in programs.steps() {
+            let codegen =
+                CodegenOptions::new().with_max_loop_iterations(geometry.max_loop_iterations);
             let kernel = backend
-                .compile(program, &DispatchConfig::linear(1))
+                .compile(program, &DispatchConfig::linear(1).with_codegen(codegen))
                 .map_err(|error| backend_error(&format!("compiling bpe.{}", step.name), error))?;
             kernels.push(kernel);
         }

@@ -109,6 +109,11 @@ pub struct Geometry {
     pub repair_attempts: u32,
     /// Most workgroups of `compact`.
     pub compact_workgroups: u32,
+    /// A cap on every `while` loop's iterations per thread (`None`, the
+    /// default: no cap). Past it a kernel traps (CUDA: a `KernelFault` naming
+    /// the program; the reference: an `Err`); tests use a small cap to see a
+    /// device fault surface.
+    pub max_loop_iterations: Option<u32>,
 }
 
 impl Default for Geometry {
@@ -119,6 +124,7 @@ impl Default for Geometry {
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: 1024,
+            max_loop_iterations: None,
         }
     }
 }
