@@ -484,22 +484,77 @@ impl DeviceEncoder {
             )
         })?;
         let mut ends = Vec::with_capacity(texts.len());
-        let mut piece_starts = Vec::with_capacity(text_len as usize / 4);
         let mut offset = 0u32;
         for text in texts {
-            let before = piece_starts.len();
-            self.splitter.split_into(text, &mut piece_starts)?;
-            for start in &mut piece_starts[before..] {
-                *start += offset;
-            }
             offset += text.len() as u32;
             ends.push(offset);
         }
+        let piece_starts = self.split_on_host(texts, &ends)?;
         Ok(Layout {
             text_len,
             ends,
             piece_starts,
         })
+    }
+
+    /// The host split's piece starts of the documents (ending at `ends`), on
+    /// all threads when there is enough text: each thread splits a run of whole
+    /// documents of about equal bytes.
+    fn split_on_host(&self, texts: &[&[u8]], ends: &[u32]) -> Result<Vec<u32>, TokenizerError> {
+        let splitter = self.splitter;
+        let split_run = |first: usize, run: &[&[u8]]| -> Result<Vec<u32>, TokenizerError> {
+            let bytes: usize = run.iter().map(|text| text.len()).sum();
+            let mut starts = Vec::with_capacity(bytes / 4 + 1);
+            for (index, text) in run.iter().enumerate() {
+                let offset = if first + index == 0 { 0 } else { ends[first + index - 1] };
+                let before = starts.len();
+                splitter.split_into(text, &mut starts)?;
+                for start in &mut starts[before..] {
+                    *start += offset;
+                }
+            }
+            Ok(starts)
+        };
+        let total = ends.last().copied().unwrap_or(0) as usize;
+        let threads = copy_threads(total).min(texts.len());
+        if threads <= 1 {
+            return split_run(0, texts);
+        }
+        let share = total.div_ceil(threads);
+        let mut runs = Vec::new();
+        let mut first = 0;
+        while first < texts.len() {
+            let mut bytes = 0;
+            let mut last = first;
+            while last < texts.len() && (bytes < share || last == first) {
+                bytes += texts[last].len();
+                last += 1;
+            }
+            runs.push(first..last);
+            first = last;
+        }
+        let parts: Vec<Result<Vec<u32>, TokenizerError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = runs
+                .iter()
+                .map(|run| {
+                    let split_run = &split_run;
+                    scope.spawn(move || split_run(run.start, &texts[run.clone()]))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| {
+                    worker.join().unwrap_or_else(|_| {
+                        Err(internal("a host split thread panicked".to_owned()))
+                    })
+                })
+                .collect()
+        });
+        let mut starts = Vec::with_capacity(total / 4 + 1);
+        for part in parts {
+            starts.extend_from_slice(&part?);
+        }
+        Ok(starts)
     }
 
     /// A slot with room for `text_len` bytes and `documents` documents: an idle
