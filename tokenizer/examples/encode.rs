@@ -165,9 +165,13 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
             "--backend" => {
                 let name = value()?;
                 options.reference = name == "reference";
-                options.backend = if options.reference { "gpu".to_owned() } else { name }
-                    .parse()
-                    .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
+                options.backend = if options.reference {
+                    "gpu".to_owned()
+                } else {
+                    name
+                }
+                .parse()
+                .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
             }
             "--ids" => options.ids = Some(value()?),
             "--offsets" => options.offsets = Some(value()?),
@@ -404,7 +408,9 @@ fn print_device_steps(
     let steps: Vec<String> = vyre_tokenizer::device::programs::STEPS
         .iter()
         .zip(&median.steps)
-        .map(|(step, timings)| format!("{} {:.1}", step.name, timings.kernel_stamps_ns as f64 / 1e3))
+        .map(|(step, timings)| {
+            format!("{} {:.1}", step.name, timings.kernel_stamps_ns as f64 / 1e3)
+        })
         .collect();
     let kernels = median.kernel_ns() as f64 / 1e3;
     let wall = median.wall_ns as f64 / 1e3;

@@ -282,8 +282,9 @@ fn empty_batches_and_100000_empty_documents() {
 /// Locks out a submitted or recorded encode that differs from the eager one:
 /// two submissions in flight waited in reverse order, and a graph recorded for
 /// one length replayed with three texts of that length, equal the CPU
-/// encoder; (negative control) a text of another length is a `Fix:` error,
-/// not a wrong result.
+/// encoder; (negative controls) a third submission on the same thread (more
+/// than the backend's pending limit allows) and a graph text of another length
+/// are `Fix:` errors, not a deadlock or a wrong result.
 #[test]
 fn submitted_and_graph_encodes_equal_cpu() {
     let tokenizer = Tokenizer::for_encoding(Encoding::O200kBase).unwrap();
@@ -292,6 +293,11 @@ fn submitted_and_graph_encodes_equal_cpu() {
     let second = ["The quick brown fox", "jumps over the lazy dog 12345"];
     let pending_first = encoder.submit(&first).unwrap();
     let pending_second = encoder.submit(&second).unwrap();
+    let third = encoder.submit(&second).unwrap_err();
+    assert!(
+        third.message().starts_with("Fix:") && third.message().contains("wait for one"),
+        "{third}"
+    );
     let cpu = |texts: &[&str]| -> Vec<Vec<u32>> {
         texts
             .iter()

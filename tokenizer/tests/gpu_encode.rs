@@ -240,8 +240,8 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
     check_batch(device(&gpu), &cpu, &empty, "100,000 mostly empty documents");
 }
 
-/// Locks out submitted encodes that interfere: four chunks submitted at once
-/// and waited in reverse order, and eight threads sharing one tokenizer with
+/// Locks out submitted encodes that interfere: two chunks submitted at once
+/// (the most one thread may have pending) and waited in reverse order, and eight threads sharing one tokenizer with
 /// texts of many lengths (some over 1 MiB), equal the CPU encoder; so does
 /// `encode_batch` of all of them.
 #[test]
@@ -256,7 +256,7 @@ fn gpu_submitted_encodes_and_threads_equal_cpu() {
         })
         .collect();
     let encoder = device(&gpu);
-    let pending: Vec<_> = texts[..4]
+    let pending: Vec<_> = texts[..2]
         .iter()
         .map(|text| encoder.submit(&[text.as_str(), "", text.as_str()]).unwrap())
         .collect();

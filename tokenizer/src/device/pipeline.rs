@@ -18,12 +18,13 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use vyre_cuda::backend::{
     AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
-    Timings,
+    Timings, MAX_PENDING,
 };
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
@@ -37,15 +38,18 @@ use crate::Tokenizer;
 
 const ROLES: usize = Role::ALL.len();
 
-/// Default most text bytes per chunk (64 MiB).
-pub const CHUNK_TEXT_BYTES: u64 = 64 << 20;
+/// Default most text bytes per chunk (16 MiB: a 64 MiB batch is four chunks,
+/// so one is staged while another computes).
+pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
 
 /// Default most documents per chunk.
 pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 
-/// Chunks of one batch in flight at once: one being staged and uploaded while
-/// one computes (and the one before hands out its ids).
-pub const CHUNKS_IN_FLIGHT: usize = 2;
+/// Chunks on the device at once per encoder, across all threads: one being
+/// staged and uploaded while one computes (and the one before hands out its
+/// ids). Each is one pending dispatch per step, and a backend takes at most
+/// `MAX_PENDING` (16) pending dispatches.
+pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / STEPS.len();
 
 /// Below this many bytes a gather or a scatter runs on the calling thread.
 const PARALLEL_COPY_BYTES: usize = 1 << 20;
@@ -228,6 +232,10 @@ pub struct DeviceEncoder {
     vocabulary_bytes: usize,
     slots: Mutex<Vec<Slot>>,
     limits: ChunkLimits,
+    /// The threads that submitted the chunks now on the device (at most
+    /// [`CHUNKS_IN_FLIGHT`]), and the signal that one finished.
+    in_flight: Mutex<Vec<ThreadId>>,
+    finished: Condvar,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -312,6 +320,8 @@ impl DeviceEncoder {
             vocabulary_bytes: device_vocabulary.device_bytes(),
             slots: Mutex::new(Vec::new()),
             limits,
+            in_flight: Mutex::new(Vec::new()),
+            finished: Condvar::new(),
         })
     }
 
@@ -433,7 +443,15 @@ impl DeviceEncoder {
                 want_counts: false,
             });
         }
-        let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
+        self.admit()?;
+        let slot = match self.take_slot(layout.text_len as u64, texts.len() as u64) {
+            Ok(slot) => slot,
+            Err(error) => {
+                self.release();
+                return Err(error);
+            }
+        };
+        let mut slot = slot;
         match self.stage_and_submit(&mut slot, texts, &layout) {
             Ok(pending) => Ok(PendingEncode {
                 encoder: self,
@@ -446,9 +464,52 @@ impl DeviceEncoder {
             }),
             Err(error) => {
                 self.give_back(slot);
+                self.release();
                 Err(error)
             }
         }
+    }
+
+    /// Waits for room on the device for one more chunk. A thread that already
+    /// has [`CHUNKS_IN_FLIGHT`] chunks pending would wait for itself: that is a
+    /// `Fix:` error instead.
+    fn admit(&self) -> Result<(), TokenizerError> {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while holders.len() >= CHUNKS_IN_FLIGHT {
+            if holders.iter().all(|&holder| holder == me) {
+                return Err(TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "Fix: this thread already has {CHUNKS_IN_FLIGHT} encodes pending on this device \
+                         encoder (the most it takes at once); wait for one before submitting another"
+                    ),
+                ));
+            }
+            holders = self
+                .finished
+                .wait(holders)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        holders.push(me);
+        Ok(())
+    }
+
+    /// One chunk left the device (submitted by any thread).
+    fn release(&self) {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let index = holders.iter().position(|&holder| holder == me).unwrap_or(0);
+        if index < holders.len() {
+            holders.swap_remove(index);
+        }
+        self.finished.notify_all();
     }
 
     /// [`DeviceEncoder::submit_bytes`] of strings.
@@ -506,7 +567,11 @@ impl DeviceEncoder {
             let bytes: usize = run.iter().map(|text| text.len()).sum();
             let mut starts = Vec::with_capacity(bytes / 4 + 1);
             for (index, text) in run.iter().enumerate() {
-                let offset = if first + index == 0 { 0 } else { ends[first + index - 1] };
+                let offset = if first + index == 0 {
+                    0
+                } else {
+                    ends[first + index - 1]
+                };
                 let before = starts.len();
                 splitter.split_into(text, &mut starts)?;
                 for start in &mut starts[before..] {
@@ -987,6 +1052,7 @@ impl PendingEncode<'_> {
         };
         let outcome = self.collect(&mut slot, results, &mut timings);
         self.encoder.give_back(slot);
+        self.encoder.release();
         outcome?;
         timings.wall_ns = elapsed_ns(self.start);
         Ok(timings)
@@ -1060,6 +1126,7 @@ impl Drop for PendingEncode<'_> {
         self.pending.clear();
         if let Some(slot) = self.slot.take() {
             self.encoder.give_back(slot);
+            self.encoder.release();
         }
     }
 }
