@@ -1240,3 +1240,107 @@ fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
     }
     ranges
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pretokenize::text::{generate, Shape};
+    use crate::Encoding;
+
+    /// Locks out chunks that break the limits or lose documents: the ranges tile
+    /// the batch in order, each within the byte and document limits, a document
+    /// over the byte limit alone in its range; an empty batch has none.
+    #[test]
+    fn chunk_ranges_tile_the_batch_within_the_limits() {
+        let texts: Vec<Vec<u8>> = (0..40)
+            .map(|index| vec![b'a'; (index * 37) % 300])
+            .collect();
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let limits = ChunkLimits {
+            text_bytes: 500,
+            documents: 4,
+        };
+        let ranges = chunk_ranges(&refs, &limits);
+        assert_eq!(ranges.first().map(|range| range.start), Some(0));
+        assert_eq!(ranges.last().map(|range| range.end), Some(texts.len()));
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start);
+        }
+        for range in &ranges {
+            let bytes: usize = refs[range.clone()].iter().map(|text| text.len()).sum();
+            assert!(
+                range.len() <= 4 && (bytes <= 500 || range.len() == 1),
+                "{range:?}"
+            );
+        }
+        let huge = [&[b'x'; 900][..], b"a", b"b"];
+        assert_eq!(chunk_ranges(&huge, &limits), [0..1, 1..3]);
+        assert!(chunk_ranges(&[], &limits).is_empty());
+    }
+
+    /// Locks out a parallel gather or scatter that misplaces bytes: 3 MiB of
+    /// documents of many sizes gather into exactly their concatenation, and
+    /// ids scatter back to exactly their documents, on all threads; (negative
+    /// control) offsets that run backwards or past the ids are refused.
+    #[test]
+    fn gather_and_scatter_on_all_threads_keep_every_document() {
+        let texts: Vec<Vec<u8>> = (0..3000)
+            .map(|index| vec![(index % 251) as u8; (index * 7919) % 2000])
+            .collect();
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let total: usize = refs.iter().map(|text| text.len()).sum();
+        assert!(
+            copy_threads(total) > 1
+                || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
+        );
+        let mut out = vec![0u8; total];
+        gather(&mut out, &refs);
+        assert_eq!(out, texts.concat());
+        let ids: Vec<u32> = (0..total as u32).collect();
+        let mut starts = vec![0u32];
+        for text in &texts {
+            starts.push(starts.last().unwrap() + text.len() as u32);
+        }
+        let mut results = vec![Vec::new(); texts.len()];
+        scatter(&ids, &starts, &mut results).unwrap();
+        for (index, result) in results.iter().enumerate() {
+            let (from, to) = (starts[index], starts[index + 1]);
+            assert_eq!(*result, (from..to).collect::<Vec<u32>>());
+        }
+        let error = scatter(&ids, &[0, 5, 3], &mut results[..2]).unwrap_err();
+        assert!(error.message().starts_with("Fix:"), "{error}");
+        assert!(scatter(&ids[..2], &[0, 5], &mut results[..1]).is_err());
+    }
+
+    /// Locks out a host split on many threads that differs from one thread: the
+    /// piece starts of 3 MiB of documents (all three shapes, empty ones among
+    /// them) split in parallel are the sequential split's, offset by each
+    /// document's start.
+    #[test]
+    fn the_host_split_on_all_threads_equals_one_thread() {
+        let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+        let encoder = DeviceEncoder::new(AnyBackend::reference(), &tokenizer).unwrap();
+        let texts: Vec<Vec<u8>> = (0..600)
+            .map(|index| match index % 4 {
+                0 => Vec::new(),
+                shape => generate(Shape::ALL[shape - 1], 1 + index * 17, index as u64),
+            })
+            .collect();
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let layout = encoder.layout(&refs).unwrap();
+        assert!(
+            copy_threads(layout.text_len as usize) > 1
+                || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
+        );
+        let mut expected = Vec::new();
+        let mut offset = 0;
+        for text in &texts {
+            for start in crate::pretokenize::pattern::piece_starts(Pattern::Cl100k, text).unwrap() {
+                expected.push(start + offset);
+            }
+            offset += text.len() as u32;
+        }
+        assert_eq!(layout.piece_starts, expected);
+        assert_eq!(layout.ends.last().copied(), Some(offset));
+    }
+}
