@@ -137,7 +137,7 @@ impl Geometry {
 
     /// `Err` with a `Fix:` message for a shape the programs cannot run with.
     pub fn check(&self) -> Result<(), String> {
-        if !(32..=1024).contains(&self.workgroup_size) || self.workgroup_size % 32 != 0 {
+        if !(32..=1024).contains(&self.workgroup_size) || !self.workgroup_size.is_multiple_of(32) {
             return Err(format!(
                 "Fix: Geometry::workgroup_size is {}; use a multiple of 32 from 32 to 1024",
                 self.workgroup_size
