@@ -839,17 +839,27 @@ pub fn stage(geometry: &Geometry) -> Program {
 pub fn pieces(geometry: &Geometry) -> Program {
     let chunk = geometry.chunk_bytes;
     builder(geometry, step("pieces"), element_type)
+        .buffer(
+            "merge_base",
+            STEPS[1].bindings.len() as u32,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
         .body(|b| {
             let piece = b.let_("piece", Expr::global_id(Axis::X));
-            b.if_(
-                piece.clone().greater_equal(load(Role::PieceCount, 0u32)),
-                |b| {
-                    b.return_();
-                },
+            let active = b.let_(
+                "active",
+                piece.clone().less_than(load(Role::PieceCount, 0u32)),
             );
             let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
-            let len = b.let_("len", end.clone() - start.clone());
-            b.if_(len.clone().greater_than(chunk), |b| {
+            let len = b.let_(
+                "len",
+                active.clone().select(end.clone() - start.clone(), 0u32),
+            );
+            let long = b.let_("long", len.clone().greater_than(chunk));
+            let needs_merge = b.let_mut("needs_merge", 0u32);
+            b.if_(long.clone(), |b| {
                 let slot = b.atomic_fetch(
                     "long_slot",
                     AtomicOp::Add,
@@ -887,28 +897,55 @@ pub fn pieces(geometry: &Geometry) -> Program {
                     b.store(Role::ChunkList.name(), entry.clone(), chunk_start);
                     b.store(Role::ChunkList.name(), entry + 1u32, chunk_end);
                 });
-                b.return_();
             });
-            let rank = emit_lookup(b, &Names::new("whole"), start.clone(), len.clone());
-            b.if_else(
-                rank.clone().not_equals(NO_TOKEN),
+            b.if_(active.clone().and(long.logical_not()), |b| {
+                let rank = emit_lookup(b, &Names::new("whole"), start.clone(), len.clone());
+                b.if_else(
+                    rank.clone().not_equals(NO_TOKEN),
+                    |b| {
+                        b.store(Role::TokenAt.name(), start.clone(), rank.clone());
+                        b.loop_("clear", 1u32, len.clone(), |b, at| {
+                            b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
+                        });
+                    },
+                    |b| {
+                        b.assign("needs_merge", 1u32);
+                    },
+                );
+            });
+            // One atomic per workgroup claims the workgroup's merge-list entries
+            // (a counter every thread hit would serialize in L2); each thread's
+            // place is an exclusive scan.
+            let place = b.workgroup_scan(
+                "merge_place",
+                ReduceOp::Sum,
+                ScanKind::Exclusive,
+                needs_merge.clone(),
+            );
+            let total = b.workgroup_reduce("merge_total", ReduceOp::Sum, needs_merge.clone());
+            b.if_(
+                Expr::local_id(Axis::X)
+                    .equals(0u32)
+                    .and(total.clone().greater_than(0u32)),
                 |b| {
-                    b.store(Role::TokenAt.name(), start.clone(), rank.clone());
-                    b.loop_("clear", 1u32, len.clone(), |b, at| {
-                        b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
-                    });
-                },
-                |b| {
-                    let slot = b.atomic_fetch(
-                        "merge_slot",
+                    let base = b.atomic_fetch(
+                        "merge_first",
                         AtomicOp::Add,
                         Role::Params.name(),
                         param::MERGE_COUNT,
-                        1u32,
+                        total,
                     );
-                    b.store(Role::MergeList.name(), slot, piece.clone());
+                    b.store("merge_base", 0u32, base);
                 },
             );
+            b.barrier();
+            b.if_(needs_merge.equals(1u32), |b| {
+                b.store(
+                    Role::MergeList.name(),
+                    Expr::load("merge_base", 0u32) + place,
+                    piece.clone(),
+                );
+            });
         })
         .build()
 }
