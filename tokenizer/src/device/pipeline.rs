@@ -585,19 +585,7 @@ impl DeviceEncoder {
         if threads <= 1 {
             return split_run(0, texts);
         }
-        let share = total.div_ceil(threads);
-        let mut runs = Vec::new();
-        let mut first = 0;
-        while first < texts.len() {
-            let mut bytes = 0;
-            let mut last = first;
-            while last < texts.len() && (bytes < share || last == first) {
-                bytes += texts[last].len();
-                last += 1;
-            }
-            runs.push(first..last);
-            first = last;
-        }
+        let runs = document_runs(texts, total.div_ceil(threads));
         let parts: Vec<Result<Vec<u32>, TokenizerError>> = std::thread::scope(|scope| {
             let workers: Vec<_> = runs
                 .iter()
@@ -929,20 +917,14 @@ fn gather(out: &mut [u8], texts: &[&[u8]]) {
         }
         return;
     }
-    let share = out.len().div_ceil(threads);
+    let runs = document_runs(texts, out.len().div_ceil(threads));
     std::thread::scope(|scope| {
         let mut rest = out;
-        let mut first = 0;
-        while first < texts.len() {
-            let mut bytes = 0;
-            let mut last = first;
-            while last < texts.len() && (bytes < share || last == first) {
-                bytes += texts[last].len();
-                last += 1;
-            }
+        for run in runs {
+            let run = &texts[run];
+            let bytes: usize = run.iter().map(|text| text.len()).sum();
             let (mine, after) = rest.split_at_mut(bytes);
             rest = after;
-            let run = &texts[first..last];
             scope.spawn(move || {
                 let mut at = 0;
                 for text in run {
@@ -950,9 +932,27 @@ fn gather(out: &mut [u8], texts: &[&[u8]]) {
                     at += text.len();
                 }
             });
-            first = last;
         }
     });
+}
+
+/// Consecutive runs of whole texts of about `share` bytes each (a text larger
+/// than `share` alone in its run): one run per thread of a parallel copy or
+/// split.
+fn document_runs(texts: &[&[u8]], share: usize) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let mut first = 0;
+    while first < texts.len() {
+        let mut bytes = 0;
+        let mut last = first;
+        while last < texts.len() && (bytes < share || last == first) {
+            bytes += texts[last].len();
+            last += 1;
+        }
+        runs.push(first..last);
+        first = last;
+    }
+    runs
 }
 
 /// Each document's ids out of the chunk's `ids` by `starts` (document `i`

@@ -1296,6 +1296,23 @@ fn emit_push(
     b.store(Role::PartStart.name(), base.clone() + hole, position);
 }
 
+/// Pushes the pair of parts at text position `at` (`len` bytes) onto the heap
+/// of the piece at `base` when its bytes are a token.
+fn emit_push_pair(b: &mut BlockBuilder, names: &Names, base: &Expr, at: Expr, len: Expr) {
+    let at = b.let_(names.of("at"), at);
+    let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
+    b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
+        emit_push(
+            b,
+            &names.nested("push"),
+            base,
+            "heap_size",
+            rank.clone(),
+            at - base.clone(),
+        );
+    });
+}
+
 /// The serial path: the piece `start..end` merged from its bytes in tiktoken's
 /// exact order, the candidate pairs in a binary min-heap of `(rank, position)`
 /// kept in the piece's own scratch range (see the module docs).
@@ -1420,23 +1437,14 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                                 );
                                 let next = b.let_("rebuild_next", part.clone() + part_len.clone());
                                 b.if_(next.clone().less_than(end.clone()), |b| {
-                                    let rank = emit_lookup(
+                                    emit_push_pair(
                                         b,
                                         &Names::new("rebuild"),
+                                        &start,
                                         part.clone(),
                                         part_len.clone()
                                             + token_len(load(Role::TokenAt, next.clone())),
                                     );
-                                    b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
-                                        emit_push(
-                                            b,
-                                            &Names::new("rebuild_push"),
-                                            &start,
-                                            "heap_size",
-                                            rank.clone(),
-                                            part.clone() - start.clone(),
-                                        );
-                                    });
                                 });
                                 b.assign("rebuild_part", next);
                             });
@@ -1444,42 +1452,24 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                         |b| {
                             let after = b.let_("after_merged", at.clone() + merged_len.clone());
                             b.if_(after.clone().less_than(end.clone()), |b| {
-                                let right = emit_lookup(
+                                emit_push_pair(
                                     b,
                                     &Names::new("serial_right"),
+                                    &start,
                                     at.clone(),
                                     merged_len.clone()
                                         + token_len(load(Role::TokenAt, after.clone())),
                                 );
-                                b.if_(right.clone().not_equals(NO_TOKEN), |b| {
-                                    emit_push(
-                                        b,
-                                        &Names::new("right_push"),
-                                        &start,
-                                        "heap_size",
-                                        right.clone(),
-                                        position.clone(),
-                                    );
-                                });
                             });
                             b.if_(at.clone().greater_than(start.clone()), |b| {
                                 let previous = emit_token_before(b, "serial_previous", at.clone());
-                                let left = emit_lookup(
+                                emit_push_pair(
                                     b,
                                     &Names::new("serial_left"),
+                                    &start,
                                     previous.clone(),
-                                    at.clone() + merged_len.clone() - previous.clone(),
+                                    at.clone() + merged_len.clone() - previous,
                                 );
-                                b.if_(left.clone().not_equals(NO_TOKEN), |b| {
-                                    emit_push(
-                                        b,
-                                        &Names::new("left_push"),
-                                        &start,
-                                        "heap_size",
-                                        left.clone(),
-                                        previous.clone() - start.clone(),
-                                    );
-                                });
                             });
                         },
                     );
@@ -1565,7 +1555,6 @@ fn emit_first_document_from(
 /// total). The workgroup owning the last block writes the total after the
 /// documents.
 pub fn compact(geometry: &Geometry) -> Program {
-    const UNROLL: u32 = 4;
     let workgroup_size = geometry.workgroup_size;
     let block_bytes = geometry.block_bytes();
     builder(geometry, step("compact"), element_type)
@@ -1588,29 +1577,17 @@ pub fn compact(geometry: &Geometry) -> Program {
             let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
             let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups);
             let first = b.let_("first", Expr::workgroup_id(Axis::X) * per.clone());
+            // The tokens of the blocks before the first: each thread sums every
+            // `W`-th count (at most `G · B / 2` loads over all workgroups).
             let part = b.let_mut("part", 0u32);
-            let stride = workgroup_size * UNROLL;
-            b.loop_(
-                "prefix_round",
-                0u32,
-                (first.clone() + (stride - 1)) / stride,
-                |b, round| {
-                    let base = b.let_("prefix_base", round * stride + local.clone());
-                    let mut sum = part.clone();
-                    for lane in 0..UNROLL {
-                        let index = b.let_(
-                            format!("prefix_index{lane}"),
-                            base.clone() + lane * workgroup_size,
-                        );
-                        let inside = index.clone().less_than(first.clone());
-                        sum = sum
-                            + inside
-                                .clone()
-                                .select(load(Role::BlockCounts, inside.select(index, 0u32)), 0u32);
-                    }
-                    b.assign("part", sum);
-                },
-            );
+            let index = b.let_mut("prefix_index", local.clone());
+            b.while_(index.clone().less_than(first.clone()), |b| {
+                b.assign(
+                    "part",
+                    part.clone() + load(Role::BlockCounts, index.clone()),
+                );
+                b.assign("prefix_index", index.clone() + workgroup_size);
+            });
             let before = b.workgroup_reduce("before", ReduceOp::Sum, part);
             let running = b.let_mut("running", before);
             b.loop_("owned", 0u32, per.clone(), |b, owned| {
