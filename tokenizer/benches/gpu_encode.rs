@@ -18,9 +18,7 @@
 #[path = "../tests/support/peers.rs"]
 mod peers;
 
-use std::time::Instant;
-
-use peers::Peer;
+use peers::{median_seconds as median, Peer};
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
@@ -31,19 +29,6 @@ use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
 
 const BATCH_BYTES: usize = 64 << 20;
-
-/// Median seconds of `rounds` runs of `run` after one warm-up, and the last result.
-fn median<T>(rounds: usize, mut run: impl FnMut() -> T) -> (f64, T) {
-    let mut result = run();
-    let mut times = Vec::with_capacity(rounds);
-    for _ in 0..rounds.max(1) {
-        let start = Instant::now();
-        result = run();
-        times.push(start.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], result)
-}
 
 /// Documents of 1–16 KiB, the shapes in turn, until `bytes`.
 fn documents(bytes: usize) -> Vec<String> {
@@ -60,6 +45,32 @@ fn documents(bytes: usize) -> Vec<String> {
         texts.push(text);
     }
     texts
+}
+
+/// A kernel that reads one byte of its input: what the pinned upload and the
+/// raw floor dispatch.
+fn touch_program() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "input",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "first",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.if_(Expr::global_id(Axis::X).equals(0u32), |b| {
+                b.store("first", 0u32, Expr::load("input", 0u32));
+            });
+        })
+        .build()
 }
 
 fn gb_per_s(bytes: usize, seconds: f64) -> f64 {
@@ -81,28 +92,7 @@ struct CopyBound {
 
 impl CopyBound {
     fn measure(gpu: &CudaBackend, text: usize, ids: usize, rounds: usize) -> CopyBound {
-        let touch = Program::builder([32, 1, 1])
-            .buffer(
-                "input",
-                0,
-                Access::ReadOnly,
-                ElemType::U8,
-                BufferCount::Runtime,
-            )
-            .buffer(
-                "out",
-                1,
-                Access::WriteOnly,
-                ElemType::U32,
-                BufferCount::Static(1),
-            )
-            .body(|b| {
-                let i = b.let_("i", Expr::global_id(Axis::X));
-                b.if_(i.clone().equals(0u32), |b| {
-                    b.store("out", 0u32, Expr::load("input", 0u32));
-                });
-            })
-            .build();
+        let touch = touch_program();
         let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
         let kernel = gpu.compile(&touch, &config).expect("compile");
         let mut pinned = gpu.pinned_buffer(text).expect("pinned buffer");
@@ -165,20 +155,7 @@ fn main() {
     let encoder = tokenizer.device_encoder().expect("device encoder");
 
     // The floor of one dispatch, for scale.
-    let floor_program = Program::builder([32, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.store("x", i.clone(), i);
-        })
-        .build();
-    let mut floor = RawFloor::new(&gpu, &floor_program, [1, 1, 1]).expect("raw floor");
+    let mut floor = RawFloor::new(&gpu, &touch_program(), [1, 1, 1]).expect("raw floor");
     let (_, launch_sync_ns) = median(rounds * 50, || floor.launch_sync().expect("floor"));
     println!(
         "launch + synchronize (raw driver): {:.2} µs",

@@ -11,7 +11,9 @@ mod device_batches;
 mod oracle;
 mod split_corpus;
 
-use device_batches::{batch_with_empty_documents, check_batch, long_piece_texts};
+use device_batches::{
+    batch_with_empty_documents, capped_encoder, check_batch, long_piece_texts, random_texts,
+};
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::ReferenceOptions;
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
@@ -63,15 +65,7 @@ fn device_ids_equal_cpu_on_2000_random_strings_every_encoding() {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         let encoder = reference_encoder(&tokenizer);
         let mut random = SplitMix64::new(0xD0C0 + encoding as u64);
-        let texts: Vec<Vec<u8>> = (0..2000)
-            .map(|index| {
-                let mut text = split_corpus::random_string(&mut random, 16).into_bytes();
-                if index % 10 == 0 {
-                    oracle::damage(&mut random, &mut text, 4);
-                }
-                text
-            })
-            .collect();
+        let texts = random_texts(&mut random, 2000, 16);
         check_batch(&encoder, &tokenizer, &texts, "random strings");
     }
 }
@@ -391,16 +385,7 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
     );
     // A loop cap the long piece's merges pass: the program stops with an error
     // naming it (on CUDA the same cap traps: a KernelFault, gpu_encode_fault.rs).
-    let capped = DeviceEncoder::with_geometry(
-        AnyBackend::reference(),
-        &cpu,
-        Geometry {
-            max_loop_iterations: Some(4),
-            ..Geometry::default()
-        },
-        ChunkLimits::default(),
-    )
-    .unwrap();
+    let capped = capped_encoder(AnyBackend::reference(), &cpu);
     let error = capped.encode_batch(&[&"x".repeat(1000)]).unwrap_err();
     assert!(
         error.message().starts_with("Fix:") && error.message().contains("bpe."),

@@ -13,7 +13,7 @@ mod device_batches;
 mod oracle;
 mod split_corpus;
 
-use device_batches::{batch_with_empty_documents, check_batch, long_piece_texts};
+use device_batches::{batch_with_empty_documents, check_batch, long_piece_texts, random_texts};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -112,15 +112,7 @@ fn gpu_ids_equal_cpu_and_tiktoken_on_2000_random_strings_every_encoding() {
     for encoding in Encoding::ALL {
         let (cpu, gpu) = cpu_and_device(encoding);
         let mut random = SplitMix64::new(0x6D0C + encoding as u64);
-        let texts: Vec<Vec<u8>> = (0..2000)
-            .map(|index| {
-                let mut text = split_corpus::random_string(&mut random, 24).into_bytes();
-                if index % 10 == 0 {
-                    oracle::damage(&mut random, &mut text, 4);
-                }
-                text
-            })
-            .collect();
+        let texts = random_texts(&mut random, 2000, 24);
         check_batch(device(&gpu), &cpu, &texts, "random strings");
         for text in texts
             .iter()

@@ -3,8 +3,12 @@
 //! machine (`cargo test --release -p vyre-tokenizer --test gpu_encode_fault --
 //! --ignored`).
 
+#[path = "support/device_batches.rs"]
+mod device_batches;
+mod oracle;
+mod split_corpus;
+
 use vyre_cuda::backend::{AnyBackend, BackendError, CudaBackend};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::{Encoding, ErrorKind, Tokenizer};
 
 /// Locks out a kernel fault that is lost or misreported: with every `while`
@@ -17,16 +21,7 @@ use vyre_tokenizer::{Encoding, ErrorKind, Tokenizer};
 fn gpu_kernel_fault_surfaces_as_kernel_fault_naming_the_program() {
     let cpu = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
     let gpu = CudaBackend::acquire().expect("gpu test needs a CUDA device");
-    let encoder = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu),
-        &cpu,
-        Geometry {
-            max_loop_iterations: Some(4),
-            ..Geometry::default()
-        },
-        ChunkLimits::default(),
-    )
-    .unwrap();
+    let encoder = device_batches::capped_encoder(AnyBackend::Cuda(gpu), &cpu);
     let fine = "short pieces, each a token";
     assert_eq!(
         encoder.encode_batch(&[fine]).unwrap(),

@@ -308,6 +308,23 @@ pub fn blocks(geometry: &Geometry, text_len: u64) -> u32 {
     u32::try_from(text_len.div_ceil(geometry.block_bytes() as u64).max(1)).unwrap_or(u32::MAX)
 }
 
+/// The buffers of `pieces`, `merge` and `long`, in binding order: one list, so
+/// the three bind alike (each writes only its own outputs: [`written_roles`]).
+const BPE_BINDINGS: [Role; 12] = [
+    Role::TokenAt,
+    Role::PartStart,
+    Role::PairRank,
+    Role::MergeList,
+    Role::ChunkList,
+    Role::LongList,
+    Role::Params,
+    Role::PieceStarts,
+    Role::PieceCount,
+    Role::Text,
+    Role::Vocabulary,
+    Role::TokenBytes,
+];
+
 /// The steps, in dispatch order. `stage` runs only in eager runs (a graph
 /// uploads the same buffers instead).
 pub const STEPS: [Step; 6] = [
@@ -325,51 +342,17 @@ pub const STEPS: [Step; 6] = [
     },
     Step {
         name: "pieces",
-        bindings: &[
-            Role::Params,
-            Role::Text,
-            Role::Vocabulary,
-            Role::TokenBytes,
-            Role::PieceStarts,
-            Role::PieceCount,
-            Role::TokenAt,
-            Role::MergeList,
-            Role::ChunkList,
-            Role::LongList,
-        ],
+        bindings: &BPE_BINDINGS,
         grid: Grid::PerByte,
     },
     Step {
         name: "merge",
-        bindings: &[
-            Role::Params,
-            Role::Text,
-            Role::Vocabulary,
-            Role::TokenBytes,
-            Role::PieceStarts,
-            Role::PieceCount,
-            Role::MergeList,
-            Role::ChunkList,
-            Role::TokenAt,
-            Role::PartStart,
-            Role::PairRank,
-        ],
+        bindings: &BPE_BINDINGS,
         grid: Grid::Merge,
     },
     Step {
         name: "long",
-        bindings: &[
-            Role::Params,
-            Role::Text,
-            Role::Vocabulary,
-            Role::TokenBytes,
-            Role::PieceStarts,
-            Role::PieceCount,
-            Role::LongList,
-            Role::TokenAt,
-            Role::PartStart,
-            Role::PairRank,
-        ],
+        bindings: &BPE_BINDINGS,
         grid: Grid::PerChunk,
     },
     Step {
@@ -682,30 +665,20 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
                     );
                 }
                 // Parts at + 1.. move down one place, pairs at + 1.. too.
-                b.loop_(
-                    names.of("shift_parts"),
-                    at.clone() + 1u32,
-                    parts.clone() - 1u32,
-                    |b, index| {
-                        b.store(
-                            Role::PartStart.name(),
-                            start.clone() + index.clone(),
-                            part_start(index + 1u32),
-                        );
-                    },
-                );
-                b.loop_(
-                    names.of("shift_pairs"),
-                    at.clone() + 1u32,
-                    parts.clone() - 2u32,
-                    |b, index| {
-                        b.store(
-                            Role::PairRank.name(),
-                            start.clone() + index.clone(),
-                            pair_rank(index + 1u32),
-                        );
-                    },
-                );
+                for (role, count) in [(Role::PartStart, 1u32), (Role::PairRank, 2)] {
+                    b.loop_(
+                        names.of(&format!("shift_{}", role.name())),
+                        at.clone() + 1u32,
+                        parts.clone() - count,
+                        |b, index| {
+                            b.store(
+                                role.name(),
+                                start.clone() + index.clone(),
+                                load(role, start.clone() + index + 1u32),
+                            );
+                        },
+                    );
+                }
                 b.assign(parts_name.clone(), parts.clone() - 1u32);
                 // The end of part `index`: the next part's start, or the range's end.
                 let end_of = |index: Expr| {
@@ -1016,6 +989,17 @@ fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Ex
     found
 }
 
+/// The tokens on either side of byte `at` (where a token starts; the token
+/// after ends at the next token start or `end`): the start of the one before,
+/// the end of the one after, and whether they are compatible.
+fn emit_boundary(b: &mut BlockBuilder, names: &Names, at: Expr, end: Expr) -> (Expr, Expr, Expr) {
+    let at = b.let_(names.of("boundary"), at);
+    let before = emit_token_before(b, &names.of("token_before"), at.clone());
+    let after = emit_token_after(b, &names.of("token_after"), at.clone(), end);
+    let compatible = emit_compatible(b, &names.nested("pair"), before.clone(), at, after.clone());
+    (before, after, compatible)
+}
+
 /// Whether the tokens `first..middle` and `middle..end` of the text are
 /// compatible: tiktoken's rule merges their bytes into exactly those two.
 fn emit_compatible(
@@ -1076,14 +1060,11 @@ pub fn long(geometry: &Geometry) -> Program {
                         .and(boundary.clone().less_than(end.clone())),
                     |b| {
                         b.if_(boundary.clone().greater_equal(covered.clone()), |b| {
-                            let left = emit_token_before(b, "left", boundary.clone());
-                            let right = emit_token_after(b, "right", boundary.clone(), end.clone());
-                            let compatible = emit_compatible(
+                            let (left, right, compatible) = emit_boundary(
                                 b,
                                 &Names::new("check"),
-                                left.clone(),
                                 boundary.clone(),
-                                right.clone(),
+                                end.clone(),
                             );
                             b.if_(compatible.logical_not(), |b| {
                                 b.atomic(
@@ -1161,35 +1142,38 @@ fn emit_repair(
             // window's last with the token after it (none at the piece's ends).
             let left_ok = b.let_mut("left_ok", true);
             let before = b.let_mut("before", window_start.clone());
-            b.if_(window_start.clone().greater_than(start.clone()), |b| {
-                let previous = emit_token_before(b, "previous", window_start.clone());
-                b.assign("before", previous.clone());
-                let first_end =
-                    emit_token_after(b, "first_end", window_start.clone(), window_end.clone());
-                let compatible = emit_compatible(
-                    b,
-                    &Names::new("left_edge"),
-                    previous,
-                    window_start.clone(),
-                    first_end,
-                );
-                b.assign("left_ok", compatible);
-            });
             let right_ok = b.let_mut("right_ok", true);
             let after = b.let_mut("after", window_end.clone());
-            b.if_(window_end.clone().less_than(end.clone()), |b| {
-                let last = emit_token_before(b, "last", window_end.clone());
-                let next_end = emit_token_after(b, "next_end", window_end.clone(), end.clone());
-                b.assign("after", next_end.clone());
-                let compatible = emit_compatible(
-                    b,
-                    &Names::new("right_edge"),
-                    last,
+            let edges = [
+                (
+                    "left",
+                    window_start.clone(),
                     window_end.clone(),
-                    next_end,
-                );
-                b.assign("right_ok", compatible);
-            });
+                    start.clone(),
+                ),
+                (
+                    "right",
+                    window_end.clone(),
+                    end.clone(),
+                    window_start.clone(),
+                ),
+            ];
+            for (side, edge, bound, inside) in edges {
+                // No edge at the piece's start or end.
+                let exists = match side {
+                    "left" => edge.clone().greater_than(inside),
+                    _ => edge.clone().less_than(bound.clone()),
+                };
+                b.if_(exists, |b| {
+                    let (token_before, token_after, compatible) =
+                        emit_boundary(b, &Names::new(&format!("{side}_edge")), edge, bound);
+                    b.assign(format!("{side}_ok"), compatible);
+                    match side {
+                        "left" => b.assign("before", token_before),
+                        _ => b.assign("after", token_after),
+                    };
+                });
+            }
             b.if_else(
                 left_ok.clone().and(right_ok.clone()),
                 |b| {
@@ -1296,20 +1280,31 @@ fn emit_push(
     b.store(Role::PartStart.name(), base.clone() + hole, position);
 }
 
-/// Pushes the pair of parts at text position `at` (`len` bytes) onto the heap
-/// of the piece at `base` when its bytes are a token.
-fn emit_push_pair(b: &mut BlockBuilder, names: &Names, base: &Expr, at: Expr, len: Expr) {
+/// Pushes the pair of the part at text position `at` (`first_len` bytes) and
+/// the part after it, if there is one before `end`, onto the heap of the piece
+/// at `base` when their bytes are a token.
+fn emit_push_pair(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [base, end]: [&Expr; 2],
+    at: Expr,
+    first_len: Expr,
+) {
     let at = b.let_(names.of("at"), at);
-    let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
-    b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
-        emit_push(
-            b,
-            &names.nested("push"),
-            base,
-            "heap_size",
-            rank.clone(),
-            at - base.clone(),
-        );
+    let next = b.let_(names.of("next"), at.clone() + first_len.clone());
+    b.if_(next.clone().less_than(end.clone()), |b| {
+        let len = first_len + token_len(load(Role::TokenAt, next));
+        let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
+        b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
+            emit_push(
+                b,
+                &names.nested("push"),
+                base,
+                "heap_size",
+                rank.clone(),
+                at - base.clone(),
+            );
+        });
     });
 }
 
@@ -1435,40 +1430,32 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                                     "rebuild_part_len",
                                     token_len(load(Role::TokenAt, part.clone())),
                                 );
-                                let next = b.let_("rebuild_next", part.clone() + part_len.clone());
-                                b.if_(next.clone().less_than(end.clone()), |b| {
-                                    emit_push_pair(
-                                        b,
-                                        &Names::new("rebuild"),
-                                        &start,
-                                        part.clone(),
-                                        part_len.clone()
-                                            + token_len(load(Role::TokenAt, next.clone())),
-                                    );
-                                });
-                                b.assign("rebuild_part", next);
+                                emit_push_pair(
+                                    b,
+                                    &Names::new("rebuild"),
+                                    [&start, &end],
+                                    part.clone(),
+                                    part_len.clone(),
+                                );
+                                b.assign("rebuild_part", part.clone() + part_len);
                             });
                         },
                         |b| {
-                            let after = b.let_("after_merged", at.clone() + merged_len.clone());
-                            b.if_(after.clone().less_than(end.clone()), |b| {
-                                emit_push_pair(
-                                    b,
-                                    &Names::new("serial_right"),
-                                    &start,
-                                    at.clone(),
-                                    merged_len.clone()
-                                        + token_len(load(Role::TokenAt, after.clone())),
-                                );
-                            });
+                            emit_push_pair(
+                                b,
+                                &Names::new("serial_right"),
+                                [&start, &end],
+                                at.clone(),
+                                merged_len.clone(),
+                            );
                             b.if_(at.clone().greater_than(start.clone()), |b| {
                                 let previous = emit_token_before(b, "serial_previous", at.clone());
                                 emit_push_pair(
                                     b,
                                     &Names::new("serial_left"),
-                                    &start,
+                                    [&start, &end],
                                     previous.clone(),
-                                    at.clone() + merged_len.clone() - previous,
+                                    at.clone() - previous,
                                 );
                             });
                         },

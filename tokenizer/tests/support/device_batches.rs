@@ -3,14 +3,15 @@
 //! texts whose pieces fall in every length class, batches with empty
 //! documents, and the check that holds a device batch to the CPU encoder.
 //! Include it with `#[path = "support/device_batches.rs"] mod device_batches;`
-//! beside `mod split_corpus;`.
+//! beside `mod oracle;` and `mod split_corpus;`.
 #![allow(dead_code)]
 
-use vyre_tokenizer::device::DeviceEncoder;
+use vyre_cuda::backend::AnyBackend;
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::SplitMix64;
 use vyre_tokenizer::Tokenizer;
 
-use crate::split_corpus;
+use crate::{oracle, split_corpus};
 
 /// Each text's device ids, asserted equal to the CPU encoder's
 /// (`encode_ordinary_bytes`, which `tests/encode.rs` holds to tiktoken-rs and
@@ -86,4 +87,30 @@ pub fn batch_with_empty_documents(random: &mut SplitMix64, count: usize) -> Vec<
             _ => split_corpus::random_string(random, 24).into_bytes(),
         })
         .collect()
+}
+
+/// `count` random strings (every kind of character and every boundary between
+/// them, up to `max_units` units), every tenth damaged into invalid UTF-8.
+pub fn random_texts(random: &mut SplitMix64, count: usize, max_units: u32) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|index| {
+            let mut text = split_corpus::random_string(random, max_units).into_bytes();
+            if index % 10 == 0 {
+                oracle::damage(random, &mut text, 4);
+            }
+            text
+        })
+        .collect()
+}
+
+/// An encoder of `tokenizer` on `backend` whose every `while` loop is capped
+/// at 4 iterations: a piece of 1,000 bytes runs past the cap (an error on the
+/// reference interpreter, a trap on CUDA), a text of whole tokens does not.
+pub fn capped_encoder(backend: AnyBackend, tokenizer: &Tokenizer) -> DeviceEncoder {
+    let geometry = Geometry {
+        max_loop_iterations: Some(4),
+        ..Geometry::default()
+    };
+    DeviceEncoder::with_geometry(backend, tokenizer, geometry, ChunkLimits::default())
+        .expect("capped encoder")
 }
