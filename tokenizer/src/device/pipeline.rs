@@ -154,6 +154,7 @@ fn host_visible(role: Role) -> bool {
         Role::StagedParams
             | Role::StagedText
             | Role::StagedDocuments
+            | Role::StagedPieces
             | Role::Ids
             | Role::DocumentTokenStarts
     )
@@ -177,6 +178,7 @@ fn role_bytes(geometry: &Geometry, role: Role, text: u64, documents: u64) -> u64
         Role::LongList => 4 * (text / chunk + 1),
         Role::BlockCounts => 4 * blocks(geometry, text) as u64,
         Role::DocumentTokenStarts => 4 * (documents + 1),
+        Role::StagedPieces => 4 * (text + 1),
     }
 }
 
@@ -674,6 +676,7 @@ impl DeviceEncoder {
         let mut params = [0u32; param::WORDS as usize];
         params[param::TEXT_LEN as usize] = layout.text_len;
         params[param::DOCUMENTS as usize] = texts.len() as u32;
+        params[param::HOST_PIECES as usize] = layout.piece_starts.len() as u32 + 1;
         let backend = &self.backend;
         write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, |out| {
             copy_words(out, &params);
@@ -685,13 +688,10 @@ impl DeviceEncoder {
         write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
             gather(&mut out[..text_len], texts);
         })?;
-        let upload = |role: Role, words: &[u32]| -> Result<(), TokenizerError> {
-            backend
-                .upload(slot.buffer(role)?, words)
-                .map_err(|error| backend_error(&format!("uploading {}", role.name()), error))
-        };
-        upload(Role::PieceStarts, &layout.piece_starts)?;
-        upload(Role::PieceCount, &[layout.piece_starts.len() as u32])?;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedPieces)?, |out| {
+            copy_words(out, &[layout.piece_starts.len() as u32]);
+            copy_words(&mut out[4..], &layout.piece_starts);
+        })?;
         let geometry = &self.programs.geometry;
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(STEPS.len());
         for (step, kernel) in STEPS.iter().zip(&self.kernels) {
@@ -760,7 +760,7 @@ impl DeviceEncoder {
             let inputs = [
                 upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
                 upload(recorder, Role::Text, text_len as u64)?,
-                upload(recorder, Role::DocumentEnds, 4)?,
+                upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
                 upload(recorder, Role::PieceStarts, 4 * text_len as u64)?,
                 upload(recorder, Role::PieceCount, 4)?,
             ];
@@ -1185,7 +1185,10 @@ impl EncodeGraph<'_> {
         params[param::DOCUMENTS as usize] = 1;
         copy_words(input(graph, self.inputs[0])?, &params);
         input(graph, self.inputs[1])?.copy_from_slice(text);
-        copy_words(input(graph, self.inputs[2])?, &layout.ends);
+        // Padded with the text length: empty documents to the buffer's end.
+        input(graph, self.inputs[2])?
+            .chunks_exact_mut(4)
+            .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
         copy_words(input(graph, self.inputs[3])?, &layout.piece_starts);
         copy_words(
             input(graph, self.inputs[4])?,

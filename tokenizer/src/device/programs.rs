@@ -78,6 +78,9 @@ pub mod param {
     pub const FAILED_BOUNDARIES: u32 = 5;
     /// Long pieces encoded by the serial path.
     pub const SERIAL_PIECES: u32 = 6;
+    /// One more than the number of piece starts the host staged (its split),
+    /// 0 when the split runs on the device.
+    pub const HOST_PIECES: u32 = 7;
     /// Words of `params`.
     pub const WORDS: u32 = 8;
 }
@@ -200,11 +203,13 @@ pub enum Role {
     StagedDocuments,
     /// The parameters as the host staged them.
     StagedParams,
+    /// The piece count and starts of a split the host ran, as it staged them.
+    StagedPieces,
 }
 
 impl Role {
     /// Every role; `role as usize` indexes it.
-    pub const ALL: [Role; 19] = [
+    pub const ALL: [Role; 20] = [
         Role::Params,
         Role::Text,
         Role::DocumentEnds,
@@ -224,6 +229,7 @@ impl Role {
         Role::StagedText,
         Role::StagedDocuments,
         Role::StagedParams,
+        Role::StagedPieces,
     ];
 
     /// The buffer's name in the programs that bind it.
@@ -248,6 +254,7 @@ impl Role {
             Role::StagedText => "staged_text",
             Role::StagedDocuments => "staged_documents",
             Role::StagedParams => "staged_params",
+            Role::StagedPieces => "staged_pieces",
         }
     }
 }
@@ -334,9 +341,12 @@ pub const STEPS: [Step; 6] = [
             Role::StagedParams,
             Role::StagedText,
             Role::StagedDocuments,
+            Role::StagedPieces,
             Role::Params,
             Role::Text,
             Role::DocumentEnds,
+            Role::PieceStarts,
+            Role::PieceCount,
         ],
         grid: Grid::Stage,
     },
@@ -452,7 +462,13 @@ fn builder(
 /// The roles each step writes (every other binding is read-only).
 pub fn written_roles(step: &str) -> &'static [Role] {
     match step {
-        "stage" => &[Role::Params, Role::Text, Role::DocumentEnds],
+        "stage" => &[
+            Role::Params,
+            Role::Text,
+            Role::DocumentEnds,
+            Role::PieceStarts,
+            Role::PieceCount,
+        ],
         "pieces" => &[
             Role::Params,
             Role::TokenAt,
@@ -766,17 +782,25 @@ fn emit_chunk_start(
     b.let_(name, (nominal + shift).min(end))
 }
 
-/// `stage`: the staged parameters, text (as `u64` words) and document ends into
-/// the device buffers, one thread per 16 bytes or document.
+/// `stage`: the staged parameters, text (as `u64` words), document ends (the
+/// buffer's unused tail padded with the text length: empty documents, as a
+/// split reads the buffer to its length) and, when the host split the text,
+/// its piece starts and count, into the device buffers; every thread strides
+/// over the words.
 pub fn stage(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("stage"), |role| match role {
         Role::StagedText | Role::Text => ElemType::U64,
         _ => ElemType::U32,
     })
     .body(|b| {
         let thread = b.let_("thread", Expr::global_id(Axis::X));
-        let text_len = b.let_("text_len", load(Role::StagedParams, param::TEXT_LEN));
-        let documents = b.let_("documents", load(Role::StagedParams, param::DOCUMENTS));
+        let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
+        let staged = |index: u32| load(Role::StagedParams, index);
+        let text_len = b.let_("text_len", staged(param::TEXT_LEN));
+        let documents = b.let_("documents", staged(param::DOCUMENTS));
+        let host_pieces = b.let_("host_pieces", staged(param::HOST_PIECES));
+        let pieces = b.let_("pieces", host_pieces.clone().max(1u32) - 1u32);
         b.if_(thread.clone().less_than(param::WORDS), |b| {
             b.store(
                 Role::Params.name(),
@@ -784,23 +808,44 @@ pub fn stage(geometry: &Geometry) -> Program {
                 load(Role::StagedParams, thread.clone()),
             );
         });
-        let words = b.let_("words", (text_len + 7u32) >> 3u32);
-        for half in 0..2u32 {
-            let word = b.let_(format!("word{half}"), thread.clone() * 2u32 + half);
-            b.if_(word.clone().less_than(words.clone()), |b| {
+        b.if_(
+            thread
+                .clone()
+                .equals(0u32)
+                .and(host_pieces.not_equals(0u32)),
+            |b| {
+                b.store(Role::PieceCount.name(), 0u32, pieces.clone());
+            },
+        );
+        let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
+        let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
+        let items = b.let_("items", words.clone().max(ends.clone()).max(pieces.clone()));
+        let item = b.let_mut("item", thread);
+        b.while_(item.clone().less_than(items), |b| {
+            b.if_(item.clone().less_than(words.clone()), |b| {
                 b.store(
                     Role::Text.name(),
-                    word.clone(),
-                    load(Role::StagedText, word.clone()),
+                    item.clone(),
+                    load(Role::StagedText, item.clone()),
                 );
             });
-        }
-        b.if_(thread.clone().less_than(documents), |b| {
-            b.store(
-                Role::DocumentEnds.name(),
-                thread.clone(),
-                load(Role::StagedDocuments, thread.clone()),
-            );
+            b.if_(item.clone().less_than(ends.clone()), |b| {
+                b.store(
+                    Role::DocumentEnds.name(),
+                    item.clone(),
+                    item.clone()
+                        .less_than(documents.clone())
+                        .select(load(Role::StagedDocuments, item.clone()), text_len.clone()),
+                );
+            });
+            b.if_(item.clone().less_than(pieces.clone()), |b| {
+                b.store(
+                    Role::PieceStarts.name(),
+                    item.clone(),
+                    load(Role::StagedPieces, item.clone() + 1u32),
+                );
+            });
+            b.assign("item", item.clone() + threads.clone());
         });
     })
     .build()
