@@ -78,7 +78,8 @@
 //! Device memory per input byte of a chunk's capacity (buffers are powers of
 //! two): the text (1), the split's piece starts (4), `token_at` (4), the merge
 //! scratch (8), the merge list (2) and small lists: about 19 bytes; host-mapped
-//! pinned memory: the staged text (1) and the ids (4).
+//! pinned memory: the staged text (1) and the ids (4), and the staged piece
+//! starts (4) while the host splits.
 //!
 //! # Every path a user has
 //!
