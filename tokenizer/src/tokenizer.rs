@@ -24,6 +24,7 @@ use std::sync::{Arc, OnceLock};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 
 use crate::bpe::{encode_piece, Scratch};
+use crate::device::pipeline::Admission;
 use crate::device::{ChunkLimits, DeviceEncoder, Geometry};
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::pattern::{Pattern, Splitter};
@@ -191,22 +192,14 @@ impl EncodingData {
     fn shared_device(&self) -> Result<Arc<DeviceEncoder>, TokenizerError> {
         self.device
             .get_or_init(|| {
-                let gpu = CudaBackend::acquire().map_err(|error| {
-                    TokenizerError::new(
-                        ErrorKind::Backend,
-                        format!(
-                            "Fix: Backend::Gpu needs a CUDA device, and none answered ({error}); \
-                             use Backend::Auto or Backend::Cpu on this machine"
-                        ),
-                    )
-                    .with_source(error)
-                })?;
+                let (gpu, admission) = shared_cuda()?;
                 DeviceEncoder::for_vocabulary(
                     AnyBackend::Cuda(gpu),
                     &self.vocabulary,
                     self.splitter.pattern(),
                     Geometry::default(),
                     ChunkLimits::default(),
+                    admission,
                 )
                 .map(Arc::new)
             })
@@ -670,4 +663,26 @@ impl Tokenizer {
             encode_piece(&encoding.vocabulary, piece, out, scratch);
         }
     }
+}
+
+/// CUDA device 0, acquired once for every tokenizer of the process, and the
+/// admission its encoders share: the encoders of all encodings share its
+/// compiled kernels (their programs are the same) and its limit of pending
+/// dispatches.
+fn shared_cuda() -> Result<(CudaBackend, Arc<Admission>), TokenizerError> {
+    static CUDA: OnceLock<Result<(CudaBackend, Arc<Admission>), TokenizerError>> = OnceLock::new();
+    CUDA.get_or_init(|| {
+        let gpu = CudaBackend::acquire().map_err(|error| {
+            TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: Backend::Gpu needs a CUDA device, and none answered ({error}); \
+                     use Backend::Auto or Backend::Cpu on this machine"
+                ),
+            )
+            .with_source(error)
+        })?;
+        Ok((gpu, Arc::default()))
+    })
+    .clone()
 }

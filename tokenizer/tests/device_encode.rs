@@ -225,7 +225,9 @@ fn documents_of_a_batch_never_merge() {
 /// batches of 1 to 200 documents (every fourth empty, some long runs) through
 /// an encoder whose chunks hold at most 2,000 bytes and 25 documents (so a batch
 /// is many chunks, slots are reused and grow, and a document over the byte
-/// limit is a chunk of its own) equal the CPU encoder.
+/// limit is a chunk of its own) equal the CPU encoder, also when two threads
+/// pipeline batches through the encoder at once (no thread waits for room
+/// while holding some: no deadlock).
 #[test]
 fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
     let tokenizer = Tokenizer::for_encoding(Encoding::P50kBase).unwrap();
@@ -244,6 +246,20 @@ fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
         let batch = batch_with_empty_documents(&mut random, count);
         check_batch(&encoder, &tokenizer, &batch, &format!("{count} documents"));
     }
+    // Two threads pipelining batches of many chunks through one encoder at once:
+    // each holds room for a chunk while it wants more, and neither waits for
+    // the other forever.
+    let batches: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|_| batch_with_empty_documents(&mut random, 120))
+        .collect();
+    std::thread::scope(|scope| {
+        for (index, batch) in batches.iter().enumerate() {
+            let (encoder, tokenizer) = (&encoder, &tokenizer);
+            scope.spawn(move || {
+                check_batch(encoder, tokenizer, batch, &format!("thread {index}"));
+            });
+        }
+    });
 }
 
 /// Locks out a batch of nothing breaking the pipeline: an empty batch, one

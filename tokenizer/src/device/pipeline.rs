@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::ThreadId;
 use std::time::Instant;
 
@@ -45,11 +45,61 @@ pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
 /// Default most documents per chunk.
 pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 
-/// Chunks on the device at once per encoder, across all threads: one being
-/// staged and uploaded while one computes (and the one before hands out its
-/// ids). Each is one pending dispatch per step, and a backend takes at most
-/// `MAX_PENDING` (16) pending dispatches.
+/// Chunks on the device at once per encoder (or per backend, for the encoders
+/// a `Tokenizer` shares on one): one being staged and uploaded while one
+/// computes (and the one before hands out its ids). Each is one pending
+/// dispatch per step, and a backend takes at most `MAX_PENDING` (16) pending
+/// dispatches.
 pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / STEPS.len();
+
+/// Who may put a chunk on a backend: at most [`CHUNKS_IN_FLIGHT`] at once. A
+/// thread holding none waits for room; a thread that already holds one never
+/// waits (it could wait for a thread waiting for it): it finishes its own
+/// first, or is told to.
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    /// The thread that submitted each chunk now on the device.
+    holders: Mutex<Vec<ThreadId>>,
+    finished: Condvar,
+}
+
+impl Admission {
+    /// Room for one more chunk: `Ok(true)` when taken; `Ok(false)` when there is
+    /// none and this thread holds some (it must finish one of its own first);
+    /// a thread that holds none waits.
+    fn admit(&self) -> Result<bool, TokenizerError> {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .holders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while holders.len() >= CHUNKS_IN_FLIGHT {
+            if holders.contains(&me) {
+                return Ok(false);
+            }
+            holders = self
+                .finished
+                .wait(holders)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        holders.push(me);
+        Ok(true)
+    }
+
+    /// One chunk left the device (submitted by any thread).
+    fn release(&self) {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .holders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let index = holders.iter().position(|&holder| holder == me).unwrap_or(0);
+        if index < holders.len() {
+            holders.swap_remove(index);
+        }
+        self.finished.notify_all();
+    }
+}
 
 /// Below this many bytes a gather or a scatter runs on the calling thread.
 const PARALLEL_COPY_BYTES: usize = 1 << 20;
@@ -234,10 +284,7 @@ pub struct DeviceEncoder {
     vocabulary_bytes: usize,
     slots: Mutex<Vec<Slot>>,
     limits: ChunkLimits,
-    /// The threads that submitted the chunks now on the device (at most
-    /// [`CHUNKS_IN_FLIGHT`]), and the signal that one finished.
-    in_flight: Mutex<Vec<ThreadId>>,
-    finished: Condvar,
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -277,16 +324,19 @@ impl DeviceEncoder {
             tokenizer.pattern(),
             geometry,
             limits,
+            Arc::default(),
         )
     }
 
-    /// The encoder of `vocabulary` with pieces by `pattern`.
+    /// The encoder of `vocabulary` with pieces by `pattern`, admitting chunks
+    /// through `admission` (shared by the encoders of one backend).
     pub(crate) fn for_vocabulary(
         backend: AnyBackend,
         vocabulary: &Vocabulary,
         pattern: Pattern,
         geometry: Geometry,
         limits: ChunkLimits,
+        admission: Arc<Admission>,
     ) -> Result<Self, TokenizerError> {
         let programs = Programs::new(geometry)
             .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
@@ -322,8 +372,7 @@ impl DeviceEncoder {
             vocabulary_bytes: device_vocabulary.device_bytes(),
             slots: Mutex::new(Vec::new()),
             limits,
-            in_flight: Mutex::new(Vec::new()),
-            finished: Condvar::new(),
+            admission,
         })
     }
 
@@ -414,13 +463,18 @@ impl DeviceEncoder {
         let mut timings = Vec::new();
         let mut in_flight: VecDeque<(PendingEncode<'_>, Range<usize>)> = VecDeque::new();
         for range in chunk_ranges(texts, &self.limits) {
-            if in_flight.len() == CHUNKS_IN_FLIGHT {
-                if let Some((oldest, done)) = in_flight.pop_front() {
-                    timings.push(oldest.wait_into(&mut results[done])?);
-                }
+            // Room for the next chunk: a chunk of ours finishes first when there
+            // is none (waiting for room while holding some could wait forever).
+            while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
+                let Some((oldest, done)) = in_flight.pop_front() else {
+                    return Err(internal(
+                        "no room on the device and no chunk of ours to finish".to_owned(),
+                    ));
+                };
+                timings.push(oldest.wait_into(&mut results[done])?);
             }
-            let pending = self.submit_bytes(&texts[range.clone()])?;
-            in_flight.push_back((pending, range));
+            let pending = self.submit_admitted(&texts[range.clone()]);
+            in_flight.push_back((pending?, range));
         }
         while let Some((oldest, done)) = in_flight.pop_front() {
             timings.push(oldest.wait_into(&mut results[done])?);
@@ -432,86 +486,56 @@ impl DeviceEncoder {
     /// without waiting: the texts are copied before this returns, so the caller
     /// may reuse them at once. [`PendingEncode::wait`] gives the ids.
     pub fn submit_bytes(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
-        let start = Instant::now();
-        let layout = self.layout(texts)?;
-        if layout.text_len == 0 {
-            return Ok(PendingEncode {
-                encoder: self,
-                slot: None,
-                pending: Vec::new(),
-                documents: texts.len(),
-                start,
-                submit_ns: elapsed_ns(start),
-                want_counts: false,
-            });
+        if !self.admission.admit()? {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: the device already has {CHUNKS_IN_FLIGHT} encodes pending and this thread \
+                     submitted one of them; wait for one of yours before submitting another"
+                ),
+            ));
         }
-        self.admit()?;
-        let slot = match self.take_slot(layout.text_len as u64, texts.len() as u64) {
-            Ok(slot) => slot,
+        self.submit_admitted(texts)
+    }
+
+    /// [`DeviceEncoder::submit_bytes`] once admitted: the admission is given
+    /// back when the encode is waited for or dropped, or here on an error.
+    fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
+        let start = Instant::now();
+        let staged = self.layout(texts).and_then(|layout| {
+            if layout.text_len == 0 {
+                return Ok(None);
+            }
+            let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
+            match self.stage_and_submit(&mut slot, texts, &layout) {
+                Ok(pending) => Ok(Some((slot, pending))),
+                Err(error) => {
+                    self.give_back(slot);
+                    Err(error)
+                }
+            }
+        });
+        let (slot, pending) = match staged {
+            Ok(Some((slot, pending))) => (Some(slot), pending),
+            Ok(None) => {
+                // An empty chunk runs nothing and holds no room.
+                self.admission.release();
+                (None, Vec::new())
+            }
             Err(error) => {
-                self.release();
+                self.admission.release();
                 return Err(error);
             }
         };
-        let mut slot = slot;
-        match self.stage_and_submit(&mut slot, texts, &layout) {
-            Ok(pending) => Ok(PendingEncode {
-                encoder: self,
-                slot: Some(slot),
-                pending,
-                documents: texts.len(),
-                start,
-                submit_ns: elapsed_ns(start),
-                want_counts: false,
-            }),
-            Err(error) => {
-                self.give_back(slot);
-                self.release();
-                Err(error)
-            }
-        }
-    }
-
-    /// Waits for room on the device for one more chunk. A thread that already
-    /// has [`CHUNKS_IN_FLIGHT`] chunks pending would wait for itself: that is a
-    /// `Fix:` error instead.
-    fn admit(&self) -> Result<(), TokenizerError> {
-        let me = std::thread::current().id();
-        let mut holders = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while holders.len() >= CHUNKS_IN_FLIGHT {
-            if holders.iter().all(|&holder| holder == me) {
-                return Err(TokenizerError::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "Fix: this thread already has {CHUNKS_IN_FLIGHT} encodes pending on this device \
-                         encoder (the most it takes at once); wait for one before submitting another"
-                    ),
-                ));
-            }
-            holders = self
-                .finished
-                .wait(holders)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-        holders.push(me);
-        Ok(())
-    }
-
-    /// One chunk left the device (submitted by any thread).
-    fn release(&self) {
-        let me = std::thread::current().id();
-        let mut holders = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let index = holders.iter().position(|&holder| holder == me).unwrap_or(0);
-        if index < holders.len() {
-            holders.swap_remove(index);
-        }
-        self.finished.notify_all();
+        Ok(PendingEncode {
+            encoder: self,
+            slot,
+            pending,
+            documents: texts.len(),
+            start,
+            submit_ns: elapsed_ns(start),
+            want_counts: false,
+        })
     }
 
     /// [`DeviceEncoder::submit_bytes`] of strings.
@@ -1052,7 +1076,7 @@ impl PendingEncode<'_> {
         };
         let outcome = self.collect(&mut slot, results, &mut timings);
         self.encoder.give_back(slot);
-        self.encoder.release();
+        self.encoder.admission.release();
         outcome?;
         timings.wall_ns = elapsed_ns(self.start);
         Ok(timings)
@@ -1126,7 +1150,7 @@ impl Drop for PendingEncode<'_> {
         self.pending.clear();
         if let Some(slot) = self.slot.take() {
             self.encoder.give_back(slot);
-            self.encoder.release();
+            self.encoder.admission.release();
         }
     }
 }
