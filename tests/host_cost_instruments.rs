@@ -2187,3 +2187,190 @@ fn host_cost_graph_cross_device() -> Outcome {
     );
     result
 }
+
+// ---------------------------------------------------------------------------------------
+// 8. Persistent lanes.
+
+/// Paired ABBA per fixture shape, (9, 64), (17, 64) and (9, 16384): A = `run` of the
+/// fixture's kernel request over device buffers (a launch and one synchronize), B =
+/// `Lane::run` of the same request on a lane of that kernel (one block); every output
+/// read back on both. Beside them, the raw floor cell (launch + reads + sync) of the
+/// same shape and the lane's own cell, so the lane reads as a ratio to the floor too.
+///
+/// Locks out a lane that drifts back towards the launch floor (a PCIe read more per
+/// request, a record re-read every time, a host wait that sleeps) unseen by the
+/// correctness tests.
+#[test]
+#[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
+fn host_cost_lane_against_eager_dispatch() -> Outcome {
+    let _probe_off = probe_forced_off();
+    banner(
+        "host_cost_lane_against_eager_dispatch",
+        "Paired ABBA: A = run (launch + sync), B = Lane::run of the same kernel request over the \
+         same device buffers, every output read back; ratio B/A < 1 means the lane is cheaper.",
+    );
+    let backend = acquire();
+    let errors = DeviceErrors::default();
+    let mut report = Report::new("host_cost_lane_against_eager_dispatch");
+    let mut rows = Vec::new();
+    for (buffers, nodes) in [(9u32, 64u32), (17, 64), (9, 16384)] {
+        let resident = Resident::new(&backend, buffers, nodes)?;
+        resident.warm(&backend)?;
+        let kernel = backend
+            .compile(&resident.program, &resident.config)
+            .context("compiling the fixture")?;
+        // The floor loads a module: before the lane (module loads may wait for an idle
+        // device; see the lane docs).
+        let mut floor = RawFloor::new(&backend, &resident.program, [1, 1, 1])
+            .context("building the raw-driver floor")?;
+        let lane = backend
+            .lane(&[&kernel], vyre_cuda::backend::LaneOptions::new())
+            .context("building a lane")?;
+        let bindings = resident_bindings(&resident.handles);
+        let request = Dispatch::new(&kernel, &bindings).config(&resident.config);
+        let expected = u64::from(host_cost_fixture_expected(INPUT, resident.chain));
+        let on_lane = lane.run(request).context("a lane request")?;
+        if first_word(&on_lane.outputs) != expected {
+            return Err(Failure(format!(
+                "the lane returned out[0] = {}, expected {expected} ({})",
+                first_word(&on_lane.outputs),
+                resident.label()
+            )));
+        }
+        let reads = resident.outputs();
+        let floor_name = format!(
+            "floor: launch + {reads} reads + sync ({})",
+            resident.label()
+        );
+        let floor_ns = measure_cell(&mut report, &errors, &floor_name, |n| {
+            repeat(n, &errors, &floor_name, || {
+                floor.launch_async_reads_sync(reads)
+            })
+        });
+        let lane_name = format!("Lane::run ({})", resident.label());
+        let lane_ns = measure_cell(&mut report, &errors, &lane_name, |n| {
+            repeat(n, &errors, &lane_name, || {
+                lane.run(request).map(|f| first_word(&f.outputs))
+            })
+        });
+        let name_a = format!("run ({})", resident.label());
+        let name_b = format!("Lane::run ({}) ", resident.label());
+        let paired = measure_pair(
+            &mut report,
+            &errors,
+            (&name_a, |n| {
+                repeat(n, &errors, &name_a, || {
+                    backend.run(request).map(|f| first_word(&f.outputs))
+                })
+            }),
+            (&name_b, |n| {
+                repeat(n, &errors, &name_b, || {
+                    lane.run(request).map(|f| first_word(&f.outputs))
+                })
+            }),
+            &pair_options(),
+        );
+        rows.push((resident.label(), floor_ns, lane_ns, paired));
+        drop(lane);
+    }
+    let result = finish(&report, &errors);
+    println!(
+        "\n{:<26} {:>12} {:>12} {:>12} {:>12} {:>10} {:<13}",
+        "shape", "floor ns", "lane ns", "lane/floor", "run ns", "lane/run", "verdict"
+    );
+    for (label, floor_ns, lane_ns, paired) in rows {
+        match paired {
+            Some(p) => println!(
+                "{:<26} {:>12} {:>12} {:>12} {:>12.1} {:>10.3} {:<13}",
+                label,
+                ns(floor_ns),
+                ns(lane_ns),
+                ratio(lane_ns, floor_ns),
+                p.minimum_ns_per_unit_a,
+                p.median_ratio,
+                verdict(&p)
+            ),
+            None => println!("{label:<26} (comparison failed, see above)"),
+        }
+    }
+    result
+}
+
+/// The board's power draw with no lane, with an idle lane whose poller spins, and with
+/// an idle lane whose poller sleeps 100 µs between polls (`LaneOptions::poll_sleep`):
+/// `nvidia-smi --query-gpu=power.draw` sampled 20 times over 2 s each. Prints the three
+/// means; without `nvidia-smi` it says how to take the figure by hand.
+///
+/// Locks out an idle cost nobody measured: what a lane that waits for requests costs
+/// in watts is printed by every run of the instruments.
+#[test]
+#[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
+fn host_cost_lane_idle_power() -> Outcome {
+    let _probe_off = probe_forced_off();
+    banner(
+        "host_cost_lane_idle_power",
+        "Board power (nvidia-smi power.draw, W): no lane, an idle lane spinning on its doorbell, an \
+         idle lane sleeping 100 us between polls.",
+    );
+    let backend = acquire();
+    let ordinal = backend.ordinal();
+    let sample = || -> Option<f64> {
+        let output = std::process::Command::new("nvidia-smi")
+            .args([
+                "--query-gpu=power.draw",
+                "--format=csv,noheader,nounits",
+                &format!("--id={ordinal}"),
+            ])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+    };
+    if sample().is_none() {
+        println!(
+            "nvidia-smi is not available here: measure by hand with `nvidia-smi --query-gpu=power.draw \
+             --format=csv -lms 100` while a program holds an idle lane (and while it holds none)"
+        );
+        return Ok(());
+    }
+    let mean_over = |what: &str| -> f64 {
+        let mut samples = Vec::new();
+        for _ in 0..20 {
+            if let Some(watts) = sample() {
+                samples.push(watts);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
+        println!("{what:<44} {mean:>8.1} W ({} samples)", samples.len());
+        mean
+    };
+    let program = host_cost_fixture(2, chain_for_nodes(64));
+    let kernel = backend
+        .compile(&program, &DispatchConfig::linear(1))
+        .context("compiling the fixture")?;
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = mean_over("no lane");
+    let spinning = {
+        let _lane = backend
+            .lane(&[&kernel], vyre_cuda::backend::LaneOptions::new())
+            .context("building a spinning lane")?;
+        std::thread::sleep(Duration::from_millis(500));
+        mean_over("idle lane, poller spinning")
+    };
+    let sleeping = {
+        let _lane = backend
+            .lane(
+                &[&kernel],
+                vyre_cuda::backend::LaneOptions::new().poll_sleep(Duration::from_micros(100)),
+            )
+            .context("building a sleeping lane")?;
+        std::thread::sleep(Duration::from_millis(500));
+        mean_over("idle lane, poller sleeping 100 us")
+    };
+    println!(
+        "idle lane costs {:+.1} W spinning, {:+.1} W sleeping 100 us between polls",
+        spinning - idle,
+        sleeping - idle
+    );
+    Ok(())
+}

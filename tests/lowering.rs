@@ -271,7 +271,11 @@ fn expr_has_subgroup_op(expr: &Expr) -> bool {
         Expr::SubgroupReduce { .. }
         | Expr::SubgroupShuffleXor { .. }
         | Expr::SubgroupScan { .. } => true,
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => false,
+        Expr::Literal(_)
+        | Expr::Var(_)
+        | Expr::Length { .. }
+        | Expr::Scalar(_)
+        | Expr::Builtin(_) => false,
         Expr::Load { index, .. } => expr_has_subgroup_op(index),
         Expr::Binary { lhs, rhs, .. } => expr_has_subgroup_op(lhs) || expr_has_subgroup_op(rhs),
         Expr::Unary { operand, .. } => expr_has_subgroup_op(operand),

@@ -120,6 +120,7 @@ impl RawFloor {
             addresses: buffers.iter().map(|b| b.address()).collect(),
             counts: counts.clone(),
             results: None,
+            scalars: Default::default(),
         });
         let params = parameters.pointer_array();
         let staging = PinnedMemory::allocate(64 * 1024)
@@ -145,6 +146,7 @@ impl RawFloor {
                 .collect(),
             counts: counts.clone(),
             results: None,
+            scalars: Default::default(),
         });
         let mapped_params = mapped_parameters.pointer_array();
 
@@ -161,6 +163,7 @@ impl RawFloor {
             addresses: parameters.addresses.clone(),
             counts,
             results: Some(results),
+            scalars: Default::default(),
         });
         let result_params = result_parameters.pointer_array();
         Ok(RawFloor {

@@ -74,9 +74,13 @@ use super::{
 };
 
 pub(in crate::backend) use complete::InFlight;
-pub(in crate::backend) use pending::{count_pending, foreign_predecessor, PendingOrigin};
+pub(in crate::backend) use pending::{
+    count_pending, foreign_predecessor, PendingOrigin, PendingState,
+};
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
-pub(in crate::backend) use stage::{check_coresident, scratch_outside_a_graph, Held};
+pub(in crate::backend) use stage::{
+    check_coresident, count_for_probe, scratch_outside_a_graph, Held,
+};
 pub(in crate::backend) use transfer::Transfer;
 
 /// Where read-back bytes go.
@@ -253,7 +257,7 @@ impl BackendInner {
         let mut plan = stage::Plan::default();
         self.plan(kernel, request, sink, &mut plan)?;
         if probe_on {
-            stage::count_for_probe(kernel, request, &plan);
+            stage::count_for_probe(kernel, request, plan.launch.grid_blocks);
         }
         let mark = probe::charge_and_mark(probe::Phase::Prepare, mark);
 

@@ -135,14 +135,14 @@ fn handed_over() -> BackendError {
 pub(in crate::backend) fn count_for_probe(
     kernel: &KernelInner,
     request: &Dispatch<'_>,
-    plan: &Plan,
+    grid_blocks: u64,
 ) {
     probe::count_with(Count::Nodes, || kernel.program.node_count());
     probe::count_with(Count::PtxBytes, || kernel.ptx.len() as u64);
     probe::count_with(Count::Buffers, || kernel.program.buffers().len() as u64);
     probe::count_with(Count::Bindings, || request.bindings.len() as u64);
     probe::count_with(Count::Fixpoint, || request.fixpoint_iterations as u64);
-    probe::count_with(Count::GridBlocks, || plan.launch.grid_blocks);
+    probe::count_with(Count::GridBlocks, || grid_blocks);
     probe::note_program(|| kernel.module_key.0 as u64);
 }
 
@@ -159,10 +159,12 @@ pub(in crate::backend) fn operations<'a>(
     (routed, results): (&'a Routed, ResultParams),
     timed: bool,
 ) -> StreamOps<'a, driver::LoadedModule> {
+    let scalars = &request.scalars.words()[..kernel.program.scalars().len()];
     let mut ops = StreamOps::dispatch(
         &kernel.slots,
         &staged.addresses,
         &plan.request.sizes,
+        scalars,
         KernelLaunch {
             module: &kernel.module,
             grid: plan.launch.grid,
@@ -205,7 +207,7 @@ impl BackendInner {
     ) -> Result<(), BackendError> {
         plan_request(
             &kernel.name,
-            &kernel.slots,
+            (&kernel.slots, kernel.program.scalars()),
             &kernel.outputs,
             request,
             &mut plan.request,
@@ -307,7 +309,11 @@ impl BackendInner {
 
     /// A pooled transient buffer of `bytes` bytes, held until the lane's release;
     /// returns its device address.
-    fn take_transient(&self, bytes: u64, held: &mut Held) -> Result<u64, BackendError> {
+    pub(in crate::backend) fn take_transient(
+        &self,
+        bytes: u64,
+        held: &mut Held,
+    ) -> Result<u64, BackendError> {
         let memory = self
             .transients
             .take(bytes)
@@ -422,11 +428,16 @@ impl BackendInner {
         }
         let lane = guard.lane()?;
         let explicit = after.map(InFlight::order_handles);
-        self.in_flight
+        let (_, lanes) = self
+            .in_flight
             .order_after(&accesses, &lane.stream, explicit)
             .map_err(|error| {
                 self.stream_failed(&kernel.name, "ordering it after a dispatch", error)
             })?;
+        // A lane's kernel never ends: its requests are waited for here, on the host.
+        for (lane, ticket) in lanes {
+            lane.wait_for(ticket, &kernel.name)?;
+        }
         Ok(accesses)
     }
 
@@ -463,7 +474,7 @@ impl BackendInner {
     /// checked against min(90% of total − held − pooled, 90% of live free memory);
     /// over budget → drop the transient pool and re-check → still over: an `Err`
     /// naming the bytes. Skipped entirely when the idle pool serves every bucket.
-    fn preflight(
+    pub(in crate::backend) fn preflight(
         &self,
         kernel: &KernelInner,
         bindings: &[Binding<'_>],
