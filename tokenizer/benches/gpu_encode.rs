@@ -23,7 +23,6 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::programs::STEPS;
 use vyre_tokenizer::device::{ChunkLimits, ChunkTimings, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -122,11 +121,19 @@ impl CopyBound {
     }
 }
 
+/// Each kernel step's time in µs: `stage`, the split's (cl100k: `classify`,
+/// `phases`), then the BPE steps.
 fn step_line(timings: &ChunkTimings) -> String {
-    STEPS
+    timings
+        .steps
         .iter()
-        .zip(&timings.steps)
-        .map(|(step, t)| format!("{} {:.1}", step.name, t.kernel_stamps_ns as f64 / 1e3))
+        .map(|step| {
+            format!(
+                "{} {:.1}",
+                step.name,
+                step.timings.kernel_stamps_ns as f64 / 1e3
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -22,10 +22,13 @@
 //! `--backend auto|cpu|gpu` picks where the encode runs (auto: the GPU where
 //! there is one, for texts of 64 KiB and more; `reference` runs the device's
 //! programs on the CPU reference interpreter, slowly: keep `--bytes` small);
-//! one line says which ran and why. On the device it also prints, per text, what each step's kernel took
-//! (its own `%globaltimer` stamps) and the host's share (staging and
-//! submitting; handing out the ids), eager and as one graph, and what the
-//! device counted (pieces merged, long pieces, boundaries repaired). `--ids
+//! one line says which ran and why. On the device it also prints, per text,
+//! what each kernel step took (its own `%globaltimer` stamps: `stage`, the
+//! split's steps, `split` or `classify` and `phases`, then `pieces`, `merge`,
+//! `long`, `count`, `compact`) and the host's share (staging and submitting;
+//! handing out the ids), eager and as one graph, and what the device counted
+//! (pieces the device split found, pieces merged, long pieces, boundaries
+//! repaired). `--ids
 //! FILE` writes our ids, one decimal per line; `--offsets FILE` the
 //! pre-tokenizer's piece start byte offsets, one per line (both for one text:
 //! `--input`, or `--shape`). An input that is not valid UTF-8 is encoded by the
@@ -404,12 +407,18 @@ fn print_device_steps(
     }
     eager.remove(0);
     eager.sort_by_key(|timings| timings.wall_ns);
-    let median = eager[eager.len() / 2];
-    let steps: Vec<String> = vyre_tokenizer::device::programs::STEPS
+    let median = &eager[eager.len() / 2];
+    // Every kernel step: `stage`, the split's (`split`, or `classify` and
+    // `phases`), then the BPE steps.
+    let steps: Vec<String> = median
+        .steps
         .iter()
-        .zip(&median.steps)
-        .map(|(step, timings)| {
-            format!("{} {:.1}", step.name, timings.kernel_stamps_ns as f64 / 1e3)
+        .map(|step| {
+            format!(
+                "{} {:.1}",
+                step.name,
+                step.timings.kernel_stamps_ns as f64 / 1e3
+            )
         })
         .collect();
     let kernels = median.kernel_ns() as f64 / 1e3;
@@ -423,7 +432,8 @@ fn print_device_steps(
     );
     if let Some(counts) = median.counts {
         println!(
-            "  device counted: {} pieces merged, {} long pieces in {} chunks, {} boundaries repaired, {} pieces on the serial path",
+            "  device counted: {} pieces (the device split), {} merged, {} long pieces in {} chunks, {} boundaries repaired, {} pieces on the serial path",
+            counts.pieces,
             counts.merged_pieces,
             counts.long_pieces,
             counts.chunks,

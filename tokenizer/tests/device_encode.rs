@@ -3,8 +3,10 @@
 //! CPU encoder (which `tests/encode.rs` holds to tiktoken-rs and bpe-openai) on
 //! small inputs: every encoding, the corpus, random strings, pieces of every
 //! length class with chunks small enough that short texts cross them, batches
-//! with empty documents, invalid UTF-8, and every way to run an encode (eager,
-//! submitted, as a graph, through `Tokenizer`).
+//! with empty documents, document ends inside runs, invalid UTF-8, and every
+//! way to run an encode (eager, submitted, as a graph, through `Tokenizer`).
+//! Every encode splits on the device: the pattern's batch split runs between
+//! `stage` and the BPE steps.
 
 #[path = "support/device_batches.rs"]
 mod device_batches;
@@ -12,7 +14,8 @@ mod oracle;
 mod split_corpus;
 
 use device_batches::{
-    batch_with_empty_documents, capped_encoder, check_batch, long_piece_texts, random_texts,
+    batch_with_empty_documents, capped_encoder, check_batch, documents_cut_inside_runs,
+    long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
 };
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::ReferenceOptions;
@@ -25,7 +28,8 @@ fn reference_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
 }
 
 /// Chunks of 8 bytes and windows of up to 32: short texts cross many chunk
-/// boundaries and repairs.
+/// boundaries and repairs; split blocks of 32 bytes (16 threads of 2 bytes):
+/// short texts cross many of the split's workgroups and look-backs.
 fn small_geometry(repair_attempts: u32) -> Geometry {
     Geometry {
         workgroup_size: 32,
@@ -34,6 +38,89 @@ fn small_geometry(repair_attempts: u32) -> Geometry {
         repair_attempts,
         compact_workgroups: 3,
         max_loop_iterations: None,
+        split: small_split_geometry(),
+    }
+}
+
+fn small_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        tokenizer,
+        small_geometry(16),
+        ChunkLimits::default(),
+    )
+    .expect("device encoder")
+}
+
+/// Locks out a device split that disagrees with each document split alone:
+/// documents cut inside every kind of run (and long runs across many of the
+/// split's workgroups), with empty documents between them, encode to the CPU
+/// encoder's ids for all four encodings with the split's blocks at 32 bytes
+/// and at the default geometry. (Negative control: the split of the
+/// documents joined differs from their splits one after another, so a device
+/// split that looked across a document end would give other pieces.)
+#[test]
+fn document_ends_inside_runs_split_on_the_device_as_alone() {
+    let documents = documents_cut_inside_runs();
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        check_batch(
+            &small_encoder(&tokenizer),
+            &tokenizer,
+            &documents,
+            "ends inside runs, small blocks",
+        );
+        check_batch(
+            &reference_encoder(&tokenizer),
+            &tokenizer,
+            &documents,
+            "ends inside runs",
+        );
+        let (alone, joined) = split_pieces_alone_and_joined(&tokenizer, &documents);
+        assert_ne!(
+            joined,
+            alone,
+            "{}: the documents split alike joined and alone",
+            encoding.name()
+        );
+    }
+}
+
+/// Locks out an encode whose pieces do not come from the device split: each
+/// encoder's kernel steps are `stage`, its pattern's split steps (`split` for
+/// r50k and p50k, `classify` and `phases` for cl100k and o200k), then the BPE
+/// steps; an eager chunk times each of them; and the piece count the device
+/// left for the BPE steps equals the CPU split's of each document alone (a
+/// split of the documents joined counts differently).
+#[test]
+fn the_split_runs_on_the_device_between_stage_and_the_bpe_steps() {
+    let documents = documents_cut_inside_runs();
+    let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = small_encoder(&tokenizer);
+        let split: &[&str] = if matches!(encoding, Encoding::R50kBase | Encoding::P50kBase) {
+            &["split"]
+        } else {
+            &["classify", "phases"]
+        };
+        let expected: Vec<&str> = ["stage"]
+            .iter()
+            .chain(split)
+            .chain(&["pieces", "merge", "long", "count", "compact"])
+            .copied()
+            .collect();
+        assert_eq!(encoder.step_names(), expected, "{}", encoding.name());
+        let (ids, timings) = encoder.encode_counted(&refs).unwrap();
+        for (index, document) in documents.iter().enumerate() {
+            assert_eq!(ids[index], tokenizer.encode_ordinary_bytes(document));
+        }
+        let timed: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+        assert_eq!(timed, expected);
+        let (alone, joined) = split_pieces_alone_and_joined(&tokenizer, &documents);
+        let counted = timings.counts.unwrap().pieces as usize;
+        assert_eq!(counted, alone.len(), "{}", encoding.name());
+        assert_ne!(counted, joined.len(), "{}", encoding.name());
     }
 }
 

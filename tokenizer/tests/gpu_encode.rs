@@ -1,8 +1,10 @@
 //! GPU tests of the device encoder: its ids must be the CPU encoder's (which
 //! `tests/encode.rs` holds to tiktoken-rs and bpe-openai) and tiktoken-rs's on
 //! valid UTF-8, for all four encodings, on the corpus, 2,000 random strings per
-//! encoding, 100 KiB runs, the three shapes, and batches of 1 to 1,000
-//! documents with empty ones, encoded eagerly, submitted and as a graph.
+//! encoding, 100 KiB runs, the three shapes, documents cut inside runs, and
+//! batches of 1 to 1,000 documents with empty ones, encoded eagerly,
+//! submitted and as a graph. Every encode splits on the device (the pattern's
+//! batch split between `stage` and the BPE steps).
 //! Ignored by default; run on the GPU machine (`cargo test --release -p
 //! vyre-tokenizer --test gpu_encode -- --ignored`). This binary links
 //! tiktoken-rs but not bpe-openai (about 50 MB of tables), so it stays small
@@ -13,7 +15,10 @@ mod device_batches;
 mod oracle;
 mod split_corpus;
 
-use device_batches::{batch_with_empty_documents, check_batch, long_piece_texts, random_texts};
+use device_batches::{
+    batch_with_empty_documents, check_batch, documents_cut_inside_runs, long_piece_texts,
+    random_texts, small_split_geometry, split_pieces_alone_and_joined,
+};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -99,6 +104,57 @@ fn gpu_ids_equal_cpu_and_tiktoken_on_corpus_and_shapes() {
                 "{} {shape} tiktoken-rs",
                 encoding.name()
             );
+        }
+    }
+}
+
+/// Locks out a device split that disagrees with each document split alone:
+/// documents cut inside every kind of run, with empty documents between them
+/// and long runs across many of the split's workgroups, equal the CPU encoder
+/// on all four encodings, at the default geometry and with the split's blocks
+/// at 32 bytes, and the piece count the device split left for the BPE steps is
+/// the CPU split's of each document alone (negative control: not the count of
+/// the documents joined). Prints each step's kernel time.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
+    let documents = documents_cut_inside_runs();
+    let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let small = DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+            &cpu,
+            Geometry {
+                split: small_split_geometry(),
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+        )
+        .unwrap();
+        let (alone, joined) = split_pieces_alone_and_joined(&cpu, &documents);
+        assert_ne!(alone.len(), joined.len());
+        for encoder in [device(&gpu), &small] {
+            check_batch(encoder, &cpu, &documents, "ends inside runs");
+            let (_, timings) = encoder.encode_counted(&refs).unwrap();
+            assert_eq!(
+                timings.counts.unwrap().pieces as usize,
+                alone.len(),
+                "{}",
+                encoding.name()
+            );
+            let steps: Vec<String> = timings
+                .steps
+                .iter()
+                .map(|step| {
+                    format!(
+                        "{} {:.1}",
+                        step.name,
+                        step.timings.kernel_stamps_ns as f64 / 1e3
+                    )
+                })
+                .collect();
+            println!("{}: kernels µs: {}", encoding.name(), steps.join(", "));
         }
     }
 }

@@ -29,17 +29,20 @@ use vyre_cuda::backend::{
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
 
-use super::programs::{blocks, param, Geometry, Programs, Role, Step, STEPS};
+use super::programs::{blocks, param, Geometry, KernelStep, Programs, Role, MAX_KERNEL_STEPS};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
-use crate::pretokenize::pattern::{Pattern, Splitter};
+use crate::pretokenize::batch::kind_table_bytes;
+use crate::pretokenize::pattern::Pattern;
+use crate::pretokenize::MAX_TEXT_BYTES;
 use crate::vocab::Vocabulary;
 use crate::Tokenizer;
 
 const ROLES: usize = Role::ALL.len();
 
 /// Default most text bytes per chunk (16 MiB: a 64 MiB batch is four chunks,
-/// so one is staged while another computes).
+/// so one is staged while another computes). At most
+/// [`MAX_TEXT_BYTES`](crate::pretokenize::MAX_TEXT_BYTES), the split's limit.
 pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
 
 /// Default most documents per chunk.
@@ -48,9 +51,9 @@ pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 /// Chunks on the device at once per encoder (or per backend, for the encoders
 /// a `Tokenizer` shares on one): one being staged and uploaded while one
 /// computes (and the one before hands out its ids). Each is one pending
-/// dispatch per step, and a backend takes at most `MAX_PENDING` (16) pending
-/// dispatches.
-pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / STEPS.len();
+/// dispatch per kernel step (at most [`MAX_KERNEL_STEPS`], 8), and a backend
+/// takes at most `MAX_PENDING` (16) pending dispatches.
+pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / MAX_KERNEL_STEPS;
 
 /// Who may put a chunk on a backend: at most [`CHUNKS_IN_FLIGHT`] at once. A
 /// thread holding none waits for room; a thread that already holds one never
@@ -154,12 +157,15 @@ pub struct EncodeCounts {
     pub failed_boundaries: u32,
     /// Long pieces merged by the serial path.
     pub serial_pieces: u32,
+    /// Pieces the split found.
+    pub pieces: u32,
 }
 
 impl EncodeCounts {
-    fn of(params: &[u32]) -> EncodeCounts {
+    fn of(params: &[u32], pieces: u32) -> EncodeCounts {
         let at = |index: u32| params.get(index as usize).copied().unwrap_or(0);
         EncodeCounts {
+            pieces,
             merged_pieces: at(param::MERGE_COUNT),
             chunks: at(param::CHUNK_COUNT),
             long_pieces: at(param::LONG_COUNT),
@@ -169,19 +175,28 @@ impl EncodeCounts {
     }
 }
 
-/// Timings of one chunk.
+/// One kernel step's timings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTimings {
+    /// The step's name ([`KernelStep::name`]).
+    pub name: &'static str,
+    /// Its dispatch's timings (`kernel_stamps_ns` is the kernel's own device
+    /// time).
+    pub timings: Timings,
+}
+
+/// Timings of one chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChunkTimings {
     /// From staging the text to the ids in the caller's hands, host clock.
     pub wall_ns: u64,
-    /// Host time staging the chunk (the split on the host, the gather) and
-    /// submitting its steps.
+    /// Host time staging the chunk (the gather) and submitting its steps.
     pub submit_ns: u64,
     /// Host time handing each document its ids after the wait.
     pub scatter_ns: u64,
-    /// Each step's timings, in [`STEPS`] order (`kernel_stamps_ns` is the
-    /// kernel's own device time; all zero for an empty chunk and for a graph).
-    pub steps: [Timings; STEPS.len()],
+    /// Each kernel step's timings, in dispatch order
+    /// ([`DeviceEncoder::step_names`]; empty for an empty chunk).
+    pub steps: Vec<StepTimings>,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
     pub counts: Option<EncodeCounts>,
@@ -190,9 +205,9 @@ pub struct ChunkTimings {
 impl ChunkTimings {
     /// Device time of the kernels: the sum of the steps' `kernel_stamps_ns`.
     pub fn kernel_ns(&self) -> u64 {
-        self.steps
-            .iter()
-            .fold(0, |sum, step| sum.saturating_add(step.kernel_stamps_ns))
+        self.steps.iter().fold(0, |sum, step| {
+            sum.saturating_add(step.timings.kernel_stamps_ns)
+        })
     }
 }
 
@@ -204,22 +219,23 @@ fn host_visible(role: Role) -> bool {
         Role::StagedParams
             | Role::StagedText
             | Role::StagedDocuments
-            | Role::StagedPieces
             | Role::Ids
             | Role::DocumentTokenStarts
     )
 }
 
 /// Bytes of `role`'s buffer for a slot of `text` bytes and `documents`
-/// documents of capacity (0: not a per-slot buffer).
-fn role_bytes(geometry: &Geometry, role: Role, text: u64, documents: u64) -> u64 {
+/// documents of capacity (0: not a per-slot buffer, or one no step binds).
+/// The split's scratch takes the split's own sizes.
+fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64 {
+    let geometry = &programs.geometry;
     let chunk = geometry.chunk_bytes as u64;
     match role {
         Role::Params | Role::StagedParams => 4 * param::WORDS as u64,
         Role::Text | Role::StagedText => text,
         Role::DocumentEnds | Role::StagedDocuments => 4 * documents,
-        Role::Vocabulary | Role::TokenBytes => 0,
-        Role::PieceCount => 16,
+        Role::Vocabulary | Role::TokenBytes | Role::KindTable => 0,
+        Role::PieceCount => 4,
         Role::PieceStarts | Role::TokenAt | Role::PartStart | Role::PairRank | Role::Ids => {
             4 * text
         }
@@ -228,7 +244,13 @@ fn role_bytes(geometry: &Geometry, role: Role, text: u64, documents: u64) -> u64
         Role::LongList => 4 * (text / chunk + 1),
         Role::BlockCounts => 4 * blocks(geometry, text) as u64,
         Role::DocumentTokenStarts => 4 * (documents + 1),
-        Role::StagedPieces => 4 * (text + 1),
+        Role::SplitCodes | Role::SplitStatuses | Role::SplitCounters => role
+            .split_buffer()
+            .and_then(|buffer| {
+                let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
+                programs.split().buffer_bytes(buffer, text, documents).ok()
+            })
+            .unwrap_or(0),
     }
 }
 
@@ -268,19 +290,18 @@ struct Layout {
     text_len: u32,
     /// Each document's end offset.
     ends: Vec<u32>,
-    /// The piece starts of the host split.
-    piece_starts: Vec<u32>,
 }
 
-/// The BPE steps of one encoding on one backend: the resident vocabulary, the
-/// compiled kernels and reusable buffer slots. See the [module docs](self).
+/// The encode of one encoding on one backend (the split and the BPE steps):
+/// the resident vocabulary and kind table, the compiled kernels and reusable
+/// buffer slots. See the [module docs](self).
 pub struct DeviceEncoder {
     backend: AnyBackend,
-    splitter: Splitter,
     programs: Programs,
     kernels: Vec<Kernel>,
     vocabulary: DeviceBuffer,
     token_bytes: DeviceBuffer,
+    kind_table: DeviceBuffer,
     vocabulary_bytes: usize,
     slots: Mutex<Vec<Slot>>,
     limits: ChunkLimits,
@@ -338,7 +359,7 @@ impl DeviceEncoder {
         limits: ChunkLimits,
         admission: Arc<Admission>,
     ) -> Result<Self, TokenizerError> {
-        let programs = Programs::new(geometry)
+        let programs = Programs::new(pattern, geometry)
             .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
         if limits.text_bytes == 0 || limits.documents == 0 {
             return Err(TokenizerError::new(
@@ -346,14 +367,33 @@ impl DeviceEncoder {
                 "Fix: ChunkLimits must allow at least one byte and one document per chunk",
             ));
         }
+        if limits.text_bytes > MAX_TEXT_BYTES as u64 {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: ChunkLimits::text_bytes is {}, over the device split's limit of {MAX_TEXT_BYTES} bytes per chunk; use at most {MAX_TEXT_BYTES}",
+                    limits.text_bytes
+                ),
+            ));
+        }
         let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
-        let mut kernels = Vec::with_capacity(STEPS.len());
-        for (step, program) in programs.steps() {
-            let codegen =
-                CodegenOptions::new().with_max_loop_iterations(geometry.max_loop_iterations);
+        let mut kernels = Vec::with_capacity(programs.steps().len());
+        for step in programs.steps() {
+            // The loop cap is for the stage and BPE steps alone (see Geometry).
+            let cap = if step.split {
+                None
+            } else {
+                geometry.max_loop_iterations
+            };
+            let codegen = CodegenOptions::new().with_max_loop_iterations(cap);
             let kernel = backend
-                .compile(program, &DispatchConfig::linear(1).with_codegen(codegen))
-                .map_err(|error| backend_error(&format!("compiling bpe.{}", step.name), error))?;
+                .compile(
+                    &step.program,
+                    &DispatchConfig::linear(1).with_codegen(codegen),
+                )
+                .map_err(|error| {
+                    backend_error(&format!("compiling {}", step.program_name()), error)
+                })?;
             kernels.push(kernel);
         }
         let vocabulary_buffer = backend
@@ -362,13 +402,16 @@ impl DeviceEncoder {
         let token_bytes = backend
             .buffer_from(device_vocabulary.token_bytes())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
+        let kind_table = backend
+            .buffer_from(&kind_table_bytes()?)
+            .map_err(|error| backend_error("uploading the split's kind table", error))?;
         Ok(DeviceEncoder {
-            splitter: Splitter::new(pattern)?,
             backend,
             programs,
             kernels,
             vocabulary: vocabulary_buffer,
             token_bytes,
+            kind_table,
             vocabulary_bytes: device_vocabulary.device_bytes(),
             slots: Mutex::new(Vec::new()),
             limits,
@@ -389,9 +432,20 @@ impl DeviceEncoder {
         &self.backend
     }
 
-    /// The pattern whose pieces it merges.
+    /// The pattern it splits by.
     pub fn pattern(&self) -> Pattern {
-        self.splitter.pattern()
+        self.programs.pattern()
+    }
+
+    /// Its kernel steps' names, in dispatch order (`stage`, the split's, the
+    /// BPE steps): what [`ChunkTimings::steps`] holds for an eager chunk.
+    pub fn step_names(&self) -> Vec<&'static str> {
+        self.programs.steps().iter().map(|step| step.name).collect()
+    }
+
+    /// Its programs.
+    pub fn programs(&self) -> &Programs {
+        &self.programs
     }
 
     /// The geometry its programs were built for.
@@ -417,7 +471,7 @@ impl DeviceEncoder {
         let mut device = 0;
         let mut host = 0;
         for role in Role::ALL {
-            let bytes = role_bytes(&self.programs.geometry, role, text, documents);
+            let bytes = role_bytes(&self.programs, role, text, documents);
             if host_visible(role) {
                 host += bytes;
             } else {
@@ -558,82 +612,30 @@ impl DeviceEncoder {
         Ok((results, timings))
     }
 
-    /// The documents laid out back to back, with the host split's piece starts.
+    /// The documents' end offsets, back to back; `Err` for a chunk over the
+    /// split's limit (one document over it: a chunk of its own).
     fn layout(&self, texts: &[&[u8]]) -> Result<Layout, TokenizerError> {
         let total: u64 = texts.iter().map(|text| text.len() as u64).sum();
-        let text_len = u32::try_from(total).map_err(|_| {
-            TokenizerError::new(
-                ErrorKind::Backend,
-                format!(
-                    "Fix: a chunk of {total} bytes does not fit the device's 32-bit offsets; \
-                     encode at most 4 GiB at once (lower ChunkLimits::text_bytes)"
-                ),
-            )
-        })?;
+        let text_len = u32::try_from(total)
+            .ok()
+            .filter(|&len| len as usize <= MAX_TEXT_BYTES)
+            .ok_or_else(|| {
+                TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "Fix: a chunk of {total} bytes is over the device split's limit of \
+                         {MAX_TEXT_BYTES} bytes; encode documents of at most {MAX_TEXT_BYTES} bytes \
+                         on the device (or this one on the CPU)"
+                    ),
+                )
+            })?;
         let mut ends = Vec::with_capacity(texts.len());
         let mut offset = 0u32;
         for text in texts {
             offset += text.len() as u32;
             ends.push(offset);
         }
-        let piece_starts = self.split_on_host(texts, &ends)?;
-        Ok(Layout {
-            text_len,
-            ends,
-            piece_starts,
-        })
-    }
-
-    /// The host split's piece starts of the documents (ending at `ends`), on
-    /// all threads when there is enough text: each thread splits a run of whole
-    /// documents of about equal bytes.
-    fn split_on_host(&self, texts: &[&[u8]], ends: &[u32]) -> Result<Vec<u32>, TokenizerError> {
-        let splitter = self.splitter;
-        let split_run = |first: usize, run: &[&[u8]]| -> Result<Vec<u32>, TokenizerError> {
-            let bytes: usize = run.iter().map(|text| text.len()).sum();
-            let mut starts = Vec::with_capacity(bytes / 4 + 1);
-            for (index, text) in run.iter().enumerate() {
-                let offset = if first + index == 0 {
-                    0
-                } else {
-                    ends[first + index - 1]
-                };
-                let before = starts.len();
-                splitter.split_into(text, &mut starts)?;
-                for start in &mut starts[before..] {
-                    *start += offset;
-                }
-            }
-            Ok(starts)
-        };
-        let total = ends.last().copied().unwrap_or(0) as usize;
-        let threads = copy_threads(total).min(texts.len());
-        if threads <= 1 {
-            return split_run(0, texts);
-        }
-        let runs = document_runs(texts, total.div_ceil(threads));
-        let parts: Vec<Result<Vec<u32>, TokenizerError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = runs
-                .iter()
-                .map(|run| {
-                    let split_run = &split_run;
-                    scope.spawn(move || split_run(run.start, &texts[run.clone()]))
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|worker| {
-                    worker.join().unwrap_or_else(|_| {
-                        Err(internal("a host split thread panicked".to_owned()))
-                    })
-                })
-                .collect()
-        });
-        let mut starts = Vec::with_capacity(total / 4 + 1);
-        for part in parts {
-            starts.extend_from_slice(&part?);
-        }
-        Ok(starts)
+        Ok(Layout { text_len, ends })
     }
 
     /// A slot with room for `text_len` bytes and `documents` documents: an idle
@@ -654,7 +656,7 @@ impl DeviceEncoder {
         }
         let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
         for role in Role::ALL {
-            let bytes = role_bytes(&self.programs.geometry, role, text, documents);
+            let bytes = role_bytes(&self.programs, role, text, documents);
             if bytes == 0 {
                 continue;
             }
@@ -700,7 +702,6 @@ impl DeviceEncoder {
         let mut params = [0u32; param::WORDS as usize];
         params[param::TEXT_LEN as usize] = layout.text_len;
         params[param::DOCUMENTS as usize] = texts.len() as u32;
-        params[param::HOST_PIECES as usize] = layout.piece_starts.len() as u32 + 1;
         let backend = &self.backend;
         write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, |out| {
             copy_words(out, &params);
@@ -712,13 +713,10 @@ impl DeviceEncoder {
         write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
             gather(&mut out[..text_len], texts);
         })?;
-        write_host_visible(backend, slot.buffer_mut(Role::StagedPieces)?, |out| {
-            copy_words(out, &[layout.piece_starts.len() as u32]);
-            copy_words(&mut out[4..], &layout.piece_starts);
-        })?;
         let geometry = &self.programs.geometry;
-        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(STEPS.len());
-        for (step, kernel) in STEPS.iter().zip(&self.kernels) {
+        let steps = self.programs.steps();
+        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(steps.len());
+        for (step, kernel) in steps.iter().zip(&self.kernels) {
             let bindings = self.bindings(slot, step)?;
             let workgroups =
                 step.grid
@@ -730,30 +728,35 @@ impl DeviceEncoder {
                 None => backend.submit(request),
                 Some(previous) => backend.submit(request.after(previous)),
             }
-            .map_err(|error| backend_error(&format!("submitting bpe.{}", step.name), error))?;
+            .map_err(|error| {
+                backend_error(&format!("submitting {}", step.program_name()), error)
+            })?;
             pending.push(submitted);
         }
         Ok(pending)
     }
 
+    /// `step`'s bindings: the resident tables, or the slot's buffers.
     fn bindings<'a>(
         &'a self,
         slot: &'a Slot,
-        step: &Step,
+        step: &KernelStep,
     ) -> Result<Vec<Binding<'a>>, TokenizerError> {
         step.bindings
             .iter()
             .map(|&role| match role {
                 Role::Vocabulary => Ok(Binding::from(&self.vocabulary)),
                 Role::TokenBytes => Ok(Binding::from(&self.token_bytes)),
+                Role::KindTable => Ok(Binding::from(&self.kind_table)),
                 _ => slot.buffer(role).map(Binding::from),
             })
             .collect()
     }
 
     /// Records the encode of one text of exactly `text_len` bytes as one graph:
-    /// the uploads from the graph's pinned input slots, then every step but
-    /// `stage`. [`EncodeGraph::encode`] replays it.
+    /// the uploads of the parameters, the text and the document ends from the
+    /// graph's pinned input slots, then every step but `stage` (the split's
+    /// included). [`EncodeGraph::encode`] replays it.
     pub fn graph(&self, text_len: usize) -> Result<EncodeGraph<'_>, TokenizerError> {
         let text_len_u32 = u32::try_from(text_len).map_err(|_| {
             TokenizerError::new(
@@ -771,8 +774,9 @@ impl DeviceEncoder {
         }
         let slot = self.take_slot(text_len as u64, 1)?;
         let geometry = self.programs.geometry;
-        let mut slots: Option<[InputSlot; 5]> = None;
-        let bindings: Vec<Vec<Binding<'_>>> = STEPS[1..]
+        let steps = &self.programs.steps()[1..];
+        let mut slots: Option<[InputSlot; 3]> = None;
+        let bindings: Vec<Vec<Binding<'_>>> = steps
             .iter()
             .map(|step| self.bindings(&slot, step))
             .collect::<Result<_, _>>()?;
@@ -785,12 +789,8 @@ impl DeviceEncoder {
                 upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
                 upload(recorder, Role::Text, text_len as u64)?,
                 upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
-                upload(recorder, Role::PieceStarts, 4 * text_len as u64)?,
-                upload(recorder, Role::PieceCount, 4)?,
             ];
-            for ((step, kernel), bindings) in
-                STEPS[1..].iter().zip(&self.kernels[1..]).zip(&bindings)
-            {
+            for ((step, kernel), bindings) in steps.iter().zip(&self.kernels[1..]).zip(&bindings) {
                 let workgroups = step.grid.workgroups(&geometry, text_len as u64, 1);
                 recorder.dispatch(
                     Dispatch::new(kernel, bindings)
@@ -821,11 +821,13 @@ impl DeviceEncoder {
     }
 
     fn counts_of(&self, slot: &Slot) -> Result<EncodeCounts, TokenizerError> {
-        let params = self
-            .backend
-            .read::<u32>(slot.buffer(Role::Params)?)
-            .map_err(|error| backend_error("reading the counts", error))?;
-        Ok(EncodeCounts::of(&params))
+        let read = |role| {
+            self.backend
+                .read::<u32>(slot.buffer(role)?)
+                .map_err(|error| backend_error("reading the counts", error))
+        };
+        let pieces = read(Role::PieceCount)?.first().copied().unwrap_or(0);
+        Ok(EncodeCounts::of(&read(Role::Params)?, pieces))
     }
 }
 
@@ -961,8 +963,7 @@ fn gather(out: &mut [u8], texts: &[&[u8]]) {
 }
 
 /// Consecutive runs of whole texts of about `share` bytes each (a text larger
-/// than `share` alone in its run): one run per thread of a parallel copy or
-/// split.
+/// than `share` alone in its run): one run per thread of a parallel copy.
 fn document_runs(texts: &[&[u8]], share: usize) -> Vec<Range<usize>> {
     let mut runs = Vec::new();
     let mut first = 0;
@@ -1090,13 +1091,21 @@ impl PendingEncode<'_> {
     ) -> Result<(), TokenizerError> {
         // The last step's wait covers the chain; the others then find idle streams.
         let pending = std::mem::take(&mut self.pending);
+        let steps = self.encoder.programs.steps();
+        timings.steps = steps
+            .iter()
+            .map(|step| StepTimings {
+                name: step.name,
+                timings: Timings::default(),
+            })
+            .collect();
         let mut first_error = None;
         for (index, submitted) in pending.into_iter().enumerate().rev() {
             match submitted.wait() {
-                Ok(done) => timings.steps[index] = done.timings,
+                Ok(done) => timings.steps[index].timings = done.timings,
                 Err(error) => {
                     first_error.get_or_insert_with(|| {
-                        backend_error(&format!("running bpe.{}", STEPS[index].name), error)
+                        backend_error(&format!("running {}", steps[index].program_name()), error)
                     });
                 }
             }
@@ -1156,14 +1165,15 @@ impl Drop for PendingEncode<'_> {
 }
 
 /// The encode of texts of one length recorded as one graph
-/// ([`DeviceEncoder::graph`]): every encode is the host split, the text into
-/// the graph's pinned input slot, one replay and the ids read in place.
+/// ([`DeviceEncoder::graph`]): every encode is the text into the graph's
+/// pinned input slot, one replay (the split and the BPE steps) and the ids
+/// read in place.
 pub struct EncodeGraph<'e> {
     encoder: &'e DeviceEncoder,
     graph: Option<AnyGraph>,
     slot: Option<Slot>,
-    /// The input slots of params, text, document ends, piece starts and count.
-    inputs: [InputSlot; 5],
+    /// The input slots of params, text and document ends.
+    inputs: [InputSlot; 3],
     text_len: u32,
 }
 
@@ -1200,7 +1210,6 @@ impl EncodeGraph<'_> {
             ));
         }
         let encoder = self.encoder;
-        let layout = encoder.layout(&[text])?;
         let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
             return Err(internal("the encode graph is gone".to_owned()));
         };
@@ -1213,11 +1222,6 @@ impl EncodeGraph<'_> {
         input(graph, self.inputs[2])?
             .chunks_exact_mut(4)
             .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
-        copy_words(input(graph, self.inputs[3])?, &layout.piece_starts);
-        copy_words(
-            input(graph, self.inputs[4])?,
-            &[layout.piece_starts.len() as u32],
-        );
         let timings = graph
             .replay()
             .map_err(|error| backend_error("replaying the encode graph", error))?;
@@ -1271,8 +1275,6 @@ fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pretokenize::text::{generate, Shape};
-    use crate::Encoding;
 
     /// Locks out chunks that break the limits or lose documents: the ranges tile
     /// the batch in order, each within the byte and document limits, a document
@@ -1337,37 +1339,5 @@ mod tests {
         let error = scatter(&ids, &[0, 5, 3], &mut results[..2]).unwrap_err();
         assert!(error.message().starts_with("Fix:"), "{error}");
         assert!(scatter(&ids[..2], &[0, 5], &mut results[..1]).is_err());
-    }
-
-    /// Locks out a host split on many threads that differs from one thread: the
-    /// piece starts of 3 MiB of documents (all three shapes, empty ones among
-    /// them) split in parallel are the sequential split's, offset by each
-    /// document's start.
-    #[test]
-    fn the_host_split_on_all_threads_equals_one_thread() {
-        let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
-        let encoder = DeviceEncoder::new(AnyBackend::reference(), &tokenizer).unwrap();
-        let texts: Vec<Vec<u8>> = (0..600)
-            .map(|index| match index % 4 {
-                0 => Vec::new(),
-                shape => generate(Shape::ALL[shape - 1], 1 + index * 17, index as u64),
-            })
-            .collect();
-        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
-        let layout = encoder.layout(&refs).unwrap();
-        assert!(
-            copy_threads(layout.text_len as usize) > 1
-                || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
-        );
-        let mut expected = Vec::new();
-        let mut offset = 0;
-        for text in &texts {
-            for start in crate::pretokenize::pattern::piece_starts(Pattern::Cl100k, text).unwrap() {
-                expected.push(start + offset);
-            }
-            offset += text.len() as u32;
-        }
-        assert_eq!(layout.piece_starts, expected);
-        assert_eq!(layout.ends.last().copied(), Some(offset));
     }
 }

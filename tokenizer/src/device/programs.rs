@@ -61,6 +61,9 @@ use vyre_cuda::ir::{
 };
 
 use super::vocabulary::{header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_RANKS_AT, TOKENS_AT};
+use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
+use crate::pretokenize::pattern::Pattern;
+use crate::pretokenize::Geometry as SplitGeometry;
 
 /// Word offsets into `params`, the per-encode parameters and counters.
 pub mod param {
@@ -78,11 +81,8 @@ pub mod param {
     pub const FAILED_BOUNDARIES: u32 = 5;
     /// Long pieces encoded by the serial path.
     pub const SERIAL_PIECES: u32 = 6;
-    /// One more than the number of piece starts the host staged (its split),
-    /// 0 when the split runs on the device.
-    pub const HOST_PIECES: u32 = 7;
     /// Words of `params`.
-    pub const WORDS: u32 = 8;
+    pub const WORDS: u32 = 7;
 }
 
 /// Default threads per workgroup of every step.
@@ -112,11 +112,16 @@ pub struct Geometry {
     pub repair_attempts: u32,
     /// Most workgroups of `compact`.
     pub compact_workgroups: u32,
-    /// A cap on every `while` loop's iterations per thread (`None`, the
-    /// default: no cap). Past it a kernel traps (CUDA: a `KernelFault` naming
-    /// the program; the reference: an `Err`); tests use a small cap to see a
-    /// device fault surface.
+    /// A cap on every `while` loop's iterations per thread of the stage and
+    /// BPE steps (`None`, the default: no cap). Past it a kernel traps (CUDA: a
+    /// `KernelFault` naming the program; the reference: an `Err`); tests use a
+    /// small cap to see a device fault surface. The split's steps never take
+    /// it: their loops are bounded by the geometry, and a look-back waits for
+    /// other workgroups.
     pub max_loop_iterations: Option<u32>,
+    /// The split's workgroups ([`batch`](crate::pretokenize::batch): threads
+    /// and bytes per thread; its `compact_workgroups` is not used).
+    pub split: SplitGeometry,
 }
 
 impl Default for Geometry {
@@ -128,6 +133,7 @@ impl Default for Geometry {
             repair_attempts: 16,
             compact_workgroups: 1024,
             max_loop_iterations: None,
+            split: SplitGeometry::default(),
         }
     }
 }
@@ -158,7 +164,11 @@ impl Geometry {
                 self.compact_workgroups
             ));
         }
-        Ok(())
+        self.split.check().map_err(|error| {
+            error
+                .message()
+                .replacen("Geometry::", "Geometry::split.", 1)
+        })
     }
 }
 
@@ -203,13 +213,20 @@ pub enum Role {
     StagedDocuments,
     /// The parameters as the host staged them.
     StagedParams,
-    /// The piece count and starts of a split the host ran, as it staged them.
-    StagedPieces,
+    /// The split's Unicode kind table ([`SplitBuffer::KindTable`]), resident.
+    KindTable,
+    /// The split's code per text byte ([`SplitBuffer::Codes`]; cl100k and
+    /// o200k).
+    SplitCodes,
+    /// The split's look-back status words ([`SplitBuffer::Statuses`]).
+    SplitStatuses,
+    /// The split's counters ([`SplitBuffer::Counters`]).
+    SplitCounters,
 }
 
 impl Role {
     /// Every role; `role as usize` indexes it.
-    pub const ALL: [Role; 20] = [
+    pub const ALL: [Role; 23] = [
         Role::Params,
         Role::Text,
         Role::DocumentEnds,
@@ -229,7 +246,10 @@ impl Role {
         Role::StagedText,
         Role::StagedDocuments,
         Role::StagedParams,
-        Role::StagedPieces,
+        Role::KindTable,
+        Role::SplitCodes,
+        Role::SplitStatuses,
+        Role::SplitCounters,
     ];
 
     /// The buffer's name in the programs that bind it.
@@ -254,8 +274,33 @@ impl Role {
             Role::StagedText => "staged_text",
             Role::StagedDocuments => "staged_documents",
             Role::StagedParams => "staged_params",
-            Role::StagedPieces => "staged_pieces",
+            Role::KindTable => SplitBuffer::KindTable.name(),
+            Role::SplitCodes => SplitBuffer::Codes.name(),
+            Role::SplitStatuses => SplitBuffer::Statuses.name(),
+            Role::SplitCounters => SplitBuffer::Counters.name(),
         }
+    }
+
+    /// The role that holds a buffer of the split: the split and the BPE steps
+    /// share the text, the document ends and the piece starts and count.
+    pub const fn of_split(buffer: SplitBuffer) -> Role {
+        match buffer {
+            SplitBuffer::Text => Role::Text,
+            SplitBuffer::DocumentEnds => Role::DocumentEnds,
+            SplitBuffer::KindTable => Role::KindTable,
+            SplitBuffer::Codes => Role::SplitCodes,
+            SplitBuffer::Statuses => Role::SplitStatuses,
+            SplitBuffer::Counters => Role::SplitCounters,
+            SplitBuffer::PieceStarts => Role::PieceStarts,
+            SplitBuffer::PieceCount => Role::PieceCount,
+        }
+    }
+
+    /// The split's buffer this role holds, if any.
+    pub fn split_buffer(self) -> Option<SplitBuffer> {
+        SplitBuffer::ALL
+            .into_iter()
+            .find(|&buffer| Role::of_split(buffer) == self)
     }
 }
 
@@ -286,6 +331,9 @@ pub enum Grid {
     PerBlock,
     /// At most [`Geometry::compact_workgroups`], each owning whole blocks.
     Compaction,
+    /// One workgroup per block of the split ([`Geometry::split`]), at least one
+    /// ([`SplitPrograms::workgroups`]).
+    Split,
 }
 
 impl Grid {
@@ -306,6 +354,10 @@ impl Grid {
                 let per = blocks.div_ceil(geometry.compact_workgroups).max(1);
                 blocks.div_ceil(per)
             }
+            Grid::Split => geometry
+                .split
+                .blocks_for(usize::try_from(text_len).unwrap_or(usize::MAX))
+                .max(1),
         }
     }
 }
@@ -341,12 +393,9 @@ pub const STEPS: [Step; 6] = [
             Role::StagedParams,
             Role::StagedText,
             Role::StagedDocuments,
-            Role::StagedPieces,
             Role::Params,
             Role::Text,
             Role::DocumentEnds,
-            Role::PieceStarts,
-            Role::PieceCount,
         ],
         grid: Grid::Stage,
     },
@@ -384,36 +433,125 @@ pub const STEPS: [Step; 6] = [
     },
 ];
 
-/// The programs of [`STEPS`], built for one [`Geometry`].
+/// The most steps a split has ([`SplitPrograms::steps`]: cl100k's and o200k's
+/// `classify` and `phases`; GPT-2's is one).
+pub const MAX_SPLIT_STEPS: usize = 2;
+
+/// The most kernel steps of one encode: `stage`, the split's and the BPE steps.
+pub const MAX_KERNEL_STEPS: usize = STEPS.len() + MAX_SPLIT_STEPS;
+
+/// One kernel of an encoding's device pipeline, as a run dispatches it.
+#[derive(Clone, Debug)]
+pub struct KernelStep {
+    /// The step's name: `stage`; the split's (`split` for GPT-2's pattern,
+    /// `classify` and `phases` for cl100k's and o200k's); `pieces`, `merge`,
+    /// `long`, `count`, `compact`.
+    pub name: &'static str,
+    /// The program.
+    pub program: Program,
+    /// One role per global buffer of the program, in binding order.
+    pub bindings: Vec<Role>,
+    /// How many workgroups it runs.
+    pub grid: Grid,
+    /// Whether it is one of the split's steps (which never take
+    /// [`Geometry::max_loop_iterations`]).
+    pub split: bool,
+}
+
+impl KernelStep {
+    /// The program's name (its entry op id: `bpe.<step>` or
+    /// `pretokenize.batch.<pattern>...`), as errors and fault reports give it.
+    pub fn program_name(&self) -> &str {
+        self.program.entry_op_id().unwrap_or(self.name)
+    }
+}
+
+/// Every kernel of one encoding's encode on a device, in dispatch order:
+/// `stage` (eager runs only: a graph uploads what it writes), the split of the
+/// encoding's pattern ([`SplitPrograms`], its steps composed over the
+/// encoder's buffers: it reads the text and the document ends `stage` wrote
+/// and writes the piece starts and count), then `pieces`, `merge`, `long`,
+/// `count` and `compact` ([`STEPS`]).
 #[derive(Clone, Debug)]
 pub struct Programs {
     /// The shapes they were built for.
     pub geometry: Geometry,
-    /// One program per step of [`STEPS`], in the same order.
-    pub programs: [Program; 6],
+    split: SplitPrograms,
+    steps: Vec<KernelStep>,
 }
 
 impl Programs {
-    /// The programs for `geometry` (`Err` with a `Fix:` message for a shape they
-    /// cannot run with).
-    pub fn new(geometry: Geometry) -> Result<Programs, String> {
+    /// The programs of `pattern`'s encodings for `geometry` (`Err` with a
+    /// `Fix:` message for a shape they cannot run with).
+    pub fn new(pattern: Pattern, geometry: Geometry) -> Result<Programs, String> {
         geometry.check()?;
+        let split = SplitPrograms::build(pattern, geometry.split)
+            .map_err(|error| error.message().to_owned())?;
+        if split.steps().len() > MAX_SPLIT_STEPS {
+            return Err(format!(
+                "Fix: internal: the split has {} steps, more than {MAX_SPLIT_STEPS}; report this as a bug",
+                split.steps().len()
+            ));
+        }
+        let bpe = |step: &Step, program: Program| KernelStep {
+            name: step.name,
+            program,
+            bindings: step.bindings.to_vec(),
+            grid: step.grid,
+            split: false,
+        };
+        let mut steps = vec![bpe(&STEPS[0], stage(&geometry))];
+        steps.extend(split.steps().iter().map(|step| {
+            KernelStep {
+                name: step.name,
+                program: step.program.clone(),
+                bindings: step
+                    .bindings
+                    .iter()
+                    .map(|&buffer| Role::of_split(buffer))
+                    .collect(),
+                grid: Grid::Split,
+                split: true,
+            }
+        }));
+        let bpe_programs = [
+            pieces(&geometry),
+            merge(&geometry),
+            long(&geometry),
+            count(&geometry),
+            compact(&geometry),
+        ];
+        steps.extend(
+            STEPS[1..]
+                .iter()
+                .zip(bpe_programs)
+                .map(|(step, program)| bpe(step, program)),
+        );
         Ok(Programs {
             geometry,
-            programs: [
-                stage(&geometry),
-                pieces(&geometry),
-                merge(&geometry),
-                long(&geometry),
-                count(&geometry),
-                compact(&geometry),
-            ],
+            split,
+            steps,
         })
     }
 
-    /// Each step with its program.
-    pub fn steps(&self) -> impl Iterator<Item = (&'static Step, &Program)> {
-        STEPS.iter().zip(self.programs.iter())
+    /// The pattern whose split runs first.
+    pub fn pattern(&self) -> Pattern {
+        self.split.pattern()
+    }
+
+    /// The split's programs.
+    pub fn split(&self) -> &SplitPrograms {
+        &self.split
+    }
+
+    /// Every kernel step, in dispatch order.
+    pub fn steps(&self) -> &[KernelStep] {
+        &self.steps
+    }
+
+    /// Whether some step binds `role`.
+    pub fn binds(&self, role: Role) -> bool {
+        self.steps.iter().any(|step| step.bindings.contains(&role))
     }
 }
 
@@ -462,13 +600,7 @@ fn builder(
 /// The roles each step writes (every other binding is read-only).
 pub fn written_roles(step: &str) -> &'static [Role] {
     match step {
-        "stage" => &[
-            Role::Params,
-            Role::Text,
-            Role::DocumentEnds,
-            Role::PieceStarts,
-            Role::PieceCount,
-        ],
+        "stage" => &[Role::Params, Role::Text, Role::DocumentEnds],
         "pieces" => &[
             Role::Params,
             Role::TokenAt,
@@ -782,11 +914,10 @@ fn emit_chunk_start(
     b.let_(name, (nominal + shift).min(end))
 }
 
-/// `stage`: the staged parameters, text (as `u64` words), document ends (the
-/// buffer's unused tail padded with the text length: empty documents, as a
-/// split reads the buffer to its length) and, when the host split the text,
-/// its piece starts and count, into the device buffers; every thread strides
-/// over the words.
+/// `stage`: the staged parameters, text (as `u64` words) and document ends
+/// (the buffer's unused tail padded with the text length: empty documents, as
+/// the split reads the buffer to its length) into the device buffers; every
+/// thread strides over the words.
 pub fn stage(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("stage"), |role| match role {
@@ -799,8 +930,6 @@ pub fn stage(geometry: &Geometry) -> Program {
         let staged = |index: u32| load(Role::StagedParams, index);
         let text_len = b.let_("text_len", staged(param::TEXT_LEN));
         let documents = b.let_("documents", staged(param::DOCUMENTS));
-        let host_pieces = b.let_("host_pieces", staged(param::HOST_PIECES));
-        let pieces = b.let_("pieces", host_pieces.clone().max(1u32) - 1u32);
         b.if_(thread.clone().less_than(param::WORDS), |b| {
             b.store(
                 Role::Params.name(),
@@ -808,18 +937,9 @@ pub fn stage(geometry: &Geometry) -> Program {
                 load(Role::StagedParams, thread.clone()),
             );
         });
-        b.if_(
-            thread
-                .clone()
-                .equals(0u32)
-                .and(host_pieces.not_equals(0u32)),
-            |b| {
-                b.store(Role::PieceCount.name(), 0u32, pieces.clone());
-            },
-        );
         let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
         let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
-        let items = b.let_("items", words.clone().max(ends.clone()).max(pieces.clone()));
+        let items = b.let_("items", words.clone().max(ends.clone()));
         let item = b.let_mut("item", thread);
         b.while_(item.clone().less_than(items), |b| {
             b.if_(item.clone().less_than(words.clone()), |b| {
@@ -836,13 +956,6 @@ pub fn stage(geometry: &Geometry) -> Program {
                     item.clone()
                         .less_than(documents.clone())
                         .select(load(Role::StagedDocuments, item.clone()), text_len.clone()),
-                );
-            });
-            b.if_(item.clone().less_than(pieces.clone()), |b| {
-                b.store(
-                    Role::PieceStarts.name(),
-                    item.clone(),
-                    load(Role::StagedPieces, item.clone() + 1u32),
                 );
             });
             b.assign("item", item.clone() + threads.clone());

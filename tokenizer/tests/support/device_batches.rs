@@ -1,14 +1,17 @@
 //! Inputs and checks shared by the device encoder's tests on the reference
 //! interpreter (`tests/device_encode.rs`) and on CUDA (`tests/gpu_encode.rs`):
 //! texts whose pieces fall in every length class, batches with empty
-//! documents, and the check that holds a device batch to the CPU encoder.
+//! documents, documents cut inside runs, and the check that holds a device
+//! batch to the CPU encoder.
 //! Include it with `#[path = "support/device_batches.rs"] mod device_batches;`
 //! beside `mod oracle;` and `mod split_corpus;`.
 #![allow(dead_code)]
 
 use vyre_cuda::backend::AnyBackend;
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::SplitMix64;
+use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::Tokenizer;
 
 use crate::{oracle, split_corpus};
@@ -101,6 +104,75 @@ pub fn random_texts(random: &mut SplitMix64, count: usize, max_units: u32) -> Ve
             text
         })
         .collect()
+}
+
+/// Documents whose ends fall inside runs that the split would carry across
+/// them (digits, spaces before a word, letters, a contraction, line breaks,
+/// upper then lower case, punctuation, CJK, a character cut in two), empty
+/// documents between them, and runs of 200 bytes that cross many 32-byte
+/// blocks of the split.
+pub fn documents_cut_inside_runs() -> Vec<Vec<u8>> {
+    let mut documents: Vec<Vec<u8>> = [
+        &b"123"[..],
+        b"4567 89",
+        b"",
+        b"   ",
+        b"  x",
+        b"abc",
+        b"def ghi",
+        b"don",
+        b"'t stop",
+        b"\n\n",
+        b"\n  \nx",
+        b"HELLO",
+        b"World CamelCase",
+        b"",
+        b"",
+        b"!!!",
+        b"?! ...",
+        "日本".as_bytes(),
+        "語です".as_bytes(),
+        &"語".as_bytes()[..2],
+        &"語".as_bytes()[2..],
+        b"x",
+    ]
+    .iter()
+    .map(|document| document.to_vec())
+    .collect();
+    for unit in ["7", " ", "a", "日", "\n", "Ab"] {
+        documents.push(unit.repeat(200 / unit.len()).into_bytes());
+        documents.push(Vec::new());
+        documents.push(unit.repeat(67 / unit.len() + 1).into_bytes());
+    }
+    documents
+}
+
+/// The split's workgroups at 16 threads of 2 bytes: blocks of 32 bytes, so
+/// short texts cross many of the split's workgroups and look-backs.
+pub fn small_split_geometry() -> SplitGeometry {
+    SplitGeometry {
+        workgroup_size: 16,
+        bytes_per_thread: 2,
+        compact_workgroups: 1,
+    }
+}
+
+/// The CPU split's piece starts of `documents`, each split alone (offset into
+/// the batch) and all of them joined into one text.
+pub fn split_pieces_alone_and_joined(
+    tokenizer: &Tokenizer,
+    documents: &[Vec<u8>],
+) -> (Vec<u32>, Vec<u32>) {
+    let pattern = tokenizer.pattern();
+    let mut alone = Vec::new();
+    let mut offset = 0;
+    for document in documents {
+        let starts = piece_starts(pattern, document).expect("split");
+        alone.extend(starts.iter().map(|start| start + offset));
+        offset += document.len() as u32;
+    }
+    let joined = piece_starts(pattern, &documents.concat()).expect("split");
+    (alone, joined)
 }
 
 /// An encoder of `tokenizer` on `backend` whose every `while` loop is capped
