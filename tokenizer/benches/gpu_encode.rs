@@ -6,8 +6,9 @@
 //!   hands, against the copy bound of the same bytes measured here (the text up
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
 //!   against tiktoken-rs on all of the host's cores, and per chunk size;
-//! - one 262,144-byte document, eager and as a graph, with each step's kernel
-//!   time; one 1,024-byte document eager, with tiktoken-rs's time beside;
+//! - one 262,144-byte document, eager and as a graph, with each kernel step's
+//!   time (`stage`, the split's `classify` and `phases`, the BPE steps); one
+//!   1,024-byte document eager, with tiktoken-rs's time beside;
 //! - device memory per input byte.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the

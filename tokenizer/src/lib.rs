@@ -27,9 +27,9 @@
 //!   special tokens; `encode_ordinary`, `encode` with allowed special tokens,
 //!   `encode_batch` on all threads, `decode` and `decode_bytes`.
 //! - [`Backend`]: the CPU, the GPU, or the GPU where there is one.
-//! - [`device`]: the encode on a device ([`device::DeviceEncoder`]: the
-//!   resident vocabulary, the BPE programs, batches, pipelining, graphs), on
-//!   CUDA or the reference interpreter.
+//! - [`device`]: the whole encode on a device ([`device::DeviceEncoder`]:
+//!   text up, ids down; the resident vocabulary, the split and BPE programs,
+//!   batches, pipelining, graphs), on CUDA or the reference interpreter.
 //! - [`Vocabulary`]: the strict `.tiktoken` reader.
 //! - [`pretokenize`]: the pre-tokenizers (the patterns, the CPU split, the
 //!   splits as vyre-cuda programs).

@@ -33,9 +33,9 @@ use crate::vocab::Vocabulary;
 
 /// Where a tokenizer runs.
 ///
-/// On the GPU the BPE of every encoding runs on the device ([`DeviceEncoder`]);
-/// the pre-tokenizer's split still runs on the host until the device split of
-/// all three patterns is part of the pipeline.
+/// On the GPU the whole encode of every encoding runs on the device
+/// ([`DeviceEncoder`]: the pre-tokenizer's split and the BPE merges; text up,
+/// ids down).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// The CPU (the default): no device is touched.

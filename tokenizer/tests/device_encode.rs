@@ -503,8 +503,9 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, no compaction
-/// workgroups and chunk limits of nothing are each a `Fix:` error naming what
-/// to change.
+/// workgroups, chunk limits of nothing, a split of 9 bytes per thread and
+/// chunks over the split's 256 MiB are each a `Fix:` error naming what to
+/// change.
 #[test]
 fn bad_geometries_and_limits_are_fix_errors() {
     let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
@@ -540,6 +541,25 @@ fn bad_geometries_and_limits_are_fix_errors() {
                 documents: 1,
             },
             "ChunkLimits",
+        ),
+        (
+            Geometry {
+                split: vyre_tokenizer::pretokenize::Geometry {
+                    bytes_per_thread: 9,
+                    ..small_split_geometry()
+                },
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "Geometry::split.bytes_per_thread",
+        ),
+        (
+            Geometry::default(),
+            ChunkLimits {
+                text_bytes: 512 << 20,
+                documents: 1,
+            },
+            "ChunkLimits::text_bytes",
         ),
     ];
     for (geometry, limits, what) in bad {

@@ -1,5 +1,6 @@
-//! Running the BPE steps over batches of documents: buffers grown by powers of
-//! two and reused, batches cut into chunks that fit, chunks submitted so that one
+//! Running the encode's kernel steps (`stage`, the split's, the BPE steps:
+//! [`Programs`]) over batches of documents: buffers grown by powers of two and
+//! reused, batches cut into chunks that fit, chunks submitted so that one
 //! is staged and uploaded while another computes and a third's ids are handed
 //! out, on a CUDA device or on the reference interpreter through the same calls.
 //!
@@ -9,7 +10,8 @@
 //! documents gathered by all of the host's threads: ordinary `&str`s copy at
 //! 7–12 GB/s from pageable memory by DMA, measured on the H200 host, but a
 //! parallel gather into pinned memory runs at memory speed), the `stage` kernel
-//! pulls it into device memory, and `compact` writes the ids and each
+//! pulls it into device memory, the split and the merges run there, and
+//! `compact` writes the ids and each
 //! document's first id index straight back into host-mapped memory: no DMA copy
 //! either way and no read of a size the host must learn first. The host then
 //! hands each document its ids from that memory, again on all threads. A graph
@@ -42,7 +44,7 @@ const ROLES: usize = Role::ALL.len();
 
 /// Default most text bytes per chunk (16 MiB: a 64 MiB batch is four chunks,
 /// so one is staged while another computes). At most
-/// [`MAX_TEXT_BYTES`](crate::pretokenize::MAX_TEXT_BYTES), the split's limit.
+/// [`MAX_TEXT_BYTES`] (256 MiB), the split's limit.
 pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
 
 /// Default most documents per chunk.

@@ -1,23 +1,33 @@
-//! The BPE half of the device pipeline as vyre-cuda programs, and the one
-//! description of its steps ([`STEPS`]) that every run follows.
+//! The device pipeline as vyre-cuda programs: `stage`, the encoding's split
+//! (the [batch split](crate::pretokenize::batch), composed here), the BPE
+//! steps, and the one description of them ([`Programs`], over [`STEPS`]) that
+//! every run follows.
 //!
 //! # The steps
 //!
-//! After the split has left `piece_starts` and `piece_count` on the device:
-//!
 //! | step | program | grid | what it does |
 //! |---|---|---|---|
-//! | `stage` | [`stage`] | the text's 16-byte groups | copies the staged text, document ends and parameters into device buffers (eager runs only; a graph uploads them) |
+//! | `stage` | [`stage`] | the text's 16-byte groups | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
+//! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
+//! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
 //! | `pieces` | [`pieces`] | one thread per possible piece | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
 //! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
 //! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
 //! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] | the ids in text order into `ids`, each document's first id index into `document_token_starts`, the total after them |
 //!
-//! Every step reads its sizes from the `params` words ([`param`]) instead of
-//! buffer lengths, so one set of buffers (grown by powers of two) serves every
-//! text length, and the lists are filled through counters in the same words
-//! (which every encode uploads as zero).
+//! An eager chunk is seven dispatches for r50k and p50k and eight for cl100k
+//! and o200k; a graph replays all but `stage`. The split's steps bind the
+//! encoder's own buffers by role ([`Role::of_split`]): the text and document
+//! ends `stage` wrote, the resident kind table, their scratch (codes, status
+//! words and counters, per slot, so chunks in flight never share them) and
+//! the piece starts and count that `pieces` reads.
+//!
+//! Every step but the split's reads its sizes from the `params` words
+//! ([`param`]) instead of buffer lengths (the split reads the text's length
+//! from the last, padded, document end), so one set of buffers (grown by
+//! powers of two) serves every text length, and the lists are filled through
+//! counters in the same words (which every encode uploads as zero).
 //!
 //! # Where a token is written
 //!
@@ -384,7 +394,8 @@ const BPE_BINDINGS: [Role; 12] = [
     Role::TokenBytes,
 ];
 
-/// The steps, in dispatch order. `stage` runs only in eager runs (a graph
+/// The stage and BPE steps, in dispatch order; the split's run between `stage`
+/// and `pieces` ([`Programs`]). `stage` runs only in eager runs (a graph
 /// uploads the same buffers instead).
 pub const STEPS: [Step; 6] = [
     Step {
