@@ -24,7 +24,7 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::{ChunkLimits, ChunkTimings, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
 
@@ -120,23 +120,6 @@ impl CopyBound {
             pageable_down,
         }
     }
-}
-
-/// Each kernel step's time in µs: `stage`, the split's (cl100k: `classify`,
-/// `phases`), then the BPE steps.
-fn step_line(timings: &ChunkTimings) -> String {
-    timings
-        .steps
-        .iter()
-        .map(|step| {
-            format!(
-                "{} {:.1}",
-                step.name,
-                step.timings.kernel_stamps_ns as f64 / 1e3
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn main() {
@@ -238,7 +221,7 @@ fn main() {
             chunk.submit_ns as f64 / 1e6,
             chunk.scatter_ns as f64 / 1e6,
             chunk.kernel_ns() as f64 / 1e6,
-            step_line(chunk)
+            chunk.kernel_line()
         );
     }
     for mib in [8u64, 32, 64] {
@@ -282,7 +265,7 @@ fn main() {
             eager * 1e6,
             graphed * 1e6,
             step_timings.kernel_ns() as f64 / 1e3,
-            step_line(&step_timings)
+            step_timings.kernel_line()
         );
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");

@@ -408,24 +408,11 @@ fn print_device_steps(
     eager.remove(0);
     eager.sort_by_key(|timings| timings.wall_ns);
     let median = &eager[eager.len() / 2];
-    // Every kernel step: `stage`, the split's (`split`, or `classify` and
-    // `phases`), then the BPE steps.
-    let steps: Vec<String> = median
-        .steps
-        .iter()
-        .map(|step| {
-            format!(
-                "{} {:.1}",
-                step.name,
-                step.timings.kernel_stamps_ns as f64 / 1e3
-            )
-        })
-        .collect();
     let kernels = median.kernel_ns() as f64 / 1e3;
     let wall = median.wall_ns as f64 / 1e3;
     println!(
         "  device, eager (median): {wall:.1} µs = kernels {kernels:.1} µs ({}) + host {:.1} µs (staging and submitting {:.1}, handing out the ids {:.1})",
-        steps.join(", "),
+        median.kernel_line(),
         wall - kernels,
         median.submit_ns as f64 / 1e3,
         median.scatter_ns as f64 / 1e3

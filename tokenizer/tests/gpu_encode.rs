@@ -143,18 +143,7 @@ fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
                 "{}",
                 encoding.name()
             );
-            let steps: Vec<String> = timings
-                .steps
-                .iter()
-                .map(|step| {
-                    format!(
-                        "{} {:.1}",
-                        step.name,
-                        step.timings.kernel_stamps_ns as f64 / 1e3
-                    )
-                })
-                .collect();
-            println!("{}: kernels µs: {}", encoding.name(), steps.join(", "));
+            println!("{}: kernels µs: {}", encoding.name(), timings.kernel_line());
         }
     }
 }

@@ -211,6 +211,22 @@ impl ChunkTimings {
             sum.saturating_add(step.timings.kernel_stamps_ns)
         })
     }
+
+    /// Each kernel step's own device time in µs, in dispatch order, as
+    /// `stage 1.2, classify 3.4, ...` (the example's and the bench's line).
+    pub fn kernel_line(&self) -> String {
+        self.steps
+            .iter()
+            .map(|step| {
+                format!(
+                    "{} {:.1}",
+                    step.name,
+                    step.timings.kernel_stamps_ns as f64 / 1e3
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Whether the host writes or reads `role` itself: on CUDA it lives in
