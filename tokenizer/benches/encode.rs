@@ -121,6 +121,22 @@ fn texts() -> Vec<(String, String)> {
     texts
 }
 
+/// bpe-openai as a peer, where it has the encoding (cl100k and o200k); only
+/// this bench links it.
+fn bpe_openai_peer(encoding: Encoding) -> Option<Peer<'static>> {
+    fn cl100k(text: &str) -> Vec<u32> {
+        bpe_openai::cl100k_base().encode(text)
+    }
+    fn o200k(text: &str) -> Vec<u32> {
+        bpe_openai::o200k_base().encode(text)
+    }
+    match encoding {
+        Encoding::Cl100kBase => Some(Peer::Other("bpe-openai", cl100k)),
+        Encoding::O200kBase => Some(Peer::Other("bpe-openai", o200k)),
+        _ => None,
+    }
+}
+
 /// `text` repeated and cut to `bytes` at a character boundary.
 fn repeat_to(mut text: String, bytes: usize) -> String {
     while text.len() < bytes {
@@ -209,7 +225,8 @@ fn main() {
             }
         };
         let ours = Peer::Ours(&tokenizer);
-        let peers = peers_of(encoding);
+        let mut peers = peers_of(encoding);
+        peers.extend(bpe_openai_peer(encoding));
         println!("{}:", encoding.name());
         for (text_name, text) in &texts {
             let chunks = chunks_of(text, CHUNK_BYTES);

@@ -11,20 +11,30 @@
 //! with one of tiktoken's encodings (`--encoding r50k|p50k|cl100k|o200k`, default
 //! cl100k) and prints, per text, the token count and the median time, MB/s and
 //! tokens/s over `--iterations` encodes of this crate's encoder beside
-//! `tiktoken-rs` and `bpe-openai` (which has cl100k and o200k only) on the same
-//! text, on one thread (the whole text) and on all threads (the text cut into
-//! chunks after line feeds, each chunk a batch item: `encode_batch` for ours, the
-//! chunks interleaved over the threads for the others). Every run's ids are checked: identical to
-//! every peer's, on one thread and batched, or the example fails.
+//! `tiktoken-rs` on the same text, on one thread (the whole text) and on all
+//! threads (the text cut into chunks after line feeds, each chunk a batch item:
+//! `encode_batch` for ours, the chunks interleaved over the threads for
+//! tiktoken-rs). Every run's ids are checked: identical to tiktoken-rs's, on one
+//! thread and batched, or the example fails. (bpe-openai, the other peer, is in
+//! the `encode` bench: its 47 MB of tables would keep this example from
+//! travelling to a GPU machine.)
 //!
-//! `--backend auto|cpu|gpu` picks where the split runs (the BPE runs on the CPU
-//! either way: the GPU runs GPT-2's pre-tokenizer today, so r50k and p50k only);
-//! one line says which ran and why. `--ids FILE` writes our ids, one decimal per
-//! line; `--offsets FILE` the pre-tokenizer's piece start byte offsets, one per
-//! line (both for one text: `--input`, or `--shape`). An input that is not valid
-//! UTF-8 is encoded by the pre-tokenizer's rule for invalid bytes (each is a
-//! character U+FFFD for the split, and merges as the byte it is); one line says
-//! so, and the peers (which take `&str`) are skipped for it.
+//! `--backend auto|cpu|gpu` picks where the encode runs (auto: the GPU where
+//! there is one, for texts of 64 KiB and more; `reference` runs the device's
+//! programs on the CPU reference interpreter, slowly: keep `--bytes` small);
+//! one line says which ran and why. On the device it also prints, per text,
+//! what each kernel step took (its own `%globaltimer` stamps: `stage`, the
+//! split's steps, `split` or `classify` and `phases`, then `pieces`, `merge`,
+//! `long`, `count`, `compact`) and the host's share (staging and submitting;
+//! handing out the ids), eager and as one graph, and what the device counted
+//! (pieces the device split found, pieces merged, long pieces, boundaries
+//! repaired). `--ids
+//! FILE` writes our ids, one decimal per line; `--offsets FILE` the
+//! pre-tokenizer's piece start byte offsets, one per line (both for one text:
+//! `--input`, or `--shape`). An input that is not valid UTF-8 is encoded by the
+//! pre-tokenizer's rule for invalid bytes (each is a character U+FFFD for the
+//! split, and merges as the byte it is); one line says so, and tiktoken-rs
+//! (which takes `&str`) is skipped for it.
 //!
 //! The `pretokenize` example (GPT-2's split alone, on the GPU, with its phase
 //! table) is still there for what it shows.
@@ -47,7 +57,7 @@ const DEFAULT_SEED: u64 = 42;
 const CHUNK_BYTES: usize = 8 << 10;
 
 const HELP: &str = "\
-encode: text to token ids with tiktoken's encodings, beside tiktoken-rs and bpe-openai
+encode: text to token ids with tiktoken's encodings, beside tiktoken-rs
 
 USAGE: cargo run --release -p vyre-tokenizer --example encode -- [FLAGS]
 
@@ -58,7 +68,8 @@ FLAGS:
   --bytes N                          bytes of generated text per shape (default 262144)
   --seed N                           generator seed (default 42)
   --iterations N                     timed encodes per text and tokenizer (default 10)
-  --backend auto|cpu|gpu             where the split runs (default auto; BPE on the CPU)
+  --backend auto|cpu|gpu|reference   where the encode runs (default auto; reference:
+                                     the device programs on the CPU interpreter)
   --ids FILE                         write our token ids, one decimal per line (one text)
   --offsets FILE                     write the piece start byte offsets, one per line (one text)
   --help                             this text";
@@ -71,6 +82,8 @@ struct Options {
     seed: u64,
     iterations: usize,
     backend: Backend,
+    /// Run the device programs on the reference interpreter.
+    reference: bool,
     ids: Option<String>,
     offsets: Option<String>,
 }
@@ -105,6 +118,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
         seed: DEFAULT_SEED,
         iterations: DEFAULT_ITERATIONS,
         backend: Backend::Auto,
+        reference: false,
         ids: None,
         offsets: None,
     };
@@ -152,9 +166,15 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
                 options.iterations = number(value()?, "a count of at least 1")?.max(1) as usize
             }
             "--backend" => {
-                options.backend = value()?
-                    .parse()
-                    .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
+                let name = value()?;
+                options.reference = name == "reference";
+                options.backend = if options.reference {
+                    "gpu".to_owned()
+                } else {
+                    name
+                }
+                .parse()
+                .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
             }
             "--ids" => options.ids = Some(value()?),
             "--offsets" => options.offsets = Some(value()?),
@@ -182,6 +202,13 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
 fn tokenizer_for(options: &Options) -> Result<(Tokenizer, String), String> {
     let tokenizer = Tokenizer::for_encoding(options.encoding).map_err(|e| e.to_string())?;
     let name = options.encoding.name();
+    if options.reference {
+        let device = tokenizer
+            .with_device(vyre_cuda::backend::AnyBackend::reference())
+            .map_err(|e| e.to_string())?;
+        let line = "backend: the device programs on the CPU reference interpreter (asked for)";
+        return Ok((device, line.to_owned()));
+    }
     match options.backend {
         Backend::Cpu => Ok((tokenizer, "backend: cpu (asked for)".to_owned())),
         Backend::Gpu => {
@@ -189,7 +216,7 @@ fn tokenizer_for(options: &Options) -> Result<(Tokenizer, String), String> {
                 .with_backend(Backend::Gpu)
                 .map_err(|e| e.to_string())?;
             let line = format!(
-                "backend: gpu ({}): the split runs on the GPU, the BPE on the CPU",
+                "backend: gpu ({}): the encode runs on the device",
                 gpu.device_name().unwrap_or("CUDA device")
             );
             Ok((gpu, line))
@@ -208,7 +235,7 @@ fn tokenizer_for(options: &Options) -> Result<(Tokenizer, String), String> {
                 .map_err(|e| e.to_string())?;
             let line = match (auto.device_name(), why_not) {
                 (Some(device), _) => format!(
-                    "backend: auto → gpu ({device}) for texts of {} bytes or more: the split on the GPU, the BPE on the CPU",
+                    "backend: auto → gpu ({device}) for texts of {} bytes or more, the CPU below",
                     vyre_tokenizer::AUTO_GPU_MIN_BYTES
                 ),
                 (None, Some(reason)) => format!("backend: auto → cpu for {name} ({reason})"),
@@ -319,7 +346,7 @@ fn encode_and_compare(
         let tokens: usize = ids.iter().map(Vec::len).sum();
         if our_ids.is_empty() {
             println!(
-                "{name}: {} bytes, {tokens} tokens ({:.2} bytes per token); the split runs on the {}",
+                "{name}: {} bytes, {tokens} tokens ({:.2} bytes per token); the encode runs on the {}",
                 text.len(),
                 text.len() as f64 / tokens.max(1) as f64,
                 tokenizer.runs_on(text.len()).name()
@@ -353,7 +380,67 @@ fn encode_and_compare(
         "  ids identical to {} (one thread and batched)",
         names.join(" and ")
     );
+    if tokenizer.runs_on(text.len()) == Backend::Gpu {
+        print_device_steps(tokenizer, text.as_bytes(), &our_ids, iterations)?;
+    }
     Ok(our_ids)
+}
+
+/// On the device: the median eager encode's steps (kernel time each, the host's
+/// share) and the median graph replay, each checked against `ids`.
+fn print_device_steps(
+    tokenizer: &Tokenizer,
+    text: &[u8],
+    ids: &[u32],
+    iterations: usize,
+) -> Result<(), String> {
+    let Some(device) = tokenizer.device_encoder() else {
+        return Ok(());
+    };
+    let mut eager = Vec::with_capacity(iterations);
+    for _ in 0..iterations.max(1) + 1 {
+        let (encoded, timings) = device.encode_counted(&[text]).map_err(|e| e.to_string())?;
+        if encoded[0] != ids {
+            return Err("the device's ids differ from the CPU encoder's".to_owned());
+        }
+        eager.push(timings);
+    }
+    eager.remove(0);
+    eager.sort_by_key(|timings| timings.wall_ns);
+    let median = &eager[eager.len() / 2];
+    let kernels = median.kernel_ns() as f64 / 1e3;
+    let wall = median.wall_ns as f64 / 1e3;
+    println!(
+        "  device, eager (median): {wall:.1} µs = kernels {kernels:.1} µs ({}) + host {:.1} µs (staging and submitting {:.1}, handing out the ids {:.1})",
+        median.kernel_line(),
+        wall - kernels,
+        median.submit_ns as f64 / 1e3,
+        median.scatter_ns as f64 / 1e3
+    );
+    if let Some(counts) = median.counts {
+        println!(
+            "  device counted: {} pieces (the device split), {} merged, {} long pieces in {} chunks, {} boundaries repaired, {} pieces on the serial path",
+            counts.pieces,
+            counts.merged_pieces,
+            counts.long_pieces,
+            counts.chunks,
+            counts.failed_boundaries,
+            counts.serial_pieces
+        );
+    }
+    let mut graph = device.graph(text.len()).map_err(|e| e.to_string())?;
+    let (encoded, _) = graph.encode_timed(text).map_err(|e| e.to_string())?;
+    if encoded != ids {
+        return Err("the device graph's ids differ from the CPU encoder's".to_owned());
+    }
+    let (seconds, last) = median_seconds(iterations, || graph.encode_timed(text));
+    let (_, replay) = last.map_err(|e| e.to_string())?;
+    println!(
+        "  device, one graph (median): {:.1} µs per encode, replay kernels {:.1} µs",
+        seconds * 1e6,
+        replay.kernel_stamps_ns as f64 / 1e3
+    );
+    Ok(())
 }
 
 /// One line of figures; `ours` (seconds) adds how many times faster ours is.

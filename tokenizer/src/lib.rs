@@ -1,8 +1,8 @@
 //! # vyre-tokenizer
 //!
 //! Byte-level BPE tokenization exactly as tiktoken does it (the same ids for
-//! r50k_base, p50k_base, cl100k_base and o200k_base), on the CPU, and with GPT-2's
-//! pre-tokenizer on a CUDA GPU through vyre-cuda's public API. This crate is
+//! r50k_base, p50k_base, cl100k_base and o200k_base), on the CPU, and on a CUDA
+//! GPU through vyre-cuda's public API: text up, token ids down. This crate is
 //! vyre-cuda's first user, built as a user would build it: it links the backend
 //! like any other dependency.
 //!
@@ -17,7 +17,7 @@
 //! assert_eq!(ids, [100257]);
 //! let batch = tokenizer.encode_batch(&["one", "two"]); // all threads
 //! assert_eq!(batch.len(), 2);
-//! let gpu = Tokenizer::r50k_base()?.with_backend(Backend::Auto)?; // GPU split where there is one
+//! let gpu = Tokenizer::r50k_base()?.with_backend(Backend::Auto)?; // the GPU where there is one
 //! assert_eq!(gpu.encode_ordinary("Hello"), [15496]);
 //! # Ok::<(), vyre_tokenizer::TokenizerError>(())
 //! ```
@@ -26,11 +26,13 @@
 //!   once per process), or any `.tiktoken` vocabulary with a [`Pattern`] and
 //!   special tokens; `encode_ordinary`, `encode` with allowed special tokens,
 //!   `encode_batch` on all threads, `decode` and `decode_bytes`.
-//! - [`Backend`]: the CPU, the GPU (today the GPU runs GPT-2's pre-tokenizer and
-//!   the merging stays on the CPU), or the GPU where there is one.
+//! - [`Backend`]: the CPU, the GPU, or the GPU where there is one.
+//! - [`device`]: the whole encode on a device ([`device::DeviceEncoder`]:
+//!   text up, ids down; the resident vocabulary, the split and BPE programs,
+//!   batches, pipelining, graphs), on CUDA or the reference interpreter.
 //! - [`Vocabulary`]: the strict `.tiktoken` reader.
-//! - [`pretokenize`]: the pre-tokenizers (the patterns, the CPU split, GPT-2's
-//!   split as vyre-cuda programs).
+//! - [`pretokenize`]: the pre-tokenizers (the patterns, the CPU split, the
+//!   splits as vyre-cuda programs).
 //!
 //! Every error is a [`TokenizerError`] whose message starts with `Fix:`.
 
@@ -38,8 +40,8 @@
 #![forbid(unsafe_code)]
 
 mod bpe;
+pub mod device;
 mod error;
-mod gpu;
 pub mod pretokenize;
 mod special;
 mod table;
@@ -48,7 +50,6 @@ mod vocab;
 
 pub use bpe::SHORT_PIECE_BYTES;
 pub use error::{ErrorKind, TokenizerError};
-pub use gpu::{CACHED_PIPELINES, CACHED_PIPELINE_MAX_BYTES};
 pub use pretokenize::pattern::Pattern;
 pub use special::SpecialToken;
 pub use tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES, BATCH_PARALLEL_MIN_BYTES};

@@ -3,44 +3,47 @@
 //! # Why this module exists
 //!
 //! It is the one place that puts an encoding together (vocabulary, pre-tokenizer
-//! pattern, special tokens) and runs it: the pre-tokenizer cuts the text into
-//! pieces ([`Splitter::pieces`] on the CPU, which walks a text of any length
-//! without allocating, or GPT-2's split on a CUDA device), and [`bpe`](crate::bpe)
-//! merges each piece. The output and the merge loop's scratch are allocated once
-//! per call, never per piece. Built-in encodings parse their embedded vocabulary
-//! once per process and share it between tokenizers.
+//! pattern, special tokens) and runs it: on the CPU the pre-tokenizer cuts the
+//! text into pieces ([`Splitter::pieces`], which walks a text of any length
+//! without allocating) and [`bpe`](crate::bpe) merges each piece; on a device the
+//! whole encode runs in [`DeviceEncoder`], one batch of documents per call (the
+//! segments between special tokens, or `encode_batch`'s texts). The output and
+//! the merge loop's scratch are allocated once per call, never per piece.
+//! Built-in encodings parse their embedded vocabulary once per process and share
+//! it, and the device encoder of an encoding, between tokenizers.
 //!
-//! The GPU pipeline takes at most [`MAX_TEXT_BYTES`] (256 MiB) per text (its
-//! offsets are `u32` and its buffers are sized per length); a longer text is
-//! split on the CPU whatever the backend, so no input is refused.
+//! A device failure never changes ids: `encode_ordinary`, `encode_ordinary_bytes`,
+//! `encode_with_special_tokens` and `encode_batch` encode on the CPU instead,
+//! `encode` reports it.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use vyre_cuda::backend::{AnyBackend, CudaBackend};
+
 use crate::bpe::{encode_piece, Scratch};
+use crate::device::pipeline::Admission;
+use crate::device::{ChunkLimits, DeviceEncoder, Geometry};
 use crate::error::{ErrorKind, TokenizerError};
-use crate::gpu::GpuSplitter;
 use crate::pretokenize::pattern::{Pattern, Splitter};
-use crate::pretokenize::MAX_TEXT_BYTES;
 use crate::special::{Finder, SpecialToken, SpecialTokens};
 use crate::vocab::Vocabulary;
 
 /// Where a tokenizer runs.
 ///
-/// Today the GPU runs only the pre-tokenizer, and only GPT-2's pattern (r50k_base,
-/// p50k_base): a GPU encode splits the text on the device and merges the pieces
-/// on the CPU. cl100k_base and o200k_base run on the CPU under
-/// [`Backend::Auto`]; [`Backend::Gpu`] refuses them.
+/// On the GPU the whole encode of every encoding runs on the device
+/// ([`DeviceEncoder`]: the pre-tokenizer's split and the BPE merges; text up,
+/// ids down).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Backend {
     /// The CPU (the default): no device is touched.
     #[default]
     Cpu,
-    /// The GPU where there is a CUDA device and a GPU pre-tokenizer for the
-    /// encoding's pattern, for texts of at least [`AUTO_GPU_MIN_BYTES`] (below
-    /// that a dispatch costs more than the CPU split); the CPU otherwise.
+    /// The GPU where there is a CUDA device, for texts (and batches) of at
+    /// least [`AUTO_GPU_MIN_BYTES`] (below that the dispatches cost more than
+    /// the CPU encode); the CPU otherwise.
     Auto,
     /// The GPU, or an `Err` at [`Tokenizer::with_backend`] saying why not.
     Gpu,
@@ -73,7 +76,8 @@ impl FromStr for Backend {
     }
 }
 
-/// Under [`Backend::Auto`], texts shorter than this (64 KiB) are split on the CPU.
+/// Under [`Backend::Auto`], texts (and batches) shorter than this (64 KiB) are
+/// encoded on the CPU.
 pub const AUTO_GPU_MIN_BYTES: usize = 64 << 10;
 
 /// [`Tokenizer::encode_batch`] runs on one thread below this many bytes in all.
@@ -178,6 +182,29 @@ struct EncodingData {
     splitter: Splitter,
     vocabulary: Vocabulary,
     special: SpecialTokens,
+    /// The encoder on CUDA device 0, made on the first `with_backend` that
+    /// may use it and shared by every tokenizer of this encoding.
+    device: OnceLock<Result<Arc<DeviceEncoder>, TokenizerError>>,
+}
+
+impl EncodingData {
+    /// The shared encoder on CUDA device 0, or why there is none.
+    fn shared_device(&self) -> Result<Arc<DeviceEncoder>, TokenizerError> {
+        self.device
+            .get_or_init(|| {
+                let (gpu, admission) = shared_cuda()?;
+                DeviceEncoder::for_vocabulary(
+                    AnyBackend::Cuda(gpu),
+                    &self.vocabulary,
+                    self.splitter.pattern(),
+                    Geometry::default(),
+                    ChunkLimits::default(),
+                    admission,
+                )
+                .map(Arc::new)
+            })
+            .clone()
+    }
 }
 
 /// A tiktoken-exact tokenizer: one encoding on one backend. Cheap to clone (the
@@ -198,15 +225,8 @@ struct EncodingData {
 pub struct Tokenizer {
     encoding: Arc<EncodingData>,
     backend: Backend,
-    /// Present when `backend` may run the split on a device.
-    gpu: Option<Arc<GpuSplitter>>,
-}
-
-/// The buffers of one encode call: the GPU's piece starts, merge scratch.
-#[derive(Default)]
-struct EncodeState {
-    starts: Vec<u32>,
-    scratch: Scratch,
+    /// Present when `backend` may run on a device.
+    device: Option<Arc<DeviceEncoder>>,
 }
 
 impl Tokenizer {
@@ -241,9 +261,10 @@ impl Tokenizer {
                 splitter,
                 vocabulary,
                 special,
+                device: OnceLock::new(),
             }),
             backend: Backend::Cpu,
-            gpu: None,
+            device: None,
         })
     }
 
@@ -319,32 +340,30 @@ impl Tokenizer {
     }
 
     /// The same tokenizer on `backend`. [`Backend::Gpu`] is an `Err` without a
-    /// CUDA device or for a pattern with no GPU pre-tokenizer (cl100k, o200k);
+    /// CUDA device (or when the device cannot hold the encoder);
     /// [`Backend::Auto`] then runs on the CPU.
     pub fn with_backend(mut self, backend: Backend) -> Result<Self, TokenizerError> {
         self.backend = backend;
-        self.gpu = None;
+        self.device = None;
         if backend == Backend::Cpu {
             return Ok(self);
         }
-        if self.encoding.splitter.pattern() != Pattern::Gpt2 {
-            if backend == Backend::Gpu {
-                return Err(TokenizerError::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "Fix: {} has no GPU pre-tokenizer yet (only GPT-2's pattern runs on the GPU: \
-                         r50k_base, p50k_base); use Backend::Auto or Backend::Cpu",
-                        self.encoding.name
-                    ),
-                ));
-            }
-            return Ok(self);
-        }
-        match shared_gpu() {
-            Ok(gpu) => self.gpu = Some(gpu),
+        match self.encoding.shared_device() {
+            Ok(device) => self.device = Some(device),
             Err(error) if backend == Backend::Gpu => return Err(error),
             Err(_) => {}
         }
+        Ok(self)
+    }
+
+    /// The same tokenizer running every encode on `backend` through a
+    /// [`DeviceEncoder`] of its own (on the reference interpreter, the device
+    /// programs run on the CPU: what the CPU tests use). [`Tokenizer::backend`]
+    /// is then [`Backend::Gpu`].
+    pub fn with_device(mut self, backend: AnyBackend) -> Result<Self, TokenizerError> {
+        let encoder = DeviceEncoder::new(backend, &self)?;
+        self.backend = Backend::Gpu;
+        self.device = Some(Arc::new(encoder));
         Ok(self)
     }
 
@@ -353,21 +372,26 @@ impl Tokenizer {
         self.backend
     }
 
-    /// Where the split of a text of `text_len` bytes runs: [`Backend::Cpu`] or
-    /// [`Backend::Gpu`] (the BPE after it runs on the CPU either way). Texts over
-    /// [`MAX_TEXT_BYTES`] split on the CPU on every backend.
+    /// Where a text (or batch) of `text_len` bytes is encoded: [`Backend::Cpu`]
+    /// or [`Backend::Gpu`]. Texts of 4 GiB or more (the device's offsets are 32
+    /// bits) are encoded on the CPU on every backend.
     pub fn runs_on(&self, text_len: usize) -> Backend {
-        match (&self.gpu, self.backend) {
-            (Some(_), _) if text_len > MAX_TEXT_BYTES => Backend::Cpu,
+        match (&self.device, self.backend) {
+            (Some(_), _) if text_len > u32::MAX as usize => Backend::Cpu,
             (Some(_), Backend::Gpu) => Backend::Gpu,
             (Some(_), Backend::Auto) if text_len >= AUTO_GPU_MIN_BYTES => Backend::Gpu,
             _ => Backend::Cpu,
         }
     }
 
-    /// The CUDA device's name, when the GPU may run.
+    /// The CUDA device's name, when the device may run.
     pub fn device_name(&self) -> Option<&str> {
-        self.gpu.as_deref().map(GpuSplitter::device_name)
+        self.device.as_deref().and_then(DeviceEncoder::device_name)
+    }
+
+    /// The device encoder, when the device may run.
+    pub fn device_encoder(&self) -> Option<&DeviceEncoder> {
+        self.device.as_deref()
     }
 
     /// The encoding's name (`cl100k_base`, or the pattern's name for a tokenizer
@@ -399,22 +423,26 @@ impl Tokenizer {
     /// The token ids of any bytes. Bytes that are not UTF-8 follow the
     /// pre-tokenizer's rule (each is a character of its own, U+FFFD, for the
     /// split; [`crate::pretokenize`]), and merge as the bytes they are, so
-    /// [`Tokenizer::decode_bytes`] gives back exactly `text`. On valid UTF-8 the
-    /// ids are [`Tokenizer::encode_ordinary`]'s. Should the GPU fail, the split
-    /// runs again on the CPU (the ids are the same); [`Tokenizer::encode`]
-    /// reports such a failure instead.
+    /// [`Tokenizer::decode_bytes`] gives back exactly `text`; the device follows
+    /// the same rule. On valid UTF-8 the ids are [`Tokenizer::encode_ordinary`]'s.
+    /// Should the device fail, the text is encoded on the CPU (the ids are the
+    /// same); [`Tokenizer::encode`] reports such a failure instead.
     pub fn encode_ordinary_bytes(&self, text: &[u8]) -> Vec<u32> {
+        if let Some(device) = self.device_for(text.len()) {
+            if let Ok(mut ids) = device.encode_batch_bytes(&[text]) {
+                return ids.pop().unwrap_or_default();
+            }
+        }
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        self.encode_ordinary_into(text, &mut out, &mut EncodeState::default());
+        self.encode_on_cpu(text, &mut out, &mut Scratch::default());
         out
     }
 
-    /// [`Tokenizer::encode_segment`], splitting on the CPU should the GPU fail.
-    fn encode_ordinary_into(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
-        let before = out.len();
-        if self.encode_segment(text, out, state).is_err() {
-            out.truncate(before);
-            self.encode_on_cpu(text, out, state);
+    /// The device encoder when a text of `text_len` bytes runs on it.
+    fn device_for(&self, text_len: usize) -> Option<&DeviceEncoder> {
+        match self.runs_on(text_len) {
+            Backend::Gpu => self.device.as_deref(),
+            Backend::Cpu | Backend::Auto => None,
         }
     }
 
@@ -454,32 +482,65 @@ impl Tokenizer {
                 ),
             ));
         }
-        let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut state = EncodeState::default();
-        let mut finder = Finder::new(text, allowed.iter().copied());
-        let mut at = 0;
-        while let Some((offset, token)) = finder.find_from(at) {
-            self.encode_segment(&text.as_bytes()[at..offset], &mut out, &mut state)?;
-            out.push(token.id);
-            at = offset + token.text.len();
-        }
-        self.encode_segment(&text.as_bytes()[at..], &mut out, &mut state)?;
-        Ok(out)
+        self.encode_around(text, allowed.iter().copied(), self.device_for(text.len()))
     }
 
     /// [`Tokenizer::encode`] with every special token allowed.
     pub fn encode_with_special_tokens(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut state = EncodeState::default();
-        let mut finder = Finder::new(text, self.encoding.special.all().iter());
+        let tokens = self.encoding.special.all().iter();
+        if let Some(device) = self.device_for(text.len()) {
+            if let Ok(ids) = self.encode_around(text, tokens.clone(), Some(device)) {
+                return ids;
+            }
+        }
+        // Without a device the encode cannot fail.
+        self.encode_around(text, tokens, None).unwrap_or_default()
+    }
+
+    /// The ids of `text` with the special tokens of `tokens` as their ids and
+    /// the segments between them encoded as one batch, on `device` or on the
+    /// CPU. Only the device can fail.
+    fn encode_around<'t>(
+        &self,
+        text: &'t str,
+        tokens: impl Iterator<Item = &'t SpecialToken>,
+        device: Option<&DeviceEncoder>,
+    ) -> Result<Vec<u32>, TokenizerError>
+    where
+        Self: 't,
+    {
+        let mut segments: Vec<&[u8]> = Vec::new();
+        let mut specials: Vec<u32> = Vec::new();
+        let mut finder = Finder::new(text, tokens);
         let mut at = 0;
         while let Some((offset, token)) = finder.find_from(at) {
-            self.encode_ordinary_into(&text.as_bytes()[at..offset], &mut out, &mut state);
-            out.push(token.id);
+            segments.push(&text.as_bytes()[at..offset]);
+            specials.push(token.id);
             at = offset + token.text.len();
         }
-        self.encode_ordinary_into(&text.as_bytes()[at..], &mut out, &mut state);
-        out
+        segments.push(&text.as_bytes()[at..]);
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        match device {
+            Some(device) => {
+                let encoded = device.encode_batch_bytes(&segments)?;
+                for (index, ids) in encoded.iter().enumerate() {
+                    out.extend_from_slice(ids);
+                    if let Some(&id) = specials.get(index) {
+                        out.push(id);
+                    }
+                }
+            }
+            None => {
+                let mut scratch = Scratch::default();
+                for (index, segment) in segments.iter().enumerate() {
+                    self.encode_on_cpu(segment, &mut out, &mut scratch);
+                    if let Some(&id) = specials.get(index) {
+                        out.push(id);
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// [`Tokenizer::encode_ordinary`] of every text, on all of the machine's
@@ -487,13 +548,18 @@ impl Tokenizer {
     /// all): `result[i]` is the ids of `texts[i]`.
     pub fn encode_batch(&self, texts: &[&str]) -> Vec<Vec<u32>> {
         let total: usize = texts.iter().map(|text| text.len()).sum();
+        if let Some(device) = self.device_for(total) {
+            if let Ok(ids) = device.encode_batch(texts) {
+                return ids;
+            }
+        }
         let threads = std::thread::available_parallelism()
             .map_or(1, |threads| threads.get())
             .min(texts.len());
         if threads <= 1 || total < BATCH_PARALLEL_MIN_BYTES {
             return texts
                 .iter()
-                .map(|text| self.encode_ordinary(text))
+                .map(|text| self.encode_ordinary_on_cpu(text.as_bytes()))
                 .collect();
         }
         let next = AtomicUsize::new(0);
@@ -506,7 +572,7 @@ impl Tokenizer {
                         loop {
                             let index = next.fetch_add(1, Ordering::Relaxed);
                             let Some(text) = texts.get(index) else { break };
-                            done.push((index, self.encode_ordinary(text)));
+                            done.push((index, self.encode_ordinary_on_cpu(text.as_bytes())));
                         }
                         done
                     })
@@ -583,49 +649,40 @@ impl Tokenizer {
         }
     }
 
-    /// Splits `text` (no special tokens) where [`Tokenizer::runs_on`] says and
-    /// merges every piece into `out`. Only the GPU split can fail.
-    fn encode_segment(
-        &self,
-        text: &[u8],
-        out: &mut Vec<u32>,
-        state: &mut EncodeState,
-    ) -> Result<(), TokenizerError> {
-        let gpu = match self.runs_on(text.len()) {
-            Backend::Gpu => self.gpu.as_deref(),
-            _ => None,
-        };
-        let Some(gpu) = gpu else {
-            self.encode_on_cpu(text, out, state);
-            return Ok(());
-        };
-        state.starts.clear();
-        gpu.split_into(text, &mut state.starts)?;
-        let starts = &state.starts;
-        for (index, &start) in starts.iter().enumerate() {
-            let end = starts
-                .get(index + 1)
-                .map_or(text.len(), |&end| end as usize);
-            // A start list that is not increasing would be a device bug; `get`
-            // keeps it from becoming a panic.
-            let piece = text.get(start as usize..end).unwrap_or(&[]);
-            encode_piece(&self.encoding.vocabulary, piece, out, &mut state.scratch);
-        }
-        Ok(())
+    /// The ids of `text` on the CPU.
+    fn encode_ordinary_on_cpu(&self, text: &[u8]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_on_cpu(text, &mut out, &mut Scratch::default());
+        out
     }
 
     /// The CPU split and the merges, for any bytes of any length.
-    fn encode_on_cpu(&self, text: &[u8], out: &mut Vec<u32>, state: &mut EncodeState) {
+    fn encode_on_cpu(&self, text: &[u8], out: &mut Vec<u32>, scratch: &mut Scratch) {
         let encoding = &*self.encoding;
         for piece in encoding.splitter.pieces(text) {
-            encode_piece(&encoding.vocabulary, piece, out, &mut state.scratch);
+            encode_piece(&encoding.vocabulary, piece, out, scratch);
         }
     }
 }
 
-/// One GPU splitter per process (device 0): its pipelines are worth sharing.
-fn shared_gpu() -> Result<Arc<GpuSplitter>, TokenizerError> {
-    static GPU: OnceLock<Result<Arc<GpuSplitter>, TokenizerError>> = OnceLock::new();
-    GPU.get_or_init(|| GpuSplitter::acquire().map(Arc::new))
-        .clone()
+/// CUDA device 0, acquired once for every tokenizer of the process, and the
+/// admission its encoders share: the encoders of all encodings share its
+/// compiled kernels (their programs are the same) and its limit of pending
+/// dispatches.
+fn shared_cuda() -> Result<(CudaBackend, Arc<Admission>), TokenizerError> {
+    static CUDA: OnceLock<Result<(CudaBackend, Arc<Admission>), TokenizerError>> = OnceLock::new();
+    CUDA.get_or_init(|| {
+        let gpu = CudaBackend::acquire().map_err(|error| {
+            TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: Backend::Gpu needs a CUDA device, and none answered ({error}); \
+                     use Backend::Auto or Backend::Cpu on this machine"
+                ),
+            )
+            .with_source(error)
+        })?;
+        Ok((gpu, Arc::default()))
+    })
+    .clone()
 }

@@ -1,21 +1,32 @@
-//! GPU tests of the tokenizer's GPU backend (GPT-2's split on the device, the
-//! merges on the CPU): its ids must be the CPU encoder's (which `tests/encode.rs`
-//! holds to tiktoken-rs and bpe-openai). Ignored by default; run on the GPU
-//! machine (`bash .gpu/run.sh gpu_`). This binary links neither tiktoken-rs nor
-//! bpe-openai, to stay small for the trip to the GPU machine.
-//!
-//! The checks go through `Tokenizer::encode`, which reports a GPU failure as an
-//! `Err` (`encode_ordinary` would quietly split on the CPU instead).
+//! GPU tests of the device encoder: its ids must be the CPU encoder's (which
+//! `tests/encode.rs` holds to tiktoken-rs and bpe-openai) and tiktoken-rs's on
+//! valid UTF-8, for all four encodings, on the corpus, 2,000 random strings per
+//! encoding, 100 KiB runs, the three shapes, documents cut inside runs, and
+//! batches of 1 to 1,000 documents with empty ones, encoded eagerly,
+//! submitted and as a graph. Every encode splits on the device (the pattern's
+//! batch split between `stage` and the BPE steps).
+//! Ignored by default; run on the GPU machine (`cargo test --release -p
+//! vyre-tokenizer --test gpu_encode -- --ignored`). This binary links
+//! tiktoken-rs but not bpe-openai (about 50 MB of tables), so it stays small
+//! enough for the trip to the GPU machine.
 
+#[path = "support/device_batches.rs"]
+mod device_batches;
 mod oracle;
 mod split_corpus;
 
-use oracle::corpus;
+use device_batches::{
+    batch_with_empty_documents, check_batch, documents_cut_inside_runs, long_piece_texts,
+    random_texts, small_split_geometry, split_pieces_alone_and_joined,
+};
+use vyre_cuda::backend::{AnyBackend, CudaBackend};
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
-/// The CPU and GPU tokenizers of `encoding`; a missing device is a failure.
-fn cpu_and_gpu(encoding: Encoding) -> (Tokenizer, Tokenizer) {
+/// The CPU tokenizer of `encoding` and its device encoder on CUDA device 0; a
+/// missing device is a failure.
+fn cpu_and_device(encoding: Encoding) -> (Tokenizer, Tokenizer) {
     let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
     let gpu = cpu
         .clone()
@@ -24,88 +35,256 @@ fn cpu_and_gpu(encoding: Encoding) -> (Tokenizer, Tokenizer) {
     (cpu, gpu)
 }
 
-/// Both tokenizers' ids of `text` with every special token allowed; the GPU's
-/// must be the CPU's.
-fn check(cpu: &Tokenizer, gpu: &Tokenizer, text: &str, what: &str) {
-    let specials: Vec<&str> = cpu
-        .special_tokens()
-        .iter()
-        .map(|token| token.text.as_str())
-        .collect();
-    let expected = cpu.encode(text, &specials).expect("cpu encode");
-    let got = gpu
-        .encode(text, &specials)
-        .unwrap_or_else(|error| panic!("{what}: gpu encode failed: {error}"));
-    assert_eq!(got, expected, "{} {what}: {text:?}", cpu.name());
+fn device(gpu: &Tokenizer) -> &DeviceEncoder {
+    gpu.device_encoder()
+        .expect("Backend::Gpu has a device encoder")
 }
 
-/// Locks out any GPU split that changes ids: r50k_base and p50k_base on the
-/// GPU equal the CPU encoder on the pre-tokenizers' corpus (`split_corpus`),
-/// 400 random strings and the three shapes at 262,144 bytes; damaged bytes
-/// follow the same invalid-UTF-8 rule on both.
+fn tiktoken(encoding: Encoding) -> &'static tiktoken_rs::CoreBPE {
+    match encoding {
+        Encoding::R50kBase => tiktoken_rs::r50k_base_singleton(),
+        Encoding::P50kBase => tiktoken_rs::p50k_base_singleton(),
+        Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+        _ => tiktoken_rs::o200k_base_singleton(),
+    }
+}
+
+/// Locks out any device id that differs from the CPU encoder or tiktoken-rs on
+/// the corpus (one batch per encoding, invalid UTF-8 included; valid texts
+/// also against tiktoken-rs), the three shapes at 262,144 bytes (eager and as
+/// a graph), and through `Tokenizer::encode` with every special token allowed.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_ids_equal_cpu_on_corpus_shapes_and_random_strings() {
-    for encoding in [Encoding::R50kBase, Encoding::P50kBase] {
-        let (cpu, gpu) = cpu_and_gpu(encoding);
-        let texts: Vec<String> = split_corpus::corpus(corpus())
-            .into_iter()
-            .filter_map(|text| String::from_utf8(text).ok())
+fn gpu_ids_equal_cpu_and_tiktoken_on_corpus_and_shapes() {
+    let corpus = split_corpus::corpus(oracle::corpus());
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let encoder = device(&gpu);
+        check_batch(encoder, &cpu, &corpus, "corpus");
+        let refs: Vec<&[u8]> = corpus.iter().map(Vec::as_slice).collect();
+        let ids = encoder.encode_batch_bytes(&refs).unwrap();
+        let specials: Vec<&str> = cpu
+            .special_tokens()
+            .iter()
+            .map(|t| t.text.as_str())
             .collect();
-        for text in &texts {
-            check(&cpu, &gpu, text, "corpus");
-        }
-        let mut random = SplitMix64::new(0x06E0_0050);
-        for case in 0..400 {
-            let text = split_corpus::random_string(&mut random, 20);
-            check(&cpu, &gpu, &text, &format!("random case {case}"));
-            let bytes = split_corpus::random_bytes(&mut random, 20);
-            assert_eq!(
-                gpu.encode_ordinary_bytes(&bytes),
-                cpu.encode_ordinary_bytes(&bytes),
-                "damaged case {case}"
-            );
+        for (index, text) in corpus.iter().enumerate() {
+            if let Ok(text) = std::str::from_utf8(text) {
+                assert_eq!(
+                    ids[index],
+                    tiktoken(encoding).encode_ordinary(text),
+                    "tiktoken-rs, corpus {index}"
+                );
+                assert_eq!(
+                    gpu.encode(text, &specials).unwrap(),
+                    cpu.encode(text, &specials).unwrap()
+                );
+            }
         }
         for shape in Shape::ALL {
-            let text = String::from_utf8(generate(shape, 262_144, 42)).expect("shapes are UTF-8");
-            check(&cpu, &gpu, &text, shape.name());
+            let text = generate(shape, 262_144, 42);
+            let expected = cpu.encode_ordinary_bytes(&text);
+            assert_eq!(
+                encoder.encode_batch_bytes(&[&text]).unwrap()[0],
+                expected,
+                "{} {shape}",
+                encoding.name()
+            );
+            let mut graph = encoder.graph(text.len()).unwrap();
+            assert_eq!(
+                graph.encode(&text).unwrap(),
+                expected,
+                "{} {shape} graph",
+                encoding.name()
+            );
+            let valid = std::str::from_utf8(&text).unwrap();
+            assert_eq!(
+                expected,
+                tiktoken(encoding).encode_ordinary(valid),
+                "{} {shape} tiktoken-rs",
+                encoding.name()
+            );
         }
     }
 }
 
-/// Locks out `Backend::Auto` leaving the GPU idle where it can run: for r50k and
-/// p50k it splits texts of at least `AUTO_GPU_MIN_BYTES` on the GPU (and
-/// shorter ones on the CPU), with the same ids as the CPU; for cl100k and o200k
-/// (no GPU split) it runs on the CPU.
+/// Locks out a device split that disagrees with each document split alone:
+/// documents cut inside every kind of run, with empty documents between them
+/// and long runs across many of the split's workgroups, equal the CPU encoder
+/// on all four encodings, at the default geometry and with the split's blocks
+/// at 32 bytes, and the piece count the device split left for the BPE steps is
+/// the CPU split's of each document alone (negative control: not the count of
+/// the documents joined). Prints each step's kernel time.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_auto_picks_the_gpu_for_gpt2_encodings() {
-    for encoding in [Encoding::R50kBase, Encoding::P50kBase] {
-        let cpu = Tokenizer::for_encoding(encoding).unwrap();
-        let auto = cpu.clone().with_backend(Backend::Auto).unwrap();
-        assert!(auto.device_name().is_some(), "Auto found no device");
-        assert_eq!(auto.runs_on(262_144), Backend::Gpu);
-        assert_eq!(auto.runs_on(AUTO_GPU_MIN_BYTES), Backend::Gpu);
-        assert_eq!(auto.runs_on(AUTO_GPU_MIN_BYTES - 1), Backend::Cpu);
-        let text = String::from_utf8(generate(Shape::Prose, 262_144, 7)).unwrap();
-        check(&cpu, &auto, &text, "auto");
-    }
-    for encoding in [Encoding::Cl100kBase, Encoding::O200kBase] {
-        if let Ok(cpu) = Tokenizer::for_encoding(encoding) {
-            let auto = cpu.with_backend(Backend::Auto).unwrap();
-            assert_eq!(auto.runs_on(262_144), Backend::Cpu, "{}", encoding.name());
+fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
+    let documents = documents_cut_inside_runs();
+    let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let small = DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+            &cpu,
+            Geometry {
+                split: small_split_geometry(),
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+        )
+        .unwrap();
+        let (alone, joined) = split_pieces_alone_and_joined(&cpu, &documents);
+        assert_ne!(alone.len(), joined.len());
+        for encoder in [device(&gpu), &small] {
+            check_batch(encoder, &cpu, &documents, "ends inside runs");
+            let (_, timings) = encoder.encode_counted(&refs).unwrap();
+            assert_eq!(
+                timings.counts.unwrap().pieces as usize,
+                alone.len(),
+                "{}",
+                encoding.name()
+            );
+            println!("{}: kernels µs: {}", encoding.name(), timings.kernel_line());
         }
     }
 }
 
-/// Locks out a pipeline cache that mixes up lengths or threads: eight threads
-/// share one GPU tokenizer and encode texts of many lengths (more lengths than
-/// the cache keeps, each several times, some over 1 MiB), every result equal to
-/// the CPU's; `encode_batch` on the GPU equals the CPU's too.
+/// Locks out disagreements on inputs nobody wrote by hand: 2,000 random
+/// strings per encoding (every tenth damaged into invalid UTF-8) in one batch
+/// equal the CPU encoder, and the valid ones tiktoken-rs.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_pipeline_cache_serves_many_lengths_and_threads() {
-    let (cpu, gpu) = cpu_and_gpu(Encoding::R50kBase);
+fn gpu_ids_equal_cpu_and_tiktoken_on_2000_random_strings_every_encoding() {
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let mut random = SplitMix64::new(0x6D0C + encoding as u64);
+        let texts = random_texts(&mut random, 2000, 24);
+        check_batch(device(&gpu), &cpu, &texts, "random strings");
+        for text in texts
+            .iter()
+            .filter_map(|text| std::str::from_utf8(text).ok())
+        {
+            assert_eq!(
+                gpu.encode_ordinary(text),
+                tiktoken(encoding).encode_ordinary(text),
+                "{text:?}"
+            );
+        }
+    }
+}
+
+/// Locks out long pieces that go wrong on the device: the 100 KiB runs of
+/// `split_corpus::long_runs` (letters of each case, an ideograph, spaces, tabs,
+/// digits of two scripts, apostrophes, line breaks, marks), 100 KiB of digits
+/// (one piece under GPT-2's pattern), runs an odd prefix puts out of step with
+/// the chunks, and pieces of every length class around 384 bytes equal the
+/// CPU encoder on all four encodings; with 8-byte chunks and repairs off the
+/// same pieces go through the serial path and still do. Prints what the device
+/// counted.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_long_runs_and_length_classes_equal_cpu() {
+    let mut random = SplitMix64::new(0x100C);
+    let mut texts: Vec<(String, Vec<u8>)> = split_corpus::long_runs()
+        .into_iter()
+        .map(|(what, text)| (what.to_owned(), text))
+        .collect();
+    texts.push((
+        "100 KiB of digits".into(),
+        "7".repeat(100 << 10).into_bytes(),
+    ));
+    texts.push((
+        "x then ideographs".into(),
+        format!("x{}", "日".repeat(30_000)).into_bytes(),
+    ));
+    texts.push((
+        "x then ab".into(),
+        format!("x{}", "ab".repeat(50_000)).into_bytes(),
+    ));
+    texts.extend(long_piece_texts(384, &mut random));
+    let batch: Vec<Vec<u8>> = texts.iter().map(|(_, text)| text.clone()).collect();
+    let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let (ids, timings) = device(&gpu).encode_counted(&refs).unwrap();
+        for (index, (what, text)) in texts.iter().enumerate() {
+            assert_eq!(
+                ids[index],
+                cpu.encode_ordinary_bytes(text),
+                "{} {what}",
+                encoding.name()
+            );
+        }
+        println!(
+            "{}: {:?}, kernels {} µs",
+            encoding.name(),
+            timings.counts,
+            timings.kernel_ns() / 1000
+        );
+        let serial = DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+            &cpu,
+            Geometry {
+                chunk_bytes: 8,
+                repair_window_bytes: 32,
+                repair_attempts: 0,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+        )
+        .unwrap();
+        let small: Vec<Vec<u8>> = long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect();
+        check_batch(&serial, &cpu, &small, "8-byte chunks, serial path");
+    }
+}
+
+/// Locks out chunking, slot reuse and pipelining that lose, reorder or mix
+/// documents: batches of 1 to 1,000 documents (every fourth empty) through the
+/// default encoder and through one whose chunks hold at most 64 KiB and 100
+/// documents (many chunks, two in flight), and a batch of 100,000 empty
+/// documents with three short ones, equal the CPU encoder.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
+    let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
+    let small = DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        &cpu,
+        Geometry::default(),
+        ChunkLimits {
+            text_bytes: 64 << 10,
+            documents: 100,
+        },
+    )
+    .unwrap();
+    let mut random = SplitMix64::new(0xBA7C4);
+    for count in [1, 2, 3, 10, 100, 101, 999, 1000] {
+        let batch = batch_with_empty_documents(&mut random, count);
+        check_batch(device(&gpu), &cpu, &batch, &format!("{count} documents"));
+        check_batch(
+            &small,
+            &cpu,
+            &batch,
+            &format!("{count} documents, small chunks"),
+        );
+    }
+    let mut empty: Vec<Vec<u8>> = vec![Vec::new(); 100_000];
+    empty[0] = b"first".to_vec();
+    empty[50_000] = b"middle one".to_vec();
+    empty[99_999] = b"last".to_vec();
+    check_batch(device(&gpu), &cpu, &empty, "100,000 mostly empty documents");
+}
+
+/// Locks out submitted encodes that interfere: two chunks submitted at once
+/// (the most one thread may have pending) and waited in reverse order, and eight threads sharing one tokenizer with
+/// texts of many lengths (some over 1 MiB), equal the CPU encoder; so does
+/// `encode_batch` of all of them.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_submitted_encodes_and_threads_equal_cpu() {
+    let (cpu, gpu) = cpu_and_device(Encoding::O200kBase);
     let texts: Vec<String> = (0..48)
         .map(|index| {
             let shape = Shape::ALL[index % 3];
@@ -113,23 +292,78 @@ fn gpu_pipeline_cache_serves_many_lengths_and_threads() {
             String::from_utf8(generate(shape, bytes, index as u64)).unwrap()
         })
         .collect();
+    let encoder = device(&gpu);
+    let pending: Vec<_> = texts[..2]
+        .iter()
+        .map(|text| encoder.submit(&[text.as_str(), "", text.as_str()]).unwrap())
+        .collect();
+    for (index, submitted) in pending.into_iter().enumerate().rev() {
+        let ids = cpu.encode_ordinary(&texts[index]);
+        assert_eq!(submitted.wait().unwrap(), [ids.clone(), Vec::new(), ids]);
+    }
     std::thread::scope(|scope| {
         for thread in 0..8 {
             let (cpu, gpu, texts) = (&cpu, &gpu, &texts);
             scope.spawn(move || {
-                for round in 0..3 {
-                    for (index, text) in texts.iter().enumerate().skip(thread % 4) {
-                        check(
-                            cpu,
-                            gpu,
-                            text,
-                            &format!("thread {thread} round {round} text {index}"),
-                        );
-                    }
+                for (index, text) in texts.iter().enumerate().skip(thread % 4) {
+                    assert_eq!(
+                        gpu.encode(text, &[]).unwrap(),
+                        cpu.encode_ordinary(text),
+                        "thread {thread} text {index}"
+                    );
                 }
             });
         }
     });
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     assert_eq!(gpu.encode_batch(&refs), cpu.encode_batch(&refs));
+}
+
+/// Locks out `Backend::Auto` leaving the device idle where it runs: every
+/// encoding runs texts of at least `AUTO_GPU_MIN_BYTES` on the device and
+/// shorter ones on the CPU, with the CPU's ids either way.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_auto_runs_long_texts_on_the_device() {
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).unwrap();
+        let auto = cpu.clone().with_backend(Backend::Auto).unwrap();
+        assert!(auto.device_name().is_some(), "Auto found no device");
+        assert_eq!(auto.runs_on(AUTO_GPU_MIN_BYTES), Backend::Gpu);
+        assert_eq!(auto.runs_on(AUTO_GPU_MIN_BYTES - 1), Backend::Cpu);
+        let text = String::from_utf8(generate(Shape::Prose, 262_144, 7)).unwrap();
+        assert_eq!(auto.encode(&text, &[]).unwrap(), cpu.encode_ordinary(&text));
+    }
+}
+
+/// Locks out a batch larger than one chunk being refused: 200 MiB of
+/// documents of 1 to 16 KiB (cl100k, the three shapes) through an encoder
+/// whose chunks hold 64 MiB (four chunks, two in flight) equal the CPU
+/// encoder's batch.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
+    let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
+    let mut random = SplitMix64::new(0x200);
+    let mut texts = Vec::new();
+    let mut total = 0;
+    while total < 200 << 20 {
+        let bytes = 1024 + random.below(15 << 10) as usize;
+        let text = String::from_utf8(generate(
+            Shape::ALL[texts.len() % 3],
+            bytes,
+            texts.len() as u64,
+        ))
+        .unwrap();
+        total += text.len();
+        texts.push(text);
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let expected = cpu.encode_batch(&refs);
+    let encoder = device(&gpu);
+    let bytes: Vec<&[u8]> = refs.iter().map(|text| text.as_bytes()).collect();
+    let mut results = vec![Vec::new(); bytes.len()];
+    let timings = encoder.encode_batch_into(&bytes, &mut results).unwrap();
+    assert!(timings.len() >= 4, "{} chunks", timings.len());
+    assert!(results == expected, "the 200 MiB batch differs");
 }

@@ -1,8 +1,11 @@
 //! The CPU tokenizers we measure against, behind one interface: our encoder,
-//! `tiktoken-rs` and `bpe-openai` (cl100k and o200k only), each on one thread
-//! over a whole text and on all threads over the same chunks. Shared by the
-//! `encode` example and the `encode` bench. Include it with
-//! `#[path = "…/support/peers.rs"] mod peers;`.
+//! `tiktoken-rs`, and any other encoder given as a function (the `encode`
+//! bench adds `bpe-openai` that way: this module does not name it, so the
+//! example and the GPU bench, which include it, do not link bpe-openai's
+//! 47 MB of tables and stay small enough for the GPU machine), each on one
+//! thread over a whole text and on all threads over the same chunks. Shared by
+//! the `encode` example and the `encode` and `gpu_encode` benches. Include it
+//! with `#[path = "…/support/peers.rs"] mod peers;`.
 #![allow(dead_code)]
 
 use std::time::Instant;
@@ -16,8 +19,8 @@ pub enum Peer<'a> {
     Ours(&'a Tokenizer),
     /// tiktoken's core, ported.
     Tiktoken(&'static tiktoken_rs::CoreBPE),
-    /// GitHub's linear-time encoder.
-    BpeOpenai(&'static bpe_openai::Tokenizer),
+    /// Another encoder: its name and its encode function.
+    Other(&'static str, fn(&str) -> Vec<u32>),
 }
 
 impl Peer<'_> {
@@ -26,7 +29,7 @@ impl Peer<'_> {
         match self {
             Peer::Ours(_) => "vyre-tokenizer",
             Peer::Tiktoken(_) => "tiktoken-rs",
-            Peer::BpeOpenai(_) => "bpe-openai",
+            Peer::Other(name, _) => name,
         }
     }
 
@@ -35,7 +38,7 @@ impl Peer<'_> {
         match self {
             Peer::Ours(tokenizer) => tokenizer.encode_ordinary(text),
             Peer::Tiktoken(core) => core.encode_ordinary(text),
-            Peer::BpeOpenai(tokenizer) => tokenizer.encode(text),
+            Peer::Other(_, encode) => encode(text),
         }
     }
 
@@ -69,8 +72,7 @@ impl Peer<'_> {
     }
 }
 
-/// Our tokenizer's peers for `encoding`: tiktoken-rs always, bpe-openai where
-/// it has the encoding.
+/// Our tokenizer's peer for `encoding` that every binary links: tiktoken-rs.
 pub fn peers_of(encoding: Encoding) -> Vec<Peer<'static>> {
     let tiktoken = match encoding {
         Encoding::R50kBase => tiktoken_rs::r50k_base_singleton(),
@@ -78,13 +80,7 @@ pub fn peers_of(encoding: Encoding) -> Vec<Peer<'static>> {
         Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
         _ => tiktoken_rs::o200k_base_singleton(),
     };
-    let mut peers = vec![Peer::Tiktoken(tiktoken)];
-    match encoding {
-        Encoding::Cl100kBase => peers.push(Peer::BpeOpenai(bpe_openai::cl100k_base())),
-        Encoding::O200kBase => peers.push(Peer::BpeOpenai(bpe_openai::o200k_base())),
-        _ => {}
-    }
-    peers
+    vec![Peer::Tiktoken(tiktoken)]
 }
 
 /// `text` cut into chunks of about `target` bytes, each ending after a line

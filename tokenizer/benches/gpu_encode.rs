@@ -1,0 +1,292 @@
+//! The whole encode on the GPU against the host's copy bound and tiktoken-rs,
+//! every figure measured in the same run (cl100k_base):
+//!
+//! - a 64 MiB batch of documents of 1–16 KiB (the three generated shapes in
+//!   turn), from the caller's `&str`s to each document's ids in the caller's
+//!   hands, against the copy bound of the same bytes measured here (the text up
+//!   plus the ids down, from pinned memory and from ordinary pageable memory),
+//!   against tiktoken-rs on all of the host's cores, and per chunk size;
+//! - one 262,144-byte document, eager and as a graph, with each kernel step's
+//!   time (`stage`, the split's `classify` and `phases`, the BPE steps); one
+//!   1,024-byte document eager, with tiktoken-rs's time beside;
+//! - device memory per input byte.
+//!
+//! bpe-openai is not linked here (its tables would keep this binary from the
+//! GPU machine): its figures come from the `encode` bench. Without a CUDA
+//! device it says so and measures nothing. `VYRE_BENCH_QUICK=1` takes fewer
+//! rounds. Run: `cargo bench -p vyre-tokenizer --bench gpu_encode`.
+
+#[path = "../tests/support/peers.rs"]
+mod peers;
+
+use peers::{median_seconds as median, Peer};
+use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
+use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
+use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
+use vyre_tokenizer::{Backend, Encoding, Tokenizer};
+
+const BATCH_BYTES: usize = 64 << 20;
+
+/// Documents of 1–16 KiB, the shapes in turn, until `bytes`.
+fn documents(bytes: usize) -> Vec<String> {
+    let mut random = SplitMix64::new(0x64);
+    let mut texts = Vec::new();
+    let mut total = 0;
+    while total < bytes {
+        let len = (1024 + random.below(15 << 10) as usize)
+            .min(bytes - total)
+            .max(1);
+        let shape = Shape::ALL[texts.len() % 3];
+        let text = String::from_utf8(generate(shape, len, texts.len() as u64)).expect("UTF-8");
+        total += text.len();
+        texts.push(text);
+    }
+    texts
+}
+
+/// A kernel that reads one byte of its input: what the pinned upload and the
+/// raw floor dispatch.
+fn touch_program() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "input",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "first",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.if_(Expr::global_id(Axis::X).equals(0u32), |b| {
+                b.store("first", 0u32, Expr::load("input", 0u32));
+            });
+        })
+        .build()
+}
+
+fn gb_per_s(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
+}
+
+/// The host's copy bound for `text` bytes up and `ids` bytes down, through
+/// vyre-cuda's public API: from pinned memory (a dispatch binding a pinned
+/// buffer: one DMA up; `ReadbackSweep`'s one DMA down, and its kernel writing
+/// host-mapped memory, the route the ids take) and from pageable memory
+/// (`upload` and `read_into` of ordinary vectors).
+struct CopyBound {
+    pinned_up: f64,
+    pinned_down: f64,
+    mapped_down: f64,
+    pageable_up: f64,
+    pageable_down: f64,
+}
+
+impl CopyBound {
+    fn measure(gpu: &CudaBackend, text: usize, ids: usize, rounds: usize) -> CopyBound {
+        let touch = touch_program();
+        let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+        let kernel = gpu.compile(&touch, &config).expect("compile");
+        let mut pinned = gpu.pinned_buffer(text).expect("pinned buffer");
+        pinned.as_mut_slice().expect("idle").fill(b'x');
+        let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
+        let (pinned_up, _) = median(rounds, || {
+            gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
+                .expect("pinned upload")
+        });
+        let ids = ids.next_multiple_of(4).max(4);
+        let mut sweep = ReadbackSweep::new(gpu, ids).expect("readback sweep");
+        let (pinned_down, _) = median(rounds, || sweep.copy_sweep(ids).expect("copy"));
+        let (mapped_down, _) = median(rounds, || sweep.mapped_write_sweep(ids).expect("mapped"));
+        let device = gpu.buffer(text as u64).expect("device buffer");
+        let host = vec![b'y'; text];
+        let (pageable_up, _) = median(rounds, || gpu.upload(&device, &host).expect("upload"));
+        let mut back = vec![0u8; ids];
+        let (pageable_down, _) =
+            median(rounds, || gpu.read_into(&device, &mut back).expect("read"));
+        CopyBound {
+            pinned_up,
+            pinned_down,
+            mapped_down,
+            pageable_up,
+            pageable_down,
+        }
+    }
+}
+
+fn main() {
+    let quick = std::env::var_os("VYRE_BENCH_QUICK").is_some();
+    let rounds = if quick { 3 } else { 9 };
+    let small_rounds = if quick { 200 } else { 1000 };
+    let gpu = match CudaBackend::acquire() {
+        Ok(gpu) => gpu,
+        Err(error) => {
+            println!("gpu_encode: no CUDA device ({error}); nothing to measure");
+            return;
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "gpu_encode: {} ({threads} host threads), cl100k_base",
+        gpu.caps().name
+    );
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("cl100k");
+    let tokenizer = cpu
+        .clone()
+        .with_backend(Backend::Gpu)
+        .expect("the GPU backend");
+    let encoder = tokenizer.device_encoder().expect("device encoder");
+
+    // The floor of one dispatch, for scale.
+    let mut floor = RawFloor::new(&gpu, &touch_program(), [1, 1, 1]).expect("raw floor");
+    let (_, launch_sync_ns) = median(rounds * 50, || floor.launch_sync().expect("floor"));
+    println!(
+        "launch + synchronize (raw driver): {:.2} µs",
+        launch_sync_ns as f64 / 1e3
+    );
+
+    // 1. The 64 MiB batch.
+    let texts = documents(BATCH_BYTES);
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let bytes: usize = refs.iter().map(|text| text.len()).sum();
+    let expected = cpu.encode_batch(&refs);
+    let got = encoder.encode_batch(&refs).expect("device batch");
+    assert!(
+        got == expected,
+        "the device's ids differ from the CPU encoder's on the batch"
+    );
+    let tokens: usize = expected.iter().map(Vec::len).sum();
+    println!(
+        "\n64 MiB batch: {} documents, {bytes} bytes, {tokens} tokens; ids identical to the CPU encoder",
+        texts.len()
+    );
+    let copy = CopyBound::measure(&gpu, bytes, tokens * 4, rounds);
+    let pinned = copy.pinned_up + copy.mapped_down.min(copy.pinned_down);
+    let pageable = copy.pageable_up + copy.pageable_down;
+    println!(
+        "  copy bound, pinned: text up {:.1} GB/s, ids down {:.1} GB/s by DMA ({:.1} GB/s as a kernel writing mapped memory) → {:.2} ms, {:.2} GB/s of text",
+        gb_per_s(bytes, copy.pinned_up),
+        gb_per_s(tokens * 4, copy.pinned_down),
+        gb_per_s(tokens * 4, copy.mapped_down),
+        pinned * 1e3,
+        gb_per_s(bytes, pinned)
+    );
+    println!(
+        "  copy bound, pageable: text up {:.1} GB/s, ids down {:.1} GB/s → {:.2} ms, {:.2} GB/s of text",
+        gb_per_s(bytes, copy.pageable_up),
+        gb_per_s(tokens * 4, copy.pageable_down),
+        pageable * 1e3,
+        gb_per_s(bytes, pageable)
+    );
+    let (ours, _) = median(rounds, || {
+        encoder.encode_batch(&refs).expect("device batch")
+    });
+    let tiktoken = Peer::Tiktoken(tiktoken_rs::cl100k_base_singleton());
+    let (peer, peer_ids) = median(rounds.min(3), || tiktoken.encode_chunks(&refs));
+    assert!(peer_ids == expected, "tiktoken-rs differs on the batch");
+    println!(
+        "  vyre-tokenizer on the GPU: {:.2} ms, {:.2} GB/s (target ≥ 10): {:.2} × the pinned copy bound, {:.2} × the pageable one",
+        ours * 1e3,
+        gb_per_s(bytes, ours),
+        pinned / ours,
+        pageable / ours
+    );
+    println!(
+        "  tiktoken-rs on {threads} threads: {:.1} ms, {:.3} GB/s: the GPU {:.1} × faster (bpe-openai: see the encode bench)",
+        peer * 1e3,
+        gb_per_s(bytes, peer),
+        peer / ours
+    );
+    let mut timings = Vec::new();
+    let mut results = vec![Vec::new(); texts.len()];
+    let byte_refs: Vec<&[u8]> = refs.iter().map(|text| text.as_bytes()).collect();
+    let (_, chunk_timings) = median(rounds, || {
+        encoder
+            .encode_batch_into(&byte_refs, &mut results)
+            .expect("device batch")
+    });
+    timings.extend(chunk_timings);
+    for (index, chunk) in timings.iter().enumerate() {
+        println!(
+            "    chunk {index}: wall {:.2} ms, host staging and submitting {:.2} ms, handing out ids {:.2} ms, kernels {:.2} ms ({})",
+            chunk.wall_ns as f64 / 1e6,
+            chunk.submit_ns as f64 / 1e6,
+            chunk.scatter_ns as f64 / 1e6,
+            chunk.kernel_ns() as f64 / 1e6,
+            chunk.kernel_line()
+        );
+    }
+    for mib in [8u64, 32, 64] {
+        let sized = DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            &cpu,
+            Geometry::default(),
+            ChunkLimits {
+                text_bytes: mib << 20,
+                ..ChunkLimits::default()
+            },
+        )
+        .expect("encoder");
+        let (seconds, _) = median(rounds, || sized.encode_batch(&refs).expect("device batch"));
+        println!(
+            "  chunks of {mib} MiB: {:.2} ms, {:.2} GB/s",
+            seconds * 1e3,
+            gb_per_s(bytes, seconds)
+        );
+    }
+
+    // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
+    for shape in Shape::ALL {
+        let text = generate(shape, 262_144, 42);
+        let ids = cpu.encode_ordinary_bytes(&text);
+        let mut results = [Vec::new()];
+        let (eager, step_timings) = median(small_rounds, || {
+            encoder
+                .submit_bytes(&[&text])
+                .and_then(|pending| pending.wait_into(&mut results))
+                .expect("eager encode")
+        });
+        assert_eq!(results[0], ids, "{shape}: eager ids");
+        let mut graph = encoder.graph(text.len()).expect("graph");
+        let (graphed, (graph_ids, _)) = median(small_rounds, || {
+            graph.encode_timed(&text).expect("graph encode")
+        });
+        assert_eq!(graph_ids, ids, "{shape}: graph ids");
+        println!(
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100), graph {:.1} µs (target ≤ 75); kernels {:.1} µs ({})",
+            eager * 1e6,
+            graphed * 1e6,
+            step_timings.kernel_ns() as f64 / 1e3,
+            step_timings.kernel_line()
+        );
+    }
+    let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
+    let small_ids = cpu.encode_ordinary(&small);
+    let (eager, got) = median(small_rounds, || {
+        encoder.encode_batch(&[&small]).expect("eager")
+    });
+    assert_eq!(got[0], small_ids);
+    let (peer, _) = median(small_rounds, || tiktoken.encode(&small));
+    println!(
+        "1,024 bytes of prose: eager {:.1} µs (target ≤ 25), tiktoken-rs {:.1} µs on one thread",
+        eager * 1e6,
+        peer * 1e6
+    );
+
+    // 3. Memory.
+    let (device, host) = encoder.chunk_buffer_bytes(16 << 20, 4096);
+    println!(
+        "\ndevice memory per input byte (a 16 MiB chunk's buffers): {:.1} bytes on the device, {:.1} bytes of host-mapped memory; the resident vocabulary {:.2} MiB",
+        device as f64 / (16 << 20) as f64,
+        host as f64 / (16 << 20) as f64,
+        encoder.vocabulary_bytes() as f64 / (1 << 20) as f64
+    );
+}

@@ -1,0 +1,116 @@
+//! The whole encode on a device: text up, token ids down.
+//!
+//! # Why this module exists
+//!
+//! A GPU-resident tokenizer is what vyre-cuda is for: the pre-tokenizer's
+//! split and the BPE merges are the whole of an encode. On the host the best
+//! CPU encoders do about 100 MB/s on all 16 cores of the H200
+//! host (bpe-openai; tiktoken-rs about 60), while the same host copies 53–55
+//! GB/s each way between pinned memory and the device: an encode that runs on
+//! the device is bounded by the copies, not by merges. [`DeviceEncoder`] takes
+//! a batch of documents, packs them into one upload, and hands back each
+//! document's ids and nothing else: the text goes up, the split and the
+//! merges run on the device, the ids and each document's first id index come
+//! down. Nothing of the encode happens on the host in between.
+//!
+//! ```
+//! use vyre_cuda::backend::AnyBackend;
+//! use vyre_tokenizer::{device::DeviceEncoder, Tokenizer};
+//!
+//! let tokenizer = Tokenizer::cl100k_base()?;
+//! let encoder = DeviceEncoder::new(AnyBackend::cuda_or_reference(), &tokenizer)?;
+//! let ids = encoder.encode_batch(&["Hello, world!", "", "日本語"])?; // one upload, ids per document
+//! let pending = encoder.submit(&["more", "documents"])?; // non-blocking
+//! let more = pending.wait()?;
+//! let mut graph = encoder.graph(13)?; // repeated encodes of one length: one replay each
+//! assert_eq!(graph.encode(b"Hello, world!")?, ids[0]);
+//! assert_eq!(ids[0], tokenizer.encode_ordinary("Hello, world!"));
+//! assert_eq!(more[1], tokenizer.encode_ordinary("documents"));
+//! # Ok::<(), vyre_tokenizer::TokenizerError>(())
+//! ```
+//!
+//! # How (the [`programs`] module docs give each step)
+//!
+//! - **The split** is the [batch split](crate::pretokenize::batch) of the
+//!   encoding's pattern (GPT-2's in one dispatch for r50k and p50k, two for
+//!   cl100k and o200k), its steps composed into the pipeline over the
+//!   encoder's buffers: it reads the text and document ends the `stage`
+//!   kernel wrote and leaves the piece starts and count the BPE steps read;
+//!   its kind table (35 KiB) is resident beside the vocabulary.
+//! - **The vocabulary** ([`vocabulary`]) is uploaded once per encoder and
+//!   stays resident: dense tables of the single bytes and the 2-byte tokens
+//!   and a hash table of the longer tokens keyed by their bytes, 1.75 MiB for
+//!   r50k and p50k, 3.25 MiB for cl100k, 6.35 MiB for o200k.
+//! - **One thread per piece** looks the whole piece up (most pieces are one
+//!   token: one lookup); a piece that is not goes on a list, and a thread per
+//!   listed piece runs tiktoken's merge loop (lowest rank, leftmost on ties)
+//!   over scratch arrays indexed by text position, so no thread needs a local
+//!   array and a range of any length fits.
+//! - **Long pieces** (over 384 bytes: a run of one letter, a long number under
+//!   GPT-2's pattern, a paragraph of CJK) are cut into 384-byte chunks merged
+//!   in parallel and stitched where a check proves it exact: the chunks'
+//!   tokens are the piece's encoding iff every pair of adjacent tokens is
+//!   compatible (a property of tiktoken's rule, checked on all four
+//!   vocabularies with the CPU encoder before relying on it); failing
+//!   boundaries are repaired by re-encoding a small window, and a piece no
+//!   window repairs is merged serially in exact order with a heap,
+//!   `O(L log L)`. No input is quadratic in a piece's length.
+//! - **Every document apart**: the split sees each document as if alone and
+//!   never puts a piece across a document end, so a document's last piece
+//!   never merges into the next document; the compaction writes the ids in
+//!   text order and each document's first id index, and the host hands each
+//!   document its slice.
+//! - **Any length, any batch**: buffers grow by powers of two and are reused;
+//!   a batch is cut into chunks of whole documents (16 MiB by default, at most
+//!   the split's 256 MiB), two on the device at once, so one is staged while
+//!   the other computes; a batch of 2 GiB is sixteen chunks, never an error.
+//!   On CUDA the chunk is gathered by all host threads straight into
+//!   host-mapped pinned memory and the ids come back the same way (no DMA
+//!   copy of a size the host must learn first).
+//!
+//! # What it costs the device, per input byte
+//!
+//! The split reads each text byte, cl100k and o200k write and read a code
+//! byte per text byte between their two steps, and it writes a 4-byte piece
+//! start per piece (about one per 4 input bytes): about 4 bytes of traffic
+//! per input byte (its cost per 256 KiB is in the [batch
+//! split's](crate::pretokenize::batch) docs). For text whose pieces are
+//! tokens (most pieces of prose and code): the piece threads read the piece
+//! starts and the piece's bytes (about 2 bytes per input byte with the
+//! hashing) and one 8-byte slot of the hashed table per piece of 3 bytes or
+//! more (about 0.25 lookups per input byte; the 2 MiB to 4 MiB slot tables
+//! stay in the H200's 50 MB L2 cache), and write `token_at` (4 bytes);
+//! `count` and `compact` read `token_at` again (8 bytes) and write about one
+//! id per 4 input bytes into host memory. About 19 bytes of device memory
+//! traffic per input byte, some 0.4 ms for 64 MiB at the H200's HBM
+//! bandwidth: the copies (1 byte up, about 1 byte of ids down per input byte)
+//! and the host's gather and scatter bound a batch, not the device. A piece
+//! that merges costs its merge loop on top: `O(L²)` lookups for a piece of
+//! `L ≤ 384` bytes (a few per merge; its scratch arrays stay in L1).
+//!
+//! Device memory per input byte of a chunk's capacity (buffers are powers of
+//! two): the text (1), the split's piece starts (4) and codes (1, cl100k and
+//! o200k), `token_at` (4), the merge scratch (8), the merge list (2) and small
+//! lists: about 20 bytes; host-mapped pinned memory: the staged text (1) and
+//! the ids (4).
+//!
+//! # Every path a user has
+//!
+//! The same programs run on any `AnyBackend`: on CUDA, and on the reference
+//! interpreter in the CPU tests ([`DeviceEncoder::new`] takes either). An
+//! encode is eager ([`DeviceEncoder::encode_batch`]), non-blocking
+//! ([`DeviceEncoder::submit`], then [`PendingEncode::wait`]) or recorded as one
+//! graph for repeated encodes of one length ([`DeviceEncoder::graph`]: the
+//! uploads, the split and the BPE steps in one replay).
+//! `Tokenizer` runs every encode of [`Backend::Gpu`](crate::Backend::Gpu)
+//! (and of [`Backend::Auto`](crate::Backend::Auto) for 64 KiB and more) here.
+
+pub mod pipeline;
+pub mod programs;
+pub mod vocabulary;
+
+pub use pipeline::{
+    ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepTimings,
+};
+pub use programs::Geometry;
+pub use vocabulary::DeviceVocabulary;

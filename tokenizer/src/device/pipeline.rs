@@ -1,0 +1,1361 @@
+//! Running the encode's kernel steps (`stage`, the split's, the BPE steps:
+//! [`Programs`]) over batches of documents: buffers grown by powers of two and
+//! reused, batches cut into chunks that fit, chunks submitted so that one
+//! is staged and uploaded while another computes and a third's ids are handed
+//! out, on a CUDA device or on the reference interpreter through the same calls.
+//!
+//! # Text up, ids down
+//!
+//! On CUDA the host writes a chunk straight into host-mapped pinned memory (the
+//! documents gathered by all of the host's threads: ordinary `&str`s copy at
+//! 7–12 GB/s from pageable memory by DMA, measured on the H200 host, but a
+//! parallel gather into pinned memory runs at memory speed), the `stage` kernel
+//! pulls it into device memory, the split and the merges run there, and
+//! `compact` writes the ids and each
+//! document's first id index straight back into host-mapped memory: no DMA copy
+//! either way and no read of a size the host must learn first. The host then
+//! hands each document its ids from that memory, again on all threads. A graph
+//! encode uploads the same buffers from the graph's pinned input slots instead
+//! of the `stage` kernel.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::ThreadId;
+use std::time::Instant;
+
+use vyre_cuda::backend::{
+    AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
+    Timings, MAX_PENDING,
+};
+use vyre_cuda::graph::InputSlot;
+use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
+
+use super::programs::{blocks, param, Geometry, KernelStep, Programs, Role, MAX_KERNEL_STEPS};
+use super::vocabulary::DeviceVocabulary;
+use crate::error::{ErrorKind, TokenizerError};
+use crate::pretokenize::batch::kind_table_bytes;
+use crate::pretokenize::pattern::Pattern;
+use crate::pretokenize::MAX_TEXT_BYTES;
+use crate::vocab::Vocabulary;
+use crate::Tokenizer;
+
+const ROLES: usize = Role::ALL.len();
+
+/// Default most text bytes per chunk (16 MiB: a 64 MiB batch is four chunks,
+/// so one is staged while another computes). At most
+/// [`MAX_TEXT_BYTES`] (256 MiB), the split's limit.
+pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
+
+/// Default most documents per chunk.
+pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
+
+/// Chunks on the device at once per encoder (or per backend, for the encoders
+/// a `Tokenizer` shares on one): one being staged and uploaded while one
+/// computes (and the one before hands out its ids). Each is one pending
+/// dispatch per kernel step (at most [`MAX_KERNEL_STEPS`], 8), and a backend
+/// takes at most `MAX_PENDING` (16) pending dispatches.
+pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / MAX_KERNEL_STEPS;
+
+/// Who may put a chunk on a backend: at most [`CHUNKS_IN_FLIGHT`] at once. A
+/// thread holding none waits for room; a thread that already holds one never
+/// waits (it could wait for a thread waiting for it): it finishes its own
+/// first, or is told to.
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    /// The thread that submitted each chunk now on the device.
+    holders: Mutex<Vec<ThreadId>>,
+    finished: Condvar,
+}
+
+impl Admission {
+    /// Room for one more chunk: `Ok(true)` when taken; `Ok(false)` when there is
+    /// none and this thread holds some (it must finish one of its own first);
+    /// a thread that holds none waits.
+    fn admit(&self) -> Result<bool, TokenizerError> {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .holders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while holders.len() >= CHUNKS_IN_FLIGHT {
+            if holders.contains(&me) {
+                return Ok(false);
+            }
+            holders = self
+                .finished
+                .wait(holders)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        holders.push(me);
+        Ok(true)
+    }
+
+    /// One chunk left the device (submitted by any thread).
+    fn release(&self) {
+        let me = std::thread::current().id();
+        let mut holders = self
+            .holders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let index = holders.iter().position(|&holder| holder == me).unwrap_or(0);
+        if index < holders.len() {
+            holders.swap_remove(index);
+        }
+        self.finished.notify_all();
+    }
+}
+
+/// Below this many bytes a gather or a scatter runs on the calling thread.
+const PARALLEL_COPY_BYTES: usize = 1 << 20;
+
+static NO_READBACK: ReadbackPolicy = ReadbackPolicy::None;
+
+fn backend_error(what: &str, error: BackendError) -> TokenizerError {
+    TokenizerError::new(
+        ErrorKind::Backend,
+        format!("Fix: the device encoder failed while {what}: {error}"),
+    )
+    .with_source(error)
+}
+
+fn internal(what: String) -> TokenizerError {
+    TokenizerError::new(
+        ErrorKind::Backend,
+        format!("Fix: internal: {what}; report this as a bug"),
+    )
+}
+
+/// How big one chunk may be: a batch is cut into chunks of whole documents, each
+/// at most this many bytes and documents (a document larger than the byte limit
+/// is a chunk of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkLimits {
+    /// Most text bytes of a chunk.
+    pub text_bytes: u64,
+    /// Most documents of a chunk.
+    pub documents: u64,
+}
+
+impl Default for ChunkLimits {
+    fn default() -> Self {
+        ChunkLimits {
+            text_bytes: CHUNK_TEXT_BYTES,
+            documents: CHUNK_DOCUMENTS,
+        }
+    }
+}
+
+/// What the device counted while encoding a chunk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EncodeCounts {
+    /// Pieces that took the merge loop (the rest were whole tokens).
+    pub merged_pieces: u32,
+    /// Chunks of long pieces.
+    pub chunks: u32,
+    /// Pieces longer than a chunk.
+    pub long_pieces: u32,
+    /// Chunk boundaries whose tokens were not compatible (each then repaired).
+    pub failed_boundaries: u32,
+    /// Long pieces merged by the serial path.
+    pub serial_pieces: u32,
+    /// Pieces the split found.
+    pub pieces: u32,
+}
+
+impl EncodeCounts {
+    fn of(params: &[u32], pieces: u32) -> EncodeCounts {
+        let at = |index: u32| params.get(index as usize).copied().unwrap_or(0);
+        EncodeCounts {
+            pieces,
+            merged_pieces: at(param::MERGE_COUNT),
+            chunks: at(param::CHUNK_COUNT),
+            long_pieces: at(param::LONG_COUNT),
+            failed_boundaries: at(param::FAILED_BOUNDARIES),
+            serial_pieces: at(param::SERIAL_PIECES),
+        }
+    }
+}
+
+/// One kernel step's timings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTimings {
+    /// The step's name ([`KernelStep::name`]).
+    pub name: &'static str,
+    /// Its dispatch's timings (`kernel_stamps_ns` is the kernel's own device
+    /// time).
+    pub timings: Timings,
+}
+
+/// Timings of one chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChunkTimings {
+    /// From staging the text to the ids in the caller's hands, host clock.
+    pub wall_ns: u64,
+    /// Host time staging the chunk (the gather) and submitting its steps.
+    pub submit_ns: u64,
+    /// Host time handing each document its ids after the wait.
+    pub scatter_ns: u64,
+    /// Each kernel step's timings, in dispatch order
+    /// ([`DeviceEncoder::step_names`]; empty for an empty chunk).
+    pub steps: Vec<StepTimings>,
+    /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
+    /// one small read after the wait).
+    pub counts: Option<EncodeCounts>,
+}
+
+impl ChunkTimings {
+    /// Device time of the kernels: the sum of the steps' `kernel_stamps_ns`.
+    pub fn kernel_ns(&self) -> u64 {
+        self.steps.iter().fold(0, |sum, step| {
+            sum.saturating_add(step.timings.kernel_stamps_ns)
+        })
+    }
+
+    /// Each kernel step's own device time in µs, in dispatch order, as
+    /// `stage 1.2, classify 3.4, ...` (the example's and the bench's line).
+    pub fn kernel_line(&self) -> String {
+        self.steps
+            .iter()
+            .map(|step| {
+                format!(
+                    "{} {:.1}",
+                    step.name,
+                    step.timings.kernel_stamps_ns as f64 / 1e3
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Whether the host writes or reads `role` itself: on CUDA it lives in
+/// host-mapped pinned memory.
+fn host_visible(role: Role) -> bool {
+    matches!(
+        role,
+        Role::StagedParams
+            | Role::StagedText
+            | Role::StagedDocuments
+            | Role::Ids
+            | Role::DocumentTokenStarts
+    )
+}
+
+/// Bytes of `role`'s buffer for a slot of `text` bytes and `documents`
+/// documents of capacity (0: not a per-slot buffer, or one no step binds).
+/// The split's scratch takes the split's own sizes.
+fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64 {
+    let geometry = &programs.geometry;
+    let chunk = geometry.chunk_bytes as u64;
+    match role {
+        Role::Params | Role::StagedParams => 4 * param::WORDS as u64,
+        Role::Text | Role::StagedText => text,
+        Role::DocumentEnds | Role::StagedDocuments => 4 * documents,
+        Role::Vocabulary | Role::TokenBytes | Role::KindTable => 0,
+        Role::PieceCount => 4,
+        Role::PieceStarts | Role::TokenAt | Role::PartStart | Role::PairRank | Role::Ids => {
+            4 * text
+        }
+        Role::MergeList => 4 * (text / 2 + 1),
+        Role::ChunkList => 8 * (2 * text / chunk + 1),
+        Role::LongList => 4 * (text / chunk + 1),
+        Role::BlockCounts => 4 * blocks(geometry, text) as u64,
+        Role::DocumentTokenStarts => 4 * (documents + 1),
+        Role::SplitCodes | Role::SplitStatuses | Role::SplitCounters => role
+            .split_buffer()
+            .and_then(|buffer| {
+                let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
+                programs.split().buffer_bytes(buffer, text, documents).ok()
+            })
+            .unwrap_or(0),
+    }
+}
+
+/// Buffer capacities for a chunk: powers of two, at least 16 bytes and 4
+/// documents.
+fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
+    (
+        text_len.max(16).next_power_of_two(),
+        documents.max(4).next_power_of_two(),
+    )
+}
+
+/// One set of buffers for a chunk in flight, sized by powers of two.
+struct Slot {
+    text_capacity: u64,
+    document_capacity: u64,
+    buffers: [Option<DeviceBuffer>; ROLES],
+}
+
+impl Slot {
+    fn buffer(&self, role: Role) -> Result<&DeviceBuffer, TokenizerError> {
+        self.buffers[role as usize]
+            .as_ref()
+            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
+    }
+
+    fn buffer_mut(&mut self, role: Role) -> Result<&mut DeviceBuffer, TokenizerError> {
+        self.buffers[role as usize]
+            .as_mut()
+            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
+    }
+}
+
+/// A chunk's documents laid out as the device reads them.
+struct Layout {
+    /// The chunk's text length.
+    text_len: u32,
+    /// Each document's end offset.
+    ends: Vec<u32>,
+}
+
+/// The encode of one encoding on one backend (the split and the BPE steps):
+/// the resident vocabulary and kind table, the compiled kernels and reusable
+/// buffer slots. See the [module docs](self).
+pub struct DeviceEncoder {
+    backend: AnyBackend,
+    programs: Programs,
+    kernels: Vec<Kernel>,
+    vocabulary: DeviceBuffer,
+    token_bytes: DeviceBuffer,
+    kind_table: DeviceBuffer,
+    vocabulary_bytes: usize,
+    slots: Mutex<Vec<Slot>>,
+    limits: ChunkLimits,
+    admission: Arc<Admission>,
+}
+
+impl std::fmt::Debug for DeviceEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceEncoder")
+            .field("backend", &self.backend.kind())
+            .field("geometry", &self.programs.geometry)
+            .field("vocabulary_bytes", &self.vocabulary_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceEncoder {
+    /// The encoder of `tokenizer`'s encoding on `backend`, with the default
+    /// [`Geometry`] and [`ChunkLimits`]: compiles the programs and uploads the
+    /// vocabulary once.
+    pub fn new(backend: AnyBackend, tokenizer: &Tokenizer) -> Result<Self, TokenizerError> {
+        Self::with_geometry(
+            backend,
+            tokenizer,
+            Geometry::default(),
+            ChunkLimits::default(),
+        )
+    }
+
+    /// [`DeviceEncoder::new`] with another geometry and chunk limits (small ones
+    /// let tests cross chunk and piece boundaries with short texts).
+    pub fn with_geometry(
+        backend: AnyBackend,
+        tokenizer: &Tokenizer,
+        geometry: Geometry,
+        limits: ChunkLimits,
+    ) -> Result<Self, TokenizerError> {
+        Self::for_vocabulary(
+            backend,
+            tokenizer.vocabulary(),
+            tokenizer.pattern(),
+            geometry,
+            limits,
+            Arc::default(),
+        )
+    }
+
+    /// The encoder of `vocabulary` with pieces by `pattern`, admitting chunks
+    /// through `admission` (shared by the encoders of one backend).
+    pub(crate) fn for_vocabulary(
+        backend: AnyBackend,
+        vocabulary: &Vocabulary,
+        pattern: Pattern,
+        geometry: Geometry,
+        limits: ChunkLimits,
+        admission: Arc<Admission>,
+    ) -> Result<Self, TokenizerError> {
+        let programs = Programs::new(pattern, geometry)
+            .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
+        if limits.text_bytes == 0 || limits.documents == 0 {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                "Fix: ChunkLimits must allow at least one byte and one document per chunk",
+            ));
+        }
+        if limits.text_bytes > MAX_TEXT_BYTES as u64 {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: ChunkLimits::text_bytes is {}, over the device split's limit of {MAX_TEXT_BYTES} bytes per chunk; use at most {MAX_TEXT_BYTES}",
+                    limits.text_bytes
+                ),
+            ));
+        }
+        let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
+        let mut kernels = Vec::with_capacity(programs.steps().len());
+        for step in programs.steps() {
+            // The loop cap is for the stage and BPE steps alone (see Geometry).
+            let cap = if step.split {
+                None
+            } else {
+                geometry.max_loop_iterations
+            };
+            let codegen = CodegenOptions::new().with_max_loop_iterations(cap);
+            let kernel = backend
+                .compile(
+                    &step.program,
+                    &DispatchConfig::linear(1).with_codegen(codegen),
+                )
+                .map_err(|error| {
+                    backend_error(&format!("compiling {}", step.program_name()), error)
+                })?;
+            kernels.push(kernel);
+        }
+        let vocabulary_buffer = backend
+            .buffer_from(device_vocabulary.words())
+            .map_err(|error| backend_error("uploading the vocabulary", error))?;
+        let token_bytes = backend
+            .buffer_from(device_vocabulary.token_bytes())
+            .map_err(|error| backend_error("uploading the vocabulary", error))?;
+        let kind_table = backend
+            .buffer_from(&kind_table_bytes()?)
+            .map_err(|error| backend_error("uploading the split's kind table", error))?;
+        Ok(DeviceEncoder {
+            backend,
+            programs,
+            kernels,
+            vocabulary: vocabulary_buffer,
+            token_bytes,
+            kind_table,
+            vocabulary_bytes: device_vocabulary.device_bytes(),
+            slots: Mutex::new(Vec::new()),
+            limits,
+            admission,
+        })
+    }
+
+    /// The CUDA device's name, or `None` on the reference interpreter.
+    pub fn device_name(&self) -> Option<&str> {
+        match &self.backend {
+            AnyBackend::Cuda(gpu) => Some(&gpu.caps().name),
+            _ => None,
+        }
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &AnyBackend {
+        &self.backend
+    }
+
+    /// The pattern it splits by.
+    pub fn pattern(&self) -> Pattern {
+        self.programs.pattern()
+    }
+
+    /// Its kernel steps' names, in dispatch order (`stage`, the split's, the
+    /// BPE steps): what [`ChunkTimings::steps`] holds for an eager chunk.
+    pub fn step_names(&self) -> Vec<&'static str> {
+        self.programs.steps().iter().map(|step| step.name).collect()
+    }
+
+    /// Its programs.
+    pub fn programs(&self) -> &Programs {
+        &self.programs
+    }
+
+    /// The geometry its programs were built for.
+    pub fn geometry(&self) -> Geometry {
+        self.programs.geometry
+    }
+
+    /// The chunk limits it cuts batches by.
+    pub fn limits(&self) -> ChunkLimits {
+        self.limits
+    }
+
+    /// Bytes the resident vocabulary takes on the device.
+    pub fn vocabulary_bytes(&self) -> usize {
+        self.vocabulary_bytes
+    }
+
+    /// Bytes of the buffers one chunk of `text_bytes` bytes and `documents`
+    /// documents takes: `(device, host-visible)`, where host-visible buffers are
+    /// host-mapped pinned memory on CUDA (capacities are powers of two).
+    pub fn chunk_buffer_bytes(&self, text_bytes: u64, documents: u64) -> (u64, u64) {
+        let (text, documents) = capacities(text_bytes, documents);
+        let mut device = 0;
+        let mut host = 0;
+        for role in Role::ALL {
+            let bytes = role_bytes(&self.programs, role, text, documents);
+            if host_visible(role) {
+                host += bytes;
+            } else {
+                device += bytes;
+            }
+        }
+        (device, host)
+    }
+
+    /// The ids of every text: `result[i]` is the ids of `texts[i]`, as
+    /// [`Tokenizer::encode_ordinary_bytes`] gives them. The batch is cut into
+    /// chunks ([`ChunkLimits`]); up to [`CHUNKS_IN_FLIGHT`] are on the device at
+    /// once.
+    pub fn encode_batch_bytes(&self, texts: &[&[u8]]) -> Result<Vec<Vec<u32>>, TokenizerError> {
+        let mut results = vec![Vec::new(); texts.len()];
+        self.encode_batch_into(texts, &mut results)?;
+        Ok(results)
+    }
+
+    /// [`DeviceEncoder::encode_batch_bytes`] of strings.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, TokenizerError> {
+        let bytes: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+        self.encode_batch_bytes(&bytes)
+    }
+
+    /// [`DeviceEncoder::encode_batch_bytes`] into `results` (one per text;
+    /// each replaced), returning the timings of every chunk.
+    pub fn encode_batch_into(
+        &self,
+        texts: &[&[u8]],
+        results: &mut [Vec<u32>],
+    ) -> Result<Vec<ChunkTimings>, TokenizerError> {
+        if results.len() != texts.len() {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: encode_batch_into got {} result vectors for {} texts; pass one per text",
+                    results.len(),
+                    texts.len()
+                ),
+            ));
+        }
+        let mut timings = Vec::new();
+        let mut in_flight: VecDeque<(PendingEncode<'_>, Range<usize>)> = VecDeque::new();
+        for range in chunk_ranges(texts, &self.limits) {
+            // Room for the next chunk: a chunk of ours finishes first when there
+            // is none (waiting for room while holding some could wait forever).
+            while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
+                let Some((oldest, done)) = in_flight.pop_front() else {
+                    return Err(internal(
+                        "no room on the device and no chunk of ours to finish".to_owned(),
+                    ));
+                };
+                timings.push(oldest.wait_into(&mut results[done])?);
+            }
+            let pending = self.submit_admitted(&texts[range.clone()]);
+            in_flight.push_back((pending?, range));
+        }
+        while let Some((oldest, done)) = in_flight.pop_front() {
+            timings.push(oldest.wait_into(&mut results[done])?);
+        }
+        Ok(timings)
+    }
+
+    /// Stages `texts` as one chunk (whatever its size) and submits every step
+    /// without waiting: the texts are copied before this returns, so the caller
+    /// may reuse them at once. [`PendingEncode::wait`] gives the ids.
+    pub fn submit_bytes(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
+        if !self.admission.admit()? {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: the device already has {CHUNKS_IN_FLIGHT} encodes pending and this thread \
+                     submitted one of them; wait for one of yours before submitting another"
+                ),
+            ));
+        }
+        self.submit_admitted(texts)
+    }
+
+    /// [`DeviceEncoder::submit_bytes`] once admitted: the admission is given
+    /// back when the encode is waited for or dropped, or here on an error.
+    fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
+        let start = Instant::now();
+        let staged = self.layout(texts).and_then(|layout| {
+            if layout.text_len == 0 {
+                return Ok(None);
+            }
+            let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
+            match self.stage_and_submit(&mut slot, texts, &layout) {
+                Ok(pending) => Ok(Some((slot, pending))),
+                Err(error) => {
+                    self.give_back(slot);
+                    Err(error)
+                }
+            }
+        });
+        let (slot, pending) = match staged {
+            Ok(Some((slot, pending))) => (Some(slot), pending),
+            Ok(None) => {
+                // An empty chunk runs nothing and holds no room.
+                self.admission.release();
+                (None, Vec::new())
+            }
+            Err(error) => {
+                self.admission.release();
+                return Err(error);
+            }
+        };
+        Ok(PendingEncode {
+            encoder: self,
+            slot,
+            pending,
+            documents: texts.len(),
+            start,
+            submit_ns: elapsed_ns(start),
+            want_counts: false,
+        })
+    }
+
+    /// [`DeviceEncoder::submit_bytes`] of strings.
+    pub fn submit(&self, texts: &[&str]) -> Result<PendingEncode<'_>, TokenizerError> {
+        let bytes: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+        self.submit_bytes(&bytes)
+    }
+
+    /// The ids of `texts` as one chunk (whatever its size), its timings and
+    /// what the device counted (reading the counts costs one small read after
+    /// the wait).
+    pub fn encode_counted(
+        &self,
+        texts: &[&[u8]],
+    ) -> Result<(Vec<Vec<u32>>, ChunkTimings), TokenizerError> {
+        let mut pending = self.submit_bytes(texts)?;
+        pending.want_counts = true;
+        let mut results = vec![Vec::new(); texts.len()];
+        let timings = pending.wait_into(&mut results)?;
+        Ok((results, timings))
+    }
+
+    /// The documents' end offsets, back to back; `Err` for a chunk over the
+    /// split's limit (one document over it: a chunk of its own).
+    fn layout(&self, texts: &[&[u8]]) -> Result<Layout, TokenizerError> {
+        let total: u64 = texts.iter().map(|text| text.len() as u64).sum();
+        let text_len = u32::try_from(total)
+            .ok()
+            .filter(|&len| len as usize <= MAX_TEXT_BYTES)
+            .ok_or_else(|| {
+                TokenizerError::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "Fix: a chunk of {total} bytes is over the device split's limit of \
+                         {MAX_TEXT_BYTES} bytes; encode documents of at most {MAX_TEXT_BYTES} bytes \
+                         on the device (or this one on the CPU)"
+                    ),
+                )
+            })?;
+        let mut ends = Vec::with_capacity(texts.len());
+        let mut offset = 0u32;
+        for text in texts {
+            offset += text.len() as u32;
+            ends.push(offset);
+        }
+        Ok(Layout { text_len, ends })
+    }
+
+    /// A slot with room for `text_len` bytes and `documents` documents: an idle
+    /// one that is large enough, or a new one (powers of two).
+    fn take_slot(&self, text_len: u64, documents: u64) -> Result<Slot, TokenizerError> {
+        let (text, documents) = capacities(text_len, documents);
+        {
+            let mut slots = self
+                .slots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(index) = slots
+                .iter()
+                .position(|slot| slot.text_capacity >= text && slot.document_capacity >= documents)
+            {
+                return Ok(slots.swap_remove(index));
+            }
+        }
+        let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
+        for role in Role::ALL {
+            let bytes = role_bytes(&self.programs, role, text, documents);
+            if bytes == 0 {
+                continue;
+            }
+            let buffer = if host_visible(role) {
+                host_visible_buffer(&self.backend, bytes)
+            } else {
+                self.backend.buffer(bytes)
+            }
+            .map_err(|error| {
+                backend_error(
+                    &format!("allocating {bytes} bytes for {}", role.name()),
+                    error,
+                )
+            })?;
+            buffers[role as usize] = Some(buffer);
+        }
+        Ok(Slot {
+            text_capacity: text,
+            document_capacity: documents,
+            buffers,
+        })
+    }
+
+    fn give_back(&self, slot: Slot) {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slots.push(slot);
+        // Keep the largest few: a slot is tens of bytes per text byte.
+        slots.sort_by_key(|slot| std::cmp::Reverse(slot.text_capacity));
+        slots.truncate(CHUNKS_IN_FLIGHT);
+    }
+
+    /// Writes the chunk into the slot's staging and submits every step, each
+    /// ordered after the one before on the device.
+    fn stage_and_submit(
+        &self,
+        slot: &mut Slot,
+        texts: &[&[u8]],
+        layout: &Layout,
+    ) -> Result<Vec<PendingDispatch>, TokenizerError> {
+        let mut params = [0u32; param::WORDS as usize];
+        params[param::TEXT_LEN as usize] = layout.text_len;
+        params[param::DOCUMENTS as usize] = texts.len() as u32;
+        let backend = &self.backend;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, |out| {
+            copy_words(out, &params);
+        })?;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedDocuments)?, |out| {
+            copy_words(out, &layout.ends);
+        })?;
+        let text_len = layout.text_len as usize;
+        write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
+            gather(&mut out[..text_len], texts);
+        })?;
+        let geometry = &self.programs.geometry;
+        let steps = self.programs.steps();
+        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(steps.len());
+        for (step, kernel) in steps.iter().zip(&self.kernels) {
+            let bindings = self.bindings(slot, step)?;
+            let workgroups =
+                step.grid
+                    .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
+            let request = Dispatch::new(kernel, &bindings)
+                .workgroups([workgroups, 1, 1])
+                .readback(&NO_READBACK);
+            let submitted = match pending.last() {
+                None => backend.submit(request),
+                Some(previous) => backend.submit(request.after(previous)),
+            }
+            .map_err(|error| {
+                backend_error(&format!("submitting {}", step.program_name()), error)
+            })?;
+            pending.push(submitted);
+        }
+        Ok(pending)
+    }
+
+    /// `step`'s bindings: the resident tables, or the slot's buffers.
+    fn bindings<'a>(
+        &'a self,
+        slot: &'a Slot,
+        step: &KernelStep,
+    ) -> Result<Vec<Binding<'a>>, TokenizerError> {
+        step.bindings
+            .iter()
+            .map(|&role| match role {
+                Role::Vocabulary => Ok(Binding::from(&self.vocabulary)),
+                Role::TokenBytes => Ok(Binding::from(&self.token_bytes)),
+                Role::KindTable => Ok(Binding::from(&self.kind_table)),
+                _ => slot.buffer(role).map(Binding::from),
+            })
+            .collect()
+    }
+
+    /// Records the encode of one text of exactly `text_len` bytes as one graph:
+    /// the uploads of the parameters, the text and the document ends from the
+    /// graph's pinned input slots, then every step but `stage` (the split's
+    /// included). [`EncodeGraph::encode`] replays it.
+    pub fn graph(&self, text_len: usize) -> Result<EncodeGraph<'_>, TokenizerError> {
+        let text_len_u32 = u32::try_from(text_len).map_err(|_| {
+            TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: a graph of {text_len} bytes does not fit the device's 32-bit offsets"
+                ),
+            )
+        })?;
+        if text_len == 0 {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                "Fix: a graph encodes texts of one length of at least 1 byte; an empty text has no ids",
+            ));
+        }
+        let slot = self.take_slot(text_len as u64, 1)?;
+        let geometry = self.programs.geometry;
+        let steps = &self.programs.steps()[1..];
+        let mut slots: Option<[InputSlot; 3]> = None;
+        let bindings: Vec<Vec<Binding<'_>>> = steps
+            .iter()
+            .map(|step| self.bindings(&slot, step))
+            .collect::<Result<_, _>>()?;
+        let recorded = self.backend.record(|recorder| {
+            let upload =
+                |recorder: &mut vyre_cuda::backend::AnyRecorder<'_, '_>, role: Role, bytes: u64| {
+                    recorder.upload(slot.buffer(role).map_err(to_backend)?, bytes)
+                };
+            let inputs = [
+                upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
+                upload(recorder, Role::Text, text_len as u64)?,
+                upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
+            ];
+            for ((step, kernel), bindings) in steps.iter().zip(&self.kernels[1..]).zip(&bindings) {
+                let workgroups = step.grid.workgroups(&geometry, text_len as u64, 1);
+                recorder.dispatch(
+                    Dispatch::new(kernel, bindings)
+                        .workgroups([workgroups, 1, 1])
+                        .readback(&NO_READBACK),
+                )?;
+            }
+            slots = Some(inputs);
+            Ok(())
+        });
+        drop(bindings);
+        let graph = match recorded {
+            Ok(graph) => graph,
+            Err(error) => {
+                self.give_back(slot);
+                return Err(backend_error("recording the encode graph", error));
+            }
+        };
+        let inputs =
+            slots.ok_or_else(|| internal("the encode graph recorded no input slots".to_owned()))?;
+        Ok(EncodeGraph {
+            encoder: self,
+            graph: Some(graph),
+            slot: Some(slot),
+            inputs,
+            text_len: text_len_u32,
+        })
+    }
+
+    fn counts_of(&self, slot: &Slot) -> Result<EncodeCounts, TokenizerError> {
+        let read = |role| {
+            self.backend
+                .read::<u32>(slot.buffer(role)?)
+                .map_err(|error| backend_error("reading the counts", error))
+        };
+        let pieces = read(Role::PieceCount)?.first().copied().unwrap_or(0);
+        Ok(EncodeCounts::of(&read(Role::Params)?, pieces))
+    }
+}
+
+fn to_backend(error: TokenizerError) -> BackendError {
+    BackendError::BadInput {
+        message: error.message().to_owned(),
+    }
+}
+
+fn elapsed_ns(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A host-visible buffer: host-mapped pinned memory on CUDA (device memory
+/// where the device cannot map it), the reference's memory otherwise.
+fn host_visible_buffer(backend: &AnyBackend, bytes: u64) -> Result<DeviceBuffer, BackendError> {
+    match backend {
+        AnyBackend::Cuda(gpu) => gpu
+            .host_mapped_buffer(bytes)
+            .or_else(|_| backend.buffer(bytes)),
+        _ => backend.buffer(bytes),
+    }
+}
+
+/// Fills the start of a host-visible buffer with `fill`: in place in mapped
+/// memory, through one upload otherwise.
+fn write_host_visible(
+    backend: &AnyBackend,
+    buffer: &mut DeviceBuffer,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<(), TokenizerError> {
+    if buffer.is_host_mapped() {
+        let bytes = buffer
+            .mapped_bytes_mut()
+            .map_err(|error| backend_error("staging the chunk", error))?;
+        fill(bytes);
+        return Ok(());
+    }
+    let mut bytes = vec![0u8; buffer.len() as usize];
+    fill(&mut bytes);
+    backend
+        .upload(buffer, &bytes)
+        .map_err(|error| backend_error("staging the chunk", error))
+}
+
+/// Calls `read` with the first `count` words of a host-visible buffer: in place
+/// in mapped memory (beside `graph` when a graph holds it), read back otherwise.
+fn read_host_visible<R>(
+    backend: &AnyBackend,
+    buffer: &mut DeviceBuffer,
+    graph: Option<&mut AnyGraph>,
+    count: usize,
+    read: impl FnOnce(&[u32]) -> R,
+) -> Result<R, TokenizerError> {
+    if count as u64 * 4 > buffer.len() {
+        return Err(internal(format!(
+            "a read of {count} words from a buffer of {} bytes",
+            buffer.len()
+        )));
+    }
+    if buffer.is_host_mapped() && cfg!(target_endian = "little") {
+        let bytes = match graph.and_then(AnyGraph::as_cuda) {
+            Some(graph) => buffer.mapped_bytes_beside(graph),
+            None => buffer.mapped_bytes(),
+        }
+        .map_err(|error| backend_error("reading the ids", error))?;
+        if let Ok(words) = bytemuck::try_cast_slice::<u8, u32>(&bytes[..count * 4]) {
+            return Ok(read(words));
+        }
+    }
+    let mut words = vec![0u32; count];
+    if count > 0 {
+        if buffer.is_host_mapped() {
+            return Err(internal(
+                "host-mapped memory that is not word-aligned".to_owned(),
+            ));
+        }
+        backend
+            .read_into(buffer, &mut words)
+            .map_err(|error| backend_error("reading the ids", error))?;
+    }
+    Ok(read(&words))
+}
+
+/// Little-endian words into the start of `out`.
+fn copy_words(out: &mut [u8], words: &[u32]) {
+    for (chunk, word) in out.chunks_exact_mut(4).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// The host's threads for a copy of `bytes` bytes.
+fn copy_threads(bytes: usize) -> usize {
+    if bytes < PARALLEL_COPY_BYTES {
+        return 1;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |threads| threads.get())
+        .min(bytes / (PARALLEL_COPY_BYTES / 4))
+        .max(1)
+}
+
+/// The texts back to back into `out` (exactly their total length), on all
+/// threads when there is enough to copy: each thread takes a contiguous run of
+/// whole texts of about equal bytes.
+fn gather(out: &mut [u8], texts: &[&[u8]]) {
+    let threads = copy_threads(out.len());
+    if threads <= 1 {
+        let mut at = 0;
+        for text in texts {
+            out[at..at + text.len()].copy_from_slice(text);
+            at += text.len();
+        }
+        return;
+    }
+    let runs = document_runs(texts, out.len().div_ceil(threads));
+    std::thread::scope(|scope| {
+        let mut rest = out;
+        for run in runs {
+            let run = &texts[run];
+            let bytes: usize = run.iter().map(|text| text.len()).sum();
+            let (mine, after) = rest.split_at_mut(bytes);
+            rest = after;
+            scope.spawn(move || {
+                let mut at = 0;
+                for text in run {
+                    mine[at..at + text.len()].copy_from_slice(text);
+                    at += text.len();
+                }
+            });
+        }
+    });
+}
+
+/// Consecutive runs of whole texts of about `share` bytes each (a text larger
+/// than `share` alone in its run): one run per thread of a parallel copy.
+fn document_runs(texts: &[&[u8]], share: usize) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let mut first = 0;
+    while first < texts.len() {
+        let mut bytes = 0;
+        let mut last = first;
+        while last < texts.len() && (bytes < share || last == first) {
+            bytes += texts[last].len();
+            last += 1;
+        }
+        runs.push(first..last);
+        first = last;
+    }
+    runs
+}
+
+/// Each document's ids out of the chunk's `ids` by `starts` (document `i`
+/// has `ids[starts[i]..starts[i + 1]]`), on all threads when there is enough
+/// to copy. An `Err` when the device's offsets are not increasing within
+/// `ids`.
+fn scatter(ids: &[u32], starts: &[u32], results: &mut [Vec<u32>]) -> Result<(), TokenizerError> {
+    for (index, pair) in starts.windows(2).enumerate() {
+        if pair[0] > pair[1] || pair[1] as usize > ids.len() {
+            return Err(internal(format!(
+                "the device gave document {index} ids {}..{} of {}",
+                pair[0],
+                pair[1],
+                ids.len()
+            )));
+        }
+    }
+    let threads = copy_threads(ids.len() * 4).min(results.len().max(1));
+    let fill = |results: &mut [Vec<u32>], first: usize| {
+        for (offset, result) in results.iter_mut().enumerate() {
+            let (from, to) = (
+                starts[first + offset] as usize,
+                starts[first + offset + 1] as usize,
+            );
+            result.clear();
+            result.extend_from_slice(&ids[from..to]);
+        }
+    };
+    if threads <= 1 {
+        fill(results, 0);
+        return Ok(());
+    }
+    let per = results.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (index, part) in results.chunks_mut(per).enumerate() {
+            let fill = &fill;
+            scope.spawn(move || fill(part, index * per));
+        }
+    });
+    Ok(())
+}
+
+/// A chunk on the device: [`PendingEncode::wait`] gives each document its ids.
+/// Dropping it waits for the device and gives the buffers back.
+#[must_use = "a pending encode holds its buffers until it is waited for"]
+pub struct PendingEncode<'e> {
+    encoder: &'e DeviceEncoder,
+    slot: Option<Slot>,
+    pending: Vec<PendingDispatch>,
+    documents: usize,
+    start: Instant,
+    submit_ns: u64,
+    want_counts: bool,
+}
+
+impl std::fmt::Debug for PendingEncode<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingEncode")
+            .field("documents", &self.documents)
+            .field("steps", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingEncode<'_> {
+    /// Waits for the device and returns each document's ids.
+    pub fn wait(self) -> Result<Vec<Vec<u32>>, TokenizerError> {
+        let mut results = vec![Vec::new(); self.documents];
+        self.wait_into(&mut results)?;
+        Ok(results)
+    }
+
+    /// [`PendingEncode::wait`] into `results` (one per document, each
+    /// replaced), with the chunk's timings.
+    pub fn wait_into(mut self, results: &mut [Vec<u32>]) -> Result<ChunkTimings, TokenizerError> {
+        if results.len() != self.documents {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: wait_into got {} result vectors for {} documents; pass one per document",
+                    results.len(),
+                    self.documents
+                ),
+            ));
+        }
+        let mut timings = ChunkTimings {
+            submit_ns: self.submit_ns,
+            ..ChunkTimings::default()
+        };
+        let Some(mut slot) = self.slot.take() else {
+            results.iter_mut().for_each(Vec::clear);
+            if self.want_counts {
+                timings.counts = Some(EncodeCounts::default());
+            }
+            timings.wall_ns = elapsed_ns(self.start);
+            return Ok(timings);
+        };
+        let outcome = self.collect(&mut slot, results, &mut timings);
+        self.encoder.give_back(slot);
+        self.encoder.admission.release();
+        outcome?;
+        timings.wall_ns = elapsed_ns(self.start);
+        Ok(timings)
+    }
+
+    fn collect(
+        &mut self,
+        slot: &mut Slot,
+        results: &mut [Vec<u32>],
+        timings: &mut ChunkTimings,
+    ) -> Result<(), TokenizerError> {
+        // The last step's wait covers the chain; the others then find idle streams.
+        let pending = std::mem::take(&mut self.pending);
+        let steps = self.encoder.programs.steps();
+        timings.steps = steps
+            .iter()
+            .map(|step| StepTimings {
+                name: step.name,
+                timings: Timings::default(),
+            })
+            .collect();
+        let mut first_error = None;
+        for (index, submitted) in pending.into_iter().enumerate().rev() {
+            match submitted.wait() {
+                Ok(done) => timings.steps[index].timings = done.timings,
+                Err(error) => {
+                    first_error.get_or_insert_with(|| {
+                        backend_error(&format!("running {}", steps[index].program_name()), error)
+                    });
+                }
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        let scatter_start = Instant::now();
+        hand_out(&self.encoder.backend, slot, None, self.documents, results)?;
+        timings.scatter_ns = elapsed_ns(scatter_start);
+        if self.want_counts {
+            timings.counts = Some(self.encoder.counts_of(slot)?);
+        }
+        Ok(())
+    }
+}
+
+/// Reads the document starts and the ids of a finished chunk and gives each of
+/// its `documents` documents its ids.
+fn hand_out(
+    backend: &AnyBackend,
+    slot: &mut Slot,
+    mut graph: Option<&mut AnyGraph>,
+    documents: usize,
+    results: &mut [Vec<u32>],
+) -> Result<(), TokenizerError> {
+    let starts = read_host_visible(
+        backend,
+        slot.buffer_mut(Role::DocumentTokenStarts)?,
+        graph.as_deref_mut(),
+        documents + 1,
+        <[u32]>::to_vec,
+    )?;
+    let total = starts.last().copied().unwrap_or(0) as usize;
+    let ids_capacity = slot.buffer(Role::Ids)?.len() as usize / 4;
+    if total > ids_capacity || starts.first() != Some(&0) {
+        return Err(internal(format!(
+            "the device counted {total} tokens (first document at {:?}) with room for {ids_capacity}",
+            starts.first()
+        )));
+    }
+    read_host_visible(backend, slot.buffer_mut(Role::Ids)?, graph, total, |ids| {
+        scatter(ids, &starts, results)
+    })?
+}
+
+impl Drop for PendingEncode<'_> {
+    fn drop(&mut self) {
+        // Waiting happens in the pending dispatches' own drops; the slot goes back
+        // only once they are done.
+        self.pending.clear();
+        if let Some(slot) = self.slot.take() {
+            self.encoder.give_back(slot);
+            self.encoder.admission.release();
+        }
+    }
+}
+
+/// The encode of texts of one length recorded as one graph
+/// ([`DeviceEncoder::graph`]): every encode is the text into the graph's
+/// pinned input slot, one replay (the split and the BPE steps) and the ids
+/// read in place.
+pub struct EncodeGraph<'e> {
+    encoder: &'e DeviceEncoder,
+    graph: Option<AnyGraph>,
+    slot: Option<Slot>,
+    /// The input slots of params, text and document ends.
+    inputs: [InputSlot; 3],
+    text_len: u32,
+}
+
+impl std::fmt::Debug for EncodeGraph<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodeGraph")
+            .field("text_len", &self.text_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EncodeGraph<'_> {
+    /// The text length it was recorded for.
+    pub fn text_len(&self) -> usize {
+        self.text_len as usize
+    }
+
+    /// The ids of `text` (exactly [`EncodeGraph::text_len`] bytes).
+    pub fn encode(&mut self, text: &[u8]) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_timed(text).map(|(ids, _)| ids)
+    }
+
+    /// [`EncodeGraph::encode`] with the replay's timings.
+    pub fn encode_timed(&mut self, text: &[u8]) -> Result<(Vec<u32>, Timings), TokenizerError> {
+        if text.len() != self.text_len as usize {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: this EncodeGraph was recorded for {} bytes but the text has {}; record one for {} bytes",
+                    self.text_len,
+                    text.len(),
+                    text.len()
+                ),
+            ));
+        }
+        let encoder = self.encoder;
+        let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
+            return Err(internal("the encode graph is gone".to_owned()));
+        };
+        let mut params = [0u32; param::WORDS as usize];
+        params[param::TEXT_LEN as usize] = self.text_len;
+        params[param::DOCUMENTS as usize] = 1;
+        copy_words(input(graph, self.inputs[0])?, &params);
+        input(graph, self.inputs[1])?.copy_from_slice(text);
+        // Padded with the text length: empty documents to the buffer's end.
+        input(graph, self.inputs[2])?
+            .chunks_exact_mut(4)
+            .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
+        let timings = graph
+            .replay()
+            .map_err(|error| backend_error("replaying the encode graph", error))?;
+        let mut results = [Vec::new()];
+        hand_out(&encoder.backend, slot, Some(graph), 1, &mut results)?;
+        let [ids] = results;
+        Ok((ids, timings))
+    }
+}
+
+impl Drop for EncodeGraph<'_> {
+    fn drop(&mut self) {
+        // The graph holds the slot's memory; it goes first.
+        self.graph.take();
+        if let Some(slot) = self.slot.take() {
+            self.encoder.give_back(slot);
+        }
+    }
+}
+
+/// The bytes of a graph's input slot.
+fn input(graph: &mut AnyGraph, slot: InputSlot) -> Result<&mut [u8], TokenizerError> {
+    graph
+        .input_mut(slot)
+        .map_err(|error| backend_error("staging the graph's inputs", error))
+}
+
+/// Consecutive ranges of whole documents within `limits` (a document over the
+/// byte limit alone in its range). An empty batch has no range.
+fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut first = 0;
+    let mut bytes = 0u64;
+    for (index, text) in texts.iter().enumerate() {
+        let len = text.len() as u64;
+        let full = index > first
+            && (bytes + len > limits.text_bytes || (index - first) as u64 >= limits.documents);
+        if full {
+            ranges.push(first..index);
+            first = index;
+            bytes = 0;
+        }
+        bytes += len;
+    }
+    if first < texts.len() {
+        ranges.push(first..texts.len());
+    }
+    ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out chunks that break the limits or lose documents: the ranges tile
+    /// the batch in order, each within the byte and document limits, a document
+    /// over the byte limit alone in its range; an empty batch has none.
+    #[test]
+    fn chunk_ranges_tile_the_batch_within_the_limits() {
+        let texts: Vec<Vec<u8>> = (0..40)
+            .map(|index| vec![b'a'; (index * 37) % 300])
+            .collect();
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let limits = ChunkLimits {
+            text_bytes: 500,
+            documents: 4,
+        };
+        let ranges = chunk_ranges(&refs, &limits);
+        assert_eq!(ranges.first().map(|range| range.start), Some(0));
+        assert_eq!(ranges.last().map(|range| range.end), Some(texts.len()));
+        for pair in ranges.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start);
+        }
+        for range in &ranges {
+            let bytes: usize = refs[range.clone()].iter().map(|text| text.len()).sum();
+            assert!(
+                range.len() <= 4 && (bytes <= 500 || range.len() == 1),
+                "{range:?}"
+            );
+        }
+        let huge = [&[b'x'; 900][..], b"a", b"b"];
+        assert_eq!(chunk_ranges(&huge, &limits), [0..1, 1..3]);
+        assert!(chunk_ranges(&[], &limits).is_empty());
+    }
+
+    /// Locks out a parallel gather or scatter that misplaces bytes: 3 MiB of
+    /// documents of many sizes gather into exactly their concatenation, and
+    /// ids scatter back to exactly their documents, on all threads; (negative
+    /// control) offsets that run backwards or past the ids are refused.
+    #[test]
+    fn gather_and_scatter_on_all_threads_keep_every_document() {
+        let texts: Vec<Vec<u8>> = (0..3000)
+            .map(|index| vec![(index % 251) as u8; (index * 7919) % 2000])
+            .collect();
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let total: usize = refs.iter().map(|text| text.len()).sum();
+        assert!(
+            copy_threads(total) > 1
+                || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
+        );
+        let mut out = vec![0u8; total];
+        gather(&mut out, &refs);
+        assert_eq!(out, texts.concat());
+        let ids: Vec<u32> = (0..total as u32).collect();
+        let mut starts = vec![0u32];
+        for text in &texts {
+            starts.push(starts.last().unwrap() + text.len() as u32);
+        }
+        let mut results = vec![Vec::new(); texts.len()];
+        scatter(&ids, &starts, &mut results).unwrap();
+        for (index, result) in results.iter().enumerate() {
+            let (from, to) = (starts[index], starts[index + 1]);
+            assert_eq!(*result, (from..to).collect::<Vec<u32>>());
+        }
+        let error = scatter(&ids, &[0, 5, 3], &mut results[..2]).unwrap_err();
+        assert!(error.message().starts_with("Fix:"), "{error}");
+        assert!(scatter(&ids[..2], &[0, 5], &mut results[..1]).is_err());
+    }
+}

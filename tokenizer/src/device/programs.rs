@@ -1,0 +1,1853 @@
+//! The device pipeline as vyre-cuda programs: `stage`, the encoding's split
+//! (the [batch split](crate::pretokenize::batch), composed here), the BPE
+//! steps, and the one description of them ([`Programs`], over [`STEPS`]) that
+//! every run follows.
+//!
+//! # The steps
+//!
+//! | step | program | grid | what it does |
+//! |---|---|---|---|
+//! | `stage` | [`stage`] | the text's 16-byte groups | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
+//! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
+//! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
+//! | `pieces` | [`pieces`] | one thread per possible piece | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
+//! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
+//! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
+//! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
+//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] | the ids in text order into `ids`, each document's first id index into `document_token_starts`, the total after them |
+//!
+//! An eager chunk is seven dispatches for r50k and p50k and eight for cl100k
+//! and o200k; a graph replays all but `stage`. The split's steps bind the
+//! encoder's own buffers by role ([`Role::of_split`]): the text and document
+//! ends `stage` wrote, the resident kind table, their scratch (codes, status
+//! words and counters, per slot, so chunks in flight never share them) and
+//! the piece starts and count that `pieces` reads.
+//!
+//! Every step but the split's reads its sizes from the `params` words
+//! ([`param`]) instead of buffer lengths (the split reads the text's length
+//! from the last, padded, document end), so one set of buffers (grown by
+//! powers of two) serves every text length, and the lists are filled through
+//! counters in the same words (which every encode uploads as zero).
+//!
+//! # Where a token is written
+//!
+//! `token_at[i]` holds the rank of the token that starts at byte `i` and
+//! [`NO_TOKEN`] at every other byte of the text. A piece or chunk is encoded by
+//! one thread that owns its bytes, so no two threads write one element; the
+//! compaction then reads the tokens in text order. The merge loop keeps its
+//! parts in two scratch arrays indexed by text position (`part_start`,
+//! `pair_rank`), so a thread needs no local array (which every thread of a
+//! kernel would zero at entry) and a range of any length fits.
+//!
+//! # Long pieces
+//!
+//! A piece longer than [`Geometry::chunk_bytes`] (`C`, 384: a multiple of the
+//! 128-byte longest token, of the 6-byte period of a run of one ideograph and
+//! of every power of two up to 128) is cut at `C`-byte offsets from its start
+//! and the chunks are merged in parallel. Their concatenation is the piece's
+//! encoding iff every adjacent pair of tokens is *compatible* (the merge of the
+//! two tokens' bytes is exactly those two tokens): a property of tiktoken's
+//! rule, checked on all four vocabularies with the CPU encoder (every token
+//! merges to itself; on 100 KiB runs, generated text and 3,000 random long
+//! pieces per encoding, no true encoding had an incompatible pair and no
+//! stitched sequence of compatible pairs differed from the true encoding).
+//! Pairs inside a chunk are compatible (a chunk's tokens are its true
+//! encoding), so only the pairs at chunk boundaries need checking. A failing
+//! boundary is repaired by re-encoding a window of tokens around it, grown one
+//! token at a time up to [`Geometry::repair_window_bytes`], until the pairs at
+//! both window edges are compatible; boundaries are taken left to right, so a
+//! window sees every repair before it. In the same measurements a window of at
+//! most 147 bytes always sufficed at `C` = 384. A piece with a boundary no
+//! window repairs is merged again from its bytes by one thread in tiktoken's
+//! exact order: pairs in a binary heap keyed by (rank, start) stored in the
+//! piece's own scratch range (at most one entry per byte, compacted when
+//! full), `O(L log L)` for `L` bytes. Nothing is quadratic in a piece's length:
+//! the chunk merges are `O(C²)` each, a repair `O(C²)`, the serial path
+//! `O(L log L)`.
+
+use vyre_cuda::ir::{
+    Access, AtomicOp, Axis, BlockBuilder, BufferCount, ElemType, Expr, Program, ProgramBuilder,
+    ReduceOp, ScalarType, ScanKind,
+};
+
+use super::vocabulary::{header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_RANKS_AT, TOKENS_AT};
+use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
+use crate::pretokenize::pattern::Pattern;
+use crate::pretokenize::Geometry as SplitGeometry;
+
+/// Word offsets into `params`, the per-encode parameters and counters.
+pub mod param {
+    /// The text's length in bytes (all documents).
+    pub const TEXT_LEN: u32 = 0;
+    /// The number of documents.
+    pub const DOCUMENTS: u32 = 1;
+    /// Entries on the merge list (pieces that need the merge loop).
+    pub const MERGE_COUNT: u32 = 2;
+    /// Entries on the chunk list (chunks of long pieces).
+    pub const CHUNK_COUNT: u32 = 3;
+    /// Entries on the long list (pieces longer than a chunk).
+    pub const LONG_COUNT: u32 = 4;
+    /// Chunk boundaries whose pair of tokens was not compatible.
+    pub const FAILED_BOUNDARIES: u32 = 5;
+    /// Long pieces encoded by the serial path.
+    pub const SERIAL_PIECES: u32 = 6;
+    /// Words of `params`.
+    pub const WORDS: u32 = 7;
+}
+
+/// Default threads per workgroup of every step.
+pub const WORKGROUP_SIZE: u32 = 256;
+
+/// Default [`Geometry::chunk_bytes`]: see the module docs for why 384.
+pub const CHUNK_BYTES: u32 = 384;
+
+/// Bytes each thread of `count` and `compact` takes.
+pub const BYTES_PER_THREAD: u32 = 4;
+
+/// Bytes per thread of the `merge` grid (it strides over its lists).
+pub const MERGE_BYTES_PER_THREAD: u32 = 8;
+
+/// The shapes the programs are built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    /// Threads per workgroup, 32..=1024, a multiple of 32.
+    pub workgroup_size: u32,
+    /// Pieces longer than this are cut into chunks of this many bytes (at least
+    /// 2): the longest range one thread merges with the quadratic loop.
+    pub chunk_bytes: u32,
+    /// The longest window a boundary repair re-encodes.
+    pub repair_window_bytes: u32,
+    /// Windows tried per failing boundary before the piece goes to the serial
+    /// path (0: every failing boundary sends its piece there).
+    pub repair_attempts: u32,
+    /// Most workgroups of `compact`.
+    pub compact_workgroups: u32,
+    /// A cap on every `while` loop's iterations per thread of the stage and
+    /// BPE steps (`None`, the default: no cap). Past it a kernel traps (CUDA: a
+    /// `KernelFault` naming the program; the reference: an `Err`); tests use a
+    /// small cap to see a device fault surface. The split's steps never take
+    /// it: their loops are bounded by the geometry, and a look-back waits for
+    /// other workgroups.
+    pub max_loop_iterations: Option<u32>,
+    /// The split's workgroups ([`batch`](crate::pretokenize::batch): threads
+    /// and bytes per thread; its `compact_workgroups` is not used).
+    pub split: SplitGeometry,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Geometry {
+            workgroup_size: WORKGROUP_SIZE,
+            chunk_bytes: CHUNK_BYTES,
+            repair_window_bytes: CHUNK_BYTES,
+            repair_attempts: 16,
+            compact_workgroups: 1024,
+            max_loop_iterations: None,
+            split: SplitGeometry::default(),
+        }
+    }
+}
+
+impl Geometry {
+    /// Bytes of one block of `count` and `compact`.
+    pub fn block_bytes(&self) -> u32 {
+        self.workgroup_size * BYTES_PER_THREAD
+    }
+
+    /// `Err` with a `Fix:` message for a shape the programs cannot run with.
+    pub fn check(&self) -> Result<(), String> {
+        if !(32..=1024).contains(&self.workgroup_size) || !self.workgroup_size.is_multiple_of(32) {
+            return Err(format!(
+                "Fix: Geometry::workgroup_size is {}; use a multiple of 32 from 32 to 1024",
+                self.workgroup_size
+            ));
+        }
+        if !(2..=1 << 20).contains(&self.chunk_bytes) {
+            return Err(format!(
+                "Fix: Geometry::chunk_bytes is {}; use 2 to 1048576",
+                self.chunk_bytes
+            ));
+        }
+        if !(1..=65_536).contains(&self.compact_workgroups) {
+            return Err(format!(
+                "Fix: Geometry::compact_workgroups is {}; use 1 to 65536",
+                self.compact_workgroups
+            ));
+        }
+        self.split.check().map_err(|error| {
+            error
+                .message()
+                .replacen("Geometry::", "Geometry::split.", 1)
+        })
+    }
+}
+
+/// A device buffer of the BPE steps, by what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// [`param`] words: sizes in, counters.
+    Params,
+    /// The text, documents back to back (`u8`; `u64` words in `stage`).
+    Text,
+    /// Each document's end offset, increasing.
+    DocumentEnds,
+    /// The vocabulary's words ([`super::vocabulary`]).
+    Vocabulary,
+    /// The vocabulary's token bytes.
+    TokenBytes,
+    /// The split's piece starts, increasing.
+    PieceStarts,
+    /// The split's piece count (one word).
+    PieceCount,
+    /// Per byte: the rank of the token starting there, or [`NO_TOKEN`].
+    TokenAt,
+    /// Merge scratch per byte: part starts (the serial path's heap positions).
+    PartStart,
+    /// Merge scratch per byte: pair ranks (the serial path's heap ranks).
+    PairRank,
+    /// Indexes of pieces to merge.
+    MergeList,
+    /// `(start, end)` of chunks to merge.
+    ChunkList,
+    /// Indexes of pieces longer than a chunk.
+    LongList,
+    /// Token starts per block of `count`.
+    BlockCounts,
+    /// The ids, in text order.
+    Ids,
+    /// Per document, the index of its first id; then the total.
+    DocumentTokenStarts,
+    /// The text as the host staged it (`u64` words).
+    StagedText,
+    /// The document ends as the host staged them.
+    StagedDocuments,
+    /// The parameters as the host staged them.
+    StagedParams,
+    /// The split's Unicode kind table ([`SplitBuffer::KindTable`]), resident.
+    KindTable,
+    /// The split's code per text byte ([`SplitBuffer::Codes`]; cl100k and
+    /// o200k).
+    SplitCodes,
+    /// The split's look-back status words ([`SplitBuffer::Statuses`]).
+    SplitStatuses,
+    /// The split's counters ([`SplitBuffer::Counters`]).
+    SplitCounters,
+}
+
+impl Role {
+    /// Every role; `role as usize` indexes it.
+    pub const ALL: [Role; 23] = [
+        Role::Params,
+        Role::Text,
+        Role::DocumentEnds,
+        Role::Vocabulary,
+        Role::TokenBytes,
+        Role::PieceStarts,
+        Role::PieceCount,
+        Role::TokenAt,
+        Role::PartStart,
+        Role::PairRank,
+        Role::MergeList,
+        Role::ChunkList,
+        Role::LongList,
+        Role::BlockCounts,
+        Role::Ids,
+        Role::DocumentTokenStarts,
+        Role::StagedText,
+        Role::StagedDocuments,
+        Role::StagedParams,
+        Role::KindTable,
+        Role::SplitCodes,
+        Role::SplitStatuses,
+        Role::SplitCounters,
+    ];
+
+    /// The buffer's name in the programs that bind it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Params => "params",
+            Role::Text => "text",
+            Role::DocumentEnds => "document_ends",
+            Role::Vocabulary => "vocabulary",
+            Role::TokenBytes => "token_bytes",
+            Role::PieceStarts => "piece_starts",
+            Role::PieceCount => "piece_count",
+            Role::TokenAt => "token_at",
+            Role::PartStart => "part_start",
+            Role::PairRank => "pair_rank",
+            Role::MergeList => "merge_list",
+            Role::ChunkList => "chunk_list",
+            Role::LongList => "long_list",
+            Role::BlockCounts => "block_counts",
+            Role::Ids => "ids",
+            Role::DocumentTokenStarts => "document_token_starts",
+            Role::StagedText => "staged_text",
+            Role::StagedDocuments => "staged_documents",
+            Role::StagedParams => "staged_params",
+            Role::KindTable => SplitBuffer::KindTable.name(),
+            Role::SplitCodes => SplitBuffer::Codes.name(),
+            Role::SplitStatuses => SplitBuffer::Statuses.name(),
+            Role::SplitCounters => SplitBuffer::Counters.name(),
+        }
+    }
+
+    /// The role that holds a buffer of the split: the split and the BPE steps
+    /// share the text, the document ends and the piece starts and count.
+    pub const fn of_split(buffer: SplitBuffer) -> Role {
+        match buffer {
+            SplitBuffer::Text => Role::Text,
+            SplitBuffer::DocumentEnds => Role::DocumentEnds,
+            SplitBuffer::KindTable => Role::KindTable,
+            SplitBuffer::Codes => Role::SplitCodes,
+            SplitBuffer::Statuses => Role::SplitStatuses,
+            SplitBuffer::Counters => Role::SplitCounters,
+            SplitBuffer::PieceStarts => Role::PieceStarts,
+            SplitBuffer::PieceCount => Role::PieceCount,
+        }
+    }
+
+    /// The split's buffer this role holds, if any.
+    pub fn split_buffer(self) -> Option<SplitBuffer> {
+        SplitBuffer::ALL
+            .into_iter()
+            .find(|&buffer| Role::of_split(buffer) == self)
+    }
+}
+
+/// One step: its name (the program's entry op id is `bpe.<name>`), the buffers
+/// it binds in binding order, and its grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The step's name.
+    pub name: &'static str,
+    /// The buffers bound, one per global buffer of the program, in binding order.
+    pub bindings: &'static [Role],
+    /// How many workgroups it runs.
+    pub grid: Grid,
+}
+
+/// How many workgroups a step runs, for a text of `n` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// One thread per 16 bytes or per document, whichever is more.
+    Stage,
+    /// One thread per byte (a piece per thread; there are at most `n`).
+    PerByte,
+    /// One thread per [`MERGE_BYTES_PER_THREAD`] bytes.
+    Merge,
+    /// One thread per chunk's worth of bytes.
+    PerChunk,
+    /// One workgroup per [`Geometry::block_bytes`].
+    PerBlock,
+    /// At most [`Geometry::compact_workgroups`], each owning whole blocks.
+    Compaction,
+    /// One workgroup per block of the split ([`Geometry::split`]), at least one
+    /// ([`SplitPrograms::workgroups`]).
+    Split,
+}
+
+impl Grid {
+    /// Workgroups for a text of `text_len` bytes (at least 1) and `documents`
+    /// documents.
+    pub fn workgroups(self, geometry: &Geometry, text_len: u64, documents: u64) -> u32 {
+        let threads = |count: u64| {
+            u32::try_from(count.div_ceil(geometry.workgroup_size as u64).max(1)).unwrap_or(u32::MAX)
+        };
+        match self {
+            Grid::Stage => threads(text_len.div_ceil(16).max(documents)),
+            Grid::PerByte => threads(text_len),
+            Grid::Merge => threads(text_len.div_ceil(MERGE_BYTES_PER_THREAD as u64)),
+            Grid::PerChunk => threads(text_len.div_ceil(geometry.chunk_bytes as u64)),
+            Grid::PerBlock => blocks(geometry, text_len),
+            Grid::Compaction => {
+                let blocks = blocks(geometry, text_len);
+                let per = blocks.div_ceil(geometry.compact_workgroups).max(1);
+                blocks.div_ceil(per)
+            }
+            Grid::Split => geometry
+                .split
+                .blocks_for(usize::try_from(text_len).unwrap_or(usize::MAX))
+                .max(1),
+        }
+    }
+}
+
+/// Blocks of `count` for `text_len` bytes (at least 1).
+pub fn blocks(geometry: &Geometry, text_len: u64) -> u32 {
+    u32::try_from(text_len.div_ceil(geometry.block_bytes() as u64).max(1)).unwrap_or(u32::MAX)
+}
+
+/// The buffers of `pieces`, `merge` and `long`, in binding order: one list, so
+/// the three bind alike (each writes only its own outputs: [`written_roles`]).
+const BPE_BINDINGS: [Role; 12] = [
+    Role::TokenAt,
+    Role::PartStart,
+    Role::PairRank,
+    Role::MergeList,
+    Role::ChunkList,
+    Role::LongList,
+    Role::Params,
+    Role::PieceStarts,
+    Role::PieceCount,
+    Role::Text,
+    Role::Vocabulary,
+    Role::TokenBytes,
+];
+
+/// The stage and BPE steps, in dispatch order; the split's run between `stage`
+/// and `pieces` ([`Programs`]). `stage` runs only in eager runs (a graph
+/// uploads the same buffers instead).
+pub const STEPS: [Step; 6] = [
+    Step {
+        name: "stage",
+        bindings: &[
+            Role::StagedParams,
+            Role::StagedText,
+            Role::StagedDocuments,
+            Role::Params,
+            Role::Text,
+            Role::DocumentEnds,
+        ],
+        grid: Grid::Stage,
+    },
+    Step {
+        name: "pieces",
+        bindings: &BPE_BINDINGS,
+        grid: Grid::PerByte,
+    },
+    Step {
+        name: "merge",
+        bindings: &BPE_BINDINGS,
+        grid: Grid::Merge,
+    },
+    Step {
+        name: "long",
+        bindings: &BPE_BINDINGS,
+        grid: Grid::PerChunk,
+    },
+    Step {
+        name: "count",
+        bindings: &[Role::Params, Role::TokenAt, Role::BlockCounts],
+        grid: Grid::PerBlock,
+    },
+    Step {
+        name: "compact",
+        bindings: &[
+            Role::Params,
+            Role::DocumentEnds,
+            Role::TokenAt,
+            Role::BlockCounts,
+            Role::Ids,
+            Role::DocumentTokenStarts,
+        ],
+        grid: Grid::Compaction,
+    },
+];
+
+/// The most steps a split has ([`SplitPrograms::steps`]: cl100k's and o200k's
+/// `classify` and `phases`; GPT-2's is one).
+pub const MAX_SPLIT_STEPS: usize = 2;
+
+/// The most kernel steps of one encode: `stage`, the split's and the BPE steps.
+pub const MAX_KERNEL_STEPS: usize = STEPS.len() + MAX_SPLIT_STEPS;
+
+/// One kernel of an encoding's device pipeline, as a run dispatches it.
+#[derive(Clone, Debug)]
+pub struct KernelStep {
+    /// The step's name: `stage`; the split's (`split` for GPT-2's pattern,
+    /// `classify` and `phases` for cl100k's and o200k's); `pieces`, `merge`,
+    /// `long`, `count`, `compact`.
+    pub name: &'static str,
+    /// The program.
+    pub program: Program,
+    /// One role per global buffer of the program, in binding order.
+    pub bindings: Vec<Role>,
+    /// How many workgroups it runs.
+    pub grid: Grid,
+    /// Whether it is one of the split's steps (which never take
+    /// [`Geometry::max_loop_iterations`]).
+    pub split: bool,
+}
+
+impl KernelStep {
+    /// The program's name (its entry op id: `bpe.<step>` or
+    /// `pretokenize.batch.<pattern>...`), as errors and fault reports give it.
+    pub fn program_name(&self) -> &str {
+        self.program.entry_op_id().unwrap_or(self.name)
+    }
+}
+
+/// Every kernel of one encoding's encode on a device, in dispatch order:
+/// `stage` (eager runs only: a graph uploads what it writes), the split of the
+/// encoding's pattern ([`SplitPrograms`], its steps composed over the
+/// encoder's buffers: it reads the text and the document ends `stage` wrote
+/// and writes the piece starts and count), then `pieces`, `merge`, `long`,
+/// `count` and `compact` ([`STEPS`]).
+#[derive(Clone, Debug)]
+pub struct Programs {
+    /// The shapes they were built for.
+    pub geometry: Geometry,
+    split: SplitPrograms,
+    steps: Vec<KernelStep>,
+}
+
+impl Programs {
+    /// The programs of `pattern`'s encodings for `geometry` (`Err` with a
+    /// `Fix:` message for a shape they cannot run with).
+    pub fn new(pattern: Pattern, geometry: Geometry) -> Result<Programs, String> {
+        geometry.check()?;
+        let split = SplitPrograms::build(pattern, geometry.split)
+            .map_err(|error| error.message().to_owned())?;
+        if split.steps().len() > MAX_SPLIT_STEPS {
+            return Err(format!(
+                "Fix: internal: the split has {} steps, more than {MAX_SPLIT_STEPS}; report this as a bug",
+                split.steps().len()
+            ));
+        }
+        let bpe = |step: &Step, program: Program| KernelStep {
+            name: step.name,
+            program,
+            bindings: step.bindings.to_vec(),
+            grid: step.grid,
+            split: false,
+        };
+        let mut steps = vec![bpe(&STEPS[0], stage(&geometry))];
+        steps.extend(split.steps().iter().map(|step| {
+            KernelStep {
+                name: step.name,
+                program: step.program.clone(),
+                bindings: step
+                    .bindings
+                    .iter()
+                    .map(|&buffer| Role::of_split(buffer))
+                    .collect(),
+                grid: Grid::Split,
+                split: true,
+            }
+        }));
+        let bpe_programs = [
+            pieces(&geometry),
+            merge(&geometry),
+            long(&geometry),
+            count(&geometry),
+            compact(&geometry),
+        ];
+        steps.extend(
+            STEPS[1..]
+                .iter()
+                .zip(bpe_programs)
+                .map(|(step, program)| bpe(step, program)),
+        );
+        Ok(Programs {
+            geometry,
+            split,
+            steps,
+        })
+    }
+
+    /// The pattern whose split runs first.
+    pub fn pattern(&self) -> Pattern {
+        self.split.pattern()
+    }
+
+    /// The split's programs.
+    pub fn split(&self) -> &SplitPrograms {
+        &self.split
+    }
+
+    /// Every kernel step, in dispatch order.
+    pub fn steps(&self) -> &[KernelStep] {
+        &self.steps
+    }
+
+    /// Whether some step binds `role`.
+    pub fn binds(&self, role: Role) -> bool {
+        self.steps.iter().any(|step| step.bindings.contains(&role))
+    }
+}
+
+fn u(value: u32) -> Expr {
+    Expr::u32(value)
+}
+
+fn load(buffer: Role, index: impl Into<Expr>) -> Expr {
+    Expr::load(buffer.name(), index)
+}
+
+fn param(index: u32) -> Expr {
+    load(Role::Params, index)
+}
+
+fn vocab(index: impl Into<Expr>) -> Expr {
+    load(Role::Vocabulary, index)
+}
+
+/// A program builder with `step`'s global buffers declared in binding order.
+fn builder(
+    geometry: &Geometry,
+    step: &Step,
+    element_type: impl Fn(Role) -> ElemType,
+) -> ProgramBuilder {
+    let mut builder =
+        Program::builder([geometry.workgroup_size, 1, 1]).entry_op_id(format!("bpe.{}", step.name));
+    let written = written_roles(step.name);
+    for (binding, &role) in step.bindings.iter().enumerate() {
+        let access = if written.contains(&role) {
+            Access::ReadWrite
+        } else {
+            Access::ReadOnly
+        };
+        builder = builder.buffer(
+            role.name(),
+            binding as u32,
+            access,
+            element_type(role),
+            BufferCount::Runtime,
+        );
+    }
+    builder
+}
+
+/// The roles each step writes (every other binding is read-only).
+pub fn written_roles(step: &str) -> &'static [Role] {
+    match step {
+        "stage" => &[Role::Params, Role::Text, Role::DocumentEnds],
+        "pieces" => &[
+            Role::Params,
+            Role::TokenAt,
+            Role::MergeList,
+            Role::ChunkList,
+            Role::LongList,
+        ],
+        "merge" => &[Role::TokenAt, Role::PartStart, Role::PairRank],
+        "long" => &[Role::Params, Role::TokenAt, Role::PartStart, Role::PairRank],
+        "count" => &[Role::BlockCounts],
+        "compact" => &[Role::Ids, Role::DocumentTokenStarts],
+        _ => &[],
+    }
+}
+
+/// The element type every step but `stage` gives a role.
+fn element_type(role: Role) -> ElemType {
+    match role {
+        Role::Text | Role::TokenBytes => ElemType::U8,
+        Role::StagedText => ElemType::U64,
+        _ => ElemType::U32,
+    }
+}
+
+fn step(name: &str) -> &'static Step {
+    STEPS
+        .iter()
+        .find(|step| step.name == name)
+        .unwrap_or(&STEPS[0])
+}
+
+/// Names of one emitted routine: every variable it declares starts with its
+/// prefix, so two copies in one program never clash.
+#[derive(Clone)]
+struct Names(String);
+
+impl Names {
+    fn new(prefix: &str) -> Names {
+        Names(prefix.to_owned())
+    }
+
+    fn of(&self, what: &str) -> String {
+        format!("{}_{what}", self.0)
+    }
+
+    fn nested(&self, what: &str) -> Names {
+        Names(self.of(what))
+    }
+}
+
+/// The rank of the `len` bytes of the text at `position` (a variable holding
+/// [`NO_TOKEN`] when they are no token): the dense tables for one and two
+/// bytes, the hashed table for three up to the longest token, nothing beyond.
+/// Exactly [`DeviceVocabulary::lookup`](super::vocabulary::DeviceVocabulary::lookup).
+fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -> Expr {
+    let position = b.let_(names.of("position"), position);
+    let len = b.let_(names.of("len"), len);
+    let rank = b.let_mut(names.of("rank"), NO_TOKEN);
+    let byte = |offset: Expr| load(Role::Text, position.clone() + offset);
+    b.if_(len.clone().equals(1u32), |b| {
+        b.assign(names.of("rank"), vocab(byte(u(0)) + BYTE_RANKS_AT));
+    });
+    b.if_(len.clone().equals(2u32), |b| {
+        b.assign(
+            names.of("rank"),
+            vocab(((byte(u(0)) << 8u32) | byte(u(1))) + PAIR_RANKS_AT),
+        );
+    });
+    let hashed = len
+        .clone()
+        .greater_equal(3u32)
+        .and(len.clone().less_equal(vocab(header::MAX_TOKEN_LEN)));
+    b.if_(hashed, |b| {
+        let hash_name = names.of("hash");
+        let hash = b.let_mut(hash_name.clone(), len.clone() * 0x9E37_79B1u32);
+        b.loop_(names.of("hash_at"), 0u32, len.clone(), |b, at| {
+            b.assign(
+                hash_name.clone(),
+                (hash.clone() ^ byte(at)) * 0x0100_0193u32,
+            );
+        });
+        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
+        b.assign(hash_name.clone(), hash.clone() * 0x85EB_CA6Bu32);
+        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 13u32));
+        b.assign(hash_name.clone(), hash.clone() * 0xC2B2_AE35u32);
+        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
+        let bits = b.let_(names.of("bits"), vocab(header::SLOT_BITS));
+        let slots_at = b.let_(names.of("slots_at"), vocab(header::SLOTS_AT));
+        let mask = b.let_(names.of("mask"), (u(1) << bits.clone()) - 1u32);
+        let slot_name = names.of("slot");
+        let slot = b.let_mut(slot_name.clone(), hash.clone() >> (u(32) - bits));
+        b.while_(Expr::bool(true), |b| {
+            let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
+            let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
+            b.if_(stored.clone().equals(0u32), |b| {
+                b.break_();
+            });
+            let candidate = b.let_(names.of("candidate"), stored.clone() & MAX_RANK);
+            let same_name = names.of("same");
+            let same = b.let_mut(
+                same_name.clone(),
+                vocab(at.clone())
+                    .equals(hash.clone())
+                    .and((stored.clone() >> 24u32).equals(len.clone())),
+            );
+            b.if_(same.clone(), |b| {
+                let offset = b.let_(
+                    names.of("offset"),
+                    vocab(candidate.clone() + TOKENS_AT) >> 8u32,
+                );
+                b.loop_(names.of("compare_at"), 0u32, len.clone(), |b, at| {
+                    b.if_(
+                        byte(at.clone()).not_equals(load(Role::TokenBytes, offset.clone() + at)),
+                        |b| {
+                            b.assign(same_name.clone(), false);
+                            b.break_();
+                        },
+                    );
+                });
+            });
+            b.if_(same, |b| {
+                b.assign(names.of("rank"), candidate.clone());
+                b.break_();
+            });
+            b.assign(slot_name.clone(), (slot.clone() + 1u32) & mask.clone());
+        });
+    });
+    rank
+}
+
+/// The length of the token of `rank` (from the vocabulary's token words).
+fn token_len(rank: Expr) -> Expr {
+    vocab(rank + TOKENS_AT) & 0xFFu32
+}
+
+/// Merges the `len` bytes (at least 1) of the text at `start` by tiktoken's
+/// rule with the parts in the scratch arrays at `start..start + len`: the first
+/// `parts` (the returned variable) elements of `part_start` are the parts'
+/// offsets from `start`. With `write` the ranks land in `token_at` too.
+fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, write: bool) -> Expr {
+    let start = b.let_(names.of("start"), start);
+    let len = b.let_(names.of("len"), len);
+    let parts_name = names.of("parts");
+    let parts = b.let_mut(parts_name.clone(), 1u32);
+    let whole = emit_lookup(b, &names.nested("whole"), start.clone(), len.clone());
+    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
+    let part_start = |index: Expr| load(Role::PartStart, start.clone() + index);
+    let pair_rank = |index: Expr| load(Role::PairRank, start.clone() + index);
+    b.if_else(
+        whole.clone().not_equals(NO_TOKEN),
+        |b| {
+            b.store(Role::PartStart.name(), start.clone(), 0u32);
+            if write {
+                b.store(Role::TokenAt.name(), start.clone(), whole.clone());
+                b.loop_(names.of("clear"), 1u32, len.clone(), |b, at| {
+                    b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
+                });
+            }
+        },
+        |b| {
+            b.assign(parts_name.clone(), len.clone());
+            b.loop_(names.of("init"), 0u32, len.clone(), |b, at| {
+                b.store(
+                    Role::PartStart.name(),
+                    start.clone() + at.clone(),
+                    at.clone(),
+                );
+                if write {
+                    b.store(
+                        Role::TokenAt.name(),
+                        start.clone() + at.clone(),
+                        vocab(byte(at) + BYTE_RANKS_AT),
+                    );
+                }
+            });
+            b.loop_(names.of("pairs"), 0u32, len.clone() - 1u32, |b, at| {
+                b.store(
+                    Role::PairRank.name(),
+                    start.clone() + at.clone(),
+                    vocab(((byte(at.clone()) << 8u32) | byte(at + 1u32)) + PAIR_RANKS_AT),
+                );
+            });
+            b.while_(Expr::bool(true), |b| {
+                // The leftmost pair of lowest rank (strict `<` keeps the first).
+                let best_name = names.of("best");
+                let at_name = names.of("at");
+                let best = b.let_mut(best_name.clone(), NO_TOKEN);
+                let at = b.let_mut(at_name.clone(), 0u32);
+                b.loop_(names.of("scan"), 0u32, parts.clone() - 1u32, |b, index| {
+                    let rank = b.let_(names.of("scan_rank"), pair_rank(index.clone()));
+                    b.if_(rank.clone().less_than(best.clone()), |b| {
+                        b.assign(best_name.clone(), rank);
+                        b.assign(at_name.clone(), index);
+                    });
+                });
+                b.if_(best.clone().equals(NO_TOKEN), |b| {
+                    b.break_();
+                });
+                let first = b.let_(names.of("first"), part_start(at.clone()));
+                if write {
+                    b.store(
+                        Role::TokenAt.name(),
+                        start.clone() + first.clone(),
+                        best.clone(),
+                    );
+                    b.store(
+                        Role::TokenAt.name(),
+                        start.clone() + part_start(at.clone() + 1u32),
+                        NO_TOKEN,
+                    );
+                }
+                // Parts at + 1.. move down one place, pairs at + 1.. too.
+                for (role, count) in [(Role::PartStart, 1u32), (Role::PairRank, 2)] {
+                    b.loop_(
+                        names.of(&format!("shift_{}", role.name())),
+                        at.clone() + 1u32,
+                        parts.clone() - count,
+                        |b, index| {
+                            b.store(
+                                role.name(),
+                                start.clone() + index.clone(),
+                                load(role, start.clone() + index + 1u32),
+                            );
+                        },
+                    );
+                }
+                b.assign(parts_name.clone(), parts.clone() - 1u32);
+                // The end of part `index`: the next part's start, or the range's end.
+                let end_of = |index: Expr| {
+                    (index.clone() + 1u32)
+                        .less_than(parts.clone())
+                        .select(part_start(index + 1u32), len.clone())
+                };
+                b.if_((at.clone() + 1u32).less_than(parts.clone()), |b| {
+                    let end = b.let_(names.of("right_end"), end_of(at.clone() + 1u32));
+                    let rank = emit_lookup(
+                        b,
+                        &names.nested("right"),
+                        start.clone() + first.clone(),
+                        end - first.clone(),
+                    );
+                    b.store(Role::PairRank.name(), start.clone() + at.clone(), rank);
+                });
+                b.if_(at.clone().greater_than(0u32), |b| {
+                    let before = b.let_(names.of("before"), part_start(at.clone() - 1u32));
+                    let end = b.let_(names.of("left_end"), end_of(at.clone()));
+                    let rank = emit_lookup(
+                        b,
+                        &names.nested("left"),
+                        start.clone() + before.clone(),
+                        end - before,
+                    );
+                    b.store(
+                        Role::PairRank.name(),
+                        start.clone() + at.clone() - 1u32,
+                        rank,
+                    );
+                });
+            });
+        },
+    );
+    parts
+}
+
+/// The start and end of piece `index`: the next piece's start, or the text's end.
+fn emit_piece(b: &mut BlockBuilder, names: &Names, index: Expr) -> (Expr, Expr) {
+    let index = b.let_(names.of("piece"), index);
+    let count = load(Role::PieceCount, 0u32);
+    let start = b.let_(
+        names.of("piece_start"),
+        load(Role::PieceStarts, index.clone()),
+    );
+    let end = b.let_(
+        names.of("piece_end"),
+        (index.clone() + 1u32).less_than(count).select(
+            load(Role::PieceStarts, index + 1u32),
+            param(param::TEXT_LEN),
+        ),
+    );
+    (start, end)
+}
+
+/// The start of chunk `index` of the piece `start..end`: `index · C` bytes from
+/// its start, moved forward to the next first byte of a character (a byte that
+/// is not `10xxxxxx`) within 3 bytes, so cuts do not split characters (which
+/// keeps a run of 3-byte characters in step with its tokens), at most `end`.
+fn emit_chunk_start(
+    b: &mut BlockBuilder,
+    name: &str,
+    [start, end]: [Expr; 2],
+    index: Expr,
+    chunk: u32,
+) -> Expr {
+    let index = b.let_(format!("{name}_index"), index);
+    let nominal = b.let_(format!("{name}_nominal"), start + index.clone() * chunk);
+    let continuation = |offset: u32| {
+        let at = nominal.clone() + offset;
+        at.clone()
+            .less_than(end.clone())
+            .and((load(Role::Text, at) & 0xC0u32).equals(0x80u32))
+    };
+    let shift = continuation(0).select(
+        continuation(1).select(continuation(2).select(u(3), u(2)), u(1)),
+        u(0),
+    );
+    // The first chunk starts at the piece's start, whatever byte is there.
+    let shift = b.let_(
+        format!("{name}_shift"),
+        index.equals(0u32).select(u(0), shift),
+    );
+    b.let_(name, (nominal + shift).min(end))
+}
+
+/// `stage`: the staged parameters, text (as `u64` words) and document ends
+/// (the buffer's unused tail padded with the text length: empty documents, as
+/// the split reads the buffer to its length) into the device buffers; every
+/// thread strides over the words.
+pub fn stage(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
+    builder(geometry, step("stage"), |role| match role {
+        Role::StagedText | Role::Text => ElemType::U64,
+        _ => ElemType::U32,
+    })
+    .body(|b| {
+        let thread = b.let_("thread", Expr::global_id(Axis::X));
+        let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
+        let staged = |index: u32| load(Role::StagedParams, index);
+        let text_len = b.let_("text_len", staged(param::TEXT_LEN));
+        let documents = b.let_("documents", staged(param::DOCUMENTS));
+        b.if_(thread.clone().less_than(param::WORDS), |b| {
+            b.store(
+                Role::Params.name(),
+                thread.clone(),
+                load(Role::StagedParams, thread.clone()),
+            );
+        });
+        let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
+        let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
+        let items = b.let_("items", words.clone().max(ends.clone()));
+        let item = b.let_mut("item", thread);
+        b.while_(item.clone().less_than(items), |b| {
+            b.if_(item.clone().less_than(words.clone()), |b| {
+                b.store(
+                    Role::Text.name(),
+                    item.clone(),
+                    load(Role::StagedText, item.clone()),
+                );
+            });
+            b.if_(item.clone().less_than(ends.clone()), |b| {
+                b.store(
+                    Role::DocumentEnds.name(),
+                    item.clone(),
+                    item.clone()
+                        .less_than(documents.clone())
+                        .select(load(Role::StagedDocuments, item.clone()), text_len.clone()),
+                );
+            });
+            b.assign("item", item.clone() + threads.clone());
+        });
+    })
+    .build()
+}
+
+/// `pieces`: thread `p` takes piece `p`. A piece that is a token writes it; a
+/// piece of up to `C` bytes that is not goes on the merge list; a longer one on
+/// the long list, its chunks (`C` bytes from its start) on the chunk list.
+pub fn pieces(geometry: &Geometry) -> Program {
+    let chunk = geometry.chunk_bytes;
+    builder(geometry, step("pieces"), element_type)
+        .buffer(
+            "merge_base",
+            STEPS[1].bindings.len() as u32,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            let piece = b.let_("piece", Expr::global_id(Axis::X));
+            let active = b.let_(
+                "active",
+                piece.clone().less_than(load(Role::PieceCount, 0u32)),
+            );
+            let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
+            let len = b.let_(
+                "len",
+                active.clone().select(end.clone() - start.clone(), 0u32),
+            );
+            let long = b.let_("long", len.clone().greater_than(chunk));
+            let needs_merge = b.let_mut("needs_merge", 0u32);
+            b.if_(long.clone(), |b| {
+                let slot = b.atomic_fetch(
+                    "long_slot",
+                    AtomicOp::Add,
+                    Role::Params.name(),
+                    param::LONG_COUNT,
+                    1u32,
+                );
+                b.store(Role::LongList.name(), slot, piece.clone());
+                let chunks = b.let_("chunks", (len.clone() + (chunk - 1)) / chunk);
+                let base = b.atomic_fetch(
+                    "chunk_base",
+                    AtomicOp::Add,
+                    Role::Params.name(),
+                    param::CHUNK_COUNT,
+                    chunks.clone(),
+                );
+                b.loop_("chunk", 0u32, chunks, |b, index| {
+                    let entry = b.let_("entry", (base.clone() + index.clone()) * 2u32);
+                    let chunk_start = emit_chunk_start(
+                        b,
+                        "chunk_start",
+                        [start.clone(), end.clone()],
+                        index.clone(),
+                        chunk,
+                    );
+                    let chunk_end = emit_chunk_start(
+                        b,
+                        "chunk_end",
+                        [start.clone(), end.clone()],
+                        index + 1u32,
+                        chunk,
+                    );
+                    // A last chunk that a character boundary pushed past the end
+                    // is an empty range, which `merge` skips.
+                    b.store(Role::ChunkList.name(), entry.clone(), chunk_start);
+                    b.store(Role::ChunkList.name(), entry + 1u32, chunk_end);
+                });
+            });
+            b.if_(active.clone().and(long.logical_not()), |b| {
+                let rank = emit_lookup(b, &Names::new("whole"), start.clone(), len.clone());
+                b.if_else(
+                    rank.clone().not_equals(NO_TOKEN),
+                    |b| {
+                        b.store(Role::TokenAt.name(), start.clone(), rank.clone());
+                        b.loop_("clear", 1u32, len.clone(), |b, at| {
+                            b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
+                        });
+                    },
+                    |b| {
+                        b.assign("needs_merge", 1u32);
+                    },
+                );
+            });
+            // One atomic per workgroup claims the workgroup's merge-list entries
+            // (a counter every thread hit would serialize in L2); each thread's
+            // place is an exclusive scan.
+            let place = b.workgroup_scan(
+                "merge_place",
+                ReduceOp::Sum,
+                ScanKind::Exclusive,
+                needs_merge.clone(),
+            );
+            let total = b.workgroup_reduce("merge_total", ReduceOp::Sum, needs_merge.clone());
+            b.if_(
+                Expr::local_id(Axis::X)
+                    .equals(0u32)
+                    .and(total.clone().greater_than(0u32)),
+                |b| {
+                    let base = b.atomic_fetch(
+                        "merge_first",
+                        AtomicOp::Add,
+                        Role::Params.name(),
+                        param::MERGE_COUNT,
+                        total,
+                    );
+                    b.store("merge_base", 0u32, base);
+                },
+            );
+            b.barrier();
+            b.if_(needs_merge.equals(1u32), |b| {
+                b.store(
+                    Role::MergeList.name(),
+                    Expr::load("merge_base", 0u32) + place,
+                    piece.clone(),
+                );
+            });
+        })
+        .build()
+}
+
+/// `merge`: every thread strides over the merge list and then the chunk list,
+/// merging each entry's bytes into `token_at`.
+pub fn merge(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
+    builder(geometry, step("merge"), element_type)
+        .body(|b| {
+            let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
+            let merges = b.let_("merges", param(param::MERGE_COUNT));
+            let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
+            let entry = b.let_mut("entry", Expr::global_id(Axis::X));
+            b.while_(entry.clone().less_than(total), |b| {
+                let (piece_start, piece_end) =
+                    emit_piece(b, &Names::new("m"), load(Role::MergeList, entry.clone()));
+                let chunk = b.let_("chunk", (entry.clone() - merges.clone()) * 2u32);
+                let listed = b.let_("listed", entry.clone().less_than(merges.clone()));
+                let start = b.let_(
+                    "start",
+                    listed
+                        .clone()
+                        .select(piece_start, load(Role::ChunkList, chunk.clone())),
+                );
+                let end = b.let_(
+                    "end",
+                    listed.select(piece_end, load(Role::ChunkList, chunk + 1u32)),
+                );
+                b.if_(start.clone().less_than(end.clone()), |b| {
+                    emit_encode(
+                        b,
+                        &Names::new("e"),
+                        start.clone(),
+                        end.clone() - start.clone(),
+                        true,
+                    );
+                });
+                b.assign("entry", entry.clone() + threads.clone());
+            });
+        })
+        .build()
+}
+
+/// The start of the token that ends just before byte `at` (scanning back over
+/// bytes where no token starts; the piece's first byte always starts one).
+fn emit_token_before(b: &mut BlockBuilder, name: &str, at: Expr) -> Expr {
+    let found = b.let_mut(name, at - 1u32);
+    b.while_(load(Role::TokenAt, found.clone()).equals(NO_TOKEN), |b| {
+        b.assign(name, found.clone() - 1u32);
+    });
+    found
+}
+
+/// The end of the token that starts at byte `at` (the next byte where a token
+/// starts, or `end`).
+fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Expr {
+    let found = b.let_mut(name, at + 1u32);
+    b.while_(
+        found
+            .clone()
+            .less_than(end)
+            .and(load(Role::TokenAt, found.clone()).equals(NO_TOKEN)),
+        |b| {
+            b.assign(name, found.clone() + 1u32);
+        },
+    );
+    found
+}
+
+/// The tokens on either side of byte `at` (where a token starts; the token
+/// after ends at the next token start or `end`): the start of the one before,
+/// the end of the one after, and whether they are compatible.
+fn emit_boundary(b: &mut BlockBuilder, names: &Names, at: Expr, end: Expr) -> (Expr, Expr, Expr) {
+    let at = b.let_(names.of("boundary"), at);
+    let before = emit_token_before(b, &names.of("token_before"), at.clone());
+    let after = emit_token_after(b, &names.of("token_after"), at.clone(), end);
+    let compatible = emit_compatible(b, &names.nested("pair"), before.clone(), at, after.clone());
+    (before, after, compatible)
+}
+
+/// Whether the tokens `first..middle` and `middle..end` of the text are
+/// compatible: tiktoken's rule merges their bytes into exactly those two.
+fn emit_compatible(
+    b: &mut BlockBuilder,
+    names: &Names,
+    first: Expr,
+    middle: Expr,
+    end: Expr,
+) -> Expr {
+    let first = b.let_(names.of("first"), first);
+    let parts = emit_encode(
+        b,
+        &names.nested("pair"),
+        first.clone(),
+        end - first.clone(),
+        false,
+    );
+    b.let_(
+        names.of("compatible"),
+        parts
+            .equals(2u32)
+            .and(load(Role::PartStart, first.clone() + 1u32).equals(middle - first)),
+    )
+}
+
+/// `long`: every thread strides over the long list; for each long piece it
+/// checks the chunk boundaries left to right, repairs failing ones with a
+/// growing window, and merges the whole piece serially when one cannot be
+/// repaired.
+pub fn long(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
+    let chunk = geometry.chunk_bytes;
+    let window_limit = geometry.repair_window_bytes;
+    let attempts = geometry.repair_attempts;
+    builder(geometry, step("long"), element_type)
+        .body(|b| {
+            let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
+            let longs = b.let_("longs", param(param::LONG_COUNT));
+            let entry = b.let_mut("entry", Expr::global_id(Axis::X));
+            b.while_(entry.clone().less_than(longs), |b| {
+                let (start, end) =
+                    emit_piece(b, &Names::new("l"), load(Role::LongList, entry.clone()));
+                let serial = b.let_mut("serial", false);
+                let covered = b.let_mut("covered", start.clone());
+                let chunk_index = b.let_mut("chunk_index", 1u32);
+                let next = emit_chunk_start(
+                    b,
+                    "first_boundary",
+                    [start.clone(), end.clone()],
+                    u(1),
+                    chunk,
+                );
+                let boundary = b.let_mut("boundary", next);
+                b.while_(
+                    serial
+                        .clone()
+                        .logical_not()
+                        .and(boundary.clone().less_than(end.clone())),
+                    |b| {
+                        b.if_(boundary.clone().greater_equal(covered.clone()), |b| {
+                            let (left, right, compatible) = emit_boundary(
+                                b,
+                                &Names::new("check"),
+                                boundary.clone(),
+                                end.clone(),
+                            );
+                            b.if_(compatible.logical_not(), |b| {
+                                b.atomic(
+                                    AtomicOp::Add,
+                                    Role::Params.name(),
+                                    param::FAILED_BOUNDARIES,
+                                    1u32,
+                                );
+                                emit_repair(
+                                    b,
+                                    [start.clone(), end.clone()],
+                                    [left, right],
+                                    window_limit,
+                                    attempts,
+                                );
+                            });
+                        });
+                        b.assign("chunk_index", chunk_index.clone() + 1u32);
+                        let next = emit_chunk_start(
+                            b,
+                            "next_boundary",
+                            [start.clone(), end.clone()],
+                            chunk_index.clone(),
+                            chunk,
+                        );
+                        b.assign("boundary", next);
+                    },
+                );
+                b.if_(serial, |b| {
+                    b.atomic(
+                        AtomicOp::Add,
+                        Role::Params.name(),
+                        param::SERIAL_PIECES,
+                        1u32,
+                    );
+                    emit_serial(b, start.clone(), end.clone());
+                });
+                b.assign("entry", entry.clone() + threads.clone());
+            });
+        })
+        .build()
+}
+
+/// The repair of one failing boundary between the tokens `left..` and `..right`
+/// of the piece `start..end`: re-encode the window `window_start..window_end`
+/// (written into `token_at`), and accept it once the pairs at both its edges are
+/// compatible; otherwise grow it by one token, alternately left and right, up
+/// to `window_limit` bytes and `attempts` windows. Sets `covered` to the
+/// accepted window's end, or `serial` when none was accepted.
+fn emit_repair(
+    b: &mut BlockBuilder,
+    [start, end]: [Expr; 2],
+    [left, right]: [Expr; 2],
+    window_limit: u32,
+    attempts: u32,
+) {
+    let window_start = b.let_mut("span_start", left);
+    let window_end = b.let_mut("span_end", right);
+    let found = b.let_mut("found", false);
+    let attempt = b.let_mut("attempt", 0u32);
+    b.while_(
+        found
+            .clone()
+            .logical_not()
+            .and(attempt.clone().less_than(attempts)),
+        |b| {
+            emit_encode(
+                b,
+                &Names::new("window"),
+                window_start.clone(),
+                window_end.clone() - window_start.clone(),
+                true,
+            );
+            // The edges: the token before the window with the window's first, the
+            // window's last with the token after it (none at the piece's ends).
+            let left_ok = b.let_mut("left_ok", true);
+            let before = b.let_mut("before", window_start.clone());
+            let right_ok = b.let_mut("right_ok", true);
+            let after = b.let_mut("after", window_end.clone());
+            let edges = [
+                (
+                    "left",
+                    window_start.clone(),
+                    window_end.clone(),
+                    start.clone(),
+                ),
+                (
+                    "right",
+                    window_end.clone(),
+                    end.clone(),
+                    window_start.clone(),
+                ),
+            ];
+            for (side, edge, bound, inside) in edges {
+                // No edge at the piece's start or end.
+                let exists = match side {
+                    "left" => edge.clone().greater_than(inside),
+                    _ => edge.clone().less_than(bound.clone()),
+                };
+                b.if_(exists, |b| {
+                    let (token_before, token_after, compatible) =
+                        emit_boundary(b, &Names::new(&format!("{side}_edge")), edge, bound);
+                    b.assign(format!("{side}_ok"), compatible);
+                    match side {
+                        "left" => b.assign("before", token_before),
+                        _ => b.assign("after", token_after),
+                    };
+                });
+            }
+            b.if_else(
+                left_ok.clone().and(right_ok.clone()),
+                |b| {
+                    b.assign("found", true);
+                    b.assign("covered", window_end.clone());
+                },
+                |b| {
+                    // Grow on the side that failed, the left first; then the other.
+                    let can_left = window_start
+                        .clone()
+                        .greater_than(start.clone())
+                        .and((window_end.clone() - before.clone()).less_equal(window_limit));
+                    let can_right = window_end
+                        .clone()
+                        .less_than(end.clone())
+                        .and((after.clone() - window_start.clone()).less_equal(window_limit));
+                    let grow_left = b.let_(
+                        "grow_left",
+                        can_left.clone().and(
+                            left_ok
+                                .clone()
+                                .logical_not()
+                                .or(can_right.clone().logical_not()),
+                        ),
+                    );
+                    b.if_else(
+                        grow_left,
+                        |b| {
+                            b.assign("span_start", before.clone());
+                        },
+                        |b| {
+                            b.if_else(
+                                can_right,
+                                |b| {
+                                    b.assign("span_end", after.clone());
+                                },
+                                |b| {
+                                    b.assign("attempt", u(attempts));
+                                },
+                            );
+                        },
+                    );
+                },
+            );
+            b.assign("attempt", attempt.clone() + 1u32);
+        },
+    );
+    b.if_(found.logical_not(), |b| {
+        b.assign("serial", true);
+    });
+}
+
+/// `key(rank, position) = rank << 32 | position` as a `u64`: the heap's order
+/// is tiktoken's (lowest rank, then leftmost).
+fn heap_key(rank: Expr, position: Expr) -> Expr {
+    (rank.cast(ScalarType::U64) << 32u32) | position.cast(ScalarType::U64)
+}
+
+/// Pushes `(rank, position)` onto the heap of the piece at `base` (its entries
+/// in `pair_rank`/`part_start` at `base..`), whose size is the variable `size`.
+fn emit_push(
+    b: &mut BlockBuilder,
+    names: &Names,
+    base: &Expr,
+    size: &str,
+    rank: Expr,
+    position: Expr,
+) {
+    let rank = b.let_(names.of("rank"), rank);
+    let position = b.let_(names.of("position"), position);
+    let key = b.let_(names.of("key"), heap_key(rank.clone(), position.clone()));
+    let hole_name = names.of("hole");
+    let hole = b.let_mut(hole_name.clone(), Expr::var(size));
+    b.assign(size, Expr::var(size) + 1u32);
+    b.while_(hole.clone().greater_than(0u32), |b| {
+        let parent = b.let_(names.of("parent"), (hole.clone() - 1u32) >> 1u32);
+        let parent_rank = b.let_(
+            names.of("parent_rank"),
+            load(Role::PairRank, base.clone() + parent.clone()),
+        );
+        let parent_position = b.let_(
+            names.of("parent_position"),
+            load(Role::PartStart, base.clone() + parent.clone()),
+        );
+        b.if_(
+            heap_key(parent_rank.clone(), parent_position.clone()).less_equal(key.clone()),
+            |b| {
+                b.break_();
+            },
+        );
+        b.store(
+            Role::PairRank.name(),
+            base.clone() + hole.clone(),
+            parent_rank,
+        );
+        b.store(
+            Role::PartStart.name(),
+            base.clone() + hole.clone(),
+            parent_position,
+        );
+        b.assign(hole_name.clone(), parent);
+    });
+    b.store(Role::PairRank.name(), base.clone() + hole.clone(), rank);
+    b.store(Role::PartStart.name(), base.clone() + hole, position);
+}
+
+/// Pushes the pair of the part at text position `at` (`first_len` bytes) and
+/// the part after it, if there is one before `end`, onto the heap of the piece
+/// at `base` when their bytes are a token.
+fn emit_push_pair(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [base, end]: [&Expr; 2],
+    at: Expr,
+    first_len: Expr,
+) {
+    let at = b.let_(names.of("at"), at);
+    let next = b.let_(names.of("next"), at.clone() + first_len.clone());
+    b.if_(next.clone().less_than(end.clone()), |b| {
+        let len = first_len + token_len(load(Role::TokenAt, next));
+        let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
+        b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
+            emit_push(
+                b,
+                &names.nested("push"),
+                base,
+                "heap_size",
+                rank.clone(),
+                at - base.clone(),
+            );
+        });
+    });
+}
+
+/// The serial path: the piece `start..end` merged from its bytes in tiktoken's
+/// exact order, the candidate pairs in a binary min-heap of `(rank, position)`
+/// kept in the piece's own scratch range (see the module docs).
+fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
+    let start = b.let_("serial_start", start);
+    let end = b.let_("serial_end", end);
+    let len = b.let_("serial_len", end.clone() - start.clone());
+    let byte = |at: Expr| load(Role::Text, at);
+    b.loop_("serial_init", 0u32, len.clone(), |b, at| {
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + at.clone(),
+            vocab(byte(start.clone() + at) + BYTE_RANKS_AT),
+        );
+    });
+    let size = b.let_mut("heap_size", 0u32);
+    b.loop_("serial_pairs", 0u32, len.clone() - 1u32, |b, at| {
+        let rank = b.let_(
+            "initial_rank",
+            vocab(
+                ((byte(start.clone() + at.clone()) << 8u32)
+                    | byte(start.clone() + at.clone() + 1u32))
+                    + PAIR_RANKS_AT,
+            ),
+        );
+        b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
+            emit_push(
+                b,
+                &Names::new("initial_push"),
+                &start,
+                "heap_size",
+                rank.clone(),
+                at.clone(),
+            );
+        });
+    });
+    b.while_(size.clone().greater_than(0u32), |b| {
+        // Pop the top.
+        let rank = b.let_("top_rank", load(Role::PairRank, start.clone()));
+        let position = b.let_("top_position", load(Role::PartStart, start.clone()));
+        b.assign("heap_size", size.clone() - 1u32);
+        let last_rank = b.let_(
+            "last_rank",
+            load(Role::PairRank, start.clone() + size.clone()),
+        );
+        let last_position = b.let_(
+            "last_position",
+            load(Role::PartStart, start.clone() + size.clone()),
+        );
+        let last_key = b.let_(
+            "last_key",
+            heap_key(last_rank.clone(), last_position.clone()),
+        );
+        let hole = b.let_mut("sift", 0u32);
+        b.while_(Expr::bool(true), |b| {
+            let child = b.let_mut("child", hole.clone() * 2u32 + 1u32);
+            b.if_(child.clone().greater_equal(size.clone()), |b| {
+                b.break_();
+            });
+            let key_at = |index: Expr| {
+                heap_key(
+                    load(Role::PairRank, start.clone() + index.clone()),
+                    load(Role::PartStart, start.clone() + index),
+                )
+            };
+            b.if_(
+                (child.clone() + 1u32)
+                    .less_than(size.clone())
+                    .and(key_at(child.clone() + 1u32).less_than(key_at(child.clone()))),
+                |b| {
+                    b.assign("child", child.clone() + 1u32);
+                },
+            );
+            b.if_(last_key.clone().less_equal(key_at(child.clone())), |b| {
+                b.break_();
+            });
+            b.store(
+                Role::PairRank.name(),
+                start.clone() + hole.clone(),
+                load(Role::PairRank, start.clone() + child.clone()),
+            );
+            b.store(
+                Role::PartStart.name(),
+                start.clone() + hole.clone(),
+                load(Role::PartStart, start.clone() + child.clone()),
+            );
+            b.assign("sift", child.clone());
+        });
+        b.store(
+            Role::PairRank.name(),
+            start.clone() + hole.clone(),
+            last_rank,
+        );
+        b.store(Role::PartStart.name(), start.clone() + hole, last_position);
+        // Is the popped pair still the pair at its position?
+        let at = b.let_("at", start.clone() + position.clone());
+        let first_rank = b.let_("first_rank", load(Role::TokenAt, at.clone()));
+        b.if_(first_rank.clone().not_equals(NO_TOKEN), |b| {
+            let first_len = b.let_("first_len", token_len(first_rank.clone()));
+            let second = b.let_("second", at.clone() + first_len.clone());
+            b.if_(second.clone().less_than(end.clone()), |b| {
+                let merged_len = b.let_(
+                    "merged_len",
+                    first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
+                );
+                let current =
+                    emit_lookup(b, &Names::new("current"), at.clone(), merged_len.clone());
+                b.if_(current.equals(rank.clone()), |b| {
+                    b.store(Role::TokenAt.name(), at.clone(), rank.clone());
+                    b.store(Role::TokenAt.name(), second.clone(), NO_TOKEN);
+                    b.if_else(
+                        (size.clone() + 2u32).greater_than(len.clone()),
+                        |b| {
+                            // Full: rebuild the heap from the pairs that exist now
+                            // (at most one per part, so fewer than `len`).
+                            b.assign("heap_size", 0u32);
+                            let part = b.let_mut("rebuild_part", start.clone());
+                            b.while_(part.clone().less_than(end.clone()), |b| {
+                                let part_len = b.let_(
+                                    "rebuild_part_len",
+                                    token_len(load(Role::TokenAt, part.clone())),
+                                );
+                                emit_push_pair(
+                                    b,
+                                    &Names::new("rebuild"),
+                                    [&start, &end],
+                                    part.clone(),
+                                    part_len.clone(),
+                                );
+                                b.assign("rebuild_part", part.clone() + part_len);
+                            });
+                        },
+                        |b| {
+                            emit_push_pair(
+                                b,
+                                &Names::new("serial_right"),
+                                [&start, &end],
+                                at.clone(),
+                                merged_len.clone(),
+                            );
+                            b.if_(at.clone().greater_than(start.clone()), |b| {
+                                let previous = emit_token_before(b, "serial_previous", at.clone());
+                                emit_push_pair(
+                                    b,
+                                    &Names::new("serial_left"),
+                                    [&start, &end],
+                                    previous.clone(),
+                                    at.clone() - previous,
+                                );
+                            });
+                        },
+                    );
+                });
+            });
+        });
+    });
+}
+
+/// `count`: the token starts of each block of `4 · W` bytes.
+pub fn count(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
+    builder(geometry, step("count"), element_type)
+        .body(|b| {
+            let local = b.let_("local", Expr::local_id(Axis::X));
+            let block_start = b.let_(
+                "block_start",
+                Expr::workgroup_id(Axis::X) * geometry.block_bytes(),
+            );
+            let text_len = b.let_("text_len", param(param::TEXT_LEN));
+            let mut count = u(0);
+            for part in 0..BYTES_PER_THREAD {
+                let at = b.let_(
+                    format!("at{part}"),
+                    block_start.clone() + local.clone() + part * workgroup_size,
+                );
+                count = count
+                    + at.clone()
+                        .less_than(text_len.clone())
+                        .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                        .cast(ScalarType::U32);
+            }
+            let total = b.workgroup_reduce("block_total", ReduceOp::Sum, count);
+            b.if_(local.equals(0u32), |b| {
+                b.store(Role::BlockCounts.name(), Expr::workgroup_id(Axis::X), total);
+            });
+        })
+        .build()
+}
+
+/// The first document whose start is at least `at` (`documents` when none is):
+/// a binary search over the document ends (document `d` starts where `d − 1`
+/// ends; document 0 at 0).
+fn emit_first_document_from(
+    b: &mut BlockBuilder,
+    names: &Names,
+    documents: Expr,
+    at: Expr,
+) -> Expr {
+    let at = b.let_(names.of("at"), at);
+    let low_name = names.of("low");
+    let high_name = names.of("high");
+    let low = b.let_mut(low_name.clone(), 0u32);
+    let high = b.let_mut(high_name.clone(), documents);
+    b.while_(low.clone().less_than(high.clone()), |b| {
+        let middle = b.let_(names.of("middle"), (low.clone() + high.clone()) >> 1u32);
+        let middle_start = b.let_(
+            names.of("middle_start"),
+            middle
+                .clone()
+                .equals(0u32)
+                .select(0u32, load(Role::DocumentEnds, middle.clone() - 1u32)),
+        );
+        b.if_else(
+            middle_start.less_than(at.clone()),
+            |b| {
+                b.assign(low_name.clone(), middle.clone() + 1u32);
+            },
+            |b| {
+                b.assign(high_name.clone(), middle.clone());
+            },
+        );
+    });
+    low
+}
+
+/// `compact`: workgroup `h` owns `per` consecutive blocks. It sums the token
+/// counts of the blocks before its first (the sums of all workgroups stay
+/// linear in the text: the grid is capped), then, block by block, every thread
+/// takes 4 consecutive bytes, an exclusive workgroup scan gives each its place,
+/// the ids go to `ids` in text order, and each document starting in the block
+/// gets the index of its first id (a document starting at the text's end, the
+/// total). The workgroup owning the last block writes the total after the
+/// documents.
+pub fn compact(geometry: &Geometry) -> Program {
+    let workgroup_size = geometry.workgroup_size;
+    let block_bytes = geometry.block_bytes();
+    builder(geometry, step("compact"), element_type)
+        .buffer(
+            "thread_base",
+            STEPS[5].bindings.len() as u32,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(workgroup_size),
+        )
+        .body(|b| {
+            let local = b.let_("local", Expr::local_id(Axis::X));
+            // Reduced, so the block loop's bounds are workgroup-uniform.
+            let text_len = b.workgroup_reduce("text_len", ReduceOp::Max, param(param::TEXT_LEN));
+            let documents = b.workgroup_reduce("documents", ReduceOp::Max, param(param::DOCUMENTS));
+            let blocks = b.let_(
+                "blocks",
+                (text_len.clone() + (block_bytes - 1)) / block_bytes,
+            );
+            let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
+            let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups);
+            let first = b.let_("first", Expr::workgroup_id(Axis::X) * per.clone());
+            // The tokens of the blocks before the first: each thread sums every
+            // `W`-th count (at most `G · B / 2` loads over all workgroups).
+            let part = b.let_mut("part", 0u32);
+            let index = b.let_mut("prefix_index", local.clone());
+            b.while_(index.clone().less_than(first.clone()), |b| {
+                b.assign(
+                    "part",
+                    part.clone() + load(Role::BlockCounts, index.clone()),
+                );
+                b.assign("prefix_index", index.clone() + workgroup_size);
+            });
+            let before = b.workgroup_reduce("before", ReduceOp::Sum, part);
+            let running = b.let_mut("running", before);
+            b.loop_("owned", 0u32, per.clone(), |b, owned| {
+                let block = b.let_("block", first.clone() + owned);
+                b.if_(block.clone().less_than(blocks.clone()), |b| {
+                    let block_start = b.let_("block_start", block.clone() * block_bytes);
+                    let own = b.let_(
+                        "own",
+                        block_start.clone() + local.clone() * BYTES_PER_THREAD,
+                    );
+                    let mut tokens = Vec::new();
+                    let mut count = u(0);
+                    for k in 0..BYTES_PER_THREAD {
+                        let at = own.clone() + k;
+                        let token = b.let_(
+                            format!("token{k}"),
+                            at.clone()
+                                .less_than(text_len.clone())
+                                .select(load(Role::TokenAt, at), NO_TOKEN),
+                        );
+                        count = count + token.clone().not_equals(NO_TOKEN).cast(ScalarType::U32);
+                        tokens.push(token);
+                    }
+                    let base = b.workgroup_scan(
+                        "thread_offset",
+                        ReduceOp::Sum,
+                        ScanKind::Exclusive,
+                        count,
+                    );
+                    b.store("thread_base", local.clone(), base.clone());
+                    let slot = b.let_mut("slot", running.clone() + base);
+                    for token in tokens {
+                        b.if_(token.clone().not_equals(NO_TOKEN), |b| {
+                            b.store(Role::Ids.name(), slot.clone(), token.clone());
+                            b.assign("slot", slot.clone() + 1u32);
+                        });
+                    }
+                    b.barrier();
+                    // The documents that start in this block (the last block: also
+                    // those starting at the text's end).
+                    let last = b.let_("last", (block.clone() + 1u32).equals(blocks.clone()));
+                    let low = emit_first_document_from(
+                        b,
+                        &Names::new("low"),
+                        documents.clone(),
+                        block_start.clone(),
+                    );
+                    let high = emit_first_document_from(
+                        b,
+                        &Names::new("high"),
+                        documents.clone(),
+                        block_start.clone() + block_bytes,
+                    );
+                    let high = b.let_("high", last.select(documents.clone(), high));
+                    let document = b.let_mut("document", low + local.clone());
+                    b.while_(document.clone().less_than(high), |b| {
+                        let offset = b.let_(
+                            "document_offset",
+                            document
+                                .clone()
+                                .equals(0u32)
+                                .select(0u32, load(Role::DocumentEnds, document.clone() - 1u32))
+                                - block_start.clone(),
+                        );
+                        let owner = b.let_(
+                            "owner",
+                            (offset.clone() / BYTES_PER_THREAD).min(workgroup_size - 1),
+                        );
+                        let owner_start = b.let_(
+                            "owner_start",
+                            block_start.clone() + owner.clone() * BYTES_PER_THREAD,
+                        );
+                        let mut rank = Expr::load("thread_base", owner.clone());
+                        for k in 0..BYTES_PER_THREAD {
+                            let at = owner_start.clone() + k;
+                            rank = rank
+                                + (at.clone() - block_start.clone())
+                                    .less_than(offset.clone())
+                                    .and(at.clone().less_than(text_len.clone()))
+                                    .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                                    .cast(ScalarType::U32);
+                        }
+                        b.store(
+                            Role::DocumentTokenStarts.name(),
+                            document.clone(),
+                            running.clone() + rank,
+                        );
+                        b.assign("document", document.clone() + workgroup_size);
+                    });
+                    b.assign(
+                        "running",
+                        running.clone() + load(Role::BlockCounts, block.clone()),
+                    );
+                    // Every thread has read `thread_base` before the next block.
+                    b.barrier();
+                });
+            });
+            let owns_last = first
+                .clone()
+                .less_than(blocks.clone())
+                .and((first + per).greater_equal(blocks));
+            b.if_(owns_last.and(local.equals(0u32)), |b| {
+                b.store(Role::DocumentTokenStarts.name(), documents, running);
+            });
+        })
+        .build()
+}

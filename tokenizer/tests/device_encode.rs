@@ -1,0 +1,574 @@
+//! The device encoder's programs on the reference interpreter (the same
+//! programs a CUDA device runs, through `AnyBackend::reference()`), held to the
+//! CPU encoder (which `tests/encode.rs` holds to tiktoken-rs and bpe-openai) on
+//! small inputs: every encoding, the corpus, random strings, pieces of every
+//! length class with chunks small enough that short texts cross them, batches
+//! with empty documents, document ends inside runs, invalid UTF-8, and every
+//! way to run an encode (eager, submitted, as a graph, through `Tokenizer`).
+//! Every encode splits on the device: the pattern's batch split runs between
+//! `stage` and the BPE steps.
+
+#[path = "support/device_batches.rs"]
+mod device_batches;
+mod oracle;
+mod split_corpus;
+
+use device_batches::{
+    batch_with_empty_documents, capped_encoder, check_batch, documents_cut_inside_runs,
+    long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
+};
+use vyre_cuda::backend::AnyBackend;
+use vyre_cuda::reference::ReferenceOptions;
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
+use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
+
+fn reference_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
+    DeviceEncoder::new(AnyBackend::reference(), tokenizer).expect("device encoder")
+}
+
+/// Chunks of 8 bytes and windows of up to 32: short texts cross many chunk
+/// boundaries and repairs; split blocks of 32 bytes (16 threads of 2 bytes):
+/// short texts cross many of the split's workgroups and look-backs.
+fn small_geometry(repair_attempts: u32) -> Geometry {
+    Geometry {
+        workgroup_size: 32,
+        chunk_bytes: 8,
+        repair_window_bytes: 32,
+        repair_attempts,
+        compact_workgroups: 3,
+        max_loop_iterations: None,
+        split: small_split_geometry(),
+    }
+}
+
+fn small_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        tokenizer,
+        small_geometry(16),
+        ChunkLimits::default(),
+    )
+    .expect("device encoder")
+}
+
+/// Locks out a device split that disagrees with each document split alone:
+/// documents cut inside every kind of run (and long runs across many of the
+/// split's workgroups), with empty documents between them, encode to the CPU
+/// encoder's ids for all four encodings with the split's blocks at 32 bytes
+/// and at the default geometry. (Negative control: the split of the
+/// documents joined differs from their splits one after another, so a device
+/// split that looked across a document end would give other pieces.)
+#[test]
+fn document_ends_inside_runs_split_on_the_device_as_alone() {
+    let documents = documents_cut_inside_runs();
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        check_batch(
+            &small_encoder(&tokenizer),
+            &tokenizer,
+            &documents,
+            "ends inside runs, small blocks",
+        );
+        check_batch(
+            &reference_encoder(&tokenizer),
+            &tokenizer,
+            &documents,
+            "ends inside runs",
+        );
+        let (alone, joined) = split_pieces_alone_and_joined(&tokenizer, &documents);
+        assert_ne!(
+            joined,
+            alone,
+            "{}: the documents split alike joined and alone",
+            encoding.name()
+        );
+    }
+}
+
+/// Locks out an encode whose pieces do not come from the device split: each
+/// encoder's kernel steps are `stage`, its pattern's split steps (`split` for
+/// r50k and p50k, `classify` and `phases` for cl100k and o200k), then the BPE
+/// steps; an eager chunk times each of them; and the piece count the device
+/// left for the BPE steps equals the CPU split's of each document alone (a
+/// split of the documents joined counts differently).
+#[test]
+fn the_split_runs_on_the_device_between_stage_and_the_bpe_steps() {
+    let documents = documents_cut_inside_runs();
+    let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = small_encoder(&tokenizer);
+        let split: &[&str] = if matches!(encoding, Encoding::R50kBase | Encoding::P50kBase) {
+            &["split"]
+        } else {
+            &["classify", "phases"]
+        };
+        let expected: Vec<&str> = ["stage"]
+            .iter()
+            .chain(split)
+            .chain(&["pieces", "merge", "long", "count", "compact"])
+            .copied()
+            .collect();
+        assert_eq!(encoder.step_names(), expected, "{}", encoding.name());
+        let (ids, timings) = encoder.encode_counted(&refs).unwrap();
+        for (index, document) in documents.iter().enumerate() {
+            assert_eq!(ids[index], tokenizer.encode_ordinary_bytes(document));
+        }
+        let timed: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+        assert_eq!(timed, expected);
+        let (alone, joined) = split_pieces_alone_and_joined(&tokenizer, &documents);
+        let counted = timings.counts.unwrap().pieces as usize;
+        assert_eq!(counted, alone.len(), "{}", encoding.name());
+        assert_ne!(counted, joined.len(), "{}", encoding.name());
+    }
+}
+
+/// Locks out any device id that differs from the CPU encoder on the
+/// pre-tokenizers' corpus (valid and invalid UTF-8, as one batch per
+/// encoding) and the three generated shapes, for all four encodings.
+#[test]
+fn device_ids_equal_cpu_on_corpus_and_shapes_every_encoding() {
+    let corpus = split_corpus::corpus(oracle::corpus());
+    assert!(corpus.iter().any(|text| std::str::from_utf8(text).is_err()));
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = reference_encoder(&tokenizer);
+        check_batch(&encoder, &tokenizer, &corpus, "corpus");
+        let shapes: Vec<Vec<u8>> = Shape::ALL
+            .iter()
+            .map(|&shape| generate(shape, 3000, 11))
+            .collect();
+        check_batch(&encoder, &tokenizer, &shapes, "shapes");
+    }
+}
+
+/// Locks out disagreements on inputs nobody wrote by hand: 2,000 seeded
+/// random strings per encoding (every kind of character and every boundary
+/// between them; every tenth damaged into invalid UTF-8), one batch each.
+#[test]
+fn device_ids_equal_cpu_on_2000_random_strings_every_encoding() {
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = reference_encoder(&tokenizer);
+        let mut random = SplitMix64::new(0xD0C0 + encoding as u64);
+        let texts = random_texts(&mut random, 2000, 16);
+        check_batch(&encoder, &tokenizer, &texts, "random strings");
+    }
+}
+
+/// Locks out wrong stitching of long pieces: with chunks of 8 bytes, pieces
+/// of every length class (runs of a letter, spaces, an ideograph, digits, two
+/// letters; random letters and CJK) equal the CPU encoder through the boundary
+/// checks and repairs, and again with repairs switched off (every failing
+/// boundary sends its piece to the serial path), for all four encodings; the
+/// counts show both paths ran. (Negative control: on these inputs the plain
+/// concatenation of each chunk's own ids differs from the piece's ids, so a
+/// pipeline that skipped the checks would fail.)
+#[test]
+fn long_pieces_stitch_repair_and_fall_back_exactly() {
+    let mut random = SplitMix64::new(0x10A6);
+    let texts = long_piece_texts(8, &mut random);
+    let batch: Vec<Vec<u8>> = texts.iter().map(|(_, text)| text.clone()).collect();
+    let mut naive_differs = 0;
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for attempts in [16, 0] {
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                small_geometry(attempts),
+                ChunkLimits::default(),
+            )
+            .unwrap();
+            check_batch(
+                &encoder,
+                &tokenizer,
+                &batch,
+                &format!("long pieces, {attempts} repairs"),
+            );
+            let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+            let (_, timings) = encoder.encode_counted(&refs).expect("counted encode");
+            let counts = timings.counts.expect("counts were asked for");
+            assert!(
+                counts.long_pieces > 0 && counts.failed_boundaries > 0,
+                "{counts:?}"
+            );
+            if attempts == 0 {
+                assert!(counts.serial_pieces > 0, "{counts:?}");
+            } else {
+                assert!(counts.serial_pieces < counts.long_pieces, "{counts:?}");
+            }
+        }
+        for (_, text) in &texts {
+            let naive: Vec<u32> = text
+                .chunks(8)
+                .flat_map(|chunk| tokenizer.encode_ordinary_bytes(chunk))
+                .collect();
+            naive_differs += usize::from(naive != tokenizer.encode_ordinary_bytes(text));
+        }
+    }
+    assert!(naive_differs > 0, "no input needed the boundary checks");
+}
+
+/// Locks out long pieces that go wrong at the default geometry (384-byte
+/// chunks cut at character starts): runs of a letter, spaces, an ideograph and
+/// digits of one and two chunks and a byte, random letters and CJK, and runs
+/// whose period an odd prefix puts out of step with the chunks (`x` then
+/// ideographs, `x` then `ab`), equal the CPU encoder on r50k, cl100k and
+/// o200k, with boundaries that fail and are all repaired: no piece on the
+/// serial path.
+#[test]
+fn long_pieces_at_the_default_geometry_are_repaired_without_the_serial_path() {
+    let mut random = SplitMix64::new(0x384);
+    let mut texts: Vec<Vec<u8>> = Vec::new();
+    for unit in ["a", " ", "日", "7"] {
+        for len in [385usize, 771] {
+            texts.push(unit.repeat(len.div_ceil(unit.len())).into_bytes());
+        }
+    }
+    let letters: String = (0..500)
+        .map(|_| *random.pick(&["a", "e", "s", "t", "q"]))
+        .collect();
+    let cjk: String = (0..200)
+        .map(|_| *random.pick(&["日", "本", "語", "中", "国"]))
+        .collect();
+    texts.push(letters.into_bytes());
+    texts.push(cjk.into_bytes());
+    texts.push(format!("x{}", "日".repeat(300)).into_bytes());
+    texts.push(format!("x{}", "ab".repeat(400)).into_bytes());
+    let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+    for encoding in [
+        Encoding::R50kBase,
+        Encoding::Cl100kBase,
+        Encoding::O200kBase,
+    ] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = reference_encoder(&tokenizer);
+        let (ids, timings) = encoder.encode_counted(&refs).unwrap();
+        for (index, text) in texts.iter().enumerate() {
+            assert_eq!(
+                ids[index],
+                tokenizer.encode_ordinary_bytes(text),
+                "{} text {index}",
+                encoding.name()
+            );
+        }
+        let counts = timings.counts.unwrap();
+        assert!(
+            counts.long_pieces > 0 && counts.failed_boundaries > 0,
+            "{counts:?}"
+        );
+        assert_eq!(counts.serial_pieces, 0, "{}: {counts:?}", encoding.name());
+    }
+}
+
+/// Locks out a document's last piece merging into the next document: each of
+/// a batch of documents whose concatenation merges differently ("a" "b",
+/// "hel" "lo", digits, spaces, a CJK character cut between documents) gets
+/// exactly its own ids. (Negative control: encoding the concatenation gives
+/// other ids than the documents' ids one after another.)
+#[test]
+fn documents_of_a_batch_never_merge() {
+    let documents: Vec<Vec<u8>> = [
+        &b"a"[..],
+        b"b",
+        b"hel",
+        b"lo world",
+        b"12",
+        b"34",
+        b"   ",
+        b" x",
+        "日本".as_bytes(),
+        &"語".as_bytes()[..2],
+        &"語".as_bytes()[2..],
+        b"",
+        b"'s",
+    ]
+    .iter()
+    .map(|document| document.to_vec())
+    .collect();
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = reference_encoder(&tokenizer);
+        check_batch(
+            &encoder,
+            &tokenizer,
+            &documents,
+            "documents that merge when joined",
+        );
+        let one_after_another: Vec<u32> = documents
+            .iter()
+            .flat_map(|document| tokenizer.encode_ordinary_bytes(document))
+            .collect();
+        assert_ne!(
+            tokenizer.encode_ordinary_bytes(&documents.concat()),
+            one_after_another
+        );
+    }
+}
+
+/// Locks out chunking and buffer reuse that lose, reorder or mix documents:
+/// batches of 1 to 200 documents (every fourth empty, some long runs) through
+/// an encoder whose chunks hold at most 2,000 bytes and 25 documents (so a batch
+/// is many chunks, slots are reused and grow, and a document over the byte
+/// limit is a chunk of its own) equal the CPU encoder, also when two threads
+/// pipeline batches through the encoder at once (no thread waits for room
+/// while holding some: no deadlock).
+#[test]
+fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::P50kBase).unwrap();
+    let encoder = DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        &tokenizer,
+        Geometry::default(),
+        ChunkLimits {
+            text_bytes: 2000,
+            documents: 25,
+        },
+    )
+    .unwrap();
+    let mut random = SplitMix64::new(0xBA7C);
+    for count in [1, 3, 26, 200] {
+        let batch = batch_with_empty_documents(&mut random, count);
+        check_batch(&encoder, &tokenizer, &batch, &format!("{count} documents"));
+    }
+    // Two threads pipelining batches of many chunks through one encoder at once:
+    // each holds room for a chunk while it wants more, and neither waits for
+    // the other forever.
+    let batches: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|_| batch_with_empty_documents(&mut random, 120))
+        .collect();
+    std::thread::scope(|scope| {
+        for (index, batch) in batches.iter().enumerate() {
+            let (encoder, tokenizer) = (&encoder, &tokenizer);
+            scope.spawn(move || {
+                check_batch(encoder, tokenizer, batch, &format!("thread {index}"));
+            });
+        }
+    });
+}
+
+/// Locks out a batch of nothing breaking the pipeline: an empty batch, one
+/// empty document, 100,000 empty documents, and 100,000 empty documents with
+/// three short ones among them (at the start, the middle, the end) encode to
+/// the right number of results, each empty or its CPU ids.
+#[test]
+fn empty_batches_and_100000_empty_documents() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let encoder = reference_encoder(&tokenizer);
+    assert!(encoder.encode_batch_bytes(&[]).unwrap().is_empty());
+    assert_eq!(encoder.encode_batch(&[""]).unwrap(), [Vec::<u32>::new()]);
+    let mut batch: Vec<&[u8]> = vec![b""; 100_000];
+    let results = encoder.encode_batch_bytes(&batch).unwrap();
+    assert_eq!(results.len(), 100_000);
+    assert!(results.iter().all(Vec::is_empty));
+    batch[0] = b"first";
+    batch[50_000] = b"middle one";
+    batch[99_999] = b"last";
+    let results = encoder.encode_batch_bytes(&batch).unwrap();
+    for (index, text) in batch.iter().enumerate() {
+        assert_eq!(
+            results[index],
+            tokenizer.encode_ordinary_bytes(text),
+            "document {index}"
+        );
+    }
+}
+
+/// Locks out a submitted or recorded encode that differs from the eager one:
+/// two submissions in flight waited in reverse order, and a graph recorded for
+/// one length replayed with three texts of that length, equal the CPU
+/// encoder; (negative controls) a third submission on the same thread (more
+/// than the backend's pending limit allows) and a graph text of another length
+/// are `Fix:` errors, not a deadlock or a wrong result.
+#[test]
+fn submitted_and_graph_encodes_equal_cpu() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::O200kBase).unwrap();
+    let encoder = reference_encoder(&tokenizer);
+    let first = ["Hello there, General Kenobi!", "", "日本語のテキスト"];
+    let second = ["The quick brown fox", "jumps over the lazy dog 12345"];
+    let pending_first = encoder.submit(&first).unwrap();
+    let pending_second = encoder.submit(&second).unwrap();
+    let third = encoder.submit(&second).unwrap_err();
+    assert!(
+        third.message().starts_with("Fix:") && third.message().contains("wait for one"),
+        "{third}"
+    );
+    let cpu = |texts: &[&str]| -> Vec<Vec<u32>> {
+        texts
+            .iter()
+            .map(|text| tokenizer.encode_ordinary(text))
+            .collect()
+    };
+    assert_eq!(pending_second.wait().unwrap(), cpu(&second));
+    assert_eq!(pending_first.wait().unwrap(), cpu(&first));
+    let texts = [
+        "tokenize me, please!",
+        "TOKENIZE ME, PLEASE!",
+        "日本語 x 'll 123 !!!",
+    ];
+    let mut graph = encoder.graph(texts[0].len()).unwrap();
+    for text in texts.iter().filter(|text| text.len() == texts[0].len()) {
+        assert_eq!(
+            graph.encode(text.as_bytes()).unwrap(),
+            tokenizer.encode_ordinary(text)
+        );
+    }
+    let error = graph.encode(b"short").unwrap_err();
+    assert!(error.message().starts_with("Fix:"), "{error}");
+    assert!(encoder.graph(0).is_err());
+}
+
+/// Locks out a `Tokenizer` on a device that encodes differently from the CPU:
+/// through `with_device` on the reference interpreter, `encode_ordinary`,
+/// `encode_ordinary_bytes` (invalid UTF-8), `encode` with allowed special
+/// tokens, `encode_with_special_tokens` and `encode_batch` equal the CPU
+/// tokenizer, and the tokenizer says it runs on the device.
+#[test]
+fn tokenizer_on_the_reference_device_equals_cpu() {
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let device = cpu.clone().with_device(AnyBackend::reference()).unwrap();
+    assert_eq!(device.backend(), Backend::Gpu);
+    assert_eq!(device.runs_on(1), Backend::Gpu);
+    assert!(device.device_encoder().is_some());
+    let text = "Hi<|endoftext|> there <|fim_prefix|>x<|endoftext|>";
+    assert_eq!(device.encode_ordinary(text), cpu.encode_ordinary(text));
+    assert_eq!(
+        device
+            .encode(text, &["<|endoftext|>", "<|fim_prefix|>"])
+            .unwrap(),
+        cpu.encode(text, &["<|endoftext|>", "<|fim_prefix|>"])
+            .unwrap()
+    );
+    assert_eq!(
+        device.encode_with_special_tokens(text),
+        cpu.encode_with_special_tokens(text)
+    );
+    assert_eq!(
+        device.encode(text, &["<|endoftext|>"]).unwrap_err().kind(),
+        ErrorKind::DisallowedSpecialToken
+    );
+    let damaged = b"caf\xC3 \xFF\xFE ok";
+    assert_eq!(
+        device.encode_ordinary_bytes(damaged),
+        cpu.encode_ordinary_bytes(damaged)
+    );
+    let batch = ["one", "", "two three", "日本"];
+    assert_eq!(device.encode_batch(&batch), cpu.encode_batch(&batch));
+}
+
+/// Locks out a device failure that is lost or turns into wrong ids: on a
+/// reference interpreter whose work cap is too small for the programs,
+/// `encode` is an `Err` of kind `Backend` starting `Fix:` that names the
+/// failing program and keeps the backend's error as its source, while
+/// `encode_ordinary` and `encode_batch` fall back to the CPU and give its ids;
+/// with every `while` loop capped below what a long piece needs, its encode is
+/// an error naming the program, while texts that stay under the cap encode.
+#[test]
+fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
+    let cpu = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
+    let starved = AnyBackend::reference_with(ReferenceOptions {
+        max_work: 5_000,
+        ..ReferenceOptions::default()
+    });
+    let device = cpu.clone().with_device(starved).unwrap();
+    let text = "a text long enough to need more work than the cap allows";
+    let error = device.encode(text, &[]).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Backend);
+    assert!(
+        error.message().starts_with("Fix:") && error.message().contains("bpe."),
+        "{error}"
+    );
+    assert!(std::error::Error::source(&error).is_some());
+    assert_eq!(device.encode_ordinary(text), cpu.encode_ordinary(text));
+    assert_eq!(
+        device.encode_batch(&[text, "b"]),
+        cpu.encode_batch(&[text, "b"])
+    );
+    // A loop cap the long piece's merges pass: the program stops with an error
+    // naming it (on CUDA the same cap traps: a KernelFault, gpu_encode_fault.rs).
+    let capped = capped_encoder(AnyBackend::reference(), &cpu);
+    let error = capped.encode_batch(&[&"x".repeat(1000)]).unwrap_err();
+    assert!(
+        error.message().starts_with("Fix:") && error.message().contains("bpe."),
+        "{error}"
+    );
+    let fine = "short pieces, each a token";
+    assert_eq!(
+        capped.encode_batch(&[fine]).unwrap(),
+        [cpu.encode_ordinary(fine)]
+    );
+}
+
+/// Locks out shapes the programs cannot run with becoming a panic or a wrong
+/// result: a workgroup of 33 threads, chunks of 1 byte, no compaction
+/// workgroups, chunk limits of nothing, a split of 9 bytes per thread and
+/// chunks over the split's 256 MiB are each a `Fix:` error naming what to
+/// change.
+#[test]
+fn bad_geometries_and_limits_are_fix_errors() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
+    let bad = [
+        (
+            Geometry {
+                workgroup_size: 33,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "workgroup_size",
+        ),
+        (
+            Geometry {
+                chunk_bytes: 1,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "chunk_bytes",
+        ),
+        (
+            Geometry {
+                compact_workgroups: 0,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "compact_workgroups",
+        ),
+        (
+            Geometry::default(),
+            ChunkLimits {
+                text_bytes: 0,
+                documents: 1,
+            },
+            "ChunkLimits",
+        ),
+        (
+            Geometry {
+                split: vyre_tokenizer::pretokenize::Geometry {
+                    bytes_per_thread: 9,
+                    ..small_split_geometry()
+                },
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "Geometry::split.bytes_per_thread",
+        ),
+        (
+            Geometry::default(),
+            ChunkLimits {
+                text_bytes: 512 << 20,
+                documents: 1,
+            },
+            "ChunkLimits::text_bytes",
+        ),
+    ];
+    for (geometry, limits, what) in bad {
+        let error =
+            DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, geometry, limits)
+                .unwrap_err();
+        assert!(
+            error.message().starts_with("Fix:") && error.message().contains(what),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! The device encoder's programs through validation, lowering, PTX generation
+//! and the real `ptxas` (`support/assemble.rs`). The split's programs, which
+//! the encoder runs between `stage` and the BPE steps, are assembled by
+//! `pretokenize_ptx.rs`.
+
+#[path = "support/assemble.rs"]
+mod assemble;
+
+use vyre_tokenizer::device::programs::Programs;
+use vyre_tokenizer::device::Geometry;
+use vyre_tokenizer::pretokenize::pattern::Pattern;
+
+/// Locks out programs the device would refuse: each stage and BPE step of the
+/// default and a small geometry (with a loop cap) validates, lowers (both
+/// reduction strategies), generates PTX and assembles with `ptxas
+/// -arch=sm_90`.
+#[test]
+fn device_programs_validate_lower_and_assemble() {
+    let small = Geometry {
+        workgroup_size: 64,
+        chunk_bytes: 8,
+        repair_window_bytes: 24,
+        repair_attempts: 2,
+        compact_workgroups: 3,
+        max_loop_iterations: Some(100),
+        ..Geometry::default()
+    };
+    let sets: Vec<Programs> = [Geometry::default(), small]
+        .into_iter()
+        .map(|geometry| Programs::new(Pattern::Cl100k, geometry).expect("geometry"))
+        .collect();
+    assemble_all_sets(&sets);
+}
+
+fn assemble_all_sets(sets: &[Programs]) {
+    assemble::assemble_all(
+        "device_programs_validate_lower_and_assemble",
+        sets.iter().flat_map(|programs| {
+            programs
+                .steps()
+                .iter()
+                .filter(|step| !step.split)
+                .map(move |step| {
+                    (
+                        format!("bpe_{}_{}", step.name, programs.geometry.workgroup_size),
+                        &step.program,
+                    )
+                })
+        }),
+    );
+}

@@ -1,0 +1,188 @@
+//! Inputs and checks shared by the device encoder's tests on the reference
+//! interpreter (`tests/device_encode.rs`) and on CUDA (`tests/gpu_encode.rs`):
+//! texts whose pieces fall in every length class, batches with empty
+//! documents, documents cut inside runs, and the check that holds a device
+//! batch to the CPU encoder.
+//! Include it with `#[path = "support/device_batches.rs"] mod device_batches;`
+//! beside `mod oracle;` and `mod split_corpus;`.
+#![allow(dead_code)]
+
+use vyre_cuda::backend::AnyBackend;
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::pretokenize::pattern::piece_starts;
+use vyre_tokenizer::pretokenize::text::SplitMix64;
+use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
+use vyre_tokenizer::Tokenizer;
+
+use crate::{oracle, split_corpus};
+
+/// Each text's device ids, asserted equal to the CPU encoder's
+/// (`encode_ordinary_bytes`, which `tests/encode.rs` holds to tiktoken-rs and
+/// bpe-openai); `what` names the batch in a failure.
+pub fn check_batch(encoder: &DeviceEncoder, tokenizer: &Tokenizer, texts: &[Vec<u8>], what: &str) {
+    let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+    let got = encoder.encode_batch_bytes(&refs).unwrap_or_else(|error| {
+        panic!("{} {what}: device encode failed: {error}", tokenizer.name())
+    });
+    assert_eq!(got.len(), texts.len(), "{what}: one result per text");
+    for (index, text) in texts.iter().enumerate() {
+        let expected = tokenizer.encode_ordinary_bytes(text);
+        if got[index] != expected {
+            panic!(
+                "{} {what}: text {index} of {} ({} bytes) differs: device {:?}, cpu {:?}, text {:?}",
+                tokenizer.name(),
+                texts.len(),
+                text.len(),
+                &got[index][..got[index].len().min(40)],
+                &expected[..expected.len().min(40)],
+                String::from_utf8_lossy(&text[..text.len().min(120)])
+            );
+        }
+    }
+}
+
+/// Texts whose pieces fall in every length class of a device encoder whose
+/// chunks are `chunk` bytes: one byte, short, exactly a chunk, a chunk and one,
+/// several chunks, many chunks; made of runs of one letter, spaces, an
+/// ideograph, digits, two alternating letters, random letters (short and long
+/// tokens next to each other) and random CJK.
+pub fn long_piece_texts(chunk: usize, random: &mut SplitMix64) -> Vec<(String, Vec<u8>)> {
+    let lengths = [
+        1,
+        2,
+        3,
+        chunk - 1,
+        chunk,
+        chunk + 1,
+        2 * chunk + 3,
+        4 * chunk + 5,
+    ];
+    let mut texts = Vec::new();
+    for unit in ["a", " ", "日", "7", "ab", "\t", "é"] {
+        for &len in &lengths {
+            let count = len.div_ceil(unit.len());
+            texts.push((
+                format!("{count} × {unit:?}"),
+                unit.repeat(count).into_bytes(),
+            ));
+        }
+    }
+    for &len in &lengths {
+        let letters: String = (0..len)
+            .map(|_| *random.pick(&["a", "b", "e", "i", "n", "s", "t", "x", "q", "z"]))
+            .collect();
+        texts.push((format!("{len} random letters"), letters.into_bytes()));
+        let cjk: String = (0..len.div_ceil(3))
+            .map(|_| *random.pick(&["日", "本", "語", "中", "国", "人", "の", "は"]))
+            .collect();
+        texts.push((format!("{len} bytes of random CJK"), cjk.into_bytes()));
+    }
+    texts
+}
+
+/// A batch of `count` documents: every fourth one empty, the rest random
+/// strings (every kind of character) or runs long enough to be cut into chunks.
+pub fn batch_with_empty_documents(random: &mut SplitMix64, count: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|index| match index % 4 {
+            0 => Vec::new(),
+            1 => "x".repeat(random.below(900) as usize).into_bytes(),
+            _ => split_corpus::random_string(random, 24).into_bytes(),
+        })
+        .collect()
+}
+
+/// `count` random strings (every kind of character and every boundary between
+/// them, up to `max_units` units), every tenth damaged into invalid UTF-8.
+pub fn random_texts(random: &mut SplitMix64, count: usize, max_units: u32) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|index| {
+            let mut text = split_corpus::random_string(random, max_units).into_bytes();
+            if index % 10 == 0 {
+                oracle::damage(random, &mut text, 4);
+            }
+            text
+        })
+        .collect()
+}
+
+/// Documents whose ends fall inside runs that the split would carry across
+/// them (digits, spaces before a word, letters, a contraction, line breaks,
+/// upper then lower case, punctuation, CJK, a character cut in two), empty
+/// documents between them, and runs of 200 bytes that cross many 32-byte
+/// blocks of the split.
+pub fn documents_cut_inside_runs() -> Vec<Vec<u8>> {
+    let mut documents: Vec<Vec<u8>> = [
+        &b"123"[..],
+        b"4567 89",
+        b"",
+        b"   ",
+        b"  x",
+        b"abc",
+        b"def ghi",
+        b"don",
+        b"'t stop",
+        b"\n\n",
+        b"\n  \nx",
+        b"HELLO",
+        b"World CamelCase",
+        b"",
+        b"",
+        b"!!!",
+        b"?! ...",
+        "日本".as_bytes(),
+        "語です".as_bytes(),
+        &"語".as_bytes()[..2],
+        &"語".as_bytes()[2..],
+        b"x",
+    ]
+    .iter()
+    .map(|document| document.to_vec())
+    .collect();
+    for unit in ["7", " ", "a", "日", "\n", "Ab"] {
+        documents.push(unit.repeat(200 / unit.len()).into_bytes());
+        documents.push(Vec::new());
+        documents.push(unit.repeat(67 / unit.len() + 1).into_bytes());
+    }
+    documents
+}
+
+/// The split's workgroups at 16 threads of 2 bytes: blocks of 32 bytes, so
+/// short texts cross many of the split's workgroups and look-backs.
+pub fn small_split_geometry() -> SplitGeometry {
+    SplitGeometry {
+        workgroup_size: 16,
+        bytes_per_thread: 2,
+        compact_workgroups: 1,
+    }
+}
+
+/// The CPU split's piece starts of `documents`, each split alone (offset into
+/// the batch) and all of them joined into one text.
+pub fn split_pieces_alone_and_joined(
+    tokenizer: &Tokenizer,
+    documents: &[Vec<u8>],
+) -> (Vec<u32>, Vec<u32>) {
+    let pattern = tokenizer.pattern();
+    let mut alone = Vec::new();
+    let mut offset = 0;
+    for document in documents {
+        let starts = piece_starts(pattern, document).expect("split");
+        alone.extend(starts.iter().map(|start| start + offset));
+        offset += document.len() as u32;
+    }
+    let joined = piece_starts(pattern, &documents.concat()).expect("split");
+    (alone, joined)
+}
+
+/// An encoder of `tokenizer` on `backend` whose every `while` loop is capped
+/// at 4 iterations: a piece of 1,000 bytes runs past the cap (an error on the
+/// reference interpreter, a trap on CUDA), a text of whole tokens does not.
+pub fn capped_encoder(backend: AnyBackend, tokenizer: &Tokenizer) -> DeviceEncoder {
+    let geometry = Geometry {
+        max_loop_iterations: Some(4),
+        ..Geometry::default()
+    };
+    DeviceEncoder::with_geometry(backend, tokenizer, geometry, ChunkLimits::default())
+        .expect("capped encoder")
+}
