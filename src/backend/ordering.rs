@@ -106,7 +106,7 @@ impl OrderBook {
         &self,
         stream: &Arc<Stream>,
         order: &Arc<Event>,
-        accesses: Accesses,
+        accesses: &Accesses,
     ) {
         if accesses.is_empty() {
             return;
@@ -115,7 +115,7 @@ impl OrderBook {
         entries.push(Entry {
             stream: Arc::clone(stream),
             order: Arc::clone(order),
-            accesses,
+            accesses: accesses.clone(),
         });
         self.len.store(entries.len(), Ordering::Release);
     }

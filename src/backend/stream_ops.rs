@@ -66,6 +66,7 @@ impl LaunchParameters {
     /// Parameters for `slots` bound to `addresses` holding `sizes` bytes each. The
     /// sizes were checked to be whole numbers of elements whose count fits a `u32`
     /// (`plan::check_binding_sizes`).
+    #[inline(always)]
     pub(in crate::backend) fn for_bindings(
         slots: &[ParamSlot],
         addresses: &[u64],
@@ -88,6 +89,7 @@ impl LaunchParameters {
     /// The driver's `void**` array: pointers to each address, then to each count,
     /// then to the result ABI's values. The pointers are valid while `self` is
     /// neither moved nor dropped.
+    #[inline(always)]
     pub(in crate::backend) fn pointer_array(&mut self) -> ParameterArray {
         let mut params: ParameterArray =
             SmallVec::with_capacity(self.addresses.len() + self.counts.len() + 5);
@@ -241,6 +243,7 @@ pub(in crate::backend) struct StreamOps<'a, M> {
 
 impl<'a, M> StreamOps<'a, M> {
     /// No operations at all.
+    #[inline(always)]
     pub(in crate::backend) fn empty() -> Self {
         StreamOps {
             uploads: SmallVec::new(),
@@ -259,6 +262,7 @@ impl<'a, M> StreamOps<'a, M> {
     /// `WriteOnly` starts zeroed on every path, owned buffer or transient), then the
     /// launch loop with the parameter array. The eager path and graph recording both
     /// build their dispatch through this one function.
+    #[inline(always)]
     pub(in crate::backend) fn dispatch(
         slots: &[ParamSlot],
         addresses: &[u64],

@@ -70,13 +70,13 @@ use crate::probe::{self, DispatchProbe};
 use super::kernel::{KernelInner, KernelKind};
 use super::request::Target;
 use super::{
-    BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
+    BackendError, BackendInner, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
 };
 
 pub(in crate::backend) use complete::InFlight;
 pub(in crate::backend) use pending::{count_pending, foreign_predecessor, PendingOrigin};
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
-pub(in crate::backend) use stage::{check_coresident, scratch_outside_a_graph, Held};
+pub(in crate::backend) use stage::{check_coresident, scratch_outside_a_graph, Bookkeeping, Held};
 pub(in crate::backend) use transfer::Transfer;
 
 /// Where read-back bytes go.
@@ -90,8 +90,8 @@ pub(in crate::backend) enum Sink<'s, 'o> {
 /// What [`BackendInner::submit_request`] returns: the dispatch in flight, the
 /// grid-barrier lease (grid-sync kernels; held until the dispatch completes) and the
 /// probe mark.
-pub(in crate::backend) struct Submitted<'k> {
-    pub(in crate::backend) in_flight: InFlight,
+pub(in crate::backend) struct Submitted<'k, 'r> {
+    pub(in crate::backend) in_flight: InFlight<'r>,
     pub(in crate::backend) lease: Option<MutexGuard<'k, ()>>,
     pub(in crate::backend) mark: Option<Instant>,
 }
@@ -212,6 +212,7 @@ impl BackendInner {
         (start, mark): (Instant, Option<Instant>),
     ) -> Result<Timings, BackendError> {
         let after = pending::predecessor(self, request, kernel)?;
+        let mut books = Bookkeeping::default();
         let Submitted {
             in_flight,
             lease,
@@ -219,12 +220,12 @@ impl BackendInner {
         } = self.submit_request(
             kernel,
             request,
-            &sink,
+            (&sink, &mut books, request.bindings),
             (start, mark),
             probe.is_some(),
             after,
         )?;
-        let result = self.complete(kernel, in_flight, sink, mark, None);
+        let result = self.complete(kernel, in_flight, &mut books, sink, mark, None);
         drop(lease);
         let timings = result?;
         if let Some(probe) = probe {
@@ -233,54 +234,61 @@ impl BackendInner {
         Ok(timings)
     }
 
-    /// Plan, stage, route, describe, order and enqueue one request on a leased lane;
-    /// nothing waits. The returned lease (grid-sync kernels only) must be held until
-    /// [`BackendInner::complete`]. Every exit before the hand-over releases the lane
-    /// (its [`LaneGuard`](stage::LaneGuard)).
-    pub(in crate::backend) fn submit_request<'k>(
+    /// Plan, stage, route, describe, order and enqueue one request on a leased lane,
+    /// writing down what it did in `books` (which the dispatch's completion reads);
+    /// nothing waits. `borrowed` is the request's bindings when the caller's borrow
+    /// outlives the dispatch (a blocking one: no reference count per buffer), empty
+    /// for a submission (which holds every bound buffer). The returned lease
+    /// (grid-sync kernels only) must be held until [`BackendInner::complete`]. Every
+    /// exit before the hand-over releases the lane (its
+    /// [`LaneGuard`](stage::LaneGuard)).
+    pub(in crate::backend) fn submit_request<'k, 'r>(
         &self,
         kernel: &'k KernelInner,
         request: &Dispatch<'_>,
-        sink: &Sink<'_, '_>,
+        (sink, books, borrowed): (&Sink<'_, '_>, &mut Bookkeeping, &'r [Binding<'r>]),
         (start, mark): (Instant, Option<Instant>),
         probe_on: bool,
-        after: Option<&InFlight>,
-    ) -> Result<Submitted<'k>, BackendError> {
+        after: Option<&InFlight<'_>>,
+    ) -> Result<Submitted<'k, 'r>, BackendError> {
         self.check_alive()?;
         let timed = request.timing == super::Timing::EventWindow || probe_on;
+        let Bookkeeping {
+            plan,
+            staged,
+            transfers,
+            routed,
+            held,
+        } = books;
 
         // prepare: binding and readback plans, launch plan, cooperative residency.
-        let mut plan = stage::Plan::default();
-        self.plan(kernel, request, sink, &mut plan)?;
+        self.plan(kernel, request, sink, plan)?;
         if probe_on {
-            stage::count_for_probe(kernel, request, &plan);
+            stage::count_for_probe(kernel, request, plan);
         }
         let mark = probe::charge_and_mark(probe::Phase::Prepare, mark);
 
         // stage: lease a lane, resolve bindings, write host inputs into staging.
         self.bind()?;
-        let mut guard = stage::LaneGuard::lease(self)?;
-        let mut staged = stage::Staged::default();
-        let mut transfers = stage::Transfers::default();
+        let mut guard = stage::LaneGuard::lease(self, held, borrowed)?;
         self.stage(
             kernel,
             request,
-            &plan,
+            plan,
             &mut guard,
-            (&mut staged, &mut transfers),
+            (&mut *staged, &mut *transfers),
         )?;
         let mark = probe::charge_and_mark(probe::Phase::Stage, mark);
 
         // resolve: readback routes, then the one description of the stream operations.
-        let mut routed = stage::Routed::default();
-        let results = self.route(kernel, &plan, &staged, &mut guard, &mut routed)?;
+        let results = self.route(kernel, plan, staged, &mut guard, routed)?;
         let mut ops = stage::operations(
             kernel,
             request,
-            &plan,
-            &staged,
+            plan,
+            staged,
             transfers,
-            (&routed, results),
+            (&*routed, results),
             timed,
         );
         let window = ops.window_marks();
@@ -296,20 +304,18 @@ impl BackendInner {
         let mark = probe::charge_and_mark(probe::Phase::Lease, mark);
 
         // order, then launch: every stream operation, on the device after what it must follow.
-        let accesses = self.order(kernel, request, &staged, &guard, after)?;
-        self.enqueue(kernel, &mut ops, &guard, &plan)?;
+        self.order(kernel, staged, &guard, after)?;
+        self.enqueue(kernel, &mut ops, &guard, plan)?;
         drop(ops);
-        let (lane, held) = guard.hand_over();
-        self.in_flight.enter(&lane.stream, &lane.order, accesses);
+        let lane = guard.hand_over();
+        self.in_flight
+            .enter(&lane.stream, &lane.order, &staged.accesses);
         let enqueue_ns = elapsed_ns(start);
         let mark = probe::charge_and_mark(probe::Phase::Launch, mark);
         Ok(Submitted {
             in_flight: InFlight {
                 lane,
-                held,
-                reads: routed.copies,
-                deliveries: routed.deliveries,
-                item_bindings: routed.item_bindings,
+                borrowed,
                 barrier: kernel
                     .grid_barrier
                     .map(|_| (plan.barrier_staging, plan.launch.grid_blocks)),
