@@ -58,6 +58,7 @@
 
 mod complete;
 mod pending;
+mod reuse;
 mod stage;
 mod transfer;
 
@@ -212,21 +213,27 @@ impl BackendInner {
         (start, mark): (Instant, Option<Instant>),
     ) -> Result<Timings, BackendError> {
         let after = pending::predecessor(self, request, kernel)?;
-        let mut books = Bookkeeping::default();
-        let Submitted {
-            in_flight,
-            lease,
-            mark,
-        } = self.submit_request(
+        let mut books = reuse::take_thread_books();
+        let submitted = self.submit_request(
             kernel,
             request,
             (&sink, &mut books, request.bindings),
             (start, mark),
             probe.is_some(),
             after,
-        )?;
-        let result = self.complete(kernel, in_flight, &mut books, sink, mark, None);
-        drop(lease);
+        );
+        let result = submitted.and_then(
+            |Submitted {
+                 in_flight,
+                 lease,
+                 mark,
+             }| {
+                let result = self.complete(kernel, in_flight, &mut books, sink, mark, None);
+                drop(lease);
+                result
+            },
+        );
+        reuse::keep_thread_books(books);
         let timings = result?;
         if let Some(probe) = probe {
             probe.finish(timings.probe());
@@ -253,16 +260,29 @@ impl BackendInner {
     ) -> Result<Submitted<'k, 'r>, BackendError> {
         self.check_alive()?;
         let timed = request.timing == super::Timing::EventWindow || probe_on;
+        // A blocking dispatch may reuse the previous one's plan (`reuse` module).
+        let reused = !borrowed.is_empty()
+            && books
+                .memo
+                .describes(reuse::kernel_identity(kernel), request, |buffer| {
+                    reuse::address_on(self, buffer)
+                });
+        books.begin(reused);
         let Bookkeeping {
             plan,
             staged,
             transfers,
             routed,
             held,
+            memo,
         } = books;
 
         // prepare: binding and readback plans, launch plan, cooperative residency.
-        self.plan(kernel, request, sink, plan)?;
+        if reused {
+            self.replan(sink, plan)?;
+        } else {
+            self.plan(kernel, request, sink, plan)?;
+        }
         if probe_on {
             stage::count_for_probe(kernel, request, plan);
         }
@@ -271,26 +291,29 @@ impl BackendInner {
         // stage: lease a lane, resolve bindings, write host inputs into staging.
         self.bind()?;
         let mut guard = stage::LaneGuard::lease(self, held, borrowed)?;
-        self.stage(
-            kernel,
-            request,
-            plan,
-            &mut guard,
-            (&mut *staged, &mut *transfers),
-        )?;
+        if reused {
+            self.grow_staging(kernel, plan, &mut guard)?;
+        } else {
+            self.stage(
+                kernel,
+                request,
+                plan,
+                &mut guard,
+                (&mut *staged, &mut *transfers),
+            )?;
+        }
         let mark = probe::charge_and_mark(probe::Phase::Stage, mark);
 
         // resolve: readback routes, then the one description of the stream operations.
-        let results = self.route(kernel, plan, staged, &mut guard, routed)?;
-        let mut ops = stage::operations(
-            kernel,
-            request,
-            plan,
-            staged,
-            transfers,
-            (&*routed, results),
-            timed,
-        );
+        self.route(kernel, (plan, staged, reused), &mut guard, routed)?;
+        if !borrowed.is_empty() {
+            memo.record(
+                reuse::kernel_identity(kernel),
+                request,
+                (&staged.addresses, reused),
+            );
+        }
+        let mut ops = stage::operations(kernel, request, plan, staged, transfers, routed, timed);
         let window = ops.window_marks();
         let mark = probe::charge_and_mark(probe::Phase::Resolve, mark);
 

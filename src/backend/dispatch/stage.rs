@@ -29,6 +29,7 @@ use super::super::stream_ops::{
     enqueue, Clear, KernelLaunch, LaneTarget, PinnedCopy, Readback, StagedCopy, StreamOps,
 };
 use super::super::{BackendError, BackendInner, Binding, Dispatch, LaunchPlan, PerBinding};
+use super::reuse::Memo;
 use super::{InFlight, Sink};
 
 /// What the plan step found (pure; nothing touched yet).
@@ -51,6 +52,9 @@ pub(in crate::backend) struct Bookkeeping {
     pub(in crate::backend) transfers: Transfers,
     pub(in crate::backend) routed: Routed,
     pub(in crate::backend) held: Held,
+    /// The request `plan` and `staged` were made for (a blocking dispatch reuses
+    /// them, and `routed`, for the same request: `reuse` module).
+    pub(in crate::backend) memo: Memo,
 }
 
 // SAFETY: the fields that are not `Send` by themselves are host addresses of
@@ -108,6 +112,11 @@ pub(in crate::backend) struct Routed {
     pub(in crate::backend) arm_clear: Option<(u64, usize)>,
     /// The copy that brings a device-memory area back after the launch.
     pub(in crate::backend) area_copy: Option<AreaCopy>,
+    /// The result ABI's parameter values: the area's addresses and one descriptor
+    /// per mapped item.
+    pub(in crate::backend) results: ResultParams,
+    /// The result area the items are placed in (its device address), once routed.
+    pub(in crate::backend) area: Option<u64>,
 }
 
 /// A leased lane and what the dispatch holds, released on every exit that does not
@@ -199,7 +208,7 @@ pub(in crate::backend) fn operations<'a>(
     plan: &'a Plan,
     staged: &'a Staged,
     transfers: &Transfers,
-    (routed, results): (&'a Routed, ResultParams),
+    routed: &'a Routed,
     timed: bool,
 ) -> StreamOps<'a, driver::LoadedModule> {
     let mut ops = StreamOps::dispatch(
@@ -221,7 +230,7 @@ pub(in crate::backend) fn operations<'a>(
     if let Some((device, bytes)) = routed.arm_clear {
         ops.clears.push(Clear { device, bytes });
     }
-    ops.parameters.results = Some(results);
+    ops.parameters.results = Some(routed.results.clone());
     ops.readback = Readback::Routed {
         copies: &routed.copies,
         deliveries: &routed.deliveries,
@@ -268,6 +277,40 @@ impl BackendInner {
         Ok(())
     }
 
+    /// The plan step of a request whose plan the bookkeeping already holds (`reuse`
+    /// module): only what the plan does not cover, the caller's output slices (and
+    /// the plan cache's count of a plan found).
+    pub(in crate::backend) fn replan(
+        &self,
+        sink: &Sink<'_, '_>,
+        plan: &Plan,
+    ) -> Result<(), BackendError> {
+        if let Sink::Slices(outputs) = sink {
+            check_output_slices(&plan.request.reads, outputs)?;
+        }
+        self.plan_counter.hit();
+        Ok(())
+    }
+
+    /// Grow the lane's staging to what `plan` needs.
+    pub(in crate::backend) fn grow_staging(
+        &self,
+        kernel: &KernelInner,
+        plan: &Plan,
+        guard: &mut LaneGuard<'_, '_>,
+    ) -> Result<(), BackendError> {
+        let needed = plan.barrier_staging + if kernel.grid_barrier.is_some() { 16 } else { 0 };
+        if guard
+            .lane_mut()?
+            .ensure_staging(needed)
+            .map_err(|e| BackendError::driver("allocating pinned staging", e))?
+        {
+            self.staging_allocations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Stage: grow the lane's staging, check the memory budget for transient
     /// bindings, and resolve every binding to a device address (taking transient
     /// buffers and writing host bytes into staging).
@@ -279,15 +322,7 @@ impl BackendInner {
         guard: &mut LaneGuard<'_, '_>,
         (staged, transfers): (&mut Staged, &mut Transfers),
     ) -> Result<(), BackendError> {
-        let needed = plan.barrier_staging + if kernel.grid_barrier.is_some() { 16 } else { 0 };
-        if guard
-            .lane_mut()?
-            .ensure_staging(needed)
-            .map_err(|e| BackendError::driver("allocating pinned staging", e))?
-        {
-            self.staging_allocations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.grow_staging(kernel, plan, guard)?;
         if request.bindings.iter().any(Binding::is_transient) {
             self.preflight(kernel, request.bindings, &plan.request.sizes)?;
         }
@@ -373,15 +408,17 @@ impl BackendInner {
 
     /// Route readbacks: small items become result-ABI descriptors (the kernel's last
     /// thread copies them into the lane's mapped area), the rest DMA copies into
-    /// staging. Returns the result ABI's parameter values.
+    /// staging; with the result ABI's parameter values, into `routed`. Arms the area
+    /// (clears its stamps) for every dispatch; keeps the routes `routed` holds when
+    /// the plan and addresses are `reused` and the routes were made for this lane's
+    /// area (`reuse` module).
     pub(in crate::backend) fn route(
         &self,
         kernel: &KernelInner,
-        plan: &Plan,
-        staged: &Staged,
+        (plan, staged, reused): (&Plan, &Staged, bool),
         guard: &mut LaneGuard<'_, '_>,
         routed: &mut Routed,
-    ) -> Result<ResultParams, BackendError> {
+    ) -> Result<(), BackendError> {
         let lane = guard.lane_mut()?;
         if lane.results.is_none() {
             let area = ResultArea::new()
@@ -390,6 +427,18 @@ impl BackendInner {
             self.staging_allocations
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        let area = lane
+            .results
+            .as_mut()
+            .ok_or_else(|| BackendError::internal("no result area"))?;
+        routed.arm_clear = area.arm_host();
+        let area_address = area.results_address();
+        if reused && routed.area == Some(area_address) {
+            return Ok(());
+        }
+        routed.copies.clear();
+        routed.deliveries.clear();
+        routed.item_bindings.clear();
         let reads: &[ReadItem] = &plan.request.reads;
         let mut routes: PerBinding<Route> = SmallVec::new();
         let threads = kernel.workgroup_size.iter().product::<u32>();
@@ -399,12 +448,8 @@ impl BackendInner {
             mapped_range_limit(threads),
             &mut routes,
         );
-        let area = lane
-            .results
-            .as_mut()
-            .ok_or_else(|| BackendError::internal("no result area"))?;
-        routed.arm_clear = area.arm_host();
-        let mut results = area.params();
+        routed.results = area.params();
+        let results = &mut routed.results;
         let mut area_end = STAMP_BYTES;
         for (read, route) in reads.iter().zip(&routes) {
             let base = staged.addresses[read.slot as usize];
@@ -445,7 +490,8 @@ impl BackendInner {
             }
         }
         routed.area_copy = area.copy_back(area_end);
-        Ok(results)
+        routed.area = Some(area_address);
+        Ok(())
     }
 
     /// Order: after every dispatch in flight that shares memory this one writes (or
