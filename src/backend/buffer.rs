@@ -183,6 +183,7 @@ impl DeviceBuffer {
     }
 
     /// The CUDA memory, checked to belong to `inner`'s backend.
+    #[inline]
     pub(in crate::backend) fn memory_for(
         &self,
         inner: &BackendInner,

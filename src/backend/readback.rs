@@ -490,6 +490,7 @@ impl ResultArea {
     }
 
     /// After the synchronize: `len` bytes at `offset`.
+    #[inline]
     pub(in crate::backend) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         match &self.storage {
             Storage::Mapped(m) => m.slice(offset, len),

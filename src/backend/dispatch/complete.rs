@@ -128,10 +128,8 @@ impl BackendInner {
         match sink {
             Sink::Packed(out) => {
                 let total = routed.deliveries.iter().map(Delivery::len).sum();
-                *out = Outputs::with_capacity(total, None);
-                readback.deliver(&lane.staging, area, |i, bytes| {
-                    out.push(routed.item_bindings[i], bytes)
-                });
+                *out = Outputs::for_items(total, &routed.item_bindings);
+                readback.deliver(&lane.staging, area, |_, bytes| out.push_item(bytes));
             }
             Sink::Slices(out) => {
                 readback.deliver(&lane.staging, area, |i, bytes| {

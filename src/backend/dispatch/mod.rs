@@ -70,6 +70,7 @@ use crate::probe::{self, DispatchProbe};
 
 use super::kernel::{KernelInner, KernelKind};
 use super::request::Target;
+use super::stream_ops::StreamOps;
 use super::{
     BackendError, BackendInner, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
 };
@@ -313,7 +314,15 @@ impl BackendInner {
                 (&staged.addresses, reused),
             );
         }
-        let mut ops = stage::operations(kernel, request, plan, staged, transfers, routed, timed);
+        let mut ops = StreamOps::empty();
+        stage::operations(
+            &mut ops,
+            kernel,
+            (request, plan, staged),
+            transfers,
+            routed,
+            timed,
+        );
         let window = ops.window_marks();
         let mark = probe::charge_and_mark(probe::Phase::Resolve, mark);
 
@@ -329,7 +338,6 @@ impl BackendInner {
         // order, then launch: every stream operation, on the device after what it must follow.
         self.order(kernel, staged, &guard, after)?;
         self.enqueue(kernel, &mut ops, &guard, plan)?;
-        drop(ops);
         let lane = guard.hand_over();
         self.in_flight
             .enter(&lane.stream, &lane.order, &staged.accesses);

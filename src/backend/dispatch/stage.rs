@@ -197,21 +197,21 @@ pub(in crate::backend) fn count_for_probe(
     probe::note_program(|| kernel.module_key.0 as u64);
 }
 
-/// The one description of a dispatch's stream operations: [`StreamOps::dispatch`]
-/// (shared with graph recording: the `WriteOnly` clears, the parameter array, the
-/// launch loop) plus what only an eager dispatch has: uploads, zero fills of
-/// transients, the result area's values, the routed readback and the events.
+/// The one description of a dispatch's stream operations, written into `ops`
+/// ([`StreamOps::empty`]) in place: [`StreamOps::dispatch`]'s (shared with graph
+/// recording: the `WriteOnly` clears, the parameter array, the launch loop) plus
+/// what only an eager dispatch has: uploads, zero fills of transients, the result
+/// area's values, the routed readback and the events.
 #[inline(always)]
 pub(in crate::backend) fn operations<'a>(
+    ops: &mut StreamOps<'a, driver::LoadedModule>,
     kernel: &'a KernelInner,
-    request: &Dispatch<'_>,
-    plan: &'a Plan,
-    staged: &'a Staged,
+    (request, plan, staged): (&Dispatch<'_>, &'a Plan, &'a Staged),
     transfers: &Transfers,
     routed: &'a Routed,
     timed: bool,
-) -> StreamOps<'a, driver::LoadedModule> {
-    let mut ops = StreamOps::dispatch(
+) {
+    ops.describe_dispatch(
         &kernel.slots,
         &staged.addresses,
         &plan.request.sizes,
@@ -242,7 +242,6 @@ pub(in crate::backend) fn operations<'a>(
         len: 4 * crate::codegen::GRID_BARRIER_WORDS,
     });
     ops.timed = timed;
-    ops
 }
 
 impl BackendInner {
