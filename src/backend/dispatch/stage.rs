@@ -19,7 +19,9 @@ use super::super::budget::{self, BudgetInputs};
 use super::super::driver::{self, DeviceMemory, PinnedMemory};
 use super::super::kernel::KernelInner;
 use super::super::ordering::Accesses;
-use super::super::plan::{align_up, check_output_slices, plan_request, ReadItem, RequestPlan};
+use super::super::plan::{
+    align_up, check_output_slices, plan_request, ParamSlot, ReadItem, RequestPlan,
+};
 use super::super::pool::Lane;
 use super::super::readback::{
     mapped_range_limit, route_reads, AreaCopy, Delivery, ResultArea, ResultParams, Route,
@@ -244,6 +246,68 @@ pub(in crate::backend) fn operations<'a>(
     ops.timed = timed;
 }
 
+/// The pure half of routing a readback: place every item of `plan` (mapped into the
+/// result area while it is small and there is room, `route_reads`), describe the
+/// mapped ones into `routed.results` (which holds the area's addresses and no
+/// descriptor yet), and record the DMA copies, every item's delivery and its
+/// binding, for a kernel of `slots` with `threads` per workgroup bound to
+/// `addresses`. Returns the end of the area's used bytes.
+pub(in crate::backend) fn route_items(
+    (slots, threads): (&[ParamSlot], u32),
+    plan: &Plan,
+    addresses: &[u64],
+    routed: &mut Routed,
+) -> Result<usize, BackendError> {
+    routed.copies.clear();
+    routed.deliveries.clear();
+    routed.item_bindings.clear();
+    let reads: &[ReadItem] = &plan.request.reads;
+    let mut routes: PerBinding<Route> = SmallVec::new();
+    route_reads(
+        reads,
+        RESULT_AREA_BYTES,
+        mapped_range_limit(threads),
+        &mut routes,
+    );
+    let results = &mut routed.results;
+    let mut area_end = STAMP_BYTES;
+    for (read, route) in reads.iter().zip(&routes) {
+        let base = addresses[read.slot as usize];
+        let source = base + read.offset;
+        let len = read.len as usize;
+        routed.item_bindings.push(slots[read.slot as usize].binding);
+        match *route {
+            Route::Mapped { offset } => {
+                // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX)
+                // and took at most RESULT_RANGE_SLOTS items, so a slot is free.
+                let memory = base..base + plan.request.sizes[read.slot as usize];
+                let delivered = results
+                    .describe(source, read.len as u32, offset, memory)
+                    .ok_or_else(|| {
+                        BackendError::internal("a mapped readback found no free result descriptor")
+                    })? as usize;
+                area_end = area_end.max(delivered + len);
+                routed.deliveries.push(Delivery::Area {
+                    offset: delivered,
+                    len,
+                });
+            }
+            Route::Copy => {
+                routed.copies.push(StagedCopy {
+                    device: source,
+                    staging_offset: read.staging_offset,
+                    len,
+                });
+                routed.deliveries.push(Delivery::Staging {
+                    offset: read.staging_offset,
+                    len,
+                });
+            }
+        }
+    }
+    Ok(area_end)
+}
+
 impl BackendInner {
     /// Plan: the request checks every backend makes (`plan::plan_request`), the
     /// caller's output slices, the launch plan (from the kernel's plan cache) and a
@@ -435,59 +499,9 @@ impl BackendInner {
         if reused && routed.area == Some(area_address) {
             return Ok(());
         }
-        routed.copies.clear();
-        routed.deliveries.clear();
-        routed.item_bindings.clear();
-        let reads: &[ReadItem] = &plan.request.reads;
-        let mut routes: PerBinding<Route> = SmallVec::new();
-        let threads = kernel.workgroup_size.iter().product::<u32>();
-        route_reads(
-            reads,
-            RESULT_AREA_BYTES,
-            mapped_range_limit(threads),
-            &mut routes,
-        );
         routed.results = area.params();
-        let results = &mut routed.results;
-        let mut area_end = STAMP_BYTES;
-        for (read, route) in reads.iter().zip(&routes) {
-            let base = staged.addresses[read.slot as usize];
-            let source = base + read.offset;
-            let len = read.len as usize;
-            routed
-                .item_bindings
-                .push(kernel.slots[read.slot as usize].binding);
-            match *route {
-                Route::Mapped { offset } => {
-                    // route_reads bounded len by MAPPED_RANGE_MAX_BYTES (< u32::MAX)
-                    // and took at most RESULT_RANGE_SLOTS items, so a slot is free.
-                    let memory = base..base + plan.request.sizes[read.slot as usize];
-                    let delivered = results
-                        .describe(source, read.len as u32, offset, memory)
-                        .ok_or_else(|| {
-                            BackendError::internal(
-                                "a mapped readback found no free result descriptor",
-                            )
-                        })? as usize;
-                    area_end = area_end.max(delivered + len);
-                    routed.deliveries.push(Delivery::Area {
-                        offset: delivered,
-                        len,
-                    });
-                }
-                Route::Copy => {
-                    routed.copies.push(StagedCopy {
-                        device: source,
-                        staging_offset: read.staging_offset,
-                        len,
-                    });
-                    routed.deliveries.push(Delivery::Staging {
-                        offset: read.staging_offset,
-                        len,
-                    });
-                }
-            }
-        }
+        let threads = kernel.workgroup_size.iter().product::<u32>();
+        let area_end = route_items((&kernel.slots, threads), plan, &staged.addresses, routed)?;
         routed.area_copy = area.copy_back(area_end);
         routed.area = Some(area_address);
         Ok(())
@@ -616,4 +630,272 @@ pub(in crate::backend) fn scratch_outside_a_graph(name: &str) -> BackendError {
         "Fix: a graph scratch buffer is bound to a dispatch of {name} outside its recording; scratch \
          buffers exist only while their graph replays: bind a DeviceBuffer (or Binding::Zeroed) instead"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BufferCount, ElemType, Name};
+
+    fn slot(binding: u32, access: Access) -> ParamSlot {
+        ParamSlot {
+            binding,
+            name: Name::from(format!("b{binding}").as_str()),
+            elem: ElemType::U32,
+            count: BufferCount::Runtime,
+            access,
+        }
+    }
+
+    fn read(slot: u16, offset: u64, len: u64, staging_offset: usize) -> ReadItem {
+        ReadItem {
+            slot,
+            offset,
+            len,
+            staging_offset,
+        }
+    }
+
+    /// Locks out a routed readback that mixes its items up or keeps an earlier
+    /// dispatch's routes: every item gets its own delivery in item order, with the
+    /// binding of its own buffer; a small one goes to the result area with a
+    /// descriptor reading its own buffer (a window of its block), a large one is a
+    /// DMA copy from its own range into its staging place; routing again replaces
+    /// everything (the control: the same lists, not twice as many).
+    #[test]
+    fn items_are_routed_in_order_to_the_area_or_staging() {
+        let slots = [
+            slot(0, Access::ReadOnly),
+            slot(3, Access::ReadWrite),
+            slot(5, Access::WriteOnly),
+        ];
+        let addresses = [0x1000, 0x2000, 0x8000];
+        let mut plan = Plan::default();
+        plan.request.sizes.extend([16, 64, 8192]);
+        plan.request.reads.extend([
+            read(1, 16, 16, 0),
+            read(2, 0, 8192, 256),
+            read(1, 0, 4, 8448),
+        ]);
+        let mut routed = Routed {
+            results: ResultParams::new(0x10, 0x20),
+            ..Routed::default()
+        };
+        let area_end = route_items((&slots, 1), &plan, &addresses, &mut routed).unwrap();
+        assert_eq!(routed.item_bindings.as_slice(), &[3, 5, 3]);
+        assert_eq!(
+            routed.deliveries.as_slice(),
+            &[
+                Delivery::Area {
+                    offset: STAMP_BYTES,
+                    len: 16
+                },
+                Delivery::Staging {
+                    offset: 256,
+                    len: 8192
+                },
+                Delivery::Area {
+                    offset: STAMP_BYTES + 16,
+                    len: 4
+                },
+            ]
+        );
+        assert_eq!(
+            routed.copies.as_slice(),
+            &[StagedCopy {
+                device: 0x8000,
+                staging_offset: 256,
+                len: 8192
+            }]
+        );
+        assert_eq!(area_end, STAMP_BYTES + 16 + 4);
+        let mut expected = ResultParams::new(0x10, 0x20);
+        expected.describe(0x2010, 16, STAMP_BYTES as u32, 0x2000..0x2040);
+        expected.describe(0x2000, 4, STAMP_BYTES as u32 + 16, 0x2000..0x2040);
+        assert_eq!(routed.results, expected);
+
+        routed.results = ResultParams::new(0x10, 0x20);
+        route_items((&slots, 1), &plan, &addresses, &mut routed).unwrap();
+        assert_eq!(routed.deliveries.len(), 3);
+        assert_eq!(routed.copies.len(), 1);
+        assert_eq!(routed.results, expected);
+    }
+
+    /// Measures the host steps of a warm dispatch over device buffers that need no
+    /// device, at 2, 9 and 17 bindings (the measurement fixture; every output read
+    /// back, 16 bytes each): what a blocking dispatch no longer does (an `Arc` clone
+    /// and drop per owned buffer; planning the request, `plan_request`, which the
+    /// reuse of a repeated request skips), the check that reuses a plan
+    /// (`Memo::describes`), routing the readback (`route_items`), describing the
+    /// stream operations (`StreamOps::describe_dispatch` with the launch parameters
+    /// and their pointer array), the order book's view of the bindings
+    /// (`Accesses::conflicts_with` against an earlier dispatch over other buffers),
+    /// and copying the read-back items into `Outputs` and naming them. Run:
+    /// `cargo test --release --lib host_cost_dispatch_host_steps -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[cfg(feature = "testing")]
+    #[ignore = "host-cost instrument: run with --ignored --nocapture host_cost"]
+    fn host_cost_dispatch_host_steps() {
+        use std::hint::black_box;
+        use std::time::Duration;
+
+        use crate::backend::dispatch::reuse::Memo;
+        use crate::backend::{DeviceBuffer, ModuleKey, Outputs, ReferenceBackend};
+        use crate::config::CodegenOptions;
+        use crate::host_cost::{Cell, CellOptions};
+
+        let options =
+            CellOptions::with_targets(Duration::from_millis(200), Duration::from_millis(20));
+        let backend = ReferenceBackend::new();
+        for buffers in [2u32, 9, 17] {
+            let program = crate::fixtures::host_cost_fixture(buffers, 16);
+            let kernel = backend
+                .compile(&program, &CodegenOptions::new())
+                .expect("compile");
+            let reference = backend.reference_kernel(&kernel).expect("reference kernel");
+            let device: Vec<DeviceBuffer> = (0..buffers)
+                .map(|_| backend.buffer(16).expect("buffer"))
+                .collect();
+            let bindings: Vec<Binding> = device.iter().map(Binding::from).collect();
+            let request = Dispatch::new(&kernel, &bindings);
+            let slots = &reference.slots;
+            // Stand-ins for the device addresses of the buffers' memory, found in O(1)
+            // as `DeviceBuffer::memory_for` finds them.
+            let address_of =
+                |buffer: &DeviceBuffer| Some(buffer as *const DeviceBuffer as u64 | 1 << 48);
+            let addresses: Vec<u64> = device.iter().filter_map(address_of).collect();
+            let mut plan = Plan::default();
+            plan_request(
+                &reference.name,
+                slots,
+                &reference.outputs,
+                &request,
+                &mut plan.request,
+            )
+            .expect("plan");
+            let identity = (1, ModuleKey(1));
+            let mut memo = Memo::default();
+            memo.record(identity, &request, (&addresses, false));
+            let mut accesses = Accesses::default();
+            for (slot, &address) in slots.iter().zip(&addresses) {
+                if slot.access == Access::ReadOnly {
+                    accesses.reads.push(address);
+                } else {
+                    accesses.writes.push(address);
+                }
+            }
+            let other = Accesses {
+                reads: accesses.reads.iter().map(|a| a + 1).collect(),
+                writes: accesses.writes.iter().map(|a| a + 1).collect(),
+            };
+            let mut routed = Routed::default();
+            let holds: Vec<Arc<[u8; 48]>> = (0..buffers).map(|_| Arc::new([0; 48])).collect();
+            let area = vec![7u8; RESULT_AREA_BYTES];
+            let cells = [
+                Cell::measure(
+                    &format!("hold buffers: Arc clone + drop each ({buffers}), removed"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let held: PerBinding<Arc<[u8; 48]>> =
+                                black_box(&holds).iter().map(Arc::clone).collect();
+                            acc ^ black_box(&held).len() as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("plan_request ({buffers}), skipped when reused"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let mut fresh = RequestPlan::default();
+                            plan_request(
+                                &reference.name,
+                                slots,
+                                &reference.outputs,
+                                black_box(&request),
+                                &mut fresh,
+                            )
+                            .expect("plan");
+                            acc ^ black_box(&fresh).staging_bytes as u64
+                        })
+                    },
+                ),
+                Cell::measure(&format!("reuse check ({buffers})"), &options, |n| {
+                    (0..n).fold(0u64, |acc, _| {
+                        acc ^ memo.describes(identity, black_box(&request), address_of) as u64
+                    })
+                }),
+                Cell::measure(&format!("route_items ({buffers})"), &options, |n| {
+                    (0..n).fold(0u64, |acc, _| {
+                        routed.results = ResultParams::new(0x10, 0x20);
+                        let end =
+                            route_items((slots, 1), black_box(&plan), &addresses, &mut routed)
+                                .expect("route");
+                        acc ^ end as u64
+                    })
+                }),
+                Cell::measure(
+                    &format!("describe + parameter array ({buffers})"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let mut ops: StreamOps<'_, ()> = StreamOps::empty();
+                            ops.describe_dispatch(
+                                slots,
+                                black_box(&addresses),
+                                &plan.request.sizes,
+                                KernelLaunch {
+                                    module: &(),
+                                    grid: [1, 1, 1],
+                                    block: [1, 1, 1],
+                                    iterations: 1,
+                                    grid_barrier: None,
+                                },
+                            );
+                            ops.parameters.results = Some(ResultParams::new(0x10, 0x20));
+                            let pointers = ops.parameters.pointer_array();
+                            acc ^ black_box(&pointers).len() as u64 ^ ops.window_marks().0 as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("order book: conflict test, one in flight ({buffers})"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            acc ^ black_box(&other).conflicts_with(black_box(&accesses)) as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("copy out into Outputs ({buffers})"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let total = routed.deliveries.iter().map(Delivery::len).sum();
+                            let mut out = Outputs::for_items(total, &routed.item_bindings);
+                            for delivery in &routed.deliveries {
+                                if let Delivery::Area { offset, len } = *delivery {
+                                    out.push_item(&black_box(&area)[offset..offset + len]);
+                                }
+                            }
+                            out.name_by(kernel.clone());
+                            acc ^ black_box(&out).as_bytes().len() as u64
+                        })
+                    },
+                ),
+            ];
+            for cell in cells {
+                let cell = cell.expect("measured");
+                println!(
+                    "{:<56} {:>8.1} ns (rsd {:.1} %)",
+                    cell.name,
+                    cell.minimum_ns_per_unit,
+                    100.0 * cell.relative_std_dev.unwrap_or(0.0)
+                );
+            }
+        }
+    }
 }
