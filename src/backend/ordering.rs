@@ -50,28 +50,16 @@ impl Accesses {
     }
 }
 
-/// One dispatch in flight (while `stream` is set): its lane's stream and order
-/// event, and what it touches.
-#[derive(Default)]
 struct Entry {
-    stream: Option<Arc<Stream>>,
-    order: Option<Arc<Event>>,
+    stream: Arc<Stream>,
+    order: Arc<Event>,
     accesses: Accesses,
-}
-
-/// The entries: `slots[..live]` are the dispatches in flight, the rest are kept for
-/// the next ones to write into in place (an `Accesses` is two inline arrays;
-/// building an entry apart and pushing it copied them twice per dispatch).
-#[derive(Default)]
-struct Entries {
-    slots: Vec<Entry>,
-    live: usize,
 }
 
 /// Every dispatch in flight on one backend with the memory it touches.
 #[derive(Default)]
 pub(in crate::backend) struct OrderBook {
-    entries: Mutex<Entries>,
+    entries: Mutex<Vec<Entry>>,
     /// Entries, readable without the lock (an empty book costs one load).
     len: AtomicUsize,
 }
@@ -92,20 +80,17 @@ impl OrderBook {
         let mut explicit_done = false;
         if !accesses.is_empty() && self.len.load(Ordering::Acquire) != 0 {
             let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-            for entry in entries.slots[..entries.live]
+            for entry in entries
                 .iter()
                 .filter(|e| e.accesses.conflicts_with(accesses))
             {
-                let (Some(earlier), Some(order)) = (&entry.stream, &entry.order) else {
-                    continue;
-                };
                 // The earlier lane is leased to its dispatch until it completes (and
                 // leaves the book first), so everything on its stream is that dispatch.
-                order.record(earlier)?;
-                stream.wait_event(order)?;
+                entry.order.record(&entry.stream)?;
+                stream.wait_event(&entry.order)?;
                 ordered += 1;
                 explicit_done |=
-                    explicit.is_some_and(|(explicit, _)| std::ptr::eq(&**earlier, explicit));
+                    explicit.is_some_and(|(earlier, _)| std::ptr::eq(&*entry.stream, earlier));
             }
         }
         if let (Some((earlier, order)), false) = (explicit, explicit_done) {
@@ -121,25 +106,18 @@ impl OrderBook {
         &self,
         stream: &Arc<Stream>,
         order: &Arc<Event>,
-        accesses: &Accesses,
+        accesses: Accesses,
     ) {
         if accesses.is_empty() {
             return;
         }
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let live = entries.live;
-        if live == entries.slots.len() {
-            entries.slots.push(Entry::default());
-        }
-        let entry = &mut entries.slots[live];
-        entry.stream = Some(Arc::clone(stream));
-        entry.order = Some(Arc::clone(order));
-        entry.accesses.reads.clear();
-        entry.accesses.reads.extend_from_slice(&accesses.reads);
-        entry.accesses.writes.clear();
-        entry.accesses.writes.extend_from_slice(&accesses.writes);
-        entries.live = live + 1;
-        self.len.store(entries.live, Ordering::Release);
+        entries.push(Entry {
+            stream: Arc::clone(stream),
+            order: Arc::clone(order),
+            accesses,
+        });
+        self.len.store(entries.len(), Ordering::Release);
     }
 
     /// Remove the dispatch of `stream` (it completed, or failed before running).
@@ -148,21 +126,8 @@ impl OrderBook {
             return;
         }
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let live = entries.live;
-        let found = entries.slots[..live]
-            .iter()
-            .position(|e| e.stream.as_ref().is_some_and(|s| Arc::ptr_eq(s, stream)));
-        if let Some(index) = found {
-            let last = live - 1;
-            if index != last {
-                entries.slots.swap(index, last);
-            }
-            let entry = &mut entries.slots[last];
-            entry.stream = None;
-            entry.order = None;
-            entries.live = last;
-        }
-        self.len.store(entries.live, Ordering::Release);
+        entries.retain(|e| !Arc::ptr_eq(&e.stream, stream));
+        self.len.store(entries.len(), Ordering::Release);
     }
 }
 

@@ -340,7 +340,7 @@ impl BackendInner {
         self.enqueue(kernel, &mut ops, &guard, plan)?;
         let lane = guard.hand_over();
         self.in_flight
-            .enter(&lane.stream, &lane.order, &staged.accesses);
+            .enter(&lane.stream, &lane.order, staged.accesses.clone());
         let enqueue_ns = elapsed_ns(start);
         let mark = probe::charge_and_mark(probe::Phase::Launch, mark);
         Ok(Submitted {
