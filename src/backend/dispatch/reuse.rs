@@ -35,6 +35,11 @@
 //! and the memo stays invalid from the start of a dispatch until it has routed its
 //! readback, so a dispatch that failed halfway leaves nothing to reuse. A
 //! submission never reuses: its bookkeeping is its own and it holds its buffers.
+//!
+//! `Memo::describes` takes the request apart field by field, so a field added to
+//! [`Dispatch`] does not compile until it is placed: in the key, or among the fields
+//! the plan does not depend on. A value the plan checks but the key leaves out must be
+//! checked again by `BackendInner::replan`, which runs instead of the plan.
 
 use std::cell::Cell;
 
