@@ -1,5 +1,5 @@
 //! Host cost of the two per-program steps a PTX cache miss pays for: the content
-//! digest (the cache key's root) and PTX emission, on the §6 fixture shape
+//! digest (the cache key's root) and PTX emission, on the host-cost fixture shape
 //! (`acc0 = in[0]; accK = acc(K-1) + K; out[0] = acc_last`) at three sizes.
 //!
 //! Why: both steps must be O(n) with a small constant, or a tokenizer's first
@@ -16,7 +16,7 @@ use vyre_cuda::CodegenOptions;
 
 fn main() {
     let options = CodegenOptions::default();
-    // The §6 estimators (warm 3, calibrate, 5 regions, minimum with its spread); regions
+    // The harness's estimators (warm 3, calibrate, 5 regions, minimum with its spread); regions
     // of 0.2 s instead of 0.5 s keep the whole bench under a minute.
     let cell_options = CellOptions::with_targets(
         std::time::Duration::from_millis(200),

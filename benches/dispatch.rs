@@ -19,6 +19,13 @@
 //! `readback::MAPPED_RANGE_MAX_BYTES` (`readback_sweep`). Set `VYRE_BENCH_FLOORS_ONLY=1`
 //! to stop after those two.
 //!
+//! Then persistent lanes (`lane_table`, `lane_chain`): a lane request at (9, 64),
+//! (17, 64) and (9, 16,384) against launch + sync measured in the same rotated rounds
+//! (target ≤ 0.45 ×, moonshot ≤ 0.35 ×), each waiting mode's cost, the minimum with
+//! p50 / p99 / p99.9 of 20,000 single requests beside those of launch + sync, and a
+//! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). Set
+//! `VYRE_BENCH_LANES_ONLY=1` to run only the lane rows.
+//!
 //! Each comparison below is a paired ABBA run of host_cost (`Paired::compare`): the floor is
 //! a prebuilt `cuLaunchKernel` + one 16-byte async copy per output + one synchronize
 //! on one stream (`backend::floor::RawFloor`). Run: `cargo bench --bench dispatch`
@@ -31,7 +38,10 @@ use std::time::Instant;
 
 use vyre_cuda::backend::floor::{EpilogueAnatomy, LaunchParameterSweep, RawFloor, ReadbackSweep};
 use vyre_cuda::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
-use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch, Finished, PendingDispatch};
+use vyre_cuda::backend::{
+    Binding, CudaBackend, DeviceBuffer, Dispatch, Finished, Lane, LaneOptions, PendingDispatch,
+    WaitMode,
+};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::ir::Program;
@@ -139,7 +149,7 @@ fn quick() -> bool {
     std::env::var_os("VYRE_BENCH_QUICK").is_some()
 }
 
-/// Issue 10's floors and every dispatch path of one fixture shape, in one rotated
+/// The floors and every dispatch path of one fixture shape, in one rotated
 /// measurement; prints µs and the ratio of each dispatch figure to the three floors,
 /// then the targets.
 fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
@@ -463,6 +473,206 @@ fn launch_anatomy(gpu: &CudaBackend) {
     }
 }
 
+/// Per-call nanoseconds of `calls` single calls of `arm`: the minimum, p50, p99 and
+/// p99.9 (the tail a user of one request at a time sees).
+fn percentiles(calls: usize, mut arm: impl FnMut() -> u64) -> [f64; 4] {
+    let mut samples = Vec::with_capacity(calls);
+    let mut sink = 0u64;
+    for _ in 0..calls {
+        let start = Instant::now();
+        sink ^= arm();
+        samples.push(start.elapsed().as_nanos() as f64);
+    }
+    std::hint::black_box(sink);
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    [samples[0], at(0.5), at(0.99), at(0.999)]
+}
+
+/// A lane of `kernel` waiting in `wait` mode.
+fn lane_of(gpu: &CudaBackend, kernel: &vyre_cuda::backend::Kernel, wait: WaitMode) -> Lane {
+    gpu.lane(&[kernel], LaneOptions::new().wait(wait))
+        .expect("build a lane")
+}
+
+/// One fixture shape through a lane against launch + sync, in the same rotated
+/// rounds: the lane's request (outputs and `run_into`), its waiting modes, and the
+/// latency distribution of single requests. Each lane is built after every module
+/// load of the shape (a module load may wait for an idle device) and measured alone.
+fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
+    let program = host_cost_fixture(buffers, chain_for_nodes(nodes));
+    let handles = resident_inputs(gpu, &program);
+    let reads = (buffers - 1) as usize;
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).expect("compile");
+    let bindings = on(&handles);
+    let request = Dispatch::new(&kernel, &bindings).config(&config);
+    let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
+    gpu.run(request).expect("warm the eager path");
+    let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
+    let label = format!("(buffers {buffers}, nodes {})", program.node_count());
+    println!("\nlane {label}, {reads} outputs of 16 B, minimum of {rounds} rotated rounds × {calls} calls:");
+    println!("{:<58} {:>9} {:>13}", "", "µs", "/launch+sync");
+    let mut lane_ratio = f64::NAN;
+    for (mode, wait) in [
+        ("spin", WaitMode::Spin),
+        (
+            "spin then yield (20 µs)",
+            WaitMode::SpinThenYield(std::time::Duration::from_micros(20)),
+        ),
+        (
+            "sleep (50 µs)",
+            WaitMode::Sleep(std::time::Duration::from_micros(50)),
+        ),
+    ] {
+        let lane = lane_of(gpu, &kernel, wait);
+        let mut out_buffers = vec![[0u8; 16]; reads];
+        let floor_cell = std::cell::RefCell::new(&mut floor);
+        let mut arms: Vec<Arm<'_>> = vec![
+            (
+                "floor: launch + sync".into(),
+                Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
+            ),
+            (
+                format!("lane run, wait: {mode}"),
+                Box::new(|| first_byte(&lane.run(request).expect("lane"))),
+            ),
+        ];
+        if matches!(wait, WaitMode::Spin) {
+            arms.push((
+                format!("floor: launch + {reads} async copies + sync"),
+                Box::new(|| {
+                    floor_cell
+                        .borrow_mut()
+                        .launch_async_reads_sync(reads)
+                        .expect("floor")
+                }),
+            ));
+            arms.push((
+                "run (kernel, outputs): launch + sync path".into(),
+                Box::new(|| first_byte(&gpu.run(request).expect("dispatch"))),
+            ));
+            arms.push((
+                "lane run_into (caller buffers)".into(),
+                Box::new(|| {
+                    let mut outs: Vec<&mut [u8]> =
+                        out_buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
+                    lane.run_into(request, &mut outs)
+                        .expect("lane")
+                        .kernel_stamps_ns
+                }),
+            ));
+        }
+        let ns = rotated_minimum(&mut arms, rounds, calls);
+        for ((name, _), &t) in arms.iter().zip(&ns) {
+            println!("{name:<58} {:>9.2} {:>13.3}", t / 1e3, t / ns[0]);
+        }
+        if matches!(wait, WaitMode::Spin) {
+            lane_ratio = ns[1] / ns[0];
+            drop(arms);
+            let samples = if quick() { 2_000 } else { 20_000 };
+            let sync = percentiles(samples, || floor.launch_sync().expect("floor"));
+            let served = percentiles(samples, || first_byte(&lane.run(request).expect("lane")));
+            println!("single calls, {samples} each, µs:            min      p50      p99    p99.9");
+            for (name, figures) in [("floor: launch + sync", sync), ("lane run (spin)", served)] {
+                println!(
+                    "{name:<38} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                    figures[0] / 1e3,
+                    figures[1] / 1e3,
+                    figures[2] / 1e3,
+                    figures[3] / 1e3
+                );
+            }
+        }
+    }
+    let verdict = if lane_ratio <= 0.35 {
+        "met (moonshot met)"
+    } else if lane_ratio <= 0.45 {
+        "met"
+    } else {
+        "MISSED"
+    };
+    println!(
+        "target lane ≤ 0.45 × launch+sync (moonshot ≤ 0.35) {label}: {lane_ratio:.3} {verdict}"
+    );
+}
+
+/// A chain of two dependent requests (the second reads what the first writes) through
+/// a lane against the same chain eager (submitted back to back with `after`, waited
+/// for once), every output of both read back.
+fn lane_chain(gpu: &CudaBackend) {
+    let program = host_cost_fixture(9, chain_for_nodes(64));
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).expect("compile");
+    let first = resident_inputs(gpu, &program);
+    let second = resident_inputs(gpu, &program);
+    // The second request's `in` is the first's `out`: a true dependency.
+    let first_bindings = on(&first);
+    let mut second_bindings = on(&second);
+    second_bindings[0] = Binding::from(&first[1]);
+    let a = Dispatch::new(&kernel, &first_bindings).config(&config);
+    let b = Dispatch::new(&kernel, &second_bindings).config(&config);
+    let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
+    let eager = || {
+        let pending_a = gpu.submit(a).expect("submit");
+        let pending_b = gpu.submit(b.after(&pending_a)).expect("submit");
+        let done = first_byte(&pending_b.wait().expect("wait"));
+        done ^ first_byte(&pending_a.wait().expect("wait"))
+    };
+    eager();
+    let lane = lane_of(gpu, &kernel, WaitMode::Spin);
+    let on_lane = || {
+        let pending_a = lane.submit(a).expect("submit");
+        let pending_b = lane.submit(b).expect("submit");
+        let done = first_byte(&pending_b.wait().expect("wait"));
+        done ^ first_byte(&pending_a.wait().expect("wait"))
+    };
+    let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
+    let floor_cell = std::cell::RefCell::new(&mut floor);
+    let mut arms: Vec<Arm<'_>> = vec![
+        (
+            "floor: launch + sync".into(),
+            Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
+        ),
+        (
+            "chain of 2, eager (submit, submit after, wait)".into(),
+            Box::new(eager),
+        ),
+        (
+            "chain of 2, lane (submit, submit, wait)".into(),
+            Box::new(on_lane),
+        ),
+    ];
+    let ns = rotated_minimum(&mut arms, rounds, calls);
+    println!("\nchain of two dependent requests (9, 62), minimum of {rounds} rotated rounds × {calls} calls:");
+    for ((name, _), &t) in arms.iter().zip(&ns) {
+        println!(
+            "{name:<58} {:>9.2} µs {:>8.3} × launch+sync",
+            t / 1e3,
+            t / ns[0]
+        );
+    }
+    drop(arms);
+    let samples = if quick() { 2_000 } else { 20_000 };
+    let eager_tail = percentiles(samples, eager);
+    let lane_tail = percentiles(samples, on_lane);
+    println!("single chains, {samples} each, µs:            min      p50      p99    p99.9");
+    for (name, figures) in [("chain eager", eager_tail), ("chain lane", lane_tail)] {
+        println!(
+            "{name:<38} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            figures[0] / 1e3,
+            figures[1] / 1e3,
+            figures[2] / 1e3,
+            figures[3] / 1e3
+        );
+    }
+    let ratio = ns[2] / ns[1];
+    println!(
+        "target lane chain ≤ 0.5 × eager chain: {ratio:.3} {}",
+        if ratio <= 0.5 { "met" } else { "MISSED" }
+    );
+}
+
 fn main() {
     let gpu = match CudaBackend::acquire() {
         Ok(gpu) => gpu,
@@ -477,6 +687,13 @@ fn main() {
         gpu.caps().ptx_target_sm(),
         gpu.caps().driver_version
     );
+    if std::env::var_os("VYRE_BENCH_LANES_ONLY").is_some() {
+        for (buffers, nodes) in [(9, 64), (17, 64), (9, 16384)] {
+            lane_table(&gpu, buffers, nodes);
+        }
+        lane_chain(&gpu);
+        return;
+    }
     launch_anatomy(&gpu);
     let mut untimed = Vec::new();
     for (buffers, nodes) in [(9, 64), (9, 16384), (17, 64), (2, 64)] {
@@ -491,6 +708,10 @@ fn main() {
         host_phases(&gpu, buffers, nodes);
     }
     readback_sweep(&gpu);
+    for (buffers, nodes) in [(9, 64), (17, 64), (9, 16384)] {
+        lane_table(&gpu, buffers, nodes);
+    }
+    lane_chain(&gpu);
     if std::env::var_os("VYRE_BENCH_FLOORS_ONLY").is_some() {
         return;
     }
@@ -598,7 +819,7 @@ fn main() {
         drop(floor);
     }
 
-    // Pipelining (issue 11): a loop of encodes with two in flight on separate lanes
+    // Pipelining: a loop of encodes with two in flight on separate lanes
     // (submit N+1, then wait for N) against the blocking loop (submit, wait), per
     // encode, same kernel and bindings shape. Target: throughput ≥ 1.6× blocking,
     // i.e. a ratio ≤ 0.625. Each in-flight slot has its own buffers.

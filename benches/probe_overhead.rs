@@ -1,7 +1,7 @@
-//! What the dispatch phase probe (§5) costs (issue 4 "Speed"):
+//! What the dispatch phase probe costs:
 //!
 //! - **probe on vs off**: a paired ABBA comparison (`host_cost::Paired`) of warm resident
-//!   dispatches of the §6 fixture (9 buffers, 64 nodes), switching the probe in-process
+//!   dispatches of the host-cost fixture (9 buffers, 64 nodes), switching the probe in-process
 //!   with `probe::override_enabled` held for each arm's whole region. Target: on/off
 //!   ratio ≤ 1.05. While on, the probe lines are captured in memory
 //!   (`probe::capture_lines`) rather than written to stderr, so the figure is the probe's

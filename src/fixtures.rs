@@ -1,4 +1,4 @@
-//! The measurement fixture of §6, shared by benches, instruments, tests and the
+//! The host-cost measurement fixture, shared by benches, instruments, tests and the
 //! raw-driver floor so every figure in the README describes the same program.
 //!
 //! Buffers: `in` (read-only u32 × 4, binding 0), `out` (read-write u32 × 4,
@@ -7,7 +7,7 @@
 
 use crate::ir::{Access, BufferCount, ElemType, Expr, Program};
 
-/// The §6 fixture with `buffers` buffers in total (at least 2) and a chain of
+/// The host-cost fixture with `buffers` buffers in total (at least 2) and a chain of
 /// `chain` additions (`4 × chain + 6` IR nodes).
 pub fn host_cost_fixture(buffers: u32, chain: u32) -> Program {
     host_cost_fixture_salted(buffers, chain, None)

@@ -61,9 +61,8 @@ fn gpu_random_programs_match_reference_byte_for_byte() {
     let mut checked = 0;
     for seed in 0..400u64 {
         let case = valid_program(seed, &options);
-        let expected = reference(&case.program, &case.inputs, &case.config);
-        let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let got = run_host(&gpu, &case.program, &borrowed, &case.config)
+        let expected = support::case_reference(&case, &case.scalars);
+        let got = support::run_case_host(&gpu, &case, &case.scalars)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         assert_eq!(
             got, expected,
@@ -1365,4 +1364,115 @@ fn gpu_fallback_answers_exactly_as_cuda() {
     let mut changed = on_cpu.clone();
     changed[0].1 = Outcome::Ran(vec![]);
     assert_ne!(on_gpu, changed, "negative control");
+}
+
+/// Locks out scalar values that miss the kernel (truncated to 32 bits, converted
+/// instead of passed bit for bit, stale from an earlier dispatch) and values that
+/// reach a cache key (a new value emitting new PTX or loading a new module: a driver
+/// JIT per value): `support::every_scalar_type` dispatched as a program with three
+/// sets of values and as a compiled kernel with two more (through `run`, `submit`
+/// and `run_into`) gives the reference interpreter's bytes every time; the first
+/// program dispatch is the only PTX and module miss, the later ones PTX hits of the
+/// same module, and the kernel dispatches look nothing up. Negative control: another
+/// program is a miss the counters see.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_scalar_values_reach_the_kernel_through_one_module() {
+    let gpu = backend();
+    let program = support::every_scalar_type();
+    let config = DispatchConfig::linear(1);
+    let sets: Vec<[Literal; 6]> = [
+        (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),
+        (u32::MAX, i32::MIN, -2.25, false, u64::MAX, 5),
+        (
+            0,
+            0,
+            f32::from_bits(0x7fc0_1234),
+            true,
+            0x8000_0000_0000_0001,
+            -1,
+        ),
+        (1, 1, f32::from_bits(1), false, 1, 1),
+        (0x8000_0000, i32::MAX, -0.0, true, 0xffff_ffff, i64::MAX),
+    ]
+    .into_iter()
+    .map(support::every_scalar_value)
+    .collect();
+    let zeros = support::static_zeros(&program);
+    let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    let expected = |values: &[Literal]| {
+        vyre_cuda::reference::run_with_scalars(&program, &inputs, values, &config, &options)
+            .expect("reference")
+            .0
+    };
+    let bindings = support::host_bindings(&zeros);
+    let before = gpu.cache_stats();
+    for (round, values) in sets[..3].iter().enumerate() {
+        let request = Dispatch::program(&program, &bindings).config(&config);
+        let got = gpu
+            .run(support::with_scalars(request, &program, values))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(got.outputs, expected(values), "round {round}: {values:?}");
+    }
+    let after = gpu.cache_stats();
+    assert_eq!(after.ptx.misses - before.ptx.misses, 1, "{after:?}");
+    assert_eq!(after.ptx.hits - before.ptx.hits, 2, "{after:?}");
+    assert_eq!(after.module.misses - before.module.misses, 1, "{after:?}");
+    assert_eq!(after.module_entries - before.module_entries, 1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    assert_eq!(kernel.scalars(), program.scalars());
+    let warm = gpu.cache_stats();
+    for values in &sets[3..] {
+        let request = support::with_scalars(Dispatch::new(&kernel, &bindings), &program, values);
+        let want = expected(values);
+        assert_eq!(gpu.run(request).unwrap().outputs, want, "run {values:?}");
+        let pending = gpu.submit(request).unwrap();
+        assert_eq!(pending.wait().unwrap().outputs, want, "submit {values:?}");
+        let mut storage: Vec<Vec<u8>> = want.iter().map(|item| vec![0; item.len()]).collect();
+        let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+        gpu.run_into(request, &mut outs).unwrap();
+        assert_eq!(storage, want, "run_into {values:?}");
+    }
+    let kernels_only = gpu.cache_stats();
+    assert_eq!(
+        kernels_only.ptx, warm.ptx,
+        "kernel requests look nothing up"
+    );
+    assert_eq!(kernels_only.module, warm.module);
+    assert_eq!(kernels_only.module_entries, after.module_entries);
+    // Negative control: a new program is a miss the counters see.
+    let other = program.with_entry_op_id("every_scalar_type_again");
+    let request = Dispatch::program(&other, &bindings).config(&config);
+    gpu.run(support::with_scalars(request, &other, &sets[0]))
+        .unwrap();
+    assert_eq!(
+        gpu.cache_stats().module.misses,
+        kernels_only.module.misses + 1
+    );
+}
+
+/// Locks out a repeated blocking request that reuses its previous dispatch's scalar
+/// values along with its plan, addresses and readback routes, or skips the check of
+/// its values: one kernel request over the same owned buffers, repeated with new
+/// values through `run` and `run_into` (`support::repeated_scalar_requests`: after
+/// the first round each one is the request the reuse serves), reads back the
+/// reference interpreter's answer for its own values every round, and the request
+/// without its last value gets the reference backend's `Fix:` error. Negative
+/// control: every round's expected answer differs from the round before, so a stale
+/// value would fail.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_repeated_request_passes_its_own_scalar_values() {
+    use vyre_cuda::backend::AnyBackend;
+    let values = support::repeated_scalar_values();
+    let (rounds, error) = support::repeated_scalar_requests(&AnyBackend::Cuda(backend()), &values);
+    let expected = support::expected_scalar_rounds(&values);
+    assert_eq!(rounds, expected);
+    for pair in expected.windows(2) {
+        assert_ne!(pair[0], pair[1], "negative control: the rounds differ");
+    }
+    let (_, on_the_reference) =
+        support::repeated_scalar_requests(&AnyBackend::reference(), &values);
+    assert_eq!(error, on_the_reference);
 }

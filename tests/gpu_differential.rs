@@ -1,4 +1,4 @@
-//! GPU differential test at scale (issue 13 item 8): at least 10,000 random valid
+//! GPU differential test at scale: at least 10,000 random valid
 //! programs per run, each byte-identical on the GPU and on the reference
 //! interpreter, and the batch compilation it relies on (`CudaBackend::compile_batch`).
 //! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_differential`.
@@ -51,12 +51,12 @@ use std::time::Instant;
 
 use support::backend;
 use vyre_cuda::backend::{
-    BackendError, Binding, CudaBackend, Dispatch, Kernel, MAX_BATCH_PROGRAMS,
+    BackendError, Binding, CudaBackend, Dispatch, Kernel, LaneOptions, MAX_BATCH_PROGRAMS,
 };
 use vyre_cuda::ir::generate::{
     constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
 };
-use vyre_cuda::ir::{Expr, Node, Program};
+use vyre_cuda::ir::{Expr, Literal, Node, Program};
 use vyre_cuda::DispatchConfig;
 
 /// First seed: disjoint from the 400 seeds of `gpu_random_programs_match_reference_byte_for_byte`.
@@ -81,6 +81,20 @@ fn env_count(name: &str) -> Option<u64> {
 /// The case of `seed`: every tenth program may use a grid sync.
 fn case_of(seed: u64) -> RandomCase {
     differential_case(seed)
+}
+
+/// One set of scalar values and the reference's outputs for them.
+type ValuesAndOutputs = (Vec<Literal>, Vec<Vec<u8>>);
+
+/// The scalar values each case is dispatched with: its own, and for a program with
+/// scalar parameters one more draw (the same kernel must follow new values).
+fn value_draws(case: &RandomCase) -> impl Iterator<Item = Vec<Literal>> + '_ {
+    let draws = if case.program.scalars().is_empty() {
+        1
+    } else {
+        2
+    };
+    (0..draws).map(|draw| case.scalar_values(draw))
 }
 
 /// Programs using each construct (`Construct::ALL` order), counted as they are drawn.
@@ -177,9 +191,25 @@ impl Share {
     }
 }
 
-/// The test binary again, once per share, each checking its share; their counts
-/// must add up to `programs`.
-fn run_in_child_processes(processes: u64, programs: u64) {
+/// This process's share of `test`'s `programs` programs; `None` when this is the
+/// parent of a split run (`VYRE_DIFFERENTIAL_PROCESSES` > 1), which ran the shares in
+/// child processes and checked their counts (the test is done).
+fn share_or_spawn(test: &str, programs: u64, case: fn(u64) -> RandomCase) -> Option<Share> {
+    let share = Share::of_this_process();
+    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
+        .unwrap_or(DEFAULT_PROCESSES)
+        .clamp(1, 16);
+    if share.of == 1 && processes > 1 {
+        run_in_child_processes(test, processes, programs, case);
+        return None;
+    }
+    Some(share)
+}
+
+/// The test binary again, once per share, each running `test` on its share; their
+/// counts must add up to `programs` (`case` gives program `index` for the
+/// construct counts).
+fn run_in_child_processes(test: &str, processes: u64, programs: u64, case: fn(u64) -> RandomCase) {
     let exe = std::env::current_exe().expect("the test binary");
     let started = Instant::now();
     let children: Vec<_> = (0..processes)
@@ -187,7 +217,7 @@ fn run_in_child_processes(processes: u64, programs: u64) {
             std::process::Command::new(&exe)
                 .args([
                     "--exact",
-                    "gpu_differential_ten_thousand_random_programs_match_reference",
+                    test,
                     "--ignored",
                     "--nocapture",
                     "--test-threads=1",
@@ -203,7 +233,7 @@ fn run_in_child_processes(processes: u64, programs: u64) {
     // (generation alone) while they run.
     let constructs: ConstructCounts = Default::default();
     for index in 0..programs {
-        count_constructs(&constructs, &case_of(FIRST_SEED + index).program);
+        count_constructs(&constructs, &case(index).program);
     }
     let mut checked = 0;
     for (index, child) in children.into_iter().enumerate() {
@@ -259,14 +289,13 @@ fn run_in_child_processes(processes: u64, programs: u64) {
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_ten_thousand_random_programs_match_reference() {
     let programs = env_count("VYRE_DIFFERENTIAL_PROGRAMS").unwrap_or(10_000);
-    let share = Share::of_this_process();
-    let processes = env_count("VYRE_DIFFERENTIAL_PROCESSES")
-        .unwrap_or(DEFAULT_PROCESSES)
-        .clamp(1, 16);
-    if share.of == 1 && processes > 1 {
-        run_in_child_processes(processes, programs);
+    let Some(share) = share_or_spawn(
+        "gpu_differential_ten_thousand_random_programs_match_reference",
+        programs,
+        |index| case_of(FIRST_SEED + index),
+    ) else {
         return;
-    }
+    };
     let cores = std::thread::available_parallelism().map_or(8, |n| n.get() as u64);
     let threads = env_count("VYRE_DIFFERENTIAL_THREADS")
         .unwrap_or((cores / share.of).max(1))
@@ -307,15 +336,17 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     for case in &cases {
                         count_constructs(&constructs, &case.program);
                     }
-                    let expected: Vec<Vec<Vec<u8>>> = cases
+                    // Each case's own scalar values, and for a program with scalars a
+                    // second draw dispatched through the same kernel.
+                    let expected: Vec<Vec<ValuesAndOutputs>> = cases
                         .iter()
                         .map(|case| {
-                            let inputs: Vec<&[u8]> =
-                                case.inputs.iter().map(|v| v.as_slice()).collect();
-                            vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-                                .unwrap_or_else(|e| {
-                                    panic!("seed {}: reference failed: {e}", case.seed)
+                            value_draws(case)
+                                .map(|values| {
+                                    let outputs = support::case_reference(case, &values);
+                                    (values, outputs)
                                 })
+                                .collect()
                         })
                         .collect();
                     let compile_start = Instant::now();
@@ -328,16 +359,18 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
                     for ((case, kernel), expected) in cases.iter().zip(&kernels).zip(&expected) {
                         let bindings: Vec<Binding<'_>> =
                             case.inputs.iter().map(|v| Binding::Host(v)).collect();
-                        let got = gpu
-                            .run(Dispatch::new(kernel, &bindings).config(&case.config))
-                            .unwrap_or_else(|e| {
+                        for (values, expected) in expected {
+                            let request = Dispatch::new(kernel, &bindings).config(&case.config);
+                            let request = support::with_scalars(request, &case.program, values);
+                            let got = gpu.run(request).unwrap_or_else(|e| {
                                 panic!("seed {}: {e}\n{}", case.seed, case.program)
                             });
-                        assert_eq!(
-                            &got.outputs, expected,
-                            "seed {}: GPU and reference differ\n{}",
-                            case.seed, case.program
-                        );
+                            assert_eq!(
+                                &got.outputs, expected,
+                                "seed {}: GPU and reference differ (scalars {values:?})\n{}",
+                                case.seed, case.program
+                            );
+                        }
                     }
                     let done = Instant::now();
                     for (slot, (from, to)) in [
@@ -388,6 +421,130 @@ fn gpu_differential_ten_thousand_random_programs_match_reference() {
     );
 }
 
+/// First seed of the lane differential (disjoint from the launch differential's).
+const LANE_FIRST_SEED: u64 = 3_000_000;
+
+/// Program `index` of the lane differential: the default generator (no grid sync,
+/// which a lane refuses).
+fn lane_case(index: u64) -> RandomCase {
+    valid_program(LANE_FIRST_SEED + index, &GeneratorOptions::default())
+}
+
+/// Locks out a lane that runs a program differently from a launch (a builtin read
+/// from the wrong place, workgroup memory not zeroed between workgroups run in turn,
+/// a write-only output not zeroed, a fixpoint iteration racing the next, a readback
+/// copied wrong, a body of a lane running another's code): 2,000 random programs
+/// (`VYRE_LANE_DIFFERENTIAL_PROGRAMS`), every construct of the generator among them,
+/// grouped by workgroup shape into lanes of up to 64 kernels compiled in one batch,
+/// lanes of 1, 2 or 3 blocks, every request over host bindings, byte-identical to the
+/// reference interpreter. Spread over `VYRE_DIFFERENTIAL_PROCESSES` processes of one
+/// thread each (a process's lanes and its module loads then never wait on each
+/// other); the count of programs checked is asserted.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
+    let programs = env_count("VYRE_LANE_DIFFERENTIAL_PROGRAMS").unwrap_or(2_000);
+    let Some(share) = share_or_spawn(
+        "gpu_differential_lanes_run_random_programs_as_the_reference_does",
+        programs,
+        lane_case,
+    ) else {
+        return;
+    };
+    let started = Instant::now();
+    let cases: Vec<RandomCase> = share.indices(programs).map(lane_case).collect();
+    let mut by_shape: std::collections::BTreeMap<[u32; 3], Vec<&RandomCase>> =
+        std::collections::BTreeMap::new();
+    for case in &cases {
+        by_shape
+            .entry(case.program.workgroup_size())
+            .or_default()
+            .push(case);
+    }
+    let options = LaneOptions::new()
+        .slots(2)
+        .result_bytes(1 << 20)
+        .staging_bytes(1 << 20);
+    let mut gpu = backend();
+    let (mut checked, mut lanes, mut served) = (0u64, 0u64, 0u64);
+    for group in by_shape.values() {
+        for batch in group.chunks(64) {
+            if served >= PROGRAMS_PER_BACKEND {
+                gpu = backend();
+                served = 0;
+            }
+            let owned: Vec<RandomCase> = batch.iter().map(|&case| case.clone()).collect();
+            let kernels = compile_cases(&gpu, &owned, owned.len() as u64);
+            let refs: Vec<&Kernel> = kernels.iter().collect();
+            let blocks = 1 + (lanes % 3) as u32;
+            let lane = gpu
+                .lane(&refs, options.blocks(blocks))
+                .unwrap_or_else(|e| panic!("a lane of seeds {}..: {e}", batch[0].seed));
+            lanes += 1;
+            for (case, kernel) in owned.iter().zip(&kernels) {
+                let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
+                let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
+                    .unwrap_or_else(|e| panic!("seed {}: reference failed: {e}", case.seed));
+                let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Host(b)).collect();
+                let got = lane
+                    .run(Dispatch::new(kernel, &bindings).config(&case.config))
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "seed {} ({blocks} blocks): {e}\n{}",
+                            case.seed, case.program
+                        )
+                    });
+                assert_eq!(
+                    got.outputs, expected,
+                    "seed {} ({blocks} blocks): lane and reference differ\n{}",
+                    case.seed, case.program
+                );
+                checked += 1;
+            }
+            lane.stop()
+                .unwrap_or_else(|e| panic!("stopping a lane of seeds {}..: {e}", batch[0].seed));
+            served += owned.len() as u64;
+        }
+    }
+    assert_eq!(checked, share.programs(programs));
+    println!(
+        "differential{}: {checked} random programs byte-identical through lanes and on the \
+         reference in {:.1} s ({lanes} lanes)",
+        share.label(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Locks out a lane differential that fails on its own options instead of on a real
+/// difference: each of its first 2,000 programs binds at most 64 buffers, and its
+/// outputs (every output buffer, 16-byte aligned, after the 32-byte header) and host
+/// inputs fit the 1 MiB result area and staging it runs with. Runs on the CPU.
+/// Negative control: the same sums over a 4 KiB area do not all fit.
+#[test]
+fn lane_differential_programs_fit_their_lanes() {
+    use vyre_cuda::ir::Access;
+    let sizes = |case: &RandomCase| {
+        let globals = case.program.global_buffers();
+        assert!(globals.len() <= 64, "seed {}", case.seed);
+        let (mut outputs, mut inputs) = (32u64, 0u64);
+        for (decl, bytes) in globals.iter().zip(&case.inputs) {
+            let padded = (bytes.len() as u64).div_ceil(16) * 16;
+            if matches!(decl.access, Access::ReadWrite | Access::WriteOnly) {
+                outputs += padded;
+            }
+            if decl.access != Access::WriteOnly {
+                inputs += padded;
+            }
+        }
+        (outputs, inputs)
+    };
+    let all: Vec<(u64, u64)> = (0..2_000).map(|index| sizes(&lane_case(index))).collect();
+    assert!(all
+        .iter()
+        .all(|&(outputs, inputs)| outputs <= 1 << 20 && inputs <= 1 << 20));
+    assert!(all.iter().any(|&(outputs, _)| outputs > 4096));
+}
+
 /// Locks out a batch module whose kernels are mixed up (kernel i running program
 /// j's code, a grid barrier shared between kernels, a kernel whose module was
 /// unloaded) and a batch that loads one module per program: 40 generated programs
@@ -417,12 +574,11 @@ fn gpu_compile_batch_kernels_match_reference_and_share_one_module() {
             kernel.shares_module_with(&kernels[0]),
             "kernel {index} has its own module"
         );
-        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let expected = vyre_cuda::reference::run(&case.program, &inputs, &case.config)
-            .unwrap_or_else(|e| panic!("program {index}: reference failed: {e}"));
-        let bindings: Vec<Binding<'_>> = inputs.iter().map(|b| Binding::Host(b)).collect();
+        let expected = support::case_reference(case, &case.scalars);
+        let bindings = support::host_bindings(&case.inputs);
+        let request = Dispatch::new(kernel, &bindings).config(&case.config);
         let got = gpu
-            .run(Dispatch::new(kernel, &bindings).config(&case.config))
+            .run(support::with_scalars(request, &case.program, &case.scalars))
             .unwrap_or_else(|e| panic!("program {index}: {e}\n{}", case.program));
         assert_eq!(
             got.outputs, expected,
@@ -595,6 +751,7 @@ fn differential_programs_draw_every_construct() {
         Construct::AtomicFetch,
         Construct::CompareExchange,
         Construct::WorkgroupScan,
+        Construct::Scalar,
     ];
     for (construct, &count) in Construct::ALL.iter().zip(&counts) {
         let floor = if later.contains(construct) { 15 } else { 2 };
@@ -621,13 +778,19 @@ fn differential_programs_draw_every_construct() {
 /// The outputs of `case` on the reference interpreter, with atomics applied in
 /// ascending or in descending lane order.
 fn reference_in_order(case: &RandomCase, reverse_atomic_order: bool) -> Vec<Vec<u8>> {
-    let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
     let options = vyre_cuda::reference::ReferenceOptions {
         reverse_atomic_order,
         ..Default::default()
     };
-    vyre_cuda::reference::run_with_options(&case.program, &inputs, &case.config, &options)
-        .unwrap_or_else(|e| panic!("the reference refused it: {e}\n{}", case.program))
+    vyre_cuda::reference::run_with_scalars(
+        &case.program,
+        &case.input_slices(),
+        &case.scalars,
+        &case.config,
+        &options,
+    )
+    .map(|(outputs, _)| outputs)
+    .unwrap_or_else(|e| panic!("the reference refused it: {e}\n{}", case.program))
 }
 
 /// Locks out generated programs whose outputs depend on the order threads run their
@@ -677,6 +840,7 @@ fn generated_programs_do_not_depend_on_the_order_of_atomics() {
         program,
         inputs: vec![vec![0; 4], vec![0; 256]],
         config: vyre_cuda::DispatchConfig::linear(1),
+        scalars: Vec::new(),
     };
     assert_ne!(
         reference_in_order(&control, false),

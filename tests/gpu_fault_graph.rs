@@ -8,7 +8,7 @@ use vyre_cuda::DispatchConfig;
 
 /// Locks out a fault inside a replayed graph that is swallowed, reported as a
 /// driver error without the program's name, or left unnoticed by the device's other
-/// backends (issue 13 item 8): the replay returns a sticky `KernelFault` naming the
+/// backends: the replay returns a sticky `KernelFault` naming the
 /// recorded program, the recording backend refuses further work, and a second
 /// backend of the same device, which never ran the graph, reports the loss too.
 /// Negative control: before the fault, the same graph shape over a well-behaved

@@ -7,7 +7,7 @@ use vyre_cuda::backend::{Binding, Dispatch};
 
 /// Locks out a fault in a pipelined submission that is lost between `submit` and
 /// `wait`, blamed on the wrong dispatch, or hidden from the device's other backends
-/// (issue 13 item 8): with a well-behaved submission in flight first, the faulting
+///: with a well-behaved submission in flight first, the faulting
 /// one's `wait` returns a sticky `KernelFault` naming its program, and both the
 /// submitting backend and a bystander backend of the same device then report the
 /// loss. Negative control: the well-behaved submission submitted before the fault

@@ -5,36 +5,13 @@
 mod support;
 
 use vyre_cuda::backend::CudaBackend;
-use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::ir::Program;
 use vyre_cuda::{CodegenOptions, DispatchConfig};
-
-/// 32 threads; thread `gid` counts `n` up from `first` while `keep_going(gid, n)`
-/// holds, then stores `n`.
-fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Expr) -> Program {
-    Program::builder([32, 1, 1])
-        .entry_op_id(name)
-        .buffer(
-            "out",
-            0,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Static(32),
-        )
-        .body(|b| {
-            let gid = b.let_("gid", Expr::global_id(Axis::X));
-            let n = b.let_mut("n", first);
-            b.while_(keep_going(gid.clone(), n.clone()), |b| {
-                b.assign("n", n.clone() + 1u32);
-            });
-            b.store("out", gid, n);
-        })
-        .build()
-}
 
 /// Thread 0 loops until its counter wraps (2^32 iterations, about a second of GPU
 /// time), the others leave at once.
 fn runaway_program() -> Program {
-    counting_program("runaway_while", 1, |gid, n| {
+    support::counting_program("runaway_while", 1, |gid, n| {
         gid.equals(0u32).and(n.not_equals(0u32))
     })
 }
@@ -61,7 +38,7 @@ fn gpu_runaway_while_loop_traps_at_the_iteration_cap() {
     // Negative control first, while the context is healthy: a loop that ends under
     // the cap runs to the reference's bytes.
     let gpu = support::backend();
-    let ends = counting_program("bounded_while", 0, |gid, n| n.less_than(gid.rem(3u32)));
+    let ends = support::counting_program("bounded_while", 0, |gid, n| n.less_than(gid.rem(3u32)));
     let three = DispatchConfig::linear(1)
         .with_codegen(CodegenOptions::new().with_max_loop_iterations(Some(3)));
     let expected = vyre_cuda::reference::run(&ends, &[&out], &three).unwrap();

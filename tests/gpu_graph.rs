@@ -938,3 +938,92 @@ fn gpu_graph_submissions_run_in_flight_and_wait() {
         );
     }
 }
+
+/// Locks out scalar updates that do not reach every launch node of a step (the
+/// second of two fixpoint launches keeping the old value), reach only the first
+/// replay, or cost a re-capture or a new module: a graph of `support::add_k` (two
+/// launches) and `support::every_scalar_type` gives the reference's bytes after
+/// each `set_scalar` of every type, `scalar` reads back what was set, the graph's
+/// node count and the module cache do not move, and a refused update (another
+/// type) changes nothing. The negative control of the accumulation: had one launch
+/// kept the old `k`, the sum would be `k_old + k_new`, not `2 k_new`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_set_scalar_reaches_every_later_replay() {
+    let gpu = backend();
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let accumulate = gpu.compile(&support::add_k(), &config).unwrap();
+    let every = support::every_scalar_type();
+    let typed = gpu.compile(&every, &config).unwrap();
+    let acc = gpu.buffer(32).unwrap();
+    let outputs: Vec<DeviceBuffer> = every
+        .global_buffers()
+        .iter()
+        .map(|d| gpu.buffer(d.static_size_bytes().unwrap()).unwrap())
+        .collect();
+    let acc_binding = [Binding::from(&acc)];
+    let typed_bindings = support::bindings(&outputs);
+    let first = support::every_scalar_value((1, -1, 1.5, false, 1 << 33, -(1 << 33)));
+    let mut slots = None;
+    let mut graph = gpu
+        .record(|rec| {
+            let zero = rec.upload(&acc, 32)?;
+            let step = Dispatch::new(&accumulate, &acc_binding)
+                .config(&config)
+                .fixpoint_iterations(2)
+                .scalar("k", 3u32);
+            let sum_step = rec.dispatch(step)?;
+            let sum = rec.read_back(&acc, 0, 32)?;
+            let request = Dispatch::new(&typed, &typed_bindings).config(&config);
+            let typed_step = rec.dispatch(support::with_scalars(request, &every, &first))?;
+            let reads = outputs
+                .iter()
+                .map(|buffer| rec.read_back(buffer, 0, buffer.len()))
+                .collect::<Result<Vec<_>, _>>()?;
+            slots = Some((zero, sum_step, sum, typed_step, reads));
+            Ok(())
+        })
+        .unwrap();
+    let (zero, sum_step, sum, typed_step, reads) = slots.expect("recorded");
+    let nodes = graph.graph_nodes();
+    let modules = gpu.cache_stats().module;
+    let zeros = support::static_zeros(&every);
+    let zero_inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    let check = |graph: &mut DispatchGraph, k: u32, values: &[Literal], round: &str| {
+        graph.input_mut(zero).unwrap().fill(0);
+        graph.replay().unwrap_or_else(|e| panic!("{round}: {e}"));
+        assert_eq!(words(graph.output(sum).unwrap()), [2 * k; 8], "{round}: 2k");
+        let want = vyre_cuda::reference::run_with_scalars(
+            &every,
+            &zero_inputs,
+            values,
+            &DispatchConfig::linear(1),
+            &options,
+        )
+        .unwrap()
+        .0;
+        for (slot, want) in reads.iter().zip(&want) {
+            assert_eq!(
+                graph.output(*slot).unwrap(),
+                &want[..],
+                "{round}: {values:?}"
+            );
+        }
+    };
+    check(&mut graph, 3, &first, "recorded values");
+    graph.set_scalar(sum_step, "k", 10u32).unwrap();
+    let second = support::every_scalar_value((u32::MAX, i32::MIN, -0.0, true, u64::MAX, 7));
+    for (decl, &value) in every.scalars().iter().zip(&second) {
+        graph.set_scalar(typed_step, &decl.name, value).unwrap();
+        assert_eq!(graph.scalar(typed_step, &decl.name).unwrap(), value);
+    }
+    check(&mut graph, 10, &second, "after set_scalar");
+    check(&mut graph, 10, &second, "a second replay");
+    let refused = graph.set_scalar(sum_step, "k", 4i32).unwrap_err();
+    assert!(refused.to_string().starts_with("Fix:"), "{refused}");
+    assert_eq!(graph.scalar(sum_step, "k").unwrap(), Literal::U32(10));
+    check(&mut graph, 10, &second, "after a refused update");
+    assert_eq!(graph.graph_nodes(), nodes, "no re-capture");
+    assert_eq!(gpu.cache_stats().module, modules, "no new module");
+}

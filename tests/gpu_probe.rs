@@ -1,4 +1,4 @@
-//! The phase probe on a real device (§5): a child process started with
+//! The phase probe on a real device: a child process started with
 //! `VYRE_CUDA_DISPATCH_PHASE_PROBE=1` dispatches, and its stderr lines must parse
 //! and attribute the wall time.
 
@@ -94,7 +94,7 @@ fn program_nodes() -> u64 {
     host_cost_fixture(9, 64).node_count()
 }
 
-/// Locks out the report merging two kernels of the same shape (issue 12 item 5): the
+/// Locks out the report merging two kernels of the same shape: the
 /// fixture and its salted twin have the same (nodes, buffers) but different content;
 /// their probe lines carry different, non-zero `program` identities, each program's
 /// identity is the same on every dispatch, and the report gives two groups.

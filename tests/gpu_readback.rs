@@ -1,4 +1,4 @@
-//! GPU tests of readback and device time at the physical limit (§11, issue 10): small
+//! GPU tests of readback and device time at the physical limit: small
 //! outputs come back through the host-mapped result area the kernel writes itself,
 //! large ones by DMA, and `kernel_stamps_ns` comes from the kernel's `%globaltimer` stamps.
 //! Ignored by default; run on the GPU machine (`gpu_readback`). Every output is

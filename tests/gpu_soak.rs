@@ -1,4 +1,4 @@
-//! GPU soak (issue 13 item 8): 8 threads share one `CudaBackend` for 60 s and mix
+//! GPU soak: 8 threads share one `CudaBackend` for 60 s and mix
 //! every operation a long-lived process performs (compile, a dispatch over host
 //! bytes, a dispatch over device buffers, graph record and replay, allocate,
 //! upload, read and drop),
@@ -63,9 +63,7 @@ fn checked_cases() -> Vec<Checked> {
     (0..CASES)
         .map(|seed| {
             let case = valid_program(0x50a6_0000 + seed, &options);
-            let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-            let expected = vyre_cuda::reference::run(&case.program, &borrowed, &case.config)
-                .unwrap_or_else(|e| panic!("seed {}: reference failed: {e}", case.seed));
+            let expected = support::case_reference(&case, &case.scalars);
             Checked { case, expected }
         })
         .collect()
@@ -117,8 +115,7 @@ fn context(thread: u64, round: u64, checked: &Checked) -> String {
 }
 
 fn borrowed_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
-    let inputs: Vec<&[u8]> = checked.case.inputs.iter().map(|v| v.as_slice()).collect();
-    let got = support::run_host(gpu, &checked.case.program, &inputs, &checked.case.config)
+    let got = support::run_case_host(gpu, &checked.case, &checked.case.scalars)
         .unwrap_or_else(|e| panic!("{at}: dispatch: {e}"));
     assert_eq!(
         got, checked.expected,
@@ -136,7 +133,7 @@ fn resident_dispatch(gpu: &CudaBackend, checked: &Checked, at: &str) {
                 .unwrap_or_else(|e| panic!("{at}: allocate and upload: {e}"))
         })
         .collect();
-    let got = support::run_buffers(gpu, &checked.case.program, &buffers, &checked.case.config)
+    let got = support::run_case_buffers(gpu, &checked.case, &buffers)
         .unwrap_or_else(|e| panic!("{at}: dispatch over buffers: {e}"))
         .outputs;
     assert_eq!(got, checked.expected, "{at}: dispatch over buffers differs");
@@ -176,7 +173,8 @@ fn graph_round(gpu: &CudaBackend, checked: &Checked, replays: u64, counts: &Coun
                 .zip(&case.inputs)
                 .map(|(buffer, input)| rec.upload(buffer, input.len() as u64))
                 .collect::<Result<Vec<_>, _>>()?;
-            rec.dispatch(Dispatch::new(&kernel, &bound).config(&config))?;
+            let request = Dispatch::new(&kernel, &bound).config(&config);
+            rec.dispatch(support::with_scalars(request, &case.program, &case.scalars))?;
             let reads = outputs
                 .iter()
                 .map(|&position| rec.read_back(&buffers[position], 0, buffers[position].len()))

@@ -1,4 +1,4 @@
-//! GPU tests of stitched graphs (§7, issue 14): per-device recorded graphs under one
+//! GPU tests of stitched graphs: per-device recorded graphs under one
 //! parent graph, ordered by edges, with transfers between them. Ignored by default;
 //! run on the GPU machine. Every result is checked against the reference
 //! interpreter (`vyre_cuda::reference`) byte for byte.
@@ -477,4 +477,65 @@ fn stitched_chain_reference_matches_hand_computation() {
     let (_, one) = reference_chain(&random_words(1, N));
     let (_, other) = reference_chain(&random_words(2, N));
     assert_ne!(one, other, "the sum ignores its input");
+}
+
+/// Locks out scalar updates that reach a child's own executable but not the parent's
+/// clone of it, or that a child made before it was stitched loses: a child adding the
+/// scalar `k` to 8 words (`support::add_k`), recorded with `k = 5` and set to 9
+/// before stitching, adds 9 in the parent's replay, 11 after
+/// `StitchedGraph::set_scalar`, and a value of another type is a `Fix:` error that
+/// leaves 11.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_stitch_scalar_updates_reach_the_parent() {
+    use vyre_cuda::ir::*;
+    let gpu = support::backend();
+    let add_k = support::add_k();
+    let config = DispatchConfig::linear(1).with_readback(vyre_cuda::ReadbackPolicy::None);
+    let kernel = gpu.compile(&add_k, &config).unwrap();
+    let acc = gpu.buffer(32).unwrap();
+    let bindings = [Binding::from(&acc)];
+    let mut ids = None;
+    let mut child = gpu
+        .record(|rec| {
+            let input = rec.upload(&acc, 32)?;
+            let request = Dispatch::new(&kernel, &bindings).config(&config);
+            let step = rec.dispatch(request.scalar("k", 5u32))?;
+            let out = rec.read_back(&acc, 0, 32)?;
+            ids = Some((input, step, out));
+            Ok(())
+        })
+        .unwrap();
+    let (input, step, out) = ids.unwrap();
+    child.set_scalar(step, "k", 9u32).unwrap();
+    let mut stitch = StitchBuilder::new();
+    let only = stitch.child(child);
+    let mut parent = stitch.build().unwrap();
+    let replay = |parent: &mut vyre_cuda::graph::StitchedGraph| {
+        parent.input_mut(only, input).unwrap().fill(0);
+        parent.replay().unwrap();
+        words(parent.output(only, out).unwrap())
+    };
+    assert_eq!(
+        replay(&mut parent),
+        [9; 8],
+        "the value set before stitching"
+    );
+    parent.set_scalar(only, step, "k", 11u32).unwrap();
+    assert_eq!(
+        replay(&mut parent),
+        [11; 8],
+        "the value set through the parent"
+    );
+    let m = fix_message(parent.set_scalar(only, step, "k", 1u64).unwrap_err());
+    assert!(m.contains("`k`") && m.contains("u64"), "{m}");
+    assert_eq!(
+        replay(&mut parent),
+        [11; 8],
+        "a refused update changes nothing"
+    );
+    assert_eq!(
+        parent.child(only).unwrap().scalar(step, "k").unwrap(),
+        Literal::U32(11)
+    );
 }

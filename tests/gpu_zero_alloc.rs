@@ -34,8 +34,10 @@ static GLOBAL: Counting = Counting;
 
 /// Locks out heap allocation on the hot path: 1,000 warm `run_into` requests of a
 /// compiled kernel over device buffers into caller buffers allocate nothing (the
-/// request itself included); a negative control (`run`, which returns owned
-/// outputs) shows the counter does see allocations.
+/// request itself included), and 1,000 more of a kernel with four scalar parameters,
+/// each request with new values (the values live inline in the request and the
+/// launch parameters); a negative control (`run`, which returns owned outputs) shows
+/// the counter does see allocations. (One test: the counter is the process's.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
@@ -76,6 +78,61 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
         u32::from_le_bytes(outs[0][..4].try_into().unwrap()),
         host_cost_fixture_expected(9, 64)
     );
+    // The same with scalar values: `out[0] = in[0] + a + u32(b) + u32(c) + u32(d)`
+    // over the two-buffer fixture's `in` and `out`.
+    use vyre_cuda::ir::*;
+    let mut with_scalars = Program::builder([1, 1, 1]);
+    for decl in host_cost_fixture(2, 0).buffers() {
+        with_scalars = with_scalars.buffer_decl(decl.clone());
+    }
+    let with_scalars = with_scalars
+        .scalar("a", ScalarType::U32)
+        .scalar("b", ScalarType::I32)
+        .scalar("c", ScalarType::F32)
+        .scalar("d", ScalarType::U64)
+        .body(|b| {
+            let sum = Expr::load("in", 0u32)
+                + Expr::scalar("a")
+                + Expr::scalar("b").cast(ScalarType::U32)
+                + Expr::scalar("c").cast(ScalarType::U32)
+                + Expr::scalar("d").cast(ScalarType::U32);
+            b.store("out", 0u32, sum);
+        })
+        .build();
+    let scalar_kernel = gpu.compile(&with_scalars, &config).unwrap();
+    let scalar_buffers = [
+        gpu.buffer_from(&[5u32, 0, 0, 0]).unwrap(),
+        gpu.buffer(16).unwrap(),
+    ];
+    let scalar_bindings = [
+        Binding::from(&scalar_buffers[0]),
+        Binding::from(&scalar_buffers[1]),
+    ];
+    let request = |round: u32| {
+        Dispatch::new(&scalar_kernel, &scalar_bindings)
+            .config(&config)
+            .scalar("a", round)
+            .scalar("b", 2i32)
+            .scalar("c", 3.0f32)
+            .scalar("d", 4u64)
+    };
+    let mut out = [0u8; 16];
+    for round in 0..5 {
+        gpu.run_into(request(round), &mut [&mut out]).unwrap();
+    }
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let mut last = 0;
+    for round in 0..1000 {
+        gpu.run_into(request(round), &mut [&mut out]).unwrap();
+        last = u32::from_le_bytes(out[..4].try_into().unwrap());
+        assert_eq!(last, 5 + round + 2 + 3 + 4);
+    }
+    let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(
+        during, 0,
+        "the warm path with scalar values allocated {during} times in 1,000 dispatches"
+    );
+    assert_eq!(last, 5 + 999 + 9);
     // Negative control: the Vec-returning API allocates, and the counter sees it.
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     gpu.run(Dispatch::new(&kernel, &bindings).config(&config))

@@ -1,8 +1,8 @@
-//! Host-cost instruments on the GPU (§6, issue 5 item 4): where a warm resident dispatch's
+//! Host-cost instruments on the GPU: where a warm resident dispatch's
 //! host time goes, measured with the `host_cost` estimators against the raw-driver floor
 //! ([`RawFloor`]) taken in the same run.
 //!
-//! Why these exist: §0 measured the raw driver at 11.8–12.4 µs for launch + one async
+//! Why these exist: we measured the raw driver at 11.8–12.4 µs for launch + one async
 //! readback + one synchronize, while a well-known backend spends 44 µs per resident
 //! dispatch of the 64-node, 9-buffer program, growing with program size. A regression
 //! towards that shows up here as a named cell or phase difference, as a ratio to the
@@ -16,7 +16,7 @@
 //! (for the power instrument) detection rates far from their targets. Noise is printed,
 //! never failed on; no test asserts a wall-clock bound.
 //!
-//! Budget: the calibration targets are shorter than §6's defaults (cells: 5 regions of
+//! Budget: the calibration targets are shorter than the harness's defaults (cells: 5 regions of
 //! about 50 ms after probing to 10 ms, instead of 0.5 s; readback pairs: 10 ABBA rounds
 //! of 20 ms regions; power and interference comparisons: 80 rounds of 5 ms). The power
 //! instrument (80 comparisons, about 2.5 minutes) and the interference instrument (20
@@ -59,7 +59,7 @@ fn pair_options() -> PairOptions {
 
 /// The budget line every instrument prints beside its table.
 const BUDGET_NOTE: &str = "budget: cells = 5 regions of ~50 ms (probes grow to >= 10 ms), \
-     readback pairs = 10 ABBA rounds of ~20 ms regions; shorter than the §6 defaults (0.5 s cells, \
+     readback pairs = 10 ABBA rounds of ~20 ms regions; shorter than the harness defaults (0.5 s cells, \
      0.1 s pair regions) so the host_cost_ set fits a few minutes on the GPU machine. \
      Cells quote the minimum; read the rsd beside it.";
 
@@ -1025,7 +1025,7 @@ fn host_cost_enqueue_components() -> Outcome {
 /// sync), printed as ns per dispatch and ratio to that floor; plus the cold compile time
 /// of each program (single shot).
 ///
-/// Locks out the §0 reference backend's defect: per-dispatch host cost that grows with
+/// Locks out the seed backend's defect: per-dispatch host cost that grows with
 /// program size (44 µs at 64 nodes → 110 µs at 4,096). A flat path keeps the ratio to the
 /// floor flat across the node sweep.
 #[test]
@@ -1099,8 +1099,8 @@ fn host_cost_node_and_buffer_sweep() -> Outcome {
 /// Readback strategy on the raw driver: N blocking 16-byte copies (arm A) against N async
 /// copies + one synchronize (arm B), N = 1, 4, 8, 16, as paired ABBA comparisons.
 ///
-/// Locks out the design mistake §4.5 forbids — one blocking copy per output — by keeping
-/// the measured price of it in every run's output (§0: 107.5 µs vs 36.8 µs at N = 16).
+/// Locks out the design mistake — one blocking copy per output — by keeping
+/// the measured price of it in every run's output (measured: 107.5 µs vs 36.8 µs at N = 16).
 #[test]
 #[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
 fn host_cost_readback_strategy() -> Outcome {
@@ -1272,7 +1272,7 @@ impl PowerRig {
             )));
         }
         // The spin arm's base length: about one dispatch (measured once, quickly), or
-        // §0's launch + readback + synchronize (~10 µs) without a device.
+        // The measured launch + readback + synchronize (~10 µs) without a device.
         let dispatch_ns = match &gpu {
             Some((backend, fixture)) => {
                 let started = Instant::now();
@@ -1284,7 +1284,9 @@ impl PowerRig {
                 started.elapsed().as_secs_f64() * 1e9 / 2_000.0
             }
             None => {
-                println!("no CUDA device: the spin arm is sized to 10 µs (§0's dispatch floor)");
+                println!(
+                    "no CUDA device: the spin arm is sized to 10 µs (the measured dispatch floor)"
+                );
                 10_000.0
             }
         };
@@ -1325,7 +1327,7 @@ impl PowerRig {
 }
 
 /// Prints the reference clock's own between-arm noise in the instruments' shape
-/// (issue 12 item 2: it must sit at or below 0.5 %).
+/// (it must sit at or below 0.5 %).
 fn print_noise_floor(options: &PairOptions, rounds: usize, region_ms: u64) {
     let region = Duration::from_millis(region_ms);
     let started = Instant::now();
@@ -1371,7 +1373,7 @@ fn needed(numerator: usize, runs: usize) -> usize {
     (numerator * runs).div_ceil(20)
 }
 
-/// Power of the paired harness on the GPU machine (issue 5 "Sensitivity", issue 12
+/// Power of the paired harness on the GPU machine (
 /// items 3–4): arm B is arm A plus planted work of +1 %, +2 % and +5 % of arm A's per-unit
 /// time (a calibrated CPU spin appended to each unit), each comparison run 20 times, plus
 /// 20 A/A runs (both arms identical). The arm is a warm resident dispatch of the (9, 64)
@@ -1753,7 +1755,7 @@ impl Competitor {
     }
 }
 
-/// Issue 12 item 3: real interference planted in arm B only must be flagged by the clock
+/// Real interference planted in arm B only must be flagged by the clock
 /// check. Both arms are the same workload (the power instrument's arm); during every one
 /// of arm B's regions (and its warm-up and calibration) a busy competing thread runs on
 /// the same CPU as the measuring thread (both pinned to the CPU the instrument started
@@ -1919,7 +1921,7 @@ fn host_cost_interference_flagged() -> Outcome {
 }
 
 // ---------------------------------------------------------------------------------------
-// 7. Stitched graphs across devices (issue 14, SPEC §7): the cost of one cross-device
+// 7. Stitched graphs across devices: the cost of one cross-device
 // dependency edge against a same-device control, the same-device per-node cost, and a
 // stitched replay of the two-device chain against running its parts eagerly.
 
@@ -2186,4 +2188,191 @@ fn host_cost_graph_cross_device() -> Outcome {
         }
     );
     result
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Persistent lanes.
+
+/// Paired ABBA per fixture shape, (9, 64), (17, 64) and (9, 16384): A = `run` of the
+/// fixture's kernel request over device buffers (a launch and one synchronize), B =
+/// `Lane::run` of the same request on a lane of that kernel (one block); every output
+/// read back on both. Beside them, the raw floor cell (launch + reads + sync) of the
+/// same shape and the lane's own cell, so the lane reads as a ratio to the floor too.
+///
+/// Locks out a lane that drifts back towards the launch floor (a PCIe read more per
+/// request, a record re-read every time, a host wait that sleeps) unseen by the
+/// correctness tests.
+#[test]
+#[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
+fn host_cost_lane_against_eager_dispatch() -> Outcome {
+    let _probe_off = probe_forced_off();
+    banner(
+        "host_cost_lane_against_eager_dispatch",
+        "Paired ABBA: A = run (launch + sync), B = Lane::run of the same kernel request over the \
+         same device buffers, every output read back; ratio B/A < 1 means the lane is cheaper.",
+    );
+    let backend = acquire();
+    let errors = DeviceErrors::default();
+    let mut report = Report::new("host_cost_lane_against_eager_dispatch");
+    let mut rows = Vec::new();
+    for (buffers, nodes) in [(9u32, 64u32), (17, 64), (9, 16384)] {
+        let resident = Resident::new(&backend, buffers, nodes)?;
+        resident.warm(&backend)?;
+        let kernel = backend
+            .compile(&resident.program, &resident.config)
+            .context("compiling the fixture")?;
+        // The floor loads a module: before the lane (module loads may wait for an idle
+        // device; see the lane docs).
+        let mut floor = RawFloor::new(&backend, &resident.program, [1, 1, 1])
+            .context("building the raw-driver floor")?;
+        let lane = backend
+            .lane(&[&kernel], vyre_cuda::backend::LaneOptions::new())
+            .context("building a lane")?;
+        let bindings = resident_bindings(&resident.handles);
+        let request = Dispatch::new(&kernel, &bindings).config(&resident.config);
+        let expected = u64::from(host_cost_fixture_expected(INPUT, resident.chain));
+        let on_lane = lane.run(request).context("a lane request")?;
+        if first_word(&on_lane.outputs) != expected {
+            return Err(Failure(format!(
+                "the lane returned out[0] = {}, expected {expected} ({})",
+                first_word(&on_lane.outputs),
+                resident.label()
+            )));
+        }
+        let reads = resident.outputs();
+        let floor_name = format!(
+            "floor: launch + {reads} reads + sync ({})",
+            resident.label()
+        );
+        let floor_ns = measure_cell(&mut report, &errors, &floor_name, |n| {
+            repeat(n, &errors, &floor_name, || {
+                floor.launch_async_reads_sync(reads)
+            })
+        });
+        let lane_name = format!("Lane::run ({})", resident.label());
+        let lane_ns = measure_cell(&mut report, &errors, &lane_name, |n| {
+            repeat(n, &errors, &lane_name, || {
+                lane.run(request).map(|f| first_word(&f.outputs))
+            })
+        });
+        let name_a = format!("run ({})", resident.label());
+        let name_b = format!("Lane::run ({}) ", resident.label());
+        let paired = measure_pair(
+            &mut report,
+            &errors,
+            (&name_a, |n| {
+                repeat(n, &errors, &name_a, || {
+                    backend.run(request).map(|f| first_word(&f.outputs))
+                })
+            }),
+            (&name_b, |n| {
+                repeat(n, &errors, &name_b, || {
+                    lane.run(request).map(|f| first_word(&f.outputs))
+                })
+            }),
+            &pair_options(),
+        );
+        rows.push((resident.label(), floor_ns, lane_ns, paired));
+        drop(lane);
+    }
+    let result = finish(&report, &errors);
+    println!(
+        "\n{:<26} {:>12} {:>12} {:>12} {:>12} {:>10} {:<13}",
+        "shape", "floor ns", "lane ns", "lane/floor", "run ns", "lane/run", "verdict"
+    );
+    for (label, floor_ns, lane_ns, paired) in rows {
+        match paired {
+            Some(p) => println!(
+                "{:<26} {:>12} {:>12} {:>12} {:>12.1} {:>10.3} {:<13}",
+                label,
+                ns(floor_ns),
+                ns(lane_ns),
+                ratio(lane_ns, floor_ns),
+                p.minimum_ns_per_unit_a,
+                p.median_ratio,
+                verdict(&p)
+            ),
+            None => println!("{label:<26} (comparison failed, see above)"),
+        }
+    }
+    result
+}
+
+/// The board's power draw with no lane, with an idle lane whose poller spins, and with
+/// an idle lane whose poller sleeps 100 µs between polls (`LaneOptions::poll_sleep`):
+/// `nvidia-smi --query-gpu=power.draw` sampled 20 times over 2 s each. Prints the three
+/// means; without `nvidia-smi` it says how to take the figure by hand.
+///
+/// Locks out an idle cost nobody measured: what a lane that waits for requests costs
+/// in watts is printed by every run of the instruments.
+#[test]
+#[ignore = "host-cost instrument: needs a CUDA device; run with --ignored --nocapture host_cost"]
+fn host_cost_lane_idle_power() -> Outcome {
+    let _probe_off = probe_forced_off();
+    banner(
+        "host_cost_lane_idle_power",
+        "Board power (nvidia-smi power.draw, W): no lane, an idle lane spinning on its doorbell, an \
+         idle lane sleeping 100 us between polls.",
+    );
+    let backend = acquire();
+    let ordinal = backend.ordinal();
+    let sample = || -> Option<f64> {
+        let output = std::process::Command::new("nvidia-smi")
+            .args([
+                "--query-gpu=power.draw",
+                "--format=csv,noheader,nounits",
+                &format!("--id={ordinal}"),
+            ])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+    };
+    if sample().is_none() {
+        println!(
+            "nvidia-smi is not available here: measure by hand with `nvidia-smi --query-gpu=power.draw \
+             --format=csv -lms 100` while a program holds an idle lane (and while it holds none)"
+        );
+        return Ok(());
+    }
+    let mean_over = |what: &str| -> f64 {
+        let mut samples = Vec::new();
+        for _ in 0..20 {
+            if let Some(watts) = sample() {
+                samples.push(watts);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
+        println!("{what:<44} {mean:>8.1} W ({} samples)", samples.len());
+        mean
+    };
+    let program = host_cost_fixture(2, chain_for_nodes(64));
+    let kernel = backend
+        .compile(&program, &DispatchConfig::linear(1))
+        .context("compiling the fixture")?;
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = mean_over("no lane");
+    let spinning = {
+        let _lane = backend
+            .lane(&[&kernel], vyre_cuda::backend::LaneOptions::new())
+            .context("building a spinning lane")?;
+        std::thread::sleep(Duration::from_millis(500));
+        mean_over("idle lane, poller spinning")
+    };
+    let sleeping = {
+        let _lane = backend
+            .lane(
+                &[&kernel],
+                vyre_cuda::backend::LaneOptions::new().poll_sleep(Duration::from_micros(100)),
+            )
+            .context("building a sleeping lane")?;
+        std::thread::sleep(Duration::from_millis(500));
+        mean_over("idle lane, poller sleeping 100 us")
+    };
+    println!(
+        "idle lane costs {:+.1} W spinning, {:+.1} W sleeping 100 us between polls",
+        spinning - idle,
+        sleeping - idle
+    );
+    Ok(())
 }

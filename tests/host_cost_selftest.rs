@@ -1,4 +1,4 @@
-//! Self-tests of the host-cost harness (§6) on the CPU: no GPU, not ignored.
+//! Self-tests of the host-cost harness on the CPU: no GPU, not ignored.
 //!
 //! Two kinds of test live here. Estimator tests feed fixed or synthetic samples to the
 //! pure functions and assert exact arithmetic. Timing tests run real closures with small
@@ -79,7 +79,7 @@ fn steady_clock() -> ClockDrift {
 // ---------------------------------------------------------------------------------------
 
 /// Locks out an off-by-one in the byte cap (a file exactly at the cap rejected, or one
-/// byte over accepted) and a missing file being treated as an error: §6 says a file at
+/// byte over accepted) and a missing file being treated as an error: the harness's rule is that a file at
 /// the cap is accepted, over it rejected, missing → none.
 #[test]
 fn read_capped_accepts_at_cap_rejects_one_over_and_maps_missing_to_none() {
@@ -610,7 +610,7 @@ fn fake_sysfs(root: &Path, khz: &[Option<&str>]) -> ClockOptions {
     }
 }
 
-/// Locks out a silently inert drift check (§0: the GPU VM has no cpufreq): without
+/// Locks out a silently inert drift check (the GPU VM has no cpufreq): without
 /// cpufreq nodes the monitor falls back to the spin reference and still produces a drift
 /// figure and names its source; with nodes present (negative control) it uses cpufreq.
 #[test]
@@ -770,7 +770,7 @@ fn report_child_finishes_a_report() {
 }
 
 /// Locks out `Report::finish` writing under `target/` when the build lives in
-/// `$CARGO_TARGET_DIR` (issue 22), or anywhere but `$VYRE_HOST_COST_REPORT_DIR` when
+/// `$CARGO_TARGET_DIR`, or anywhere but `$VYRE_HOST_COST_REPORT_DIR` when
 /// that is set: this binary runs its child test with the variables set as a user would
 /// and looks for the files. Negative control: with neither variable the files land in
 /// `target/host-cost` under the child's working directory, and nowhere else.
@@ -829,7 +829,7 @@ fn report_finish_writes_where_the_environment_says() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 12: the between-arm clock gap is the verdict; issue 13: bounded inputs.
+// The between-arm clock gap is the verdict; inputs are bounded.
 // ---------------------------------------------------------------------------------------
 
 /// An A/A region stream (every region 2 ms, 1000 units) of `rounds` ABBA rounds.
@@ -860,7 +860,7 @@ fn compare_with_clock(rounds: usize, clock: ClockDrift) -> Paired {
     .expect("valid samples")
 }
 
-/// Locks out the seed's rule going missing (issue 12 item 1): a clock 3 % slower under
+/// Locks out the seed's rule going missing: a clock 3 % slower under
 /// every region of arm B than under arm A's is flagged and makes the comparison
 /// unpublishable (`ClockGapTooLarge`, gap 3 %), though the clock is perfectly steady
 /// within each arm. Negative control: the same clock with no gap is publishable.
@@ -889,7 +889,7 @@ fn a_three_percent_between_arm_gap_is_flagged() {
     assert!(!even.clock.flagged);
 }
 
-/// Locks out the rule that made the GPU machine's comparisons unpublishable (issue 12):
+/// Locks out the rule that made the GPU machine's comparisons unpublishable:
 /// a reference that jitters by ±15 % from region to region, identically for both arms,
 /// is not flagged and the comparison stays publishable, while its jitter is still
 /// reported (≥ 15 %, as an advisory). Negative control: the same jitter plus a 3 %
@@ -963,7 +963,7 @@ fn between_arm_gap_on_fixed_figures() {
     );
 }
 
-/// Locks out an inexact or unbounded sign test (issue 13: `sign_test_p_value(10¹¹, 0)`
+/// Locks out an inexact or unbounded sign test (`sign_test_p_value(10¹¹, 0)`
 /// looped 10¹¹ times): values match exact rational arithmetic (computed with Python's
 /// `fractions`), and huge counts return at once (0 for a lopsided split, 1 for an even
 /// one, a correct tail just past the centre).
@@ -993,7 +993,7 @@ fn sign_test_is_exact_and_bounded() {
     assert!((p - 0.3173).abs() < 1e-3, "{p}");
 }
 
-/// Locks out an overflowing busy sum (issue 13: a debug panic, a wrong figure in
+/// Locks out an overflowing busy sum (a debug panic, a wrong figure in
 /// release): two CPUs at `u64::MAX` busy jiffies weigh equally.
 #[test]
 fn busy_weighted_mhz_cannot_overflow() {
@@ -1003,7 +1003,7 @@ fn busy_weighted_mhz_cannot_overflow() {
     assert!((mhz - 2000.0).abs() < 1e-9, "{mhz}");
 }
 
-/// Locks out `read_capped` opening a FIFO (issue 13: `open` blocked forever) or
+/// Locks out `read_capped` opening a FIFO (`open` blocked forever) or
 /// streaming a device: a FIFO, a directory and `/dev/zero` are refused as
 /// `NotRegularFile` before any open. The read runs on a helper thread so a regression
 /// fails the test instead of hanging it (a liveness guard, not a time bound).
@@ -1050,7 +1050,7 @@ fn read_capped_refuses_anything_but_a_regular_file() {
     );
 }
 
-/// Locks out options that panic, exhaust memory or hang (issue 13: `CellOptions.regions
+/// Locks out options that panic, exhaust memory or hang (`CellOptions.regions
 /// = usize::MAX` panicked, `PairOptions.rounds = 2⁶²` panicked, `ClockOptions
 /// .spin_repeats = usize::MAX` hung): every bounded field out of bounds is refused by
 /// `validate` and by the measurement itself, with an `InvalidOptions` naming the field
@@ -1157,7 +1157,7 @@ fn every_option_out_of_bounds_is_refused_with_its_field() {
     );
 }
 
-/// Locks out bad clock files being fatal or trusted (issue 12 "Bad input"): garbage
+/// Locks out bad clock files being fatal or trusted: garbage
 /// `/proc/stat`, a garbage cpufreq value, and a missing or garbage schedstat each leave
 /// a working monitor on the spin reference with a note, and the run still yields one
 /// figure per region. Negative control: a schedstat file that reports a run-queue delay
@@ -1241,7 +1241,7 @@ fn reference_noise_floor_reports_one_gap_per_trial() {
 #[path = "affinity/mod.rs"]
 mod affinity;
 
-/// Locks out a clock check that is blind to interference confined to one arm (issue 12
+/// Locks out a clock check that is blind to interference confined to one arm (
 /// item 3, on the CPU): with the measuring thread and a busy competitor pinned to one
 /// CPU, and the competitor running only inside arm B's regions, the real
 /// `Paired::compare` flags the clock (between-arm gap above 2 %) — the spin reference

@@ -1,4 +1,4 @@
-//! Hostile programs through every public walk of the IR (issue 13, §1): a program
+//! Hostile programs through every public walk of the IR: a program
 //! nested 10⁶ deep, walked on a spawned thread with a 2 MiB stack (what a caller on a
 //! worker pool has), and a program of 64 levels of shared blocks (`b = [If { then:
 //! b, else: b }]`, a tree of 2⁶⁴ nodes in a few kilobytes). Each walk must finish

@@ -1,5 +1,5 @@
 //! Hostile input through lowering, PTX generation and the reference interpreter
-//! (issue 13): nesting 10^6 deep on a 2 MiB thread, blocks shared 2^64 ways, 1 MiB
+//!: nesting 10^6 deep on a 2 MiB thread, blocks shared 2^64 ways, 1 MiB
 //! names, subgroup sizes that do not match, grids too large to hold, runaway work.
 //! Every entry point must answer promptly with a `Fix:` error (or the right result),
 //! never overflow the stack, hang, or allocate gigabytes.
@@ -308,7 +308,7 @@ fn ptx_of_many_shared_copies_stops_at_the_size_limit() {
         }
         other => panic!("expected TooLarge, got {:?}", other.map(|p| p.len())),
     }
-    // The largest program the §0 comparison uses (4,096 nodes, 9 buffers) is far
+    // The largest program the seed comparison uses (4,096 nodes, 9 buffers) is far
     // below the limit.
     let fixture =
         vyre_cuda::fixtures::host_cost_fixture(9, vyre_cuda::fixtures::chain_for_nodes(4096));
@@ -568,7 +568,7 @@ fn empty_with_workgroup_memory(elem: ElemType, count: u32) -> Program {
         .build()
 }
 
-/// Defect locked out (issue 22): zeroing workgroup memory at the start of each kernel
+/// Defect locked out: zeroing workgroup memory at the start of each kernel
 /// run was not work, so an empty program with a 48 KiB workgroup buffer and
 /// `fixpoint_iterations = u32::MAX` was charged one unit per run and zeroed 48 KiB
 /// 2^31 times before the cap stopped it (over ten minutes). It must end with the
@@ -687,7 +687,7 @@ fn expression_nodes_count_against_the_work_cap() {
 
 /// Measurement (not a guard; no time is asserted): how long the default work cap
 /// lets a runaway program run before its `Err`. The program is a valid 1,024-thread
-/// loop of `u32::MAX` iterations over a few statements (issue 13's 83-node program
+/// loop of `u32::MAX` iterations over a few statements (a hostile 83-node program
 /// ran 48 s under the old cap), and a one-thread `while true`. Run with
 /// `cargo test --release --test hostile_lowering -- --ignored --nocapture reference_work_cap_figures`.
 #[test]
@@ -752,7 +752,7 @@ fn reference_work_cap_figures() {
         "default work cap: one-thread `while true` stopped after {:.2} s: {error}",
         started.elapsed().as_secs_f64()
     );
-    // Issue 22's run: an empty body, 48 KiB of workgroup memory, u32::MAX runs.
+    // The measured run: an empty body, 48 KiB of workgroup memory, u32::MAX runs.
     let started = std::time::Instant::now();
     let outcome = reference::run_with_options(
         &empty_with_workgroup_memory(ElemType::U32, 48 * 1024 / 4),

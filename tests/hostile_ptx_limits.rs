@@ -1,5 +1,5 @@
 //! The kernel-parameter limit in the validator, checked against NVIDIA's `ptxas`
-//! (issue 13, §1, §2): 363 global buffers passed validation and PTX emission, then
+//!: 363 global buffers passed validation and PTX emission, then
 //! `ptxas -arch=sm_90` refused the kernel ("uses too much parameter space", limit
 //! 0x1100 bytes), which on the GPU is a late, unexplained module-load error.
 //!
@@ -142,5 +142,73 @@ fn ptxas_accepts_the_limit_and_refuses_one_past_it() {
     );
     let refusal = ptxas::assemble(&ptxas, "past_limit", &one_more)
         .expect_err("ptxas must refuse 363 buffers");
+    assert!(refusal.contains("parameter space"), "{refusal}");
+}
+
+/// `program_with_buffers(buffers)` that also declares `scalars` u32 scalars and adds
+/// each into element 0 of the first buffer (so each is a parameter the kernel uses).
+fn program_with_buffers_and_scalars(buffers: u32, scalars: u32) -> Program {
+    let base = program_with_buffers(buffers);
+    let mut builder = Program::builder([32, 1, 1]);
+    for decl in base.buffers() {
+        builder = builder.buffer_decl(decl.clone());
+    }
+    for index in 0..scalars {
+        builder = builder.scalar(format!("s{index}"), ScalarType::U32);
+    }
+    builder
+        .nodes(base.entry().iter().cloned())
+        .body(|b| {
+            for index in 0..scalars {
+                let name = format!("s{index}");
+                b.store(
+                    "b0",
+                    0u32,
+                    Expr::load("b0", 0u32) + Expr::scalar(name.as_str()),
+                );
+            }
+        })
+        .build()
+}
+
+/// Locks out scalar parameters left out of the parameter-space limit (a kernel of
+/// 362 buffers and a few scalars passing validation, then refused by ptxas): at 362
+/// buffers two `u32` scalars fill the 4,352 bytes exactly and assemble, a third is
+/// refused by the validator with a `Fix:` naming the scalars, and ptxas refuses the
+/// at-limit module with one more `.u32` parameter spliced in. The byte count follows
+/// the ABI (a `u64` scalar aligned to 8).
+#[test]
+fn scalars_share_the_parameter_space() {
+    use vyre_cuda::ir::validate::kernel_parameter_bytes;
+    let u64_scalar = [ScalarDecl::new("w", ScalarType::U64)];
+    assert_eq!(kernel_parameter_bytes(1, &u64_scalar), 12 + 4 + 8);
+    assert_eq!(kernel_parameter_bytes(2, &u64_scalar), 24 + 8);
+    let at_limit = program_with_buffers_and_scalars(MAX_GLOBAL_BUFFERS, 2);
+    validate(&at_limit, &Limits::default()).expect("362 buffers and 2 scalars fit");
+    let past = program_with_buffers_and_scalars(MAX_GLOBAL_BUFFERS, 3);
+    let error = validate(&past, &Limits::default()).expect_err("a third scalar");
+    assert_eq!(error.rule(), Rule::TooManyBuffers, "{error}");
+    for figure in ["Fix:", "362 global buffers", "3 scalars", "4356", "4352"] {
+        assert!(error.message().contains(figure), "lacks {figure}: {error}");
+    }
+    validate(
+        &program_with_buffers_and_scalars(MAX_GLOBAL_BUFFERS - 1, 3),
+        &Limits::default(),
+    )
+    .expect("one buffer fewer makes room");
+    let Some(ptxas) = ptxas::require("scalars_share_the_parameter_space") else {
+        return;
+    };
+    let ptx = program_to_ptx(&at_limit, &CodegenOptions::default(), 90, 32).expect("emits");
+    ptxas::assemble(&ptxas, "scalar_limit", &ptx)
+        .unwrap_or_else(|e| panic!("ptxas refused 362 buffers and 2 scalars: {e}"));
+    let entry = ".visible .entry vyre_entry(";
+    let one_more = ptx.replacen(
+        entry,
+        &format!("{entry}\n\t.param .u32 vyre_scalar_extra,"),
+        1,
+    );
+    let refusal = ptxas::assemble(&ptxas, "scalar_past_limit", &one_more)
+        .expect_err("ptxas must refuse one more scalar");
     assert!(refusal.contains("parameter space"), "{refusal}");
 }

@@ -5,7 +5,7 @@
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::ir::*;
 
-/// The §6 host-cost fixture written out by hand: `in`, `out`, `scratch1..scratch3`,
+/// The host-cost fixture written out by hand: `in`, `out`, `scratch1..scratch3`,
 /// `acc0 = in[0]`, `accK = acc(K-1) + K` for K in 1..=4, `out[0] = acc4`.
 fn fixture() -> Program {
     Program::builder([1, 1, 1])
@@ -55,7 +55,7 @@ fn fixture() -> Program {
         .build()
 }
 
-/// Locks out re-walking a program for its digest on every use (§0: per-dispatch cost
+/// Locks out re-walking a program for its digest on every use (measured: per-dispatch cost
 /// growing with program size): 1,000 clones digested cost exactly one computation.
 #[test]
 fn digest_is_computed_once_and_shared_by_clones() {
@@ -796,4 +796,163 @@ fn the_fixture_validates() {
         assert_eq!(p.entry().len(), steps as usize + 2);
         assert_eq!(validate(&p, &Limits::default()).map(|_| ()), Ok(()));
     }
+}
+
+// ---- scalar parameters ------------------------------------------------------------
+
+/// `out[0] = scalar(first) + u32(scalar(second))` over scalars declared in `order`.
+fn with_scalars(scalars: &[(&str, ScalarType)], read: &str) -> Program {
+    let mut builder = Program::builder([1, 1, 1]).buffer(
+        "out",
+        0,
+        Access::WriteOnly,
+        ElemType::U32,
+        BufferCount::Static(1),
+    );
+    for &(name, ty) in scalars {
+        builder = builder.scalar(name, ty);
+    }
+    builder
+        .body(|b| {
+            b.store(
+                "out",
+                0u32,
+                Expr::scalar(read) + Expr::scalar("second").cast(ScalarType::U32),
+            );
+        })
+        .build()
+}
+
+/// Locks out a digest blind to the scalar declarations (two kernels with other
+/// parameter lists would share one PTX cache entry and be launched with the wrong
+/// parameters): the name, the type, the order and the number of declarations and
+/// which scalar an expression reads each move the digest. Negative controls: a
+/// rebuilt equal program keeps it, and a program without scalars keeps the encoding
+/// it had before scalars existed (`digest_is_sha256_of_the_documented_encoding`,
+/// `core_only_generator_options_reproduce_earlier_programs`).
+#[test]
+fn scalar_declarations_move_the_digest() {
+    use ScalarType::*;
+    let base = with_scalars(&[("first", U32), ("second", F32)], "first");
+    let variants = [
+        (
+            "name",
+            with_scalars(&[("other", U32), ("second", F32)], "first"),
+        ),
+        (
+            "type",
+            with_scalars(&[("first", U32), ("second", I32)], "first"),
+        ),
+        (
+            "order",
+            with_scalars(&[("second", F32), ("first", U32)], "first"),
+        ),
+        (
+            "one more",
+            with_scalars(&[("first", U32), ("second", F32), ("third", Bool)], "first"),
+        ),
+        (
+            "read",
+            with_scalars(&[("first", U32), ("second", F32)], "second"),
+        ),
+    ];
+    let mut seen = std::collections::HashMap::new();
+    seen.insert(base.digest(), "base");
+    for (what, variant) in &variants {
+        assert_ne!(variant, &base, "{what}");
+        if let Some(previous) = seen.insert(variant.digest(), what) {
+            panic!("{what} has the same digest as {previous}");
+        }
+    }
+    let rebuilt = with_scalars(&[("first", U32), ("second", F32)], "first");
+    assert_eq!(rebuilt.digest(), base.digest());
+    assert_eq!(rebuilt, base);
+}
+
+/// Locks out a drift between the documented encoding of scalar declarations and the
+/// digest: bit 1 of the flags byte, the count, then each name and type tag, and an
+/// `Expr::Scalar` as tag 12 and its name.
+#[test]
+fn scalar_encoding_is_the_documented_one() {
+    let program = Program::builder([1, 1, 1])
+        .buffer(
+            "o",
+            0,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .scalar("k", ScalarType::U64)
+        .body(|b| {
+            b.store("o", 0u32, Expr::scalar("k"));
+        })
+        .build();
+    let mut block = b"block".to_vec();
+    block.extend(1u32.to_le_bytes());
+    block.push(2); // store
+    block.extend(1u32.to_le_bytes());
+    block.extend(b"o");
+    block.extend([0, 0]); // index: literal u32
+    block.extend(0u32.to_le_bytes());
+    block.push(12); // value: scalar
+    block.extend(1u32.to_le_bytes());
+    block.extend(b"k");
+    let mut bytes = b"vyre-cuda program v2".to_vec();
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(b"o");
+    bytes.extend(0u32.to_le_bytes());
+    bytes.extend([2, 4, 1]); // write_only, u64, runtime
+    for w in [1u32, 1, 1] {
+        bytes.extend(w.to_le_bytes());
+    }
+    bytes.push(0); // no entry op id
+    bytes.push(2); // composable, scalars follow
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(b"k");
+    bytes.push(ScalarType::U64 as u8);
+    bytes.extend(sha256(&block));
+    assert_eq!(program.digest().0, sha256(&bytes));
+}
+
+/// Locks out scalar parameters the printer hides (a failing test would show a
+/// program without the parameters it reads): each declaration is a line after the
+/// buffers, in order, and a read prints as `scalar(name)`; the builder's lookups
+/// give positions in declaration order.
+#[test]
+fn scalar_parameters_print_and_resolve() {
+    let program = with_scalars(
+        &[("first", ScalarType::U32), ("second", ScalarType::F32)],
+        "first",
+    );
+    let text = program.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[1], "  @binding(0) write_only out: u32[1]");
+    assert_eq!(lines[2], "  scalar first: u32");
+    assert_eq!(lines[3], "  scalar second: f32");
+    assert!(
+        text.contains("out[0u] = (scalar(first) + u32(scalar(second)));"),
+        "{text}"
+    );
+    assert_eq!(program.scalars().len(), 2);
+    let (position, decl) = program.scalar("second").expect("declared");
+    assert_eq!((position, decl.ty), (1, ScalarType::F32));
+    assert!(program.scalar("third").is_none());
+    assert_eq!(
+        ScalarDecl::new("k", ScalarType::Bool).to_string(),
+        "scalar k: bool"
+    );
+    // Values are literals: every type round-trips through its bit pattern.
+    for value in [
+        Literal::U32(7),
+        Literal::I32(-7),
+        Literal::F32(-0.5),
+        Literal::Bool(true),
+        Literal::U64(u64::MAX),
+        Literal::I64(i64::MIN),
+    ] {
+        assert_eq!(Literal::from_bits(value.ty(), value.bits()), value);
+    }
+    assert_eq!(Literal::from(2u64), Literal::U64(2));
 }

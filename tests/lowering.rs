@@ -1,4 +1,4 @@
-//! Tests of `lower_workgroup_reductions` (§2): identity of no-op lowerings, memoised
+//! Tests of `lower_workgroup_reductions`: identity of no-op lowerings, memoised
 //! repeat calls, rewrites that change the digest (so a PTX cache can never serve the
 //! un-lowered program's code), nested reductions, the exact shape codegen receives,
 //! and semantic equivalence under the reference interpreter.
@@ -271,7 +271,11 @@ fn expr_has_subgroup_op(expr: &Expr) -> bool {
         Expr::SubgroupReduce { .. }
         | Expr::SubgroupShuffleXor { .. }
         | Expr::SubgroupScan { .. } => true,
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => false,
+        Expr::Literal(_)
+        | Expr::Var(_)
+        | Expr::Length { .. }
+        | Expr::Scalar(_)
+        | Expr::Builtin(_) => false,
         Expr::Load { index, .. } => expr_has_subgroup_op(index),
         Expr::Binary { lhs, rhs, .. } => expr_has_subgroup_op(lhs) || expr_has_subgroup_op(rhs),
         Expr::Unary { operand, .. } => expr_has_subgroup_op(operand),

@@ -295,6 +295,13 @@ fn reference_answers_every_parity_case_as_cuda_does() {
         ("buffer: u64::MAX bytes", "OverBudget"),
         ("buffer: 1 << 40 bytes", "OverBudget"),
         ("run: a zeroed binding of 1 << 40 bytes", "BadInput"),
+        ("scalar: no value for one", "BadInput"),
+        ("scalar: a value of another type", "BadInput"),
+        ("scalar: an undeclared name", "BadInput"),
+        ("scalar: submit without a value", "BadInput"),
+        ("scalar: record without a value", "BadInput"),
+        ("graph: set_scalar of another type", "BadInput"),
+        ("graph: set_scalar of an undeclared name", "BadInput"),
     ];
     for (name, kind) in expected_refusals {
         let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
@@ -318,6 +325,36 @@ fn reference_answers_every_parity_case_as_cuda_does() {
         vec![vec![vyre_cuda::backend::MAX_PENDING as u8]]
     );
     assert_eq!(ran("compile: a valid program"), Vec::<Vec<u8>>::new());
+    let plus = |k: u32| bytes(&(0..64).map(|v| v + k).collect::<Vec<u32>>());
+    assert_eq!(ran("scalar: values reach the kernel"), vec![plus(5)]);
+    assert_eq!(ran("scalar: new values, the same kernel"), vec![plus(1000)]);
+    assert_eq!(ran("scalar: the last of two values"), vec![plus(1)]);
+    assert_eq!(ran("scalar: a program request"), vec![plus(7)]);
+    assert_eq!(ran("scalar: run_into with values"), vec![plus(2)]);
+    let first = |k: u32| plus(k)[..16].to_vec();
+    assert_eq!(
+        ran("graph: a step's scalars set between replays"),
+        vec![first(3), first(40), first(0), 40u64.to_le_bytes().to_vec()]
+    );
+    assert_eq!(
+        ran("graph: the value a refused update left"),
+        vec![40u64.to_le_bytes().to_vec()]
+    );
+    for (case, names) in [
+        ("scalar: no value for one", ["`on`", ".scalar(\"on\""]),
+        ("scalar: a value of another type", ["`k`", "i32"]),
+        ("scalar: an undeclared name", ["`kk`", "k: u32, on: bool"]),
+        ("graph: set_scalar of another type", ["`k`", "f32"]),
+    ] {
+        let (_, message) = seen
+            .iter()
+            .find(|(name, _)| *name == case)
+            .and_then(|(_, outcome)| outcome.refused())
+            .unwrap();
+        for name in names {
+            assert!(message.contains(name), "{case}: {message}");
+        }
+    }
     let message = seen
         .iter()
         .find(|(case, _)| *case == "grid: y = 70,000 workgroups")
@@ -364,4 +401,73 @@ fn reference_options_are_reachable_through_any_backend() {
     assert!(default
         .run(Dispatch::new(&kernel, &bindings).config(&config))
         .is_ok());
+}
+
+/// Locks out a scalar value that becomes part of the program, and so of its digest,
+/// its PTX and every cache key built on them (a new value would then mean new PTX
+/// and a driver JIT per value): `plus_k` dispatched through the reference backend
+/// with three values gives three answers, while its digest and its PTX (plain and
+/// with the result ABI) stay what they were before the first dispatch and no
+/// dispatch computes a digest. The GPU half, `gpu_scalar_values_reach_the_kernel_
+/// through_one_module`, counts the PTX and module caches. Negative control: the
+/// same program with a literal in place of the scalar has another digest and PTX.
+#[test]
+fn scalar_values_never_reach_the_program_or_its_ptx() {
+    use vyre_cuda::codegen::{program_to_ptx, program_to_ptx_with_results};
+    use vyre_cuda::ir::computations_on_current_thread;
+    let program = support::parity::plus_k();
+    let codegen = vyre_cuda::CodegenOptions::default();
+    let digest = program.digest();
+    let plain = program_to_ptx(&program, &codegen, 90, 32).unwrap();
+    let with_results = program_to_ptx_with_results(&program, &codegen, 90, 32).unwrap();
+    let backend = AnyBackend::reference();
+    let values: Vec<u32> = (0..64).collect();
+    let bindings = [Binding::host(&values), Binding::zeroed::<u32>(64)];
+    let digests = computations_on_current_thread();
+    for k in [1u32, 2, 0xdead_beef] {
+        let request = Dispatch::program(&program, &bindings)
+            .scalar("k", k)
+            .scalar("on", true);
+        let finished = backend.run(request).unwrap();
+        let got = finished.outputs.read::<u32>("dst").unwrap();
+        assert_eq!(got[3], 3u32.wrapping_add(k));
+    }
+    assert_eq!(
+        computations_on_current_thread(),
+        digests,
+        "no dispatch digests"
+    );
+    assert_eq!(program.digest(), digest);
+    assert_eq!(program_to_ptx(&program, &codegen, 90, 32).unwrap(), plain);
+    assert_eq!(
+        program_to_ptx_with_results(&program, &codegen, 90, 32).unwrap(),
+        with_results
+    );
+    let literal = support::elementwise("plus_k", 64, |v| v + vyre_cuda::ir::Expr::u32(2));
+    assert_ne!(literal.digest(), digest);
+    assert_ne!(program_to_ptx(&literal, &codegen, 90, 32).unwrap(), plain);
+}
+
+/// Locks out a repeated request that runs with stale scalar values, or with a value
+/// it no longer gives: one kernel request over the same owned buffers, repeated with
+/// new values through `run` and `run_into` (`support::repeated_scalar_requests`, the
+/// request whose plan, addresses and routes a blocking CUDA dispatch reuses), reads
+/// back the reference interpreter's answer for its own values every round, and the
+/// request without its last value is refused with a `Fix:` error naming it. The
+/// CUDA half is `gpu_a_repeated_request_passes_its_own_scalar_values`. Negative
+/// control: every round's expected answer differs from the round before, so a stale
+/// value would fail.
+#[test]
+fn a_repeated_request_passes_its_own_scalar_values() {
+    let values = support::repeated_scalar_values();
+    let (rounds, error) = support::repeated_scalar_requests(&AnyBackend::reference(), &values);
+    let expected = support::expected_scalar_rounds(&values);
+    assert_eq!(rounds, expected);
+    for pair in expected.windows(2) {
+        assert_ne!(pair[0], pair[1], "negative control: the rounds differ");
+    }
+    assert!(
+        error.starts_with("Fix:") && error.contains("s_i64"),
+        "{error}"
+    );
 }

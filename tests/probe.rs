@@ -1,4 +1,4 @@
-//! Tests of the dispatch phase probe (§5) and its report tool.
+//! Tests of the dispatch phase probe and its report tool.
 //!
 //! Tests that switch the probe take [`probe::override_enabled`], which
 //! serializes them across the test threads of this binary. The subprocess test
@@ -21,8 +21,8 @@ use vyre_cuda::probe::{
     PHASE_COUNT,
 };
 
-/// The key list exactly as §5 of the SPEC writes it.
-const SPEC_KEYS: &str = "seq= nodes= ptx_bytes= buffers= bindings= fixpoint= \
+/// The key list exactly as the README documents it.
+const DOCUMENTED_KEYS: &str = "seq= nodes= ptx_bytes= buffers= bindings= fixpoint= \
 grid_blocks= wall_ns= enqueue_ns= wait_ns= device_window_ns= kernel_ns= prepare_ns= \
 ptx_ns= modkey_ns= stage_ns= resolve_ns= lease_ns= launch_ns= release_ns= \
 readback_ns= sub_ptx_digest_ns= sub_ptx_vsa_ns= named_host_ns= unattributed_ns= \
@@ -31,10 +31,10 @@ ptx_cache_hits= ptx_cache_misses=";
 /// Environment marker that turns a re-executed test into the child side.
 const CHILD_MARKER: &str = "VYRE_CUDA_PROBE_TEST_CHILD";
 
-/// §5's keys, then the fields appended after it (issue 12: `program`, at the end so a
+/// The documented keys, then the fields appended after it (`program`, at the end so a
 /// consumer that reads the documented order is not disturbed).
 fn spec_keys() -> Vec<&'static str> {
-    SPEC_KEYS
+    DOCUMENTED_KEYS
         .split_whitespace()
         .map(|key| key.trim_end_matches('='))
         .chain(["program"])
@@ -105,7 +105,7 @@ fn phase_indices_fit_the_accumulator_and_labels_are_distinct() {
     assert_eq!(first_duplicate(repeated), Some("stage"));
 }
 
-/// Locks out a line whose keys drift from the SPEC's order (a consumer that
+/// Locks out a line whose keys drift from the documented order (a consumer that
 /// splits on position would misread every field after the drift).
 #[test]
 fn line_keys_follow_the_spec_order() {
@@ -679,7 +679,7 @@ fn overrides_nest_and_restore() {
 }
 
 // ---------------------------------------------------------------------------
-// Issue 12 item 5 and issue 13 item 7: program identity, sinks, bounded report.
+// Program identity, sinks, bounded report.
 
 fn record_line(program: u64, nodes: u64, wall_ns: u64) -> String {
     probe::format_line(&DispatchRecord {
@@ -692,7 +692,7 @@ fn record_line(program: u64, nodes: u64, wall_ns: u64) -> String {
     })
 }
 
-/// Locks out the report merging two kernels of the same shape (issue 12 item 5): two
+/// Locks out the report merging two kernels of the same shape: two
 /// programs with the same (nodes, buffers) but different identities are two groups,
 /// each with its own dispatches; the identity round-trips as 16 hex digits at the end
 /// of the line. Negative control: the same identity is one group.
@@ -722,7 +722,7 @@ fn report_groups_by_program_identity() {
 }
 
 /// Locks out a parser that accepts duplicate or overflowing fields, or a report that
-/// drops the reason (issue 12 "Bad input"): each bad line is refused with its own
+/// drops the reason: each bad line is refused with its own
 /// reason, counted by reason in the report, and the good line among them still counts.
 /// A line from before `program` existed still parses (identity 0).
 #[test]
@@ -763,7 +763,7 @@ fn bad_probe_lines_are_refused_with_their_reason() {
     assert!(render_table(&summary).contains("line 2: duplicate key `seq`"));
 }
 
-/// Locks out a report that reads its whole input before parsing (issue 13: `/dev/zero`
+/// Locks out a report that reads its whole input before parsing (`/dev/zero`
 /// grew to 3 GB): a reader that yields 16 MiB of one endless line, then a good probe
 /// line, is summarized as one malformed over-long line and one record, and the report
 /// never holds more than its line cap (the reader is a generator, not a buffer).
@@ -804,7 +804,7 @@ fn report_streams_and_caps_over_long_lines() {
     assert_eq!((summary.unrelated, summary.malformed), (1, 0));
 }
 
-/// Locks out a probe that can only write to stderr (issue 12 item 5): with a callback
+/// Locks out a probe that can only write to stderr: with a callback
 /// sink the dispatch's record and line reach the callback; with a file sink the line
 /// lands in the file; a panicking callback does not turn the dispatch into a panic.
 /// Negative control: back on stderr, the callback sees nothing more.

@@ -1,4 +1,4 @@
-//! PTX code generation (§2), checked three ways:
+//! PTX code generation, checked three ways:
 //!
 //! 1. **The real assembler accepts it.** Every fixture and 500 random valid programs
 //!    go through NVIDIA's `ptxas -arch=sm_90`; a string that merely looks like PTX is
@@ -736,6 +736,61 @@ fn nested_control() -> Program {
 
 /// The scan to the next space: a data-dependent loop whose PTX must be as tight as
 /// hand-written (one compare and one branch per iteration).
+/// Every scalar type as a parameter: values, a `bool` in a condition, and a `while`
+/// around a barrier bounded by a scalar (grid-uniform, so the barrier is legal).
+fn scalar_parameters() -> Program {
+    use ScalarType::*;
+    Program::builder([32, 1, 1])
+        .buffer(
+            "words",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "floats",
+            1,
+            Access::WriteOnly,
+            ElemType::F32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "wide",
+            2,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .scalar("count", U32)
+        .scalar("bias", I32)
+        .scalar("scale", F32)
+        .scalar("enabled", Bool)
+        .scalar("seed", U64)
+        .scalar("offset", I64)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let inside = Expr::scalar("enabled").and(i.clone().less_than(Expr::scalar("count")));
+            b.if_(inside, |b| {
+                let biased = i.clone().cast(I32) + Expr::scalar("bias");
+                b.store("words", i.clone(), biased.cast(U32));
+                b.store(
+                    "floats",
+                    i.clone(),
+                    i.clone().cast(F32) * Expr::scalar("scale"),
+                );
+                let offset = i.clone().cast(I64) + Expr::scalar("offset");
+                b.store("wide", i.clone(), Expr::scalar("seed") ^ offset.cast(U64));
+            });
+            let round = b.let_mut("round", 0u32);
+            b.while_(round.clone().less_than(Expr::scalar("count")), |b| {
+                b.barrier();
+                b.assign("round", round.clone() + 1u32);
+            });
+        })
+        .build()
+}
+
 fn while_scan() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -963,7 +1018,7 @@ fn odd_names() -> Program {
         .build()
 }
 
-/// The §6 host-cost fixture: `acc0 = in[0]; accK = acc(K-1) + K; out[0] = acc_last`.
+/// The host-cost fixture: `acc0 = in[0]; accK = acc(K-1) + K; out[0] = acc_last`.
 fn acc_chain(links: u32) -> Program {
     Program::builder([1, 1, 1])
         .buffer(
@@ -1097,6 +1152,7 @@ fn fixtures() -> Vec<Fixture> {
         fixture("loop_control", loop_control()),
         fixture("every_op_64", every_op_64()),
         fixture("returning_atomics", returning_atomics()),
+        fixture("scalar_parameters", scalar_parameters()),
         fixture("local_arrays", local_arrays()),
         fixture("subgroup_scans", subgroup_scans()),
         fixture(
@@ -1252,7 +1308,12 @@ fn parameters(ptx: &str) -> Vec<(String, String, String)> {
         .find(&format!(".visible .entry {ENTRY_NAME}("))
         .expect("entry");
     let list = &ptx[start..];
-    let end = list.find(")\n").expect("end of parameters");
+    // A list closes on a line of its own (a comment may end in `)`); an empty one
+    // right after its `(`.
+    let end = list
+        .find("\n)\n")
+        .or_else(|| list.find(")\n"))
+        .expect("end of parameters");
     list[..end]
         .lines()
         .skip(1)
@@ -1267,19 +1328,24 @@ fn parameters(ptx: &str) -> Vec<(String, String, String)> {
 }
 
 /// What is wrong with a module's parameter list for `program` (empty when right):
-/// pointers for every global buffer in ascending binding order, then their lengths.
+/// pointers for every global buffer in ascending binding order, then their lengths,
+/// then one parameter per scalar in declaration order (`.u32` for `u32`, `i32` and
+/// `bool`, `.f32`, `.u64` for the 64-bit types).
 fn parameter_problems(program: &Program, ptx: &str) -> Vec<String> {
     let globals = program.global_buffers();
+    let scalars = program.scalars();
     let params = parameters(ptx);
     let mut problems = Vec::new();
-    if params.len() != 2 * globals.len() {
+    if params.len() != 2 * globals.len() + scalars.len() {
         problems.push(format!(
-            "{} parameters for {} buffers",
+            "{} parameters for {} buffers and {} scalars",
             params.len(),
-            globals.len()
+            globals.len(),
+            scalars.len()
         ));
     }
-    for (position, (ty, name, comment)) in params.iter().enumerate() {
+    let (buffer_params, scalar_params) = params.split_at((2 * globals.len()).min(params.len()));
+    for (position, (ty, name, comment)) in buffer_params.iter().enumerate() {
         let (want_ty, kind, buffer) = if position < globals.len() {
             (".u64", "ptr", globals[position])
         } else {
@@ -1297,6 +1363,29 @@ fn parameter_problems(program: &Program, ptx: &str) -> Vec<String> {
                 "parameter {position} ({comment}) should describe binding {}",
                 buffer.binding
             ));
+        }
+    }
+    problems.extend(scalar_parameter_problems(scalars, scalar_params));
+    problems
+}
+
+/// What is wrong with `params` as the parameters of `scalars`, in order.
+fn scalar_parameter_problems(
+    scalars: &[ScalarDecl],
+    params: &[(String, String, String)],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (position, (decl, (ty, name, comment))) in scalars.iter().zip(params).enumerate() {
+        let want_ty = match decl.ty {
+            ScalarType::F32 => ".f32",
+            ScalarType::U64 | ScalarType::I64 => ".u64",
+            _ => ".u32",
+        };
+        if ty != want_ty || *name != format!("vyre_scalar_{position}") {
+            problems.push(format!("scalar parameter {position} is `{ty} {name}`"));
+        }
+        if *comment != decl.to_string() {
+            problems.push(format!("scalar parameter {position} describes `{comment}`"));
         }
     }
     problems
@@ -1320,6 +1409,36 @@ fn kernel_parameters_are_pointers_then_lengths_in_binding_order() {
             comment.starts_with(&format!("@binding({binding})")),
             "{bindings:?}"
         );
+    }
+}
+
+/// Locks out scalar parameters that move when the result ABI is on (the backend
+/// passes them after the result ABI's five): with the result ABI the scalars follow
+/// `vyre_ranges`, in declaration order; without it they follow the lengths (the
+/// snapshot fixture). Negative control: two scalar parameters swapped are caught.
+#[test]
+fn scalar_parameters_follow_the_result_abi() {
+    let program = scalar_parameters();
+    let ptx = program_to_ptx_with_results(&program, &CHECKED, 90, 32).expect("emits");
+    let params = parameters(&ptx);
+    let buffers = 2 * program.global_buffers().len();
+    // `.param .align 8 .b8 vyre_ranges[256]`, the last result parameter.
+    let ranges = params
+        .iter()
+        .position(|(ty, _, _)| ty == ".align")
+        .expect("result parameters");
+    assert_eq!(ranges, buffers + 4, "{params:?}");
+    let scalars = &params[ranges + 1..];
+    assert_eq!(scalars.len(), program.scalars().len());
+    let problems = scalar_parameter_problems(program.scalars(), scalars);
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut swapped = scalars.to_vec();
+    swapped.swap(0, 1);
+    assert!(!scalar_parameter_problems(program.scalars(), &swapped).is_empty());
+    // Each scalar is loaded once, from its own parameter.
+    for position in 0..program.scalars().len() {
+        let load = format!("[vyre_scalar_{position}];");
+        assert_eq!(ptx.matches(&load).count(), 1, "{load}\n{ptx}");
     }
 }
 
@@ -2086,8 +2205,16 @@ fn differential_programs_run_on_the_reference_and_assemble() {
     let mut modules = Vec::with_capacity(PROGRAMS as usize);
     for seed in FIRST_SEED..FIRST_SEED + PROGRAMS {
         let case = vyre_cuda::ir::generate::differential_case(seed);
-        let inputs: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        if let Err(e) = vyre_cuda::reference::run(&case.program, &inputs, &case.config) {
+        let options = vyre_cuda::reference::ReferenceOptions::default();
+        let inputs = case.input_slices();
+        let ran = vyre_cuda::reference::run_with_scalars(
+            &case.program,
+            &inputs,
+            &case.scalars,
+            &case.config,
+            &options,
+        );
+        if let Err(e) = ran {
             panic!(
                 "seed {seed}: the reference refused it: {e}\n{}",
                 case.program
@@ -2146,6 +2273,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 "load"
             }
             Expr::Length { .. } => "length",
+            Expr::Scalar(_) => "scalar",
             Expr::Binary { lhs, rhs, .. } => {
                 walk_expr(lhs, seen);
                 walk_expr(rhs, seen);
@@ -2452,13 +2580,16 @@ fn edge_case_program(types: &[ScalarType]) -> Program {
 fn gpu_run(
     gpu: &vyre_cuda::backend::CudaBackend,
     program: &Program,
-    inputs: &[&[u8]],
+    (inputs, scalars): (&[&[u8]], &[Literal]),
     config: &vyre_cuda::DispatchConfig,
 ) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
     use vyre_cuda::backend::{Binding, Dispatch};
     let bindings: Vec<Binding> = inputs.iter().map(|bytes| Binding::Host(bytes)).collect();
-    gpu.run(Dispatch::program(program, &bindings).config(config))
-        .map(|finished| finished.outputs)
+    let mut request = Dispatch::program(program, &bindings).config(config);
+    for (decl, &value) in program.scalars().iter().zip(scalars) {
+        request = request.scalar(&decl.name, value);
+    }
+    gpu.run(request).map(|finished| finished.outputs)
 }
 
 /// Locks out any PTX instruction whose edge-case result differs from the reference
@@ -2545,7 +2676,7 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
         let config = vyre_cuda::DispatchConfig::linear(3)
             .with_codegen(CodegenOptions::new().with_bounds_checks(bounds_checks));
         let expected = vyre_cuda::reference::run(&program, &borrowed, &config).expect("reference");
-        let got = gpu_run(gpu, &program, &borrowed, &config).expect("gpu dispatch");
+        let got = gpu_run(gpu, &program, (&borrowed, &[]), &config).expect("gpu dispatch");
         assert_eq!(got.len(), expected.len());
         for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
             let differing: Vec<String> = g
@@ -2581,11 +2712,24 @@ fn gpu_generated_programs_match_reference() {
     };
     for seed in 0..400u64 {
         let case = vyre_cuda::ir::generate::valid_program(seed, &options);
-        let borrowed: Vec<&[u8]> = case.inputs.iter().map(|v| v.as_slice()).collect();
-        let expected = vyre_cuda::reference::run(&case.program, &borrowed, &case.config)
-            .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
-        let got = gpu_run(&gpu, &case.program, &borrowed, &case.config)
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
+        let borrowed = case.input_slices();
+        let reference_options = vyre_cuda::reference::ReferenceOptions::default();
+        let expected = vyre_cuda::reference::run_with_scalars(
+            &case.program,
+            &borrowed,
+            &case.scalars,
+            &case.config,
+            &reference_options,
+        )
+        .map(|(outputs, _)| outputs)
+        .unwrap_or_else(|e| panic!("seed {seed}: reference failed: {e}"));
+        let got = gpu_run(
+            &gpu,
+            &case.program,
+            (&borrowed, &case.scalars),
+            &case.config,
+        )
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.program));
         if got != expected {
             let which: Vec<usize> = (0..got.len())
                 .filter(|&k| got.item(k) != Some(&expected[k][..]))

@@ -1,7 +1,7 @@
 //! PTX modules of several kernels ([`PtxModuleBuilder`]): what `compile_batch` loads
 //! with one `cuModuleLoadData` (the driver JIT per module dominated the GPU
 //! differential once constants were hidden from it: ~44 ms per one-program module on
-//! the H200, issue 13). The real `ptxas` assembles such modules for `sm_90`, each
+//! the H200). The real `ptxas` assembles such modules for `sm_90`, each
 //! kernel is exactly its single-program kernel but for its indexed names, and the
 //! builder's refusals leave it unchanged.
 

@@ -1,8 +1,10 @@
-//! Tests of the CPU reference interpreter (§3).
+//! Tests of the CPU reference interpreter.
 //!
 //! Every expected value below is written out by hand from the IR's documented
 //! semantics, never computed by the interpreter itself: the interpreter is the
 //! oracle for the GPU, so its own oracle has to be arithmetic a reader can check.
+
+mod support;
 
 use vyre_cuda::ir::*;
 use vyre_cuda::reference::{self, ReferenceOptions};
@@ -2071,7 +2073,7 @@ fn subgroup_shuffle_without_a_partner_returns_the_own_value() {
     assert_eq!(out[2], [20, 30, 0, 10, 40, 50, 80, 90, 60, 70, 100, 110]);
 }
 
-/// The §6 host-cost fixture with K = 8: `acc0 = in[0]; accK = acc(K-1) + K`.
+/// The host-cost fixture with K = 8: `acc0 = in[0]; accK = acc(K-1) + K`.
 /// Locks out variable slots being reused while still live (16k-node fixtures put
 /// every acc in one scope).
 #[test]
@@ -2514,4 +2516,94 @@ fn deep_expressions_run_or_are_refused_without_overflowing() {
         ),
         &["levels"],
     );
+}
+
+// ---- scalar parameters -------------------------------------------------------------
+
+/// Locks out scalar values that do not reach every thread, arrive truncated or
+/// reinterpreted (a 64-bit value cut to 32 bits, an `f32` converted, a `bool` other
+/// than 0 or 1), or stick from an earlier run: two sets of values over the same
+/// program give exactly the host's results for each.
+#[test]
+fn scalar_values_reach_every_thread() {
+    let program = support::every_scalar_type();
+    let options = ReferenceOptions::default();
+    let config = DispatchConfig::linear(1);
+    let zeros = support::static_zeros(&program);
+    let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    for (u, s, f, flag, w, x) in [
+        (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),
+        (u32::MAX, i32::MIN, -2.25, false, u64::MAX, 5),
+    ] {
+        let values = support::every_scalar_value((u, s, f, flag, w, x));
+        let (outputs, _) =
+            reference::run_with_scalars(&program, &inputs, &values, &config, &options).unwrap();
+        let per_thread = |f: &dyn Fn(u32) -> Vec<u8>| (0..8u32).flat_map(f).collect::<Vec<u8>>();
+        assert_eq!(
+            outputs[0],
+            per_thread(&|i| u.wrapping_add(i).to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            outputs[1],
+            per_thread(&|i| s.wrapping_sub(i as i32).to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            outputs[2],
+            per_thread(&|i| (f * i as f32).to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            outputs[3],
+            per_thread(&|_| (flag as u32).to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            outputs[4],
+            per_thread(&|i| w.wrapping_add(i as u64).to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            outputs[5],
+            per_thread(&|i| x.wrapping_sub(i as i64).to_le_bytes().to_vec())
+        );
+    }
+}
+
+/// Locks out a run that guesses missing scalar values (zeros) or takes a value of
+/// another type: no values (through `run`), one too few and a mistyped one are each
+/// a `Fix:` error naming what to pass, before any work. Negative control: the right
+/// values run.
+#[test]
+fn scalar_values_are_checked_before_a_run() {
+    let program = support::every_scalar_type();
+    let options = ReferenceOptions::default();
+    let config = DispatchConfig::linear(1);
+    let zeros = [0u8; 64];
+    let inputs: Vec<&[u8]> = program
+        .global_buffers()
+        .iter()
+        .map(|d| &zeros[..d.static_size_bytes().unwrap() as usize])
+        .collect();
+    let good = support::every_scalar_value((1, 1, 1.0, true, 1, 1));
+    let message = reference::run(&program, &inputs, &config)
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    for needle in [
+        "6 scalar parameters",
+        "s_f32: f32",
+        "0 values",
+        "run_with_scalars",
+    ] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    let short = reference::run_with_scalars(&program, &inputs, &good[..5], &config, &options);
+    assert!(short.unwrap_err().message().contains("5 values"));
+    let mut mistyped = good;
+    mistyped[2] = Literal::U32(1);
+    let message = reference::run_with_scalars(&program, &inputs, &mistyped, &config, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    for needle in ["'s_f32'", "declared f32", "u32", "pass a f32 value"] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    assert!(reference::run_with_scalars(&program, &inputs, &good, &config, &options).is_ok());
 }

@@ -1,6 +1,6 @@
 //! The result ABI of the PTX back end (`codegen::program_to_ptx_with_results`): the
 //! kernel stamps its own device time and its last thread copies readback ranges into
-//! host-mapped memory (§11). These tests need no GPU; `gpu_readback` runs the kernels.
+//! host-mapped memory. These tests need no GPU; `gpu_readback` runs the kernels.
 //!
 //! ptxas is found as `support/ptxas.rs` says; without it the assembler test prints
 //! "skipped", unless `VYRE_REQUIRE_PTXAS=1`.

@@ -19,6 +19,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "src/backend/driver/stream.rs",
     "src/backend/driver/module.rs",
     "src/backend/driver/graph.rs",
+    "src/backend/driver/resident.rs",
     // The one description of stream operations and its targets (forwarded obligations).
     "src/backend/stream_ops.rs",
     // The dispatch path's enqueue and the blocking buffer transfers: descriptions
@@ -30,6 +31,11 @@ const UNSAFE_ALLOWED: &[&str] = &[
     // Result areas: the device fill and copy that clear and bring back a
     // device-memory area (no host mapping), over memory the area owns.
     "src/backend/readback.rs",
+    // Lanes: the server kernel's launch over memory the lane owns until its kernel
+    // stopped (`lane/mod.rs`), and the host-mapped memory shared with the running
+    // kernel, touched only through atomics and volatile copies (`lane/mapped.rs`).
+    "src/backend/lane/mod.rs",
+    "src/backend/lane/mapped.rs",
     // Graph capture, replay and kernel-node updates.
     "src/backend/graph/mod.rs",
     "src/backend/graph/record.rs",
@@ -53,6 +59,7 @@ const CUDARC_ALLOWED: &[&str] = &[
     "src/backend/driver/stream.rs",
     "src/backend/driver/module.rs",
     "src/backend/driver/graph.rs",
+    "src/backend/driver/resident.rs",
 ];
 
 /// The source with comments, string and char literals blanked out (so a word in

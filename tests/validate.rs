@@ -1556,6 +1556,9 @@ fn validation_never_panics_on_arbitrary_programs() {
         Rule::GridSyncNotGridUniform,
         Rule::BreakOutsideLoop,
         Rule::NestingTooDeep,
+        Rule::UnknownScalar,
+        Rule::DuplicateScalarName,
+        Rule::TooManyScalars,
     ] {
         assert!(
             rules.get(&rule).copied().unwrap_or(0) > 0,
@@ -1602,6 +1605,11 @@ fn assert_valid_cases(options: &GeneratorOptions, seeds: std::ops::Range<u64>) {
         }
         assert!(case.config.fixpoint_iterations >= 1);
         assert!(case.config.workgroups.iter().all(|&w| w >= 1));
+        let declared: Vec<ScalarType> = case.program.scalars().iter().map(|s| s.ty).collect();
+        let given: Vec<ScalarType> = case.scalars.iter().map(|v| v.ty()).collect();
+        assert_eq!(declared, given, "seed {seed}: one value per scalar");
+        let another: Vec<ScalarType> = case.scalar_values(1).iter().map(|v| v.ty()).collect();
+        assert_eq!(declared, another, "seed {seed}: another draw");
     }
 }
 
@@ -1682,6 +1690,8 @@ fn generators_are_deterministic_and_cover_the_language() {
         " i32[",
         "NaN",
         "inf",
+        "  scalar s0: ",
+        "scalar(s",
     ] {
         assert!(
             text.contains(needle),
@@ -1836,5 +1846,139 @@ fn validation_error_is_memoised_per_program_value() {
     assert_eq!(
         vyre_cuda::ir::validate::walks_on_current_thread(),
         before + 2
+    );
+}
+
+// ---- scalar parameters -------------------------------------------------------------
+
+/// `output[0] = value` with the scalars `declared` (name, type).
+fn scalar_program(declared: &[(&str, ScalarType)], value: Expr) -> Program {
+    let mut builder = u32_buffers(Program::builder([64, 1, 1]));
+    for &(name, ty) in declared {
+        builder = builder.scalar(name, ty);
+    }
+    builder
+        .body(|b| {
+            b.store("output", 0u32, value);
+        })
+        .build()
+}
+
+/// Locks out scalar declarations and reads the validator lets through to code
+/// generation (a kernel parameter without a name, two values for one name, a read
+/// the dispatch has no value for, more values than a request carries, a value used
+/// as another type): each is its rule's `Fix:` error naming the scalar. Negative
+/// controls: the same programs with the mistake fixed validate, and a scalar may
+/// share its name with a buffer or a variable (scalars have their own namespace).
+#[test]
+fn scalar_declarations_and_reads_are_checked() {
+    use vyre_cuda::ir::validate::MAX_SCALARS;
+    use ScalarType::*;
+    let read = |name: &str| Expr::scalar(name);
+    expect_rule(
+        &scalar_program(&[("limit", U32)], read("limt")),
+        Rule::UnknownScalar,
+        &["limt", "ProgramBuilder::scalar"],
+    );
+    expect_rule(
+        &scalar_program(&[("limit", U32), ("limit", I32)], read("limit")),
+        Rule::DuplicateScalarName,
+        &["limit"],
+    );
+    expect_rule(
+        &scalar_program(&[("", U32)], Expr::u32(0)),
+        Rule::EmptyName,
+        &["scalar"],
+    );
+    expect_rule(
+        &scalar_program(&[("__vyre_k", U32)], Expr::u32(0)),
+        Rule::ReservedName,
+        &["__vyre_k"],
+    );
+    expect_rule(
+        &scalar_program(&[("scale", F32)], read("scale") + 1u32),
+        Rule::TypeMismatch,
+        &["f32", "u32"],
+    );
+    expect_rule(
+        &scalar_program(&[("wide", U64)], read("wide")),
+        Rule::TypeMismatch,
+        &["u64"],
+    );
+    let names: Vec<String> = (0..=MAX_SCALARS).map(|i| format!("s{i}")).collect();
+    let many: Vec<(&str, ScalarType)> = names.iter().map(|n| (n.as_str(), U32)).collect();
+    expect_rule(
+        &scalar_program(&many, Expr::u32(0)),
+        Rule::TooManyScalars,
+        &["16", "17"],
+    );
+    // Negative controls.
+    expect_valid(&scalar_program(&many[..MAX_SCALARS], read("s15")));
+    expect_valid(&scalar_program(&[("limit", U32)], read("limit")));
+    expect_valid(&scalar_program(
+        &[("scale", F32)],
+        read("scale").cast(U32) + 1u32,
+    ));
+    expect_valid(&scalar_program(
+        &[("wide", U64), ("flag", Bool)],
+        read("flag").select(read("wide").cast(U32), 0u32),
+    ));
+    let shared_names = u32_buffers(Program::builder([64, 1, 1]))
+        .scalar("output", U32)
+        .scalar("n", U32)
+        .body(|b| {
+            let n = b.let_("n", Expr::scalar("n"));
+            b.store("output", 0u32, n + Expr::scalar("output"));
+        })
+        .build();
+    expect_valid(&shared_names);
+}
+
+/// Locks out a validator that treats a scalar as per-thread data (a barrier, a
+/// reduction or a grid sync under a condition on a scalar refused, though every
+/// thread of the grid reads the same value): an `if` on a scalar and a `while`
+/// bounded by one around a barrier, a workgroup reduction and a grid sync under a
+/// `bool` scalar all validate. Negative controls: the same shapes on `global_id`
+/// are refused.
+#[test]
+fn scalars_are_grid_uniform() {
+    let barrier_under = |condition: Expr| {
+        u32_buffers(Program::builder([64, 1, 1]))
+            .scalar("rounds", ScalarType::U32)
+            .body(|b| {
+                b.if_(condition, |b| {
+                    b.barrier();
+                });
+                let round = b.let_mut("round", 0u32);
+                b.while_(round.clone().less_than(Expr::scalar("rounds")), |b| {
+                    b.barrier();
+                    let total = b.workgroup_reduce("total", ReduceOp::Sum, 1u32);
+                    b.store("output", 0u32, total);
+                    b.assign("round", round.clone() + 1u32);
+                });
+            })
+            .build()
+    };
+    expect_valid(&barrier_under(Expr::scalar("rounds").greater_than(3u32)));
+    expect_rule(
+        &barrier_under(Expr::global_id(Axis::X).greater_than(3u32)),
+        Rule::DivergentBarrier,
+        &["scalar parameters"],
+    );
+    let grid_sync_under = |condition: Expr| {
+        u32_buffers(Program::builder([64, 1, 1]))
+            .scalar("sync", ScalarType::Bool)
+            .body(|b| {
+                b.if_(condition, |b| {
+                    b.grid_sync();
+                });
+            })
+            .build()
+    };
+    expect_valid(&grid_sync_under(Expr::scalar("sync")));
+    expect_rule(
+        &grid_sync_under(Expr::workgroup_id(Axis::X).equals(0u32)),
+        Rule::GridSyncNotGridUniform,
+        &["scalar parameters"],
     );
 }

@@ -45,14 +45,14 @@
 use bytemuck::Pod;
 
 use crate::config::DispatchConfig;
-use crate::ir::Program;
+use crate::ir::{Literal, Program};
 use crate::reference::ReferenceOptions;
 
 use super::graph::{DispatchGraph, GraphRecorder, InputSlot, OutputSlot, PendingReplay, StepId};
-use super::reference_backend::{ReferenceGraph, ReferenceRecorder};
+use super::reference_backend::{ReferenceGraph, ReferenceLane, ReferenceRecorder};
 use super::{
-    BackendError, CudaBackend, DeviceBuffer, Dispatch, Finished, Kernel, PendingDispatch,
-    ReferenceBackend, Timings,
+    BackendError, CudaBackend, DeviceBuffer, Dispatch, Finished, Kernel, Lane, LaneOptions,
+    PendingDispatch, ReferenceBackend, Timings,
 };
 
 /// The CUDA backend or the reference interpreter, behind one interface.
@@ -257,6 +257,110 @@ impl AnyBackend {
     }
 }
 
+impl AnyBackend {
+    /// A persistent lane serving `kernels` ([`CudaBackend::lane`]). On the reference
+    /// interpreter there is no resident kernel: the lane checks everything a CUDA lane
+    /// checks, with the same `Fix:` errors (its kernels, options, each request's
+    /// membership, grid and capacities), then runs each request as
+    /// [`AnyBackend::run`] would, so code written against [`AnyLane`] gets the same
+    /// answers with or without a GPU.
+    pub fn lane(&self, kernels: &[&Kernel], options: LaneOptions) -> Result<AnyLane, BackendError> {
+        let kind = match self {
+            AnyBackend::Cuda(gpu) => LaneKind::Cuda(gpu.lane(kernels, options)?),
+            AnyBackend::Reference(reference) => {
+                LaneKind::Reference(reference.lane(kernels, options)?)
+            }
+        };
+        Ok(AnyLane { kind })
+    }
+}
+
+/// A lane of an [`AnyBackend`] ([`Lane`] on CUDA; see [`AnyBackend::lane`]).
+pub struct AnyLane {
+    kind: LaneKind,
+}
+
+enum LaneKind {
+    Cuda(Lane),
+    Reference(ReferenceLane),
+}
+
+impl std::fmt::Debug for AnyLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.fmt(f),
+            LaneKind::Reference(lane) => f
+                .debug_struct("AnyLane")
+                .field("backend", &"reference")
+                .field("kernels", &lane.kernels().len())
+                .field("workgroup_size", &lane.workgroup_size())
+                .finish(),
+        }
+    }
+}
+
+impl AnyLane {
+    /// The CUDA lane, when this is one.
+    pub fn as_cuda(&self) -> Option<&Lane> {
+        match &self.kind {
+            LaneKind::Cuda(lane) => Some(lane),
+            LaneKind::Reference(_) => None,
+        }
+    }
+
+    /// Run `request` on the lane and wait ([`Lane::run`]).
+    pub fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.run(request),
+            LaneKind::Reference(lane) => lane.run(request),
+        }
+    }
+
+    /// Run `request` into caller buffers ([`Lane::run_into`]).
+    pub fn run_into(
+        &self,
+        request: Dispatch<'_>,
+        outputs: &mut [&mut [u8]],
+    ) -> Result<Timings, BackendError> {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.run_into(request, outputs),
+            LaneKind::Reference(lane) => lane.run_into(request, outputs),
+        }
+    }
+
+    /// Ring `request` without waiting ([`Lane::submit`]; the reference runs it at once).
+    pub fn submit(&self, request: Dispatch<'_>) -> Result<PendingDispatch, BackendError> {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.submit(request),
+            LaneKind::Reference(lane) => lane.submit(request),
+        }
+    }
+
+    /// Its kernels, in body order.
+    pub fn kernels(&self) -> &[Kernel] {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.kernels(),
+            LaneKind::Reference(lane) => lane.kernels(),
+        }
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &LaneOptions {
+        match &self.kind {
+            LaneKind::Cuda(lane) => lane.options(),
+            LaneKind::Reference(lane) => lane.options(),
+        }
+    }
+
+    /// Stop it now ([`Lane::stop`]; nothing to stop on the reference).
+    pub fn stop(self) -> Result<(), BackendError> {
+        match self.kind {
+            LaneKind::Cuda(lane) => lane.stop(),
+            LaneKind::Reference(_) => Ok(()),
+        }
+    }
+}
+
 /// Describes a chain inside [`AnyBackend::record`]; mirrors [`GraphRecorder`].
 pub struct AnyRecorder<'r, 'b> {
     kind: RecorderKind<'r, 'b>,
@@ -365,6 +469,31 @@ impl AnyGraph {
         match &mut self.kind {
             GraphKind::Cuda(graph) => graph.set_workgroups(step, workgroups),
             GraphKind::Reference(graph) => graph.set_workgroups(step, workgroups),
+        }
+    }
+
+    /// The value `step` passes for its scalar parameter `name`
+    /// ([`DispatchGraph::scalar`]).
+    pub fn scalar(&self, step: StepId, name: &str) -> Result<Literal, BackendError> {
+        match &self.kind {
+            GraphKind::Cuda(graph) => graph.scalar(step, name),
+            GraphKind::Reference(graph) => graph.scalar(step, name),
+        }
+    }
+
+    /// Change the value `step` passes for its scalar parameter `name` on later
+    /// replays, without re-capture ([`DispatchGraph::set_scalar`]); checked as a
+    /// request's value is, with the same errors on both backends.
+    pub fn set_scalar(
+        &mut self,
+        step: StepId,
+        name: &str,
+        value: impl Into<Literal>,
+    ) -> Result<(), BackendError> {
+        let value = value.into();
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_scalar(step, name, value),
+            GraphKind::Reference(graph) => graph.set_scalar(step, name, value),
         }
     }
 

@@ -7,7 +7,7 @@
 //! in its doc comment. This is the "launch + async DtoH + one synchronize" row of
 //! the raw-driver measurements on the H200, reproduced live.
 //!
-//! Three floors every dispatch figure is quoted against (issue 10), measured in
+//! Three floors every dispatch figure is quoted against, measured in
 //! the same run:
 //!
 //! - the physical floor, [`RawFloor::launch_sync`]: one launch, one synchronize,
@@ -120,6 +120,7 @@ impl RawFloor {
             addresses: buffers.iter().map(|b| b.address()).collect(),
             counts: counts.clone(),
             results: None,
+            scalars: Default::default(),
         });
         let params = parameters.pointer_array();
         let staging = PinnedMemory::allocate(64 * 1024)
@@ -145,6 +146,7 @@ impl RawFloor {
                 .collect(),
             counts: counts.clone(),
             results: None,
+            scalars: Default::default(),
         });
         let mapped_params = mapped_parameters.pointer_array();
 
@@ -161,6 +163,7 @@ impl RawFloor {
             addresses: parameters.addresses.clone(),
             counts,
             results: Some(results),
+            scalars: Default::default(),
         });
         let result_params = result_parameters.pointer_array();
         Ok(RawFloor {

@@ -10,7 +10,7 @@
 //! [`CudaBackend::compile_batch`] compiles many programs with one driver JIT call
 //! (`cuModuleLoadData`) per PTX module ([`PtxModuleBuilder`]). On the H200 the JIT of
 //! a one-program module cost about 44 ms once the writer hid constants from it, and
-//! loads from several threads did not overlap (issue 13: 2,500 differential programs
+//! loads from several threads did not overlap (measured: 2,500 differential programs
 //! did not finish in 110 s). A batch pays the per-call part once per module (and
 //! holds one module instead of one per kernel); the compile work itself is per
 //! kernel (ptxas on the build machine: 64 generated kernels took 9.1 s as one module,
@@ -29,7 +29,7 @@ use smallvec::SmallVec;
 
 use crate::codegen::{self, CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL};
 use crate::config::{CodegenOptions, DispatchConfig};
-use crate::ir::{self, Node, Program};
+use crate::ir::{self, Node, Program, ScalarDecl};
 use crate::lower;
 use crate::probe::{self, Phase, SubPhase};
 
@@ -76,6 +76,9 @@ pub(in crate::backend) struct KernelInner {
     pub(in crate::backend) backend_id: u64,
     pub(in crate::backend) name: String,
     pub(in crate::backend) program: Program,
+    /// The code generation options it was compiled with (a lane emits its body again
+    /// with them).
+    pub(in crate::backend) codegen: CodegenOptions,
     pub(in crate::backend) ptx: Arc<str>,
     pub(in crate::backend) module_key: ModuleKey,
     pub(in crate::backend) module: LoadedModule,
@@ -106,6 +109,14 @@ impl Kernel {
             KernelKind::Cuda(inner) => &inner.program,
             KernelKind::Reference(inner) => inner.program.program(),
         }
+    }
+
+    /// The program's scalar parameters in declaration order: the kernel's scalar
+    /// ABI (parameter `i` of this list is the kernel parameter after the buffers'
+    /// and the result ABI's, documented in `codegen::ptx`) and the positions of a
+    /// request's [`ScalarValues`](super::ScalarValues).
+    pub fn scalars(&self) -> &[ScalarDecl] {
+        self.program().scalars()
     }
 
     /// The program's diagnostic name (what errors and probe lines call it).
@@ -298,11 +309,8 @@ impl BackendInner {
             } else if let Some(&first) = first_of_key.get(&module_key) {
                 repeats.push((index, first));
             } else {
-                super::readback::check_result_abi_fits(
-                    &program.display_name(),
-                    lowered.global_buffers().len(),
-                )
-                .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
+                super::readback::check_result_abi_fits(&program.display_name(), &lowered)
+                    .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
                 first_of_key.insert(module_key, index);
                 to_load.push(BatchItem {
                     index,
@@ -323,7 +331,12 @@ impl BackendInner {
             let pushed = match module.push(&item.lowered) {
                 Err(CodegenError::ModuleFull { .. }) if !module.is_empty() => {
                     let full = std::mem::replace(&mut module, empty());
-                    self.load_batch_module(full, std::mem::take(&mut entries), &mut kernels)?;
+                    self.load_batch_module(
+                        full,
+                        std::mem::take(&mut entries),
+                        options,
+                        &mut kernels,
+                    )?;
                     module.push(&item.lowered)
                 }
                 pushed => pushed,
@@ -335,7 +348,7 @@ impl BackendInner {
             entries.push((item, entry));
         }
         if !module.is_empty() {
-            self.load_batch_module(module, entries, &mut kernels)?;
+            self.load_batch_module(module, entries, options, &mut kernels)?;
         }
         for (index, first) in repeats {
             kernels[index] = kernels[first].clone();
@@ -356,6 +369,7 @@ impl BackendInner {
         &self,
         module: PtxModuleBuilder,
         entries: Vec<(&BatchItem, codegen::ModuleEntry)>,
+        options: &CodegenOptions,
         kernels: &mut [Option<Arc<KernelInner>>],
     ) -> Result<(), BackendError> {
         let ptx: Arc<str> = Arc::from(module.finish());
@@ -384,6 +398,7 @@ impl BackendInner {
                 .kernel_from_module(
                     &item.program,
                     &item.lowered,
+                    options,
                     Arc::clone(&ptx),
                     item.module_key,
                     module,
@@ -439,11 +454,8 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
-                super::readback::check_result_abi_fits(
-                    &program.display_name(),
-                    lowered.global_buffers().len(),
-                )
-                .map_err(BackendError::bad_input)?;
+                super::readback::check_result_abi_fits(&program.display_name(), &lowered)
+                    .map_err(BackendError::bad_input)?;
                 let text = codegen::program_to_ptx_with_results(
                     &lowered,
                     options,
@@ -468,7 +480,7 @@ impl BackendInner {
             Some(kernel) => kernel,
             None => {
                 self.bind()?;
-                let built = self.build_kernel(program, &lowered, ptx, module_key)?;
+                let built = self.build_kernel(program, &lowered, options, ptx, module_key)?;
                 self.kernels.insert(module_key, Arc::new(built))
             }
         };
@@ -509,6 +521,7 @@ impl BackendInner {
         &self,
         program: &Program,
         lowered: &Program,
+        options: &CodegenOptions,
         ptx: Arc<str>,
         module_key: ModuleKey,
     ) -> Result<KernelInner, BackendError> {
@@ -519,7 +532,7 @@ impl BackendInner {
                 sm: self.caps.ptx_target_sm(),
                 error,
             })?;
-        self.kernel_from_module(program, lowered, ptx, module_key, module)
+        self.kernel_from_module(program, lowered, options, ptx, module_key, module)
     }
 
     /// The kernel of `program` (lowered to `lowered`) whose entry `module` is: its
@@ -529,6 +542,7 @@ impl BackendInner {
         &self,
         program: &Program,
         lowered: &Program,
+        options: &CodegenOptions,
         ptx: Arc<str>,
         module_key: ModuleKey,
         module: LoadedModule,
@@ -571,6 +585,7 @@ impl BackendInner {
             backend_id: self.id,
             name: program.display_name(),
             program: program.clone(),
+            codegen: *options,
             ptx,
             module_key,
             module,

@@ -20,14 +20,17 @@
 //! This file is the façade: the module list and what is public. Layers, bottom up:
 //! - `driver` (one checked function per libcuda call, split by concern) is private;
 //!   its `unsafe fn`s are called only from `stream_ops` (the one description of a
-//!   dispatch's stream operations), `dispatch`, `readback`, `floor` and `graph`,
-//!   each with a `// SAFETY:` line; the public API is safe and names no driver type;
+//!   dispatch's stream operations), `dispatch`, `readback`, `floor`, `graph` and
+//!   `lane` (the server's launch), each with a `// SAFETY:` line; the public API is
+//!   safe and names no driver type;
 //! - `cuda` holds [`CudaBackend`] and the state its dispatches, buffers and graphs
 //!   share; `request` the [`Dispatch`] request; `buffer` the owned buffers;
 //!   `dispatch` the dispatch path and non-blocking submission; `graph` the CUDA
 //!   graphs that capture the same stream operations; all of them are one privacy
 //!   boundary: their shared internals are `pub(in crate::backend)`, invisible to the
 //!   rest of the crate;
+//! - `lane` holds [`Lane`], a resident server kernel serving the same [`Dispatch`]
+//!   requests through host-mapped memory, below the launch floor;
 //! - `reference_backend` answers the same requests on the CPU interpreter with the
 //!   same checks and errors;
 //! - `any` holds [`AnyBackend`], above both: nothing below it knows it exists.
@@ -55,6 +58,7 @@ mod error;
 pub mod floor;
 pub mod graph;
 mod kernel;
+mod lane;
 mod ordering;
 mod outputs;
 mod plan;
@@ -64,7 +68,7 @@ mod reference_backend;
 mod request;
 mod stream_ops;
 
-pub use any::{AnyBackend, AnyGraph, AnyPendingReplay, AnyRecorder, BackendKind};
+pub use any::{AnyBackend, AnyGraph, AnyLane, AnyPendingReplay, AnyRecorder, BackendKind};
 pub use buffer::{DeviceBuffer, PinnedBuffer};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
@@ -73,9 +77,13 @@ pub use dispatch::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
+pub use lane::{
+    Lane, LaneOptions, WaitMode, MAX_LANE_AREA_BYTES, MAX_LANE_BLOCKS, MAX_LANE_KERNELS,
+    MAX_LANE_POLL_SLEEP, MAX_LANE_SLOTS,
+};
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use reference_backend::ReferenceBackend;
-pub use request::{Binding, Dispatch, Finished, Timing, Timings};
+pub use request::{Binding, Dispatch, Finished, ScalarValues, Timing, Timings};
 
 use cuda::{device_of_backend, BackendInner};
 use plan::{ParameterArray, PerBinding};
@@ -116,5 +124,9 @@ mod tests {
         assert_send::<StepId>();
         assert_send::<StitchedGraph>();
         assert_send::<StitchBuilder>();
+        assert_send::<Lane>();
+        assert_sync::<Lane>();
+        assert_send::<AnyLane>();
+        assert_sync::<AnyLane>();
     }
 }

@@ -21,11 +21,23 @@
 //! was enqueued when it started (two threads racing to submit over the same memory
 //! are ordered one way or the other, each seeing the other only once it is
 //! enqueued).
+//!
+//! Lane requests (`backend::lane`) are in the book too. A lane's kernel is always
+//! running, so nothing can be ordered before or after it on the device: the order
+//! between a lane request and an eager dispatch is kept on the host. A lane request
+//! waits, before its doorbell rings, for every conflicting eager dispatch in flight
+//! (an event recorded on its stream, `cuEventSynchronize`) and every conflicting
+//! request of another lane; an eager dispatch waits, before it enqueues anything, for
+//! every conflicting lane request in flight (its completion word). Requests of one
+//! lane run in order on its kernel and need nothing.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use smallvec::SmallVec;
+
 use super::driver::{DriverResult, Event, Stream};
+use super::lane::LaneShared;
 use super::PerBinding;
 
 /// The memory one dispatch touches through shared buffers.
@@ -50,11 +62,28 @@ impl Accesses {
     }
 }
 
+/// Who holds the memory of one entry.
+enum Holder {
+    /// An eager dispatch on its leased stream, with the stream's order event.
+    Stream {
+        stream: Arc<Stream>,
+        order: Arc<Event>,
+    },
+    /// Request `ticket` of a lane.
+    Lane { lane: Arc<LaneShared>, ticket: u64 },
+}
+
 struct Entry {
-    stream: Arc<Stream>,
-    order: Arc<Event>,
+    holder: Holder,
     accesses: Accesses,
 }
+
+/// Lane requests a dispatch must wait for on the host before it runs.
+pub(in crate::backend) type LaneWaits = SmallVec<[(Arc<LaneShared>, u64); 2]>;
+
+/// Eager dispatches a lane request must wait for on the host before it rings: the
+/// order event of each, recorded on its stream.
+pub(in crate::backend) type EventWaits = SmallVec<[Arc<Event>; 2]>;
 
 /// Every dispatch in flight on one backend with the memory it touches.
 #[derive(Default)]
@@ -69,28 +98,40 @@ impl OrderBook {
     /// dispatch in flight whose accesses conflict with `accesses`, and after
     /// `explicit` (a dispatch the caller named, as its stream and that stream's
     /// order event), each once: an explicit predecessor that also conflicts is
-    /// waited on once, not twice. Returns how many dispatches it ordered after.
+    /// waited on once, not twice. Returns how many dispatches it ordered after on the
+    /// device, and the conflicting lane requests in flight, which the caller waits
+    /// for on the host (outside the book's lock) before it enqueues anything.
     pub(in crate::backend) fn order_after(
         &self,
         accesses: &Accesses,
         stream: &Stream,
         explicit: Option<(&Stream, &Event)>,
-    ) -> DriverResult<usize> {
+    ) -> DriverResult<(usize, LaneWaits)> {
         let mut ordered = 0;
         let mut explicit_done = false;
+        let mut lanes = LaneWaits::new();
         if !accesses.is_empty() && self.len.load(Ordering::Acquire) != 0 {
             let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             for entry in entries
                 .iter()
                 .filter(|e| e.accesses.conflicts_with(accesses))
             {
-                // The earlier lane is leased to its dispatch until it completes (and
-                // leaves the book first), so everything on its stream is that dispatch.
-                entry.order.record(&entry.stream)?;
-                stream.wait_event(&entry.order)?;
-                ordered += 1;
-                explicit_done |=
-                    explicit.is_some_and(|(earlier, _)| std::ptr::eq(&*entry.stream, earlier));
+                match &entry.holder {
+                    Holder::Stream {
+                        stream: earlier,
+                        order,
+                    } => {
+                        // The earlier lane is leased to its dispatch until it completes
+                        // (and leaves the book first), so everything on its stream is
+                        // that dispatch.
+                        order.record(earlier)?;
+                        stream.wait_event(order)?;
+                        ordered += 1;
+                        explicit_done |=
+                            explicit.is_some_and(|(named, _)| std::ptr::eq(&**earlier, named));
+                    }
+                    Holder::Lane { lane, ticket } => lanes.push((Arc::clone(lane), *ticket)),
+                }
             }
         }
         if let (Some((earlier, order)), false) = (explicit, explicit_done) {
@@ -98,7 +139,95 @@ impl OrderBook {
             stream.wait_event(order)?;
             ordered += 1;
         }
-        Ok(ordered)
+        Ok((ordered, lanes))
+    }
+
+    /// What a request of `lane` touching `accesses` must wait for on the host before
+    /// its doorbell rings: every conflicting eager dispatch in flight (its order event,
+    /// recorded now on its stream) and every conflicting request of another lane. The
+    /// caller waits outside the book's lock.
+    pub(in crate::backend) fn lane_conflicts(
+        &self,
+        accesses: &Accesses,
+        lane: &Arc<LaneShared>,
+    ) -> DriverResult<(EventWaits, LaneWaits)> {
+        let mut events = EventWaits::new();
+        let mut lanes = LaneWaits::new();
+        if accesses.is_empty() || self.len.load(Ordering::Acquire) == 0 {
+            return Ok((events, lanes));
+        }
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in entries
+            .iter()
+            .filter(|e| e.accesses.conflicts_with(accesses))
+        {
+            match &entry.holder {
+                Holder::Stream { stream, order } => {
+                    order.record(stream)?;
+                    events.push(Arc::clone(order));
+                }
+                Holder::Lane {
+                    lane: other,
+                    ticket,
+                } if !Arc::ptr_eq(other, lane) => lanes.push((Arc::clone(other), *ticket)),
+                // The same lane runs its requests in order.
+                Holder::Lane { .. } => {}
+            }
+        }
+        Ok((events, lanes))
+    }
+
+    /// Enter request `ticket` of `lane`, just rung.
+    pub(in crate::backend) fn enter_lane(
+        &self,
+        lane: &Arc<LaneShared>,
+        ticket: u64,
+        accesses: Accesses,
+    ) {
+        self.push(
+            Holder::Lane {
+                lane: Arc::clone(lane),
+                ticket,
+            },
+            accesses,
+        );
+    }
+
+    /// Remove request `ticket` of `lane` (delivered, or failed before it rang).
+    pub(in crate::backend) fn leave_lane(&self, lane: &Arc<LaneShared>, ticket: u64) {
+        self.retain(|holder| match holder {
+            Holder::Lane {
+                lane: other,
+                ticket: held,
+            } => !(Arc::ptr_eq(other, lane) && *held == ticket),
+            Holder::Stream { .. } => true,
+        });
+    }
+
+    /// Remove every request of `lane` (it died: none will be delivered).
+    pub(in crate::backend) fn forget_lane(&self, lane: &LaneShared) {
+        self.retain(|holder| match holder {
+            Holder::Lane { lane: other, .. } => !std::ptr::eq(Arc::as_ptr(other), lane),
+            Holder::Stream { .. } => true,
+        });
+    }
+
+    fn push(&self, holder: Holder, accesses: Accesses) {
+        if accesses.is_empty() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.push(Entry { holder, accesses });
+        self.len.store(entries.len(), Ordering::Release);
+    }
+
+    fn retain(&self, keep: impl Fn(&Holder) -> bool) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|e| keep(&e.holder));
+        self.len.store(entries.len(), Ordering::Release);
     }
 
     /// Enter a dispatch just enqueued on `stream`.
@@ -108,26 +237,21 @@ impl OrderBook {
         order: &Arc<Event>,
         accesses: Accesses,
     ) {
-        if accesses.is_empty() {
-            return;
-        }
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.push(Entry {
-            stream: Arc::clone(stream),
-            order: Arc::clone(order),
+        self.push(
+            Holder::Stream {
+                stream: Arc::clone(stream),
+                order: Arc::clone(order),
+            },
             accesses,
-        });
-        self.len.store(entries.len(), Ordering::Release);
+        );
     }
 
     /// Remove the dispatch of `stream` (it completed, or failed before running).
     pub(in crate::backend) fn leave(&self, stream: &Arc<Stream>) {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|e| !Arc::ptr_eq(&e.stream, stream));
-        self.len.store(entries.len(), Ordering::Release);
+        self.retain(|holder| match holder {
+            Holder::Stream { stream: other, .. } => !Arc::ptr_eq(other, stream),
+            Holder::Lane { .. } => true,
+        });
     }
 }
 

@@ -89,6 +89,21 @@ impl Outputs {
         self.bindings.push(binding);
     }
 
+    /// Append one item of `len` bytes read from the buffer at binding slot `binding`,
+    /// written in place by `fill` (a lane copies its result area straight in).
+    pub(in crate::backend) fn push_filled(
+        &mut self,
+        binding: u32,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) {
+        let start = self.bytes.len();
+        self.bytes.resize(start + len, 0);
+        fill(&mut self.bytes[start..]);
+        self.ends.push(self.bytes.len());
+        self.bindings.push(binding);
+    }
+
     /// How many items (readback items of the dispatch).
     pub fn len(&self) -> usize {
         self.ends.len()

@@ -12,8 +12,10 @@
 use smallvec::SmallVec;
 
 use crate::config::ReadbackPolicy;
-use crate::ir::{Access, BufferCount, ElemType, Name, Program};
+use crate::ir::validate::{shown, MAX_SCALARS};
+use crate::ir::{Access, BufferCount, ElemType, Literal, Name, Program, ScalarDecl};
 
+use super::request::ScalarProblem;
 use super::{BackendError, Binding, DeviceBuffer, Dispatch};
 
 /// Bindings (and readback items) one dispatch keeps inline, off the heap: the lists
@@ -29,9 +31,12 @@ pub(in crate::backend) const INLINE_BINDINGS: usize = 32;
 pub(in crate::backend) type PerBinding<T> = smallvec::SmallVec<[T; INLINE_BINDINGS]>;
 
 /// The driver's kernel parameter array: two values per binding, then the result
-/// ABI's five, inline up to [`INLINE_BINDINGS`] bindings.
+/// ABI's five, then the scalars, inline up to [`INLINE_BINDINGS`] bindings.
 pub(in crate::backend) type ParameterArray =
-    smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5]>;
+    smallvec::SmallVec<[*mut std::ffi::c_void; 2 * INLINE_BINDINGS + 5 + MAX_SCALARS]>;
+
+/// The scalar parameter words of one launch, in declaration order (always inline).
+pub(in crate::backend) type ScalarWords = smallvec::SmallVec<[u64; MAX_SCALARS]>;
 
 /// One kernel parameter slot (a global buffer), in binding order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,7 +223,7 @@ pub(in crate::backend) struct RequestPlan {
 /// the dispatch path keeps it on its stack).
 pub(in crate::backend) fn plan_request(
     kernel_name: &str,
-    slots: &[ParamSlot],
+    (slots, scalars): (&[ParamSlot], &[ScalarDecl]),
     outputs: &[u16],
     request: &Dispatch<'_>,
     plan: &mut RequestPlan,
@@ -226,6 +231,7 @@ pub(in crate::backend) fn plan_request(
     plan.sizes.extend(request.bindings.iter().map(Binding::len));
     check_binding_sizes(kernel_name, slots, &plan.sizes, request.fixpoint_iterations)?;
     check_aliasing(kernel_name, slots, request.bindings)?;
+    check_request_scalars(kernel_name, scalars, request)?;
     plan.upload_bytes = 0;
     for (slot, binding) in slots.iter().zip(request.bindings) {
         if let Binding::Host(bytes) = binding {
@@ -244,6 +250,96 @@ pub(in crate::backend) fn plan_request(
         &mut plan.reads,
     )?;
     Ok(())
+}
+
+/// The scalar values of a request against the kernel's declarations (`scalars`):
+/// the first value [`Dispatch::scalar`] could not take (a name not declared, a value
+/// of another type), then the first declared scalar without a value. O(1) when all
+/// is well (one mask test): the names were matched when the request was built.
+pub(in crate::backend) fn check_request_scalars(
+    kernel_name: &str,
+    scalars: &[ScalarDecl],
+    request: &Dispatch<'_>,
+) -> Result<(), BackendError> {
+    match request.scalar_problem {
+        Some(ScalarProblem::Undeclared(name)) => {
+            return Err(undeclared_scalar(kernel_name, scalars, name))
+        }
+        Some(ScalarProblem::WrongType { position, given }) => {
+            let decl = scalars.get(position).ok_or_else(|| {
+                BackendError::internal("a scalar problem names a position the kernel lacks")
+            })?;
+            return Err(mistyped_scalar(kernel_name, decl, given));
+        }
+        None => {}
+    }
+    match request.scalars.first_missing(scalars.len()) {
+        Some(position) => {
+            let decl = &scalars[position];
+            Err(BackendError::bad_input(format!(
+                "Fix: the request gives no value for scalar `{}` ({}) of {kernel_name}; add \
+                 .scalar(\"{0}\", value) to the Dispatch (every declared scalar needs one: {})",
+                shown(&decl.name),
+                decl.ty.name(),
+                declared_scalars(scalars)
+            )))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The position of the scalar `name` among `scalars` when `value` fits its type: a
+/// graph step's value update checks it as a request's value is checked, with the
+/// same errors.
+pub(in crate::backend) fn scalar_position(
+    kernel_name: &str,
+    scalars: &[ScalarDecl],
+    name: &str,
+    value: Literal,
+) -> Result<usize, BackendError> {
+    let position = scalars
+        .iter()
+        .position(|decl| &*decl.name == name)
+        .ok_or_else(|| undeclared_scalar(kernel_name, scalars, name))?;
+    let decl = &scalars[position];
+    if decl.ty != value.ty() {
+        return Err(mistyped_scalar(kernel_name, decl, value));
+    }
+    Ok(position)
+}
+
+/// `[name: type, ...]` of a kernel's scalars, for messages.
+fn declared_scalars(scalars: &[ScalarDecl]) -> String {
+    let list: Vec<String> = scalars
+        .iter()
+        .map(|decl| format!("{}: {}", shown(&decl.name), decl.ty.name()))
+        .collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// The `Fix:` error for a scalar name the kernel does not declare.
+pub(in crate::backend) fn undeclared_scalar(
+    kernel_name: &str,
+    scalars: &[ScalarDecl],
+    name: &str,
+) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: {kernel_name} declares no scalar named `{}` (its scalars: {}); give values only \
+         to declared scalars",
+        shown(name),
+        declared_scalars(scalars)
+    ))
+}
+
+/// The `Fix:` error for a scalar value of another type than declared.
+fn mistyped_scalar(kernel_name: &str, decl: &ScalarDecl, given: Literal) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: scalar `{}` of {kernel_name} is declared {} but was given {given}, a {}; pass a \
+         {1} value (typed literals: 5u32, -5i32, 0.5f32, true, 5u64, -5i64)",
+        shown(&decl.name),
+        decl.ty.name(),
+        given.ty().name()
+    ))
 }
 
 /// The one rule for a buffer bound twice in one dispatch: allowed when no slot it

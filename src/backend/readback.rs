@@ -57,6 +57,7 @@ pub use crate::codegen::RESULT_RANGE_SLOTS;
 
 use super::driver::{self, DeviceMemory, DriverResult, MappedMemory, Stream};
 use super::plan::ReadItem;
+use crate::ir::{Program, ScalarDecl};
 
 /// Longest readback item ever sent through the mapped area; longer ones go by DMA.
 /// The limit for one kernel is [`mapped_range_limit`] of its workgroup size, at most
@@ -95,32 +96,44 @@ const MAPPED_ALIGN: usize = 16;
 pub const KERNEL_PARAMETER_LIMIT_BYTES: usize = 4096;
 
 /// Bytes of kernel parameters a result-ABI kernel over `global_buffers` buffers
-/// takes: a u64 address and a u32 count each, then the five result parameters
-/// (u64, u64, u32, u32, 256 descriptor bytes, 8-byte aligned).
-pub fn result_abi_parameter_bytes(global_buffers: usize) -> usize {
+/// and `scalars` takes: a u64 address and a u32 count each, then the five result
+/// parameters (u64, u64, u32, u32, 256 descriptor bytes, 8-byte aligned), then each
+/// scalar (4 bytes, or 8 aligned to 8 for `u64` and `i64`).
+pub fn result_abi_parameter_bytes(global_buffers: usize, scalars: &[ScalarDecl]) -> usize {
     let counts = (4 * global_buffers).div_ceil(8) * 8;
-    8 * global_buffers + counts + 8 + 8 + 4 + 4 + 16 * RESULT_RANGE_SLOTS
+    let results = 8 * global_buffers + counts + 8 + 8 + 4 + 4 + 16 * RESULT_RANGE_SLOTS;
+    scalars.iter().fold(results, |offset, scalar| {
+        let size = scalar.ty.bits() as usize / 8;
+        offset.next_multiple_of(size) + size
+    })
 }
 
-/// Whether a program with `global_buffers` buffers can host the result ABI (its
+/// Whether `program` (called `name` in messages) can host the result ABI (its
 /// stamps and mapped readback); an `Err` starting `Fix:` when its parameters would
 /// pass the driver's limit.
 pub(in crate::backend) fn check_result_abi_fits(
-    program: &str,
-    global_buffers: usize,
+    name: &str,
+    program: &Program,
 ) -> Result<(), String> {
-    let bytes = result_abi_parameter_bytes(global_buffers);
+    let global_buffers = program.global_buffers().len();
+    let scalars = program.scalars();
+    let bytes = result_abi_parameter_bytes(global_buffers, scalars);
     if bytes <= KERNEL_PARAMETER_LIMIT_BYTES {
         return Ok(());
     }
     let most = (0..global_buffers)
         .rev()
-        .find(|&n| result_abi_parameter_bytes(n) <= KERNEL_PARAMETER_LIMIT_BYTES)
+        .find(|&n| result_abi_parameter_bytes(n, scalars) <= KERNEL_PARAMETER_LIMIT_BYTES)
         .unwrap_or(0);
+    let with_scalars = if scalars.is_empty() {
+        String::new()
+    } else {
+        format!(" and its {} scalars", scalars.len())
+    };
     Err(format!(
-        "Fix: {program} binds {global_buffers} global buffers, so its kernel parameters (an address and a \
-         count per buffer, plus the result area that carries its timing stamps and small outputs) take \
-         {bytes} bytes, more than the driver's {KERNEL_PARAMETER_LIMIT_BYTES}; bind at most {most} \
+        "Fix: {name} binds {global_buffers} global buffers, so its kernel parameters (an address and a \
+         count per buffer, plus the result area that carries its timing stamps and small outputs{with_scalars}) \
+         take {bytes} bytes, more than the driver's {KERNEL_PARAMETER_LIMIT_BYTES}; bind at most {most} \
          global buffers (pack several into one, or split the program)"
     ))
 }
@@ -204,6 +217,22 @@ const FLAG_WINDOWS_SHIFT: u32 = 8;
 /// copied whole, block and all.
 pub const WINDOW_BYTES: u64 = 16;
 
+/// The aligned 16-byte block holding `len` bytes from `source`, when it lies inside
+/// the buffer occupying `memory` (so copying it whole reads no byte outside a bound
+/// buffer): the one window rule of the result ABI and of lanes.
+pub(in crate::backend) fn window_block(
+    source: u64,
+    len: u32,
+    memory: &std::ops::Range<u64>,
+) -> Option<u64> {
+    let block = source & !(WINDOW_BYTES - 1);
+    let inside = block >= memory.start
+        && block
+            .checked_add(WINDOW_BYTES)
+            .is_some_and(|end| end <= memory.end && source + u64::from(len) <= end);
+    inside.then_some(block)
+}
+
 impl ResultParams {
     /// Parameters for an area whose control block and mapped bytes are at these
     /// device addresses; no descriptors yet.
@@ -248,13 +277,9 @@ impl ResultParams {
         if index >= RESULT_RANGE_SLOTS {
             return None;
         }
-        let block = source & !(WINDOW_BYTES - 1);
-        let window = block >= memory.start
-            && block
-                .checked_add(WINDOW_BYTES)
-                .is_some_and(|end| end <= memory.end && source + u64::from(len) <= end)
-            && offset.is_multiple_of(WINDOW_BYTES as u32);
-        let delivered = if window {
+        let window = window_block(source, len, &memory)
+            .filter(|_| offset.is_multiple_of(WINDOW_BYTES as u32));
+        let delivered = if let Some(block) = window {
             // Keep the windows in front: the first looped descriptor (if any) moves
             // to the end. The order of descriptors is free (each names its own
             // destination).
@@ -507,6 +532,7 @@ pub(in crate::backend) fn stamp_kernel_ns(stamps: Option<(u64, u64)>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::ScalarType;
 
     fn item(len: u64) -> ReadItem {
         ReadItem {
@@ -666,25 +692,60 @@ mod tests {
         );
     }
 
+    /// `buffers` runtime-sized u32 buffers and the given scalars.
+    fn program_with(buffers: u32, scalars: &[ScalarType]) -> Program {
+        let mut builder = Program::builder([1, 1, 1]);
+        for index in 0..buffers {
+            builder = builder.buffer(
+                format!("b{index}"),
+                index,
+                crate::ir::Access::ReadWrite,
+                crate::ir::ElemType::U32,
+                crate::ir::BufferCount::Runtime,
+            );
+        }
+        for (index, &ty) in scalars.iter().enumerate() {
+            builder = builder.scalar(format!("s{index}"), ty);
+        }
+        builder.build()
+    }
+
     /// Locks out a kernel whose parameters the driver would refuse at launch: the
     /// byte count follows the ABI's layout (counts padded to 8 before the result
-    /// parameters), 318 buffers fit exactly in 4 KiB, 319 get a Fix error naming
-    /// the limit and the largest count that fits.
+    /// parameters, scalars after them, a 64-bit one aligned to 8), 318 buffers fit
+    /// exactly in 4 KiB, 319 get a Fix error naming the limit and the largest count
+    /// that fits; a scalar takes its bytes from the same space (318 buffers and one
+    /// scalar are refused, 317 fit).
     #[test]
     fn result_abi_parameters_fit_the_driver_limit() {
-        assert_eq!(result_abi_parameter_bytes(0), 280);
-        assert_eq!(result_abi_parameter_bytes(1), 8 + 8 + 280);
-        assert_eq!(result_abi_parameter_bytes(2), 16 + 8 + 280);
+        assert_eq!(result_abi_parameter_bytes(0, &[]), 280);
+        assert_eq!(result_abi_parameter_bytes(1, &[]), 8 + 8 + 280);
+        assert_eq!(result_abi_parameter_bytes(2, &[]), 16 + 8 + 280);
+        let scalars = [
+            ScalarDecl::new("a", ScalarType::U32),
+            ScalarDecl::new("b", ScalarType::U64),
+            ScalarDecl::new("c", ScalarType::F32),
+        ];
+        // 280, then 4 bytes, 4 of padding and 8, then 4.
+        assert_eq!(result_abi_parameter_bytes(0, &scalars), 280 + 4 + 4 + 8 + 4);
         assert_eq!(
-            result_abi_parameter_bytes(318),
+            result_abi_parameter_bytes(318, &[]),
             KERNEL_PARAMETER_LIMIT_BYTES
         );
-        assert!(check_result_abi_fits("p", 318).is_ok());
-        let message = check_result_abi_fits("p", 319).unwrap_err();
+        assert!(check_result_abi_fits("p", &program_with(318, &[])).is_ok());
+        let message = check_result_abi_fits("p", &program_with(319, &[])).unwrap_err();
         assert!(
             message.starts_with("Fix:") && message.contains("at most 318"),
             "{message}"
         );
+        let message =
+            check_result_abi_fits("p", &program_with(318, &[ScalarType::U32])).unwrap_err();
+        assert!(
+            message.starts_with("Fix:") && message.contains("at most 317"),
+            "{message}"
+        );
+        assert!(message.contains("its 1 scalars"), "{message}");
+        assert!(check_result_abi_fits("p", &program_with(317, &[ScalarType::U64])).is_ok());
     }
 
     /// Locks out a size policy that sends long ranges through a one-lane copy: the

@@ -21,13 +21,18 @@
 //! (sizes, buffers bound twice, readback) a few dozen at 17 bindings (measured on the
 //! build machine by the `host_cost_request_building_and_planning` instrument below;
 //! figures in ARCHITECTURE.md). It is the place later
-//! per-dispatch choices go, as one more builder method each (scalar kernel
-//! parameters by name, say), without a new dispatch method.
+//! per-dispatch choices go, as one more builder method each, without a new dispatch
+//! method: the values of a program's scalar parameters came that way
+//! ([`Dispatch::scalar`]). They are resolved against the kernel's declarations when
+//! the request is built and kept inline ([`ScalarValues`], 16 words), so a request
+//! with scalars allocates nothing either; a bad value is remembered and refused with
+//! a `Fix:` error when the request is planned, by the same code on every backend.
 
 use bytemuck::Pod;
 
 use crate::config::{CodegenOptions, DispatchConfig, ReadbackPolicy};
-use crate::ir::Program;
+use crate::ir::validate::MAX_SCALARS;
+use crate::ir::{Literal, Program, ScalarDecl, ScalarType};
 
 use super::graph::ScratchBuffer;
 use super::{DeviceBuffer, Kernel, Outputs, PendingDispatch, PinnedBuffer};
@@ -43,6 +48,76 @@ pub(in crate::backend) enum Target<'a> {
     /// A program, compiled through the backend's caches (a warm lookup walks no
     /// program).
     Program(&'a Program),
+}
+
+impl<'a> Target<'a> {
+    /// The scalar parameters of what runs, in declaration order.
+    pub(in crate::backend) fn scalars(self) -> &'a [ScalarDecl] {
+        match self {
+            Target::Kernel(kernel) => kernel.scalars(),
+            Target::Program(program) => program.scalars(),
+        }
+    }
+}
+
+/// The values of a dispatch's scalar parameters, in the program's declaration order:
+/// each value's bit pattern zero-extended to a `u64` word
+/// ([`Literal::bits`]), and which positions have one. A fixed inline array, so a
+/// request stays a `Copy` value that allocates nothing; a launch passes word `i` as
+/// the kernel's scalar parameter `i` (a 32-bit parameter reads the word's low half:
+/// the host is little-endian, as CUDA requires).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScalarValues {
+    words: [u64; MAX_SCALARS],
+    /// Bit `i` set: position `i` has a value.
+    supplied: u16,
+}
+
+// One supplied bit per scalar.
+const _: () = assert!(MAX_SCALARS <= u16::BITS as usize);
+
+impl ScalarValues {
+    /// Every word, by declaration position (0 where no value was given).
+    pub fn words(&self) -> &[u64; MAX_SCALARS] {
+        &self.words
+    }
+
+    /// Whether position `position` has a value.
+    pub fn is_supplied(&self, position: usize) -> bool {
+        position < MAX_SCALARS && self.supplied & (1 << position) != 0
+    }
+
+    /// The value at `position` as a literal of `ty` (its declared type), if given.
+    pub fn get(&self, position: usize, ty: ScalarType) -> Option<Literal> {
+        self.is_supplied(position)
+            .then(|| Literal::from_bits(ty, self.words[position]))
+    }
+
+    /// Give position `position` (below [`MAX_SCALARS`]) the value `value`.
+    pub(in crate::backend) fn set(&mut self, position: usize, value: Literal) {
+        if let Some(word) = self.words.get_mut(position) {
+            *word = value.bits();
+            self.supplied |= 1 << position;
+        }
+    }
+
+    /// The first of the first `count` positions without a value (one mask test).
+    pub(in crate::backend) fn first_missing(&self, count: usize) -> Option<usize> {
+        let wanted = u16::MAX.checked_shr(u16::BITS - count.min(MAX_SCALARS) as u32);
+        let missing = wanted.unwrap_or(0) & !self.supplied;
+        (missing != 0).then(|| missing.trailing_zeros() as usize)
+    }
+}
+
+/// A scalar value a request was given that its kernel cannot take, remembered by
+/// [`Dispatch::scalar`] (which returns the request, not a `Result`) and refused when
+/// the request is planned (`plan::check_request_scalars`).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::backend) enum ScalarProblem<'a> {
+    /// No scalar of this name is declared.
+    Undeclared(&'a str),
+    /// The scalar at `position` is declared with another type than `given`'s.
+    WrongType { position: usize, given: Literal },
 }
 
 /// One dispatch: build it, then finish it with a backend's `run`, `submit` or
@@ -92,6 +167,9 @@ pub struct Dispatch<'a> {
     pub(in crate::backend) codegen: CodegenOptions,
     pub(in crate::backend) timing: Timing,
     pub(in crate::backend) after: Option<&'a PendingDispatch>,
+    pub(in crate::backend) scalars: ScalarValues,
+    /// The first value [`Dispatch::scalar`] could not take.
+    pub(in crate::backend) scalar_problem: Option<ScalarProblem<'a>>,
 }
 
 impl<'a> Dispatch<'a> {
@@ -119,6 +197,8 @@ impl<'a> Dispatch<'a> {
             codegen: CodegenOptions::new(),
             timing: Timing::KernelStamps,
             after: None,
+            scalars: ScalarValues::default(),
+            scalar_problem: None,
         }
     }
 
@@ -175,9 +255,74 @@ impl<'a> Dispatch<'a> {
         self
     }
 
+    /// The value of the program's scalar parameter `name` for this dispatch (see
+    /// [`ScalarDecl`]): a typed value (`5u32`, `-1i32`, `0.5f32`, `true`, `7u64`,
+    /// `-7i64`, or a [`Literal`]) of exactly the declared type (no conversion:
+    /// `5` is an `i32`). Every declared scalar needs a value; giving one twice keeps
+    /// the last. A name the program does not declare, or a value of another type,
+    /// makes the dispatch an `Err` starting `Fix:` (on every backend, from `run`,
+    /// `submit`, `run_into` and graph recording alike; a later good value does not
+    /// undo it). The name is matched against the declarations of what the request
+    /// runs here, once, so planning the request checks a mask. A new value needs no
+    /// new PTX and no new JIT: values are never part of a cache key.
+    ///
+    /// ```
+    /// use vyre_cuda::backend::{AnyBackend, Binding, Dispatch};
+    /// use vyre_cuda::ir::*;
+    /// use vyre_cuda::DispatchConfig;
+    ///
+    /// # fn main() -> Result<(), vyre_cuda::backend::BackendError> {
+    /// let scale = Program::builder([64, 1, 1])
+    ///     .buffer("x", 0, Access::ReadWrite, ElemType::F32, BufferCount::Runtime)
+    ///     .scalar("factor", ScalarType::F32)
+    ///     .body(|b| {
+    ///         let i = b.let_("i", Expr::global_id(Axis::X));
+    ///         b.if_(i.clone().less_than(Expr::length("x")), |b| {
+    ///             b.store("x", i.clone(), Expr::load("x", i.clone()) * Expr::scalar("factor"));
+    ///         });
+    ///     })
+    ///     .build();
+    /// let backend = AnyBackend::cuda_or_reference();
+    /// let kernel = backend.compile(&scale, &DispatchConfig::linear(1))?;
+    /// let x = backend.buffer_from(&[1.5f32; 64])?;
+    /// let bindings = [Binding::from(&x)];
+    /// let request = Dispatch::new(&kernel, &bindings);
+    /// backend.run(request.scalar("factor", 2.0f32))?; // one kernel, any value
+    /// backend.run(request.scalar("factor", 0.5f32))?;
+    /// assert_eq!(backend.read::<f32>(&x)?[0], 1.5);
+    /// let error = backend.run(request.scalar("factor", 2u32)).unwrap_err();
+    /// assert!(error.to_string().starts_with("Fix:"), "{error}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scalar(mut self, name: &'a str, value: impl Into<Literal>) -> Self {
+        let value = value.into();
+        let declared = self.target.scalars();
+        let problem = match declared.iter().position(|decl| &*decl.name == name) {
+            Some(position) if declared[position].ty == value.ty() => {
+                self.scalars.set(position, value);
+                None
+            }
+            Some(position) => Some(ScalarProblem::WrongType {
+                position,
+                given: value,
+            }),
+            None => Some(ScalarProblem::Undeclared(name)),
+        };
+        if self.scalar_problem.is_none() {
+            self.scalar_problem = problem;
+        }
+        self
+    }
+
     /// The bindings, in binding order.
     pub fn bindings(&self) -> &'a [Binding<'a>] {
         self.bindings
+    }
+
+    /// The scalar values given so far ([`Dispatch::scalar`]), by declaration position.
+    pub fn scalar_values(&self) -> &ScalarValues {
+        &self.scalars
     }
 }
 
@@ -342,21 +487,27 @@ mod tests {
         fn assert_copy<T: Copy>() {}
         assert_copy::<Dispatch<'_>>();
         assert_copy::<Binding<'_>>();
-        assert!(std::mem::size_of::<Dispatch<'_>>() <= 96);
+        // 96 bytes before scalar parameters, plus the inline values (16 words and
+        // their mask) and the remembered problem: `host_cost_request_building_and_planning`
+        // measures what building and planning it costs.
+        assert!(std::mem::size_of::<Dispatch<'_>>() <= 96 + 136 + 32);
     }
 
     /// Measures what building and planning a request cost on the host (the CPU half
     /// of the dispatch path that this API added or changed): a request value, the
-    /// binding array from buffers, the shared plan (`plan_request`: sizes, buffers
-    /// bound twice, readback) and its aliasing check alone, and the kernel handle
+    /// same with four scalar values (each `.scalar` matches its name against the
+    /// kernel's declarations), the binding array from buffers, the shared plan
+    /// (`plan_request`: sizes, buffers bound twice, scalars, readback) of a program
+    /// without scalars and of one with four, its aliasing check alone, and the kernel handle
     /// `Outputs` keeps for lookups by name (one reference count up and down), at 9
-    /// and 17 bindings. Run: `cargo test --release --lib host_cost_request --
-    /// --ignored --nocapture`.
+    /// and 17 bindings; it prints the request's size. Run: `cargo test --release
+    /// --lib host_cost_request -- --ignored --nocapture`.
     #[test]
     #[cfg(feature = "testing")]
     #[ignore = "host-cost instrument: run with --ignored --nocapture host_cost"]
     fn host_cost_request_building_and_planning() {
         use crate::backend::plan::{check_aliasing, plan_request, RequestPlan};
+        use crate::backend::reference_backend::ReferenceKernel;
         use crate::backend::ReferenceBackend;
         use crate::host_cost::{Cell, CellOptions};
         use std::hint::black_box;
@@ -364,27 +515,87 @@ mod tests {
         let options =
             CellOptions::with_targets(Duration::from_millis(200), Duration::from_millis(20));
         let backend = ReferenceBackend::new();
+        println!(
+            "Dispatch: {} bytes ({} of them ScalarValues)",
+            std::mem::size_of::<Dispatch<'_>>(),
+            std::mem::size_of::<ScalarValues>()
+        );
+        const NAMES: [&str; 4] = ["first", "second", "third", "fourth"];
         for buffers in [9u32, 17] {
-            let program = crate::fixtures::host_cost_fixture(buffers, 16);
-            let kernel = backend
-                .compile(&program, &CodegenOptions::new())
-                .expect("compile");
+            let plain = crate::fixtures::host_cost_fixture(buffers, 16);
+            let scalars: Vec<ScalarDecl> = NAMES
+                .iter()
+                .map(|name| ScalarDecl::new(*name, ScalarType::U32))
+                .collect();
+            let program = Program::from_parts(
+                plain.buffers_shared().clone(),
+                scalars.into(),
+                plain.workgroup_size(),
+                plain.entry().clone(),
+                None,
+                false,
+            );
+            let compile = |program: &Program| {
+                backend
+                    .compile(program, &CodegenOptions::new())
+                    .expect("compile")
+            };
+            let (kernel, plain_kernel) = (compile(&program), compile(&plain));
             let device: Vec<DeviceBuffer> = (0..buffers)
                 .map(|_| backend.buffer(16).expect("buffer"))
                 .collect();
             let bindings: Vec<Binding> = device.iter().map(Binding::from).collect();
             let config = DispatchConfig::linear(1);
             let reference = backend.reference_kernel(&kernel).expect("reference kernel");
+            let plain_reference = backend
+                .reference_kernel(&plain_kernel)
+                .expect("reference kernel");
+            fn with_scalars(request: Dispatch<'_>, round: u32) -> Dispatch<'_> {
+                NAMES
+                    .iter()
+                    .fold(request, |request, &name| request.scalar(name, round))
+            }
+            let plan = |reference: &ReferenceKernel, request: &Dispatch<'_>| {
+                let mut plan = RequestPlan::default();
+                let slots = (&reference.slots[..], reference.program.scalars());
+                plan_request(
+                    &reference.name,
+                    slots,
+                    &reference.outputs,
+                    request,
+                    &mut plan,
+                )
+                .expect("plan");
+                plan.staging_bytes as u64
+            };
+            let (kernel, plain_kernel) = (&kernel, &plain_kernel);
+            let (bindings, config) = (&bindings[..], &config);
+            // Planned again and again (a request is `Copy`): the plan alone.
+            let plain_request = Dispatch::new(plain_kernel, bindings).config(config);
+            let scalar_request = with_scalars(Dispatch::new(kernel, bindings).config(config), 7);
             let cells = [
                 Cell::measure(
                     &format!("request value ({buffers} bindings)"),
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            let request = Dispatch::new(black_box(&kernel), black_box(&bindings))
-                                .config(black_box(&config))
-                                .timing(Timing::KernelStamps);
+                            let request =
+                                Dispatch::new(black_box(plain_kernel), black_box(bindings))
+                                    .config(black_box(config))
+                                    .timing(Timing::KernelStamps);
                             acc ^ black_box(request).bindings.len() as u64
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("request value + 4 scalars ({buffers} bindings)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, round| {
+                            let request = Dispatch::new(black_box(kernel), black_box(bindings))
+                                .config(black_box(config));
+                            let request = with_scalars(request, black_box(round as u32));
+                            acc ^ black_box(request).scalars.words[3]
                         })
                     },
                 ),
@@ -404,18 +615,16 @@ mod tests {
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            let mut plan = RequestPlan::default();
-                            let request =
-                                Dispatch::new(&kernel, black_box(&bindings)).config(&config);
-                            plan_request(
-                                &reference.name,
-                                &reference.slots,
-                                &reference.outputs,
-                                &request,
-                                &mut plan,
-                            )
-                            .expect("plan");
-                            acc ^ black_box(&plan).staging_bytes as u64
+                            acc ^ plan(plain_reference, black_box(&plain_request))
+                        })
+                    },
+                ),
+                Cell::measure(
+                    &format!("plan_request ({buffers} bindings, 4 scalars)"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            acc ^ plan(reference, black_box(&scalar_request))
                         })
                     },
                 ),
@@ -424,7 +633,7 @@ mod tests {
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            check_aliasing(&reference.name, &reference.slots, black_box(&bindings))
+                            check_aliasing(&reference.name, &reference.slots, black_box(bindings))
                                 .expect("no aliasing");
                             acc ^ 1
                         })
@@ -435,7 +644,7 @@ mod tests {
                     &options,
                     |n| {
                         (0..n).fold(0u64, |acc, _| {
-                            let handle = black_box(&kernel).clone();
+                            let handle = black_box(kernel).clone();
                             acc ^ black_box(&handle).name().len() as u64
                         })
                     },
@@ -451,6 +660,65 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Locks out a request that loses a value, reports the wrong scalar as missing
+    /// or forgets a bad value: values land at their declaration positions (the last
+    /// of two kept), the first missing position is found by the mask at every count
+    /// up to 16 (0 and 16 included), and the first problem a request was given stays
+    /// (a later good value does not hide it). Negative control: a request with every
+    /// value and no problem has nothing missing.
+    #[test]
+    fn scalar_values_keep_positions_and_problems() {
+        let mut values = ScalarValues::default();
+        assert_eq!(values.first_missing(0), None);
+        assert_eq!(values.first_missing(1), Some(0));
+        for position in 0..MAX_SCALARS {
+            values.set(position, Literal::U32(position as u32));
+            assert_eq!(
+                values.first_missing(MAX_SCALARS),
+                (position + 1 < MAX_SCALARS).then_some(position + 1)
+            );
+        }
+        assert_eq!(values.first_missing(MAX_SCALARS), None);
+        values.set(3, Literal::I64(-1));
+        assert_eq!(values.get(3, ScalarType::I64), Some(Literal::I64(-1)));
+        assert_eq!(values.words()[3], u64::MAX);
+        let mut sparse = ScalarValues::default();
+        sparse.set(0, Literal::Bool(true));
+        sparse.set(2, Literal::F32(0.5));
+        assert_eq!(sparse.first_missing(3), Some(1));
+        assert_eq!(sparse.get(1, ScalarType::U32), None);
+        assert_eq!(sparse.get(2, ScalarType::F32), Some(Literal::F32(0.5)));
+
+        let program = Program::builder([1, 1, 1])
+            .scalar("a", ScalarType::U32)
+            .scalar("b", ScalarType::F32)
+            .build();
+        let request = Dispatch::program(&program, &[]);
+        let good = request
+            .scalar("b", 1.0f32)
+            .scalar("a", 1u32)
+            .scalar("a", 2u32);
+        assert!(good.scalar_problem.is_none());
+        assert_eq!(good.scalars.first_missing(2), None);
+        assert_eq!(good.scalars.get(0, ScalarType::U32), Some(Literal::U32(2)));
+        let bad = request
+            .scalar("a", 1i32)
+            .scalar("c", 1u32)
+            .scalar("a", 1u32);
+        assert!(matches!(
+            bad.scalar_problem,
+            Some(ScalarProblem::WrongType {
+                position: 0,
+                given: Literal::I32(1)
+            })
+        ));
+        let unknown = request.scalar("c", 1u32).scalar("a", 1i32);
+        assert!(matches!(
+            unknown.scalar_problem,
+            Some(ScalarProblem::Undeclared("c"))
+        ));
     }
 
     /// Locks out a typed binding that reinterprets the values' length: `host` binds

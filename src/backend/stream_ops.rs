@@ -1,4 +1,4 @@
-//! One description of the stream operations of a dispatch (issue 10 item 3).
+//! One description of the stream operations of a dispatch.
 //!
 //! # Why this module exists
 //!
@@ -48,18 +48,23 @@ use crate::ir::Access;
 
 use super::driver::{self, DriverError, DriverResult, Event, LoadedModule, PinnedMemory, Stream};
 use super::plan::ParamSlot;
+use super::plan::ScalarWords;
 use super::readback::{AreaCopy, Delivery, ResultArea, ResultParams};
 use super::{ParameterArray, PerBinding};
 
 /// The kernel parameter values of one launch: every buffer address, then every
 /// `u32` element count, then the result ABI's five values (the kernel ABI documented
 /// in `codegen::ptx`; every backend kernel has them, the raw floor's plain kernels
-/// do not).
+/// do not), then one word per scalar parameter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(in crate::backend) struct LaunchParameters {
     pub(in crate::backend) addresses: PerBinding<u64>,
     pub(in crate::backend) counts: PerBinding<u32>,
     pub(in crate::backend) results: Option<ResultParams>,
+    /// The scalar values' bit patterns, zero-extended, in declaration order: the
+    /// driver reads a 32-bit parameter's 4 bytes from the start of its word (the
+    /// low half on a little-endian host).
+    pub(in crate::backend) scalars: ScalarWords,
 }
 
 impl LaunchParameters {
@@ -89,8 +94,9 @@ impl LaunchParameters {
     /// neither moved nor dropped.
     #[inline(always)]
     pub(in crate::backend) fn pointer_array(&mut self) -> ParameterArray {
-        let mut params: ParameterArray =
-            SmallVec::with_capacity(self.addresses.len() + self.counts.len() + 5);
+        let mut params: ParameterArray = SmallVec::with_capacity(
+            self.addresses.len() + self.counts.len() + 5 + self.scalars.len(),
+        );
         for address in self.addresses.iter_mut() {
             params.push(address as *mut u64 as *mut c_void);
         }
@@ -99,6 +105,9 @@ impl LaunchParameters {
         }
         if let Some(results) = &self.results {
             results.push_pointers(&mut params);
+        }
+        for word in self.scalars.iter_mut() {
+            params.push(word as *mut u64 as *mut c_void);
         }
         params
     }
@@ -257,20 +266,21 @@ impl<'a, M> StreamOps<'a, M> {
     }
 
     /// The operations of one dispatch of a kernel with `slots` bound to `addresses`
-    /// holding `sizes` bytes: the zero fill of every `WriteOnly` binding (the IR's rule:
-    /// `WriteOnly` starts zeroed on every path, owned buffer or transient), then the
-    /// launch loop with the parameter array. The eager path and graph recording both
-    /// build their dispatch through this one function (the eager path in place, with
-    /// [`StreamOps::describe_dispatch`]).
+    /// holding `sizes` bytes and scalar parameters `scalars`: the zero fill of every
+    /// `WriteOnly` binding (the IR's rule: `WriteOnly` starts zeroed on every path,
+    /// owned buffer or transient), then the launch loop with the parameter array. The
+    /// eager path and graph recording both build their dispatch through this one
+    /// function (the eager path in place, with [`StreamOps::describe_dispatch`]).
     #[inline(always)]
     pub(in crate::backend) fn dispatch(
         slots: &[ParamSlot],
         addresses: &[u64],
         sizes: &[u64],
+        scalars: &[u64],
         launch: KernelLaunch<'a, M>,
     ) -> Self {
         let mut ops = StreamOps::empty();
-        ops.describe_dispatch(slots, addresses, sizes, launch);
+        ops.describe_dispatch(slots, addresses, sizes, scalars, launch);
         ops
     }
 
@@ -283,6 +293,7 @@ impl<'a, M> StreamOps<'a, M> {
         slots: &[ParamSlot],
         addresses: &[u64],
         sizes: &[u64],
+        scalars: &[u64],
         launch: KernelLaunch<'a, M>,
     ) {
         for ((slot, &device), &bytes) in slots.iter().zip(addresses).zip(sizes) {
@@ -294,6 +305,7 @@ impl<'a, M> StreamOps<'a, M> {
             }
         }
         self.parameters.push_bindings(slots, addresses, sizes);
+        self.parameters.scalars.extend_from_slice(scalars);
         self.launch = Some(launch);
     }
 
@@ -625,6 +637,7 @@ pub(in crate::backend) mod tests {
             grid: [u32; 3],
             addresses: Vec<u64>,
             counts: Vec<u32>,
+            scalars: Vec<u64>,
             cooperative: bool,
         },
         ReadBack(StagedCopy),
@@ -642,9 +655,14 @@ pub(in crate::backend) mod tests {
         _unused: (),
     }
 
+    /// A fake module: how many buffers and scalar parameters its kernel takes.
+    pub(in crate::backend) struct FakeKernel {
+        pub(in crate::backend) buffers: usize,
+        pub(in crate::backend) scalars: usize,
+    }
+
     impl StreamTarget for Recording {
-        /// A fake module: the number of kernel parameters.
-        type Module = usize;
+        type Module = FakeKernel;
 
         fn record(&mut self, mark: DeviceMark) -> DriverResult<()> {
             self.seen.push(Seen::Record(mark));
@@ -668,15 +686,16 @@ pub(in crate::backend) mod tests {
         }
         unsafe fn launch(
             &mut self,
-            launch: &KernelLaunch<'_, usize>,
+            launch: &KernelLaunch<'_, FakeKernel>,
             params: &mut [*mut c_void],
         ) -> DriverResult<()> {
-            let n = *launch.module / 2;
+            let (n, scalars) = (launch.module.buffers, launch.module.scalars);
+            let results = params.len() == 2 * n + 5 + scalars;
             assert!(
-                params.len() == 2 * n || params.len() == 2 * n + 5,
+                params.len() == 2 * n + scalars || results,
                 "one pointer per parameter (plus the result ABI's five)"
             );
-            if params.len() == 2 * n + 5 {
+            if results {
                 // SAFETY (test): the pointers come from LaunchParameters::pointer_array,
                 // whose result pointers 2 and 3 are the u32 flags and range count.
                 let (flags, count) = unsafe {
@@ -693,14 +712,20 @@ pub(in crate::backend) mod tests {
                 .map(|p| unsafe { *(*p as *const u64) })
                 .collect();
             // SAFETY (test): as above.
-            let counts = params[n..]
+            let counts = params[n..2 * n]
                 .iter()
                 .map(|p| unsafe { *(*p as *const u32) })
+                .collect();
+            // SAFETY (test): as above; the scalar words are the last pointers.
+            let scalars = params[params.len() - scalars..]
+                .iter()
+                .map(|p| unsafe { *(*p as *const u64) })
                 .collect();
             self.seen.push(Seen::Launch {
                 grid: launch.grid,
                 addresses,
                 counts,
+                scalars,
                 cooperative: launch.grid_barrier.is_some(),
             });
             Ok(())
@@ -737,9 +762,12 @@ pub(in crate::backend) mod tests {
         ]
     }
 
-    const MODULE: usize = 6;
+    const MODULE: FakeKernel = FakeKernel {
+        buffers: 3,
+        scalars: 0,
+    };
 
-    fn launch(iterations: u32, grid_barrier: Option<u64>) -> KernelLaunch<'static, usize> {
+    fn launch(iterations: u32, grid_barrier: Option<u64>) -> KernelLaunch<'static, FakeKernel> {
         KernelLaunch {
             module: &MODULE,
             grid: [4, 1, 1],
@@ -749,7 +777,7 @@ pub(in crate::backend) mod tests {
         }
     }
 
-    fn run(mut ops: StreamOps<'_, usize>) -> Vec<Seen> {
+    fn run(mut ops: StreamOps<'_, FakeKernel>) -> Vec<Seen> {
         let mut target = Recording::default();
         // SAFETY (test): the recording target makes no driver call.
         unsafe { enqueue(&mut ops, &mut target) }.unwrap();
@@ -765,6 +793,7 @@ pub(in crate::backend) mod tests {
             addresses: [0x1000u64, 0x2000, 0x3000].into_iter().collect(),
             counts: [7u32, 8, 9].into_iter().collect(),
             results: None,
+            scalars: Default::default(),
         };
         let params = parameters.pointer_array();
         assert_eq!(params.len(), 6);
@@ -778,6 +807,31 @@ pub(in crate::backend) mod tests {
         }
     }
 
+    /// Locks out scalar parameters anywhere but last, or pointing at the wrong word:
+    /// the kernel ABI is addresses, counts, the result ABI's five, then one pointer
+    /// per scalar word in declaration order. Negative control: without the result
+    /// ABI the scalars follow the counts directly.
+    #[test]
+    fn scalar_parameters_come_last_one_word_each() {
+        let mut parameters = LaunchParameters {
+            addresses: [0x1000u64, 0x2000].into_iter().collect(),
+            counts: [7u32, 8].into_iter().collect(),
+            results: Some(ResultParams::new(0xC000, 0xD000)),
+            scalars: [0xAAu64, u64::MAX, 3].into_iter().collect(),
+        };
+        let params = parameters.pointer_array();
+        assert_eq!(params.len(), 2 + 2 + 5 + 3);
+        for (i, param) in params[9..].iter().enumerate() {
+            let expected = std::ptr::addr_of_mut!(parameters.scalars[i]) as *mut c_void;
+            assert_eq!(*param, expected, "parameter {} points at scalar {i}", 9 + i);
+        }
+        parameters.results = None;
+        let params = parameters.pointer_array();
+        assert_eq!(params.len(), 2 + 2 + 3);
+        let first_scalar = std::ptr::addr_of_mut!(parameters.scalars[0]) as *mut c_void;
+        assert_eq!(params[4], first_scalar);
+    }
+
     /// Locks out a reordered or incomplete eager dispatch: events bracket exactly
     /// what they claim, staged and pinned uploads and clears precede the launch loop, every iteration
     /// passes the same parameters (addresses, then counts = bytes / element size),
@@ -786,7 +840,7 @@ pub(in crate::backend) mod tests {
     fn eager_dispatch_enqueues_in_the_documented_order() {
         let addresses = [0x100, 0x200, 0x300];
         let sizes = [16, 32, 64];
-        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(2, None));
+        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, &[], launch(2, None));
         let upload = StagedCopy {
             device: 0x100,
             staging_offset: 0,
@@ -821,6 +875,7 @@ pub(in crate::backend) mod tests {
             grid: [4, 1, 1],
             addresses: addresses.to_vec(),
             counts: vec![4, 8, 16],
+            scalars: Vec::new(),
             cooperative: false,
         };
         assert_eq!(
@@ -851,7 +906,16 @@ pub(in crate::backend) mod tests {
     fn a_graph_step_enqueues_exactly_the_eager_dispatch_operations() {
         let addresses = [0x100, 0x200, 0x300];
         let sizes = [16, 32, 64];
-        let mut eager = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        let scalars = [5u64, 0xffff_ffff_ffff];
+        let kernel = FakeKernel {
+            buffers: 3,
+            scalars: 2,
+        };
+        let launch = |iterations| KernelLaunch {
+            module: &kernel,
+            ..launch(iterations, None)
+        };
+        let mut eager = StreamOps::dispatch(&slots(), &addresses, &sizes, &scalars, launch(3));
         eager.timed = true;
         let reads = [StagedCopy {
             device: 0x300,
@@ -859,17 +923,25 @@ pub(in crate::backend) mod tests {
             len: 64,
         }];
         eager.readback = Readback::StagedCopies(&reads);
-        let graph_step = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        let graph_step = StreamOps::dispatch(&slots(), &addresses, &sizes, &scalars, launch(3));
         let eager_seen: Vec<Seen> = run(eager)
             .into_iter()
             .filter(|s| !matches!(s, Seen::Record(_) | Seen::ReadBack(_)))
             .collect();
         let graph_seen = run(graph_step);
         assert_eq!(eager_seen, graph_seen);
-        // Negative control: the comparison does see a missing clear.
-        let mut without_clear = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        assert!(graph_seen.iter().any(|seen| matches!(
+            seen,
+            Seen::Launch { scalars: passed, .. } if passed[..] == scalars[..]
+        )));
+        // Negative controls: the comparison does see a missing clear, and other
+        // scalar values.
+        let mut without_clear =
+            StreamOps::dispatch(&slots(), &addresses, &sizes, &scalars, launch(3));
         without_clear.clears.clear();
         assert_ne!(run(without_clear), graph_seen);
+        let other_values = StreamOps::dispatch(&slots(), &addresses, &sizes, &[5, 6], launch(3));
+        assert_ne!(run(other_values), graph_seen);
     }
 
     /// Locks out result-ABI launches that stamp or copy on the wrong iteration, and
@@ -883,7 +955,7 @@ pub(in crate::backend) mod tests {
         use crate::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
         let addresses = [0x100, 0x200, 0x300];
         let sizes = [16, 32, 64];
-        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(3, None));
+        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, &[], launch(3, None));
         let mut results = ResultParams::new(0xC000, 0xD000);
         assert_eq!(results.describe(0x200, 32, 16, 0x200..0x220), Some(16));
         ops.parameters.results = Some(results);
@@ -937,7 +1009,8 @@ pub(in crate::backend) mod tests {
     fn grid_sync_resets_the_barrier_before_each_launch() {
         let addresses = [0x100, 0x200, 0x300];
         let sizes = [16, 32, 64];
-        let mut ops = StreamOps::dispatch(&slots(), &addresses, &sizes, launch(2, Some(0xB000)));
+        let mut ops =
+            StreamOps::dispatch(&slots(), &addresses, &sizes, &[], launch(2, Some(0xB000)));
         let barrier = StagedCopy {
             device: 0xB000,
             staging_offset: 1024,
@@ -970,9 +1043,12 @@ pub(in crate::backend) mod tests {
     #[test]
     fn a_bare_launch_shares_its_kernel_events_with_the_window() {
         let read_only = [slot(0, ElemType::U32, Access::ReadOnly)];
-        let mut ops = StreamOps::dispatch(&read_only, &[0x100], &[16], {
+        let mut ops = StreamOps::dispatch(&read_only, &[0x100], &[16], &[], {
             let mut l = launch(1, None);
-            l.module = &2;
+            l.module = &FakeKernel {
+                buffers: 1,
+                scalars: 0,
+            };
             l
         });
         ops.timed = true;

@@ -1,5 +1,5 @@
 //! `vyre-cuda-phase-report`: turns a log of dispatch phase probe lines into a
-//! per-phase table (§5).
+//! per-phase table.
 //!
 //! A probe line has 27 fields; people read tables. Run any dispatching binary
 //! with `VYRE_CUDA_DISPATCH_PHASE_PROBE=1`, keep its stderr, and feed it here:

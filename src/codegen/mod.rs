@@ -1,4 +1,4 @@
-//! Code generation (§2): turns a lowered, validated [`Program`](crate::ir::Program)
+//! Code generation: turns a lowered, validated [`Program`](crate::ir::Program)
 //! into text the GPU driver compiles.
 //!
 //! The only target is PTX ([`ptx`]), the virtual ISA every CUDA driver accepts and
@@ -12,4 +12,7 @@ pub use ptx::{
     codegen_limits, program_to_ptx, program_to_ptx_with_results, CodegenError, ENTRY_NAME,
     GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, RESULT_RANGE_SLOTS,
 };
-pub use ptx::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
+pub use ptx::{
+    lane_body_name, module_entry_name, module_grid_barrier_symbol, LaneModuleBuilder, ModuleEntry,
+    PtxModuleBuilder, LANE_ENTRY_NAME,
+};

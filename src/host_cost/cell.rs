@@ -6,7 +6,7 @@
 //! short interference vanish, and quotes the fastest region: interference only ever adds
 //! time. The spread of the regions says whether the fastest one can be trusted.
 //!
-//! Procedure (§6): warm with 3 calls; probe with 1, 4, 16, ... repetitions until a probe
+//! Procedure: warm with 3 calls; probe with 1, 4, 16, ... repetitions until a probe
 //! lasts at least 0.05 s, repeat that probe once and keep the faster; scale the repetition count so one region lasts the target; time
 //! 5 regions; quote the minimum per-unit time beside the relative standard deviation of
 //! the per-unit times (≤ 5 % ok, ≤ 20 % advisory, above that void). A minimum under
@@ -19,7 +19,7 @@ use super::clock::{ClockDrift, ClockMonitor, ClockOptions};
 use super::error::HostCostError;
 use super::estimate::{self, CellThresholds, CellVerdict};
 
-/// Everything a cell measurement can be tuned with; every default is §6's.
+/// Everything a cell measurement can be tuned with; every default is the harness's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CellOptions {
     /// Calls (of one repetition each) before calibration. Default 3.
@@ -67,7 +67,7 @@ impl CellOptions {
         }
     }
 
-    /// Checks every field against its bound (issue 13: an unbounded region count
+    /// Checks every field against its bound (an unbounded region count
     /// exhausts memory, an unbounded growth never ends calibration, a NaN threshold
     /// passes nothing).
     ///

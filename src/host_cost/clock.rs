@@ -2,13 +2,13 @@
 //!
 //! A ratio between two arms is only meaningful if the clock did not move under them; a
 //! turbo step or a thermal dip of a few percent is as large as the effects the harness is
-//! meant to resolve. §6 therefore records, at every region boundary, one of two clock
+//! meant to resolve. The harness therefore records, at every region boundary, one of two clock
 //! figures:
 //!
 //! - **`cpufreq`**: the busy-weighted mean MHz, from per-CPU busy jiffies in `/proc/stat`
 //!   and each CPU's `cpufreq/scaling_cur_freq`. CPUs that did the work weigh the most.
 //! - **`spin-reference`**: where no cpufreq node exists — the GPU machine is a
-//!   Firecracker VM with none (§0), so a cpufreq-only check would be silently inert
+//!   Firecracker VM with none, so a cpufreq-only check would be silently inert
 //!   there — a calibrated chain of dependent integer operations is timed at each
 //!   boundary (minimum of a few short repetitions), and its rate in operations per
 //!   microsecond stands in for the clock. It also moves when a hyper-thread sibling or
@@ -36,7 +36,7 @@
 //! only when the arms' steal shares differ by more than the limit **and** by more than
 //! three times the tick quantisation's standard error.
 //!
-//! # The verdict (issue 12)
+//! # The verdict
 //! A paired comparison is published only if the **between-arm gap** — the mean figure of
 //! arm B's regions against arm A's ([`between_arm_gap`](super::estimate::between_arm_gap))
 //! — is at most 2 %: the seed's rule. The spread of the thirds' medians (a trend within
@@ -351,7 +351,7 @@ pub struct ClockOptions {
     /// How the repetitions are condensed. Default [`SpinStatistic::Median`].
     pub spin_statistic: SpinStatistic,
     /// A between-arm gap above this disqualifies a comparison; a within-run drift above
-    /// it is an advisory. Default 0.02 (§6). Finite, in (0, 1].
+    /// it is an advisory. Default 0.02. Finite, in (0, 1].
     pub limit: f64,
 }
 

@@ -1,7 +1,7 @@
 //! Estimator arithmetic as pure functions over sample slices.
 //!
 //! Everything that turns timings into a quoted number or a verdict lives here, with no
-//! clock read and no I/O, so that every rule of §6 can be tested on fixed samples:
+//! clock read and no I/O, so that every rule of the harness can be tested on fixed samples:
 //! minimum, median, quantiles, relative standard deviation, the cell verdict, the ABBA
 //! schedule and its per-round ratios, the paired publishability rule with its reasons,
 //! the "difference detected" decision and the clock-drift rule.
@@ -17,7 +17,7 @@ use super::error::HostCostError;
 
 /// Smallest sample, or `None` for an empty slice.
 ///
-/// The minimum is the cell estimator of §6: interference on a host (preemption, cache
+/// The minimum is the cell estimator: interference on a host (preemption, cache
 /// pollution, frequency dips) only ever adds time, so the fastest of several long
 /// regions is the least-contaminated view of the true cost.
 pub fn minimum(samples: &[f64]) -> Option<f64> {
@@ -125,7 +125,7 @@ pub fn ratio_spread(ratios: &[f64]) -> Option<f64> {
     Some((quantile(ratios, 0.9)? - quantile(ratios, 0.1)?) / middle)
 }
 
-/// Thresholds of the cell verdict (§6). Both bounds are inclusive.
+/// Thresholds of the cell verdict. Both bounds are inclusive.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CellThresholds {
     /// A relative standard deviation at or below this is [`CellVerdict::Ok`]. Default 0.05.
@@ -341,7 +341,7 @@ pub fn summarise_rounds(order: PairOrder, region_times: &[f64]) -> Vec<RoundSumm
         .collect()
 }
 
-/// Limits of the paired publishability rule (§6).
+/// Limits of the paired publishability rule.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PairThresholds {
     /// Fewest rounds a publishable comparison has. Default 8.
@@ -520,7 +520,7 @@ pub struct ArmGap {
     pub gap: f64,
 }
 
-/// The seed's clock rule (§6): the mean clock figure of arm A's regions against arm B's.
+/// The seed's clock rule: the mean clock figure of arm A's regions against arm B's.
 ///
 /// A core that ramps, or a neighbour that steals cycles, while one arm runs survives any
 /// median of the ratios and reads as a win or a loss; this gap sees it. A trend within
@@ -804,7 +804,7 @@ pub fn decide_difference(ratios: &[f64], rule: &DifferenceRule) -> DifferenceDec
 
 /// Within-run clock drift of a run from its per-region clock figures (busy-weighted MHz
 /// or the spin reference's rate), flagged when above `limit`: an **advisory** since
-/// issue 12 (ABBA cancels a trend within a run; the verdict of a paired comparison is
+/// the paired design (ABBA cancels a trend within a run; the verdict of a paired comparison is
 /// the between-arm gap, [`between_arm_gap`]).
 ///
 /// Drift is a change of the clock over the run, not its region-to-region jitter: the

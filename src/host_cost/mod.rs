@@ -1,8 +1,8 @@
-//! Host-cost attribution harness (§6): the estimators behind every host-time figure this
+//! Host-cost attribution harness: the estimators behind every host-time figure this
 //! crate publishes, reusable by downstream bench harnesses.
 //!
 //! # Why it exists
-//! A resident dispatch costs about 10 µs of host time on the GPU machine (§0: launch +
+//! A resident dispatch costs about 10 µs of host time on the GPU machine (launch +
 //! synchronize is 8.5–9.8 µs), and the differences worth chasing are a few percent of
 //! that — well inside the noise of a naive loop-and-average benchmark. Reading such
 //! figures honestly needs long calibrated regions, the right estimator for each question,

@@ -92,7 +92,7 @@ impl PairOptions {
         }
     }
 
-    /// Checks every field against its bound (issue 13: `rounds = 2⁶²` used to panic
+    /// Checks every field against its bound (`rounds = 2⁶²` used to panic
     /// allocating the schedule).
     ///
     /// # Errors

@@ -27,6 +27,7 @@ use super::program::*;
 #[derive(Clone, Debug)]
 pub struct ProgramBuilder {
     buffers: Vec<BufferDecl>,
+    scalars: Vec<ScalarDecl>,
     workgroup_size: [u32; 3],
     entry_op_id: Option<Name>,
     non_composable_with_self: bool,
@@ -38,6 +39,7 @@ impl ProgramBuilder {
     pub fn new(workgroup_size: [u32; 3]) -> Self {
         ProgramBuilder {
             buffers: Vec::new(),
+            scalars: Vec::new(),
             workgroup_size,
             entry_op_id: None,
             non_composable_with_self: false,
@@ -82,6 +84,14 @@ impl ProgramBuilder {
         self
     }
 
+    /// Declare a scalar parameter: a value of type `ty` each dispatch supplies by
+    /// `name`, read with [`Expr::scalar`] (see [`ScalarDecl`]). Declaration order is
+    /// the kernel's parameter order.
+    pub fn scalar(mut self, name: impl Into<Name>, ty: ScalarType) -> Self {
+        self.scalars.push(ScalarDecl::new(name, ty));
+        self
+    }
+
     /// Name the program (used in diagnostics and error messages).
     pub fn entry_op_id(mut self, id: impl Into<Name>) -> Self {
         self.entry_op_id = Some(id.into());
@@ -114,6 +124,7 @@ impl ProgramBuilder {
     pub fn build(self) -> Program {
         Program::from_parts(
             self.buffers.into(),
+            self.scalars.into(),
             self.workgroup_size,
             self.body.into(),
             self.entry_op_id,
@@ -512,6 +523,11 @@ impl Expr {
         Expr::Length {
             buffer: buffer.into(),
         }
+    }
+    /// The dispatch's value of the scalar parameter `name` (typed by its
+    /// declaration, [`ProgramBuilder::scalar`]).
+    pub fn scalar(name: impl Into<Name>) -> Expr {
+        Expr::Scalar(name.into())
     }
     /// `global_id.axis`.
     pub fn global_id(axis: Axis) -> Expr {

@@ -1,8 +1,10 @@
 //! The content digest: SHA-256 of a canonical byte encoding of every program field
-//! that affects code generation (buffers, workgroup size, body, entry op id, flags).
+//! that affects code generation (buffers, scalar declarations, workgroup size, body,
+//! entry op id, flags). Scalar *values* are a dispatch's, never a program's, so no
+//! value can reach a digest or a cache key.
 //! Blocks are hashed Merkle-style (a nested block enters its parent's encoding as its
 //! own 32-byte digest), by an explicit stack and with a memo per shared allocation:
-//! issue 13 measured the recursive v1 walk overflowing a 2 MiB stack at 13k levels
+//! a hostile test measured the recursive v1 walk overflowing a 2 MiB stack at 13k levels
 //! and walking 2⁶⁴ nodes on 64 levels of shared blocks.
 //!
 //! It is the root of every cache key in the backend, so it must be stable across
@@ -108,7 +110,17 @@ pub(crate) fn compute_digest(program: &Program) -> Digest {
         }
         None => enc.u8(0),
     }
-    enc.u8(inner.non_composable_with_self as u8);
+    // Bit 1 of the flags byte says scalar declarations follow, so a program without
+    // scalars keeps the encoding (and digest) it had before they existed.
+    let has_scalars = !inner.scalars.is_empty();
+    enc.u8(inner.non_composable_with_self as u8 | (has_scalars as u8) << 1);
+    if has_scalars {
+        enc.u32(inner.scalars.len() as u32);
+        for scalar in inner.scalars.iter() {
+            enc.name(&scalar.name);
+            enc.u8(scalar.ty as u8);
+        }
+    }
     enc.bytes(&block_digest(&inner.entry));
     Digest(enc.hasher.finish())
 }
@@ -421,6 +433,10 @@ impl Encoder {
                 self.u8(11);
                 self.u8(*op as u8);
                 self.u8(*kind as u8);
+            }
+            Expr::Scalar(name) => {
+                self.u8(12);
+                self.name(name);
             }
         }
     }

@@ -6,7 +6,7 @@
 //! - [`arbitrary_program`] builds mostly *invalid* programs that reach every rule of
 //!   the validator (colliding names and bindings, wrong types, zero and huge counts,
 //!   huge workgroups, subgroup expressions, barriers under divergent control flow,
-//!   nesting past the depth limit). It feeds the "validation never panics" fuzz test.
+//!   nesting past the depth limit, unknown, duplicate and too many scalars). It feeds the "validation never panics" fuzz test.
 //! - [`valid_program`] builds *valid* programs whose results are deterministic on a
 //!   GPU, with matching inputs and a dispatch config. It feeds differential tests
 //!   (reference interpreter against the CUDA backend) and the PTX checks with `ptxas`.
@@ -34,14 +34,19 @@
 //!   the value and literals, both the same at every site of the program (per site,
 //!   the order would decide which site's function got which value);
 //! - local arrays are private to a thread: any index (past the end too), any order;
-//! - 64-bit values follow the same total semantics as 32-bit ones ([`BinaryOp`]).
+//! - 64-bit values follow the same total semantics as 32-bit ones ([`BinaryOp`]);
+//! - scalar parameters are values like literals (one per dispatch, the same in every
+//!   thread), read where a leaf value goes and in workgroup-uniform conditions
+//!   (they are grid-uniform), never where a literal is required (a counter's
+//!   operands, a loop's start, a fuel count); every value of the declared type is
+//!   as good as the case's own ([`RandomCase::scalar_values`]).
 //!
 //! Each later construct is drawn for about half of the programs
 //! ([`differential_case`] is the differential's case, [`constructs_used`] says which
 //! constructs a program has).
 
 use super::program::*;
-use super::validate::Limits;
+use super::validate::{Limits, MAX_SCALARS};
 use crate::config::DispatchConfig;
 
 /// A small seeded pseudo-random generator (SplitMix64). Not cryptographic; its only
@@ -133,6 +138,12 @@ pub struct GeneratorOptions {
     /// Generate workgroup scans (in workgroup-uniform control flow, before any
     /// return, like the reductions).
     pub allow_workgroup_scans: bool,
+    /// Declare scalar parameters ([`ScalarDecl`]) and read them in expressions and
+    /// workgroup-uniform conditions; the case carries one value per scalar
+    /// ([`RandomCase::scalars`], more with [`RandomCase::scalar_values`]). Drawn
+    /// from a stream of their own, so a program without scalars is the one the
+    /// seed gave before they existed.
+    pub allow_scalars: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -157,6 +168,7 @@ impl Default for GeneratorOptions {
             allow_returning_atomics: true,
             allow_local_arrays: true,
             allow_workgroup_scans: true,
+            allow_scalars: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -168,7 +180,7 @@ impl Default for GeneratorOptions {
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
     /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics,
-    /// local arrays, workgroup scans). Those
+    /// local arrays, workgroup scans, scalar parameters). Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
@@ -178,11 +190,13 @@ impl GeneratorOptions {
             allow_returning_atomics: false,
             allow_local_arrays: false,
             allow_workgroup_scans: false,
+            allow_scalars: false,
             ..self
         }
     }
 
-    /// Whether any construct [`GeneratorOptions::core_only`] turns off is on.
+    /// Whether any construct [`GeneratorOptions::core_only`] turns off is on (scalar
+    /// parameters excepted: they draw from a stream of their own).
     fn extended(&self) -> bool {
         self.allow_while_loops
             || self.allow_64_bit
@@ -203,6 +217,8 @@ struct Drawn {
     atomics: bool,
     local_arrays: bool,
     scans: bool,
+    /// Drawn from `ValidGenerator::scalar_rng`, not the main stream.
+    scalars: bool,
 }
 
 impl Drawn {
@@ -213,6 +229,7 @@ impl Drawn {
             atomics: options.allow_returning_atomics && options.allow_atomics && rng.one_in(2),
             local_arrays: options.allow_local_arrays && rng.one_in(2),
             scans: options.allow_workgroup_scans && rng.one_in(2),
+            scalars: false,
         }
     }
 
@@ -268,7 +285,37 @@ pub struct RandomCase {
     pub inputs: Vec<Vec<u8>>,
     /// Grid size and fixpoint iterations.
     pub config: DispatchConfig,
+    /// One value per scalar parameter of the program, in declaration order (empty
+    /// for a program without scalars); any other values of the declared types are
+    /// as good ([`RandomCase::scalar_values`]).
+    pub scalars: Vec<Literal>,
 }
+
+impl RandomCase {
+    /// The inputs as the slices a dispatch or the reference interpreter takes.
+    pub fn input_slices(&self) -> Vec<&[u8]> {
+        self.inputs.iter().map(Vec::as_slice).collect()
+    }
+
+    /// Another set of values for the program's scalars (the `draw`-th, a function of
+    /// the seed): the outputs must follow the values, never need a new kernel.
+    /// Draw 0 is [`RandomCase::scalars`].
+    pub fn scalar_values(&self, draw: u64) -> Vec<Literal> {
+        if draw == 0 {
+            return self.scalars.clone();
+        }
+        let mut rng = SeededRng::new(self.seed ^ SCALAR_STREAM ^ draw.wrapping_mul(0x9e37_79b9));
+        self.program
+            .scalars()
+            .iter()
+            .map(|decl| interesting_literal(&mut rng, decl.ty))
+            .collect()
+    }
+}
+
+/// Mixed into the seed of the stream scalar declarations, uses and values are drawn
+/// from (`ValidGenerator::scalar_rng`).
+const SCALAR_STREAM: u64 = 0x5ca1_a25e_ed5e_ed00;
 
 const TYPES: [ScalarType; 4] = [
     ScalarType::U32,
@@ -467,6 +514,12 @@ struct ValidGenerator {
     tally: Option<Name>,
     /// Local arrays (private to each thread: any index, any order) and their lengths.
     local_arrays: Vec<(Name, ElemType, u32)>,
+    /// Every draw about scalar parameters comes from here, never from `rng`: a
+    /// program that draws no scalar use takes exactly the main stream it took
+    /// before scalars existed.
+    scalar_rng: SeededRng,
+    /// The declared scalar parameters.
+    scalars: Vec<ScalarDecl>,
 }
 
 /// The one update of a program's shared counters: an operation (a compare-exchange
@@ -554,6 +607,11 @@ impl ValidGenerator {
     }
 
     fn leaf(&mut self, ty: ScalarType) -> Expr {
+        if self.drawn.scalars && self.scalar_rng.one_in(5) {
+            if let Some(name) = self.scalar_of(ty) {
+                return Expr::Scalar(name);
+            }
+        }
         match self.rng.below(5) {
             0 | 1 => match self.variable_of(ty, false) {
                 Some(name) => Expr::Var(name),
@@ -682,8 +740,49 @@ impl ValidGenerator {
         Expr::unary(op, self.expr(operand_ty, depth))
     }
 
+    /// A declared scalar of type `ty`, drawn from the scalar stream.
+    fn scalar_of(&mut self, ty: ScalarType) -> Option<Name> {
+        let count = self.scalars.iter().filter(|s| s.ty == ty).count() as u64;
+        if count == 0 {
+            return None;
+        }
+        let chosen = self.scalar_rng.below(count) as usize;
+        self.scalars
+            .iter()
+            .filter(|s| s.ty == ty)
+            .nth(chosen)
+            .map(|s| s.name.clone())
+    }
+
+    /// A condition on a scalar parameter (grid-uniform, so good wherever a
+    /// workgroup-uniform one is): a `bool` scalar, or a scalar compared with a
+    /// literal of its type.
+    fn scalar_condition(&mut self) -> Option<Expr> {
+        let chosen = self.scalar_rng.below(self.scalars.len() as u64) as usize;
+        let decl = self.scalars.get(chosen)?.clone();
+        let scalar = Expr::Scalar(decl.name);
+        if decl.ty == ScalarType::Bool {
+            return Some(if self.scalar_rng.one_in(2) {
+                scalar
+            } else {
+                scalar.logical_not()
+            });
+        }
+        let literal = Expr::Literal(interesting_literal(&mut self.scalar_rng, decl.ty));
+        let op = *self
+            .scalar_rng
+            .pick(&[BinaryOp::Lt, BinaryOp::Ge, BinaryOp::Eq, BinaryOp::Ne])
+            .unwrap_or(&BinaryOp::Lt);
+        Some(Expr::binary(op, scalar, literal))
+    }
+
     /// A condition every thread of a workgroup evaluates alike.
     fn workgroup_uniform_condition(&mut self) -> Expr {
+        if self.drawn.scalars && self.scalar_rng.one_in(3) {
+            if let Some(condition) = self.scalar_condition() {
+                return condition;
+            }
+        }
         let axis = *self.rng.pick(&AXES).unwrap_or(&Axis::X);
         match self.rng.below(4) {
             0 => Expr::workgroup_id(axis).less_than(self.rng.range(0, 4)),
@@ -1171,11 +1270,12 @@ pub enum Construct {
     WorkgroupReduce,
     WorkgroupScan,
     GridSync,
+    Scalar,
 }
 
 impl Construct {
     /// Every construct, in report order.
-    pub const ALL: [Construct; 14] = [
+    pub const ALL: [Construct; 15] = [
         Construct::ForLoop,
         Construct::While,
         Construct::Break,
@@ -1190,6 +1290,7 @@ impl Construct {
         Construct::WorkgroupReduce,
         Construct::WorkgroupScan,
         Construct::GridSync,
+        Construct::Scalar,
     ];
 
     /// A short name for reports.
@@ -1209,13 +1310,15 @@ impl Construct {
             Construct::WorkgroupReduce => "workgroup reduce",
             Construct::WorkgroupScan => "workgroup scan",
             Construct::GridSync => "grid sync",
+            Construct::Scalar => "scalar parameter",
         }
     }
 }
 
 /// Which constructs `program` uses: a flag per entry of [`Construct::ALL`]. A
-/// 64-bit buffer element, literal, variable or cast counts as `u64/i64`. Walks each
-/// shared block once, iteratively.
+/// 64-bit buffer element, literal, variable or cast counts as `u64/i64`; a scalar
+/// parameter counts where an expression reads one. Walks each shared block once,
+/// iteratively.
 pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
     let mut used = [false; Construct::ALL.len()];
     let mut mark = |construct: Construct| {
@@ -1260,6 +1363,9 @@ pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
             };
             if wide {
                 mark(Construct::WideIntegers);
+            }
+            if matches!(expr, Expr::Scalar(_)) {
+                mark(Construct::Scalar);
             }
             exprs.extend(super::structural::expr_children(expr).into_iter().flatten());
         }
@@ -1330,9 +1436,21 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         },
         tally: None,
         local_arrays: Vec::new(),
+        scalar_rng: SeededRng::new(seed ^ SCALAR_STREAM),
+        scalars: Vec::new(),
     };
     if options.extended() {
         generator.drawn = Drawn::draw(&mut generator.rng, options);
+    }
+    if options.allow_scalars && generator.scalar_rng.one_in(2) {
+        generator.drawn.scalars = true;
+        let types = generator.drawn.types();
+        for index in 0..generator.scalar_rng.range(1, 4) {
+            let ty = *generator.scalar_rng.pick(types).unwrap_or(&ScalarType::U32);
+            generator
+                .scalars
+                .push(ScalarDecl::new(format!("s{index}"), ty));
+        }
     }
     let atomic_ops: &[AtomicOp] = if generator.drawn.atomics {
         &COMMUTING_ATOMIC_OPS
@@ -1828,10 +1946,18 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
     for decl in program_buffers {
         builder = builder.buffer_decl(decl);
     }
+    for decl in &generator.scalars {
+        builder = builder.scalar(decl.name.clone(), decl.ty);
+    }
     if rng.one_in(4) {
         builder = builder.entry_op_id(format!("generated_{seed}"));
     }
     let program = builder.build();
+    let scalars = generator
+        .scalars
+        .iter()
+        .map(|decl| interesting_literal(&mut generator.scalar_rng, decl.ty))
+        .collect();
 
     let mut globals: Vec<&(BufferDecl, u32)> =
         decls.iter().filter(|(d, _)| d.access.is_global()).collect();
@@ -1850,6 +1976,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         program,
         inputs,
         config: DispatchConfig::new(workgroups).with_fixpoint_iterations(iterations),
+        scalars,
     }
 }
 
@@ -1883,6 +2010,7 @@ impl ArbitraryGenerator {
         self.budget -= 1;
         if depth == 0 || self.budget <= 0 || self.rng.one_in(3) {
             return match self.rng.below(5) {
+                0 if self.rng.one_in(4) => Expr::Scalar(self.name()),
                 0 => Expr::Var(self.name()),
                 1 => Expr::Length {
                     buffer: self.name(),
@@ -2066,6 +2194,20 @@ impl ArbitraryGenerator {
             *self.rng.pick(&ELEMS_WIDE).unwrap_or(&ElemType::U32),
             count,
         )
+    }
+
+    /// Scalar declarations from the name pool (so some collide, some are empty or
+    /// reserved, some match the names expressions read), of any type; now and then
+    /// more than the validator allows.
+    fn scalars(&mut self) -> Vec<ScalarDecl> {
+        let count = if self.rng.one_in(32) {
+            MAX_SCALARS as u32 + 1
+        } else {
+            self.rng.range(0, 3)
+        };
+        (0..count)
+            .map(|_| ScalarDecl::new(self.name(), self.ty()))
+            .collect()
     }
 
     fn workgroup_axis(&mut self) -> u32 {
@@ -2295,9 +2437,11 @@ impl Mutator {
         }
         let boxed = |m: &mut Self, e: &Expr| Box::new(m.expr(e));
         match expr {
-            Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {
-                expr.clone()
-            }
+            Expr::Literal(_)
+            | Expr::Var(_)
+            | Expr::Length { .. }
+            | Expr::Scalar(_)
+            | Expr::Builtin(_) => expr.clone(),
             Expr::Load { buffer, index } => Expr::Load {
                 buffer: buffer.clone(),
                 index: boxed(self, index),
@@ -2344,8 +2488,24 @@ impl Mutator {
 fn mutate(program: &Program, rng: SeededRng) -> Program {
     let mut junk = ArbitraryGenerator { rng, budget: 24 };
     let mut buffers: Vec<BufferDecl> = program.buffers().to_vec();
+    let mut scalars: Vec<ScalarDecl> = program.scalars().to_vec();
     let mut workgroup_size = program.workgroup_size();
     match junk.rng.below(8) {
+        // A scalar declaration dropped, retyped, renamed or repeated.
+        2 if !scalars.is_empty() => {
+            let position = junk.rng.below(scalars.len() as u64) as usize;
+            match junk.rng.below(4) {
+                0 => {
+                    scalars.remove(position);
+                }
+                1 => scalars[position].ty = junk.ty(),
+                2 => scalars[position].name = junk.name(),
+                _ => {
+                    let repeated = scalars[position].clone();
+                    scalars.push(repeated);
+                }
+            }
+        }
         0 => {
             let position = junk.rng.below(buffers.len() as u64 + 1) as usize;
             let decl = junk.buffer(position as u32);
@@ -2378,6 +2538,7 @@ fn mutate(program: &Program, rng: SeededRng) -> Program {
             let entry = mutator.block(program.entry());
             return Program::from_parts(
                 buffers.into(),
+                scalars.into(),
                 workgroup_size,
                 entry,
                 None,
@@ -2387,6 +2548,7 @@ fn mutate(program: &Program, rng: SeededRng) -> Program {
     }
     Program::from_parts(
         buffers.into(),
+        scalars.into(),
         workgroup_size,
         program.entry().clone(),
         None,
@@ -2441,6 +2603,11 @@ pub fn arbitrary_program(seed: u64) -> Program {
     }
     if generator.rng.one_in(4) {
         builder = builder.non_composable_with_self(true);
+    }
+    if generator.rng.one_in(3) {
+        for decl in generator.scalars() {
+            builder = builder.scalar(decl.name, decl.ty);
+        }
     }
     builder.build()
 }

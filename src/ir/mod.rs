@@ -1,4 +1,4 @@
-//! The program IR: the language a kernel author writes in (§1).
+//! The program IR: the language a kernel author writes in.
 //!
 //! This module is the language reference: each node's and expression's doc comment
 //! says what it means at run time. [`validate`](mod@validate) owns every rule and every error
@@ -14,6 +14,15 @@
 //!   elements that are global (read-only, read-write or write-only: kernel
 //!   parameters), per workgroup ([`Access::Workgroup`], shared memory) or per thread
 //!   ([`Access::Local`], a local array), each indexed at run time.
+//! - **Scalar parameters** ([`ScalarDecl`], [`ProgramBuilder::scalar`],
+//!   [`Expr::Scalar`]): named values of any value type that each dispatch supplies
+//!   (`Dispatch::scalar("name", value)`), the same in every thread (grid-uniform:
+//!   a scalar may bound a loop around a barrier). At most
+//!   [`MAX_SCALARS`](validate::MAX_SCALARS) per program. A value is never part of the
+//!   program: a new value needs no new PTX and no new JIT, and a recorded graph step
+//!   takes new values without re-capture (`set_scalar`). A delimiter, a table size or
+//!   a length belongs here rather than in a literal (a new program per value) or a
+//!   one-element buffer (a copy per dispatch).
 //! - **Statements** ([`Node`]): `let` and assignment, stores, `if`, bounded `for`
 //!   ([`Node::Loop`]) and data-dependent `while` ([`Node::While`]) loops with
 //!   [`Node::Break`] and [`Node::Continue`], `return`; barriers and grid syncs;
@@ -25,6 +34,8 @@
 //!   not sit under a condition, or in a loop, that threads leave at different times
 //!   (a `while` whose condition differs between threads, a `break` or `continue`
 //!   under such a condition), nor after a `return` only some threads took.
+//!   Literals, scalar parameters, buffer lengths and `workgroup_count` are the same
+//!   for the whole grid, `workgroup_id` and reduction results for a workgroup.
 //!
 //! # Every result is defined
 //!
@@ -40,7 +51,9 @@
 //!   or an atomic there does nothing (the atomic returns 0);
 //! - a variable holds its `let` value until assigned; workgroup buffers and local
 //!   arrays are zero at the start of every kernel run, write-only buffers at the
-//!   start of every dispatch;
+//!   start of every dispatch; a scalar parameter holds the dispatch's value (a
+//!   dispatch without a value for every declared scalar is refused, never run with
+//!   zeros);
 //! - a `while` loop that never ends runs until the launch is killed, or traps at
 //!   [`CodegenOptions::max_loop_iterations`](crate::CodegenOptions::max_loop_iterations);
 //!   the reference interpreter stops it with an error at its work cap or at that cap.

@@ -1,9 +1,10 @@
-//! The program value: buffer declarations, workgroup shape and an entry body.
+//! The program value: buffer and scalar parameter declarations, workgroup shape and
+//! an entry body.
 //!
 //! A tokenizer dispatches the same few programs thousands of times, so the
 //! expensive facts about a program (its content digest, its node count) are
 //! memoised inside the shared allocation: every clone of a `Program` is a
-//! pointer copy and sees the memo. §0 measured a backend whose per-dispatch
+//! pointer copy and sees the memo. A measured backend whose per-dispatch
 //! cost grew with program size because it re-walked the program on every
 //! call; this layout is what lets ours not do that.
 
@@ -247,6 +248,37 @@ impl BufferDecl {
     }
 }
 
+/// One scalar parameter a program declares: a named value of one type that every
+/// dispatch supplies (`Dispatch::scalar("name", value)` on the backends,
+/// [`reference::run_with_scalars`](crate::reference::run_with_scalars) on the
+/// interpreter) and expressions read with [`Expr::Scalar`].
+///
+/// A scalar is the same for every thread of the grid (grid-uniform: it may decide a
+/// loop around a barrier), and its value is never part of the program: a new value
+/// needs no new PTX and no new JIT, and a recorded graph step takes new values
+/// without re-capture. Scalars have their own namespace (`Expr::scalar("n")` and a
+/// variable `n` are different things; `let n = scalar(n)` is fine). Declared in
+/// order; the order is the kernel ABI's (after the buffers' parameters) and a
+/// request's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScalarDecl {
+    /// Name used by [`Expr::Scalar`], requests and error messages. Unique among the
+    /// program's scalars.
+    pub name: Name,
+    /// The value's type (any [`ScalarType`], `bool` included).
+    pub ty: ScalarType,
+}
+
+impl ScalarDecl {
+    /// A scalar with the given name and type.
+    pub fn new(name: impl Into<Name>, ty: ScalarType) -> Self {
+        ScalarDecl {
+            name: name.into(),
+            ty,
+        }
+    }
+}
+
 /// One of the three grid axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Axis {
@@ -333,6 +365,37 @@ impl Literal {
             Literal::I64(v) => v as u64,
         }
     }
+}
+
+impl Literal {
+    /// The literal of type `ty` whose bit pattern is `bits` (the inverse of
+    /// [`Literal::bits`]): a 32-bit type takes the low 32 bits, `bool` is `bits != 0`.
+    pub const fn from_bits(ty: ScalarType, bits: u64) -> Literal {
+        match ty {
+            ScalarType::U32 => Literal::U32(bits as u32),
+            ScalarType::I32 => Literal::I32(bits as u32 as i32),
+            ScalarType::F32 => Literal::F32(f32::from_bits(bits as u32)),
+            ScalarType::Bool => Literal::Bool(bits != 0),
+            ScalarType::U64 => Literal::U64(bits),
+            ScalarType::I64 => Literal::I64(bits as i64),
+        }
+    }
+}
+
+macro_rules! literal_from {
+    ($($rust:ty => $variant:ident),* $(,)?) => {
+        $(
+            impl From<$rust> for Literal {
+                fn from(value: $rust) -> Self {
+                    Literal::$variant(value)
+                }
+            }
+        )*
+    };
+}
+
+literal_from! {
+    u32 => U32, i32 => I32, f32 => F32, bool => Bool, u64 => U64, i64 => I64,
 }
 
 impl PartialEq for Literal {
@@ -648,6 +711,9 @@ pub enum Expr {
         /// Buffer name.
         buffer: Name,
     },
+    /// The value the dispatch supplied for the program's scalar parameter of this
+    /// name ([`ScalarDecl`]), of its declared type; the same in every thread.
+    Scalar(Name),
     /// A two-operand operation; see [`BinaryOp`] for semantics.
     Binary {
         /// Operator.
@@ -688,7 +754,7 @@ pub enum Expr {
     /// An invocation builtin (`u32`).
     Builtin(Builtin),
     /// The `u32` value held by lane `lane ^ lane_mask` of this thread's subgroup (warp).
-    /// Produced only by lowering (§2); user programs are rejected if they contain it.
+    /// Produced only by lowering; user programs are rejected if they contain it.
     /// Requires every lane of the subgroup to be active.
     SubgroupShuffleXor {
         /// A `u32` value.
@@ -857,7 +923,7 @@ pub enum Node {
     },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every
     /// thread of the workgroup; all threads see the same result. Needs
-    /// workgroup-uniform control flow. Lowering (§2) rewrites it before code generation.
+    /// workgroup-uniform control flow. Lowering rewrites it before code generation.
     WorkgroupReduce {
         /// Variable name of the result.
         name: Name,
@@ -891,6 +957,7 @@ pub enum Node {
 
 pub(crate) struct ProgramInner {
     pub(crate) buffers: Arc<[BufferDecl]>,
+    pub(crate) scalars: Arc<[ScalarDecl]>,
     pub(crate) workgroup_size: [u32; 3],
     pub(crate) entry: Block,
     pub(crate) entry_op_id: Option<Name>,
@@ -964,11 +1031,19 @@ pub struct Program {
 impl Program {
     /// A program from its parts. Prefer [`Program::builder`] in user code.
     pub fn new(buffers: Vec<BufferDecl>, workgroup_size: [u32; 3], entry: Vec<Node>) -> Self {
-        Self::from_parts(buffers.into(), workgroup_size, entry.into(), None, false)
+        Self::from_parts(
+            buffers.into(),
+            Vec::new().into(),
+            workgroup_size,
+            entry.into(),
+            None,
+            false,
+        )
     }
 
     pub(crate) fn from_parts(
         buffers: Arc<[BufferDecl]>,
+        scalars: Arc<[ScalarDecl]>,
         workgroup_size: [u32; 3],
         entry: Block,
         entry_op_id: Option<Name>,
@@ -977,6 +1052,7 @@ impl Program {
         Program {
             inner: Arc::new(ProgramInner {
                 buffers,
+                scalars,
                 workgroup_size,
                 entry,
                 entry_op_id,
@@ -1002,6 +1078,26 @@ impl Program {
     /// Shared handle to the buffer declarations (for rewrites that keep them).
     pub fn buffers_shared(&self) -> &Arc<[BufferDecl]> {
         &self.inner.buffers
+    }
+
+    /// Scalar parameter declarations, in declaration order (the order of their
+    /// kernel parameters and of a dispatch's values).
+    pub fn scalars(&self) -> &[ScalarDecl] {
+        &self.inner.scalars
+    }
+
+    /// Shared handle to the scalar declarations (for rewrites that keep them).
+    pub fn scalars_shared(&self) -> &Arc<[ScalarDecl]> {
+        &self.inner.scalars
+    }
+
+    /// The position (declaration order) and declaration of the scalar named `name`.
+    pub fn scalar(&self, name: &str) -> Option<(usize, &ScalarDecl)> {
+        self.inner
+            .scalars
+            .iter()
+            .enumerate()
+            .find(|(_, decl)| &*decl.name == name)
     }
 
     /// Threads per workgroup on each axis.
@@ -1034,6 +1130,7 @@ impl Program {
     pub fn with_entry_op_id(&self, id: impl Into<Name>) -> Program {
         Self::from_parts(
             self.inner.buffers.clone(),
+            self.inner.scalars.clone(),
             self.inner.workgroup_size,
             self.inner.entry.clone(),
             Some(id.into()),
@@ -1045,6 +1142,7 @@ impl Program {
     pub fn with_non_composable_with_self(&self, flag: bool) -> Program {
         Self::from_parts(
             self.inner.buffers.clone(),
+            self.inner.scalars.clone(),
             self.inner.workgroup_size,
             self.inner.entry.clone(),
             self.inner.entry_op_id.clone(),
@@ -1052,11 +1150,12 @@ impl Program {
         )
     }
 
-    /// A new program with the same declarations and flags but another entry body
-    /// (fresh digest). Used by rewrites.
+    /// A new program with the same scalars and flags but other buffers and another
+    /// entry body (fresh digest). Used by rewrites.
     pub fn with_entry(&self, buffers: Arc<[BufferDecl]>, entry: Block) -> Program {
         Self::from_parts(
             buffers,
+            self.inner.scalars.clone(),
             self.inner.workgroup_size,
             entry,
             self.inner.entry_op_id.clone(),
@@ -1128,6 +1227,7 @@ impl PartialEq for Program {
                 && self.inner.non_composable_with_self == other.inner.non_composable_with_self
                 && self.inner.entry_op_id == other.inner.entry_op_id
                 && self.inner.buffers == other.inner.buffers
+                && self.inner.scalars == other.inner.scalars
                 && super::structural::blocks_equal(&self.inner.entry, &other.inner.entry))
     }
 }

@@ -3,7 +3,7 @@
 //! bounded, so no value a caller can build crashes the process.
 //!
 //! Why it exists: the derived implementations recurse once per nesting level, and
-//! issue 13 measured them overflowing a 2 MiB worker-thread stack at 18.7k (`==`,
+//! a hostile test measured them overflowing a 2 MiB worker-thread stack at 18.7k (`==`,
 //! `Clone`), 32k (`Hash`), 44k (`node_count`) and even 21.6k levels (`Drop`: merely
 //! letting a deep program go out of scope aborted the process). A program whose
 //! blocks share `Arc`s (`b = [If { then: b, else: b }]` 64 times) describes a tree of
@@ -38,9 +38,11 @@ pub const HASH_ITEM_BUDGET: usize = 64;
 /// The direct subexpressions of an expression, left to right.
 pub(crate) fn expr_children(expr: &Expr) -> [Option<&Expr>; 3] {
     match expr {
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {
-            [None, None, None]
-        }
+        Expr::Literal(_)
+        | Expr::Var(_)
+        | Expr::Length { .. }
+        | Expr::Scalar(_)
+        | Expr::Builtin(_) => [None, None, None],
         Expr::Load { index, .. } => [Some(index), None, None],
         Expr::Binary { lhs, rhs, .. } => [Some(lhs), Some(rhs), None],
         Expr::Unary { operand, .. } => [Some(operand), None, None],
@@ -58,9 +60,11 @@ pub(crate) fn expr_children(expr: &Expr) -> [Option<&Expr>; 3] {
 
 fn expr_children_mut(expr: &mut Expr) -> [Option<&mut Box<Expr>>; 3] {
     match expr {
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {
-            [None, None, None]
-        }
+        Expr::Literal(_)
+        | Expr::Var(_)
+        | Expr::Length { .. }
+        | Expr::Scalar(_)
+        | Expr::Builtin(_) => [None, None, None],
         Expr::Load { index, .. } => [Some(index), None, None],
         Expr::Binary { lhs, rhs, .. } => [Some(lhs), Some(rhs), None],
         Expr::Unary { operand, .. } => [Some(operand), None, None],
@@ -128,7 +132,7 @@ fn node_blocks_mut(node: &mut Node) -> [Option<&mut Block>; 2] {
 fn is_leaf(expr: &Expr) -> bool {
     matches!(
         expr,
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_)
+        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Scalar(_) | Expr::Builtin(_)
     )
 }
 
@@ -181,7 +185,11 @@ fn detach(child: &mut Expr, pending: &mut Vec<Expr>) {
 
 fn detach_subexpressions(expr: &mut Expr, pending: &mut Vec<Expr>) {
     match expr {
-        Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {}
+        Expr::Literal(_)
+        | Expr::Var(_)
+        | Expr::Length { .. }
+        | Expr::Scalar(_)
+        | Expr::Builtin(_) => {}
         Expr::Load { index: child, .. }
         | Expr::Unary { operand: child, .. }
         | Expr::Cast { value: child, .. }
@@ -259,6 +267,7 @@ fn shallow_clone(expr: &Expr) -> Expr {
     match expr {
         Expr::Literal(literal) => Expr::Literal(*literal),
         Expr::Var(name) => Expr::Var(name.clone()),
+        Expr::Scalar(name) => Expr::Scalar(name.clone()),
         Expr::Load { buffer, .. } => Expr::Load {
             buffer: buffer.clone(),
             index: hole(),
@@ -334,7 +343,7 @@ impl Clone for Expr {
 fn shallow_expr_eq(a: &Expr, b: &Expr) -> bool {
     match (a, b) {
         (Expr::Literal(x), Expr::Literal(y)) => x == y,
-        (Expr::Var(x), Expr::Var(y)) => x == y,
+        (Expr::Var(x), Expr::Var(y)) | (Expr::Scalar(x), Expr::Scalar(y)) => x == y,
         (Expr::Load { buffer: x, .. }, Expr::Load { buffer: y, .. }) => x == y,
         (Expr::Length { buffer: x }, Expr::Length { buffer: y }) => x == y,
         (Expr::Binary { op: x, .. }, Expr::Binary { op: y, .. }) => x == y,
@@ -540,9 +549,10 @@ fn hash_expr_fields<H: Hasher>(expr: &Expr, state: &mut H) {
     std::mem::discriminant(expr).hash(state);
     match expr {
         Expr::Literal(literal) => literal.hash(state),
-        Expr::Var(name) | Expr::Load { buffer: name, .. } | Expr::Length { buffer: name } => {
-            name.hash(state)
-        }
+        Expr::Var(name)
+        | Expr::Scalar(name)
+        | Expr::Load { buffer: name, .. }
+        | Expr::Length { buffer: name } => name.hash(state),
         Expr::Binary { op, .. } => op.hash(state),
         Expr::Unary { op, .. } => op.hash(state),
         Expr::Select { .. } => {}
@@ -683,7 +693,11 @@ pub(crate) fn count_expr(expr: &Expr) -> u64 {
     while let Some(e) = stack.pop() {
         count += 1;
         match e {
-            Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => {}
+            Expr::Literal(_)
+            | Expr::Var(_)
+            | Expr::Length { .. }
+            | Expr::Scalar(_)
+            | Expr::Builtin(_) => {}
             Expr::Load { index: child, .. }
             | Expr::Unary { operand: child, .. }
             | Expr::Cast { value: child, .. }

@@ -1,4 +1,4 @@
-//! The validator: owns every rule of the IR and every `Fix:` message (§1).
+//! The validator: owns every rule of the IR and every `Fix:` message.
 //!
 //! Lowering, code generation, the reference interpreter and the backend all take
 //! the proof of validity, a [`ValidProgram`], which only [`validate`] and (after
@@ -42,7 +42,7 @@ pub const MAX_NODES: u64 = 1 << 24;
 
 /// Bytes of kernel parameter space the PTX the crate emits may use: `ptxas` refuses a
 /// kernel whose `.param` space exceeds 0x1100 bytes for PTX ISA versions before 8.1
-/// ("uses too much parameter space"; issue 13 hit it at 363 buffers on `sm_90`), and
+/// ("uses too much parameter space"; hit at 363 buffers on `sm_90`), and
 /// on the GPU the same kernel would fail to load with no explanation.
 pub const MAX_KERNEL_PARAMETER_BYTES: u32 = 0x1100;
 
@@ -51,9 +51,28 @@ pub const MAX_KERNEL_PARAMETER_BYTES: u32 = 0x1100;
 /// (all pointers first, then all counts, so no padding between them).
 pub const KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER: u32 = 8 + 4;
 
-/// Most global (non-`Workgroup`) buffers one program may declare: 362.
+/// Most global (non-`Workgroup`) buffers one program may declare: 362 (fewer when it
+/// also declares scalars, which share the parameter space: [`kernel_parameter_bytes`]).
 pub const MAX_GLOBAL_BUFFERS: u32 =
     MAX_KERNEL_PARAMETER_BYTES / KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER;
+
+/// Most scalar parameters ([`ScalarDecl`]) one program may declare. A dispatch
+/// request carries its values inline (no allocation on the hot path), in a fixed
+/// array of this many 8-byte words; more values than this belong in a buffer.
+pub const MAX_SCALARS: usize = 16;
+
+/// Bytes of kernel parameters the plain kernel ABI of `codegen::ptx` takes for
+/// `global_buffers` buffers and `scalars` (in declaration order): a `.u64` pointer
+/// and a `.u32` count per buffer, then each scalar as a `.u32`/`.f32` (4 bytes) or
+/// `.u64` (8 bytes, 8-byte aligned) parameter. Saturates instead of overflowing.
+pub fn kernel_parameter_bytes(global_buffers: usize, scalars: &[ScalarDecl]) -> u64 {
+    let per_buffer = KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER as u64;
+    let start = (global_buffers as u64).saturating_mul(per_buffer);
+    scalars.iter().fold(start, |offset, scalar| {
+        let size = u64::from(scalar.ty.bits() / 8);
+        offset.next_multiple_of(size).saturating_add(size)
+    })
+}
 
 /// Most bytes of [`Access::Local`] arrays one program may declare (per thread, all
 /// of them together). The driver reserves a kernel's local memory for every thread
@@ -162,9 +181,16 @@ pub enum Rule {
     NestingTooDeep,
     /// The program has more than [`MAX_NODES`] nodes and expressions.
     TooManyNodes,
-    /// The global buffers' kernel parameters exceed [`MAX_KERNEL_PARAMETER_BYTES`]
-    /// (more than [`MAX_GLOBAL_BUFFERS`] global buffers).
+    /// The global buffers' and scalars' kernel parameters exceed
+    /// [`MAX_KERNEL_PARAMETER_BYTES`] (more than [`MAX_GLOBAL_BUFFERS`] global
+    /// buffers, or fewer with scalars: [`kernel_parameter_bytes`]).
     TooManyBuffers,
+    /// Two scalar parameters share a name.
+    DuplicateScalarName,
+    /// An [`Expr::Scalar`] names a scalar the program does not declare.
+    UnknownScalar,
+    /// More than [`MAX_SCALARS`] scalar parameters.
+    TooManyScalars,
 }
 
 /// A rule a program broke. The message starts with `Fix:` and says what to change.
@@ -207,8 +233,9 @@ type Checked<T> = Result<T, ValidationError>;
 /// with `…`, so a 1 MiB name cannot make a 1 MiB message.
 pub const MESSAGE_NAME_MAX_BYTES: usize = 64;
 
-/// A name as error messages quote it (cut at [`MESSAGE_NAME_MAX_BYTES`]).
-fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+/// A name as error messages quote it (cut at [`MESSAGE_NAME_MAX_BYTES`]); the
+/// backend's request errors quote names the same way.
+pub(crate) fn shown(name: &str) -> std::borrow::Cow<'_, str> {
     if name.len() <= MESSAGE_NAME_MAX_BYTES {
         return std::borrow::Cow::Borrowed(name);
     }
@@ -221,14 +248,14 @@ fn shown(name: &str) -> std::borrow::Cow<'_, str> {
 
 /// The validator's tables of names and binding slots. The keys come from the program
 /// being validated, so the hasher must resist crafted collisions: std's randomly
-/// keyed SipHash. (Issue 13: 80,000 names crafted to collide under the previous
+/// keyed SipHash. (80,000 names crafted to collide under the previous
 /// unkeyed multiply-rotate hasher took 64 s to validate, quadratic.)
 type FastMap<K, V> = HashMap<K, V>;
 
 /// A program the validator accepted, and the rules it was checked against.
 ///
 /// Obtainable only from [`validate`], [`validate_lowered`] or
-/// [`validate_unmemoised`]: holding one is the proof that every rule of §1 holds, so
+/// [`validate_unmemoised`]: holding one is the proof that every rule of the IR holds, so
 /// lowering, code generation and the reference interpreter can take it instead of
 /// re-checking. Cloning copies one pointer (it wraps a [`Program`]); it dereferences
 /// to the program.
@@ -350,7 +377,7 @@ fn walk(program: &Program, limits: &Limits, form: ProgramForm) -> Checked<()> {
     Checker::run(program, limits, form == ProgramForm::Lowered)
 }
 
-/// Check a user program against every rule of §1.
+/// Check a user program against every rule of the IR.
 ///
 /// The verdict is memoised in the program (per [`ProgramForm`], for up to four sets
 /// of limits), so validating it again, or any clone of it, is O(1).
@@ -474,6 +501,7 @@ struct Checker<'p> {
     limits: &'p Limits,
     lowered: bool,
     buffers: FastMap<&'p str, &'p BufferDecl>,
+    scalars: FastMap<&'p str, ScalarType>,
     /// Subgroup reductions are workgroup-uniform when one subgroup is the whole workgroup.
     single_subgroup: bool,
     scope: FastMap<&'p str, u32>,
@@ -505,6 +533,7 @@ impl<'p> Checker<'p> {
             limits,
             lowered,
             buffers: FastMap::with_capacity(program.buffers().len()),
+            scalars: FastMap::with_capacity(program.scalars().len().min(MAX_SCALARS)),
             single_subgroup,
             scope: FastMap::default(),
             scope_names: Vec::new(),
@@ -520,7 +549,8 @@ impl<'p> Checker<'p> {
             current_context: 0,
             loop_depth: 0,
         };
-        checker.check_buffers(program.buffers())?;
+        checker.check_scalars(program.scalars())?;
+        checker.check_buffers(program.buffers(), program.scalars())?;
         checker.check_workgroup_size(program.workgroup_size())?;
         // The tree's size first (iterative, each shared block counted once per
         // allocation, memoised in the program): a few kilobytes of shared blocks can
@@ -566,9 +596,59 @@ impl<'p> Checker<'p> {
         Ok(())
     }
 
-    fn check_buffers(&mut self, buffers: &'p [BufferDecl]) -> Checked<()> {
+    /// The scalar declarations: at most [`MAX_SCALARS`], each with a good name, no
+    /// two with one name.
+    fn check_scalars(&mut self, scalars: &'p [ScalarDecl]) -> Checked<()> {
+        if scalars.len() > MAX_SCALARS {
+            return Err(ValidationError::new(
+                Rule::TooManyScalars,
+                format!(
+                    "declare at most {MAX_SCALARS} scalar parameters (it declares {}): a \
+                     dispatch carries its scalar values inline; pass the rest in a read_only \
+                     buffer",
+                    scalars.len()
+                ),
+            ));
+        }
+        for (position, scalar) in scalars.iter().enumerate() {
+            let name = &*scalar.name;
+            self.check_name(name, "scalar", &|| {
+                format!("declared at position {position}")
+            })?;
+            if self.scalars.insert(name, scalar.ty).is_some() {
+                return Err(ValidationError::new(Rule::DuplicateScalarName, {
+                    let name = shown(name);
+                    format!(
+                        "rename one of the two scalars named `{name}`: scalar names must be \
+                         unique (a dispatch supplies values by name)"
+                    )
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_buffers(
+        &mut self,
+        buffers: &'p [BufferDecl],
+        scalars: &'p [ScalarDecl],
+    ) -> Checked<()> {
         let mut bindings: FastMap<u32, &str> = FastMap::with_capacity(buffers.len());
         let globals = buffers.iter().filter(|b| b.access.is_global()).count();
+        let parameter_bytes = kernel_parameter_bytes(globals, scalars);
+        if !scalars.is_empty() && parameter_bytes > u64::from(MAX_KERNEL_PARAMETER_BYTES) {
+            return Err(ValidationError::new(
+                Rule::TooManyBuffers,
+                format!(
+                    "declare fewer global buffers or scalars: the kernel parameters of its \
+                     {globals} global buffers ({KERNEL_PARAMETER_BYTES_PER_GLOBAL_BUFFER} bytes \
+                     each) and {} scalars take {parameter_bytes} bytes, over the \
+                     {MAX_KERNEL_PARAMETER_BYTES} bytes of parameter space ptxas allows; pack \
+                     several arrays into one buffer at offsets, or split the program",
+                    scalars.len()
+                ),
+            ));
+        }
         if globals > MAX_GLOBAL_BUFFERS as usize {
             return Err(ValidationError::new(
                 Rule::TooManyBuffers,
@@ -881,9 +961,9 @@ impl<'p> Checker<'p> {
             }
             let (path, description) = locate(program.entry(), check.ordinal);
             let at = format!("at {} (`{description}`)", location_of(&path));
-            let uniform_inputs = "literals, workgroup_id, workgroup_count, buffer lengths, \
-                                  workgroup reduction results and variables computed only from \
-                                  those";
+            let uniform_inputs = "literals, scalar parameters, workgroup_id, workgroup_count, \
+                                  buffer lengths, workgroup reduction results and variables \
+                                  computed only from those";
             let divergent_loops = "a loop is divergent when its bounds or `while` condition \
                                    differ between threads or a `break`/`continue` runs under such \
                                    control";
@@ -928,8 +1008,8 @@ impl<'p> Checker<'p> {
                         "move the grid sync {at} out of the if/loop (or before any return) whose \
                          condition differs between threads or workgroups, or make it \
                          grid-uniform: every thread of the grid must reach it; grid-uniform \
-                         conditions use only literals, workgroup_count, buffer lengths and \
-                         variables computed only from those"
+                         conditions use only literals, scalar parameters, workgroup_count, \
+                         buffer lengths and variables computed only from those"
                     ),
                 ),
             });
@@ -1463,6 +1543,18 @@ impl<'p> Checker<'p> {
                 self.buffer(buffer, node)?;
                 Ok((ScalarType::U32, Level::Grid))
             }
+            // A dispatch passes one value to every thread of the grid.
+            Expr::Scalar(name) => match self.scalars.get(&**name) {
+                Some(&ty) => Ok((ty, Level::Grid)),
+                None => Err(ValidationError::new(Rule::UnknownScalar, {
+                    let name = shown(name);
+                    format!(
+                        "declare scalar `{name}` (read {}) with ProgramBuilder::scalar, or \
+                         read one of the declared scalars",
+                        self.at(node)
+                    )
+                })),
+            },
             Expr::Binary { op, lhs, rhs } => {
                 let (left, left_level) = self.expr(lhs, node, next)?;
                 let (right, right_level) = self.expr(rhs, node, next)?;

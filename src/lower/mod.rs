@@ -1,4 +1,4 @@
-//! Lowering (§2): rewrites every [`Node::WorkgroupReduce`] and [`Node::WorkgroupScan`]
+//! Lowering: rewrites every [`Node::WorkgroupReduce`] and [`Node::WorkgroupScan`]
 //! into operations the PTX writer emits directly (subgroup reductions and scans,
 //! workgroup-shared buffers, barriers).
 //!
@@ -7,7 +7,7 @@
 //! shared-memory tree depends on the device ([`LoweringCaps`]), not on the program.
 //!
 //! Why it is memoised inside the program: the backend lowers a program on every
-//! dispatch before it computes the PTX cache key. §0 measured a backend whose
+//! dispatch before it computes the PTX cache key. A measured backend whose
 //! per-dispatch host cost grew with program size because such steps re-walked the
 //! program every call. Here the first call walks the program once and stores the
 //! outcome in the program's shared allocation, so every later call (on any clone) is

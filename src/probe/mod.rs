@@ -139,7 +139,7 @@ pub const LINE_KEYS: [&str; 28] = [
 /// Number of keys on a line.
 const PRINTED_KEYS: usize = LINE_KEYS.len();
 
-/// Keys of a line written before `program` was appended (issue 12): such a line still
+/// Keys of a line written before `program` was appended: such a line still
 /// parses, with [`DispatchRecord::program`] 0 (not recorded).
 const LEGACY_KEYS: usize = PRINTED_KEYS - 1;
 

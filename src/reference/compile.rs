@@ -16,8 +16,8 @@ use std::collections::HashMap;
 
 use super::ops::{AtomicKind, BinaryKind, CastKind, UnaryKind};
 use crate::ir::{
-    AtomicOp, BinaryOp, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program, ReduceOp,
-    ScalarType, ScanKind, UnaryOp,
+    AtomicOp, BinaryOp, BufferDecl, Builtin, ElemType, Expr, Literal, Name, Node, Program,
+    ReduceOp, ScalarType, ScanKind, UnaryOp,
 };
 
 /// An invocation builtin as a per-lane table index (see [`BuiltinTable`]).
@@ -303,6 +303,9 @@ struct VariableInfo {
 
 struct Compiler<'p> {
     program: &'p Program,
+    /// The dispatch's value of each scalar, in declaration order (checked against
+    /// the declarations by the caller).
+    scalars: &'p [Literal],
     /// Nodes and expressions compiled so far, and the most allowed (from the memory
     /// budget): a program built from shared blocks can describe millions of nodes.
     compiled_nodes: u64,
@@ -386,7 +389,11 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             return depth;
         }
         match expr {
-            Expr::Literal(_) | Expr::Var(_) | Expr::Length { .. } | Expr::Builtin(_) => depth,
+            Expr::Literal(_)
+            | Expr::Var(_)
+            | Expr::Length { .. }
+            | Expr::Scalar(_)
+            | Expr::Builtin(_) => depth,
             Expr::Load { index: inner, .. }
             | Expr::Unary { operand: inner, .. }
             | Expr::Cast { value: inner, .. }
@@ -410,7 +417,11 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
 
 /// Compile `program` into at most `max_memory_bytes` of compiled nodes; every failure
 /// is a message starting `Fix:`.
-pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<CompiledProgram, String> {
+pub(crate) fn compile(
+    program: &Program,
+    scalars: &[Literal],
+    max_memory_bytes: u64,
+) -> Result<CompiledProgram, String> {
     // Validated: buffer names are unique.
     let buffer_index = program
         .buffers()
@@ -420,6 +431,7 @@ pub(crate) fn compile(program: &Program, max_memory_bytes: u64) -> Result<Compil
         .collect();
     let mut compiler = Compiler {
         program,
+        scalars,
         compiled_nodes: 0,
         max_compiled_nodes: max_memory_bytes / COMPILED_NODE_BYTES,
         buffer_index,
@@ -698,6 +710,18 @@ impl<'p> Compiler<'p> {
             Expr::Length { buffer } => {
                 let (buffer_index, _) = self.buffer(buffer)?;
                 (CompiledExpr::Length(buffer_index), ScalarType::U32)
+            }
+            // A scalar is one value for the whole run: its bits become a constant, so
+            // the executor treats it exactly as a literal of its type.
+            Expr::Scalar(name) => {
+                let value = self
+                    .program
+                    .scalar(name)
+                    .and_then(|(position, _)| self.scalars.get(position))
+                    .ok_or_else(|| {
+                        internal(&self.name(), format_args!("scalar '{name}' has no value"))
+                    })?;
+                (CompiledExpr::Constant(value.bits()), value.ty())
             }
             Expr::Binary { op, lhs, rhs } => {
                 let (lhs, lhs_ty) = self.expr(lhs)?;
@@ -1189,7 +1213,7 @@ mod tests {
                 b.let_("e", 5u32);
             })
             .build();
-        let compiled = compile(&program, u64::MAX).unwrap();
+        let compiled = compile(&program, &[], u64::MAX).unwrap();
         assert_eq!(compiled.slot_count, 3);
         let slots: Vec<usize> = compiled
             .body

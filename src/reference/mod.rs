@@ -1,8 +1,8 @@
-//! The CPU reference interpreter (§3): runs a [`Program`] on the host with exactly
+//! The CPU reference interpreter: runs a [`Program`] on the host with exactly
 //! the GPU's semantics.
 //!
 //! It exists for three users: it is the **oracle** every GPU test compares against,
-//! the **fallback** a host without CUDA runs on (the example of §8 included), and the
+//! the **fallback** a host without CUDA runs on (the examples included), and the
 //! engine of **differential testing**, where random valid programs must give
 //! byte-identical outputs here and on the GPU. So every operator follows the IR's
 //! documented semantics bit for bit (see `ops.rs` for the few places where that is
@@ -44,6 +44,9 @@
 //! - Workgroup buffers: one zeroed instance per workgroup per kernel run; local arrays
 //!   one zeroed instance per thread per kernel run.
 //! - `fixpoint_iterations` runs the whole grid that many times over the same buffers.
+//! - A scalar parameter ([`run_with_scalars`]) is one value for the whole run: it is
+//!   compiled into a constant of its declared type, so it behaves exactly as a literal
+//!   of the same bits would.
 //! - With `bounds_checks` off, an out-of-range access is an error naming the program,
 //!   the buffer and the index (the GPU would fault) instead of undefined behaviour.
 //! - A program that [`lower::lower_workgroup_reductions`] made with subgroup steps
@@ -92,7 +95,7 @@ mod ops;
 use std::fmt;
 
 use crate::config::DispatchConfig;
-use crate::ir::{self, Access, BufferCount, Program, ProgramForm, ValidProgram};
+use crate::ir::{self, Access, BufferCount, Literal, Program, ProgramForm, ValidProgram};
 use crate::lower;
 
 use exec::{BufferStore, Grid, Instances, Machine, Storage};
@@ -201,12 +204,53 @@ impl std::error::Error for ReferenceError {}
 /// let outputs = reference::run(&program, &[&[0; 16]], &DispatchConfig::linear(1)).unwrap();
 /// assert_eq!(outputs[0], [0, 0, 0, 0, 10, 0, 0, 0, 20, 0, 0, 0, 30, 0, 0, 0]);
 /// ```
+///
+/// A program that declares scalar parameters takes their values through
+/// [`run_with_scalars`]; here it is an error.
 pub fn run(
     program: &Program,
     inputs: &[&[u8]],
     config: &DispatchConfig,
 ) -> Result<Vec<Vec<u8>>, ReferenceError> {
     run_with_options(program, inputs, config, &ReferenceOptions::default())
+}
+
+/// [`run_with_stats`] of a program with scalar parameters: `scalars` holds one value
+/// per [`ScalarDecl`](crate::ir::ScalarDecl) of the program, in declaration order,
+/// each of the declared type (a missing, extra or mistyped value is an error that
+/// says which). An [`Expr::Scalar`](crate::ir::Expr::Scalar) reads its value in
+/// every thread.
+///
+/// ```
+/// use vyre_cuda::ir::*;
+/// use vyre_cuda::{reference, DispatchConfig};
+/// use vyre_cuda::reference::ReferenceOptions;
+/// let program = Program::builder([4, 1, 1])
+///     .buffer("out", 0, Access::WriteOnly, ElemType::U32, BufferCount::Static(4))
+///     .scalar("step", ScalarType::U32)
+///     .body(|b| {
+///         let i = b.let_("i", Expr::global_id(Axis::X));
+///         b.store("out", i.clone(), i * Expr::scalar("step"));
+///     })
+///     .build();
+/// let options = ReferenceOptions::default();
+/// let config = DispatchConfig::linear(1);
+/// let (outputs, _) =
+///     reference::run_with_scalars(&program, &[&[0; 16]], &[Literal::U32(3)], &config, &options)
+///         .unwrap();
+/// assert_eq!(outputs[0][4..8], 3u32.to_le_bytes());
+/// let wrong = reference::run_with_scalars(&program, &[&[0; 16]], &[Literal::I32(3)], &config, &options);
+/// assert!(wrong.unwrap_err().message().starts_with("Fix:"));
+/// ```
+pub fn run_with_scalars(
+    program: &Program,
+    inputs: &[&[u8]],
+    scalars: &[Literal],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    let valid = validate_for_run(program, options)?;
+    run_valid_with_scalars(&valid, inputs, scalars, config, options)
 }
 
 /// [`run`] for a program that already passed the validator: nothing is validated
@@ -250,12 +294,25 @@ pub fn run_valid_with_stats(
     config: &DispatchConfig,
     options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
+    run_valid_with_scalars(program, inputs, &[], config, options)
+}
+
+/// [`run_with_scalars`] for a program that already passed the validator: nothing is
+/// validated again. `options.limits` is not used.
+pub fn run_valid_with_scalars(
+    program: &ValidProgram,
+    inputs: &[&[u8]],
+    scalars: &[Literal],
+    config: &DispatchConfig,
+    options: &ReferenceOptions,
+) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
     let program: &Program = program;
     let grid = check_request(program, config, options)?;
+    check_scalars(program, scalars)?;
     // Validated: at most `ir::validate::MAX_NESTING_DEPTH` levels, so this is bounded.
     let depth = compile::nesting_depth(program);
     if depth <= compile::INLINE_NESTING {
-        return execute(program, inputs, config, grid, options);
+        return execute(program, inputs, scalars, config, grid, options);
     }
     // Compilation and evaluation recurse once per level: give deep programs a stack
     // that fits them instead of overflowing the caller's.
@@ -263,7 +320,9 @@ pub fn run_valid_with_stats(
         let worker = std::thread::Builder::new()
             .name("vyre-reference-deep".to_owned())
             .stack_size(compile::DEEP_STACK_BYTES)
-            .spawn_scoped(scope, || execute(program, inputs, config, grid, options))
+            .spawn_scoped(scope, || {
+                execute(program, inputs, scalars, config, grid, options)
+            })
             .map_err(|error| {
                 ReferenceError::new(format!(
                     "Fix: the reference interpreter could not start a thread for deeply nested {} ({error}); flatten the program with let bindings.",
@@ -283,12 +342,13 @@ pub fn run_valid_with_stats(
 fn execute(
     program: &Program,
     inputs: &[&[u8]],
+    scalars: &[Literal],
     config: &DispatchConfig,
     grid: Grid,
     options: &ReferenceOptions,
 ) -> Result<(Vec<Vec<u8>>, ReferenceStats), ReferenceError> {
-    let compiled =
-        compile::compile(program, options.max_memory_bytes).map_err(ReferenceError::new)?;
+    let compiled = compile::compile(program, scalars, options.max_memory_bytes)
+        .map_err(ReferenceError::new)?;
     check_memory(program, inputs, &grid, &compiled, options)?;
     let buffers = load_inputs(program, inputs, &grid)?;
     if compiled.wide {
@@ -425,6 +485,33 @@ fn check_request(
         max_loop_iterations: config.codegen.max_loop_iterations,
         reverse_atomic_order: options.reverse_atomic_order,
     })
+}
+
+/// One value per declared scalar, in declaration order, each of the declared type.
+fn check_scalars(program: &Program, scalars: &[Literal]) -> Result<(), ReferenceError> {
+    let declared = program.scalars();
+    let name = program.display_name();
+    if scalars.len() != declared.len() {
+        let list: Vec<String> = declared.iter().map(ToString::to_string).collect();
+        return Err(ReferenceError::new(format!(
+            "Fix: {name} declares {} scalar parameters [{}] but {} values were given; pass one value per scalar, in declaration order (reference::run_with_scalars).",
+            declared.len(),
+            list.join(", "),
+            scalars.len()
+        )));
+    }
+    for (decl, value) in declared.iter().zip(scalars) {
+        if value.ty() != decl.ty {
+            return Err(ReferenceError::new(format!(
+                "Fix: scalar '{}' of {name} is declared {} but its value {value} is a {}; pass a {} value.",
+                decl.name,
+                decl.ty.name(),
+                value.ty().name(),
+                decl.ty.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuse a run whose memory would pass [`ReferenceOptions::max_memory_bytes`], before

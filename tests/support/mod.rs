@@ -1,6 +1,7 @@
 //! Helpers shared by the GPU test binaries.
 #![allow(dead_code)]
 
+pub mod lane;
 pub mod parity;
 pub mod stitch;
 
@@ -63,19 +64,48 @@ pub fn run_buffers(
     gpu.run(vyre_cuda::backend::Dispatch::program(program, &bound).config(config))
 }
 
+/// [`run_host`] of a generated case with `scalars` (one value per scalar parameter).
+pub fn run_case_host(
+    gpu: &CudaBackend,
+    case: &vyre_cuda::ir::generate::RandomCase,
+    scalars: &[vyre_cuda::ir::Literal],
+) -> Result<vyre_cuda::backend::Outputs, vyre_cuda::backend::BackendError> {
+    let bindings = host_bindings(&case.inputs);
+    let request = vyre_cuda::backend::Dispatch::program(&case.program, &bindings);
+    gpu.run(with_scalars(request, &case.program, scalars).config(&case.config))
+        .map(|finished| finished.outputs)
+}
+
+/// [`run_buffers`] of a generated case with its own scalar values.
+pub fn run_case_buffers(
+    gpu: &CudaBackend,
+    case: &vyre_cuda::ir::generate::RandomCase,
+    buffers: &[DeviceBuffer],
+) -> Result<vyre_cuda::backend::Finished, vyre_cuda::backend::BackendError> {
+    let bound = bindings(buffers);
+    let request = vyre_cuda::backend::Dispatch::program(&case.program, &bound);
+    gpu.run(with_scalars(request, &case.program, &case.scalars).config(&case.config))
+}
+
 /// Inputs of the measurement fixture (`vyre_cuda::fixtures::host_cost_fixture`): every
 /// global buffer zeroed at its static size, with `x` in the first word of `in`.
 pub fn fixture_inputs(program: &Program, x: u32) -> Vec<Vec<u8>> {
+    let mut inputs = static_zeros(program);
+    for (decl, input) in program.global_buffers().iter().zip(&mut inputs) {
+        if &*decl.name == "in" {
+            input[..4].copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    inputs
+}
+
+/// One zeroed input per global buffer of `program` (all of static count), at its
+/// size, in binding order.
+pub fn static_zeros(program: &Program) -> Vec<Vec<u8>> {
     program
         .global_buffers()
         .iter()
-        .map(|b| {
-            let mut v = vec![0u8; b.static_size_bytes().unwrap() as usize];
-            if &*b.name == "in" {
-                v[..4].copy_from_slice(&x.to_le_bytes());
-            }
-            v
-        })
+        .map(|decl| vec![0; decl.static_size_bytes().expect("a static count") as usize])
         .collect()
 }
 
@@ -84,6 +114,191 @@ pub fn reference(program: &Program, inputs: &[Vec<u8>], config: &DispatchConfig)
     let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
     vyre_cuda::reference::run(program, &borrowed, config)
         .unwrap_or_else(|e| panic!("reference failed: {e}\n{program}"))
+}
+
+/// The reference interpreter's outputs for a generated case with `scalars` (its own
+/// values, or another draw of `RandomCase::scalar_values`).
+pub fn case_reference(
+    case: &vyre_cuda::ir::generate::RandomCase,
+    scalars: &[vyre_cuda::ir::Literal],
+) -> Vec<Vec<u8>> {
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    vyre_cuda::reference::run_with_scalars(
+        &case.program,
+        &case.input_slices(),
+        scalars,
+        &case.config,
+        &options,
+    )
+    .map(|(outputs, _)| outputs)
+    .unwrap_or_else(|e| {
+        panic!(
+            "seed {}: reference failed: {e}\n{}",
+            case.seed, case.program
+        )
+    })
+}
+
+/// `request` with one value per scalar parameter of `program`, in declaration order.
+pub fn with_scalars<'a>(
+    mut request: vyre_cuda::backend::Dispatch<'a>,
+    program: &'a Program,
+    values: &[vyre_cuda::ir::Literal],
+) -> vyre_cuda::backend::Dispatch<'a> {
+    for (decl, &value) in program.scalars().iter().zip(values) {
+        request = request.scalar(&decl.name, value);
+    }
+    request
+}
+
+/// One scalar parameter of every type (`s_u32`, `s_i32`, `s_f32`, `s_bool`, `s_u64`,
+/// `s_i64`), each written by every thread with its id mixed in into its own static
+/// 8-element output (`out_u32`, ...; `bool` as a `u32` 0 or 1), over 8 threads:
+/// `u + i`, `s - i`, `f * i`, `b`, `w + i`, `x - i`.
+pub fn every_scalar_type() -> Program {
+    use vyre_cuda::ir::ScalarType::{self, *};
+    let elem = |ty: ScalarType| match ty {
+        U32 | Bool => ElemType::U32,
+        I32 => ElemType::I32,
+        F32 => ElemType::F32,
+        U64 => ElemType::U64,
+        I64 => ElemType::I64,
+    };
+    let mut builder = Program::builder([8, 1, 1]);
+    for (binding, ty) in [U32, I32, F32, Bool, U64, I64].into_iter().enumerate() {
+        builder = builder
+            .buffer(
+                format!("out_{}", ty.name()),
+                binding as u32,
+                Access::WriteOnly,
+                elem(ty),
+                BufferCount::Static(8),
+            )
+            .scalar(format!("s_{}", ty.name()), ty);
+    }
+    builder
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let s = |ty: ScalarType| Expr::scalar(format!("s_{}", ty.name()));
+            b.store("out_u32", i.clone(), s(U32) + i.clone());
+            b.store("out_i32", i.clone(), s(I32) - i.clone().cast(I32));
+            b.store("out_f32", i.clone(), s(F32) * i.clone().cast(F32));
+            b.store("out_bool", i.clone(), s(Bool).cast(U32));
+            b.store("out_u64", i.clone(), s(U64) + i.clone().cast(U64));
+            b.store("out_i64", i.clone(), s(I64) - i.clone().cast(I64));
+        })
+        .build()
+}
+
+/// A kernel request of [`every_scalar_type`] repeated over the same owned buffers of
+/// `backend`, once per set of `values`, alternately through `run` and `run_into`:
+/// the request a blocking CUDA dispatch reuses the plan, addresses and readback
+/// routes of, while its scalar values change. Then the same request once more
+/// without its last value. Returns what each round read back, and the last round's
+/// error message.
+pub fn repeated_scalar_requests(
+    backend: &vyre_cuda::backend::AnyBackend,
+    values: &[[vyre_cuda::ir::Literal; 6]],
+) -> (Vec<Vec<Vec<u8>>>, String) {
+    use vyre_cuda::backend::Dispatch;
+    let program = every_scalar_type();
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&program, &config).expect("compile");
+    let buffers: Vec<DeviceBuffer> = static_zeros(&program)
+        .iter()
+        .map(|zeros| backend.buffer_from(zeros).expect("buffer"))
+        .collect();
+    let bound = bindings(&buffers);
+    let request = Dispatch::new(&kernel, &bound).config(&config);
+    let mut rounds = Vec::new();
+    for (round, values) in values.iter().enumerate() {
+        let request = with_scalars(request, &program, values);
+        if round % 2 == 0 {
+            let finished = backend.run(request).expect("run");
+            rounds.push(finished.outputs.iter().map(<[u8]>::to_vec).collect());
+        } else {
+            let mut storage: Vec<Vec<u8>> = static_zeros(&program);
+            let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            backend.run_into(request, &mut outs).expect("run_into");
+            rounds.push(storage);
+        }
+    }
+    let last = values.last().expect("at least one set of values");
+    let missing = with_scalars(request, &program, &last[..5]);
+    let error = backend
+        .run(missing)
+        .expect_err("a missing value is refused");
+    (rounds, error.to_string())
+}
+
+/// The value sets of the repeated-request test: every value changes from one set
+/// to the next, and the last set is the first again.
+pub fn repeated_scalar_values() -> Vec<[vyre_cuda::ir::Literal; 6]> {
+    [
+        (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),
+        (u32::MAX, i32::MIN, -2.25, false, u64::MAX, 5),
+        (1, 1, 1.5, true, 1, 1),
+        (7, -3, 0.5, true, 1 << 40, i64::MIN),
+    ]
+    .into_iter()
+    .map(every_scalar_value)
+    .collect()
+}
+
+/// The reference interpreter's outputs of [`every_scalar_type`] for each set
+/// of values.
+pub fn expected_scalar_rounds(values: &[[vyre_cuda::ir::Literal; 6]]) -> Vec<Vec<Vec<u8>>> {
+    let program = every_scalar_type();
+    let zeros = static_zeros(&program);
+    let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    let config = DispatchConfig::linear(1);
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    values
+        .iter()
+        .map(|values| {
+            vyre_cuda::reference::run_with_scalars(&program, &inputs, values, &config, &options)
+                .expect("reference")
+                .0
+        })
+        .collect()
+}
+
+/// `acc[i] = acc[i] + scalar(k)` for each of 8 threads over a static `u32[8]`: run
+/// twice per dispatch (two launch nodes in a graph), it adds `2k`.
+pub fn add_k() -> Program {
+    Program::builder([8, 1, 1])
+        .buffer(
+            "acc",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .scalar("k", vyre_cuda::ir::ScalarType::U32)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.store(
+                "acc",
+                i.clone(),
+                Expr::load("acc", i.clone()) + Expr::scalar("k"),
+            );
+        })
+        .build()
+}
+
+/// The values of [`every_scalar_type`]'s six scalars, in declaration order.
+pub fn every_scalar_value(
+    (u, s, f, b, w, x): (u32, i32, f32, bool, u64, i64),
+) -> [vyre_cuda::ir::Literal; 6] {
+    use vyre_cuda::ir::Literal;
+    [
+        Literal::U32(u),
+        Literal::I32(s),
+        Literal::F32(f),
+        Literal::Bool(b),
+        Literal::U64(w),
+        Literal::I64(x),
+    ]
 }
 
 /// u32 words of a byte buffer.
@@ -365,7 +580,18 @@ pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
 /// `dst[i] = f(src[i])` for `i < length(dst)`: `src` read-only, `dst` write-only,
 /// both runtime-sized `u32`, workgroup `[workgroup, 1, 1]`.
 pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> Program {
-    Program::builder([workgroup, 1, 1])
+    elementwise_with_scalars(name, workgroup, &[], f)
+}
+
+/// [`elementwise`] of a program that also declares the scalar parameters `scalars`
+/// (name, type), which `f` may read.
+pub fn elementwise_with_scalars(
+    name: &str,
+    workgroup: u32,
+    scalars: &[(&str, vyre_cuda::ir::ScalarType)],
+    f: impl FnOnce(Expr) -> Expr,
+) -> Program {
+    let mut builder = Program::builder([workgroup, 1, 1])
         .entry_op_id(name)
         .buffer(
             "src",
@@ -380,7 +606,11 @@ pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> 
             Access::WriteOnly,
             ElemType::U32,
             BufferCount::Runtime,
-        )
+        );
+    for &(scalar, ty) in scalars {
+        builder = builder.scalar(scalar, ty);
+    }
+    builder
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.if_(i.clone().less_than(Expr::length("dst")), |b| {
@@ -443,4 +673,66 @@ pub fn triple_plus_one(mut value: u32, rounds: u32) -> u32 {
         value = value.wrapping_mul(3).wrapping_add(1);
     }
     value
+}
+
+/// Ends the whole test process with a message when it is not disarmed within
+/// `seconds`: a lane test that hangs (a driver call waiting for the lane's kernel, a
+/// request that never completes) then fails with a line saying what hung, instead of
+/// holding the GPU machine until its limit.
+pub struct Watchdog {
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Arm a [`Watchdog`] for `what`.
+pub fn watchdog(seconds: u64, what: &'static str) -> Watchdog {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let armed = std::sync::Arc::new(AtomicBool::new(true));
+    let flag = std::sync::Arc::clone(&armed);
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+        while std::time::Instant::now() < deadline {
+            if !flag.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        if flag.load(Ordering::Acquire) {
+            eprintln!(
+                "watchdog: {what} did not finish within {seconds} s; ending the test process"
+            );
+            std::process::exit(101);
+        }
+    });
+    Watchdog { armed }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.armed
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// 32 threads; thread `gid` counts `n` up from `first` while `keep_going(gid, n)`
+/// holds, then stores `n` (the fault binaries' loops: bounded, or runaway past an
+/// iteration cap).
+pub fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Expr) -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id(name)
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let n = b.let_mut("n", first);
+            b.while_(keep_going(gid.clone(), n.clone()), |b| {
+                b.assign("n", n.clone() + 1u32);
+            });
+            b.store("out", gid, n);
+        })
+        .build()
 }

@@ -67,6 +67,7 @@ pub fn cases(backend: &AnyBackend) -> Vec<(&'static str, Outcome)> {
     compile_cases(backend, &mut seen);
     request_cases(backend, &mut seen);
     limit_cases(backend, &mut seen);
+    scalar_cases(backend, &mut seen);
     seen
 }
 
@@ -242,6 +243,158 @@ fn limit_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
     seen.push((
         "run: a zeroed binding of 1 << 40 bytes",
         observe(backend.run(Dispatch::new(&kernel, &huge)), outputs),
+    ));
+}
+
+/// `dst[i] = on ? src[i] + k : src[i]` over 64-thread workgroups, with the scalar
+/// parameters `k: u32` and `on: bool`.
+pub fn plus_k() -> Program {
+    let scalars = [("k", ScalarType::U32), ("on", ScalarType::Bool)];
+    super::elementwise_with_scalars("plus_k", 64, &scalars, |v| {
+        Expr::scalar("on").select(v.clone() + Expr::scalar("k"), v)
+    })
+}
+
+/// The same scalar values and the same refusals: values reach the kernel (a new
+/// value through the same kernel), a missing, mistyped or undeclared value is
+/// refused by every way of finishing a request, and a graph step's value changes
+/// between replays without re-capture, checked as a request's is.
+fn scalar_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&plus_k(), &config).expect("compile");
+    let values: Vec<u32> = (0..64).collect();
+    let source = backend.buffer_from(&values).expect("buffer");
+    let destination = backend.buffer(4 * 64).expect("buffer");
+    let good = [Binding::from(&source), Binding::from(&destination)];
+    let outputs = |finished: vyre_cuda::backend::Finished| finished.outputs.into_vecs();
+    let request = Dispatch::new(&kernel, &good);
+    seen.push((
+        "scalar: values reach the kernel",
+        observe(
+            backend.run(request.scalar("k", 5u32).scalar("on", true)),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: new values, the same kernel",
+        observe(
+            backend.run(request.scalar("on", true).scalar("k", 1000u32)),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: the last of two values",
+        observe(
+            backend.run(
+                request
+                    .scalar("k", 1u32)
+                    .scalar("on", false)
+                    .scalar("on", true),
+            ),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: a program request",
+        observe(
+            backend.run(
+                Dispatch::program(&plus_k(), &good)
+                    .scalar("k", 7u32)
+                    .scalar("on", true),
+            ),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: no value for one",
+        observe(backend.run(request.scalar("k", 5u32)), outputs),
+    ));
+    seen.push((
+        "scalar: a value of another type",
+        observe(
+            backend.run(request.scalar("k", 5i32).scalar("on", true)),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: an undeclared name",
+        observe(
+            backend.run(
+                request
+                    .scalar("k", 5u32)
+                    .scalar("on", true)
+                    .scalar("kk", 5u32),
+            ),
+            outputs,
+        ),
+    ));
+    seen.push((
+        "scalar: submit without a value",
+        observe(backend.submit(request.scalar("on", true)), |pending| {
+            pending.wait().expect("wait").outputs.into_vecs()
+        }),
+    ));
+    let mut out = [0u8; 256];
+    seen.push((
+        "scalar: run_into with values",
+        observe(
+            backend.run_into(
+                request.scalar("k", 2u32).scalar("on", true),
+                &mut [&mut out],
+            ),
+            |_| vec![out.to_vec()],
+        ),
+    ));
+    let none = ReadbackPolicy::None;
+    let step = request.readback(&none);
+    seen.push((
+        "scalar: record without a value",
+        observe(
+            backend.record(|rec| rec.dispatch(step.scalar("k", 1u32)).map(drop)),
+            |_| vec![],
+        ),
+    ));
+    let mut recorded = None;
+    let graph = backend.record(|rec| {
+        let id = rec.dispatch(step.scalar("k", 3u32).scalar("on", true))?;
+        let read = rec.read_back(&destination, 0, 16)?;
+        recorded = Some((id, read));
+        Ok(())
+    });
+    let Ok(mut graph) = graph else {
+        seen.push(("graph: scalar step", observe(graph.map(drop), |_| vec![])));
+        return;
+    };
+    let (id, read) = recorded.expect("recorded");
+    let mut replays = Vec::new();
+    let mut replay = |graph: &mut vyre_cuda::backend::AnyGraph| {
+        graph.replay().expect("replay");
+        replays.push(graph.output(read).expect("output").to_vec());
+    };
+    replay(&mut graph);
+    graph.set_scalar(id, "k", 40u32).expect("set k");
+    replay(&mut graph);
+    graph.set_scalar(id, "on", false).expect("set on");
+    replay(&mut graph);
+    let current = graph.scalar(id, "k").expect("k");
+    replays.push(current.bits().to_le_bytes().to_vec());
+    seen.push((
+        "graph: a step's scalars set between replays",
+        Outcome::Ran(replays),
+    ));
+    seen.push((
+        "graph: set_scalar of another type",
+        observe(graph.set_scalar(id, "k", 1.0f32), |_| vec![]),
+    ));
+    seen.push((
+        "graph: set_scalar of an undeclared name",
+        observe(graph.set_scalar(id, "kk", 1u32), |_| vec![]),
+    ));
+    seen.push((
+        "graph: the value a refused update left",
+        observe(graph.scalar(id, "k"), |value| {
+            vec![value.bits().to_le_bytes().to_vec()]
+        }),
     ));
 }
 

@@ -1,4 +1,4 @@
-//! The stitched chain of issue 14 (the seed probe's): device 0 scales (×3), device 1
+//! The stitched chain of the seed probe: device 0 scales (×3), device 1
 //! scales (×5), device 0 reduces (a wrapping sum), recorded per device and stitched
 //! under one parent. Shared by `gpu_stitch` (correctness) and the
 //! `host_cost_graph_cross_device` instrument (stitched replay against its eager

@@ -1,5 +1,5 @@
-//! GPT-2's pre-tokenizer split of 256 KiB (issue 9): eager encode and graph encode
-//! against the raw-driver floor measured in the same run (SPEC §9), plus the
+//! GPT-2's pre-tokenizer split of 256 KiB: eager encode and graph encode
+//! against the raw-driver floor measured in the same run, plus the
 //! plain medians the issue's targets are stated in (H200: ≤ 100 µs eager, ≤ 60 µs as
 //! one CUDA graph) and the regex oracle's MB/s on the same text.
 //!

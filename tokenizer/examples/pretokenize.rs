@@ -1,4 +1,4 @@
-//! The example a user runs first (§8): GPT-2's pre-tokenizer on the GPU.
+//! The example a user runs first: GPT-2's pre-tokenizer on the GPU.
 //!
 //! ```text
 //! cargo run --release --example pretokenize
@@ -36,7 +36,7 @@
 //!   kernels`, so it also counts the text's staging: nothing is hidden.
 //! * **driver calls**: synchronizes, launches and async copies of one eager and
 //!   one graph encode, counted on the real driver.
-//! * **phase table**: pass 2 also runs with the phase probe (§5) on, its lines
+//! * **phase table**: pass 2 also runs with the phase probe on, its lines
 //!   captured and summarized per program: where each dispatch's host time went.
 //!
 //! Without a CUDA device (or with `--backend reference`) the same programs run on
@@ -70,7 +70,7 @@ const DEFAULT_ITERATIONS: u32 = 200;
 const DEFAULT_REFERENCE_ITERATIONS: u32 = 3;
 const DEFAULT_SEED: u64 = 42;
 const WARMUP_ENCODES: u32 = 5;
-/// Issue 9's targets on the H200 for a 256 KiB encode: median eager encode and
+/// The targets on the H200 for a 256 KiB encode: median eager encode and
 /// median encode as one CUDA graph.
 const TARGET_ENCODE_NS: u64 = 100_000;
 const TARGET_GRAPH_NS: u64 = 60_000;

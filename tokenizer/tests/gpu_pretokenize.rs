@@ -1,4 +1,4 @@
-//! GPU tests of the GPT-2 pre-tokenizer (§10). Ignored by default; run on the GPU
+//! GPU tests of the GPT-2 pre-tokenizer. Ignored by default; run on the GPU
 //! machine with `bash .gpu/run.sh gpu_`. Every GPU result, eager and graph, is
 //! compared with the external oracle (`fancy-regex` running the pattern, under
 //! the invalid-UTF-8 rule), the plain CPU splitter and, where the text is small

@@ -1,4 +1,4 @@
-//! CPU tests of the GPT-2 pre-tokenizer (§10): the plain CPU splitter and the
+//! CPU tests of the GPT-2 pre-tokenizer: the plain CPU splitter and the
 //! three IR programs (run on the reference interpreter) must give exactly the
 //! external oracle's piece starts (`fancy-regex` running the pattern) on valid
 //! UTF-8, and follow the documented rule (invalid bytes are U+FFFD) on the rest.

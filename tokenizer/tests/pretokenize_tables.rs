@@ -1,4 +1,4 @@
-//! The Unicode class table (§10) against the oracle on every code point.
+//! The Unicode class table against the oracle on every code point.
 
 mod oracle;
 

@@ -76,9 +76,13 @@ use super::{
 };
 
 pub(in crate::backend) use complete::InFlight;
-pub(in crate::backend) use pending::{count_pending, foreign_predecessor, PendingOrigin};
+pub(in crate::backend) use pending::{
+    count_pending, foreign_predecessor, PendingOrigin, PendingState,
+};
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
-pub(in crate::backend) use stage::{check_coresident, scratch_outside_a_graph, Bookkeeping, Held};
+pub(in crate::backend) use stage::{
+    check_coresident, count_for_probe, scratch_outside_a_graph, Bookkeeping, Held,
+};
 pub(in crate::backend) use transfer::Transfer;
 
 /// Where read-back bytes go.
@@ -280,12 +284,12 @@ impl BackendInner {
 
         // prepare: binding and readback plans, launch plan, cooperative residency.
         if reused {
-            self.replan(sink, plan)?;
+            self.replan(kernel, request, (sink, plan))?;
         } else {
             self.plan(kernel, request, sink, plan)?;
         }
         if probe_on {
-            stage::count_for_probe(kernel, request, plan);
+            stage::count_for_probe(kernel, request, plan.launch.grid_blocks);
         }
         let mark = probe::charge_and_mark(probe::Phase::Prepare, mark);
 

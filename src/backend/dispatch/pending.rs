@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use super::super::driver::{Event, Stream};
 use super::super::kernel::KernelInner;
+use super::super::lane::{LaneShared, LaneTicket};
 use super::super::reference_backend::ReferenceInner;
 use super::super::{BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs};
 use super::{foreign_kernel, Bookkeeping, InFlight, Sink, Submitted};
@@ -56,6 +57,8 @@ pub(in crate::backend) enum PendingState {
     /// Enqueued: the dispatch in flight and its bookkeeping (the submission's one
     /// allocation, filled in place).
     InFlight(InFlight<'static>, Box<Bookkeeping>),
+    /// A lane request rung and not yet delivered.
+    Lane(Box<LaneTicket>),
     /// Completed at submission (grid-sync kernels, the reference interpreter).
     Done(Box<Result<Finished, BackendError>>),
     /// Waited for or dropped.
@@ -66,6 +69,8 @@ pub(in crate::backend) enum PendingState {
 pub(in crate::backend) enum PendingOrigin {
     Cuda(CudaBackend),
     Reference(Arc<ReferenceInner>),
+    /// A lane (its slots bound its pending requests).
+    Lane(Arc<LaneShared>),
 }
 
 impl PendingOrigin {
@@ -73,6 +78,7 @@ impl PendingOrigin {
         match self {
             PendingOrigin::Cuda(backend) => &backend.inner.pending,
             PendingOrigin::Reference(inner) => &inner.pending,
+            PendingOrigin::Lane(lane) => &lane.pending,
         }
     }
 }
@@ -160,11 +166,20 @@ pub(in crate::backend) fn predecessor<'r>(
         (PendingOrigin::Cuda(backend), state) if backend.inner.id == inner.id => match state {
             PendingState::InFlight(in_flight, _) => Ok(Some(in_flight)),
             // Completed at its submission: nothing to wait for.
-            PendingState::Done(_) => Ok(None),
+            PendingState::Done(_) | PendingState::Lane(_) => Ok(None),
             PendingState::Finished => Err(BackendError::internal(
                 "ordering after a pending dispatch that was already finished",
             )),
         },
+        // A lane's kernel never ends: a dispatch after one of its requests waits for
+        // it on the host, before anything is enqueued.
+        (PendingOrigin::Lane(lane), PendingState::Lane(ticket))
+            if lane.backend_id() == inner.id =>
+        {
+            lane.wait_for(ticket.ticket, &kernel.name)?;
+            Ok(None)
+        }
+        (PendingOrigin::Lane(lane), _) if lane.backend_id() == inner.id => Ok(None),
         _ => Err(foreign_predecessor(&kernel.name)),
     }
 }
@@ -260,6 +275,16 @@ impl PendingDispatch {
         }
     }
 
+    /// A lane request in flight ([`Lane::submit`](super::super::Lane::submit)).
+    pub(in crate::backend) fn lane(kernel: Kernel, ticket: LaneTicket) -> PendingDispatch {
+        let origin = PendingOrigin::Lane(Arc::clone(&ticket.lane));
+        PendingDispatch {
+            kernel,
+            state: PendingState::Lane(Box::new(ticket)),
+            origin,
+        }
+    }
+
     /// Wait for the dispatch: the one synchronize, then its outputs (per its
     /// readback policy) and timings.
     pub fn wait(mut self) -> Result<Finished, BackendError> {
@@ -275,6 +300,13 @@ impl PendingDispatch {
     ) -> Result<(Finished, DeviceSpans), BackendError> {
         match &self.origin {
             PendingOrigin::Cuda(backend) if backend.inner.id == clock.backend.inner.id => {}
+            PendingOrigin::Lane(_) => {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: {} ran on a lane, which records no events; submit it with \
+                     CudaBackend::submit and Timing::EventWindow to read its device spans",
+                    self.kernel.name()
+                )))
+            }
             _ => {
                 return Err(BackendError::bad_input(
                     "Fix: the DeviceClock belongs to another backend; take one from the backend \
@@ -310,6 +342,9 @@ impl PendingDispatch {
             PendingState::Done(result) => result.map(|finished| (finished, None)),
             PendingState::InFlight(in_flight, books) => {
                 self.complete_in_flight(in_flight, books, clock)
+            }
+            PendingState::Lane(ticket) => {
+                ticket.finish(&self.kernel).map(|finished| (finished, None))
             }
         };
         self.origin.pending().fetch_sub(1, Ordering::AcqRel);

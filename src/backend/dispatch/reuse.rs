@@ -26,7 +26,10 @@
 //! length and device memory, the kernel has the same backend and module key (so the
 //! same slots), and grid, fixpoint count and readback policy (every output or none;
 //! byte ranges are planned each time) are equal. Then the plan (the request checks
-//! passed for exactly these values) and the addresses stand; the caller's output
+//! passed for exactly these values) and the addresses stand; the scalar values are
+//! not part of the match (a loop that changes a value each time reuses its plan as
+//! well): they are checked again, and the launch passes the words of the request
+//! being dispatched; the caller's output
 //! slices are still checked, and the stream operations are still described by
 //! `StreamOps::dispatch` from the reused values, as a graph step's are. The routes
 //! stand too when the dispatch leased the lane that holds their result area (a loop
@@ -123,8 +126,10 @@ impl Memo {
     ) -> bool {
         // Every field of the request, so a new one cannot be forgotten here: the
         // target is `kernel` (checked below), the code-generation options only
-        // choose it, and timing and the predecessor change what is enqueued around
-        // the launch, never the plan or the routes.
+        // choose it, timing and the predecessor change what is enqueued around the
+        // launch, never the plan or the routes, and the scalar values are never
+        // reused: `replan` checks them again and the launch takes its words from
+        // the request being dispatched.
         let Dispatch {
             target: _,
             bindings,
@@ -134,6 +139,8 @@ impl Memo {
             codegen: _,
             timing: _,
             after: _,
+            scalars: _,
+            scalar_problem: _,
         } = *request;
         if !self.valid
             || self.kernel != Some(kernel)

@@ -20,7 +20,8 @@ use super::super::driver::{self, DeviceMemory, PinnedMemory};
 use super::super::kernel::KernelInner;
 use super::super::ordering::Accesses;
 use super::super::plan::{
-    align_up, check_output_slices, plan_request, ParamSlot, ReadItem, RequestPlan,
+    align_up, check_output_slices, check_request_scalars, plan_request, ParamSlot, ReadItem,
+    RequestPlan,
 };
 use super::super::pool::Lane;
 use super::super::readback::{
@@ -188,14 +189,14 @@ fn handed_over() -> BackendError {
 pub(in crate::backend) fn count_for_probe(
     kernel: &KernelInner,
     request: &Dispatch<'_>,
-    plan: &Plan,
+    grid_blocks: u64,
 ) {
     probe::count_with(Count::Nodes, || kernel.program.node_count());
     probe::count_with(Count::PtxBytes, || kernel.ptx.len() as u64);
     probe::count_with(Count::Buffers, || kernel.program.buffers().len() as u64);
     probe::count_with(Count::Bindings, || request.bindings.len() as u64);
     probe::count_with(Count::Fixpoint, || request.fixpoint_iterations as u64);
-    probe::count_with(Count::GridBlocks, || plan.launch.grid_blocks);
+    probe::count_with(Count::GridBlocks, || grid_blocks);
     probe::note_program(|| kernel.module_key.0 as u64);
 }
 
@@ -213,10 +214,12 @@ pub(in crate::backend) fn operations<'a>(
     routed: &'a Routed,
     timed: bool,
 ) {
+    let scalars = &request.scalars.words()[..kernel.program.scalars().len()];
     ops.describe_dispatch(
         &kernel.slots,
         &staged.addresses,
         &plan.request.sizes,
+        scalars,
         KernelLaunch {
             module: &kernel.module,
             grid: plan.launch.grid,
@@ -321,7 +324,7 @@ impl BackendInner {
     ) -> Result<(), BackendError> {
         plan_request(
             &kernel.name,
-            &kernel.slots,
+            (&kernel.slots, kernel.program.scalars()),
             &kernel.outputs,
             request,
             &mut plan.request,
@@ -341,13 +344,16 @@ impl BackendInner {
     }
 
     /// The plan step of a request whose plan the bookkeeping already holds (`reuse`
-    /// module): only what the plan does not cover, the caller's output slices (and
-    /// the plan cache's count of a plan found).
+    /// module): only what the plan does not cover, the request's scalar values (the
+    /// memo leaves them out) and the caller's output slices (and the plan cache's
+    /// count of a plan found).
     pub(in crate::backend) fn replan(
         &self,
-        sink: &Sink<'_, '_>,
-        plan: &Plan,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        (sink, plan): (&Sink<'_, '_>, &Plan),
     ) -> Result<(), BackendError> {
+        check_request_scalars(&kernel.name, kernel.program.scalars(), request)?;
         if let Sink::Slices(outputs) = sink {
             check_output_slices(&plan.request.reads, outputs)?;
         }
@@ -459,7 +465,11 @@ impl BackendInner {
 
     /// A pooled transient buffer of `bytes` bytes, held until the lane's release;
     /// returns its device address.
-    fn take_transient(&self, bytes: u64, held: &mut Held) -> Result<u64, BackendError> {
+    pub(in crate::backend) fn take_transient(
+        &self,
+        bytes: u64,
+        held: &mut Held,
+    ) -> Result<u64, BackendError> {
         let memory = self
             .transients
             .take(bytes)
@@ -519,11 +529,16 @@ impl BackendInner {
     ) -> Result<(), BackendError> {
         let lane = guard.lane()?;
         let explicit = after.map(InFlight::order_handles);
-        self.in_flight
+        let (_, lanes) = self
+            .in_flight
             .order_after(&staged.accesses, &lane.stream, explicit)
             .map_err(|error| {
                 self.stream_failed(&kernel.name, "ordering it after a dispatch", error)
             })?;
+        // A lane's kernel never ends: its requests are waited for here, on the host.
+        for (lane, ticket) in lanes {
+            lane.wait_for(ticket, &kernel.name)?;
+        }
         Ok(())
     }
 
@@ -560,7 +575,7 @@ impl BackendInner {
     /// checked against min(90% of total − held − pooled, 90% of live free memory);
     /// over budget → drop the transient pool and re-check → still over: an `Err`
     /// naming the bytes. Skipped entirely when the idle pool serves every bucket.
-    fn preflight(
+    pub(in crate::backend) fn preflight(
         &self,
         kernel: &KernelInner,
         bindings: &[Binding<'_>],
@@ -726,7 +741,7 @@ mod tests {
     /// back, 16 bytes each): what a blocking dispatch no longer does (an `Arc` clone
     /// and drop per owned buffer; planning the request, `plan_request`, which the
     /// reuse of a repeated request skips), the check that reuses a plan
-    /// (`Memo::describes`), routing the readback (`route_items`), describing the
+    /// (`Memo::describes`, with the scalar check `replan` makes), routing the readback (`route_items`), describing the
     /// stream operations (`StreamOps::describe_dispatch` with the launch parameters
     /// and their pointer array), the order book's view of the bindings
     /// (`Accesses::conflicts_with` against an earlier dispatch over other buffers),
@@ -768,7 +783,7 @@ mod tests {
             let mut plan = Plan::default();
             plan_request(
                 &reference.name,
-                slots,
+                (slots, reference.program.scalars()),
                 &reference.outputs,
                 &request,
                 &mut plan.request,
@@ -812,7 +827,7 @@ mod tests {
                             let mut fresh = RequestPlan::default();
                             plan_request(
                                 &reference.name,
-                                slots,
+                                (slots, reference.program.scalars()),
                                 &reference.outputs,
                                 black_box(&request),
                                 &mut fresh,
@@ -822,11 +837,19 @@ mod tests {
                         })
                     },
                 ),
-                Cell::measure(&format!("reuse check ({buffers})"), &options, |n| {
-                    (0..n).fold(0u64, |acc, _| {
-                        acc ^ memo.describes(identity, black_box(&request), address_of) as u64
-                    })
-                }),
+                Cell::measure(
+                    &format!("reuse check + scalar check ({buffers})"),
+                    &options,
+                    |n| {
+                        (0..n).fold(0u64, |acc, _| {
+                            let request = black_box(&request);
+                            let scalars = reference.program.scalars();
+                            check_request_scalars(&reference.name, scalars, request)
+                                .expect("scalars");
+                            acc ^ memo.describes(identity, request, address_of) as u64
+                        })
+                    },
+                ),
                 Cell::measure(&format!("route_items ({buffers})"), &options, |n| {
                     (0..n).fold(0u64, |acc, _| {
                         routed.results = ResultParams::new(0x10, 0x20);
@@ -846,6 +869,7 @@ mod tests {
                                 slots,
                                 black_box(&addresses),
                                 &plan.request.sizes,
+                                &[],
                                 KernelLaunch {
                                     module: &(),
                                     grid: [1, 1, 1],

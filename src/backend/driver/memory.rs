@@ -5,6 +5,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
+use super::resident::{release, Release};
 use super::stream::Stream;
 use super::{check, count, load_mapped_symbols, DriverError, DriverResult};
 
@@ -83,10 +84,8 @@ impl Drop for DeviceMemory {
             // The host pages are freed by the `MappedMemory` drop right after this.
             return;
         }
-        // SAFETY: we own the allocation; errors ignored on drop.
-        unsafe {
-            sys::cuMemFree_v2(self.ptr);
-        }
+        // Deferred while a resident kernel runs in this context (`resident`).
+        release(Release::Device(self.ptr));
     }
 }
 
@@ -152,10 +151,8 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        // SAFETY: we own the allocation.
-        unsafe {
-            sys::cuMemFreeHost(self.ptr as *mut c_void);
-        }
+        // We own the allocation; deferred while a resident kernel runs (`resident`).
+        release(Release::Host(self.ptr as *mut c_void));
     }
 }
 
@@ -326,8 +323,8 @@ impl MappedMemory {
         // device pointer; flags must be 0.
         let status = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
         if let Err(e) = check(status, "cuMemHostGetDevicePointer_v2") {
-            // SAFETY: we own the allocation made above and nothing else refers to it.
-            unsafe { sys::cuMemFreeHost(host) };
+            // We own the allocation made above and nothing else refers to it.
+            release(Release::Host(host));
             return Err(e);
         }
         // SAFETY: [host, host+request) is ours; zeroed so no byte of an earlier owner
@@ -338,6 +335,17 @@ impl MappedMemory {
             device,
             bytes: request,
         })
+    }
+
+    /// Host address of the first byte, for the one module that shares the memory with
+    /// a running kernel through atomic and volatile accesses (`backend::lane`).
+    pub(in crate::backend) fn host_address(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Bytes allocated.
+    pub(in crate::backend) fn len(&self) -> usize {
+        self.bytes
     }
 
     /// Device address of byte `offset` (what a kernel parameter carries).
@@ -380,11 +388,9 @@ impl MappedMemory {
 
 impl Drop for MappedMemory {
     fn drop(&mut self) {
-        // SAFETY: we own the allocation; its owner synchronised every stream that
-        // used it; errors ignored on drop.
-        unsafe {
-            sys::cuMemFreeHost(self.host as *mut c_void);
-        }
+        // We own the allocation and its owner synchronised every stream that used it;
+        // deferred while a resident kernel runs (`resident`).
+        release(Release::Host(self.host as *mut c_void));
     }
 }
 

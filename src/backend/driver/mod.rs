@@ -19,6 +19,7 @@ mod context;
 mod graph;
 mod memory;
 mod module;
+mod resident;
 mod stream;
 
 use std::ffi::{c_void, CStr};
@@ -38,6 +39,9 @@ pub use memory::{
     fill_bytes_async, fill_words_async, free_async, DeviceMemory, MappedMemory, PinnedMemory,
 };
 pub use module::{launch, LoadedModule};
+#[cfg(feature = "testing")]
+pub use resident::deferred_releases;
+pub use resident::{resident_started, resident_stopped};
 pub use stream::{Event, Stream};
 
 /// A CUDA driver status other than success, with the call that returned it.
@@ -349,6 +353,21 @@ pub fn load_stitch_symbols() -> Result<(), LoadError> {
 /// Driver symbols only the mapped readback path needs. Checked on first use, so a
 /// driver that lacks one still serves the copy path.
 const MAPPED_SYMBOLS: &[&str] = &["cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_v2"];
+
+/// Driver symbols only lanes (`backend::lane`) need. Checked when a lane is built,
+/// so a driver that lacks one still serves every other path.
+const LANE_SYMBOLS: &[&str] = &["cuStreamQuery", "cuEventSynchronize"];
+
+/// Checks the symbols lanes use (after the mapped symbols). Cached.
+pub fn load_lane_symbols() -> Result<(), LoadError> {
+    static LOADED: std::sync::OnceLock<Result<(), LoadError>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            load_mapped_symbols()?;
+            check_symbols(LANE_SYMBOLS)
+        })
+        .clone()
+}
 
 /// Checks the symbols host-mapped memory uses (after [`load_driver`] succeeded). Cached.
 pub fn load_mapped_symbols() -> Result<(), LoadError> {

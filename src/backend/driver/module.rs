@@ -19,11 +19,10 @@ unsafe impl Sync for ModuleHandle {}
 
 impl Drop for ModuleHandle {
     fn drop(&mut self) {
-        // SAFETY: the module was loaded by `LoadedModule::load_entries` and this is
-        // the last owner (the `Arc` in every `LoadedModule` of it is gone).
-        unsafe {
-            sys::cuModuleUnload(self.0);
-        }
+        // The module was loaded by `LoadedModule::load_entries` and this is the last
+        // owner (the `Arc` in every `LoadedModule` of it is gone); deferred while a
+        // resident kernel runs (`resident`).
+        super::resident::release(super::resident::Release::Module(self.0));
     }
 }
 

@@ -40,6 +40,18 @@ impl Stream {
         )
     }
 
+    /// Whether all work on the stream is done (`cuStreamQuery`): `Ok(true)` done,
+    /// `Ok(false)` still running, `Err` when it failed (a kernel fault on it is
+    /// reported here without waiting).
+    pub fn query(&self) -> DriverResult<bool> {
+        // SAFETY: live stream handle.
+        let status = unsafe { sys::cuStreamQuery(self.raw) };
+        if status == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(status, "cuStreamQuery").map(|()| true)
+    }
+
     /// Make work enqueued on this stream from now on wait for `event`'s last
     /// record (`cuStreamWaitEvent`): device-side ordering, nothing waits on the host.
     pub fn wait_event(&self, event: &Event) -> DriverResult<()> {
@@ -100,6 +112,17 @@ impl Event {
         check(
             unsafe { sys::cuEventRecord(self.raw, stream.raw) },
             "cuEventRecord",
+        )
+    }
+
+    /// Block the host until the event's last record has completed
+    /// (`cuEventSynchronize`): how work outside the stream model (a lane) waits for a
+    /// dispatch in flight.
+    pub fn synchronize(&self) -> DriverResult<()> {
+        // SAFETY: live event handle.
+        check(
+            unsafe { sys::cuEventSynchronize(self.raw) },
+            "cuEventSynchronize",
         )
     }
 

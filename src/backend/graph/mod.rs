@@ -168,11 +168,12 @@ use crate::backend::driver::{
     Stream,
 };
 use crate::backend::kernel::KernelInner;
+use crate::backend::plan::{scalar_position, undeclared_scalar, ScalarWords};
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::PerBinding;
 use crate::backend::{BackendError, CudaBackend, LaunchPlan, Timings};
-use crate::ir::BufferCount;
+use crate::ir::{BufferCount, Literal};
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
@@ -305,6 +306,8 @@ struct Step {
     /// The result-ABI values its launches were captured with (stamp flags and the
     /// descriptors of the read-backs folded into its last launch).
     results: ResultParams,
+    /// The scalar parameter words its launches pass (declaration order).
+    scalars: ScalarWords,
 }
 
 /// Driver resources of a graph, in drop order.
@@ -489,8 +492,9 @@ impl DispatchGraph {
         }
         let mut counts = self.steps[index].counts.clone();
         counts[slot] = elements;
-        let plan = self.steps[index].plan;
-        self.update_step(index, counts, plan)
+        let step = &self.steps[index];
+        let (plan, scalars) = (step.plan, step.scalars.clone());
+        self.update_step(index, counts, plan, scalars)
     }
 
     /// Change the workgroups `step` launches on later replays, without re-capture
@@ -505,16 +509,54 @@ impl DispatchGraph {
         let inner = Arc::clone(self.backend.shared());
         inner.check_alive()?;
         let plan = inner.launch_plan(&self.steps[index].kernel, workgroups)?;
-        let counts = self.steps[index].counts.clone();
-        self.update_step(index, counts, plan)
+        let step = &self.steps[index];
+        let (counts, scalars) = (step.counts.clone(), step.scalars.clone());
+        self.update_step(index, counts, plan, scalars)
     }
 
-    /// Write `counts` and `plan` into every launch node of step `index`.
+    /// The value `step` currently passes for its program's scalar parameter `name`.
+    pub fn scalar(&self, step: StepId, name: &str) -> Result<Literal, BackendError> {
+        let step = &self.steps[self.step_index(step)?];
+        let program = &step.kernel.program;
+        let (position, decl) = program
+            .scalar(name)
+            .ok_or_else(|| undeclared_scalar(&step.kernel.name, program.scalars(), name))?;
+        Ok(Literal::from_bits(decl.ty, step.scalars[position]))
+    }
+
+    /// Change the value `step` passes for its program's scalar parameter `name` on
+    /// later replays, without re-capture: a scalar is a kernel parameter, written
+    /// through `cuGraphExecKernelNodeSetParams` into every launch node of the step
+    /// (no new PTX, no new JIT). `value` must have the declared type, exactly as
+    /// for [`Dispatch::scalar`](crate::backend::Dispatch::scalar).
+    pub fn set_scalar(
+        &mut self,
+        step: StepId,
+        name: &str,
+        value: impl Into<Literal>,
+    ) -> Result<(), BackendError> {
+        let value = value.into();
+        let index = self.step_index(step)?;
+        let step = &self.steps[index];
+        let position = scalar_position(
+            &step.kernel.name,
+            step.kernel.program.scalars(),
+            name,
+            value,
+        )?;
+        let mut scalars = step.scalars.clone();
+        scalars[position] = value.bits();
+        let (counts, plan) = (step.counts.clone(), step.plan);
+        self.update_step(index, counts, plan, scalars)
+    }
+
+    /// Write `counts`, `plan` and `scalars` into every launch node of step `index`.
     fn update_step(
         &mut self,
         index: usize,
         counts: PerBinding<u32>,
         plan: LaunchPlan,
+        scalars: ScalarWords,
     ) -> Result<(), BackendError> {
         self.usable()?;
         let inner = Arc::clone(self.backend.shared());
@@ -527,6 +569,7 @@ impl DispatchGraph {
             addresses: step.addresses.clone(),
             counts: counts.clone(),
             results: Some(step.results.clone()),
+            scalars: scalars.clone(),
         };
         let mut params = parameters.pointer_array();
         let mut updated = 0usize;
@@ -587,6 +630,7 @@ impl DispatchGraph {
         let step = &mut self.steps[index];
         step.counts = counts;
         step.plan = plan;
+        step.scalars = scalars;
         Ok(())
     }
 

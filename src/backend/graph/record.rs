@@ -12,7 +12,7 @@ use crate::backend::driver::{
     LoadedModule, PinnedMemory, Stream,
 };
 use crate::backend::kernel::KernelKind;
-use crate::backend::plan::{check_aliasing, check_binding_sizes};
+use crate::backend::plan::{check_aliasing, check_binding_sizes, check_request_scalars};
 use crate::backend::readback::{
     mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
 };
@@ -187,6 +187,9 @@ impl GraphRecorder<'_> {
         }
         check_binding_sizes(&name, &kernel.slots, &sizes, request.fixpoint_iterations)?;
         check_aliasing(&name, &kernel.slots, request.bindings)?;
+        let declared = kernel.program.scalars();
+        check_request_scalars(&name, declared, &request)?;
+        let scalars = request.scalars.words()[..declared.len()].into();
         let plan = inner.launch_plan(&kernel, request.workgroups)?;
         let mut bound: SmallVec<[BoundAddress; 16]> = SmallVec::new();
         let mut held: SmallVec<[Arc<DeviceMemory>; 16]> = SmallVec::new();
@@ -223,6 +226,7 @@ impl GraphRecorder<'_> {
             iterations: request.fixpoint_iterations,
             nodes: SmallVec::new(),
             results: ResultParams::default(),
+            scalars,
         });
         self.operations.push(Operation::Dispatch { step: index });
         self.memory.extend(held);
@@ -582,6 +586,7 @@ fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
         &kernel.slots,
         &step.addresses,
         &step.sizes,
+        &step.scalars,
         KernelLaunch {
             module: &kernel.module,
             grid: step.plan.grid,

@@ -137,6 +137,7 @@ use crate::backend::driver::{
     self, CopyEnd, DeviceMemory, GraphExec, GraphNode, PinnedMemory, Stream,
 };
 use crate::backend::{BackendError, CudaBackend, DeviceBuffer, Timings};
+use crate::ir::Literal;
 use crate::probe::{self, Phase};
 
 use super::record::hold_memory;
@@ -930,6 +931,20 @@ impl StitchedGraph {
         workgroups: [u32; 3],
     ) -> Result<(), BackendError> {
         self.update_child(child, |graph| graph.set_workgroups(step, workgroups))
+    }
+
+    /// Change the value a step of `child` passes for its scalar parameter `name`,
+    /// without re-capture (see [`DispatchGraph::set_scalar`]); the parent's clone is
+    /// updated too.
+    pub fn set_scalar(
+        &mut self,
+        child: ChildId,
+        step: StepId,
+        name: &str,
+        value: impl Into<Literal>,
+    ) -> Result<(), BackendError> {
+        let value = value.into();
+        self.update_child(child, |graph| graph.set_scalar(step, name, value))
     }
 
     /// Apply `update` to the child (which validates it and writes its executable and

@@ -6,15 +6,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::DispatchConfig;
-use crate::reference;
 
 use super::super::graph::{
     check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
     next_graph_id, InputSlot, OutputSlot, StepId,
 };
-use super::super::plan::{check_aliasing, check_binding_sizes};
+use super::super::plan::{
+    check_aliasing, check_binding_sizes, check_request_scalars, scalar_position, undeclared_scalar,
+};
+use super::super::request::ScalarValues;
 use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
 use super::{HostMemory, ReferenceBackend, ReferenceKernel};
+use crate::ir::Literal;
 
 /// One operation of a recorded chain, holding the memory it touches.
 enum Operation {
@@ -38,6 +41,8 @@ struct Step {
     fixpoint_iterations: u32,
     /// Element counts set by `set_element_count`, per slot (`None`: the buffer's).
     counts: Vec<Option<u32>>,
+    /// The scalar values it passes (every declared one supplied).
+    scalars: ScalarValues,
 }
 
 /// A recorded chain on the reference side: its operations and its input and output
@@ -142,6 +147,7 @@ impl ReferenceRecorder {
         let sizes: Vec<u64> = request.bindings.iter().map(Binding::len).collect();
         check_binding_sizes(name, &reference.slots, &sizes, request.fixpoint_iterations)?;
         check_aliasing(name, &reference.slots, request.bindings)?;
+        check_request_scalars(name, reference.program.scalars(), &request)?;
         LaunchPlan::new(request.workgroups, reference.workgroup_size, backend.caps())?;
         let counts = vec![None; reference.slots.len()];
         let graph = &mut self.graph;
@@ -153,6 +159,7 @@ impl ReferenceRecorder {
             workgroups: request.workgroups,
             fixpoint_iterations: request.fixpoint_iterations,
             counts,
+            scalars: request.scalars,
         }));
         Ok(StepId::new(graph.id, index as u32))
     }
@@ -197,17 +204,28 @@ impl ReferenceGraph {
             .ok_or_else(|| forged("output slot"))
     }
 
-    /// The recorded dispatch `step` and its kernel.
-    fn step_mut(&mut self, step: StepId) -> Result<(&mut Step, &ReferenceBackend), BackendError> {
-        let index = step.index_in(self.id)?;
-        let operation = self
-            .steps
-            .get(index)
-            .and_then(|&at| self.operations.get_mut(at));
-        match operation {
+    /// The recorded dispatch `step` and its backend.
+    fn step(&self, step: StepId) -> Result<(&Step, &ReferenceBackend), BackendError> {
+        let at = self.operation_of(step)?;
+        match self.operations.get(at) {
             Some(Operation::Dispatch(step)) => Ok((step, &self.backend)),
             _ => Err(forged("step")),
         }
+    }
+
+    /// [`ReferenceGraph::step`], to change.
+    fn step_mut(&mut self, step: StepId) -> Result<(&mut Step, &ReferenceBackend), BackendError> {
+        let at = self.operation_of(step)?;
+        match self.operations.get_mut(at) {
+            Some(Operation::Dispatch(step)) => Ok((step, &self.backend)),
+            _ => Err(forged("step")),
+        }
+    }
+
+    /// Where in `operations` the recorded dispatch `step` is.
+    fn operation_of(&self, step: StepId) -> Result<usize, BackendError> {
+        let index = step.index_in(self.id)?;
+        self.steps.get(index).copied().ok_or_else(|| forged("step"))
     }
 
     pub(in crate::backend) fn set_element_count(
@@ -256,6 +274,37 @@ impl ReferenceGraph {
         let kernel = backend.reference_kernel(&step.kernel)?;
         LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
         step.workgroups = workgroups;
+        Ok(())
+    }
+
+    /// The value `step` passes for its scalar `name`, as the CUDA graph reads it.
+    pub(in crate::backend) fn scalar(
+        &self,
+        step: StepId,
+        name: &str,
+    ) -> Result<Literal, BackendError> {
+        let (step, backend) = self.step(step)?;
+        let kernel = backend.reference_kernel(&step.kernel)?;
+        let program = kernel.program.program();
+        let (position, decl) = program
+            .scalar(name)
+            .ok_or_else(|| undeclared_scalar(&kernel.name, program.scalars(), name))?;
+        step.scalars
+            .get(position, decl.ty)
+            .ok_or_else(|| BackendError::internal("a recorded step lacks a scalar value"))
+    }
+
+    /// A new value for scalar `name` of `step`, checked as the CUDA graph checks it.
+    pub(in crate::backend) fn set_scalar(
+        &mut self,
+        step: StepId,
+        name: &str,
+        value: Literal,
+    ) -> Result<(), BackendError> {
+        let (step, backend) = self.step_mut(step)?;
+        let kernel = backend.reference_kernel(&step.kernel)?;
+        let position = scalar_position(&kernel.name, kernel.program.scalars(), name, value)?;
+        step.scalars.set(position, value);
         Ok(())
     }
 
@@ -317,12 +366,7 @@ fn replay_dispatch(
     let config = DispatchConfig::new(step.workgroups)
         .with_fixpoint_iterations(step.fixpoint_iterations)
         .with_codegen(kernel.codegen);
-    let (results, _) =
-        reference::run_valid_with_stats(&kernel.program, &borrowed, &config, backend.options())
-            .map_err(|error| BackendError::Reference {
-                program: kernel.name.clone(),
-                error,
-            })?;
+    let results = backend.interpret(kernel, &borrowed, &step.scalars, &config)?;
     for (&slot, bytes) in kernel.outputs.iter().zip(results) {
         let mut memory = step.memories[slot as usize].lock();
         memory[..bytes.len()].copy_from_slice(&bytes);

@@ -36,6 +36,7 @@
 //! `enqueue_ns` only; there are no kernel stamps and no events.
 
 mod graph;
+mod lane;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,7 +45,8 @@ use std::time::Instant;
 use smallvec::SmallVec;
 
 use crate::config::{CodegenOptions, DispatchConfig, ReadbackPolicy};
-use crate::ir::{self, Program, ValidProgram};
+use crate::ir::validate::MAX_SCALARS;
+use crate::ir::{self, Literal, Program, ValidProgram};
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
@@ -52,13 +54,14 @@ use super::buffer::{whole_values, Storage};
 use super::dispatch::{foreign_kernel, PendingOrigin, Sink};
 use super::kernel::KernelKind;
 use super::plan::{binding_slots, check_output_slices, plan_request, ParamSlot, RequestPlan};
-use super::request::Target;
+use super::request::{ScalarValues, Target};
 use super::{
     BackendError, Binding, DeviceBuffer, DeviceCaps, Dispatch, Finished, Kernel, LaunchPlan,
     Outputs, PendingDispatch, Timings,
 };
 
 pub(in crate::backend) use graph::{ReferenceGraph, ReferenceRecorder};
+pub(in crate::backend) use lane::ReferenceLane;
 
 static NEXT_REFERENCE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -253,8 +256,7 @@ impl ReferenceBackend {
                 error,
             }
         })?;
-        super::readback::check_result_abi_fits(&name, program.global_buffers().len())
-            .map_err(BackendError::bad_input)?;
+        super::readback::check_result_abi_fits(&name, program).map_err(BackendError::bad_input)?;
         let (slots, outputs) = binding_slots(program);
         let workgroup_size = program.workgroup_size();
         let grid_sync = super::kernel::contains_grid_sync(program.entry());
@@ -360,7 +362,7 @@ impl ReferenceBackend {
         let mut plan = RequestPlan::default();
         plan_request(
             &reference.name,
-            &reference.slots,
+            (&reference.slots, reference.program.scalars()),
             &reference.outputs,
             request,
             &mut plan,
@@ -420,16 +422,7 @@ impl ReferenceBackend {
             codegen: kernel.codegen,
         };
         let borrowed: SmallVec<[&[u8]; 16]> = inputs.iter().map(Vec::as_slice).collect();
-        let (results, _) = reference::run_valid_with_stats(
-            &kernel.program,
-            &borrowed,
-            &config,
-            &self.inner.options,
-        )
-        .map_err(|error| BackendError::Reference {
-            program: kernel.name.clone(),
-            error,
-        })?;
+        let results = self.interpret(kernel, &borrowed, &request.scalars, &config)?;
         drop(borrowed);
         // The interpreter returns every output buffer whole, ascending binding: the
         // final bytes of those slots, which bound buffers keep.
@@ -497,6 +490,32 @@ impl ReferenceBackend {
             });
         }
         Ok(inputs)
+    }
+
+    /// The interpreter's run of `kernel` over `inputs` with `scalars` (every declared
+    /// one supplied: `plan::check_request_scalars` checked): every output buffer's
+    /// final bytes, ascending binding.
+    pub(in crate::backend) fn interpret(
+        &self,
+        kernel: &ReferenceKernel,
+        inputs: &[&[u8]],
+        scalars: &ScalarValues,
+        config: &DispatchConfig,
+    ) -> Result<Vec<Vec<u8>>, BackendError> {
+        let values: SmallVec<[Literal; MAX_SCALARS]> = kernel
+            .program
+            .scalars()
+            .iter()
+            .zip(scalars.words())
+            .map(|(decl, &word)| Literal::from_bits(decl.ty, word))
+            .collect();
+        let options = &self.inner.options;
+        reference::run_valid_with_scalars(&kernel.program, inputs, &values, config, options)
+            .map(|(outputs, _)| outputs)
+            .map_err(|error| BackendError::Reference {
+                program: kernel.name.clone(),
+                error,
+            })
     }
 
     /// The reference kernel inside `kernel`, checked to belong to this backend.

@@ -4,7 +4,7 @@
 //! Why it exists: every module load is a driver JIT call, and a user with many
 //! kernels (a tokenizer compiles its 4–6 at start-up; the differential test compiles
 //! 10,000 random programs) makes one per kernel when every program is its own
-//! module. Measured on the H200 (issue 13): once the writer hid constants from the
+//! module. Measured on the H200: once the writer hid constants from the
 //! JIT (the opaque zero word), one program per module cost about 44 ms of JIT, and
 //! the loads of concurrent threads did not overlap, so 2,500 programs took more than
 //! 110 s. [`PtxModuleBuilder`] writes many kernels into one module instead, so the

@@ -24,6 +24,16 @@
 //!   `.param .u32` element count per global buffer. Every global buffer has its count
 //!   parameter even when its count is static (the kernel then uses the constant), so
 //!   the backend can always pass the same layout.
+//! - Then (after the result ABI's five, below, when the kernel has them) one
+//!   parameter per scalar parameter of [`Program::scalars`], in declaration order:
+//!   `vyre_scalar_<i>`, a `.param .u32` for `u32`, `i32` and `bool` (0 or 1), `.f32`
+//!   for `f32`, `.u64` for `u64` and `i64`, each loaded into a register once in the
+//!   prologue (a `bool` compared with 0). Last, so the buffers' and the result ABI's
+//!   parameters keep their places whatever a program declares; the host passes each
+//!   value as its bit pattern in a 64-bit word, of which a 32-bit parameter reads the
+//!   first 4 bytes (the low half on the little-endian hosts CUDA runs on). The values
+//!   are launch parameters, never text: no value reaches the PTX, so a new value needs
+//!   no new module.
 //! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (`.align 8` for
 //!   64-bit elements; size rounded up to a multiple of 4) that every thread helps
 //!   zero at kernel entry, followed by `bar.sync 0`, so a read before any write
@@ -54,8 +64,8 @@
 //! # Result ABI (the backend's kernels)
 //!
 //! [`program_to_ptx_with_results`] emits the same kernel with five more parameters
-//! after the element counts, so the kernel itself delivers its device time and its
-//! small outputs (§11; measured on the H200, §0: a kernel writing host-mapped memory
+//! after the element counts (before any scalar parameters), so the kernel itself delivers its device time and its
+//! small outputs (measured on the H200: a kernel writing host-mapped memory
 //! costs 9.7–9.9 µs per dispatch for 1–16 outputs where one async copy per output
 //! costs 11.6–35.0 µs, and event timing about 10 µs more):
 //!
@@ -148,6 +158,7 @@
 //!
 //! [`Program`]: crate::ir::Program
 //! [`Program::global_buffers`]: crate::ir::Program::global_buffers
+//! [`Program::scalars`]: crate::ir::Program::scalars
 
 use std::fmt;
 
@@ -155,9 +166,11 @@ use crate::config::CodegenOptions;
 use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
 mod batch;
+pub mod lane;
 mod writer;
 
 pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
+pub use lane::{lane_body_name, LaneModuleBuilder, LANE_ENTRY_NAME};
 
 /// Name of the single kernel in every emitted module.
 pub const ENTRY_NAME: &str = "vyre_entry";
@@ -186,7 +199,7 @@ pub const COMMENT_BYTES: usize = 256;
 /// Most bytes of kernel body one module may have. Every statement and expression
 /// adds a bounded number of bytes, so this only stops programs whose shared blocks
 /// expand to about 100,000 statements or more; a 4,096-node program (the largest
-/// the §0 comparison uses) emits less than a twentieth of it (a test checks).
+/// the seed comparison uses) emits less than a twentieth of it (a test checks).
 pub const MAX_PTX_BYTES: usize = 16 << 20;
 
 /// The limits [`program_to_ptx`] validates against: what every CUDA device has
@@ -233,6 +246,14 @@ pub enum CodegenError {
         kernels: usize,
         /// [`MAX_PTX_BYTES`].
         limit_bytes: usize,
+    },
+    /// [`LaneModuleBuilder::push`]: the program cannot be a body of this lane (another
+    /// workgroup shape, or a grid sync); the builder is unchanged.
+    LaneBody {
+        /// The program's display name (capped).
+        program: String,
+        /// What to change, after `Fix: `.
+        reason: String,
     },
     /// The device is older than [`MIN_SM`].
     UnsupportedTarget {
@@ -281,6 +302,9 @@ impl fmt::Display for CodegenError {
                 "Fix: finish this PTX module (it holds {kernels} kernels) and push the program into \
                  a new one: together they would pass {limit_bytes} bytes"
             ),
+            CodegenError::LaneBody { program, reason } => {
+                write!(f, "Fix: {reason} ({program})")
+            }
             CodegenError::UnsupportedTarget { sm } => write!(
                 f,
                 "Fix: use a GPU of compute capability 7.0 (sm_{MIN_SM}) or newer; PTX \

@@ -40,6 +40,11 @@ mod results;
 
 use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
+use super::lane::{
+    lane_body_name, pool_place, LANE_GROUP_PARAMETERS, LANE_RECORD_SYMBOL, LANE_WORKGROUP_SYMBOL,
+    RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
+};
+
 /// Full-warp member mask for `.sync` warp instructions (see the module docs of `ptx`
 /// for why every lane is active wherever lowering emits them).
 const FULL_WARP: &str = "0xffffffff";
@@ -215,6 +220,8 @@ pub(super) struct Writer<'p> {
     labels: u32,
     buffers: Vec<BufferSlot<'p>>,
     buffer_lookup: HashMap<&'p str, usize>,
+    /// Each scalar parameter's register, loaded once in the prologue.
+    scalars: HashMap<&'p str, Value>,
     variables: HashMap<&'p str, Value>,
     /// Declarations in order, with the binding each one hid, so leaving a block
     /// restores exactly the outer scope.
@@ -239,6 +246,13 @@ pub(super) struct Writer<'p> {
     /// (`super::batch`): its entry and module-scope symbols carry the index and the
     /// module header is written once by the module, not here.
     module_kernel: Option<usize>,
+    /// Lane mode (`super::lane`): the program is written as the device function of
+    /// body `module_kernel` of a lane's server kernel. Its buffer addresses, lengths
+    /// and workgroup count come from the request record in shared memory, its
+    /// workgroup id from the function's parameters, and its workgroup buffers live in
+    /// the lane's one shared pool (`lane_workgroup_bytes` is where they end).
+    lane: bool,
+    lane_workgroup_bytes: u32,
 }
 
 /// A `.const` word that is always 0. The host could rewrite a `.const` variable
@@ -270,6 +284,7 @@ impl<'p> Writer<'p> {
             labels: 0,
             buffers: Vec::with_capacity(program.buffers().len()),
             buffer_lookup: HashMap::with_capacity(program.buffers().len()),
+            scalars: HashMap::with_capacity(program.scalars().len()),
             variables: HashMap::new(),
             scope_log: Vec::new(),
             uses_grid_sync: false,
@@ -282,6 +297,8 @@ impl<'p> Writer<'p> {
             result_start: None,
             loops: Vec::new(),
             module_kernel: None,
+            lane: false,
+            lane_workgroup_bytes: 0,
         }
     }
 
@@ -289,6 +306,26 @@ impl<'p> Writer<'p> {
     pub(super) fn for_module_kernel(mut self, index: usize) -> Self {
         self.module_kernel = Some(index);
         self
+    }
+
+    /// The same writer, writing the program as body `index` of a lane (see the
+    /// `lane` field); no result ABI.
+    pub(super) fn for_lane_body(mut self, index: usize) -> Self {
+        self.module_kernel = Some(index);
+        self.lane = true;
+        self.results = false;
+        self
+    }
+
+    /// Write a lane body: its `.func` text and the bytes of the lane's workgroup
+    /// pool it uses (its workgroup buffers, laid out from the pool's start).
+    pub(super) fn finish_lane_body(mut self) -> Result<(String, u32)> {
+        let program: &'p Program = self.program;
+        self.prologue();
+        self.block(program.entry())?;
+        emit!(self, "ret;");
+        let bytes = self.lane_workgroup_bytes;
+        Ok((self.assemble(), bytes))
     }
 
     /// Write the whole module.
@@ -378,13 +415,31 @@ impl<'p> Writer<'p> {
         }
         for (position, decl) in globals.into_iter().enumerate() {
             let base = self.reg(RegClass::B64);
-            emit!(self, "ld.param.u64 {base}, [vyre_ptr_{position}];");
+            // A lane body reads its binding from the request record (in shared
+            // memory): the address, then the element count 8 bytes on.
+            let entry = RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * position;
+            if self.lane {
+                emit!(
+                    self,
+                    "ld.shared.u64 {base}, [{LANE_RECORD_SYMBOL}+{entry}];"
+                );
+            } else {
+                emit!(self, "ld.param.u64 {base}, [vyre_ptr_{position}];");
+            }
             emit!(self, "cvta.to.global.u64 {base}, {base};");
             let length = match decl.count {
                 BufferCount::Static(count) => Length::Constant(count),
                 BufferCount::Runtime => {
                     let r = self.reg(RegClass::B32);
-                    emit!(self, "ld.param.u32 {r}, [vyre_len_{position}];");
+                    if self.lane {
+                        emit!(
+                            self,
+                            "ld.shared.u32 {r}, [{LANE_RECORD_SYMBOL}+{}];",
+                            entry + 8
+                        );
+                    } else {
+                        emit!(self, "ld.param.u32 {r}, [vyre_len_{position}];");
+                    }
                     Length::Register(r)
                 }
             };
@@ -397,11 +452,39 @@ impl<'p> Writer<'p> {
             });
         }
 
+        self.load_scalars();
         if self.declare_arrays(Space::Shared) {
             self.zero_workgroup_memory();
         }
         if self.declare_arrays(Space::Local) {
             self.zero_local_arrays();
+        }
+    }
+
+    /// Each scalar parameter into a register of its type, once (a `bool` arrives as
+    /// a `.u32` 0 or 1). Parameters the body never reads cost nothing: ptxas drops
+    /// the load.
+    fn load_scalars(&mut self) {
+        let program: &'p Program = self.program;
+        if !program.scalars().is_empty() {
+            emit!(self, "// scalar parameters");
+        }
+        for (position, decl) in program.scalars().iter().enumerate() {
+            let value = self.value(decl.ty);
+            let parameter = format!("vyre_scalar_{position}");
+            match decl.ty {
+                ScalarType::Bool => {
+                    let word = self.reg(RegClass::B32);
+                    emit!(self, "ld.param.u32 {word}, [{parameter}];");
+                    emit!(self, "setp.ne.u32 {value}, {word}, 0;");
+                }
+                ty => emit!(
+                    self,
+                    "ld.param.{} {value}, [{parameter}];",
+                    scalar_parameter_type(ty)
+                ),
+            }
+            self.scalars.insert(&decl.name, value);
         }
     }
 
@@ -446,7 +529,18 @@ impl<'p> Writer<'p> {
                 }
             };
             let base = self.reg(RegClass::B64);
-            emit!(self, "mov.u64 {base}, {symbol};");
+            if self.lane && space == Space::Shared {
+                // The lane's one pool: this body's buffers from its start, each
+                // aligned for its elements.
+                let (offset, end) = pool_place(self.lane_workgroup_bytes, decl);
+                self.lane_workgroup_bytes = end;
+                emit!(self, "mov.u64 {base}, {LANE_WORKGROUP_SYMBOL};");
+                if offset > 0 {
+                    emit!(self, "add.s64 {base}, {base}, {offset};");
+                }
+            } else {
+                emit!(self, "mov.u64 {base}, {symbol};");
+            }
             self.add_buffer(BufferSlot {
                 decl,
                 space,
@@ -555,6 +649,7 @@ impl<'p> Writer<'p> {
     fn entry_name(&self) -> std::borrow::Cow<'static, str> {
         match self.module_kernel {
             None => ENTRY_NAME.into(),
+            Some(kernel) if self.lane => lane_body_name(kernel).into(),
             Some(kernel) => super::module_entry_name(kernel).into(),
         }
     }
@@ -611,7 +706,7 @@ impl<'p> Writer<'p> {
         for slot in self
             .buffers
             .iter()
-            .filter(|slot| slot.space == Space::Shared)
+            .filter(|slot| slot.space == Space::Shared && !self.lane)
         {
             if let Some((symbol, bytes)) = &slot.symbol {
                 push_comment(&mut out, "", slot.decl);
@@ -625,13 +720,31 @@ impl<'p> Writer<'p> {
             out.push('\n');
         }
 
+        if self.lane {
+            // A device function of the lane's server: the workgroup id comes in as
+            // parameters, everything else from the request record.
+            let _ = write!(out, ".func {}(", self.entry_name());
+            for (index, (name, role)) in LANE_GROUP_PARAMETERS.iter().enumerate() {
+                let comma = if index + 1 < LANE_GROUP_PARAMETERS.len() {
+                    ","
+                } else {
+                    ""
+                };
+                let _ = write!(out, "\n\t.param .b32 {name}{comma} // {role}");
+            }
+            out.push_str("\n)\n{\n");
+            self.declarations(&mut out);
+            out.push_str(&self.body);
+            out.push_str("}\n");
+            return out;
+        }
         let _ = write!(out, ".visible .entry {}(", self.entry_name());
         let result_parameters = if self.results {
             RESULT_PARAMETERS.len()
         } else {
             0
         };
-        let parameters = globals.len() * 2 + result_parameters;
+        let parameters = globals.len() * 2 + result_parameters + program.scalars().len();
         let mut written = 0;
         for (kind, width, role) in [("ptr", "u64", "address"), ("len", "u32", "element count")] {
             for (position, decl) in globals.iter().enumerate() {
@@ -647,10 +760,26 @@ impl<'p> Writer<'p> {
             let comma = if written < parameters { "," } else { "" };
             let _ = write!(out, "\n\t.param {declaration}{comma} // {role}");
         }
+        for (position, decl) in program.scalars().iter().enumerate() {
+            written += 1;
+            let comma = if written < parameters { "," } else { "" };
+            let width = scalar_parameter_type(decl.ty);
+            let _ = write!(out, "\n\t.param .{width} vyre_scalar_{position}{comma}");
+            push_comment(&mut out, " ", decl);
+            out.pop(); // push_comment ends the line; the loop starts the next one.
+        }
         if parameters > 0 {
             out.push('\n');
         }
         let _ = writeln!(out, ")\n.reqntid {x}, {y}, {z}\n{{");
+        self.declarations(&mut out);
+        out.push_str(&self.body);
+        out.push_str("}\n");
+        out
+    }
+
+    /// The function's register and local-array declarations, then a blank line.
+    fn declarations(&self, out: &mut String) {
         for class in RegClass::ALL {
             let count = self.reg_counts[class.slot()];
             if count > 0 {
@@ -670,14 +799,11 @@ impl<'p> Writer<'p> {
             if let Some((symbol, bytes)) = &slot.symbol {
                 let align = slot.decl.elem.size_bytes().max(4);
                 out.push('\t');
-                push_comment(&mut out, "", slot.decl);
+                push_comment(out, "", slot.decl);
                 let _ = writeln!(out, "\t.local .align {align} .b8 {symbol}[{bytes}];");
             }
         }
         out.push('\n');
-        out.push_str(&self.body);
-        out.push_str("}\n");
-        out
     }
 
     // ----- statements ------------------------------------------------------------------
@@ -878,6 +1004,11 @@ impl<'p> Writer<'p> {
             Node::Barrier => {
                 self.synchronises = true;
                 emit!(self, "bar.sync 0;")
+            }
+            Node::GridSync if self.lane => {
+                return Err(internal(format_args!(
+                    "a lane body cannot hold a grid sync (the lane refuses the kernel first)"
+                )))
             }
             Node::GridSync => self.grid_sync(),
             Node::Atomic {
@@ -1135,6 +1266,11 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.u32 {result}, {length};");
                 Ok(result)
             }
+            Expr::Scalar(name) => {
+                self.scalars.get(&**name).copied().ok_or_else(|| {
+                    internal(format_args!("scalar `{}` has no register", capped(name)))
+                })
+            }
             Expr::Binary { op, lhs, rhs } => {
                 let lhs = self.expr(lhs)?;
                 let rhs = self.expr(rhs)?;
@@ -1197,6 +1333,14 @@ impl<'p> Writer<'p> {
     }
 
     fn builtin(&mut self, builtin: Builtin) -> Value {
+        if self.lane {
+            if let Some(reg) = self.lane_builtin(builtin) {
+                return Value {
+                    reg,
+                    ty: ScalarType::U32,
+                };
+            }
+        }
         let reg = match builtin {
             Builtin::LocalId(axis) => self.special("tid", axis.name()),
             Builtin::WorkgroupId(axis) => self.special("ctaid", axis.name()),
@@ -1213,6 +1357,39 @@ impl<'p> Writer<'p> {
         Value {
             reg,
             ty: ScalarType::U32,
+        }
+    }
+
+    /// A lane body's workgroup id (its parameters: the server runs the grid's
+    /// workgroups in turn) and workgroup count (the request record); `None` for the
+    /// builtins a lane body reads as a kernel does (the block shape is the kernel's).
+    fn lane_builtin(&mut self, builtin: Builtin) -> Option<Reg> {
+        let group = |writer: &mut Self, axis: crate::ir::Axis| {
+            let r = writer.reg(RegClass::B32);
+            let (name, _) = LANE_GROUP_PARAMETERS[axis.index()];
+            emit!(writer, "ld.param.u32 {r}, [{name}];");
+            r
+        };
+        match builtin {
+            Builtin::WorkgroupId(axis) => Some(group(self, axis)),
+            Builtin::WorkgroupCount(axis) => {
+                let r = self.reg(RegClass::B32);
+                emit!(
+                    self,
+                    "ld.shared.u32 {r}, [{LANE_RECORD_SYMBOL}+{}];",
+                    RECORD_GRID + 4 * axis.index()
+                );
+                Some(r)
+            }
+            Builtin::GlobalId(axis) => {
+                let workgroup = group(self, axis);
+                let size = self.special("ntid", axis.name());
+                let local = self.special("tid", axis.name());
+                let global = self.reg(RegClass::B32);
+                emit!(self, "mad.lo.u32 {global}, {workgroup}, {size}, {local};");
+                Some(global)
+            }
+            Builtin::LocalId(_) => None,
         }
     }
 
@@ -1732,6 +1909,16 @@ fn identifier_part(name: &str) -> String {
 /// names and expressions, and uncapped, a 1 MiB buffer name used 500 times made 1 GB
 /// of PTX. Formatting stops at the cap, so a huge expression costs no more than a
 /// short one.
+/// The `.param` type of a scalar parameter (also its `ld.param` type): `bool`
+/// travels as a `.u32` 0 or 1.
+fn scalar_parameter_type(ty: ScalarType) -> &'static str {
+    match ty {
+        ScalarType::U32 | ScalarType::I32 | ScalarType::Bool => "u32",
+        ScalarType::F32 => "f32",
+        ScalarType::U64 | ScalarType::I64 => "u64",
+    }
+}
+
 fn push_comment(out: &mut String, indent: &str, text: impl Display) {
     out.push_str(indent);
     out.push_str("// ");

@@ -1,7 +1,9 @@
 //! The pre-tokenizers: split UTF-8 text into the pieces a byte-level BPE
 //! tokenizer encodes, by the pattern of its encoding (GPT-2's for r50k and p50k,
-//! cl100k's, o200k's), on the CPU for all three and on the GPU for GPT-2's, with
-//! two small programs written in vyre-cuda's IR.
+//! cl100k's, o200k's), on the CPU and on the GPU for all three, with programs
+//! written in vyre-cuda's IR: GPT-2's single-document pipeline (two programs,
+//! [`pipeline`]) and the split of a packed batch of documents by any pattern
+//! ([`batch`]: one dispatch for GPT-2, two for cl100k and o200k).
 //!
 //! # Why this module exists
 //!
@@ -55,6 +57,9 @@
 //!   the CPU and checked like the others.
 //! - For GPT-2, the GPU programs ([`programs`], the rule per byte below) and
 //!   [`cpu`], the first plain-Rust formulation they were checked against.
+//! - For cl100k and o200k, [`batch::rules`]: the phases merged into a state
+//!   machine of eight states, the form the batch programs evaluate, run on the
+//!   CPU and held to the oracle like the others.
 //!
 //! # The rule per byte (GPT-2, on the GPU)
 //!
@@ -136,9 +141,11 @@
 //! mark after punctuation belongs to the punctuation piece or to a letter piece
 //! depending on how that punctuation run began (*unbounded* back: `.\u{301}a` is
 //! one piece, `..\u{301}a` two). [`per_position`] states all of it exactly, as
-//! phases and two look-ahead facts a device computes with scans.
+//! phases and two look-ahead facts a device computes with scans; [`batch`]
+//! computes them (a suffix minimum for the facts, a prefix scan of transition
+//! maps for the phases, decoupled look-back across workgroups).
 //!
-//! # The pipeline
+//! # GPT-2's single-document pipeline
 //!
 //! `n` bytes, `B = ceil(n / 1024)` blocks of [`WORKGROUP_SIZE`] threads and
 //! [`BYTES_PER_THREAD`] bytes per thread (the default [`Geometry`]; tests build
@@ -160,6 +167,7 @@
 //! or on a CUDA device, [`unicode`] builds the class table, [`text`] generates
 //! the sample inputs.
 
+pub mod batch;
 pub mod cpu;
 mod matcher;
 pub mod pattern;
@@ -168,6 +176,7 @@ pub mod pipeline;
 pub mod programs;
 pub mod text;
 pub mod unicode;
+mod utf8_ir;
 
 use std::fmt;
 

@@ -373,6 +373,12 @@ impl KindSet {
         KindSet(self.0 | other.0)
     }
 
+    /// The set as a bit mask: bit `k` is set where [`Kind`] code `k` is in the
+    /// set (what a device tests with one shift and one mask).
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
     /// Whether `kind` is in the set.
     #[inline(always)]
     pub const fn contains(self, kind: Kind) -> bool {

@@ -1,0 +1,235 @@
+//! The host-mapped memory a lane shares with its running kernel, behind a safe API:
+//! the only `unsafe` of the lane.
+//!
+//! # Why it is its own file
+//!
+//! While a lane lives its kernel reads the doorbells, records and staging and writes
+//! the completion word and the result areas, at any time, over PCIe. No Rust
+//! reference may point into memory the device writes (a `&[u8]` promises the bytes
+//! do not change), so this file keeps the raw host pointer and touches the memory
+//! only through atomics (the doorbells and the completion word, whose ordering is
+//! the protocol) and volatile copies (records, staging, areas: at worst a protocol
+//! bug reads or writes stale bytes, never undefined behaviour). Every offset is
+//! bounded by the layout, so no access leaves the allocation.
+//!
+//! # Layout (one allocation, zeroed)
+//!
+//! ```text
+//! [0, 128)                       completion word (u64), alone on its line
+//! 128 + 128 s                    slot s's doorbell (u64)
+//! records  + 4096 s              slot s's request record
+//! areas    + area_bytes s        slot s's result area
+//! staging  + staging_bytes s     slot s's input staging
+//! ```
+//!
+//! # Ordering
+//!
+//! The host writes a slot's record and staging (volatile), then [`LaneMemory::ring`]
+//! stores its doorbell with `Release`: x86-64 keeps stores in order and the release
+//! keeps the compiler from sinking the copies below it, so the kernel's
+//! `ld.acquire.sys` that sees the doorbell orders its loads of the record and staging
+//! after them. [`LaneMemory::completed`] loads the completion word with `Acquire`: the
+//! kernel stored it with `st.release.sys` after the area's bytes, so the area reads
+//! that follow see them (`codegen::ptx::lane` argues the device side).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::codegen::ptx::lane::{DOORBELL_STRIDE, RECORD_BYTES};
+
+use super::super::driver::{DriverResult, MappedMemory};
+
+/// The completion word's line.
+const COMPLETION_BYTES: usize = 128;
+
+/// The device addresses the server kernel takes.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::backend) struct LaneAddresses {
+    pub(in crate::backend) completion: u64,
+    pub(in crate::backend) doorbells: u64,
+    pub(in crate::backend) records: u64,
+    pub(in crate::backend) areas: u64,
+    pub(in crate::backend) staging: u64,
+}
+
+/// A result area's header after completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend) struct AreaHeader {
+    pub(in crate::backend) start: u64,
+    pub(in crate::backend) end: u64,
+    pub(in crate::backend) status: u32,
+    pub(in crate::backend) ticket: u32,
+}
+
+/// The host-mapped memory of one lane.
+pub(in crate::backend) struct LaneMemory {
+    mapped: MappedMemory,
+    slots: usize,
+    area_bytes: usize,
+    staging_bytes: usize,
+}
+
+impl LaneMemory {
+    /// Allocate (zeroed) the memory of a lane of `slots` slots.
+    pub(in crate::backend) fn allocate(
+        slots: usize,
+        area_bytes: usize,
+        staging_bytes: usize,
+    ) -> DriverResult<LaneMemory> {
+        let bytes = COMPLETION_BYTES
+            + slots * (DOORBELL_STRIDE + RECORD_BYTES + area_bytes + staging_bytes);
+        Ok(LaneMemory {
+            mapped: MappedMemory::allocate(bytes)?,
+            slots,
+            area_bytes,
+            staging_bytes,
+        })
+    }
+
+    fn doorbell_at(&self, slot: usize) -> usize {
+        COMPLETION_BYTES + DOORBELL_STRIDE * slot.min(self.slots - 1)
+    }
+
+    fn records_at(&self) -> usize {
+        COMPLETION_BYTES + DOORBELL_STRIDE * self.slots
+    }
+
+    fn areas_at(&self) -> usize {
+        self.records_at() + RECORD_BYTES * self.slots
+    }
+
+    fn staging_at(&self) -> usize {
+        self.areas_at() + self.area_bytes * self.slots
+    }
+
+    /// The device addresses of every part.
+    pub(in crate::backend) fn addresses(&self) -> LaneAddresses {
+        let at = |offset| self.mapped.device_address(offset);
+        LaneAddresses {
+            completion: at(0),
+            doorbells: at(COMPLETION_BYTES),
+            records: at(self.records_at()),
+            areas: at(self.areas_at()),
+            staging: at(self.staging_at()),
+        }
+    }
+
+    /// The completion word of the allocation at byte `offset` (8-byte aligned: every
+    /// part starts on a 128-byte boundary of a page-aligned allocation).
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.mapped.len());
+        // SAFETY: the pointer is inside the allocation (offsets come from the layout,
+        // bounded by `slots`), 8-byte aligned (the allocation is page-aligned and every
+        // word sits at a multiple of 8), valid for as long as `self` (the memory is
+        // freed only by `self.mapped`'s drop), and every access to it on the host and
+        // on the device is atomic (`st.release.sys`, `ld.acquire.sys` there; this
+        // type's loads and stores here), which is what `AtomicU64::from_ptr` needs.
+        unsafe { AtomicU64::from_ptr(self.mapped.host_address().add(offset) as *mut u64) }
+    }
+
+    /// The low 32 bits of the completion word: `n + 1` of the last request served.
+    pub(in crate::backend) fn completed(&self) -> u32 {
+        self.word(0).load(Ordering::Acquire) as u32
+    }
+
+    /// Store slot `slot`'s doorbell (after its record and staging were written).
+    pub(in crate::backend) fn ring(&self, slot: usize, value: u64) {
+        self.word(self.doorbell_at(slot))
+            .store(value, Ordering::Release);
+    }
+
+    /// Copy `bytes` into slot `slot`'s record (at most a record's length).
+    pub(in crate::backend) fn write_record(&self, slot: usize, bytes: &[u8]) {
+        let at = self.records_at() + RECORD_BYTES * slot.min(self.slots - 1);
+        self.write(at, &bytes[..bytes.len().min(RECORD_BYTES)], 0);
+    }
+
+    /// Copy `bytes` to `offset` of slot `slot`'s staging and zero `padding` bytes after
+    /// them (both cut at the slot's end).
+    pub(in crate::backend) fn write_staging(
+        &self,
+        slot: usize,
+        offset: usize,
+        bytes: &[u8],
+        padding: usize,
+    ) {
+        let room = self.staging_bytes.saturating_sub(offset);
+        let len = bytes.len().min(room);
+        let padding = padding.min(room - len);
+        let at = self.staging_at()
+            + self.staging_bytes * slot.min(self.slots - 1)
+            + offset.min(self.staging_bytes);
+        self.write(at, &bytes[..len], padding);
+    }
+
+    /// Copy `out.len()` bytes from `offset` of slot `slot`'s result area (cut at the
+    /// area's end; the rest of `out` is left as it was).
+    pub(in crate::backend) fn read_area(&self, slot: usize, offset: usize, out: &mut [u8]) {
+        let room = self.area_bytes.saturating_sub(offset);
+        let len = out.len().min(room);
+        let at = self.areas_at()
+            + self.area_bytes * slot.min(self.slots - 1)
+            + offset.min(self.area_bytes);
+        let base = self.mapped.host_address();
+        let mut chunks = out[..len].chunks_exact_mut(8);
+        let mut offset = at;
+        for chunk in &mut chunks {
+            // SAFETY: `[offset, offset + 8)` lies inside the allocation (the area of a
+            // slot below `slots`, `len` cut at its end; `[u8; 8]` has alignment 1); a
+            // volatile read of bytes the device may be writing is defined (it returns
+            // some value), and the protocol reads an area only after its completion
+            // word was acquired.
+            let value = unsafe { std::ptr::read_volatile(base.add(offset) as *const [u8; 8]) };
+            chunk.copy_from_slice(&value);
+            offset += 8;
+        }
+        for byte in chunks.into_remainder() {
+            // SAFETY: as above, one byte inside the area.
+            *byte = unsafe { std::ptr::read_volatile(base.add(offset)) };
+            offset += 1;
+        }
+    }
+
+    /// Slot `slot`'s area header.
+    pub(in crate::backend) fn area_header(&self, slot: usize) -> AreaHeader {
+        let mut raw = [0u8; 24];
+        self.read_area(slot, 0, &mut raw);
+        let double = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
+        let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap_or([0; 4]));
+        AreaHeader {
+            start: double(0),
+            end: double(8),
+            status: word(16),
+            ticket: word(20),
+        }
+    }
+
+    /// Volatile copy of `bytes` to byte `at` of the allocation, then `padding` zeros.
+    /// The callers bounded `at + bytes.len() + padding` by the part they write.
+    fn write(&self, at: usize, bytes: &[u8], padding: usize) {
+        let end = (at + bytes.len() + padding).min(self.mapped.len());
+        let base = self.mapped.host_address();
+        let mut offset = at;
+        let mut source = bytes.chunks(8).map(|chunk| {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            (word, chunk.len())
+        });
+        while offset < end {
+            let (word, len) = source.next().unwrap_or(([0u8; 8], 8));
+            let len = len.min(end - offset);
+            if len == 8 {
+                // SAFETY: `[offset, offset + 8)` is inside the allocation (`end` is cut
+                // at its length; `[u8; 8]` has alignment 1); a volatile write the device
+                // may race with is defined, and the protocol writes a slot only while
+                // the device does not read it.
+                unsafe { std::ptr::write_volatile(base.add(offset) as *mut [u8; 8], word) };
+            } else {
+                for (index, &byte) in word[..len].iter().enumerate() {
+                    // SAFETY: as above, one byte inside the allocation.
+                    unsafe { std::ptr::write_volatile(base.add(offset + index), byte) };
+                }
+            }
+            offset += len;
+        }
+    }
+}

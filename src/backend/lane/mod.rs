@@ -1,0 +1,1493 @@
+//! Persistent lanes: a resident server kernel built from a set of compiled kernels,
+//! serving the same [`Dispatch`] requests as a launch through host-mapped memory.
+//!
+//! # Why
+//!
+//! Every launch path sits near launch + synchronize: 3.7–3.9 µs of `cuLaunchKernel`
+//! plus about 5.5 µs of `cuStreamSynchronize` on the H200 (untimed dispatches
+//! 1.18–1.32 × that floor, graph replays 0.81 ×; measured 2026-12-01). That floor
+//! belongs to the launch path: the same day a persistent one-block kernel polling a
+//! host-mapped doorbell round-tripped in 3.14 µs (p99 3.14, p99.9 11.2) against 10.20 µs
+//! for launch + synchronize of the same work. A host that runs the same small
+//! programs thousands of times (a tokenizer encoding short prompts) pays a third of
+//! the round trip through a lane.
+//!
+//! # What a lane is
+//!
+//! [`CudaBackend::lane`] writes the kernels' bodies and a server into one module
+//! (`codegen::ptx::lane`), launches the server on a stream of its own with
+//! [`LaneOptions::blocks`] resident blocks, and returns a [`Lane`]. [`Lane::run`],
+//! [`Lane::run_into`] and [`Lane::submit`] take the same [`Dispatch`] request as
+//! [`CudaBackend::run`], so switching a hot loop to a lane is one call. A request
+//! writes its record (kernel, binding addresses and element counts, grid, zero fills,
+//! input copies, readback ranges) into host-mapped memory when it changed, its host
+//! inputs into the slot's staging, and rings the slot's doorbell; the host then
+//! spins (or yields, or sleeps: [`WaitMode`]) on the completion word, and reads the
+//! outputs from the slot's host-mapped result area. Up to [`LaneOptions::slots`]
+//! requests may be in flight; the kernel serves them in order.
+//!
+//! # Same semantics as a launch
+//!
+//! Workgroups beyond the lane's blocks run in turn, each with its workgroup memory
+//! zeroed at entry and its own `local_id`/`workgroup_id` (every kernel of a lane has
+//! one workgroup shape: the blocks'); `WriteOnly` bindings start zeroed and host,
+//! zeroed and pinned bindings get fresh transient device buffers (filled or zeroed on
+//! the device before the first workgroup); fixpoint iterations are separated by a
+//! lane-wide barrier; outputs stay in owned buffers; each slot has its own area,
+//! whose header carries the ticket it answered, so no byte of one request reaches
+//! another. Grid sync is refused (a kernel with one cannot join a lane: the grid's
+//! workgroups do not all run at once). Lane requests enter the backend's order book:
+//! ordering against eager dispatches that share memory is kept on the host
+//! (`backend::ordering`).
+//!
+//! # Costs, stated
+//!
+//! - **Blocks.** The lane holds [`LaneOptions::blocks`] blocks (default 1) of its
+//!   workgroup shape for its whole life: their SMs' share of threads, registers and
+//!   shared memory (the record's 4 KiB plus the largest kernel's workgroup memory) is
+//!   not available to other kernels. Eager dispatches and graph replays on other
+//!   streams run beside it on the rest of the device.
+//! - **A host thread.** Waiting spins on the completion word by default
+//!   ([`WaitMode::Spin`]: one core busy for the length of the request);
+//!   [`WaitMode::SpinThenYield`] yields the core after a while, [`WaitMode::Sleep`]
+//!   sleeps between looks (each costs wake-up latency; the dispatch bench's lane rows
+//!   measure all three).
+//! - **Idle power.** Block 0's thread 0 polls host memory over PCIe while no request
+//!   is pending (the others wait at a barrier); [`LaneOptions::poll_sleep`] makes it
+//!   sleep between polls (`nanosleep`), trading wake-up latency for idle power. The
+//!   `host_cost_lane_idle_power` instrument reads `nvidia-smi --query-gpu=power.draw`
+//!   with and without an idle lane.
+//! - **Releases wait.** Freeing device or pinned memory and unloading modules wait
+//!   for an idle device, which a lane never is: while a lane runs, the backend queues
+//!   those releases and makes them when the device's last lane stops (`driver`'s
+//!   `resident`). Allocating and compiling are not queued: compile kernels and warm
+//!   the eager paths a program uses beside a lane before building it.
+//!
+//! # Faults, timeouts, stop
+//!
+//! A kernel fault inside the lane is a [`BackendError::KernelFault`] naming the
+//! program of the request being served; a wait longer than [`LaneOptions::timeout`]
+//! is a `Fix:` error; after either the lane is dead and every later call says so.
+//! Dropping the lane (its last handle: pending requests hold it) rings a stop and
+//! waits for the kernel to leave, at most the timeout; a kernel that does not leave
+//! (a body that never finishes) is abandoned with its memory rather than hanging the
+//! host.
+
+mod mapped;
+mod record;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::codegen::ptx::lane::{
+    lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME, DOORBELL_STOP,
+    PROLOGUE_ZERO, RECORD_BYTES,
+};
+use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
+use crate::ir::Access;
+use crate::lower;
+use crate::probe::{self, Phase};
+
+use super::cache::ModuleKey;
+use super::dispatch::{count_for_probe, elapsed_ns, foreign_predecessor, Held, Sink};
+use super::driver::{self, DeviceMemory, LoadedModule, Stream};
+use super::kernel::KernelInner;
+use super::ordering::Accesses;
+use super::plan::{check_output_slices, plan_request, RequestPlan};
+use super::request::Target;
+use super::{
+    BackendError, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, PendingDispatch,
+    PerBinding, Timings,
+};
+
+use mapped::LaneMemory;
+pub use record::MAX_LANE_KERNELS;
+pub(in crate::backend) use record::{
+    check_lane_blocks, check_lane_kernels, check_lane_request, check_lane_shared, lane_name,
+    LaneKernelShape,
+};
+use record::{place_readbacks, write_record, Placed, PrologueOp, RecordParts};
+
+/// Most resident blocks a lane may hold.
+pub const MAX_LANE_BLOCKS: u32 = 1024;
+
+/// Most request slots (requests in flight) of a lane.
+pub const MAX_LANE_SLOTS: u32 = 16;
+
+/// Largest result area or input staging per slot.
+pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;
+
+/// Longest sleep between the device's doorbell polls.
+pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
+
+/// How a host thread waits for a lane request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitMode {
+    /// Spin on the completion word (`std::hint::spin_loop`): the lowest latency, one
+    /// core busy while the request runs.
+    #[default]
+    Spin,
+    /// Spin for the given time, then yield the core between looks
+    /// (`std::thread::yield_now`).
+    SpinThenYield(Duration),
+    /// Sleep the given time between looks (`std::thread::sleep`; at least 1 µs): the
+    /// core is free, each look costs a wake-up (tens of µs on Linux).
+    Sleep(Duration),
+}
+
+/// How a lane is built and waited for. Defaults: 1 block, 4 slots, 64 KiB of result
+/// area and of input staging per slot, [`WaitMode::Spin`], a 10 s timeout, no sleep
+/// between the device's polls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LaneOptions {
+    /// Resident blocks (1 to [`MAX_LANE_BLOCKS`], and no more than the device can
+    /// hold at once with the lane's kernel: checked at build, like a cooperative
+    /// launch). More blocks run a request's workgroups in parallel.
+    pub blocks: u32,
+    /// Requests that may be in flight at once (1 to [`MAX_LANE_SLOTS`]); each has its
+    /// own record, staging and result area.
+    pub slots: u32,
+    /// Bytes of each slot's host-mapped result area: a 32-byte header, then every
+    /// readback item 16-byte aligned (256 bytes to [`MAX_LANE_AREA_BYTES`], a multiple
+    /// of 128).
+    pub result_bytes: u32,
+    /// Bytes of each slot's host-mapped input staging for host and pinned bindings
+    /// (0 to [`MAX_LANE_AREA_BYTES`], a multiple of 128).
+    pub staging_bytes: u32,
+    /// How the host waits.
+    pub wait: WaitMode,
+    /// Longest wait for one request (or for the kernel to stop); more than zero.
+    pub timeout: Duration,
+    /// Sleep of the device's polling thread between polls (`nanosleep`; zero spins;
+    /// at most [`MAX_LANE_POLL_SLEEP`]).
+    pub poll_sleep: Duration,
+}
+
+impl Default for LaneOptions {
+    fn default() -> Self {
+        LaneOptions {
+            blocks: 1,
+            slots: 4,
+            result_bytes: 64 << 10,
+            staging_bytes: 64 << 10,
+            wait: WaitMode::Spin,
+            timeout: Duration::from_secs(10),
+            poll_sleep: Duration::ZERO,
+        }
+    }
+}
+
+impl LaneOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Resident blocks.
+    pub fn blocks(mut self, blocks: u32) -> Self {
+        self.blocks = blocks;
+        self
+    }
+
+    /// Requests in flight at once.
+    pub fn slots(mut self, slots: u32) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// Bytes of each slot's result area.
+    pub fn result_bytes(mut self, bytes: u32) -> Self {
+        self.result_bytes = bytes;
+        self
+    }
+
+    /// Bytes of each slot's input staging.
+    pub fn staging_bytes(mut self, bytes: u32) -> Self {
+        self.staging_bytes = bytes;
+        self
+    }
+
+    /// How the host waits.
+    pub fn wait(mut self, wait: WaitMode) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Longest wait for one request.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sleep of the device's poller between polls.
+    pub fn poll_sleep(mut self, sleep: Duration) -> Self {
+        self.poll_sleep = sleep;
+        self
+    }
+
+    /// Every bound, each a `Fix:` error naming the field (the same checks on every
+    /// backend).
+    pub fn validate(&self) -> Result<(), BackendError> {
+        let fix = |message: String| Err(BackendError::bad_input(message));
+        if !(1..=MAX_LANE_BLOCKS).contains(&self.blocks) {
+            return fix(format!(
+                "Fix: LaneOptions::blocks is {}; use 1 to {MAX_LANE_BLOCKS}",
+                self.blocks
+            ));
+        }
+        if !(1..=MAX_LANE_SLOTS).contains(&self.slots) {
+            return fix(format!(
+                "Fix: LaneOptions::slots is {}; use 1 to {MAX_LANE_SLOTS}",
+                self.slots
+            ));
+        }
+        for (field, bytes, least) in [
+            ("result_bytes", self.result_bytes, 256),
+            ("staging_bytes", self.staging_bytes, 0),
+        ] {
+            if bytes < least || bytes > MAX_LANE_AREA_BYTES || !bytes.is_multiple_of(128) {
+                return fix(format!(
+                    "Fix: LaneOptions::{field} is {bytes}; use a multiple of 128 from {least} to \
+                     {MAX_LANE_AREA_BYTES}"
+                ));
+            }
+        }
+        if self.timeout.is_zero() {
+            return fix(
+                "Fix: LaneOptions::timeout is zero, so every wait would fail at once; give the \
+                 longest a request may take (default 10 s)"
+                    .into(),
+            );
+        }
+        if self.poll_sleep > MAX_LANE_POLL_SLEEP {
+            return fix(format!(
+                "Fix: LaneOptions::poll_sleep is {:?}; use at most {MAX_LANE_POLL_SLEEP:?} (each poll \
+                 waits that long before it sees a new request)",
+                self.poll_sleep
+            ));
+        }
+        match self.wait {
+            WaitMode::Sleep(interval) if interval < Duration::from_micros(1) => fix(format!(
+                "Fix: WaitMode::Sleep({interval:?}) sleeps less than 1 µs; use WaitMode::Spin, or sleep \
+                 at least 1 µs"
+            )),
+            WaitMode::Sleep(interval) if interval > self.timeout => fix(format!(
+                "Fix: WaitMode::Sleep({interval:?}) sleeps longer than LaneOptions::timeout ({:?}), so a \
+                 wait could not end on time; sleep less than the timeout",
+                self.timeout
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A resident server kernel serving [`Dispatch`] requests of its kernels (see the
+/// module docs). `Send + Sync`: threads may share it; requests are served in the
+/// order their doorbells ring. Dropping the last handle (pending requests hold one)
+/// stops the kernel.
+pub struct Lane {
+    shared: Arc<LaneShared>,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("kernels", &self.shared.kernels.len())
+            .field("workgroup_size", &self.shared.workgroup_size)
+            .field("options", &self.shared.options)
+            .finish()
+    }
+}
+
+/// The driver objects of a running lane (dropped only once its kernel stopped).
+struct Resources {
+    memory: LaneMemory,
+    device: DeviceMemory,
+    stream: Stream,
+    module: LoadedModule,
+}
+
+/// One request in a slot, rung and not yet delivered.
+struct SlotRequest {
+    ticket: u64,
+    kernel: usize,
+    held: Held,
+    deliveries: PerBinding<(usize, usize)>,
+    item_bindings: PerBinding<u32>,
+    enqueue_ns: u64,
+}
+
+/// One request slot, host side.
+struct Slot {
+    /// The record the device's cache of this slot holds (`cached`).
+    record: Box<[u8; RECORD_BYTES]>,
+    record_len: usize,
+    cached: bool,
+    request: Option<SlotRequest>,
+}
+
+/// What submissions and deliveries share, under the lane's lock.
+struct LaneState {
+    /// Requests rung so far (the next ticket).
+    submitted: u64,
+    slots: Vec<Slot>,
+    /// The record being built.
+    scratch: Box<[u8; RECORD_BYTES]>,
+    /// The previous request's record (the blocks' shared copies hold it).
+    last: Box<[u8; RECORD_BYTES]>,
+    last_len: usize,
+}
+
+/// The lane shared by its handle, its pending requests and the order book.
+pub(in crate::backend) struct LaneShared {
+    backend: CudaBackend,
+    kernels: Vec<Kernel>,
+    keys: Vec<ModuleKey>,
+    workgroup_size: [u32; 3],
+    options: LaneOptions,
+    resources: Option<Box<Resources>>,
+    state: Mutex<LaneState>,
+    /// Set once a fault, a timeout or a stop ended the lane; `dead_cause` says why.
+    dead: AtomicBool,
+    dead_cause: Mutex<Option<String>>,
+    /// Pending requests ([`PendingDispatch`]s not yet waited for).
+    pub(in crate::backend) pending: AtomicUsize,
+}
+
+/// A lane request submitted by [`Lane::submit`], inside its [`PendingDispatch`].
+pub(in crate::backend) struct LaneTicket {
+    pub(in crate::backend) lane: Arc<LaneShared>,
+    pub(in crate::backend) ticket: u64,
+    pub(in crate::backend) start: Instant,
+}
+
+impl CudaBackend {
+    /// Build a lane serving `kernels` (compiled by this backend; one workgroup shape,
+    /// no grid sync) and launch its server kernel (see [`Lane`] and the module docs of
+    /// `backend::lane`). One driver JIT of a module holding every kernel's body.
+    ///
+    /// Errors (each starting `Fix:`): options out of bounds
+    /// ([`LaneOptions::validate`]), no kernel, kernels of another backend, two
+    /// workgroup shapes, a grid sync, more than 64 buffers in a kernel, more blocks
+    /// than the device holds at once, more shared memory than a block may have.
+    pub fn lane(&self, kernels: &[&Kernel], options: LaneOptions) -> Result<Lane, BackendError> {
+        options.validate()?;
+        let inner = &self.inner;
+        inner.check_alive()?;
+        let cuda: Vec<&KernelInner> = kernels
+            .iter()
+            .map(|kernel| inner.cuda_kernel(kernel))
+            .collect::<Result<_, _>>()?;
+        let shapes: Vec<LaneKernelShape<'_>> = cuda
+            .iter()
+            .map(|kernel| LaneKernelShape {
+                name: &kernel.name,
+                workgroup_size: kernel.workgroup_size,
+                grid_sync: kernel.grid_barrier.is_some(),
+                global_buffers: kernel.slots.len(),
+            })
+            .collect();
+        let workgroup_size = check_lane_kernels(&shapes)?;
+        driver::load_lane_symbols().map_err(|_| BackendError::NoDriver {
+            detail: "libcuda.so lacks cuStreamQuery or cuEventSynchronize, which lanes need; the \
+                     driver is too old (need CUDA 12.0+)"
+                .into(),
+        })?;
+        let caps = &inner.caps;
+        let mut builder =
+            LaneModuleBuilder::new(caps.ptx_target_sm(), caps.warp_size, workgroup_size);
+        for kernel in &cuda {
+            let lowered = lower::lower_workgroup_reductions(&kernel.program, &inner.lowering);
+            builder
+                .push(&lowered, &kernel.codegen)
+                .map_err(|error| BackendError::Codegen {
+                    program: kernel.name.clone(),
+                    error,
+                })?;
+        }
+        check_lane_shared(builder.shared_bytes(), caps.max_shared_memory_per_block)?;
+        let name = lane_name(&cuda[0].name, cuda.len());
+        let ptx = builder.finish();
+        inner.bind()?;
+        let module = LoadedModule::load(&ptx, LANE_ENTRY_NAME, None).map_err(|error| {
+            BackendError::ModuleLoad {
+                program: name.clone(),
+                sm: caps.ptx_target_sm(),
+                error,
+            }
+        })?;
+        let threads: u32 = workgroup_size.iter().product();
+        let per_sm = module
+            .max_active_blocks_per_sm(threads, 0)
+            .map_err(|e| BackendError::driver("querying occupancy for a lane", e))?;
+        let most = u64::from(per_sm) * u64::from(caps.sm_count);
+        check_lane_blocks(&name, options.blocks, most)?;
+        if options.blocks > 1 && !caps.cooperative_launch {
+            return Err(BackendError::bad_input(
+                "Fix: this device has no cooperative launch, which a lane of more than one block needs \
+                 to be sure its blocks are resident together; use LaneOptions::blocks(1)",
+            ));
+        }
+        let slots = options.slots as usize;
+        let memory = LaneMemory::allocate(
+            slots,
+            options.result_bytes as usize,
+            options.staging_bytes as usize,
+        )
+        .map_err(|e| BackendError::driver("allocating a lane's host-mapped memory", e))?;
+        let device_bytes = lane_device_bytes(slots);
+        let device = DeviceMemory::allocate(device_bytes as u64)
+            .map_err(|e| BackendError::driver("allocating a lane's device words", e))?;
+        driver::copy_to_device_blocking(&device, &vec![0u8; device_bytes])
+            .map_err(|e| BackendError::driver("zeroing a lane's device words", e))?;
+        let stream =
+            Stream::new().map_err(|e| BackendError::driver("creating a lane's stream", e))?;
+        let resources = Resources {
+            memory,
+            device,
+            stream,
+            module,
+        };
+        let shared = Arc::new(LaneShared {
+            backend: self.clone(),
+            kernels: kernels.iter().map(|&kernel| kernel.clone()).collect(),
+            keys: cuda.iter().map(|kernel| kernel.module_key).collect(),
+            workgroup_size,
+            options,
+            resources: None,
+            state: Mutex::new(LaneState {
+                submitted: 0,
+                slots: (0..slots)
+                    .map(|_| Slot {
+                        record: Box::new([0; RECORD_BYTES]),
+                        record_len: 0,
+                        cached: false,
+                        request: None,
+                    })
+                    .collect(),
+                scratch: Box::new([0; RECORD_BYTES]),
+                last: Box::new([0; RECORD_BYTES]),
+                last_len: 0,
+            }),
+            dead: AtomicBool::new(false),
+            dead_cause: Mutex::new(None),
+            pending: AtomicUsize::new(0),
+        });
+        let shared = LaneShared::launch(shared, resources, &name)?;
+        Ok(Lane { shared })
+    }
+}
+
+impl LaneShared {
+    /// Launch the server kernel (from here on the backend defers releases that wait for
+    /// an idle device) and put the resources in place.
+    fn launch(
+        mut shared: Arc<LaneShared>,
+        resources: Resources,
+        name: &str,
+    ) -> Result<Arc<LaneShared>, BackendError> {
+        let inner = &shared.backend.inner;
+        let addresses = resources.memory.addresses();
+        let mut words = [
+            addresses.completion,
+            addresses.doorbells,
+            addresses.records,
+            addresses.areas,
+            addresses.staging,
+            resources.device.address(),
+        ];
+        let options = shared.options;
+        let poll_sleep = u32::try_from(options.poll_sleep.as_nanos()).unwrap_or(u32::MAX);
+        let mut counts = [
+            options.slots,
+            options.result_bytes,
+            options.staging_bytes,
+            poll_sleep,
+        ];
+        let mut params: Vec<*mut std::ffi::c_void> = words
+            .iter_mut()
+            .map(|word| word as *mut u64 as *mut std::ffi::c_void)
+            .chain(
+                counts
+                    .iter_mut()
+                    .map(|count| count as *mut u32 as *mut std::ffi::c_void),
+            )
+            .collect();
+        driver::resident_started(&inner.context);
+        // SAFETY: `params` holds one pointer per parameter of the server entry, in the
+        // order `codegen::ptx::lane::LANE_PARAMETERS` declares (six u64 addresses, four
+        // u32s), each pointing at a live local for the duration of this call (the driver
+        // copies the values at launch); every address names memory `resources` owns,
+        // which stays alive until the kernel has stopped (`Drop for LaneShared`).
+        let launched = unsafe {
+            driver::launch(
+                &resources.module,
+                [options.blocks, 1, 1],
+                shared.workgroup_size,
+                &resources.stream,
+                &mut params,
+                options.blocks > 1,
+            )
+        };
+        if let Err(error) = launched {
+            driver::resident_stopped(&inner.context, true);
+            if error.is_cooperative_launch_too_large() {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: the device cannot hold {} blocks of {name} at once; use fewer LaneOptions::blocks",
+                    options.blocks
+                )));
+            }
+            return Err(inner.stream_failed(name, "launching a lane", error));
+        }
+        match Arc::get_mut(&mut shared) {
+            Some(lane) => lane.resources = Some(Box::new(resources)),
+            None => {
+                return Err(BackendError::internal(
+                    "a new lane was shared before it launched",
+                ))
+            }
+        }
+        Ok(shared)
+    }
+
+    /// The slot of request `ticket`, as the server computes it: from the ticket's low
+    /// 32 bits (the server counts tickets in a `u32`, so after 2^32 requests a
+    /// `u64` remainder would name another slot unless the slot count divides 2^32).
+    fn slot_of(&self, ticket: u64) -> usize {
+        (ticket as u32 % self.options.slots) as usize
+    }
+
+    /// The id of the backend the lane belongs to.
+    pub(in crate::backend) fn backend_id(&self) -> u64 {
+        self.backend.inner.id
+    }
+
+    fn resources(&self) -> Result<&Resources, BackendError> {
+        self.resources
+            .as_deref()
+            .ok_or_else(|| BackendError::internal("a lane was used after it stopped"))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LaneState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Ok` while the lane serves requests; the `Fix:` error saying why it stopped.
+    fn check_serving(&self) -> Result<(), BackendError> {
+        if !self.dead.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let cause = self
+            .dead_cause
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "it was stopped".into());
+        Err(BackendError::bad_input(format!(
+            "Fix: this lane no longer serves requests ({cause}); drop it and build a new one with \
+             CudaBackend::lane (or dispatch with run)"
+        )))
+    }
+
+    /// End the lane for good, remembering why (the first cause wins). Its requests
+    /// leave the order book: nothing will deliver them, and an entry would keep the
+    /// lane (and its backend) alive forever.
+    fn kill(&self, cause: String) {
+        let mut slot = self.dead_cause.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(cause);
+        }
+        drop(slot);
+        self.dead.store(true, Ordering::Release);
+        self.backend.inner.in_flight.forget_lane(self);
+    }
+
+    /// The index in the lane of the kernel `target` names (a program is compiled
+    /// through the backend's caches first), or the `Fix:` error saying it is not one.
+    fn kernel_of(
+        &self,
+        target: Target<'_>,
+        codegen: &crate::CodegenOptions,
+        mark: Option<Instant>,
+    ) -> Result<(usize, Option<Instant>), BackendError> {
+        let inner = &self.backend.inner;
+        let (kernel, mark) = inner.resolve(target, codegen, mark)?;
+        let cuda = inner.cuda_kernel(&kernel)?;
+        match self.keys.iter().position(|key| *key == cuda.module_key) {
+            Some(index) => Ok((index, mark)),
+            None => Err(not_in_lane(&cuda.name, &self.kernels)),
+        }
+    }
+
+    fn kernel(&self, index: usize) -> Result<&KernelInner, BackendError> {
+        let kernel = self
+            .kernels
+            .get(index)
+            .ok_or_else(|| BackendError::internal("a lane request names no kernel"))?;
+        self.backend.inner.cuda_kernel(kernel)
+    }
+
+    /// Host-side order after `request.after` (a lane's kernel never ends, so nothing
+    /// can wait for another dispatch on the device).
+    fn wait_after(
+        self: &Arc<Self>,
+        request: &Dispatch<'_>,
+        name: &str,
+    ) -> Result<(), BackendError> {
+        use super::dispatch::{PendingOrigin, PendingState};
+        let Some(previous) = request.after else {
+            return Ok(());
+        };
+        let backend = self.backend.inner.id;
+        match (&previous.origin, &previous.state) {
+            (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) => Ok(()),
+            (PendingOrigin::Lane(lane), PendingState::Lane(ticket))
+                if lane.backend.inner.id == backend =>
+            {
+                lane.wait_for(ticket.ticket, name)
+            }
+            (PendingOrigin::Cuda(other), PendingState::InFlight(in_flight, _))
+                if other.inner.id == backend =>
+            {
+                let (stream, order) = in_flight.order_handles();
+                order
+                    .record(stream)
+                    .and_then(|()| order.synchronize())
+                    .map_err(|e| {
+                        self.backend.inner.stream_failed(
+                            name,
+                            "waiting for the dispatch it runs after",
+                            e,
+                        )
+                    })
+            }
+            (PendingOrigin::Cuda(other), _) if other.inner.id == backend => Ok(()),
+            (PendingOrigin::Lane(lane), _) if lane.backend.inner.id == backend => Ok(()),
+            _ => Err(foreign_predecessor(name)),
+        }
+    }
+
+    /// Plan, stage, describe and ring one request; returns its ticket, its kernel's
+    /// index and the probe mark. `probe_on` counts for the probe line.
+    fn submit_request(
+        self: &Arc<Self>,
+        request: &Dispatch<'_>,
+        sink: &Sink<'_, '_>,
+        (start, mark): (Instant, Option<Instant>),
+        probe_on: bool,
+    ) -> Result<(u64, usize, Option<Instant>), BackendError> {
+        self.check_serving()?;
+        let inner = &self.backend.inner;
+        inner.check_alive()?;
+
+        // prepare: the kernel, the shared request plan, the launch and lane limits.
+        let (index, mark) = self.kernel_of(request.target, &request.codegen, mark)?;
+        let kernel = self.kernel(index)?;
+        let mut plan = RequestPlan::default();
+        plan_request(
+            &kernel.name,
+            (&kernel.slots, kernel.program.scalars()),
+            &kernel.outputs,
+            request,
+            &mut plan,
+        )?;
+        if let Sink::Slices(outputs) = sink {
+            check_output_slices(&plan.reads, outputs)?;
+        }
+        let launch = inner.launch_plan(kernel, request.workgroups)?;
+        let inputs = lane_inputs(&kernel.slots, request.bindings, &plan.sizes);
+        check_lane_request(
+            &kernel.name,
+            request.workgroups,
+            (&plan.reads, self.options.result_bytes as usize),
+            (inputs.staging, self.options.staging_bytes as usize),
+            (inputs.operations, inputs.largest),
+        )?;
+        if probe_on {
+            count_for_probe(kernel, request, launch.grid_blocks);
+        }
+        self.wait_after(request, &kernel.name)?;
+        let mark = probe::charge_and_mark(Phase::Prepare, mark);
+
+        // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
+        let resources = self.resources()?;
+        inner.bind()?;
+        let mut state = self.lock();
+        let ticket = state.submitted;
+        let slot = self.slot_of(ticket);
+        if state.slots[slot].request.is_some() {
+            return Err(BackendError::bad_input(format!(
+                "Fix: {} requests are pending on this lane (LaneOptions::slots); wait for an earlier \
+                 PendingDispatch before submitting {}",
+                self.options.slots, kernel.name
+            )));
+        }
+        if request.bindings.iter().any(Binding::is_transient) {
+            inner.preflight(kernel, request.bindings, &plan.sizes)?;
+        }
+        let mut staged = Staged::default();
+        let held = self.stage(kernel, request, &plan, slot, &mut staged)?;
+        let mark = probe::charge_and_mark(Phase::Stage, mark);
+
+        // resolve: the readback placement and the record.
+        let sizes = &plan.sizes;
+        let addresses = &staged.bindings;
+        let mut placed = Placed::default();
+        let placement = place_readbacks(
+            &kernel.name,
+            &plan.reads,
+            |slot| {
+                let start = addresses[slot as usize].0;
+                start..start + sizes[slot as usize]
+            },
+            self.options.result_bytes as usize,
+            &mut placed,
+        );
+        if let Err(e) = placement {
+            self.release(held);
+            return Err(e);
+        }
+        let parts = RecordParts {
+            kernel: index as u32,
+            iterations: request.fixpoint_iterations,
+            grid: request.workgroups,
+            bindings: &staged.bindings,
+            prologue: &staged.prologue,
+            placed: &placed,
+        };
+        let state = &mut *state;
+        let len = write_record(&parts, &mut state.scratch);
+        let record = &state.scratch[..len];
+        let same = state.last_len == len && state.last[..len] == *record;
+        let cached = &state.slots[slot];
+        let reload = !cached.cached || cached.record_len != len || cached.record[..len] != *record;
+        let mark = probe::charge_and_mark(Phase::Resolve, mark);
+        let mark = probe::charge_and_mark(Phase::Lease, mark);
+
+        // launch: order on the host, the record, the doorbell.
+        let accesses = owned_accesses(&kernel.slots, request.bindings, &staged.bindings);
+        if let Err(e) = self.order(&accesses, &kernel.name) {
+            self.release(held);
+            return Err(e);
+        }
+        let mut doorbell =
+            u64::from(ticket.wrapping_add(1) as u32) | ((len as u64 / 16) << DOORBELL_CHUNKS_SHIFT);
+        if same {
+            doorbell |= DOORBELL_SAME;
+        } else if reload {
+            resources.memory.write_record(slot, record);
+            let cached = &mut state.slots[slot];
+            cached.record[..len].copy_from_slice(record);
+            cached.record_len = len;
+            cached.cached = true;
+            doorbell |= DOORBELL_RELOAD;
+        }
+        std::mem::swap(&mut state.scratch, &mut state.last);
+        state.last_len = len;
+        // In the book before the doorbell: a dispatch that sees the entry waits for a
+        // request that is (or is about to be) rung, never one that runs unseen.
+        inner.in_flight.enter_lane(self, ticket, accesses);
+        resources.memory.ring(slot, doorbell);
+        state.submitted += 1;
+        state.slots[slot].request = Some(SlotRequest {
+            ticket,
+            kernel: index,
+            held,
+            deliveries: placed.deliveries,
+            item_bindings: plan
+                .reads
+                .iter()
+                .map(|read| kernel.slots[read.slot as usize].binding)
+                .collect(),
+            enqueue_ns: elapsed_ns(start),
+        });
+        let mark = probe::charge_and_mark(Phase::Launch, mark);
+        Ok((ticket, index, mark))
+    }
+
+    /// Every binding to a device address: owned buffers in place, host, zeroed and
+    /// pinned bindings into transients (host bytes into the slot's staging, copied on
+    /// the device), and the prologue's zero fills and copies.
+    fn stage(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        plan: &RequestPlan,
+        slot: usize,
+        staged: &mut Staged,
+    ) -> Result<Held, BackendError> {
+        let mut held = Held::default();
+        match self.stage_into(kernel, request, plan, slot, staged, &mut held) {
+            Ok(()) => Ok(held),
+            Err(error) => {
+                self.release(held);
+                Err(error)
+            }
+        }
+    }
+
+    /// [`LaneShared::stage`] into `held` (released by the caller on an error).
+    fn stage_into(
+        &self,
+        kernel: &KernelInner,
+        request: &Dispatch<'_>,
+        plan: &RequestPlan,
+        slot: usize,
+        staged: &mut Staged,
+        held: &mut Held,
+    ) -> Result<(), BackendError> {
+        let inner = &self.backend.inner;
+        let memory = &self.resources()?.memory;
+        let mut staging = 0usize;
+        for ((slot_decl, binding), &bytes) in
+            kernel.slots.iter().zip(request.bindings).zip(&plan.sizes)
+        {
+            let reads_it = slot_decl.access != Access::WriteOnly;
+            let count = (bytes >> slot_decl.elem.size_bytes().trailing_zeros()) as u32;
+            let input: Option<&[u8]> = match binding {
+                Binding::Host(data) => Some(data),
+                Binding::Pinned(pinned) => Some(
+                    pinned
+                        .memory_for(inner, "dispatch with")?
+                        .slice(0, bytes as usize),
+                ),
+                _ => None,
+            };
+            let address = match binding {
+                // No hold on the buffer's memory (an atomic increment and decrement per
+                // binding on the hot path): while the lane runs nothing of its context is
+                // freed (`driver`'s `resident`), so a buffer dropped while this request is
+                // pending keeps its memory, and its address, until the lane has stopped.
+                Binding::Buffer(buffer) => buffer.memory_for(inner, "dispatch with")?.address(),
+                Binding::Scratch(_) => {
+                    return Err(super::dispatch::scratch_outside_a_graph(&kernel.name))
+                }
+                _ => inner.take_transient(bytes, held)?,
+            };
+            // `WriteOnly` starts zeroed (as a launch's clears), and so does a zeroed
+            // transient the kernel reads.
+            let zeroed =
+                slot_decl.access == Access::WriteOnly || matches!(binding, Binding::Zeroed(_));
+            if zeroed && bytes > 0 {
+                staged.prologue.push(PrologueOp {
+                    destination: address,
+                    bytes: bytes as u32,
+                    source: PROLOGUE_ZERO,
+                });
+            }
+            if let (Some(data), true) = (input, reads_it) {
+                if !data.is_empty() {
+                    // Whole 16-byte units (the transient's bucket is at least 256 bytes
+                    // and a power of two, so it holds them): the device copies them with
+                    // vector loads, eight in flight per thread.
+                    let padded = data.len().div_ceil(16) * 16;
+                    memory.write_staging(slot, staging, data, padded - data.len());
+                    staged.prologue.push(PrologueOp {
+                        destination: address,
+                        bytes: padded as u32,
+                        source: staging as u32,
+                    });
+                    staging += padded;
+                }
+            }
+            staged.bindings.push((address, count));
+        }
+        Ok(())
+    }
+
+    /// Wait, on the host, for every eager dispatch and other lane's request in flight
+    /// that shares written memory with this one.
+    fn order(self: &Arc<Self>, accesses: &Accesses, name: &str) -> Result<(), BackendError> {
+        let inner = &self.backend.inner;
+        let (events, lanes) = inner
+            .in_flight
+            .lane_conflicts(accesses, self)
+            .map_err(|e| inner.stream_failed(name, "ordering it after a dispatch", e))?;
+        for event in events {
+            event.synchronize().map_err(|e| {
+                inner.stream_failed(name, "waiting for a dispatch it shares memory with", e)
+            })?;
+        }
+        for (lane, ticket) in lanes {
+            lane.wait_for(ticket, name)?;
+        }
+        Ok(())
+    }
+
+    /// Give transients back to the pool and drop the holds of a request that is done
+    /// (or never rang).
+    fn release(&self, mut held: Held) {
+        // The last hold of a buffer frees it in the backend's context (waits may run
+        // on another thread than submissions).
+        let _ = self.backend.inner.bind();
+        for memory in held.transients.drain(..) {
+            self.backend.inner.transients.put(memory);
+        }
+        held.buffers.clear();
+        held.pinned.clear();
+    }
+
+    /// Wait for request `ticket` to complete (used by whatever must run after it);
+    /// the `waiter` names what waits, for messages.
+    pub(in crate::backend) fn wait_for(
+        &self,
+        ticket: u64,
+        waiter: &str,
+    ) -> Result<(), BackendError> {
+        self.wait_ticket(ticket).map(|_| ()).map_err(|error| {
+            tracing::debug!(waiter, %error, "a wait for a lane request failed");
+            error
+        })
+    }
+
+    /// Whether request `ticket` has completed.
+    fn served(&self, ticket: u64) -> Result<bool, BackendError> {
+        let target = ticket.wrapping_add(1) as u32;
+        let completed = self.resources()?.memory.completed();
+        Ok(completed.wrapping_sub(target) as i32 >= 0)
+    }
+
+    /// Spin (or yield, or sleep) until request `ticket` completes; returns the host
+    /// time waited. Past the timeout, or when the kernel faulted or ended, the lane is
+    /// dead and the error says why.
+    fn wait_ticket(&self, ticket: u64) -> Result<u64, BackendError> {
+        if self.served(ticket)? {
+            return Ok(0);
+        }
+        self.check_serving()?;
+        let resources = self.resources()?;
+        let started = Instant::now();
+        // The clock is read every `CLOCK_EVERY` looks; the stream is asked about faults
+        // only once a wait passes `QUIET`, so a request of microseconds pays neither.
+        const CLOCK_EVERY: u32 = 256;
+        const QUIET: Duration = Duration::from_micros(100);
+        let mut looks = 0u32;
+        let mut next_query = QUIET;
+        loop {
+            if self.served(ticket)? {
+                return Ok(elapsed_ns(started));
+            }
+            looks = looks.wrapping_add(1);
+            let sleeping = matches!(self.options.wait, WaitMode::Sleep(_));
+            if sleeping || looks.is_multiple_of(CLOCK_EVERY) {
+                let waited = started.elapsed();
+                if waited >= next_query {
+                    next_query = waited + QUIET;
+                    self.check_stream(resources)?;
+                }
+                if waited >= self.options.timeout {
+                    return Err(self.timed_out(ticket));
+                }
+                match self.options.wait {
+                    WaitMode::SpinThenYield(spin) if waited >= spin => std::thread::yield_now(),
+                    WaitMode::Sleep(interval) => std::thread::sleep(interval),
+                    _ => std::hint::spin_loop(),
+                }
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// While waiting: a fault on the lane's stream (the kernel died) or an ended
+    /// kernel kills the lane.
+    fn check_stream(&self, resources: &Resources) -> Result<(), BackendError> {
+        match resources.stream.query() {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                let error = BackendError::internal("a lane's kernel ended while requests waited");
+                self.kill(error.to_string());
+                Err(error)
+            }
+            Err(error) => {
+                let program = self.serving_program();
+                let inner = &self.backend.inner;
+                let context_usable = !error.is_sticky();
+                if !context_usable {
+                    inner.mark_context_lost(format!("{program} faulted in a lane: {error}"));
+                }
+                self.kill(format!("{program} faulted in it: {error}"));
+                Err(BackendError::KernelFault {
+                    program,
+                    error,
+                    context_usable,
+                })
+            }
+        }
+    }
+
+    /// The program of the oldest request not yet served (the one a fault hit).
+    fn serving_program(&self) -> String {
+        let served = self
+            .resources()
+            .map(|resources| resources.memory.completed())
+            .unwrap_or(0);
+        // `try_lock`: a thread waiting for another lane while holding this one's lock
+        // must not make this report wait (two lanes waiting on each other's timeout).
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return "a lane request".into(),
+        };
+        state
+            .slots
+            .iter()
+            .filter_map(|slot| slot.request.as_ref())
+            .filter(|request| {
+                (request.ticket.wrapping_add(1) as u32).wrapping_sub(served) as i32 > 0
+            })
+            .min_by_key(|request| request.ticket)
+            .and_then(|request| self.kernels.get(request.kernel))
+            .map_or_else(
+                || "a lane request".to_string(),
+                |kernel| kernel.name().to_string(),
+            )
+    }
+
+    /// The timeout error (the lane is dead from here on).
+    fn timed_out(&self, ticket: u64) -> BackendError {
+        let program = self.serving_program();
+        let timeout = self.options.timeout;
+        self.kill(format!(
+            "request {ticket} of {program} passed the {timeout:?} timeout"
+        ));
+        BackendError::bad_input(format!(
+            "Fix: the lane request of {program} did not complete within LaneOptions::timeout \
+             ({timeout:?}); the lane serves no more requests (its kernel may still be running it): give \
+             longer requests a longer timeout, or cap runaway loops with \
+             CodegenOptions::max_loop_iterations"
+        ))
+    }
+
+    /// Wait for request `ticket` and deliver its outputs into `sink`: the wait, the
+    /// area's header check, the copy out, the slot's release.
+    fn complete(
+        self: &Arc<Self>,
+        ticket: u64,
+        start: Instant,
+        sink: Sink<'_, '_>,
+        mark: Option<Instant>,
+    ) -> Result<Timings, BackendError> {
+        let wait_ns = self.wait_ticket(ticket)?;
+        let mark = probe::charge_and_mark(Phase::Release, mark);
+        let resources = self.resources()?;
+        let slot = self.slot_of(ticket);
+        let mut state = self.lock();
+        let request = match state.slots[slot].request.take() {
+            Some(request) if request.ticket == ticket => request,
+            other => {
+                state.slots[slot].request = other;
+                return Err(BackendError::internal("a lane request was delivered twice"));
+            }
+        };
+        drop(state);
+        let header = resources.memory.area_header(slot);
+        let result = if header.ticket != ticket.wrapping_add(1) as u32 || header.status != 0 {
+            Err(BackendError::internal(format!(
+                "a lane's result area answered ticket {} with status {} where ticket {} was expected",
+                header.ticket,
+                header.status,
+                ticket.wrapping_add(1) as u32
+            )))
+        } else {
+            let memory = &resources.memory;
+            match sink {
+                Sink::Packed(out) => {
+                    let total = request.deliveries.iter().map(|&(_, len)| len).sum();
+                    *out = Outputs::with_capacity(total, None);
+                    for (&(offset, len), &binding) in
+                        request.deliveries.iter().zip(&request.item_bindings)
+                    {
+                        out.push_filled(binding, len, |bytes| {
+                            memory.read_area(slot, offset, bytes)
+                        });
+                    }
+                }
+                Sink::Slices(out) => {
+                    for (&(offset, _), bytes) in request.deliveries.iter().zip(out.iter_mut()) {
+                        memory.read_area(slot, offset, bytes);
+                    }
+                }
+            }
+            Ok(())
+        };
+        self.release(request.held);
+        self.backend.inner.in_flight.leave_lane(self, ticket);
+        result?;
+        probe::charge(Phase::Readback, mark);
+        Ok(Timings {
+            wall_ns: elapsed_ns(start),
+            enqueue_ns: request.enqueue_ns,
+            wait_ns,
+            kernel_stamps_ns: header.end.saturating_sub(header.start),
+            event_window_ns: None,
+        })
+    }
+
+    /// Ring the stop, wait (at most the timeout) for the kernel to leave, and release
+    /// everything; a kernel that does not leave is abandoned with its memory.
+    fn shut_down(&mut self) -> Result<(), BackendError> {
+        let Some(resources) = self.resources.take() else {
+            return Ok(());
+        };
+        self.kill("it was stopped".into());
+        let inner = &self.backend.inner;
+        if inner.check_alive().is_err() || inner.bind().is_err() {
+            // The context died with a fault: the kernel and every handle went with it.
+            std::mem::forget(resources);
+            driver::resident_stopped(&inner.context, false);
+            self.abandon_requests(true);
+            return Ok(());
+        }
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let ticket = state.submitted;
+        let slot = self.slot_of(ticket);
+        resources.memory.ring(
+            slot,
+            u64::from(ticket.wrapping_add(1) as u32) | DOORBELL_STOP,
+        );
+        let started = Instant::now();
+        let outcome = loop {
+            match resources.stream.query() {
+                Ok(true) => break Ok(()),
+                Ok(false) if started.elapsed() < self.options.timeout => {
+                    std::thread::sleep(Duration::from_micros(20))
+                }
+                Ok(false) => break Err(None),
+                Err(error) => break Err(Some(error)),
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                driver::resident_stopped(&inner.context, true);
+                self.abandon_requests(false);
+                drop(resources);
+                Ok(())
+            }
+            Err(Some(error)) => {
+                let sticky = error.is_sticky();
+                if sticky {
+                    inner.mark_context_lost(format!("a lane faulted: {error}"));
+                    std::mem::forget(resources);
+                } else {
+                    drop(resources);
+                }
+                driver::resident_stopped(&inner.context, !sticky);
+                self.abandon_requests(sticky);
+                Err(BackendError::KernelFault {
+                    program: "a lane".into(),
+                    error,
+                    context_usable: !sticky,
+                })
+            }
+            Err(None) => {
+                // Still running: freeing anything it may use would wait forever (or let
+                // it write freed memory), so its memory stays, and so do the device's
+                // deferred releases.
+                std::mem::forget(resources);
+                self.abandon_requests(true);
+                tracing::warn!(
+                    timeout = ?self.options.timeout,
+                    "a lane's kernel did not stop; it is abandoned with its memory"
+                );
+                Err(BackendError::bad_input(format!(
+                    "Fix: the lane's kernel did not stop within LaneOptions::timeout ({:?}) (a request \
+                     still runs); it is abandoned with its memory until the process ends: cap runaway \
+                     loops with CodegenOptions::max_loop_iterations",
+                    self.options.timeout
+                )))
+            }
+        }
+    }
+
+    /// Requests never delivered (a dead lane): release their holds, or forget them
+    /// when the device may still use the memory.
+    fn abandon_requests(&mut self, forget: bool) {
+        let inner = Arc::clone(&self.backend.inner);
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slot in &mut state.slots {
+            if let Some(request) = slot.request.take() {
+                if forget {
+                    std::mem::forget(request.held);
+                } else {
+                    let mut held = request.held;
+                    for memory in held.transients.drain(..) {
+                        inner.transients.put(memory);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LaneShared {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
+
+/// The `Fix:` error for a kernel the lane was not built with (the same text on every
+/// backend).
+pub(in crate::backend) fn not_in_lane(name: &str, kernels: &[Kernel]) -> BackendError {
+    let names: Vec<&str> = kernels.iter().take(4).map(Kernel::name).collect();
+    let more = if kernels.len() > 4 { ", ..." } else { "" };
+    BackendError::bad_input(format!(
+        "Fix: {name} is not one of this lane's {} kernels ({}{more}); build a lane with it \
+         (lane(&[...])) or dispatch it with run",
+        kernels.len(),
+        names.join(", ")
+    ))
+}
+
+/// The bindings a request resolves to.
+#[derive(Default)]
+struct Staged {
+    /// `(device address, element count)` per binding.
+    bindings: PerBinding<(u64, u32)>,
+    prologue: PerBinding<PrologueOp>,
+}
+
+/// What a request's bindings ask of the lane before it runs.
+pub(in crate::backend) struct LaneInputs {
+    /// Staging bytes of host and pinned inputs (16-byte units).
+    pub(in crate::backend) staging: u64,
+    /// Zero fills and input copies.
+    pub(in crate::backend) operations: usize,
+    /// The largest of them, in bytes.
+    pub(in crate::backend) largest: u64,
+}
+
+/// [`LaneInputs`] of `bindings` to `slots` bound with `sizes` bytes (pure; the same
+/// on every backend).
+pub(in crate::backend) fn lane_inputs(
+    slots: &[super::plan::ParamSlot],
+    bindings: &[Binding<'_>],
+    sizes: &[u64],
+) -> LaneInputs {
+    let mut inputs = LaneInputs {
+        staging: 0,
+        operations: 0,
+        largest: 0,
+    };
+    for ((slot, binding), &bytes) in slots.iter().zip(bindings).zip(sizes) {
+        let mut operation = |bytes: u64| {
+            inputs.operations += 1;
+            inputs.largest = inputs.largest.max(bytes);
+        };
+        let write_only = slot.access == Access::WriteOnly;
+        if (write_only || matches!(binding, Binding::Zeroed(_))) && bytes > 0 {
+            operation(bytes);
+        }
+        if !write_only && matches!(binding, Binding::Host(_) | Binding::Pinned(_)) && bytes > 0 {
+            let padded = bytes.div_ceil(16) * 16;
+            operation(padded);
+            inputs.staging += padded;
+        }
+    }
+    inputs
+}
+
+/// The owned-buffer memory a request reads and writes (what the order book keeps).
+fn owned_accesses(
+    slots: &[super::plan::ParamSlot],
+    bindings: &[Binding<'_>],
+    addresses: &[(u64, u32)],
+) -> Accesses {
+    let mut accesses = Accesses::default();
+    for ((slot, binding), &(address, _)) in slots.iter().zip(bindings).zip(addresses) {
+        if matches!(binding, Binding::Buffer(_)) {
+            if slot.access == Access::ReadOnly {
+                accesses.reads.push(address);
+            } else {
+                accesses.writes.push(address);
+            }
+        }
+    }
+    accesses
+}
+
+impl Lane {
+    /// Run `request` on the lane and wait: the outputs (per its readback policy,
+    /// addressable by buffer name) and [`Timings`] (`kernel_stamps_ns` from the
+    /// server's stamps; no event window: a lane records no events). With the phase
+    /// probe on, prints one probe line like a dispatch.
+    pub fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
+        let mut outputs = Outputs::default();
+        let (index, timings) = self.finish(&request, Sink::Packed(&mut outputs))?;
+        outputs.name_by(self.shared.kernels[index].clone());
+        Ok(Finished { outputs, timings })
+    }
+
+    /// Run `request` and read its outputs into caller buffers, one per readback item,
+    /// each exactly the item's length. Returns the [`Timings`].
+    pub fn run_into(
+        &self,
+        request: Dispatch<'_>,
+        outputs: &mut [&mut [u8]],
+    ) -> Result<Timings, BackendError> {
+        self.finish(&request, Sink::Slices(outputs))
+            .map(|(_, timings)| timings)
+    }
+
+    fn finish(
+        &self,
+        request: &Dispatch<'_>,
+        sink: Sink<'_, '_>,
+    ) -> Result<(usize, Timings), BackendError> {
+        let dispatch_probe = probe::begin_dispatch();
+        let start = Instant::now();
+        let mark = dispatch_probe.as_ref().map(|_| start);
+        let shared = &self.shared;
+        let (ticket, index, mark) =
+            shared.submit_request(request, &sink, (start, mark), dispatch_probe.is_some())?;
+        let timings = shared.complete(ticket, start, sink, mark)?;
+        if let Some(dispatch_probe) = dispatch_probe {
+            dispatch_probe.finish(timings.probe());
+        }
+        Ok((index, timings))
+    }
+
+    /// Ring `request` and return at once: host inputs are in the slot's staging
+    /// before this returns. Up to [`LaneOptions::slots`] may be pending; the lane
+    /// serves them in order, so a chain of dependent requests needs no `after`.
+    /// [`PendingDispatch::wait`] gives what [`Lane::run`] would have returned.
+    pub fn submit(&self, request: Dispatch<'_>) -> Result<PendingDispatch, BackendError> {
+        let start = Instant::now();
+        let shared = &self.shared;
+        // Outputs are delivered at `wait`; the sink only tells the plan there are no
+        // caller slices to check.
+        let mut unused = Outputs::default();
+        let (ticket, index, _) =
+            shared.submit_request(&request, &Sink::Packed(&mut unused), (start, None), false)?;
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        Ok(PendingDispatch::lane(
+            shared.kernels[index].clone(),
+            LaneTicket {
+                lane: Arc::clone(shared),
+                ticket,
+                start,
+            },
+        ))
+    }
+
+    /// Stop the lane's kernel now (as dropping it does) and say how it went: `Ok` when
+    /// it left, a `KernelFault` when it had faulted, a `Fix:` error when it did not
+    /// leave within the timeout (it is abandoned with its memory) or when requests of
+    /// it are still pending (wait for them first).
+    pub fn stop(self) -> Result<(), BackendError> {
+        match Arc::try_unwrap(self.shared) {
+            Ok(mut shared) => shared.shut_down(),
+            Err(shared) => {
+                let pending = shared.pending.load(Ordering::Acquire);
+                Err(BackendError::bad_input(format!(
+                    "Fix: {pending} requests of this lane are still pending (or ordered after); wait \
+                     for every PendingDispatch of it before stopping it (dropping the lane stops it once \
+                     the last is done)"
+                )))
+            }
+        }
+    }
+
+    /// Whether the lane still serves requests (no fault, timeout or stop).
+    pub fn is_serving(&self) -> bool {
+        self.shared.check_serving().is_ok()
+    }
+
+    /// Its kernels, in body order.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.shared.kernels
+    }
+
+    /// Its workgroup shape (every kernel's).
+    pub fn workgroup_size(&self) -> [u32; 3] {
+        self.shared.workgroup_size
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &LaneOptions {
+        &self.shared.options
+    }
+}
+
+impl CudaBackend {
+    /// Releases (device, pinned and mapped memory, modules) queued because a lane of
+    /// this device runs (test support: they are made when its last lane stops).
+    #[cfg(feature = "testing")]
+    pub fn deferred_releases(&self) -> Result<usize, BackendError> {
+        self.inner.bind()?;
+        Ok(driver::deferred_releases())
+    }
+}
+
+impl LaneTicket {
+    /// Wait for the request and deliver its outputs.
+    pub(in crate::backend) fn finish(&self, kernel: &Kernel) -> Result<Finished, BackendError> {
+        let mut outputs = Outputs::default();
+        let timings =
+            self.lane
+                .complete(self.ticket, self.start, Sink::Packed(&mut outputs), None)?;
+        outputs.name_by(kernel.clone());
+        Ok(Finished { outputs, timings })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out lane options that would build a lane the device cannot hold or a wait
+    /// that cannot succeed: each bound is a `Fix:` error naming its field; the defaults
+    /// and the largest values pass.
+    #[test]
+    fn lane_options_are_bounded() {
+        assert!(LaneOptions::default().validate().is_ok());
+        let largest = LaneOptions::new()
+            .blocks(MAX_LANE_BLOCKS)
+            .slots(MAX_LANE_SLOTS)
+            .result_bytes(MAX_LANE_AREA_BYTES)
+            .staging_bytes(MAX_LANE_AREA_BYTES)
+            .poll_sleep(MAX_LANE_POLL_SLEEP)
+            .wait(WaitMode::Sleep(Duration::from_micros(1)));
+        assert!(largest.validate().is_ok());
+        let cases = [
+            (LaneOptions::new().blocks(0), "blocks"),
+            (LaneOptions::new().blocks(MAX_LANE_BLOCKS + 1), "blocks"),
+            (LaneOptions::new().slots(0), "slots"),
+            (LaneOptions::new().slots(MAX_LANE_SLOTS + 1), "slots"),
+            (LaneOptions::new().result_bytes(128), "result_bytes"),
+            (LaneOptions::new().result_bytes(300), "result_bytes"),
+            (
+                LaneOptions::new().staging_bytes(MAX_LANE_AREA_BYTES + 128),
+                "staging_bytes",
+            ),
+            (
+                LaneOptions::new().timeout(Duration::ZERO),
+                "timeout is zero",
+            ),
+            (
+                LaneOptions::new().poll_sleep(Duration::from_millis(2)),
+                "poll_sleep",
+            ),
+            (
+                LaneOptions::new().wait(WaitMode::Sleep(Duration::ZERO)),
+                "Sleep",
+            ),
+            (
+                LaneOptions::new()
+                    .timeout(Duration::from_millis(1))
+                    .wait(WaitMode::Sleep(Duration::from_millis(2))),
+                "longer than LaneOptions::timeout",
+            ),
+        ];
+        for (options, field) in cases {
+            let message = options.validate().unwrap_err().to_string();
+            assert!(
+                message.starts_with("Fix:") && message.contains(field),
+                "{message}"
+            );
+        }
+    }
+}

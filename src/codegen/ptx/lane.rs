@@ -1,0 +1,1227 @@
+//! The lane module: a resident server kernel and the bodies of a set of programs in
+//! one PTX module, so a host can run dispatches through host-mapped memory instead of
+//! a launch each.
+//!
+//! # Why it exists
+//!
+//! Every launch path sits near launch + synchronize, which on the H200 is 3.7–3.9 µs
+//! of `cuLaunchKernel` plus about 5.5 µs of `cuStreamSynchronize` (8.5–10.2 µs in all,
+//! measured 2026-12-01). A persistent one-block kernel polling a host-mapped doorbell
+//! with `ld.acquire.sys`, doing a small store per thread and answering through a
+//! host-mapped word, round-tripped in 3.14 µs the same day (p99 3.14, p99.9 11.2)
+//! against 10.20 µs for launch + synchronize of the same work. The floor of a launch
+//! belongs to the launch path, not to the hardware; a lane removes the launch.
+//!
+//! # Module layout
+//!
+//! One header and opaque zero (as every module), then:
+//!
+//! - `.shared .align 16 .b8 vyre_lane_record[4096]` ([`LANE_RECORD_SYMBOL`]): the
+//!   current request's record ([`RECORD_BYTES`], layout below), copied into each
+//!   block's shared memory before its workgroups run;
+//! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
+//!   request (the doorbell value its leader saw, whether it publishes);
+//! - `.shared .align 16 .b8 vyre_lane_workgroup[N]` ([`LANE_WORKGROUP_SYMBOL`], only
+//!   when a body has workgroup buffers): one pool for every body's workgroup buffers,
+//!   as large as the largest body's (each body lays its buffers out from the pool's
+//!   start and zeroes them at entry, as a launch's kernel does);
+//! - body `k` ([`lane_body_name`]): a `.func vyre_lane_body_k` taking the workgroup id
+//!   ([`LANE_GROUP_PARAMETERS`]), reading its buffer addresses, element counts and
+//!   the grid from the record, otherwise exactly the program's kernel (its `return`s
+//!   return to the server);
+//! - the server, `.visible .entry vyre_lane` ([`LANE_ENTRY_NAME`]) with
+//!   `.reqntid` of the lane's one workgroup shape: every body of a lane has that
+//!   shape, so local ids, barriers and subgroup operations mean what they mean in a
+//!   launch.
+//!
+//! # The server's parameters
+//!
+//! `vyre_lane_completion` (u64 host-mapped word: the last ticket served),
+//! `vyre_lane_doorbells` (slot `s`'s u64 doorbell at `s * 128`), `vyre_lane_records`
+//! (slot `s`'s record at `s * 4096`), `vyre_lane_areas` (slot `s`'s result area at
+//! `s * area stride`), `vyre_lane_staging` (slot `s`'s input staging at `s * staging
+//! stride`) — all host-mapped — then `vyre_lane_device` (device memory, [`DEVICE_ARRIVALS`]
+//! and the words after it, [`lane_device_bytes`]), then the u32s
+//! `vyre_lane_slots`, `vyre_lane_area_stride`, `vyre_lane_staging_stride` and
+//! `vyre_lane_poll_sleep` (nanoseconds between polls; 0 spins).
+//!
+//! # The protocol
+//!
+//! Requests are numbered from 0 (ticket `n`); request `n` uses slot `n % slots`. The
+//! host writes the slot's record (when it changed) and the input bytes of host
+//! bindings into the slot's staging, then stores the slot's doorbell with release
+//! semantics: bits 0–31 `n + 1`, bits 32–47 the record's length in 16-byte chunks,
+//! [`DOORBELL_RELOAD`] (the record differs from the one this slot held: read it from
+//! host memory), [`DOORBELL_SAME`] (it equals the previous request's: the blocks'
+//! shared copies are current) and [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
+//! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
+//! (and into the device-memory cache of the slot when reloading), then, with more than
+//! one block, hands the doorbell value to the others through the go word
+//! (`st.release.gpu`, polled with `ld.acquire.gpu`). Every block then
+//!
+//! 1. runs the prologue: zero fills (`WriteOnly` bindings and zeroed transients:
+//!    "starts zeroed", as a launch's clears) and copies of host inputs from the
+//!    slot's staging into transient device buffers, spread over every thread of the
+//!    lane, then waits for the whole lane (when there was any);
+//! 2. runs its workgroups, `block, block + blocks, ...` below the request's total,
+//!    each a call of the requested body with that workgroup's id, a block-wide
+//!    barrier (`barrier.sync 1`; bodies use barrier 0) after each, for each of the
+//!    request's fixpoint iterations with a lane-wide barrier between iterations;
+//! 3. arrives at the device arrival counter (more than one block): the last block to
+//!    arrive publishes. The publishing block copies the readback ranges into the
+//!    slot's result area (windows — a range inside one aligned 16-byte block — with one
+//!    vector load and store each, eight in flight per thread; other ranges in 16-, 4- or
+//!    1-byte units, eight in flight per thread), writes the area's header (start and
+//!    end `%globaltimer` stamps, status, ticket) and then stores `n + 1` into the
+//!    completion word with `st.release.sys`.
+//!
+//! # Why the host sees every byte when it sees the completion word
+//!
+//! In the PTX memory model a release at system scope makes every write that precedes
+//! it in causality order visible to whoever acquires the value it wrote at system
+//! scope (the host's `Acquire` load of the completion word; host threads take part in
+//! the model at system scope). The chain: every body store of a block precedes that
+//! block's `barrier.sync 1` (CTA-scope synchronisation: the leader observes them);
+//! its leader's `fence.acq_rel.gpu` + `atom.acq_rel.gpu` arrival releases them at
+//! GPU scope to the last arriving leader's acquire of the same counter; the publishing
+//! block's threads read the outputs after a `barrier.sync 1` that follows that acquire,
+//! write the area (weak stores), and pass another `barrier.sync 1`; its leader's
+//! `st.release.sys` then orders all of them — its own stores, its block's (through
+//! the barrier) and every other block's (through the acquire), cumulatively — before
+//! the completion word at system scope. No separate `fence.sc.sys` is needed:
+//! `st.release.sys` is a release fence at system scope followed by the store, and
+//! release is cumulative. Device-memory outputs the host reads later by copies are
+//! enqueued after the host observed completion, so they follow it too.
+//!
+//! In the other direction, the host's record, staging and input writes precede its
+//! release store of the doorbell; block 0's `ld.acquire.sys` that reads it orders every
+//! later load of the lane after them (other blocks through block 0's `st.release.gpu`
+//! of the go word and their `ld.acquire.gpu` of it, plus a `fence.acq_rel.sys`), so no
+//! block reads a stale record, staging byte or input, and no L1 line of an earlier
+//! request survives the acquire. Loads of host memory use `ld.relaxed.sys`.
+
+use std::fmt::{self, Write};
+
+use super::writer::{module_header, Writer};
+use super::{check_target, codegen_limits, CodegenError, MAX_PTX_BYTES};
+use crate::config::CodegenOptions;
+use crate::ir::{self, Access, BufferDecl, Node, Program, ProgramForm};
+
+/// The server's entry name.
+pub const LANE_ENTRY_NAME: &str = "vyre_lane";
+
+/// The request record in shared memory (module scope).
+pub const LANE_RECORD_SYMBOL: &str = "vyre_lane_record";
+
+/// The workgroup-buffer pool every body shares (module scope).
+pub const LANE_WORKGROUP_SYMBOL: &str = "vyre_lane_workgroup";
+
+/// The block's view of the current request (module scope).
+const LANE_STATE_SYMBOL: &str = "vyre_lane_state";
+
+/// A body's parameters: its workgroup id on each axis, with their roles.
+pub const LANE_GROUP_PARAMETERS: [(&str, &str); 3] = [
+    ("vyre_lane_group_x", "workgroup id, x"),
+    ("vyre_lane_group_y", "workgroup id, y"),
+    ("vyre_lane_group_z", "workgroup id, z"),
+];
+
+/// The device function name of body `index`.
+pub fn lane_body_name(index: usize) -> String {
+    format!("vyre_lane_body_{index}")
+}
+
+// ----- the request record (little-endian; offsets in bytes) -----------------------
+
+/// Bytes of one request record (and of its shared-memory copy).
+pub const RECORD_BYTES: usize = 4096;
+/// u32: the body to run (its index in the lane).
+pub const RECORD_KERNEL: usize = 0;
+/// u32: fixpoint iterations (at least 1).
+pub const RECORD_ITERATIONS: usize = 4;
+/// u32 × 3: the grid (workgroups on x, y, z).
+pub const RECORD_GRID: usize = 8;
+/// u32: workgroups in all (x · y · z, at least 1).
+pub const RECORD_WORKGROUPS: usize = 20;
+/// u32: binding entries.
+pub const RECORD_BINDING_COUNT: usize = 24;
+/// u32: scalar words (u64 each, reserved for named scalar parameters).
+pub const RECORD_SCALAR_COUNT: usize = 28;
+/// u32: prologue entries.
+pub const RECORD_PROLOGUE_COUNT: usize = 32;
+/// u32: how many of the leading readback descriptors are windows.
+pub const RECORD_WINDOW_COUNT: usize = 36;
+/// u32: readback descriptors.
+pub const RECORD_READBACK_COUNT: usize = 40;
+/// u32: byte offset of the prologue table.
+pub const RECORD_PROLOGUE_AT: usize = 44;
+/// u32: byte offset of the readback table.
+pub const RECORD_READBACK_AT: usize = 48;
+/// u32: byte offset of the scalar words.
+pub const RECORD_SCALARS_AT: usize = 52;
+/// The binding table's offset: binding `i` at `64 + 16 i` (u64 device address, u32
+/// element count, u32 reserved).
+pub const RECORD_BINDINGS_AT: usize = 64;
+/// Bytes of one binding entry.
+pub const RECORD_BINDING_BYTES: usize = 16;
+/// Bytes of one prologue entry (u64 destination, u32 bytes, u32 staging offset or
+/// [`PROLOGUE_ZERO`]) and of one readback descriptor (u64 source, u32 bytes, u32
+/// offset in the slot's result area; a window's source is its 16-byte block).
+pub const RECORD_ENTRY_BYTES: usize = 16;
+/// A prologue entry's source that means "zero fill".
+pub const PROLOGUE_ZERO: u32 = u32::MAX;
+/// Most global buffers a lane body binds.
+pub const MAX_LANE_BINDINGS: usize = 64;
+/// Most scalar words a record carries.
+pub const MAX_LANE_SCALARS: usize = 64;
+/// Most prologue entries (zero fills and input copies) of one request.
+pub const MAX_LANE_PROLOGUE: usize = 64;
+/// Most readback items of one request.
+pub const MAX_LANE_READBACKS: usize = 64;
+
+const _: () = assert!(
+    RECORD_BINDINGS_AT
+        + RECORD_BINDING_BYTES * MAX_LANE_BINDINGS
+        + 8 * MAX_LANE_SCALARS
+        + RECORD_ENTRY_BYTES * (MAX_LANE_PROLOGUE + MAX_LANE_READBACKS)
+        <= RECORD_BYTES
+);
+
+// ----- doorbells, areas, device words ----------------------------------------------
+
+/// Bytes between two slots' doorbells (each on its own cache lines).
+pub const DOORBELL_STRIDE: usize = 128;
+/// Doorbell bits 32–47: the record's length in 16-byte chunks.
+pub const DOORBELL_CHUNKS_SHIFT: u32 = 32;
+/// Doorbell bit: the record differs from the slot's cached copy (read host memory).
+pub const DOORBELL_RELOAD: u64 = 1 << 48;
+/// Doorbell bit: leave the server loop.
+pub const DOORBELL_STOP: u64 = 1 << 49;
+/// Doorbell bit: the record equals the previous request's (shared copies are current).
+pub const DOORBELL_SAME: u64 = 1 << 50;
+
+/// Bytes of a result area's header: u64 start stamp, u64 end stamp, u32 status, u32
+/// ticket (`n + 1`), 8 reserved. Readback bytes follow, 16-byte aligned.
+pub const AREA_HEADER_BYTES: usize = 32;
+/// Area status: the record named a body the lane does not have (nothing ran).
+pub const AREA_STATUS_UNKNOWN_KERNEL: u32 = 1;
+
+/// Device word (u32): blocks arrived at the current lane barrier or completion.
+pub const DEVICE_ARRIVALS: usize = 0;
+/// Device word (u32): lane barrier generation.
+pub const DEVICE_GENERATION: usize = 4;
+/// Device word (u64): the doorbell value block 0 hands to the other blocks.
+pub const DEVICE_GO: usize = 8;
+/// Device word (u64): the current request's start stamp.
+pub const DEVICE_START: usize = 16;
+/// Offset of the per-slot record cache in the device words.
+pub const DEVICE_CACHE_AT: usize = 128;
+
+/// Bytes of the device memory a lane of `slots` slots needs (zeroed before launch).
+pub fn lane_device_bytes(slots: usize) -> usize {
+    DEVICE_CACHE_AT + slots * RECORD_BYTES
+}
+
+/// Where a workgroup buffer goes in a lane's workgroup pool that ends at `end`: its
+/// offset (aligned for its elements) and the pool's new end. Workgroup buffers have a
+/// validated static count whose padded size fits a `u32`.
+pub(super) fn pool_place(end: u32, decl: &BufferDecl) -> (u32, u32) {
+    let bytes = decl.static_size_bytes().unwrap_or(0);
+    let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
+    let align = decl.elem.size_bytes().max(4);
+    let offset = end.div_ceil(align).saturating_mul(align);
+    (offset, offset.saturating_add(padded))
+}
+
+/// Bytes of a lane's workgroup pool that `program` (lowered) uses: its workgroup
+/// buffers in binding order, each placed as its body places it.
+pub fn lane_pool_bytes(program: &Program) -> u32 {
+    let mut buffers: Vec<&BufferDecl> = program
+        .buffers()
+        .iter()
+        .filter(|b| b.access == Access::Workgroup)
+        .collect();
+    buffers.sort_by_key(|b| b.binding);
+    buffers
+        .into_iter()
+        .fold(0, |end, decl| pool_place(end, decl).1)
+}
+
+/// Static shared memory per block of a lane whose largest body's pool is `pool`
+/// bytes: the record, the block state and the pool (16-byte rounded).
+pub fn lane_shared_bytes(pool: u32) -> u32 {
+    (RECORD_BYTES + STATE_BYTES) as u32 + pool.div_ceil(16).saturating_mul(16)
+}
+
+/// The server's parameters, in order, with their declarations and roles.
+pub const LANE_PARAMETERS: [(&str, &str); 10] = [
+    (
+        ".u64 vyre_lane_completion",
+        "host-mapped u64: the last ticket served (n + 1)",
+    ),
+    (
+        ".u64 vyre_lane_doorbells",
+        "host-mapped: slot s's u64 doorbell at s * 128",
+    ),
+    (
+        ".u64 vyre_lane_records",
+        "host-mapped: slot s's request record at s * 4096",
+    ),
+    (
+        ".u64 vyre_lane_areas",
+        "host-mapped: slot s's result area at s * area stride",
+    ),
+    (
+        ".u64 vyre_lane_staging",
+        "host-mapped: slot s's input staging at s * staging stride",
+    ),
+    (
+        ".u64 vyre_lane_device",
+        "device: [0] arrivals, [4] generation, [8] go, [16] start, [128] record cache",
+    ),
+    (".u32 vyre_lane_slots", "request slots"),
+    (".u32 vyre_lane_area_stride", "bytes between result areas"),
+    (
+        ".u32 vyre_lane_staging_stride",
+        "bytes between staging areas",
+    ),
+    (
+        ".u32 vyre_lane_poll_sleep",
+        "nanoseconds between polls (0: spin)",
+    ),
+];
+
+/// Units a thread keeps in flight in every copy loop of the server (record chunks,
+/// prologue, readback): with one thread per block a loop of dependent load → store
+/// pairs would pay one memory round trip per unit (one PCIe round trip per 16 bytes
+/// of a host input).
+const IN_FLIGHT: usize = 8;
+
+/// Writes the bodies of a lane and its server into one module (see the module docs).
+///
+/// ```
+/// use vyre_cuda::codegen::ptx::LaneModuleBuilder;
+/// use vyre_cuda::config::CodegenOptions;
+/// use vyre_cuda::ir::*;
+///
+/// let double = Program::builder([32, 1, 1])
+///     .buffer("x", 0, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+///     .body(|b| {
+///         let i = b.let_("i", Expr::global_id(Axis::X));
+///         b.if_(i.clone().less_than(Expr::length("x")), |b| {
+///             b.store("x", i.clone(), Expr::load("x", i.clone()) * 2u32);
+///         });
+///     })
+///     .build();
+/// let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+/// assert_eq!(lane.push(&double, &CodegenOptions::default())?, 0);
+/// let ptx = lane.finish();
+/// assert!(ptx.contains(".func vyre_lane_body_0("));
+/// assert!(ptx.contains(".visible .entry vyre_lane("));
+/// # Ok::<(), vyre_cuda::codegen::CodegenError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct LaneModuleBuilder {
+    sm: u32,
+    subgroup_size: u32,
+    workgroup_size: [u32; 3],
+    bodies: String,
+    count: usize,
+    workgroup_bytes: u32,
+}
+
+impl LaneModuleBuilder {
+    /// An empty lane for compute capability `sm`, `subgroup_size` and blocks of
+    /// `workgroup_size` (every body must have that shape).
+    pub fn new(sm: u32, subgroup_size: u32, workgroup_size: [u32; 3]) -> Self {
+        LaneModuleBuilder {
+            sm,
+            subgroup_size,
+            workgroup_size,
+            bodies: String::new(),
+            count: 0,
+            workgroup_bytes: 0,
+        }
+    }
+
+    /// Write `program` (lowered) as the next body with its own code generation
+    /// options; returns its index. Checked as [`super::program_to_ptx`] checks a
+    /// program (target, lowering, validation before any other walk), then refused
+    /// with [`CodegenError::LaneBody`] when its workgroup shape is not the lane's or it
+    /// has a grid sync, and with [`CodegenError::ModuleFull`] past
+    /// [`MAX_PTX_BYTES`]. On any error the builder is unchanged.
+    pub fn push(
+        &mut self,
+        program: &Program,
+        options: &CodegenOptions,
+    ) -> Result<usize, CodegenError> {
+        check_target(program, self.sm, self.subgroup_size)?;
+        let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
+            .map_err(CodegenError::Invalid)?;
+        if program.workgroup_size() != self.workgroup_size {
+            return Err(CodegenError::LaneBody {
+                program: program.display_name(),
+                reason: format!(
+                    "build another lane for workgroup size {:?}: this lane's blocks have the shape {:?}, \
+                     and every body of a lane runs in them",
+                    program.workgroup_size(),
+                    self.workgroup_size
+                ),
+            });
+        }
+        if ir::any_node(program.entry(), |node| matches!(node, Node::GridSync)) {
+            return Err(CodegenError::LaneBody {
+                program: program.display_name(),
+                reason: "dispatch it with a launch (CudaBackend::run): a lane runs a grid's workgroups \
+                         in turn on its resident blocks, so a grid sync would wait for workgroups that \
+                         have not started"
+                    .into(),
+            });
+        }
+        if !program.scalars().is_empty() {
+            return Err(CodegenError::LaneBody {
+                program: program.display_name(),
+                reason: "dispatch it with a launch (CudaBackend::run): a lane's request record does not \
+                         carry scalar parameters yet"
+                    .into(),
+            });
+        }
+        let index = self.count;
+        let (text, bytes) = Writer::new(&valid, *options, self.sm, false)
+            .for_lane_body(index)
+            .finish_lane_body()?;
+        if HEADER_BYTES + SERVER_BYTES + self.bodies.len() + 1 + text.len() > MAX_PTX_BYTES {
+            return Err(CodegenError::ModuleFull {
+                kernels: self.count,
+                limit_bytes: MAX_PTX_BYTES,
+            });
+        }
+        self.bodies.push('\n');
+        self.bodies.push_str(&text);
+        self.count += 1;
+        self.workgroup_bytes = self.workgroup_bytes.max(bytes);
+        Ok(index)
+    }
+
+    /// Bodies pushed so far.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether no body was pushed yet.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Bytes of the workgroup pool (the largest body's workgroup buffers).
+    pub fn workgroup_bytes(&self) -> u32 {
+        self.workgroup_bytes
+    }
+
+    /// Static shared memory the server takes per block: the record, the state and
+    /// the workgroup pool.
+    pub fn shared_bytes(&self) -> u32 {
+        lane_shared_bytes(self.workgroup_bytes)
+    }
+
+    /// The module text: header, shared declarations, bodies, server.
+    pub fn finish(self) -> String {
+        let mut out = String::with_capacity(HEADER_BYTES + SERVER_BYTES + self.bodies.len());
+        let [x, y, z] = self.workgroup_size;
+        let _ = writeln!(
+            out,
+            "//\n// vyre-cuda lane: a resident server of {} bodies, workgroup size [{x}, {y}, {z}]\n//",
+            self.count
+        );
+        module_header(&mut out, self.sm);
+        let _ = writeln!(
+            out,
+            "// the current request's record (header, bindings, scalars, prologue, readbacks)\n\
+             .shared .align 16 .b8 {LANE_RECORD_SYMBOL}[{RECORD_BYTES}];\n\
+             // this block's view of the request: [0] doorbell value, [8] u32 publishes\n\
+             .shared .align 8 .b8 {LANE_STATE_SYMBOL}[{STATE_BYTES}];"
+        );
+        if self.workgroup_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "// every body's workgroup buffers (the largest body's)\n\
+                 .shared .align 16 .b8 {LANE_WORKGROUP_SYMBOL}[{}];",
+                self.workgroup_bytes.div_ceil(16) * 16
+            );
+        }
+        out.push_str(&self.bodies);
+        out.push('\n');
+        let mut server = Server {
+            out,
+            labels: 0,
+            threads: x * y * z,
+        };
+        server.entry(self.workgroup_size, self.count);
+        server.out
+    }
+}
+
+/// Bytes of the block state in shared memory.
+const STATE_BYTES: usize = 16;
+
+/// Room reserved for the header and shared declarations (module size check).
+const HEADER_BYTES: usize = 1024;
+
+/// Room reserved for the server entry (module size check; it is about 30 KiB).
+const SERVER_BYTES: usize = 64 * 1024;
+
+/// Emits the server entry.
+struct Server {
+    out: String,
+    labels: u32,
+    /// Threads per block.
+    threads: u32,
+}
+
+/// Registers of the server, declared by name at its top.
+const PREDICATES: &[&str] = &[
+    "%leader",
+    "%dispatcher",
+    "%multi",
+    "%stop",
+    "%same",
+    "%reload",
+    "%zero",
+    "%found",
+    "%sleeping",
+    "%past",
+    "%live",
+    "%take",
+    "%wide_unit",
+    "%word_unit",
+];
+const WORDS: &[&str] = &[
+    "%lin",
+    "%block",
+    "%blocks",
+    "%everyone",
+    "%global",
+    "%last_arrival",
+    "%ticket",
+    "%want",
+    "%seen",
+    "%slot",
+    "%slots",
+    "%area_stride",
+    "%staging_stride",
+    "%sleep",
+    "%chunks",
+    "%index",
+    "%kernel",
+    "%iterations",
+    "%iteration",
+    "%grid_x",
+    "%grid_y",
+    "%total",
+    "%group",
+    "%group_x",
+    "%group_y",
+    "%group_z",
+    "%rest",
+    "%prologue",
+    "%prologue_at",
+    "%windows",
+    "%readbacks",
+    "%readback_at",
+    "%entry",
+    "%op",
+    "%bytes",
+    "%source",
+    "%units",
+    "%done_units",
+    "%value",
+    "%low",
+    "%align",
+    "%status",
+    "%arrived",
+    "%generation",
+    "%current",
+    "%publishing",
+    "%stride",
+    "%tid_x",
+    "%tid_y",
+    "%tid_z",
+    "%plane",
+];
+const DOUBLES: &[&str] = &[
+    "%completion",
+    "%doorbells",
+    "%records",
+    "%areas",
+    "%staging",
+    "%device",
+    "%record",
+    "%state",
+    "%bell",
+    "%flag",
+    "%wide",
+    "%bell_address",
+    "%cache",
+    "%host_record",
+    "%origin",
+    "%offset",
+    "%at",
+    "%from",
+    "%to",
+    "%area",
+    "%inputs",
+    "%destination",
+    "%source_address",
+    "%start",
+    "%end",
+    "%served",
+];
+
+impl Server {
+    fn line(&mut self, text: fmt::Arguments<'_>) {
+        self.out.push('\t');
+        let _ = self.out.write_fmt(text);
+        self.out.push('\n');
+    }
+
+    fn comment(&mut self, text: &str) {
+        let _ = writeln!(self.out, "\t// {text}");
+    }
+
+    fn label(&mut self, kind: &str) -> String {
+        self.labels += 1;
+        format!("$L_lane_{kind}_{}", self.labels)
+    }
+
+    fn place(&mut self, label: &str) {
+        let _ = writeln!(self.out, "{label}:");
+    }
+
+    fn entry(&mut self, [x, y, z]: [u32; 3], bodies: usize) {
+        let _ = write!(self.out, ".visible .entry {LANE_ENTRY_NAME}(");
+        for (index, (declaration, role)) in LANE_PARAMETERS.iter().enumerate() {
+            let comma = if index + 1 < LANE_PARAMETERS.len() {
+                ","
+            } else {
+                ""
+            };
+            let _ = write!(self.out, "\n\t.param {declaration}{comma} // {role}");
+        }
+        let _ = writeln!(self.out, "\n)\n.reqntid {x}, {y}, {z}\n{{");
+        for (kind, names) in [(".pred", PREDICATES), (".b32", WORDS), (".b64", DOUBLES)] {
+            let _ = writeln!(self.out, "\t.reg {kind} {};", names.join(", "));
+        }
+        // Batch registers of the copy loops: unit indices, then four words per unit.
+        let _ = writeln!(
+            self.out,
+            "\t.reg .b32 %unit<{IN_FLIGHT}>, %v<{}>;\n",
+            4 * IN_FLIGHT
+        );
+        self.prologue([x, y, z]);
+        self.wait_for_request();
+        self.read_record();
+        self.header();
+        self.run_prologue();
+        self.run_workgroups(bodies);
+        self.complete();
+        self.out.push_str("}\n");
+    }
+
+    /// Parameters, the thread's place in the lane, ticket 0.
+    fn prologue(&mut self, [x, y, _]: [u32; 3]) {
+        let t = self.threads;
+        for (name, register) in [
+            ("vyre_lane_completion", "%completion"),
+            ("vyre_lane_doorbells", "%doorbells"),
+            ("vyre_lane_records", "%records"),
+            ("vyre_lane_areas", "%areas"),
+            ("vyre_lane_staging", "%staging"),
+            ("vyre_lane_device", "%device"),
+        ] {
+            self.line(format_args!("ld.param.u64 {register}, [{name}];"));
+            self.line(format_args!("cvta.to.global.u64 {register}, {register};"));
+        }
+        for (name, register) in [
+            ("vyre_lane_slots", "%slots"),
+            ("vyre_lane_area_stride", "%area_stride"),
+            ("vyre_lane_staging_stride", "%staging_stride"),
+            ("vyre_lane_poll_sleep", "%sleep"),
+        ] {
+            self.line(format_args!("ld.param.u32 {register}, [{name}];"));
+        }
+        self.comment("this thread's place: local linear id, block, index in the lane");
+        self.line(format_args!("mov.u32 %tid_x, %tid.x;"));
+        self.line(format_args!("mov.u32 %tid_y, %tid.y;"));
+        self.line(format_args!("mov.u32 %tid_z, %tid.z;"));
+        self.line(format_args!("mad.lo.u32 %plane, %tid_z, {y}, %tid_y;"));
+        self.line(format_args!("mad.lo.u32 %lin, %plane, {x}, %tid_x;"));
+        self.line(format_args!("mov.u32 %block, %ctaid.x;"));
+        self.line(format_args!("mov.u32 %blocks, %nctaid.x;"));
+        self.line(format_args!("setp.eq.u32 %leader, %lin, 0;"));
+        self.line(format_args!("setp.eq.u32 %dispatcher, %block, 0;"));
+        self.line(format_args!("setp.gt.u32 %multi, %blocks, 1;"));
+        self.line(format_args!("setp.ne.u32 %sleeping, %sleep, 0;"));
+        self.line(format_args!("sub.u32 %last_arrival, %blocks, 1;"));
+        self.line(format_args!("mul.lo.u32 %everyone, %blocks, {t};"));
+        self.line(format_args!("mad.lo.u32 %global, %block, {t}, %lin;"));
+        self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
+        self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
+        self.line(format_args!("mov.u32 %ticket, 0;"));
+    }
+
+    /// Block 0's leader polls the slot's doorbell; every other block's leader polls
+    /// the go word; the block learns the doorbell value through shared memory.
+    fn wait_for_request(&mut self) {
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- wait for request `ticket` (block 0: its doorbell; others: block 0's go word)"
+        );
+        self.place("$L_lane_next");
+        self.line(format_args!("add.u32 %want, %ticket, 1;"));
+        self.line(format_args!("rem.u32 %slot, %ticket, %slots;"));
+        self.line(format_args!("@!%leader bra $L_lane_announced;"));
+        self.line(format_args!("@!%dispatcher bra $L_lane_poll_go;"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"
+        ));
+        self.line(format_args!("add.s64 %bell_address, %doorbells, %offset;"));
+        self.poll(
+            "$L_lane_poll_bell",
+            "ld.acquire.sys.global.u64 %bell, [%bell_address];",
+            "$L_lane_rung",
+        );
+        self.line(format_args!("mov.u64 %start, %globaltimer;"));
+        self.line(format_args!(
+            "@%multi st.relaxed.gpu.global.u64 [%device+{DEVICE_START}], %start;"
+        ));
+        self.comment("a stop goes to the other blocks at once (there is no record to wait for)");
+        self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
+        self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
+        self.line(format_args!("and.pred %take, %stop, %multi;"));
+        self.line(format_args!(
+            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+        ));
+        self.line(format_args!("st.shared.u64 [%state], %bell;"));
+        self.line(format_args!("bra $L_lane_announced;"));
+        self.poll(
+            "$L_lane_poll_go",
+            &format!("ld.acquire.gpu.global.u64 %bell, [%device+{DEVICE_GO}];"),
+            "$L_lane_go",
+        );
+        self.comment(
+            "what block 0 acquired from the host (record, staging, inputs) is ordered before this block's loads",
+        );
+        self.line(format_args!("fence.acq_rel.sys;"));
+        self.line(format_args!("st.shared.u64 [%state], %bell;"));
+        self.place("$L_lane_announced");
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("ld.shared.u64 %bell, [%state];"));
+        self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
+        self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
+        self.line(format_args!("@%stop bra $L_lane_stop;"));
+    }
+
+    /// A polling loop at `top`: `load` into `%bell` until its low 32 bits are `%want`
+    /// (sleeping `%sleep` ns between loads when asked), then on at `found`.
+    fn poll(&mut self, top: &str, load: &str, found: &str) {
+        self.place(top);
+        self.line(format_args!("{load}"));
+        self.line(format_args!("cvt.u32.u64 %seen, %bell;"));
+        self.line(format_args!("setp.eq.u32 %found, %seen, %want;"));
+        self.line(format_args!("@%found bra {found};"));
+        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
+        self.line(format_args!("bra {top};"));
+        self.place(found);
+    }
+
+    /// The record into shared memory: nothing when it equals the previous request's,
+    /// from host memory (block 0, also into the slot's cache) when it changed, from the
+    /// slot's cache otherwise. Then block 0 lets the other blocks go.
+    fn read_record(&mut self) {
+        let t = self.threads;
+        self.comment("the record: its length in 16-byte chunks and where it comes from");
+        self.line(format_args!(
+            "shr.u64 %wide, %bell, {DOORBELL_CHUNKS_SHIFT};"
+        ));
+        self.line(format_args!("cvt.u32.u64 %chunks, %wide;"));
+        self.line(format_args!("and.b32 %chunks, %chunks, 65535;"));
+        self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_SAME};"));
+        self.line(format_args!("setp.ne.u64 %same, %flag, 0;"));
+        self.line(format_args!("@%same bra $L_lane_record_ready;"));
+        self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_RELOAD};"));
+        self.line(format_args!("setp.ne.u64 %reload, %flag, 0;"));
+        self.line(format_args!("and.pred %reload, %reload, %dispatcher;"));
+        self.line(format_args!("mul.wide.u32 %offset, %slot, {RECORD_BYTES};"));
+        self.line(format_args!("add.s64 %cache, %device, {DEVICE_CACHE_AT};"));
+        self.line(format_args!("add.s64 %cache, %cache, %offset;"));
+        self.line(format_args!("add.s64 %host_record, %records, %offset;"));
+        self.line(format_args!(
+            "selp.b64 %origin, %host_record, %cache, %reload;"
+        ));
+        let top = self.label("record");
+        self.line(format_args!("mov.u32 %index, %lin;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %index, %chunks;"));
+        self.line(format_args!("@%past bra $L_lane_record_ready;"));
+        self.batch_indices("%index", t);
+        for k in 0..IN_FLIGHT {
+            self.live(k, "%chunks");
+            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
+            self.line(format_args!("add.s64 %from, %origin, %at;"));
+            let v = vector(k);
+            self.line(format_args!(
+                "@%live ld.relaxed.sys.global.v4.u32 {v}, [%from];"
+            ));
+        }
+        for k in 0..IN_FLIGHT {
+            self.live(k, "%chunks");
+            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
+            self.line(format_args!("add.s64 %to, %record, %at;"));
+            let v = vector(k);
+            self.line(format_args!("@%live st.shared.v4.u32 [%to], {v};"));
+            self.line(format_args!("and.pred %take, %live, %reload;"));
+            self.line(format_args!("add.s64 %to, %cache, %at;"));
+            self.line(format_args!("@%take st.global.v4.u32 [%to], {v};"));
+        }
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place("$L_lane_record_ready");
+        self.line(format_args!("barrier.sync 1;"));
+        self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
+        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
+        self.line(format_args!("and.pred %take, %take, %multi;"));
+        self.line(format_args!(
+            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+        ));
+    }
+
+    /// `%unit{k} = first + k * stride` for every slot of a batch.
+    fn batch_indices(&mut self, first: &str, stride: u32) {
+        for k in 0..IN_FLIGHT {
+            self.line(format_args!(
+                "add.u32 %unit{k}, {first}, {};",
+                stride as usize * k
+            ));
+        }
+    }
+
+    /// `%unit{k} = first + k * stride` with a register stride.
+    fn batch_indices_register(&mut self, first: &str, stride: &str) {
+        for k in 0..IN_FLIGHT {
+            self.line(format_args!("mad.lo.u32 %unit{k}, {stride}, {k}, {first};"));
+        }
+    }
+
+    /// `%live`: batch slot `k` is below `bound`.
+    fn live(&mut self, k: usize, bound: &str) {
+        self.line(format_args!("setp.lt.u32 %live, %unit{k}, {bound};"));
+    }
+
+    /// The header fields every thread needs, and the slot's area and staging.
+    fn header(&mut self) {
+        self.comment("the request's header");
+        for (register, field) in [
+            ("%kernel", RECORD_KERNEL),
+            ("%iterations", RECORD_ITERATIONS),
+            ("%grid_x", RECORD_GRID),
+            ("%grid_y", RECORD_GRID + 4),
+            ("%total", RECORD_WORKGROUPS),
+            ("%prologue", RECORD_PROLOGUE_COUNT),
+            ("%windows", RECORD_WINDOW_COUNT),
+            ("%readbacks", RECORD_READBACK_COUNT),
+            ("%prologue_at", RECORD_PROLOGUE_AT),
+            ("%readback_at", RECORD_READBACK_AT),
+        ] {
+            self.line(format_args!(
+                "ld.shared.u32 {register}, [{LANE_RECORD_SYMBOL}+{field}];"
+            ));
+        }
+        self.line(format_args!("mul.wide.u32 %offset, %slot, %area_stride;"));
+        self.line(format_args!("add.s64 %area, %areas, %offset;"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, %staging_stride;"
+        ));
+        self.line(format_args!("add.s64 %inputs, %staging, %offset;"));
+        self.line(format_args!("mov.u32 %status, 0;"));
+    }
+
+    /// Entry `%op` of the record's table at byte `table` (a prologue or readback
+    /// table): its u64 address into `address`, its u32 byte count into `%bytes` and its
+    /// last u32 (staging or area offset) into `%source`.
+    fn load_entry(&mut self, table: &str, address: &str) {
+        self.line(format_args!(
+            "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, {table};"
+        ));
+        self.line(format_args!("cvt.u64.u32 %at, %entry;"));
+        self.line(format_args!("add.s64 %at, %record, %at;"));
+        self.line(format_args!("ld.shared.u64 {address}, [%at];"));
+        self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
+        self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
+    }
+
+    /// Zero fills and input copies over every thread of the lane, then a lane-wide
+    /// barrier when there were any.
+    fn run_prologue(&mut self) {
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- prologue: zero fills and host inputs, over every thread of the lane"
+        );
+        let top = self.label("prologue");
+        let next = self.label("prologue_next");
+        let done = self.label("prologue_done");
+        self.line(format_args!("mov.u32 %op, 0;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %op, %prologue;"));
+        self.line(format_args!("@%past bra {done};"));
+        self.load_entry("%prologue_at", "%destination");
+        self.line(format_args!(
+            "cvta.to.global.u64 %destination, %destination;"
+        ));
+        self.line(format_args!("setp.eq.u32 %zero, %source, {PROLOGUE_ZERO};"));
+        self.line(format_args!("cvt.u64.u32 %offset, %source;"));
+        self.line(format_args!("add.s64 %source_address, %inputs, %offset;"));
+        self.copy("%global", "%everyone", "relaxed.sys", Some("%zero"), &next);
+        self.place(&next);
+        self.line(format_args!("add.u32 %op, %op, 1;"));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+        let run = self.label("run");
+        self.line(format_args!("setp.eq.u32 %past, %prologue, 0;"));
+        self.line(format_args!("@%past bra {run};"));
+        self.lane_barrier();
+        self.place(&run);
+    }
+
+    /// Copy `%bytes` bytes from `%source_address` to `%destination` (zeroes when
+    /// `zero` is set), units `first, first + stride, ...` of this thread, eight in
+    /// flight: 16-byte units when both ends are 16-byte aligned, 4-byte units when
+    /// 4-byte aligned, bytes otherwise, then the tail in bytes. Falls through to
+    /// `after`'s predecessor (the caller places `after`).
+    fn copy(&mut self, first: &str, stride: &str, load: &str, zero: Option<&str>, after: &str) {
+        let words = self.label("copy_words");
+        let bytes = self.label("copy_bytes");
+        let tail = self.label("copy_tail");
+        self.line(format_args!("cvt.u32.u64 %low, %destination;"));
+        self.line(format_args!("cvt.u32.u64 %align, %source_address;"));
+        if let Some(zero) = zero {
+            // A zero fill reads nothing: only the destination's alignment counts.
+            self.line(format_args!("selp.b32 %align, 0, %align, {zero};"));
+        }
+        self.line(format_args!("or.b32 %align, %align, %low;"));
+        self.line(format_args!("and.b32 %low, %align, 15;"));
+        self.line(format_args!("setp.eq.u32 %wide_unit, %low, 0;"));
+        self.line(format_args!("and.b32 %low, %align, 3;"));
+        self.line(format_args!("setp.eq.u32 %word_unit, %low, 0;"));
+        self.line(format_args!("@!%wide_unit bra {words};"));
+        self.line(format_args!("shr.u32 %units, %bytes, 4;"));
+        self.units(16, first, stride, load, zero);
+        self.line(format_args!("shl.b32 %done_units, %units, 4;"));
+        self.line(format_args!("bra {tail};"));
+        self.place(&words);
+        self.line(format_args!("@!%word_unit bra {bytes};"));
+        self.line(format_args!("shr.u32 %units, %bytes, 2;"));
+        self.units(4, first, stride, load, zero);
+        self.line(format_args!("shl.b32 %done_units, %units, 2;"));
+        self.line(format_args!("bra {tail};"));
+        self.place(&bytes);
+        self.line(format_args!("mov.u32 %done_units, 0;"));
+        self.place(&tail);
+        // The tail (and a byte-aligned copy): bytes from %done_units to %bytes.
+        self.line(format_args!("sub.u32 %units, %bytes, %done_units;"));
+        self.units(1, first, stride, load, zero);
+        self.line(format_args!("bra {after};"));
+    }
+
+    /// The batched loop of [`Server::copy`] for one unit size: units `[0, %units)`
+    /// (bytes: starting at byte `%done_units`), this thread's share.
+    fn units(&mut self, unit: u32, first: &str, stride: &str, load: &str, zero: Option<&str>) {
+        let top = self.label("units");
+        let done = self.label("units_done");
+        let (ty, shift) = match unit {
+            16 => ("v4.u32", 4),
+            4 => ("u32", 2),
+            _ => ("u8", 0),
+        };
+        self.line(format_args!("mov.u32 %index, {first};"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
+        self.line(format_args!("@%past bra {done};"));
+        self.batch_indices_register("%index", stride);
+        // Byte offsets of the batch's units (the tail starts at %done_units).
+        let offset = |server: &mut Self, k: usize| {
+            server.line(format_args!("cvt.u64.u32 %at, %unit{k};"));
+            if shift > 0 {
+                server.line(format_args!("shl.b64 %at, %at, {shift};"));
+            } else {
+                server.line(format_args!("cvt.u64.u32 %offset, %done_units;"));
+                server.line(format_args!("add.s64 %at, %at, %offset;"));
+            }
+        };
+        for k in 0..IN_FLIGHT {
+            let v = value_operand(unit, k);
+            for word in 0..(unit.div_ceil(4).min(4)) {
+                self.line(format_args!("mov.u32 %v{}, 0;", 4 * k + word as usize));
+            }
+            self.live(k, "%units");
+            if let Some(zero) = zero {
+                self.line(format_args!("and.pred %live, %live, !{zero};"));
+            }
+            offset(self, k);
+            self.line(format_args!("add.s64 %from, %source_address, %at;"));
+            self.line(format_args!("@%live ld.{load}.global.{ty} {v}, [%from];"));
+        }
+        for k in 0..IN_FLIGHT {
+            let v = value_operand(unit, k);
+            self.live(k, "%units");
+            offset(self, k);
+            self.line(format_args!("add.s64 %to, %destination, %at;"));
+            self.line(format_args!("@%live st.global.{ty} [%to], {v};"));
+        }
+        self.line(format_args!(
+            "mad.lo.u32 %index, {stride}, {IN_FLIGHT}, %index;"
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+
+    /// Every block of the lane waits here until all have arrived (one block: the
+    /// block barrier alone). The arrival counter's last arriver resets it and bumps
+    /// the generation the others spin on.
+    fn lane_barrier(&mut self) {
+        let done = self.label("barrier_done");
+        let waited = self.label("barrier_waited");
+        let spin = self.label("barrier_spin");
+        let leave = self.label("barrier_leave");
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("@!%multi bra {done};"));
+        self.line(format_args!("@!%leader bra {waited};"));
+        self.line(format_args!("fence.acq_rel.gpu;"));
+        self.line(format_args!(
+            "ld.acquire.gpu.global.u32 %generation, [%device+{DEVICE_GENERATION}];"
+        ));
+        self.line(format_args!(
+            "atom.acq_rel.gpu.global.add.u32 %arrived, [%device+{DEVICE_ARRIVALS}], 1;"
+        ));
+        self.line(format_args!("setp.ne.u32 %past, %arrived, %last_arrival;"));
+        self.line(format_args!("@%past bra {spin};"));
+        self.line(format_args!(
+            "st.relaxed.gpu.global.u32 [%device+{DEVICE_ARRIVALS}], 0;"
+        ));
+        self.line(format_args!(
+            "red.release.gpu.global.add.u32 [%device+{DEVICE_GENERATION}], 1;"
+        ));
+        self.line(format_args!("bra {leave};"));
+        self.place(&spin);
+        self.line(format_args!(
+            "ld.acquire.gpu.global.u32 %current, [%device+{DEVICE_GENERATION}];"
+        ));
+        self.line(format_args!("setp.eq.u32 %past, %current, %generation;"));
+        self.line(format_args!("@%past bra {spin};"));
+        self.place(&leave);
+        self.line(format_args!("fence.acq_rel.gpu;"));
+        self.place(&waited);
+        self.line(format_args!("barrier.sync 1;"));
+        self.place(&done);
+    }
+
+    /// Every fixpoint iteration: this block's workgroups, each a call of the
+    /// requested body and a block barrier; a lane barrier between iterations.
+    fn run_workgroups(&mut self, bodies: usize) {
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- the grid: this block's workgroups, every iteration"
+        );
+        self.line(format_args!("mov.u32 %iteration, 0;"));
+        self.place("$L_lane_iteration");
+        self.line(format_args!("mov.u32 %group, %block;"));
+        self.place("$L_lane_group");
+        self.line(format_args!("setp.ge.u32 %past, %group, %total;"));
+        self.line(format_args!("@%past bra $L_lane_groups_done;"));
+        self.line(format_args!("rem.u32 %group_x, %group, %grid_x;"));
+        self.line(format_args!("div.u32 %rest, %group, %grid_x;"));
+        self.line(format_args!("rem.u32 %group_y, %rest, %grid_y;"));
+        self.line(format_args!("div.u32 %group_z, %rest, %grid_y;"));
+        for body in 0..bodies {
+            self.line(format_args!("setp.eq.u32 %take, %kernel, {body};"));
+            self.line(format_args!("@%take bra.uni $L_lane_body_{body};"));
+        }
+        self.comment("no such body: nothing runs, the status says so");
+        self.line(format_args!(
+            "mov.u32 %status, {AREA_STATUS_UNKNOWN_KERNEL};"
+        ));
+        self.line(format_args!("bra.uni $L_lane_body_done;"));
+        for body in 0..bodies {
+            let name = lane_body_name(body);
+            self.place(&format!("$L_lane_body_{body}"));
+            self.line(format_args!("{{"));
+            let params: Vec<String> = ["x", "y", "z"]
+                .iter()
+                .map(|axis| format!("vyre_lane_argument_{axis}"))
+                .collect();
+            for (param, register) in params.iter().zip(["%group_x", "%group_y", "%group_z"]) {
+                self.line(format_args!(".param .b32 {param};"));
+                self.line(format_args!("st.param.b32 [{param}], {register};"));
+            }
+            self.line(format_args!("call {name}, ({});", params.join(", ")));
+            self.line(format_args!("}}"));
+            self.line(format_args!("bra.uni $L_lane_body_done;"));
+        }
+        self.place("$L_lane_body_done");
+        self.comment("no thread starts the next workgroup (or zeroes its memory) before all finished this one");
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("add.u32 %group, %group, %blocks;"));
+        self.line(format_args!("bra $L_lane_group;"));
+        self.place("$L_lane_groups_done");
+        self.line(format_args!("add.u32 %iteration, %iteration, 1;"));
+        self.line(format_args!("setp.ge.u32 %past, %iteration, %iterations;"));
+        self.line(format_args!("@%past bra $L_lane_complete;"));
+        self.lane_barrier();
+        self.line(format_args!("bra $L_lane_iteration;"));
+    }
+
+    /// Arrival (more than one block: the last arriving block publishes), the
+    /// readback copies, the area header and the completion word; then the next
+    /// ticket. The stop path ends the kernel.
+    fn complete(&mut self) {
+        let t = self.threads;
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- completion: the last block to arrive copies the readbacks and publishes"
+        );
+        self.place("$L_lane_complete");
+        self.line(format_args!("@!%multi bra $L_lane_publish;"));
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("@!%leader bra $L_lane_arrived;"));
+        self.line(format_args!("fence.acq_rel.gpu;"));
+        self.line(format_args!(
+            "atom.acq_rel.gpu.global.add.u32 %arrived, [%device+{DEVICE_ARRIVALS}], 1;"
+        ));
+        self.line(format_args!("setp.eq.u32 %take, %arrived, %last_arrival;"));
+        self.line(format_args!("selp.u32 %publishing, 1, 0, %take;"));
+        self.line(format_args!(
+            "@%take st.relaxed.gpu.global.u32 [%device+{DEVICE_ARRIVALS}], 0;"
+        ));
+        self.line(format_args!("st.shared.u32 [%state+8], %publishing;"));
+        self.place("$L_lane_arrived");
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("ld.shared.u32 %publishing, [%state+8];"));
+        self.line(format_args!("setp.eq.u32 %past, %publishing, 0;"));
+        self.line(format_args!("@%past bra $L_lane_served;"));
+        self.place("$L_lane_publish");
+        self.windows();
+        // Ranges after the windows: this block's threads, each range in turn.
+        let top = self.label("ranges");
+        let next = self.label("ranges_next");
+        let done = self.label("ranges_done");
+        self.line(format_args!("mov.u32 %op, %windows;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %op, %readbacks;"));
+        self.line(format_args!("@%past bra {done};"));
+        self.load_entry("%readback_at", "%source_address");
+        self.line(format_args!(
+            "cvta.to.global.u64 %source_address, %source_address;"
+        ));
+        self.line(format_args!("cvt.u64.u32 %offset, %source;"));
+        self.line(format_args!("add.s64 %destination, %area, %offset;"));
+        self.line(format_args!("mov.u32 %stride, {t};"));
+        self.copy("%lin", "%stride", "relaxed.gpu", None, &next);
+        self.place(&next);
+        self.line(format_args!("add.u32 %op, %op, 1;"));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+        self.line(format_args!("barrier.sync 1;"));
+        self.line(format_args!("@!%leader bra $L_lane_served;"));
+        self.line(format_args!("mov.u64 %end, %globaltimer;"));
+        self.comment("block 0's leader holds the start stamp; another publisher reads it back");
+        self.line(format_args!(
+            "@!%dispatcher ld.relaxed.gpu.global.u64 %start, [%device+{DEVICE_START}];"
+        ));
+        self.line(format_args!("st.global.v2.u64 [%area], {{%start, %end}};"));
+        self.line(format_args!(
+            "st.global.v2.u32 [%area+16], {{%status, %want}};"
+        ));
+        self.line(format_args!("cvt.u64.u32 %served, %want;"));
+        self.comment(
+            "release at system scope: every output, readback byte and the header before the word",
+        );
+        self.line(format_args!(
+            "st.release.sys.global.u64 [%completion], %served;"
+        ));
+        self.place("$L_lane_served");
+        self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
+        self.line(format_args!("bra $L_lane_next;"));
+        self.place("$L_lane_stop");
+        self.line(format_args!("exit;"));
+    }
+
+    /// The windows: descriptor `w < %windows` names an aligned 16-byte block; this
+    /// block's threads take windows `lin, lin + T, ...`, eight in flight each: the
+    /// descriptors, then the loads, then the stores.
+    fn windows(&mut self) {
+        let t = self.threads;
+        let top = self.label("windows");
+        let done = self.label("windows_done");
+        self.line(format_args!("mov.u32 %index, %lin;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %index, %windows;"));
+        self.line(format_args!("@%past bra {done};"));
+        self.batch_indices("%index", t);
+        for k in 0..IN_FLIGHT {
+            let v = vector(k);
+            self.live(k, "%windows");
+            self.line(format_args!(
+                "mad.lo.u32 %entry, %unit{k}, {RECORD_ENTRY_BYTES}, %readback_at;"
+            ));
+            self.line(format_args!("cvt.u64.u32 %at, %entry;"));
+            self.line(format_args!("add.s64 %at, %record, %at;"));
+            self.line(format_args!("@%live ld.shared.u64 %from, [%at];"));
+            self.line(format_args!("cvta.to.global.u64 %from, %from;"));
+            self.line(format_args!(
+                "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
+            ));
+        }
+        for k in 0..IN_FLIGHT {
+            let v = vector(k);
+            self.live(k, "%windows");
+            self.line(format_args!(
+                "mad.lo.u32 %entry, %unit{k}, {RECORD_ENTRY_BYTES}, %readback_at;"
+            ));
+            self.line(format_args!("cvt.u64.u32 %at, %entry;"));
+            self.line(format_args!("add.s64 %at, %record, %at;"));
+            self.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
+            self.line(format_args!("cvt.u64.u32 %offset, %source;"));
+            self.line(format_args!("add.s64 %to, %area, %offset;"));
+            self.line(format_args!("@%live st.global.v4.u32 [%to], {v};"));
+        }
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+}
+
+/// `{%v4k, %v4k+1, %v4k+2, %v4k+3}`: batch slot `k`'s vector.
+fn vector(k: usize) -> String {
+    let base = 4 * k;
+    format!(
+        "{{%v{}, %v{}, %v{}, %v{}}}",
+        base,
+        base + 1,
+        base + 2,
+        base + 3
+    )
+}
+
+/// Batch slot `k`'s value operand for a unit of `unit` bytes.
+fn value_operand(unit: u32, k: usize) -> String {
+    if unit == 16 {
+        vector(k)
+    } else {
+        format!("%v{}", 4 * k)
+    }
+}

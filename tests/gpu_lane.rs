@@ -1,0 +1,877 @@
+//! GPU tests of persistent lanes (`vyre_cuda::backend::Lane`). Ignored by default; run
+//! on the GPU machine with `bash .gpu/run.sh gpu_lane`. Every result is checked
+//! against the reference interpreter, an eager dispatch of the same request or a
+//! hand-computed value. Each test arms a watchdog: a lane that hangs ends the process
+//! with a line saying what hung.
+
+mod support;
+
+use std::time::Duration;
+
+use support::lane::{increment, store_one, triple};
+use support::{backend, bindings, buffer_copies, fixture_inputs, reference, watchdog, words};
+use vyre_cuda::backend::{
+    AnyBackend, BackendError, Binding, CudaBackend, Dispatch, Kernel, Lane, LaneOptions, Timing,
+    WaitMode,
+};
+use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
+use vyre_cuda::ir::*;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
+
+/// Workgroups of [16, 2, 1] exchanging values through workgroup memory around a
+/// barrier, numbering themselves with workgroup ids and counts on every axis, and
+/// counting their runs in `acc` (so fixpoint iterations show).
+fn grid_program() -> Program {
+    Program::builder([16, 2, 1])
+        .entry_op_id("lane_grid")
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "acc",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "w",
+            2,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let local = b.let_(
+                "local",
+                Expr::local_id(Axis::Y) * 16u32 + Expr::local_id(Axis::X),
+            );
+            let group = b.let_(
+                "group",
+                (Expr::workgroup_id(Axis::Z) * Expr::workgroup_count(Axis::Y)
+                    + Expr::workgroup_id(Axis::Y))
+                    * Expr::workgroup_count(Axis::X)
+                    + Expr::workgroup_id(Axis::X),
+            );
+            b.store("w", local.clone(), group.clone() * 100u32 + local.clone());
+            b.barrier();
+            let neighbour = b.let_("neighbour", Expr::load("w", (local.clone() + 1u32) % 32u32));
+            let index = b.let_("index", group * 32u32 + local);
+            b.if_(index.clone().less_than(Expr::length("out")), |b| {
+                let extra =
+                    Expr::workgroup_count(Axis::Z) * 7u32 + Expr::workgroup_count(Axis::Y) * 3u32;
+                b.store("out", index.clone(), neighbour.clone() + extra);
+                b.store(
+                    "acc",
+                    index.clone(),
+                    Expr::load("acc", index.clone()) + 1u32,
+                );
+            });
+        })
+        .build()
+}
+
+/// One thread: `x[0]` through `iterations` steps of an LCG (slow on purpose: its
+/// dispatch is still running when the next request is submitted).
+fn slow_writer(iterations: u32) -> Program {
+    Program::builder([1, 1, 1])
+        .entry_op_id("lane_slow_writer")
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            let acc = b.let_mut("acc", Expr::load("x", 0u32));
+            b.loop_("j", 0u32, iterations, |b, _| {
+                b.assign("acc", acc.clone() * 1_664_525u32 + 1_013_904_223u32);
+            });
+            b.store("x", 0u32, acc.clone());
+        })
+        .build()
+}
+
+/// One thread: `y[0] = x[0]`.
+fn copy_word() -> Program {
+    Program::builder([1, 1, 1])
+        .entry_op_id("lane_copy_word")
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "y",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.store("y", 0u32, Expr::load("x", 0u32));
+        })
+        .build()
+}
+
+fn lcg(x: u32, iterations: u32) -> u32 {
+    (0..iterations).fold(x, |acc, _| {
+        acc.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
+    })
+}
+
+fn compile_all(gpu: &CudaBackend, programs: &[Program]) -> Vec<Kernel> {
+    programs
+        .iter()
+        .map(|program| gpu.compile(program, &DispatchConfig::linear(1)).unwrap())
+        .collect()
+}
+
+fn lane_of(gpu: &CudaBackend, kernels: &[Kernel], options: LaneOptions) -> Lane {
+    let refs: Vec<&Kernel> = kernels.iter().collect();
+    gpu.lane(&refs, options)
+        .unwrap_or_else(|e| panic!("build a lane: {e}"))
+}
+
+/// Locks out a broken thin slice (record → doorbell → body → readback → completion):
+/// the measurement fixture (one thread, nine buffers, eight outputs) through a lane of
+/// one kernel and one block gives the hand-computed sum and the reference's bytes,
+/// over device buffers and over host bindings, 200 times in a row (the record cache
+/// and the "same record" path included), with the kernel's stamps and no event
+/// window.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_thin_slice_matches_reference() {
+    let _watchdog = watchdog(120, "the lane thin slice");
+    let gpu = backend();
+    let program = host_cost_fixture(9, 64);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let lane = lane_of(&gpu, std::slice::from_ref(&kernel), LaneOptions::new());
+    for x in [5u32, 6, 7] {
+        let inputs = fixture_inputs(&program, x);
+        let expected = reference(&program, &inputs, &config);
+        let buffers = buffer_copies(&gpu, &inputs);
+        let bound = bindings(&buffers);
+        for round in 0..200 {
+            let finished = lane
+                .run(Dispatch::new(&kernel, &bound).config(&config))
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(finished.outputs, expected, "x {x}, round {round}");
+            assert_eq!(
+                finished.outputs.read::<u32>("out").unwrap()[0],
+                host_cost_fixture_expected(x, 64)
+            );
+            let timings = finished.timings;
+            assert!(timings.kernel_stamps_ns > 0, "{timings:?}");
+            assert_eq!(timings.event_window_ns, None);
+            assert!(timings.enqueue_ns <= timings.wall_ns && timings.wait_ns <= timings.wall_ns);
+        }
+        let host: Vec<Binding> = inputs.iter().map(|v| Binding::Host(v)).collect();
+        let finished = lane
+            .run(Dispatch::new(&kernel, &host).config(&config))
+            .unwrap();
+        assert_eq!(finished.outputs, expected, "host bindings, x {x}");
+    }
+}
+
+/// Locks out a lane that runs the wrong body, or reorders requests of one lane: two
+/// kernels of one lane, alternated, each give their own result; a chain submitted
+/// back to back without `after` (the second reads what the first writes) gives the
+/// composed result because a lane serves its requests in order; a program request
+/// finds its kernel in the lane; a kernel the lane was not built with is a `Fix:`
+/// error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_serves_several_kernels_in_order() {
+    let _watchdog = watchdog(120, "a lane of two kernels");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[increment(), triple()]);
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    let n = 1000u32;
+    let x = gpu.buffer_from(&(0..n).collect::<Vec<u32>>()).unwrap();
+    let y = gpu.buffer(4 * n as u64).unwrap();
+    let z = gpu.buffer(4 * n as u64).unwrap();
+    let groups = [n.div_ceil(64), 1, 1];
+    for round in 0..50u32 {
+        let which = (round % 2) as usize;
+        let bound = [Binding::from(&x), Binding::from(&y)];
+        let finished = lane
+            .run(Dispatch::new(&kernels[which], &bound).workgroups(groups))
+            .unwrap();
+        let got = finished.outputs.read::<u32>("y").unwrap();
+        let expected: Vec<u32> = (0..n)
+            .map(|i| if which == 0 { i + 1 } else { i * 3 })
+            .collect();
+        assert_eq!(got, expected, "round {round}");
+    }
+    let first = [Binding::from(&x), Binding::from(&y)];
+    let second = [Binding::from(&y), Binding::from(&z)];
+    let a = lane
+        .submit(Dispatch::new(&kernels[0], &first).workgroups(groups))
+        .unwrap();
+    let b = lane
+        .submit(Dispatch::new(&kernels[1], &second).workgroups(groups))
+        .unwrap();
+    let chained = b.wait().unwrap().outputs.read::<u32>("y").unwrap();
+    a.wait().unwrap();
+    assert_eq!(chained, (0..n).map(|i| (i + 1) * 3).collect::<Vec<u32>>());
+    let program = increment();
+    let by_program = lane
+        .run(Dispatch::program(&program, &first).workgroups(groups))
+        .unwrap();
+    assert_eq!(by_program.outputs.read::<u32>("y").unwrap()[7], 8);
+    let other = gpu
+        .compile(&copy_word(), &DispatchConfig::linear(1))
+        .unwrap();
+    let words = [Binding::from(&x), Binding::Zeroed(4)];
+    let error = lane.run(Dispatch::new(&other, &words)).unwrap_err();
+    assert!(
+        error.to_string().starts_with("Fix:")
+            && error.to_string().contains("is not one of this lane")
+    );
+}
+
+/// Locks out grid semantics that differ from a launch: 12 workgroups of [16, 2, 1]
+/// on a 3-D grid, exchanging values through workgroup memory around a barrier,
+/// through lanes of 1 and 4 blocks (each block runs several workgroups in turn, its
+/// workgroup memory zeroed for each), with 1 and 3 fixpoint iterations (a lane-wide
+/// barrier between them), give the reference interpreter's bytes.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_grids_larger_than_the_lane_match_reference() {
+    let _watchdog = watchdog(120, "lane grids");
+    let gpu = backend();
+    let program = grid_program();
+    let kernel = gpu.compile(&program, &DispatchConfig::linear(1)).unwrap();
+    for blocks in [1u32, 4] {
+        let lane = lane_of(
+            &gpu,
+            std::slice::from_ref(&kernel),
+            LaneOptions::new().blocks(blocks),
+        );
+        for (grid, iterations) in [([3u32, 2, 2], 1u32), ([5, 1, 3], 3), ([1, 1, 1], 2)] {
+            let groups = grid.iter().product::<u32>();
+            let elements = 32 * groups as usize;
+            let acc: Vec<u32> = (0..elements as u32).map(|i| i * 7).collect();
+            let inputs = vec![vec![0u8; 4 * elements], support::bytes(&acc)];
+            let config = DispatchConfig::new(grid).with_fixpoint_iterations(iterations);
+            let expected = reference(&program, &inputs, &config);
+            let buffers = buffer_copies(&gpu, &inputs);
+            let bound = bindings(&buffers);
+            let got = lane
+                .run(Dispatch::new(&kernel, &bound).config(&config))
+                .unwrap_or_else(|e| panic!("blocks {blocks}, grid {grid:?}: {e}"));
+            assert_eq!(
+                got.outputs, expected,
+                "blocks {blocks}, grid {grid:?}, {iterations} iterations"
+            );
+            assert_eq!(gpu.read::<u32>(&buffers[1]).unwrap(), words(&expected[1]));
+        }
+    }
+}
+
+/// Locks out a lane request whose write-only outputs keep an earlier request's bytes,
+/// or whose readback returns another request's bytes: a write-only device buffer
+/// filled with 0xEE comes back zeroed where the kernel did not write; two kernels
+/// with outputs of different lengths, alternated, each get exactly their own bytes
+/// (the area's ticket check and per-slot areas); unaligned readback ranges and
+/// `run_into` slices prefilled with junk get the eager dispatch's bytes.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_outputs_start_zeroed_and_never_cross_requests() {
+    let _watchdog = watchdog(120, "lane isolation");
+    let gpu = backend();
+    let evens = Program::builder([64, 1, 1])
+        .entry_op_id("lane_evens")
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "y",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(
+                i.clone()
+                    .less_than(Expr::length("y"))
+                    .and((i.clone() % 2u32).equals(0u32)),
+                |b| {
+                    b.store("y", i.clone(), Expr::load("x", i.clone()) + 1u32);
+                },
+            );
+        })
+        .build();
+    let kernels = compile_all(&gpu, &[evens, triple()]);
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new().slots(2));
+    let x = gpu.buffer_from(&(0..256u32).collect::<Vec<_>>()).unwrap();
+    let y = gpu.buffer_from(&[0xEEEE_EEEEu32; 256]).unwrap();
+    let short_y = gpu.buffer(16).unwrap();
+    for round in 0..40 {
+        let bound = [Binding::from(&x), Binding::from(&y)];
+        let got = lane
+            .run(Dispatch::new(&kernels[0], &bound).workgroups([4, 1, 1]))
+            .unwrap()
+            .outputs
+            .read::<u32>("y")
+            .unwrap();
+        let expected: Vec<u32> = (0..256)
+            .map(|i| if i % 2 == 0 { i + 1 } else { 0 })
+            .collect();
+        assert_eq!(got, expected, "round {round}");
+        gpu.upload(&y, &[0xEEEE_EEEEu32; 256]).unwrap();
+        let short = [Binding::from(&x), Binding::from(&short_y)];
+        let outputs = lane
+            .run(Dispatch::new(&kernels[1], &short).workgroups([1, 1, 1]))
+            .unwrap()
+            .outputs;
+        assert_eq!(outputs.len(), 1);
+        assert_eq!(
+            outputs.read::<u32>("y").unwrap(),
+            [0, 3, 6, 9],
+            "round {round}"
+        );
+    }
+    let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+        ByteRange {
+            binding: 1,
+            offset: 5,
+            len: 11
+        },
+        ByteRange {
+            binding: 1,
+            offset: 12,
+            len: 4
+        },
+        ByteRange {
+            binding: 1,
+            offset: 0,
+            len: 1024
+        },
+    ]);
+    let bound = [Binding::from(&x), Binding::from(&y)];
+    let request = Dispatch::new(&kernels[0], &bound)
+        .workgroups([4, 1, 1])
+        .readback(&ranges);
+    let eager = gpu.run(request).unwrap().outputs.into_vecs();
+    let mut junk: Vec<Vec<u8>> = eager.iter().map(|v| vec![0xAB; v.len()]).collect();
+    let mut slices: Vec<&mut [u8]> = junk.iter_mut().map(|v| v.as_mut_slice()).collect();
+    lane.run_into(request, &mut slices).unwrap();
+    assert_eq!(junk, eager);
+}
+
+/// Locks out host, zeroed and pinned bindings that a lane stages differently from a
+/// launch (a host input not copied, a transient not zeroed, a pinned buffer read
+/// stale): the same request with each kind of binding gives the eager dispatch's
+/// bytes, for inputs of lengths that are not multiples of 16.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_host_zeroed_and_pinned_bindings_match_a_launch() {
+    let _watchdog = watchdog(120, "lane bindings");
+    let gpu = backend();
+    let program = Program::builder([32, 1, 1])
+        .entry_op_id("lane_bytes")
+        .buffer(
+            "text",
+            0,
+            Access::ReadOnly,
+            ElemType::U8,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "scratch",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "sums",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("sums")), |b| {
+                let byte = Expr::load("text", i.clone()).cast(ScalarType::U32);
+                let old = Expr::load("scratch", i.clone());
+                b.store("scratch", i.clone(), old.clone() + byte.clone());
+                b.store("sums", i.clone(), old * 1000u32 + byte);
+            });
+        })
+        .build();
+    let kernel = gpu.compile(&program, &DispatchConfig::linear(2)).unwrap();
+    let lane = lane_of(&gpu, std::slice::from_ref(&kernel), LaneOptions::new());
+    for len in [1usize, 13, 17, 40, 63] {
+        let text: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
+        let scratch: Vec<u32> = (0..len as u32).map(|i| i * 5).collect();
+        let mut pinned = gpu.pinned_buffer(len).unwrap();
+        pinned.as_mut_slice().unwrap().copy_from_slice(&text);
+        let cases: [[Binding; 3]; 3] = [
+            [
+                Binding::Host(&text),
+                Binding::host(&scratch),
+                Binding::zeroed::<u32>(len as u64),
+            ],
+            [
+                Binding::from(&pinned),
+                Binding::host(&scratch),
+                Binding::Zeroed(4 * len as u64),
+            ],
+            [
+                Binding::Host(&text),
+                Binding::zeroed::<u32>(len as u64),
+                Binding::host(&scratch),
+            ],
+        ];
+        for (index, bound) in cases.iter().enumerate() {
+            let request = Dispatch::new(&kernel, bound).workgroups([2, 1, 1]);
+            let eager = gpu.run(request).unwrap().outputs;
+            let got = lane.run(request).unwrap().outputs;
+            assert_eq!(got, eager, "length {len}, case {index}");
+        }
+    }
+}
+
+/// Locks out a lane request and an eager dispatch racing on shared memory (the
+/// lane's kernel never ends, so the order must be kept on the host): a lane request
+/// reading what a pending eager dispatch writes sees its result; an eager dispatch
+/// reading what a pending lane request writes sees its result; `after` in both
+/// directions waits. The writer runs long enough (two million LCG steps) that an
+/// unordered reader would see the old value.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_orders_against_eager_dispatches() {
+    let _watchdog = watchdog(180, "lane ordering");
+    let gpu = backend();
+    const STEPS: u32 = 2_000_000;
+    let kernels = compile_all(&gpu, &[slow_writer(STEPS), copy_word()]);
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    for round in 0..3u32 {
+        // Eager writer pending, lane reader.
+        let x = gpu.buffer_from(&[round]).unwrap();
+        let write = [Binding::from(&x)];
+        let pending = gpu.submit(Dispatch::new(&kernels[0], &write)).unwrap();
+        let bound = [Binding::from(&x), Binding::Zeroed(4)];
+        let seen = lane.run(Dispatch::new(&kernels[1], &bound)).unwrap();
+        assert_eq!(seen.outputs.read::<u32>("y").unwrap(), [lcg(round, STEPS)]);
+        pending.wait().unwrap();
+
+        // Lane writer pending, eager reader.
+        let x = gpu.buffer_from(&[round + 10]).unwrap();
+        let write = [Binding::from(&x)];
+        let pending = lane.submit(Dispatch::new(&kernels[0], &write)).unwrap();
+        let bound = [Binding::from(&x), Binding::Zeroed(4)];
+        let seen = gpu.run(Dispatch::new(&kernels[1], &bound)).unwrap();
+        assert_eq!(
+            seen.outputs.read::<u32>("y").unwrap(),
+            [lcg(round + 10, STEPS)]
+        );
+        pending.wait().unwrap();
+
+        // `after` both ways, over the same memory (the book and the predecessor agree).
+        let x = gpu.buffer_from(&[round + 20]).unwrap();
+        let write = [Binding::from(&x)];
+        let eager = gpu.submit(Dispatch::new(&kernels[0], &write)).unwrap();
+        let bound = [Binding::from(&x), Binding::Zeroed(4)];
+        let seen = lane
+            .run(Dispatch::new(&kernels[1], &bound).after(&eager))
+            .unwrap();
+        assert_eq!(
+            seen.outputs.read::<u32>("y").unwrap(),
+            [lcg(round + 20, STEPS)]
+        );
+        eager.wait().unwrap();
+        let on_lane = lane.submit(Dispatch::new(&kernels[0], &write)).unwrap();
+        let seen = gpu
+            .run(Dispatch::new(&kernels[1], &bound).after(&on_lane))
+            .unwrap();
+        assert_eq!(
+            seen.outputs.read::<u32>("y").unwrap(),
+            [lcg(lcg(round + 20, STEPS), STEPS)]
+        );
+        on_lane.wait().unwrap();
+    }
+}
+
+/// Locks out a lane that blocks or corrupts the rest of the device: while a lane runs,
+/// eager dispatches (blocking and submitted) and graph replays on other streams keep
+/// giving their results, interleaved with lane requests, 300 rounds; a buffer dropped
+/// while the lane runs is released only once the lane stopped (freeing waits for an
+/// idle device), and then it is.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_coexists_with_eager_dispatches_and_graph_replays() {
+    let _watchdog = watchdog(240, "lane coexistence");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[increment(), triple()]);
+    let n = 256u32;
+    let x = gpu.buffer_from(&vec![0u32; n as usize]).unwrap();
+    let graph_out = gpu.buffer(4 * n as u64).unwrap();
+    let eager_out = gpu.buffer(4 * n as u64).unwrap();
+    let lane_out = gpu.buffer(4 * n as u64).unwrap();
+    let groups = [n / 64, 1, 1];
+    let graph_bindings = [Binding::from(&x), Binding::from(&graph_out)];
+    let mut graph = gpu
+        .record(|rec| {
+            rec.dispatch(Dispatch::new(&kernels[1], &graph_bindings).workgroups(groups))?;
+            Ok(())
+        })
+        .unwrap();
+    // Warm every path before the lane (allocations and module loads may wait for an
+    // idle device; see the lane docs).
+    graph.replay().unwrap();
+    let eager_bindings = [Binding::from(&x), Binding::from(&eager_out)];
+    gpu.run(Dispatch::new(&kernels[0], &eager_bindings).workgroups(groups))
+        .unwrap();
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    let lane_bindings = [Binding::from(&x), Binding::from(&lane_out)];
+    for round in 0..300u32 {
+        let values: Vec<u32> = (0..n).map(|i| i * 3 + round).collect();
+        gpu.upload(&x, &values).unwrap();
+        let lane_got = lane
+            .run(Dispatch::new(&kernels[1], &lane_bindings).workgroups(groups))
+            .unwrap();
+        let eager_got = gpu
+            .run(Dispatch::new(&kernels[0], &eager_bindings).workgroups(groups))
+            .unwrap();
+        let pending = gpu
+            .submit(Dispatch::new(&kernels[0], &eager_bindings).workgroups(groups))
+            .unwrap();
+        graph.replay().unwrap();
+        let tripled: Vec<u32> = values.iter().map(|v| v * 3).collect();
+        let incremented: Vec<u32> = values.iter().map(|v| v + 1).collect();
+        assert_eq!(
+            lane_got.outputs.read::<u32>("y").unwrap(),
+            tripled,
+            "round {round}"
+        );
+        assert_eq!(eager_got.outputs.read::<u32>("y").unwrap(), incremented);
+        assert_eq!(
+            pending.wait().unwrap().outputs.read::<u32>("y").unwrap(),
+            incremented
+        );
+        assert_eq!(
+            gpu.read::<u32>(&graph_out).unwrap(),
+            tripled,
+            "round {round}"
+        );
+    }
+    let before = gpu.deferred_releases().unwrap();
+    drop(gpu.buffer(1 << 20).unwrap());
+    assert_eq!(
+        gpu.deferred_releases().unwrap(),
+        before + 1,
+        "the free waits for the lane"
+    );
+    lane.stop().unwrap();
+    assert_eq!(
+        gpu.deferred_releases().unwrap(),
+        0,
+        "made once the lane stopped"
+    );
+    // The device is idle again: a fresh lane serves at once.
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    let got = lane
+        .run(Dispatch::new(&kernels[0], &lane_bindings).workgroups(groups))
+        .unwrap();
+    assert_eq!(got.outputs.read::<u32>("y").unwrap()[0], 299 + 1);
+}
+
+/// Locks out a lane that cannot be stopped, or stops with work lost: dropping a lane
+/// stops its kernel (a new lane of the same kernels serves at once), `stop` reports
+/// `Ok`, and `stop` with a request still pending is a `Fix:` error after which the
+/// pending request still completes (it holds the lane) and the lane stops with it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_stops_on_drop() {
+    let _watchdog = watchdog(120, "lane stop");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[increment()]);
+    let x = gpu.buffer_from(&[41u32; 64]).unwrap();
+    let bound = [Binding::from(&x), Binding::Zeroed(256)];
+    let request = Dispatch::new(&kernels[0], &bound);
+    for _ in 0..5 {
+        let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+        assert_eq!(
+            lane.run(request).unwrap().outputs.read::<u32>("y").unwrap()[0],
+            42
+        );
+        drop(lane);
+    }
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    lane.run(request).unwrap();
+    lane.stop().unwrap();
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    let pending = lane.submit(request).unwrap();
+    let error = lane.stop().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:") && error.to_string().contains("pending"));
+    assert_eq!(
+        pending.wait().unwrap().outputs.read::<u32>("y").unwrap()[0],
+        42
+    );
+    assert_eq!(gpu.deferred_releases().unwrap(), 0);
+}
+
+/// Locks out bad input that a lane accepts, panics on or hangs on: a kernel of another
+/// backend, a buffer of another backend, a grid the lane cannot number, a timeout of
+/// zero, more blocks than the device holds, more requests pending than slots, more
+/// readback than the area, a kernel the lane was not built with. Each is an `Err`
+/// starting `Fix:`; the lane still serves afterwards.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_bad_inputs_are_fix_errors() {
+    let _watchdog = watchdog(120, "lane bad inputs");
+    let gpu = backend();
+    let other = backend();
+    let kernels = compile_all(&gpu, &[increment()]);
+    let foreign_kernel = other
+        .compile(&increment(), &DispatchConfig::linear(1))
+        .unwrap();
+    let fix = |result: Result<(), BackendError>, expected: &str| {
+        let message = result.expect_err("a refusal").to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains(expected),
+            "{message}"
+        );
+    };
+    fix(
+        gpu.lane(&[&foreign_kernel], LaneOptions::new()).map(drop),
+        "another backend",
+    );
+    fix(
+        gpu.lane(&[&kernels[0]], LaneOptions::new().timeout(Duration::ZERO))
+            .map(drop),
+        "timeout",
+    );
+    let wide = gpu
+        .compile(&store_one([1024, 1, 1], false), &DispatchConfig::linear(1))
+        .unwrap();
+    fix(
+        gpu.lane(&[&wide], LaneOptions::new().blocks(1024))
+            .map(drop),
+        "at most",
+    );
+    let lane = lane_of(
+        &gpu,
+        &kernels,
+        LaneOptions::new().slots(2).result_bytes(256),
+    );
+    let x = gpu.buffer_from(&[1u32; 64]).unwrap();
+    let foreign_buffer = other.buffer(256).unwrap();
+    let none = ReadbackPolicy::None;
+    let foreign = [Binding::from(&x), Binding::from(&foreign_buffer)];
+    fix(
+        lane.run(Dispatch::new(&kernels[0], &foreign).readback(&none))
+            .map(drop),
+        "another backend",
+    );
+    let bound = [Binding::from(&x), Binding::Zeroed(256)];
+    fix(
+        lane.run(
+            Dispatch::new(&kernels[0], &bound)
+                .workgroups([65_535, 65_535, 2])
+                .readback(&none),
+        )
+        .map(drop),
+        "32 bits",
+    );
+    fix(
+        lane.run(Dispatch::new(&kernels[0], &bound)).map(drop),
+        "result_bytes",
+    );
+    fix(
+        lane.run(Dispatch::new(&foreign_kernel, &bound).readback(&none))
+            .map(drop),
+        "another backend",
+    );
+    let first = lane
+        .submit(Dispatch::new(&kernels[0], &bound).readback(&none))
+        .unwrap();
+    let second = lane
+        .submit(Dispatch::new(&kernels[0], &bound).readback(&none))
+        .unwrap();
+    fix(
+        lane.submit(Dispatch::new(&kernels[0], &bound).readback(&none))
+            .map(drop),
+        "pending",
+    );
+    first.wait().unwrap();
+    second.wait().unwrap();
+    let y = gpu.buffer(256).unwrap();
+    let fine = [Binding::from(&x), Binding::from(&y)];
+    lane.run(Dispatch::new(&kernels[0], &fine).readback(&none))
+        .unwrap();
+    assert_eq!(gpu.read::<u32>(&y).unwrap()[63], 2);
+}
+
+/// Locks out a CUDA lane that answers differently from the reference lane (code
+/// written against `AnyLane` would see other bytes or other errors without a GPU):
+/// the same requests give the same outputs, and the same refusals the same text.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_answers_exactly_as_the_reference_lane() {
+    let _watchdog = watchdog(120, "lane parity");
+    let backends = [AnyBackend::Cuda(backend()), AnyBackend::reference()];
+    let answers: Vec<Vec<String>> = backends
+        .iter()
+        .map(|any| {
+            let config = DispatchConfig::linear(2);
+            let increment = any.compile(&increment(), &config).unwrap();
+            let triple = any.compile(&triple(), &config).unwrap();
+            let lane = any
+                .lane(
+                    &[&increment],
+                    LaneOptions::new().result_bytes(512).staging_bytes(512),
+                )
+                .unwrap();
+            let x: Vec<u32> = (0..100).collect();
+            let mut seen = Vec::new();
+            let mut record = |result: Result<Vec<Vec<u8>>, BackendError>| {
+                seen.push(match result {
+                    Ok(outputs) => format!("{outputs:?}"),
+                    Err(error) => error.to_string(),
+                })
+            };
+            let host = [Binding::host(&x), Binding::zeroed::<u32>(100)];
+            record(
+                lane.run(Dispatch::new(&increment, &host).config(&config))
+                    .map(|f| f.outputs.into_vecs()),
+            );
+            record(
+                lane.run(Dispatch::new(&triple, &host).config(&config))
+                    .map(|f| f.outputs.into_vecs()),
+            );
+            let long: Vec<u32> = (0..200).collect();
+            let too_long = [Binding::host(&long), Binding::zeroed::<u32>(200)];
+            let none = ReadbackPolicy::None;
+            record(
+                lane.run(
+                    Dispatch::new(&increment, &too_long)
+                        .config(&config)
+                        .readback(&none),
+                )
+                .map(|f| f.outputs.into_vecs()),
+            );
+            record(
+                lane.run(Dispatch::new(&increment, &host).workgroups([65_535, 65_535, 2]))
+                    .map(|f| f.outputs.into_vecs()),
+            );
+            record(
+                lane.submit(Dispatch::new(&increment, &host).config(&config))
+                    .and_then(|p| p.wait())
+                    .map(|f| f.outputs.into_vecs()),
+            );
+            record(
+                any.lane(&[&increment, &triple], LaneOptions::new().slots(0))
+                    .map(|_| Vec::new()),
+            );
+            seen
+        })
+        .collect();
+    assert_eq!(answers[0], answers[1]);
+}
+
+/// Locks out a lane request that the probe does not see or charges wrongly: with the
+/// probe on, each `run` prints one line whose phases add up to its named total, whose
+/// wall covers them, and which counts the request's bindings and workgroups; a
+/// submission prints none (as for eager submissions).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_requests_print_probe_lines_that_add_up() {
+    let _watchdog = watchdog(120, "lane probe");
+    let gpu = backend();
+    let program = host_cost_fixture(9, 64);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let lane = lane_of(&gpu, std::slice::from_ref(&kernel), LaneOptions::new());
+    let buffers = buffer_copies(&gpu, &fixture_inputs(&program, 3));
+    let bound = bindings(&buffers);
+    let (_, lines) = {
+        let _on = vyre_cuda::probe::override_enabled(Some(true));
+        vyre_cuda::probe::capture_lines(|| {
+            for _ in 0..20 {
+                lane.run(Dispatch::new(&kernel, &bound).config(&config))
+                    .unwrap();
+            }
+            lane.submit(Dispatch::new(&kernel, &bound).config(&config))
+                .unwrap()
+                .wait()
+                .unwrap();
+        })
+    };
+    assert_eq!(lines.len(), 20, "one line per run, none for the submission");
+    for line in &lines {
+        let record =
+            vyre_cuda::probe::parse_line_checked(line).unwrap_or_else(|e| panic!("{e:?}: {line}"));
+        assert_eq!(record.bindings, 9, "{line}");
+        assert_eq!(record.grid_blocks, 1, "{line}");
+        assert!(record.kernel_ns > 0, "{line}");
+        assert!(record.named_host_ns() <= record.wall_ns, "{line}");
+    }
+}
+
+/// Locks out a waiting mode that loses or misreads results, and a lane that cannot
+/// be shared by threads: lanes waiting by spinning, spinning then yielding and
+/// sleeping give the same outputs; four threads sharing one lane run 250 requests
+/// each over their own buffers, every result checked.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_wait_modes_and_threads_agree() {
+    let _watchdog = watchdog(240, "lane wait modes and threads");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[increment()]);
+    for wait in [
+        WaitMode::Spin,
+        WaitMode::SpinThenYield(Duration::from_micros(20)),
+        WaitMode::Sleep(Duration::from_micros(50)),
+    ] {
+        let lane = lane_of(&gpu, &kernels, LaneOptions::new().wait(wait));
+        let x = gpu.buffer_from(&[9u32; 64]).unwrap();
+        let bound = [Binding::from(&x), Binding::Zeroed(256)];
+        for _ in 0..50 {
+            let got = lane.run(Dispatch::new(&kernels[0], &bound)).unwrap();
+            assert_eq!(
+                got.outputs.read::<u32>("y").unwrap(),
+                [10u32; 64],
+                "{wait:?}"
+            );
+        }
+    }
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new().slots(8));
+    std::thread::scope(|scope| {
+        for thread in 0..4u32 {
+            let (gpu, lane, kernel) = (&gpu, &lane, &kernels[0]);
+            scope.spawn(move || {
+                let x = gpu.buffer(256).unwrap();
+                let y = gpu.buffer(256).unwrap();
+                for round in 0..250u32 {
+                    let value = thread * 10_000 + round;
+                    gpu.upload(&x, &[value; 64]).unwrap();
+                    let bound = [Binding::from(&x), Binding::from(&y)];
+                    let got = lane
+                        .run(Dispatch::new(kernel, &bound).timing(Timing::KernelStamps))
+                        .unwrap();
+                    assert_eq!(got.outputs.read::<u32>("y").unwrap(), [value + 1; 64]);
+                }
+            });
+        }
+    });
+}

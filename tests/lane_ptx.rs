@@ -1,0 +1,255 @@
+//! Lane modules (`codegen::ptx::lane`): a resident server and the bodies of a set of
+//! programs in one PTX module. On the CPU: the real `ptxas` assembles them for `sm_90`
+//! (fixtures and generated programs, every workgroup shape the generator draws), the
+//! module of the fixture lane is a reviewed snapshot, a body reads its bindings and
+//! grid where the host's request record puts them, and the builder refuses what a lane
+//! cannot run, unchanged.
+
+#[path = "support/lane.rs"]
+mod lane_programs;
+#[path = "support/ptxas.rs"]
+mod ptxas;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use vyre_cuda::codegen::ptx::lane::{RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID};
+use vyre_cuda::codegen::{program_to_ptx, CodegenError, LaneModuleBuilder, LANE_ENTRY_NAME};
+use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+use vyre_cuda::ir::*;
+use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
+use vyre_cuda::CodegenOptions;
+
+/// `x[i] = x[i] * 2 + w[0]`, with `w[local] = workgroup_count.x` in workgroup memory
+/// first (a barrier between): buffers, workgroup memory, a barrier and every builtin
+/// the lane rewrites.
+fn doubling() -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id("lane_doubling")
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "w",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(32),
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.store("w", Expr::local_id(Axis::X), Expr::workgroup_count(Axis::X));
+            b.barrier();
+            b.if_(i.clone().less_than(Expr::length("x")), |b| {
+                let value = Expr::load("x", i.clone()) * 2u32 + Expr::load("w", 0u32);
+                b.store("x", i.clone(), value);
+            });
+        })
+        .build()
+}
+
+/// `out[workgroup_id.y] = sum of inp` by one thread per workgroup, an early return
+/// for the others: a write-only output, a static input, a `return`.
+fn summing() -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id("lane_summing")
+        .buffer(
+            "inp",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.if_(Expr::local_id(Axis::X).not_equals(0u32), |b| {
+                b.return_();
+            });
+            let total = b.let_mut("total", 0u32);
+            b.loop_("k", 0u32, 4u32, |b, k| {
+                b.assign("total", total.clone() + Expr::load("inp", k));
+            });
+            b.store("out", Expr::workgroup_id(Axis::Y), total);
+        })
+        .build()
+}
+
+fn snapshot_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/ptx/lane_fixture.ptx")
+}
+
+/// The fixture lane: both fixtures, default options.
+fn fixture_lane() -> String {
+    let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+    for program in [doubling(), summing()] {
+        lane.push(&program, &CodegenOptions::default())
+            .expect("a fixture is a lane body");
+    }
+    lane.finish()
+}
+
+/// Locks out an unreviewed change to the lane's server or bodies (the server's
+/// protocol is its text: a change is a diff someone reads) and a module the driver
+/// would refuse: the fixture lane equals its snapshot byte for byte and ptxas
+/// assembles it for sm_90. `VYRE_UPDATE_SNAPSHOTS=1` rewrites the snapshot.
+#[test]
+fn the_fixture_lane_matches_its_snapshot_and_assembles() {
+    let ptx = fixture_lane();
+    let path = snapshot_path();
+    if std::env::var("VYRE_UPDATE_SNAPSHOTS").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, &ptx).expect("write the snapshot");
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "Fix: run `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx` to write {}: {e}",
+            path.display()
+        )
+    });
+    if expected != ptx {
+        let first = expected
+            .lines()
+            .zip(ptx.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(expected.lines().count().min(ptx.lines().count()));
+        panic!(
+            "Fix: review the lane PTX change (first difference at line {}) and run \
+             `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx`",
+            first + 1
+        );
+    }
+    assert!(ptx.contains(&format!(".visible .entry {LANE_ENTRY_NAME}(")));
+    assert_eq!(ptx.matches(".func vyre_lane_body_").count(), 2);
+    let Some(ptxas) = ptxas::require("the_fixture_lane_matches_its_snapshot_and_assembles") else {
+        return;
+    };
+    ptxas::assemble(&ptxas, "lane_fixture", &ptx).unwrap_or_else(|report| panic!("{report}"));
+}
+
+/// Locks out a lane body that reads its bindings or its grid anywhere but where the
+/// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
+/// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are
+/// exactly those. Negative control: the plain kernel of the same program reads kernel
+/// parameters, not the record.
+#[test]
+fn a_body_reads_its_bindings_and_grid_from_the_record() {
+    let program = Program::builder([32, 1, 1])
+        .buffer(
+            "a",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer("b", 1, Access::ReadOnly, ElemType::U8, BufferCount::Runtime)
+        .buffer(
+            "c",
+            2,
+            Access::ReadWrite,
+            ElemType::F32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let sum = Expr::length("a") + Expr::length("b") + Expr::workgroup_count(Axis::Z);
+            b.store("c", i, sum.cast(ScalarType::F32));
+        })
+        .build();
+    let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+    lane.push(&program, &CodegenOptions::default()).unwrap();
+    let ptx = lane.finish();
+    let body =
+        &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
+    let offsets: Vec<usize> = body
+        .match_indices("[vyre_lane_record+")
+        .map(|(at, needle)| {
+            let rest = &body[at + needle.len()..];
+            rest[..rest.find(']').unwrap()].parse().unwrap()
+        })
+        .collect();
+    let mut expected: Vec<usize> = (0..3)
+        .flat_map(|i| {
+            let entry = RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * i;
+            [entry, entry + 8]
+        })
+        .collect();
+    expected.push(RECORD_GRID + 8);
+    assert_eq!(offsets, expected, "{body}");
+    assert!(
+        !body.contains("vyre_ptr_") && !body.contains("%ctaid"),
+        "{body}"
+    );
+    let plain = program_to_ptx(&program, &CodegenOptions::default(), 90, 32).unwrap();
+    assert!(
+        plain.contains("ld.param.u64 %rd0, [vyre_ptr_0]") && !plain.contains("vyre_lane_record")
+    );
+}
+
+/// Locks out lanes the driver would refuse for some program the generator can make:
+/// 120 generated programs (workgroup memory, barriers, both lowerings, local arrays,
+/// loops, atomics, early returns among them), grouped by workgroup shape, each group
+/// one lane module, every module assembled by ptxas for sm_90; a group of one shape
+/// holds several bodies sharing the workgroup pool.
+#[test]
+fn lanes_of_generated_programs_assemble_with_ptxas() {
+    let Some(ptxas) = ptxas::require("lanes_of_generated_programs_assemble_with_ptxas") else {
+        return;
+    };
+    let mut groups: BTreeMap<[u32; 3], LaneModuleBuilder> = BTreeMap::new();
+    for seed in 0..120u64 {
+        let case = valid_program(9_000 + seed, &GeneratorOptions::default());
+        let caps = LoweringCaps::new(seed % 2 == 0, 32).unwrap();
+        let lowered = lower_workgroup_reductions(&case.program, &caps);
+        let shape = lowered.workgroup_size();
+        let lane = groups
+            .entry(shape)
+            .or_insert_with(|| LaneModuleBuilder::new(90, 32, shape));
+        lane.push(&lowered, &case.config.codegen)
+            .unwrap_or_else(|e| panic!("seed {}: {e}", 9_000 + seed));
+    }
+    assert!(
+        groups.values().any(|lane| lane.len() >= 4),
+        "some shape repeats"
+    );
+    let directory = tempfile::tempdir().unwrap();
+    for (index, (shape, lane)) in groups.into_iter().enumerate() {
+        let bodies = lane.len();
+        let ptx = lane.finish();
+        ptxas::assemble_in(&ptxas, directory.path(), &format!("lane_{index}"), &ptx)
+            .unwrap_or_else(|report| panic!("shape {shape:?}, {bodies} bodies: {report}"));
+    }
+}
+
+/// Locks out a lane that accepts a body it would run wrongly, and a refusal that
+/// leaves the builder half-changed: another workgroup shape and a grid sync are
+/// `LaneBody` errors starting `Fix:`, after which the builder holds what it held
+/// (the next body still gets index 1).
+#[test]
+fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
+    let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+    assert_eq!(lane.push(&doubling(), &CodegenOptions::default()), Ok(0));
+    let wide = lane_programs::store_one([64, 1, 1], false);
+    let synced = lane_programs::store_one([32, 1, 1], true);
+    for (program, expected) in [(wide, "[64, 1, 1]"), (synced, "grid sync")] {
+        let error = lane
+            .push(&program, &CodegenOptions::default())
+            .expect_err("not a body of this lane");
+        assert!(matches!(error, CodegenError::LaneBody { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains(expected),
+            "{message}"
+        );
+        assert_eq!(lane.len(), 1);
+    }
+    assert_eq!(lane.push(&summing(), &CodegenOptions::default()), Ok(1));
+}

@@ -1,0 +1,341 @@
+//! Prefixes across workgroups in the same dispatch: decoupled look-back.
+//!
+//! A value of every block (its piece count, its transition map, the first
+//! position after which a fact is decided) must be combined with the values of
+//! all blocks before it (or, for the look-ahead facts, after it), however many.
+//! A second dispatch per scan would cost a launch each (3.6 µs eager, 1.0 µs
+//! as a graph node on the H200); instead every block publishes its own value
+//! (an *aggregate*) in one 64-bit status word as soon as it has it, then reads
+//! the status words of the blocks before it, one per thread, `W` at a time: the
+//! nearest block that has already published its *inclusive* prefix ends the
+//! walk, and the aggregates between are combined on the way. Then the block
+//! publishes its own inclusive prefix. A block waits only for blocks that have
+//! not published even their aggregate, and those started earlier: blocks take
+//! their position in the text from a ticket counter in the order they start
+//! ([`take_ticket`]), never from the hardware's block index, so a waiting block
+//! never waits for one that has no place on the device yet.
+//!
+//! Status words: flag in bits 62..=63 (0 not yet published, 1 aggregate, 2
+//! inclusive), up to two values of 30 bits in bits 0..=29 and 30..=59 (two
+//! facts travel together). Blocks before the first (or after the last) read as
+//! inclusive identities. Every read is an atomic (it reaches the device's
+//! coherent L2, never a stale L1 line), every value rides in the same word as
+//! its flag, so no fence is needed.
+//!
+//! The status words and the two counters (ticket, done) must be zero before a
+//! dispatch and are zero after it: the block that finishes last (by the done
+//! counter) clears them ([`finish`]), so a buffer allocated zeroed serves any
+//! number of dispatches, eager or in a graph, with no clearing step.
+//!
+//! On the reference interpreter every block publishes its aggregate in the same
+//! statement (lockstep), so no block ever waits; each walks back to the first
+//! block, `W` blocks a round.
+
+use vyre_cuda::ir::{AtomicOp, BlockBuilder, Expr, ReduceOp, ScalarType};
+
+use super::ir::{as_u32, local};
+use super::maps;
+
+/// Counter word: the next ticket.
+pub(super) const TICKET: u32 = 0;
+/// Counter word: blocks that have finished reading status words.
+pub(super) const DONE: u32 = 1;
+/// Words of the counters buffer.
+pub const COUNTER_WORDS: u32 = 2;
+
+const FLAG_SHIFT: u32 = 62;
+const AGGREGATE: u64 = 1 << FLAG_SHIFT;
+const INCLUSIVE: u64 = 2 << FLAG_SHIFT;
+/// Bits of one value in a status word.
+const VALUE_BITS: u32 = 30;
+/// The largest value a status word holds; a minimum's identity.
+pub(super) const INFINITY: u32 = (1 << VALUE_BITS) - 1;
+
+/// How values combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Combine {
+    /// Wrapping sum (piece counts).
+    Sum,
+    /// Minimum (fact events; identity [`INFINITY`]).
+    Min,
+    /// Transition maps over eight states ([`maps`]): an aggregate is a map, an
+    /// inclusive value a state. The name is a workgroup buffer of `W` words the
+    /// look-back combines maps in.
+    States(&'static str),
+}
+
+impl Combine {
+    fn identity(self) -> u32 {
+        match self {
+            Combine::Sum => 0,
+            Combine::Min => INFINITY,
+            Combine::States(_) => maps::IDENTITY,
+        }
+    }
+
+    /// The identity as an inclusive value (a state for `States`: the state
+    /// before the text).
+    fn inclusive_identity(self) -> u32 {
+        match self {
+            Combine::States(_) => 0,
+            other => other.identity(),
+        }
+    }
+}
+
+/// Which blocks a block combines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Direction {
+    /// The blocks before it (a prefix).
+    Backward,
+    /// The blocks after it (a suffix).
+    Forward,
+}
+
+/// Declares the uniform `u32` variable `block`: this workgroup's ticket, the
+/// order in which workgroups started (thread 0 takes it with one fetch-add).
+pub(super) fn take_ticket(b: &mut BlockBuilder) -> Expr {
+    let taken = b.let_mut("ticket_taken", 0u32);
+    b.if_(local().equals(0u32), |b| {
+        let ticket = b.atomic_fetch("ticket_fetched", AtomicOp::Add, "counters", TICKET, 1u32);
+        b.assign("ticket_taken", ticket);
+    });
+    b.workgroup_reduce("ticket", ReduceOp::Max, taken)
+}
+
+/// One look-back: which status words, which block, which values.
+pub(super) struct LookBack<'a> {
+    /// Prefix of the names it declares.
+    pub prefix: &'a str,
+    /// Threads per workgroup (`W`): status words read per round.
+    pub workgroup_size: u32,
+    /// Index of block 0's status word (uniform).
+    pub region: Expr,
+    /// This block's index (uniform).
+    pub block: Expr,
+    /// Number of blocks (uniform).
+    pub blocks: Expr,
+    /// Which blocks it combines.
+    pub direction: Direction,
+    /// One or two values, each with its combination and this block's aggregate.
+    pub channels: &'a [(Combine, Expr)],
+}
+
+impl LookBack<'_> {
+    fn name(&self, what: &str) -> String {
+        format!("{}_{what}", self.prefix)
+    }
+
+    fn word(&self, flag: u64, values: &[Expr]) -> Expr {
+        let mut word = Expr::u64(flag);
+        for (channel, value) in values.iter().enumerate() {
+            word = word
+                | ((value.clone() & INFINITY).cast(ScalarType::U64)
+                    << (VALUE_BITS * channel as u32));
+        }
+        word
+    }
+
+    fn publish(&self, b: &mut BlockBuilder, flag: u64, values: &[Expr]) {
+        let word = self.word(flag, values);
+        let index = self.region.clone() + self.block.clone();
+        let inside = index.clone().less_than(Expr::length("statuses"));
+        b.if_(local().equals(0u32).and(inside), |b| {
+            b.atomic(AtomicOp::Exchange, "statuses", index, word);
+        });
+    }
+
+    /// Publishes this block's aggregates, then walks back (or ahead) until an
+    /// inclusive prefix: returns, per channel, the combination of every block
+    /// before this one in the direction (for `States`, the state before the
+    /// block's first byte).
+    pub(super) fn carries(&self, b: &mut BlockBuilder) -> Vec<Expr> {
+        let aggregates: Vec<Expr> = self
+            .channels
+            .iter()
+            .map(|(_, value)| value.clone())
+            .collect();
+        self.publish(b, AGGREGATE, &aggregates);
+        let workgroup_size = self.workgroup_size;
+        let mut carries = Vec::new();
+        for (channel, (combine, _)) in self.channels.iter().enumerate() {
+            carries.push(b.let_mut(self.name(&format!("carry{channel}")), combine.identity()));
+        }
+        let looked = b.let_mut(self.name("looked"), 0u32);
+        // Blocks to look at in this direction.
+        let before = match self.direction {
+            Direction::Backward => self.block.clone(),
+            Direction::Forward => self.blocks.clone() - 1u32 - self.block.clone(),
+        };
+        let pending = b.let_mut(
+            self.name("pending"),
+            as_u32(before.clone().greater_than(0u32)),
+        );
+        b.while_(pending.clone().equals(1u32), |b| {
+            // Thread t reads the block W - 1 - t places away (past those already
+            // read): thread order is text order for the Backward maps.
+            let distance = b.let_(
+                self.name("distance"),
+                looked.clone() + (workgroup_size - 1) - local(),
+            );
+            let exists = b.let_(
+                self.name("exists"),
+                distance.clone().less_than(before.clone()),
+            );
+            let index = match self.direction {
+                Direction::Backward => self.block.clone() - 1u32 - distance,
+                Direction::Forward => self.block.clone() + 1u32 + distance,
+            };
+            let identities: Vec<Expr> = self
+                .channels
+                .iter()
+                .map(|(combine, _)| Expr::u32(combine.inclusive_identity()))
+                .collect();
+            let word_name = self.name("word");
+            let word = b.let_mut(word_name.as_str(), self.word(INCLUSIVE, &identities));
+            let status = b.let_(self.name("status"), self.region.clone() + index);
+            // A status word past the buffer (a caller that bound too few) reads
+            // as an inclusive identity: a wrong count, never a block waiting
+            // forever.
+            let readable = exists.and(status.clone().less_than(Expr::length("statuses")));
+            b.if_(readable, |b| {
+                let read = b.atomic_fetch(
+                    self.name("read"),
+                    AtomicOp::Or,
+                    "statuses",
+                    status,
+                    Expr::u64(0),
+                );
+                b.assign(word_name.as_str(), read);
+            });
+            let flag = b.let_(
+                self.name("flag"),
+                (word.clone() >> FLAG_SHIFT).cast(ScalarType::U32),
+            );
+            // The nearest inclusive prefix read: the highest thread holding one.
+            let found = b.workgroup_reduce(
+                self.name("found"),
+                ReduceOp::Max,
+                flag.clone().equals(2u32).select(local() + 1u32, 0u32),
+            );
+            let take = b.let_(
+                self.name("take"),
+                (local() + 1u32).greater_equal(found.clone()),
+            );
+            let waiting = b.workgroup_reduce(
+                self.name("waiting"),
+                ReduceOp::Max,
+                as_u32(take.clone().and(flag.clone().equals(0u32))),
+            );
+            b.if_(waiting.equals(0u32), |b| {
+                for (channel, (combine, _)) in self.channels.iter().enumerate() {
+                    let value = b.let_(
+                        self.name(&format!("value{channel}")),
+                        (word.clone() >> (VALUE_BITS * channel as u32)).cast(ScalarType::U32)
+                            & INFINITY,
+                    );
+                    let carry_name = self.name(&format!("carry{channel}"));
+                    let carry = carries[channel].clone();
+                    match combine {
+                        Combine::Sum => {
+                            let part = b.workgroup_reduce(
+                                self.name(&format!("sum{channel}")),
+                                ReduceOp::Sum,
+                                take.clone().select(value, 0u32),
+                            );
+                            b.assign(carry_name.as_str(), carry + part);
+                        }
+                        Combine::Min => {
+                            let part = b.workgroup_reduce(
+                                self.name(&format!("min{channel}")),
+                                ReduceOp::Min,
+                                take.clone().select(value, INFINITY),
+                            );
+                            b.assign(carry_name.as_str(), carry.min(part));
+                        }
+                        Combine::States(scratch) => {
+                            // An inclusive prefix is a state: the map that sends
+                            // everything there.
+                            let entry = flag.clone().equals(2u32).select(
+                                maps::constant(&(value.clone() & (maps::STATES - 1))),
+                                value,
+                            );
+                            let entry = take.clone().select(entry, maps::IDENTITY);
+                            let prefix = format!("{}_window{channel}", self.prefix);
+                            maps::scan_inclusive(b, &prefix, scratch, workgroup_size, entry);
+                            // The last thread's slot holds the composition of
+                            // the window in text order: it comes before the
+                            // blocks already combined.
+                            let window = b.let_(
+                                self.name(&format!("window_total{channel}")),
+                                Expr::load(*scratch, workgroup_size - 1),
+                            );
+                            let composed = maps::compose(&window, &carry);
+                            b.assign(carry_name.as_str(), composed);
+                            // Every thread has read the total before the next
+                            // round writes the scratch again.
+                            b.barrier();
+                        }
+                    }
+                }
+                b.assign(
+                    self.name("pending"),
+                    as_u32(
+                        found
+                            .equals(0u32)
+                            .and((looked.clone() + workgroup_size).less_than(before.clone())),
+                    ),
+                );
+                b.assign(self.name("looked"), looked.clone() + workgroup_size);
+            });
+        });
+        carries
+            .into_iter()
+            .zip(self.channels)
+            .map(|(carry, (combine, _))| match combine {
+                Combine::States(_) => maps::apply(&carry, &Expr::u32(0)),
+                _ => carry,
+            })
+            .collect()
+    }
+
+    /// Publishes this block's inclusive prefixes (`values`, one per channel; a
+    /// state for `States`).
+    pub(super) fn publish_inclusive(&self, b: &mut BlockBuilder, values: &[Expr]) {
+        self.publish(b, INCLUSIVE, values);
+    }
+}
+
+/// The end of every program with look-backs: counts this block done (after all
+/// its status reads), and the last block to finish clears the `regions · B`
+/// status words and the counters for the next dispatch.
+pub(super) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
+    let finished = b.let_mut("finished_before", 0u32);
+    b.if_(local().equals(0u32), |b| {
+        let done = b.atomic_fetch("done_fetched", AtomicOp::Add, "counters", DONE, 1u32);
+        b.assign("finished_before", done);
+    });
+    let finished = b.workgroup_reduce("finished", ReduceOp::Max, finished);
+    let blocks = Expr::workgroup_count(vyre_cuda::ir::Axis::X);
+    b.if_((finished + 1u32).equals(blocks.clone()), |b| {
+        let words = b.let_(
+            "status_words",
+            (blocks * regions).min(Expr::length("statuses")),
+        );
+        b.loop_(
+            "clear_round",
+            0u32,
+            (words.clone() + (workgroup_size - 1)) / workgroup_size,
+            |b, round| {
+                let index = b.let_("clear_index", round * workgroup_size + local());
+                b.if_(index.clone().less_than(words.clone()), |b| {
+                    b.store("statuses", index, Expr::u64(0));
+                });
+            },
+        );
+        b.if_(local().equals(0u32), |b| {
+            b.store("counters", TICKET, 0u32);
+            b.store("counters", DONE, 0u32);
+        });
+    });
+}

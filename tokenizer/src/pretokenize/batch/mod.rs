@@ -1,0 +1,411 @@
+//! The split of every pattern (GPT-2's, cl100k's, o200k's) on the device, for
+//! a packed batch of documents: the programs, and the one description of their
+//! steps ([`SplitPrograms`]) that a longer device pipeline composes (the BPE
+//! steps come after them, in the same stream or graph) and that [`runner`]
+//! runs alone on an `AnyBackend`.
+//!
+//! # Why this module exists
+//!
+//! A GPU-resident tokenizer uploads text and downloads token ids; the split is
+//! its first step and must run on the device for every encoding, for many
+//! documents at once (`encode_batch` packs them into one upload), and give
+//! exactly [`pattern::split_into`](super::pattern::split_into)'s piece starts
+//! for each document, as if it were alone. GPT-2's single-document
+//! [`CudaPipeline`](super::pipeline::CudaPipeline) (two dispatches, measured at
+//! 54–59 µs per 256 KiB as a graph on the H200) stays as it is; these programs
+//! take any batch and every pattern.
+//!
+//! # The contract
+//!
+//! Inputs, per batch: [`SplitBuffer::Text`] (`u8`: the documents back to back)
+//! and [`SplitBuffer::DocumentEnds`] (`u32`: the exclusive end offset of each
+//! document in the text, never decreasing, the last equal to the text length;
+//! empty documents allowed: [`check_batch`]). Outputs:
+//! [`SplitBuffer::PieceStarts`] (`u32`: global byte offsets, increasing; every
+//! non-empty document's first byte is a piece start; no piece crosses a
+//! document end; look-behind and look-ahead never see another document: each
+//! document splits exactly as it would alone) and [`SplitBuffer::PieceCount`]
+//! (`u32[1]`). Resident: [`SplitBuffer::KindTable`] ([`kind_table_bytes`],
+//! 35,328 bytes, uploaded once). Scratch: [`SplitBuffer::Statuses`] and
+//! [`SplitBuffer::Counters`] (zeroed once when allocated; every step leaves
+//! them zeroed, so nothing clears them between runs) and, for cl100k and
+//! o200k, [`SplitBuffer::Codes`] (one byte per text byte, between their two
+//! steps).
+//!
+//! Every step ([`SplitPrograms::steps`]: its program and the buffers it binds,
+//! in binding order) runs on [`SplitPrograms::workgroups`]`(text length)`
+//! workgroups (at least one, so an empty batch writes a count of 0); sizes are
+//! [`SplitPrograms::buffer_bytes`]`(buffer, text length, documents)`. The text
+//! length the programs use is the last document end (capped at the text
+//! buffer's length), so a larger `Text` buffer serves (its bytes past the end
+//! are never read), and so does a longer `DocumentEnds` whose extra entries
+//! repeat the text length (empty documents); scratch and output buffers may be
+//! larger. In a recorded graph, `DispatchGraph::set_element_count` and
+//! `set_workgroups` move one recording to another batch size.
+//!
+//! | pattern | steps | reads | writes |
+//! |---|---|---|---|
+//! | GPT-2 | `split` | text, document ends, kind table | piece starts, piece count |
+//! | cl100k, o200k | `classify` | text, document ends, kind table | codes |
+//! | | `phases` | document ends, codes | piece starts, piece count |
+//!
+//! Device memory per text byte: text 1, piece starts 4, codes 1 (cl100k,
+//! o200k), and 16 bytes per 1 KiB block of status words: about 6 bytes.
+//!
+//! # How: the rule per position, as kernels
+//!
+//! Block `g` of `W` threads and `K` bytes per thread owns `S = W·K` bytes
+//! (1 KiB by default). Every program starts with the window (module `window`): the
+//! document starts near the block (a search of the document ends that narrows
+//! `W`-fold per round, then a binary search per position), every byte decoded
+//! inside its own document (a character cut by a document end is invalid
+//! there, as at the end of a text: the
+//! [invalid-byte rule](crate::pretokenize#the-split)) and every character's
+//! [`Kind`](crate::pretokenize::unicode::Kind) from the resident 4-bit table
+//! (two dependent loads). Thread `t` then decides its `K` consecutive bytes.
+//!
+//! - **GPT-2** needs only a bounded window: the [rule per
+//!   byte](crate::pretokenize#the-rule-per-byte-gpt-2-on-the-gpu) over codes
+//!   seven bytes back and four ahead. One dispatch: window, rule, the count per
+//!   thread, the IR's workgroup scan, a look-back for the block's first piece
+//!   index, the stores.
+//! - **cl100k and o200k** need facts from arbitrarily far away, in both
+//!   directions. [`per_position`](crate::pretokenize::per_position) states
+//!   them: `break_ahead` and `upper_to_end` look ahead; the digit count of a
+//!   number run (groups of three counted from the run's start, in characters),
+//!   a punctuation piece's line-break tail and o200k's caseless letters before
+//!   or after the first lower-case one look back. Step 1 (`classify`) computes
+//!   the two look-ahead facts as suffix minima of "the first character that
+//!   decides" (in the thread, the IR's minimum scan across the workgroup, a
+//!   look-back towards the end of the text across workgroups) and stores one
+//!   code byte per text byte. Step 2 (`phases`) runs the split as a [state
+//!   machine](rules) of eight states (the sixteen phases merged where the
+//!   window tells them apart): each character's transition map (3 bits per
+//!   state, 24 bits) and start bits (8) in one `u32`, composed per thread, a
+//!   Hillis–Steele scan of maps across the workgroup (module `maps`), a look-back of
+//!   maps across workgroups, then every byte's state and "a piece starts here"
+//!   bit; then the same count, scan, look-back and stores as GPT-2.
+//!
+//! No thread ever walks a run: a 100 KiB digit run, white-space run or
+//! upper-case stretch costs what any 100 KiB costs.
+//!
+//! The look-back (module `lookback`; decoupled: each block publishes its aggregate,
+//! then combines the blocks before it `W` status words at a time until one
+//! that has published its inclusive prefix) replaces a scan dispatch per
+//! prefix; blocks take their place in the text by a ticket in the order they
+//! start, so a block only ever waits for blocks that started before it.
+//!
+//! # Cost per 256 KiB (expected; the lead measures on the H200)
+//!
+//! GPT-2: one dispatch where the single-document pipeline has two (split,
+//! then compaction), and no marks array in between (256 KiB written and read
+//! back). Per byte about 30 integer operations of decode and table lookup
+//! (ASCII skips the decode), 25 of rule; per block nine workgroup reductions
+//! or scans (ticket, two in the document-end search, count scan and sum, three
+//! in the look-back, the last-block count) of two barriers each. Expected:
+//! about the single-document split's 6 µs of kernel plus a few µs of barriers
+//! and look-back, against 14–18 µs for the two kernels today, and one launch
+//! (3.6 µs eager, 1.0 µs as a graph node) less.
+//!
+//! cl100k and o200k: two dispatches. `classify` is GPT-2's window plus one or
+//! two minimum scans (about 10 operations per byte) and a byte store per text
+//! byte; `phases` reads one byte per text byte, evaluates its pattern's eight
+//! states per character (about 150 operations), composes maps (56 operations
+//! each: `K − 1` per thread, eight rounds of the workgroup scan) and runs two
+//! look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
+//!
+//! All of it was checked on the reference interpreter (`tests/batch_split.rs`);
+//! the GPU figures are estimates until `gpu_batch_split` and the bench run on
+//! a device.
+
+mod classify;
+pub mod code;
+mod gpt2;
+mod ir;
+mod lookback;
+mod maps;
+mod phases;
+mod pieces;
+pub mod rules;
+pub mod runner;
+mod window;
+
+use vyre_cuda::ir::{validate_lowered, ElemType, Limits, Program};
+use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
+
+use super::pattern::Pattern;
+use super::unicode::kind_table;
+use super::{Geometry, PretokenizeError, MAX_TEXT_BYTES};
+
+pub use lookback::COUNTER_WORDS;
+pub use window::HALO;
+
+/// A buffer of the split, by what it holds. Each step binds some of them in
+/// its own order ([`SplitStep::bindings`]); the sizes are
+/// [`SplitPrograms::buffer_bytes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SplitBuffer {
+    /// `u8`: the documents' bytes back to back (input).
+    Text,
+    /// `u32`: the exclusive end offset of each document in `Text`,
+    /// non-decreasing (an empty document repeats the offset), the last equal to
+    /// the text length (input).
+    DocumentEnds,
+    /// `u32`: the Unicode [kind table](crate::pretokenize::unicode::KindTable)
+    /// ([`kind_table_bytes`]), uploaded once and resident.
+    KindTable,
+    /// `u8`: one code per text byte ([`code`]), written by cl100k's and o200k's
+    /// first step and read by their second (scratch).
+    Codes,
+    /// `u64`: the look-back status words, two per block (scratch; zeroed once
+    /// when allocated, every step leaves it zeroed).
+    Statuses,
+    /// `u32`: [`COUNTER_WORDS`] counters (scratch; zeroed once when allocated,
+    /// every step leaves it zeroed).
+    Counters,
+    /// `u32`: the piece start offsets, increasing (output; room for one per text
+    /// byte).
+    PieceStarts,
+    /// `u32`: the number of pieces, one word (output).
+    PieceCount,
+}
+
+impl SplitBuffer {
+    /// Every buffer; `buffer as usize` indexes it.
+    pub const ALL: [SplitBuffer; 8] = [
+        SplitBuffer::Text,
+        SplitBuffer::DocumentEnds,
+        SplitBuffer::KindTable,
+        SplitBuffer::Codes,
+        SplitBuffer::Statuses,
+        SplitBuffer::Counters,
+        SplitBuffer::PieceStarts,
+        SplitBuffer::PieceCount,
+    ];
+
+    /// The buffer's name in the programs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SplitBuffer::Text => "text",
+            SplitBuffer::DocumentEnds => "document_ends",
+            SplitBuffer::KindTable => "kind_table",
+            SplitBuffer::Codes => "codes",
+            SplitBuffer::Statuses => "statuses",
+            SplitBuffer::Counters => "counters",
+            SplitBuffer::PieceStarts => "piece_starts",
+            SplitBuffer::PieceCount => "piece_count",
+        }
+    }
+
+    /// Its element type.
+    pub const fn element(self) -> ElemType {
+        match self {
+            SplitBuffer::Text | SplitBuffer::Codes => ElemType::U8,
+            SplitBuffer::Statuses => ElemType::U64,
+            _ => ElemType::U32,
+        }
+    }
+}
+
+/// One step of a split: a program and the buffers it binds, in binding order.
+/// Every step runs on [`SplitPrograms::workgroups`] workgroups.
+#[derive(Clone, Debug)]
+pub struct SplitStep {
+    /// The step's name (`split`, `classify`, `phases`).
+    pub name: &'static str,
+    /// The program (its entry op id is `pretokenize.batch.<pattern>...`).
+    pub program: Program,
+    /// One buffer per global buffer of the program, in binding order.
+    pub bindings: &'static [SplitBuffer],
+}
+
+/// The split of one pattern on the device: its steps, in dispatch order.
+#[derive(Clone, Debug)]
+pub struct SplitPrograms {
+    pattern: Pattern,
+    geometry: Geometry,
+    steps: Vec<SplitStep>,
+}
+
+const GPT2_BINDINGS: &[SplitBuffer] = &[
+    SplitBuffer::Text,
+    SplitBuffer::DocumentEnds,
+    SplitBuffer::KindTable,
+    SplitBuffer::Statuses,
+    SplitBuffer::Counters,
+    SplitBuffer::PieceStarts,
+    SplitBuffer::PieceCount,
+];
+
+const CLASSIFY_BINDINGS: &[SplitBuffer] = &[
+    SplitBuffer::Text,
+    SplitBuffer::DocumentEnds,
+    SplitBuffer::KindTable,
+    SplitBuffer::Codes,
+    SplitBuffer::Statuses,
+    SplitBuffer::Counters,
+];
+
+const PHASES_BINDINGS: &[SplitBuffer] = &[
+    SplitBuffer::DocumentEnds,
+    SplitBuffer::Codes,
+    SplitBuffer::Statuses,
+    SplitBuffer::Counters,
+    SplitBuffer::PieceStarts,
+    SplitBuffer::PieceCount,
+];
+
+/// Status words per block: the most look-backs one step runs (cl100k's and
+/// o200k's second step: states, then piece counts).
+pub const STATUS_WORDS_PER_BLOCK: u32 = 2;
+
+impl SplitPrograms {
+    /// The split of `pattern` with the default [`Geometry`].
+    pub fn new(pattern: Pattern) -> SplitPrograms {
+        SplitPrograms::build(pattern, Geometry::default())
+            .unwrap_or_else(|_| unreachable!("the default geometry is valid"))
+    }
+
+    /// The split of `pattern` for another geometry (small ones let CPU tests
+    /// cross many workgroups with short texts). Only `workgroup_size` and
+    /// `bytes_per_thread` matter here. A geometry whose programs need more
+    /// shared memory than a device's 48 KiB (two words per byte of a block, and
+    /// one per thread for each workgroup reduction once lowered to a tree: up to
+    /// 256 × 8 or 512 × 4) is refused.
+    pub fn build(pattern: Pattern, geometry: Geometry) -> Result<SplitPrograms, PretokenizeError> {
+        geometry.check()?;
+        let steps = match rules::StateMachine::of(pattern) {
+            None => vec![SplitStep {
+                name: "split",
+                program: gpt2::program(geometry),
+                bindings: GPT2_BINDINGS,
+            }],
+            Some(machine) => vec![
+                SplitStep {
+                    name: "classify",
+                    program: classify::program(pattern, geometry),
+                    bindings: CLASSIFY_BINDINGS,
+                },
+                SplitStep {
+                    name: "phases",
+                    program: phases::program(machine, geometry),
+                    bindings: PHASES_BINDINGS,
+                },
+            ],
+        };
+        for step in &steps {
+            fits_shared_memory(&step.program, geometry)?;
+        }
+        Ok(SplitPrograms {
+            pattern,
+            geometry,
+            steps,
+        })
+    }
+
+    /// The pattern.
+    pub fn pattern(&self) -> Pattern {
+        self.pattern
+    }
+
+    /// The geometry the programs were built for.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// The steps, in dispatch order.
+    pub fn steps(&self) -> &[SplitStep] {
+        &self.steps
+    }
+
+    /// Workgroups of every step for a text of `text_len` bytes: one per block of
+    /// [`Geometry::block_bytes`], at least one (an empty batch still writes a
+    /// piece count of 0).
+    pub fn workgroups(&self, text_len: usize) -> u32 {
+        self.geometry.blocks_for(text_len).max(1)
+    }
+
+    /// Whether any step binds `buffer`.
+    pub fn binds(&self, buffer: SplitBuffer) -> bool {
+        self.steps
+            .iter()
+            .any(|step| step.bindings.contains(&buffer))
+    }
+
+    /// The least size in bytes of `buffer` for `text_len` bytes in
+    /// `document_count` documents (0 for a buffer no step binds). Larger buffers
+    /// serve too (capacity), except that `Text` and `DocumentEnds` are read to
+    /// their length: bind exactly the batch, or pad `DocumentEnds` with the text
+    /// length (empty documents) and `Text` with anything (bytes past the last
+    /// document end are never read).
+    pub fn buffer_bytes(
+        &self,
+        buffer: SplitBuffer,
+        text_len: usize,
+        document_count: usize,
+    ) -> Result<u64, PretokenizeError> {
+        if !self.binds(buffer) {
+            return Ok(0);
+        }
+        let text = text_len as u64;
+        let blocks = u64::from(self.workgroups(text_len));
+        Ok(match buffer {
+            SplitBuffer::Text | SplitBuffer::Codes => text,
+            SplitBuffer::DocumentEnds => 4 * document_count as u64,
+            SplitBuffer::KindTable => kind_table()?.words().len() as u64 * 4,
+            SplitBuffer::Statuses => 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
+            SplitBuffer::Counters => 4 * u64::from(COUNTER_WORDS),
+            SplitBuffer::PieceStarts => 4 * text,
+            SplitBuffer::PieceCount => 4,
+        })
+    }
+}
+
+/// Refuses `program` where its lowering without subgroup operations (the one
+/// that needs the most shared memory: a tree per reduction) does not fit the
+/// device limits.
+fn fits_shared_memory(program: &Program, geometry: Geometry) -> Result<(), PretokenizeError> {
+    let caps = LoweringCaps {
+        subgroup_ops: false,
+        subgroup_size: Limits::default().subgroup_size,
+    };
+    let lowered = lower_workgroup_reductions(program, &caps);
+    validate_lowered(&lowered, &Limits::default()).map_err(|error| {
+        PretokenizeError::new(format!(
+            "Fix: the batch split's workgroups of {} threads × {} bytes do not fit the device ({error}); use fewer threads or bytes per thread",
+            geometry.workgroup_size, geometry.bytes_per_thread
+        ))
+    })?;
+    Ok(())
+}
+
+/// The resident kind table's bytes ([`SplitBuffer::KindTable`]): 35,328 bytes
+/// for Unicode 16.0 (140 distinct blocks of 256 code points and 4,352 index
+/// words), little-endian words.
+pub fn kind_table_bytes() -> Result<Vec<u8>, PretokenizeError> {
+    Ok(kind_table()?.to_le_bytes())
+}
+
+/// Checks a batch against the contract: at most [`MAX_TEXT_BYTES`] bytes,
+/// document ends that never decrease and whose last is the text length (no
+/// documents: an empty text).
+pub fn check_batch(text_len: usize, document_ends: &[u32]) -> Result<(), PretokenizeError> {
+    super::check_text_len(text_len)?;
+    let mut previous = 0u32;
+    for (index, &end) in document_ends.iter().enumerate() {
+        if end < previous {
+            return Err(PretokenizeError::new(format!(
+                "Fix: document end {index} is {end}, before the end before it ({previous}); document ends must not decrease"
+            )));
+        }
+        previous = end;
+    }
+    let last = document_ends.last().copied().unwrap_or(0) as usize;
+    if last != text_len {
+        return Err(PretokenizeError::new(format!(
+            "Fix: the last document ends at {last} but the text has {text_len} bytes; end the last document at the text's length"
+        )));
+    }
+    debug_assert!(text_len <= MAX_TEXT_BYTES);
+    Ok(())
+}

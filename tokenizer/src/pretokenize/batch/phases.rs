@@ -1,0 +1,328 @@
+//! Step 2 of cl100k's and o200k's split: the state of every character by a
+//! prefix scan of transition maps, then the piece starts, stored where they
+//! belong.
+//!
+//! Each character's 32-bit word is its [transition map](super::rules) (the
+//! state it gets after a character of each state) and, per previous state,
+//! whether a piece starts at it: the pattern's [`StateMachine`] evaluated for
+//! all eight states at once on the character's window (the kinds of two
+//! characters each way, its facts and those of the character before, all read
+//! from the codes step 1 wrote). A byte inside a character has the identity
+//! map. A thread composes the maps of its bytes, the workgroup scans those
+//! ([`maps::scan_inclusive`]), a look-back composes the blocks before (a block
+//! that has finished publishes its last state, which ends the walk), and every
+//! thread then runs its bytes from the state before them: one three-bit lookup
+//! and one bit test per byte. A second look-back sums the piece counts, and
+//! every piece start is stored at its index.
+//!
+//! Where a state depends on characters arbitrarily far back (a digit run's
+//! count modulo three, a caseless letter before or after the first lower-case
+//! one, a line break in a punctuation piece's tail), the scan carries it: no
+//! thread ever walks a run.
+
+use std::cell::RefCell;
+
+use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program};
+
+use super::code::{self, first_character, kind, starts_character, starts_document};
+use super::ir::{as_u32, has_bit, in_set, load_where, local};
+use super::lookback::{self, Combine, Direction, LookBack};
+use super::maps;
+use super::pieces;
+use super::rules::{Condition, Fact, Field, StateMachine, MAP_BITS, MAX_STATES, STATE_BITS};
+use super::window::{self, Layout, HALO};
+use super::{SplitBuffer, PHASES_BINDINGS};
+use crate::pretokenize::unicode::Kind;
+use crate::pretokenize::Geometry;
+
+/// Bytes of context a character's window reads on each side: two characters.
+const CONTEXT: i32 = 8;
+
+/// The phases program of `machine`'s pattern.
+pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
+    let layout = Layout::new(geometry);
+    let workgroup_size = layout.workgroup_size;
+    let per_thread = layout.bytes_per_thread;
+    let builder = Program::builder([workgroup_size, 1, 1]).entry_op_id(format!(
+        "pretokenize.batch.{}_phases",
+        machine.pattern.name()
+    ));
+    let first_shared = PHASES_BINDINGS.len() as u32;
+    pieces::declare(
+        builder,
+        PHASES_BINDINGS,
+        &[SplitBuffer::PieceStarts, SplitBuffer::PieceCount],
+    )
+    .buffer(
+        "window",
+        first_shared,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(layout.code_slots),
+    )
+    .buffer(
+        "scan",
+        first_shared + 1,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(workgroup_size),
+    )
+    .buffer(
+        "lookback_maps",
+        first_shared + 2,
+        Access::Workgroup,
+        ElemType::U32,
+        BufferCount::Static(workgroup_size),
+    )
+    .body(|b| {
+        let block = lookback::take_ticket(b);
+        let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
+        let block_start = b.let_("block_start", block.clone() * layout.block_bytes);
+        let text_len = window::text_length(b, "codes");
+        for round in 0..layout.rounds(layout.code_slots) {
+            let slot = b.let_(format!("slot{round}"), local() + round * workgroup_size);
+            b.if_(slot.clone().less_than(layout.code_slots), |b| {
+                let position = b.let_(
+                    format!("position{round}"),
+                    block_start.clone() - HALO + slot.clone(),
+                );
+                let inside = position.clone().less_than(text_len.clone());
+                let loaded = load_where(
+                    b,
+                    &format!("loaded{round}"),
+                    "codes",
+                    position,
+                    inside.clone(),
+                );
+                b.store("window", slot, inside.select(loaded, code::OUTSIDE));
+            });
+        }
+        b.barrier();
+        let first_slot = b.let_("first_slot", local() * per_thread + HALO);
+        // codes[d + CONTEXT] = the code at distance d from the thread's first byte.
+        let codes: Vec<Expr> = (-CONTEXT..per_thread as i32 + CONTEXT)
+            .map(|distance| {
+                let slot = if distance < 0 {
+                    first_slot.clone() - distance.unsigned_abs()
+                } else {
+                    first_slot.clone() + distance as u32
+                };
+                b.let_(
+                    format!("c{}", distance + CONTEXT),
+                    Expr::load("window", slot),
+                )
+            })
+            .collect();
+        let mut words = Vec::new();
+        for byte in 0..per_thread as i32 {
+            let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
+            words.push(character_word(b, machine, byte, &at));
+        }
+        // The thread's bytes in order.
+        let mut chunk = words[0].clone() & ((1u32 << MAP_BITS) - 1);
+        for (byte, word) in words.iter().enumerate().skip(1) {
+            let earlier = b.let_(format!("chunk{byte}"), chunk);
+            chunk = maps::compose(&earlier, word);
+        }
+        let chunk = b.let_("chunk", chunk & ((1u32 << MAP_BITS) - 1));
+        maps::scan_inclusive(b, "states", "scan", workgroup_size, chunk);
+        let before_thread = b.let_(
+            "before_thread",
+            local().greater_than(0u32).select(
+                Expr::load(
+                    "scan",
+                    local().greater_than(0u32).select(local() - 1u32, 0u32),
+                ),
+                maps::IDENTITY,
+            ),
+        );
+        let block_map = b.let_("block_map", Expr::load("scan", workgroup_size - 1));
+        let channels = [(Combine::States("lookback_maps"), block_map.clone())];
+        let states = LookBack {
+            prefix: "states",
+            workgroup_size,
+            region: Expr::u32(0),
+            block: block.clone(),
+            blocks: blocks.clone(),
+            direction: Direction::Backward,
+            channels: &channels,
+        };
+        let carried = states.carries(b).remove(0);
+        let state_before = b.let_("state_before_block", carried);
+        states.publish_inclusive(b, &[maps::apply(&block_map, &state_before)]);
+        let state = b.let_mut("state", maps::apply(&before_thread, &state_before));
+        let mut marks = Vec::new();
+        for (byte, word) in words.iter().enumerate() {
+            let mark = b.let_(
+                format!("mark{byte}"),
+                ((word.clone() >> (state.clone() + MAP_BITS)) & 1u32).equals(1u32),
+            );
+            b.assign("state", maps::apply(word, &state));
+            marks.push(mark);
+        }
+        let block = pieces::Block::new(&block, &blocks, &block_start, layout);
+        pieces::store(b, block, marks, blocks.clone(), 2);
+    })
+    .build()
+}
+
+/// The window of one character as IR values.
+struct CharacterWindow {
+    kinds: [Expr; 5],
+    break_ahead: Expr,
+    break_ahead_before: Expr,
+    upper_to_end: Expr,
+}
+
+/// The nearest character start before (`step` -1) or after (`step` 1) the one
+/// at distance `from`, whose own start is the nearest start in that direction
+/// from 0: the first start among the four codes after it.
+fn next_start_from<'a>(at: &dyn Fn(i32) -> &'a Expr, from: i32, step: i32) -> Expr {
+    first_character([
+        at(from + step),
+        at(from + 2 * step),
+        at(from + 3 * step),
+        at(from + 4 * step),
+    ])
+}
+
+/// The second character start in direction `step`: after the nearest one (at
+/// distance 1 to 4), the first start among the four codes beyond it.
+fn second_start<'a>(at: &dyn Fn(i32) -> &'a Expr, step: i32) -> Expr {
+    let beyond = |distance: i32| next_start_from(at, distance * step, step);
+    starts_character(at(step)).select(
+        beyond(1),
+        starts_character(at(2 * step)).select(
+            beyond(2),
+            starts_character(at(3 * step)).select(beyond(3), beyond(4)),
+        ),
+    )
+}
+
+/// Emits the word ([`StateMachine::character_word`]) of the thread's byte
+/// `byte`, whose code at distance `d` is `at(d)` (`d` in -8..=8): the identity
+/// map with no start bit where the byte starts no character of the text.
+fn character_word<'a>(
+    b: &mut BlockBuilder,
+    machine: &StateMachine,
+    byte: i32,
+    at: &dyn Fn(i32) -> &'a Expr,
+) -> Expr {
+    let name = |what: &str| format!("b{byte}_{what}");
+    let here = at(0).clone();
+    let document_start = b.let_(name("document_start"), starts_document(&here));
+    let before = b.let_(name("before"), next_start_from(at, 0, -1));
+    let before2 = b.let_(name("before2"), second_start(at, -1));
+    let after = b.let_(name("after"), next_start_from(at, 0, 1));
+    let after2 = b.let_(name("after2"), second_start(at, 1));
+    let end = Expr::u32(Kind::End as u32);
+    let before_kind = b.let_(
+        name("before_kind"),
+        document_start.clone().select(end.clone(), kind(&before)),
+    );
+    let before2_kind = b.let_(
+        name("before2_kind"),
+        document_start
+            .clone()
+            .or(starts_document(&before))
+            .select(end.clone(), kind(&before2)),
+    );
+    let after_kind = b.let_(
+        name("after_kind"),
+        starts_document(&after).select(end.clone(), kind(&after)),
+    );
+    let after2_kind = b.let_(
+        name("after2_kind"),
+        starts_document(&after)
+            .or(starts_document(&after2))
+            .select(end, kind(&after2)),
+    );
+    let window = CharacterWindow {
+        kinds: [
+            before2_kind,
+            before_kind,
+            b.let_(name("here_kind"), kind(&here)),
+            after_kind,
+            after2_kind,
+        ],
+        break_ahead: has_bit(&here, code::BREAK_AHEAD),
+        break_ahead_before: document_start
+            .clone()
+            .logical_not()
+            .and(has_bit(&before, code::BREAK_AHEAD)),
+        upper_to_end: has_bit(&here, code::UPPER_TO_END),
+    };
+    let conditions = Conditions {
+        window: &window,
+        prefix: name("condition"),
+        known: RefCell::new(Vec::new()),
+    };
+    let mut start_state = Expr::u32(0);
+    for rule in machine.starts.iter().rev() {
+        let holds = conditions.emit(b, &rule.when);
+        start_state = holds.select(u32::from(rule.next), start_state);
+    }
+    let start_state = b.let_(name("start_state"), start_state);
+    let mut word = Expr::u32(0);
+    for previous in 0..MAX_STATES {
+        let rules = machine
+            .continues
+            .get(previous as usize)
+            .copied()
+            .unwrap_or(&[]);
+        let mut next = start_state.clone();
+        let mut continues = Expr::bool(false);
+        for rule in rules.iter().rev() {
+            let holds = conditions.emit(b, &rule.when);
+            next = holds.clone().select(u32::from(rule.next), next);
+            continues = holds.or(continues);
+        }
+        let next = document_start.clone().select(start_state.clone(), next);
+        let starts = document_start.clone().or(continues.logical_not());
+        word = word | (next << (STATE_BITS * previous)) | (as_u32(starts) << (MAP_BITS + previous));
+    }
+    let character = kind(&here).less_than(Kind::End as u32);
+    b.let_(name("word"), character.select(word, maps::IDENTITY))
+}
+
+/// Conditions of a machine as IR, each distinct one emitted once per character.
+struct Conditions<'w> {
+    window: &'w CharacterWindow,
+    prefix: String,
+    known: RefCell<Vec<(Condition, Expr)>>,
+}
+
+impl Conditions<'_> {
+    fn emit(&self, b: &mut BlockBuilder, condition: &Condition) -> Expr {
+        if let Some((_, value)) = self.known.borrow().iter().find(|(c, _)| c == condition) {
+            return value.clone();
+        }
+        let value = match *condition {
+            Condition::Always => Expr::bool(true),
+            Condition::Kind(field, set) => in_set(&self.window.kinds[field as usize], set),
+            Condition::Fact(Fact::BreakAhead) => self.window.break_ahead.clone(),
+            Condition::Fact(Fact::BreakAheadBefore) => self.window.break_ahead_before.clone(),
+            Condition::Fact(Fact::UpperToEnd) => self.window.upper_to_end.clone(),
+            Condition::Not(inner) => self.emit(b, inner).logical_not(),
+            Condition::All(all) => all
+                .iter()
+                .map(|inner| self.emit(b, inner))
+                .reduce(|a, c| a.and(c))
+                .unwrap_or(Expr::bool(true)),
+            Condition::Any(any) => any
+                .iter()
+                .map(|inner| self.emit(b, inner))
+                .reduce(|a, c| a.or(c))
+                .unwrap_or(Expr::bool(false)),
+        };
+        let index = self.known.borrow().len();
+        let value = b.let_(format!("{}{index}", self.prefix), value);
+        self.known.borrow_mut().push((*condition, value.clone()));
+        value
+    }
+}
+
+// Fields are indexed in this order.
+const _: () = {
+    assert!(Field::Before2 as usize == 0 && Field::After2 as usize == 4);
+};
