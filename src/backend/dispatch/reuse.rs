@@ -229,8 +229,20 @@ impl Bookkeeping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{ReferenceBackend, Timing};
+    use crate::backend::{Kernel, ReferenceBackend, Timing};
     use crate::config::{ByteRange, CodegenOptions};
+
+    /// The measurement fixture at `bindings` buffers, compiled on the reference
+    /// backend, and `buffers` buffers of 16 bytes on the same backend.
+    fn fixture(bindings: u32, buffers: usize) -> (Kernel, Vec<DeviceBuffer>) {
+        let backend = ReferenceBackend::new();
+        let program = crate::fixtures::host_cost_fixture(bindings, 4);
+        let kernel = backend
+            .compile(&program, &CodegenOptions::new())
+            .expect("compile");
+        let buffers = (0..buffers).map(|_| backend.buffer(16).unwrap()).collect();
+        (kernel, buffers)
+    }
 
     /// A fake device address per buffer: its index among `buffers`, shifted.
     fn addresses<'a>(buffers: &'a [DeviceBuffer]) -> impl Fn(&DeviceBuffer) -> Option<u64> + 'a {
@@ -250,12 +262,7 @@ mod tests {
     /// the binding count; an invalidated memo matches nothing until recorded again.
     #[test]
     fn only_the_recorded_request_matches() {
-        let backend = ReferenceBackend::new();
-        let program = crate::fixtures::host_cost_fixture(3, 4);
-        let kernel = backend
-            .compile(&program, &CodegenOptions::new())
-            .expect("compile");
-        let buffers: Vec<DeviceBuffer> = (0..4).map(|_| backend.buffer(16).unwrap()).collect();
+        let (kernel, buffers) = fixture(3, 4);
         let bindings: Vec<Binding> = buffers[..3].iter().map(Binding::from).collect();
         let request = Dispatch::new(&kernel, &bindings);
         let identity = (7, ModuleKey(42));
@@ -308,12 +315,7 @@ mod tests {
     /// every output read back is recorded.
     #[test]
     fn requests_with_transients_or_ranges_are_never_recorded() {
-        let backend = ReferenceBackend::new();
-        let program = crate::fixtures::host_cost_fixture(2, 4);
-        let kernel = backend
-            .compile(&program, &CodegenOptions::new())
-            .expect("compile");
-        let buffers: Vec<DeviceBuffer> = (0..2).map(|_| backend.buffer(16).unwrap()).collect();
+        let (kernel, buffers) = fixture(2, 2);
         let bindings: Vec<Binding> = buffers.iter().map(Binding::from).collect();
         let address_of = addresses(&buffers);
         let identity = (1, ModuleKey(1));
