@@ -813,6 +813,140 @@ fn gpu_compiled_kernel_dispatches_into_caller_buffers() {
     assert!(m.starts_with("Fix:") && m.contains("output slices"), "{m}");
 }
 
+/// Locks out a blocking dispatch that reuses the previous one's plan, addresses or
+/// readback routes when what it binds or asks for changed (the reuse of a repeated
+/// request, `dispatch/reuse.rs`): every dispatch of one kernel, repeated, then with
+/// another buffer set, a buffer replaced in the same slot of the same `Vec` (the
+/// same `DeviceBuffer` address, possibly the freed memory reused), host bytes,
+/// readback of nothing and of byte ranges, another grid and fixpoint count, mis-sized
+/// and right caller slices, and a submission in between, reads exactly what its own
+/// bindings hold. Control: the same request twice gives the same answer.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_repeated_request_follows_what_it_binds() {
+    let gpu = backend();
+    let chain = 12;
+    let program = host_cost_fixture(4, chain);
+    let config = DispatchConfig::linear(1);
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let expected = |x| host_cost_fixture_expected(x, chain);
+    let out_of =
+        |finished: vyre_cuda::backend::Finished| finished.outputs.read::<u32>("out").unwrap()[0];
+    let mut first = buffer_copies(&gpu, &fixture_inputs(&program, 10));
+    let second = buffer_copies(&gpu, &fixture_inputs(&program, 20));
+    for (round, x) in [10, 10, 20, 20, 10].into_iter().enumerate() {
+        let set = if x == 10 { &first } else { &second };
+        let bound = bindings(set);
+        let finished = gpu
+            .run(Dispatch::new(&kernel, &bound).config(&config))
+            .unwrap();
+        assert_eq!(out_of(finished), expected(x), "round {round}");
+    }
+    // A new buffer in the same slot: same `DeviceBuffer` address, new memory and input.
+    for x in [30, 40] {
+        first[0] = gpu.buffer_from(&[x, 0, 0, 0]).unwrap();
+        let bound = bindings(&first);
+        let finished = gpu
+            .run(Dispatch::new(&kernel, &bound).config(&config))
+            .unwrap();
+        assert_eq!(out_of(finished), expected(x));
+    }
+    let bound = bindings(&first);
+    let request = Dispatch::new(&kernel, &bound).config(&config);
+    gpu.upload(&first[1], &[0u32; 4]).unwrap();
+    let nothing = ReadbackPolicy::None;
+    let finished = gpu.run(request.readback(&nothing)).unwrap();
+    assert!(finished.outputs.is_empty());
+    assert_eq!(gpu.read::<u32>(&first[1]).unwrap()[0], expected(40));
+    let word = ReadbackPolicy::Ranges(
+        vec![ByteRange {
+            binding: 1,
+            offset: 0,
+            len: 4,
+        }]
+        .into_iter()
+        .collect(),
+    );
+    let finished = gpu.run(request.readback(&word)).unwrap();
+    assert_eq!(words(finished.outputs.item(0).unwrap()), [expected(40)]);
+    for request in [
+        request.workgroups([3, 1, 1]),
+        request.fixpoint_iterations(2),
+        request,
+    ] {
+        assert_eq!(out_of(gpu.run(request).unwrap()), expected(40));
+    }
+    let host = fixture_inputs(&program, 50);
+    let host_bound = support::host_bindings(&host);
+    let finished = gpu
+        .run(Dispatch::new(&kernel, &host_bound).config(&config))
+        .unwrap();
+    assert_eq!(out_of(finished), expected(50));
+    let mut outs = [[0u8; 16]; 3];
+    let mut short = [0u8; 8];
+    let (a, b) = outs.split_at_mut(1);
+    let m = gpu
+        .run_into(request, &mut [&mut a[0], &mut b[0], &mut short])
+        .unwrap_err()
+        .to_string();
+    assert!(m.starts_with("Fix:") && m.contains("output slices"), "{m}");
+    let mut slices: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+    gpu.run_into(request, &mut slices).unwrap();
+    assert_eq!(words(&outs[0])[0], expected(40));
+    let pending = gpu.submit(request).unwrap();
+    assert_eq!(out_of(pending.wait().unwrap()), expected(40));
+    assert_eq!(out_of(gpu.run(request).unwrap()), expected(40));
+}
+
+/// Locks out a reused readback route that points into another lane's result area:
+/// threads that each repeat one request over their own buffers (so the lanes pass
+/// between threads, and a thread's routes are made for a lane it no longer holds)
+/// each read back exactly their own result, through `run` and `run_into`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_threads_repeating_requests_read_only_their_own_results() {
+    let gpu = backend();
+    let chain = 8;
+    let program = Arc::new(host_cost_fixture(9, chain));
+    let config = DispatchConfig::linear(1);
+    let kernel = Arc::new(gpu.compile(&program, &config).unwrap());
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let (gpu, program, kernel) = (gpu.clone(), Arc::clone(&program), Arc::clone(&kernel));
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let x = 1000 * (t + 1);
+                let buffers = buffer_copies(&gpu, &fixture_inputs(&program, x));
+                let bound = bindings(&buffers);
+                let request = Dispatch::new(&kernel, &bound).config(&config);
+                let mut outs = [[0u8; 16]; 8];
+                for i in 0..500 {
+                    let out = if i % 2 == 0 {
+                        gpu.run(request)
+                            .unwrap()
+                            .outputs
+                            .read::<u32>("out")
+                            .unwrap()[0]
+                    } else {
+                        let mut slices: Vec<&mut [u8]> =
+                            outs.iter_mut().map(|o| &mut o[..]).collect();
+                        gpu.run_into(request, &mut slices).unwrap();
+                        words(&outs[0])[0]
+                    };
+                    assert_eq!(
+                        out,
+                        host_cost_fixture_expected(x, chain),
+                        "thread {t} call {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Owned buffers, non-blocking submission, driver-call counts (issues 10.3, 11).
 
@@ -1316,4 +1450,29 @@ fn gpu_scalar_values_reach_the_kernel_through_one_module() {
         gpu.cache_stats().module.misses,
         kernels_only.module.misses + 1
     );
+}
+
+/// Locks out a repeated blocking request that reuses its previous dispatch's scalar
+/// values along with its plan, addresses and readback routes, or skips the check of
+/// its values: one kernel request over the same owned buffers, repeated with new
+/// values through `run` and `run_into` (`support::repeated_scalar_requests`: after
+/// the first round each one is the request the reuse serves), reads back the
+/// reference interpreter's answer for its own values every round, and the request
+/// without its last value gets the reference backend's `Fix:` error. Negative
+/// control: every round's expected answer differs from the round before, so a stale
+/// value would fail.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_repeated_request_passes_its_own_scalar_values() {
+    use vyre_cuda::backend::AnyBackend;
+    let values = support::repeated_scalar_values();
+    let (rounds, error) = support::repeated_scalar_requests(&AnyBackend::Cuda(backend()), &values);
+    let expected = support::expected_scalar_rounds(&values);
+    assert_eq!(rounds, expected);
+    for pair in expected.windows(2) {
+        assert_ne!(pair[0], pair[1], "negative control: the rounds differ");
+    }
+    let (_, on_the_reference) =
+        support::repeated_scalar_requests(&AnyBackend::reference(), &values);
+    assert_eq!(error, on_the_reference);
 }

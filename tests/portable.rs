@@ -447,3 +447,27 @@ fn scalar_values_never_reach_the_program_or_its_ptx() {
     assert_ne!(literal.digest(), digest);
     assert_ne!(program_to_ptx(&literal, &codegen, 90, 32).unwrap(), plain);
 }
+
+/// Locks out a repeated request that runs with stale scalar values, or with a value
+/// it no longer gives: one kernel request over the same owned buffers, repeated with
+/// new values through `run` and `run_into` (`support::repeated_scalar_requests`, the
+/// request whose plan, addresses and routes a blocking CUDA dispatch reuses), reads
+/// back the reference interpreter's answer for its own values every round, and the
+/// request without its last value is refused with a `Fix:` error naming it. The
+/// CUDA half is `gpu_a_repeated_request_passes_its_own_scalar_values`. Negative
+/// control: every round's expected answer differs from the round before, so a stale
+/// value would fail.
+#[test]
+fn a_repeated_request_passes_its_own_scalar_values() {
+    let values = support::repeated_scalar_values();
+    let (rounds, error) = support::repeated_scalar_requests(&AnyBackend::reference(), &values);
+    let expected = support::expected_scalar_rounds(&values);
+    assert_eq!(rounds, expected);
+    for pair in expected.windows(2) {
+        assert_ne!(pair[0], pair[1], "negative control: the rounds differ");
+    }
+    assert!(
+        error.starts_with("Fix:") && error.contains("s_i64"),
+        "{error}"
+    );
+}

@@ -4,11 +4,13 @@
 //!
 //! A tokenizer's hot loop wants buffers that free themselves. [`DeviceBuffer`] owns
 //! its memory and frees it on `Drop`. The memory sits behind an `Arc` that every
-//! dispatch in flight and every [`DispatchGraph`](super::graph::DispatchGraph) using
-//! it also holds, so dropping a buffer while the device still reads it only drops one
-//! reference: the memory is freed (`cuMemFree`, context bound) when the last user —
-//! the pending dispatch's `wait`, or the graph's drop, both after their synchronize —
-//! lets go. Use after free and double free cannot be written in safe code: a binding
+//! submitted dispatch in flight and every
+//! [`DispatchGraph`](super::graph::DispatchGraph) using it also holds, so dropping a
+//! buffer while the device still reads it only drops one reference: the memory is
+//! freed (`cuMemFree`, context bound) when the last user — the pending dispatch's
+//! `wait`, or the graph's drop, both after their synchronize — lets go. (A blocking
+//! `run` or `run_into` takes no reference: the request borrows the buffer until the
+//! call returns, after its synchronize.) Use after free and double free cannot be written in safe code: a binding
 //! borrows the buffer (`&DeviceBuffer`), and `Drop` runs once. (The
 //! generation-checked `ResidentBuffer` handles that came before, whose misuse was an
 //! `Err` at run time, are gone: no caller needed a `Copy` handle.)
@@ -51,9 +53,10 @@ use super::{BackendError, Binding, CudaBackend};
 /// [`Binding::Buffer`] (or `Binding::from(&buffer)`).
 ///
 /// Stream-ordered and safe while in flight: the memory sits behind an `Arc` that
-/// every dispatch in flight and every graph using it also holds, so dropping the
-/// buffer while the device still reads it only drops one reference; the memory is
-/// freed when the last holder lets go, after its synchronize. Use after free and
+/// every submitted dispatch in flight and every graph using it also holds (a
+/// blocking dispatch borrows the buffer until it returns), so dropping the buffer
+/// while the device still reads it only drops one reference; the memory is freed
+/// when the last holder lets go, after its synchronize. Use after free and
 /// double free cannot be written in safe code (bindings borrow the buffer).
 pub struct DeviceBuffer {
     pub(in crate::backend) storage: Storage,
@@ -183,6 +186,7 @@ impl DeviceBuffer {
     }
 
     /// The CUDA memory, checked to belong to `inner`'s backend.
+    #[inline]
     pub(in crate::backend) fn memory_for(
         &self,
         inner: &BackendInner,

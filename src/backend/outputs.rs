@@ -56,12 +56,33 @@ impl Outputs {
         }
     }
 
+    /// No items yet, room for `bytes` bytes, and the binding slot of each item to
+    /// come, in order: the dispatch path then appends every item's bytes with
+    /// [`Outputs::push_item`], in the same order (one copy and one end offset per
+    /// item; the bindings are copied once).
+    pub(in crate::backend) fn for_items(bytes: usize, bindings: &[u32]) -> Outputs {
+        Outputs {
+            bytes: Vec::with_capacity(bytes),
+            ends: SmallVec::with_capacity(bindings.len()),
+            bindings: SmallVec::from_slice(bindings),
+            kernel: None,
+        }
+    }
+
+    /// Append the bytes of the next item of [`Outputs::for_items`].
+    #[inline]
+    pub(in crate::backend) fn push_item(&mut self, item: &[u8]) {
+        self.bytes.extend_from_slice(item);
+        self.ends.push(self.bytes.len());
+    }
+
     /// Name the items by `kernel`'s buffers (for [`Outputs::get`]).
     pub(in crate::backend) fn name_by(&mut self, kernel: Kernel) {
         self.kernel = Some(kernel);
     }
 
     /// Append one item read from the buffer at binding slot `binding`.
+    #[inline]
     pub(in crate::backend) fn push(&mut self, binding: u32, item: &[u8]) {
         self.bytes.extend_from_slice(item);
         self.ends.push(self.bytes.len());

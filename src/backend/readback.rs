@@ -426,11 +426,16 @@ impl ResultArea {
 
     /// The parameter values pointing at this area.
     pub(in crate::backend) fn params(&self) -> ResultParams {
-        let results = match &self.storage {
+        ResultParams::new(self.control.address(), self.results_address())
+    }
+
+    /// The device address the kernel writes the results to. It names the area (and
+    /// so its lane) for as long as the area lives.
+    pub(in crate::backend) fn results_address(&self) -> u64 {
+        match &self.storage {
             Storage::Mapped(m) => m.device_address(0),
             Storage::Device { device, .. } => device.address(),
-        };
-        ResultParams::new(self.control.address(), results)
+        }
     }
 
     /// Before a launch, host side: clear the stamps of a mapped area (returns `None`),
@@ -510,6 +515,7 @@ impl ResultArea {
     }
 
     /// After the synchronize: `len` bytes at `offset`.
+    #[inline]
     pub(in crate::backend) fn bytes(&self, offset: usize, len: usize) -> &[u8] {
         match &self.storage {
             Storage::Mapped(m) => m.slice(offset, len),

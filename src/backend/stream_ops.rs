@@ -68,31 +68,31 @@ pub(in crate::backend) struct LaunchParameters {
 }
 
 impl LaunchParameters {
-    /// Parameters for `slots` bound to `addresses` holding `sizes` bytes each. The
-    /// sizes were checked to be whole numbers of elements whose count fits a `u32`
-    /// (`plan::check_binding_sizes`).
-    pub(in crate::backend) fn for_bindings(
+    /// Append the parameters for `slots` bound to `addresses` holding `sizes` bytes
+    /// each, in place (the value is large: building it apart and moving it in cost a
+    /// copy per dispatch). The sizes were checked to be whole numbers of elements
+    /// whose count fits a `u32` (`plan::check_binding_sizes`).
+    #[inline(always)]
+    pub(in crate::backend) fn push_bindings(
+        &mut self,
         slots: &[ParamSlot],
         addresses: &[u64],
         sizes: &[u64],
-    ) -> Self {
-        let mut parameters = LaunchParameters::default();
+    ) {
         for ((slot, &address), &bytes) in slots.iter().zip(addresses).zip(sizes) {
-            parameters.addresses.push(address);
+            self.addresses.push(address);
             // Element sizes are powers of two: a shift, not a 64-bit division per
             // binding on every dispatch.
             let size = slot.elem.size_bytes();
             debug_assert!(size.is_power_of_two());
-            parameters
-                .counts
-                .push((bytes >> size.trailing_zeros()) as u32);
+            self.counts.push((bytes >> size.trailing_zeros()) as u32);
         }
-        parameters
     }
 
     /// The driver's `void**` array: pointers to each address, then to each count,
     /// then to the result ABI's values. The pointers are valid while `self` is
     /// neither moved nor dropped.
+    #[inline(always)]
     pub(in crate::backend) fn pointer_array(&mut self) -> ParameterArray {
         let mut params: ParameterArray = SmallVec::with_capacity(
             self.addresses.len() + self.counts.len() + 5 + self.scalars.len(),
@@ -202,6 +202,7 @@ impl Readback<'_> {
 
     /// After the synchronize: hand item `i`'s bytes (in the staging `staging`, or in
     /// the result area `area`) to `sink`, in item order.
+    #[inline]
     pub(in crate::backend) fn deliver(
         &self,
         staging: &PinnedMemory,
@@ -250,6 +251,7 @@ pub(in crate::backend) struct StreamOps<'a, M> {
 
 impl<'a, M> StreamOps<'a, M> {
     /// No operations at all.
+    #[inline(always)]
     pub(in crate::backend) fn empty() -> Self {
         StreamOps {
             uploads: SmallVec::new(),
@@ -268,7 +270,8 @@ impl<'a, M> StreamOps<'a, M> {
     /// `WriteOnly` binding (the IR's rule: `WriteOnly` starts zeroed on every path,
     /// owned buffer or transient), then the launch loop with the parameter array. The
     /// eager path and graph recording both build their dispatch through this one
-    /// function.
+    /// function (the eager path in place, with [`StreamOps::describe_dispatch`]).
+    #[inline(always)]
     pub(in crate::backend) fn dispatch(
         slots: &[ParamSlot],
         addresses: &[u64],
@@ -277,18 +280,33 @@ impl<'a, M> StreamOps<'a, M> {
         launch: KernelLaunch<'a, M>,
     ) -> Self {
         let mut ops = StreamOps::empty();
+        ops.describe_dispatch(slots, addresses, sizes, scalars, launch);
+        ops
+    }
+
+    /// [`StreamOps::dispatch`] written into `self`, which is [`StreamOps::empty`]:
+    /// the description is large (its lists are inline arrays), and returning it cost
+    /// two copies of it per eager dispatch.
+    #[inline(always)]
+    pub(in crate::backend) fn describe_dispatch(
+        &mut self,
+        slots: &[ParamSlot],
+        addresses: &[u64],
+        sizes: &[u64],
+        scalars: &[u64],
+        launch: KernelLaunch<'a, M>,
+    ) {
         for ((slot, &device), &bytes) in slots.iter().zip(addresses).zip(sizes) {
             if slot.access == Access::WriteOnly && bytes > 0 {
-                ops.clears.push(Clear {
+                self.clears.push(Clear {
                     device,
                     bytes: bytes as usize,
                 });
             }
         }
-        ops.parameters = LaunchParameters::for_bindings(slots, addresses, sizes);
-        ops.parameters.scalars.extend_from_slice(scalars);
-        ops.launch = Some(launch);
-        ops
+        self.parameters.push_bindings(slots, addresses, sizes);
+        self.parameters.scalars.extend_from_slice(scalars);
+        self.launch = Some(launch);
     }
 
     /// Whether anything is enqueued before the launch loop. When nothing is, the

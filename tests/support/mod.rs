@@ -204,6 +204,79 @@ pub fn every_scalar_type() -> Program {
         .build()
 }
 
+/// A kernel request of [`every_scalar_type`] repeated over the same owned buffers of
+/// `backend`, once per set of `values`, alternately through `run` and `run_into`:
+/// the request a blocking CUDA dispatch reuses the plan, addresses and readback
+/// routes of, while its scalar values change. Then the same request once more
+/// without its last value. Returns what each round read back, and the last round's
+/// error message.
+pub fn repeated_scalar_requests(
+    backend: &vyre_cuda::backend::AnyBackend,
+    values: &[[vyre_cuda::ir::Literal; 6]],
+) -> (Vec<Vec<Vec<u8>>>, String) {
+    use vyre_cuda::backend::Dispatch;
+    let program = every_scalar_type();
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&program, &config).expect("compile");
+    let buffers: Vec<DeviceBuffer> = static_zeros(&program)
+        .iter()
+        .map(|zeros| backend.buffer_from(zeros).expect("buffer"))
+        .collect();
+    let bound = bindings(&buffers);
+    let request = Dispatch::new(&kernel, &bound).config(&config);
+    let mut rounds = Vec::new();
+    for (round, values) in values.iter().enumerate() {
+        let request = with_scalars(request, &program, values);
+        if round % 2 == 0 {
+            let finished = backend.run(request).expect("run");
+            rounds.push(finished.outputs.iter().map(<[u8]>::to_vec).collect());
+        } else {
+            let mut storage: Vec<Vec<u8>> = static_zeros(&program);
+            let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            backend.run_into(request, &mut outs).expect("run_into");
+            rounds.push(storage);
+        }
+    }
+    let last = values.last().expect("at least one set of values");
+    let missing = with_scalars(request, &program, &last[..5]);
+    let error = backend
+        .run(missing)
+        .expect_err("a missing value is refused");
+    (rounds, error.to_string())
+}
+
+/// The value sets of the repeated-request test: every value changes from one set
+/// to the next, and the last set is the first again.
+pub fn repeated_scalar_values() -> Vec<[vyre_cuda::ir::Literal; 6]> {
+    [
+        (7u32, -3i32, 0.5f32, true, 1u64 << 40, i64::MIN),
+        (u32::MAX, i32::MIN, -2.25, false, u64::MAX, 5),
+        (1, 1, 1.5, true, 1, 1),
+        (7, -3, 0.5, true, 1 << 40, i64::MIN),
+    ]
+    .into_iter()
+    .map(every_scalar_value)
+    .collect()
+}
+
+/// The reference interpreter's outputs of [`every_scalar_type`] for each set
+/// of values.
+pub fn expected_scalar_rounds(values: &[[vyre_cuda::ir::Literal; 6]]) -> Vec<Vec<Vec<u8>>> {
+    let program = every_scalar_type();
+    let zeros = static_zeros(&program);
+    let inputs: Vec<&[u8]> = zeros.iter().map(Vec::as_slice).collect();
+    let config = DispatchConfig::linear(1);
+    let options = vyre_cuda::reference::ReferenceOptions::default();
+    values
+        .iter()
+        .map(|values| {
+            vyre_cuda::reference::run_with_scalars(&program, &inputs, values, &config, &options)
+                .expect("reference")
+                .0
+        })
+        .collect()
+}
+
 /// `acc[i] = acc[i] + scalar(k)` for each of 8 threads over a static `u32[8]`: run
 /// twice per dispatch (two launch nodes in a graph), it adds `2k`.
 pub fn add_k() -> Program {

@@ -10,21 +10,18 @@ use super::super::driver::{self, DriverError, Event, Stream};
 use super::super::kernel::KernelInner;
 use super::super::pool::Lane;
 use super::super::readback::{stamp_kernel_ns, Delivery};
-use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StagedCopy, StreamTarget};
-use super::super::{BackendError, BackendInner, Outputs, PerBinding, Timings};
-use super::{elapsed_ns, DeviceSpans, Held, Sink};
+use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StreamTarget};
+use super::super::{BackendError, BackendInner, Binding, Outputs, Timings};
+use super::{elapsed_ns, Bookkeeping, DeviceSpans, Held, Sink};
 
-/// A dispatch enqueued on its lane and not yet synchronised: what
+/// A dispatch enqueued on its lane and not yet synchronised: with its
+/// [`Bookkeeping`] (the readback routes, what it holds), what
 /// [`BackendInner::complete`] needs to finish it.
-pub(in crate::backend) struct InFlight {
+pub(in crate::backend) struct InFlight<'r> {
     pub(in crate::backend) lane: Lane,
-    pub(in crate::backend) held: Held,
-    /// The DMA-routed readback copies.
-    pub(in crate::backend) reads: PerBinding<StagedCopy>,
-    /// Where each readback item's bytes are after the synchronize, in item order.
-    pub(in crate::backend) deliveries: PerBinding<Delivery>,
-    /// The binding slot each item came from.
-    pub(in crate::backend) item_bindings: PerBinding<u32>,
+    /// The bindings whose buffers the caller's borrow keeps alive (a blocking
+    /// dispatch's; empty for a submission, whose bookkeeping holds its buffers).
+    pub(in crate::backend) borrowed: &'r [Binding<'r>],
     /// Grid sync: staging offset of the barrier words and the grid's block count.
     pub(in crate::backend) barrier: Option<(usize, u64)>,
     pub(in crate::backend) timed: bool,
@@ -33,7 +30,7 @@ pub(in crate::backend) struct InFlight {
     pub(in crate::backend) enqueue_ns: u64,
 }
 
-impl InFlight {
+impl InFlight<'_> {
     /// Whether the dispatch records its device events.
     pub(in crate::backend) fn timed(&self) -> bool {
         self.timed
@@ -48,21 +45,20 @@ impl InFlight {
 impl BackendInner {
     /// Wait for a submitted dispatch: the one synchronize, the barrier audit, the
     /// device times (and, for a timed dispatch, its instants after `spans`' origin
-    /// event), the host side of the readback, and the lane's return.
+    /// event), the host side of the readback (routed as `books` says), and the
+    /// lane's return.
     pub(in crate::backend) fn complete(
         &self,
         kernel: &KernelInner,
-        in_flight: InFlight,
+        in_flight: InFlight<'_>,
+        books: &mut Bookkeeping,
         sink: Sink<'_, '_>,
         mark: Option<Instant>,
         spans: Option<(&Event, &mut Option<DeviceSpans>)>,
     ) -> Result<Timings, BackendError> {
         let InFlight {
             lane,
-            held,
-            reads,
-            deliveries,
-            item_bindings,
+            borrowed,
             barrier,
             timed,
             window,
@@ -73,7 +69,7 @@ impl BackendInner {
         let wait_ns = match self.synchronize(&mut target, &kernel.name) {
             Ok(ns) => ns,
             Err(e) => {
-                self.release(lane, held, false);
+                self.release(lane, &mut books.held, false, borrowed);
                 return Err(e);
             }
         };
@@ -94,7 +90,7 @@ impl BackendInner {
         let stamps = match checked {
             Ok(stamps) => stamps,
             Err(e) => {
-                self.release(lane, held, true);
+                self.release(lane, &mut books.held, true, borrowed);
                 return Err(e);
             }
         };
@@ -122,19 +118,18 @@ impl BackendInner {
         let mark = probe::charge_and_mark(Phase::Release, mark);
 
         // readback (host side): copy mapped and staged bytes out.
+        let routed = &books.routed;
         let readback = Readback::Routed {
-            copies: &reads,
-            deliveries: &deliveries,
+            copies: &routed.copies,
+            deliveries: &routed.deliveries,
             area_copy: None,
         };
         let area = lane.results.as_ref();
         match sink {
             Sink::Packed(out) => {
-                let total = deliveries.iter().map(Delivery::len).sum();
-                *out = Outputs::with_capacity(total, None);
-                readback.deliver(&lane.staging, area, |i, bytes| {
-                    out.push(item_bindings[i], bytes)
-                });
+                let total = routed.deliveries.iter().map(Delivery::len).sum();
+                *out = Outputs::for_items(total, &routed.item_bindings);
+                readback.deliver(&lane.staging, area, |_, bytes| out.push_item(bytes));
             }
             Sink::Slices(out) => {
                 readback.deliver(&lane.staging, area, |i, bytes| {
@@ -142,7 +137,7 @@ impl BackendInner {
                 });
             }
         }
-        self.release(lane, held, true);
+        self.release(lane, &mut books.held, true, borrowed);
         probe::charge(Phase::Readback, mark);
         timings.wall_ns = elapsed_ns(start);
         Ok(timings)
@@ -200,11 +195,18 @@ impl BackendInner {
         }
     }
 
-    /// Return a dispatch's lane and transient buffers. After a failure the stream
-    /// may still hold work, so it is synchronised first; when that fails or the
-    /// context is gone, everything is forgotten instead (its handles died with the
-    /// context, or the device may still use the memory).
-    pub(in crate::backend) fn release(&self, lane: Lane, mut held: Held, stream_idle: bool) {
+    /// Return a dispatch's lane and transient buffers, and let go of what it held.
+    /// After a failure the stream may still hold work, so it is synchronised first;
+    /// when that fails or the context is gone, everything is forgotten instead (its
+    /// handles died with the context, or the device may still use the memory), and
+    /// the memory of the `borrowed` bindings' buffers is pinned for good the same way.
+    pub(in crate::backend) fn release(
+        &self,
+        lane: Lane,
+        held: &mut Held,
+        stream_idle: bool,
+        borrowed: &[Binding<'_>],
+    ) {
         self.in_flight.leave(&lane.stream);
         let alive = self.check_alive().is_ok();
         let idle = alive && (stream_idle || lane.stream.synchronize().is_ok());
@@ -213,6 +215,8 @@ impl BackendInner {
                 self.transients.put(memory);
             }
             self.lanes.give_back(lane);
+            held.buffers.clear();
+            held.pinned.clear();
             return;
         }
         // Dead context: the handles died with it. Busy stream: the device may still
@@ -226,6 +230,13 @@ impl BackendInner {
         }
         for memory in held.pinned.drain(..) {
             std::mem::forget(memory);
+        }
+        for binding in borrowed {
+            if let Binding::Buffer(buffer) = binding {
+                if let Ok(memory) = buffer.memory_for(self, "pin") {
+                    std::mem::forget(std::sync::Arc::clone(memory));
+                }
+            }
         }
     }
 }

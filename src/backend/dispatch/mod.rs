@@ -58,6 +58,7 @@
 
 mod complete;
 mod pending;
+mod reuse;
 mod stage;
 mod transfer;
 
@@ -69,8 +70,9 @@ use crate::probe::{self, DispatchProbe};
 
 use super::kernel::{KernelInner, KernelKind};
 use super::request::Target;
+use super::stream_ops::StreamOps;
 use super::{
-    BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
+    BackendError, BackendInner, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
 };
 
 pub(in crate::backend) use complete::InFlight;
@@ -79,7 +81,7 @@ pub(in crate::backend) use pending::{
 };
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub(in crate::backend) use stage::{
-    check_coresident, count_for_probe, scratch_outside_a_graph, Held,
+    check_coresident, count_for_probe, scratch_outside_a_graph, Bookkeeping, Held,
 };
 pub(in crate::backend) use transfer::Transfer;
 
@@ -94,8 +96,8 @@ pub(in crate::backend) enum Sink<'s, 'o> {
 /// What [`BackendInner::submit_request`] returns: the dispatch in flight, the
 /// grid-barrier lease (grid-sync kernels; held until the dispatch completes) and the
 /// probe mark.
-pub(in crate::backend) struct Submitted<'k> {
-    pub(in crate::backend) in_flight: InFlight,
+pub(in crate::backend) struct Submitted<'k, 'r> {
+    pub(in crate::backend) in_flight: InFlight<'r>,
     pub(in crate::backend) lease: Option<MutexGuard<'k, ()>>,
     pub(in crate::backend) mark: Option<Instant>,
 }
@@ -216,20 +218,27 @@ impl BackendInner {
         (start, mark): (Instant, Option<Instant>),
     ) -> Result<Timings, BackendError> {
         let after = pending::predecessor(self, request, kernel)?;
-        let Submitted {
-            in_flight,
-            lease,
-            mark,
-        } = self.submit_request(
+        let mut books = reuse::take_thread_books();
+        let submitted = self.submit_request(
             kernel,
             request,
-            &sink,
+            (&sink, &mut books, request.bindings),
             (start, mark),
             probe.is_some(),
             after,
-        )?;
-        let result = self.complete(kernel, in_flight, sink, mark, None);
-        drop(lease);
+        );
+        let result = submitted.and_then(
+            |Submitted {
+                 in_flight,
+                 lease,
+                 mark,
+             }| {
+                let result = self.complete(kernel, in_flight, &mut books, sink, mark, None);
+                drop(lease);
+                result
+            },
+        );
+        reuse::keep_thread_books(books);
         let timings = result?;
         if let Some(probe) = probe {
             probe.finish(timings.probe());
@@ -237,25 +246,48 @@ impl BackendInner {
         Ok(timings)
     }
 
-    /// Plan, stage, route, describe, order and enqueue one request on a leased lane;
-    /// nothing waits. The returned lease (grid-sync kernels only) must be held until
-    /// [`BackendInner::complete`]. Every exit before the hand-over releases the lane
-    /// (its [`LaneGuard`](stage::LaneGuard)).
-    pub(in crate::backend) fn submit_request<'k>(
+    /// Plan, stage, route, describe, order and enqueue one request on a leased lane,
+    /// writing down what it did in `books` (which the dispatch's completion reads);
+    /// nothing waits. `borrowed` is the request's bindings when the caller's borrow
+    /// outlives the dispatch (a blocking one: no reference count per buffer), empty
+    /// for a submission (which holds every bound buffer). The returned lease
+    /// (grid-sync kernels only) must be held until [`BackendInner::complete`]. Every
+    /// exit before the hand-over releases the lane (its
+    /// [`LaneGuard`](stage::LaneGuard)).
+    pub(in crate::backend) fn submit_request<'k, 'r>(
         &self,
         kernel: &'k KernelInner,
         request: &Dispatch<'_>,
-        sink: &Sink<'_, '_>,
+        (sink, books, borrowed): (&Sink<'_, '_>, &mut Bookkeeping, &'r [Binding<'r>]),
         (start, mark): (Instant, Option<Instant>),
         probe_on: bool,
-        after: Option<&InFlight>,
-    ) -> Result<Submitted<'k>, BackendError> {
+        after: Option<&InFlight<'_>>,
+    ) -> Result<Submitted<'k, 'r>, BackendError> {
         self.check_alive()?;
         let timed = request.timing == super::Timing::EventWindow || probe_on;
+        // A blocking dispatch may reuse the previous one's plan (`reuse` module).
+        let reused = !borrowed.is_empty()
+            && books
+                .memo
+                .describes(reuse::kernel_identity(kernel), request, |buffer| {
+                    reuse::address_on(self, buffer)
+                });
+        books.begin(reused);
+        let Bookkeeping {
+            plan,
+            staged,
+            transfers,
+            routed,
+            held,
+            memo,
+        } = books;
 
         // prepare: binding and readback plans, launch plan, cooperative residency.
-        let mut plan = stage::Plan::default();
-        self.plan(kernel, request, sink, &mut plan)?;
+        if reused {
+            self.replan(kernel, request, (sink, plan))?;
+        } else {
+            self.plan(kernel, request, sink, plan)?;
+        }
         if probe_on {
             stage::count_for_probe(kernel, request, plan.launch.grid_blocks);
         }
@@ -263,28 +295,36 @@ impl BackendInner {
 
         // stage: lease a lane, resolve bindings, write host inputs into staging.
         self.bind()?;
-        let mut guard = stage::LaneGuard::lease(self)?;
-        let mut staged = stage::Staged::default();
-        let mut transfers = stage::Transfers::default();
-        self.stage(
-            kernel,
-            request,
-            &plan,
-            &mut guard,
-            (&mut staged, &mut transfers),
-        )?;
+        let mut guard = stage::LaneGuard::lease(self, held, borrowed)?;
+        if reused {
+            self.grow_staging(kernel, plan, &mut guard)?;
+        } else {
+            self.stage(
+                kernel,
+                request,
+                plan,
+                &mut guard,
+                (&mut *staged, &mut *transfers),
+            )?;
+        }
         let mark = probe::charge_and_mark(probe::Phase::Stage, mark);
 
         // resolve: readback routes, then the one description of the stream operations.
-        let mut routed = stage::Routed::default();
-        let results = self.route(kernel, &plan, &staged, &mut guard, &mut routed)?;
-        let mut ops = stage::operations(
+        self.route(kernel, (plan, staged, reused), &mut guard, routed)?;
+        if !borrowed.is_empty() {
+            memo.record(
+                reuse::kernel_identity(kernel),
+                request,
+                (&staged.addresses, reused),
+            );
+        }
+        let mut ops = StreamOps::empty();
+        stage::operations(
+            &mut ops,
             kernel,
-            request,
-            &plan,
-            &staged,
+            (request, plan, staged),
             transfers,
-            (&routed, results),
+            routed,
             timed,
         );
         let window = ops.window_marks();
@@ -300,20 +340,17 @@ impl BackendInner {
         let mark = probe::charge_and_mark(probe::Phase::Lease, mark);
 
         // order, then launch: every stream operation, on the device after what it must follow.
-        let accesses = self.order(kernel, request, &staged, &guard, after)?;
-        self.enqueue(kernel, &mut ops, &guard, &plan)?;
-        drop(ops);
-        let (lane, held) = guard.hand_over();
-        self.in_flight.enter(&lane.stream, &lane.order, accesses);
+        self.order(kernel, staged, &guard, after)?;
+        self.enqueue(kernel, &mut ops, &guard, plan)?;
+        let lane = guard.hand_over();
+        self.in_flight
+            .enter(&lane.stream, &lane.order, staged.accesses.clone());
         let enqueue_ns = elapsed_ns(start);
         let mark = probe::charge_and_mark(probe::Phase::Launch, mark);
         Ok(Submitted {
             in_flight: InFlight {
                 lane,
-                held,
-                reads: routed.copies,
-                deliveries: routed.deliveries,
-                item_bindings: routed.item_bindings,
+                borrowed,
                 barrier: kernel
                     .grid_barrier
                     .map(|_| (plan.barrier_staging, plan.launch.grid_blocks)),

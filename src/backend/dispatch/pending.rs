@@ -25,7 +25,7 @@ use super::super::kernel::KernelInner;
 use super::super::lane::{LaneShared, LaneTicket};
 use super::super::reference_backend::ReferenceInner;
 use super::super::{BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs};
-use super::{foreign_kernel, InFlight, Sink, Submitted};
+use super::{foreign_kernel, Bookkeeping, InFlight, Sink, Submitted};
 
 /// Most submissions pending at once on one backend (each holds a lane on CUDA).
 pub const MAX_PENDING: usize = 16;
@@ -50,8 +50,13 @@ pub struct PendingDispatch {
     pub(in crate::backend) origin: PendingOrigin,
 }
 
+// The in-flight variant is a few hundred bytes inline (the lane and the clock),
+// moved once when `submit` returns: cheaper than a second allocation per submission.
+#[allow(clippy::large_enum_variant)]
 pub(in crate::backend) enum PendingState {
-    InFlight(Box<InFlight>),
+    /// Enqueued: the dispatch in flight and its bookkeeping (the submission's one
+    /// allocation, filled in place).
+    InFlight(InFlight<'static>, Box<Bookkeeping>),
     /// A lane request rung and not yet delivered.
     Lane(Box<LaneTicket>),
     /// Completed at submission (grid-sync kernels, the reference interpreter).
@@ -153,13 +158,13 @@ pub(in crate::backend) fn predecessor<'r>(
     inner: &BackendInner,
     request: &Dispatch<'r>,
     kernel: &KernelInner,
-) -> Result<Option<&'r InFlight>, BackendError> {
+) -> Result<Option<&'r InFlight<'static>>, BackendError> {
     let Some(previous) = request.after else {
         return Ok(None);
     };
     match (&previous.origin, &previous.state) {
         (PendingOrigin::Cuda(backend), state) if backend.inner.id == inner.id => match state {
-            PendingState::InFlight(in_flight) => Ok(Some(in_flight)),
+            PendingState::InFlight(in_flight, _) => Ok(Some(in_flight)),
             // Completed at its submission: nothing to wait for.
             PendingState::Done(_) | PendingState::Lane(_) => Ok(None),
             PendingState::Finished => Err(BackendError::internal(
@@ -191,10 +196,11 @@ impl CudaBackend {
         let after = predecessor(&self.inner, &request, inner)?;
         count_pending(&self.inner.pending, &inner.name)?;
         let mut outputs = Outputs::default();
+        let mut books: Box<Bookkeeping> = Box::default();
         let submitted = self.inner.submit_request(
             inner,
             &request,
-            &Sink::Packed(&mut outputs),
+            (&Sink::Packed(&mut outputs), &mut books, &[]),
             (start, None),
             false,
             after,
@@ -212,7 +218,14 @@ impl CudaBackend {
                 // Grid sync: the barrier lease cannot outlive this call, so wait now.
                 let done = self
                     .inner
-                    .complete(inner, in_flight, Sink::Packed(&mut outputs), mark, None)
+                    .complete(
+                        inner,
+                        in_flight,
+                        &mut books,
+                        Sink::Packed(&mut outputs),
+                        mark,
+                        None,
+                    )
                     .map(|timings| {
                         outputs.name_by(kernel.clone());
                         Finished { outputs, timings }
@@ -220,7 +233,7 @@ impl CudaBackend {
                 drop(lease);
                 PendingState::Done(Box::new(done))
             }
-            Ok(Submitted { in_flight, .. }) => PendingState::InFlight(Box::new(in_flight)),
+            Ok(Submitted { in_flight, .. }) => PendingState::InFlight(in_flight, books),
         };
         Ok(PendingDispatch {
             kernel: kernel.clone(),
@@ -302,7 +315,7 @@ impl PendingDispatch {
             }
         }
         match &self.state {
-            PendingState::InFlight(in_flight) if in_flight.timed() => {}
+            PendingState::InFlight(in_flight, _) if in_flight.timed() => {}
             _ => {
                 return Err(BackendError::bad_input(format!(
                 "Fix: {} was submitted without timing events (or completed at submission); submit \
@@ -327,7 +340,9 @@ impl PendingDispatch {
                 ))
             }
             PendingState::Done(result) => result.map(|finished| (finished, None)),
-            PendingState::InFlight(in_flight) => self.complete_in_flight(*in_flight, clock),
+            PendingState::InFlight(in_flight, books) => {
+                self.complete_in_flight(in_flight, books, clock)
+            }
             PendingState::Lane(ticket) => {
                 ticket.finish(&self.kernel).map(|finished| (finished, None))
             }
@@ -339,7 +354,8 @@ impl PendingDispatch {
     /// The synchronize and readback of a CUDA dispatch in flight.
     fn complete_in_flight(
         &self,
-        in_flight: InFlight,
+        in_flight: InFlight<'static>,
+        mut books: Box<Bookkeeping>,
         clock: Option<&Event>,
     ) -> Result<(Finished, Option<DeviceSpans>), BackendError> {
         let PendingOrigin::Cuda(backend) = &self.origin else {
@@ -353,6 +369,7 @@ impl PendingDispatch {
         if let Err(e) = inner.bind() {
             // Without the context nothing can be synchronised or freed.
             std::mem::forget(in_flight);
+            std::mem::forget(books);
             return Err(e);
         }
         let mut outputs = Outputs::default();
@@ -360,6 +377,7 @@ impl PendingDispatch {
         let timings = inner.complete(
             kernel,
             in_flight,
+            &mut books,
             Sink::Packed(&mut outputs),
             // Submissions are not charged to the probe: no phase may land in another
             // dispatch's record.

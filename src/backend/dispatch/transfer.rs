@@ -66,7 +66,7 @@ impl CudaBackend {
             .map_err(|f| inner.stream_failed("a buffer clear", f.what, f.error))
             .and_then(|()| inner.synchronize(&mut target, "a buffer clear").map(|_| ()));
         let idle = result.is_ok();
-        inner.release(lane, Held::default(), idle);
+        inner.release(lane, &mut Held::default(), idle, &[]);
         result
     }
 
@@ -140,7 +140,7 @@ impl CudaBackend {
         }
         let mut held = Held::default();
         held.buffers.push(memory);
-        inner.release(lane, held, result.is_ok());
+        inner.release(lane, &mut held, result.is_ok(), &[]);
         result
     }
 }

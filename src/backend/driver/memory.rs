@@ -139,6 +139,7 @@ impl PinnedMemory {
     }
 
     /// Read `len` bytes at `offset`.
+    #[inline]
     pub fn slice(&self, offset: usize, len: usize) -> &[u8] {
         let end = offset.saturating_add(len).min(self.bytes);
         let start = offset.min(end);
@@ -355,6 +356,7 @@ impl MappedMemory {
 
     /// Read `len` bytes at `offset` (truncated to capacity). The caller synchronised
     /// every stream whose kernels write this memory.
+    #[inline]
     pub fn slice(&self, offset: usize, len: usize) -> &[u8] {
         let end = offset.saturating_add(len).min(self.bytes);
         let start = offset.min(end);

@@ -652,7 +652,7 @@ impl LaneShared {
             {
                 lane.wait_for(ticket.ticket, name)
             }
-            (PendingOrigin::Cuda(other), PendingState::InFlight(in_flight))
+            (PendingOrigin::Cuda(other), PendingState::InFlight(in_flight, _))
                 if other.inner.id == backend =>
             {
                 let (stream, order) = in_flight.order_handles();

@@ -1,0 +1,175 @@
+/*
+ * A stand-in libcuda for counting vyre-cuda's own host work per dispatch on a
+ * machine without a GPU (scripts/host-path). Every driver call the backend makes
+ * returns success at once: device and pinned memory are host memory, copies and
+ * fills are memcpy/memset, streams, events and contexts are tokens, a module only
+ * counts its entry's parameters, and a launch does only what the result ABI's
+ * epilogue does (writes the start and end stamps and copies the described ranges
+ * into the result area), so a dispatch completes the way the backend checks it
+ * does. Kernels do not run: outputs are whatever the buffers held. Use it to
+ * measure the host path (callgrind instruction counts are repeatable on a shared
+ * machine), never to test results.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long u64;
+
+static __thread void *current_context;
+static int primary_context;
+
+struct module {
+    int parameters;
+    int results; /* declares the result ABI's parameters (the raw floor's plain kernel does not) */
+    u64 global;
+};
+
+static void *zeroed(size_t bytes) {
+    if (bytes > ((size_t)16 << 30)) return 0;
+    size_t rounded = (bytes + 255) / 256 * 256;
+    if (!rounded) rounded = 256;
+    void *p = aligned_alloc(256, rounded);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+
+int cuInit(unsigned flags) { return 0; }
+int cuDriverGetVersion(int *version) { *version = 12080; return 0; }
+int cuDeviceGetCount(int *count) { *count = 1; return 0; }
+int cuDeviceGet(int *device, int ordinal) { *device = ordinal; return 0; }
+int cuDeviceGetName(char *name, int len, int device) { strncpy(name, "stand-in", len); return 0; }
+int cuDeviceGetAttribute(int *value, int attribute, int device) {
+    switch (attribute) {
+    case 1: *value = 1024; break;                           /* threads per block */
+    case 2: case 3: *value = 1024; break;                   /* block x, y */
+    case 4: *value = 64; break;                             /* block z */
+    case 5: *value = 2147483647; break;                     /* grid x */
+    case 6: case 7: *value = 65535; break;                  /* grid y, z */
+    case 8: *value = 49152; break;                          /* shared per block */
+    case 10: *value = 32; break;                            /* warp */
+    case 16: *value = 132; break;                           /* SMs */
+    case 39: *value = 2048; break;                          /* threads per SM */
+    case 75: *value = 9; break; case 76: *value = 0; break; /* compute capability */
+    case 97: *value = 232448; break;                        /* shared opt-in */
+    default: *value = 1;                                    /* every capability flag */
+    }
+    return 0;
+}
+int cuDeviceTotalMem_v2(size_t *bytes, int device) { *bytes = (size_t)14 << 30; return 0; }
+int cuDevicePrimaryCtxRetain(void **context, int device) { *context = &primary_context; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int device) { return 0; }
+int cuDevicePrimaryCtxReset_v2(int device) { return 0; }
+int cuCtxSetCurrent(void *context) { current_context = context; return 0; }
+int cuCtxGetCurrent(void **context) { *context = current_context; return 0; }
+int cuDeviceCanAccessPeer(int *can, int device, int peer) { *can = 0; return 0; }
+int cuCtxEnablePeerAccess(void *context, unsigned flags) { return 0; }
+int cuStreamCreate(void **stream, unsigned flags) { *stream = malloc(16); return 0; }
+int cuStreamDestroy_v2(void *stream) { free(stream); return 0; }
+int cuStreamSynchronize(void *stream) { return 0; }
+int cuStreamWaitEvent(void *stream, void *event, unsigned flags) { return 0; }
+int cuEventCreate(void **event, unsigned flags) { *event = malloc(16); return 0; }
+int cuEventDestroy_v2(void *event) { free(event); return 0; }
+int cuEventRecord(void *event, void *stream) { return 0; }
+int cuEventElapsedTime(float *ms, void *start, void *end) { *ms = 0.001f; return 0; }
+int cuMemAlloc_v2(u64 *pointer, size_t bytes) {
+    void *p = zeroed(bytes);
+    if (!p) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *pointer = (u64)(uintptr_t)p;
+    return 0;
+}
+int cuMemFree_v2(u64 pointer) { free((void *)(uintptr_t)pointer); return 0; }
+int cuMemHostAlloc(void **pointer, size_t bytes, unsigned flags) {
+    void *p = zeroed(bytes);
+    if (!p) return 2;
+    *pointer = p;
+    return 0;
+}
+int cuMemHostGetDevicePointer_v2(u64 *device, void *host, unsigned flags) {
+    *device = (u64)(uintptr_t)host;
+    return 0;
+}
+int cuMemFreeHost(void *pointer) { free(pointer); return 0; }
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    *free_bytes = (size_t)12 << 30;
+    *total = (size_t)14 << 30;
+    return 0;
+}
+int cuMemcpyHtoDAsync_v2(u64 dst, const void *src, size_t n, void *stream) {
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return 0;
+}
+int cuMemcpyDtoHAsync_v2(void *dst, u64 src, size_t n, void *stream) {
+    memcpy(dst, (void *)(uintptr_t)src, n);
+    return 0;
+}
+int cuMemcpyDtoH_v2(void *dst, u64 src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
+int cuMemcpyHtoD_v2(u64 dst, const void *src, size_t n) { memcpy((void *)(uintptr_t)dst, src, n); return 0; }
+int cuMemsetD8Async(u64 dst, unsigned char value, size_t n, void *stream) {
+    memset((void *)(uintptr_t)dst, value, n);
+    return 0;
+}
+int cuMemsetD32Async(u64 dst, unsigned value, size_t n, void *stream) {
+    unsigned *words = (unsigned *)(uintptr_t)dst;
+    for (size_t i = 0; i < n; i++) words[i] = value;
+    return 0;
+}
+int cuModuleLoadData(void **module, const void *image) {
+    struct module *m = calloc(1, sizeof *m);
+    const char *entry = strstr(image, ".entry");
+    const char *end = entry ? strstr(entry, "\n)") : 0;
+    for (const char *p = entry; p && end && (p = strstr(p, ".param .")) && p < end; p++)
+        m->parameters++;
+    const char *control = entry ? strstr(entry, "vyre_control") : 0;
+    m->results = control && end && control < end;
+    m->global = (u64)(uintptr_t)zeroed(64);
+    *module = m;
+    return 0;
+}
+int cuModuleUnload(void *module) { return 0; }
+int cuModuleGetFunction(void **function, void *module, const char *name) { *function = module; return 0; }
+int cuModuleGetGlobal_v2(u64 *pointer, size_t *bytes, void *module, const char *name) {
+    *pointer = ((struct module *)module)->global;
+    if (bytes) *bytes = 64;
+    return 0;
+}
+/* The result ABI's last five parameters: control, results, flags, range count,
+ * descriptors (see codegen::ptx). */
+static int epilogue(void *function, void **parameters) {
+    struct module *m = function;
+    int n = m->parameters;
+    if (!m->results || n < 5 || !parameters) return 0;
+    u64 results = *(u64 *)parameters[n - 4];
+    unsigned flags = *(unsigned *)parameters[n - 3];
+    unsigned count = *(unsigned *)parameters[n - 2];
+    u64 *ranges = (u64 *)parameters[n - 1];
+    u64 *stamps = (u64 *)(uintptr_t)results;
+    if (flags & 1) stamps[0] = 1000;
+    if (flags & 2) stamps[1] = 2000;
+    unsigned windows = (flags >> 8) & 0xff;
+    for (unsigned i = 0; i < count; i++) {
+        u64 source = ranges[2 * i], word = ranges[2 * i + 1];
+        if (i < windows)
+            memcpy((void *)(uintptr_t)word, (void *)(uintptr_t)source, 16);
+        else
+            memcpy((void *)(uintptr_t)(results + (word >> 32)), (void *)(uintptr_t)source,
+                   (unsigned)word);
+    }
+    return 0;
+}
+int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                   unsigned by, unsigned bz, unsigned shared, void *stream, void **parameters,
+                   void **extra) {
+    return epilogue(function, parameters);
+}
+int cuLaunchCooperativeKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
+                              unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                              void *stream, void **parameters) {
+    return epilogue(function, parameters);
+}
+int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function, int size,
+                                                size_t shared) {
+    *blocks = 8;
+    return 0;
+}
+int cuGetErrorName(int error, const char **name) { *name = "CUDA_ERROR_STAND_IN"; return 0; }
