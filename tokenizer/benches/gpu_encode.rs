@@ -106,7 +106,9 @@ impl CopyBound {
         let mut sweep = ReadbackSweep::new(gpu, ids).expect("readback sweep");
         let (pinned_down, _) = median(rounds, || sweep.copy_sweep(ids).expect("copy"));
         let (mapped_down, _) = median(rounds, || sweep.mapped_write_sweep(ids).expect("mapped"));
-        let device = gpu.buffer(text as u64).expect("device buffer");
+        // Large enough for the text going up and for the ids coming down (cl100k
+        // gives about half a token per byte: 4 bytes of ids per 2 bytes of text).
+        let device = gpu.buffer(text.max(ids) as u64).expect("device buffer");
         let host = vec![b'y'; text];
         let (pageable_up, _) = median(rounds, || gpu.upload(&device, &host).expect("upload"));
         let mut back = vec![0u8; ids];
@@ -147,10 +149,11 @@ fn main() {
 
     // The floor of one dispatch, for scale.
     let mut floor = RawFloor::new(&gpu, &touch_program(), [1, 1, 1]).expect("raw floor");
-    let (_, launch_sync_ns) = median(rounds * 50, || floor.launch_sync().expect("floor"));
+    // `launch_sync` answers a count, not a time: the median's seconds are the figure.
+    let (launch_sync_seconds, _) = median(rounds * 50, || floor.launch_sync().expect("floor"));
     println!(
         "launch + synchronize (raw driver): {:.2} µs",
-        launch_sync_ns as f64 / 1e3
+        launch_sync_seconds * 1e6
     );
 
     // 1. The 64 MiB batch.
