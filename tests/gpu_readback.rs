@@ -558,3 +558,68 @@ fn gpu_graph_replay_delivers_outputs_and_stamps() {
     }
     drop(graph);
 }
+
+/// Locks out a lane's first kernel running before the lane's result-area control
+/// block is initialised. The initialisation is a blocking `cuMemcpyHtoD`, whose
+/// DMA from pageable memory may still be on its way when the call returns, on the
+/// legacy default stream that the lanes' non-blocking streams never wait for: a
+/// kernel that ran first counted its finished threads from whatever the fresh
+/// allocation held, never reached the grid's count and ended without its end stamp
+/// (`completed without writing its end stamp`, seen once on the H200 from the
+/// tokenizer's `gpu_batches_of_1_to_1000_documents_with_empty_ones`, the first
+/// time its backend needed eight new lanes at once). Each round frees 16-byte
+/// buffers full of ones (so the next control blocks likely start on such bytes),
+/// takes a fresh backend (every lane and area new) and submits eight
+/// multi-block dispatches at once while another backend keeps the copy engines
+/// busy; every one must finish with its stamps and the reference
+/// interpreter's bytes. The defect is a race: this test makes it likely, not
+/// certain.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_the_first_dispatches_on_new_lanes_write_their_end_stamps() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let program = small_and_large();
+    let large_words = 8192;
+    let config = DispatchConfig::linear((large_words as u32).div_ceil(256));
+    let inputs = small_and_large_inputs(29, large_words);
+    let expected = reference(&program, &inputs, &config);
+    let host: Vec<Binding> = inputs.iter().map(|bytes| Binding::Host(bytes)).collect();
+    let busy = backend();
+    let traffic = busy.buffer(64 << 20).unwrap();
+    let payload = vec![0x5Au8; 64 << 20];
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                busy.upload(&traffic, &payload).unwrap();
+            }
+        });
+        let rounds = std::panic::catch_unwind(|| {
+            for round in 0..24 {
+                let ones: Vec<DeviceBuffer> = (0..64)
+                    .map(|_| busy.buffer_from(&[u32::MAX; 4]).unwrap())
+                    .collect();
+                drop(ones);
+                let fresh = backend();
+                let pending: Vec<_> = (0..8)
+                    .map(|_| {
+                        fresh
+                            .submit(Dispatch::program(&program, &host).config(&config))
+                            .unwrap()
+                    })
+                    .collect();
+                for (index, submitted) in pending.into_iter().enumerate() {
+                    let done = submitted.wait().unwrap_or_else(|error| {
+                        panic!("round {round}, dispatch {index} on a new lane: {error}")
+                    });
+                    assert!(done.timings.kernel_stamps_ns > 0, "round {round}: {done:?}");
+                    assert_eq!(done.outputs, expected, "round {round}, dispatch {index}");
+                }
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+        if let Err(panic) = rounds {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}

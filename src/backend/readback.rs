@@ -43,6 +43,10 @@
 //! - No byte of one dispatch reaches another caller: each lane (one dispatch at a
 //!   time) owns its area; the host zeroes the end stamp before the launch and refuses
 //!   to read the area when the kernel did not write it back (`ResultArea::stamps`).
+//! - A lane's first kernel finds its control block idle: the area's one-time
+//!   initialisation has landed on the device before `ResultArea::new` returns
+//!   (`driver::copy_to_device_blocking` waits for its DMA, which the lanes'
+//!   non-blocking streams would not).
 //! - Nothing allocates once warm: a lane allocates its area once.
 //! - Without host-mapped memory (a driver or device that cannot map), the area lives
 //!   in device memory and one DMA copy brings its used prefix back (the "one copy from

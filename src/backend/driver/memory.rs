@@ -394,8 +394,21 @@ impl Drop for MappedMemory {
     }
 }
 
-/// A blocking host → device copy of a few bytes (one-time initialisation of a
-/// device control block; never on the dispatch path).
+/// The legacy default stream (`CU_STREAM_LEGACY`): the stream `cuMemcpyHtoD` runs on.
+const LEGACY_STREAM: usize = 1;
+
+/// A host → device copy of a few bytes that has landed on the device when it
+/// returns (one-time initialisation of a device control block; never on the
+/// dispatch path).
+///
+/// `cuMemcpyHtoD` from pageable memory returns once the bytes are staged for DMA;
+/// the DMA itself runs later on the legacy default stream (CUDA's "API
+/// synchronization behavior"), which the backend's non-blocking streams never wait
+/// for. A kernel launched on a lane right after could then read the memory before
+/// the copy lands, or have its own writes overwritten by it: a result-ABI control
+/// block whose count starts at an earlier owner's bytes never reaches the grid's
+/// thread count, so the kernel completes without its end stamp. Waiting for the
+/// legacy stream closes that window.
 pub fn copy_to_device_blocking(dst: &DeviceMemory, data: &[u8]) -> DriverResult<()> {
     load_mapped_symbols().map_err(|_| DriverError {
         code: sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
@@ -406,5 +419,13 @@ pub fn copy_to_device_blocking(dst: &DeviceMemory, data: &[u8]) -> DriverResult<
     check(
         unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, len) },
         "cuMemcpyHtoD_v2",
+    )?;
+    // Not counted as a dispatch's synchronize (`DriverCallCounts`): it happens once
+    // per control block, when its lane, graph or instrument is made.
+    // SAFETY: CU_STREAM_LEGACY is a handle the driver defines for every context;
+    // synchronising it only waits.
+    check(
+        unsafe { sys::cuStreamSynchronize(std::ptr::without_provenance_mut(LEGACY_STREAM)) },
+        "cuStreamSynchronize(CU_STREAM_LEGACY)",
     )
 }

@@ -138,7 +138,8 @@ pub type DriverResult<T> = Result<T, DriverError>;
 /// microseconds of the call itself).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCallCounts {
-    /// `cuStreamSynchronize`.
+    /// `cuStreamSynchronize` of a stream the backend made (the one-time wait of
+    /// `copy_to_device_blocking` for its own copy is not counted).
     pub synchronizes: u64,
     /// `cuLaunchKernel` and `cuLaunchCooperativeKernel`.
     pub launches: u64,
