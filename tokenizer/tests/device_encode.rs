@@ -668,13 +668,15 @@ fn merge_one_piece(tokenizer: &Tokenizer, text: &[u8]) -> (Vec<u32>, u64) {
 }
 
 /// Locks out a merge loop whose cost grows with the square of a piece's
-/// length (each merge rescanning every pair and shifting the parts down one
-/// place in global memory: 1.8–2.1 ms on an H200 for pieces of ~200 bytes):
-/// the `merge` program's interpreter work for a 384-byte run of one letter,
-/// of spaces and of `ab` is at most 6 times its work for a 96-byte one (4
-/// times the bytes; a quadratic loop gives about 16), with the CPU encoder's
-/// ids, on r50k and cl100k. (Negative control: the shifting loop this
-/// replaced measured RATIO_OLD on the same inputs.)
+/// length (each merge rescanning every pair and shifting the parts after it
+/// down one place in global memory: 1.8–2.1 ms of `merge` on an H200 for
+/// pieces of ~200 bytes): the `merge` program's reference-interpreter work
+/// for a 384-byte run of one letter, of spaces and of `ab` is at most 6 times
+/// its work for a 96-byte one (4 times the bytes; the block minima scan grows
+/// with the length too: 4.7–5.0 measured), with the CPU encoder's ids, on
+/// r50k and cl100k. (Negative control: the shifting loop this replaced
+/// measured 11.7–13.3 on the same inputs, 3.1 only for r50k's spaces, which
+/// merge little.)
 #[test]
 fn merge_work_grows_linearly_with_a_run() {
     for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
