@@ -304,7 +304,8 @@ mod tests {
     /// bug" (the generic module-load message) instead of a `Fix:` naming what to do:
     /// the refusal becomes a `BadInput` naming the program, lazy loading and
     /// `CUDA_MODULE_LOADING=EAGER`. Negative control: a driver rejection of the PTX
-    /// stays a `ModuleLoad` error.
+    /// stays a `ModuleLoad` error (its message needs the driver's status name, so it
+    /// is not formatted here, where no driver may be installed).
     #[test]
     fn a_module_load_refused_beside_a_lane_is_a_fix_error() {
         let refused = BackendError::module_load(
@@ -333,7 +334,6 @@ mod tests {
             matches!(rejected, BackendError::ModuleLoad { .. }),
             "{rejected:?}"
         );
-        assert!(rejected.to_string().contains("code generation bug"));
     }
 
     /// Locks out flattening typed causes into strings: a validation failure keeps
