@@ -325,10 +325,7 @@ mod tests {
                 && message.contains("before starting a lane"),
             "{message}"
         );
-        let rejected = DriverError {
-            code: cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_PTX,
-            call: "cuModuleLoadData",
-        };
+        let rejected = DriverError::not_found("cuModuleGetFunction");
         let rejected = BackendError::module_load("copy_word".into(), 90, rejected);
         assert!(
             matches!(rejected, BackendError::ModuleLoad { .. }),
