@@ -28,6 +28,10 @@ use vyre_cuda::CodegenOptions;
 
 #[path = "support/ptxas.rs"]
 mod ptxas;
+#[path = "support/without.rs"]
+mod without;
+
+use without::without;
 
 // ----- fixtures ------------------------------------------------------------------------
 
@@ -1308,7 +1312,7 @@ fn fence_orders_the_atomics_around_it() {
     let unfenced = Program::new(
         fenced.buffers().to_vec(),
         fenced.workgroup_size(),
-        strip_fences(fenced.entry()),
+        without(fenced.entry(), &|node| matches!(node, Node::Fence)),
     );
     let ptx = program_to_ptx(
         &lower_workgroup_reductions(&unfenced, &caps),
@@ -1318,25 +1322,6 @@ fn fence_orders_the_atomics_around_it() {
     )
     .expect("ptx");
     assert!(!ptx.contains("fence.acq_rel.gpu"), "{ptx}");
-}
-
-fn strip_fences(block: &[Node]) -> Vec<Node> {
-    block
-        .iter()
-        .filter(|node| !matches!(node, Node::Fence))
-        .map(|node| match node {
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => Node::If {
-                condition: condition.clone(),
-                then_body: strip_fences(then_body).into(),
-                else_body: strip_fences(else_body).into(),
-            },
-            other => other.clone(),
-        })
-        .collect()
 }
 
 // ----- snapshots -------------------------------------------------------------------------

@@ -11,6 +11,8 @@
 mod batches;
 mod oracle;
 mod split_corpus;
+#[path = "../../tests/support/without.rs"]
+mod without;
 
 use batches::{boundaries_matter, boundary_cases, expected_starts, pack, shortened};
 use oracle::Oracle;
@@ -23,6 +25,7 @@ use vyre_tokenizer::pretokenize::batch::{check_batch, SplitBuffer, SplitPrograms
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry;
+use without::without;
 
 fn shown(text: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(text))
@@ -663,26 +666,6 @@ fn finish_protocol_problems(program: &Program) -> Vec<String> {
     problems
 }
 
-/// `block` without its fences.
-fn without_fences(block: &[Node]) -> Vec<Node> {
-    block
-        .iter()
-        .filter(|node| !matches!(node, Node::Fence))
-        .map(|node| match node {
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => Node::If {
-                condition: condition.clone(),
-                then_body: without_fences(then_body).into(),
-                else_body: without_fences(else_body).into(),
-            },
-            other => other.clone(),
-        })
-        .collect()
-}
-
 /// Locks out the stale status word the first H200 run tripped over: the IR's
 /// atomics are relaxed, so without a fence between a block's last status
 /// exchange and its done count, and another between the count and the last
@@ -706,7 +689,7 @@ fn finish_fences_every_status_exchange_before_the_clear() {
                 let unfenced = Program::new(
                     program.buffers().to_vec(),
                     program.workgroup_size(),
-                    without_fences(program.entry()),
+                    without(program.entry(), &|node| matches!(node, Node::Fence)),
                 );
                 assert_eq!(
                     finish_protocol_problems(&unfenced).len(),
