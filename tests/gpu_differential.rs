@@ -430,7 +430,9 @@ fn lane_case(index: u64) -> RandomCase {
 /// values and, for a program with scalars, a second draw of them right after,
 /// byte-identical to the reference interpreter. Spread over `VYRE_DIFFERENTIAL_PROCESSES` processes of one
 /// thread each (a process's lanes and its module loads then never wait on each
-/// other); the count of programs checked is asserted.
+/// other); the count of programs checked is asserted. Each phase of each lane
+/// (compiling, building, serving, stopping) prints a line on stderr and arms a
+/// watchdog, so a hang fails its process naming the phase.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
@@ -458,8 +460,24 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
         .staging_bytes(1 << 20);
     let mut gpu = backend();
     let (mut checked, mut lanes, mut served) = (0u64, 0u64, 0u64);
+    // A line per phase on stderr (shown when a process fails) and a watchdog per
+    // phase, so a hang ends the process naming its phase instead of an outer timeout
+    // ending it silently.
+    let label = share.label();
+    let phase = |what: &str, seed: u64| {
+        eprintln!(
+            "differential{label}: seeds {seed}..: {what} ({:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
+        support::watchdog(
+            120,
+            "a lane differential phase (the last line above names it)",
+        )
+    };
     for group in by_shape.values() {
         for batch in group.chunks(64) {
+            let seed = batch[0].seed;
+            let guard = phase("compiling", seed);
             if served >= PROGRAMS_PER_BACKEND {
                 gpu = backend();
                 served = 0;
@@ -468,9 +486,13 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
             let kernels = compile_cases(&gpu, &owned, owned.len() as u64);
             let refs: Vec<&Kernel> = kernels.iter().collect();
             let blocks = 1 + (lanes % 3) as u32;
+            drop(guard);
+            let guard = phase("building the lane", seed);
             let lane = gpu
                 .lane(&refs, options.blocks(blocks))
-                .unwrap_or_else(|e| panic!("a lane of seeds {}..: {e}", batch[0].seed));
+                .unwrap_or_else(|e| panic!("a lane of seeds {seed}..: {e}"));
+            drop(guard);
+            let guard = phase("serving", seed);
             lanes += 1;
             for (case, kernel) in owned.iter().zip(&kernels) {
                 let bindings = support::host_bindings(&case.inputs);
@@ -496,8 +518,10 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
                 }
                 checked += 1;
             }
+            drop(guard);
+            let _guard = phase("stopping the lane", seed);
             lane.stop()
-                .unwrap_or_else(|e| panic!("stopping a lane of seeds {}..: {e}", batch[0].seed));
+                .unwrap_or_else(|e| panic!("stopping a lane of seeds {seed}..: {e}"));
             served += owned.len() as u64;
         }
     }

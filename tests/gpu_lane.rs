@@ -2,7 +2,9 @@
 //! on the GPU machine with `bash .gpu/run.sh gpu_lane`. Every result is checked
 //! against the reference interpreter, an eager dispatch of the same request or a
 //! hand-computed value. Each test arms a watchdog: a lane that hangs ends the process
-//! with a line saying what hung.
+//! with a line saying what hung. Run them one at a time (`--test-threads=1`): under
+//! lazy module loading a lane of one test makes the module loads of another running
+//! beside it `Fix:` errors (a load beside a lane may wait for it forever).
 
 mod support;
 
@@ -186,15 +188,26 @@ fn gpu_lane_thin_slice_matches_reference() {
 /// kernels of one lane, alternated, each give their own result; a chain submitted
 /// back to back without `after` (the second reads what the first writes) gives the
 /// composed result because a lane serves its requests in order; a program request
-/// finds its kernel in the lane; a kernel the lane was not built with is a `Fix:`
-/// error.
+/// finds its kernel in the lane; a kernel the lane was not built with (compiled
+/// before the lane: a module load beside a running lane may wait for it) is a `Fix:`
+/// error. Each step prints a line and the watchdog (well under a 60 s outer timeout)
+/// names the step that hung.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_lane_serves_several_kernels_in_order() {
-    let _watchdog = watchdog(120, "a lane of two kernels");
+    let step = |what: &'static str| {
+        eprintln!("gpu_lane_serves_several_kernels_in_order: {what}");
+        watchdog(20, what)
+    };
+    let guard = step("compiling three kernels and building a lane of two");
     let gpu = backend();
     let kernels = compile_all(&gpu, &[increment(), triple()]);
+    let other = gpu
+        .compile(&copy_word(), &DispatchConfig::linear(1))
+        .unwrap();
     let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    drop(guard);
+    let guard = step("50 alternating requests");
     let n = 1000u32;
     let x = gpu.buffer_from(&(0..n).collect::<Vec<u32>>()).unwrap();
     let y = gpu.buffer(4 * n as u64).unwrap();
@@ -212,6 +225,8 @@ fn gpu_lane_serves_several_kernels_in_order() {
             .collect();
         assert_eq!(got, expected, "round {round}");
     }
+    drop(guard);
+    let guard = step("a chain of two submitted requests");
     let first = [Binding::from(&x), Binding::from(&y)];
     let second = [Binding::from(&y), Binding::from(&z)];
     let a = lane
@@ -223,20 +238,24 @@ fn gpu_lane_serves_several_kernels_in_order() {
     let chained = b.wait().unwrap().outputs.read::<u32>("y").unwrap();
     a.wait().unwrap();
     assert_eq!(chained, (0..n).map(|i| (i + 1) * 3).collect::<Vec<u32>>());
+    drop(guard);
+    let guard = step("a program request (a cache hit)");
     let program = increment();
     let by_program = lane
         .run(Dispatch::program(&program, &first).workgroups(groups))
         .unwrap();
     assert_eq!(by_program.outputs.read::<u32>("y").unwrap()[7], 8);
-    let other = gpu
-        .compile(&copy_word(), &DispatchConfig::linear(1))
-        .unwrap();
+    drop(guard);
+    let guard = step("a kernel the lane was not built with");
     let words = [Binding::from(&x), Binding::Zeroed(4)];
     let error = lane.run(Dispatch::new(&other, &words)).unwrap_err();
     assert!(
         error.to_string().starts_with("Fix:")
             && error.to_string().contains("is not one of this lane")
     );
+    drop(guard);
+    let _guard = step("stopping the lane");
+    lane.stop().unwrap();
 }
 
 /// Locks out grid semantics that differ from a launch: 12 workgroups of [16, 2, 1]

@@ -28,6 +28,10 @@ use vyre_cuda::CodegenOptions;
 
 #[path = "support/ptxas.rs"]
 mod ptxas;
+#[path = "support/without.rs"]
+mod without;
+
+use without::without;
 
 // ----- fixtures ------------------------------------------------------------------------
 
@@ -660,6 +664,48 @@ fn grid_sync() -> Program {
         .build()
 }
 
+/// The "last workgroup clears" protocol: thread 0 publishes a status with a
+/// relaxed exchange, counts its workgroup finished, and the last workgroup clears
+/// every status; a fence on each side of the count orders the exchange before it
+/// (release) and the clear after it (acquire).
+fn fenced_counter() -> Program {
+    Program::builder([64, 1, 1])
+        .buffer(
+            "statuses",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "counters",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            let local = Expr::local_id(Axis::X);
+            let group = b.let_("group", Expr::workgroup_id(Axis::X));
+            let before = b.let_mut("before", 0u32);
+            b.if_(local.clone().equals(0u32), |b| {
+                b.atomic(AtomicOp::Exchange, "statuses", group.clone(), Expr::u64(7));
+                b.fence();
+                let done = b.atomic_fetch("done", AtomicOp::Add, "counters", 0u32, 1u32);
+                b.fence();
+                b.assign("before", done);
+            });
+            let finished = b.workgroup_reduce("finished", ReduceOp::Max, before);
+            b.if_(
+                (finished + 1u32).equals(Expr::workgroup_count(Axis::X)),
+                |b| {
+                    b.store("statuses", local.clone(), Expr::u64(0));
+                },
+            );
+        })
+        .build()
+}
+
 fn early_return() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -1126,6 +1172,10 @@ fn fixtures() -> Vec<Fixture> {
             ..fixture("atomics_unchecked", atomics())
         },
         fixture("grid_sync", grid_sync()),
+        fixture(
+            "fenced_counter",
+            lower_workgroup_reductions(&fenced_counter(), &subgroup_caps),
+        ),
         fixture("early_return", early_return()),
         fixture("nested_control", nested_control()),
         fixture("subgroup_sm90", subgroup_ops()),
@@ -1232,6 +1282,46 @@ fn every_fixture_is_valid_lowered_ir() {
             panic!("fixture {} is not valid: {e}\n{}", f.name, f.program);
         }
     }
+}
+
+/// Locks out a fence that is dropped or moved: `Node::Fence` is one
+/// `fence.acq_rel.gpu` exactly where it stands, so in the "last workgroup clears"
+/// protocol the status exchange, a fence, the finished count, a fence and the
+/// clearing store come in that order. Negative control: the same program without
+/// its fences has none between the exchange and the count.
+#[test]
+fn fence_orders_the_atomics_around_it() {
+    let caps = LoweringCaps {
+        subgroup_ops: true,
+        subgroup_size: 32,
+    };
+    let position = |ptx: &str, needle: &str, from: usize| -> Option<usize> {
+        ptx[from..].find(needle).map(|at| from + at)
+    };
+    let fenced = lower_workgroup_reductions(&fenced_counter(), &caps);
+    let ptx = program_to_ptx(&fenced, &CodegenOptions::default(), 90, 32).expect("ptx");
+    let exchange = position(&ptx, "atom.global.exch.b64", 0).expect("exchange");
+    let release = position(&ptx, "fence.acq_rel.gpu;", exchange).expect("release fence");
+    let count = position(&ptx, "atom.global.add.u32", release).expect("count");
+    let acquire = position(&ptx, "fence.acq_rel.gpu;", count).expect("acquire fence");
+    position(&ptx, "st.global.u64", acquire).expect("clear after the acquire fence");
+    assert_eq!(ptx.matches("fence.acq_rel.gpu;").count(), 2, "{ptx}");
+    assert!(fenced_counter().to_string().contains("device_fence()"));
+
+    let fenced = fenced_counter();
+    let unfenced = Program::new(
+        fenced.buffers().to_vec(),
+        fenced.workgroup_size(),
+        without(fenced.entry(), &|node| matches!(node, Node::Fence)),
+    );
+    let ptx = program_to_ptx(
+        &lower_workgroup_reductions(&unfenced, &caps),
+        &CodegenOptions::default(),
+        90,
+        32,
+    )
+    .expect("ptx");
+    assert!(!ptx.contains("fence.acq_rel.gpu"), "{ptx}");
 }
 
 // ----- snapshots -------------------------------------------------------------------------
@@ -2376,6 +2466,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 Node::Continue => "continue",
                 Node::Barrier => "barrier",
                 Node::GridSync => "grid_sync",
+                Node::Fence => "fence",
                 Node::WorkgroupReduce { .. } => "workgroup_reduce",
                 Node::WorkgroupScan { .. } => "workgroup_scan",
                 Node::Return => "return",

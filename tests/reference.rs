@@ -7,7 +7,7 @@
 mod support;
 
 use vyre_cuda::ir::*;
-use vyre_cuda::reference::{self, ReferenceOptions};
+use vyre_cuda::reference::{self, ReferenceOptions, WorkgroupOrder};
 use vyre_cuda::{CodegenOptions, DispatchConfig};
 
 fn bytes_of(words: &[u32]) -> Vec<u8> {
@@ -1367,6 +1367,61 @@ fn subgroup_scans_stay_within_their_subgroup() {
         words_of(&out[0]),
         [1, 3, 6, 10, 5, 11, 18, 26, 0, 1, 3, 6, 0, 5, 11, 18]
     );
+}
+
+/// Locks out a workgroup order option that is ignored or that drops lanes: each
+/// of four workgroups of two threads sets its flag (thread 0, then a fence, a
+/// no-op here) and every thread counts the flags it sees. In lockstep all four
+/// are set before anyone counts; run in turn the workgroup `g` sees `g + 1`
+/// (ascending) or `4 - g` (descending).
+#[test]
+fn workgroups_run_in_lockstep_or_in_turn() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "flags",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "seen",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(8),
+        )
+        .body(|blk| {
+            let group = blk.let_("group", Expr::workgroup_id(Axis::X));
+            blk.if_(Expr::local_id(Axis::X).equals(0u32), |blk| {
+                blk.atomic(AtomicOp::Or, "flags", group.clone(), 1u32);
+                blk.fence();
+            });
+            let seen = (0..4u32)
+                .map(|flag| Expr::load("flags", flag))
+                .reduce(|a, b| a + b)
+                .expect("four flags");
+            blk.store("seen", Expr::global_id(Axis::X), seen);
+        })
+        .build();
+    for (order, expected) in [
+        (WorkgroupOrder::Lockstep, [4, 4, 4, 4, 4, 4, 4, 4]),
+        (WorkgroupOrder::InTurn, [1, 1, 2, 2, 3, 3, 4, 4]),
+        (WorkgroupOrder::InTurnReversed, [4, 4, 3, 3, 2, 2, 1, 1]),
+    ] {
+        let options = ReferenceOptions {
+            workgroup_order: order,
+            ..ReferenceOptions::default()
+        };
+        let out = reference::run_with_options(
+            &program,
+            &[&[0; 16], &[0; 32]],
+            &DispatchConfig::linear(4),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(words_of(&out[1]), expected, "{order:?}");
+    }
 }
 
 /// Locks out a `while` loop with one trip count for every lane (or one that

@@ -276,12 +276,62 @@ impl BackendError {
             message: message.into(),
         }
     }
+
+    /// The error of a failed module load for `program` (a name for messages): the
+    /// driver refusing the generated PTX, or the driver layer refusing the load
+    /// because a lane runs under lazy module loading (a `Fix:` saying what to do
+    /// instead of a hang; `driver`'s `module` docs say why).
+    pub(in crate::backend) fn module_load(program: String, sm: u32, error: DriverError) -> Self {
+        if !error.is_module_load_refused_beside_a_lane() {
+            return BackendError::ModuleLoad { program, sm, error };
+        }
+        BackendError::bad_input(format!(
+            "Fix: {program} needs a module load, and a lane of this device is running: with lazy \
+             module loading (CUDA_MODULE_LOADING=LAZY, the driver's default since CUDA 12.2) the load \
+             would wait for the lane's kernel, which runs until the lane stops, so the host would \
+             hang. Compile every kernel (and build every lane) before starting a lane, stop the \
+             lane first, or run the process with CUDA_MODULE_LOADING=EAGER"
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::error::Error;
+
+    /// Locks out a module load refused beside a lane surfacing as "a code generation
+    /// bug" (the generic module-load message) instead of a `Fix:` naming what to do:
+    /// the refusal becomes a `BadInput` naming the program, lazy loading and
+    /// `CUDA_MODULE_LOADING=EAGER`. Negative control: a driver rejection of the PTX
+    /// stays a `ModuleLoad` error (its message needs the driver's status name, so it
+    /// is not formatted here, where no driver may be installed).
+    #[test]
+    fn a_module_load_refused_beside_a_lane_is_a_fix_error() {
+        let refused = BackendError::module_load(
+            "copy_word".into(),
+            90,
+            DriverError::module_load_refused_beside_a_lane(),
+        );
+        let message = refused.to_string();
+        assert!(
+            matches!(refused, BackendError::BadInput { .. }),
+            "{refused:?}"
+        );
+        assert!(
+            message.starts_with("Fix: copy_word needs a module load")
+                && message.contains("lazy module loading")
+                && message.contains("CUDA_MODULE_LOADING=EAGER")
+                && message.contains("before starting a lane"),
+            "{message}"
+        );
+        let rejected = DriverError::not_found("cuModuleGetFunction");
+        let rejected = BackendError::module_load("copy_word".into(), 90, rejected);
+        assert!(
+            matches!(rejected, BackendError::ModuleLoad { .. }),
+            "{rejected:?}"
+        );
+    }
 
     /// Locks out flattening typed causes into strings: a validation failure keeps
     /// its `ValidationError` (and its rule) behind `source()`, a driver failure its

@@ -95,10 +95,8 @@ impl RawFloor {
                 program: program.display_name(),
                 error,
             })?;
-            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
-                program: program.display_name(),
-                sm: caps.ptx_target_sm(),
-                error,
+            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
+                BackendError::module_load(program.display_name(), caps.ptx_target_sm(), error)
             })
         };
         let module = load(codegen::program_to_ptx)?;
@@ -511,10 +509,8 @@ impl ReadbackSweep {
                 program: program.display_name(),
                 error,
             })?;
-            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| BackendError::ModuleLoad {
-                program: program.display_name(),
-                sm: caps.ptx_target_sm(),
-                error,
+            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
+                BackendError::module_load(program.display_name(), caps.ptx_target_sm(), error)
             })
         };
         let failed = |what: &'static str| move |e| BackendError::driver(what, e);
@@ -1069,11 +1065,7 @@ fn load_hand_written(
     what: String,
     sm: u32,
 ) -> Result<LoadedModule, BackendError> {
-    LoadedModule::load(ptx, entry, None).map_err(|error| BackendError::ModuleLoad {
-        program: what,
-        sm,
-        error,
-    })
+    LoadedModule::load(ptx, entry, None).map_err(|error| BackendError::module_load(what, sm, error))
 }
 
 /// Launch `module` as one thread on `stream` and synchronize; errors name `what`.

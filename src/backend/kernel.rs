@@ -383,15 +383,16 @@ impl BackendInner {
                 (Some((first, _)), Some((last, _))) => (first.index, last.index),
                 _ => (0, 0),
             };
-            BackendError::ModuleLoad {
-                program: format!(
+            let program = if error.is_module_load_refused_beside_a_lane() {
+                format!("the batch of programs {first} to {last}")
+            } else {
+                format!(
                     "the module of batch programs {first} to {last} ({} kernels; the driver does \
                      not say which one it refused: compile them one by one to find it)",
                     entries.len()
-                ),
-                sm: self.caps.ptx_target_sm(),
-                error,
-            }
+                )
+            };
+            BackendError::module_load(program, self.caps.ptx_target_sm(), error)
         })?;
         for ((item, _), module) in entries.iter().zip(loaded) {
             let built = self
@@ -527,10 +528,8 @@ impl BackendInner {
     ) -> Result<KernelInner, BackendError> {
         let grid_sync = contains_grid_sync(lowered.entry());
         let module = LoadedModule::load(&ptx, ENTRY_NAME, grid_sync.then_some(GRID_BARRIER_SYMBOL))
-            .map_err(|error| BackendError::ModuleLoad {
-                program: program.display_name(),
-                sm: self.caps.ptx_target_sm(),
-                error,
+            .map_err(|error| {
+                BackendError::module_load(program.display_name(), self.caps.ptx_target_sm(), error)
             })?;
         self.kernel_from_module(program, lowered, options, ptx, module_key, module)
     }

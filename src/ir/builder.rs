@@ -284,6 +284,11 @@ impl BlockBuilder {
         self.push(Node::GridSync)
     }
 
+    /// Device-scope acquire-release memory fence ([`Node::Fence`]).
+    pub fn fence(&mut self) -> &mut Self {
+        self.push(Node::Fence)
+    }
+
     /// `let name = atomic_fetch_<op>(&buffer[index], value);` Returns `Expr::Var(name)`:
     /// the element's value before this thread's operation.
     pub fn atomic_fetch(

@@ -251,6 +251,7 @@ impl<'w> Printer<'w> {
             Node::Continue => self.put("continue"),
             Node::Barrier => self.put("workgroup_barrier()"),
             Node::GridSync => self.put("grid_sync()"),
+            Node::Fence => self.put("device_fence()"),
             Node::Atomic {
                 op,
                 buffer,

@@ -2415,9 +2415,12 @@ impl Mutator {
                 condition: self.expr(condition),
                 body: self.block(body),
             },
-            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
-                node.clone()
-            }
+            Node::Barrier
+            | Node::GridSync
+            | Node::Fence
+            | Node::Return
+            | Node::Break
+            | Node::Continue => node.clone(),
         }
     }
 

@@ -872,6 +872,17 @@ pub enum Node {
     /// is visible to the grid after it. Needs grid-uniform control flow and a grid that
     /// fits on the device at once (launched cooperatively).
     GridSync,
+    /// A device-scope memory fence with acquire and release semantics: this thread's
+    /// global-memory reads and writes before it (atomics included) are ordered before
+    /// its reads and writes after it, as every thread of the device observes them.
+    /// Atomics are relaxed: two atomics of one thread to different elements may take
+    /// effect in either order, so a protocol in which one thread's atomic tells
+    /// another workgroup that its earlier writes are done (a counter of finished
+    /// workgroups, a flag beside data) needs a fence between them in the writer and
+    /// one after the observing atomic in the reader. Valid anywhere a statement is
+    /// (it waits for no other thread); the reference interpreter, which runs in
+    /// lockstep, treats it as a no-op.
+    Fence,
     /// Atomic read-modify-write of element `index` of an integer (`u32`, `i32`, `u64`
     /// or `i64`) `ReadWrite` or `Workgroup` buffer; see [`AtomicOp`] for the operations
     /// and what depends on thread order. Out-of-range indices do nothing (bounds

@@ -98,9 +98,12 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
         Node::WorkgroupReduce { value, .. } | Node::WorkgroupScan { value, .. } => {
             [Some(value), None, None]
         }
-        Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => {
-            [None, None, None]
-        }
+        Node::Barrier
+        | Node::GridSync
+        | Node::Fence
+        | Node::Return
+        | Node::Break
+        | Node::Continue => [None, None, None],
     }
 }
 
@@ -388,6 +391,7 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
         (Node::Loop { variable: x, .. }, Node::Loop { variable: y, .. }) => x == y,
         (Node::Barrier, Node::Barrier)
         | (Node::GridSync, Node::GridSync)
+        | (Node::Fence, Node::Fence)
         | (Node::Return, Node::Return)
         | (Node::Break, Node::Break)
         | (Node::Continue, Node::Continue) => true,
@@ -605,6 +609,7 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
         | Node::While { .. }
         | Node::Barrier
         | Node::GridSync
+        | Node::Fence
         | Node::Return
         | Node::Break
         | Node::Continue => {}

@@ -1397,6 +1397,8 @@ impl<'p> Checker<'p> {
                 self.defer(context, CheckKind::GridSync);
                 Ok(Exits::default())
             }
+            // Waits for no other thread: valid anywhere.
+            Node::Fence => Ok(Exits::default()),
             Node::Atomic {
                 op: _,
                 buffer,

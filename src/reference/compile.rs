@@ -381,7 +381,12 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             Node::While { condition, body } => {
                 expr_depth(condition, depth + 1).max(block_depth(body, depth))
             }
-            Node::Barrier | Node::GridSync | Node::Return | Node::Break | Node::Continue => depth,
+            Node::Barrier
+            | Node::GridSync
+            | Node::Fence
+            | Node::Return
+            | Node::Break
+            | Node::Continue => depth,
         }
     }
     fn expr_depth(expr: &Expr, depth: usize) -> usize {
@@ -641,6 +646,9 @@ impl<'p> Compiler<'p> {
             Node::Continue => CompiledNode::Continue,
             Node::Barrier => CompiledNode::Barrier,
             Node::GridSync => CompiledNode::GridSync,
+            // Lockstep: every earlier effect is already visible to every later
+            // statement, so a fence has nothing to order (a no-op, as a barrier is).
+            Node::Fence => CompiledNode::Barrier,
             Node::Atomic {
                 op,
                 buffer,

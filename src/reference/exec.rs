@@ -18,7 +18,7 @@
 
 use super::compile::{CompiledExpr, CompiledNode, CompiledProgram, Leaves};
 use super::ops::{self, BinaryKind, CastKind, UnaryKind};
-use super::{ReferenceError, ReferenceStats};
+use super::{ReferenceError, ReferenceStats, WorkgroupOrder};
 use crate::ir::{ElemType, Program, ReduceOp, ScanKind};
 
 /// The contents of one buffer (all workgroup instances for a workgroup buffer).
@@ -370,6 +370,8 @@ pub(crate) struct Grid {
     pub(crate) max_loop_iterations: Option<u32>,
     /// `ReferenceOptions::reverse_atomic_order`: atomics apply in descending lane order.
     pub(crate) reverse_atomic_order: bool,
+    /// `ReferenceOptions::workgroup_order`: lockstep, or one workgroup at a time.
+    pub(crate) workgroup_order: WorkgroupOrder,
 }
 
 /// What a lane that is alive but not in a block's lane list is doing: it ran a
@@ -486,12 +488,28 @@ impl<'a, W: Word> Machine<'a, W> {
         }
         self.alive.fill(true);
         self.loop_exit.fill(LoopExit::Running);
-        let mut lanes = self.take_lanes();
-        lanes.extend(0..self.grid.total_lanes);
         let compiled = self.compiled;
-        let result = self.block(&compiled.body, &mut lanes);
-        self.give_lanes(lanes);
-        result
+        let per_group = self.grid.threads_per_workgroup;
+        let workgroups = self.grid.total_lanes / per_group.max(1);
+        let groups: Box<dyn Iterator<Item = u32>> = match self.grid.workgroup_order {
+            WorkgroupOrder::Lockstep => {
+                let mut lanes = self.take_lanes();
+                lanes.extend(0..self.grid.total_lanes);
+                let result = self.block(&compiled.body, &mut lanes);
+                self.give_lanes(lanes);
+                return result;
+            }
+            WorkgroupOrder::InTurn => Box::new(0..workgroups),
+            WorkgroupOrder::InTurnReversed => Box::new((0..workgroups).rev()),
+        };
+        for group in groups {
+            let mut lanes = self.take_lanes();
+            lanes.extend(group * per_group..(group + 1) * per_group);
+            let result = self.block(&compiled.body, &mut lanes);
+            self.give_lanes(lanes);
+            result?;
+        }
+        Ok(())
     }
 
     /// What the run cost so far.

@@ -20,6 +20,10 @@
 //! are visible to every later statement. Consequences:
 //!
 //! - `Barrier` and `GridSync` are satisfied by construction (no-ops here).
+//! - [`ReferenceOptions::workgroup_order`] can instead run one workgroup at a time
+//!   (ascending or descending), each to its end, for programs whose workgroups
+//!   communicate through global memory; within a workgroup it is lockstep as
+//!   above (a `GridSync` then does not synchronise the grid).
 //! - `WorkgroupReduce` reduces over the lanes of each workgroup that reach it;
 //!   `WorkgroupScan` gives each of them its prefix in lane order (which is local
 //!   linear order within a workgroup).
@@ -123,6 +127,33 @@ pub struct ReferenceOptions {
     /// run in (see `ir::AtomicOp`); the differential tests check their generated
     /// programs both ways.
     pub reverse_atomic_order: bool,
+    /// How workgroups share the run (default [`WorkgroupOrder::Lockstep`]). The GPU
+    /// promises no order between workgroups, so a program that passes in lockstep
+    /// but fails with its workgroups run one after another depends on an order
+    /// the device may not give it.
+    pub workgroup_order: WorkgroupOrder,
+}
+
+/// How the reference runs the workgroups of a grid
+/// ([`ReferenceOptions::workgroup_order`]).
+///
+/// Lockstep runs every statement for every workgroup before the next statement,
+/// so workgroups that publish values for each other (a decoupled look-back) all
+/// publish at the same statement and never see another's finished result. Run in
+/// turn, each workgroup runs to its end before the next starts, so every later
+/// workgroup finds every earlier one finished: the paths the device takes when a
+/// workgroup starts after others have finished. A workgroup that waits for a later
+/// one never ends in turn (the run stops at [`ReferenceOptions::max_work`]), as it
+/// may not on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkgroupOrder {
+    /// All workgroups statement by statement (the default).
+    #[default]
+    Lockstep,
+    /// One workgroup at a time, in ascending linear workgroup id.
+    InTurn,
+    /// One workgroup at a time, in descending linear workgroup id.
+    InTurnReversed,
 }
 
 impl Default for ReferenceOptions {
@@ -133,6 +164,7 @@ impl Default for ReferenceOptions {
             max_work: 1 << 31,
             max_memory_bytes: 2 << 30,
             reverse_atomic_order: false,
+            workgroup_order: WorkgroupOrder::Lockstep,
         }
     }
 }
@@ -484,6 +516,7 @@ fn check_request(
         max_work: options.max_work,
         max_loop_iterations: config.codegen.max_loop_iterations,
         reverse_atomic_order: options.reverse_atomic_order,
+        workgroup_order: options.workgroup_order,
     })
 }
 

@@ -11,17 +11,21 @@
 mod batches;
 mod oracle;
 mod split_corpus;
+#[path = "../../tests/support/without.rs"]
+mod without;
 
 use batches::{boundaries_matter, boundary_cases, expected_starts, pack, shortened};
 use oracle::Oracle;
 use vyre_cuda::backend::AnyBackend;
-use vyre_cuda::reference::ReferenceOptions;
+use vyre_cuda::ir::{AtomicOp, Node, Program};
+use vyre_cuda::reference::{ReferenceOptions, WorkgroupOrder};
 use vyre_tokenizer::pretokenize::batch::rules::{self, Condition, Rule, StateMachine};
 use vyre_tokenizer::pretokenize::batch::runner::BatchSplitter;
 use vyre_tokenizer::pretokenize::batch::{check_batch, SplitBuffer, SplitPrograms};
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry;
+use without::without;
 
 fn shown(text: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(text))
@@ -566,5 +570,134 @@ fn steps_bind_exactly_their_programs_buffers() {
         }
         assert_eq!(programs.workgroups(0), 1);
         assert_eq!(programs.workgroups(1_025), 2);
+    }
+}
+
+/// Locks out look-back paths lockstep never takes: on the reference in
+/// lockstep every block publishes its aggregate at the same statement and
+/// walks back to the first block, while on the device a block mostly finds a
+/// nearer block's finished prefix. Run one workgroup at a time (ascending, and
+/// descending so tickets and hardware indexes disagree), every block finds its
+/// predecessor finished: prose as one document and in five, a digit run alone
+/// and after a one-byte document, each eager and as a graph.
+#[test]
+fn reference_workgroups_in_turn_find_finished_prefixes() {
+    for order in [WorkgroupOrder::InTurn, WorkgroupOrder::InTurnReversed] {
+        let backend = AnyBackend::reference_with(ReferenceOptions {
+            workgroup_order: order,
+            ..ReferenceOptions::default()
+        });
+        let prose = generate(Shape::Prose, 3_000, 42);
+        let documents: Vec<Vec<u8>> = prose.chunks(700).map(<[u8]>::to_vec).collect();
+        let digits = "7".repeat(1_500).into_bytes();
+        for pattern in Pattern::ALL {
+            let mut splitter = splitter(&backend, pattern, small());
+            for (what, batch) in [
+                ("prose", vec![prose.clone()]),
+                ("prose in documents", documents.clone()),
+                ("digits", vec![digits.clone()]),
+                ("x, digits", vec![b"x".to_vec(), digits.clone()]),
+            ] {
+                check(&mut splitter, &batch, &format!("{order:?}, {what}"));
+            }
+        }
+    }
+}
+
+/// The statements of `block` in program order, nested blocks in place.
+fn flattened(block: &[Node], into: &mut Vec<Node>) {
+    for node in block {
+        into.push(node.clone());
+        match node {
+            Node::If {
+                then_body,
+                else_body,
+                ..
+            } => {
+                flattened(then_body, into);
+                flattened(else_body, into);
+            }
+            Node::Loop { body, .. } | Node::While { body, .. } => flattened(body, into),
+            _ => {}
+        }
+    }
+}
+
+/// What is wrong with `program`'s end-of-dispatch protocol: its done count (the
+/// last fetch-add on `counters`) must come after every exchange of a status
+/// word with a fence between, and before every store to a status word (the
+/// clear) with a fence between.
+fn finish_protocol_problems(program: &Program) -> Vec<String> {
+    let mut nodes = Vec::new();
+    flattened(program.entry(), &mut nodes);
+    let is_fence = |node: &Node| matches!(node, Node::Fence);
+    let exchanges: Vec<usize> = (0..nodes.len())
+        .filter(|&at| {
+            matches!(&nodes[at], Node::Atomic { op: AtomicOp::Exchange, buffer, .. } if &**buffer == "statuses")
+        })
+        .collect();
+    let clears: Vec<usize> = (0..nodes.len())
+        .filter(|&at| matches!(&nodes[at], Node::Store { buffer, .. } if &**buffer == "statuses"))
+        .collect();
+    let Some(count) = (0..nodes.len()).rev().find(|&at| {
+        matches!(&nodes[at], Node::AtomicFetch { op: AtomicOp::Add, buffer, .. } if &**buffer == "counters")
+    }) else {
+        return vec!["no done count".to_owned()];
+    };
+    let mut problems = Vec::new();
+    match exchanges.last() {
+        Some(&last) if last < count => {
+            if !nodes[last..count].iter().any(is_fence) {
+                problems.push(
+                    "no fence between the last status exchange and the done count".to_owned(),
+                );
+            }
+        }
+        _ => problems.push("a status exchange after the done count, or none".to_owned()),
+    }
+    match clears.first() {
+        Some(&first) if first > count => {
+            if !nodes[count..first].iter().any(is_fence) {
+                problems.push("no fence between the done count and the clear".to_owned());
+            }
+        }
+        _ => problems.push("a status store before the done count, or none".to_owned()),
+    }
+    problems
+}
+
+/// Locks out the stale status word the first H200 run tripped over: the IR's
+/// atomics are relaxed, so without a fence between a block's last status
+/// exchange and its done count, and another between the count and the last
+/// block's clear, an exchange may land after the clear and the next dispatch
+/// reads this one's prefix (no CPU order can show it: the interpreter is
+/// sequentially consistent). Every step of every pattern, at two geometries,
+/// has both fences; negative control: the same steps without fences fail.
+#[test]
+fn finish_fences_every_status_exchange_before_the_clear() {
+    for pattern in Pattern::ALL {
+        for geometry in [Geometry::default(), small()] {
+            let programs = SplitPrograms::build(pattern, geometry).expect("geometry");
+            for step in programs.steps() {
+                let problems = finish_protocol_problems(&step.program);
+                assert!(
+                    problems.is_empty(),
+                    "{pattern:?} {}: {problems:?}",
+                    step.name
+                );
+                let program = &step.program;
+                let unfenced = Program::new(
+                    program.buffers().to_vec(),
+                    program.workgroup_size(),
+                    without(program.entry(), &|node| matches!(node, Node::Fence)),
+                );
+                assert_eq!(
+                    finish_protocol_problems(&unfenced).len(),
+                    2,
+                    "{pattern:?} {}: the control without fences passed",
+                    step.name
+                );
+            }
+        }
     }
 }

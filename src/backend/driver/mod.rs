@@ -38,7 +38,7 @@ pub use memory::{
     allocate_async, copy_to_device_async, copy_to_device_blocking, copy_to_host_async,
     fill_bytes_async, fill_words_async, free_async, DeviceMemory, MappedMemory, PinnedMemory,
 };
-pub use module::{launch, LoadedModule};
+pub use module::{launch, lazy_module_loading, LoadedModule};
 #[cfg(feature = "testing")]
 pub use resident::deferred_releases;
 pub use resident::{resident_started, resident_stopped};
@@ -78,6 +78,21 @@ impl DriverError {
             code: sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
             call,
         }
+    }
+
+    /// The refusal of a module load while a resident kernel (a lane) runs in the
+    /// current context under lazy module loading ([`LoadedModule::load_entries`]):
+    /// the load would wait for that kernel, which only ends when the host stops it.
+    pub(in crate::backend) fn module_load_refused_beside_a_lane() -> DriverError {
+        DriverError {
+            code: sys::CUresult::CUDA_ERROR_NOT_PERMITTED,
+            call: MODULE_LOAD_REFUSED,
+        }
+    }
+
+    /// Whether this is [`DriverError::module_load_refused_beside_a_lane`].
+    pub(in crate::backend) fn is_module_load_refused_beside_a_lane(&self) -> bool {
+        self.code == sys::CUresult::CUDA_ERROR_NOT_PERMITTED && self.call == MODULE_LOAD_REFUSED
     }
 
     /// A cooperative launch whose grid cannot be co-resident.
@@ -128,6 +143,10 @@ impl fmt::Display for DriverError {
 }
 
 impl std::error::Error for DriverError {}
+
+/// The call a refused module load names (no driver call was made).
+const MODULE_LOAD_REFUSED: &str =
+    "cuModuleLoadData (not called: lazy module loading would wait for a running lane)";
 
 /// Driver result alias.
 pub type DriverResult<T> = Result<T, DriverError>;
@@ -358,6 +377,12 @@ const MAPPED_SYMBOLS: &[&str] = &["cuMemHostGetDevicePointer_v2", "cuMemcpyHtoD_
 /// Driver symbols only lanes (`backend::lane`) need. Checked when a lane is built,
 /// so a driver that lacks one still serves every other path.
 const LANE_SYMBOLS: &[&str] = &["cuStreamQuery", "cuEventSynchronize"];
+
+/// Whether libcuda has `name` (for calls newer than the drivers we require, used
+/// only where present). The answer for each name is cached by its caller.
+pub(super) fn has_symbol(name: &'static str) -> bool {
+    load_driver().is_ok() && check_symbols(&[name]).is_ok()
+}
 
 /// Checks the symbols lanes use (after the mapped symbols). Cached.
 pub fn load_lane_symbols() -> Result<(), LoadError> {

@@ -1,4 +1,21 @@
 //! JIT-loaded modules, their entry functions, and kernel launches.
+//!
+//! # Loading beside a lane
+//!
+//! Since CUDA 12.2 the driver loads modules lazily by default
+//! (`CUDA_MODULE_LOADING=LAZY`): `cuModuleLoadData` defers each kernel's code until
+//! the function is asked for or first used, and NVIDIA's programming guide warns that
+//! such a load may need the context to synchronize, so a program in which one kernel
+//! waits for another (a persistent kernel) can deadlock. A lane (`backend::lane`) is
+//! such a kernel: it runs until the host stops it. Seen on the H200 (driver 580,
+//! CUDA 13, lazy by default): the two GPU tests that compile a program while a lane
+//! runs hung until an outer timeout killed them, where allocating, freeing (deferred,
+//! `resident`), pinning, eager launches of kernels loaded earlier and graph replays
+//! beside a lane all finished. So [`LoadedModule::load_entries`]
+//! (every module load of the crate) refuses while a resident kernel runs in the
+//! current context under lazy loading, and finishes every entry's loading
+//! (`cuFuncLoad`, where the driver has it) before it returns, so no load is left for
+//! a first launch made later beside a lane.
 
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -60,10 +77,16 @@ impl LoadedModule {
     /// JIT-load PTX text once (one `cuModuleLoadData`) and look up each entry
     /// function (with its module-scope global, if given), in order: a module of
     /// several kernels ([`crate::codegen::PtxModuleBuilder`]) costs one driver JIT.
+    ///
+    /// Refused ([`DriverError::module_load_refused_beside_a_lane`]) while a resident
+    /// kernel runs in the current context under lazy module loading (module docs).
     pub fn load_entries(
         ptx: &str,
         entries: &[(&str, Option<&str>)],
     ) -> DriverResult<Vec<LoadedModule>> {
+        if super::resident::running_in_current_context() && lazy_module_loading() {
+            return Err(DriverError::module_load_refused_beside_a_lane());
+        }
         let image = c_string(
             ptx,
             sys::CUresult::CUDA_ERROR_INVALID_IMAGE,
@@ -89,6 +112,7 @@ impl LoadedModule {
                 unsafe { sys::cuModuleGetFunction(&mut function, raw, entry.as_ptr()) },
                 "cuModuleGetFunction",
             )?;
+            finish_loading(function)?;
             let global = match global {
                 None => None,
                 Some(name) => {
@@ -143,6 +167,41 @@ impl LoadedModule {
         )?;
         Ok(n.max(0) as u32)
     }
+}
+
+/// Whether the driver loads modules lazily (`cuModuleGetLoadingMode`; the
+/// `CUDA_MODULE_LOADING` environment variable, read once at `cuInit`, decides it). A
+/// driver without the call (older than lazy loading) loads eagerly; a failing query
+/// answers `true`, the answer that refuses a load rather than risk a hang. Cached once
+/// known (it cannot change after `cuInit`).
+pub fn lazy_module_loading() -> bool {
+    static LAZY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if let Some(&lazy) = LAZY.get() {
+        return lazy;
+    }
+    if !super::has_symbol("cuModuleGetLoadingMode") {
+        return *LAZY.get_or_init(|| false);
+    }
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: the symbol exists (checked above); writes one enum value.
+    let status = unsafe { sys::cuModuleGetLoadingMode(&mut mode) };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return true;
+    }
+    *LAZY.get_or_init(|| mode == sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING)
+}
+
+/// Finish loading `function` now (`cuFuncLoad`; a no-op for a loaded function) so
+/// that its first launch loads nothing. Skipped on drivers without the call (before
+/// CUDA 12.4), whose `cuModuleGetFunction` loads the function itself.
+fn finish_loading(function: sys::CUfunction) -> DriverResult<()> {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*PRESENT.get_or_init(|| super::has_symbol("cuFuncLoad")) {
+        return Ok(());
+    }
+    // SAFETY: the symbol exists (checked above); `function` is a live handle just
+    // returned by cuModuleGetFunction for a module that stays loaded.
+    check(unsafe { sys::cuFuncLoad(function) }, "cuFuncLoad")
 }
 
 /// Enqueue a launch with a prebuilt parameter array.

@@ -14,8 +14,17 @@
 //! lane has stopped and its stream was synchronised.
 //!
 //! Off the lane path this costs one relaxed load of a process-wide count per release.
-//! Allocations and module loads cannot be deferred: a program that needs them while a
-//! lane runs makes them before it builds the lane (the lane docs say so).
+//! Allocations cannot be deferred, and need not be: allocating device, pinned and
+//! host-mapped memory beside a running lane finished on the H200 (driver 580). Module
+//! loads cannot be deferred either, and under lazy module loading they wait for the
+//! lane: `module` refuses them while [`running_in_current_context`] holds.
+//!
+//! Not queued, because the driver documents them as returning at once while the
+//! device still works: `cuStreamDestroy` ("the function will return immediately and
+//! the resources associated with hStream will be released automatically once the
+//! device has completed all work"), `cuEventDestroy` (likewise, for an event not yet
+//! complete) and `cuGraphExecDestroy` / `cuGraphDestroy` (an executable graph in
+//! flight is freed on completion).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,6 +112,22 @@ pub(super) fn release(release: Release) {
             release.now();
         }
     }
+}
+
+/// Whether a resident kernel runs in the current context (what a module load asks
+/// before it is made; one relaxed load when no lane runs anywhere).
+pub(super) fn running_in_current_context() -> bool {
+    if RUNNING.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let Some(context) = current_context() else {
+        return false;
+    };
+    CONTEXTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|resident| resident.context == context && resident.running > 0)
 }
 
 /// A resident kernel is about to start in `context`: from now on releases in it are

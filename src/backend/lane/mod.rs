@@ -61,8 +61,21 @@
 //! - **Releases wait.** Freeing device or pinned memory and unloading modules wait
 //!   for an idle device, which a lane never is: while a lane runs, the backend queues
 //!   those releases and makes them when the device's last lane stops (`driver`'s
-//!   `resident`). Allocating and compiling are not queued: compile kernels and warm
-//!   the eager paths a program uses beside a lane before building it.
+//!   `resident`). Allocating is not queued and need not be (device, pinned and
+//!   host-mapped allocations beside a lane finished on the H200).
+//! - **Module loads wait.** Since CUDA 12.2 the driver loads modules lazily by default
+//!   (`CUDA_MODULE_LOADING=LAZY`), and NVIDIA's programming guide warns that loading a
+//!   kernel may need the context to synchronize, which deadlocks a program whose
+//!   kernels wait on each other: a lane's kernel never finishes on its own. So while
+//!   a lane runs under lazy loading, every module load (compiling a program not in
+//!   the backend's cache, building another lane) is a `Fix:` error instead of a host
+//!   that hangs ([`CudaBackend::lazy_module_loading`] says which mode the process
+//!   runs in). Compile every kernel, and warm the eager paths a program uses beside a
+//!   lane, before building it; or run the process with `CUDA_MODULE_LOADING=EAGER`.
+//!   Every module load finishes loading its kernels (`cuFuncLoad`) before it returns,
+//!   so a kernel compiled before the lane launches beside it with nothing left to
+//!   load. The guard is per process: a module load in another process on the same
+//!   device is outside it.
 //!
 //! # Faults, timeouts, stop
 //!
@@ -416,11 +429,7 @@ impl CudaBackend {
         let ptx = builder.finish();
         inner.bind()?;
         let module = LoadedModule::load(&ptx, LANE_ENTRY_NAME, None).map_err(|error| {
-            BackendError::ModuleLoad {
-                program: name.clone(),
-                sm: caps.ptx_target_sm(),
-                error,
-            }
+            BackendError::module_load(name.clone(), caps.ptx_target_sm(), error)
         })?;
         let threads: u32 = workgroup_size.iter().product();
         let per_sm = module
@@ -1422,6 +1431,14 @@ impl Lane {
 }
 
 impl CudaBackend {
+    /// Whether the driver loads modules lazily (`CUDA_MODULE_LOADING=LAZY`, its default
+    /// since CUDA 12.2). While a lane runs, lazy loading makes every module load (a
+    /// `compile` of a program not compiled yet, a new lane) a `Fix:` error instead of
+    /// a host that waits for the lane forever (see the module docs of `backend::lane`).
+    pub fn lazy_module_loading(&self) -> bool {
+        driver::lazy_module_loading()
+    }
+
     /// Releases (device, pinned and mapped memory, modules) queued because a lane of
     /// this device runs (test support: they are made when its last lane stops).
     #[cfg(feature = "testing")]

@@ -1019,6 +1019,7 @@ impl<'p> Writer<'p> {
                 )))
             }
             Node::GridSync => self.grid_sync(),
+            Node::Fence => emit!(self, "fence.acq_rel.gpu;"),
             Node::Atomic {
                 op,
                 buffer,

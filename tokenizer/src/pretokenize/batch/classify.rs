@@ -189,6 +189,7 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                 .map(|(carry, (_, block))| carry.clone().min(block.clone()))
                 .collect();
             ahead.publish_inclusive(b, &inclusive);
+            lookback::finish(b, workgroup_size, 1);
             for byte in 0..per_thread as usize {
                 let mut value = codes[byte].clone() & (code::KIND_MASK | code::DOCUMENT_START);
                 for (index, fact) in facts.iter().enumerate() {
@@ -210,7 +211,6 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                     b.store("codes", position, value);
                 });
             }
-            lookback::finish(b, workgroup_size, 1);
         })
         .build()
 }

@@ -19,13 +19,21 @@
 //! inclusive), up to two values of 30 bits in bits 0..=29 and 30..=59 (two
 //! facts travel together). Blocks before the first (or after the last) read as
 //! inclusive identities. Every read is an atomic (it reaches the device's
-//! coherent L2, never a stale L1 line), every value rides in the same word as
-//! its flag, so no fence is needed.
+//! coherent L2, never a stale L1 line) and every value rides in the same word as
+//! its flag, so the look-back itself needs no fence.
 //!
 //! The status words and the two counters (ticket, done) must be zero before a
 //! dispatch and are zero after it: the block that finishes last (by the done
 //! counter) clears them ([`finish`]), so a buffer allocated zeroed serves any
-//! number of dispatches, eager or in a graph, with no clearing step.
+//! number of dispatches, eager or in a graph, with no clearing step. That step
+//! is the one place where one atomic must order another: the IR's atomics are
+//! relaxed, so a block's status exchange and its later done increment (two
+//! addresses) may reach memory in either order, and without a fence on each
+//! side of the done count an exchange could land after the last block's clear
+//! and leave a stale status word (flag and value of this dispatch) for the
+//! next one, whose blocks then take it for a finished prefix before its owner
+//! publishes: wrong piece indexes only when the next batch differs (the first
+//! H200 run failed exactly there, never on a graph replay of the same batch).
 //!
 //! On the reference interpreter every block publishes its aggregate in the same
 //! statement (lockstep), so no block ever waits; each walks back to the first
@@ -306,13 +314,20 @@ impl LookBack<'_> {
     }
 }
 
-/// The end of every program with look-backs: counts this block done (after all
-/// its status reads), and the last block to finish clears the `regions · B`
-/// status words and the counters for the next dispatch.
+/// The end of every program with look-backs, after its last status exchange:
+/// counts this block done, and the last block to finish clears the
+/// `regions · B` status words and the counters for the next dispatch.
+///
+/// Thread 0 makes every status access and the count. A fence before the count
+/// (release) puts all its status reads and exchanges before it; a fence after
+/// (acquire), then the workgroup reduction's barriers, put the last block's
+/// clearing stores after every block's count, and so after every exchange.
 pub(super) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
     let finished = b.let_mut("finished_before", 0u32);
     b.if_(local().equals(0u32), |b| {
+        b.fence();
         let done = b.atomic_fetch("done_fetched", AtomicOp::Add, "counters", DONE, 1u32);
+        b.fence();
         b.assign("finished_before", done);
     });
     let finished = b.workgroup_reduce("finished", ReduceOp::Max, finished);

@@ -71,9 +71,9 @@ impl<'a> Block<'a> {
 /// Emits the end of a split program: `marks` (one `bool` per byte the thread
 /// owns, in order) counted, the workgroup's exclusive scan of the counts, a
 /// look-back over the piece counts' status words (from index `region`) for the
-/// block's first piece index, every piece start stored at its index, the piece
-/// count written by the last block, and [`lookback::finish`] over `regions`
-/// status regions.
+/// block's first piece index, [`lookback::finish`] over `regions` status
+/// regions, every piece start stored at its index, and the piece count written
+/// by the last block.
 pub(super) fn store(
     b: &mut BlockBuilder,
     block: Block<'_>,
@@ -102,6 +102,9 @@ pub(super) fn store(
     let carried = pieces.carries(b).remove(0);
     let before = b.let_("pieces_before", carried);
     pieces.publish_inclusive(b, &[before.clone() + total.clone()]);
+    // Done with the status words before the stores: the fences in `finish` then
+    // wait for no piece start on its way to host-mapped memory.
+    lookback::finish(b, block.workgroup_size, regions);
     let slot = b.let_mut("piece_slot", before.clone() + rank);
     for (byte, mark) in marks.into_iter().enumerate() {
         let position = block.start.clone() + local() * block.bytes_per_thread + byte as u32;
@@ -114,5 +117,4 @@ pub(super) fn store(
     b.if_(last.and(local().equals(0u32)), |b| {
         b.store("piece_count", 0u32, before + total);
     });
-    lookback::finish(b, block.workgroup_size, regions);
 }
