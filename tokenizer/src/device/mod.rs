@@ -44,8 +44,11 @@
 //! - **One thread per piece** looks the whole piece up (most pieces are one
 //!   token: one lookup); a piece that is not goes on a list, and a thread per
 //!   listed piece runs tiktoken's merge loop (lowest rank, leftmost on ties)
-//!   over scratch arrays indexed by text position, so no thread needs a local
-//!   array and a range of any length fits.
+//!   over scratch arrays indexed by text position (each part's length and
+//!   pair rank at its first byte, the lowest pair rank of every 16-byte
+//!   block: a merge reads the block minima and refreshes at most three, and
+//!   moves nothing), so no thread needs a local array and a range of any
+//!   length fits.
 //! - **Long pieces** (over 384 bytes: a run of one letter, a long number under
 //!   GPT-2's pattern, a paragraph of CJK) are cut into 384-byte chunks merged
 //!   in parallel and stitched where a check proves it exact: the chunks'

@@ -254,7 +254,7 @@ fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64
         Role::DocumentEnds | Role::StagedDocuments => 4 * documents,
         Role::Vocabulary | Role::TokenBytes | Role::KindTable => 0,
         Role::PieceCount => 4,
-        Role::PieceStarts | Role::TokenAt | Role::PartStart | Role::PairRank | Role::Ids => {
+        Role::PieceStarts | Role::TokenAt | Role::MergeMinima | Role::MergeParts | Role::Ids => {
             4 * text
         }
         Role::MergeList => 4 * (text / 2 + 1),
