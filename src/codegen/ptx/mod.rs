@@ -166,7 +166,13 @@ use crate::config::CodegenOptions;
 use crate::ir::{self, Limits, Program, ProgramForm, ValidProgram, ValidationError};
 
 mod batch;
+// The request record's layout is a contract between the backend's lane and the
+// bodies this module writes, not part of the product: public only for the crate's
+// own tests (the `testing` feature).
+#[cfg(feature = "testing")]
 pub mod lane;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod lane;
 mod writer;
 
 pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
