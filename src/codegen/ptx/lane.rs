@@ -862,6 +862,35 @@ impl Server {
     /// Entry `%op` of the record's table at byte `table` (a prologue or readback
     /// table): its u64 address into `address`, its u32 byte count into `%bytes` and its
     /// last u32 (staging or area offset) into `%source`.
+    /// A loop (labels named after `kind`) over the entries `%op = from .. count` of
+    /// the record table whose offset register is `table`: each entry's device address
+    /// is loaded into `address` and made global, then `body` runs with the label it
+    /// falls through to (the loop's `next`), as [`copy`](Self::copy) does.
+    fn for_each_entry(
+        &mut self,
+        kind: &str,
+        table: &str,
+        from: &str,
+        count: &str,
+        address: &str,
+        body: impl FnOnce(&mut Self, &str),
+    ) {
+        let top = self.label(kind);
+        let next = self.label(&format!("{kind}_next"));
+        let done = self.label(&format!("{kind}_done"));
+        self.line(format_args!("mov.u32 %op, {from};"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %op, {count};"));
+        self.line(format_args!("@%past bra {done};"));
+        self.load_entry(table, address);
+        self.line(format_args!("cvta.to.global.u64 {address}, {address};"));
+        body(self, &next);
+        self.place(&next);
+        self.line(format_args!("add.u32 %op, %op, 1;"));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+
     fn load_entry(&mut self, table: &str, address: &str) {
         self.line(format_args!(
             "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, {table};"
@@ -880,25 +909,19 @@ impl Server {
             self.out,
             "\n\t// ---- prologue: zero fills and host inputs, over every thread of the lane"
         );
-        let top = self.label("prologue");
-        let next = self.label("prologue_next");
-        let done = self.label("prologue_done");
-        self.line(format_args!("mov.u32 %op, 0;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %op, %prologue;"));
-        self.line(format_args!("@%past bra {done};"));
-        self.load_entry("%prologue_at", "%destination");
-        self.line(format_args!(
-            "cvta.to.global.u64 %destination, %destination;"
-        ));
-        self.line(format_args!("setp.eq.u32 %zero, %source, {PROLOGUE_ZERO};"));
-        self.line(format_args!("cvt.u64.u32 %offset, %source;"));
-        self.line(format_args!("add.s64 %source_address, %inputs, %offset;"));
-        self.copy("%global", "%everyone", "relaxed.sys", Some("%zero"), &next);
-        self.place(&next);
-        self.line(format_args!("add.u32 %op, %op, 1;"));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
+        self.for_each_entry(
+            "prologue",
+            "%prologue_at",
+            "0",
+            "%prologue",
+            "%destination",
+            |this, next| {
+                this.line(format_args!("setp.eq.u32 %zero, %source, {PROLOGUE_ZERO};"));
+                this.line(format_args!("cvt.u64.u32 %offset, %source;"));
+                this.line(format_args!("add.s64 %source_address, %inputs, %offset;"));
+                this.copy("%global", "%everyone", "relaxed.sys", Some("%zero"), next);
+            },
+        );
         let run = self.label("run");
         self.line(format_args!("setp.eq.u32 %past, %prologue, 0;"));
         self.line(format_args!("@%past bra {run};"));
@@ -1124,25 +1147,19 @@ impl Server {
         self.place("$L_lane_publish");
         self.windows();
         // Ranges after the windows: this block's threads, each range in turn.
-        let top = self.label("ranges");
-        let next = self.label("ranges_next");
-        let done = self.label("ranges_done");
-        self.line(format_args!("mov.u32 %op, %windows;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %op, %readbacks;"));
-        self.line(format_args!("@%past bra {done};"));
-        self.load_entry("%readback_at", "%source_address");
-        self.line(format_args!(
-            "cvta.to.global.u64 %source_address, %source_address;"
-        ));
-        self.line(format_args!("cvt.u64.u32 %offset, %source;"));
-        self.line(format_args!("add.s64 %destination, %area, %offset;"));
-        self.line(format_args!("mov.u32 %stride, {t};"));
-        self.copy("%lin", "%stride", "relaxed.gpu", None, &next);
-        self.place(&next);
-        self.line(format_args!("add.u32 %op, %op, 1;"));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
+        self.for_each_entry(
+            "ranges",
+            "%readback_at",
+            "%windows",
+            "%readbacks",
+            "%source_address",
+            |this, next| {
+                this.line(format_args!("cvt.u64.u32 %offset, %source;"));
+                this.line(format_args!("add.s64 %destination, %area, %offset;"));
+                this.line(format_args!("mov.u32 %stride, {t};"));
+                this.copy("%lin", "%stride", "relaxed.gpu", None, next);
+            },
+        );
         self.line(format_args!("barrier.sync 1;"));
         self.line(format_args!("@!%leader bra $L_lane_served;"));
         self.line(format_args!("mov.u64 %end, %globaltimer;"));
