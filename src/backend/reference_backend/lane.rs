@@ -13,11 +13,9 @@ use super::super::lane::{
     check_lane_blocks, check_lane_kernels, check_lane_request, check_lane_shared, lane_inputs,
     lane_name, not_in_lane, LaneKernelShape,
 };
-use super::super::plan::{check_output_slices, plan_request, RequestPlan};
 use super::super::request::Target;
 use super::super::{
-    BackendError, Dispatch, Finished, Kernel, LaneOptions, LaunchPlan, Outputs, PendingDispatch,
-    Timings,
+    BackendError, Dispatch, Finished, Kernel, LaneOptions, Outputs, PendingDispatch, Timings,
 };
 use super::{ReferenceBackend, ReferenceKernel};
 
@@ -95,22 +93,7 @@ impl ReferenceLane {
         if !member {
             return Err(not_in_lane(&reference.name, &self.kernels));
         }
-        let mut plan = RequestPlan::default();
-        plan_request(
-            &reference.name,
-            (&reference.slots, reference.program.scalars()),
-            &reference.outputs,
-            request,
-            &mut plan,
-        )?;
-        if let Sink::Slices(outputs) = sink {
-            check_output_slices(&plan.reads, outputs)?;
-        }
-        LaunchPlan::new(
-            request.workgroups,
-            reference.workgroup_size,
-            &backend.inner.caps,
-        )?;
+        let (plan, _) = backend.plan(reference, request, sink)?;
         let inputs = lane_inputs(&reference.slots, request.bindings, &plan.sizes);
         check_lane_request(
             &reference.name,

@@ -344,21 +344,15 @@ impl ReferenceBackend {
         ))
     }
 
-    /// Every check a CUDA dispatch makes before it touches the device, in its order.
-    fn prepare<'k>(
+    /// `request`'s plan for `reference` with the caller's output slices checked
+    /// against it, and its launch shape: the first checks of a dispatch and of a lane
+    /// request alike, in CUDA's order.
+    fn plan(
         &self,
-        kernel: &'k Kernel,
+        reference: &ReferenceKernel,
         request: &Dispatch<'_>,
         sink: &Sink<'_, '_>,
-    ) -> Result<Prepared<'k>, BackendError> {
-        let start = Instant::now();
-        let reference = self.reference_kernel(kernel)?;
-        if let Some(previous) = request.after {
-            match &previous.origin {
-                PendingOrigin::Reference(owner) if owner.id == self.inner.id => {}
-                _ => return Err(super::dispatch::foreign_predecessor(&reference.name)),
-            }
-        }
+    ) -> Result<(RequestPlan, LaunchPlan), BackendError> {
         let mut plan = RequestPlan::default();
         plan_request(
             &reference.name,
@@ -375,6 +369,25 @@ impl ReferenceBackend {
             reference.workgroup_size,
             &self.inner.caps,
         )?;
+        Ok((plan, launch))
+    }
+
+    /// Every check a CUDA dispatch makes before it touches the device, in its order.
+    fn prepare<'k>(
+        &self,
+        kernel: &'k Kernel,
+        request: &Dispatch<'_>,
+        sink: &Sink<'_, '_>,
+    ) -> Result<Prepared<'k>, BackendError> {
+        let start = Instant::now();
+        let reference = self.reference_kernel(kernel)?;
+        if let Some(previous) = request.after {
+            match &previous.origin {
+                PendingOrigin::Reference(owner) if owner.id == self.inner.id => {}
+                _ => return Err(super::dispatch::foreign_predecessor(&reference.name)),
+            }
+        }
+        let (plan, launch) = self.plan(reference, request, sink)?;
         super::dispatch::check_coresident(
             &reference.name,
             reference.grid_sync,
