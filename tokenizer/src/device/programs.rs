@@ -1532,6 +1532,13 @@ fn heap_key(rank: Expr, position: Expr) -> Expr {
     (rank.cast(ScalarType::U64) << 32u32) | position.cast(ScalarType::U64)
 }
 
+/// Writes the heap entry `(rank, position)` at `at` (the serial path's heap: ranks
+/// in `merge_parts`, positions in `merge_minima`, at the same index).
+fn store_heap_entry(b: &mut BlockBuilder, at: Expr, rank: Expr, position: Expr) {
+    b.store(Role::MergeParts.name(), at.clone(), rank);
+    b.store(Role::MergeMinima.name(), at, position);
+}
+
 /// Pushes `(rank, position)` onto the heap of the piece at `base` (its entries
 /// in `merge_parts`/`merge_minima` at `base..`), whose size is the variable `size`.
 fn emit_push(
@@ -1564,20 +1571,10 @@ fn emit_push(
                 b.break_();
             },
         );
-        b.store(
-            Role::MergeParts.name(),
-            base.clone() + hole.clone(),
-            parent_rank,
-        );
-        b.store(
-            Role::MergeMinima.name(),
-            base.clone() + hole.clone(),
-            parent_position,
-        );
+        store_heap_entry(b, base.clone() + hole.clone(), parent_rank, parent_position);
         b.assign(hole_name.clone(), parent);
     });
-    b.store(Role::MergeParts.name(), base.clone() + hole.clone(), rank);
-    b.store(Role::MergeMinima.name(), base.clone() + hole, position);
+    store_heap_entry(b, base.clone() + hole, rank, position);
 }
 
 /// Pushes the pair of the part at text position `at` (`first_len` bytes) and
@@ -1684,28 +1681,15 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
             b.if_(last_key.clone().less_equal(key_at(child.clone())), |b| {
                 b.break_();
             });
-            b.store(
-                Role::MergeParts.name(),
+            store_heap_entry(
+                b,
                 start.clone() + hole.clone(),
                 load(Role::MergeParts, start.clone() + child.clone()),
-            );
-            b.store(
-                Role::MergeMinima.name(),
-                start.clone() + hole.clone(),
                 load(Role::MergeMinima, start.clone() + child.clone()),
             );
             b.assign("sift", child.clone());
         });
-        b.store(
-            Role::MergeParts.name(),
-            start.clone() + hole.clone(),
-            last_rank,
-        );
-        b.store(
-            Role::MergeMinima.name(),
-            start.clone() + hole,
-            last_position,
-        );
+        store_heap_entry(b, start.clone() + hole, last_rank, last_position);
         // Is the popped pair still the pair at its position?
         let at = b.let_("at", start.clone() + position.clone());
         let first_rank = b.let_("first_rank", load(Role::TokenAt, at.clone()));
