@@ -534,6 +534,50 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
     );
 }
 
+/// Seeds of the lane differential that once failed on the GPU, each with what it
+/// found: 3001889 (a `return` inside a loop inside divergent branches) left its
+/// warp diverged when the server called the next workgroup's body, whose aligned
+/// entry barrier then waited forever, so the request timed out.
+const LANE_REGRESSION_SEEDS: [u64; 1] = [3_001_889];
+
+/// Locks out the lane defects the differential found (see [`LANE_REGRESSION_SEEDS`]):
+/// each seed alone through lanes of 1, 2 and 3 blocks, each with every draw of its
+/// scalar values, byte-identical to the reference interpreter within a 5 s lane
+/// timeout. Negative control (run on the H200): with the aligned barrier in lane
+/// bodies, seed 3001889 timed out in its lane of 1 block.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_differential_lane_regression_seeds_match_reference() {
+    let _watchdog = support::watchdog(60, "the lane regression seeds");
+    let gpu = backend();
+    for seed in LANE_REGRESSION_SEEDS {
+        let case = lane_case(seed - LANE_FIRST_SEED);
+        let kernels = compile_cases(&gpu, std::slice::from_ref(&case), 1);
+        for blocks in 1..=3u32 {
+            let lane = gpu
+                .lane(
+                    &[&kernels[0]],
+                    LaneOptions::new()
+                        .blocks(blocks)
+                        .result_bytes(1 << 20)
+                        .staging_bytes(1 << 20)
+                        .timeout(std::time::Duration::from_secs(5)),
+                )
+                .unwrap_or_else(|e| panic!("a lane of seed {seed}: {e}"));
+            let bindings = support::host_bindings(&case.inputs);
+            for values in support::value_draws(&case) {
+                let expected = support::case_reference(&case, &values);
+                let request = Dispatch::new(&kernels[0], &bindings).config(&case.config);
+                let got = lane
+                    .run(support::with_scalars(request, &case.program, &values))
+                    .unwrap_or_else(|e| panic!("seed {seed} ({blocks} blocks): {e}"));
+                assert_eq!(got.outputs, expected, "seed {seed} ({blocks} blocks)");
+            }
+            lane.stop().unwrap();
+        }
+    }
+}
+
 /// Locks out a lane differential that fails on its own options instead of on a real
 /// difference: each of its first 2,000 programs binds at most 64 buffers, and its
 /// outputs (every output buffer, 16-byte aligned, after the 32-byte header) and host

@@ -957,3 +957,106 @@ fn gpu_lane_scalar_values_follow_each_request() {
         assert_eq!(got.outputs, expected, "values {set:?}");
     }
 }
+
+/// Workgroups of 30 threads (one partial warp) that meet at barriers (a workgroup
+/// buffer zeroed at entry, a store and a reduction), then return early at different
+/// iterations of a loop: thread `l` returns at iteration 1 when `l % 3 == 0` and at
+/// iteration 2 when `l % 5 == 1`; the others store `neighbour + total`.
+fn diverging_returns_program() -> Program {
+    Program::builder([30, 1, 1])
+        .entry_op_id("lane_diverging_returns")
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "w",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(30),
+        )
+        .body(|b| {
+            let local = b.let_("local", Expr::local_id(Axis::X));
+            let group = b.let_("group", Expr::workgroup_id(Axis::X));
+            b.store("w", local.clone(), group.clone() * 100u32 + local.clone());
+            b.barrier();
+            let neighbour = b.let_("neighbour", Expr::load("w", (local.clone() + 1u32) % 30u32));
+            let total = b.workgroup_reduce("total", ReduceOp::Sum, local.clone() + group.clone());
+            b.loop_("j", 0u32, 3u32, |b, j| {
+                let first = (local.clone() % 3u32)
+                    .equals(0u32)
+                    .and(j.clone().equals(1u32));
+                b.if_(first, |b| {
+                    b.return_();
+                });
+                let second = (local.clone() % 5u32).equals(1u32).and(j.equals(2u32));
+                b.if_(second, |b| {
+                    b.return_();
+                });
+            });
+            b.store("out", group * 30u32 + local, neighbour + total);
+        })
+        .build()
+}
+
+/// What [`diverging_returns_program`] writes over `groups` workgroups.
+fn diverging_returns_expected(groups: u32) -> Vec<u32> {
+    (0..groups)
+        .flat_map(|group| {
+            (0..30u32).map(move |local| {
+                if local % 3 == 0 || local % 5 == 1 {
+                    0
+                } else {
+                    group * 100 + (local + 1) % 30 + 435 + 30 * group
+                }
+            })
+        })
+        .collect()
+}
+
+/// Locks out lane bodies that lose threads at their barriers after early returns: a
+/// body whose threads return at different points (here inside a loop) can leave the
+/// warp diverged when the server calls the next workgroup's body, whose entry barrier
+/// must still gather every thread. Twelve workgroups of [`diverging_returns_program`]
+/// through lanes of 1 and 2 blocks (each block runs several in turn), over 20 requests
+/// each, give the hand-computed words, the reference's bytes and a launch's bytes.
+/// This shape alone did not hang the aligned barrier on the H200 (ptxas reconverged
+/// the warp); the differential's regression seeds hold the case that did.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_bodies_meet_at_barriers_after_diverging_returns() {
+    let _watchdog = watchdog(60, "lane bodies after diverging returns");
+    let gpu = backend();
+    let program = diverging_returns_program();
+    let kernel = gpu.compile(&program, &DispatchConfig::linear(1)).unwrap();
+    let groups = 12u32;
+    let config = DispatchConfig::new([groups, 1, 1]);
+    let inputs = vec![vec![0u8; 4 * 30 * groups as usize]];
+    let expected = reference(&program, &inputs, &config);
+    assert_eq!(words(&expected[0]), diverging_returns_expected(groups));
+    let buffers = buffer_copies(&gpu, &inputs);
+    let bound = bindings(&buffers);
+    let launched = gpu
+        .run(Dispatch::new(&kernel, &bound).config(&config))
+        .unwrap();
+    assert_eq!(launched.outputs, expected, "a launch");
+    for blocks in [1u32, 2] {
+        let lane = lane_of(
+            &gpu,
+            std::slice::from_ref(&kernel),
+            LaneOptions::new()
+                .blocks(blocks)
+                .timeout(Duration::from_secs(5)),
+        );
+        for round in 0..20 {
+            let got = lane
+                .run(Dispatch::new(&kernel, &bound).config(&config))
+                .unwrap_or_else(|e| panic!("blocks {blocks}, round {round}: {e}"));
+            assert_eq!(got.outputs, expected, "blocks {blocks}, round {round}");
+        }
+    }
+}

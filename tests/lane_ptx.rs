@@ -137,6 +137,28 @@ fn the_fixture_lane_matches_its_snapshot_and_assembles() {
     ptxas::assemble(&ptxas, "lane_fixture", &ptx).unwrap_or_else(|report| panic!("{report}"));
 }
 
+/// Locks out lane bodies whose workgroup barriers require a converged warp: a
+/// body is called once per workgroup from the server's loop, and threads that
+/// returned early from the previous call need not have reconverged, so an aligned
+/// `bar.sync` there may wait forever (it hung on the H200). Every barrier of the
+/// fixture lane's bodies (the entry clear of workgroup memory and the program's own)
+/// is the non-aligned `barrier.sync 0`. Negative control: the same program as a
+/// launched kernel uses the aligned `bar.sync 0`, which the check would catch.
+#[test]
+fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
+    let aligned = |ptx: &str| ptx.lines().any(|line| line.trim() == "bar.sync 0;");
+    let ptx = fixture_lane();
+    let bodies: String = ptx
+        .split(".func vyre_lane_body_")
+        .skip(1)
+        .map(|body| body.split(".visible .entry").next().unwrap_or(body))
+        .collect();
+    assert!(bodies.contains("barrier.sync 0;"), "{bodies}");
+    assert!(!aligned(&bodies), "{bodies}");
+    let launched = program_to_ptx(&doubling(), &CodegenOptions::default(), 90, 32).unwrap();
+    assert!(aligned(&launched), "{launched}");
+}
+
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the
 /// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
 /// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are

@@ -68,7 +68,7 @@
 //!    lane, then waits for the whole lane (when there was any);
 //! 2. runs its workgroups, `block, block + blocks, ...` below the request's total,
 //!    each a call of the requested body with that workgroup's id, a block-wide
-//!    barrier (`barrier.sync 1`; bodies use barrier 0) after each, for each of the
+//!    barrier (`barrier.sync 1`; bodies use barrier 0, non-aligned) after each, for each of the
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
 //!    arrive publishes. The publishing block copies the readback ranges into the

@@ -634,7 +634,22 @@ impl<'p> Writer<'p> {
             emit!(self, "bra {top};");
             self.place(done);
         }
-        emit!(self, "bar.sync 0;");
+        self.workgroup_barrier();
+    }
+
+    /// Barrier 0 over the workgroup. A kernel's workgroup enters converged and the
+    /// validator keeps barriers out of divergent code, so a launch uses the aligned
+    /// `bar.sync`. A lane body is called once per workgroup from the server's loop,
+    /// and threads that returned early from the previous workgroup's body need not
+    /// have reconverged with the rest of their warp by the next call (the H200 hung on
+    /// the aligned form there); the non-aligned `barrier.sync` lets each thread of a
+    /// diverged warp arrive on its own.
+    fn workgroup_barrier(&mut self) {
+        if self.lane {
+            emit!(self, "barrier.sync 0;");
+        } else {
+            emit!(self, "bar.sync 0;");
+        }
     }
 
     /// `tid.x + ntid.x * (tid.y + ntid.y * tid.z)` with the (required) block shape.
@@ -1011,7 +1026,7 @@ impl<'p> Writer<'p> {
             }
             Node::Barrier => {
                 self.synchronises = true;
-                emit!(self, "bar.sync 0;")
+                self.workgroup_barrier();
             }
             Node::GridSync if self.lane => {
                 return Err(internal(format_args!(
