@@ -1,7 +1,8 @@
 //! The compute-sanitizer script's inputs, checked on the CPU: `scripts/gpu-sanitize`
 //! runs the tests `scripts/gpu-sanitize.list` names differently on the GPU machine
 //! (`alone`: after the concurrent phase, nothing else on the GPU; `no-racecheck`:
-//! skipped by racecheck; `no-memcheck`: skipped by memcheck). A name that matches no test would silently send a renamed
+//! skipped by racecheck; `no-memcheck`: skipped by memcheck; `unsanitized`: skipped
+//! by every tool). A name that matches no test would silently send a renamed
 //! test back into the concurrent phase, where its neighbours change its verdict, so
 //! every name must be a `gpu_` test of this workspace; and the script must parse.
 
@@ -40,7 +41,10 @@ fn problems(list: &str, sources: &str) -> Vec<String> {
             found.push(format!("line {}: `{line}` is not `RULE NAME`", number + 1));
             continue;
         };
-        if !matches!(rule, "alone" | "no-racecheck" | "no-memcheck") {
+        if !matches!(
+            rule,
+            "alone" | "no-racecheck" | "no-memcheck" | "unsanitized"
+        ) {
             found.push(format!("line {}: unknown rule `{rule}`", number + 1));
         }
         if !name.starts_with("gpu_") || !sources.contains(&format!("fn {name}(")) {

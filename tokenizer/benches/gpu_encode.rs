@@ -8,7 +8,8 @@
 //!   against tiktoken-rs on all of the host's cores, and per chunk size;
 //! - one 262,144-byte document, eager and as a graph, with each kernel step's
 //!   time (`stage`, the split's `classify` and `phases`, the BPE steps); one
-//!   1,024-byte document eager, with tiktoken-rs's time beside;
+//!   1,024-byte document eager (where its time goes) and as a graph, with
+//!   tiktoken-rs's time beside;
 //! - device memory per input byte.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
@@ -273,15 +274,39 @@ fn main() {
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
     let small_ids = cpu.encode_ordinary(&small);
-    let (eager, got) = median(small_rounds, || {
-        encoder.encode_batch(&[&small]).expect("eager")
+    let mut results = [Vec::new()];
+    let (eager, parts) = median(small_rounds, || {
+        encoder
+            .submit_bytes(&[small.as_bytes()])
+            .and_then(|pending| pending.wait_into(&mut results))
+            .expect("eager")
     });
-    assert_eq!(got[0], small_ids);
+    assert_eq!(results[0], small_ids);
+    let mut graph = encoder.graph(small.len()).expect("graph");
+    let (graphed, (graph_ids, _)) = median(small_rounds, || {
+        graph.encode_timed(small.as_bytes()).expect("graph encode")
+    });
+    assert_eq!(graph_ids, small_ids, "1 KiB: graph ids");
     let (peer, _) = median(small_rounds, || tiktoken.encode(&small));
+    // Where the eager encode's time goes: host work, the kernels' own time, and
+    // the rest (launches, the gaps between dependent steps, the wait's wake-up).
+    let (wall, host, kernels) = (
+        parts.wall_ns as f64 / 1e3,
+        (parts.submit_ns + parts.scatter_ns) as f64 / 1e3,
+        parts.kernel_ns() as f64 / 1e3,
+    );
     println!(
-        "1,024 bytes of prose: eager {:.1} µs (target ≤ 25), tiktoken-rs {:.1} µs on one thread",
+        "1,024 bytes of prose: eager {:.1} µs (target ≤ 25), graph {:.1} µs, tiktoken-rs {:.1} µs on one thread",
         eager * 1e6,
+        graphed * 1e6,
         peer * 1e6
+    );
+    println!(
+        "  one eager encode: wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}",
+        parts.submit_ns as f64 / 1e3,
+        parts.scatter_ns as f64 / 1e3,
+        parts.kernel_line(),
+        (wall - host - kernels).max(0.0)
     );
 
     // 3. Memory.

@@ -367,3 +367,49 @@ fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
     assert!(timings.len() >= 4, "{} chunks", timings.len());
     assert!(results == expected, "the 200 MiB batch differs");
 }
+
+/// Locks out a batch refused, truncated or mixed up for its size alone (offsets
+/// past 32 bits of the whole batch, a chunk count that wraps, documents handed
+/// to the wrong caller slot): a 2 GiB batch of cl100k documents through the
+/// default encoder (128 chunks of 16 MiB), each document's ids equal to the CPU
+/// encoder's ids of its text. The batch repeats 2,048 distinct documents of 1 to
+/// 16 KiB (the three shapes), each at its own positions, so the host holds one
+/// copy of each text and of its expected ids, and about 4 GiB of results.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
+    let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
+    let mut random = SplitMix64::new(0x2_61B);
+    let distinct: Vec<Vec<u8>> = (0..2048u64)
+        .map(|index| {
+            let bytes = 1024 + random.below(15 << 10) as usize;
+            generate(Shape::ALL[index as usize % 3], bytes, index)
+        })
+        .collect();
+    let refs: Vec<&[u8]> = distinct.iter().map(Vec::as_slice).collect();
+    let expected: Vec<Vec<u32>> = refs
+        .iter()
+        .map(|text| cpu.encode_ordinary_bytes(text))
+        .collect();
+    let mut batch: Vec<&[u8]> = Vec::new();
+    let mut sources = Vec::new();
+    let mut total = 0usize;
+    while total < 2 << 30 {
+        let source = random.below(distinct.len() as u32) as usize;
+        batch.push(refs[source]);
+        sources.push(source);
+        total += refs[source].len();
+    }
+    let mut results = vec![Vec::new(); batch.len()];
+    let timings = device(&gpu)
+        .encode_batch_into(&batch, &mut results)
+        .unwrap_or_else(|error| panic!("a 2 GiB batch ({total} bytes): {error}"));
+    assert!(timings.len() >= 128, "{} chunks", timings.len());
+    for (index, (got, &source)) in results.iter().zip(&sources).enumerate() {
+        assert!(
+            *got == expected[source],
+            "document {index} of {} (distinct text {source}) differs",
+            batch.len()
+        );
+    }
+}
