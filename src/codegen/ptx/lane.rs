@@ -891,12 +891,18 @@ impl Server {
         self.place(&done);
     }
 
-    fn load_entry(&mut self, table: &str, address: &str) {
+    /// `%at`: the shared-memory address of entry `index` of the record's table at
+    /// byte offset `table`.
+    fn entry_at(&mut self, index: &str, table: &str) {
         self.line(format_args!(
-            "mad.lo.u32 %entry, %op, {RECORD_ENTRY_BYTES}, {table};"
+            "mad.lo.u32 %entry, {index}, {RECORD_ENTRY_BYTES}, {table};"
         ));
         self.line(format_args!("cvt.u64.u32 %at, %entry;"));
         self.line(format_args!("add.s64 %at, %record, %at;"));
+    }
+
+    fn load_entry(&mut self, table: &str, address: &str) {
+        self.entry_at("%op", table);
         self.line(format_args!("ld.shared.u64 {address}, [%at];"));
         self.line(format_args!("ld.shared.u32 %bytes, [%at+8];"));
         self.line(format_args!("ld.shared.u32 %source, [%at+12];"));
@@ -1200,11 +1206,7 @@ impl Server {
         for k in 0..IN_FLIGHT {
             let v = vector(k);
             self.live(k, "%windows");
-            self.line(format_args!(
-                "mad.lo.u32 %entry, %unit{k}, {RECORD_ENTRY_BYTES}, %readback_at;"
-            ));
-            self.line(format_args!("cvt.u64.u32 %at, %entry;"));
-            self.line(format_args!("add.s64 %at, %record, %at;"));
+            self.entry_at(&format!("%unit{k}"), "%readback_at");
             self.line(format_args!("@%live ld.shared.u64 %from, [%at];"));
             self.line(format_args!("cvta.to.global.u64 %from, %from;"));
             self.line(format_args!(
@@ -1214,11 +1216,7 @@ impl Server {
         for k in 0..IN_FLIGHT {
             let v = vector(k);
             self.live(k, "%windows");
-            self.line(format_args!(
-                "mad.lo.u32 %entry, %unit{k}, {RECORD_ENTRY_BYTES}, %readback_at;"
-            ));
-            self.line(format_args!("cvt.u64.u32 %at, %entry;"));
-            self.line(format_args!("add.s64 %at, %record, %at;"));
+            self.entry_at(&format!("%unit{k}"), "%readback_at");
             self.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
             self.line(format_args!("cvt.u64.u32 %offset, %source;"));
             self.line(format_args!("add.s64 %to, %area, %offset;"));
