@@ -255,6 +255,14 @@ impl<'a> Dispatch<'a> {
         self
     }
 
+    /// [`Dispatch::after`] the last of `chain` (the steps of a chain submitted so
+    /// far), or after nothing when `chain` is empty: a loop submitting dependent
+    /// steps pushes each pending step and builds the next one with this.
+    pub fn after_last(mut self, chain: &'a [PendingDispatch]) -> Self {
+        self.after = chain.last();
+        self
+    }
+
     /// The value of the program's scalar parameter `name` for this dispatch (see
     /// [`ScalarDecl`]): a typed value (`5u32`, `-1i32`, `0.5f32`, `true`, `7u64`,
     /// `-7i64`, or a [`Literal`]) of exactly the declared type (no conversion:

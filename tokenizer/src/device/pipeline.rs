@@ -742,13 +742,11 @@ impl DeviceEncoder {
             let request = Dispatch::new(kernel, &bindings)
                 .workgroups([workgroups, 1, 1])
                 .readback(&NO_READBACK);
-            let submitted = match pending.last() {
-                None => backend.submit(request),
-                Some(previous) => backend.submit(request.after(previous)),
-            }
-            .map_err(|error| {
-                backend_error(&format!("submitting {}", step.program_name()), error)
-            })?;
+            let submitted = backend
+                .submit(request.after_last(&pending))
+                .map_err(|error| {
+                    backend_error(&format!("submitting {}", step.program_name()), error)
+                })?;
             pending.push(submitted);
         }
         Ok(pending)

@@ -701,10 +701,7 @@ impl CudaPipeline {
         for ((step, kernel), config) in STEPS.iter().zip(&self.kernels).zip(&self.eager_configs) {
             let bindings = self.eager_bindings(step, text)?;
             let request = Dispatch::new(kernel, &bindings).config(config);
-            let submitted = match pending.last() {
-                None => self.backend.submit(request),
-                Some(previous) => self.backend.submit(request.after(previous)),
-            }?;
+            let submitted = self.backend.submit(request.after_last(&pending))?;
             pending.push(submitted);
         }
         // The last step's synchronize covers the whole chain; the earlier steps'

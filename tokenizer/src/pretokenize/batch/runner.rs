@@ -240,10 +240,7 @@ impl BatchSplitter {
                 .collect::<Result<Vec<_>, _>>()?;
             let config = if index == last { &reading } else { &plain };
             let request = Dispatch::new(kernel, &bindings).config(config);
-            let submitted = match pending.last() {
-                None => self.backend.submit(request),
-                Some(previous) => self.backend.submit(request.after(previous)),
-            }?;
+            let submitted = self.backend.submit(request.after_last(&pending))?;
             pending.push(submitted);
         }
         // The last step's wait covers the chain; the others find their streams idle.
