@@ -51,7 +51,7 @@ use std::time::Instant;
 
 use support::backend;
 use vyre_cuda::backend::{
-    BackendError, Binding, CudaBackend, Dispatch, Kernel, LaneOptions, MAX_BATCH_PROGRAMS,
+    BackendError, Binding, CudaBackend, Dispatch, Kernel, Lane, LaneOptions, MAX_BATCH_PROGRAMS,
 };
 use vyre_cuda::ir::generate::{
     constructs_used, differential_case, valid_program, Construct, GeneratorOptions, RandomCase,
@@ -495,27 +495,7 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
             let guard = phase("serving", seed);
             lanes += 1;
             for (case, kernel) in owned.iter().zip(&kernels) {
-                let bindings = support::host_bindings(&case.inputs);
-                // Each case's own scalar values, and for a program with scalars a
-                // second draw through the same body (a new record, the same module).
-                for values in support::value_draws(case) {
-                    let expected = support::case_reference(case, &values);
-                    let request = Dispatch::new(kernel, &bindings).config(&case.config);
-                    let got = lane
-                        .run(support::with_scalars(request, &case.program, &values))
-                        .unwrap_or_else(|e| {
-                            panic!(
-                                "seed {} ({blocks} blocks): {e}\n{}",
-                                case.seed, case.program
-                            )
-                        });
-                    assert_eq!(
-                        got.outputs, expected,
-                        "seed {} ({blocks} blocks): lane and reference differ (scalars \
-                         {values:?})\n{}",
-                        case.seed, case.program
-                    );
-                }
+                run_case_through_lane(&lane, kernel, case, blocks);
                 checked += 1;
             }
             drop(guard);
@@ -532,6 +512,31 @@ fn gpu_differential_lanes_run_random_programs_as_the_reference_does() {
         share.label(),
         started.elapsed().as_secs_f64()
     );
+}
+
+/// `case` through `lane` (its `kernel`, a lane of `blocks` blocks) over host
+/// bindings, with the case's own scalar values and, for a program with scalars, a
+/// second draw through the same body (a new record, the same module): each run
+/// byte-identical to the reference interpreter.
+fn run_case_through_lane(lane: &Lane, kernel: &Kernel, case: &RandomCase, blocks: u32) {
+    let bindings = support::host_bindings(&case.inputs);
+    for values in support::value_draws(case) {
+        let expected = support::case_reference(case, &values);
+        let request = Dispatch::new(kernel, &bindings).config(&case.config);
+        let got = lane
+            .run(support::with_scalars(request, &case.program, &values))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "seed {} ({blocks} blocks): {e}\n{}",
+                    case.seed, case.program
+                )
+            });
+        assert_eq!(
+            got.outputs, expected,
+            "seed {} ({blocks} blocks): lane and reference differ (scalars {values:?})\n{}",
+            case.seed, case.program
+        );
+    }
 }
 
 /// Seeds of the lane differential that once failed on the GPU, each with what it
@@ -564,15 +569,7 @@ fn gpu_differential_lane_regression_seeds_match_reference() {
                         .timeout(std::time::Duration::from_secs(5)),
                 )
                 .unwrap_or_else(|e| panic!("a lane of seed {seed}: {e}"));
-            let bindings = support::host_bindings(&case.inputs);
-            for values in support::value_draws(&case) {
-                let expected = support::case_reference(&case, &values);
-                let request = Dispatch::new(&kernels[0], &bindings).config(&case.config);
-                let got = lane
-                    .run(support::with_scalars(request, &case.program, &values))
-                    .unwrap_or_else(|e| panic!("seed {seed} ({blocks} blocks): {e}"));
-                assert_eq!(got.outputs, expected, "seed {seed} ({blocks} blocks)");
-            }
+            run_case_through_lane(&lane, &kernels[0], &case, blocks);
             lane.stop().unwrap();
         }
     }
