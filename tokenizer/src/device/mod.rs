@@ -71,7 +71,7 @@
 //! - **Any length, any batch**: buffers grow by powers of two and are reused;
 //!   a batch is cut into chunks of whole documents (16 MiB by default, at most
 //!   the split's 256 MiB), two on the device at once, so one is staged while
-//!   the other computes; a batch of 2 GiB is sixteen chunks, never an error.
+//!   the other computes; a batch of 2 GiB is 128 chunks, never an error.
 //!   On CUDA the chunk is gathered by all host threads straight into
 //!   host-mapped pinned memory and the ids come back the same way (no DMA
 //!   copy of a size the host must learn first).
