@@ -26,8 +26,22 @@ use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geome
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
 
+/// Every chunk runs its steps one dispatch each (the short-text kernel off:
+/// `short_texts_through_one_workgroup_equal_cpu` holds it to the same ids).
+const STEP_BY_STEP: ChunkLimits = ChunkLimits {
+    text_bytes: vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES,
+    documents: vyre_tokenizer::device::pipeline::CHUNK_DOCUMENTS,
+    short_text_bytes: 0,
+};
+
 fn reference_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
-    DeviceEncoder::new(AnyBackend::reference(), tokenizer).expect("device encoder")
+    DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        tokenizer,
+        Geometry::default(),
+        STEP_BY_STEP,
+    )
+    .expect("device encoder")
 }
 
 /// Chunks of 8 bytes and windows of up to 32: short texts cross many chunk
@@ -50,7 +64,7 @@ fn small_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
         AnyBackend::reference(),
         tokenizer,
         small_geometry(16),
-        ChunkLimits::default(),
+        STEP_BY_STEP,
     )
     .expect("device encoder")
 }
@@ -181,7 +195,7 @@ fn long_pieces_stitch_repair_and_fall_back_exactly() {
                 AnyBackend::reference(),
                 &tokenizer,
                 small_geometry(attempts),
-                ChunkLimits::default(),
+                STEP_BY_STEP,
             )
             .unwrap();
             check_batch(
@@ -328,6 +342,7 @@ fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
         ChunkLimits {
             text_bytes: 2000,
             documents: 25,
+            short_text_bytes: 0,
         },
     )
     .unwrap();
@@ -542,6 +557,7 @@ fn bad_geometries_and_limits_are_fix_errors() {
             ChunkLimits {
                 text_bytes: 0,
                 documents: 1,
+                ..ChunkLimits::default()
             },
             "ChunkLimits",
         ),
@@ -561,6 +577,7 @@ fn bad_geometries_and_limits_are_fix_errors() {
             ChunkLimits {
                 text_bytes: 512 << 20,
                 documents: 1,
+                ..ChunkLimits::default()
             },
             "ChunkLimits::text_bytes",
         ),
@@ -704,6 +721,114 @@ fn merge_work_grows_linearly_with_a_run() {
                 ratio <= 6.0,
                 "{} {unit:?}: work {work:?}, ratio {ratio:.2}",
                 encoding.name()
+            );
+        }
+    }
+}
+
+/// Workgroups of 32 threads for every step, the split's included (the short-text
+/// kernel needs one size), with 8-byte chunks and 64-byte split blocks: a text
+/// of a few KiB is many groups of every step, which one workgroup runs in turn.
+fn short_geometry() -> Geometry {
+    Geometry {
+        split: vyre_tokenizer::pretokenize::Geometry {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+            compact_workgroups: 1,
+        },
+        ..small_geometry(16)
+    }
+}
+
+/// `texts` cut into batches of whole texts of at most `bytes` bytes each.
+fn batches_within(texts: &[Vec<u8>], bytes: usize) -> Vec<Vec<Vec<u8>>> {
+    let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new()];
+    let mut total = 0;
+    for text in texts.iter().filter(|text| text.len() <= bytes) {
+        if total + text.len() > bytes {
+            batches.push(Vec::new());
+            total = 0;
+        }
+        total += text.len();
+        batches
+            .last_mut()
+            .expect("one batch at least")
+            .push(text.clone());
+    }
+    batches
+}
+
+/// Locks out a short-text kernel that differs from the steps it fuses (a
+/// workgroup builtin rewritten wrong, a workgroup buffer not cleared between
+/// the groups one workgroup runs in turn, a step's buffer bound to another
+/// role, a group count off by one, a step reading what the one before it has
+/// not yet written): on all four encodings, at the default geometry and at one
+/// of 32-thread workgroups (many groups per step), batches of random strings,
+/// of long pieces and of empty and short documents, each at most 4,096 bytes,
+/// run as `stage` and `short` (two dispatches, so the per-step path is not what
+/// passes) and equal the CPU encoder, with the same device counts as the steps
+/// one by one; a 4,097-byte text runs every step.
+#[test]
+fn short_texts_through_one_workgroup_equal_cpu() {
+    let mut random = SplitMix64::new(0x5407);
+    let mut texts = random_texts(&mut random, 120, 60);
+    texts.extend(
+        long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| text),
+    );
+    texts.extend(batch_with_empty_documents(&mut random, 40));
+    let batches = batches_within(&texts, 4096);
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for (label, geometry) in [
+            ("default", Geometry::default()),
+            ("32 threads", short_geometry()),
+        ] {
+            let short = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                geometry,
+                ChunkLimits::default(),
+            )
+            .unwrap();
+            let step_by_step = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                geometry,
+                STEP_BY_STEP,
+            )
+            .unwrap();
+            assert!(short.runs_short(4096) && !short.runs_short(4097), "{label}");
+            assert!(!step_by_step.runs_short(1), "{label}");
+            for (index, batch) in batches.iter().enumerate() {
+                let what = format!("{label}, batch {index}");
+                check_batch(&short, &tokenizer, batch, &what);
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                let mut results = vec![Vec::new(); refs.len()];
+                let timings = short
+                    .submit_bytes(&refs)
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .unwrap();
+                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+                if refs.iter().any(|text| !text.is_empty()) {
+                    assert_eq!(names, ["stage", "short"], "{what}");
+                }
+                let (_, short_counts) = short.encode_counted(&refs).unwrap();
+                let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
+                assert_eq!(short_counts.counts, step_counts.counts, "{what}");
+            }
+            let long = vec![b"a".repeat(4097)];
+            check_batch(&short, &tokenizer, &long, &format!("{label}, 4,097 bytes"));
+            let mut results = vec![Vec::new()];
+            let timings = short
+                .submit_bytes(&[&long[0]])
+                .and_then(|pending| pending.wait_into(&mut results))
+                .unwrap();
+            assert_eq!(
+                timings.steps.len(),
+                short.programs().steps().len(),
+                "{label}: 4,097 bytes run every step"
             );
         }
     }

@@ -7,6 +7,7 @@
 mod assemble;
 
 use vyre_tokenizer::device::programs::Programs;
+use vyre_tokenizer::device::short::short_program;
 use vyre_tokenizer::device::Geometry;
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 
@@ -47,5 +48,30 @@ fn assemble_all_sets(sets: &[Programs]) {
                     )
                 })
         }),
+    );
+}
+
+/// Locks out a short-text kernel the device would refuse (its steps' workgroup
+/// memory together over the device's, a rewritten body the validator rejects,
+/// PTX that `ptxas` does not take): the short-text program of each pattern at
+/// the default geometry validates, lowers, generates PTX and assembles for
+/// `sm_90`.
+#[test]
+fn short_text_programs_validate_lower_and_assemble() {
+    let programs: Vec<(String, vyre_cuda::ir::Program)> =
+        [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k]
+            .into_iter()
+            .map(|pattern| {
+                let steps = Programs::new(pattern, Geometry::default()).expect("geometry");
+                let short = short_program(&steps.steps()[1..], &Geometry::default())
+                    .unwrap_or_else(|error| panic!("{pattern:?}: {error}"));
+                (format!("short_{pattern:?}"), short.program)
+            })
+            .collect();
+    assemble::assemble_all(
+        "short_text_programs_validate_lower_and_assemble",
+        programs
+            .iter()
+            .map(|(name, program)| (name.clone(), program)),
     );
 }

@@ -256,6 +256,7 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
         ChunkLimits {
             text_bytes: 64 << 10,
             documents: 100,
+            ..ChunkLimits::default()
         },
     )
     .unwrap();
@@ -411,5 +412,75 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
             "document {index} of {} (distinct text {source}) differs",
             batch.len()
         );
+    }
+}
+
+/// Locks out a short-text kernel that differs on the device from the steps it
+/// fuses (a rewritten builtin, a workgroup buffer shared by two steps and not
+/// cleared, a step reading what the one before has not yet written, a
+/// look-back that waits for a group it is itself to run): 2,000 random strings
+/// per encoding, one text per encode, and batches of long pieces and of empty
+/// and short documents of at most 4,096 bytes, run as `stage` and `short` (two
+/// dispatches) and equal the CPU encoder, at the default geometry and with
+/// every step in 32-thread workgroups (many groups per step).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_short_texts_through_one_workgroup_equal_cpu() {
+    let geometries = [
+        Geometry::default(),
+        Geometry {
+            workgroup_size: 32,
+            chunk_bytes: 8,
+            repair_window_bytes: 32,
+            compact_workgroups: 3,
+            split: vyre_tokenizer::pretokenize::Geometry {
+                workgroup_size: 32,
+                bytes_per_thread: 2,
+                compact_workgroups: 1,
+            },
+            ..Geometry::default()
+        },
+    ];
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let mut random = SplitMix64::new(0x5407 + encoding as u64);
+        let texts = random_texts(&mut random, 2000, 24);
+        let mut batches: Vec<Vec<Vec<u8>>> = long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| vec![text])
+            .filter(|batch| batch[0].len() <= 4096)
+            .collect();
+        batches.push(batch_with_empty_documents(&mut random, 40));
+        for geometry in geometries {
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+                &cpu,
+                geometry,
+                ChunkLimits::default(),
+            )
+            .unwrap();
+            assert!(encoder.runs_short(4096), "{geometry:?}");
+            let what = format!("{} threads", geometry.workgroup_size);
+            for (index, text) in texts.iter().enumerate() {
+                let mut results = [Vec::new()];
+                let timings = encoder
+                    .submit_bytes(&[text])
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .unwrap_or_else(|error| panic!("{what}, text {index}: {error}"));
+                assert_eq!(
+                    results[0],
+                    cpu.encode_ordinary_bytes(text),
+                    "{what}, text {index}: {:?}",
+                    String::from_utf8_lossy(text)
+                );
+                if !text.is_empty() {
+                    let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+                    assert_eq!(names, ["stage", "short"], "{what}, text {index}");
+                }
+            }
+            for (index, batch) in batches.iter().enumerate() {
+                check_batch(&encoder, &cpu, batch, &format!("{what}, batch {index}"));
+            }
+        }
     }
 }

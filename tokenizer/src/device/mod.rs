@@ -63,6 +63,11 @@
 //!   never merges into the next document; the compaction writes the ids in
 //!   text order and each document's first id index, and the host hands each
 //!   document its slice.
+//! - **Short texts**: a chunk of at most 4 KiB ([`short::SHORT_TEXT_BYTES`],
+//!   [`ChunkLimits::short_text_bytes`]) runs `stage` and one more kernel, in
+//!   which one workgroup runs every other step's workgroups in turn
+//!   ([`short`]): two dispatches instead of seven or eight, each of which a
+//!   short text pays for in launches and the waits between them.
 //! - **Any length, any batch**: buffers grow by powers of two and are reused;
 //!   a batch is cut into chunks of whole documents (16 MiB by default, at most
 //!   the split's 256 MiB), two on the device at once, so one is staged while
@@ -110,6 +115,7 @@
 
 pub mod pipeline;
 pub mod programs;
+pub mod short;
 pub mod vocabulary;
 
 pub use pipeline::{

@@ -31,7 +31,8 @@ use vyre_cuda::backend::{
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
 
-use super::programs::{blocks, param, Geometry, KernelStep, Programs, Role, MAX_KERNEL_STEPS};
+use super::programs::{blocks, param, Geometry, Programs, Role, MAX_KERNEL_STEPS};
+use super::short::{short_program, SHORT_TEXT_BYTES};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::batch::kind_table_bytes;
@@ -128,13 +129,18 @@ fn internal(what: String) -> TokenizerError {
 
 /// How big one chunk may be: a batch is cut into chunks of whole documents, each
 /// at most this many bytes and documents (a document larger than the byte limit
-/// is a chunk of its own).
+/// is a chunk of its own); and up to which size a chunk runs as `stage` and the
+/// short-text kernel ([`short`](super::short)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkLimits {
     /// Most text bytes of a chunk.
     pub text_bytes: u64,
     /// Most documents of a chunk.
     pub documents: u64,
+    /// A chunk of at most this many text bytes runs every step after `stage`
+    /// in one workgroup, in one dispatch (default [`SHORT_TEXT_BYTES`]; at
+    /// most that; 0: every chunk runs its steps one dispatch each).
+    pub short_text_bytes: u64,
 }
 
 impl Default for ChunkLimits {
@@ -142,6 +148,7 @@ impl Default for ChunkLimits {
         ChunkLimits {
             text_bytes: CHUNK_TEXT_BYTES,
             documents: CHUNK_DOCUMENTS,
+            short_text_bytes: SHORT_TEXT_BYTES,
         }
     }
 }
@@ -180,7 +187,7 @@ impl EncodeCounts {
 /// One kernel step's timings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepTimings {
-    /// The step's name ([`KernelStep::name`]).
+    /// The step's name ([`KernelStep::name`](super::programs::KernelStep::name); `short` for the short-text kernel).
     pub name: &'static str,
     /// Its dispatch's timings (`kernel_stamps_ns` is the kernel's own device
     /// time).
@@ -197,7 +204,9 @@ pub struct ChunkTimings {
     /// Host time handing each document its ids after the wait.
     pub scatter_ns: u64,
     /// Each kernel step's timings, in dispatch order
-    /// ([`DeviceEncoder::step_names`]; empty for an empty chunk).
+    /// ([`DeviceEncoder::step_names`], or `stage` and `short` for a chunk that
+    /// runs the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an
+    /// empty chunk).
     pub steps: Vec<StepTimings>,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
@@ -281,6 +290,16 @@ fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
     )
 }
 
+/// The short-text kernel ([`short`](super::short)): every step after `stage`
+/// in one workgroup, for chunks of at most [`SHORT_TEXT_BYTES`].
+struct ShortKernel {
+    kernel: Kernel,
+    /// One role per global buffer, in binding order.
+    bindings: Vec<Role>,
+    /// The program's name, for errors.
+    name: String,
+}
+
 /// One set of buffers for a chunk in flight, sized by powers of two.
 struct Slot {
     text_capacity: u64,
@@ -317,6 +336,7 @@ pub struct DeviceEncoder {
     backend: AnyBackend,
     programs: Programs,
     kernels: Vec<Kernel>,
+    short: Option<ShortKernel>,
     vocabulary: DeviceBuffer,
     token_bytes: DeviceBuffer,
     kind_table: DeviceBuffer,
@@ -385,6 +405,15 @@ impl DeviceEncoder {
                 "Fix: ChunkLimits must allow at least one byte and one document per chunk",
             ));
         }
+        if limits.short_text_bytes > SHORT_TEXT_BYTES {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: ChunkLimits::short_text_bytes is {}, over the short-text kernel's {SHORT_TEXT_BYTES} bytes; use at most {SHORT_TEXT_BYTES} (0 turns it off)",
+                    limits.short_text_bytes
+                ),
+            ));
+        }
         if limits.text_bytes > MAX_TEXT_BYTES as u64 {
             return Err(TokenizerError::new(
                 ErrorKind::Backend,
@@ -414,6 +443,27 @@ impl DeviceEncoder {
                 })?;
             kernels.push(kernel);
         }
+        // A loop cap is for the stage and BPE steps alone (see Geometry), which
+        // one program cannot give to some of its loops: no short path with one.
+        let fused = (limits.short_text_bytes > 0 && geometry.max_loop_iterations.is_none())
+            .then(|| short_program(&programs.steps()[1..], &geometry).ok())
+            .flatten();
+        let short = match fused {
+            // Off, or steps that do not fuse (see `short_program`): every chunk
+            // runs its steps one by one.
+            None => None,
+            Some(short) => {
+                let name = short.program.display_name();
+                let kernel = backend
+                    .compile(&short.program, &DispatchConfig::linear(1))
+                    .map_err(|error| backend_error(&format!("compiling {name}"), error))?;
+                Some(ShortKernel {
+                    kernel,
+                    bindings: short.bindings,
+                    name,
+                })
+            }
+        };
         let vocabulary_buffer = backend
             .buffer_from(device_vocabulary.words())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
@@ -427,6 +477,7 @@ impl DeviceEncoder {
             backend,
             programs,
             kernels,
+            short,
             vocabulary: vocabulary_buffer,
             token_bytes,
             kind_table,
@@ -579,20 +630,21 @@ impl DeviceEncoder {
                 return Ok(None);
             }
             let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
+            let short = self.short_kernel(layout.text_len).is_some();
             match self.stage_and_submit(&mut slot, texts, &layout) {
-                Ok(pending) => Ok(Some((slot, pending))),
+                Ok(pending) => Ok(Some((slot, pending, short))),
                 Err(error) => {
                     self.give_back(slot);
                     Err(error)
                 }
             }
         });
-        let (slot, pending) = match staged {
-            Ok(Some((slot, pending))) => (Some(slot), pending),
+        let (slot, pending, short) = match staged {
+            Ok(Some((slot, pending, short))) => (Some(slot), pending, short),
             Ok(None) => {
                 // An empty chunk runs nothing and holds no room.
                 self.admission.release();
-                (None, Vec::new())
+                (None, Vec::new(), false)
             }
             Err(error) => {
                 self.admission.release();
@@ -603,6 +655,7 @@ impl DeviceEncoder {
             encoder: self,
             slot,
             pending,
+            short,
             documents: texts.len(),
             start,
             submit_ns: elapsed_ns(start),
@@ -733,32 +786,65 @@ impl DeviceEncoder {
         })?;
         let geometry = &self.programs.geometry;
         let steps = self.programs.steps();
-        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(steps.len());
-        for (step, kernel) in steps.iter().zip(&self.kernels) {
-            let bindings = self.bindings(slot, step)?;
-            let workgroups =
-                step.grid
-                    .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
+        // (kernel, its bindings' roles, workgroups, name) of each dispatch.
+        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.short_kernel(layout.text_len) {
+            Some(short) => vec![
+                (
+                    &self.kernels[0],
+                    &steps[0].bindings,
+                    steps[0]
+                        .grid
+                        .workgroups(geometry, layout.text_len as u64, texts.len() as u64),
+                    steps[0].program_name(),
+                ),
+                (&short.kernel, &short.bindings, 1, &short.name),
+            ],
+            None => steps
+                .iter()
+                .zip(&self.kernels)
+                .map(|(step, kernel)| {
+                    let workgroups =
+                        step.grid
+                            .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
+                    (kernel, &step.bindings[..], workgroups, step.program_name())
+                })
+                .collect(),
+        };
+        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
+        for (kernel, roles, workgroups, name) in chain {
+            let bindings = self.bindings(slot, roles)?;
             let request = Dispatch::new(kernel, &bindings)
                 .workgroups([workgroups, 1, 1])
                 .readback(&NO_READBACK);
             let submitted = backend
                 .submit(request.after_last(&pending))
-                .map_err(|error| {
-                    backend_error(&format!("submitting {}", step.program_name()), error)
-                })?;
+                .map_err(|error| backend_error(&format!("submitting {name}"), error))?;
             pending.push(submitted);
         }
         Ok(pending)
     }
 
-    /// `step`'s bindings: the resident tables, or the slot's buffers.
+    /// The short-text kernel, when a chunk of `text_len` bytes takes it.
+    fn short_kernel(&self, text_len: u32) -> Option<&ShortKernel> {
+        self.short
+            .as_ref()
+            .filter(|_| u64::from(text_len) <= self.limits.short_text_bytes)
+    }
+
+    /// Whether a chunk of `text_len` bytes runs as `stage` and the short-text
+    /// kernel (every other step in one workgroup, see
+    /// [`short`](super::short)) instead of one dispatch per step.
+    pub fn runs_short(&self, text_len: u64) -> bool {
+        self.short.is_some() && text_len > 0 && text_len <= self.limits.short_text_bytes
+    }
+
+    /// The bindings of `roles`: the resident tables, or the slot's buffers.
     fn bindings<'a>(
         &'a self,
         slot: &'a Slot,
-        step: &KernelStep,
+        roles: &[Role],
     ) -> Result<Vec<Binding<'a>>, TokenizerError> {
-        step.bindings
+        roles
             .iter()
             .map(|&role| match role {
                 Role::Vocabulary => Ok(Binding::from(&self.vocabulary)),
@@ -794,7 +880,7 @@ impl DeviceEncoder {
         let mut slots: Option<[InputSlot; 3]> = None;
         let bindings: Vec<Vec<Binding<'_>>> = steps
             .iter()
-            .map(|step| self.bindings(&slot, step))
+            .map(|step| self.bindings(&slot, &step.bindings))
             .collect::<Result<_, _>>()?;
         let recorded = self.backend.record(|recorder| {
             let upload =
@@ -1043,6 +1129,8 @@ pub struct PendingEncode<'e> {
     encoder: &'e DeviceEncoder,
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
+    /// The chunk runs as `stage` and the short-text kernel.
+    short: bool,
     documents: usize,
     start: Instant,
     submit_ns: u64,
@@ -1108,10 +1196,21 @@ impl PendingEncode<'_> {
         // The last step's wait covers the chain; the others then find idle streams.
         let pending = std::mem::take(&mut self.pending);
         let steps = self.encoder.programs.steps();
-        timings.steps = steps
+        // Each dispatch's step name and program name.
+        let names: Vec<(&'static str, &str)> = match (self.short, &self.encoder.short) {
+            (true, Some(short)) => vec![
+                (steps[0].name, steps[0].program_name()),
+                ("short", &short.name),
+            ],
+            _ => steps
+                .iter()
+                .map(|step| (step.name, step.program_name()))
+                .collect(),
+        };
+        timings.steps = names
             .iter()
-            .map(|step| StepTimings {
-                name: step.name,
+            .map(|&(name, _)| StepTimings {
+                name,
                 timings: Timings::default(),
             })
             .collect();
@@ -1121,7 +1220,7 @@ impl PendingEncode<'_> {
                 Ok(done) => timings.steps[index].timings = done.timings,
                 Err(error) => {
                     first_error.get_or_insert_with(|| {
-                        backend_error(&format!("running {}", steps[index].program_name()), error)
+                        backend_error(&format!("running {}", names[index].1), error)
                     });
                 }
             }
@@ -1304,6 +1403,7 @@ mod tests {
         let limits = ChunkLimits {
             text_bytes: 500,
             documents: 4,
+            ..ChunkLimits::default()
         };
         let ranges = chunk_ranges(&refs, &limits);
         assert_eq!(ranges.first().map(|range| range.start), Some(0));

@@ -1,0 +1,528 @@
+//! The short-text program: every kernel step after `stage` in one program that
+//! one workgroup runs, each step's grid in turn, so a short text costs `stage`
+//! and one more dispatch instead of one dispatch per step.
+//!
+//! # Why it exists
+//!
+//! An encode is eight dependent steps (seven for r50k and p50k), each its own
+//! dispatch on its own stream, ordered after the ones before by events. On the
+//! H200 (2026-12-01) one 1,024-byte text took 142 µs eagerly, against 179 µs for
+//! tiktoken-rs on one CPU thread, while the same encoder ran 16 MiB chunks at
+//! about 5 ms of kernels: a short text pays for launches and the waits between
+//! them, not for work. Here the steps run back to back inside one kernel with a
+//! workgroup barrier between them.
+//!
+//! # How
+//!
+//! [`short_program`] takes the steps' programs and rewrites each body as the
+//! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
+//! count its [`Grid`] gives for the text length and document count read from
+//! `params` (reduced over the workgroup, so every loop bound is uniform):
+//! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
+//! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
+//! steps' global buffers are bound once per [`Role`] (read-write where any step
+//! writes it); the steps' workgroup buffers share storage where element type
+//! and count agree (steps never run at once, and the sum of every step's
+//! buffers is over the device's 48 KiB for o200k), and a step's are cleared
+//! before each of its groups, as a launch clears them for every workgroup. A barrier ends every group, so what one group or step
+//! wrote is visible to the next. Workgroups that run in turn are one valid
+//! order of a launch's workgroups, and every step already works for any order
+//! (the split's look-back waits only on earlier workgroups, which here have
+//! finished), so the ids are the same as the steps' dispatched one by one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use vyre_cuda::ir::{
+    Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, Builtin, ElemType, Expr, Name, Node,
+    Program, ReduceOp,
+};
+
+use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_THREAD};
+
+/// Most text bytes an encode takes through the short-text program.
+pub const SHORT_TEXT_BYTES: u64 = 4096;
+
+/// The short-text program and the role of each of its global buffers, in
+/// binding order.
+#[derive(Clone, Debug)]
+pub struct ShortProgram {
+    /// One workgroup runs it.
+    pub program: Program,
+    /// One role per global buffer, in binding order.
+    pub bindings: Vec<Role>,
+}
+
+/// Names this module gives its own variables and buffers: a prefix no step's
+/// names start with (checked).
+const PREFIX: &str = "short_";
+
+/// The steps after `stage` (`steps`, in dispatch order) as one program for one
+/// workgroup; `Err` naming what the rewrite cannot take (a grid sync, a
+/// write-only or per-thread buffer, one role with two element types, steps of
+/// different workgroup sizes).
+pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortProgram, String> {
+    let Some(first) = steps.first() else {
+        return Err("the short-text program needs at least one step".to_owned());
+    };
+    let workgroup_size = first.program.workgroup_size();
+    if workgroup_size[1] != 1 || workgroup_size[2] != 1 {
+        return Err(format!(
+            "the short-text program takes one-dimensional workgroups; `{}` has {workgroup_size:?}",
+            first.program_name()
+        ));
+    }
+    let threads = workgroup_size[0];
+    // One declaration per role, in the order the steps first bind them.
+    let mut globals: Vec<(Role, BufferDecl)> = Vec::new();
+    // Workgroup memory: steps run one after another, so a step's buffer takes
+    // any earlier step's of the same element type and count (the sum of every
+    // step's buffers is over the device's 48 KiB for o200k).
+    let mut workgroup_buffers: Vec<BufferDecl> = Vec::new();
+    let mut renames: Vec<BTreeMap<Name, Name>> = Vec::new();
+    let mut cleared: Vec<Vec<BufferDecl>> = Vec::new();
+    for step in steps {
+        let name = step.program_name();
+        if step.program.workgroup_size() != workgroup_size {
+            return Err(format!(
+                "the short-text program needs one workgroup size; `{name}` has {:?}, `{}` {workgroup_size:?}",
+                step.program.workgroup_size(),
+                first.program_name()
+            ));
+        }
+        if !step.program.scalars().is_empty() {
+            return Err(format!("`{name}` declares scalar parameters"));
+        }
+        let mut rename = BTreeMap::new();
+        let mut taken: Vec<BufferDecl> = Vec::new();
+        let mut global_decls: Vec<&BufferDecl> = step
+            .program
+            .buffers()
+            .iter()
+            .filter(|decl| matches!(decl.access, Access::ReadOnly | Access::ReadWrite))
+            .collect();
+        global_decls.sort_by_key(|decl| decl.binding);
+        if global_decls.len() != step.bindings.len() {
+            return Err(format!(
+                "`{name}` has {} global buffers for {} roles",
+                global_decls.len(),
+                step.bindings.len()
+            ));
+        }
+        for decl in step.program.buffers() {
+            if decl.name.starts_with(PREFIX) {
+                return Err(format!("`{name}` names a buffer `{}`", decl.name));
+            }
+            match decl.access {
+                Access::ReadOnly | Access::ReadWrite => {}
+                Access::Workgroup => {
+                    let free = workgroup_buffers.iter().find(|pooled| {
+                        pooled.elem == decl.elem
+                            && pooled.count == decl.count
+                            && !taken.iter().any(|used| used.name == pooled.name)
+                    });
+                    let pooled = match free {
+                        Some(pooled) => pooled.clone(),
+                        None => {
+                            let pooled = BufferDecl::new(
+                                format!("{PREFIX}workgroup_{}", workgroup_buffers.len()),
+                                0,
+                                Access::Workgroup,
+                                decl.elem,
+                                decl.count,
+                            );
+                            workgroup_buffers.push(pooled.clone());
+                            pooled
+                        }
+                    };
+                    rename.insert(decl.name.clone(), pooled.name.clone());
+                    taken.push(pooled);
+                }
+                other => {
+                    return Err(format!(
+                        "`{name}`'s buffer `{}` is {other:?}, which the short-text program does not take",
+                        decl.name
+                    ))
+                }
+            }
+        }
+        for (decl, &role) in global_decls.iter().zip(&step.bindings) {
+            rename.insert(decl.name.clone(), Name::from(role.name()));
+            match globals.iter_mut().find(|(bound, _)| *bound == role) {
+                Some((_, existing)) => {
+                    // A static count and a runtime one bind the same buffer: the
+                    // runtime length serves both.
+                    let count = match (existing.count, decl.count) {
+                        (before, now) if before == now => Some(now),
+                        (BufferCount::Runtime, _) | (_, BufferCount::Runtime) => {
+                            Some(BufferCount::Runtime)
+                        }
+                        _ => None,
+                    };
+                    let (Some(count), true) = (count, existing.elem == decl.elem) else {
+                        return Err(format!(
+                            "`{}` is {:?} × {:?} in `{name}` and {:?} × {:?} before it",
+                            role.name(),
+                            decl.elem,
+                            decl.count,
+                            existing.elem,
+                            existing.count
+                        ));
+                    };
+                    existing.count = count;
+                    if decl.access == Access::ReadWrite {
+                        existing.access = Access::ReadWrite;
+                    }
+                }
+                None => globals.push((
+                    role,
+                    BufferDecl::new(role.name(), 0, decl.access, decl.elem, decl.count),
+                )),
+            }
+        }
+        renames.push(rename);
+        cleared.push(taken);
+    }
+
+    let roles: Vec<Role> = globals.iter().map(|(role, _)| *role).collect();
+    let buffers: Vec<BufferDecl> = globals
+        .into_iter()
+        .map(|(_, decl)| decl)
+        .chain(workgroup_buffers)
+        .enumerate()
+        .map(|(binding, mut decl)| {
+            decl.binding = binding as u32;
+            decl
+        })
+        .collect();
+
+    let text_len: Name = format!("{PREFIX}text_len").into();
+    let documents: Name = format!("{PREFIX}documents").into();
+    let mut entry = vec![
+        Node::WorkgroupReduce {
+            name: text_len.clone(),
+            op: ReduceOp::Max,
+            value: Expr::load(Role::Params.name(), param::TEXT_LEN),
+        },
+        Node::WorkgroupReduce {
+            name: documents.clone(),
+            op: ReduceOp::Max,
+            value: Expr::load(Role::Params.name(), param::DOCUMENTS),
+        },
+    ];
+    for (index, (step, rename)) in steps.iter().zip(&renames).enumerate() {
+        let group: Name = format!("{PREFIX}group_{index}").into();
+        let groups: Name = format!("{PREFIX}groups_{index}").into();
+        entry.push(Node::Let {
+            name: groups.clone(),
+            mutable: false,
+            value: group_count(
+                step.grid,
+                geometry,
+                threads,
+                Expr::Var(text_len.clone()),
+                Expr::Var(documents.clone()),
+            ),
+        });
+        let rewrite = Rewrite {
+            group: &group,
+            groups: &groups,
+            threads,
+            rename,
+        };
+        let mut body = clear_workgroup_buffers(&cleared[index], threads);
+        body.extend(rewrite.block(step.program.entry())?.iter().cloned());
+        body.push(Node::Barrier);
+        entry.push(Node::Loop {
+            variable: group,
+            start: Expr::u32(0),
+            end: Expr::Var(groups),
+            body: body.into(),
+        });
+    }
+    let program = Program::new(buffers, workgroup_size, entry)
+        .with_entry_op_id(format!("bpe.short.{}", first.program_name()));
+    Ok(ShortProgram {
+        program,
+        bindings: roles,
+    })
+}
+
+/// `⌈value / divisor⌉`, at least 1.
+fn groups_of(value: Expr, divisor: u32) -> Expr {
+    ((value + (divisor - 1)) / divisor).max(1u32)
+}
+
+/// How many workgroups a step of `grid` runs (as [`Grid::workgroups`]) for the
+/// text length and document count in `text_len` and `documents`.
+fn group_count(
+    grid: Grid,
+    geometry: &Geometry,
+    threads: u32,
+    text_len: Expr,
+    documents: Expr,
+) -> Expr {
+    match grid {
+        Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads),
+        Grid::PerByte => groups_of(text_len, threads),
+        Grid::Merge => groups_of(
+            (text_len + (MERGE_BYTES_PER_THREAD - 1)) / MERGE_BYTES_PER_THREAD,
+            threads,
+        ),
+        Grid::PerChunk => groups_of(
+            (text_len + (geometry.chunk_bytes - 1)) / geometry.chunk_bytes,
+            threads,
+        ),
+        Grid::PerBlock => groups_of(text_len, geometry.block_bytes()),
+        Grid::Compaction => {
+            let blocks = groups_of(text_len, geometry.block_bytes());
+            let per = groups_of(blocks.clone(), geometry.compact_workgroups);
+            (blocks + (per.clone() - 1u32)) / per
+        }
+        Grid::Split => groups_of(text_len, geometry.split.block_bytes()),
+    }
+}
+
+/// A step's workgroup buffers set to zero by every thread's strided share,
+/// then a barrier; nothing when it has none.
+fn clear_workgroup_buffers(buffers: &[BufferDecl], threads: u32) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for decl in buffers {
+        let BufferCount::Static(count) = decl.count else {
+            continue;
+        };
+        let element: Name = format!("{}_clear", decl.name).into();
+        let at = Expr::Var(element.clone()) * threads + Expr::local_id(Axis::X);
+        nodes.push(Node::Loop {
+            variable: element,
+            start: Expr::u32(0),
+            end: Expr::u32(count.div_ceil(threads)),
+            body: vec![Node::If {
+                condition: at.clone().less_than(count),
+                then_body: vec![Node::Store {
+                    buffer: decl.name.clone(),
+                    index: at,
+                    value: zero_of(decl),
+                }]
+                .into(),
+                else_body: Vec::new().into(),
+            }]
+            .into(),
+        });
+    }
+    if !nodes.is_empty() {
+        nodes.push(Node::Barrier);
+    }
+    nodes
+}
+
+/// A zero of `decl`'s element value type.
+fn zero_of(decl: &BufferDecl) -> Expr {
+    match decl.elem {
+        ElemType::U8 | ElemType::U32 => Expr::u32(0),
+        ElemType::I32 => Expr::i32(0),
+        ElemType::F32 => Expr::f32(0.0),
+        ElemType::U64 => Expr::u64(0),
+        ElemType::I64 => Expr::i64(0),
+    }
+}
+
+/// The rewrite of one step's body: its workgroup builtins from the group loop,
+/// its buffers under their new names.
+struct Rewrite<'a> {
+    group: &'a Name,
+    groups: &'a Name,
+    threads: u32,
+    rename: &'a BTreeMap<Name, Name>,
+}
+
+impl Rewrite<'_> {
+    fn name(&self, buffer: &Name) -> Name {
+        self.rename
+            .get(buffer)
+            .cloned()
+            .unwrap_or_else(|| buffer.clone())
+    }
+
+    fn block(&self, block: &Block) -> Result<Block, String> {
+        let nodes: Vec<Node> = block
+            .iter()
+            .map(|node| self.node(node))
+            .collect::<Result<_, _>>()?;
+        Ok(Arc::from(nodes))
+    }
+
+    fn node(&self, node: &Node) -> Result<Node, String> {
+        Ok(match node {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => Node::Let {
+                name: name.clone(),
+                mutable: *mutable,
+                value: self.expr(value),
+            },
+            Node::Assign { name, value } => Node::Assign {
+                name: name.clone(),
+                value: self.expr(value),
+            },
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => Node::Store {
+                buffer: self.name(buffer),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => Node::If {
+                condition: self.expr(condition),
+                then_body: self.block(then_body)?,
+                else_body: self.block(else_body)?,
+            },
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => Node::Loop {
+                variable: variable.clone(),
+                start: self.expr(start),
+                end: self.expr(end),
+                body: self.block(body)?,
+            },
+            Node::While { condition, body } => Node::While {
+                condition: self.expr(condition),
+                body: self.block(body)?,
+            },
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::Atomic {
+                op: *op,
+                buffer: self.name(buffer),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::AtomicFetch {
+                name: name.clone(),
+                op: *op,
+                buffer: self.name(buffer),
+                index: self.expr(index),
+                value: self.expr(value),
+            },
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => Node::CompareExchange {
+                name: name.clone(),
+                buffer: self.name(buffer),
+                index: self.expr(index),
+                expected: self.expr(expected),
+                value: self.expr(value),
+            },
+            Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
+                name: name.clone(),
+                op: *op,
+                value: self.expr(value),
+            },
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => Node::WorkgroupScan {
+                name: name.clone(),
+                op: *op,
+                kind: *kind,
+                value: self.expr(value),
+            },
+            Node::Break | Node::Continue | Node::Barrier | Node::Fence => node.clone(),
+            Node::GridSync => return Err("a grid sync has no meaning in one workgroup".to_owned()),
+            // A return would end the thread for every later group and step.
+            Node::Return => return Err("a step returns early".to_owned()),
+        })
+    }
+
+    fn expr(&self, expr: &Expr) -> Expr {
+        let boxed = |value: &Expr| Box::new(self.expr(value));
+        match expr {
+            Expr::Builtin(builtin) => self.builtin(*builtin),
+            Expr::Load { buffer, index } => Expr::Load {
+                buffer: self.name(buffer),
+                index: boxed(index),
+            },
+            Expr::Length { buffer } => Expr::Length {
+                buffer: self.name(buffer),
+            },
+            Expr::Binary { op, lhs, rhs } => Expr::Binary {
+                op: *op,
+                lhs: boxed(lhs),
+                rhs: boxed(rhs),
+            },
+            Expr::Unary { op, operand } => Expr::Unary {
+                op: *op,
+                operand: boxed(operand),
+            },
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => Expr::Select {
+                condition: boxed(condition),
+                if_true: boxed(if_true),
+                if_false: boxed(if_false),
+            },
+            Expr::Cast { to, value } => Expr::Cast {
+                to: *to,
+                value: boxed(value),
+            },
+            Expr::SubgroupShuffleXor { value, lane_mask } => Expr::SubgroupShuffleXor {
+                value: boxed(value),
+                lane_mask: *lane_mask,
+            },
+            Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
+                op: *op,
+                value: boxed(value),
+            },
+            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
+                op: *op,
+                kind: *kind,
+                value: boxed(value),
+            },
+            Expr::Literal(_) | Expr::Var(_) | Expr::Scalar(_) => expr.clone(),
+        }
+    }
+
+    fn builtin(&self, builtin: Builtin) -> Expr {
+        match builtin {
+            Builtin::WorkgroupId(Axis::X) => Expr::Var(self.group.clone()),
+            Builtin::WorkgroupId(_) => Expr::u32(0),
+            Builtin::WorkgroupCount(Axis::X) => Expr::Var(self.groups.clone()),
+            Builtin::WorkgroupCount(_) => Expr::u32(1),
+            Builtin::GlobalId(Axis::X) => Expr::binary(
+                BinaryOp::Add,
+                Expr::Var(self.group.clone()) * self.threads,
+                Expr::local_id(Axis::X),
+            ),
+            Builtin::GlobalId(axis) => Expr::local_id(axis),
+            Builtin::LocalId(_) => Expr::Builtin(builtin),
+        }
+    }
+}
