@@ -305,3 +305,75 @@ fn gpu_submissions_sharing_written_memory_run_in_order() {
         last.mapped_bytes_mut().unwrap().fill(0);
     }
 }
+
+/// Locks out a chain that waits on the device again for what its named
+/// predecessor already waits for, and a pruning of that wait that lets a step run
+/// before a writer it depends on: `A` writes `middle` slowly, `B` (over other
+/// buffers) runs after `A` by name, `C` reads `middle` and runs after `B` by name.
+/// `C` waits on the device once (on `B`, which waited on `A`), starts after `A`
+/// ended and reads `A`'s finished words. Negative control: when `B` is not
+/// ordered after `A`, the same `C` waits twice (on `B`, and on `A` because it reads
+/// what `A` writes), so the single wait above is the pruning's doing, and only
+/// where the predecessor implies it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_chain_step_waits_once_yet_after_every_writer() {
+    const SMALL_WORDS: u32 = 256;
+    const SLOW_ROUNDS: u32 = 400_000;
+    let gpu = support::backend();
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let slow = gpu
+        .compile(&triple_plus_one_program(SLOW_ROUNDS), &config)
+        .unwrap();
+    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
+    let input: Vec<u8> = (0..SMALL_WORDS).flat_map(|i| i.to_le_bytes()).collect();
+    let source = gpu.buffer_from(&input).unwrap();
+    let middle = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
+    let other_source = gpu.buffer_from(&input).unwrap();
+    let other_last = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
+    let mut last = gpu.host_mapped_buffer(4 * SMALL_WORDS as u64).unwrap();
+    let expected: Vec<u32> = (0..SMALL_WORDS)
+        .map(|i| triple_plus_one(i, SLOW_ROUNDS + 1))
+        .collect();
+    let clock = gpu.device_clock().unwrap();
+    let submit =
+        |kernel, buffers: &[&DeviceBuffer], after: Option<&vyre_cuda::backend::PendingDispatch>| {
+            let bound = on(buffers);
+            let request = Dispatch::new(kernel, &bound)
+                .config(&config)
+                .timing(Timing::EventWindow);
+            match after {
+                Some(previous) => gpu.submit(request.after(previous)),
+                None => gpu.submit(request),
+            }
+            .unwrap()
+        };
+    for (round, named) in [true, false, true].into_iter().enumerate() {
+        let a = submit(&slow, &[&source, &middle], None);
+        let b = submit(&fast, &[&other_source, &other_last], named.then_some(&a));
+        let before = thread_driver_calls();
+        let c = submit(&fast, &[&middle, &last], Some(&b));
+        let waits = thread_driver_calls().stream_waits - before.stream_waits;
+        let (_, c_spans) = c.wait_spans(&clock).unwrap();
+        let (_, b_spans) = b.wait_spans(&clock).unwrap();
+        let (_, a_spans) = a.wait_spans(&clock).unwrap();
+        assert_eq!(
+            waits,
+            if named { 1 } else { 2 },
+            "round {round}: B named A: {named}"
+        );
+        assert!(
+            c_spans.window_start_ns >= a_spans.window_end_ns
+                && c_spans.window_start_ns >= b_spans.window_end_ns,
+            "round {round}: C started at {} ns, before A ({}) or B ({}) ended",
+            c_spans.window_start_ns,
+            a_spans.window_end_ns,
+            b_spans.window_end_ns
+        );
+        assert!(
+            words(last.mapped_bytes().unwrap()) == expected,
+            "round {round}: C read unfinished words"
+        );
+        last.mapped_bytes_mut().unwrap().fill(0);
+    }
+}

@@ -484,3 +484,32 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
         }
     }
 }
+
+/// Locks out an eager encode whose steps each wait on the device for every
+/// earlier step that touched their buffers (most steps read what several
+/// earlier ones wrote) instead of for the one before, which already ran after
+/// those: every encoding's eager encode of 64 KiB waits once per step after
+/// the first, and gives the CPU encoder's ids. (That the one wait still orders
+/// a step after every writer is `gpu_a_chain_step_waits_once_yet_after_every_writer`'s
+/// check, with its negative control.)
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_an_eager_encode_waits_once_per_step() {
+    for encoding in Encoding::ALL {
+        let (cpu, gpu) = cpu_and_device(encoding);
+        let encoder = device(&gpu);
+        let text = generate(Shape::Prose, 64 << 10, 7);
+        let expected = cpu.encode_ordinary_bytes(&text);
+        for round in 0..2 {
+            let before = vyre_cuda::backend::thread_driver_calls();
+            let pending = encoder.submit_bytes(&[&text]).unwrap();
+            let calls = vyre_cuda::backend::thread_driver_calls().since(&before);
+            assert_eq!(pending.wait().unwrap()[0], expected, "{encoding:?}");
+            assert_eq!(
+                calls.stream_waits as usize,
+                encoder.step_names().len() - 1,
+                "{encoding:?}, round {round}: {calls:?}"
+            );
+        }
+    }
+}

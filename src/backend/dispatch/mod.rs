@@ -340,11 +340,11 @@ impl BackendInner {
         let mark = probe::charge_and_mark(probe::Phase::Lease, mark);
 
         // order, then launch: every stream operation, on the device after what it must follow.
-        self.order(kernel, staged, &guard, after)?;
+        let ordered = self.order(kernel, staged, &guard, after)?;
         self.enqueue(kernel, &mut ops, &guard, plan)?;
         let lane = guard.hand_over();
         self.in_flight
-            .enter(&lane.stream, &lane.order, staged.accesses.clone());
+            .enter(&lane.stream, &lane.order, staged.accesses.clone(), ordered);
         let enqueue_ns = elapsed_ns(start);
         let mark = probe::charge_and_mark(probe::Phase::Launch, mark);
         Ok(Submitted {

@@ -18,7 +18,7 @@ use crate::probe::{self, Count};
 use super::super::budget::{self, BudgetInputs};
 use super::super::driver::{self, DeviceMemory, PinnedMemory};
 use super::super::kernel::KernelInner;
-use super::super::ordering::Accesses;
+use super::super::ordering::{Accesses, Ordered};
 use super::super::plan::{
     align_up, check_output_slices, check_request_scalars, plan_request, ParamSlot, ReadItem,
     RequestPlan,
@@ -519,17 +519,18 @@ impl BackendInner {
 
     /// Order: after every dispatch in flight that shares memory this one writes (or
     /// writes memory this one touches: `staged.accesses`), and after an explicitly
-    /// named predecessor; on the device only.
+    /// named predecessor; on the device only. Returns the book entries it is ordered
+    /// after, for its own entry.
     pub(in crate::backend) fn order(
         &self,
         kernel: &KernelInner,
         staged: &Staged,
         guard: &LaneGuard<'_, '_>,
         after: Option<&InFlight<'_>>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Ordered, BackendError> {
         let lane = guard.lane()?;
         let explicit = after.map(InFlight::order_handles);
-        let (_, lanes) = self
+        let (ordered, lanes) = self
             .in_flight
             .order_after(&staged.accesses, &lane.stream, explicit)
             .map_err(|error| {
@@ -539,7 +540,7 @@ impl BackendInner {
         for (lane, ticket) in lanes {
             lane.wait_for(ticket, &kernel.name)?;
         }
-        Ok(())
+        Ok(ordered)
     }
 
     /// Enqueue every stream operation of `ops` on the guarded lane.
