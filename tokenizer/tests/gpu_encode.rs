@@ -8,17 +8,22 @@
 //! Ignored by default; run on the GPU machine (`cargo test --release -p
 //! vyre-tokenizer --test gpu_encode -- --ignored`). This binary links
 //! tiktoken-rs but not bpe-openai (about 50 MB of tables), so it stays small
-//! enough for the trip to the GPU machine.
+//! enough for the trip to the GPU machine. Under compute-sanitizer
+//! (`VYRE_UNDER_SANITIZER=1`) the largest draws shrink, each test says to what
+//! (`support/sanitizer.rs` says why).
 
 #[path = "support/device_batches.rs"]
 mod device_batches;
 mod oracle;
+#[path = "support/sanitizer.rs"]
+mod sanitizer;
 mod split_corpus;
 
 use device_batches::{
     batch_with_empty_documents, check_batch, documents_cut_inside_runs, long_piece_texts,
     random_texts, small_split_geometry, split_pieces_alone_and_joined,
 };
+use sanitizer::sized_for_tools;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -149,7 +154,7 @@ fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
 }
 
 /// Locks out disagreements on inputs nobody wrote by hand: 2,000 random
-/// strings per encoding (every tenth damaged into invalid UTF-8) in one batch
+/// strings per encoding (200 under compute-sanitizer) (every tenth damaged into invalid UTF-8) in one batch
 /// equal the CPU encoder, and the valid ones tiktoken-rs.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -157,7 +162,8 @@ fn gpu_ids_equal_cpu_and_tiktoken_on_2000_random_strings_every_encoding() {
     for encoding in Encoding::ALL {
         let (cpu, gpu) = cpu_and_device(encoding);
         let mut random = SplitMix64::new(0x6D0C + encoding as u64);
-        let texts = random_texts(&mut random, 2000, 24);
+        let count = sized_for_tools("random strings", 2000, 200);
+        let texts = random_texts(&mut random, count, 24);
         check_batch(device(&gpu), &cpu, &texts, "random strings");
         for text in texts
             .iter()
@@ -279,14 +285,17 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
 }
 
 /// Locks out submitted encodes that interfere: two chunks submitted at once
-/// (the most one thread may have pending) and waited in reverse order, and eight threads sharing one tokenizer with
-/// texts of many lengths (some over 1 MiB), equal the CPU encoder; so does
-/// `encode_batch` of all of them.
+/// (the most one thread may have pending) and waited in reverse order, and
+/// eight threads sharing one tokenizer with 48 texts of many lengths (some
+/// over 1 MiB; two threads and 12 texts under compute-sanitizer), equal the
+/// CPU encoder; so does `encode_batch` of all of them.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_submitted_encodes_and_threads_equal_cpu() {
     let (cpu, gpu) = cpu_and_device(Encoding::O200kBase);
-    let texts: Vec<String> = (0..48)
+    let count = sized_for_tools("texts", 48, 12);
+    let threads = sized_for_tools("threads", 8, 2);
+    let texts: Vec<String> = (0..count)
         .map(|index| {
             let shape = Shape::ALL[index % 3];
             let bytes = [1, 700, 4096, 70_000, 262_144, 1_200_000][index % 6] + index / 6;
@@ -303,7 +312,7 @@ fn gpu_submitted_encodes_and_threads_equal_cpu() {
         assert_eq!(submitted.wait().unwrap(), [ids.clone(), Vec::new(), ids]);
     }
     std::thread::scope(|scope| {
-        for thread in 0..8 {
+        for thread in 0..threads {
             let (cpu, gpu, texts) = (&cpu, &gpu, &texts);
             scope.spawn(move || {
                 for (index, text) in texts.iter().enumerate().skip(thread % 4) {
@@ -338,9 +347,9 @@ fn gpu_auto_runs_long_texts_on_the_device() {
 }
 
 /// Locks out a batch larger than one chunk being refused: 200 MiB of
-/// documents of 1 to 16 KiB (cl100k, the three shapes) through an encoder
-/// whose chunks hold 64 MiB (four chunks, two in flight) equal the CPU
-/// encoder's batch.
+/// documents of 1 to 16 KiB (cl100k, the three shapes; 40 MiB under
+/// compute-sanitizer) through the default encoder (chunks of at most 16 MiB,
+/// two in flight) equal the CPU encoder's batch.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
@@ -348,7 +357,8 @@ fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
     let mut random = SplitMix64::new(0x200);
     let mut texts = Vec::new();
     let mut total = 0;
-    while total < 200 << 20 {
+    let batch_bytes = sized_for_tools("batch bytes", 200 << 20, 40 << 20);
+    while total < batch_bytes {
         let bytes = 1024 + random.below(15 << 10) as usize;
         let text = String::from_utf8(generate(
             Shape::ALL[texts.len() % 3],
@@ -365,7 +375,12 @@ fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
     let bytes: Vec<&[u8]> = refs.iter().map(|text| text.as_bytes()).collect();
     let mut results = vec![Vec::new(); bytes.len()];
     let timings = encoder.encode_batch_into(&bytes, &mut results).unwrap();
-    assert!(timings.len() >= 4, "{} chunks", timings.len());
+    let chunk_bytes = ChunkLimits::default().text_bytes as usize;
+    assert!(
+        timings.len() >= total.div_ceil(chunk_bytes),
+        "{} chunks of {total} bytes",
+        timings.len()
+    );
     assert!(results == expected, "the 200 MiB batch differs");
 }
 
@@ -419,7 +434,7 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// fuses (a rewritten builtin, a workgroup buffer shared by two steps and not
 /// cleared, a step reading what the one before has not yet written, a
 /// look-back that waits for a group it is itself to run): 2,000 random strings
-/// per encoding, one text per encode, and batches of long pieces and of empty
+/// per encoding (100 under compute-sanitizer), one text per encode, and batches of long pieces and of empty
 /// and short documents of at most 4,096 bytes, run as `stage` and `short` (two
 /// dispatches) and equal the CPU encoder, at the default geometry and with
 /// every step in 32-thread workgroups (many groups per step).
@@ -444,7 +459,8 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         let mut random = SplitMix64::new(0x5407 + encoding as u64);
-        let texts = random_texts(&mut random, 2000, 24);
+        let count = sized_for_tools("random strings", 2000, 100);
+        let texts = random_texts(&mut random, count, 24);
         let mut batches: Vec<Vec<Vec<u8>>> = long_piece_texts(8, &mut random)
             .into_iter()
             .map(|(_, text)| vec![text])
