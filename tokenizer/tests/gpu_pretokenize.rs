@@ -7,6 +7,8 @@
 #[path = "support/driver_calls.rs"]
 mod driver_calls;
 mod oracle;
+#[path = "support/sanitizer.rs"]
+mod sanitizer;
 
 use std::collections::HashMap;
 
@@ -131,9 +133,11 @@ fn gpu_all_shapes_match_oracle_at_262144_bytes() {
 
 /// Locks out GPU-only disagreements on the hard cases: the whole hand-written
 /// corpus (contractions, white-space runs, scripts, marks, emoji, Unicode
-/// spaces, cut and invalid UTF-8), the UTF-8 well-formedness boundary texts and 2,400 seeded random strings (valid and
-/// damaged), eager and graph, each byte-identical to the oracle; then 100 texts of
-/// 40 random strings each, so the rule is exercised across workgroup boundaries.
+/// spaces, cut and invalid UTF-8), the UTF-8 well-formedness boundary texts and
+/// 2,400 seeded random strings (valid and damaged), eager and graph, each
+/// byte-identical to the oracle; then 100 texts of 40 random strings each, so the
+/// rule is exercised across workgroup boundaries (240 strings and 10 texts under
+/// compute-sanitizer).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_corpus_and_random_strings_match_oracle() {
@@ -149,7 +153,8 @@ fn gpu_corpus_and_random_strings_match_oracle() {
         pipelines.check(&text, &regex.starts(&text), "corpus");
     }
     let mut random = SplitMix64::new(0x6B_0009);
-    for case in 0..2_400 {
+    let cases = sanitizer::sized_for_tools("random cases", 2_400, 240);
+    for case in 0..cases {
         let text = if case % 4 == 3 {
             random_bytes(&mut random, 24)
         } else {
@@ -157,7 +162,7 @@ fn gpu_corpus_and_random_strings_match_oracle() {
         };
         pipelines.check(&text, &regex.starts(&text), &format!("random case {case}"));
     }
-    for round in 0..100 {
+    for round in 0..sanitizer::sized_for_tools("rounds of 40 strings", 100, 10) {
         let mut text = Vec::new();
         for _ in 0..40 {
             if random.chance(1, 4) {

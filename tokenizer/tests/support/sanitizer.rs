@@ -2,7 +2,7 @@
 //! exports `VYRE_UNDER_SANITIZER=1`, and its tools slow the encoder's kernels
 //! by one to three orders of magnitude (the merge kernel of a 256 KiB text
 //! took 120 ms under memcheck on the H200 instead of 0.1 ms), so a test that
-//! encodes thousands of texts would outlast the run's budget. The tools look
+//! encodes or splits thousands of texts would outlast the run's budget. The tools look
 //! for memory and synchronisation hazards, which a smaller draw of the same
 //! inputs reaches as well; the normal run keeps the full sizes.
 
