@@ -146,8 +146,8 @@ fn lane_of(gpu: &CudaBackend, kernels: &[Kernel], options: LaneOptions) -> Lane 
 /// the measurement fixture (one thread, nine buffers, eight outputs) through a lane of
 /// one kernel and one block gives the hand-computed sum and the reference's bytes,
 /// over device buffers and over host bindings, 200 times in a row (the record cache
-/// and the "same record" path included), with the kernel's stamps and no event
-/// window.
+/// and the "same record" path included), with the kernel's stamps split into phases
+/// that add up to them, and no event window.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_lane_thin_slice_matches_reference() {
@@ -175,6 +175,14 @@ fn gpu_lane_thin_slice_matches_reference() {
             assert!(timings.kernel_stamps_ns > 0, "{timings:?}");
             assert_eq!(timings.event_window_ns, None);
             assert!(timings.enqueue_ns <= timings.wall_ns && timings.wait_ns <= timings.wall_ns);
+            let stamps = timings
+                .lane_stamps
+                .expect("a lane request has phase stamps");
+            assert_eq!(
+                stamps.setup_ns + stamps.workgroups_ns + stamps.readback_ns,
+                timings.kernel_stamps_ns,
+                "{stamps:?}"
+            );
         }
         let host: Vec<Binding> = inputs.iter().map(|v| Binding::Host(v)).collect();
         let finished = lane

@@ -166,7 +166,7 @@ pub struct LaneOptions {
     /// Requests that may be in flight at once (1 to [`MAX_LANE_SLOTS`]); each has its
     /// own record, staging and result area.
     pub slots: u32,
-    /// Bytes of each slot's host-mapped result area: a 32-byte header, then every
+    /// Bytes of each slot's host-mapped result area: a 48-byte header, then every
     /// readback item 16-byte aligned (256 bytes to [`MAX_LANE_AREA_BYTES`], a multiple
     /// of 128).
     pub result_bytes: u32,
@@ -1142,6 +1142,7 @@ impl LaneShared {
             wait_ns,
             kernel_stamps_ns: header.end.saturating_sub(header.start),
             event_window_ns: None,
+            lane_stamps: Some(header.stamps()),
         })
     }
 

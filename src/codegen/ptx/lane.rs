@@ -74,9 +74,23 @@
 //!    arrive publishes. The publishing block copies the readback ranges into the
 //!    slot's result area (windows — a range inside one aligned 16-byte block — with one
 //!    vector load and store each, eight in flight per thread; other ranges in 16-, 4- or
-//!    1-byte units, eight in flight per thread), writes the area's header (start and
-//!    end `%globaltimer` stamps, status, ticket) and then stores `n + 1` into the
-//!    completion word with `st.release.sys`.
+//!    1-byte units, eight in flight per thread), writes the area's header (status,
+//!    ticket and the phase stamps below) and then stores `n + 1` into the completion
+//!    word with `st.release.sys`.
+//!
+//! # Where a request's device time goes
+//!
+//! The header carries `%globaltimer` stamps of each phase, so one run on the device
+//! says where a request's time goes (the host's `Timings::lane_stamps`): the start
+//! (block 0 saw the doorbell), the first workgroup (record and prologue done), every
+//! workgroup done (with several blocks: the last arrived), the end (the readback
+//! bytes copied), and how long the previous request's `st.release.sys` held its
+//! thread (the wait for earlier stores, the readback bytes in host memory above all,
+//! to reach system scope; measured after the store, so it can only be reported with
+//! the next request). What the stamps do not cover is the doorbell's and the
+//! completion word's trip over PCIe and the host's own work: the host's wait minus
+//! the stamps. Block 0's stamps reach another publishing block through device
+//! words, written before block 0's arrival and read after the publisher's acquire.
 //!
 //! # Why the host sees every byte when it sees the completion word
 //!
@@ -219,9 +233,33 @@ pub const DOORBELL_STOP: u64 = 1 << 49;
 /// Doorbell bit: the record equals the previous request's (shared copies are current).
 pub const DOORBELL_SAME: u64 = 1 << 50;
 
-/// Bytes of a result area's header: u64 start stamp, u64 end stamp, u32 status, u32
-/// ticket (`n + 1`), 8 reserved. Readback bytes follow, 16-byte aligned.
-pub const AREA_HEADER_BYTES: usize = 32;
+/// Bytes of a result area's header: u64 start stamp (the doorbell seen), u64 end
+/// stamp (the readback bytes copied), u32 status, u32 ticket (`n + 1`), the phase
+/// stamps ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`],
+/// [`AREA_PREVIOUS_RELEASE`]), 12 reserved (zero). Readback bytes follow, 16-byte
+/// aligned.
+pub const AREA_HEADER_BYTES: usize = 48;
+/// Area header u32: nanoseconds from the start stamp to the first workgroup (the
+/// record's copy and the prologue), saturating.
+pub const AREA_WORKGROUPS_BEGUN: usize = 24;
+/// Area header u32: nanoseconds from the start stamp to the moment every workgroup
+/// of every iteration finished (with several blocks: the last block arrived),
+/// saturating.
+pub const AREA_WORKGROUPS_DONE: usize = 28;
+/// Area header u32: nanoseconds the previous request's completion store
+/// (`st.release.sys`) held its publishing thread, from its end stamp to the store's
+/// issue: the wait for every earlier store (the readback bytes in host memory above
+/// all) to reach system scope. 0 for a lane's first request.
+pub const AREA_PREVIOUS_RELEASE: usize = 32;
+// The server writes status, ticket and the two workgroup stamps with one vector store
+// at 16, and the previous release with one at its own 16-byte-aligned offset.
+const _: () = assert!(
+    AREA_WORKGROUPS_BEGUN == 24
+        && AREA_WORKGROUPS_DONE == 28
+        && AREA_PREVIOUS_RELEASE == 32
+        && AREA_HEADER_BYTES >= AREA_PREVIOUS_RELEASE + 16
+        && AREA_HEADER_BYTES.is_multiple_of(16)
+);
 /// Area status: the record named a body the lane does not have (nothing ran).
 pub const AREA_STATUS_UNKNOWN_KERNEL: u32 = 1;
 
@@ -233,6 +271,11 @@ pub const DEVICE_GENERATION: usize = 4;
 pub const DEVICE_GO: usize = 8;
 /// Device word (u64): the current request's start stamp.
 pub const DEVICE_START: usize = 16;
+/// Device word (u64): the current request's first-workgroup stamp (block 0's).
+pub const DEVICE_BEGUN: usize = 24;
+/// Device word (u32): the last completion store's hold ([`AREA_PREVIOUS_RELEASE`]),
+/// for the next request's publisher when that is another block.
+pub const DEVICE_RELEASED: usize = 32;
 /// Offset of the per-slot record cache in the device words.
 pub const DEVICE_CACHE_AT: usize = 128;
 
@@ -296,7 +339,8 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [16] start, [128] record cache",
+        "device: [0] arrivals, [4] generation, [8] go, [16] start, [24] begun, [32] released, \
+         [128] record cache",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (".u32 vyre_lane_area_stride", "bytes between result areas"),
@@ -558,6 +602,9 @@ const WORDS: &[&str] = &[
     "%tid_y",
     "%tid_z",
     "%plane",
+    "%released",
+    "%begun_ns",
+    "%done_ns",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -586,6 +633,8 @@ const DOUBLES: &[&str] = &[
     "%start",
     "%end",
     "%served",
+    "%begun",
+    "%done",
 ];
 
 impl Server {
@@ -678,6 +727,7 @@ impl Server {
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
         self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
         self.line(format_args!("mov.u32 %ticket, 0;"));
+        self.line(format_args!("mov.u32 %released, 0;"));
     }
 
     /// Block 0's leader polls the slot's doorbell; every other block's leader polls
@@ -1074,6 +1124,12 @@ impl Server {
             self.out,
             "\n\t// ---- the grid: this block's workgroups, every iteration"
         );
+        self.line(format_args!("mov.u64 %begun, %globaltimer;"));
+        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
+        self.line(format_args!("and.pred %take, %take, %multi;"));
+        self.line(format_args!(
+            "@%take st.relaxed.gpu.global.u64 [%device+{DEVICE_BEGUN}], %begun;"
+        ));
         self.line(format_args!("mov.u32 %iteration, 0;"));
         self.place("$L_lane_iteration");
         self.line(format_args!("mov.u32 %group, %block;"));
@@ -1151,6 +1207,7 @@ impl Server {
         self.line(format_args!("setp.eq.u32 %past, %publishing, 0;"));
         self.line(format_args!("@%past bra $L_lane_served;"));
         self.place("$L_lane_publish");
+        self.line(format_args!("mov.u64 %done, %globaltimer;"));
         self.windows();
         // Ranges after the windows: this block's threads, each range in turn.
         self.for_each_entry(
@@ -1169,13 +1226,28 @@ impl Server {
         self.line(format_args!("barrier.sync 1;"));
         self.line(format_args!("@!%leader bra $L_lane_served;"));
         self.line(format_args!("mov.u64 %end, %globaltimer;"));
-        self.comment("block 0's leader holds the start stamp; another publisher reads it back");
+        self.comment(
+            "block 0's leader holds the start and first-workgroup stamps; another publisher reads \
+             them back, and the last completion's hold, which another block may have measured",
+        );
         self.line(format_args!(
             "@!%dispatcher ld.relaxed.gpu.global.u64 %start, [%device+{DEVICE_START}];"
         ));
+        self.line(format_args!(
+            "@!%dispatcher ld.relaxed.gpu.global.u64 %begun, [%device+{DEVICE_BEGUN}];"
+        ));
+        self.line(format_args!(
+            "@%multi ld.relaxed.gpu.global.u32 %released, [%device+{DEVICE_RELEASED}];"
+        ));
+        self.nanoseconds_since("%begun_ns", "%begun", "%start");
+        self.nanoseconds_since("%done_ns", "%done", "%start");
+        self.line(format_args!("mov.u32 %value, 0;"));
         self.line(format_args!("st.global.v2.u64 [%area], {{%start, %end}};"));
         self.line(format_args!(
-            "st.global.v2.u32 [%area+16], {{%status, %want}};"
+            "st.global.v4.u32 [%area+16], {{%status, %want, %begun_ns, %done_ns}};"
+        ));
+        self.line(format_args!(
+            "st.global.v4.u32 [%area+{AREA_PREVIOUS_RELEASE}], {{%released, %value, %value, %value}};"
         ));
         self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.comment(
@@ -1184,11 +1256,25 @@ impl Server {
         self.line(format_args!(
             "st.release.sys.global.u64 [%completion], %served;"
         ));
+        self.comment("how long the release held this thread: the next request's header says");
+        self.line(format_args!("mov.u64 %done, %globaltimer;"));
+        self.nanoseconds_since("%released", "%done", "%end");
+        self.line(format_args!(
+            "@%multi st.relaxed.gpu.global.u32 [%device+{DEVICE_RELEASED}], %released;"
+        ));
         self.place("$L_lane_served");
         self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
         self.line(format_args!("bra $L_lane_next;"));
         self.place("$L_lane_stop");
         self.line(format_args!("exit;"));
+    }
+
+    /// `into` (u32) = `later - earlier` nanoseconds (u64 stamps), saturating at
+    /// `u32::MAX`.
+    fn nanoseconds_since(&mut self, into: &str, later: &str, earlier: &str) {
+        self.line(format_args!("sub.u64 %wide, {later}, {earlier};"));
+        self.line(format_args!("min.u64 %wide, %wide, {};", u32::MAX));
+        self.line(format_args!("cvt.u32.u64 {into}, %wide;"));
     }
 
     /// The windows: descriptor `w < %windows` names an aligned 16-byte block; this
