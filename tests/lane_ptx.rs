@@ -332,3 +332,57 @@ fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
     }
     assert_eq!(lane.push(&summing(), &CodegenOptions::default()), Ok(1));
 }
+
+/// The loads of one copy loop's batch in `ptx`: those of `load` between the loop's
+/// label (the first line starting with `label`) and the first `store` after it.
+fn loads_before_first_store(ptx: &str, label: &str, load: &str, store: &str) -> usize {
+    ptx.lines()
+        .skip_while(|line| !line.starts_with(label))
+        .take_while(|line| !line.contains(store))
+        .filter(|line| line.contains(load))
+        .count()
+}
+
+/// Locks out a lane whose one-thread blocks (the measurement fixture's shape) wait
+/// for memory once per eight units: a batch's stores need its loads' values, so the
+/// next batch's loads start a round trip later, and sixteen readback windows took two
+/// round trips, a 600-byte record from host memory five over PCIe. With one thread,
+/// a batch holds sixteen windows and sixteen record chunks; ptxas assembles that lane.
+/// Negative control: blocks of 32 threads, whose 64 windows at most are two a thread,
+/// keep two in flight, and their record chunks eight.
+#[test]
+fn a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles() {
+    let batches = |workgroup: u32| {
+        let program = vyre_cuda::fixtures::host_cost_fixture(17, 14);
+        let program = if workgroup == 1 { program } else { summing() };
+        let mut lane = LaneModuleBuilder::new(90, 32, [workgroup, 1, 1]);
+        lane.push(&program, &CodegenOptions::default())
+            .expect("a lane body");
+        let ptx = lane.finish();
+        let windows = loads_before_first_store(
+            &ptx,
+            "$L_lane_windows_",
+            "ld.relaxed.gpu.global.v4.u32",
+            "st.global.v4.u32",
+        );
+        let record = loads_before_first_store(
+            &ptx,
+            "$L_lane_record_",
+            "ld.relaxed.sys.global.v4.u32",
+            "st.shared.v4.u32",
+        );
+        (windows, record, ptx)
+    };
+    let (windows, record, ptx) = batches(1);
+    assert_eq!((windows, record), (16, 16));
+    let one_thread = ptx;
+    let (windows, record, _) = batches(32);
+    assert_eq!((windows, record), (2, 8));
+    let Some(ptxas) =
+        ptxas::require("a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles")
+    else {
+        return;
+    };
+    ptxas::assemble(&ptxas, "lane_one_thread", &one_thread)
+        .unwrap_or_else(|report| panic!("{report}"));
+}

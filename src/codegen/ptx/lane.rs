@@ -55,7 +55,8 @@
 //! host memory), [`DOORBELL_SAME`] (it equals the previous request's: the blocks'
 //! shared copies are current) and [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
 //! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
-//! (and into the device-memory cache of the slot when reloading), then, with more than
+//! (and into the device-memory cache of the slot when reloading; 16-byte chunks,
+//! all of a thread's share in flight up to sixteen), then, with more than
 //! one block, hands the doorbell value to the others through the go word
 //! (`st.release.gpu`, polled with `ld.acquire.gpu`). The scalar values are words of
 //! the record: a request that differs from the previous one only in its values has
@@ -73,8 +74,8 @@
 //! 3. arrives at the device arrival counter (more than one block): the last block to
 //!    arrive publishes. The publishing block copies the readback ranges into the
 //!    slot's result area (windows — a range inside one aligned 16-byte block — with one
-//!    vector load and store each, eight in flight per thread; other ranges in 16-, 4- or
-//!    1-byte units, eight in flight per thread), writes the area's header (status,
+//!    vector load and store each, all of a thread's windows in flight up to sixteen;
+//!    other ranges in 16-, 4- or 1-byte units, eight in flight per thread), writes the area's header (status,
 //!    ticket and the phase stamps below) and then stores `n + 1` into the completion
 //!    word with `st.release.sys`.
 //!
@@ -354,11 +355,27 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
 ];
 
-/// Units a thread keeps in flight in every copy loop of the server (record chunks,
-/// prologue, readback): with one thread per block a loop of dependent load → store
+/// Units a thread keeps in flight in the server's copy loops of the prologue and of
+/// readback ranges (record chunks and windows: [`batch_for`]): with one thread per block a loop of dependent load → store
 /// pairs would pay one memory round trip per unit (one PCIe round trip per 16 bytes
 /// of a host input).
 const IN_FLIGHT: usize = 8;
+
+/// Most units one thread keeps in flight in the loops over the record's chunks and
+/// the readback windows (four registers each).
+const MOST_IN_FLIGHT: usize = 16;
+
+/// Units per thread in one batch of a loop over at most `most` units spread over
+/// `threads` threads: all of a thread's share at once where that is at most
+/// [`MOST_IN_FLIGHT`]. A batch's loads wait for the previous batch's (its stores
+/// need their values first), so with one thread per block, as the measurement
+/// fixture's lane has, eight in flight served 16 windows in two memory round trips
+/// and a 600-byte record from host memory in five PCIe round trips; sixteen take one
+/// and three.
+fn batch_for(most: usize, threads: u32) -> usize {
+    most.div_ceil(threads.max(1) as usize)
+        .clamp(1, MOST_IN_FLIGHT)
+}
 
 /// Writes the bodies of a lane and its server into one module (see the module docs).
 ///
@@ -506,10 +523,13 @@ impl LaneModuleBuilder {
         }
         out.push_str(&self.bodies);
         out.push('\n');
+        let threads = x * y * z;
         let mut server = Server {
             out,
             labels: 0,
-            threads: x * y * z,
+            threads,
+            record_batch: batch_for(RECORD_BYTES / 16, threads),
+            window_batch: batch_for(MAX_LANE_READBACKS, threads),
         };
         server.entry(self.workgroup_size, self.count);
         server.out
@@ -531,6 +551,10 @@ struct Server {
     labels: u32,
     /// Threads per block.
     threads: u32,
+    /// Record chunks per thread per batch ([`batch_for`]).
+    record_batch: usize,
+    /// Readback windows per thread per batch ([`batch_for`]).
+    window_batch: usize,
 }
 
 /// Registers of the server, declared by name at its top.
@@ -672,11 +696,8 @@ impl Server {
             let _ = writeln!(self.out, "\t.reg {kind} {};", names.join(", "));
         }
         // Batch registers of the copy loops: unit indices, then four words per unit.
-        let _ = writeln!(
-            self.out,
-            "\t.reg .b32 %unit<{IN_FLIGHT}>, %v<{}>;\n",
-            4 * IN_FLIGHT
-        );
+        let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
+        let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
         self.prologue([x, y, z]);
         self.wait_for_request();
         self.read_record();
@@ -824,8 +845,8 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %chunks;"));
         self.line(format_args!("@%past bra $L_lane_record_ready;"));
-        self.batch_indices("%index", t);
-        for k in 0..IN_FLIGHT {
+        self.batch_indices("%index", t, self.record_batch);
+        for k in 0..self.record_batch {
             self.live(k, "%chunks");
             self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
             self.line(format_args!("add.s64 %from, %origin, %at;"));
@@ -834,7 +855,7 @@ impl Server {
                 "@%live ld.relaxed.sys.global.v4.u32 {v}, [%from];"
             ));
         }
-        for k in 0..IN_FLIGHT {
+        for k in 0..self.record_batch {
             self.live(k, "%chunks");
             self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
             self.line(format_args!("add.s64 %to, %record, %at;"));
@@ -846,7 +867,7 @@ impl Server {
         }
         self.line(format_args!(
             "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
+            t as usize * self.record_batch
         ));
         self.line(format_args!("bra {top};"));
         self.place("$L_lane_record_ready");
@@ -860,8 +881,8 @@ impl Server {
     }
 
     /// `%unit{k} = first + k * stride` for every slot of a batch.
-    fn batch_indices(&mut self, first: &str, stride: u32) {
-        for k in 0..IN_FLIGHT {
+    fn batch_indices(&mut self, first: &str, stride: u32, batch: usize) {
+        for k in 0..batch {
             self.line(format_args!(
                 "add.u32 %unit{k}, {first}, {};",
                 stride as usize * k
@@ -1278,7 +1299,7 @@ impl Server {
     }
 
     /// The windows: descriptor `w < %windows` names an aligned 16-byte block; this
-    /// block's threads take windows `lin, lin + T, ...`, eight in flight each: the
+    /// block's threads take windows `lin, lin + T, ...`, [`batch_for`] in flight each: the
     /// descriptors, then the loads, then the stores.
     fn windows(&mut self) {
         let t = self.threads;
@@ -1288,8 +1309,8 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %windows;"));
         self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t);
-        for k in 0..IN_FLIGHT {
+        self.batch_indices("%index", t, self.window_batch);
+        for k in 0..self.window_batch {
             let v = vector(k);
             self.live(k, "%windows");
             self.entry_at(&format!("%unit{k}"), "%readback_at");
@@ -1299,7 +1320,7 @@ impl Server {
                 "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
             ));
         }
-        for k in 0..IN_FLIGHT {
+        for k in 0..self.window_batch {
             let v = vector(k);
             self.live(k, "%windows");
             self.entry_at(&format!("%unit{k}"), "%readback_at");
@@ -1310,7 +1331,7 @@ impl Server {
         }
         self.line(format_args!(
             "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
+            t as usize * self.window_batch
         ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
