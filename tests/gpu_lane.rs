@@ -267,7 +267,8 @@ fn gpu_lane_serves_several_kernels_in_order() {
 }
 
 /// Locks out grid semantics that differ from a launch: 12 workgroups of [16, 2, 1]
-/// on a 3-D grid, exchanging values through workgroup memory around a barrier,
+/// on a 3-D grid (and 7 on a grid along x alone, whose ids the server takes without
+/// a division), exchanging values through workgroup memory around a barrier,
 /// through lanes of 1 and 4 blocks (each block runs several workgroups in turn, its
 /// workgroup memory zeroed for each), with 1 and 3 fixpoint iterations (a lane-wide
 /// barrier between them), give the reference interpreter's bytes.
@@ -284,7 +285,12 @@ fn gpu_lane_grids_larger_than_the_lane_match_reference() {
             std::slice::from_ref(&kernel),
             LaneOptions::new().blocks(blocks),
         );
-        for (grid, iterations) in [([3u32, 2, 2], 1u32), ([5, 1, 3], 3), ([1, 1, 1], 2)] {
+        for (grid, iterations) in [
+            ([3u32, 2, 2], 1u32),
+            ([5, 1, 3], 3),
+            ([1, 1, 1], 2),
+            ([7, 1, 1], 1),
+        ] {
             let groups = grid.iter().product::<u32>();
             let elements = 32 * groups as usize;
             let acc: Vec<u32> = (0..elements as u32).map(|i| i * 7).collect();

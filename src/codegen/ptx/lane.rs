@@ -68,7 +68,8 @@
 //!    slot's staging into transient device buffers, spread over every thread of the
 //!    lane, then waits for the whole lane (when there was any);
 //! 2. runs its workgroups, `block, block + blocks, ...` below the request's total,
-//!    each a call of the requested body with that workgroup's id, a block-wide
+//!    each a call of the requested body with that workgroup's id (its number itself
+//!    on a grid along x alone; two divisions otherwise), a block-wide
 //!    barrier (`barrier.sync 1`; bodies use barrier 0, non-aligned) after each, for each of the
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
@@ -573,6 +574,7 @@ const PREDICATES: &[&str] = &[
     "%take",
     "%wide_unit",
     "%word_unit",
+    "%flat",
 ];
 const WORDS: &[&str] = &[
     "%lin",
@@ -928,6 +930,8 @@ impl Server {
         ));
         self.line(format_args!("add.s64 %inputs, %staging, %offset;"));
         self.line(format_args!("mov.u32 %status, 0;"));
+        self.comment("a grid on x alone: a workgroup's id is its number, no division");
+        self.line(format_args!("setp.eq.u32 %flat, %grid_x, %total;"));
     }
 
     /// Entry `%op` of the record's table at byte `table` (a prologue or readback
@@ -1157,10 +1161,15 @@ impl Server {
         self.place("$L_lane_group");
         self.line(format_args!("setp.ge.u32 %past, %group, %total;"));
         self.line(format_args!("@%past bra $L_lane_groups_done;"));
+        self.line(format_args!("mov.u32 %group_x, %group;"));
+        self.line(format_args!("mov.u32 %group_y, 0;"));
+        self.line(format_args!("mov.u32 %group_z, 0;"));
+        self.line(format_args!("@%flat bra $L_lane_group_ready;"));
         self.line(format_args!("rem.u32 %group_x, %group, %grid_x;"));
         self.line(format_args!("div.u32 %rest, %group, %grid_x;"));
         self.line(format_args!("rem.u32 %group_y, %rest, %grid_y;"));
         self.line(format_args!("div.u32 %group_z, %rest, %grid_y;"));
+        self.place("$L_lane_group_ready");
         for body in 0..bodies {
             self.line(format_args!("setp.eq.u32 %take, %kernel, {body};"));
             self.line(format_args!("@%take bra.uni $L_lane_body_{body};"));
