@@ -938,6 +938,11 @@ impl LaneShared {
     /// Give transients back to the pool and drop the holds of a request that is done
     /// (or never rang).
     fn release(&self, mut held: Held) {
+        // A request of owned buffers holds nothing (the usual lane request): no driver
+        // call for it.
+        if held.transients.is_empty() && held.buffers.is_empty() && held.pinned.is_empty() {
+            return;
+        }
         // The last hold of a buffer frees it in the backend's context (waits may run
         // on another thread than submissions).
         let _ = self.backend.inner.bind();
@@ -1086,13 +1091,24 @@ impl LaneShared {
         self: &Arc<Self>,
         ticket: u64,
         start: Instant,
-        sink: Sink<'_, '_>,
+        mut sink: Sink<'_, '_>,
         mark: Option<Instant>,
     ) -> Result<Timings, BackendError> {
+        let slot = self.slot_of(ticket);
+        if let Sink::Packed(out) = &mut sink {
+            // The outputs' one allocation while the device works, not after it answered.
+            let total = self.lock().slots[slot]
+                .request
+                .as_ref()
+                .filter(|request| request.ticket == ticket)
+                .map_or(0, |request| {
+                    request.deliveries.iter().map(|&(_, len)| len).sum()
+                });
+            **out = Outputs::with_capacity(total, None);
+        }
         let wait_ns = self.wait_ticket(ticket)?;
         let mark = probe::charge_and_mark(Phase::Release, mark);
         let resources = self.resources()?;
-        let slot = self.slot_of(ticket);
         let mut state = self.lock();
         let request = match state.slots[slot].request.take() {
             Some(request) if request.ticket == ticket => request,
@@ -1114,8 +1130,6 @@ impl LaneShared {
             let memory = &resources.memory;
             match sink {
                 Sink::Packed(out) => {
-                    let total = request.deliveries.iter().map(|&(_, len)| len).sum();
-                    *out = Outputs::with_capacity(total, None);
                     for (&(offset, len), &binding) in
                         request.deliveries.iter().zip(&request.item_bindings)
                     {
