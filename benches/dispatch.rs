@@ -21,7 +21,8 @@
 //!
 //! Then persistent lanes (`lane_table`, `lane_chain`): a lane request at (9, 64),
 //! (17, 64) and (9, 16,384) against launch + sync measured in the same rotated rounds
-//! (target ≤ 0.45 ×, moonshot ≤ 0.35 ×), each waiting mode's cost, the minimum with
+//! (target ≤ 0.45 ×, moonshot ≤ 0.35 ×), each waiting mode's cost, the same request
+//! with nothing read back (what the readback adds), the minimum with
 //! p50 / p99 / p99.9 of 20,000 single requests beside those of launch + sync, where
 //! a request's time goes (medians of the host's phases and the server's stamps), and a
 //! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). Set
@@ -46,7 +47,7 @@ use vyre_cuda::backend::{
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::ir::Program;
-use vyre_cuda::DispatchConfig;
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 struct Shape {
     buffers: u32,
@@ -555,6 +556,9 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
     let kernel = gpu.compile(&program, &config).expect("compile");
     let bindings = on(&handles);
     let request = Dispatch::new(&kernel, &bindings).config(&config);
+    // The same work with nothing read back: what the readback adds (the copy into the
+    // result area, its trip to host memory before the release, the delivery).
+    let unread = request.readback(&ReadbackPolicy::None);
     let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
     gpu.run(request).expect("warm the eager path");
     let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
@@ -599,6 +603,10 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
             arms.push((
                 "run (kernel, outputs): launch + sync path".into(),
                 Box::new(|| first_byte(&gpu.run(request).expect("dispatch"))),
+            ));
+            arms.push((
+                "lane run, nothing read back".into(),
+                Box::new(|| lane.run(unread).expect("lane").timings.kernel_stamps_ns),
             ));
             arms.push((
                 "lane run_into (caller buffers)".into(),
