@@ -96,7 +96,7 @@ use std::time::{Duration, Instant};
 
 use crate::codegen::ptx::lane::{
     lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME, DOORBELL_STOP,
-    PROLOGUE_ZERO, RECORD_BYTES,
+    MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
 };
 use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
 use crate::ir::Access;
@@ -130,6 +130,8 @@ pub const MAX_LANE_BLOCKS: u32 = 1024;
 
 /// Most request slots (requests in flight) of a lane.
 pub const MAX_LANE_SLOTS: u32 = 16;
+// The server keeps stamps per slot in its device words.
+const _: () = assert!(MAX_LANE_SLOTS as usize <= MAX_STAMPED_SLOTS);
 
 /// Largest result area or input staging per slot.
 pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;

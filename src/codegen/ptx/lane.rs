@@ -91,8 +91,9 @@
 //! to reach system scope; measured after the store, so it can only be reported with
 //! the next request). What the stamps do not cover is the doorbell's and the
 //! completion word's trip over PCIe and the host's own work: the host's wait minus
-//! the stamps. Block 0's stamps reach another publishing block through device
-//! words, written before block 0's arrival and read after the publisher's acquire.
+//! the stamps. Block 0's stamps reach another publishing block through the slot's
+//! device words ([`DEVICE_STAMPS_AT`]), written before block 0's arrival and read
+//! after the publisher's acquire.
 //!
 //! # Why the host sees every byte when it sees the completion word
 //!
@@ -271,17 +272,24 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
-/// Device word (u64): the current request's start stamp.
-pub const DEVICE_START: usize = 16;
-/// Device word (u64): the current request's first-workgroup stamp (block 0's).
-pub const DEVICE_BEGUN: usize = 24;
 /// Device word (u32): the last completion store's hold ([`AREA_PREVIOUS_RELEASE`]),
 /// for the next request's publisher when that is another block.
-pub const DEVICE_RELEASED: usize = 32;
+pub const DEVICE_RELEASED: usize = 16;
+/// Offset of the per-slot stamps in the device words: slot `s`'s u64 start and u64
+/// first-workgroup stamps (block 0's, for a publishing block of another index) at
+/// `DEVICE_STAMPS_AT + 16 s`. Per slot, because block 0 may start the next request
+/// (another slot) before the publisher of this one read them; a slot's next request
+/// rings only after this one was delivered.
+pub const DEVICE_STAMPS_AT: usize = 128;
+/// Bytes of one slot's stamps.
+pub const DEVICE_STAMP_BYTES: usize = 16;
+/// Most slots the device words hold stamps for.
+pub const MAX_STAMPED_SLOTS: usize = 16;
 /// Offset of the per-slot record cache in the device words.
-pub const DEVICE_CACHE_AT: usize = 128;
+pub const DEVICE_CACHE_AT: usize = DEVICE_STAMPS_AT + DEVICE_STAMP_BYTES * MAX_STAMPED_SLOTS;
 
-/// Bytes of the device memory a lane of `slots` slots needs (zeroed before launch).
+/// Bytes of the device memory a lane of `slots` slots (at most
+/// [`MAX_STAMPED_SLOTS`]) needs (zeroed before launch).
 pub fn lane_device_bytes(slots: usize) -> usize {
     DEVICE_CACHE_AT + slots * RECORD_BYTES
 }
@@ -341,8 +349,8 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [16] start, [24] begun, [32] released, \
-         [128] record cache",
+        "device: [0] arrivals, [4] generation, [8] go, [16] released, [128] stamps per slot, \
+         [384] record cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (".u32 vyre_lane_area_stride", "bytes between result areas"),
@@ -661,6 +669,7 @@ const DOUBLES: &[&str] = &[
     "%served",
     "%begun",
     "%done",
+    "%stamps",
 ];
 
 impl Server {
@@ -775,9 +784,6 @@ impl Server {
             "$L_lane_rung",
         );
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
-        self.line(format_args!(
-            "@%multi st.relaxed.gpu.global.u64 [%device+{DEVICE_START}], %start;"
-        ));
         self.comment("a stop goes to the other blocks at once (there is no record to wait for)");
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
@@ -929,6 +935,13 @@ impl Server {
             "mul.wide.u32 %offset, %slot, %staging_stride;"
         ));
         self.line(format_args!("add.s64 %inputs, %staging, %offset;"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, {DEVICE_STAMP_BYTES};"
+        ));
+        self.line(format_args!("add.s64 %stamps, %device, %offset;"));
+        self.line(format_args!(
+            "add.s64 %stamps, %stamps, {DEVICE_STAMPS_AT};"
+        ));
         self.line(format_args!("mov.u32 %status, 0;"));
         self.comment("a grid on x alone: a workgroup's id is its number, no division");
         self.line(format_args!("setp.eq.u32 %flat, %grid_x, %total;"));
@@ -1150,10 +1163,11 @@ impl Server {
             "\n\t// ---- the grid: this block's workgroups, every iteration"
         );
         self.line(format_args!("mov.u64 %begun, %globaltimer;"));
+        self.comment("block 0's stamps, for a publisher of another block (before block 0 arrives)");
         self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
         self.line(format_args!("and.pred %take, %take, %multi;"));
         self.line(format_args!(
-            "@%take st.relaxed.gpu.global.u64 [%device+{DEVICE_BEGUN}], %begun;"
+            "@%take st.relaxed.gpu.global.v2.u64 [%stamps], {{%start, %begun}};"
         ));
         self.line(format_args!("mov.u32 %iteration, 0;"));
         self.place("$L_lane_iteration");
@@ -1261,10 +1275,7 @@ impl Server {
              them back, and the last completion's hold, which another block may have measured",
         );
         self.line(format_args!(
-            "@!%dispatcher ld.relaxed.gpu.global.u64 %start, [%device+{DEVICE_START}];"
-        ));
-        self.line(format_args!(
-            "@!%dispatcher ld.relaxed.gpu.global.u64 %begun, [%device+{DEVICE_BEGUN}];"
+            "@!%dispatcher ld.relaxed.gpu.global.v2.u64 {{%start, %begun}}, [%stamps];"
         ));
         self.line(format_args!(
             "@%multi ld.relaxed.gpu.global.u32 %released, [%device+{DEVICE_RELEASED}];"
