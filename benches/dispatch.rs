@@ -493,9 +493,10 @@ fn percentiles(calls: usize, mut arm: impl FnMut() -> u64) -> [f64; 4] {
 
 /// Where single lane requests' time goes, medians of `calls` (µs): the host before
 /// the doorbell, each server phase from its `%globaltimer` stamps, the previous
-/// request's release at system scope, what the stamps do not cover of the host's
-/// wait (the doorbell's and the completion word's trips over PCIe), and the host
-/// after completion (the delivery).
+/// request's release at system scope (the stand-in for this one's, which its own
+/// header cannot carry), what the stamps and that release do not cover of the host's
+/// wait (the doorbell's and the completion word's trips over PCIe, the host's look),
+/// and the host after completion (the delivery).
 fn lane_phases(calls: usize, mut run: impl FnMut() -> Timings) {
     let mut rows: Vec<(&str, Vec<u64>)> = [
         "host before the doorbell (enqueue)",
