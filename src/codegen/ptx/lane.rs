@@ -881,11 +881,16 @@ impl Server {
         self.place("$L_lane_record_ready");
         self.line(format_args!("barrier.sync 1;"));
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
+        self.block_zero_leader_with_others(&format!(
+            "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+        ));
+    }
+
+    /// `store`, by block 0's leader only and only when the lane has other blocks.
+    fn block_zero_leader_with_others(&mut self, store: &str) {
         self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
         self.line(format_args!("and.pred %take, %take, %multi;"));
-        self.line(format_args!(
-            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
-        ));
+        self.line(format_args!("@%take {store}"));
     }
 
     /// `%unit{k} = first + k * stride` for every slot of a batch.
@@ -1164,11 +1169,9 @@ impl Server {
         );
         self.line(format_args!("mov.u64 %begun, %globaltimer;"));
         self.comment("block 0's stamps, for a publisher of another block (before block 0 arrives)");
-        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
-        self.line(format_args!("and.pred %take, %take, %multi;"));
-        self.line(format_args!(
-            "@%take st.relaxed.gpu.global.v2.u64 [%stamps], {{%start, %begun}};"
-        ));
+        self.block_zero_leader_with_others(
+            "st.relaxed.gpu.global.v2.u64 [%stamps], {%start, %begun};",
+        );
         self.line(format_args!("mov.u32 %iteration, 0;"));
         self.place("$L_lane_iteration");
         self.line(format_args!("mov.u32 %group, %block;"));
