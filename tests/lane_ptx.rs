@@ -159,6 +159,43 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
     assert!(aligned(&launched), "{launched}");
 }
 
+/// Locks out a completion that erases an arrival of the next request: with several
+/// blocks the last one to arrive at the device counter publishes, while the others
+/// may already serve the next request (its doorbell rung while this one ran) and
+/// arrive for it. A reset of the counter by a store of 0 after the publisher's
+/// atomic add would erase such an arrival, and the next completion would wait
+/// forever for a block that already came. The fixture lane's publisher takes its
+/// request's arrivals back out with an atomic add of minus the block count, and
+/// stores nothing to the counter. Negative control: the store the server used
+/// before is caught.
+#[test]
+fn the_completion_takes_its_arrivals_back_out_atomically() {
+    let arrivals = "[%device+0]";
+    let erases = |ptx: &str| {
+        ptx.lines()
+            .any(|line| line.contains("@%take st.") && line.contains(arrivals))
+    };
+    let ptx = fixture_lane();
+    let completion = ptx
+        .split("$L_lane_complete:")
+        .nth(1)
+        .and_then(|rest| rest.split("$L_lane_arrived:").next())
+        .expect("the completion's arrival");
+    assert!(
+        completion.contains(&format!(
+            "@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"
+        )),
+        "{completion}"
+    );
+    assert!(ptx.contains("sub.u32 %minus_blocks, 0, %blocks;"), "{ptx}");
+    assert!(!erases(completion), "{completion}");
+    let before = completion.replace(
+        &format!("@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"),
+        &format!("@%take st.relaxed.gpu.global.u32 {arrivals}, 0;"),
+    );
+    assert!(erases(&before), "{before}");
+}
+
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the
 /// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
 /// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are

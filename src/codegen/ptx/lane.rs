@@ -73,7 +73,9 @@
 //!    barrier (`barrier.sync 1`; bodies use barrier 0, non-aligned) after each, for each of the
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
-//!    arrive publishes. The publishing block copies the readback ranges into the
+//!    arrive publishes, and takes the request's arrivals back out of the counter with
+//!    an atomic add of minus the block count (a store of 0 would erase the arrival of
+//!    a block already done with the next request). The publishing block copies the readback ranges into the
 //!    slot's result area (windows — a range inside one aligned 16-byte block — with one
 //!    vector load and store each, all of a thread's windows in flight up to sixteen;
 //!    other ranges in 16-, 4- or 1-byte units, eight in flight per thread), writes the area's header (status,
@@ -591,6 +593,7 @@ const WORDS: &[&str] = &[
     "%everyone",
     "%global",
     "%last_arrival",
+    "%minus_blocks",
     "%ticket",
     "%want",
     "%seen",
@@ -754,6 +757,7 @@ impl Server {
         self.line(format_args!("setp.gt.u32 %multi, %blocks, 1;"));
         self.line(format_args!("setp.ne.u32 %sleeping, %sleep, 0;"));
         self.line(format_args!("sub.u32 %last_arrival, %blocks, 1;"));
+        self.line(format_args!("sub.u32 %minus_blocks, 0, %blocks;"));
         self.line(format_args!("mul.lo.u32 %everyone, %blocks, {t};"));
         self.line(format_args!("mad.lo.u32 %global, %block, {t}, %lin;"));
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
@@ -1244,8 +1248,13 @@ impl Server {
         ));
         self.line(format_args!("setp.eq.u32 %take, %arrived, %last_arrival;"));
         self.line(format_args!("selp.u32 %publishing, 1, 0, %take;"));
+        self.comment(
+            "take this request's arrivals back out, not a store of 0: a block may already have \
+             arrived for the next request (its doorbell rung while this one ran), and a store \
+             would erase that arrival and hang the next completion",
+        );
         self.line(format_args!(
-            "@%take st.relaxed.gpu.global.u32 [%device+{DEVICE_ARRIVALS}], 0;"
+            "@%take red.relaxed.gpu.global.add.u32 [%device+{DEVICE_ARRIVALS}], %minus_blocks;"
         ));
         self.line(format_args!("st.shared.u32 [%state+8], %publishing;"));
         self.place("$L_lane_arrived");
