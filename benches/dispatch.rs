@@ -21,8 +21,10 @@
 //!
 //! Then persistent lanes (`lane_table`, `lane_chain`): a lane request at (9, 64),
 //! (17, 64) and (9, 16,384) against launch + sync measured in the same rotated rounds
-//! (target ≤ 0.45 ×, moonshot ≤ 0.35 ×), each waiting mode's cost, the minimum with
-//! p50 / p99 / p99.9 of 20,000 single requests beside those of launch + sync, and a
+//! (target ≤ 0.45 ×, moonshot ≤ 0.35 ×), each waiting mode's cost, the same request
+//! with nothing read back (what the readback adds), the minimum with
+//! p50 / p99 / p99.9 of 20,000 single requests beside those of launch + sync, where
+//! a request's time goes (medians of the host's phases and the server's stamps), and a
 //! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). Set
 //! `VYRE_BENCH_LANES_ONLY=1` to run only the lane rows.
 //!
@@ -40,12 +42,12 @@ use vyre_cuda::backend::floor::{EpilogueAnatomy, LaunchParameterSweep, RawFloor,
 use vyre_cuda::backend::readback::{FLAG_END_STAMP, FLAG_START_STAMP};
 use vyre_cuda::backend::{
     Binding, CudaBackend, DeviceBuffer, Dispatch, Finished, Lane, LaneOptions, PendingDispatch,
-    WaitMode,
+    Timings, WaitMode,
 };
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
 use vyre_cuda::ir::Program;
-use vyre_cuda::DispatchConfig;
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 struct Shape {
     buffers: u32,
@@ -489,6 +491,54 @@ fn percentiles(calls: usize, mut arm: impl FnMut() -> u64) -> [f64; 4] {
     [samples[0], at(0.5), at(0.99), at(0.999)]
 }
 
+/// Where single lane requests' time goes, medians of `calls` (µs): the host before
+/// the doorbell, each server phase from its `%globaltimer` stamps, the previous
+/// request's release at system scope (the stand-in for this one's, which its own
+/// header cannot carry), what the stamps and that release do not cover of the host's
+/// wait (the doorbell's and the completion word's trips over PCIe, the host's look),
+/// and the host after completion (the delivery).
+fn lane_phases(calls: usize, mut run: impl FnMut() -> Timings) {
+    let mut rows: Vec<(&str, Vec<u64>)> = [
+        "host before the doorbell (enqueue)",
+        "server: record + prologue",
+        "server: workgroups",
+        "server: readback copy",
+        "server: previous st.release.sys hold",
+        "wait not stamped: doorbell + completion trips",
+        "host after completion (delivery)",
+        "whole request (wall)",
+    ]
+    .into_iter()
+    .map(|name| (name, Vec::with_capacity(calls)))
+    .collect();
+    for _ in 0..calls {
+        let timings = run();
+        let stamps = timings.lane_stamps.unwrap_or_default();
+        let served = timings.kernel_stamps_ns + stamps.previous_release_ns;
+        let figures = [
+            timings.enqueue_ns,
+            stamps.setup_ns,
+            stamps.workgroups_ns,
+            stamps.readback_ns,
+            stamps.previous_release_ns,
+            timings.wait_ns.saturating_sub(served),
+            timings
+                .wall_ns
+                .saturating_sub(timings.enqueue_ns + timings.wait_ns),
+            timings.wall_ns,
+        ];
+        for ((_, samples), figure) in rows.iter_mut().zip(figures) {
+            samples.push(figure);
+        }
+    }
+    println!("where a lane request (spin) goes, medians of {calls} single requests, µs:");
+    for (name, mut samples) in rows {
+        samples.sort_unstable();
+        let median = samples.get(samples.len() / 2).copied().unwrap_or(0);
+        println!("{name:<58} {:>9.2}", median as f64 / 1e3);
+    }
+}
+
 /// A lane of `kernel` waiting in `wait` mode.
 fn lane_of(gpu: &CudaBackend, kernel: &vyre_cuda::backend::Kernel, wait: WaitMode) -> Lane {
     gpu.lane(&[kernel], LaneOptions::new().wait(wait))
@@ -507,6 +557,9 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
     let kernel = gpu.compile(&program, &config).expect("compile");
     let bindings = on(&handles);
     let request = Dispatch::new(&kernel, &bindings).config(&config);
+    // The same work with nothing read back: what the readback adds (the copy into the
+    // result area, its trip to host memory before the release, the delivery).
+    let unread = request.readback(&ReadbackPolicy::None);
     let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
     gpu.run(request).expect("warm the eager path");
     let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
@@ -553,6 +606,10 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
                 Box::new(|| first_byte(&gpu.run(request).expect("dispatch"))),
             ));
             arms.push((
+                "lane run, nothing read back".into(),
+                Box::new(|| lane.run(unread).expect("lane").timings.kernel_stamps_ns),
+            ));
+            arms.push((
                 "lane run_into (caller buffers)".into(),
                 Box::new(|| {
                     let mut outs: Vec<&mut [u8]> =
@@ -583,6 +640,7 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
                     figures[3] / 1e3
                 );
             }
+            lane_phases(samples, || lane.run(request).expect("lane").timings);
         }
     }
     let verdict = if lane_ratio <= 0.35 {

@@ -577,7 +577,7 @@ fn gpu_differential_lane_regression_seeds_match_reference() {
 
 /// Locks out a lane differential that fails on its own options instead of on a real
 /// difference: each of its first 2,000 programs binds at most 64 buffers, and its
-/// outputs (every output buffer, 16-byte aligned, after the 32-byte header) and host
+/// outputs (every output buffer, 16-byte aligned, after the area's header) and host
 /// inputs fit the 1 MiB result area and staging it runs with. Runs on the CPU.
 /// Negative control: the same sums over a 4 KiB area do not all fit.
 #[test]
@@ -586,7 +586,8 @@ fn lane_differential_programs_fit_their_lanes() {
     let sizes = |case: &RandomCase| {
         let globals = case.program.global_buffers();
         assert!(globals.len() <= 64, "seed {}", case.seed);
-        let (mut outputs, mut inputs) = (32u64, 0u64);
+        let header = vyre_cuda::codegen::ptx::lane::AREA_HEADER_BYTES as u64;
+        let (mut outputs, mut inputs) = (header, 0u64);
         for (decl, bytes) in globals.iter().zip(&case.inputs) {
             let padded = (bytes.len() as u64).div_ceil(16) * 16;
             if matches!(decl.access, Access::ReadWrite | Access::WriteOnly) {

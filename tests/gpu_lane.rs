@@ -146,8 +146,8 @@ fn lane_of(gpu: &CudaBackend, kernels: &[Kernel], options: LaneOptions) -> Lane 
 /// the measurement fixture (one thread, nine buffers, eight outputs) through a lane of
 /// one kernel and one block gives the hand-computed sum and the reference's bytes,
 /// over device buffers and over host bindings, 200 times in a row (the record cache
-/// and the "same record" path included), with the kernel's stamps and no event
-/// window.
+/// and the "same record" path included), with the kernel's stamps split into phases
+/// that add up to them, and no event window.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_lane_thin_slice_matches_reference() {
@@ -175,6 +175,14 @@ fn gpu_lane_thin_slice_matches_reference() {
             assert!(timings.kernel_stamps_ns > 0, "{timings:?}");
             assert_eq!(timings.event_window_ns, None);
             assert!(timings.enqueue_ns <= timings.wall_ns && timings.wait_ns <= timings.wall_ns);
+            let stamps = timings
+                .lane_stamps
+                .expect("a lane request has phase stamps");
+            assert_eq!(
+                stamps.setup_ns + stamps.workgroups_ns + stamps.readback_ns,
+                timings.kernel_stamps_ns,
+                "{stamps:?}"
+            );
         }
         let host: Vec<Binding> = inputs.iter().map(|v| Binding::Host(v)).collect();
         let finished = lane
@@ -259,7 +267,8 @@ fn gpu_lane_serves_several_kernels_in_order() {
 }
 
 /// Locks out grid semantics that differ from a launch: 12 workgroups of [16, 2, 1]
-/// on a 3-D grid, exchanging values through workgroup memory around a barrier,
+/// on a 3-D grid (and 7 on a grid along x alone, whose ids the server takes without
+/// a division), exchanging values through workgroup memory around a barrier,
 /// through lanes of 1 and 4 blocks (each block runs several workgroups in turn, its
 /// workgroup memory zeroed for each), with 1 and 3 fixpoint iterations (a lane-wide
 /// barrier between them), give the reference interpreter's bytes.
@@ -276,7 +285,12 @@ fn gpu_lane_grids_larger_than_the_lane_match_reference() {
             std::slice::from_ref(&kernel),
             LaneOptions::new().blocks(blocks),
         );
-        for (grid, iterations) in [([3u32, 2, 2], 1u32), ([5, 1, 3], 3), ([1, 1, 1], 2)] {
+        for (grid, iterations) in [
+            ([3u32, 2, 2], 1u32),
+            ([5, 1, 3], 3),
+            ([1, 1, 1], 2),
+            ([7, 1, 1], 1),
+        ] {
             let groups = grid.iter().product::<u32>();
             let elements = 32 * groups as usize;
             let acc: Vec<u32> = (0..elements as u32).map(|i| i * 7).collect();

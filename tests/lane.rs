@@ -267,7 +267,7 @@ fn lane_refusals_are_fix_errors() {
         .readback(&ReadbackPolicy::None)
         .workgroups([65_535, 65_535, 2]);
     assert!(message(lane.run(huge)).contains("32 bits"));
-    // 256 bytes of y do not fit an area of 256 bytes with its 32-byte header.
+    // 256 bytes of y do not fit an area of 256 bytes after its header.
     assert!(message(lane.run(Dispatch::new(&increment, &bindings))).contains("result_bytes"));
     let long = vec![7u32; 65];
     let too_much = [Binding::host(&long), Binding::zeroed::<u32>(65)];

@@ -159,6 +159,43 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
     assert!(aligned(&launched), "{launched}");
 }
 
+/// Locks out a completion that erases an arrival of the next request: with several
+/// blocks the last one to arrive at the device counter publishes, while the others
+/// may already serve the next request (its doorbell rung while this one ran) and
+/// arrive for it. A reset of the counter by a store of 0 after the publisher's
+/// atomic add would erase such an arrival, and the next completion would wait
+/// forever for a block that already came. The fixture lane's publisher takes its
+/// request's arrivals back out with an atomic add of minus the block count, and
+/// stores nothing to the counter. Negative control: the store the server used
+/// before is caught.
+#[test]
+fn the_completion_takes_its_arrivals_back_out_atomically() {
+    let arrivals = "[%device+0]";
+    let erases = |ptx: &str| {
+        ptx.lines()
+            .any(|line| line.contains("@%take st.") && line.contains(arrivals))
+    };
+    let ptx = fixture_lane();
+    let completion = ptx
+        .split("$L_lane_complete:")
+        .nth(1)
+        .and_then(|rest| rest.split("$L_lane_arrived:").next())
+        .expect("the completion's arrival");
+    assert!(
+        completion.contains(&format!(
+            "@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"
+        )),
+        "{completion}"
+    );
+    assert!(ptx.contains("sub.u32 %minus_blocks, 0, %blocks;"), "{ptx}");
+    assert!(!erases(completion), "{completion}");
+    let before = completion.replace(
+        &format!("@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"),
+        &format!("@%take st.relaxed.gpu.global.u32 {arrivals}, 0;"),
+    );
+    assert!(erases(&before), "{before}");
+}
+
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the
 /// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
 /// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are
@@ -331,4 +368,58 @@ fn the_builder_refuses_other_shapes_and_grid_sync_unchanged() {
         assert_eq!(lane.len(), 1);
     }
     assert_eq!(lane.push(&summing(), &CodegenOptions::default()), Ok(1));
+}
+
+/// The loads of one copy loop's batch in `ptx`: those of `load` between the loop's
+/// label (the first line starting with `label`) and the first `store` after it.
+fn loads_before_first_store(ptx: &str, label: &str, load: &str, store: &str) -> usize {
+    ptx.lines()
+        .skip_while(|line| !line.starts_with(label))
+        .take_while(|line| !line.contains(store))
+        .filter(|line| line.contains(load))
+        .count()
+}
+
+/// Locks out a lane whose one-thread blocks (the measurement fixture's shape) wait
+/// for memory once per eight units: a batch's stores need its loads' values, so the
+/// next batch's loads start a round trip later, and sixteen readback windows took two
+/// round trips, a 600-byte record from host memory five over PCIe. With one thread,
+/// a batch holds sixteen windows and sixteen record chunks; ptxas assembles that lane.
+/// Negative control: blocks of 32 threads, whose 64 windows at most are two a thread,
+/// keep two in flight, and their record chunks eight.
+#[test]
+fn a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles() {
+    let batches = |workgroup: u32| {
+        let program = vyre_cuda::fixtures::host_cost_fixture(17, 14);
+        let program = if workgroup == 1 { program } else { summing() };
+        let mut lane = LaneModuleBuilder::new(90, 32, [workgroup, 1, 1]);
+        lane.push(&program, &CodegenOptions::default())
+            .expect("a lane body");
+        let ptx = lane.finish();
+        let windows = loads_before_first_store(
+            &ptx,
+            "$L_lane_windows_",
+            "ld.relaxed.gpu.global.v4.u32",
+            "st.global.v4.u32",
+        );
+        let record = loads_before_first_store(
+            &ptx,
+            "$L_lane_record_",
+            "ld.relaxed.sys.global.v4.u32",
+            "st.shared.v4.u32",
+        );
+        (windows, record, ptx)
+    };
+    let (windows, record, ptx) = batches(1);
+    assert_eq!((windows, record), (16, 16));
+    let one_thread = ptx;
+    let (windows, record, _) = batches(32);
+    assert_eq!((windows, record), (2, 8));
+    let Some(ptxas) =
+        ptxas::require("a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles")
+    else {
+        return;
+    };
+    ptxas::assemble(&ptxas, "lane_one_thread", &one_thread)
+        .unwrap_or_else(|report| panic!("{report}"));
 }

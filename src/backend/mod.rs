@@ -83,7 +83,7 @@ pub use lane::{
 };
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use reference_backend::ReferenceBackend;
-pub use request::{Binding, Dispatch, Finished, ScalarValues, Timing, Timings};
+pub use request::{Binding, Dispatch, Finished, LaneStamps, ScalarValues, Timing, Timings};
 
 use cuda::{device_of_backend, BackendInner};
 use plan::{ParameterArray, PerBinding};

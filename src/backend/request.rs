@@ -456,6 +456,34 @@ pub struct Timings {
     /// enqueued: `Some` with [`Timing::EventWindow`] (or while the phase probe is on),
     /// `None` otherwise and on the reference interpreter.
     pub event_window_ns: Option<u64>,
+    /// Where a lane request's device time went ([`LaneStamps`], from the lane
+    /// server's `%globaltimer` stamps in its result area): `Some` for a request served
+    /// by a CUDA lane, `None` otherwise and on the reference interpreter.
+    pub lane_stamps: Option<LaneStamps>,
+}
+
+/// The phases of one lane request on the device, in nanoseconds (32 ns ticks on the
+/// H200), from the stamps the lane's server writes into the result area's header
+/// (each saturating at `u32::MAX`). Their sum with the previous request's release is
+/// the server's part of the round trip; the host's wait minus that is the doorbell's
+/// and the completion word's trip over PCIe.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LaneStamps {
+    /// From the doorbell seen to the first workgroup: the record's copy (none when
+    /// it equals the previous request's) and the prologue (zero fills, host inputs).
+    pub setup_ns: u64,
+    /// From the first workgroup to every workgroup of every fixpoint iteration done
+    /// (with several blocks: the last one arrived).
+    pub workgroups_ns: u64,
+    /// From every workgroup done to the readback bytes copied into the result area
+    /// (the end of [`Timings::kernel_stamps_ns`]).
+    pub readback_ns: u64,
+    /// How long the previous request's completion store (`st.release.sys`) held the
+    /// server's thread: the wait for its earlier stores, the readback bytes written
+    /// to host memory above all, to reach system scope. Measured after the store, so
+    /// reported with the next request; 0 for a lane's first.
+    pub previous_release_ns: u64,
 }
 
 /// What a blocking dispatch returns (and a pending one's `wait`).

@@ -100,6 +100,7 @@ impl BackendInner {
             wait_ns,
             kernel_stamps_ns: stamp_kernel_ns(Some(stamps)),
             event_window_ns: None,
+            lane_stamps: None,
         };
         if timed {
             timings.event_window_ns = Some(

@@ -750,6 +750,7 @@ impl DispatchGraph {
             wait_ns,
             kernel_stamps_ns: 0,
             event_window_ns: None,
+            lane_stamps: None,
         };
         if want_timing {
             timing.event_window_ns = Some(

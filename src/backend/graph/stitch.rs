@@ -1028,6 +1028,7 @@ impl StitchedGraph {
             wait_ns,
             kernel_stamps_ns: kernel_ns,
             event_window_ns: None,
+            lane_stamps: None,
         };
         if let Some(dispatch_probe) = dispatch_probe {
             dispatch_probe.finish(timing.probe());

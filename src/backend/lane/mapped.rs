@@ -34,9 +34,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::codegen::ptx::lane::{DOORBELL_STRIDE, RECORD_BYTES};
+use crate::codegen::ptx::lane::{
+    AREA_PREVIOUS_RELEASE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE,
+    RECORD_BYTES,
+};
 
 use super::super::driver::{DriverResult, MappedMemory};
+use super::super::LaneStamps;
 
 /// The completion word's line.
 const COMPLETION_BYTES: usize = 128;
@@ -58,6 +62,26 @@ pub(in crate::backend) struct AreaHeader {
     pub(in crate::backend) end: u64,
     pub(in crate::backend) status: u32,
     pub(in crate::backend) ticket: u32,
+    /// Nanoseconds from `start` to the first workgroup.
+    pub(in crate::backend) workgroups_begun: u32,
+    /// Nanoseconds from `start` to every workgroup done.
+    pub(in crate::backend) workgroups_done: u32,
+    /// Nanoseconds the previous request's completion store held its thread.
+    pub(in crate::backend) previous_release: u32,
+}
+
+impl AreaHeader {
+    /// The phases its stamps measure (a stamp taken out of order reads as 0).
+    pub(in crate::backend) fn stamps(&self) -> LaneStamps {
+        let begun = u64::from(self.workgroups_begun);
+        let done = u64::from(self.workgroups_done).max(begun);
+        LaneStamps {
+            setup_ns: begun,
+            workgroups_ns: done - begun,
+            readback_ns: self.end.saturating_sub(self.start).saturating_sub(done),
+            previous_release_ns: u64::from(self.previous_release),
+        }
+    }
 }
 
 /// The host-mapped memory of one lane.
@@ -191,7 +215,7 @@ impl LaneMemory {
 
     /// Slot `slot`'s area header.
     pub(in crate::backend) fn area_header(&self, slot: usize) -> AreaHeader {
-        let mut raw = [0u8; 24];
+        let mut raw = [0u8; AREA_PREVIOUS_RELEASE + 4];
         self.read_area(slot, 0, &mut raw);
         let double = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
         let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap_or([0; 4]));
@@ -200,6 +224,9 @@ impl LaneMemory {
             end: double(8),
             status: word(16),
             ticket: word(20),
+            workgroups_begun: word(AREA_WORKGROUPS_BEGUN),
+            workgroups_done: word(AREA_WORKGROUPS_DONE),
+            previous_release: word(AREA_PREVIOUS_RELEASE),
         }
     }
 
@@ -231,5 +258,46 @@ impl LaneMemory {
             }
             offset += len;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locks out phase figures that misread the server's stamps (the setup, workgroup
+    /// and readback phases are consecutive pieces of `end - start`, the workgroup
+    /// stamps being offsets from `start`): the phases add up to the kernel stamps and
+    /// each is its own difference. Negative control: stamps out of order (a later
+    /// phase stamped earlier) give 0 for the phase, never a wrapped huge figure.
+    #[test]
+    fn area_stamps_split_the_kernel_time_into_phases() {
+        let header = AreaHeader {
+            start: 1_000,
+            end: 1_000 + 2_400,
+            status: 0,
+            ticket: 7,
+            workgroups_begun: 160,
+            workgroups_done: 1_120,
+            previous_release: 896,
+        };
+        let stamps = header.stamps();
+        assert_eq!(stamps.setup_ns, 160);
+        assert_eq!(stamps.workgroups_ns, 960);
+        assert_eq!(stamps.readback_ns, 1_280);
+        assert_eq!(stamps.previous_release_ns, 896);
+        assert_eq!(
+            stamps.setup_ns + stamps.workgroups_ns + stamps.readback_ns,
+            header.end - header.start
+        );
+        let disordered = AreaHeader {
+            workgroups_begun: 500,
+            workgroups_done: 400,
+            end: 1_000 + 300,
+            ..header
+        };
+        let stamps = disordered.stamps();
+        assert_eq!(stamps.workgroups_ns, 0);
+        assert_eq!(stamps.readback_ns, 0);
     }
 }

@@ -96,7 +96,7 @@ use std::time::{Duration, Instant};
 
 use crate::codegen::ptx::lane::{
     lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME, DOORBELL_STOP,
-    PROLOGUE_ZERO, RECORD_BYTES,
+    MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
 };
 use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
 use crate::ir::Access;
@@ -130,6 +130,8 @@ pub const MAX_LANE_BLOCKS: u32 = 1024;
 
 /// Most request slots (requests in flight) of a lane.
 pub const MAX_LANE_SLOTS: u32 = 16;
+// The server keeps stamps per slot in its device words.
+const _: () = assert!(MAX_LANE_SLOTS as usize <= MAX_STAMPED_SLOTS);
 
 /// Largest result area or input staging per slot.
 pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;
@@ -166,7 +168,7 @@ pub struct LaneOptions {
     /// Requests that may be in flight at once (1 to [`MAX_LANE_SLOTS`]); each has its
     /// own record, staging and result area.
     pub slots: u32,
-    /// Bytes of each slot's host-mapped result area: a 32-byte header, then every
+    /// Bytes of each slot's host-mapped result area: a 48-byte header, then every
     /// readback item 16-byte aligned (256 bytes to [`MAX_LANE_AREA_BYTES`], a multiple
     /// of 128).
     pub result_bytes: u32,
@@ -938,6 +940,11 @@ impl LaneShared {
     /// Give transients back to the pool and drop the holds of a request that is done
     /// (or never rang).
     fn release(&self, mut held: Held) {
+        // A request of owned buffers holds nothing (the usual lane request): no driver
+        // call for it.
+        if held.transients.is_empty() && held.buffers.is_empty() && held.pinned.is_empty() {
+            return;
+        }
         // The last hold of a buffer frees it in the backend's context (waits may run
         // on another thread than submissions).
         let _ = self.backend.inner.bind();
@@ -1086,13 +1093,24 @@ impl LaneShared {
         self: &Arc<Self>,
         ticket: u64,
         start: Instant,
-        sink: Sink<'_, '_>,
+        mut sink: Sink<'_, '_>,
         mark: Option<Instant>,
     ) -> Result<Timings, BackendError> {
+        let slot = self.slot_of(ticket);
+        if let Sink::Packed(out) = &mut sink {
+            // The outputs' one allocation while the device works, not after it answered.
+            let total = self.lock().slots[slot]
+                .request
+                .as_ref()
+                .filter(|request| request.ticket == ticket)
+                .map_or(0, |request| {
+                    request.deliveries.iter().map(|&(_, len)| len).sum()
+                });
+            **out = Outputs::with_capacity(total, None);
+        }
         let wait_ns = self.wait_ticket(ticket)?;
         let mark = probe::charge_and_mark(Phase::Release, mark);
         let resources = self.resources()?;
-        let slot = self.slot_of(ticket);
         let mut state = self.lock();
         let request = match state.slots[slot].request.take() {
             Some(request) if request.ticket == ticket => request,
@@ -1114,8 +1132,6 @@ impl LaneShared {
             let memory = &resources.memory;
             match sink {
                 Sink::Packed(out) => {
-                    let total = request.deliveries.iter().map(|&(_, len)| len).sum();
-                    *out = Outputs::with_capacity(total, None);
                     for (&(offset, len), &binding) in
                         request.deliveries.iter().zip(&request.item_bindings)
                     {
@@ -1142,6 +1158,7 @@ impl LaneShared {
             wait_ns,
             kernel_stamps_ns: header.end.saturating_sub(header.start),
             event_window_ns: None,
+            lane_stamps: Some(header.stamps()),
         })
     }
 

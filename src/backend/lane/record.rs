@@ -386,6 +386,9 @@ mod tests {
     use super::*;
     use crate::codegen::ptx::lane::PROLOGUE_ZERO;
 
+    /// The area header's bytes (readback items follow it).
+    const H: usize = AREA_HEADER_BYTES;
+
     fn item(slot: u16, offset: u64, len: u64) -> ReadItem {
         ReadItem {
             slot,
@@ -569,12 +572,12 @@ mod tests {
                 ReadbackCopy {
                     source: 0x1000,
                     bytes: 16,
-                    offset: 32 + 64
+                    offset: (H + 64) as u32
                 },
                 ReadbackCopy {
                     source: 0x3010,
                     bytes: 16,
-                    offset: 32 + 64 + 16 + 16 + 16
+                    offset: (H + 64 + 16 + 16 + 16) as u32
                 },
             ]
         );
@@ -582,11 +585,11 @@ mod tests {
         assert_eq!(
             placed.deliveries.as_slice(),
             &[
-                (32, 64),
-                (32 + 64 + 4, 8),
-                (32 + 64 + 16, 8),
-                (32 + 64 + 32, 6),
-                (32 + 64 + 48, 16)
+                (H, 64),
+                (H + 64 + 4, 8),
+                (H + 64 + 16, 8),
+                (H + 64 + 32, 6),
+                (H + 64 + 48, 16)
             ]
         );
         // Too little room: a Fix error naming the bytes needed.
@@ -645,12 +648,12 @@ mod tests {
     #[test]
     fn lane_requests_stay_inside_the_record() {
         let reads: Vec<ReadItem> = (0..64).map(|_| item(0, 0, 16)).collect();
-        let fits = (reads.as_slice(), 32 + 64 * 16);
+        let fits = (reads.as_slice(), H + 64 * 16);
         let largest = check_lane_request("k", [u32::MAX, 1, 1], fits, (4096, 4096), (64, 1 << 31));
         assert!(largest.is_ok());
         let none = (&reads[..0], 256);
         let more: Vec<ReadItem> = (0..65).map(|_| item(0, 0, 0)).collect();
-        let small_area = (reads.as_slice(), 32 + 64 * 16 - 16);
+        let small_area = (reads.as_slice(), H + 64 * 16 - 16);
         let refusals = [
             check_lane_request("k", [65536, 65536, 1], none, (0, 0), (0, 0)),
             check_lane_request("k", [1, 1, 1], (&more, 1 << 20), (0, 0), (0, 0)),

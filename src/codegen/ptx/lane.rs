@@ -55,7 +55,8 @@
 //! host memory), [`DOORBELL_SAME`] (it equals the previous request's: the blocks'
 //! shared copies are current) and [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
 //! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
-//! (and into the device-memory cache of the slot when reloading), then, with more than
+//! (and into the device-memory cache of the slot when reloading; 16-byte chunks,
+//! all of a thread's share in flight up to sixteen), then, with more than
 //! one block, hands the doorbell value to the others through the go word
 //! (`st.release.gpu`, polled with `ld.acquire.gpu`). The scalar values are words of
 //! the record: a request that differs from the previous one only in its values has
@@ -67,16 +68,34 @@
 //!    slot's staging into transient device buffers, spread over every thread of the
 //!    lane, then waits for the whole lane (when there was any);
 //! 2. runs its workgroups, `block, block + blocks, ...` below the request's total,
-//!    each a call of the requested body with that workgroup's id, a block-wide
+//!    each a call of the requested body with that workgroup's id (its number itself
+//!    on a grid along x alone; two divisions otherwise), a block-wide
 //!    barrier (`barrier.sync 1`; bodies use barrier 0, non-aligned) after each, for each of the
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
-//!    arrive publishes. The publishing block copies the readback ranges into the
+//!    arrive publishes, and takes the request's arrivals back out of the counter with
+//!    an atomic add of minus the block count (a store of 0 would erase the arrival of
+//!    a block already done with the next request). The publishing block copies the readback ranges into the
 //!    slot's result area (windows — a range inside one aligned 16-byte block — with one
-//!    vector load and store each, eight in flight per thread; other ranges in 16-, 4- or
-//!    1-byte units, eight in flight per thread), writes the area's header (start and
-//!    end `%globaltimer` stamps, status, ticket) and then stores `n + 1` into the
-//!    completion word with `st.release.sys`.
+//!    vector load and store each, all of a thread's windows in flight up to sixteen;
+//!    other ranges in 16-, 4- or 1-byte units, eight in flight per thread), writes the area's header (status,
+//!    ticket and the phase stamps below) and then stores `n + 1` into the completion
+//!    word with `st.release.sys`.
+//!
+//! # Where a request's device time goes
+//!
+//! The header carries `%globaltimer` stamps of each phase, so one run on the device
+//! says where a request's time goes (the host's `Timings::lane_stamps`): the start
+//! (block 0 saw the doorbell), the first workgroup (record and prologue done), every
+//! workgroup done (with several blocks: the last arrived), the end (the readback
+//! bytes copied), and how long the previous request's `st.release.sys` held its
+//! thread (the wait for earlier stores, the readback bytes in host memory above all,
+//! to reach system scope; measured after the store, so it can only be reported with
+//! the next request). What the stamps do not cover is the doorbell's and the
+//! completion word's trip over PCIe and the host's own work: the host's wait minus
+//! the stamps. Block 0's stamps reach another publishing block through the slot's
+//! device words ([`DEVICE_STAMPS_AT`]), written before block 0's arrival and read
+//! after the publisher's acquire.
 //!
 //! # Why the host sees every byte when it sees the completion word
 //!
@@ -219,9 +238,33 @@ pub const DOORBELL_STOP: u64 = 1 << 49;
 /// Doorbell bit: the record equals the previous request's (shared copies are current).
 pub const DOORBELL_SAME: u64 = 1 << 50;
 
-/// Bytes of a result area's header: u64 start stamp, u64 end stamp, u32 status, u32
-/// ticket (`n + 1`), 8 reserved. Readback bytes follow, 16-byte aligned.
-pub const AREA_HEADER_BYTES: usize = 32;
+/// Bytes of a result area's header: u64 start stamp (the doorbell seen), u64 end
+/// stamp (the readback bytes copied), u32 status, u32 ticket (`n + 1`), the phase
+/// stamps ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`],
+/// [`AREA_PREVIOUS_RELEASE`]), 12 reserved (zero). Readback bytes follow, 16-byte
+/// aligned.
+pub const AREA_HEADER_BYTES: usize = 48;
+/// Area header u32: nanoseconds from the start stamp to the first workgroup (the
+/// record's copy and the prologue), saturating.
+pub const AREA_WORKGROUPS_BEGUN: usize = 24;
+/// Area header u32: nanoseconds from the start stamp to the moment every workgroup
+/// of every iteration finished (with several blocks: the last block arrived),
+/// saturating.
+pub const AREA_WORKGROUPS_DONE: usize = 28;
+/// Area header u32: nanoseconds the previous request's completion store
+/// (`st.release.sys`) held its publishing thread, from its end stamp to the store's
+/// issue: the wait for every earlier store (the readback bytes in host memory above
+/// all) to reach system scope. 0 for a lane's first request.
+pub const AREA_PREVIOUS_RELEASE: usize = 32;
+// The server writes status, ticket and the two workgroup stamps with one vector store
+// at 16, and the previous release with one at its own 16-byte-aligned offset.
+const _: () = assert!(
+    AREA_WORKGROUPS_BEGUN == 24
+        && AREA_WORKGROUPS_DONE == 28
+        && AREA_PREVIOUS_RELEASE == 32
+        && AREA_HEADER_BYTES >= AREA_PREVIOUS_RELEASE + 16
+        && AREA_HEADER_BYTES.is_multiple_of(16)
+);
 /// Area status: the record named a body the lane does not have (nothing ran).
 pub const AREA_STATUS_UNKNOWN_KERNEL: u32 = 1;
 
@@ -231,12 +274,24 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
-/// Device word (u64): the current request's start stamp.
-pub const DEVICE_START: usize = 16;
+/// Device word (u32): the last completion store's hold ([`AREA_PREVIOUS_RELEASE`]),
+/// for the next request's publisher when that is another block.
+pub const DEVICE_RELEASED: usize = 16;
+/// Offset of the per-slot stamps in the device words: slot `s`'s u64 start and u64
+/// first-workgroup stamps (block 0's, for a publishing block of another index) at
+/// `DEVICE_STAMPS_AT + 16 s`. Per slot, because block 0 may start the next request
+/// (another slot) before the publisher of this one read them; a slot's next request
+/// rings only after this one was delivered.
+pub const DEVICE_STAMPS_AT: usize = 128;
+/// Bytes of one slot's stamps.
+pub const DEVICE_STAMP_BYTES: usize = 16;
+/// Most slots the device words hold stamps for.
+pub const MAX_STAMPED_SLOTS: usize = 16;
 /// Offset of the per-slot record cache in the device words.
-pub const DEVICE_CACHE_AT: usize = 128;
+pub const DEVICE_CACHE_AT: usize = DEVICE_STAMPS_AT + DEVICE_STAMP_BYTES * MAX_STAMPED_SLOTS;
 
-/// Bytes of the device memory a lane of `slots` slots needs (zeroed before launch).
+/// Bytes of the device memory a lane of `slots` slots (at most
+/// [`MAX_STAMPED_SLOTS`]) needs (zeroed before launch).
 pub fn lane_device_bytes(slots: usize) -> usize {
     DEVICE_CACHE_AT + slots * RECORD_BYTES
 }
@@ -296,7 +351,8 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [16] start, [128] record cache",
+        "device: [0] arrivals, [4] generation, [8] go, [16] released, [128] stamps per slot, \
+         [384] record cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (".u32 vyre_lane_area_stride", "bytes between result areas"),
@@ -310,11 +366,27 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
 ];
 
-/// Units a thread keeps in flight in every copy loop of the server (record chunks,
-/// prologue, readback): with one thread per block a loop of dependent load → store
+/// Units a thread keeps in flight in the server's copy loops of the prologue and of
+/// readback ranges (record chunks and windows: [`batch_for`]): with one thread per block a loop of dependent load → store
 /// pairs would pay one memory round trip per unit (one PCIe round trip per 16 bytes
 /// of a host input).
 const IN_FLIGHT: usize = 8;
+
+/// Most units one thread keeps in flight in the loops over the record's chunks and
+/// the readback windows (four registers each).
+const MOST_IN_FLIGHT: usize = 16;
+
+/// Units per thread in one batch of a loop over at most `most` units spread over
+/// `threads` threads: all of a thread's share at once where that is at most
+/// [`MOST_IN_FLIGHT`]. A batch's loads wait for the previous batch's (its stores
+/// need their values first), so with one thread per block, as the measurement
+/// fixture's lane has, eight in flight served 16 windows in two memory round trips
+/// and a 600-byte record from host memory in five PCIe round trips; sixteen take one
+/// and three.
+fn batch_for(most: usize, threads: u32) -> usize {
+    most.div_ceil(threads.max(1) as usize)
+        .clamp(1, MOST_IN_FLIGHT)
+}
 
 /// Writes the bodies of a lane and its server into one module (see the module docs).
 ///
@@ -462,10 +534,13 @@ impl LaneModuleBuilder {
         }
         out.push_str(&self.bodies);
         out.push('\n');
+        let threads = x * y * z;
         let mut server = Server {
             out,
             labels: 0,
-            threads: x * y * z,
+            threads,
+            record_batch: batch_for(RECORD_BYTES / 16, threads),
+            window_batch: batch_for(MAX_LANE_READBACKS, threads),
         };
         server.entry(self.workgroup_size, self.count);
         server.out
@@ -487,6 +562,10 @@ struct Server {
     labels: u32,
     /// Threads per block.
     threads: u32,
+    /// Record chunks per thread per batch ([`batch_for`]).
+    record_batch: usize,
+    /// Readback windows per thread per batch ([`batch_for`]).
+    window_batch: usize,
 }
 
 /// Registers of the server, declared by name at its top.
@@ -505,6 +584,7 @@ const PREDICATES: &[&str] = &[
     "%take",
     "%wide_unit",
     "%word_unit",
+    "%flat",
 ];
 const WORDS: &[&str] = &[
     "%lin",
@@ -513,6 +593,7 @@ const WORDS: &[&str] = &[
     "%everyone",
     "%global",
     "%last_arrival",
+    "%minus_blocks",
     "%ticket",
     "%want",
     "%seen",
@@ -558,6 +639,9 @@ const WORDS: &[&str] = &[
     "%tid_y",
     "%tid_z",
     "%plane",
+    "%released",
+    "%begun_ns",
+    "%done_ns",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -586,6 +670,9 @@ const DOUBLES: &[&str] = &[
     "%start",
     "%end",
     "%served",
+    "%begun",
+    "%done",
+    "%stamps",
 ];
 
 impl Server {
@@ -623,11 +710,8 @@ impl Server {
             let _ = writeln!(self.out, "\t.reg {kind} {};", names.join(", "));
         }
         // Batch registers of the copy loops: unit indices, then four words per unit.
-        let _ = writeln!(
-            self.out,
-            "\t.reg .b32 %unit<{IN_FLIGHT}>, %v<{}>;\n",
-            4 * IN_FLIGHT
-        );
+        let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
+        let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
         self.prologue([x, y, z]);
         self.wait_for_request();
         self.read_record();
@@ -673,11 +757,13 @@ impl Server {
         self.line(format_args!("setp.gt.u32 %multi, %blocks, 1;"));
         self.line(format_args!("setp.ne.u32 %sleeping, %sleep, 0;"));
         self.line(format_args!("sub.u32 %last_arrival, %blocks, 1;"));
+        self.line(format_args!("sub.u32 %minus_blocks, 0, %blocks;"));
         self.line(format_args!("mul.lo.u32 %everyone, %blocks, {t};"));
         self.line(format_args!("mad.lo.u32 %global, %block, {t}, %lin;"));
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
         self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
         self.line(format_args!("mov.u32 %ticket, 0;"));
+        self.line(format_args!("mov.u32 %released, 0;"));
     }
 
     /// Block 0's leader polls the slot's doorbell; every other block's leader polls
@@ -702,9 +788,6 @@ impl Server {
             "$L_lane_rung",
         );
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
-        self.line(format_args!(
-            "@%multi st.relaxed.gpu.global.u64 [%device+{DEVICE_START}], %start;"
-        ));
         self.comment("a stop goes to the other blocks at once (there is no record to wait for)");
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
@@ -774,8 +857,8 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %chunks;"));
         self.line(format_args!("@%past bra $L_lane_record_ready;"));
-        self.batch_indices("%index", t);
-        for k in 0..IN_FLIGHT {
+        self.batch_indices("%index", t, self.record_batch);
+        for k in 0..self.record_batch {
             self.live(k, "%chunks");
             self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
             self.line(format_args!("add.s64 %from, %origin, %at;"));
@@ -784,7 +867,7 @@ impl Server {
                 "@%live ld.relaxed.sys.global.v4.u32 {v}, [%from];"
             ));
         }
-        for k in 0..IN_FLIGHT {
+        for k in 0..self.record_batch {
             self.live(k, "%chunks");
             self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
             self.line(format_args!("add.s64 %to, %record, %at;"));
@@ -796,22 +879,27 @@ impl Server {
         }
         self.line(format_args!(
             "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
+            t as usize * self.record_batch
         ));
         self.line(format_args!("bra {top};"));
         self.place("$L_lane_record_ready");
         self.line(format_args!("barrier.sync 1;"));
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
-        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
-        self.line(format_args!("and.pred %take, %take, %multi;"));
-        self.line(format_args!(
-            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+        self.block_zero_leader_with_others(&format!(
+            "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
         ));
     }
 
+    /// `store`, by block 0's leader only and only when the lane has other blocks.
+    fn block_zero_leader_with_others(&mut self, store: &str) {
+        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
+        self.line(format_args!("and.pred %take, %take, %multi;"));
+        self.line(format_args!("@%take {store}"));
+    }
+
     /// `%unit{k} = first + k * stride` for every slot of a batch.
-    fn batch_indices(&mut self, first: &str, stride: u32) {
-        for k in 0..IN_FLIGHT {
+    fn batch_indices(&mut self, first: &str, stride: u32, batch: usize) {
+        for k in 0..batch {
             self.line(format_args!(
                 "add.u32 %unit{k}, {first}, {};",
                 stride as usize * k
@@ -856,7 +944,16 @@ impl Server {
             "mul.wide.u32 %offset, %slot, %staging_stride;"
         ));
         self.line(format_args!("add.s64 %inputs, %staging, %offset;"));
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %slot, {DEVICE_STAMP_BYTES};"
+        ));
+        self.line(format_args!("add.s64 %stamps, %device, %offset;"));
+        self.line(format_args!(
+            "add.s64 %stamps, %stamps, {DEVICE_STAMPS_AT};"
+        ));
         self.line(format_args!("mov.u32 %status, 0;"));
+        self.comment("a grid on x alone: a workgroup's id is its number, no division");
+        self.line(format_args!("setp.eq.u32 %flat, %grid_x, %total;"));
     }
 
     /// Entry `%op` of the record's table at byte `table` (a prologue or readback
@@ -1074,16 +1171,26 @@ impl Server {
             self.out,
             "\n\t// ---- the grid: this block's workgroups, every iteration"
         );
+        self.line(format_args!("mov.u64 %begun, %globaltimer;"));
+        self.comment("block 0's stamps, for a publisher of another block (before block 0 arrives)");
+        self.block_zero_leader_with_others(
+            "st.relaxed.gpu.global.v2.u64 [%stamps], {%start, %begun};",
+        );
         self.line(format_args!("mov.u32 %iteration, 0;"));
         self.place("$L_lane_iteration");
         self.line(format_args!("mov.u32 %group, %block;"));
         self.place("$L_lane_group");
         self.line(format_args!("setp.ge.u32 %past, %group, %total;"));
         self.line(format_args!("@%past bra $L_lane_groups_done;"));
+        self.line(format_args!("mov.u32 %group_x, %group;"));
+        self.line(format_args!("mov.u32 %group_y, 0;"));
+        self.line(format_args!("mov.u32 %group_z, 0;"));
+        self.line(format_args!("@%flat bra $L_lane_group_ready;"));
         self.line(format_args!("rem.u32 %group_x, %group, %grid_x;"));
         self.line(format_args!("div.u32 %rest, %group, %grid_x;"));
         self.line(format_args!("rem.u32 %group_y, %rest, %grid_y;"));
         self.line(format_args!("div.u32 %group_z, %rest, %grid_y;"));
+        self.place("$L_lane_group_ready");
         for body in 0..bodies {
             self.line(format_args!("setp.eq.u32 %take, %kernel, {body};"));
             self.line(format_args!("@%take bra.uni $L_lane_body_{body};"));
@@ -1141,8 +1248,13 @@ impl Server {
         ));
         self.line(format_args!("setp.eq.u32 %take, %arrived, %last_arrival;"));
         self.line(format_args!("selp.u32 %publishing, 1, 0, %take;"));
+        self.comment(
+            "take this request's arrivals back out, not a store of 0: a block may already have \
+             arrived for the next request (its doorbell rung while this one ran), and a store \
+             would erase that arrival and hang the next completion",
+        );
         self.line(format_args!(
-            "@%take st.relaxed.gpu.global.u32 [%device+{DEVICE_ARRIVALS}], 0;"
+            "@%take red.relaxed.gpu.global.add.u32 [%device+{DEVICE_ARRIVALS}], %minus_blocks;"
         ));
         self.line(format_args!("st.shared.u32 [%state+8], %publishing;"));
         self.place("$L_lane_arrived");
@@ -1151,6 +1263,7 @@ impl Server {
         self.line(format_args!("setp.eq.u32 %past, %publishing, 0;"));
         self.line(format_args!("@%past bra $L_lane_served;"));
         self.place("$L_lane_publish");
+        self.line(format_args!("mov.u64 %done, %globaltimer;"));
         self.windows();
         // Ranges after the windows: this block's threads, each range in turn.
         self.for_each_entry(
@@ -1169,13 +1282,25 @@ impl Server {
         self.line(format_args!("barrier.sync 1;"));
         self.line(format_args!("@!%leader bra $L_lane_served;"));
         self.line(format_args!("mov.u64 %end, %globaltimer;"));
-        self.comment("block 0's leader holds the start stamp; another publisher reads it back");
+        self.comment(
+            "block 0's leader holds the start and first-workgroup stamps; another publisher reads \
+             them back, and the last completion's hold, which another block may have measured",
+        );
         self.line(format_args!(
-            "@!%dispatcher ld.relaxed.gpu.global.u64 %start, [%device+{DEVICE_START}];"
+            "@!%dispatcher ld.relaxed.gpu.global.v2.u64 {{%start, %begun}}, [%stamps];"
         ));
+        self.line(format_args!(
+            "@%multi ld.relaxed.gpu.global.u32 %released, [%device+{DEVICE_RELEASED}];"
+        ));
+        self.nanoseconds_since("%begun_ns", "%begun", "%start");
+        self.nanoseconds_since("%done_ns", "%done", "%start");
+        self.line(format_args!("mov.u32 %value, 0;"));
         self.line(format_args!("st.global.v2.u64 [%area], {{%start, %end}};"));
         self.line(format_args!(
-            "st.global.v2.u32 [%area+16], {{%status, %want}};"
+            "st.global.v4.u32 [%area+16], {{%status, %want, %begun_ns, %done_ns}};"
+        ));
+        self.line(format_args!(
+            "st.global.v4.u32 [%area+{AREA_PREVIOUS_RELEASE}], {{%released, %value, %value, %value}};"
         ));
         self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.comment(
@@ -1184,6 +1309,12 @@ impl Server {
         self.line(format_args!(
             "st.release.sys.global.u64 [%completion], %served;"
         ));
+        self.comment("how long the release held this thread: the next request's header says");
+        self.line(format_args!("mov.u64 %done, %globaltimer;"));
+        self.nanoseconds_since("%released", "%done", "%end");
+        self.line(format_args!(
+            "@%multi st.relaxed.gpu.global.u32 [%device+{DEVICE_RELEASED}], %released;"
+        ));
         self.place("$L_lane_served");
         self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
         self.line(format_args!("bra $L_lane_next;"));
@@ -1191,8 +1322,16 @@ impl Server {
         self.line(format_args!("exit;"));
     }
 
+    /// `into` (u32) = `later - earlier` nanoseconds (u64 stamps), saturating at
+    /// `u32::MAX`.
+    fn nanoseconds_since(&mut self, into: &str, later: &str, earlier: &str) {
+        self.line(format_args!("sub.u64 %wide, {later}, {earlier};"));
+        self.line(format_args!("min.u64 %wide, %wide, {};", u32::MAX));
+        self.line(format_args!("cvt.u32.u64 {into}, %wide;"));
+    }
+
     /// The windows: descriptor `w < %windows` names an aligned 16-byte block; this
-    /// block's threads take windows `lin, lin + T, ...`, eight in flight each: the
+    /// block's threads take windows `lin, lin + T, ...`, [`batch_for`] in flight each: the
     /// descriptors, then the loads, then the stores.
     fn windows(&mut self) {
         let t = self.threads;
@@ -1202,8 +1341,8 @@ impl Server {
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %windows;"));
         self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t);
-        for k in 0..IN_FLIGHT {
+        self.batch_indices("%index", t, self.window_batch);
+        for k in 0..self.window_batch {
             let v = vector(k);
             self.live(k, "%windows");
             self.entry_at(&format!("%unit{k}"), "%readback_at");
@@ -1213,7 +1352,7 @@ impl Server {
                 "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
             ));
         }
-        for k in 0..IN_FLIGHT {
+        for k in 0..self.window_batch {
             let v = vector(k);
             self.live(k, "%windows");
             self.entry_at(&format!("%unit{k}"), "%readback_at");
@@ -1224,7 +1363,7 @@ impl Server {
         }
         self.line(format_args!(
             "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
+            t as usize * self.window_batch
         ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
