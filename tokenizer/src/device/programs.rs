@@ -71,6 +71,31 @@
 //! 384-byte run of one letter fell from 59.8 M to 11.1 M, and from 12.6 to
 //! 4.7 times its work for a 96-byte run (r50k).
 //!
+//! # Short ranges in a slab of workgroup memory
+//!
+//! A range of at most [`Geometry::merge_slab_bytes`] (`S`, 12) bytes keeps its
+//! `merge_parts` words in the thread's slab of the `merge` step's workgroup
+//! buffer (word `k` of thread `t` at `k · W + t`, so a warp's threads at the
+//! same word touch 32 banks) instead of the global arrays, and keeps no block
+//! minima: each merge walks the parts from the first by their lengths (at most
+//! `S` words), which gives the leftmost pair of lowest rank and the part before
+//! it at once, so there is no walk back either; then two token lookups and
+//! three slab words. Why: at small sizes `merge` waits on the longest piece's
+//! chain of dependent merges, each a series of dependent global loads and
+//! stores; on the H200 (2026-12-01, cl100k) `merge` took 38.8 µs of a 1,024-byte
+//! prose text's kernels, every other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs
+//! for 256 KiB of prose / code / CJK but only about 1.05 ms for 16 MiB. Why 12:
+//! the slabs take `4 · S · W` bytes (12 KiB at 256 threads), and the
+//! short-text kernel holds them beside every other step's workgroup buffers;
+//! with the workgroup reductions lowered without subgroup operations (about
+//! 30 KiB of their own for o200k) 16 would pass the device's 48 KiB. The
+//! reference interpreter's work is no proxy for this change (it charges a
+//! statement alike whatever memory it touches): for 12-byte ranges it ran
+//! from 6 % below to 17 % above the global path's, plus the slab's clearing.
+//! The chain also loses its first link: a piece from the merge list skips
+//! the lookup of the whole range (`pieces` found it is no token; a chunk
+//! still looks itself up).
+//!
 //! # Long pieces
 //!
 //! A piece longer than [`Geometry::chunk_bytes`] (`C`, 384: a multiple of the
@@ -139,6 +164,15 @@ pub const BYTES_PER_THREAD: u32 = 4;
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
+/// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
+pub const MERGE_SLAB_BYTES: u32 = 12;
+
+/// Most bytes of workgroup memory the `merge` step's slabs take together
+/// ([`Geometry::merge_slab_bytes`] words per thread): the short-text kernel
+/// holds them beside the other steps' workgroup buffers within the device's
+/// 48 KiB.
+pub const MERGE_SLABS_MAX_BYTES: u32 = 12 * 1024;
+
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
@@ -148,6 +182,11 @@ pub struct Geometry {
     /// 2): the longest range one thread merges with the merge loop, whose
     /// merges each scan the range's 16-byte blocks.
     pub chunk_bytes: u32,
+    /// The longest range the `merge` step merges in its thread's slab of
+    /// workgroup memory instead of the global scratch arrays (0: none; see the
+    /// module docs). Its slabs take `4 · merge_slab_bytes · workgroup_size`
+    /// bytes, at most [`MERGE_SLABS_MAX_BYTES`].
+    pub merge_slab_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
     /// Windows tried per failing boundary before the piece goes to the serial
@@ -172,6 +211,7 @@ impl Default for Geometry {
         Geometry {
             workgroup_size: WORKGROUP_SIZE,
             chunk_bytes: CHUNK_BYTES,
+            merge_slab_bytes: MERGE_SLAB_BYTES,
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: 1024,
@@ -199,6 +239,17 @@ impl Geometry {
             return Err(format!(
                 "Fix: Geometry::chunk_bytes is {}; use 2 to 1048576",
                 self.chunk_bytes
+            ));
+        }
+        if 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size)
+            > u64::from(MERGE_SLABS_MAX_BYTES)
+        {
+            return Err(format!(
+                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {} bytes of slabs; use at most {} ({MERGE_SLABS_MAX_BYTES} bytes), or 0 for none",
+                self.merge_slab_bytes,
+                self.workgroup_size,
+                4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size),
+                MERGE_SLABS_MAX_BYTES / 4 / self.workgroup_size
             ));
         }
         if !(1..=65_536).contains(&self.compact_workgroups) {
@@ -832,26 +883,58 @@ fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr;
     b.store(Role::MergeMinima.name(), start.clone() + block, minimum);
 }
 
+/// Where [`emit_encode`] leaves its result.
+#[derive(Clone, Copy)]
+enum Output {
+    /// The ranks in `token_at` (one per token, at its first byte; [`NO_TOKEN`]
+    /// at every other byte); a range of at most `slab_bytes` bytes merges in
+    /// the thread's slab of the workgroup buffer [`MERGE_SLAB`] (0: none), which
+    /// holds `slab_bytes` words for each of the workgroup's `threads`.
+    TokenAt { slab_bytes: u32, threads: u32 },
+    /// Only the parts in the scratch arrays (a compatibility check reads the
+    /// first part's length from `merge_parts`).
+    Parts,
+}
+
+/// The workgroup buffer of the `merge` step's slabs: word `k` of thread `t`'s
+/// slab at `k · W + t`, so the threads of a warp that touch the same word of
+/// their slabs touch 32 different banks.
+const MERGE_SLAB: &str = "merge_slab";
+
 /// Merges the `len` bytes (at least 1) of the text at `start` by tiktoken's
-/// rule with the parts in the scratch arrays at `start..start + len` (the
-/// module docs give the layout). Returns the number of parts left (a
-/// variable); the first part's length is then
-/// `part_len(merge_parts[start])`. With `write` the ranks land in `token_at` too.
-fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, write: bool) -> Expr {
+/// rule (the module docs give the two ways: a range that fits the thread's
+/// slab there, any other in the scratch arrays at `start..start + len`).
+/// Where `not_a_token` holds, the caller knows the range is no token (`pieces`
+/// looked the piece up whole) and the range's own lookup, the first link of
+/// the chain of dependent loads, is skipped. Returns the number of parts left
+/// (a variable). With [`Output::Parts`] the first part's length is then
+/// `part_len(merge_parts[start])`.
+fn emit_encode(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [Expr; 2],
+    not_a_token: Expr,
+    output: Output,
+) -> Expr {
     let start = b.let_(names.of("start"), start);
     let len = b.let_(names.of("len"), len);
     let parts_name = names.of("parts");
     let parts = b.let_mut(parts_name.clone(), 1u32);
-    let whole = emit_lookup(b, &names.nested("whole"), start.clone(), len.clone());
-    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
-    let part = |offset: Expr| load(Role::MergeParts, start.clone() + offset);
-    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
-        b.store(Role::MergeParts.name(), start.clone() + offset, word);
-    };
+    let whole_name = names.of("whole_token");
+    let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
+    b.if_(not_a_token.logical_not(), |b| {
+        let rank = emit_lookup(b, &names.nested("whole"), start.clone(), len.clone());
+        b.assign(whole_name.clone(), rank);
+    });
+    let write = matches!(output, Output::TokenAt { .. });
     b.if_else(
         whole.clone().not_equals(NO_TOKEN),
         |b| {
-            store_part(b, u(0), part_word(len.clone(), u(NO_PAIR)));
+            b.store(
+                Role::MergeParts.name(),
+                start.clone(),
+                part_word(len.clone(), u(NO_PAIR)),
+            );
             if write {
                 b.store(Role::TokenAt.name(), start.clone(), whole.clone());
                 b.loop_(names.of("clear"), 1u32, len.clone(), |b, at| {
@@ -861,150 +944,309 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
         },
         |b| {
             b.assign(parts_name.clone(), len.clone());
-            // Every byte a part; the last has no pair.
-            b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
-                let pair =
-                    vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
-                store_part(b, at.clone(), part_word(u(1), pair));
-            });
-            store_part(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
-            if write {
-                b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + at.clone(),
-                        vocab(byte(at) + BYTE_RANKS_AT),
-                    );
-                });
-            }
-            let blocks = b.let_(
-                names.of("blocks"),
-                (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
-            );
-            b.loop_(names.of("init_block"), 0u32, blocks.clone(), |b, block| {
-                emit_block_minimum(b, &names.nested("init_minimum"), [&start, &len], block);
-            });
-            b.while_(Expr::bool(true), |b| {
-                // The leftmost block of lowest minimum (strict `<` keeps the
-                // first), then the leftmost part in it whose pair has that rank:
-                // the leftmost pair of lowest rank.
-                let best_name = names.of("best");
-                let best_block_name = names.of("best_block");
-                let best = b.let_mut(best_name.clone(), NO_PAIR);
-                let best_block = b.let_mut(best_block_name.clone(), 0u32);
-                b.loop_(names.of("scan"), 0u32, blocks.clone(), |b, block| {
-                    let minimum = b.let_(
-                        names.of("scan_minimum"),
-                        load(Role::MergeMinima, start.clone() + block.clone()),
-                    );
-                    b.if_(minimum.clone().less_than(best.clone()), |b| {
-                        b.assign(best_name.clone(), minimum);
-                        b.assign(best_block_name.clone(), block);
-                    });
-                });
-                b.if_(best.clone().equals(NO_PAIR), |b| {
-                    b.break_();
-                });
-                let first_name = names.of("first");
-                let block_first = b.let_(
-                    names.of("block_first"),
-                    best_block.clone() << MERGE_BLOCK_SHIFT,
-                );
-                let first = b.let_mut(first_name.clone(), block_first.clone());
-                b.loop_(
-                    names.of("find"),
-                    block_first.clone(),
-                    (block_first + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
-                    |b, at| {
-                        b.if_(pair_of(part(at.clone())).equals(best.clone()), |b| {
-                            b.assign(first_name.clone(), at);
-                            b.break_();
-                        });
-                    },
-                );
-                // Merge the part at `first` with the next, `second`; `after` is
-                // the part after both (or the range's end).
-                let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-                let second = b.let_(names.of("second"), first.clone() + first_len.clone());
-                let merged_len = b.let_(
-                    names.of("merged_len"),
-                    first_len + part_len(part(second.clone())),
-                );
-                let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
-                store_part(b, second.clone(), u(NO_PAIR));
-                if write {
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + first.clone(),
-                        best.clone(),
-                    );
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + second.clone(),
-                        NO_TOKEN,
+            match output {
+                Output::TokenAt {
+                    slab_bytes,
+                    threads,
+                } if slab_bytes >= 2 => {
+                    b.if_else(
+                        len.clone().less_equal(slab_bytes),
+                        |b| emit_slab_merge(b, names, [&start, &len], threads, &parts_name),
+                        |b| emit_scratch_merge(b, names, [&start, &len], write, &parts_name),
                     );
                 }
-                let right_name = names.of("right");
-                let right = b.let_mut(right_name.clone(), NO_TOKEN);
-                b.if_(after.clone().less_than(len.clone()), |b| {
-                    let rank = emit_lookup(
-                        b,
-                        &names.nested("right"),
-                        start.clone() + first.clone(),
-                        merged_len.clone() + part_len(part(after.clone())),
-                    );
-                    b.assign(right_name.clone(), rank);
-                });
-                store_part(b, first.clone(), part_word(merged_len.clone(), right));
-                // The part before (a part's other bytes hold length 0): its
-                // pair is now with the merged part.
-                b.if_(first.clone().greater_than(0u32), |b| {
-                    let before_name = names.of("before");
-                    let before = b.let_mut(before_name.clone(), first.clone() - 1u32);
-                    b.while_(part_len(part(before.clone())).equals(0u32), |b| {
-                        b.assign(before_name.clone(), before.clone() - 1u32);
-                    });
-                    let before_len = b.let_(names.of("before_len"), part_len(part(before.clone())));
-                    let rank = emit_lookup(
-                        b,
-                        &names.nested("left"),
-                        start.clone() + before.clone(),
-                        before_len.clone() + merged_len.clone(),
-                    );
-                    store_part(b, before.clone(), part_word(before_len, rank));
-                    let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
-                    b.if_(
-                        block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
-                        |b| {
-                            emit_block_minimum(
-                                b,
-                                &names.nested("before_minimum"),
-                                [&start, &len],
-                                block,
-                            );
-                        },
-                    );
-                });
-                emit_block_minimum(
-                    b,
-                    &names.nested("first_minimum"),
-                    [&start, &len],
-                    best_block.clone(),
-                );
-                let second_block = b.let_(names.of("second_block"), second >> MERGE_BLOCK_SHIFT);
-                b.if_(second_block.clone().not_equals(best_block.clone()), |b| {
-                    emit_block_minimum(
-                        b,
-                        &names.nested("second_minimum"),
-                        [&start, &len],
-                        second_block,
-                    );
-                });
-                b.assign(parts_name.clone(), parts.clone() - 1u32);
-            });
+                _ => emit_scratch_merge(b, names, [&start, &len], write, &parts_name),
+            }
         },
     );
     parts
+}
+
+/// The first state of a range of `len` bytes that is not one token: every byte
+/// a part (its word through `store_part`: the pair with the next byte; the last
+/// has no pair) and, with `write`, every byte's rank in `token_at`.
+fn emit_byte_parts(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [&Expr; 2],
+    write: bool,
+    store_part: impl Fn(&mut BlockBuilder, Expr, Expr),
+) {
+    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
+    b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
+        let pair = vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
+        store_part(b, at.clone(), part_word(u(1), pair));
+    });
+    store_part(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
+    if write {
+        b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
+            b.store(
+                Role::TokenAt.name(),
+                start.clone() + at.clone(),
+                vocab(byte(at) + BYTE_RANKS_AT),
+            );
+        });
+    }
+}
+
+/// The rank of the pair the part merged at `first` (`merged_len` bytes) forms
+/// with the part after it at `after` (of `after_len` bytes, an expression
+/// evaluated only when there is one): [`NO_TOKEN`] at the range's end.
+fn emit_pair_after(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [&Expr; 2],
+    [first, merged_len, after]: [&Expr; 3],
+    after_len: Expr,
+) -> Expr {
+    let right_name = names.of("right");
+    let right = b.let_mut(right_name.clone(), NO_TOKEN);
+    b.if_(after.clone().less_than(len.clone()), |b| {
+        let rank = emit_lookup(
+            b,
+            &names.nested("right"),
+            start.clone() + first.clone(),
+            merged_len.clone() + after_len,
+        );
+        b.assign(right_name.clone(), rank);
+    });
+    right
+}
+
+/// Re-ranks the pair of the part at `before` (its word read with `part`,
+/// written with `store_part`) with the part merged after it (`merged_len`
+/// bytes).
+fn emit_pair_before(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, before, merged_len]: [&Expr; 3],
+    part: impl Fn(Expr) -> Expr,
+    store_part: impl Fn(&mut BlockBuilder, Expr, Expr),
+) {
+    let before_len = b.let_(names.of("before_len"), part_len(part(before.clone())));
+    let rank = emit_lookup(
+        b,
+        &names.nested("left"),
+        start.clone() + before.clone(),
+        before_len.clone() + merged_len.clone(),
+    );
+    store_part(b, before.clone(), part_word(before_len, rank));
+}
+
+/// The merge loop of a range that is not one token in the scratch arrays
+/// `merge_parts` and `merge_minima` (the module docs give the layout), its
+/// ranks into `token_at` too with `write`; `parts` (the variable named so,
+/// `len` on entry) counts the parts left.
+fn emit_scratch_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [&Expr; 2],
+    write: bool,
+    parts_name: &str,
+) {
+    let parts = Expr::var(parts_name);
+    let part = |offset: Expr| load(Role::MergeParts, start.clone() + offset);
+    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
+        b.store(Role::MergeParts.name(), start.clone() + offset, word);
+    };
+    emit_byte_parts(b, names, [start, len], write, store_part);
+    let blocks = b.let_(
+        names.of("blocks"),
+        (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
+    );
+    b.loop_(names.of("init_block"), 0u32, blocks.clone(), |b, block| {
+        emit_block_minimum(b, &names.nested("init_minimum"), [start, len], block);
+    });
+    b.while_(Expr::bool(true), |b| {
+        // The leftmost block of lowest minimum (strict `<` keeps the
+        // first), then the leftmost part in it whose pair has that rank:
+        // the leftmost pair of lowest rank.
+        let best_name = names.of("best");
+        let best_block_name = names.of("best_block");
+        let best = b.let_mut(best_name.clone(), NO_PAIR);
+        let best_block = b.let_mut(best_block_name.clone(), 0u32);
+        b.loop_(names.of("scan"), 0u32, blocks.clone(), |b, block| {
+            let minimum = b.let_(
+                names.of("scan_minimum"),
+                load(Role::MergeMinima, start.clone() + block.clone()),
+            );
+            b.if_(minimum.clone().less_than(best.clone()), |b| {
+                b.assign(best_name.clone(), minimum);
+                b.assign(best_block_name.clone(), block);
+            });
+        });
+        b.if_(best.clone().equals(NO_PAIR), |b| {
+            b.break_();
+        });
+        let first_name = names.of("first");
+        let block_first = b.let_(
+            names.of("block_first"),
+            best_block.clone() << MERGE_BLOCK_SHIFT,
+        );
+        let first = b.let_mut(first_name.clone(), block_first.clone());
+        b.loop_(
+            names.of("find"),
+            block_first.clone(),
+            (block_first + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
+            |b, at| {
+                b.if_(pair_of(part(at.clone())).equals(best.clone()), |b| {
+                    b.assign(first_name.clone(), at);
+                    b.break_();
+                });
+            },
+        );
+        // Merge the part at `first` with the next, `second`; `after` is
+        // the part after both (or the range's end).
+        let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
+        let second = b.let_(names.of("second"), first.clone() + first_len.clone());
+        let merged_len = b.let_(
+            names.of("merged_len"),
+            first_len + part_len(part(second.clone())),
+        );
+        let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
+        store_part(b, second.clone(), u(NO_PAIR));
+        if write {
+            b.store(
+                Role::TokenAt.name(),
+                start.clone() + first.clone(),
+                best.clone(),
+            );
+            b.store(
+                Role::TokenAt.name(),
+                start.clone() + second.clone(),
+                NO_TOKEN,
+            );
+        }
+        let right = emit_pair_after(
+            b,
+            names,
+            [start, len],
+            [&first, &merged_len, &after],
+            part_len(part(after.clone())),
+        );
+        store_part(b, first.clone(), part_word(merged_len.clone(), right));
+        // The part before (a part's other bytes hold length 0): its
+        // pair is now with the merged part.
+        b.if_(first.clone().greater_than(0u32), |b| {
+            let before_name = names.of("before");
+            let before = b.let_mut(before_name.clone(), first.clone() - 1u32);
+            b.while_(part_len(part(before.clone())).equals(0u32), |b| {
+                b.assign(before_name.clone(), before.clone() - 1u32);
+            });
+            emit_pair_before(b, names, [start, &before, &merged_len], part, store_part);
+            let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
+            b.if_(
+                block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
+                |b| {
+                    emit_block_minimum(b, &names.nested("before_minimum"), [start, len], block);
+                },
+            );
+        });
+        emit_block_minimum(
+            b,
+            &names.nested("first_minimum"),
+            [start, len],
+            best_block.clone(),
+        );
+        let second_block = b.let_(names.of("second_block"), second >> MERGE_BLOCK_SHIFT);
+        b.if_(second_block.clone().not_equals(best_block.clone()), |b| {
+            emit_block_minimum(
+                b,
+                &names.nested("second_minimum"),
+                [start, len],
+                second_block,
+            );
+        });
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
+}
+
+/// The merge loop of a range of at most the slab's length that is not one
+/// token, in the thread's slab of [`MERGE_SLAB`] (one `merge_parts` word per
+/// byte, the slab's word `k` for the range's byte `k`), its ranks into
+/// `token_at`; `parts` (the variable named so, `len` on entry) counts the
+/// parts left. Each merge walks the parts from the first by their lengths (a
+/// part's other bytes are never read, so a merge leaves them as they are) for
+/// the leftmost pair of lowest rank and the part before it: no block minima
+/// and no walk back.
+fn emit_slab_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [&Expr; 2],
+    threads: u32,
+    parts_name: &str,
+) {
+    let parts = Expr::var(parts_name);
+    let lane = b.let_(names.of("slab_lane"), Expr::local_id(Axis::X));
+    let slot = |offset: Expr| offset * threads + lane.clone();
+    let part = |offset: Expr| Expr::load(MERGE_SLAB, slot(offset));
+    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
+        b.store(MERGE_SLAB, slot(offset), word);
+    };
+    emit_byte_parts(b, &names.nested("slab"), [start, len], true, store_part);
+    b.while_(Expr::bool(true), |b| {
+        // The parts in order; strict `<` keeps the leftmost of lowest rank.
+        let best_name = names.of("slab_best");
+        let first_name = names.of("slab_first");
+        let first_len_name = names.of("slab_first_len");
+        let before_name = names.of("slab_before");
+        let previous_name = names.of("slab_previous");
+        let at_name = names.of("slab_at");
+        let best = b.let_mut(best_name.clone(), NO_PAIR);
+        let first = b.let_mut(first_name.clone(), 0u32);
+        let first_len = b.let_mut(first_len_name.clone(), 0u32);
+        let before = b.let_mut(before_name.clone(), 0u32);
+        let previous = b.let_mut(previous_name.clone(), 0u32);
+        let at = b.let_mut(at_name.clone(), 0u32);
+        b.while_(at.clone().less_than(len.clone()), |b| {
+            let word = b.let_(names.of("slab_word"), part(at.clone()));
+            b.if_(pair_of(word.clone()).less_than(best.clone()), |b| {
+                b.assign(best_name.clone(), pair_of(word.clone()));
+                b.assign(first_name.clone(), at.clone());
+                b.assign(first_len_name.clone(), part_len(word.clone()));
+                b.assign(before_name.clone(), previous.clone());
+            });
+            b.assign(previous_name.clone(), at.clone());
+            b.assign(at_name.clone(), at.clone() + part_len(word));
+        });
+        b.if_(best.clone().equals(NO_PAIR), |b| {
+            b.break_();
+        });
+        // Merge the part at `first` with the next, `second`; `after` is the
+        // part after both (or the range's end).
+        let second = b.let_(names.of("slab_second"), first.clone() + first_len.clone());
+        let merged_len = b.let_(
+            names.of("slab_merged_len"),
+            first_len.clone() + part_len(part(second.clone())),
+        );
+        let after = b.let_(names.of("slab_after"), first.clone() + merged_len.clone());
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + first.clone(),
+            best.clone(),
+        );
+        b.store(Role::TokenAt.name(), start.clone() + second, NO_TOKEN);
+        let right = emit_pair_after(
+            b,
+            &names.nested("slab"),
+            [start, len],
+            [&first, &merged_len, &after],
+            part_len(part(after.clone())),
+        );
+        store_part(b, first.clone(), part_word(merged_len.clone(), right));
+        // The part before (found by the walk): its pair is now with the
+        // merged part.
+        b.if_(first.clone().greater_than(0u32), |b| {
+            emit_pair_before(
+                b,
+                &names.nested("slab"),
+                [start, &before, &merged_len],
+                part,
+                store_part,
+            );
+        });
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
 }
 
 /// The start and end of piece `index`: the next piece's start, or the text's end.
@@ -1227,7 +1469,18 @@ pub fn pieces(geometry: &Geometry) -> Program {
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
-    builder(geometry, step("merge"), element_type)
+    let slab_bytes = geometry.merge_slab_bytes;
+    let mut builder = builder(geometry, step("merge"), element_type);
+    if slab_bytes >= 2 {
+        builder = builder.buffer(
+            MERGE_SLAB,
+            STEPS[2].bindings.len() as u32,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(slab_bytes * workgroup_size),
+        );
+    }
+    builder
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
@@ -1246,15 +1499,21 @@ pub fn merge(geometry: &Geometry) -> Program {
                 );
                 let end = b.let_(
                     "end",
-                    listed.select(piece_end, load(Role::ChunkList, chunk + 1u32)),
+                    listed
+                        .clone()
+                        .select(piece_end, load(Role::ChunkList, chunk + 1u32)),
                 );
                 b.if_(start.clone().less_than(end.clone()), |b| {
+                    // A listed piece is no token: `pieces` looked it up.
                     emit_encode(
                         b,
                         &Names::new("e"),
-                        start.clone(),
-                        end.clone() - start.clone(),
-                        true,
+                        [start.clone(), end.clone() - start.clone()],
+                        listed.clone(),
+                        Output::TokenAt {
+                            slab_bytes,
+                            threads: workgroup_size,
+                        },
                     );
                 });
                 b.assign("entry", entry.clone() + threads.clone());
@@ -1313,9 +1572,9 @@ fn emit_compatible(
     let parts = emit_encode(
         b,
         &names.nested("pair"),
-        first.clone(),
-        end - first.clone(),
-        false,
+        [first.clone(), end - first.clone()],
+        Expr::bool(false),
+        Output::Parts,
     );
     b.let_(
         names.of("compatible"),
@@ -1434,9 +1693,16 @@ fn emit_repair(
             emit_encode(
                 b,
                 &Names::new("window"),
-                window_start.clone(),
-                window_end.clone() - window_start.clone(),
-                true,
+                [
+                    window_start.clone(),
+                    window_end.clone() - window_start.clone(),
+                ],
+                Expr::bool(false),
+                // `long` declares no slab.
+                Output::TokenAt {
+                    slab_bytes: 0,
+                    threads: 1,
+                },
             );
             // The edges: the token before the window with the window's first, the
             // window's last with the token after it (none at the piece's ends).
