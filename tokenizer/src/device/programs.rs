@@ -94,7 +94,11 @@
 //! from 6 % below to 17 % above the global path's, plus the slab's clearing.
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
-//! still looks itself up).
+//! still looks itself up); and the vocabulary's header words each lookup
+//! reads (longest token, slot bits, table offset) are loaded once per range,
+//! not inside every lookup of its merges. Together these took the `merge`
+//! program's reference work for a 384-byte run of one letter (r50k) from
+//! 11.1 M to 10.9 M.
 //!
 //! # Long pieces
 //!
@@ -754,11 +758,40 @@ impl Names {
     }
 }
 
+/// The vocabulary's header words a lookup reads, as variables: loaded once
+/// for every lookup of a range's merges instead of inside each lookup, where
+/// they were links of the merge chain's dependent loads.
+struct LookupHeader {
+    max_token_len: Expr,
+    slot_bits: Expr,
+    slots_at: Expr,
+    slot_mask: Expr,
+}
+
+impl LookupHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
+        let slot_bits = b.let_(names.of("slot_bits"), vocab(header::SLOT_BITS));
+        LookupHeader {
+            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
+            slots_at: b.let_(names.of("slots_at"), vocab(header::SLOTS_AT)),
+            slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
+            slot_bits,
+        }
+    }
+}
+
 /// The rank of the `len` bytes of the text at `position` (a variable holding
 /// [`NO_TOKEN`] when they are no token): the dense tables for one and two
-/// bytes, the hashed table for three up to the longest token, nothing beyond.
-/// Exactly [`DeviceVocabulary::lookup`](super::vocabulary::DeviceVocabulary::lookup).
-fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -> Expr {
+/// bytes, the hashed table (its words in `vocabulary`) for three up to the
+/// longest token, nothing beyond. Exactly
+/// [`DeviceVocabulary::lookup`](super::vocabulary::DeviceVocabulary::lookup).
+fn emit_lookup(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    position: Expr,
+    len: Expr,
+) -> Expr {
     let position = b.let_(names.of("position"), position);
     let len = b.let_(names.of("len"), len);
     let rank = b.let_mut(names.of("rank"), NO_TOKEN);
@@ -775,7 +808,7 @@ fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -
     let hashed = len
         .clone()
         .greater_equal(3u32)
-        .and(len.clone().less_equal(vocab(header::MAX_TOKEN_LEN)));
+        .and(len.clone().less_equal(vocabulary.max_token_len.clone()));
     b.if_(hashed, |b| {
         let hash_name = names.of("hash");
         let hash = b.let_mut(hash_name.clone(), len.clone() * 0x9E37_79B1u32);
@@ -790,11 +823,13 @@ fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -
         b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 13u32));
         b.assign(hash_name.clone(), hash.clone() * 0xC2B2_AE35u32);
         b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
-        let bits = b.let_(names.of("bits"), vocab(header::SLOT_BITS));
-        let slots_at = b.let_(names.of("slots_at"), vocab(header::SLOTS_AT));
-        let mask = b.let_(names.of("mask"), (u(1) << bits.clone()) - 1u32);
+        let slots_at = &vocabulary.slots_at;
+        let mask = &vocabulary.slot_mask;
         let slot_name = names.of("slot");
-        let slot = b.let_mut(slot_name.clone(), hash.clone() >> (u(32) - bits));
+        let slot = b.let_mut(
+            slot_name.clone(),
+            hash.clone() >> (u(32) - vocabulary.slot_bits.clone()),
+        );
         b.while_(Expr::bool(true), |b| {
             let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
             let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
@@ -920,10 +955,17 @@ fn emit_encode(
     let len = b.let_(names.of("len"), len);
     let parts_name = names.of("parts");
     let parts = b.let_mut(parts_name.clone(), 1u32);
+    let vocabulary = LookupHeader::emit(b, &names.nested("header"));
     let whole_name = names.of("whole_token");
     let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
     b.if_(not_a_token.logical_not(), |b| {
-        let rank = emit_lookup(b, &names.nested("whole"), start.clone(), len.clone());
+        let rank = emit_lookup(
+            b,
+            &names.nested("whole"),
+            &vocabulary,
+            start.clone(),
+            len.clone(),
+        );
         b.assign(whole_name.clone(), rank);
     });
     let write = matches!(output, Output::TokenAt { .. });
@@ -951,33 +993,85 @@ fn emit_encode(
                 } if slab_bytes >= 2 => {
                     b.if_else(
                         len.clone().less_equal(slab_bytes),
-                        |b| emit_slab_merge(b, names, [&start, &len], threads, &parts_name),
-                        |b| emit_scratch_merge(b, names, [&start, &len], write, &parts_name),
+                        |b| {
+                            emit_slab_merge(
+                                b,
+                                names,
+                                &vocabulary,
+                                [&start, &len],
+                                threads,
+                                &parts_name,
+                            )
+                        },
+                        |b| {
+                            emit_scratch_merge(
+                                b,
+                                names,
+                                &vocabulary,
+                                [&start, &len],
+                                write,
+                                &parts_name,
+                            )
+                        },
                     );
                 }
-                _ => emit_scratch_merge(b, names, [&start, &len], write, &parts_name),
+                _ => emit_scratch_merge(b, names, &vocabulary, [&start, &len], write, &parts_name),
             }
         },
     );
     parts
 }
 
+/// Where a merge loop keeps its part words (one per byte of the range: the
+/// module docs give the word).
+#[derive(Clone, Copy)]
+enum PartWords<'a> {
+    /// `merge_parts` at the range's text positions, from `start`.
+    Scratch { start: &'a Expr },
+    /// The thread's slab of [`MERGE_SLAB`]: word `k` at `k · threads + lane`.
+    Slab { threads: u32, lane: &'a Expr },
+}
+
+impl PartWords<'_> {
+    /// The word of the range's byte `offset`.
+    fn load(self, offset: Expr) -> Expr {
+        match self {
+            PartWords::Scratch { start } => load(Role::MergeParts, start.clone() + offset),
+            PartWords::Slab { threads, lane } => {
+                Expr::load(MERGE_SLAB, offset * threads + lane.clone())
+            }
+        }
+    }
+
+    /// Stores `word` as the word of the range's byte `offset`.
+    fn store(self, b: &mut BlockBuilder, offset: Expr, word: Expr) {
+        match self {
+            PartWords::Scratch { start } => {
+                b.store(Role::MergeParts.name(), start.clone() + offset, word);
+            }
+            PartWords::Slab { threads, lane } => {
+                b.store(MERGE_SLAB, offset * threads + lane.clone(), word);
+            }
+        }
+    }
+}
+
 /// The first state of a range of `len` bytes that is not one token: every byte
-/// a part (its word through `store_part`: the pair with the next byte; the last
+/// a part (its word in `words`: the pair with the next byte; the last
 /// has no pair) and, with `write`, every byte's rank in `token_at`.
 fn emit_byte_parts(
     b: &mut BlockBuilder,
     names: &Names,
     [start, len]: [&Expr; 2],
     write: bool,
-    store_part: impl Fn(&mut BlockBuilder, Expr, Expr),
+    words: PartWords,
 ) {
     let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
     b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
         let pair = vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
-        store_part(b, at.clone(), part_word(u(1), pair));
+        words.store(b, at.clone(), part_word(u(1), pair));
     });
-    store_part(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
+    words.store(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
     if write {
         b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
             b.store(
@@ -989,48 +1083,72 @@ fn emit_byte_parts(
     }
 }
 
-/// The rank of the pair the part merged at `first` (`merged_len` bytes) forms
-/// with the part after it at `after` (of `after_len` bytes, an expression
-/// evaluated only when there is one): [`NO_TOKEN`] at the range's end.
-fn emit_pair_after(
+/// Merges the part at `first` (`first_len` bytes) with the next, `second`:
+/// the merged token's rank `written` (their pair's) into `token_at` when
+/// given, then the merged part's word (its length and the rank of its
+/// pair with the part after it, none at the range's end) into `words`. Returns `second` and the merged part's length (variables);
+/// `second`'s own word is left as it was.
+fn emit_merge_at(
     b: &mut BlockBuilder,
     names: &Names,
+    vocabulary: &LookupHeader,
     [start, len]: [&Expr; 2],
-    [first, merged_len, after]: [&Expr; 3],
-    after_len: Expr,
-) -> Expr {
+    [first, first_len]: [&Expr; 2],
+    written: Option<&Expr>,
+    words: PartWords,
+) -> (Expr, Expr) {
+    let second = b.let_(names.of("second"), first.clone() + first_len.clone());
+    let merged_len = b.let_(
+        names.of("merged_len"),
+        first_len.clone() + part_len(words.load(second.clone())),
+    );
+    let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
+    if let Some(rank) = written {
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + first.clone(),
+            rank.clone(),
+        );
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + second.clone(),
+            NO_TOKEN,
+        );
+    }
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_TOKEN);
     b.if_(after.clone().less_than(len.clone()), |b| {
         let rank = emit_lookup(
             b,
             &names.nested("right"),
+            vocabulary,
             start.clone() + first.clone(),
-            merged_len.clone() + after_len,
+            merged_len.clone() + part_len(words.load(after.clone())),
         );
         b.assign(right_name.clone(), rank);
     });
-    right
+    words.store(b, first.clone(), part_word(merged_len.clone(), right));
+    (second, merged_len)
 }
 
-/// Re-ranks the pair of the part at `before` (its word read with `part`,
-/// written with `store_part`) with the part merged after it (`merged_len`
+/// Re-ranks the pair of the part at `before` (its word in `words`) with the part merged after it (`merged_len`
 /// bytes).
 fn emit_pair_before(
     b: &mut BlockBuilder,
     names: &Names,
+    vocabulary: &LookupHeader,
     [start, before, merged_len]: [&Expr; 3],
-    part: impl Fn(Expr) -> Expr,
-    store_part: impl Fn(&mut BlockBuilder, Expr, Expr),
+    words: PartWords,
 ) {
-    let before_len = b.let_(names.of("before_len"), part_len(part(before.clone())));
+    let before_len = b.let_(names.of("before_len"), part_len(words.load(before.clone())));
     let rank = emit_lookup(
         b,
         &names.nested("left"),
+        vocabulary,
         start.clone() + before.clone(),
         before_len.clone() + merged_len.clone(),
     );
-    store_part(b, before.clone(), part_word(before_len, rank));
+    words.store(b, before.clone(), part_word(before_len, rank));
 }
 
 /// The merge loop of a range that is not one token in the scratch arrays
@@ -1040,16 +1158,15 @@ fn emit_pair_before(
 fn emit_scratch_merge(
     b: &mut BlockBuilder,
     names: &Names,
+    vocabulary: &LookupHeader,
     [start, len]: [&Expr; 2],
     write: bool,
     parts_name: &str,
 ) {
     let parts = Expr::var(parts_name);
-    let part = |offset: Expr| load(Role::MergeParts, start.clone() + offset);
-    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
-        b.store(Role::MergeParts.name(), start.clone() + offset, word);
-    };
-    emit_byte_parts(b, names, [start, len], write, store_part);
+    let words = PartWords::Scratch { start };
+    let part = |offset: Expr| words.load(offset);
+    emit_byte_parts(b, names, [start, len], write, words);
     let blocks = b.let_(
         names.of("blocks"),
         (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
@@ -1095,36 +1212,17 @@ fn emit_scratch_merge(
                 });
             },
         );
-        // Merge the part at `first` with the next, `second`; `after` is
-        // the part after both (or the range's end).
         let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-        let second = b.let_(names.of("second"), first.clone() + first_len.clone());
-        let merged_len = b.let_(
-            names.of("merged_len"),
-            first_len + part_len(part(second.clone())),
-        );
-        let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
-        store_part(b, second.clone(), u(NO_PAIR));
-        if write {
-            b.store(
-                Role::TokenAt.name(),
-                start.clone() + first.clone(),
-                best.clone(),
-            );
-            b.store(
-                Role::TokenAt.name(),
-                start.clone() + second.clone(),
-                NO_TOKEN,
-            );
-        }
-        let right = emit_pair_after(
+        let (second, merged_len) = emit_merge_at(
             b,
             names,
+            vocabulary,
             [start, len],
-            [&first, &merged_len, &after],
-            part_len(part(after.clone())),
+            [&first, &first_len],
+            write.then_some(&best),
+            words,
         );
-        store_part(b, first.clone(), part_word(merged_len.clone(), right));
+        words.store(b, second.clone(), u(NO_PAIR));
         // The part before (a part's other bytes hold length 0): its
         // pair is now with the merged part.
         b.if_(first.clone().greater_than(0u32), |b| {
@@ -1133,7 +1231,7 @@ fn emit_scratch_merge(
             b.while_(part_len(part(before.clone())).equals(0u32), |b| {
                 b.assign(before_name.clone(), before.clone() - 1u32);
             });
-            emit_pair_before(b, names, [start, &before, &merged_len], part, store_part);
+            emit_pair_before(b, names, vocabulary, [start, &before, &merged_len], words);
             let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
             b.if_(
                 block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
@@ -1172,18 +1270,19 @@ fn emit_scratch_merge(
 fn emit_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
+    vocabulary: &LookupHeader,
     [start, len]: [&Expr; 2],
     threads: u32,
     parts_name: &str,
 ) {
     let parts = Expr::var(parts_name);
     let lane = b.let_(names.of("slab_lane"), Expr::local_id(Axis::X));
-    let slot = |offset: Expr| offset * threads + lane.clone();
-    let part = |offset: Expr| Expr::load(MERGE_SLAB, slot(offset));
-    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
-        b.store(MERGE_SLAB, slot(offset), word);
+    let words = PartWords::Slab {
+        threads,
+        lane: &lane,
     };
-    emit_byte_parts(b, &names.nested("slab"), [start, len], true, store_part);
+    let part = |offset: Expr| words.load(offset);
+    emit_byte_parts(b, &names.nested("slab"), [start, len], true, words);
     b.while_(Expr::bool(true), |b| {
         // The parts in order; strict `<` keeps the leftmost of lowest rank.
         let best_name = names.of("slab_best");
@@ -1212,37 +1311,24 @@ fn emit_slab_merge(
         b.if_(best.clone().equals(NO_PAIR), |b| {
             b.break_();
         });
-        // Merge the part at `first` with the next, `second`; `after` is the
-        // part after both (or the range's end).
-        let second = b.let_(names.of("slab_second"), first.clone() + first_len.clone());
-        let merged_len = b.let_(
-            names.of("slab_merged_len"),
-            first_len.clone() + part_len(part(second.clone())),
-        );
-        let after = b.let_(names.of("slab_after"), first.clone() + merged_len.clone());
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + first.clone(),
-            best.clone(),
-        );
-        b.store(Role::TokenAt.name(), start.clone() + second, NO_TOKEN);
-        let right = emit_pair_after(
+        let (_, merged_len) = emit_merge_at(
             b,
             &names.nested("slab"),
+            vocabulary,
             [start, len],
-            [&first, &merged_len, &after],
-            part_len(part(after.clone())),
+            [&first, &first_len],
+            Some(&best),
+            words,
         );
-        store_part(b, first.clone(), part_word(merged_len.clone(), right));
         // The part before (found by the walk): its pair is now with the
         // merged part.
         b.if_(first.clone().greater_than(0u32), |b| {
             emit_pair_before(
                 b,
                 &names.nested("slab"),
+                vocabulary,
                 [start, &before, &merged_len],
-                part,
-                store_part,
+                words,
             );
         });
         b.assign(parts_name, parts.clone() - 1u32);
@@ -1414,7 +1500,14 @@ pub fn pieces(geometry: &Geometry) -> Program {
                 });
             });
             b.if_(active.clone().and(long.logical_not()), |b| {
-                let rank = emit_lookup(b, &Names::new("whole"), start.clone(), len.clone());
+                let vocabulary = LookupHeader::emit(b, &Names::new("header"));
+                let rank = emit_lookup(
+                    b,
+                    &Names::new("whole"),
+                    &vocabulary,
+                    start.clone(),
+                    len.clone(),
+                );
                 b.if_else(
                     rank.clone().not_equals(NO_TOKEN),
                     |b| {
@@ -1857,7 +1950,8 @@ fn emit_push_pair(
     let next = b.let_(names.of("next"), at.clone() + first_len.clone());
     b.if_(next.clone().less_than(end.clone()), |b| {
         let len = first_len + token_len(load(Role::TokenAt, next));
-        let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
+        let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+        let rank = emit_lookup(b, &names.nested("pair"), &vocabulary, at.clone(), len);
         b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
             emit_push(
                 b,
@@ -1967,8 +2061,14 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                     "merged_len",
                     first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
                 );
-                let current =
-                    emit_lookup(b, &Names::new("current"), at.clone(), merged_len.clone());
+                let vocabulary = LookupHeader::emit(b, &Names::new("current_header"));
+                let current = emit_lookup(
+                    b,
+                    &Names::new("current"),
+                    &vocabulary,
+                    at.clone(),
+                    merged_len.clone(),
+                );
                 b.if_(current.equals(rank.clone()), |b| {
                     b.store(Role::TokenAt.name(), at.clone(), rank.clone());
                     b.store(Role::TokenAt.name(), second.clone(), NO_TOKEN);
