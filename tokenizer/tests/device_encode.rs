@@ -20,7 +20,7 @@ use device_batches::{
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
-use vyre_tokenizer::device::programs::{param, Programs, Role};
+use vyre_tokenizer::device::programs::{param, Programs, Role, MERGE_SLAB_BYTES};
 use vyre_tokenizer::device::vocabulary::NO_TOKEN;
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -51,6 +51,7 @@ fn small_geometry(repair_attempts: u32) -> Geometry {
     Geometry {
         workgroup_size: 32,
         chunk_bytes: 8,
+        merge_slab_bytes: 4,
         repair_window_bytes: 32,
         repair_attempts,
         compact_workgroups: 3,
@@ -520,7 +521,8 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 }
 
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
-/// result: a workgroup of 33 threads, chunks of 1 byte, no compaction
+/// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
+/// (over the 12 KiB the merge slabs may take), no compaction
 /// workgroups, chunk limits of nothing, a split of 9 bytes per thread and
 /// chunks over the split's 256 MiB are each a `Fix:` error naming what to
 /// change.
@@ -551,6 +553,14 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "compact_workgroups",
+        ),
+        (
+            Geometry {
+                merge_slab_bytes: 13,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "merge_slab_bytes",
         ),
         (
             Geometry::default(),
@@ -619,11 +629,17 @@ fn pieces_of_1_to_384_bytes_equal_cpu_every_encoding() {
     }
 }
 
-/// One piece (the whole `text`, one token or not) through the `merge` program
-/// alone on the reference interpreter at the default geometry: its ids (the
-/// ranks `token_at` holds, in text order) and the interpreter's work count.
-fn merge_one_piece(tokenizer: &Tokenizer, text: &[u8]) -> (Vec<u32>, u64) {
-    let programs = Programs::new(tokenizer.pattern(), Geometry::default()).unwrap();
+/// One piece (the whole `text`, one token or not: listed, `merge` skips its
+/// whole lookup, and a token's bytes merge to itself) through the `merge`
+/// program alone on the reference interpreter at `geometry`: its ids (the ranks
+/// `token_at` holds, in text order), the interpreter's work count and whether
+/// it wrote the global scratch array `merge_parts`.
+fn merge_one_piece(
+    tokenizer: &Tokenizer,
+    text: &[u8],
+    geometry: Geometry,
+) -> (Vec<u32>, u64, bool) {
+    let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
     let step = programs
         .steps()
         .iter()
@@ -670,18 +686,22 @@ fn merge_one_piece(tokenizer: &Tokenizer, text: &[u8]) -> (Vec<u32>, u64) {
         &ReferenceOptions::default(),
     )
     .unwrap();
-    let token_at = &outputs[step
-        .bindings
-        .iter()
-        .position(|&role| role == Role::TokenAt)
-        .unwrap()];
+    let output = |wanted: Role| {
+        &outputs[step
+            .bindings
+            .iter()
+            .position(|&role| role == wanted)
+            .unwrap()]
+    };
+    let token_at = output(Role::TokenAt);
+    let scratch_written = output(Role::MergeParts)[..per_byte.len()] != per_byte[..];
     let ids = token_at
         .chunks_exact(4)
         .take(text.len())
         .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
         .filter(|&rank| rank != NO_TOKEN)
         .collect();
-    (ids, stats.work())
+    (ids, stats.work(), scratch_written)
 }
 
 /// Locks out a merge loop whose cost grows with the square of a piece's
@@ -703,7 +723,7 @@ fn merge_work_grows_linearly_with_a_run() {
                 .iter()
                 .map(|&len| {
                     let text = unit.repeat(len / unit.len()).into_bytes();
-                    let (ids, work) = merge_one_piece(&tokenizer, &text);
+                    let (ids, work, _) = merge_one_piece(&tokenizer, &text, Geometry::default());
                     assert_eq!(
                         ids,
                         tokenizer.encode_ordinary_bytes(&text),
@@ -722,6 +742,79 @@ fn merge_work_grows_linearly_with_a_run() {
                 "{} {unit:?}: work {work:?}, ratio {ratio:.2}",
                 encoding.name()
             );
+        }
+    }
+}
+
+/// Locks out a slab path of the merge loop that takes the wrong ranges or
+/// loses tiktoken's order: ranges of at most [`MERGE_SLAB_BYTES`] bytes merge
+/// in the thread's slab of workgroup memory, longer ones in the global
+/// scratch arrays. A range of exactly the slab's length that is not one token
+/// leaves `merge_parts` as it was (negative control: with the slab off the
+/// same range writes it), one byte longer writes it, both with the CPU
+/// encoder's ids; and on all four encodings, batches of one-piece documents
+/// of every length from 1 to twice the slab and two bytes (runs of one
+/// letter, `ab` repeated, random letters: pieces that merge to one token and
+/// pieces that do not, in neighbouring threads whose slabs interleave, a
+/// thread taking several pieces in turn) equal the CPU encoder, step by step
+/// and through the short-text kernel, at the default geometry and at 32-thread
+/// workgroups with 4-byte slabs.
+#[test]
+fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
+    let slab = MERGE_SLAB_BYTES as usize;
+    let without = Geometry {
+        merge_slab_bytes: 0,
+        ..Geometry::default()
+    };
+    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for unit in ["ab", "zqx", "a"] {
+            for len in [slab, slab + 1] {
+                let text = unit.repeat(len.div_ceil(unit.len())).into_bytes()[..len].to_vec();
+                let expected = tokenizer.encode_ordinary_bytes(&text);
+                let (ids, work, scratch) = merge_one_piece(&tokenizer, &text, Geometry::default());
+                let (ids_without, work_without, scratch_without) =
+                    merge_one_piece(&tokenizer, &text, without);
+                assert_eq!(ids, expected, "{unit:?} × {len}");
+                assert_eq!(ids_without, expected, "{unit:?} × {len}");
+                eprintln!(
+                    "{} {unit:?} × {len}: {} tokens, merge work {work} with the slab, {work_without} without",
+                    encoding.name(),
+                    expected.len()
+                );
+                if expected.len() > 1 {
+                    assert!(scratch_without, "{unit:?} × {len}: control");
+                    assert_eq!(scratch, len > slab, "{unit:?} × {len}: scratch written");
+                }
+            }
+        }
+    }
+    let mut random = SplitMix64::new(0x51AB);
+    let mut texts: Vec<Vec<u8>> = Vec::new();
+    for len in 1..=2 * slab + 2 {
+        texts.push(vec![b'a'; len]);
+        texts.push(b"ab".repeat(len.div_ceil(2))[..len].to_vec());
+        texts.push((0..len).map(|_| *random.pick(b"abcdefgz")).collect());
+    }
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for (label, geometry) in [
+            ("default", Geometry::default()),
+            ("32 threads", short_geometry()),
+        ] {
+            for (path, limits) in [
+                ("step by step", STEP_BY_STEP),
+                ("short", ChunkLimits::default()),
+            ] {
+                let encoder = DeviceEncoder::with_geometry(
+                    AnyBackend::reference(),
+                    &tokenizer,
+                    geometry,
+                    limits,
+                )
+                .unwrap();
+                check_batch(&encoder, &tokenizer, &texts, &format!("{label}, {path}"));
+            }
         }
     }
 }

@@ -71,6 +71,35 @@
 //! 384-byte run of one letter fell from 59.8 M to 11.1 M, and from 12.6 to
 //! 4.7 times its work for a 96-byte run (r50k).
 //!
+//! # Short ranges in a slab of workgroup memory
+//!
+//! A range of at most [`Geometry::merge_slab_bytes`] (`S`, 12) bytes keeps its
+//! `merge_parts` words in the thread's slab of the `merge` step's workgroup
+//! buffer (word `k` of thread `t` at `k · W + t`, so a warp's threads at the
+//! same word touch 32 banks) instead of the global arrays, and keeps no block
+//! minima: each merge walks the parts from the first by their lengths (at most
+//! `S` words), which gives the leftmost pair of lowest rank and the part before
+//! it at once, so there is no walk back either; then two token lookups and
+//! three slab words. Why: at small sizes `merge` waits on the longest piece's
+//! chain of dependent merges, each a series of dependent global loads and
+//! stores; on the H200 (2026-12-01, cl100k) `merge` took 38.8 µs of a 1,024-byte
+//! prose text's kernels, every other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs
+//! for 256 KiB of prose / code / CJK but only about 1.05 ms for 16 MiB. Why 12:
+//! the slabs take `4 · S · W` bytes (12 KiB at 256 threads), and the
+//! short-text kernel holds them beside every other step's workgroup buffers;
+//! with the workgroup reductions lowered without subgroup operations (about
+//! 30 KiB of their own for o200k) 16 would pass the device's 48 KiB. The
+//! reference interpreter's work is no proxy for this change (it charges a
+//! statement alike whatever memory it touches): for 12-byte ranges it ran
+//! from 6 % below to 17 % above the global path's, plus the slab's clearing.
+//! The chain also loses its first link: a piece from the merge list skips
+//! the lookup of the whole range (`pieces` found it is no token; a chunk
+//! still looks itself up); and the vocabulary's header words each lookup
+//! reads (longest token, slot bits, table offset) are loaded once per range,
+//! not inside every lookup of its merges. Together these took the `merge`
+//! program's reference work for a 384-byte run of one letter (r50k) from
+//! 11.1 M to 10.9 M.
+//!
 //! # Long pieces
 //!
 //! A piece longer than [`Geometry::chunk_bytes`] (`C`, 384: a multiple of the
@@ -139,6 +168,15 @@ pub const BYTES_PER_THREAD: u32 = 4;
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
+/// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
+pub const MERGE_SLAB_BYTES: u32 = 12;
+
+/// Most bytes of workgroup memory the `merge` step's slabs take together
+/// ([`Geometry::merge_slab_bytes`] words per thread): the short-text kernel
+/// holds them beside the other steps' workgroup buffers within the device's
+/// 48 KiB.
+pub const MERGE_SLABS_MAX_BYTES: u32 = 12 * 1024;
+
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
@@ -148,6 +186,11 @@ pub struct Geometry {
     /// 2): the longest range one thread merges with the merge loop, whose
     /// merges each scan the range's 16-byte blocks.
     pub chunk_bytes: u32,
+    /// The longest range the `merge` step merges in its thread's slab of
+    /// workgroup memory instead of the global scratch arrays (0: none; see the
+    /// module docs). Its slabs take `4 · merge_slab_bytes · workgroup_size`
+    /// bytes, at most [`MERGE_SLABS_MAX_BYTES`].
+    pub merge_slab_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
     /// Windows tried per failing boundary before the piece goes to the serial
@@ -172,6 +215,7 @@ impl Default for Geometry {
         Geometry {
             workgroup_size: WORKGROUP_SIZE,
             chunk_bytes: CHUNK_BYTES,
+            merge_slab_bytes: MERGE_SLAB_BYTES,
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: 1024,
@@ -199,6 +243,17 @@ impl Geometry {
             return Err(format!(
                 "Fix: Geometry::chunk_bytes is {}; use 2 to 1048576",
                 self.chunk_bytes
+            ));
+        }
+        if 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size)
+            > u64::from(MERGE_SLABS_MAX_BYTES)
+        {
+            return Err(format!(
+                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {} bytes of slabs; use at most {} ({MERGE_SLABS_MAX_BYTES} bytes), or 0 for none",
+                self.merge_slab_bytes,
+                self.workgroup_size,
+                4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size),
+                MERGE_SLABS_MAX_BYTES / 4 / self.workgroup_size
             ));
         }
         if !(1..=65_536).contains(&self.compact_workgroups) {
@@ -703,11 +758,40 @@ impl Names {
     }
 }
 
+/// The vocabulary's header words a lookup reads, as variables: loaded once
+/// for every lookup of a range's merges instead of inside each lookup, where
+/// they were links of the merge chain's dependent loads.
+struct LookupHeader {
+    max_token_len: Expr,
+    slot_bits: Expr,
+    slots_at: Expr,
+    slot_mask: Expr,
+}
+
+impl LookupHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
+        let slot_bits = b.let_(names.of("slot_bits"), vocab(header::SLOT_BITS));
+        LookupHeader {
+            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
+            slots_at: b.let_(names.of("slots_at"), vocab(header::SLOTS_AT)),
+            slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
+            slot_bits,
+        }
+    }
+}
+
 /// The rank of the `len` bytes of the text at `position` (a variable holding
 /// [`NO_TOKEN`] when they are no token): the dense tables for one and two
-/// bytes, the hashed table for three up to the longest token, nothing beyond.
-/// Exactly [`DeviceVocabulary::lookup`](super::vocabulary::DeviceVocabulary::lookup).
-fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -> Expr {
+/// bytes, the hashed table (its words in `vocabulary`) for three up to the
+/// longest token, nothing beyond. Exactly
+/// [`DeviceVocabulary::lookup`](super::vocabulary::DeviceVocabulary::lookup).
+fn emit_lookup(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    position: Expr,
+    len: Expr,
+) -> Expr {
     let position = b.let_(names.of("position"), position);
     let len = b.let_(names.of("len"), len);
     let rank = b.let_mut(names.of("rank"), NO_TOKEN);
@@ -724,7 +808,7 @@ fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -
     let hashed = len
         .clone()
         .greater_equal(3u32)
-        .and(len.clone().less_equal(vocab(header::MAX_TOKEN_LEN)));
+        .and(len.clone().less_equal(vocabulary.max_token_len.clone()));
     b.if_(hashed, |b| {
         let hash_name = names.of("hash");
         let hash = b.let_mut(hash_name.clone(), len.clone() * 0x9E37_79B1u32);
@@ -739,11 +823,13 @@ fn emit_lookup(b: &mut BlockBuilder, names: &Names, position: Expr, len: Expr) -
         b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 13u32));
         b.assign(hash_name.clone(), hash.clone() * 0xC2B2_AE35u32);
         b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
-        let bits = b.let_(names.of("bits"), vocab(header::SLOT_BITS));
-        let slots_at = b.let_(names.of("slots_at"), vocab(header::SLOTS_AT));
-        let mask = b.let_(names.of("mask"), (u(1) << bits.clone()) - 1u32);
+        let slots_at = &vocabulary.slots_at;
+        let mask = &vocabulary.slot_mask;
         let slot_name = names.of("slot");
-        let slot = b.let_mut(slot_name.clone(), hash.clone() >> (u(32) - bits));
+        let slot = b.let_mut(
+            slot_name.clone(),
+            hash.clone() >> (u(32) - vocabulary.slot_bits.clone()),
+        );
         b.while_(Expr::bool(true), |b| {
             let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
             let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
@@ -832,26 +918,65 @@ fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr;
     b.store(Role::MergeMinima.name(), start.clone() + block, minimum);
 }
 
+/// Where [`emit_encode`] leaves its result.
+#[derive(Clone, Copy)]
+enum Output {
+    /// The ranks in `token_at` (one per token, at its first byte; [`NO_TOKEN`]
+    /// at every other byte); a range of at most `slab_bytes` bytes merges in
+    /// the thread's slab of the workgroup buffer [`MERGE_SLAB`] (0: none), which
+    /// holds `slab_bytes` words for each of the workgroup's `threads`.
+    TokenAt { slab_bytes: u32, threads: u32 },
+    /// Only the parts in the scratch arrays (a compatibility check reads the
+    /// first part's length from `merge_parts`).
+    Parts,
+}
+
+/// The workgroup buffer of the `merge` step's slabs: word `k` of thread `t`'s
+/// slab at `k · W + t`, so the threads of a warp that touch the same word of
+/// their slabs touch 32 different banks.
+const MERGE_SLAB: &str = "merge_slab";
+
 /// Merges the `len` bytes (at least 1) of the text at `start` by tiktoken's
-/// rule with the parts in the scratch arrays at `start..start + len` (the
-/// module docs give the layout). Returns the number of parts left (a
-/// variable); the first part's length is then
-/// `part_len(merge_parts[start])`. With `write` the ranks land in `token_at` too.
-fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, write: bool) -> Expr {
+/// rule (the module docs give the two ways: a range that fits the thread's
+/// slab there, any other in the scratch arrays at `start..start + len`).
+/// Where `not_a_token` holds, the caller knows the range is no token (`pieces`
+/// looked the piece up whole) and the range's own lookup, the first link of
+/// the chain of dependent loads, is skipped. Returns the number of parts left
+/// (a variable). With [`Output::Parts`] the first part's length is then
+/// `part_len(merge_parts[start])`.
+fn emit_encode(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [Expr; 2],
+    not_a_token: Expr,
+    output: Output,
+) -> Expr {
     let start = b.let_(names.of("start"), start);
     let len = b.let_(names.of("len"), len);
     let parts_name = names.of("parts");
     let parts = b.let_mut(parts_name.clone(), 1u32);
-    let whole = emit_lookup(b, &names.nested("whole"), start.clone(), len.clone());
-    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
-    let part = |offset: Expr| load(Role::MergeParts, start.clone() + offset);
-    let store_part = |b: &mut BlockBuilder, offset: Expr, word: Expr| {
-        b.store(Role::MergeParts.name(), start.clone() + offset, word);
-    };
+    let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+    let whole_name = names.of("whole_token");
+    let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
+    b.if_(not_a_token.logical_not(), |b| {
+        let rank = emit_lookup(
+            b,
+            &names.nested("whole"),
+            &vocabulary,
+            start.clone(),
+            len.clone(),
+        );
+        b.assign(whole_name.clone(), rank);
+    });
+    let write = matches!(output, Output::TokenAt { .. });
     b.if_else(
         whole.clone().not_equals(NO_TOKEN),
         |b| {
-            store_part(b, u(0), part_word(len.clone(), u(NO_PAIR)));
+            b.store(
+                Role::MergeParts.name(),
+                start.clone(),
+                part_word(len.clone(), u(NO_PAIR)),
+            );
             if write {
                 b.store(Role::TokenAt.name(), start.clone(), whole.clone());
                 b.loop_(names.of("clear"), 1u32, len.clone(), |b, at| {
@@ -861,150 +986,353 @@ fn emit_encode(b: &mut BlockBuilder, names: &Names, start: Expr, len: Expr, writ
         },
         |b| {
             b.assign(parts_name.clone(), len.clone());
-            // Every byte a part; the last has no pair.
-            b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
-                let pair =
-                    vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
-                store_part(b, at.clone(), part_word(u(1), pair));
-            });
-            store_part(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
-            if write {
-                b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + at.clone(),
-                        vocab(byte(at) + BYTE_RANKS_AT),
-                    );
-                });
-            }
-            let blocks = b.let_(
-                names.of("blocks"),
-                (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
-            );
-            b.loop_(names.of("init_block"), 0u32, blocks.clone(), |b, block| {
-                emit_block_minimum(b, &names.nested("init_minimum"), [&start, &len], block);
-            });
-            b.while_(Expr::bool(true), |b| {
-                // The leftmost block of lowest minimum (strict `<` keeps the
-                // first), then the leftmost part in it whose pair has that rank:
-                // the leftmost pair of lowest rank.
-                let best_name = names.of("best");
-                let best_block_name = names.of("best_block");
-                let best = b.let_mut(best_name.clone(), NO_PAIR);
-                let best_block = b.let_mut(best_block_name.clone(), 0u32);
-                b.loop_(names.of("scan"), 0u32, blocks.clone(), |b, block| {
-                    let minimum = b.let_(
-                        names.of("scan_minimum"),
-                        load(Role::MergeMinima, start.clone() + block.clone()),
-                    );
-                    b.if_(minimum.clone().less_than(best.clone()), |b| {
-                        b.assign(best_name.clone(), minimum);
-                        b.assign(best_block_name.clone(), block);
-                    });
-                });
-                b.if_(best.clone().equals(NO_PAIR), |b| {
-                    b.break_();
-                });
-                let first_name = names.of("first");
-                let block_first = b.let_(
-                    names.of("block_first"),
-                    best_block.clone() << MERGE_BLOCK_SHIFT,
-                );
-                let first = b.let_mut(first_name.clone(), block_first.clone());
-                b.loop_(
-                    names.of("find"),
-                    block_first.clone(),
-                    (block_first + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
-                    |b, at| {
-                        b.if_(pair_of(part(at.clone())).equals(best.clone()), |b| {
-                            b.assign(first_name.clone(), at);
-                            b.break_();
-                        });
-                    },
-                );
-                // Merge the part at `first` with the next, `second`; `after` is
-                // the part after both (or the range's end).
-                let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-                let second = b.let_(names.of("second"), first.clone() + first_len.clone());
-                let merged_len = b.let_(
-                    names.of("merged_len"),
-                    first_len + part_len(part(second.clone())),
-                );
-                let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
-                store_part(b, second.clone(), u(NO_PAIR));
-                if write {
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + first.clone(),
-                        best.clone(),
-                    );
-                    b.store(
-                        Role::TokenAt.name(),
-                        start.clone() + second.clone(),
-                        NO_TOKEN,
-                    );
-                }
-                let right_name = names.of("right");
-                let right = b.let_mut(right_name.clone(), NO_TOKEN);
-                b.if_(after.clone().less_than(len.clone()), |b| {
-                    let rank = emit_lookup(
-                        b,
-                        &names.nested("right"),
-                        start.clone() + first.clone(),
-                        merged_len.clone() + part_len(part(after.clone())),
-                    );
-                    b.assign(right_name.clone(), rank);
-                });
-                store_part(b, first.clone(), part_word(merged_len.clone(), right));
-                // The part before (a part's other bytes hold length 0): its
-                // pair is now with the merged part.
-                b.if_(first.clone().greater_than(0u32), |b| {
-                    let before_name = names.of("before");
-                    let before = b.let_mut(before_name.clone(), first.clone() - 1u32);
-                    b.while_(part_len(part(before.clone())).equals(0u32), |b| {
-                        b.assign(before_name.clone(), before.clone() - 1u32);
-                    });
-                    let before_len = b.let_(names.of("before_len"), part_len(part(before.clone())));
-                    let rank = emit_lookup(
-                        b,
-                        &names.nested("left"),
-                        start.clone() + before.clone(),
-                        before_len.clone() + merged_len.clone(),
-                    );
-                    store_part(b, before.clone(), part_word(before_len, rank));
-                    let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
-                    b.if_(
-                        block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
+            match output {
+                Output::TokenAt {
+                    slab_bytes,
+                    threads,
+                } if slab_bytes >= 2 => {
+                    b.if_else(
+                        len.clone().less_equal(slab_bytes),
                         |b| {
-                            emit_block_minimum(
+                            emit_slab_merge(
                                 b,
-                                &names.nested("before_minimum"),
+                                names,
+                                &vocabulary,
                                 [&start, &len],
-                                block,
-                            );
+                                threads,
+                                &parts_name,
+                            )
+                        },
+                        |b| {
+                            emit_scratch_merge(
+                                b,
+                                names,
+                                &vocabulary,
+                                [&start, &len],
+                                write,
+                                &parts_name,
+                            )
                         },
                     );
-                });
-                emit_block_minimum(
-                    b,
-                    &names.nested("first_minimum"),
-                    [&start, &len],
-                    best_block.clone(),
-                );
-                let second_block = b.let_(names.of("second_block"), second >> MERGE_BLOCK_SHIFT);
-                b.if_(second_block.clone().not_equals(best_block.clone()), |b| {
-                    emit_block_minimum(
-                        b,
-                        &names.nested("second_minimum"),
-                        [&start, &len],
-                        second_block,
-                    );
-                });
-                b.assign(parts_name.clone(), parts.clone() - 1u32);
-            });
+                }
+                _ => emit_scratch_merge(b, names, &vocabulary, [&start, &len], write, &parts_name),
+            }
         },
     );
     parts
+}
+
+/// Where a merge loop keeps its part words (one per byte of the range: the
+/// module docs give the word).
+#[derive(Clone, Copy)]
+enum PartWords<'a> {
+    /// `merge_parts` at the range's text positions, from `start`.
+    Scratch { start: &'a Expr },
+    /// The thread's slab of [`MERGE_SLAB`]: word `k` at `k · threads + lane`.
+    Slab { threads: u32, lane: &'a Expr },
+}
+
+impl PartWords<'_> {
+    /// The word of the range's byte `offset`.
+    fn load(self, offset: Expr) -> Expr {
+        match self {
+            PartWords::Scratch { start } => load(Role::MergeParts, start.clone() + offset),
+            PartWords::Slab { threads, lane } => {
+                Expr::load(MERGE_SLAB, offset * threads + lane.clone())
+            }
+        }
+    }
+
+    /// Stores `word` as the word of the range's byte `offset`.
+    fn store(self, b: &mut BlockBuilder, offset: Expr, word: Expr) {
+        match self {
+            PartWords::Scratch { start } => {
+                b.store(Role::MergeParts.name(), start.clone() + offset, word);
+            }
+            PartWords::Slab { threads, lane } => {
+                b.store(MERGE_SLAB, offset * threads + lane.clone(), word);
+            }
+        }
+    }
+}
+
+/// The first state of a range of `len` bytes that is not one token: every byte
+/// a part (its word in `words`: the pair with the next byte; the last
+/// has no pair) and, with `write`, every byte's rank in `token_at`.
+fn emit_byte_parts(
+    b: &mut BlockBuilder,
+    names: &Names,
+    [start, len]: [&Expr; 2],
+    write: bool,
+    words: PartWords,
+) {
+    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
+    b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
+        let pair = vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
+        words.store(b, at.clone(), part_word(u(1), pair));
+    });
+    words.store(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
+    if write {
+        b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
+            b.store(
+                Role::TokenAt.name(),
+                start.clone() + at.clone(),
+                vocab(byte(at) + BYTE_RANKS_AT),
+            );
+        });
+    }
+}
+
+/// Merges the part at `first` (`first_len` bytes) with the next, `second`:
+/// the merged token's rank `written` (their pair's) into `token_at` when
+/// given, then the merged part's word (its length and the rank of its
+/// pair with the part after it, none at the range's end) into `words`. Returns `second` and the merged part's length (variables);
+/// `second`'s own word is left as it was.
+fn emit_merge_at(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    [start, len]: [&Expr; 2],
+    [first, first_len]: [&Expr; 2],
+    written: Option<&Expr>,
+    words: PartWords,
+) -> (Expr, Expr) {
+    let second = b.let_(names.of("second"), first.clone() + first_len.clone());
+    let merged_len = b.let_(
+        names.of("merged_len"),
+        first_len.clone() + part_len(words.load(second.clone())),
+    );
+    let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
+    if let Some(rank) = written {
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + first.clone(),
+            rank.clone(),
+        );
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + second.clone(),
+            NO_TOKEN,
+        );
+    }
+    let right_name = names.of("right");
+    let right = b.let_mut(right_name.clone(), NO_TOKEN);
+    b.if_(after.clone().less_than(len.clone()), |b| {
+        let rank = emit_lookup(
+            b,
+            &names.nested("right"),
+            vocabulary,
+            start.clone() + first.clone(),
+            merged_len.clone() + part_len(words.load(after.clone())),
+        );
+        b.assign(right_name.clone(), rank);
+    });
+    words.store(b, first.clone(), part_word(merged_len.clone(), right));
+    (second, merged_len)
+}
+
+/// Re-ranks the pair of the part at `before` (its word in `words`) with the part merged after it (`merged_len`
+/// bytes).
+fn emit_pair_before(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    [start, before, merged_len]: [&Expr; 3],
+    words: PartWords,
+) {
+    let before_len = b.let_(names.of("before_len"), part_len(words.load(before.clone())));
+    let rank = emit_lookup(
+        b,
+        &names.nested("left"),
+        vocabulary,
+        start.clone() + before.clone(),
+        before_len.clone() + merged_len.clone(),
+    );
+    words.store(b, before.clone(), part_word(before_len, rank));
+}
+
+/// The merge loop of a range that is not one token in the scratch arrays
+/// `merge_parts` and `merge_minima` (the module docs give the layout), its
+/// ranks into `token_at` too with `write`; `parts` (the variable named so,
+/// `len` on entry) counts the parts left.
+fn emit_scratch_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    [start, len]: [&Expr; 2],
+    write: bool,
+    parts_name: &str,
+) {
+    let parts = Expr::var(parts_name);
+    let words = PartWords::Scratch { start };
+    let part = |offset: Expr| words.load(offset);
+    emit_byte_parts(b, names, [start, len], write, words);
+    let blocks = b.let_(
+        names.of("blocks"),
+        (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
+    );
+    b.loop_(names.of("init_block"), 0u32, blocks.clone(), |b, block| {
+        emit_block_minimum(b, &names.nested("init_minimum"), [start, len], block);
+    });
+    b.while_(Expr::bool(true), |b| {
+        // The leftmost block of lowest minimum (strict `<` keeps the
+        // first), then the leftmost part in it whose pair has that rank:
+        // the leftmost pair of lowest rank.
+        let best_name = names.of("best");
+        let best_block_name = names.of("best_block");
+        let best = b.let_mut(best_name.clone(), NO_PAIR);
+        let best_block = b.let_mut(best_block_name.clone(), 0u32);
+        b.loop_(names.of("scan"), 0u32, blocks.clone(), |b, block| {
+            let minimum = b.let_(
+                names.of("scan_minimum"),
+                load(Role::MergeMinima, start.clone() + block.clone()),
+            );
+            b.if_(minimum.clone().less_than(best.clone()), |b| {
+                b.assign(best_name.clone(), minimum);
+                b.assign(best_block_name.clone(), block);
+            });
+        });
+        b.if_(best.clone().equals(NO_PAIR), |b| {
+            b.break_();
+        });
+        let first_name = names.of("first");
+        let block_first = b.let_(
+            names.of("block_first"),
+            best_block.clone() << MERGE_BLOCK_SHIFT,
+        );
+        let first = b.let_mut(first_name.clone(), block_first.clone());
+        b.loop_(
+            names.of("find"),
+            block_first.clone(),
+            (block_first + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
+            |b, at| {
+                b.if_(pair_of(part(at.clone())).equals(best.clone()), |b| {
+                    b.assign(first_name.clone(), at);
+                    b.break_();
+                });
+            },
+        );
+        let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
+        let (second, merged_len) = emit_merge_at(
+            b,
+            names,
+            vocabulary,
+            [start, len],
+            [&first, &first_len],
+            write.then_some(&best),
+            words,
+        );
+        words.store(b, second.clone(), u(NO_PAIR));
+        // The part before (a part's other bytes hold length 0): its
+        // pair is now with the merged part.
+        b.if_(first.clone().greater_than(0u32), |b| {
+            let before_name = names.of("before");
+            let before = b.let_mut(before_name.clone(), first.clone() - 1u32);
+            b.while_(part_len(part(before.clone())).equals(0u32), |b| {
+                b.assign(before_name.clone(), before.clone() - 1u32);
+            });
+            emit_pair_before(b, names, vocabulary, [start, &before, &merged_len], words);
+            let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
+            b.if_(
+                block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
+                |b| {
+                    emit_block_minimum(b, &names.nested("before_minimum"), [start, len], block);
+                },
+            );
+        });
+        emit_block_minimum(
+            b,
+            &names.nested("first_minimum"),
+            [start, len],
+            best_block.clone(),
+        );
+        let second_block = b.let_(names.of("second_block"), second >> MERGE_BLOCK_SHIFT);
+        b.if_(second_block.clone().not_equals(best_block.clone()), |b| {
+            emit_block_minimum(
+                b,
+                &names.nested("second_minimum"),
+                [start, len],
+                second_block,
+            );
+        });
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
+}
+
+/// The merge loop of a range of at most the slab's length that is not one
+/// token, in the thread's slab of [`MERGE_SLAB`] (one `merge_parts` word per
+/// byte, the slab's word `k` for the range's byte `k`), its ranks into
+/// `token_at`; `parts` (the variable named so, `len` on entry) counts the
+/// parts left. Each merge walks the parts from the first by their lengths (a
+/// part's other bytes are never read, so a merge leaves them as they are) for
+/// the leftmost pair of lowest rank and the part before it: no block minima
+/// and no walk back.
+fn emit_slab_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    vocabulary: &LookupHeader,
+    [start, len]: [&Expr; 2],
+    threads: u32,
+    parts_name: &str,
+) {
+    let parts = Expr::var(parts_name);
+    let lane = b.let_(names.of("slab_lane"), Expr::local_id(Axis::X));
+    let words = PartWords::Slab {
+        threads,
+        lane: &lane,
+    };
+    let part = |offset: Expr| words.load(offset);
+    emit_byte_parts(b, &names.nested("slab"), [start, len], true, words);
+    b.while_(Expr::bool(true), |b| {
+        // The parts in order; strict `<` keeps the leftmost of lowest rank.
+        let best_name = names.of("slab_best");
+        let first_name = names.of("slab_first");
+        let first_len_name = names.of("slab_first_len");
+        let before_name = names.of("slab_before");
+        let previous_name = names.of("slab_previous");
+        let at_name = names.of("slab_at");
+        let best = b.let_mut(best_name.clone(), NO_PAIR);
+        let first = b.let_mut(first_name.clone(), 0u32);
+        let first_len = b.let_mut(first_len_name.clone(), 0u32);
+        let before = b.let_mut(before_name.clone(), 0u32);
+        let previous = b.let_mut(previous_name.clone(), 0u32);
+        let at = b.let_mut(at_name.clone(), 0u32);
+        b.while_(at.clone().less_than(len.clone()), |b| {
+            let word = b.let_(names.of("slab_word"), part(at.clone()));
+            b.if_(pair_of(word.clone()).less_than(best.clone()), |b| {
+                b.assign(best_name.clone(), pair_of(word.clone()));
+                b.assign(first_name.clone(), at.clone());
+                b.assign(first_len_name.clone(), part_len(word.clone()));
+                b.assign(before_name.clone(), previous.clone());
+            });
+            b.assign(previous_name.clone(), at.clone());
+            b.assign(at_name.clone(), at.clone() + part_len(word));
+        });
+        b.if_(best.clone().equals(NO_PAIR), |b| {
+            b.break_();
+        });
+        let (_, merged_len) = emit_merge_at(
+            b,
+            &names.nested("slab"),
+            vocabulary,
+            [start, len],
+            [&first, &first_len],
+            Some(&best),
+            words,
+        );
+        // The part before (found by the walk): its pair is now with the
+        // merged part.
+        b.if_(first.clone().greater_than(0u32), |b| {
+            emit_pair_before(
+                b,
+                &names.nested("slab"),
+                vocabulary,
+                [start, &before, &merged_len],
+                words,
+            );
+        });
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
 }
 
 /// The start and end of piece `index`: the next piece's start, or the text's end.
@@ -1172,7 +1500,14 @@ pub fn pieces(geometry: &Geometry) -> Program {
                 });
             });
             b.if_(active.clone().and(long.logical_not()), |b| {
-                let rank = emit_lookup(b, &Names::new("whole"), start.clone(), len.clone());
+                let vocabulary = LookupHeader::emit(b, &Names::new("header"));
+                let rank = emit_lookup(
+                    b,
+                    &Names::new("whole"),
+                    &vocabulary,
+                    start.clone(),
+                    len.clone(),
+                );
                 b.if_else(
                     rank.clone().not_equals(NO_TOKEN),
                     |b| {
@@ -1227,7 +1562,18 @@ pub fn pieces(geometry: &Geometry) -> Program {
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
-    builder(geometry, step("merge"), element_type)
+    let slab_bytes = geometry.merge_slab_bytes;
+    let mut builder = builder(geometry, step("merge"), element_type);
+    if slab_bytes >= 2 {
+        builder = builder.buffer(
+            MERGE_SLAB,
+            STEPS[2].bindings.len() as u32,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(slab_bytes * workgroup_size),
+        );
+    }
+    builder
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
@@ -1246,15 +1592,21 @@ pub fn merge(geometry: &Geometry) -> Program {
                 );
                 let end = b.let_(
                     "end",
-                    listed.select(piece_end, load(Role::ChunkList, chunk + 1u32)),
+                    listed
+                        .clone()
+                        .select(piece_end, load(Role::ChunkList, chunk + 1u32)),
                 );
                 b.if_(start.clone().less_than(end.clone()), |b| {
+                    // A listed piece is no token: `pieces` looked it up.
                     emit_encode(
                         b,
                         &Names::new("e"),
-                        start.clone(),
-                        end.clone() - start.clone(),
-                        true,
+                        [start.clone(), end.clone() - start.clone()],
+                        listed.clone(),
+                        Output::TokenAt {
+                            slab_bytes,
+                            threads: workgroup_size,
+                        },
                     );
                 });
                 b.assign("entry", entry.clone() + threads.clone());
@@ -1313,9 +1665,9 @@ fn emit_compatible(
     let parts = emit_encode(
         b,
         &names.nested("pair"),
-        first.clone(),
-        end - first.clone(),
-        false,
+        [first.clone(), end - first.clone()],
+        Expr::bool(false),
+        Output::Parts,
     );
     b.let_(
         names.of("compatible"),
@@ -1434,9 +1786,16 @@ fn emit_repair(
             emit_encode(
                 b,
                 &Names::new("window"),
-                window_start.clone(),
-                window_end.clone() - window_start.clone(),
-                true,
+                [
+                    window_start.clone(),
+                    window_end.clone() - window_start.clone(),
+                ],
+                Expr::bool(false),
+                // `long` declares no slab.
+                Output::TokenAt {
+                    slab_bytes: 0,
+                    threads: 1,
+                },
             );
             // The edges: the token before the window with the window's first, the
             // window's last with the token after it (none at the piece's ends).
@@ -1591,7 +1950,8 @@ fn emit_push_pair(
     let next = b.let_(names.of("next"), at.clone() + first_len.clone());
     b.if_(next.clone().less_than(end.clone()), |b| {
         let len = first_len + token_len(load(Role::TokenAt, next));
-        let rank = emit_lookup(b, &names.nested("pair"), at.clone(), len);
+        let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+        let rank = emit_lookup(b, &names.nested("pair"), &vocabulary, at.clone(), len);
         b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
             emit_push(
                 b,
@@ -1701,8 +2061,14 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                     "merged_len",
                     first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
                 );
-                let current =
-                    emit_lookup(b, &Names::new("current"), at.clone(), merged_len.clone());
+                let vocabulary = LookupHeader::emit(b, &Names::new("current_header"));
+                let current = emit_lookup(
+                    b,
+                    &Names::new("current"),
+                    &vocabulary,
+                    at.clone(),
+                    merged_len.clone(),
+                );
                 b.if_(current.equals(rank.clone()), |b| {
                     b.store(Role::TokenAt.name(), at.clone(), rank.clone());
                     b.store(Role::TokenAt.name(), second.clone(), NO_TOKEN);

@@ -21,11 +21,14 @@
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
-//! writes it); the steps' workgroup buffers share storage where element type
-//! and count agree (steps never run at once, and the sum of every step's
-//! buffers is over the device's 48 KiB for o200k), and a step's are cleared
-//! before each of its groups, as a launch clears them for every workgroup. A barrier ends every group, so what one group or step
-//! wrote is visible to the next. Workgroups that run in turn are one valid
+//! writes it); a step's workgroup buffer takes an earlier step's of the same
+//! element type, grown to the larger count (steps never run at once, and the
+//! sum of every step's buffers is over the device's 48 KiB for o200k: the
+//! `merge` step's slabs alone are 12 KiB, and the tree lowering of the
+//! workgroup reductions adds about 30 KiB of its own), and a step clears its
+//! part of each before each of its groups, as a launch clears them for every
+//! workgroup. A barrier ends every group, so what one group or step wrote is
+//! visible to the next. Workgroups that run in turn are one valid
 //! order of a launch's workgroups, and every step already works for any order
 //! (the split's look-back waits only on earlier workgroups, which here have
 //! finished), so the ids are the same as the steps' dispatched one by one.
@@ -76,8 +79,8 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
     // One declaration per role, in the order the steps first bind them.
     let mut globals: Vec<(Role, BufferDecl)> = Vec::new();
     // Workgroup memory: steps run one after another, so a step's buffer takes
-    // any earlier step's of the same element type and count (the sum of every
-    // step's buffers is over the device's 48 KiB for o200k).
+    // an earlier step's of the same element type (the sum of every step's
+    // buffers is over the device's 48 KiB for o200k).
     let mut workgroup_buffers: Vec<BufferDecl> = Vec::new();
     let mut renames: Vec<BTreeMap<Name, Name>> = Vec::new();
     let mut cleared: Vec<Vec<BufferDecl>> = Vec::new();
@@ -116,13 +119,26 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
             match decl.access {
                 Access::ReadOnly | Access::ReadWrite => {}
                 Access::Workgroup => {
-                    let free = workgroup_buffers.iter().find(|pooled| {
-                        pooled.elem == decl.elem
-                            && pooled.count == decl.count
-                            && !taken.iter().any(|used| used.name == pooled.name)
-                    });
+                    let BufferCount::Static(count) = decl.count else {
+                        return Err(format!(
+                            "`{name}`'s workgroup buffer `{}` has no static count",
+                            decl.name
+                        ));
+                    };
+                    // The largest free one of the element type, grown to the
+                    // count if it is smaller.
+                    let free = workgroup_buffers
+                        .iter_mut()
+                        .filter(|pooled| {
+                            pooled.elem == decl.elem
+                                && !taken.iter().any(|used| used.name == pooled.name)
+                        })
+                        .max_by_key(|pooled| static_count(pooled));
                     let pooled = match free {
-                        Some(pooled) => pooled.clone(),
+                        Some(pooled) => {
+                            pooled.count = BufferCount::Static(static_count(pooled).max(count));
+                            pooled.clone()
+                        }
                         None => {
                             let pooled = BufferDecl::new(
                                 format!("{PREFIX}workgroup_{}", workgroup_buffers.len()),
@@ -136,7 +152,14 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
                         }
                     };
                     rename.insert(decl.name.clone(), pooled.name.clone());
-                    taken.push(pooled);
+                    // The step clears (and uses) its own count of the pooled buffer.
+                    taken.push(BufferDecl::new(
+                        pooled.name.clone(),
+                        0,
+                        Access::Workgroup,
+                        decl.elem,
+                        decl.count,
+                    ));
                 }
                 other => {
                     return Err(format!(
@@ -246,6 +269,14 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         program,
         bindings: roles,
     })
+}
+
+/// The element count of a workgroup buffer (static: checked when pooled).
+fn static_count(decl: &BufferDecl) -> u32 {
+    match decl.count {
+        BufferCount::Static(count) => count,
+        BufferCount::Runtime => 0,
+    }
 }
 
 /// `⌈value / divisor⌉`, at least 1.
