@@ -89,19 +89,23 @@ impl Outputs {
         self.bindings.push(binding);
     }
 
-    /// Append one item of `len` bytes read from the buffer at binding slot `binding`,
-    /// written in place by `fill` (a lane copies its result area straight in).
+    /// Append items, each `(binding slot of its buffer, length)`, whose bytes `fill`
+    /// writes back to back in one call (a lane copies its result area straight in,
+    /// items adjacent in the area with one copy).
     pub(in crate::backend) fn push_filled(
         &mut self,
-        binding: u32,
-        len: usize,
+        items: impl IntoIterator<Item = (u32, usize)>,
         fill: impl FnOnce(&mut [u8]),
     ) {
         let start = self.bytes.len();
-        self.bytes.resize(start + len, 0);
+        let mut end = start;
+        for (binding, len) in items {
+            end += len;
+            self.ends.push(end);
+            self.bindings.push(binding);
+        }
+        self.bytes.resize(end, 0);
         fill(&mut self.bytes[start..]);
-        self.ends.push(self.bytes.len());
-        self.bindings.push(binding);
     }
 
     /// How many items (readback items of the dispatch).
@@ -332,6 +336,24 @@ mod tests {
         }
         let message = outputs.get("out").unwrap_err().to_string();
         assert!(message.contains("Outputs::binding"), "{message}");
+    }
+
+    /// Locks out a one-call fill that misplaces item boundaries or bindings: items
+    /// filled back to back by one call equal the same items pushed one by one, after
+    /// an earlier item and with an empty item among them.
+    #[test]
+    fn items_filled_in_one_call_equal_items_pushed_one_by_one() {
+        let one_by_one = outputs(&[(4, &[9]), (1, &[1, 2, 3]), (2, &[]), (5, &[4, 5])]);
+        let mut filled = outputs(&[(4, &[9])]);
+        filled.push_filled([(1, 3), (2, 0), (5, 2)], |bytes| {
+            bytes.copy_from_slice(&[1, 2, 3, 4, 5])
+        });
+        assert_eq!(filled.as_bytes(), one_by_one.as_bytes());
+        assert_eq!(filled.len(), one_by_one.len());
+        for index in 0..one_by_one.len() {
+            assert_eq!(filled.item(index), one_by_one.item(index));
+            assert_eq!(filled.item_binding(index), one_by_one.item_binding(index));
+        }
     }
 
     /// Locks out typed reads that misalign or truncate: whole words come back in

@@ -35,12 +35,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::codegen::ptx::lane::{
-    AREA_PREVIOUS_RELEASE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE,
-    RECORD_BYTES,
+    AREA_HEADER_BYTES, AREA_PREVIOUS_RELEASE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE,
+    DOORBELL_STRIDE, RECORD_BYTES,
 };
 
 use super::super::driver::{DriverResult, MappedMemory};
 use super::super::LaneStamps;
+
+// The header is read in whole words up to the one holding the previous release.
+const _: () = assert!(AREA_PREVIOUS_RELEASE + 8 <= AREA_HEADER_BYTES);
 
 /// The completion word's line.
 const COMPLETION_BYTES: usize = 128;
@@ -215,7 +218,9 @@ impl LaneMemory {
 
     /// Slot `slot`'s area header.
     pub(in crate::backend) fn area_header(&self, slot: usize) -> AreaHeader {
-        let mut raw = [0u8; AREA_PREVIOUS_RELEASE + 4];
+        // Whole 8-byte words (the last one's upper half is reserved): five volatile
+        // reads of the area's first line, no single-byte tail.
+        let mut raw = [0u8; AREA_PREVIOUS_RELEASE + 8];
         self.read_area(slot, 0, &mut raw);
         let double = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
         let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap_or([0; 4]));

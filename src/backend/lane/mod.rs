@@ -122,7 +122,8 @@ pub(in crate::backend) use record::{
     LaneKernelShape,
 };
 use record::{
-    place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts, RecordRoute,
+    for_each_stretch, place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts,
+    RecordRoute,
 };
 
 /// Most resident blocks a lane may hold.
@@ -380,6 +381,25 @@ pub(in crate::backend) struct LaneTicket {
     pub(in crate::backend) lane: Arc<LaneShared>,
     pub(in crate::backend) ticket: u64,
     pub(in crate::backend) start: Instant,
+    /// Bytes its outputs take (sized before the wait).
+    pub(in crate::backend) output_bytes: usize,
+}
+
+/// What [`LaneShared::submit_request`] gives the caller.
+struct Submitted {
+    ticket: u64,
+    /// The kernel's index in the lane.
+    kernel: usize,
+    /// Bytes of every readback item together.
+    output_bytes: usize,
+    /// The probe's mark.
+    mark: Option<Instant>,
+}
+
+/// Empty outputs with room for `bytes`: the outputs' one allocation, made before the
+/// wait (while the device works), not after it answered.
+fn outputs_for(bytes: usize) -> Outputs {
+    Outputs::with_capacity(bytes, None)
 }
 
 impl CudaBackend {
@@ -684,15 +704,15 @@ impl LaneShared {
         }
     }
 
-    /// Plan, stage, describe and ring one request; returns its ticket, its kernel's
-    /// index and the probe mark. `probe_on` counts for the probe line.
+    /// Plan, stage, describe and ring one request. `probe_on` counts for the probe
+    /// line.
     fn submit_request(
         self: &Arc<Self>,
         request: &Dispatch<'_>,
         sink: &Sink<'_, '_>,
         (start, mark): (Instant, Option<Instant>),
         probe_on: bool,
-    ) -> Result<(u64, usize, Option<Instant>), BackendError> {
+    ) -> Result<Submitted, BackendError> {
         self.check_serving()?;
         let inner = &self.backend.inner;
         inner.check_alive()?;
@@ -812,6 +832,7 @@ impl LaneShared {
         inner.in_flight.enter_lane(self, ticket, accesses);
         resources.memory.ring(slot, doorbell);
         state.submitted += 1;
+        let output_bytes = placed.deliveries.iter().map(|&(_, len)| len).sum();
         state.slots[slot].request = Some(SlotRequest {
             ticket,
             kernel: index,
@@ -825,7 +846,12 @@ impl LaneShared {
             enqueue_ns: elapsed_ns(start),
         });
         let mark = probe::charge_and_mark(Phase::Launch, mark);
-        Ok((ticket, index, mark))
+        Ok(Submitted {
+            ticket,
+            kernel: index,
+            output_bytes,
+            mark,
+        })
     }
 
     /// Every binding to a device address: owned buffers in place, host, zeroed and
@@ -1087,27 +1113,18 @@ impl LaneShared {
         ))
     }
 
-    /// Wait for request `ticket` and deliver its outputs into `sink`: the wait, the
-    /// area's header check, the copy out, the slot's release.
+    /// Wait for request `ticket` and deliver its outputs into `sink` (a packed sink
+    /// made by [`outputs_for`] with the request's output bytes, so its one
+    /// allocation happened while the device worked): the wait, the area's header
+    /// check, the copy out, the slot's release.
     fn complete(
         self: &Arc<Self>,
         ticket: u64,
         start: Instant,
-        mut sink: Sink<'_, '_>,
+        sink: Sink<'_, '_>,
         mark: Option<Instant>,
     ) -> Result<Timings, BackendError> {
         let slot = self.slot_of(ticket);
-        if let Sink::Packed(out) = &mut sink {
-            // The outputs' one allocation while the device works, not after it answered.
-            let total = self.lock().slots[slot]
-                .request
-                .as_ref()
-                .filter(|request| request.ticket == ticket)
-                .map_or(0, |request| {
-                    request.deliveries.iter().map(|&(_, len)| len).sum()
-                });
-            **out = Outputs::with_capacity(total, None);
-        }
         let wait_ns = self.wait_ticket(ticket)?;
         let mark = probe::charge_and_mark(Phase::Release, mark);
         let resources = self.resources()?;
@@ -1132,13 +1149,17 @@ impl LaneShared {
             let memory = &resources.memory;
             match sink {
                 Sink::Packed(out) => {
-                    for (&(offset, len), &binding) in
-                        request.deliveries.iter().zip(&request.item_bindings)
-                    {
-                        out.push_filled(binding, len, |bytes| {
-                            memory.read_area(slot, offset, bytes)
+                    // One copy per stretch of adjacent items: the lines the device just
+                    // wrote are read once, in order, with nothing between the reads.
+                    let items = request.item_bindings.iter().copied();
+                    let lengths = request.deliveries.iter().map(|&(_, len)| len);
+                    out.push_filled(items.zip(lengths), |bytes| {
+                        let mut written = 0;
+                        for_each_stretch(&request.deliveries, |offset, len| {
+                            memory.read_area(slot, offset, &mut bytes[written..written + len]);
+                            written += len;
                         });
-                    }
+                    });
                 }
                 Sink::Slices(out) => {
                     for (&(offset, _), bytes) in request.deliveries.iter().zip(out.iter_mut()) {
@@ -1370,19 +1391,22 @@ impl Lane {
     fn finish(
         &self,
         request: &Dispatch<'_>,
-        sink: Sink<'_, '_>,
+        mut sink: Sink<'_, '_>,
     ) -> Result<(usize, Timings), BackendError> {
         let dispatch_probe = probe::begin_dispatch();
         let start = Instant::now();
         let mark = dispatch_probe.as_ref().map(|_| start);
         let shared = &self.shared;
-        let (ticket, index, mark) =
+        let submitted =
             shared.submit_request(request, &sink, (start, mark), dispatch_probe.is_some())?;
-        let timings = shared.complete(ticket, start, sink, mark)?;
+        if let Sink::Packed(out) = &mut sink {
+            **out = outputs_for(submitted.output_bytes);
+        }
+        let timings = shared.complete(submitted.ticket, start, sink, submitted.mark)?;
         if let Some(dispatch_probe) = dispatch_probe {
             dispatch_probe.finish(timings.probe());
         }
-        Ok((index, timings))
+        Ok((submitted.kernel, timings))
     }
 
     /// Ring `request` and return at once: host inputs are in the slot's staging
@@ -1395,15 +1419,16 @@ impl Lane {
         // Outputs are delivered at `wait`; the sink only tells the plan there are no
         // caller slices to check.
         let mut unused = Outputs::default();
-        let (ticket, index, _) =
+        let submitted =
             shared.submit_request(&request, &Sink::Packed(&mut unused), (start, None), false)?;
         shared.pending.fetch_add(1, Ordering::AcqRel);
         Ok(PendingDispatch::lane(
-            shared.kernels[index].clone(),
+            shared.kernels[submitted.kernel].clone(),
             LaneTicket {
                 lane: Arc::clone(shared),
-                ticket,
+                ticket: submitted.ticket,
                 start,
+                output_bytes: submitted.output_bytes,
             },
         ))
     }
@@ -1468,7 +1493,7 @@ impl CudaBackend {
 impl LaneTicket {
     /// Wait for the request and deliver its outputs.
     pub(in crate::backend) fn finish(&self, kernel: &Kernel) -> Result<Finished, BackendError> {
-        let mut outputs = Outputs::default();
+        let mut outputs = outputs_for(self.output_bytes);
         let timings =
             self.lane
                 .complete(self.ticket, self.start, Sink::Packed(&mut outputs), None)?;
