@@ -1074,3 +1074,132 @@ fn gpu_lane_bodies_meet_at_barriers_after_diverging_returns() {
         }
     }
 }
+
+/// Locks out a lane that serves a request with the previous request's plan, staging
+/// or readback placement when the two differ (a repeat of a request reuses them): a
+/// sequence of requests of one kernel, each repeating the one before or differing
+/// from it in one thing the plan depends on (an input buffer, the output buffer, the
+/// buffers' lengths, the grid, the readback policy, a host binding), gives the eager
+/// dispatch's outputs at every step, writes the output buffer it names and no other
+/// (the others keep their junk), and a repeat still checks the caller's slices.
+/// Negative control: every changed step's outputs or output buffer differ from the
+/// step before's, so serving it with the previous plan would fail a comparison.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_repeats_reuse_only_what_the_request_fixes() {
+    let _watchdog = watchdog(120, "lane repeats");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[triple()]);
+    let kernel = &kernels[0];
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new());
+    let x = gpu.buffer_from(&(0..256u32).collect::<Vec<_>>()).unwrap();
+    let other_x = gpu
+        .buffer_from(&(1000..1256u32).collect::<Vec<_>>())
+        .unwrap();
+    let short_x = gpu.buffer_from(&(7..135u32).collect::<Vec<_>>()).unwrap();
+    // The output buffers, each step's named by its index here.
+    let outs = [
+        gpu.buffer(1024).unwrap(),
+        gpu.buffer(1024).unwrap(),
+        gpu.buffer(512).unwrap(),
+    ];
+    let host: Vec<u8> = (0..256u32).flat_map(|v| (v * 5).to_le_bytes()).collect();
+    let base = [Binding::from(&x), Binding::from(&outs[0])];
+    let new_input = [Binding::from(&other_x), Binding::from(&outs[0])];
+    let new_output = [Binding::from(&x), Binding::from(&outs[1])];
+    let shorter = [Binding::from(&short_x), Binding::from(&outs[2])];
+    let hosted = [Binding::Host(&host), Binding::from(&outs[0])];
+    let none = ReadbackPolicy::None;
+    let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![ByteRange {
+        binding: 1,
+        offset: 8,
+        len: 24
+    }]);
+    let request = |bound| Dispatch::new(kernel, bound).workgroups([4, 1, 1]);
+    // (step, request, its output buffer, whether it repeats the step before)
+    let steps: Vec<(&str, Dispatch<'_>, usize, bool)> = vec![
+        ("first", request(&base), 0, false),
+        ("repeat", request(&base), 0, true),
+        ("repeat again", request(&base), 0, true),
+        ("another input buffer", request(&new_input), 0, false),
+        ("back", request(&base), 0, false),
+        ("another output buffer", request(&new_output), 1, false),
+        (
+            "shorter buffers",
+            request(&shorter).workgroups([2, 1, 1]),
+            2,
+            false,
+        ),
+        (
+            "fewer workgroups",
+            request(&base).workgroups([1, 1, 1]),
+            0,
+            false,
+        ),
+        (
+            "nothing read back",
+            request(&base).readback(&none),
+            0,
+            false,
+        ),
+        ("byte ranges", request(&base).readback(&ranges), 0, false),
+        (
+            "byte ranges again",
+            request(&base).readback(&ranges),
+            0,
+            true,
+        ),
+        ("a host input", request(&hosted), 0, false),
+        ("a host input again", request(&hosted), 0, true),
+        ("back again", request(&base), 0, false),
+        ("repeat", request(&base), 0, true),
+    ];
+    let junk = |buffer: &vyre_cuda::backend::DeviceBuffer| {
+        let words = (buffer.len() / 4) as usize;
+        gpu.upload(buffer, &vec![0xEEEE_EEEEu32; words]).unwrap();
+    };
+    let mut previous: Option<(Vec<Vec<u8>>, usize)> = None;
+    for (step, request, written, repeats) in steps {
+        let eager = gpu.run(request).unwrap().outputs.into_vecs();
+        let eager_buffer = gpu.read::<u32>(&outs[written]).unwrap();
+        let key = (eager.clone(), written);
+        if let Some(previous) = &previous {
+            assert_eq!(
+                repeats,
+                *previous == key,
+                "{step}: the control, a changed step differs from the one before"
+            );
+        }
+        previous = Some(key);
+        outs.iter().for_each(junk);
+        let got = lane.run(request).unwrap_or_else(|e| panic!("{step}: {e}"));
+        assert_eq!(got.outputs, eager, "{step}");
+        for (index, buffer) in outs.iter().enumerate() {
+            let words = gpu.read::<u32>(buffer).unwrap();
+            if index == written {
+                assert_eq!(words, eager_buffer, "{step}: the buffer it names");
+            } else {
+                assert!(
+                    words.iter().all(|&w| w == 0xEEEE_EEEE),
+                    "{step}: buffer {index} was written"
+                );
+            }
+        }
+    }
+    // A repeat checks the caller's slices: one too short is a Fix error.
+    let mut short = [0u8; 1020];
+    let message = lane
+        .run_into(request(&base), &mut [&mut short])
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("Fix:"), "{message}");
+    let mut whole = [0u8; 1024];
+    lane.run_into(request(&base), &mut [&mut whole]).unwrap();
+    assert_eq!(
+        whole
+            .chunks(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect::<Vec<_>>(),
+        (0..256u32).map(|v| v * 3).collect::<Vec<_>>()
+    );
+}

@@ -80,6 +80,7 @@ pub(in crate::backend) use pending::{
     count_pending, foreign_predecessor, PendingOrigin, PendingState,
 };
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
+pub(in crate::backend) use reuse::{address_on, kernel_identity, Memo};
 pub(in crate::backend) use stage::{
     check_coresident, count_for_probe, scratch_outside_a_graph, Bookkeeping, Held,
 };

@@ -39,6 +39,11 @@
 //! readback, so a dispatch that failed halfway leaves nothing to reuse. A
 //! submission never reuses: its bookkeeping is its own and it holds its buffers.
 //!
+//! A persistent lane (`backend::lane`) keeps one [`Memo`] under its lock for the same
+//! purpose: a repeat of its previous request reuses that request's plan, bindings,
+//! zero fills and readback placement, and writes its record (scalar values included)
+//! anew.
+//!
 //! `Memo::describes` takes the request apart field by field, so a field added to
 //! [`Dispatch`] does not compile until it is placed: in the key, or among the fields
 //! the plan does not depend on. A value the plan checks but the key leaves out must be
@@ -73,13 +78,13 @@ pub(super) fn keep_thread_books(books: Box<Bookkeeping>) {
 }
 
 /// What names a kernel's binding plan in a [`Memo`]: its backend and module key.
-pub(super) fn kernel_identity(kernel: &KernelInner) -> (u64, ModuleKey) {
+pub(in crate::backend) fn kernel_identity(kernel: &KernelInner) -> (u64, ModuleKey) {
     (kernel.backend_id, kernel.module_key)
 }
 
 /// The device address of `buffer`'s memory on `inner`'s backend (`None` for a
 /// buffer of another backend).
-pub(super) fn address_on(inner: &BackendInner, buffer: &DeviceBuffer) -> Option<u64> {
+pub(in crate::backend) fn address_on(inner: &BackendInner, buffer: &DeviceBuffer) -> Option<u64> {
     buffer
         .memory_for(inner, "dispatch with")
         .ok()
@@ -118,7 +123,7 @@ impl Memo {
     /// request the memo describes (see the module docs). `address_of` resolves a
     /// bound buffer's memory to its device address (`None` for a buffer of another
     /// backend: no match, and planning it again gives its error).
-    pub(super) fn describes(
+    pub(in crate::backend) fn describes(
         &self,
         kernel: (u64, ModuleKey),
         request: &Dispatch<'_>,
@@ -164,7 +169,7 @@ impl Memo {
     }
 
     /// Start a dispatch: nothing is valid until it has routed its readback.
-    pub(super) fn invalidate(&mut self) {
+    pub(in crate::backend) fn invalidate(&mut self) {
         self.valid = false;
     }
 
@@ -173,7 +178,7 @@ impl Memo {
     /// it); a request that
     /// cannot be reused (a binding other than an owned buffer, readback by byte
     /// ranges) leaves the memo invalid.
-    pub(super) fn record(
+    pub(in crate::backend) fn record(
         &mut self,
         kernel: (u64, ModuleKey),
         request: &Dispatch<'_>,

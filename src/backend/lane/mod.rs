@@ -24,8 +24,21 @@
 //! changed (a new scalar value is a changed record, never a new module), its host
 //! inputs into the slot's staging, and rings the slot's doorbell; the host then
 //! spins (or yields, or sleeps: [`WaitMode`]) on the completion word, and reads the
-//! outputs from the slot's host-mapped result area. Up to [`LaneOptions::slots`]
-//! requests may be in flight; the kernel serves them in order.
+//! outputs from the slot's host-mapped result area (one copy per stretch of
+//! adjacent items). Up to [`LaneOptions::slots`] requests may be in flight; the
+//! kernel serves them in order.
+//!
+//! A repeat of the previous request (the same kernel, grid, fixpoint count and
+//! readback of every output or none, over the same owned buffers at the same
+//! addresses: the blocking dispatch's `Memo` match) skips planning, resolving its
+//! bindings and placing its readback, which would give what the lane kept from the
+//! previous request; it still checks its scalar values and the caller's slices, and
+//! writes and compares its whole record. The host's share of a lane request is what
+//! is left to shrink: on the H200 (2026-12-01, `VYRE_BENCH_LANES_ONLY=1
+//! bench-dispatch`) a request of the 9-buffer fixture spent 0.64 µs on the host before
+//! the doorbell and 0.41 µs delivering, of 3.94 µs in all (1.42 and 0.82 of 5.44 µs
+//! at 17 buffers); the probe charged the plan 0.35 µs, staging 0.24 and the record
+//! 0.28–0.31, nearly the same at 9 and 17 bindings.
 //!
 //! # Same semantics as a launch
 //!
@@ -104,11 +117,13 @@ use crate::lower;
 use crate::probe::{self, Phase};
 
 use super::cache::ModuleKey;
-use super::dispatch::{count_for_probe, elapsed_ns, foreign_predecessor, Held, Sink};
+use super::dispatch::{
+    address_on, count_for_probe, elapsed_ns, foreign_predecessor, kernel_identity, Held, Memo, Sink,
+};
 use super::driver::{self, DeviceMemory, LoadedModule, Stream};
 use super::kernel::KernelInner;
 use super::ordering::Accesses;
-use super::plan::{check_output_slices, plan_request, RequestPlan};
+use super::plan::{check_output_slices, check_request_scalars, plan_request, RequestPlan};
 use super::request::Target;
 use super::{
     BackendError, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, PendingDispatch,
@@ -358,6 +373,8 @@ struct LaneState {
     /// The previous request's record (the blocks' shared copies hold it).
     last: Box<[u8; RECORD_BYTES]>,
     last_len: usize,
+    /// The previous request's plan, for a repeat of it.
+    repeat: Box<Repeat>,
 }
 
 /// The lane shared by its handle, its pending requests and the order book.
@@ -505,6 +522,7 @@ impl CudaBackend {
                 scratch: Box::new([0; RECORD_BYTES]),
                 last: Box::new([0; RECORD_BYTES]),
                 last_len: 0,
+                repeat: Box::default(),
             }),
             dead: AtomicBool::new(false),
             dead_cause: Mutex::new(None),
@@ -705,7 +723,8 @@ impl LaneShared {
     }
 
     /// Plan, stage, describe and ring one request. `probe_on` counts for the probe
-    /// line.
+    /// line. A repeat of the previous request ([`Repeat`]) skips the plan, the
+    /// staging and the placement: they would give what the lane kept.
     fn submit_request(
         self: &Arc<Self>,
         request: &Dispatch<'_>,
@@ -720,28 +739,45 @@ impl LaneShared {
         // prepare: the kernel, the shared request plan, the launch and lane limits.
         let (index, mark) = self.kernel_of(request.target, &request.codegen, mark)?;
         let kernel = self.kernel(index)?;
-        let mut plan = RequestPlan::default();
-        plan_request(
-            &kernel.name,
-            (&kernel.slots, kernel.program.scalars()),
-            &kernel.outputs,
-            request,
-            &mut plan,
-        )?;
-        if let Sink::Slices(outputs) = sink {
-            check_output_slices(&plan.reads, outputs)?;
+        let identity = kernel_identity(kernel);
+        let mut state = self.lock();
+        let state = &mut *state;
+        let repeat = &mut *state.repeat;
+        let reused = repeat
+            .memo
+            .describes(identity, request, |buffer| address_on(inner, buffer));
+        repeat.memo.invalidate();
+        if reused {
+            // What the memo leaves out: the scalar values and the caller's slices.
+            check_request_scalars(&kernel.name, kernel.program.scalars(), request)?;
+            if let Sink::Slices(outputs) = sink {
+                check_output_slices(&repeat.plan.reads, outputs)?;
+            }
+        } else {
+            repeat.clear();
+            plan_request(
+                &kernel.name,
+                (&kernel.slots, kernel.program.scalars()),
+                &kernel.outputs,
+                request,
+                &mut repeat.plan,
+            )?;
+            let plan = &repeat.plan;
+            if let Sink::Slices(outputs) = sink {
+                check_output_slices(&plan.reads, outputs)?;
+            }
+            repeat.grid_blocks = inner.launch_plan(kernel, request.workgroups)?.grid_blocks;
+            let inputs = lane_inputs(&kernel.slots, request.bindings, &plan.sizes);
+            check_lane_request(
+                &kernel.name,
+                request.workgroups,
+                (&plan.reads, self.options.result_bytes as usize),
+                (inputs.staging, self.options.staging_bytes as usize),
+                (inputs.operations, inputs.largest),
+            )?;
         }
-        let launch = inner.launch_plan(kernel, request.workgroups)?;
-        let inputs = lane_inputs(&kernel.slots, request.bindings, &plan.sizes);
-        check_lane_request(
-            &kernel.name,
-            request.workgroups,
-            (&plan.reads, self.options.result_bytes as usize),
-            (inputs.staging, self.options.staging_bytes as usize),
-            (inputs.operations, inputs.largest),
-        )?;
         if probe_on {
-            count_for_probe(kernel, request, launch.grid_blocks);
+            count_for_probe(kernel, request, repeat.grid_blocks);
         }
         self.wait_after(request, &kernel.name)?;
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
@@ -749,7 +785,6 @@ impl LaneShared {
         // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
         let resources = self.resources()?;
         inner.bind()?;
-        let mut state = self.lock();
         let ticket = state.submitted;
         let slot = self.slot_of(ticket);
         if state.slots[slot].request.is_some() {
@@ -759,41 +794,58 @@ impl LaneShared {
                 self.options.slots, kernel.name
             )));
         }
-        if request.bindings.iter().any(Binding::is_transient) {
-            inner.preflight(kernel, request.bindings, &plan.sizes)?;
-        }
-        let mut staged = Staged::default();
-        let held = self.stage(kernel, request, &plan, slot, &mut staged)?;
+        // A repeat binds owned buffers only: nothing to hold, stage or place.
+        let held = if reused {
+            Held::default()
+        } else {
+            if request.bindings.iter().any(Binding::is_transient) {
+                inner.preflight(kernel, request.bindings, &repeat.plan.sizes)?;
+            }
+            self.stage(kernel, request, &repeat.plan, slot, &mut repeat.staged)?
+        };
         let mark = probe::charge_and_mark(Phase::Stage, mark);
 
         // resolve: the readback placement and the record.
-        let sizes = &plan.sizes;
-        let addresses = &staged.bindings;
-        let mut placed = Placed::default();
-        let placement = place_readbacks(
-            &kernel.name,
-            &plan.reads,
-            |slot| {
-                let start = addresses[slot as usize].0;
-                start..start + sizes[slot as usize]
-            },
-            self.options.result_bytes as usize,
-            &mut placed,
-        );
-        if let Err(e) = placement {
-            self.release(held);
-            return Err(e);
+        if !reused {
+            let sizes = &repeat.plan.sizes;
+            let addresses = &repeat.staged.bindings;
+            let placement = place_readbacks(
+                &kernel.name,
+                &repeat.plan.reads,
+                |slot| {
+                    let start = addresses[slot as usize].0;
+                    start..start + sizes[slot as usize]
+                },
+                self.options.result_bytes as usize,
+                &mut repeat.placed,
+            );
+            if let Err(e) = placement {
+                self.release(held);
+                return Err(e);
+            }
+            owned_accesses(
+                &kernel.slots,
+                request.bindings,
+                addresses,
+                &mut repeat.accesses,
+            );
+            repeat.item_bindings.extend(
+                repeat
+                    .plan
+                    .reads
+                    .iter()
+                    .map(|read| kernel.slots[read.slot as usize].binding),
+            );
         }
         let parts = RecordParts {
             kernel: index as u32,
             iterations: request.fixpoint_iterations,
             grid: request.workgroups,
-            bindings: &staged.bindings,
+            bindings: &repeat.staged.bindings,
             scalars: &request.scalars.words()[..kernel.program.scalars().len()],
-            prologue: &staged.prologue,
-            placed: &placed,
+            prologue: &repeat.staged.prologue,
+            placed: &repeat.placed,
         };
-        let state = &mut *state;
         let len = write_record(&parts, &mut state.scratch);
         let record = &state.scratch[..len];
         let cached = &state.slots[slot];
@@ -806,8 +858,7 @@ impl LaneShared {
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
         // launch: order on the host, the record, the doorbell.
-        let accesses = owned_accesses(&kernel.slots, request.bindings, &staged.bindings);
-        if let Err(e) = self.order(&accesses, &kernel.name) {
+        if let Err(e) = self.order(&repeat.accesses, &kernel.name) {
             self.release(held);
             return Err(e);
         }
@@ -829,22 +880,32 @@ impl LaneShared {
         state.last_len = len;
         // In the book before the doorbell: a dispatch that sees the entry waits for a
         // request that is (or is about to be) rung, never one that runs unseen.
-        inner.in_flight.enter_lane(self, ticket, accesses);
+        inner
+            .in_flight
+            .enter_lane(self, ticket, repeat.accesses.clone());
         resources.memory.ring(slot, doorbell);
         state.submitted += 1;
-        let output_bytes = placed.deliveries.iter().map(|&(_, len)| len).sum();
+        let deliveries = &repeat.placed.deliveries;
+        let output_bytes = deliveries.iter().map(|&(_, len)| len).sum();
         state.slots[slot].request = Some(SlotRequest {
             ticket,
             kernel: index,
             held,
-            deliveries: placed.deliveries,
-            item_bindings: plan
-                .reads
-                .iter()
-                .map(|read| kernel.slots[read.slot as usize].binding)
-                .collect(),
+            deliveries: deliveries.clone(),
+            item_bindings: repeat.item_bindings.clone(),
             enqueue_ns: elapsed_ns(start),
         });
+        if reused {
+            repeat.memo.record(identity, request, (&[], true));
+        } else {
+            let addresses: PerBinding<u64> = repeat
+                .staged
+                .bindings
+                .iter()
+                .map(|&(address, _)| address)
+                .collect();
+            repeat.memo.record(identity, request, (&addresses, false));
+        }
         let mark = probe::charge_and_mark(Phase::Launch, mark);
         Ok(Submitted {
             ticket,
@@ -1346,13 +1407,14 @@ pub(in crate::backend) fn lane_inputs(
     inputs
 }
 
-/// The owned-buffer memory a request reads and writes (what the order book keeps).
+/// The owned-buffer memory a request reads and writes (what the order book keeps),
+/// pushed into `accesses`.
 fn owned_accesses(
     slots: &[super::plan::ParamSlot],
     bindings: &[Binding<'_>],
     addresses: &[(u64, u32)],
-) -> Accesses {
-    let mut accesses = Accesses::default();
+    accesses: &mut Accesses,
+) {
     for ((slot, binding), &(address, _)) in slots.iter().zip(bindings).zip(addresses) {
         if matches!(binding, Binding::Buffer(_)) {
             if slot.access == Access::ReadOnly {
@@ -1362,7 +1424,45 @@ fn owned_accesses(
             }
         }
     }
-    accesses
+}
+
+/// The previous request's plan and what it resolved to, kept under the lane's lock
+/// so a repeat of it (the usual hot loop: one kernel over the same owned buffers)
+/// skips planning, staging and placing its readback. `memo` says which request they
+/// were made for ([`Memo::describes`]: the kernel, grid, fixpoint count, readback
+/// policy and every binding's buffer, length and device address); everything the
+/// record holds follows from those and the lane's options, except the scalar values,
+/// which every request writes into its record (and checks) anew, and the kernel's
+/// index, which its module key fixes. A request with a host, zeroed or pinned binding
+/// or byte ranges read back is never recorded, so never repeated; the memo is invalid
+/// from the start of a request until it has rung, so a request that failed halfway
+/// leaves nothing to reuse.
+#[derive(Default)]
+struct Repeat {
+    memo: Memo,
+    plan: RequestPlan,
+    /// Blocks of the request's grid (the probe counts them).
+    grid_blocks: u64,
+    staged: Staged,
+    placed: Placed,
+    accesses: Accesses,
+    /// The binding slot of each readback item's buffer.
+    item_bindings: PerBinding<u32>,
+}
+
+impl Repeat {
+    /// Empty every list a new plan fills (the memo is invalid already).
+    fn clear(&mut self) {
+        self.plan.sizes.clear();
+        self.plan.reads.clear();
+        self.staged.bindings.clear();
+        self.staged.prologue.clear();
+        self.placed.copies.clear();
+        self.placed.deliveries.clear();
+        self.accesses.reads.clear();
+        self.accesses.writes.clear();
+        self.item_bindings.clear();
+    }
 }
 
 impl Lane {
