@@ -37,7 +37,9 @@ static GLOBAL: Counting = Counting;
 /// request itself included), and 1,000 more of a kernel with four scalar parameters,
 /// each request with new values (the values live inline in the request and the
 /// launch parameters); a negative control (`run`, which returns owned outputs) shows
-/// the counter does see allocations. (One test: the counter is the process's.)
+/// the counter does see allocations. Then a lane's warm requests at 9 and 17 buffers:
+/// `run_into` allocates nothing, `run` once per request (its outputs' bytes). (One
+/// test: the counter is the process's.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
@@ -141,4 +143,70 @@ fn gpu_warm_kernel_dispatch_into_makes_no_heap_allocation() {
         ALLOCATIONS.load(Ordering::Relaxed) > before,
         "counter must see allocations"
     );
+    for buffers in [9, 17] {
+        lane_requests_allocate_only_their_outputs(&gpu, buffers);
+    }
+}
+
+/// A lane's warm requests of the dispatch bench's `(buffers, 62 nodes)` fixture over
+/// device buffers: 1,000 `run_into` into caller buffers allocate nothing, 1,000 `run`
+/// allocate once each (the returned outputs' bytes), every answer checked.
+fn lane_requests_allocate_only_their_outputs(gpu: &CudaBackend, buffers: u32) {
+    use vyre_cuda::backend::LaneOptions;
+    use vyre_cuda::fixtures::chain_for_nodes;
+    let chain = chain_for_nodes(62);
+    let program = host_cost_fixture(buffers, chain);
+    let config = DispatchConfig::linear(1);
+    // Compiled, and its buffers made, before the lane: a module load beside a running
+    // lane may be refused.
+    let kernel = gpu.compile(&program, &config).unwrap();
+    let handles: Vec<_> = program
+        .global_buffers()
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let buffer = gpu.buffer(b.static_size_bytes().unwrap()).unwrap();
+            gpu.upload(&buffer, &[if i == 0 { 9u32 } else { 0 }, 0, 0, 0])
+                .unwrap();
+            buffer
+        })
+        .collect();
+    let bindings: Vec<Binding> = handles.iter().map(Binding::from).collect();
+    let lane = gpu.lane(&[&kernel], LaneOptions::new()).unwrap();
+    let request = Dispatch::new(&kernel, &bindings).config(&config);
+    let expected = host_cost_fixture_expected(9, chain);
+    let reads = buffers as usize - 1;
+    let mut storage = vec![[0u8; 16]; reads];
+    for _ in 0..5 {
+        lane.run(request).unwrap();
+    }
+    let mut outs: Vec<&mut [u8]> = storage.iter_mut().map(|s| &mut s[..]).collect();
+    lane.run_into(request, &mut outs).unwrap();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        lane.run_into(request, &mut outs).unwrap();
+    }
+    let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(
+        during, 0,
+        "a lane's run_into at {buffers} buffers allocated {during} times in 1,000 requests"
+    );
+    assert_eq!(
+        u32::from_le_bytes(outs[0][..4].try_into().unwrap()),
+        expected
+    );
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let mut first = 0;
+    for _ in 0..1000 {
+        let finished = lane.run(request).unwrap();
+        first = u32::from_le_bytes(finished.outputs.item(0).unwrap()[..4].try_into().unwrap());
+    }
+    let during = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(
+        during, 1000,
+        "a lane's run at {buffers} buffers allocated {during} times in 1,000 requests (one each \
+         is the outputs' bytes)"
+    );
+    assert_eq!(first, expected);
+    lane.stop().unwrap();
 }
