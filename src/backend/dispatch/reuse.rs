@@ -41,8 +41,8 @@
 //!
 //! A persistent lane (`backend::lane`) keeps one [`Memo`] under its lock for the same
 //! purpose: a repeat of its previous request reuses that request's plan, bindings,
-//! zero fills and readback placement, and writes its record (scalar values included)
-//! anew.
+//! zero fills and readback placement, and writes its record anew unless its scalar
+//! values are the previous request's too.
 //!
 //! `Memo::describes` takes the request apart field by field, so a field added to
 //! [`Dispatch`] does not compile until it is placed: in the key, or among the fields

@@ -33,12 +33,14 @@
 //! addresses: the blocking dispatch's `Memo` match) skips planning, resolving its
 //! bindings and placing its readback, which would give what the lane kept from the
 //! previous request; it still checks its scalar values and the caller's slices, and
-//! writes and compares its whole record. The host's share of a lane request is what
-//! is left to shrink: on the H200 (2026-12-01, `VYRE_BENCH_LANES_ONLY=1
-//! bench-dispatch`) a request of the 9-buffer fixture spent 0.64 µs on the host before
-//! the doorbell and 0.41 µs delivering, of 3.94 µs in all (1.42 and 0.82 of 5.44 µs
-//! at 17 buffers); the probe charged the plan 0.35 µs, staging 0.24 and the record
-//! 0.28–0.31, nearly the same at 9 and 17 bindings.
+//! writes and compares its whole record unless its scalar values are the previous
+//! request's too (then its record is the previous one, byte for byte, and the
+//! doorbell says so). The host's share is what a lane request has left to shrink: on
+//! the H200 (2026-12-01, `VYRE_BENCH_LANES_ONLY=1 bench-dispatch`) a request of the
+//! 9-buffer fixture spent 0.64 µs on the host before the doorbell and 0.41 µs
+//! delivering, of 3.94 µs in all (1.42 and 0.82 of 5.44 µs at 17 buffers); the probe
+//! charged the plan 0.35 µs, staging 0.24 and the record 0.28–0.31, nearly the same
+//! at 9 and 17 bindings.
 //!
 //! # Same semantics as a launch
 //!
@@ -123,7 +125,9 @@ use super::dispatch::{
 use super::driver::{self, DeviceMemory, LoadedModule, Stream};
 use super::kernel::KernelInner;
 use super::ordering::Accesses;
-use super::plan::{check_output_slices, check_request_scalars, plan_request, RequestPlan};
+use super::plan::{
+    check_output_slices, check_request_scalars, plan_request, RequestPlan, ScalarWords,
+};
 use super::request::Target;
 use super::{
     BackendError, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, PendingDispatch,
@@ -837,23 +841,33 @@ impl LaneShared {
                     .map(|read| kernel.slots[read.slot as usize].binding),
             );
         }
-        let parts = RecordParts {
-            kernel: index as u32,
-            iterations: request.fixpoint_iterations,
-            grid: request.workgroups,
-            bindings: &repeat.staged.bindings,
-            scalars: &request.scalars.words()[..kernel.program.scalars().len()],
-            prologue: &repeat.staged.prologue,
-            placed: &repeat.placed,
+        let scalars = &request.scalars.words()[..kernel.program.scalars().len()];
+        // A repeat with the previous request's scalar values has the previous
+        // request's record byte for byte (every other input of the record is what the
+        // repeat kept, its kernel index fixed by the module key): the blocks' copies
+        // hold it, and nothing is written or compared.
+        let same_record = reused && repeat.scalars.as_slice() == scalars;
+        let (len, route) = if same_record {
+            (state.last_len, RecordRoute::Same)
+        } else {
+            let parts = RecordParts {
+                kernel: index as u32,
+                iterations: request.fixpoint_iterations,
+                grid: request.workgroups,
+                bindings: &repeat.staged.bindings,
+                scalars,
+                prologue: &repeat.staged.prologue,
+                placed: &repeat.placed,
+            };
+            let len = write_record(&parts, &mut state.scratch);
+            let cached = &state.slots[slot];
+            let route = record_route(
+                &state.scratch[..len],
+                &state.last[..state.last_len],
+                cached.cached.then(|| &cached.record[..cached.record_len]),
+            );
+            (len, route)
         };
-        let len = write_record(&parts, &mut state.scratch);
-        let record = &state.scratch[..len];
-        let cached = &state.slots[slot];
-        let route = record_route(
-            record,
-            &state.last[..state.last_len],
-            cached.cached.then(|| &cached.record[..cached.record_len]),
-        );
         let mark = probe::charge_and_mark(Phase::Resolve, mark);
         let mark = probe::charge_and_mark(Phase::Lease, mark);
 
@@ -868,6 +882,7 @@ impl LaneShared {
             RecordRoute::Same => doorbell |= DOORBELL_SAME,
             RecordRoute::Cached => {}
             RecordRoute::Reload => {
+                let record = &state.scratch[..len];
                 resources.memory.write_record(slot, record);
                 let cached = &mut state.slots[slot];
                 cached.record[..len].copy_from_slice(record);
@@ -876,8 +891,10 @@ impl LaneShared {
                 doorbell |= DOORBELL_RELOAD;
             }
         }
-        std::mem::swap(&mut state.scratch, &mut state.last);
-        state.last_len = len;
+        if !same_record {
+            std::mem::swap(&mut state.scratch, &mut state.last);
+            state.last_len = len;
+        }
         // In the book before the doorbell: a dispatch that sees the entry waits for a
         // request that is (or is about to be) rung, never one that runs unseen.
         inner
@@ -895,6 +912,8 @@ impl LaneShared {
             item_bindings: repeat.item_bindings.clone(),
             enqueue_ns: elapsed_ns(start),
         });
+        repeat.scalars.clear();
+        repeat.scalars.extend_from_slice(scalars);
         if reused {
             repeat.memo.record(identity, request, (&[], true));
         } else {
@@ -1432,8 +1451,9 @@ fn owned_accesses(
 /// were made for ([`Memo::describes`]: the kernel, grid, fixpoint count, readback
 /// policy and every binding's buffer, length and device address); everything the
 /// record holds follows from those and the lane's options, except the scalar values,
-/// which every request writes into its record (and checks) anew, and the kernel's
-/// index, which its module key fixes. A request with a host, zeroed or pinned binding
+/// which every request checks anew and writes into its record unless they are the
+/// previous request's (then the record is the previous one, byte for byte), and the
+/// kernel's index, which its module key fixes. A request with a host, zeroed or pinned binding
 /// or byte ranges read back is never recorded, so never repeated; the memo is invalid
 /// from the start of a request until it has rung, so a request that failed halfway
 /// leaves nothing to reuse.
@@ -1448,6 +1468,8 @@ struct Repeat {
     accesses: Accesses,
     /// The binding slot of each readback item's buffer.
     item_bindings: PerBinding<u32>,
+    /// The scalar words of the request (its record holds them).
+    scalars: ScalarWords,
 }
 
 impl Repeat {
