@@ -1075,11 +1075,12 @@ fn gpu_lane_bodies_meet_at_barriers_after_diverging_returns() {
     }
 }
 
-/// Locks out a lane that serves a request with the previous request's plan, staging
-/// or readback placement when the two differ (a repeat of a request reuses them): a
-/// sequence of requests of one kernel, each repeating the one before or differing
-/// from it in one thing the plan depends on (an input buffer, the output buffer, the
-/// buffers' lengths, the grid, the readback policy, a host binding), gives the eager
+/// Locks out a lane that serves a request with a remembered request's plan, staging,
+/// readback placement or record when the two differ (a repeat of one of the last
+/// requests reuses them): a sequence of requests of one kernel, each repeating the
+/// one before, or differing from it in one thing the plan depends on (an input
+/// buffer, the output buffer, the buffers' lengths, the grid, the readback policy, a
+/// host binding), more than the lane remembers, then two in turn, gives the eager
 /// dispatch's outputs at every step, writes the output buffer it names and no other
 /// (the others keep their junk), and a repeat still checks the caller's slices.
 /// Negative control: every changed step's outputs or output buffer differ from the
@@ -1153,6 +1154,23 @@ fn gpu_lane_repeats_reuse_only_what_the_request_fixes() {
         ("a host input again", request(&hosted), 0, true),
         ("back again", request(&base), 0, false),
         ("repeat", request(&base), 0, true),
+        // Two remembered requests in turn (a chain's shape): each repeats the one
+        // before the one before, never the one before.
+        (
+            "another input buffer, in turn",
+            request(&new_input),
+            0,
+            false,
+        ),
+        ("back, in turn", request(&base), 0, false),
+        (
+            "another input buffer, in turn again",
+            request(&new_input),
+            0,
+            false,
+        ),
+        ("back, in turn again", request(&base), 0, false),
+        ("repeat at last", request(&base), 0, true),
     ];
     let junk = |buffer: &vyre_cuda::backend::DeviceBuffer| {
         let words = (buffer.len() / 4) as usize;

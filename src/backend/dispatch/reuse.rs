@@ -39,10 +39,10 @@
 //! readback, so a dispatch that failed halfway leaves nothing to reuse. A
 //! submission never reuses: its bookkeeping is its own and it holds its buffers.
 //!
-//! A persistent lane (`backend::lane`) keeps one [`Memo`] under its lock for the same
-//! purpose: a repeat of its previous request reuses that request's plan, bindings,
-//! zero fills and readback placement, and writes its record anew unless its scalar
-//! values are the previous request's too.
+//! A persistent lane (`backend::lane`) keeps a [`Memo`] for each of its last four
+//! distinct requests under its lock for the same purpose: a repeat of one reuses that
+//! request's plan, bindings, zero fills and readback placement, and writes its record
+//! anew unless it repeats the request that rang last with the same scalar values.
 //!
 //! `Memo::describes` takes the request apart field by field, so a field added to
 //! [`Dispatch`] does not compile until it is placed: in the key, or among the fields

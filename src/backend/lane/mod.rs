@@ -28,14 +28,14 @@
 //! adjacent items). Up to [`LaneOptions::slots`] requests may be in flight; the
 //! kernel serves them in order.
 //!
-//! A repeat of the previous request (the same kernel, grid, fixpoint count and
-//! readback of every output or none, over the same owned buffers at the same
-//! addresses: the blocking dispatch's `Memo` match) skips planning, resolving its
-//! bindings and placing its readback, which would give what the lane kept from the
-//! previous request; it still checks its scalar values and the caller's slices, and
-//! writes and compares its whole record unless its scalar values are the previous
-//! request's too (then its record is the previous one, byte for byte, and the
-//! doorbell says so). The host's share is what a lane request has left to shrink: on
+//! A repeat of one of the last four distinct requests (the same kernel, grid,
+//! fixpoint count and readback of every output or none, over the same owned buffers
+//! at the same addresses: the blocking dispatch's `Memo` match) skips planning,
+//! resolving its bindings and placing its readback, which would give what the lane
+//! kept from that request; it still checks its scalar values and the caller's
+//! slices, and writes and compares its whole record unless it repeats the request
+//! that rang last with the same scalar values (then its record is that one's, byte
+//! for byte, and the doorbell says so). The host's share is what a lane request has left to shrink: on
 //! the H200 (2026-12-01, `VYRE_BENCH_LANES_ONLY=1 bench-dispatch`) a request of the
 //! 9-buffer fixture spent 0.64 µs on the host before the doorbell and 0.41 µs
 //! delivering, of 3.94 µs in all (1.42 and 0.82 of 5.44 µs at 17 buffers); the probe
@@ -377,9 +377,19 @@ struct LaneState {
     /// The previous request's record (the blocks' shared copies hold it).
     last: Box<[u8; RECORD_BYTES]>,
     last_len: usize,
-    /// The previous request's plan, for a repeat of it.
-    repeat: Box<Repeat>,
+    /// The last distinct requests' plans, for repeats of them.
+    repeats: Box<[Repeat; REMEMBERED_REQUESTS]>,
+    /// The entry of `repeats` the next request that repeats none of them plans into.
+    next_repeat: usize,
+    /// The entry of `repeats` of the request that rang last (its record is `last`).
+    last_repeat: Option<usize>,
 }
+
+/// Distinct requests a lane remembers for repeats ([`Repeat`]): a loop of up to this
+/// many requests in turn repeats each of them (a chain of dependent requests over
+/// other buffers, such as the dispatch bench's chain of two, is one request after
+/// another, each differing from the one before).
+const REMEMBERED_REQUESTS: usize = 4;
 
 /// The lane shared by its handle, its pending requests and the order book.
 pub(in crate::backend) struct LaneShared {
@@ -526,7 +536,9 @@ impl CudaBackend {
                 scratch: Box::new([0; RECORD_BYTES]),
                 last: Box::new([0; RECORD_BYTES]),
                 last_len: 0,
-                repeat: Box::default(),
+                repeats: Box::default(),
+                next_repeat: 0,
+                last_repeat: None,
             }),
             dead: AtomicBool::new(false),
             dead_cause: Mutex::new(None),
@@ -727,7 +739,7 @@ impl LaneShared {
     }
 
     /// Plan, stage, describe and ring one request. `probe_on` counts for the probe
-    /// line. A repeat of the previous request ([`Repeat`]) skips the plan, the
+    /// line. A repeat of a remembered request ([`Repeat`]) skips the plan, the
     /// staging and the placement: they would give what the lane kept.
     fn submit_request(
         self: &Arc<Self>,
@@ -746,10 +758,20 @@ impl LaneShared {
         let identity = kernel_identity(kernel);
         let mut state = self.lock();
         let state = &mut *state;
-        let repeat = &mut *state.repeat;
-        let reused = repeat
-            .memo
-            .describes(identity, request, |buffer| address_on(inner, buffer));
+        let address_of = |buffer: &_| address_on(inner, buffer);
+        let found = state
+            .repeats
+            .iter()
+            .position(|repeat| repeat.memo.describes(identity, request, address_of));
+        let (entry, reused) = match found {
+            Some(entry) => (entry, true),
+            None => {
+                let entry = state.next_repeat;
+                state.next_repeat = (entry + 1) % REMEMBERED_REQUESTS;
+                (entry, false)
+            }
+        };
+        let repeat = &mut state.repeats[entry];
         repeat.memo.invalidate();
         if reused {
             // What the memo leaves out: the scalar values and the caller's slices.
@@ -842,11 +864,12 @@ impl LaneShared {
             );
         }
         let scalars = &request.scalars.words()[..kernel.program.scalars().len()];
-        // A repeat with the previous request's scalar values has the previous
-        // request's record byte for byte (every other input of the record is what the
-        // repeat kept, its kernel index fixed by the module key): the blocks' copies
-        // hold it, and nothing is written or compared.
-        let same_record = reused && repeat.scalars.as_slice() == scalars;
+        // A repeat of the request that rang last, with its scalar values, has its
+        // record byte for byte (every other input of the record is what the repeat
+        // kept, the kernel index fixed by the module key): the blocks' copies hold it,
+        // and nothing is written or compared.
+        let same_record =
+            reused && state.last_repeat == Some(entry) && repeat.scalars.as_slice() == scalars;
         let (len, route) = if same_record {
             (state.last_len, RecordRoute::Same)
         } else {
@@ -895,6 +918,7 @@ impl LaneShared {
             std::mem::swap(&mut state.scratch, &mut state.last);
             state.last_len = len;
         }
+        state.last_repeat = Some(entry);
         // In the book before the doorbell: a dispatch that sees the entry waits for a
         // request that is (or is about to be) rung, never one that runs unseen.
         inner
@@ -1445,18 +1469,19 @@ fn owned_accesses(
     }
 }
 
-/// The previous request's plan and what it resolved to, kept under the lane's lock
-/// so a repeat of it (the usual hot loop: one kernel over the same owned buffers)
-/// skips planning, staging and placing its readback. `memo` says which request they
-/// were made for ([`Memo::describes`]: the kernel, grid, fixpoint count, readback
-/// policy and every binding's buffer, length and device address); everything the
-/// record holds follows from those and the lane's options, except the scalar values,
-/// which every request checks anew and writes into its record unless they are the
-/// previous request's (then the record is the previous one, byte for byte), and the
-/// kernel's index, which its module key fixes. A request with a host, zeroed or pinned binding
-/// or byte ranges read back is never recorded, so never repeated; the memo is invalid
-/// from the start of a request until it has rung, so a request that failed halfway
-/// leaves nothing to reuse.
+/// A remembered request's plan and what it resolved to, kept under the lane's lock
+/// so a repeat of it (the usual hot loop: one kernel over the same owned buffers, or
+/// a chain of a few requests in turn) skips planning, staging and placing its
+/// readback. `memo` says which request they were made for ([`Memo::describes`]: the
+/// kernel, grid, fixpoint count, readback policy and every binding's buffer, length
+/// and device address); everything the record holds follows from those and the
+/// lane's options, except the kernel's index, which its module key fixes, and the
+/// scalar values, which every request checks anew and writes into its record unless
+/// the request repeats the one that rang last with its values (then the record is
+/// that one's, byte for byte). A request with a host, zeroed or pinned binding or
+/// byte ranges read back is never recorded, so never repeated; an entry's memo is
+/// invalid from the start of a request that uses it until that request has rung, so
+/// a request that failed halfway leaves nothing to reuse.
 #[derive(Default)]
 struct Repeat {
     memo: Memo,
