@@ -28,19 +28,19 @@
 //! adjacent items). Up to [`LaneOptions::slots`] requests may be in flight; the
 //! kernel serves them in order.
 //!
-//! A repeat of one of the last four distinct requests (the same kernel, grid,
-//! fixpoint count and readback of every output or none, over the same owned buffers
-//! at the same addresses: the blocking dispatch's `Memo` match) skips planning,
-//! resolving its bindings and placing its readback, which would give what the lane
-//! kept from that request; it still checks its scalar values and the caller's
-//! slices, and writes and compares its whole record unless it repeats the request
-//! that rang last with the same scalar values (then its record is that one's, byte
-//! for byte, and the doorbell says so). The host's share is what a lane request has left to shrink: on
-//! the H200 (2026-12-01, `VYRE_BENCH_LANES_ONLY=1 bench-dispatch`) a request of the
-//! 9-buffer fixture spent 0.64 µs on the host before the doorbell and 0.41 µs
-//! delivering, of 3.94 µs in all (1.42 and 0.82 of 5.44 µs at 17 buffers); the probe
-//! charged the plan 0.35 µs, staging 0.24 and the record 0.28–0.31, nearly the same
-//! at 9 and 17 bindings.
+//! A repeat of one of the last four distinct requests (the same kernel, grid, fixpoint
+//! count and readback of every output or none, over the same owned buffers at the same
+//! addresses: the blocking dispatch's `Memo` match) skips planning, resolving its
+//! bindings and placing its readback, which would give what the lane kept from that
+//! request; it still checks its scalar values and the caller's slices, and writes and
+//! compares its whole record unless it repeats the request that rang last with the same
+//! scalar values (then its record is that one's, byte for byte, and the doorbell says
+//! so). The host's share is what a lane request has left to shrink: on the H200
+//! (2026-12-01, `VYRE_BENCH_LANES_ONLY=1 bench-dispatch`) a request of the 9-buffer
+//! fixture spent 0.64 µs on the host before the doorbell and 0.41 µs delivering, of
+//! 3.94 µs in all (1.42 and 0.82 of 5.44 µs at 17 buffers); the probe charged the plan
+//! 0.35 µs, staging 0.24 and the record 0.28–0.31, nearly the same at 9 and 17
+//! bindings.
 //!
 //! # Same semantics as a launch
 //!
@@ -788,18 +788,15 @@ impl LaneShared {
                 request,
                 &mut repeat.plan,
             )?;
-            let plan = &repeat.plan;
             if let Sink::Slices(outputs) = sink {
-                check_output_slices(&plan.reads, outputs)?;
+                check_output_slices(&repeat.plan.reads, outputs)?;
             }
             repeat.grid_blocks = inner.launch_plan(kernel, request.workgroups)?.grid_blocks;
-            let inputs = lane_inputs(&kernel.slots, request.bindings, &plan.sizes);
-            check_lane_request(
-                &kernel.name,
-                request.workgroups,
-                (&plan.reads, self.options.result_bytes as usize),
-                (inputs.staging, self.options.staging_bytes as usize),
-                (inputs.operations, inputs.largest),
+            check_lane_plan(
+                (&kernel.name, &kernel.slots),
+                request,
+                &repeat.plan,
+                &self.options,
             )?;
         }
         if probe_on {
@@ -1420,9 +1417,27 @@ pub(in crate::backend) struct LaneInputs {
     pub(in crate::backend) largest: u64,
 }
 
-/// [`LaneInputs`] of `bindings` to `slots` bound with `sizes` bytes (pure; the same
-/// on every backend).
-pub(in crate::backend) fn lane_inputs(
+/// The lane rules of `request` to the kernel named `name` with `slots`, planned as
+/// `plan`, on a lane built with `options` ([`check_lane_request`]; the same on every
+/// backend).
+pub(in crate::backend) fn check_lane_plan(
+    (name, slots): (&str, &[super::plan::ParamSlot]),
+    request: &Dispatch<'_>,
+    plan: &RequestPlan,
+    options: &LaneOptions,
+) -> Result<(), BackendError> {
+    let inputs = lane_inputs(slots, request.bindings, &plan.sizes);
+    check_lane_request(
+        name,
+        request.workgroups,
+        (&plan.reads, options.result_bytes as usize),
+        (inputs.staging, options.staging_bytes as usize),
+        (inputs.operations, inputs.largest),
+    )
+}
+
+/// [`LaneInputs`] of `bindings` to `slots` bound with `sizes` bytes (pure).
+fn lane_inputs(
     slots: &[super::plan::ParamSlot],
     bindings: &[Binding<'_>],
     sizes: &[u64],

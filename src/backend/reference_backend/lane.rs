@@ -10,8 +10,8 @@ use crate::lower;
 
 use super::super::dispatch::Sink;
 use super::super::lane::{
-    check_lane_blocks, check_lane_kernels, check_lane_request, check_lane_shared, lane_inputs,
-    lane_name, not_in_lane, LaneKernelShape,
+    check_lane_blocks, check_lane_kernels, check_lane_plan, check_lane_shared, lane_name,
+    not_in_lane, LaneKernelShape,
 };
 use super::super::request::Target;
 use super::super::{
@@ -94,13 +94,11 @@ impl ReferenceLane {
             return Err(not_in_lane(&reference.name, &self.kernels));
         }
         let (plan, _) = backend.plan(reference, request, sink)?;
-        let inputs = lane_inputs(&reference.slots, request.bindings, &plan.sizes);
-        check_lane_request(
-            &reference.name,
-            request.workgroups,
-            (&plan.reads, self.options.result_bytes as usize),
-            (inputs.staging, self.options.staging_bytes as usize),
-            (inputs.operations, inputs.largest),
+        check_lane_plan(
+            (&reference.name, &reference.slots),
+            request,
+            &plan,
+            &self.options,
         )
     }
 
