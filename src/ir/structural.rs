@@ -148,11 +148,11 @@ fn node_blocks_mut(node: &mut Node) -> [Option<&mut Block>; 2] {
 /// [`Node::map_parts`] on the part it keeps.
 ///
 /// The walk recurses through the hooks, one native stack frame or more per level of
-/// nesting, unlike the IR's own walks (equality, `Clone`, `Drop`, the digest, the
-/// validator), which are iterative because a hostile program nests 20k levels and
-/// more: rebuild only programs built in-process or already validated (whose nesting
-/// the validator's depth limits bound), never an untrusted program.
-/// A block shared between several places (one `Arc`) is rebuilt once per place.
+/// nesting, unlike the IR's own walks (equality, `Clone`, `Drop`, the digest, the node
+/// count), which are iterative because a hostile program nests 20k levels and more: rebuild only programs built in-process or already validated (nested at most
+/// [`MAX_NESTING_DEPTH`](crate::ir::validate::MAX_NESTING_DEPTH) levels), never an
+/// untrusted program before validation. A block shared between several places (one
+/// `Arc`) is rebuilt once per place.
 ///
 /// ```
 /// use std::convert::Infallible;
