@@ -105,8 +105,7 @@ fn short_text_program_refuses_a_nested_return_or_grid_sync() {
             .program
             .with_entry(last.program.buffers_shared().clone(), entry.into());
         let error = short_program(&altered, &Geometry::default())
-            .err()
-            .expect("a step the short-text program cannot take");
+            .expect_err("a step the short-text program cannot take");
         assert_eq!(error, message);
     }
 }
