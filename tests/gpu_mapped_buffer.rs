@@ -240,6 +240,71 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
     }
 }
 
+/// A slow writer and a fast reader of 256 words, one workgroup each (so the device
+/// has room to run a disjoint submission beside the writer; the writer's threads
+/// loop long enough, about 1 ms, to be caught): `source` → `middle` by `slow`,
+/// `middle` → `last` (host-mapped) by `fast`, and `other_source` → `other_last`
+/// disjoint from both; `expected` is what `last` holds after the two.
+struct SlowWriter {
+    gpu: CudaBackend,
+    config: DispatchConfig,
+    slow: vyre_cuda::backend::Kernel,
+    fast: vyre_cuda::backend::Kernel,
+    source: DeviceBuffer,
+    middle: DeviceBuffer,
+    other_source: DeviceBuffer,
+    other_last: DeviceBuffer,
+    last: DeviceBuffer,
+    expected: Vec<u32>,
+}
+
+impl SlowWriter {
+    fn new() -> Self {
+        const SMALL_WORDS: u32 = 256;
+        const SLOW_ROUNDS: u32 = 400_000;
+        let gpu = support::backend();
+        let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+        let slow = gpu
+            .compile(&triple_plus_one_program(SLOW_ROUNDS), &config)
+            .unwrap();
+        let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
+        let input: Vec<u8> = (0..SMALL_WORDS).flat_map(|i| i.to_le_bytes()).collect();
+        let bytes = 4 * SMALL_WORDS as u64;
+        SlowWriter {
+            source: gpu.buffer_from(&input).unwrap(),
+            middle: gpu.buffer(bytes).unwrap(),
+            other_source: gpu.buffer_from(&input).unwrap(),
+            other_last: gpu.buffer(bytes).unwrap(),
+            last: gpu.host_mapped_buffer(bytes).unwrap(),
+            expected: (0..SMALL_WORDS)
+                .map(|i| triple_plus_one(i, SLOW_ROUNDS + 1))
+                .collect(),
+            gpu,
+            config,
+            slow,
+            fast,
+        }
+    }
+
+    /// Submits `kernel` over `buffers` with an event window, after `after` if given.
+    fn submit(
+        &self,
+        kernel: &vyre_cuda::backend::Kernel,
+        buffers: &[&DeviceBuffer],
+        after: Option<&vyre_cuda::backend::PendingDispatch>,
+    ) -> vyre_cuda::backend::PendingDispatch {
+        let bound = on(buffers);
+        let request = Dispatch::new(kernel, &bound)
+            .config(&self.config)
+            .timing(Timing::EventWindow);
+        match after {
+            Some(previous) => self.gpu.submit(request.after(previous)),
+            None => self.gpu.submit(request),
+        }
+        .unwrap()
+    }
+}
+
 /// Locks out two submissions in flight that run at once over memory one of them
 /// writes (found under compute-sanitizer: two pending increments of one buffer left
 /// it one short): a submission reading the buffer the previous one writes, with no
@@ -250,38 +315,13 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_submissions_sharing_written_memory_run_in_order() {
-    // One workgroup each, so the device has room to run a disjoint submission beside
-    // the writer; the writer's threads loop long enough (~1 ms) to be caught.
-    const SMALL_WORDS: u32 = 256;
-    const SLOW_ROUNDS: u32 = 400_000;
-    let gpu = support::backend();
-    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let slow = gpu
-        .compile(&triple_plus_one_program(SLOW_ROUNDS), &config)
-        .unwrap();
-    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
-    let input: Vec<u8> = (0..SMALL_WORDS).flat_map(|i| i.to_le_bytes()).collect();
-    let source = gpu.buffer_from(&input).unwrap();
-    let middle = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
-    let other_source = gpu.buffer_from(&input).unwrap();
-    let mut last = gpu.host_mapped_buffer(4 * SMALL_WORDS as u64).unwrap();
-    let other_last = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
-    let expected: Vec<u32> = (0..SMALL_WORDS)
-        .map(|i| triple_plus_one(i, SLOW_ROUNDS + 1))
-        .collect();
-    let clock = gpu.device_clock().unwrap();
+    let mut fixture = SlowWriter::new();
+    let clock = fixture.gpu.device_clock().unwrap();
     for round in 0..3 {
-        let timed = |kernel, buffers: &[&DeviceBuffer]| {
-            gpu.submit(
-                Dispatch::new(kernel, &on(buffers))
-                    .config(&config)
-                    .timing(Timing::EventWindow),
-            )
-            .unwrap()
-        };
-        let writer = timed(&slow, &[&source, &middle]);
-        let reader = timed(&fast, &[&middle, &last]);
-        let disjoint = timed(&fast, &[&other_source, &other_last]);
+        let f = &fixture;
+        let writer = f.submit(&f.slow, &[&f.source, &f.middle], None);
+        let reader = f.submit(&f.fast, &[&f.middle, &f.last], None);
+        let disjoint = f.submit(&f.fast, &[&f.other_source, &f.other_last], None);
         let (_, reader_spans) = reader.wait_spans(&clock).unwrap();
         let (_, disjoint_spans) = disjoint.wait_spans(&clock).unwrap();
         let (_, writer_spans) = writer.wait_spans(&clock).unwrap();
@@ -292,7 +332,7 @@ fn gpu_submissions_sharing_written_memory_run_in_order() {
             writer_spans.window_end_ns
         );
         assert!(
-            words(last.mapped_bytes().unwrap()) == expected,
+            words(fixture.last.mapped_bytes().unwrap()) == fixture.expected,
             "round {round}: the reader read unfinished words"
         );
         assert!(
@@ -302,7 +342,7 @@ fn gpu_submissions_sharing_written_memory_run_in_order() {
             disjoint_spans.window_start_ns,
             writer_spans.window_end_ns
         );
-        last.mapped_bytes_mut().unwrap().fill(0);
+        fixture.last.mapped_bytes_mut().unwrap().fill(0);
     }
 }
 
@@ -318,41 +358,18 @@ fn gpu_submissions_sharing_written_memory_run_in_order() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_a_chain_step_waits_once_yet_after_every_writer() {
-    const SMALL_WORDS: u32 = 256;
-    const SLOW_ROUNDS: u32 = 400_000;
-    let gpu = support::backend();
-    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let slow = gpu
-        .compile(&triple_plus_one_program(SLOW_ROUNDS), &config)
-        .unwrap();
-    let fast = gpu.compile(&triple_plus_one_program(1), &config).unwrap();
-    let input: Vec<u8> = (0..SMALL_WORDS).flat_map(|i| i.to_le_bytes()).collect();
-    let source = gpu.buffer_from(&input).unwrap();
-    let middle = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
-    let other_source = gpu.buffer_from(&input).unwrap();
-    let other_last = gpu.buffer(4 * SMALL_WORDS as u64).unwrap();
-    let mut last = gpu.host_mapped_buffer(4 * SMALL_WORDS as u64).unwrap();
-    let expected: Vec<u32> = (0..SMALL_WORDS)
-        .map(|i| triple_plus_one(i, SLOW_ROUNDS + 1))
-        .collect();
-    let clock = gpu.device_clock().unwrap();
-    let submit =
-        |kernel, buffers: &[&DeviceBuffer], after: Option<&vyre_cuda::backend::PendingDispatch>| {
-            let bound = on(buffers);
-            let request = Dispatch::new(kernel, &bound)
-                .config(&config)
-                .timing(Timing::EventWindow);
-            match after {
-                Some(previous) => gpu.submit(request.after(previous)),
-                None => gpu.submit(request),
-            }
-            .unwrap()
-        };
+    let mut fixture = SlowWriter::new();
+    let clock = fixture.gpu.device_clock().unwrap();
     for (round, named) in [true, false, true].into_iter().enumerate() {
-        let a = submit(&slow, &[&source, &middle], None);
-        let b = submit(&fast, &[&other_source, &other_last], named.then_some(&a));
+        let f = &fixture;
+        let a = f.submit(&f.slow, &[&f.source, &f.middle], None);
+        let b = f.submit(
+            &f.fast,
+            &[&f.other_source, &f.other_last],
+            named.then_some(&a),
+        );
         let before = thread_driver_calls();
-        let c = submit(&fast, &[&middle, &last], Some(&b));
+        let c = f.submit(&f.fast, &[&f.middle, &f.last], Some(&b));
         let waits = thread_driver_calls().stream_waits - before.stream_waits;
         let (_, c_spans) = c.wait_spans(&clock).unwrap();
         let (_, b_spans) = b.wait_spans(&clock).unwrap();
@@ -371,9 +388,9 @@ fn gpu_a_chain_step_waits_once_yet_after_every_writer() {
             b_spans.window_end_ns
         );
         assert!(
-            words(last.mapped_bytes().unwrap()) == expected,
+            words(fixture.last.mapped_bytes().unwrap()) == fixture.expected,
             "round {round}: C read unfinished words"
         );
-        last.mapped_bytes_mut().unwrap().fill(0);
+        fixture.last.mapped_bytes_mut().unwrap().fill(0);
     }
 }

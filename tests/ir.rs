@@ -1,6 +1,8 @@
 //! The program value's contract: the content digest is computed at most once per
 //! value and shared by clones, is pinned byte for byte, moves when any field that
-//! affects code generation moves, and rewrites get fresh values; `Display` is legible.
+//! affects code generation moves, and rewrites get fresh values; `Display` is legible;
+//! the structural rebuild (`Rebuild`) keeps every part its hooks do not map and maps
+//! every buffer reference.
 
 use vyre_cuda::fixtures::host_cost_fixture;
 use vyre_cuda::ir::*;
@@ -955,4 +957,84 @@ fn scalar_parameters_print_and_resolve() {
         assert_eq!(Literal::from_bits(value.ty(), value.bits()), value);
     }
     assert_eq!(Literal::from(2u64), Literal::U64(2));
+}
+
+// ---- Rebuild ------------------------------------------------------------------------
+
+/// Generated valid programs (grid syncs allowed) and arbitrary ones: between them
+/// every node and expression variant.
+fn rebuild_corpus() -> Vec<Program> {
+    use vyre_cuda::ir::generate::{arbitrary_program, valid_program, GeneratorOptions};
+    let options = GeneratorOptions {
+        allow_grid_sync: true,
+        ..GeneratorOptions::default()
+    };
+    (0..150)
+        .map(|seed| valid_program(seed, &options).program)
+        .chain((0..150).map(arbitrary_program))
+        .collect()
+}
+
+/// The rebuild with every hook at its default.
+struct Identity;
+
+impl Rebuild for Identity {
+    type Error = std::convert::Infallible;
+}
+
+/// Locks out a `Node::map_parts` or `Expr::map_children` that loses or alters a
+/// field (an operator, a flag, a variable name, a block): rebuilt with every hook at
+/// its default, each program of the corpus comes back equal, digest and all.
+#[test]
+fn rebuild_with_default_hooks_is_the_identity() {
+    for program in rebuild_corpus() {
+        let Ok(entry) = Identity.block(program.entry());
+        assert!(entry[..] == program.entry()[..], "{program}");
+        let rebuilt = program.with_entry(program.buffers_shared().clone(), entry);
+        assert_eq!(rebuilt.digest(), program.digest(), "{program}");
+    }
+}
+
+/// Renames every buffer `name` to `renamed_name`.
+struct RenameBuffers;
+
+impl Rebuild for RenameBuffers {
+    type Error = std::convert::Infallible;
+
+    fn buffer(&mut self, buffer: &Name) -> Name {
+        format!("renamed_{buffer}").into()
+    }
+}
+
+/// Locks out a rebuild that misses a buffer a node or an expression addresses (a
+/// store, an atomic, a load, a length at any depth): the valid programs, their
+/// declarations and bodies renamed, still validate. Negative control: with the
+/// declarations renamed and the body not, they do not.
+#[test]
+fn rebuild_maps_every_buffer_a_program_addresses() {
+    use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
+    let options = GeneratorOptions {
+        allow_grid_sync: true,
+        ..GeneratorOptions::default()
+    };
+    let mut rejected_unrenamed = 0;
+    for seed in 0..150 {
+        let program = valid_program(seed, &options).program;
+        let renamed_decls: Vec<BufferDecl> = program
+            .buffers()
+            .iter()
+            .map(|decl| BufferDecl {
+                name: RenameBuffers.buffer(&decl.name),
+                ..decl.clone()
+            })
+            .collect();
+        let Ok(entry) = RenameBuffers.block(program.entry());
+        let renamed = program.with_entry(renamed_decls.clone().into(), entry);
+        validate(&renamed, &Limits::default()).unwrap_or_else(|e| panic!("{e}\n{renamed}"));
+        let unrenamed = program.with_entry(renamed_decls.into(), program.entry().clone());
+        if validate(&unrenamed, &Limits::default()).is_err() {
+            rejected_unrenamed += 1;
+        }
+    }
+    assert!(rejected_unrenamed > 100, "{rejected_unrenamed}");
 }

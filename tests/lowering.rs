@@ -8,6 +8,7 @@
 //! deliberately defective one (must fail): a guard never shown to fail is not a guard.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use vyre_cuda::ir::*;
@@ -521,47 +522,22 @@ fn own_value(name: &Name, value: &Expr) -> Node {
 
 /// `program` with every node `replace` answers replaced, at any depth.
 fn replace_collectives(program: &Program, replace: &dyn Fn(&Node) -> Option<Node>) -> Program {
-    fn block(nodes: &[Node], replace: &dyn Fn(&Node) -> Option<Node>) -> Block {
-        nodes
-            .iter()
-            .map(|node| {
-                if let Some(replaced) = replace(node) {
-                    return replaced;
-                }
-                match node {
-                    Node::If {
-                        condition,
-                        then_body,
-                        else_body,
-                    } => Node::If {
-                        condition: condition.clone(),
-                        then_body: block(then_body, replace),
-                        else_body: block(else_body, replace),
-                    },
-                    Node::Loop {
-                        variable,
-                        start,
-                        end,
-                        body,
-                    } => Node::Loop {
-                        variable: variable.clone(),
-                        start: start.clone(),
-                        end: end.clone(),
-                        body: block(body, replace),
-                    },
-                    Node::While { condition, body } => Node::While {
-                        condition: condition.clone(),
-                        body: block(body, replace),
-                    },
-                    other => other.clone(),
-                }
-            })
-            .collect()
+    let Ok(entry) = Replace(replace).block(program.entry());
+    program.with_entry(program.buffers_shared().clone(), entry)
+}
+
+/// The rebuild that puts its function's answer in place of a node.
+struct Replace<'a>(&'a dyn Fn(&Node) -> Option<Node>);
+
+impl Rebuild for Replace<'_> {
+    type Error = Infallible;
+
+    fn node(&mut self, node: &Node) -> Result<Node, Infallible> {
+        match (self.0)(node) {
+            Some(replaced) => Ok(replaced),
+            None => node.map_parts(self),
+        }
     }
-    program.with_entry(
-        program.buffers_shared().clone(),
-        block(program.entry(), replace),
-    )
 }
 
 // ---------------------------------------------------------------- guard tests

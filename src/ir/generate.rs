@@ -45,7 +45,10 @@
 //! ([`differential_case`] is the differential's case, [`constructs_used`] says which
 //! constructs a program has).
 
+use std::convert::Infallible;
+
 use super::program::*;
+use super::structural::Rebuild;
 use super::validate::{Limits, MAX_SCALARS};
 use crate::config::DispatchConfig;
 
@@ -2261,10 +2264,16 @@ impl Mutator {
         self.seen += 1;
         self.seen == self.target
     }
+}
 
-    fn block(&mut self, block: &[Node]) -> Block {
+/// The mutator's hooks: a node or an expression at the target place changes, every
+/// other part is rebuilt as it was.
+impl Rebuild for Mutator {
+    type Error = Infallible;
+
+    fn block(&mut self, block: &Block) -> Result<Block, Infallible> {
         let mut out = Vec::with_capacity(block.len() + 1);
-        for node in block {
+        for node in block.iter() {
             if self.hit() {
                 match self.junk.rng.below(6) {
                     0 => {}
@@ -2309,119 +2318,9 @@ impl Mutator {
                 }
                 continue;
             }
-            out.push(self.node(node));
+            out.push(node.map_parts(self)?);
         }
-        out.into()
-    }
-
-    fn node(&mut self, node: &Node) -> Node {
-        match node {
-            Node::Let {
-                name,
-                mutable,
-                value,
-            } => Node::Let {
-                name: name.clone(),
-                mutable: *mutable,
-                value: self.expr(value),
-            },
-            Node::Assign { name, value } => Node::Assign {
-                name: name.clone(),
-                value: self.expr(value),
-            },
-            Node::Store {
-                buffer,
-                index,
-                value,
-            } => Node::Store {
-                buffer: buffer.clone(),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => Node::If {
-                condition: self.expr(condition),
-                then_body: self.block(then_body),
-                else_body: self.block(else_body),
-            },
-            Node::Loop {
-                variable,
-                start,
-                end,
-                body,
-            } => Node::Loop {
-                variable: variable.clone(),
-                start: self.expr(start),
-                end: self.expr(end),
-                body: self.block(body),
-            },
-            Node::Atomic {
-                op,
-                buffer,
-                index,
-                value,
-            } => Node::Atomic {
-                op: *op,
-                buffer: buffer.clone(),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
-                name: name.clone(),
-                op: *op,
-                value: self.expr(value),
-            },
-            Node::WorkgroupScan {
-                name,
-                op,
-                kind,
-                value,
-            } => Node::WorkgroupScan {
-                name: name.clone(),
-                op: *op,
-                kind: *kind,
-                value: self.expr(value),
-            },
-            Node::AtomicFetch {
-                name,
-                op,
-                buffer,
-                index,
-                value,
-            } => Node::AtomicFetch {
-                name: name.clone(),
-                op: *op,
-                buffer: buffer.clone(),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::CompareExchange {
-                name,
-                buffer,
-                index,
-                expected,
-                value,
-            } => Node::CompareExchange {
-                name: name.clone(),
-                buffer: buffer.clone(),
-                index: self.expr(index),
-                expected: self.expr(expected),
-                value: self.expr(value),
-            },
-            Node::While { condition, body } => Node::While {
-                condition: self.expr(condition),
-                body: self.block(body),
-            },
-            Node::Barrier
-            | Node::GridSync
-            | Node::Fence
-            | Node::Return
-            | Node::Break
-            | Node::Continue => node.clone(),
-        }
+        Ok(out.into())
     }
 
     fn expr(&mut self, expr: &Expr) -> Expr {
@@ -2438,53 +2337,7 @@ impl Mutator {
                 },
             };
         }
-        let boxed = |m: &mut Self, e: &Expr| Box::new(m.expr(e));
-        match expr {
-            Expr::Literal(_)
-            | Expr::Var(_)
-            | Expr::Length { .. }
-            | Expr::Scalar(_)
-            | Expr::Builtin(_) => expr.clone(),
-            Expr::Load { buffer, index } => Expr::Load {
-                buffer: buffer.clone(),
-                index: boxed(self, index),
-            },
-            Expr::Binary { op, lhs, rhs } => Expr::Binary {
-                op: *op,
-                lhs: boxed(self, lhs),
-                rhs: boxed(self, rhs),
-            },
-            Expr::Unary { op, operand } => Expr::Unary {
-                op: *op,
-                operand: boxed(self, operand),
-            },
-            Expr::Select {
-                condition,
-                if_true,
-                if_false,
-            } => Expr::Select {
-                condition: boxed(self, condition),
-                if_true: boxed(self, if_true),
-                if_false: boxed(self, if_false),
-            },
-            Expr::Cast { to, value } => Expr::Cast {
-                to: *to,
-                value: boxed(self, value),
-            },
-            Expr::SubgroupShuffleXor { value, lane_mask } => Expr::SubgroupShuffleXor {
-                value: boxed(self, value),
-                lane_mask: *lane_mask,
-            },
-            Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
-                op: *op,
-                value: boxed(self, value),
-            },
-            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
-                op: *op,
-                kind: *kind,
-                value: boxed(self, value),
-            },
-        }
+        expr.map_children(self)
     }
 }
 
@@ -2538,7 +2391,7 @@ fn mutate(program: &Program, rng: SeededRng) -> Program {
                 target,
                 seen: 0,
             };
-            let entry = mutator.block(program.entry());
+            let Ok(entry) = mutator.block(program.entry());
             return Program::from_parts(
                 buffers.into(),
                 scalars.into(),

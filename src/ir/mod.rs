@@ -91,7 +91,7 @@ pub use display::{
 pub(crate) use program::LoweringMemo;
 pub use program::*;
 pub(crate) use structural::any_node;
-pub use structural::HASH_ITEM_BUDGET;
+pub use structural::{Rebuild, HASH_ITEM_BUDGET};
 pub use validate::{
     validate, validate_lowered, validate_unmemoised, Limits, ValidProgram, ValidationError,
 };

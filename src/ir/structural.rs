@@ -132,6 +132,266 @@ fn node_blocks_mut(node: &mut Node) -> [Option<&mut Block>; 2] {
     }
 }
 
+// ---- rebuild from mapped parts -------------------------------------------------------
+
+/// A rebuild of nodes and expressions from mapped parts: the hooks that
+/// [`Node::map_parts`] and [`Expr::map_children`] call for each part, so a rewrite
+/// (renaming buffers, replacing builtins, mutating a program) states only what it
+/// changes, and a new variant is added to the IR's one rebuild rather than to every
+/// rewrite.
+///
+/// Every hook has a default, and the defaults rebuild all the way down: a rebuild that
+/// overrides only [`buffer`](Rebuild::buffer) renames the buffer of every store,
+/// atomic, load and length at any depth. A hook that overrides
+/// [`expr`](Rebuild::expr), [`node`](Rebuild::node) or [`block`](Rebuild::block)
+/// continues the walk itself, usually by calling [`Expr::map_children`] or
+/// [`Node::map_parts`] on the part it keeps.
+///
+/// The walk recurses through the hooks, one native stack frame or more per level of
+/// nesting, unlike the IR's own walks (equality, `Clone`, `Drop`, the digest, the node
+/// count), which are iterative because a hostile program nests 20k levels and more: rebuild only programs built in-process or already validated (nested at most
+/// [`MAX_NESTING_DEPTH`](crate::ir::validate::MAX_NESTING_DEPTH) levels), never an
+/// untrusted program before validation. A block shared between several places (one
+/// `Arc`) is rebuilt once per place.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use vyre_cuda::ir::{Expr, Name, Node, Rebuild};
+///
+/// /// Every buffer `a` becomes `b`.
+/// struct Rename;
+/// impl Rebuild for Rename {
+///     type Error = Infallible;
+///     fn buffer(&mut self, buffer: &Name) -> Name {
+///         if &**buffer == "a" {
+///             "b".into()
+///         } else {
+///             buffer.clone()
+///         }
+///     }
+/// }
+///
+/// let store = Node::Store {
+///     buffer: "a".into(),
+///     index: Expr::u32(0),
+///     value: Expr::load("a", Expr::u32(1)),
+/// };
+/// let Ok(renamed) = Rename.node(&store);
+/// assert_eq!(
+///     renamed,
+///     Node::Store {
+///         buffer: "b".into(),
+///         index: Expr::u32(0),
+///         value: Expr::load("b", Expr::u32(1)),
+///     }
+/// );
+/// ```
+pub trait Rebuild {
+    /// What a hook may fail with ([`std::convert::Infallible`] where none can); the
+    /// first error ends the rebuild.
+    type Error;
+
+    /// The expression that takes `expr`'s place. By default `expr` with its
+    /// children and buffer mapped by this rebuild ([`Expr::map_children`]).
+    fn expr(&mut self, expr: &Expr) -> Expr {
+        expr.map_children(self)
+    }
+
+    /// The buffer a node or expression addresses in place of `buffer`. By default
+    /// `buffer` itself.
+    fn buffer(&mut self, buffer: &Name) -> Name {
+        buffer.clone()
+    }
+
+    /// The node that takes `node`'s place. By default `node` with its parts mapped
+    /// by this rebuild ([`Node::map_parts`]).
+    fn node(&mut self, node: &Node) -> Result<Node, Self::Error> {
+        node.map_parts(self)
+    }
+
+    /// The block that takes `block`'s place. By default each of its nodes mapped by
+    /// [`node`](Rebuild::node), in order.
+    fn block(&mut self, block: &Block) -> Result<Block, Self::Error> {
+        block.iter().map(|node| self.node(node)).collect()
+    }
+}
+
+impl Node {
+    /// This node rebuilt from its parts as `rebuild` maps them: its expressions
+    /// through [`Rebuild::expr`] in evaluation order (the order
+    /// [`Node`]'s variants list them), then the buffer it addresses through
+    /// [`Rebuild::buffer`], then its blocks through [`Rebuild::block`] in program
+    /// order (`then_body` before `else_body`). Variable names, operators and flags
+    /// are kept. A node without parts (a barrier, `break`) comes back as it is.
+    /// Recursive through the hooks: see [`Rebuild`] for the programs it suits.
+    pub fn map_parts<R: Rebuild + ?Sized>(&self, rebuild: &mut R) -> Result<Node, R::Error> {
+        Ok(match self {
+            Node::Let {
+                name,
+                mutable,
+                value,
+            } => Node::Let {
+                name: name.clone(),
+                mutable: *mutable,
+                value: rebuild.expr(value),
+            },
+            Node::Assign { name, value } => Node::Assign {
+                name: name.clone(),
+                value: rebuild.expr(value),
+            },
+            Node::Store {
+                buffer,
+                index,
+                value,
+            } => Node::Store {
+                index: rebuild.expr(index),
+                value: rebuild.expr(value),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => Node::If {
+                condition: rebuild.expr(condition),
+                then_body: rebuild.block(then_body)?,
+                else_body: rebuild.block(else_body)?,
+            },
+            Node::Loop {
+                variable,
+                start,
+                end,
+                body,
+            } => Node::Loop {
+                variable: variable.clone(),
+                start: rebuild.expr(start),
+                end: rebuild.expr(end),
+                body: rebuild.block(body)?,
+            },
+            Node::While { condition, body } => Node::While {
+                condition: rebuild.expr(condition),
+                body: rebuild.block(body)?,
+            },
+            Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::Atomic {
+                op: *op,
+                index: rebuild.expr(index),
+                value: rebuild.expr(value),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            } => Node::AtomicFetch {
+                name: name.clone(),
+                op: *op,
+                index: rebuild.expr(index),
+                value: rebuild.expr(value),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            } => Node::CompareExchange {
+                name: name.clone(),
+                index: rebuild.expr(index),
+                expected: rebuild.expr(expected),
+                value: rebuild.expr(value),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
+                name: name.clone(),
+                op: *op,
+                value: rebuild.expr(value),
+            },
+            Node::WorkgroupScan {
+                name,
+                op,
+                kind,
+                value,
+            } => Node::WorkgroupScan {
+                name: name.clone(),
+                op: *op,
+                kind: *kind,
+                value: rebuild.expr(value),
+            },
+            Node::Barrier
+            | Node::GridSync
+            | Node::Fence
+            | Node::Return
+            | Node::Break
+            | Node::Continue => self.clone(),
+        })
+    }
+}
+
+impl Expr {
+    /// This expression rebuilt from its parts as `rebuild` maps them: its direct
+    /// subexpressions through [`Rebuild::expr`], left to right, then the buffer a
+    /// load or a length reads through [`Rebuild::buffer`]. Operators, types and
+    /// leaves (literals, variables, scalar parameters, builtins) are kept; the
+    /// children's own children are `rebuild.expr`'s to map. Recursive through the
+    /// hooks: see [`Rebuild`] for the programs it suits.
+    pub fn map_children<R: Rebuild + ?Sized>(&self, rebuild: &mut R) -> Expr {
+        let child = |rebuild: &mut R, expr: &Expr| Box::new(rebuild.expr(expr));
+        match self {
+            Expr::Literal(_) | Expr::Var(_) | Expr::Scalar(_) | Expr::Builtin(_) => self.clone(),
+            Expr::Length { buffer } => Expr::Length {
+                buffer: rebuild.buffer(buffer),
+            },
+            Expr::Load { buffer, index } => Expr::Load {
+                index: child(rebuild, index),
+                buffer: rebuild.buffer(buffer),
+            },
+            Expr::Binary { op, lhs, rhs } => Expr::Binary {
+                op: *op,
+                lhs: child(rebuild, lhs),
+                rhs: child(rebuild, rhs),
+            },
+            Expr::Unary { op, operand } => Expr::Unary {
+                op: *op,
+                operand: child(rebuild, operand),
+            },
+            Expr::Select {
+                condition,
+                if_true,
+                if_false,
+            } => Expr::Select {
+                condition: child(rebuild, condition),
+                if_true: child(rebuild, if_true),
+                if_false: child(rebuild, if_false),
+            },
+            Expr::Cast { to, value } => Expr::Cast {
+                to: *to,
+                value: child(rebuild, value),
+            },
+            Expr::SubgroupShuffleXor { value, lane_mask } => Expr::SubgroupShuffleXor {
+                value: child(rebuild, value),
+                lane_mask: *lane_mask,
+            },
+            Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
+                op: *op,
+                value: child(rebuild, value),
+            },
+            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
+                op: *op,
+                kind: *kind,
+                value: child(rebuild, value),
+            },
+        }
+    }
+}
+
 fn is_leaf(expr: &Expr) -> bool {
     matches!(
         expr,

@@ -5,39 +5,28 @@
 //! `"../../tests/support/without.rs"`).
 #![allow(dead_code)]
 
-use vyre_cuda::ir::Node;
+use std::convert::Infallible;
+
+use vyre_cuda::ir::{Block, Node, Rebuild};
 
 /// `block` without the statements `drop` picks, inside `if`s and loops too.
-pub fn without(block: &[Node], drop: &dyn Fn(&Node) -> bool) -> Vec<Node> {
-    block
-        .iter()
-        .filter(|node| !drop(node))
-        .map(|node| match node {
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => Node::If {
-                condition: condition.clone(),
-                then_body: without(then_body, drop).into(),
-                else_body: without(else_body, drop).into(),
-            },
-            Node::Loop {
-                variable,
-                start,
-                end,
-                body,
-            } => Node::Loop {
-                variable: variable.clone(),
-                start: start.clone(),
-                end: end.clone(),
-                body: without(body, drop).into(),
-            },
-            Node::While { condition, body } => Node::While {
-                condition: condition.clone(),
-                body: without(body, drop).into(),
-            },
-            other => other.clone(),
-        })
-        .collect()
+pub fn without(block: &Block, drop: &dyn Fn(&Node) -> bool) -> Vec<Node> {
+    let Ok(kept) = Without(drop).block(block);
+    kept.to_vec()
+}
+
+/// The rebuild that leaves out what its predicate picks.
+struct Without<'a>(&'a dyn Fn(&Node) -> bool);
+
+impl Rebuild for Without<'_> {
+    type Error = Infallible;
+
+    fn block(&mut self, block: &Block) -> Result<Block, Infallible> {
+        let drop = self.0;
+        block
+            .iter()
+            .filter(|node| !drop(node))
+            .map(|node| node.map_parts(self))
+            .collect()
+    }
 }

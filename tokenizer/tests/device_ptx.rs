@@ -6,6 +6,7 @@
 #[path = "support/assemble.rs"]
 mod assemble;
 
+use vyre_cuda::ir::{Expr, Node};
 use vyre_tokenizer::device::programs::Programs;
 use vyre_tokenizer::device::short::short_program;
 use vyre_tokenizer::device::Geometry;
@@ -74,4 +75,37 @@ fn short_text_programs_validate_lower_and_assemble() {
             .iter()
             .map(|(name, program)| (name.clone(), program)),
     );
+}
+
+/// Locks out a short-text rewrite that takes a step it cannot run inside one
+/// workgroup's loop: a `return` (it would end the thread for every later group and
+/// step) or a grid sync, even nested in an `if`, makes `short_program` fail naming
+/// it. Control: the unaltered steps fuse.
+#[test]
+fn short_text_program_refuses_a_nested_return_or_grid_sync() {
+    let programs = Programs::new(Pattern::Cl100k, Geometry::default()).expect("geometry");
+    let steps = &programs.steps()[1..];
+    assert!(short_program(steps, &Geometry::default()).is_ok());
+    for (node, message) in [
+        (Node::Return, "a step returns early"),
+        (
+            Node::GridSync,
+            "a grid sync has no meaning in one workgroup",
+        ),
+    ] {
+        let mut altered = steps.to_vec();
+        let last = altered.last_mut().expect("steps");
+        let mut entry = last.program.entry().to_vec();
+        entry.push(Node::If {
+            condition: Expr::bool(false),
+            then_body: vec![node].into(),
+            else_body: Vec::new().into(),
+        });
+        last.program = last
+            .program
+            .with_entry(last.program.buffers_shared().clone(), entry.into());
+        let error = short_program(&altered, &Geometry::default())
+            .expect_err("a step the short-text program cannot take");
+        assert_eq!(error, message);
+    }
 }

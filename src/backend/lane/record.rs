@@ -336,7 +336,9 @@ pub(in crate::backend) fn check_lane_shared(
         return Ok(());
     }
     Err(BackendError::bad_input(format!(
-        "Fix: a lane block needs {shared_bytes} bytes of shared memory (the 4 KiB request record          plus the largest kernel's workgroup buffers) and this device gives a block {limit}; use          smaller workgroup buffers or dispatch that kernel with run"
+        "Fix: a lane block needs {shared_bytes} bytes of shared memory (the 4 KiB request record \
+         plus the largest kernel's workgroup buffers) and this device gives a block {limit}; use \
+         smaller workgroup buffers or dispatch that kernel with run"
     )))
 }
 
@@ -351,7 +353,8 @@ pub(in crate::backend) fn check_lane_blocks(
         return Ok(());
     }
     Err(BackendError::bad_input(format!(
-        "Fix: LaneOptions::blocks is {blocks} but this device holds at most {most} blocks of {name}          at once (a lane's blocks must all be resident); use at most {most}"
+        "Fix: LaneOptions::blocks is {blocks} but this device holds at most {most} blocks of {name} \
+         at once (a lane's blocks must all be resident); use at most {most}"
     )))
 }
 
@@ -413,6 +416,34 @@ mod tests {
 
     /// The area header's bytes (readback items follow it).
     const H: usize = AREA_HEADER_BYTES;
+
+    /// Locks out a `Fix:` message broken over source lines without a `\`, which
+    /// put the next line's indentation inside the message (both lane limits read
+    /// "request record          plus"): the two messages are single-spaced, name
+    /// their numbers, and pass at the limit. Negative control: the old text's run of
+    /// spaces is caught by the same check.
+    #[test]
+    fn lane_limit_messages_are_single_spaced() {
+        let spaced = |message: &str| message.contains("  ");
+        let shared = check_lane_shared(50_000, 49_152).unwrap_err().to_string();
+        let blocks = check_lane_blocks("inc", 9, 8).unwrap_err().to_string();
+        for message in [&shared, &blocks] {
+            assert!(message.contains("Fix: "), "{message}");
+            assert!(!spaced(message), "{message}");
+        }
+        assert!(
+            shared.contains("50000") && shared.contains("49152"),
+            "{shared}"
+        );
+        assert!(
+            blocks.contains("is 9") && blocks.contains("at most 8"),
+            "{blocks}"
+        );
+        assert!(
+            check_lane_shared(49_152, 49_152).is_ok() && check_lane_blocks("inc", 8, 8).is_ok()
+        );
+        assert!(spaced("the 4 KiB request record          plus the largest"));
+    }
 
     fn item(slot: u16, offset: u64, len: u64) -> ReadItem {
         ReadItem {

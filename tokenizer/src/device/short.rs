@@ -34,11 +34,10 @@
 //! finished), so the ids are the same as the steps' dispatched one by one.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use vyre_cuda::ir::{
-    Access, Axis, BinaryOp, Block, BufferCount, BufferDecl, Builtin, ElemType, Expr, Name, Node,
-    Program, ReduceOp,
+    Access, Axis, BinaryOp, BufferCount, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program,
+    Rebuild, ReduceOp,
 };
 
 use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_THREAD};
@@ -247,7 +246,7 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
                 Expr::Var(documents.clone()),
             ),
         });
-        let rewrite = Rewrite {
+        let mut rewrite = Rewrite {
             group: &group,
             groups: &groups,
             threads,
@@ -367,180 +366,34 @@ struct Rewrite<'a> {
     rename: &'a BTreeMap<Name, Name>,
 }
 
-impl Rewrite<'_> {
-    fn name(&self, buffer: &Name) -> Name {
+impl Rebuild for Rewrite<'_> {
+    type Error = String;
+
+    fn buffer(&mut self, buffer: &Name) -> Name {
         self.rename
             .get(buffer)
             .cloned()
             .unwrap_or_else(|| buffer.clone())
     }
 
-    fn block(&self, block: &Block) -> Result<Block, String> {
-        let nodes: Vec<Node> = block
-            .iter()
-            .map(|node| self.node(node))
-            .collect::<Result<_, _>>()?;
-        Ok(Arc::from(nodes))
-    }
-
-    fn node(&self, node: &Node) -> Result<Node, String> {
-        Ok(match node {
-            Node::Let {
-                name,
-                mutable,
-                value,
-            } => Node::Let {
-                name: name.clone(),
-                mutable: *mutable,
-                value: self.expr(value),
-            },
-            Node::Assign { name, value } => Node::Assign {
-                name: name.clone(),
-                value: self.expr(value),
-            },
-            Node::Store {
-                buffer,
-                index,
-                value,
-            } => Node::Store {
-                buffer: self.name(buffer),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::If {
-                condition,
-                then_body,
-                else_body,
-            } => Node::If {
-                condition: self.expr(condition),
-                then_body: self.block(then_body)?,
-                else_body: self.block(else_body)?,
-            },
-            Node::Loop {
-                variable,
-                start,
-                end,
-                body,
-            } => Node::Loop {
-                variable: variable.clone(),
-                start: self.expr(start),
-                end: self.expr(end),
-                body: self.block(body)?,
-            },
-            Node::While { condition, body } => Node::While {
-                condition: self.expr(condition),
-                body: self.block(body)?,
-            },
-            Node::Atomic {
-                op,
-                buffer,
-                index,
-                value,
-            } => Node::Atomic {
-                op: *op,
-                buffer: self.name(buffer),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::AtomicFetch {
-                name,
-                op,
-                buffer,
-                index,
-                value,
-            } => Node::AtomicFetch {
-                name: name.clone(),
-                op: *op,
-                buffer: self.name(buffer),
-                index: self.expr(index),
-                value: self.expr(value),
-            },
-            Node::CompareExchange {
-                name,
-                buffer,
-                index,
-                expected,
-                value,
-            } => Node::CompareExchange {
-                name: name.clone(),
-                buffer: self.name(buffer),
-                index: self.expr(index),
-                expected: self.expr(expected),
-                value: self.expr(value),
-            },
-            Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
-                name: name.clone(),
-                op: *op,
-                value: self.expr(value),
-            },
-            Node::WorkgroupScan {
-                name,
-                op,
-                kind,
-                value,
-            } => Node::WorkgroupScan {
-                name: name.clone(),
-                op: *op,
-                kind: *kind,
-                value: self.expr(value),
-            },
-            Node::Break | Node::Continue | Node::Barrier | Node::Fence => node.clone(),
-            Node::GridSync => return Err("a grid sync has no meaning in one workgroup".to_owned()),
+    fn node(&mut self, node: &Node) -> Result<Node, String> {
+        match node {
+            Node::GridSync => Err("a grid sync has no meaning in one workgroup".to_owned()),
             // A return would end the thread for every later group and step.
-            Node::Return => return Err("a step returns early".to_owned()),
-        })
-    }
-
-    fn expr(&self, expr: &Expr) -> Expr {
-        let boxed = |value: &Expr| Box::new(self.expr(value));
-        match expr {
-            Expr::Builtin(builtin) => self.builtin(*builtin),
-            Expr::Load { buffer, index } => Expr::Load {
-                buffer: self.name(buffer),
-                index: boxed(index),
-            },
-            Expr::Length { buffer } => Expr::Length {
-                buffer: self.name(buffer),
-            },
-            Expr::Binary { op, lhs, rhs } => Expr::Binary {
-                op: *op,
-                lhs: boxed(lhs),
-                rhs: boxed(rhs),
-            },
-            Expr::Unary { op, operand } => Expr::Unary {
-                op: *op,
-                operand: boxed(operand),
-            },
-            Expr::Select {
-                condition,
-                if_true,
-                if_false,
-            } => Expr::Select {
-                condition: boxed(condition),
-                if_true: boxed(if_true),
-                if_false: boxed(if_false),
-            },
-            Expr::Cast { to, value } => Expr::Cast {
-                to: *to,
-                value: boxed(value),
-            },
-            Expr::SubgroupShuffleXor { value, lane_mask } => Expr::SubgroupShuffleXor {
-                value: boxed(value),
-                lane_mask: *lane_mask,
-            },
-            Expr::SubgroupReduce { op, value } => Expr::SubgroupReduce {
-                op: *op,
-                value: boxed(value),
-            },
-            Expr::SubgroupScan { op, kind, value } => Expr::SubgroupScan {
-                op: *op,
-                kind: *kind,
-                value: boxed(value),
-            },
-            Expr::Literal(_) | Expr::Var(_) | Expr::Scalar(_) => expr.clone(),
+            Node::Return => Err("a step returns early".to_owned()),
+            _ => node.map_parts(self),
         }
     }
 
+    fn expr(&mut self, expr: &Expr) -> Expr {
+        match expr {
+            Expr::Builtin(builtin) => self.builtin(*builtin),
+            _ => expr.map_children(self),
+        }
+    }
+}
+
+impl Rewrite<'_> {
     fn builtin(&self, builtin: Builtin) -> Expr {
         match builtin {
             Builtin::WorkgroupId(Axis::X) => Expr::Var(self.group.clone()),
