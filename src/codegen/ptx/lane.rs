@@ -956,9 +956,6 @@ impl Server {
         self.line(format_args!("setp.eq.u32 %flat, %grid_x, %total;"));
     }
 
-    /// Entry `%op` of the record's table at byte `table` (a prologue or readback
-    /// table): its u64 address into `address`, its u32 byte count into `%bytes` and its
-    /// last u32 (staging or area offset) into `%source`.
     /// A loop (labels named after `kind`) over the entries `%op = from .. count` of
     /// the record table whose offset register is `table`: each entry's device address
     /// is loaded into `address` and made global, then `body` runs with the label it
@@ -998,6 +995,9 @@ impl Server {
         self.line(format_args!("add.s64 %at, %record, %at;"));
     }
 
+    /// Entry `%op` of the record's table at byte `table` (a prologue or readback
+    /// table): its u64 address into `address`, its u32 byte count into `%bytes` and its
+    /// last u32 (staging or area offset) into `%source`.
     fn load_entry(&mut self, table: &str, address: &str) {
         self.entry_at("%op", table);
         self.line(format_args!("ld.shared.u64 {address}, [%at];"));

@@ -630,7 +630,7 @@ impl DeviceEncoder {
                 return Ok(None);
             }
             let mut slot = self.take_slot(layout.text_len as u64, texts.len() as u64)?;
-            let short = self.short_kernel(layout.text_len).is_some();
+            let short = self.runs_short(u64::from(layout.text_len));
             match self.stage_and_submit(&mut slot, texts, &layout) {
                 Ok(pending) => Ok(Some((slot, pending, short))),
                 Err(error) => {
@@ -787,29 +787,21 @@ impl DeviceEncoder {
         let geometry = &self.programs.geometry;
         let steps = self.programs.steps();
         // (kernel, its bindings' roles, workgroups, name) of each dispatch.
-        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.short_kernel(layout.text_len) {
-            Some(short) => vec![
-                (
-                    &self.kernels[0],
-                    &steps[0].bindings,
-                    steps[0]
-                        .grid
-                        .workgroups(geometry, layout.text_len as u64, texts.len() as u64),
-                    steps[0].program_name(),
-                ),
-                (&short.kernel, &short.bindings, 1, &short.name),
-            ],
-            None => steps
-                .iter()
-                .zip(&self.kernels)
-                .map(|(step, kernel)| {
-                    let workgroups =
-                        step.grid
-                            .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
-                    (kernel, &step.bindings[..], workgroups, step.program_name())
-                })
-                .collect(),
-        };
+        let step_by_step = steps.iter().zip(&self.kernels).map(|(step, kernel)| {
+            let workgroups =
+                step.grid
+                    .workgroups(geometry, layout.text_len as u64, texts.len() as u64);
+            (kernel, &step.bindings[..], workgroups, step.program_name())
+        });
+        let chain: Vec<(&Kernel, &[Role], u32, &str)> =
+            match self.short_kernel(u64::from(layout.text_len)) {
+                // `stage`, then every other step in the short-text kernel.
+                Some(short) => step_by_step
+                    .take(1)
+                    .chain([(&short.kernel, &short.bindings[..], 1, &short.name[..])])
+                    .collect(),
+                None => step_by_step.collect(),
+            };
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
         for (kernel, roles, workgroups, name) in chain {
             let bindings = self.bindings(slot, roles)?;
@@ -825,17 +817,17 @@ impl DeviceEncoder {
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
-    fn short_kernel(&self, text_len: u32) -> Option<&ShortKernel> {
+    fn short_kernel(&self, text_len: u64) -> Option<&ShortKernel> {
         self.short
             .as_ref()
-            .filter(|_| u64::from(text_len) <= self.limits.short_text_bytes)
+            .filter(|_| text_len <= self.limits.short_text_bytes)
     }
 
     /// Whether a chunk of `text_len` bytes runs as `stage` and the short-text
     /// kernel (every other step in one workgroup, see
     /// [`short`](super::short)) instead of one dispatch per step.
     pub fn runs_short(&self, text_len: u64) -> bool {
-        self.short.is_some() && text_len > 0 && text_len <= self.limits.short_text_bytes
+        text_len > 0 && self.short_kernel(text_len).is_some()
     }
 
     /// The bindings of `roles`: the resident tables, or the slot's buffers.

@@ -249,14 +249,12 @@ impl Geometry {
                 self.chunk_bytes
             ));
         }
-        if 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size)
-            > u64::from(MERGE_SLABS_MAX_BYTES)
-        {
+        let slab_bytes = 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size);
+        if slab_bytes > u64::from(MERGE_SLABS_MAX_BYTES) {
             return Err(format!(
-                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {} bytes of slabs; use at most {} ({MERGE_SLABS_MAX_BYTES} bytes), or 0 for none",
+                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {slab_bytes} bytes of slabs; use at most {} ({MERGE_SLABS_MAX_BYTES} bytes), or 0 for none",
                 self.merge_slab_bytes,
                 self.workgroup_size,
-                4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size),
                 MERGE_SLABS_MAX_BYTES / 4 / self.workgroup_size
             ));
         }
@@ -1037,26 +1035,24 @@ enum PartWords<'a> {
 }
 
 impl PartWords<'_> {
+    /// The buffer and index of the word of the range's byte `offset`.
+    fn word_at(self, offset: Expr) -> (&'static str, Expr) {
+        match self {
+            PartWords::Scratch { start } => (Role::MergeParts.name(), start.clone() + offset),
+            PartWords::Slab { threads, lane } => (MERGE_SLAB, offset * threads + lane.clone()),
+        }
+    }
+
     /// The word of the range's byte `offset`.
     fn load(self, offset: Expr) -> Expr {
-        match self {
-            PartWords::Scratch { start } => load(Role::MergeParts, start.clone() + offset),
-            PartWords::Slab { threads, lane } => {
-                Expr::load(MERGE_SLAB, offset * threads + lane.clone())
-            }
-        }
+        let (buffer, index) = self.word_at(offset);
+        Expr::load(buffer, index)
     }
 
     /// Stores `word` as the word of the range's byte `offset`.
     fn store(self, b: &mut BlockBuilder, offset: Expr, word: Expr) {
-        match self {
-            PartWords::Scratch { start } => {
-                b.store(Role::MergeParts.name(), start.clone() + offset, word);
-            }
-            PartWords::Slab { threads, lane } => {
-                b.store(MERGE_SLAB, offset * threads + lane.clone(), word);
-            }
-        }
+        let (buffer, index) = self.word_at(offset);
+        b.store(buffer, index, word);
     }
 }
 

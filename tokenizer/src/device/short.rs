@@ -36,7 +36,7 @@
 use std::collections::BTreeMap;
 
 use vyre_cuda::ir::{
-    Access, Axis, BinaryOp, BufferCount, BufferDecl, Builtin, ElemType, Expr, Name, Node, Program,
+    Access, Axis, BinaryOp, BufferCount, BufferDecl, Builtin, Expr, Literal, Name, Node, Program,
     Rebuild, ReduceOp,
 };
 
@@ -348,13 +348,7 @@ fn clear_workgroup_buffers(buffers: &[BufferDecl], threads: u32) -> Vec<Node> {
 
 /// A zero of `decl`'s element value type.
 fn zero_of(decl: &BufferDecl) -> Expr {
-    match decl.elem {
-        ElemType::U8 | ElemType::U32 => Expr::u32(0),
-        ElemType::I32 => Expr::i32(0),
-        ElemType::F32 => Expr::f32(0.0),
-        ElemType::U64 => Expr::u64(0),
-        ElemType::I64 => Expr::i64(0),
-    }
+    Expr::Literal(Literal::from_bits(decl.elem.value_type(), 0))
 }
 
 /// The rewrite of one step's body: its workgroup builtins from the group loop,
