@@ -88,13 +88,14 @@ fn cut(text: &[u8], seed: u64) -> Vec<Vec<u8>> {
 #[ignore = "needs a CUDA device"]
 fn gpu_batch_split_matches_on_three_shapes_at_262144_bytes() {
     let backend = gpu();
+    let shape_bytes = sanitizer::sized_for_tools("shape bytes", 262_144, 32_768);
     let reference = AnyBackend::reference();
     for pattern in Pattern::ALL {
         let mut splitter = splitter(&backend, pattern);
         let mut on_reference = self::splitter(&reference, pattern);
         for shape in Shape::ALL {
             for seed in [42, 43, 42] {
-                let text = generate(shape, 262_144, seed);
+                let text = generate(shape, shape_bytes, seed);
                 check(
                     &mut splitter,
                     std::slice::from_ref(&text),
@@ -151,7 +152,7 @@ fn gpu_batch_split_matches_on_corpus_and_2000_random_strings() {
             check(&mut splitter, batch, &format!("corpus batch {index}"));
         }
         let mut random = SplitMix64::new(seed);
-        let count = sanitizer::sized_for_tools("random strings", 2_000, 200);
+        let count = sanitizer::sized_for_tools("random strings", 2_000, 60);
         let strings: Vec<Vec<u8>> = (0..count)
             .map(|_| split_corpus::random_bytes(&mut random, 24))
             .collect();
@@ -178,14 +179,15 @@ fn gpu_batch_split_matches_on_corpus_and_2000_random_strings() {
 /// groups of three, a white-space run decided by what follows it, an
 /// upper-case stretch decided by its end) alone, after a short document, and
 /// cut in two documents in its middle; and the documents whose ends cut runs
-/// and characters.
+/// and characters. (Runs of 12 KiB under compute-sanitizer.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_batch_split_matches_on_100_kib_runs_and_document_boundaries() {
     let backend = gpu();
+    let run_bytes = sanitizer::sized_for_tools("run bytes", 100 << 10, 12 << 10);
     for pattern in Pattern::ALL {
         let mut splitter = splitter(&backend, pattern);
-        for (name, run) in split_corpus::long_runs() {
+        for (name, run) in split_corpus::long_runs_of(run_bytes) {
             check(&mut splitter, std::slice::from_ref(&run), name);
             check(&mut splitter, &[b"x".to_vec(), run.clone()], name);
             let (head, tail) = run.split_at(run.len() / 2 + 1);
@@ -206,6 +208,7 @@ fn gpu_batch_split_matches_on_100_kib_runs_and_document_boundaries() {
 #[ignore = "needs a CUDA device"]
 fn gpu_batch_split_matches_on_batches_of_1_to_1000_documents() {
     let backend = gpu();
+    let large_bytes = sanitizer::sized_for_tools("large batch bytes", 4 << 20, 512 << 10);
     let mut random = SplitMix64::new(0xBA7C4);
     for pattern in Pattern::ALL {
         let mut splitter = splitter(&backend, pattern);
@@ -228,8 +231,12 @@ fn gpu_batch_split_matches_on_batches_of_1_to_1000_documents() {
         crowded.push(b"'s DON'T".to_vec());
         crowded.push(b"\n\n  x".to_vec());
         check(&mut splitter, &crowded, "100,000 empty documents");
-        let large = generate(Shape::Prose, 4 << 20, 7);
-        check(&mut splitter, &cut(&large, 7), "4 MiB in documents");
+        let large = generate(Shape::Prose, large_bytes, 7);
+        check(
+            &mut splitter,
+            &cut(&large, 7),
+            &format!("{large_bytes} bytes in documents"),
+        );
     }
 }
 
@@ -247,13 +254,14 @@ fn gpu_batch_split_repeated_runs_leave_no_state() {
         .map(|&pattern| splitter(&backend, pattern))
         .collect();
     let mut random = SplitMix64::new(0x5747E);
-    for round in 0..300usize {
+    for round in 0..sanitizer::sized_for_tools("rounds", 300, 60) {
         let splitter = &mut splitters[round % 3];
         let bytes = [1usize, 100, 5_000, 70_000][random.below(4) as usize];
         let text = generate(Shape::ALL[round % 3], bytes, round as u64);
         let documents = cut(&text, round as u64);
         check(splitter, &documents, &format!("round {round}"));
     }
+    let small_geometry_bytes = sanitizer::sized_for_tools("small-geometry bytes", 262_144, 32_768);
     let small = Geometry {
         workgroup_size: 16,
         bytes_per_thread: 2,
@@ -263,7 +271,7 @@ fn gpu_batch_split_repeated_runs_leave_no_state() {
         let programs = SplitPrograms::build(pattern, small).expect("geometry");
         let mut splitter = BatchSplitter::new(&backend, programs).expect("splitter");
         for shape in Shape::ALL {
-            let text = generate(shape, 262_144, 5);
+            let text = generate(shape, small_geometry_bytes, 5);
             check(
                 &mut splitter,
                 &cut(&text, 5),

@@ -35,12 +35,14 @@
 //! request; it still checks its scalar values and the caller's slices, and writes and
 //! compares its whole record unless it repeats the request that rang last with the same
 //! scalar values (then its record is that one's, byte for byte, and the doorbell says
-//! so). The host's share is what a lane request has left to shrink: on the H200
+//! so). The host's share was what a lane request had left to shrink: on the H200
 //! (2026-12-01, `VYRE_BENCH_LANES_ONLY=1 bench-dispatch`) a request of the 9-buffer
 //! fixture spent 0.64 µs on the host before the doorbell and 0.41 µs delivering, of
 //! 3.94 µs in all (1.42 and 0.82 of 5.44 µs at 17 buffers); the probe charged the plan
 //! 0.35 µs, staging 0.24 and the record 0.28–0.31, nearly the same at 9 and 17
-//! bindings.
+//! bindings. With the repeat path the same requests spent 0.28 / 0.30 µs before the
+//! doorbell and 0.32 / 0.40 µs delivering (4.22 / 4.34 µs in all, the rest the
+//! server's and the bus's).
 //!
 //! # Same semantics as a launch
 //!

@@ -447,8 +447,13 @@ pub fn corpus(gpt2_corpus: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 /// digits, apostrophes, `\r\n`, newlines, marks, and pairs whose pieces are short
 /// (contractions, mark after punctuation, `a/`).
 pub fn long_runs() -> Vec<(&'static str, Vec<u8>)> {
-    const BYTES: usize = 100 << 10;
-    let run = |unit: &str| unit.repeat(BYTES / unit.len()).into_bytes();
+    long_runs_of(100 << 10)
+}
+
+/// [`long_runs`] with runs of about `bytes` each (the GPU tests shrink them under
+/// compute-sanitizer, whose tools slow a long piece's serial merge a thousandfold).
+pub fn long_runs_of(bytes: usize) -> Vec<(&'static str, Vec<u8>)> {
+    let run = |unit: &str| unit.repeat(bytes / unit.len()).into_bytes();
     vec![
         ("lower-case letter", run("a")),
         ("upper-case letter", run("A")),
@@ -482,7 +487,7 @@ pub fn long_runs() -> Vec<(&'static str, Vec<u8>)> {
         ("mark after punctuation", run(".\u{301}")),
         ("slash after a letter", run("a/")),
         ("line break and slash", [b".".to_vec(), run("\n/")].concat()),
-        ("invalid bytes", vec![0xFF; BYTES]),
+        ("invalid bytes", vec![0xFF; bytes]),
     ]
 }
 
