@@ -302,6 +302,10 @@ fn reference_answers_every_parity_case_as_cuda_does() {
         ("scalar: record without a value", "BadInput"),
         ("graph: set_scalar of another type", "BadInput"),
         ("graph: set_scalar of an undeclared name", "BadInput"),
+        (
+            "compile: workgroup memory 16 bytes past the opt-in limit",
+            "InvalidProgram",
+        ),
     ];
     for (name, kind) in expected_refusals {
         let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
@@ -313,6 +317,21 @@ fn reference_answers_every_parity_case_as_cuda_does() {
         Outcome::Ran(items) => items.clone(),
         other => panic!("{name}: {other:?}"),
     };
+    let (dst, totals) = support::wide_shared::expected(&support::wide_shared::source(2));
+    assert_eq!(
+        ran("run: 100 KiB of workgroup memory"),
+        vec![bytes(&dst), bytes(&totals)]
+    );
+    let past = seen
+        .iter()
+        .find(|(case, _)| *case == "compile: workgroup memory 16 bytes past the opt-in limit")
+        .and_then(|(_, outcome)| outcome.refused())
+        .expect("refused")
+        .1;
+    assert!(
+        past.contains("232464 bytes of shared memory, over the device limit of 232448 bytes"),
+        "{past}"
+    );
     let plus_one: Vec<u32> = (1..=64).collect();
     assert_eq!(ran("run: buffers"), vec![bytes(&plus_one)]);
     assert_eq!(

@@ -28,6 +28,8 @@ use vyre_cuda::CodegenOptions;
 
 #[path = "support/ptxas.rs"]
 mod ptxas;
+#[path = "support/wide_shared.rs"]
+mod wide_shared;
 #[path = "support/without.rs"]
 mod without;
 
@@ -1706,6 +1708,97 @@ fn workgroup_memory_is_zeroed_before_the_program_runs() {
     assert!(zero < wait && wait < first_statement, "{ptx}");
     // Control: a program without workgroup buffers has no zeroing.
     assert!(!emit(&fixture("literals", literals())).contains("st.shared"));
+}
+
+/// Locks out workgroup memory past 48 KiB that cannot run: static `.shared` arrays
+/// (ptxas refuses them: "too much shared data"), a pool whose buffers overlap or
+/// misalign, one `.extern` name declared twice in a module of several kernels, or a
+/// kernel whose pool size the backend reads differently from what its PTX lays out.
+/// The 100 KiB program's kernel declares one `.extern .shared .align 16` pool and no
+/// static array, puts `wide` (8-byte elements) at offset 0 and `table` at 512, its
+/// pool is `dynamic_shared_bytes` bytes, and it assembles with ptxas alone (plain and
+/// result ABI) and as two kernels of one module beside a static one. A program of
+/// 48 KiB exactly keeps its static arrays. Negative control: the same kernel with
+/// the pool declared as a static array of that size is refused by ptxas.
+#[test]
+fn workgroup_memory_past_48_kib_is_one_dynamic_pool() {
+    use vyre_cuda::codegen::ptx::{
+        dynamic_shared_bytes, workgroup_memory, PtxModuleBuilder, DYNAMIC_SHARED_SYMBOL,
+        MAX_STATIC_SHARED_BYTES,
+    };
+    let caps = LoweringCaps::new(true, 32).expect("32-lane subgroups");
+    let lowered = lower_workgroup_reductions(&wide_shared::program(), &caps);
+    let bytes = dynamic_shared_bytes(&lowered);
+    let (placed, pool) = workgroup_memory::layout(&lowered);
+    assert_eq!(bytes, pool);
+    assert!(bytes >= 100 * 1024 + 8 * wide_shared::WIDE_WORDS, "{bytes}");
+    let offset = |name: &str| placed.iter().find(|(d, _)| &*d.name == name).unwrap().1;
+    assert_eq!((offset("wide"), offset("table")), (0, 512));
+
+    let declaration = format!(".extern .shared .align 16 .b8 {DYNAMIC_SHARED_SYMBOL}[];");
+    let plain = program_to_ptx(&lowered, &CHECKED, 90, 32).expect("plain");
+    let with_results = program_to_ptx_with_results(&lowered, &CHECKED, 90, 32).expect("results");
+    for ptx in [&plain, &with_results] {
+        assert_eq!(ptx.matches(&declaration).count(), 1, "{ptx}");
+        assert!(!ptx.contains(".shared .align 4 .b8"), "{ptx}");
+        assert!(!ptx.contains(".shared .align 8 .b8"), "{ptx}");
+        assert!(
+            ptx.contains(&format!(", {DYNAMIC_SHARED_SYMBOL};")),
+            "{ptx}"
+        );
+        assert!(ptx.contains(", 512;"), "table at offset 512: {ptx}");
+        assert!(ptx.contains(&format!("dynamic workgroup memory: {bytes} bytes")));
+    }
+
+    let static_limit = Program::builder([32, 1, 1])
+        .buffer(
+            "pool",
+            0,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(MAX_STATIC_SHARED_BYTES / 4),
+        )
+        .body(|b| {
+            b.store("pool", Expr::local_id(Axis::X), 1u32);
+        })
+        .build();
+    let static_ptx = program_to_ptx(&static_limit, &CHECKED, 90, 32).expect("48 KiB");
+    assert_eq!(dynamic_shared_bytes(&static_limit), 0);
+    assert!(!static_ptx.contains(".extern"), "{static_ptx}");
+
+    let mut module = PtxModuleBuilder::with_results(&CHECKED, 90, 32);
+    for program in [&lowered, &static_limit, &lowered] {
+        module.push(program).expect("push");
+    }
+    let module = module.finish();
+    for kernel in [0, 2] {
+        let pool = format!(".extern .shared .align 16 .b8 {DYNAMIC_SHARED_SYMBOL}_{kernel}[];");
+        assert_eq!(module.matches(&pool).count(), 1, "{module}");
+    }
+
+    let Some(ptxas) = ptxas::require("workgroup_memory_past_48_kib_is_one_dynamic_pool") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for (name, ptx) in [
+        ("wide_shared", &plain),
+        ("wide_shared_results", &with_results),
+        ("wide_shared_module", &module),
+        ("static_limit", &static_ptx),
+    ] {
+        if let Err(error) = ptxas::assemble(&ptxas, name, ptx) {
+            failures.push(error);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let as_static = plain.replacen(
+        &declaration,
+        &format!(".shared .align 16 .b8 {DYNAMIC_SHARED_SYMBOL}[{bytes}];"),
+        1,
+    );
+    let error = ptxas::assemble(&ptxas, "wide_shared_static", &as_static)
+        .expect_err("ptxas took static shared memory past 48 KiB");
+    assert!(error.contains("shared"), "{error}");
 }
 
 // ----- errors ------------------------------------------------------------------------------

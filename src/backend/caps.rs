@@ -68,9 +68,10 @@ pub struct DeviceCaps {
     pub max_block_dims: [u32; 3],
     /// Largest grid size per axis.
     pub max_grid_dims: [u32; 3],
-    /// Static shared memory one block may use, bytes.
+    /// Static shared memory one block may use, bytes (a lane's limit).
     pub max_shared_memory_per_block: u32,
-    /// Shared memory one block may opt in to, bytes.
+    /// Shared memory one block may opt in to, bytes (a kernel's limit: its
+    /// workgroup buffers past 48 KiB are dynamic shared memory).
     pub max_shared_memory_per_block_optin: u32,
     /// Threads per warp.
     pub warp_size: u32,
@@ -176,14 +177,26 @@ impl DeviceCaps {
         PipelineFeatures(bits)
     }
 
-    /// Limits the validator checks programs against.
+    /// Limits the validator checks programs against. Their workgroup memory is
+    /// the opt-in limit ([`DeviceCaps::kernel_shared_memory_bytes`]): a kernel's
+    /// workgroup buffers past 48 KiB live in dynamic shared memory. A lane's
+    /// programs keep the static limit ([`DeviceCaps::max_shared_memory_per_block`]),
+    /// which the lane checks itself.
     pub fn limits(&self) -> Limits {
         Limits {
             max_threads_per_workgroup: self.max_threads_per_block,
             max_workgroup_size: self.max_block_dims,
-            max_shared_memory_bytes: self.max_shared_memory_per_block,
+            max_shared_memory_bytes: self.kernel_shared_memory_bytes(),
             subgroup_size: self.warp_size,
         }
+    }
+
+    /// Most workgroup memory one kernel's workgroup may have: the opt-in limit
+    /// (dynamic shared memory, 232,448 bytes on an H200), never less than the
+    /// static one.
+    pub fn kernel_shared_memory_bytes(&self) -> u32 {
+        self.max_shared_memory_per_block_optin
+            .max(self.max_shared_memory_per_block)
     }
 
     /// What lowering may use on this device.

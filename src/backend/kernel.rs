@@ -535,8 +535,10 @@ impl BackendInner {
     }
 
     /// The kernel of `program` (lowered to `lowered`) whose entry `module` is: its
-    /// binding plan, and for a grid-sync program the barrier words and the
-    /// co-residency limit.
+    /// binding plan, its dynamic shared memory (the one place it is computed, from
+    /// the lowered program the PTX was written from: the function is opted in here
+    /// and every launch passes it), and for a grid-sync program the barrier words
+    /// and the co-residency limit.
     fn kernel_from_module(
         &self,
         program: &Program,
@@ -544,8 +546,12 @@ impl BackendInner {
         options: &CodegenOptions,
         ptx: Arc<str>,
         module_key: ModuleKey,
-        module: LoadedModule,
+        mut module: LoadedModule,
     ) -> Result<KernelInner, BackendError> {
+        let dynamic_shared = codegen::ptx::dynamic_shared_bytes(lowered);
+        module.use_dynamic_shared(dynamic_shared).map_err(|error| {
+            BackendError::module_load(program.display_name(), self.caps.ptx_target_sm(), error)
+        })?;
         let grid_sync = contains_grid_sync(lowered.entry());
         let (slots, outputs) = binding_slots(lowered);
         let workgroup_size = lowered.workgroup_size();
@@ -563,9 +569,11 @@ impl BackendInner {
                     });
                 }
                 let threads = workgroup_size.iter().map(|&v| v as u64).product::<u64>() as u32;
-                let per_sm = module.max_active_blocks_per_sm(threads, 0).map_err(|e| {
-                    BackendError::driver("querying occupancy for a grid-sync kernel", e)
-                })?;
+                let per_sm = module
+                    .max_active_blocks_per_sm(threads, dynamic_shared as usize)
+                    .map_err(|e| {
+                        BackendError::driver("querying occupancy for a grid-sync kernel", e)
+                    })?;
                 max_coresident_blocks = per_sm as u64 * self.caps.sm_count as u64;
                 Some(address)
             }

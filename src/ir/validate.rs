@@ -92,7 +92,12 @@ pub struct Limits {
     pub max_threads_per_workgroup: u32,
     /// Largest workgroup size per axis.
     pub max_workgroup_size: [u32; 3],
-    /// Most bytes of workgroup (shared) memory one workgroup may declare.
+    /// Most bytes of workgroup (shared) memory one workgroup may declare, each
+    /// workgroup buffer counted in whole 4-byte words (as code generation lays them
+    /// out). The CUDA backend sets it to the device's opt-in limit (227 KiB,
+    /// 232,448 bytes, on an H200: past 48 KiB a kernel's workgroup buffers live in
+    /// dynamic shared memory, `codegen::ptx::workgroup_memory`); the default is the
+    /// 48 KiB every CUDA kernel may declare statically.
     pub max_shared_memory_bytes: u32,
     /// Lanes per subgroup (warp).
     pub subgroup_size: u32,
@@ -106,6 +111,21 @@ impl Default for Limits {
             max_threads_per_workgroup: 1024,
             max_workgroup_size: [1024, 1024, 64],
             max_shared_memory_bytes: 48 * 1024,
+            subgroup_size: 32,
+        }
+    }
+}
+
+impl Limits {
+    /// An H200's kernel limits: the defaults with the 227 KiB (232,448 bytes) of
+    /// workgroup memory one workgroup may opt in to
+    /// (`DeviceCaps::max_shared_memory_per_block_optin`). The reference interpreter
+    /// answers as this device by default.
+    pub const fn h200() -> Limits {
+        Limits {
+            max_threads_per_workgroup: 1024,
+            max_workgroup_size: [1024, 1024, 64],
+            max_shared_memory_bytes: 232_448,
             subgroup_size: 32,
         }
     }
@@ -745,7 +765,9 @@ impl<'p> Checker<'p> {
                         }
                     };
                     if decl.access == Access::Workgroup {
-                        shared_bytes = shared_bytes.saturating_add(bytes);
+                        // What the buffer takes in workgroup memory: its size in
+                        // whole 4-byte words, as code generation lays it out.
+                        shared_bytes = shared_bytes.saturating_add(bytes.div_ceil(4).max(1) * 4);
                         if shared_bytes > self.limits.max_shared_memory_bytes as u64 {
                             return Err(ValidationError::new(Rule::SharedMemoryOverLimit, {
                                 let name = shown(name);

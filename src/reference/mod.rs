@@ -110,7 +110,8 @@ pub struct ReferenceOptions {
     /// Lanes per subgroup for `SubgroupShuffleXor`/`SubgroupReduce` (default 32, a
     /// CUDA warp). Must be at least 1.
     pub subgroup_size: u32,
-    /// Device limits the program is validated against.
+    /// Device limits the program is validated against (default
+    /// [`ir::Limits::h200`]: an H200's kernels, 227 KiB of workgroup memory).
     pub limits: ir::Limits,
     /// Most work one call may do before it stops with a `Fix:` error instead of
     /// appearing to hang: statements, expression nodes and loop iterations, each
@@ -160,7 +161,7 @@ impl Default for ReferenceOptions {
     fn default() -> Self {
         ReferenceOptions {
             subgroup_size: 32,
-            limits: ir::Limits::default(),
+            limits: ir::Limits::h200(),
             max_work: 1 << 31,
             max_memory_bytes: 2 << 30,
             reverse_atomic_order: false,

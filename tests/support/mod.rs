@@ -4,6 +4,7 @@
 pub mod lane;
 pub mod parity;
 pub mod stitch;
+pub mod wide_shared;
 
 use vyre_cuda::backend::{CudaBackend, DeviceBuffer};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};

@@ -68,6 +68,7 @@ pub fn cases(backend: &AnyBackend) -> Vec<(&'static str, Outcome)> {
     request_cases(backend, &mut seen);
     limit_cases(backend, &mut seen);
     scalar_cases(backend, &mut seen);
+    shared_memory_cases(backend, &mut seen);
     seen
 }
 
@@ -400,4 +401,49 @@ fn scalar_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
 
 fn bytemuck_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// The same workgroup-memory limit: a kernel's is the device's opt-in limit (227 KiB
+/// on an H200, dynamic shared memory past 48 KiB), so a program of 100 KiB runs
+/// with the same bytes, and one of 16 bytes past the limit is refused at `compile`
+/// with the same message.
+fn shared_memory_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let groups = 2;
+    let config = DispatchConfig::linear(groups);
+    let source = super::wide_shared::source(groups);
+    let dst = Binding::zeroed::<u32>(source.len() as u64);
+    let totals = Binding::zeroed::<u32>(u64::from(groups));
+    let bindings = [Binding::host(&source), dst, totals];
+    let program = super::wide_shared::program();
+    seen.push((
+        "run: 100 KiB of workgroup memory",
+        observe(
+            backend.run(Dispatch::program(&program, &bindings).config(&config)),
+            |finished| finished.outputs.into_vecs(),
+        ),
+    ));
+    seen.push((
+        "compile: workgroup memory 16 bytes past the opt-in limit",
+        observe(
+            backend.compile(&past_the_opt_in_limit(), &config),
+            |_| vec![],
+        ),
+    ));
+}
+
+/// A program whose one workgroup buffer is 16 bytes past an H200's opt-in limit of
+/// 232,448 bytes.
+pub fn past_the_opt_in_limit() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "pool",
+            0,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static((232_448 + 16) / 4),
+        )
+        .body(|b| {
+            b.store("pool", Expr::local_id(Axis::X), 1u32);
+        })
+        .build()
 }

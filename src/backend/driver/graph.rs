@@ -276,8 +276,9 @@ pub unsafe fn set_kernel_node_params(
     }
 }
 
-/// The kernel-node parameter block of one launch of `module`'s function. The
-/// function names its module's context, so the node runs on that module's device.
+/// The kernel-node parameter block of one launch of `module`'s function, with its
+/// dynamic shared memory (as [`super::launch`] passes it). The function names its
+/// module's context, so the node runs on that module's device.
 fn kernel_node_params(
     module: &LoadedModule,
     grid: [u32; 3],
@@ -292,7 +293,7 @@ fn kernel_node_params(
         blockDimX: block[0],
         blockDimY: block[1],
         blockDimZ: block[2],
-        sharedMemBytes: 0,
+        sharedMemBytes: module.dynamic_shared_bytes,
         kernelParams: params.as_mut_ptr(),
         extra: std::ptr::null_mut(),
         // Ignored when `func` is set.

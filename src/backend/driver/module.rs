@@ -51,6 +51,9 @@ pub struct LoadedModule {
     pub(in crate::backend) function: sys::CUfunction,
     /// Address and size of a module-scope global, when requested and present.
     pub(in crate::backend) global: Option<(u64, usize)>,
+    /// Bytes of dynamic shared memory every launch of the function passes (0 until
+    /// [`LoadedModule::use_dynamic_shared`] opts it in).
+    pub(in crate::backend) dynamic_shared_bytes: u32,
 }
 
 // SAFETY: module and function handles are usable from any thread of the process.
@@ -136,6 +139,7 @@ impl LoadedModule {
                 module: Arc::clone(&module),
                 function,
                 global,
+                dynamic_shared_bytes: 0,
             });
         }
         Ok(loaded)
@@ -144,6 +148,36 @@ impl LoadedModule {
     /// Whether `self` and `other` are entries of one loaded module.
     pub fn shares_module_with(&self, other: &LoadedModule) -> bool {
         Arc::ptr_eq(&self.module, &other.module)
+    }
+
+    /// Opt the function in to `bytes` of dynamic shared memory
+    /// (`cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`, needed
+    /// past 48 KiB) and make every later launch of it ([`launch`], a graph's kernel
+    /// node) pass that many bytes. Once per function, right after loading; 0 does
+    /// nothing. A size over the device's opt-in limit is the driver's
+    /// `CUDA_ERROR_INVALID_VALUE` (the validator refuses such programs first).
+    pub fn use_dynamic_shared(&mut self, bytes: u32) -> DriverResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let value = i32::try_from(bytes).map_err(|_| DriverError {
+            code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            call: "cuFuncSetAttribute (dynamic shared memory past i32::MAX)",
+        })?;
+        // SAFETY: live function handle of a loaded module (held by `self.module`);
+        // the call sets one attribute of it and reads nothing else.
+        check(
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    self.function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    value,
+                )
+            },
+            "cuFuncSetAttribute",
+        )?;
+        self.dynamic_shared_bytes = bytes;
+        Ok(())
     }
 
     /// Most co-resident blocks per SM for a block size and dynamic shared memory.
@@ -204,7 +238,8 @@ fn finish_loading(function: sys::CUfunction) -> DriverResult<()> {
     check(unsafe { sys::cuFuncLoad(function) }, "cuFuncLoad")
 }
 
-/// Enqueue a launch with a prebuilt parameter array.
+/// Enqueue a launch with a prebuilt parameter array, passing the function's
+/// dynamic shared memory ([`LoadedModule::use_dynamic_shared`]).
 ///
 /// # Safety
 /// `params` must hold one pointer per kernel parameter, in order, each pointing at
@@ -230,7 +265,7 @@ pub unsafe fn launch(
                 block[0],
                 block[1],
                 block[2],
-                0,
+                module.dynamic_shared_bytes,
                 stream.raw,
                 params.as_mut_ptr(),
             ),
@@ -246,7 +281,7 @@ pub unsafe fn launch(
                 block[0],
                 block[1],
                 block[2],
-                0,
+                module.dynamic_shared_bytes,
                 stream.raw,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

@@ -600,17 +600,23 @@ fn zeroed_vec(bytes: u64, available: u64) -> Result<Vec<u8>, BackendError> {
 }
 
 /// The device a reference backend answers as: an H200's caps (synthetic), with the
-/// workgroup limits of `options` and its memory cap as the device's memory.
+/// workgroup limits of `options` and its memory cap as the device's memory. The
+/// limits' workgroup memory is a kernel's (the opt-in limit); a lane's static limit
+/// is the H200's 48 KiB, or the limits' own where they allow less.
 fn reference_caps(options: &ReferenceOptions) -> DeviceCaps {
     let limits = &options.limits;
+    let h200 = DeviceCaps::synthetic_h200();
     DeviceCaps {
         name: "CPU reference interpreter".into(),
         total_memory: options.max_memory_bytes,
         max_threads_per_block: limits.max_threads_per_workgroup,
         max_block_dims: limits.max_workgroup_size,
-        max_shared_memory_per_block: limits.max_shared_memory_bytes,
+        max_shared_memory_per_block: limits
+            .max_shared_memory_bytes
+            .min(h200.max_shared_memory_per_block),
+        max_shared_memory_per_block_optin: limits.max_shared_memory_bytes,
         warp_size: limits.subgroup_size,
-        ..DeviceCaps::synthetic_h200()
+        ..h200
     }
 }
 

@@ -37,7 +37,13 @@
 //! - Workgroup buffers are module-scope `.shared .align 4 .b8` arrays (`.align 8` for
 //!   64-bit elements; size rounded up to a multiple of 4) that every thread helps
 //!   zero at kernel entry, followed by `bar.sync 0`, so a read before any write
-//!   yields 0 exactly as in the reference interpreter.
+//!   yields 0 exactly as in the reference interpreter. When together they take more
+//!   than [`MAX_STATIC_SHARED_BYTES`] (48 KiB, the most static shared memory a CUDA
+//!   kernel may declare), they live instead in one
+//!   `.extern .shared .align 16 .b8 vyre_dynamic_shared[]` ([`DYNAMIC_SHARED_SYMBOL`])
+//!   at the offsets of [`workgroup_memory::layout`], and **the backend must launch
+//!   the kernel with [`dynamic_shared_bytes`] of dynamic shared memory** (after
+//!   opting its function in to that much): see [`workgroup_memory`].
 //!
 //! # Grid-wide barrier protocol
 //!
@@ -173,10 +179,12 @@ mod batch;
 pub mod lane;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod lane;
+pub mod workgroup_memory;
 mod writer;
 
 pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxModuleBuilder};
 pub use lane::{lane_body_name, LaneModuleBuilder, LANE_ENTRY_NAME};
+pub use workgroup_memory::{dynamic_shared_bytes, DYNAMIC_SHARED_SYMBOL, MAX_STATIC_SHARED_BYTES};
 
 /// Name of the single kernel in every emitted module.
 pub const ENTRY_NAME: &str = "vyre_entry";

@@ -21,6 +21,7 @@ use crate::ir::{
     Program, ReduceOp, ScalarType, ScanKind, UnaryOp, ValidProgram,
 };
 
+use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL, MAX_STATIC_SHARED_BYTES};
 use super::{
     ptx_version, CodegenError, COMMENT_BYTES, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
     MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
@@ -254,6 +255,9 @@ pub(super) struct Writer<'p> {
     /// they end).
     lane: bool,
     lane_workgroup_bytes: u32,
+    /// Bytes of the kernel's dynamic shared-memory pool, 0 when its workgroup
+    /// buffers are static arrays (`super::workgroup_memory`; never in lane mode).
+    dynamic_shared_bytes: u32,
 }
 
 /// A `.const` word that is always 0. The host could rewrite a `.const` variable
@@ -300,6 +304,7 @@ impl<'p> Writer<'p> {
             module_kernel: None,
             lane: false,
             lane_workgroup_bytes: 0,
+            dynamic_shared_bytes: 0,
         }
     }
 
@@ -505,15 +510,27 @@ impl<'p> Writer<'p> {
             Space::Local => Access::Local,
             Space::Global => return false,
         };
-        let mut arrays: Vec<&'p BufferDecl> = self
-            .program
-            .buffers()
-            .iter()
-            .filter(|b| b.access == access)
-            .collect();
-        arrays.sort_by_key(|b| b.binding);
+        // Workgroup buffers carry their offset in the kernel's dynamic pool, used
+        // only when the pool is (`super::workgroup_memory`).
+        let program: &'p Program = self.program;
+        let arrays: Vec<(&'p BufferDecl, u32)> = if space == Space::Shared {
+            let (placed, bytes) = workgroup_memory::layout(program);
+            if !self.lane && bytes > MAX_STATIC_SHARED_BYTES {
+                self.dynamic_shared_bytes = bytes;
+            }
+            placed
+        } else {
+            let mut arrays: Vec<(&'p BufferDecl, u32)> = program
+                .buffers()
+                .iter()
+                .filter(|b| b.access == access)
+                .map(|decl| (decl, 0))
+                .collect();
+            arrays.sort_by_key(|(b, _)| b.binding);
+            arrays
+        };
         let any = !arrays.is_empty();
-        for (position, decl) in arrays.into_iter().enumerate() {
+        for (position, (decl, pool_offset)) in arrays.into_iter().enumerate() {
             // Validated: workgroup buffers and local arrays have a static count, and
             // their sizes fit in `codegen_limits().max_shared_memory_bytes` (a multiple
             // of 4 below u32::MAX) and `MAX_LOCAL_ARRAY_BYTES`.
@@ -521,8 +538,7 @@ impl<'p> Writer<'p> {
                 BufferCount::Static(count) => count,
                 BufferCount::Runtime => 0,
             };
-            let bytes = decl.static_size_bytes().unwrap_or(0);
-            let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
+            let padded = u32::try_from(workgroup_memory::padded_bytes(decl)).unwrap_or(!3);
             let kind = space.name();
             // A `.local` symbol is the kernel's own; `.shared` ones are module-scope,
             // so a kernel of a module of several gets its own names.
@@ -545,6 +561,11 @@ impl<'p> Writer<'p> {
                 emit!(self, "mov.u64 {base}, {LANE_WORKGROUP_SYMBOL};");
                 if offset > 0 {
                     emit!(self, "add.s64 {base}, {base}, {offset};");
+                }
+            } else if space == Space::Shared && self.dynamic_shared_bytes > 0 {
+                emit!(self, "mov.u64 {base}, {};", self.dynamic_shared_symbol());
+                if pool_offset > 0 {
+                    emit!(self, "add.s64 {base}, {base}, {pool_offset};");
                 }
             } else {
                 emit!(self, "mov.u64 {base}, {symbol};");
@@ -685,6 +706,15 @@ impl<'p> Writer<'p> {
         }
     }
 
+    /// [`DYNAMIC_SHARED_SYMBOL`], or kernel `index`'s own in a module of several
+    /// kernels (one `.extern` name per kernel: each is declared once in a module).
+    fn dynamic_shared_symbol(&self) -> std::borrow::Cow<'static, str> {
+        match self.module_kernel {
+            None => DYNAMIC_SHARED_SYMBOL.into(),
+            Some(kernel) => format!("{DYNAMIC_SHARED_SYMBOL}_{kernel}").into(),
+        }
+    }
+
     fn special(&mut self, register: &str, axis: &str) -> Reg {
         let r = self.reg(RegClass::B32);
         emit!(self, "mov.u32 {r}, %{register}.{axis};");
@@ -726,6 +756,7 @@ impl<'p> Writer<'p> {
             );
         }
         let mut any_shared = false;
+        let pool = self.dynamic_shared_bytes;
         for slot in self
             .buffers
             .iter()
@@ -733,11 +764,23 @@ impl<'p> Writer<'p> {
         {
             if let Some((symbol, bytes)) = &slot.symbol {
                 push_comment(&mut out, "", slot.decl);
+                any_shared = true;
+                if pool > 0 {
+                    continue;
+                }
                 // 64-bit elements need 8-byte alignment; everything else 4.
                 let align = slot.decl.elem.size_bytes().max(4);
                 let _ = writeln!(out, ".shared .align {align} .b8 {symbol}[{bytes}];");
-                any_shared = true;
             }
+        }
+        if pool > 0 {
+            // The buffers above, at their offsets: sized at launch (`pool` bytes).
+            let _ = writeln!(
+                out,
+                "// dynamic workgroup memory: {pool} bytes at launch\n\
+                 .extern .shared .align 16 .b8 {}[];",
+                self.dynamic_shared_symbol()
+            );
         }
         if any_shared {
             out.push('\n');
