@@ -1476,3 +1476,104 @@ fn gpu_a_repeated_request_passes_its_own_scalar_values() {
         support::repeated_scalar_requests(&AnyBackend::reference(), &values);
     assert_eq!(error, on_the_reference);
 }
+
+/// Locks out workgroup memory past 48 KiB that the device never gets: a launch
+/// that passes no dynamic bytes (the kernel faults, or reads and writes past a
+/// zero-byte pool), a function never opted in past 48 KiB (the launch fails), a
+/// graph kernel node captured or updated with `sharedMemBytes: 0`, and a kernel of
+/// a batch module whose pool symbol or size is another kernel's.
+/// `support::wide_shared::program` (100 KiB of `u32`s and 512 bytes of `u64`s in
+/// one workgroup, every word read by another thread than the one that wrote it,
+/// plus a lowered workgroup reduction) over 3 workgroups matches the host's answer
+/// and the reference interpreter byte for byte: as a program dispatch, a compiled
+/// kernel submitted and waited for, a `compile_batch` kernel beside a static one,
+/// and a graph replayed, then replayed again after `set_workgroups` moved its
+/// launch node to 2 workgroups (a node update through
+/// `cuGraphExecKernelNodeSetParams`). Negative control: the host's answer for other
+/// input differs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_workgroup_memory_of_100_kib_matches_the_reference_eagerly_submitted_and_replayed() {
+    use support::wide_shared;
+    let gpu = backend();
+    let groups = 3u32;
+    let config = DispatchConfig::linear(groups);
+    let source = wide_shared::source(groups);
+    let (dst, totals) = wide_shared::expected(&source);
+    let expected = vec![bytes(&dst), bytes(&totals)];
+    let inputs = vec![
+        bytes(&source),
+        vec![0; 4 * source.len()],
+        vec![0; 4 * groups as usize],
+    ];
+    let program = wide_shared::program();
+    assert_eq!(
+        support::reference(&program, &inputs, &config),
+        expected,
+        "the reference"
+    );
+    let host: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let eager = support::run_host(&gpu, &program, &host, &config).expect("eager");
+    assert_eq!(eager.into_vecs(), expected, "a program dispatch");
+
+    let kernel = gpu.compile(&program, &config).expect("compile");
+    let bindings = support::host_bindings(&inputs);
+    let submitted = gpu
+        .submit(Dispatch::new(&kernel, &bindings).config(&config))
+        .expect("submit")
+        .wait()
+        .expect("wait");
+    assert_eq!(submitted.outputs.into_vecs(), expected, "submitted");
+
+    let small = support::elementwise("small", 64, |v| v + 1u32);
+    let batch = gpu
+        .compile_batch(&[program.clone(), small], &config)
+        .expect("batch");
+    let batched = gpu
+        .run(Dispatch::new(&batch[0], &bindings).config(&config))
+        .expect("batch kernel");
+    assert_eq!(batched.outputs.into_vecs(), expected, "a batch kernel");
+
+    let buffers = support::buffer_copies(&gpu, &inputs);
+    let none = config.with_readback(ReadbackPolicy::None);
+    let mut slots = None;
+    let mut graph = gpu
+        .record(|rec| {
+            let step =
+                rec.dispatch(Dispatch::new(&kernel, &support::bindings(&buffers)).config(&none))?;
+            let dst = rec.read_back(&buffers[1], 0, 4 * source.len() as u64)?;
+            let totals = rec.read_back(&buffers[2], 0, 4 * u64::from(groups))?;
+            slots = Some((step, dst, totals));
+            Ok(())
+        })
+        .expect("record");
+    let (step, dst_slot, totals_slot) = slots.expect("recorded");
+    for replay in 0..2 {
+        graph.replay().expect("replay");
+        let got = vec![
+            graph.output(dst_slot).expect("dst").to_vec(),
+            graph.output(totals_slot).expect("totals").to_vec(),
+        ];
+        assert_eq!(got, expected, "graph replay {replay}");
+    }
+    graph
+        .set_workgroups(step, [2, 1, 1])
+        .expect("set_workgroups");
+    graph.replay().expect("replay at 2 workgroups");
+    let two = 2 * wide_shared::TABLE_WORDS as usize;
+    let (dst_two, totals_two) = wide_shared::expected(&source[..two]);
+    let got = words(graph.output(dst_slot).expect("dst"));
+    assert_eq!(got[..two], dst_two[..], "graph replay at 2 workgroups");
+    assert_eq!(
+        words(graph.output(totals_slot).expect("totals"))[..2],
+        totals_two[..]
+    );
+
+    let mut changed = source.clone();
+    changed[0] ^= 1;
+    assert_ne!(
+        bytes(&wide_shared::expected(&changed).0),
+        expected[0],
+        "negative control"
+    );
+}

@@ -490,3 +490,45 @@ fn a_repeated_request_passes_its_own_scalar_values() {
         "{error}"
     );
 }
+
+/// Locks out a reference interpreter that answers a program past 48 KiB of
+/// workgroup memory differently from the device: with its default limits (an
+/// H200's kernels, `Limits::h200`) it runs `support::wide_shared::program` (100 KiB
+/// and 512 bytes of workgroup buffers, 2 workgroups) to the host's answer, and
+/// refuses a program 16 bytes past the opt-in limit with the validator's `Fix:`
+/// naming 232,448 bytes. Negative control: under the static limit
+/// (`Limits::default`, 48 KiB, a lane's) the 100 KiB program is refused.
+#[test]
+fn the_reference_runs_100_kib_of_workgroup_memory() {
+    use vyre_cuda::reference::{run_with_options as run_with, ReferenceOptions};
+    let source = support::wide_shared::source(2);
+    let (dst, totals) = support::wide_shared::expected(&source);
+    let inputs = vec![bytes(&source), vec![0; 4 * source.len()], vec![0; 8]];
+    let program = support::wide_shared::program();
+    let config = vyre_cuda::DispatchConfig::linear(2);
+    assert_eq!(
+        support::reference(&program, &inputs, &config),
+        vec![bytes(&dst), bytes(&totals)]
+    );
+    let borrowed: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let past = support::parity::past_the_opt_in_limit();
+    let error = run_with(&past, &[], &config, &ReferenceOptions::default())
+        .expect_err("past the opt-in limit")
+        .to_string();
+    assert!(error.starts_with("Fix:"), "{error}");
+    assert!(
+        error.contains("over the device limit of 232448 bytes"),
+        "{error}"
+    );
+    let static_limit = ReferenceOptions {
+        limits: vyre_cuda::ir::Limits::default(),
+        ..ReferenceOptions::default()
+    };
+    let error = run_with(&program, &borrowed, &config, &static_limit)
+        .expect_err("past 48 KiB")
+        .to_string();
+    assert!(
+        error.contains("over the device limit of 49152 bytes"),
+        "{error}"
+    );
+}

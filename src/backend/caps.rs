@@ -325,6 +325,24 @@ mod tests {
         }
     }
 
+    /// Locks out kernels held to the static 48 KiB of workgroup memory (or a
+    /// limit below it): an H200's validation limit is its opt-in 232,448 bytes
+    /// (the reference's `Limits::h200`), its static 49,152 bytes stays in the caps
+    /// for lanes, and a device whose opt-in attribute reads lower than its static
+    /// limit keeps the static one.
+    #[test]
+    fn kernels_get_the_opt_in_workgroup_memory() {
+        let h200 = DeviceCaps::synthetic_h200();
+        assert_eq!(h200.limits().max_shared_memory_bytes, 232_448);
+        assert_eq!(h200.limits(), Limits::h200());
+        assert_eq!(h200.max_shared_memory_per_block, 49_152);
+        let no_opt_in = DeviceCaps {
+            max_shared_memory_per_block_optin: 0,
+            ..h200
+        };
+        assert_eq!(no_opt_in.limits().max_shared_memory_bytes, 49_152);
+    }
+
     /// Locks out feature flags that do not follow the device: a change in compute
     /// capability must change the flags that take part in cache identity.
     #[test]
