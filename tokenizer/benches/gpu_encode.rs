@@ -386,6 +386,10 @@ fn main() {
 
 /// The default shape first, then larger blocks of the split (more bytes per
 /// thread, more threads) and other BPE workgroup sizes, one change at a time.
+/// Blocks of 4 and 8 KiB and BPE workgroups of 512 threads with 12-byte slabs
+/// need more than 48 KiB of workgroup memory (49,304 bytes for the split's 4 KiB
+/// blocks, 24 KiB of slabs): kernels get the device's opt-in limit (227 KiB on
+/// an H200) as dynamic shared memory.
 fn workgroup_shapes() -> Vec<Geometry> {
     let default = Geometry::default();
     let split = |workgroup_size, bytes_per_thread| Geometry {
@@ -396,19 +400,21 @@ fn workgroup_shapes() -> Vec<Geometry> {
         },
         ..default
     };
-    // The merge's slabs are workgroup memory per thread: 512 threads hold 6 bytes each.
+    // The merge's slabs are workgroup memory per thread.
     let bpe = |workgroup_size, merge_slab_bytes| Geometry {
         workgroup_size,
         merge_slab_bytes,
         ..default
     };
-    // Blocks of 4 KiB (512 threads × 8 bytes, 1,024 × 4) do not fit the split's 48 KiB
-    // of workgroup memory (49,304 bytes): 2 KiB is the largest block today.
     vec![
         default,
         split(256, 8),
         split(512, 4),
+        split(512, 8),
+        split(1024, 4),
+        split(1024, 8),
         bpe(128, default.merge_slab_bytes),
         bpe(512, 6),
+        bpe(512, default.merge_slab_bytes),
     ]
 }

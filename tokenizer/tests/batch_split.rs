@@ -397,7 +397,8 @@ fn reference_graph_and_eager_runs_reuse_buffers_safely() {
 /// Locks out batches the contract does not allow: decreasing document ends, a
 /// last end that is not the text length, and text without documents are each
 /// a `Fix:` error before anything runs; so is a block too large for the
-/// programs' shared memory.
+/// device's workgroup memory (8 KiB blocks: refused at 48 KiB, built on an
+/// H200's 227 KiB).
 #[test]
 fn bad_batches_get_fix_errors() {
     for (text_len, ends) in [
@@ -414,7 +415,7 @@ fn bad_batches_get_fix_errors() {
     let mut splitter = splitter(&AnyBackend::reference(), Pattern::Cl100k, small());
     let error = splitter.split(b"abcd", &[5]).unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
-    let error = SplitPrograms::build(
+    let largest = SplitPrograms::build(
         Pattern::O200k,
         Geometry {
             workgroup_size: 1024,
@@ -422,8 +423,17 @@ fn bad_batches_get_fix_errors() {
             compact_workgroups: 1,
         },
     )
-    .unwrap_err();
-    assert!(error.message().starts_with("Fix:"), "{error}");
+    .expect("the device checks workgroup memory");
+    let static_limit = AnyBackend::reference_with(ReferenceOptions {
+        limits: vyre_cuda::ir::Limits::default(),
+        ..Default::default()
+    });
+    let error = BatchSplitter::new(&static_limit, largest.clone())
+        .err()
+        .expect("over 48 KiB");
+    assert!(error.message().contains("Fix:"), "{error}");
+    assert!(error.message().contains("49152 bytes"), "{error}");
+    assert!(BatchSplitter::new(&AnyBackend::reference(), largest).is_ok());
 }
 
 /// Runs the steps of `programs` from their description alone over `buffers`

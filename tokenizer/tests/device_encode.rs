@@ -556,7 +556,7 @@ fn bad_geometries_and_limits_are_fix_errors() {
         ),
         (
             Geometry {
-                merge_slab_bytes: 13,
+                merge_slab_bytes: Geometry::default().chunk_bytes + 1,
                 ..Geometry::default()
             },
             ChunkLimits::default(),
@@ -925,4 +925,63 @@ fn short_texts_through_one_workgroup_equal_cpu() {
             );
         }
     }
+}
+
+/// Locks out workgroup shapes past 48 KiB of workgroup memory that build but
+/// encode wrongly (a dynamic pool whose buffers overlap, or programs refused
+/// that the device now takes): the split in blocks of 4 KiB (512 threads × 8
+/// bytes, 1,024 × 4) and 8 KiB (1,024 × 8), and BPE workgroups of 512 threads
+/// with 12-byte slabs (24 KiB of them), each build on the reference backend
+/// (an H200's limits: 227 KiB a kernel) and encode 9 KiB of prose, CJK and code
+/// (cl100k; o200k's split is the same pair of programs) to the CPU encoder's
+/// ids, the short-text kernel on for the BPE shape. Negative control: under the
+/// static 48 KiB (`Limits::default`) the 8 KiB split (64 KiB of block words) is
+/// refused with the validator's `Fix:` naming 49152 bytes.
+#[test]
+fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
+    use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let default = Geometry::default();
+    let split = |workgroup_size, bytes_per_thread| Geometry {
+        split: SplitGeometry {
+            workgroup_size,
+            bytes_per_thread,
+            ..default.split
+        },
+        ..default
+    };
+    let texts: Vec<Vec<u8>> = Shape::ALL
+        .iter()
+        .map(|&shape| generate(shape, 9 * 1024, 29))
+        .collect();
+    let wide_bpe = Geometry {
+        workgroup_size: 512,
+        merge_slab_bytes: MERGE_SLAB_BYTES,
+        ..default
+    };
+    for (geometry, limits) in [
+        (split(512, 8), STEP_BY_STEP),
+        (split(1024, 4), STEP_BY_STEP),
+        (split(1024, 8), STEP_BY_STEP),
+        (wide_bpe, ChunkLimits::default()),
+    ] {
+        let encoder =
+            DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, geometry, limits)
+                .unwrap_or_else(|error| panic!("{geometry:?}: {error}"));
+        check_batch(&encoder, &tokenizer, &texts, &format!("{geometry:?}"));
+    }
+    let static_limit = AnyBackend::reference_with(ReferenceOptions {
+        limits: vyre_cuda::ir::Limits::default(),
+        ..ReferenceOptions::default()
+    });
+    let error =
+        DeviceEncoder::with_geometry(static_limit, &tokenizer, split(1024, 8), STEP_BY_STEP)
+            .err()
+            .expect("refused under 48 KiB")
+            .to_string();
+    assert!(error.contains("Fix:"), "{error}");
+    assert!(
+        error.contains("over the device limit of 49152 bytes"),
+        "{error}"
+    );
 }

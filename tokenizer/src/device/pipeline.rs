@@ -454,14 +454,18 @@ impl DeviceEncoder {
             None => None,
             Some(short) => {
                 let name = short.program.display_name();
-                let kernel = backend
-                    .compile(&short.program, &DispatchConfig::linear(1))
-                    .map_err(|error| backend_error(&format!("compiling {name}"), error))?;
-                Some(ShortKernel {
-                    kernel,
-                    bindings: short.bindings,
-                    name,
-                })
+                match backend.compile(&short.program, &DispatchConfig::linear(1)) {
+                    Ok(kernel) => Some(ShortKernel {
+                        kernel,
+                        bindings: short.bindings,
+                        name,
+                    }),
+                    // Every step's workgroup buffers at once can pass a device's
+                    // limit where each step alone fits (large workgroups on a
+                    // device of 48 KiB): every chunk then runs its steps one by one.
+                    Err(BackendError::InvalidProgram { .. }) => None,
+                    Err(error) => return Err(backend_error(&format!("compiling {name}"), error)),
+                }
             }
         };
         let vocabulary_buffer = backend

@@ -88,7 +88,9 @@
 //! the slabs take `4 · S · W` bytes (12 KiB at 256 threads), and the
 //! short-text kernel holds them beside every other step's workgroup buffers;
 //! with the workgroup reductions lowered without subgroup operations (about
-//! 30 KiB of their own for o200k) 16 would pass the device's 48 KiB. The
+//! 30 KiB of their own for o200k) 16 would have passed the 48 KiB a kernel
+//! then had (an H200 now gives one 227 KiB of dynamic shared memory; the
+//! device validates the slabs when it compiles the programs). The
 //! reference interpreter's work is no proxy for this change (it charges a
 //! statement alike whatever memory it touches): for 12-byte ranges it ran
 //! from 6 % below to 17 % above the global path's, plus the slab's clearing.
@@ -175,12 +177,6 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
 
-/// Most bytes of workgroup memory the `merge` step's slabs take together
-/// ([`Geometry::merge_slab_bytes`] words per thread): the short-text kernel
-/// holds them beside the other steps' workgroup buffers within the device's
-/// 48 KiB.
-pub const MERGE_SLABS_MAX_BYTES: u32 = 12 * 1024;
-
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
@@ -192,8 +188,10 @@ pub struct Geometry {
     pub chunk_bytes: u32,
     /// The longest range the `merge` step merges in its thread's slab of
     /// workgroup memory instead of the global scratch arrays (0: none; see the
-    /// module docs). Its slabs take `4 · merge_slab_bytes · workgroup_size`
-    /// bytes, at most [`MERGE_SLABS_MAX_BYTES`].
+    /// module docs), at most `chunk_bytes` (no longer range reaches a slab).
+    /// Its slabs take `4 · merge_slab_bytes · workgroup_size` bytes of workgroup
+    /// memory, which the device checks when it compiles the programs (an H200
+    /// gives a kernel 227 KiB: 512 threads hold 12-byte slabs, 24 KiB).
     pub merge_slab_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
@@ -249,13 +247,10 @@ impl Geometry {
                 self.chunk_bytes
             ));
         }
-        let slab_bytes = 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size);
-        if slab_bytes > u64::from(MERGE_SLABS_MAX_BYTES) {
+        if self.merge_slab_bytes > self.chunk_bytes {
             return Err(format!(
-                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {slab_bytes} bytes of slabs; use at most {} ({MERGE_SLABS_MAX_BYTES} bytes), or 0 for none",
-                self.merge_slab_bytes,
-                self.workgroup_size,
-                MERGE_SLABS_MAX_BYTES / 4 / self.workgroup_size
+                "Fix: Geometry::merge_slab_bytes is {}, over Geometry::chunk_bytes ({}), the longest range a slab can hold; use at most {} (0 for none)",
+                self.merge_slab_bytes, self.chunk_bytes, self.chunk_bytes
             ));
         }
         if !(1..=65_536).contains(&self.compact_workgroups) {

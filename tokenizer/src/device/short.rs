@@ -23,7 +23,7 @@
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
 //! writes it); a step's workgroup buffer takes an earlier step's of the same
 //! element type, grown to the larger count (steps never run at once, and the
-//! sum of every step's buffers is over the device's 48 KiB for o200k: the
+//! sum of every step's buffers is over the static 48 KiB for o200k: the
 //! `merge` step's slabs alone are 12 KiB, and the tree lowering of the
 //! workgroup reductions adds about 30 KiB of its own), and a step clears its
 //! part of each before each of its groups, as a launch clears them for every
@@ -79,7 +79,7 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
     let mut globals: Vec<(Role, BufferDecl)> = Vec::new();
     // Workgroup memory: steps run one after another, so a step's buffer takes
     // an earlier step's of the same element type (the sum of every step's
-    // buffers is over the device's 48 KiB for o200k).
+    // buffers is over the static 48 KiB for o200k).
     let mut workgroup_buffers: Vec<BufferDecl> = Vec::new();
     let mut renames: Vec<BTreeMap<Name, Name>> = Vec::new();
     let mut cleared: Vec<Vec<BufferDecl>> = Vec::new();
