@@ -428,9 +428,10 @@ fn bad_batches_get_fix_errors() {
         limits: vyre_cuda::ir::Limits::default(),
         ..Default::default()
     });
-    let error = BatchSplitter::new(&static_limit, largest.clone())
-        .err()
-        .expect("over 48 KiB");
+    let error = match BatchSplitter::new(&static_limit, largest.clone()) {
+        Ok(_) => panic!("8 KiB blocks were compiled under 48 KiB"),
+        Err(error) => error,
+    };
     assert!(error.message().contains("Fix:"), "{error}");
     assert!(error.message().contains("49152 bytes"), "{error}");
     assert!(BatchSplitter::new(&AnyBackend::reference(), largest).is_ok());

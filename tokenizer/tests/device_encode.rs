@@ -974,11 +974,12 @@ fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
         limits: vyre_cuda::ir::Limits::default(),
         ..ReferenceOptions::default()
     });
-    let error =
-        DeviceEncoder::with_geometry(static_limit, &tokenizer, split(1024, 8), STEP_BY_STEP)
-            .err()
-            .expect("refused under 48 KiB")
-            .to_string();
+    let refused =
+        DeviceEncoder::with_geometry(static_limit, &tokenizer, split(1024, 8), STEP_BY_STEP);
+    let error = match refused {
+        Ok(_) => panic!("the 8 KiB split was built under 48 KiB"),
+        Err(error) => error.to_string(),
+    };
     assert!(error.contains("Fix:"), "{error}");
     assert!(
         error.contains("over the device limit of 49152 bytes"),
