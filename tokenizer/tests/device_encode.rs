@@ -556,7 +556,7 @@ fn bad_geometries_and_limits_are_fix_errors() {
         ),
         (
             Geometry {
-                merge_slab_bytes: Geometry::default().chunk_bytes + 1,
+                merge_slab_bytes: 1 << 23,
                 ..Geometry::default()
             },
             ChunkLimits::default(),

@@ -188,8 +188,7 @@ pub struct Geometry {
     pub chunk_bytes: u32,
     /// The longest range the `merge` step merges in its thread's slab of
     /// workgroup memory instead of the global scratch arrays (0: none; see the
-    /// module docs), at most `chunk_bytes` (no longer range reaches a slab).
-    /// Its slabs take `4 · merge_slab_bytes · workgroup_size` bytes of workgroup
+    /// module docs). Its slabs take `4 · merge_slab_bytes · workgroup_size` bytes of workgroup
     /// memory, which the device checks when it compiles the programs (an H200
     /// gives a kernel 227 KiB: 512 threads hold 12-byte slabs, 24 KiB).
     pub merge_slab_bytes: u32,
@@ -247,10 +246,15 @@ impl Geometry {
                 self.chunk_bytes
             ));
         }
-        if self.merge_slab_bytes > self.chunk_bytes {
+        // Only representability here: the device checks the slabs against its own
+        // workgroup memory when it compiles the programs.
+        let slab_bytes = 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size);
+        if slab_bytes > u64::from(u32::MAX) {
             return Err(format!(
-                "Fix: Geometry::merge_slab_bytes is {}, over Geometry::chunk_bytes ({}), the longest range a slab can hold; use at most {} (0 for none)",
-                self.merge_slab_bytes, self.chunk_bytes, self.chunk_bytes
+                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
+                self.merge_slab_bytes,
+                self.workgroup_size,
+                u32::MAX / 4 / self.workgroup_size
             ));
         }
         if !(1..=65_536).contains(&self.compact_workgroups) {
