@@ -1454,7 +1454,6 @@ impl Server {
     /// is 4-byte aligned and the word whole, bytes otherwise: a last partial word's
     /// missing bytes are zero). Falls through to `after`'s predecessor.
     fn flagged_copy(&mut self, after: &str) {
-        let t = self.threads;
         let words = self.label("flagged_words");
         self.line(format_args!("add.u32 %words, %bytes, 3;"));
         self.line(format_args!("shr.u32 %words, %words, 2;"));
@@ -1467,13 +1466,37 @@ impl Server {
         self.line(format_args!("@!%wide_unit bra {words};"));
         // Whole 16-byte units: one vector load, four flagged words.
         self.line(format_args!("shr.u32 %units, %bytes, 4;"));
-        let top = self.label("flagged_blocks");
-        let done = self.label("flagged_blocks_done");
+        self.thread_batches("flagged_blocks", |this| this.flagged_blocks());
+        self.line(format_args!("shl.b32 %done_units, %units, 2;"));
+        // The words left: word `%done_units + u` for units `u < %units`.
+        self.place(&words);
+        self.line(format_args!("sub.u32 %units, %words, %done_units;"));
+        self.thread_batches("flagged_word", |this| this.flagged_words());
+        self.line(format_args!("bra {after};"));
+    }
+
+    /// Units `%lin, %lin + T, ...` below `%units` of this block's threads, [`IN_FLIGHT`]
+    /// a batch (`%unit{k}`), each batch written by `batch`.
+    fn thread_batches(&mut self, kind: &str, batch: impl Fn(&mut Self)) {
+        let t = self.threads;
+        let top = self.label(kind);
+        let done = self.label(&format!("{kind}_done"));
         self.line(format_args!("mov.u32 %index, %lin;"));
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
         self.line(format_args!("@%past bra {done};"));
         self.batch_indices("%index", t, IN_FLIGHT);
+        batch(self);
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+
+    /// One batch of whole 16-byte units: a vector load each, four flagged words.
+    fn flagged_blocks(&mut self) {
         for k in 0..IN_FLIGHT {
             self.live(k, "%units");
             self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
@@ -1489,23 +1512,11 @@ impl Server {
             self.line(format_args!("add.s64 %to, %destination, %at;"));
             self.store_flagged_block(k, "%live");
         }
-        self.line(format_args!(
-            "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
-        ));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
-        self.line(format_args!("shl.b32 %done_units, %units, 2;"));
-        // The words left: word `%done_units + u` for units `u < %units`.
-        self.place(&words);
-        self.line(format_args!("sub.u32 %units, %words, %done_units;"));
-        let top = self.label("flagged_word");
-        let done = self.label("flagged_word_done");
-        self.line(format_args!("mov.u32 %index, %lin;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
-        self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t, IN_FLIGHT);
+    }
+
+    /// One batch of words: a 4-byte load for a whole word of a 4-byte aligned source,
+    /// byte loads otherwise (a last partial word's missing bytes are zero).
+    fn flagged_words(&mut self) {
         for k in 0..IN_FLIGHT {
             let base = 4 * k;
             self.live(k, "%units");
@@ -1559,13 +1570,6 @@ impl Server {
                 "@%live st.relaxed.sys.global.u64 [%to], %pair_a;"
             ));
         }
-        self.line(format_args!(
-            "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
-        ));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
-        self.line(format_args!("bra {after};"));
     }
 }
 
