@@ -770,6 +770,10 @@ impl LaneShared {
         let (index, mark) = self.kernel_of(request.target, &request.codegen, mark)?;
         let kernel = self.kernel(index)?;
         let identity = kernel_identity(kernel);
+        // Outside the lane's lock: a wait for a predecessor on another lane or an eager
+        // stream may take milliseconds, and the lane's other submitters and deliveries
+        // need the lock meanwhile.
+        self.wait_after(request, &kernel.name)?;
         let mut state = self.lock();
         let state = &mut *state;
         let address_of = |buffer: &_| address_on(inner, buffer);
@@ -816,7 +820,6 @@ impl LaneShared {
         if probe_on {
             count_for_probe(kernel, request, repeat.grid_blocks);
         }
-        self.wait_after(request, &kernel.name)?;
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
         // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
