@@ -3,6 +3,7 @@
 
 pub mod lane;
 pub mod parity;
+pub mod sanitizer;
 pub mod stitch;
 
 use vyre_cuda::backend::{CudaBackend, DeviceBuffer};
@@ -584,7 +585,7 @@ pub fn in_bounds_store_program() -> Program {
 /// tests that compare two clocks: the tools' instrumentation stretches kernels, so
 /// their timing is not the device's (the normal run still checks them).
 pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
-    let under = std::env::var_os("VYRE_UNDER_SANITIZER").is_some_and(|v| v == "1");
+    let under = sanitizer::under_sanitizer();
     if under {
         eprintln!("{test}: skipped under compute-sanitizer (VYRE_UNDER_SANITIZER=1): {why}");
     }

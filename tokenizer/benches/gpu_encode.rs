@@ -11,7 +11,14 @@
 //!   1,024-byte document as a graph and eager, through the short-text kernel
 //!   and with every step its own dispatch (where each one's time goes), with
 //!   tiktoken-rs's time beside;
-//! - device memory per input byte.
+//! - device memory per input byte;
+//! - the 64 MiB batch again at other workgroup shapes (the split's threads and
+//!   bytes per thread, the BPE steps' threads), each step's kernel time in the
+//!   first chunk: the split's steps and the merge each run near 1 ms per 16 MiB
+//!   chunk at the default shape (16–18 GB/s, H200, 2026-12-01), with 16,384
+//!   blocks of 1 KiB per chunk whose fixed costs (a ticket, a look-back,
+//!   eighteen barriers) a larger block spreads over more bytes. `VYRE_BENCH_SHAPES=0`
+//!   leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -28,6 +35,7 @@ use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
+use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
 
 const BATCH_BYTES: usize = 64 << 20;
@@ -334,4 +342,73 @@ fn main() {
         host as f64 / (16 << 20) as f64,
         encoder.vocabulary_bytes() as f64 / (1 << 20) as f64
     );
+
+    // 4. Workgroup shapes.
+    if std::env::var_os("VYRE_BENCH_SHAPES").is_some_and(|value| value == "0") {
+        return;
+    }
+    println!("\nthe 64 MiB batch at other workgroup shapes (chunk 0's kernels, median round):");
+    for geometry in workgroup_shapes() {
+        let shaped = match DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            &cpu,
+            geometry,
+            ChunkLimits::default(),
+        ) {
+            Ok(shaped) => shaped,
+            Err(error) => {
+                println!("  {geometry:?}: refused: {error}");
+                continue;
+            }
+        };
+        let (seconds, chunks) = median(rounds, || {
+            shaped
+                .encode_batch_into(&byte_refs, &mut results)
+                .expect("device batch")
+        });
+        assert!(
+            results == expected,
+            "the device's ids differ from the CPU encoder's at {geometry:?}"
+        );
+        let first = &chunks[0];
+        println!(
+            "  split {} threads × {} bytes, BPE {} threads: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
+            geometry.split.workgroup_size,
+            geometry.split.bytes_per_thread,
+            geometry.workgroup_size,
+            seconds * 1e3,
+            gb_per_s(bytes, seconds),
+            first.kernel_ns() as f64 / 1e6,
+            first.kernel_line()
+        );
+    }
+}
+
+/// The default shape first, then larger blocks of the split (more bytes per
+/// thread, more threads) and other BPE workgroup sizes, one change at a time.
+fn workgroup_shapes() -> Vec<Geometry> {
+    let default = Geometry::default();
+    let split = |workgroup_size, bytes_per_thread| Geometry {
+        split: SplitGeometry {
+            workgroup_size,
+            bytes_per_thread,
+            ..default.split
+        },
+        ..default
+    };
+    // The merge's slabs are workgroup memory per thread: 512 threads hold 6 bytes each.
+    let bpe = |workgroup_size, merge_slab_bytes| Geometry {
+        workgroup_size,
+        merge_slab_bytes,
+        ..default
+    };
+    // Blocks of 4 KiB (512 threads × 8 bytes, 1,024 × 4) do not fit the split's 48 KiB
+    // of workgroup memory (49,304 bytes): 2 KiB is the largest block today.
+    vec![
+        default,
+        split(256, 8),
+        split(512, 4),
+        bpe(128, default.merge_slab_bytes),
+        bpe(512, 6),
+    ]
 }

@@ -9,7 +9,7 @@
 #[path = "support/batches.rs"]
 mod batches;
 mod oracle;
-#[path = "support/sanitizer.rs"]
+#[path = "../../tests/support/sanitizer.rs"]
 mod sanitizer;
 mod split_corpus;
 
@@ -179,12 +179,12 @@ fn gpu_batch_split_matches_on_corpus_and_2000_random_strings() {
 /// groups of three, a white-space run decided by what follows it, an
 /// upper-case stretch decided by its end) alone, after a short document, and
 /// cut in two documents in its middle; and the documents whose ends cut runs
-/// and characters. (Runs of 12 KiB under compute-sanitizer.)
+/// and characters. (Runs of 6 KiB under compute-sanitizer.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_batch_split_matches_on_100_kib_runs_and_document_boundaries() {
     let backend = gpu();
-    let run_bytes = sanitizer::sized_for_tools("run bytes", 100 << 10, 12 << 10);
+    let run_bytes = sanitizer::sized_for_tools("run bytes", 100 << 10, 6 << 10);
     for pattern in Pattern::ALL {
         let mut splitter = splitter(&backend, pattern);
         for (name, run) in split_corpus::long_runs_of(run_bytes) {

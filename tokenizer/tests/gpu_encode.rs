@@ -10,12 +10,12 @@
 //! tiktoken-rs but not bpe-openai (about 50 MB of tables), so it stays small
 //! enough for the trip to the GPU machine. Under compute-sanitizer
 //! (`VYRE_UNDER_SANITIZER=1`) the largest draws shrink, each test says to what
-//! (`support/sanitizer.rs` says why).
+//! (the root crate's `tests/support/sanitizer.rs` says why).
 
 #[path = "support/device_batches.rs"]
 mod device_batches;
 mod oracle;
-#[path = "support/sanitizer.rs"]
+#[path = "../../tests/support/sanitizer.rs"]
 mod sanitizer;
 mod split_corpus;
 
@@ -58,15 +58,15 @@ fn tiktoken(encoding: Encoding) -> &'static tiktoken_rs::CoreBPE {
 /// the corpus (one batch per encoding, invalid UTF-8 included; valid texts
 /// also against tiktoken-rs), the three shapes at 262,144 bytes (eager and as
 /// a graph; 32,768 under compute-sanitizer), and through `Tokenizer::encode`
-/// with every special token allowed (every tenth text under compute-sanitizer).
+/// with every special token allowed (every twentieth text under compute-sanitizer).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_ids_equal_cpu_and_tiktoken_on_corpus_and_shapes() {
     let corpus = split_corpus::corpus(oracle::corpus());
     let shape_bytes = sized_for_tools("shape bytes", 262_144, 32_768);
     // Each text alone is one encode of its own, a few launches: under the tools,
-    // whose every launch costs tens of milliseconds, every tenth.
-    let stride = sized_for_tools("one text alone in every", 1, 10);
+    // whose every launch costs tens of milliseconds, every twentieth.
+    let stride = sized_for_tools("one text alone in every", 1, 20);
     for encoding in Encoding::ALL {
         let (cpu, gpu) = cpu_and_device(encoding);
         let encoder = device(&gpu);
@@ -446,8 +446,9 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// fuses (a rewritten builtin, a workgroup buffer shared by two steps and not
 /// cleared, a step reading what the one before has not yet written, a
 /// look-back that waits for a group it is itself to run): 2,000 random strings
-/// per encoding (100 under compute-sanitizer), one text per encode, and batches of long pieces and of empty
-/// and short documents of at most 4,096 bytes, run as `stage` and `short` (two
+/// per encoding (24 under compute-sanitizer), one text per encode, and batches
+/// of long pieces and of empty and short documents of at most 4,096 bytes, run
+/// as `stage` and `short` (two
 /// dispatches) and equal the CPU encoder, at the default geometry and with
 /// every step in 32-thread workgroups (many groups per step).
 #[test]
@@ -471,7 +472,7 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         let mut random = SplitMix64::new(0x5407 + encoding as u64);
-        let count = sized_for_tools("random strings", 2000, 60);
+        let count = sized_for_tools("random strings", 2000, 24);
         let texts = random_texts(&mut random, count, 24);
         let mut batches: Vec<Vec<Vec<u8>>> = long_piece_texts(8, &mut random)
             .into_iter()

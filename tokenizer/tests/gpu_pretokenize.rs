@@ -7,7 +7,7 @@
 #[path = "support/driver_calls.rs"]
 mod driver_calls;
 mod oracle;
-#[path = "support/sanitizer.rs"]
+#[path = "../../tests/support/sanitizer.rs"]
 mod sanitizer;
 
 use std::collections::HashMap;
