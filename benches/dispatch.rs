@@ -492,20 +492,20 @@ fn percentiles(calls: usize, mut arm: impl FnMut() -> u64) -> [f64; 4] {
 }
 
 /// Where single lane requests' time goes, medians of `calls` (µs): the host before
-/// the doorbell, each server phase from its `%globaltimer` stamps, the previous
-/// request's release at system scope (the stand-in for this one's, which its own
-/// header cannot carry), what the stamps and that release do not cover of the host's
-/// wait (the doorbell's and the completion word's trips over PCIe, the host's look),
-/// and the host after completion (the delivery).
+/// the doorbell, each server phase from its `%globaltimer` stamps (the publishing
+/// thread's GPU-scope fence, part of the readback phase, on a row of its own), what
+/// the stamps do not cover of the host's wait (the doorbell's and the result words'
+/// trips over PCIe, the host's looks), and the host after every word arrived (the
+/// delivery).
 fn lane_phases(calls: usize, mut run: impl FnMut() -> Timings) {
     let mut rows: Vec<(&str, Vec<u64>)> = [
         "host before the doorbell (enqueue)",
         "server: record + prologue",
         "server: workgroups",
-        "server: readback copy",
-        "server: previous st.release.sys hold",
-        "wait not stamped: doorbell + completion trips",
-        "host after completion (delivery)",
+        "server: readback copy (flagged words)",
+        "server: of which the publish fence (fence.acq_rel.gpu)",
+        "wait not stamped: doorbell + result word trips",
+        "host after every word arrived (delivery)",
         "whole request (wall)",
     ]
     .into_iter()
@@ -514,13 +514,13 @@ fn lane_phases(calls: usize, mut run: impl FnMut() -> Timings) {
     for _ in 0..calls {
         let timings = run();
         let stamps = timings.lane_stamps.unwrap_or_default();
-        let served = timings.kernel_stamps_ns + stamps.previous_release_ns;
+        let served = timings.kernel_stamps_ns;
         let figures = [
             timings.enqueue_ns,
             stamps.setup_ns,
             stamps.workgroups_ns,
             stamps.readback_ns,
-            stamps.previous_release_ns,
+            stamps.publish_fence_ns,
             timings.wait_ns.saturating_sub(served),
             timings
                 .wall_ns
@@ -557,8 +557,8 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
     let kernel = gpu.compile(&program, &config).expect("compile");
     let bindings = on(&handles);
     let request = Dispatch::new(&kernel, &bindings).config(&config);
-    // The same work with nothing read back: what the readback adds (the copy into the
-    // result area, its trip to host memory before the release, the delivery).
+    // The same work with nothing read back: what the readback adds (the flagged words
+    // of the outputs in the result area, their delivery).
     let unread = request.readback(&ReadbackPolicy::None);
     let mut floor = RawFloor::new(gpu, &program, [1, 1, 1]).expect("raw floor");
     gpu.run(request).expect("warm the eager path");

@@ -1228,3 +1228,72 @@ fn gpu_lane_repeats_reuse_only_what_the_request_fixes() {
         (0..256u32).map(|v| v * 3).collect::<Vec<_>>()
     );
 }
+
+/// Locks out stale or torn result words of the flagged protocol: a lane of two slots
+/// serves 300 requests whose byte ranges change size and alignment every request (so a
+/// slot's area holds words of earlier, longer requests where a later one reads), over
+/// inputs that change every request, and every delivery equals the eager dispatch's
+/// bytes. A stale word taken for a new one (a flag check that passes on an earlier
+/// request's flag) or a word read before its data arrived shows as a wrong byte.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_flagged_words_of_changing_sizes_never_go_stale() {
+    let gpu = backend();
+    let program = Program::builder([64, 1, 1])
+        .entry_op_id("lane_flagged_sizes")
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(256),
+        )
+        .buffer(
+            "y",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(256),
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(vyre_cuda::ir::Axis::X));
+            b.if_(i.clone().less_than(Expr::length("y")), |b| {
+                b.store("y", i.clone(), Expr::load("x", i.clone()) * 3u32 + 1u32);
+            });
+        })
+        .build();
+    let kernels = compile_all(&gpu, &[program]);
+    let lane = lane_of(&gpu, &kernels, LaneOptions::new().slots(2));
+    let x = gpu.buffer_from(&[0u32; 256]).unwrap();
+    let y = gpu.buffer_from(&[0u32; 256]).unwrap();
+    let bound = [Binding::from(&x), Binding::from(&y)];
+    for round in 0..300u32 {
+        let data: Vec<u32> = (0..256).map(|i| lcg(i ^ round, 3)).collect();
+        gpu.upload(&x, &data).unwrap();
+        // Long and short in turn, at offsets of every alignment.
+        let len = if round % 2 == 0 {
+            1024 - round % 16
+        } else {
+            1 + round % 23
+        };
+        let offset = round % 7;
+        let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+            ByteRange {
+                binding: 1,
+                offset: u64::from(offset),
+                len: u64::from(len.min(1024 - offset)),
+            },
+            ByteRange {
+                binding: 1,
+                offset: 16 * u64::from(round % 8),
+                len: 16,
+            },
+        ]);
+        let request = Dispatch::new(&kernels[0], &bound)
+            .workgroups([4, 1, 1])
+            .readback(&ranges);
+        let eager = gpu.run(request).unwrap().outputs.into_vecs();
+        let on_lane = lane.run(request).unwrap().outputs.into_vecs();
+        assert_eq!(on_lane, eager, "round {round}");
+    }
+}

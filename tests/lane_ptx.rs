@@ -400,7 +400,7 @@ fn a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles() {
             &ptx,
             "$L_lane_windows_",
             "ld.relaxed.gpu.global.v4.u32",
-            "st.global.v4.u32",
+            "st.relaxed.sys.global.v2.u64",
         );
         let record = loads_before_first_store(
             &ptx,

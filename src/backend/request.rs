@@ -464,9 +464,8 @@ pub struct Timings {
 
 /// The phases of one lane request on the device, in nanoseconds (32 ns ticks on the
 /// H200), from the stamps the lane's server writes into the result area's header
-/// (each saturating at `u32::MAX`). Their sum with the previous request's release is
-/// the server's part of the round trip; the host's wait minus that is the doorbell's
-/// and the completion word's trip over PCIe.
+/// (each saturating at `u32::MAX`). Their sum is the server's part of the round trip;
+/// the host's wait minus that is the doorbell's and the result words' trips over PCIe.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct LaneStamps {
@@ -476,14 +475,14 @@ pub struct LaneStamps {
     /// From the first workgroup to every workgroup of every fixpoint iteration done
     /// (with several blocks: the last one arrived).
     pub workgroups_ns: u64,
-    /// From every workgroup done to the readback bytes copied into the result area
-    /// (the end of [`Timings::kernel_stamps_ns`]).
+    /// From every workgroup done to the result words (readback bytes and their flags)
+    /// issued to the result area (the end of [`Timings::kernel_stamps_ns`]).
     pub readback_ns: u64,
-    /// How long the previous request's completion store (`st.release.sys`) held the
-    /// server's thread: the wait for its earlier stores, the readback bytes written
-    /// to host memory above all, to reach system scope. Measured after the store, so
-    /// reported with the next request; 0 for a lane's first.
-    pub previous_release_ns: u64,
+    /// Of [`LaneStamps::readback_ns`], how long the publishing thread's
+    /// `fence.acq_rel.gpu` held it: the wait for the request's outputs in device
+    /// memory to be visible at GPU scope before its result words go out (no wait for
+    /// host memory: the result words carry their own flags).
+    pub publish_fence_ns: u64,
 }
 
 /// What a blocking dispatch returns (and a pending one's `wait`).

@@ -7,9 +7,9 @@
 //! the completion word and the result areas, at any time, over PCIe. No Rust
 //! reference may point into memory the device writes (a `&[u8]` promises the bytes
 //! do not change), so this file keeps the raw host pointer and touches the memory
-//! only through atomics (the doorbells and the completion word, whose ordering is
-//! the protocol) and volatile copies (records, staging, areas: at worst a protocol
-//! bug reads or writes stale bytes, never undefined behaviour). Every offset is
+//! only through atomics (the doorbells, the completion word and the result areas'
+//! flagged words, whose ordering is the protocol) and volatile copies (records and
+//! staging: at worst a protocol bug writes stale bytes, never undefined behaviour). Every offset is
 //! bounded by the layout, so no access leaves the allocation.
 //!
 //! # Layout (one allocation, zeroed)
@@ -18,7 +18,7 @@
 //! [0, 128)                       completion word (u64), alone on its line
 //! 128 + 128 s                    slot s's doorbell (u64)
 //! records  + 4096 s              slot s's request record
-//! areas    + area_bytes s        slot s's result area
+//! areas    + 2 area_bytes s      slot s's result area (flagged words: twice its bytes)
 //! staging  + staging_bytes s     slot s's input staging
 //! ```
 //!
@@ -28,22 +28,21 @@
 //! stores its doorbell with `Release`: x86-64 keeps stores in order and the release
 //! keeps the compiler from sinking the copies below it, so the kernel's
 //! `ld.acquire.sys` that sees the doorbell orders its loads of the record and staging
-//! after them. [`LaneMemory::completed`] loads the completion word with `Acquire`: the
-//! kernel stored it with `st.release.sys` after the area's bytes, so the area reads
-//! that follow see them (`codegen::ptx::lane` argues the device side).
+//! after them. The result areas need no ordering: each 8-byte word carries its own
+//! flag and is read with one atomic load ([`LaneMemory::area_word`]; `flagged` says
+//! when a request's words arrived). [`LaneMemory::completed`] loads the completion
+//! word (`codegen::ptx::lane` argues the device side).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::codegen::ptx::lane::{
-    AREA_HEADER_BYTES, AREA_PREVIOUS_RELEASE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE,
-    DOORBELL_STRIDE, RECORD_BYTES,
+    AREA_PUBLISH_FENCE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE,
+    FLAGGED_DATA_BYTES, FLAGGED_WORD_BYTES, RECORD_BYTES,
 };
 
 use super::super::driver::{DriverResult, MappedMemory};
 use super::super::LaneStamps;
-
-// The header is read in whole words up to the one holding the previous release.
-const _: () = assert!(AREA_PREVIOUS_RELEASE + 8 <= AREA_HEADER_BYTES);
+use super::flagged::HEADER_WORDS;
 
 /// The completion word's line.
 const COMPLETION_BYTES: usize = 128;
@@ -69,8 +68,9 @@ pub(in crate::backend) struct AreaHeader {
     pub(in crate::backend) workgroups_begun: u32,
     /// Nanoseconds from `start` to every workgroup done.
     pub(in crate::backend) workgroups_done: u32,
-    /// Nanoseconds the previous request's completion store held its thread.
-    pub(in crate::backend) previous_release: u32,
+    /// Nanoseconds the publishing thread's GPU-scope fence held it (inside the
+    /// readback phase).
+    pub(in crate::backend) publish_fence: u32,
 }
 
 impl AreaHeader {
@@ -82,7 +82,22 @@ impl AreaHeader {
             setup_ns: begun,
             workgroups_ns: done - begun,
             readback_ns: self.end.saturating_sub(self.start).saturating_sub(done),
-            previous_release_ns: u64::from(self.previous_release),
+            publish_fence_ns: u64::from(self.publish_fence),
+        }
+    }
+
+    /// The header from its twelve words' data (logical word `i` of the area).
+    pub(in crate::backend) fn from_words(words: &[u32; HEADER_WORDS]) -> AreaHeader {
+        let word = |at: usize| words[at / FLAGGED_DATA_BYTES];
+        let double = |at: usize| u64::from(word(at)) | u64::from(word(at + 4)) << 32;
+        AreaHeader {
+            start: double(0),
+            end: double(8),
+            status: word(16),
+            ticket: word(20),
+            workgroups_begun: word(AREA_WORKGROUPS_BEGUN),
+            workgroups_done: word(AREA_WORKGROUPS_DONE),
+            publish_fence: word(AREA_PUBLISH_FENCE),
         }
     }
 }
@@ -103,7 +118,7 @@ impl LaneMemory {
         staging_bytes: usize,
     ) -> DriverResult<LaneMemory> {
         let bytes = COMPLETION_BYTES
-            + slots * (DOORBELL_STRIDE + RECORD_BYTES + area_bytes + staging_bytes);
+            + slots * (DOORBELL_STRIDE + RECORD_BYTES + 2 * area_bytes + staging_bytes);
         Ok(LaneMemory {
             mapped: MappedMemory::allocate(bytes)?,
             slots,
@@ -125,7 +140,12 @@ impl LaneMemory {
     }
 
     fn staging_at(&self) -> usize {
-        self.areas_at() + self.area_bytes * self.slots
+        self.areas_at() + self.area_stride() * self.slots
+    }
+
+    /// Bytes between two slots' areas: twice an area's logical bytes (flagged words).
+    pub(in crate::backend) fn area_stride(&self) -> usize {
+        2 * self.area_bytes
     }
 
     /// The device addresses of every part.
@@ -140,16 +160,18 @@ impl LaneMemory {
         }
     }
 
-    /// The completion word of the allocation at byte `offset` (8-byte aligned: every
-    /// part starts on a 128-byte boundary of a page-aligned allocation).
+    /// The atomic word of the allocation at byte `offset` (8-byte aligned: every part
+    /// starts on a 128-byte boundary of a page-aligned allocation, and an area's words
+    /// are 8 bytes each).
     fn word(&self, offset: usize) -> &AtomicU64 {
         debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.mapped.len());
         // SAFETY: the pointer is inside the allocation (offsets come from the layout,
         // bounded by `slots`), 8-byte aligned (the allocation is page-aligned and every
         // word sits at a multiple of 8), valid for as long as `self` (the memory is
         // freed only by `self.mapped`'s drop), and every access to it on the host and
-        // on the device is atomic (`st.release.sys`, `ld.acquire.sys` there; this
-        // type's loads and stores here), which is what `AtomicU64::from_ptr` needs.
+        // on the device is atomic (`st.relaxed.sys` of whole 8-byte words or elements,
+        // `ld.acquire.sys` there; this type's loads and stores here), which is what
+        // `AtomicU64::from_ptr` needs.
         unsafe { AtomicU64::from_ptr(self.mapped.host_address().add(offset) as *mut u64) }
     }
 
@@ -188,51 +210,34 @@ impl LaneMemory {
         self.write(at, &bytes[..len], padding);
     }
 
-    /// Copy `out.len()` bytes from `offset` of slot `slot`'s result area (cut at the
-    /// area's end; the rest of `out` is left as it was).
-    pub(in crate::backend) fn read_area(&self, slot: usize, offset: usize, out: &mut [u8]) {
-        let room = self.area_bytes.saturating_sub(offset);
-        let len = out.len().min(room);
+    /// Logical word `index` of slot `slot`'s result area (its data and flag; cut at
+    /// the area's end).
+    pub(in crate::backend) fn area_word(&self, slot: usize, index: usize) -> u64 {
+        let words = self.area_bytes / FLAGGED_DATA_BYTES;
         let at = self.areas_at()
-            + self.area_bytes * slot.min(self.slots - 1)
-            + offset.min(self.area_bytes);
-        let base = self.mapped.host_address();
-        let mut chunks = out[..len].chunks_exact_mut(8);
-        let mut offset = at;
-        for chunk in &mut chunks {
-            // SAFETY: `[offset, offset + 8)` lies inside the allocation (the area of a
-            // slot below `slots`, `len` cut at its end; `[u8; 8]` has alignment 1); a
-            // volatile read of bytes the device may be writing is defined (it returns
-            // some value), and the protocol reads an area only after its completion
-            // word was acquired.
-            let value = unsafe { std::ptr::read_volatile(base.add(offset) as *const [u8; 8]) };
-            chunk.copy_from_slice(&value);
-            offset += 8;
-        }
-        for byte in chunks.into_remainder() {
-            // SAFETY: as above, one byte inside the area.
-            *byte = unsafe { std::ptr::read_volatile(base.add(offset)) };
-            offset += 1;
+            + self.area_stride() * slot.min(self.slots - 1)
+            + FLAGGED_WORD_BYTES * index.min(words - 1);
+        // Relaxed: the word carries its own flag, and nothing else is read through it.
+        self.word(at).load(Ordering::Relaxed)
+    }
+
+    /// Rewrite every word of slot `slot`'s area with no data and `flag` (while the
+    /// device does not write the slot: before its request rings).
+    pub(in crate::backend) fn scrub_area(&self, slot: usize, flag: u32) {
+        let start = self.areas_at() + self.area_stride() * slot.min(self.slots - 1);
+        let value = u64::from(flag) << 32;
+        for at in (start..start + self.area_stride()).step_by(FLAGGED_WORD_BYTES) {
+            self.word(at).store(value, Ordering::Relaxed);
         }
     }
 
-    /// Slot `slot`'s area header.
+    /// Slot `slot`'s area header (words that arrived: `flagged::Arrival` said so).
     pub(in crate::backend) fn area_header(&self, slot: usize) -> AreaHeader {
-        // Whole 8-byte words (the last one's upper half is reserved): five volatile
-        // reads of the area's first line, no single-byte tail.
-        let mut raw = [0u8; AREA_PREVIOUS_RELEASE + 8];
-        self.read_area(slot, 0, &mut raw);
-        let double = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
-        let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap_or([0; 4]));
-        AreaHeader {
-            start: double(0),
-            end: double(8),
-            status: word(16),
-            ticket: word(20),
-            workgroups_begun: word(AREA_WORKGROUPS_BEGUN),
-            workgroups_done: word(AREA_WORKGROUPS_DONE),
-            previous_release: word(AREA_PREVIOUS_RELEASE),
+        let mut words = [0u32; HEADER_WORDS];
+        for (index, word) in words.iter_mut().enumerate() {
+            *word = self.area_word(slot, index) as u32;
         }
+        AreaHeader::from_words(&words)
     }
 
     /// Volatile copy of `bytes` to byte `at` of the allocation, then `padding` zeros.
@@ -284,13 +289,13 @@ mod tests {
             ticket: 7,
             workgroups_begun: 160,
             workgroups_done: 1_120,
-            previous_release: 896,
+            publish_fence: 96,
         };
         let stamps = header.stamps();
         assert_eq!(stamps.setup_ns, 160);
         assert_eq!(stamps.workgroups_ns, 960);
         assert_eq!(stamps.readback_ns, 1_280);
-        assert_eq!(stamps.previous_release_ns, 896);
+        assert_eq!(stamps.publish_fence_ns, 96);
         assert_eq!(
             stamps.setup_ns + stamps.workgroups_ns + stamps.readback_ns,
             header.end - header.start

@@ -23,9 +23,13 @@
 //! grid, zero fills, input copies, readback ranges) into host-mapped memory when it
 //! changed (a new scalar value is a changed record, never a new module), its host
 //! inputs into the slot's staging, and rings the slot's doorbell; the host then
-//! spins (or yields, or sleeps: [`WaitMode`]) on the completion word, and reads the
-//! outputs from the slot's host-mapped result area (one copy per stretch of
-//! adjacent items). Up to [`LaneOptions::slots`] requests may be in flight; the
+//! spins (or yields, or sleeps: [`WaitMode`]) on the slot's host-mapped result area,
+//! whose every 8-byte word carries 4 bytes of the header or the outputs and the
+//! request's flag (`flagged`), until every word it needs carries the flag, and copies
+//! the outputs out (one copy per stretch of adjacent items). No system-scope fence
+//! is on a request's path (the server's `st.release.sys` of a completion word used
+//! to hold it 0.61 µs of 4.22 µs on the H200, 2026-12-01; `codegen::ptx::lane`
+//! argues the ordering). Up to [`LaneOptions::slots`] requests may be in flight; the
 //! kernel serves them in order.
 //!
 //! A repeat of one of the last four distinct requests (the same kernel, grid, fixpoint
@@ -65,7 +69,7 @@
 //!   shared memory (the record's 4 KiB plus the largest kernel's workgroup memory) is
 //!   not available to other kernels. Eager dispatches and graph replays on other
 //!   streams run beside it on the rest of the device.
-//! - **A host thread.** Waiting spins on the completion word by default
+//! - **A host thread.** Waiting spins on the result area's words by default
 //!   ([`WaitMode::Spin`]: one core busy for the length of the request);
 //!   [`WaitMode::SpinThenYield`] yields the core after a while, [`WaitMode::Sleep`]
 //!   sleeps between looks (each costs wake-up latency; the dispatch bench's lane rows
@@ -104,6 +108,7 @@
 //! (a body that never finishes) is abandoned with its memory rather than hanging the
 //! host.
 
+mod flagged;
 mod mapped;
 mod record;
 
@@ -112,8 +117,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::codegen::ptx::lane::{
-    lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME, DOORBELL_STOP,
-    MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
+    area_flag, lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME,
+    DOORBELL_STOP, MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
 };
 use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
 use crate::ir::Access;
@@ -136,6 +141,7 @@ use super::{
     PerBinding, Timings,
 };
 
+use flagged::{request_words, scrub_flag, scrub_window, unflag, Arrival};
 use mapped::LaneMemory;
 pub use record::MAX_LANE_KERNELS;
 pub(in crate::backend) use record::{
@@ -165,7 +171,7 @@ pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitMode {
-    /// Spin on the completion word (`std::hint::spin_loop`): the lowest latency, one
+    /// Spin on the result area's words (`std::hint::spin_loop`): the lowest latency, one
     /// core busy while the request runs.
     #[default]
     Spin,
@@ -190,9 +196,10 @@ pub struct LaneOptions {
     /// Requests that may be in flight at once (1 to [`MAX_LANE_SLOTS`]); each has its
     /// own record, staging and result area.
     pub slots: u32,
-    /// Bytes of each slot's host-mapped result area: a 48-byte header, then every
-    /// readback item 16-byte aligned (256 bytes to [`MAX_LANE_AREA_BYTES`], a multiple
-    /// of 128).
+    /// Bytes of each slot's result area: a 48-byte header, then every readback item
+    /// 16-byte aligned (256 bytes to [`MAX_LANE_AREA_BYTES`], a multiple of 128). The
+    /// host-mapped allocation holds twice this: every 4 bytes travel in an 8-byte word
+    /// with the request's flag.
     pub result_bytes: u32,
     /// Bytes of each slot's host-mapped input staging for host and pinned bindings
     /// (0 to [`MAX_LANE_AREA_BYTES`], a multiple of 128).
@@ -367,6 +374,9 @@ struct Slot {
     record_len: usize,
     cached: bool,
     request: Option<SlotRequest>,
+    /// The window of 2^31 tickets its area was last scrubbed for (`flagged`; the
+    /// allocation's zeros serve window 0).
+    window: u64,
 }
 
 /// What submissions and deliveries share, under the lane's lock.
@@ -533,6 +543,7 @@ impl CudaBackend {
                         record_len: 0,
                         cached: false,
                         request: None,
+                        window: 0,
                     })
                     .collect(),
                 scratch: Box::new([0; RECORD_BYTES]),
@@ -571,9 +582,10 @@ impl LaneShared {
         ];
         let options = shared.options;
         let poll_sleep = u32::try_from(options.poll_sleep.as_nanos()).unwrap_or(u32::MAX);
+        let area_stride = u32::try_from(resources.memory.area_stride()).unwrap_or(u32::MAX);
         let mut counts = [
             options.slots,
-            options.result_bytes,
+            area_stride,
             options.staging_bytes,
             poll_sleep,
         ];
@@ -758,6 +770,10 @@ impl LaneShared {
         let (index, mark) = self.kernel_of(request.target, &request.codegen, mark)?;
         let kernel = self.kernel(index)?;
         let identity = kernel_identity(kernel);
+        // Outside the lane's lock: a wait for a predecessor on another lane or an eager
+        // stream may take milliseconds, and the lane's other submitters and deliveries
+        // need the lock meanwhile.
+        self.wait_after(request, &kernel.name)?;
         let mut state = self.lock();
         let state = &mut *state;
         let address_of = |buffer: &_| address_on(inner, buffer);
@@ -804,7 +820,6 @@ impl LaneShared {
         if probe_on {
             count_for_probe(kernel, request, repeat.grid_blocks);
         }
-        self.wait_after(request, &kernel.name)?;
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
         // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
@@ -918,6 +933,12 @@ impl LaneShared {
             state.last_len = len;
         }
         state.last_repeat = Some(entry);
+        // The slot's first request of a window of 2^31 tickets finds no word a request
+        // 2^32 tickets earlier left with its flag (`flagged`).
+        if let Some(window) = scrub_window(state.slots[slot].window, ticket) {
+            resources.memory.scrub_area(slot, scrub_flag(ticket));
+            state.slots[slot].window = window;
+        }
         // In the book before the doorbell: a dispatch that sees the entry waits for a
         // request that is (or is about to be) rung, never one that runs unseen.
         inner
@@ -1104,46 +1125,34 @@ impl LaneShared {
         Ok(completed.wrapping_sub(target) as i32 >= 0)
     }
 
-    /// Spin (or yield, or sleep) until request `ticket` completes; returns the host
-    /// time waited. Past the timeout, or when the kernel faulted or ended, the lane is
-    /// dead and the error says why.
+    /// Spin (or yield, or sleep) until request `ticket` completes (the completion
+    /// word); returns the host time waited. Past the timeout, or when the kernel
+    /// faulted or ended, the lane is dead and the error says why.
     fn wait_ticket(&self, ticket: u64) -> Result<u64, BackendError> {
         if self.served(ticket)? {
             return Ok(0);
         }
+        let memory = &self.resources()?.memory;
+        let target = ticket.wrapping_add(1) as u32;
+        self.wait_until(ticket, || {
+            memory.completed().wrapping_sub(target) as i32 >= 0
+        })
+    }
+
+    /// Spin (or yield, or sleep) until `ready` says so (it is asked first); returns the
+    /// host time waited. Past the timeout, or when the kernel faulted or ended, the
+    /// lane is dead and the error says why (`ticket` names the request waited for).
+    fn wait_until(&self, ticket: u64, ready: impl FnMut() -> bool) -> Result<u64, BackendError> {
         self.check_serving()?;
         let resources = self.resources()?;
-        let started = Instant::now();
-        // The clock is read every `CLOCK_EVERY` looks; the stream is asked about faults
-        // only once a wait passes `QUIET`, so a request of microseconds pays neither.
-        const CLOCK_EVERY: u32 = 256;
-        const QUIET: Duration = Duration::from_micros(100);
-        let mut looks = 0u32;
-        let mut next_query = QUIET;
-        loop {
-            if self.served(ticket)? {
-                return Ok(elapsed_ns(started));
-            }
-            looks = looks.wrapping_add(1);
-            let sleeping = matches!(self.options.wait, WaitMode::Sleep(_));
-            if sleeping || looks.is_multiple_of(CLOCK_EVERY) {
-                let waited = started.elapsed();
-                if waited >= next_query {
-                    next_query = waited + QUIET;
-                    self.check_stream(resources)?;
-                }
-                if waited >= self.options.timeout {
-                    return Err(self.timed_out(ticket));
-                }
-                match self.options.wait {
-                    WaitMode::SpinThenYield(spin) if waited >= spin => std::thread::yield_now(),
-                    WaitMode::Sleep(interval) => std::thread::sleep(interval),
-                    _ => std::hint::spin_loop(),
-                }
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        let options = &self.options;
+        poll_until(options.wait, options.timeout, ready, || {
+            self.check_stream(resources)
+        })
+        .map_err(|stop| match stop {
+            WaitStop::TimedOut => self.timed_out(ticket),
+            WaitStop::Failed(error) => error,
+        })
     }
 
     /// While waiting: a fault on the lane's stream (the kernel died) or an ended
@@ -1228,9 +1237,8 @@ impl LaneShared {
         mark: Option<Instant>,
     ) -> Result<Timings, BackendError> {
         let slot = self.slot_of(ticket);
-        let wait_ns = self.wait_ticket(ticket)?;
-        let mark = probe::charge_and_mark(Phase::Release, mark);
         let resources = self.resources()?;
+        let memory = &resources.memory;
         let mut state = self.lock();
         let request = match state.slots[slot].request.take() {
             Some(request) if request.ticket == ticket => request,
@@ -1240,16 +1248,37 @@ impl LaneShared {
             }
         };
         drop(state);
-        let header = resources.memory.area_header(slot);
-        let result = if header.ticket != ticket.wrapping_add(1) as u32 || header.status != 0 {
+        // Every word of the header and the outputs carries the request's flag once it
+        // arrived, in whatever order they travel (`flagged`).
+        let flag = area_flag(ticket);
+        let read = |word: usize| memory.area_word(slot, word);
+        let mut arrival = Arrival::default();
+        let waited = if arrival.advance(request_words(&request.deliveries), read, flag) {
+            Ok(0)
+        } else {
+            self.wait_until(ticket, || {
+                arrival.advance(request_words(&request.deliveries), read, flag)
+            })
+        };
+        let wait_ns = match waited {
+            Ok(ns) => ns,
+            Err(error) => {
+                // The lane is dead: the request goes back to its slot, whose holds
+                // the lane's stop releases (or forgets, while the device may still
+                // use them).
+                self.lock().slots[slot].request = Some(request);
+                return Err(error);
+            }
+        };
+        let mark = probe::charge_and_mark(Phase::Release, mark);
+        let header = memory.area_header(slot);
+        let result = if header.ticket != flag || header.status != 0 {
             Err(BackendError::internal(format!(
-                "a lane's result area answered ticket {} with status {} where ticket {} was expected",
-                header.ticket,
-                header.status,
-                ticket.wrapping_add(1) as u32
+                "a lane's result area answered ticket {} with status {} where ticket {flag} was \
+                 expected",
+                header.ticket, header.status,
             )))
         } else {
-            let memory = &resources.memory;
             match sink {
                 Sink::Packed(out) => {
                     // One copy per stretch of adjacent items: the lines the device just
@@ -1259,14 +1288,14 @@ impl LaneShared {
                     out.push_filled(items.zip(lengths), |bytes| {
                         let mut written = 0;
                         for_each_stretch(&request.deliveries, |offset, len| {
-                            memory.read_area(slot, offset, &mut bytes[written..written + len]);
+                            unflag(read, offset, &mut bytes[written..written + len]);
                             written += len;
                         });
                     });
                 }
                 Sink::Slices(out) => {
                     for (&(offset, _), bytes) in request.deliveries.iter().zip(out.iter_mut()) {
-                        memory.read_area(slot, offset, bytes);
+                        unflag(read, offset, bytes);
                     }
                 }
             }
@@ -1385,6 +1414,55 @@ impl LaneShared {
 impl Drop for LaneShared {
     fn drop(&mut self) {
         let _ = self.shut_down();
+    }
+}
+
+/// Why a wait ended before its condition held.
+enum WaitStop {
+    /// The timeout passed.
+    TimedOut,
+    /// The check of the kernel failed (a fault, or a kernel that ended).
+    Failed(BackendError),
+}
+
+/// Ask `ready` in `wait` mode until it says so (it is asked first); returns the time
+/// waited. The clock is read every `CLOCK_EVERY` looks (every look when sleeping),
+/// and `check` (the stream: a fault, an ended kernel) runs only once a wait passes
+/// `QUIET` and every `QUIET` after, so a request of microseconds pays neither; its
+/// error ends the wait, and so does the timeout.
+fn poll_until(
+    wait: WaitMode,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+    mut check: impl FnMut() -> Result<(), BackendError>,
+) -> Result<u64, WaitStop> {
+    const CLOCK_EVERY: u32 = 256;
+    const QUIET: Duration = Duration::from_micros(100);
+    let started = Instant::now();
+    let mut looks = 0u32;
+    let mut next_query = QUIET;
+    loop {
+        if ready() {
+            return Ok(elapsed_ns(started));
+        }
+        looks = looks.wrapping_add(1);
+        if matches!(wait, WaitMode::Sleep(_)) || looks.is_multiple_of(CLOCK_EVERY) {
+            let waited = started.elapsed();
+            if waited >= next_query {
+                next_query = waited + QUIET;
+                check().map_err(WaitStop::Failed)?;
+            }
+            if waited >= timeout {
+                return Err(WaitStop::TimedOut);
+            }
+            match wait {
+                WaitMode::SpinThenYield(spin) if waited >= spin => std::thread::yield_now(),
+                WaitMode::Sleep(interval) => std::thread::sleep(interval),
+                _ => std::hint::spin_loop(),
+            }
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -1669,6 +1747,51 @@ impl LaneTicket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Locks out a host that waits forever, or delivers, while a request's words are
+    /// only partly there: a wait whose words never all arrive ends with the timeout, a
+    /// fault reported while they are partial ends it with the fault, and a wait whose
+    /// words arrive after a few looks returns once they did. Negative control: the
+    /// fault check is not asked when the words are there at the first look.
+    #[test]
+    fn a_partial_delivery_ends_in_the_timeout_or_the_fault() {
+        let short = Duration::from_millis(2);
+        let never = poll_until(WaitMode::Spin, short, || false, || Ok(()));
+        assert!(matches!(never, Err(WaitStop::TimedOut)));
+        let faulted = poll_until(
+            WaitMode::Sleep(Duration::from_micros(50)),
+            Duration::from_secs(5),
+            || false,
+            || Err(BackendError::internal("the kernel faulted")),
+        );
+        match faulted {
+            Err(WaitStop::Failed(error)) => assert!(error.to_string().contains("faulted")),
+            _ => panic!("a fault while the words were partial must end the wait"),
+        }
+        let mut looks = 0;
+        let arrived = poll_until(
+            WaitMode::SpinThenYield(Duration::ZERO),
+            Duration::from_secs(5),
+            || {
+                looks += 1;
+                looks > 600
+            },
+            || Ok(()),
+        );
+        assert!(arrived.is_ok());
+        let mut checked = false;
+        let at_once = poll_until(
+            WaitMode::Spin,
+            Duration::from_secs(5),
+            || true,
+            || {
+                checked = true;
+                Ok(())
+            },
+        );
+        assert!(at_once.is_ok());
+        assert!(!checked);
+    }
 
     /// Locks out lane options that would build a lane the device cannot hold or a wait
     /// that cannot succeed: each bound is a `Fix:` error naming its field; the defaults

@@ -75,45 +75,69 @@
 //! 3. arrives at the device arrival counter (more than one block): the last block to
 //!    arrive publishes, and takes the request's arrivals back out of the counter with
 //!    an atomic add of minus the block count (a store of 0 would erase the arrival of
-//!    a block already done with the next request). The publishing block copies the readback ranges into the
-//!    slot's result area (windows — a range inside one aligned 16-byte block — with one
-//!    vector load and store each, all of a thread's windows in flight up to sixteen;
-//!    other ranges in 16-, 4- or 1-byte units, eight in flight per thread), writes the area's header (status,
+//!    a block already done with the next request). The publishing block's leader
+//!    runs `fence.acq_rel.gpu`; the block then writes the readback ranges into the
+//!    slot's result area as flagged words ([`FLAGGED_WORD_BYTES`]: 4 data bytes and
+//!    the flag [`area_flag`] of the request in each 8-byte word; windows — a range
+//!    inside one aligned 16-byte block — with one vector load and two
+//!    `st.relaxed.sys.global.v2.u64` each, all of a thread's windows in flight up to
+//!    sixteen; other ranges in 16-byte units or word by word, eight in flight per
+//!    thread), the leader writes the area's header as twelve flagged words (status,
 //!    ticket and the phase stamps below) and then stores `n + 1` into the completion
-//!    word with `st.release.sys`.
+//!    word with `st.relaxed.sys`. Nothing waits for host memory: the host knows a word
+//!    arrived when its flag is the request's, in any order, and delivers once every
+//!    word of the header and the readbacks did. The completion word stays for what
+//!    needs "served" without a slot's area (the host's waits that order an eager
+//!    dispatch or another lane's request after this one, whose slot may already serve
+//!    a later request, and the fault report's "which request was being served"); a
+//!    request with nothing read back completes on its header's words alone.
 //!
 //! # Where a request's device time goes
 //!
 //! The header carries `%globaltimer` stamps of each phase, so one run on the device
 //! says where a request's time goes (the host's `Timings::lane_stamps`): the start
 //! (block 0 saw the doorbell), the first workgroup (record and prologue done), every
-//! workgroup done (with several blocks: the last arrived), the end (the readback
-//! bytes copied), and how long the previous request's `st.release.sys` held its
-//! thread (the wait for earlier stores, the readback bytes in host memory above all,
-//! to reach system scope; measured after the store, so it can only be reported with
-//! the next request). What the stamps do not cover is the doorbell's and the
-//! completion word's trip over PCIe and the host's own work: the host's wait minus
-//! the stamps. Block 0's stamps reach another publishing block through the slot's
-//! device words ([`DEVICE_STAMPS_AT`]), written before block 0's arrival and read
-//! after the publisher's acquire.
+//! workgroup done (with several blocks: the last arrived), the end (the readback words
+//! issued), and how long the publishing leader's `fence.acq_rel.gpu` held it (inside
+//! the readback phase). Until the flagged words, a `st.release.sys` of the completion
+//! word held the publishing thread 0.61 µs (H200, 2026-12-01) while the area's writes
+//! reached host memory, before the word even left; no system-scope fence is left on a
+//! request's path. What the stamps do not cover is the doorbell's and the result
+//! words' trips over PCIe and the host's own work: the host's wait minus the stamps.
+//! Block 0's stamps reach another publishing block through the slot's device words
+//! ([`DEVICE_STAMPS_AT`]), written before block 0's arrival and read after the
+//! publisher's acquire.
 //!
-//! # Why the host sees every byte when it sees the completion word
+//! # Why the host sees every byte, and later work every output
 //!
-//! In the PTX memory model a release at system scope makes every write that precedes
-//! it in causality order visible to whoever acquires the value it wrote at system
-//! scope (the host's `Acquire` load of the completion word; host threads take part in
-//! the model at system scope). The chain: every body store of a block precedes that
-//! block's `barrier.sync 1` (CTA-scope synchronisation: the leader observes them);
-//! its leader's `fence.acq_rel.gpu` + `atom.acq_rel.gpu` arrival releases them at
-//! GPU scope to the last arriving leader's acquire of the same counter; the publishing
-//! block's threads read the outputs after a `barrier.sync 1` that follows that acquire,
-//! write the area (weak stores), and pass another `barrier.sync 1`; its leader's
-//! `st.release.sys` then orders all of them — its own stores, its block's (through
-//! the barrier) and every other block's (through the acquire), cumulatively — before
-//! the completion word at system scope. No separate `fence.sc.sys` is needed:
-//! `st.release.sys` is a release fence at system scope followed by the store, and
-//! release is cumulative. Device-memory outputs the host reads later by copies are
-//! enqueued after the host observed completion, so they follow it too.
+//! **The result area.** Every word the host waits for (the header's twelve and those
+//! of every readback item) is written whole by one strong 8-byte access (an element of
+//! a `st.relaxed.sys` vector store: the PTX memory model treats a vector access as
+//! accesses of its elements, each 8-byte aligned element single-copy atomic), its data
+//! and its flag together, so a word whose flag the host reads as the request's holds
+//! that request's data, whatever the order in which the words arrive. The data are
+//! right when written: the publishing threads load the outputs after a
+//! `barrier.sync 1` that follows every body store of their block, and (more than one
+//! block) after the last arriving leader's `atom.acq_rel.gpu` that acquired every
+//! other block's `fence.acq_rel.gpu` + arrival, with `ld.relaxed.gpu`. Strong stores
+//! at system scope, not weak ones, so no word waits in a GPU cache for a fence that
+//! no longer comes. No word of another request can pass: flags are the ticket, and a
+//! slot's stale words belong to tickets less than 2^32 before (the host scrubs a
+//! slot's area once per 2^31 of its tickets; `backend::lane::flagged` argues it).
+//!
+//! **Outputs in device memory** (owned buffers that the host copies or later eager
+//! dispatches and lane requests read). The publishing leader's `fence.acq_rel.gpu`
+//! comes after the barriers (and the arrival's acquire) through which it observed every
+//! body store of the request, and before it writes any header word or the completion
+//! word; fences are cumulative, so every output is visible at GPU scope (in L2, the
+//! point of coherence every kernel and copy engine reads device memory through) before
+//! the host can see the header complete or the completion word. Every reader of
+//! device memory is on the GPU and starts after the host saw one of those (the host
+//! delivers, or its order book waits for the completion word, before it enqueues a
+//! dispatch or copy that reads the outputs), so GPU scope suffices; a system-scope
+//! fence would add a wait for host memory (the stall this protocol removed). The fence
+//! runs before the result words are written, when the leader has no store to host
+//! memory outstanding, so it waits only for device memory (its hold is stamped).
 //!
 //! In the other direction, the host's record, staging and input writes precede its
 //! release store of the doorbell; block 0's `ld.acquire.sys` that reads it orders every
@@ -238,11 +262,11 @@ pub const DOORBELL_STOP: u64 = 1 << 49;
 /// Doorbell bit: the record equals the previous request's (shared copies are current).
 pub const DOORBELL_SAME: u64 = 1 << 50;
 
-/// Bytes of a result area's header: u64 start stamp (the doorbell seen), u64 end
-/// stamp (the readback bytes copied), u32 status, u32 ticket (`n + 1`), the phase
-/// stamps ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`],
-/// [`AREA_PREVIOUS_RELEASE`]), 12 reserved (zero). Readback bytes follow, 16-byte
-/// aligned.
+/// Bytes of a result area's header, in logical bytes (see [`FLAGGED_WORD_BYTES`] for
+/// where they lie in the area): u64 start stamp (the doorbell seen), u64 end stamp
+/// (the readback words issued), u32 status, u32 ticket (`n + 1`), the phase stamps
+/// ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`], [`AREA_PUBLISH_FENCE`]), 12
+/// reserved (zero). Readback bytes follow, 16-byte aligned.
 pub const AREA_HEADER_BYTES: usize = 48;
 /// Area header u32: nanoseconds from the start stamp to the first workgroup (the
 /// record's copy and the prologue), saturating.
@@ -251,20 +275,26 @@ pub const AREA_WORKGROUPS_BEGUN: usize = 24;
 /// of every iteration finished (with several blocks: the last block arrived),
 /// saturating.
 pub const AREA_WORKGROUPS_DONE: usize = 28;
-/// Area header u32: nanoseconds the previous request's completion store
-/// (`st.release.sys`) held its publishing thread, from its end stamp to the store's
-/// issue: the wait for every earlier store (the readback bytes in host memory above
-/// all) to reach system scope. 0 for a lane's first request.
-pub const AREA_PREVIOUS_RELEASE: usize = 32;
-// The server writes status, ticket and the two workgroup stamps with one vector store
-// at 16, and the previous release with one at its own 16-byte-aligned offset.
-const _: () = assert!(
-    AREA_WORKGROUPS_BEGUN == 24
-        && AREA_WORKGROUPS_DONE == 28
-        && AREA_PREVIOUS_RELEASE == 32
-        && AREA_HEADER_BYTES >= AREA_PREVIOUS_RELEASE + 16
-        && AREA_HEADER_BYTES.is_multiple_of(16)
-);
+/// Area header u32: nanoseconds the publishing thread's `fence.acq_rel.gpu` (which
+/// orders every output in device memory before the header's words) held it, part of
+/// the readback phase, saturating.
+pub const AREA_PUBLISH_FENCE: usize = 32;
+/// Bytes of one flagged word of a result area: 4 data bytes (logical bytes `4 i ..
+/// 4 i + 4` of the area, little-endian) in its low half and the request's flag
+/// ([`area_flag`]) in its high half, at byte `8 i` of the slot's area, so a slot's
+/// area takes twice its logical bytes. The server writes every word with a strong
+/// 8-byte store (two per `st.relaxed.sys.global.v2.u64`), so the host knows a word
+/// arrived when its flag is the request's, in any order, with no fence between data
+/// and flag.
+pub const FLAGGED_WORD_BYTES: usize = 8;
+/// Logical area bytes one flagged word carries.
+pub const FLAGGED_DATA_BYTES: usize = 4;
+
+/// The flag of request `ticket`'s area words: the low 32 bits of `ticket + 1` (the
+/// doorbell's ticket field).
+pub const fn area_flag(ticket: u64) -> u32 {
+    ticket.wrapping_add(1) as u32
+}
 /// Area status: the record named a body the lane does not have (nothing ran).
 pub const AREA_STATUS_UNKNOWN_KERNEL: u32 = 1;
 
@@ -274,9 +304,6 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
-/// Device word (u32): the last completion store's hold ([`AREA_PREVIOUS_RELEASE`]),
-/// for the next request's publisher when that is another block.
-pub const DEVICE_RELEASED: usize = 16;
 /// Offset of the per-slot stamps in the device words: slot `s`'s u64 start and u64
 /// first-workgroup stamps (block 0's, for a publishing block of another index) at
 /// `DEVICE_STAMPS_AT + 16 s`. Per slot, because block 0 may start the next request
@@ -343,7 +370,7 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_areas",
-        "host-mapped: slot s's result area at s * area stride",
+        "host-mapped: slot s's result area (flagged words) at s * area stride",
     ),
     (
         ".u64 vyre_lane_staging",
@@ -351,11 +378,14 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [16] released, [128] stamps per slot, \
-         [384] record cache per slot",
+        "device: [0] arrivals, [4] generation, [8] go, [128] stamps per slot, [384] record \
+         cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
-    (".u32 vyre_lane_area_stride", "bytes between result areas"),
+    (
+        ".u32 vyre_lane_area_stride",
+        "bytes between result areas (twice their logical bytes)",
+    ),
     (
         ".u32 vyre_lane_staging_stride",
         "bytes between staging areas",
@@ -585,6 +615,8 @@ const PREDICATES: &[&str] = &[
     "%wide_unit",
     "%word_unit",
     "%flat",
+    "%whole",
+    "%bytewise",
 ];
 const WORDS: &[&str] = &[
     "%lin",
@@ -639,9 +671,14 @@ const WORDS: &[&str] = &[
     "%tid_y",
     "%tid_z",
     "%plane",
-    "%released",
+    "%fence_ns",
     "%begun_ns",
     "%done_ns",
+    "%start_low",
+    "%start_high",
+    "%end_low",
+    "%end_high",
+    "%words",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -673,6 +710,9 @@ const DOUBLES: &[&str] = &[
     "%begun",
     "%done",
     "%stamps",
+    "%fenced",
+    "%pair_a",
+    "%pair_b",
 ];
 
 impl Server {
@@ -763,7 +803,6 @@ impl Server {
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
         self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
         self.line(format_args!("mov.u32 %ticket, 0;"));
-        self.line(format_args!("mov.u32 %released, 0;"));
     }
 
     /// Block 0's leader polls the slot's doorbell; every other block's leader polls
@@ -1233,7 +1272,6 @@ impl Server {
     /// readback copies, the area header and the completion word; then the next
     /// ticket. The stop path ends the kernel.
     fn complete(&mut self) {
-        let t = self.threads;
         let _ = writeln!(
             self.out,
             "\n\t// ---- completion: the last block to arrive copies the readbacks and publishes"
@@ -1264,6 +1302,17 @@ impl Server {
         self.line(format_args!("@%past bra $L_lane_served;"));
         self.place("$L_lane_publish");
         self.line(format_args!("mov.u64 %done, %globaltimer;"));
+        self.comment(
+            "every output in device memory at GPU scope before the leader's header words (the \
+             leader saw every thread's stores through the barriers, and every other block's \
+             through the arrival): no wait for host memory, nothing to host memory is outstanding",
+        );
+        let fenced = self.label("fenced");
+        self.line(format_args!("mov.u64 %fenced, %done;"));
+        self.line(format_args!("@!%leader bra {fenced};"));
+        self.line(format_args!("fence.acq_rel.gpu;"));
+        self.line(format_args!("mov.u64 %fenced, %globaltimer;"));
+        self.place(&fenced);
         self.windows();
         // Ranges after the windows: this block's threads, each range in turn.
         self.for_each_entry(
@@ -1274,9 +1323,9 @@ impl Server {
             "%source_address",
             |this, next| {
                 this.line(format_args!("cvt.u64.u32 %offset, %source;"));
+                this.line(format_args!("shl.b64 %offset, %offset, 1;"));
                 this.line(format_args!("add.s64 %destination, %area, %offset;"));
-                this.line(format_args!("mov.u32 %stride, {t};"));
-                this.copy("%lin", "%stride", "relaxed.gpu", None, next);
+                this.flagged_copy(next);
             },
         );
         self.line(format_args!("barrier.sync 1;"));
@@ -1284,36 +1333,51 @@ impl Server {
         self.line(format_args!("mov.u64 %end, %globaltimer;"));
         self.comment(
             "block 0's leader holds the start and first-workgroup stamps; another publisher reads \
-             them back, and the last completion's hold, which another block may have measured",
+             them back",
         );
         self.line(format_args!(
             "@!%dispatcher ld.relaxed.gpu.global.v2.u64 {{%start, %begun}}, [%stamps];"
         ));
-        self.line(format_args!(
-            "@%multi ld.relaxed.gpu.global.u32 %released, [%device+{DEVICE_RELEASED}];"
-        ));
         self.nanoseconds_since("%begun_ns", "%begun", "%start");
         self.nanoseconds_since("%done_ns", "%done", "%start");
+        self.nanoseconds_since("%fence_ns", "%fenced", "%done");
         self.line(format_args!("mov.u32 %value, 0;"));
-        self.line(format_args!("st.global.v2.u64 [%area], {{%start, %end}};"));
-        self.line(format_args!(
-            "st.global.v4.u32 [%area+16], {{%status, %want, %begun_ns, %done_ns}};"
-        ));
-        self.line(format_args!(
-            "st.global.v4.u32 [%area+{AREA_PREVIOUS_RELEASE}], {{%released, %value, %value, %value}};"
-        ));
-        self.line(format_args!("cvt.u64.u32 %served, %want;"));
+        self.line(format_args!("mov.b64 {{%start_low, %start_high}}, %start;"));
+        self.line(format_args!("mov.b64 {{%end_low, %end_high}}, %end;"));
         self.comment(
-            "release at system scope: every output, readback byte and the header before the word",
+            "the header's twelve flagged words; the host delivers once every word of the header \
+             and the readbacks carries this request's flag",
         );
+        let header = [
+            "%start_low",
+            "%start_high",
+            "%end_low",
+            "%end_high",
+            "%status",
+            "%want",
+            "%begun_ns",
+            "%done_ns",
+            "%fence_ns",
+            "%value",
+            "%value",
+            "%value",
+        ];
+        for (pair, words) in header.chunks(2).enumerate() {
+            self.line(format_args!("mov.b64 %pair_a, {{{}, %want}};", words[0]));
+            self.line(format_args!("mov.b64 %pair_b, {{{}, %want}};", words[1]));
+            self.line(format_args!(
+                "st.relaxed.sys.global.v2.u64 [%area+{}], {{%pair_a, %pair_b}};",
+                2 * FLAGGED_WORD_BYTES * pair
+            ));
+        }
+        self.comment(
+            "the last ticket served, for the host's waits that order other work after this \
+             request (the fence above orders the outputs before it); relaxed: nothing waits \
+             for the area's words to reach the host",
+        );
+        self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.line(format_args!(
-            "st.release.sys.global.u64 [%completion], %served;"
-        ));
-        self.comment("how long the release held this thread: the next request's header says");
-        self.line(format_args!("mov.u64 %done, %globaltimer;"));
-        self.nanoseconds_since("%released", "%done", "%end");
-        self.line(format_args!(
-            "@%multi st.relaxed.gpu.global.u32 [%device+{DEVICE_RELEASED}], %released;"
+            "st.relaxed.sys.global.u64 [%completion], %served;"
         ));
         self.place("$L_lane_served");
         self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
@@ -1353,13 +1417,13 @@ impl Server {
             ));
         }
         for k in 0..self.window_batch {
-            let v = vector(k);
             self.live(k, "%windows");
             self.entry_at(&format!("%unit{k}"), "%readback_at");
             self.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
             self.line(format_args!("cvt.u64.u32 %offset, %source;"));
+            self.line(format_args!("shl.b64 %offset, %offset, 1;"));
             self.line(format_args!("add.s64 %to, %area, %offset;"));
-            self.line(format_args!("@%live st.global.v4.u32 [%to], {v};"));
+            self.store_flagged_block(k, "%live");
         }
         self.line(format_args!(
             "add.u32 %index, %index, {};",
@@ -1367,6 +1431,145 @@ impl Server {
         ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
+    }
+
+    /// Batch slot `k`'s vector (16 logical bytes) as four flagged words at `%to`: two
+    /// strong 16-byte stores, each word's data and flag in one 8-byte element.
+    fn store_flagged_block(&mut self, k: usize, predicate: &str) {
+        for half in 0..2 {
+            let first = 4 * k + 2 * half;
+            self.line(format_args!("mov.b64 %pair_a, {{%v{first}, %want}};"));
+            self.line(format_args!("mov.b64 %pair_b, {{%v{}, %want}};", first + 1));
+            self.line(format_args!(
+                "@{predicate} st.relaxed.sys.global.v2.u64 [%to+{}], {{%pair_a, %pair_b}};",
+                2 * FLAGGED_WORD_BYTES * half
+            ));
+        }
+    }
+
+    /// A readback range as flagged words: `%bytes` bytes from `%source_address` to the
+    /// words at `%destination` (its logical offset doubled), this block's threads
+    /// sharing the work, [`IN_FLIGHT`] units in flight each. Whole 16-byte units when
+    /// the source is 16-byte aligned, then word by word (a 4-byte load when the source
+    /// is 4-byte aligned and the word whole, bytes otherwise: a last partial word's
+    /// missing bytes are zero). Falls through to `after`'s predecessor.
+    fn flagged_copy(&mut self, after: &str) {
+        let words = self.label("flagged_words");
+        self.line(format_args!("add.u32 %words, %bytes, 3;"));
+        self.line(format_args!("shr.u32 %words, %words, 2;"));
+        self.line(format_args!("cvt.u32.u64 %align, %source_address;"));
+        self.line(format_args!("and.b32 %low, %align, 15;"));
+        self.line(format_args!("setp.eq.u32 %wide_unit, %low, 0;"));
+        self.line(format_args!("and.b32 %low, %align, 3;"));
+        self.line(format_args!("setp.eq.u32 %word_unit, %low, 0;"));
+        self.line(format_args!("mov.u32 %done_units, 0;"));
+        self.line(format_args!("@!%wide_unit bra {words};"));
+        // Whole 16-byte units: one vector load, four flagged words.
+        self.line(format_args!("shr.u32 %units, %bytes, 4;"));
+        self.thread_batches("flagged_blocks", |this| this.flagged_blocks());
+        self.line(format_args!("shl.b32 %done_units, %units, 2;"));
+        // The words left: word `%done_units + u` for units `u < %units`.
+        self.place(&words);
+        self.line(format_args!("sub.u32 %units, %words, %done_units;"));
+        self.thread_batches("flagged_word", |this| this.flagged_words());
+        self.line(format_args!("bra {after};"));
+    }
+
+    /// Units `%lin, %lin + T, ...` below `%units` of this block's threads, [`IN_FLIGHT`]
+    /// a batch (`%unit{k}`), each batch written by `batch`.
+    fn thread_batches(&mut self, kind: &str, batch: impl Fn(&mut Self)) {
+        let t = self.threads;
+        let top = self.label(kind);
+        let done = self.label(&format!("{kind}_done"));
+        self.line(format_args!("mov.u32 %index, %lin;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
+        self.line(format_args!("@%past bra {done};"));
+        self.batch_indices("%index", t, IN_FLIGHT);
+        batch(self);
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * IN_FLIGHT
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+
+    /// One batch of whole 16-byte units: a vector load each, four flagged words.
+    fn flagged_blocks(&mut self) {
+        for k in 0..IN_FLIGHT {
+            self.live(k, "%units");
+            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
+            self.line(format_args!("add.s64 %from, %source_address, %at;"));
+            let v = vector(k);
+            self.line(format_args!(
+                "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
+            ));
+        }
+        for k in 0..IN_FLIGHT {
+            self.live(k, "%units");
+            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 32;"));
+            self.line(format_args!("add.s64 %to, %destination, %at;"));
+            self.store_flagged_block(k, "%live");
+        }
+    }
+
+    /// One batch of words: a 4-byte load for a whole word of a 4-byte aligned source,
+    /// byte loads otherwise (a last partial word's missing bytes are zero).
+    fn flagged_words(&mut self) {
+        for k in 0..IN_FLIGHT {
+            let base = 4 * k;
+            self.live(k, "%units");
+            self.line(format_args!("add.u32 %unit{k}, %unit{k}, %done_units;"));
+            for word in 0..4 {
+                self.line(format_args!("mov.u32 %v{}, 0;", base + word));
+            }
+            self.line(format_args!("shl.b32 %low, %unit{k}, 2;"));
+            self.line(format_args!("cvt.u64.u32 %at, %low;"));
+            self.line(format_args!("add.s64 %from, %source_address, %at;"));
+            self.line(format_args!("add.u32 %align, %low, 4;"));
+            self.line(format_args!("setp.le.u32 %whole, %align, %bytes;"));
+            self.line(format_args!("and.pred %whole, %whole, %word_unit;"));
+            self.line(format_args!("and.pred %whole, %whole, %live;"));
+            self.line(format_args!(
+                "@%whole ld.relaxed.gpu.global.u32 %v{base}, [%from];"
+            ));
+            self.line(format_args!("and.pred %bytewise, %live, !%whole;"));
+            for byte in 0..4 {
+                self.line(format_args!("add.u32 %align, %low, {byte};"));
+                self.line(format_args!("setp.lt.u32 %take, %align, %bytes;"));
+                self.line(format_args!("and.pred %take, %take, %bytewise;"));
+                self.line(format_args!(
+                    "@%take ld.relaxed.gpu.global.u8 %v{}, [%from+{byte}];",
+                    base + byte
+                ));
+            }
+        }
+        for k in 0..IN_FLIGHT {
+            let base = 4 * k;
+            self.line(format_args!("sub.u32 %rest, %unit{k}, %done_units;"));
+            self.line(format_args!("setp.lt.u32 %live, %rest, %units;"));
+            for byte in 1..4 {
+                self.line(format_args!(
+                    "shl.b32 %v{}, %v{}, {};",
+                    base + byte,
+                    base + byte,
+                    8 * byte
+                ));
+                self.line(format_args!(
+                    "or.b32 %v{base}, %v{base}, %v{};",
+                    base + byte
+                ));
+            }
+            self.line(format_args!("mov.b64 %pair_a, {{%v{base}, %want}};"));
+            self.line(format_args!(
+                "mul.wide.u32 %at, %unit{k}, {FLAGGED_WORD_BYTES};"
+            ));
+            self.line(format_args!("add.s64 %to, %destination, %at;"));
+            self.line(format_args!(
+                "@%live st.relaxed.sys.global.u64 [%to], %pair_a;"
+            ));
+        }
     }
 }
 

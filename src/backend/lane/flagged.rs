@@ -1,0 +1,301 @@
+//! The host's reading of a result area of flagged words: which words a request waits
+//! for, whether they arrived, their data bytes, and when a slot's area is scrubbed so
+//! that no stale word can pass for a new one.
+//!
+//! # Why
+//!
+//! The server used to copy a request's readback bytes into the slot's area with weak
+//! stores and then store the completion word with `st.release.sys`; that release waited
+//! for the area's writes to reach host memory before the word even left (0.61 µs of a
+//! 4.22 µs request on the H200, 2026-12-01). Now every 8-byte word of the area carries 4
+//! data bytes and the request's flag (`codegen::ptx::lane::FLAGGED_WORD_BYTES`), so a
+//! word has arrived when its flag is the request's, whatever order the words travel in,
+//! and nothing on the device waits for them. Pure: words are read through a closure, so
+//! every rule here is tested on the CPU.
+//!
+//! # Stale words and wraparound
+//!
+//! A slot's area is reused by tickets `n + slots`, `n + 2 slots`, ...; flags are
+//! `ticket + 1` (low 32 bits), so a word left by an earlier request of the slot has
+//! another flag as long as the two tickets are less than 2^32 apart. Words an earlier
+//! request wrote but later (smaller) requests did not may stay for any number of
+//! requests, so the host scrubs: the first request of a slot in each window of 2^31
+//! tickets (`ticket >> 31`) finds the slot's whole area rewritten with the flag of the
+//! ticket before it ([`scrub_flag`]; the allocation's zeros serve window 0, whose flags
+//! are 1 to 2^31). Within a window every request `n` of the slot follows the scrub's
+//! ticket `n0` by less than 2^31: a scrubbed word's flag `f(n0 - 1)` equals `f(n)` only
+//! if `n - n0 + 1` is a multiple of 2^32, and a word of request `m` (`n0 ≤ m < n`) only
+//! if `n - m` is; neither can be. The scrub writes `area bytes` of host memory once per
+//! slot per 2^31 requests.
+
+use std::ops::Range;
+
+use crate::codegen::ptx::lane::{area_flag, AREA_HEADER_BYTES, FLAGGED_DATA_BYTES};
+
+/// Words of the area's header.
+pub(in crate::backend) const HEADER_WORDS: usize = AREA_HEADER_BYTES / FLAGGED_DATA_BYTES;
+
+/// The flag of a flagged word.
+pub(in crate::backend) fn flag_of_word(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+/// The logical words holding area bytes `[offset, offset + len)` (none when empty).
+pub(in crate::backend) fn words_of(offset: usize, len: usize) -> Range<usize> {
+    if len == 0 {
+        return 0..0;
+    }
+    offset / FLAGGED_DATA_BYTES..(offset + len).div_ceil(FLAGGED_DATA_BYTES)
+}
+
+/// Whether a slot whose area was last scrubbed for window `scrubbed` must be scrubbed
+/// before request `ticket` (see the module docs); the new window when so.
+pub(in crate::backend) fn scrub_window(scrubbed: u64, ticket: u64) -> Option<u64> {
+    let window = ticket >> 31;
+    (window != scrubbed).then_some(window)
+}
+
+/// The flag a scrub before request `ticket` writes: the previous ticket's, which no
+/// request of the window can carry.
+pub(in crate::backend) fn scrub_flag(ticket: u64) -> u32 {
+    area_flag(ticket.wrapping_sub(1))
+}
+
+/// How far the arrival check of one request got: every word of `ranges[..range]` and
+/// the words of `ranges[range]` below `word` carried the flag. Resumable: a wait polls
+/// [`Arrival::advance`] until it returns `true`, and no word is looked at twice once it
+/// arrived (a word, once written for a request, stays until the slot's next request).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::backend) struct Arrival {
+    range: usize,
+    word: usize,
+}
+
+impl Arrival {
+    /// Look at the words not yet seen, in order, up to the first whose flag is not
+    /// `flag`; `true` once every word of every range carried it. `read(i)` reads
+    /// logical word `i` of the slot's area.
+    pub(in crate::backend) fn advance(
+        &mut self,
+        ranges: impl IntoIterator<Item = Range<usize>>,
+        read: impl Fn(usize) -> u64,
+        flag: u32,
+    ) -> bool {
+        for (index, words) in ranges.into_iter().enumerate().skip(self.range) {
+            if index > self.range {
+                self.range = index;
+                self.word = words.start;
+            }
+            let from = self.word.max(words.start);
+            for word in from..words.end {
+                if flag_of_word(read(word)) != flag {
+                    self.word = word;
+                    return false;
+                }
+            }
+            self.word = words.end;
+        }
+        self.range = usize::MAX;
+        true
+    }
+}
+
+/// The words a request waits for: the header's, then those of every delivery
+/// (`(area offset, length)` per item).
+pub(in crate::backend) fn request_words(
+    deliveries: &[(usize, usize)],
+) -> impl Iterator<Item = Range<usize>> + '_ {
+    std::iter::once(0..HEADER_WORDS).chain(
+        deliveries
+            .iter()
+            .map(|&(offset, len)| words_of(offset, len)),
+    )
+}
+
+/// Copy the data bytes of area bytes `[offset, offset + out.len())` into `out` from
+/// the words `read(i)` gives (words that arrived: [`Arrival`] said so).
+pub(in crate::backend) fn unflag(read: impl Fn(usize) -> u64, offset: usize, out: &mut [u8]) {
+    let mut at = offset;
+    let end = offset + out.len();
+    while at < end {
+        let word = at / FLAGGED_DATA_BYTES;
+        let data = (read(word) as u32).to_le_bytes();
+        let from = at - word * FLAGGED_DATA_BYTES;
+        let take = (FLAGGED_DATA_BYTES - from).min(end - at);
+        let written = at - offset;
+        out[written..written + take].copy_from_slice(&data[from..from + take]);
+        at += take;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// An area of `words` words as the device leaves it: `bytes` written for `ticket`
+    /// at logical `offset` (whole words, as the server writes them), the rest `stale`.
+    fn area(words: usize, stale: u64) -> RefCell<Vec<u64>> {
+        RefCell::new(vec![stale; words])
+    }
+
+    fn write(area: &RefCell<Vec<u64>>, offset: usize, bytes: &[u8], ticket: u64) {
+        let flag = u64::from(area_flag(ticket)) << 32;
+        let mut padded = vec![0u8; offset % 4];
+        padded.extend_from_slice(bytes);
+        padded.resize(padded.len().div_ceil(4) * 4, 0);
+        for (index, chunk) in padded.chunks(4).enumerate() {
+            let mut data = [0u8; 4];
+            data.copy_from_slice(chunk);
+            let word = offset / 4 + index;
+            let old = area.borrow()[word];
+            // Bytes of the word outside the item keep their place (a window writes its
+            // whole block; the host reads only the item's bytes).
+            let mut merged = (old as u32).to_le_bytes();
+            for (k, byte) in data.iter().enumerate() {
+                let logical = word * 4 + k;
+                if logical >= offset && logical < offset + bytes.len() {
+                    merged[k] = *byte;
+                }
+            }
+            area.borrow_mut()[word] = flag | u64::from(u32::from_le_bytes(merged));
+        }
+    }
+
+    fn header(area: &RefCell<Vec<u64>>, ticket: u64) {
+        write(area, 0, &[7u8; AREA_HEADER_BYTES], ticket);
+    }
+
+    /// Locks out a delivery before every word arrived, or one that waits forever for
+    /// words that did: with the header and two items written (one at an unaligned
+    /// offset, as a window's item inside its block), the check completes and the bytes
+    /// come back exactly. Negative controls: with one word of the second item missing
+    /// (its flag still an earlier request's) the check stops at that word, and it
+    /// completes once the word arrives, without looking at earlier words again.
+    #[test]
+    fn a_request_is_delivered_once_every_word_carries_its_flag() {
+        let ticket = 41;
+        let flag = area_flag(ticket);
+        let memory = area(64, u64::from(area_flag(ticket - 4)) << 32);
+        let deliveries = [(48, 16), (64 + 5, 7)];
+        header(&memory, ticket);
+        write(
+            &memory,
+            48,
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
+            ticket,
+        );
+        // The second item's first word only: its last word is missing.
+        write(&memory, 64 + 5, &[21, 22, 23], ticket);
+        let reads = RefCell::new(Vec::new());
+        let read = |word: usize| {
+            reads.borrow_mut().push(word);
+            memory.borrow()[word]
+        };
+        let mut arrival = Arrival::default();
+        assert!(!arrival.advance(request_words(&deliveries), read, flag));
+        assert_eq!(reads.borrow().last(), Some(&((64 + 8) / 4)));
+        write(&memory, 64 + 5, &[21, 22, 23, 24, 25, 26, 27], ticket);
+        reads.borrow_mut().clear();
+        assert!(arrival.advance(request_words(&deliveries), read, flag));
+        assert_eq!(*reads.borrow(), vec![(64 + 8) / 4]);
+        let read = |word: usize| memory.borrow()[word];
+        let mut first = [0u8; 16];
+        unflag(read, 48, &mut first);
+        assert_eq!(
+            first,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+        );
+        let mut second = [0u8; 7];
+        unflag(read, 64 + 5, &mut second);
+        assert_eq!(second, [21, 22, 23, 24, 25, 26, 27]);
+    }
+
+    /// Locks out a header or item taken from an earlier request of the slot: words
+    /// carrying the flag of the slot's previous request (`n - slots`), or of any other
+    /// ticket, never count as arrived. Negative control: the same words with the
+    /// request's own flag complete the check.
+    #[test]
+    fn stale_words_of_earlier_requests_never_count() {
+        let slots = 4;
+        let ticket = 1_000;
+        let memory = area(32, 0);
+        for stale in [ticket - slots, ticket - 1, ticket + 1, ticket - 2 * slots] {
+            header(&memory, stale);
+            write(&memory, 48, &[9; 16], stale);
+            let read = |word: usize| memory.borrow()[word];
+            let mut arrival = Arrival::default();
+            assert!(!arrival.advance(request_words(&[(48, 16)]), read, area_flag(ticket)));
+        }
+        header(&memory, ticket);
+        write(&memory, 48, &[9; 16], ticket);
+        let read = |word: usize| memory.borrow()[word];
+        let mut arrival = Arrival::default();
+        assert!(arrival.advance(request_words(&[(48, 16)]), read, area_flag(ticket)));
+    }
+
+    /// Locks out the wraparound of 32-bit flags: the ticket whose flag is 0
+    /// (2^32 - 1) and the first of the next window are scrubbed before, so the words
+    /// a large request left 2^32 tickets earlier (the same flag) and the allocation's
+    /// zeros cannot pass for them; within a window no scrub is due. Negative control:
+    /// without the scrub, the word left 2^32 tickets earlier matches.
+    #[test]
+    fn flags_stay_distinct_across_the_wraparound() {
+        assert_eq!(area_flag(u32::MAX as u64), 0);
+        assert_eq!(scrub_window(0, 5), None);
+        assert_eq!(scrub_window(0, (1 << 31) - 1), None);
+        assert_eq!(scrub_window(0, 1 << 31), Some(1));
+        assert_eq!(scrub_window(1, u32::MAX as u64), None);
+        assert_eq!(scrub_window(1, 1 << 32), Some(2));
+        // A request at ticket 3 left a word; 2^32 tickets later the same slot (slot of
+        // the low 32 bits) serves a request with the same flag.
+        let early = 3u64;
+        let late = early + (1 << 32);
+        assert_eq!(area_flag(early), area_flag(late));
+        let memory = area(HEADER_WORDS + 4, 0);
+        write(&memory, 48, &[5; 16], early);
+        header(&memory, late);
+        let read = |word: usize| memory.borrow()[word];
+        let words = || request_words(&[(48, 16)]);
+        assert!(Arrival::default().advance(words(), read, area_flag(late)));
+        // The scrub for the late request's window (due: its window differs from the
+        // slot's last) rewrites every word with the previous ticket's flag.
+        let window = scrub_window(0, late);
+        assert!(window.is_some());
+        let scrub = u64::from(scrub_flag(late)) << 32;
+        memory
+            .borrow_mut()
+            .iter_mut()
+            .for_each(|word| *word = scrub);
+        header(&memory, late);
+        let read = |word: usize| memory.borrow()[word];
+        assert!(!Arrival::default().advance(words(), read, area_flag(late)));
+        // Every ticket of a window differs from its scrub's flag and its own earlier ones.
+        for first in [1u64 << 31, (1 << 32) - 3, 5 << 31] {
+            let scrubbed = scrub_flag(first);
+            for later in [first, first + 1, first + (1 << 31) - 1 - first % (1 << 31)] {
+                assert_ne!(area_flag(later), scrubbed, "{first} {later}");
+            }
+        }
+        // Window 0's zeros: no ticket of window 0 has flag 0.
+        assert_ne!(area_flag(0), 0);
+        assert_ne!(area_flag((1 << 31) - 1), 0);
+    }
+
+    /// Locks out an empty request (nothing read back) that never completes or one
+    /// that completes on the header alone while an item is missing: only the header
+    /// words are waited for when there are no items, and an empty item adds none.
+    #[test]
+    fn the_header_alone_completes_a_request_with_nothing_read_back() {
+        let ticket = 8;
+        let memory = area(HEADER_WORDS + 8, 0);
+        header(&memory, ticket);
+        let read = |word: usize| memory.borrow()[word];
+        assert!(Arrival::default().advance(request_words(&[]), read, area_flag(ticket)));
+        assert!(Arrival::default().advance(request_words(&[(48, 0)]), read, area_flag(ticket)));
+        assert!(!Arrival::default().advance(request_words(&[(48, 4)]), read, area_flag(ticket)));
+        assert_eq!(words_of(48, 0), 0..0);
+        assert_eq!(words_of(49, 3), 12..13);
+        assert_eq!(words_of(49, 4), 12..14);
+    }
+}
