@@ -151,7 +151,7 @@ use std::fmt::{self, Write};
 use super::writer::{module_header, Writer};
 use super::{check_target, codegen_limits, CodegenError, MAX_PTX_BYTES};
 use crate::config::CodegenOptions;
-use crate::ir::{self, Access, BufferDecl, Node, Program, ProgramForm};
+use crate::ir::{self, BufferDecl, Node, Program, ProgramForm};
 
 /// The server's entry name.
 pub const LANE_ENTRY_NAME: &str = "vyre_lane";
@@ -327,8 +327,7 @@ pub fn lane_device_bytes(slots: usize) -> usize {
 /// offset (aligned for its elements) and the pool's new end. Workgroup buffers have a
 /// validated static count whose padded size fits a `u32`.
 pub(super) fn pool_place(end: u32, decl: &BufferDecl) -> (u32, u32) {
-    let bytes = decl.static_size_bytes().unwrap_or(0);
-    let padded = u32::try_from(bytes.div_ceil(4).max(1) * 4).unwrap_or(!3);
+    let padded = u32::try_from(super::workgroup_memory::padded_bytes(decl)).unwrap_or(!3);
     let align = decl.elem.size_bytes().max(4);
     let offset = end.div_ceil(align).saturating_mul(align);
     (offset, offset.saturating_add(padded))
@@ -337,13 +336,7 @@ pub(super) fn pool_place(end: u32, decl: &BufferDecl) -> (u32, u32) {
 /// Bytes of a lane's workgroup pool that `program` (lowered) uses: its workgroup
 /// buffers in binding order, each placed as its body places it.
 pub fn lane_pool_bytes(program: &Program) -> u32 {
-    let mut buffers: Vec<&BufferDecl> = program
-        .buffers()
-        .iter()
-        .filter(|b| b.access == Access::Workgroup)
-        .collect();
-    buffers.sort_by_key(|b| b.binding);
-    buffers
+    super::workgroup_memory::workgroup_buffers(program)
         .into_iter()
         .fold(0, |end, decl| pool_place(end, decl).1)
 }

@@ -43,17 +43,26 @@ pub fn padded_bytes(decl: &BufferDecl) -> u64 {
     decl.static_size_bytes().unwrap_or(0).div_ceil(4).max(1) * 4
 }
 
-/// The workgroup buffers of `program` in binding order, each with its byte offset in
-/// the pool, and the pool's size (the sum of their [`padded_bytes`]). For a valid
-/// program the size fits in a `u32` (the validator's limit is at most `!3`).
-pub fn layout(program: &Program) -> (Vec<(&BufferDecl, u32)>, u32) {
+/// The workgroup buffers of `program` in binding order (the order a kernel's and a
+/// lane body's pools both start from).
+pub fn workgroup_buffers(program: &Program) -> Vec<&BufferDecl> {
     let mut buffers: Vec<&BufferDecl> = program
         .buffers()
         .iter()
         .filter(|b| b.access == Access::Workgroup)
         .collect();
     buffers.sort_by_key(|b| b.binding);
-    let mut placed: Vec<(&BufferDecl, u32)> = buffers.iter().map(|&decl| (decl, 0)).collect();
+    buffers
+}
+
+/// The workgroup buffers of `program` in binding order, each with its byte offset in
+/// the pool, and the pool's size (the sum of their [`padded_bytes`]). For a valid
+/// program the size fits in a `u32` (the validator's limit is at most `!3`).
+pub fn layout(program: &Program) -> (Vec<(&BufferDecl, u32)>, u32) {
+    let mut placed: Vec<(&BufferDecl, u32)> = workgroup_buffers(program)
+        .into_iter()
+        .map(|decl| (decl, 0))
+        .collect();
     let mut end: u64 = 0;
     for wide in [true, false] {
         for (decl, offset) in placed.iter_mut() {
