@@ -532,6 +532,51 @@ fn lane_phases(calls: usize, mut run: impl FnMut() -> Timings) {
         }
     }
     println!("where a lane request (spin) goes, medians of {calls} single requests, µs:");
+    print_medians(rows);
+}
+
+/// Where a lane chain of two requests goes: medians over `calls` chains of each
+/// request's host figures (from its own submit) and server stamps; the second
+/// request's wait covers the first's service, so what neither server stamps is the
+/// doorbells' and result words' trips and the server's turn between the two.
+fn chain_phases(calls: usize, mut chain: impl FnMut() -> (Timings, Timings)) {
+    let mut rows: Vec<(&str, Vec<u64>)> = [
+        "first: submit (enqueue)",
+        "second: submit (enqueue)",
+        "second: host wait",
+        "first: server (setup + workgroups + readback)",
+        "second: server (setup + workgroups + readback)",
+        "of the second's wait, not stamped by either server",
+        "first: wall (its submit to its delivery, after the second's)",
+        "second: wall (its submit to its delivery)",
+    ]
+    .into_iter()
+    .map(|name| (name, Vec::with_capacity(calls)))
+    .collect();
+    for _ in 0..calls {
+        let (first, second) = chain();
+        let figures = [
+            first.enqueue_ns,
+            second.enqueue_ns,
+            second.wait_ns,
+            first.kernel_stamps_ns,
+            second.kernel_stamps_ns,
+            second
+                .wait_ns
+                .saturating_sub(first.kernel_stamps_ns + second.kernel_stamps_ns),
+            first.wall_ns,
+            second.wall_ns,
+        ];
+        for ((_, samples), figure) in rows.iter_mut().zip(figures) {
+            samples.push(figure);
+        }
+    }
+    println!("where a lane chain of two goes, medians of {calls} chains, µs:");
+    print_medians(rows);
+}
+
+/// One line per row: its name and the median of its samples in µs.
+fn print_medians(rows: Vec<(&str, Vec<u64>)>) {
     for (name, mut samples) in rows {
         samples.sort_unstable();
         let median = samples.get(samples.len() / 2).copied().unwrap_or(0);
@@ -724,6 +769,12 @@ fn lane_chain(gpu: &CudaBackend) {
             figures[3] / 1e3
         );
     }
+    chain_phases(samples, || {
+        let pending_a = lane.submit(a).expect("submit");
+        let pending_b = lane.submit(b).expect("submit");
+        let second = pending_b.wait().expect("wait").timings;
+        (pending_a.wait().expect("wait").timings, second)
+    });
     let ratio = ns[2] / ns[1];
     println!(
         "target lane chain ≤ 0.5 × eager chain: {ratio:.3} {}",

@@ -196,6 +196,66 @@ fn the_completion_takes_its_arrivals_back_out_atomically() {
     assert!(erases(&before), "{before}");
 }
 
+/// Locks out a publish whose result words can go out before the publish fence (a
+/// header the host sees complete while an output is not yet visible at GPU scope) and
+/// a fence that waits for nothing but itself: in the fixture lane's publish, every
+/// path of the leader meets a `fence.acq_rel.gpu` before its first store to host
+/// memory (the one inside the windows' loop after the first batch of loads, and the
+/// one after the loop for a leader without windows), and the first fence follows the
+/// first readback load, which travels while it waits. Negative controls: a store moved
+/// above the fences, and the fence placed before every load as it was, are caught.
+#[test]
+fn the_publish_fence_precedes_every_result_word_and_follows_the_first_load() {
+    let ptx = fixture_lane();
+    let publish = ptx
+        .split("$L_lane_publish:")
+        .nth(1)
+        .and_then(|rest| rest.split("[%completion]").next())
+        .expect("the publish");
+    let order = |section: &str| -> Result<(), String> {
+        let first = |needle: &str| section.find(needle).unwrap_or(usize::MAX);
+        let fence = first("fence.acq_rel.gpu;");
+        let store = first("st.relaxed.sys");
+        let load = first("ld.relaxed.gpu.global");
+        // The loop's end label (a line of its own; branches to it are indented).
+        let windows_done = first("\n$L_lane_windows_done_");
+        let after_windows = section[windows_done.min(section.len())..]
+            .split("st.relaxed.sys")
+            .next()
+            .unwrap_or("");
+        if fence > store {
+            return Err("a result word is stored before the fence".into());
+        }
+        if !after_windows.contains("fence.acq_rel.gpu;") {
+            return Err("a leader without windows stores before any fence".into());
+        }
+        if fence < load {
+            return Err("the fence comes before the first readback load".into());
+        }
+        Ok(())
+    };
+    assert_eq!(order(publish), Ok(()), "{publish}");
+    let store_first = publish.replacen(
+        "ld.relaxed.gpu.global",
+        "st.relaxed.sys.global.u64 [%to], %pair_a;\n\tld.relaxed.gpu.global",
+        1,
+    );
+    assert!(order(&store_first).is_err(), "{store_first}");
+    let fence_first = format!("\tfence.acq_rel.gpu;\n{publish}");
+    assert!(order(&fence_first).is_err(), "{fence_first}");
+    let (loop_part, after_loop) = publish
+        .split_once("\n$L_lane_windows_done_")
+        .expect("the windows' loop");
+    let no_fence_after_loop = format!(
+        "{loop_part}\n$L_lane_windows_done_{}",
+        after_loop.replacen("fence.acq_rel.gpu;", "", 1)
+    );
+    assert!(
+        order(&no_fence_after_loop).is_err(),
+        "{no_fence_after_loop}"
+    );
+}
+
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the
 /// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
 /// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are

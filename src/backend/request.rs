@@ -481,7 +481,9 @@ pub struct LaneStamps {
     /// Of [`LaneStamps::readback_ns`], how long the publishing thread's
     /// `fence.acq_rel.gpu` held it: the wait for the request's outputs in device
     /// memory to be visible at GPU scope before its result words go out (no wait for
-    /// host memory: the result words carry their own flags).
+    /// host memory: the result words carry their own flags), from the end of the
+    /// workgroups, so it includes issuing the thread's first batch of readback loads,
+    /// which travel while the fence waits.
     pub publish_fence_ns: u64,
 }
 

@@ -397,6 +397,24 @@ struct LaneState {
     last_repeat: Option<usize>,
 }
 
+impl LaneState {
+    /// The oldest of the slots' requests and `delivering` (a request its waiter took
+    /// out of its slot) that `unserved` keeps: its ticket and kernel.
+    fn oldest_request(
+        &self,
+        delivering: Option<(u64, usize)>,
+        unserved: impl Fn(&(u64, usize)) -> bool,
+    ) -> Option<(u64, usize)> {
+        self.slots
+            .iter()
+            .filter_map(|slot| slot.request.as_ref())
+            .map(|request| (request.ticket, request.kernel))
+            .chain(delivering)
+            .filter(unserved)
+            .min_by_key(|&(ticket, _)| ticket)
+    }
+}
+
 /// Distinct requests a lane remembers for repeats ([`Repeat`]): a loop of up to this
 /// many requests in turn repeats each of them (a chain of dependent requests over
 /// other buffers, such as the dispatch bench's chain of two, is one request after
@@ -1134,30 +1152,42 @@ impl LaneShared {
         }
         let memory = &self.resources()?.memory;
         let target = ticket.wrapping_add(1) as u32;
-        self.wait_until(ticket, || {
+        self.wait_until(ticket, None, || {
             memory.completed().wrapping_sub(target) as i32 >= 0
         })
     }
 
     /// Spin (or yield, or sleep) until `ready` says so (it is asked first); returns the
     /// host time waited. Past the timeout, or when the kernel faulted or ended, the
-    /// lane is dead and the error says why (`ticket` names the request waited for).
-    fn wait_until(&self, ticket: u64, ready: impl FnMut() -> bool) -> Result<u64, BackendError> {
+    /// lane is dead and the error says why (`ticket` names the request waited for;
+    /// `delivering` is its kernel when the waiter already took it out of its slot, so
+    /// that a fault report can still name it).
+    fn wait_until(
+        &self,
+        ticket: u64,
+        delivering: Option<usize>,
+        ready: impl FnMut() -> bool,
+    ) -> Result<u64, BackendError> {
         self.check_serving()?;
         let resources = self.resources()?;
         let options = &self.options;
+        let delivering = delivering.map(|kernel| (ticket, kernel));
         poll_until(options.wait, options.timeout, ready, || {
-            self.check_stream(resources)
+            self.check_stream(resources, delivering)
         })
         .map_err(|stop| match stop {
-            WaitStop::TimedOut => self.timed_out(ticket),
+            WaitStop::TimedOut => self.timed_out(ticket, delivering),
             WaitStop::Failed(error) => error,
         })
     }
 
     /// While waiting: a fault on the lane's stream (the kernel died) or an ended
     /// kernel kills the lane.
-    fn check_stream(&self, resources: &Resources) -> Result<(), BackendError> {
+    fn check_stream(
+        &self,
+        resources: &Resources,
+        delivering: Option<(u64, usize)>,
+    ) -> Result<(), BackendError> {
         match resources.stream.query() {
             Ok(false) => Ok(()),
             Ok(true) => {
@@ -1166,7 +1196,7 @@ impl LaneShared {
                 Err(error)
             }
             Err(error) => {
-                let program = self.serving_program();
+                let program = self.serving_program(delivering);
                 let inner = &self.backend.inner;
                 let context_usable = !error.is_sticky();
                 if !context_usable {
@@ -1182,37 +1212,36 @@ impl LaneShared {
         }
     }
 
-    /// The program of the oldest request not yet served (the one a fault hit).
-    fn serving_program(&self) -> String {
+    /// The program of the oldest request not yet served (the one a fault hit), among
+    /// the slots' requests and `delivering` (a request its waiter took out of its slot:
+    /// ticket and kernel).
+    fn serving_program(&self, delivering: Option<(u64, usize)>) -> String {
         let served = self
             .resources()
             .map(|resources| resources.memory.completed())
             .unwrap_or(0);
+        let unserved = |&(ticket, _): &(u64, usize)| {
+            (ticket.wrapping_add(1) as u32).wrapping_sub(served) as i32 > 0
+        };
+        let name =
+            |(_, kernel): (u64, usize)| self.kernels.get(kernel).map(|k| k.name().to_string());
         // `try_lock`: a thread waiting for another lane while holding this one's lock
         // must not make this report wait (two lanes waiting on each other's timeout).
-        let state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return "a lane request".into(),
+        let oldest = match self.state.try_lock() {
+            Ok(state) => state.oldest_request(delivering, unserved),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                poisoned.into_inner().oldest_request(delivering, unserved)
+            }
+            Err(std::sync::TryLockError::WouldBlock) => delivering.filter(unserved),
         };
-        state
-            .slots
-            .iter()
-            .filter_map(|slot| slot.request.as_ref())
-            .filter(|request| {
-                (request.ticket.wrapping_add(1) as u32).wrapping_sub(served) as i32 > 0
-            })
-            .min_by_key(|request| request.ticket)
-            .and_then(|request| self.kernels.get(request.kernel))
-            .map_or_else(
-                || "a lane request".to_string(),
-                |kernel| kernel.name().to_string(),
-            )
+        oldest
+            .and_then(name)
+            .unwrap_or_else(|| "a lane request".to_string())
     }
 
     /// The timeout error (the lane is dead from here on).
-    fn timed_out(&self, ticket: u64) -> BackendError {
-        let program = self.serving_program();
+    fn timed_out(&self, ticket: u64, delivering: Option<(u64, usize)>) -> BackendError {
+        let program = self.serving_program(delivering);
         let timeout = self.options.timeout;
         self.kill(format!(
             "request {ticket} of {program} passed the {timeout:?} timeout"
@@ -1256,7 +1285,7 @@ impl LaneShared {
         let waited = if arrival.advance(request_words(&request.deliveries), read, flag) {
             Ok(0)
         } else {
-            self.wait_until(ticket, || {
+            self.wait_until(ticket, Some(request.kernel), || {
                 arrival.advance(request_words(&request.deliveries), read, flag)
             })
         };
