@@ -482,8 +482,8 @@ pub struct LaneStamps {
     /// `fence.acq_rel.gpu` held it: the wait for the request's outputs in device
     /// memory to be visible at GPU scope before its result words go out (no wait for
     /// host memory: the result words carry their own flags), from the end of the
-    /// workgroups, so it includes issuing the thread's first batch of readback loads,
-    /// which travel while the fence waits.
+    /// workgroups, so it includes the thread's first batch of readback loads (the
+    /// fence waits for them too).
     pub publish_fence_ns: u64,
 }
 

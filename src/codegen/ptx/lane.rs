@@ -138,11 +138,13 @@
 //! dispatch or copy that reads the outputs), so GPU scope suffices; a system-scope
 //! fence would add a wait for host memory (the stall this protocol removed). The fence
 //! runs before the leader writes any result word, when it has no store to host memory
-//! outstanding, so it waits only for device memory (its hold is stamped); it comes
-//! after the leader's first batch of readback loads is issued, so that those loads
-//! travel while it waits (0.29 µs of the readback phase when it came first, H200,
-//! 2026-12-02). Its place among the loads does not matter to what they read: the
-//! leader observed every output before it, through the barriers and the arrival.
+//! outstanding, so it waits only for device memory (its hold is stamped). It comes
+//! after the leader's first batch of readback loads is issued; that was meant to let
+//! the loads travel while it waits, but on the H200 (2026-12-02) the fence waits for
+//! them too: its stamp grew from 0.29 to 0.58 µs and the readback phase stayed at
+//! 0.96 µs, so the place is neutral. It does not matter to what the loads read either:
+//! the leader observed every output before the fence, through the barriers and the
+//! arrival.
 //!
 //! In the other direction, the host's record, staging and input writes precede its
 //! release store of the doorbell; block 0's `ld.acquire.sys` that reads it orders every
@@ -1412,7 +1414,7 @@ impl Server {
                 "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
             ));
         }
-        // The leader's publish fence waits while its first batch's loads travel.
+        // The leader's publish fence, before its first result word.
         self.publish_fence();
         for k in 0..self.window_batch {
             self.live(k, "%windows");
@@ -1434,8 +1436,9 @@ impl Server {
     /// The publishing leader's `fence.acq_rel.gpu` (and its stamp), once per request
     /// (`%unfenced` says it is still to come): after its first batch of window loads
     /// is issued, before any of its result words is stored, so that the fence waits
-    /// for device memory alone (no store to host memory outstanding) while the loads'
-    /// round trip overlaps that wait; after the windows when the leader had none.
+    /// for no store to host memory (it does wait for the loads: no faster on the H200
+    /// than a fence before them, see the module docs); after the windows when the
+    /// leader had none.
     fn publish_fence(&mut self) {
         let fenced = self.label("fenced");
         self.line(format_args!("@!%unfenced bra {fenced};"));
