@@ -35,7 +35,6 @@ use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
-use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
 
 const BATCH_BYTES: usize = 64 << 20;
@@ -392,13 +391,8 @@ fn main() {
 /// an H200) as dynamic shared memory.
 fn workgroup_shapes() -> Vec<Geometry> {
     let default = Geometry::default();
-    let split = |workgroup_size, bytes_per_thread| Geometry {
-        split: SplitGeometry {
-            workgroup_size,
-            bytes_per_thread,
-            ..default.split
-        },
-        ..default
+    let split = |workgroup_size, bytes_per_thread| {
+        default.with_split_workgroups(workgroup_size, bytes_per_thread)
     };
     // The merge's slabs are workgroup memory per thread.
     let bpe = |workgroup_size, merge_slab_bytes| Geometry {

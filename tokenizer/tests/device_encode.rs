@@ -939,16 +939,10 @@ fn short_texts_through_one_workgroup_equal_cpu() {
 /// refused with the validator's `Fix:` naming 49152 bytes.
 #[test]
 fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
-    use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
     let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
     let default = Geometry::default();
-    let split = |workgroup_size, bytes_per_thread| Geometry {
-        split: SplitGeometry {
-            workgroup_size,
-            bytes_per_thread,
-            ..default.split
-        },
-        ..default
+    let split = |workgroup_size, bytes_per_thread| {
+        default.with_split_workgroups(workgroup_size, bytes_per_thread)
     };
     let texts: Vec<Vec<u8>> = Shape::ALL
         .iter()

@@ -227,6 +227,19 @@ impl Default for Geometry {
 }
 
 impl Geometry {
+    /// This geometry with the split's workgroups of `workgroup_size` threads, each
+    /// taking `bytes_per_thread` bytes of text (the rest of the split's shape kept).
+    pub fn with_split_workgroups(self, workgroup_size: u32, bytes_per_thread: u32) -> Self {
+        Geometry {
+            split: SplitGeometry {
+                workgroup_size,
+                bytes_per_thread,
+                ..self.split
+            },
+            ..self
+        }
+    }
+
     /// Bytes of one block of `count` and `compact`.
     pub fn block_bytes(&self) -> u32 {
         self.workgroup_size * BYTES_PER_THREAD
