@@ -546,6 +546,8 @@ fn chain_phases(calls: usize, mut chain: impl FnMut() -> (Timings, Timings)) {
         "second: host wait",
         "first: server (setup + workgroups + readback)",
         "second: server (setup + workgroups + readback)",
+        "first: server setup (record + prologue)",
+        "second: server setup (record + prologue)",
         "of the second's wait, not stamped by either server",
         "first: wall (its submit to its delivery, after the second's)",
         "second: wall (its submit to its delivery)",
@@ -561,6 +563,8 @@ fn chain_phases(calls: usize, mut chain: impl FnMut() -> (Timings, Timings)) {
             second.wait_ns,
             first.kernel_stamps_ns,
             second.kernel_stamps_ns,
+            first.lane_stamps.unwrap_or_default().setup_ns,
+            second.lane_stamps.unwrap_or_default().setup_ns,
             second
                 .wait_ns
                 .saturating_sub(first.kernel_stamps_ns + second.kernel_stamps_ns),

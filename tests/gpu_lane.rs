@@ -913,9 +913,9 @@ fn gpu_lane_wait_modes_and_threads_agree() {
 /// record without them, a "same record" or slot-cache shortcut that ignored them, a
 /// body reading the wrong word of the record) or reads a scalar type wrongly: over
 /// device buffers (so two requests' records differ in the value alone), `k` = 1, 2,
-/// 1, 2, 1, 2, 1, 2, 2, 2, 1 through lanes of 1, 2 and 4 slots (every record new to
-/// its slot, then each slot's cached record, then the same record twice) and four
-/// submitted back to back each give `src[i] + k` of their own `k`; a program with a
+/// 1, 2, 1, 2, 1, 2, 2, 2, 1 through lanes of 1, 2 and 4 slots (two records new to their
+/// slots, then alternation through the blocks' earlier copy, then the same record twice)
+/// and four submitted back to back each give `src[i] + k` of their own `k`; a program with a
 /// scalar of every type gives the reference interpreter's bytes for values at both
 /// ends of each type; a request missing a value is refused with `run`'s `Fix:` text.
 #[test]
@@ -1305,4 +1305,18 @@ fn gpu_lane_flagged_words_of_changing_sizes_never_go_stale() {
         let on_lane = lane.run(request).unwrap().outputs.into_vecs();
         assert_eq!(on_lane, expected, "round {round}");
     }
+}
+
+/// Locks out an exchange of a lane's two shared record copies that serves a stale,
+/// torn or short record: two requests of one kernel whose records differ in a scalar
+/// value and in length alternate, with a repeat and a third record between them,
+/// through lanes of 1, 2 and 4 slots, and every delivery is its own request's bytes
+/// (`support::lane::assert_alternating_records_deliver_their_own_bytes`; the routes
+/// themselves are the record module's unit tests, and `tests/lane.rs` holds the
+/// reference lane to the same check).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_alternating_records_change_places_exactly() {
+    let _watchdog = watchdog(120, "lane alternating records");
+    support::lane::assert_alternating_records_deliver_their_own_bytes(&AnyBackend::Cuda(backend()));
 }

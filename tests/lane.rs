@@ -175,6 +175,15 @@ fn a_reference_lane_follows_scalar_values_request_by_request() {
     );
 }
 
+/// Locks out a check of alternating lane records whose expectations are wrong (so a
+/// CUDA failure of `gpu_lane_alternating_records_change_places_exactly` would point
+/// at the device while the test was at fault): the reference lane delivers each
+/// request's own bytes through the same sequence.
+#[test]
+fn a_reference_lane_delivers_alternating_records_own_bytes() {
+    lane_programs::assert_alternating_records_deliver_their_own_bytes(&AnyBackend::reference());
+}
+
 /// Locks out a lane that runs a request missing a scalar value (the body would read
 /// whatever the record held) or refuses it in other words than `run`: a missing, a
 /// mistyped and an undeclared value are refused by the lane's `run`, `run_into` and

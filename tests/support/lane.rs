@@ -2,9 +2,9 @@
 //! `support::lane`).
 #![allow(dead_code)]
 
-use vyre_cuda::backend::{AnyLane, Binding, Dispatch, Kernel};
+use vyre_cuda::backend::{AnyBackend, AnyLane, Binding, Dispatch, Kernel, LaneOptions};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
-use vyre_cuda::DispatchConfig;
+use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
 /// Values of [`super::every_scalar_type`]'s scalars (for [`super::every_scalar_value`])
 /// at both ends of each type: a value cut to 32 bits, read unsigned or as another
@@ -47,6 +47,75 @@ pub fn assert_plus_k_follows_each_value(
     for (k, pending) in pending {
         let got = pending.wait().and_then(dst);
         assert_eq!(got.unwrap(), expected(k), "{label}: submitted k {k}");
+    }
+}
+
+/// Asserts that lanes of 1, 2 and 4 slots on `backend`, holding [`super::parity::plus_k`],
+/// deliver each request's own bytes while two requests whose records differ in the
+/// value of `k` and in length (one reads `dst` whole, the other two ranges of it: one
+/// readback entry more) alternate, with a repeat and a third record between them: on
+/// a CUDA lane alternation takes the blocks' earlier record copy (an exchange of as
+/// many chunks as the longer record has), the repeat the held copy, the third record a
+/// reload or its slot's copy. Every delivery is `src[i] + k` of its own `k` over its
+/// own ranges.
+pub fn assert_alternating_records_deliver_their_own_bytes(backend: &AnyBackend) {
+    let config = DispatchConfig::linear(1);
+    let plus_k = backend.compile(&super::parity::plus_k(), &config).unwrap();
+    let source: Vec<u32> = (0..64).map(|i| i * 1000 + 7).collect();
+    let src = backend.buffer_from(&source).unwrap();
+    let dst = backend.buffer(4 * 64).unwrap();
+    let bound = [Binding::from(&src), Binding::from(&dst)];
+    let spans = [(8usize, 20usize), (100, 64)];
+    let ranges = ReadbackPolicy::Ranges(
+        spans
+            .iter()
+            .map(|&(offset, len)| ByteRange {
+                binding: 1,
+                offset: offset as u64,
+                len: len as u64,
+            })
+            .collect(),
+    );
+    // (k, whether it reads the two ranges instead of `dst` whole)
+    let sequence = [
+        (1, false),
+        (2, true),
+        (1, false),
+        (2, true),
+        (2, true),
+        (1, false),
+        (3, false),
+        (1, false),
+        (3, false),
+        (1, false),
+        (2, true),
+    ];
+    for slots in [1, 2, 4] {
+        let lane = backend
+            .lane(&[&plus_k], LaneOptions::new().slots(slots))
+            .unwrap();
+        for (round, &(k, ranged)) in sequence.iter().enumerate() {
+            let request = Dispatch::new(&plus_k, &bound)
+                .config(&config)
+                .scalar("k", k)
+                .scalar("on", true);
+            let request = if ranged {
+                request.readback(&ranges)
+            } else {
+                request
+            };
+            let bytes: Vec<u8> = source.iter().flat_map(|v| (v + k).to_le_bytes()).collect();
+            let expected: Vec<Vec<u8>> = if ranged {
+                spans
+                    .iter()
+                    .map(|&(offset, len)| bytes[offset..offset + len].to_vec())
+                    .collect()
+            } else {
+                vec![bytes]
+            };
+            let got = lane.run(request).unwrap().outputs.into_vecs();
+            assert_eq!(got, expected, "{slots} slots, round {round}, k {k}");
+        }
     }
 }
 

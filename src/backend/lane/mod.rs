@@ -117,8 +117,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::codegen::ptx::lane::{
-    area_flag, lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_RELOAD, DOORBELL_SAME,
-    DOORBELL_STOP, MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
+    area_flag, lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_EARLIER, DOORBELL_RELOAD,
+    DOORBELL_SAME, DOORBELL_STOP, MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
 };
 use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
 use crate::ir::Access;
@@ -389,6 +389,10 @@ struct LaneState {
     /// The previous request's record (the blocks' shared copies hold it).
     last: Box<[u8; RECORD_BYTES]>,
     last_len: usize,
+    /// The distinct record before `last` (the blocks' earlier copies hold it; empty
+    /// before there was one).
+    earlier: Box<[u8; RECORD_BYTES]>,
+    earlier_len: usize,
     /// The last distinct requests' plans, for repeats of them.
     repeats: Box<[Repeat; REMEMBERED_REQUESTS]>,
     /// The entry of `repeats` the next request that repeats none of them plans into.
@@ -567,6 +571,8 @@ impl CudaBackend {
                 scratch: Box::new([0; RECORD_BYTES]),
                 last: Box::new([0; RECORD_BYTES]),
                 last_len: 0,
+                earlier: Box::new([0; RECORD_BYTES]),
+                earlier_len: 0,
                 repeats: Box::default(),
                 next_repeat: 0,
                 last_repeat: None,
@@ -919,6 +925,7 @@ impl LaneShared {
             let route = record_route(
                 &state.scratch[..len],
                 &state.last[..state.last_len],
+                &state.earlier[..state.earlier_len],
                 cached.cached.then(|| &cached.record[..cached.record_len]),
             );
             (len, route)
@@ -931,10 +938,17 @@ impl LaneShared {
             self.release(held);
             return Err(e);
         }
+        // An exchange moves the larger of the two records' chunks.
+        let chunks = match route {
+            RecordRoute::Earlier => len.max(state.last_len),
+            _ => len,
+        } as u64
+            / 16;
         let mut doorbell =
-            u64::from(ticket.wrapping_add(1) as u32) | ((len as u64 / 16) << DOORBELL_CHUNKS_SHIFT);
+            u64::from(ticket.wrapping_add(1) as u32) | (chunks << DOORBELL_CHUNKS_SHIFT);
         match route {
             RecordRoute::Same => doorbell |= DOORBELL_SAME,
+            RecordRoute::Earlier => doorbell |= DOORBELL_EARLIER,
             RecordRoute::Cached => {}
             RecordRoute::Reload => {
                 let record = &state.scratch[..len];
@@ -946,9 +960,12 @@ impl LaneShared {
                 doorbell |= DOORBELL_RELOAD;
             }
         }
-        if !same_record {
+        // As the blocks do: any record but the previous one becomes the previous, and
+        // the previous becomes the earlier.
+        if route != RecordRoute::Same {
             std::mem::swap(&mut state.scratch, &mut state.last);
-            state.last_len = len;
+            std::mem::swap(&mut state.scratch, &mut state.earlier);
+            state.earlier_len = std::mem::replace(&mut state.last_len, len);
         }
         state.last_repeat = Some(entry);
         // The slot's first request of a window of 2^31 tickets finds no word a request

@@ -137,6 +137,9 @@ pub(in crate::backend) enum RecordRoute {
     /// The record equals the previous request's: the blocks' shared copies are
     /// current, no record byte moves.
     Same,
+    /// The record equals the one before the previous distinct record: the blocks'
+    /// two shared copies change places, no record byte is read from memory.
+    Earlier,
     /// The record equals the slot's copy in device memory: the blocks read it from
     /// there, no record byte crosses the bus.
     Cached,
@@ -145,16 +148,20 @@ pub(in crate::backend) enum RecordRoute {
     Reload,
 }
 
-/// The route of `record` after the previous request's record `previous`, with
-/// `slot_copy` the record the slot's device copy holds (`None` before its first).
-/// Byte for byte: a record differing in any word (a scalar value included) reloads.
+/// The route of `record` after the previous request's record `previous` and the
+/// distinct record before it `earlier` (empty before there was one), with `slot_copy`
+/// the record the slot's device copy holds (`None` before its first). Byte for byte: a
+/// record differing in any word (a scalar value included) is another record.
 pub(in crate::backend) fn record_route(
     record: &[u8],
     previous: &[u8],
+    earlier: &[u8],
     slot_copy: Option<&[u8]>,
 ) -> RecordRoute {
     if record == previous {
         RecordRoute::Same
+    } else if record == earlier {
+        RecordRoute::Earlier
     } else if slot_copy == Some(record) {
         RecordRoute::Cached
     } else {
@@ -537,10 +544,12 @@ mod tests {
     /// (a record without them, or a route that compared less than the whole record,
     /// would call the request "same" or "cached" and the body would read the stale
     /// word): two requests alike but for one scalar value have records differing in
-    /// exactly that word; the values 1, 2, 1, 2 on one slot reload every time, and
-    /// on two slots reload twice, then find each slot's copy holding their own value.
-    /// Negative controls: the records agree outside the scalar word (a comparison
-    /// skipping it would take one for the other), and a repeated request is "same".
+    /// exactly that word; the values 1, 2, 1, 2 reload twice, then find the earlier
+    /// copy holding their own value (one slot or two), a repeat in between is "same"
+    /// and leaves the earlier copy as it was, and with a third value between them each
+    /// finds its slot's copy, not the earlier one. Negative controls: the records agree
+    /// outside the scalar word (a comparison skipping it would take one for the other),
+    /// and a repeated request is "same".
     #[test]
     fn a_record_differing_only_in_a_scalar_value_is_never_served_stale() {
         let placed = Placed::default();
@@ -569,33 +578,42 @@ mod tests {
             record
         };
         assert_eq!(without_word(&one), without_word(&two));
-        assert_eq!(record_route(&one, &one, Some(&two)), RecordRoute::Same);
+        assert_eq!(record_route(&one, &one, &[], Some(&two)), RecordRoute::Same);
 
-        // The lane's bookkeeping: the previous record, and each slot's copy.
-        let routes = |slots: usize| {
+        // The lane's bookkeeping: the previous record, the distinct one before it, and
+        // each slot's copy. Alternating records take the earlier copy once both were
+        // seen, whatever the slots; a third record reloads (or takes its slot's copy).
+        let three = record_of(3);
+        let routes = |slots: usize, records: &[&Vec<u8>]| {
             let mut previous: Vec<u8> = Vec::new();
+            let mut earlier: Vec<u8> = Vec::new();
             let mut copies: Vec<Option<Vec<u8>>> = vec![None; slots];
             let mut routes = Vec::new();
-            for (ticket, record) in [&one, &two, &one, &two].into_iter().enumerate() {
+            for (ticket, &record) in records.iter().enumerate() {
                 let copy = &mut copies[ticket % slots];
-                let route = record_route(record, &previous, copy.as_deref());
+                let route = record_route(record, &previous, &earlier, copy.as_deref());
                 if route == RecordRoute::Reload {
                     *copy = Some(record.clone());
                 }
-                previous = record.clone();
+                if route != RecordRoute::Same {
+                    earlier = std::mem::replace(&mut previous, record.clone());
+                }
                 routes.push(route);
             }
             routes
         };
-        assert_eq!(routes(1), [RecordRoute::Reload; 4]);
+        use RecordRoute::{Cached, Earlier, Reload, Same};
         assert_eq!(
-            routes(2),
-            [
-                RecordRoute::Reload,
-                RecordRoute::Reload,
-                RecordRoute::Cached,
-                RecordRoute::Cached
-            ]
+            routes(1, &[&one, &two, &one, &two]),
+            [Reload, Reload, Earlier, Earlier]
+        );
+        assert_eq!(
+            routes(2, &[&one, &two, &one, &one, &two]),
+            [Reload, Reload, Earlier, Same, Earlier]
+        );
+        assert_eq!(
+            routes(3, &[&one, &two, &three, &one, &two]),
+            [Reload, Reload, Reload, Cached, Cached]
         );
     }
 

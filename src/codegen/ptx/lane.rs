@@ -19,6 +19,14 @@
 //! - `.shared .align 16 .b8 vyre_lane_record[4096]` ([`LANE_RECORD_SYMBOL`]): the
 //!   current request's record ([`RECORD_BYTES`], layout below), copied into each
 //!   block's shared memory before its workgroups run;
+//! - `.shared .align 16 .b8 vyre_lane_earlier_record[4096]`: the record before the
+//!   previous distinct one. Two requests that alternate (a chain of two steps, as a
+//!   short encode is) would otherwise read their record from the slot's cache in
+//!   device memory every time: on the H200 (2026-12-02) each request of such a chain
+//!   spent 2.46 µs in the server against 1.50 µs for a request whose record was the
+//!   previous one; the cache's reads (three batches of L2 round trips for a lane of
+//!   one thread) are the likely difference, which the dispatch bench's chain
+//!   breakdown shows per phase;
 //! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
 //!   request (the doorbell value its leader saw, whether it publishes);
 //! - `.shared .align 16 .b8 vyre_lane_workgroup[N]` ([`LANE_WORKGROUP_SYMBOL`], only
@@ -53,8 +61,12 @@
 //! semantics: bits 0–31 `n + 1`, bits 32–47 the record's length in 16-byte chunks,
 //! [`DOORBELL_RELOAD`] (the record differs from the one this slot held: read it from
 //! host memory), [`DOORBELL_SAME`] (it equals the previous request's: the blocks'
-//! shared copies are current) and [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
+//! shared copies are current), [`DOORBELL_EARLIER`] (it equals the record before the
+//! previous distinct one, which every block keeps in a second shared copy: the two
+//! copies change places, and no record byte is read from device or host memory) and
+//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
 //! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
+//! after saving the record it held as the earlier one
 //! (and into the device-memory cache of the slot when reloading; 16-byte chunks,
 //! all of a thread's share in flight up to sixteen), then, with more than
 //! one block, hands the doorbell value to the others through the go word
@@ -166,6 +178,11 @@ pub const LANE_ENTRY_NAME: &str = "vyre_lane";
 /// The request record in shared memory (module scope).
 pub const LANE_RECORD_SYMBOL: &str = "vyre_lane_record";
 
+/// The record of the request before the previous distinct one, in shared memory
+/// (module scope): a request that alternates with another (the two steps of a short
+/// encode) finds its record there instead of reading its slot's cache.
+const LANE_EARLIER_SYMBOL: &str = "vyre_lane_earlier_record";
+
 /// The workgroup-buffer pool every body shares (module scope).
 pub const LANE_WORKGROUP_SYMBOL: &str = "vyre_lane_workgroup";
 
@@ -268,6 +285,10 @@ pub const DOORBELL_RELOAD: u64 = 1 << 48;
 pub const DOORBELL_STOP: u64 = 1 << 49;
 /// Doorbell bit: the record equals the previous request's (shared copies are current).
 pub const DOORBELL_SAME: u64 = 1 << 50;
+/// Doorbell bit: the record equals the one before the previous request's (the blocks'
+/// earlier copies hold it: they exchange their two copies; the chunk count is then the
+/// larger of the two records').
+pub const DOORBELL_EARLIER: u64 = 1 << 51;
 
 /// Bytes of a result area's header, in logical bytes (see [`FLAGGED_WORD_BYTES`] for
 /// where they lie in the area): u64 start stamp (the doorbell seen), u64 end stamp
@@ -351,7 +372,7 @@ pub fn lane_pool_bytes(program: &Program) -> u32 {
 /// Static shared memory per block of a lane whose largest body's pool is `pool`
 /// bytes: the record, the block state and the pool (16-byte rounded).
 pub fn lane_shared_bytes(pool: u32) -> u32 {
-    (RECORD_BYTES + STATE_BYTES) as u32 + pool.div_ceil(16).saturating_mul(16)
+    (2 * RECORD_BYTES + STATE_BYTES) as u32 + pool.div_ceil(16).saturating_mul(16)
 }
 
 /// The server's parameters, in order, with their declarations and roles.
@@ -551,6 +572,8 @@ impl LaneModuleBuilder {
             out,
             "// the current request's record (header, bindings, scalars, prologue, readbacks)\n\
              .shared .align 16 .b8 {LANE_RECORD_SYMBOL}[{RECORD_BYTES}];\n\
+             // the record before the previous distinct one (a request that alternates with another)\n\
+             .shared .align 16 .b8 {LANE_EARLIER_SYMBOL}[{RECORD_BYTES}];\n\
              // this block's view of the request: [0] doorbell value, [8] u32 publishes\n\
              .shared .align 8 .b8 {LANE_STATE_SYMBOL}[{STATE_BYTES}];"
         );
@@ -618,6 +641,7 @@ const PREDICATES: &[&str] = &[
     "%whole",
     "%bytewise",
     "%unfenced",
+    "%earlier",
 ];
 const WORDS: &[&str] = &[
     "%lin",
@@ -680,6 +704,7 @@ const WORDS: &[&str] = &[
     "%end_low",
     "%end_high",
     "%words",
+    "%held",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -714,6 +739,7 @@ const DOUBLES: &[&str] = &[
     "%fenced",
     "%pair_a",
     "%pair_b",
+    "%earlier_record",
 ];
 
 impl Server {
@@ -802,6 +828,10 @@ impl Server {
         self.line(format_args!("mul.lo.u32 %everyone, %blocks, {t};"));
         self.line(format_args!("mad.lo.u32 %global, %block, {t}, %lin;"));
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
+        self.line(format_args!(
+            "mov.u64 %earlier_record, {LANE_EARLIER_SYMBOL};"
+        ));
+        self.line(format_args!("mov.u32 %held, 0;"));
         self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
         self.line(format_args!("mov.u32 %ticket, 0;"));
     }
@@ -868,11 +898,17 @@ impl Server {
         self.place(found);
     }
 
-    /// The record into shared memory: nothing when it equals the previous request's,
-    /// from host memory (block 0, also into the slot's cache) when it changed, from the
-    /// slot's cache otherwise. Then block 0 lets the other blocks go.
+    /// The record into shared memory: nothing when it equals the previous request's;
+    /// an exchange of the blocks' two copies when it equals the one before that;
+    /// otherwise the held record becomes the earlier one and the new one comes from host
+    /// memory (block 0, also into the slot's cache) when it changed, from the slot's
+    /// cache otherwise. `%held` counts the chunks the shared record holds. Then block 0
+    /// lets the other blocks go.
+    ///
+    /// Every loop here gives chunk `i` to thread `i mod T` (whatever its batch), so a
+    /// thread saves, loads or exchanges only chunks it alone touches: no barrier
+    /// between the save and the load.
     fn read_record(&mut self) {
-        let t = self.threads;
         self.comment("the record: its length in 16-byte chunks and where it comes from");
         self.line(format_args!(
             "shr.u64 %wide, %bell, {DOORBELL_CHUNKS_SHIFT};"
@@ -882,6 +918,9 @@ impl Server {
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_SAME};"));
         self.line(format_args!("setp.ne.u64 %same, %flag, 0;"));
         self.line(format_args!("@%same bra $L_lane_record_ready;"));
+        self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_EARLIER};"));
+        self.line(format_args!("setp.ne.u64 %earlier, %flag, 0;"));
+        self.line(format_args!("@%earlier bra $L_lane_exchange_record;"));
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_RELOAD};"));
         self.line(format_args!("setp.ne.u64 %reload, %flag, 0;"));
         self.line(format_args!("and.pred %reload, %reload, %dispatcher;"));
@@ -892,42 +931,116 @@ impl Server {
         self.line(format_args!(
             "selp.b64 %origin, %host_record, %cache, %reload;"
         ));
-        let top = self.label("record");
-        self.line(format_args!("mov.u32 %index, %lin;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %index, %chunks;"));
-        self.line(format_args!("@%past bra $L_lane_record_ready;"));
-        self.batch_indices("%index", t, self.record_batch);
-        for k in 0..self.record_batch {
-            self.live(k, "%chunks");
-            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
-            self.line(format_args!("add.s64 %from, %origin, %at;"));
-            let v = vector(k);
-            self.line(format_args!(
-                "@%live ld.relaxed.sys.global.v4.u32 {v}, [%from];"
-            ));
-        }
-        for k in 0..self.record_batch {
-            self.live(k, "%chunks");
-            self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
-            self.line(format_args!("add.s64 %to, %record, %at;"));
-            let v = vector(k);
-            self.line(format_args!("@%live st.shared.v4.u32 [%to], {v};"));
-            self.line(format_args!("and.pred %take, %live, %reload;"));
-            self.line(format_args!("add.s64 %to, %cache, %at;"));
-            self.line(format_args!("@%take st.global.v4.u32 [%to], {v};"));
-        }
-        self.line(format_args!(
-            "add.u32 %index, %index, {};",
-            t as usize * self.record_batch
-        ));
-        self.line(format_args!("bra {top};"));
+        self.comment("the held record becomes the earlier one");
+        let batch = self.record_batch;
+        self.chunk_loop(
+            "save_record",
+            "%held",
+            batch,
+            |this, k| {
+                this.chunk_address("%from", "%record", k);
+                let v = vector(k);
+                this.line(format_args!("@%live ld.shared.v4.u32 {v}, [%from];"));
+            },
+            |this, k| {
+                this.chunk_address("%to", "%earlier_record", k);
+                let v = vector(k);
+                this.line(format_args!("@%live st.shared.v4.u32 [%to], {v};"));
+            },
+        );
+        self.chunk_loop(
+            "record",
+            "%chunks",
+            batch,
+            |this, k| {
+                this.chunk_address("%from", "%origin", k);
+                let v = vector(k);
+                this.line(format_args!(
+                    "@%live ld.relaxed.sys.global.v4.u32 {v}, [%from];"
+                ));
+            },
+            |this, k| {
+                this.chunk_address("%to", "%record", k);
+                let v = vector(k);
+                this.line(format_args!("@%live st.shared.v4.u32 [%to], {v};"));
+                this.line(format_args!("and.pred %take, %live, %reload;"));
+                this.line(format_args!("add.s64 %to, %cache, %at;"));
+                this.line(format_args!("@%take st.global.v4.u32 [%to], {v};"));
+            },
+        );
+        self.line(format_args!("bra $L_lane_record_loaded;"));
+        self.place("$L_lane_exchange_record");
+        self.comment("the earlier record is this request's: the two copies change places");
+        // Two vectors a chunk: slots `k` (the held record) and `half + k` (the earlier).
+        let half = (batch / 2).max(1);
+        self.chunk_loop(
+            "exchange_record",
+            "%chunks",
+            half,
+            |this, k| {
+                let (held, earlier) = (vector(k), vector(half + k));
+                this.chunk_address("%from", "%record", k);
+                this.line(format_args!("@%live ld.shared.v4.u32 {held}, [%from];"));
+                this.chunk_address("%from", "%earlier_record", k);
+                this.line(format_args!("@%live ld.shared.v4.u32 {earlier}, [%from];"));
+            },
+            |this, k| {
+                let (held, earlier) = (vector(k), vector(half + k));
+                this.chunk_address("%to", "%record", k);
+                this.line(format_args!("@%live st.shared.v4.u32 [%to], {earlier};"));
+                this.chunk_address("%to", "%earlier_record", k);
+                this.line(format_args!("@%live st.shared.v4.u32 [%to], {held};"));
+            },
+        );
+        self.place("$L_lane_record_loaded");
+        self.line(format_args!("mov.u32 %held, %chunks;"));
         self.place("$L_lane_record_ready");
         self.line(format_args!("barrier.sync 1;"));
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
         self.block_zero_leader_with_others(&format!(
             "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
         ));
+    }
+
+    /// A loop over the record's 16-byte chunks below `count`: this thread's chunks
+    /// `%lin, %lin + T, ...`, `batch` at a time (`%unit{k}`), each batch's `load`s for
+    /// every slot, then its `store`s (each called with `%live` set for slot `k`).
+    fn chunk_loop(
+        &mut self,
+        kind: &str,
+        count: &str,
+        batch: usize,
+        load: impl Fn(&mut Self, usize),
+        store: impl Fn(&mut Self, usize),
+    ) {
+        let t = self.threads;
+        let top = self.label(kind);
+        let done = self.label(&format!("{kind}_done"));
+        self.line(format_args!("mov.u32 %index, %lin;"));
+        self.place(&top);
+        self.line(format_args!("setp.ge.u32 %past, %index, {count};"));
+        self.line(format_args!("@%past bra {done};"));
+        self.batch_indices("%index", t, batch);
+        for k in 0..batch {
+            self.live(k, count);
+            load(self, k);
+        }
+        for k in 0..batch {
+            self.live(k, count);
+            store(self, k);
+        }
+        self.line(format_args!(
+            "add.u32 %index, %index, {};",
+            t as usize * batch
+        ));
+        self.line(format_args!("bra {top};"));
+        self.place(&done);
+    }
+
+    /// `into` = `base + 16 · %unit{k}` (and `%at` the offset).
+    fn chunk_address(&mut self, into: &str, base: &str, k: usize) {
+        self.line(format_args!("mul.wide.u32 %at, %unit{k}, 16;"));
+        self.line(format_args!("add.s64 {into}, {base}, %at;"));
     }
 
     /// `store`, by block 0's leader only and only when the lane has other blocks.
