@@ -279,6 +279,20 @@ pub enum CodegenError {
         /// The subgroup size asked for.
         subgroup_size: u32,
     },
+    /// [`CodegenOptions::min_blocks_per_multiprocessor`] asks for an occupancy the
+    /// target cannot give: 0 blocks, more blocks than a multiprocessor holds, or
+    /// more threads ([`multiprocessor_limits`]). ptxas would drop such a request
+    /// with a warning only, so code generation refuses it.
+    UnsatisfiableOccupancy {
+        /// The program's display name (capped).
+        program: String,
+        /// The blocks asked for.
+        blocks: u32,
+        /// Threads per workgroup of the program.
+        threads_per_block: u32,
+        /// The compute capability generated for.
+        sm: u32,
+    },
     /// The writer met something the validator should have refused: a bug in
     /// vyre-cuda, never a property of the input.
     Internal {
@@ -328,6 +342,31 @@ impl fmt::Display for CodegenError {
                 f,
                 "Fix: pass subgroup_size 32 (the CUDA warp size); {subgroup_size} is not supported"
             ),
+            CodegenError::UnsatisfiableOccupancy {
+                program,
+                blocks,
+                threads_per_block,
+                sm,
+            } => {
+                let limits = multiprocessor_limits(*sm);
+                let most = limits.most_blocks(*threads_per_block);
+                if *blocks == 0 {
+                    write!(
+                        f,
+                        "Fix: set CodegenOptions::min_blocks_per_multiprocessor to None or to 1..={most} \
+                         for {program}; 0 blocks per multiprocessor asks for nothing"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "Fix: set CodegenOptions::min_blocks_per_multiprocessor to at most {most} for \
+                         {program}: an sm_{sm} multiprocessor holds {} blocks and {} threads, and \
+                         {blocks} blocks of {threads_per_block} threads do not fit (ptxas would \
+                         ignore the request)",
+                        limits.blocks, limits.threads
+                    )
+                }
+            }
             CodegenError::Internal { detail } => write!(
                 f,
                 "Fix: report this program to vyre-cuda as a bug (the validator accepted it \
@@ -423,6 +462,67 @@ pub fn program_to_ptx_with_results(
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
     validate_and_emit(program, options, sm, subgroup_size, true)
+}
+
+/// What one multiprocessor of a target holds at once, the bounds of
+/// [`CodegenOptions::min_blocks_per_multiprocessor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiprocessorLimits {
+    /// Resident blocks (workgroups).
+    pub blocks: u32,
+    /// Resident threads.
+    pub threads: u32,
+    /// 32-bit registers, shared by the resident threads.
+    pub registers: u32,
+}
+
+impl MultiprocessorLimits {
+    /// The most blocks of `threads_per_block` threads that fit at once (at least 1
+    /// for any block a target launches).
+    pub fn most_blocks(&self, threads_per_block: u32) -> u32 {
+        self.blocks
+            .min(self.threads / threads_per_block.max(1))
+            .max(1)
+    }
+
+    /// The most blocks of `threads_per_block` threads that fit at once when each
+    /// thread keeps `registers_per_thread` registers: what to ask
+    /// [`CodegenOptions::min_blocks_per_multiprocessor`] for so that ptxas leaves a
+    /// body needing that many registers alone (at least 1).
+    pub fn blocks_for_registers(&self, registers_per_thread: u32, threads_per_block: u32) -> u32 {
+        let per_block =
+            u64::from(registers_per_thread.max(1)) * u64::from(threads_per_block.max(1));
+        let fit = u64::from(self.registers) / per_block;
+        (fit.min(u64::from(self.most_blocks(threads_per_block))) as u32).max(1)
+    }
+
+    /// Whether `blocks` blocks of `threads_per_block` threads fit at once.
+    pub fn holds(&self, blocks: u32, threads_per_block: u32) -> bool {
+        (1..=self.blocks).contains(&blocks)
+            && u64::from(blocks) * u64::from(threads_per_block) <= u64::from(self.threads)
+    }
+}
+
+/// What one multiprocessor of compute capability `sm` holds (the CUDA
+/// programming guide's table of technical specifications): 32 blocks and 2048
+/// threads on 7.0, 8.0, 9.0 and 10.x; 16 and 1024 on 7.5; 16 and 1536 on 8.6 and
+/// 8.7; 24 and 1536 on 8.9; 32 and 1536 on 12.x; 65,536 registers on all. A
+/// target the table does not know gets 32 and 2048, the most any has: a request
+/// past its real limits then reaches ptxas, which drops it with a warning rather
+/// than fail.
+pub fn multiprocessor_limits(sm: u32) -> MultiprocessorLimits {
+    let (blocks, threads) = match sm {
+        75 => (16, 1024),
+        86 | 87 => (16, 1536),
+        89 => (24, 1536),
+        120..=129 => (32, 1536),
+        _ => (32, 2048),
+    };
+    MultiprocessorLimits {
+        blocks,
+        threads,
+        registers: 65_536,
+    }
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to
