@@ -25,6 +25,28 @@ pub struct CodegenOptions {
     /// add, one compare and a predicated trap per iteration. Bounded `for` loops
     /// (`Node::Loop`) are not counted.
     pub max_loop_iterations: Option<u32>,
+    /// How many workgroups of this kernel must fit on one multiprocessor at once as
+    /// far as registers go; `None` (the default) lets the assembler spend registers
+    /// as it likes. `Some(n)` declares `.minnctapersm n` on the kernel's entry (next
+    /// to its `.reqntid`), so ptxas keeps each thread within
+    /// `65536 / (n × threads per workgroup)` registers (rounded down to its
+    /// allocation unit) and spills what does not fit to local memory.
+    ///
+    /// Why: every backend kernel carries the result ABI's epilogue, whose unrolled
+    /// readback copies keep 64 registers live, so ptxas gives most kernels 80
+    /// registers per thread whatever their bodies need (23–32 for the tokenizer's
+    /// steps, measured with `ptxas -v` for `sm_90`): at 256 threads only 3 blocks
+    /// fit an SM. Capped, the spills land in that epilogue, which only the grid's
+    /// last warp runs (see the `codegen::ptx` module docs for the figures). It only
+    /// bounds registers: workgroup memory can still hold fewer blocks per SM.
+    ///
+    /// Code generation refuses (`Fix:`) 0, more blocks than the target holds per
+    /// multiprocessor, and more threads than it holds
+    /// ([`codegen::ptx::multiprocessor_limits`](crate::codegen::ptx::multiprocessor_limits)),
+    /// rather than let ptxas drop the directive with a warning. A lane's server
+    /// ignores it: a lane's bodies are device functions of one resident kernel
+    /// whose block count the lane fixes.
+    pub min_blocks_per_multiprocessor: Option<u32>,
 }
 
 impl Default for CodegenOptions {
@@ -39,6 +61,7 @@ impl CodegenOptions {
         CodegenOptions {
             bounds_checks: true,
             max_loop_iterations: None,
+            min_blocks_per_multiprocessor: None,
         }
     }
 
@@ -54,14 +77,35 @@ impl CodegenOptions {
         self
     }
 
+    /// The same options asking for `blocks` workgroups per multiprocessor (`None`:
+    /// no occupancy request); see
+    /// [`min_blocks_per_multiprocessor`](Self::min_blocks_per_multiprocessor).
+    pub const fn with_min_blocks_per_multiprocessor(mut self, blocks: Option<u32>) -> Self {
+        self.min_blocks_per_multiprocessor = blocks;
+        self
+    }
+
     /// A stable 64-bit digest of the policy, for cache keys.
     pub fn policy_digest(&self) -> u64 {
         // Versioned so a future field can never collide with an old key: without a
-        // loop cap the digest is the first version's, with one the tag differs and
-        // the cap takes the low 32 bits.
-        match self.max_loop_iterations {
-            None => 0x7679_7265_0001_0000 | self.bounds_checks as u64,
-            Some(cap) => 0x7679_0002_0000_0000 | (self.bounds_checks as u64) << 40 | cap as u64,
+        // loop cap or an occupancy request the digest is the first version's, with
+        // only a loop cap the second's (the cap in the low 32 bits). An occupancy
+        // request has a tag of its own: bit 41 says whether a loop cap is present
+        // (its value in the low 32 bits), bits 42-47 hold the blocks, saturated at
+        // 63. Every valid count (1 to 32) keeps its own value; the counts that
+        // share 63 are all refused by code generation, so no PTX is ever cached
+        // under that key.
+        let checks = self.bounds_checks as u64;
+        match (self.min_blocks_per_multiprocessor, self.max_loop_iterations) {
+            (None, None) => 0x7679_7265_0001_0000 | checks,
+            (None, Some(cap)) => 0x7679_0002_0000_0000 | checks << 40 | cap as u64,
+            (Some(blocks), cap) => {
+                0x7603_0000_0000_0000
+                    | checks << 40
+                    | (cap.is_some() as u64) << 41
+                    | (blocks.min(63) as u64) << 42
+                    | cap.unwrap_or(0) as u64
+            }
         }
     }
 }

@@ -132,6 +132,18 @@ impl DeviceCaps {
         self.compute_capability.0 * 10 + self.compute_capability.1
     }
 
+    /// What one multiprocessor holds at once: the target's table
+    /// ([`multiprocessor_limits`](crate::codegen::multiprocessor_limits)) with this
+    /// device's own resident-thread count, the bounds of
+    /// [`CodegenOptions::min_blocks_per_multiprocessor`](crate::CodegenOptions::min_blocks_per_multiprocessor).
+    pub fn multiprocessor_limits(&self) -> crate::codegen::MultiprocessorLimits {
+        let table = crate::codegen::multiprocessor_limits(self.ptx_target_sm());
+        crate::codegen::MultiprocessorLimits {
+            threads: table.threads.min(self.max_threads_per_sm.max(1)),
+            ..table
+        }
+    }
+
     /// Warp shuffles with explicit member masks (sm_70+, 32-lane warps).
     pub fn supports_subgroup_ops(&self) -> bool {
         self.compute_capability.0 >= 7 && self.warp_size == 32

@@ -114,3 +114,51 @@ pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Res
     }
     Err(report)
 }
+
+/// What `ptxas -v` reports for one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resources {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of spill stores.
+    pub spill_store_bytes: u32,
+    /// Bytes of spill loads.
+    pub spill_load_bytes: u32,
+}
+
+/// Assemble one single-kernel module for `sm_90` with `-v` and read its register
+/// and spill counts (ptxas's `Used N registers` and `N bytes spill stores/loads`).
+/// A warning (for example a dropped `.minnctapersm`) is an error too.
+pub fn resources(ptxas: &Path, name: &str, ptx: &str) -> Result<Resources, String> {
+    let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let source = directory.path().join(format!("{name}.ptx"));
+    std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
+    let output = Command::new(ptxas)
+        .arg("-arch=sm_90")
+        .arg("-v")
+        .arg(&source)
+        .arg("-o")
+        .arg(directory.path().join(format!("{name}.cubin")))
+        .output()
+        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    if !output.status.success() || report.contains("warning") {
+        return Err(format!("ptxas on {name}:\n{report}"));
+    }
+    // The number just before `suffix` on the line that has it.
+    let number_before = |suffix: &str| -> Option<u32> {
+        let line = report.lines().find(|line| line.contains(suffix))?;
+        let head = &line[..line.find(suffix)?];
+        head.split_whitespace().last()?.parse().ok()
+    };
+    let missing = || format!("ptxas -v on {name} printed no usage line:\n{report}");
+    Ok(Resources {
+        registers: number_before(" registers").ok_or_else(missing)?,
+        spill_store_bytes: number_before(" bytes spill stores").ok_or_else(missing)?,
+        spill_load_bytes: number_before(" bytes spill loads").ok_or_else(missing)?,
+    })
+}

@@ -34,6 +34,7 @@ use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
 
@@ -371,10 +372,11 @@ fn main() {
         );
         let first = &chunks[0];
         println!(
-            "  split {} threads × {} bytes, BPE {} threads: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
+            "  split {} threads × {} bytes, BPE {} threads, {:?}: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
             geometry.split.workgroup_size,
             geometry.split.bytes_per_thread,
             geometry.workgroup_size,
+            geometry.occupancy,
             seconds * 1e3,
             gb_per_s(bytes, seconds),
             first.kernel_ns() as f64 / 1e6,
@@ -384,7 +386,11 @@ fn main() {
 }
 
 /// The default shape first, then larger blocks of the split (more bytes per
-/// thread, more threads) and other BPE workgroup sizes, one change at a time.
+/// thread, more threads) and other BPE workgroup sizes, one change at a time;
+/// then the default, the largest split blocks and 512-thread BPE steps without
+/// an occupancy request (`Occupancy::Unrequested`: most steps at the 80
+/// registers the result ABI's epilogue pins), and the default with every step
+/// at 8 blocks per SM (phases, merge and long then spill in their bodies).
 /// Blocks of 4 and 8 KiB and BPE workgroups of 512 threads with 12-byte slabs
 /// need more than 48 KiB of workgroup memory (49,304 bytes for the split's 4 KiB
 /// blocks, 24 KiB of slabs): kernels get the device's opt-in limit (227 KiB on
@@ -410,5 +416,20 @@ fn workgroup_shapes() -> Vec<Geometry> {
         bpe(128, default.merge_slab_bytes),
         bpe(512, 6),
         bpe(512, default.merge_slab_bytes),
+        unrequested(default),
+        unrequested(split(1024, 8)),
+        unrequested(bpe(512, default.merge_slab_bytes)),
+        Geometry {
+            occupancy: Occupancy::BlocksPerMultiprocessor(8),
+            ..default
+        },
     ]
+}
+
+/// `geometry` with no occupancy request.
+fn unrequested(geometry: Geometry) -> Geometry {
+    Geometry {
+        occupancy: Occupancy::Unrequested,
+        ..geometry
+    }
 }

@@ -42,6 +42,7 @@
 mod bpe;
 pub mod device;
 mod error;
+pub mod occupancy;
 pub mod pretokenize;
 mod special;
 mod table;

@@ -57,6 +57,7 @@ fn small_geometry(repair_attempts: u32) -> Geometry {
         compact_workgroups: 3,
         max_loop_iterations: None,
         split: small_split_geometry(),
+        ..Geometry::default()
     }
 }
 

@@ -6,10 +6,14 @@
 #[path = "support/assemble.rs"]
 mod assemble;
 
+use assemble::ptxas;
+use vyre_cuda::codegen::{multiprocessor_limits, program_to_ptx_with_results};
 use vyre_cuda::ir::{Expr, Node};
+use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
 use vyre_tokenizer::device::programs::Programs;
 use vyre_tokenizer::device::short::short_program;
 use vyre_tokenizer::device::Geometry;
+use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 
 /// Locks out programs the device would refuse: each stage and BPE step of the
@@ -108,4 +112,71 @@ fn short_text_program_refuses_a_nested_return_or_grid_sync() {
             .expect_err("a step the short-text program cannot take");
         assert_eq!(error, message);
     }
+}
+
+/// Locks out tokenizer steps left at the registers the result ABI's epilogue pins
+/// (80 per thread, 3 blocks of 256 threads per SM on an H200) and a body register
+/// count that no longer fits its request: every cl100k step at the default
+/// geometry, compiled as the backend compiles it (result ABI, subgroup
+/// operations, `sm_90`) with its [`KernelStep::codegen`] options, uses at most
+/// the registers its requested blocks per SM leave it (65536 / (blocks ×
+/// threads)), and no fewer blocks than its body's registers allow. Negative
+/// control: the same kernels without the request exceed that bound.
+///
+/// [`KernelStep::codegen`]: vyre_tokenizer::device::programs::KernelStep::codegen
+#[test]
+fn cl100k_steps_fit_their_requested_occupancy() {
+    let Some(ptxas) = ptxas::require("cl100k_steps_fit_their_requested_occupancy") else {
+        return;
+    };
+    let geometry = Geometry::default();
+    assert_eq!(geometry.occupancy, Occupancy::BodyRegisters);
+    let h200 = multiprocessor_limits(90);
+    let programs = Programs::new(Pattern::Cl100k, geometry).expect("geometry");
+    let caps = LoweringCaps::new(true, 32).expect("caps");
+    let mut requested = Vec::new();
+    for step in programs.steps() {
+        let lowered = lower_workgroup_reductions(&step.program, &caps);
+        let threads: u32 = step.program.workgroup_size().iter().product();
+        let options = step.codegen(&geometry, Some(&h200));
+        let blocks = options
+            .min_blocks_per_multiprocessor
+            .expect("every step asks for its occupancy");
+        assert_eq!(
+            blocks,
+            h200.blocks_for_registers(step.body_registers, threads)
+        );
+        let bound = h200.registers / (blocks * threads);
+        assert!(bound >= step.body_registers, "{}", step.name);
+        let usage = |options| {
+            let ptx = program_to_ptx_with_results(&lowered, &options, 90, 32).expect("ptx");
+            ptxas::resources(&ptxas, step.name, &ptx).unwrap_or_else(|report| panic!("{report}"))
+        };
+        let capped = usage(options);
+        assert!(
+            capped.registers <= bound,
+            "{}: {capped:?} over {bound}",
+            step.name
+        );
+        let unrequested = usage(options.with_min_blocks_per_multiprocessor(None));
+        assert!(
+            unrequested.registers > bound,
+            "{}: {unrequested:?} already within {bound}",
+            step.name
+        );
+        requested.push((step.name, blocks));
+    }
+    assert_eq!(
+        requested,
+        [
+            ("stage", 8),
+            ("classify", 8),
+            ("phases", 4),
+            ("pieces", 8),
+            ("merge", 6),
+            ("long", 6),
+            ("count", 8),
+            ("compact", 8),
+        ]
+    );
 }

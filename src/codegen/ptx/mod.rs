@@ -18,7 +18,9 @@
 //!   `.target sm_{sm}`, `.address_size 64`.
 //! - Exactly one kernel, `.visible .entry vyre_entry` ([`ENTRY_NAME`]), declared with
 //!   `.reqntid x, y, z` from the program's workgroup size: it must be launched with
-//!   exactly that block shape.
+//!   exactly that block shape. With
+//!   [`CodegenOptions::min_blocks_per_multiprocessor`] set, `.minnctapersm n`
+//!   follows on the next line (see "Occupancy requests" below); never otherwise.
 //! - Kernel parameters: for each global buffer of [`Program::global_buffers`]
 //!   (ascending binding) a `.param .u64` device pointer, then, in the same order, one
 //!   `.param .u32` element count per global buffer. Every global buffer has its count
@@ -121,6 +123,35 @@
 //! a completed kernel's stores to mapped memory are visible to the host. The stamps therefore span from the earliest block
 //! start to the moment the last thread of the grid finished, and the copies read
 //! every thread's final stores.
+//!
+//! # Occupancy requests
+//!
+//! The result ABI's epilogue copies up to 16 windows with 16 unrolled vector loads
+//! in flight (0.4 µs against 1.06 µs serially for 16 windows, H200), which keeps 64
+//! registers live: ptxas 12.9 gives most result-ABI kernels 80 registers per thread
+//! whatever their bodies need, so at 256 threads an SM holds 3 blocks. The
+//! tokenizer's steps need 23–64 (their plain-ABI kernels), and on the H200 its split
+//! steps ran ~41 waves of ~22 µs per 16 MiB. A caller that knows its kernel's need
+//! states the occupancy with [`CodegenOptions::min_blocks_per_multiprocessor`]: the
+//! entry declares `.minnctapersm n` after `.reqntid` (the PTX ISA's place for
+//! performance-tuning directives, which needs `.reqntid` or `.maxntid` beside it),
+//! and ptxas keeps each thread within `65536 / (n × threads)` registers, spilling the
+//! rest. Measured with `ptxas -v` and `nvdisasm` (`sm_90`, the tokenizer's 256-thread
+//! steps): at 8 blocks (32 registers) `count` spills 468 bytes stored / 644 loaded,
+//! every spill instruction after the finishing atomic, so only the grid's last warp
+//! executes them; at 4 blocks (64 registers) 100 / 132. The cost elsewhere is the
+//! local frame (up to 296 bytes per thread) the driver reserves for every resident
+//! thread.
+//!
+//! Why `.minnctapersm` and not `.maxnreg`: `.maxnreg 32`, `40` and `64` gave exactly
+//! the registers and spill bytes of 8, 6 and 4 blocks of 256 threads on every
+//! tokenizer step, so a register cap adds no reach; the block count says what the
+//! caller wants (occupancy), can be checked against the target's resident blocks and
+//! threads ([`multiprocessor_limits`]; ptxas drops an unsatisfiable request with a
+//! warning only, so code generation refuses it with
+//! [`CodegenError::UnsatisfiableOccupancy`]), and needs no knowledge of the register
+//! file or its allocation unit. A lane module ignores the option: its bodies are
+//! device functions of one resident server whose block count the lane fixes.
 //!
 //! # Loops, atomics, local arrays
 //!
@@ -279,6 +310,20 @@ pub enum CodegenError {
         /// The subgroup size asked for.
         subgroup_size: u32,
     },
+    /// [`CodegenOptions::min_blocks_per_multiprocessor`] asks for an occupancy the
+    /// target cannot give: 0 blocks, more blocks than a multiprocessor holds, or
+    /// more threads ([`multiprocessor_limits`]). ptxas would drop such a request
+    /// with a warning only, so code generation refuses it.
+    UnsatisfiableOccupancy {
+        /// The program's display name (capped).
+        program: String,
+        /// The blocks asked for.
+        blocks: u32,
+        /// Threads per workgroup of the program.
+        threads_per_block: u32,
+        /// The compute capability generated for.
+        sm: u32,
+    },
     /// The writer met something the validator should have refused: a bug in
     /// vyre-cuda, never a property of the input.
     Internal {
@@ -328,6 +373,31 @@ impl fmt::Display for CodegenError {
                 f,
                 "Fix: pass subgroup_size 32 (the CUDA warp size); {subgroup_size} is not supported"
             ),
+            CodegenError::UnsatisfiableOccupancy {
+                program,
+                blocks,
+                threads_per_block,
+                sm,
+            } => {
+                let limits = multiprocessor_limits(*sm);
+                let most = limits.most_blocks(*threads_per_block);
+                if *blocks == 0 {
+                    write!(
+                        f,
+                        "Fix: set CodegenOptions::min_blocks_per_multiprocessor to None or to 1..={most} \
+                         for {program}; 0 blocks per multiprocessor asks for nothing"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "Fix: set CodegenOptions::min_blocks_per_multiprocessor to at most {most} for \
+                         {program}: an sm_{sm} multiprocessor holds {} blocks and {} threads, and \
+                         {blocks} blocks of {threads_per_block} threads do not fit (ptxas would \
+                         ignore the request)",
+                        limits.blocks, limits.threads
+                    )
+                }
+            }
             CodegenError::Internal { detail } => write!(
                 f,
                 "Fix: report this program to vyre-cuda as a bug (the validator accepted it \
@@ -423,6 +493,67 @@ pub fn program_to_ptx_with_results(
     subgroup_size: u32,
 ) -> Result<String, CodegenError> {
     validate_and_emit(program, options, sm, subgroup_size, true)
+}
+
+/// What one multiprocessor of a target holds at once, the bounds of
+/// [`CodegenOptions::min_blocks_per_multiprocessor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiprocessorLimits {
+    /// Resident blocks (workgroups).
+    pub blocks: u32,
+    /// Resident threads.
+    pub threads: u32,
+    /// 32-bit registers, shared by the resident threads.
+    pub registers: u32,
+}
+
+impl MultiprocessorLimits {
+    /// The most blocks of `threads_per_block` threads that fit at once (at least 1
+    /// for any block a target launches).
+    pub fn most_blocks(&self, threads_per_block: u32) -> u32 {
+        self.blocks
+            .min(self.threads / threads_per_block.max(1))
+            .max(1)
+    }
+
+    /// The most blocks of `threads_per_block` threads that fit at once when each
+    /// thread keeps `registers_per_thread` registers: what to ask
+    /// [`CodegenOptions::min_blocks_per_multiprocessor`] for so that ptxas leaves a
+    /// body needing that many registers alone (at least 1).
+    pub fn blocks_for_registers(&self, registers_per_thread: u32, threads_per_block: u32) -> u32 {
+        let per_block =
+            u64::from(registers_per_thread.max(1)) * u64::from(threads_per_block.max(1));
+        let fit = u64::from(self.registers) / per_block;
+        (fit.min(u64::from(self.most_blocks(threads_per_block))) as u32).max(1)
+    }
+
+    /// Whether `blocks` blocks of `threads_per_block` threads fit at once.
+    pub fn holds(&self, blocks: u32, threads_per_block: u32) -> bool {
+        (1..=self.blocks).contains(&blocks)
+            && u64::from(blocks) * u64::from(threads_per_block) <= u64::from(self.threads)
+    }
+}
+
+/// What one multiprocessor of compute capability `sm` holds (the CUDA
+/// programming guide's table of technical specifications): 32 blocks and 2048
+/// threads on 7.0, 8.0, 9.0 and 10.x; 16 and 1024 on 7.5; 16 and 1536 on 8.6 and
+/// 8.7; 24 and 1536 on 8.9; 32 and 1536 on 12.x; 65,536 registers on all. A
+/// target the table does not know gets 32 and 2048, the most any has: a request
+/// past its real limits then reaches ptxas, which drops it with a warning rather
+/// than fail.
+pub fn multiprocessor_limits(sm: u32) -> MultiprocessorLimits {
+    let (blocks, threads) = match sm {
+        75 => (16, 1024),
+        86 | 87 => (16, 1536),
+        89 => (24, 1536),
+        120..=129 => (32, 1536),
+        _ => (32, 2048),
+    };
+    MultiprocessorLimits {
+        blocks,
+        threads,
+        registers: 65_536,
+    }
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to

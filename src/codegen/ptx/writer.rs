@@ -343,6 +343,7 @@ impl<'p> Writer<'p> {
     /// whether it uses the grid-barrier symbol.
     pub(super) fn finish_kernel(mut self) -> Result<(String, bool)> {
         let program: &'p Program = self.program;
+        self.check_occupancy()?;
         self.prologue();
         if self.results {
             self.result_prologue();
@@ -355,6 +356,24 @@ impl<'p> Writer<'p> {
         }
         let uses_grid_sync = self.uses_grid_sync;
         Ok((self.assemble(), uses_grid_sync))
+    }
+
+    /// Refuses an occupancy request the target cannot hold
+    /// ([`CodegenError::UnsatisfiableOccupancy`]): ptxas would only warn and drop it.
+    fn check_occupancy(&self) -> Result<()> {
+        let Some(blocks) = self.options.min_blocks_per_multiprocessor else {
+            return Ok(());
+        };
+        let threads_per_block = self.program.workgroup_size().iter().product::<u32>();
+        if super::multiprocessor_limits(self.sm).holds(blocks, threads_per_block) {
+            return Ok(());
+        }
+        Err(CodegenError::UnsatisfiableOccupancy {
+            program: self.program.display_name(),
+            blocks,
+            threads_per_block,
+            sm: self.sm,
+        })
     }
 
     // ----- registers, labels, scopes -------------------------------------------------
@@ -837,7 +856,13 @@ impl<'p> Writer<'p> {
         if parameters > 0 {
             out.push('\n');
         }
-        let _ = writeln!(out, ")\n.reqntid {x}, {y}, {z}\n{{");
+        let _ = writeln!(out, ")\n.reqntid {x}, {y}, {z}");
+        if let Some(blocks) = self.options.min_blocks_per_multiprocessor {
+            // CodegenOptions::min_blocks_per_multiprocessor: ptxas caps registers so
+            // that many blocks of `.reqntid` threads fit (checked by `check_occupancy`).
+            let _ = writeln!(out, ".minnctapersm {blocks}");
+        }
+        out.push_str("{\n");
         self.declarations(&mut out);
         out.push_str(&self.body);
         out.push_str("}\n");

@@ -132,12 +132,15 @@
 //! a chunk merge or a repair is at most `C` merges of `O(C/16)` each, the
 //! serial path `O(L log L)`.
 
+use vyre_cuda::codegen::MultiprocessorLimits;
 use vyre_cuda::ir::{
     Access, AtomicOp, Axis, BlockBuilder, BufferCount, ElemType, Expr, Program, ProgramBuilder,
     ReduceOp, ScalarType, ScanKind,
 };
+use vyre_cuda::CodegenOptions;
 
 use super::vocabulary::{header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_RANKS_AT, TOKENS_AT};
+use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::Geometry as SplitGeometry;
@@ -206,6 +209,10 @@ pub struct Geometry {
     /// it: their loops are bounded by the geometry, and a look-back waits for
     /// other workgroups.
     pub max_loop_iterations: Option<u32>,
+    /// How many workgroups of each step an SM must hold at once, as registers
+    /// go ([`Occupancy::BodyRegisters`], the default: as many as each step's
+    /// body registers allow; see [`crate::occupancy`] for why and the figures).
+    pub occupancy: Occupancy,
     /// The split's workgroups ([`batch`](crate::pretokenize::batch): threads
     /// and bytes per thread; its `compact_workgroups` is not used).
     pub split: SplitGeometry,
@@ -221,6 +228,7 @@ impl Default for Geometry {
             repair_attempts: 16,
             compact_workgroups: 1024,
             max_loop_iterations: None,
+            occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
         }
     }
@@ -429,6 +437,9 @@ pub struct Step {
     pub bindings: &'static [Role],
     /// How many workgroups it runs.
     pub grid: Grid,
+    /// Registers per thread its body keeps without spilling inside a loop
+    /// (`ptxas -v` and `nvdisasm`, `sm_90`; see [`crate::occupancy`]).
+    pub body_registers: u32,
 }
 
 /// How many workgroups a step runs, for a text of `n` bytes.
@@ -514,26 +525,31 @@ pub const STEPS: [Step; 6] = [
             Role::DocumentEnds,
         ],
         grid: Grid::Stage,
+        body_registers: 32,
     },
     Step {
         name: "pieces",
         bindings: &BPE_BINDINGS,
         grid: Grid::PerByte,
+        body_registers: 32,
     },
     Step {
         name: "merge",
         bindings: &BPE_BINDINGS,
         grid: Grid::Merge,
+        body_registers: 40,
     },
     Step {
         name: "long",
         bindings: &BPE_BINDINGS,
         grid: Grid::PerChunk,
+        body_registers: 40,
     },
     Step {
         name: "count",
         bindings: &[Role::Params, Role::TokenAt, Role::BlockCounts],
         grid: Grid::PerBlock,
+        body_registers: 32,
     },
     Step {
         name: "compact",
@@ -546,6 +562,7 @@ pub const STEPS: [Step; 6] = [
             Role::DocumentTokenStarts,
         ],
         grid: Grid::Compaction,
+        body_registers: 32,
     },
 ];
 
@@ -572,9 +589,37 @@ pub struct KernelStep {
     /// Whether it is one of the split's steps (which never take
     /// [`Geometry::max_loop_iterations`]).
     pub split: bool,
+    /// Registers per thread its body keeps without spilling inside a loop
+    /// ([`crate::occupancy`]).
+    pub body_registers: u32,
 }
 
 impl KernelStep {
+    /// The code-generation options `step` is compiled with under `geometry` on
+    /// a device whose SMs hold `limits` (`None`: the reference interpreter):
+    /// [`Geometry::max_loop_iterations`] for the stage and BPE steps (the
+    /// split's loops are bounded by the geometry, and a look-back waits for other
+    /// workgroups), and [`Geometry::occupancy`]'s request for its body's
+    /// registers.
+    pub fn codegen(
+        &self,
+        geometry: &Geometry,
+        limits: Option<&MultiprocessorLimits>,
+    ) -> CodegenOptions {
+        let cap = if self.split {
+            None
+        } else {
+            geometry.max_loop_iterations
+        };
+        let threads = self.program.workgroup_size().iter().product();
+        geometry.occupancy.codegen(
+            CodegenOptions::new().with_max_loop_iterations(cap),
+            self.body_registers,
+            threads,
+            limits,
+        )
+    }
+
     /// The program's name (its entry op id: `bpe.<step>` or
     /// `pretokenize.batch.<pattern>...`), as errors and fault reports give it.
     pub fn program_name(&self) -> &str {
@@ -615,6 +660,7 @@ impl Programs {
             bindings: step.bindings.to_vec(),
             grid: step.grid,
             split: false,
+            body_registers: step.body_registers,
         };
         let mut steps = vec![bpe(&STEPS[0], stage(&geometry))];
         steps.extend(split.steps().iter().map(|step| {
@@ -628,6 +674,7 @@ impl Programs {
                     .collect(),
                 grid: Grid::Split,
                 split: true,
+                body_registers: step.body_registers,
             }
         }));
         let bpe_programs = [

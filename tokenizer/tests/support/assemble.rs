@@ -8,7 +8,7 @@
 #![allow(dead_code)]
 
 #[path = "../../../tests/support/ptxas.rs"]
-mod ptxas;
+pub mod ptxas;
 
 use vyre_cuda::codegen::program_to_ptx;
 use vyre_cuda::ir::{validate, validate_lowered, Limits, Program};

@@ -216,6 +216,9 @@ pub struct SplitStep {
     pub program: Program,
     /// One buffer per global buffer of the program, in binding order.
     pub bindings: &'static [SplitBuffer],
+    /// Registers per thread its body keeps without spilling inside a loop
+    /// (`ptxas -v` and `nvdisasm`, `sm_90`; see [`crate::occupancy`]).
+    pub body_registers: u32,
 }
 
 /// The split of one pattern on the device: its steps, in dispatch order.
@@ -280,17 +283,20 @@ impl SplitPrograms {
                 name: "split",
                 program: gpt2::program(geometry),
                 bindings: GPT2_BINDINGS,
+                body_registers: 32,
             }],
             Some(machine) => vec![
                 SplitStep {
                     name: "classify",
                     program: classify::program(pattern, geometry),
                     bindings: CLASSIFY_BINDINGS,
+                    body_registers: 32,
                 },
                 SplitStep {
                     name: "phases",
                     program: phases::program(machine, geometry),
                     bindings: PHASES_BINDINGS,
+                    body_registers: 64,
                 },
             ],
         };

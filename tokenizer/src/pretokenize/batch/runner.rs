@@ -20,9 +20,10 @@ use vyre_cuda::backend::{
     AnyBackend, AnyGraph, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch, Timings,
 };
 use vyre_cuda::graph::{InputSlot, OutputSlot, StepId};
-use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
+use vyre_cuda::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
 
 use super::{check_batch, kind_table_bytes, SplitBuffer, SplitPrograms};
+use crate::occupancy::Occupancy;
 use crate::pretokenize::PretokenizeError;
 
 /// Smallest capacity (text bytes) the splitter allocates for.
@@ -86,8 +87,19 @@ impl BatchSplitter {
     /// Compiles the steps on `backend` and uploads the kind table.
     pub fn new(backend: &AnyBackend, programs: SplitPrograms) -> Result<Self, PretokenizeError> {
         let mut kernels = Vec::new();
+        let limits = crate::occupancy::multiprocessor_limits(backend);
         for step in programs.steps() {
-            kernels.push(backend.compile(&step.program, &DispatchConfig::linear(1))?);
+            // Each step keeps its body's registers at the most resident blocks
+            // (`crate::occupancy`).
+            let threads = step.program.workgroup_size().iter().product();
+            let codegen = Occupancy::BodyRegisters.codegen(
+                CodegenOptions::new(),
+                step.body_registers,
+                threads,
+                limits.as_ref(),
+            );
+            let config = DispatchConfig::linear(1).with_codegen(codegen);
+            kernels.push(backend.compile(&step.program, &config)?);
         }
         let table = kind_table_bytes()?;
         let kind_table = backend.buffer(table.len() as u64)?;
