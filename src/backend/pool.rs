@@ -74,7 +74,7 @@ pub(in crate::backend) struct LanePool {
 impl LanePool {
     pub(in crate::backend) fn new() -> Self {
         LanePool {
-            idle: Mutex::new(Vec::with_capacity(16)),
+            idle: Mutex::new(Vec::with_capacity(super::MAX_PENDING)),
             created: AtomicU64::new(0),
         }
     }

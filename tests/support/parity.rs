@@ -211,10 +211,10 @@ fn limit_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
             ),
         ));
     }
-    // 20 submissions: MAX_PENDING are accepted, the next is refused.
+    // MAX_PENDING + 4 submissions: MAX_PENDING are accepted, the next are refused.
     let mut pending = Vec::new();
     let mut refusal = None;
-    for _ in 0..20 {
+    for _ in 0..MAX_PENDING + 4 {
         match backend.submit(Dispatch::new(&kernel, &good)) {
             Ok(submitted) => pending.push(submitted),
             Err(error) => {
@@ -223,7 +223,7 @@ fn limit_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
         }
     }
     seen.push((
-        "submit: pending submissions accepted of 20",
+        "submit: pending submissions accepted of MAX_PENDING + 4",
         Outcome::Ran(vec![vec![pending.len() as u8]]),
     ));
     assert_eq!(pending.len(), MAX_PENDING);

@@ -11,6 +11,13 @@
 //!   1,024-byte document as a graph and eager, through the short-text kernel
 //!   and with every step its own dispatch (where each one's time goes), with
 //!   tiktoken-rs's time beside;
+//! - the host's copies alone at the batch's sizes, the floor the pipeline
+//!   overlaps with the kernels: the 64 MiB gather from the caller's strings
+//!   into host-mapped pinned memory, and the ids' hand-out from host-mapped
+//!   memory into reused and into new vectors, each on the copy pool the
+//!   pipeline uses and on threads spawned per copy (what the pipeline did
+//!   before the pool), beside `encode_batch_into` with reused vectors (the
+//!   headline's `encode_batch` allocates new ones);
 //! - device memory per input byte;
 //! - the 64 MiB batch again at other workgroup shapes (the split's threads and
 //!   bytes per thread, the BPE steps' threads), each step's kernel time in the
@@ -28,12 +35,14 @@
 #[path = "../tests/support/peers.rs"]
 mod peers;
 
+use std::time::Instant;
+
 use peers::{median_seconds as median, Peer};
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{host_copy, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -221,12 +230,18 @@ fn main() {
     let mut timings = Vec::new();
     let mut results = vec![Vec::new(); texts.len()];
     let byte_refs: Vec<&[u8]> = refs.iter().map(|text| text.as_bytes()).collect();
-    let (_, chunk_timings) = median(rounds, || {
+    let (reused, chunk_timings) = median(rounds, || {
         encoder
             .encode_batch_into(&byte_refs, &mut results)
             .expect("device batch")
     });
+    println!(
+        "  encode_batch_into, reused result vectors: {:.2} ms, {:.2} GB/s",
+        reused * 1e3,
+        gb_per_s(bytes, reused)
+    );
     timings.extend(chunk_timings);
+    host_copies(&gpu, &byte_refs, &expected, rounds);
     for (index, chunk) in timings.iter().enumerate() {
         println!(
             "    chunk {index}: wall {:.2} ms, host staging and submitting {:.2} ms, handing out ids {:.2} ms, kernels {:.2} ms ({})",
@@ -432,4 +447,170 @@ fn unrequested(geometry: Geometry) -> Geometry {
         occupancy: Occupancy::Unrequested,
         ..geometry
     }
+}
+
+/// Median of `rounds` runs of `run` on what `setup` makes, timing `run` alone
+/// (what it returns is dropped after the clock stops).
+fn median_after<S, T>(
+    rounds: usize,
+    mut setup: impl FnMut() -> S,
+    mut run: impl FnMut(&mut S) -> T,
+) -> f64 {
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let mut state = setup();
+        let start = Instant::now();
+        let kept = run(&mut state);
+        times.push(start.elapsed().as_secs_f64());
+        drop((kept, state));
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// The host's copies alone at the batch's sizes, on the copy pool and on
+/// threads spawned per copy: the gather of `texts` from ordinary memory into
+/// host-mapped pinned memory, and the hand-out of their ids (`expected`) from
+/// host-mapped memory into reused and into new vectors.
+fn host_copies(gpu: &CudaBackend, texts: &[&[u8]], expected: &[Vec<u32>], rounds: usize) {
+    let bytes: usize = texts.iter().map(|text| text.len()).sum();
+    let ids: Vec<u32> = expected.concat();
+    let mut starts = vec![0u32];
+    for document in expected {
+        starts.push(starts[starts.len() - 1] + document.len() as u32);
+    }
+    let (Ok(mut staged), Ok(mut mapped_ids)) = (
+        gpu.host_mapped_buffer(bytes as u64),
+        gpu.host_mapped_buffer(ids.len() as u64 * 4),
+    ) else {
+        println!("  host copies: no host-mapped memory on this device; not measured");
+        return;
+    };
+    let staged = staged.mapped_bytes_mut().expect("mapped text");
+    let mapped = mapped_ids.mapped_bytes_mut().expect("mapped ids");
+    for (word, id) in mapped.chunks_exact_mut(4).zip(&ids) {
+        word.copy_from_slice(&id.to_le_bytes());
+    }
+    let mapped: &[u32] = bytemuck::cast_slice(&*mapped);
+    let gather_pool = median_after(
+        rounds,
+        || (),
+        |_| host_copy::gather(staged, texts).expect("gather"),
+    );
+    assert_eq!(&staged[..texts[0].len()], texts[0]);
+    let gather_spawned = median_after(rounds, || (), |_| spawned_gather(staged, texts));
+    let fresh = || vec![Vec::new(); expected.len()];
+    let mut reused_results = fresh();
+    let into_reused = |results: &mut Vec<Vec<u32>>| {
+        host_copy::hand_out(mapped, &starts, results).expect("hand-out")
+    };
+    let reused_pool = median_after(rounds, || (), |_| into_reused(&mut reused_results));
+    assert!(reused_results == expected, "the pool's hand-out differs");
+    let reused_spawned = median_after(
+        rounds,
+        || (),
+        |_| spawned_hand_out(mapped, &starts, &mut reused_results),
+    );
+    assert!(reused_results == expected, "the spawned hand-out differs");
+    let new_pool = median_after(rounds, fresh, into_reused);
+    let new_spawned = median_after(rounds, fresh, |results| {
+        spawned_hand_out(mapped, &starts, results)
+    });
+    let id_bytes = ids.len() * 4;
+    let line = |what: &str, moved: usize, pool: f64, spawned: f64| {
+        println!(
+            "    {what}: pool {:.2} ms ({:.1} GB/s), threads spawned per copy {:.2} ms ({:.1} GB/s)",
+            pool * 1e3,
+            gb_per_s(moved, pool),
+            spawned * 1e3,
+            gb_per_s(moved, spawned)
+        );
+    };
+    println!(
+        "  host copies alone ({} pool threads; the pipeline overlaps them with the kernels):",
+        host_copy::copy_threads()
+    );
+    line(
+        "gather of the text, ordinary → host-mapped pinned",
+        bytes,
+        gather_pool,
+        gather_spawned,
+    );
+    line(
+        "hand-out of the ids, host-mapped → reused vectors",
+        id_bytes,
+        reused_pool,
+        reused_spawned,
+    );
+    line(
+        "hand-out of the ids, host-mapped → new vectors",
+        id_bytes,
+        new_pool,
+        new_spawned,
+    );
+    println!(
+        "    host floor of the batch (gather + hand-out into reused vectors, on the pool, not overlapped): {:.2} ms, {:.2} GB/s of text",
+        (gather_pool + reused_pool) * 1e3,
+        gb_per_s(bytes, gather_pool + reused_pool)
+    );
+}
+
+/// Threads of the spawned-per-copy baseline: what the pipeline used before
+/// the pool (all of the host's threads, at least 256 KiB each).
+fn spawned_threads(bytes: usize) -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |threads| threads.get())
+        .min(bytes / (256 << 10))
+        .max(1)
+}
+
+/// The baseline gather: consecutive runs of whole texts of about equal bytes,
+/// one thread spawned per run for this copy.
+fn spawned_gather(out: &mut [u8], texts: &[&[u8]]) {
+    let share = out.len().div_ceil(spawned_threads(out.len()));
+    std::thread::scope(|scope| {
+        let mut rest = out;
+        let mut first = 0;
+        while first < texts.len() {
+            let mut last = first;
+            let mut run_bytes = 0;
+            while last < texts.len() && (run_bytes < share || last == first) {
+                run_bytes += texts[last].len();
+                last += 1;
+            }
+            let run = &texts[first..last];
+            let (mine, after) = std::mem::take(&mut rest).split_at_mut(run_bytes);
+            rest = after;
+            scope.spawn(move || {
+                let mut at = 0;
+                for text in run {
+                    mine[at..at + text.len()].copy_from_slice(text);
+                    at += text.len();
+                }
+            });
+            first = last;
+        }
+    });
+}
+
+/// The baseline hand-out: equal numbers of documents per thread, one thread
+/// spawned per share for this copy.
+fn spawned_hand_out(ids: &[u32], starts: &[u32], results: &mut [Vec<u32>]) {
+    let per = results
+        .len()
+        .div_ceil(spawned_threads(ids.len() * 4))
+        .max(1);
+    std::thread::scope(|scope| {
+        for (index, part) in results.chunks_mut(per).enumerate() {
+            scope.spawn(move || {
+                for (offset, result) in part.iter_mut().enumerate() {
+                    let document = index * per + offset;
+                    result.clear();
+                    result.extend_from_slice(
+                        &ids[starts[document] as usize..starts[document + 1] as usize],
+                    );
+                }
+            });
+        }
+    });
 }

@@ -20,6 +20,7 @@ use device_batches::{
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
+use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
 use vyre_tokenizer::device::programs::{param, Programs, Role, MERGE_SLAB_BYTES};
 use vyre_tokenizer::device::vocabulary::NO_TOKEN;
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
@@ -396,12 +397,134 @@ fn empty_batches_and_100000_empty_documents() {
     }
 }
 
+/// An encoder (p50k, default geometry, no short-text kernel) whose chunks hold
+/// at most `text_bytes` bytes and `documents` documents.
+fn chunked_encoder(tokenizer: &Tokenizer, text_bytes: u64, documents: u64) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        tokenizer,
+        Geometry::default(),
+        ChunkLimits {
+            text_bytes,
+            documents,
+            short_text_bytes: 0,
+        },
+    )
+    .unwrap()
+}
+
+/// Locks out an overlapped pipeline that hands a chunk's ids to the wrong
+/// documents, loses a chunk whose hand-out runs on the copy pool, or lets a
+/// document cross a chunk boundary: batches of 1, 2 and 1,000 short documents
+/// (every fourth empty, four runs longer than a chunk) through chunks of at
+/// most 1,024 bytes and 64 documents (about twenty chunks, `CHUNKS_IN_FLIGHT`
+/// on the device at once, a document larger than a chunk alone in its own),
+/// into reused result vectors holding other ids (more and fewer than they get)
+/// and into new ones, equal the CPU encoder document by document, with one
+/// timing per chunk (a chunk's wall covers its own hand-out).
+#[test]
+fn many_chunks_in_flight_hand_out_every_document_in_order() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::P50kBase).unwrap();
+    let (chunk_bytes, chunk_documents) = (1024, 64);
+    let encoder = chunked_encoder(&tokenizer, chunk_bytes as u64, chunk_documents as u64);
+    let mut random = SplitMix64::new(0xF11E);
+    for count in [1, 2, 1000] {
+        let batch: Vec<Vec<u8>> = (0..count)
+            .map(|index| match index % 4 {
+                0 => Vec::new(),
+                1 if index % 250 == 1 => "y".repeat(1500).into_bytes(),
+                1 => "x".repeat(random.below(100) as usize).into_bytes(),
+                _ => split_corpus::random_string(&mut random, 3).into_bytes(),
+            })
+            .collect();
+        let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        let expected: Vec<Vec<u32>> = refs
+            .iter()
+            .map(|text| tokenizer.encode_ordinary_bytes(text))
+            .collect();
+        // Reused vectors: some with more room than their ids need, some with less.
+        let mut results: Vec<Vec<u32>> = (0..count)
+            .map(|index| vec![u32::MAX; if index % 2 == 0 { 200 } else { 1 }])
+            .collect();
+        let timings = encoder.encode_batch_into(&refs, &mut results).unwrap();
+        assert!(results == expected, "{count} documents into reused vectors");
+        if count < 3 {
+            assert_eq!(encoder.encode_batch_bytes(&refs).unwrap(), expected);
+        }
+        // The chunks the limits cut: a document over a chunk's bytes alone in one.
+        let mut chunks = 0;
+        let (mut bytes, mut documents) = (0, 0);
+        for text in &refs {
+            if documents > 0 && (bytes + text.len() > chunk_bytes || documents == chunk_documents) {
+                chunks += 1;
+                (bytes, documents) = (0, 0);
+            }
+            bytes += text.len();
+            documents += 1;
+        }
+        assert_eq!(
+            timings.len(),
+            chunks + 1,
+            "{count} documents: one timing per chunk"
+        );
+        assert!(
+            count < 1000 || chunks > 2 * CHUNKS_IN_FLIGHT,
+            "{chunks} chunks"
+        );
+        for chunk in &timings {
+            assert!(chunk.wall_ns >= chunk.scatter_ns, "{chunk:?}");
+        }
+    }
+}
+
+/// Locks out a shared copy pool or admission that mixes up concurrent encodes
+/// or deadlocks them: four threads share one `Tokenizer` on the reference
+/// device (one encoder, one admission, one copy pool) and three threads share
+/// one encoder of 1 KiB chunks (each batch about a dozen chunks,
+/// `CHUNKS_IN_FLIGHT` on the device at once among them all, so threads wait
+/// for room while others hand out); every thread's every document equals the
+/// CPU encoder.
+#[test]
+fn threaded_encodes_sharing_a_tokenizer_and_an_encoder_equal_cpu() {
+    let cpu = Tokenizer::for_encoding(Encoding::P50kBase).unwrap();
+    let device = cpu.clone().with_device(AnyBackend::reference()).unwrap();
+    let chunked = chunked_encoder(&cpu, 1024, 64);
+    let mut random = SplitMix64::new(0x7A8D);
+    let batches: Vec<Vec<Vec<u8>>> = (0..7)
+        .map(|_| batch_with_empty_documents(&mut random, 90))
+        .collect();
+    std::thread::scope(|scope| {
+        for (index, batch) in batches.iter().enumerate() {
+            let (device, cpu, chunked) = (&device, &cpu, &chunked);
+            scope.spawn(move || {
+                if index < 4 {
+                    let strings: Vec<String> = batch
+                        .iter()
+                        .map(|text| String::from_utf8_lossy(text).into_owned())
+                        .collect();
+                    let refs: Vec<&str> = strings.iter().map(String::as_str).collect();
+                    // Through the tokenizer's own encoder: `encode_batch` would
+                    // fall back to the CPU on a device error.
+                    let encoder = device.device_encoder().expect("on the device");
+                    assert_eq!(
+                        encoder.encode_batch(&refs).unwrap(),
+                        cpu.encode_batch(&refs),
+                        "thread {index}"
+                    );
+                } else {
+                    check_batch(chunked, cpu, batch, &format!("thread {index}"));
+                }
+            });
+        }
+    });
+}
+
 /// Locks out a submitted or recorded encode that differs from the eager one:
-/// two submissions in flight waited in reverse order, and a graph recorded for
-/// one length replayed with three texts of that length, equal the CPU
-/// encoder; (negative controls) a third submission on the same thread (more
-/// than the backend's pending limit allows) and a graph text of another length
-/// are `Fix:` errors, not a deadlock or a wrong result.
+/// `CHUNKS_IN_FLIGHT` submissions in flight waited in reverse order, and a
+/// graph recorded for one length replayed with three texts of that length,
+/// equal the CPU encoder; (negative controls) one more submission on the same
+/// thread (more than the backend's pending limit allows) and a graph text of
+/// another length are `Fix:` errors, not a deadlock or a wrong result.
 #[test]
 fn submitted_and_graph_encodes_equal_cpu() {
     let tokenizer = Tokenizer::for_encoding(Encoding::O200kBase).unwrap();
@@ -409,11 +532,13 @@ fn submitted_and_graph_encodes_equal_cpu() {
     let first = ["Hello there, General Kenobi!", "", "日本語のテキスト"];
     let second = ["The quick brown fox", "jumps over the lazy dog 12345"];
     let pending_first = encoder.submit(&first).unwrap();
-    let pending_second = encoder.submit(&second).unwrap();
-    let third = encoder.submit(&second).unwrap_err();
+    let more: Vec<_> = (1..CHUNKS_IN_FLIGHT)
+        .map(|_| encoder.submit(&second).unwrap())
+        .collect();
+    let one_more = encoder.submit(&second).unwrap_err();
     assert!(
-        third.message().starts_with("Fix:") && third.message().contains("wait for one"),
-        "{third}"
+        one_more.message().starts_with("Fix:") && one_more.message().contains("wait for one"),
+        "{one_more}"
     );
     let cpu = |texts: &[&str]| -> Vec<Vec<u32>> {
         texts
@@ -421,7 +546,9 @@ fn submitted_and_graph_encodes_equal_cpu() {
             .map(|text| tokenizer.encode_ordinary(text))
             .collect()
     };
-    assert_eq!(pending_second.wait().unwrap(), cpu(&second));
+    for pending_second in more.into_iter().rev() {
+        assert_eq!(pending_second.wait().unwrap(), cpu(&second));
+    }
     assert_eq!(pending_first.wait().unwrap(), cpu(&first));
     let texts = [
         "tokenize me, please!",

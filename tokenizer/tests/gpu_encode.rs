@@ -258,7 +258,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
 /// Locks out chunking, slot reuse and pipelining that lose, reorder or mix
 /// documents: batches of 1 to 1,000 documents (every fourth empty) through the
 /// default encoder and through one whose chunks hold at most 64 KiB and 100
-/// documents (many chunks, two in flight), and a batch of 100,000 empty
+/// documents (many chunks, four in flight), and a batch of 100,000 empty
 /// documents with three short ones, equal the CPU encoder.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -361,7 +361,7 @@ fn gpu_auto_runs_long_texts_on_the_device() {
 /// Locks out a batch larger than one chunk being refused: 200 MiB of
 /// documents of 1 to 16 KiB (cl100k, the three shapes; 40 MiB under
 /// compute-sanitizer) through the default encoder (chunks of at most 16 MiB,
-/// two in flight) equal the CPU encoder's batch.
+/// four in flight) equal the CPU encoder's batch.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {

@@ -27,8 +27,14 @@ use super::super::reference_backend::ReferenceInner;
 use super::super::{BackendError, BackendInner, CudaBackend, Dispatch, Finished, Kernel, Outputs};
 use super::{foreign_kernel, Bookkeeping, InFlight, Sink, Submitted};
 
-/// Most submissions pending at once on one backend (each holds a lane on CUDA).
-pub const MAX_PENDING: usize = 16;
+/// Most submissions pending at once on one backend (each holds a lane on CUDA:
+/// a stream, five events and 64 KiB of pinned staging until an upload needs
+/// more). 32: a chain of dependent steps holds one pending submission per step
+/// (each wait hands over that step's timings), so the tokenizer's chunks of
+/// eight steps fit four on a backend at once, enough that the device always
+/// has the next chunk queued while the host stages one and hands out another;
+/// 32 idle lanes cost about 2 MiB of pinned memory.
+pub const MAX_PENDING: usize = 32;
 
 /// A dispatch submitted by a backend's `submit` and not yet waited for. `Send`: it
 /// may be waited for on another thread.

@@ -70,11 +70,12 @@
 //!   short text pays for in launches and the waits between them.
 //! - **Any length, any batch**: buffers grow by powers of two and are reused;
 //!   a batch is cut into chunks of whole documents (16 MiB by default, at most
-//!   the split's 256 MiB), two on the device at once, so one is staged while
-//!   the other computes; a batch of 2 GiB is 128 chunks, never an error.
-//!   On CUDA the chunk is gathered by all host threads straight into
-//!   host-mapped pinned memory and the ids come back the same way (no DMA
-//!   copy of a size the host must learn first).
+//!   the split's 256 MiB), up to four on the device at once, the next one
+//!   staged while they compute and earlier ones' ids handed out meanwhile; a
+//!   batch of 2 GiB is 128 chunks, never an error. On CUDA the chunk is
+//!   gathered on the [copy pool](host_copy) (persistent workers, one per core)
+//!   straight into host-mapped pinned memory and the ids come back the same
+//!   way (no DMA copy of a size the host must learn first).
 //!
 //! # What it costs the device, per input byte
 //!
@@ -113,6 +114,7 @@
 //! `Tokenizer` runs every encode of [`Backend::Gpu`](crate::Backend::Gpu)
 //! (and of [`Backend::Auto`](crate::Backend::Auto) for 64 KiB and more) here.
 
+pub mod host_copy;
 pub mod pipeline;
 pub mod programs;
 pub mod short;
