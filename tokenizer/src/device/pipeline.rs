@@ -53,7 +53,7 @@ use vyre_cuda::backend::{
     Timings, MAX_PENDING,
 };
 use vyre_cuda::graph::InputSlot;
-use vyre_cuda::{CodegenOptions, DispatchConfig, ReadbackPolicy};
+use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::host_copy;
 use super::programs::{blocks, param, Geometry, Programs, Role, MAX_KERNEL_STEPS};
@@ -525,14 +525,11 @@ impl DeviceEncoder {
         }
         let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
         let mut kernels = Vec::with_capacity(programs.steps().len());
+        // What the device's multiprocessors hold (none on the reference), for each
+        // step's occupancy request (`Geometry::occupancy`).
+        let multiprocessor = crate::occupancy::multiprocessor_limits(&backend);
         for step in programs.steps() {
-            // The loop cap is for the stage and BPE steps alone (see Geometry).
-            let cap = if step.split {
-                None
-            } else {
-                geometry.max_loop_iterations
-            };
-            let codegen = CodegenOptions::new().with_max_loop_iterations(cap);
+            let codegen = step.codegen(&geometry, multiprocessor.as_ref());
             let kernel = backend
                 .compile(
                     &step.program,
