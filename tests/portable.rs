@@ -269,8 +269,11 @@ fn hash_table_example_counts_every_key_on_the_reference() {
 /// gives — invalid programs refused at `compile`, a grid of 70,000 on y and an axis
 /// of 0 refused by the launch plan, the 17th of 20 pending submissions refused,
 /// `buffer(u64::MAX)` and `buffer(1 << 40)` over the budget (no panic, no abort), a
-/// buffer bound as input and write-only output refused, every malformed request
-/// refused with a `Fix:` message — and the good requests run with the right bytes.
+/// buffer bound as input and write-only output refused, a program that passes the
+/// workgroup-memory limit only with its lowering's scratch refused at `compile` (the
+/// reference ran it while the driver would refuse the kernel), every malformed
+/// request refused with a `Fix:` message — and the good requests run with the right
+/// bytes.
 #[test]
 fn reference_answers_every_parity_case_as_cuda_does() {
     use support::parity::{cases, Outcome};
@@ -306,6 +309,10 @@ fn reference_answers_every_parity_case_as_cuda_does() {
             "compile: workgroup memory 16 bytes past the opt-in limit",
             "InvalidProgram",
         ),
+        (
+            "compile: a reduction whose lowering passes the opt-in limit",
+            "InvalidProgram",
+        ),
     ];
     for (name, kind) in expected_refusals {
         let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
@@ -331,6 +338,16 @@ fn reference_answers_every_parity_case_as_cuda_does() {
     assert!(
         past.contains("232464 bytes of shared memory, over the device limit of 232448 bytes"),
         "{past}"
+    );
+    let lowered = seen
+        .iter()
+        .find(|(case, _)| *case == "compile: a reduction whose lowering passes the opt-in limit")
+        .and_then(|(_, outcome)| outcome.refused())
+        .expect("refused")
+        .1;
+    assert!(
+        lowered.contains("232476 bytes of shared memory, over the device limit of 232448 bytes"),
+        "{lowered}"
     );
     let plus_one: Vec<u32> = (1..=64).collect();
     assert_eq!(ran("run: buffers"), vec![bytes(&plus_one)]);

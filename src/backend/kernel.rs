@@ -309,6 +309,7 @@ impl BackendInner {
             } else if let Some(&first) = first_of_key.get(&module_key) {
                 repeats.push((index, first));
             } else {
+                check_lowered(program, &lowered, &self.limits).map_err(|e| in_batch(index, e))?;
                 super::readback::check_result_abi_fits(&program.display_name(), &lowered)
                     .map_err(|message| in_batch(index, BackendError::bad_input(message)))?;
                 first_of_key.insert(module_key, index);
@@ -455,6 +456,7 @@ impl BackendInner {
             }
             None => {
                 probe::note_ptx_cache(false);
+                check_lowered(program, &lowered, &self.limits)?;
                 super::readback::check_result_abi_fits(&program.display_name(), &lowered)
                     .map_err(BackendError::bad_input)?;
                 let text = codegen::program_to_ptx_with_results(
@@ -645,6 +647,25 @@ fn invalid(program: &Program, e: &ir::ValidationError) -> BackendError {
         program: program.display_name(),
         error: e.clone(),
     }
+}
+
+/// The validator's verdict on `lowered`, the lowering of the validated `program`,
+/// against `limits`: lowering adds workgroup buffers (a reduction's scratch) that the
+/// program's own check did not count, and a program just under the workgroup-memory
+/// limit can pass it with them (the driver would refuse the kernel, the reference run
+/// it). Both backends refuse it at `compile` with this error. Nothing to check when
+/// lowering changed nothing.
+pub(in crate::backend) fn check_lowered(
+    program: &Program,
+    lowered: &Program,
+    limits: &ir::Limits,
+) -> Result<(), BackendError> {
+    if Program::ptr_eq(program, lowered) {
+        return Ok(());
+    }
+    ir::validate_lowered(lowered, limits)
+        .map(|_| ())
+        .map_err(|e| invalid(program, &e))
 }
 
 #[cfg(test)]

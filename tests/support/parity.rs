@@ -429,6 +429,40 @@ fn shared_memory_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outco
             |_| vec![],
         ),
     ));
+    seen.push((
+        "compile: a reduction whose lowering passes the opt-in limit",
+        observe(
+            backend.compile(&reduction_past_the_limit_once_lowered(), &config),
+            |_| vec![],
+        ),
+    ));
+}
+
+/// A program 4 bytes under an H200's opt-in limit of 232,448 bytes of workgroup
+/// memory, with a workgroup reduction whose lowering adds its scratch buffers (a
+/// word per subgroup): the program passes the limit only once lowered.
+pub fn reduction_past_the_limit_once_lowered() -> Program {
+    Program::builder([256, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "pool",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(232_448 / 4 - 1),
+        )
+        .body(|b| {
+            let total = b.workgroup_reduce("total", ReduceOp::Sum, Expr::local_id(Axis::X));
+            b.store("pool", 0u32, total);
+            b.store("out", 0u32, Expr::load("pool", 0u32));
+        })
+        .build()
 }
 
 /// A program whose one workgroup buffer is 16 bytes past an H200's opt-in limit of

@@ -47,6 +47,7 @@ use smallvec::SmallVec;
 use crate::config::{CodegenOptions, DispatchConfig, ReadbackPolicy};
 use crate::ir::validate::MAX_SCALARS;
 use crate::ir::{self, Literal, Program, ValidProgram};
+use crate::lower;
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
@@ -256,6 +257,8 @@ impl ReferenceBackend {
                 error,
             }
         })?;
+        let lowered = lower::lower_workgroup_reductions(program, &self.inner.caps.lowering_caps());
+        super::kernel::check_lowered(program, &lowered, &self.inner.options.limits)?;
         super::readback::check_result_abi_fits(&name, program).map_err(BackendError::bad_input)?;
         let (slots, outputs) = binding_slots(program);
         let workgroup_size = program.workgroup_size();
