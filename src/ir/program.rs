@@ -246,6 +246,14 @@ impl BufferDecl {
             BufferCount::Runtime => None,
         }
     }
+
+    /// Bytes a workgroup buffer takes in workgroup memory: its static size rounded up
+    /// to a whole 4-byte word (at least one word). The validator sums these against
+    /// [`Limits::max_shared_memory_bytes`](crate::ir::Limits), and code generation lays
+    /// buffers out by them, so the two agree byte for byte.
+    pub fn padded_size_bytes(&self) -> u64 {
+        self.static_size_bytes().unwrap_or(0).div_ceil(4).max(1) * 4
+    }
 }
 
 /// One scalar parameter a program declares: a named value of one type that every

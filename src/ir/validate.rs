@@ -765,9 +765,9 @@ impl<'p> Checker<'p> {
                         }
                     };
                     if decl.access == Access::Workgroup {
-                        // What the buffer takes in workgroup memory: its size in
-                        // whole 4-byte words, as code generation lays it out.
-                        shared_bytes = shared_bytes.saturating_add(bytes.div_ceil(4).max(1) * 4);
+                        // What the buffer takes in workgroup memory, as code
+                        // generation lays it out (`bytes` is its checked size).
+                        shared_bytes = shared_bytes.saturating_add(decl.padded_size_bytes());
                         if shared_bytes > self.limits.max_shared_memory_bytes as u64 {
                             return Err(ValidationError::new(Rule::SharedMemoryOverLimit, {
                                 let name = shown(name);

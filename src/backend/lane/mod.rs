@@ -1155,9 +1155,10 @@ impl LaneShared {
 
     /// Whether request `ticket` has completed.
     fn served(&self, ticket: u64) -> Result<bool, BackendError> {
-        let target = ticket.wrapping_add(1) as u32;
-        let completed = self.resources()?.memory.completed();
-        Ok(completed.wrapping_sub(target) as i32 >= 0)
+        Ok(completion_covers(
+            self.resources()?.memory.completed(),
+            ticket,
+        ))
     }
 
     /// Spin (or yield, or sleep) until request `ticket` completes (the completion
@@ -1168,9 +1169,8 @@ impl LaneShared {
             return Ok(0);
         }
         let memory = &self.resources()?.memory;
-        let target = ticket.wrapping_add(1) as u32;
         self.wait_until(ticket, None, || {
-            memory.completed().wrapping_sub(target) as i32 >= 0
+            completion_covers(memory.completed(), ticket)
         })
     }
 
@@ -1299,12 +1299,11 @@ impl LaneShared {
         let flag = area_flag(ticket);
         let read = |word: usize| memory.area_word(slot, word);
         let mut arrival = Arrival::default();
-        let waited = if arrival.advance(request_words(&request.deliveries), read, flag) {
+        let mut arrived = || arrival.advance(request_words(&request.deliveries), read, flag);
+        let waited = if arrived() {
             Ok(0)
         } else {
-            self.wait_until(ticket, Some(request.kernel), || {
-                arrival.advance(request_words(&request.deliveries), read, flag)
-            })
+            self.wait_until(ticket, Some(request.kernel), arrived)
         };
         let wait_ns = match waited {
             Ok(ns) => ns,
@@ -1461,6 +1460,12 @@ impl Drop for LaneShared {
     fn drop(&mut self) {
         let _ = self.shut_down();
     }
+}
+
+/// Whether a completion word holding `completed` (the last ticket served, plus one,
+/// in 32 bits) covers request `ticket`.
+fn completion_covers(completed: u32, ticket: u64) -> bool {
+    completed.wrapping_sub(ticket.wrapping_add(1) as u32) as i32 >= 0
 }
 
 /// Why a wait ended before its condition held.

@@ -355,7 +355,7 @@ pub fn lane_device_bytes(slots: usize) -> usize {
 /// offset (aligned for its elements) and the pool's new end. Workgroup buffers have a
 /// validated static count whose padded size fits a `u32`.
 pub(super) fn pool_place(end: u32, decl: &BufferDecl) -> (u32, u32) {
-    let padded = u32::try_from(super::workgroup_memory::padded_bytes(decl)).unwrap_or(!3);
+    let padded = u32::try_from(decl.padded_size_bytes()).unwrap_or(!3);
     let align = decl.elem.size_bytes().max(4);
     let offset = end.div_ceil(align).saturating_mul(align);
     (offset, offset.saturating_add(padded))
@@ -1175,7 +1175,7 @@ impl Server {
                 this.line(format_args!("setp.eq.u32 %zero, %source, {PROLOGUE_ZERO};"));
                 this.line(format_args!("cvt.u64.u32 %offset, %source;"));
                 this.line(format_args!("add.s64 %source_address, %inputs, %offset;"));
-                this.copy("%global", "%everyone", "relaxed.sys", Some("%zero"), next);
+                this.prologue_copy(next);
             },
         );
         let run = self.label("run");
@@ -1185,21 +1185,20 @@ impl Server {
         self.place(&run);
     }
 
-    /// Copy `%bytes` bytes from `%source_address` to `%destination` (zeroes when
-    /// `zero` is set), units `first, first + stride, ...` of this thread, eight in
-    /// flight: 16-byte units when both ends are 16-byte aligned, 4-byte units when
-    /// 4-byte aligned, bytes otherwise, then the tail in bytes. Falls through to
-    /// `after`'s predecessor (the caller places `after`).
-    fn copy(&mut self, first: &str, stride: &str, load: &str, zero: Option<&str>, after: &str) {
+    /// One prologue entry: copy `%bytes` bytes from `%source_address` (host staging or
+    /// device memory, read `ld.relaxed.sys`) to `%destination`, or zeroes when `%zero`
+    /// is set, units `%global, %global + %everyone, ...` of this thread (every thread
+    /// of the lane), eight in flight: 16-byte units when both ends are 16-byte
+    /// aligned, 4-byte units when 4-byte aligned, bytes otherwise, then the tail in
+    /// bytes. Falls through to `after`'s predecessor (the caller places `after`).
+    fn prologue_copy(&mut self, after: &str) {
         let words = self.label("copy_words");
         let bytes = self.label("copy_bytes");
         let tail = self.label("copy_tail");
         self.line(format_args!("cvt.u32.u64 %low, %destination;"));
         self.line(format_args!("cvt.u32.u64 %align, %source_address;"));
-        if let Some(zero) = zero {
-            // A zero fill reads nothing: only the destination's alignment counts.
-            self.line(format_args!("selp.b32 %align, 0, %align, {zero};"));
-        }
+        // A zero fill reads nothing: only the destination's alignment counts.
+        self.line(format_args!("selp.b32 %align, 0, %align, %zero;"));
         self.line(format_args!("or.b32 %align, %align, %low;"));
         self.line(format_args!("and.b32 %low, %align, 15;"));
         self.line(format_args!("setp.eq.u32 %wide_unit, %low, 0;"));
@@ -1207,13 +1206,13 @@ impl Server {
         self.line(format_args!("setp.eq.u32 %word_unit, %low, 0;"));
         self.line(format_args!("@!%wide_unit bra {words};"));
         self.line(format_args!("shr.u32 %units, %bytes, 4;"));
-        self.units(16, first, stride, load, zero);
+        self.prologue_units(16);
         self.line(format_args!("shl.b32 %done_units, %units, 4;"));
         self.line(format_args!("bra {tail};"));
         self.place(&words);
         self.line(format_args!("@!%word_unit bra {bytes};"));
         self.line(format_args!("shr.u32 %units, %bytes, 2;"));
-        self.units(4, first, stride, load, zero);
+        self.prologue_units(4);
         self.line(format_args!("shl.b32 %done_units, %units, 2;"));
         self.line(format_args!("bra {tail};"));
         self.place(&bytes);
@@ -1221,13 +1220,13 @@ impl Server {
         self.place(&tail);
         // The tail (and a byte-aligned copy): bytes from %done_units to %bytes.
         self.line(format_args!("sub.u32 %units, %bytes, %done_units;"));
-        self.units(1, first, stride, load, zero);
+        self.prologue_units(1);
         self.line(format_args!("bra {after};"));
     }
 
     /// The batched loop of [`Server::copy`] for one unit size: units `[0, %units)`
     /// (bytes: starting at byte `%done_units`), this thread's share.
-    fn units(&mut self, unit: u32, first: &str, stride: &str, load: &str, zero: Option<&str>) {
+    fn prologue_units(&mut self, unit: u32) {
         let top = self.label("units");
         let done = self.label("units_done");
         let (ty, shift) = match unit {
@@ -1235,11 +1234,11 @@ impl Server {
             4 => ("u32", 2),
             _ => ("u8", 0),
         };
-        self.line(format_args!("mov.u32 %index, {first};"));
+        self.line(format_args!("mov.u32 %index, %global;"));
         self.place(&top);
         self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
         self.line(format_args!("@%past bra {done};"));
-        self.batch_indices_register("%index", stride);
+        self.batch_indices_register("%index", "%everyone");
         // Byte offsets of the batch's units (the tail starts at %done_units).
         let offset = |server: &mut Self, k: usize| {
             server.line(format_args!("cvt.u64.u32 %at, %unit{k};"));
@@ -1256,12 +1255,12 @@ impl Server {
                 self.line(format_args!("mov.u32 %v{}, 0;", 4 * k + word as usize));
             }
             self.live(k, "%units");
-            if let Some(zero) = zero {
-                self.line(format_args!("and.pred %live, %live, !{zero};"));
-            }
+            self.line(format_args!("and.pred %live, %live, !%zero;"));
             offset(self, k);
             self.line(format_args!("add.s64 %from, %source_address, %at;"));
-            self.line(format_args!("@%live ld.{load}.global.{ty} {v}, [%from];"));
+            self.line(format_args!(
+                "@%live ld.relaxed.sys.global.{ty} {v}, [%from];"
+            ));
         }
         for k in 0..IN_FLIGHT {
             let v = value_operand(unit, k);
@@ -1271,7 +1270,7 @@ impl Server {
             self.line(format_args!("@%live st.global.{ty} [%to], {v};"));
         }
         self.line(format_args!(
-            "mad.lo.u32 %index, {stride}, {IN_FLIGHT}, %index;"
+            "mad.lo.u32 %index, %everyone, {IN_FLIGHT}, %index;"
         ));
         self.line(format_args!("bra {top};"));
         self.place(&done);
@@ -1509,41 +1508,30 @@ impl Server {
     /// block's threads take windows `lin, lin + T, ...`, [`batch_for`] in flight each: the
     /// descriptors, then the loads, then the stores.
     fn windows(&mut self) {
-        let t = self.threads;
-        let top = self.label("windows");
-        let done = self.label("windows_done");
-        self.line(format_args!("mov.u32 %index, %lin;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %index, %windows;"));
-        self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t, self.window_batch);
-        for k in 0..self.window_batch {
-            let v = vector(k);
-            self.live(k, "%windows");
-            self.entry_at(&format!("%unit{k}"), "%readback_at");
-            self.line(format_args!("@%live ld.shared.u64 %from, [%at];"));
-            self.line(format_args!("cvta.to.global.u64 %from, %from;"));
-            self.line(format_args!(
-                "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
-            ));
-        }
-        // The leader's publish fence, before its first result word.
-        self.publish_fence();
-        for k in 0..self.window_batch {
-            self.live(k, "%windows");
-            self.entry_at(&format!("%unit{k}"), "%readback_at");
-            self.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
-            self.line(format_args!("cvt.u64.u32 %offset, %source;"));
-            self.line(format_args!("shl.b64 %offset, %offset, 1;"));
-            self.line(format_args!("add.s64 %to, %area, %offset;"));
-            self.store_flagged_block(k, "%live");
-        }
-        self.line(format_args!(
-            "add.u32 %index, %index, {};",
-            t as usize * self.window_batch
-        ));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
+        let batch = self.window_batch;
+        self.thread_batches("windows", "%windows", batch, |this| {
+            for k in 0..batch {
+                let v = vector(k);
+                this.live(k, "%windows");
+                this.entry_at(&format!("%unit{k}"), "%readback_at");
+                this.line(format_args!("@%live ld.shared.u64 %from, [%at];"));
+                this.line(format_args!("cvta.to.global.u64 %from, %from;"));
+                this.line(format_args!(
+                    "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
+                ));
+            }
+            // The leader's publish fence, before its first result word.
+            this.publish_fence();
+            for k in 0..batch {
+                this.live(k, "%windows");
+                this.entry_at(&format!("%unit{k}"), "%readback_at");
+                this.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
+                this.line(format_args!("cvt.u64.u32 %offset, %source;"));
+                this.line(format_args!("shl.b64 %offset, %offset, 1;"));
+                this.line(format_args!("add.s64 %to, %area, %offset;"));
+                this.store_flagged_block(k, "%live");
+            }
+        });
     }
 
     /// The publishing leader's `fence.acq_rel.gpu` (and its stamp), once per request
@@ -1594,30 +1582,35 @@ impl Server {
         self.line(format_args!("@!%wide_unit bra {words};"));
         // Whole 16-byte units: one vector load, four flagged words.
         self.line(format_args!("shr.u32 %units, %bytes, 4;"));
-        self.thread_batches("flagged_blocks", |this| this.flagged_blocks());
+        self.thread_batches("flagged_blocks", "%units", IN_FLIGHT, |this| {
+            this.flagged_blocks()
+        });
         self.line(format_args!("shl.b32 %done_units, %units, 2;"));
         // The words left: word `%done_units + u` for units `u < %units`.
         self.place(&words);
         self.line(format_args!("sub.u32 %units, %words, %done_units;"));
-        self.thread_batches("flagged_word", |this| this.flagged_words());
+        self.thread_batches("flagged_word", "%units", IN_FLIGHT, |this| {
+            this.flagged_words()
+        });
         self.line(format_args!("bra {after};"));
     }
 
-    /// Units `%lin, %lin + T, ...` below `%units` of this block's threads, [`IN_FLIGHT`]
-    /// a batch (`%unit{k}`), each batch written by `batch`.
-    fn thread_batches(&mut self, kind: &str, batch: impl Fn(&mut Self)) {
+    /// A loop over units `%lin, %lin + T, ...` below `count` of this block's threads,
+    /// `batch` a batch (`%unit{k}`), each batch written by `body` (its loads, then its
+    /// stores: the next batch's loads wait for them).
+    fn thread_batches(&mut self, kind: &str, count: &str, batch: usize, body: impl Fn(&mut Self)) {
         let t = self.threads;
         let top = self.label(kind);
         let done = self.label(&format!("{kind}_done"));
         self.line(format_args!("mov.u32 %index, %lin;"));
         self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %index, %units;"));
+        self.line(format_args!("setp.ge.u32 %past, %index, {count};"));
         self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t, IN_FLIGHT);
-        batch(self);
+        self.batch_indices("%index", t, batch);
+        body(self);
         self.line(format_args!(
             "add.u32 %index, %index, {};",
-            t as usize * IN_FLIGHT
+            t as usize * batch
         ));
         self.line(format_args!("bra {top};"));
         self.place(&done);

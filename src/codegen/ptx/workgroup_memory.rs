@@ -37,12 +37,6 @@ pub const MAX_STATIC_SHARED_BYTES: u32 = 48 * 1024;
 /// module of several: `vyre_dynamic_shared_<i>`).
 pub const DYNAMIC_SHARED_SYMBOL: &str = "vyre_dynamic_shared";
 
-/// Bytes a workgroup buffer takes in workgroup memory: its size rounded up to a
-/// whole 4-byte word (at least one word). The validator sums the same.
-pub fn padded_bytes(decl: &BufferDecl) -> u64 {
-    decl.static_size_bytes().unwrap_or(0).div_ceil(4).max(1) * 4
-}
-
 /// The workgroup buffers of `program` in binding order (the order a kernel's and a
 /// lane body's pools both start from).
 pub fn workgroup_buffers(program: &Program) -> Vec<&BufferDecl> {
@@ -56,7 +50,7 @@ pub fn workgroup_buffers(program: &Program) -> Vec<&BufferDecl> {
 }
 
 /// The workgroup buffers of `program` in binding order, each with its byte offset in
-/// the pool, and the pool's size (the sum of their [`padded_bytes`]). For a valid
+/// the pool, and the pool's size (the sum of their [`BufferDecl::padded_size_bytes`]). For a valid
 /// program the size fits in a `u32` (the validator's limit is at most `!3`).
 pub fn layout(program: &Program) -> (Vec<(&BufferDecl, u32)>, u32) {
     let mut placed: Vec<(&BufferDecl, u32)> = workgroup_buffers(program)
@@ -68,7 +62,7 @@ pub fn layout(program: &Program) -> (Vec<(&BufferDecl, u32)>, u32) {
         for (decl, offset) in placed.iter_mut() {
             if (decl.elem.size_bytes() == 8) == wide {
                 *offset = u32::try_from(end).unwrap_or(u32::MAX);
-                end = end.saturating_add(padded_bytes(decl));
+                end = end.saturating_add(decl.padded_size_bytes());
             }
         }
     }
@@ -80,9 +74,15 @@ pub fn layout(program: &Program) -> (Vec<(&BufferDecl, u32)>, u32) {
 /// [`MAX_STATIC_SHARED_BYTES`], 0 when they fit in static arrays. `program` is the
 /// lowered program the kernel was written from (lowering adds workgroup buffers).
 pub fn dynamic_shared_bytes(program: &Program) -> u32 {
-    let (_, bytes) = layout(program);
-    if bytes > MAX_STATIC_SHARED_BYTES {
-        bytes
+    pool_at_launch(layout(program).1)
+}
+
+/// Dynamic shared memory of a kernel whose workgroup buffers take `pool` bytes (a
+/// [`layout`]'s size): `pool` past [`MAX_STATIC_SHARED_BYTES`], 0 within it (static
+/// arrays). The one place the rule is written, for the writer and the backend alike.
+pub(super) fn pool_at_launch(pool: u32) -> u32 {
+    if pool > MAX_STATIC_SHARED_BYTES {
+        pool
     } else {
         0
     }
@@ -136,7 +136,7 @@ mod tests {
             [1, 1, 1],
             vec![],
         );
-        let in_binding_order = padded_bytes(&program.buffers()[0]);
+        let in_binding_order = program.buffers()[0].padded_size_bytes();
         assert_ne!(in_binding_order % 8, 0);
         let (placed, bytes) = layout(&program);
         assert_eq!((placed[0].1, placed[1].1, bytes), (8, 0, 20));

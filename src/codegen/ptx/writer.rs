@@ -21,7 +21,7 @@ use crate::ir::{
     Program, ReduceOp, ScalarType, ScanKind, UnaryOp, ValidProgram,
 };
 
-use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL, MAX_STATIC_SHARED_BYTES};
+use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL};
 use super::{
     ptx_version, CodegenError, COMMENT_BYTES, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
     MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
@@ -515,8 +515,8 @@ impl<'p> Writer<'p> {
         let program: &'p Program = self.program;
         let arrays: Vec<(&'p BufferDecl, u32)> = if space == Space::Shared {
             let (placed, bytes) = workgroup_memory::layout(program);
-            if !self.lane && bytes > MAX_STATIC_SHARED_BYTES {
-                self.dynamic_shared_bytes = bytes;
+            if !self.lane {
+                self.dynamic_shared_bytes = workgroup_memory::pool_at_launch(bytes);
             }
             placed
         } else {
@@ -538,7 +538,7 @@ impl<'p> Writer<'p> {
                 BufferCount::Static(count) => count,
                 BufferCount::Runtime => 0,
             };
-            let padded = u32::try_from(workgroup_memory::padded_bytes(decl)).unwrap_or(!3);
+            let padded = u32::try_from(decl.padded_size_bytes()).unwrap_or(!3);
             let kind = space.name();
             // A `.local` symbol is the kernel's own; `.shared` ones are module-scope,
             // so a kernel of a module of several gets its own names.
