@@ -1002,9 +1002,9 @@ impl Server {
         ));
     }
 
-    /// A loop over the record's 16-byte chunks below `count`: this thread's chunks
-    /// `%lin, %lin + T, ...`, `batch` at a time (`%unit{k}`), each batch's `load`s for
-    /// every slot, then its `store`s (each called with `%live` set for slot `k`).
+    /// [`Server::thread_batches`] over the record's 16-byte chunks below `count`: each
+    /// batch's `load`s for every slot, then its `store`s (each called with `%live` set
+    /// for slot `k`).
     fn chunk_loop(
         &mut self,
         kind: &str,
@@ -1013,28 +1013,16 @@ impl Server {
         load: impl Fn(&mut Self, usize),
         store: impl Fn(&mut Self, usize),
     ) {
-        let t = self.threads;
-        let top = self.label(kind);
-        let done = self.label(&format!("{kind}_done"));
-        self.line(format_args!("mov.u32 %index, %lin;"));
-        self.place(&top);
-        self.line(format_args!("setp.ge.u32 %past, %index, {count};"));
-        self.line(format_args!("@%past bra {done};"));
-        self.batch_indices("%index", t, batch);
-        for k in 0..batch {
-            self.live(k, count);
-            load(self, k);
-        }
-        for k in 0..batch {
-            self.live(k, count);
-            store(self, k);
-        }
-        self.line(format_args!(
-            "add.u32 %index, %index, {};",
-            t as usize * batch
-        ));
-        self.line(format_args!("bra {top};"));
-        self.place(&done);
+        self.thread_batches(kind, count, batch, |this| {
+            for k in 0..batch {
+                this.live(k, count);
+                load(this, k);
+            }
+            for k in 0..batch {
+                this.live(k, count);
+                store(this, k);
+            }
+        });
     }
 
     /// `into` = `base + 16 · %unit{k}` (and `%at` the offset).
