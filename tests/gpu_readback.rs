@@ -623,3 +623,132 @@ fn gpu_the_first_dispatches_on_new_lanes_write_their_end_stamps() {
         }
     });
 }
+
+/// 256 threads per block (8 warps): each thread writes its workgroup slot and
+/// passes a barrier, then leaves at one of four points a hash of its global id and
+/// the seed picks (before any store, after its `out` store, after counting itself,
+/// or at the end), so the warps of a block, and the lanes of a warp, reach the
+/// epilogue at different times and in groups of every size.
+fn early_exits() -> Program {
+    Program::builder([256, 1, 1])
+        .entry_op_id("readback_early_exits")
+        .buffer(
+            "seed",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "count",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(4),
+        )
+        .buffer(
+            "scratch",
+            3,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(256),
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            let local = b.let_("local", Expr::local_id(Axis::X));
+            let seed = b.let_("s", Expr::load("seed", 0u32));
+            b.store("scratch", local.clone(), i.clone() ^ seed.clone());
+            b.barrier();
+            let exit = b.let_(
+                "exit",
+                (i.clone() * 2_654_435_761u32 + seed.clone()) >> 30u32,
+            );
+            b.if_(i.clone().greater_equal(Expr::length("out")), |b| {
+                b.return_();
+            });
+            b.if_(exit.clone().equals(0u32), |b| {
+                b.return_();
+            });
+            let neighbour = Expr::load("scratch", (local.clone() + 1u32) & 255u32);
+            b.store("out", i.clone(), neighbour + 1u32);
+            b.if_(exit.clone().equals(1u32), |b| {
+                b.return_();
+            });
+            b.atomic(AtomicOp::Add, "count", exit.clone(), 1u32);
+            b.if_(exit.clone().equals(2u32), |b| {
+                b.return_();
+            });
+            b.atomic(AtomicOp::Add, "count", 0u32, 1u32);
+        })
+        .build()
+}
+
+/// Locks out a per-block finish count that loses or double-counts a thread, or
+/// lets the grid's last group copy before another block's stores are visible:
+/// 300 blocks of 8 warps whose threads leave at random points (`early_exits`),
+/// one and three launches per dispatch, five dispatches each over the same device
+/// buffers (so a control block left unreset would show in the next one), give the
+/// reference interpreter's bytes both through the mapped area (`count`, and byte
+/// ranges of `out` that the last group's strided loop copies, at odd offsets) and
+/// by DMA (`out`), with the kernel's own stamps written every time
+/// (`kernel_stamps_ns > 0`; a grid count that never reached its total writes none).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_blocks_whose_warps_leave_early_count_every_thread() {
+    let gpu = backend();
+    let program = early_exits();
+    let blocks = 300u32;
+    let out_words = (blocks * 256 - 37) as usize;
+    for fixpoint in [1u32, 3] {
+        let config = DispatchConfig::linear(blocks).with_fixpoint_iterations(fixpoint);
+        for dispatch in 0..5u32 {
+            let seed = 0x9E37_79B9u32.wrapping_mul(dispatch + 1) ^ fixpoint;
+            let inputs = vec![bytes(&[seed]), vec![0u8; 4 * out_words], vec![0u8; 16]];
+            let expected = reference(&program, &inputs, &config);
+            let buffers = buffer_copies(&gpu, &inputs);
+            let whole = run_buffers(&gpu, &program, &buffers, &config).unwrap();
+            assert_eq!(
+                whole.outputs, expected,
+                "fixpoint {fixpoint}, dispatch {dispatch}"
+            );
+            assert!(whole.timings.kernel_stamps_ns > 0, "{:?}", whole.timings);
+            reupload(&gpu, &buffers, &inputs);
+            let ranges = ReadbackPolicy::Ranges(smallvec::smallvec![
+                ByteRange {
+                    binding: 2,
+                    offset: 0,
+                    len: 16
+                },
+                ByteRange {
+                    binding: 1,
+                    offset: 3,
+                    len: 1001
+                },
+                ByteRange {
+                    binding: 1,
+                    offset: 4 * (out_words as u64 - 700),
+                    len: 2800
+                },
+            ]);
+            let ranged = run_buffers(
+                &gpu,
+                &program,
+                &buffers,
+                &config.clone().with_readback(ranges),
+            )
+            .unwrap();
+            assert!(ranged.timings.kernel_stamps_ns > 0, "{:?}", ranged.timings);
+            let item = |i: usize| ranged.outputs.item(i).unwrap();
+            assert_eq!(item(0), &expected[1][..], "count");
+            assert_eq!(item(1), &expected[0][3..1004], "out head");
+            assert_eq!(item(2), &expected[0][4 * (out_words - 700)..], "out tail");
+        }
+    }
+}

@@ -131,18 +131,23 @@ fn renamed_single_kernel(ptx: &str, index: usize) -> String {
         )
         .replace(GRID_BARRIER_SYMBOL, &module_grid_barrier_symbol(index))
         .replace("vyre_shared_", &format!("vyre_shared_{index}_"))
+        .replace(
+            "vyre_block_finished",
+            &format!("vyre_block_finished_{index}"),
+        )
 }
 
 /// Locks out a kernel in a shared module that computes anything else than the
 /// program's own single-program kernel (the one every snapshot, ptxas and GPU test
 /// checks): the module is, byte for byte, its header, then each program's
-/// single-program kernel with only its entry, grid-barrier and workgroup-buffer names
-/// indexed, in order, for both ABIs. (The single-program output itself is locked by
+/// single-program kernel with only its entry, grid-barrier, workgroup-buffer and
+/// block-counter names indexed, in order, for both ABIs. (The single-program output itself is locked by
 /// the PTX snapshots in tests/snapshots/ptx, unchanged by the module writer.)
 #[test]
 fn module_kernels_are_their_single_program_kernels_but_for_their_names() {
     let programs = lowered_programs(24);
     let mut saw_shared = false;
+    let mut saw_counter = false;
     for results in [false, true] {
         let options = CodegenOptions::default();
         let mut module = builder(results, &options);
@@ -151,7 +156,8 @@ fn module_kernels_are_their_single_program_kernels_but_for_their_names() {
         for (index, (program, _)) in programs.iter().enumerate() {
             module.push(program).expect("push");
             let ptx = single(results, program, &options);
-            saw_shared |= ptx.contains(".shared .align 4");
+            saw_shared |= ptx.contains(".shared .align 4 .b8");
+            saw_counter |= ptx.contains("vyre_block_finished");
             let opaque = ".u32 vyre_opaque_zero = 0;\n\n";
             let header_range = ptx.find(".version ").expect("version")
                 ..ptx.find(opaque).expect("opaque") + opaque.len();
@@ -168,6 +174,10 @@ fn module_kernels_are_their_single_program_kernels_but_for_their_names() {
     assert!(
         saw_shared,
         "no program had workgroup memory: the rename is untested"
+    );
+    assert!(
+        saw_counter,
+        "no kernel counted per block: the counter's rename is untested"
     );
 }
 

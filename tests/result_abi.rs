@@ -254,3 +254,223 @@ fn epilogue_jumps_over_descriptor_slots_past_the_count() {
     let error = guards(&unguarded).expect_err("the negative control must fail");
     assert!(error.starts_with("slot 0:"), "{error}");
 }
+
+/// `early_return` at `threads` threads per workgroup, with `workgroup_words` words
+/// of workgroup memory (none at 0) written behind a barrier.
+fn early_return_at(threads: u32, workgroup_words: u32) -> Program {
+    let mut builder = Program::builder([threads, 1, 1]).buffer(
+        "out",
+        0,
+        Access::WriteOnly,
+        ElemType::U32,
+        BufferCount::Runtime,
+    );
+    if workgroup_words > 0 {
+        builder = builder.buffer(
+            "scratch",
+            1,
+            Access::Workgroup,
+            ElemType::U32,
+            BufferCount::Static(workgroup_words),
+        );
+    }
+    builder
+        .body(move |b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            if workgroup_words > 0 {
+                b.store("scratch", Expr::local_id(Axis::X), gid.clone());
+                b.barrier();
+            }
+            b.if_(gid.clone().greater_equal(Expr::length("out")), |b| {
+                b.return_();
+            });
+            b.store("out", gid.clone(), 7u32);
+        })
+        .build()
+}
+
+/// What the block-counting epilogue must hold, as lines of the kernel: the
+/// counter is zeroed by one thread, before the entry barrier, before any thread
+/// can branch to the epilogue; each group adds its lanes to it with one
+/// block-scope atomic; only the group that completes the block passes a branch to
+/// the end, fences at device scope and adds the block's `threads` to the control
+/// word, the one device-scope atomic of the kernel.
+fn block_counting(ptx: &str, threads: u32) -> Result<(), String> {
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let find = |what: &dyn Fn(&str) -> bool| lines.iter().position(|l| what(l));
+    let count = |what: &dyn Fn(&str) -> bool| lines.iter().filter(|l| what(l)).count();
+    if count(&|l| l == ".shared .align 4 .u32 vyre_block_finished;") != 1 {
+        return Err("no block counter declared".into());
+    }
+    let zero =
+        |l: &str| l.starts_with('@') && l.ends_with("st.shared.u32 [vyre_block_finished], 0;");
+    if count(&zero) != 1 {
+        return Err("the counter is not zeroed exactly once".into());
+    }
+    let zeroed = find(&zero).unwrap();
+    let barrier = find(&|l| l == "bar.sync 0;").ok_or("no entry barrier")?;
+    let first_exit = find(&|l| l.contains("$L_vyre_results")).ok_or("no epilogue")?;
+    if !(zeroed < barrier && barrier < first_exit) {
+        return Err(format!(
+            "the counter is not zeroed before the entry barrier before any exit \
+             (store {zeroed}, barrier {barrier}, first exit {first_exit})"
+        ));
+    }
+    let block_atomic = |l: &str| l.contains("atom.acq_rel.cta.shared.add.u32");
+    let grid_atomic = |l: &str| l.contains("atom.acq_rel.gpu.global.add.u64");
+    if count(&block_atomic) != 1 || count(&grid_atomic) != 1 {
+        return Err("not one block atomic and one device atomic".into());
+    }
+    let (block_at, grid_at) = (find(&block_atomic).unwrap(), find(&grid_atomic).unwrap());
+    if !lines[block_at].contains("[vyre_block_finished], %r") {
+        return Err(format!(
+            "the block atomic is not on the counter: {}",
+            lines[block_at]
+        ));
+    }
+    let between = &lines[block_at..grid_at];
+    let skip = between
+        .iter()
+        .position(|l| l.starts_with("@%p") && l.contains("bra $L_results_done_"))
+        .ok_or("every group reaches the device atomic")?;
+    if !between[skip..].contains(&"fence.acq_rel.gpu;") {
+        return Err("no device-scope fence before the device atomic".into());
+    }
+    let added = lines[grid_at]
+        .rsplit(", ")
+        .next()
+        .and_then(|operand| operand.strip_suffix(';'))
+        .ok_or("no operand")?;
+    if !between.contains(&format!("mov.u64 {added}, {threads};").as_str()) {
+        return Err(format!(
+            "the device atomic does not add the block's {threads} threads"
+        ));
+    }
+    Ok(())
+}
+
+/// Locks out the defects counting per block could bring: a counter read before it
+/// is zeroed (shared memory starts undefined, and an early `return` reaches the
+/// epilogue at once), a group other than the block's last reaching the device
+/// atomic (the grid count would pass its total and no group would ever be last),
+/// and a device atomic that does not add the whole block. A 256-thread kernel with
+/// early returns, with and without workgroup memory (whose zeroing barrier the
+/// counter then shares: one entry barrier only), passes `block_counting`. Negative
+/// controls: the same text without its entry barrier, with the zero moved after
+/// it, without the branch that holds back the block's other groups, and the
+/// per-group epilogue of a one-warp kernel each fail it.
+#[test]
+fn one_device_atomic_per_block_after_a_counter_zeroed_at_entry() {
+    let options = CodegenOptions::default();
+    let ptx = |program: &Program| program_to_ptx_with_results(program, &options, 90, 32).unwrap();
+    let plain = ptx(&early_return_at(256, 0));
+    block_counting(&plain, 256).unwrap_or_else(|e| panic!("{e}\n{plain}"));
+    let shared = ptx(&early_return_at(96, 96));
+    block_counting(&shared, 96).unwrap_or_else(|e| panic!("{e}\n{shared}"));
+    let entry_barriers = |text: &str| {
+        text.lines()
+            .take_while(|l| !l.contains("gid"))
+            .filter(|l| l.trim() == "bar.sync 0;")
+            .count()
+    };
+    assert_eq!(entry_barriers(&shared), 1, "{shared}");
+    assert_eq!(entry_barriers(&plain), 1, "{plain}");
+
+    let without_barrier = plain.replacen("\tbar.sync 0;\n", "", 1);
+    assert!(block_counting(&without_barrier, 256)
+        .expect_err("negative control: no barrier")
+        .contains("entry barrier"));
+    let zero_line = plain
+        .lines()
+        .find(|l| l.contains("st.shared.u32 [vyre_block_finished], 0;"))
+        .unwrap();
+    let late_zero = plain.replacen(&format!("{zero_line}\n"), "", 1).replacen(
+        "\tbar.sync 0;\n",
+        &format!("\tbar.sync 0;\n{zero_line}\n"),
+        1,
+    );
+    assert!(block_counting(&late_zero, 256)
+        .expect_err("negative control: zeroed after the barrier")
+        .contains("entry barrier"));
+    let every_group: String = plain
+        .lines()
+        .filter(|l| !l.contains("bra $L_results_done_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(block_counting(&every_group, 256)
+        .expect_err("negative control: every group goes on")
+        .contains("every group"));
+    let one_warp = ptx(&early_return_at(32, 0));
+    assert!(block_counting(&one_warp, 32)
+        .expect_err("negative control: the per-group epilogue")
+        .contains("no block counter"));
+    assert_eq!(
+        one_warp.matches("atom.acq_rel.gpu.global.add.u64").count(),
+        1
+    );
+}
+
+/// Locks out a block counter that pushes a kernel's static shared memory past
+/// the 48 KiB ptxas accepts, or that collides with the dynamic pool: a kernel
+/// whose workgroup buffers leave 4 bytes of the static limit gets the counter (and
+/// ptxas assembles it at exactly 48 KiB), one at the limit and one past it (the
+/// dynamic pool, which may be sized to the device's whole opt-in limit) keep the
+/// per-group count, which the check tells apart (negative control). In a module of
+/// several kernels each has its own counter symbol.
+#[test]
+fn block_counter_only_where_static_shared_memory_has_room() {
+    let options = CodegenOptions::default();
+    let ptx = |program: &Program| program_to_ptx_with_results(program, &options, 90, 32).unwrap();
+    let limit_words = vyre_cuda::codegen::ptx::MAX_STATIC_SHARED_BYTES / 4;
+    let fits = ptx(&early_return_at(256, limit_words - 1));
+    block_counting(&fits, 256).unwrap_or_else(|e| panic!("{e}\n{fits}"));
+    for words in [limit_words, limit_words + 1] {
+        let text = ptx(&early_return_at(256, words));
+        assert!(
+            !text.contains("vyre_block_finished"),
+            "{words} words: {text}"
+        );
+        assert!(block_counting(&text, 256).is_err());
+        assert_eq!(text.matches("atom.acq_rel.gpu.global.add.u64").count(), 1);
+        assert!(text.contains("fence.acq_rel.gpu;"));
+    }
+    let mut module = vyre_cuda::codegen::PtxModuleBuilder::with_results(&options, 90, 32);
+    for program in [
+        early_return_at(256, 0),
+        early_return_at(32, 0),
+        early_return_at(64, 4),
+    ] {
+        module.push(&program).expect("push");
+    }
+    let module = module.finish();
+    for kernel in [0, 2] {
+        let declaration = format!(".shared .align 4 .u32 vyre_block_finished_{kernel};");
+        assert_eq!(module.matches(&declaration).count(), 1, "{module}");
+    }
+    assert!(!module.contains("vyre_block_finished_1"), "{module}");
+
+    let Some(ptxas) = ptxas::require("block_counter_only_where_static_shared_memory_has_room")
+    else {
+        return;
+    };
+    let at_limit = ptx(&early_return_at(256, limit_words));
+    let mut failures = Vec::new();
+    for (name, text) in [
+        ("counter_fits", &fits),
+        ("counter_left_out", &at_limit),
+        ("counter_module", &module),
+    ] {
+        if let Err(error) = ptxas::assemble(&ptxas, name, text) {
+            failures.push(error);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // Negative control: the counter in use beside 48 KiB of static buffers is what
+    // ptxas refuses (an unused declaration it would drop).
+    let fitting = format!("[{}];", 4 * (limit_words - 1));
+    assert_eq!(fits.matches(&fitting).count(), 1, "{fits}");
+    let over = fits.replacen(&fitting, &format!("[{}];", 4 * limit_words), 1);
+    let error = ptxas::assemble(&ptxas, "counter_over_limit", &over)
+        .expect_err("ptxas took 48 KiB + 4 of static shared memory");
+    assert!(error.contains("shared"), "{error}");
+}

@@ -240,6 +240,9 @@ pub(super) struct Writer<'p> {
     synchronises: bool,
     /// The result prologue's start time register (written by local thread 0).
     result_start: Option<Reg>,
+    /// The result epilogue counts finished threads per block first, in a shared
+    /// word the prologue zeroes (`results`).
+    block_counter: bool,
     /// The loops around the statement being written, innermost last: where a `break`
     /// and a `continue` of each one branch to.
     loops: Vec<LoopTargets>,
@@ -300,6 +303,7 @@ impl<'p> Writer<'p> {
             results,
             synchronises: false,
             result_start: None,
+            block_counter: false,
             loops: Vec::new(),
             module_kernel: None,
             lane: false,
@@ -478,8 +482,14 @@ impl<'p> Writer<'p> {
         }
 
         self.load_scalars();
-        if self.declare_arrays(Space::Shared) {
+        let workgroup_buffers = self.declare_arrays(Space::Shared);
+        // The block counter's zero is stored before the entry barrier, which
+        // workgroup memory's zeroing ends with (or which the counter brings).
+        let block_counter = self.results && self.zero_block_counter();
+        if workgroup_buffers {
             self.zero_workgroup_memory();
+        } else if block_counter {
+            self.workgroup_barrier();
         }
         if self.declare_arrays(Space::Local) {
             self.zero_local_arrays();
@@ -800,6 +810,10 @@ impl<'p> Writer<'p> {
                  .extern .shared .align 16 .b8 {}[];",
                 self.dynamic_shared_symbol()
             );
+        }
+        if self.block_counter {
+            any_shared = true;
+            self.declare_block_counter(&mut out);
         }
         if any_shared {
             out.push('\n');

@@ -3,9 +3,19 @@
 //! `%globaltimer` and its last finishing thread copies the small readback ranges into
 //! host-mapped memory, so a dispatch needs no event records and no DMA copy per
 //! output.
+//!
+//! Finding the last thread costs one same-address atomic on the control word per
+//! group of converged lanes when each group counts itself there, and such atomics
+//! serialise at one L2 slice: a 16 MiB tokenizer chunk ran about 1.02 M of them
+//! (`pieces` 524 K warps, `classify`, `phases` and `count` 131 K each), an estimated
+//! 0.5–1 ms of its ~5 ms of kernels. So a block of several warps counts its finished
+//! threads in shared memory first, and only the group that completes the block
+//! fences at device scope and adds the whole block to the control word: one device
+//! atomic per block (`count_block`, whose comment holds the memory-model argument).
 
 use std::fmt::Write;
 
+use super::workgroup_memory::{self, MAX_STATIC_SHARED_BYTES};
 use super::{RegClass, Writer, RESULT_RANGE_SLOTS};
 
 /// The label every thread reaches when it is done with the body (the normal end and
@@ -56,7 +66,83 @@ pub(super) const RESULT_PARAMETERS: [(&str, &str); 5] = [
     ),
 ];
 
+/// The shared word a block's finished threads are counted in (kernel `i` of a
+/// module of several: `vyre_block_finished_<i>`; `.shared` symbols are
+/// module-scope). No workgroup buffer's symbol starts this way (theirs are
+/// `vyre_shared_...`), and kernels that use the dynamic pool never declare it.
+const BLOCK_COUNTER_SYMBOL: &str = "vyre_block_finished";
+
+/// Bytes of static shared memory the block counter adds to a kernel.
+const BLOCK_COUNTER_BYTES: u32 = 4;
+
+/// Lanes of a warp: a block of at most this many threads is one warp, which the
+/// per-group count already finishes with one global atomic when it converges.
+const WARP_LANES: u32 = 32;
+
 impl Writer<'_> {
+    /// Decides whether this kernel counts finished threads per block and, if so,
+    /// stores the counter's zero from local thread 0; the caller follows it with
+    /// the entry barrier. Says whether it did.
+    ///
+    /// Counting per block needs a block of more than one warp (a one-warp block's
+    /// converged warp is already one atomic) and room for the counter in static
+    /// shared memory: a kernel whose workgroup buffers are within
+    /// [`BLOCK_COUNTER_BYTES`] of the static limit, or past it (the dynamic pool,
+    /// sized up to the device's opt-in limit), keeps one global atomic per group.
+    ///
+    /// Why a store and a barrier at entry: shared memory starts undefined in every
+    /// block, and an early `return` can bring a warp to the epilogue while another
+    /// warp of its block has not started its body, so the zero must be in place
+    /// before any thread can pass the entry. At entry every thread of the block is
+    /// present and none has returned, so the barrier cannot wait on an exited or
+    /// waiting thread; the epilogue itself stays free of barriers (a thread that
+    /// waited there would hold up threads still waiting at a body barrier for it).
+    /// A kernel with workgroup buffers already waits at entry (after zeroing them),
+    /// so for it the counter costs one store.
+    pub(super) fn zero_block_counter(&mut self) -> bool {
+        let program = self.program;
+        let threads = program.threads_per_workgroup().unwrap_or(1);
+        let (_, workgroup_bytes) = workgroup_memory::layout(program);
+        let room = workgroup_bytes
+            .checked_add(BLOCK_COUNTER_BYTES)
+            .is_some_and(|bytes| bytes <= MAX_STATIC_SHARED_BYTES);
+        if threads <= WARP_LANES || !room {
+            return false;
+        }
+        self.block_counter = true;
+        emit!(
+            self,
+            "// result ABI: local thread 0 zeroes the block's finished-thread counter"
+        );
+        let linear = self.local_linear_id();
+        let first = self.reg(RegClass::Pred);
+        emit!(self, "setp.eq.u32 {first}, {linear}, 0;");
+        emit!(
+            self,
+            "@{first} st.shared.u32 [{}], 0;",
+            self.block_counter_symbol()
+        );
+        true
+    }
+
+    /// The block counter's declaration (module text, before the entry).
+    pub(super) fn declare_block_counter(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "// result ABI: threads of this block that finished\n\
+             .shared .align 4 .u32 {};",
+            self.block_counter_symbol()
+        );
+    }
+
+    /// [`BLOCK_COUNTER_SYMBOL`], or kernel `index`'s own in a module of several.
+    fn block_counter_symbol(&self) -> std::borrow::Cow<'static, str> {
+        match self.module_kernel {
+            None => BLOCK_COUNTER_SYMBOL.into(),
+            Some(kernel) => format!("{BLOCK_COUNTER_SYMBOL}_{kernel}").into(),
+        }
+    }
+
     /// The first thread of every block folds its start time into the control block's
     /// earliest-start word (`red.min`), so the last thread can read the earliest one.
     pub(super) fn result_prologue(&mut self) {
@@ -80,10 +166,12 @@ impl Writer<'_> {
     }
 
     /// Every thread counts itself finished (one atomic per group of converged lanes,
-    /// after a release fence); the group holding the last thread of the grid takes the
-    /// end stamp, writes both stamps, resets the control block for the next launch and
-    /// copies the readback ranges into the mapped area; the host reads them after the
-    /// stream is synchronised (kernel completion makes mapped stores visible).
+    /// after a release fence; with a block counter, into the block's counter first,
+    /// and the block's last group adds the block to the grid's count); the group
+    /// holding the last thread of the grid takes the end stamp, writes both stamps,
+    /// resets the control block for the next launch and copies the readback ranges
+    /// into the mapped area; the host reads them after the stream is synchronised
+    /// (kernel completion makes mapped stores visible).
     pub(super) fn result_epilogue(&mut self) {
         let threads = u64::from(self.program.threads_per_workgroup().unwrap_or(1));
         let _ = writeln!(self.body, "{RESULTS_LABEL}:");
@@ -144,7 +232,11 @@ impl Writer<'_> {
                 emit!(self, "setp.ne.u32 {single}, {zero}, 0;");
             }
         }
-        emit!(self, "fence.acq_rel.gpu;");
+        // With a block counter a group first releases at block scope only; the
+        // group that completes its block then releases at device scope for all of
+        // them (see `count_block`).
+        let first_fence = if self.block_counter { "cta" } else { "gpu" };
+        emit!(self, "fence.acq_rel.{first_fence};");
         emit!(self, "activemask.b32 {mask};");
         emit!(self, "mov.u32 {lane}, %laneid;");
         emit!(self, "neg.s32 {negated}, {mask};");
@@ -153,15 +245,29 @@ impl Writer<'_> {
         emit!(self, "popc.b32 {group}, {mask};");
         emit!(self, "setp.eq.u32 {is_leader}, {lane}, {leader};");
         emit!(self, "bar.warp.sync {mask};");
-        let group_wide = r(self, RegClass::B64);
+        let done = self.label("results_done");
+        // Threads this group adds to the grid's count: its own lanes, or with a
+        // block counter its whole block (only the block's last group gets here).
+        let added = r(self, RegClass::B64);
+        if self.block_counter {
+            let group = Group {
+                mask,
+                leader,
+                lanes: group,
+                is_leader,
+            };
+            self.count_block(group, threads, done);
+            emit!(self, "mov.u64 {added}, {threads};");
+        } else {
+            emit!(self, "cvt.u64.u32 {added}, {group};");
+        }
         let before = r(self, RegClass::B64);
         emit!(self, "ld.param.u64 {control}, [vyre_control];");
         emit!(self, "cvta.to.global.u64 {control}, {control};");
-        emit!(self, "cvt.u64.u32 {group_wide}, {group};");
         emit!(self, "mov.u64 {before}, 0;");
         emit!(
             self,
-            "@{is_leader} atom.acq_rel.gpu.global.add.u64 {before}, [{control}], {group_wide};"
+            "@{is_leader} atom.acq_rel.gpu.global.add.u64 {before}, [{control}], {added};"
         );
         let low = r(self, RegClass::B32);
         let high = r(self, RegClass::B32);
@@ -192,9 +298,8 @@ impl Writer<'_> {
         let total = r(self, RegClass::B64);
         let arrived = r(self, RegClass::B64);
         let not_last = r(self, RegClass::Pred);
-        let done = self.label("results_done");
         emit!(self, "mul.lo.u64 {total}, {blocks}, {threads};");
-        emit!(self, "add.u64 {arrived}, {before}, {group_wide};");
+        emit!(self, "add.u64 {arrived}, {before}, {added};");
         emit!(self, "setp.ne.u64 {not_last}, {arrived}, {total};");
         emit!(self, "@{not_last} bra {done};");
 
@@ -356,6 +461,67 @@ impl Writer<'_> {
         emit!(self, "ret;");
     }
 
+    /// The block stage of the count: the group's leader adds the group's lanes to
+    /// the block's shared counter; every group but the one that brings it to the
+    /// block's `threads` branches to `done`, and that one fences at device scope
+    /// before its leader adds the whole block to the grid's count. One device-scope
+    /// fence and one same-address global atomic per block instead of per group
+    /// (per warp, in practice).
+    ///
+    /// Why every thread's stores still reach the grid's last group (PTX memory
+    /// consistency model; every step below is one of its synchronizes-with edges
+    /// or program order, and causality order is transitive whatever the scope
+    /// of each edge, which is what makes fences and releases cumulative):
+    /// 1. A lane's stores precede, in program order, its `fence.acq_rel.cta` and
+    ///    the group's `bar.warp.sync`, which orders memory among its lanes, so
+    ///    they precede the leader's `atom.acq_rel.cta` on the counter.
+    /// 2. Every group's counter atomic is a read-modify-write of the same word, at
+    ///    the same (block) scope, by threads of one block: each later one reads
+    ///    through that chain of atomics, so each earlier release synchronizes
+    ///    with the acquire of the block's last group's atomic.
+    /// 3. That group's lanes fence at device scope and its leader's
+    ///    `atom.acq_rel.gpu` on the control word follows in program order: a
+    ///    device-scope release that covers everything before it in causality
+    ///    order, the whole block's stores included.
+    /// 4. Those device-scope atomics again form one read-modify-write chain on one
+    ///    word, so the grid's last group's acquire synchronizes with every
+    ///    block's release: its copies read every thread's final stores, and the
+    ///    host reads the area only after the kernel completed.
+    ///
+    /// The counter needs no reset: the entry zeroes it in every block, and each
+    /// of the block's threads adds itself exactly once (the epilogue is the only
+    /// way out), so exactly one group sees the count reach `threads`.
+    fn count_block(&mut self, group: Group, threads: u64, done: super::Label) {
+        let Group {
+            mask,
+            leader,
+            lanes,
+            is_leader,
+        } = group;
+        let before = self.reg(RegClass::B32);
+        let arrived = self.reg(RegClass::B32);
+        let unfinished = self.reg(RegClass::Pred);
+        let counter = self.block_counter_symbol();
+        emit!(self, "mov.u32 {before}, 0;");
+        emit!(
+            self,
+            "@{is_leader} atom.acq_rel.cta.shared.add.u32 {before}, [{counter}], {lanes};"
+        );
+        emit!(
+            self,
+            "shfl.sync.idx.b32 {before}, {before}, {leader}, 31, {mask};"
+        );
+        emit!(self, "add.u32 {arrived}, {before}, {lanes};");
+        emit!(self, "setp.ne.u32 {unfinished}, {arrived}, {threads};");
+        emit!(self, "@{unfinished} bra {done};");
+        emit!(
+            self,
+            "// the block's last group: release the whole block at device scope"
+        );
+        emit!(self, "fence.acq_rel.gpu;");
+        emit!(self, "bar.warp.sync {mask};");
+    }
+
     /// The leader's window copies, loads: descriptor `k < windows` names an aligned
     /// 16-byte block of a buffer (the host checked it lies inside the buffer), so
     /// each slot is one vector load with no length or alignment arithmetic. Returns
@@ -447,6 +613,18 @@ impl Writer<'_> {
         emit!(self, "setp.gt.u32 {live}, {windows}, {slot};");
         live
     }
+}
+
+/// The lanes that reached the epilogue together (`activemask`) and their leader.
+struct Group {
+    /// The lanes, as a warp mask.
+    mask: super::Reg,
+    /// The leader's lane (the lowest in `mask`).
+    leader: super::Reg,
+    /// How many lanes (`popc` of `mask`).
+    lanes: super::Reg,
+    /// Set in the leader.
+    is_leader: super::Reg,
 }
 
 /// The leader's window slots between the loads and the stores.
