@@ -139,7 +139,10 @@ use vyre_cuda::ir::{
 };
 use vyre_cuda::CodegenOptions;
 
-use super::vocabulary::{header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_RANKS_AT, TOKENS_AT};
+use super::vocabulary::{
+    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_HIGH_KEY, PAIR_RANKS_AT, PAIR_RANK_BITS,
+    TOKENS_AT,
+};
 use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
 use crate::pretokenize::pattern::Pattern;
@@ -879,11 +882,7 @@ fn emit_lookup(
                 (hash.clone() ^ byte(at)) * 0x0100_0193u32,
             );
         });
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
-        b.assign(hash_name.clone(), hash.clone() * 0x85EB_CA6Bu32);
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 13u32));
-        b.assign(hash_name.clone(), hash.clone() * 0xC2B2_AE35u32);
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
+        emit_finish(b, &hash_name);
         let slots_at = &vocabulary.slots_at;
         let mask = &vocabulary.slot_mask;
         let slot_name = names.of("slot");
@@ -926,6 +925,96 @@ fn emit_lookup(
             });
             b.assign(slot_name.clone(), (slot.clone() + 1u32) & mask.clone());
         });
+    });
+    rank
+}
+
+/// [`finish`](super::vocabulary::finish) applied to the variable `hash_name`.
+fn emit_finish(b: &mut BlockBuilder, hash_name: &str) {
+    let hash = Expr::var(hash_name);
+    b.assign(hash_name, hash.clone() ^ (hash.clone() >> 16u32));
+    b.assign(hash_name, hash.clone() * 0x85EB_CA6Bu32);
+    b.assign(hash_name, hash.clone() ^ (hash.clone() >> 13u32));
+    b.assign(hash_name, hash.clone() * 0xC2B2_AE35u32);
+    b.assign(hash_name, hash.clone() ^ (hash >> 16u32));
+}
+
+/// The pair table's header words, as variables: loaded once per range, like
+/// [`LookupHeader`].
+struct PairHeader {
+    slot_bits: Expr,
+    slots_at: Expr,
+    slot_mask: Expr,
+}
+
+impl PairHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names) -> PairHeader {
+        let slot_bits = b.let_(names.of("pair_slot_bits"), vocab(header::PAIR_SLOT_BITS));
+        PairHeader {
+            slots_at: b.let_(names.of("pair_slots_at"), vocab(header::PAIR_SLOTS_AT)),
+            slot_mask: b.let_(
+                names.of("pair_slot_mask"),
+                (u(1) << slot_bits.clone()) - 1u32,
+            ),
+            slot_bits,
+        }
+    }
+}
+
+/// The rank of the token whose bytes are those of the token `first` then
+/// those of the token `second` (a variable holding [`NO_TOKEN`] when they are
+/// no token): one probe of the pair table most of the time, never a byte of
+/// the text. Exactly
+/// [`DeviceVocabulary::pair`](super::vocabulary::DeviceVocabulary::pair).
+fn emit_pair_rank(
+    b: &mut BlockBuilder,
+    names: &Names,
+    table: &PairHeader,
+    [first, second]: [Expr; 2],
+) -> Expr {
+    let first = b.let_(names.of("first"), first);
+    let second = b.let_(names.of("second"), second);
+    // The slot's low word and the key bits of its high word
+    // (`vocabulary::pair_slot`).
+    let low = b.let_(
+        names.of("low"),
+        first.clone() | (second.clone() << PAIR_RANK_BITS),
+    );
+    let high = b.let_(names.of("high"), second.clone() >> (32 - PAIR_RANK_BITS));
+    let hash_name = names.of("hash");
+    b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
+    emit_finish(b, &hash_name);
+    let rank = b.let_mut(names.of("rank"), NO_TOKEN);
+    let slot_name = names.of("slot");
+    let slot = b.let_mut(
+        slot_name.clone(),
+        Expr::var(hash_name) >> (u(32) - table.slot_bits.clone()),
+    );
+    b.while_(Expr::bool(true), |b| {
+        let at = b.let_(
+            names.of("slot_at"),
+            table.slots_at.clone() + slot.clone() * 2u32,
+        );
+        let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
+        b.if_(stored.clone().equals(NO_TOKEN), |b| {
+            b.break_();
+        });
+        b.if_(
+            vocab(at)
+                .equals(low.clone())
+                .and((stored.clone() & PAIR_HIGH_KEY).equals(high.clone())),
+            |b| {
+                b.assign(
+                    names.of("rank"),
+                    stored.clone() >> PAIR_HIGH_KEY.count_ones(),
+                );
+                b.break_();
+            },
+        );
+        b.assign(
+            slot_name.clone(),
+            (slot.clone() + 1u32) & table.slot_mask.clone(),
+        );
     });
     rank
 }
@@ -979,17 +1068,31 @@ fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr;
     b.store(Role::MergeMinima.name(), start.clone() + block, minimum);
 }
 
-/// Where [`emit_encode`] leaves its result.
+/// The thread's slab of the `merge` step's workgroup buffer [`MERGE_SLAB`]:
+/// a range of at most `bytes` bytes merges there (0: none), the buffer holding
+/// `bytes` words for each of the workgroup's `threads`.
 #[derive(Clone, Copy)]
-enum Output {
-    /// The ranks in `token_at` (one per token, at its first byte; [`NO_TOKEN`]
-    /// at every other byte); a range of at most `slab_bytes` bytes merges in
-    /// the thread's slab of the workgroup buffer [`MERGE_SLAB`] (0: none), which
-    /// holds `slab_bytes` words for each of the workgroup's `threads`.
-    TokenAt { slab_bytes: u32, threads: u32 },
-    /// Only the parts in the scratch arrays (a compatibility check reads the
-    /// first part's length from `merge_parts`).
-    Parts,
+struct Slab {
+    bytes: u32,
+    threads: u32,
+}
+
+impl Slab {
+    /// No slab: every range merges in the global scratch arrays (`long`
+    /// declares no workgroup buffer).
+    const NONE: Slab = Slab {
+        bytes: 0,
+        threads: 1,
+    };
+}
+
+/// How [`emit_encode`] learns whether its whole range is one token.
+enum Whole {
+    /// Looks the range's bytes up, unless `skip` holds (the caller knows the
+    /// range is no token: `pieces` looked the piece up whole).
+    LookUp { skip: Expr },
+    /// The caller's rank of the whole range (a variable; [`NO_TOKEN`]: none).
+    Rank(Expr),
 }
 
 /// The workgroup buffer of the `merge` step's slabs: word `k` of thread `t`'s
@@ -998,38 +1101,44 @@ enum Output {
 const MERGE_SLAB: &str = "merge_slab";
 
 /// Merges the `len` bytes (at least 1) of the text at `start` by tiktoken's
-/// rule (the module docs give the two ways: a range that fits the thread's
-/// slab there, any other in the scratch arrays at `start..start + len`).
-/// Where `not_a_token` holds, the caller knows the range is no token (`pieces`
-/// looked the piece up whole) and the range's own lookup, the first link of
-/// the chain of dependent loads, is skipped. Returns the number of parts left
-/// (a variable). With [`Output::Parts`] the first part's length is then
-/// `part_len(merge_parts[start])`.
+/// rule into `token_at` (the module docs give the two ways: a range that fits
+/// the thread's slab there, any other in the scratch arrays at
+/// `start..start + len`). `whole` says how the range's own lookup, the first
+/// link of the chain of dependent loads, is made or skipped. Returns the
+/// number of parts left (a variable); the first part's length is then
+/// `part_len(merge_parts[start])` when the range merged in the scratch arrays
+/// or was one token.
 fn emit_encode(
     b: &mut BlockBuilder,
     names: &Names,
+    pairs: &PairHeader,
     [start, len]: [Expr; 2],
-    not_a_token: Expr,
-    output: Output,
+    whole: Whole,
+    slab: Slab,
 ) -> Expr {
     let start = b.let_(names.of("start"), start);
     let len = b.let_(names.of("len"), len);
     let parts_name = names.of("parts");
     let parts = b.let_mut(parts_name.clone(), 1u32);
-    let vocabulary = LookupHeader::emit(b, &names.nested("header"));
-    let whole_name = names.of("whole_token");
-    let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
-    b.if_(not_a_token.logical_not(), |b| {
-        let rank = emit_lookup(
-            b,
-            &names.nested("whole"),
-            &vocabulary,
-            start.clone(),
-            len.clone(),
-        );
-        b.assign(whole_name.clone(), rank);
-    });
-    let write = matches!(output, Output::TokenAt { .. });
+    let whole = match whole {
+        Whole::Rank(rank) => rank,
+        Whole::LookUp { skip } => {
+            let whole_name = names.of("whole_token");
+            let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
+            b.if_(skip.logical_not(), |b| {
+                let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+                let rank = emit_lookup(
+                    b,
+                    &names.nested("whole"),
+                    &vocabulary,
+                    start.clone(),
+                    len.clone(),
+                );
+                b.assign(whole_name.clone(), rank);
+            });
+            whole
+        }
+    };
     b.if_else(
         whole.clone().not_equals(NO_TOKEN),
         |b| {
@@ -1038,49 +1147,37 @@ fn emit_encode(
                 start.clone(),
                 part_word(len.clone(), u(NO_PAIR)),
             );
-            if write {
-                b.store(Role::TokenAt.name(), start.clone(), whole.clone());
-                b.loop_(names.of("clear"), 1u32, len.clone(), |b, at| {
-                    b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
-                });
-            }
+            b.store(Role::TokenAt.name(), start.clone(), whole.clone());
+            emit_clear_tokens(
+                b,
+                &names.of("clear"),
+                [start.clone() + 1u32, len.clone() - 1u32],
+            );
         },
         |b| {
             b.assign(parts_name.clone(), len.clone());
-            match output {
-                Output::TokenAt {
-                    slab_bytes,
-                    threads,
-                } if slab_bytes >= 2 => {
-                    b.if_else(
-                        len.clone().less_equal(slab_bytes),
-                        |b| {
-                            emit_slab_merge(
-                                b,
-                                names,
-                                &vocabulary,
-                                [&start, &len],
-                                threads,
-                                &parts_name,
-                            )
-                        },
-                        |b| {
-                            emit_scratch_merge(
-                                b,
-                                names,
-                                &vocabulary,
-                                [&start, &len],
-                                write,
-                                &parts_name,
-                            )
-                        },
-                    );
-                }
-                _ => emit_scratch_merge(b, names, &vocabulary, [&start, &len], write, &parts_name),
+            let scratch = |b: &mut BlockBuilder| {
+                emit_scratch_merge(b, names, pairs, [&start, &len], &parts_name)
+            };
+            if slab.bytes >= 2 {
+                b.if_else(
+                    len.clone().less_equal(slab.bytes),
+                    |b| emit_slab_merge(b, names, pairs, [&start, &len], slab.threads, &parts_name),
+                    scratch,
+                );
+            } else {
+                scratch(b);
             }
         },
     );
     parts
+}
+
+/// Writes [`NO_TOKEN`] into `token_at` at the `len` positions from `from`.
+fn emit_clear_tokens(b: &mut BlockBuilder, name: &str, [from, len]: [Expr; 2]) {
+    b.loop_(name, 0u32, len, |b, at| {
+        b.store(Role::TokenAt.name(), from.clone() + at, NO_TOKEN);
+    });
 }
 
 /// Where a merge loop keeps its part words (one per byte of the range: the
@@ -1116,13 +1213,13 @@ impl PartWords<'_> {
 }
 
 /// The first state of a range of `len` bytes that is not one token: every byte
-/// a part (its word in `words`: the pair with the next byte; the last
-/// has no pair) and, with `write`, every byte's rank in `token_at`.
+/// a part, its rank in `token_at` and its word in `words` (the pair with the
+/// next byte, from the dense 2-byte table: one load, keyed by the two bytes,
+/// which is keying by their two ranks; the last has no pair).
 fn emit_byte_parts(
     b: &mut BlockBuilder,
     names: &Names,
     [start, len]: [&Expr; 2],
-    write: bool,
     words: PartWords,
 ) {
     let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
@@ -1131,29 +1228,27 @@ fn emit_byte_parts(
         words.store(b, at.clone(), part_word(u(1), pair));
     });
     words.store(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
-    if write {
-        b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
-            b.store(
-                Role::TokenAt.name(),
-                start.clone() + at.clone(),
-                vocab(byte(at) + BYTE_RANKS_AT),
-            );
-        });
-    }
+    b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + at.clone(),
+            vocab(byte(at) + BYTE_RANKS_AT),
+        );
+    });
 }
 
-/// Merges the part at `first` (`first_len` bytes) with the next, `second`:
-/// the merged token's rank `written` (their pair's) into `token_at` when
-/// given, then the merged part's word (its length and the rank of its
-/// pair with the part after it, none at the range's end) into `words`. Returns `second` and the merged part's length (variables);
-/// `second`'s own word is left as it was.
+/// Merges the part at `first` (`first_len` bytes) with the next, `second`,
+/// into the token `merged` (their pair's rank): `merged` into `token_at` at
+/// `first` and "no token" at `second`, then the merged part's word (its length
+/// and the rank of its pair with the part after it, by the two ranks: none at
+/// the range's end) into `words`. Returns `second` and the merged part's
+/// length (variables); `second`'s own word is left as it was.
 fn emit_merge_at(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &PairHeader,
     [start, len]: [&Expr; 2],
-    [first, first_len]: [&Expr; 2],
-    written: Option<&Expr>,
+    [first, first_len, merged]: [&Expr; 3],
     words: PartWords,
 ) -> (Expr, Expr) {
     let second = b.let_(names.of("second"), first.clone() + first_len.clone());
@@ -1162,27 +1257,24 @@ fn emit_merge_at(
         first_len.clone() + part_len(words.load(second.clone())),
     );
     let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
-    if let Some(rank) = written {
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + first.clone(),
-            rank.clone(),
-        );
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + second.clone(),
-            NO_TOKEN,
-        );
-    }
+    b.store(
+        Role::TokenAt.name(),
+        start.clone() + first.clone(),
+        merged.clone(),
+    );
+    b.store(
+        Role::TokenAt.name(),
+        start.clone() + second.clone(),
+        NO_TOKEN,
+    );
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_TOKEN);
     b.if_(after.clone().less_than(len.clone()), |b| {
-        let rank = emit_lookup(
+        let rank = emit_pair_rank(
             b,
             &names.nested("right"),
-            vocabulary,
-            start.clone() + first.clone(),
-            merged_len.clone() + part_len(words.load(after.clone())),
+            pairs,
+            [merged.clone(), load(Role::TokenAt, start.clone() + after)],
         );
         b.assign(right_name.clone(), rank);
     });
@@ -1190,42 +1282,43 @@ fn emit_merge_at(
     (second, merged_len)
 }
 
-/// Re-ranks the pair of the part at `before` (its word in `words`) with the part merged after it (`merged_len`
-/// bytes).
+/// Re-ranks the pair of the part at `before` (its word in `words`, its rank in
+/// `token_at`) with the part merged after it, the token `merged`.
 fn emit_pair_before(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
-    [start, before, merged_len]: [&Expr; 3],
+    pairs: &PairHeader,
+    [start, before, merged]: [&Expr; 3],
     words: PartWords,
 ) {
     let before_len = b.let_(names.of("before_len"), part_len(words.load(before.clone())));
-    let rank = emit_lookup(
+    let rank = emit_pair_rank(
         b,
         &names.nested("left"),
-        vocabulary,
-        start.clone() + before.clone(),
-        before_len.clone() + merged_len.clone(),
+        pairs,
+        [
+            load(Role::TokenAt, start.clone() + before.clone()),
+            merged.clone(),
+        ],
     );
     words.store(b, before.clone(), part_word(before_len, rank));
 }
 
 /// The merge loop of a range that is not one token in the scratch arrays
 /// `merge_parts` and `merge_minima` (the module docs give the layout), its
-/// ranks into `token_at` too with `write`; `parts` (the variable named so,
-/// `len` on entry) counts the parts left.
+/// parts' ranks in `token_at`; `parts` (the variable named so, `len` on
+/// entry) counts the parts left.
 fn emit_scratch_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &PairHeader,
     [start, len]: [&Expr; 2],
-    write: bool,
     parts_name: &str,
 ) {
     let parts = Expr::var(parts_name);
     let words = PartWords::Scratch { start };
     let part = |offset: Expr| words.load(offset);
-    emit_byte_parts(b, names, [start, len], write, words);
+    emit_byte_parts(b, names, [start, len], words);
     let blocks = b.let_(
         names.of("blocks"),
         (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
@@ -1272,13 +1365,12 @@ fn emit_scratch_merge(
             },
         );
         let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-        let (second, merged_len) = emit_merge_at(
+        let (second, _) = emit_merge_at(
             b,
             names,
-            vocabulary,
+            pairs,
             [start, len],
-            [&first, &first_len],
-            write.then_some(&best),
+            [&first, &first_len, &best],
             words,
         );
         words.store(b, second.clone(), u(NO_PAIR));
@@ -1290,7 +1382,7 @@ fn emit_scratch_merge(
             b.while_(part_len(part(before.clone())).equals(0u32), |b| {
                 b.assign(before_name.clone(), before.clone() - 1u32);
             });
-            emit_pair_before(b, names, vocabulary, [start, &before, &merged_len], words);
+            emit_pair_before(b, names, pairs, [start, &before, &best], words);
             let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
             b.if_(
                 block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
@@ -1320,7 +1412,7 @@ fn emit_scratch_merge(
 
 /// The merge loop of a range of at most the slab's length that is not one
 /// token, in the thread's slab of [`MERGE_SLAB`] (one `merge_parts` word per
-/// byte, the slab's word `k` for the range's byte `k`), its ranks into
+/// byte, the slab's word `k` for the range's byte `k`), its parts' ranks in
 /// `token_at`; `parts` (the variable named so, `len` on entry) counts the
 /// parts left. Each merge walks the parts from the first by their lengths (a
 /// part's other bytes are never read, so a merge leaves them as they are) for
@@ -1329,7 +1421,7 @@ fn emit_scratch_merge(
 fn emit_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &PairHeader,
     [start, len]: [&Expr; 2],
     threads: u32,
     parts_name: &str,
@@ -1341,7 +1433,7 @@ fn emit_slab_merge(
         lane: &lane,
     };
     let part = |offset: Expr| words.load(offset);
-    emit_byte_parts(b, &names.nested("slab"), [start, len], true, words);
+    emit_byte_parts(b, &names.nested("slab"), [start, len], words);
     b.while_(Expr::bool(true), |b| {
         // The parts in order; strict `<` keeps the leftmost of lowest rank.
         let best_name = names.of("slab_best");
@@ -1370,13 +1462,12 @@ fn emit_slab_merge(
         b.if_(best.clone().equals(NO_PAIR), |b| {
             b.break_();
         });
-        let (_, merged_len) = emit_merge_at(
+        emit_merge_at(
             b,
             &names.nested("slab"),
-            vocabulary,
+            pairs,
             [start, len],
-            [&first, &first_len],
-            Some(&best),
+            [&first, &first_len, &best],
             words,
         );
         // The part before (found by the walk): its pair is now with the
@@ -1385,8 +1476,8 @@ fn emit_slab_merge(
             emit_pair_before(
                 b,
                 &names.nested("slab"),
-                vocabulary,
-                [start, &before, &merged_len],
+                pairs,
+                [start, &before, &best],
                 words,
             );
         });
@@ -1637,6 +1728,7 @@ pub fn merge(geometry: &Geometry) -> Program {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
+            let pairs = PairHeader::emit(b, &Names::new("table"));
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
                 let (piece_start, piece_end) =
@@ -1660,10 +1752,13 @@ pub fn merge(geometry: &Geometry) -> Program {
                     emit_encode(
                         b,
                         &Names::new("e"),
+                        &pairs,
                         [start.clone(), end.clone() - start.clone()],
-                        listed.clone(),
-                        Output::TokenAt {
-                            slab_bytes,
+                        Whole::LookUp {
+                            skip: listed.clone(),
+                        },
+                        Slab {
+                            bytes: slab_bytes,
                             threads: workgroup_size,
                         },
                     );
@@ -1703,37 +1798,68 @@ fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Ex
 /// The tokens on either side of byte `at` (where a token starts; the token
 /// after ends at the next token start or `end`): the start of the one before,
 /// the end of the one after, and whether they are compatible.
-fn emit_boundary(b: &mut BlockBuilder, names: &Names, at: Expr, end: Expr) -> (Expr, Expr, Expr) {
+fn emit_boundary(
+    b: &mut BlockBuilder,
+    names: &Names,
+    pairs: &PairHeader,
+    at: Expr,
+    end: Expr,
+) -> (Expr, Expr, Expr) {
     let at = b.let_(names.of("boundary"), at);
     let before = emit_token_before(b, &names.of("token_before"), at.clone());
     let after = emit_token_after(b, &names.of("token_after"), at.clone(), end);
-    let compatible = emit_compatible(b, &names.nested("pair"), before.clone(), at, after.clone());
+    let compatible = emit_compatible(
+        b,
+        &names.nested("pair"),
+        pairs,
+        [before.clone(), at, after.clone()],
+    );
     (before, after, compatible)
 }
 
-/// Whether the tokens `first..middle` and `middle..end` of the text are
-/// compatible: tiktoken's rule merges their bytes into exactly those two.
+/// Whether the tokens `first..middle` and `middle..end` of the text (their
+/// ranks in `token_at`) are compatible: tiktoken's rule merges their bytes
+/// into exactly those two. The merge runs in place in `token_at`, by ranks
+/// like every other (whether the two are one token is one probe of the pair
+/// table); an incompatible pair's two tokens are written back after it (a
+/// compatible pair's merge left exactly them).
 fn emit_compatible(
     b: &mut BlockBuilder,
     names: &Names,
-    first: Expr,
-    middle: Expr,
-    end: Expr,
+    pairs: &PairHeader,
+    [first, middle, end]: [Expr; 3],
 ) -> Expr {
     let first = b.let_(names.of("first"), first);
+    let middle = b.let_(names.of("middle"), middle);
+    let len = b.let_(names.of("len"), end - first.clone());
+    let first_rank = b.let_(names.of("first_rank"), load(Role::TokenAt, first.clone()));
+    let second_rank = b.let_(names.of("second_rank"), load(Role::TokenAt, middle.clone()));
+    let joined = emit_pair_rank(
+        b,
+        &names.nested("joined"),
+        pairs,
+        [first_rank.clone(), second_rank.clone()],
+    );
     let parts = emit_encode(
         b,
         &names.nested("pair"),
-        [first.clone(), end - first.clone()],
-        Expr::bool(false),
-        Output::Parts,
+        pairs,
+        [first.clone(), len.clone()],
+        Whole::Rank(joined),
+        Slab::NONE,
     );
-    b.let_(
+    let compatible = b.let_(
         names.of("compatible"),
-        parts
-            .equals(2u32)
-            .and(part_len(load(Role::MergeParts, first.clone())).equals(middle - first)),
-    )
+        parts.equals(2u32).and(
+            part_len(load(Role::MergeParts, first.clone())).equals(middle.clone() - first.clone()),
+        ),
+    );
+    b.if_(compatible.clone().logical_not(), |b| {
+        emit_clear_tokens(b, &names.of("restore"), [first.clone(), len]);
+        b.store(Role::TokenAt.name(), first, first_rank);
+        b.store(Role::TokenAt.name(), middle, second_rank);
+    });
+    compatible
 }
 
 /// `long`: every thread strides over the long list; for each long piece it
@@ -1749,6 +1875,7 @@ pub fn long(geometry: &Geometry) -> Program {
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let longs = b.let_("longs", param(param::LONG_COUNT));
+            let pairs = PairHeader::emit(b, &Names::new("table"));
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
                 let (start, end) =
@@ -1774,6 +1901,7 @@ pub fn long(geometry: &Geometry) -> Program {
                             let (left, right, compatible) = emit_boundary(
                                 b,
                                 &Names::new("check"),
+                                &pairs,
                                 boundary.clone(),
                                 end.clone(),
                             );
@@ -1786,6 +1914,7 @@ pub fn long(geometry: &Geometry) -> Program {
                                 );
                                 emit_repair(
                                     b,
+                                    &pairs,
                                     [start.clone(), end.clone()],
                                     [left, right],
                                     window_limit,
@@ -1811,7 +1940,7 @@ pub fn long(geometry: &Geometry) -> Program {
                         param::SERIAL_PIECES,
                         1u32,
                     );
-                    emit_serial(b, start.clone(), end.clone());
+                    emit_serial(b, &pairs, start.clone(), end.clone());
                 });
                 b.assign("entry", entry.clone() + threads.clone());
             });
@@ -1827,6 +1956,7 @@ pub fn long(geometry: &Geometry) -> Program {
 /// accepted window's end, or `serial` when none was accepted.
 fn emit_repair(
     b: &mut BlockBuilder,
+    pairs: &PairHeader,
     [start, end]: [Expr; 2],
     [left, right]: [Expr; 2],
     window_limit: u32,
@@ -1845,16 +1975,15 @@ fn emit_repair(
             emit_encode(
                 b,
                 &Names::new("window"),
+                pairs,
                 [
                     window_start.clone(),
                     window_end.clone() - window_start.clone(),
                 ],
-                Expr::bool(false),
-                // `long` declares no slab.
-                Output::TokenAt {
-                    slab_bytes: 0,
-                    threads: 1,
+                Whole::LookUp {
+                    skip: Expr::bool(false),
                 },
+                Slab::NONE,
             );
             // The edges: the token before the window with the window's first, the
             // window's last with the token after it (none at the piece's ends).
@@ -1884,7 +2013,7 @@ fn emit_repair(
                 };
                 b.if_(exists, |b| {
                     let (token_before, token_after, compatible) =
-                        emit_boundary(b, &Names::new(&format!("{side}_edge")), edge, bound);
+                        emit_boundary(b, &Names::new(&format!("{side}_edge")), pairs, edge, bound);
                     b.assign(format!("{side}_ok"), compatible);
                     match side {
                         "left" => b.assign("before", token_before),
@@ -1995,22 +2124,25 @@ fn emit_push(
     store_heap_entry(b, base.clone() + hole, rank, position);
 }
 
-/// Pushes the pair of the part at text position `at` (`first_len` bytes) and
-/// the part after it, if there is one before `end`, onto the heap of the piece
-/// at `base` when their bytes are a token.
+/// Pushes the pair of the part at text position `at` (the token `first`,
+/// `first_len` bytes) and the part after it (its rank in `token_at`), if there
+/// is one before `end`, onto the heap of the piece at `base` when their bytes
+/// are a token (one probe of the pair table by their ranks).
 fn emit_push_pair(
     b: &mut BlockBuilder,
     names: &Names,
-    [base, end]: [&Expr; 2],
-    at: Expr,
-    first_len: Expr,
+    (pairs, base, end): (&PairHeader, &Expr, &Expr),
+    [at, first, first_len]: [Expr; 3],
 ) {
     let at = b.let_(names.of("at"), at);
-    let next = b.let_(names.of("next"), at.clone() + first_len.clone());
+    let next = b.let_(names.of("next"), at.clone() + first_len);
     b.if_(next.clone().less_than(end.clone()), |b| {
-        let len = first_len + token_len(load(Role::TokenAt, next));
-        let vocabulary = LookupHeader::emit(b, &names.nested("header"));
-        let rank = emit_lookup(b, &names.nested("pair"), &vocabulary, at.clone(), len);
+        let rank = emit_pair_rank(
+            b,
+            &names.nested("pair"),
+            pairs,
+            [first, load(Role::TokenAt, next)],
+        );
         b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
             emit_push(
                 b,
@@ -2027,7 +2159,7 @@ fn emit_push_pair(
 /// The serial path: the piece `start..end` merged from its bytes in tiktoken's
 /// exact order, the candidate pairs in a binary min-heap of `(rank, position)`
 /// kept in the piece's own scratch range (see the module docs).
-fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
+fn emit_serial(b: &mut BlockBuilder, pairs: &PairHeader, start: Expr, end: Expr) {
     let start = b.let_("serial_start", start);
     let end = b.let_("serial_end", end);
     let len = b.let_("serial_len", end.clone() - start.clone());
@@ -2116,17 +2248,16 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
             let first_len = b.let_("first_len", token_len(first_rank.clone()));
             let second = b.let_("second", at.clone() + first_len.clone());
             b.if_(second.clone().less_than(end.clone()), |b| {
+                let second_rank = b.let_("second_rank", load(Role::TokenAt, second.clone()));
                 let merged_len = b.let_(
                     "merged_len",
-                    first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
+                    first_len.clone() + token_len(second_rank.clone()),
                 );
-                let vocabulary = LookupHeader::emit(b, &Names::new("current_header"));
-                let current = emit_lookup(
+                let current = emit_pair_rank(
                     b,
                     &Names::new("current"),
-                    &vocabulary,
-                    at.clone(),
-                    merged_len.clone(),
+                    pairs,
+                    [first_rank.clone(), second_rank],
                 );
                 b.if_(current.equals(rank.clone()), |b| {
                     b.store(Role::TokenAt.name(), at.clone(), rank.clone());
@@ -2139,16 +2270,15 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                             b.assign("heap_size", 0u32);
                             let part = b.let_mut("rebuild_part", start.clone());
                             b.while_(part.clone().less_than(end.clone()), |b| {
-                                let part_len = b.let_(
-                                    "rebuild_part_len",
-                                    token_len(load(Role::TokenAt, part.clone())),
-                                );
+                                let part_rank =
+                                    b.let_("rebuild_part_rank", load(Role::TokenAt, part.clone()));
+                                let part_len =
+                                    b.let_("rebuild_part_len", token_len(part_rank.clone()));
                                 emit_push_pair(
                                     b,
                                     &Names::new("rebuild"),
-                                    [&start, &end],
-                                    part.clone(),
-                                    part_len.clone(),
+                                    (pairs, &start, &end),
+                                    [part.clone(), part_rank, part_len.clone()],
                                 );
                                 b.assign("rebuild_part", part.clone() + part_len);
                             });
@@ -2157,18 +2287,20 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                             emit_push_pair(
                                 b,
                                 &Names::new("serial_right"),
-                                [&start, &end],
-                                at.clone(),
-                                merged_len.clone(),
+                                (pairs, &start, &end),
+                                [at.clone(), rank.clone(), merged_len.clone()],
                             );
                             b.if_(at.clone().greater_than(start.clone()), |b| {
                                 let previous = emit_token_before(b, "serial_previous", at.clone());
                                 emit_push_pair(
                                     b,
                                     &Names::new("serial_left"),
-                                    [&start, &end],
-                                    previous.clone(),
-                                    at.clone() - previous,
+                                    (pairs, &start, &end),
+                                    [
+                                        previous.clone(),
+                                        load(Role::TokenAt, previous.clone()),
+                                        at.clone() - previous,
+                                    ],
                                 );
                             });
                         },

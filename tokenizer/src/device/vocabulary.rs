@@ -43,6 +43,10 @@ pub mod header {
     pub const RANK_BOUND: u32 = 2;
     /// Length in bytes of the longest token.
     pub const MAX_TOKEN_LEN: u32 = 3;
+    /// log2 of the number of slots of the pair table.
+    pub const PAIR_SLOT_BITS: u32 = 4;
+    /// Word offset of the pair table (two words per slot).
+    pub const PAIR_SLOTS_AT: u32 = 5;
     /// Words the header takes.
     pub const WORDS: u32 = 16;
 }
@@ -59,6 +63,32 @@ pub const TOKENS_AT: u32 = PAIR_RANKS_AT + (1 << 16);
 
 /// A token's rank and its offset into the token bytes each fit 24 bits.
 pub const MAX_RANK: u32 = (1 << 24) - 1;
+
+/// Bits of a rank in the pair table's slots: the device encoder takes
+/// vocabularies whose ranks are below `2^18` (o200k's largest is 200,018).
+pub const PAIR_RANK_BITS: u32 = 18;
+
+/// The device's hash of a pair of ranks (each below `2^18`): the first
+/// multiplied by an odd constant (a bijection of `u32`) plus the second, then
+/// [`finish`] (written the same way in the device program).
+pub const fn pair_hash(first: u32, second: u32) -> u32 {
+    finish(first.wrapping_mul(0x9E37_79B1).wrapping_add(second))
+}
+
+/// The bits of a pair table slot's high word that hold the second rank's top
+/// bits (the merged rank is above them).
+pub const PAIR_HIGH_KEY: u32 = (1 << (2 * PAIR_RANK_BITS - 32)) - 1;
+
+/// The two words of a pair table slot holding `(first, second) → merged`
+/// (each rank below `2^18`): the 54-bit value `first | second << 18 | merged
+/// << 36`, low word first. The high word of a filled slot is below `2^22`, so
+/// [`NO_TOKEN`] there marks an empty slot.
+pub const fn pair_slot(first: u32, second: u32, merged: u32) -> [u32; 2] {
+    [
+        first | second << PAIR_RANK_BITS,
+        second >> (32 - PAIR_RANK_BITS) | merged << (2 * PAIR_RANK_BITS - 32),
+    ]
+}
 
 /// The device's hash of a key: a multiply-xor over its bytes seeded by its
 /// length, then a final mix (written the same way in the device program).
@@ -86,6 +116,9 @@ pub struct DeviceVocabulary {
     token_bytes: Vec<u8>,
     slot_bits: u32,
     longest_probe: u32,
+    pairs: usize,
+    pair_slot_bits: u32,
+    pair_longest_probe: u32,
 }
 
 impl std::fmt::Debug for DeviceVocabulary {
@@ -95,6 +128,9 @@ impl std::fmt::Debug for DeviceVocabulary {
             .field("device_bytes", &self.device_bytes())
             .field("slots", &(1u64 << self.slot_bits))
             .field("longest_probe", &self.longest_probe)
+            .field("pairs", &self.pairs)
+            .field("pair_slots", &(1u64 << self.pair_slot_bits))
+            .field("pair_longest_probe", &self.pair_longest_probe)
             .finish()
     }
 }
@@ -102,8 +138,72 @@ impl std::fmt::Debug for DeviceVocabulary {
 fn too_large(what: String) -> TokenizerError {
     TokenizerError::new(
         ErrorKind::Backend,
-        format!("Fix: {what}; the GPU encoder takes vocabularies of ranks and token bytes below 2^24, so use Backend::Cpu for this one"),
+        format!("Fix: {what}; the GPU encoder takes vocabularies of ranks below 2^18 and of token bytes below 2^24, so use Backend::Cpu for this one"),
     )
+}
+
+/// Every pair of tokens whose bytes, back to back, are a token:
+/// `[first, second, merged]` for every token `merged` and every cut of its
+/// bytes into two tokens, in the order of `merged`'s rank. A pair has at most
+/// one entry (its bytes are fixed, and no two ranks share bytes).
+fn token_pairs(vocabulary: &Vocabulary) -> Vec<[u32; 3]> {
+    let mut pairs = Vec::new();
+    for merged in 0..vocabulary.rank_bound() {
+        let Some(bytes) = vocabulary.token(merged) else {
+            continue;
+        };
+        for cut in 1..bytes.len() {
+            if let (Some(first), Some(second)) = (
+                vocabulary.rank(&bytes[..cut]),
+                vocabulary.rank(&bytes[cut..]),
+            ) {
+                pairs.push([first, second, merged]);
+            }
+        }
+    }
+    pairs
+}
+
+/// The pair table of `pairs` (ranks below `2^18`): a power of two of slots
+/// (two words each, [`pair_slot`]) at most half full, filled by linear
+/// probing from [`pair_hash`]'s top bits, empty slots all ones. Returns the
+/// slot bits, the words and the longest probe of a stored pair.
+fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
+    let slot_bits = (pairs.len().max(8) * 2)
+        .next_power_of_two()
+        .trailing_zeros();
+    let mask = (1usize << slot_bits) - 1;
+    let mut words = vec![NO_TOKEN; 2 << slot_bits];
+    let mut longest_probe = 0;
+    for &[first, second, merged] in pairs {
+        let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
+        let mut probe = 1;
+        while words[2 * slot + 1] != NO_TOKEN {
+            slot = (slot + 1) & mask;
+            probe += 1;
+        }
+        longest_probe = longest_probe.max(probe);
+        words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
+    }
+    (slot_bits, words, longest_probe)
+}
+
+/// The merged rank of `(first, second)` in the pair table `slots` of
+/// `2^slot_bits` slots, by the device's steps: probe from the hash's top bits
+/// until the pair or an empty slot.
+fn pair_lookup(slots: &[u32], slot_bits: u32, first: u32, second: u32) -> Option<u32> {
+    let [low, high] = pair_slot(first, second, 0);
+    let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
+    loop {
+        let stored = slots[2 * slot + 1];
+        if stored == NO_TOKEN {
+            return None;
+        }
+        if slots[2 * slot] == low && stored & PAIR_HIGH_KEY == high {
+            return Some(stored >> PAIR_HIGH_KEY.count_ones());
+        }
+        slot = (slot + 1) & ((1 << slot_bits) - 1);
+    }
 }
 
 impl DeviceVocabulary {
@@ -111,7 +211,7 @@ impl DeviceVocabulary {
     /// or token bytes do not fit the 24-bit fields (none of the built-in ones).
     pub fn new(vocabulary: &Vocabulary) -> Result<Self, TokenizerError> {
         let rank_bound = vocabulary.rank_bound();
-        if rank_bound > MAX_RANK {
+        if rank_bound > 1 << PAIR_RANK_BITS {
             return Err(too_large(format!(
                 "the vocabulary has ranks up to {}",
                 rank_bound - 1
@@ -157,6 +257,14 @@ impl DeviceVocabulary {
                 None => NO_TOKEN,
             };
         }
+        let (pair_slot_bits, pair_words, pair_longest_probe) = pair_table(&token_pairs(vocabulary));
+        let pairs = pair_words
+            .chunks_exact(2)
+            .filter(|slot| slot[1] != NO_TOKEN)
+            .count();
+        words[header::PAIR_SLOT_BITS as usize] = pair_slot_bits;
+        words[header::PAIR_SLOTS_AT as usize] = words.len() as u32;
+        words.extend_from_slice(&pair_words);
         let mask = (1usize << slot_bits) - 1;
         let mut longest_probe = 0;
         for (rank, bytes) in hashed {
@@ -176,10 +284,14 @@ impl DeviceVocabulary {
             token_bytes,
             slot_bits,
             longest_probe,
+            pairs,
+            pair_slot_bits,
+            pair_longest_probe,
         })
     }
 
-    /// The `u32` words: header, byte ranks, pair ranks, tokens, slots.
+    /// The `u32` words: header, byte ranks, 2-byte ranks, tokens, slots of
+    /// the longer tokens, slots of the pair table.
     pub fn words(&self) -> &[u32] {
         &self.words
     }
@@ -198,6 +310,32 @@ impl DeviceVocabulary {
     /// more: it ends at the first empty slot).
     pub fn longest_probe(&self) -> u32 {
         self.longest_probe
+    }
+
+    /// Pairs of tokens the pair table holds (one per cut of a token's bytes
+    /// into two tokens).
+    pub fn pairs(&self) -> usize {
+        self.pairs
+    }
+
+    /// Bytes the pair table takes on the device (8 per slot).
+    pub fn pair_table_bytes(&self) -> usize {
+        8 << self.pair_slot_bits
+    }
+
+    /// Slots the longest probe sequence of a stored pair visits (a miss may
+    /// visit more: it ends at the first empty slot).
+    pub fn pair_longest_probe(&self) -> u32 {
+        self.pair_longest_probe
+    }
+
+    /// The rank of the token whose bytes are those of `first` then those of
+    /// `second` (both ranks), by exactly the device's steps in the pair table;
+    /// `None` when they are no token.
+    pub fn pair(&self, first: u32, second: u32) -> Option<u32> {
+        let slots_at = self.words[header::PAIR_SLOTS_AT as usize] as usize;
+        let slot_bits = self.words[header::PAIR_SLOT_BITS as usize];
+        pair_lookup(&self.words[slots_at..], slot_bits, first, second)
     }
 
     /// The rank of `key` by exactly the device's steps (dense tables for one and
@@ -284,5 +422,119 @@ mod tests {
             assert_eq!(device.lookup(&[b'a'; 200]), None);
             assert!(device.longest_probe() < 64, "{device:?}");
         }
+    }
+
+    /// Every cut of a token's bytes into two tokens, `[first, second, merged]`,
+    /// that `pair` does not answer with the token's rank: the merge loop
+    /// would stop short of a merge tiktoken makes.
+    fn unanswered_cuts(
+        vocabulary: &Vocabulary,
+        pair: impl Fn(u32, u32) -> Option<u32>,
+    ) -> Vec<[u32; 3]> {
+        let mut unanswered = Vec::new();
+        for merged in 0..vocabulary.rank_bound() {
+            let Some(bytes) = vocabulary.token(merged) else {
+                continue;
+            };
+            for cut in 1..bytes.len() {
+                let halves = (
+                    vocabulary.rank(&bytes[..cut]),
+                    vocabulary.rank(&bytes[cut..]),
+                );
+                if let (Some(first), Some(second)) = halves {
+                    if pair(first, second) != Some(merged) {
+                        unanswered.push([first, second, merged]);
+                    }
+                }
+            }
+        }
+        unanswered
+    }
+
+    /// Locks out a pair table that loses or invents a merge (a slot packing
+    /// that cuts a rank's bits, a probe that stops early, a hash the host and
+    /// the device disagree on): for every built-in encoding, every cut of
+    /// every token's bytes into two tokens finds that token's rank, and
+    /// 100,000 random pairs of ranks find exactly the rank of their bytes back
+    /// to back (almost all none). Negative control: a table built without one
+    /// pair leaves exactly that cut unanswered. Prints each table's pairs,
+    /// bytes and longest probe (the module docs quote them).
+    #[test]
+    fn pair_table_answers_every_cut_of_every_token() {
+        for encoding in Encoding::ALL {
+            let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes()).unwrap();
+            let device = DeviceVocabulary::new(&vocabulary).unwrap();
+            eprintln!(
+                "{}: {} pairs, {} bytes, longest probe {}",
+                encoding.name(),
+                device.pairs(),
+                device.pair_table_bytes(),
+                device.pair_longest_probe()
+            );
+            assert_eq!(
+                unanswered_cuts(&vocabulary, |first, second| device.pair(first, second)),
+                Vec::<[u32; 3]>::new(),
+                "{}",
+                encoding.name()
+            );
+            assert_eq!(device.pairs(), token_pairs(&vocabulary).len());
+            assert!(device.pair_table_bytes() >= 16 * device.pairs());
+            let mut state = 0x9E37_79B9_7F4A_7C15u64;
+            let mut random_rank = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % u64::from(vocabulary.rank_bound())) as u32
+            };
+            let mut found = 0;
+            for _ in 0..100_000 {
+                let (first, second) = (random_rank(), random_rank());
+                let bytes = [
+                    vocabulary.token(first).unwrap(),
+                    vocabulary.token(second).unwrap(),
+                ]
+                .concat();
+                let expected = vocabulary.rank(&bytes);
+                assert_eq!(device.pair(first, second), expected, "{first} {second}");
+                found += usize::from(expected.is_some());
+            }
+            assert!(
+                found < 1000,
+                "{}: {found} random pairs are tokens",
+                encoding.name()
+            );
+            // Negative control: one pair left out is one cut unanswered.
+            let mut pairs = token_pairs(&vocabulary);
+            let dropped = pairs.remove(pairs.len() / 2);
+            let (slot_bits, slots, _) = pair_table(&pairs);
+            assert_eq!(
+                unanswered_cuts(&vocabulary, |first, second| pair_lookup(
+                    &slots, slot_bits, first, second
+                )),
+                vec![dropped],
+                "{}: control",
+                encoding.name()
+            );
+        }
+    }
+
+    /// Locks out a vocabulary whose ranks do not fit the pair table's 18-bit
+    /// fields reaching the device (where a rank would alias another): a rank
+    /// of `2^18` is a `Fix:` error, and (control) one of `2^18 − 1` is taken.
+    #[test]
+    fn ranks_past_the_pair_table_fields_are_fix_errors() {
+        let with_rank = |rank: u32| {
+            let mut bytes = Encoding::R50kBase.tiktoken_bytes().to_vec();
+            bytes.extend_from_slice(format!("//// {rank}\n").as_bytes());
+            Vocabulary::from_tiktoken_bytes(&bytes).unwrap()
+        };
+        let error = DeviceVocabulary::new(&with_rank(1 << PAIR_RANK_BITS)).unwrap_err();
+        assert!(error.message().starts_with("Fix: "), "{error}");
+        assert!(error.message().contains("2^18"), "{error}");
+        let taken = DeviceVocabulary::new(&with_rank((1 << PAIR_RANK_BITS) - 1)).unwrap();
+        assert_eq!(
+            taken.lookup(b"\xFF\xFF\xFF"),
+            Some((1 << PAIR_RANK_BITS) - 1)
+        );
     }
 }
