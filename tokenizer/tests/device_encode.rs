@@ -838,7 +838,7 @@ fn merge_one_piece(
 /// pieces of ~200 bytes): the `merge` program's reference-interpreter work
 /// for a 384-byte run of one letter, of spaces and of `ab` is at most 6 times
 /// its work for a 96-byte one (4 times the bytes; the block minima scan grows
-/// with the length too: 4.7–5.0 measured), with the CPU encoder's ids, on
+/// with the length too: 4.9–5.2 measured), with the CPU encoder's ids, on
 /// r50k and cl100k. (Negative control: the shifting loop this replaced
 /// measured 11.7–13.3 on the same inputs, 3.1 only for r50k's spaces, which
 /// merge little.)

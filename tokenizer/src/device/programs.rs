@@ -34,7 +34,10 @@
 //! `token_at[i]` holds the rank of the token that starts at byte `i` and
 //! [`NO_TOKEN`] at every other byte of the text. A piece or chunk is encoded by
 //! one thread that owns its bytes, so no two threads write one element; the
-//! compaction then reads the tokens in text order.
+//! compaction then reads the tokens in text order. While a range merges,
+//! `token_at` holds the same for its parts (every part is a token): the rank of
+//! each part at its first byte, so the merge loop looks every pair up by the
+//! two ranks in the vocabulary's pair table (below).
 //!
 //! # The merge loop
 //!
@@ -51,18 +54,45 @@
 //!   2^24 − 1); length 0 at every other byte.
 //! - `merge_minima[start + k]`: the lowest pair rank of the range's 16-byte
 //!   block `k` (positions `16k..16k + 16`).
+//! - `token_at[i]`: at a part's first byte, the part's rank; [`NO_TOKEN`] at
+//!   every other byte.
 //!
 //! Both arrays hold exactly that after every merge (the merge rewrites every
 //! word whose part or pair changed and recomputes every block holding one), so
 //! a merge takes the leftmost block of lowest minimum and the leftmost part in
-//! it with that rank: exactly the leftmost pair of lowest rank. It makes the
-//! second part's word "no part", writes the merged part's length and its new
-//! pair's rank, finds the part before by walking back over length-0 bytes (at
-//! most that part's length), re-ranks its pair, and recomputes the minima of
-//! the at most three blocks those words lie in. Per merge that is `⌈L/16⌉`
-//! minima and at most 16 words to find the pair, at most 48 words to refresh
-//! the blocks, two token lookups and a handful of stores: about 90 loads
-//! besides the lookups for `L` = 384, nothing moved. Why: the loop this
+//! it with that rank: exactly the leftmost pair of lowest rank, whose rank is
+//! the merged token's. It makes the second part's word "no part" (and its
+//! `token_at` "no token"), writes the merged part's rank into `token_at` and
+//! its length and new pair's rank into its word, finds the part before by
+//! walking back over length-0 bytes (at most that part's length), re-ranks its
+//! pair, and recomputes the minima of the at most three blocks those words lie
+//! in. Per merge that is `⌈L/16⌉` minima and at most 16 words to find the
+//! pair, at most 48 words to refresh the blocks, two pair lookups and a
+//! handful of stores: about 90 loads besides the lookups for `L` = 384,
+//! nothing moved.
+//!
+//! A pair lookup is by ranks: the merged part with the part after it is
+//! `(merged, token_at[after])`, the part before with the merged part
+//! `(token_at[before], merged)`, each one load of `token_at` and a probe of the
+//! vocabulary's [pair table](super::vocabulary) (8-byte slots, 1.4 slots on a
+//! hit and 2.0–2.1 on a miss on average, at most 19–30; 2, 4 and 8 MiB for
+//! r50k/p50k, cl100k and o200k, in L2): about 4–5 loads, none of the text.
+//! Keyed by bytes instead, a lookup hashed the merged bytes (one text load
+//! each), probed and compared the bytes with the token's: about `3m + 3`
+//! loads on a hit and `m + 4` on a miss for `m` merged bytes, so 30–45 loads
+//! per merge for the 4–8-byte pairs of prose and CJK, in dependent chains.
+//! Why: `merge` was the largest step on the H200 (2026-12-01, cl100k):
+//! 0.95–2.2 ms per 16 MiB chunk for 4.24 M merges, 58.7 of the 141 µs of
+//! kernels of 256 KiB of prose, 143–161 µs for code and CJK. The reference
+//! interpreter charges a statement alike whatever memory it touches, so it
+//! shows only the shorter code: the `merge` program's work for a 384-byte run
+//! fell from 10.9 M to 9.0 M (r50k, one letter), from 13.3 M to 10.5 M
+//! (cl100k, one letter) and from 17.8 M to 12.2 M (cl100k, spaces).
+//! The first pair ranks of a range (all its parts single bytes) still come from
+//! the dense 2-byte table, one load each: keyed by the two bytes, which is
+//! keyed by their two ranks.
+//!
+//! Why the loop has this shape: the loop this
 //! replaced rescanned every pair and shifted the part and pair arrays down
 //! one place per merge in global memory, `O(L²)` dependent memory operations
 //! per piece, and its `merge` step took 1.8–2.1 ms on an H200 for a
@@ -79,8 +109,8 @@
 //! same word touch 32 banks) instead of the global arrays, and keeps no block
 //! minima: each merge walks the parts from the first by their lengths (at most
 //! `S` words), which gives the leftmost pair of lowest rank and the part before
-//! it at once, so there is no walk back either; then two token lookups and
-//! three slab words. Why: at small sizes `merge` waits on the longest piece's
+//! it at once, so there is no walk back either; then two pair lookups (the
+//! ranks in `token_at`, as above) and three slab words. Why: at small sizes `merge` waits on the longest piece's
 //! chain of dependent merges, each a series of dependent global loads and
 //! stores; on the H200 (2026-12-01, cl100k) `merge` took 38.8 µs of a 1,024-byte
 //! prose text's kernels, every other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs
@@ -102,9 +132,9 @@
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
 //! reads (longest token, slot bits, table offset) are loaded once per range,
-//! not inside every lookup of its merges. Together these took the `merge`
-//! program's reference work for a 384-byte run of one letter (r50k) from
-//! 11.1 M to 10.9 M.
+//! not inside every lookup of its merges (the pair table's, once per thread).
+//! Together these took the `merge` program's reference work for a 384-byte
+//! run of one letter (r50k) from 11.1 M to 10.9 M.
 //!
 //! # Long pieces
 //!
@@ -131,6 +161,14 @@
 //! full), `O(L log L)` for `L` bytes. Nothing is quadratic in a piece's length:
 //! a chunk merge or a repair is at most `C` merges of `O(C/16)` each, the
 //! serial path `O(L log L)`.
+//!
+//! Every part here is a token too, so `long` asks the pair table by ranks as
+//! well: a compatibility check merges the two tokens' bytes in place in
+//! `token_at` like any range (whether the two are one token is one probe of
+//! their ranks; an incompatible pair's two ranks are written back after it),
+//! and the serial path checks a popped pair and pushes new ones by the two
+//! parts' ranks in `token_at`. Only a repair window and a chunk look their
+//! whole range up by its bytes, as `pieces` does a piece.
 
 use vyre_cuda::codegen::MultiprocessorLimits;
 use vyre_cuda::ir::{
@@ -822,9 +860,8 @@ impl Names {
     }
 }
 
-/// The vocabulary's header words a lookup reads, as variables: loaded once
-/// for every lookup of a range's merges instead of inside each lookup, where
-/// they were links of the merge chain's dependent loads.
+/// The vocabulary's header words a lookup by bytes reads, as variables (a
+/// range's merges look their pairs up by ranks instead: [`PairHeader`]).
 struct LookupHeader {
     max_token_len: Expr,
     slot_bits: Expr,
@@ -939,8 +976,9 @@ fn emit_finish(b: &mut BlockBuilder, hash_name: &str) {
     b.assign(hash_name, hash.clone() ^ (hash >> 16u32));
 }
 
-/// The pair table's header words, as variables: loaded once per range, like
-/// [`LookupHeader`].
+/// The pair table's header words, as variables: loaded once per thread of
+/// `merge` and `long`, not inside every lookup, where they would be links of
+/// the merge chain's dependent loads.
 struct PairHeader {
     slot_bits: Expr,
     slots_at: Expr,
