@@ -860,23 +860,47 @@ impl Names {
     }
 }
 
-/// The vocabulary's header words a lookup by bytes reads, as variables (a
-/// range's merges look their pairs up by ranks instead: [`PairHeader`]).
-struct LookupHeader {
-    max_token_len: Expr,
+/// One of the vocabulary's slot tables (the longer tokens keyed by bytes, or
+/// the pair table keyed by two ranks), its header words as variables: loaded
+/// once per range or thread, not inside every lookup, where they were links
+/// of the merge chain's dependent loads.
+struct SlotTable {
     slot_bits: Expr,
     slots_at: Expr,
     slot_mask: Expr,
 }
 
-impl LookupHeader {
-    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
-        let slot_bits = b.let_(names.of("slot_bits"), vocab(header::SLOT_BITS));
-        LookupHeader {
-            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
-            slots_at: b.let_(names.of("slots_at"), vocab(header::SLOTS_AT)),
+impl SlotTable {
+    /// The header words of the table keyed by bytes.
+    const BY_BYTES: [u32; 2] = [header::SLOT_BITS, header::SLOTS_AT];
+    /// The header words of the pair table.
+    const PAIRS: [u32; 2] = [header::PAIR_SLOT_BITS, header::PAIR_SLOTS_AT];
+
+    /// The table whose slot bits and word offset are the header words
+    /// `bits_word` and `at_word`.
+    fn emit(b: &mut BlockBuilder, names: &Names, [bits_word, at_word]: [u32; 2]) -> SlotTable {
+        let slot_bits = b.let_(names.of("slot_bits"), vocab(bits_word));
+        SlotTable {
+            slots_at: b.let_(names.of("slots_at"), vocab(at_word)),
             slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
             slot_bits,
+        }
+    }
+}
+
+/// The vocabulary's header words a lookup by bytes reads, as variables (a
+/// range's merges look their pairs up by ranks instead, in
+/// [`SlotTable::PAIRS`]).
+struct LookupHeader {
+    max_token_len: Expr,
+    slots: SlotTable,
+}
+
+impl LookupHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
+        LookupHeader {
+            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
+            slots: SlotTable::emit(b, names, SlotTable::BY_BYTES),
         }
     }
 }
@@ -920,12 +944,12 @@ fn emit_lookup(
             );
         });
         emit_finish(b, &hash_name);
-        let slots_at = &vocabulary.slots_at;
-        let mask = &vocabulary.slot_mask;
+        let slots_at = &vocabulary.slots.slots_at;
+        let mask = &vocabulary.slots.slot_mask;
         let slot_name = names.of("slot");
         let slot = b.let_mut(
             slot_name.clone(),
-            hash.clone() >> (u(32) - vocabulary.slot_bits.clone()),
+            hash.clone() >> (u(32) - vocabulary.slots.slot_bits.clone()),
         );
         b.while_(Expr::bool(true), |b| {
             let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
@@ -976,29 +1000,6 @@ fn emit_finish(b: &mut BlockBuilder, hash_name: &str) {
     b.assign(hash_name, hash.clone() ^ (hash >> 16u32));
 }
 
-/// The pair table's header words, as variables: loaded once per thread of
-/// `merge` and `long`, not inside every lookup, where they would be links of
-/// the merge chain's dependent loads.
-struct PairHeader {
-    slot_bits: Expr,
-    slots_at: Expr,
-    slot_mask: Expr,
-}
-
-impl PairHeader {
-    fn emit(b: &mut BlockBuilder, names: &Names) -> PairHeader {
-        let slot_bits = b.let_(names.of("pair_slot_bits"), vocab(header::PAIR_SLOT_BITS));
-        PairHeader {
-            slots_at: b.let_(names.of("pair_slots_at"), vocab(header::PAIR_SLOTS_AT)),
-            slot_mask: b.let_(
-                names.of("pair_slot_mask"),
-                (u(1) << slot_bits.clone()) - 1u32,
-            ),
-            slot_bits,
-        }
-    }
-}
-
 /// The rank of the token whose bytes are those of the token `first` then
 /// those of the token `second` (a variable holding [`NO_TOKEN`] when they are
 /// no token): one probe of the pair table most of the time, never a byte of
@@ -1007,7 +1008,7 @@ impl PairHeader {
 fn emit_pair_rank(
     b: &mut BlockBuilder,
     names: &Names,
-    table: &PairHeader,
+    table: &SlotTable,
     [first, second]: [Expr; 2],
 ) -> Expr {
     let first = b.let_(names.of("first"), first);
@@ -1149,7 +1150,7 @@ const MERGE_SLAB: &str = "merge_slab";
 fn emit_encode(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, len]: [Expr; 2],
     whole: Whole,
     slab: Slab,
@@ -1284,7 +1285,7 @@ fn emit_byte_parts(
 fn emit_merge_at(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
     [first, first_len, merged]: [&Expr; 3],
     words: PartWords,
@@ -1325,7 +1326,7 @@ fn emit_merge_at(
 fn emit_pair_before(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, before, merged]: [&Expr; 3],
     words: PartWords,
 ) {
@@ -1349,7 +1350,7 @@ fn emit_pair_before(
 fn emit_scratch_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
     parts_name: &str,
 ) {
@@ -1459,7 +1460,7 @@ fn emit_scratch_merge(
 fn emit_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
     threads: u32,
     parts_name: &str,
@@ -1766,7 +1767,7 @@ pub fn merge(geometry: &Geometry) -> Program {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
-            let pairs = PairHeader::emit(b, &Names::new("table"));
+            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
                 let (piece_start, piece_end) =
@@ -1839,7 +1840,7 @@ fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Ex
 fn emit_boundary(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     at: Expr,
     end: Expr,
 ) -> (Expr, Expr, Expr) {
@@ -1864,7 +1865,7 @@ fn emit_boundary(
 fn emit_compatible(
     b: &mut BlockBuilder,
     names: &Names,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [first, middle, end]: [Expr; 3],
 ) -> Expr {
     let first = b.let_(names.of("first"), first);
@@ -1913,7 +1914,7 @@ pub fn long(geometry: &Geometry) -> Program {
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let longs = b.let_("longs", param(param::LONG_COUNT));
-            let pairs = PairHeader::emit(b, &Names::new("table"));
+            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
                 let (start, end) =
@@ -1994,7 +1995,7 @@ pub fn long(geometry: &Geometry) -> Program {
 /// accepted window's end, or `serial` when none was accepted.
 fn emit_repair(
     b: &mut BlockBuilder,
-    pairs: &PairHeader,
+    pairs: &SlotTable,
     [start, end]: [Expr; 2],
     [left, right]: [Expr; 2],
     window_limit: u32,
@@ -2169,7 +2170,7 @@ fn emit_push(
 fn emit_push_pair(
     b: &mut BlockBuilder,
     names: &Names,
-    (pairs, base, end): (&PairHeader, &Expr, &Expr),
+    (pairs, base, end): (&SlotTable, &Expr, &Expr),
     [at, first, first_len]: [Expr; 3],
 ) {
     let at = b.let_(names.of("at"), at);
@@ -2197,7 +2198,7 @@ fn emit_push_pair(
 /// The serial path: the piece `start..end` merged from its bytes in tiktoken's
 /// exact order, the candidate pairs in a binary min-heap of `(rank, position)`
 /// kept in the piece's own scratch range (see the module docs).
-fn emit_serial(b: &mut BlockBuilder, pairs: &PairHeader, start: Expr, end: Expr) {
+fn emit_serial(b: &mut BlockBuilder, pairs: &SlotTable, start: Expr, end: Expr) {
     let start = b.let_("serial_start", start);
     let end = b.let_("serial_end", end);
     let len = b.let_("serial_len", end.clone() - start.clone());
