@@ -848,8 +848,8 @@ fn merge_one_piece_over(
 }
 
 /// Locks out a merge loop that looks its pairs up by their bytes (hashing the
-/// merged bytes of the text and comparing them with the token's: 30–45 loads
-/// per merge where the pair table of ranks takes 4–5) or loses a merge of the
+/// merged bytes of the text and comparing them with the token's: 20–45 loads
+/// per merge where the pair table of ranks takes 8–10) or loses a merge of the
 /// pair table: a listed piece (no whole lookup) merged by the `merge` program
 /// alone with every token byte zeroed still gets the CPU encoder's ids, in the
 /// global scratch arrays and in the slab, for r50k and o200k (whose ranks

@@ -76,11 +76,12 @@
 //! `(token_at[before], merged)`, each one load of `token_at` and a probe of the
 //! vocabulary's [pair table](super::vocabulary) (8-byte slots, 1.4 slots on a
 //! hit and 2.0–2.1 on a miss on average, at most 19–30; 2, 4 and 8 MiB for
-//! r50k/p50k, cl100k and o200k, in L2): about 4–5 loads, none of the text.
-//! Keyed by bytes instead, a lookup hashed the merged bytes (one text load
-//! each), probed and compared the bytes with the token's: about `3m + 3`
-//! loads on a hit and `m + 4` on a miss for `m` merged bytes, so 30–45 loads
-//! per merge for the 4–8-byte pairs of prose and CJK, in dependent chains.
+//! r50k/p50k, cl100k and o200k, in L2): about 4 loads on a hit and 5 on a
+//! miss, none of the text, so 8–10 per merge. Keyed by bytes instead, a
+//! lookup hashed the merged bytes (one text load each), probed (two words a
+//! slot) and compared the bytes with the token's: about `3m + 4` loads on a
+//! hit and `m + 4` on a miss for `m` merged bytes, so about 20–45 per merge
+//! for the 4–8-byte pairs of prose and CJK, in dependent chains.
 //! Why: `merge` was the largest step on the H200 (2026-12-01, cl100k):
 //! 0.95–2.2 ms per 16 MiB chunk for 4.24 M merges, 58.7 of the 141 µs of
 //! kernels of 256 KiB of prose, 143–161 µs for code and CJK. The reference
@@ -110,11 +111,12 @@
 //! minima: each merge walks the parts from the first by their lengths (at most
 //! `S` words), which gives the leftmost pair of lowest rank and the part before
 //! it at once, so there is no walk back either; then two pair lookups (the
-//! ranks in `token_at`, as above) and three slab words. Why: at small sizes `merge` waits on the longest piece's
-//! chain of dependent merges, each a series of dependent global loads and
-//! stores; on the H200 (2026-12-01, cl100k) `merge` took 38.8 µs of a 1,024-byte
-//! prose text's kernels, every other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs
-//! for 256 KiB of prose / code / CJK but only about 1.05 ms for 16 MiB. Why 12:
+//! ranks in `token_at`, as above) and three slab words. Why: at small sizes
+//! `merge` waits on the longest piece's chain of dependent merges, each a
+//! series of dependent global loads and stores; on the H200 (2026-12-01,
+//! cl100k) `merge` took 38.8 µs of a 1,024-byte prose text's kernels, every
+//! other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs for 256 KiB of prose /
+//! code / CJK but only about 1.05 ms for 16 MiB. Why 12:
 //! the slabs take `4 · S · W` bytes (12 KiB at 256 threads), and the
 //! short-text kernel holds them beside every other step's workgroup buffers;
 //! with the workgroup reductions lowered without subgroup operations (about
