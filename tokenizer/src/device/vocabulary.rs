@@ -236,8 +236,10 @@ fn pair_lookup(slots: &[u32], slot_bits: u32, first: u32, second: u32) -> (Optio
 }
 
 impl DeviceVocabulary {
-    /// The device tables of `vocabulary`. An `Err` for a vocabulary whose ranks
-    /// or token bytes do not fit the 24-bit fields (none of the built-in ones).
+    /// The device tables of `vocabulary`, the pair table among them (every
+    /// cut of every token looked up on the host). An `Err` for a vocabulary with a rank of
+    /// `2^18` or more (the pair table's fields) or more than `2^24` bytes of
+    /// tokens (none of the built-in ones).
     pub fn new(vocabulary: &Vocabulary) -> Result<Self, TokenizerError> {
         let rank_bound = vocabulary.rank_bound();
         if rank_bound > 1 << PAIR_RANK_BITS {
