@@ -22,7 +22,7 @@ use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
 use vyre_tokenizer::device::programs::{param, Programs, Role, MERGE_SLAB_BYTES};
-use vyre_tokenizer::device::vocabulary::NO_TOKEN;
+use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
@@ -767,13 +767,28 @@ fn merge_one_piece(
     text: &[u8],
     geometry: Geometry,
 ) -> (Vec<u32>, u64, bool) {
+    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+    merge_one_piece_over(
+        tokenizer,
+        text,
+        geometry,
+        (vocabulary.words(), vocabulary.token_bytes()),
+    )
+}
+
+/// [`merge_one_piece`] over the vocabulary tables `(words, token_bytes)`.
+fn merge_one_piece_over(
+    tokenizer: &Tokenizer,
+    text: &[u8],
+    geometry: Geometry,
+    (vocabulary_words, token_bytes): (&[u32], &[u8]),
+) -> (Vec<u32>, u64, bool) {
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
     let step = programs
         .steps()
         .iter()
         .find(|step| step.name == "merge")
         .unwrap();
-    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
     let words = |values: &[u32]| -> Vec<u8> {
         values
             .iter()
@@ -798,8 +813,8 @@ fn merge_one_piece(
             Role::ChunkList | Role::LongList => words(&[0, 0]),
             Role::Params => words(&params),
             Role::Text => padded_text.clone(),
-            Role::Vocabulary => words(vocabulary.words()),
-            Role::TokenBytes => vocabulary.token_bytes().to_vec(),
+            Role::Vocabulary => words(vocabulary_words),
+            Role::TokenBytes => token_bytes.to_vec(),
             other => panic!("the merge step binds {other:?}"),
         })
         .collect();
@@ -832,13 +847,65 @@ fn merge_one_piece(
     (ids, stats.work(), scratch_written)
 }
 
+/// Locks out a merge loop that looks its pairs up by their bytes (hashing the
+/// merged bytes of the text and comparing them with the token's: 20–45 loads
+/// per merge where the pair table of ranks takes 8–10) or loses a merge of the
+/// pair table: a listed piece (no whole lookup) merged by the `merge` program
+/// alone with every token byte zeroed still gets the CPU encoder's ids, in the
+/// global scratch arrays and in the slab, for r50k and o200k (whose ranks
+/// fill the slots' 18-bit fields). Negative control: with the pair table
+/// emptied the same pieces stop after the first round of merges (of two
+/// single bytes, from the dense 2-byte table): no token over 2 bytes, other
+/// ids.
+#[test]
+fn merges_look_pairs_up_by_ranks_in_the_pair_table() {
+    for encoding in [Encoding::R50kBase, Encoding::O200kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+        let zeroed = vec![0u8; vocabulary.token_bytes().len()];
+        let mut emptied = vocabulary.words().to_vec();
+        let pairs_at = emptied[header::PAIR_SLOTS_AT as usize] as usize;
+        emptied[pairs_at..].fill(NO_TOKEN);
+        for text in [
+            "internationalization",
+            "antidisestablishmentarianism",
+            "tokenizer",
+            "aaaaaaaaaaa",
+        ] {
+            let text = text.as_bytes();
+            assert!(text.len() > 12 || text.len() <= MERGE_SLAB_BYTES as usize);
+            let expected = tokenizer.encode_ordinary_bytes(text);
+            assert!(expected.len() < text.len(), "{text:?} merges");
+            let (ids, _, _) = merge_one_piece_over(
+                &tokenizer,
+                text,
+                Geometry::default(),
+                (vocabulary.words(), &zeroed),
+            );
+            assert_eq!(ids, expected, "{}: {text:?}", encoding.name());
+            let (unmerged, _, _) = merge_one_piece_over(
+                &tokenizer,
+                text,
+                Geometry::default(),
+                (&emptied, vocabulary.token_bytes()),
+            );
+            let longest = unmerged
+                .iter()
+                .map(|&id| tokenizer.vocabulary().token(id).unwrap().len())
+                .max();
+            assert_eq!(longest, Some(2), "{}: {text:?} control", encoding.name());
+            assert_ne!(unmerged, expected, "{}: {text:?} control", encoding.name());
+        }
+    }
+}
+
 /// Locks out a merge loop whose cost grows with the square of a piece's
 /// length (each merge rescanning every pair and shifting the parts after it
 /// down one place in global memory: 1.8–2.1 ms of `merge` on an H200 for
 /// pieces of ~200 bytes): the `merge` program's reference-interpreter work
 /// for a 384-byte run of one letter, of spaces and of `ab` is at most 6 times
 /// its work for a 96-byte one (4 times the bytes; the block minima scan grows
-/// with the length too: 4.7–5.0 measured), with the CPU encoder's ids, on
+/// with the length too: 4.9–5.2 measured), with the CPU encoder's ids, on
 /// r50k and cl100k. (Negative control: the shifting loop this replaced
 /// measured 11.7–13.3 on the same inputs, 3.1 only for r50k's spaces, which
 /// merge little.)

@@ -38,17 +38,20 @@
 //!   kernel wrote and leaves the piece starts and count the BPE steps read;
 //!   its kind table (35 KiB) is resident beside the vocabulary.
 //! - **The vocabulary** ([`vocabulary`]) is uploaded once per encoder and
-//!   stays resident: dense tables of the single bytes and the 2-byte tokens
-//!   and a hash table of the longer tokens keyed by their bytes, 1.75 MiB for
-//!   r50k and p50k, 3.25 MiB for cl100k, 6.35 MiB for o200k.
+//!   stays resident: dense tables of the single bytes and the 2-byte tokens,
+//!   a hash table of the longer tokens keyed by their bytes (for whole
+//!   pieces) and the pair table keyed by two ranks (for merges): 3.75 MiB for
+//!   r50k and p50k, 7.25 MiB for cl100k, 14.35 MiB for o200k, of which the
+//!   pair table is 2, 4 and 8 MiB.
 //! - **One thread per piece** looks the whole piece up (most pieces are one
 //!   token: one lookup); a piece that is not goes on a list, and a thread per
 //!   listed piece runs tiktoken's merge loop (lowest rank, leftmost on ties)
 //!   over scratch arrays indexed by text position (each part's length and
-//!   pair rank at its first byte, the lowest pair rank of every 16-byte
-//!   block: a merge reads the block minima and refreshes at most three, and
-//!   moves nothing), so no thread needs a local array and a range of any
-//!   length fits.
+//!   pair rank at its first byte, its rank in `token_at`, the lowest pair
+//!   rank of every 16-byte block: a merge reads the block minima and
+//!   refreshes at most three, moves nothing, and looks its two new pairs up
+//!   by the parts' ranks in the pair table, never by their bytes), so no
+//!   thread needs a local array and a range of any length fits.
 //! - **Long pieces** (over 384 bytes: a run of one letter, a long number under
 //!   GPT-2's pattern, a paragraph of CJK) are cut into 384-byte chunks merged
 //!   in parallel and stitched where a check proves it exact: the chunks'
@@ -94,8 +97,9 @@
 //! traffic per input byte, some 0.4 ms for 64 MiB at the H200's HBM
 //! bandwidth: the copies (1 byte up, about 1 byte of ids down per input byte)
 //! and the host's gather and scatter bound a batch, not the device. A piece
-//! that merges costs its merge loop on top: `O(L²)` lookups for a piece of
-//! `L ≤ 384` bytes (a few per merge; its scratch arrays stay in L1).
+//! that merges costs its merge loop on top: `O(L²)` loads for a piece of
+//! `L ≤ 384` bytes (the block minima, two pair-table probes of about 1.4–2.1
+//! slots per merge; its scratch arrays stay in L1).
 //!
 //! Device memory per input byte of a chunk's capacity (buffers are powers of
 //! two): the text (1), the split's piece starts (4) and codes (1, cl100k and

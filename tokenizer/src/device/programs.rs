@@ -34,7 +34,10 @@
 //! `token_at[i]` holds the rank of the token that starts at byte `i` and
 //! [`NO_TOKEN`] at every other byte of the text. A piece or chunk is encoded by
 //! one thread that owns its bytes, so no two threads write one element; the
-//! compaction then reads the tokens in text order.
+//! compaction then reads the tokens in text order. While a range merges,
+//! `token_at` holds the same for its parts (every part is a token): the rank of
+//! each part at its first byte, so the merge loop looks every pair up by the
+//! two ranks in the vocabulary's pair table (below).
 //!
 //! # The merge loop
 //!
@@ -51,18 +54,46 @@
 //!   2^24 − 1); length 0 at every other byte.
 //! - `merge_minima[start + k]`: the lowest pair rank of the range's 16-byte
 //!   block `k` (positions `16k..16k + 16`).
+//! - `token_at[i]`: at a part's first byte, the part's rank; [`NO_TOKEN`] at
+//!   every other byte.
 //!
 //! Both arrays hold exactly that after every merge (the merge rewrites every
 //! word whose part or pair changed and recomputes every block holding one), so
 //! a merge takes the leftmost block of lowest minimum and the leftmost part in
-//! it with that rank: exactly the leftmost pair of lowest rank. It makes the
-//! second part's word "no part", writes the merged part's length and its new
-//! pair's rank, finds the part before by walking back over length-0 bytes (at
-//! most that part's length), re-ranks its pair, and recomputes the minima of
-//! the at most three blocks those words lie in. Per merge that is `⌈L/16⌉`
-//! minima and at most 16 words to find the pair, at most 48 words to refresh
-//! the blocks, two token lookups and a handful of stores: about 90 loads
-//! besides the lookups for `L` = 384, nothing moved. Why: the loop this
+//! it with that rank: exactly the leftmost pair of lowest rank, whose rank is
+//! the merged token's. It makes the second part's word "no part" (and its
+//! `token_at` "no token"), writes the merged part's rank into `token_at` and
+//! its length and new pair's rank into its word, finds the part before by
+//! walking back over length-0 bytes (at most that part's length), re-ranks its
+//! pair, and recomputes the minima of the at most three blocks those words lie
+//! in. Per merge that is `⌈L/16⌉` minima and at most 16 words to find the
+//! pair, at most 48 words to refresh the blocks, two pair lookups and a
+//! handful of stores: about 90 loads besides the lookups for `L` = 384,
+//! nothing moved.
+//!
+//! A pair lookup is by ranks: the merged part with the part after it is
+//! `(merged, token_at[after])`, the part before with the merged part
+//! `(token_at[before], merged)`, each one load of `token_at` and a probe of the
+//! vocabulary's [pair table](super::vocabulary) (8-byte slots, 1.4 slots on a
+//! hit and 2.0–2.1 on a miss on average, at most 19–30; 2, 4 and 8 MiB for
+//! r50k/p50k, cl100k and o200k, in L2): about 4 loads on a hit and 5 on a
+//! miss, none of the text, so 8–10 per merge. Keyed by bytes instead, a
+//! lookup hashed the merged bytes (one text load each), probed (two words a
+//! slot) and compared the bytes with the token's: about `3m + 4` loads on a
+//! hit and `m + 4` on a miss for `m` merged bytes, so about 20–45 per merge
+//! for the 4–8-byte pairs of prose and CJK, in dependent chains.
+//! Why: `merge` was the largest step on the H200 (2026-12-01, cl100k):
+//! 0.95–2.2 ms per 16 MiB chunk for 4.24 M merges, 58.7 of the 141 µs of
+//! kernels of 256 KiB of prose, 143–161 µs for code and CJK. The reference
+//! interpreter charges a statement alike whatever memory it touches, so it
+//! shows only the shorter code: the `merge` program's work for a 384-byte run
+//! fell from 10.9 M to 9.0 M (r50k, one letter), from 13.3 M to 10.5 M
+//! (cl100k, one letter) and from 17.8 M to 12.2 M (cl100k, spaces).
+//! The first pair ranks of a range (all its parts single bytes) still come from
+//! the dense 2-byte table, one load each: keyed by the two bytes, which is
+//! keyed by their two ranks.
+//!
+//! Why the loop has this shape: the loop this
 //! replaced rescanned every pair and shifted the part and pair arrays down
 //! one place per merge in global memory, `O(L²)` dependent memory operations
 //! per piece, and its `merge` step took 1.8–2.1 ms on an H200 for a
@@ -79,12 +110,13 @@
 //! same word touch 32 banks) instead of the global arrays, and keeps no block
 //! minima: each merge walks the parts from the first by their lengths (at most
 //! `S` words), which gives the leftmost pair of lowest rank and the part before
-//! it at once, so there is no walk back either; then two token lookups and
-//! three slab words. Why: at small sizes `merge` waits on the longest piece's
-//! chain of dependent merges, each a series of dependent global loads and
-//! stores; on the H200 (2026-12-01, cl100k) `merge` took 38.8 µs of a 1,024-byte
-//! prose text's kernels, every other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs
-//! for 256 KiB of prose / code / CJK but only about 1.05 ms for 16 MiB. Why 12:
+//! it at once, so there is no walk back either; then two pair lookups (the
+//! ranks in `token_at`, as above) and three slab words. Why: at small sizes
+//! `merge` waits on the longest piece's chain of dependent merges, each a
+//! series of dependent global loads and stores; on the H200 (2026-12-01,
+//! cl100k) `merge` took 38.8 µs of a 1,024-byte prose text's kernels, every
+//! other step 1.5–7.6 µs, and 77.7 / 113.7 / 154.0 µs for 256 KiB of prose /
+//! code / CJK but only about 1.05 ms for 16 MiB. Why 12:
 //! the slabs take `4 · S · W` bytes (12 KiB at 256 threads), and the
 //! short-text kernel holds them beside every other step's workgroup buffers;
 //! with the workgroup reductions lowered without subgroup operations (about
@@ -102,9 +134,9 @@
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
 //! reads (longest token, slot bits, table offset) are loaded once per range,
-//! not inside every lookup of its merges. Together these took the `merge`
-//! program's reference work for a 384-byte run of one letter (r50k) from
-//! 11.1 M to 10.9 M.
+//! not inside every lookup of its merges (the pair table's, once per thread).
+//! Together these took the `merge` program's reference work for a 384-byte
+//! run of one letter (r50k) from 11.1 M to 10.9 M.
 //!
 //! # Long pieces
 //!
@@ -131,6 +163,14 @@
 //! full), `O(L log L)` for `L` bytes. Nothing is quadratic in a piece's length:
 //! a chunk merge or a repair is at most `C` merges of `O(C/16)` each, the
 //! serial path `O(L log L)`.
+//!
+//! Every part here is a token too, so `long` asks the pair table by ranks as
+//! well: a compatibility check merges the two tokens' bytes in place in
+//! `token_at` like any range (whether the two are one token is one probe of
+//! their ranks; an incompatible pair's two ranks are written back after it),
+//! and the serial path checks a popped pair and pushes new ones by the two
+//! parts' ranks in `token_at`. Only a repair window and a chunk look their
+//! whole range up by its bytes, as `pieces` does a piece.
 
 use vyre_cuda::codegen::MultiprocessorLimits;
 use vyre_cuda::ir::{
@@ -139,7 +179,10 @@ use vyre_cuda::ir::{
 };
 use vyre_cuda::CodegenOptions;
 
-use super::vocabulary::{header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_RANKS_AT, TOKENS_AT};
+use super::vocabulary::{
+    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_HIGH_KEY, PAIR_RANKS_AT, PAIR_RANK_BITS,
+    TOKENS_AT,
+};
 use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
 use crate::pretokenize::pattern::Pattern;
@@ -819,24 +862,47 @@ impl Names {
     }
 }
 
-/// The vocabulary's header words a lookup reads, as variables: loaded once
-/// for every lookup of a range's merges instead of inside each lookup, where
-/// they were links of the merge chain's dependent loads.
-struct LookupHeader {
-    max_token_len: Expr,
+/// One of the vocabulary's slot tables (the longer tokens keyed by bytes, or
+/// the pair table keyed by two ranks), its header words as variables: loaded
+/// once per range or thread, not inside every lookup, where they were links
+/// of the merge chain's dependent loads.
+struct SlotTable {
     slot_bits: Expr,
     slots_at: Expr,
     slot_mask: Expr,
 }
 
-impl LookupHeader {
-    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
-        let slot_bits = b.let_(names.of("slot_bits"), vocab(header::SLOT_BITS));
-        LookupHeader {
-            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
-            slots_at: b.let_(names.of("slots_at"), vocab(header::SLOTS_AT)),
+impl SlotTable {
+    /// The header words of the table keyed by bytes.
+    const BY_BYTES: [u32; 2] = [header::SLOT_BITS, header::SLOTS_AT];
+    /// The header words of the pair table.
+    const PAIRS: [u32; 2] = [header::PAIR_SLOT_BITS, header::PAIR_SLOTS_AT];
+
+    /// The table whose slot bits and word offset are the header words
+    /// `bits_word` and `at_word`.
+    fn emit(b: &mut BlockBuilder, names: &Names, [bits_word, at_word]: [u32; 2]) -> SlotTable {
+        let slot_bits = b.let_(names.of("slot_bits"), vocab(bits_word));
+        SlotTable {
+            slots_at: b.let_(names.of("slots_at"), vocab(at_word)),
             slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
             slot_bits,
+        }
+    }
+}
+
+/// The vocabulary's header words a lookup by bytes reads, as variables (a
+/// range's merges look their pairs up by ranks instead, in
+/// [`SlotTable::PAIRS`]).
+struct LookupHeader {
+    max_token_len: Expr,
+    slots: SlotTable,
+}
+
+impl LookupHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
+        LookupHeader {
+            max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
+            slots: SlotTable::emit(b, names, SlotTable::BY_BYTES),
         }
     }
 }
@@ -879,17 +945,13 @@ fn emit_lookup(
                 (hash.clone() ^ byte(at)) * 0x0100_0193u32,
             );
         });
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
-        b.assign(hash_name.clone(), hash.clone() * 0x85EB_CA6Bu32);
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 13u32));
-        b.assign(hash_name.clone(), hash.clone() * 0xC2B2_AE35u32);
-        b.assign(hash_name.clone(), hash.clone() ^ (hash.clone() >> 16u32));
-        let slots_at = &vocabulary.slots_at;
-        let mask = &vocabulary.slot_mask;
+        emit_finish(b, &hash_name);
+        let slots_at = &vocabulary.slots.slots_at;
+        let mask = &vocabulary.slots.slot_mask;
         let slot_name = names.of("slot");
         let slot = b.let_mut(
             slot_name.clone(),
-            hash.clone() >> (u(32) - vocabulary.slot_bits.clone()),
+            hash.clone() >> (u(32) - vocabulary.slots.slot_bits.clone()),
         );
         b.while_(Expr::bool(true), |b| {
             let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
@@ -926,6 +988,74 @@ fn emit_lookup(
             });
             b.assign(slot_name.clone(), (slot.clone() + 1u32) & mask.clone());
         });
+    });
+    rank
+}
+
+/// [`finish`](super::vocabulary::finish) applied to the variable `hash_name`.
+fn emit_finish(b: &mut BlockBuilder, hash_name: &str) {
+    let hash = Expr::var(hash_name);
+    b.assign(hash_name, hash.clone() ^ (hash.clone() >> 16u32));
+    b.assign(hash_name, hash.clone() * 0x85EB_CA6Bu32);
+    b.assign(hash_name, hash.clone() ^ (hash.clone() >> 13u32));
+    b.assign(hash_name, hash.clone() * 0xC2B2_AE35u32);
+    b.assign(hash_name, hash.clone() ^ (hash >> 16u32));
+}
+
+/// The rank of the token whose bytes are those of the token `first` then
+/// those of the token `second` (a variable holding [`NO_TOKEN`] when they are
+/// no token): one probe of the pair table most of the time, never a byte of
+/// the text. Exactly
+/// [`DeviceVocabulary::pair`](super::vocabulary::DeviceVocabulary::pair).
+fn emit_pair_rank(
+    b: &mut BlockBuilder,
+    names: &Names,
+    table: &SlotTable,
+    [first, second]: [Expr; 2],
+) -> Expr {
+    let first = b.let_(names.of("first"), first);
+    let second = b.let_(names.of("second"), second);
+    // The slot's low word and the key bits of its high word
+    // (`vocabulary::pair_slot`).
+    let low = b.let_(
+        names.of("low"),
+        first.clone() | (second.clone() << PAIR_RANK_BITS),
+    );
+    let high = b.let_(names.of("high"), second.clone() >> (32 - PAIR_RANK_BITS));
+    let hash_name = names.of("hash");
+    b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
+    emit_finish(b, &hash_name);
+    let rank = b.let_mut(names.of("rank"), NO_TOKEN);
+    let slot_name = names.of("slot");
+    let slot = b.let_mut(
+        slot_name.clone(),
+        Expr::var(hash_name) >> (u(32) - table.slot_bits.clone()),
+    );
+    b.while_(Expr::bool(true), |b| {
+        let at = b.let_(
+            names.of("slot_at"),
+            table.slots_at.clone() + slot.clone() * 2u32,
+        );
+        let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
+        b.if_(stored.clone().equals(NO_TOKEN), |b| {
+            b.break_();
+        });
+        b.if_(
+            vocab(at)
+                .equals(low.clone())
+                .and((stored.clone() & PAIR_HIGH_KEY).equals(high.clone())),
+            |b| {
+                b.assign(
+                    names.of("rank"),
+                    stored.clone() >> PAIR_HIGH_KEY.count_ones(),
+                );
+                b.break_();
+            },
+        );
+        b.assign(
+            slot_name.clone(),
+            (slot.clone() + 1u32) & table.slot_mask.clone(),
+        );
     });
     rank
 }
@@ -979,17 +1109,31 @@ fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr;
     b.store(Role::MergeMinima.name(), start.clone() + block, minimum);
 }
 
-/// Where [`emit_encode`] leaves its result.
+/// The thread's slab of the `merge` step's workgroup buffer [`MERGE_SLAB`]:
+/// a range of at most `bytes` bytes merges there (0: none), the buffer holding
+/// `bytes` words for each of the workgroup's `threads`.
 #[derive(Clone, Copy)]
-enum Output {
-    /// The ranks in `token_at` (one per token, at its first byte; [`NO_TOKEN`]
-    /// at every other byte); a range of at most `slab_bytes` bytes merges in
-    /// the thread's slab of the workgroup buffer [`MERGE_SLAB`] (0: none), which
-    /// holds `slab_bytes` words for each of the workgroup's `threads`.
-    TokenAt { slab_bytes: u32, threads: u32 },
-    /// Only the parts in the scratch arrays (a compatibility check reads the
-    /// first part's length from `merge_parts`).
-    Parts,
+struct Slab {
+    bytes: u32,
+    threads: u32,
+}
+
+impl Slab {
+    /// No slab: every range merges in the global scratch arrays (`long`
+    /// declares no workgroup buffer).
+    const NONE: Slab = Slab {
+        bytes: 0,
+        threads: 1,
+    };
+}
+
+/// How [`emit_encode`] learns whether its whole range is one token.
+enum Whole {
+    /// Looks the range's bytes up, unless `skip` holds (the caller knows the
+    /// range is no token: `pieces` looked the piece up whole).
+    LookUp { skip: Expr },
+    /// The caller's rank of the whole range (a variable; [`NO_TOKEN`]: none).
+    Rank(Expr),
 }
 
 /// The workgroup buffer of the `merge` step's slabs: word `k` of thread `t`'s
@@ -998,38 +1142,44 @@ enum Output {
 const MERGE_SLAB: &str = "merge_slab";
 
 /// Merges the `len` bytes (at least 1) of the text at `start` by tiktoken's
-/// rule (the module docs give the two ways: a range that fits the thread's
-/// slab there, any other in the scratch arrays at `start..start + len`).
-/// Where `not_a_token` holds, the caller knows the range is no token (`pieces`
-/// looked the piece up whole) and the range's own lookup, the first link of
-/// the chain of dependent loads, is skipped. Returns the number of parts left
-/// (a variable). With [`Output::Parts`] the first part's length is then
-/// `part_len(merge_parts[start])`.
+/// rule into `token_at` (the module docs give the two ways: a range that fits
+/// the thread's slab there, any other in the scratch arrays at
+/// `start..start + len`). `whole` says how the range's own lookup, the first
+/// link of the chain of dependent loads, is made or skipped. Returns the
+/// number of parts left (a variable); the first part's length is then
+/// `part_len(merge_parts[start])` when the range merged in the scratch arrays
+/// or was one token.
 fn emit_encode(
     b: &mut BlockBuilder,
     names: &Names,
+    pairs: &SlotTable,
     [start, len]: [Expr; 2],
-    not_a_token: Expr,
-    output: Output,
+    whole: Whole,
+    slab: Slab,
 ) -> Expr {
     let start = b.let_(names.of("start"), start);
     let len = b.let_(names.of("len"), len);
     let parts_name = names.of("parts");
     let parts = b.let_mut(parts_name.clone(), 1u32);
-    let vocabulary = LookupHeader::emit(b, &names.nested("header"));
-    let whole_name = names.of("whole_token");
-    let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
-    b.if_(not_a_token.logical_not(), |b| {
-        let rank = emit_lookup(
-            b,
-            &names.nested("whole"),
-            &vocabulary,
-            start.clone(),
-            len.clone(),
-        );
-        b.assign(whole_name.clone(), rank);
-    });
-    let write = matches!(output, Output::TokenAt { .. });
+    let whole = match whole {
+        Whole::Rank(rank) => rank,
+        Whole::LookUp { skip } => {
+            let whole_name = names.of("whole_token");
+            let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
+            b.if_(skip.logical_not(), |b| {
+                let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+                let rank = emit_lookup(
+                    b,
+                    &names.nested("whole"),
+                    &vocabulary,
+                    start.clone(),
+                    len.clone(),
+                );
+                b.assign(whole_name.clone(), rank);
+            });
+            whole
+        }
+    };
     b.if_else(
         whole.clone().not_equals(NO_TOKEN),
         |b| {
@@ -1038,49 +1188,37 @@ fn emit_encode(
                 start.clone(),
                 part_word(len.clone(), u(NO_PAIR)),
             );
-            if write {
-                b.store(Role::TokenAt.name(), start.clone(), whole.clone());
-                b.loop_(names.of("clear"), 1u32, len.clone(), |b, at| {
-                    b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
-                });
-            }
+            b.store(Role::TokenAt.name(), start.clone(), whole.clone());
+            emit_clear_tokens(
+                b,
+                &names.of("clear"),
+                [start.clone() + 1u32, len.clone() - 1u32],
+            );
         },
         |b| {
             b.assign(parts_name.clone(), len.clone());
-            match output {
-                Output::TokenAt {
-                    slab_bytes,
-                    threads,
-                } if slab_bytes >= 2 => {
-                    b.if_else(
-                        len.clone().less_equal(slab_bytes),
-                        |b| {
-                            emit_slab_merge(
-                                b,
-                                names,
-                                &vocabulary,
-                                [&start, &len],
-                                threads,
-                                &parts_name,
-                            )
-                        },
-                        |b| {
-                            emit_scratch_merge(
-                                b,
-                                names,
-                                &vocabulary,
-                                [&start, &len],
-                                write,
-                                &parts_name,
-                            )
-                        },
-                    );
-                }
-                _ => emit_scratch_merge(b, names, &vocabulary, [&start, &len], write, &parts_name),
+            let scratch = |b: &mut BlockBuilder| {
+                emit_scratch_merge(b, names, pairs, [&start, &len], &parts_name)
+            };
+            if slab.bytes >= 2 {
+                b.if_else(
+                    len.clone().less_equal(slab.bytes),
+                    |b| emit_slab_merge(b, names, pairs, [&start, &len], slab.threads, &parts_name),
+                    scratch,
+                );
+            } else {
+                scratch(b);
             }
         },
     );
     parts
+}
+
+/// Writes [`NO_TOKEN`] into `token_at` at the `len` positions from `from`.
+fn emit_clear_tokens(b: &mut BlockBuilder, name: &str, [from, len]: [Expr; 2]) {
+    b.loop_(name, 0u32, len, |b, at| {
+        b.store(Role::TokenAt.name(), from.clone() + at, NO_TOKEN);
+    });
 }
 
 /// Where a merge loop keeps its part words (one per byte of the range: the
@@ -1116,13 +1254,13 @@ impl PartWords<'_> {
 }
 
 /// The first state of a range of `len` bytes that is not one token: every byte
-/// a part (its word in `words`: the pair with the next byte; the last
-/// has no pair) and, with `write`, every byte's rank in `token_at`.
+/// a part, its rank in `token_at` and its word in `words` (the pair with the
+/// next byte, from the dense 2-byte table: one load, keyed by the two bytes,
+/// which is keying by their two ranks; the last has no pair).
 fn emit_byte_parts(
     b: &mut BlockBuilder,
     names: &Names,
     [start, len]: [&Expr; 2],
-    write: bool,
     words: PartWords,
 ) {
     let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
@@ -1131,29 +1269,27 @@ fn emit_byte_parts(
         words.store(b, at.clone(), part_word(u(1), pair));
     });
     words.store(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
-    if write {
-        b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
-            b.store(
-                Role::TokenAt.name(),
-                start.clone() + at.clone(),
-                vocab(byte(at) + BYTE_RANKS_AT),
-            );
-        });
-    }
+    b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + at.clone(),
+            vocab(byte(at) + BYTE_RANKS_AT),
+        );
+    });
 }
 
-/// Merges the part at `first` (`first_len` bytes) with the next, `second`:
-/// the merged token's rank `written` (their pair's) into `token_at` when
-/// given, then the merged part's word (its length and the rank of its
-/// pair with the part after it, none at the range's end) into `words`. Returns `second` and the merged part's length (variables);
-/// `second`'s own word is left as it was.
+/// Merges the part at `first` (`first_len` bytes) with the next, `second`,
+/// into the token `merged` (their pair's rank): `merged` into `token_at` at
+/// `first` and "no token" at `second`, then the merged part's word (its length
+/// and the rank of its pair with the part after it, by the two ranks: none at
+/// the range's end) into `words`. Returns `second` and the merged part's
+/// length (variables); `second`'s own word is left as it was.
 fn emit_merge_at(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
-    [first, first_len]: [&Expr; 2],
-    written: Option<&Expr>,
+    [first, first_len, merged]: [&Expr; 3],
     words: PartWords,
 ) -> (Expr, Expr) {
     let second = b.let_(names.of("second"), first.clone() + first_len.clone());
@@ -1162,27 +1298,24 @@ fn emit_merge_at(
         first_len.clone() + part_len(words.load(second.clone())),
     );
     let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
-    if let Some(rank) = written {
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + first.clone(),
-            rank.clone(),
-        );
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + second.clone(),
-            NO_TOKEN,
-        );
-    }
+    b.store(
+        Role::TokenAt.name(),
+        start.clone() + first.clone(),
+        merged.clone(),
+    );
+    b.store(
+        Role::TokenAt.name(),
+        start.clone() + second.clone(),
+        NO_TOKEN,
+    );
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_TOKEN);
     b.if_(after.clone().less_than(len.clone()), |b| {
-        let rank = emit_lookup(
+        let rank = emit_pair_rank(
             b,
             &names.nested("right"),
-            vocabulary,
-            start.clone() + first.clone(),
-            merged_len.clone() + part_len(words.load(after.clone())),
+            pairs,
+            [merged.clone(), load(Role::TokenAt, start.clone() + after)],
         );
         b.assign(right_name.clone(), rank);
     });
@@ -1190,42 +1323,43 @@ fn emit_merge_at(
     (second, merged_len)
 }
 
-/// Re-ranks the pair of the part at `before` (its word in `words`) with the part merged after it (`merged_len`
-/// bytes).
+/// Re-ranks the pair of the part at `before` (its word in `words`, its rank in
+/// `token_at`) with the part merged after it, the token `merged`.
 fn emit_pair_before(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
-    [start, before, merged_len]: [&Expr; 3],
+    pairs: &SlotTable,
+    [start, before, merged]: [&Expr; 3],
     words: PartWords,
 ) {
     let before_len = b.let_(names.of("before_len"), part_len(words.load(before.clone())));
-    let rank = emit_lookup(
+    let rank = emit_pair_rank(
         b,
         &names.nested("left"),
-        vocabulary,
-        start.clone() + before.clone(),
-        before_len.clone() + merged_len.clone(),
+        pairs,
+        [
+            load(Role::TokenAt, start.clone() + before.clone()),
+            merged.clone(),
+        ],
     );
     words.store(b, before.clone(), part_word(before_len, rank));
 }
 
 /// The merge loop of a range that is not one token in the scratch arrays
 /// `merge_parts` and `merge_minima` (the module docs give the layout), its
-/// ranks into `token_at` too with `write`; `parts` (the variable named so,
-/// `len` on entry) counts the parts left.
+/// parts' ranks in `token_at`; `parts` (the variable named so, `len` on
+/// entry) counts the parts left.
 fn emit_scratch_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
-    write: bool,
     parts_name: &str,
 ) {
     let parts = Expr::var(parts_name);
     let words = PartWords::Scratch { start };
     let part = |offset: Expr| words.load(offset);
-    emit_byte_parts(b, names, [start, len], write, words);
+    emit_byte_parts(b, names, [start, len], words);
     let blocks = b.let_(
         names.of("blocks"),
         (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
@@ -1272,13 +1406,12 @@ fn emit_scratch_merge(
             },
         );
         let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-        let (second, merged_len) = emit_merge_at(
+        let (second, _) = emit_merge_at(
             b,
             names,
-            vocabulary,
+            pairs,
             [start, len],
-            [&first, &first_len],
-            write.then_some(&best),
+            [&first, &first_len, &best],
             words,
         );
         words.store(b, second.clone(), u(NO_PAIR));
@@ -1290,7 +1423,7 @@ fn emit_scratch_merge(
             b.while_(part_len(part(before.clone())).equals(0u32), |b| {
                 b.assign(before_name.clone(), before.clone() - 1u32);
             });
-            emit_pair_before(b, names, vocabulary, [start, &before, &merged_len], words);
+            emit_pair_before(b, names, pairs, [start, &before, &best], words);
             let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
             b.if_(
                 block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
@@ -1320,7 +1453,7 @@ fn emit_scratch_merge(
 
 /// The merge loop of a range of at most the slab's length that is not one
 /// token, in the thread's slab of [`MERGE_SLAB`] (one `merge_parts` word per
-/// byte, the slab's word `k` for the range's byte `k`), its ranks into
+/// byte, the slab's word `k` for the range's byte `k`), its parts' ranks in
 /// `token_at`; `parts` (the variable named so, `len` on entry) counts the
 /// parts left. Each merge walks the parts from the first by their lengths (a
 /// part's other bytes are never read, so a merge leaves them as they are) for
@@ -1329,7 +1462,7 @@ fn emit_scratch_merge(
 fn emit_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
-    vocabulary: &LookupHeader,
+    pairs: &SlotTable,
     [start, len]: [&Expr; 2],
     threads: u32,
     parts_name: &str,
@@ -1341,7 +1474,7 @@ fn emit_slab_merge(
         lane: &lane,
     };
     let part = |offset: Expr| words.load(offset);
-    emit_byte_parts(b, &names.nested("slab"), [start, len], true, words);
+    emit_byte_parts(b, &names.nested("slab"), [start, len], words);
     b.while_(Expr::bool(true), |b| {
         // The parts in order; strict `<` keeps the leftmost of lowest rank.
         let best_name = names.of("slab_best");
@@ -1370,13 +1503,12 @@ fn emit_slab_merge(
         b.if_(best.clone().equals(NO_PAIR), |b| {
             b.break_();
         });
-        let (_, merged_len) = emit_merge_at(
+        emit_merge_at(
             b,
             &names.nested("slab"),
-            vocabulary,
+            pairs,
             [start, len],
-            [&first, &first_len],
-            Some(&best),
+            [&first, &first_len, &best],
             words,
         );
         // The part before (found by the walk): its pair is now with the
@@ -1385,8 +1517,8 @@ fn emit_slab_merge(
             emit_pair_before(
                 b,
                 &names.nested("slab"),
-                vocabulary,
-                [start, &before, &merged_len],
+                pairs,
+                [start, &before, &best],
                 words,
             );
         });
@@ -1637,6 +1769,7 @@ pub fn merge(geometry: &Geometry) -> Program {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
+            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
                 let (piece_start, piece_end) =
@@ -1660,10 +1793,13 @@ pub fn merge(geometry: &Geometry) -> Program {
                     emit_encode(
                         b,
                         &Names::new("e"),
+                        &pairs,
                         [start.clone(), end.clone() - start.clone()],
-                        listed.clone(),
-                        Output::TokenAt {
-                            slab_bytes,
+                        Whole::LookUp {
+                            skip: listed.clone(),
+                        },
+                        Slab {
+                            bytes: slab_bytes,
                             threads: workgroup_size,
                         },
                     );
@@ -1703,37 +1839,68 @@ fn emit_token_after(b: &mut BlockBuilder, name: &str, at: Expr, end: Expr) -> Ex
 /// The tokens on either side of byte `at` (where a token starts; the token
 /// after ends at the next token start or `end`): the start of the one before,
 /// the end of the one after, and whether they are compatible.
-fn emit_boundary(b: &mut BlockBuilder, names: &Names, at: Expr, end: Expr) -> (Expr, Expr, Expr) {
+fn emit_boundary(
+    b: &mut BlockBuilder,
+    names: &Names,
+    pairs: &SlotTable,
+    at: Expr,
+    end: Expr,
+) -> (Expr, Expr, Expr) {
     let at = b.let_(names.of("boundary"), at);
     let before = emit_token_before(b, &names.of("token_before"), at.clone());
     let after = emit_token_after(b, &names.of("token_after"), at.clone(), end);
-    let compatible = emit_compatible(b, &names.nested("pair"), before.clone(), at, after.clone());
+    let compatible = emit_compatible(
+        b,
+        &names.nested("pair"),
+        pairs,
+        [before.clone(), at, after.clone()],
+    );
     (before, after, compatible)
 }
 
-/// Whether the tokens `first..middle` and `middle..end` of the text are
-/// compatible: tiktoken's rule merges their bytes into exactly those two.
+/// Whether the tokens `first..middle` and `middle..end` of the text (their
+/// ranks in `token_at`) are compatible: tiktoken's rule merges their bytes
+/// into exactly those two. The merge runs in place in `token_at`, by ranks
+/// like every other (whether the two are one token is one probe of the pair
+/// table); an incompatible pair's two tokens are written back after it (a
+/// compatible pair's merge left exactly them).
 fn emit_compatible(
     b: &mut BlockBuilder,
     names: &Names,
-    first: Expr,
-    middle: Expr,
-    end: Expr,
+    pairs: &SlotTable,
+    [first, middle, end]: [Expr; 3],
 ) -> Expr {
     let first = b.let_(names.of("first"), first);
+    let middle = b.let_(names.of("middle"), middle);
+    let len = b.let_(names.of("len"), end - first.clone());
+    let first_rank = b.let_(names.of("first_rank"), load(Role::TokenAt, first.clone()));
+    let second_rank = b.let_(names.of("second_rank"), load(Role::TokenAt, middle.clone()));
+    let joined = emit_pair_rank(
+        b,
+        &names.nested("joined"),
+        pairs,
+        [first_rank.clone(), second_rank.clone()],
+    );
     let parts = emit_encode(
         b,
         &names.nested("pair"),
-        [first.clone(), end - first.clone()],
-        Expr::bool(false),
-        Output::Parts,
+        pairs,
+        [first.clone(), len.clone()],
+        Whole::Rank(joined),
+        Slab::NONE,
     );
-    b.let_(
+    let compatible = b.let_(
         names.of("compatible"),
-        parts
-            .equals(2u32)
-            .and(part_len(load(Role::MergeParts, first.clone())).equals(middle - first)),
-    )
+        parts.equals(2u32).and(
+            part_len(load(Role::MergeParts, first.clone())).equals(middle.clone() - first.clone()),
+        ),
+    );
+    b.if_(compatible.clone().logical_not(), |b| {
+        emit_clear_tokens(b, &names.of("restore"), [first.clone(), len]);
+        b.store(Role::TokenAt.name(), first, first_rank);
+        b.store(Role::TokenAt.name(), middle, second_rank);
+    });
+    compatible
 }
 
 /// `long`: every thread strides over the long list; for each long piece it
@@ -1749,6 +1916,7 @@ pub fn long(geometry: &Geometry) -> Program {
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let longs = b.let_("longs", param(param::LONG_COUNT));
+            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
                 let (start, end) =
@@ -1774,6 +1942,7 @@ pub fn long(geometry: &Geometry) -> Program {
                             let (left, right, compatible) = emit_boundary(
                                 b,
                                 &Names::new("check"),
+                                &pairs,
                                 boundary.clone(),
                                 end.clone(),
                             );
@@ -1786,6 +1955,7 @@ pub fn long(geometry: &Geometry) -> Program {
                                 );
                                 emit_repair(
                                     b,
+                                    &pairs,
                                     [start.clone(), end.clone()],
                                     [left, right],
                                     window_limit,
@@ -1811,7 +1981,7 @@ pub fn long(geometry: &Geometry) -> Program {
                         param::SERIAL_PIECES,
                         1u32,
                     );
-                    emit_serial(b, start.clone(), end.clone());
+                    emit_serial(b, &pairs, start.clone(), end.clone());
                 });
                 b.assign("entry", entry.clone() + threads.clone());
             });
@@ -1827,6 +1997,7 @@ pub fn long(geometry: &Geometry) -> Program {
 /// accepted window's end, or `serial` when none was accepted.
 fn emit_repair(
     b: &mut BlockBuilder,
+    pairs: &SlotTable,
     [start, end]: [Expr; 2],
     [left, right]: [Expr; 2],
     window_limit: u32,
@@ -1845,16 +2016,15 @@ fn emit_repair(
             emit_encode(
                 b,
                 &Names::new("window"),
+                pairs,
                 [
                     window_start.clone(),
                     window_end.clone() - window_start.clone(),
                 ],
-                Expr::bool(false),
-                // `long` declares no slab.
-                Output::TokenAt {
-                    slab_bytes: 0,
-                    threads: 1,
+                Whole::LookUp {
+                    skip: Expr::bool(false),
                 },
+                Slab::NONE,
             );
             // The edges: the token before the window with the window's first, the
             // window's last with the token after it (none at the piece's ends).
@@ -1884,7 +2054,7 @@ fn emit_repair(
                 };
                 b.if_(exists, |b| {
                     let (token_before, token_after, compatible) =
-                        emit_boundary(b, &Names::new(&format!("{side}_edge")), edge, bound);
+                        emit_boundary(b, &Names::new(&format!("{side}_edge")), pairs, edge, bound);
                     b.assign(format!("{side}_ok"), compatible);
                     match side {
                         "left" => b.assign("before", token_before),
@@ -1995,22 +2165,25 @@ fn emit_push(
     store_heap_entry(b, base.clone() + hole, rank, position);
 }
 
-/// Pushes the pair of the part at text position `at` (`first_len` bytes) and
-/// the part after it, if there is one before `end`, onto the heap of the piece
-/// at `base` when their bytes are a token.
+/// Pushes the pair of the part at text position `at` (the token `first`,
+/// `first_len` bytes) and the part after it (its rank in `token_at`), if there
+/// is one before `end`, onto the heap of the piece at `base` when their bytes
+/// are a token (one probe of the pair table by their ranks).
 fn emit_push_pair(
     b: &mut BlockBuilder,
     names: &Names,
-    [base, end]: [&Expr; 2],
-    at: Expr,
-    first_len: Expr,
+    (pairs, base, end): (&SlotTable, &Expr, &Expr),
+    [at, first, first_len]: [Expr; 3],
 ) {
     let at = b.let_(names.of("at"), at);
-    let next = b.let_(names.of("next"), at.clone() + first_len.clone());
+    let next = b.let_(names.of("next"), at.clone() + first_len);
     b.if_(next.clone().less_than(end.clone()), |b| {
-        let len = first_len + token_len(load(Role::TokenAt, next));
-        let vocabulary = LookupHeader::emit(b, &names.nested("header"));
-        let rank = emit_lookup(b, &names.nested("pair"), &vocabulary, at.clone(), len);
+        let rank = emit_pair_rank(
+            b,
+            &names.nested("pair"),
+            pairs,
+            [first, load(Role::TokenAt, next)],
+        );
         b.if_(rank.clone().not_equals(NO_TOKEN), |b| {
             emit_push(
                 b,
@@ -2027,7 +2200,7 @@ fn emit_push_pair(
 /// The serial path: the piece `start..end` merged from its bytes in tiktoken's
 /// exact order, the candidate pairs in a binary min-heap of `(rank, position)`
 /// kept in the piece's own scratch range (see the module docs).
-fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
+fn emit_serial(b: &mut BlockBuilder, pairs: &SlotTable, start: Expr, end: Expr) {
     let start = b.let_("serial_start", start);
     let end = b.let_("serial_end", end);
     let len = b.let_("serial_len", end.clone() - start.clone());
@@ -2116,17 +2289,16 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
             let first_len = b.let_("first_len", token_len(first_rank.clone()));
             let second = b.let_("second", at.clone() + first_len.clone());
             b.if_(second.clone().less_than(end.clone()), |b| {
+                let second_rank = b.let_("second_rank", load(Role::TokenAt, second.clone()));
                 let merged_len = b.let_(
                     "merged_len",
-                    first_len.clone() + token_len(load(Role::TokenAt, second.clone())),
+                    first_len.clone() + token_len(second_rank.clone()),
                 );
-                let vocabulary = LookupHeader::emit(b, &Names::new("current_header"));
-                let current = emit_lookup(
+                let current = emit_pair_rank(
                     b,
                     &Names::new("current"),
-                    &vocabulary,
-                    at.clone(),
-                    merged_len.clone(),
+                    pairs,
+                    [first_rank.clone(), second_rank],
                 );
                 b.if_(current.equals(rank.clone()), |b| {
                     b.store(Role::TokenAt.name(), at.clone(), rank.clone());
@@ -2139,16 +2311,15 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                             b.assign("heap_size", 0u32);
                             let part = b.let_mut("rebuild_part", start.clone());
                             b.while_(part.clone().less_than(end.clone()), |b| {
-                                let part_len = b.let_(
-                                    "rebuild_part_len",
-                                    token_len(load(Role::TokenAt, part.clone())),
-                                );
+                                let part_rank =
+                                    b.let_("rebuild_part_rank", load(Role::TokenAt, part.clone()));
+                                let part_len =
+                                    b.let_("rebuild_part_len", token_len(part_rank.clone()));
                                 emit_push_pair(
                                     b,
                                     &Names::new("rebuild"),
-                                    [&start, &end],
-                                    part.clone(),
-                                    part_len.clone(),
+                                    (pairs, &start, &end),
+                                    [part.clone(), part_rank, part_len.clone()],
                                 );
                                 b.assign("rebuild_part", part.clone() + part_len);
                             });
@@ -2157,18 +2328,20 @@ fn emit_serial(b: &mut BlockBuilder, start: Expr, end: Expr) {
                             emit_push_pair(
                                 b,
                                 &Names::new("serial_right"),
-                                [&start, &end],
-                                at.clone(),
-                                merged_len.clone(),
+                                (pairs, &start, &end),
+                                [at.clone(), rank.clone(), merged_len.clone()],
                             );
                             b.if_(at.clone().greater_than(start.clone()), |b| {
                                 let previous = emit_token_before(b, "serial_previous", at.clone());
                                 emit_push_pair(
                                     b,
                                     &Names::new("serial_left"),
-                                    [&start, &end],
-                                    previous.clone(),
-                                    at.clone() - previous,
+                                    (pairs, &start, &end),
+                                    [
+                                        previous.clone(),
+                                        load(Role::TokenAt, previous.clone()),
+                                        at.clone() - previous,
+                                    ],
                                 );
                             });
                         },

@@ -1,30 +1,64 @@
 //! The vocabulary as the device reads it: one array of `u32` words (a header,
 //! the rank of every single byte, the rank of every 2-byte token, each rank's
-//! bytes and length, and an open-addressing table of the longer tokens) and the
-//! tokens' bytes back to back. Built once per tokenizer on the host and uploaded
-//! once; resident for as long as the encoder lives.
+//! bytes and length, an open-addressing table of the longer tokens keyed by
+//! their bytes, and the pair table keyed by two ranks) and the tokens' bytes
+//! back to back. Built once per tokenizer on the host and uploaded once;
+//! resident for as long as the encoder lives.
 //!
 //! # Why this layout
 //!
-//! Every question the merge loop asks is "is this substring of the text a
-//! token, and of which rank": once for the whole piece (most pieces are whole
-//! tokens) and once per candidate pair. Every candidate is a substring of the
-//! text the device already holds, so the table is keyed by bytes and a lookup
-//! reads only the text and the table. Single bytes and byte pairs (the merge
-//! loop's first round of lookups for every piece) are dense arrays: one load,
-//! no hashing, 257 KiB that stay in the device's L2 cache. Longer keys hash
-//! their bytes and probe linearly; a slot holds the key's full 32-bit hash and
-//! its length beside the rank, so a probe that meets another key rejects it
+//! The device asks two questions. `pieces` asks "is this piece of the text a
+//! token, and of which rank" once per piece (most pieces are whole tokens):
+//! the candidate is a substring of the text the device already holds, so that
+//! table is keyed by bytes. Single bytes and byte pairs (also the merge loop's
+//! first round of pair ranks for every piece) are dense arrays: one load, no
+//! hashing, 257 KiB that stay in the device's L2 cache. Longer keys hash their
+//! bytes and probe linearly; a slot holds the key's full 32-bit hash and its
+//! length beside the rank, so a probe that meets another key rejects it
 //! without touching the token's bytes, and only a probe that matches both
-//! compares the bytes. Lookups per piece: one for a piece that is a token
-//! (most of them); otherwise `len − 1` dense pair loads plus two hashed
-//! lookups per merge.
+//! compares the bytes.
 //!
-//! Bytes per encoding (the whole resident vocabulary): r50k and p50k
-//! 1.75 MiB, cl100k 3.25 MiB, o200k 6.35 MiB (the slot table is a power of two
-//! at most half full; [`DeviceVocabulary::device_bytes`] gives the exact
-//! figure). The longest probe of a stored key is 15 slots for r50k and p50k,
-//! 18 for cl100k and o200k.
+//! The merge loop asks "what is the rank of these two adjacent parts merged".
+//! In tiktoken's loop every part of a piece is a token (every single byte is
+//! one in all four encodings, and a merge only ever makes a token), so the
+//! answer depends only on the two parts' ranks: the **pair table** maps
+//! `(rank A, rank B)` to the rank of `bytes(A)‖bytes(B)`, with one entry for
+//! every token `T` and every cut of its bytes into two tokens (a pair has at
+//! most one: its bytes are fixed). A lookup hashes the two ranks ([`pair_hash`])
+//! and probes linearly, two adjacent words per slot ([`pair_slot`]: both ranks
+//! and the merged one in 54 bits, an empty slot all ones in the high word):
+//! no text read, no hash loop over bytes, no compare loop. Why: keyed by
+//! bytes, each of the two lookups of a merge hashed the merged bytes and
+//! compared them with the token's, and `merge` was the largest step on the
+//! H200 (2026-12-01, cl100k): 0.95–2.2 ms per 16 MiB chunk for its 4.24 M
+//! merges, 58.7 of the 141 µs of kernels of 256 KiB of prose, 143–161 µs for
+//! code and CJK.
+//!
+//! Lookups: one per piece that is a token; otherwise `len − 1` dense pair
+//! loads, then two pair-table lookups per merge. Measured on the host over
+//! the built tables (`pair_table_answers_every_cut_of_every_token`):
+//!
+//! | encoding | pairs | pair table | longest probe | mean slots, hit / random miss | whole vocabulary |
+//! |---|---|---|---|---|---|
+//! | r50k | 108,299 | 2 MiB | 19 | 1.35 / 1.96 | 3.75 MiB |
+//! | p50k | 108,599 | 2 MiB | 19 | 1.36 / 1.96 | 3.75 MiB |
+//! | cl100k | 233,378 | 4 MiB | 30 | 1.41 / 2.13 | 7.25 MiB |
+//! | o200k | 446,189 | 8 MiB | 28 | 1.37 / 2.02 | 14.35 MiB |
+//!
+//! Both slot tables are a power of two of slots at most half full
+//! ([`DeviceVocabulary::device_bytes`] gives the exact whole); everything
+//! fits the H200's 50 MB L2 cache. The longest probe of a stored key in the
+//! table keyed by bytes is 15 slots for r50k and p50k, 18 for cl100k and
+//! o200k. Ranks must be below `2^18` ([`PAIR_RANK_BITS`]; o200k's largest is
+//! 200,018): [`DeviceVocabulary::new`] refuses any other vocabulary with a
+//! `Fix:` error.
+//!
+//! The host builds the pair table with the rest, once per encoder, by looking
+//! up both halves of every cut of every token: [`DeviceVocabulary::new`] took
+//! 10.3 / 19.6 / 55.8 ms for r50k / cl100k / o200k against 2.2 / 4.8 / 9.0 ms
+//! without the table (release build, best of 5, on the 2-core development
+//! machine, 2026-12-02), beside the device context's 371 ms and the first
+//! module load's 117 ms on the H200.
 
 use crate::error::{ErrorKind, TokenizerError};
 use crate::vocab::Vocabulary;
@@ -43,6 +77,10 @@ pub mod header {
     pub const RANK_BOUND: u32 = 2;
     /// Length in bytes of the longest token.
     pub const MAX_TOKEN_LEN: u32 = 3;
+    /// log2 of the number of slots of the pair table.
+    pub const PAIR_SLOT_BITS: u32 = 4;
+    /// Word offset of the pair table (two words per slot).
+    pub const PAIR_SLOTS_AT: u32 = 5;
     /// Words the header takes.
     pub const WORDS: u32 = 16;
 }
@@ -59,6 +97,32 @@ pub const TOKENS_AT: u32 = PAIR_RANKS_AT + (1 << 16);
 
 /// A token's rank and its offset into the token bytes each fit 24 bits.
 pub const MAX_RANK: u32 = (1 << 24) - 1;
+
+/// Bits of a rank in the pair table's slots: the device encoder takes
+/// vocabularies whose ranks are below `2^18` (o200k's largest is 200,018).
+pub const PAIR_RANK_BITS: u32 = 18;
+
+/// The device's hash of a pair of ranks (each below `2^18`): the first
+/// multiplied by an odd constant (a bijection of `u32`) plus the second, then
+/// [`finish`] (written the same way in the device program).
+pub const fn pair_hash(first: u32, second: u32) -> u32 {
+    finish(first.wrapping_mul(0x9E37_79B1).wrapping_add(second))
+}
+
+/// The bits of a pair table slot's high word that hold the second rank's top
+/// bits (the merged rank is above them).
+pub const PAIR_HIGH_KEY: u32 = (1 << (2 * PAIR_RANK_BITS - 32)) - 1;
+
+/// The two words of a pair table slot holding `(first, second) → merged`
+/// (each rank below `2^18`): the 54-bit value `first | second << 18 | merged
+/// << 36`, low word first. The high word of a filled slot is below `2^22`, so
+/// [`NO_TOKEN`] there marks an empty slot.
+pub const fn pair_slot(first: u32, second: u32, merged: u32) -> [u32; 2] {
+    [
+        first | second << PAIR_RANK_BITS,
+        second >> (32 - PAIR_RANK_BITS) | merged << (2 * PAIR_RANK_BITS - 32),
+    ]
+}
 
 /// The device's hash of a key: a multiply-xor over its bytes seeded by its
 /// length, then a final mix (written the same way in the device program).
@@ -86,6 +150,9 @@ pub struct DeviceVocabulary {
     token_bytes: Vec<u8>,
     slot_bits: u32,
     longest_probe: u32,
+    pairs: usize,
+    pair_slot_bits: u32,
+    pair_longest_probe: u32,
 }
 
 impl std::fmt::Debug for DeviceVocabulary {
@@ -95,6 +162,9 @@ impl std::fmt::Debug for DeviceVocabulary {
             .field("device_bytes", &self.device_bytes())
             .field("slots", &(1u64 << self.slot_bits))
             .field("longest_probe", &self.longest_probe)
+            .field("pairs", &self.pairs)
+            .field("pair_slots", &(1u64 << self.pair_slot_bits))
+            .field("pair_longest_probe", &self.pair_longest_probe)
             .finish()
     }
 }
@@ -102,16 +172,86 @@ impl std::fmt::Debug for DeviceVocabulary {
 fn too_large(what: String) -> TokenizerError {
     TokenizerError::new(
         ErrorKind::Backend,
-        format!("Fix: {what}; the GPU encoder takes vocabularies of ranks and token bytes below 2^24, so use Backend::Cpu for this one"),
+        format!("Fix: {what}; the GPU encoder takes vocabularies of ranks below 2^18 and of token bytes below 2^24, so use Backend::Cpu for this one"),
     )
 }
 
+/// Every pair of tokens whose bytes, back to back, are a token:
+/// `[first, second, merged]` for every token `merged` and every cut of its
+/// bytes into two tokens, in the order of `merged`'s rank. A pair has at most
+/// one entry (its bytes are fixed, and no two ranks share bytes).
+fn token_pairs(vocabulary: &Vocabulary) -> Vec<[u32; 3]> {
+    let mut pairs = Vec::new();
+    for merged in 0..vocabulary.rank_bound() {
+        let Some(bytes) = vocabulary.token(merged) else {
+            continue;
+        };
+        for cut in 1..bytes.len() {
+            // The second half only where the first is a token: half the
+            // lookups of building the table.
+            let Some(first) = vocabulary.rank(&bytes[..cut]) else {
+                continue;
+            };
+            if let Some(second) = vocabulary.rank(&bytes[cut..]) {
+                pairs.push([first, second, merged]);
+            }
+        }
+    }
+    pairs
+}
+
+/// The pair table of `pairs` (ranks below `2^18`): a power of two of slots
+/// (two words each, [`pair_slot`]) at most half full, filled by linear
+/// probing from [`pair_hash`]'s top bits, empty slots all ones. Returns the
+/// slot bits, the words and the longest probe of a stored pair.
+fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
+    let slot_bits = (pairs.len().max(8) * 2)
+        .next_power_of_two()
+        .trailing_zeros();
+    let mask = (1usize << slot_bits) - 1;
+    let mut words = vec![NO_TOKEN; 2 << slot_bits];
+    let mut longest_probe = 0;
+    for &[first, second, merged] in pairs {
+        let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
+        let mut probe = 1;
+        while words[2 * slot + 1] != NO_TOKEN {
+            slot = (slot + 1) & mask;
+            probe += 1;
+        }
+        longest_probe = longest_probe.max(probe);
+        words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
+    }
+    (slot_bits, words, longest_probe)
+}
+
+/// The merged rank of `(first, second)` in the pair table `slots` of
+/// `2^slot_bits` slots, by the device's steps (probe from the hash's top bits
+/// until the pair or an empty slot), and the slots the probe visited.
+fn pair_lookup(slots: &[u32], slot_bits: u32, first: u32, second: u32) -> (Option<u32>, u32) {
+    let [low, high] = pair_slot(first, second, 0);
+    let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
+    let mut visited = 1;
+    loop {
+        let stored = slots[2 * slot + 1];
+        if stored == NO_TOKEN {
+            return (None, visited);
+        }
+        if slots[2 * slot] == low && stored & PAIR_HIGH_KEY == high {
+            return (Some(stored >> PAIR_HIGH_KEY.count_ones()), visited);
+        }
+        slot = (slot + 1) & ((1 << slot_bits) - 1);
+        visited += 1;
+    }
+}
+
 impl DeviceVocabulary {
-    /// The device tables of `vocabulary`. An `Err` for a vocabulary whose ranks
-    /// or token bytes do not fit the 24-bit fields (none of the built-in ones).
+    /// The device tables of `vocabulary`, the pair table among them (every
+    /// cut of every token looked up on the host). An `Err` for a vocabulary with a rank of
+    /// `2^18` or more (the pair table's fields) or more than `2^24` bytes of
+    /// tokens (none of the built-in ones).
     pub fn new(vocabulary: &Vocabulary) -> Result<Self, TokenizerError> {
         let rank_bound = vocabulary.rank_bound();
-        if rank_bound > MAX_RANK {
+        if rank_bound > 1 << PAIR_RANK_BITS {
             return Err(too_large(format!(
                 "the vocabulary has ranks up to {}",
                 rank_bound - 1
@@ -157,6 +297,14 @@ impl DeviceVocabulary {
                 None => NO_TOKEN,
             };
         }
+        let (pair_slot_bits, pair_words, pair_longest_probe) = pair_table(&token_pairs(vocabulary));
+        let pairs = pair_words
+            .chunks_exact(2)
+            .filter(|slot| slot[1] != NO_TOKEN)
+            .count();
+        words[header::PAIR_SLOT_BITS as usize] = pair_slot_bits;
+        words[header::PAIR_SLOTS_AT as usize] = words.len() as u32;
+        words.extend_from_slice(&pair_words);
         let mask = (1usize << slot_bits) - 1;
         let mut longest_probe = 0;
         for (rank, bytes) in hashed {
@@ -176,10 +324,14 @@ impl DeviceVocabulary {
             token_bytes,
             slot_bits,
             longest_probe,
+            pairs,
+            pair_slot_bits,
+            pair_longest_probe,
         })
     }
 
-    /// The `u32` words: header, byte ranks, pair ranks, tokens, slots.
+    /// The `u32` words: header, byte ranks, 2-byte ranks, tokens, slots of
+    /// the longer tokens, slots of the pair table.
     pub fn words(&self) -> &[u32] {
         &self.words
     }
@@ -198,6 +350,37 @@ impl DeviceVocabulary {
     /// more: it ends at the first empty slot).
     pub fn longest_probe(&self) -> u32 {
         self.longest_probe
+    }
+
+    /// Pairs of tokens the pair table holds (one per cut of a token's bytes
+    /// into two tokens).
+    pub fn pairs(&self) -> usize {
+        self.pairs
+    }
+
+    /// Bytes the pair table takes on the device (8 per slot).
+    pub fn pair_table_bytes(&self) -> usize {
+        8 << self.pair_slot_bits
+    }
+
+    /// Slots the longest probe sequence of a stored pair visits (a miss may
+    /// visit more: it ends at the first empty slot).
+    pub fn pair_longest_probe(&self) -> u32 {
+        self.pair_longest_probe
+    }
+
+    /// The rank of the token whose bytes are those of `first` then those of
+    /// `second` (both ranks), by exactly the device's steps in the pair table;
+    /// `None` when they are no token.
+    pub fn pair(&self, first: u32, second: u32) -> Option<u32> {
+        self.pair_probe(first, second).0
+    }
+
+    /// [`pair`](Self::pair) and the slots its probe visits.
+    fn pair_probe(&self, first: u32, second: u32) -> (Option<u32>, u32) {
+        let slots_at = self.words[header::PAIR_SLOTS_AT as usize] as usize;
+        let slot_bits = self.words[header::PAIR_SLOT_BITS as usize];
+        pair_lookup(&self.words[slots_at..], slot_bits, first, second)
     }
 
     /// The rank of `key` by exactly the device's steps (dense tables for one and
@@ -284,5 +467,132 @@ mod tests {
             assert_eq!(device.lookup(&[b'a'; 200]), None);
             assert!(device.longest_probe() < 64, "{device:?}");
         }
+    }
+
+    /// Every cut of a token's bytes into two tokens, `[first, second, merged]`,
+    /// that `pair` does not answer with the token's rank: the merge loop
+    /// would stop short of a merge tiktoken makes.
+    fn unanswered_cuts(
+        vocabulary: &Vocabulary,
+        pair: impl Fn(u32, u32) -> Option<u32>,
+    ) -> Vec<[u32; 3]> {
+        let mut unanswered = Vec::new();
+        for merged in 0..vocabulary.rank_bound() {
+            let Some(bytes) = vocabulary.token(merged) else {
+                continue;
+            };
+            for cut in 1..bytes.len() {
+                let halves = (
+                    vocabulary.rank(&bytes[..cut]),
+                    vocabulary.rank(&bytes[cut..]),
+                );
+                if let (Some(first), Some(second)) = halves {
+                    if pair(first, second) != Some(merged) {
+                        unanswered.push([first, second, merged]);
+                    }
+                }
+            }
+        }
+        unanswered
+    }
+
+    /// Locks out a pair table that loses or invents a merge (a slot packing
+    /// that cuts a rank's bits, a probe that stops early, a hash the host and
+    /// the device disagree on): for every built-in encoding, every cut of
+    /// every token's bytes into two tokens finds that token's rank, and
+    /// 100,000 random pairs of ranks find exactly the rank of their bytes back
+    /// to back (almost all none). Negative control: a table built without one
+    /// pair leaves exactly that cut unanswered. Prints each table's pairs,
+    /// bytes, longest probe and mean slots visited by a hit and by a random
+    /// pair's miss, and the whole vocabulary's bytes (the module docs quote
+    /// them).
+    #[test]
+    fn pair_table_answers_every_cut_of_every_token() {
+        for encoding in Encoding::ALL {
+            let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes()).unwrap();
+            let device = DeviceVocabulary::new(&vocabulary).unwrap();
+            assert_eq!(
+                unanswered_cuts(&vocabulary, |first, second| device.pair(first, second)),
+                Vec::<[u32; 3]>::new(),
+                "{}",
+                encoding.name()
+            );
+            let pairs = token_pairs(&vocabulary);
+            assert_eq!(device.pairs(), pairs.len());
+            assert!(device.pair_table_bytes() >= 16 * device.pairs());
+            let hit_slots: u32 = pairs
+                .iter()
+                .map(|&[first, second, _]| device.pair_probe(first, second).1)
+                .sum();
+            let mut state = 0x9E37_79B9_7F4A_7C15u64;
+            let mut random_rank = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % u64::from(vocabulary.rank_bound())) as u32
+            };
+            let (mut found, mut miss_slots) = (0, 0);
+            for _ in 0..100_000 {
+                let (first, second) = (random_rank(), random_rank());
+                let bytes = [
+                    vocabulary.token(first).unwrap(),
+                    vocabulary.token(second).unwrap(),
+                ]
+                .concat();
+                let expected = vocabulary.rank(&bytes);
+                let (rank, visited) = device.pair_probe(first, second);
+                assert_eq!(rank, expected, "{first} {second}");
+                found += usize::from(expected.is_some());
+                miss_slots += visited * u32::from(expected.is_none());
+            }
+            assert!(
+                found < 1000,
+                "{}: {found} random pairs are tokens",
+                encoding.name()
+            );
+            eprintln!(
+                "{}: {} pairs, {} bytes, longest probe {}, mean slots per hit {:.2}, per miss {:.2}; vocabulary {} bytes",
+                encoding.name(),
+                device.pairs(),
+                device.pair_table_bytes(),
+                device.pair_longest_probe(),
+                f64::from(hit_slots) / pairs.len() as f64,
+                f64::from(miss_slots) / (100_000 - found) as f64,
+                device.device_bytes()
+            );
+            // Negative control: one pair left out is one cut unanswered.
+            let mut pairs = pairs;
+            let dropped = pairs.remove(pairs.len() / 2);
+            let (slot_bits, slots, _) = pair_table(&pairs);
+            assert_eq!(
+                unanswered_cuts(&vocabulary, |first, second| pair_lookup(
+                    &slots, slot_bits, first, second
+                )
+                .0),
+                vec![dropped],
+                "{}: control",
+                encoding.name()
+            );
+        }
+    }
+
+    /// Locks out a vocabulary whose ranks do not fit the pair table's 18-bit
+    /// fields reaching the device (where a rank would alias another): a rank
+    /// of `2^18` is a `Fix:` error, and (control) one of `2^18 − 1` is taken.
+    #[test]
+    fn ranks_past_the_pair_table_fields_are_fix_errors() {
+        let with_rank = |rank: u32| {
+            let mut bytes = Encoding::R50kBase.tiktoken_bytes().to_vec();
+            bytes.extend_from_slice(format!("//// {rank}\n").as_bytes());
+            Vocabulary::from_tiktoken_bytes(&bytes).unwrap()
+        };
+        let error = DeviceVocabulary::new(&with_rank(1 << PAIR_RANK_BITS)).unwrap_err();
+        assert!(error.message().starts_with("Fix: "), "{error}");
+        assert!(error.message().contains("2^18"), "{error}");
+        let taken = DeviceVocabulary::new(&with_rank((1 << PAIR_RANK_BITS) - 1)).unwrap();
+        assert_eq!(
+            taken.lookup(b"\xFF\xFF\xFF"),
+            Some((1 << PAIR_RANK_BITS) - 1)
+        );
     }
 }
