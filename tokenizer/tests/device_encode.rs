@@ -21,7 +21,9 @@ use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
-use vyre_tokenizer::device::programs::{param, written_roles, Programs, Role, MERGE_SLAB_BYTES};
+use vyre_tokenizer::device::programs::{
+    param, written_roles, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
+};
 use vyre_tokenizer::device::vocabulary::NO_TOKEN;
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
@@ -832,6 +834,63 @@ impl PiecesOutput {
     }
 }
 
+/// The step called `name` of `programs`.
+fn step_named<'p>(programs: &'p Programs, name: &str) -> &'p KernelStep {
+    programs
+        .steps()
+        .iter()
+        .find(|step| step.name == name)
+        .unwrap_or_else(|| panic!("no step `{name}`"))
+}
+
+/// `values` as the little-endian bytes of a `u32` buffer.
+fn words(values: &[u32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
+}
+
+/// `bytes` of a `u32` buffer as its words.
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
+        .collect()
+}
+
+/// The inputs of `step` (`pieces`, `merge` or `long`: they bind alike) run
+/// alone over `text` with `params` and `piece_starts` (their count in the piece
+/// count): `token_at` and the merge scratch all [`NO_TOKEN`], each list
+/// `list_words` words of zeros, the tokenizer's vocabulary.
+fn bpe_step_inputs(
+    step: &KernelStep,
+    tokenizer: &Tokenizer,
+    text: &[u8],
+    params: &[u32],
+    piece_starts: &[u32],
+    list_words: usize,
+) -> Vec<Vec<u8>> {
+    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+    let per_byte = words(&vec![NO_TOKEN; text.len()]);
+    let mut padded_text = text.to_vec();
+    padded_text.resize(text.len().next_multiple_of(4), 0);
+    step.bindings
+        .iter()
+        .map(|role| match role {
+            Role::TokenAt | Role::MergeMinima | Role::MergeParts => per_byte.clone(),
+            Role::MergeList | Role::ChunkList | Role::LongList => words(&vec![0; list_words]),
+            Role::PieceStarts => words(piece_starts),
+            Role::PieceCount => words(&[piece_starts.len() as u32]),
+            Role::Params => words(params),
+            Role::Text => padded_text.clone(),
+            Role::Vocabulary => words(vocabulary.words()),
+            Role::TokenBytes => vocabulary.token_bytes().to_vec(),
+            other => panic!("`{}` binds {other:?}", step.name),
+        })
+        .collect()
+}
+
 /// The `pieces` program alone on the reference interpreter at `geometry` and
 /// `workgroups`, for the first `piece_count` of `starts` over `text` (the last
 /// of them ending at `text_end`).
@@ -844,55 +903,26 @@ fn run_pieces(
     workgroups: u32,
 ) -> PiecesOutput {
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
-    let step = programs
-        .steps()
-        .iter()
-        .find(|step| step.name == "pieces")
-        .unwrap();
-    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
-    let words = |values: &[u32]| -> Vec<u8> {
-        values
-            .iter()
-            .flat_map(|value| value.to_le_bytes())
-            .collect()
-    };
+    let step = step_named(&programs, "pieces");
     let mut params = vec![0u32; param::WORDS as usize];
     params[param::TEXT_LEN as usize] = text_end;
     params[param::DOCUMENTS as usize] = 1;
-    let per_byte = words(&vec![NO_TOKEN; text.len()]);
-    let list = words(&vec![0; 2 * text.len() + 2]);
-    let mut padded_text = text.to_vec();
-    padded_text.resize(text.len().next_multiple_of(4), 0);
-    let inputs: Vec<Vec<u8>> = step
-        .bindings
-        .iter()
-        .map(|role| match role {
-            Role::TokenAt | Role::MergeMinima | Role::MergeParts => per_byte.clone(),
-            Role::MergeList | Role::ChunkList | Role::LongList => list.clone(),
-            Role::PieceStarts => words(starts),
-            Role::PieceCount => words(&[piece_count]),
-            Role::Params => words(&params),
-            Role::Text => padded_text.clone(),
-            Role::Vocabulary => words(vocabulary.words()),
-            Role::TokenBytes => vocabulary.token_bytes().to_vec(),
-            other => panic!("the pieces step binds {other:?}"),
-        })
-        .collect();
+    let starts = &starts[..piece_count as usize];
+    let inputs = bpe_step_inputs(step, tokenizer, text, &params, starts, 2 * text.len() + 2);
     let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     let outputs =
         reference::run(&step.program, &refs, &DispatchConfig::linear(workgroups)).unwrap();
     // One output per written buffer, in binding order.
     let written = written_roles("pieces");
     let output = |wanted: Role| -> Vec<u32> {
-        outputs[step
-            .bindings
-            .iter()
-            .filter(|role| written.contains(role))
-            .position(|&role| role == wanted)
-            .unwrap()]
-        .chunks_exact(4)
-        .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
-        .collect()
+        words_of(
+            &outputs[step
+                .bindings
+                .iter()
+                .filter(|role| written.contains(role))
+                .position(|&role| role == wanted)
+                .unwrap()],
+        )
     };
     let params = output(Role::Params);
     let listed = |role: Role, counter: u32| {
@@ -1019,41 +1049,14 @@ fn merge_one_piece(
     geometry: Geometry,
 ) -> (Vec<u32>, u64, bool) {
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
-    let step = programs
-        .steps()
-        .iter()
-        .find(|step| step.name == "merge")
-        .unwrap();
-    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
-    let words = |values: &[u32]| -> Vec<u8> {
-        values
-            .iter()
-            .flat_map(|value| value.to_le_bytes())
-            .collect()
-    };
+    let step = step_named(&programs, "merge");
     let len = text.len() as u32;
     let mut params = vec![0u32; param::WORDS as usize];
     params[param::TEXT_LEN as usize] = len;
     params[param::DOCUMENTS as usize] = 1;
     params[param::MERGE_COUNT as usize] = 1;
     let per_byte = words(&vec![NO_TOKEN; text.len()]);
-    let mut padded_text = text.to_vec();
-    padded_text.resize(text.len().next_multiple_of(4), 0);
-    let inputs: Vec<Vec<u8>> = step
-        .bindings
-        .iter()
-        .map(|role| match role {
-            Role::TokenAt | Role::MergeMinima | Role::MergeParts => per_byte.clone(),
-            Role::MergeList | Role::PieceStarts => words(&[0]),
-            Role::PieceCount => words(&[1]),
-            Role::ChunkList | Role::LongList => words(&[0, 0]),
-            Role::Params => words(&params),
-            Role::Text => padded_text.clone(),
-            Role::Vocabulary => words(vocabulary.words()),
-            Role::TokenBytes => vocabulary.token_bytes().to_vec(),
-            other => panic!("the merge step binds {other:?}"),
-        })
-        .collect();
+    let inputs = bpe_step_inputs(step, tokenizer, text, &params, &[0], 2);
     let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     let workgroups = step
         .grid
