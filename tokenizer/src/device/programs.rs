@@ -201,8 +201,8 @@ pub const MERGE_SLAB_BYTES: u32 = 12;
 
 /// Default [`Geometry::pieces_workgroups`]: an H200's 132 SMs hold 1,056
 /// workgroups of 256 threads at 32 registers each (8 per SM), so 1,024 of them
-/// run as one wave (2.6 waves at the 80 registers the result ABI asked for
-/// before, 3 per SM).
+/// run as one wave (at the 80 registers the result ABI's window copies took
+/// on 2026-12-01, 3 per SM: 2.6 waves).
 pub const PIECES_WORKGROUPS: u32 = 1024;
 
 /// The shapes the programs are built for.
