@@ -21,9 +21,12 @@ use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
-use vyre_tokenizer::device::programs::{param, Programs, Role, MERGE_SLAB_BYTES};
+use vyre_tokenizer::device::programs::{
+    param, written_roles, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
+};
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
+use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
 
@@ -651,7 +654,7 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
 /// (over the 12 KiB the merge slabs may take), no compaction
-/// workgroups, chunk limits of nothing, a split of 9 bytes per thread and
+/// workgroups, no workgroups of `pieces`, chunk limits of nothing, a split of 9 bytes per thread and
 /// chunks over the split's 256 MiB are each a `Fix:` error naming what to
 /// change.
 #[test]
@@ -681,6 +684,14 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "compact_workgroups",
+        ),
+        (
+            Geometry {
+                pieces_workgroups: 0,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "pieces_workgroups",
         ),
         (
             Geometry {
@@ -728,6 +739,283 @@ fn bad_geometries_and_limits_are_fix_errors() {
             error.message().starts_with("Fix:") && error.message().contains(what),
             "{error}"
         );
+    }
+}
+
+/// Locks out a striding `pieces` that loses or repeats pieces past the first
+/// pass of its fixed grid (a tile loop that stops early or steps by the wrong
+/// amount; checked: a step of twice the grid fails here; a race on the
+/// workgroup word of a tile's first merge-list entry is a device matter, which
+/// the reference interpreter does not show): with 32-thread workgroups, 8-byte
+/// chunks and one or three workgroups of `pieces`, texts of several hundred
+/// pieces (many tiles per workgroup, merge-listed and long pieces among them)
+/// and batches with empty documents encode to the CPU encoder's ids on all four
+/// encodings. The device counts show the grid took more than one pass over the
+/// pieces, so a grid that covered them in one (the per-byte grid before) is
+/// not what passes; `pieces_lists_the_same_entries_on_any_grid` is the negative
+/// control of a grid that covers one pass.
+#[test]
+fn pieces_past_one_pass_of_the_grid_equal_cpu() {
+    let mut random = SplitMix64::new(0x57_21DE);
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, 1500, 21)])
+        .collect();
+    batches.push(
+        long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(&mut random, 60));
+    // Prose in every batch: more pieces than one pass of three workgroups.
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, 1500, 22));
+    }
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for pieces_workgroups in [1, 3] {
+            let geometry = Geometry {
+                pieces_workgroups,
+                ..small_geometry(16)
+            };
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                geometry,
+                STEP_BY_STEP,
+            )
+            .unwrap();
+            let one_pass = pieces_workgroups * geometry.workgroup_size;
+            let [mut merged, mut long] = [0, 0];
+            for (index, batch) in batches.iter().enumerate() {
+                let what = format!("{pieces_workgroups} workgroups of pieces, batch {index}");
+                check_batch(&encoder, &tokenizer, batch, &what);
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                let (_, timings) = encoder.encode_counted(&refs).unwrap();
+                let counts = timings.counts.unwrap();
+                assert!(counts.pieces > one_pass, "{what}: {counts:?}");
+                merged += counts.merged_pieces;
+                long += counts.long_pieces;
+            }
+            assert!(merged > 0 && long > 0, "{}", tokenizer.name());
+        }
+    }
+}
+
+/// What `pieces` wrote: `token_at`, and the merge, long and chunk lists as
+/// sorted multisets (entries are appended through counters, in no set order).
+#[derive(Debug, PartialEq, Eq)]
+struct PiecesOutput {
+    token_at: Vec<u32>,
+    merge_list: Vec<u32>,
+    long_list: Vec<u32>,
+    chunk_list: Vec<(u32, u32)>,
+}
+
+impl PiecesOutput {
+    /// How `self` differs from `expected`, short enough for a failure message.
+    fn differences(&self, expected: &PiecesOutput) -> String {
+        let tokens = self
+            .token_at
+            .iter()
+            .zip(&expected.token_at)
+            .filter(|(got, want)| got != want)
+            .count();
+        format!(
+            "{tokens} token_at words differ; merge, long and chunk list entries {:?}, expected {:?}",
+            [self.merge_list.len(), self.long_list.len(), self.chunk_list.len()],
+            [
+                expected.merge_list.len(),
+                expected.long_list.len(),
+                expected.chunk_list.len()
+            ],
+        )
+    }
+}
+
+/// The step called `name` of `programs`.
+fn step_named<'p>(programs: &'p Programs, name: &str) -> &'p KernelStep {
+    programs
+        .steps()
+        .iter()
+        .find(|step| step.name == name)
+        .unwrap_or_else(|| panic!("no step `{name}`"))
+}
+
+/// `values` as the little-endian bytes of a `u32` buffer.
+fn words(values: &[u32]) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
+}
+
+/// `bytes` of a `u32` buffer as its words.
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
+        .collect()
+}
+
+/// The inputs of `step` (`pieces`, `merge` or `long`: they bind alike) run
+/// alone over `text` with `params` and `piece_starts` (their count in the piece
+/// count): `token_at` and the merge scratch all [`NO_TOKEN`], each list
+/// `list_words` words of zeros, the vocabulary tables `(words, token_bytes)`.
+fn bpe_step_inputs(
+    step: &KernelStep,
+    (vocabulary_words, token_bytes): (&[u32], &[u8]),
+    text: &[u8],
+    params: &[u32],
+    piece_starts: &[u32],
+    list_words: usize,
+) -> Vec<Vec<u8>> {
+    let per_byte = words(&vec![NO_TOKEN; text.len()]);
+    let mut padded_text = text.to_vec();
+    padded_text.resize(text.len().next_multiple_of(4), 0);
+    step.bindings
+        .iter()
+        .map(|role| match role {
+            Role::TokenAt | Role::MergeMinima | Role::MergeParts => per_byte.clone(),
+            Role::MergeList | Role::ChunkList | Role::LongList => words(&vec![0; list_words]),
+            Role::PieceStarts => words(piece_starts),
+            Role::PieceCount => words(&[piece_starts.len() as u32]),
+            Role::Params => words(params),
+            Role::Text => padded_text.clone(),
+            Role::Vocabulary => words(vocabulary_words),
+            Role::TokenBytes => token_bytes.to_vec(),
+            other => panic!("`{}` binds {other:?}", step.name),
+        })
+        .collect()
+}
+
+/// The `pieces` program alone on the reference interpreter at `geometry` and
+/// `workgroups`, for the first `piece_count` of `starts` over `text` (the last
+/// of them ending at `text_end`).
+fn run_pieces(
+    tokenizer: &Tokenizer,
+    text: &[u8],
+    starts: &[u32],
+    [piece_count, text_end]: [u32; 2],
+    geometry: Geometry,
+    workgroups: u32,
+) -> PiecesOutput {
+    let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
+    let step = step_named(&programs, "pieces");
+    let mut params = vec![0u32; param::WORDS as usize];
+    params[param::TEXT_LEN as usize] = text_end;
+    params[param::DOCUMENTS as usize] = 1;
+    let starts = &starts[..piece_count as usize];
+    let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+    let inputs = bpe_step_inputs(
+        step,
+        (vocabulary.words(), vocabulary.token_bytes()),
+        text,
+        &params,
+        starts,
+        2 * text.len() + 2,
+    );
+    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let outputs =
+        reference::run(&step.program, &refs, &DispatchConfig::linear(workgroups)).unwrap();
+    // One output per written buffer, in binding order.
+    let written = written_roles("pieces");
+    let output = |wanted: Role| -> Vec<u32> {
+        words_of(
+            &outputs[step
+                .bindings
+                .iter()
+                .filter(|role| written.contains(role))
+                .position(|&role| role == wanted)
+                .unwrap()],
+        )
+    };
+    let params = output(Role::Params);
+    let listed = |role: Role, counter: u32| {
+        let mut entries = output(role);
+        entries.truncate(params[counter as usize] as usize);
+        entries.sort_unstable();
+        entries
+    };
+    let mut chunk_list: Vec<(u32, u32)> = output(Role::ChunkList)
+        .chunks_exact(2)
+        .take(params[param::CHUNK_COUNT as usize] as usize)
+        .map(|pair| (pair[0], pair[1]))
+        .collect();
+    chunk_list.sort_unstable();
+    let mut token_at = output(Role::TokenAt);
+    token_at.truncate(text.len());
+    PiecesOutput {
+        token_at,
+        merge_list: listed(Role::MergeList, param::MERGE_COUNT),
+        long_list: listed(Role::LongList, param::LONG_COUNT),
+        chunk_list,
+    }
+}
+
+/// Locks out a striding `pieces` whose writes depend on its grid: the step
+/// alone, on texts of several hundred pieces with 32-thread workgroups and
+/// 8-byte chunks, writes the same `token_at` and the same merge, long and
+/// chunk list entries (as multisets: no later step depends on their order) on
+/// one, two and three workgroups as on one workgroup per tile of 32 pieces
+/// (what the per-byte grid covered). (Negative control: a grid of three
+/// workgroups that each took one tile, which a `pieces` that does not stride
+/// runs, leaves the pieces past the first 96 unwritten and unlisted, and the
+/// comparison tells it apart.)
+#[test]
+fn pieces_lists_the_same_entries_on_any_grid() {
+    let geometry = Geometry {
+        pieces_workgroups: 3,
+        ..small_geometry(16)
+    };
+    let mut random = SplitMix64::new(0x9_1EC5);
+    let mut texts: Vec<Vec<u8>> = Shape::ALL
+        .iter()
+        .map(|&shape| generate(shape, 1500, 5))
+        .collect();
+    texts.push(
+        long_piece_texts(8, &mut random)
+            .into_iter()
+            .flat_map(|(_, text)| [text, b" ".to_vec()])
+            .flatten()
+            .collect(),
+    );
+    // Prose after each: more pieces than one pass of three workgroups.
+    for text in &mut texts {
+        text.extend(generate(Shape::Prose, 1500, 6));
+    }
+    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let [mut merged, mut long] = [0, 0];
+        for (index, text) in texts.iter().enumerate() {
+            let starts = piece_starts(tokenizer.pattern(), text).unwrap();
+            let count = starts.len() as u32;
+            let full = [count, text.len() as u32];
+            let tiles = count.div_ceil(geometry.workgroup_size);
+            let one_per_tile = run_pieces(&tokenizer, text, &starts, full, geometry, tiles);
+            let what = format!("{} text {index}, {count} pieces", tokenizer.name());
+            merged += one_per_tile.merge_list.len();
+            long += one_per_tile.long_list.len();
+            for workgroups in [1, 2, 3] {
+                let strided = run_pieces(&tokenizer, text, &starts, full, geometry, workgroups);
+                assert!(
+                    strided == one_per_tile,
+                    "{what}, {workgroups} workgroups: {}",
+                    strided.differences(&one_per_tile)
+                );
+            }
+            // One tile per workgroup on three workgroups: the first 96 pieces
+            // with their true ends, none after.
+            let one_pass = 3 * geometry.workgroup_size;
+            assert!(count > one_pass, "{what}");
+            let first_pass = [one_pass, starts[one_pass as usize]];
+            assert!(
+                run_pieces(&tokenizer, text, &starts, first_pass, geometry, 3) != one_per_tile,
+                "{what}: the negative control"
+            );
+        }
+        assert!(merged > 0 && long > 0, "{}", tokenizer.name());
     }
 }
 
@@ -784,40 +1072,21 @@ fn merge_one_piece_over(
     (vocabulary_words, token_bytes): (&[u32], &[u8]),
 ) -> (Vec<u32>, u64, bool) {
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
-    let step = programs
-        .steps()
-        .iter()
-        .find(|step| step.name == "merge")
-        .unwrap();
-    let words = |values: &[u32]| -> Vec<u8> {
-        values
-            .iter()
-            .flat_map(|value| value.to_le_bytes())
-            .collect()
-    };
+    let step = step_named(&programs, "merge");
     let len = text.len() as u32;
     let mut params = vec![0u32; param::WORDS as usize];
     params[param::TEXT_LEN as usize] = len;
     params[param::DOCUMENTS as usize] = 1;
     params[param::MERGE_COUNT as usize] = 1;
     let per_byte = words(&vec![NO_TOKEN; text.len()]);
-    let mut padded_text = text.to_vec();
-    padded_text.resize(text.len().next_multiple_of(4), 0);
-    let inputs: Vec<Vec<u8>> = step
-        .bindings
-        .iter()
-        .map(|role| match role {
-            Role::TokenAt | Role::MergeMinima | Role::MergeParts => per_byte.clone(),
-            Role::MergeList | Role::PieceStarts => words(&[0]),
-            Role::PieceCount => words(&[1]),
-            Role::ChunkList | Role::LongList => words(&[0, 0]),
-            Role::Params => words(&params),
-            Role::Text => padded_text.clone(),
-            Role::Vocabulary => words(vocabulary_words),
-            Role::TokenBytes => token_bytes.to_vec(),
-            other => panic!("the merge step binds {other:?}"),
-        })
-        .collect();
+    let inputs = bpe_step_inputs(
+        step,
+        (vocabulary_words, token_bytes),
+        text,
+        &params,
+        &[0],
+        2,
+    );
     let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     let workgroups = step
         .grid

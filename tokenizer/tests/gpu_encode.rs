@@ -514,6 +514,86 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     }
 }
 
+/// Locks out a striding `pieces` that loses, repeats or misplaces pieces on
+/// the device past the first pass of its grid (a tile loop that stops early or
+/// steps wrong, or a race on the workgroup word that hands a tile's merge-list
+/// entries out: the last thread writes tile `k + 2`'s word while slower warps
+/// may still read tile `k`'s, which the reference interpreter cannot show): on
+/// every encoding, 256-thread workgroups of `pieces` on 1 and 5 workgroups and
+/// 32-thread ones on 3, the three shapes at 64 KiB (8 KiB under
+/// compute-sanitizer), long pieces and a batch with empty documents, each step
+/// its own dispatch, equal the CPU encoder; the device counts show more pieces
+/// than one pass of the grid takes.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
+    let small = Geometry {
+        workgroup_size: 32,
+        chunk_bytes: 8,
+        repair_window_bytes: 32,
+        pieces_workgroups: 3,
+        split: small_split_geometry(),
+        ..Geometry::default()
+    };
+    let geometries = [
+        Geometry {
+            pieces_workgroups: 1,
+            ..Geometry::default()
+        },
+        Geometry {
+            pieces_workgroups: 5,
+            ..Geometry::default()
+        },
+        small,
+    ];
+    let bytes = sized_for_tools("shape bytes", 64 << 10, 8 << 10);
+    let mut random = SplitMix64::new(0x9_1EC6);
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, bytes, 23)])
+        .collect();
+    batches.push(
+        long_piece_texts(384, &mut random)
+            .into_iter()
+            .chain(long_piece_texts(8, &mut random))
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(&mut random, 200));
+    // Prose in every batch: more pieces than one pass of every grid above.
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, bytes, 24));
+    }
+    let step_by_step = ChunkLimits {
+        short_text_bytes: 0,
+        ..ChunkLimits::default()
+    };
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        for geometry in geometries {
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+                &cpu,
+                geometry,
+                step_by_step,
+            )
+            .unwrap();
+            let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
+            for (index, batch) in batches.iter().enumerate() {
+                let what = format!(
+                    "{} workgroups of {} threads, batch {index}",
+                    geometry.pieces_workgroups, geometry.workgroup_size
+                );
+                check_batch(&encoder, &cpu, batch, &what);
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                let (_, timings) = encoder.encode_counted(&refs).unwrap();
+                let counts = timings.counts.expect("counts were asked for");
+                assert!(counts.pieces > one_pass, "{what}: {counts:?}");
+            }
+        }
+    }
+}
+
 /// Locks out an eager encode whose steps each wait on the device for every
 /// earlier step that touched their buffers (most steps read what several
 /// earlier ones wrote) instead of for the one before, which already ran after

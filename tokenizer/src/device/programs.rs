@@ -10,7 +10,7 @@
 //! | `stage` | [`stage`] | the text's 16-byte groups | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
 //! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
 //! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
-//! | `pieces` | [`pieces`] | one thread per possible piece | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
+//! | `pieces` | [`pieces`] | at most [`Geometry::pieces_workgroups`], striding over tiles of `W` pieces | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
 //! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
 //! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
@@ -28,6 +28,25 @@
 //! from the last, padded, document end), so one set of buffers (grown by
 //! powers of two) serves every text length, and the lists are filled through
 //! counters in the same words (which every encode uploads as zero).
+//!
+//! # `pieces` on a fixed grid
+//!
+//! The host launches `pieces` before it knows how many pieces the split found,
+//! and a text of `n` bytes has at most `n`. So it ran one thread per byte: on
+//! the H200 (2026-12-01) a 16 MiB cl100k chunk (16,776,069 bytes, 3,047,888
+//! pieces) ran 65,532 workgroups of 256 threads; 82 % of the threads had no
+//! piece yet took the merge list's workgroup scan and reduction, and each of
+//! the 524,256 warps ended in the result ABI's fence and atomic on one control
+//! word; `pieces` took 0.61–0.88 ms per chunk. Now at most
+//! [`Geometry::pieces_workgroups`] workgroups (1,024 by default, about what the
+//! H200 holds at once) stride over the device's own piece count in tiles of
+//! `W` pieces: workgroup `g` takes tiles `g, g + G, ...`, so every barrier of a
+//! tile is reached by the whole workgroup. For that chunk that is 1,024
+//! workgroups, 8,192 warps, 11 or 12 of the 11,906 tiles each (not yet
+//! measured on the device). A tile claims its merge-list entries with one
+//! inclusive scan (the last thread's value is the tile's total) instead of a
+//! scan and a reduction. The short-text program runs `pieces` as one group
+//! that takes every tile.
 //!
 //! # Where a token is written
 //!
@@ -223,6 +242,12 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
 
+/// Default [`Geometry::pieces_workgroups`]: an H200's 132 SMs hold 1,056
+/// workgroups of 256 threads at 32 registers each (8 per SM), so 1,024 of them
+/// run as one wave (at the 80 registers the result ABI's window copies took
+/// on 2026-12-01, 3 per SM: 2.6 waves).
+pub const PIECES_WORKGROUPS: u32 = 1024;
+
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
@@ -245,6 +270,11 @@ pub struct Geometry {
     pub repair_attempts: u32,
     /// Most workgroups of `compact`.
     pub compact_workgroups: u32,
+    /// Most workgroups of `pieces`, which stride over tiles of
+    /// `workgroup_size` pieces (fewer for a text of fewer bytes than they hold;
+    /// see the module docs for why). The default, [`PIECES_WORKGROUPS`], is
+    /// about what an H200 holds at once.
+    pub pieces_workgroups: u32,
     /// A cap on every `while` loop's iterations per thread of the stage and
     /// BPE steps (`None`, the default: no cap). Past it a kernel traps (CUDA: a
     /// `KernelFault` naming the program; the reference: an `Err`); tests use a
@@ -270,6 +300,7 @@ impl Default for Geometry {
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: 1024,
+            pieces_workgroups: PIECES_WORKGROUPS,
             max_loop_iterations: None,
             occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
@@ -321,11 +352,15 @@ impl Geometry {
                 u32::MAX / 4 / self.workgroup_size
             ));
         }
-        if !(1..=65_536).contains(&self.compact_workgroups) {
-            return Err(format!(
-                "Fix: Geometry::compact_workgroups is {}; use 1 to 65536",
-                self.compact_workgroups
-            ));
+        for (name, workgroups) in [
+            ("compact_workgroups", self.compact_workgroups),
+            ("pieces_workgroups", self.pieces_workgroups),
+        ] {
+            if !(1..=65_536).contains(&workgroups) {
+                return Err(format!(
+                    "Fix: Geometry::{name} is {workgroups}; use 1 to 65536"
+                ));
+            }
         }
         self.split.check().map_err(|error| {
             error
@@ -490,8 +525,10 @@ pub struct Step {
 pub enum Grid {
     /// One thread per 16 bytes or per document, whichever is more.
     Stage,
-    /// One thread per byte (a piece per thread; there are at most `n`).
-    PerByte,
+    /// At most [`Geometry::pieces_workgroups`], and no more than one thread
+    /// per byte (a text of `n` bytes has at most `n` pieces): the workgroups
+    /// stride over tiles of `W` pieces.
+    PieceTiles,
     /// One thread per [`MERGE_BYTES_PER_THREAD`] bytes.
     Merge,
     /// One thread per chunk's worth of bytes.
@@ -514,7 +551,7 @@ impl Grid {
         };
         match self {
             Grid::Stage => threads(text_len.div_ceil(16).max(documents)),
-            Grid::PerByte => threads(text_len),
+            Grid::PieceTiles => threads(text_len).min(geometry.pieces_workgroups),
             Grid::Merge => threads(text_len.div_ceil(MERGE_BYTES_PER_THREAD as u64)),
             Grid::PerChunk => threads(text_len.div_ceil(geometry.chunk_bytes as u64)),
             Grid::PerBlock => blocks(geometry, text_len),
@@ -573,7 +610,7 @@ pub const STEPS: [Step; 6] = [
     Step {
         name: "pieces",
         bindings: &BPE_BINDINGS,
-        grid: Grid::PerByte,
+        grid: Grid::PieceTiles,
         body_registers: 32,
     },
     Step {
@@ -1625,125 +1662,151 @@ pub fn stage(geometry: &Geometry) -> Program {
     .build()
 }
 
-/// `pieces`: thread `p` takes piece `p`. A piece that is a token writes it; a
-/// piece of up to `C` bytes that is not goes on the merge list; a longer one on
-/// the long list, its chunks (`C` bytes from its start) on the chunk list.
+/// `pieces`: workgroup `g` takes the tiles `g, g + G, ...` of `W` pieces
+/// (`G` workgroups, [`Grid::PieceTiles`]), thread `t` piece `tile · W + t` of
+/// each. A piece that is a token writes it; a piece of up to `C` bytes that is
+/// not goes on the merge list; a longer one on the long list, its chunks (`C`
+/// bytes from its start) on the chunk list. No later step depends on the order
+/// of the lists' entries: `merge` and `long` take each entry alone, and `long`
+/// finds a piece's chunk boundaries from its bytes, not from the chunk list.
 pub fn pieces(geometry: &Geometry) -> Program {
     let chunk = geometry.chunk_bytes;
+    let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("pieces"), element_type)
+        // One word per tile parity: see the store below.
         .buffer(
             "merge_base",
             STEPS[1].bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(1),
+            BufferCount::Static(2),
         )
         .body(|b| {
-            let piece = b.let_("piece", Expr::global_id(Axis::X));
-            let active = b.let_(
-                "active",
-                piece.clone().less_than(load(Role::PieceCount, 0u32)),
+            // Reduced, so the tile loop, whose body has barriers, has a
+            // workgroup-uniform bound.
+            let piece_count =
+                b.workgroup_reduce("piece_count", ReduceOp::Max, load(Role::PieceCount, 0u32));
+            let tiles = b.let_(
+                "tiles",
+                (piece_count.clone() + (workgroup_size - 1)) / workgroup_size,
             );
-            let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
-            let len = b.let_(
-                "len",
-                active.clone().select(end.clone() - start.clone(), 0u32),
-            );
-            let long = b.let_("long", len.clone().greater_than(chunk));
-            let needs_merge = b.let_mut("needs_merge", 0u32);
-            b.if_(long.clone(), |b| {
-                let slot = b.atomic_fetch(
-                    "long_slot",
-                    AtomicOp::Add,
-                    Role::Params.name(),
-                    param::LONG_COUNT,
-                    1u32,
+            let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
+            let vocabulary = LookupHeader::emit(b, &Names::new("header"));
+            let tile = b.let_mut("tile", Expr::workgroup_id(Axis::X));
+            b.while_(tile.clone().less_than(tiles), |b| {
+                let piece = b.let_(
+                    "piece",
+                    tile.clone() * workgroup_size + Expr::local_id(Axis::X),
                 );
-                b.store(Role::LongList.name(), slot, piece.clone());
-                let chunks = b.let_("chunks", (len.clone() + (chunk - 1)) / chunk);
-                let base = b.atomic_fetch(
-                    "chunk_base",
-                    AtomicOp::Add,
-                    Role::Params.name(),
-                    param::CHUNK_COUNT,
-                    chunks.clone(),
+                let active = b.let_("active", piece.clone().less_than(piece_count.clone()));
+                let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
+                let len = b.let_(
+                    "len",
+                    active.clone().select(end.clone() - start.clone(), 0u32),
                 );
-                b.loop_("chunk", 0u32, chunks, |b, index| {
-                    let entry = b.let_("entry", (base.clone() + index.clone()) * 2u32);
-                    let chunk_start = emit_chunk_start(
-                        b,
-                        "chunk_start",
-                        [start.clone(), end.clone()],
-                        index.clone(),
-                        chunk,
-                    );
-                    let chunk_end = emit_chunk_start(
-                        b,
-                        "chunk_end",
-                        [start.clone(), end.clone()],
-                        index + 1u32,
-                        chunk,
-                    );
-                    // A last chunk that a character boundary pushed past the end
-                    // is an empty range, which `merge` skips.
-                    b.store(Role::ChunkList.name(), entry.clone(), chunk_start);
-                    b.store(Role::ChunkList.name(), entry + 1u32, chunk_end);
-                });
-            });
-            b.if_(active.clone().and(long.logical_not()), |b| {
-                let vocabulary = LookupHeader::emit(b, &Names::new("header"));
-                let rank = emit_lookup(
-                    b,
-                    &Names::new("whole"),
-                    &vocabulary,
-                    start.clone(),
-                    len.clone(),
-                );
-                b.if_else(
-                    rank.clone().not_equals(NO_TOKEN),
-                    |b| {
-                        b.store(Role::TokenAt.name(), start.clone(), rank.clone());
-                        b.loop_("clear", 1u32, len.clone(), |b, at| {
-                            b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
-                        });
-                    },
-                    |b| {
-                        b.assign("needs_merge", 1u32);
-                    },
-                );
-            });
-            // One atomic per workgroup claims the workgroup's merge-list entries
-            // (a counter every thread hit would serialize in L2); each thread's
-            // place is an exclusive scan.
-            let place = b.workgroup_scan(
-                "merge_place",
-                ReduceOp::Sum,
-                ScanKind::Exclusive,
-                needs_merge.clone(),
-            );
-            let total = b.workgroup_reduce("merge_total", ReduceOp::Sum, needs_merge.clone());
-            b.if_(
-                Expr::local_id(Axis::X)
-                    .equals(0u32)
-                    .and(total.clone().greater_than(0u32)),
-                |b| {
-                    let base = b.atomic_fetch(
-                        "merge_first",
+                let long = b.let_("long", len.clone().greater_than(chunk));
+                let needs_merge = b.let_mut("needs_merge", 0u32);
+                b.if_(long.clone(), |b| {
+                    let slot = b.atomic_fetch(
+                        "long_slot",
                         AtomicOp::Add,
                         Role::Params.name(),
-                        param::MERGE_COUNT,
-                        total,
+                        param::LONG_COUNT,
+                        1u32,
                     );
-                    b.store("merge_base", 0u32, base);
-                },
-            );
-            b.barrier();
-            b.if_(needs_merge.equals(1u32), |b| {
-                b.store(
-                    Role::MergeList.name(),
-                    Expr::load("merge_base", 0u32) + place,
-                    piece.clone(),
+                    b.store(Role::LongList.name(), slot, piece.clone());
+                    let chunks = b.let_("chunks", (len.clone() + (chunk - 1)) / chunk);
+                    let base = b.atomic_fetch(
+                        "chunk_base",
+                        AtomicOp::Add,
+                        Role::Params.name(),
+                        param::CHUNK_COUNT,
+                        chunks.clone(),
+                    );
+                    b.loop_("chunk", 0u32, chunks, |b, index| {
+                        let entry = b.let_("entry", (base.clone() + index.clone()) * 2u32);
+                        let chunk_start = emit_chunk_start(
+                            b,
+                            "chunk_start",
+                            [start.clone(), end.clone()],
+                            index.clone(),
+                            chunk,
+                        );
+                        let chunk_end = emit_chunk_start(
+                            b,
+                            "chunk_end",
+                            [start.clone(), end.clone()],
+                            index + 1u32,
+                            chunk,
+                        );
+                        // A last chunk that a character boundary pushed past the
+                        // end is an empty range, which `merge` skips.
+                        b.store(Role::ChunkList.name(), entry.clone(), chunk_start);
+                        b.store(Role::ChunkList.name(), entry + 1u32, chunk_end);
+                    });
+                });
+                b.if_(active.clone().and(long.logical_not()), |b| {
+                    let rank = emit_lookup(
+                        b,
+                        &Names::new("whole"),
+                        &vocabulary,
+                        start.clone(),
+                        len.clone(),
+                    );
+                    b.if_else(
+                        rank.clone().not_equals(NO_TOKEN),
+                        |b| {
+                            b.store(Role::TokenAt.name(), start.clone(), rank.clone());
+                            b.loop_("clear", 1u32, len.clone(), |b, at| {
+                                b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
+                            });
+                        },
+                        |b| {
+                            b.assign("needs_merge", 1u32);
+                        },
+                    );
+                });
+                // One atomic per tile claims the tile's merge-list entries (a
+                // counter every thread hit would serialize in L2): the last
+                // thread's inclusive scan is the tile's total, and each thread's
+                // place is its inclusive scan less its own entry (one scan and no
+                // reduction per tile).
+                let through = b.workgroup_scan(
+                    "merge_through",
+                    ReduceOp::Sum,
+                    ScanKind::Inclusive,
+                    needs_merge.clone(),
                 );
+                let place = b.let_("merge_place", through.clone() - needs_merge.clone());
+                // Tiles alternate between two words: the last thread writes tile
+                // `k + 2`'s after the barrier of tile `k + 1`, which every thread
+                // reaches only after reading tile `k`'s, so no barrier is needed
+                // after the reads.
+                let base_word = b.let_("base_word", tile.clone() & 1u32);
+                b.if_(
+                    Expr::local_id(Axis::X)
+                        .equals(workgroup_size - 1)
+                        .and(through.clone().greater_than(0u32)),
+                    |b| {
+                        let base = b.atomic_fetch(
+                            "merge_first",
+                            AtomicOp::Add,
+                            Role::Params.name(),
+                            param::MERGE_COUNT,
+                            through.clone(),
+                        );
+                        b.store("merge_base", base_word.clone(), base);
+                    },
+                );
+                b.barrier();
+                b.if_(needs_merge.equals(1u32), |b| {
+                    b.store(
+                        Role::MergeList.name(),
+                        Expr::load("merge_base", base_word) + place,
+                        piece.clone(),
+                    );
+                });
+                b.assign("tile", tile.clone() + groups.clone());
             });
         })
         .build()

@@ -17,7 +17,8 @@
 //! [`short_program`] takes the steps' programs and rewrites each body as the
 //! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
 //! count its [`Grid`] gives for the text length and document count read from
-//! `params` (reduced over the workgroup, so every loop bound is uniform):
+//! `params` (reduced over the workgroup, so every loop bound is uniform; one
+//! group for `pieces`, which strides over its tiles itself):
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
@@ -283,8 +284,9 @@ fn groups_of(value: Expr, divisor: u32) -> Expr {
     ((value + (divisor - 1)) / divisor).max(1u32)
 }
 
-/// How many workgroups a step of `grid` runs (as [`Grid::workgroups`]) for the
-/// text length and document count in `text_len` and `documents`.
+/// How many workgroups a step of `grid` runs (as [`Grid::workgroups`], but one
+/// for `pieces`, which strides over its work) for the text length and
+/// document count in `text_len` and `documents`.
 fn group_count(
     grid: Grid,
     geometry: &Geometry,
@@ -294,7 +296,9 @@ fn group_count(
 ) -> Expr {
     match grid {
         Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads),
-        Grid::PerByte => groups_of(text_len, threads),
+        // `pieces` strides over its tiles, so any number of groups covers them:
+        // one saves the others' clearing, reductions and barriers.
+        Grid::PieceTiles => Expr::u32(1),
         Grid::Merge => groups_of(
             (text_len + (MERGE_BYTES_PER_THREAD - 1)) / MERGE_BYTES_PER_THREAD,
             threads,
