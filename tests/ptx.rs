@@ -1256,6 +1256,70 @@ fn every_fixture_assembles_with_ptxas() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// Locks out kernels that profilers and compute-sanitizer cannot tell apart (every
+/// kernel was `vyre_entry`) and entry names the driver would reject: a program's
+/// entry op id names its kernel, `vyre_entry__` then the id with every character a
+/// PTX identifier cannot hold written as `_` (a 300-byte id cut to 200 bytes); a
+/// program without one, or with an empty one, keeps `vyre_entry`; and an id that
+/// spells another symbol of the module (`block_finished`: the result ABI's
+/// per-block counter `vyre_block_finished` of a 64-thread kernel) still assembles
+/// with ptxas. Negative control: the same module with its kernel renamed to that
+/// counter's name does not, so the double underscore is what keeps them apart.
+#[test]
+fn kernels_are_named_after_their_programs() {
+    let program = |id: &str| {
+        let mut builder = Program::builder([64, 1, 1]).buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(64),
+        );
+        if !id.is_empty() {
+            builder = builder.entry_op_id(id);
+        }
+        builder
+            .body(|b| {
+                let i = b.let_("i", Expr::local_id(Axis::X));
+                b.store("out", i.clone(), i);
+            })
+            .build()
+    };
+    let named = |id: &str| {
+        let ptx = program_to_ptx_with_results(&program(id), &CHECKED, 90, 32).expect("emits");
+        let start = ptx.find(".visible .entry ").expect("an entry") + ".visible .entry ".len();
+        let end = start + ptx[start..].find('(').expect("parameters");
+        (ptx[start..end].to_string(), ptx)
+    };
+    assert_eq!(named("bpe.merge/step 2").0, "vyre_entry__bpe_merge_step_2");
+    assert_eq!(named("").0, ENTRY_NAME);
+    let long = "x".repeat(300);
+    assert_eq!(named(&long).0, format!("vyre_entry__{}", "x".repeat(200)));
+    let (name, ptx) = named("block_finished");
+    assert_eq!(name, "vyre_entry__block_finished");
+    assert!(
+        ptx.contains("vyre_block_finished"),
+        "the 64-thread kernel counts its block in workgroup memory"
+    );
+    let Some(ptxas) = ptxas::require("kernels_are_named_after_their_programs") else {
+        return;
+    };
+    for (what, ptx) in [("named", &ptx), ("long", &named(&long).1)] {
+        if let Err(error) = ptxas::assemble(&ptxas, what, ptx) {
+            panic!("{error}");
+        }
+    }
+    let clash = ptx.replacen(
+        ".visible .entry vyre_entry__block_finished(",
+        ".visible .entry vyre_block_finished(",
+        1,
+    );
+    assert!(
+        ptxas::assemble(&ptxas, "clash", &clash).is_err(),
+        "ptxas took a kernel named like a shared variable of its module"
+    );
+}
+
 /// Negative control for the assembler gate: a harness that ignored ptxas's exit status
 /// (or a missing binary that "succeeds") would pass broken PTX; this proves it does not.
 #[test]

@@ -30,7 +30,7 @@
 
 use std::ffi::c_void;
 
-use crate::codegen::{self, ENTRY_NAME};
+use crate::codegen;
 use crate::config::CodegenOptions;
 use crate::ir::Program;
 
@@ -95,7 +95,7 @@ impl RawFloor {
                 program: program.display_name(),
                 error,
             })?;
-            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
+            LoadedModule::load(&ptx, &codegen::entry_symbol(program), None).map_err(|error| {
                 BackendError::module_load(program.display_name(), caps.ptx_target_sm(), error)
             })
         };
@@ -509,7 +509,7 @@ impl ReadbackSweep {
                 program: program.display_name(),
                 error,
             })?;
-            LoadedModule::load(&ptx, ENTRY_NAME, None).map_err(|error| {
+            LoadedModule::load(&ptx, &codegen::entry_symbol(&program), None).map_err(|error| {
                 BackendError::module_load(program.display_name(), caps.ptx_target_sm(), error)
             })
         };

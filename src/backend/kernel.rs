@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use crate::codegen::{self, CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL};
+use crate::codegen::{self, CodegenError, PtxModuleBuilder, GRID_BARRIER_SYMBOL};
 use crate::config::{CodegenOptions, DispatchConfig};
 use crate::ir::{self, Node, Program, ScalarDecl};
 use crate::lower;
@@ -529,7 +529,8 @@ impl BackendInner {
         module_key: ModuleKey,
     ) -> Result<KernelInner, BackendError> {
         let grid_sync = contains_grid_sync(lowered.entry());
-        let module = LoadedModule::load(&ptx, ENTRY_NAME, grid_sync.then_some(GRID_BARRIER_SYMBOL))
+        let entry = codegen::entry_symbol(lowered);
+        let module = LoadedModule::load(&ptx, &entry, grid_sync.then_some(GRID_BARRIER_SYMBOL))
             .map_err(|error| {
                 BackendError::module_load(program.display_name(), self.caps.ptx_target_sm(), error)
             })?;

@@ -9,9 +9,9 @@
 pub mod ptx;
 
 pub use ptx::{
-    codegen_limits, multiprocessor_limits, program_to_ptx, program_to_ptx_with_results,
-    CodegenError, MultiprocessorLimits, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
-    RESULT_RANGE_SLOTS,
+    codegen_limits, entry_symbol, multiprocessor_limits, program_to_ptx,
+    program_to_ptx_with_results, CodegenError, MultiprocessorLimits, ENTRY_NAME,
+    ENTRY_SYMBOL_ID_BYTES, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, RESULT_RANGE_SLOTS,
 };
 pub use ptx::{
     lane_body_name, module_entry_name, module_grid_barrier_symbol, LaneModuleBuilder, ModuleEntry,

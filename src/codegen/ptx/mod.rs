@@ -16,7 +16,10 @@
 //!
 //! - `.version 7.8` (8.6/8.7/8.8 for targets newer than `sm_90` that need it),
 //!   `.target sm_{sm}`, `.address_size 64`.
-//! - Exactly one kernel, `.visible .entry vyre_entry` ([`ENTRY_NAME`]), declared with
+//! - Exactly one kernel, `.visible .entry` [`entry_symbol`]`(program)`:
+//!   `vyre_entry` ([`ENTRY_NAME`]) for a program without an entry op id,
+//!   `vyre_entry__` and the op id otherwise, so that profilers (Nsight Compute)
+//!   and compute-sanitizer name each kernel after its program. Declared with
 //!   `.reqntid x, y, z` from the program's workgroup size: it must be launched with
 //!   exactly that block shape. With
 //!   [`CodegenOptions::min_blocks_per_multiprocessor`] set, `.minnctapersm n`
@@ -237,8 +240,50 @@ pub use batch::{module_entry_name, module_grid_barrier_symbol, ModuleEntry, PtxM
 pub use lane::{lane_body_name, LaneModuleBuilder, LANE_ENTRY_NAME};
 pub use workgroup_memory::{dynamic_shared_bytes, DYNAMIC_SHARED_SYMBOL, MAX_STATIC_SHARED_BYTES};
 
-/// Name of the single kernel in every emitted module.
+/// Name of the single kernel of a module emitted from a program without an entry
+/// op id ([`entry_symbol`]).
 pub const ENTRY_NAME: &str = "vyre_entry";
+
+/// Most bytes of an entry op id that [`entry_symbol`] keeps.
+pub const ENTRY_SYMBOL_ID_BYTES: usize = 200;
+
+/// The entry symbol of the one kernel of a module emitted from `program`:
+/// [`ENTRY_NAME`] without an entry op id; with one, `vyre_entry__` followed by
+/// its first [`ENTRY_SYMBOL_ID_BYTES`] bytes with every character but ASCII
+/// letters, digits and `_` written as `_` (what a PTX identifier may hold). The
+/// double underscore keeps it apart from every other symbol a module declares
+/// (the batch modules' `vyre_entry_0`, `vyre_entry_1`, ... among them). The
+/// backend loads the kernel by this name, so the two cannot disagree.
+///
+/// Why: every kernel was `vyre_entry`, so Nsight Compute, Nsight Systems and
+/// compute-sanitizer listed a tokenizer encode's eight kernels under one name,
+/// told apart only by launch order and grid size.
+///
+/// ```
+/// # use vyre_cuda::ir::Program;
+/// # use vyre_cuda::codegen::entry_symbol;
+/// let program = Program::builder([32, 1, 1]).entry_op_id("bpe.merge").body(|_| {}).build();
+/// assert_eq!(entry_symbol(&program), "vyre_entry__bpe_merge");
+/// assert_eq!(entry_symbol(&program.with_entry_op_id("")), "vyre_entry");
+/// ```
+pub fn entry_symbol(program: &Program) -> std::borrow::Cow<'static, str> {
+    match program.entry_op_id().filter(|id| !id.is_empty()) {
+        None => ENTRY_NAME.into(),
+        Some(id) => {
+            let mut symbol = String::with_capacity(ENTRY_NAME.len() + 2 + id.len());
+            symbol.push_str(ENTRY_NAME);
+            symbol.push_str("__");
+            symbol.extend(id.bytes().take(ENTRY_SYMBOL_ID_BYTES).map(|byte| {
+                if byte.is_ascii_alphanumeric() || byte == b'_' {
+                    byte as char
+                } else {
+                    '_'
+                }
+            }));
+            symbol.into()
+        }
+    }
+}
 
 /// Module-scope `.global` symbol of the grid-barrier words (present only when the
 /// program contains a grid sync). See the module docs for the protocol.

@@ -23,7 +23,7 @@ use crate::ir::{
 
 use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL};
 use super::{
-    ptx_version, CodegenError, COMMENT_BYTES, ENTRY_NAME, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
+    ptx_version, CodegenError, COMMENT_BYTES, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
     MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
 };
 
@@ -718,10 +718,11 @@ impl<'p> Writer<'p> {
         linear
     }
 
-    /// [`ENTRY_NAME`], or kernel `index`'s own in a module of several kernels.
+    /// [`super::entry_symbol`] of the program, or kernel `index`'s own in a module of
+    /// several kernels.
     fn entry_name(&self) -> std::borrow::Cow<'static, str> {
         match self.module_kernel {
-            None => ENTRY_NAME.into(),
+            None => super::entry_symbol(self.program),
             Some(kernel) if self.lane => lane_body_name(kernel).into(),
             Some(kernel) => super::module_entry_name(kernel).into(),
         }
