@@ -25,7 +25,7 @@ use device_batches::{
 };
 use sanitizer::sized_for_tools;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -591,6 +591,71 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
                 assert!(counts.pieces > one_pass, "{what}: {counts:?}");
             }
         }
+    }
+}
+
+/// Locks out large chunks that do not take the bulk split on a device that can
+/// hold its workgroups (the default's 1,024 threads × 8 bytes need 49,304 bytes
+/// of workgroup memory: the device's opt-in limit), and ids that depend on
+/// which split shape a chunk ran: on the H200 the default encoder takes the
+/// bulk split from 8 MiB on; for r50k (one split step) and cl100k (two), one
+/// chunk of documents just below, at and above that size, eager and (above) as
+/// a graph, equals the CPU encoder. Under compute-sanitizer the bulk split
+/// starts at 256 KiB instead (the chunks shrink with it).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
+    let from_bytes = sized_for_tools("bulk split bytes", 8 << 20, 256 << 10);
+    let geometry = Geometry {
+        bulk_split: Some(BulkSplit {
+            from_bytes: from_bytes as u64,
+            ..BulkSplit::default()
+        }),
+        ..Geometry::default()
+    };
+    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let encoder = DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+            &cpu,
+            geometry,
+            ChunkLimits::default(),
+        )
+        .unwrap();
+        assert!(
+            encoder.runs_bulk(from_bytes as u64) && !encoder.runs_bulk(from_bytes as u64 - 1),
+            "the device did not take the bulk split from {from_bytes} bytes"
+        );
+        for (bytes, seed) in [
+            (from_bytes - 1, 31),
+            (from_bytes, 32),
+            (from_bytes + 4093, 33),
+        ] {
+            // Documents of the three shapes, 1 to 16 KiB, then one that ends the
+            // chunk at exactly `bytes` bytes.
+            let mut random = SplitMix64::new(seed);
+            let mut documents = Vec::new();
+            let mut total = 0;
+            while total < bytes {
+                let length = (1024 + random.below(15 << 10) as usize).min(bytes - total);
+                documents.push(generate(Shape::ALL[documents.len() % 3], length, seed));
+                total += length;
+            }
+            check_batch(
+                &encoder,
+                &cpu,
+                &documents,
+                &format!("a chunk of {bytes} bytes"),
+            );
+        }
+        let text = generate(Shape::Code, from_bytes + 4093, 34);
+        let mut graph = encoder.graph(text.len()).unwrap();
+        assert_eq!(
+            graph.encode(&text).unwrap(),
+            cpu.encode_ordinary_bytes(&text),
+            "{}: the bulk split's graph",
+            encoding.name()
+        );
     }
 }
 
