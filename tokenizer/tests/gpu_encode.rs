@@ -40,6 +40,15 @@ fn cpu_and_device(encoding: Encoding) -> (Tokenizer, Tokenizer) {
     (cpu, gpu)
 }
 
+/// The device encoder of `cpu`'s encoding on CUDA device 0 with `geometry` and
+/// `limits`; a missing device is a failure.
+fn cuda_encoder(cpu: &Tokenizer, geometry: Geometry, limits: ChunkLimits) -> DeviceEncoder {
+    let gpu = CudaBackend::acquire()
+        .unwrap_or_else(|error| panic!("gpu test needs a CUDA device: {error}"));
+    DeviceEncoder::with_geometry(AnyBackend::Cuda(gpu), cpu, geometry, limits)
+        .unwrap_or_else(|error| panic!("device encoder at {geometry:?}: {error}"))
+}
+
 fn device(gpu: &Tokenizer) -> &DeviceEncoder {
     gpu.device_encoder()
         .expect("Backend::Gpu has a device encoder")
@@ -135,16 +144,14 @@ fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
     let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
     for encoding in Encoding::ALL {
         let (cpu, gpu) = cpu_and_device(encoding);
-        let small = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        let small = cuda_encoder(
             &cpu,
             Geometry {
                 split: small_split_geometry(),
                 ..Geometry::default()
             },
             ChunkLimits::default(),
-        )
-        .unwrap();
+        );
         let (alone, joined) = split_pieces_alone_and_joined(&cpu, &documents);
         assert_ne!(alone.len(), joined.len());
         for encoder in [device(&gpu), &small] {
@@ -235,8 +242,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
             timings.counts,
             timings.kernel_ns() / 1000
         );
-        let serial = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        let serial = cuda_encoder(
             &cpu,
             Geometry {
                 chunk_bytes: 8,
@@ -245,8 +251,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
                 ..Geometry::default()
             },
             ChunkLimits::default(),
-        )
-        .unwrap();
+        );
         let small: Vec<Vec<u8>> = long_piece_texts(8, &mut random)
             .into_iter()
             .map(|(_, text)| text)
@@ -264,8 +269,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
 #[ignore = "needs a CUDA device"]
 fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
     let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
-    let small = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+    let small = cuda_encoder(
         &cpu,
         Geometry::default(),
         ChunkLimits {
@@ -273,8 +277,7 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
             documents: 100,
             ..ChunkLimits::default()
         },
-    )
-    .unwrap();
+    );
     let mut random = SplitMix64::new(0xBA7C4);
     for count in [1, 2, 3, 10, 100, 101, 999, 1000] {
         let batch = batch_with_empty_documents(&mut random, count);
@@ -481,13 +484,7 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
             .collect();
         batches.push(batch_with_empty_documents(&mut random, 40));
         for geometry in geometries {
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                ChunkLimits::default(),
-            )
-            .unwrap();
+            let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
             assert!(encoder.runs_short(4096), "{geometry:?}");
             let what = format!("{} threads", geometry.workgroup_size);
             for (index, text) in texts.iter().enumerate() {
@@ -571,13 +568,7 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                step_by_step,
-            )
-            .unwrap();
+            let encoder = cuda_encoder(&cpu, geometry, step_by_step);
             let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!(
@@ -615,13 +606,7 @@ fn gpu_chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
     };
     for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
-        let encoder = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-            &cpu,
-            geometry,
-            ChunkLimits::default(),
-        )
-        .unwrap();
+        let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
         assert!(
             encoder.runs_bulk(from_bytes as u64) && !encoder.runs_bulk(from_bytes as u64 - 1),
             "the device did not take the bulk split from {from_bytes} bytes"
