@@ -19,6 +19,9 @@
 //!   before the pool), beside `encode_batch_into` with reused vectors (the
 //!   headline's `encode_batch` allocates new ones);
 //! - device memory per input byte;
+//! - one chunk of 1 to 16 MiB with the split's bulk blocks and with its
+//!   default ones, which places the bulk split's threshold
+//!   (`VYRE_BENCH_BULK=0` leaves it out);
 //! - the 64 MiB batch again at other workgroup shapes (the split's threads and
 //!   bytes per thread, the BPE steps' threads), each step's kernel time in the
 //!   first chunk: the split's steps and the merge each run near 1 ms per 16 MiB
@@ -42,7 +45,7 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::{host_copy, ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -358,7 +361,12 @@ fn main() {
         encoder.vocabulary_bytes() as f64 / (1 << 20) as f64
     );
 
-    // 4. Workgroup shapes.
+    // 4. The bulk split by chunk size.
+    if std::env::var_os("VYRE_BENCH_BULK").is_none_or(|value| value != "0") {
+        bulk_split_by_chunk_size(&gpu, &cpu, rounds);
+    }
+
+    // 5. Workgroup shapes.
     if std::env::var_os("VYRE_BENCH_SHAPES").is_some_and(|value| value == "0") {
         return;
     }
@@ -386,10 +394,16 @@ fn main() {
             "the device's ids differ from the CPU encoder's at {geometry:?}"
         );
         let first = &chunks[0];
+        // The split a 16 MiB chunk runs (the bulk split's, where there is one).
+        let split = shaped
+            .programs_for(ChunkLimits::default().text_bytes)
+            .geometry
+            .split;
         println!(
-            "  split {} threads × {} bytes, BPE {} threads, {:?}: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
-            geometry.split.workgroup_size,
-            geometry.split.bytes_per_thread,
+            "  split {} threads × {} bytes{}, BPE {} threads, {:?}: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
+            split.workgroup_size,
+            split.bytes_per_thread,
+            if geometry.bulk_split.is_some() { " (bulk)" } else { "" },
             geometry.workgroup_size,
             geometry.occupancy,
             seconds * 1e3,
@@ -411,7 +425,11 @@ fn main() {
 /// blocks, 24 KiB of slabs): kernels get the device's opt-in limit (227 KiB on
 /// an H200) as dynamic shared memory.
 fn workgroup_shapes() -> Vec<Geometry> {
-    let default = Geometry::default();
+    // Every row but the first at one split shape for every chunk.
+    let default = Geometry {
+        bulk_split: None,
+        ..Geometry::default()
+    };
     let split = |workgroup_size, bytes_per_thread| {
         default.with_split_workgroups(workgroup_size, bytes_per_thread)
     };
@@ -422,6 +440,7 @@ fn workgroup_shapes() -> Vec<Geometry> {
         ..default
     };
     vec![
+        Geometry::default(),
         default,
         split(256, 8),
         split(512, 4),
@@ -446,6 +465,66 @@ fn unrequested(geometry: Geometry) -> Geometry {
     Geometry {
         occupancy: Occupancy::Unrequested,
         ..geometry
+    }
+}
+
+/// One chunk of 1 to 16 MiB of documents of 1–16 KiB, with the bulk split for
+/// every chunk and without one: where its larger blocks start to pay, which
+/// sets [`BulkSplit::from_bytes`]'s default.
+fn bulk_split_by_chunk_size(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    let encoder = |bulk_split| {
+        DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            cpu,
+            Geometry {
+                bulk_split,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+        )
+        .expect("encoder")
+    };
+    let always = encoder(Some(BulkSplit {
+        from_bytes: 0,
+        ..BulkSplit::default()
+    }));
+    let never = encoder(None);
+    let bulk = BulkSplit::default().split;
+    let split = Geometry::default().split;
+    println!(
+        "
+one chunk, the split's blocks of {} × {} bytes (bulk) against {} × {} (median round; the default takes the bulk split from {} bytes):",
+        bulk.workgroup_size,
+        bulk.bytes_per_thread,
+        split.workgroup_size,
+        split.bytes_per_thread,
+        BulkSplit::default().from_bytes
+    );
+    for mib in [1usize, 2, 4, 8, 16] {
+        let texts = documents(mib << 20);
+        let refs: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+        let expected: Vec<Vec<u32>> = refs
+            .iter()
+            .map(|text| cpu.encode_ordinary_bytes(text))
+            .collect();
+        let mut results = vec![Vec::new(); refs.len()];
+        let mut row = Vec::new();
+        for (label, encoder) in [("bulk", &always), ("default blocks", &never)] {
+            assert!(encoder.runs_bulk((mib << 20) as u64) == (label == "bulk"));
+            let (seconds, chunks) = median(rounds, || {
+                encoder
+                    .encode_batch_into(&refs, &mut results)
+                    .expect("device chunk")
+            });
+            assert!(results == expected, "{mib} MiB, {label}: ids differ");
+            row.push(format!(
+                "{label} {:.3} ms ({:.2} GB/s; kernels {})",
+                seconds * 1e3,
+                gb_per_s(mib << 20, seconds),
+                chunks[0].kernel_line()
+            ));
+        }
+        println!("  {mib} MiB: {}", row.join("; "));
     }
 }
 

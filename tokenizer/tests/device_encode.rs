@@ -25,9 +25,10 @@ use vyre_tokenizer::device::programs::{
     param, written_roles, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
+use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
+use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
 
 /// Every chunk runs its steps one dispatch each (the short-text kernel off:
@@ -570,6 +571,95 @@ fn submitted_and_graph_encodes_equal_cpu() {
     assert!(encoder.graph(0).is_err());
 }
 
+/// The small geometry, with chunks of at least `from_bytes` bytes split in
+/// blocks of 256 bytes (64 threads × 4 bytes) instead of its 32-byte ones.
+fn bulk_geometry(from_bytes: u64) -> Geometry {
+    Geometry {
+        bulk_split: Some(BulkSplit {
+            from_bytes,
+            split: SplitGeometry {
+                workgroup_size: 64,
+                bytes_per_thread: 4,
+                ..small_split_geometry()
+            },
+        }),
+        ..small_geometry(16)
+    }
+}
+
+/// Locks out large chunks that do not run the bulk split's programs (a bulk
+/// split never taken, or taken below its size or for a short text), ids that
+/// depend on which shape split a chunk, and slots sized for one shape that the
+/// other overruns: batches just below, at and above the bulk split's size,
+/// eager, submitted and as a graph, equal the CPU encoder's ids for every
+/// encoding. The 5,000-byte batch comes after the 7,000-byte one and reuses its
+/// slot (both 8 KiB of capacity): sized for the bulk split alone, that slot's
+/// status words would hold 32 of the 157 blocks the small split needs there
+/// (negative control: sized so, r50k's 5,000-byte batch comes out with other
+/// ids).
+#[test]
+fn chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
+    let limits = ChunkLimits {
+        short_text_bytes: 1_024,
+        ..ChunkLimits::default()
+    };
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = DeviceEncoder::with_geometry(
+            AnyBackend::reference(),
+            &tokenizer,
+            bulk_geometry(6_000),
+            limits,
+        )
+        .expect("device encoder");
+        assert!(!encoder.runs_bulk(5_999) && encoder.runs_bulk(6_000));
+        assert_eq!(
+            encoder.programs_for(6_000).geometry.split.workgroup_size,
+            64
+        );
+        assert_eq!(
+            encoder.programs_for(5_999).geometry.split.workgroup_size,
+            16
+        );
+        for (bytes, seed) in [(7_000, 1), (5_000, 2), (6_000, 3)] {
+            let text = generate(Shape::Prose, bytes, seed);
+            // Three documents, the last one empty, in one chunk of `bytes` bytes.
+            let cut = bytes / 3;
+            let documents = [text[..cut].to_vec(), text[cut..].to_vec(), Vec::new()];
+            check_batch(&encoder, &tokenizer, &documents, &format!("{bytes} bytes"));
+        }
+        let text = generate(Shape::Code, 6_500, 4);
+        let expected = tokenizer.encode_ordinary_bytes(&text);
+        let pending = encoder.submit_bytes(&[&text]).unwrap();
+        assert_eq!(pending.wait().unwrap(), std::slice::from_ref(&expected));
+        let mut graph = encoder.graph(text.len()).unwrap();
+        assert_eq!(graph.encode(&text).unwrap(), expected);
+    }
+    // A bulk size at or below the short-text limit: the short kernel still
+    // takes the texts it can, and the bulk split the others.
+    // (The short-text kernel needs the split at the BPE steps' 32 threads.)
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let encoder = DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        &tokenizer,
+        Geometry {
+            split: SplitGeometry {
+                workgroup_size: 32,
+                ..small_split_geometry()
+            },
+            ..bulk_geometry(512)
+        },
+        limits,
+    )
+    .expect("device encoder");
+    assert!(encoder.runs_short(1_000) && !encoder.runs_bulk(1_000));
+    assert!(!encoder.runs_short(1_025) && encoder.runs_bulk(1_025));
+    for bytes in [1_000, 1_025] {
+        let text = generate(Shape::Cjk, bytes, 5);
+        check_batch(&encoder, &tokenizer, &[text], &format!("{bytes} bytes"));
+    }
+}
+
 /// Locks out a `Tokenizer` on a device that encodes differently from the CPU:
 /// through `with_device` on the reference interpreter, `encode_ordinary`,
 /// `encode_ordinary_bytes` (invalid UTF-8), `encode` with allowed special
@@ -654,9 +744,9 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
 /// (over the 12 KiB the merge slabs may take), no compaction
-/// workgroups, no workgroups of `pieces`, chunk limits of nothing, a split of 9 bytes per thread and
-/// chunks over the split's 256 MiB are each a `Fix:` error naming what to
-/// change.
+/// workgroups, no workgroups of `pieces`, chunk limits of nothing, a split of 9 bytes per thread, a
+/// bulk split of 2,048 threads and chunks over the split's 256 MiB are each a `Fix:` error
+/// naming what to change (the bulk split's by its place in the geometry).
 #[test]
 fn bad_geometries_and_limits_are_fix_errors() {
     let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
@@ -712,7 +802,7 @@ fn bad_geometries_and_limits_are_fix_errors() {
         ),
         (
             Geometry {
-                split: vyre_tokenizer::pretokenize::Geometry {
+                split: SplitGeometry {
                     bytes_per_thread: 9,
                     ..small_split_geometry()
                 },
@@ -720,6 +810,20 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "Geometry::split.bytes_per_thread",
+        ),
+        (
+            Geometry {
+                bulk_split: Some(BulkSplit {
+                    from_bytes: 1 << 20,
+                    split: SplitGeometry {
+                        workgroup_size: 2048,
+                        ..small_split_geometry()
+                    },
+                }),
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "Geometry::bulk_split.split.workgroup_size",
         ),
         (
             Geometry::default(),

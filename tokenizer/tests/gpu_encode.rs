@@ -25,7 +25,7 @@ use device_batches::{
 };
 use sanitizer::sized_for_tools;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -38,6 +38,15 @@ fn cpu_and_device(encoding: Encoding) -> (Tokenizer, Tokenizer) {
         .with_backend(Backend::Gpu)
         .unwrap_or_else(|error| panic!("gpu test needs a CUDA device: {error}"));
     (cpu, gpu)
+}
+
+/// The device encoder of `cpu`'s encoding on CUDA device 0 with `geometry` and
+/// `limits`; a missing device is a failure.
+fn cuda_encoder(cpu: &Tokenizer, geometry: Geometry, limits: ChunkLimits) -> DeviceEncoder {
+    let gpu = CudaBackend::acquire()
+        .unwrap_or_else(|error| panic!("gpu test needs a CUDA device: {error}"));
+    DeviceEncoder::with_geometry(AnyBackend::Cuda(gpu), cpu, geometry, limits)
+        .unwrap_or_else(|error| panic!("device encoder at {geometry:?}: {error}"))
 }
 
 fn device(gpu: &Tokenizer) -> &DeviceEncoder {
@@ -135,16 +144,14 @@ fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
     let refs: Vec<&[u8]> = documents.iter().map(Vec::as_slice).collect();
     for encoding in Encoding::ALL {
         let (cpu, gpu) = cpu_and_device(encoding);
-        let small = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        let small = cuda_encoder(
             &cpu,
             Geometry {
                 split: small_split_geometry(),
                 ..Geometry::default()
             },
             ChunkLimits::default(),
-        )
-        .unwrap();
+        );
         let (alone, joined) = split_pieces_alone_and_joined(&cpu, &documents);
         assert_ne!(alone.len(), joined.len());
         for encoder in [device(&gpu), &small] {
@@ -235,8 +242,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
             timings.counts,
             timings.kernel_ns() / 1000
         );
-        let serial = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        let serial = cuda_encoder(
             &cpu,
             Geometry {
                 chunk_bytes: 8,
@@ -245,8 +251,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
                 ..Geometry::default()
             },
             ChunkLimits::default(),
-        )
-        .unwrap();
+        );
         let small: Vec<Vec<u8>> = long_piece_texts(8, &mut random)
             .into_iter()
             .map(|(_, text)| text)
@@ -264,8 +269,7 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
 #[ignore = "needs a CUDA device"]
 fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
     let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
-    let small = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+    let small = cuda_encoder(
         &cpu,
         Geometry::default(),
         ChunkLimits {
@@ -273,8 +277,7 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
             documents: 100,
             ..ChunkLimits::default()
         },
-    )
-    .unwrap();
+    );
     let mut random = SplitMix64::new(0xBA7C4);
     for count in [1, 2, 3, 10, 100, 101, 999, 1000] {
         let batch = batch_with_empty_documents(&mut random, count);
@@ -481,13 +484,7 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
             .collect();
         batches.push(batch_with_empty_documents(&mut random, 40));
         for geometry in geometries {
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                ChunkLimits::default(),
-            )
-            .unwrap();
+            let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
             assert!(encoder.runs_short(4096), "{geometry:?}");
             let what = format!("{} threads", geometry.workgroup_size);
             for (index, text) in texts.iter().enumerate() {
@@ -571,13 +568,7 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                step_by_step,
-            )
-            .unwrap();
+            let encoder = cuda_encoder(&cpu, geometry, step_by_step);
             let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!(
@@ -591,6 +582,65 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
                 assert!(counts.pieces > one_pass, "{what}: {counts:?}");
             }
         }
+    }
+}
+
+/// Locks out large chunks that do not take the bulk split on a device that can
+/// hold its workgroups (the default's 1,024 threads × 8 bytes need 49,304 bytes
+/// of workgroup memory: the device's opt-in limit), and ids that depend on
+/// which split shape a chunk ran: on the H200 the default encoder takes the
+/// bulk split from 8 MiB on; for r50k (one split step) and cl100k (two), one
+/// chunk of documents just below, at and above that size, eager and (above) as
+/// a graph, equals the CPU encoder. Under compute-sanitizer the bulk split
+/// starts at 256 KiB instead (the chunks shrink with it).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
+    let from_bytes = sized_for_tools("bulk split bytes", 8 << 20, 256 << 10);
+    let geometry = Geometry {
+        bulk_split: Some(BulkSplit {
+            from_bytes: from_bytes as u64,
+            ..BulkSplit::default()
+        }),
+        ..Geometry::default()
+    };
+    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
+        assert!(
+            encoder.runs_bulk(from_bytes as u64) && !encoder.runs_bulk(from_bytes as u64 - 1),
+            "the device did not take the bulk split from {from_bytes} bytes"
+        );
+        for (bytes, seed) in [
+            (from_bytes - 1, 31),
+            (from_bytes, 32),
+            (from_bytes + 4093, 33),
+        ] {
+            // Documents of the three shapes, 1 to 16 KiB, then one that ends the
+            // chunk at exactly `bytes` bytes.
+            let mut random = SplitMix64::new(seed);
+            let mut documents = Vec::new();
+            let mut total = 0;
+            while total < bytes {
+                let length = (1024 + random.below(15 << 10) as usize).min(bytes - total);
+                documents.push(generate(Shape::ALL[documents.len() % 3], length, seed));
+                total += length;
+            }
+            check_batch(
+                &encoder,
+                &cpu,
+                &documents,
+                &format!("a chunk of {bytes} bytes"),
+            );
+        }
+        let text = generate(Shape::Code, from_bytes + 4093, 34);
+        let mut graph = encoder.graph(text.len()).unwrap();
+        assert_eq!(
+            graph.encode(&text).unwrap(),
+            cpu.encode_ordinary_bytes(&text),
+            "{}: the bulk split's graph",
+            encoding.name()
+        );
     }
 }
 

@@ -42,6 +42,17 @@
 //! the device. The `gpu_encode` bench prints the copies alone at the batch's
 //! sizes beside the pipeline.
 
+//!
+//! # Two shapes of the split
+//!
+//! Chunks of at least [`BulkSplit::from_bytes`](super::programs::BulkSplit)
+//! bytes (8 MiB by default) run the split in larger blocks
+//! ([`Geometry::bulk_split`]: 8 KiB instead of 1 KiB), the other chunks at
+//! [`Geometry::split`]; the encoder compiles both sets of steps once (the
+//! steps other than the split's are the same programs, which the backend's
+//! caches compile once), and a slot's buffers have room for either, since a
+//! slot serves every chunk up to its capacity. `BulkSplit` says why.
+
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex};
@@ -324,6 +335,37 @@ struct ShortKernel {
     name: String,
 }
 
+/// The kernel steps of one geometry, compiled: [`Programs`] and a kernel per
+/// step, in dispatch order.
+struct CompiledSteps {
+    programs: Programs,
+    kernels: Vec<Kernel>,
+}
+
+impl CompiledSteps {
+    /// Compiles every step of `programs` on `backend`, each with its occupancy
+    /// request for the device's multiprocessors (none on the reference); `Err`
+    /// names the program that failed.
+    fn compile(backend: &AnyBackend, programs: Programs) -> Result<Self, (String, BackendError)> {
+        let geometry = programs.geometry;
+        let multiprocessor = crate::occupancy::multiprocessor_limits(backend);
+        let kernels = programs
+            .steps()
+            .iter()
+            .map(|step| {
+                let codegen = step.codegen(&geometry, multiprocessor.as_ref());
+                backend
+                    .compile(
+                        &step.program,
+                        &DispatchConfig::linear(1).with_codegen(codegen),
+                    )
+                    .map_err(|error| (step.program_name().to_owned(), error))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(CompiledSteps { programs, kernels })
+    }
+}
+
 /// One set of buffers for a chunk in flight, sized by powers of two.
 struct Slot {
     text_capacity: u64,
@@ -434,8 +476,11 @@ impl Drop for RunningHandOut<'_> {
 /// buffer slots. See the [module docs](self).
 pub struct DeviceEncoder {
     backend: AnyBackend,
-    programs: Programs,
-    kernels: Vec<Kernel>,
+    /// The steps at [`Geometry::split`]: every chunk below the bulk split's size.
+    steps: CompiledSteps,
+    /// The steps at [`Geometry::bulk_split`], for chunks of at least its size
+    /// (`None`: none asked for, or the device cannot hold its workgroups).
+    bulk: Option<CompiledSteps>,
     short: Option<ShortKernel>,
     vocabulary: DeviceBuffer,
     token_bytes: DeviceBuffer,
@@ -450,7 +495,7 @@ impl std::fmt::Debug for DeviceEncoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceEncoder")
             .field("backend", &self.backend.kind())
-            .field("geometry", &self.programs.geometry)
+            .field("geometry", &self.steps.programs.geometry)
             .field("vocabulary_bytes", &self.vocabulary_bytes)
             .finish_non_exhaustive()
     }
@@ -524,26 +569,28 @@ impl DeviceEncoder {
             ));
         }
         let device_vocabulary = DeviceVocabulary::new(vocabulary)?;
-        let mut kernels = Vec::with_capacity(programs.steps().len());
-        // What the device's multiprocessors hold (none on the reference), for each
-        // step's occupancy request (`Geometry::occupancy`).
-        let multiprocessor = crate::occupancy::multiprocessor_limits(&backend);
-        for step in programs.steps() {
-            let codegen = step.codegen(&geometry, multiprocessor.as_ref());
-            let kernel = backend
-                .compile(
-                    &step.program,
-                    &DispatchConfig::linear(1).with_codegen(codegen),
-                )
-                .map_err(|error| {
-                    backend_error(&format!("compiling {}", step.program_name()), error)
-                })?;
-            kernels.push(kernel);
-        }
+        let compile_error = |(name, error): (String, BackendError)| {
+            backend_error(&format!("compiling {name}"), error)
+        };
+        let steps = CompiledSteps::compile(&backend, programs).map_err(compile_error)?;
+        let bulk = match geometry.bulk_split {
+            None => None,
+            Some(_) => {
+                let programs = Programs::new(pattern, geometry.bulk())
+                    .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?;
+                match CompiledSteps::compile(&backend, programs) {
+                    Ok(bulk) => Some(bulk),
+                    // Its workgroups need more workgroup memory than this device
+                    // gives a kernel: every chunk takes `Geometry::split`.
+                    Err((_, BackendError::InvalidProgram { .. })) => None,
+                    Err(failed) => return Err(compile_error(failed)),
+                }
+            }
+        };
         // A loop cap is for the stage and BPE steps alone (see Geometry), which
         // one program cannot give to some of its loops: no short path with one.
         let fused = (limits.short_text_bytes > 0 && geometry.max_loop_iterations.is_none())
-            .then(|| short_program(&programs.steps()[1..], &geometry).ok())
+            .then(|| short_program(&steps.programs.steps()[1..], &geometry).ok())
             .flatten();
         let short = match fused {
             // Off, or steps that do not fuse (see `short_program`): every chunk
@@ -576,8 +623,8 @@ impl DeviceEncoder {
             .map_err(|error| backend_error("uploading the split's kind table", error))?;
         Ok(DeviceEncoder {
             backend,
-            programs,
-            kernels,
+            steps,
+            bulk,
             short,
             vocabulary: vocabulary_buffer,
             token_bytes,
@@ -604,23 +651,69 @@ impl DeviceEncoder {
 
     /// The pattern it splits by.
     pub fn pattern(&self) -> Pattern {
-        self.programs.pattern()
+        self.steps.programs.pattern()
     }
 
     /// Its kernel steps' names, in dispatch order (`stage`, the split's, the
     /// BPE steps): what [`ChunkTimings::steps`] holds for an eager chunk.
     pub fn step_names(&self) -> Vec<&'static str> {
-        self.programs.steps().iter().map(|step| step.name).collect()
+        self.steps
+            .programs
+            .steps()
+            .iter()
+            .map(|step| step.name)
+            .collect()
     }
 
-    /// Its programs.
+    /// Its programs at [`Geometry::split`] (those of every chunk below the bulk
+    /// split's size, see [`DeviceEncoder::programs_for`]).
     pub fn programs(&self) -> &Programs {
-        &self.programs
+        &self.steps.programs
+    }
+
+    /// The programs a chunk of `text_len` bytes runs: those at
+    /// [`Geometry::bulk_split`] from its size on (where the device could
+    /// compile them), the others below it and for a chunk that runs as the
+    /// short-text kernel.
+    pub fn programs_for(&self, text_len: u64) -> &Programs {
+        &self.steps_for(text_len).programs
+    }
+
+    /// Whether chunks of `text_len` bytes run the split at
+    /// [`Geometry::bulk_split`].
+    pub fn runs_bulk(&self, text_len: u64) -> bool {
+        self.bulk.is_some()
+            && self
+                .steps
+                .programs
+                .geometry
+                .bulk_split
+                .is_some_and(|bulk| text_len >= bulk.from_bytes)
+            && self.short_kernel(text_len).is_none()
+    }
+
+    /// The compiled steps of a chunk of `text_len` bytes.
+    fn steps_for(&self, text_len: u64) -> &CompiledSteps {
+        match &self.bulk {
+            Some(bulk) if self.runs_bulk(text_len) => bulk,
+            _ => &self.steps,
+        }
+    }
+
+    /// Bytes of `role`'s buffer in a slot of `text` bytes and `documents`
+    /// documents of capacity: enough for either set of steps, since a slot
+    /// serves chunks of every size up to its capacity.
+    fn slot_role_bytes(&self, role: Role, text: u64, documents: u64) -> u64 {
+        std::iter::once(&self.steps)
+            .chain(&self.bulk)
+            .map(|compiled| role_bytes(&compiled.programs, role, text, documents))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The geometry its programs were built for.
     pub fn geometry(&self) -> Geometry {
-        self.programs.geometry
+        self.steps.programs.geometry
     }
 
     /// The chunk limits it cuts batches by.
@@ -641,7 +734,7 @@ impl DeviceEncoder {
         let mut device = 0;
         let mut host = 0;
         for role in Role::ALL {
-            let bytes = role_bytes(&self.programs, role, text, documents);
+            let bytes = self.slot_role_bytes(role, text, documents);
             if host_visible(role) {
                 host += bytes;
             } else {
@@ -829,7 +922,7 @@ impl DeviceEncoder {
                 encoder: self,
                 slot: None,
                 pending: Vec::new(),
-                short: false,
+                text_len: 0,
                 documents: staged.documents,
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
@@ -841,7 +934,7 @@ impl DeviceEncoder {
                 encoder: self,
                 slot: Some(slot),
                 pending,
-                short: self.runs_short(u64::from(text_len)),
+                text_len: u64::from(text_len),
                 documents: staged.documents,
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
@@ -919,7 +1012,7 @@ impl DeviceEncoder {
         }
         let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
         for role in Role::ALL {
-            let bytes = role_bytes(&self.programs, role, text, documents);
+            let bytes = self.slot_role_bytes(role, text, documents);
             if bytes == 0 {
                 continue;
             }
@@ -989,10 +1082,11 @@ impl DeviceEncoder {
         documents: usize,
     ) -> Result<Vec<PendingDispatch>, TokenizerError> {
         let backend = &self.backend;
-        let geometry = &self.programs.geometry;
-        let steps = self.programs.steps();
+        let compiled = self.steps_for(u64::from(text_len));
+        let geometry = &compiled.programs.geometry;
+        let steps = compiled.programs.steps();
         // (kernel, its bindings' roles, workgroups, name) of each dispatch.
-        let step_by_step = steps.iter().zip(&self.kernels).map(|(step, kernel)| {
+        let step_by_step = steps.iter().zip(&compiled.kernels).map(|(step, kernel)| {
             let workgroups = step
                 .grid
                 .workgroups(geometry, text_len as u64, documents as u64);
@@ -1072,8 +1166,9 @@ impl DeviceEncoder {
             ));
         }
         let slot = self.take_slot(text_len as u64, 1)?;
-        let geometry = self.programs.geometry;
-        let steps = &self.programs.steps()[1..];
+        let compiled = self.steps_for(text_len as u64);
+        let geometry = compiled.programs.geometry;
+        let steps = &compiled.programs.steps()[1..];
         let mut slots: Option<[InputSlot; 3]> = None;
         let bindings: Vec<Vec<Binding<'_>>> = steps
             .iter()
@@ -1089,7 +1184,9 @@ impl DeviceEncoder {
                 upload(recorder, Role::Text, text_len as u64)?,
                 upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
             ];
-            for ((step, kernel), bindings) in steps.iter().zip(&self.kernels[1..]).zip(&bindings) {
+            for ((step, kernel), bindings) in
+                steps.iter().zip(&compiled.kernels[1..]).zip(&bindings)
+            {
                 let workgroups = step.grid.workgroups(&geometry, text_len as u64, 1);
                 recorder.dispatch(
                     Dispatch::new(kernel, bindings)
@@ -1224,8 +1321,8 @@ pub struct PendingEncode<'e> {
     encoder: &'e DeviceEncoder,
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
-    /// The chunk runs as `stage` and the short-text kernel.
-    short: bool,
+    /// The chunk's text bytes: which steps it runs.
+    text_len: u64,
     documents: usize,
     start: Instant,
     submit_ns: u64,
@@ -1305,10 +1402,14 @@ impl<'e> PendingEncode<'e> {
     /// others then find idle streams), into `timings.steps`.
     fn wait_steps(&mut self, timings: &mut ChunkTimings) -> Result<(), TokenizerError> {
         let pending = std::mem::take(&mut self.pending);
-        let steps = self.encoder.programs.steps();
+        let encoder = self.encoder;
+        let steps = encoder.programs_for(self.text_len).steps();
         // Each dispatch's step name and program name.
-        let names: Vec<(&'static str, &str)> = match (self.short, &self.encoder.short) {
-            (true, Some(short)) => vec![
+        let short = encoder
+            .short_kernel(self.text_len)
+            .filter(|_| self.text_len > 0);
+        let names: Vec<(&'static str, &str)> = match short {
+            Some(short) => vec![
                 (steps[0].name, steps[0].program_name()),
                 ("short", &short.name),
             ],

@@ -289,6 +289,58 @@ pub struct Geometry {
     /// The split's workgroups ([`batch`](crate::pretokenize::batch): threads
     /// and bytes per thread; its `compact_workgroups` is not used).
     pub split: SplitGeometry,
+    /// The split's workgroups for large chunks, which take them instead of
+    /// [`Geometry::split`] (`None`: every chunk takes `split`). The default is
+    /// [`BulkSplit::default`]; see there for why.
+    pub bulk_split: Option<BulkSplit>,
+}
+
+/// Default [`BulkSplit::from_bytes`]: 8 MiB.
+pub const BULK_SPLIT_FROM_BYTES: u64 = 8 << 20;
+
+/// The split's shape for chunks of at least [`BulkSplit::from_bytes`] bytes.
+///
+/// # Why
+///
+/// Every block of the split pays a ticket, a look-back across the blocks before
+/// it and about eighteen workgroup barriers, whatever its size. In each of
+/// three runs of the `gpu_encode` bench's shape sweep on the H200 (2026-12-01
+/// and 2026-12-02: a 64 MiB cl100k batch in 16 MiB chunks) the split's blocks
+/// of 1,024 threads × 8 bytes (8 KiB; 2,048 blocks per chunk) took the batch
+/// to 22.9, 20.2 and 15.75 ms where the default 256 threads × 4 bytes (1 KiB;
+/// 16,384 blocks) took 35.1, 26.2 and 19.73 ms. A text of a few hundred KiB,
+/// however, is too few such blocks to fill the device (256 KiB: 32 blocks for
+/// an H200's 132 SMs), and the short-text program runs the split and the BPE
+/// steps in one workgroup of one size. So large chunks take this shape and
+/// every other chunk [`Geometry::split`]. Where between 256 KiB and 16 MiB the
+/// larger blocks start to pay has not been measured; the bench's rows of one
+/// chunk of 1 to 16 MiB with and without this shape measure it. The default
+/// threshold, [`BULK_SPLIT_FROM_BYTES`], lies between the two measured sizes.
+///
+/// Blocks of 8 KiB need 49,304 bytes of workgroup memory, over the static
+/// 48 KiB: kernels then get the device's opt-in limit as dynamic shared memory
+/// (227 KiB on an H200). A device that cannot hold them runs every chunk with
+/// [`Geometry::split`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BulkSplit {
+    /// Chunks of at least this many text bytes take [`BulkSplit::split`].
+    pub from_bytes: u64,
+    /// The split's workgroups for them.
+    pub split: SplitGeometry,
+}
+
+impl Default for BulkSplit {
+    /// Blocks of 1,024 threads × 8 bytes from [`BULK_SPLIT_FROM_BYTES`].
+    fn default() -> Self {
+        BulkSplit {
+            from_bytes: BULK_SPLIT_FROM_BYTES,
+            split: SplitGeometry {
+                workgroup_size: 1024,
+                bytes_per_thread: 8,
+                ..SplitGeometry::default()
+            },
+        }
+    }
 }
 
 impl Default for Geometry {
@@ -304,6 +356,7 @@ impl Default for Geometry {
             max_loop_iterations: None,
             occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
+            bulk_split: Some(BulkSplit::default()),
         }
     }
 }
@@ -319,6 +372,19 @@ impl Geometry {
                 ..self.split
             },
             ..self
+        }
+    }
+
+    /// This geometry with the split of [`Geometry::bulk_split`] (itself without
+    /// one).
+    pub fn bulk(&self) -> Geometry {
+        match self.bulk_split {
+            Some(bulk) => Geometry {
+                split: bulk.split,
+                bulk_split: None,
+                ..*self
+            },
+            None => *self,
         }
     }
 
@@ -362,11 +428,19 @@ impl Geometry {
                 ));
             }
         }
-        self.split.check().map_err(|error| {
-            error
-                .message()
-                .replacen("Geometry::", "Geometry::split.", 1)
-        })
+        // The split's own messages name its fields; say where they sit here.
+        let check_split = |split: &SplitGeometry, field: &str| {
+            split.check().map_err(|error| {
+                error
+                    .message()
+                    .replacen("Geometry::", &format!("Geometry::{field}."), 1)
+            })
+        };
+        check_split(&self.split, "split")?;
+        match &self.bulk_split {
+            Some(bulk) => check_split(&bulk.split, "bulk_split.split"),
+            None => Ok(()),
+        }
     }
 }
 
