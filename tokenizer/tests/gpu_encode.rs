@@ -594,6 +594,74 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
     }
 }
 
+/// Locks out capped `stage` and `compact` grids that lose, repeat or misplace
+/// ids on the device (a stage cap that leaves the text's tail or the document
+/// ends unstaged; an aligned copy in `compact` that overwrites the ids before
+/// `running`, drops the ones past `4 · W`, or races with another workgroup's
+/// block on the line they share, which the reference interpreter, running
+/// workgroups one after another, cannot show): on every encoding, 256-thread
+/// workgroups with `stage_workgroups` and `compact_workgroups` of 1, 5 and 64,
+/// the three shapes at 256 KiB (72 KiB under compute-sanitizer), long pieces
+/// and a batch with empty documents, each step its own dispatch, equal the CPU
+/// encoder; every batch's text takes more than one pass of the capped `stage`
+/// (its 8-byte words past `8 · 256 · 64` bytes), and of `compact` (blocks of
+/// 1 KiB: more than 64 of them).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_capped_stage_and_compact_grids_equal_cpu() {
+    // At least 64 KiB: one pass of 64 workgroups of `stage` is 128 KiB.
+    let bytes = sized_for_tools("shape bytes", 256 << 10, 72 << 10);
+    let mut random = SplitMix64::new(0xCA_96);
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, bytes, 25)])
+        .collect();
+    batches.push(
+        long_piece_texts(384, &mut random)
+            .into_iter()
+            .chain(long_piece_texts(8, &mut random))
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(&mut random, 200));
+    // Prose in every batch: more than one pass of every capped grid.
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, bytes, 26));
+    }
+    let step_by_step = ChunkLimits {
+        short_text_bytes: 0,
+        ..ChunkLimits::default()
+    };
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        for workgroups in [1, 5, 64] {
+            let geometry = Geometry {
+                stage_workgroups: workgroups,
+                compact_workgroups: workgroups,
+                ..Geometry::default()
+            };
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+                &cpu,
+                geometry,
+                step_by_step,
+            )
+            .unwrap();
+            let one_pass = 8 * (workgroups * geometry.workgroup_size) as usize;
+            for (index, batch) in batches.iter().enumerate() {
+                let text_len: usize = batch.iter().map(Vec::len).sum();
+                assert!(
+                    text_len > one_pass
+                        && text_len > (workgroups * geometry.block_bytes()) as usize,
+                    "batch {index}: {text_len} bytes"
+                );
+                let what = format!("{workgroups} workgroups of stage and compact, batch {index}");
+                check_batch(&encoder, &cpu, batch, &what);
+            }
+        }
+    }
+}
+
 /// Locks out an eager encode whose steps each wait on the device for every
 /// earlier step that touched their buffers (most steps read what several
 /// earlier ones wrote) instead of for the one before, which already ran after
