@@ -654,7 +654,7 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
 /// (over the 12 KiB the merge slabs may take), no compaction
-/// workgroups, no workgroups of `pieces`, chunk limits of nothing, a split of 9 bytes per thread and
+/// workgroups, no workgroups of `pieces`, none or 65,537 of `stage`, chunk limits of nothing, a split of 9 bytes per thread and
 /// chunks over the split's 256 MiB are each a `Fix:` error naming what to
 /// change.
 #[test]
@@ -692,6 +692,22 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "pieces_workgroups",
+        ),
+        (
+            Geometry {
+                stage_workgroups: 0,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "stage_workgroups",
+        ),
+        (
+            Geometry {
+                stage_workgroups: 65_537,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "stage_workgroups",
         ),
         (
             Geometry {
