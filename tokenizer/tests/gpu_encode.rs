@@ -514,6 +514,37 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     }
 }
 
+/// Every chunk runs its steps one dispatch each (the short-text kernel off).
+const STEP_BY_STEP: ChunkLimits = ChunkLimits {
+    text_bytes: vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES,
+    documents: vyre_tokenizer::device::pipeline::CHUNK_DOCUMENTS,
+    short_text_bytes: 0,
+};
+
+/// Batches for a grid that must take more than one pass: each shape at
+/// `bytes` (texts seeded from `text_seed`), long pieces of chunks of 384 and 8
+/// bytes, 200 documents with empty ones (drawn from `seed`), and `bytes` of
+/// prose after each.
+fn batches_with_prose(bytes: usize, seed: u64, text_seed: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut random = SplitMix64::new(seed);
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, bytes, text_seed)])
+        .collect();
+    batches.push(
+        long_piece_texts(384, &mut random)
+            .into_iter()
+            .chain(long_piece_texts(8, &mut random))
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(&mut random, 200));
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, bytes, text_seed + 1));
+    }
+    batches
+}
+
 /// Locks out a striding `pieces` that loses, repeats or misplaces pieces on
 /// the device past the first pass of its grid (a tile loop that stops early or
 /// steps wrong, or a race on the workgroup word that hands a tile's merge-list
@@ -547,27 +578,8 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
         small,
     ];
     let bytes = sized_for_tools("shape bytes", 64 << 10, 8 << 10);
-    let mut random = SplitMix64::new(0x9_1EC6);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, bytes, 23)])
-        .collect();
-    batches.push(
-        long_piece_texts(384, &mut random)
-            .into_iter()
-            .chain(long_piece_texts(8, &mut random))
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 200));
     // Prose in every batch: more pieces than one pass of every grid above.
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, bytes, 24));
-    }
-    let step_by_step = ChunkLimits {
-        short_text_bytes: 0,
-        ..ChunkLimits::default()
-    };
+    let batches = batches_with_prose(bytes, 0x9_1EC6, 23);
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
@@ -575,7 +587,7 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
                 AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
                 &cpu,
                 geometry,
-                step_by_step,
+                STEP_BY_STEP,
             )
             .unwrap();
             let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
@@ -611,27 +623,7 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
 fn gpu_capped_stage_and_compact_grids_equal_cpu() {
     // At least 64 KiB: one pass of 64 workgroups of `stage` is 128 KiB.
     let bytes = sized_for_tools("shape bytes", 256 << 10, 72 << 10);
-    let mut random = SplitMix64::new(0xCA_96);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, bytes, 25)])
-        .collect();
-    batches.push(
-        long_piece_texts(384, &mut random)
-            .into_iter()
-            .chain(long_piece_texts(8, &mut random))
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 200));
-    // Prose in every batch: more than one pass of every capped grid.
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, bytes, 26));
-    }
-    let step_by_step = ChunkLimits {
-        short_text_bytes: 0,
-        ..ChunkLimits::default()
-    };
+    let batches = batches_with_prose(bytes, 0xCA_96, 25);
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for workgroups in [1, 5, 64] {
@@ -644,7 +636,7 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
                 AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
                 &cpu,
                 geometry,
-                step_by_step,
+                STEP_BY_STEP,
             )
             .unwrap();
             let one_pass = 8 * (workgroups * geometry.workgroup_size) as usize;
