@@ -653,14 +653,14 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
-/// (over the 12 KiB the merge slabs may take), no compaction
-/// workgroups, no workgroups of `pieces`, none or 65,537 of `stage`, chunk limits of nothing, a split of 9 bytes per thread and
-/// chunks over the split's 256 MiB are each a `Fix:` error naming what to
-/// change.
+/// (over the 12 KiB the merge slabs may take), no (or more than 65,536)
+/// workgroups of `compact`, `pieces` or `stage`, chunk limits of nothing, a
+/// split of 9 bytes per thread and chunks over the split's 256 MiB are each a
+/// `Fix:` error naming what to change.
 #[test]
 fn bad_geometries_and_limits_are_fix_errors() {
     let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
-    let bad = [
+    let mut bad = vec![
         (
             Geometry {
                 workgroup_size: 33,
@@ -676,38 +676,6 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "chunk_bytes",
-        ),
-        (
-            Geometry {
-                compact_workgroups: 0,
-                ..Geometry::default()
-            },
-            ChunkLimits::default(),
-            "compact_workgroups",
-        ),
-        (
-            Geometry {
-                pieces_workgroups: 0,
-                ..Geometry::default()
-            },
-            ChunkLimits::default(),
-            "pieces_workgroups",
-        ),
-        (
-            Geometry {
-                stage_workgroups: 0,
-                ..Geometry::default()
-            },
-            ChunkLimits::default(),
-            "stage_workgroups",
-        ),
-        (
-            Geometry {
-                stage_workgroups: 65_537,
-                ..Geometry::default()
-            },
-            ChunkLimits::default(),
-            "stage_workgroups",
         ),
         (
             Geometry {
@@ -747,6 +715,26 @@ fn bad_geometries_and_limits_are_fix_errors() {
             "ChunkLimits::text_bytes",
         ),
     ];
+    // Each step's cap on its workgroups: none, and more than 65,536.
+    type SetCap = fn(&mut Geometry, u32);
+    let caps: [(&str, SetCap); 3] = [
+        ("compact_workgroups", |geometry, cap| {
+            geometry.compact_workgroups = cap
+        }),
+        ("pieces_workgroups", |geometry, cap| {
+            geometry.pieces_workgroups = cap
+        }),
+        ("stage_workgroups", |geometry, cap| {
+            geometry.stage_workgroups = cap
+        }),
+    ];
+    for (what, set) in caps {
+        for cap in [0, 65_537] {
+            let mut geometry = Geometry::default();
+            set(&mut geometry, cap);
+            bad.push((geometry, ChunkLimits::default(), what));
+        }
+    }
     for (geometry, limits, what) in bad {
         let error =
             DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, geometry, limits)
@@ -756,6 +744,32 @@ fn bad_geometries_and_limits_are_fix_errors() {
             "{error}"
         );
     }
+}
+
+/// Batches for a grid that must take more than one pass: each shape at
+/// `shape_bytes` (texts seeded from `seed`), long pieces of 8-byte chunks and
+/// 60 documents with empty ones (drawn from `random`), and `prose_bytes` of
+/// prose after each.
+fn batches_with_prose(
+    random: &mut SplitMix64,
+    [shape_bytes, prose_bytes]: [usize; 2],
+    seed: u64,
+) -> Vec<Vec<Vec<u8>>> {
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, shape_bytes, seed)])
+        .collect();
+    batches.push(
+        long_piece_texts(8, random)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(random, 60));
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, prose_bytes, seed + 1));
+    }
+    batches
 }
 
 /// Locks out a striding `pieces` that loses or repeats pieces past the first
@@ -773,21 +787,8 @@ fn bad_geometries_and_limits_are_fix_errors() {
 #[test]
 fn pieces_past_one_pass_of_the_grid_equal_cpu() {
     let mut random = SplitMix64::new(0x57_21DE);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, 1500, 21)])
-        .collect();
-    batches.push(
-        long_piece_texts(8, &mut random)
-            .into_iter()
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 60));
     // Prose in every batch: more pieces than one pass of three workgroups.
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, 1500, 22));
-    }
+    let batches = batches_with_prose(&mut random, [1500, 1500], 21);
     for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         for pieces_workgroups in [1, 3] {
@@ -1318,22 +1319,7 @@ fn token_starts_joined(tokenizer: &Tokenizer, batch: &[Vec<u8>]) -> Vec<u32> {
 #[test]
 fn capped_stage_and_compact_grids_equal_cpu() {
     let mut random = SplitMix64::new(0xCA_95);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| {
-            vec![
-                generate(shape, 3_000, 31),
-                generate(Shape::Prose, 2_001, 32),
-            ]
-        })
-        .collect();
-    batches.push(
-        long_piece_texts(8, &mut random)
-            .into_iter()
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 60));
+    let mut batches = batches_with_prose(&mut random, [3_000, 2_001], 31);
     batches.push(
         (0..120)
             .map(|index| {

@@ -521,6 +521,18 @@ const STEP_BY_STEP: ChunkLimits = ChunkLimits {
     short_text_bytes: 0,
 };
 
+/// `cpu`'s device encoder on CUDA device 0 at `geometry`, every step its own
+/// dispatch.
+fn step_by_step_encoder(cpu: &Tokenizer, geometry: Geometry) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
+        cpu,
+        geometry,
+        STEP_BY_STEP,
+    )
+    .unwrap()
+}
+
 /// Batches for a grid that must take more than one pass: each shape at
 /// `bytes` (texts seeded from `text_seed`), long pieces of chunks of 384 and 8
 /// bytes, 200 documents with empty ones (drawn from `seed`), and `bytes` of
@@ -583,13 +595,7 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                STEP_BY_STEP,
-            )
-            .unwrap();
+            let encoder = step_by_step_encoder(&cpu, geometry);
             let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!(
@@ -632,13 +638,7 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
                 compact_workgroups: workgroups,
                 ..Geometry::default()
             };
-            let encoder = DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(CudaBackend::acquire().unwrap()),
-                &cpu,
-                geometry,
-                STEP_BY_STEP,
-            )
-            .unwrap();
+            let encoder = step_by_step_encoder(&cpu, geometry);
             let one_pass = 8 * (workgroups * geometry.workgroup_size) as usize;
             for (index, batch) in batches.iter().enumerate() {
                 let text_len: usize = batch.iter().map(Vec::len).sum();
