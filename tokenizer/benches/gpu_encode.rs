@@ -28,9 +28,9 @@
 //!   leaves it out;
 //! - the 64 MiB batch again with `stage` and `compact` capped to fewer
 //!   workgroups (`Geometry::stage_workgroups`, `compact_workgroups`), the
-//!   default first and each row's time as a ratio to it: both steps wait on
-//!   PCIe (the text read from and the ids written to host-mapped memory) while
-//!   their grids hold the SMs that the other chunks' steps need.
+//!   default first (and last) and each row's time as a ratio to it: both steps
+//!   wait on PCIe (the text read from and the ids written to host-mapped
+//!   memory) while their grids hold the SMs that the other chunks' steps need.
 //!   `VYRE_BENCH_CAPS=0` leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
@@ -476,11 +476,12 @@ impl Batch<'_> {
 
 /// The default first, then every pair of `stage` caps (64, 128, 256, 1,024
 /// workgroups and uncapped, [`STAGE_WORKGROUPS`]) and `compact` caps (64, 128,
-/// 256, 1,024): on the H200 (2026-12-02) `stage` (4,096 workgroups per 16 MiB
-/// chunk) took 0.39–0.76 ms and `compact` (1,024) 0.87–1.21 ms per chunk
-/// against PCIe floors of 0.31 and 0.65 ms, holding SMs the other chunks'
-/// compute needs while they wait; these rows settle whether fewer workgroups
-/// shorten the batch, and which defaults to take.
+/// 256, 1,024), then the default again (the drift over the rows): on the H200
+/// (2026-12-02) `stage` (4,096 workgroups per 16 MiB chunk) took 0.39–0.76 ms
+/// and `compact` (1,024) 0.87–1.21 ms per chunk against PCIe floors of 0.31
+/// and 0.65 ms, holding SMs the other chunks' compute needs while they wait;
+/// these rows settle whether fewer workgroups shorten the batch, and which
+/// defaults to take.
 fn grid_caps() -> Vec<Geometry> {
     let default = Geometry::default();
     let mut caps = vec![default];
@@ -496,6 +497,8 @@ fn grid_caps() -> Vec<Geometry> {
             }
         }
     }
+    // The default again: how far the device drifted over the section.
+    caps.push(default);
     caps
 }
 

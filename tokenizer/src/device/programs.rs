@@ -48,6 +48,20 @@
 //! scan and a reduction. The short-text program runs `pieces` as one group
 //! that takes every tile.
 //!
+//! # `stage` and `compact` wait on PCIe
+//!
+//! On CUDA `stage` reads the staged text from host-mapped memory and `compact`
+//! writes the ids into it, so both are bound by PCIe, not by the SMs: on the
+//! H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB chunks) `stage` took
+//! 0.39–0.76 ms per chunk against ≥ 0.31 ms for 16 MiB at the ~54 GB/s pinned
+//! copy bound, and `compact` 0.87–1.21 ms for about 34 MB of ids against
+//! ≥ 0.65 ms at ~52 GB/s. Their grids ([`Geometry::stage_workgroups`],
+//! [`Geometry::compact_workgroups`]) can be capped, so that fewer workgroups
+//! keep PCIe busy while the other chunks' steps take the SMs; the defaults
+//! ([`STAGE_WORKGROUPS`], [`COMPACT_WORKGROUPS`]) await the `gpu_encode`
+//! bench's rows that settle them. `compact` stores its ids as whole 128-byte
+//! lines, each warp's 32 words aligned ([`compact`]).
+//!
 //! # Where a token is written
 //!
 //! `token_at[i]` holds the rank of the token that starts at byte `i` and
@@ -253,16 +267,16 @@ pub const MERGE_SLAB_BYTES: u32 = 12;
 pub const PIECES_WORKGROUPS: u32 = 1024;
 
 /// Default [`Geometry::stage_workgroups`]: 65,536, which caps no chunk at the
-/// default 256 threads per workgroup below 256 MiB (a 16 MiB chunk's `stage`
-/// is 4,096 workgroups), so `stage` keeps one thread per 16 bytes. A cap is
-/// the hypothesis the `gpu_encode` bench's "stage and compact grid caps" rows
-/// settle: on the H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB
+/// default 256 threads per workgroup (a 16 MiB chunk's `stage` is 4,096
+/// workgroups, the split's largest, 256 MiB, 65,536), so `stage` keeps one
+/// thread per 16 bytes. A lower cap is the hypothesis that the `gpu_encode`
+/// bench's rows with `stage` and `compact` capped settle: on the H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB
 /// chunks) `stage` took 0.39–0.76 ms per chunk, waiting on PCIe reads of the
 /// host-mapped text (≥ 0.31 ms at the ~54 GB/s pinned copy bound) while its
 /// 4,096 workgroups held the SMs that the other chunks' `classify`, `phases`
 /// and `merge` need; about 75 KB in flight (~50 GB/s × ~1.5 µs) keep PCIe
-/// busy, which 128 workgroups of 256 threads loading 8 bytes each exceed
-/// threefold.
+/// busy, and 128 workgroups of 256 threads loading 8 bytes each have 256 KiB
+/// in flight.
 pub const STAGE_WORKGROUPS: u32 = 65_536;
 
 /// Default [`Geometry::compact_workgroups`]: about what an H200 holds at once
@@ -1654,7 +1668,8 @@ fn emit_chunk_start(
 /// `stage`: the staged parameters, text (as `u64` words) and document ends
 /// (the buffer's unused tail padded with the text length: empty documents, as
 /// the split reads the buffer to its length) into the device buffers; every
-/// thread strides over the words.
+/// thread strides over the words and the ends, so any grid stages them all
+/// ([`Geometry::stage_workgroups`] caps it).
 pub fn stage(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("stage"), |role| match role {
