@@ -28,7 +28,13 @@
 //!   chunk at the default shape (16–18 GB/s, H200, 2026-12-01), with 16,384
 //!   blocks of 1 KiB per chunk whose fixed costs (a ticket, a look-back,
 //!   eighteen barriers) a larger block spreads over more bytes. `VYRE_BENCH_SHAPES=0`
-//!   leaves it out.
+//!   leaves it out;
+//! - the 64 MiB batch again with `stage` and `compact` capped to fewer
+//!   workgroups (`Geometry::stage_workgroups`, `compact_workgroups`), the
+//!   default first (and last) and each row's time as a ratio to it: both steps
+//!   wait on PCIe (the text read from and the ids written to host-mapped
+//!   memory) while their grids hold the SMs that the other chunks' steps need.
+//!   `VYRE_BENCH_CAPS=0` leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -45,6 +51,7 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+use vyre_tokenizer::device::programs::STAGE_WORKGROUPS;
 use vyre_tokenizer::device::{host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -362,56 +369,151 @@ fn main() {
     );
 
     // 4. The bulk split by chunk size.
-    if std::env::var_os("VYRE_BENCH_BULK").is_none_or(|value| value != "0") {
+    if !skipped("VYRE_BENCH_BULK") {
         bulk_split_by_chunk_size(&gpu, &cpu, rounds);
     }
 
     // 5. Workgroup shapes.
-    if std::env::var_os("VYRE_BENCH_SHAPES").is_some_and(|value| value == "0") {
-        return;
+    let batch = Batch {
+        gpu: &gpu,
+        cpu: &cpu,
+        texts: &byte_refs,
+        expected: &expected,
+        bytes,
+        rounds,
+    };
+    if !skipped("VYRE_BENCH_SHAPES") {
+        println!("\nthe 64 MiB batch at other workgroup shapes (chunk 0's kernels, median round):");
+        for geometry in workgroup_shapes() {
+            // The split a 16 MiB chunk runs (the bulk split's, where it takes one).
+            let bulk = geometry
+                .bulk_split
+                .filter(|bulk| bulk.from_bytes <= ChunkLimits::default().text_bytes);
+            let split = bulk.map_or(geometry.split, |bulk| bulk.split);
+            let label = format!(
+                "split {} threads × {} bytes{}, BPE {} threads, {:?}",
+                split.workgroup_size,
+                split.bytes_per_thread,
+                if bulk.is_some() { " (bulk)" } else { "" },
+                geometry.workgroup_size,
+                geometry.occupancy
+            );
+            batch.row(geometry, &label, &mut results, None);
+        }
     }
-    println!("\nthe 64 MiB batch at other workgroup shapes (chunk 0's kernels, median round):");
-    for geometry in workgroup_shapes() {
-        let shaped = match DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(gpu.clone()),
-            &cpu,
+
+    // 6. Stage and compact grid caps.
+    if !skipped("VYRE_BENCH_CAPS") {
+        println!(
+            "\nthe 64 MiB batch with `stage` and `compact` capped (both wait on PCIe, host-mapped text in and ids out; chunk 0's kernels, median round):"
+        );
+        let mut default_seconds = None;
+        for geometry in grid_caps() {
+            let label = format!(
+                "stage ≤ {} workgroups{}, compact ≤ {}",
+                geometry.stage_workgroups,
+                if geometry.stage_workgroups == STAGE_WORKGROUPS {
+                    " (uncapped)"
+                } else {
+                    ""
+                },
+                geometry.compact_workgroups
+            );
+            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
+            default_seconds = default_seconds.or(seconds);
+        }
+    }
+}
+
+/// Whether the environment variable `name` is `0` (its section left out).
+fn skipped(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|value| value == "0")
+}
+
+/// The 64 MiB batch and what a row of it at another geometry needs.
+struct Batch<'a> {
+    gpu: &'a CudaBackend,
+    cpu: &'a Tokenizer,
+    texts: &'a [&'a [u8]],
+    expected: &'a [Vec<u32>],
+    bytes: usize,
+    rounds: usize,
+}
+
+impl Batch<'_> {
+    /// One row: the batch through `encode_batch_into` at `geometry` (ids held
+    /// to the CPU encoder's), its median time and chunk 0's kernels, and its
+    /// ratio to `baseline` seconds (the section's first row) when given; the
+    /// median seconds, or `None` when the device refuses the geometry.
+    fn row(
+        &self,
+        geometry: Geometry,
+        label: &str,
+        results: &mut [Vec<u32>],
+        baseline: Option<f64>,
+    ) -> Option<f64> {
+        let encoder = match DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(self.gpu.clone()),
+            self.cpu,
             geometry,
             ChunkLimits::default(),
         ) {
-            Ok(shaped) => shaped,
+            Ok(encoder) => encoder,
             Err(error) => {
-                println!("  {geometry:?}: refused: {error}");
-                continue;
+                println!("  {label}: refused: {error}");
+                return None;
             }
         };
-        let (seconds, chunks) = median(rounds, || {
-            shaped
-                .encode_batch_into(&byte_refs, &mut results)
+        let (seconds, chunks) = median(self.rounds, || {
+            encoder
+                .encode_batch_into(self.texts, results)
                 .expect("device batch")
         });
         assert!(
-            results == expected,
+            results == self.expected,
             "the device's ids differ from the CPU encoder's at {geometry:?}"
         );
+        let ratio = baseline.map_or(String::new(), |baseline| {
+            format!(" ({:.3} × the first row's time)", seconds / baseline)
+        });
         let first = &chunks[0];
-        // The split a 16 MiB chunk runs (the bulk split's, where there is one).
-        let split = shaped
-            .programs_for(ChunkLimits::default().text_bytes)
-            .geometry
-            .split;
         println!(
-            "  split {} threads × {} bytes{}, BPE {} threads, {:?}: {:.2} ms, {:.2} GB/s; kernels {:.2} ms ({})",
-            split.workgroup_size,
-            split.bytes_per_thread,
-            if geometry.bulk_split.is_some() { " (bulk)" } else { "" },
-            geometry.workgroup_size,
-            geometry.occupancy,
+            "  {label}: {:.2} ms, {:.2} GB/s{ratio}; kernels {:.2} ms ({})",
             seconds * 1e3,
-            gb_per_s(bytes, seconds),
+            gb_per_s(self.bytes, seconds),
             first.kernel_ns() as f64 / 1e6,
             first.kernel_line()
         );
+        Some(seconds)
     }
+}
+
+/// The default first, then every pair of `stage` caps (64, 128, 256, 1,024
+/// workgroups and uncapped, [`STAGE_WORKGROUPS`]) and `compact` caps (64, 128,
+/// 256, 1,024), then the default again (the drift over the rows): on the H200
+/// (2026-12-02) `stage` (4,096 workgroups per 16 MiB chunk) took 0.39–0.76 ms
+/// and `compact` (1,024) 0.87–1.21 ms per chunk against PCIe floors of 0.31
+/// and 0.65 ms, holding SMs the other chunks' compute needs while they wait;
+/// these rows settle whether fewer workgroups shorten the batch, and which
+/// defaults to take.
+fn grid_caps() -> Vec<Geometry> {
+    let default = Geometry::default();
+    let mut caps = vec![default];
+    for stage_workgroups in [64, 128, 256, 1024, STAGE_WORKGROUPS] {
+        for compact_workgroups in [64, 128, 256, 1024] {
+            let geometry = Geometry {
+                stage_workgroups,
+                compact_workgroups,
+                ..default
+            };
+            if geometry != default {
+                caps.push(geometry);
+            }
+        }
+    }
+    // The default again: how far the device drifted over the section.
+    caps.push(default);
+    caps
 }
 
 /// The default shape first, then larger blocks of the split (more bytes per

@@ -511,6 +511,43 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     }
 }
 
+/// Every chunk runs its steps one dispatch each (the short-text kernel off).
+const STEP_BY_STEP: ChunkLimits = ChunkLimits {
+    text_bytes: vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES,
+    documents: vyre_tokenizer::device::pipeline::CHUNK_DOCUMENTS,
+    short_text_bytes: 0,
+};
+
+/// `cpu`'s device encoder on CUDA device 0 at `geometry`, every step its own
+/// dispatch.
+fn step_by_step_encoder(cpu: &Tokenizer, geometry: Geometry) -> DeviceEncoder {
+    cuda_encoder(cpu, geometry, STEP_BY_STEP)
+}
+
+/// Batches for a grid that must take more than one pass: each shape at
+/// `bytes` (texts seeded from `text_seed`), long pieces of chunks of 384 and 8
+/// bytes, 200 documents with empty ones (drawn from `seed`), and `bytes` of
+/// prose after each.
+fn batches_with_prose(bytes: usize, seed: u64, text_seed: u64) -> Vec<Vec<Vec<u8>>> {
+    let mut random = SplitMix64::new(seed);
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, bytes, text_seed)])
+        .collect();
+    batches.push(
+        long_piece_texts(384, &mut random)
+            .into_iter()
+            .chain(long_piece_texts(8, &mut random))
+            .map(|(_, text)| text)
+            .collect(),
+    );
+    batches.push(batch_with_empty_documents(&mut random, 200));
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, bytes, text_seed + 1));
+    }
+    batches
+}
+
 /// Locks out a striding `pieces` that loses, repeats or misplaces pieces on
 /// the device past the first pass of its grid (a tile loop that stops early or
 /// steps wrong, or a race on the workgroup word that hands a tile's merge-list
@@ -544,31 +581,12 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
         small,
     ];
     let bytes = sized_for_tools("shape bytes", 64 << 10, 8 << 10);
-    let mut random = SplitMix64::new(0x9_1EC6);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, bytes, 23)])
-        .collect();
-    batches.push(
-        long_piece_texts(384, &mut random)
-            .into_iter()
-            .chain(long_piece_texts(8, &mut random))
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 200));
     // Prose in every batch: more pieces than one pass of every grid above.
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, bytes, 24));
-    }
-    let step_by_step = ChunkLimits {
-        short_text_bytes: 0,
-        ..ChunkLimits::default()
-    };
+    let batches = batches_with_prose(bytes, 0x9_1EC6, 23);
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
-            let encoder = cuda_encoder(&cpu, geometry, step_by_step);
+            let encoder = step_by_step_encoder(&cpu, geometry);
             let one_pass = geometry.pieces_workgroups * geometry.workgroup_size;
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!(
@@ -641,6 +659,48 @@ fn gpu_chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
             "{}: the bulk split's graph",
             encoding.name()
         );
+    }
+}
+
+/// Locks out capped `stage` and `compact` grids that lose, repeat or misplace
+/// ids on the device (a stage cap that leaves the text's tail or the document
+/// ends unstaged; an aligned copy in `compact` that overwrites the ids before
+/// `running`, drops the ones past `4 · W`, or races with another workgroup's
+/// block on the line they share, which the reference interpreter, running
+/// workgroups one after another, cannot show): on every encoding, 256-thread
+/// workgroups with `stage_workgroups` and `compact_workgroups` of 1, 5 and 64,
+/// the three shapes at 256 KiB (72 KiB under compute-sanitizer), long pieces
+/// and a batch with empty documents, each step its own dispatch, equal the CPU
+/// encoder; every batch's text takes more than one pass of the capped `stage`
+/// (its 8-byte words past `8 · 256 · 64` bytes), and of `compact` (blocks of
+/// 1 KiB: more than 64 of them).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_capped_stage_and_compact_grids_equal_cpu() {
+    // At least 64 KiB: one pass of 64 workgroups of `stage` is 128 KiB.
+    let bytes = sized_for_tools("shape bytes", 256 << 10, 72 << 10);
+    let batches = batches_with_prose(bytes, 0xCA_96, 25);
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        for workgroups in [1, 5, 64] {
+            let geometry = Geometry {
+                stage_workgroups: workgroups,
+                compact_workgroups: workgroups,
+                ..Geometry::default()
+            };
+            let encoder = step_by_step_encoder(&cpu, geometry);
+            let one_pass = 8 * (workgroups * geometry.workgroup_size) as usize;
+            for (index, batch) in batches.iter().enumerate() {
+                let text_len: usize = batch.iter().map(Vec::len).sum();
+                assert!(
+                    text_len > one_pass
+                        && text_len > (workgroups * geometry.block_bytes()) as usize,
+                    "batch {index}: {text_len} bytes"
+                );
+                let what = format!("{workgroups} workgroups of stage and compact, batch {index}");
+                check_batch(&encoder, &cpu, batch, &what);
+            }
+        }
     }
 }
 

@@ -7,14 +7,14 @@
 //!
 //! | step | program | grid | what it does |
 //! |---|---|---|---|
-//! | `stage` | [`stage`] | the text's 16-byte groups | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
+//! | `stage` | [`stage`] | the text's 16-byte groups (or its documents, if more), at most [`Geometry::stage_workgroups`], striding over both | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
 //! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
 //! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
 //! | `pieces` | [`pieces`] | at most [`Geometry::pieces_workgroups`], striding over tiles of `W` pieces | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
 //! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
 //! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
-//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] | the ids in text order into `ids`, each document's first id index into `document_token_starts`, the total after them |
+//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`], each owning whole blocks of `4 · W` bytes | the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
 //!
 //! An eager chunk is seven dispatches for r50k and p50k and eight for cl100k
 //! and o200k; a graph replays all but `stage`. The split's steps bind the
@@ -47,6 +47,20 @@
 //! inclusive scan (the last thread's value is the tile's total) instead of a
 //! scan and a reduction. The short-text program runs `pieces` as one group
 //! that takes every tile.
+//!
+//! # `stage` and `compact` wait on PCIe
+//!
+//! On CUDA `stage` reads the staged text from host-mapped memory and `compact`
+//! writes the ids into it, so both are bound by PCIe, not by the SMs: on the
+//! H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB chunks) `stage` took
+//! 0.39–0.76 ms per chunk against ≥ 0.31 ms for 16 MiB at the ~54 GB/s pinned
+//! copy bound, and `compact` 0.87–1.21 ms for about 34 MB of ids against
+//! ≥ 0.65 ms at ~52 GB/s. Their grids ([`Geometry::stage_workgroups`],
+//! [`Geometry::compact_workgroups`]) can be capped, so that fewer workgroups
+//! keep PCIe busy while the other chunks' steps take the SMs; the defaults
+//! ([`STAGE_WORKGROUPS`], [`COMPACT_WORKGROUPS`]) await the `gpu_encode`
+//! bench's rows that settle them. `compact` stores its ids as whole 128-byte
+//! lines, each warp's 32 words aligned ([`compact`]).
 //!
 //! # Where a token is written
 //!
@@ -236,6 +250,10 @@ pub const CHUNK_BYTES: u32 = 384;
 /// Bytes each thread of `count` and `compact` takes.
 pub const BYTES_PER_THREAD: u32 = 4;
 
+/// `u32` ids per 128-byte line: what one warp's store of consecutive words
+/// covers, and the alignment `compact` stores its ids at.
+pub const IDS_PER_LINE: u32 = 32;
+
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
@@ -247,6 +265,26 @@ pub const MERGE_SLAB_BYTES: u32 = 12;
 /// run as one wave (at the 80 registers the result ABI's window copies took
 /// on 2026-12-01, 3 per SM: 2.6 waves).
 pub const PIECES_WORKGROUPS: u32 = 1024;
+
+/// Default [`Geometry::stage_workgroups`]: 65,536, which caps no chunk at the
+/// default 256 threads per workgroup (a 16 MiB chunk's `stage` is 4,096
+/// workgroups, the split's largest, 256 MiB, 65,536), so `stage` keeps one
+/// thread per 16 bytes. A lower cap is the hypothesis that the `gpu_encode`
+/// bench's rows with `stage` and `compact` capped settle: on the H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB
+/// chunks) `stage` took 0.39–0.76 ms per chunk, waiting on PCIe reads of the
+/// host-mapped text (≥ 0.31 ms at the ~54 GB/s pinned copy bound) while its
+/// 4,096 workgroups held the SMs that the other chunks' `classify`, `phases`
+/// and `merge` need; about 75 KB in flight (~50 GB/s × ~1.5 µs) keep PCIe
+/// busy, and 128 workgroups of 256 threads loading 8 bytes each have 256 KiB
+/// in flight.
+pub const STAGE_WORKGROUPS: u32 = 65_536;
+
+/// Default [`Geometry::compact_workgroups`]: about what an H200 holds at once
+/// (see [`PIECES_WORKGROUPS`]). Whether fewer would do is the same question as
+/// for [`STAGE_WORKGROUPS`] (2026-12-02: `compact` took 0.87–1.21 ms per 16 MiB
+/// chunk writing about 34 MB of ids into host-mapped memory, ≥ 0.65 ms at
+/// ~52 GB/s), which the same bench rows settle.
+pub const COMPACT_WORKGROUPS: u32 = 1024;
 
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,8 +306,18 @@ pub struct Geometry {
     /// Windows tried per failing boundary before the piece goes to the serial
     /// path (0: every failing boundary sends its piece there).
     pub repair_attempts: u32,
-    /// Most workgroups of `compact`.
+    /// Most workgroups of `compact`, each owning whole blocks of
+    /// [`Geometry::block_bytes`] (fewer for a text of fewer blocks). Its ids go
+    /// to host-mapped memory on CUDA, so it waits on PCIe writes, not on the
+    /// SMs; the default, [`COMPACT_WORKGROUPS`], says what the bench is to
+    /// settle.
     pub compact_workgroups: u32,
+    /// Most workgroups of `stage`, whose threads stride over the text's 8-byte
+    /// words and the document ends (fewer for a text of fewer 16-byte groups
+    /// and documents than they hold). It reads host-mapped memory on CUDA, so
+    /// it waits on PCIe, not on the SMs; the default, [`STAGE_WORKGROUPS`],
+    /// caps nothing at the default shape and says what the bench is to settle.
+    pub stage_workgroups: u32,
     /// Most workgroups of `pieces`, which stride over tiles of
     /// `workgroup_size` pieces (fewer for a text of fewer bytes than they hold;
     /// see the module docs for why). The default, [`PIECES_WORKGROUPS`], is
@@ -351,7 +399,8 @@ impl Default for Geometry {
             merge_slab_bytes: MERGE_SLAB_BYTES,
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
-            compact_workgroups: 1024,
+            compact_workgroups: COMPACT_WORKGROUPS,
+            stage_workgroups: STAGE_WORKGROUPS,
             pieces_workgroups: PIECES_WORKGROUPS,
             max_loop_iterations: None,
             occupancy: Occupancy::BodyRegisters,
@@ -420,6 +469,7 @@ impl Geometry {
         }
         for (name, workgroups) in [
             ("compact_workgroups", self.compact_workgroups),
+            ("stage_workgroups", self.stage_workgroups),
             ("pieces_workgroups", self.pieces_workgroups),
         ] {
             if !(1..=65_536).contains(&workgroups) {
@@ -597,7 +647,8 @@ pub struct Step {
 /// How many workgroups a step runs, for a text of `n` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grid {
-    /// One thread per 16 bytes or per document, whichever is more.
+    /// One thread per 16 bytes or per document, whichever is more, and at most
+    /// [`Geometry::stage_workgroups`]: the threads stride over both.
     Stage,
     /// At most [`Geometry::pieces_workgroups`], and no more than one thread
     /// per byte (a text of `n` bytes has at most `n` pieces): the workgroups
@@ -624,7 +675,9 @@ impl Grid {
             u32::try_from(count.div_ceil(geometry.workgroup_size as u64).max(1)).unwrap_or(u32::MAX)
         };
         match self {
-            Grid::Stage => threads(text_len.div_ceil(16).max(documents)),
+            Grid::Stage => {
+                threads(text_len.div_ceil(16).max(documents)).min(geometry.stage_workgroups)
+            }
             Grid::PieceTiles => threads(text_len).min(geometry.pieces_workgroups),
             Grid::Merge => threads(text_len.div_ceil(MERGE_BYTES_PER_THREAD as u64)),
             Grid::PerChunk => threads(text_len.div_ceil(geometry.chunk_bytes as u64)),
@@ -1689,7 +1742,8 @@ fn emit_chunk_start(
 /// `stage`: the staged parameters, text (as `u64` words) and document ends
 /// (the buffer's unused tail padded with the text length: empty documents, as
 /// the split reads the buffer to its length) into the device buffers; every
-/// thread strides over the words.
+/// thread strides over the words and the ends, so any grid stages them all
+/// ([`Geometry::stage_workgroups`] caps it).
 pub fn stage(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("stage"), |role| match role {
@@ -2570,6 +2624,18 @@ fn emit_first_document_from(
 /// thread storing its own few ids made 4-byte writes scattered over the warp,
 /// and `compact` took 14.0 ms of a 16 MiB chunk's 18.2 ms of kernels on the H200
 /// (2026-12-01); a warp's 32 consecutive words go out as whole lines.
+///
+/// Whole lines also in place: a block's ids start at `running`, the ids of
+/// the blocks before, which is rarely a multiple of [`IDS_PER_LINE`], so a
+/// warp storing `ids[running + local + k · W]` covered the ends of two 128-byte
+/// lines, two partial PCIe writes instead of one whole one. The copy counts its
+/// offsets from the line `running` falls in instead (`lead = running mod 32`
+/// words before it, which it skips): warp `w`'s store `k` is the line at
+/// `running − lead + 32w + k · W`, whole but for the block's first and last.
+/// That is one more store per thread at most (`lead + block_tokens ≤ 4 · W +
+/// 31`). On the H200 (2026-12-02, four 16 MiB cl100k chunks) `compact` took
+/// 0.87–1.21 ms per chunk for about 34 MB of ids, against ≥ 0.65 ms at the
+/// ~52 GB/s a kernel writes host-mapped memory at.
 pub fn compact(geometry: &Geometry) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let block_bytes = geometry.block_bytes();
@@ -2651,15 +2717,27 @@ pub fn compact(geometry: &Geometry) -> Program {
                     b.barrier();
                     let block_tokens =
                         b.let_("block_tokens", load(Role::BlockCounts, block.clone()));
-                    for k in 0..BYTES_PER_THREAD {
+                    // Whole lines: offsets from the line `running` falls in, so
+                    // every warp's 32 threads store one aligned line (the ids
+                    // before `running` in it are the blocks' before, left alone).
+                    let lead = b.let_("lead", running.clone() & (IDS_PER_LINE - 1));
+                    let line_start = b.let_("line_start", running.clone() - lead.clone());
+                    let lead_end = b.let_("lead_end", lead.clone() + block_tokens.clone());
+                    // `lead + block_tokens < 4 · W + 32`: one more pass at most.
+                    for k in 0..=BYTES_PER_THREAD {
                         let at = b.let_(format!("copy{k}"), local.clone() + k * workgroup_size);
-                        b.if_(at.clone().less_than(block_tokens.clone()), |b| {
-                            b.store(
-                                Role::Ids.name(),
-                                running.clone() + at.clone(),
-                                Expr::load("block_ids", at.clone()),
-                            );
-                        });
+                        b.if_(
+                            at.clone()
+                                .greater_equal(lead.clone())
+                                .and(at.clone().less_than(lead_end.clone())),
+                            |b| {
+                                b.store(
+                                    Role::Ids.name(),
+                                    line_start.clone() + at.clone(),
+                                    Expr::load("block_ids", at.clone() - lead.clone()),
+                                );
+                            },
+                        );
                     }
                     // The documents that start in this block (the last block: also
                     // those starting at the text's end).

@@ -295,7 +295,10 @@ fn group_count(
     documents: Expr,
 ) -> Expr {
     match grid {
-        Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads),
+        // Never a step of this program (it runs after `stage`), but as
+        // `Grid::workgroups` counts it, cap included.
+        Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads)
+            .min(geometry.stage_workgroups),
         // `pieces` strides over its tiles, so any number of groups covers them:
         // one saves the others' clearing, reductions and barriers.
         Grid::PieceTiles => Expr::u32(1),
