@@ -604,8 +604,8 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
 }
 
 /// Locks out large chunks that do not take the bulk split on a device that can
-/// hold its workgroups (the default's 1,024 threads × 8 bytes need 49,304 bytes
-/// of workgroup memory: the device's opt-in limit), and ids that depend on
+/// hold its workgroups (the default's 1,024 threads × 8 bytes need more than
+/// the static 48 KiB of workgroup memory: the device's opt-in limit), and ids that depend on
 /// which split shape a chunk ran: on the H200 the default encoder takes the
 /// bulk split from 8 MiB on; for r50k (one split step) and cl100k (two), one
 /// chunk of documents just below, at and above that size, eager and (above) as

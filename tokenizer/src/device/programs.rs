@@ -365,10 +365,14 @@ pub const BULK_SPLIT_FROM_BYTES: u64 = 8 << 20;
 /// chunk of 1 to 16 MiB with and without this shape measure it. The default
 /// threshold, [`BULK_SPLIT_FROM_BYTES`], lies between the two measured sizes.
 ///
-/// Blocks of 8 KiB need 49,304 bytes of workgroup memory, over the static
-/// 48 KiB: kernels then get the device's opt-in limit as dynamic shared memory
-/// (227 KiB on an H200). A device that cannot hold them runs every chunk with
-/// [`Geometry::split`].
+/// Blocks of 8 KiB take two words of workgroup memory per byte (64 KiB) and
+/// one per thread for each lowered workgroup reduction, past the static 48 KiB
+/// (blocks of 4 KiB already take 49,304 bytes): kernels then get the device's
+/// opt-in limit as dynamic shared memory (227 KiB on an H200). A device that
+/// cannot hold them runs every chunk with [`Geometry::split`]. Such kernels
+/// end in the result ABI's per-warp epilogue (one gpu-scope atomic per warp on
+/// the control word: 65,536 per 16 MiB chunk, where the default split's blocks
+/// make 16,384, one per block), which the bench's rows include.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BulkSplit {
     /// Chunks of at least this many text bytes take [`BulkSplit::split`].
