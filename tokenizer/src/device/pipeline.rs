@@ -41,7 +41,6 @@
 //! chunk, and the last chunk's hand-out, where the host's copies keep up with
 //! the device. The `gpu_encode` bench prints the copies alone at the batch's
 //! sizes beside the pipeline.
-
 //!
 //! # Two shapes of the split
 //!
