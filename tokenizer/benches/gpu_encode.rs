@@ -6,7 +6,8 @@
 //!   hands, against the copy bound of the same bytes measured here (the text up
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
 //!   against tiktoken-rs on all of the host's cores, and per chunk size;
-//! - one 262,144-byte document, eager and as a graph, with each kernel step's
+//! - one 262,144-byte document, eager and as a graph (its ids into a new vector
+//!   and into one vector reused, as the eager rows' `wait_into`), with each kernel step's
 //!   time (`stage`, the split's `classify` and `phases`, the BPE steps); one
 //!   1,024-byte document as a graph and eager, through the short-text kernel
 //!   and with every step its own dispatch (where each one's time goes), with
@@ -298,10 +299,19 @@ fn main() {
             graph.encode_timed(&text).expect("graph encode")
         });
         assert_eq!(graph_ids, ids, "{shape}: graph ids");
+        // Into one vector again and again, as the eager rows' `wait_into`.
+        let mut reused_ids = Vec::new();
+        let (graphed_into, _) = median(small_rounds, || {
+            graph
+                .encode_into(&text, &mut reused_ids)
+                .expect("graph encode")
+        });
+        assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
         println!(
-            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100), graph {:.1} µs (target ≤ 75); kernels {:.1} µs ({})",
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100), graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); kernels {:.1} µs ({})",
             eager * 1e6,
             graphed * 1e6,
+            graphed_into * 1e6,
             step_timings.kernel_ns() as f64 / 1e3,
             step_timings.kernel_line()
         );

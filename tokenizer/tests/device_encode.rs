@@ -525,8 +525,9 @@ fn threaded_encodes_sharing_a_tokenizer_and_an_encoder_equal_cpu() {
 
 /// Locks out a submitted or recorded encode that differs from the eager one:
 /// `CHUNKS_IN_FLIGHT` submissions in flight waited in reverse order, and a
-/// graph recorded for one length replayed with three texts of that length,
-/// equal the CPU encoder; (negative controls) one more submission on the same
+/// graph recorded for one length replayed with three texts of that length
+/// (and once into a reused vector, which keeps its room), equal the CPU
+/// encoder; (negative controls) one more submission on the same
 /// thread (more than the backend's pending limit allows) and a graph text of
 /// another length are `Fix:` errors, not a deadlock or a wrong result.
 #[test]
@@ -566,7 +567,15 @@ fn submitted_and_graph_encodes_equal_cpu() {
             tokenizer.encode_ordinary(text)
         );
     }
+    // Into a reused vector: its old contents replaced, its room kept.
+    let mut ids = vec![7u32; 1000];
+    let capacity = ids.capacity();
+    graph.encode_into(texts[0].as_bytes(), &mut ids).unwrap();
+    assert_eq!(ids, tokenizer.encode_ordinary(texts[0]));
+    assert_eq!(ids.capacity(), capacity);
     let error = graph.encode(b"short").unwrap_err();
+    assert!(error.message().starts_with("Fix:"), "{error}");
+    let error = graph.encode_into(b"short", &mut ids).unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
     assert!(encoder.graph(0).is_err());
 }
