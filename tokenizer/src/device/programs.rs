@@ -1694,6 +1694,13 @@ fn emit_slab_merge(
     });
 }
 
+/// Claims `entries` entries of a list whose fill count is the `params` word
+/// `counter` (`param::MERGE_COUNT`, `CHUNK_COUNT` or `LONG_COUNT`): one atomic add
+/// on the counter; the count before it, `name`, is the first entry claimed.
+fn emit_claim(b: &mut BlockBuilder, name: &str, counter: u32, entries: impl Into<Expr>) -> Expr {
+    b.atomic_fetch(name, AtomicOp::Add, Role::Params.name(), counter, entries)
+}
+
 /// The start and end of piece `index`: the next piece's start, or the text's end.
 fn emit_piece(b: &mut BlockBuilder, names: &Names, index: Expr) -> (Expr, Expr) {
     let index = b.let_(names.of("piece"), index);
@@ -1839,22 +1846,10 @@ pub fn pieces(geometry: &Geometry) -> Program {
                 let long = b.let_("long", len.clone().greater_than(chunk));
                 let needs_merge = b.let_mut("needs_merge", 0u32);
                 b.if_(long.clone(), |b| {
-                    let slot = b.atomic_fetch(
-                        "long_slot",
-                        AtomicOp::Add,
-                        Role::Params.name(),
-                        param::LONG_COUNT,
-                        1u32,
-                    );
+                    let slot = emit_claim(b, "long_slot", param::LONG_COUNT, 1u32);
                     b.store(Role::LongList.name(), slot, piece.clone());
                     let chunks = b.let_("chunks", (len.clone() + (chunk - 1)) / chunk);
-                    let base = b.atomic_fetch(
-                        "chunk_base",
-                        AtomicOp::Add,
-                        Role::Params.name(),
-                        param::CHUNK_COUNT,
-                        chunks.clone(),
-                    );
+                    let base = emit_claim(b, "chunk_base", param::CHUNK_COUNT, chunks.clone());
                     b.loop_("chunk", 0u32, chunks, |b, index| {
                         let entry = b.let_("entry", (base.clone() + index.clone()) * 2u32);
                         let chunk_start = emit_chunk_start(
@@ -1920,13 +1915,8 @@ pub fn pieces(geometry: &Geometry) -> Program {
                         .equals(workgroup_size - 1)
                         .and(through.clone().greater_than(0u32)),
                     |b| {
-                        let base = b.atomic_fetch(
-                            "merge_first",
-                            AtomicOp::Add,
-                            Role::Params.name(),
-                            param::MERGE_COUNT,
-                            through.clone(),
-                        );
+                        let base =
+                            emit_claim(b, "merge_first", param::MERGE_COUNT, through.clone());
                         b.store("merge_base", base_word.clone(), base);
                     },
                 );

@@ -200,48 +200,60 @@ fn token_pairs(vocabulary: &Vocabulary) -> Vec<[u32; 3]> {
     pairs
 }
 
-/// The pair table of `pairs` (ranks below `2^18`): a power of two of slots
-/// (two words each, [`pair_slot`]) at most half full, filled by linear
-/// probing from [`pair_hash`]'s top bits, empty slots all ones. Returns the
-/// slot bits, the words and the longest probe of a stored pair.
-fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
-    let slot_bits = (pairs.len().max(8) * 2)
-        .next_power_of_two()
-        .trailing_zeros();
+/// Slot bits of an open-addressing table of `keys` keys: a power of two of
+/// slots (at least 16), at most half full. Both tables (the longer tokens keyed
+/// by their bytes, the pair table keyed by two ranks) are sized so.
+fn slot_bits_for(keys: usize) -> u32 {
+    (keys.max(8) * 2).next_power_of_two().trailing_zeros()
+}
+
+/// Linear probing as the device does it in both tables: from the top
+/// `slot_bits` bits of `hash`, slot after slot (wrapping), to the first slot
+/// for which `stop` holds; that slot and the slots visited (at least 1). An
+/// insert stops at an empty slot, a lookup at its key or an empty slot; a table
+/// at most half full always has one.
+fn probe(hash: u32, slot_bits: u32, mut stop: impl FnMut(usize) -> bool) -> (usize, u32) {
     let mask = (1usize << slot_bits) - 1;
+    let mut slot = (hash >> (32 - slot_bits)) as usize;
+    let mut visited = 1;
+    while !stop(slot) {
+        slot = (slot + 1) & mask;
+        visited += 1;
+    }
+    (slot, visited)
+}
+
+/// The pair table of `pairs` (ranks below `2^18`): [`slot_bits_for`] slots of
+/// two words each ([`pair_slot`]), filled by [`probe`] from [`pair_hash`],
+/// empty slots all ones. Returns the slot bits, the words and the longest
+/// probe of a stored pair.
+fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
+    let slot_bits = slot_bits_for(pairs.len());
     let mut words = vec![NO_TOKEN; 2 << slot_bits];
     let mut longest_probe = 0;
     for &[first, second, merged] in pairs {
-        let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
-        let mut probe = 1;
-        while words[2 * slot + 1] != NO_TOKEN {
-            slot = (slot + 1) & mask;
-            probe += 1;
-        }
-        longest_probe = longest_probe.max(probe);
+        let (slot, visited) = probe(pair_hash(first, second), slot_bits, |slot| {
+            words[2 * slot + 1] == NO_TOKEN
+        });
+        longest_probe = longest_probe.max(visited);
         words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
     }
     (slot_bits, words, longest_probe)
 }
 
 /// The merged rank of `(first, second)` in the pair table `slots` of
-/// `2^slot_bits` slots, by the device's steps (probe from the hash's top bits
-/// until the pair or an empty slot), and the slots the probe visited.
+/// `2^slot_bits` slots, by the device's steps ([`probe`] until the pair or an
+/// empty slot), and the slots the probe visited.
 fn pair_lookup(slots: &[u32], slot_bits: u32, first: u32, second: u32) -> (Option<u32>, u32) {
     let [low, high] = pair_slot(first, second, 0);
-    let mut slot = (pair_hash(first, second) >> (32 - slot_bits)) as usize;
-    let mut visited = 1;
-    loop {
+    let (slot, visited) = probe(pair_hash(first, second), slot_bits, |slot| {
         let stored = slots[2 * slot + 1];
-        if stored == NO_TOKEN {
-            return (None, visited);
-        }
-        if slots[2 * slot] == low && stored & PAIR_HIGH_KEY == high {
-            return (Some(stored >> PAIR_HIGH_KEY.count_ones()), visited);
-        }
-        slot = (slot + 1) & ((1 << slot_bits) - 1);
-        visited += 1;
-    }
+        stored == NO_TOKEN || (slots[2 * slot] == low && stored & PAIR_HIGH_KEY == high)
+    });
+    // A filled slot's high word is below 2^22, never `NO_TOKEN`.
+    let stored = slots[2 * slot + 1];
+    let merged = (stored != NO_TOKEN).then(|| stored >> PAIR_HIGH_KEY.count_ones());
+    (merged, visited)
 }
 
 impl DeviceVocabulary {
@@ -261,9 +273,7 @@ impl DeviceVocabulary {
             .filter_map(|rank| Some((rank, vocabulary.token(rank)?)))
             .filter(|(_, bytes)| bytes.len() >= 3)
             .collect();
-        let slot_bits = (hashed.len().max(8) * 2)
-            .next_power_of_two()
-            .trailing_zeros();
+        let slot_bits = slot_bits_for(hashed.len());
         let slots_at = TOKENS_AT + rank_bound;
         let mut words = vec![0u32; slots_at as usize + (2usize << slot_bits)];
         words[header::SLOT_BITS as usize] = slot_bits;
@@ -297,34 +307,26 @@ impl DeviceVocabulary {
                 None => NO_TOKEN,
             };
         }
-        let (pair_slot_bits, pair_words, pair_longest_probe) = pair_table(&token_pairs(vocabulary));
-        let pairs = pair_words
-            .chunks_exact(2)
-            .filter(|slot| slot[1] != NO_TOKEN)
-            .count();
+        let pairs = token_pairs(vocabulary);
+        let (pair_slot_bits, pair_words, pair_longest_probe) = pair_table(&pairs);
         words[header::PAIR_SLOT_BITS as usize] = pair_slot_bits;
         words[header::PAIR_SLOTS_AT as usize] = words.len() as u32;
         words.extend_from_slice(&pair_words);
-        let mask = (1usize << slot_bits) - 1;
         let mut longest_probe = 0;
         for (rank, bytes) in hashed {
             let hash = hash(bytes);
-            let mut slot = (hash >> (32 - slot_bits)) as usize;
-            let mut probe = 1;
-            while words[slots_at as usize + 2 * slot + 1] != 0 {
-                slot = (slot + 1) & mask;
-                probe += 1;
-            }
-            longest_probe = longest_probe.max(probe);
-            words[slots_at as usize + 2 * slot] = hash;
-            words[slots_at as usize + 2 * slot + 1] = (bytes.len() as u32) << 24 | rank;
+            let at = |slot: usize| slots_at as usize + 2 * slot;
+            let (slot, visited) = probe(hash, slot_bits, |slot| words[at(slot) + 1] == 0);
+            longest_probe = longest_probe.max(visited);
+            words[at(slot)] = hash;
+            words[at(slot) + 1] = (bytes.len() as u32) << 24 | rank;
         }
         Ok(DeviceVocabulary {
             words,
             token_bytes,
             slot_bits,
             longest_probe,
-            pairs,
+            pairs: pairs.len(),
             pair_slot_bits,
             pair_longest_probe,
         })
@@ -396,21 +398,17 @@ impl DeviceVocabulary {
             _ => {
                 let hash = hash(key);
                 let slots_at = word(header::SLOTS_AT);
-                let mask = (1u32 << self.slot_bits) - 1;
-                let mut slot = hash >> (32 - self.slot_bits);
-                loop {
-                    let stored = word(slots_at + 2 * slot + 1);
-                    if stored == 0 {
-                        break NO_TOKEN;
-                    }
-                    let rank = stored & MAX_RANK;
-                    if word(slots_at + 2 * slot) == hash
-                        && (stored >> 24) as usize == key.len()
-                        && self.token(rank) == Some(key)
-                    {
-                        break rank;
-                    }
-                    slot = (slot + 1) & mask;
+                let stored = |slot: usize| word(slots_at + 2 * slot as u32 + 1);
+                let (slot, _) = probe(hash, self.slot_bits, |slot| {
+                    let stored = stored(slot);
+                    stored == 0
+                        || (word(slots_at + 2 * slot as u32) == hash
+                            && (stored >> 24) as usize == key.len()
+                            && self.token(stored & MAX_RANK) == Some(key))
+                });
+                match stored(slot) {
+                    0 => NO_TOKEN,
+                    found => found & MAX_RANK,
                 }
             }
         };
