@@ -1056,6 +1056,35 @@ impl SlotTable {
             slot_bits,
         }
     }
+
+    /// Linear probing as the host's `vocabulary::probe`: from the top bits of
+    /// `hash`, slot after slot (wrapping), until a slot whose second word is
+    /// `empty` ends the loop or `visit` breaks out of it at its key. `visit`
+    /// gets the slot's word offset and its second word, once the slot is known
+    /// not to be empty.
+    fn emit_probe(
+        &self,
+        b: &mut BlockBuilder,
+        names: &Names,
+        hash: Expr,
+        empty: u32,
+        visit: impl FnOnce(&mut BlockBuilder, Expr, Expr),
+    ) {
+        let slot_name = names.of("slot");
+        let slot = b.let_mut(slot_name.clone(), hash >> (u(32) - self.slot_bits.clone()));
+        b.while_(Expr::bool(true), |b| {
+            let at = b.let_(
+                names.of("slot_at"),
+                self.slots_at.clone() + slot.clone() * 2u32,
+            );
+            let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
+            b.if_(stored.clone().equals(empty), |b| {
+                b.break_();
+            });
+            visit(b, at, stored);
+            b.assign(slot_name, (slot.clone() + 1u32) & self.slot_mask.clone());
+        });
+    }
 }
 
 /// The vocabulary's header words a lookup by bytes reads, as variables (a
@@ -1114,48 +1143,38 @@ fn emit_lookup(
             );
         });
         emit_finish(b, &hash_name);
-        let slots_at = &vocabulary.slots.slots_at;
-        let mask = &vocabulary.slots.slot_mask;
-        let slot_name = names.of("slot");
-        let slot = b.let_mut(
-            slot_name.clone(),
-            hash.clone() >> (u(32) - vocabulary.slots.slot_bits.clone()),
-        );
-        b.while_(Expr::bool(true), |b| {
-            let at = b.let_(names.of("slot_at"), slots_at.clone() + slot.clone() * 2u32);
-            let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
-            b.if_(stored.clone().equals(0u32), |b| {
-                b.break_();
-            });
-            let candidate = b.let_(names.of("candidate"), stored.clone() & MAX_RANK);
-            let same_name = names.of("same");
-            let same = b.let_mut(
-                same_name.clone(),
-                vocab(at.clone())
-                    .equals(hash.clone())
-                    .and((stored.clone() >> 24u32).equals(len.clone())),
-            );
-            b.if_(same.clone(), |b| {
-                let offset = b.let_(
-                    names.of("offset"),
-                    vocab(candidate.clone() + TOKENS_AT) >> 8u32,
+        vocabulary
+            .slots
+            .emit_probe(b, names, hash.clone(), 0, |b, at, stored| {
+                let candidate = b.let_(names.of("candidate"), stored.clone() & MAX_RANK);
+                let same_name = names.of("same");
+                let same = b.let_mut(
+                    same_name.clone(),
+                    vocab(at.clone())
+                        .equals(hash.clone())
+                        .and((stored.clone() >> 24u32).equals(len.clone())),
                 );
-                b.loop_(names.of("compare_at"), 0u32, len.clone(), |b, at| {
-                    b.if_(
-                        byte(at.clone()).not_equals(load(Role::TokenBytes, offset.clone() + at)),
-                        |b| {
-                            b.assign(same_name.clone(), false);
-                            b.break_();
-                        },
+                b.if_(same.clone(), |b| {
+                    let offset = b.let_(
+                        names.of("offset"),
+                        vocab(candidate.clone() + TOKENS_AT) >> 8u32,
                     );
+                    b.loop_(names.of("compare_at"), 0u32, len.clone(), |b, at| {
+                        b.if_(
+                            byte(at.clone())
+                                .not_equals(load(Role::TokenBytes, offset.clone() + at)),
+                            |b| {
+                                b.assign(same_name.clone(), false);
+                                b.break_();
+                            },
+                        );
+                    });
+                });
+                b.if_(same, |b| {
+                    b.assign(names.of("rank"), candidate.clone());
+                    b.break_();
                 });
             });
-            b.if_(same, |b| {
-                b.assign(names.of("rank"), candidate.clone());
-                b.break_();
-            });
-            b.assign(slot_name.clone(), (slot.clone() + 1u32) & mask.clone());
-        });
     });
     rank
 }
@@ -1194,20 +1213,7 @@ fn emit_pair_rank(
     b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
     emit_finish(b, &hash_name);
     let rank = b.let_mut(names.of("rank"), NO_TOKEN);
-    let slot_name = names.of("slot");
-    let slot = b.let_mut(
-        slot_name.clone(),
-        Expr::var(hash_name) >> (u(32) - table.slot_bits.clone()),
-    );
-    b.while_(Expr::bool(true), |b| {
-        let at = b.let_(
-            names.of("slot_at"),
-            table.slots_at.clone() + slot.clone() * 2u32,
-        );
-        let stored = b.let_(names.of("stored"), vocab(at.clone() + 1u32));
-        b.if_(stored.clone().equals(NO_TOKEN), |b| {
-            b.break_();
-        });
+    table.emit_probe(b, names, Expr::var(hash_name), NO_TOKEN, |b, at, stored| {
         b.if_(
             vocab(at)
                 .equals(low.clone())
@@ -1219,10 +1225,6 @@ fn emit_pair_rank(
                 );
                 b.break_();
             },
-        );
-        b.assign(
-            slot_name.clone(),
-            (slot.clone() + 1u32) & table.slot_mask.clone(),
         );
     });
     rank
