@@ -1249,11 +1249,8 @@ fn every_fixture_assembles_with_ptxas() {
     let Some(ptxas) = ptxas::require("every_fixture_assembles_with_ptxas") else {
         return;
     };
-    let failures: Vec<String> = fixtures()
-        .iter()
-        .filter_map(|f| ptxas::assemble(&ptxas, f.name, &emit(f)).err())
-        .collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    ptxas::assemble_all(&ptxas, fixtures().iter().map(|f| (f.name, emit(f))))
+        .unwrap_or_else(|failures| panic!("{failures}"));
 }
 
 /// Locks out kernels that profilers and compute-sanitizer cannot tell apart (every
@@ -1843,18 +1840,13 @@ fn workgroup_memory_past_48_kib_is_one_dynamic_pool() {
     let Some(ptxas) = ptxas::require("workgroup_memory_past_48_kib_is_one_dynamic_pool") else {
         return;
     };
-    let mut failures = Vec::new();
-    for (name, ptx) in [
-        ("wide_shared", &plain),
-        ("wide_shared_results", &with_results),
-        ("wide_shared_module", &module),
-        ("static_limit", &static_ptx),
-    ] {
-        if let Err(error) = ptxas::assemble(&ptxas, name, ptx) {
-            failures.push(error);
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let modules = [
+        ("wide_shared", plain.as_str()),
+        ("wide_shared_results", with_results.as_str()),
+        ("wide_shared_module", module.as_str()),
+        ("static_limit", static_ptx.as_str()),
+    ];
+    ptxas::assemble_all(&ptxas, modules).unwrap_or_else(|failures| panic!("{failures}"));
     let as_static = plain.replacen(
         &declaration,
         &format!(".shared .align 16 .b8 {DYNAMIC_SHARED_SYMBOL}[{bytes}];"),

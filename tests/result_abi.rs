@@ -454,17 +454,12 @@ fn block_counter_only_where_static_shared_memory_has_room() {
         return;
     };
     let at_limit = ptx(&early_return_at(256, limit_words));
-    let mut failures = Vec::new();
-    for (name, text) in [
-        ("counter_fits", &fits),
-        ("counter_left_out", &at_limit),
-        ("counter_module", &module),
-    ] {
-        if let Err(error) = ptxas::assemble(&ptxas, name, text) {
-            failures.push(error);
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let modules = [
+        ("counter_fits", fits.as_str()),
+        ("counter_left_out", at_limit.as_str()),
+        ("counter_module", module.as_str()),
+    ];
+    ptxas::assemble_all(&ptxas, modules).unwrap_or_else(|failures| panic!("{failures}"));
     // Negative control: the counter in use beside 48 KiB of static buffers is what
     // ptxas refuses (an unused declaration it would drop).
     let fitting = format!("[{}];", 4 * (limit_words - 1));

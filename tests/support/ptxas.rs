@@ -89,6 +89,23 @@ pub fn assemble(ptxas: &Path, name: &str, ptx: &str) -> Result<(), String> {
     assemble_in(ptxas, directory.path(), name, ptx)
 }
 
+/// [`assemble`] every `(name, ptx)` module; `Err` with every failure's report, one
+/// after another, so that one run shows all of them.
+pub fn assemble_all<'a, Ptx: AsRef<str>>(
+    ptxas: &Path,
+    modules: impl IntoIterator<Item = (&'a str, Ptx)>,
+) -> Result<(), String> {
+    let failures: Vec<String> = modules
+        .into_iter()
+        .filter_map(|(name, ptx)| assemble(ptxas, name, ptx.as_ref()).err())
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n\n"))
+    }
+}
+
 /// [`assemble`], writing `<name>.ptx` into an existing directory.
 pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Result<(), String> {
     let source = directory.join(format!("{name}.ptx"));
