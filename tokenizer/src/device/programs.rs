@@ -1886,9 +1886,12 @@ pub fn pieces(geometry: &Geometry) -> Program {
                         rank.clone().not_equals(NO_TOKEN),
                         |b| {
                             b.store(Role::TokenAt.name(), start.clone(), rank.clone());
-                            b.loop_("clear", 1u32, len.clone(), |b, at| {
-                                b.store(Role::TokenAt.name(), start.clone() + at, NO_TOKEN);
-                            });
+                            // Every other byte of the piece (a token has at least one).
+                            emit_clear_tokens(
+                                b,
+                                "clear",
+                                [start.clone() + 1u32, len.clone() - 1u32],
+                            );
                         },
                         |b| {
                             b.assign("needs_merge", 1u32);
