@@ -52,7 +52,6 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::programs::STAGE_WORKGROUPS;
 use vyre_tokenizer::device::{host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -422,7 +421,7 @@ fn main() {
             let label = format!(
                 "stage ≤ {} workgroups{}, compact ≤ {}",
                 geometry.stage_workgroups,
-                if geometry.stage_workgroups == STAGE_WORKGROUPS {
+                if geometry.stage_workgroups == UNCAPPED_STAGE {
                     " (uncapped)"
                 } else {
                     ""
@@ -498,18 +497,22 @@ impl Batch<'_> {
     }
 }
 
+/// A `stage` cap that caps no chunk: a 16 MiB chunk's `stage` is 4,096
+/// workgroups of 256 threads, the largest chunk's (256 MiB) 65,536.
+const UNCAPPED_STAGE: u32 = 65_536;
+
 /// The default first, then every pair of `stage` caps (64, 128, 256, 1,024
-/// workgroups and uncapped, [`STAGE_WORKGROUPS`]) and `compact` caps (64, 128,
+/// workgroups and uncapped, [`UNCAPPED_STAGE`]) and `compact` caps (64, 128,
 /// 256, 1,024), then the default again (the drift over the rows): on the H200
 /// (2026-12-02) `stage` (4,096 workgroups per 16 MiB chunk) took 0.39–0.76 ms
 /// and `compact` (1,024) 0.87–1.21 ms per chunk against PCIe floors of 0.31
 /// and 0.65 ms, holding SMs the other chunks' compute needs while they wait;
-/// these rows settle whether fewer workgroups shorten the batch, and which
-/// defaults to take.
+/// these rows chose the defaults and show, run after run, whether they still
+/// hold.
 fn grid_caps() -> Vec<Geometry> {
     let default = Geometry::default();
     let mut caps = vec![default];
-    for stage_workgroups in [64, 128, 256, 1024, STAGE_WORKGROUPS] {
+    for stage_workgroups in [64, 128, 256, 1024, UNCAPPED_STAGE] {
         for compact_workgroups in [64, 128, 256, 1024] {
             let geometry = Geometry {
                 stage_workgroups,

@@ -45,7 +45,7 @@
 //! # Two shapes of the split
 //!
 //! Chunks of at least [`BulkSplit::from_bytes`](super::programs::BulkSplit)
-//! bytes (8 MiB by default) run the split in larger blocks
+//! bytes (1 MiB by default) run the split in larger blocks
 //! ([`Geometry::bulk_split`]: 8 KiB instead of 1 KiB), the other chunks at
 //! [`Geometry::split`]; the encoder compiles both sets of steps once (the
 //! steps other than the split's are the same programs, which the backend's

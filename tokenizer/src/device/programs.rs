@@ -57,9 +57,9 @@
 //! copy bound, and `compact` 0.87–1.21 ms for about 34 MB of ids against
 //! ≥ 0.65 ms at ~52 GB/s. Their grids ([`Geometry::stage_workgroups`],
 //! [`Geometry::compact_workgroups`]) can be capped, so that fewer workgroups
-//! keep PCIe busy while the other chunks' steps take the SMs; the defaults
-//! ([`STAGE_WORKGROUPS`], [`COMPACT_WORKGROUPS`]) await the `gpu_encode`
-//! bench's rows that settle them. `compact` stores its ids as whole 128-byte
+//! keep PCIe busy while the other chunks' steps take the SMs: capped at their
+//! defaults ([`STAGE_WORKGROUPS`], [`COMPACT_WORKGROUPS`]) the batch took
+//! 0.88 × its time with both uncapped (11.57 against 13.09 ms). `compact` stores its ids as whole 128-byte
 //! lines, each warp's 32 words aligned ([`compact`]).
 //!
 //! # Where a token is written
@@ -266,25 +266,25 @@ pub const MERGE_SLAB_BYTES: u32 = 12;
 /// on 2026-12-01, 3 per SM: 2.6 waves).
 pub const PIECES_WORKGROUPS: u32 = 1024;
 
-/// Default [`Geometry::stage_workgroups`]: 65,536, which caps no chunk at the
-/// default 256 threads per workgroup (a 16 MiB chunk's `stage` is 4,096
-/// workgroups, the split's largest, 256 MiB, 65,536), so `stage` keeps one
-/// thread per 16 bytes. A lower cap is the hypothesis that the `gpu_encode`
-/// bench's rows with `stage` and `compact` capped settle: on the H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB
-/// chunks) `stage` took 0.39–0.76 ms per chunk, waiting on PCIe reads of the
-/// host-mapped text (≥ 0.31 ms at the ~54 GB/s pinned copy bound) while its
-/// 4,096 workgroups held the SMs that the other chunks' `classify`, `phases`
-/// and `merge` need; about 75 KB in flight (~50 GB/s × ~1.5 µs) keep PCIe
-/// busy, and 128 workgroups of 256 threads loading 8 bytes each have 256 KiB
-/// in flight.
-pub const STAGE_WORKGROUPS: u32 = 65_536;
+/// Default [`Geometry::stage_workgroups`]: 128 workgroups of the default 256
+/// threads, 256 KiB of 8-byte loads in flight, where about 75 KB (~50 GB/s ×
+/// ~1.5 µs) keep PCIe busy. `stage` reads the host-mapped text, so it waits on
+/// PCIe; uncapped, a 16 MiB chunk's 4,096 workgroups held the SMs that the
+/// other chunks' `classify`, `phases` and `merge` need. On the H200
+/// (2026-12-02, the `gpu_encode` bench's caps rows: a 64 MiB cl100k batch in
+/// four 16 MiB chunks, median round) the batch took 13.09 ms uncapped with
+/// `compact` at 1,024 workgroups and 11.57 ms at 128 and 64 (0.88 ×); every
+/// row capping `stage` at 64–256 workgroups and `compact` at 64 took
+/// 11.57–11.96 ms, every uncapped row 12.34–13.09 ms.
+pub const STAGE_WORKGROUPS: u32 = 128;
 
-/// Default [`Geometry::compact_workgroups`]: about what an H200 holds at once
-/// (see [`PIECES_WORKGROUPS`]). Whether fewer would do is the same question as
-/// for [`STAGE_WORKGROUPS`] (2026-12-02: `compact` took 0.87–1.21 ms per 16 MiB
-/// chunk writing about 34 MB of ids into host-mapped memory, ≥ 0.65 ms at
-/// ~52 GB/s), which the same bench rows settle.
-pub const COMPACT_WORKGROUPS: u32 = 1024;
+/// Default [`Geometry::compact_workgroups`]: 64. `compact` writes its ids into
+/// host-mapped memory, so it waits on PCIe writes (about 34 MB of ids per
+/// 16 MiB chunk, ≥ 0.65 ms at ~52 GB/s); in the same bench rows as
+/// [`STAGE_WORKGROUPS`] a cap of 64 was the fastest at every `stage` cap, and
+/// chunk 0's `compact` took 0.67–0.70 ms at caps of 64–1,024 beside a capped
+/// `stage` against 1.07–1.39 ms beside an uncapped one.
+pub const COMPACT_WORKGROUPS: u32 = 64;
 
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -309,14 +309,13 @@ pub struct Geometry {
     /// Most workgroups of `compact`, each owning whole blocks of
     /// [`Geometry::block_bytes`] (fewer for a text of fewer blocks). Its ids go
     /// to host-mapped memory on CUDA, so it waits on PCIe writes, not on the
-    /// SMs; the default, [`COMPACT_WORKGROUPS`], says what the bench is to
-    /// settle.
+    /// SMs; the default is [`COMPACT_WORKGROUPS`] (see there for the figures).
     pub compact_workgroups: u32,
     /// Most workgroups of `stage`, whose threads stride over the text's 8-byte
     /// words and the document ends (fewer for a text of fewer 16-byte groups
     /// and documents than they hold). It reads host-mapped memory on CUDA, so
-    /// it waits on PCIe, not on the SMs; the default, [`STAGE_WORKGROUPS`],
-    /// caps nothing at the default shape and says what the bench is to settle.
+    /// it waits on PCIe, not on the SMs; the default is [`STAGE_WORKGROUPS`]
+    /// (see there for the figures).
     pub stage_workgroups: u32,
     /// Most workgroups of `pieces`, which stride over tiles of
     /// `workgroup_size` pieces (fewer for a text of fewer bytes than they hold;
@@ -343,8 +342,10 @@ pub struct Geometry {
     pub bulk_split: Option<BulkSplit>,
 }
 
-/// Default [`BulkSplit::from_bytes`]: 8 MiB.
-pub const BULK_SPLIT_FROM_BYTES: u64 = 8 << 20;
+/// Default [`BulkSplit::from_bytes`]: 1 MiB, the smallest chunk measured, where
+/// the bulk blocks already took 0.98 × the default blocks' time (see
+/// [`BulkSplit`]).
+pub const BULK_SPLIT_FROM_BYTES: u64 = 1 << 20;
 
 /// The split's shape for chunks of at least [`BulkSplit::from_bytes`] bytes.
 ///
@@ -360,10 +361,12 @@ pub const BULK_SPLIT_FROM_BYTES: u64 = 8 << 20;
 /// however, is too few such blocks to fill the device (256 KiB: 32 blocks for
 /// an H200's 132 SMs), and the short-text program runs the split and the BPE
 /// steps in one workgroup of one size. So large chunks take this shape and
-/// every other chunk [`Geometry::split`]. Where between 256 KiB and 16 MiB the
-/// larger blocks start to pay has not been measured; the bench's rows of one
-/// chunk of 1 to 16 MiB with and without this shape measure it. The default
-/// threshold, [`BULK_SPLIT_FROM_BYTES`], lies between the two measured sizes.
+/// every other chunk [`Geometry::split`]. The bench's rows of one chunk with
+/// and without it (H200, 2026-12-02, median round) place the threshold,
+/// [`BULK_SPLIT_FROM_BYTES`]: the bulk blocks took 0.694 against 0.707 ms at
+/// 1 MiB, 0.883 / 0.913 at 2 MiB, 1.304 / 1.397 at 4 MiB, 2.221 / 2.480 at
+/// 8 MiB and 4.291 / 4.892 at 16 MiB; below 1 MiB (128 blocks, about one per
+/// SM) nothing is measured.
 ///
 /// Blocks of 8 KiB take two words of workgroup memory per byte (64 KiB) and
 /// one per thread for each lowered workgroup reduction, past the static 48 KiB
