@@ -14,8 +14,9 @@ mod oracle;
 mod split_corpus;
 
 use device_batches::{
-    batch_with_empty_documents, capped_encoder, check_batch, documents_cut_inside_runs,
-    long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
+    batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch,
+    documents_cut_inside_runs, long_piece_texts, random_texts, small_split_geometry,
+    split_pieces_alone_and_joined, STEP_BY_STEP,
 };
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
@@ -30,14 +31,6 @@ use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
-
-/// Every chunk runs its steps one dispatch each (the short-text kernel off:
-/// `short_texts_through_one_workgroup_equal_cpu` holds it to the same ids).
-const STEP_BY_STEP: ChunkLimits = ChunkLimits {
-    text_bytes: vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES,
-    documents: vyre_tokenizer::device::pipeline::CHUNK_DOCUMENTS,
-    short_text_bytes: 0,
-};
 
 fn reference_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
     DeviceEncoder::with_geometry(
@@ -860,32 +853,6 @@ fn bad_geometries_and_limits_are_fix_errors() {
     }
 }
 
-/// Batches for a grid that must take more than one pass: each shape at
-/// `shape_bytes` (texts seeded from `seed`), long pieces of 8-byte chunks and
-/// 60 documents with empty ones (drawn from `random`), and `prose_bytes` of
-/// prose after each.
-fn batches_with_prose(
-    random: &mut SplitMix64,
-    [shape_bytes, prose_bytes]: [usize; 2],
-    seed: u64,
-) -> Vec<Vec<Vec<u8>>> {
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, shape_bytes, seed)])
-        .collect();
-    batches.push(
-        long_piece_texts(8, random)
-            .into_iter()
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(random, 60));
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, prose_bytes, seed + 1));
-    }
-    batches
-}
-
 /// Locks out a striding `pieces` that loses or repeats pieces past the first
 /// pass of its fixed grid (a tile loop that stops early or steps by the wrong
 /// amount; checked: a step of twice the grid fails here; a race on the
@@ -902,7 +869,7 @@ fn batches_with_prose(
 fn pieces_past_one_pass_of_the_grid_equal_cpu() {
     let mut random = SplitMix64::new(0x57_21DE);
     // Prose in every batch: more pieces than one pass of three workgroups.
-    let batches = batches_with_prose(&mut random, [1500, 1500], 21);
+    let batches = batches_with_prose(&mut random, [1500, 1500], 21, &[8], 60);
     for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         for pieces_workgroups in [1, 3] {
@@ -972,6 +939,15 @@ fn step_named<'p>(programs: &'p Programs, name: &str) -> &'p KernelStep {
         .iter()
         .find(|step| step.name == name)
         .unwrap_or_else(|| panic!("no step `{name}`"))
+}
+
+/// The `params` words of a chunk of `text_len` bytes and `documents`
+/// documents, every other word zero, as a step reads them.
+fn chunk_params(text_len: u32, documents: u32) -> Vec<u32> {
+    let mut params = vec![0u32; param::WORDS as usize];
+    params[param::TEXT_LEN as usize] = text_len;
+    params[param::DOCUMENTS as usize] = documents;
+    params
 }
 
 /// `values` as the little-endian bytes of a `u32` buffer.
@@ -1067,9 +1043,7 @@ fn run_pieces(
 ) -> PiecesOutput {
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
     let step = step_named(&programs, "pieces");
-    let mut params = vec![0u32; param::WORDS as usize];
-    params[param::TEXT_LEN as usize] = text_end;
-    params[param::DOCUMENTS as usize] = 1;
+    let params = chunk_params(text_end, 1);
     let starts = &starts[..piece_count as usize];
     let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
     let inputs = bpe_step_inputs(
@@ -1184,9 +1158,7 @@ fn run_stage(
     let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
     let step = step_named(&programs, "stage");
-    let mut params = vec![0u32; param::WORDS as usize];
-    params[param::TEXT_LEN as usize] = text.len() as u32;
-    params[param::DOCUMENTS as usize] = ends.len() as u32;
+    let params = chunk_params(text.len() as u32, ends.len() as u32);
     let mut staged_text = text.to_vec();
     staged_text.resize(text.len().next_multiple_of(8), 0);
     let inputs: Vec<Vec<u8>> = step
@@ -1235,9 +1207,7 @@ fn stage_on_a_capped_grid_stages_the_same_buffers() {
     // the 625 words.
     assert_eq!(uncapped, 10);
     let expected = run_stage(geometry, &text, &ends, end_capacity, uncapped);
-    let mut staged_params = vec![0u32; param::WORDS as usize];
-    staged_params[param::TEXT_LEN as usize] = text.len() as u32;
-    staged_params[param::DOCUMENTS as usize] = ends.len() as u32;
+    let staged_params = chunk_params(text.len() as u32, ends.len() as u32);
     let mut padded_ends = ends.clone();
     padded_ends.resize(end_capacity, text.len() as u32);
     assert_eq!(expected.0, staged_params);
@@ -1354,9 +1324,7 @@ fn compact_stores_every_id_once_at_any_alignment() {
         .map(|start| token_starts.partition_point(|&at| at < start) as u32)
         .collect();
     expected_starts.push(token_starts.len() as u32);
-    let mut params = vec![0u32; param::WORDS as usize];
-    params[param::TEXT_LEN as usize] = text_len;
-    params[param::DOCUMENTS as usize] = documents;
+    let params = chunk_params(text_len, documents);
     const UNWRITTEN: u32 = 0xDEAD_BEEF;
     let tail = 64;
     let programs = Programs::new(
@@ -1433,7 +1401,7 @@ fn token_starts_joined(tokenizer: &Tokenizer, batch: &[Vec<u8>]) -> Vec<u32> {
 #[test]
 fn capped_stage_and_compact_grids_equal_cpu() {
     let mut random = SplitMix64::new(0xCA_95);
-    let mut batches = batches_with_prose(&mut random, [3_000, 2_001], 31);
+    let mut batches = batches_with_prose(&mut random, [3_000, 2_001], 31, &[8], 60);
     batches.push(
         (0..120)
             .map(|index| {
@@ -1548,9 +1516,7 @@ fn merge_one_piece_over(
     let programs = Programs::new(tokenizer.pattern(), geometry).unwrap();
     let step = step_named(&programs, "merge");
     let len = text.len() as u32;
-    let mut params = vec![0u32; param::WORDS as usize];
-    params[param::TEXT_LEN as usize] = len;
-    params[param::DOCUMENTS as usize] = 1;
+    let mut params = chunk_params(len, 1);
     params[param::MERGE_COUNT as usize] = 1;
     let per_byte = words(&vec![NO_TOKEN; text.len()]);
     let inputs = bpe_step_inputs(

@@ -20,8 +20,9 @@ mod sanitizer;
 mod split_corpus;
 
 use device_batches::{
-    batch_with_empty_documents, check_batch, documents_cut_inside_runs, long_piece_texts,
-    random_texts, small_split_geometry, split_pieces_alone_and_joined,
+    batch_with_empty_documents, batches_with_prose, check_batch, documents_cut_inside_runs,
+    long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
+    STEP_BY_STEP,
 };
 use sanitizer::sized_for_tools;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
@@ -512,41 +513,10 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     }
 }
 
-/// Every chunk runs its steps one dispatch each (the short-text kernel off).
-const STEP_BY_STEP: ChunkLimits = ChunkLimits {
-    text_bytes: vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES,
-    documents: vyre_tokenizer::device::pipeline::CHUNK_DOCUMENTS,
-    short_text_bytes: 0,
-};
-
 /// `cpu`'s device encoder on CUDA device 0 at `geometry`, every step its own
 /// dispatch.
 fn step_by_step_encoder(cpu: &Tokenizer, geometry: Geometry) -> DeviceEncoder {
     cuda_encoder(cpu, geometry, STEP_BY_STEP)
-}
-
-/// Batches for a grid that must take more than one pass: each shape at
-/// `bytes` (texts seeded from `text_seed`), long pieces of chunks of 384 and 8
-/// bytes, 200 documents with empty ones (drawn from `seed`), and `bytes` of
-/// prose after each.
-fn batches_with_prose(bytes: usize, seed: u64, text_seed: u64) -> Vec<Vec<Vec<u8>>> {
-    let mut random = SplitMix64::new(seed);
-    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
-        .iter()
-        .map(|&shape| vec![generate(shape, bytes, text_seed)])
-        .collect();
-    batches.push(
-        long_piece_texts(384, &mut random)
-            .into_iter()
-            .chain(long_piece_texts(8, &mut random))
-            .map(|(_, text)| text)
-            .collect(),
-    );
-    batches.push(batch_with_empty_documents(&mut random, 200));
-    for batch in &mut batches {
-        batch.push(generate(Shape::Prose, bytes, text_seed + 1));
-    }
-    batches
 }
 
 /// Locks out a striding `pieces` that loses, repeats or misplaces pieces on
@@ -583,7 +553,13 @@ fn gpu_pieces_past_one_pass_of_the_grid_equal_cpu() {
     ];
     let bytes = sized_for_tools("shape bytes", 64 << 10, 8 << 10);
     // Prose in every batch: more pieces than one pass of every grid above.
-    let batches = batches_with_prose(bytes, 0x9_1EC6, 23);
+    let batches = batches_with_prose(
+        &mut SplitMix64::new(0x9_1EC6),
+        [bytes, bytes],
+        23,
+        &[384, 8],
+        200,
+    );
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for geometry in geometries {
@@ -686,7 +662,13 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
     // `stage` is 128 KiB (the tools ran 72 KiB once, which the check below
     // rightly refused, 2026-12-02).
     let bytes = sized_for_tools("shape bytes", 256 << 10, 144 << 10);
-    let batches = batches_with_prose(bytes, 0xCA_96, 25);
+    let batches = batches_with_prose(
+        &mut SplitMix64::new(0xCA_96),
+        [bytes, bytes],
+        25,
+        &[384, 8],
+        200,
+    );
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
         for workgroups in [1, 5, 64] {

@@ -8,9 +8,10 @@
 #![allow(dead_code)]
 
 use vyre_cuda::backend::AnyBackend;
+use vyre_tokenizer::device::pipeline::{CHUNK_DOCUMENTS, CHUNK_TEXT_BYTES};
 use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
-use vyre_tokenizer::pretokenize::text::SplitMix64;
+use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::Tokenizer;
 
@@ -173,6 +174,43 @@ pub fn split_pieces_alone_and_joined(
     }
     let joined = piece_starts(pattern, &documents.concat()).expect("split");
     (alone, joined)
+}
+
+/// Every chunk runs its steps one dispatch each (the short-text kernel off:
+/// `short_texts_through_one_workgroup_equal_cpu` holds it to the same ids).
+pub const STEP_BY_STEP: ChunkLimits = ChunkLimits {
+    text_bytes: CHUNK_TEXT_BYTES,
+    documents: CHUNK_DOCUMENTS,
+    short_text_bytes: 0,
+};
+
+/// Batches for a grid that must take more than one pass: each shape at
+/// `shape_bytes` (texts seeded from `seed`), the long pieces cut into chunks of
+/// each of `long_chunks` bytes, `documents` documents with empty ones (those
+/// two drawn from `random`), and `prose_bytes` of prose (seeded from
+/// `seed + 1`) after each.
+pub fn batches_with_prose(
+    random: &mut SplitMix64,
+    [shape_bytes, prose_bytes]: [usize; 2],
+    seed: u64,
+    long_chunks: &[usize],
+    documents: usize,
+) -> Vec<Vec<Vec<u8>>> {
+    let mut batches: Vec<Vec<Vec<u8>>> = Shape::ALL
+        .iter()
+        .map(|&shape| vec![generate(shape, shape_bytes, seed)])
+        .collect();
+    let long: Vec<Vec<u8>> = long_chunks
+        .iter()
+        .flat_map(|&chunk| long_piece_texts(chunk, random))
+        .map(|(_, text)| text)
+        .collect();
+    batches.push(long);
+    batches.push(batch_with_empty_documents(random, documents));
+    for batch in &mut batches {
+        batch.push(generate(Shape::Prose, prose_bytes, seed + 1));
+    }
+    batches
 }
 
 /// An encoder of `tokenizer` on `backend` whose every `while` loop is capped
