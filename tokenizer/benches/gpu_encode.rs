@@ -7,11 +7,11 @@
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
 //!   against tiktoken-rs on all of the host's cores, and per chunk size;
 //! - one 262,144-byte document, eager and as a graph (its ids into a new vector
-//!   and into one vector reused, as the eager rows' `wait_into`), with each kernel step's
-//!   time (`stage`, the split's `classify` and `phases`, the BPE steps); one
-//!   1,024-byte document as a graph and eager, through the short-text kernel
-//!   and with every step its own dispatch (where each one's time goes), with
-//!   tiktoken-rs's time beside;
+//!   and into one vector reused, as the eager rows' `wait_into`), with each
+//!   kernel step's time (`stage`, the split's `classify` and `phases`, the
+//!   BPE steps); one 1,024-byte document as a graph and eager, through the
+//!   short-text kernel and with every step its own dispatch (where each one's
+//!   time goes), with tiktoken-rs's time beside;
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
 //!   overlaps with the kernels: the 64 MiB gather from the caller's strings
 //!   into host-mapped pinned memory, and the ids' hand-out from host-mapped

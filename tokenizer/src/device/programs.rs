@@ -59,8 +59,9 @@
 //! [`Geometry::compact_workgroups`]) can be capped, so that fewer workgroups
 //! keep PCIe busy while the other chunks' steps take the SMs: capped at their
 //! defaults ([`STAGE_WORKGROUPS`], [`COMPACT_WORKGROUPS`]) the batch took
-//! 0.88 × its time with both uncapped (11.57 against 13.09 ms). `compact` stores its ids as whole 128-byte
-//! lines, each warp's 32 words aligned ([`compact`]).
+//! 0.88 × its time with both uncapped (11.57 against 13.09 ms). `compact`
+//! stores its ids as whole 128-byte lines, each warp's 32 words aligned
+//! ([`compact`]).
 //!
 //! # Where a token is written
 //!
