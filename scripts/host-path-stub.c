@@ -8,7 +8,10 @@
  * into the result area), so a dispatch completes the way the backend checks it
  * does. Kernels do not run: outputs are whatever the buffers held. Use it to
  * measure the host path (callgrind instruction counts are repeatable on a shared
- * machine), never to test results.
+ * machine), never to test results. The tokenizer's device encode (its encode_host
+ * bench, scripts/host-path --tokenizer) runs end to end here: its host-mapped
+ * buffers are zeroed host memory no kernel writes, so every document's token count
+ * reads 0 and each encode hands out no ids.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -167,6 +170,19 @@ int cuLaunchCooperativeKernel(void *function, unsigned gx, unsigned gy, unsigned
                               void *stream, void **parameters) {
     return epilogue(function, parameters);
 }
+/* A kernel with dynamic shared memory opts in to it (the tokenizer's encoder
+ * compiles some): accepted up to the opt-in limit (attribute 97 above). */
+int cuFuncSetAttribute(void *function, int attribute, int value) {
+    if (attribute == 8 && (value < 0 || value > 232448)) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    return 0;
+}
+/* Calls the backend makes only where the driver has them (the loading mode,
+ * cuFuncLoad: every current driver does) or only for lanes (the last two):
+ * loading is eager and finishes at once, a stream is always idle, an event reached. */
+int cuModuleGetLoadingMode(int *mode) { *mode = 1; return 0; } /* CU_MODULE_EAGER_LOADING */
+int cuFuncLoad(void *function) { return 0; }
+int cuStreamQuery(void *stream) { return 0; }
+int cuEventSynchronize(void *event) { return 0; }
 int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function, int size,
                                                 size_t shared) {
     *blocks = 8;
