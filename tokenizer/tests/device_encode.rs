@@ -474,6 +474,90 @@ fn many_chunks_in_flight_hand_out_every_document_in_order() {
     }
 }
 
+/// Locks out a hand-out whose ids depend on where it runs: a batch of one
+/// chunk hands its ids out on the calling thread and a batch of several on the
+/// copy pool (`encode_batch_into`), and either must give every document exactly
+/// the CPU encoder's ids. With chunks of at most 2,048 bytes and 64 documents
+/// and the short-text kernel on (as on a device): one 1,024-byte document, 40
+/// short documents in one chunk (every fifth empty) and 200 in several (one
+/// timing per chunk says which branch each took), each into reused vectors
+/// holding other ids (more and fewer than they get), into new ones and through
+/// `submit_bytes` and `wait_into`, equal the CPU encoder; (negative control)
+/// one result vector too few is a `Fix:` error that leaves them untouched.
+#[test]
+fn one_chunk_and_many_chunks_hand_out_the_cpu_ids() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let encoder = DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        &tokenizer,
+        Geometry::default(),
+        ChunkLimits {
+            text_bytes: 2048,
+            documents: 64,
+            ..ChunkLimits::default()
+        },
+    )
+    .unwrap();
+    let mut random = SplitMix64::new(0x1C4A);
+    let mut short_documents = |count: usize, most_bytes: u32| -> Vec<Vec<u8>> {
+        (0..count)
+            .map(|index| {
+                let bytes = if index % 5 == 0 {
+                    0
+                } else {
+                    random.below(most_bytes) as usize
+                };
+                generate(Shape::ALL[index % 3], bytes, index as u64)
+            })
+            .collect()
+    };
+    let batches = [
+        (
+            "one 1,024-byte document",
+            vec![generate(Shape::Prose, 1024, 5)],
+            false,
+        ),
+        ("40 documents in one chunk", short_documents(40, 50), false),
+        (
+            "200 documents in several chunks",
+            short_documents(200, 100),
+            true,
+        ),
+    ];
+    for (what, batch, several_chunks) in &batches {
+        let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        let expected: Vec<Vec<u32>> = refs
+            .iter()
+            .map(|text| tokenizer.encode_ordinary_bytes(text))
+            .collect();
+        let mut results: Vec<Vec<u32>> = (0..refs.len())
+            .map(|index| vec![u32::MAX; if index % 2 == 0 { 300 } else { 1 }])
+            .collect();
+        let timings = encoder.encode_batch_into(&refs, &mut results).unwrap();
+        assert!(results == expected, "{what}: into reused vectors");
+        assert_eq!(
+            timings.len() > 1,
+            *several_chunks,
+            "{what}: {} chunks",
+            timings.len()
+        );
+        assert!(
+            encoder.encode_batch_bytes(&refs).unwrap() == expected,
+            "{what}: new vectors"
+        );
+        if !several_chunks {
+            let waited = encoder.submit_bytes(&refs).unwrap().wait().unwrap();
+            assert!(waited == expected, "{what}: submitted");
+        }
+        let before = results.clone();
+        let error = encoder
+            .encode_batch_into(&refs, &mut results[1..])
+            .unwrap_err();
+        assert!(error.message().starts_with("Fix:"), "{what}: {error}");
+        assert!(results == before, "{what}: untouched after the error");
+    }
+}
+
 /// Locks out a shared copy pool or admission that mixes up concurrent encodes
 /// or deadlocks them: four threads share one `Tokenizer` on the reference
 /// device (one encoder, one admission, one copy pool) and three threads share

@@ -78,7 +78,10 @@
 //!   batch of 2 GiB is 128 chunks, never an error. On CUDA the chunk is
 //!   gathered on the [copy pool](host_copy) (persistent workers, one per core)
 //!   straight into host-mapped pinned memory and the ids come back the same
-//!   way (no DMA copy of a size the host must learn first).
+//!   way (no DMA copy of a size the host must learn first); a batch of one
+//!   chunk, with nothing to overlap, hands its ids out on the calling thread,
+//!   and copies under 1 MiB run there (the pool's hand-off costs more than it
+//!   saves: the [pipeline's docs](pipeline) measure it).
 //!
 //! # What it costs the device, per input byte
 //!

@@ -42,6 +42,26 @@
 //! the device. The `gpu_encode` bench prints the copies alone at the batch's
 //! sizes beside the pipeline.
 //!
+//! # One chunk hands out on the calling thread
+//!
+//! A batch of one chunk (any batch within [`ChunkLimits`], 16 MiB by default,
+//! so every `Tokenizer` device encode of one text up to that size, which goes
+//! through [`DeviceEncoder::encode_batch_into`]) has nothing to overlap its
+//! hand-out with, so it runs on the calling thread, as
+//! [`PendingEncode::wait_into`] always did; only a batch of several chunks
+//! hands out on the pool. The pool's hand-off (waking a worker, then waiting
+//! for it) had cost the host more than the encode's own work: against the
+//! stand-in driver (`scripts/host-path --tokenizer`, 2-core build machine,
+//! 2026-12-02), 8.0–17.5 µs per 1 KiB encode with it and 3.3–3.4 µs without
+//! (`submit_bytes` and `wait_into`: 2.8–3.0), 18.8–48 µs and 13.9–14.3 µs per
+//! 256 KiB; callgrind counts 35,771–39,353 and 32,678–33,360 instructions
+//! per 1 KiB encode.
+//!
+//! The gather (the caller's texts into pinned memory) never hands a chunk to
+//! the pool: the calling thread stages it, and spreads the copy over the
+//! pool's workers only from [`host_copy::PARALLEL_COPY_BYTES`] (1 MiB) up,
+//! where a parallel copy pays.
+//!
 //! # Two shapes of the split
 //!
 //! Chunks of at least [`BulkSplit::from_bytes`](super::programs::BulkSplit)
@@ -414,6 +434,18 @@ impl Drop for StagedChunk<'_> {
     }
 }
 
+/// The pool a batch of `chunks` chunks runs its hand-outs on: the copy pool
+/// from two chunks up, where a chunk's hand-out overlaps the next chunk's
+/// staging and the device's work; `None` (each hand-out on the calling thread,
+/// as without a pool) for one chunk or none, whose hand-out has nothing to
+/// overlap and which would only wake a worker and wait for it (8.0–17.5 µs per
+/// 1 KiB encode with the hand-off, 3.4 µs without: the [module docs](self)).
+/// A hand-out of 1 MiB of ids or more still copies on the pool's workers
+/// ([`host_copy::PARALLEL_COPY_BYTES`]), from whichever thread runs it.
+fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
+    host_copy::pool().filter(|_| chunks > 1)
+}
+
 /// Hand-outs an encode may have running on the copy pool before it stages
 /// another chunk: each holds its chunk's buffers until its ids are out.
 const HAND_OUTS_RUNNING: usize = 2;
@@ -781,7 +813,7 @@ impl DeviceEncoder {
         let outcomes: Vec<Mutex<Option<Result<ChunkTimings, TokenizerError>>>> =
             ranges.iter().map(|_| Mutex::new(None)).collect();
         let hand_outs = HandOuts::default();
-        let pipelined = match host_copy::pool() {
+        let pipelined = match hand_out_pool(ranges.len()) {
             Some(pool) => pool.in_place_scope(|scope| {
                 self.pipeline(texts, &ranges, results, &outcomes, &hand_outs, &mut |job| {
                     scope.spawn(move |_| job());
@@ -1679,6 +1711,26 @@ mod tests {
         let huge = [&[b'x'; 900][..], b"a", b"b"];
         assert_eq!(chunk_ranges(&huge, &limits), [0..1, 1..3]);
         assert!(chunk_ranges(&[], &limits).is_empty());
+    }
+
+    /// Locks out a batch of one chunk handing its ids out on the copy pool
+    /// (waking a worker and waiting for it: 8.0–17.5 µs of host time per
+    /// 1 KiB encode against the stand-in driver, 3.4 µs on the calling
+    /// thread): a batch of no chunk or one runs its hand-out on the calling
+    /// thread; (negative control) a batch of two or more on the copy pool.
+    #[test]
+    fn only_batches_of_several_chunks_hand_out_on_the_pool() {
+        assert!(hand_out_pool(0).is_none());
+        assert!(hand_out_pool(1).is_none());
+        for chunks in [2, 3, 128] {
+            assert_eq!(
+                hand_out_pool(chunks).map(std::ptr::from_ref),
+                host_copy::pool().map(std::ptr::from_ref),
+                "{chunks} chunks"
+            );
+        }
+        // The control means something only where the pool exists.
+        assert!(host_copy::pool().is_some(), "no copy pool on this machine");
     }
 
     /// Locks out a running hand-out count that never comes down (the staging
