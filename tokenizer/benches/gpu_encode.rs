@@ -35,7 +35,12 @@
 //!   default first (and last) and each row's time as a ratio to it: both steps
 //!   wait on PCIe (the text read from and the ids written to host-mapped
 //!   memory) while their grids hold the SMs that the other chunks' steps need.
-//!   `VYRE_BENCH_CAPS=0` leaves it out.
+//!   `VYRE_BENCH_CAPS=0` leaves it out;
+//! - one 1 KiB and one 4 KiB document eager through the short-text kernel in
+//!   workgroups of other shapes (`Geometry::short_text`: threads and the
+//!   split's bytes per thread), each with the kernel's own time: the kernel is
+//!   one workgroup, so its time is its warps' serial depth, which more threads
+//!   shorten. `VYRE_BENCH_SHORT=0` leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -52,7 +57,9 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::{host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{
+    host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
+};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -431,6 +438,111 @@ fn main() {
             let seconds = batch.row(geometry, &label, &mut results, default_seconds);
             default_seconds = default_seconds.or(seconds);
         }
+    }
+
+    // 7. The short-text kernel's workgroup.
+    if !skipped("VYRE_BENCH_SHORT") {
+        short_text_shapes(&gpu, &cpu, small_rounds);
+    }
+}
+
+/// One 1 KiB and one 4 KiB document of prose (and 4 KiB of CJK, whose
+/// pieces are longer) eager through the short-text kernel in each workgroup
+/// shape: the encode's median time and the kernel's own, the default first.
+fn short_text_shapes(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    println!("
+the short-text kernel in other workgroups (eager, median of {rounds}; the kernel's own time in brackets):");
+    let texts: Vec<(String, Vec<u8>)> = [
+        (Shape::Prose, 1024),
+        (Shape::Prose, 4096),
+        (Shape::Cjk, 4096),
+    ]
+    .into_iter()
+    .map(|(shape, bytes)| (format!("{bytes} B {shape}"), generate(shape, bytes, 5)))
+    .collect();
+    let default = ShortText::default();
+    let shapes = [
+        default,
+        ShortText {
+            workgroup_size: 256,
+            bytes_per_thread: 8,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 2,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 4,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 8,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 1,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 2,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 4,
+        },
+    ];
+    for (index, short_text) in shapes.into_iter().enumerate() {
+        if index > 0 && short_text == default {
+            continue;
+        }
+        let geometry = Geometry {
+            short_text,
+            ..Geometry::default()
+        };
+        let encoder = match DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            cpu,
+            geometry,
+            ChunkLimits::default(),
+        ) {
+            Ok(encoder) if encoder.runs_short(4096) => encoder,
+            Ok(_) => {
+                println!("  {short_text:?}: the device refused the short-text kernel");
+                continue;
+            }
+            Err(error) => {
+                println!("  {short_text:?}: {error}");
+                continue;
+            }
+        };
+        let mut row = format!(
+            "  {:>4} threads × {} bytes{}:",
+            short_text.workgroup_size,
+            short_text.bytes_per_thread,
+            if short_text == default {
+                " (default)"
+            } else {
+                ""
+            }
+        );
+        for (label, text) in &texts {
+            let ids = cpu.encode_ordinary_bytes(text);
+            let mut results = [Vec::new()];
+            let (eager, parts) = median(rounds, || {
+                encoder
+                    .submit_bytes(&[text])
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .expect("eager encode")
+            });
+            assert_eq!(results[0], ids, "{label}, {short_text:?}");
+            row += &format!(
+                "  {label} {:.1} µs [{:.1}]",
+                eager * 1e6,
+                parts.kernel_ns() as f64 / 1e3
+            );
+        }
+        println!("{row}");
     }
 }
 

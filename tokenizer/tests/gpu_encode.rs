@@ -27,7 +27,7 @@ use device_batches::{
 use sanitizer::sized_for_tools;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
-use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -453,9 +453,10 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// look-back that waits for a group it is itself to run): 2,000 random strings
 /// per encoding (24 under compute-sanitizer), one text per encode, and batches
 /// of long pieces and of empty and short documents of at most 4,096 bytes, run
-/// as `stage` and `short` (two
-/// dispatches) and equal the CPU encoder, at the default geometry and with
-/// every step in 32-thread workgroups (many groups per step).
+/// as one dispatch of the short-text kernel and equal the CPU encoder, at the
+/// default geometry, with every step in 32-thread workgroups (many groups per
+/// step), and in the other workgroups the bench's short-text sweep measures
+/// (512 and 1,024 threads; one group or several per step).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_short_texts_through_one_workgroup_equal_cpu() {
@@ -471,8 +472,15 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
                 bytes_per_thread: 2,
                 compact_workgroups: 1,
             },
+            short_text: ShortText {
+                workgroup_size: 32,
+                bytes_per_thread: 2,
+            },
             ..Geometry::default()
         },
+        short_text(512, 2),
+        short_text(1024, 1),
+        short_text(1024, 4),
     ];
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
@@ -488,7 +496,10 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
         for geometry in geometries {
             let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
             assert!(encoder.runs_short(4096), "{geometry:?}");
-            let what = format!("{} threads", geometry.workgroup_size);
+            let what = format!(
+                "short-text workgroup of {} threads × {} bytes",
+                geometry.short_text.workgroup_size, geometry.short_text.bytes_per_thread
+            );
             for (index, text) in texts.iter().enumerate() {
                 let mut results = [Vec::new()];
                 let timings = encoder
@@ -503,13 +514,25 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
                 );
                 if !text.is_empty() {
                     let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
-                    assert_eq!(names, ["stage", "short"], "{what}, text {index}");
+                    assert_eq!(names, ["short"], "{what}, text {index}");
                 }
             }
             for (index, batch) in batches.iter().enumerate() {
                 check_batch(&encoder, &cpu, batch, &format!("{what}, batch {index}"));
             }
         }
+    }
+}
+
+/// The default geometry with the short-text kernel in workgroups of
+/// `workgroup_size` threads, the split's taking `bytes_per_thread` bytes each.
+fn short_text(workgroup_size: u32, bytes_per_thread: u32) -> Geometry {
+    Geometry {
+        short_text: ShortText {
+            workgroup_size,
+            bytes_per_thread,
+        },
+        ..Geometry::default()
     }
 }
 

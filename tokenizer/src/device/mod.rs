@@ -127,5 +127,5 @@ pub mod vocabulary;
 pub use pipeline::{
     ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepTimings,
 };
-pub use programs::{BulkSplit, Geometry};
+pub use programs::{BulkSplit, Geometry, ShortText};
 pub use vocabulary::DeviceVocabulary;

@@ -238,9 +238,9 @@ pub struct ChunkTimings {
     /// Host time handing each document its ids after the wait.
     pub scatter_ns: u64,
     /// Each kernel step's timings, in dispatch order
-    /// ([`DeviceEncoder::step_names`], or `stage` and `short` for a chunk that
-    /// runs the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an
-    /// empty chunk).
+    /// ([`DeviceEncoder::step_names`], or `short` alone for a chunk that runs
+    /// the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an empty
+    /// chunk).
     pub steps: Vec<StepTimings>,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
@@ -588,9 +588,14 @@ impl DeviceEncoder {
         };
         // A loop cap is for the stage and BPE steps alone (see Geometry), which
         // one program cannot give to some of its loops: no short path with one.
-        let fused = (limits.short_text_bytes > 0 && geometry.max_loop_iterations.is_none())
-            .then(|| short_program(&steps.programs.steps()[1..], &geometry).ok())
-            .flatten();
+        let fused = if limits.short_text_bytes > 0 && geometry.max_loop_iterations.is_none() {
+            let short_steps = Programs::new(pattern, geometry.short())
+                .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))?
+                .short_steps();
+            short_program(&short_steps, &geometry.short()).ok()
+        } else {
+            None
+        };
         let short = match fused {
             // Off, or steps that do not fuse (see `short_program`): every chunk
             // runs its steps one by one.
@@ -1093,11 +1098,8 @@ impl DeviceEncoder {
         });
         let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.short_kernel(u64::from(text_len))
         {
-            // `stage`, then every other step in the short-text kernel.
-            Some(short) => step_by_step
-                .take(1)
-                .chain([(&short.kernel, &short.bindings[..], 1, &short.name[..])])
-                .collect(),
+            // Every step, `stage` included, in the short-text kernel.
+            Some(short) => vec![(&short.kernel, &short.bindings[..], 1, &short.name[..])],
             None => step_by_step.collect(),
         };
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
@@ -1408,10 +1410,7 @@ impl<'e> PendingEncode<'e> {
             .short_kernel(self.text_len)
             .filter(|_| self.text_len > 0);
         let names: Vec<(&'static str, &str)> = match short {
-            Some(short) => vec![
-                (steps[0].name, steps[0].program_name()),
-                ("short", &short.name),
-            ],
+            Some(short) => vec![("short", &short.name)],
             _ => steps
                 .iter()
                 .map(|step| (step.name, step.program_name()))

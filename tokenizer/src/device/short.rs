@@ -1,6 +1,6 @@
-//! The short-text program: every kernel step after `stage` in one program that
-//! one workgroup runs, each step's grid in turn, so a short text costs `stage`
-//! and one more dispatch instead of one dispatch per step.
+//! The short-text program: every kernel step in one program that one workgroup
+//! runs, each step's grid in turn, so a short text costs one dispatch instead
+//! of one per step.
 //!
 //! # Why it exists
 //!
@@ -10,15 +10,22 @@
 //! tiktoken-rs on one CPU thread, while the same encoder ran 16 MiB chunks at
 //! about 5 ms of kernels: a short text pays for launches and the waits between
 //! them, not for work. Here the steps run back to back inside one kernel with a
-//! workgroup barrier between them.
+//! workgroup barrier between them. `stage` ran as a dispatch of its own before
+//! this program (its text buffer of `u64` words, where every other step reads
+//! bytes) until a 1 KiB encode measured 83.6 µs on the H200 (2026-12-02) of
+//! which `stage` took 13.8, its launch included; the steps now start with
+//! [`short_stage`](super::programs::short_stage), the same copies storing bytes.
+//! The steps are built for [`Geometry::short`], the workgroup of
+//! [`ShortText`](super::programs::ShortText) (see there for why its own).
 //!
 //! # How
 //!
 //! [`short_program`] takes the steps' programs and rewrites each body as the
 //! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
-//! count its [`Grid`] gives for the text length and document count read from
-//! `params` (reduced over the workgroup, so every loop bound is uniform; one
-//! group for `pieces`, which strides over its tiles itself):
+//! count its [`Grid`] gives for the text length read from the staged
+//! parameters (or `params` without `stage`; reduced over the workgroup, so
+//! every loop bound is uniform; one group for `stage` and `pieces`, which
+//! stride over their work themselves):
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
@@ -220,32 +227,26 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         .collect();
 
     let text_len: Name = format!("{PREFIX}text_len").into();
-    let documents: Name = format!("{PREFIX}documents").into();
-    let mut entry = vec![
-        Node::WorkgroupReduce {
-            name: text_len.clone(),
-            op: ReduceOp::Max,
-            value: Expr::load(Role::Params.name(), param::TEXT_LEN),
-        },
-        Node::WorkgroupReduce {
-            name: documents.clone(),
-            op: ReduceOp::Max,
-            value: Expr::load(Role::Params.name(), param::DOCUMENTS),
-        },
-    ];
+    // The text length, before any step runs: from the staged parameters when
+    // `stage` is one of the steps (it copies them into `params`, which it has
+    // not yet done), from `params` otherwise.
+    let sizes = if roles.contains(&Role::StagedParams) {
+        Role::StagedParams
+    } else {
+        Role::Params
+    };
+    let mut entry = vec![Node::WorkgroupReduce {
+        name: text_len.clone(),
+        op: ReduceOp::Max,
+        value: Expr::load(sizes.name(), param::TEXT_LEN),
+    }];
     for (index, (step, rename)) in steps.iter().zip(&renames).enumerate() {
         let group: Name = format!("{PREFIX}group_{index}").into();
         let groups: Name = format!("{PREFIX}groups_{index}").into();
         entry.push(Node::Let {
             name: groups.clone(),
             mutable: false,
-            value: group_count(
-                step.grid,
-                geometry,
-                threads,
-                Expr::Var(text_len.clone()),
-                Expr::Var(documents.clone()),
-            ),
+            value: group_count(step.grid, geometry, threads, Expr::Var(text_len.clone())),
         });
         let mut rewrite = Rewrite {
             group: &group,
@@ -285,23 +286,13 @@ fn groups_of(value: Expr, divisor: u32) -> Expr {
 }
 
 /// How many workgroups a step of `grid` runs (as [`Grid::workgroups`], but one
-/// for `pieces`, which strides over its work) for the text length and
-/// document count in `text_len` and `documents`.
-fn group_count(
-    grid: Grid,
-    geometry: &Geometry,
-    threads: u32,
-    text_len: Expr,
-    documents: Expr,
-) -> Expr {
+/// for `stage` and `pieces`, which stride over their work) for the text length
+/// in `text_len`.
+fn group_count(grid: Grid, geometry: &Geometry, threads: u32, text_len: Expr) -> Expr {
     match grid {
-        // Never a step of this program (it runs after `stage`), but as
-        // `Grid::workgroups` counts it, cap included.
-        Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads)
-            .min(geometry.stage_workgroups),
-        // `pieces` strides over its tiles, so any number of groups covers them:
-        // one saves the others' clearing, reductions and barriers.
-        Grid::PieceTiles => Expr::u32(1),
+        // `stage` and `pieces` stride over their work, so any number of groups
+        // covers it: one saves the others' clearing, reductions and barriers.
+        Grid::Stage | Grid::PieceTiles => Expr::u32(1),
         Grid::Merge => groups_of(
             (text_len + (MERGE_BYTES_PER_THREAD - 1)) / MERGE_BYTES_PER_THREAD,
             threads,
