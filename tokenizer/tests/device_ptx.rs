@@ -10,8 +10,8 @@ use assemble::ptxas;
 use vyre_cuda::codegen::{multiprocessor_limits, program_to_ptx_with_results};
 use vyre_cuda::ir::{Expr, Node};
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
+use vyre_tokenizer::device::fused::short_program;
 use vyre_tokenizer::device::programs::Programs;
-use vyre_tokenizer::device::short::short_program;
 use vyre_tokenizer::device::{Geometry, ShortText};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::pattern::Pattern;
@@ -88,7 +88,7 @@ fn short_text_programs_validate_lower_and_assemble() {
             }
             .short();
             let steps = Programs::new(pattern, geometry).expect("geometry");
-            let short = short_program(&steps.short_steps(), &geometry)
+            let short = short_program(&steps.fused_steps(), &geometry)
                 .unwrap_or_else(|error| panic!("{pattern:?}, {short_text:?}: {error}"));
             programs.push((
                 format!(

@@ -341,9 +341,14 @@ pub struct Geometry {
     /// [`Geometry::split`] (`None`: every chunk takes `split`). The default is
     /// [`BulkSplit::default`]; see there for why.
     pub bulk_split: Option<BulkSplit>,
-    /// The workgroup of the short-text kernel ([`super::short`]), whose steps
+    /// The workgroup of the short-text kernel ([`super::fused`]), whose steps
     /// all run in it (see [`ShortText`]).
     pub short_text: ShortText,
+    /// Most workgroups of the resident-grid kernel ([`super::fused`]; `None`,
+    /// the default: as many as the device holds at once, and no more than one
+    /// per block of the split). Fewer leave SMs to other work and give each
+    /// workgroup more rounds of every step.
+    pub resident_workgroups: Option<u32>,
 }
 
 /// The one workgroup the short-text kernel runs in: every step of it takes
@@ -454,6 +459,7 @@ impl Default for Geometry {
             split: SplitGeometry::default(),
             bulk_split: Some(BulkSplit::default()),
             short_text: ShortText::default(),
+            resident_workgroups: None,
         }
     }
 }
@@ -557,6 +563,12 @@ impl Geometry {
         check_split(&self.split, "split")?;
         if let Some(bulk) = &self.bulk_split {
             check_split(&bulk.split, "bulk_split.split")?;
+        }
+        if self.resident_workgroups == Some(0) {
+            return Err(
+                "Fix: Geometry::resident_workgroups is Some(0); use at least 1, or None for as many as the device holds"
+                    .to_owned(),
+            );
         }
         let workgroup_size = self.short_text.workgroup_size;
         if !(32..=1024).contains(&workgroup_size) || !workgroup_size.is_multiple_of(32) {
@@ -978,10 +990,10 @@ impl Programs {
         })
     }
 
-    /// The steps of the short-text kernel ([`super::short`]), in order: `stage`
-    /// storing the text as bytes ([`short_stage`]), then every step after
-    /// `stage`.
-    pub fn short_steps(&self) -> Vec<KernelStep> {
+    /// The steps of a kernel that runs them all ([`super::fused`]), in order:
+    /// `stage` storing the text as bytes ([`short_stage`]), then every step
+    /// after `stage`.
+    pub fn fused_steps(&self) -> Vec<KernelStep> {
         let stage = &self.steps[0];
         std::iter::once(KernelStep {
             program: short_stage(&self.geometry),
@@ -1845,7 +1857,7 @@ pub fn stage(geometry: &Geometry) -> Program {
     stage_program(geometry, ElemType::U64)
 }
 
-/// `stage` as the short-text kernel's first step ([`super::short`]): the same
+/// `stage` as the short-text kernel's first step ([`super::fused`]): the same
 /// copies, but the text stored byte by byte into the `u8` text buffer that
 /// every later step reads, because one program binds each buffer with one
 /// element type. Eight byte stores per word cost nothing at the short path's

@@ -1,6 +1,7 @@
-//! The short-text program: every kernel step in one program that one workgroup
-//! runs, each step's grid in turn, so a short text costs one dispatch instead
-//! of one per step.
+//! The fused programs: every kernel step in one program, so a short or
+//! mid-size text costs one dispatch instead of one per step. The short-text
+//! program runs in one workgroup, each step's grid in turn; the resident-grid
+//! program on as many workgroups as the device holds at once (see below).
 //!
 //! # Why it exists
 //!
@@ -40,6 +41,27 @@
 //! order of a launch's workgroups, and every step already works for any order
 //! (the split's look-back waits only on earlier workgroups, which here have
 //! finished), so the ids are the same as the steps' dispatched one by one.
+//!
+//! # The resident grid: the same steps for mid-size texts
+//!
+//! A text of a few hundred KiB is too much work for one workgroup and still
+//! pays for eight dispatches: on the H200 (2026-12-02) 256 KiB of prose took
+//! 221 µs eagerly, of which the kernels were 120 µs and the rest the launches,
+//! the cross-stream waits between dependent steps and the host's work for
+//! each. [`resident_program`] applies the same rewrite for a grid of `G`
+//! workgroups that are all on the device at once (a cooperative launch; the
+//! encoder asks for at most what the device holds): in round `r` workgroup
+//! `w` runs group `r · G + w` of the step, every workgroup the same number of
+//! rounds (the last round's extra workgroups idle through it, so every bound
+//! stays uniform), and a grid sync ends every step, so what any group of a
+//! step wrote is visible to every group of the next. `stage` and `pieces`,
+//! which stride over their work by the grid's size, run one group per
+//! workgroup. Each step's groups then run in an order a launch could have
+//! given them: the split's look-back orders blocks by the tickets they take
+//! as they start, never by their index, so a group waits only for groups that
+//! started before it on workgroups that are resident and never wait for a
+//! later one; no step waits for a group of a later round of its own
+//! workgroup.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +74,11 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 
 /// Most text bytes an encode takes through the short-text program.
 pub const SHORT_TEXT_BYTES: u64 = 4096;
+
+/// Default most text bytes a chunk takes through the resident-grid program:
+/// 512 KiB, below where the split's bulk blocks take over
+/// ([`BULK_SPLIT_FROM_BYTES`](super::programs::BULK_SPLIT_FROM_BYTES)).
+pub const RESIDENT_TEXT_BYTES: u64 = 512 << 10;
 
 /// The short-text program and the role of each of its global buffers, in
 /// binding order.
@@ -72,6 +99,32 @@ const PREFIX: &str = "short_";
 /// write-only or per-thread buffer, one role with two element types, steps of
 /// different workgroup sizes).
 pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortProgram, String> {
+    fused_program(steps, geometry, Spread::OneWorkgroup)
+}
+
+/// The steps (`steps`, in dispatch order) as one program for a grid of
+/// workgroups that are all resident at once (launched cooperatively): each
+/// step's groups dealt out over the grid's workgroups in rounds, a grid sync
+/// between steps; `Err` as [`short_program`].
+pub fn resident_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortProgram, String> {
+    fused_program(steps, geometry, Spread::ResidentGrid)
+}
+
+/// How a fused program runs each step's groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spread {
+    /// One workgroup runs them all in turn; a workgroup barrier between steps.
+    OneWorkgroup,
+    /// Workgroup `w` of `G` runs groups `w, w + G, ...`; a grid sync between
+    /// steps.
+    ResidentGrid,
+}
+
+fn fused_program(
+    steps: &[KernelStep],
+    geometry: &Geometry,
+    spread: Spread,
+) -> Result<ShortProgram, String> {
     let Some(first) = steps.first() else {
         return Err("the short-text program needs at least one step".to_owned());
     };
@@ -246,7 +299,13 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         entry.push(Node::Let {
             name: groups.clone(),
             mutable: false,
-            value: group_count(step.grid, geometry, threads, Expr::Var(text_len.clone())),
+            value: group_count(
+                step.grid,
+                geometry,
+                threads,
+                Expr::Var(text_len.clone()),
+                spread,
+            ),
         });
         let mut rewrite = Rewrite {
             group: &group,
@@ -257,15 +316,50 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         let mut body = clear_workgroup_buffers(&cleared[index], threads);
         body.extend(rewrite.block(step.program.entry())?.iter().cloned());
         body.push(Node::Barrier);
-        entry.push(Node::Loop {
-            variable: group,
-            start: Expr::u32(0),
-            end: Expr::Var(groups),
-            body: body.into(),
-        });
+        match spread {
+            Spread::OneWorkgroup => entry.push(Node::Loop {
+                variable: group,
+                start: Expr::u32(0),
+                end: Expr::Var(groups),
+                body: body.into(),
+            }),
+            Spread::ResidentGrid => {
+                // Round `r` of workgroup `w` runs group `r · G + w`: every
+                // workgroup the same number of rounds (so the bound is uniform),
+                // the last round's extra workgroups idle through it.
+                let round: Name = format!("{PREFIX}round_{index}").into();
+                let workgroups = Expr::workgroup_count(Axis::X);
+                let mut in_round = vec![Node::Let {
+                    name: group.clone(),
+                    mutable: false,
+                    value: Expr::Var(round.clone()) * workgroups.clone()
+                        + Expr::workgroup_id(Axis::X),
+                }];
+                in_round.push(Node::If {
+                    condition: Expr::Var(group).less_than(Expr::Var(groups.clone())),
+                    then_body: body.into(),
+                    else_body: Vec::new().into(),
+                });
+                entry.push(Node::Loop {
+                    variable: round,
+                    start: Expr::u32(0),
+                    end: (Expr::Var(groups) + (workgroups.clone() - 1u32)) / workgroups,
+                    body: in_round.into(),
+                });
+                // What every group of this step wrote, seen by every group of
+                // the next.
+                if index + 1 < steps.len() {
+                    entry.push(Node::GridSync);
+                }
+            }
+        }
     }
+    let kind = match spread {
+        Spread::OneWorkgroup => "short",
+        Spread::ResidentGrid => "resident",
+    };
     let program = Program::new(buffers, workgroup_size, entry)
-        .with_entry_op_id(format!("bpe.short.{}", first.program_name()));
+        .with_entry_op_id(format!("bpe.{kind}.{}", first.program_name()));
     Ok(ShortProgram {
         program,
         bindings: roles,
@@ -288,11 +382,22 @@ fn groups_of(value: Expr, divisor: u32) -> Expr {
 /// How many workgroups a step of `grid` runs (as [`Grid::workgroups`], but one
 /// for `stage` and `pieces`, which stride over their work) for the text length
 /// in `text_len`.
-fn group_count(grid: Grid, geometry: &Geometry, threads: u32, text_len: Expr) -> Expr {
+fn group_count(
+    grid: Grid,
+    geometry: &Geometry,
+    threads: u32,
+    text_len: Expr,
+    spread: Spread,
+) -> Expr {
     match grid {
         // `stage` and `pieces` stride over their work, so any number of groups
-        // covers it: one saves the others' clearing, reductions and barriers.
-        Grid::Stage | Grid::PieceTiles => Expr::u32(1),
+        // covers it: in one workgroup one saves the others' clearing,
+        // reductions and barriers; on a resident grid every workgroup takes a
+        // share.
+        Grid::Stage | Grid::PieceTiles => match spread {
+            Spread::OneWorkgroup => Expr::u32(1),
+            Spread::ResidentGrid => Expr::workgroup_count(Axis::X),
+        },
         Grid::Merge => groups_of(
             (text_len + (MERGE_BYTES_PER_THREAD - 1)) / MERGE_BYTES_PER_THREAD,
             threads,
