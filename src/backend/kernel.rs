@@ -154,6 +154,22 @@ impl Kernel {
         }
     }
 
+    /// Most workgroups a dispatch of this grid-sync kernel may have: what the
+    /// device holds at once, as the driver's occupancy answer for its threads
+    /// and workgroup memory times the multiprocessors (a larger grid is
+    /// [`GridTooLargeForGridSync`](crate::backend::BackendError::GridTooLargeForGridSync));
+    /// `None` for a kernel without
+    /// grid sync.
+    pub fn max_coresident_workgroups(&self) -> Option<u64> {
+        if !self.uses_grid_sync() {
+            return None;
+        }
+        Some(match &self.kind {
+            KernelKind::Cuda(inner) => inner.max_coresident_blocks,
+            KernelKind::Reference(inner) => inner.max_coresident_blocks,
+        })
+    }
+
     /// Whether the program uses grid sync (CUDA launches it cooperatively).
     pub fn uses_grid_sync(&self) -> bool {
         match &self.kind {

@@ -35,7 +35,15 @@
 //!   default first (and last) and each row's time as a ratio to it: both steps
 //!   wait on PCIe (the text read from and the ids written to host-mapped
 //!   memory) while their grids hold the SMs that the other chunks' steps need.
-//!   `VYRE_BENCH_CAPS=0` leaves it out.
+//!   `VYRE_BENCH_CAPS=0` leaves it out;
+//! - one 1 KiB and one 4 KiB document eager through the short-text kernel in
+//!   workgroups of other shapes (`Geometry::short_text`: threads and the
+//!   split's bytes per thread), each with the kernel's own time: the kernel is
+//!   one workgroup, so its time is its warps' serial depth, which more threads
+//!   shorten. `VYRE_BENCH_SHORT=0` leaves it out;
+//! - one document of 8 KiB to 2 MiB eager through the resident-grid kernel
+//!   (every step in one cooperative dispatch) and with every step its own
+//!   dispatch. `VYRE_BENCH_RESIDENT=0` leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -52,7 +60,9 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
-use vyre_tokenizer::device::{host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{
+    host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
+};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -282,6 +292,17 @@ fn main() {
     }
 
     // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
+    let step_by_step = DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        &cpu,
+        Geometry::default(),
+        ChunkLimits {
+            short_text_bytes: 0,
+            resident_text_bytes: 0,
+            ..ChunkLimits::default()
+        },
+    )
+    .expect("encoder");
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
@@ -293,6 +314,13 @@ fn main() {
                 .expect("eager encode")
         });
         assert_eq!(results[0], ids, "{shape}: eager ids");
+        let (stepped, stepped_timings) = median(small_rounds, || {
+            step_by_step
+                .submit_bytes(&[&text])
+                .and_then(|pending| pending.wait_into(&mut results))
+                .expect("eager encode")
+        });
+        assert_eq!(results[0], ids, "{shape}: eager ids, step by step");
         let mut graph = encoder.graph(text.len()).expect("graph");
         let (graphed, (graph_ids, _)) = median(small_rounds, || {
             graph.encode_timed(&text).expect("graph encode")
@@ -307,12 +335,15 @@ fn main() {
         });
         assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
         println!(
-            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100), graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); kernels {:.1} µs ({})",
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
             eager * 1e6,
+            step_timings.kernel_ns() as f64 / 1e3,
+            step_timings.kernel_line(),
             graphed * 1e6,
             graphed_into * 1e6,
-            step_timings.kernel_ns() as f64 / 1e3,
-            step_timings.kernel_line()
+            stepped * 1e6,
+            stepped_timings.kernel_ns() as f64 / 1e3,
+            stepped_timings.kernel_line()
         );
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
@@ -328,16 +359,6 @@ fn main() {
         graphed * 1e6,
         peer * 1e6
     );
-    let step_by_step = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
-        &cpu,
-        Geometry::default(),
-        ChunkLimits {
-            short_text_bytes: 0,
-            ..ChunkLimits::default()
-        },
-    )
-    .expect("encoder");
     for (label, eager_encoder) in [
         ("stage + the short-text kernel", encoder),
         ("every step its own dispatch", &step_by_step),
@@ -431,6 +452,158 @@ fn main() {
             let seconds = batch.row(geometry, &label, &mut results, default_seconds);
             default_seconds = default_seconds.or(seconds);
         }
+    }
+
+    // 7. The short-text kernel's workgroup, and the resident grid by size.
+    if !skipped("VYRE_BENCH_SHORT") {
+        short_text_shapes(&gpu, &cpu, small_rounds);
+    }
+    if !skipped("VYRE_BENCH_RESIDENT") {
+        resident_by_size(&gpu, &cpu, &step_by_step, small_rounds / 4);
+    }
+}
+
+/// One 1 KiB and one 4 KiB document of prose (and 4 KiB of CJK, whose
+/// pieces are longer) eager through the short-text kernel in each workgroup
+/// shape: the encode's median time and the kernel's own, the default first.
+fn short_text_shapes(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    println!("
+the short-text kernel in other workgroups (eager, median of {rounds}; the kernel's own time in brackets):");
+    let texts: Vec<(String, Vec<u8>)> = [
+        (Shape::Prose, 1024),
+        (Shape::Prose, 4096),
+        (Shape::Cjk, 4096),
+    ]
+    .into_iter()
+    .map(|(shape, bytes)| (format!("{bytes} B {shape}"), generate(shape, bytes, 5)))
+    .collect();
+    let default = ShortText::default();
+    let shapes = [
+        default,
+        ShortText {
+            workgroup_size: 256,
+            bytes_per_thread: 8,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 2,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 4,
+        },
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 8,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 1,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 2,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 4,
+        },
+    ];
+    for (index, short_text) in shapes.into_iter().enumerate() {
+        if index > 0 && short_text == default {
+            continue;
+        }
+        let geometry = Geometry {
+            short_text,
+            ..Geometry::default()
+        };
+        let encoder = match DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            cpu,
+            geometry,
+            ChunkLimits::default(),
+        ) {
+            Ok(encoder) if encoder.runs_short(4096) => encoder,
+            Ok(_) => {
+                println!("  {short_text:?}: the device refused the short-text kernel");
+                continue;
+            }
+            Err(error) => {
+                println!("  {short_text:?}: {error}");
+                continue;
+            }
+        };
+        let mut row = format!(
+            "  {:>4} threads × {} bytes{}:",
+            short_text.workgroup_size,
+            short_text.bytes_per_thread,
+            if short_text == default {
+                " (default)"
+            } else {
+                ""
+            }
+        );
+        for (label, text) in &texts {
+            let ids = cpu.encode_ordinary_bytes(text);
+            let mut results = [Vec::new()];
+            let (eager, parts) = median(rounds, || {
+                encoder
+                    .submit_bytes(&[text])
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .expect("eager encode")
+            });
+            assert_eq!(results[0], ids, "{label}, {short_text:?}");
+            row += &format!(
+                "  {label} {:.1} µs [{:.1}]",
+                eager * 1e6,
+                parts.kernel_ns() as f64 / 1e3
+            );
+        }
+        println!("{row}");
+    }
+}
+
+/// One document of prose of 8 KiB to 2 MiB eager through the resident-grid
+/// kernel and step by step (`step_by_step`), each with the kernels' own time:
+/// where the one cooperative dispatch stops paying, which places
+/// `RESIDENT_TEXT_BYTES`.
+fn resident_by_size(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    step_by_step: &DeviceEncoder,
+    rounds: usize,
+) {
+    let resident = DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        cpu,
+        Geometry::default(),
+        ChunkLimits {
+            resident_text_bytes: 4 << 20,
+            ..ChunkLimits::default()
+        },
+    )
+    .expect("encoder");
+    println!("\nthe resident-grid kernel against every step its own dispatch (prose, eager, median of {rounds}; kernels' own time in brackets):");
+    for kib in [8usize, 32, 128, 256, 512, 1024, 2048] {
+        let text = generate(Shape::Prose, kib << 10, 47);
+        let ids = cpu.encode_ordinary_bytes(&text);
+        let mut row = format!("  {kib:>5} KiB:");
+        for (label, encoder) in [("resident", &resident), ("step by step", step_by_step)] {
+            let mut results = [Vec::new()];
+            let (eager, parts) = median(rounds, || {
+                encoder
+                    .submit_bytes(&[&text])
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .expect("eager encode")
+            });
+            assert_eq!(results[0], ids, "{kib} KiB, {label}");
+            row += &format!(
+                "  {label} {:.1} µs [{:.1}]",
+                eager * 1e6,
+                parts.kernel_ns() as f64 / 1e3
+            );
+        }
+        println!("{row}");
     }
 }
 

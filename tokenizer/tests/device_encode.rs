@@ -26,7 +26,9 @@ use vyre_tokenizer::device::programs::{
     param, written_roles, Grid, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
-use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry};
+use vyre_tokenizer::device::{
+    BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
+};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
@@ -343,6 +345,7 @@ fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
             text_bytes: 2000,
             documents: 25,
             short_text_bytes: 0,
+            resident_text_bytes: 0,
         },
     )
     .unwrap();
@@ -405,6 +408,7 @@ fn chunked_encoder(tokenizer: &Tokenizer, text_bytes: u64, documents: u64) -> De
             text_bytes,
             documents,
             short_text_bytes: 0,
+            resident_text_bytes: 0,
         },
     )
     .unwrap()
@@ -687,6 +691,7 @@ fn bulk_geometry(from_bytes: u64) -> Geometry {
 fn chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
     let limits = ChunkLimits {
         short_text_bytes: 1_024,
+        resident_text_bytes: 0,
         ..ChunkLimits::default()
     };
     for encoding in Encoding::ALL {
@@ -1789,6 +1794,16 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
         for (label, geometry) in [
             ("default", Geometry::default()),
             ("32 threads", short_geometry()),
+            (
+                "short-text workgroup of 1,024 threads × 1 byte",
+                Geometry {
+                    short_text: ShortText {
+                        workgroup_size: 1024,
+                        bytes_per_thread: 1,
+                    },
+                    ..Geometry::default()
+                },
+            ),
         ] {
             for (path, limits) in [
                 ("step by step", STEP_BY_STEP),
@@ -1817,6 +1832,10 @@ fn short_geometry() -> Geometry {
             bytes_per_thread: 2,
             compact_workgroups: 1,
         },
+        short_text: ShortText {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+        },
         ..small_geometry(16)
     }
 }
@@ -1843,12 +1862,14 @@ fn batches_within(texts: &[Vec<u8>], bytes: usize) -> Vec<Vec<Vec<u8>>> {
 /// workgroup builtin rewritten wrong, a workgroup buffer not cleared between
 /// the groups one workgroup runs in turn, a step's buffer bound to another
 /// role, a group count off by one, a step reading what the one before it has
-/// not yet written): on all four encodings, at the default geometry and at one
-/// of 32-thread workgroups (many groups per step), batches of random strings,
-/// of long pieces and of empty and short documents, each at most 4,096 bytes,
-/// run as `stage` and `short` (two dispatches, so the per-step path is not what
-/// passes) and equal the CPU encoder, with the same device counts as the steps
-/// one by one; a 4,097-byte text runs every step.
+/// not yet written, `stage`'s text not stored as the bytes the later steps
+/// read): on all four encodings, at the default geometry, at one of 32-thread
+/// workgroups (many groups per step) and with the short-text kernel in one
+/// workgroup of 1,024 threads, batches of random strings, of long pieces and of
+/// empty and short documents, each at most 4,096 bytes, run as `short` (one
+/// dispatch, so the per-step path is not what passes) and equal the CPU
+/// encoder, with the same device counts as the steps one by one; a 4,097-byte
+/// text runs every step.
 #[test]
 fn short_texts_through_one_workgroup_equal_cpu() {
     let mut random = SplitMix64::new(0x5407);
@@ -1870,7 +1891,10 @@ fn short_texts_through_one_workgroup_equal_cpu() {
                 AnyBackend::reference(),
                 &tokenizer,
                 geometry,
-                ChunkLimits::default(),
+                ChunkLimits {
+                    resident_text_bytes: 0,
+                    ..ChunkLimits::default()
+                },
             )
             .unwrap();
             let step_by_step = DeviceEncoder::with_geometry(
@@ -1893,7 +1917,7 @@ fn short_texts_through_one_workgroup_equal_cpu() {
                     .unwrap();
                 let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
                 if refs.iter().any(|text| !text.is_empty()) {
-                    assert_eq!(names, ["stage", "short"], "{what}");
+                    assert_eq!(names, ["short"], "{what}");
                 }
                 let (_, short_counts) = short.encode_counted(&refs).unwrap();
                 let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
@@ -1910,6 +1934,110 @@ fn short_texts_through_one_workgroup_equal_cpu() {
                 timings.steps.len(),
                 short.programs().steps().len(),
                 "{label}: 4,097 bytes run every step"
+            );
+        }
+    }
+}
+
+/// Locks out a resident-grid kernel that differs from the steps it fuses (a
+/// group dealt to no workgroup or to two, a step reading what another
+/// workgroup has not yet written because a grid sync is missing, a look-back
+/// that waits for a group dealt to a later round of its own workgroup, `stage`
+/// or `pieces` striding over a grid of another size than the one they run on,
+/// the text length read before `stage` copied it): on all four encodings, at
+/// the default geometry with the grid as large as the text asks and at
+/// 32-thread workgroups with the grid capped at 3 workgroups (each step's
+/// groups dealt out over many rounds), batches of 4,097 bytes to 24 KiB of
+/// random strings, long pieces, empty documents and the three shapes run as
+/// one `resident` dispatch and equal the CPU encoder, with the same device
+/// counts as the steps one by one; a text past the limit runs every step.
+#[test]
+fn resident_grid_equals_cpu() {
+    let mut random = SplitMix64::new(0x7e51);
+    let mut texts = random_texts(&mut random, 400, 60);
+    texts.extend(
+        long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| text),
+    );
+    texts.extend(batch_with_empty_documents(&mut random, 40));
+    let mut batches: Vec<Vec<Vec<u8>>> = batches_within(&texts, 12 << 10)
+        .into_iter()
+        .filter(|batch| batch.iter().map(Vec::len).sum::<usize>() > 4096)
+        .collect();
+    batches.extend(
+        Shape::ALL
+            .iter()
+            .map(|&shape| vec![generate(shape, 24 << 10, 31)]),
+    );
+    assert!(batches.len() >= 4, "{} batches", batches.len());
+    let limits = ChunkLimits {
+        resident_text_bytes: 24 << 10,
+        ..ChunkLimits::default()
+    };
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        for (label, geometry) in [
+            ("default", Geometry::default()),
+            (
+                "32 threads, 3 workgroups",
+                Geometry {
+                    resident_workgroups: Some(3),
+                    ..short_geometry()
+                },
+            ),
+        ] {
+            let resident =
+                DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, geometry, limits)
+                    .unwrap();
+            let step_by_step = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                geometry,
+                STEP_BY_STEP,
+            )
+            .unwrap();
+            assert!(
+                resident.runs_short(4096) && !resident.runs_resident(4096),
+                "{label}"
+            );
+            assert!(
+                resident.runs_resident(4097) && resident.runs_resident(24 << 10),
+                "{label}"
+            );
+            assert!(!resident.runs_resident((24 << 10) + 1), "{label}");
+            assert!(!step_by_step.runs_resident(4097), "{label}");
+            for (index, batch) in batches.iter().enumerate() {
+                let what = format!("{label}, batch {index}");
+                check_batch(&resident, &tokenizer, batch, &what);
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                let mut results = vec![Vec::new(); refs.len()];
+                let timings = resident
+                    .submit_bytes(&refs)
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .unwrap();
+                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+                assert_eq!(names, ["resident"], "{what}");
+                let (_, resident_counts) = resident.encode_counted(&refs).unwrap();
+                let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
+                assert_eq!(resident_counts.counts, step_counts.counts, "{what}");
+            }
+            let past = vec![generate(Shape::Prose, (24 << 10) + 1, 37)];
+            check_batch(
+                &resident,
+                &tokenizer,
+                &past,
+                &format!("{label}, past the limit"),
+            );
+            let mut results = vec![Vec::new()];
+            let timings = resident
+                .submit_bytes(&[&past[0]])
+                .and_then(|pending| pending.wait_into(&mut results))
+                .unwrap();
+            assert_eq!(
+                timings.steps.len(),
+                resident.programs().steps().len(),
+                "{label}: past the limit every step runs"
             );
         }
     }

@@ -10,9 +10,9 @@ use assemble::ptxas;
 use vyre_cuda::codegen::{multiprocessor_limits, program_to_ptx_with_results};
 use vyre_cuda::ir::{Expr, Node};
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
+use vyre_tokenizer::device::fused::short_program;
 use vyre_tokenizer::device::programs::Programs;
-use vyre_tokenizer::device::short::short_program;
-use vyre_tokenizer::device::Geometry;
+use vyre_tokenizer::device::{Geometry, ShortText};
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 
@@ -59,22 +59,55 @@ fn assemble_all_sets(sets: &[Programs]) {
 /// Locks out a short-text kernel the device would refuse (its steps' workgroup
 /// memory together over the device's, a rewritten body the validator rejects,
 /// PTX that `ptxas` does not take): the short-text program of each pattern at
-/// the default geometry validates, lowers, generates PTX and assembles for
-/// `sm_90`.
+/// the default geometry and in the other workgroups the bench's short-text
+/// sweep measures (512 and 1,024 threads) validates, lowers, generates PTX and
+/// assembles for `sm_90` within an H200's workgroup memory.
 #[test]
 fn short_text_programs_validate_lower_and_assemble() {
-    let programs: Vec<(String, vyre_cuda::ir::Program)> =
-        [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k]
-            .into_iter()
-            .map(|pattern| {
-                let steps = Programs::new(pattern, Geometry::default()).expect("geometry");
-                let short = short_program(&steps.steps()[1..], &Geometry::default())
-                    .unwrap_or_else(|error| panic!("{pattern:?}: {error}"));
-                (format!("short_{pattern:?}"), short.program)
-            })
-            .collect();
-    assemble::assemble_all(
+    let shapes = [
+        ShortText::default(),
+        ShortText {
+            workgroup_size: 512,
+            bytes_per_thread: 2,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 1,
+        },
+        ShortText {
+            workgroup_size: 1024,
+            bytes_per_thread: 4,
+        },
+    ];
+    let mut programs: Vec<(String, vyre_cuda::ir::Program)> = Vec::new();
+    for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
+        for short_text in shapes {
+            let geometry = Geometry {
+                short_text,
+                ..Geometry::default()
+            }
+            .short();
+            let steps = Programs::new(pattern, geometry).expect("geometry");
+            let short = short_program(&steps.fused_steps(), &geometry)
+                .unwrap_or_else(|error| panic!("{pattern:?}, {short_text:?}: {error}"));
+            programs.push((
+                format!(
+                    "short_{pattern:?}_{}x{}",
+                    short_text.workgroup_size, short_text.bytes_per_thread
+                ),
+                short.program,
+            ));
+        }
+    }
+    // Past 48 KiB the backend gives the kernel the device's opt-in workgroup
+    // memory as one dynamic pool.
+    let h200 = vyre_cuda::ir::Limits {
+        max_shared_memory_bytes: assemble::H200_SHARED_MEMORY_BYTES,
+        ..vyre_cuda::ir::Limits::default()
+    };
+    assemble::assemble_all_within(
         "short_text_programs_validate_lower_and_assemble",
+        &h200,
         programs
             .iter()
             .map(|(name, program)| (name.clone(), program)),

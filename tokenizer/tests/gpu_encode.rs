@@ -24,10 +24,10 @@ use device_batches::{
     long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
     STEP_BY_STEP,
 };
-use sanitizer::sized_for_tools;
+use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
-use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -453,9 +453,10 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// look-back that waits for a group it is itself to run): 2,000 random strings
 /// per encoding (24 under compute-sanitizer), one text per encode, and batches
 /// of long pieces and of empty and short documents of at most 4,096 bytes, run
-/// as `stage` and `short` (two
-/// dispatches) and equal the CPU encoder, at the default geometry and with
-/// every step in 32-thread workgroups (many groups per step).
+/// as one dispatch of the short-text kernel and equal the CPU encoder, at the
+/// default geometry, with every step in 32-thread workgroups (many groups per
+/// step), and in the other workgroups the bench's short-text sweep measures
+/// (512 and 1,024 threads; one group or several per step).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_short_texts_through_one_workgroup_equal_cpu() {
@@ -471,8 +472,15 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
                 bytes_per_thread: 2,
                 compact_workgroups: 1,
             },
+            short_text: ShortText {
+                workgroup_size: 32,
+                bytes_per_thread: 2,
+            },
             ..Geometry::default()
         },
+        short_text(512, 2),
+        short_text(1024, 1),
+        short_text(1024, 4),
     ];
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
@@ -488,7 +496,10 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
         for geometry in geometries {
             let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
             assert!(encoder.runs_short(4096), "{geometry:?}");
-            let what = format!("{} threads", geometry.workgroup_size);
+            let what = format!(
+                "short-text workgroup of {} threads × {} bytes",
+                geometry.short_text.workgroup_size, geometry.short_text.bytes_per_thread
+            );
             for (index, text) in texts.iter().enumerate() {
                 let mut results = [Vec::new()];
                 let timings = encoder
@@ -503,13 +514,118 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
                 );
                 if !text.is_empty() {
                     let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
-                    assert_eq!(names, ["stage", "short"], "{what}, text {index}");
+                    assert_eq!(names, ["short"], "{what}, text {index}");
                 }
             }
             for (index, batch) in batches.iter().enumerate() {
                 check_batch(&encoder, &cpu, batch, &format!("{what}, batch {index}"));
             }
         }
+    }
+}
+
+/// Locks out a resident-grid kernel that differs on the device from the steps
+/// it fuses (a grid sync that does not hold every workgroup until the step
+/// before is done everywhere, a look-back that waits for a group its own
+/// workgroup is to run in a later round, a co-residency limit that the driver
+/// refuses or that deadlocks the grid sync, `stage` or `pieces` striding over
+/// another grid than the one launched): on all four encodings the three shapes
+/// at 5 KiB, 64 KiB, 256 KiB and 1 MiB, batches of random strings (of more
+/// than 4 KiB each), of long pieces and of empty documents, run as one
+/// `resident` dispatch and equal the CPU encoder, with the grid as the text
+/// asks, capped at 7 workgroups (many rounds of each step) and at 32-thread
+/// workgroups (many groups per round).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_resident_grid_equals_cpu() {
+    let geometries = [
+        Geometry::default(),
+        Geometry {
+            resident_workgroups: Some(7),
+            ..Geometry::default()
+        },
+        Geometry::default().with_split_workgroups(32, 2),
+    ];
+    for encoding in Encoding::ALL {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let mut random = SplitMix64::new(0x7e51 + encoding as u64);
+        let count = sized_for_tools("random strings", 2000, 200);
+        let texts = random_texts(&mut random, count, 24);
+        let mut batches: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        for text in texts {
+            batch.push(text);
+            if batch.iter().map(Vec::len).sum::<usize>() > 16 << 10 {
+                batches.push(std::mem::take(&mut batch));
+            }
+        }
+        let mut long_pieces: Vec<Vec<u8>> = long_piece_texts(8, &mut random)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect();
+        long_pieces.extend(batch_with_empty_documents(&mut random, 400));
+        // Past the short-text kernel's limit whatever the pieces' lengths.
+        long_pieces.push(generate(Shape::Code, 5 << 10, 41));
+        batches.push(long_pieces);
+        let sizes: &[usize] = if under_sanitizer() {
+            &[5 << 10, 64 << 10]
+        } else {
+            &[5 << 10, 64 << 10, 256 << 10, 1 << 20]
+        };
+        for &bytes in sizes {
+            for shape in Shape::ALL {
+                batches.push(vec![generate(shape, bytes, 43)]);
+            }
+        }
+        // Past the default limit: 1 MiB asks for more workgroups than an H200
+        // holds at once, so every workgroup runs several rounds.
+        let limits = ChunkLimits {
+            resident_text_bytes: 1 << 20,
+            ..ChunkLimits::default()
+        };
+        for geometry in geometries {
+            let encoder = cuda_encoder(&cpu, geometry, limits);
+            let what = format!(
+                "split {} threads × {} bytes, resident grid {:?}",
+                geometry.split.workgroup_size,
+                geometry.split.bytes_per_thread,
+                geometry.resident_workgroups
+            );
+            for (index, batch) in batches.iter().enumerate() {
+                let bytes: usize = batch.iter().map(Vec::len).sum();
+                assert!(
+                    encoder.runs_resident(bytes as u64),
+                    "{what}, batch {index}: {bytes} bytes"
+                );
+                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                let mut results = vec![Vec::new(); refs.len()];
+                let timings = encoder
+                    .submit_bytes(&refs)
+                    .and_then(|pending| pending.wait_into(&mut results))
+                    .unwrap_or_else(|error| panic!("{what}, batch {index}: {error}"));
+                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+                assert_eq!(names, ["resident"], "{what}, batch {index}");
+                for (document, (got, text)) in results.iter().zip(batch).enumerate() {
+                    assert_eq!(
+                        *got,
+                        cpu.encode_ordinary_bytes(text),
+                        "{what}, batch {index}, document {document}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The default geometry with the short-text kernel in workgroups of
+/// `workgroup_size` threads, the split's taking `bytes_per_thread` bytes each.
+fn short_text(workgroup_size: u32, bytes_per_thread: u32) -> Geometry {
+    Geometry {
+        short_text: ShortText {
+            workgroup_size,
+            bytes_per_thread,
+        },
+        ..Geometry::default()
     }
 }
 
@@ -605,7 +721,13 @@ fn gpu_chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
     };
     for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
-        let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
+        // The resident-grid kernel off: under the sanitizer the bulk size is
+        // one it would take.
+        let limits = ChunkLimits {
+            resident_text_bytes: 0,
+            ..ChunkLimits::default()
+        };
+        let encoder = cuda_encoder(&cpu, geometry, limits);
         assert!(
             encoder.runs_bulk(from_bytes as u64) && !encoder.runs_bulk(from_bytes as u64 - 1),
             "the device did not take the bulk split from {from_bytes} bytes"
@@ -696,16 +818,21 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
 /// Locks out an eager encode whose steps each wait on the device for every
 /// earlier step that touched their buffers (most steps read what several
 /// earlier ones wrote) instead of for the one before, which already ran after
-/// those: every encoding's eager encode of 64 KiB waits once per step after
-/// the first, and gives the CPU encoder's ids. (That the one wait still orders
+/// those: every encoding's eager encode of 64 KiB, step by step (the
+/// resident-grid kernel off), waits once per step after the first, and gives
+/// the CPU encoder's ids. (That the one wait still orders
 /// a step after every writer is `gpu_a_chain_step_waits_once_yet_after_every_writer`'s
 /// check, with its negative control.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_an_eager_encode_waits_once_per_step() {
     for encoding in Encoding::ALL {
-        let (cpu, gpu) = cpu_and_device(encoding);
-        let encoder = device(&gpu);
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let limits = ChunkLimits {
+            resident_text_bytes: 0,
+            ..ChunkLimits::default()
+        };
+        let encoder = &cuda_encoder(&cpu, Geometry::default(), limits);
         let text = generate(Shape::Prose, 64 << 10, 7);
         let expected = cpu.encode_ordinary_bytes(&text);
         for round in 0..2 {

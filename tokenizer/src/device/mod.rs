@@ -66,11 +66,14 @@
 //!   never merges into the next document; the compaction writes the ids in
 //!   text order and each document's first id index, and the host hands each
 //!   document its slice.
-//! - **Short texts**: a chunk of at most 4 KiB ([`short::SHORT_TEXT_BYTES`],
-//!   [`ChunkLimits::short_text_bytes`]) runs `stage` and one more kernel, in
-//!   which one workgroup runs every other step's workgroups in turn
-//!   ([`short`]): two dispatches instead of seven or eight, each of which a
-//!   short text pays for in launches and the waits between them.
+//! - **Short and mid-size texts**: a chunk of at most 4 KiB
+//!   ([`fused::SHORT_TEXT_BYTES`], [`ChunkLimits::short_text_bytes`]) runs as
+//!   one kernel in which one workgroup runs every step's workgroups in turn,
+//!   and a chunk of at most 512 KiB ([`fused::RESIDENT_TEXT_BYTES`],
+//!   [`ChunkLimits::resident_text_bytes`]) as one cooperative kernel whose
+//!   resident workgroups share each step's, a grid sync between steps
+//!   ([`fused`]): one dispatch instead of seven or eight, each of which such a
+//!   text pays for in launches and the waits between them.
 //! - **Any length, any batch**: buffers grow by powers of two and are reused;
 //!   a batch is cut into chunks of whole documents (16 MiB by default, at most
 //!   the split's 256 MiB), up to four on the device at once, the next one
@@ -121,14 +124,14 @@
 //! `Tokenizer` runs every encode of [`Backend::Gpu`](crate::Backend::Gpu)
 //! (and of [`Backend::Auto`](crate::Backend::Auto) for 64 KiB and more) here.
 
+pub mod fused;
 pub mod host_copy;
 pub mod pipeline;
 pub mod programs;
-pub mod short;
 pub mod vocabulary;
 
 pub use pipeline::{
     ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepTimings,
 };
-pub use programs::{BulkSplit, Geometry};
+pub use programs::{BulkSplit, Geometry, ShortText};
 pub use vocabulary::DeviceVocabulary;

@@ -85,9 +85,11 @@ use vyre_cuda::backend::{
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
+use super::fused::{
+    resident_program, short_program, ShortProgram, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
+};
 use super::host_copy;
 use super::programs::{blocks, param, Geometry, Programs, Role, MAX_KERNEL_STEPS};
-use super::short::{short_program, SHORT_TEXT_BYTES};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::batch::kind_table_bytes;
@@ -183,18 +185,24 @@ fn internal(what: String) -> TokenizerError {
 
 /// How big one chunk may be: a batch is cut into chunks of whole documents, each
 /// at most this many bytes and documents (a document larger than the byte limit
-/// is a chunk of its own); and up to which size a chunk runs as `stage` and the
-/// short-text kernel ([`short`](super::short)).
+/// is a chunk of its own); and up to which sizes a chunk runs as one dispatch:
+/// the short-text kernel in one workgroup, or the same steps on a resident grid
+/// ([`fused`](super::fused)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkLimits {
     /// Most text bytes of a chunk.
     pub text_bytes: u64,
     /// Most documents of a chunk.
     pub documents: u64,
-    /// A chunk of at most this many text bytes runs every step after `stage`
-    /// in one workgroup, in one dispatch (default [`SHORT_TEXT_BYTES`]; at
-    /// most that; 0: every chunk runs its steps one dispatch each).
+    /// A chunk of at most this many text bytes runs every step in one
+    /// workgroup, in one dispatch (default [`SHORT_TEXT_BYTES`]; at most that;
+    /// 0: none does).
     pub short_text_bytes: u64,
+    /// A larger chunk of at most this many text bytes runs every step in one
+    /// cooperative dispatch on a grid of resident workgroups, a grid sync
+    /// between steps (default [`RESIDENT_TEXT_BYTES`]; 0: none does; a device
+    /// without cooperative launch runs them step by step).
+    pub resident_text_bytes: u64,
 }
 
 impl Default for ChunkLimits {
@@ -203,6 +211,7 @@ impl Default for ChunkLimits {
             text_bytes: CHUNK_TEXT_BYTES,
             documents: CHUNK_DOCUMENTS,
             short_text_bytes: SHORT_TEXT_BYTES,
+            resident_text_bytes: RESIDENT_TEXT_BYTES,
         }
     }
 }
@@ -258,9 +267,9 @@ pub struct ChunkTimings {
     /// Host time handing each document its ids after the wait.
     pub scatter_ns: u64,
     /// Each kernel step's timings, in dispatch order
-    /// ([`DeviceEncoder::step_names`], or `stage` and `short` for a chunk that
-    /// runs the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an
-    /// empty chunk).
+    /// ([`DeviceEncoder::step_names`], or `short` alone for a chunk that runs
+    /// the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an empty
+    /// chunk).
     pub steps: Vec<StepTimings>,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
@@ -344,14 +353,39 @@ fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
     )
 }
 
-/// The short-text kernel ([`short`](super::short)): every step after `stage`
-/// in one workgroup, for chunks of at most [`SHORT_TEXT_BYTES`].
-struct ShortKernel {
+/// Every step in one kernel ([`fused`](super::fused)): in one workgroup (the
+/// short-text kernel) or on a resident grid.
+struct FusedKernel {
     kernel: Kernel,
     /// One role per global buffer, in binding order.
     bindings: Vec<Role>,
     /// The program's name, for errors.
     name: String,
+}
+
+/// `fused` compiled (`None` for none: off, or steps that do not fuse, see
+/// [`short_program`]).
+fn compile_fused(
+    backend: &AnyBackend,
+    fused: Option<ShortProgram>,
+) -> Result<Option<FusedKernel>, TokenizerError> {
+    let Some(fused) = fused else {
+        return Ok(None);
+    };
+    let name = fused.program.display_name();
+    match backend.compile(&fused.program, &DispatchConfig::linear(1)) {
+        Ok(kernel) => Ok(Some(FusedKernel {
+            kernel,
+            bindings: fused.bindings,
+            name,
+        })),
+        // Every step's workgroup buffers at once can pass a device's limit
+        // where each step alone fits (large workgroups on a device of 48 KiB),
+        // and a device without cooperative launch cannot run a grid sync:
+        // chunks then run their steps one by one.
+        Err(BackendError::InvalidProgram { .. } | BackendError::Launch { .. }) => Ok(None),
+        Err(error) => Err(backend_error(&format!("compiling {name}"), error)),
+    }
 }
 
 /// The kernel steps of one geometry, compiled: [`Programs`] and a kernel per
@@ -512,7 +546,10 @@ pub struct DeviceEncoder {
     /// The steps at [`Geometry::bulk_split`], for chunks of at least its size
     /// (`None`: none asked for, or the device cannot hold its workgroups).
     bulk: Option<CompiledSteps>,
-    short: Option<ShortKernel>,
+    short: Option<FusedKernel>,
+    /// Every step on a resident grid, for chunks up to
+    /// [`ChunkLimits::resident_text_bytes`].
+    resident: Option<FusedKernel>,
     vocabulary: DeviceBuffer,
     token_bytes: DeviceBuffer,
     kind_table: DeviceBuffer,
@@ -618,30 +655,27 @@ impl DeviceEncoder {
                 }
             }
         };
+        let fused_steps = |geometry: Geometry| {
+            Programs::new(pattern, geometry)
+                .map(|programs| programs.fused_steps())
+                .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))
+        };
         // A loop cap is for the stage and BPE steps alone (see Geometry), which
-        // one program cannot give to some of its loops: no short path with one.
-        let fused = (limits.short_text_bytes > 0 && geometry.max_loop_iterations.is_none())
-            .then(|| short_program(&steps.programs.steps()[1..], &geometry).ok())
-            .flatten();
-        let short = match fused {
-            // Off, or steps that do not fuse (see `short_program`): every chunk
-            // runs its steps one by one.
-            None => None,
-            Some(short) => {
-                let name = short.program.display_name();
-                match backend.compile(&short.program, &DispatchConfig::linear(1)) {
-                    Ok(kernel) => Some(ShortKernel {
-                        kernel,
-                        bindings: short.bindings,
-                        name,
-                    }),
-                    // Every step's workgroup buffers at once can pass a device's
-                    // limit where each step alone fits (large workgroups on a
-                    // device of 48 KiB): every chunk then runs its steps one by one.
-                    Err(BackendError::InvalidProgram { .. }) => None,
-                    Err(error) => return Err(backend_error(&format!("compiling {name}"), error)),
-                }
-            }
+        // one program cannot give to some of its loops: no fused kernel with one.
+        let uncapped = geometry.max_loop_iterations.is_none();
+        let short = if limits.short_text_bytes > 0 && uncapped {
+            let short = short_program(&fused_steps(geometry.short())?, &geometry.short()).ok();
+            compile_fused(&backend, short)?
+        } else {
+            None
+        };
+        let resident = if limits.resident_text_bytes > limits.short_text_bytes && uncapped {
+            let resident = resident_program(&fused_steps(geometry)?, &geometry).ok();
+            // A device that holds no workgroup of it at once cannot run it.
+            compile_fused(&backend, resident)?
+                .filter(|fused| fused.kernel.max_coresident_workgroups() != Some(0))
+        } else {
+            None
         };
         let vocabulary_buffer = backend
             .buffer_from(device_vocabulary.words())
@@ -657,6 +691,7 @@ impl DeviceEncoder {
             steps,
             bulk,
             short,
+            resident,
             vocabulary: vocabulary_buffer,
             token_bytes,
             kind_table,
@@ -721,6 +756,7 @@ impl DeviceEncoder {
                 .bulk_split
                 .is_some_and(|bulk| text_len >= bulk.from_bytes)
             && self.short_kernel(text_len).is_none()
+            && self.resident_kernel(text_len).is_none()
     }
 
     /// The compiled steps of a chunk of `text_len` bytes.
@@ -1123,14 +1159,19 @@ impl DeviceEncoder {
                 .workgroups(geometry, text_len as u64, documents as u64);
             (kernel, &step.bindings[..], workgroups, step.program_name())
         });
-        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.short_kernel(u64::from(text_len))
-        {
-            // `stage`, then every other step in the short-text kernel.
-            Some(short) => step_by_step
-                .take(1)
-                .chain([(&short.kernel, &short.bindings[..], 1, &short.name[..])])
-                .collect(),
-            None => step_by_step.collect(),
+        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match (
+            self.short_kernel(u64::from(text_len)),
+            self.resident_kernel(u64::from(text_len)),
+        ) {
+            // Every step, `stage` included, in one kernel.
+            (Some(short), _) => vec![(&short.kernel, &short.bindings[..], 1, &short.name[..])],
+            (None, Some(resident)) => vec![(
+                &resident.kernel,
+                &resident.bindings[..],
+                self.resident_workgroups(resident, u64::from(text_len)),
+                &resident.name[..],
+            )],
+            (None, None) => step_by_step.collect(),
         };
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
         for (kernel, roles, workgroups, name) in chain {
@@ -1147,17 +1188,53 @@ impl DeviceEncoder {
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
-    fn short_kernel(&self, text_len: u64) -> Option<&ShortKernel> {
+    fn short_kernel(&self, text_len: u64) -> Option<&FusedKernel> {
         self.short
             .as_ref()
             .filter(|_| text_len <= self.limits.short_text_bytes)
     }
 
-    /// Whether a chunk of `text_len` bytes runs as `stage` and the short-text
-    /// kernel (every other step in one workgroup, see
-    /// [`short`](super::short)) instead of one dispatch per step.
+    /// Whether a chunk of `text_len` bytes runs as the short-text kernel (every
+    /// step in one workgroup, see [`fused`](super::fused)) instead of one
+    /// dispatch per step.
     pub fn runs_short(&self, text_len: u64) -> bool {
         text_len > 0 && self.short_kernel(text_len).is_some()
+    }
+
+    /// The resident-grid kernel, when a chunk of `text_len` bytes takes it: too
+    /// large for the short-text kernel, at most
+    /// [`ChunkLimits::resident_text_bytes`].
+    fn resident_kernel(&self, text_len: u64) -> Option<&FusedKernel> {
+        if self.short_kernel(text_len).is_some() {
+            return None;
+        }
+        self.resident
+            .as_ref()
+            .filter(|_| text_len <= self.limits.resident_text_bytes)
+    }
+
+    /// Whether a chunk of `text_len` bytes runs as one cooperative dispatch of
+    /// every step on a grid of resident workgroups (see
+    /// [`fused`](super::fused)) instead of one dispatch per step.
+    pub fn runs_resident(&self, text_len: u64) -> bool {
+        text_len > 0 && self.resident_kernel(text_len).is_some()
+    }
+
+    /// Workgroups of the resident-grid kernel for a chunk of `text_len` bytes:
+    /// one per split block (the step with the most groups at the default
+    /// shape), at most what the device holds at once and
+    /// [`Geometry::resident_workgroups`].
+    fn resident_workgroups(&self, kernel: &FusedKernel, text_len: u64) -> u32 {
+        let geometry = &self.steps.programs.geometry;
+        let blocks = text_len
+            .div_ceil(u64::from(geometry.split.block_bytes()))
+            .max(1);
+        let most = kernel
+            .kernel
+            .max_coresident_workgroups()
+            .unwrap_or(u64::MAX);
+        let asked = geometry.resident_workgroups.map_or(u64::MAX, u64::from);
+        u32::try_from(blocks.min(most).min(asked).max(1)).unwrap_or(u32::MAX)
     }
 
     /// The bindings of `roles`: the resident tables, or the slot's buffers.
@@ -1436,14 +1513,17 @@ impl<'e> PendingEncode<'e> {
         let encoder = self.encoder;
         let steps = encoder.programs_for(self.text_len).steps();
         // Each dispatch's step name and program name.
-        let short = encoder
-            .short_kernel(self.text_len)
-            .filter(|_| self.text_len > 0);
-        let names: Vec<(&'static str, &str)> = match short {
-            Some(short) => vec![
-                (steps[0].name, steps[0].program_name()),
-                ("short", &short.name),
-            ],
+        let fused = match (
+            encoder.short_kernel(self.text_len),
+            encoder.resident_kernel(self.text_len),
+        ) {
+            _ if self.text_len == 0 => None,
+            (Some(short), _) => Some(("short", &short.name)),
+            (None, Some(resident)) => Some(("resident", &resident.name)),
+            (None, None) => None,
+        };
+        let names: Vec<(&'static str, &str)> = match fused {
+            Some((step, name)) => vec![(step, name)],
             _ => steps
                 .iter()
                 .map(|step| (step.name, step.program_name()))

@@ -341,6 +341,50 @@ pub struct Geometry {
     /// [`Geometry::split`] (`None`: every chunk takes `split`). The default is
     /// [`BulkSplit::default`]; see there for why.
     pub bulk_split: Option<BulkSplit>,
+    /// The workgroup of the short-text kernel ([`super::fused`]), whose steps
+    /// all run in it (see [`ShortText`]).
+    pub short_text: ShortText,
+    /// Most workgroups of the resident-grid kernel ([`super::fused`]; `None`,
+    /// the default: as many as the device holds at once, and no more than one
+    /// per block of the split). Fewer leave SMs to other work and give each
+    /// workgroup more rounds of every step.
+    pub resident_workgroups: Option<u32>,
+}
+
+/// The one workgroup the short-text kernel runs in: every step of it takes
+/// `workgroup_size` threads, the split's `bytes_per_thread` bytes each (so a
+/// text of up to `workgroup_size · bytes_per_thread` bytes is one split block).
+///
+/// # Why its own shape
+///
+/// The kernel is one workgroup on one SM, so its time is the steps' serial
+/// depth: how many instructions each warp issues one after another, with only
+/// its own workgroup's warps to hide their latency. On the H200 (2026-12-02,
+/// Nsight Compute, 1 KiB of prose with the steps' shape of 256 threads × 4
+/// bytes) it issued 55,530 warp instructions at 0.41 per cycle, 97 % of cycles
+/// with no warp eligible: 8 warps are too few. The default is the fastest row
+/// of the `gpu_encode` bench's short-text sweep (see [`SHORT_TEXT_WORKGROUP`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShortText {
+    /// Threads of the workgroup, a multiple of 32 from 32 to 1024.
+    pub workgroup_size: u32,
+    /// Bytes each thread of the split takes, 1 to 8.
+    pub bytes_per_thread: u32,
+}
+
+/// Default [`ShortText::workgroup_size`].
+pub const SHORT_TEXT_WORKGROUP: u32 = 256;
+
+/// Default [`ShortText::bytes_per_thread`].
+pub const SHORT_TEXT_BYTES_PER_THREAD: u32 = 4;
+
+impl Default for ShortText {
+    fn default() -> Self {
+        ShortText {
+            workgroup_size: SHORT_TEXT_WORKGROUP,
+            bytes_per_thread: SHORT_TEXT_BYTES_PER_THREAD,
+        }
+    }
 }
 
 /// Default [`BulkSplit::from_bytes`]: 1 MiB, the smallest chunk measured, where
@@ -414,6 +458,8 @@ impl Default for Geometry {
             occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
             bulk_split: Some(BulkSplit::default()),
+            short_text: ShortText::default(),
+            resident_workgroups: None,
         }
     }
 }
@@ -442,6 +488,26 @@ impl Geometry {
                 ..*self
             },
             None => *self,
+        }
+    }
+
+    /// This geometry with every step in [`Geometry::short_text`]'s workgroup
+    /// (and no bulk split): the shape the short-text kernel's steps are built
+    /// for.
+    pub fn short(&self) -> Geometry {
+        let ShortText {
+            workgroup_size,
+            bytes_per_thread,
+        } = self.short_text;
+        Geometry {
+            workgroup_size,
+            split: SplitGeometry {
+                workgroup_size,
+                bytes_per_thread,
+                ..self.split
+            },
+            bulk_split: None,
+            ..*self
         }
     }
 
@@ -495,10 +561,22 @@ impl Geometry {
             })
         };
         check_split(&self.split, "split")?;
-        match &self.bulk_split {
-            Some(bulk) => check_split(&bulk.split, "bulk_split.split"),
-            None => Ok(()),
+        if let Some(bulk) = &self.bulk_split {
+            check_split(&bulk.split, "bulk_split.split")?;
         }
+        if self.resident_workgroups == Some(0) {
+            return Err(
+                "Fix: Geometry::resident_workgroups is Some(0); use at least 1, or None for as many as the device holds"
+                    .to_owned(),
+            );
+        }
+        let workgroup_size = self.short_text.workgroup_size;
+        if !(32..=1024).contains(&workgroup_size) || !workgroup_size.is_multiple_of(32) {
+            return Err(format!(
+                "Fix: Geometry::short_text.workgroup_size is {workgroup_size}; use a multiple of 32 from 32 to 1024"
+            ));
+        }
+        check_split(&self.short().split, "short_text")
     }
 }
 
@@ -910,6 +988,20 @@ impl Programs {
             split,
             steps,
         })
+    }
+
+    /// The steps of a kernel that runs them all ([`super::fused`]), in order:
+    /// `stage` storing the text as bytes ([`short_stage`]), then every step
+    /// after `stage`.
+    pub fn fused_steps(&self) -> Vec<KernelStep> {
+        let stage = &self.steps[0];
+        std::iter::once(KernelStep {
+            program: short_stage(&self.geometry),
+            bindings: stage.bindings.clone(),
+            ..*stage
+        })
+        .chain(self.steps[1..].iter().cloned())
+        .collect()
     }
 
     /// The pattern whose split runs first.
@@ -1762,9 +1854,26 @@ fn emit_chunk_start(
 /// thread strides over the words and the ends, so any grid stages them all
 /// ([`Geometry::stage_workgroups`] caps it).
 pub fn stage(geometry: &Geometry) -> Program {
+    stage_program(geometry, ElemType::U64)
+}
+
+/// `stage` as the short-text kernel's first step ([`super::fused`]): the same
+/// copies, but the text stored byte by byte into the `u8` text buffer that
+/// every later step reads, because one program binds each buffer with one
+/// element type. Eight byte stores per word cost nothing at the short path's
+/// few KiB; the step it replaces was a dispatch of its own (on the H200,
+/// 2026-12-02: 13.8 µs of a 1 KiB encode's 83.6, its launch included).
+pub fn short_stage(geometry: &Geometry) -> Program {
+    stage_program(geometry, ElemType::U8)
+}
+
+/// `stage` storing the text into a buffer of `text` elements (`U64`: word for
+/// word; `U8`: each word's eight bytes, lowest address first).
+fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
     let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("stage"), |role| match role {
-        Role::StagedText | Role::Text => ElemType::U64,
+        Role::StagedText => ElemType::U64,
+        Role::Text => text,
         _ => ElemType::U32,
     })
     .body(|b| {
@@ -1786,11 +1895,19 @@ pub fn stage(geometry: &Geometry) -> Program {
         let item = b.let_mut("item", thread);
         b.while_(item.clone().less_than(items), |b| {
             b.if_(item.clone().less_than(words.clone()), |b| {
-                b.store(
-                    Role::Text.name(),
-                    item.clone(),
-                    load(Role::StagedText, item.clone()),
-                );
+                let word = load(Role::StagedText, item.clone());
+                if text == ElemType::U8 {
+                    let word = b.let_("word", word);
+                    for byte in 0..8u32 {
+                        b.store(
+                            Role::Text.name(),
+                            item.clone() * 8u32 + byte,
+                            (word.clone() >> (8 * byte)).cast(ScalarType::U32),
+                        );
+                    }
+                } else {
+                    b.store(Role::Text.name(), item.clone(), word);
+                }
             });
             b.if_(item.clone().less_than(ends.clone()), |b| {
                 b.store(

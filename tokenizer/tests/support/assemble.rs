@@ -18,17 +18,31 @@ use vyre_cuda::CodegenOptions;
 /// Validates, lowers, generates and assembles each `(name, program)`; `test`
 /// names the calling test in the skip message.
 pub fn assemble_all<'p>(test: &str, programs: impl IntoIterator<Item = (String, &'p Program)>) {
+    assemble_all_within(test, &Limits::default(), programs);
+}
+
+/// Workgroup memory an H200 gives one kernel that opts in (dynamic shared
+/// memory past the static 48 KiB), as `cuDeviceGetAttribute` reports it.
+pub const H200_SHARED_MEMORY_BYTES: u32 = 232_448;
+
+/// [`assemble_all`] under `limits` (a device's: workgroup memory past the
+/// default 48 KiB becomes one dynamic pool).
+pub fn assemble_all_within<'p>(
+    test: &str,
+    limits: &Limits,
+    programs: impl IntoIterator<Item = (String, &'p Program)>,
+) {
     let ptxas = ptxas::require(test);
     let directory = tempfile::tempdir().expect("tempdir");
     for (name, program) in programs {
-        validate(program, &Limits::default()).unwrap_or_else(|error| panic!("{name}: {error}"));
+        validate(program, limits).unwrap_or_else(|error| panic!("{name}: {error}"));
         for subgroup_ops in [true, false] {
             let caps = LoweringCaps {
                 subgroup_ops,
                 subgroup_size: 32,
             };
             let lowered = lower_workgroup_reductions(program, &caps);
-            validate_lowered(&lowered, &Limits::default())
+            validate_lowered(&lowered, limits)
                 .unwrap_or_else(|error| panic!("{name} lowered: {error}"));
             let ptx = program_to_ptx(&lowered, &CodegenOptions::default(), 90, 32)
                 .unwrap_or_else(|error| panic!("{name}: {error}"));

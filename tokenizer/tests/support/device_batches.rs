@@ -176,12 +176,14 @@ pub fn split_pieces_alone_and_joined(
     (alone, joined)
 }
 
-/// Every chunk runs its steps one dispatch each (the short-text kernel off:
-/// `short_texts_through_one_workgroup_equal_cpu` holds it to the same ids).
+/// Every chunk runs its steps one dispatch each (the short-text and the
+/// resident-grid kernels off: `short_texts_through_one_workgroup_equal_cpu`
+/// and `resident_grid_equals_cpu` hold them to the same ids).
 pub const STEP_BY_STEP: ChunkLimits = ChunkLimits {
     text_bytes: CHUNK_TEXT_BYTES,
     documents: CHUNK_DOCUMENTS,
     short_text_bytes: 0,
+    resident_text_bytes: 0,
 };
 
 /// Batches for a grid that must take more than one pass: each shape at

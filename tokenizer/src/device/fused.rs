@@ -1,6 +1,7 @@
-//! The short-text program: every kernel step after `stage` in one program that
-//! one workgroup runs, each step's grid in turn, so a short text costs `stage`
-//! and one more dispatch instead of one dispatch per step.
+//! The fused programs: every kernel step in one program, so a short or
+//! mid-size text costs one dispatch instead of one per step. The short-text
+//! program runs in one workgroup, each step's grid in turn; the resident-grid
+//! program on as many workgroups as the device holds at once (see below).
 //!
 //! # Why it exists
 //!
@@ -10,15 +11,22 @@
 //! tiktoken-rs on one CPU thread, while the same encoder ran 16 MiB chunks at
 //! about 5 ms of kernels: a short text pays for launches and the waits between
 //! them, not for work. Here the steps run back to back inside one kernel with a
-//! workgroup barrier between them.
+//! workgroup barrier between them. `stage` ran as a dispatch of its own before
+//! this program (its text buffer of `u64` words, where every other step reads
+//! bytes) until a 1 KiB encode measured 83.6 µs on the H200 (2026-12-02) of
+//! which `stage` took 13.8, its launch included; the steps now start with
+//! [`short_stage`](super::programs::short_stage), the same copies storing bytes.
+//! The steps are built for [`Geometry::short`], the workgroup of
+//! [`ShortText`](super::programs::ShortText) (see there for why its own).
 //!
 //! # How
 //!
 //! [`short_program`] takes the steps' programs and rewrites each body as the
 //! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
-//! count its [`Grid`] gives for the text length and document count read from
-//! `params` (reduced over the workgroup, so every loop bound is uniform; one
-//! group for `pieces`, which strides over its tiles itself):
+//! count its [`Grid`] gives for the text length read from the staged
+//! parameters (or `params` without `stage`; reduced over the workgroup, so
+//! every loop bound is uniform; one group for `stage` and `pieces`, which
+//! stride over their work themselves):
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
@@ -33,6 +41,27 @@
 //! order of a launch's workgroups, and every step already works for any order
 //! (the split's look-back waits only on earlier workgroups, which here have
 //! finished), so the ids are the same as the steps' dispatched one by one.
+//!
+//! # The resident grid: the same steps for mid-size texts
+//!
+//! A text of a few hundred KiB is too much work for one workgroup and still
+//! pays for eight dispatches: on the H200 (2026-12-02) 256 KiB of prose took
+//! 221 µs eagerly, of which the kernels were 120 µs and the rest the launches,
+//! the cross-stream waits between dependent steps and the host's work for
+//! each. [`resident_program`] applies the same rewrite for a grid of `G`
+//! workgroups that are all on the device at once (a cooperative launch; the
+//! encoder asks for at most what the device holds): in round `r` workgroup
+//! `w` runs group `r · G + w` of the step, every workgroup the same number of
+//! rounds (the last round's extra workgroups idle through it, so every bound
+//! stays uniform), and a grid sync ends every step, so what any group of a
+//! step wrote is visible to every group of the next. `stage` and `pieces`,
+//! which stride over their work by the grid's size, run one group per
+//! workgroup. Each step's groups then run in an order a launch could have
+//! given them: the split's look-back orders blocks by the tickets they take
+//! as they start, never by their index, so a group waits only for groups that
+//! started before it on workgroups that are resident and never wait for a
+//! later one; no step waits for a group of a later round of its own
+//! workgroup.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +74,11 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 
 /// Most text bytes an encode takes through the short-text program.
 pub const SHORT_TEXT_BYTES: u64 = 4096;
+
+/// Default most text bytes a chunk takes through the resident-grid program:
+/// 512 KiB, below where the split's bulk blocks take over
+/// ([`BULK_SPLIT_FROM_BYTES`](super::programs::BULK_SPLIT_FROM_BYTES)).
+pub const RESIDENT_TEXT_BYTES: u64 = 512 << 10;
 
 /// The short-text program and the role of each of its global buffers, in
 /// binding order.
@@ -65,6 +99,32 @@ const PREFIX: &str = "short_";
 /// write-only or per-thread buffer, one role with two element types, steps of
 /// different workgroup sizes).
 pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortProgram, String> {
+    fused_program(steps, geometry, Spread::OneWorkgroup)
+}
+
+/// The steps (`steps`, in dispatch order) as one program for a grid of
+/// workgroups that are all resident at once (launched cooperatively): each
+/// step's groups dealt out over the grid's workgroups in rounds, a grid sync
+/// between steps; `Err` as [`short_program`].
+pub fn resident_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortProgram, String> {
+    fused_program(steps, geometry, Spread::ResidentGrid)
+}
+
+/// How a fused program runs each step's groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spread {
+    /// One workgroup runs them all in turn; a workgroup barrier between steps.
+    OneWorkgroup,
+    /// Workgroup `w` of `G` runs groups `w, w + G, ...`; a grid sync between
+    /// steps.
+    ResidentGrid,
+}
+
+fn fused_program(
+    steps: &[KernelStep],
+    geometry: &Geometry,
+    spread: Spread,
+) -> Result<ShortProgram, String> {
     let Some(first) = steps.first() else {
         return Err("the short-text program needs at least one step".to_owned());
     };
@@ -220,19 +280,19 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         .collect();
 
     let text_len: Name = format!("{PREFIX}text_len").into();
-    let documents: Name = format!("{PREFIX}documents").into();
-    let mut entry = vec![
-        Node::WorkgroupReduce {
-            name: text_len.clone(),
-            op: ReduceOp::Max,
-            value: Expr::load(Role::Params.name(), param::TEXT_LEN),
-        },
-        Node::WorkgroupReduce {
-            name: documents.clone(),
-            op: ReduceOp::Max,
-            value: Expr::load(Role::Params.name(), param::DOCUMENTS),
-        },
-    ];
+    // The text length, before any step runs: from the staged parameters when
+    // `stage` is one of the steps (it copies them into `params`, which it has
+    // not yet done), from `params` otherwise.
+    let sizes = if roles.contains(&Role::StagedParams) {
+        Role::StagedParams
+    } else {
+        Role::Params
+    };
+    let mut entry = vec![Node::WorkgroupReduce {
+        name: text_len.clone(),
+        op: ReduceOp::Max,
+        value: Expr::load(sizes.name(), param::TEXT_LEN),
+    }];
     for (index, (step, rename)) in steps.iter().zip(&renames).enumerate() {
         let group: Name = format!("{PREFIX}group_{index}").into();
         let groups: Name = format!("{PREFIX}groups_{index}").into();
@@ -244,7 +304,7 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
                 geometry,
                 threads,
                 Expr::Var(text_len.clone()),
-                Expr::Var(documents.clone()),
+                spread,
             ),
         });
         let mut rewrite = Rewrite {
@@ -256,15 +316,50 @@ pub fn short_program(steps: &[KernelStep], geometry: &Geometry) -> Result<ShortP
         let mut body = clear_workgroup_buffers(&cleared[index], threads);
         body.extend(rewrite.block(step.program.entry())?.iter().cloned());
         body.push(Node::Barrier);
-        entry.push(Node::Loop {
-            variable: group,
-            start: Expr::u32(0),
-            end: Expr::Var(groups),
-            body: body.into(),
-        });
+        match spread {
+            Spread::OneWorkgroup => entry.push(Node::Loop {
+                variable: group,
+                start: Expr::u32(0),
+                end: Expr::Var(groups),
+                body: body.into(),
+            }),
+            Spread::ResidentGrid => {
+                // Round `r` of workgroup `w` runs group `r · G + w`: every
+                // workgroup the same number of rounds (so the bound is uniform),
+                // the last round's extra workgroups idle through it.
+                let round: Name = format!("{PREFIX}round_{index}").into();
+                let workgroups = Expr::workgroup_count(Axis::X);
+                let mut in_round = vec![Node::Let {
+                    name: group.clone(),
+                    mutable: false,
+                    value: Expr::Var(round.clone()) * workgroups.clone()
+                        + Expr::workgroup_id(Axis::X),
+                }];
+                in_round.push(Node::If {
+                    condition: Expr::Var(group).less_than(Expr::Var(groups.clone())),
+                    then_body: body.into(),
+                    else_body: Vec::new().into(),
+                });
+                entry.push(Node::Loop {
+                    variable: round,
+                    start: Expr::u32(0),
+                    end: (Expr::Var(groups) + (workgroups.clone() - 1u32)) / workgroups,
+                    body: in_round.into(),
+                });
+                // What every group of this step wrote, seen by every group of
+                // the next.
+                if index + 1 < steps.len() {
+                    entry.push(Node::GridSync);
+                }
+            }
+        }
     }
+    let kind = match spread {
+        Spread::OneWorkgroup => "short",
+        Spread::ResidentGrid => "resident",
+    };
     let program = Program::new(buffers, workgroup_size, entry)
-        .with_entry_op_id(format!("bpe.short.{}", first.program_name()));
+        .with_entry_op_id(format!("bpe.{kind}.{}", first.program_name()));
     Ok(ShortProgram {
         program,
         bindings: roles,
@@ -285,23 +380,24 @@ fn groups_of(value: Expr, divisor: u32) -> Expr {
 }
 
 /// How many workgroups a step of `grid` runs (as [`Grid::workgroups`], but one
-/// for `pieces`, which strides over its work) for the text length and
-/// document count in `text_len` and `documents`.
+/// for `stage` and `pieces`, which stride over their work) for the text length
+/// in `text_len`.
 fn group_count(
     grid: Grid,
     geometry: &Geometry,
     threads: u32,
     text_len: Expr,
-    documents: Expr,
+    spread: Spread,
 ) -> Expr {
     match grid {
-        // Never a step of this program (it runs after `stage`), but as
-        // `Grid::workgroups` counts it, cap included.
-        Grid::Stage => groups_of(((text_len + 15u32) / 16u32).max(documents), threads)
-            .min(geometry.stage_workgroups),
-        // `pieces` strides over its tiles, so any number of groups covers them:
-        // one saves the others' clearing, reductions and barriers.
-        Grid::PieceTiles => Expr::u32(1),
+        // `stage` and `pieces` stride over their work, so any number of groups
+        // covers it: in one workgroup one saves the others' clearing,
+        // reductions and barriers; on a resident grid every workgroup takes a
+        // share.
+        Grid::Stage | Grid::PieceTiles => match spread {
+            Spread::OneWorkgroup => Expr::u32(1),
+            Spread::ResidentGrid => Expr::workgroup_count(Axis::X),
+        },
         Grid::Merge => groups_of(
             (text_len + (MERGE_BYTES_PER_THREAD - 1)) / MERGE_BYTES_PER_THREAD,
             threads,
