@@ -563,10 +563,10 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
     }
 }
 
-/// One document of prose of 8 KiB to 2 MiB eager through the resident-grid
-/// kernel and step by step (`step_by_step`), each with the kernels' own time:
-/// where the one cooperative dispatch stops paying, which places
-/// `RESIDENT_TEXT_BYTES`.
+/// One document of each shape, 8 KiB to 2 MiB, eager through the
+/// resident-grid kernel and step by step (`step_by_step`), each with the
+/// kernels' own time: where the one cooperative dispatch stops paying, which
+/// places `RESIDENT_TEXT_BYTES`.
 fn resident_by_size(
     gpu: &CudaBackend,
     cpu: &Tokenizer,
@@ -583,11 +583,15 @@ fn resident_by_size(
         },
     )
     .expect("encoder");
-    println!("\nthe resident-grid kernel against every step its own dispatch (prose, eager, median of {rounds}; kernels' own time in brackets):");
-    for kib in [8usize, 32, 128, 256, 512, 1024, 2048] {
-        let text = generate(Shape::Prose, kib << 10, 47);
+    println!("\nthe resident-grid kernel against every step its own dispatch (eager, median of {rounds}; kernels' own time in brackets):");
+    let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048];
+    for (shape, kib) in Shape::ALL
+        .into_iter()
+        .flat_map(|shape| sizes.map(|kib| (shape, kib)))
+    {
+        let text = generate(shape, kib << 10, 47);
         let ids = cpu.encode_ordinary_bytes(&text);
-        let mut row = format!("  {kib:>5} KiB:");
+        let mut row = format!("  {shape:>5} {kib:>5} KiB:");
         for (label, encoder) in [("resident", &resident), ("step by step", step_by_step)] {
             let mut results = [Vec::new()];
             let (eager, parts) = median(rounds, || {

@@ -462,22 +462,7 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     let geometries = [
         Geometry::default(),
-        Geometry {
-            workgroup_size: 32,
-            chunk_bytes: 8,
-            repair_window_bytes: 32,
-            compact_workgroups: 3,
-            split: vyre_tokenizer::pretokenize::Geometry {
-                workgroup_size: 32,
-                bytes_per_thread: 2,
-                compact_workgroups: 1,
-            },
-            short_text: ShortText {
-                workgroup_size: 32,
-                bytes_per_thread: 2,
-            },
-            ..Geometry::default()
-        },
+        thirty_two_threads(),
         short_text(512, 2),
         short_text(1024, 1),
         short_text(1024, 4),
@@ -544,7 +529,7 @@ fn gpu_resident_grid_equals_cpu() {
             resident_workgroups: Some(7),
             ..Geometry::default()
         },
-        Geometry::default().with_split_workgroups(32, 2),
+        thirty_two_threads(),
     ];
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
@@ -614,6 +599,27 @@ fn gpu_resident_grid_equals_cpu() {
                 }
             }
         }
+    }
+}
+
+/// Every step, the fused kernels' included, in workgroups of 32 threads, the
+/// split's taking 2 bytes each: many groups per step.
+fn thirty_two_threads() -> Geometry {
+    Geometry {
+        workgroup_size: 32,
+        chunk_bytes: 8,
+        repair_window_bytes: 32,
+        compact_workgroups: 3,
+        split: vyre_tokenizer::pretokenize::Geometry {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+            compact_workgroups: 1,
+        },
+        short_text: ShortText {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+        },
+        ..Geometry::default()
     }
 }
 

@@ -76,9 +76,13 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 pub const SHORT_TEXT_BYTES: u64 = 4096;
 
 /// Default most text bytes a chunk takes through the resident-grid program:
-/// 512 KiB, below where the split's bulk blocks take over
-/// ([`BULK_SPLIT_FROM_BYTES`](super::programs::BULK_SPLIT_FROM_BYTES)).
-pub const RESIDENT_TEXT_BYTES: u64 = 512 << 10;
+/// 64 KiB. On the H200 (2026-12-02, the `gpu_encode` bench's rows, prose,
+/// eager) one cooperative dispatch took 90, 110 and 135 µs at 8, 32 and
+/// 128 KiB where every step its own dispatch took 115, 132 and 161 µs; at
+/// 256 KiB the two were even for prose (205 / 211 µs) and the resident grid
+/// slower for CJK and code (523 / 371, 339 / 240 µs), whose longer pieces
+/// make the fused kernel's own time grow past the launches it saves.
+pub const RESIDENT_TEXT_BYTES: u64 = 64 << 10;
 
 /// The short-text program and the role of each of its global buffers, in
 /// binding order.
