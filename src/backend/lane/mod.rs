@@ -29,8 +29,9 @@
 //! the outputs out (one copy per stretch of adjacent items). No system-scope fence
 //! is on a request's path (the server's `st.release.sys` of a completion word used
 //! to hold it 0.61 µs of 4.22 µs on the H200, 2026-12-01; `codegen::ptx::lane`
-//! argues the ordering). Up to [`LaneOptions::slots`] requests may be in flight; the
-//! kernel serves them in order.
+//! argues the ordering), and the one GPU-scope fence comes after the result words, so
+//! the delivery does not wait for it (see "Delivered is not retired"). Up to
+//! [`LaneOptions::slots`] requests may be in flight; the kernel serves them in order.
 //!
 //! A repeat of one of the last four distinct requests (the same kernel, grid, fixpoint
 //! count and readback of every output or none, over the same owned buffers at the same
@@ -61,6 +62,35 @@
 //! workgroups do not all run at once). Lane requests enter the backend's order book:
 //! ordering against eager dispatches that share memory is kept on the host
 //! (`backend::ordering`).
+//!
+//! # Delivered is not retired
+//!
+//! The server's publish fence (`fence.acq_rel.gpu`, which makes the request's outputs
+//! in device memory visible at GPU scope) used to come before the result words, and
+//! held every one of them: the readback phase took 0.96–1.06 µs on the H200
+//! (2026-12-02), about 0.3 µs of it the fence, and the host's delivery waited for all
+//! of it although the host reads no output through device memory. The fence now
+//! follows the result words and precedes only the completion word (an earlier build
+//! of this order measured the readback phase at 0.64–0.74 µs). So a delivered request's
+//! outputs in device memory may still be on their way to L2 when the host has its
+//! result words, and only the completion word says they arrived.
+//!
+//! The host therefore keeps a delivered request until its completion word covers it:
+//! its order-book entry stays, so an eager dispatch, a blocking copy or clear
+//! ([`CudaBackend::wait_for_lane_requests`]) or another lane's request that touches its
+//! buffers waits for the completion word first, as for a request not yet delivered;
+//! and its transient buffers stay out of the pool. On delivery its holds move into the
+//! lane's `retiring` list, and [`LaneShared::retire`] releases them and takes the
+//! entries out once the completion word covers them, looking at the word once per
+//! [`RETIRE_BATCH`] delivered requests (the usual request, over owned buffers, holds
+//! nothing: one look and one pass over the book per batch, not per request), and at
+//! every delivery and submission while a retiring request holds transient memory, so
+//! that the pool gets it back at once. The book holds the lane weakly, so a dropped lane
+//! still stops: its stop waits for its newest delivered request's completion word and
+//! retires everything before the book forgets the lane. Requests of a lane of one
+//! block need no host order among themselves (the server runs them one after another
+//! on the same threads, with block barriers between); a lane of several blocks waits
+//! for its own earlier conflicting requests' completion words, as for another lane's.
 //!
 //! # Costs, stated
 //!
@@ -111,8 +141,9 @@
 mod flagged;
 mod mapped;
 mod record;
+mod retire;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -152,6 +183,7 @@ use record::{
     for_each_stretch, place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts,
     RecordRoute,
 };
+use retire::{RetireQueue, Retiring, Served, RETIRE_BATCH};
 
 /// Most resident blocks a lane may hold.
 pub const MAX_LANE_BLOCKS: u32 = 1024;
@@ -166,6 +198,9 @@ pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;
 
 /// Longest sleep between the device's doorbell polls.
 pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
+
+/// The next lane's id ([`LaneShared::id`]).
+static NEXT_LANE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// How a host thread waits for a lane request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -362,6 +397,8 @@ struct SlotRequest {
     ticket: u64,
     kernel: usize,
     held: Held,
+    /// Whether it has an order-book entry (it binds owned buffers).
+    booked: bool,
     deliveries: PerBinding<(usize, usize)>,
     item_bindings: PerBinding<u32>,
     enqueue_ns: u64,
@@ -384,6 +421,8 @@ struct LaneState {
     /// Requests rung so far (the next ticket).
     submitted: u64,
     slots: Vec<Slot>,
+    /// Delivered requests waiting for their completion word ([`LaneShared::retire`]).
+    retiring: RetireQueue,
     /// The record being built.
     scratch: Box<[u8; RECORD_BYTES]>,
     /// The previous request's record (the blocks' shared copies hold it).
@@ -425,8 +464,12 @@ impl LaneState {
 /// another, each differing from the one before).
 const REMEMBERED_REQUESTS: usize = 4;
 
-/// The lane shared by its handle, its pending requests and the order book.
+/// The lane shared by its handle and its pending requests (the order book holds it
+/// weakly).
 pub(in crate::backend) struct LaneShared {
+    /// Unique in the process: names the lane in the order book, where it is held
+    /// weakly and may already be moved out of its allocation (`Lane::stop`).
+    id: u64,
     backend: CudaBackend,
     kernels: Vec<Kernel>,
     keys: Vec<ModuleKey>,
@@ -551,6 +594,7 @@ impl CudaBackend {
             module,
         };
         let shared = Arc::new(LaneShared {
+            id: NEXT_LANE_ID.fetch_add(1, Ordering::Relaxed),
             backend: self.clone(),
             kernels: kernels.iter().map(|&kernel| kernel.clone()).collect(),
             keys: cuda.iter().map(|kernel| kernel.module_key).collect(),
@@ -568,6 +612,9 @@ impl CudaBackend {
                         window: 0,
                     })
                     .collect(),
+                // Room for a batch and the requests delivered before its look, so a
+                // warm lane's retirement allocates nothing.
+                retiring: RetireQueue::with_capacity(2 * RETIRE_BATCH + slots),
                 scratch: Box::new([0; RECORD_BYTES]),
                 last: Box::new([0; RECORD_BYTES]),
                 last_len: 0,
@@ -582,6 +629,9 @@ impl CudaBackend {
             pending: AtomicUsize::new(0),
         });
         let shared = LaneShared::launch(shared, resources, &name)?;
+        // Each delivered request stays in the order book until its batch retires: room
+        // for them now, not on a warm request.
+        inner.in_flight.reserve(2 * RETIRE_BATCH + slots);
         Ok(Lane { shared })
     }
 }
@@ -671,6 +721,21 @@ impl LaneShared {
         self.backend.inner.id
     }
 
+    /// The lane's id, unique in the process (the order book names it by this).
+    pub(in crate::backend) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the device orders the lane's requests one after another with nothing
+    /// from the host: with one block, every thread passes a block barrier after its
+    /// last access of a request and before its first access of the next
+    /// (`codegen::ptx::lane`, "Requests of one lane"). With several blocks a block that
+    /// arrived early may start the next request while another still runs this one, so
+    /// the host orders the lane's own conflicting requests by their completion words.
+    pub(in crate::backend) fn serves_in_order(&self) -> bool {
+        self.options.blocks == 1
+    }
+
     fn resources(&self) -> Result<&Resources, BackendError> {
         self.resources
             .as_deref()
@@ -699,8 +764,9 @@ impl LaneShared {
     }
 
     /// End the lane for good, remembering why (the first cause wins). Its requests
-    /// leave the order book: nothing will deliver them, and an entry would keep the
-    /// lane (and its backend) alive forever.
+    /// leave the order book: none will complete (a fault, a timeout), or every one did
+    /// (a stop waits for its newest delivered request first), and a dispatch waiting for
+    /// a stopping lane's entries waits until they leave.
     fn kill(&self, cause: String) {
         let mut slot = self.dead_cause.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
@@ -708,7 +774,7 @@ impl LaneShared {
         }
         drop(slot);
         self.dead.store(true, Ordering::Release);
-        self.backend.inner.in_flight.forget_lane(self);
+        self.backend.inner.in_flight.forget_lane(self.id);
     }
 
     /// The index in the lane of the kernel `target` names (a program is compiled
@@ -749,7 +815,11 @@ impl LaneShared {
         };
         let backend = self.backend.inner.id;
         match (&previous.origin, &previous.state) {
-            (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) => Ok(()),
+            // The device orders this lane's requests (one block); with several blocks
+            // the predecessor is waited for as another lane's is, below.
+            (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) && self.serves_in_order() => {
+                Ok(())
+            }
             (PendingOrigin::Lane(lane), PendingState::Lane(ticket))
                 if lane.backend.inner.id == backend =>
             {
@@ -800,6 +870,11 @@ impl LaneShared {
         self.wait_after(request, &kernel.name)?;
         let mut state = self.lock();
         let state = &mut *state;
+        // A delivered request's transients come back before this one takes its own
+        // (a look is due while one waits; otherwise it waits for its batch).
+        if state.retiring.due() {
+            self.retire(state);
+        }
         let address_of = |buffer: &_| address_on(inner, buffer);
         let found = state
             .repeats
@@ -975,7 +1050,9 @@ impl LaneShared {
             state.slots[slot].window = window;
         }
         // In the book before the doorbell: a dispatch that sees the entry waits for a
-        // request that is (or is about to be) rung, never one that runs unseen.
+        // request that is (or is about to be) rung, never one that runs unseen. (The
+        // book keeps no entry of a request that binds no owned buffer.)
+        let booked = !repeat.accesses.is_empty();
         inner
             .in_flight
             .enter_lane(self, ticket, repeat.accesses.clone());
@@ -987,6 +1064,7 @@ impl LaneShared {
             ticket,
             kernel: index,
             held,
+            booked,
             deliveries: deliveries.clone(),
             item_bindings: repeat.item_bindings.clone(),
             enqueue_ns: elapsed_ns(start),
@@ -1103,8 +1181,10 @@ impl LaneShared {
         Ok(())
     }
 
-    /// Wait, on the host, for every eager dispatch and other lane's request in flight
-    /// that shares written memory with this one.
+    /// Wait, on the host, for every eager dispatch and lane request in flight (or
+    /// delivered and not yet retired) that shares written memory with this one: another
+    /// lane's, and this lane's own when it has several blocks
+    /// ([`LaneShared::serves_in_order`]).
     fn order(self: &Arc<Self>, accesses: &Accesses, name: &str) -> Result<(), BackendError> {
         let inner = &self.backend.inner;
         let (events, lanes) = inner
@@ -1116,18 +1196,15 @@ impl LaneShared {
                 inner.stream_failed(name, "waiting for a dispatch it shares memory with", e)
             })?;
         }
-        for (lane, ticket) in lanes {
-            lane.wait_for(ticket, name)?;
-        }
-        Ok(())
+        inner.in_flight.wait_for_lanes(lanes, name)
     }
 
     /// Give transients back to the pool and drop the holds of a request that is done
-    /// (or never rang).
+    /// (its completion word seen) or never rang.
     fn release(&self, mut held: Held) {
         // A request of owned buffers holds nothing (the usual lane request): no driver
         // call for it.
-        if held.transients.is_empty() && held.buffers.is_empty() && held.pinned.is_empty() {
+        if held.is_empty() {
             return;
         }
         // The last hold of a buffer frees it in the backend's context (waits may run
@@ -1346,8 +1423,9 @@ impl LaneShared {
             }
             Ok(())
         };
-        self.release(request.held);
-        self.backend.inner.in_flight.leave_lane(self, ticket);
+        // Delivered is not retired: the request keeps its order-book entry and its
+        // transients until its completion word arrives.
+        self.retire_later(ticket, request.held, request.booked);
         result?;
         probe::charge(Phase::Readback, mark);
         Ok(Timings {
@@ -1360,9 +1438,66 @@ impl LaneShared {
         })
     }
 
+    /// Put delivered request `ticket` (holding `held`; `booked` when it has an
+    /// order-book entry) among the requests waiting for their completion word, and
+    /// retire them when a look is due (`retire`'s module docs say when).
+    fn retire_later(&self, ticket: u64, held: Held, booked: bool) {
+        let request = Retiring::new(ticket, held, booked);
+        if request.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        if state.retiring.push(request) {
+            self.retire(&mut state);
+        }
+    }
+
+    /// Retire every delivered request the completion word covers: release its holds
+    /// (transients back to the pool) and take its order-book entries out, all in one
+    /// pass over the book. One load of the completion word (host memory) for the whole
+    /// batch; the requests it does not cover yet wait for the next look.
+    fn retire(&self, state: &mut LaneState) {
+        if state.retiring.is_empty() {
+            return;
+        }
+        let Ok(resources) = self.resources() else {
+            return;
+        };
+        let completed = resources.memory.completed();
+        let mut served = Served::new();
+        state
+            .retiring
+            .take_served(completed, &mut served, |held| self.release(held));
+        self.backend.inner.in_flight.leave_lane(self.id, &served);
+    }
+
+    /// Before a stop: wait for the newest delivered request's completion word (the
+    /// server serves in order, so it covers every earlier one) and retire them all, so
+    /// that the book forgets the lane only once its outputs are visible to later device
+    /// work. Nothing to do when none waits, or when the context is gone (the stop
+    /// abandons their holds then); a wait that fails (a fault, the timeout) leaves them
+    /// to the stop's abandonment too.
+    fn retire_before_stop(&self) {
+        let newest = self.lock().retiring.newest();
+        let Some(newest) = newest else {
+            return;
+        };
+        let inner = &self.backend.inner;
+        if inner.check_alive().is_err() || inner.bind().is_err() {
+            return;
+        }
+        if self.wait_ticket(newest).is_ok() {
+            self.retire(&mut self.lock());
+        }
+    }
+
     /// Ring the stop, wait (at most the timeout) for the kernel to leave, and release
     /// everything; a kernel that does not leave is abandoned with its memory.
     fn shut_down(&mut self) -> Result<(), BackendError> {
+        if self.resources.is_none() {
+            return Ok(());
+        }
+        self.retire_before_stop();
         let Some(resources) = self.resources.take() else {
             return Ok(());
         };
@@ -1436,20 +1571,24 @@ impl LaneShared {
         }
     }
 
-    /// Requests never delivered (a dead lane): release their holds, or forget them
-    /// when the device may still use the memory.
+    /// Requests never delivered (a dead lane), and delivered ones whose completion
+    /// word was not seen: release their holds, or forget them when the device may still
+    /// use the memory.
     fn abandon_requests(&mut self, forget: bool) {
         let inner = Arc::clone(&self.backend.inner);
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for slot in &mut state.slots {
-            if let Some(request) = slot.request.take() {
-                if forget {
-                    std::mem::forget(request.held);
-                } else {
-                    let mut held = request.held;
-                    for memory in held.transients.drain(..) {
-                        inner.transients.put(memory);
-                    }
+        let undelivered = state
+            .slots
+            .iter_mut()
+            .filter_map(|slot| slot.request.take())
+            .map(|request| request.held);
+        let retiring = state.retiring.drain_holds();
+        for mut held in undelivered.chain(retiring) {
+            if forget {
+                std::mem::forget(held);
+            } else {
+                for memory in held.transients.drain(..) {
+                    inner.transients.put(memory);
                 }
             }
         }
@@ -1736,9 +1875,9 @@ impl Lane {
             Err(shared) => {
                 let pending = shared.pending.load(Ordering::Acquire);
                 Err(BackendError::bad_input(format!(
-                    "Fix: {pending} requests of this lane are still pending (or ordered after); wait \
-                     for every PendingDispatch of it before stopping it (dropping the lane stops it once \
-                     the last is done)"
+                    "Fix: {pending} requests of this lane are still pending (or another thread waits for \
+                     one); wait for every PendingDispatch of it before stopping it (dropping the lane \
+                     stops it once the last is done)"
                 )))
             }
         }
