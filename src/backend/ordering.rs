@@ -34,21 +34,22 @@
 //! Lane requests (`backend::lane`) are in the book too. A lane's kernel is always
 //! running, so nothing can be ordered before or after it on the device: the order
 //! between a lane request and an eager dispatch is kept on the host. A lane request
-//! waits, before its doorbell rings, for every conflicting eager dispatch in flight
-//! (an event recorded on its stream, `cuEventSynchronize`) and every conflicting
-//! request of another lane; an eager dispatch waits, before it enqueues anything, for
-//! every conflicting lane request in flight (its completion word), and so does a
-//! blocking copy or clear of a buffer a lane request binds, and a graph replay over
-//! one ([`OrderBook::lanes_touching`]; neither is in the book otherwise). A lane request stays in the book after its
-//! delivery, until its completion word shows it served: the lane's server publishes
-//! the result words before its GPU-scope fence, so a delivered request's outputs in
-//! device memory are visible to later device work only once the completion word is
-//! (`codegen::ptx::lane` argues it; `LaneShared::retire` takes the entries out, a few
-//! at a time). Requests of a lane of one block run in order on the same threads, with
-//! block barriers between them, and need nothing: [`OrderBook::lane_conflicts`] skips
-//! that lane's own entries before it compares any address. A lane of several blocks
-//! does not hold a block back from the next request until the others finished this
-//! one, so its own conflicting requests are waited for as another lane's are.
+//! waits, before its doorbell rings, for every conflicting eager dispatch in flight (an
+//! event recorded on its stream, `cuEventSynchronize`) and every conflicting request of
+//! another lane; an eager dispatch waits, before it enqueues anything, for every
+//! conflicting lane request in flight (its completion word), and so does a blocking
+//! copy or clear of a buffer a lane request binds, and a graph replay over one
+//! ([`OrderBook::lanes_touching`]; neither is in the book otherwise). A lane request
+//! stays in the book after its delivery, until its completion word shows it served: the
+//! lane's server publishes the result words before its GPU-scope fence, so a delivered
+//! request's outputs in device memory are visible to later device work only once the
+//! completion word is (`codegen::ptx::lane` argues it; `LaneShared::retire` takes the
+//! entries out, a few at a time). Requests of a lane of one block run in order on the
+//! same threads, with block barriers between them, and need nothing:
+//! [`OrderBook::lane_conflicts`] skips that lane's own entries before it compares any
+//! address. A lane of several blocks does not hold a block back from the next request
+//! until the others finished this one, so its own conflicting requests are waited for
+//! as another lane's are.
 //!
 //! The book holds a lane weakly ([`Weak`]): a request entry that kept its lane alive
 //! would keep a dropped lane from stopping until the request retired, and the lane's

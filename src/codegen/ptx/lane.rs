@@ -155,22 +155,22 @@
 //! tickets; `backend::lane::flagged` argues it).
 //!
 //! **Outputs in device memory** (owned buffers that the host copies or later eager
-//! dispatches and lane requests read, and transient buffers the pool hands out
-//! again). The publishing leader's `fence.acq_rel.gpu` comes after the barriers (and
-//! the arrival's acquire) through which it observed every body store of the request,
-//! and before it stores the completion word; fences are cumulative, so every output
-//! is visible at GPU scope (in L2, the point of coherence every kernel and copy engine
+//! dispatches and lane requests read, and transient buffers the pool hands out again).
+//! The publishing leader's `fence.acq_rel.gpu` comes after the barriers (and the
+//! arrival's acquire) through which it observed every body store of the request, and
+//! before it stores the completion word; fences are cumulative, so every output is
+//! visible at GPU scope (in L2, the point of coherence every kernel and copy engine
 //! reads device memory through) before the completion word can be seen. Delivery
-//! promises nothing of the kind: the result words go out before the fence, so when
-//! the host has them an output may still be on its way to L2. So the host treats a
+//! promises nothing of the kind: the result words go out before the fence, so when the
+//! host has them an output may still be on its way to L2. So the host treats a
 //! delivered request as retired only once the completion word covers it
 //! (`backend::lane`): its order-book entries stay until then, and every reader of
-//! device memory after it (an eager dispatch, a blocking copy or clear, a graph
-//! replay, another lane's request) waits for the completion word first. Every such reader is on the
-//! GPU and starts after the host saw the completion word, so GPU scope suffices; a
+//! device memory after it (an eager dispatch, a blocking copy or clear, a graph replay,
+//! another lane's request) waits for the completion word first. Every such reader is on
+//! the GPU and starts after the host saw the completion word, so GPU scope suffices; a
 //! system-scope fence would add a wait for host memory (the stall this protocol
-//! removed). The fence runs after the leader's result words are issued, so it may
-//! wait for them as well as for device memory; nothing waits for the fence but the
+//! removed). The fence runs after the leader's result words are issued, so it may wait
+//! for them as well as for device memory; nothing waits for the fence but the
 //! completion word.
 //!
 //! **Requests of one lane.** With one block, request `n + 1` runs on the threads that
