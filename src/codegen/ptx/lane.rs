@@ -64,16 +64,18 @@
 //! shared copies are current), [`DOORBELL_EARLIER`] (it equals the record before the
 //! previous distinct one, which every block keeps in a second shared copy: the two
 //! copies change places, and no record byte is read from device or host memory) and
-//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
-//! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
-//! after saving the record it held as the earlier one
-//! (and into the device-memory cache of the slot when reloading; 16-byte chunks,
-//! all of a thread's share in flight up to sixteen), then, with more than
-//! one block, hands the doorbell value to the others through the go word
-//! (`st.release.gpu`, polled with `ld.acquire.gpu`). The scalar values are words of
-//! the record: a request that differs from the previous one only in its values has
-//! another record (so neither "same" nor the slot's cache serves it stale), and a new
-//! value is new record bytes, never new PTX. Every block then
+//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls the doorbell with
+//! `ld.acquire.sys`; block 0 copies the record into shared memory after saving the
+//! record it held as the earlier one (and into the device-memory cache of the slot when
+//! reloading; 16-byte chunks, all of a thread's share in flight up to sixteen), then,
+//! with more than one block, waits until the previous request is published
+//! ([`DEVICE_PUBLISHED`], `ld.acquire.gpu`; "Requests of one lane" below) and hands the
+//! doorbell value to the others through the go word (`st.release.gpu`, polled with
+//! `ld.acquire.gpu`; a stop goes the same way, after the same wait, with no record).
+//! The scalar values are words of the record: a request that differs from the previous
+//! one only in its values has another record (so neither "same" nor the slot's cache
+//! serves it stale), and a new value is new record bytes, never new PTX. Every block
+//! then
 //!
 //! 1. runs the prologue: zero fills (`WriteOnly` bindings and zeroed transients:
 //!    "starts zeroed", as a launch's clears) and copies of host inputs from the
@@ -86,26 +88,28 @@
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
 //!    arrive publishes. The arrival is an `atom.inc` that wraps at the last arrival's
-//!    count, so the last arrival resets the counter in the same atomic operation (a
-//!    store of 0 would erase the arrival of a block already done with the next
-//!    request, and a separate take-back would be a store in flight that nothing
-//!    orders before the header words). The publishing block writes the readback
-//!    ranges into the slot's result area as flagged words ([`FLAGGED_WORD_BYTES`]: 4
-//!    data bytes and the flag [`area_flag`] of the request in each 8-byte word;
-//!    windows — a range inside one aligned 16-byte block — with one vector load and two
+//!    count, so the last arrival resets the counter in the same atomic operation, with
+//!    no second write to order (before block 0 waited for each request's publication, a
+//!    store of 0 could erase the arrival of a block already serving the next request,
+//!    and a separate take-back was a store in flight that nothing ordered before the
+//!    header words). The publishing block writes the readback ranges into the slot's
+//!    result area as flagged words ([`FLAGGED_WORD_BYTES`]: 4 data bytes and the flag
+//!    [`area_flag`] of the request in each 8-byte word; windows — a range inside one
+//!    aligned 16-byte block — with one vector load and two
 //!    `st.relaxed.sys.global.v2.u64` each, all of a thread's windows in flight up to
 //!    sixteen; other ranges in 16-byte units or word by word, eight in flight per
 //!    thread), the leader writes the area's header as twelve flagged words (status,
 //!    ticket and the phase stamps below), runs `fence.acq_rel.gpu` (the publish fence)
-//!    and then stores `n + 1` into the completion word with `st.relaxed.sys`. Nothing
-//!    waits for host memory: the host knows a word arrived when its flag is the
-//!    request's, in any order, and delivers once every word of the header and the
-//!    readbacks did. The completion word says what delivery does not: that the
-//!    request's outputs in device memory are visible to later device work (below), so
-//!    the host's waits that order an eager dispatch, a blocking copy or clear, a graph
-//!    replay or another lane's request after this one wait for it, and so does the
-//!    host's release of the request's memory; it also answers the fault report's
-//!    "which request was being served".
+//!    and then stores `n + 1` into the completion word with `st.relaxed.sys`, and (more
+//!    than one block) into the published word with `st.release.gpu`. Nothing waits for
+//!    host memory: the host knows a word arrived when its flag is the request's, in any
+//!    order, and delivers once every word of the header and the readbacks did. The
+//!    completion word says what delivery does not: that the request's outputs in device
+//!    memory are visible to later device work (below), so the host's waits that order
+//!    an eager dispatch, a blocking copy or clear, a graph replay or another lane's
+//!    request after this one wait for it, and so does the host's release of the
+//!    request's memory; it also answers the fault report's "which request was being
+//!    served".
 //!
 //! # Where a request's device time goes
 //!
@@ -113,7 +117,9 @@
 //! says where a request's time goes (the host's `Timings::lane_stamps`): the start
 //! (block 0 saw the doorbell), the first workgroup (record and prologue done), every
 //! workgroup done (with several blocks: the last arrived) and the end (the readback
-//! words issued). Until the flagged words, a `st.release.sys` of the completion word
+//! words issued). With more than one block and a request queued behind another, the
+//! setup (start to first workgroup) includes block 0's wait for the previous request's
+//! publication. Until the flagged words, a `st.release.sys` of the completion word
 //! held the publishing thread 0.61 µs (H200, 2026-12-01) while the area's writes
 //! reached host memory, before the word even left; no system-scope fence is left on a
 //! request's path. What the stamps do not cover is the doorbell's and the result
@@ -175,23 +181,61 @@
 //!
 //! **Requests of one lane.** With one block, request `n + 1` runs on the threads that
 //! ran request `n`, each of which passed a `barrier.sync 1` after its last body store
-//! of `n` (after every workgroup, after the readback copy) and another before its
-//! first access of `n + 1` (after the doorbell's poll): the barriers order every
-//! access of `n` before every access of `n + 1` at block scope, so `n + 1` reads what
-//! `n` wrote, and `n`'s loads are done before `n + 1` overwrites, with no host-side
-//! order (the host skips its own lane's entries in the order book). With more than
-//! one block nothing holds a block back from the next request until the others
-//! finished this one: a block that was not the last to arrive goes on to poll for the
-//! next request at once, and its arrival acquired only the blocks that arrived before
-//! it. So a request of a lane of several blocks may read what an earlier request of
-//! the same lane still writes, and the host orders a conflicting request of such a
-//! lane after its own lane's earlier requests as it does after another lane's (their
-//! completion words, before the doorbell rings). The same run-ahead lets a block
-//! arrive for the next request before a slower block arrived for this one, and the
-//! arrival counter cannot tell the two requests' arrivals apart (the early block
-//! could publish the next request, and this one would never publish): a lane of
-//! several blocks is right only while one request at a time is in flight, which
-//! nothing enforces yet.
+//! of `n` (after every workgroup, after the readback copy) and another before its first
+//! access of `n + 1` (after the doorbell's poll): the barriers order every access of
+//! `n` before every access of `n + 1` at block scope. With more than one block, no
+//! block starts `n + 1` before `n` is published. Every block's leader arrives for `n`
+//! with `fence.acq_rel.gpu` + `atom.acq_rel.gpu` after a block barrier that follows the
+//! block's last access of `n`; the last to arrive acquires them all, its block loads
+//! the readbacks, passes a barrier, and its leader, after the result words, the publish
+//! fence and the completion word, stores `n + 1` into the published word
+//! ([`DEVICE_PUBLISHED`]) with `st.release.gpu`. Block 0's leader, once it has the
+//! doorbell and record of `n + 1`, waits with `ld.acquire.gpu` until the word shows `n`
+//! published, before the block barrier after which block 0 runs anything of `n + 1` and
+//! before its `st.release.gpu` of the go word, which every other block acquires before
+//! its first access of `n + 1`. Release, acquire and barriers chain, so every access of
+//! `n` by every block (the publisher's readback loads included) happens before every
+//! access of `n + 1` at GPU scope. Either way `n + 1` reads what `n` wrote and does not
+//! overwrite what `n` still reads, with no host-side order: the host skips its own
+//! lane's entries in the order book, whatever the lane's blocks.
+//!
+//! The chain also keeps two requests out of each other's device words. Before the wait,
+//! a block that was not the last to arrive went on to the next request at once: it
+//! could arrive for `n + 1` before a slower block arrived for `n`, and the arrival
+//! counter cannot tell the two requests' arrivals apart (`n + 1` could be published
+//! with part of its work undone, and `n` never), or block 0 could overwrite the go word
+//! before a slower block had read it. Now every arrival for `n + 1` (at a lane barrier
+//! or the completion) comes after the last arrival for `n`, which wrapped the counter
+//! to 0 before the publish it decided; the go word takes `n + 1`'s value only after
+//! every block took `n`'s (a block arrives for `n` only after); and the completion
+//! word, stored by whichever block arrived last for each request, never goes back
+//! (`n`'s store precedes the release that `n + 1`'s publisher acquired through block 0,
+//! so it precedes `n + 1`'s store). Block 0's stamps for `n + 1` are written after the
+//! wait, so no publisher reads another request's. Block 0 fills the slot's record cache
+//! before it waits, so that with requests queued the record's reads overlap the
+//! previous request's publication: the cache of `n + 1`'s slot was last read for
+//! request `n + 1 - slots`, which with two slots or more block 0 saw published before
+//! it started `n`, and with one slot was delivered before the slot's doorbell rang
+//! again (as for the slot's host record, staging and area).
+//!
+//! The cost: with one block none (block 0 publishes every request itself; the wait and
+//! the published word are skipped). With more than one block, one acquire load by
+//! block 0 per request, normally already satisfied (with one request in flight the host
+//! rings the next doorbell only after it saw the result words, and the publisher stores
+//! the published word one fence after them, well inside the round trip over PCIe that
+//! the doorbell's ring and poll take), and a second GPU-scope release by the publisher
+//! after the completion word, which nothing the host waits for follows. With requests
+//! queued, block 0 reads the next doorbell and record while the previous request's
+//! publisher finishes, then waits for it: the lane serves one request at a time, as a
+//! lane of one block does.
+//!
+//! The wait cannot hang a healthy lane: it waits for the previous request's blocks,
+//! which wait for nothing but each other, never for the host. A body that never ends
+//! keeps the kernel from leaving with or without the wait (the host's waits end at
+//! `LaneOptions::timeout`, and a stop waits at most that long and abandons the kernel);
+//! a fault ends the kernel. The host rings a stop behind every request it submitted,
+//! and block 0 hands it on after the same wait, so every block reads it as the go word
+//! after the one it last took.
 //!
 //! In the other direction, the host's record, staging and input writes precede its
 //! release store of the doorbell; block 0's `ld.acquire.sys` that reads it orders every
@@ -367,11 +411,20 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
+/// Device word (u32): the ticket field (`n + 1`) of the last request whose publisher
+/// finished (its result words, publish fence and completion word issued), stored with
+/// `st.release.gpu` by a publisher of a lane of several blocks; block 0 waits for it to
+/// show request `n` with `ld.acquire.gpu` before it lets any block start request `n + 1`
+/// (or leave on a stop). Unused with one block (block 0 publishes every request itself).
+/// In its own 32-byte sector, away from the words the arrivals and the go word's polls
+/// hit.
+pub const DEVICE_PUBLISHED: usize = 64;
 /// Offset of the per-slot stamps in the device words: slot `s`'s u64 start and u64
 /// first-workgroup stamps (block 0's, for a publishing block of another index) at
-/// `DEVICE_STAMPS_AT + 16 s`. Per slot, because block 0 may start the next request
-/// (another slot) before the publisher of this one read them; a slot's next request
-/// rings only after this one was delivered.
+/// `DEVICE_STAMPS_AT + 16 s`. Block 0 writes request `n + 1`'s only after it acquired
+/// request `n`'s publication ([`DEVICE_PUBLISHED`]), which follows the publisher's load
+/// of `n`'s stamps, so one pair would do; they stay per slot (they were per slot when
+/// block 0 could run ahead of a publisher).
 pub const DEVICE_STAMPS_AT: usize = 128;
 /// Bytes of one slot's stamps.
 pub const DEVICE_STAMP_BYTES: usize = 16;
@@ -434,8 +487,8 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [128] stamps per slot, [384] record \
-         cache per slot",
+        "device: [0] arrivals, [4] generation, [8] go, [64] published, [128] stamps per slot, \
+         [384] record cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (
@@ -737,6 +790,7 @@ const WORDS: &[&str] = &[
     "%end_high",
     "%words",
     "%held",
+    "%published",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -888,13 +942,19 @@ impl Server {
             "$L_lane_rung",
         );
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
-        self.comment("a stop goes to the other blocks at once (there is no record to wait for)");
+        self.comment(
+            "a stop goes to the other blocks as soon as the previous request is published (there \
+             is no record to wait for): the go word changes only once every block took the last one",
+        );
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
         self.line(format_args!("and.pred %take, %stop, %multi;"));
+        self.line(format_args!("@!%take bra $L_lane_stop_handed;"));
+        self.wait_for_published("$L_lane_stop_wait", "$L_lane_stop_published");
         self.line(format_args!(
-            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+            "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
         ));
+        self.place("$L_lane_stop_handed");
         self.line(format_args!("st.shared.u64 [%state], %bell;"));
         self.line(format_args!("bra $L_lane_announced;"));
         self.poll(
@@ -913,6 +973,27 @@ impl Server {
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
         self.line(format_args!("@%stop bra $L_lane_stop;"));
+    }
+
+    /// Block 0's leader (of a lane of several blocks; the caller branches around it
+    /// otherwise) waits until the previous request is published: an `ld.acquire.gpu`
+    /// of [`DEVICE_PUBLISHED`] until it holds `%ticket` (request `%ticket - 1`'s ticket
+    /// field; 0, as the device words start, before request 0), sleeping `%sleep` ns
+    /// between loads when asked. What the publisher did before its release (every
+    /// block's accesses of that request, through its arrival) happens before what this
+    /// thread does after, and before what any block does once it took the next go word.
+    /// The loop's labels are `top` and `done` (named, not numbered, so that the other
+    /// labels of the server keep their numbers).
+    fn wait_for_published(&mut self, top: &str, done: &str) {
+        self.place(top);
+        self.line(format_args!(
+            "ld.acquire.gpu.global.u32 %published, [%device+{DEVICE_PUBLISHED}];"
+        ));
+        self.line(format_args!("setp.eq.u32 %found, %published, %ticket;"));
+        self.line(format_args!("@%found bra {done};"));
+        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
+        self.line(format_args!("bra {top};"));
+        self.place(done);
     }
 
     /// A polling loop at `top`: `load` into `%bell` until its low 32 bits are `%want`
@@ -934,6 +1015,9 @@ impl Server {
     /// memory (block 0, also into the slot's cache) when it changed, from the slot's
     /// cache otherwise. `%held` counts the chunks the shared record holds. Then block 0
     /// lets the other blocks go.
+    ///
+    /// With more than one block, block 0's leader waits for the previous request's
+    /// publication before the barrier (the module docs, "Requests of one lane").
     ///
     /// Every loop here gives chunk `i` to thread `i mod T` (whatever its batch), so a
     /// thread saves, loads or exchanges only chunks it alone touches: no barrier
@@ -1025,6 +1109,16 @@ impl Server {
         self.place("$L_lane_record_loaded");
         self.line(format_args!("mov.u32 %held, %chunks;"));
         self.place("$L_lane_record_ready");
+        self.comment(
+            "block 0 starts this request (and lets the others start it) only once the previous \
+             one is published: every block arrived for it and its readbacks are loaded, so no \
+             block touches this request's memory while a block still serves the previous one, \
+             and no arrival for this request meets one for the previous",
+        );
+        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
+        self.line(format_args!("and.pred %take, %take, %multi;"));
+        self.line(format_args!("@!%take bra $L_lane_previous_published;"));
+        self.wait_for_published("$L_lane_wait_published", "$L_lane_previous_published");
         self.line(format_args!("barrier.sync 1;"));
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
         self.block_zero_leader_with_others(&format!(
@@ -1414,10 +1508,9 @@ impl Server {
         self.line(format_args!("fence.acq_rel.gpu;"));
         self.comment(
             "the last arrival resets the counter inside its own atomic (inc wraps at the last \
-             arrival's count): no store of 0, which would erase the arrival of a block already \
-             serving the next request, and no separate take-back, which nothing would order \
-             before the header words now that the publish fence follows them; the reset is \
-             performed when the arrival returns, before the publish it decides",
+             arrival's count): no second write of the counter (a store of 0, a take-back) that \
+             the next request's first arrival would have to follow; the reset is performed when \
+             the arrival returns, before the publish it decides",
         );
         self.line(format_args!(
             "atom.acq_rel.gpu.global.inc.u32 %arrived, [%device+{DEVICE_ARRIVALS}], %last_arrival;"
@@ -1507,6 +1600,16 @@ impl Server {
         self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.line(format_args!(
             "st.relaxed.sys.global.u64 [%completion], %served;"
+        ));
+        self.line(format_args!("@!%multi bra $L_lane_served;"));
+        self.comment(
+            "several blocks: the request is published, for block 0's wait before the next \
+             request; a release, so it follows every access of this request by every block (the \
+             barriers and the arrival) and the completion word (whose next store, by the next \
+             request's publisher, then comes after this one)",
+        );
+        self.line(format_args!(
+            "st.release.gpu.global.u32 [%device+{DEVICE_PUBLISHED}], %want;"
         ));
         self.place("$L_lane_served");
         self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
