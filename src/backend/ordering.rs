@@ -44,12 +44,12 @@
 //! lane's server publishes the result words before its GPU-scope fence, so a delivered
 //! request's outputs in device memory are visible to later device work only once the
 //! completion word is (`codegen::ptx::lane` argues it; `LaneShared::retire` takes the
-//! entries out, a few at a time). Requests of a lane of one block run in order on the
-//! same threads, with block barriers between them, and need nothing:
-//! [`OrderBook::lane_conflicts`] skips that lane's own entries before it compares any
-//! address. A lane of several blocks does not hold a block back from the next request
-//! until the others finished this one, so its own conflicting requests are waited for
-//! as another lane's are.
+//! entries out, a few at a time). Requests of one lane need nothing among themselves:
+//! the server runs them one after another, every access of one before every access of
+//! the next (with one block, block barriers between them on the same threads; with
+//! several, no block starts a request before the previous one is published), so
+//! [`OrderBook::lane_conflicts`] skips the lane's own entries before it compares any
+//! address.
 //!
 //! The book holds a lane weakly ([`Weak`]): a request entry that kept its lane alive
 //! would keep a dropped lane from stopping until the request retired, and the lane's
@@ -240,27 +240,24 @@ impl OrderBook {
 
     /// What a request of `lane` touching `accesses` must wait for on the host before
     /// its doorbell rings: every conflicting eager dispatch in flight (its order event,
-    /// recorded now on its stream) and every conflicting lane request, delivered or
-    /// not, until it retired. The lane's own entries are skipped before any address is
-    /// compared when the lane serves its requests in order on the device (one block:
-    /// [`LaneShared::serves_in_order`]); a lane of several blocks waits for its own
-    /// conflicting requests as for another lane's. The caller waits outside the book's
-    /// lock.
+    /// recorded now on its stream) and every conflicting request of another lane,
+    /// delivered or not, until it retired. The lane's own entries are skipped before
+    /// any address is compared: the server orders a lane's requests on the device,
+    /// whatever its blocks (`codegen::ptx::lane`, "Requests of one lane"). The caller
+    /// waits outside the book's lock.
     pub(in crate::backend) fn lane_conflicts(
         &self,
         accesses: &Accesses,
         lane: &Arc<LaneShared>,
     ) -> DriverResult<(EventWaits, LaneWaits)> {
-        self.conflicts_of_lane(accesses, lane.id(), lane.serves_in_order())
+        self.conflicts_of_lane(accesses, lane.id())
     }
 
-    /// [`OrderBook::lane_conflicts`] for a request of lane `own`, whose own entries are
-    /// skipped when `in_order`.
+    /// [`OrderBook::lane_conflicts`] for a request of lane `own`.
     fn conflicts_of_lane(
         &self,
         accesses: &Accesses,
         own: u64,
-        in_order: bool,
     ) -> DriverResult<(EventWaits, LaneWaits)> {
         let mut events = EventWaits::new();
         let mut lanes = LaneWaits::new();
@@ -271,7 +268,7 @@ impl OrderBook {
         for entry in entries.iter() {
             // Skipped before the comparison: the usual hot loop has only its own
             // lane's entries in the book (its delivered requests, until they retire).
-            if in_order && entry.holder.of_lane(own) {
+            if entry.holder.of_lane(own) {
                 continue;
             }
             if !entry.accesses.conflicts_with(accesses) {
@@ -529,16 +526,16 @@ mod tests {
         waits.iter().map(|wait| (wait.id, wait.ticket)).collect()
     }
 
-    /// Locks out a lane whose own earlier requests delay its next one when the device
-    /// already orders them (a lane of one block: its hot loop would wait for every
-    /// earlier request's completion word), and one that skips them when the device does
-    /// not (several blocks: a block may start the next request while another still
-    /// writes this one's outputs): lane 1's request writing `0xA` finds its own entries
-    /// skipped in order, its own conflicting entries waited for out of order, and lane
-    /// 2's conflicting entry in both. Negative control: an entry over other memory is
-    /// never waited for.
+    /// Locks out a lane whose own earlier requests delay its next one, which the device
+    /// already orders after them whatever the lane's blocks (its hot loop would wait for
+    /// every earlier request's completion word; a lane of several blocks used to, while
+    /// a block could start the next request before another finished this one), and a
+    /// lane that skips another lane's requests: lane 1's request writing `0xA` skips
+    /// its own conflicting entries and waits for lane 2's. Negative controls: the same
+    /// request of lane 3 waits for lane 1's conflicting entries (the skip is by lane,
+    /// not by address), and an entry over other memory is never waited for.
     #[test]
-    fn a_lane_skips_its_own_requests_only_when_the_device_orders_them() {
+    fn a_lane_skips_its_own_requests_and_waits_for_other_lanes() {
         let book = book_of_lane_requests(&[
             (1, 10, accesses(&[0xA], &[])),
             (1, 11, accesses(&[], &[0xA])),
@@ -546,14 +543,14 @@ mod tests {
             (1, 12, accesses(&[0xB], &[])),
         ]);
         let request = accesses(&[], &[0xA]);
-        let (events, in_order) = book.conflicts_of_lane(&request, 1, true).unwrap();
+        let (events, own) = book.conflicts_of_lane(&request, 1).unwrap();
         assert!(events.is_empty());
-        assert_eq!(named(&in_order), [(2, 4)]);
-        let (_, several_blocks) = book.conflicts_of_lane(&request, 1, false).unwrap();
-        assert_eq!(named(&several_blocks), [(1, 10), (1, 11), (2, 4)]);
-        assert!(several_blocks.iter().all(|wait| wait.lane.is_none()));
+        assert_eq!(named(&own), [(2, 4)]);
+        let (_, other) = book.conflicts_of_lane(&request, 3).unwrap();
+        assert_eq!(named(&other), [(1, 10), (1, 11), (2, 4)]);
+        assert!(other.iter().all(|wait| wait.lane.is_none()));
         let (_, elsewhere) = book
-            .conflicts_of_lane(&accesses(&[0xC], &[0xD]), 1, false)
+            .conflicts_of_lane(&accesses(&[0xC], &[0xD]), 3)
             .unwrap();
         assert!(elsewhere.is_empty());
     }

@@ -87,10 +87,10 @@
 //! every delivery and submission while a retiring request holds transient memory, so
 //! that the pool gets it back at once. The book holds the lane weakly, so a dropped lane
 //! still stops: its stop waits for its newest delivered request's completion word and
-//! retires everything before the book forgets the lane. Requests of a lane of one
-//! block need no host order among themselves (the server runs them one after another
-//! on the same threads, with block barriers between); a lane of several blocks waits
-//! for its own earlier conflicting requests' completion words, as for another lane's.
+//! retires everything before the book forgets the lane. Requests of one lane need no
+//! host order among themselves, whatever its blocks: the server runs them one after
+//! another (one block: on the same threads, with block barriers between; several: no
+//! block starts a request before the previous one is published, `codegen::ptx::lane`).
 //!
 //! # Costs, stated
 //!
@@ -98,7 +98,10 @@
 //!   workgroup shape for its whole life: their SMs' share of threads, registers and
 //!   shared memory (the record's 4 KiB plus the largest kernel's workgroup memory) is
 //!   not available to other kernels. Eager dispatches and graph replays on other
-//!   streams run beside it on the rest of the device.
+//!   streams run beside it on the rest of the device. With several blocks the lane
+//!   serves one request at a time: a block done with its share of a request waits until
+//!   the request is published before any block starts the next (`codegen::ptx::lane`,
+//!   "Requests of one lane").
 //! - **A host thread.** Waiting spins on the result area's words by default
 //!   ([`WaitMode::Spin`]: one core busy for the length of the request);
 //!   [`WaitMode::SpinThenYield`] yields the core after a while, [`WaitMode::Sleep`]
@@ -726,16 +729,6 @@ impl LaneShared {
         self.id
     }
 
-    /// Whether the device orders the lane's requests one after another with nothing
-    /// from the host: with one block, every thread passes a block barrier after its
-    /// last access of a request and before its first access of the next
-    /// (`codegen::ptx::lane`, "Requests of one lane"). With several blocks a block that
-    /// arrived early may start the next request while another still runs this one, so
-    /// the host orders the lane's own conflicting requests by their completion words.
-    pub(in crate::backend) fn serves_in_order(&self) -> bool {
-        self.options.blocks == 1
-    }
-
     fn resources(&self) -> Result<&Resources, BackendError> {
         self.resources
             .as_deref()
@@ -815,11 +808,9 @@ impl LaneShared {
         };
         let backend = self.backend.inner.id;
         match (&previous.origin, &previous.state) {
-            // The device orders this lane's requests (one block); with several blocks
-            // the predecessor is waited for as another lane's is, below.
-            (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) && self.serves_in_order() => {
-                Ok(())
-            }
+            // The device orders this lane's requests, whatever its blocks
+            // (`codegen::ptx::lane`, "Requests of one lane").
+            (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) => Ok(()),
             (PendingOrigin::Lane(lane), PendingState::Lane(ticket))
                 if lane.backend.inner.id == backend =>
             {
@@ -1181,10 +1172,9 @@ impl LaneShared {
         Ok(())
     }
 
-    /// Wait, on the host, for every eager dispatch and lane request in flight (or
-    /// delivered and not yet retired) that shares written memory with this one: another
-    /// lane's, and this lane's own when it has several blocks
-    /// ([`LaneShared::serves_in_order`]).
+    /// Wait, on the host, for every eager dispatch and every other lane's request in
+    /// flight (or delivered and not yet retired) that shares written memory with this
+    /// one (this lane's own are ordered on the device).
     fn order(self: &Arc<Self>, accesses: &Accesses, name: &str) -> Result<(), BackendError> {
         let inner = &self.backend.inner;
         let (events, lanes) = inner
