@@ -1450,3 +1450,34 @@ fn gpu_lane_outputs_reach_device_readers_right_after_delivery() {
             .all(|&word| word == count));
     }
 }
+
+/// Locks out a lane of several blocks that lets a block start request `n + 1` while
+/// another still serves request `n`. Before block 0 waited for each request's
+/// publication, a block that was not the last to arrive went straight on to the next
+/// request: block 0, done early, started `n + 1` (reading what a slower block had not
+/// written yet for `n`, or writing what it still read), arrived for `n + 1` before a
+/// slower block arrived for `n` (the arrival counter cannot tell the two apart: `n + 1`
+/// published with work undone, `n` never), and overwrote the go word before a slower
+/// block had read it (that block then waited forever: a lane timeout). A lane of four
+/// blocks and eight slots serves 1,000 requests with eight in flight at all times, each
+/// request's workgroups doing uneven work (block 0's two workgroups 4 units, block 3's
+/// 10, 256 LCG steps a unit) and reading, mirrored, what the request before wrote (block
+/// 0's first workgroup reads block 3's last; every third with two fixpoint iterations,
+/// a lane-wide barrier inside the request), with no host-side order between them
+/// (`support::lane::assert_requests_in_flight_keep_their_chain`, whose CPU run on the
+/// reference lane in `tests/lane.rs` checks the chain's expected values); every readback
+/// and both buffers at the end are the chain's. The lane then stops leaving no release
+/// deferred.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_multi_block_lane_keeps_requests_apart_with_many_in_flight() {
+    let _watchdog = watchdog(240, "a lane of four blocks with eight requests in flight");
+    let gpu = backend();
+    support::lane::assert_requests_in_flight_keep_their_chain(
+        &AnyBackend::Cuda(gpu.clone()),
+        4,
+        1_000,
+        256,
+    );
+    assert_eq!(gpu.deferred_releases().unwrap(), 0);
+}
