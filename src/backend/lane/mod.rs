@@ -92,6 +92,25 @@
 //! another (one block: on the same threads, with block barriers between; several: no
 //! block starts a request before the previous one is published, `codegen::ptx::lane`).
 //!
+//! # Threads
+//!
+//! A [`Lane`] is `Send + Sync`: threads may share one and call [`Lane::run`],
+//! [`Lane::run_into`] and [`Lane::submit`] at once, and a request may be waited for on
+//! another thread than the one that submitted it. Tickets go out in the order of the
+//! lane's lock, and request `n` uses slot `n mod slots` (the server's rule). A slot
+//! takes a new request only once its last one was delivered (its area read; the server
+//! read its record and staging before it wrote the area): a submission whose slot is
+//! still busy lets go of the lock and waits, in the lane's [`WaitMode`], until that
+//! request's waiter has delivered it, at most [`LaneOptions::timeout`] (then a `Fix:`
+//! error, and the lane still serves). So more threads than slots queue for slots
+//! instead of failing, and a thread that holds `slots` requests unwaited (or, while
+//! other threads submit too, any request of its own) can wait for itself until the
+//! timeout: wait for a request before submitting past the slots. `slots` argues the
+//! rule (a slot counted free once its waiter took the request out used to let ticket
+//! `n + slots` overwrite the doorbell or staging of a request the server had not read
+//! yet); a request pays a load and two stores of the slot's flag for it, no lock or
+//! system call.
+//!
 //! # Costs, stated
 //!
 //! - **Blocks.** The lane holds [`LaneOptions::blocks`] blocks (default 1) of its
@@ -145,6 +164,7 @@ mod flagged;
 mod mapped;
 mod record;
 mod retire;
+mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -187,6 +207,7 @@ use record::{
     RecordRoute,
 };
 use retire::{RetireQueue, Retiring, Served, RETIRE_BATCH};
+use slots::SlotGate;
 
 /// Most resident blocks a lane may hold.
 pub const MAX_LANE_BLOCKS: u32 = 1024;
@@ -370,9 +391,10 @@ impl LaneOptions {
 }
 
 /// A resident server kernel serving [`Dispatch`] requests of its kernels (see the
-/// module docs). `Send + Sync`: threads may share it; requests are served in the
-/// order their doorbells ring. Dropping the last handle (pending requests hold one)
-/// stops the kernel.
+/// module docs). `Send + Sync`: threads may share it, more of them than it has slots
+/// (a submission waits for its slot: the module docs' "Threads"); requests are served
+/// in the order their doorbells ring. Dropping the last handle (pending requests hold
+/// one) stops the kernel.
 pub struct Lane {
     shared: Arc<LaneShared>,
 }
@@ -480,6 +502,9 @@ pub(in crate::backend) struct LaneShared {
     options: LaneOptions,
     resources: Option<Box<Resources>>,
     state: Mutex<LaneState>,
+    /// Which slots hold a request not yet delivered (`slots`: a slot takes a new
+    /// request only once its last one was delivered).
+    gate: SlotGate,
     /// Set once a fault, a timeout or a stop ended the lane; `dead_cause` says why.
     dead: AtomicBool,
     dead_cause: Mutex<Option<String>>,
@@ -627,6 +652,7 @@ impl CudaBackend {
                 next_repeat: 0,
                 last_repeat: None,
             }),
+            gate: SlotGate::new(slots),
             dead: AtomicBool::new(false),
             dead_cause: Mutex::new(None),
             pending: AtomicUsize::new(0),
@@ -859,7 +885,10 @@ impl LaneShared {
         // stream may take milliseconds, and the lane's other submitters and deliveries
         // need the lock meanwhile.
         self.wait_after(request, &kernel.name)?;
-        let mut state = self.lock();
+        let resources = self.resources()?;
+        // The lock, once the next ticket's slot is free (its last request delivered),
+        // kept until the doorbell: the ticket and slot cannot change meanwhile.
+        let (mut state, slot) = self.admit(resources, &kernel.name)?;
         let state = &mut *state;
         // A delivered request's transients come back before this one takes its own
         // (a look is due while one waits; otherwise it waits for its batch).
@@ -912,18 +941,11 @@ impl LaneShared {
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
-        // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
-        let resources = self.resources()?;
+        // stage: the bindings' addresses, host inputs into the slot's staging.
         inner.bind()?;
         let ticket = state.submitted;
-        let slot = self.slot_of(ticket);
-        if state.slots[slot].request.is_some() {
-            return Err(BackendError::bad_input(format!(
-                "Fix: {} requests are pending on this lane (LaneOptions::slots); wait for an earlier \
-                 PendingDispatch before submitting {}",
-                self.options.slots, kernel.name
-            )));
-        }
+        debug_assert_eq!(slot, self.slot_of(ticket));
+        debug_assert!(state.slots[slot].request.is_none());
         // A repeat binds owned buffers only: nothing to hold, stage or place.
         let held = if reused {
             Held::default()
@@ -1047,6 +1069,7 @@ impl LaneShared {
         inner
             .in_flight
             .enter_lane(self, ticket, repeat.accesses.clone());
+        self.gate.occupy(slot);
         resources.memory.ring(slot, doorbell);
         state.submitted += 1;
         let deliveries = &repeat.placed.deliveries;
@@ -1080,6 +1103,50 @@ impl LaneShared {
             output_bytes,
             mark,
         })
+    }
+
+    /// The lane's lock, once the slot of the next ticket is free, and that slot
+    /// (`slots`' rule: a slot takes a new request only once its last one was
+    /// delivered). While it is busy the lock is let go and the caller waits in the
+    /// lane's [`WaitMode`], at most [`LaneOptions::timeout`] in all; a dead lane or a
+    /// fault ends the wait. `name` names the kernel for messages.
+    fn admit(
+        &self,
+        resources: &Resources,
+        name: &str,
+    ) -> Result<(MutexGuard<'_, LaneState>, usize), BackendError> {
+        let options = &self.options;
+        let free = |slot: usize, left: Duration| {
+            poll_until(
+                options.wait,
+                left,
+                || self.gate.is_free(slot),
+                || {
+                    self.check_serving()?;
+                    self.check_stream(resources, None)
+                },
+            )
+            .map(drop)
+        };
+        self.gate
+            .admit(
+                self.lock(),
+                || self.lock(),
+                |state| self.slot_of(state.submitted),
+                options.timeout,
+                free,
+            )
+            .map_err(|(slot, stop)| match stop {
+                WaitStop::TimedOut => BackendError::bad_input(format!(
+                    "Fix: {name} waited LaneOptions::timeout ({:?}) for slot {slot} of this lane, whose \
+                     request was not delivered (a lane has LaneOptions::slots = {} requests in flight, \
+                     and a slot is free again once its request was waited for); wait for a \
+                     PendingDispatch of this lane before submitting more (a thread that holds one \
+                     unwaited can wait for itself), or build the lane with more slots",
+                    options.timeout, options.slots
+                )),
+                WaitStop::Failed(error) => error,
+            })
     }
 
     /// Every binding to a device address: owned buffers in place, host, zeroed and
@@ -1375,9 +1442,9 @@ impl LaneShared {
         let wait_ns = match waited {
             Ok(ns) => ns,
             Err(error) => {
-                // The lane is dead: the request goes back to its slot, whose holds
-                // the lane's stop releases (or forgets, while the device may still
-                // use them).
+                // The lane is dead: the request goes back to its slot (which stays
+                // busy), whose holds the lane's stop releases (or forgets, while the
+                // device may still use them).
                 self.lock().slots[slot].request = Some(request);
                 return Err(error);
             }
@@ -1413,6 +1480,9 @@ impl LaneShared {
             }
             Ok(())
         };
+        // Its area is read and the server is done with its record and staging: the
+        // slot may take its next request (`slots`).
+        self.gate.free(slot);
         // Delivered is not retired: the request keeps its order-book entry and its
         // transients until its completion word arrives.
         self.retire_later(ticket, request.held, request.booked);
@@ -1598,6 +1668,7 @@ fn completion_covers(completed: u32, ticket: u64) -> bool {
 }
 
 /// Why a wait ended before its condition held.
+#[derive(Debug)]
 enum WaitStop {
     /// The timeout passed.
     TimedOut,
@@ -1835,6 +1906,11 @@ impl Lane {
     /// before this returns. Up to [`LaneOptions::slots`] may be pending; the lane
     /// serves them in order, so a chain of dependent requests needs no `after`.
     /// [`PendingDispatch::wait`] gives what [`Lane::run`] would have returned.
+    ///
+    /// A request whose slot still holds an undelivered one waits (before ringing) until
+    /// that one was waited for, on whatever thread, at most [`LaneOptions::timeout`];
+    /// past it, a `Fix:` error. A thread that submits past the slots without waiting
+    /// waits for itself until then (see the module docs' "Threads").
     pub fn submit(&self, request: Dispatch<'_>) -> Result<PendingDispatch, BackendError> {
         let start = Instant::now();
         let shared = &self.shared;
