@@ -909,6 +909,30 @@ fn gpu_lane_wait_modes_and_threads_agree() {
     });
 }
 
+/// Locks out a lane that hands a slot to a new request before its request was
+/// delivered, or refuses a request because its slot is busy: lanes of 1 and 4 slots
+/// (one at a time), each shared by twice as many threads, each thread running 500
+/// requests with its own `k` (every record differs from the one before) over its own
+/// buffers through `run`, a host input of its own through `run_into` and its own
+/// buffers through `submit` and `wait`, every word checked. Before a slot waited for
+/// its request's delivery, a waiter took the request out of its slot before waiting
+/// and the slot counted free: with more threads than slots, ticket `n + slots` could
+/// overwrite the doorbell of request `n` before the server read it (the server waits
+/// for `n`'s forever: the lane's 10 s timeout), or its staging (`n` runs on another
+/// thread's input: a wrong word), and a submitter that found the slot's request not yet
+/// taken out got a `Fix: ... requests are pending` refusal (a panic here). The
+/// expectations are held to the reference lane in `cargo test`
+/// (`a_reference_lane_shared_by_more_threads_than_slots_gives_each_its_own_results`).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_shared_by_more_threads_than_slots_gives_each_its_own_results() {
+    let _watchdog = watchdog(240, "a lane shared by more threads than slots");
+    let gpu = AnyBackend::Cuda(backend());
+    for slots in [1, 4] {
+        support::lane::assert_threads_beyond_the_slots_get_their_own_results(&gpu, slots, 500);
+    }
+}
+
 /// Locks out a lane that serves a request with an earlier request's scalar values (a
 /// record without them, a "same record" or slot-cache shortcut that ignored them, a
 /// body reading the wrong word of the record) or reads a scalar type wrongly: over

@@ -276,6 +276,112 @@ pub fn assert_requests_in_flight_keep_their_chain(
     drop(lane);
 }
 
+/// `result`'s value, or a panic naming `what`.
+fn ok<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Asserts that a lane of `slots` slots on `backend`, holding [`super::parity::plus_k`]
+/// and shared by twice as many threads, gives every thread its own results: each
+/// thread runs `requests` requests with a `k` of its own per request (so every record
+/// differs from the one before), over its own device buffers through `run`, over a host
+/// input of its own (staged in the slot) and a zeroed output through `run_into`, and
+/// over its own buffers through `submit` and `wait`, in turn, and checks every word
+/// (`src[i] + k`). More threads than slots find their slot busy (on a CUDA lane they
+/// wait for its delivery); a slot handed on before delivery overwrites the doorbell or
+/// staging of a request the server has not read (a hang: the watchdog, or the lane's
+/// timeout; or another request's inputs: a wrong word here), and a refusal of a busy
+/// slot fails the request.
+pub fn assert_threads_beyond_the_slots_get_their_own_results(
+    backend: &AnyBackend,
+    slots: u32,
+    requests: u32,
+) {
+    const WORDS: u32 = 64;
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&super::parity::plus_k(), &config).unwrap();
+    let threads = 2 * slots;
+    let sources: Vec<Vec<u32>> = (0..threads)
+        .map(|thread| (0..WORDS).map(|i| (thread << 24) | (i * 7919)).collect())
+        .collect();
+    // Every buffer before the lane: beside it only the pool's transients are made.
+    let buffers: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let src = backend.buffer_from(source).unwrap();
+            (src, backend.buffer(4 * u64::from(WORDS)).unwrap())
+        })
+        .collect();
+    let lane = backend
+        .lane(&[&kernel], LaneOptions::new().slots(slots))
+        .unwrap_or_else(|e| panic!("build a lane of {slots} slots: {e}"));
+    let check = |got: &[u32], input: &[u32], k: u32, what: &str| {
+        assert_eq!(got.len(), input.len(), "{what}");
+        if let Some(at) = (0..got.len()).find(|&i| got[i] != input[i].wrapping_add(k)) {
+            panic!(
+                "{what}: word {at} is {:#x} where its own request gives {:#x}",
+                got[at],
+                input[at].wrapping_add(k)
+            );
+        }
+    };
+    std::thread::scope(|scope| {
+        for (thread, (source, (src, dst))) in (0u32..).zip(sources.iter().zip(&buffers)) {
+            let (lane, kernel, config, check) = (&lane, &kernel, &config, &check);
+            scope.spawn(move || {
+                let owned = [Binding::from(src), Binding::from(dst)];
+                let mut host = vec![0u32; WORDS as usize];
+                let mut out = vec![0u8; 4 * WORDS as usize];
+                for round in 0..requests {
+                    let k = (thread << 20) | round;
+                    let what = format!("{slots} slots, thread {thread}, round {round}");
+                    let request = |bindings| {
+                        Dispatch::new(kernel, bindings)
+                            .config(config)
+                            .scalar("k", k)
+                            .scalar("on", true)
+                    };
+                    match round % 3 {
+                        0 => {
+                            let finished = ok(lane.run(request(&owned)), &what);
+                            check(
+                                &finished.outputs.read::<u32>("dst").unwrap(),
+                                source,
+                                k,
+                                &what,
+                            );
+                        }
+                        1 => {
+                            for (word, &value) in host.iter_mut().zip(source) {
+                                *word = value ^ round.wrapping_mul(0x9E37_79B9);
+                            }
+                            let staged =
+                                [Binding::host(&host), Binding::zeroed::<u32>(WORDS.into())];
+                            ok(lane.run_into(request(&staged), &mut [&mut out]), &what);
+                            let got: Vec<u32> = out
+                                .chunks_exact(4)
+                                .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
+                                .collect();
+                            check(&got, &host, k, &what);
+                        }
+                        _ => {
+                            let pending = ok(lane.submit(request(&owned)), &what);
+                            let finished = ok(pending.wait(), &what);
+                            check(
+                                &finished.outputs.read::<u32>("dst").unwrap(),
+                                source,
+                                k,
+                                &what,
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+    drop(lane);
+}
+
 /// `y[i] = f(x[i])` over 64-thread workgroups (`x` read-only, `y` write-only), named
 /// `name`.
 pub fn elementwise(name: &str, f: fn(Expr) -> Expr) -> Program {
