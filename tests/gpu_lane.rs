@@ -909,6 +909,30 @@ fn gpu_lane_wait_modes_and_threads_agree() {
     });
 }
 
+/// Locks out a lane that hands a slot to a new request before its request was
+/// delivered, or refuses a request because its slot is busy: lanes of 1 and 4 slots
+/// (one at a time), each shared by twice as many threads, each thread running 500
+/// requests with its own `k` (every record differs from the one before) over its own
+/// buffers through `run`, a host input of its own through `run_into` and its own
+/// buffers through `submit` and `wait`, every word checked. Before a slot waited for
+/// its request's delivery, a waiter took the request out of its slot before waiting
+/// and the slot counted free: with more threads than slots, ticket `n + slots` could
+/// overwrite the doorbell of request `n` before the server read it (the server waits
+/// for `n`'s forever: the lane's 10 s timeout), or its staging (`n` runs on another
+/// thread's input: a wrong word), and a submitter that found the slot's request not yet
+/// taken out got a `Fix: ... requests are pending` refusal (a panic here). The
+/// expectations are held to the reference lane in `cargo test`
+/// (`a_reference_lane_shared_by_more_threads_than_slots_gives_each_its_own_results`).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_shared_by_more_threads_than_slots_gives_each_its_own_results() {
+    let _watchdog = watchdog(240, "a lane shared by more threads than slots");
+    let gpu = AnyBackend::Cuda(backend());
+    for slots in [1, 4] {
+        support::lane::assert_threads_beyond_the_slots_get_their_own_results(&gpu, slots, 500);
+    }
+}
+
 /// Locks out a lane that serves a request with an earlier request's scalar values (a
 /// record without them, a "same record" or slot-cache shortcut that ignored them, a
 /// body reading the wrong word of the record) or reads a scalar type wrongly: over
@@ -1319,4 +1343,165 @@ fn gpu_lane_flagged_words_of_changing_sizes_never_go_stale() {
 fn gpu_lane_alternating_records_change_places_exactly() {
     let _watchdog = watchdog(120, "lane alternating records");
     support::lane::assert_alternating_records_deliver_their_own_bytes(&AnyBackend::Cuda(backend()));
+}
+
+/// `x[i] = x[i] + 1` over 64-thread workgroups, in place.
+fn bump() -> Program {
+    Program::builder([64, 1, 1])
+        .entry_op_id("lane_bump")
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("x")), |b| {
+                b.store("x", i.clone(), Expr::load("x", i.clone()) + 1u32);
+            });
+        })
+        .build()
+}
+
+/// One thread: `y[0] = x[length(x) - 1]`, the word a lane request stores last.
+fn last_word() -> Program {
+    Program::builder([1, 1, 1])
+        .entry_op_id("lane_last_word")
+        .buffer(
+            "x",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "y",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.store("y", 0u32, Expr::load("x", Expr::length("x") - 1u32));
+        })
+        .build()
+}
+
+/// Locks out a device reader that misses a lane request's outputs right after its
+/// delivery. The server publishes the result words before its publish fence, so a
+/// delivered request's outputs in device memory are visible at GPU scope only once its
+/// completion word is; a blocking read or an eager dispatch that the host did not order
+/// after that word (the request left the order book at delivery, as it used to) could
+/// read the word before the request's store. For 2,000 rounds, through a lane of one
+/// block and then one of four (one lane at a time: building a lane beside a running
+/// one is refused under lazy module loading), a lane request that reads nothing back
+/// (delivered on its header's words alone, the earliest) adds one to each of 16 Ki
+/// words of an owned buffer, its 256 workgroups in turn on the lane's blocks, the last
+/// of them stored just before the publish; at once after the delivery, even rounds read
+/// the whole buffer with a blocking read, odd rounds copy its last word with an eager
+/// dispatch, and both see the round's count in every word. Each lane is then dropped
+/// right after a delivered request (not yet retired when its completion word lags)
+/// and stops within the watchdog, leaving no release deferred. Negative control: each
+/// round's count differs from the round before's, so a read that precedes the
+/// request's stores fails the comparison.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_outputs_reach_device_readers_right_after_delivery() {
+    let _watchdog = watchdog(300, "lane outputs after delivery");
+    let gpu = backend();
+    // Compiled before any lane: a module load beside a running lane may be refused.
+    let kernels = compile_all(&gpu, &[bump(), last_word()]);
+    let (bump, last) = (&kernels[0], &kernels[1]);
+    let words = 16 * 1024u32;
+    let x = gpu.buffer_from(&vec![0u32; words as usize]).unwrap();
+    let none = ReadbackPolicy::None;
+    let on_lane = [Binding::from(&x)];
+    let request = Dispatch::new(bump, &on_lane)
+        .workgroups([words / 64, 1, 1])
+        .readback(&none);
+    let reading = [Binding::from(&x), Binding::Zeroed(4)];
+    // Warm the eager path before the lane (its first dispatch may load or allocate).
+    assert_eq!(
+        gpu.run(Dispatch::new(last, &reading))
+            .unwrap()
+            .outputs
+            .read::<u32>("y")
+            .unwrap(),
+        [0]
+    );
+    let mut count = 0u32;
+    for blocks in [1u32, 4] {
+        let lane = lane_of(
+            &gpu,
+            std::slice::from_ref(bump),
+            LaneOptions::new().blocks(blocks),
+        );
+        for round in 0..1_000u32 {
+            lane.run(request)
+                .unwrap_or_else(|e| panic!("{blocks} blocks, round {round}: {e}"));
+            count += 1;
+            if round % 2 == 0 {
+                let seen = gpu.read::<u32>(&x).unwrap();
+                let stale = seen.iter().position(|&word| word != count);
+                assert_eq!(
+                    stale,
+                    None,
+                    "{blocks} blocks, round {round}: a blocking read right after the delivery saw \
+                     {:?} where every word is {count}",
+                    stale.map(|at| (at, seen[at]))
+                );
+            } else {
+                let seen = gpu.run(Dispatch::new(last, &reading)).unwrap();
+                assert_eq!(
+                    seen.outputs.read::<u32>("y").unwrap(),
+                    [count],
+                    "{blocks} blocks, round {round}: an eager dispatch right after the delivery"
+                );
+            }
+        }
+        // Dropped right after a delivery: the request may still wait for its completion
+        // word, and the stop waits for it instead of hanging or leaving it in the book.
+        lane.run(request).unwrap();
+        count += 1;
+        drop(lane);
+        assert_eq!(gpu.deferred_releases().unwrap(), 0, "{blocks} blocks");
+        assert!(gpu
+            .read::<u32>(&x)
+            .unwrap()
+            .iter()
+            .all(|&word| word == count));
+    }
+}
+
+/// Locks out a lane of several blocks that lets a block start request `n + 1` while
+/// another still serves request `n`. Before block 0 waited for each request's
+/// publication, a block that was not the last to arrive went straight on to the next
+/// request: block 0, done early, started `n + 1` (reading what a slower block had not
+/// written yet for `n`, or writing what it still read), arrived for `n + 1` before a
+/// slower block arrived for `n` (the arrival counter cannot tell the two apart: `n + 1`
+/// published with work undone, `n` never), and overwrote the go word before a slower
+/// block had read it (that block then waited forever: a lane timeout). A lane of four
+/// blocks and eight slots serves 1,000 requests with eight in flight at all times, each
+/// request's workgroups doing uneven work (block 0's two workgroups 4 units, block 3's
+/// 10, 256 LCG steps a unit) and reading, mirrored, what the request before wrote (block
+/// 0's first workgroup reads block 3's last; every third with two fixpoint iterations,
+/// a lane-wide barrier inside the request), with no host-side order between them
+/// (`support::lane::assert_requests_in_flight_keep_their_chain`, whose CPU run on the
+/// reference lane in `tests/lane.rs` checks the chain's expected values); every readback
+/// and both buffers at the end are the chain's. The lane then stops leaving no release
+/// deferred.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_multi_block_lane_keeps_requests_apart_with_many_in_flight() {
+    let _watchdog = watchdog(240, "a lane of four blocks with eight requests in flight");
+    let gpu = backend();
+    support::lane::assert_requests_in_flight_keep_their_chain(
+        &AnyBackend::Cuda(gpu.clone()),
+        4,
+        1_000,
+        256,
+    );
+    assert_eq!(gpu.deferred_releases().unwrap(), 0);
 }

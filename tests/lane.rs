@@ -184,6 +184,31 @@ fn a_reference_lane_delivers_alternating_records_own_bytes() {
     lane_programs::assert_alternating_records_deliver_their_own_bytes(&AnyBackend::reference());
 }
 
+/// Locks out a check of a lane's chained requests in flight whose expectations are
+/// wrong (so a CUDA failure of
+/// `gpu_multi_block_lane_keeps_requests_apart_with_many_in_flight` would point at the
+/// device while the test was at fault): the reference lane, asked for four blocks,
+/// serves 48 chained requests of uneven work (4 LCG steps a unit here), eight in flight,
+/// and every readback and both buffers at the end are the chain the host computes.
+#[test]
+fn a_reference_lane_keeps_the_chain_of_requests_in_flight() {
+    lane_programs::assert_requests_in_flight_keep_their_chain(&AnyBackend::reference(), 4, 48, 4);
+}
+
+/// Locks out a check of a lane shared by more threads than it has slots whose
+/// expectations are wrong (so a CUDA failure of
+/// `gpu_lane_shared_by_more_threads_than_slots_gives_each_its_own_results` would point
+/// at the device while the test was at fault): reference lanes of 1 and 4 slots, each
+/// shared by twice as many threads running 30 requests apiece through `run`,
+/// `run_into` with a host input and `submit`, give every thread its own words.
+#[test]
+fn a_reference_lane_shared_by_more_threads_than_slots_gives_each_its_own_results() {
+    let backend = AnyBackend::reference();
+    for slots in [1, 4] {
+        lane_programs::assert_threads_beyond_the_slots_get_their_own_results(&backend, slots, 30);
+    }
+}
+
 /// Locks out a lane that runs a request missing a scalar value (the body would read
 /// whatever the record held) or refuses it in other words than `run`: a missing, a
 /// mistyped and an undeclared value are refused by the lane's `run`, `run_into` and

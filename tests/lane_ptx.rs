@@ -14,7 +14,8 @@ use std::path::PathBuf;
 
 use support::lane as lane_programs;
 use vyre_cuda::codegen::ptx::lane::{
-    record_scalar_at, RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
+    record_scalar_at, DEVICE_ARRIVALS, DEVICE_GO, DEVICE_PUBLISHED, RECORD_BINDINGS_AT,
+    RECORD_BINDING_BYTES, RECORD_GRID,
 };
 use vyre_cuda::codegen::{program_to_ptx, CodegenError, LaneModuleBuilder, LANE_ENTRY_NAME};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
@@ -159,101 +160,387 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
     assert!(aligned(&launched), "{launched}");
 }
 
-/// Locks out a completion that erases an arrival of the next request: with several
-/// blocks the last one to arrive at the device counter publishes, while the others
-/// may already serve the next request (its doorbell rung while this one ran) and
-/// arrive for it. A reset of the counter by a store of 0 after the publisher's
-/// atomic add would erase such an arrival, and the next completion would wait
-/// forever for a block that already came. The fixture lane's publisher takes its
-/// request's arrivals back out with an atomic add of minus the block count, and
-/// stores nothing to the counter. Negative control: the store the server used
-/// before is caught.
-#[test]
-fn the_completion_takes_its_arrivals_back_out_atomically() {
+/// Whether the completion's arrival (`completion`: the text from `$L_lane_complete:`
+/// to `$L_lane_arrived:`) counts with one `atom.inc` that wraps at the last arrival's
+/// count, and writes the counter nothing else.
+fn arrival_resets_atomically(completion: &str) -> Result<(), String> {
     let arrivals = "[%device+0]";
-    let erases = |ptx: &str| {
-        ptx.lines()
-            .any(|line| line.contains("@%take st.") && line.contains(arrivals))
+    let inc = format!("atom.acq_rel.gpu.global.inc.u32 %arrived, {arrivals}, %last_arrival;");
+    let lines: Vec<&str> = completion.lines().map(str::trim).collect();
+    if !lines.contains(&inc.as_str()) {
+        return Err("the arrival is not the wrapping atom.inc".into());
+    }
+    // A line that names the counter and is not a load (after its predicate) writes it.
+    let writes = |line: &&&str| {
+        let instruction = match line.split_once(' ') {
+            Some((predicate, rest)) if predicate.starts_with('@') => rest,
+            _ => line,
+        };
+        line.contains(arrivals) && !instruction.starts_with("ld.")
     };
+    match lines.iter().filter(writes).count() {
+        1 => Ok(()),
+        n => Err(format!(
+            "{n} writes of the arrival counter where only the atom.inc may write it"
+        )),
+    }
+}
+
+/// Locks out a completion that erases an arrival of the next request, or whose reset of
+/// the arrival counter is still in flight when the next request arrives: with several
+/// blocks the last one to arrive at the device counter publishes, and (before block 0
+/// waited for each request's publication:
+/// `block_zero_starts_a_request_only_after_the_previous_is_published`) the others could
+/// already serve the next request and arrive for it. A store of 0 after the
+/// publisher's atomic add would erase such an arrival (the next completion waits
+/// forever for a block that already came); a take-back by a separate `red` of minus
+/// the block count returns nothing, so nothing waits for it, and with the publish
+/// fence behind the result words nothing orders it before the header the host sees
+/// (the next request could arrive before it and find the counter off by a whole
+/// request). The fixture lane's arrival is one `atom.inc` that wraps at the last
+/// arrival's count, so the reset is performed when the last arrival returns, before
+/// the publish it decides, and nothing else writes the counter. Negative controls: the
+/// store of 0 and the `red` take-back the server used before are caught, after the
+/// plain atomic add they followed and beside the wrapping arrival.
+#[test]
+fn the_completion_resets_its_arrivals_inside_the_arrival() {
     let ptx = fixture_lane();
     let completion = ptx
         .split("$L_lane_complete:")
         .nth(1)
         .and_then(|rest| rest.split("$L_lane_arrived:").next())
         .expect("the completion's arrival");
-    assert!(
-        completion.contains(&format!(
-            "@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"
-        )),
+    assert_eq!(
+        arrival_resets_atomically(completion),
+        Ok(()),
         "{completion}"
     );
-    assert!(ptx.contains("sub.u32 %minus_blocks, 0, %blocks;"), "{ptx}");
-    assert!(!erases(completion), "{completion}");
-    let before = completion.replace(
-        &format!("@%take red.relaxed.gpu.global.add.u32 {arrivals}, %minus_blocks;"),
-        &format!("@%take st.relaxed.gpu.global.u32 {arrivals}, 0;"),
-    );
-    assert!(erases(&before), "{before}");
+    assert!(!ptx.contains("%minus_blocks"), "{completion}");
+    let inc = "atom.acq_rel.gpu.global.inc.u32 %arrived, [%device+0], %last_arrival;";
+    let added = "atom.acq_rel.gpu.global.add.u32 %arrived, [%device+0], 1;";
+    for reset in [
+        "@%take st.relaxed.gpu.global.u32 [%device+0], 0;",
+        "@%take red.relaxed.gpu.global.add.u32 [%device+0], %minus_blocks;",
+    ] {
+        // The reset beside the wrapping arrival: a second write of the counter.
+        let beside = completion.replace(inc, &format!("{inc}\n\t{reset}"));
+        let error = arrival_resets_atomically(&beside).expect_err(reset);
+        assert!(error.contains("2 writes"), "{error}");
+        // The reset after a plain add, as the server had it.
+        let before = completion.replace(inc, &format!("{added}\n\t{reset}"));
+        let error = arrival_resets_atomically(&before).expect_err(reset);
+        assert!(error.contains("not the wrapping atom.inc"), "{error}");
+    }
 }
 
-/// Locks out a publish whose result words can go out before the publish fence (a
-/// header the host sees complete while an output is not yet visible at GPU scope) and
-/// a fence that waits for nothing but itself: in the fixture lane's publish, every
-/// path of the leader meets a `fence.acq_rel.gpu` before its first store to host
-/// memory (the one inside the windows' loop after the first batch of loads, and the
-/// one after the loop for a leader without windows), and the first fence follows the
-/// first readback load, which travels while it waits. Negative controls: a store moved
-/// above the fences, and the fence placed before every load as it was, are caught.
-#[test]
-fn the_publish_fence_precedes_every_result_word_and_follows_the_first_load() {
-    let ptx = fixture_lane();
+/// The publish path's order in a lane module's text: from `$L_lane_publish:` to the
+/// completion word's store, exactly one publish fence (`fence.acq_rel.gpu;`,
+/// unpredicated), after every store of a result word (`st.relaxed.sys` into the result
+/// area: every such store of the module other than the completion word's lies on this
+/// path) and before the completion word's store, with no label, branch or store
+/// between the fence and that store (every path to the completion word passes the
+/// fence).
+fn publish_fence_order(ptx: &str) -> Result<(), String> {
     let publish = ptx
         .split("$L_lane_publish:")
         .nth(1)
-        .and_then(|rest| rest.split("[%completion]").next())
-        .expect("the publish");
-    let order = |section: &str| -> Result<(), String> {
-        let first = |needle: &str| section.find(needle).unwrap_or(usize::MAX);
-        let fence = first("fence.acq_rel.gpu;");
-        let store = first("st.relaxed.sys");
-        let load = first("ld.relaxed.gpu.global");
-        // The loop's end label (a line of its own; branches to it are indented).
-        let windows_done = first("\n$L_lane_windows_done_");
-        let after_windows = section[windows_done.min(section.len())..]
-            .split("st.relaxed.sys")
-            .next()
-            .unwrap_or("");
-        if fence > store {
-            return Err("a result word is stored before the fence".into());
-        }
-        if !after_windows.contains("fence.acq_rel.gpu;") {
-            return Err("a leader without windows stores before any fence".into());
-        }
-        if fence < load {
-            return Err("the fence comes before the first readback load".into());
-        }
-        Ok(())
+        .ok_or("no publish path")?;
+    let lines: Vec<&str> = publish.lines().map(str::trim).collect();
+    let completion = lines
+        .iter()
+        .position(|line| line.contains("[%completion]"))
+        .ok_or("no completion word store")?;
+    if !lines[completion].starts_with("st.relaxed.sys.global.u64 [%completion]") {
+        return Err(format!(
+            "the completion word store is `{}`",
+            lines[completion]
+        ));
+    }
+    let path = &lines[..completion];
+    let fences: Vec<usize> = path
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("fence."))
+        .map(|(at, _)| at)
+        .collect();
+    let fence = match fences[..] {
+        [] => return Err("no publish fence before the completion word".into()),
+        [one] if path[one] == "fence.acq_rel.gpu;" => one,
+        [one] => return Err(format!("the publish fence is `{}`", path[one])),
+        _ => return Err(format!("{} fences on the publish path", fences.len())),
     };
-    assert_eq!(order(publish), Ok(()), "{publish}");
-    let store_first = publish.replacen(
-        "ld.relaxed.gpu.global",
-        "st.relaxed.sys.global.u64 [%to], %pair_a;\n\tld.relaxed.gpu.global",
+    let result_words: Vec<usize> = path
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("st.relaxed.sys"))
+        .map(|(at, _)| at)
+        .collect();
+    if result_words.is_empty() {
+        return Err("no result word on the publish path".into());
+    }
+    if let Some(after) = result_words.iter().find(|&&at| at > fence) {
+        return Err(format!("a result word after the fence: `{}`", path[*after]));
+    }
+    let everywhere = ptx.matches("st.relaxed.sys").count();
+    if everywhere != result_words.len() + 1 {
+        return Err(format!(
+            "{everywhere} system-scope stores in the module, {} result words on the publish path \
+             and the completion word",
+            result_words.len()
+        ));
+    }
+    let between = &path[fence + 1..];
+    if let Some(line) = between
+        .iter()
+        .find(|line| line.ends_with(':') || line.contains("bra") || line.contains("st."))
+    {
+        return Err(format!(
+            "`{line}` between the fence and the completion word"
+        ));
+    }
+    Ok(())
+}
+
+/// Locks out two defects of the publish fence's place. Before the result words (where
+/// it was), the fence held every result word, and so the host's delivery, for about
+/// 0.3 µs of a readback phase of 0.96–1.06 µs on the H200, though the host reads no
+/// output through device memory. Missing, or after the completion word, it would let
+/// the host see the completion word (which orders eager dispatches, blocking copies and
+/// other lanes' requests after the request, and releases its memory) while an output
+/// is not yet visible at GPU scope. In the fixture lane's server the publish fence
+/// comes after every result word (`st.relaxed.sys` into the result area) and before
+/// the completion word's store, on a straight path. Negative controls: the fence
+/// moved before the first result word, and no fence at all, are caught.
+#[test]
+fn the_publish_fence_follows_every_result_word_and_precedes_the_completion() {
+    let ptx = fixture_lane();
+    assert_eq!(publish_fence_order(&ptx), Ok(()));
+    // The publish fence: the last fence line before the completion word's store.
+    let fence = "\tfence.acq_rel.gpu;\n";
+    let completion = ptx.find("[%completion]").expect("the completion word");
+    let at = ptx[..completion].rfind(fence).expect("the publish fence");
+    let unfenced = format!("{}{}", &ptx[..at], &ptx[at + fence.len()..]);
+    let error = publish_fence_order(&unfenced).expect_err("no fence");
+    assert!(error.contains("no publish fence"), "{error}");
+    let early = unfenced.replacen(
+        "$L_lane_publish:\n",
+        "$L_lane_publish:\n\tfence.acq_rel.gpu;\n",
         1,
     );
-    assert!(order(&store_first).is_err(), "{store_first}");
-    let fence_first = format!("\tfence.acq_rel.gpu;\n{publish}");
-    assert!(order(&fence_first).is_err(), "{fence_first}");
-    let (loop_part, after_loop) = publish
-        .split_once("\n$L_lane_windows_done_")
-        .expect("the windows' loop");
-    let no_fence_after_loop = format!(
-        "{loop_part}\n$L_lane_windows_done_{}",
-        after_loop.replacen("fence.acq_rel.gpu;", "", 1)
+    let error = publish_fence_order(&early).expect_err("the fence before the result words");
+    assert!(error.contains("a result word after the fence"), "{error}");
+}
+
+/// The text of `ptx` from the line `from` (a label) to the first line containing `to`
+/// after it, trimmed lines; `None` when either is missing.
+fn between<'a>(ptx: &'a str, from: &str, to: &str) -> Option<Vec<&'a str>> {
+    let rest = ptx.split(from).nth(1)?;
+    let lines: Vec<&str> = rest.lines().map(str::trim).collect();
+    let end = lines.iter().position(|line| line.contains(to))?;
+    Some(lines[..=end].to_vec())
+}
+
+/// Whether `path` (block 0's leader's lines, ending with its release store of the go
+/// word) waits for the previous request's publication before that store: a loop that
+/// loads the published word with an acquire, leaves only when it holds `%ticket`
+/// (request `%ticket - 1` published), and branches back otherwise; with `barrier`, a
+/// `barrier.sync 1` between the loop's exit and the go word, so that block 0's other
+/// threads start the request only after the wait too.
+fn waits_for_publication(path: &[&str], barrier: bool) -> Result<(), String> {
+    let word = format!("[%device+{DEVICE_PUBLISHED}]");
+    let go = path.len() - 1;
+    let load = path[..go]
+        .iter()
+        .rposition(|line| line.contains(&word))
+        .ok_or("no load of the published word before the go word")?;
+    let loaded = path[load];
+    if !loaded.starts_with("ld.acquire.gpu.") && !loaded.starts_with("ld.acquire.sys.") {
+        return Err(format!("the wait loads the published word with `{loaded}`"));
+    }
+    let register = loaded
+        .split_whitespace()
+        .nth(1)
+        .map(|register| register.trim_end_matches(','))
+        .ok_or("a load without a register")?;
+    let compare = format!("setp.eq.u32 %found, {register}, %ticket;");
+    if path.get(load + 1) != Some(&compare.as_str()) {
+        return Err(format!(
+            "the published word is not compared with `%ticket`: `{compare}` missing"
+        ));
+    }
+    let exit = path
+        .get(load + 2)
+        .and_then(|line| line.strip_prefix("@%found bra "))
+        .and_then(|label| label.strip_suffix(';'))
+        .ok_or("the wait does not leave when the word shows the previous request")?;
+    let top = path
+        .get(load.wrapping_sub(1))
+        .and_then(|line| line.strip_suffix(':'))
+        .ok_or("the wait's load is not the top of a loop")?;
+    let back = format!("bra {top};");
+    let exit_at = path
+        .iter()
+        .position(|line| *line == format!("{exit}:"))
+        .filter(|&at| at > load && at < go)
+        .ok_or("the wait's exit is not between it and the go word")?;
+    if !path[load + 3..exit_at].contains(&back.as_str()) {
+        return Err("the wait does not load the word again until it shows the request".into());
+    }
+    if barrier && !path[exit_at..go].contains(&"barrier.sync 1;") {
+        return Err("no block barrier between the wait and the go word".into());
+    }
+    Ok(())
+}
+
+/// The published word's protocol in a lane module's text (see
+/// `block_zero_starts_a_request_only_after_the_previous_is_published`).
+fn publication_order(ptx: &str) -> Result<(), String> {
+    let go = format!("st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;");
+    let start = between(ptx, "$L_lane_record_ready:", &go).ok_or("no go word after the record")?;
+    waits_for_publication(&start, true).map_err(|e| format!("request path: {e}"))?;
+    let stop = between(ptx, "$L_lane_rung:", &go).ok_or("no go word on the stop path")?;
+    if stop.iter().any(|line| line.starts_with("$L_lane_poll_go")) {
+        return Err("the stop path hands no go word".into());
+    }
+    waits_for_publication(&stop, false).map_err(|e| format!("stop path: {e}"))?;
+    // The publisher: its one store of the word, a release after the arrival's acquire,
+    // the readbacks' barrier and the completion word.
+    let word = format!("[%device+{DEVICE_PUBLISHED}]");
+    let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+    let writes: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| {
+            let instruction = line.split_once(' ').map_or(**line, |(first, rest)| {
+                if first.starts_with('@') {
+                    rest
+                } else {
+                    line
+                }
+            });
+            line.contains(&word) && !instruction.starts_with("ld.")
+        })
+        .map(|(at, _)| at)
+        .collect();
+    let store = match writes[..] {
+        [one] => one,
+        [] => return Err("nothing stores the published word".into()),
+        _ => return Err(format!("{} writes of the published word", writes.len())),
+    };
+    let stored = lines[store];
+    let release = [
+        "st.release.gpu.",
+        "st.release.sys.",
+        "red.release.gpu.",
+        "red.release.sys.",
+    ];
+    if !release.iter().any(|prefix| stored.starts_with(prefix)) || !stored.ends_with(", %want;") {
+        return Err(format!(
+            "the published word is stored by `{stored}`, not a release of `%want`"
+        ));
+    }
+    let arrival = format!(
+        "atom.acq_rel.gpu.global.inc.u32 %arrived, [%device+{DEVICE_ARRIVALS}], %last_arrival;"
     );
+    let position = |wanted: &str| lines.iter().position(|line| line.starts_with(wanted));
+    let arrived = position(&arrival).ok_or("no arrival")?;
+    let publish = position("$L_lane_publish:").ok_or("no publish path")?;
+    let completion =
+        position("st.relaxed.sys.global.u64 [%completion]").ok_or("no completion word")?;
+    if store < arrived {
+        return Err("the published word is stored before the arrival".into());
+    }
+    if store < publish || store < completion {
+        return Err(
+            "the published word is stored before the result words and the completion word".into(),
+        );
+    }
+    if !lines[publish..store].contains(&"barrier.sync 1;") {
+        return Err("no block barrier between the readbacks and the published word".into());
+    }
+    Ok(())
+}
+
+/// Locks out a lane of several blocks that starts request `n + 1` in any block while a
+/// block still serves request `n`. A block that was not the last to arrive used to go
+/// straight on to the next request: block 0 could start `n + 1` (and hand its go word
+/// out) while another block still wrote `n`'s outputs or the publisher still loaded
+/// its readbacks, so the host had to order a lane's own requests; a fast block could
+/// arrive for `n + 1` before a slow one arrived for `n`, and the arrival counter cannot
+/// tell them apart (`n + 1` published with work undone, `n` never); and block 0 could
+/// overwrite the go word before a slow block read it (that block then waits forever).
+/// In the fixture lane's server, block 0's leader, after the record and before the block
+/// barrier and the go word's release, loops on an `ld.acquire.gpu` of the published
+/// word until it shows the previous request (and on a stop, before the go word too),
+/// and the publisher's only store of that word is a release of the request's ticket
+/// field, after its arrival's acquire, the barrier after its readbacks and the
+/// completion word. Negative controls: the wait removed (from the request path, from
+/// the stop path), the wait's load relaxed, the go word released before the wait, and
+/// the store moved before the arrival (or made relaxed) are each caught.
+#[test]
+fn block_zero_starts_a_request_only_after_the_previous_is_published() {
+    let ptx = fixture_lane();
+    assert_eq!(publication_order(&ptx), Ok(()));
+    let published = format!("[%device+{DEVICE_PUBLISHED}]");
+    let go = format!("st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;");
+    // The request path's wait, from its loop's top to its exit.
+    let top = "$L_lane_wait_published:\n";
+    let at = ptx.find(top).expect("the request path's wait");
+    let exit = "$L_lane_previous_published:\n";
+    let end = ptx.find(exit).expect("the wait's exit");
+    let unwaited = format!("{}{}", &ptx[..at], &ptx[end..]);
+    let error = publication_order(&unwaited).expect_err("no wait");
+    assert!(error.starts_with("request path:"), "{error}");
+    // The stop path's wait removed: the stop's go word could overwrite the last
+    // request's before a slow block read it.
+    let stop_at = ptx
+        .find("$L_lane_stop_wait:\n")
+        .expect("the stop path's wait");
+    let stop_end = ptx.find("$L_lane_stop_published:\n").expect("its exit");
+    let unwaited_stop = format!("{}{}", &ptx[..stop_at], &ptx[stop_end..]);
+    let error = publication_order(&unwaited_stop).expect_err("no wait before the stop");
+    assert!(error.starts_with("stop path:"), "{error}");
+    let relaxed = ptx.replace(
+        &format!("ld.acquire.gpu.global.u32 %published, {published};"),
+        &format!("ld.relaxed.gpu.global.u32 %published, {published};"),
+    );
+    let error = publication_order(&relaxed).expect_err("a relaxed wait");
     assert!(
-        order(&no_fence_after_loop).is_err(),
-        "{no_fence_after_loop}"
+        error.starts_with("request path: the wait loads the published word with"),
+        "{error}"
     );
+    // The go word's line released before the wait (block 0's old order).
+    let go_at = at + ptx[at..].find(&go).expect("the go word after the wait");
+    let line_start = ptx[..go_at].rfind('\n').map_or(0, |newline| newline + 1);
+    let line_end = go_at + ptx[go_at..].find('\n').expect("a line end") + 1;
+    let early = format!(
+        "{}{}{}{}",
+        &ptx[..at],
+        &ptx[line_start..line_end],
+        &ptx[at..line_start],
+        &ptx[line_end..]
+    );
+    let error = publication_order(&early).expect_err("the go word before the wait");
+    assert!(error.starts_with("request path:"), "{error}");
+    // The publisher's store before the arrival, and a relaxed store.
+    let store = format!("\tst.release.gpu.global.u32 {published}, %want;\n");
+    let arrival = "\tatom.acq_rel.gpu.global.inc.u32";
+    let without = ptx.replacen(&store, "", 1);
+    let arrival_at = without.find(arrival).expect("the arrival");
+    let before = format!(
+        "{}{store}{}",
+        &without[..arrival_at],
+        &without[arrival_at..]
+    );
+    let error = publication_order(&before).expect_err("the store before the arrival");
+    assert!(error.contains("before the arrival"), "{error}");
+    let relaxed_store = ptx.replacen(
+        &store,
+        &store.replace("st.release.gpu", "st.relaxed.gpu"),
+        1,
+    );
+    let error = publication_order(&relaxed_store).expect_err("a relaxed store");
+    assert!(error.contains("not a release"), "{error}");
 }
 
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the

@@ -34,20 +34,39 @@
 //! Lane requests (`backend::lane`) are in the book too. A lane's kernel is always
 //! running, so nothing can be ordered before or after it on the device: the order
 //! between a lane request and an eager dispatch is kept on the host. A lane request
-//! waits, before its doorbell rings, for every conflicting eager dispatch in flight
-//! (an event recorded on its stream, `cuEventSynchronize`) and every conflicting
-//! request of another lane; an eager dispatch waits, before it enqueues anything, for
-//! every conflicting lane request in flight (its completion word). Requests of one
-//! lane run in order on its kernel and need nothing.
+//! waits, before its doorbell rings, for every conflicting eager dispatch in flight (an
+//! event recorded on its stream, `cuEventSynchronize`) and every conflicting request of
+//! another lane; an eager dispatch waits, before it enqueues anything, for every
+//! conflicting lane request in flight (its completion word), and so does a blocking
+//! copy or clear of a buffer a lane request binds, and a graph replay over one
+//! ([`OrderBook::lanes_touching`]; neither is in the book otherwise). A lane request
+//! stays in the book after its delivery, until its completion word shows it served: the
+//! lane's server publishes the result words before its GPU-scope fence, so a delivered
+//! request's outputs in device memory are visible to later device work only once the
+//! completion word is (`codegen::ptx::lane` argues it; `LaneShared::retire` takes the
+//! entries out, a few at a time). Requests of one lane need nothing among themselves:
+//! the server runs them one after another, every access of one before every access of
+//! the next (with one block, block barriers between them on the same threads; with
+//! several, no block starts a request before the previous one is published), so
+//! [`OrderBook::lane_conflicts`] skips the lane's own entries before it compares any
+//! address.
+//!
+//! The book holds a lane weakly ([`Weak`]): a request entry that kept its lane alive
+//! would keep a dropped lane from stopping until the request retired, and the lane's
+//! retirement runs only while it is used. A lane that is stopping (its last handle
+//! gone) waits for its newest delivered request's completion word before it leaves
+//! the book, and a dispatch that meets its entries meanwhile waits for them to leave
+//! ([`OrderBook::wait_for_lanes`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::driver::{DriverResult, Event, Stream};
 use super::lane::LaneShared;
-use super::PerBinding;
+use super::{BackendError, PerBinding};
 
 /// The memory one dispatch touches through shared buffers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -78,8 +97,35 @@ enum Holder {
         stream: Arc<Stream>,
         order: Arc<Event>,
     },
-    /// Request `ticket` of a lane.
-    Lane { lane: Arc<LaneShared>, ticket: u64 },
+    /// Request `ticket` of the lane whose id is `id` ([`LaneShared::id`]), from its
+    /// doorbell until its completion word shows it served (after its delivery, until
+    /// the lane retires it). Weak: the book keeps no lane alive (see the module docs);
+    /// the id names the lane even once it cannot be upgraded (`Lane::stop` moves the
+    /// lane out of its allocation).
+    Lane {
+        lane: Weak<LaneShared>,
+        id: u64,
+        ticket: u64,
+    },
+}
+
+impl Holder {
+    /// Whether it is a request of lane `id`.
+    fn of_lane(&self, lane: u64) -> bool {
+        matches!(self, Holder::Lane { id, .. } if *id == lane)
+    }
+
+    /// The host wait for it, when it is a lane request.
+    fn lane_wait(&self) -> Option<LaneWait> {
+        match self {
+            Holder::Lane { lane, id, ticket } => Some(LaneWait {
+                lane: lane.upgrade(),
+                id: *id,
+                ticket: *ticket,
+            }),
+            Holder::Stream { .. } => None,
+        }
+    }
 }
 
 struct Entry {
@@ -94,8 +140,25 @@ struct Entry {
 /// Ids of book entries a dispatch was ordered after on the device.
 pub(in crate::backend) type Ordered = SmallVec<[u64; 8]>;
 
-/// Lane requests a dispatch must wait for on the host before it runs.
-pub(in crate::backend) type LaneWaits = SmallVec<[(Arc<LaneShared>, u64); 2]>;
+/// One lane request a dispatch must wait for on the host before it runs.
+pub(in crate::backend) struct LaneWait {
+    /// The lane, while it lives; `None` while it is stopping (its last handle is gone,
+    /// and its shut-down waits for its requests before the book forgets them).
+    lane: Option<Arc<LaneShared>>,
+    /// The lane's id ([`LaneShared::id`]).
+    id: u64,
+    ticket: u64,
+}
+
+/// Lane requests a dispatch must wait for on the host before it runs
+/// ([`OrderBook::wait_for_lanes`]). Dropped outside the book's lock: the last handle
+/// of a lane may be one of them, and the lane's stop takes the lock.
+pub(in crate::backend) type LaneWaits = SmallVec<[LaneWait; 2]>;
+
+/// How long a dispatch sleeps between looks at the book while a stopping lane's
+/// requests are still in it (the lane waits for its newest request's completion word,
+/// microseconds, then leaves).
+const STOPPING_LANE_LOOK: Duration = Duration::from_micros(20);
 
 /// Eager dispatches a lane request must wait for on the host before it rings: the
 /// order event of each, recorded on its stream.
@@ -160,7 +223,7 @@ impl OrderBook {
                         stream.wait_event(order)?;
                         ordered.push(entry.id);
                     }
-                    Holder::Lane { lane, ticket } => lanes.push((Arc::clone(lane), *ticket)),
+                    Holder::Lane { .. } => lanes.extend(entry.holder.lane_wait()),
                 }
             }
             if let Some(first) = implied.first() {
@@ -177,12 +240,24 @@ impl OrderBook {
 
     /// What a request of `lane` touching `accesses` must wait for on the host before
     /// its doorbell rings: every conflicting eager dispatch in flight (its order event,
-    /// recorded now on its stream) and every conflicting request of another lane. The
-    /// caller waits outside the book's lock.
+    /// recorded now on its stream) and every conflicting request of another lane,
+    /// delivered or not, until it retired. The lane's own entries are skipped before
+    /// any address is compared: the server orders a lane's requests on the device,
+    /// whatever its blocks (`codegen::ptx::lane`, "Requests of one lane"). The caller
+    /// waits outside the book's lock.
     pub(in crate::backend) fn lane_conflicts(
         &self,
         accesses: &Accesses,
         lane: &Arc<LaneShared>,
+    ) -> DriverResult<(EventWaits, LaneWaits)> {
+        self.conflicts_of_lane(accesses, lane.id())
+    }
+
+    /// [`OrderBook::lane_conflicts`] for a request of lane `own`.
+    fn conflicts_of_lane(
+        &self,
+        accesses: &Accesses,
+        own: u64,
     ) -> DriverResult<(EventWaits, LaneWaits)> {
         let mut events = EventWaits::new();
         let mut lanes = LaneWaits::new();
@@ -190,24 +265,89 @@ impl OrderBook {
             return Ok((events, lanes));
         }
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        for entry in entries
-            .iter()
-            .filter(|e| e.accesses.conflicts_with(accesses))
-        {
+        for entry in entries.iter() {
+            // Skipped before the comparison: the usual hot loop has only its own
+            // lane's entries in the book (its delivered requests, until they retire).
+            if entry.holder.of_lane(own) {
+                continue;
+            }
+            if !entry.accesses.conflicts_with(accesses) {
+                continue;
+            }
             match &entry.holder {
                 Holder::Stream { stream, order } => {
                     order.record(stream)?;
                     events.push(Arc::clone(order));
                 }
-                Holder::Lane {
-                    lane: other,
-                    ticket,
-                } if !Arc::ptr_eq(other, lane) => lanes.push((Arc::clone(other), *ticket)),
-                // The same lane runs its requests in order.
-                Holder::Lane { .. } => {}
+                Holder::Lane { .. } => lanes.extend(entry.holder.lane_wait()),
             }
         }
         Ok((events, lanes))
+    }
+
+    /// The lane requests (delivered or not, until they retired) that work outside the
+    /// book (a blocking copy or clear, a graph replay) over the owned buffers at device
+    /// addresses `buffers` must wait for before it is enqueued: those that write one of
+    /// them, and, when that work writes them (`writing`), those that read one too. The
+    /// caller waits outside the book's lock ([`OrderBook::wait_for_lanes`]).
+    pub(in crate::backend) fn lanes_touching(
+        &self,
+        buffers: impl Iterator<Item = u64> + Clone,
+        writing: bool,
+    ) -> LaneWaits {
+        let mut lanes = LaneWaits::new();
+        if self.len.load(Ordering::Acquire) == 0 {
+            return lanes;
+        }
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in entries.iter() {
+            if !matches!(entry.holder, Holder::Lane { .. }) {
+                continue;
+            }
+            let accesses = &entry.accesses;
+            let touches = |buffer: u64| {
+                accesses.writes.contains(&buffer) || (writing && accesses.reads.contains(&buffer))
+            };
+            if buffers.clone().any(touches) {
+                lanes.extend(entry.holder.lane_wait());
+            }
+        }
+        lanes
+    }
+
+    /// Wait on the host for every lane request of `lanes` (what [`OrderBook::order_after`],
+    /// [`OrderBook::lane_conflicts`] or [`OrderBook::lanes_touching`] found): a live
+    /// lane's completion word, and for a stopping lane's request, until the lane left
+    /// the book (its stop waits for its requests first). `waiter` names what waits,
+    /// for messages.
+    pub(in crate::backend) fn wait_for_lanes(
+        &self,
+        lanes: LaneWaits,
+        waiter: &str,
+    ) -> Result<(), BackendError> {
+        for wait in lanes {
+            match &wait.lane {
+                Some(lane) => lane.wait_for(wait.ticket, waiter)?,
+                None => self.wait_until_lane_left(wait.id),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleep until the book holds no request of lane `id` (a stopping lane: its stop
+    /// waits, at most its timeout, for its newest request's completion word, and then
+    /// forgets every request of it, on every path).
+    fn wait_until_lane_left(&self, id: u64) {
+        loop {
+            let present = {
+                let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+                entries.iter().any(|entry| entry.holder.of_lane(id))
+            };
+            if !present {
+                return;
+            }
+            std::thread::sleep(STOPPING_LANE_LOOK);
+        }
     }
 
     /// Enter request `ticket` of `lane`, just rung.
@@ -221,7 +361,8 @@ impl OrderBook {
         // after what it waited for through it.
         self.push(
             Holder::Lane {
-                lane: Arc::clone(lane),
+                lane: Arc::downgrade(lane),
+                id: lane.id(),
                 ticket,
             },
             accesses,
@@ -229,23 +370,35 @@ impl OrderBook {
         );
     }
 
-    /// Remove request `ticket` of `lane` (delivered, or failed before it rang).
-    pub(in crate::backend) fn leave_lane(&self, lane: &Arc<LaneShared>, ticket: u64) {
+    /// Remove requests `tickets` of lane `id` (served: their completion word arrived,
+    /// or failed before they rang), in one pass over the book.
+    pub(in crate::backend) fn leave_lane(&self, id: u64, tickets: &[u64]) {
+        if tickets.is_empty() {
+            return;
+        }
         self.retain(|holder| match holder {
             Holder::Lane {
-                lane: other,
+                id: lane,
                 ticket: held,
-            } => !(Arc::ptr_eq(other, lane) && *held == ticket),
+                ..
+            } => !(*lane == id && tickets.contains(held)),
             Holder::Stream { .. } => true,
         });
     }
 
-    /// Remove every request of `lane` (it died: none will be delivered).
-    pub(in crate::backend) fn forget_lane(&self, lane: &LaneShared) {
-        self.retain(|holder| match holder {
-            Holder::Lane { lane: other, .. } => !std::ptr::eq(Arc::as_ptr(other), lane),
-            Holder::Stream { .. } => true,
-        });
+    /// Remove every request of lane `id` (it died or stopped: none will complete, or
+    /// every one did).
+    pub(in crate::backend) fn forget_lane(&self, id: u64) {
+        self.retain(|holder| !holder.of_lane(id));
+    }
+
+    /// Room for `entries` more entries, so that a lane's requests, each in the book
+    /// until it retires (a batch at a time), do not grow it on a warm path.
+    pub(in crate::backend) fn reserve(&self, entries: usize) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(entries);
     }
 
     fn push(&self, holder: Holder, accesses: Accesses, after: Ordered) {
@@ -348,6 +501,130 @@ mod tests {
         assert!(write_b.conflicts_with(&accesses(&[0xB], &[])));
         assert!(!accesses(&[0x1], &[0x2]).conflicts_with(&accesses(&[0x3], &[0x4])));
         assert!(accesses(&[], &[]).is_empty());
+    }
+
+    /// A book holding requests of lanes that no longer live (the tests have no
+    /// device): `(lane id, ticket, accesses)` each.
+    fn book_of_lane_requests(requests: &[(u64, u64, Accesses)]) -> OrderBook {
+        let book = OrderBook::default();
+        for (id, ticket, accesses) in requests {
+            book.push(
+                Holder::Lane {
+                    lane: Weak::new(),
+                    id: *id,
+                    ticket: *ticket,
+                },
+                accesses.clone(),
+                Ordered::new(),
+            );
+        }
+        book
+    }
+
+    /// `(lane id, ticket)` of each wait, in book order.
+    fn named(waits: &LaneWaits) -> Vec<(u64, u64)> {
+        waits.iter().map(|wait| (wait.id, wait.ticket)).collect()
+    }
+
+    /// Locks out a lane whose own earlier requests delay its next one, which the device
+    /// already orders after them whatever the lane's blocks (its hot loop would wait for
+    /// every earlier request's completion word; a lane of several blocks used to, while
+    /// a block could start the next request before another finished this one), and a
+    /// lane that skips another lane's requests: lane 1's request writing `0xA` skips
+    /// its own conflicting entries and waits for lane 2's. Negative controls: the same
+    /// request of lane 3 waits for lane 1's conflicting entries (the skip is by lane,
+    /// not by address), and an entry over other memory is never waited for.
+    #[test]
+    fn a_lane_skips_its_own_requests_and_waits_for_other_lanes() {
+        let book = book_of_lane_requests(&[
+            (1, 10, accesses(&[0xA], &[])),
+            (1, 11, accesses(&[], &[0xA])),
+            (2, 4, accesses(&[0xA], &[])),
+            (1, 12, accesses(&[0xB], &[])),
+        ]);
+        let request = accesses(&[], &[0xA]);
+        let (events, own) = book.conflicts_of_lane(&request, 1).unwrap();
+        assert!(events.is_empty());
+        assert_eq!(named(&own), [(2, 4)]);
+        let (_, other) = book.conflicts_of_lane(&request, 3).unwrap();
+        assert_eq!(named(&other), [(1, 10), (1, 11), (2, 4)]);
+        assert!(other.iter().all(|wait| wait.lane.is_none()));
+        let (_, elsewhere) = book
+            .conflicts_of_lane(&accesses(&[0xC], &[0xD]), 3)
+            .unwrap();
+        assert!(elsewhere.is_empty());
+    }
+
+    /// Locks out a blocking copy or clear (or a graph replay) that runs beside a lane
+    /// request touching its buffer: a read of `0xA` waits for the requests that write it
+    /// (not those that only read it), an upload or clear of `0xA` for those that read or
+    /// write it, a copy of another buffer for none, and a replay over several buffers
+    /// for the requests touching any of them. Negative control: with no lane entry in
+    /// the book the same copies wait for nothing.
+    #[test]
+    fn blocking_copies_wait_for_the_lane_requests_touching_their_buffer() {
+        let book = book_of_lane_requests(&[
+            (1, 0, accesses(&[0xA], &[])),
+            (1, 1, accesses(&[0xB], &[0xA])),
+            (2, 0, accesses(&[], &[0xC])),
+        ]);
+        assert_eq!(
+            named(&book.lanes_touching([0xA].into_iter(), false)),
+            [(1, 1)]
+        );
+        assert_eq!(
+            named(&book.lanes_touching([0xA].into_iter(), true)),
+            [(1, 0), (1, 1)]
+        );
+        assert_eq!(
+            named(&book.lanes_touching([0xB].into_iter(), true)),
+            [(1, 1)]
+        );
+        assert!(book.lanes_touching([0xB].into_iter(), false).is_empty());
+        assert!(book.lanes_touching([0xD].into_iter(), true).is_empty());
+        // A graph replay's buffers together: any of them touched.
+        assert_eq!(
+            named(&book.lanes_touching([0xD, 0xC].into_iter(), false)),
+            [(2, 0)]
+        );
+        let empty = OrderBook::default();
+        assert!(empty.lanes_touching([0xA].into_iter(), true).is_empty());
+    }
+
+    /// Locks out a retirement that takes out other requests' entries or leaves its own
+    /// behind, and a stopping lane whose waiters never wake: a batch of tickets of lane
+    /// 1 leaves the book exactly (lane 2's entry with the same ticket stays); forgetting
+    /// lane 1 removes the rest of it; a waiter for a stopping lane's request (its lane
+    /// gone) returns once the lane forgot its entries on another thread. Negative
+    /// control: an empty batch removes nothing.
+    #[test]
+    fn lane_entries_leave_in_batches_and_waiters_of_a_stopping_lane_wake() {
+        let book = Arc::new(book_of_lane_requests(&[
+            (1, 0, accesses(&[0xA], &[])),
+            (1, 1, accesses(&[0xA], &[])),
+            (1, 2, accesses(&[0xA], &[])),
+            (2, 1, accesses(&[0xA], &[])),
+        ]));
+        book.leave_lane(1, &[]);
+        assert_eq!(
+            named(&book.lanes_touching([0xA].into_iter(), true)).len(),
+            4
+        );
+        book.leave_lane(1, &[0, 1]);
+        assert_eq!(
+            named(&book.lanes_touching([0xA].into_iter(), true)),
+            [(1, 2), (2, 1)]
+        );
+        let waits = book.lanes_touching([0xA].into_iter(), true);
+        let stopping = Arc::clone(&book);
+        let forgetting = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            stopping.forget_lane(1);
+            stopping.forget_lane(2);
+        });
+        book.wait_for_lanes(waits, "a test").unwrap();
+        assert!(book.lanes_touching([0xA].into_iter(), true).is_empty());
+        forgetting.join().unwrap();
     }
 
     /// `implied_by` over a book given as `(id, after)` pairs.

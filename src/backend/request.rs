@@ -476,15 +476,10 @@ pub struct LaneStamps {
     /// (with several blocks: the last one arrived).
     pub workgroups_ns: u64,
     /// From every workgroup done to the result words (readback bytes and their flags)
-    /// issued to the result area (the end of [`Timings::kernel_stamps_ns`]).
+    /// issued to the result area (the end of [`Timings::kernel_stamps_ns`]). The
+    /// server's GPU-scope publish fence comes after these words and before the
+    /// completion word, which the delivery does not wait for, so no stamp holds it.
     pub readback_ns: u64,
-    /// Of [`LaneStamps::readback_ns`], how long the publishing thread's
-    /// `fence.acq_rel.gpu` held it: the wait for the request's outputs in device
-    /// memory to be visible at GPU scope before its result words go out (no wait for
-    /// host memory: the result words carry their own flags), from the end of the
-    /// workgroups, so it includes the thread's first batch of readback loads (the
-    /// fence waits for them too).
-    pub publish_fence_ns: u64,
 }
 
 /// What a blocking dispatch returns (and a pending one's `wait`).

@@ -2,8 +2,12 @@
 //! `support::lane`).
 #![allow(dead_code)]
 
-use vyre_cuda::backend::{AnyBackend, AnyLane, Binding, Dispatch, Kernel, LaneOptions};
-use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+use std::collections::VecDeque;
+
+use vyre_cuda::backend::{
+    AnyBackend, AnyLane, Binding, Dispatch, Kernel, LaneOptions, PendingDispatch,
+};
+use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program, ScalarType};
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
 /// Values of [`super::every_scalar_type`]'s scalars (for [`super::every_scalar_value`])
@@ -117,6 +121,265 @@ pub fn assert_alternating_records_deliver_their_own_bytes(backend: &AnyBackend) 
             assert_eq!(got, expected, "{slots} slots, round {round}, k {k}");
         }
     }
+}
+
+/// Threads of one workgroup of [`uneven_step`].
+const STEP_THREADS: u32 = 64;
+/// Workgroups of one request of [`uneven_step`]: two on each block of a lane of four.
+const STEP_GROUPS: u32 = 8;
+
+/// `dst[i] = lcg(src[n - 1 - i], workgroup_id.x · work) + request · 0x9E3779B9` over
+/// 64-thread workgroups: workgroup `w` loops `w · work` times, so on a lane of four
+/// blocks block 0 (workgroups 0 and 4) finishes long before block 3 (3 and 7), and each
+/// workgroup reads what the mirrored workgroup (on another block) wrote in `src`.
+pub fn uneven_step() -> Program {
+    Program::builder([STEP_THREADS, 1, 1])
+        .entry_op_id("lane_uneven_step")
+        .buffer(
+            "src",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "dst",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .scalar("request", ScalarType::U32)
+        .scalar("work", ScalarType::U32)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
+                let mirrored = Expr::length("src") - 1u32 - i.clone();
+                let acc = b.let_mut("acc", Expr::load("src", mirrored));
+                let steps = Expr::workgroup_id(Axis::X) * Expr::scalar("work");
+                b.loop_("k", 0u32, steps, |b, _| {
+                    b.assign("acc", acc.clone() * 1_664_525u32 + 1_013_904_223u32);
+                });
+                let salt = Expr::scalar("request") * 0x9E37_79B9u32;
+                b.store("dst", i.clone(), acc.clone() + salt);
+            });
+        })
+        .build()
+}
+
+/// `(a, c)` with `steps` LCG steps of [`uneven_step`] equal to `x -> a · x + c`
+/// (wrapping), so the host's expected values cost one multiply-add a word.
+fn lcg_map(steps: u32) -> (u32, u32) {
+    (0..steps).fold((1u32, 0u32), |(a, c), _| {
+        (
+            a.wrapping_mul(1_664_525),
+            c.wrapping_mul(1_664_525).wrapping_add(1_013_904_223),
+        )
+    })
+}
+
+/// What [`uneven_step`] request `request` writes into `dst` from `src`, with the
+/// [`lcg_map`] of each workgroup in `maps`.
+fn uneven_step_expected(src: &[u32], request: u32, maps: &[(u32, u32)]) -> Vec<u32> {
+    let n = src.len();
+    (0..n)
+        .map(|i| {
+            let (a, c) = maps[i / STEP_THREADS as usize];
+            a.wrapping_mul(src[n - 1 - i])
+                .wrapping_add(c)
+                .wrapping_add(request.wrapping_mul(0x9E37_79B9))
+        })
+        .collect()
+}
+
+/// Asserts that a lane of `blocks` blocks and eight slots on `backend` keeps `requests`
+/// requests of [`uneven_step`] (`work` LCG steps a unit) apart while eight are in
+/// flight at all times (each submitted before the oldest is waited for, so the server
+/// finds the next doorbell rung as soon as it is done). Request `r` reads the buffer
+/// request `r - 1` wrote (mirrored: each workgroup reads another block's words) and
+/// writes the buffer request `r - 1` read, with a salt of its own; every third runs two
+/// fixpoint iterations (a lane-wide barrier inside the request). The host orders none of
+/// them (a lane's own requests skip each other in the order book), so only the server's
+/// order keeps the chain: every request's readback and both buffers at the end must be
+/// the chain the host computes from the first buffer alone. The salt and the mirrored
+/// reads make each request's words differ from the request before's and from the same
+/// request's over stale input, so a request that ran early or late shows.
+pub fn assert_requests_in_flight_keep_their_chain(
+    backend: &AnyBackend,
+    blocks: u32,
+    requests: u32,
+    work: u32,
+) {
+    const IN_FLIGHT: usize = 8;
+    let config = DispatchConfig::new([STEP_GROUPS, 1, 1]);
+    let kernel = backend.compile(&uneven_step(), &config).unwrap();
+    let words = (STEP_GROUPS * STEP_THREADS) as usize;
+    let first: Vec<u32> = (0..words as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x5555_5555)
+        .collect();
+    let buffers = [
+        backend.buffer_from(&first).unwrap(),
+        backend.buffer_from(&vec![0u32; words]).unwrap(),
+    ];
+    let mut expected = [first, vec![0u32; words]];
+    let maps: Vec<(u32, u32)> = (0..STEP_GROUPS).map(|w| lcg_map(w * work)).collect();
+    let twice = config.clone().with_fixpoint_iterations(2);
+    let lane = backend
+        .lane(
+            &[&kernel],
+            LaneOptions::new().blocks(blocks).slots(IN_FLIGHT as u32),
+        )
+        .unwrap_or_else(|e| panic!("build a lane of {blocks} blocks: {e}"));
+    let check = |(request, pending, want): (u32, PendingDispatch, Vec<u32>)| {
+        let finished = pending
+            .wait()
+            .unwrap_or_else(|e| panic!("request {request}: {e}"));
+        let got = finished.outputs.read::<u32>("dst").unwrap();
+        assert_eq!(got.len(), want.len(), "request {request}");
+        if let Some(at) = got.iter().zip(&want).position(|(got, want)| got != want) {
+            panic!(
+                "request {request}: word {at} (workgroup {}) is {:#x} where the chain gives {:#x}",
+                at / STEP_THREADS as usize,
+                got[at],
+                want[at]
+            );
+        }
+    };
+    let mut pending = VecDeque::with_capacity(IN_FLIGHT);
+    for request in 0..requests {
+        if pending.len() == IN_FLIGHT {
+            check(pending.pop_front().expect("a request in flight"));
+        }
+        let (src, dst) = ((request % 2) as usize, ((request + 1) % 2) as usize);
+        let bound = [Binding::from(&buffers[src]), Binding::from(&buffers[dst])];
+        let request_config = if request % 3 == 0 { &twice } else { &config };
+        let submitted = lane
+            .submit(
+                Dispatch::new(&kernel, &bound)
+                    .config(request_config)
+                    .scalar("request", request)
+                    .scalar("work", work),
+            )
+            .unwrap_or_else(|e| panic!("submitting request {request}: {e}"));
+        let want = uneven_step_expected(&expected[src], request, &maps);
+        expected[dst].clone_from(&want);
+        pending.push_back((request, submitted, want));
+    }
+    pending.into_iter().for_each(check);
+    for (index, (buffer, want)) in buffers.iter().zip(&expected).enumerate() {
+        assert_eq!(
+            &backend.read::<u32>(buffer).unwrap(),
+            want,
+            "buffer {index}"
+        );
+    }
+    drop(lane);
+}
+
+/// `result`'s value, or a panic naming `what`.
+fn ok<T, E: std::fmt::Display>(result: Result<T, E>, what: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Asserts that a lane of `slots` slots on `backend`, holding [`super::parity::plus_k`]
+/// and shared by twice as many threads, gives every thread its own results: each
+/// thread runs `requests` requests with a `k` of its own per request (so every record
+/// differs from the one before), over its own device buffers through `run`, over a host
+/// input of its own (staged in the slot) and a zeroed output through `run_into`, and
+/// over its own buffers through `submit` and `wait`, in turn, and checks every word
+/// (`src[i] + k`). More threads than slots find their slot busy (on a CUDA lane they
+/// wait for its delivery); a slot handed on before delivery overwrites the doorbell or
+/// staging of a request the server has not read (a hang: the watchdog, or the lane's
+/// timeout; or another request's inputs: a wrong word here), and a refusal of a busy
+/// slot fails the request.
+pub fn assert_threads_beyond_the_slots_get_their_own_results(
+    backend: &AnyBackend,
+    slots: u32,
+    requests: u32,
+) {
+    const WORDS: u32 = 64;
+    let config = DispatchConfig::linear(1);
+    let kernel = backend.compile(&super::parity::plus_k(), &config).unwrap();
+    let threads = 2 * slots;
+    let sources: Vec<Vec<u32>> = (0..threads)
+        .map(|thread| (0..WORDS).map(|i| (thread << 24) | (i * 7919)).collect())
+        .collect();
+    // Every buffer before the lane: beside it only the pool's transients are made.
+    let buffers: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let src = backend.buffer_from(source).unwrap();
+            (src, backend.buffer(4 * u64::from(WORDS)).unwrap())
+        })
+        .collect();
+    let lane = backend
+        .lane(&[&kernel], LaneOptions::new().slots(slots))
+        .unwrap_or_else(|e| panic!("build a lane of {slots} slots: {e}"));
+    let check = |got: &[u32], input: &[u32], k: u32, what: &str| {
+        assert_eq!(got.len(), input.len(), "{what}");
+        if let Some(at) = (0..got.len()).find(|&i| got[i] != input[i].wrapping_add(k)) {
+            panic!(
+                "{what}: word {at} is {:#x} where its own request gives {:#x}",
+                got[at],
+                input[at].wrapping_add(k)
+            );
+        }
+    };
+    std::thread::scope(|scope| {
+        for (thread, (source, (src, dst))) in (0u32..).zip(sources.iter().zip(&buffers)) {
+            let (lane, kernel, config, check) = (&lane, &kernel, &config, &check);
+            scope.spawn(move || {
+                let owned = [Binding::from(src), Binding::from(dst)];
+                let mut host = vec![0u32; WORDS as usize];
+                let mut out = vec![0u8; 4 * WORDS as usize];
+                for round in 0..requests {
+                    let k = (thread << 20) | round;
+                    let what = format!("{slots} slots, thread {thread}, round {round}");
+                    let request = |bindings| {
+                        Dispatch::new(kernel, bindings)
+                            .config(config)
+                            .scalar("k", k)
+                            .scalar("on", true)
+                    };
+                    match round % 3 {
+                        0 => {
+                            let finished = ok(lane.run(request(&owned)), &what);
+                            check(
+                                &finished.outputs.read::<u32>("dst").unwrap(),
+                                source,
+                                k,
+                                &what,
+                            );
+                        }
+                        1 => {
+                            for (word, &value) in host.iter_mut().zip(source) {
+                                *word = value ^ round.wrapping_mul(0x9E37_79B9);
+                            }
+                            let staged =
+                                [Binding::host(&host), Binding::zeroed::<u32>(WORDS.into())];
+                            ok(lane.run_into(request(&staged), &mut [&mut out]), &what);
+                            let got: Vec<u32> = out
+                                .chunks_exact(4)
+                                .map(|word| u32::from_le_bytes(word.try_into().unwrap()))
+                                .collect();
+                            check(&got, &host, k, &what);
+                        }
+                        _ => {
+                            let pending = ok(lane.submit(request(&owned)), &what);
+                            let finished = ok(pending.wait(), &what);
+                            check(
+                                &finished.outputs.read::<u32>("dst").unwrap(),
+                                source,
+                                k,
+                                &what,
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+    drop(lane);
 }
 
 /// `y[i] = f(x[i])` over 64-thread workgroups (`x` read-only, `y` write-only), named

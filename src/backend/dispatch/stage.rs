@@ -85,6 +85,15 @@ pub(in crate::backend) struct Held {
     pub(in crate::backend) pinned: SmallVec<[Arc<PinnedMemory>; 4]>,
 }
 
+impl Held {
+    /// Whether it holds nothing (the usual lane request, over owned buffers): its
+    /// release makes no driver call, and a delivered lane request that holds nothing
+    /// and has no order-book entry needs no retirement.
+    pub(in crate::backend) fn is_empty(&self) -> bool {
+        self.buffers.is_empty() && self.transients.is_empty() && self.pinned.is_empty()
+    }
+}
+
 /// Bindings resolved to device addresses, and the memory the dispatch reads and
 /// writes through owned buffers (what the order book needs).
 #[derive(Default)]
@@ -536,10 +545,9 @@ impl BackendInner {
             .map_err(|error| {
                 self.stream_failed(&kernel.name, "ordering it after a dispatch", error)
             })?;
-        // A lane's kernel never ends: its requests are waited for here, on the host.
-        for (lane, ticket) in lanes {
-            lane.wait_for(ticket, &kernel.name)?;
-        }
+        // A lane's kernel never ends: its requests are waited for here, on the host
+        // (their completion words, delivered requests too until they retired).
+        self.in_flight.wait_for_lanes(lanes, &kernel.name)?;
         Ok(ordered)
     }
 

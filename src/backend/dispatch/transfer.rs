@@ -1,5 +1,14 @@
 //! Blocking copies into and out of owned buffers, and their zero fill: one lane,
 //! one description of the stream operations, one synchronize each, like a dispatch.
+//!
+//! A persistent lane's request may still be writing (or, for a copy in, reading) the
+//! buffer: its server runs beside the copy on another stream, which nothing orders on
+//! the device, and a delivered request's outputs in device memory are visible to the
+//! copy engine only once its completion word is (the server's publish fence follows
+//! the result words the delivery read; `codegen::ptx::lane`). So each copy or clear
+//! first waits on the host for the lane requests that touch its buffer
+//! ([`CudaBackend::wait_for_lane_requests`]): one load of the book's length when no
+//! lane request is in the book.
 
 use std::sync::Arc;
 
@@ -16,6 +25,25 @@ pub(in crate::backend) enum Transfer<'d, 'o> {
 }
 
 impl CudaBackend {
+    /// Wait on the host for every lane request, delivered or not, until it retired,
+    /// that writes one of the owned buffers at device addresses `buffers`, and when
+    /// `writing` (an upload, a clear, a graph replay) also every one that reads one:
+    /// their completion words, after which their accesses of the buffers are visible
+    /// at GPU scope. `what` names what waits, for messages.
+    pub(in crate::backend) fn wait_for_lane_requests(
+        &self,
+        buffers: impl Iterator<Item = u64> + Clone,
+        writing: bool,
+        what: &str,
+    ) -> Result<(), BackendError> {
+        let book = &self.inner.in_flight;
+        let lanes = book.lanes_touching(buffers, writing);
+        if lanes.is_empty() {
+            return Ok(());
+        }
+        book.wait_for_lanes(lanes, what)
+    }
+
     /// Device memory of `bytes` bytes, checked against the budget first: over it is
     /// [`BackendError::OverBudget`], never a driver failure (or an abort).
     pub(in crate::backend) fn allocate_checked(
@@ -48,6 +76,7 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         let inner = &self.inner;
         let memory = buffer.memory_for(inner, "clear")?;
+        self.wait_for_lane_requests(std::iter::once(memory.address()), true, "a buffer clear")?;
         let lane = inner
             .lanes
             .lease()
@@ -93,6 +122,8 @@ impl CudaBackend {
             )));
         }
         inner.bind()?;
+        let writing = matches!(transfer, Transfer::Upload(_));
+        self.wait_for_lane_requests(std::iter::once(memory.address()), writing, name)?;
         let mut lane = inner
             .lanes
             .lease()

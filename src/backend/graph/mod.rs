@@ -728,7 +728,16 @@ impl DispatchGraph {
         self.usable()?;
         let inner = self.backend.shared();
         inner.check_alive()?;
-        inner.bind()
+        inner.bind()?;
+        // A persistent lane's request over one of the graph's buffers runs beside the
+        // replay, unordered on the device, and its outputs in device memory are visible
+        // to the replay only once its completion word is (even after its delivery):
+        // wait for the lane requests touching any of them (the graph's access of each
+        // is not kept here, so as a writer). One load when the order book is empty.
+        let resources = self.resources.as_ref().ok_or_else(dropping)?;
+        let buffers = resources.memory.iter().map(|memory| memory.address());
+        self.backend
+            .wait_for_lane_requests(buffers, true, &self.name)
     }
 
     /// The one synchronize of a replay and its device window.

@@ -36,8 +36,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::codegen::ptx::lane::{
-    AREA_PUBLISH_FENCE, AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE,
-    FLAGGED_DATA_BYTES, FLAGGED_WORD_BYTES, RECORD_BYTES,
+    AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE, FLAGGED_DATA_BYTES,
+    FLAGGED_WORD_BYTES, RECORD_BYTES,
 };
 
 use super::super::driver::{DriverResult, MappedMemory};
@@ -68,9 +68,6 @@ pub(in crate::backend) struct AreaHeader {
     pub(in crate::backend) workgroups_begun: u32,
     /// Nanoseconds from `start` to every workgroup done.
     pub(in crate::backend) workgroups_done: u32,
-    /// Nanoseconds the publishing thread's GPU-scope fence held it (inside the
-    /// readback phase).
-    pub(in crate::backend) publish_fence: u32,
 }
 
 impl AreaHeader {
@@ -82,7 +79,6 @@ impl AreaHeader {
             setup_ns: begun,
             workgroups_ns: done - begun,
             readback_ns: self.end.saturating_sub(self.start).saturating_sub(done),
-            publish_fence_ns: u64::from(self.publish_fence),
         }
     }
 
@@ -97,7 +93,6 @@ impl AreaHeader {
             ticket: word(20),
             workgroups_begun: word(AREA_WORKGROUPS_BEGUN),
             workgroups_done: word(AREA_WORKGROUPS_DONE),
-            publish_fence: word(AREA_PUBLISH_FENCE),
         }
     }
 }
@@ -289,13 +284,11 @@ mod tests {
             ticket: 7,
             workgroups_begun: 160,
             workgroups_done: 1_120,
-            publish_fence: 96,
         };
         let stamps = header.stamps();
         assert_eq!(stamps.setup_ns, 160);
         assert_eq!(stamps.workgroups_ns, 960);
         assert_eq!(stamps.readback_ns, 1_280);
-        assert_eq!(stamps.publish_fence_ns, 96);
         assert_eq!(
             stamps.setup_ns + stamps.workgroups_ns + stamps.readback_ns,
             header.end - header.start

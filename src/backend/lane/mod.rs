@@ -29,8 +29,9 @@
 //! the outputs out (one copy per stretch of adjacent items). No system-scope fence
 //! is on a request's path (the server's `st.release.sys` of a completion word used
 //! to hold it 0.61 µs of 4.22 µs on the H200, 2026-12-01; `codegen::ptx::lane`
-//! argues the ordering). Up to [`LaneOptions::slots`] requests may be in flight; the
-//! kernel serves them in order.
+//! argues the ordering), and the one GPU-scope fence comes after the result words, so
+//! the delivery does not wait for it (see "Delivered is not retired"). Up to
+//! [`LaneOptions::slots`] requests may be in flight; the kernel serves them in order.
 //!
 //! A repeat of one of the last four distinct requests (the same kernel, grid, fixpoint
 //! count and readback of every output or none, over the same owned buffers at the same
@@ -62,13 +63,64 @@
 //! ordering against eager dispatches that share memory is kept on the host
 //! (`backend::ordering`).
 //!
+//! # Delivered is not retired
+//!
+//! The server's publish fence (`fence.acq_rel.gpu`, which makes the request's outputs
+//! in device memory visible at GPU scope) used to come before the result words, and
+//! held every one of them: the readback phase took 0.96–1.06 µs on the H200
+//! (2026-12-02), about 0.3 µs of it the fence, and the host's delivery waited for all
+//! of it although the host reads no output through device memory. The fence now
+//! follows the result words and precedes only the completion word (an earlier build
+//! of this order measured the readback phase at 0.64–0.74 µs). So a delivered request's
+//! outputs in device memory may still be on their way to L2 when the host has its
+//! result words, and only the completion word says they arrived.
+//!
+//! The host therefore keeps a delivered request until its completion word covers it:
+//! its order-book entry stays, so an eager dispatch, a blocking copy or clear
+//! ([`CudaBackend::wait_for_lane_requests`]) or another lane's request that touches its
+//! buffers waits for the completion word first, as for a request not yet delivered;
+//! and its transient buffers stay out of the pool. On delivery its holds move into the
+//! lane's `retiring` list, and [`LaneShared::retire`] releases them and takes the
+//! entries out once the completion word covers them, looking at the word once per
+//! [`RETIRE_BATCH`] delivered requests (the usual request, over owned buffers, holds
+//! nothing: one look and one pass over the book per batch, not per request), and at
+//! every delivery and submission while a retiring request holds transient memory, so
+//! that the pool gets it back at once. The book holds the lane weakly, so a dropped lane
+//! still stops: its stop waits for its newest delivered request's completion word and
+//! retires everything before the book forgets the lane. Requests of one lane need no
+//! host order among themselves, whatever its blocks: the server runs them one after
+//! another (one block: on the same threads, with block barriers between; several: no
+//! block starts a request before the previous one is published, `codegen::ptx::lane`).
+//!
+//! # Threads
+//!
+//! A [`Lane`] is `Send + Sync`: threads may share one and call [`Lane::run`],
+//! [`Lane::run_into`] and [`Lane::submit`] at once, and a request may be waited for on
+//! another thread than the one that submitted it. Tickets go out in the order of the
+//! lane's lock, and request `n` uses slot `n mod slots` (the server's rule). A slot
+//! takes a new request only once its last one was delivered (its area read; the server
+//! read its record and staging before it wrote the area): a submission whose slot is
+//! still busy lets go of the lock and waits, in the lane's [`WaitMode`], until that
+//! request's waiter has delivered it, at most [`LaneOptions::timeout`] (then a `Fix:`
+//! error, and the lane still serves). So more threads than slots queue for slots
+//! instead of failing, and a thread that holds `slots` requests unwaited (or, while
+//! other threads submit too, any request of its own) can wait for itself until the
+//! timeout: wait for a request before submitting past the slots. `slots` argues the
+//! rule (a slot counted free once its waiter took the request out used to let ticket
+//! `n + slots` overwrite the doorbell or staging of a request the server had not read
+//! yet); a request pays a load and two stores of the slot's flag for it, no lock or
+//! system call.
+//!
 //! # Costs, stated
 //!
 //! - **Blocks.** The lane holds [`LaneOptions::blocks`] blocks (default 1) of its
 //!   workgroup shape for its whole life: their SMs' share of threads, registers and
 //!   shared memory (the record's 4 KiB plus the largest kernel's workgroup memory) is
 //!   not available to other kernels. Eager dispatches and graph replays on other
-//!   streams run beside it on the rest of the device.
+//!   streams run beside it on the rest of the device. With several blocks the lane
+//!   serves one request at a time: a block done with its share of a request waits until
+//!   the request is published before any block starts the next (`codegen::ptx::lane`,
+//!   "Requests of one lane").
 //! - **A host thread.** Waiting spins on the result area's words by default
 //!   ([`WaitMode::Spin`]: one core busy for the length of the request);
 //!   [`WaitMode::SpinThenYield`] yields the core after a while, [`WaitMode::Sleep`]
@@ -111,8 +163,10 @@
 mod flagged;
 mod mapped;
 mod record;
+mod retire;
+mod slots;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -152,6 +206,8 @@ use record::{
     for_each_stretch, place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts,
     RecordRoute,
 };
+use retire::{RetireQueue, Retiring, Served, RETIRE_BATCH};
+use slots::SlotGate;
 
 /// Most resident blocks a lane may hold.
 pub const MAX_LANE_BLOCKS: u32 = 1024;
@@ -166,6 +222,9 @@ pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;
 
 /// Longest sleep between the device's doorbell polls.
 pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
+
+/// The next lane's id ([`LaneShared::id`]).
+static NEXT_LANE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// How a host thread waits for a lane request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -332,9 +391,10 @@ impl LaneOptions {
 }
 
 /// A resident server kernel serving [`Dispatch`] requests of its kernels (see the
-/// module docs). `Send + Sync`: threads may share it; requests are served in the
-/// order their doorbells ring. Dropping the last handle (pending requests hold one)
-/// stops the kernel.
+/// module docs). `Send + Sync`: threads may share it, more of them than it has slots
+/// (a submission waits for its slot: the module docs' "Threads"); requests are served
+/// in the order their doorbells ring. Dropping the last handle (pending requests hold
+/// one) stops the kernel.
 pub struct Lane {
     shared: Arc<LaneShared>,
 }
@@ -362,6 +422,8 @@ struct SlotRequest {
     ticket: u64,
     kernel: usize,
     held: Held,
+    /// Whether it has an order-book entry (it binds owned buffers).
+    booked: bool,
     deliveries: PerBinding<(usize, usize)>,
     item_bindings: PerBinding<u32>,
     enqueue_ns: u64,
@@ -384,6 +446,8 @@ struct LaneState {
     /// Requests rung so far (the next ticket).
     submitted: u64,
     slots: Vec<Slot>,
+    /// Delivered requests waiting for their completion word ([`LaneShared::retire`]).
+    retiring: RetireQueue,
     /// The record being built.
     scratch: Box<[u8; RECORD_BYTES]>,
     /// The previous request's record (the blocks' shared copies hold it).
@@ -425,8 +489,12 @@ impl LaneState {
 /// another, each differing from the one before).
 const REMEMBERED_REQUESTS: usize = 4;
 
-/// The lane shared by its handle, its pending requests and the order book.
+/// The lane shared by its handle and its pending requests (the order book holds it
+/// weakly).
 pub(in crate::backend) struct LaneShared {
+    /// Unique in the process: names the lane in the order book, where it is held
+    /// weakly and may already be moved out of its allocation (`Lane::stop`).
+    id: u64,
     backend: CudaBackend,
     kernels: Vec<Kernel>,
     keys: Vec<ModuleKey>,
@@ -434,6 +502,9 @@ pub(in crate::backend) struct LaneShared {
     options: LaneOptions,
     resources: Option<Box<Resources>>,
     state: Mutex<LaneState>,
+    /// Which slots hold a request not yet delivered (`slots`: a slot takes a new
+    /// request only once its last one was delivered).
+    gate: SlotGate,
     /// Set once a fault, a timeout or a stop ended the lane; `dead_cause` says why.
     dead: AtomicBool,
     dead_cause: Mutex<Option<String>>,
@@ -551,6 +622,7 @@ impl CudaBackend {
             module,
         };
         let shared = Arc::new(LaneShared {
+            id: NEXT_LANE_ID.fetch_add(1, Ordering::Relaxed),
             backend: self.clone(),
             kernels: kernels.iter().map(|&kernel| kernel.clone()).collect(),
             keys: cuda.iter().map(|kernel| kernel.module_key).collect(),
@@ -568,6 +640,9 @@ impl CudaBackend {
                         window: 0,
                     })
                     .collect(),
+                // Room for a batch and the requests delivered before its look, so a
+                // warm lane's retirement allocates nothing.
+                retiring: RetireQueue::with_capacity(2 * RETIRE_BATCH + slots),
                 scratch: Box::new([0; RECORD_BYTES]),
                 last: Box::new([0; RECORD_BYTES]),
                 last_len: 0,
@@ -577,11 +652,15 @@ impl CudaBackend {
                 next_repeat: 0,
                 last_repeat: None,
             }),
+            gate: SlotGate::new(slots),
             dead: AtomicBool::new(false),
             dead_cause: Mutex::new(None),
             pending: AtomicUsize::new(0),
         });
         let shared = LaneShared::launch(shared, resources, &name)?;
+        // Each delivered request stays in the order book until its batch retires: room
+        // for them now, not on a warm request.
+        inner.in_flight.reserve(2 * RETIRE_BATCH + slots);
         Ok(Lane { shared })
     }
 }
@@ -671,6 +750,11 @@ impl LaneShared {
         self.backend.inner.id
     }
 
+    /// The lane's id, unique in the process (the order book names it by this).
+    pub(in crate::backend) fn id(&self) -> u64 {
+        self.id
+    }
+
     fn resources(&self) -> Result<&Resources, BackendError> {
         self.resources
             .as_deref()
@@ -699,8 +783,9 @@ impl LaneShared {
     }
 
     /// End the lane for good, remembering why (the first cause wins). Its requests
-    /// leave the order book: nothing will deliver them, and an entry would keep the
-    /// lane (and its backend) alive forever.
+    /// leave the order book: none will complete (a fault, a timeout), or every one did
+    /// (a stop waits for its newest delivered request first), and a dispatch waiting for
+    /// a stopping lane's entries waits until they leave.
     fn kill(&self, cause: String) {
         let mut slot = self.dead_cause.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
@@ -708,7 +793,7 @@ impl LaneShared {
         }
         drop(slot);
         self.dead.store(true, Ordering::Release);
-        self.backend.inner.in_flight.forget_lane(self);
+        self.backend.inner.in_flight.forget_lane(self.id);
     }
 
     /// The index in the lane of the kernel `target` names (a program is compiled
@@ -749,6 +834,8 @@ impl LaneShared {
         };
         let backend = self.backend.inner.id;
         match (&previous.origin, &previous.state) {
+            // The device orders this lane's requests, whatever its blocks
+            // (`codegen::ptx::lane`, "Requests of one lane").
             (PendingOrigin::Lane(lane), _) if Arc::ptr_eq(lane, self) => Ok(()),
             (PendingOrigin::Lane(lane), PendingState::Lane(ticket))
                 if lane.backend.inner.id == backend =>
@@ -798,8 +885,16 @@ impl LaneShared {
         // stream may take milliseconds, and the lane's other submitters and deliveries
         // need the lock meanwhile.
         self.wait_after(request, &kernel.name)?;
-        let mut state = self.lock();
+        let resources = self.resources()?;
+        // The lock, once the next ticket's slot is free (its last request delivered),
+        // kept until the doorbell: the ticket and slot cannot change meanwhile.
+        let (mut state, slot) = self.admit(resources, &kernel.name)?;
         let state = &mut *state;
+        // A delivered request's transients come back before this one takes its own
+        // (a look is due while one waits; otherwise it waits for its batch).
+        if state.retiring.due() {
+            self.retire(state);
+        }
         let address_of = |buffer: &_| address_on(inner, buffer);
         let found = state
             .repeats
@@ -846,18 +941,11 @@ impl LaneShared {
         }
         let mark = probe::charge_and_mark(Phase::Prepare, mark);
 
-        // stage: a slot, the bindings' addresses, host inputs into the slot's staging.
-        let resources = self.resources()?;
+        // stage: the bindings' addresses, host inputs into the slot's staging.
         inner.bind()?;
         let ticket = state.submitted;
-        let slot = self.slot_of(ticket);
-        if state.slots[slot].request.is_some() {
-            return Err(BackendError::bad_input(format!(
-                "Fix: {} requests are pending on this lane (LaneOptions::slots); wait for an earlier \
-                 PendingDispatch before submitting {}",
-                self.options.slots, kernel.name
-            )));
-        }
+        debug_assert_eq!(slot, self.slot_of(ticket));
+        debug_assert!(state.slots[slot].request.is_none());
         // A repeat binds owned buffers only: nothing to hold, stage or place.
         let held = if reused {
             Held::default()
@@ -975,10 +1063,13 @@ impl LaneShared {
             state.slots[slot].window = window;
         }
         // In the book before the doorbell: a dispatch that sees the entry waits for a
-        // request that is (or is about to be) rung, never one that runs unseen.
+        // request that is (or is about to be) rung, never one that runs unseen. (The
+        // book keeps no entry of a request that binds no owned buffer.)
+        let booked = !repeat.accesses.is_empty();
         inner
             .in_flight
             .enter_lane(self, ticket, repeat.accesses.clone());
+        self.gate.occupy(slot);
         resources.memory.ring(slot, doorbell);
         state.submitted += 1;
         let deliveries = &repeat.placed.deliveries;
@@ -987,6 +1078,7 @@ impl LaneShared {
             ticket,
             kernel: index,
             held,
+            booked,
             deliveries: deliveries.clone(),
             item_bindings: repeat.item_bindings.clone(),
             enqueue_ns: elapsed_ns(start),
@@ -1011,6 +1103,50 @@ impl LaneShared {
             output_bytes,
             mark,
         })
+    }
+
+    /// The lane's lock, once the slot of the next ticket is free, and that slot
+    /// (`slots`' rule: a slot takes a new request only once its last one was
+    /// delivered). While it is busy the lock is let go and the caller waits in the
+    /// lane's [`WaitMode`], at most [`LaneOptions::timeout`] in all; a dead lane or a
+    /// fault ends the wait. `name` names the kernel for messages.
+    fn admit(
+        &self,
+        resources: &Resources,
+        name: &str,
+    ) -> Result<(MutexGuard<'_, LaneState>, usize), BackendError> {
+        let options = &self.options;
+        let free = |slot: usize, left: Duration| {
+            poll_until(
+                options.wait,
+                left,
+                || self.gate.is_free(slot),
+                || {
+                    self.check_serving()?;
+                    self.check_stream(resources, None)
+                },
+            )
+            .map(drop)
+        };
+        self.gate
+            .admit(
+                self.lock(),
+                || self.lock(),
+                |state| self.slot_of(state.submitted),
+                options.timeout,
+                free,
+            )
+            .map_err(|(slot, stop)| match stop {
+                WaitStop::TimedOut => BackendError::bad_input(format!(
+                    "Fix: {name} waited LaneOptions::timeout ({:?}) for slot {slot} of this lane, whose \
+                     request was not delivered (a lane has LaneOptions::slots = {} requests in flight, \
+                     and a slot is free again once its request was waited for); wait for a \
+                     PendingDispatch of this lane before submitting more (a thread that holds one \
+                     unwaited can wait for itself), or build the lane with more slots",
+                    options.timeout, options.slots
+                )),
+                WaitStop::Failed(error) => error,
+            })
     }
 
     /// Every binding to a device address: owned buffers in place, host, zeroed and
@@ -1103,8 +1239,9 @@ impl LaneShared {
         Ok(())
     }
 
-    /// Wait, on the host, for every eager dispatch and other lane's request in flight
-    /// that shares written memory with this one.
+    /// Wait, on the host, for every eager dispatch and every other lane's request in
+    /// flight (or delivered and not yet retired) that shares written memory with this
+    /// one (this lane's own are ordered on the device).
     fn order(self: &Arc<Self>, accesses: &Accesses, name: &str) -> Result<(), BackendError> {
         let inner = &self.backend.inner;
         let (events, lanes) = inner
@@ -1116,18 +1253,15 @@ impl LaneShared {
                 inner.stream_failed(name, "waiting for a dispatch it shares memory with", e)
             })?;
         }
-        for (lane, ticket) in lanes {
-            lane.wait_for(ticket, name)?;
-        }
-        Ok(())
+        inner.in_flight.wait_for_lanes(lanes, name)
     }
 
     /// Give transients back to the pool and drop the holds of a request that is done
-    /// (or never rang).
+    /// (its completion word seen) or never rang.
     fn release(&self, mut held: Held) {
         // A request of owned buffers holds nothing (the usual lane request): no driver
         // call for it.
-        if held.transients.is_empty() && held.buffers.is_empty() && held.pinned.is_empty() {
+        if held.is_empty() {
             return;
         }
         // The last hold of a buffer frees it in the backend's context (waits may run
@@ -1308,9 +1442,9 @@ impl LaneShared {
         let wait_ns = match waited {
             Ok(ns) => ns,
             Err(error) => {
-                // The lane is dead: the request goes back to its slot, whose holds
-                // the lane's stop releases (or forgets, while the device may still
-                // use them).
+                // The lane is dead: the request goes back to its slot (which stays
+                // busy), whose holds the lane's stop releases (or forgets, while the
+                // device may still use them).
                 self.lock().slots[slot].request = Some(request);
                 return Err(error);
             }
@@ -1346,8 +1480,12 @@ impl LaneShared {
             }
             Ok(())
         };
-        self.release(request.held);
-        self.backend.inner.in_flight.leave_lane(self, ticket);
+        // Its area is read and the server is done with its record and staging: the
+        // slot may take its next request (`slots`).
+        self.gate.free(slot);
+        // Delivered is not retired: the request keeps its order-book entry and its
+        // transients until its completion word arrives.
+        self.retire_later(ticket, request.held, request.booked);
         result?;
         probe::charge(Phase::Readback, mark);
         Ok(Timings {
@@ -1360,9 +1498,66 @@ impl LaneShared {
         })
     }
 
+    /// Put delivered request `ticket` (holding `held`; `booked` when it has an
+    /// order-book entry) among the requests waiting for their completion word, and
+    /// retire them when a look is due (`retire`'s module docs say when).
+    fn retire_later(&self, ticket: u64, held: Held, booked: bool) {
+        let request = Retiring::new(ticket, held, booked);
+        if request.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        if state.retiring.push(request) {
+            self.retire(&mut state);
+        }
+    }
+
+    /// Retire every delivered request the completion word covers: release its holds
+    /// (transients back to the pool) and take its order-book entries out, all in one
+    /// pass over the book. One load of the completion word (host memory) for the whole
+    /// batch; the requests it does not cover yet wait for the next look.
+    fn retire(&self, state: &mut LaneState) {
+        if state.retiring.is_empty() {
+            return;
+        }
+        let Ok(resources) = self.resources() else {
+            return;
+        };
+        let completed = resources.memory.completed();
+        let mut served = Served::new();
+        state
+            .retiring
+            .take_served(completed, &mut served, |held| self.release(held));
+        self.backend.inner.in_flight.leave_lane(self.id, &served);
+    }
+
+    /// Before a stop: wait for the newest delivered request's completion word (the
+    /// server serves in order, so it covers every earlier one) and retire them all, so
+    /// that the book forgets the lane only once its outputs are visible to later device
+    /// work. Nothing to do when none waits, or when the context is gone (the stop
+    /// abandons their holds then); a wait that fails (a fault, the timeout) leaves them
+    /// to the stop's abandonment too.
+    fn retire_before_stop(&self) {
+        let newest = self.lock().retiring.newest();
+        let Some(newest) = newest else {
+            return;
+        };
+        let inner = &self.backend.inner;
+        if inner.check_alive().is_err() || inner.bind().is_err() {
+            return;
+        }
+        if self.wait_ticket(newest).is_ok() {
+            self.retire(&mut self.lock());
+        }
+    }
+
     /// Ring the stop, wait (at most the timeout) for the kernel to leave, and release
     /// everything; a kernel that does not leave is abandoned with its memory.
     fn shut_down(&mut self) -> Result<(), BackendError> {
+        if self.resources.is_none() {
+            return Ok(());
+        }
+        self.retire_before_stop();
         let Some(resources) = self.resources.take() else {
             return Ok(());
         };
@@ -1436,20 +1631,24 @@ impl LaneShared {
         }
     }
 
-    /// Requests never delivered (a dead lane): release their holds, or forget them
-    /// when the device may still use the memory.
+    /// Requests never delivered (a dead lane), and delivered ones whose completion
+    /// word was not seen: release their holds, or forget them when the device may still
+    /// use the memory.
     fn abandon_requests(&mut self, forget: bool) {
         let inner = Arc::clone(&self.backend.inner);
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for slot in &mut state.slots {
-            if let Some(request) = slot.request.take() {
-                if forget {
-                    std::mem::forget(request.held);
-                } else {
-                    let mut held = request.held;
-                    for memory in held.transients.drain(..) {
-                        inner.transients.put(memory);
-                    }
+        let undelivered = state
+            .slots
+            .iter_mut()
+            .filter_map(|slot| slot.request.take())
+            .map(|request| request.held);
+        let retiring = state.retiring.drain_holds();
+        for mut held in undelivered.chain(retiring) {
+            if forget {
+                std::mem::forget(held);
+            } else {
+                for memory in held.transients.drain(..) {
+                    inner.transients.put(memory);
                 }
             }
         }
@@ -1469,6 +1668,7 @@ fn completion_covers(completed: u32, ticket: u64) -> bool {
 }
 
 /// Why a wait ended before its condition held.
+#[derive(Debug)]
 enum WaitStop {
     /// The timeout passed.
     TimedOut,
@@ -1706,6 +1906,11 @@ impl Lane {
     /// before this returns. Up to [`LaneOptions::slots`] may be pending; the lane
     /// serves them in order, so a chain of dependent requests needs no `after`.
     /// [`PendingDispatch::wait`] gives what [`Lane::run`] would have returned.
+    ///
+    /// A request whose slot still holds an undelivered one waits (before ringing) until
+    /// that one was waited for, on whatever thread, at most [`LaneOptions::timeout`];
+    /// past it, a `Fix:` error. A thread that submits past the slots without waiting
+    /// waits for itself until then (see the module docs' "Threads").
     pub fn submit(&self, request: Dispatch<'_>) -> Result<PendingDispatch, BackendError> {
         let start = Instant::now();
         let shared = &self.shared;
@@ -1736,9 +1941,9 @@ impl Lane {
             Err(shared) => {
                 let pending = shared.pending.load(Ordering::Acquire);
                 Err(BackendError::bad_input(format!(
-                    "Fix: {pending} requests of this lane are still pending (or ordered after); wait \
-                     for every PendingDispatch of it before stopping it (dropping the lane stops it once \
-                     the last is done)"
+                    "Fix: {pending} requests of this lane are still pending (or another thread waits for \
+                     one); wait for every PendingDispatch of it before stopping it (dropping the lane \
+                     stops it once the last is done)"
                 )))
             }
         }

@@ -64,16 +64,18 @@
 //! shared copies are current), [`DOORBELL_EARLIER`] (it equals the record before the
 //! previous distinct one, which every block keeps in a second shared copy: the two
 //! copies change places, and no record byte is read from device or host memory) and
-//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls
-//! the doorbell with `ld.acquire.sys`; block 0 copies the record into shared memory
-//! after saving the record it held as the earlier one
-//! (and into the device-memory cache of the slot when reloading; 16-byte chunks,
-//! all of a thread's share in flight up to sixteen), then, with more than
-//! one block, hands the doorbell value to the others through the go word
-//! (`st.release.gpu`, polled with `ld.acquire.gpu`). The scalar values are words of
-//! the record: a request that differs from the previous one only in its values has
-//! another record (so neither "same" nor the slot's cache serves it stale), and a new
-//! value is new record bytes, never new PTX. Every block then
+//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls the doorbell with
+//! `ld.acquire.sys`; block 0 copies the record into shared memory after saving the
+//! record it held as the earlier one (and into the device-memory cache of the slot when
+//! reloading; 16-byte chunks, all of a thread's share in flight up to sixteen), then,
+//! with more than one block, waits until the previous request is published
+//! ([`DEVICE_PUBLISHED`], `ld.acquire.gpu`; "Requests of one lane" below) and hands the
+//! doorbell value to the others through the go word (`st.release.gpu`, polled with
+//! `ld.acquire.gpu`; a stop goes the same way, after the same wait, with no record).
+//! The scalar values are words of the record: a request that differs from the previous
+//! one only in its values has another record (so neither "same" nor the slot's cache
+//! serves it stale), and a new value is new record bytes, never new PTX. Every block
+//! then
 //!
 //! 1. runs the prologue: zero fills (`WriteOnly` bindings and zeroed transients:
 //!    "starts zeroed", as a launch's clears) and copies of host inputs from the
@@ -85,41 +87,59 @@
 //!    barrier (`barrier.sync 1`; bodies use barrier 0, non-aligned) after each, for each of the
 //!    request's fixpoint iterations with a lane-wide barrier between iterations;
 //! 3. arrives at the device arrival counter (more than one block): the last block to
-//!    arrive publishes, and takes the request's arrivals back out of the counter with
-//!    an atomic add of minus the block count (a store of 0 would erase the arrival of
-//!    a block already done with the next request). The publishing block's leader
-//!    runs `fence.acq_rel.gpu` (after issuing its first batch of readback loads);
-//!    the block writes the readback ranges into the
-//!    slot's result area as flagged words ([`FLAGGED_WORD_BYTES`]: 4 data bytes and
-//!    the flag [`area_flag`] of the request in each 8-byte word; windows — a range
-//!    inside one aligned 16-byte block — with one vector load and two
+//!    arrive publishes. The arrival is an `atom.inc` that wraps at the last arrival's
+//!    count, so the last arrival resets the counter in the same atomic operation, with
+//!    no second write to order (before block 0 waited for each request's publication, a
+//!    store of 0 could erase the arrival of a block already serving the next request,
+//!    and a separate take-back was a store in flight that nothing ordered before the
+//!    header words). The publishing block writes the readback ranges into the slot's
+//!    result area as flagged words ([`FLAGGED_WORD_BYTES`]: 4 data bytes and the flag
+//!    [`area_flag`] of the request in each 8-byte word; windows — a range inside one
+//!    aligned 16-byte block — with one vector load and two
 //!    `st.relaxed.sys.global.v2.u64` each, all of a thread's windows in flight up to
 //!    sixteen; other ranges in 16-byte units or word by word, eight in flight per
 //!    thread), the leader writes the area's header as twelve flagged words (status,
-//!    ticket and the phase stamps below) and then stores `n + 1` into the completion
-//!    word with `st.relaxed.sys`. Nothing waits for host memory: the host knows a word
-//!    arrived when its flag is the request's, in any order, and delivers once every
-//!    word of the header and the readbacks did. The completion word stays for what
-//!    needs "served" without a slot's area (the host's waits that order an eager
-//!    dispatch or another lane's request after this one, whose slot may already serve
-//!    a later request, and the fault report's "which request was being served"); a
-//!    request with nothing read back completes on its header's words alone.
+//!    ticket and the phase stamps below), runs `fence.acq_rel.gpu` (the publish fence)
+//!    and then stores `n + 1` into the completion word with `st.relaxed.sys`, and (more
+//!    than one block) into the published word with `st.release.gpu`. Nothing waits for
+//!    host memory: the host knows a word arrived when its flag is the request's, in any
+//!    order, and delivers once every word of the header and the readbacks did. The
+//!    completion word says what delivery does not: that the request's outputs in device
+//!    memory are visible to later device work (below), so the host's waits that order
+//!    an eager dispatch, a blocking copy or clear, a graph replay or another lane's
+//!    request after this one wait for it, and so does the host's release of the
+//!    request's memory; it also answers the fault report's "which request was being
+//!    served".
 //!
 //! # Where a request's device time goes
 //!
 //! The header carries `%globaltimer` stamps of each phase, so one run on the device
 //! says where a request's time goes (the host's `Timings::lane_stamps`): the start
 //! (block 0 saw the doorbell), the first workgroup (record and prologue done), every
-//! workgroup done (with several blocks: the last arrived), the end (the readback words
-//! issued), and how long the publishing leader's `fence.acq_rel.gpu` held it (inside
-//! the readback phase). Until the flagged words, a `st.release.sys` of the completion
-//! word held the publishing thread 0.61 µs (H200, 2026-12-01) while the area's writes
+//! workgroup done (with several blocks: the last arrived) and the end (the readback
+//! words issued). With more than one block and a request queued behind another, the
+//! setup (start to first workgroup) includes block 0's wait for the previous request's
+//! publication. Until the flagged words, a `st.release.sys` of the completion word
+//! held the publishing thread 0.61 µs (H200, 2026-12-01) while the area's writes
 //! reached host memory, before the word even left; no system-scope fence is left on a
 //! request's path. What the stamps do not cover is the doorbell's and the result
 //! words' trips over PCIe and the host's own work: the host's wait minus the stamps.
 //! Block 0's stamps reach another publishing block through the slot's device words
 //! ([`DEVICE_STAMPS_AT`]), written before block 0's arrival and read after the
 //! publisher's acquire.
+//!
+//! # Why the publish fence follows the result words
+//!
+//! With the publish fence before the first result word, the readback phase took
+//! 0.96–1.06 µs on the H200 (2026-12-02, the dispatch bench's three lane shapes), of
+//! which the fence held the publishing thread about 0.3 µs (0.29 µs stamped before
+//! its first readback loads; 0.58–0.61 µs when placed after them, because it waits
+//! for those loads too, with the phase unchanged). Every result word waited for it,
+//! and so did the host's delivery, although the host reads none of those outputs from
+//! device memory. Behind the result words the fence overlaps their trip over PCIe,
+//! and the host delivers without it; an earlier build of this order measured the
+//! readback phase at 0.64–0.74 µs. The stamp of the fence's hold went with it: the
+//! header is written before the fence.
 //!
 //! # Why the host sees every byte, and later work every output
 //!
@@ -132,31 +152,90 @@
 //! right when written: the publishing threads load the outputs after a
 //! `barrier.sync 1` that follows every body store of their block, and (more than one
 //! block) after the last arriving leader's `atom.acq_rel.gpu` that acquired every
-//! other block's `fence.acq_rel.gpu` + arrival, with `ld.relaxed.gpu`. Strong stores
-//! at system scope, not weak ones, so no word waits in a GPU cache for a fence that
-//! no longer comes. No word of another request can pass: flags are the ticket, and a
-//! slot's stale words belong to tickets less than 2^32 before (the host scrubs a
-//! slot's area once per 2^31 of its tickets; `backend::lane::flagged` argues it).
+//! other block's `fence.acq_rel.gpu` + arrival, with `ld.relaxed.gpu`. No fence is
+//! needed for that: a load that follows the barriers and the acquire reads the
+//! outputs whether or not they are visible at GPU scope yet. Strong stores at system
+//! scope, not weak ones, so no word waits in a GPU cache for a fence. No word of
+//! another request can pass: flags are the ticket, and a slot's stale words belong to
+//! tickets less than 2^32 before (the host scrubs a slot's area once per 2^31 of its
+//! tickets; `backend::lane::flagged` argues it).
 //!
 //! **Outputs in device memory** (owned buffers that the host copies or later eager
-//! dispatches and lane requests read). The publishing leader's `fence.acq_rel.gpu`
-//! comes after the barriers (and the arrival's acquire) through which it observed every
-//! body store of the request, and before it writes any header word or the completion
-//! word; fences are cumulative, so every output is visible at GPU scope (in L2, the
-//! point of coherence every kernel and copy engine reads device memory through) before
-//! the host can see the header complete or the completion word. Every reader of
-//! device memory is on the GPU and starts after the host saw one of those (the host
-//! delivers, or its order book waits for the completion word, before it enqueues a
-//! dispatch or copy that reads the outputs), so GPU scope suffices; a system-scope
-//! fence would add a wait for host memory (the stall this protocol removed). The fence
-//! runs before the leader writes any result word, when it has no store to host memory
-//! outstanding, so it waits only for device memory (its hold is stamped). It comes
-//! after the leader's first batch of readback loads is issued; that was meant to let
-//! the loads travel while it waits, but on the H200 (2026-12-02) the fence waits for
-//! them too: its stamp grew from 0.29 to 0.58 µs and the readback phase stayed at
-//! 0.96 µs, so the place is neutral. It does not matter to what the loads read either:
-//! the leader observed every output before the fence, through the barriers and the
-//! arrival.
+//! dispatches and lane requests read, and transient buffers the pool hands out again).
+//! The publishing leader's `fence.acq_rel.gpu` comes after the barriers (and the
+//! arrival's acquire) through which it observed every body store of the request, and
+//! before it stores the completion word; fences are cumulative, so every output is
+//! visible at GPU scope (in L2, the point of coherence every kernel and copy engine
+//! reads device memory through) before the completion word can be seen. Delivery
+//! promises nothing of the kind: the result words go out before the fence, so when the
+//! host has them an output may still be on its way to L2. So the host treats a
+//! delivered request as retired only once the completion word covers it
+//! (`backend::lane`): its order-book entries stay until then, and every reader of
+//! device memory after it (an eager dispatch, a blocking copy or clear, a graph replay,
+//! another lane's request) waits for the completion word first. Every such reader is on
+//! the GPU and starts after the host saw the completion word, so GPU scope suffices; a
+//! system-scope fence would add a wait for host memory (the stall this protocol
+//! removed). The fence runs after the leader's result words are issued, so it may wait
+//! for them as well as for device memory; nothing waits for the fence but the
+//! completion word.
+//!
+//! **Requests of one lane.** With one block, request `n + 1` runs on the threads that
+//! ran request `n`, each of which passed a `barrier.sync 1` after its last body store
+//! of `n` (after every workgroup, after the readback copy) and another before its first
+//! access of `n + 1` (after the doorbell's poll): the barriers order every access of
+//! `n` before every access of `n + 1` at block scope. With more than one block, no
+//! block starts `n + 1` before `n` is published. Every block's leader arrives for `n`
+//! with `fence.acq_rel.gpu` + `atom.acq_rel.gpu` after a block barrier that follows the
+//! block's last access of `n`; the last to arrive acquires them all, its block loads
+//! the readbacks, passes a barrier, and its leader, after the result words, the publish
+//! fence and the completion word, stores `n + 1` into the published word
+//! ([`DEVICE_PUBLISHED`]) with `st.release.gpu`. Block 0's leader, once it has the
+//! doorbell and record of `n + 1`, waits with `ld.acquire.gpu` until the word shows `n`
+//! published, before the block barrier after which block 0 runs anything of `n + 1` and
+//! before its `st.release.gpu` of the go word, which every other block acquires before
+//! its first access of `n + 1`. Release, acquire and barriers chain, so every access of
+//! `n` by every block (the publisher's readback loads included) happens before every
+//! access of `n + 1` at GPU scope. Either way `n + 1` reads what `n` wrote and does not
+//! overwrite what `n` still reads, with no host-side order: the host skips its own
+//! lane's entries in the order book, whatever the lane's blocks.
+//!
+//! The chain also keeps two requests out of each other's device words. Before the wait,
+//! a block that was not the last to arrive went on to the next request at once: it
+//! could arrive for `n + 1` before a slower block arrived for `n`, and the arrival
+//! counter cannot tell the two requests' arrivals apart (`n + 1` could be published
+//! with part of its work undone, and `n` never), or block 0 could overwrite the go word
+//! before a slower block had read it. Now every arrival for `n + 1` (at a lane barrier
+//! or the completion) comes after the last arrival for `n`, which wrapped the counter
+//! to 0 before the publish it decided; the go word takes `n + 1`'s value only after
+//! every block took `n`'s (a block arrives for `n` only after); and the completion
+//! word, stored by whichever block arrived last for each request, never goes back
+//! (`n`'s store precedes the release that `n + 1`'s publisher acquired through block 0,
+//! so it precedes `n + 1`'s store). Block 0's stamps for `n + 1` are written after the
+//! wait, so no publisher reads another request's. Block 0 fills the slot's record cache
+//! before it waits, so that with requests queued the record's reads overlap the
+//! previous request's publication: the cache of `n + 1`'s slot was last read for
+//! request `n + 1 - slots`, which with two slots or more block 0 saw published before
+//! it started `n`, and with one slot was delivered before the slot's doorbell rang
+//! again (as for the slot's host record, staging and area).
+//!
+//! The cost: with one block none (block 0 publishes every request itself; the wait and
+//! the published word are skipped). With more than one block, one acquire load by
+//! block 0 per request, normally already satisfied (with one request in flight the host
+//! rings the next doorbell only after it saw the result words, and the publisher stores
+//! the published word one fence after them, well inside the round trip over PCIe that
+//! the doorbell's ring and poll take), and a second GPU-scope release by the publisher
+//! after the completion word, which nothing the host waits for follows. With requests
+//! queued, block 0 reads the next doorbell and record while the previous request's
+//! publisher finishes, then waits for it: the lane serves one request at a time, as a
+//! lane of one block does.
+//!
+//! The wait cannot hang a healthy lane: it waits for the previous request's blocks,
+//! which wait for nothing but each other, never for the host. A body that never ends
+//! keeps the kernel from leaving with or without the wait (the host's waits end at
+//! `LaneOptions::timeout`, and a stop waits at most that long and abandons the kernel);
+//! a fault ends the kernel. The host rings a stop behind every request it submitted,
+//! and block 0 hands it on after the same wait, so every block reads it as the go word
+//! after the one it last took.
 //!
 //! In the other direction, the host's record, staging and input writes precede its
 //! release store of the doorbell; block 0's `ld.acquire.sys` that reads it orders every
@@ -293,8 +372,9 @@ pub const DOORBELL_EARLIER: u64 = 1 << 51;
 /// Bytes of a result area's header, in logical bytes (see [`FLAGGED_WORD_BYTES`] for
 /// where they lie in the area): u64 start stamp (the doorbell seen), u64 end stamp
 /// (the readback words issued), u32 status, u32 ticket (`n + 1`), the phase stamps
-/// ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`], [`AREA_PUBLISH_FENCE`]), 12
-/// reserved (zero). Readback bytes follow, 16-byte aligned.
+/// ([`AREA_WORKGROUPS_BEGUN`], [`AREA_WORKGROUPS_DONE`]), then [`AREA_RESERVED`]
+/// (zero) up to 48 bytes, so the readback bytes that follow stay 16-byte aligned.
+/// There is no stamp of the publish fence: the header's words go out before it.
 pub const AREA_HEADER_BYTES: usize = 48;
 /// Area header u32: nanoseconds from the start stamp to the first workgroup (the
 /// record's copy and the prologue), saturating.
@@ -303,10 +383,9 @@ pub const AREA_WORKGROUPS_BEGUN: usize = 24;
 /// of every iteration finished (with several blocks: the last block arrived),
 /// saturating.
 pub const AREA_WORKGROUPS_DONE: usize = 28;
-/// Area header u32: nanoseconds the publishing thread's `fence.acq_rel.gpu` (which
-/// orders every output in device memory before the header's words) held it, part of
-/// the readback phase, saturating.
-pub const AREA_PUBLISH_FENCE: usize = 32;
+/// Area header: the first reserved byte (bytes `32..48`, written as zero). Byte 32
+/// held the publish fence's hold until the fence moved behind the header's words.
+pub const AREA_RESERVED: usize = 32;
 /// Bytes of one flagged word of a result area: 4 data bytes (logical bytes `4 i ..
 /// 4 i + 4` of the area, little-endian) in its low half and the request's flag
 /// ([`area_flag`]) in its high half, at byte `8 i` of the slot's area, so a slot's
@@ -332,11 +411,20 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
+/// Device word (u32): the ticket field (`n + 1`) of the last request whose publisher
+/// finished (its result words, publish fence and completion word issued), stored with
+/// `st.release.gpu` by a publisher of a lane of several blocks; block 0 waits for it to
+/// show request `n` with `ld.acquire.gpu` before it lets any block start request `n + 1`
+/// (or leave on a stop). Unused with one block (block 0 publishes every request itself).
+/// In its own 32-byte sector, away from the words the arrivals and the go word's polls
+/// hit.
+pub const DEVICE_PUBLISHED: usize = 64;
 /// Offset of the per-slot stamps in the device words: slot `s`'s u64 start and u64
 /// first-workgroup stamps (block 0's, for a publishing block of another index) at
-/// `DEVICE_STAMPS_AT + 16 s`. Per slot, because block 0 may start the next request
-/// (another slot) before the publisher of this one read them; a slot's next request
-/// rings only after this one was delivered.
+/// `DEVICE_STAMPS_AT + 16 s`. Block 0 writes request `n + 1`'s only after it acquired
+/// request `n`'s publication ([`DEVICE_PUBLISHED`]), which follows the publisher's load
+/// of `n`'s stamps, so one pair would do; they stay per slot (they were per slot when
+/// block 0 could run ahead of a publisher).
 pub const DEVICE_STAMPS_AT: usize = 128;
 /// Bytes of one slot's stamps.
 pub const DEVICE_STAMP_BYTES: usize = 16;
@@ -399,8 +487,8 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [128] stamps per slot, [384] record \
-         cache per slot",
+        "device: [0] arrivals, [4] generation, [8] go, [64] published, [128] stamps per slot, \
+         [384] record cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (
@@ -640,7 +728,6 @@ const PREDICATES: &[&str] = &[
     "%flat",
     "%whole",
     "%bytewise",
-    "%unfenced",
     "%earlier",
 ];
 const WORDS: &[&str] = &[
@@ -650,7 +737,6 @@ const WORDS: &[&str] = &[
     "%everyone",
     "%global",
     "%last_arrival",
-    "%minus_blocks",
     "%ticket",
     "%want",
     "%seen",
@@ -696,7 +782,6 @@ const WORDS: &[&str] = &[
     "%tid_y",
     "%tid_z",
     "%plane",
-    "%fence_ns",
     "%begun_ns",
     "%done_ns",
     "%start_low",
@@ -705,6 +790,7 @@ const WORDS: &[&str] = &[
     "%end_high",
     "%words",
     "%held",
+    "%published",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -736,7 +822,6 @@ const DOUBLES: &[&str] = &[
     "%begun",
     "%done",
     "%stamps",
-    "%fenced",
     "%pair_a",
     "%pair_b",
     "%earlier_record",
@@ -824,7 +909,6 @@ impl Server {
         self.line(format_args!("setp.gt.u32 %multi, %blocks, 1;"));
         self.line(format_args!("setp.ne.u32 %sleeping, %sleep, 0;"));
         self.line(format_args!("sub.u32 %last_arrival, %blocks, 1;"));
-        self.line(format_args!("sub.u32 %minus_blocks, 0, %blocks;"));
         self.line(format_args!("mul.lo.u32 %everyone, %blocks, {t};"));
         self.line(format_args!("mad.lo.u32 %global, %block, {t}, %lin;"));
         self.line(format_args!("mov.u64 %record, {LANE_RECORD_SYMBOL};"));
@@ -858,13 +942,19 @@ impl Server {
             "$L_lane_rung",
         );
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
-        self.comment("a stop goes to the other blocks at once (there is no record to wait for)");
+        self.comment(
+            "a stop goes to the other blocks as soon as the previous request is published (there \
+             is no record to wait for): the go word changes only once every block took the last one",
+        );
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
         self.line(format_args!("and.pred %take, %stop, %multi;"));
+        self.line(format_args!("@!%take bra $L_lane_stop_handed;"));
+        self.wait_for_published("$L_lane_stop_wait", "$L_lane_stop_published");
         self.line(format_args!(
-            "@%take st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
+            "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
         ));
+        self.place("$L_lane_stop_handed");
         self.line(format_args!("st.shared.u64 [%state], %bell;"));
         self.line(format_args!("bra $L_lane_announced;"));
         self.poll(
@@ -883,6 +973,27 @@ impl Server {
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
         self.line(format_args!("@%stop bra $L_lane_stop;"));
+    }
+
+    /// Block 0's leader (of a lane of several blocks; the caller branches around it
+    /// otherwise) waits until the previous request is published: an `ld.acquire.gpu`
+    /// of [`DEVICE_PUBLISHED`] until it holds `%ticket` (request `%ticket - 1`'s ticket
+    /// field; 0, as the device words start, before request 0), sleeping `%sleep` ns
+    /// between loads when asked. What the publisher did before its release (every
+    /// block's accesses of that request, through its arrival) happens before what this
+    /// thread does after, and before what any block does once it took the next go word.
+    /// The loop's labels are `top` and `done` (named, not numbered, so that the other
+    /// labels of the server keep their numbers).
+    fn wait_for_published(&mut self, top: &str, done: &str) {
+        self.place(top);
+        self.line(format_args!(
+            "ld.acquire.gpu.global.u32 %published, [%device+{DEVICE_PUBLISHED}];"
+        ));
+        self.line(format_args!("setp.eq.u32 %found, %published, %ticket;"));
+        self.line(format_args!("@%found bra {done};"));
+        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
+        self.line(format_args!("bra {top};"));
+        self.place(done);
     }
 
     /// A polling loop at `top`: `load` into `%bell` until its low 32 bits are `%want`
@@ -904,6 +1015,9 @@ impl Server {
     /// memory (block 0, also into the slot's cache) when it changed, from the slot's
     /// cache otherwise. `%held` counts the chunks the shared record holds. Then block 0
     /// lets the other blocks go.
+    ///
+    /// With more than one block, block 0's leader waits for the previous request's
+    /// publication before the barrier (the module docs, "Requests of one lane").
     ///
     /// Every loop here gives chunk `i` to thread `i mod T` (whatever its batch), so a
     /// thread saves, loads or exchanges only chunks it alone touches: no barrier
@@ -995,6 +1109,16 @@ impl Server {
         self.place("$L_lane_record_loaded");
         self.line(format_args!("mov.u32 %held, %chunks;"));
         self.place("$L_lane_record_ready");
+        self.comment(
+            "block 0 starts this request (and lets the others start it) only once the previous \
+             one is published: every block arrived for it and its readbacks are loaded, so no \
+             block touches this request's memory while a block still serves the previous one, \
+             and no arrival for this request meets one for the previous",
+        );
+        self.line(format_args!("and.pred %take, %leader, %dispatcher;"));
+        self.line(format_args!("and.pred %take, %take, %multi;"));
+        self.line(format_args!("@!%take bra $L_lane_previous_published;"));
+        self.wait_for_published("$L_lane_wait_published", "$L_lane_previous_published");
         self.line(format_args!("barrier.sync 1;"));
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
         self.block_zero_leader_with_others(&format!(
@@ -1370,8 +1494,8 @@ impl Server {
     }
 
     /// Arrival (more than one block: the last arriving block publishes), the
-    /// readback copies, the area header and the completion word; then the next
-    /// ticket. The stop path ends the kernel.
+    /// readback copies, the area header, the publish fence and the completion word;
+    /// then the next ticket. The stop path ends the kernel.
     fn complete(&mut self) {
         let _ = writeln!(
             self.out,
@@ -1382,19 +1506,17 @@ impl Server {
         self.line(format_args!("barrier.sync 1;"));
         self.line(format_args!("@!%leader bra $L_lane_arrived;"));
         self.line(format_args!("fence.acq_rel.gpu;"));
+        self.comment(
+            "the last arrival resets the counter inside its own atomic (inc wraps at the last \
+             arrival's count): no second write of the counter (a store of 0, a take-back) that \
+             the next request's first arrival would have to follow; the reset is performed when \
+             the arrival returns, before the publish it decides",
+        );
         self.line(format_args!(
-            "atom.acq_rel.gpu.global.add.u32 %arrived, [%device+{DEVICE_ARRIVALS}], 1;"
+            "atom.acq_rel.gpu.global.inc.u32 %arrived, [%device+{DEVICE_ARRIVALS}], %last_arrival;"
         ));
         self.line(format_args!("setp.eq.u32 %take, %arrived, %last_arrival;"));
         self.line(format_args!("selp.u32 %publishing, 1, 0, %take;"));
-        self.comment(
-            "take this request's arrivals back out, not a store of 0: a block may already have \
-             arrived for the next request (its doorbell rung while this one ran), and a store \
-             would erase that arrival and hang the next completion",
-        );
-        self.line(format_args!(
-            "@%take red.relaxed.gpu.global.add.u32 [%device+{DEVICE_ARRIVALS}], %minus_blocks;"
-        ));
         self.line(format_args!("st.shared.u32 [%state+8], %publishing;"));
         self.place("$L_lane_arrived");
         self.line(format_args!("barrier.sync 1;"));
@@ -1403,15 +1525,7 @@ impl Server {
         self.line(format_args!("@%past bra $L_lane_served;"));
         self.place("$L_lane_publish");
         self.line(format_args!("mov.u64 %done, %globaltimer;"));
-        self.comment(
-            "every output in device memory at GPU scope before the leader's header words (the \
-             leader saw every thread's stores through the barriers, and every other block's \
-             through the arrival): no wait for host memory, nothing to host memory is outstanding",
-        );
-        self.line(format_args!("mov.u64 %fenced, %done;"));
-        self.line(format_args!("mov.pred %unfenced, %leader;"));
         self.windows();
-        self.publish_fence();
         // Ranges after the windows: this block's threads, each range in turn.
         self.for_each_entry(
             "ranges",
@@ -1438,7 +1552,6 @@ impl Server {
         ));
         self.nanoseconds_since("%begun_ns", "%begun", "%start");
         self.nanoseconds_since("%done_ns", "%done", "%start");
-        self.nanoseconds_since("%fence_ns", "%fenced", "%done");
         self.line(format_args!("mov.u32 %value, 0;"));
         self.line(format_args!("mov.b64 {{%start_low, %start_high}}, %start;"));
         self.line(format_args!("mov.b64 {{%end_low, %end_high}}, %end;"));
@@ -1446,7 +1559,8 @@ impl Server {
             "the header's twelve flagged words; the host delivers once every word of the header \
              and the readbacks carries this request's flag",
         );
-        let header = [
+        // The named words up to the reserved bytes, then zeros to the header's end.
+        let named = [
             "%start_low",
             "%start_high",
             "%end_low",
@@ -1455,11 +1569,14 @@ impl Server {
             "%want",
             "%begun_ns",
             "%done_ns",
-            "%fence_ns",
-            "%value",
-            "%value",
-            "%value",
         ];
+        const _: () = assert!(AREA_RESERVED == 8 * FLAGGED_DATA_BYTES);
+        const _: () = assert!((AREA_HEADER_BYTES / FLAGGED_DATA_BYTES).is_multiple_of(2));
+        let reserved = (AREA_HEADER_BYTES - AREA_RESERVED) / FLAGGED_DATA_BYTES;
+        let header: Vec<&str> = named
+            .into_iter()
+            .chain(std::iter::repeat_n("%value", reserved))
+            .collect();
         for (pair, words) in header.chunks(2).enumerate() {
             self.line(format_args!("mov.b64 %pair_a, {{{}, %want}};", words[0]));
             self.line(format_args!("mov.b64 %pair_b, {{{}, %want}};", words[1]));
@@ -1469,13 +1586,30 @@ impl Server {
             ));
         }
         self.comment(
-            "the last ticket served, for the host's waits that order other work after this \
-             request (the fence above orders the outputs before it); relaxed: nothing waits \
-             for the area's words to reach the host",
+            "the publish fence, after every result word (the host's delivery does not wait for \
+             it) and before the completion word: every output in device memory is visible at \
+             GPU scope before the completion word can be seen (the leader observed every \
+             thread's stores through the barriers, and every other block's through the \
+             arrival; fences are cumulative)",
+        );
+        self.line(format_args!("fence.acq_rel.gpu;"));
+        self.comment(
+            "the last ticket served, for the host's waits that order later device work after \
+             this request and retire it; relaxed: nothing waits for host memory",
         );
         self.line(format_args!("cvt.u64.u32 %served, %want;"));
         self.line(format_args!(
             "st.relaxed.sys.global.u64 [%completion], %served;"
+        ));
+        self.line(format_args!("@!%multi bra $L_lane_served;"));
+        self.comment(
+            "several blocks: the request is published, for block 0's wait before the next \
+             request; a release, so it follows every access of this request by every block (the \
+             barriers and the arrival) and the completion word (whose next store, by the next \
+             request's publisher, then comes after this one)",
+        );
+        self.line(format_args!(
+            "st.release.gpu.global.u32 [%device+{DEVICE_PUBLISHED}], %want;"
         ));
         self.place("$L_lane_served");
         self.line(format_args!("add.u32 %ticket, %ticket, 1;"));
@@ -1508,8 +1642,6 @@ impl Server {
                     "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
                 ));
             }
-            // The leader's publish fence, before its first result word.
-            this.publish_fence();
             for k in 0..batch {
                 this.live(k, "%windows");
                 this.entry_at(&format!("%unit{k}"), "%readback_at");
@@ -1520,21 +1652,6 @@ impl Server {
                 this.store_flagged_block(k, "%live");
             }
         });
-    }
-
-    /// The publishing leader's `fence.acq_rel.gpu` (and its stamp), once per request
-    /// (`%unfenced` says it is still to come): after its first batch of window loads
-    /// is issued, before any of its result words is stored, so that the fence waits
-    /// for no store to host memory (it does wait for the loads: no faster on the H200
-    /// than a fence before them, see the module docs); after the windows when the
-    /// leader had none.
-    fn publish_fence(&mut self) {
-        let fenced = self.label("fenced");
-        self.line(format_args!("@!%unfenced bra {fenced};"));
-        self.line(format_args!("fence.acq_rel.gpu;"));
-        self.line(format_args!("mov.u64 %fenced, %globaltimer;"));
-        self.line(format_args!("mov.pred %unfenced, 0;"));
-        self.place(&fenced);
     }
 
     /// Batch slot `k`'s vector (16 logical bytes) as four flagged words at `%to`: two
