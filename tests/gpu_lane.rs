@@ -665,9 +665,10 @@ fn gpu_lane_stops_on_drop() {
 
 /// Locks out bad input that a lane accepts, panics on or hangs on: a kernel of another
 /// backend, a buffer of another backend, a grid the lane cannot number, a timeout of
-/// zero, more blocks than the device holds, more requests pending than slots, more
-/// readback than the area, a kernel the lane was not built with. Each is an `Err`
-/// starting `Fix:`; the lane still serves afterwards.
+/// zero, more blocks than the device holds, more requests pending than slots (the
+/// submission waits the lane's timeout for a slot, then refuses), more readback than
+/// the area, a kernel the lane was not built with. Each is an `Err` starting `Fix:`;
+/// the lane still serves afterwards.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_lane_bad_inputs_are_fix_errors() {
@@ -702,10 +703,14 @@ fn gpu_lane_bad_inputs_are_fix_errors() {
             .map(drop),
         "at most",
     );
+    // A short timeout: the third submission below waits that long for a slot.
     let lane = lane_of(
         &gpu,
         &kernels,
-        LaneOptions::new().slots(2).result_bytes(256),
+        LaneOptions::new()
+            .slots(2)
+            .result_bytes(256)
+            .timeout(Duration::from_millis(300)),
     );
     let x = gpu.buffer_from(&[1u32; 64]).unwrap();
     let foreign_buffer = other.buffer(256).unwrap();
@@ -744,7 +749,7 @@ fn gpu_lane_bad_inputs_are_fix_errors() {
     fix(
         lane.submit(Dispatch::new(&kernels[0], &bound).readback(&none))
             .map(drop),
-        "pending",
+        "whose request was not delivered",
     );
     first.wait().unwrap();
     second.wait().unwrap();

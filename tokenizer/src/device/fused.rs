@@ -76,13 +76,16 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 pub const SHORT_TEXT_BYTES: u64 = 4096;
 
 /// Default most text bytes a chunk takes through the resident-grid program:
-/// 64 KiB. On the H200 (2026-12-02, the `gpu_encode` bench's rows, prose,
-/// eager) one cooperative dispatch took 90, 110 and 135 µs at 8, 32 and
-/// 128 KiB where every step its own dispatch took 115, 132 and 161 µs; at
-/// 256 KiB the two were even for prose (205 / 211 µs) and the resident grid
-/// slower for CJK and code (523 / 371, 339 / 240 µs), whose longer pieces
-/// make the fused kernel's own time grow past the launches it saves.
-pub const RESIDENT_TEXT_BYTES: u64 = 64 << 10;
+/// 128 KiB, the largest size at which it was the faster path for every shape.
+/// On the H200 (2026-12-02, the `gpu_encode` bench's rows, eager, median of
+/// 250) one cooperative dispatch took, at 8 / 32 / 128 KiB, 90 / 110 / 135 µs
+/// of prose where every step its own dispatch took 114 / 131 / 157, CJK
+/// 203 / 211 / 256 against 223 / 229 / 277, code 148 / 167 / 189 against
+/// 166 / 186 / 209; at 256 KiB prose was even (189 / 198) and CJK and code
+/// slower (482 / 344, 322 / 246): the fused kernel's own time (one register
+/// budget and one grid for every step, a grid sync between steps) grows past
+/// the launches it saves.
+pub const RESIDENT_TEXT_BYTES: u64 = 128 << 10;
 
 /// The short-text program and the role of each of its global buffers, in
 /// binding order.
