@@ -545,19 +545,7 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
         );
         for (label, text) in &texts {
             let ids = cpu.encode_ordinary_bytes(text);
-            let mut results = [Vec::new()];
-            let (eager, parts) = median(rounds, || {
-                encoder
-                    .submit_bytes(&[text])
-                    .and_then(|pending| pending.wait_into(&mut results))
-                    .expect("eager encode")
-            });
-            assert_eq!(results[0], ids, "{label}, {short_text:?}");
-            row += &format!(
-                "  {label} {:.1} µs [{:.1}]",
-                eager * 1e6,
-                parts.kernel_ns() as f64 / 1e3
-            );
+            row += &eager_cell(&encoder, text, &ids, rounds, label);
         }
         println!("{row}");
     }
@@ -593,22 +581,35 @@ fn resident_by_size(
         let ids = cpu.encode_ordinary_bytes(&text);
         let mut row = format!("  {shape:>5} {kib:>5} KiB:");
         for (label, encoder) in [("resident", &resident), ("step by step", step_by_step)] {
-            let mut results = [Vec::new()];
-            let (eager, parts) = median(rounds, || {
-                encoder
-                    .submit_bytes(&[&text])
-                    .and_then(|pending| pending.wait_into(&mut results))
-                    .expect("eager encode")
-            });
-            assert_eq!(results[0], ids, "{kib} KiB, {label}");
-            row += &format!(
-                "  {label} {:.1} µs [{:.1}]",
-                eager * 1e6,
-                parts.kernel_ns() as f64 / 1e3
-            );
+            row += &eager_cell(encoder, &text, &ids, rounds, label);
         }
         println!("{row}");
     }
+}
+
+/// One eager encode of `text` with `encoder` (median of `rounds`), its ids
+/// checked against `ids`, as a row's cell: `label`, the time and the kernels'
+/// own time in brackets.
+fn eager_cell(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    label: &str,
+) -> String {
+    let mut results = [Vec::new()];
+    let (eager, parts) = median(rounds, || {
+        encoder
+            .submit_bytes(&[text])
+            .and_then(|pending| pending.wait_into(&mut results))
+            .expect("eager encode")
+    });
+    assert_eq!(results[0], ids, "{label}: eager ids");
+    format!(
+        "  {label} {:.1} µs [{:.1}]",
+        eager * 1e6,
+        parts.kernel_ns() as f64 / 1e3
+    )
 }
 
 /// Whether the environment variable `name` is `0` (its section left out).

@@ -16,7 +16,7 @@ mod split_corpus;
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch,
     documents_cut_inside_runs, long_piece_texts, random_texts, small_split_geometry,
-    split_pieces_alone_and_joined, STEP_BY_STEP,
+    split_pieces_alone_and_joined, with_fused_steps_in_32_threads, STEP_BY_STEP,
 };
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
@@ -1826,18 +1826,7 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
 /// kernel needs one size), with 8-byte chunks and 64-byte split blocks: a text
 /// of a few KiB is many groups of every step, which one workgroup runs in turn.
 fn short_geometry() -> Geometry {
-    Geometry {
-        split: vyre_tokenizer::pretokenize::Geometry {
-            workgroup_size: 32,
-            bytes_per_thread: 2,
-            compact_workgroups: 1,
-        },
-        short_text: ShortText {
-            workgroup_size: 32,
-            bytes_per_thread: 2,
-        },
-        ..small_geometry(16)
-    }
+    with_fused_steps_in_32_threads(small_geometry(16))
 }
 
 /// `texts` cut into batches of whole texts of at most `bytes` bytes each.
@@ -1908,33 +1897,10 @@ fn short_texts_through_one_workgroup_equal_cpu() {
             assert!(!step_by_step.runs_short(1), "{label}");
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!("{label}, batch {index}");
-                check_batch(&short, &tokenizer, batch, &what);
-                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
-                let mut results = vec![Vec::new(); refs.len()];
-                let timings = short
-                    .submit_bytes(&refs)
-                    .and_then(|pending| pending.wait_into(&mut results))
-                    .unwrap();
-                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
-                if refs.iter().any(|text| !text.is_empty()) {
-                    assert_eq!(names, ["short"], "{what}");
-                }
-                let (_, short_counts) = short.encode_counted(&refs).unwrap();
-                let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
-                assert_eq!(short_counts.counts, step_counts.counts, "{what}");
+                check_one_fused_dispatch(&short, &step_by_step, &tokenizer, batch, "short", &what);
             }
-            let long = vec![b"a".repeat(4097)];
-            check_batch(&short, &tokenizer, &long, &format!("{label}, 4,097 bytes"));
-            let mut results = vec![Vec::new()];
-            let timings = short
-                .submit_bytes(&[&long[0]])
-                .and_then(|pending| pending.wait_into(&mut results))
-                .unwrap();
-            assert_eq!(
-                timings.steps.len(),
-                short.programs().steps().len(),
-                "{label}: 4,097 bytes run every step"
-            );
+            let long = b"a".repeat(4097);
+            check_every_step_runs(&short, &tokenizer, long, &format!("{label}, 4,097 bytes"));
         }
     }
 }
@@ -2009,38 +1975,72 @@ fn resident_grid_equals_cpu() {
             assert!(!step_by_step.runs_resident(4097), "{label}");
             for (index, batch) in batches.iter().enumerate() {
                 let what = format!("{label}, batch {index}");
-                check_batch(&resident, &tokenizer, batch, &what);
-                let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
-                let mut results = vec![Vec::new(); refs.len()];
-                let timings = resident
-                    .submit_bytes(&refs)
-                    .and_then(|pending| pending.wait_into(&mut results))
-                    .unwrap();
-                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
-                assert_eq!(names, ["resident"], "{what}");
-                let (_, resident_counts) = resident.encode_counted(&refs).unwrap();
-                let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
-                assert_eq!(resident_counts.counts, step_counts.counts, "{what}");
+                check_one_fused_dispatch(
+                    &resident,
+                    &step_by_step,
+                    &tokenizer,
+                    batch,
+                    "resident",
+                    &what,
+                );
             }
-            let past = vec![generate(Shape::Prose, (24 << 10) + 1, 37)];
-            check_batch(
+            let past = generate(Shape::Prose, (24 << 10) + 1, 37);
+            check_every_step_runs(
                 &resident,
                 &tokenizer,
-                &past,
+                past,
                 &format!("{label}, past the limit"),
-            );
-            let mut results = vec![Vec::new()];
-            let timings = resident
-                .submit_bytes(&[&past[0]])
-                .and_then(|pending| pending.wait_into(&mut results))
-                .unwrap();
-            assert_eq!(
-                timings.steps.len(),
-                resident.programs().steps().len(),
-                "{label}: past the limit every step runs"
             );
         }
     }
+}
+
+/// Encodes `batch` with `fused` and checks the CPU encoder's ids, one dispatch of
+/// the fused kernel named `kernel` (when any document is not empty), and the
+/// same device counts as `step_by_step`'s.
+fn check_one_fused_dispatch(
+    fused: &DeviceEncoder,
+    step_by_step: &DeviceEncoder,
+    tokenizer: &Tokenizer,
+    batch: &[Vec<u8>],
+    kernel: &str,
+    what: &str,
+) {
+    check_batch(fused, tokenizer, batch, what);
+    let refs: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+    let mut results = vec![Vec::new(); refs.len()];
+    let timings = fused
+        .submit_bytes(&refs)
+        .and_then(|pending| pending.wait_into(&mut results))
+        .unwrap();
+    let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+    if refs.iter().any(|text| !text.is_empty()) {
+        assert_eq!(names, [kernel], "{what}");
+    }
+    let (_, fused_counts) = fused.encode_counted(&refs).unwrap();
+    let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
+    assert_eq!(fused_counts.counts, step_counts.counts, "{what}");
+}
+
+/// Encodes `text` with `encoder` and checks the CPU encoder's ids and that
+/// every step ran its own dispatch.
+fn check_every_step_runs(
+    encoder: &DeviceEncoder,
+    tokenizer: &Tokenizer,
+    text: Vec<u8>,
+    what: &str,
+) {
+    check_batch(encoder, tokenizer, std::slice::from_ref(&text), what);
+    let mut results = vec![Vec::new()];
+    let timings = encoder
+        .submit_bytes(&[&text])
+        .and_then(|pending| pending.wait_into(&mut results))
+        .unwrap();
+    assert_eq!(
+        timings.steps.len(),
+        encoder.programs().steps().len(),
+        "{what}: every step runs"
+    );
 }
 
 /// Locks out workgroup shapes past 48 KiB of workgroup memory that build but

@@ -22,7 +22,7 @@ mod split_corpus;
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, check_batch, documents_cut_inside_runs,
     long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
-    STEP_BY_STEP,
+    with_fused_steps_in_32_threads, STEP_BY_STEP,
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
@@ -605,22 +605,13 @@ fn gpu_resident_grid_equals_cpu() {
 /// Every step, the fused kernels' included, in workgroups of 32 threads, the
 /// split's taking 2 bytes each: many groups per step.
 fn thirty_two_threads() -> Geometry {
-    Geometry {
+    with_fused_steps_in_32_threads(Geometry {
         workgroup_size: 32,
         chunk_bytes: 8,
         repair_window_bytes: 32,
         compact_workgroups: 3,
-        split: vyre_tokenizer::pretokenize::Geometry {
-            workgroup_size: 32,
-            bytes_per_thread: 2,
-            compact_workgroups: 1,
-        },
-        short_text: ShortText {
-            workgroup_size: 32,
-            bytes_per_thread: 2,
-        },
         ..Geometry::default()
-    }
+    })
 }
 
 /// The default geometry with the short-text kernel in workgroups of

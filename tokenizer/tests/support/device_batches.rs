@@ -9,7 +9,7 @@
 
 use vyre_cuda::backend::AnyBackend;
 use vyre_tokenizer::device::pipeline::{CHUNK_DOCUMENTS, CHUNK_TEXT_BYTES};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry};
+use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
@@ -185,6 +185,25 @@ pub const STEP_BY_STEP: ChunkLimits = ChunkLimits {
     short_text_bytes: 0,
     resident_text_bytes: 0,
 };
+
+/// `geometry` (whose BPE steps take 32 threads) with the split and the
+/// short-text kernel in workgroups of 32 threads of 2 bytes too, so the fused
+/// kernels (which need one workgroup size for every step) are built, and a few
+/// KiB of text are many groups of every step.
+pub fn with_fused_steps_in_32_threads(geometry: Geometry) -> Geometry {
+    Geometry {
+        split: SplitGeometry {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+            compact_workgroups: 1,
+        },
+        short_text: ShortText {
+            workgroup_size: 32,
+            bytes_per_thread: 2,
+        },
+        ..geometry
+    }
+}
 
 /// Batches for a grid that must take more than one pass: each shape at
 /// `shape_bytes` (texts seeded from `seed`), the long pieces cut into chunks of
