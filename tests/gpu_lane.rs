@@ -11,7 +11,9 @@ mod support;
 use std::time::Duration;
 
 use support::lane::{increment, store_one, triple};
-use support::{backend, bindings, buffer_copies, fixture_inputs, reference, watchdog, words};
+use support::{
+    backend, bindings, buffer_copies, fixture_inputs, reference, watchdog, words, U32Buffer,
+};
 use vyre_cuda::backend::{
     AnyBackend, BackendError, Binding, CudaBackend, Dispatch, Kernel, Lane, LaneOptions, Timing,
     WaitMode,
@@ -1354,13 +1356,7 @@ fn gpu_lane_alternating_records_change_places_exactly() {
 fn bump() -> Program {
     Program::builder([64, 1, 1])
         .entry_op_id("lane_bump")
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
+        .u32_buffer("x", 0, Access::ReadWrite, BufferCount::Runtime)
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
             b.if_(i.clone().less_than(Expr::length("x")), |b| {
@@ -1374,20 +1370,8 @@ fn bump() -> Program {
 fn last_word() -> Program {
     Program::builder([1, 1, 1])
         .entry_op_id("lane_last_word")
-        .buffer(
-            "x",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "y",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Static(1),
-        )
+        .u32_buffer("x", 0, Access::ReadOnly, BufferCount::Runtime)
+        .u32_buffer("y", 1, Access::WriteOnly, BufferCount::Static(1))
         .body(|b| {
             b.store("y", 0u32, Expr::load("x", Expr::length("x") - 1u32));
         })

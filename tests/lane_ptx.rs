@@ -233,6 +233,11 @@ fn the_completion_resets_its_arrivals_inside_the_arrival() {
     }
 }
 
+/// The indices of the lines of `lines` that `keep` holds for, in order.
+fn positions(lines: &[&str], keep: impl Fn(&str) -> bool) -> Vec<usize> {
+    (0..lines.len()).filter(|&at| keep(lines[at])).collect()
+}
+
 /// The publish path's order in a lane module's text: from `$L_lane_publish:` to the
 /// completion word's store, exactly one publish fence (`fence.acq_rel.gpu;`,
 /// unpredicated), after every store of a result word (`st.relaxed.sys` into the result
@@ -257,24 +262,14 @@ fn publish_fence_order(ptx: &str) -> Result<(), String> {
         ));
     }
     let path = &lines[..completion];
-    let fences: Vec<usize> = path
-        .iter()
-        .enumerate()
-        .filter(|(_, line)| line.contains("fence."))
-        .map(|(at, _)| at)
-        .collect();
+    let fences = positions(path, |line| line.contains("fence."));
     let fence = match fences[..] {
         [] => return Err("no publish fence before the completion word".into()),
         [one] if path[one] == "fence.acq_rel.gpu;" => one,
         [one] => return Err(format!("the publish fence is `{}`", path[one])),
         _ => return Err(format!("{} fences on the publish path", fences.len())),
     };
-    let result_words: Vec<usize> = path
-        .iter()
-        .enumerate()
-        .filter(|(_, line)| line.contains("st.relaxed.sys"))
-        .map(|(at, _)| at)
-        .collect();
+    let result_words = positions(path, |line| line.contains("st.relaxed.sys"));
     if result_words.is_empty() {
         return Err("no result word on the publish path".into());
     }
@@ -407,21 +402,13 @@ fn publication_order(ptx: &str) -> Result<(), String> {
     // the readbacks' barrier and the completion word.
     let word = format!("[%device+{DEVICE_PUBLISHED}]");
     let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
-    let writes: Vec<usize> = lines
-        .iter()
-        .enumerate()
-        .filter(|(_, line)| {
-            let instruction = line.split_once(' ').map_or(**line, |(first, rest)| {
-                if first.starts_with('@') {
-                    rest
-                } else {
-                    line
-                }
-            });
-            line.contains(&word) && !instruction.starts_with("ld.")
-        })
-        .map(|(at, _)| at)
-        .collect();
+    let writes = positions(&lines, |line| {
+        let instruction = match line.split_once(' ') {
+            Some((first, rest)) if first.starts_with('@') => rest,
+            _ => line,
+        };
+        line.contains(&word) && !instruction.starts_with("ld.")
+    });
     let store = match writes[..] {
         [one] => one,
         [] => return Err("nothing stores the published word".into()),

@@ -10,6 +10,8 @@ use vyre_cuda::backend::{
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program, ScalarType};
 use vyre_cuda::{ByteRange, DispatchConfig, ReadbackPolicy};
 
+use super::U32Buffer;
+
 /// Values of [`super::every_scalar_type`]'s scalars (for [`super::every_scalar_value`])
 /// at both ends of each type: a value cut to 32 bits, read unsigned or as another
 /// type shows in one of them.
@@ -135,20 +137,8 @@ const STEP_GROUPS: u32 = 8;
 pub fn uneven_step() -> Program {
     Program::builder([STEP_THREADS, 1, 1])
         .entry_op_id("lane_uneven_step")
-        .buffer(
-            "src",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "dst",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
+        .u32_buffer("src", 0, Access::ReadOnly, BufferCount::Runtime)
+        .u32_buffer("dst", 1, Access::ReadWrite, BufferCount::Runtime)
         .scalar("request", ScalarType::U32)
         .scalar("work", ScalarType::U32)
         .body(|b| {

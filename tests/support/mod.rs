@@ -593,6 +593,19 @@ pub fn skipped_under_sanitizer(test: &str, why: &str) -> bool {
     under
 }
 
+/// [`vyre_cuda::ir::ProgramBuilder::buffer`] of a `u32` buffer, on one line: the
+/// declaration most test programs make (`use support::U32Buffer;` to call it).
+pub trait U32Buffer {
+    /// Declare the `u32` buffer `name` at `binding`, with `access` and `count`.
+    fn u32_buffer(self, name: &str, binding: u32, access: Access, count: BufferCount) -> Self;
+}
+
+impl U32Buffer for vyre_cuda::ir::ProgramBuilder {
+    fn u32_buffer(self, name: &str, binding: u32, access: Access, count: BufferCount) -> Self {
+        self.buffer(name, binding, access, ElemType::U32, count)
+    }
+}
+
 /// `dst[i] = f(src[i])` for `i < length(dst)`: `src` read-only, `dst` write-only,
 /// both runtime-sized `u32`, workgroup `[workgroup, 1, 1]`.
 pub fn elementwise(name: &str, workgroup: u32, f: impl FnOnce(Expr) -> Expr) -> Program {
