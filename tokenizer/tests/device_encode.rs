@@ -1829,6 +1829,20 @@ fn short_geometry() -> Geometry {
     with_fused_steps_in_32_threads(small_geometry(16))
 }
 
+/// `random` random strings of up to 60 units, the long pieces cut at 8 bytes and
+/// 40 documents with empty ones, all drawn from `seed`: the fused kernels' texts.
+fn mixed_texts(seed: u64, random: usize) -> Vec<Vec<u8>> {
+    let mut stream = SplitMix64::new(seed);
+    let mut texts = random_texts(&mut stream, random, 60);
+    texts.extend(
+        long_piece_texts(8, &mut stream)
+            .into_iter()
+            .map(|(_, text)| text),
+    );
+    texts.extend(batch_with_empty_documents(&mut stream, 40));
+    texts
+}
+
 /// `texts` cut into batches of whole texts of at most `bytes` bytes each.
 fn batches_within(texts: &[Vec<u8>], bytes: usize) -> Vec<Vec<Vec<u8>>> {
     let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new()];
@@ -1861,15 +1875,7 @@ fn batches_within(texts: &[Vec<u8>], bytes: usize) -> Vec<Vec<Vec<u8>>> {
 /// text runs every step.
 #[test]
 fn short_texts_through_one_workgroup_equal_cpu() {
-    let mut random = SplitMix64::new(0x5407);
-    let mut texts = random_texts(&mut random, 120, 60);
-    texts.extend(
-        long_piece_texts(8, &mut random)
-            .into_iter()
-            .map(|(_, text)| text),
-    );
-    texts.extend(batch_with_empty_documents(&mut random, 40));
-    let batches = batches_within(&texts, 4096);
+    let batches = batches_within(&mixed_texts(0x5407, 120), 4096);
     for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         for (label, geometry) in [
@@ -1919,15 +1925,7 @@ fn short_texts_through_one_workgroup_equal_cpu() {
 /// counts as the steps one by one; a text past the limit runs every step.
 #[test]
 fn resident_grid_equals_cpu() {
-    let mut random = SplitMix64::new(0x7e51);
-    let mut texts = random_texts(&mut random, 400, 60);
-    texts.extend(
-        long_piece_texts(8, &mut random)
-            .into_iter()
-            .map(|(_, text)| text),
-    );
-    texts.extend(batch_with_empty_documents(&mut random, 40));
-    let mut batches: Vec<Vec<Vec<u8>>> = batches_within(&texts, 12 << 10)
+    let mut batches: Vec<Vec<Vec<u8>>> = batches_within(&mixed_texts(0x7e51, 400), 12 << 10)
         .into_iter()
         .filter(|batch| batch.iter().map(Vec::len).sum::<usize>() > 4096)
         .collect();
