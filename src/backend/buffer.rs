@@ -2,14 +2,13 @@
 //!
 //! # Why this module exists
 //!
-//! A tokenizer's hot loop wants buffers that free themselves. [`DeviceBuffer`] owns
-//! its memory and frees it on `Drop`. The memory sits behind an `Arc` that every
-//! submitted dispatch in flight and every
-//! [`DispatchGraph`](super::graph::DispatchGraph) using it also holds, so dropping a
-//! buffer while the device still reads it only drops one reference: the memory is
-//! freed (`cuMemFree`, context bound) when the last user — the pending dispatch's
-//! `wait`, or the graph's drop, both after their synchronize — lets go. (A blocking
-//! `run` or `run_into` takes no reference: the request borrows the buffer until the
+//! A tokenizer's hot loop wants buffers that free themselves. [`DeviceBuffer`] owns its
+//! memory and frees it on `Drop`. The memory sits behind an `Arc` that every submitted
+//! dispatch in flight and every [`DispatchGraph`] using it also holds, so dropping a
+//! buffer while the device still reads it only drops one reference: the memory is freed
+//! (`cuMemFree`, context bound) when the last user — the pending dispatch's `wait`, or
+//! the graph's drop, both after their synchronize — lets go. (A blocking `run` or
+//! `run_into` takes no reference: the request borrows the buffer until the
 //! call returns, after its synchronize.) Use after free and double free cannot be written in safe code: a binding
 //! borrows the buffer (`&DeviceBuffer`), and `Drop` runs once. (The
 //! generation-checked `ResidentBuffer` handles that came before, whose misuse was an

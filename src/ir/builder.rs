@@ -19,7 +19,7 @@
 //! assert_eq!(program.buffers().len(), 2);
 //! ```
 //!
-//! The builder never validates: [`crate::ir::validate`] owns every rule.
+//! The builder never validates: [`mod@crate::ir::validate`] owns every rule.
 
 use super::program::*;
 

@@ -10,11 +10,11 @@
 //!    the readback policy (`plan::plan_request`, shared with the reference
 //!    backend, so both refuse a bad request with the same error), the launch plan
 //!    and, for grid sync, co-residency;
-//! 2. **stage** (`stage::stage`): a lane is leased into a [`LaneGuard`] — which
-//!    releases it on every exit that does not hand it to an [`InFlight`] — then
-//!    bindings become device addresses: owned buffers in place, host bytes into
-//!    pinned staging and a pooled transient buffer, zeroed and pinned bindings into
-//!    transients;
+//! 2. **stage** (`stage::stage`): a lane is leased into a
+//!    [`LaneGuard`](stage::LaneGuard) — which releases it on every exit that does not
+//!    hand it to an [`InFlight`] — then bindings become device addresses: owned buffers
+//!    in place, host bytes into pinned staging and a pooled transient buffer, zeroed
+//!    and pinned bindings into transients;
 //! 3. **route readbacks** (`stage::route`): small items become result-ABI
 //!    descriptors (the kernel's last thread copies them into the lane's host-mapped
 //!    area), the rest DMA copies into staging;

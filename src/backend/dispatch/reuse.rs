@@ -21,8 +21,8 @@
 //! allocation per thread, kept between dispatches) and gives it back when done. Its
 //! [`Memo`] says which request its plan and resolved bindings were made for; the
 //! routes say which result area (so which lane) they place items in. A request
-//! matches when every binding is the same [`DeviceBuffer`](super::super::DeviceBuffer)
-//! (its address: what the rule for a buffer bound twice compares) with the same
+//! matches when every binding is the same [`DeviceBuffer`] (its address: what the
+//! rule for a buffer bound twice compares) with the same
 //! length and device memory, the kernel has the same backend and module key (so the
 //! same slots), and grid, fixpoint count and readback policy (every output or none;
 //! byte ranges are planned each time) are equal. Then the plan (the request checks

@@ -29,7 +29,8 @@ use super::super::{BackendError, PerBinding};
 pub(in crate::backend) struct PrologueOp {
     pub(in crate::backend) destination: u64,
     pub(in crate::backend) bytes: u32,
-    /// Offset in the slot's staging, or [`PROLOGUE_ZERO`].
+    /// Offset in the slot's staging, or
+    /// [`PROLOGUE_ZERO`](crate::codegen::ptx::lane::PROLOGUE_ZERO).
     pub(in crate::backend) source: u32,
 }
 

@@ -1221,10 +1221,11 @@ impl Server {
         self.line(format_args!("setp.eq.u32 %flat, %grid_x, %total;"));
     }
 
-    /// A loop (labels named after `kind`) over the entries `%op = from .. count` of
-    /// the record table whose offset register is `table`: each entry's device address
-    /// is loaded into `address` and made global, then `body` runs with the label it
-    /// falls through to (the loop's `next`), as [`copy`](Self::copy) does.
+    /// A loop (labels named after `kind`) over the entries `%op = from .. count` of the
+    /// record table whose offset register is `table`: each entry's device address is
+    /// loaded into `address` and made global, then `body` runs with the label it falls
+    /// through to (the loop's `next`), as [`prologue_copy`](Self::prologue_copy) and
+    /// [`flagged_copy`](Self::flagged_copy) do.
     fn for_each_entry(
         &mut self,
         kind: &str,
@@ -1336,8 +1337,8 @@ impl Server {
         self.line(format_args!("bra {after};"));
     }
 
-    /// The batched loop of [`Server::copy`] for one unit size: units `[0, %units)`
-    /// (bytes: starting at byte `%done_units`), this thread's share.
+    /// The batched loop of [`Server::prologue_copy`] for one unit size: units
+    /// `[0, %units)` (bytes: starting at byte `%done_units`), this thread's share.
     fn prologue_units(&mut self, unit: u32) {
         let top = self.label("units");
         let done = self.label("units_done");

@@ -230,7 +230,7 @@ pub(super) struct Writer<'p> {
     uses_grid_sync: bool,
     /// A `b32` register holding 0 loaded from [`OPAQUE_ZERO_SYMBOL`]: the driver's JIT
     /// cannot know its value, so it cannot constant-fold through it (see
-    /// [`Writer::opaque`]).
+    /// [`Writer::opaque_bits`], [`Writer::opaque_copy`] and [`Writer::negate`]).
     opaque_zero: Reg,
     /// Emit the result ABI (`super::results`): start stamps, the finish count and the
     /// last thread's stamps and readback copies into host-mapped memory.

@@ -24,10 +24,10 @@
 //! the piece starts and count that `pieces` reads.
 //!
 //! Every step but the split's reads its sizes from the `params` words
-//! ([`param`]) instead of buffer lengths (the split reads the text's length
-//! from the last, padded, document end), so one set of buffers (grown by
-//! powers of two) serves every text length, and the lists are filled through
-//! counters in the same words (which every encode uploads as zero).
+//! ([`param`](mod@param)) instead of buffer lengths (the split reads the
+//! text's length from the last, padded, document end), so one set of buffers
+//! (grown by powers of two) serves every text length, and the lists are filled
+//! through counters in the same words (which every encode uploads as zero).
 //!
 //! # `pieces` on a fixed grid
 //!
@@ -583,7 +583,7 @@ impl Geometry {
 /// A device buffer of the BPE steps, by what it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// [`param`] words: sizes in, counters.
+    /// [`param`](mod@param) words: sizes in, counters.
     Params,
     /// The text, documents back to back (`u8`; `u64` words in `stage`).
     Text,

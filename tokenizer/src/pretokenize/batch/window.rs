@@ -14,10 +14,10 @@
 //!   shrinks `W`-fold a round, so a batch of a million documents takes four),
 //!   then a binary search per position inside the few ends found. The rounds
 //!   and the searches are bounded by the logarithm of the document count.
-//! - `window[s]` = the [code](super::code) of position `g·S − HALO + s`: a
-//!   byte decodes only with bytes of its own document (a character cut by a
-//!   document end is invalid there, exactly as at the end of a text), so every
-//!   document splits as it would alone.
+//! - `window[s]` = the [code] of position `g·S − HALO + s`: a byte decodes
+//!   only with bytes of its own document (a character cut by a document end
+//!   is invalid there, exactly as at the end of a text), so every document
+//!   splits as it would alone.
 
 use vyre_cuda::ir::{
     Access, BlockBuilder, BufferCount, ElemType, Expr, ProgramBuilder, ReduceOp, ScalarType,
