@@ -87,12 +87,14 @@ pub const SHORT_TEXT_BYTES: u64 = 4096;
 /// the launches it saves.
 pub const RESIDENT_TEXT_BYTES: u64 = 128 << 10;
 
-/// The short-text program and the role of each of its global buffers, in
-/// binding order.
+/// A fused program, how it runs its steps' groups, and the role of each of its
+/// global buffers, in binding order.
 #[derive(Clone, Debug)]
 pub struct ShortProgram {
-    /// One workgroup runs it.
+    /// The program: one workgroup runs it, or a resident grid ([`Spread`]).
     pub program: Program,
+    /// How it runs each step's groups.
+    pub spread: Spread,
     /// One role per global buffer, in binding order.
     pub bindings: Vec<Role>,
 }
@@ -119,12 +121,23 @@ pub fn resident_program(steps: &[KernelStep], geometry: &Geometry) -> Result<Sho
 
 /// How a fused program runs each step's groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Spread {
+pub enum Spread {
     /// One workgroup runs them all in turn; a workgroup barrier between steps.
     OneWorkgroup,
     /// Workgroup `w` of `G` runs groups `w, w + G, ...`; a grid sync between
     /// steps.
     ResidentGrid,
+}
+
+impl Spread {
+    /// The fused kernel's step name in timings and its program's op id:
+    /// `short` or `resident`.
+    pub fn step_name(self) -> &'static str {
+        match self {
+            Spread::OneWorkgroup => "short",
+            Spread::ResidentGrid => "resident",
+        }
+    }
 }
 
 fn fused_program(
@@ -361,14 +374,14 @@ fn fused_program(
             }
         }
     }
-    let kind = match spread {
-        Spread::OneWorkgroup => "short",
-        Spread::ResidentGrid => "resident",
-    };
-    let program = Program::new(buffers, workgroup_size, entry)
-        .with_entry_op_id(format!("bpe.{kind}.{}", first.program_name()));
+    let program = Program::new(buffers, workgroup_size, entry).with_entry_op_id(format!(
+        "bpe.{}.{}",
+        spread.step_name(),
+        first.program_name()
+    ));
     Ok(ShortProgram {
         program,
+        spread,
         bindings: roles,
     })
 }

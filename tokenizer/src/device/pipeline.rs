@@ -86,7 +86,7 @@ use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::fused::{
-    resident_program, short_program, ShortProgram, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
+    resident_program, short_program, ShortProgram, Spread, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
 };
 use super::host_copy;
 use super::programs::{blocks, param, Geometry, Programs, Role, MAX_KERNEL_STEPS};
@@ -267,9 +267,9 @@ pub struct ChunkTimings {
     /// Host time handing each document its ids after the wait.
     pub scatter_ns: u64,
     /// Each kernel step's timings, in dispatch order
-    /// ([`DeviceEncoder::step_names`], or `short` alone for a chunk that runs
-    /// the short-text kernel: [`DeviceEncoder::runs_short`]; empty for an empty
-    /// chunk).
+    /// ([`DeviceEncoder::step_names`], or `short` or `resident` alone for a
+    /// chunk that runs a fused kernel: [`DeviceEncoder::runs_short`],
+    /// [`DeviceEncoder::runs_resident`]; empty for an empty chunk).
     pub steps: Vec<StepTimings>,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
@@ -357,6 +357,8 @@ fn capacities(text_len: u64, documents: u64) -> (u64, u64) {
 /// short-text kernel) or on a resident grid.
 struct FusedKernel {
     kernel: Kernel,
+    /// Which of the two.
+    spread: Spread,
     /// One role per global buffer, in binding order.
     bindings: Vec<Role>,
     /// The program's name, for errors.
@@ -376,6 +378,7 @@ fn compile_fused(
     match backend.compile(&fused.program, &DispatchConfig::linear(1)) {
         Ok(kernel) => Ok(Some(FusedKernel {
             kernel,
+            spread: fused.spread,
             bindings: fused.bindings,
             name,
         })),
@@ -664,7 +667,8 @@ impl DeviceEncoder {
         // one program cannot give to some of its loops: no fused kernel with one.
         let uncapped = geometry.max_loop_iterations.is_none();
         let short = if limits.short_text_bytes > 0 && uncapped {
-            let short = short_program(&fused_steps(geometry.short())?, &geometry.short()).ok();
+            let short_geometry = geometry.short();
+            let short = short_program(&fused_steps(short_geometry)?, &short_geometry).ok();
             compile_fused(&backend, short)?
         } else {
             None
@@ -755,8 +759,7 @@ impl DeviceEncoder {
                 .geometry
                 .bulk_split
                 .is_some_and(|bulk| text_len >= bulk.from_bytes)
-            && self.short_kernel(text_len).is_none()
-            && self.resident_kernel(text_len).is_none()
+            && self.fused_kernel(text_len).is_none()
     }
 
     /// The compiled steps of a chunk of `text_len` bytes.
@@ -1159,19 +1162,16 @@ impl DeviceEncoder {
                 .workgroups(geometry, text_len as u64, documents as u64);
             (kernel, &step.bindings[..], workgroups, step.program_name())
         });
-        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match (
-            self.short_kernel(u64::from(text_len)),
-            self.resident_kernel(u64::from(text_len)),
-        ) {
+        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.fused_kernel(u64::from(text_len))
+        {
             // Every step, `stage` included, in one kernel.
-            (Some(short), _) => vec![(&short.kernel, &short.bindings[..], 1, &short.name[..])],
-            (None, Some(resident)) => vec![(
-                &resident.kernel,
-                &resident.bindings[..],
-                self.resident_workgroups(resident, u64::from(text_len)),
-                &resident.name[..],
+            Some(fused) => vec![(
+                &fused.kernel,
+                &fused.bindings[..],
+                self.fused_workgroups(fused, u64::from(text_len)),
+                &fused.name[..],
             )],
-            (None, None) => step_by_step.collect(),
+            None => step_by_step.collect(),
         };
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
         for (kernel, roles, workgroups, name) in chain {
@@ -1213,6 +1213,13 @@ impl DeviceEncoder {
             .filter(|_| text_len <= self.limits.resident_text_bytes)
     }
 
+    /// The fused kernel a chunk of `text_len` bytes runs as, when it runs as one
+    /// (the short-text kernel first, then the resident grid).
+    fn fused_kernel(&self, text_len: u64) -> Option<&FusedKernel> {
+        self.short_kernel(text_len)
+            .or_else(|| self.resident_kernel(text_len))
+    }
+
     /// Whether a chunk of `text_len` bytes runs as one cooperative dispatch of
     /// every step on a grid of resident workgroups (see
     /// [`fused`](super::fused)) instead of one dispatch per step.
@@ -1220,19 +1227,19 @@ impl DeviceEncoder {
         text_len > 0 && self.resident_kernel(text_len).is_some()
     }
 
-    /// Workgroups of the resident-grid kernel for a chunk of `text_len` bytes:
-    /// one per split block (the step with the most groups at the default
-    /// shape), at most what the device holds at once and
-    /// [`Geometry::resident_workgroups`].
-    fn resident_workgroups(&self, kernel: &FusedKernel, text_len: u64) -> u32 {
+    /// Workgroups of `fused` for a chunk of `text_len` bytes: one for the
+    /// short-text kernel; for the resident grid one per split block (the step
+    /// with the most groups at the default shape), at most what the device
+    /// holds at once and [`Geometry::resident_workgroups`].
+    fn fused_workgroups(&self, fused: &FusedKernel, text_len: u64) -> u32 {
+        if fused.spread == Spread::OneWorkgroup {
+            return 1;
+        }
         let geometry = &self.steps.programs.geometry;
         let blocks = text_len
             .div_ceil(u64::from(geometry.split.block_bytes()))
             .max(1);
-        let most = kernel
-            .kernel
-            .max_coresident_workgroups()
-            .unwrap_or(u64::MAX);
+        let most = fused.kernel.max_coresident_workgroups().unwrap_or(u64::MAX);
         let asked = geometry.resident_workgroups.map_or(u64::MAX, u64::from);
         u32::try_from(blocks.min(most).min(asked).max(1)).unwrap_or(u32::MAX)
     }
@@ -1513,17 +1520,11 @@ impl<'e> PendingEncode<'e> {
         let encoder = self.encoder;
         let steps = encoder.programs_for(self.text_len).steps();
         // Each dispatch's step name and program name.
-        let fused = match (
-            encoder.short_kernel(self.text_len),
-            encoder.resident_kernel(self.text_len),
-        ) {
-            _ if self.text_len == 0 => None,
-            (Some(short), _) => Some(("short", &short.name)),
-            (None, Some(resident)) => Some(("resident", &resident.name)),
-            (None, None) => None,
-        };
+        let fused = encoder
+            .fused_kernel(self.text_len)
+            .filter(|_| self.text_len > 0);
         let names: Vec<(&'static str, &str)> = match fused {
-            Some((step, name)) => vec![(step, name)],
+            Some(fused) => vec![(fused.spread.step_name(), &fused.name)],
             _ => steps
                 .iter()
                 .map(|step| (step.name, step.program_name()))

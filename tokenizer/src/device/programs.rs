@@ -518,12 +518,7 @@ impl Geometry {
 
     /// `Err` with a `Fix:` message for a shape the programs cannot run with.
     pub fn check(&self) -> Result<(), String> {
-        if !(32..=1024).contains(&self.workgroup_size) || !self.workgroup_size.is_multiple_of(32) {
-            return Err(format!(
-                "Fix: Geometry::workgroup_size is {}; use a multiple of 32 from 32 to 1024",
-                self.workgroup_size
-            ));
-        }
+        check_workgroup_size(self.workgroup_size, "workgroup_size")?;
         if !(2..=1 << 20).contains(&self.chunk_bytes) {
             return Err(format!(
                 "Fix: Geometry::chunk_bytes is {}; use 2 to 1048576",
@@ -570,14 +565,20 @@ impl Geometry {
                     .to_owned(),
             );
         }
-        let workgroup_size = self.short_text.workgroup_size;
-        if !(32..=1024).contains(&workgroup_size) || !workgroup_size.is_multiple_of(32) {
-            return Err(format!(
-                "Fix: Geometry::short_text.workgroup_size is {workgroup_size}; use a multiple of 32 from 32 to 1024"
-            ));
-        }
+        check_workgroup_size(self.short_text.workgroup_size, "short_text.workgroup_size")?;
         check_split(&self.short().split, "short_text")
     }
+}
+
+/// `Err` with a `Fix:` message naming `Geometry::{field}` unless `threads` is a
+/// multiple of 32 from 32 to 1024.
+fn check_workgroup_size(threads: u32, field: &str) -> Result<(), String> {
+    if (32..=1024).contains(&threads) && threads.is_multiple_of(32) {
+        return Ok(());
+    }
+    Err(format!(
+        "Fix: Geometry::{field} is {threads}; use a multiple of 32 from 32 to 1024"
+    ))
 }
 
 /// A device buffer of the BPE steps, by what it holds.
