@@ -669,8 +669,10 @@ fn gpu_lane_stops_on_drop() {
 /// backend, a buffer of another backend, a grid the lane cannot number, a timeout of
 /// zero, more blocks than the device holds, more requests pending than slots (the
 /// submission waits the lane's timeout for a slot, then refuses), more readback than
-/// the area, a kernel the lane was not built with. Each is an `Err` starting `Fix:`;
-/// the lane still serves afterwards.
+/// the area, a kernel the lane was not built with, a host-mapped buffer (the lane does
+/// not order its stores into host memory with the delivery, and `mapped_bytes` could
+/// read it while a request writes). Each is an `Err` starting `Fix:`; the lane still
+/// serves afterwards.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_lane_bad_inputs_are_fix_errors() {
@@ -741,6 +743,13 @@ fn gpu_lane_bad_inputs_are_fix_errors() {
         lane.run(Dispatch::new(&foreign_kernel, &bound).readback(&none))
             .map(drop),
         "another backend",
+    );
+    let mapped = gpu.host_mapped_buffer(256).unwrap();
+    let onto_mapped = [Binding::from(&x), Binding::from(&mapped)];
+    fix(
+        lane.run(Dispatch::new(&kernels[0], &onto_mapped).readback(&none))
+            .map(drop),
+        "host-mapped",
     );
     let first = lane
         .submit(Dispatch::new(&kernels[0], &bound).readback(&none))
@@ -1493,4 +1502,132 @@ fn gpu_multi_block_lane_keeps_requests_apart_with_many_in_flight() {
         256,
     );
     assert_eq!(gpu.deferred_releases().unwrap(), 0);
+}
+
+/// Locks out an idle lane that keeps what its delivered requests hold. The server's
+/// completion word follows the result words by its publish fence, so at delivery it
+/// often does not cover the request yet, and the lane used to look again only at its
+/// next delivery, submission or stop: a lane used and then left idle kept a request's
+/// transient buffers out of the pool (counted against the memory budget) and its
+/// order-book entry in the way of every later dispatch over its buffers. For 200
+/// rounds, right after its delivery, a request with a host input and a zeroed output
+/// (two transients) has left the pool's bytes as they were before it; and a request
+/// over an owned buffer, met by an eager dispatch reading that buffer, has left the
+/// book once the eager dispatch is done. Negative control: before the fix the book
+/// kept the lane's entry after the eager dispatch (requests over owned buffers retired
+/// a batch of 8 at a time), and the pool was short of the transients' buckets in every
+/// round whose completion word had not arrived at the delivery's one look.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_idle_lane_gives_back_what_its_delivered_requests_held() {
+    let _watchdog = watchdog(120, "idle lane retirement");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[increment(), bump(), last_word()]);
+    let (increment, bump, last) = (&kernels[0], &kernels[1], &kernels[2]);
+    let x = gpu.buffer_from(&vec![0u32; 1024]).unwrap();
+    let reading = [Binding::from(&x), Binding::Zeroed(4)];
+    // Warm the eager path before the lane (its first dispatch may load or allocate).
+    gpu.run(Dispatch::new(last, &reading)).unwrap();
+    let lane = lane_of(&gpu, &[increment.clone(), bump.clone()], LaneOptions::new());
+    let input: Vec<u8> = [7u32; 256]
+        .iter()
+        .flat_map(|word| word.to_le_bytes())
+        .collect();
+    let with_transients = [Binding::Host(&input), Binding::Zeroed(1024)];
+    let request = Dispatch::new(increment, &with_transients).workgroups([4, 1, 1]);
+    // Two warm rounds: the first allocates the transients, the second takes them from
+    // the pool.
+    for _ in 0..2 {
+        lane.run(request).unwrap();
+    }
+    let pooled = gpu.pool_stats().pooled_bytes;
+    for round in 0..200 {
+        let got = lane.run(request).unwrap();
+        assert_eq!(got.outputs.read::<u32>("y").unwrap(), vec![8u32; 256]);
+        assert_eq!(
+            gpu.pool_stats().pooled_bytes,
+            pooled,
+            "round {round}: the request's transients are not back in the pool after its delivery"
+        );
+    }
+    let none = ReadbackPolicy::None;
+    let on_lane = [Binding::from(&x)];
+    lane.run(
+        Dispatch::new(bump, &on_lane)
+            .workgroups([16, 1, 1])
+            .readback(&none),
+    )
+    .unwrap();
+    let seen = gpu.run(Dispatch::new(last, &reading)).unwrap();
+    assert_eq!(seen.outputs.read::<u32>("y").unwrap(), [1]);
+    assert_eq!(
+        gpu.order_book_entries(),
+        0,
+        "the lane request the eager dispatch waited for is still in the order book"
+    );
+}
+
+/// Locks out a lane whose stop fails, or moves to another thread, because a dispatch
+/// over its buffers held it for a moment. The order book lends a lane to a dispatch
+/// that meets one of its requests, for the length of that dispatch's wait for the
+/// request; `Lane::stop` used to refuse (a `Fix:` error saying requests were pending)
+/// while one did, and a dropped lane could be stopped on that dispatch's thread. For
+/// 100 lanes in turn, each serving 20 requests that add one to an owned buffer while
+/// another thread runs eager dispatches reading it without pause, `stop` (even lanes)
+/// or a drop (odd lanes) right after the last delivery ends the lane: `stop` is `Ok`
+/// every time, the buffer holds every request's count, and no release is left
+/// deferred. (A race, not a certainty: the old rule failed only in the rounds where
+/// the other thread held the lane at the stop.)
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_stop_is_not_refused_while_a_dispatch_waits_for_its_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _watchdog = watchdog(300, "lane stop beside waiting dispatches");
+    let gpu = backend();
+    let kernels = compile_all(&gpu, &[bump(), last_word()]);
+    let (bump, last) = (kernels[0].clone(), kernels[1].clone());
+    let x = gpu.buffer_from(&vec![0u32; 1024]).unwrap();
+    let reading = [Binding::from(&x), Binding::Zeroed(4)];
+    gpu.run(Dispatch::new(&last, &reading)).unwrap();
+    let done = AtomicBool::new(false);
+    let mut count = 0u32;
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let reading = [Binding::from(&x), Binding::Zeroed(4)];
+            let mut dispatches = 0u64;
+            while !done.load(Ordering::Acquire) {
+                gpu.run(Dispatch::new(&last, &reading)).unwrap();
+                dispatches += 1;
+            }
+            dispatches
+        });
+        let none = ReadbackPolicy::None;
+        let on_lane = [Binding::from(&x)];
+        let request = Dispatch::new(&bump, &on_lane)
+            .workgroups([16, 1, 1])
+            .readback(&none);
+        for round in 0..100 {
+            let lane = lane_of(&gpu, std::slice::from_ref(&bump), LaneOptions::new());
+            for _ in 0..20 {
+                lane.run(request).unwrap();
+                count += 1;
+            }
+            if round % 2 == 0 {
+                lane.stop()
+                    .unwrap_or_else(|e| panic!("round {round}: the stop was refused: {e}"));
+            } else {
+                drop(lane);
+            }
+        }
+        done.store(true, Ordering::Release);
+        let dispatches = reader.join().unwrap();
+        assert!(dispatches > 0);
+    });
+    assert!(gpu
+        .read::<u32>(&x)
+        .unwrap()
+        .iter()
+        .all(|&word| word == count));
+    assert_eq!(gpu.deferred_releases().unwrap(), 0);
+    assert_eq!(gpu.order_book_entries(), 0);
 }

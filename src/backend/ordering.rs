@@ -53,10 +53,16 @@
 //!
 //! The book holds a lane weakly ([`Weak`]): a request entry that kept its lane alive
 //! would keep a dropped lane from stopping until the request retired, and the lane's
-//! retirement runs only while it is used. A lane that is stopping (its last handle
-//! gone) waits for its newest delivered request's completion word before it leaves
-//! the book, and a dispatch that meets its entries meanwhile waits for them to leave
-//! ([`OrderBook::wait_for_lanes`]).
+//! retirement runs only while it is used. A dispatch that meets a lane's entry
+//! borrows the lane (upgrades the weak hold, under the book's lock) for the length of
+//! its wait for the request's completion word. The lane's last handle, before it
+//! goes, ends the lending ([`OrderBook::stop_lending_lane`]) and waits for the
+//! borrowers to finish, so the lane stops on its owner's thread and `Lane::stop`
+//! reports that stop instead of failing because a borrower held the lane for a
+//! moment. A stopping lane waits for its newest delivered request's completion word
+//! before it leaves the book, and a dispatch that meets its entries meanwhile waits
+//! for them to leave ([`OrderBook::wait_for_lanes`]), at most the entries' patience
+//! (a stop that never finishes is a `Fix:` error, not a hang).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -100,12 +106,13 @@ enum Holder {
     /// Request `ticket` of the lane whose id is `id` ([`LaneShared::id`]), from its
     /// doorbell until its completion word shows it served (after its delivery, until
     /// the lane retires it). Weak: the book keeps no lane alive (see the module docs);
-    /// the id names the lane even once it cannot be upgraded (`Lane::stop` moves the
-    /// lane out of its allocation).
+    /// the id names the lane once it is no longer lent ([`OrderBook::stop_lending_lane`]
+    /// empties `lane`). `patience` bounds a wait for a stopping lane's entries to leave.
     Lane {
         lane: Weak<LaneShared>,
         id: u64,
         ticket: u64,
+        patience: Duration,
     },
 }
 
@@ -118,10 +125,16 @@ impl Holder {
     /// The host wait for it, when it is a lane request.
     fn lane_wait(&self) -> Option<LaneWait> {
         match self {
-            Holder::Lane { lane, id, ticket } => Some(LaneWait {
+            Holder::Lane {
+                lane,
+                id,
+                ticket,
+                patience,
+            } => Some(LaneWait {
                 lane: lane.upgrade(),
                 id: *id,
                 ticket: *ticket,
+                patience: *patience,
             }),
             Holder::Stream { .. } => None,
         }
@@ -148,6 +161,8 @@ pub(in crate::backend) struct LaneWait {
     /// The lane's id ([`LaneShared::id`]).
     id: u64,
     ticket: u64,
+    /// How long a stopping lane's entries may take to leave the book.
+    patience: Duration,
 }
 
 /// Lane requests a dispatch must wait for on the host before it runs
@@ -328,25 +343,59 @@ impl OrderBook {
         for wait in lanes {
             match &wait.lane {
                 Some(lane) => lane.wait_for(wait.ticket, waiter)?,
-                None => self.wait_until_lane_left(wait.id),
+                None => self.wait_until_lane_left(wait.id, wait.patience, waiter)?,
             }
         }
         Ok(())
     }
 
     /// Sleep until the book holds no request of lane `id` (a stopping lane: its stop
-    /// waits, at most its timeout, for its newest request's completion word, and then
-    /// forgets every request of it, on every path).
-    fn wait_until_lane_left(&self, id: u64) {
+    /// waits, at most its timeout, for the dispatches it was lent to, then at most its
+    /// timeout for its newest request's completion word, and then forgets every
+    /// request of it, on every path), at most `patience`; past it, a `Fix:` error
+    /// (a stop that never finished, such as one that panicked).
+    fn wait_until_lane_left(
+        &self,
+        id: u64,
+        patience: Duration,
+        waiter: &str,
+    ) -> Result<(), BackendError> {
+        let started = std::time::Instant::now();
         loop {
             let present = {
                 let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
                 entries.iter().any(|entry| entry.holder.of_lane(id))
             };
             if !present {
-                return;
+                return Ok(());
+            }
+            if started.elapsed() >= patience {
+                return Err(BackendError::bad_input(format!(
+                    "Fix: {waiter} waited {patience:?} for a stopping lane's request over memory it \
+                     touches, and the lane's stop has not finished; stop lanes (and wait for their \
+                     stop) before dispatching over the buffers their requests bind"
+                )));
             }
             std::thread::sleep(STOPPING_LANE_LOOK);
+        }
+    }
+
+    /// Lend lane `id` to no more dispatches: its entries' waits become waits for the
+    /// entries to leave the book (its stop's work). Every lending (an upgrade of an
+    /// entry's [`Weak`]) happens under the book's lock, so once this returns the lane
+    /// is held by its last handle and by the dispatches it was lent before, which
+    /// that handle waits for (`LaneShared::wait_until_alone`).
+    pub(in crate::backend) fn stop_lending_lane(&self, id: u64) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in entries.iter_mut() {
+            if let Holder::Lane { lane, id: of, .. } = &mut entry.holder {
+                if *of == id {
+                    *lane = Weak::new();
+                }
+            }
         }
     }
 
@@ -364,6 +413,7 @@ impl OrderBook {
                 lane: Arc::downgrade(lane),
                 id: lane.id(),
                 ticket,
+                patience: lane.stop_patience(),
             },
             accesses,
             Ordered::new(),
@@ -390,6 +440,12 @@ impl OrderBook {
     /// every one did).
     pub(in crate::backend) fn forget_lane(&self, id: u64) {
         self.retain(|holder| !holder.of_lane(id));
+    }
+
+    /// Entries in the book now (test support).
+    #[cfg(feature = "testing")]
+    pub(in crate::backend) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
     }
 
     /// Room for `entries` more entries, so that a lane's requests, each in the book
@@ -506,6 +562,12 @@ mod tests {
     /// A book holding requests of lanes that no longer live (the tests have no
     /// device): `(lane id, ticket, accesses)` each.
     fn book_of_lane_requests(requests: &[(u64, u64, Accesses)]) -> OrderBook {
+        book_of_stopping_lanes(requests, Duration::from_secs(10))
+    }
+
+    /// [`book_of_lane_requests`] whose waits for the lanes' stops give up after
+    /// `patience`.
+    fn book_of_stopping_lanes(requests: &[(u64, u64, Accesses)], patience: Duration) -> OrderBook {
         let book = OrderBook::default();
         for (id, ticket, accesses) in requests {
             book.push(
@@ -513,6 +575,7 @@ mod tests {
                     lane: Weak::new(),
                     id: *id,
                     ticket: *ticket,
+                    patience,
                 },
                 accesses.clone(),
                 Ordered::new(),
@@ -625,6 +688,25 @@ mod tests {
         book.wait_for_lanes(waits, "a test").unwrap();
         assert!(book.lanes_touching([0xA].into_iter(), true).is_empty());
         forgetting.join().unwrap();
+    }
+
+    /// Locks out a dispatch that waits forever for a stopping lane whose stop never
+    /// finishes (it panicked, or its thread hangs): the wait for lane 1's entry ends
+    /// after the entry's patience with a `Fix:` error naming the waiter. Negative
+    /// control: once the lane's entries left, the same wait returns at once.
+    #[test]
+    fn a_wait_for_a_stop_that_never_finishes_ends_in_a_fix_error() {
+        let book =
+            book_of_stopping_lanes(&[(1, 0, accesses(&[], &[0xA]))], Duration::from_millis(30));
+        let waits = book.lanes_touching([0xA].into_iter(), false);
+        assert_eq!(named(&waits), [(1, 0)]);
+        let error = book.wait_for_lanes(waits, "a test dispatch").unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("Fix:"), "{message}");
+        assert!(message.contains("a test dispatch"), "{message}");
+        let waits = book.lanes_touching([0xA].into_iter(), false);
+        book.forget_lane(1);
+        book.wait_for_lanes(waits, "a test dispatch").unwrap();
     }
 
     /// `implied_by` over a book given as `(id, after)` pairs.

@@ -226,15 +226,6 @@ impl LaneMemory {
         }
     }
 
-    /// Slot `slot`'s area header (words that arrived: `flagged::Arrival` said so).
-    pub(in crate::backend) fn area_header(&self, slot: usize) -> AreaHeader {
-        let mut words = [0u32; HEADER_WORDS];
-        for (index, word) in words.iter_mut().enumerate() {
-            *word = self.area_word(slot, index) as u32;
-        }
-        AreaHeader::from_words(&words)
-    }
-
     /// Volatile copy of `bytes` to byte `at` of the allocation, then `padding` zeros.
     /// The callers bounded `at + bytes.len() + padding` by the part they write.
     fn write(&self, at: usize, bytes: &[u8], padding: usize) {

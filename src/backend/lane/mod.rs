@@ -84,13 +84,27 @@
 //! entries out once the completion word covers them, looking at the word once per
 //! [`RETIRE_BATCH`] delivered requests (the usual request, over owned buffers, holds
 //! nothing: one look and one pass over the book per batch, not per request), and at
-//! every delivery and submission while a retiring request holds transient memory, so
-//! that the pool gets it back at once. The book holds the lane weakly, so a dropped lane
-//! still stops: its stop waits for its newest delivered request's completion word and
-//! retires everything before the book forgets the lane. Requests of one lane need no
-//! host order among themselves, whatever its blocks: the server runs them one after
-//! another (one block: on the same threads, with block barriers between; several: no
-//! block starts a request before the previous one is published, `codegen::ptx::lane`).
+//! every delivery and submission while a retiring request holds transient memory. A
+//! request holding transients waits for its own completion word (the publish fence,
+//! a fraction of a microsecond) before its delivery returns, so that a lane used
+//! once and then left idle does not keep them out of the pool; and a dispatch that
+//! meets a delivered request in the book (over its buffers) retires it, and the rest
+//! its completion word covers, once that word arrived, so an idle lane's entries do
+//! not stay in every later dispatch's way. The book holds the lane weakly, so a
+//! dropped lane still stops: its stop waits for its newest delivered request's
+//! completion word and retires everything before the book forgets the lane.
+//!
+//! Requests of one lane need no host order among themselves, whatever its blocks: the
+//! server runs them one after another (one block: on the same threads, with block
+//! barriers between; several: no block starts a request before the previous one is
+//! published, `codegen::ptx::lane`).
+//!
+//! A lane request cannot bind a host-mapped buffer
+//! ([`CudaBackend::host_mapped_buffer`]): the server's one fence is GPU-scope, so its
+//! stores into host memory are not ordered with the result words the host delivers
+//! from, and a request holds no claim on an owned buffer, so
+//! [`DeviceBuffer::mapped_bytes`](crate::backend::DeviceBuffer::mapped_bytes) could
+//! read it while the request still writes. Such a binding is a `Fix:` error.
 //!
 //! # Threads
 //!
@@ -195,16 +209,15 @@ use super::{
     PerBinding, Timings,
 };
 
-use flagged::{request_words, scrub_flag, scrub_window, unflag, Arrival};
-use mapped::LaneMemory;
+use flagged::{request_words, scrub_flag, scrub_window, split_into_items, Arrival, Landing};
+use mapped::{AreaHeader, LaneMemory};
 pub use record::MAX_LANE_KERNELS;
 pub(in crate::backend) use record::{
     check_lane_blocks, check_lane_kernels, check_lane_request, check_lane_shared, lane_name,
     LaneKernelShape,
 };
 use record::{
-    for_each_stretch, place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts,
-    RecordRoute,
+    place_readbacks, record_route, write_record, Placed, PrologueOp, RecordParts, RecordRoute,
 };
 use retire::{RetireQueue, Retiring, Served, RETIRE_BATCH};
 use slots::SlotGate;
@@ -493,7 +506,7 @@ const REMEMBERED_REQUESTS: usize = 4;
 /// weakly).
 pub(in crate::backend) struct LaneShared {
     /// Unique in the process: names the lane in the order book, where it is held
-    /// weakly and may already be moved out of its allocation (`Lane::stop`).
+    /// weakly and may already be stopping.
     id: u64,
     backend: CudaBackend,
     kernels: Vec<Kernel>,
@@ -510,6 +523,9 @@ pub(in crate::backend) struct LaneShared {
     dead_cause: Mutex<Option<String>>,
     /// Pending requests ([`PendingDispatch`]s not yet waited for).
     pub(in crate::backend) pending: AtomicUsize,
+    /// What the lane's stop (in its drop) said, for [`Lane::stop`], which drops the
+    /// lane and then reads it here.
+    stop_outcome: Arc<Mutex<Option<Result<(), BackendError>>>>,
 }
 
 /// A lane request submitted by [`Lane::submit`], inside its [`PendingDispatch`].
@@ -656,6 +672,7 @@ impl CudaBackend {
             dead: AtomicBool::new(false),
             dead_cause: Mutex::new(None),
             pending: AtomicUsize::new(0),
+            stop_outcome: Arc::default(),
         });
         let shared = LaneShared::launch(shared, resources, &name)?;
         // Each delivered request stays in the order book until its batch retires: room
@@ -753,6 +770,17 @@ impl LaneShared {
     /// The lane's id, unique in the process (the order book names it by this).
     pub(in crate::backend) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// How long a dispatch waits for this lane's requests to leave the order book
+    /// once it stops: its stop waits at most its timeout for the dispatches it was
+    /// lent to and at most its timeout for its newest request, then forgets them all;
+    /// a second more for the rest of the stop.
+    pub(in crate::backend) fn stop_patience(&self) -> Duration {
+        self.options
+            .timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
     }
 
     fn resources(&self) -> Result<&Resources, BackendError> {
@@ -1202,7 +1230,13 @@ impl LaneShared {
                 // binding on the hot path): while the lane runs nothing of its context is
                 // freed (`driver`'s `resident`), so a buffer dropped while this request is
                 // pending keeps its memory, and its address, until the lane has stopped.
-                Binding::Buffer(buffer) => buffer.memory_for(inner, "dispatch with")?.address(),
+                Binding::Buffer(buffer) => {
+                    let memory = buffer.memory_for(inner, "dispatch with")?;
+                    if memory.host_mapped().is_some() {
+                        return Err(host_mapped_on_a_lane(&kernel.name, &slot_decl.name));
+                    }
+                    memory.address()
+                }
                 Binding::Scratch(_) => {
                     return Err(super::dispatch::scratch_outside_a_graph(&kernel.name))
                 }
@@ -1281,10 +1315,19 @@ impl LaneShared {
         ticket: u64,
         waiter: &str,
     ) -> Result<(), BackendError> {
-        self.wait_ticket(ticket).map(|_| ()).map_err(|error| {
+        self.wait_ticket(ticket).map_err(|error| {
             tracing::debug!(waiter, %error, "a wait for a lane request failed");
             error
-        })
+        })?;
+        // What met the request was another dispatch over its memory, and the request
+        // is served: retire it now rather than at the lane's next use, which may never
+        // come (an idle lane's delivered requests would stay in the book, and every
+        // dispatch over their buffers would wait for them here again). Not when the
+        // lane's lock is taken: whoever holds it retires, or will.
+        if let Ok(mut state) = self.state.try_lock() {
+            self.retire(&mut state);
+        }
+        Ok(())
     }
 
     /// Whether request `ticket` has completed.
@@ -1429,18 +1472,29 @@ impl LaneShared {
         };
         drop(state);
         // Every word of the header and the outputs carries the request's flag once it
-        // arrived, in whatever order they travel (`flagged`).
-        let flag = area_flag(ticket);
-        let read = |word: usize| memory.area_word(slot, word);
-        let mut arrival = Arrival::default();
-        let mut arrived = || arrival.advance(request_words(&request.deliveries), read, flag);
-        let waited = if arrived() {
-            Ok(0)
-        } else {
-            self.wait_until(ticket, Some(request.kernel), arrived)
+        // arrived, in whatever order they travel (`flagged`); each lands in its place
+        // as it is seen (`Landing`), so nothing is read again after the wait.
+        let deliveries = &request.deliveries;
+        let landed = match sink {
+            Sink::Packed(out) => {
+                let items = request.item_bindings.iter().copied();
+                let lengths = deliveries.iter().map(|&(_, len)| len);
+                // An `Option`, not a ready-made error: building one allocates, and a
+                // warm request allocates its outputs' bytes alone (`gpu_zero_alloc`).
+                let mut landed = None;
+                out.push_filled(items.zip(lengths.clone()), |bytes| {
+                    let destinations = split_into_items(bytes, lengths);
+                    landed = Some(self.land(memory, (ticket, slot), &request, destinations));
+                });
+                landed.unwrap_or_else(|| Err(BackendError::internal("a lane's delivery never ran")))
+            }
+            Sink::Slices(out) => {
+                let destinations = out.iter_mut().map(|bytes| &mut **bytes);
+                self.land(memory, (ticket, slot), &request, destinations)
+            }
         };
-        let wait_ns = match waited {
-            Ok(ns) => ns,
+        let (wait_ns, header) = match landed {
+            Ok(landed) => landed,
             Err(error) => {
                 // The lane is dead: the request goes back to its slot (which stays
                 // busy), whose holds the lane's stop releases (or forgets, while the
@@ -1450,7 +1504,7 @@ impl LaneShared {
             }
         };
         let mark = probe::charge_and_mark(Phase::Release, mark);
-        let header = memory.area_header(slot);
+        let flag = area_flag(ticket);
         let result = if header.ticket != flag || header.status != 0 {
             Err(BackendError::internal(format!(
                 "a lane's result area answered ticket {} with status {} where ticket {flag} was \
@@ -1458,26 +1512,6 @@ impl LaneShared {
                 header.ticket, header.status,
             )))
         } else {
-            match sink {
-                Sink::Packed(out) => {
-                    // One copy per stretch of adjacent items: the lines the device just
-                    // wrote are read once, in order, with nothing between the reads.
-                    let items = request.item_bindings.iter().copied();
-                    let lengths = request.deliveries.iter().map(|&(_, len)| len);
-                    out.push_filled(items.zip(lengths), |bytes| {
-                        let mut written = 0;
-                        for_each_stretch(&request.deliveries, |offset, len| {
-                            unflag(read, offset, &mut bytes[written..written + len]);
-                            written += len;
-                        });
-                    });
-                }
-                Sink::Slices(out) => {
-                    for (&(offset, _), bytes) in request.deliveries.iter().zip(out.iter_mut()) {
-                        unflag(read, offset, bytes);
-                    }
-                }
-            }
             Ok(())
         };
         // Its area is read and the server is done with its record and staging: the
@@ -1498,17 +1532,67 @@ impl LaneShared {
         })
     }
 
+    /// Wait until every word of request `ticket` in `slot` arrived, landing each in
+    /// `destinations` (one per readback item) or the header as it is seen; the host
+    /// time waited and the header.
+    fn land<'a>(
+        &self,
+        memory: &LaneMemory,
+        (ticket, slot): (u64, usize),
+        request: &SlotRequest,
+        destinations: impl IntoIterator<Item = &'a mut [u8]>,
+    ) -> Result<(u64, AreaHeader), BackendError> {
+        let flag = area_flag(ticket);
+        let read = |word: usize| memory.area_word(slot, word);
+        let mut landing = Landing::new(&request.deliveries, destinations);
+        let mut arrival = Arrival::default();
+        let waited = {
+            let mut arrived = || {
+                arrival.advance(
+                    request_words(&request.deliveries),
+                    read,
+                    flag,
+                    |range, word, data| landing.word(range, word, data),
+                )
+            };
+            if arrived() {
+                0
+            } else {
+                self.wait_until(ticket, Some(request.kernel), arrived)?
+            }
+        };
+        Ok((waited, AreaHeader::from_words(&landing.header)))
+    }
+
     /// Put delivered request `ticket` (holding `held`; `booked` when it has an
     /// order-book entry) among the requests waiting for their completion word, and
     /// retire them when a look is due (`retire`'s module docs say when).
+    ///
+    /// A request holding transient buffers is retired before this returns: its
+    /// completion word follows its result words by the publish fence (a fraction of a
+    /// microsecond), and a lane that is not used again would otherwise keep them out of
+    /// the pool (and counted against the budget) until it is. A wait that fails (a
+    /// fault, the timeout) leaves them to the lane's stop, which releases or forgets
+    /// them; the delivered outputs stand.
     fn retire_later(&self, ticket: u64, held: Held, booked: bool) {
         let request = Retiring::new(ticket, held, booked);
         if request.is_empty() {
             return;
         }
+        let transients = request.transients;
         let mut state = self.lock();
         if state.retiring.push(request) {
             self.retire(&mut state);
+        }
+        if !transients || !state.retiring.holds_transients() {
+            return;
+        }
+        drop(state);
+        match self.wait_ticket(ticket) {
+            Ok(_) => self.retire(&mut self.lock()),
+            Err(error) => {
+                tracing::debug!(%error, "a delivered lane request's completion word never came")
+            }
         }
     }
 
@@ -1529,6 +1613,23 @@ impl LaneShared {
             .retiring
             .take_served(completed, &mut served, |held| self.release(held));
         self.backend.inner.in_flight.leave_lane(self.id, &served);
+    }
+
+    /// Before the last handle goes (no request pending): stop the order book lending
+    /// the lane to dispatches that meet its requests (they wait for them to leave the
+    /// book instead, which the stop does), and wait, at most the lane's timeout, until
+    /// the dispatches it was lent to are done with it (a lent lane's wait for a
+    /// request is bounded by that timeout), so that the caller's drop of its handle is
+    /// the lane's last and stops it on the caller's thread.
+    fn wait_until_alone(self: &Arc<Self>) {
+        if self.pending.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        self.backend.inner.in_flight.stop_lending_lane(self.id);
+        let started = Instant::now();
+        while Arc::strong_count(self) > 1 && started.elapsed() < self.options.timeout {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
 
     /// Before a stop: wait for the newest delivered request's completion word (the
@@ -1657,7 +1758,8 @@ impl LaneShared {
 
 impl Drop for LaneShared {
     fn drop(&mut self) {
-        let _ = self.shut_down();
+        let outcome = self.shut_down();
+        *self.stop_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
     }
 }
 
@@ -1727,6 +1829,22 @@ pub(in crate::backend) fn not_in_lane(name: &str, kernels: &[Kernel]) -> Backend
          (lane(&[...])) or dispatch it with run",
         kernels.len(),
         names.join(", ")
+    ))
+}
+
+/// The `Fix:` error for a host-mapped buffer bound to a lane request. The server's
+/// stores into host memory are not ordered with the request's result words (its one
+/// fence is GPU-scope and comes after them), and a lane request holds no claim on an
+/// owned buffer (see `stage_into`), so [`DeviceBuffer::mapped_bytes`] could read or
+/// write the buffer while the lane still writes it.
+///
+/// [`DeviceBuffer::mapped_bytes`]: crate::backend::DeviceBuffer::mapped_bytes
+fn host_mapped_on_a_lane(kernel: &str, binding: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: binding {binding} of {kernel} is a host-mapped DeviceBuffer, which a lane request \
+         cannot bind (the lane does not order its writes to host memory with the request's \
+         delivery); bind a device buffer (CudaBackend::buffer) and read what the host needs \
+         through the request's readback, or dispatch this request with run"
     ))
 }
 
@@ -1935,18 +2053,34 @@ impl Lane {
     /// it left, a `KernelFault` when it had faulted, a `Fix:` error when it did not
     /// leave within the timeout (it is abandoned with its memory) or when requests of
     /// it are still pending (wait for them first).
+    ///
+    /// Another dispatch that met one of the lane's requests in the order book may be
+    /// waiting for its completion word on another thread, holding the lane meanwhile;
+    /// the stop waits for it (at most the lane's timeout), so that the stop runs here
+    /// and its outcome is this call's.
     pub fn stop(self) -> Result<(), BackendError> {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => shared.shut_down(),
-            Err(shared) => {
-                let pending = shared.pending.load(Ordering::Acquire);
-                Err(BackendError::bad_input(format!(
-                    "Fix: {pending} requests of this lane are still pending (or another thread waits for \
-                     one); wait for every PendingDispatch of it before stopping it (dropping the lane \
-                     stops it once the last is done)"
-                )))
-            }
+        let pending = self.shared.pending.load(Ordering::Acquire);
+        if pending > 0 {
+            return Err(BackendError::bad_input(format!(
+                "Fix: {pending} requests of this lane are still pending; wait for every \
+                 PendingDispatch of it before stopping it (dropping the lane stops it once the \
+                 last is done)"
+            )));
         }
+        let outcome = Arc::clone(&self.shared.stop_outcome);
+        let timeout = self.shared.options.timeout;
+        // The drop waits until this handle is the lane's last, and the lane's own drop
+        // then stops it on this thread and leaves its outcome.
+        drop(self);
+        let stopped = outcome.lock().unwrap_or_else(|p| p.into_inner()).take();
+        stopped.unwrap_or_else(|| {
+            Err(BackendError::bad_input(format!(
+                "Fix: another thread still waited for a request of this lane after \
+                 LaneOptions::timeout ({timeout:?}) (a dispatch over memory the request binds), \
+                 so the lane stops when that wait ends, on that thread; stop a lane once the \
+                 dispatches that share its buffers are done"
+            )))
+        })
     }
 
     /// Whether the lane still serves requests (no fault, timeout or stop).
@@ -1970,6 +2104,17 @@ impl Lane {
     }
 }
 
+impl Drop for Lane {
+    /// Stop the lane here when this is its last handle: the order book lends the lane
+    /// to a dispatch that waits for one of its requests (a moment's strong hold), and
+    /// without this wait that dispatch's thread could be the one to drop it last, and
+    /// so to stop it. Pending requests hold the lane too: then the last of them stops
+    /// it, as documented.
+    fn drop(&mut self) {
+        self.shared.wait_until_alone();
+    }
+}
+
 impl CudaBackend {
     /// Whether the driver loads modules lazily (`CUDA_MODULE_LOADING=LAZY`, its default
     /// since CUDA 12.2). While a lane runs, lazy loading makes every module load (a
@@ -1977,6 +2122,13 @@ impl CudaBackend {
     /// a host that waits for the lane forever (see the module docs of `backend::lane`).
     pub fn lazy_module_loading(&self) -> bool {
         driver::lazy_module_loading()
+    }
+
+    /// Dispatches and lane requests in the backend's order book now (test support:
+    /// an eager dispatch leaves it when it completes, a lane request when it retires).
+    #[cfg(feature = "testing")]
+    pub fn order_book_entries(&self) -> usize {
+        self.inner.in_flight.len()
     }
 
     /// Releases (device, pinned and mapped memory, modules) queued because a lane of

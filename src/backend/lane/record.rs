@@ -225,31 +225,6 @@ pub(in crate::backend) fn place_readbacks(
     Ok(())
 }
 
-/// Call `run(area offset, length)` for each stretch of `deliveries` (`(area offset,
-/// length)` per item, in item order) whose items lie back to back in the area, in
-/// item order: the stretches hold exactly the items' bytes in order, so the host
-/// copies each with one read (items of whole 16-byte blocks, such as the dispatch
-/// bench's 16-byte outputs, are one stretch).
-pub(in crate::backend) fn for_each_stretch(
-    deliveries: &[(usize, usize)],
-    mut run: impl FnMut(usize, usize),
-) {
-    let mut current: Option<(usize, usize)> = None;
-    for &(offset, len) in deliveries {
-        current = match current {
-            Some((start, length)) if start + length == offset => Some((start, length + len)),
-            Some((start, length)) => {
-                run(start, length);
-                Some((offset, len))
-            }
-            None => Some((offset, len)),
-        };
-    }
-    if let Some((start, length)) = current {
-        run(start, length);
-    }
-}
-
 /// Bytes of a result area the readback items take: the header, then each item
 /// rounded up to 16 bytes.
 fn area_needed(reads: &[ReadItem]) -> u64 {
@@ -675,52 +650,6 @@ mod tests {
             message.starts_with("Fix:") && message.contains("result_bytes"),
             "{message}"
         );
-    }
-
-    /// Locks out a delivery that copies a stretch of the area holding bytes of no
-    /// item, or loses or reorders an item's bytes: the stretches of the placement
-    /// above (and one more item right after the last), read from an area whose bytes
-    /// are their offsets, give every item's bytes in item order; adjacent items, and
-    /// items of whole blocks, are one stretch. Negative control:
-    /// the window at byte 4 of its block and the 6-byte range end before the next
-    /// item starts, so they close their stretches.
-    #[test]
-    fn delivery_stretches_hold_exactly_the_items_bytes() {
-        let area: Vec<u8> = (0..=255u8).collect();
-        let deliveries = [
-            (H, 64),
-            (H + 64 + 4, 8),
-            (H + 64 + 16, 8),
-            (H + 64 + 32, 6),
-            (H + 64 + 48, 16),
-            (H + 64 + 64, 16),
-        ];
-        let mut stretches = Vec::new();
-        for_each_stretch(&deliveries, |offset, len| stretches.push((offset, len)));
-        assert_eq!(
-            stretches,
-            [
-                (H, 64),
-                (H + 68, 8),
-                (H + 80, 8),
-                (H + 96, 6),
-                (H + 112, 32)
-            ]
-        );
-        let read = |stretches: &[(usize, usize)]| -> Vec<u8> {
-            stretches
-                .iter()
-                .flat_map(|&(offset, len)| area[offset..offset + len].to_vec())
-                .collect()
-        };
-        assert_eq!(read(&stretches), read(&deliveries));
-        let blocks: Vec<(usize, usize)> = (0..16).map(|item| (H + 16 * item, 16)).collect();
-        let mut whole = Vec::new();
-        for_each_stretch(&blocks, |offset, len| whole.push((offset, len)));
-        assert_eq!(whole, [(H, 256)]);
-        let mut none = 0;
-        for_each_stretch(&[], |_, _| none += 1);
-        assert_eq!(none, 0);
     }
 
     /// Locks out a lane built from kernels it cannot serve: none, two workgroup shapes,

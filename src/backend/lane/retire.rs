@@ -101,6 +101,11 @@ impl RetireQueue {
         self.holding_transients > 0 || self.requests.len() >= RETIRE_BATCH
     }
 
+    /// Whether a waiting request holds transient buffers.
+    pub(super) fn holds_transients(&self) -> bool {
+        self.holding_transients > 0
+    }
+
     /// Whether no request waits.
     pub(super) fn is_empty(&self) -> bool {
         self.requests.is_empty()
