@@ -43,7 +43,12 @@
 //!   shorten. `VYRE_BENCH_SHORT=0` leaves it out;
 //! - one document of 8 KiB to 2 MiB eager through the resident-grid kernel
 //!   (every step in one cooperative dispatch) and with every step its own
-//!   dispatch. `VYRE_BENCH_RESIDENT=0` leaves it out.
+//!   dispatch. `VYRE_BENCH_RESIDENT=0` leaves it out;
+//! - one 1 KiB document and 256 KiB of each shape eager with the `merge`
+//!   step's slab at other lengths (`Geometry::merge_slab_bytes`: the pieces of
+//!   at most that many bytes merge in workgroup memory, longer ones in global
+//!   scratch), each with the kernels' own time. `VYRE_BENCH_SLAB=0` leaves it
+//!   out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -460,6 +465,60 @@ fn main() {
     }
     if !skipped("VYRE_BENCH_RESIDENT") {
         resident_by_size(&gpu, &cpu, &step_by_step, small_rounds / 4);
+    }
+
+    // 8. The merge slab's length.
+    if !skipped("VYRE_BENCH_SLAB") {
+        merge_slab_lengths(&gpu, &cpu, small_rounds);
+    }
+}
+
+/// One 1 KiB document of prose (the short-text kernel) and 256 KiB of each
+/// shape (a dispatch per step) eager with the `merge` step's slab at other
+/// lengths, the default first: a short text waits on its longest piece's chain
+/// of merges, and a piece longer than the slab takes the global path.
+fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    println!("\nthe merge slab at other lengths (eager, median of {rounds}; kernels' own time in brackets):");
+    let mut texts = vec![("1 KiB prose".to_string(), generate(Shape::Prose, 1024, 5))];
+    texts.extend(
+        Shape::ALL
+            .into_iter()
+            .map(|shape| (format!("256 KiB {shape}"), generate(shape, 256 << 10, 47))),
+    );
+    let default = Geometry::default().merge_slab_bytes;
+    for (index, slab_bytes) in [default, 0, 16, 24, 32].into_iter().enumerate() {
+        if index > 0 && slab_bytes == default {
+            continue;
+        }
+        let geometry = Geometry {
+            merge_slab_bytes: slab_bytes,
+            ..Geometry::default()
+        };
+        let encoder = match DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            cpu,
+            geometry,
+            ChunkLimits::default(),
+        ) {
+            Ok(encoder) => encoder,
+            Err(error) => {
+                println!("  {slab_bytes} bytes: {error}");
+                continue;
+            }
+        };
+        let mut row = format!(
+            "  {slab_bytes:>2} bytes{}:",
+            if slab_bytes == default {
+                " (default)"
+            } else {
+                ""
+            }
+        );
+        for (label, text) in &texts {
+            let ids = cpu.encode_ordinary_bytes(text);
+            row += &eager_cell(&encoder, text, &ids, rounds, label);
+        }
+        println!("{row}");
     }
 }
 
