@@ -164,6 +164,13 @@
 //! text 26.2 µs, of 256 KiB of prose 59.1 µs, of a 16 MiB chunk 0.90–0.98 ms;
 //! code 140.4 and CJK 160.5 µs (longer pieces, on the global path) did not
 //! improve, which one run does not tell from noise.
+//! Tried and not kept: the parts' ranks in a second slab beside their words,
+//! so that the slab loop loads no `token_at` (a dependent global load before
+//! each pair lookup) and writes the ranks once after it. On the H200
+//! (2026-12-02, the same run, this code against that one) `merge` of the 1 KiB
+//! text took 19.7 µs in both, the short-text kernel 58.1 against 59.2 µs, and
+//! 256 KiB of code and CJK 1–5 % longer (the second slab's clearing): the
+//! `token_at` loads were not what the chain waits on.
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
