@@ -175,7 +175,12 @@
 //! another lane's request) waits for the completion word first. Every such reader is on
 //! the GPU and starts after the host saw the completion word, so GPU scope suffices; a
 //! system-scope fence would add a wait for host memory (the stall this protocol
-//! removed). The fence runs after the leader's result words are issued, so it may wait
+//! removed). This leans on one property of the hardware that PTX's memory model does
+//! not state, since the host is no thread of it: a store issued after a
+//! `fence.acq_rel.gpu` leaves the SM only once the fence completed, so the host cannot
+//! see the completion word before the outputs are in L2. The GPU test of readers right
+//! after a delivery (`gpu_lane_outputs_reach_device_readers_right_after_delivery`, 2,000
+//! rounds on lanes of one and four blocks) would see it fail. The fence runs after the leader's result words are issued, so it may wait
 //! for them as well as for device memory; nothing waits for the fence but the
 //! completion word.
 //!
