@@ -169,22 +169,23 @@
 //! each pair lookup) and writes the ranks once after it. On the H200
 //! (2026-12-02, the same run, this code against that one) `merge` of the 1 KiB
 //! text took 19.7 µs in both, the short-text kernel 58.1 against 59.2 µs, and
-//! 256 KiB of code and CJK 1–5 % longer (the second slab's clearing): the
+//! 256 KiB of code and CJK 1–5 % longer (the second slab's clearing, most likely): the
 //! `token_at` loads were not what the chain waits on.
-//! The slab's length, swept on the H200 (2026-12-02, one run, eager, kernels'
-//! own time; 12 from another run of the same day): 1 KiB of prose 44.4–45.2 µs
-//! at 12, 16, 24 and 32 bytes, 51.6 without a slab; 256 KiB of prose 113–119
-//! µs at every length, 133.0 without; 256 KiB of code 171 at 12, 155.1 at 16,
-//! **116.4** at 24, 128.3 at 32, 159.5 without (identifiers and runs of spaces
-//! of 13 to 24 bytes leave the global path); 256 KiB of CJK 224–231 at 12,
-//! 235.8 at 16, 252.4 at 24, 293.0 at 32, and **210.0 without a slab**. So
-//! a CJK piece merges faster in global scratch than in a slab: each slab merge
-//! walks the parts from the first by their lengths, a chain of dependent
+//! The slab's length, swept on the H200 (2026-12-02, one run of the
+//! `gpu_encode` bench's slab section, eager, kernels' own time, µs) at 12
+//! (the default) / none / 16 / 24 / 32 bytes: 1 KiB of prose 44.4 / 51.4 /
+//! 44.9 / 44.9 / 44.3; 256 KiB of prose 117.2 / 129.5 / 121.6 / 112.7 /
+//! 122.8; of code 171.6 / 170.9 / 162.0 / **118.3** / 129.1 (identifiers and
+//! runs of spaces of 13 to 24 bytes leave the global path); of CJK 238.0 /
+//! **221.6** / 236.3 / 255.6 / 310.8. So a CJK piece merges faster in global
+//! scratch than in a slab, and the longer the slab the worse; the likely
+//! reason: each slab merge walks the parts from the first by their lengths, a chain of dependent
 //! shared loads that grows with the piece, where the global path reads block
 //! minima. The default stays 12 until the slab finds its pair without the walk
-//! (24 would take code 32 % faster and CJK 10–13 % slower, and its 1,024-thread
-//! short-text kernel for o200k, lowered without subgroup operations, would
-//! need 233,472 bytes of workgroup memory, over the H200's 232,448).
+//! (24 would take code 31 % and prose 4 % faster and CJK 7 % slower, and its
+//! 1,024-thread short-text kernel for o200k, lowered without subgroup
+//! operations, would need 233,472 bytes of workgroup memory, over the H200's
+//! 232,448).
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
