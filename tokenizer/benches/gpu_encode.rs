@@ -506,19 +506,36 @@ fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
                 continue;
             }
         };
-        let mut row = format!(
+        let head = format!(
             "  {slab_bytes:>2} bytes{}:",
-            if slab_bytes == default {
-                " (default)"
-            } else {
-                ""
-            }
+            default_mark(slab_bytes == default)
         );
-        for (label, text) in &texts {
-            let ids = cpu.encode_ordinary_bytes(text);
-            row += &eager_cell(&encoder, text, &ids, rounds, label);
-        }
-        println!("{row}");
+        println!("{}", eager_row(head, &encoder, cpu, &texts, rounds));
+    }
+}
+
+/// `head` and one [`eager_cell`] per text of `texts` (`(label, text)` each).
+fn eager_row(
+    head: String,
+    encoder: &DeviceEncoder,
+    cpu: &Tokenizer,
+    texts: &[(String, Vec<u8>)],
+    rounds: usize,
+) -> String {
+    let mut row = head;
+    for (label, text) in texts {
+        let ids = cpu.encode_ordinary_bytes(text);
+        row += &eager_cell(encoder, text, &ids, rounds, label);
+    }
+    row
+}
+
+/// What a row of a sweep says after its setting when the setting is the default.
+fn default_mark(is_default: bool) -> &'static str {
+    if is_default {
+        " (default)"
+    } else {
+        ""
     }
 }
 
@@ -592,21 +609,13 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
                 continue;
             }
         };
-        let mut row = format!(
+        let head = format!(
             "  {:>4} threads × {} bytes{}:",
             short_text.workgroup_size,
             short_text.bytes_per_thread,
-            if short_text == default {
-                " (default)"
-            } else {
-                ""
-            }
+            default_mark(short_text == default)
         );
-        for (label, text) in &texts {
-            let ids = cpu.encode_ordinary_bytes(text);
-            row += &eager_cell(&encoder, text, &ids, rounds, label);
-        }
-        println!("{row}");
+        println!("{}", eager_row(head, &encoder, cpu, &texts, rounds));
     }
 }
 
