@@ -990,24 +990,37 @@ impl Server {
     /// The loop's labels are `top` and `done` (named, not numbered, so that the other
     /// labels of the server keep their numbers).
     fn wait_for_published(&mut self, top: &str, done: &str) {
-        self.place(top);
-        self.line(format_args!(
-            "ld.acquire.gpu.global.u32 %published, [%device+{DEVICE_PUBLISHED}];"
-        ));
-        self.line(format_args!("setp.eq.u32 %found, %published, %ticket;"));
-        self.line(format_args!("@%found bra {done};"));
-        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
-        self.line(format_args!("bra {top};"));
-        self.place(done);
+        self.spin(
+            top,
+            &[&format!(
+                "ld.acquire.gpu.global.u32 %published, [%device+{DEVICE_PUBLISHED}];"
+            )],
+            "%published, %ticket",
+            done,
+        );
     }
 
     /// A polling loop at `top`: `load` into `%bell` until its low 32 bits are `%want`
     /// (sleeping `%sleep` ns between loads when asked), then on at `found`.
     fn poll(&mut self, top: &str, load: &str, found: &str) {
+        self.spin(
+            top,
+            &[load, "cvt.u32.u64 %seen, %bell;"],
+            "%seen, %want",
+            found,
+        );
+    }
+
+    /// The one spinning loop of the server: at `top`, the `reads` (the last leaves the
+    /// value in a u32 register) until `compared` (that register, then the value it
+    /// waits for) are equal, sleeping `%sleep` ns between reads when asked; then on at
+    /// `found`.
+    fn spin(&mut self, top: &str, reads: &[&str], compared: &str, found: &str) {
         self.place(top);
-        self.line(format_args!("{load}"));
-        self.line(format_args!("cvt.u32.u64 %seen, %bell;"));
-        self.line(format_args!("setp.eq.u32 %found, %seen, %want;"));
+        for read in reads {
+            self.line(format_args!("{read}"));
+        }
+        self.line(format_args!("setp.eq.u32 %found, {compared};"));
         self.line(format_args!("@%found bra {found};"));
         self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
         self.line(format_args!("bra {top};"));
