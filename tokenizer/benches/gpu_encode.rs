@@ -66,7 +66,7 @@ use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::{
-    host_copy, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
+    host_copy, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, Geometry, ShortText,
 };
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -311,21 +311,15 @@ fn main() {
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
-        let mut results = [Vec::new()];
-        let (eager, step_timings) = median(small_rounds, || {
-            encoder
-                .submit_bytes(&[&text])
-                .and_then(|pending| pending.wait_into(&mut results))
-                .expect("eager encode")
-        });
-        assert_eq!(results[0], ids, "{shape}: eager ids");
-        let (stepped, stepped_timings) = median(small_rounds, || {
-            step_by_step
-                .submit_bytes(&[&text])
-                .and_then(|pending| pending.wait_into(&mut results))
-                .expect("eager encode")
-        });
-        assert_eq!(results[0], ids, "{shape}: eager ids, step by step");
+        let (eager, step_timings) =
+            eager_median(encoder, &text, &ids, small_rounds, &format!("{shape}"));
+        let (stepped, stepped_timings) = eager_median(
+            &step_by_step,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, step by step"),
+        );
         let mut graph = encoder.graph(text.len()).expect("graph");
         let (graphed, (graph_ids, _)) = median(small_rounds, || {
             graph.encode_timed(&text).expect("graph encode")
@@ -368,14 +362,13 @@ fn main() {
         ("stage + the short-text kernel", encoder),
         ("every step its own dispatch", &step_by_step),
     ] {
-        let mut results = [Vec::new()];
-        let (eager, parts) = median(small_rounds, || {
-            eager_encoder
-                .submit_bytes(&[small.as_bytes()])
-                .and_then(|pending| pending.wait_into(&mut results))
-                .expect("eager")
-        });
-        assert_eq!(results[0], small_ids, "1 KiB, {label}");
+        let (eager, parts) = eager_median(
+            eager_encoder,
+            small.as_bytes(),
+            &small_ids,
+            small_rounds,
+            &format!("1 KiB, {label}"),
+        );
         // Where one eager encode's time goes: host work, the kernels' own time,
         // and the rest (launches, the gaps between dependent steps, the wait's
         // wake-up).
@@ -665,19 +658,34 @@ fn eager_cell(
     rounds: usize,
     label: &str,
 ) -> String {
+    let (eager, parts) = eager_median(encoder, text, ids, rounds, label);
+    format!(
+        "  {label} {:.1} µs [{:.1}]",
+        eager * 1e6,
+        parts.kernel_ns() as f64 / 1e3
+    )
+}
+
+/// One document's eager encode with `encoder` (`submit_bytes`, then
+/// `wait_into`), median of `rounds`: its seconds and the last round's
+/// timings; the ids are checked against `ids` (`label` names the encode when
+/// they differ).
+fn eager_median(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    label: &str,
+) -> (f64, ChunkTimings) {
     let mut results = [Vec::new()];
-    let (eager, parts) = median(rounds, || {
+    let (eager, timings) = median(rounds, || {
         encoder
             .submit_bytes(&[text])
             .and_then(|pending| pending.wait_into(&mut results))
             .expect("eager encode")
     });
     assert_eq!(results[0], ids, "{label}: eager ids");
-    format!(
-        "  {label} {:.1} µs [{:.1}]",
-        eager * 1e6,
-        parts.kernel_ns() as f64 / 1e3
-    )
+    (eager, timings)
 }
 
 /// Whether the environment variable `name` is `0` (its section left out).
