@@ -25,7 +25,9 @@
 //! with nothing read back (what the readback adds), the minimum with
 //! p50 / p99 / p99.9 of 20,000 single requests beside those of launch + sync, where
 //! a request's time goes (medians of the host's phases and the server's stamps), and a
-//! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). Set
+//! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). The
+//! lane rows also compare lanes with other numbers of doorbell-polling warps
+//! (`VYRE_BENCH_LANE_POLLERS`, a comma-separated list; default 0 and 2). Set
 //! `VYRE_BENCH_LANES_ONLY=1` to run only the lane rows.
 //!
 //! Each comparison below is a paired ABBA run of host_cost (`Paired::compare`): the floor is
@@ -585,6 +587,19 @@ fn print_medians(rows: Vec<(&str, Vec<u64>)>) {
     }
 }
 
+/// The doorbell-polling warps whose lanes the lane tables compare with the default's:
+/// `VYRE_BENCH_LANE_POLLERS` (a comma-separated list), or none and two. The lanes run
+/// one at a time, after the default's.
+fn compared_poller_warps() -> Vec<u32> {
+    match std::env::var("VYRE_BENCH_LANE_POLLERS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|warps| warps.trim().parse().ok())
+            .collect(),
+        Err(_) => vec![0, 2],
+    }
+}
+
 /// A lane of `kernel` waiting in `wait` mode.
 fn lane_of(gpu: &CudaBackend, kernel: &vyre_cuda::backend::Kernel, wait: WaitMode) -> Lane {
     gpu.lane(&[kernel], LaneOptions::new().wait(wait))
@@ -688,6 +703,27 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
             }
             lane_phases(samples, || lane.run(request).expect("lane").timings);
         }
+    }
+    // Lanes with other numbers of doorbell-polling warps, one at a time (building a
+    // lane loads a module, which must not happen while another lane runs), each in
+    // rotated rounds with the floor.
+    for warps in compared_poller_warps() {
+        let options = LaneOptions::new().poller_warps(warps);
+        let lane = gpu.lane(&[&kernel], options).expect("build a lane");
+        let floor_cell = std::cell::RefCell::new(&mut floor);
+        let mut arms: Vec<Arm<'_>> = vec![
+            (
+                "floor: launch + sync".into(),
+                Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
+            ),
+            (
+                format!("lane run (spin), {} poller warps", lane.poller_warps()),
+                Box::new(|| first_byte(&lane.run(request).expect("lane"))),
+            ),
+        ];
+        let ns = rotated_minimum(&mut arms, rounds, calls);
+        let (name, _) = &arms[1];
+        println!("{name:<58} {:>9.2} {:>13.3}", ns[1] / 1e3, ns[1] / ns[0]);
     }
     let verdict = if lane_ratio <= 0.35 {
         "met (moonshot met)"

@@ -1631,3 +1631,74 @@ fn gpu_lane_stop_is_not_refused_while_a_dispatch_waits_for_its_request() {
     assert_eq!(gpu.deferred_releases().unwrap(), 0);
     assert_eq!(gpu.order_book_entries(), 0);
 }
+
+/// Locks out doorbell-polling warps that change what a lane serves or hang it: lanes
+/// of 0, 1, 3 and 8 poller warps (block 0's own thread polls at 0), over a one-thread
+/// workgroup (the pollers then follow a workgroup warp of one thread) and a 64-thread
+/// one, each serve 300 single requests with a new input each, then bursts of four
+/// requests queued in four slots (the pollers look for a ticket the host rang before
+/// the previous one was served; a ticket's two answer words alternate), then the same
+/// with a device poll sleep, every output checked against its input; each lane holds
+/// the poller warps it was asked for and stops cleanly. A lane whose pollers answered
+/// a stale ticket would deliver another request's words or time out (the watchdog).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_poller_warps_serve_every_request_exactly() {
+    let _watchdog = watchdog(300, "lanes with doorbell-polling warps");
+    let gpu = backend();
+    let one_thread = compile_all(&gpu, &[copy_word()]);
+    let wide = compile_all(&gpu, &[increment()]);
+    for warps in [0u32, 1, 3, 8] {
+        for sleep in [Duration::ZERO, Duration::from_micros(2)] {
+            let options = LaneOptions::new()
+                .poller_warps(warps)
+                .slots(4)
+                .poll_sleep(sleep);
+            let lane = lane_of(&gpu, &one_thread, options);
+            assert_eq!(lane.poller_warps(), warps);
+            let x = gpu.buffer(4).unwrap();
+            for round in 0..300u32 {
+                let value = warps << 24 | round;
+                gpu.upload(&x, &[value]).unwrap();
+                let bound = [Binding::from(&x), Binding::Zeroed(4)];
+                let got = lane
+                    .run(Dispatch::new(&one_thread[0], &bound))
+                    .unwrap_or_else(|e| panic!("{warps} pollers, round {round}: {e}"));
+                assert_eq!(
+                    got.outputs.read::<u32>("y").unwrap(),
+                    [value],
+                    "{warps} pollers"
+                );
+            }
+            lane.stop()
+                .unwrap_or_else(|e| panic!("stopping a lane of {warps} pollers: {e}"));
+
+            let lane = lane_of(&gpu, &wide, options);
+            assert_eq!(lane.poller_warps(), warps);
+            let inputs: Vec<_> = (0..4u32)
+                .map(|slot| gpu.buffer_from(&[slot * 1000 + warps; 64]).unwrap())
+                .collect();
+            for burst in 0..100u32 {
+                let pending: Vec<_> = inputs
+                    .iter()
+                    .map(|x| {
+                        let bound = [Binding::from(x), Binding::Zeroed(256)];
+                        lane.submit(Dispatch::new(&wide[0], &bound)).unwrap()
+                    })
+                    .collect();
+                for (slot, pending) in pending.into_iter().enumerate() {
+                    let got = pending
+                        .wait()
+                        .unwrap_or_else(|e| panic!("{warps} pollers, burst {burst}: {e}"));
+                    assert_eq!(
+                        got.outputs.read::<u32>("y").unwrap(),
+                        [slot as u32 * 1000 + warps + 1; 64],
+                        "{warps} pollers, burst {burst}, slot {slot}"
+                    );
+                }
+            }
+            lane.stop()
+                .unwrap_or_else(|e| panic!("stopping a lane of {warps} pollers: {e}"));
+        }
+    }
+}

@@ -27,7 +27,12 @@ use vyre_cuda::CodegenOptions;
 /// first (a barrier between): buffers, workgroup memory, a barrier and every builtin
 /// the lane rewrites.
 fn doubling() -> Program {
-    Program::builder([32, 1, 1])
+    doubling_at(32)
+}
+
+/// [`doubling`] in workgroups of `[x, 1, 1]` (its workgroup memory as wide).
+fn doubling_at(x: u32) -> Program {
+    Program::builder([x, 1, 1])
         .entry_op_id("lane_doubling")
         .buffer(
             "x",
@@ -41,7 +46,7 @@ fn doubling() -> Program {
             1,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(32),
+            BufferCount::Static(x),
         )
         .body(|b| {
             let i = b.let_("i", Expr::global_id(Axis::X));
@@ -58,7 +63,12 @@ fn doubling() -> Program {
 /// `out[workgroup_id.y] = sum of inp` by one thread per workgroup, an early return
 /// for the others: a write-only output, a static input, a `return`.
 fn summing() -> Program {
-    Program::builder([32, 1, 1])
+    summing_at(32)
+}
+
+/// [`summing`] in workgroups of `[x, 1, 1]`.
+fn summing_at(x: u32) -> Program {
+    Program::builder([x, 1, 1])
         .entry_op_id("lane_summing")
         .buffer(
             "inp",
@@ -756,4 +766,80 @@ fn a_one_thread_lane_keeps_sixteen_copies_in_flight_and_assembles() {
     };
     ptxas::assemble(&ptxas, "lane_one_thread", &one_thread)
         .unwrap_or_else(|report| panic!("{report}"));
+}
+
+/// The fixture lane's bodies in a lane whose blocks hold `poller_warps` doorbell
+/// pollers beside a workgroup of `[x, 1, 1]` (the bodies at that width).
+fn poller_lane(x: u32, poller_warps: u32) -> (LaneModuleBuilder, String) {
+    let mut lane = LaneModuleBuilder::with_poller_warps(90, 32, [x, 1, 1], poller_warps);
+    for program in [doubling_at(x), summing_at(x)] {
+        lane.push(&program, &CodegenOptions::default())
+            .expect("a fixture is a lane body");
+    }
+    let shape = lane.clone();
+    (shape, lane.finish())
+}
+
+/// Locks out a lane with doorbell-polling warps whose workgroup barriers wait for the
+/// pollers (which never arrive: the lane would hang at its first barrier) or whose
+/// bodies take the block's size for the workgroup's: every barrier of the bodies and
+/// the server counts the workgroup's whole warps, the block is launched flat with the
+/// pollers after those warps, no body reads `%ntid`, and ptxas assembles it. Negative
+/// control: the same lane without pollers has uncounted barriers, which the check
+/// would catch.
+#[test]
+fn poller_warps_stay_out_of_the_workgroups_barriers() {
+    let counted = |ptx: &str, count: u32| {
+        let barriers: Vec<&str> = ptx
+            .lines()
+            .map(str::trim)
+            .filter(|line| line.starts_with("barrier.sync 0") || line.starts_with("barrier.sync 1"))
+            .collect();
+        !barriers.is_empty()
+            && barriers
+                .iter()
+                .all(|line| line.ends_with(&format!(", {count};")))
+    };
+    for (x, warps, whole) in [(1, 4, 32), (48, 2, 64), (64, 8, 64)] {
+        let (lane, ptx) = poller_lane(x, warps);
+        assert_eq!(lane.poller_warps(), warps);
+        assert_eq!(lane.block_shape(), [whole + 32 * warps, 1, 1]);
+        assert!(
+            counted(&ptx, whole),
+            "[{x}, 1, 1] with {warps} pollers:\n{ptx}"
+        );
+        assert!(ptx.contains(&format!(".reqntid {}, 1, 1", whole + 32 * warps)));
+        assert!(!ptx.contains("%ntid"), "{ptx}");
+        if let Some(ptxas) = ptxas::require("poller_warps_stay_out_of_the_workgroups_barriers") {
+            ptxas::assemble(&ptxas, &format!("lane_pollers_{x}_{warps}"), &ptx)
+                .unwrap_or_else(|report| panic!("{report}"));
+        }
+    }
+    let (lane, ptx) = poller_lane(64, 0);
+    assert_eq!(lane.poller_warps(), 0);
+    assert_eq!(lane.block_shape(), [64, 1, 1]);
+    assert!(!counted(&ptx, 64), "{ptx}");
+}
+
+/// Locks out poller warps where a block cannot hold them: a workgroup of more than
+/// one dimension (the block is launched flat with pollers, which would change the
+/// bodies' local ids) gets none, and a wide one gets only what fits 1,024 threads.
+#[test]
+fn poller_warps_fit_the_block() {
+    assert_eq!(
+        LaneModuleBuilder::with_poller_warps(90, 32, [8, 4, 1], 4).poller_warps(),
+        0
+    );
+    assert_eq!(
+        LaneModuleBuilder::with_poller_warps(90, 32, [1024, 1, 1], 4).poller_warps(),
+        0
+    );
+    assert_eq!(
+        LaneModuleBuilder::with_poller_warps(90, 32, [960, 1, 1], 4).poller_warps(),
+        2
+    );
+    assert_eq!(
+        LaneModuleBuilder::with_poller_warps(90, 32, [1, 1, 1], 100).poller_warps(),
+        8
+    );
 }

@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! [0, 128)                       completion word (u64), alone on its line
-//! 128 + 128 s                    slot s's doorbell (u64)
+//! 128 + 128 (c s + k)            copy k of slot s's doorbell (u64), c copies a slot
 //! records  + 4096 s              slot s's request record
 //! areas    + 2 area_bytes s      slot s's result area (flagged words: twice its bytes)
 //! staging  + staging_bytes s     slot s's input staging
@@ -101,6 +101,8 @@ impl AreaHeader {
 pub(in crate::backend) struct LaneMemory {
     mapped: MappedMemory,
     slots: usize,
+    /// Copies of each slot's doorbell (one per poller warp, at least one).
+    copies: usize,
     area_bytes: usize,
     staging_bytes: usize,
 }
@@ -109,25 +111,29 @@ impl LaneMemory {
     /// Allocate (zeroed) the memory of a lane of `slots` slots.
     pub(in crate::backend) fn allocate(
         slots: usize,
+        copies: usize,
         area_bytes: usize,
         staging_bytes: usize,
     ) -> DriverResult<LaneMemory> {
+        let copies = copies.max(1);
         let bytes = COMPLETION_BYTES
-            + slots * (DOORBELL_STRIDE + RECORD_BYTES + 2 * area_bytes + staging_bytes);
+            + slots * (copies * DOORBELL_STRIDE + RECORD_BYTES + 2 * area_bytes + staging_bytes);
         Ok(LaneMemory {
             mapped: MappedMemory::allocate(bytes)?,
             slots,
+            copies,
             area_bytes,
             staging_bytes,
         })
     }
 
-    fn doorbell_at(&self, slot: usize) -> usize {
-        COMPLETION_BYTES + DOORBELL_STRIDE * slot.min(self.slots - 1)
+    fn doorbell_at(&self, slot: usize, copy: usize) -> usize {
+        COMPLETION_BYTES
+            + DOORBELL_STRIDE * (self.copies * slot.min(self.slots - 1) + copy.min(self.copies - 1))
     }
 
     fn records_at(&self) -> usize {
-        COMPLETION_BYTES + DOORBELL_STRIDE * self.slots
+        COMPLETION_BYTES + DOORBELL_STRIDE * self.copies * self.slots
     }
 
     fn areas_at(&self) -> usize {
@@ -175,10 +181,13 @@ impl LaneMemory {
         self.word(0).load(Ordering::Acquire) as u32
     }
 
-    /// Store slot `slot`'s doorbell (after its record and staging were written).
+    /// Store slot `slot`'s doorbell, every copy (after its record and staging were
+    /// written).
     pub(in crate::backend) fn ring(&self, slot: usize, value: u64) {
-        self.word(self.doorbell_at(slot))
-            .store(value, Ordering::Release);
+        for copy in 0..self.copies {
+            self.word(self.doorbell_at(slot, copy))
+                .store(value, Ordering::Release);
+        }
     }
 
     /// Copy `bytes` into slot `slot`'s record (at most a record's length).

@@ -185,8 +185,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::codegen::ptx::lane::{
-    area_flag, lane_device_bytes, DOORBELL_CHUNKS_SHIFT, DOORBELL_EARLIER, DOORBELL_RELOAD,
-    DOORBELL_SAME, DOORBELL_STOP, MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
+    area_flag, lane_device_bytes, lane_doorbell_copies, DOORBELL_CHUNKS_SHIFT, DOORBELL_EARLIER,
+    DOORBELL_RELOAD, DOORBELL_SAME, DOORBELL_STOP, MAX_STAMPED_SLOTS, PROLOGUE_ZERO, RECORD_BYTES,
 };
 use crate::codegen::{LaneModuleBuilder, LANE_ENTRY_NAME};
 use crate::ir::Access;
@@ -232,6 +232,12 @@ const _: () = assert!(MAX_LANE_SLOTS as usize <= MAX_STAMPED_SLOTS);
 
 /// Largest result area or input staging per slot.
 pub const MAX_LANE_AREA_BYTES: u32 = 64 << 20;
+
+/// Most doorbell-polling warps a lane's block holds ([`LaneOptions::poller_warps`]).
+pub use crate::codegen::ptx::lane::MAX_LANE_POLLER_WARPS;
+
+/// Default [`LaneOptions::poller_warps`].
+pub const DEFAULT_LANE_POLLER_WARPS: u32 = 4;
 
 /// Longest sleep between the device's doorbell polls.
 pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
@@ -283,6 +289,12 @@ pub struct LaneOptions {
     /// Sleep of the device's polling thread between polls (`nanosleep`; zero spins;
     /// at most [`MAX_LANE_POLL_SLEEP`]).
     pub poll_sleep: Duration,
+    /// Warps beside the workgroup in each block that poll the doorbell, each starting
+    /// its polls a share of a PCIe round trip after the last (0 to
+    /// [`MAX_LANE_POLLER_WARPS`]; 0: block 0's first thread polls). A lane holds fewer
+    /// where its workgroup is not one-dimensional or the block has no room
+    /// ([`Lane::poller_warps`] says how many it holds).
+    pub poller_warps: u32,
 }
 
 impl Default for LaneOptions {
@@ -295,6 +307,7 @@ impl Default for LaneOptions {
             wait: WaitMode::Spin,
             timeout: Duration::from_secs(10),
             poll_sleep: Duration::ZERO,
+            poller_warps: DEFAULT_LANE_POLLER_WARPS,
         }
     }
 }
@@ -347,6 +360,12 @@ impl LaneOptions {
         self
     }
 
+    /// Doorbell-polling warps beside the workgroup.
+    pub fn poller_warps(mut self, warps: u32) -> Self {
+        self.poller_warps = warps;
+        self
+    }
+
     /// Every bound, each a `Fix:` error naming the field (the same checks on every
     /// backend).
     pub fn validate(&self) -> Result<(), BackendError> {
@@ -386,6 +405,12 @@ impl LaneOptions {
                 "Fix: LaneOptions::poll_sleep is {:?}; use at most {MAX_LANE_POLL_SLEEP:?} (each poll \
                  waits that long before it sees a new request)",
                 self.poll_sleep
+            ));
+        }
+        if self.poller_warps > MAX_LANE_POLLER_WARPS {
+            return fix(format!(
+                "Fix: LaneOptions::poller_warps is {}; use at most {MAX_LANE_POLLER_WARPS}",
+                self.poller_warps
             ));
         }
         match self.wait {
@@ -512,6 +537,9 @@ pub(in crate::backend) struct LaneShared {
     kernels: Vec<Kernel>,
     keys: Vec<ModuleKey>,
     workgroup_size: [u32; 3],
+    /// The server's block: the workgroup's shape, or its warps and the poller warps.
+    block_shape: [u32; 3],
+    poller_warps: u32,
     options: LaneOptions,
     resources: Option<Box<Resources>>,
     state: Mutex<LaneState>,
@@ -587,8 +615,12 @@ impl CudaBackend {
                 .into(),
         })?;
         let caps = &inner.caps;
-        let mut builder =
-            LaneModuleBuilder::new(caps.ptx_target_sm(), caps.warp_size, workgroup_size);
+        let mut builder = LaneModuleBuilder::with_poller_warps(
+            caps.ptx_target_sm(),
+            caps.warp_size,
+            workgroup_size,
+            options.poller_warps,
+        );
         for kernel in &cuda {
             let lowered = lower::lower_workgroup_reductions(&kernel.program, &inner.lowering);
             builder
@@ -600,12 +632,14 @@ impl CudaBackend {
         }
         check_lane_shared(builder.shared_bytes(), caps.max_shared_memory_per_block)?;
         let name = lane_name(&cuda[0].name, cuda.len());
+        let block_shape = builder.block_shape();
+        let poller_warps = builder.poller_warps();
         let ptx = builder.finish();
         inner.bind()?;
         let module = LoadedModule::load(&ptx, LANE_ENTRY_NAME, None).map_err(|error| {
             BackendError::module_load(name.clone(), caps.ptx_target_sm(), error)
         })?;
-        let threads: u32 = workgroup_size.iter().product();
+        let threads: u32 = block_shape.iter().product();
         let per_sm = module
             .max_active_blocks_per_sm(threads, 0)
             .map_err(|e| BackendError::driver("querying occupancy for a lane", e))?;
@@ -620,6 +654,7 @@ impl CudaBackend {
         let slots = options.slots as usize;
         let memory = LaneMemory::allocate(
             slots,
+            lane_doorbell_copies(poller_warps),
             options.result_bytes as usize,
             options.staging_bytes as usize,
         )
@@ -643,6 +678,8 @@ impl CudaBackend {
             kernels: kernels.iter().map(|&kernel| kernel.clone()).collect(),
             keys: cuda.iter().map(|kernel| kernel.module_key).collect(),
             workgroup_size,
+            block_shape,
+            poller_warps,
             options,
             resources: None,
             state: Mutex::new(LaneState {
@@ -728,7 +765,7 @@ impl LaneShared {
             driver::launch(
                 &resources.module,
                 [options.blocks, 1, 1],
-                shared.workgroup_size,
+                shared.block_shape,
                 &resources.stream,
                 &mut params,
                 options.blocks > 1,
@@ -2101,6 +2138,12 @@ impl Lane {
     /// The options it was built with.
     pub fn options(&self) -> &LaneOptions {
         &self.shared.options
+    }
+
+    /// The doorbell-polling warps each of its blocks holds beside the workgroup
+    /// ([`LaneOptions::poller_warps`], or fewer where the workgroup leaves no room).
+    pub fn poller_warps(&self) -> u32 {
+        self.shared.poller_warps
     }
 }
 

@@ -359,8 +359,20 @@ const _: () = assert!(ir::validate::MAX_SCALARS <= MAX_LANE_SCALARS);
 
 // ----- doorbells, areas, device words ----------------------------------------------
 
-/// Bytes between two slots' doorbells (each on its own cache lines).
+/// Bytes of one doorbell's line: a slot's doorbell copies lie this far apart, and
+/// slot `s`'s first copy at `s * copies * DOORBELL_STRIDE` ([`lane_doorbell_copies`]).
 pub const DOORBELL_STRIDE: usize = 128;
+
+/// Copies of each slot's doorbell in a lane of `poller_warps` poller warps: one per
+/// poller (poller `p` polls copy `p`, each on its own line, so the pollers' loads are
+/// loads of different lines), one without pollers.
+pub const fn lane_doorbell_copies(poller_warps: u32) -> usize {
+    if poller_warps == 0 {
+        1
+    } else {
+        poller_warps as usize
+    }
+}
 /// Doorbell bits 32–47: the record's length in 16-byte chunks.
 pub const DOORBELL_CHUNKS_SHIFT: u32 = 32;
 /// Doorbell bit: the record differs from the slot's cached copy (read host memory).
@@ -560,6 +572,8 @@ pub struct LaneModuleBuilder {
     sm: u32,
     subgroup_size: u32,
     workgroup_size: [u32; 3],
+    /// Doorbell-polling warps beside the workgroup in each block ([`lane_poller_warps`]).
+    poller_warps: u32,
     bodies: String,
     count: usize,
     workgroup_bytes: u32,
@@ -569,10 +583,24 @@ impl LaneModuleBuilder {
     /// An empty lane for compute capability `sm`, `subgroup_size` and blocks of
     /// `workgroup_size` (every body must have that shape).
     pub fn new(sm: u32, subgroup_size: u32, workgroup_size: [u32; 3]) -> Self {
+        Self::with_poller_warps(sm, subgroup_size, workgroup_size, 0)
+    }
+
+    /// An empty lane as [`LaneModuleBuilder::new`], whose blocks hold up to
+    /// `poller_warps` doorbell-polling warps beside the workgroup (as many as
+    /// [`lane_poller_warps`] allows; [`LaneModuleBuilder::poller_warps`] says how many).
+    /// The block is then launched as [`LaneModuleBuilder::block_shape`] says.
+    pub fn with_poller_warps(
+        sm: u32,
+        subgroup_size: u32,
+        workgroup_size: [u32; 3],
+        poller_warps: u32,
+    ) -> Self {
         LaneModuleBuilder {
             sm,
             subgroup_size,
             workgroup_size,
+            poller_warps: lane_poller_warps(workgroup_size, poller_warps, subgroup_size),
             bodies: String::new(),
             count: 0,
             workgroup_bytes: 0,
@@ -614,8 +642,10 @@ impl LaneModuleBuilder {
             });
         }
         let index = self.count;
+        let barrier_threads = (self.poller_warps > 0)
+            .then(|| workgroup_warp_threads(self.workgroup_size, self.subgroup_size));
         let (text, bytes) = Writer::new(&valid, *options, self.sm, false)
-            .for_lane_body(index)
+            .for_lane_body(index, barrier_threads)
             .finish_lane_body()?;
         if HEADER_BYTES + SERVER_BYTES + self.bodies.len() + 1 + text.len() > MAX_PTX_BYTES {
             return Err(CodegenError::ModuleFull {
@@ -638,6 +668,18 @@ impl LaneModuleBuilder {
     /// Whether no body was pushed yet.
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Doorbell-polling warps each block holds beside the workgroup (0: block 0's
+    /// first thread polls the doorbell itself).
+    pub fn poller_warps(&self) -> u32 {
+        self.poller_warps
+    }
+
+    /// The block shape the server kernel is launched with: the workgroup's, or, with
+    /// poller warps, one dimension of the workgroup's whole warps and the pollers'.
+    pub fn block_shape(&self) -> [u32; 3] {
+        lane_block_shape(self.workgroup_size, self.poller_warps, self.subgroup_size)
     }
 
     /// Bytes of the workgroup pool (the largest body's workgroup buffers).
@@ -670,6 +712,14 @@ impl LaneModuleBuilder {
              // this block's view of the request: [0] doorbell value, [8] u32 publishes\n\
              .shared .align 8 .b8 {LANE_STATE_SYMBOL}[{STATE_BYTES}];"
         );
+        if self.poller_warps > 0 {
+            let _ = writeln!(
+                out,
+                "// the doorbell pollers' words: [0] u32 the ticket field block 0 waits for, \
+                 [8] the doorbell seen for an odd one, [16] for an even one\n\
+                 .shared .align 8 .b8 {LANE_WATCH_SYMBOL}[{WATCH_BYTES}];"
+            );
+        }
         if self.workgroup_bytes > 0 {
             let _ = writeln!(
                 out,
@@ -681,10 +731,16 @@ impl LaneModuleBuilder {
         out.push_str(&self.bodies);
         out.push('\n');
         let threads = x * y * z;
+        let pollers = (self.poller_warps > 0).then(|| Pollers {
+            warps: self.poller_warps,
+            first_thread: workgroup_warp_threads(self.workgroup_size, self.subgroup_size),
+            block_threads: self.block_shape()[0],
+        });
         let mut server = Server {
             out,
             labels: 0,
             threads,
+            pollers,
             record_batch: batch_for(RECORD_BYTES / 16, threads),
             window_batch: batch_for(MAX_LANE_READBACKS, threads),
         };
@@ -696,6 +752,92 @@ impl LaneModuleBuilder {
 /// Bytes of the block state in shared memory.
 const STATE_BYTES: usize = 16;
 
+/// The doorbell pollers' words in shared memory (module scope, only in a lane with
+/// poller warps): the ticket field block 0's leader waits for, and the doorbell value
+/// a poller saw for it, in one of two words by the field's parity.
+const LANE_WATCH_SYMBOL: &str = "vyre_lane_watch";
+
+/// Bytes of the pollers' words.
+const WATCH_BYTES: usize = 24;
+
+/// Nanoseconds a poller sleeps between looks at the leader's word while no ticket is
+/// wanted (a request runs): the next ring comes a PCIe round trip or more after the
+/// leader asks for its ticket, so the pollers wake long before it, and meanwhile they
+/// take no issue slots from the workgroup's warps.
+const POLLER_IDLE_SLEEP_NS: u32 = 100;
+
+/// Most doorbell-polling warps a lane's block holds beside its workgroup.
+pub const MAX_LANE_POLLER_WARPS: u32 = 8;
+
+/// Most threads of one block on every device a lane runs on.
+const MAX_BLOCK_THREADS: u32 = 1024;
+
+/// Threads of a workgroup's warps, whole: where a block's poller warps begin.
+fn workgroup_warp_threads([x, y, z]: [u32; 3], warp: u32) -> u32 {
+    let warp = warp.max(1);
+    (x * y * z).div_ceil(warp) * warp
+}
+
+/// How many of `requested` doorbell-polling warps a lane of workgroup shape `shape`
+/// holds (warps of `warp` threads): none unless the workgroup is one-dimensional (the
+/// block is then launched flat, so a body thread's local id is its thread index), and
+/// no more than fit a block of 1,024 threads beside the workgroup's warps, nor more
+/// than [`MAX_LANE_POLLER_WARPS`].
+pub fn lane_poller_warps(shape: [u32; 3], requested: u32, warp: u32) -> u32 {
+    let [_, y, z] = shape;
+    if y != 1 || z != 1 || warp == 0 {
+        return 0;
+    }
+    let room = MAX_BLOCK_THREADS.saturating_sub(workgroup_warp_threads(shape, warp)) / warp;
+    requested.min(room).min(MAX_LANE_POLLER_WARPS)
+}
+
+/// The block shape of a lane of workgroup shape `shape` with `poller_warps` (as
+/// [`lane_poller_warps`] gave them): the workgroup's shape without pollers; with them,
+/// the workgroup's warps and the pollers' along x.
+pub fn lane_block_shape(shape: [u32; 3], poller_warps: u32, warp: u32) -> [u32; 3] {
+    if poller_warps == 0 {
+        return shape;
+    }
+    [
+        workgroup_warp_threads(shape, warp) + poller_warps * warp.max(1),
+        1,
+        1,
+    ]
+}
+
+/// A lane's doorbell pollers: `warps` warps whose first thread each polls block 0's
+/// doorbell, from thread `first_thread` of the block (the end of the workgroup's
+/// warps).
+#[derive(Clone, Copy, Debug)]
+struct Pollers {
+    warps: u32,
+    first_thread: u32,
+    /// Threads of the block: the workgroup's warps and the pollers'.
+    block_threads: u32,
+}
+
+/// Registers of the pollers (declared only in a lane that has them).
+const POLLER_PREDICATES: &[&str] = &["%beyond", "%poller_rest", "%poller_hit", "%poller_wait"];
+const POLLER_WORDS: &[&str] = &[
+    "%poller_want",
+    "%poller_done",
+    "%poller_seen",
+    "%poller_slot",
+    "%poller_index",
+];
+const POLLER_DOUBLES: &[&str] = &[
+    "%watch",
+    "%watch_seen",
+    "%poller_bell",
+    "%poller_bell_at",
+    "%poller_seen_at",
+    "%poller_offset",
+    "%poller_stagger",
+    "%poller_now",
+    "%poller_until",
+];
+
 /// Room reserved for the header and shared declarations (module size check).
 const HEADER_BYTES: usize = 1024;
 
@@ -706,8 +848,10 @@ const SERVER_BYTES: usize = 64 * 1024;
 struct Server {
     out: String,
     labels: u32,
-    /// Threads per block.
+    /// Threads per workgroup.
     threads: u32,
+    /// The doorbell pollers beside the workgroup, if any.
+    pollers: Option<Pollers>,
     /// Record chunks per thread per batch ([`batch_for`]).
     record_batch: usize,
     /// Readback windows per thread per batch ([`batch_for`]).
@@ -862,20 +1006,42 @@ impl Server {
             };
             let _ = write!(self.out, "\n\t.param {declaration}{comma} // {role}");
         }
-        let _ = writeln!(self.out, "\n)\n.reqntid {x}, {y}, {z}\n{{");
+        match self.pollers {
+            None => {
+                let _ = writeln!(self.out, "\n)\n.reqntid {x}, {y}, {z}\n{{");
+            }
+            Some(pollers) => {
+                let _ = writeln!(
+                    self.out,
+                    "\n)\n.reqntid {}, 1, 1\n{{",
+                    pollers.block_threads
+                );
+            }
+        }
         for (kind, names) in [(".pred", PREDICATES), (".b32", WORDS), (".b64", DOUBLES)] {
             let _ = writeln!(self.out, "\t.reg {kind} {};", names.join(", "));
+        }
+        if self.pollers.is_some() {
+            for (kind, names) in [
+                (".pred", POLLER_PREDICATES),
+                (".b32", POLLER_WORDS),
+                (".b64", POLLER_DOUBLES),
+            ] {
+                let _ = writeln!(self.out, "\t.reg {kind} {};", names.join(", "));
+            }
         }
         // Batch registers of the copy loops: unit indices, then four words per unit.
         let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
         let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
         self.prologue([x, y, z]);
+        self.part_ways();
         self.wait_for_request();
         self.read_record();
         self.header();
         self.run_prologue();
         self.run_workgroups(bodies);
         self.complete();
+        self.poll_for_block_zero();
         self.out.push_str("}\n");
     }
 
@@ -925,8 +1091,42 @@ impl Server {
         self.line(format_args!("mov.u32 %ticket, 0;"));
     }
 
-    /// Block 0's leader polls the slot's doorbell; every other block's leader polls
-    /// the go word; the block learns the doorbell value through shared memory.
+    /// Barrier 1 over the workgroup's threads: every thread of the block, or with
+    /// poller warps beside the workgroup, the workgroup's warps (the pollers never
+    /// arrive).
+    fn block_barrier(&mut self) {
+        match self.pollers {
+            None => self.line(format_args!("barrier.sync 1;")),
+            Some(pollers) => self.line(format_args!("barrier.sync 1, {};", pollers.first_thread)),
+        }
+    }
+
+    /// With poller warps: the pollers' words start clear, then the pollers go to their
+    /// loop and the threads that only fill the workgroup's last warp leave (the
+    /// barriers count whole warps, and a warp's exited threads do not hold one up).
+    fn part_ways(&mut self) {
+        let Some(pollers) = self.pollers else {
+            return;
+        };
+        self.comment("the pollers' words start clear before any poller reads them");
+        self.line(format_args!("mov.u64 %watch, {LANE_WATCH_SYMBOL};"));
+        self.line(format_args!("@%leader st.shared.u32 [%watch], 0;"));
+        self.line(format_args!("@%leader st.shared.u64 [%watch+8], 0;"));
+        self.line(format_args!("@%leader st.shared.u64 [%watch+16], 0;"));
+        self.line(format_args!("barrier.sync 2;"));
+        self.line(format_args!(
+            "setp.ge.u32 %beyond, %lin, {};",
+            pollers.first_thread
+        ));
+        self.line(format_args!("@%beyond bra $L_lane_poller;"));
+        let threads = self.threads;
+        self.line(format_args!("setp.ge.u32 %beyond, %lin, {threads};"));
+        self.line(format_args!("@%beyond bra $L_lane_stop;"));
+    }
+
+    /// Block 0's leader polls the slot's doorbell (or, with poller warps, waits for
+    /// one of them to see it); every other block's leader polls the go word; the block
+    /// learns the doorbell value through shared memory.
     fn wait_for_request(&mut self) {
         let _ = writeln!(
             self.out,
@@ -937,15 +1137,31 @@ impl Server {
         self.line(format_args!("rem.u32 %slot, %ticket, %slots;"));
         self.line(format_args!("@!%leader bra $L_lane_announced;"));
         self.line(format_args!("@!%dispatcher bra $L_lane_poll_go;"));
-        self.line(format_args!(
-            "mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"
-        ));
-        self.line(format_args!("add.s64 %bell_address, %doorbells, %offset;"));
-        self.poll(
-            "$L_lane_poll_bell",
-            "ld.acquire.sys.global.u64 %bell, [%bell_address];",
-            "$L_lane_rung",
-        );
+        if self.pollers.is_some() {
+            self.comment(
+                "the pollers look for this ticket; the one that sees it releases the doorbell's value \
+                 into the word of the ticket's parity, after its ld.acquire.sys of it",
+            );
+            self.line(format_args!("st.relaxed.cta.shared.u32 [%watch], %want;"));
+            self.line(format_args!("and.b32 %seen, %want, 1;"));
+            self.line(format_args!("mul.wide.u32 %offset, %seen, 8;"));
+            self.line(format_args!("add.s64 %watch_seen, %watch, %offset;"));
+            self.poll(
+                "$L_lane_poll_bell",
+                "ld.acquire.cta.shared.u64 %bell, [%watch_seen+8];",
+                "$L_lane_rung",
+            );
+        } else {
+            self.line(format_args!(
+                "mul.wide.u32 %offset, %slot, {DOORBELL_STRIDE};"
+            ));
+            self.line(format_args!("add.s64 %bell_address, %doorbells, %offset;"));
+            self.poll(
+                "$L_lane_poll_bell",
+                "ld.acquire.sys.global.u64 %bell, [%bell_address];",
+                "$L_lane_rung",
+            );
+        }
         self.line(format_args!("mov.u64 %start, %globaltimer;"));
         self.comment(
             "a stop goes to the other blocks as soon as the previous request is published (there \
@@ -973,7 +1189,7 @@ impl Server {
         self.line(format_args!("fence.acq_rel.sys;"));
         self.line(format_args!("st.shared.u64 [%state], %bell;"));
         self.place("$L_lane_announced");
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("ld.shared.u64 %bell, [%state];"));
         self.line(format_args!("and.b64 %flag, %bell, {DOORBELL_STOP};"));
         self.line(format_args!("setp.ne.u64 %stop, %flag, 0;"));
@@ -1137,7 +1353,7 @@ impl Server {
         self.line(format_args!("and.pred %take, %take, %multi;"));
         self.line(format_args!("@!%take bra $L_lane_previous_published;"));
         self.wait_for_published("$L_lane_wait_published", "$L_lane_previous_published");
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.comment("block 0 lets the other blocks go once the slot's cache holds the record");
         self.block_zero_leader_with_others(&format!(
             "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
@@ -1415,7 +1631,7 @@ impl Server {
         let waited = self.label("barrier_waited");
         let spin = self.label("barrier_spin");
         let leave = self.label("barrier_leave");
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("@!%multi bra {done};"));
         self.line(format_args!("@!%leader bra {waited};"));
         self.line(format_args!("fence.acq_rel.gpu;"));
@@ -1443,7 +1659,7 @@ impl Server {
         self.place(&leave);
         self.line(format_args!("fence.acq_rel.gpu;"));
         self.place(&waited);
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.place(&done);
     }
 
@@ -1501,7 +1717,7 @@ impl Server {
         }
         self.place("$L_lane_body_done");
         self.comment("no thread starts the next workgroup (or zeroes its memory) before all finished this one");
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("add.u32 %group, %group, %blocks;"));
         self.line(format_args!("bra $L_lane_group;"));
         self.place("$L_lane_groups_done");
@@ -1522,7 +1738,7 @@ impl Server {
         );
         self.place("$L_lane_complete");
         self.line(format_args!("@!%multi bra $L_lane_publish;"));
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("@!%leader bra $L_lane_arrived;"));
         self.line(format_args!("fence.acq_rel.gpu;"));
         self.comment(
@@ -1538,7 +1754,7 @@ impl Server {
         self.line(format_args!("selp.u32 %publishing, 1, 0, %take;"));
         self.line(format_args!("st.shared.u32 [%state+8], %publishing;"));
         self.place("$L_lane_arrived");
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("ld.shared.u32 %publishing, [%state+8];"));
         self.line(format_args!("setp.eq.u32 %past, %publishing, 0;"));
         self.line(format_args!("@%past bra $L_lane_served;"));
@@ -1559,7 +1775,7 @@ impl Server {
                 this.flagged_copy(next);
             },
         );
-        self.line(format_args!("barrier.sync 1;"));
+        self.block_barrier();
         self.line(format_args!("@!%leader bra $L_lane_served;"));
         self.line(format_args!("mov.u64 %end, %globaltimer;"));
         self.comment(
@@ -1635,6 +1851,156 @@ impl Server {
         self.line(format_args!("bra $L_lane_next;"));
         self.place("$L_lane_stop");
         self.line(format_args!("exit;"));
+    }
+
+    /// The poller warps' loop (block 0; the other blocks' pollers leave, as do every
+    /// poller warp's threads but its first). A poller times three dependent loads of
+    /// the first doorbell for one round trip to host memory; poller `p` of `P` then
+    /// starts each ticket's polling `p / P` of that round trip after the leader asked
+    /// for it, so the pollers' loads reach host memory spread over a round trip, and a
+    /// ring waits for the next of them rather than for one poller's next load. Each
+    /// poller loads the slot's doorbell with `ld.acquire.sys` until its ticket field is
+    /// the one the leader waits for, or another poller saw it first; the one that sees
+    /// it stores the value into the ticket's word with `st.release.cta` (the leader's
+    /// `ld.acquire.cta` of it orders every later access after what the host released
+    /// with the doorbell). Between tickets a poller sleeps on the leader's word with
+    /// `nanosleep` (no global loads while a request runs), and a poller that learns of
+    /// a stop leaves.
+    fn poll_for_block_zero(&mut self) {
+        let Some(pollers) = self.pollers else {
+            return;
+        };
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- doorbell pollers: the first thread of each poller warp of block 0"
+        );
+        self.place("$L_lane_poller");
+        self.line(format_args!("@!%dispatcher bra $L_lane_stop;"));
+        self.line(format_args!("and.b32 %poller_seen, %lin, 31;"));
+        self.line(format_args!("setp.ne.u32 %beyond, %poller_seen, 0;"));
+        self.line(format_args!("@%beyond bra $L_lane_stop;"));
+        self.comment(
+            "one round trip to host memory: three loads, each address depending on the last value \
+             (bit 63 of a doorbell is 0), then the time once the last value is in",
+        );
+        self.line(format_args!(
+            "sub.u32 %poller_index, %lin, {};",
+            pollers.first_thread
+        ));
+        self.line(format_args!("shr.u32 %poller_index, %poller_index, 5;"));
+        self.line(format_args!(
+            "mul.wide.u32 %poller_offset, %poller_index, {DOORBELL_STRIDE};"
+        ));
+        self.line(format_args!(
+            "add.s64 %poller_seen_at, %doorbells, %poller_offset;"
+        ));
+        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
+        self.line(format_args!("mov.u64 %poller_bell_at, %poller_seen_at;"));
+        for _ in 0..3 {
+            self.line(format_args!(
+                "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];"
+            ));
+            self.line(format_args!("shr.u64 %poller_offset, %poller_bell, 63;"));
+            self.line(format_args!(
+                "add.s64 %poller_bell_at, %poller_seen_at, %poller_offset;"
+            ));
+        }
+        self.line(format_args!("setp.ne.u64 %beyond, %poller_offset, 0;"));
+        self.line(format_args!("@%beyond bra $L_lane_stop;"));
+        self.line(format_args!("mov.u64 %poller_until, %globaltimer;"));
+        self.line(format_args!(
+            "sub.u64 %poller_stagger, %poller_until, %poller_now;"
+        ));
+        self.line(format_args!("cvt.u64.u32 %poller_offset, %poller_index;"));
+        self.line(format_args!(
+            "mul.lo.u64 %poller_stagger, %poller_stagger, %poller_offset;"
+        ));
+        self.line(format_args!(
+            "div.u64 %poller_stagger, %poller_stagger, {};",
+            3 * pollers.warps
+        ));
+        self.line(format_args!("mov.u32 %poller_done, 0;"));
+        self.place("$L_lane_poller_idle");
+        self.line(format_args!(
+            "ld.relaxed.cta.shared.u32 %poller_want, [%watch];"
+        ));
+        self.line(format_args!(
+            "setp.eq.u32 %poller_rest, %poller_want, %poller_done;"
+        ));
+        self.line(format_args!("@!%poller_rest bra $L_lane_poller_new;"));
+        self.line(format_args!("nanosleep.u32 {POLLER_IDLE_SLEEP_NS};"));
+        self.line(format_args!("bra $L_lane_poller_idle;"));
+        self.place("$L_lane_poller_new");
+        self.line(format_args!("and.b32 %poller_seen, %poller_want, 1;"));
+        self.line(format_args!(
+            "mul.wide.u32 %poller_offset, %poller_seen, 8;"
+        ));
+        self.line(format_args!(
+            "add.s64 %poller_seen_at, %watch, %poller_offset;"
+        ));
+        self.line(format_args!("add.s64 %poller_seen_at, %poller_seen_at, 8;"));
+        self.line(format_args!("sub.u32 %poller_slot, %poller_want, 1;"));
+        self.line(format_args!("rem.u32 %poller_slot, %poller_slot, %slots;"));
+        self.comment("this poller's copy of the slot's doorbell");
+        self.line(format_args!(
+            "mad.lo.u32 %poller_slot, %poller_slot, {}, %poller_index;",
+            pollers.warps
+        ));
+        self.line(format_args!(
+            "mul.wide.u32 %poller_offset, %poller_slot, {DOORBELL_STRIDE};"
+        ));
+        self.line(format_args!(
+            "add.s64 %poller_bell_at, %doorbells, %poller_offset;"
+        ));
+        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
+        self.line(format_args!(
+            "add.u64 %poller_until, %poller_now, %poller_stagger;"
+        ));
+        self.comment("this poller's share of the round trip (another may see the ring meanwhile)");
+        self.place("$L_lane_poller_stagger");
+        self.line(format_args!(
+            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];"
+        ));
+        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
+        self.line(format_args!(
+            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
+        ));
+        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
+        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
+        self.line(format_args!(
+            "setp.lt.u64 %poller_wait, %poller_now, %poller_until;"
+        ));
+        self.line(format_args!("@%poller_wait bra $L_lane_poller_stagger;"));
+        self.place("$L_lane_poller_poll");
+        self.line(format_args!(
+            "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];"
+        ));
+        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
+        self.line(format_args!(
+            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
+        ));
+        self.line(format_args!(
+            "@%poller_hit st.release.cta.shared.u64 [%poller_seen_at], %poller_bell;"
+        ));
+        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
+        self.line(format_args!(
+            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];"
+        ));
+        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
+        self.line(format_args!(
+            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
+        ));
+        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
+        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
+        self.line(format_args!("bra $L_lane_poller_poll;"));
+        self.place("$L_lane_poller_answered");
+        self.line(format_args!("mov.u32 %poller_done, %poller_want;"));
+        self.line(format_args!(
+            "and.b64 %poller_offset, %poller_bell, {DOORBELL_STOP};"
+        ));
+        self.line(format_args!("setp.ne.u64 %beyond, %poller_offset, 0;"));
+        self.line(format_args!("@%beyond bra $L_lane_stop;"));
+        self.line(format_args!("bra $L_lane_poller_idle;"));
     }
 
     /// `into` (u32) = `later - earlier` nanoseconds (u64 stamps), saturating at

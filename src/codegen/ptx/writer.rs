@@ -258,6 +258,10 @@ pub(super) struct Writer<'p> {
     /// they end).
     lane: bool,
     lane_workgroup_bytes: u32,
+    /// A lane body's barrier count: `Some(n)` when the lane's blocks hold threads
+    /// beyond the workgroup's (its doorbell pollers), so a barrier names the `n`
+    /// threads of the workgroup's warps; `None` when the block is the workgroup.
+    lane_barrier_threads: Option<u32>,
     /// Bytes of the kernel's dynamic shared-memory pool, 0 when its workgroup
     /// buffers are static arrays (`super::workgroup_memory`; never in lane mode).
     dynamic_shared_bytes: u32,
@@ -308,6 +312,7 @@ impl<'p> Writer<'p> {
             module_kernel: None,
             lane: false,
             lane_workgroup_bytes: 0,
+            lane_barrier_threads: None,
             dynamic_shared_bytes: 0,
         }
     }
@@ -319,10 +324,12 @@ impl<'p> Writer<'p> {
     }
 
     /// The same writer, writing the program as body `index` of a lane (see the
-    /// `lane` field); no result ABI.
-    pub(super) fn for_lane_body(mut self, index: usize) -> Self {
+    /// `lane` field) whose barriers count `barrier_threads` threads (see the
+    /// `lane_barrier_threads` field); no result ABI.
+    pub(super) fn for_lane_body(mut self, index: usize, barrier_threads: Option<u32>) -> Self {
         self.module_kernel = Some(index);
         self.lane = true;
+        self.lane_barrier_threads = barrier_threads;
         self.results = false;
         self
     }
@@ -693,9 +700,13 @@ impl<'p> Writer<'p> {
     /// and threads that returned early from the previous workgroup's body need not
     /// have reconverged with the rest of their warp by the next call (the H200 hung on
     /// the aligned form there); the non-aligned `barrier.sync` lets each thread of a
-    /// diverged warp arrive on its own.
+    /// diverged warp arrive on its own. In a lane whose blocks also hold doorbell
+    /// pollers, the barrier counts the workgroup's warps only (the pollers never
+    /// arrive).
     fn workgroup_barrier(&mut self) {
-        if self.lane {
+        if let Some(threads) = self.lane_barrier_threads {
+            emit!(self, "barrier.sync 0, {threads};");
+        } else if self.lane {
             emit!(self, "barrier.sync 0;");
         } else {
             emit!(self, "bar.sync 0;");
@@ -1489,8 +1500,10 @@ impl<'p> Writer<'p> {
                 Some(r)
             }
             Builtin::GlobalId(axis) => {
+                // The workgroup's size, not `%ntid`: a lane's block may hold doorbell
+                // pollers beyond the workgroup.
+                let size = self.program.workgroup_size()[axis.index()];
                 let workgroup = group(self, axis);
-                let size = self.special("ntid", axis.name());
                 let local = self.special("tid", axis.name());
                 let global = self.reg(RegClass::B32);
                 emit!(self, "mad.lo.u32 {global}, {workgroup}, {size}, {local};");
