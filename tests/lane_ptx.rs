@@ -781,10 +781,13 @@ fn poller_lane(x: u32, poller_warps: u32) -> (LaneModuleBuilder, String) {
 }
 
 /// Locks out a lane with doorbell-polling warps whose workgroup barriers wait for the
-/// pollers (which never arrive: the lane would hang at its first barrier) or whose
-/// bodies take the block's size for the workgroup's: every barrier of the bodies and
-/// the server counts the workgroup's whole warps, the block is launched flat with the
-/// pollers after those warps, no body reads `%ntid`, and ptxas assembles it. Negative
+/// pollers (which never arrive: the lane would hang at its first barrier), whose
+/// bodies take the block's size for the workgroup's, or whose pollers read a line that
+/// is not their copy of the slot's doorbell (copy `p` of slot `s` at `(P s + p) * 128`,
+/// as the host stores them: a first build read line `s`, so every slot but the first
+/// hung): every barrier of the bodies and the server counts the workgroup's whole
+/// warps, the block is launched flat with the pollers after those warps, no body reads
+/// `%ntid`, the poller's line is `slot * P + poller`, and ptxas assembles it. Negative
 /// control: the same lane without pollers has uncounted barriers, which the check
 /// would catch.
 #[test]
@@ -810,6 +813,8 @@ fn poller_warps_stay_out_of_the_workgroups_barriers() {
         );
         assert!(ptx.contains(&format!(".reqntid {}, 1, 1", whole + 32 * warps)));
         assert!(!ptx.contains("%ntid"), "{ptx}");
+        let line = format!("mad.lo.u32 %poller_slot, %poller_slot, {warps}, %poller_index;");
+        assert!(ptx.lines().any(|l| l.trim() == line), "{ptx}");
         if let Some(ptxas) = ptxas::require("poller_warps_stay_out_of_the_workgroups_barriers") {
             ptxas::assemble(&ptxas, &format!("lane_pollers_{x}_{warps}"), &ptx)
                 .unwrap_or_else(|report| panic!("{report}"));

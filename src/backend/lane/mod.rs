@@ -140,8 +140,17 @@
 //!   [`WaitMode::SpinThenYield`] yields the core after a while, [`WaitMode::Sleep`]
 //!   sleeps between looks (each costs wake-up latency; the dispatch bench's lane rows
 //!   measure all three).
-//! - **Idle power.** Block 0's thread 0 polls host memory over PCIe while no request
-//!   is pending (the others wait at a barrier); [`LaneOptions::poll_sleep`] makes it
+//! - **Poller warps.** By default ([`DEFAULT_LANE_POLLER_WARPS`]) each block also
+//!   holds four warps beside the workgroup whose first threads poll block 0's doorbell,
+//!   each on its own copy, staggered over a PCIe round trip, so a ring waits less for
+//!   the next poll (`codegen::ptx::lane`, "Doorbell pollers", has the measurements).
+//!   They take four warp slots and their registers on the lane's SMs; a lane of a
+//!   multi-dimensional workgroup, or of one too wide to leave room in a block of 1,024
+//!   threads, holds none or fewer ([`Lane::poller_warps`]), and
+//!   [`LaneOptions::poller_warps`]`(0)` leaves them out.
+//! - **Idle power.** While block 0's leader waits for a ticket, its pollers (or, with
+//!   none, the leader itself) poll host memory over PCIe, one load in flight each (the
+//!   others wait at a barrier); [`LaneOptions::poll_sleep`] makes every poller
 //!   sleep between polls (`nanosleep`), trading wake-up latency for idle power. The
 //!   `host_cost_lane_idle_power` instrument reads `nvidia-smi --query-gpu=power.draw`
 //!   with and without an idle lane.

@@ -29,6 +29,9 @@
 //!   breakdown shows per phase;
 //! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
 //!   request (the doorbell value its leader saw, whether it publishes);
+//! - `.shared .align 8 .b8 vyre_lane_watch[24]` (only in a lane with doorbell
+//!   pollers, "Doorbell pollers" below): the ticket block 0's leader waits for and the
+//!   doorbell value a poller saw for it;
 //! - `.shared .align 16 .b8 vyre_lane_workgroup[N]` ([`LANE_WORKGROUP_SYMBOL`], only
 //!   when a body has workgroup buffers): one pool for every body's workgroup buffers,
 //!   as large as the largest body's (each body lays its buffers out from the pool's
@@ -40,12 +43,17 @@
 //! - the server, `.visible .entry vyre_lane` ([`LANE_ENTRY_NAME`]) with
 //!   `.reqntid` of the lane's one workgroup shape: every body of a lane has that
 //!   shape, so local ids, barriers and subgroup operations mean what they mean in a
-//!   launch.
+//!   launch. With doorbell pollers the block is one-dimensional: the workgroup's
+//!   warps (threads past the workgroup in its last warp leave at once) and then the
+//!   pollers' warps ([`lane_block_shape`]); every barrier of the server (barrier 1)
+//!   and of the bodies (barrier 0) then names the workgroup's warps' threads, and a
+//!   body's global id takes the workgroup's size, not `%ntid`.
 //!
 //! # The server's parameters
 //!
 //! `vyre_lane_completion` (u64 host-mapped word: the last ticket served),
-//! `vyre_lane_doorbells` (slot `s`'s u64 doorbell at `s * 128`), `vyre_lane_records`
+//! `vyre_lane_doorbells` (copy `k` of slot `s`'s u64 doorbell at `(c s + k) * 128`,
+//! `c` copies a slot: [`lane_doorbell_copies`]), `vyre_lane_records`
 //! (slot `s`'s record at `s * 4096`), `vyre_lane_areas` (slot `s`'s result area at
 //! `s * area stride`), `vyre_lane_staging` (slot `s`'s input staging at `s * staging
 //! stride`) — all host-mapped — then `vyre_lane_device` (device memory, [`DEVICE_ARRIVALS`]
@@ -64,8 +72,9 @@
 //! shared copies are current), [`DOORBELL_EARLIER`] (it equals the record before the
 //! previous distinct one, which every block keeps in a second shared copy: the two
 //! copies change places, and no record byte is read from device or host memory) and
-//! [`DOORBELL_STOP`] (leave). Block 0's thread 0 polls the doorbell with
-//! `ld.acquire.sys`; block 0 copies the record into shared memory after saving the
+//! [`DOORBELL_STOP`] (leave), into every copy of the slot's doorbell. Block 0's thread 0
+//! polls the doorbell with `ld.acquire.sys` (or, with doorbell pollers, waits for one
+//! of them to see it: below); block 0 copies the record into shared memory after saving the
 //! record it held as the earlier one (and into the device-memory cache of the slot when
 //! reloading; 16-byte chunks, all of a thread's share in flight up to sixteen), then,
 //! with more than one block, waits until the previous request is published
@@ -111,7 +120,35 @@
 //!    request's memory; it also answers the fault report's "which request was being
 //!    served".
 //!
-//! # Where a request's device time goes
+//! # Doorbell pollers
+//!
+//! A poll is a load from host memory: one PCIe round trip, about 1 µs. With one
+//! polling thread, a ring waits on average half a round trip for the next load to
+//! reach host memory, then half a round trip for the answer. A lane may hold poller
+//! warps beside its workgroup (`LaneOptions::poller_warps` on the host; only for a
+//! one-dimensional workgroup with room in a block of 1,024 threads:
+//! [`lane_poller_warps`]). The first thread of each polls block 0's doorbell, on a copy
+//! of its own (one line each: the host stores every copy), and poller `p` of `P` starts
+//! each ticket's polling `p / P` of a round trip (timed at the kernel's start) after the
+//! leader asked for it, so their loads reach host memory spread over a round trip. The
+//! leader writes the ticket it waits for into the pollers' word and spins on the answer
+//! word of the ticket's parity in shared memory; the poller that sees the ticket stores
+//! the doorbell's value there with `st.release.cta` after its `ld.acquire.sys`, and the
+//! leader's `ld.acquire.cta` orders everything after it behind what the host released
+//! with the doorbell. Two answer words, by parity, so that a poller's late answer for
+//! the previous ticket cannot overwrite the answer for the current one. Between tickets
+//! the pollers `nanosleep` on the leader's word (no loads of host memory, no issue
+//! slots taken, while a request runs), and they leave on a stop.
+//!
+//! Measured (2026-12-02, the dispatch bench, one process, minima of rotated rounds):
+//! on an H200, pollers that all loaded the same doorbell line made a request no faster
+//! than one polling thread (4.36–5.21 µs against 4.21–4.42 µs), as if loads of one
+//! line in flight are served as one; with a copy per poller, on an H100 in two runs, a
+//! lane of four pollers served the three bench shapes in 4.13–5.28 µs against
+//! 4.36–5.51 µs for the same lane with none (0.350–0.465 × launch + sync against
+//! 0.436–0.503 ×). One or two pollers were no better than none: the hand-over through
+//! shared memory costs what two loads in flight save.
+//!
 //!
 //! The header carries `%globaltimer` stamps of each phase, so one run on the device
 //! says where a request's time goes (the host's `Timings::lane_stamps`): the start
@@ -488,7 +525,7 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     ),
     (
         ".u64 vyre_lane_doorbells",
-        "host-mapped: slot s's u64 doorbell at s * 128",
+        "host-mapped: copy k of slot s's u64 doorbell at (copies * s + k) * 128",
     ),
     (
         ".u64 vyre_lane_records",
@@ -587,8 +624,10 @@ impl LaneModuleBuilder {
     }
 
     /// An empty lane as [`LaneModuleBuilder::new`], whose blocks hold up to
-    /// `poller_warps` doorbell-polling warps beside the workgroup (as many as
-    /// [`lane_poller_warps`] allows; [`LaneModuleBuilder::poller_warps`] says how many).
+    /// `poller_warps` doorbell-polling warps beside the workgroup (as many as fit: none
+    /// unless the workgroup is one-dimensional, and no more than a block of 1,024
+    /// threads holds beside the workgroup's warps, nor more than eight;
+    /// [`LaneModuleBuilder::poller_warps`] says how many).
     /// The block is then launched as [`LaneModuleBuilder::block_shape`] says.
     pub fn with_poller_warps(
         sm: u32,

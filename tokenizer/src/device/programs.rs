@@ -178,14 +178,19 @@
 //! 122.8; of code 171.6 / 170.9 / 162.0 / **118.3** / 129.1 (identifiers and
 //! runs of spaces of 13 to 24 bytes leave the global path); of CJK 238.0 /
 //! **221.6** / 236.3 / 255.6 / 310.8. So a CJK piece merges faster in global
-//! scratch than in a slab, and the longer the slab the worse; the likely
-//! reason: each slab merge walks the parts from the first by their lengths, a chain of dependent
-//! shared loads that grows with the piece, where the global path reads block
-//! minima. The default stays 12 until the slab finds its pair without the walk
-//! (24 would take code 31 % and prose 4 % faster and CJK 7 % slower, and its
-//! 1,024-thread short-text kernel for o200k, lowered without subgroup
-//! operations, would need 233,472 bytes of workgroup memory, over the H200's
-//! 232,448).
+//! scratch than in a slab, and the longer the slab the worse. The walk over
+//! the parts by their lengths (a chain of dependent shared loads) is not the
+//! reason: a build that found the pair by a flat scan of every position,
+//! eight independent loads at a time (tried 2026-12-02, not kept), swept on an
+//! H100 the same way, kept the pattern: 44.0 / 50.9 / 44.4 / 44.3 / 44.2 µs at
+//! 1 KiB; prose 129.3 / 138.7 / 126.5 / 128.6 / 130.2; code 175.9 / 170.3 /
+//! 164.3 / **126.4** / 136.4; CJK 243.2 / **227.9** / 242.3 / 261.8 / 300.9.
+//! What a long CJK piece pays in a slab is most likely its serial merge by
+//! one thread (every merge a pass over the piece), where the global path
+//! spreads the minimum over blocks. The default stays 12: 24 takes code about
+//! 30 % and CJK 7 % the other way, and its 1,024-thread short-text kernel for
+//! o200k, lowered without subgroup operations, would need more workgroup
+//! memory than the H200's 232,448 bytes.
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
