@@ -98,7 +98,39 @@ fn summing_at(x: u32) -> Program {
 }
 
 fn snapshot_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/ptx/lane_fixture.ptx")
+    snapshot_named("lane_fixture")
+}
+
+fn snapshot_named(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/snapshots/ptx/{name}.ptx"))
+}
+
+/// Whether `ptx` equals the snapshot at `path` (rewritten first under
+/// `VYRE_UPDATE_SNAPSHOTS=1`); the `Fix:` message otherwise.
+fn matches_snapshot(ptx: &str, path: &std::path::Path) -> Result<(), String> {
+    if std::env::var("VYRE_UPDATE_SNAPSHOTS").is_ok_and(|v| v == "1") {
+        std::fs::write(path, ptx).expect("write the snapshot");
+    }
+    let expected = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "Fix: run `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx` to write {}: {e}",
+            path.display()
+        )
+    })?;
+    if expected == ptx {
+        return Ok(());
+    }
+    let first = expected
+        .lines()
+        .zip(ptx.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or(expected.lines().count().min(ptx.lines().count()));
+    Err(format!(
+        "Fix: review the lane PTX change in {} (first difference at line {}) and run \
+         `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx`",
+        path.display(),
+        first + 1
+    ))
 }
 
 /// The fixture lane: both fixtures, default options.
@@ -118,28 +150,7 @@ fn fixture_lane() -> String {
 #[test]
 fn the_fixture_lane_matches_its_snapshot_and_assembles() {
     let ptx = fixture_lane();
-    let path = snapshot_path();
-    if std::env::var("VYRE_UPDATE_SNAPSHOTS").is_ok_and(|v| v == "1") {
-        std::fs::write(&path, &ptx).expect("write the snapshot");
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "Fix: run `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx` to write {}: {e}",
-            path.display()
-        )
-    });
-    if expected != ptx {
-        let first = expected
-            .lines()
-            .zip(ptx.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(expected.lines().count().min(ptx.lines().count()));
-        panic!(
-            "Fix: review the lane PTX change (first difference at line {}) and run \
-             `VYRE_UPDATE_SNAPSHOTS=1 cargo test --test lane_ptx`",
-            first + 1
-        );
-    }
+    matches_snapshot(&ptx, &snapshot_path()).unwrap_or_else(|message| panic!("{message}"));
     assert!(ptx.contains(&format!(".visible .entry {LANE_ENTRY_NAME}(")));
     assert_eq!(ptx.matches(".func vyre_lane_body_").count(), 2);
     let Some(ptxas) = ptxas::require("the_fixture_lane_matches_its_snapshot_and_assembles") else {
@@ -787,7 +798,8 @@ fn poller_lane(x: u32, poller_warps: u32) -> (LaneModuleBuilder, String) {
 /// as the host stores them: a first build read line `s`, so every slot but the first
 /// hung): every barrier of the bodies and the server counts the workgroup's whole
 /// warps, the block is launched flat with the pollers after those warps, no body reads
-/// `%ntid`, the poller's line is `slot * P + poller`, and ptxas assembles it. Negative
+/// `%ntid`, the poller's line is `slot * P + poller`, and ptxas assembles it; a lane of
+/// four pollers over a one-thread workgroup equals its reviewed snapshot. Negative
 /// control: the same lane without pollers has uncounted barriers, which the check
 /// would catch.
 #[test]
@@ -803,6 +815,9 @@ fn poller_warps_stay_out_of_the_workgroups_barriers() {
                 .iter()
                 .all(|line| line.ends_with(&format!(", {count};")))
     };
+    let (_, reviewed) = poller_lane(1, 4);
+    matches_snapshot(&reviewed, &snapshot_named("lane_pollers"))
+        .unwrap_or_else(|message| panic!("{message}"));
     for (x, warps, whole) in [(1, 4, 32), (48, 2, 64), (64, 8, 64)] {
         let (lane, ptx) = poller_lane(x, warps);
         assert_eq!(lane.poller_warps(), warps);

@@ -1906,7 +1906,12 @@ impl Server {
     /// `nanosleep` (no global loads while a request runs), and a poller that learns of
     /// a stop leaves.
     fn poll_for_block_zero(&mut self) {
-        let Some(pollers) = self.pollers else {
+        let Some(Pollers {
+            warps,
+            first_thread,
+            ..
+        }) = self.pollers
+        else {
             return;
         };
         let _ = writeln!(
@@ -1914,132 +1919,125 @@ impl Server {
             "\n\t// ---- doorbell pollers: the first thread of each poller warp of block 0"
         );
         self.place("$L_lane_poller");
-        self.line(format_args!("@!%dispatcher bra $L_lane_stop;"));
-        self.line(format_args!("and.b32 %poller_seen, %lin, 31;"));
-        self.line(format_args!("setp.ne.u32 %beyond, %poller_seen, 0;"));
-        self.line(format_args!("@%beyond bra $L_lane_stop;"));
+        self.lines(&[
+            "@!%dispatcher bra $L_lane_stop;",
+            "and.b32 %poller_seen, %lin, 31;",
+            "setp.ne.u32 %beyond, %poller_seen, 0;",
+            "@%beyond bra $L_lane_stop;",
+        ]);
         self.comment(
             "one round trip to host memory: three loads, each address depending on the last value \
              (bit 63 of a doorbell is 0), then the time once the last value is in",
         );
-        self.line(format_args!(
-            "sub.u32 %poller_index, %lin, {};",
-            pollers.first_thread
-        ));
+        self.line(format_args!("sub.u32 %poller_index, %lin, {first_thread};"));
         self.line(format_args!("shr.u32 %poller_index, %poller_index, 5;"));
         self.line(format_args!(
             "mul.wide.u32 %poller_offset, %poller_index, {DOORBELL_STRIDE};"
         ));
-        self.line(format_args!(
-            "add.s64 %poller_seen_at, %doorbells, %poller_offset;"
-        ));
-        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
-        self.line(format_args!("mov.u64 %poller_bell_at, %poller_seen_at;"));
+        self.lines(&[
+            "add.s64 %poller_seen_at, %doorbells, %poller_offset;",
+            "mov.u64 %poller_now, %globaltimer;",
+            "mov.u64 %poller_bell_at, %poller_seen_at;",
+        ]);
         for _ in 0..3 {
-            self.line(format_args!(
-                "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];"
-            ));
-            self.line(format_args!("shr.u64 %poller_offset, %poller_bell, 63;"));
-            self.line(format_args!(
-                "add.s64 %poller_bell_at, %poller_seen_at, %poller_offset;"
-            ));
+            self.lines(&[
+                "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];",
+                "shr.u64 %poller_offset, %poller_bell, 63;",
+                "add.s64 %poller_bell_at, %poller_seen_at, %poller_offset;",
+            ]);
         }
-        self.line(format_args!("setp.ne.u64 %beyond, %poller_offset, 0;"));
-        self.line(format_args!("@%beyond bra $L_lane_stop;"));
-        self.line(format_args!("mov.u64 %poller_until, %globaltimer;"));
-        self.line(format_args!(
-            "sub.u64 %poller_stagger, %poller_until, %poller_now;"
-        ));
-        self.line(format_args!("cvt.u64.u32 %poller_offset, %poller_index;"));
-        self.line(format_args!(
-            "mul.lo.u64 %poller_stagger, %poller_stagger, %poller_offset;"
-        ));
+        self.lines(&[
+            "setp.ne.u64 %beyond, %poller_offset, 0;",
+            "@%beyond bra $L_lane_stop;",
+            "mov.u64 %poller_until, %globaltimer;",
+            "sub.u64 %poller_stagger, %poller_until, %poller_now;",
+            "cvt.u64.u32 %poller_offset, %poller_index;",
+            "mul.lo.u64 %poller_stagger, %poller_stagger, %poller_offset;",
+        ]);
         self.line(format_args!(
             "div.u64 %poller_stagger, %poller_stagger, {};",
-            3 * pollers.warps
+            3 * warps
         ));
         self.line(format_args!("mov.u32 %poller_done, 0;"));
         self.place("$L_lane_poller_idle");
-        self.line(format_args!(
-            "ld.relaxed.cta.shared.u32 %poller_want, [%watch];"
-        ));
-        self.line(format_args!(
-            "setp.eq.u32 %poller_rest, %poller_want, %poller_done;"
-        ));
-        self.line(format_args!("@!%poller_rest bra $L_lane_poller_new;"));
+        self.lines(&[
+            "ld.relaxed.cta.shared.u32 %poller_want, [%watch];",
+            "setp.eq.u32 %poller_rest, %poller_want, %poller_done;",
+            "@!%poller_rest bra $L_lane_poller_new;",
+        ]);
         self.line(format_args!("nanosleep.u32 {POLLER_IDLE_SLEEP_NS};"));
-        self.line(format_args!("bra $L_lane_poller_idle;"));
+        self.lines(&["bra $L_lane_poller_idle;"]);
         self.place("$L_lane_poller_new");
-        self.line(format_args!("and.b32 %poller_seen, %poller_want, 1;"));
-        self.line(format_args!(
-            "mul.wide.u32 %poller_offset, %poller_seen, 8;"
-        ));
-        self.line(format_args!(
-            "add.s64 %poller_seen_at, %watch, %poller_offset;"
-        ));
-        self.line(format_args!("add.s64 %poller_seen_at, %poller_seen_at, 8;"));
-        self.line(format_args!("sub.u32 %poller_slot, %poller_want, 1;"));
-        self.line(format_args!("rem.u32 %poller_slot, %poller_slot, %slots;"));
+        self.lines(&[
+            "and.b32 %poller_seen, %poller_want, 1;",
+            "mul.wide.u32 %poller_offset, %poller_seen, 8;",
+            "add.s64 %poller_seen_at, %watch, %poller_offset;",
+            "add.s64 %poller_seen_at, %poller_seen_at, 8;",
+            "sub.u32 %poller_slot, %poller_want, 1;",
+            "rem.u32 %poller_slot, %poller_slot, %slots;",
+        ]);
         self.comment("this poller's copy of the slot's doorbell");
         self.line(format_args!(
-            "mad.lo.u32 %poller_slot, %poller_slot, {}, %poller_index;",
-            pollers.warps
+            "mad.lo.u32 %poller_slot, %poller_slot, {warps}, %poller_index;"
         ));
         self.line(format_args!(
             "mul.wide.u32 %poller_offset, %poller_slot, {DOORBELL_STRIDE};"
         ));
-        self.line(format_args!(
-            "add.s64 %poller_bell_at, %doorbells, %poller_offset;"
-        ));
-        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
-        self.line(format_args!(
-            "add.u64 %poller_until, %poller_now, %poller_stagger;"
-        ));
+        self.lines(&[
+            "add.s64 %poller_bell_at, %doorbells, %poller_offset;",
+            "mov.u64 %poller_now, %globaltimer;",
+            "add.u64 %poller_until, %poller_now, %poller_stagger;",
+        ]);
         self.comment("this poller's share of the round trip (another may see the ring meanwhile)");
         self.place("$L_lane_poller_stagger");
-        self.line(format_args!(
-            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];"
-        ));
-        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
-        self.line(format_args!(
-            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
-        ));
-        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
-        self.line(format_args!("mov.u64 %poller_now, %globaltimer;"));
-        self.line(format_args!(
-            "setp.lt.u64 %poller_wait, %poller_now, %poller_until;"
-        ));
-        self.line(format_args!("@%poller_wait bra $L_lane_poller_stagger;"));
+        self.answered_by_another();
+        self.lines(&[
+            "mov.u64 %poller_now, %globaltimer;",
+            "setp.lt.u64 %poller_wait, %poller_now, %poller_until;",
+            "@%poller_wait bra $L_lane_poller_stagger;",
+        ]);
         self.place("$L_lane_poller_poll");
-        self.line(format_args!(
-            "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];"
-        ));
-        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
-        self.line(format_args!(
-            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
-        ));
-        self.line(format_args!(
-            "@%poller_hit st.release.cta.shared.u64 [%poller_seen_at], %poller_bell;"
-        ));
-        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
-        self.line(format_args!(
-            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];"
-        ));
-        self.line(format_args!("cvt.u32.u64 %poller_seen, %poller_bell;"));
-        self.line(format_args!(
-            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;"
-        ));
-        self.line(format_args!("@%poller_hit bra $L_lane_poller_answered;"));
-        self.line(format_args!("@%sleeping nanosleep.u32 %sleep;"));
-        self.line(format_args!("bra $L_lane_poller_poll;"));
+        self.lines(&[
+            "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];",
+            "cvt.u32.u64 %poller_seen, %poller_bell;",
+            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;",
+            "@%poller_hit st.release.cta.shared.u64 [%poller_seen_at], %poller_bell;",
+            "@%poller_hit bra $L_lane_poller_answered;",
+        ]);
+        self.answered_by_another();
+        self.lines(&[
+            "@%sleeping nanosleep.u32 %sleep;",
+            "bra $L_lane_poller_poll;",
+        ]);
         self.place("$L_lane_poller_answered");
         self.line(format_args!("mov.u32 %poller_done, %poller_want;"));
         self.line(format_args!(
             "and.b64 %poller_offset, %poller_bell, {DOORBELL_STOP};"
         ));
-        self.line(format_args!("setp.ne.u64 %beyond, %poller_offset, 0;"));
-        self.line(format_args!("@%beyond bra $L_lane_stop;"));
-        self.line(format_args!("bra $L_lane_poller_idle;"));
+        self.lines(&[
+            "setp.ne.u64 %beyond, %poller_offset, 0;",
+            "@%beyond bra $L_lane_stop;",
+            "bra $L_lane_poller_idle;",
+        ]);
+    }
+
+    /// A poller's look at the answer word of its ticket: on to
+    /// `$L_lane_poller_answered` (the doorbell's value in `%poller_bell`) when another
+    /// poller already saw the ticket.
+    fn answered_by_another(&mut self) {
+        self.lines(&[
+            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];",
+            "cvt.u32.u64 %poller_seen, %poller_bell;",
+            "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;",
+            "@%poller_hit bra $L_lane_poller_answered;",
+        ]);
+    }
+
+    /// Lines of constant text, one instruction each.
+    fn lines(&mut self, lines: &[&str]) {
+        for line in lines {
+            self.line(format_args!("{line}"));
+        }
     }
 
     /// `into` (u32) = `later - earlier` nanoseconds (u64 stamps), saturating at
