@@ -512,9 +512,13 @@ pub fn lane_pool_bytes(program: &Program) -> u32 {
 }
 
 /// Static shared memory per block of a lane whose largest body's pool is `pool`
-/// bytes: the record, the block state and the pool (16-byte rounded).
+/// bytes: the two records, the block state, the doorbell pollers' words (counted
+/// whether the lane holds pollers or not, so a lane's shared memory, and a refusal
+/// for too much of it, does not depend on the device's poller count: the reference
+/// lane answers as a CUDA lane does) and the pool (16-byte rounded).
 pub fn lane_shared_bytes(pool: u32) -> u32 {
-    (2 * RECORD_BYTES + STATE_BYTES) as u32 + pool.div_ceil(16).saturating_mul(16)
+    (2 * RECORD_BYTES + STATE_BYTES + WATCH_BYTES.div_ceil(16) * 16) as u32
+        + pool.div_ceil(16).saturating_mul(16)
 }
 
 /// The server's parameters, in order, with their declarations and roles.
