@@ -168,6 +168,9 @@
 //!   that hangs ([`CudaBackend::lazy_module_loading`] says which mode the process
 //!   runs in). Compile every kernel, and warm the eager paths a program uses beside a
 //!   lane, before building it; or run the process with `CUDA_MODULE_LOADING=EAGER`.
+//!   Build one lane at a time even so: under `EAGER`, a lane built while another ran
+//!   hung the dispatch bench on the H200 (2026-12-02, before any row printed; which
+//!   call waited was not isolated).
 //!   Every module load finishes loading its kernels (`cuFuncLoad`) before it returns,
 //!   so a kernel compiled before the lane launches beside it with nothing left to
 //!   load. The guard is per process: a module load in another process on the same
