@@ -146,8 +146,8 @@
 //! line in flight are served as one; with a copy per poller, on an H100 in two runs, a
 //! lane of four pollers served the three bench shapes in 4.13–5.28 µs against
 //! 4.36–5.51 µs for the same lane with none (0.350–0.465 × launch + sync against
-//! 0.436–0.503 ×). One or two pollers were no better than none: the hand-over through
-//! shared memory costs what two loads in flight save.
+//! 0.436–0.503 ×). One or two pollers were no better than none, most likely because
+//! the hand-over through shared memory costs about what two loads in flight save.
 //!
 //!
 //! The header carries `%globaltimer` stamps of each phase, so one run on the device
