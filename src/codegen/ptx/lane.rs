@@ -803,6 +803,11 @@ const LANE_WATCH_SYMBOL: &str = "vyre_lane_watch";
 /// Bytes of the pollers' words.
 const WATCH_BYTES: usize = 24;
 
+/// Where the pollers' two answer words begin, after the u32 ticket field the leader
+/// waits for (at 0): the answer for ticket field `w` is the u64 at
+/// `WATCH_ANSWERS_AT + 8 (w & 1)` ([`Server::answer_word`]).
+const WATCH_ANSWERS_AT: usize = 8;
+
 /// Nanoseconds a poller sleeps between looks at the leader's word while no ticket is
 /// wanted (a request runs): the next ring comes a PCIe round trip or more after the
 /// leader asks for its ticket, so the pollers wake long before it, and meanwhile they
@@ -1154,8 +1159,13 @@ impl Server {
         self.comment("the pollers' words start clear before any poller reads them");
         self.line(format_args!("mov.u64 %watch, {LANE_WATCH_SYMBOL};"));
         self.line(format_args!("@%leader st.shared.u32 [%watch], 0;"));
-        self.line(format_args!("@%leader st.shared.u64 [%watch+8], 0;"));
-        self.line(format_args!("@%leader st.shared.u64 [%watch+16], 0;"));
+        self.line(format_args!(
+            "@%leader st.shared.u64 [%watch+{WATCH_ANSWERS_AT}], 0;"
+        ));
+        self.line(format_args!(
+            "@%leader st.shared.u64 [%watch+{}], 0;",
+            WATCH_ANSWERS_AT + 8
+        ));
         self.line(format_args!("barrier.sync 2;"));
         self.line(format_args!(
             "setp.ge.u32 %beyond, %lin, {};",
@@ -1186,12 +1196,10 @@ impl Server {
                  into the word of the ticket's parity, after its ld.acquire.sys of it",
             );
             self.line(format_args!("st.relaxed.cta.shared.u32 [%watch], %want;"));
-            self.line(format_args!("and.b32 %seen, %want, 1;"));
-            self.line(format_args!("mul.wide.u32 %offset, %seen, 8;"));
-            self.line(format_args!("add.s64 %watch_seen, %watch, %offset;"));
+            self.answer_word(["%want", "%seen", "%offset", "%watch_seen"]);
             self.poll(
                 "$L_lane_poll_bell",
-                "ld.acquire.cta.shared.u64 %bell, [%watch_seen+8];",
+                "ld.acquire.cta.shared.u64 %bell, [%watch_seen];",
                 "$L_lane_rung",
             );
         } else {
@@ -1972,11 +1980,13 @@ impl Server {
         self.line(format_args!("nanosleep.u32 {POLLER_IDLE_SLEEP_NS};"));
         self.lines(&["bra $L_lane_poller_idle;"]);
         self.place("$L_lane_poller_new");
+        self.answer_word([
+            "%poller_want",
+            "%poller_seen",
+            "%poller_offset",
+            "%poller_seen_at",
+        ]);
         self.lines(&[
-            "and.b32 %poller_seen, %poller_want, 1;",
-            "mul.wide.u32 %poller_offset, %poller_seen, 8;",
-            "add.s64 %poller_seen_at, %watch, %poller_offset;",
-            "add.s64 %poller_seen_at, %poller_seen_at, 8;",
             "sub.u32 %poller_slot, %poller_want, 1;",
             "rem.u32 %poller_slot, %poller_slot, %slots;",
         ]);
@@ -2023,6 +2033,17 @@ impl Server {
             "@%beyond bra $L_lane_stop;",
             "bra $L_lane_poller_idle;",
         ]);
+    }
+
+    /// `into` = the address of the answer word for the ticket field in register `want`
+    /// ([`WATCH_ANSWERS_AT`]), with `parity` and `offset` as scratch: the one place
+    /// that says where a ticket's answer lies, for the leader that waits on it and the
+    /// pollers that write it.
+    fn answer_word(&mut self, [want, parity, offset, into]: [&str; 4]) {
+        self.line(format_args!("and.b32 {parity}, {want}, 1;"));
+        self.line(format_args!("mul.wide.u32 {offset}, {parity}, 8;"));
+        self.line(format_args!("add.s64 {into}, %watch, {offset};"));
+        self.line(format_args!("add.s64 {into}, {into}, {WATCH_ANSWERS_AT};"));
     }
 
     /// A poller's look at the answer word of its ticket: on to
