@@ -127,6 +127,15 @@ fn pair(
 /// A named measured operation (returns a value so the work cannot be elided).
 type Arm<'a> = (String, Box<dyn FnMut() -> u64 + 'a>);
 
+/// The launch + sync floor as an arm named `name` (the first row of a table: the
+/// ratios' denominator), over a floor the table's other arms may share.
+fn floor_arm<'a, 'f: 'a>(name: &str, floor: &'a std::cell::RefCell<&'f mut RawFloor>) -> Arm<'a> {
+    (
+        name.into(),
+        Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
+    )
+}
+
 /// Per-call minimum (ns) of each arm over `rounds` rounds of `calls` calls, the arms'
 /// order rotated every round (the method of the measured floor tables).
 fn rotated_minimum(arms: &mut [Arm<'_>], rounds: usize, calls: u32) -> Vec<f64> {
@@ -176,10 +185,7 @@ fn floors_table(gpu: &CudaBackend, buffers: u32, nodes: u32) -> f64 {
         .expect("record");
     let floor = std::cell::RefCell::new(&mut floor);
     let mut arms: Vec<Arm<'_>> = vec![
-        (
-            "floor: launch + sync".into(),
-            Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
-        ),
+        floor_arm("floor: launch + sync", &floor),
         (
             "floor: kernel writes mapped memory".into(),
             Box::new(|| floor.borrow_mut().launch_mapped_sync().expect("floor")),
@@ -417,10 +423,7 @@ fn launch_anatomy(gpu: &CudaBackend) {
             })
         };
         let mut arms: Vec<Arm<'_>> = vec![
-            (
-                "plain kernel: launch + sync".into(),
-                Box::new(|| floor.borrow_mut().launch_sync().expect("floor")),
-            ),
+            floor_arm("plain kernel: launch + sync", &floor),
             ("result ABI: counting only".into(), variant(0, 0)),
             ("result ABI: + stamps".into(), variant(stamps, 0)),
             ("result ABI: + 1 range".into(), variant(stamps, 1)),
@@ -643,10 +646,7 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
         let mut out_buffers = vec![[0u8; 16]; reads];
         let floor_cell = std::cell::RefCell::new(&mut floor);
         let mut arms: Vec<Arm<'_>> = vec![
-            (
-                "floor: launch + sync".into(),
-                Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
-            ),
+            floor_arm("floor: launch + sync", &floor_cell),
             (
                 format!("lane run, wait: {mode}"),
                 Box::new(|| first_byte(&lane.run(request).expect("lane"))),
@@ -712,10 +712,7 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
         let lane = gpu.lane(&[&kernel], options).expect("build a lane");
         let floor_cell = std::cell::RefCell::new(&mut floor);
         let mut arms: Vec<Arm<'_>> = vec![
-            (
-                "floor: launch + sync".into(),
-                Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
-            ),
+            floor_arm("floor: launch + sync", &floor_cell),
             (
                 format!("lane run (spin), {} poller warps", lane.poller_warps()),
                 Box::new(|| first_byte(&lane.run(request).expect("lane"))),
@@ -770,10 +767,7 @@ fn lane_chain(gpu: &CudaBackend) {
     let (rounds, calls) = if quick() { (5, 100) } else { (9, 400) };
     let floor_cell = std::cell::RefCell::new(&mut floor);
     let mut arms: Vec<Arm<'_>> = vec![
-        (
-            "floor: launch + sync".into(),
-            Box::new(|| floor_cell.borrow_mut().launch_sync().expect("floor")),
-        ),
+        floor_arm("floor: launch + sync", &floor_cell),
         (
             "chain of 2, eager (submit, submit after, wait)".into(),
             Box::new(eager),
