@@ -133,9 +133,13 @@
 //! leader asked for it, so their loads reach host memory spread over a round trip. The
 //! leader writes the ticket it waits for into the pollers' word and spins on the answer
 //! word of the ticket's parity in shared memory; the poller that sees the ticket stores
-//! the doorbell's value there with `st.release.cta` after its `ld.acquire.sys`, and the
-//! leader's `ld.acquire.cta` orders everything after it behind what the host released
-//! with the doorbell. Two answer words, by parity, so that a poller's late answer for
+//! the doorbell's value there with a release after its `ld.acquire.sys`, and the
+//! leader's acquire of it orders everything after it behind what the host released
+//! with the doorbell. Every access to the pollers' words once they start clear is an
+//! atomic of the block's scope (a read is an `or` of 0): plain loads and stores with
+//! the same orderings are as correct under the memory model, but compute-sanitizer's
+//! racecheck reports each pair of them as a shared-memory hazard (856 reports in the
+//! lane tests, H200, 2026-12-02), and atomics it does not. Two answer words, by parity, so that a poller's late answer for
 //! the previous ticket cannot overwrite the answer for the current one. Between tickets
 //! the pollers `nanosleep` on the leader's word (no loads of host memory, no issue
 //! slots taken, while a request runs), and they leave on a stop.
@@ -820,6 +824,16 @@ pub const MAX_LANE_POLLER_WARPS: u32 = 8;
 /// Most threads of one block on every device a lane runs on.
 const MAX_BLOCK_THREADS: u32 = 1024;
 
+/// Round trips to host memory each poller times when the lane starts; the least of
+/// them sets the pollers' stagger for the lane's life. One timing (it used to be one
+/// of three dependent loads) takes in whatever else crossed PCIe meanwhile, say the
+/// host still writing the lane's memory, and a stagger too long spreads the pollers'
+/// loads over more than a round trip; the least of several drops only with an
+/// undisturbed sample. (It did not explain, on the H200 on 2026-12-03, why lanes of
+/// the same options served (17, 62) in about 4.2 µs or about 4.85 µs, one mode per
+/// lane: that stayed.)
+const ROUND_TRIP_SAMPLES: u32 = 16;
+
 /// Threads of a workgroup's warps, whole: where a block's poller warps begin.
 fn workgroup_warp_threads([x, y, z]: [u32; 3], warp: u32) -> u32 {
     let warp = warp.max(1);
@@ -1195,11 +1209,13 @@ impl Server {
                 "the pollers look for this ticket; the one that sees it releases the doorbell's value \
                  into the word of the ticket's parity, after its ld.acquire.sys of it",
             );
-            self.line(format_args!("st.relaxed.cta.shared.u32 [%watch], %want;"));
+            self.line(format_args!(
+                "atom.relaxed.cta.shared.exch.b32 %seen, [%watch], %want;"
+            ));
             self.answer_word(["%want", "%seen", "%offset", "%watch_seen"]);
             self.poll(
                 "$L_lane_poll_bell",
-                "ld.acquire.cta.shared.u64 %bell, [%watch_seen];",
+                "atom.acquire.cta.shared.or.b64 %bell, [%watch_seen], 0;",
                 "$L_lane_rung",
             );
         } else {
@@ -1905,15 +1921,16 @@ impl Server {
     }
 
     /// The poller warps' loop (block 0; the other blocks' pollers leave, as do every
-    /// poller warp's threads but its first). A poller times three dependent loads of
-    /// the first doorbell for one round trip to host memory; poller `p` of `P` then
+    /// poller warp's threads but its first). A poller times [`ROUND_TRIP_SAMPLES`]
+    /// loads of its first doorbell copy and keeps the shortest as one round trip to
+    /// host memory; poller `p` of `P` then
     /// starts each ticket's polling `p / P` of that round trip after the leader asked
     /// for it, so the pollers' loads reach host memory spread over a round trip, and a
     /// ring waits for the next of them rather than for one poller's next load. Each
     /// poller loads the slot's doorbell with `ld.acquire.sys` until its ticket field is
     /// the one the leader waits for, or another poller saw it first; the one that sees
-    /// it stores the value into the ticket's word with `st.release.cta` (the leader's
-    /// `ld.acquire.cta` of it orders every later access after what the host released
+    /// it stores the value into the ticket's word with a release exchange (the leader's
+    /// acquire of it orders every later access after what the host released
     /// with the doorbell). Between tickets a poller sleeps on the leader's word with
     /// `nanosleep` (no global loads while a request runs), and a poller that learns of
     /// a stop leaves.
@@ -1938,8 +1955,8 @@ impl Server {
             "@%beyond bra $L_lane_stop;",
         ]);
         self.comment(
-            "one round trip to host memory: three loads, each address depending on the last value \
-             (bit 63 of a doorbell is 0), then the time once the last value is in",
+            "one round trip to host memory, the least of several: a load, then the time once its \
+             value is in (the shift waits for it; bit 63 of a doorbell is 0 until a stop)",
         );
         self.line(format_args!("sub.u32 %poller_index, %lin, {first_thread};"));
         self.line(format_args!("shr.u32 %poller_index, %poller_index, 5;"));
@@ -1948,32 +1965,36 @@ impl Server {
         ));
         self.lines(&[
             "add.s64 %poller_seen_at, %doorbells, %poller_offset;",
-            "mov.u64 %poller_now, %globaltimer;",
-            "mov.u64 %poller_bell_at, %poller_seen_at;",
+            "mov.u64 %poller_stagger, -1;",
+            "mov.u32 %poller_want, 0;",
         ]);
-        for _ in 0..3 {
-            self.lines(&[
-                "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];",
-                "shr.u64 %poller_offset, %poller_bell, 63;",
-                "add.s64 %poller_bell_at, %poller_seen_at, %poller_offset;",
-            ]);
-        }
+        self.place("$L_lane_poller_round_trip");
         self.lines(&[
+            "mov.u64 %poller_now, %globaltimer;",
+            "ld.acquire.sys.global.u64 %poller_bell, [%poller_seen_at];",
+            "shr.u64 %poller_offset, %poller_bell, 63;",
+            "mov.u64 %poller_until, %globaltimer;",
             "setp.ne.u64 %beyond, %poller_offset, 0;",
             "@%beyond bra $L_lane_stop;",
-            "mov.u64 %poller_until, %globaltimer;",
-            "sub.u64 %poller_stagger, %poller_until, %poller_now;",
+            "sub.u64 %poller_until, %poller_until, %poller_now;",
+            "min.u64 %poller_stagger, %poller_stagger, %poller_until;",
+            "add.u32 %poller_want, %poller_want, 1;",
+        ]);
+        self.line(format_args!(
+            "setp.lt.u32 %poller_wait, %poller_want, {ROUND_TRIP_SAMPLES};"
+        ));
+        self.lines(&[
+            "@%poller_wait bra $L_lane_poller_round_trip;",
             "cvt.u64.u32 %poller_offset, %poller_index;",
             "mul.lo.u64 %poller_stagger, %poller_stagger, %poller_offset;",
         ]);
         self.line(format_args!(
-            "div.u64 %poller_stagger, %poller_stagger, {};",
-            3 * warps
+            "div.u64 %poller_stagger, %poller_stagger, {warps};"
         ));
         self.line(format_args!("mov.u32 %poller_done, 0;"));
         self.place("$L_lane_poller_idle");
         self.lines(&[
-            "ld.relaxed.cta.shared.u32 %poller_want, [%watch];",
+            "atom.relaxed.cta.shared.or.b32 %poller_want, [%watch], 0;",
             "setp.eq.u32 %poller_rest, %poller_want, %poller_done;",
             "@!%poller_rest bra $L_lane_poller_new;",
         ]);
@@ -2015,7 +2036,7 @@ impl Server {
             "ld.acquire.sys.global.u64 %poller_bell, [%poller_bell_at];",
             "cvt.u32.u64 %poller_seen, %poller_bell;",
             "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;",
-            "@%poller_hit st.release.cta.shared.u64 [%poller_seen_at], %poller_bell;",
+            "@%poller_hit atom.release.cta.shared.exch.b64 %poller_offset, [%poller_seen_at], %poller_bell;",
             "@%poller_hit bra $L_lane_poller_answered;",
         ]);
         self.answered_by_another();
@@ -2051,7 +2072,7 @@ impl Server {
     /// poller already saw the ticket.
     fn answered_by_another(&mut self) {
         self.lines(&[
-            "ld.relaxed.cta.shared.u64 %poller_bell, [%poller_seen_at];",
+            "atom.relaxed.cta.shared.or.b64 %poller_bell, [%poller_seen_at], 0;",
             "cvt.u32.u64 %poller_seen, %poller_bell;",
             "setp.eq.u32 %poller_hit, %poller_seen, %poller_want;",
             "@%poller_hit bra $L_lane_poller_answered;",
