@@ -16,11 +16,16 @@
 //! a path's distance above the floor is the backend's own host work; on a GPU its
 //! ratio to the floor is the `dispatch` bench's figure. `host_path count BUFFERS PATH
 //! CALLS` makes CALLS dispatches of one path after one warm one (what callgrind counts).
+//! After the table, the host's phases of lane requests at the same shapes (medians:
+//! before the doorbell, the wait, after the last result word); against the stand-in a
+//! host thread serves the lane. Lanes have no `count` path: the host spins on the
+//! serving thread, which callgrind's one-thread-at-a-time scheduling makes a count of
+//! its turns, not of the host's work.
 
 use std::time::Instant;
 
 use vyre_cuda::backend::floor::RawFloor;
-use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel};
+use vyre_cuda::backend::{Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel, LaneOptions};
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture};
 use vyre_cuda::ir::Program;
 use vyre_cuda::DispatchConfig;
@@ -157,6 +162,61 @@ fn main() {
         println!(
             "{buffers:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
             best[FLOOR], best[0], best[1], best[2], best[3]
+        );
+    }
+    lane_phases(&gpu);
+}
+
+/// The host's phases of a lane request (`Lane::run` over the shape's device buffers,
+/// every output read back), medians of 20,000: before the doorbell (enqueue), the
+/// wait for every result word, and after the last word arrived (delivery). Against
+/// the stand-in driver a host thread serves the lane (`scripts/host-path-stub.c`), so
+/// the enqueue and the delivery are the host's own work per request, and they show
+/// what each binding and each output adds; on a GPU they are the dispatch bench's
+/// host phases.
+fn lane_phases(gpu: &CudaBackend) {
+    const CALLS: usize = 20_000;
+    println!("lane requests (Lane::run), medians of {CALLS}, µs:");
+    println!(
+        "{:>8} {:>9} {:>9} {:>9} {:>9}",
+        "buffers", "enqueue", "wait", "delivery", "whole"
+    );
+    for buffers in [2u32, 9, 17] {
+        let shape = Shape::new(gpu, buffers);
+        let (bound, _) = shape.bindings();
+        let lane = gpu
+            .lane(&[&shape.kernel], LaneOptions::new())
+            .expect("build a lane");
+        let request = Dispatch::new(&shape.kernel, &bound).config(&shape.config);
+        let mut phases: [Vec<u64>; 4] = std::array::from_fn(|_| Vec::with_capacity(CALLS));
+        for call in 0..CALLS + 100 {
+            let timings = lane.run(request).expect("lane request").timings;
+            if call < 100 {
+                continue;
+            }
+            let delivery = timings
+                .wall_ns
+                .saturating_sub(timings.enqueue_ns + timings.wait_ns);
+            for (samples, ns) in phases.iter_mut().zip([
+                timings.enqueue_ns,
+                timings.wait_ns,
+                delivery,
+                timings.wall_ns,
+            ]) {
+                samples.push(ns);
+            }
+        }
+        let median = |samples: &mut Vec<u64>| {
+            samples.sort_unstable();
+            samples[samples.len() / 2] as f64 / 1e3
+        };
+        let [enqueue, wait, delivery, whole] = &mut phases;
+        println!(
+            "{buffers:>8} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            median(enqueue),
+            median(wait),
+            median(delivery),
+            median(whole)
         );
     }
 }

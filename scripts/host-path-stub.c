@@ -12,7 +12,16 @@
  * bench, scripts/host-path --tokenizer) runs end to end here: its host-mapped
  * buffers are zeroed host memory no kernel writes, so every document's token count
  * reads 0 and each encode hands out no ids.
+ *
+ * A lane's server (the module whose entry is vyre_lane) is a host thread: it waits
+ * for each ticket's doorbell (copy 0 of its slot), writes the first 8 KiB of the
+ * slot's result area as flagged words carrying the ticket's flag (data 0, but the
+ * header's ticket field), then the completion word, and leaves on a stop doorbell.
+ * The lane's stream answers cuStreamQuery "not ready" until the thread has left. A
+ * request reading back more than fits in 8 KiB of its area waits for its timeout.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +34,98 @@ static int primary_context;
 struct module {
     int parameters;
     int results; /* declares the result ABI's parameters (the raw floor's plain kernel does not) */
+    int lane;    /* its entry is a lane's server */
     u64 global;
 };
+
+/* codegen::ptx::lane: a doorbell's stop bit, the bytes of a doorbell copy, the
+ * header's ticket word (the sixth data word). */
+#define DOORBELL_STOP (1ull << 49)
+#define DOORBELL_STRIDE 128
+#define HEADER_TICKET_WORD 5
+#define ANSWERED_AREA_BYTES 8192
+#define CUDA_ERROR_NOT_READY 600
+
+struct lane_server {
+    pthread_t thread;
+    atomic_int left;
+    int joined;
+    u64 completion, doorbells, areas;
+    unsigned slots, area_stride, copies;
+};
+
+/* A stream token: the lane server launched on it, if any. The special handles
+ * (0, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2) are not tokens. */
+struct stream {
+    struct lane_server *server;
+};
+
+static struct stream *token_of(void *stream) {
+    return (uintptr_t)stream < 4096 ? 0 : stream;
+}
+
+static void *serve(void *argument) {
+    struct lane_server *s = argument;
+    for (u64 ticket = 0;; ticket++) {
+        unsigned want = (unsigned)(ticket + 1);
+        unsigned slot = (unsigned)(ticket % s->slots);
+        _Atomic u64 *bell =
+            (_Atomic u64 *)(uintptr_t)(s->doorbells + (u64)DOORBELL_STRIDE * s->copies * slot);
+        u64 value;
+        while ((unsigned)(value = atomic_load_explicit(bell, memory_order_acquire)) != want)
+            __builtin_ia32_pause();
+        if (value & DOORBELL_STOP) break;
+        _Atomic u64 *area = (_Atomic u64 *)(uintptr_t)(s->areas + (u64)s->area_stride * slot);
+        u64 flag = (u64)want << 32;
+        unsigned words = s->area_stride < ANSWERED_AREA_BYTES ? s->area_stride / 8
+                                                              : ANSWERED_AREA_BYTES / 8;
+        for (unsigned i = 0; i < words; i++)
+            atomic_store_explicit(&area[i], flag | (i == HEADER_TICKET_WORD ? want : 0),
+                                  memory_order_relaxed);
+        atomic_store_explicit((_Atomic u64 *)(uintptr_t)s->completion, want,
+                              memory_order_release);
+    }
+    atomic_store(&s->left, 1);
+    return 0;
+}
+
+/* The lane entry's parameters (codegen::ptx::lane::LANE_PARAMETERS): completion,
+ * doorbells, records, areas, staging, device words (u64), then slots, area stride,
+ * staging bytes, poll sleep (u32). */
+static int start_lane(void **parameters, void *stream) {
+    struct stream *token = token_of(stream);
+    if (!token || !parameters) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    struct lane_server *s = calloc(1, sizeof *s);
+    if (!s) return 2;
+    s->completion = *(u64 *)parameters[0];
+    s->doorbells = *(u64 *)parameters[1];
+    u64 records = *(u64 *)parameters[2];
+    s->areas = *(u64 *)parameters[3];
+    s->slots = *(unsigned *)parameters[6];
+    s->area_stride = *(unsigned *)parameters[7];
+    if (!s->slots) s->slots = 1;
+    s->copies = (unsigned)((records - s->doorbells) / ((u64)DOORBELL_STRIDE * s->slots));
+    if (!s->copies) s->copies = 1;
+    if (pthread_create(&s->thread, 0, serve, s)) {
+        free(s);
+        return 2;
+    }
+    token->server = s;
+    return 0;
+}
+
+/* Whether the stream's lane server has left (joined once it has); true without one. */
+static int server_left(void *stream, int wait) {
+    struct stream *token = token_of(stream);
+    struct lane_server *s = token ? token->server : 0;
+    if (!s) return 1;
+    if (!wait && !atomic_load(&s->left)) return 0;
+    if (!s->joined) {
+        pthread_join(s->thread, 0);
+        s->joined = 1;
+    }
+    return 1;
+}
 
 static void *zeroed(size_t bytes) {
     if (bytes > ((size_t)16 << 30)) return 0;
@@ -67,9 +166,19 @@ int cuCtxSetCurrent(void *context) { current_context = context; return 0; }
 int cuCtxGetCurrent(void **context) { *context = current_context; return 0; }
 int cuDeviceCanAccessPeer(int *can, int device, int peer) { *can = 0; return 0; }
 int cuCtxEnablePeerAccess(void *context, unsigned flags) { return 0; }
-int cuStreamCreate(void **stream, unsigned flags) { *stream = malloc(16); return 0; }
-int cuStreamDestroy_v2(void *stream) { free(stream); return 0; }
-int cuStreamSynchronize(void *stream) { return 0; }
+int cuStreamCreate(void **stream, unsigned flags) {
+    *stream = calloc(1, sizeof(struct stream));
+    return *stream ? 0 : 2;
+}
+int cuStreamDestroy_v2(void *stream) {
+    /* A server still serving (an abandoned lane) keeps its token. */
+    if (token_of(stream) && server_left(stream, 0)) free(stream);
+    return 0;
+}
+int cuStreamSynchronize(void *stream) {
+    server_left(stream, 1);
+    return 0;
+}
 int cuStreamWaitEvent(void *stream, void *event, unsigned flags) { return 0; }
 int cuEventCreate(void **event, unsigned flags) { *event = malloc(16); return 0; }
 int cuEventDestroy_v2(void *event) { free(event); return 0; }
@@ -125,6 +234,7 @@ int cuModuleLoadData(void **module, const void *image) {
         m->parameters++;
     const char *control = entry ? strstr(entry, "vyre_control") : 0;
     m->results = control && end && control < end;
+    m->lane = entry && strncmp(entry, ".entry vyre_lane(", 17) == 0;
     m->global = (u64)(uintptr_t)zeroed(64);
     *module = m;
     return 0;
@@ -163,11 +273,13 @@ static int epilogue(void *function, void **parameters) {
 int cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                    unsigned by, unsigned bz, unsigned shared, void *stream, void **parameters,
                    void **extra) {
+    if (((struct module *)function)->lane) return start_lane(parameters, stream);
     return epilogue(function, parameters);
 }
 int cuLaunchCooperativeKernel(void *function, unsigned gx, unsigned gy, unsigned gz,
                               unsigned bx, unsigned by, unsigned bz, unsigned shared,
                               void *stream, void **parameters) {
+    if (((struct module *)function)->lane) return start_lane(parameters, stream);
     return epilogue(function, parameters);
 }
 /* A kernel with dynamic shared memory opts in to it (the tokenizer's encoder
@@ -181,7 +293,7 @@ int cuFuncSetAttribute(void *function, int attribute, int value) {
  * loading is eager and finishes at once, a stream is always idle, an event reached. */
 int cuModuleGetLoadingMode(int *mode) { *mode = 1; return 0; } /* CU_MODULE_EAGER_LOADING */
 int cuFuncLoad(void *function) { return 0; }
-int cuStreamQuery(void *stream) { return 0; }
+int cuStreamQuery(void *stream) { return server_left(stream, 0) ? 0 : CUDA_ERROR_NOT_READY; }
 int cuEventSynchronize(void *event) { return 0; }
 int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *function, int size,
                                                 size_t shared) {

@@ -1601,7 +1601,7 @@ impl LaneShared {
                     request_words(&request.deliveries),
                     read,
                     flag,
-                    |range, word, data| landing.word(range, word, data),
+                    |range, first, data| landing.words(range, first, data),
                 )
             };
             if arrived() {
