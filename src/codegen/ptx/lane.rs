@@ -139,10 +139,11 @@
 //! atomic of the block's scope (a read is an `or` of 0): plain loads and stores with
 //! the same orderings are as correct under the memory model, but compute-sanitizer's
 //! racecheck reports each pair of them as a shared-memory hazard (856 reports in the
-//! lane tests, H200, 2026-12-02), and atomics it does not. Two answer words, by parity, so that a poller's late answer for
-//! the previous ticket cannot overwrite the answer for the current one. Between tickets
-//! the pollers `nanosleep` on the leader's word (no loads of host memory, no issue
-//! slots taken, while a request runs), and they leave on a stop.
+//! lane tests, H200, 2026-12-02), and atomics it does not. Two answer words, by
+//! parity, so that a poller's late answer for the previous ticket cannot overwrite the
+//! answer for the current one. Between tickets the pollers `nanosleep` on the leader's
+//! word (no loads of host memory, no issue slots taken, while a request runs), and they
+//! leave on a stop.
 //!
 //! Measured (2026-12-02, the dispatch bench, one process, minima of rotated rounds):
 //! on an H200, pollers that all loaded the same doorbell line made a request no faster
@@ -1923,17 +1924,16 @@ impl Server {
     /// The poller warps' loop (block 0; the other blocks' pollers leave, as do every
     /// poller warp's threads but its first). A poller times [`ROUND_TRIP_SAMPLES`]
     /// loads of its first doorbell copy and keeps the shortest as one round trip to
-    /// host memory; poller `p` of `P` then
-    /// starts each ticket's polling `p / P` of that round trip after the leader asked
-    /// for it, so the pollers' loads reach host memory spread over a round trip, and a
-    /// ring waits for the next of them rather than for one poller's next load. Each
-    /// poller loads the slot's doorbell with `ld.acquire.sys` until its ticket field is
-    /// the one the leader waits for, or another poller saw it first; the one that sees
-    /// it stores the value into the ticket's word with a release exchange (the leader's
-    /// acquire of it orders every later access after what the host released
-    /// with the doorbell). Between tickets a poller sleeps on the leader's word with
-    /// `nanosleep` (no global loads while a request runs), and a poller that learns of
-    /// a stop leaves.
+    /// host memory; poller `p` of `P` then starts each ticket's polling `p / P` of that
+    /// round trip after the leader asked for it, so the pollers' loads reach host memory
+    /// spread over a round trip, and a ring waits for the next of them rather than for
+    /// one poller's next load. Each poller loads the slot's doorbell with
+    /// `ld.acquire.sys` until its ticket field is the one the leader waits for, or
+    /// another poller saw it first; the one that sees it stores the value into the
+    /// ticket's word with a release exchange (the leader's acquire of it orders every
+    /// later access after what the host released with the doorbell). Between tickets a
+    /// poller sleeps on the leader's word with `nanosleep` (no global loads while a
+    /// request runs), and a poller that learns of a stop leaves.
     fn poll_for_block_zero(&mut self) {
         let Some(Pollers {
             warps,
