@@ -27,7 +27,9 @@
 //! a request's time goes (medians of the host's phases and the server's stamps), and a
 //! chain of two dependent requests against the same chain eager (target ≤ 0.5 ×). The
 //! lane rows also compare lanes with other numbers of doorbell-polling warps
-//! (`VYRE_BENCH_LANE_POLLERS`, a comma-separated list; default 0 and 2). Set
+//! (`VYRE_BENCH_LANE_POLLERS`, a comma-separated list; default 0 and 2) and lanes of
+//! other numbers of host-mapped memory candidates (`VYRE_BENCH_LANE_CANDIDATES`;
+//! default 1: no choice), each row naming the candidate its lane chose. Set
 //! `VYRE_BENCH_LANES_ONLY=1` to run only the lane rows.
 //!
 //! Each comparison below is a paired ABBA run of host_cost (`Paired::compare`): the floor is
@@ -590,16 +592,18 @@ fn print_medians(rows: Vec<(&str, Vec<u64>)>) {
     }
 }
 
-/// The doorbell-polling warps whose lanes the lane tables compare with the default's:
-/// `VYRE_BENCH_LANE_POLLERS` (a comma-separated list), or none and two. The lanes run
-/// one at a time, after the default's.
-fn compared_poller_warps() -> Vec<u32> {
-    match std::env::var("VYRE_BENCH_LANE_POLLERS") {
+/// The numbers listed in the environment variable `name` (comma-separated), or
+/// `default` where it is not set: the doorbell-polling warps (`VYRE_BENCH_LANE_POLLERS`,
+/// default none and two) and memory candidates (`VYRE_BENCH_LANE_CANDIDATES`, default
+/// one: no choice) of the lanes the lane tables compare with the default's, one at a
+/// time, after the default's.
+fn compared(name: &str, default: &[u32]) -> Vec<u32> {
+    match std::env::var(name) {
         Ok(list) => list
             .split(',')
-            .filter_map(|warps| warps.trim().parse().ok())
+            .filter_map(|number| number.trim().parse().ok())
             .collect(),
-        Err(_) => vec![0, 2],
+        Err(_) => default.to_vec(),
     }
 }
 
@@ -686,6 +690,15 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
             println!("{name:<58} {:>9.2} {:>13.3}", t / 1e3, t / ns[0]);
         }
         if matches!(wait, WaitMode::Spin) {
+            println!(
+                "{:<58} {:>9}",
+                "the default lane's memory: candidate chosen, of",
+                format!(
+                    "{} of {}",
+                    lane.memory_placement(),
+                    LaneOptions::new().memory_candidates
+                )
+            );
             lane_ratio = ns[1] / ns[0];
             drop(arms);
             let samples = if quick() { 2_000 } else { 20_000 };
@@ -704,17 +717,29 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
             lane_phases(samples, || lane.run(request).expect("lane").timings);
         }
     }
-    // Lanes with other numbers of doorbell-polling warps, one at a time (building a
-    // lane loads a module, which must not happen while another lane runs), each in
-    // rotated rounds with the floor.
-    for warps in compared_poller_warps() {
-        let options = LaneOptions::new().poller_warps(warps);
+    // Lanes with other numbers of doorbell-polling warps or of memory candidates, one
+    // at a time (building a lane loads a module, which must not happen while another
+    // lane runs), each in rotated rounds with the floor.
+    let others = compared("VYRE_BENCH_LANE_POLLERS", &[0, 2])
+        .into_iter()
+        .map(|warps| LaneOptions::new().poller_warps(warps))
+        .chain(
+            compared("VYRE_BENCH_LANE_CANDIDATES", &[1])
+                .into_iter()
+                .map(|candidates| LaneOptions::new().memory_candidates(candidates)),
+        );
+    for options in others {
         let lane = gpu.lane(&[&kernel], options).expect("build a lane");
         let floor_cell = std::cell::RefCell::new(&mut floor);
         let mut arms: Vec<Arm<'_>> = vec![
             floor_arm("floor: launch + sync", &floor_cell),
             (
-                format!("lane run (spin), {} poller warps", lane.poller_warps()),
+                format!(
+                    "lane run (spin), {} poller warps, memory {} of {}",
+                    lane.poller_warps(),
+                    lane.memory_placement(),
+                    options.memory_candidates
+                ),
                 Box::new(|| first_byte(&lane.run(request).expect("lane"))),
             ),
         ];

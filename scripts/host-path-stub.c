@@ -43,6 +43,7 @@ struct module {
 #define DOORBELL_STOP (1ull << 49)
 #define DOORBELL_STRIDE 128
 #define HEADER_TICKET_WORD 5
+#define HOST_PLACEMENT 64
 #define ANSWERED_AREA_BYTES 8192
 #define CUDA_ERROR_NOT_READY 600
 
@@ -90,8 +91,10 @@ static void *serve(void *argument) {
 }
 
 /* The lane entry's parameters (codegen::ptx::lane::LANE_PARAMETERS): completion,
- * doorbells, records, areas, staging, device words (u64), then slots, area stride,
- * staging bytes, poll sleep (u32). */
+ * doorbells, records, areas, staging, candidates 1-3, device words (u64), then slots,
+ * area stride, staging bytes, poll sleep, candidates (u32). The stand-in serves
+ * through candidate 0 and, with several, says so where the host waits for the
+ * choice. */
 static int start_lane(void **parameters, void *stream) {
     struct stream *token = token_of(stream);
     if (!token || !parameters) return 1; /* CUDA_ERROR_INVALID_VALUE */
@@ -101,8 +104,11 @@ static int start_lane(void **parameters, void *stream) {
     s->doorbells = *(u64 *)parameters[1];
     u64 records = *(u64 *)parameters[2];
     s->areas = *(u64 *)parameters[3];
-    s->slots = *(unsigned *)parameters[6];
-    s->area_stride = *(unsigned *)parameters[7];
+    s->slots = *(unsigned *)parameters[9];
+    s->area_stride = *(unsigned *)parameters[10];
+    if (*(unsigned *)parameters[13] > 1)
+        atomic_store_explicit((_Atomic u64 *)(uintptr_t)(s->completion + HOST_PLACEMENT), 1,
+                              memory_order_release);
     if (!s->slots) s->slots = 1;
     s->copies = (unsigned)((records - s->doorbells) / ((u64)DOORBELL_STRIDE * s->slots));
     if (!s->copies) s->copies = 1;

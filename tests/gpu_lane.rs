@@ -15,8 +15,8 @@ use support::{
     backend, bindings, buffer_copies, fixture_inputs, reference, watchdog, words, U32Buffer,
 };
 use vyre_cuda::backend::{
-    AnyBackend, BackendError, Binding, CudaBackend, Dispatch, Kernel, Lane, LaneOptions, Timing,
-    WaitMode,
+    AnyBackend, BackendError, Binding, CudaBackend, DeviceBuffer, Dispatch, Kernel, Lane,
+    LaneOptions, Timing, WaitMode,
 };
 use vyre_cuda::fixtures::{host_cost_fixture, host_cost_fixture_expected};
 use vyre_cuda::ir::*;
@@ -1678,30 +1678,111 @@ fn gpu_lane_poller_warps_serve_every_request_exactly() {
 
             let lane = lane_of(&gpu, &wide, options);
             assert_eq!(lane.poller_warps(), warps);
-            let inputs: Vec<_> = (0..4u32)
-                .map(|slot| gpu.buffer_from(&[slot * 1000 + warps; 64]).unwrap())
-                .collect();
-            for burst in 0..50u32 {
-                let pending: Vec<_> = inputs
-                    .iter()
-                    .map(|x| {
-                        let bound = [Binding::from(x), Binding::Zeroed(256)];
-                        lane.submit(Dispatch::new(&wide[0], &bound)).unwrap()
-                    })
-                    .collect();
-                for (slot, pending) in pending.into_iter().enumerate() {
-                    let got = pending
-                        .wait()
-                        .unwrap_or_else(|e| panic!("{warps} pollers, burst {burst}: {e}"));
-                    assert_eq!(
-                        got.outputs.read::<u32>("y").unwrap(),
-                        [slot as u32 * 1000 + warps + 1; 64],
-                        "{warps} pollers, burst {burst}, slot {slot}"
-                    );
-                }
-            }
+            let inputs = burst_inputs(&gpu, warps);
+            serve_bursts(
+                &lane,
+                &wide[0],
+                (&inputs, warps),
+                50,
+                &format!("{warps} pollers"),
+            );
             lane.stop()
                 .unwrap_or_else(|e| panic!("stopping a lane of {warps} pollers: {e}"));
         }
     }
+}
+
+/// The inputs of [`serve_bursts`]: four buffers of 64 words, buffer `s` all
+/// `1000 s + base`.
+fn burst_inputs(gpu: &CudaBackend, base: u32) -> Vec<DeviceBuffer> {
+    (0..4u32)
+        .map(|slot| gpu.buffer_from(&[slot * 1000 + base; 64]).unwrap())
+        .collect()
+}
+
+/// `bursts` bursts of one `increment` request per input of [`burst_inputs`]`(base)`
+/// queued on `lane` at once, then waited for in order; every output must be its input
+/// plus one (`label` names the lane in a failure).
+fn serve_bursts(
+    lane: &Lane,
+    increment: &Kernel,
+    (inputs, base): (&[DeviceBuffer], u32),
+    bursts: u32,
+    label: &str,
+) {
+    for burst in 0..bursts {
+        let pending: Vec<_> = inputs
+            .iter()
+            .map(|x| {
+                let bound = [Binding::from(x), Binding::Zeroed(256)];
+                lane.submit(Dispatch::new(increment, &bound)).unwrap()
+            })
+            .collect();
+        for (slot, pending) in pending.into_iter().enumerate() {
+            let got = pending
+                .wait()
+                .unwrap_or_else(|e| panic!("{label}, burst {burst}: {e}"));
+            assert_eq!(
+                got.outputs.read::<u32>("y").unwrap(),
+                [slot as u32 * 1000 + base + 1; 64],
+                "{label}, burst {burst}, slot {slot}"
+            );
+        }
+    }
+}
+
+/// Locks out a lane whose server and host disagree on the host-mapped memory they
+/// share. The server chooses one of its `memory_candidates` allocations when it starts
+/// (the one its SM reaches soonest), and the host rings that one's doorbells and reads
+/// that one's result areas from then on; a host still on the first candidate would
+/// wait for words that never come (the watchdog), and a block of a multi-block lane
+/// still on the first would serve no request with the others. Lanes of 1, 2 and 4
+/// candidates, of one block with poller warps and of three blocks without, each serve
+/// 100 single requests and 25 bursts of four, every output checked against its
+/// input; each says which candidate it chose (0 with one), and the twelve lanes'
+/// choices are printed.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_lane_serves_through_the_memory_candidate_it_chose() {
+    let _watchdog = watchdog(300, "lanes choosing their host-mapped memory");
+    let gpu = backend();
+    let wide = compile_all(&gpu, &[increment()]);
+    let mut chosen = Vec::new();
+    for candidates in [1u32, 2, 4] {
+        for (blocks, pollers) in [(1u32, 4u32), (3, 0)] {
+            for _ in 0..2 {
+                let options = LaneOptions::new()
+                    .memory_candidates(candidates)
+                    .blocks(blocks)
+                    .poller_warps(pollers);
+                let lane = lane_of(&gpu, &wide, options);
+                let placement = lane.memory_placement();
+                assert!(
+                    placement < candidates as usize,
+                    "candidate {placement} of {candidates}"
+                );
+                chosen.push(placement);
+                let label = format!("{candidates} candidates, {blocks} blocks, chose {placement}");
+                let inputs = burst_inputs(&gpu, candidates);
+                for round in 0..100u32 {
+                    let value = candidates << 24 | round;
+                    gpu.upload(&inputs[0], &[value; 64]).unwrap();
+                    let bound = [Binding::from(&inputs[0]), Binding::Zeroed(256)];
+                    let got = lane
+                        .run(Dispatch::new(&wide[0], &bound))
+                        .unwrap_or_else(|e| panic!("{label}, round {round}: {e}"));
+                    assert_eq!(
+                        got.outputs.read::<u32>("y").unwrap(),
+                        [value + 1; 64],
+                        "{label}"
+                    );
+                }
+                gpu.upload(&inputs[0], &[candidates; 64]).unwrap();
+                serve_bursts(&lane, &wide[0], (&inputs, candidates), 25, &label);
+                lane.stop()
+                    .unwrap_or_else(|e| panic!("stopping, {label}: {e}"));
+            }
+        }
+    }
+    println!("memory candidates chosen (1, 1, 1, 1, 2 × 4, 4 × 4): {chosen:?}");
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use support::lane as lane_programs;
 use vyre_cuda::backend::{
     AnyBackend, AnyLane, BackendError, Binding, Dispatch, Kernel, LaneOptions, WaitMode,
+    MAX_LANE_CANDIDATES,
 };
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions, RandomCase};
 use vyre_cuda::ir::{Literal, Program};
@@ -248,8 +249,9 @@ fn a_lane_refuses_bad_scalar_values_as_run_does() {
 /// answer a request the GPU errors on): no kernel, two shapes, a grid sync, bad
 /// options, a kernel the lane was not built with, a grid it cannot number, more
 /// readback than its area or more input than its staging, a kernel of another
-/// backend. Each is a `Fix:` error naming what to change. Negative control: the same
-/// lane runs a request inside every limit.
+/// backend, no memory candidate or more than a lane chooses among. Each is a `Fix:`
+/// error naming what to change. Negative control: the same lane runs a request inside
+/// every limit, and a lane of every allowed number of memory candidates builds.
 #[test]
 fn lane_refusals_are_fix_errors() {
     let backend = AnyBackend::reference();
@@ -272,6 +274,20 @@ fn lane_refusals_are_fix_errors() {
         message(backend.lane(&[&increment], options.timeout(Duration::ZERO))).contains("timeout")
     );
     assert!(message(backend.lane(&[&increment], options.blocks(0))).contains("blocks"));
+    for candidates in [0, MAX_LANE_CANDIDATES + 1] {
+        let refusal = message(backend.lane(&[&increment], options.memory_candidates(candidates)));
+        assert!(
+            refusal.starts_with("Fix: LaneOptions::memory_candidates"),
+            "{refusal}"
+        );
+    }
+    for candidates in 1..=MAX_LANE_CANDIDATES {
+        let lane = backend.lane(&[&increment], options.memory_candidates(candidates));
+        assert_eq!(
+            lane.map(|lane| lane.options().memory_candidates).ok(),
+            Some(candidates)
+        );
+    }
     assert!(
         message(backend.lane(&[&increment], options.wait(WaitMode::Sleep(Duration::ZERO))))
             .contains("Sleep")

@@ -78,8 +78,9 @@ pub use driver::DriverError;
 pub use error::BackendError;
 pub use kernel::{Kernel, MAX_BATCH_PROGRAMS};
 pub use lane::{
-    Lane, LaneOptions, WaitMode, DEFAULT_LANE_POLLER_WARPS, MAX_LANE_AREA_BYTES, MAX_LANE_BLOCKS,
-    MAX_LANE_KERNELS, MAX_LANE_POLLER_WARPS, MAX_LANE_POLL_SLEEP, MAX_LANE_SLOTS,
+    Lane, LaneOptions, WaitMode, DEFAULT_LANE_CANDIDATES, DEFAULT_LANE_POLLER_WARPS,
+    MAX_LANE_AREA_BYTES, MAX_LANE_BLOCKS, MAX_LANE_CANDIDATES, MAX_LANE_KERNELS,
+    MAX_LANE_POLLER_WARPS, MAX_LANE_POLL_SLEEP, MAX_LANE_SLOTS,
 };
 pub use outputs::{Items, Outputs, INLINE_ITEMS};
 pub use reference_backend::ReferenceBackend;

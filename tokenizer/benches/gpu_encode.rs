@@ -48,7 +48,10 @@
 //!   step's slab at other lengths (`Geometry::merge_slab_bytes`: the pieces of
 //!   at most that many bytes merge in workgroup memory, longer ones in global
 //!   scratch), each with the kernels' own time. `VYRE_BENCH_SLAB=0` leaves it
-//!   out.
+//!   out;
+//! - the same texts with long pieces cut into chunks of other lengths
+//!   (`Geometry::chunk_bytes`: one thread merges each chunk, `long` checks
+//!   and repairs their boundaries). `VYRE_BENCH_CHUNK=0` leaves it out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -464,6 +467,11 @@ fn main() {
     if !skipped("VYRE_BENCH_SLAB") {
         merge_slab_lengths(&gpu, &cpu, small_rounds);
     }
+
+    // 9. The long pieces' chunk length.
+    if !skipped("VYRE_BENCH_CHUNK") {
+        merge_chunk_lengths(&gpu, &cpu, small_rounds);
+    }
 }
 
 /// One 1 KiB document of prose (the short-text kernel) and 256 KiB of each
@@ -471,22 +479,67 @@ fn main() {
 /// lengths, the default first: a short text waits on its longest piece's chain
 /// of merges, and a piece longer than the slab takes the global path.
 fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
-    println!("\nthe merge slab at other lengths (eager, median of {rounds}; kernels' own time in brackets):");
+    let default = Geometry::default().merge_slab_bytes;
+    geometry_sweep(
+        gpu,
+        cpu,
+        rounds,
+        "the merge slab at other lengths",
+        [default, 0, 16, 24, 32].map(|slab_bytes| {
+            let geometry = Geometry {
+                merge_slab_bytes: slab_bytes,
+                ..Geometry::default()
+            };
+            (format!("{slab_bytes:>2} bytes"), geometry)
+        }),
+    );
+}
+
+/// The same texts as [`merge_slab_lengths`] with long pieces cut into chunks
+/// of other lengths (`Geometry::chunk_bytes`), the default first: one thread
+/// merges a chunk, each merge a pass over the chunk's 16-byte blocks, so a
+/// chunk's serial depth grows with the square of its length, while shorter
+/// chunks leave more boundaries for `long` to check and repair. A run of CJK
+/// ideographs is one long piece (256 KiB of CJK spent 137–141 of its 219–225
+/// µs of kernels in `merge` on the H200, 2026-12-02).
+fn merge_chunk_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    let default = Geometry::default().chunk_bytes;
+    geometry_sweep(
+        gpu,
+        cpu,
+        rounds,
+        "long pieces cut into chunks of other lengths",
+        [default, 48, 96, 192, 768].map(|chunk_bytes| {
+            let geometry = Geometry {
+                chunk_bytes,
+                ..Geometry::default()
+            };
+            (format!("{chunk_bytes:>3} bytes"), geometry)
+        }),
+    );
+}
+
+/// One row per `(label, geometry)` of `rows` (the default first; a later row
+/// equal to it is left out): 1 KiB of prose and 256 KiB of each shape eager.
+fn geometry_sweep<const N: usize>(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    rounds: usize,
+    title: &str,
+    rows: [(String, Geometry); N],
+) {
+    println!("\n{title} (eager, median of {rounds}; kernels' own time in brackets):");
     let mut texts = vec![("1 KiB prose".to_string(), generate(Shape::Prose, 1024, 5))];
     texts.extend(
         Shape::ALL
             .into_iter()
             .map(|shape| (format!("256 KiB {shape}"), generate(shape, 256 << 10, 47))),
     );
-    let default = Geometry::default().merge_slab_bytes;
-    for (index, slab_bytes) in [default, 0, 16, 24, 32].into_iter().enumerate() {
-        if index > 0 && slab_bytes == default {
+    let default = Geometry::default();
+    for (index, (label, geometry)) in rows.into_iter().enumerate() {
+        if index > 0 && geometry == default {
             continue;
         }
-        let geometry = Geometry {
-            merge_slab_bytes: slab_bytes,
-            ..Geometry::default()
-        };
         let encoder = match DeviceEncoder::with_geometry(
             AnyBackend::Cuda(gpu.clone()),
             cpu,
@@ -495,14 +548,11 @@ fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
         ) {
             Ok(encoder) => encoder,
             Err(error) => {
-                println!("  {slab_bytes} bytes: {error}");
+                println!("  {label}: {error}");
                 continue;
             }
         };
-        let head = format!(
-            "  {slab_bytes:>2} bytes{}:",
-            default_mark(slab_bytes == default)
-        );
+        let head = format!("  {label}{}:", default_mark(geometry == default));
         println!("{}", eager_row(head, &encoder, cpu, &texts, rounds));
     }
 }

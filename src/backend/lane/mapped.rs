@@ -15,7 +15,8 @@
 //! # Layout (one allocation, zeroed)
 //!
 //! ```text
-//! [0, 128)                       completion word (u64), alone on its line
+//! [0, 128)                       completion word (u64) at 0, the placement word
+//!                                (u64, the first candidate's) at 64
 //! 128 + 128 (c s + k)            copy k of slot s's doorbell (u64), c copies a slot
 //! records  + 4096 s              slot s's request record
 //! areas    + 2 area_bytes s      slot s's result area (flagged words: twice its bytes)
@@ -37,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::codegen::ptx::lane::{
     AREA_WORKGROUPS_BEGUN, AREA_WORKGROUPS_DONE, DOORBELL_STRIDE, FLAGGED_DATA_BYTES,
-    FLAGGED_WORD_BYTES, RECORD_BYTES,
+    FLAGGED_WORD_BYTES, HOST_PLACEMENT, RECORD_BYTES,
 };
 
 use super::super::driver::{DriverResult, MappedMemory};
@@ -174,6 +175,12 @@ impl LaneMemory {
         // `ld.acquire.sys` there; this type's loads and stores here), which is what
         // `AtomicU64::from_ptr` needs.
         unsafe { AtomicU64::from_ptr(self.mapped.host_address().add(offset) as *mut u64) }
+    }
+
+    /// The placement word (in the first candidate's completion line): `c + 1` once the
+    /// server chose candidate `c`, 0 before.
+    pub(in crate::backend) fn placement(&self) -> u64 {
+        self.word(HOST_PLACEMENT).load(Ordering::Acquire)
     }
 
     /// The low 32 bits of the completion word: `n + 1` of the last request served.

@@ -106,6 +106,42 @@
 //! [`DeviceBuffer::mapped_bytes`](crate::backend::DeviceBuffer::mapped_bytes) could
 //! read it while the request still writes. Such a binding is a `Fix:` error.
 //!
+//! # Placement
+//!
+//! How soon a request's words cross PCIe depends on where its host-mapped memory lies
+//! *and* on the SM that serves it. On the H200 (2026-12-03, a one-block kernel
+//! answering 600 host pings through each of ten fresh host-mapped allocations, from
+//! six SMs in turn; median ping, ns): from SMs 24, 86 and 128 the pings took
+//! 2,124–2,286 through seven of the allocations and 2,476–2,575 through the other
+//! three; from SMs 3, 66 and 123 they took 2,363–2,495 through every one, the
+//! slow three among the fastest there. The host's CPU does not matter (pinned to
+//! each of the 16 cores in turn, one allocation's medians stayed within 0.1 µs). A
+//! lane is one such pairing for its whole life: the sixteenth session measured lanes
+//! of identical options at about 4.2 or 4.85 µs per (17, 62) request.
+//!
+//! So the server chooses. A lane allocates [`LaneOptions::memory_candidates`] copies
+//! of its host-mapped memory (3 by default; each allocated before any is released,
+//! so none reuses another's pages) and passes all of them to its kernel. Before it
+//! serves anything, block 0's leader times, from its own SM, loads of each
+//! candidate's lines that every request touches (the completion line, every doorbell
+//! copy, each slot's first result-area line; the least of four loads each, summed),
+//! keeps the candidate of least total, and tells the other blocks (a device word)
+//! and the host (a word in the first candidate's completion line, which
+//! [`CudaBackend::lane`] waits for, at most the timeout); every thread then serves
+//! through it. The candidates it did not choose stay allocated until the lane stops
+//! (about 0.8 MB each at the default slots and areas); the timing takes about 0.1 ms
+//! per candidate when the lane starts. [`Lane::memory_placement`] says which it
+//! chose; [`LaneOptions::memory_candidates`]`(1)` leaves the choice out.
+//!
+//! Why a device's own loads decide: in the same probe, one block on each of eight
+//! SMs in turn timed a load of each allocation (the least of 16) and then answered
+//! host pings through each; the allocation its loads reached soonest (992–1,216 ns
+//! against up to 1,216) was within 30 ns of the fastest by host ping from that SM in 7
+//! of 8, 9 ns slower on average, where the slowest was 0.2–0.5 µs slower. In the
+//! dispatch bench's lane rows (five runs, H200, 2026-12-03) the default lane served
+//! (17, 62) in 4.02–4.35 µs; lanes of one candidate built beside it took 4.11–4.89,
+//! both of one run 4.82 and 4.89.
+//!
 //! # Threads
 //!
 //! A [`Lane`] is `Send + Sync`: threads may share one and call [`Lane::run`],
@@ -251,6 +287,13 @@ pub use crate::codegen::ptx::lane::MAX_LANE_POLLER_WARPS;
 /// Default [`LaneOptions::poller_warps`].
 pub const DEFAULT_LANE_POLLER_WARPS: u32 = 4;
 
+/// Most host-mapped allocations a lane's server chooses among
+/// ([`LaneOptions::memory_candidates`]).
+pub use crate::codegen::ptx::lane::MAX_LANE_CANDIDATES;
+
+/// Default [`LaneOptions::memory_candidates`]: 3 (see the module docs' "Placement").
+pub const DEFAULT_LANE_CANDIDATES: u32 = 3;
+
 /// Longest sleep between the device's doorbell polls.
 pub const MAX_LANE_POLL_SLEEP: Duration = Duration::from_millis(1);
 
@@ -307,6 +350,11 @@ pub struct LaneOptions {
     /// where its workgroup is not one-dimensional or the block has no room
     /// ([`Lane::poller_warps`] says how many it holds).
     pub poller_warps: u32,
+    /// Host-mapped allocations the lane's server chooses among when it starts, by
+    /// timing its own loads of each (1 to [`MAX_LANE_CANDIDATES`]; 1: no choice). The
+    /// ones it does not choose stay allocated until the lane stops. See the module
+    /// docs' "Placement".
+    pub memory_candidates: u32,
 }
 
 impl Default for LaneOptions {
@@ -320,6 +368,7 @@ impl Default for LaneOptions {
             timeout: Duration::from_secs(10),
             poll_sleep: Duration::ZERO,
             poller_warps: DEFAULT_LANE_POLLER_WARPS,
+            memory_candidates: DEFAULT_LANE_CANDIDATES,
         }
     }
 }
@@ -378,6 +427,12 @@ impl LaneOptions {
         self
     }
 
+    /// Host-mapped allocations the server chooses among.
+    pub fn memory_candidates(mut self, candidates: u32) -> Self {
+        self.memory_candidates = candidates;
+        self
+    }
+
     /// Every bound, each a `Fix:` error naming the field (the same checks on every
     /// backend).
     pub fn validate(&self) -> Result<(), BackendError> {
@@ -425,6 +480,13 @@ impl LaneOptions {
                 self.poller_warps
             ));
         }
+        if !(1..=MAX_LANE_CANDIDATES).contains(&self.memory_candidates) {
+            return fix(format!(
+                "Fix: LaneOptions::memory_candidates is {}; use 1 (no choice) to \
+                 {MAX_LANE_CANDIDATES}",
+                self.memory_candidates
+            ));
+        }
         match self.wait {
             WaitMode::Sleep(interval) if interval < Duration::from_micros(1) => fix(format!(
                 "Fix: WaitMode::Sleep({interval:?}) sleeps less than 1 µs; use WaitMode::Spin, or sleep \
@@ -461,10 +523,24 @@ impl std::fmt::Debug for Lane {
 
 /// The driver objects of a running lane (dropped only once its kernel stopped).
 struct Resources {
+    /// The allocation the server serves through (its choice: see the module docs'
+    /// "Placement").
     memory: LaneMemory,
+    /// The candidates it did not choose (before launch: every candidate but the
+    /// first), kept until the lane stops.
+    candidates: Vec<LaneMemory>,
     device: DeviceMemory,
     stream: Stream,
     module: LoadedModule,
+}
+
+impl Resources {
+    /// Serve through candidate `chosen` (0: the first, which `memory` holds at launch).
+    fn serve_through(&mut self, chosen: usize) {
+        if let Some(candidate) = chosen.checked_sub(1) {
+            std::mem::swap(&mut self.memory, &mut self.candidates[candidate]);
+        }
+    }
 }
 
 /// One request in a slot, rung and not yet delivered.
@@ -552,6 +628,8 @@ pub(in crate::backend) struct LaneShared {
     /// The server's block: the workgroup's shape, or its warps and the poller warps.
     block_shape: [u32; 3],
     poller_warps: u32,
+    /// The host-mapped allocation the server chose (0 without a choice).
+    placement: usize,
     options: LaneOptions,
     resources: Option<Box<Resources>>,
     state: Mutex<LaneState>,
@@ -664,13 +742,20 @@ impl CudaBackend {
             ));
         }
         let slots = options.slots as usize;
-        let memory = LaneMemory::allocate(
-            slots,
-            lane_doorbell_copies(poller_warps),
-            options.result_bytes as usize,
-            options.staging_bytes as usize,
-        )
-        .map_err(|e| BackendError::driver("allocating a lane's host-mapped memory", e))?;
+        // Every candidate is allocated before any is released, so each is memory of
+        // its own (see the module docs' "Placement").
+        let mut candidates = (0..options.memory_candidates)
+            .map(|_| {
+                LaneMemory::allocate(
+                    slots,
+                    lane_doorbell_copies(poller_warps),
+                    options.result_bytes as usize,
+                    options.staging_bytes as usize,
+                )
+                .map_err(|e| BackendError::driver("allocating a lane's host-mapped memory", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let memory = candidates.remove(0);
         let device_bytes = lane_device_bytes(slots);
         let device = DeviceMemory::allocate(device_bytes as u64)
             .map_err(|e| BackendError::driver("allocating a lane's device words", e))?;
@@ -680,6 +765,7 @@ impl CudaBackend {
             Stream::new().map_err(|e| BackendError::driver("creating a lane's stream", e))?;
         let resources = Resources {
             memory,
+            candidates,
             device,
             stream,
             module,
@@ -692,6 +778,7 @@ impl CudaBackend {
             workgroup_size,
             block_shape,
             poller_warps,
+            placement: 0,
             options,
             resources: None,
             state: Mutex::new(LaneState {
@@ -741,12 +828,24 @@ impl LaneShared {
     ) -> Result<Arc<LaneShared>, BackendError> {
         let inner = &shared.backend.inner;
         let addresses = resources.memory.addresses();
+        // Each other candidate's distance from the first (the layouts are the same).
+        let delta = |index: usize| {
+            resources.candidates.get(index).map_or(0, |candidate| {
+                candidate
+                    .addresses()
+                    .completion
+                    .wrapping_sub(addresses.completion)
+            })
+        };
         let mut words = [
             addresses.completion,
             addresses.doorbells,
             addresses.records,
             addresses.areas,
             addresses.staging,
+            delta(0),
+            delta(1),
+            delta(2),
             resources.device.address(),
         ];
         let options = shared.options;
@@ -757,6 +856,7 @@ impl LaneShared {
             area_stride,
             options.staging_bytes,
             poll_sleep,
+            options.memory_candidates,
         ];
         let mut params: Vec<*mut std::ffi::c_void> = words
             .iter_mut()
@@ -769,8 +869,8 @@ impl LaneShared {
             .collect();
         driver::resident_started(&inner.context);
         // SAFETY: `params` holds one pointer per parameter of the server entry, in the
-        // order `codegen::ptx::lane::LANE_PARAMETERS` declares (six u64 addresses, four
-        // u32s), each pointing at a live local for the duration of this call (the driver
+        // order `codegen::ptx::lane::LANE_PARAMETERS` declares (nine u64 addresses and
+        // distances, five u32s), each pointing at a live local for the duration of this call (the driver
         // copies the values at launch); every address names memory `resources` owns,
         // which stays alive until the kernel has stopped (`Drop for LaneShared`).
         let launched = unsafe {
@@ -793,6 +893,7 @@ impl LaneShared {
             }
             return Err(inner.stream_failed(name, "launching a lane", error));
         }
+        let chosen = shared.placement(&resources, name);
         match Arc::get_mut(&mut shared) {
             Some(lane) => lane.resources = Some(Box::new(resources)),
             None => {
@@ -801,7 +902,60 @@ impl LaneShared {
                 ))
             }
         }
+        // A failed choice leaves the lane to its drop: the stop, which waits at most the
+        // timeout and abandons a kernel that does not leave.
+        let chosen = chosen?;
+        if let Some(lane) = Arc::get_mut(&mut shared) {
+            if let Some(resources) = lane.resources.as_deref_mut() {
+                resources.serve_through(chosen);
+            }
+            lane.placement = chosen;
+        }
         Ok(shared)
+    }
+
+    /// The candidate the server chose (see the module docs' "Placement"): 0 without a
+    /// choice; otherwise what its leader stored into the first candidate's placement
+    /// word, waited for as a request is (a fault or the timeout ends the wait).
+    fn placement(&self, resources: &Resources, name: &str) -> Result<usize, BackendError> {
+        if resources.candidates.is_empty() {
+            return Ok(0);
+        }
+        let memory = &resources.memory;
+        let waited = poll_until(
+            self.options.wait,
+            self.options.timeout,
+            || memory.placement() != 0,
+            || match resources.stream.query() {
+                Ok(false) => Ok(()),
+                Ok(true) => Err(BackendError::internal(format!(
+                    "the lane {name} ended before it chose its memory"
+                ))),
+                Err(error) => Err(BackendError::KernelFault {
+                    program: name.to_owned(),
+                    context_usable: !error.is_sticky(),
+                    error,
+                }),
+            },
+        );
+        match waited {
+            Ok(_) => {
+                let choice = memory.placement() - 1;
+                if choice as usize > resources.candidates.len() {
+                    return Err(BackendError::internal(format!(
+                        "the lane {name} chose memory candidate {choice} of {}",
+                        resources.candidates.len() + 1
+                    )));
+                }
+                Ok(choice as usize)
+            }
+            Err(WaitStop::Failed(error)) => Err(error),
+            Err(WaitStop::TimedOut) => Err(BackendError::bad_input(format!(
+                "Fix: the lane {name} did not choose its host-mapped memory within \
+                 LaneOptions::timeout ({:?}); give a longer timeout, or LaneOptions::memory_candidates(1)",
+                self.options.timeout
+            ))),
+        }
     }
 
     /// The slot of request `ticket`, as the server computes it: from the ticket's low
@@ -2156,6 +2310,12 @@ impl Lane {
     /// ([`LaneOptions::poller_warps`], or fewer where the workgroup leaves no room).
     pub fn poller_warps(&self) -> u32 {
         self.shared.poller_warps
+    }
+
+    /// Which of its [`LaneOptions::memory_candidates`] host-mapped allocations the
+    /// lane's server chose (0 with one candidate; see the module docs' "Placement").
+    pub fn memory_placement(&self) -> usize {
+        self.shared.placement
     }
 }
 

@@ -470,6 +470,20 @@ pub const DEVICE_ARRIVALS: usize = 0;
 pub const DEVICE_GENERATION: usize = 4;
 /// Device word (u64): the doorbell value block 0 hands to the other blocks.
 pub const DEVICE_GO: usize = 8;
+/// Device word (u32): `c + 1` once block 0 chose candidate `c` of the lane's host-mapped
+/// allocations (see [`Server::place`]); the other blocks wait for it. In its own 32-byte
+/// sector.
+pub const DEVICE_PLACEMENT: usize = 32;
+/// Byte of the completion line of candidate 0's allocation where block 0's leader
+/// stores `c + 1` (u64, `st.relaxed.sys`) once it chose candidate `c`; the host waits
+/// for it before the lane serves anything.
+pub const HOST_PLACEMENT: usize = 64;
+/// Most host-mapped allocations a lane's server chooses among.
+pub const MAX_LANE_CANDIDATES: u32 = 4;
+/// Loads of each line a candidate is timed by; the least counts. One PCIe round
+/// trip is about a microsecond, so a candidate of a default lane (21 lines) takes
+/// about 0.1 ms.
+const PLACEMENT_SAMPLES: u32 = 4;
 /// Device word (u32): the ticket field (`n + 1`) of the last request whose publisher
 /// finished (its result words, publish fence and completion word issued), stored with
 /// `st.release.gpu` by a publisher of a lane of several blocks; block 0 waits for it to
@@ -527,7 +541,7 @@ pub fn lane_shared_bytes(pool: u32) -> u32 {
 }
 
 /// The server's parameters, in order, with their declarations and roles.
-pub const LANE_PARAMETERS: [(&str, &str); 10] = [
+pub const LANE_PARAMETERS: [(&str, &str); 14] = [
     (
         ".u64 vyre_lane_completion",
         "host-mapped u64: the last ticket served (n + 1)",
@@ -549,9 +563,15 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
         "host-mapped: slot s's input staging at s * staging stride",
     ),
     (
+        ".u64 vyre_lane_candidate_1",
+        "candidate 1's host-mapped allocation's address minus the one above (0 unused)",
+    ),
+    (".u64 vyre_lane_candidate_2", "candidate 2's, the same"),
+    (".u64 vyre_lane_candidate_3", "candidate 3's, the same"),
+    (
         ".u64 vyre_lane_device",
-        "device: [0] arrivals, [4] generation, [8] go, [64] published, [128] stamps per slot, \
-         [384] record cache per slot",
+        "device: [0] arrivals, [4] generation, [8] go, [32] placement, [64] published, [128] \
+         stamps per slot, [384] record cache per slot",
     ),
     (".u32 vyre_lane_slots", "request slots"),
     (
@@ -565,6 +585,10 @@ pub const LANE_PARAMETERS: [(&str, &str); 10] = [
     (
         ".u32 vyre_lane_poll_sleep",
         "nanoseconds between polls (0: spin)",
+    ),
+    (
+        ".u32 vyre_lane_candidates",
+        "host-mapped allocations the server chooses among (1: the one above)",
     ),
 ];
 
@@ -941,6 +965,7 @@ const PREDICATES: &[&str] = &[
     "%whole",
     "%bytewise",
     "%earlier",
+    "%placing",
 ];
 const WORDS: &[&str] = &[
     "%lin",
@@ -1003,6 +1028,11 @@ const WORDS: &[&str] = &[
     "%words",
     "%held",
     "%published",
+    "%candidates",
+    "%candidate",
+    "%choice",
+    "%line",
+    "%sample",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -1037,6 +1067,13 @@ const DOUBLES: &[&str] = &[
     "%pair_a",
     "%pair_b",
     "%earlier_record",
+    "%delta",
+    "%delta_1",
+    "%delta_2",
+    "%delta_3",
+    "%score",
+    "%least",
+    "%timed",
 ];
 
 impl Server {
@@ -1097,6 +1134,7 @@ impl Server {
         let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
         let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
         self.prologue([x, y, z]);
+        self.place_memory();
         self.part_ways();
         self.wait_for_request();
         self.read_record();
@@ -1127,8 +1165,16 @@ impl Server {
             ("vyre_lane_area_stride", "%area_stride"),
             ("vyre_lane_staging_stride", "%staging_stride"),
             ("vyre_lane_poll_sleep", "%sleep"),
+            ("vyre_lane_candidates", "%candidates"),
         ] {
             self.line(format_args!("ld.param.u32 {register}, [{name}];"));
+        }
+        for (name, register) in [
+            ("vyre_lane_candidate_1", "%delta_1"),
+            ("vyre_lane_candidate_2", "%delta_2"),
+            ("vyre_lane_candidate_3", "%delta_3"),
+        ] {
+            self.line(format_args!("ld.param.u64 {register}, [{name}];"));
         }
         self.comment("this thread's place: local linear id, block, index in the lane");
         self.line(format_args!("mov.u32 %tid_x, %tid.x;"));
@@ -1161,6 +1207,140 @@ impl Server {
         match self.pollers {
             None => self.line(format_args!("barrier.sync 1;")),
             Some(pollers) => self.line(format_args!("barrier.sync 1, {};", pollers.first_thread)),
+        }
+    }
+
+    /// Choose the host-mapped allocation the lane serves through (see the module docs'
+    /// "Placement"): block 0's leader times loads of every candidate's lines that each
+    /// request touches from its own SM (the completion line, every doorbell copy, each
+    /// slot's first area line; the least of [`PLACEMENT_SAMPLES`] loads each), keeps the
+    /// candidate of least total, stores `c + 1` into the device word
+    /// [`DEVICE_PLACEMENT`] for the other blocks and into candidate 0's
+    /// [`HOST_PLACEMENT`] word for the host; every thread then moves its five
+    /// host-mapped addresses to candidate `c`. With one candidate, nothing is timed.
+    fn place_memory(&mut self) {
+        let _ = writeln!(
+            self.out,
+            "\n\t// ---- placement: block 0's leader chooses the host-mapped allocation its SM reaches soonest"
+        );
+        self.line(format_args!("setp.gt.u32 %placing, %candidates, 1;"));
+        self.line(format_args!("@!%placing bra $L_lane_placed;"));
+        self.line(format_args!("@!%leader bra $L_lane_placement_shared;"));
+        self.line(format_args!("@!%dispatcher bra $L_lane_placement_wait;"));
+        self.lines(&[
+            "mov.u32 %candidate, 0;",
+            "mov.u32 %choice, 0;",
+            "mov.u64 %least, -1;",
+        ]);
+        self.place("$L_lane_placement_candidate");
+        self.candidate_delta("%candidate");
+        self.line(format_args!("mov.u64 %score, 0;"));
+        // Lines 0: the completion line; 1..=slots·copies: the doorbell copies;
+        // then one per slot: its area's first line.
+        let copies = self.pollers.map_or(1, |pollers| pollers.warps.max(1));
+        self.line(format_args!("mul.lo.u32 %units, %slots, {copies};"));
+        self.line(format_args!("add.u32 %done_units, %units, %slots;"));
+        self.line(format_args!("mov.u32 %line, 0;"));
+        self.place("$L_lane_placement_line");
+        self.lines(&[
+            "add.s64 %at, %completion, %delta;",
+            "setp.eq.u32 %past, %line, 0;",
+            "@%past bra $L_lane_placement_timed;",
+            "sub.u32 %index, %line, 1;",
+            "setp.lt.u32 %past, %index, %units;",
+        ]);
+        self.line(format_args!(
+            "mul.wide.u32 %offset, %index, {DOORBELL_STRIDE};"
+        ));
+        self.lines(&[
+            "add.s64 %at, %doorbells, %offset;",
+            "add.s64 %at, %at, %delta;",
+            "@%past bra $L_lane_placement_timed;",
+            "sub.u32 %index, %index, %units;",
+            "mul.wide.u32 %offset, %index, %area_stride;",
+            "add.s64 %at, %areas, %offset;",
+            "add.s64 %at, %at, %delta;",
+        ]);
+        self.place("$L_lane_placement_timed");
+        self.comment(
+            "the least of a few loads of the line: the time once its value is in. The \
+             second timer read follows a branch on the value (no timed word is all ones at \
+             launch), so it cannot be read before the value arrives: read after an \
+             arithmetic use of the value instead, it read 0 on the H200 (ptxas may move a \
+             timer read above a use it does not depend on)",
+        );
+        self.lines(&["mov.u64 %timed, -1;", "mov.u32 %sample, 0;"]);
+        self.place("$L_lane_placement_sample");
+        self.lines(&[
+            "mov.u64 %start, %globaltimer;",
+            "ld.relaxed.sys.global.u64 %wide, [%at];",
+            "setp.eq.u64 %past, %wide, -1;",
+            "@%past bra $L_lane_placement_sample;",
+            "mov.u64 %end, %globaltimer;",
+            "sub.u64 %end, %end, %start;",
+            "min.u64 %timed, %timed, %end;",
+            "add.u32 %sample, %sample, 1;",
+        ]);
+        self.line(format_args!(
+            "setp.lt.u32 %past, %sample, {PLACEMENT_SAMPLES};"
+        ));
+        self.lines(&[
+            "@%past bra $L_lane_placement_sample;",
+            "add.u64 %score, %score, %timed;",
+            "add.u32 %line, %line, 1;",
+            "setp.lt.u32 %past, %line, %done_units;",
+            "@%past bra $L_lane_placement_line;",
+            "setp.lt.u64 %past, %score, %least;",
+            "@%past mov.u32 %choice, %candidate;",
+            "@%past mov.u64 %least, %score;",
+            "add.u32 %candidate, %candidate, 1;",
+            "setp.lt.u32 %past, %candidate, %candidates;",
+            "@%past bra $L_lane_placement_candidate;",
+            "add.u32 %value, %choice, 1;",
+        ]);
+        self.line(format_args!(
+            "st.release.gpu.global.u32 [%device+{DEVICE_PLACEMENT}], %value;"
+        ));
+        self.line(format_args!("cvt.u64.u32 %wide, %value;"));
+        self.line(format_args!(
+            "st.relaxed.sys.global.u64 [%completion+{HOST_PLACEMENT}], %wide;"
+        ));
+        self.line(format_args!("bra $L_lane_placement_chosen;"));
+        self.place("$L_lane_placement_wait");
+        self.line(format_args!(
+            "ld.acquire.gpu.global.u32 %value, [%device+{DEVICE_PLACEMENT}];"
+        ));
+        self.lines(&[
+            "setp.eq.u32 %past, %value, 0;",
+            "@%past nanosleep.u32 100;",
+            "@%past bra $L_lane_placement_wait;",
+            "sub.u32 %choice, %value, 1;",
+        ]);
+        self.place("$L_lane_placement_chosen");
+        self.line(format_args!("st.shared.u32 [%state+12], %choice;"));
+        self.place("$L_lane_placement_shared");
+        self.comment("every thread of the block (pollers too) learns the choice");
+        self.line(format_args!("barrier.sync 2;"));
+        self.line(format_args!("ld.shared.u32 %choice, [%state+12];"));
+        self.candidate_delta("%choice");
+        for register in [
+            "%completion",
+            "%doorbells",
+            "%records",
+            "%areas",
+            "%staging",
+        ] {
+            self.line(format_args!("add.s64 {register}, {register}, %delta;"));
+        }
+        self.place("$L_lane_placed");
+    }
+
+    /// `%delta` = candidate `index`'s address minus candidate 0's (0 for candidate 0).
+    fn candidate_delta(&mut self, index: &str) {
+        self.line(format_args!("mov.u64 %delta, 0;"));
+        for (candidate, register) in [(1, "%delta_1"), (2, "%delta_2"), (3, "%delta_3")] {
+            self.line(format_args!("setp.eq.u32 %past, {index}, {candidate};"));
+            self.line(format_args!("@%past mov.u64 %delta, {register};"));
         }
     }
 

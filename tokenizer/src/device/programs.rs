@@ -225,6 +225,15 @@
 //! a chunk merge or a repair is at most `C` merges of `O(C/16)` each, the
 //! serial path `O(L log L)`.
 //!
+//! Why not shorter chunks, whose merges are quadratic in a shorter length: the
+//! `gpu_encode` bench's chunk section (H200, 2026-12-03, eager, median of 200,
+//! kernels' own time at `C` = 384 / 48 / 96 / 192 / 768 bytes) gave 256 KiB of
+//! CJK (runs of ideographs: long pieces) 235 / 251 / 258 / 229 / 231 µs, prose
+//! 122 / 122 / 118 / 116 / 122 and code 171 / 175 / 166 / 160 / 167: shorter
+//! chunks leave more boundaries for `long` to check and repair, and a CJK chunk's
+//! merge does not wait on its length alone. 192 was 3–6 % faster than 384 at each
+//! shape in that one run, which one run does not tell from noise; 384 stays.
+//!
 //! Every part here is a token too, so `long` asks the pair table by ranks as
 //! well: a compatibility check merges the two tokens' bytes in place in
 //! `token_at` like any range (whether the two are one token is one probe of
