@@ -133,11 +133,11 @@
 //! per candidate when the lane starts. [`Lane::memory_placement`] says which it
 //! chose; [`LaneOptions::memory_candidates`]`(1)` leaves the choice out.
 //!
-//! Why a device's own loads decide: in the same probe, one block on each of eight
-//! SMs in turn timed a load of each allocation (the least of 16) and then answered
-//! host pings through each; the allocation its loads reached soonest (992–1,216 ns
-//! against up to 1,216) was within 30 ns of the fastest by host ping from that SM in 7
-//! of 8, 9 ns slower on average, where the slowest was 0.2–0.5 µs slower. In the
+//! Why a device's own loads decide: in a second probe the same day, one block on each
+//! of eight SMs in turn timed a load of each of ten allocations (the least of 16:
+//! 992–1,248 ns) and then answered host pings through each; the allocation its loads
+//! reached soonest was within 30 ns of the fastest by host ping from that SM in 7 of
+//! 8 (on average 9 ns slower), where the slowest was 0.12–0.50 µs slower. In the
 //! dispatch bench's lane rows (five runs, H200, 2026-12-03) the default lane served
 //! (17, 62) in 4.02–4.35 µs; lanes of one candidate built beside it took 4.11–4.89,
 //! both of one run 4.82 and 4.89.

@@ -56,10 +56,27 @@
 //! `c` copies a slot: [`lane_doorbell_copies`]), `vyre_lane_records`
 //! (slot `s`'s record at `s * 4096`), `vyre_lane_areas` (slot `s`'s result area at
 //! `s * area stride`), `vyre_lane_staging` (slot `s`'s input staging at `s * staging
-//! stride`) — all host-mapped — then `vyre_lane_device` (device memory, [`DEVICE_ARRIVALS`]
+//! stride`) — all host-mapped, in the first of the lane's memory candidates — then
+//! `vyre_lane_candidate_1` to `_3` (each further candidate's address minus the first's;
+//! the layouts are the same), `vyre_lane_device` (device memory, [`DEVICE_ARRIVALS`]
 //! and the words after it, [`lane_device_bytes`]), then the u32s
-//! `vyre_lane_slots`, `vyre_lane_area_stride`, `vyre_lane_staging_stride` and
-//! `vyre_lane_poll_sleep` (nanoseconds between polls; 0 spins).
+//! `vyre_lane_slots`, `vyre_lane_area_stride`, `vyre_lane_staging_stride`,
+//! `vyre_lane_poll_sleep` (nanoseconds between polls; 0 spins) and
+//! `vyre_lane_candidates` (1 to [`MAX_LANE_CANDIDATES`]).
+//!
+//! # Placement
+//!
+//! With more than one candidate, before anything else block 0's thread 0 times loads
+//! of each candidate's completion line, doorbell copies and first result-area line of
+//! every slot (the least of [`PLACEMENT_SAMPLES`] each, summed), keeps the least
+//! total, and stores its index plus one into the device word [`DEVICE_PLACEMENT`]
+//! (`st.release.gpu`, which the other blocks' leaders acquire) and into the first
+//! candidate's [`HOST_PLACEMENT`] word (`st.relaxed.sys`; the host waits for it
+//! before it rings anything); each block's threads learn it through shared memory
+//! after a barrier of the whole block, pollers included, and move their five
+//! host-mapped addresses by its distance. Nothing of a request has happened yet, so
+//! the choice needs no ordering beyond its own word. `backend::lane`'s docs give the
+//! measurement that makes the choice worth its 0.1 ms per candidate.
 //!
 //! # The protocol
 //!
