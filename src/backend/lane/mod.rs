@@ -112,7 +112,7 @@
 //! *and* on the SM that serves it. On the H200 (2026-12-03, a one-block kernel
 //! answering 600 host pings through each of ten fresh host-mapped allocations, from
 //! six SMs in turn; median ping, ns): from SMs 24, 86 and 128 the pings took
-//! 2,124–2,286 through seven of the allocations and 2,476–2,575 through the other
+//! 2,124–2,301 through seven of the allocations and 2,476–2,575 through the other
 //! three; from SMs 3, 66 and 123 they took 2,363–2,495 through every one, the
 //! slow three among the fastest there. The host's CPU does not matter (pinned to
 //! each of the 16 cores in turn, one allocation's medians stayed within 0.1 µs). A
@@ -184,6 +184,10 @@
 //!   multi-dimensional workgroup, or of one too wide to leave room in a block of 1,024
 //!   threads, holds none or fewer ([`Lane::poller_warps`]), and
 //!   [`LaneOptions::poller_warps`]`(0)` leaves them out.
+//! - **Memory candidates.** A lane holds [`LaneOptions::memory_candidates`] copies of
+//!   its host-mapped memory (default 3, about 0.8 MB each at the default slots and
+//!   areas) for its whole life, of which it serves through one, and its start times
+//!   each for about 0.1 ms (see "Placement").
 //! - **Idle power.** While block 0's leader waits for a ticket, its pollers (or, with
 //!   none, the leader itself) poll host memory over PCIe, one load in flight each (the
 //!   others wait at a barrier); [`LaneOptions::poll_sleep`] makes every poller
