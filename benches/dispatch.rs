@@ -696,7 +696,7 @@ fn lane_table(gpu: &CudaBackend, buffers: u32, nodes: u32) {
                 format!(
                     "{} of {}",
                     lane.memory_placement(),
-                    LaneOptions::new().memory_candidates
+                    lane.options().memory_candidates
                 )
             );
             lane_ratio = ns[1] / ns[0];

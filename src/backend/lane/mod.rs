@@ -898,8 +898,15 @@ impl LaneShared {
             return Err(inner.stream_failed(name, "launching a lane", error));
         }
         let chosen = shared.placement(&resources, name);
+        let mut resources = resources;
+        if let Ok(chosen) = chosen {
+            resources.serve_through(chosen);
+        }
         match Arc::get_mut(&mut shared) {
-            Some(lane) => lane.resources = Some(Box::new(resources)),
+            Some(lane) => {
+                lane.resources = Some(Box::new(resources));
+                lane.placement = chosen.as_ref().map_or(0, |&chosen| chosen);
+            }
             None => {
                 return Err(BackendError::internal(
                     "a new lane was shared before it launched",
@@ -908,19 +915,14 @@ impl LaneShared {
         }
         // A failed choice leaves the lane to its drop: the stop, which waits at most the
         // timeout and abandons a kernel that does not leave.
-        let chosen = chosen?;
-        if let Some(lane) = Arc::get_mut(&mut shared) {
-            if let Some(resources) = lane.resources.as_deref_mut() {
-                resources.serve_through(chosen);
-            }
-            lane.placement = chosen;
-        }
+        chosen?;
         Ok(shared)
     }
 
     /// The candidate the server chose (see the module docs' "Placement"): 0 without a
     /// choice; otherwise what its leader stored into the first candidate's placement
-    /// word, waited for as a request is (a fault or the timeout ends the wait).
+    /// word, waited for as a request is (a fault, checked as a request's wait checks it,
+    /// or the timeout ends the wait).
     fn placement(&self, resources: &Resources, name: &str) -> Result<usize, BackendError> {
         if resources.candidates.is_empty() {
             return Ok(0);
@@ -930,17 +932,7 @@ impl LaneShared {
             self.options.wait,
             self.options.timeout,
             || memory.placement() != 0,
-            || match resources.stream.query() {
-                Ok(false) => Ok(()),
-                Ok(true) => Err(BackendError::internal(format!(
-                    "the lane {name} ended before it chose its memory"
-                ))),
-                Err(error) => Err(BackendError::KernelFault {
-                    program: name.to_owned(),
-                    context_usable: !error.is_sticky(),
-                    error,
-                }),
-            },
+            || self.check_stream(resources, None),
         );
         match waited {
             Ok(_) => {
@@ -1592,7 +1584,8 @@ impl LaneShared {
         match resources.stream.query() {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let error = BackendError::internal("a lane's kernel ended while requests waited");
+                let error =
+                    BackendError::internal("a lane's kernel ended while the host waited for it");
                 self.kill(error.to_string());
                 Err(error)
             }

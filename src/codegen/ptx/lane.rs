@@ -2153,7 +2153,8 @@ impl Server {
         ]);
         self.comment(
             "one round trip to host memory, the least of several: a load, then the time once its \
-             value is in (the shift waits for it; bit 63 of a doorbell is 0 until a stop)",
+             value is in (the acquire's cache invalidation waits for the load before the \
+             timer read: CCTL.IVALL in the H200's SASS; bit 63 of a doorbell is 0 until a stop)",
         );
         self.line(format_args!("sub.u32 %poller_index, %lin, {first_thread};"));
         self.line(format_args!("shr.u32 %poller_index, %poller_index, 5;"));
