@@ -14,8 +14,8 @@ use std::path::PathBuf;
 
 use support::lane as lane_programs;
 use vyre_cuda::codegen::ptx::lane::{
-    record_scalar_at, DEVICE_ARRIVALS, DEVICE_GO, DEVICE_PUBLISHED, RECORD_BINDINGS_AT,
-    RECORD_BINDING_BYTES, RECORD_GRID,
+    record_scalar_at, DEVICE_ARRIVALS, DEVICE_GO, DEVICE_PUBLISHED, LANE_RECORD_PARAMETER,
+    RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
 };
 use vyre_cuda::codegen::{program_to_ptx, CodegenError, LaneModuleBuilder, LANE_ENTRY_NAME};
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
@@ -556,6 +556,66 @@ fn block_zero_starts_a_request_only_after_the_previous_is_published() {
     assert!(error.contains("not a release"), "{error}");
 }
 
+/// Whether the server's record exchanges change roles without copying: the path from
+/// `$L_lane_exchange_record` (a request whose record is the earlier one) to
+/// `$L_lane_record_ready` touches no shared memory, and every body call passes the
+/// server's `%record` (the current copy's address) as its last argument.
+fn records_change_roles(ptx: &str) -> Result<(), String> {
+    let exchange = between(ptx, "$L_lane_exchange_record:", "$L_lane_record_ready:")
+        .ok_or("no exchange path")?;
+    if let Some(line) = exchange.iter().find(|line| line.contains(".shared")) {
+        return Err(format!("the exchange path copies a record: {line}"));
+    }
+    let calls: Vec<&str> = ptx
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("call vyre_lane_body_"))
+        .collect();
+    if calls.is_empty() {
+        return Err("no body call".into());
+    }
+    let passed = "st.param.b64 [vyre_lane_argument_record], %record;";
+    if !ptx.lines().any(|line| line.trim() == passed) {
+        return Err(format!(
+            "no body gets the current record: `{passed}` is missing"
+        ));
+    }
+    match calls
+        .iter()
+        .find(|call| !call.ends_with("vyre_lane_argument_record);"))
+    {
+        Some(call) => Err(format!("a body call without the record: {call}")),
+        None => Ok(()),
+    }
+}
+
+/// Locks out a lane whose chain requests copy their record between the block's two
+/// shared copies (each request of a chain of two copied its whole record through one
+/// thread's registers twice: 0.64 µs of record and prologue against 0.26 µs for a
+/// repeated request on the H200), or whose bodies read a fixed copy while the server
+/// exchanged roles (they would read the other request's bindings): the fixture lane
+/// and the lane with pollers exchange by address and pass the current copy to every
+/// body. Negative control: a shared store put into the exchange path, and a call
+/// without the record, each fail the check.
+#[test]
+fn chain_requests_exchange_record_roles_without_copying() {
+    let (_, pollers) = poller_lane(1, 4);
+    for ptx in [fixture_lane(), pollers] {
+        records_change_roles(&ptx).unwrap_or_else(|error| panic!("{error}"));
+    }
+    let ptx = fixture_lane();
+    let copying = ptx.replacen(
+        "$L_lane_exchange_record:",
+        "$L_lane_exchange_record:\n\tst.shared.v4.u32 [%to], {%v0, %v1, %v2, %v3};",
+        1,
+    );
+    let error = records_change_roles(&copying).expect_err("a copy in the exchange");
+    assert!(error.contains("copies a record"), "{error}");
+    let unpassed = ptx.replacen(", vyre_lane_argument_record);", ");", 1);
+    let error = records_change_roles(&unpassed).expect_err("a call without the record");
+    assert!(error.contains("without the record"), "{error}");
+}
+
 /// Locks out a lane body that reads its bindings or its grid anywhere but where the
 /// host's record puts them (the host writes binding `i` at 64 + 16 i, its element
 /// count 8 bytes on, the grid at 8): the offsets in the body's shared loads are
@@ -590,8 +650,9 @@ fn a_body_reads_its_bindings_and_grid_from_the_record() {
     let ptx = lane.finish();
     let body =
         &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
+    let record = record_address(body);
     let offsets: Vec<usize> = body
-        .match_indices("[vyre_lane_record+")
+        .match_indices(&record)
         .map(|(at, needle)| {
             let rest = &body[at + needle.len()..];
             rest[..rest.find(']').unwrap()].parse().unwrap()
@@ -615,6 +676,22 @@ fn a_body_reads_its_bindings_and_grid_from_the_record() {
     );
 }
 
+/// `[R+`, where `R` is the register a lane body loads its record's address into (its
+/// last parameter): the prefix of every record read.
+fn record_address(body: &str) -> String {
+    let (parameter, _) = LANE_RECORD_PARAMETER;
+    let load = body
+        .lines()
+        .find(|line| line.contains(&format!("[{parameter}]")))
+        .unwrap_or_else(|| panic!("the body never reads {parameter}\n{body}"));
+    let register = load
+        .trim_start()
+        .strip_prefix("ld.param.u64 ")
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("{load}"));
+    format!("[{register}+")
+}
+
 /// Locks out a lane body that reads a scalar value anywhere but where the host's
 /// record puts it (`record_scalar_at`: after the binding table, 8 bytes a value), at
 /// another width (a 64-bit value cut to 32 bits), or from a kernel parameter a body
@@ -633,6 +710,7 @@ fn a_body_reads_its_scalars_from_the_record_and_assembles() {
         &ptx[ptx.find(".func vyre_lane_body_0").unwrap()..ptx.find(".visible .entry").unwrap()];
     let globals = program.global_buffers().len();
     assert_eq!(globals, 6);
+    let record = record_address(body);
     for (position, ty) in ["u32", "u32", "f32", "u32", "u64", "u64"]
         .into_iter()
         .enumerate()
@@ -644,7 +722,7 @@ fn a_body_reads_its_scalars_from_the_record_and_assembles() {
         );
         let load = body
             .lines()
-            .find(|line| line.contains(&format!("[vyre_lane_record+{at}]")))
+            .find(|line| line.contains(&format!("{record}{at}]")))
             .unwrap_or_else(|| panic!("scalar {position} is not read at {at}\n{body}"));
         assert!(
             load.trim_start().starts_with(&format!("ld.shared.{ty} ")),

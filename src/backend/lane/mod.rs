@@ -1253,12 +1253,9 @@ impl LaneShared {
             self.release(held);
             return Err(e);
         }
-        // An exchange moves the larger of the two records' chunks.
-        let chunks = match route {
-            RecordRoute::Earlier => len.max(state.last_len),
-            _ => len,
-        } as u64
-            / 16;
+        // The record's length, which the server reads when it loads the record (an
+        // exchange only changes which of the blocks' two copies is current).
+        let chunks = len as u64 / 16;
         let mut doorbell =
             u64::from(ticket.wrapping_add(1) as u32) | (chunks << DOORBELL_CHUNKS_SHIFT);
         match route {

@@ -139,7 +139,7 @@ pub(in crate::backend) enum RecordRoute {
     /// current, no record byte moves.
     Same,
     /// The record equals the one before the previous distinct record: the blocks'
-    /// two shared copies change places, no record byte is read from memory.
+    /// two shared copies change roles, no record byte is read or copied.
     Earlier,
     /// The record equals the slot's copy in device memory: the blocks read it from
     /// there, no record byte crosses the bus.

@@ -16,18 +16,21 @@
 //!
 //! One header and opaque zero (as every module), then:
 //!
-//! - `.shared .align 16 .b8 vyre_lane_record[4096]` ([`LANE_RECORD_SYMBOL`]): the
-//!   current request's record ([`RECORD_BYTES`], layout below), copied into each
-//!   block's shared memory before its workgroups run;
-//! - `.shared .align 16 .b8 vyre_lane_earlier_record[4096]`: the record before the
-//!   previous distinct one. Two requests that alternate (a chain of two steps, as a
-//!   short encode is) would otherwise read their record from the slot's cache in
-//!   device memory every time: on the H200 (2026-12-02) each request of such a chain
-//!   spent 2.46 µs in the server against 1.50 µs for a request whose record was the
-//!   previous one; the cache's reads (three batches of L2 round trips for a lane of
-//!   one thread) are the likely difference, which the dispatch bench's chain
-//!   breakdown shows per phase;
-//! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
+//! - `.shared .align 16 .b8 vyre_lane_record[4096]` ([`LANE_RECORD_SYMBOL`]) and
+//!   `.shared .align 16 .b8 vyre_lane_earlier_record[4096]`: two copies of a record
+//!   ([`RECORD_BYTES`], layout below) in each block's shared memory, one the current
+//!   request's, the other the record before the previous distinct one. Every thread
+//!   holds which is which as two addresses (the first starts as the current one),
+//!   passes the current one to the body it calls ([`LANE_RECORD_PARAMETER`]), and
+//!   exchanges the two when the roles change, so no record is copied between them.
+//!   Two requests that alternate (a chain of two steps, as a short encode is) would
+//!   otherwise read their record from the slot's cache in device memory every time:
+//!   on the H200 (2026-12-02) each request of such a chain spent 2.46 µs in the
+//!   server against 1.50 µs for a request whose record was the previous one. A first
+//!   build kept the roles fixed and exchanged the copies' contents, so every request
+//!   of a chain copied its record twice through one thread's registers (0.64 µs of
+//!   record and prologue against 0.26 µs for a repeated request, H200, 2026-12-03);
+////! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
 //!   request (the doorbell value its leader saw, whether it publishes);
 //! - `.shared .align 8 .b8 vyre_lane_watch[24]` (only in a lane with doorbell
 //!   pollers, "Doorbell pollers" below): the ticket block 0's leader waits for and the
@@ -37,8 +40,9 @@
 //!   as large as the largest body's (each body lays its buffers out from the pool's
 //!   start and zeroes them at entry, as a launch's kernel does);
 //! - body `k` ([`lane_body_name`]): a `.func vyre_lane_body_k` taking the workgroup id
-//!   ([`LANE_GROUP_PARAMETERS`]), reading its buffer addresses, element counts, scalar
-//!   parameters' values ([`record_scalar_at`]) and the grid from the record, otherwise
+//!   ([`LANE_GROUP_PARAMETERS`]) and the record's address, reading its buffer
+//!   addresses, element counts, scalar parameters' values ([`record_scalar_at`]) and
+//!   the grid from the record, otherwise
 //!   exactly the program's kernel (its `return`s return to the server);
 //! - the server, `.visible .entry vyre_lane` ([`LANE_ENTRY_NAME`]) with
 //!   `.reqntid` of the lane's one workgroup shape: every body of a lane has that
@@ -88,11 +92,11 @@
 //! host memory), [`DOORBELL_SAME`] (it equals the previous request's: the blocks'
 //! shared copies are current), [`DOORBELL_EARLIER`] (it equals the record before the
 //! previous distinct one, which every block keeps in a second shared copy: the two
-//! copies change places, and no record byte is read from device or host memory) and
+//! copies change roles, and no record byte is read or copied) and
 //! [`DOORBELL_STOP`] (leave), into every copy of the slot's doorbell. Block 0's thread 0
 //! polls the doorbell with `ld.acquire.sys` (or, with doorbell pollers, waits for one
-//! of them to see it: below); block 0 copies the record into shared memory after saving the
-//! record it held as the earlier one (and into the device-memory cache of the slot when
+//! of them to see it: below); block 0 reads the record into the shared copy that held
+//! the earlier record, which the one it held becomes (and into the device-memory cache of the slot when
 //! reloading; 16-byte chunks, all of a thread's share in flight up to sixteen), then,
 //! with more than one block, waits until the previous request is published
 //! ([`DEVICE_PUBLISHED`], `ld.acquire.gpu`; "Requests of one lane" below) and hands the
@@ -332,7 +336,15 @@ pub const LANE_WORKGROUP_SYMBOL: &str = "vyre_lane_workgroup";
 /// The block's view of the current request (module scope).
 const LANE_STATE_SYMBOL: &str = "vyre_lane_state";
 
-/// A body's parameters: its workgroup id on each axis, with their roles.
+/// A body's last parameter (`.b64`), with its role: the shared address of the
+/// request's record, which is either of the block's two record copies (they change
+/// roles instead of contents; "Module layout" in the module docs).
+pub const LANE_RECORD_PARAMETER: (&str, &str) = (
+    "vyre_lane_record_at",
+    "shared address of the request's record",
+);
+
+/// A body's first parameters: its workgroup id on each axis, with their roles.
 pub const LANE_GROUP_PARAMETERS: [(&str, &str); 3] = [
     ("vyre_lane_group_x", "workgroup id, x"),
     ("vyre_lane_group_y", "workgroup id, y"),
@@ -1043,13 +1055,14 @@ const WORDS: &[&str] = &[
     "%end_low",
     "%end_high",
     "%words",
-    "%held",
     "%published",
     "%candidates",
     "%candidate",
     "%choice",
     "%line",
     "%sample",
+    "%last_window",
+    "%window_unit",
 ];
 const DOUBLES: &[&str] = &[
     "%completion",
@@ -1150,6 +1163,7 @@ impl Server {
         // Batch registers of the copy loops: unit indices, then four words per unit.
         let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
         let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
+
         self.prologue([x, y, z]);
         self.place_memory();
         self.part_ways();
@@ -1212,7 +1226,6 @@ impl Server {
         self.line(format_args!(
             "mov.u64 %earlier_record, {LANE_EARLIER_SYMBOL};"
         ));
-        self.line(format_args!("mov.u32 %held, 0;"));
         self.line(format_args!("mov.u64 %state, {LANE_STATE_SYMBOL};"));
         self.line(format_args!("mov.u32 %ticket, 0;"));
     }
@@ -1509,18 +1522,15 @@ impl Server {
     }
 
     /// The record into shared memory: nothing when it equals the previous request's;
-    /// an exchange of the blocks' two copies when it equals the one before that;
-    /// otherwise the held record becomes the earlier one and the new one comes from host
-    /// memory (block 0, also into the slot's cache) when it changed, from the slot's
-    /// cache otherwise. `%held` counts the chunks the shared record holds. Then block 0
-    /// lets the other blocks go.
+    /// an exchange of the blocks' two copies' roles when it equals the one before that;
+    /// otherwise the held record becomes the earlier one (roles again) and the new one
+    /// comes from host memory (block 0, also into the slot's cache) when it changed,
+    /// from the slot's cache otherwise, into the copy that held the earlier record
+    /// (which nothing reads until a later exchange). Then block 0 lets the other blocks
+    /// go.
     ///
     /// With more than one block, block 0's leader waits for the previous request's
     /// publication before the barrier (the module docs, "Requests of one lane").
-    ///
-    /// Every loop here gives chunk `i` to thread `i mod T` (whatever its batch), so a
-    /// thread saves, loads or exchanges only chunks it alone touches: no barrier
-    /// between the save and the load.
     fn read_record(&mut self) {
         self.comment("the record: its length in 16-byte chunks and where it comes from");
         self.line(format_args!(
@@ -1544,23 +1554,12 @@ impl Server {
         self.line(format_args!(
             "selp.b64 %origin, %host_record, %cache, %reload;"
         ));
-        self.comment("the held record becomes the earlier one");
-        let batch = self.record_batch;
-        self.chunk_loop(
-            "save_record",
-            "%held",
-            batch,
-            |this, k| {
-                this.chunk_address("%from", "%record", k);
-                let v = vector(k);
-                this.line(format_args!("@%live ld.shared.v4.u32 {v}, [%from];"));
-            },
-            |this, k| {
-                this.chunk_address("%to", "%earlier_record", k);
-                let v = vector(k);
-                this.line(format_args!("@%live st.shared.v4.u32 [%to], {v};"));
-            },
+        self.comment(
+            "the held record becomes the earlier one: the two copies change roles, and the new \
+             record is read into the copy that held the earlier one",
         );
+        self.exchange_records();
+        let batch = self.record_batch;
         self.chunk_loop(
             "record",
             "%chunks",
@@ -1581,32 +1580,10 @@ impl Server {
                 this.line(format_args!("@%take st.global.v4.u32 [%to], {v};"));
             },
         );
-        self.line(format_args!("bra $L_lane_record_loaded;"));
+        self.line(format_args!("bra $L_lane_record_ready;"));
         self.place("$L_lane_exchange_record");
-        self.comment("the earlier record is this request's: the two copies change places");
-        // Two vectors a chunk: slots `k` (the held record) and `half + k` (the earlier).
-        let half = (batch / 2).max(1);
-        self.chunk_loop(
-            "exchange_record",
-            "%chunks",
-            half,
-            |this, k| {
-                let (held, earlier) = (vector(k), vector(half + k));
-                this.chunk_address("%from", "%record", k);
-                this.line(format_args!("@%live ld.shared.v4.u32 {held}, [%from];"));
-                this.chunk_address("%from", "%earlier_record", k);
-                this.line(format_args!("@%live ld.shared.v4.u32 {earlier}, [%from];"));
-            },
-            |this, k| {
-                let (held, earlier) = (vector(k), vector(half + k));
-                this.chunk_address("%to", "%record", k);
-                this.line(format_args!("@%live st.shared.v4.u32 [%to], {earlier};"));
-                this.chunk_address("%to", "%earlier_record", k);
-                this.line(format_args!("@%live st.shared.v4.u32 [%to], {held};"));
-            },
-        );
-        self.place("$L_lane_record_loaded");
-        self.line(format_args!("mov.u32 %held, %chunks;"));
+        self.comment("the earlier record is this request's: the two copies change roles");
+        self.exchange_records();
         self.place("$L_lane_record_ready");
         self.comment(
             "block 0 starts this request (and lets the others start it) only once the previous \
@@ -1623,6 +1600,16 @@ impl Server {
         self.block_zero_leader_with_others(&format!(
             "st.release.gpu.global.u64 [%device+{DEVICE_GO}], %bell;"
         ));
+    }
+
+    /// The current and the earlier record exchange roles: every thread of the block
+    /// swaps the two shared addresses it holds (all of them take the same branch of the
+    /// same doorbell value, so they agree), and the bodies read the record through the
+    /// address the server passes them. Nothing is copied.
+    fn exchange_records(&mut self) {
+        self.line(format_args!("mov.u64 %wide, %record;"));
+        self.line(format_args!("mov.u64 %record, %earlier_record;"));
+        self.line(format_args!("mov.u64 %earlier_record, %wide;"));
     }
 
     /// [`Server::thread_batches`] over the record's 16-byte chunks below `count`: each
@@ -1698,9 +1685,7 @@ impl Server {
             ("%prologue_at", RECORD_PROLOGUE_AT),
             ("%readback_at", RECORD_READBACK_AT),
         ] {
-            self.line(format_args!(
-                "ld.shared.u32 {register}, [{LANE_RECORD_SYMBOL}+{field}];"
-            ));
+            self.line(format_args!("ld.shared.u32 {register}, [%record+{field}];"));
         }
         self.line(format_args!("mul.wide.u32 %offset, %slot, %area_stride;"));
         self.line(format_args!("add.s64 %area, %areas, %offset;"));
@@ -1976,7 +1961,14 @@ impl Server {
                 self.line(format_args!(".param .b32 {param};"));
                 self.line(format_args!("st.param.b32 [{param}], {register};"));
             }
-            self.line(format_args!("call {name}, ({});", params.join(", ")));
+            self.line(format_args!(".param .b64 vyre_lane_argument_record;"));
+            self.line(format_args!(
+                "st.param.b64 [vyre_lane_argument_record], %record;"
+            ));
+            self.line(format_args!(
+                "call {name}, ({}, vyre_lane_argument_record);",
+                params.join(", ")
+            ));
             self.line(format_args!("}}"));
             self.line(format_args!("bra.uni $L_lane_body_done;"));
         }
@@ -2295,24 +2287,46 @@ impl Server {
     /// The windows: descriptor `w < %windows` names an aligned 16-byte block; this
     /// block's threads take windows `lin, lin + T, ...`, [`batch_for`] in flight each: the
     /// descriptors, then the loads, then the stores.
+    ///
+    /// Every slot of a batch reads a descriptor, the last one where its own is past
+    /// `%windows`, and loads that window: nothing is predicated before the stores. A
+    /// predicated load into a register the slots share made ptxas carry the register's
+    /// old value from slot to slot, so each slot's shared-memory load waited for the
+    /// previous slot's (two chains of sixteen in the SASS of a one-thread lane), and
+    /// the last window's global load started only after them. A slot past the count
+    /// loads the last window again, which is a real window of the request, and stores
+    /// nothing. The descriptor lands in the registers its window's bytes then replace,
+    /// and its area offset in the slot's unit index (the stores take their slot's
+    /// liveness from the loop's index), so the batch needs no register more than the
+    /// chained form did (with two 64-bit registers more a slot, ptxas spilled).
     fn windows(&mut self) {
         let batch = self.window_batch;
+        self.line(format_args!("sub.u32 %last_window, %windows, 1;"));
         self.thread_batches("windows", "%windows", batch, |this| {
             for k in 0..batch {
-                let v = vector(k);
-                this.live(k, "%windows");
-                this.entry_at(&format!("%unit{k}"), "%readback_at");
-                this.line(format_args!("@%live ld.shared.u64 %from, [%at];"));
-                this.line(format_args!("cvta.to.global.u64 %from, %from;"));
                 this.line(format_args!(
-                    "@%live ld.relaxed.gpu.global.v4.u32 {v}, [%from];"
+                    "min.u32 %window_unit, %unit{k}, %last_window;"
                 ));
+                this.entry_at("%window_unit", "%readback_at");
+                let v = vector(k);
+                this.line(format_args!("ld.shared.v4.u32 {v}, [%at];"));
             }
             for k in 0..batch {
-                this.live(k, "%windows");
-                this.entry_at(&format!("%unit{k}"), "%readback_at");
-                this.line(format_args!("@%live ld.shared.u32 %source, [%at+12];"));
-                this.line(format_args!("cvt.u64.u32 %offset, %source;"));
+                let [low, high, _, offset] = [0, 1, 2, 3].map(|word| format!("%v{}", 4 * k + word));
+                this.line(format_args!("mov.u32 %unit{k}, {offset};"));
+                this.line(format_args!("mov.b64 %from, {{{low}, {high}}};"));
+                this.line(format_args!("cvta.to.global.u64 %from, %from;"));
+                let v = vector(k);
+                this.line(format_args!("ld.relaxed.gpu.global.v4.u32 {v}, [%from];"));
+            }
+            let threads = this.threads as usize;
+            for k in 0..batch {
+                this.line(format_args!(
+                    "add.u32 %window_unit, %index, {};",
+                    threads * k
+                ));
+                this.line(format_args!("setp.lt.u32 %live, %window_unit, %windows;"));
+                this.line(format_args!("cvt.u64.u32 %offset, %unit{k};"));
                 this.line(format_args!("shl.b64 %offset, %offset, 1;"));
                 this.line(format_args!("add.s64 %to, %area, %offset;"));
                 this.store_flagged_block(k, "%live");

@@ -42,7 +42,7 @@ mod results;
 use results::{RESULTS_LABEL, RESULT_PARAMETERS};
 
 use super::lane::{
-    lane_body_name, pool_place, record_scalar_at, LANE_GROUP_PARAMETERS, LANE_RECORD_SYMBOL,
+    lane_body_name, pool_place, record_scalar_at, LANE_GROUP_PARAMETERS, LANE_RECORD_PARAMETER,
     LANE_WORKGROUP_SYMBOL, RECORD_BINDINGS_AT, RECORD_BINDING_BYTES, RECORD_GRID,
 };
 
@@ -253,10 +253,13 @@ pub(super) struct Writer<'p> {
     /// Lane mode (`super::lane`): the program is written as the device function of
     /// body `module_kernel` of a lane's server kernel. Its buffer addresses, lengths,
     /// scalar values and workgroup count come from the request record in shared
-    /// memory, its workgroup id from the function's parameters, and its workgroup
-    /// buffers live in the lane's one shared pool (`lane_workgroup_bytes` is where
-    /// they end).
+    /// memory, its workgroup id and the record's address from the function's
+    /// parameters, and its workgroup buffers live in the lane's one shared pool
+    /// (`lane_workgroup_bytes` is where they end).
     lane: bool,
+    /// Lane mode: the register holding the request record's shared address (the
+    /// server passes it: its two record copies change roles by address).
+    lane_record: Option<Reg>,
     lane_workgroup_bytes: u32,
     /// A lane body's barrier count: `Some(n)` when the lane's blocks hold threads
     /// beyond the workgroup's (its doorbell pollers), so a barrier names the `n`
@@ -311,6 +314,7 @@ impl<'p> Writer<'p> {
             loops: Vec::new(),
             module_kernel: None,
             lane: false,
+            lane_record: None,
             lane_workgroup_bytes: 0,
             lane_barrier_threads: None,
             dynamic_shared_bytes: 0,
@@ -329,6 +333,7 @@ impl<'p> Writer<'p> {
     pub(super) fn for_lane_body(mut self, index: usize, barrier_threads: Option<u32>) -> Self {
         self.module_kernel = Some(index);
         self.lane = true;
+        self.lane_record = Some(self.reg(RegClass::B64));
         self.lane_barrier_threads = barrier_threads;
         self.results = false;
         self
@@ -445,6 +450,10 @@ impl<'p> Writer<'p> {
             "ld.const.u32 {}, [{OPAQUE_ZERO_SYMBOL}]; // 0, unknown to the JIT",
             self.opaque_zero
         );
+        if let Some(record) = self.lane_record {
+            let (parameter, _) = LANE_RECORD_PARAMETER;
+            emit!(self, "ld.param.u64 {record}, [{parameter}];");
+        }
         let globals = program.global_buffers();
         if !globals.is_empty() {
             emit!(self, "// buffer addresses and lengths");
@@ -454,11 +463,8 @@ impl<'p> Writer<'p> {
             // A lane body reads its binding from the request record (in shared
             // memory): the address, then the element count 8 bytes on.
             let entry = RECORD_BINDINGS_AT + RECORD_BINDING_BYTES * position;
-            if self.lane {
-                emit!(
-                    self,
-                    "ld.shared.u64 {base}, [{LANE_RECORD_SYMBOL}+{entry}];"
-                );
+            if let Some(record) = self.lane_record {
+                emit!(self, "ld.shared.u64 {base}, [{record}+{entry}];");
             } else {
                 emit!(self, "ld.param.u64 {base}, [vyre_ptr_{position}];");
             }
@@ -467,12 +473,8 @@ impl<'p> Writer<'p> {
                 BufferCount::Static(count) => Length::Constant(count),
                 BufferCount::Runtime => {
                     let r = self.reg(RegClass::B32);
-                    if self.lane {
-                        emit!(
-                            self,
-                            "ld.shared.u32 {r}, [{LANE_RECORD_SYMBOL}+{}];",
-                            entry + 8
-                        );
+                    if let Some(record) = self.lane_record {
+                        emit!(self, "ld.shared.u32 {r}, [{record}+{}];", entry + 8);
                     } else {
                         emit!(self, "ld.param.u32 {r}, [vyre_len_{position}];");
                     }
@@ -515,9 +517,9 @@ impl<'p> Writer<'p> {
         let bindings = program.global_buffers().len();
         for (position, decl) in program.scalars().iter().enumerate() {
             let value = self.value(decl.ty);
-            let (space, source) = if self.lane {
+            let (space, source) = if let Some(record) = self.lane_record {
                 let at = record_scalar_at(bindings, position);
-                ("shared", format!("{LANE_RECORD_SYMBOL}+{at}"))
+                ("shared", format!("{record}+{at}"))
             } else {
                 ("param", format!("vyre_scalar_{position}"))
             };
@@ -835,14 +837,11 @@ impl<'p> Writer<'p> {
             // A device function of the lane's server: the workgroup id comes in as
             // parameters, everything else from the request record.
             let _ = write!(out, ".func {}(", self.entry_name());
-            for (index, (name, role)) in LANE_GROUP_PARAMETERS.iter().enumerate() {
-                let comma = if index + 1 < LANE_GROUP_PARAMETERS.len() {
-                    ","
-                } else {
-                    ""
-                };
-                let _ = write!(out, "\n\t.param .b32 {name}{comma} // {role}");
+            for (name, role) in LANE_GROUP_PARAMETERS {
+                let _ = write!(out, "\n\t.param .b32 {name}, // {role}");
             }
+            let (record, role) = LANE_RECORD_PARAMETER;
+            let _ = write!(out, "\n\t.param .b64 {record} // {role}");
             out.push_str("\n)\n{\n");
             self.declarations(&mut out);
             out.push_str(&self.body);
@@ -1491,10 +1490,11 @@ impl<'p> Writer<'p> {
         match builtin {
             Builtin::WorkgroupId(axis) => Some(group(self, axis)),
             Builtin::WorkgroupCount(axis) => {
+                let record = self.lane_record?;
                 let r = self.reg(RegClass::B32);
                 emit!(
                     self,
-                    "ld.shared.u32 {r}, [{LANE_RECORD_SYMBOL}+{}];",
+                    "ld.shared.u32 {r}, [{record}+{}];",
                     RECORD_GRID + 4 * axis.index()
                 );
                 Some(r)
