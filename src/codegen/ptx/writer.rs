@@ -250,15 +250,13 @@ pub(super) struct Writer<'p> {
     /// (`super::batch`): its entry and module-scope symbols carry the index and the
     /// module header is written once by the module, not here.
     module_kernel: Option<usize>,
-    /// Lane mode (`super::lane`): the program is written as the device function of
-    /// body `module_kernel` of a lane's server kernel. Its buffer addresses, lengths,
-    /// scalar values and workgroup count come from the request record in shared
-    /// memory, its workgroup id and the record's address from the function's
-    /// parameters, and its workgroup buffers live in the lane's one shared pool
-    /// (`lane_workgroup_bytes` is where they end).
-    lane: bool,
-    /// Lane mode: the register holding the request record's shared address (the
-    /// server passes it: its two record copies change roles by address).
+    /// Lane mode (`super::lane`) when `Some`: the program is written as the device
+    /// function of body `module_kernel` of a lane's server kernel. Its buffer
+    /// addresses, lengths, scalar values and workgroup count come from the request
+    /// record in shared memory, whose address this register holds (the server passes
+    /// it: its two record copies change roles by address), its workgroup id from the
+    /// function's parameters, and its workgroup buffers live in the lane's one shared
+    /// pool (`lane_workgroup_bytes` is where they end).
     lane_record: Option<Reg>,
     lane_workgroup_bytes: u32,
     /// A lane body's barrier count: `Some(n)` when the lane's blocks hold threads
@@ -313,7 +311,6 @@ impl<'p> Writer<'p> {
             block_counter: false,
             loops: Vec::new(),
             module_kernel: None,
-            lane: false,
             lane_record: None,
             lane_workgroup_bytes: 0,
             lane_barrier_threads: None,
@@ -332,11 +329,15 @@ impl<'p> Writer<'p> {
     /// `lane_barrier_threads` field); no result ABI.
     pub(super) fn for_lane_body(mut self, index: usize, barrier_threads: Option<u32>) -> Self {
         self.module_kernel = Some(index);
-        self.lane = true;
         self.lane_record = Some(self.reg(RegClass::B64));
         self.lane_barrier_threads = barrier_threads;
         self.results = false;
         self
+    }
+
+    /// Whether the program is written as a lane body (see the `lane_record` field).
+    fn is_lane(&self) -> bool {
+        self.lane_record.is_some()
     }
 
     /// Write a lane body: its `.func` text and the bytes of the lane's workgroup
@@ -553,7 +554,7 @@ impl<'p> Writer<'p> {
         let program: &'p Program = self.program;
         let arrays: Vec<(&'p BufferDecl, u32)> = if space == Space::Shared {
             let (placed, bytes) = workgroup_memory::layout(program);
-            if !self.lane {
+            if !self.is_lane() {
                 self.dynamic_shared_bytes = workgroup_memory::pool_at_launch(bytes);
             }
             placed
@@ -591,7 +592,7 @@ impl<'p> Writer<'p> {
                 }
             };
             let base = self.reg(RegClass::B64);
-            if self.lane && space == Space::Shared {
+            if self.is_lane() && space == Space::Shared {
                 // The lane's one pool: this body's buffers from its start, each
                 // aligned for its elements.
                 let (offset, end) = pool_place(self.lane_workgroup_bytes, decl);
@@ -708,7 +709,7 @@ impl<'p> Writer<'p> {
     fn workgroup_barrier(&mut self) {
         if let Some(threads) = self.lane_barrier_threads {
             emit!(self, "barrier.sync 0, {threads};");
-        } else if self.lane {
+        } else if self.is_lane() {
             emit!(self, "barrier.sync 0;");
         } else {
             emit!(self, "bar.sync 0;");
@@ -736,7 +737,7 @@ impl<'p> Writer<'p> {
     fn entry_name(&self) -> std::borrow::Cow<'static, str> {
         match self.module_kernel {
             None => super::entry_symbol(self.program),
-            Some(kernel) if self.lane => lane_body_name(kernel).into(),
+            Some(kernel) if self.is_lane() => lane_body_name(kernel).into(),
             Some(kernel) => super::module_entry_name(kernel).into(),
         }
     }
@@ -803,7 +804,7 @@ impl<'p> Writer<'p> {
         for slot in self
             .buffers
             .iter()
-            .filter(|slot| slot.space == Space::Shared && !self.lane)
+            .filter(|slot| slot.space == Space::Shared && !self.is_lane())
         {
             if let Some((symbol, bytes)) = &slot.symbol {
                 push_comment(&mut out, "", slot.decl);
@@ -833,7 +834,7 @@ impl<'p> Writer<'p> {
             out.push('\n');
         }
 
-        if self.lane {
+        if self.is_lane() {
             // A device function of the lane's server: the workgroup id comes in as
             // parameters, everything else from the request record.
             let _ = write!(out, ".func {}(", self.entry_name());
@@ -1121,7 +1122,7 @@ impl<'p> Writer<'p> {
                 self.synchronises = true;
                 self.workgroup_barrier();
             }
-            Node::GridSync if self.lane => {
+            Node::GridSync if self.is_lane() => {
                 return Err(internal(format_args!(
                     "a lane body cannot hold a grid sync (the lane refuses the kernel first)"
                 )))
@@ -1450,7 +1451,7 @@ impl<'p> Writer<'p> {
     }
 
     fn builtin(&mut self, builtin: Builtin) -> Value {
-        if self.lane {
+        if self.is_lane() {
             if let Some(reg) = self.lane_builtin(builtin) {
                 return Value {
                     reg,
