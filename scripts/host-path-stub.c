@@ -221,6 +221,10 @@ int cuMemcpyDtoHAsync_v2(void *dst, u64 src, size_t n, void *stream) {
     memcpy(dst, (void *)(uintptr_t)src, n);
     return 0;
 }
+int cuMemcpyAsync(u64 dst, u64 src, size_t n, void *stream) {
+    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return 0;
+}
 int cuMemcpyDtoH_v2(void *dst, u64 src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return 0; }
 int cuMemcpyHtoD_v2(u64 dst, const void *src, size_t n) { memcpy((void *)(uintptr_t)dst, src, n); return 0; }
 int cuMemsetD8Async(u64 dst, unsigned char value, size_t n, void *stream) {

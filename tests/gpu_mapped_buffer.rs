@@ -394,3 +394,42 @@ fn gpu_a_chain_step_waits_once_yet_after_every_writer() {
         fixture.last.mapped_bytes_mut().unwrap().fill(0);
     }
 }
+
+/// Locks out a buffer copy that overtakes the submitted dispatch writing its source
+/// (each runs on its own stream, so only the order book orders them) or that does
+/// not reach host-mapped memory: a dispatch into device memory is submitted and not
+/// waited for, and `copy` into a host-mapped buffer then finds the kernel's words
+/// there, by one async copy and one synchronize; copied on into a second device
+/// buffer (mapped → device) and read back, they are the same. Negative control:
+/// the words read before the dispatch ran are not the kernel's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_copy_lands_after_the_dispatch_that_writes_its_source() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let device = gpu.buffer(4 * WORDS as u64).unwrap();
+    let mut mapped = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let again = gpu.buffer(4 * WORDS as u64).unwrap();
+    let untouched = words(&gpu.read::<u8>(&device).unwrap());
+    assert_ne!(untouched, expected(), "negative control");
+    for _ in 0..3 {
+        mapped.mapped_bytes_mut().unwrap().fill(0);
+        let pending = gpu
+            .submit(Dispatch::new(&kernel, &on(&[&input_buffer, &device])).config(&config))
+            .unwrap();
+        let before = thread_driver_calls();
+        gpu.copy(&device, 0, &mapped, 0, 4 * WORDS as u64).unwrap();
+        let after = thread_driver_calls();
+        assert_eq!(after.async_copies - before.async_copies, 1);
+        assert_eq!(after.synchronizes - before.synchronizes, 1);
+        assert_eq!(words(mapped.mapped_bytes().unwrap()), expected());
+        pending.wait().unwrap();
+        gpu.copy(&mapped, 8, &again, 0, 4 * WORDS as u64 - 8)
+            .unwrap();
+        assert_eq!(
+            words(&gpu.read::<u8>(&again).unwrap())[..WORDS as usize - 2],
+            expected()[2..]
+        );
+    }
+}

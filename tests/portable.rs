@@ -272,8 +272,9 @@ fn hash_table_example_counts_every_key_on_the_reference() {
 /// buffer bound as input and write-only output refused, a program that passes the
 /// workgroup-memory limit only with its lowering's scratch refused at `compile` (the
 /// reference ran it while the driver would refuse the kernel), every malformed
-/// request refused with a `Fix:` message — and the good requests run with the right
-/// bytes.
+/// request refused with a `Fix:` message, a buffer copy past either end, with an
+/// overflowing offset or overlapping itself refused with the same one — and the good
+/// requests and copies run with the right bytes.
 #[test]
 fn reference_answers_every_parity_case_as_cuda_does() {
     use support::parity::{cases, Outcome};
@@ -313,6 +314,11 @@ fn reference_answers_every_parity_case_as_cuda_does() {
             "compile: a reduction whose lowering passes the opt-in limit",
             "InvalidProgram",
         ),
+        ("copy: past the source's end", "BadInput"),
+        ("copy: past the destination's end", "BadInput"),
+        ("copy: an offset that overflows", "BadInput"),
+        ("copy: overlapping ranges of one buffer", "BadInput"),
+        ("copy: into a buffer of another backend", "InvalidHandle"),
     ];
     for (name, kind) in expected_refusals {
         let outcome = &seen.iter().find(|(case, _)| *case == name).expect(name).1;
@@ -366,6 +372,22 @@ fn reference_answers_every_parity_case_as_cuda_does() {
         vec![vec![vyre_cuda::backend::MAX_PENDING as u8]]
     );
     assert_eq!(ran("compile: a valid program"), Vec::<Vec<u8>>::new());
+    // The copies: words 2..12 of the source at byte 100 of a zeroed buffer; the
+    // source's first 16 words again at its words 32..48; nothing for zero bytes.
+    let source: Vec<u32> = (0..64u32).map(|i| i * 3 + 1).collect();
+    let mut copied = vec![0u8; 256];
+    copied[100..140].copy_from_slice(&bytes(&source)[8..48]);
+    assert_eq!(
+        ran("copy: 40 bytes between two buffers"),
+        vec![copied.clone()]
+    );
+    assert_eq!(ran("copy: zero bytes at the end"), vec![copied]);
+    let mut within = source.clone();
+    within.copy_within(0..16, 32);
+    assert_eq!(
+        ran("copy: within one buffer, ranges apart"),
+        vec![bytes(&within)]
+    );
     let plus = |k: u32| bytes(&(0..64).map(|v| v + k).collect::<Vec<u32>>());
     assert_eq!(ran("scalar: values reach the kernel"), vec![plus(5)]);
     assert_eq!(ran("scalar: new values, the same kernel"), vec![plus(1000)]);

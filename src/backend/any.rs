@@ -185,6 +185,26 @@ impl AnyBackend {
         }
     }
 
+    /// Copy `bytes` bytes of `from` at `from_offset` into `to` at `to_offset`
+    /// ([`CudaBackend::copy`]: by the copy engine on CUDA, ordered after the
+    /// dispatches in flight that conflict with it; the same checks and errors on
+    /// both backends).
+    pub fn copy(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &DeviceBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        match self {
+            AnyBackend::Cuda(gpu) => gpu.copy(from, from_offset, to, to_offset, bytes),
+            AnyBackend::Reference(reference) => {
+                reference.copy(from, from_offset, to, to_offset, bytes)
+            }
+        }
+    }
+
     /// Validate and compile `program` (only `config.codegen` matters): the same
     /// validation, against the same limits, on both backends.
     pub fn compile(

@@ -429,6 +429,32 @@ impl CudaBackend {
         self.transfer(memory, buffer.bytes, Transfer::Upload(bytes))
     }
 
+    /// Copy `bytes` bytes of `from`, starting at byte `from_offset`, into `to` at
+    /// byte `to_offset`, by the device's copy engine: no kernel runs, so the
+    /// multiprocessors stay free for other work meanwhile. Either buffer may be
+    /// [host-mapped](CudaBackend::host_mapped_buffer): a pipeline that computes
+    /// into device memory brings exactly the bytes it produced into host memory
+    /// this way, once it has learned how many there are (the `vyre-tokenizer`
+    /// encoder's ids, by DMA at the PCIe copy bound, instead of a kernel storing
+    /// each word across PCIe while it holds multiprocessors).
+    ///
+    /// Blocks until the bytes have arrived (one synchronize). Ordered on the device
+    /// after every dispatch in flight that writes `from` or touches `to`, and on the
+    /// host after every lane request that does; a dispatch submitted meanwhile that
+    /// conflicts with the copy runs after it. A range past either buffer's end, or
+    /// two overlapping ranges of one buffer, is an `Err` starting `Fix:`; copying 0
+    /// bytes does nothing.
+    pub fn copy(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &DeviceBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        self.copy_between(from, from_offset, to, to_offset, bytes)
+    }
+
     /// Read a whole buffer as values of `T` (an `Err` starting `Fix:` when its length
     /// is not a whole number of them).
     pub fn read<T: Pod>(&self, buffer: &DeviceBuffer) -> Result<Vec<T>, BackendError> {
@@ -448,6 +474,41 @@ impl CudaBackend {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         self.transfer(memory, buffer.bytes, Transfer::Read(bytes))
     }
+}
+
+/// The `Fix:` error for a copy of `bytes` bytes from `from_offset` of a buffer of
+/// `from_len` bytes into `to_offset` of one of `to_len` bytes that does not fit in
+/// either buffer or, within one buffer (`same`), overlaps itself. Both backends
+/// check copies here, so they refuse the same ones with the same words.
+pub(in crate::backend) fn check_copy(
+    from_len: u64,
+    from_offset: u64,
+    to_len: u64,
+    to_offset: u64,
+    bytes: u64,
+    same: bool,
+) -> Result<(), BackendError> {
+    let past = |offset: u64, len: u64| offset.checked_add(bytes).is_none_or(|end| end > len);
+    for (side, offset, len) in [
+        ("source", from_offset, from_len),
+        ("destination", to_offset, to_len),
+    ] {
+        if past(offset, len) {
+            return Err(BackendError::bad_input(format!(
+                "Fix: cannot copy {bytes} bytes at offset {offset} of the {side} buffer: it holds \
+                 {len} bytes; copy fewer bytes, or from an offset at most {} bytes before its end",
+                len.saturating_sub(bytes)
+            )));
+        }
+    }
+    if same && bytes > 0 && from_offset < to_offset + bytes && to_offset < from_offset + bytes {
+        return Err(BackendError::bad_input(format!(
+            "Fix: the copy of {bytes} bytes from offset {from_offset} to offset {to_offset} of one \
+             buffer overlaps itself; copy through a second buffer, or between ranges that do not \
+             overlap"
+        )));
+    }
+    Ok(())
 }
 
 /// How many values of `T` a buffer of `bytes` bytes holds: the `Fix:` error when

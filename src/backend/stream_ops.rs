@@ -141,6 +141,15 @@ pub(in crate::backend) struct PinnedCopy {
     pub(in crate::backend) len: usize,
 }
 
+/// A copy between two allocations the backend owns (device memory or host-mapped
+/// pinned memory), by the copy engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend) struct BufferCopy {
+    pub(in crate::backend) from: u64,
+    pub(in crate::backend) to: u64,
+    pub(in crate::backend) len: usize,
+}
+
 /// A zero fill of device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::backend) struct Clear {
@@ -240,6 +249,8 @@ pub(in crate::backend) struct StreamOps<'a, M> {
     /// Uploads straight from caller pinned buffers (after the staged ones).
     pub(in crate::backend) pinned_uploads: SmallVec<[PinnedCopy; 4]>,
     pub(in crate::backend) clears: SmallVec<[Clear; 16]>,
+    /// Copies between owned allocations (after the clears).
+    pub(in crate::backend) buffer_copies: SmallVec<[BufferCopy; 1]>,
     pub(in crate::backend) launch: Option<KernelLaunch<'a, M>>,
     pub(in crate::backend) parameters: LaunchParameters,
     pub(in crate::backend) readback: Readback<'a>,
@@ -257,6 +268,7 @@ impl<'a, M> StreamOps<'a, M> {
             uploads: SmallVec::new(),
             pinned_uploads: SmallVec::new(),
             clears: SmallVec::new(),
+            buffer_copies: SmallVec::new(),
             launch: None,
             parameters: LaunchParameters::default(),
             readback: Readback::Nothing,
@@ -315,6 +327,7 @@ impl<'a, M> StreamOps<'a, M> {
         !self.uploads.is_empty()
             || !self.pinned_uploads.is_empty()
             || !self.clears.is_empty()
+            || !self.buffer_copies.is_empty()
             || self
                 .launch
                 .as_ref()
@@ -380,6 +393,13 @@ pub(in crate::backend) trait StreamTarget {
     /// # Safety
     /// The range lies inside a device allocation alive until the stream passes it.
     unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()>;
+
+    /// Copy `copy.len` bytes between two owned allocations.
+    ///
+    /// # Safety
+    /// Both ranges lie inside allocations alive until the stream passes the copy,
+    /// and they do not overlap.
+    unsafe fn copy_between(&mut self, copy: BufferCopy) -> DriverResult<()>;
 
     /// Zero the grid barrier's words.
     ///
@@ -448,6 +468,10 @@ pub(in crate::backend) unsafe fn enqueue<T: StreamTarget>(
     for &clear in &ops.clears {
         // SAFETY: the caller's obligation covers every clear of `ops`.
         unsafe { target.clear(clear) }.map_err(fail("clearing a write-only output"))?;
+    }
+    for &copy in &ops.buffer_copies {
+        // SAFETY: the caller's obligation covers every buffer copy of `ops`.
+        unsafe { target.copy_between(copy) }.map_err(fail("copying between buffers"))?;
     }
     if let Some(launch) = &ops.launch {
         if ops.timed {
@@ -573,6 +597,11 @@ impl StreamTarget for LaneTarget<'_> {
         unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.stream) }
     }
 
+    unsafe fn copy_between(&mut self, copy: BufferCopy) -> DriverResult<()> {
+        // SAFETY: forwarded obligation (see the trait).
+        unsafe { driver::copy_between_async(copy.to, copy.from, copy.len, self.stream) }
+    }
+
     unsafe fn reset_grid_barrier(&mut self, counter: u64) -> DriverResult<()> {
         // SAFETY: forwarded obligation: the symbol holds GRID_BARRIER_WORDS words.
         unsafe {
@@ -632,6 +661,7 @@ pub(in crate::backend) mod tests {
         Upload(StagedCopy),
         UploadPinned(PinnedCopy),
         Clear(Clear),
+        Copy(BufferCopy),
         ResetBarrier(u64),
         Launch {
             grid: [u32; 3],
@@ -678,6 +708,10 @@ pub(in crate::backend) mod tests {
         }
         unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
             self.seen.push(Seen::Clear(clear));
+            Ok(())
+        }
+        unsafe fn copy_between(&mut self, copy: BufferCopy) -> DriverResult<()> {
+            self.seen.push(Seen::Copy(copy));
             Ok(())
         }
         unsafe fn reset_grid_barrier(&mut self, counter: u64) -> DriverResult<()> {

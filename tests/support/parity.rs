@@ -69,7 +69,67 @@ pub fn cases(backend: &AnyBackend) -> Vec<(&'static str, Outcome)> {
     limit_cases(backend, &mut seen);
     scalar_cases(backend, &mut seen);
     shared_memory_cases(backend, &mut seen);
+    copy_cases(backend, &mut seen);
     seen
+}
+
+/// The same copies between owned buffers: the bytes that arrive, and the same
+/// refusals (past either end, an offset that overflows, overlap within one
+/// buffer, a buffer of another backend).
+fn copy_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
+    let words: Vec<u32> = (0..64u32).map(|i| i * 3 + 1).collect();
+    let source = backend.buffer_from(&words).expect("buffer");
+    let destination = backend.buffer(4 * 64).expect("buffer");
+    let read =
+        |buffer: &vyre_cuda::backend::DeviceBuffer| vec![backend.read::<u8>(buffer).expect("read")];
+    seen.push((
+        "copy: 40 bytes between two buffers",
+        observe(backend.copy(&source, 8, &destination, 100, 40), |()| {
+            read(&destination)
+        }),
+    ));
+    seen.push((
+        "copy: within one buffer, ranges apart",
+        observe(backend.copy(&source, 0, &source, 128, 64), |()| {
+            read(&source)
+        }),
+    ));
+    seen.push((
+        "copy: zero bytes at the end",
+        observe(backend.copy(&source, 256, &destination, 256, 0), |()| {
+            read(&destination)
+        }),
+    ));
+    seen.push((
+        "copy: past the source's end",
+        observe(backend.copy(&source, 200, &destination, 0, 60), |()| vec![]),
+    ));
+    seen.push((
+        "copy: past the destination's end",
+        observe(backend.copy(&source, 0, &destination, 250, 8), |()| vec![]),
+    ));
+    seen.push((
+        "copy: an offset that overflows",
+        observe(
+            backend.copy(&source, u64::MAX - 3, &destination, 0, 8),
+            |()| vec![],
+        ),
+    ));
+    seen.push((
+        "copy: overlapping ranges of one buffer",
+        observe(backend.copy(&source, 0, &source, 16, 32), |()| vec![]),
+    ));
+    let other = match backend {
+        AnyBackend::Cuda(_) => {
+            AnyBackend::Cuda(vyre_cuda::backend::CudaBackend::acquire().expect("cuda"))
+        }
+        _ => AnyBackend::reference(),
+    };
+    let foreign = other.buffer(4 * 64).expect("buffer");
+    seen.push((
+        "copy: into a buffer of another backend",
+        observe(backend.copy(&source, 0, &foreign, 0, 4), |()| vec![]),
+    ));
 }
 
 /// A program the validator refuses: it stores into its read-only buffer `x`.

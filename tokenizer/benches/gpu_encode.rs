@@ -5,7 +5,11 @@
 //!   turn), from the caller's `&str`s to each document's ids in the caller's
 //!   hands, against the copy bound of the same bytes measured here (the text up
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
-//!   against tiktoken-rs on all of the host's cores, and per chunk size;
+//!   against tiktoken-rs on all of the host's cores, and per chunk size, with
+//!   each chunk's timeline (when it was staged, submitted, found done and
+//!   handed out, from the call's start) and its ids' copy to the host; the
+//!   copy bound's ids down also by `CudaBackend::copy` into host-mapped memory,
+//!   the way the encoder brings a large chunk's ids up;
 //! - one 262,144-byte document, eager and as a graph (its ids into a new vector
 //!   and into one vector reused, as the eager rows' `wait_into`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
@@ -133,6 +137,9 @@ struct CopyBound {
     pinned_up: f64,
     pinned_down: f64,
     mapped_down: f64,
+    /// `CudaBackend::copy` from device memory into host-mapped memory (how the
+    /// encoder brings a large chunk's ids to the host).
+    copied_down: f64,
     pageable_up: f64,
     pageable_down: f64,
 }
@@ -153,6 +160,13 @@ impl CopyBound {
         let mut sweep = ReadbackSweep::new(gpu, ids).expect("readback sweep");
         let (pinned_down, _) = median(rounds, || sweep.copy_sweep(ids).expect("copy"));
         let (mapped_down, _) = median(rounds, || sweep.mapped_write_sweep(ids).expect("mapped"));
+        let from = gpu.buffer(ids as u64).expect("device buffer");
+        let into = gpu
+            .host_mapped_buffer(ids as u64)
+            .expect("host-mapped buffer");
+        let (copied_down, _) = median(rounds, || {
+            gpu.copy(&from, 0, &into, 0, ids as u64).expect("copy")
+        });
         // Large enough for the text going up and for the ids coming down (cl100k
         // gives about half a token per byte: 4 bytes of ids per 2 bytes of text).
         let device = gpu.buffer(text.max(ids) as u64).expect("device buffer");
@@ -165,6 +179,7 @@ impl CopyBound {
             pinned_up,
             pinned_down,
             mapped_down,
+            copied_down,
             pageable_up,
             pageable_down,
         }
@@ -222,10 +237,11 @@ fn main() {
     let pinned = copy.pinned_up + copy.mapped_down.min(copy.pinned_down);
     let pageable = copy.pageable_up + copy.pageable_down;
     println!(
-        "  copy bound, pinned: text up {:.1} GB/s, ids down {:.1} GB/s by DMA ({:.1} GB/s as a kernel writing mapped memory) → {:.2} ms, {:.2} GB/s of text",
+        "  copy bound, pinned: text up {:.1} GB/s, ids down {:.1} GB/s by DMA ({:.1} GB/s as a kernel writing mapped memory, {:.1} GB/s by `copy` into mapped memory) → {:.2} ms, {:.2} GB/s of text",
         gb_per_s(bytes, copy.pinned_up),
         gb_per_s(tokens * 4, copy.pinned_down),
         gb_per_s(tokens * 4, copy.mapped_down),
+        gb_per_s(tokens * 4, copy.copied_down),
         pinned * 1e3,
         gb_per_s(bytes, pinned)
     );
@@ -272,12 +288,25 @@ fn main() {
     host_copies(&gpu, &byte_refs, &expected, rounds);
     for (index, chunk) in timings.iter().enumerate() {
         println!(
-            "    chunk {index}: wall {:.2} ms, host staging and submitting {:.2} ms, handing out ids {:.2} ms, kernels {:.2} ms ({})",
+            "    chunk {index}: wall {:.2} ms, host staging and submitting {:.2} ms, handing out ids {:.2} ms (their copy {:.2}), kernels {:.2} ms ({})",
             chunk.wall_ns as f64 / 1e6,
             chunk.submit_ns as f64 / 1e6,
             chunk.scatter_ns as f64 / 1e6,
+            chunk.copy_ns as f64 / 1e6,
             chunk.kernel_ns() as f64 / 1e6,
             chunk.kernel_line()
+        );
+    }
+    // When each chunk's stages happened, from the call's start (ms): where the
+    // batch's time goes between the host's work and the device's.
+    for (index, chunk) in timings.iter().enumerate() {
+        let at = |ns: u64| (chunk.began_ns + ns) as f64 / 1e6;
+        println!(
+            "    chunk {index} timeline, ms: staging {:.2}, submitted {:.2}, steps done {:.2}, ids handed out {:.2}",
+            at(0),
+            at(chunk.submit_ns),
+            at(chunk.ready_ns),
+            at(chunk.wall_ns)
         );
     }
     for mib in [8u64, 32, 64] {

@@ -26,6 +26,7 @@ use device_batches::{
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
+use vyre_tokenizer::device::pipeline::COPY_ENGINE_FROM;
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
 use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -808,6 +809,36 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
                 let what = format!("{workgroups} workgroups of stage and compact, batch {index}");
                 check_batch(&encoder, &cpu, batch, &what);
             }
+        }
+    }
+}
+
+/// Locks out ids that still cross PCIe as `compact`'s stores (holding the SMs
+/// the other chunks' steps need) in chunks from `COPY_ENGINE_FROM` (1 MiB), and
+/// small chunks that take a large chunk's slot and pay its copies: waiting for a
+/// 2 MiB encode makes exactly one async copy, the ids' (by the copy engine,
+/// into host-mapped memory; the text went up by DMA at submission), and the ids
+/// equal the CPU encoder's; then, on the same encoder, a 512 KiB encode's wait
+/// makes none (its `compact` stores into host-mapped memory): it got a slot of
+/// its own kind, although the 2 MiB one was idle and large enough.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_large_chunks_bring_their_ids_up_by_the_copy_engine() {
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("built-in encoding");
+    let encoder = &cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
+    for (bytes, copies) in [(COPY_ENGINE_FROM as usize * 2, 1), (512 << 10, 0)] {
+        let text = generate(Shape::Prose, bytes, 11);
+        let expected = cpu.encode_ordinary_bytes(&text);
+        for round in 0..2 {
+            let pending = encoder.submit_bytes(&[&text]).unwrap();
+            let before = vyre_cuda::backend::thread_driver_calls();
+            let ids = pending.wait().unwrap();
+            let calls = vyre_cuda::backend::thread_driver_calls().since(&before);
+            assert_eq!(ids[0], expected, "{bytes} bytes");
+            assert_eq!(
+                calls.async_copies, copies,
+                "{bytes} bytes, round {round}: {calls:?}"
+            );
         }
     }
 }

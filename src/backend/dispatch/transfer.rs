@@ -9,12 +9,22 @@
 //! first waits on the host for the lane requests that touch its buffer
 //! ([`CudaBackend::wait_for_lane_requests`]): one load of the book's length when no
 //! lane request is in the book.
+//!
+//! A copy between two owned buffers ([`CudaBackend::copy`]) is different: it is
+//! how a pipeline moves results it just computed, often while its other
+//! submissions run, so it takes its place in the order book like a dispatch (after
+//! every dispatch in flight that writes its source or touches its destination, on
+//! the device; before anything submitted while it runs that conflicts with it).
 
 use std::sync::Arc;
 
 use super::super::budget::{self, BudgetInputs};
+use super::super::buffer::check_copy;
 use super::super::driver::{self, DeviceMemory};
-use super::super::stream_ops::{enqueue, Clear, LaneTarget, Readback, StagedCopy, StreamOps};
+use super::super::ordering::Accesses;
+use super::super::stream_ops::{
+    enqueue, BufferCopy, Clear, LaneTarget, Readback, StagedCopy, StreamOps,
+};
 use super::super::{BackendError, CudaBackend, DeviceBuffer};
 use super::Held;
 
@@ -171,6 +181,79 @@ impl CudaBackend {
         }
         let mut held = Held::default();
         held.buffers.push(memory);
+        inner.release(lane, &mut held, result.is_ok(), &[]);
+        result
+    }
+
+    /// [`CudaBackend::copy`]: one copy by the copy engine on a leased lane, in the
+    /// order book from its ordering to its synchronize.
+    pub(in crate::backend) fn copy_between(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &DeviceBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let name = "a buffer copy";
+        inner.check_alive()?;
+        let source = Arc::clone(from.memory_for(inner, "copy from")?);
+        let destination = Arc::clone(to.memory_for(inner, "copy into")?);
+        let same = Arc::ptr_eq(&source, &destination);
+        check_copy(from.len(), from_offset, to.len(), to_offset, bytes, same)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let len = usize::try_from(bytes).map_err(|_| {
+            BackendError::bad_input(format!(
+                "Fix: cannot copy {bytes} bytes on this host (more than it can address); copy \
+                 fewer bytes at a time"
+            ))
+        })?;
+        inner.bind()?;
+        let mut accesses = Accesses::default();
+        accesses.reads.push(source.address());
+        accesses.writes.push(destination.address());
+        let lane = inner
+            .lanes
+            .lease()
+            .map_err(|e| BackendError::driver("creating a stream", e))?;
+        let mut held = Held::default();
+        held.buffers.push(source);
+        held.buffers.push(destination);
+        let ordered = inner
+            .in_flight
+            .order_after(&accesses, &lane.stream, None)
+            .map_err(|error| inner.stream_failed(name, "ordering it after a dispatch", error))
+            .and_then(|(ordered, lanes)| {
+                inner.in_flight.wait_for_lanes(lanes, name)?;
+                Ok(ordered)
+            });
+        let ordered = match ordered {
+            Ok(ordered) => ordered,
+            Err(error) => {
+                inner.release(lane, &mut held, false, &[]);
+                return Err(error);
+            }
+        };
+        inner
+            .in_flight
+            .enter(&lane.stream, &lane.order, accesses, ordered);
+        let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
+        ops.buffer_copies.push(BufferCopy {
+            from: held.buffers[0].address() + from_offset,
+            to: held.buffers[1].address() + to_offset,
+            len,
+        });
+        let mut target = LaneTarget::of(&lane);
+        // SAFETY: both ranges were checked against their buffers' lengths (and
+        // against each other within one buffer) by `check_copy`; `held` keeps both
+        // allocations alive past the synchronize below (or leaks them with the lane
+        // when the stream cannot be synchronised).
+        let result = unsafe { enqueue(&mut ops, &mut target) }
+            .map_err(|f| inner.stream_failed(name, f.what, f.error))
+            .and_then(|()| inner.synchronize(&mut target, name).map(|_| ()));
         inner.release(lane, &mut held, result.is_ok(), &[]);
         result
     }

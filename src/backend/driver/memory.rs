@@ -194,6 +194,28 @@ pub unsafe fn copy_to_host_async(
     )
 }
 
+/// Enqueue a copy between two device addresses, either of which may be host-mapped
+/// pinned memory (`cuMemcpyAsync` tells the kinds apart by unified addressing): the
+/// copy engine moves the bytes, no kernel runs.
+///
+/// # Safety
+/// `src`+`len` and `dst`+`len` must lie inside live allocations (device memory or
+/// host-mapped pinned memory) that stay alive until the stream passes the copy,
+/// and the two ranges must not overlap.
+#[inline]
+pub unsafe fn copy_between_async(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: &Stream,
+) -> DriverResult<()> {
+    count(|c| c.async_copies += 1);
+    check(
+        sys::cuMemcpyAsync(dst, src, len, stream.raw),
+        "cuMemcpyAsync",
+    )
+}
+
 /// A blocking device → host copy of raw addresses (instruments only).
 #[cfg(feature = "testing")]
 ///

@@ -35,8 +35,9 @@ pub use graph::{
 #[cfg(feature = "testing")]
 pub use memory::copy_to_host_blocking_raw;
 pub use memory::{
-    allocate_async, copy_to_device_async, copy_to_device_blocking, copy_to_host_async,
-    fill_bytes_async, fill_words_async, free_async, DeviceMemory, MappedMemory, PinnedMemory,
+    allocate_async, copy_between_async, copy_to_device_async, copy_to_device_blocking,
+    copy_to_host_async, fill_bytes_async, fill_words_async, free_async, DeviceMemory, MappedMemory,
+    PinnedMemory,
 };
 pub use module::{launch, lazy_module_loading, LoadedModule};
 #[cfg(feature = "testing")]
@@ -243,6 +244,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemGetInfo_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyAsync",
     "cuMemcpyDtoH_v2",
     "cuMemsetD8Async",
     "cuMemsetD32Async",

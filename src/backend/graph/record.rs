@@ -17,8 +17,8 @@ use crate::backend::readback::{
     mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
 };
 use crate::backend::stream_ops::{
-    enqueue, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy, StreamOps,
-    StreamTarget,
+    enqueue, BufferCopy, Clear, DeviceMark, KernelLaunch, PinnedCopy, Readback, StagedCopy,
+    StreamOps, StreamTarget,
 };
 use crate::backend::{
     device_of_backend, BackendError, BackendInner, Binding, CudaBackend, DeviceBuffer, Dispatch,
@@ -830,6 +830,13 @@ impl StreamTarget for CaptureTarget<'_, '_> {
     unsafe fn clear(&mut self, clear: Clear) -> DriverResult<()> {
         // SAFETY: forwarded obligation (see the trait).
         unsafe { driver::fill_bytes_async(clear.device, 0, clear.bytes, self.capture.stream()) }
+    }
+
+    unsafe fn copy_between(&mut self, _copy: BufferCopy) -> DriverResult<()> {
+        // Graph steps are dispatches and read-backs; no description copies buffers.
+        Err(DriverError::not_supported(
+            "a buffer-to-buffer copy inside a graph capture",
+        ))
     }
 
     unsafe fn upload_pinned(&mut self, _copy: PinnedCopy) -> DriverResult<()> {

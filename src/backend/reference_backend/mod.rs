@@ -51,7 +51,7 @@ use crate::lower;
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
-use super::buffer::{whole_values, Storage};
+use super::buffer::{check_copy, whole_values, Storage};
 use super::dispatch::{foreign_kernel, PendingOrigin, Sink};
 use super::kernel::KernelKind;
 use super::plan::{binding_slots, check_output_slices, plan_request, ParamSlot, RequestPlan};
@@ -240,6 +240,42 @@ impl ReferenceBackend {
             )));
         }
         out.copy_from_slice(&bytes[..out.len()]);
+        Ok(())
+    }
+
+    /// `CudaBackend::copy` on host memory: the same checks, the same errors.
+    pub(in crate::backend) fn copy(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &DeviceBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        let source = from.host_for(&self.inner, "copy from")?;
+        let destination = to.host_for(&self.inner, "copy into")?;
+        let same = Arc::ptr_eq(source, destination);
+        check_copy(from.len(), from_offset, to.len(), to_offset, bytes, same)?;
+        // In bounds of both (checked), so these fit a usize.
+        let (from_offset, to_offset, bytes) =
+            (from_offset as usize, to_offset as usize, bytes as usize);
+        if same {
+            source
+                .lock()
+                .copy_within(from_offset..from_offset + bytes, to_offset);
+        } else {
+            // Locked in address order, so two copies between the same two buffers in
+            // opposite directions on two threads cannot deadlock.
+            let (source, mut destination) = if Arc::as_ptr(source) < Arc::as_ptr(destination) {
+                let source = source.lock();
+                (source, destination.lock())
+            } else {
+                let destination = destination.lock();
+                (source.lock(), destination)
+            };
+            destination[to_offset..to_offset + bytes]
+                .copy_from_slice(&source[from_offset..from_offset + bytes]);
+        }
         Ok(())
     }
 

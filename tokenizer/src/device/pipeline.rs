@@ -11,11 +11,17 @@
 //! copy at 7–12 GB/s from pageable memory by DMA, measured on the H200 host,
 //! but a parallel gather into pinned memory runs at memory speed), the `stage`
 //! kernel pulls it into device memory, the split and the merges run there, and
-//! `compact` writes the ids and each document's first id index straight back
-//! into host-mapped memory: no DMA copy either way and no read of a size the
-//! host must learn first. The host then hands each document its ids from that
-//! memory, again on the pool. A graph encode uploads the same buffers from the
-//! graph's pinned input slots instead of the `stage` kernel.
+//! `compact` writes each document's first id index (and the total) straight
+//! back into host-mapped memory. The ids themselves go the same way in chunks
+//! below [`COPY_ENGINE_FROM`] (1 MiB): no DMA copy and no read of a size
+//! the host must learn first. From 1 MiB `compact` stores them into device
+//! memory, and once the chunk is done the host, having read the total, has the
+//! copy engine bring exactly that many into the slot's host-mapped memory
+//! ([`AnyBackend::copy`]): a kernel storing 34 MB of ids across PCIe held SMs
+//! that the other chunks' steps needed (the constant's docs give the
+//! measurement). The host then hands each document its ids from that memory,
+//! again on the pool. A graph encode uploads the same buffers from the graph's
+//! pinned input slots instead of the `stage` kernel.
 //!
 //! # Why the host's work overlaps the device's
 //!
@@ -80,7 +86,7 @@ use std::time::Instant;
 
 use vyre_cuda::backend::{
     AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
-    Timings, MAX_PENDING,
+    PinnedBuffer, Timings, MAX_PENDING,
 };
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
@@ -89,7 +95,9 @@ use super::fused::{
     resident_program, short_program, ShortProgram, Spread, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
 };
 use super::host_copy;
-use super::programs::{blocks, param, Geometry, Programs, Role, MAX_KERNEL_STEPS};
+use super::programs::{
+    blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, MAX_KERNEL_STEPS,
+};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::batch::kind_table_bytes;
@@ -264,8 +272,20 @@ pub struct ChunkTimings {
     pub wall_ns: u64,
     /// Host time staging the chunk (the gather) and submitting its steps.
     pub submit_ns: u64,
-    /// Host time handing each document its ids after the wait.
+    /// Host time handing each document its ids after the wait (with the copy
+    /// of the ids to the host, `copy_ns`, where the chunk takes one).
     pub scatter_ns: u64,
+    /// Host time of the ids' copy from device memory into host memory at the
+    /// start of the hand-out (chunks from [`COPY_ENGINE_FROM`] on CUDA; 0
+    /// for the others).
+    pub copy_ns: u64,
+    /// From staging the text until its steps were found done, host clock.
+    pub ready_ns: u64,
+    /// When staging began, from the start of the
+    /// [`DeviceEncoder::encode_batch_into`] call that ran the chunk (0 for a
+    /// chunk submitted alone): with `submit_ns`, `ready_ns` and `wall_ns`, the
+    /// batch's timeline.
+    pub began_ns: u64,
     /// Each kernel step's timings, in dispatch order
     /// ([`DeviceEncoder::step_names`], or `short` or `resident` alone for a
     /// chunk that runs a fused kernel: [`DeviceEncoder::runs_short`],
@@ -301,8 +321,39 @@ impl ChunkTimings {
     }
 }
 
+/// From this many bytes of text capacity (1 MiB, where the split takes its bulk
+/// blocks) a CUDA slot moves the text and the ids across PCIe by the copy
+/// engine instead of by kernels:
+///
+/// - the text is gathered into a [`PinnedBuffer`] that the `stage` dispatch
+///   binds as [`Binding::Pinned`], so its upload is one DMA into a transient
+///   device buffer before the kernel, which then reads device memory (the
+///   whole buffer goes up, as large as the slot: a chunk that reuses a larger
+///   slot uploads its unused tail too);
+/// - `compact` stores the ids into device memory, and the copy engine brings
+///   exactly the ids the chunk produced into the slot's host-mapped memory
+///   once the host has read their count ([`AnyBackend::copy`]).
+///
+/// Why: a kernel that stores into host-mapped memory holds multiprocessors
+/// while it waits on PCIe, and on the H200 the steps of one chunk fill the
+/// device, so every chunk's PCIe time added to the batch's. On the H200
+/// (2026-12-03, a 64 MiB cl100k batch in four 16 MiB chunks) the batch took
+/// 13.44 ms with the device's default 8 hardware queues and 14.77 ms with one
+/// (every step of every chunk one after another): only 1.3 ms of overlap,
+/// while `compact` alone took 0.72–0.87 ms per chunk for about 34 MB of ids
+/// and `stage` 0.38 ms. A copy by the copy engine takes no multiprocessor, so
+/// the other chunks' steps run beside it: with the ids copied, the same batch's
+/// `compact` took 0.11–0.34 ms per chunk and `encode_batch_into` 10.89 ms
+/// against 11.44 (the figures with the text's DMA are in the README). Below
+/// 1 MiB the ids are few (a 256 KiB text's about 240 KB take `compact` about
+/// 5 µs across PCIe) and a copy's own round trip would cost more than it
+/// saves.
+pub const COPY_ENGINE_FROM: u64 = 1 << 20;
+
 /// Whether the host writes or reads `role` itself: on CUDA it lives in
-/// host-mapped pinned memory.
+/// host-mapped pinned memory (the ids only in slots below
+/// [`COPY_ENGINE_FROM`]; larger ones keep them in device memory and copy
+/// them into [`Slot::ids_host`]).
 fn host_visible(role: Role) -> bool {
     matches!(
         role,
@@ -427,6 +478,15 @@ struct Slot {
     text_capacity: u64,
     document_capacity: u64,
     buffers: [Option<DeviceBuffer>; ROLES],
+    /// Where the copy engine brings the ids when `compact` stores them into
+    /// device memory (CUDA slots of at least [`COPY_ENGINE_FROM`] bytes):
+    /// host-mapped, as large as the `ids` buffer. `None`: the `ids` buffer is
+    /// host-visible itself.
+    ids_host: Option<DeviceBuffer>,
+    /// The staged text, when the `stage` dispatch uploads it by DMA (CUDA slots
+    /// from [`COPY_ENGINE_FROM`] bytes): it takes the place of the
+    /// `staged_text` buffer, which the slot then does not have.
+    staged_text_pinned: Option<PinnedBuffer>,
 }
 
 impl Slot {
@@ -487,8 +547,9 @@ fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
 /// another chunk: each holds its chunk's buffers until its ids are out.
 const HAND_OUTS_RUNNING: usize = 2;
 
-/// Buffer slots an encoder keeps idle for the next chunks: one per chunk on
-/// the device, the one being staged, and those of running hand-outs.
+/// Buffer slots of each kind (moving text and ids by the copy engine or not:
+/// [`COPY_ENGINE_FROM`]) an encoder keeps idle for the next chunks: one per
+/// chunk on the device, the one being staged, and those of running hand-outs.
 const SLOTS_KEPT: usize = CHUNKS_IN_FLIGHT + 1 + HAND_OUTS_RUNNING;
 
 /// One chunk's hand-out, run on the copy pool (or at once without one).
@@ -803,9 +864,19 @@ impl DeviceEncoder {
         let (text, documents) = capacities(text_bytes, documents);
         let mut device = 0;
         let mut host = 0;
+        let by_copy_engine = self.by_copy_engine(text);
         for role in Role::ALL {
             let bytes = self.slot_role_bytes(role, text, documents);
-            if host_visible(role) {
+            if role == Role::Ids && by_copy_engine {
+                // In device memory, and copied into as many host-mapped bytes.
+                device += bytes;
+                host += bytes;
+            } else if role == Role::StagedText && by_copy_engine {
+                // Pinned on the host, and uploaded into a transient device buffer
+                // of its size while the chunk is in flight.
+                device += bytes;
+                host += bytes;
+            } else if host_visible(role) {
                 host += bytes;
             } else {
                 device += bytes;
@@ -847,6 +918,7 @@ impl DeviceEncoder {
                 ),
             ));
         }
+        let batch_start = Instant::now();
         let ranges = chunk_ranges(texts, &self.limits);
         // Each chunk's timings, filled in by its hand-out (on the pool).
         let outcomes: Vec<Mutex<Option<Result<ChunkTimings, TokenizerError>>>> =
@@ -854,13 +926,23 @@ impl DeviceEncoder {
         let hand_outs = HandOuts::default();
         let pipelined = match hand_out_pool(ranges.len()) {
             Some(pool) => pool.in_place_scope(|scope| {
-                self.pipeline(texts, &ranges, results, &outcomes, &hand_outs, &mut |job| {
-                    scope.spawn(move |_| job());
-                })
+                self.pipeline(
+                    (texts, &ranges, batch_start),
+                    results,
+                    &outcomes,
+                    &hand_outs,
+                    &mut |job| {
+                        scope.spawn(move |_| job());
+                    },
+                )
             }),
-            None => self.pipeline(texts, &ranges, results, &outcomes, &hand_outs, &mut |job| {
-                job()
-            }),
+            None => self.pipeline(
+                (texts, &ranges, batch_start),
+                results,
+                &outcomes,
+                &hand_outs,
+                &mut |job| job(),
+            ),
         };
         pipelined?;
         outcomes
@@ -880,11 +962,10 @@ impl DeviceEncoder {
     /// slot) while the chunks before it compute, then submitted once there is
     /// room; a finished chunk's hand-out goes to `spawn` (the copy pool, where
     /// it runs while the calling thread stages the next chunk), its timings to
-    /// `outcomes`.
+    /// `outcomes` (each chunk's `began_ns` counted from `batch_start`).
     fn pipeline<'s>(
         &'s self,
-        texts: &[&[u8]],
-        ranges: &[Range<usize>],
+        (texts, ranges, batch_start): (&[&[u8]], &[Range<usize>], Instant),
         mut results: &'s mut [Vec<u32>],
         outcomes: &'s [Mutex<Option<Result<ChunkTimings, TokenizerError>>>],
         hand_outs: &'s HandOuts,
@@ -892,9 +973,19 @@ impl DeviceEncoder {
     ) -> Result<(), TokenizerError> {
         let mut hand_out = |index: usize, pending: PendingEncode<'s>, mine: &'s mut [Vec<u32>]| {
             let finished = pending.finish()?;
+            let began_ns = u64::try_from(
+                finished
+                    .start
+                    .saturating_duration_since(batch_start)
+                    .as_nanos(),
+            )
+            .unwrap_or(u64::MAX);
             let running = hand_outs.begin();
             spawn(Box::new(move || {
-                let outcome = finished.hand_out(mine);
+                let outcome = finished.hand_out(mine).map(|mut timings| {
+                    timings.began_ns = began_ns;
+                    timings
+                });
                 *outcomes[index]
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(outcome);
@@ -1073,20 +1164,48 @@ impl DeviceEncoder {
                 .slots
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(index) = slots
-                .iter()
-                .position(|slot| slot.text_capacity >= text && slot.document_capacity >= documents)
-            {
+            // A chunk below `COPY_ENGINE_FROM` never takes a slot that moves its
+            // text and ids by the copy engine: the whole pinned text would go up and
+            // the ids would take a copy's round trip, for a few KiB.
+            let copies = self.by_copy_engine(text);
+            if let Some(index) = slots.iter().position(|slot| {
+                slot.text_capacity >= text
+                    && slot.document_capacity >= documents
+                    && slot.ids_host.is_some() == copies
+            }) {
                 return Ok(slots.swap_remove(index));
             }
         }
         let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
+        let mut ids_host = None;
+        let mut staged_text_pinned = None;
+        let by_copy_engine = self.by_copy_engine(text);
         for role in Role::ALL {
             let bytes = self.slot_role_bytes(role, text, documents);
             if bytes == 0 {
                 continue;
             }
-            let buffer = if host_visible(role) {
+            if let (Role::StagedText, true, AnyBackend::Cuda(gpu)) =
+                (role, by_copy_engine, &self.backend)
+            {
+                let pinned = usize::try_from(bytes)
+                    .map_err(|_| internal(format!("a slot of {bytes} text bytes on this host")))?;
+                let pinned = gpu.pinned_buffer(pinned).map_err(|error| {
+                    backend_error(
+                        &format!("allocating {bytes} pinned bytes for the text"),
+                        error,
+                    )
+                })?;
+                staged_text_pinned = Some(pinned);
+                continue;
+            }
+            if role == Role::Ids && by_copy_engine {
+                let host = host_visible_buffer(&self.backend, bytes).map_err(|error| {
+                    backend_error(&format!("allocating {bytes} host bytes for the ids"), error)
+                })?;
+                ids_host = Some(host);
+            }
+            let buffer = if host_visible(role) && !(role == Role::Ids && by_copy_engine) {
                 host_visible_buffer(&self.backend, bytes)
             } else {
                 self.backend.buffer(bytes)
@@ -1103,7 +1222,15 @@ impl DeviceEncoder {
             text_capacity: text,
             document_capacity: documents,
             buffers,
+            ids_host,
+            staged_text_pinned,
         })
+    }
+
+    /// Whether a slot of `text_capacity` bytes moves its text and ids by the copy
+    /// engine ([`COPY_ENGINE_FROM`]).
+    fn by_copy_engine(&self, text_capacity: u64) -> bool {
+        matches!(self.backend, AnyBackend::Cuda(_)) && text_capacity >= COPY_ENGINE_FROM
     }
 
     fn give_back(&self, slot: Slot) {
@@ -1112,9 +1239,16 @@ impl DeviceEncoder {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         slots.push(slot);
-        // Keep the largest few: a slot is tens of bytes per text byte.
+        // Keep the largest few of each kind (a slot is tens of bytes per text
+        // byte), so that small chunks still find a slot of theirs after a batch
+        // of large ones.
         slots.sort_by_key(|slot| std::cmp::Reverse(slot.text_capacity));
-        slots.truncate(SLOTS_KEPT);
+        let mut kept = [0usize; 2];
+        slots.retain(|slot| {
+            let kind = &mut kept[usize::from(slot.ids_host.is_some())];
+            *kind += 1;
+            *kind <= SLOTS_KEPT
+        });
     }
 
     /// Writes the chunk into the slot's staging: the parameters, the document
@@ -1138,6 +1272,12 @@ impl DeviceEncoder {
             Ok(())
         })?;
         let text_len = layout.text_len as usize;
+        if let Some(pinned) = slot.staged_text_pinned.as_mut() {
+            let out = pinned
+                .as_mut_slice()
+                .map_err(|error| backend_error("staging the chunk", error))?;
+            return host_copy::gather(&mut out[..text_len], texts);
+        }
         write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
             host_copy::gather(&mut out[..text_len], texts)
         })
@@ -1156,10 +1296,19 @@ impl DeviceEncoder {
         let geometry = &compiled.programs.geometry;
         let steps = compiled.programs.steps();
         // (kernel, its bindings' roles, workgroups, name) of each dispatch.
+        // `compact` into device memory needs no cap for PCIe's sake.
+        let device_compact = Geometry {
+            compact_workgroups: DEVICE_COMPACT_WORKGROUPS,
+            ..*geometry
+        };
+        let grid_geometry = match slot.ids_host {
+            Some(_) => &device_compact,
+            None => geometry,
+        };
         let step_by_step = steps.iter().zip(&compiled.kernels).map(|(step, kernel)| {
             let workgroups = step
                 .grid
-                .workgroups(geometry, text_len as u64, documents as u64);
+                .workgroups(grid_geometry, text_len as u64, documents as u64);
             (kernel, &step.bindings[..], workgroups, step.program_name())
         });
         let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.fused_kernel(u64::from(text_len))
@@ -1256,6 +1405,10 @@ impl DeviceEncoder {
                 Role::Vocabulary => Ok(Binding::from(&self.vocabulary)),
                 Role::TokenBytes => Ok(Binding::from(&self.token_bytes)),
                 Role::KindTable => Ok(Binding::from(&self.kind_table)),
+                Role::StagedText => match &slot.staged_text_pinned {
+                    Some(pinned) => Ok(Binding::Pinned(pinned)),
+                    None => slot.buffer(role).map(Binding::from),
+                },
                 _ => slot.buffer(role).map(Binding::from),
             })
             .collect()
@@ -1488,6 +1641,7 @@ impl<'e> PendingEncode<'e> {
         let slot = self.slot.take();
         if let Some(staged) = &slot {
             let waited = self.wait_steps(&mut timings).and_then(|()| {
+                timings.ready_ns = elapsed_ns(self.start);
                 if self.want_counts {
                     timings.counts = Some(self.encoder.counts_of(staged)?);
                 }
@@ -1572,7 +1726,8 @@ impl FinishedChunk<'_> {
         match self.slot.as_mut() {
             Some(slot) => {
                 let start = Instant::now();
-                hand_out_chunk(&self.encoder.backend, slot, None, self.documents, results)?;
+                timings.copy_ns =
+                    hand_out_chunk(&self.encoder.backend, slot, None, self.documents, results)?;
                 timings.scatter_ns = elapsed_ns(start);
             }
             None => results.iter_mut().for_each(Vec::clear),
@@ -1591,14 +1746,15 @@ impl Drop for FinishedChunk<'_> {
 }
 
 /// Reads the document starts and the ids of a finished chunk and gives each of
-/// its `documents` documents its ids.
+/// its `documents` documents its ids; the host time of the ids' copy to the
+/// host, where the slot takes one.
 fn hand_out_chunk(
     backend: &AnyBackend,
     slot: &mut Slot,
     mut graph: Option<&mut AnyGraph>,
     documents: usize,
     results: &mut [Vec<u32>],
-) -> Result<(), TokenizerError> {
+) -> Result<u64, TokenizerError> {
     let starts = read_host_visible(
         backend,
         slot.buffer_mut(Role::DocumentTokenStarts)?,
@@ -1614,9 +1770,25 @@ fn hand_out_chunk(
             starts.first()
         )));
     }
-    read_host_visible(backend, slot.buffer_mut(Role::Ids)?, graph, total, |ids| {
+    let device_ids = slot.buffers[Role::Ids as usize].as_ref();
+    let mut copy_ns = 0;
+    let (ids, graph) = match (slot.ids_host.as_mut(), device_ids) {
+        // Exactly the chunk's ids, by the copy engine, into host memory that no
+        // graph binds.
+        (Some(host), Some(device)) => {
+            let start = Instant::now();
+            backend
+                .copy(device, 0, host, 0, 4 * total as u64)
+                .map_err(|error| backend_error("copying the ids to the host", error))?;
+            copy_ns = elapsed_ns(start);
+            (host, None)
+        }
+        _ => (slot.buffer_mut(Role::Ids)?, graph),
+    };
+    read_host_visible(backend, ids, graph, total, |ids| {
         host_copy::hand_out(ids, &starts, results)
-    })?
+    })??;
+    Ok(copy_ns)
 }
 
 impl Drop for PendingEncode<'_> {

@@ -14,7 +14,7 @@
 //! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
 //! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
-//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`], each owning whole blocks of `4 · W` bytes | the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
+//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] (host-mapped ids) or [`DEVICE_COMPACT_WORKGROUPS`] (ids in device memory), each owning whole blocks of `4 · W` bytes | the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
 //!
 //! An eager chunk is seven dispatches for r50k and p50k and eight for cl100k
 //! and o200k; a graph replays all but `stage`. The split's steps bind the
@@ -51,7 +51,11 @@
 //! # `stage` and `compact` wait on PCIe
 //!
 //! On CUDA `stage` reads the staged text from host-mapped memory and `compact`
-//! writes the ids into it, so both are bound by PCIe, not by the SMs: on the
+//! writes the ids into it (in chunks below
+//! [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM); larger
+//! ones keep their ids in device memory for the copy engine, and their
+//! `compact` takes up to [`DEVICE_COMPACT_WORKGROUPS`]), so both are bound by
+//! PCIe, not by the SMs: on the
 //! H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB chunks) `stage` took
 //! 0.39–0.76 ms per chunk against ≥ 0.31 ms for 16 MiB at the ~54 GB/s pinned
 //! copy bound, and `compact` 0.87–1.21 ms for about 34 MB of ids against
@@ -322,6 +326,16 @@ pub const STAGE_WORKGROUPS: u32 = 128;
 /// chunk 0's `compact` took 0.67–0.70 ms at caps of 64–1,024 beside a capped
 /// `stage` against 1.07–1.39 ms beside an uncapped one.
 pub const COMPACT_WORKGROUPS: u32 = 64;
+
+/// Most workgroups of `compact` when it stores the ids into device memory (CUDA
+/// slots from [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM),
+/// whose ids the copy engine then brings to the host): 1,024, one wave of
+/// 256-thread workgroups on an H200 like [`PIECES_WORKGROUPS`]. The cap of
+/// [`Geometry::compact_workgroups`] keeps a `compact` that waits on PCIe from
+/// holding the SMs; one that stores into device memory waits on nothing, and
+/// at 64 workgroups each would walk 256 of a 16 MiB chunk's blocks one after
+/// another.
+pub const DEVICE_COMPACT_WORKGROUPS: u32 = 1024;
 
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
