@@ -495,8 +495,10 @@ pub(in crate::backend) fn check_copy(
     ] {
         if past(offset, len) {
             return Err(BackendError::bad_input(format!(
-                "Fix: cannot copy {bytes} bytes at offset {offset} of the {side} buffer: it holds \
-                 {len} bytes; copy fewer bytes, or from an offset at most {} bytes before its end",
+                "Fix: cannot copy {bytes} bytes at offset {offset} of the {side} buffer, which \
+                 holds {len} bytes; copy at most {} bytes at that offset, or start at offset {} \
+                 or earlier",
+                len.saturating_sub(offset),
                 len.saturating_sub(bytes)
             )));
         }

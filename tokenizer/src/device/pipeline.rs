@@ -867,13 +867,10 @@ impl DeviceEncoder {
         let by_copy_engine = self.by_copy_engine(text);
         for role in Role::ALL {
             let bytes = self.slot_role_bytes(role, text, documents);
-            if role == Role::Ids && by_copy_engine {
-                // In device memory, and copied into as many host-mapped bytes.
-                device += bytes;
-                host += bytes;
-            } else if role == Role::StagedText && by_copy_engine {
-                // Pinned on the host, and uploaded into a transient device buffer
-                // of its size while the chunk is in flight.
+            if by_copy_engine && matches!(role, Role::Ids | Role::StagedText) {
+                // The ids in device memory, copied into as many host-mapped bytes;
+                // the text pinned on the host, uploaded into a transient device
+                // buffer of its size while the chunk is in flight.
                 device += bytes;
                 host += bytes;
             } else if host_visible(role) {
@@ -1159,6 +1156,7 @@ impl DeviceEncoder {
     /// one that is large enough, or a new one (powers of two).
     fn take_slot(&self, text_len: u64, documents: u64) -> Result<Slot, TokenizerError> {
         let (text, documents) = capacities(text_len, documents);
+        let by_copy_engine = self.by_copy_engine(text);
         {
             let mut slots = self
                 .slots
@@ -1167,11 +1165,10 @@ impl DeviceEncoder {
             // A chunk below `COPY_ENGINE_FROM` never takes a slot that moves its
             // text and ids by the copy engine: the whole pinned text would go up and
             // the ids would take a copy's round trip, for a few KiB.
-            let copies = self.by_copy_engine(text);
             if let Some(index) = slots.iter().position(|slot| {
                 slot.text_capacity >= text
                     && slot.document_capacity >= documents
-                    && slot.ids_host.is_some() == copies
+                    && slot.ids_host.is_some() == by_copy_engine
             }) {
                 return Ok(slots.swap_remove(index));
             }
@@ -1179,7 +1176,6 @@ impl DeviceEncoder {
         let mut buffers: [Option<DeviceBuffer>; ROLES] = std::array::from_fn(|_| None);
         let mut ids_host = None;
         let mut staged_text_pinned = None;
-        let by_copy_engine = self.by_copy_engine(text);
         for role in Role::ALL {
             let bytes = self.slot_role_bytes(role, text, documents);
             if bytes == 0 {
