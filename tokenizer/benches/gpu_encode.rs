@@ -309,7 +309,8 @@ fn main() {
             at(chunk.wall_ns)
         );
     }
-    for mib in [8u64, 32, 64] {
+    // The default is 8 MiB (`CHUNK_TEXT_BYTES`): the others beside it.
+    for mib in [16u64, 32, 64] {
         let sized = DeviceEncoder::with_geometry(
             AnyBackend::Cuda(gpu.clone()),
             &cpu,

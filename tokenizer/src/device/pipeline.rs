@@ -50,7 +50,7 @@
 //!
 //! # One chunk hands out on the calling thread
 //!
-//! A batch of one chunk (any batch within [`ChunkLimits`], 16 MiB by default,
+//! A batch of one chunk (any batch within [`ChunkLimits`], 8 MiB by default,
 //! so every `Tokenizer` device encode of one text up to that size, which goes
 //! through [`DeviceEncoder::encode_batch_into`]) has nothing to overlap its
 //! hand-out with, so it runs on the calling thread, as
@@ -108,10 +108,24 @@ use crate::Tokenizer;
 
 const ROLES: usize = Role::ALL.len();
 
-/// Default most text bytes per chunk (16 MiB: a 64 MiB batch is four chunks,
-/// so one is staged while another computes). At most
+/// Default most text bytes per chunk: 8 MiB, so a 64 MiB batch is eight chunks,
+/// four of them (32 MiB, about 4,000 of the bulk split's blocks) on the device
+/// at once while the next is staged and earlier ones are handed out. At most
 /// [`MAX_TEXT_BYTES`] (256 MiB), the split's limit.
-pub const CHUNK_TEXT_BYTES: u64 = 16 << 20;
+///
+/// Why 8 and not 16 MiB: a batch costs about the first chunk's gather, the
+/// device's work and the last chunks' hand-outs (the bench's per-chunk
+/// timeline, H200, 2026-12-03: four 16 MiB chunks all done on the device by
+/// 8.74 ms, their last hand-outs until 10.6 ms), and both ends halve with the
+/// chunk. In the `gpu_encode` bench's rows of the same runs (a 64 MiB cl100k
+/// batch into new vectors, seven runs over the nineteenth session, before and
+/// after the copy engine took the text and ids) chunks of 8 MiB took 10.59,
+/// 10.67, 11.43, 11.91, 12.09 and 14.47 ms where 16 MiB took 12.79, 13.09,
+/// 15.26, 13.44, 14.44 and 14.77 ms; in one run 14.02 against 13.42. With 8 MiB
+/// the default, the next run gave 11.27 ms (5.96 GB/s; `encode_batch_into`
+/// 9.60 ms) against 12.96 ms for 16 MiB chunks, the last of its nine chunks
+/// handed out 0.9 ms after the device's last step.
+pub const CHUNK_TEXT_BYTES: u64 = 8 << 20;
 
 /// Default most documents per chunk.
 pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
