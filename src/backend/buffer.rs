@@ -429,32 +429,6 @@ impl CudaBackend {
         self.transfer(memory, buffer.bytes, Transfer::Upload(bytes))
     }
 
-    /// Copy `bytes` bytes of `from`, starting at byte `from_offset`, into `to` at
-    /// byte `to_offset`, by the device's copy engine: no kernel runs, so the
-    /// multiprocessors stay free for other work meanwhile. Either buffer may be
-    /// [host-mapped](CudaBackend::host_mapped_buffer): a pipeline that computes
-    /// into device memory brings exactly the bytes it produced into host memory
-    /// this way, once it has learned how many there are (the `vyre-tokenizer`
-    /// encoder's ids, by DMA at the PCIe copy bound, instead of a kernel storing
-    /// each word across PCIe while it holds multiprocessors).
-    ///
-    /// Blocks until the bytes have arrived (one synchronize). Ordered on the device
-    /// after every dispatch in flight that writes `from` or touches `to`, and on the
-    /// host after every lane request that does; a dispatch submitted meanwhile that
-    /// conflicts with the copy runs after it. A range past either buffer's end, or
-    /// two overlapping ranges of one buffer, is an `Err` starting `Fix:`; copying 0
-    /// bytes does nothing.
-    pub fn copy(
-        &self,
-        from: &DeviceBuffer,
-        from_offset: u64,
-        to: &DeviceBuffer,
-        to_offset: u64,
-        bytes: u64,
-    ) -> Result<(), BackendError> {
-        self.copy_between(from, from_offset, to, to_offset, bytes)
-    }
-
     /// Read a whole buffer as values of `T` (an `Err` starting `Fix:` when its length
     /// is not a whole number of them).
     pub fn read<T: Pod>(&self, buffer: &DeviceBuffer) -> Result<Vec<T>, BackendError> {

@@ -119,13 +119,9 @@ fn copy_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) {
         "copy: overlapping ranges of one buffer",
         observe(backend.copy(&source, 0, &source, 16, 32), |()| vec![]),
     ));
-    let other = match backend {
-        AnyBackend::Cuda(_) => {
-            AnyBackend::Cuda(vyre_cuda::backend::CudaBackend::acquire().expect("cuda"))
-        }
-        _ => AnyBackend::reference(),
-    };
-    let foreign = other.buffer(4 * 64).expect("buffer");
+    let foreign = another_backend_like(backend)
+        .buffer(4 * 64)
+        .expect("buffer");
     seen.push((
         "copy: into a buffer of another backend",
         observe(backend.copy(&source, 0, &foreign, 0, 4), |()| vec![]),
@@ -146,6 +142,16 @@ pub fn store_to_read_only() -> Program {
             b.store("x", 0u32, 1u32);
         })
         .build()
+}
+
+/// A second backend of `backend`'s kind, whose buffers `backend` must refuse.
+fn another_backend_like(backend: &AnyBackend) -> AnyBackend {
+    match backend {
+        AnyBackend::Cuda(_) => {
+            AnyBackend::Cuda(vyre_cuda::backend::CudaBackend::acquire().expect("cuda"))
+        }
+        _ => AnyBackend::reference(),
+    }
 }
 
 /// The same validation at `compile`.
@@ -233,13 +239,9 @@ fn request_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) 
             |_| vec![],
         ),
     ));
-    let other = match backend {
-        AnyBackend::Cuda(_) => {
-            AnyBackend::Cuda(vyre_cuda::backend::CudaBackend::acquire().expect("cuda"))
-        }
-        _ => AnyBackend::reference(),
-    };
-    let foreign = other.buffer(4 * 64).expect("buffer");
+    let foreign = another_backend_like(backend)
+        .buffer(4 * 64)
+        .expect("buffer");
     let mixed = [Binding::from(&source), Binding::from(&foreign)];
     seen.push((
         "run: a buffer of another backend",

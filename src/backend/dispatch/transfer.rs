@@ -185,9 +185,25 @@ impl CudaBackend {
         result
     }
 
-    /// [`CudaBackend::copy`]: one copy by the copy engine on a leased lane, in the
-    /// order book from its ordering to its synchronize.
-    pub(in crate::backend) fn copy_between(
+    /// Copy `bytes` bytes of `from`, starting at byte `from_offset`, into `to` at
+    /// byte `to_offset`, by the device's copy engine: no kernel runs, so the
+    /// multiprocessors stay free for other work meanwhile. Either buffer may be
+    /// [host-mapped](CudaBackend::host_mapped_buffer): a pipeline that computes
+    /// into device memory brings exactly the bytes it produced into host memory
+    /// this way, once it has learned how many there are (the `vyre-tokenizer`
+    /// encoder's ids, by DMA at the PCIe copy bound, instead of a kernel storing
+    /// each word across PCIe while it holds multiprocessors).
+    ///
+    /// Blocks until the bytes have arrived (one synchronize). Ordered on the device
+    /// after every dispatch in flight that writes `from` or touches `to`, and on the
+    /// host after every lane request that does; a dispatch submitted meanwhile that
+    /// conflicts with the copy runs after it. A range past either buffer's end, or
+    /// two overlapping ranges of one buffer, is an `Err` starting `Fix:`; copying 0
+    /// bytes does nothing.
+    ///
+    /// One copy on a leased lane, in the order book from its ordering to its
+    /// synchronize.
+    pub fn copy(
         &self,
         from: &DeviceBuffer,
         from_offset: u64,

@@ -30,7 +30,7 @@
 //!   build kept the roles fixed and exchanged the copies' contents, so every request
 //!   of a chain copied its record twice through one thread's registers (0.64 µs of
 //!   record and prologue against 0.26 µs for a repeated request, H200, 2026-12-03);
-////! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
+//! - `.shared .align 8 .b8 vyre_lane_state[16]`: the block's view of the current
 //!   request (the doorbell value its leader saw, whether it publishes);
 //! - `.shared .align 8 .b8 vyre_lane_watch[24]` (only in a lane with doorbell
 //!   pollers, "Doorbell pollers" below): the ticket block 0's leader waits for and the
@@ -1163,7 +1163,6 @@ impl Server {
         // Batch registers of the copy loops: unit indices, then four words per unit.
         let batch = IN_FLIGHT.max(self.record_batch).max(self.window_batch);
         let _ = writeln!(self.out, "\t.reg .b32 %unit<{batch}>, %v<{}>;\n", 4 * batch);
-
         self.prologue([x, y, z]);
         self.place_memory();
         self.part_ways();

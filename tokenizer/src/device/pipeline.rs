@@ -504,6 +504,12 @@ struct Slot {
 }
 
 impl Slot {
+    /// Whether the slot moves its text and ids by the copy engine
+    /// ([`COPY_ENGINE_FROM`]): it has their pinned and host-mapped buffers.
+    fn by_copy_engine(&self) -> bool {
+        self.ids_host.is_some()
+    }
+
     fn buffer(&self, role: Role) -> Result<&DeviceBuffer, TokenizerError> {
         self.buffers[role as usize]
             .as_ref()
@@ -1182,7 +1188,7 @@ impl DeviceEncoder {
             if let Some(index) = slots.iter().position(|slot| {
                 slot.text_capacity >= text
                     && slot.document_capacity >= documents
-                    && slot.ids_host.is_some() == by_copy_engine
+                    && slot.by_copy_engine() == by_copy_engine
             }) {
                 return Ok(slots.swap_remove(index));
             }
@@ -1255,7 +1261,7 @@ impl DeviceEncoder {
         slots.sort_by_key(|slot| std::cmp::Reverse(slot.text_capacity));
         let mut kept = [0usize; 2];
         slots.retain(|slot| {
-            let kind = &mut kept[usize::from(slot.ids_host.is_some())];
+            let kind = &mut kept[usize::from(slot.by_copy_engine())];
             *kind += 1;
             *kind <= SLOTS_KEPT
         });
@@ -1311,9 +1317,10 @@ impl DeviceEncoder {
             compact_workgroups: DEVICE_COMPACT_WORKGROUPS,
             ..*geometry
         };
-        let grid_geometry = match slot.ids_host {
-            Some(_) => &device_compact,
-            None => geometry,
+        let grid_geometry = if slot.by_copy_engine() {
+            &device_compact
+        } else {
+            geometry
         };
         let step_by_step = steps.iter().zip(&compiled.kernels).map(|(step, kernel)| {
             let workgroups = step
