@@ -240,6 +240,12 @@ fn gpu_submit_after_orders_a_dependent_dispatch_on_the_device() {
     }
 }
 
+/// Words of the slow writer's buffers.
+const SMALL_WORDS: u32 = 256;
+
+/// The slow writer's rounds per word.
+const SLOW_ROUNDS: u32 = 400_000;
+
 /// A slow writer and a fast reader of 256 words, one workgroup each (so the device
 /// has room to run a disjoint submission beside the writer; the writer's threads
 /// loop long enough, about 1 ms, to be caught): `source` → `middle` by `slow`,
@@ -260,8 +266,6 @@ struct SlowWriter {
 
 impl SlowWriter {
     fn new() -> Self {
-        const SMALL_WORDS: u32 = 256;
-        const SLOW_ROUNDS: u32 = 400_000;
         let gpu = support::backend();
         let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
         let slow = gpu
@@ -430,6 +434,48 @@ fn gpu_copy_lands_after_the_dispatch_that_writes_its_source() {
         assert_eq!(
             words(&gpu.read::<u8>(&again).unwrap())[..WORDS as usize - 2],
             expected()[2..]
+        );
+    }
+}
+
+/// Locks out blocking transfers that overtake a submission still in flight over
+/// the same buffer (each runs on its own stream, so only the order book orders
+/// them; the reference backend, which runs a submission at once, never could):
+/// with the slow writer submitted and not waited for, `read` of the buffer it
+/// writes returns its finished words, and an `upload` into that buffer lands after
+/// the writer's stores, so the uploaded bytes are what remain. Negative control:
+/// the buffer holds other words before the writer runs (zeros, then the upload's),
+/// so stale bytes would fail both checks.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_blocking_transfers_wait_for_the_submission_they_conflict_with() {
+    let fixture = SlowWriter::new();
+    let f = &fixture;
+    let finished: Vec<u32> = (0..SMALL_WORDS)
+        .map(|i| triple_plus_one(i, SLOW_ROUNDS))
+        .collect();
+    let uploaded: Vec<u32> = (0..SMALL_WORDS).map(|i| i ^ 0x5a5a_5a5a).collect();
+    let zeros = vec![0u32; SMALL_WORDS as usize];
+    for round in 0..3 {
+        f.gpu.upload(&f.middle, &zeros).unwrap();
+        let before: Vec<u32> = f.gpu.read(&f.middle).unwrap();
+        assert_ne!(before, finished, "round {round}: negative control");
+        let writer = f.submit(&f.slow, &[&f.source, &f.middle], None);
+        let read: Vec<u32> = f.gpu.read(&f.middle).unwrap();
+        assert!(
+            read == finished,
+            "round {round}: the read ran before the writer ended"
+        );
+        writer.wait().unwrap();
+
+        let writer = f.submit(&f.slow, &[&f.source, &f.middle], None);
+        f.gpu.upload(&f.middle, &uploaded).unwrap();
+        writer.wait().unwrap();
+        let after: Vec<u32> = f.gpu.read(&f.middle).unwrap();
+        assert_ne!(uploaded, finished, "negative control");
+        assert!(
+            after == uploaded,
+            "round {round}: the upload landed before the writer's stores"
         );
     }
 }

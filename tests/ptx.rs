@@ -2981,3 +2981,107 @@ fn gpu_generated_programs_match_reference() {
         }
     }
 }
+
+/// Locks out a division by a constant hidden behind the zero-divisor guard (ptxas
+/// then calls its 64-bit division subroutine where a shift would do: about 15 % of
+/// the tokenizer split's `classify` on an H200): `x / 1024` and `x % 1024` on `u64`
+/// are a shift and a mask, and a safe constant of another kind (`u32` 7, `i32` -3,
+/// `i64` 2^40, which a shift would round the wrong way) is the immediate operand of
+/// one `div` and one `rem`, with no `selp` of the divisor, and the fixture
+/// assembles. Negative control: the divisors no dividend makes safe (`0`, and `-1`
+/// for a signed type) and a divisor in a variable keep the guard, whose `selp`
+/// chooses 1 for them.
+#[test]
+fn division_by_a_safe_constant_is_one_instruction() {
+    // The 64-bit dividends widen the 32-bit operands.
+    let dividend = |ty: ScalarType| match ty {
+        ScalarType::U64 => operand("a", ScalarType::U32).cast(ty),
+        ScalarType::I64 => operand("a", ScalarType::I32).cast(ty),
+        _ => operand("a", ty),
+    };
+    let program = |divisor: Literal, ty: ScalarType| {
+        typed_program(|b| {
+            let quotient = Expr::binary(BinaryOp::Div, dividend(ty), Expr::Literal(divisor));
+            let remainder = Expr::binary(BinaryOp::Rem, dividend(ty), Expr::Literal(divisor));
+            b.store("out", 0u32, quotient.cast(ScalarType::U32));
+            b.store("out", 1u32, remainder.cast(ScalarType::U32));
+        })
+    };
+    let ptx = |divisor: Literal, ty: ScalarType| {
+        program_to_ptx(&program(divisor, ty), &CodegenOptions::default(), 90, 32).expect("ptx")
+    };
+    for (divisor, ty, quotient, remainder) in [
+        (
+            Literal::U64(1024),
+            ScalarType::U64,
+            ("shr.u64", "10"),
+            ("and.b64", "1023"),
+        ),
+        (
+            Literal::U32(7),
+            ScalarType::U32,
+            ("div.u32", "7"),
+            ("rem.u32", "7"),
+        ),
+        (
+            Literal::I32(-3),
+            ScalarType::I32,
+            ("div.s32", "-3"),
+            ("rem.s32", "-3"),
+        ),
+        (
+            Literal::I64(1 << 40),
+            ScalarType::I64,
+            ("div.s64", "1099511627776"),
+            ("rem.s64", "1099511627776"),
+        ),
+    ] {
+        let text = ptx(divisor, ty);
+        for (mnemonic, operand) in [quotient, remainder] {
+            assert!(
+                text.lines()
+                    .any(|line| line.trim_start().starts_with(mnemonic)
+                        && line.trim_end().ends_with(&format!(", {operand};"))),
+                "{mnemonic} by {divisor:?}:\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("selp.b"),
+            "{divisor:?} kept the guard:\n{text}"
+        );
+    }
+    for (divisor, ty) in [
+        (Literal::U32(0), ScalarType::U32),
+        (Literal::I32(-1), ScalarType::I32),
+        (Literal::I64(-1), ScalarType::I64),
+    ] {
+        assert!(
+            ptx(divisor, ty).contains("selp.b"),
+            "negative control: {divisor:?}"
+        );
+    }
+    let variable = typed_program(|b| {
+        let quotient = Expr::binary(
+            BinaryOp::Div,
+            operand("a", ScalarType::U32),
+            operand("b", ScalarType::U32),
+        );
+        b.store("out", 0u32, quotient);
+    });
+    let text = program_to_ptx(&variable, &CodegenOptions::default(), 90, 32).expect("ptx");
+    assert!(
+        text.contains("selp.b32"),
+        "negative control: a variable divisor"
+    );
+    let Some(ptxas) = ptxas::require("division_by_a_safe_constant_is_one_instruction") else {
+        return;
+    };
+    ptxas::assemble_all(
+        &ptxas,
+        [(
+            "division_by_constant",
+            ptx(Literal::U64(1024), ScalarType::U64),
+        )],
+    )
+    .unwrap_or_else(|failures| panic!("{failures}"));
+}

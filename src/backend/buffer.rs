@@ -422,7 +422,9 @@ impl CudaBackend {
     }
 
     /// Copy `values` into the start of `buffer` (they may be shorter). Blocks until
-    /// the copy is done (one synchronize).
+    /// the copy is done (one synchronize). Ordered like a dispatch: after every
+    /// submission in flight that touches `buffer` (on the device) and every lane
+    /// request that does (on the host).
     pub fn upload<T: Pod>(&self, buffer: &DeviceBuffer, values: &[T]) -> Result<(), BackendError> {
         let memory = Arc::clone(buffer.memory_for(&self.inner, "upload into")?);
         let bytes: &[u8] = bytemuck::cast_slice(values);
@@ -438,7 +440,8 @@ impl CudaBackend {
     }
 
     /// Read the first `out.len()` values of `buffer` into `out` (no heap allocation
-    /// once the lane's staging is large enough).
+    /// once the lane's staging is large enough). Ordered like a dispatch: the words
+    /// a submission in flight writes into `buffer` are there.
     pub fn read_into<T: Pod>(
         &self,
         buffer: &DeviceBuffer,

@@ -38,8 +38,9 @@
 //! event recorded on its stream, `cuEventSynchronize`) and every conflicting request of
 //! another lane; an eager dispatch waits, before it enqueues anything, for every
 //! conflicting lane request in flight (its completion word), and so does a blocking
-//! copy or clear of a buffer a lane request binds, and a graph replay over one
-//! ([`OrderBook::lanes_touching`]; neither is in the book otherwise). A lane request
+//! transfer (an upload, a read, a clear, a copy between buffers: each in the book like
+//! a dispatch), and a graph replay over a buffer a lane request binds
+//! ([`OrderBook::lanes_touching`]; a replay is not in the book otherwise). A lane request
 //! stays in the book after its delivery, until its completion word shows it served: the
 //! lane's server publishes the result words before its GPU-scope fence, so a delivered
 //! request's outputs in device memory are visible to later device work only once the
@@ -93,6 +94,20 @@ impl Accesses {
 
     pub(in crate::backend) fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty()
+    }
+
+    /// Work that reads the owned buffer at device address `buffer` and nothing else.
+    pub(in crate::backend) fn reading(buffer: u64) -> Accesses {
+        let mut accesses = Accesses::default();
+        accesses.reads.push(buffer);
+        accesses
+    }
+
+    /// Work that writes the owned buffer at device address `buffer` and nothing else.
+    pub(in crate::backend) fn writing(buffer: u64) -> Accesses {
+        let mut accesses = Accesses::default();
+        accesses.writes.push(buffer);
+        accesses
     }
 }
 

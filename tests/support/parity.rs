@@ -197,6 +197,31 @@ fn request_cases(backend: &AnyBackend, seen: &mut Vec<(&'static str, Outcome)>) 
             vec![bytemuck_bytes(&words)]
         }),
     ));
+    // Blocking transfers take their place after a submission still in flight
+    // over the same buffer, as the reference's immediate run does.
+    let pending = backend.submit(Dispatch::new(&kernel, &good));
+    let early = backend.read::<u8>(&destination);
+    seen.push((
+        "read right after an unwaited submission that writes the buffer",
+        observe(early, |bytes| vec![bytes]),
+    ));
+    seen.push((
+        "the submission, waited",
+        observe(pending, |p| outputs(p.wait().expect("wait"))),
+    ));
+    let pending = backend.submit(Dispatch::new(&kernel, &good));
+    let replaced: Vec<u32> = (0..64).map(|i| 1000 + i).collect();
+    let uploaded = backend.upload(&source, &replaced);
+    let waited = pending.and_then(|pending| pending.wait());
+    seen.push((
+        "upload right after an unwaited submission that reads the buffer",
+        observe(uploaded.and(waited), |finished| {
+            let mut seen = outputs(finished);
+            seen.push(backend.read::<u8>(&source).expect("read"));
+            seen
+        }),
+    ));
+    backend.upload(&source, &values).expect("upload");
     let aliased = [Binding::from(&source), Binding::from(&source)];
     seen.push((
         "run: one buffer as input and write-only output",

@@ -5,9 +5,11 @@
 //!   turn), from the caller's `&str`s to each document's ids in the caller's
 //!   hands, against the copy bound of the same bytes measured here (the text up
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
-//!   against tiktoken-rs on all of the host's cores, and per chunk size, with
-//!   each chunk's timeline (when it was staged, submitted, found done and
-//!   handed out, from the call's start) and its ids' copy to the host; the
+//!   against tiktoken-rs on all of the host's cores, and per chunk size (4, 8,
+//!   16 and 32 MiB in rotated rounds), with each chunk's size and timeline
+//!   (when it was staged, submitted, found done and handed out, from the
+//!   call's start; how long the staging itself took) and its ids' copy to the
+//!   host; the
 //!   copy bound's ids down also by `CudaBackend::copy` into host-mapped memory,
 //!   the way the encoder brings a large chunk's ids up;
 //! - one 262,144-byte document, eager and as a graph (its ids into a new vector
@@ -72,6 +74,7 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+use vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES;
 use vyre_tokenizer::device::{
     host_copy, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, Geometry, ShortText,
 };
@@ -285,12 +288,15 @@ fn main() {
         gb_per_s(bytes, reused)
     );
     timings.extend(chunk_timings);
+    let chunk_bytes = chunk_sizes(encoder, &byte_refs);
     host_copies(&gpu, &byte_refs, &expected, rounds);
     for (index, chunk) in timings.iter().enumerate() {
         println!(
-            "    chunk {index}: wall {:.2} ms, host staging and submitting {:.2} ms, handing out ids {:.2} ms (their copy {:.2}), kernels {:.2} ms ({})",
+            "    chunk {index}: {:.2} MiB, wall {:.2} ms, host staging and submitting {:.2} ms (staging {:.2}), handing out ids {:.2} ms (their copy {:.2}), kernels {:.2} ms ({})",
+            chunk_bytes.get(index).copied().unwrap_or(0) as f64 / (1 << 20) as f64,
             chunk.wall_ns as f64 / 1e6,
             chunk.submit_ns as f64 / 1e6,
+            chunk.staged_ns as f64 / 1e6,
             chunk.scatter_ns as f64 / 1e6,
             chunk.copy_ns as f64 / 1e6,
             chunk.kernel_ns() as f64 / 1e6,
@@ -309,25 +315,7 @@ fn main() {
             at(chunk.wall_ns)
         );
     }
-    // The default is 8 MiB (`CHUNK_TEXT_BYTES`): the others beside it.
-    for mib in [16u64, 32, 64] {
-        let sized = DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(gpu.clone()),
-            &cpu,
-            Geometry::default(),
-            ChunkLimits {
-                text_bytes: mib << 20,
-                ..ChunkLimits::default()
-            },
-        )
-        .expect("encoder");
-        let (seconds, _) = median(rounds, || sized.encode_batch(&refs).expect("device batch"));
-        println!(
-            "  chunks of {mib} MiB: {:.2} ms, {:.2} GB/s",
-            seconds * 1e3,
-            gb_per_s(bytes, seconds)
-        );
-    }
+    chunk_sizes_rotated(&gpu, &cpu, &byte_refs, rounds);
 
     // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
     let step_by_step = DeviceEncoder::with_geometry(
@@ -994,6 +982,64 @@ fn median_after<S, T>(
     }
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
+}
+
+/// Each chunk's text bytes, as `encoder` cuts `texts` into chunks.
+fn chunk_sizes(encoder: &DeviceEncoder, texts: &[&[u8]]) -> Vec<usize> {
+    encoder
+        .chunks(texts)
+        .into_iter()
+        .map(|range| texts[range].iter().map(|text| text.len()).sum())
+        .collect()
+}
+
+/// The batch through `encode_batch_into` in chunks of other sizes (the
+/// default, [`CHUNK_TEXT_BYTES`], first), in rotated rounds (each size once per
+/// round, so a slow stretch of the host falls on all of them): the minimum and
+/// median of each, and how the encoder cut the batch.
+fn chunk_sizes_rotated(gpu: &CudaBackend, cpu: &Tokenizer, texts: &[&[u8]], rounds: usize) {
+    let bytes: usize = texts.iter().map(|text| text.len()).sum();
+    let encoders: Vec<DeviceEncoder> = [CHUNK_TEXT_BYTES, 4 << 20, 16 << 20, 32 << 20]
+        .into_iter()
+        .map(|text_bytes| {
+            let limits = ChunkLimits {
+                text_bytes,
+                ..ChunkLimits::default()
+            };
+            DeviceEncoder::with_geometry(
+                AnyBackend::Cuda(gpu.clone()),
+                cpu,
+                Geometry::default(),
+                limits,
+            )
+            .expect("encoder")
+        })
+        .collect();
+    let mut results = vec![Vec::new(); texts.len()];
+    let mut times = vec![Vec::new(); encoders.len()];
+    for _ in 0..rounds {
+        for (encoder, times) in encoders.iter().zip(&mut times) {
+            let start = Instant::now();
+            encoder
+                .encode_batch_into(texts, &mut results)
+                .expect("device batch");
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    println!("  chunk sizes, encode_batch_into, {rounds} rotated rounds (min / median):");
+    for (encoder, times) in encoders.iter().zip(&mut times) {
+        times.sort_by(f64::total_cmp);
+        let sizes = chunk_sizes(encoder, texts);
+        println!(
+            "    chunks of {} MiB: {:.2} / {:.2} ms, {:.2} GB/s at the median; {} chunks, the last {:.2} MiB",
+            encoder.limits().text_bytes >> 20,
+            times[0] * 1e3,
+            times[times.len() / 2] * 1e3,
+            gb_per_s(bytes, times[times.len() / 2]),
+            sizes.len(),
+            sizes.last().copied().unwrap_or(0) as f64 / (1 << 20) as f64,
+        );
+    }
 }
 
 /// The host's copies alone at the batch's sizes, on the copy pool and on

@@ -452,25 +452,28 @@ fn many_chunks_in_flight_hand_out_every_document_in_order() {
         if count < 3 {
             assert_eq!(encoder.encode_batch_bytes(&refs).unwrap(), expected);
         }
-        // The chunks the limits cut: a document over a chunk's bytes alone in one.
-        let mut chunks = 0;
-        let (mut bytes, mut documents) = (0, 0);
-        for text in &refs {
-            if documents > 0 && (bytes + text.len() > chunk_bytes || documents == chunk_documents) {
-                chunks += 1;
-                (bytes, documents) = (0, 0);
-            }
-            bytes += text.len();
-            documents += 1;
+        // The chunks the limits cut, in order: a document over a chunk's bytes
+        // alone in one.
+        let chunks = encoder.chunks(&refs);
+        assert_eq!(chunks.first().map_or(0, |chunk| chunk.start), 0);
+        assert_eq!(chunks.last().map_or(0, |chunk| chunk.end), count);
+        for (chunk, next) in chunks.iter().zip(chunks.iter().skip(1)) {
+            assert_eq!(chunk.end, next.start);
+        }
+        for chunk in &chunks {
+            let bytes: usize = refs[chunk.clone()].iter().map(|text| text.len()).sum();
+            assert!(chunk.len() <= chunk_documents, "{chunk:?}");
+            assert!(bytes <= chunk_bytes || chunk.len() == 1, "{chunk:?}");
         }
         assert_eq!(
             timings.len(),
-            chunks + 1,
+            chunks.len(),
             "{count} documents: one timing per chunk"
         );
         assert!(
-            count < 1000 || chunks > 2 * CHUNKS_IN_FLIGHT,
-            "{chunks} chunks"
+            count < 1000 || chunks.len() > 2 * CHUNKS_IN_FLIGHT,
+            "{} chunks",
+            chunks.len()
         );
         for chunk in &timings {
             assert!(chunk.wall_ns >= chunk.scatter_ns, "{chunk:?}");

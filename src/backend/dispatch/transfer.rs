@@ -1,20 +1,21 @@
-//! Blocking copies into and out of owned buffers, and their zero fill: one lane,
-//! one description of the stream operations, one synchronize each, like a dispatch.
+//! Blocking copies into and out of owned buffers, their zero fill, and copies
+//! between two owned buffers: one lane, one description of the stream operations,
+//! one synchronize each, like a dispatch.
 //!
-//! A persistent lane's request may still be writing (or, for a copy in, reading) the
-//! buffer: its server runs beside the copy on another stream, which nothing orders on
-//! the device, and a delivered request's outputs in device memory are visible to the
-//! copy engine only once its completion word is (the server's publish fence follows
-//! the result words the delivery read; `codegen::ptx::lane`). So each copy or clear
-//! first waits on the host for the lane requests that touch its buffer
-//! ([`CudaBackend::wait_for_lane_requests`]): one load of the book's length when no
-//! lane request is in the book.
-//!
-//! A copy between two owned buffers ([`CudaBackend::copy`]) is different: it is
-//! how a pipeline moves results it just computed, often while its other
-//! submissions run, so it takes its place in the order book like a dispatch (after
-//! every dispatch in flight that writes its source or touches its destination, on
-//! the device; before anything submitted while it runs that conflicts with it).
+//! Each takes its place in the order book like a dispatch
+//! (`CudaBackend::run_blocking`): on the device after every dispatch in flight
+//! that writes what it reads or touches what it writes, on the host after every lane
+//! request that does, and before anything submitted while it runs that conflicts
+//! with it. Without that, an `upload` into a buffer that a submission still pending
+//! reads would run on another stream, unordered against it, and a `read` right after
+//! a submission that writes the buffer could see the bytes from before it (the
+//! reference backend, which runs a submission at once, never can). A persistent
+//! lane's request is waited for on the host: its server runs beside the copy,
+//! unordered on the device, and a delivered request's outputs in device memory are
+//! visible to the copy engine only once its completion word is (the server's publish
+//! fence follows the result words the delivery read; `codegen::ptx::lane`). With
+//! nothing in flight that costs one load of the book's length, one entry and one
+//! removal.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use super::super::budget::{self, BudgetInputs};
 use super::super::buffer::check_copy;
 use super::super::driver::{self, DeviceMemory};
 use super::super::ordering::Accesses;
+use super::super::pool::Lane;
 use super::super::stream_ops::{
     enqueue, BufferCopy, Clear, LaneTarget, Readback, StagedCopy, StreamOps,
 };
@@ -52,6 +54,44 @@ impl CudaBackend {
             return Ok(());
         }
         book.wait_for_lanes(lanes, what)
+    }
+
+    /// Blocking work `ops` over `accesses` on `lane` (freshly leased, nothing
+    /// enqueued on it yet), ordered as a dispatch is: its stream waits on the device
+    /// for every conflicting dispatch in flight and the host waits here for every
+    /// conflicting lane request; then it is enqueued, entered in the book (after its
+    /// enqueue, as a dispatch is: a conflicting dispatch submitted from then on
+    /// records the lane's order event after the work) and synchronised. It stays in
+    /// the book until the caller releases the lane (as not idle on an `Err`). `what`
+    /// names the work, for messages.
+    ///
+    /// # Safety
+    ///
+    /// Every device and host range of `ops` must lie in memory that stays alive
+    /// until the lane is released.
+    unsafe fn run_blocking(
+        &self,
+        lane: &Lane,
+        accesses: Accesses,
+        ops: &mut StreamOps<'_, driver::LoadedModule>,
+        what: &str,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let (ordered, lanes) = inner
+            .in_flight
+            .order_after(&accesses, &lane.stream, None)
+            .map_err(|error| inner.stream_failed(what, "ordering it after a dispatch", error))?;
+        inner.in_flight.wait_for_lanes(lanes, what)?;
+        let mut target = LaneTarget::of(lane);
+        // SAFETY: the caller keeps every range of `ops` alive until the lane's
+        // release, which comes after the synchronize below (or leaks the memory with
+        // the lane when the stream cannot be synchronised).
+        unsafe { enqueue(ops, &mut target) }
+            .map_err(|f| inner.stream_failed(what, f.what, f.error))?;
+        inner
+            .in_flight
+            .enter(&lane.stream, &lane.order, accesses, ordered);
+        inner.synchronize(&mut target, what).map(|_| ())
     }
 
     /// Device memory of `bytes` bytes, checked against the budget first: over it is
@@ -85,8 +125,8 @@ impl CudaBackend {
         buffer: &DeviceBuffer,
     ) -> Result<(), BackendError> {
         let inner = &self.inner;
+        let name = "a buffer clear";
         let memory = buffer.memory_for(inner, "clear")?;
-        self.wait_for_lane_requests(std::iter::once(memory.address()), true, "a buffer clear")?;
         let lane = inner
             .lanes
             .lease()
@@ -98,14 +138,11 @@ impl CudaBackend {
                 bytes: buffer.len() as usize,
             });
         }
-        let mut target = LaneTarget::of(&lane);
+        let accesses = Accesses::writing(memory.address());
         // SAFETY: the clear covers exactly the buffer's allocation, which the
-        // caller's borrow keeps alive past the synchronize below.
-        let result = unsafe { enqueue(&mut ops, &mut target) }
-            .map_err(|f| inner.stream_failed("a buffer clear", f.what, f.error))
-            .and_then(|()| inner.synchronize(&mut target, "a buffer clear").map(|_| ()));
-        let idle = result.is_ok();
-        inner.release(lane, &mut Held::default(), idle, &[]);
+        // caller's borrow keeps alive past the release below.
+        let result = unsafe { self.run_blocking(&lane, accesses, &mut ops, name) };
+        inner.release(lane, &mut Held::default(), result.is_ok(), &[]);
         result
     }
 
@@ -132,8 +169,10 @@ impl CudaBackend {
             )));
         }
         inner.bind()?;
-        let writing = matches!(transfer, Transfer::Upload(_));
-        self.wait_for_lane_requests(std::iter::once(memory.address()), writing, name)?;
+        let accesses = match &transfer {
+            Transfer::Upload(_) => Accesses::writing(memory.address()),
+            Transfer::Read(_) => Accesses::reading(memory.address()),
+        };
         let mut lane = inner
             .lanes
             .lease()
@@ -168,19 +207,16 @@ impl CudaBackend {
                 Some(out)
             }
         };
-        let mut target = LaneTarget::of(&lane);
-        // SAFETY: staging holds len bytes and is not touched until the synchronize
-        // below; [address, address+len) is inside the live allocation (len checked
-        // against its capacity above), which `memory` keeps alive past it.
-        let result = unsafe { enqueue(&mut ops, &mut target) }
-            .map_err(|f| inner.stream_failed(name, f.what, f.error))
-            .and_then(|()| inner.synchronize(&mut target, name).map(|_| ()));
+        let mut held = Held::default();
+        held.buffers.push(memory);
+        // SAFETY: staging holds len bytes and is not touched until the synchronize;
+        // [address, address+len) is inside the live allocation (len checked against
+        // its capacity above), which `held` keeps alive past the release below.
+        let result = unsafe { self.run_blocking(&lane, accesses, &mut ops, name) };
         if let (Ok(()), Some(out)) = (&result, out) {
             ops.readback
                 .deliver(&lane.staging, None, |_, bytes| out.copy_from_slice(bytes));
         }
-        let mut held = Held::default();
-        held.buffers.push(memory);
         inner.release(lane, &mut held, result.is_ok(), &[]);
         result
     }
@@ -228,8 +264,7 @@ impl CudaBackend {
             ))
         })?;
         inner.bind()?;
-        let mut accesses = Accesses::default();
-        accesses.reads.push(source.address());
+        let mut accesses = Accesses::reading(source.address());
         accesses.writes.push(destination.address());
         let lane = inner
             .lanes
@@ -238,38 +273,16 @@ impl CudaBackend {
         let mut held = Held::default();
         held.buffers.push(source);
         held.buffers.push(destination);
-        let ordered = inner
-            .in_flight
-            .order_after(&accesses, &lane.stream, None)
-            .map_err(|error| inner.stream_failed(name, "ordering it after a dispatch", error))
-            .and_then(|(ordered, lanes)| {
-                inner.in_flight.wait_for_lanes(lanes, name)?;
-                Ok(ordered)
-            });
-        let ordered = match ordered {
-            Ok(ordered) => ordered,
-            Err(error) => {
-                inner.release(lane, &mut held, false, &[]);
-                return Err(error);
-            }
-        };
-        inner
-            .in_flight
-            .enter(&lane.stream, &lane.order, accesses, ordered);
         let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
         ops.buffer_copies.push(BufferCopy {
             from: held.buffers[0].address() + from_offset,
             to: held.buffers[1].address() + to_offset,
             len,
         });
-        let mut target = LaneTarget::of(&lane);
         // SAFETY: both ranges were checked against their buffers' lengths (and
         // against each other within one buffer) by `check_copy`; `held` keeps both
-        // allocations alive past the synchronize below (or leaks them with the lane
-        // when the stream cannot be synchronised).
-        let result = unsafe { enqueue(&mut ops, &mut target) }
-            .map_err(|f| inner.stream_failed(name, f.what, f.error))
-            .and_then(|()| inner.synchronize(&mut target, name).map(|_| ()));
+        // allocations alive past the release below.
+        let result = unsafe { self.run_blocking(&lane, accesses, &mut ops, name) };
         inner.release(lane, &mut held, result.is_ok(), &[]);
         result
     }

@@ -125,6 +125,19 @@ const ROLES: usize = Role::ALL.len();
 /// the default, the next run gave 11.27 ms (5.96 GB/s; `encode_batch_into`
 /// 9.60 ms) against 12.96 ms for 16 MiB chunks, the last of its nine chunks
 /// handed out 0.9 ms after the device's last step.
+///
+/// Tried and not kept (H200, 2026-12-03, one run, `encode_batch_into`, nine
+/// rotated rounds, median): chunks that take the device one after another (a
+/// chunk's first computing step named the previous chunk's last step as its
+/// predecessor, so each chunk's ids could be handed out while the next
+/// computed) took 11.55 ms against 9.72 ms for chunks sharing the device, as
+/// they do: the batch mixes prose, code and CJK, and the other chunks' steps
+/// fill the SMs that a chunk's `merge` leaves idle while its longest pieces
+/// finish (in order, `merge` took 380–400 µs of an 8 MiB chunk's 1.05 ms).
+/// Nor did a ramp pay (the first chunk a quarter of the others and each next
+/// one twice the one before; the last ones halving again): 10.23 ms sharing
+/// the device against 9.72, 10.91 in order. The first chunk's staging fell
+/// from 0.33 to 0.13 ms, but twelve chunks pay more fixed costs than nine.
 pub const CHUNK_TEXT_BYTES: u64 = 8 << 20;
 
 /// Default most documents per chunk.
@@ -286,6 +299,9 @@ pub struct ChunkTimings {
     pub wall_ns: u64,
     /// Host time staging the chunk (the gather) and submitting its steps.
     pub submit_ns: u64,
+    /// The part of `submit_ns` before the first submission: laying the chunk
+    /// out, taking a slot and gathering the text into it.
+    pub staged_ns: u64,
     /// Host time handing each document its ids after the wait (with the copy
     /// of the ids to the host, `copy_ns`, where the chunk takes one).
     pub scatter_ns: u64,
@@ -541,6 +557,8 @@ struct StagedChunk<'e> {
     documents: usize,
     /// When staging began.
     start: Instant,
+    /// Host time of the staging itself ([`ChunkTimings::staged_ns`]).
+    staged_ns: u64,
 }
 
 impl Drop for StagedChunk<'_> {
@@ -975,6 +993,12 @@ impl DeviceEncoder {
             .collect()
     }
 
+    /// How [`DeviceEncoder::encode_batch_into`] cuts `texts` into chunks: the
+    /// documents of each, in order, by [`DeviceEncoder::limits`].
+    pub fn chunks(&self, texts: &[&[u8]]) -> Vec<Range<usize>> {
+        chunk_ranges(texts, &self.limits)
+    }
+
     /// The chunks of `ranges` through the device: each staged (gathered into a
     /// slot) while the chunks before it compute, then submitted once there is
     /// room; a finished chunk's hand-out goes to `spawn` (the copy pool, where
@@ -1076,6 +1100,7 @@ impl DeviceEncoder {
             text_len: layout.text_len,
             documents: texts.len(),
             start,
+            staged_ns: 0,
         };
         if layout.text_len > 0 {
             let slot = staged
@@ -1083,6 +1108,7 @@ impl DeviceEncoder {
                 .insert(self.take_slot(layout.text_len as u64, texts.len() as u64)?);
             self.write_staging(slot, texts, &layout)?;
         }
+        staged.staged_ns = elapsed_ns(start);
         Ok(staged)
     }
 
@@ -1104,6 +1130,7 @@ impl DeviceEncoder {
                 documents: staged.documents,
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
+                staged_ns: staged.staged_ns,
                 want_counts: false,
             });
         };
@@ -1116,6 +1143,7 @@ impl DeviceEncoder {
                 documents: staged.documents,
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
+                staged_ns: staged.staged_ns,
                 want_counts: false,
             }),
             Err(error) => {
@@ -1611,6 +1639,7 @@ pub struct PendingEncode<'e> {
     documents: usize,
     start: Instant,
     submit_ns: u64,
+    staged_ns: u64,
     want_counts: bool,
 }
 
@@ -1653,6 +1682,7 @@ impl<'e> PendingEncode<'e> {
     fn finish(mut self) -> Result<FinishedChunk<'e>, TokenizerError> {
         let mut timings = ChunkTimings {
             submit_ns: self.submit_ns,
+            staged_ns: self.staged_ns,
             ..ChunkTimings::default()
         };
         let slot = self.slot.take();
