@@ -39,9 +39,10 @@ pub(in crate::backend) enum Transfer<'d, 'o> {
 impl CudaBackend {
     /// Wait on the host for every lane request, delivered or not, until it retired,
     /// that writes one of the owned buffers at device addresses `buffers`, and when
-    /// `writing` (an upload, a clear, a graph replay) also every one that reads one:
-    /// their completion words, after which their accesses of the buffers are visible
-    /// at GPU scope. `what` names what waits, for messages.
+    /// `writing` also every one that reads one: their completion words, after which
+    /// their accesses of the buffers are visible at GPU scope. For work outside the
+    /// order book (a graph replay, which takes every buffer it holds as written);
+    /// `what` names what waits, for messages.
     pub(in crate::backend) fn wait_for_lane_requests(
         &self,
         buffers: impl Iterator<Item = u64> + Clone,
