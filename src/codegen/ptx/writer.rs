@@ -1637,29 +1637,29 @@ impl<'p> Writer<'p> {
     fn division_by_constant(&mut self, quotient: bool, lhs: Value, divisor: SafeDivisor) -> Value {
         let ty = lhs.ty;
         let result = self.value(ty);
-        match divisor.unsigned_power_of_two {
-            Some(shift) if quotient => {
+        match divisor {
+            SafeDivisor::UnsignedPowerOfTwo(value) if quotient => {
+                let shift = value.trailing_zeros();
                 emit!(
                     self,
                     "shr.{} {result}, {lhs}, {shift};",
                     arithmetic_type(ty)
                 );
             }
-            Some(_) => {
-                let mask = divisor.unsigned_value - 1;
+            SafeDivisor::UnsignedPowerOfTwo(value) => {
+                let mask = value - 1;
                 emit!(
                     self,
                     "and.{} {result}, {lhs}, {mask};",
                     RegClass::of(ty).ptx_type()
                 );
             }
-            None => {
+            SafeDivisor::Immediate(value) => {
                 let operation = if quotient { "div" } else { "rem" };
                 emit!(
                     self,
-                    "{operation}.{} {result}, {lhs}, {};",
-                    arithmetic_type(ty),
-                    divisor.operand
+                    "{operation}.{} {result}, {lhs}, {value};",
+                    arithmetic_type(ty)
                 );
             }
         }
@@ -2037,33 +2037,28 @@ fn capped(name: &str) -> &str {
 
 /// An integer divisor literal that no dividend makes unsafe: not zero (the IR's
 /// `x / 0` is 0) and, for a signed type, not -1 (`MIN / -1` wraps to `MIN`).
-struct SafeDivisor {
-    /// The literal as a PTX operand.
-    operand: String,
-    /// For an unsigned type, the literal's value.
-    unsigned_value: u64,
-    /// `log2` of an unsigned power of two.
-    unsigned_power_of_two: Option<u32>,
+enum SafeDivisor {
+    /// An unsigned power of two: a shift or a mask.
+    UnsignedPowerOfTwo(u64),
+    /// Any other: the immediate operand of one `div` or `rem`.
+    Immediate(i128),
 }
 
 /// The [`SafeDivisor`] of `divisor`; `None` for an unsafe one and for a non-integer
 /// literal.
 fn safe_divisor(divisor: Literal) -> Option<SafeDivisor> {
-    let signed = |value: i64| SafeDivisor {
-        operand: value.to_string(),
-        unsigned_value: 0,
-        unsigned_power_of_two: None,
-    };
-    let unsigned = |value: u64| SafeDivisor {
-        operand: value.to_string(),
-        unsigned_value: value,
-        unsigned_power_of_two: value.is_power_of_two().then(|| value.trailing_zeros()),
+    let unsigned = |value: u64| {
+        if value.is_power_of_two() {
+            SafeDivisor::UnsignedPowerOfTwo(value)
+        } else {
+            SafeDivisor::Immediate(i128::from(value))
+        }
     };
     match divisor {
         Literal::U32(v) if v != 0 => Some(unsigned(u64::from(v))),
         Literal::U64(v) if v != 0 => Some(unsigned(v)),
-        Literal::I32(v) if v != 0 && v != -1 => Some(signed(i64::from(v))),
-        Literal::I64(v) if v != 0 && v != -1 => Some(signed(v)),
+        Literal::I32(v) if v != 0 && v != -1 => Some(SafeDivisor::Immediate(i128::from(v))),
+        Literal::I64(v) if v != 0 && v != -1 => Some(SafeDivisor::Immediate(i128::from(v))),
         _ => None,
     }
 }
