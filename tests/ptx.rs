@@ -57,10 +57,15 @@ fn fixture(name: &'static str, program: Program) -> Fixture {
 }
 
 /// The result type of `op` on operands of type `ty`, or `None` where it is undefined
-/// (the operator table of `BinaryOp`'s docs; shifts take a `u32` right operand).
+/// (the operator table of `BinaryOp`'s docs; shifts and `permute_bytes` take a `u32`
+/// right operand).
 fn binary_result(op: BinaryOp, ty: ScalarType) -> Option<ScalarType> {
     use BinaryOp as B;
     use ScalarType as T;
+    if op == B::PermuteBytes {
+        // A u64 of source bytes and a u32 selector.
+        return (ty == T::U64).then_some(T::U32);
+    }
     let defined = match op {
         B::Add | B::Sub | B::Mul | B::Div | B::Min | B::Max => ty != T::Bool,
         B::Rem | B::Shl | B::Shr => ty.is_integer(),
@@ -68,6 +73,7 @@ fn binary_result(op: BinaryOp, ty: ScalarType) -> Option<ScalarType> {
         B::Eq | B::Ne => true,
         B::Lt | B::Le | B::Gt | B::Ge => ty != T::Bool,
         B::LogicalAnd | B::LogicalOr => ty == T::Bool,
+        B::PermuteBytes => false,
     };
     defined.then(|| if op.is_comparison() { T::Bool } else { ty })
 }
@@ -122,7 +128,7 @@ fn every_op_64() -> Program {
     for op in BinaryOp::ALL {
         for ty in WIDE {
             if binary_result(op, ty).is_some() {
-                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr | BinaryOp::PermuteBytes) {
                     operand("b", ScalarType::U32)
                 } else {
                     operand("b", ty)
@@ -249,7 +255,7 @@ fn every_binary_op() -> Program {
                 if binary_result(op, ty).is_none() {
                     continue;
                 }
-                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr | BinaryOp::PermuteBytes) {
                     operand("b", ScalarType::U32)
                 } else {
                     operand("b", ty)
@@ -2280,11 +2286,12 @@ mod random {
                         .filter(|op| binary_result(*op, operand_ty) == Some(ty))
                         .collect();
                     let op = self.rng.pick(&ops);
-                    let rhs_ty = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
-                        ScalarType::U32
-                    } else {
-                        operand_ty
-                    };
+                    let rhs_ty =
+                        if matches!(op, BinaryOp::Shl | BinaryOp::Shr | BinaryOp::PermuteBytes) {
+                            ScalarType::U32
+                        } else {
+                            operand_ty
+                        };
                     Expr::binary(
                         op,
                         self.expr(operand_ty, depth - 1, uniform),
@@ -2720,7 +2727,7 @@ fn edge_case_program(types: &[ScalarType]) -> Program {
     for op in BinaryOp::ALL {
         for &ty in types {
             if let Some(result) = binary_result(op, ty) {
-                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) {
+                let rhs = if matches!(op, BinaryOp::Shl | BinaryOp::Shr | BinaryOp::PermuteBytes) {
                     operand("b", ScalarType::U32)
                 } else {
                     operand("b", ty)

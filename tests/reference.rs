@@ -867,6 +867,39 @@ fn u64_and_i64_arithmetic_wraps_divides_totally_and_shifts_modulo_64() {
     );
 }
 
+/// Locks out a `permute_bytes` that differs from PTX `prmt.b32` (default mode): a
+/// nibble's byte index taken from more than its low three bits, the sign mode
+/// (nibble bit 3) ignored or copying the wrong bit, the selector's upper half read,
+/// or the halves of the source swapped. The expected words are worked out by hand
+/// from the source bytes 0x11, 0x92, 0x33, 0xB4, 0x55, 0xF6, 0x77, 0x08 (bytes 0..8).
+#[test]
+fn permute_bytes_picks_bytes_by_nibble_and_copies_the_sign_as_prmt_does() {
+    let source = Expr::u64(0x0877_F655_B433_9211);
+    let permute = |selector: u32| source.clone().permute_bytes(selector);
+    let got = wide_results(vec![
+        permute(0x3210),
+        permute(0x7654),
+        permute(0x0123),
+        permute(0x4444),
+        // Nibbles with bit 3 set: bytes 1 (0x92) and 5 (0xF6) have their top bit
+        // set, bytes 0 (0x11) and 7 (0x08) do not.
+        permute(0x8F9D),
+        // Bits 16..32 of the selector are ignored.
+        permute(0xFFFF_3210),
+    ]);
+    assert_eq!(
+        got,
+        [
+            0xB433_9211,
+            0x0877_F655,
+            0x1192_33B4,
+            0x5555_5555,
+            0x0000_FFFF,
+            0xB433_9211,
+        ]
+    );
+}
+
 /// Locks out 64-bit conversions that differ from Rust `as`: `u32` zero-extends,
 /// `i32` sign-extends (to `u64` too), 64 → 32 bits truncates, `f32` → 64-bit
 /// truncates and saturates with NaN at 0, 64-bit → `f32` rounds to nearest even.

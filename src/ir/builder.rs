@@ -450,7 +450,7 @@ binary_methods! {
     bit_and => BitAnd, bit_or => BitOr, bit_xor => BitXor, shl => Shl, shr => Shr,
     equals => Eq, not_equals => Ne, less_than => Lt, less_equal => Le,
     greater_than => Gt, greater_equal => Ge, min => Min, max => Max,
-    and => LogicalAnd, or => LogicalOr,
+    and => LogicalAnd, or => LogicalOr, permute_bytes => PermuteBytes,
 }
 
 macro_rules! operator_impls {

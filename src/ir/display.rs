@@ -362,7 +362,7 @@ impl<'w> Printer<'w> {
                 self.put(")")
             }
             Expr::Binary { op, lhs, rhs } => match op {
-                BinaryOp::Min | BinaryOp::Max => {
+                BinaryOp::Min | BinaryOp::Max | BinaryOp::PermuteBytes => {
                     self.put(op.symbol())?;
                     self.put("(")?;
                     self.expr(lhs, next)?;

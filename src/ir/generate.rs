@@ -677,6 +677,8 @@ impl ValidGenerator {
     fn binary(&mut self, ty: ScalarType, depth: u32) -> Expr {
         use BinaryOp::*;
         let op = match ty {
+            // A u32 from a u64's bytes, where the program draws 64-bit values.
+            ScalarType::U32 if self.drawn.wide && self.rng.one_in(13) => PermuteBytes,
             ScalarType::U32 | ScalarType::I32 | ScalarType::U64 | ScalarType::I64 => *self
                 .rng
                 .pick(&[
@@ -694,6 +696,7 @@ impl ValidGenerator {
         };
         let (left_ty, right_ty) = match op {
             Shl | Shr => (ty, ScalarType::U32),
+            PermuteBytes => (ScalarType::U64, ScalarType::U32),
             Eq | Ne => {
                 let t = *self
                     .rng

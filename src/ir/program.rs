@@ -435,6 +435,14 @@ impl std::hash::Hash for Literal {
 /// - Comparisons yield `bool`; `Eq`/`Ne` also compare `bool`s. `f32` compares are ordered
 ///   (any NaN compares false, except `Ne`, which is true).
 /// - `LogicalAnd`, `LogicalOr` take and yield `bool`; both sides are evaluated.
+/// - `PermuteBytes` takes a `u64` (eight source bytes, byte `i` its bits
+///   `8i..8i + 8`) and a `u32` selector, and yields a `u32` whose byte `k` is the
+///   source byte that the selector's nibble `k` (bits `4k..4k + 4`) names in its low
+///   three bits, or, where the nibble's high bit is set, that byte's top bit copied
+///   into all eight; the selector's bits 16..32 are ignored. It is PTX's `prmt.b32`
+///   (default mode) on the `u64`'s two halves: one instruction where shifts and masks
+///   take one per byte, which makes it the cheap way to apply a table of eight small
+///   values to four indices at once (composing transition maps, say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(missing_docs)]
 pub enum BinaryOp {
@@ -458,11 +466,12 @@ pub enum BinaryOp {
     Max,
     LogicalAnd,
     LogicalOr,
+    PermuteBytes,
 }
 
 impl BinaryOp {
     /// Every operator, for generators and exhaustive tests.
-    pub const ALL: [BinaryOp; 20] = [
+    pub const ALL: [BinaryOp; 21] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -483,6 +492,7 @@ impl BinaryOp {
         BinaryOp::Max,
         BinaryOp::LogicalAnd,
         BinaryOp::LogicalOr,
+        BinaryOp::PermuteBytes,
     ];
 
     /// The operator as written in `Display`.
@@ -508,6 +518,7 @@ impl BinaryOp {
             BinaryOp::Max => "max",
             BinaryOp::LogicalAnd => "&&",
             BinaryOp::LogicalOr => "||",
+            BinaryOp::PermuteBytes => "permute_bytes",
         }
     }
 

@@ -1817,6 +1817,11 @@ impl<'p> Checker<'p> {
             BinaryOp::LogicalAnd | BinaryOp::LogicalOr => {
                 (left == Bool && right == Bool, Bool, "two bool operands")
             }
+            BinaryOp::PermuteBytes => (
+                left == U64 && right == U32,
+                U32,
+                "a u64 of eight source bytes and a u32 selector",
+            ),
         };
         if ok {
             Ok(result)

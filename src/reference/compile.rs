@@ -899,6 +899,12 @@ impl<'p> Compiler<'p> {
                 _ => mismatch(),
             };
         }
+        if op == BinaryOp::PermuteBytes {
+            return match (lhs, rhs) {
+                (U64, U32) => Ok((K::PermuteBytes, U32)),
+                _ => mismatch(),
+            };
+        }
         if lhs != rhs {
             return mismatch();
         }

@@ -278,6 +278,7 @@ fn apply_binary<W: Word>(kind: BinaryKind, values: &mut [W], rhs: Operand<'_, W>
         F32Max,
         LogicalAnd,
         LogicalOr,
+        PermuteBytes,
     );
 }
 

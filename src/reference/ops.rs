@@ -55,6 +55,9 @@ pub(crate) enum BinaryKind {
     U64Shr,
     /// Arithmetic shift right (`i64`) by the right operand modulo 64.
     I64Shr,
+    /// PTX `prmt.b32` (default mode): bytes of a `u64` picked by the nibbles of a
+    /// `u32` selector.
+    PermuteBytes,
     /// Signed 64-bit less-than.
     I64Lt,
     /// Signed 64-bit less-or-equal.
@@ -317,6 +320,22 @@ pub(crate) fn f32_max(a: u32, b: u32) -> u32 {
     }
 }
 
+/// Byte `k` of the result is the byte of `source` that nibble `k` of `selector`
+/// names in its low three bits, or that byte's top bit copied into all eight where
+/// the nibble's high bit is set (PTX `prmt.b32`, default mode).
+fn permute_bytes(source: u64, selector: u32) -> u32 {
+    (0..4).fold(0, |result, k| {
+        let nibble = (selector >> (4 * k)) & 0xF;
+        let byte = (source >> (8 * (nibble & 7))) as u8;
+        let byte = if nibble & 8 == 0 {
+            byte
+        } else {
+            ((byte as i8) >> 7) as u8
+        };
+        result | u32::from(byte) << (8 * k)
+    })
+}
+
 /// One binary operation on bit patterns (32-bit values in the low half, the high
 /// half zero, and so are 32-bit results).
 #[inline(always)]
@@ -375,6 +394,7 @@ pub(crate) fn binary(kind: BinaryKind, a: u64, b: u64) -> u64 {
         BinaryKind::Shl64 => a << (b32 & 63),
         BinaryKind::U64Shr => a >> (b32 & 63),
         BinaryKind::I64Shr => (wa >> (b32 & 63)) as u64,
+        BinaryKind::PermuteBytes => word(permute_bytes(a, b32)),
         BinaryKind::BitsEq => truth(a == b),
         BinaryKind::BitsNe => truth(a != b),
         BinaryKind::F32Eq => truth(f(a32) == f(b32)),

@@ -173,13 +173,14 @@ fn negative_control_merged_states_need_their_facts() {
 
 /// Locks out maps that compose in the wrong order or lose a state: composing
 /// is applying one map then the other, the identity and constant maps behave
-/// as named, and every character word of both machines keeps its start bits
-/// out of the map's 24 bits.
+/// as named.
 #[test]
 fn transition_maps_compose_as_functions() {
     let mut random = SplitMix64::new(0x3A95);
     let map = |random: &mut SplitMix64| {
-        (0..8u32).fold(0u32, |map, state| map | (random.below(8) << (3 * state)))
+        (0..8u32).fold(0u32, |map, state| {
+            map | (random.below(8) << (rules::SLOT_BITS * state))
+        })
     };
     for _ in 0..2_000 {
         let (first, then) = (map(&mut random), map(&mut random));

@@ -1528,6 +1528,14 @@ impl<'p> Writer<'p> {
     fn binary(&mut self, op: BinaryOp, lhs: Value, rhs: Value) -> Result<Value> {
         use BinaryOp as B;
         use ScalarType as T;
+        if op == B::PermuteBytes {
+            // Validated: a u64 source and a u32 selector.
+            let (low, high) = (self.reg(RegClass::B32), self.reg(RegClass::B32));
+            emit!(self, "mov.b64 {{{low}, {high}}}, {lhs};");
+            let result = self.value(T::U32);
+            emit!(self, "prmt.b32 {result}, {low}, {high}, {rhs};");
+            return Ok(result);
+        }
         // Validated: both operands have one type (a shift amount is u32).
         let ty = lhs.ty;
         let mnemonic = match (op, ty) {

@@ -16,8 +16,8 @@
 //! never waits for one that has no place on the device yet.
 //!
 //! Status words: flag in bits 62..=63 (0 not yet published, 1 aggregate, 2
-//! inclusive), up to two values of 30 bits in bits 0..=29 and 30..=59 (two
-//! facts travel together). Blocks before the first (or after the last) read as
+//! inclusive), below it the values one after another from bit 0: up to two of
+//! 30 bits (two facts travel together), or one transition map of 32. Blocks before the first (or after the last) read as
 //! inclusive identities. Every read is an atomic (it reaches the device's
 //! coherent L2, never a stale L1 line) and every value rides in the same word as
 //! its flag, so the look-back itself needs no fence.
@@ -73,6 +73,16 @@ pub(super) enum Combine {
 }
 
 impl Combine {
+    /// Bits of its value in a status word: [`VALUE_BITS`], or a whole `u32`
+    /// for a map (a map's slots are nibbles, so it needs all 32; an inclusive
+    /// state needs 3).
+    fn value_bits(self) -> u32 {
+        match self {
+            Combine::Sum | Combine::Min => VALUE_BITS,
+            Combine::States(_) => 32,
+        }
+    }
+
     fn identity(self) -> u32 {
         match self {
             Combine::Sum => 0,
@@ -134,12 +144,28 @@ impl LookBack<'_> {
         format!("{}_{what}", self.prefix)
     }
 
+    /// Where channel `channel`'s value starts in a status word, and its mask.
+    /// The channels' values lie below the flag: a program that asks for more
+    /// bits than that is a bug in this crate, caught when it is built.
+    fn value_place(&self, channel: usize) -> (u32, u32) {
+        let shift: u32 = self.channels[..channel]
+            .iter()
+            .map(|(combine, _)| combine.value_bits())
+            .sum();
+        let bits = self.channels[channel].0.value_bits();
+        assert!(
+            shift + bits <= FLAG_SHIFT,
+            "look-back `{}`: its channels take more than {FLAG_SHIFT} bits",
+            self.prefix
+        );
+        (shift, u32::MAX >> (32 - bits))
+    }
+
     fn word(&self, flag: u64, values: &[Expr]) -> Expr {
         let mut word = Expr::u64(flag);
         for (channel, value) in values.iter().enumerate() {
-            word = word
-                | ((value.clone() & INFINITY).cast(ScalarType::U64)
-                    << (VALUE_BITS * channel as u32));
+            let (shift, mask) = self.value_place(channel);
+            word = word | ((value.clone() & mask).cast(ScalarType::U64) << shift);
         }
         word
     }
@@ -237,10 +263,10 @@ impl LookBack<'_> {
             );
             b.if_(waiting.equals(0u32), |b| {
                 for (channel, (combine, _)) in self.channels.iter().enumerate() {
+                    let (shift, mask) = self.value_place(channel);
                     let value = b.let_(
                         self.name(&format!("value{channel}")),
-                        (word.clone() >> (VALUE_BITS * channel as u32)).cast(ScalarType::U32)
-                            & INFINITY,
+                        (word.clone() >> shift).cast(ScalarType::U32) & mask,
                     );
                     let carry_name = self.name(&format!("carry{channel}"));
                     let carry = carries[channel].clone();
@@ -278,7 +304,12 @@ impl LookBack<'_> {
                                 self.name(&format!("window_total{channel}")),
                                 Expr::load(*scratch, workgroup_size - 1),
                             );
-                            let composed = maps::compose(&window, &carry);
+                            let composed = maps::compose(
+                                b,
+                                &self.name(&format!("composed{channel}")),
+                                &window,
+                                &carry,
+                            );
                             b.assign(carry_name.as_str(), composed);
                             // Every thread has read the total before the next
                             // round writes the scratch again.

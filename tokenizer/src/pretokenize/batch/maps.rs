@@ -1,17 +1,21 @@
-//! Transition maps over eight states of three bits in IR: the device side of
+//! Transition maps over eight states in IR: the device side of
 //! [`rules`](super::rules) (`IDENTITY_MAP`, `compose`, `apply`), and the
 //! workgroup's inclusive scan of maps, which the IR's own scans (sum, minimum,
 //! maximum of `u32`) do not cover.
 //!
-//! A map's bits `3s..3s + 3` are the state it sends state `s` to; composing
-//! two is eight three-bit lookups (about 56 integer operations). The scan is
-//! Hillis–Steele over a shared array of `W` words: `log2 W` rounds of one
+//! A map's nibble `s` (bits `4s..4s + 4`) is the state it sends state `s` to,
+//! so a map is also a selector for [`Expr::permute_bytes`]: composing `first`
+//! then `then` spreads `then`'s nibbles into eight bytes, picks the bytes that
+//! `first`'s nibbles name (two permutes, four states each) and packs the bytes
+//! back into nibbles, about 14 instructions where eight three-bit lookups took
+//! about 48 (see [`SLOT_BITS`] for the measurement). The
+//! scan is Hillis–Steele over a shared array of `W` words: `log2 W` rounds of one
 //! composition and two barriers.
 
-use vyre_cuda::ir::{BlockBuilder, Expr};
+use vyre_cuda::ir::{BlockBuilder, Expr, ScalarType};
 
 use super::ir::local;
-use super::rules::{IDENTITY_MAP, MAX_STATES, STATE_BITS};
+use super::rules::{IDENTITY_MAP, MAX_STATES, SLOT_BITS};
 
 /// States of a map.
 pub(super) const STATES: u32 = MAX_STATES;
@@ -21,22 +25,57 @@ pub(super) const IDENTITY: u32 = IDENTITY_MAP;
 
 /// The map sending every state to `state` (a `u32` below 8).
 pub(super) fn constant(state: &Expr) -> Expr {
-    state.clone() * 0x24_9249u32
+    state.clone() * 0x1111_1111u32
 }
 
 /// The state `map` sends `state` to.
 pub(super) fn apply(map: &Expr, state: &Expr) -> Expr {
-    (map.clone() >> (state.clone() * STATE_BITS)) & (STATES - 1)
+    (map.clone() >> (state.clone() * SLOT_BITS)) & (STATES - 1)
 }
 
-/// `first` then `then` (both maps; pass variables: each is read eight times).
-pub(super) fn compose(first: &Expr, then: &Expr) -> Expr {
-    let mut map = Expr::u32(0);
-    for state in 0..STATES {
-        let middle = (first.clone() >> (state * STATE_BITS)) & (STATES - 1);
-        map = map | (apply(then, &middle) << (state * STATE_BITS));
+/// The `u64` whose low word is `low` and high word `high` (both `u32`): the
+/// source of a byte permute, which PTX takes as the two words themselves.
+fn pair(low: Expr, high: Expr) -> Expr {
+    (high.cast(ScalarType::U64) << 32u32) | low.cast(ScalarType::U64)
+}
+
+/// Emits `first` then `then` (both maps) into variables named after `name`;
+/// returns the composed map.
+pub(super) fn compose(b: &mut BlockBuilder, name: &str, first: &Expr, then: &Expr) -> Expr {
+    // `then`'s slots as bytes: slots 0..4 in the low word, 4..8 in the high one.
+    // A permute doubles each byte of `then` (two slots), then the masks keep the
+    // low slot of the first copy and the high slot of the second.
+    let then_wide = b.let_(format!("{name}_then"), then.clone().cast(ScalarType::U64));
+    let mut halves = Vec::new();
+    for (half, doubling) in [("low", 0x1100u32), ("high", 0x3322)] {
+        let doubled = b.let_(
+            format!("{name}_doubled_{half}"),
+            then_wide.clone().permute_bytes(doubling),
+        );
+        halves.push(b.let_(
+            format!("{name}_bytes_{half}"),
+            (doubled.clone() & 0x000F_000Fu32) | ((doubled >> 4u32) & 0x0F00_0F00u32),
+        ));
     }
-    map
+    let [low, high] = [halves[0].clone(), halves[1].clone()];
+    let table = b.let_(format!("{name}_table"), pair(low, high));
+    // Byte `k` of the picks is `then`'s state for `first`'s slot `k` (0..4, then
+    // 4..8): each byte below 8, so a byte ORed with the next one shifted down by
+    // a nibble holds two slots in its low byte.
+    let mut packed = Vec::new();
+    for (half, selector) in [("low", first.clone()), ("high", first.clone() >> 16u32)] {
+        let picked = b.let_(
+            format!("{name}_picked_{half}"),
+            table.clone().permute_bytes(selector),
+        );
+        packed.push(b.let_(
+            format!("{name}_packed_{half}"),
+            picked.clone() | (picked >> 4u32),
+        ));
+    }
+    let [low, high] = [packed[0].clone(), packed[1].clone()];
+    // Bytes 0 and 2 of each packed word: slots 0..4, then 4..8.
+    b.let_(name, pair(low, high).permute_bytes(0x6420u32))
 }
 
 /// Emits an inclusive scan of `value` (a map per thread) over the workgroup in
@@ -64,7 +103,8 @@ pub(super) fn scan_inclusive(
             has.select(read, IDENTITY),
         );
         b.barrier();
-        b.assign(name.as_str(), compose(&earlier, &own));
+        let composed = compose(b, &format!("{prefix}_composed{distance}"), &earlier, &own);
+        b.assign(name.as_str(), composed);
         b.store(scratch, local(), own.clone());
         b.barrier();
         distance *= 2;

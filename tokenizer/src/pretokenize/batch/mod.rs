@@ -80,8 +80,8 @@
 //!   look-back towards the end of the text across workgroups) and stores one
 //!   code byte per text byte. Step 2 (`phases`) runs the split as a [state
 //!   machine](rules) of eight states (the sixteen phases merged where the
-//!   window tells them apart): each character's transition map (3 bits per
-//!   state, 24 bits) and start bits (8) in one `u32`, composed per thread, a
+//!   window tells them apart): each character's transition map (a nibble per
+//!   state, one `u32`) and start bits (8), the maps composed per thread, a
 //!   Hillis–Steele scan of maps across the workgroup (module `maps`), a look-back of
 //!   maps across workgroups, then every byte's state and "a piece starts here"
 //!   bit; then the same count, scan, look-back and stores as GPT-2.
@@ -110,9 +110,9 @@
 //! cl100k and o200k: two dispatches. `classify` is GPT-2's window plus one or
 //! two minimum scans (about 10 operations per byte) and a byte store per text
 //! byte; `phases` reads one byte per text byte, evaluates its pattern's eight
-//! states per character (about 150 operations), composes maps (56 operations
-//! each: `K − 1` per thread, eight rounds of the workgroup scan) and runs two
-//! look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
+//! states per character (about 150 operations), composes maps (about 14
+//! instructions each with byte permutes, 48 before them: `K − 1` per thread,
+//! `log2 W` rounds of the workgroup scan) and runs two look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
 //!
 //! All of it was checked on the reference interpreter (`tests/batch_split.rs`);
 //! the GPU figures are estimates until `gpu_batch_split` and the bench run on

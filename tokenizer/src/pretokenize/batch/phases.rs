@@ -2,16 +2,17 @@
 //! prefix scan of transition maps, then the piece starts, stored where they
 //! belong.
 //!
-//! Each character's 32-bit word is its [transition map](super::rules) (the
+//! Each character's word is its [transition map](super::rules) (a `u32`: the
 //! state it gets after a character of each state) and, per previous state,
-//! whether a piece starts at it: the pattern's [`StateMachine`] evaluated for
+//! whether a piece starts at it (eight bits, those of four bytes packed in one
+//! `u32`): the pattern's [`StateMachine`] evaluated for
 //! all eight states at once on the character's window (the kinds of two
 //! characters each way, its facts and those of the character before, all read
 //! from the codes step 1 wrote). A byte inside a character has the identity
 //! map. A thread composes the maps of its bytes, the workgroup scans those
 //! ([`maps::scan_inclusive`]), a look-back composes the blocks before (a block
 //! that has finished publishes its last state, which ends the walk), and every
-//! thread then runs its bytes from the state before them: one three-bit lookup
+//! thread then runs its bytes from the state before them: one nibble lookup
 //! and one bit test per byte. A second look-back sums the piece counts, and
 //! every piece start is stored at its index.
 //!
@@ -29,7 +30,7 @@ use super::ir::{as_u32, has_bit, in_set, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack};
 use super::maps;
 use super::pieces;
-use super::rules::{Condition, Fact, Field, StateMachine, MAP_BITS, MAX_STATES, STATE_BITS};
+use super::rules::{Condition, Fact, Field, StateMachine, MAX_STATES, SLOT_BITS};
 use super::window::{self, Layout, HALO};
 use super::{SplitBuffer, PHASES_BINDINGS};
 use crate::pretokenize::unicode::Kind;
@@ -114,17 +115,28 @@ pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
             })
             .collect();
         let mut words = Vec::new();
-        for byte in 0..per_thread as i32 {
-            let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
-            words.push(character_word(b, machine, byte, &at));
+        for group in 0..per_thread.div_ceil(4) as i32 {
+            let mut starts = Expr::u32(0);
+            let mut group_maps = Vec::new();
+            for byte in 4 * group..(4 * group + 4).min(per_thread as i32) {
+                let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
+                let (map, byte_starts) = character_word(b, machine, byte, &at);
+                let starts_shift = 8 * (byte - 4 * group) as u32;
+                starts = starts | (byte_starts << starts_shift);
+                group_maps.push((map, starts_shift));
+            }
+            let starts = b.let_(format!("starts{group}"), starts);
+            words.extend(group_maps.into_iter().map(|(map, starts_shift)| Word {
+                map,
+                starts: starts.clone(),
+                starts_shift,
+            }));
         }
         // The thread's bytes in order.
-        let mut chunk = words[0].clone() & ((1u32 << MAP_BITS) - 1);
+        let mut chunk = words[0].map.clone();
         for (byte, word) in words.iter().enumerate().skip(1) {
-            let earlier = b.let_(format!("chunk{byte}"), chunk);
-            chunk = maps::compose(&earlier, word);
+            chunk = maps::compose(b, &format!("chunk{byte}"), &chunk, &word.map);
         }
-        let chunk = b.let_("chunk", chunk & ((1u32 << MAP_BITS) - 1));
         maps::scan_inclusive(b, "states", "scan", workgroup_size, chunk);
         let before_thread = b.let_(
             "before_thread",
@@ -155,15 +167,31 @@ pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
         for (byte, word) in words.iter().enumerate() {
             let mark = b.let_(
                 format!("mark{byte}"),
-                ((word.clone() >> (state.clone() + MAP_BITS)) & 1u32).equals(1u32),
+                word.starts_after(&state).equals(1u32),
             );
-            b.assign("state", maps::apply(word, &state));
+            b.assign("state", maps::apply(&word.map, &state));
             marks.push(mark);
         }
         let block = pieces::Block::new(&block, &blocks, &block_start, layout);
         pieces::store(b, block, marks, blocks.clone(), 2);
     })
     .build()
+}
+
+/// A byte's [`CharacterWord`](super::rules::CharacterWord) as IR values: its
+/// map, and its start bits as a byte of a `u32` that holds those of up to four
+/// bytes (fewer registers held from the words to the marks).
+struct Word {
+    map: Expr,
+    starts: Expr,
+    starts_shift: u32,
+}
+
+impl Word {
+    /// 1 where a piece starts at the byte after a character of `state`, else 0.
+    fn starts_after(&self, state: &Expr) -> Expr {
+        (self.starts.clone() >> (state.clone() + self.starts_shift)) & 1u32
+    }
 }
 
 /// The window of one character as IR values.
@@ -202,12 +230,13 @@ fn second_start<'a>(at: &dyn Fn(i32) -> &'a Expr, step: i32) -> Expr {
 /// Emits the word ([`StateMachine::character_word`]) of the thread's byte
 /// `byte`, whose code at distance `d` is `at(d)` (`d` in -8..=8): the identity
 /// map with no start bit where the byte starts no character of the text.
+/// Returns the map (a variable) and the start bits (an expression, bits 0..8).
 fn character_word<'a>(
     b: &mut BlockBuilder,
     machine: &StateMachine,
     byte: i32,
     at: &dyn Fn(i32) -> &'a Expr,
-) -> Expr {
+) -> (Expr, Expr) {
     let name = |what: &str| format!("b{byte}_{what}");
     let here = at(0).clone();
     let document_start = b.let_(name("document_start"), starts_document(&here));
@@ -263,7 +292,8 @@ fn character_word<'a>(
         start_state = holds.select(u32::from(rule.next), start_state);
     }
     let start_state = b.let_(name("start_state"), start_state);
-    let mut word = Expr::u32(0);
+    let mut map = Expr::u32(0);
+    let mut start_bits = Expr::u32(0);
     for previous in 0..MAX_STATES {
         let rules = machine
             .continues
@@ -279,10 +309,14 @@ fn character_word<'a>(
         }
         let next = document_start.clone().select(start_state.clone(), next);
         let starts = document_start.clone().or(continues.logical_not());
-        word = word | (next << (STATE_BITS * previous)) | (as_u32(starts) << (MAP_BITS + previous));
+        map = map | (next << (SLOT_BITS * previous));
+        start_bits = start_bits | (as_u32(starts) << previous);
     }
-    let character = kind(&here).less_than(Kind::End as u32);
-    b.let_(name("word"), character.select(word, maps::IDENTITY))
+    let character = b.let_(name("character"), kind(&here).less_than(Kind::End as u32));
+    (
+        b.let_(name("map"), character.clone().select(map, maps::IDENTITY)),
+        character.select(start_bits, 0u32),
+    )
 }
 
 /// Conditions of a machine as IR, each distinct one emitted once per character.

@@ -8,9 +8,9 @@
 //! [`per_position`] states each split with the
 //! sixteen [`Phase`](crate::pretokenize::per_position::Phase)s. A device composes
 //! one transition map per character in a prefix scan, and a map over eight states
-//! of three bits fits one `u32` with a byte to spare (the character's "a piece
-//! starts here" bit per state), where sixteen states of four bits need a `u64`
-//! and twice the work per composition. The phases merge into eight states
+//! fits one `u32` (a nibble per state: [`SLOT_BITS`]) and composes with two
+//! byte permutes, which pick from at most eight bytes, where sixteen states need
+//! a `u64` and twice the work per composition. The phases merge into eight states
 //! without losing anything, because where two phases behave differently the
 //! window tells them apart:
 //!
@@ -191,34 +191,53 @@ impl StateMachine {
         }
     }
 
-    /// The word a device computes for one character: bits `3s..3s+3` hold the
-    /// state it gets after a character of state `s`, bit `24 + s` whether a piece
-    /// starts at it then. A character that starts a document starts a piece
-    /// whatever came before (pass `document_start`).
-    pub fn character_word(&self, window: &StateWindow, document_start: bool) -> u32 {
-        let mut word = 0;
+    /// What a device computes for one character: its transition map and its
+    /// start bits. A character that starts a document starts a piece whatever
+    /// came before (pass `document_start`).
+    pub fn character_word(&self, window: &StateWindow, document_start: bool) -> CharacterWord {
+        let mut word = CharacterWord { map: 0, starts: 0 };
         for previous in 0..MAX_STATES as u8 {
             let (next, starts) = if document_start {
                 (self.start(window), true)
             } else {
                 self.step(previous, window)
             };
-            word |= u32::from(next) << (STATE_BITS * u32::from(previous));
-            word |= u32::from(starts) << (MAP_BITS + u32::from(previous));
+            word.map |= u32::from(next) << (SLOT_BITS * u32::from(previous));
+            word.starts |= u8::from(starts) << previous;
         }
         word
     }
 }
 
-/// Bits of a transition map (eight states of three bits).
-pub const MAP_BITS: u32 = MAX_STATES * STATE_BITS;
+/// What one character does, for every state the character before can have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CharacterWord {
+    /// The transition map: the state the character gets after one of state `s`.
+    pub map: u32,
+    /// Bit `s`: a piece starts at the character after one of state `s`.
+    pub starts: u8,
+}
+
+/// Bits of one state's slot in a transition map: a nibble whose low three bits
+/// hold the state it sends slot `s`'s state to (the high bit is always clear).
+///
+/// Three bits would do, and once did (24 bits a map), but composing such maps
+/// took eight shifts-and-masks per state, about 48 instructions, which on the
+/// H200 (Nsight Compute, 2026-12-03, 8 MiB of prose) were about 35 % of the
+/// `phases` step's warp samples. With nibbles a map is a selector for a byte
+/// permute (`Expr::permute_bytes`, PTX `prmt`): composing is two permutes and
+/// the conversions between nibbles and bytes, about 14 instructions.
+pub const SLOT_BITS: u32 = 4;
+
+/// Bits of a transition map (eight slots of [`SLOT_BITS`]).
+pub const MAP_BITS: u32 = MAX_STATES * SLOT_BITS;
 
 /// The map that sends every state to itself (a byte that starts no character).
 pub const IDENTITY_MAP: u32 = {
     let mut map = 0;
     let mut state = 0;
     while state < MAX_STATES {
-        map |= state << (STATE_BITS * state);
+        map |= state << (SLOT_BITS * state);
         state += 1;
     }
     map
@@ -226,20 +245,20 @@ pub const IDENTITY_MAP: u32 = {
 
 /// The map that sends every state to `state`.
 pub const fn constant_map(state: u32) -> u32 {
-    // 0x249249 has a 1 at the bottom of every three-bit slot.
-    (state & (MAX_STATES - 1)) * 0x24_9249
+    // A 1 at the bottom of every slot.
+    (state & (MAX_STATES - 1)) * 0x1111_1111
 }
 
 /// The state `map` sends `state` to.
 pub fn apply(map: u32, state: u8) -> u8 {
-    ((map >> (STATE_BITS * u32::from(state))) & (MAX_STATES - 1)) as u8
+    ((map >> (SLOT_BITS * u32::from(state))) & (MAX_STATES - 1)) as u8
 }
 
 /// `first` then `then`: the map of two stretches of text in order.
 pub fn compose(first: u32, then: u32) -> u32 {
     let mut map = 0;
     for state in 0..MAX_STATES as u8 {
-        map |= u32::from(apply(then, apply(first, state))) << (STATE_BITS * u32::from(state));
+        map |= u32::from(apply(then, apply(first, state))) << (SLOT_BITS * u32::from(state));
     }
     map
 }
@@ -606,8 +625,8 @@ pub fn machine_piece_starts(
             upper_to_end: window.upper_to_end,
         };
         let word = machine.character_word(&seen, index == 0);
-        let starts_here = (word >> (MAP_BITS + u32::from(state))) & 1 == 1;
-        state = apply(word, state);
+        let starts_here = (word.starts >> state) & 1 == 1;
+        state = apply(word.map, state);
         if starts_here {
             starts.push(offset);
         }
