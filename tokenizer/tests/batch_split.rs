@@ -19,11 +19,14 @@ use oracle::Oracle;
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::ir::{AtomicOp, Node, Program};
 use vyre_cuda::reference::{ReferenceOptions, WorkgroupOrder};
-use vyre_tokenizer::pretokenize::batch::rules::{self, Condition, Rule, StateMachine};
+use vyre_tokenizer::pretokenize::batch::rules::{self, Condition, Rule, StateMachine, StateWindow};
 use vyre_tokenizer::pretokenize::batch::runner::BatchSplitter;
+use vyre_tokenizer::pretokenize::batch::word_table::WordTable;
 use vyre_tokenizer::pretokenize::batch::{check_batch, SplitBuffer, SplitPrograms};
+use vyre_tokenizer::pretokenize::batch::{word_table, word_table_start};
 use vyre_tokenizer::pretokenize::pattern::Pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
+use vyre_tokenizer::pretokenize::unicode::Kind;
 use vyre_tokenizer::pretokenize::Geometry;
 use without::without;
 
@@ -168,6 +171,88 @@ fn negative_control_merged_states_need_their_facts() {
         assert!(texts
             .iter()
             .all(|text| machine_starts(exact, text) == oracle.starts(text)));
+    }
+}
+
+/// Every character's window in `texts` as the state machine sees it, with
+/// whether it starts its text.
+fn text_windows(texts: &[Vec<u8>]) -> Vec<(StateWindow, bool)> {
+    texts
+        .iter()
+        .flat_map(|text| rules::state_windows(text).expect("windows"))
+        .map(|(offset, window)| (window, offset == 0))
+        .collect()
+}
+
+/// How many of `windows` `table` (stored from word `first_word`) answers
+/// differently from `machine`'s rules.
+fn table_disagreements(
+    table: &WordTable,
+    first_word: u32,
+    machine: &StateMachine,
+    windows: &[(StateWindow, bool)],
+) -> usize {
+    windows
+        .iter()
+        .filter(|(window, document_start)| {
+            let codes = window.kinds.map(|kind| kind as u32);
+            let facts = [
+                window.break_ahead,
+                window.break_ahead_before,
+                window.upper_to_end,
+            ];
+            table.lookup(first_word, codes, facts, *document_start)
+                != machine.character_word(window, *document_start)
+        })
+        .count()
+}
+
+/// Locks out a word table that answers differently from the rules it was built
+/// from (a class that merges kinds some condition tells apart, fact bits in
+/// another order, strides that overlap entries, a wrong document-start
+/// override): for every character of the corpus and of random strings, and
+/// 200,000 random windows of kinds and facts, the table's lookup (the `phases`
+/// program's additions and loads, on the CPU) equals
+/// `StateMachine::character_word`. Negative control: the table of a machine
+/// with one rule changed disagrees with the exact rules on some of them.
+#[test]
+fn word_tables_answer_as_the_rules_do() {
+    let mut texts = split_corpus::corpus(oracle::corpus());
+    let mut random = SplitMix64::new(0x7AB1);
+    for _ in 0..200 {
+        texts.push(split_corpus::random_bytes(&mut random, 24));
+    }
+    let mut windows = text_windows(&texts);
+    for _ in 0..200_000 {
+        let mut kind = || Kind::ALL[random.below(Kind::ALL.len() as u32) as usize];
+        let kinds = [kind(), kind(), kind(), kind(), kind()];
+        let mut bit = || random.below(2) == 1;
+        let window = StateWindow {
+            kinds,
+            break_ahead: bit(),
+            break_ahead_before: bit(),
+            upper_to_end: bit(),
+        };
+        windows.push((window, bit()));
+    }
+    let first_word = word_table_start().expect("kind table");
+    for pattern in [Pattern::Cl100k, Pattern::O200k] {
+        let machine = StateMachine::of(pattern).expect("machine");
+        let table = word_table(pattern)
+            .expect("table")
+            .expect("a machine's table");
+        assert_eq!(
+            table_disagreements(table, first_word, machine, &windows),
+            0,
+            "{pattern:?}"
+        );
+        const NEVER_CONTINUES: &[Rule] = &[];
+        let broken = with_continues(machine, 1, NEVER_CONTINUES);
+        let broken_table = WordTable::build(broken, first_word);
+        assert!(
+            table_disagreements(&broken_table, first_word, machine, &windows) > 0,
+            "{pattern:?}: the negative control agrees"
+        );
     }
 }
 
@@ -505,8 +590,14 @@ fn steps_compose_from_their_description() {
         backend
             .upload(&buffers[SplitBuffer::DocumentEnds as usize], &ends)
             .expect("ends");
-        let table = vyre_tokenizer::pretokenize::batch::kind_table_bytes().expect("table");
-        assert_eq!(table.len(), 35_328, "the resident table's bytes");
+        let table = vyre_tokenizer::pretokenize::batch::table_bytes(pattern).expect("table");
+        assert_eq!(
+            table.len() as u64,
+            programs
+                .buffer_bytes(SplitBuffer::KindTable, text_len, documents.len())
+                .expect("size"),
+            "the resident tables' bytes"
+        );
         backend
             .upload(&buffers[SplitBuffer::KindTable as usize], &table)
             .expect("table");

@@ -36,7 +36,8 @@
 //!   cl100k and o200k), its steps composed into the pipeline over the
 //!   encoder's buffers: it reads the text and document ends the `stage`
 //!   kernel wrote and leaves the piece starts and count the BPE steps read;
-//!   its kind table (35 KiB) is resident beside the vocabulary.
+//!   its tables (the kind table, 35 KiB, and cl100k's or o200k's word
+//!   table, 43 or 181 KiB) are resident beside the vocabulary.
 //! - **The vocabulary** ([`vocabulary`]) is uploaded once per encoder and
 //!   stays resident: dense tables of the single bytes and the 2-byte tokens,
 //!   a hash table of the longer tokens keyed by their bytes (for whole

@@ -100,7 +100,7 @@ use super::programs::{
 };
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
-use crate::pretokenize::batch::kind_table_bytes;
+use crate::pretokenize::batch::table_bytes;
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::MAX_TEXT_BYTES;
 use crate::vocab::Vocabulary;
@@ -787,8 +787,8 @@ impl DeviceEncoder {
             .buffer_from(device_vocabulary.token_bytes())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
         let kind_table = backend
-            .buffer_from(&kind_table_bytes()?)
-            .map_err(|error| backend_error("uploading the split's kind table", error))?;
+            .buffer_from(&table_bytes(pattern)?)
+            .map_err(|error| backend_error("uploading the split's tables", error))?;
         Ok(DeviceEncoder {
             backend,
             steps,

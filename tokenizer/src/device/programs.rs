@@ -675,7 +675,8 @@ pub enum Role {
     StagedDocuments,
     /// The parameters as the host staged them.
     StagedParams,
-    /// The split's Unicode kind table ([`SplitBuffer::KindTable`]), resident.
+    /// The split's resident tables ([`SplitBuffer::KindTable`]: the Unicode
+    /// kind table, then cl100k's or o200k's word table).
     KindTable,
     /// The split's code per text byte ([`SplitBuffer::Codes`]; cl100k and
     /// o200k).

@@ -25,8 +25,9 @@
 //! non-empty document's first byte is a piece start; no piece crosses a
 //! document end; look-behind and look-ahead never see another document: each
 //! document splits exactly as it would alone) and [`SplitBuffer::PieceCount`]
-//! (`u32[1]`). Resident: [`SplitBuffer::KindTable`] ([`kind_table_bytes`],
-//! 35,328 bytes, uploaded once). Scratch: [`SplitBuffer::Statuses`] and
+//! (`u32[1]`). Resident: [`SplitBuffer::KindTable`] ([`table_bytes`]: the
+//! kind table, 35,328 bytes, and cl100k's and o200k's word tables; uploaded
+//! once). Scratch: [`SplitBuffer::Statuses`] and
 //! [`SplitBuffer::Counters`] (zeroed once when allocated; every step leaves
 //! them zeroed, so nothing clears them between runs) and, for cl100k and
 //! o200k, [`SplitBuffer::Codes`] (one byte per text byte, between their two
@@ -47,7 +48,7 @@
 //! |---|---|---|---|
 //! | GPT-2 | `split` | text, document ends, kind table | piece starts, piece count |
 //! | cl100k, o200k | `classify` | text, document ends, kind table | codes |
-//! | | `phases` | document ends, codes | piece starts, piece count |
+//! | | `phases` | document ends, word table, codes | piece starts, piece count |
 //!
 //! Device memory per text byte: text 1, piece starts 4, codes 1 (cl100k,
 //! o200k), and 16 bytes per 1 KiB block of status words: about 6 bytes.
@@ -109,8 +110,10 @@
 //!
 //! cl100k and o200k: two dispatches. `classify` is GPT-2's window plus one or
 //! two minimum scans (about 10 operations per byte) and a byte store per text
-//! byte; `phases` reads one byte per text byte, evaluates its pattern's eight
-//! states per character (about 150 operations), composes maps (about 14
+//! byte; `phases` reads one byte per text byte, looks up each character's
+//! word (its pattern's eight states: five loads of class offsets and two of the
+//! [word table](mod@word_table)'s entry, where evaluating the rules took about 190
+//! instructions), composes maps (about 14
 //! instructions each with byte permutes, 48 before them: `K − 1` per thread,
 //! `log2 W` rounds of the workgroup scan) and runs two look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
 //!
@@ -129,8 +132,12 @@ mod pieces;
 pub mod rules;
 pub mod runner;
 mod window;
+pub mod word_table;
+
+use std::sync::OnceLock;
 
 use vyre_cuda::ir::{ElemType, Program};
+use word_table::WordTable;
 
 use super::pattern::Pattern;
 use super::unicode::kind_table;
@@ -151,7 +158,8 @@ pub enum SplitBuffer {
     /// the text length (input).
     DocumentEnds,
     /// `u32`: the Unicode [kind table](crate::pretokenize::unicode::KindTable)
-    /// ([`kind_table_bytes`]), uploaded once and resident.
+    /// ([`table_bytes`]), then for cl100k and o200k their state machine's
+    /// [word table](mod@word_table), uploaded once and resident.
     KindTable,
     /// `u8`: one code per text byte ([`code`]), written by cl100k's and o200k's
     /// first step and read by their second (scratch).
@@ -250,6 +258,7 @@ const CLASSIFY_BINDINGS: &[SplitBuffer] = &[
 
 const PHASES_BINDINGS: &[SplitBuffer] = &[
     SplitBuffer::DocumentEnds,
+    SplitBuffer::KindTable,
     SplitBuffer::Codes,
     SplitBuffer::Statuses,
     SplitBuffer::Counters,
@@ -278,14 +287,14 @@ impl SplitPrograms {
     /// or a device without opt-in shared memory 48 KiB, blocks of 2 KiB).
     pub fn build(pattern: Pattern, geometry: Geometry) -> Result<SplitPrograms, PretokenizeError> {
         geometry.check()?;
-        let steps = match rules::StateMachine::of(pattern) {
+        let steps = match word_table(pattern)? {
             None => vec![SplitStep {
                 name: "split",
                 program: gpt2::program(geometry),
                 bindings: GPT2_BINDINGS,
                 body_registers: 32,
             }],
-            Some(machine) => vec![
+            Some(words) => vec![
                 SplitStep {
                     name: "classify",
                     program: classify::program(pattern, geometry),
@@ -294,7 +303,14 @@ impl SplitPrograms {
                 },
                 SplitStep {
                     name: "phases",
-                    program: phases::program(machine, geometry),
+                    program: phases::program(
+                        words.machine(),
+                        geometry,
+                        &phases::Table {
+                            words,
+                            first_word: word_table_start()?,
+                        },
+                    ),
                     bindings: PHASES_BINDINGS,
                     body_registers: 64,
                 },
@@ -356,7 +372,10 @@ impl SplitPrograms {
         Ok(match buffer {
             SplitBuffer::Text | SplitBuffer::Codes => text,
             SplitBuffer::DocumentEnds => 4 * document_count as u64,
-            SplitBuffer::KindTable => kind_table()?.words().len() as u64 * 4,
+            SplitBuffer::KindTable => {
+                let words = kind_table()?.words().len() + table_words(self.pattern)?;
+                4 * words as u64
+            }
             SplitBuffer::Statuses => 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
             SplitBuffer::Counters => 4 * u64::from(COUNTER_WORDS),
             SplitBuffer::PieceStarts => 4 * text,
@@ -365,11 +384,43 @@ impl SplitPrograms {
     }
 }
 
-/// The resident kind table's bytes ([`SplitBuffer::KindTable`]): 35,328 bytes
-/// for Unicode 16.0 (140 distinct blocks of 256 code points and 4,352 index
-/// words), little-endian words.
-pub fn kind_table_bytes() -> Result<Vec<u8>, PretokenizeError> {
-    Ok(kind_table()?.to_le_bytes())
+/// The resident tables' bytes ([`SplitBuffer::KindTable`]) for `pattern`,
+/// little-endian words: the kind table (35,328 bytes for Unicode 16.0: 140
+/// distinct blocks of 256 code points and 4,352 index words), then for cl100k
+/// and o200k the [word table](mod@word_table) of the pattern's state machine
+/// (43,648 and 184,960 bytes).
+pub fn table_bytes(pattern: Pattern) -> Result<Vec<u8>, PretokenizeError> {
+    let mut bytes = kind_table()?.to_le_bytes();
+    if let Some(table) = word_table(pattern)? {
+        bytes.extend(table.words().iter().flat_map(|word| word.to_le_bytes()));
+    }
+    Ok(bytes)
+}
+
+/// Words of `pattern`'s word table (0 for GPT-2's split, which has none).
+fn table_words(pattern: Pattern) -> Result<usize, PretokenizeError> {
+    Ok(word_table(pattern)?.map_or(0, |table| table.words().len()))
+}
+
+/// The word table of `pattern`'s state machine (built once per process per
+/// pattern), stored right after the kind table; `None` for GPT-2's split,
+/// which has no state machine.
+pub fn word_table(pattern: Pattern) -> Result<Option<&'static WordTable>, PretokenizeError> {
+    static TABLES: [OnceLock<WordTable>; 2] = [OnceLock::new(), OnceLock::new()];
+    let Some(machine) = rules::StateMachine::of(pattern) else {
+        return Ok(None);
+    };
+    let slot = usize::from(pattern == Pattern::O200k);
+    let first_word = word_table_start()?;
+    Ok(Some(
+        TABLES[slot].get_or_init(|| WordTable::build(machine, first_word)),
+    ))
+}
+
+/// The word where a word table starts in the resident tables: right after the
+/// kind table.
+pub fn word_table_start() -> Result<u32, PretokenizeError> {
+    Ok(kind_table()?.words().len() as u32)
 }
 
 /// Checks a batch against the contract: at most [`MAX_TEXT_BYTES`] bytes,

@@ -5,10 +5,11 @@
 //! Each character's word is its [transition map](super::rules) (a `u32`: the
 //! state it gets after a character of each state) and, per previous state,
 //! whether a piece starts at it (eight bits, those of four bytes packed in one
-//! `u32`): the pattern's [`StateMachine`] evaluated for
-//! all eight states at once on the character's window (the kinds of two
-//! characters each way, its facts and those of the character before, all read
-//! from the codes step 1 wrote). A byte inside a character has the identity
+//! `u32`): the pattern's [`StateMachine`] for all eight
+//! states at once on the character's window (the kinds of two characters each
+//! way, its facts and those of the character before, all read from the codes
+//! step 1 wrote), looked up in the machine's [word table](mod@word_table): five
+//! class offsets added up, then the entry's two words. A byte inside a character has the identity
 //! map. A thread composes the maps of its bytes, the workgroup scans those
 //! ([`maps::scan_inclusive`]), a look-back composes the blocks before (a block
 //! that has finished publishes its last state, which ends the walk), and every
@@ -21,17 +22,16 @@
 //! one, a line break in a punctuation piece's tail), the scan carries it: no
 //! thread ever walks a run.
 
-use std::cell::RefCell;
-
 use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program};
 
 use super::code::{self, first_character, kind, starts_character, starts_document};
-use super::ir::{as_u32, has_bit, in_set, load_where, local};
+use super::ir::{as_u32, has_bit, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack};
 use super::maps;
 use super::pieces;
-use super::rules::{Condition, Fact, Field, StateMachine, MAX_STATES, SLOT_BITS};
+use super::rules::{Fact, Field, StateMachine};
 use super::window::{self, Layout, HALO};
+use super::word_table::{self, WordTable};
 use super::{SplitBuffer, PHASES_BINDINGS};
 use crate::pretokenize::unicode::Kind;
 use crate::pretokenize::Geometry;
@@ -39,8 +39,15 @@ use crate::pretokenize::Geometry;
 /// Bytes of context a character's window reads on each side: two characters.
 const CONTEXT: i32 = 8;
 
+/// Where the program finds its machine's [word table](mod@word_table): in the
+/// resident tables' buffer ([`SplitBuffer::KindTable`]) from `first_word`.
+pub(super) struct Table<'t> {
+    pub words: &'t WordTable,
+    pub first_word: u32,
+}
+
 /// The phases program of `machine`'s pattern.
-pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
+pub(super) fn program(machine: &StateMachine, geometry: Geometry, table: &Table) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
@@ -120,7 +127,7 @@ pub(super) fn program(machine: &StateMachine, geometry: Geometry) -> Program {
             let mut group_maps = Vec::new();
             for byte in 4 * group..(4 * group + 4).min(per_thread as i32) {
                 let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
-                let (map, byte_starts) = character_word(b, machine, byte, &at);
+                let (map, byte_starts) = character_word(b, table, byte, &at);
                 let starts_shift = 8 * (byte - 4 * group) as u32;
                 starts = starts | (byte_starts << starts_shift);
                 group_maps.push((map, starts_shift));
@@ -194,14 +201,6 @@ impl Word {
     }
 }
 
-/// The window of one character as IR values.
-struct CharacterWindow {
-    kinds: [Expr; 5],
-    break_ahead: Expr,
-    break_ahead_before: Expr,
-    upper_to_end: Expr,
-}
-
 /// The nearest character start before (`step` -1) or after (`step` 1) the one
 /// at distance `from`, whose own start is the nearest start in that direction
 /// from 0: the first start among the four codes after it.
@@ -233,7 +232,7 @@ fn second_start<'a>(at: &dyn Fn(i32) -> &'a Expr, step: i32) -> Expr {
 /// Returns the map (a variable) and the start bits (an expression, bits 0..8).
 fn character_word<'a>(
     b: &mut BlockBuilder,
-    machine: &StateMachine,
+    table: &Table,
     byte: i32,
     at: &dyn Fn(i32) -> &'a Expr,
 ) -> (Expr, Expr) {
@@ -266,94 +265,46 @@ fn character_word<'a>(
             .or(starts_document(&after2))
             .select(end, kind(&after2)),
     );
-    let window = CharacterWindow {
-        kinds: [
-            before2_kind,
-            before_kind,
-            b.let_(name("here_kind"), kind(&here)),
-            after_kind,
-            after2_kind,
-        ],
-        break_ahead: has_bit(&here, code::BREAK_AHEAD),
-        break_ahead_before: document_start
+    let kinds = [
+        before2_kind,
+        before_kind,
+        b.let_(name("here_kind"), kind(&here)),
+        after_kind,
+        after2_kind,
+    ];
+    let fact = |which: Fact| match which {
+        Fact::BreakAhead => has_bit(&here, code::BREAK_AHEAD),
+        Fact::BreakAheadBefore => document_start
             .clone()
             .logical_not()
             .and(has_bit(&before, code::BREAK_AHEAD)),
-        upper_to_end: has_bit(&here, code::UPPER_TO_END),
+        Fact::UpperToEnd => has_bit(&here, code::UPPER_TO_END),
     };
-    let conditions = Conditions {
-        window: &window,
-        prefix: name("condition"),
-        known: RefCell::new(Vec::new()),
-    };
-    let mut start_state = Expr::u32(0);
-    for rule in machine.starts.iter().rev() {
-        let holds = conditions.emit(b, &rule.when);
-        start_state = holds.select(u32::from(rule.next), start_state);
+    // The entry's first word: each field's class offset, then the facts.
+    let mut entry = Expr::u32(0);
+    for (field, kind) in kinds.into_iter().enumerate() {
+        let offsets = table.first_word + field as u32 * word_table::CODES;
+        entry = entry + Expr::load(SplitBuffer::KindTable.name(), kind + offsets);
     }
-    let start_state = b.let_(name("start_state"), start_state);
-    let mut map = Expr::u32(0);
-    let mut start_bits = Expr::u32(0);
-    for previous in 0..MAX_STATES {
-        let rules = machine
-            .continues
-            .get(previous as usize)
-            .copied()
-            .unwrap_or(&[]);
-        let mut next = start_state.clone();
-        let mut continues = Expr::bool(false);
-        for rule in rules.iter().rev() {
-            let holds = conditions.emit(b, &rule.when);
-            next = holds.clone().select(u32::from(rule.next), next);
-            continues = holds.or(continues);
-        }
-        let next = document_start.clone().select(start_state.clone(), next);
-        let starts = document_start.clone().or(continues.logical_not());
-        map = map | (next << (SLOT_BITS * previous));
-        start_bits = start_bits | (as_u32(starts) << previous);
+    for (bit, &which) in table.words.facts().iter().enumerate() {
+        entry = entry + (as_u32(fact(which)) << (bit as u32 + 1));
     }
+    let entry = b.let_(name("entry"), entry);
+    let map = Expr::load(SplitBuffer::KindTable.name(), entry.clone());
+    let extra = b.let_(
+        name("extra"),
+        Expr::load(SplitBuffer::KindTable.name(), entry + 1u32),
+    );
+    let start_state = extra.clone() >> word_table::START_STATE_SHIFT;
+    let map = document_start
+        .clone()
+        .select(maps::constant(&start_state), map);
+    let start_bits = document_start.select(0xFFu32, extra & 0xFFu32);
     let character = b.let_(name("character"), kind(&here).less_than(Kind::End as u32));
     (
         b.let_(name("map"), character.clone().select(map, maps::IDENTITY)),
         character.select(start_bits, 0u32),
     )
-}
-
-/// Conditions of a machine as IR, each distinct one emitted once per character.
-struct Conditions<'w> {
-    window: &'w CharacterWindow,
-    prefix: String,
-    known: RefCell<Vec<(Condition, Expr)>>,
-}
-
-impl Conditions<'_> {
-    fn emit(&self, b: &mut BlockBuilder, condition: &Condition) -> Expr {
-        if let Some((_, value)) = self.known.borrow().iter().find(|(c, _)| c == condition) {
-            return value.clone();
-        }
-        let value = match *condition {
-            Condition::Always => Expr::bool(true),
-            Condition::Kind(field, set) => in_set(&self.window.kinds[field as usize], set),
-            Condition::Fact(Fact::BreakAhead) => self.window.break_ahead.clone(),
-            Condition::Fact(Fact::BreakAheadBefore) => self.window.break_ahead_before.clone(),
-            Condition::Fact(Fact::UpperToEnd) => self.window.upper_to_end.clone(),
-            Condition::Not(inner) => self.emit(b, inner).logical_not(),
-            Condition::All(all) => all
-                .iter()
-                .map(|inner| self.emit(b, inner))
-                .reduce(|a, c| a.and(c))
-                .unwrap_or(Expr::bool(true)),
-            Condition::Any(any) => any
-                .iter()
-                .map(|inner| self.emit(b, inner))
-                .reduce(|a, c| a.or(c))
-                .unwrap_or(Expr::bool(false)),
-        };
-        let index = self.known.borrow().len();
-        let value = b.let_(format!("{}{index}", self.prefix), value);
-        self.known.borrow_mut().push((*condition, value.clone()));
-        value
-    }
 }
 
 // Fields are indexed in this order.

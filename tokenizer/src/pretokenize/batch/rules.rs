@@ -123,15 +123,42 @@ pub struct StateWindow {
 impl Condition {
     /// Whether the condition holds in `window`.
     pub fn holds(&self, window: &StateWindow) -> bool {
+        self.holds_where(
+            &|field, set| set.contains(window.kinds[field as usize]),
+            &|fact| match fact {
+                Fact::BreakAhead => window.break_ahead,
+                Fact::BreakAheadBefore => window.break_ahead_before,
+                Fact::UpperToEnd => window.upper_to_end,
+            },
+        )
+    }
+
+    /// Whether the condition holds where `in_set(field, set)` says whether the
+    /// character at `field` is in `set`, and `fact(fact)` whether the fact holds.
+    pub fn holds_where(
+        &self,
+        in_set: &dyn Fn(Field, KindSet) -> bool,
+        fact: &dyn Fn(Fact) -> bool,
+    ) -> bool {
         match *self {
             Condition::Always => true,
-            Condition::Kind(field, set) => set.contains(window.kinds[field as usize]),
-            Condition::Fact(Fact::BreakAhead) => window.break_ahead,
-            Condition::Fact(Fact::BreakAheadBefore) => window.break_ahead_before,
-            Condition::Fact(Fact::UpperToEnd) => window.upper_to_end,
-            Condition::Not(inner) => !inner.holds(window),
-            Condition::All(all) => all.iter().all(|c| c.holds(window)),
-            Condition::Any(any) => any.iter().any(|c| c.holds(window)),
+            Condition::Kind(field, set) => in_set(field, set),
+            Condition::Fact(which) => fact(which),
+            Condition::Not(inner) => !inner.holds_where(in_set, fact),
+            Condition::All(all) => all.iter().all(|c| c.holds_where(in_set, fact)),
+            Condition::Any(any) => any.iter().any(|c| c.holds_where(in_set, fact)),
+        }
+    }
+
+    /// Calls `visit` on every kind test and fact inside the condition.
+    pub fn visit(&self, visit: &mut dyn FnMut(&Condition)) {
+        match *self {
+            Condition::Not(inner) => inner.visit(visit),
+            Condition::All(all) | Condition::Any(all) => {
+                all.iter().for_each(|inner| inner.visit(visit))
+            }
+            Condition::Always => {}
+            Condition::Kind(..) | Condition::Fact(_) => visit(self),
         }
     }
 }
@@ -171,23 +198,33 @@ impl StateMachine {
 
     /// The state of a character where a piece starts.
     pub fn start(&self, window: &StateWindow) -> u8 {
+        self.start_where(&|condition| condition.holds(window))
+    }
+
+    /// [`StateMachine::start`] where `holds` says which conditions hold.
+    pub fn start_where(&self, holds: &dyn Fn(&Condition) -> bool) -> u8 {
         self.starts
             .iter()
-            .find(|rule| rule.when.holds(window))
+            .find(|rule| holds(&rule.when))
             .map_or(STOP, |rule| rule.next)
     }
 
     /// The state of a character whose predecessor has state `previous`, and
     /// whether a piece starts at it.
     pub fn step(&self, previous: u8, window: &StateWindow) -> (u8, bool) {
+        self.step_where(previous, &|condition| condition.holds(window))
+    }
+
+    /// [`StateMachine::step`] where `holds` says which conditions hold.
+    pub fn step_where(&self, previous: u8, holds: &dyn Fn(&Condition) -> bool) -> (u8, bool) {
         let rules = self
             .continues
             .get(previous as usize)
             .copied()
             .unwrap_or(&[]);
-        match rules.iter().find(|rule| rule.when.holds(window)) {
+        match rules.iter().find(|rule| holds(&rule.when)) {
             Some(rule) => (rule.next, false),
-            None => (self.start(window), true),
+            None => (self.start_where(holds), true),
         }
     }
 
@@ -195,17 +232,34 @@ impl StateMachine {
     /// start bits. A character that starts a document starts a piece whatever
     /// came before (pass `document_start`).
     pub fn character_word(&self, window: &StateWindow, document_start: bool) -> CharacterWord {
+        self.character_word_where(&|condition| condition.holds(window), document_start)
+    }
+
+    /// [`StateMachine::character_word`] where `holds` says which conditions hold.
+    pub fn character_word_where(
+        &self,
+        holds: &dyn Fn(&Condition) -> bool,
+        document_start: bool,
+    ) -> CharacterWord {
         let mut word = CharacterWord { map: 0, starts: 0 };
         for previous in 0..MAX_STATES as u8 {
             let (next, starts) = if document_start {
-                (self.start(window), true)
+                (self.start_where(holds), true)
             } else {
-                self.step(previous, window)
+                self.step_where(previous, holds)
             };
             word.map |= u32::from(next) << (SLOT_BITS * u32::from(previous));
             word.starts |= u8::from(starts) << previous;
         }
         word
+    }
+
+    /// Every rule's condition, start rules first.
+    pub fn conditions(&self) -> impl Iterator<Item = &'static Condition> {
+        self.starts
+            .iter()
+            .chain(self.continues.iter().flat_map(|rules| rules.iter()))
+            .map(|rule| &rule.when)
     }
 }
 
@@ -610,27 +664,39 @@ pub fn machine_piece_starts(
 ) -> Result<Vec<u32>, PretokenizeError> {
     let mut starts = Vec::new();
     let mut state = STOP;
-    let mut break_ahead_before = false;
-    for (index, (offset, window)) in per_position::windows(text)?.into_iter().enumerate() {
-        let seen = StateWindow {
-            kinds: [
-                window.before2,
-                window.before,
-                window.here,
-                window.after,
-                window.after2,
-            ],
-            break_ahead: window.break_ahead,
-            break_ahead_before,
-            upper_to_end: window.upper_to_end,
-        };
-        let word = machine.character_word(&seen, index == 0);
+    for (offset, window) in state_windows(text)? {
+        let word = machine.character_word(&window, offset == 0);
         let starts_here = (word.starts >> state) & 1 == 1;
         state = apply(word.map, state);
         if starts_here {
             starts.push(offset);
         }
-        break_ahead_before = window.break_ahead;
     }
     Ok(starts)
+}
+
+/// Every character of `text` with its byte offset and its window as a machine
+/// sees it ([`per_position::windows`], with `break_ahead` at the character
+/// before).
+pub fn state_windows(text: &[u8]) -> Result<Vec<(u32, StateWindow)>, PretokenizeError> {
+    let mut break_ahead_before = false;
+    Ok(per_position::windows(text)?
+        .into_iter()
+        .map(|(offset, window)| {
+            let seen = StateWindow {
+                kinds: [
+                    window.before2,
+                    window.before,
+                    window.here,
+                    window.after,
+                    window.after2,
+                ],
+                break_ahead: window.break_ahead,
+                break_ahead_before,
+                upper_to_end: window.upper_to_end,
+            };
+            break_ahead_before = window.break_ahead;
+            (offset, seen)
+        })
+        .collect())
 }

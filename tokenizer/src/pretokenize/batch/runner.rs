@@ -2,7 +2,7 @@
 //! interpreter): what the tests, the example and the bench run. A longer
 //! pipeline composes the same [`SplitPrograms`] steps itself.
 //!
-//! Per [`BatchSplitter`]: kernels compiled once, the kind table uploaded once
+//! Per [`BatchSplitter`]: kernels compiled once, the tables uploaded once
 //! and resident, scratch and output buffers grown by powers of two and reused.
 //! [`BatchSplitter::split`] submits the steps back to back (each after the one
 //! before, on the device) with the text and the document ends as host
@@ -22,7 +22,7 @@ use vyre_cuda::backend::{
 use vyre_cuda::graph::{InputSlot, OutputSlot, StepId};
 use vyre_cuda::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
 
-use super::{check_batch, kind_table_bytes, SplitBuffer, SplitPrograms};
+use super::{check_batch, table_bytes, SplitBuffer, SplitPrograms};
 use crate::occupancy::Occupancy;
 use crate::pretokenize::PretokenizeError;
 
@@ -84,7 +84,7 @@ fn capacity_for(len: usize, least: usize) -> usize {
 }
 
 impl BatchSplitter {
-    /// Compiles the steps on `backend` and uploads the kind table.
+    /// Compiles the steps on `backend` and uploads the resident tables.
     pub fn new(backend: &AnyBackend, programs: SplitPrograms) -> Result<Self, PretokenizeError> {
         let mut kernels = Vec::new();
         let limits = crate::occupancy::multiprocessor_limits(backend);
@@ -101,7 +101,7 @@ impl BatchSplitter {
             let config = DispatchConfig::linear(1).with_codegen(codegen);
             kernels.push(backend.compile(&step.program, &config)?);
         }
-        let table = kind_table_bytes()?;
+        let table = table_bytes(programs.pattern())?;
         let kind_table = backend.buffer(table.len() as u64)?;
         backend.upload(&kind_table, &table)?;
         let counters = backend.buffer(programs.buffer_bytes(SplitBuffer::Counters, 0, 0)?)?;
