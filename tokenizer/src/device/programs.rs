@@ -463,9 +463,9 @@ pub const BULK_SPLIT_FROM_BYTES: u64 = 1 << 20;
 /// 8 MiB and 4.291 / 4.892 at 16 MiB; below 1 MiB (128 blocks, about one per
 /// SM) nothing is measured.
 ///
-/// Blocks of 8 KiB take two words of workgroup memory per byte (64 KiB) and
-/// one per thread for each lowered workgroup reduction, past the static 48 KiB
-/// (blocks of 4 KiB already take 49,304 bytes): kernels then get the device's
+/// Blocks of 8 KiB take two words and a byte of workgroup memory per byte
+/// (72 KiB) and one word per thread for each lowered workgroup reduction, past
+/// the static 48 KiB (blocks of 4 KiB already take more): kernels then get the device's
 /// opt-in limit as dynamic shared memory (227 KiB on an H200). A device that
 /// cannot hold them runs every chunk with [`Geometry::split`]. Such kernels
 /// end in the result ABI's per-warp epilogue (one gpu-scope atomic per warp on

@@ -70,8 +70,8 @@ pub(super) fn decode_non_ascii(
     covered: &str,
     code_point: &str,
 ) {
-    // Valid sequence lengths at the byte - 3, - 2, - 1 and at the byte.
-    let lengths: Vec<Expr> = (0..4)
+    // Valid sequence lengths at the byte - 3, - 2 and - 1.
+    let before: Vec<Expr> = (0..3)
         .map(|start| {
             b.let_(
                 name(&format!("valid_length{start}")),
@@ -86,31 +86,64 @@ pub(super) fn decode_non_ascii(
         .collect();
     b.assign(
         covered,
-        lengths[2]
-            .clone()
-            .greater_equal(2u32)
-            .or(lengths[1].clone().greater_equal(3u32))
-            .or(lengths[0].clone().equals(4u32))
-            .cast(ScalarType::U32),
+        covered_by([&before[2], &before[1], &before[0]]).cast(ScalarType::U32),
     );
-    let [b0, b1, b2, b3] = [bytes[3], bytes[4], bytes[5], bytes[6]];
-    let low6 = |byte: &Expr| byte.clone() & 0x3Fu32;
-    let own = &lengths[3];
-    // A byte that starts no valid sequence decodes as U+FFFD.
+    let own = b.let_(
+        name("valid_length3"),
+        valid_length([bytes[3], bytes[4], bytes[5], bytes[6]]),
+    );
     b.assign(
         code_point,
-        own.clone().equals(2u32).select(
-            ((b0.clone() & 0x1Fu32) << 6u32) | low6(b1),
-            own.clone().equals(3u32).select(
-                ((b0.clone() & 0x0Fu32) << 12u32) | (low6(b1) << 6u32) | low6(b2),
-                own.clone().equals(4u32).select(
-                    ((b0.clone() & 0x07u32) << 18u32)
-                        | (low6(b1) << 12u32)
-                        | (low6(b2) << 6u32)
-                        | low6(b3),
-                    0xFFFDu32,
-                ),
+        code_point_of(&own, [bytes[3], bytes[4], bytes[5], bytes[6]]),
+    );
+}
+
+/// Emits the decode of the sequence that starts with the non-ASCII byte
+/// `bytes[0]` (the next three bytes after it; one the decode may not see, past
+/// the text or across a document boundary, is 0): assigns the `u32` variable
+/// `length` the sequence's length (0 where none is valid) and `code_point` its
+/// code point (U+FFFD where none is valid). Whether a sequence before covers
+/// the byte is [`covered_by`] those sequences' lengths.
+pub(super) fn decode_own(
+    b: &mut BlockBuilder,
+    name: &dyn Fn(&str) -> String,
+    bytes: [&Expr; 4],
+    length: &str,
+    code_point: &str,
+) {
+    let own = b.let_(name("valid_length"), valid_length(bytes));
+    b.assign(length, own.clone());
+    b.assign(code_point, code_point_of(&own, bytes));
+}
+
+/// A byte lies inside a character (not its first byte) when a valid sequence
+/// that starts one, two or three bytes before it reaches it: `lengths[d - 1]`
+/// is the valid length ([`valid_length`]) at `d` bytes before.
+pub(super) fn covered_by(lengths: [&Expr; 3]) -> Expr {
+    let [one_back, two_back, three_back] = lengths;
+    one_back
+        .clone()
+        .greater_equal(2u32)
+        .or(two_back.clone().greater_equal(3u32))
+        .or(three_back.clone().equals(4u32))
+}
+
+/// The code point of the sequence `bytes` whose valid length is `length`, or
+/// U+FFFD where none is valid (`length` 0; ASCII is not decoded here).
+fn code_point_of(length: &Expr, bytes: [&Expr; 4]) -> Expr {
+    let [b0, b1, b2, b3] = bytes;
+    let low6 = |byte: &Expr| byte.clone() & 0x3Fu32;
+    length.clone().equals(2u32).select(
+        ((b0.clone() & 0x1Fu32) << 6u32) | low6(b1),
+        length.clone().equals(3u32).select(
+            ((b0.clone() & 0x0Fu32) << 12u32) | (low6(b1) << 6u32) | low6(b2),
+            length.clone().equals(4u32).select(
+                ((b0.clone() & 0x07u32) << 18u32)
+                    | (low6(b1) << 12u32)
+                    | (low6(b2) << 6u32)
+                    | low6(b3),
+                0xFFFDu32,
             ),
         ),
-    );
+    )
 }

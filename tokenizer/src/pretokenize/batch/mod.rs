@@ -280,8 +280,9 @@ impl SplitPrograms {
     /// The split of `pattern` for another geometry (small ones let CPU tests
     /// cross many workgroups with short texts). Only `workgroup_size` and
     /// `bytes_per_thread` matter here. The programs' workgroup memory (two
-    /// words per byte of a block, and one per thread for each workgroup
-    /// reduction once lowered to a tree: 49,304 bytes for blocks of 4 KiB) is
+    /// words and a byte per byte of a block, and one word per thread for each
+    /// workgroup reduction once lowered to a tree: over 48 KiB for blocks of
+    /// 4 KiB) is
     /// the device's to check: compiling them on a backend validates them against
     /// its limit (an H200 gives a kernel 227 KiB, so blocks of 8 KiB fit; a lane
     /// or a device without opt-in shared memory 48 KiB, blocks of 2 KiB).

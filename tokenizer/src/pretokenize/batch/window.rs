@@ -18,6 +18,16 @@
 //!   only with bytes of its own document (a character cut by a document end
 //!   is invalid there, exactly as at the end of a text), so every document
 //!   splits as it would alone.
+//! - `lengths[l]` (bytes) = the length of the valid UTF-8 sequence starting at
+//!   position `g·S − HALO − 3 + l` (0 for none, 1 for ASCII), from which a
+//!   second pass marks the bytes inside a character. Why two passes: each
+//!   non-ASCII byte once decoded the sequences starting at it and at the three
+//!   bytes before it, four decodes of about 30 comparisons each; now it decodes
+//!   its own and reads three lengths. That was about 47 % of `classify`'s SASS
+//!   instructions for blocks of 1,024 threads × 8 bytes (2,392 of 5,080,
+//!   ptxas for sm_90, 2026-12-03); with two passes `classify` has 3,608, GPT-2's
+//!   `split` 4,512 against 6,000 (both at the 32 registers their two blocks
+//!   per SM allow).
 
 use vyre_cuda::ir::{
     Access, BlockBuilder, BufferCount, ElemType, Expr, ProgramBuilder, ReduceOp, ScalarType,
@@ -50,6 +60,9 @@ pub(super) struct Layout {
     pub code_slots: u32,
     /// Document-start slots: `S + 2·(HALO + 3)`.
     pub flag_slots: u32,
+    /// Sequence-length slots: `S + 2·HALO + 3`, from [`MARGIN`] bytes before
+    /// the window (a byte's character may start three bytes before it).
+    pub length_slots: u32,
 }
 
 impl Layout {
@@ -61,6 +74,7 @@ impl Layout {
             block_bytes,
             code_slots: block_bytes + 2 * HALO,
             flag_slots: block_bytes + 2 * (HALO + MARGIN),
+            length_slots: block_bytes + 2 * HALO + MARGIN,
         }
     }
 
@@ -70,8 +84,8 @@ impl Layout {
     }
 }
 
-/// Declares the shared arrays `document_starts` and `window` (bindings
-/// `first_binding` and the next).
+/// Declares the shared arrays `document_starts`, `window` and `lengths`
+/// (bindings `first_binding` and the next two).
 pub(super) fn declare(
     builder: ProgramBuilder,
     layout: Layout,
@@ -91,6 +105,15 @@ pub(super) fn declare(
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(layout.code_slots),
+        )
+        // Bytes, not words: blocks of 2 KiB keep every split program within
+        // the 48 KiB of static shared memory.
+        .buffer(
+            "lengths",
+            first_binding + 2,
+            Access::Workgroup,
+            ElemType::U8,
+            BufferCount::Static(layout.length_slots),
         )
 }
 
@@ -246,116 +269,131 @@ fn emit_codes(
     ascii: bool,
 ) {
     let workgroup_size = layout.workgroup_size;
-    for round in 0..layout.rounds(layout.code_slots) {
+    // Pass 1, per position from MARGIN bytes before the window: the length of
+    // the valid sequence starting there (`lengths`) and, inside the window,
+    // its code as if no sequence before covered it.
+    for round in 0..layout.rounds(layout.length_slots) {
         let slot = b.let_(
-            format!("code_slot{round}"),
+            format!("length_slot{round}"),
             local() + round * workgroup_size,
         );
-        b.if_(slot.clone().less_than(layout.code_slots), |b| {
+        b.if_(slot.clone().less_than(layout.length_slots), |b| {
             let name = move |what: &str| format!("code{round}_{what}");
-            let position = b.let_(name("position"), block_start.clone() - HALO + slot.clone());
-            // Document starts at distances -2..=3 (flag slot = code slot + MARGIN).
-            let starts: Vec<Expr> = (-2i32..=3)
-                .map(|distance| {
-                    let label = if distance < 0 {
-                        format!("start_back{}", -distance)
-                    } else {
-                        format!("start_ahead{distance}")
-                    };
-                    let index = slot.clone() + (MARGIN as i32 + distance) as u32;
-                    b.let_(
-                        name(&label),
-                        Expr::load("document_starts", index).not_equals(0u32),
-                    )
-                })
-                .collect();
-            let start_at = |distance: i32| starts[(distance + 2) as usize].clone();
+            // Length slot l is flag slot l: both start MARGIN bytes before the
+            // window.
+            let position = b.let_(
+                name("position"),
+                block_start.clone() - (HALO + MARGIN) + slot.clone(),
+            );
+            let start_at = |distance: u32| {
+                Expr::load("document_starts", slot.clone() + distance).not_equals(0u32)
+            };
             let inside = b.let_(name("inside"), position.clone().less_than(text_len.clone()));
             let first = load_where(b, &name("byte"), "text", position.clone(), inside.clone());
             let code_point = b.let_mut(name("code_point"), first.clone());
-            let covered = b.let_mut(name("covered"), 0u32);
-            // ASCII is a whole character by itself: only other bytes need the six
-            // bytes around them.
+            let length = b.let_mut(name("length"), as_u32(inside.clone()));
+            // ASCII is a whole character by itself: only other bytes need the
+            // three bytes after them.
             b.if_(first.clone().greater_equal(0x80u32), |b| {
-                let mut bytes = Vec::with_capacity(7);
-                for distance in -3i32..=3 {
-                    if distance == 0 {
-                        bytes.push(first.clone());
-                        continue;
-                    }
-                    // The byte belongs to this byte's document when no document
-                    // starts between them.
-                    let mut same_document = Expr::bool(true);
-                    let between: Vec<i32> = if distance > 0 {
-                        (1..=distance).collect()
-                    } else {
-                        (distance + 1..=0).collect()
-                    };
-                    for at in between {
-                        same_document = same_document.and(start_at(at).logical_not());
-                    }
-                    let label = if distance < 0 {
-                        format!("byte_back{}", -distance)
-                    } else {
-                        format!("byte_ahead{distance}")
-                    };
-                    let at = if distance < 0 {
-                        position.clone() - distance.unsigned_abs()
-                    } else {
-                        position.clone() + distance as u32
-                    };
-                    let allowed = at.clone().less_than(text_len.clone()).and(same_document);
-                    bytes.push(load_where(b, &name(&label), "text", at, allowed));
-                }
-                let bytes: [&Expr; 7] = std::array::from_fn(|index| &bytes[index]);
-                utf8_ir::decode_non_ascii(b, &name, bytes, &name("covered"), &name("code_point"));
-            });
-            let table_block = b.let_(
-                name("table_block"),
-                Expr::load("kind_table", code_point.clone() >> BLOCK_SHIFT),
-            );
-            let per_word = 32 / KIND_BITS;
-            let table_word = b.let_(
-                name("table_word"),
-                Expr::load(
-                    "kind_table",
-                    table_block
-                        + ((code_point.clone() >> per_word.trailing_zeros())
-                            & ((1u32 << BLOCK_SHIFT) / per_word - 1)),
-                ),
-            );
-            let stored = (table_word >> ((code_point & (per_word - 1)) * KIND_BITS))
-                & ((1u32 << KIND_BITS) - 1);
-            // The five characters the patterns name by their byte.
-            let mut kind = stored;
-            for (byte, named) in [
-                (b'\'', Kind::Apostrophe),
-                (b'/', Kind::Slash),
-                (b' ', Kind::Space),
-                (b'\r', Kind::LineBreak),
-                (b'\n', Kind::LineBreak),
-            ] {
-                kind = first
-                    .clone()
-                    .equals(u32::from(byte))
-                    .select(named as u32, kind);
-            }
-            let kind = b.let_(name("kind"), kind);
-            let mut character = kind | start_at(0).select(code::DOCUMENT_START, 0u32);
-            if ascii {
-                character = character
-                    | first
+                let mut bytes = vec![first.clone()];
+                // A byte belongs to this byte's sequence only when no document
+                // starts between them.
+                let mut same_document = Expr::bool(true);
+                for distance in 1..=3u32 {
+                    same_document = same_document.and(start_at(distance).logical_not());
+                    let at = position.clone() + distance;
+                    let allowed = at
                         .clone()
-                        .less_than(0x80u32)
-                        .select(first << code::ASCII_SHIFT, 0u32);
-            }
-            let value = inside.select(
-                covered
-                    .not_equals(0u32)
-                    .select(code::CONTINUATION, character),
-                code::OUTSIDE,
-            );
-            b.store("window", slot.clone(), value);
+                        .less_than(text_len.clone())
+                        .and(same_document.clone());
+                    bytes.push(load_where(
+                        b,
+                        &name(&format!("byte_ahead{distance}")),
+                        "text",
+                        at,
+                        allowed,
+                    ));
+                }
+                let bytes: [&Expr; 4] = std::array::from_fn(|index| &bytes[index]);
+                utf8_ir::decode_own(b, &name, bytes, &name("length"), &name("code_point"));
+            });
+            b.store("lengths", slot.clone(), length);
+            b.if_(slot.clone().greater_equal(MARGIN), |b| {
+                let kind = emit_kind(b, &name, &first, &code_point);
+                let mut character = kind | start_at(0).select(code::DOCUMENT_START, 0u32);
+                if ascii {
+                    character = character
+                        | first
+                            .clone()
+                            .less_than(0x80u32)
+                            .select(first.clone() << code::ASCII_SHIFT, 0u32);
+                }
+                b.store(
+                    "window",
+                    slot.clone() - MARGIN,
+                    inside.select(character, code::OUTSIDE),
+                );
+            });
         });
     }
+    b.barrier();
+    // Pass 2, per window position: a byte inside a valid sequence that starts
+    // one to three bytes before it continues that character.
+    for round in 0..layout.rounds(layout.code_slots) {
+        let slot = b.let_(
+            format!("cover_slot{round}"),
+            local() + round * workgroup_size,
+        );
+        b.if_(slot.clone().less_than(layout.code_slots), |b| {
+            // Code slot s is length slot s + MARGIN.
+            let length_back =
+                |distance: u32| Expr::load("lengths", slot.clone() + (MARGIN - distance));
+            let covered = utf8_ir::covered_by([&length_back(1), &length_back(2), &length_back(3)]);
+            b.if_(covered, |b| {
+                b.store("window", slot.clone(), code::CONTINUATION);
+            });
+        });
+    }
+}
+
+/// Emits the kind code of the character whose first byte is `first` and whose
+/// code point is `code_point` (U+FFFD for an invalid byte): the kind table's
+/// entry (two loads), or the kind the patterns name by its byte.
+fn emit_kind(
+    b: &mut BlockBuilder,
+    name: &dyn Fn(&str) -> String,
+    first: &Expr,
+    code_point: &Expr,
+) -> Expr {
+    let table_block = b.let_(
+        name("table_block"),
+        Expr::load("kind_table", code_point.clone() >> BLOCK_SHIFT),
+    );
+    let per_word = 32 / KIND_BITS;
+    let table_word = b.let_(
+        name("table_word"),
+        Expr::load(
+            "kind_table",
+            table_block
+                + ((code_point.clone() >> per_word.trailing_zeros())
+                    & ((1u32 << BLOCK_SHIFT) / per_word - 1)),
+        ),
+    );
+    let stored = (table_word >> ((code_point.clone() & (per_word - 1)) * KIND_BITS))
+        & ((1u32 << KIND_BITS) - 1);
+    // The five characters the patterns name by their byte.
+    let mut kind = stored;
+    for (byte, named) in [
+        (b'\'', Kind::Apostrophe),
+        (b'/', Kind::Slash),
+        (b' ', Kind::Space),
+        (b'\r', Kind::LineBreak),
+        (b'\n', Kind::LineBreak),
+    ] {
+        kind = first
+            .clone()
+            .equals(u32::from(byte))
+            .select(named as u32, kind);
+    }
+    b.let_(name("kind"), kind)
 }
