@@ -24,7 +24,7 @@
 
 use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program};
 
-use super::code::{self, first_character, kind, starts_character, starts_document};
+use super::code::{self, kind, starts_character, starts_document};
 use super::ir::{as_u32, has_bit, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack};
 use super::maps;
@@ -121,13 +121,14 @@ pub(super) fn program(machine: &StateMachine, geometry: Geometry, table: &Table)
                 )
             })
             .collect();
+        let neighbors = Neighbors::emit(b, &codes, per_thread as usize);
         let mut words = Vec::new();
         for group in 0..per_thread.div_ceil(4) as i32 {
             let mut starts = Expr::u32(0);
             let mut group_maps = Vec::new();
             for byte in 4 * group..(4 * group + 4).min(per_thread as i32) {
-                let at = |distance: i32| &codes[(byte + distance + CONTEXT) as usize];
-                let (map, byte_starts) = character_word(b, table, byte, &at);
+                let window = neighbors.of(byte as usize, &codes);
+                let (map, byte_starts) = character_word(b, table, byte, window);
                 let starts_shift = 8 * (byte - 4 * group) as u32;
                 starts = starts | (byte_starts << starts_shift);
                 group_maps.push((map, starts_shift));
@@ -201,48 +202,85 @@ impl Word {
     }
 }
 
-/// The nearest character start before (`step` -1) or after (`step` 1) the one
-/// at distance `from`, whose own start is the nearest start in that direction
-/// from 0: the first start among the four codes after it.
-fn next_start_from<'a>(at: &dyn Fn(i32) -> &'a Expr, from: i32, step: i32) -> Expr {
-    first_character([
-        at(from + step),
-        at(from + 2 * step),
-        at(from + 3 * step),
-        at(from + 4 * step),
-    ])
+/// The codes of the two nearest character starts on each side of every byte
+/// of a thread, found by one pass over its context each way: the nearest start
+/// at or before a position is the position itself if it starts a character,
+/// else the nearest one at or before the position before (and the second
+/// nearest likewise). Every four consecutive positions hold a start (a
+/// character is at most four bytes; a position outside the text counts as
+/// one), so within the context's eight bytes each way both are exact.
+struct Neighbors {
+    /// Per context index: the nearest start at or before it, and the one before that.
+    back: Vec<(Expr, Expr)>,
+    /// Per context index: the nearest start at or after it, and the one after that.
+    ahead: Vec<(Expr, Expr)>,
 }
 
-/// The second character start in direction `step`: after the nearest one (at
-/// distance 1 to 4), the first start among the four codes beyond it.
-fn second_start<'a>(at: &dyn Fn(i32) -> &'a Expr, step: i32) -> Expr {
-    let beyond = |distance: i32| next_start_from(at, distance * step, step);
-    starts_character(at(step)).select(
-        beyond(1),
-        starts_character(at(2 * step)).select(
-            beyond(2),
-            starts_character(at(3 * step)).select(beyond(3), beyond(4)),
-        ),
-    )
+impl Neighbors {
+    /// `codes[i]` is the code at distance `i - CONTEXT` from the thread's first
+    /// byte; the thread has `bytes` bytes.
+    fn emit(b: &mut BlockBuilder, codes: &[Expr], bytes: usize) -> Neighbors {
+        let context = CONTEXT as usize;
+        let starts: Vec<Expr> = codes
+            .iter()
+            .enumerate()
+            .map(|(index, code)| b.let_(format!("starts_character{index}"), starts_character(code)))
+            .collect();
+        let mut step = |previous: &(Expr, Expr), index: usize, direction: &str| {
+            let starts = &starts[index];
+            (
+                b.let_(
+                    format!("nearest_{direction}{index}"),
+                    starts
+                        .clone()
+                        .select(codes[index].clone(), previous.0.clone()),
+                ),
+                b.let_(
+                    format!("second_{direction}{index}"),
+                    starts
+                        .clone()
+                        .select(previous.0.clone(), previous.1.clone()),
+                ),
+            )
+        };
+        // Backward neighbours are read at indexes context - 1 ..= context + bytes - 2.
+        let mut back = vec![(codes[0].clone(), codes[0].clone())];
+        for index in 1..context + bytes - 1 {
+            let next = step(&back[index - 1], index, "back");
+            back.push(next);
+        }
+        // Forward neighbours are read at indexes context + 1 ..= context + bytes.
+        let last = codes.len() - 1;
+        let mut ahead = vec![(Expr::u32(0), Expr::u32(0)); codes.len()];
+        ahead[last] = (codes[last].clone(), codes[last].clone());
+        for index in (context + 1..last).rev() {
+            ahead[index] = step(&ahead[index + 1], index, "ahead");
+        }
+        Neighbors { back, ahead }
+    }
+
+    /// The codes of byte `byte`'s window: two starts before, itself, two after.
+    fn of(&self, byte: usize, codes: &[Expr]) -> [Expr; 5] {
+        let index = byte + CONTEXT as usize;
+        let (before, before2) = self.back[index - 1].clone();
+        let (after, after2) = self.ahead[index + 1].clone();
+        [before2, before, codes[index].clone(), after, after2]
+    }
 }
 
 /// Emits the word ([`StateMachine::character_word`]) of the thread's byte
-/// `byte`, whose code at distance `d` is `at(d)` (`d` in -8..=8): the identity
+/// `byte`, whose window is `[before2, before, here, after, after2]` (the codes
+/// of the two character starts before it, its own, the two after): the identity
 /// map with no start bit where the byte starts no character of the text.
 /// Returns the map (a variable) and the start bits (an expression, bits 0..8).
-fn character_word<'a>(
+fn character_word(
     b: &mut BlockBuilder,
     table: &Table,
     byte: i32,
-    at: &dyn Fn(i32) -> &'a Expr,
+    [before2, before, here, after, after2]: [Expr; 5],
 ) -> (Expr, Expr) {
     let name = |what: &str| format!("b{byte}_{what}");
-    let here = at(0).clone();
     let document_start = b.let_(name("document_start"), starts_document(&here));
-    let before = b.let_(name("before"), next_start_from(at, 0, -1));
-    let before2 = b.let_(name("before2"), second_start(at, -1));
-    let after = b.let_(name("after"), next_start_from(at, 0, 1));
-    let after2 = b.let_(name("after2"), second_start(at, 1));
     let end = Expr::u32(Kind::End as u32);
     let before_kind = b.let_(
         name("before_kind"),
