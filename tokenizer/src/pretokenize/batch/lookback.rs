@@ -17,8 +17,8 @@
 //!
 //! Status words: flag in bits 62..=63 (0 not yet published, 1 aggregate, 2
 //! inclusive), below it the values one after another from bit 0: up to two of
-//! 30 bits (two facts travel together), or one transition map of 32. Blocks before the first (or after the last) read as
-//! inclusive identities. Every read is an atomic (it reaches the device's
+//! 30 bits (two facts travel together), or one transition map of 32. Blocks
+//! before the first (or after the last) read as inclusive identities. Every read is an atomic (it reaches the device's
 //! coherent L2, never a stale L1 line) and every value rides in the same word as
 //! its flag, so the look-back itself needs no fence.
 //!

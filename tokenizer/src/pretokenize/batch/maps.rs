@@ -7,7 +7,7 @@
 //! so a map is also a selector for [`Expr::permute_bytes`]: composing `first`
 //! then `then` spreads `then`'s nibbles into eight bytes, picks the bytes that
 //! `first`'s nibbles name (two permutes, four states each) and packs the bytes
-//! back into nibbles, about 14 instructions where eight three-bit lookups took
+//! back into nibbles, about 16 instructions where eight three-bit lookups took
 //! about 48 (see [`SLOT_BITS`] for the measurement). The
 //! scan is Hillis–Steele over a shared array of `W` words: `log2 W` rounds of one
 //! composition and two barriers.

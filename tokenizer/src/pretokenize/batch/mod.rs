@@ -111,11 +111,12 @@
 //! cl100k and o200k: two dispatches. `classify` is GPT-2's window plus one or
 //! two minimum scans (about 10 operations per byte) and a byte store per text
 //! byte; `phases` reads one byte per text byte, looks up each character's
-//! word (its pattern's eight states: five loads of class offsets and two of the
-//! [word table](mod@word_table)'s entry, where evaluating the rules took about 190
-//! instructions), composes maps (about 14
-//! instructions each with byte permutes, 48 before them: `K − 1` per thread,
-//! `log2 W` rounds of the workgroup scan) and runs two look-backs. Expected: 8–12 µs of kernel each, 20–25 µs together.
+//! word (its pattern's eight states: five loads of class offsets and two of
+//! the [word table](mod@word_table)'s entry, where evaluating the rules took
+//! about 190 instructions), composes maps (about 16 instructions each with
+//! byte permutes, 48 before them: `K − 1` per thread, `log2 W` rounds of the
+//! workgroup scan) and runs two look-backs. Expected: 8–12 µs of kernel each,
+//! 20–25 µs together.
 //!
 //! All of it was checked on the reference interpreter (`tests/batch_split.rs`);
 //! the GPU figures are estimates until `gpu_batch_split` and the bench run on

@@ -5,12 +5,12 @@
 //! Each character's word is its [transition map](super::rules) (a `u32`: the
 //! state it gets after a character of each state) and, per previous state,
 //! whether a piece starts at it (eight bits, those of four bytes packed in one
-//! `u32`): the pattern's [`StateMachine`] for all eight
-//! states at once on the character's window (the kinds of two characters each
-//! way, its facts and those of the character before, all read from the codes
-//! step 1 wrote), looked up in the machine's [word table](mod@word_table): five
-//! class offsets added up, then the entry's two words. A byte inside a character has the identity
-//! map. A thread composes the maps of its bytes, the workgroup scans those
+//! `u32`): the pattern's [`StateMachine`] for all eight states at once on the
+//! character's window (the kinds of two characters each way, its facts and
+//! those of the character before, all read from the codes step 1 wrote),
+//! looked up in the machine's [word table](mod@word_table): five class offsets
+//! added up, then the entry's two words. A byte inside a character has the
+//! identity map. A thread composes the maps of its bytes, the workgroup scans those
 //! ([`maps::scan_inclusive`]), a look-back composes the blocks before (a block
 //! that has finished publishes its last state, which ends the walk), and every
 //! thread then runs its bytes from the state before them: one nibble lookup
@@ -42,7 +42,9 @@ const CONTEXT: i32 = 8;
 /// Where the program finds its machine's [word table](mod@word_table): in the
 /// resident tables' buffer ([`SplitBuffer::KindTable`]) from `first_word`.
 pub(super) struct Table<'t> {
+    /// The table.
     pub words: &'t WordTable,
+    /// Its first word in the buffer (right after the kind table).
     pub first_word: u32,
 }
 
@@ -210,9 +212,11 @@ impl Word {
 /// character is at most four bytes; a position outside the text counts as
 /// one), so within the context's eight bytes each way both are exact.
 struct Neighbors {
-    /// Per context index: the nearest start at or before it, and the one before that.
+    /// Per context index from 0: the nearest start at or before it, and the
+    /// one before that.
     back: Vec<(Expr, Expr)>,
-    /// Per context index: the nearest start at or after it, and the one after that.
+    /// Per context index from `CONTEXT + 1` (the thread's second byte): the
+    /// nearest start at or after it, and the one after that.
     ahead: Vec<(Expr, Expr)>,
 }
 
@@ -249,13 +253,15 @@ impl Neighbors {
             let next = step(&back[index - 1], index, "back");
             back.push(next);
         }
-        // Forward neighbours are read at indexes context + 1 ..= context + bytes.
+        // Forward neighbours are read at indexes context + 1 ..= context + bytes,
+        // found from the last index down.
         let last = codes.len() - 1;
-        let mut ahead = vec![(Expr::u32(0), Expr::u32(0)); codes.len()];
-        ahead[last] = (codes[last].clone(), codes[last].clone());
+        let mut ahead = vec![(codes[last].clone(), codes[last].clone())];
         for index in (context + 1..last).rev() {
-            ahead[index] = step(&ahead[index + 1], index, "ahead");
+            let next = step(&ahead[ahead.len() - 1], index, "ahead");
+            ahead.push(next);
         }
+        ahead.reverse();
         Neighbors { back, ahead }
     }
 
@@ -263,7 +269,8 @@ impl Neighbors {
     fn of(&self, byte: usize, codes: &[Expr]) -> [Expr; 5] {
         let index = byte + CONTEXT as usize;
         let (before, before2) = self.back[index - 1].clone();
-        let (after, after2) = self.ahead[index + 1].clone();
+        // `ahead` starts at the context index after the thread's first byte.
+        let (after, after2) = self.ahead[byte].clone();
         [before2, before, codes[index].clone(), after, after2]
     }
 }

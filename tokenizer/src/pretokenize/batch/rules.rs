@@ -280,7 +280,7 @@ pub struct CharacterWord {
 /// H200 (Nsight Compute, 2026-12-03, 8 MiB of prose) were about 35 % of the
 /// `phases` step's warp samples. With nibbles a map is a selector for a byte
 /// permute (`Expr::permute_bytes`, PTX `prmt`): composing is two permutes and
-/// the conversions between nibbles and bytes, about 14 instructions.
+/// the conversions between nibbles and bytes, about 16 instructions.
 pub const SLOT_BITS: u32 = 4;
 
 /// Bits of a transition map (eight slots of [`SLOT_BITS`]).
