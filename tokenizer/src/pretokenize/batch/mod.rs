@@ -305,14 +305,7 @@ impl SplitPrograms {
                 },
                 SplitStep {
                     name: "phases",
-                    program: phases::program(
-                        words.machine(),
-                        geometry,
-                        &phases::Table {
-                            words,
-                            first_word: word_table_start()?,
-                        },
-                    ),
+                    program: phases::program(words, geometry),
                     bindings: PHASES_BINDINGS,
                     body_registers: 64,
                 },

@@ -5,7 +5,7 @@
 //! Each character's word is its [transition map](super::rules) (a `u32`: the
 //! state it gets after a character of each state) and, per previous state,
 //! whether a piece starts at it (eight bits, those of four bytes packed in one
-//! `u32`): the pattern's [`StateMachine`] for all eight states at once on the
+//! `u32`): the pattern's [`StateMachine`](super::rules::StateMachine) for all eight states at once on the
 //! character's window (the kinds of two characters each way, its facts and
 //! those of the character before, all read from the codes step 1 wrote),
 //! looked up in the machine's [word table](mod@word_table): five class offsets
@@ -29,7 +29,7 @@ use super::ir::{as_u32, has_bit, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack};
 use super::maps;
 use super::pieces;
-use super::rules::{Fact, Field, StateMachine};
+use super::rules::{Fact, Field};
 use super::window::{self, Layout, HALO};
 use super::word_table::{self, WordTable};
 use super::{SplitBuffer, PHASES_BINDINGS};
@@ -39,17 +39,10 @@ use crate::pretokenize::Geometry;
 /// Bytes of context a character's window reads on each side: two characters.
 const CONTEXT: i32 = 8;
 
-/// Where the program finds its machine's [word table](mod@word_table): in the
-/// resident tables' buffer ([`SplitBuffer::KindTable`]) from `first_word`.
-pub(super) struct Table<'t> {
-    /// The table.
-    pub words: &'t WordTable,
-    /// Its first word in the buffer (right after the kind table).
-    pub first_word: u32,
-}
-
-/// The phases program of `machine`'s pattern.
-pub(super) fn program(machine: &StateMachine, geometry: Geometry, table: &Table) -> Program {
+/// The phases program of `table`'s machine, which reads the table from the
+/// resident tables' buffer ([`SplitBuffer::KindTable`]).
+pub(super) fn program(table: &WordTable, geometry: Geometry) -> Program {
+    let machine = table.machine();
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
@@ -275,14 +268,14 @@ impl Neighbors {
     }
 }
 
-/// Emits the word ([`StateMachine::character_word`]) of the thread's byte
+/// Emits the word ([`StateMachine::character_word`](super::rules::StateMachine::character_word)) of the thread's byte
 /// `byte`, whose window is `[before2, before, here, after, after2]` (the codes
 /// of the two character starts before it, its own, the two after): the identity
 /// map with no start bit where the byte starts no character of the text.
 /// Returns the map (a variable) and the start bits (an expression, bits 0..8).
 fn character_word(
     b: &mut BlockBuilder,
-    table: &Table,
+    table: &WordTable,
     byte: i32,
     [before2, before, here, after, after2]: [Expr; 5],
 ) -> (Expr, Expr) {
@@ -328,10 +321,10 @@ fn character_word(
     // The entry's first word: each field's class offset, then the facts.
     let mut entry = Expr::u32(0);
     for (field, kind) in kinds.into_iter().enumerate() {
-        let offsets = table.first_word + field as u32 * word_table::CODES;
+        let offsets = table.first_word() + field as u32 * word_table::CODES;
         entry = entry + Expr::load(SplitBuffer::KindTable.name(), kind + offsets);
     }
-    for (bit, &which) in table.words.facts().iter().enumerate() {
+    for (bit, &which) in table.facts().iter().enumerate() {
         entry = entry + (as_u32(fact(which)) << (bit as u32 + 1));
     }
     let entry = b.let_(name("entry"), entry);

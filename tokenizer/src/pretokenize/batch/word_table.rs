@@ -96,6 +96,7 @@ impl Classes {
 /// A machine's word table ([module docs](self)).
 pub struct WordTable {
     machine: &'static StateMachine,
+    first_word: u32,
     words: Vec<u32>,
     facts: Vec<Fact>,
 }
@@ -158,9 +159,16 @@ impl WordTable {
         }
         WordTable {
             machine,
+            first_word,
             words,
             facts,
         }
+    }
+
+    /// The word of its buffer the table is built to be stored from (its
+    /// offsets hold entry indexes in that buffer).
+    pub fn first_word(&self) -> u32 {
+        self.first_word
     }
 
     /// The machine the table answers for.
@@ -175,16 +183,16 @@ impl WordTable {
 
     /// The word the device looks up for a character whose fields have the kind
     /// codes `codes` (0..32 each) and whose facts are `facts` (`break_ahead`,
-    /// `break_ahead_before`, `upper_to_end`), the table
-    /// stored from word `first_word`: the same additions and loads as the
-    /// `phases` program, on the CPU.
+    /// `break_ahead_before`, `upper_to_end`), the table stored from
+    /// [`WordTable::first_word`]: the same additions and loads as the `phases`
+    /// program, on the CPU.
     pub fn lookup(
         &self,
-        first_word: u32,
         codes: [u32; FIELDS as usize],
         facts: [bool; 3],
         document_start: bool,
     ) -> CharacterWord {
+        let first_word = self.first_word;
         let word = |index: u32| self.words[(index - first_word) as usize];
         let mut index = 0;
         for (field, &code) in codes.iter().enumerate() {
