@@ -203,6 +203,27 @@
 //! Together these took the `merge` program's reference work for a 384-byte
 //! run of one letter (r50k) from 11.1 M to 10.9 M.
 //!
+//! # Which thread takes which entry
+//!
+//! Thread `i` of the grid takes entries `i`, `i + T`, ... (`T` threads) of the
+//! merge list in the order `pieces` claimed them, tile by tile (about text
+//! order), then of the chunk list. So the entries fill whole workgroups from
+//! the first, and each workgroup carries a like mix of short and long pieces.
+//! Both orders tried against it lost on the H200 (2026-12-03, the `gpu_encode`
+//! bench, old and new builds alternating in one call; neither kept):
+//! - the merge list sorted into six length classes (a region and a counter
+//!   each, claimed by one scan of bit fields per tile) and handed out longest
+//!   first, so that a warp's pieces were of one length: `merge` of an 8 MiB
+//!   chunk of the batch from 0.39–0.51 to 0.65–1.14 ms, of 256 KiB of CJK from
+//!   140 to 288 µs. The longest pieces all went to the first workgroups, on the
+//!   same SMs, and the step lasted as long as those SMs' work;
+//! - runs of 32 entries dealt out to up to 1,024 workgroups in turn, so that a
+//!   small text's entries (about 7,000 for 256 KiB, 28 workgroups) reach every
+//!   SM: 256 KiB of CJK from 138 to 125 µs, but an 8 MiB chunk from 0.39–0.51
+//!   to 0.53–0.73 ms, its entries in 1,024 workgroups of about six busy warps
+//!   instead of about 780 full ones: each thread's merges are a chain of
+//!   dependent loads, and an SM hides them only with every warp it can hold.
+//!
 //! # Long pieces
 //!
 //! A piece longer than [`Geometry::chunk_bytes`] (`C`, 384: a multiple of the
