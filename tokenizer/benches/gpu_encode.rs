@@ -53,8 +53,9 @@
 //! - one 1 KiB document and 256 KiB of each shape eager with the `merge`
 //!   step's slab at other lengths (`Geometry::merge_slab_bytes`: the pieces of
 //!   at most that many bytes merge in workgroup memory, longer ones in global
-//!   scratch), each with the kernels' own time. `VYRE_BENCH_SLAB=0` leaves it
-//!   out;
+//!   scratch), each with the kernels' own time, then the 64 MiB batch at the
+//!   same and longer slab lengths (the default first and last, each row's time
+//!   as a ratio to the first). `VYRE_BENCH_SLAB=0` leaves both out;
 //! - the same texts with long pieces cut into chunks of other lengths
 //!   (`Geometry::chunk_bytes`: one thread merges each chunk, `long` checks
 //!   and repairs their boundaries). `VYRE_BENCH_CHUNK=0` leaves it out.
@@ -481,9 +482,16 @@ fn main() {
         resident_by_size(&gpu, &cpu, &step_by_step, small_rounds / 4);
     }
 
-    // 8. The merge slab's length.
+    // 8. The merge slab's length, for short texts and for the batch.
     if !skipped("VYRE_BENCH_SLAB") {
         merge_slab_lengths(&gpu, &cpu, small_rounds);
+        println!("\nthe 64 MiB batch with the merge slab at other lengths (chunk 0's kernels, median round):");
+        let mut default_seconds = None;
+        for geometry in batch_slab_lengths() {
+            let label = format!("{:>2} bytes", geometry.merge_slab_bytes);
+            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
+            default_seconds = default_seconds.or(seconds);
+        }
     }
 
     // 9. The long pieces' chunk length.
@@ -511,6 +519,28 @@ fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
             (format!("{slab_bytes:>2} bytes"), geometry)
         }),
     );
+}
+
+/// The default, the merge slab at other lengths, then the default again (the
+/// drift over the rows): at 256 KiB a short text waits on its longest
+/// chains, but the batch's `merge` (0.39–0.51 ms of an 8 MiB chunk's ~1.1 ms
+/// of kernels on the H200, 2026-12-03) has every SM full of pieces, and a
+/// piece of up to the slab's length reads and writes its parts in workgroup
+/// memory instead of global scratch. Slabs of 4 · S bytes per thread (48 KiB
+/// at 48 bytes and 256 threads) take the device's opt-in workgroup memory.
+/// First run (H200, 2026-12-03, ratio to the default's time): none 1.056, 6
+/// bytes 1.037, 16 0.986, 24 1.027, 32 1.092, 48 1.128, the default again
+/// 1.018; chunk 0's `merge` 406 µs at 12 bytes, 444–470 at none and 6, 440–450
+/// at 16 and 24, 545 and 585 at 32 and 48. The default stays.
+fn batch_slab_lengths() -> Vec<Geometry> {
+    let default = Geometry::default();
+    let mut rows = vec![default];
+    rows.extend([0, 6, 16, 24, 32, 48].map(|merge_slab_bytes| Geometry {
+        merge_slab_bytes,
+        ..default
+    }));
+    rows.push(default);
+    rows
 }
 
 /// The same texts as [`merge_slab_lengths`] with long pieces cut into chunks
