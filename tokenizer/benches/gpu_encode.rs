@@ -366,6 +366,7 @@ fn main() {
             stepped_timings.kernel_ns() as f64 / 1e3,
             stepped_timings.kernel_line()
         );
+        println!("  one eager encode: {}", time_parts(&step_timings));
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
     let small_ids = cpu.encode_ordinary(&small);
@@ -391,21 +392,10 @@ fn main() {
             small_rounds,
             &format!("1 KiB, {label}"),
         );
-        // Where one eager encode's time goes: host work, the kernels' own time,
-        // and the rest (launches, the gaps between dependent steps, the wait's
-        // wake-up).
-        let (wall, host, kernels) = (
-            parts.wall_ns as f64 / 1e3,
-            (parts.submit_ns + parts.scatter_ns) as f64 / 1e3,
-            parts.kernel_ns() as f64 / 1e3,
-        );
         println!(
-            "  {label}: {:.1} µs; one encode: wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}",
+            "  {label}: {:.1} µs; one encode: {}",
             eager * 1e6,
-            parts.submit_ns as f64 / 1e3,
-            parts.scatter_ns as f64 / 1e3,
-            parts.kernel_line(),
-            (wall - host - kernels).max(0.0)
+            time_parts(&parts)
         );
     }
 
@@ -619,6 +609,24 @@ fn eager_row(
         row += &eager_cell(encoder, text, &ids, rounds, label);
     }
     row
+}
+
+/// Where one eager encode's time went: host work (staging and submitting,
+/// handing the ids out), the kernels' own time, and the rest (launches, the
+/// gaps between dependent steps, the wait's wake-up).
+fn time_parts(parts: &ChunkTimings) -> String {
+    let (wall, host, kernels) = (
+        parts.wall_ns as f64 / 1e3,
+        (parts.submit_ns + parts.scatter_ns) as f64 / 1e3,
+        parts.kernel_ns() as f64 / 1e3,
+    );
+    format!(
+        "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}",
+        parts.submit_ns as f64 / 1e3,
+        parts.scatter_ns as f64 / 1e3,
+        parts.kernel_line(),
+        (wall - host - kernels).max(0.0)
+    )
 }
 
 /// What a row of a sweep says after its setting when the setting is the default.
