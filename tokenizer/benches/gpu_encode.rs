@@ -58,7 +58,8 @@
 //!   as a ratio to the first). `VYRE_BENCH_SLAB=0` leaves both out;
 //! - the same texts with long pieces cut into chunks of other lengths
 //!   (`Geometry::chunk_bytes`: one thread merges each chunk, `long` checks
-//!   and repairs their boundaries). `VYRE_BENCH_CHUNK=0` leaves it out.
+//!   and repairs their boundaries), then the 64 MiB batch at the same and
+//!   shorter chunk lengths. `VYRE_BENCH_CHUNK=0` leaves both out.
 //!
 //! bpe-openai is not linked here (its tables would keep this binary from the
 //! GPU machine): its figures come from the `encode` bench. Without a CUDA
@@ -484,9 +485,16 @@ fn main() {
         }
     }
 
-    // 9. The long pieces' chunk length.
+    // 9. The long pieces' chunk length, for short texts and for the batch.
     if !skipped("VYRE_BENCH_CHUNK") {
         merge_chunk_lengths(&gpu, &cpu, small_rounds);
+        println!("\nthe 64 MiB batch with long pieces cut into chunks of other lengths (chunk 0's kernels, median round):");
+        let mut default_seconds = None;
+        for geometry in batch_chunk_lengths() {
+            let label = format!("{:>3} bytes", geometry.chunk_bytes);
+            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
+            default_seconds = default_seconds.or(seconds);
+        }
     }
 }
 
@@ -527,6 +535,25 @@ fn batch_slab_lengths() -> Vec<Geometry> {
     let mut rows = vec![default];
     rows.extend([0, 6, 16, 24, 32, 48].map(|merge_slab_bytes| Geometry {
         merge_slab_bytes,
+        ..default
+    }));
+    rows.push(default);
+    rows
+}
+
+/// The default, long pieces cut into chunks of other lengths, then the default
+/// again: the batch's pieces are short (its CJK runs end at punctuation within
+/// about 100 bytes), so at the default every piece merges whole, one thread
+/// each, a chain of about two merges per ideograph. Chunks shorter than those
+/// pieces merge their parts in parallel and leave `long` to check and repair
+/// the boundaries; at 256 KiB (a text whose `merge` waits on its longest
+/// chains) that did not pay, and these rows say whether it pays where every
+/// SM is full.
+fn batch_chunk_lengths() -> Vec<Geometry> {
+    let default = Geometry::default();
+    let mut rows = vec![default];
+    rows.extend([24, 48, 96, 192].map(|chunk_bytes| Geometry {
+        chunk_bytes,
         ..default
     }));
     rows.push(default);
