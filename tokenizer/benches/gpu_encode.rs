@@ -448,9 +448,8 @@ fn main() {
         println!(
             "\nthe 64 MiB batch with `stage` and `compact` capped (both wait on PCIe, host-mapped text in and ids out; chunk 0's kernels, median round):"
         );
-        let mut default_seconds = None;
-        for geometry in grid_caps() {
-            let label = format!(
+        batch.rows_against_the_first(&mut results, grid_caps(), |geometry| {
+            format!(
                 "stage ≤ {} workgroups{}, compact ≤ {}",
                 geometry.stage_workgroups,
                 if geometry.stage_workgroups == UNCAPPED_STAGE {
@@ -459,10 +458,8 @@ fn main() {
                     ""
                 },
                 geometry.compact_workgroups
-            );
-            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
-            default_seconds = default_seconds.or(seconds);
-        }
+            )
+        });
     }
 
     // 7. The short-text kernel's workgroup, and the resident grid by size.
@@ -477,24 +474,42 @@ fn main() {
     if !skipped("VYRE_BENCH_SLAB") {
         merge_slab_lengths(&gpu, &cpu, small_rounds);
         println!("\nthe 64 MiB batch with the merge slab at other lengths (chunk 0's kernels, median round):");
-        let mut default_seconds = None;
-        for geometry in batch_slab_lengths() {
-            let label = format!("{:>2} bytes", geometry.merge_slab_bytes);
-            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
-            default_seconds = default_seconds.or(seconds);
-        }
+        // At 256 KiB a short text waits on its longest chains, but the batch's
+        // `merge` (0.39–0.51 ms of an 8 MiB chunk's ~1.1 ms of kernels on the
+        // H200, 2026-12-03) has every SM full of pieces, and a piece of up to
+        // the slab's length reads and writes its parts in workgroup memory
+        // instead of global scratch. Slabs of 4 · S bytes per thread (48 KiB at
+        // 48 bytes and 256 threads) take the device's opt-in workgroup memory.
+        // First run (H200, 2026-12-03, ratio to the default's time): none
+        // 1.056, 6 bytes 1.037, 16 0.986, 24 1.027, 32 1.092, 48 1.128, the
+        // default again 1.018; chunk 0's `merge` 406 µs at 12 bytes, 444–470 at
+        // none and 6, 440–450 at 16 and 24, 545 and 585 at 32 and 48. The
+        // default stays.
+        let rows = around_the_default(&[0, 6, 16, 24, 32, 48], |geometry, bytes| {
+            geometry.merge_slab_bytes = bytes
+        });
+        batch.rows_against_the_first(&mut results, rows, |geometry| {
+            format!("{:>2} bytes", geometry.merge_slab_bytes)
+        });
     }
 
     // 9. The long pieces' chunk length, for short texts and for the batch.
     if !skipped("VYRE_BENCH_CHUNK") {
         merge_chunk_lengths(&gpu, &cpu, small_rounds);
         println!("\nthe 64 MiB batch with long pieces cut into chunks of other lengths (chunk 0's kernels, median round):");
-        let mut default_seconds = None;
-        for geometry in batch_chunk_lengths() {
-            let label = format!("{:>3} bytes", geometry.chunk_bytes);
-            let seconds = batch.row(geometry, &label, &mut results, default_seconds);
-            default_seconds = default_seconds.or(seconds);
-        }
+        // The batch's pieces are short (its CJK runs end at punctuation within
+        // about 100 bytes), so at the default every piece merges whole, one
+        // thread each, a chain of about two merges per ideograph. Chunks
+        // shorter than those pieces merge their parts in parallel and leave
+        // `long` to check and repair the boundaries; at 256 KiB (a text whose
+        // `merge` waits on its longest chains) that did not pay, and these rows
+        // say whether it pays where every SM is full.
+        let rows = around_the_default(&[24, 48, 96, 192], |geometry, bytes| {
+            geometry.chunk_bytes = bytes
+        });
+        batch.rows_against_the_first(&mut results, rows, |geometry| {
+            format!("{:>3} bytes", geometry.chunk_bytes)
+        });
     }
 }
 
@@ -517,47 +532,6 @@ fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
             (format!("{slab_bytes:>2} bytes"), geometry)
         }),
     );
-}
-
-/// The default, the merge slab at other lengths, then the default again (the
-/// drift over the rows): at 256 KiB a short text waits on its longest
-/// chains, but the batch's `merge` (0.39–0.51 ms of an 8 MiB chunk's ~1.1 ms
-/// of kernels on the H200, 2026-12-03) has every SM full of pieces, and a
-/// piece of up to the slab's length reads and writes its parts in workgroup
-/// memory instead of global scratch. Slabs of 4 · S bytes per thread (48 KiB
-/// at 48 bytes and 256 threads) take the device's opt-in workgroup memory.
-/// First run (H200, 2026-12-03, ratio to the default's time): none 1.056, 6
-/// bytes 1.037, 16 0.986, 24 1.027, 32 1.092, 48 1.128, the default again
-/// 1.018; chunk 0's `merge` 406 µs at 12 bytes, 444–470 at none and 6, 440–450
-/// at 16 and 24, 545 and 585 at 32 and 48. The default stays.
-fn batch_slab_lengths() -> Vec<Geometry> {
-    let default = Geometry::default();
-    let mut rows = vec![default];
-    rows.extend([0, 6, 16, 24, 32, 48].map(|merge_slab_bytes| Geometry {
-        merge_slab_bytes,
-        ..default
-    }));
-    rows.push(default);
-    rows
-}
-
-/// The default, long pieces cut into chunks of other lengths, then the default
-/// again: the batch's pieces are short (its CJK runs end at punctuation within
-/// about 100 bytes), so at the default every piece merges whole, one thread
-/// each, a chain of about two merges per ideograph. Chunks shorter than those
-/// pieces merge their parts in parallel and leave `long` to check and repair
-/// the boundaries; at 256 KiB (a text whose `merge` waits on its longest
-/// chains) that did not pay, and these rows say whether it pays where every
-/// SM is full.
-fn batch_chunk_lengths() -> Vec<Geometry> {
-    let default = Geometry::default();
-    let mut rows = vec![default];
-    rows.extend([24, 48, 96, 192].map(|chunk_bytes| Geometry {
-        chunk_bytes,
-        ..default
-    }));
-    rows.push(default);
-    rows
 }
 
 /// The same texts as [`merge_slab_lengths`] with long pieces cut into chunks
@@ -837,6 +811,21 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
+    /// One row per geometry of `rows`, each labelled by `label` and with its
+    /// time as a ratio to the first row's (the section's baseline).
+    fn rows_against_the_first(
+        &self,
+        results: &mut [Vec<u32>],
+        rows: impl IntoIterator<Item = Geometry>,
+        label: impl Fn(&Geometry) -> String,
+    ) {
+        let mut first_seconds = None;
+        for geometry in rows {
+            let seconds = self.row(geometry, &label(&geometry), results, first_seconds);
+            first_seconds = first_seconds.or(seconds);
+        }
+    }
+
     /// One row: the batch through `encode_batch_into` at `geometry` (ids held
     /// to the CPU encoder's), its median time and chunk 0's kernels, and its
     /// ratio to `baseline` seconds (the section's first row) when given; the
@@ -882,6 +871,20 @@ impl Batch<'_> {
         );
         Some(seconds)
     }
+}
+
+/// The default geometry, the default with `set` applied for each of `values`,
+/// then the default again (how far the device drifted over the rows).
+fn around_the_default(values: &[u32], set: fn(&mut Geometry, u32)) -> Vec<Geometry> {
+    let default = Geometry::default();
+    let mut rows = vec![default];
+    rows.extend(values.iter().map(|&value| {
+        let mut geometry = default;
+        set(&mut geometry, value);
+        geometry
+    }));
+    rows.push(default);
+    rows
 }
 
 /// A `stage` cap that caps no chunk: a 16 MiB chunk's `stage` is 4,096
