@@ -90,32 +90,36 @@
 //!   24..32; a part is a token, at most 255 bytes) and the rank of its pair
 //!   with the next part (bits 0..24, all ones for none: ranks are below
 //!   2^24 − 1); length 0 at every other byte.
-//! - `merge_minima[start + k]`: the lowest pair rank of the range's 16-byte
-//!   block `k` (positions `16k..16k + 16`).
+//! - `merge_minima[start + k]`: the leftmost pair of lowest rank of the
+//!   range's 16-byte block `k` (positions `16k..16k + 16`): its rank above
+//!   the low 4 bits, its part's offset in the block in them.
 //! - `token_at[i]`: at a part's first byte, the part's rank; [`NO_TOKEN`] at
 //!   every other byte.
 //!
 //! Both arrays hold exactly that after every merge (the merge rewrites every
 //! word whose part or pair changed and recomputes every block holding one), so
-//! a merge takes the leftmost block of lowest minimum and the leftmost part in
-//! it with that rank: exactly the leftmost pair of lowest rank, whose rank is
-//! the merged token's. It makes the second part's word "no part" (and its
+//! a merge takes the leftmost block of lowest rank and the part its minimum
+//! names: exactly the leftmost pair of lowest rank, whose rank is the merged
+//! token's. It makes the second part's word "no part" (and its
 //! `token_at` "no token"), writes the merged part's rank into `token_at` and
 //! its length and new pair's rank into its word, finds the part before by
 //! walking back over length-0 bytes (at most that part's length), re-ranks its
 //! pair, and recomputes the minima of the at most three blocks those words lie
-//! in. Per merge that is `⌈L/16⌉` minima and at most 16 words to find the
-//! pair, at most 48 words to refresh the blocks, two pair lookups and a
-//! handful of stores: about 90 loads besides the lookups for `L` = 384,
-//! nothing moved.
+//! in. Per merge that is `⌈L/16⌉` minima, at most 48 words to refresh the
+//! blocks, two pair lookups and a handful of stores: about 75 loads besides
+//! the lookups for `L` = 384, nothing moved. (The minima held ranks alone
+//! until 2026-12-03, and a merge then read the block's words one at a time,
+//! up to 16 dependent loads, to find the part: 13 % of `merge`'s stall
+//! samples on 8 MiB of CJK on the H200.)
 //!
 //! A pair lookup is by ranks: the merged part with the part after it is
 //! `(merged, token_at[after])`, the part before with the merged part
 //! `(token_at[before], merged)`, each one load of `token_at` and a probe of the
-//! vocabulary's [pair table](super::vocabulary) (8-byte slots, 1.4 slots on a
-//! hit and 2.0–2.1 on a miss on average, at most 19–30; 2, 4 and 8 MiB for
-//! r50k/p50k, cl100k and o200k, in L2): about 4 loads on a hit and 5 on a
-//! miss, none of the text, so 8–10 per merge. Keyed by bytes instead, a
+//! vocabulary's [pair table](super::vocabulary) (buckets of four 8-byte slots,
+//! each bucket's eight words loaded together; 1.03 buckets on a hit and
+//! 1.11–1.15 on a miss on average, at most 5–8; 2, 4 and 8 MiB for r50k/p50k,
+//! cl100k and o200k, in L2): two rounds of loads a lookup most of the time
+//! (the rank in `token_at`, then the bucket), none of the text. Keyed by bytes instead, a
 //! lookup hashed the merged bytes (one text load each), probed (two words a
 //! slot) and compared the bytes with the token's: about `3m + 4` loads on a
 //! hit and `m + 4` on a miss for `m` merged bytes, so about 20–45 per merge
@@ -174,7 +178,13 @@
 //! (2026-12-02, the same run, this code against that one) `merge` of the 1 KiB
 //! text took 19.7 µs in both, the short-text kernel 58.1 against 59.2 µs, and
 //! 256 KiB of code and CJK 1–5 % longer (the second slab's clearing, most likely): the
-//! `token_at` loads were not what the chain waits on.
+//! `token_at` loads were not what the chain waits on. Tried again on
+//! 2026-12-03, once the pair table's buckets had made a lookup one round of
+//! loads (ranks in the slab's second half, copied to `token_at` after the
+//! loop): `merge` of 256 KiB of prose 26 against 28–30 µs, but CJK 103–106
+//! against 93–97 (twice the shared memory per workgroup leaves the global
+//! path's loads less L1), the batch no faster, and the short-text kernel for
+//! o200k at 1,024 threads no longer fit its workgroup memory: not kept.
 //! The slab's length, swept on the H200 (2026-12-02, one run of the
 //! `gpu_encode` bench's slab section, eager, kernels' own time, µs) at 12
 //! (the default) / none / 16 / 24 / 32 bytes: 1 KiB of prose 44.4 / 51.4 /
@@ -275,8 +285,8 @@ use vyre_cuda::ir::{
 use vyre_cuda::CodegenOptions;
 
 use super::vocabulary::{
-    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_HIGH_KEY, PAIR_RANKS_AT, PAIR_RANK_BITS,
-    TOKENS_AT,
+    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_BUCKET_SLOTS, PAIR_HIGH_KEY, PAIR_RANKS_AT,
+    PAIR_RANK_BITS, TOKENS_AT,
 };
 use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
@@ -1199,10 +1209,11 @@ impl Names {
     }
 }
 
-/// One of the vocabulary's slot tables (the longer tokens keyed by bytes, or
-/// the pair table keyed by two ranks), its header words as variables: loaded
-/// once per range or thread, not inside every lookup, where they were links
-/// of the merge chain's dependent loads.
+/// One of the vocabulary's hashed tables (the longer tokens keyed by bytes,
+/// in slots; the pair table keyed by two ranks, in buckets of slots), its
+/// header words as variables: loaded once per range or thread, not inside
+/// every lookup, where they were links of the merge chain's dependent loads.
+/// `slot_bits` and `slot_mask` count buckets in the pair table.
 struct SlotTable {
     slot_bits: Expr,
     slots_at: Expr,
@@ -1213,7 +1224,7 @@ impl SlotTable {
     /// The header words of the table keyed by bytes.
     const BY_BYTES: [u32; 2] = [header::SLOT_BITS, header::SLOTS_AT];
     /// The header words of the pair table.
-    const PAIRS: [u32; 2] = [header::PAIR_SLOT_BITS, header::PAIR_SLOTS_AT];
+    const PAIRS: [u32; 2] = [header::PAIR_BUCKET_BITS, header::PAIR_SLOTS_AT];
 
     /// The table whose slot bits and word offset are the header words
     /// `bits_word` and `at_word`.
@@ -1369,9 +1380,18 @@ fn emit_finish(b: &mut BlockBuilder, hash_name: &str) {
 
 /// The rank of the token whose bytes are those of the token `first` then
 /// those of the token `second` (a variable holding [`NO_TOKEN`] when they are
-/// no token): one probe of the pair table most of the time, never a byte of
-/// the text. Exactly
+/// no token), from the pair table `table`: one bucket most of the time, never
+/// a byte of the text. Exactly
 /// [`DeviceVocabulary::pair`](super::vocabulary::DeviceVocabulary::pair).
+///
+/// A bucket's words are all loaded before any is tested, so they go out
+/// together (one sector: one round trip to L2), and the lookup goes on to the
+/// next bucket only when this one is full and holds no match. On the H200
+/// (2026-12-03, Nsight Compute's stall samples of `merge` on 8 MiB of prose,
+/// cl100k) the slot-by-slot probe this replaced took about 28 % of the
+/// step's samples, waiting on its loads: a warp's lookup lasts as long as its
+/// lanes' longest probe (about five slots a lookup, for 1.4 on a hit and 2.1
+/// on a miss on average).
 fn emit_pair_rank(
     b: &mut BlockBuilder,
     names: &Names,
@@ -1381,35 +1401,53 @@ fn emit_pair_rank(
     let first = b.let_(names.of("first"), first);
     let second = b.let_(names.of("second"), second);
     // The slot's low word and the key bits of its high word
-    // (`vocabulary::pair_slot`).
+    // (`vocabulary::pair_slot`); an empty slot's high word has its top bit set.
     let low = b.let_(
         names.of("low"),
         first.clone() | (second.clone() << PAIR_RANK_BITS),
     );
     let high = b.let_(names.of("high"), second.clone() >> (32 - PAIR_RANK_BITS));
     let hash_name = names.of("hash");
-    b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
+    let hash = b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
     emit_finish(b, &hash_name);
-    let rank = b.let_mut(names.of("rank"), NO_TOKEN);
-    table.emit_probe(
-        b,
-        names,
-        Expr::var(hash_name),
-        NO_TOKEN,
-        |b, key, stored| {
-            b.if_(
-                key.equals(low.clone())
-                    .and((stored.clone() & PAIR_HIGH_KEY).equals(high.clone())),
-                |b| {
-                    b.assign(
-                        names.of("rank"),
-                        stored.clone() >> PAIR_HIGH_KEY.count_ones(),
-                    );
-                    b.break_();
-                },
-            );
-        },
+    let rank_name = names.of("rank");
+    let rank = b.let_mut(rank_name.clone(), NO_TOKEN);
+    let bucket_name = names.of("bucket");
+    let bucket = b.let_mut(
+        bucket_name.clone(),
+        hash >> (u(32) - table.slot_bits.clone()),
     );
+    b.while_(Expr::bool(true), |b| {
+        let at = b.let_(
+            names.of("bucket_at"),
+            table.slots_at.clone() + bucket.clone() * (2 * PAIR_BUCKET_SLOTS),
+        );
+        let words: Vec<Expr> = (0..2 * PAIR_BUCKET_SLOTS)
+            .map(|k| b.let_(names.of(&format!("word{k}")), vocab(at.clone() + k)))
+            .collect();
+        let mut open = Expr::bool(false);
+        for slot in words.chunks(2) {
+            let [key, stored] = [&slot[0], &slot[1]];
+            let holds = key
+                .clone()
+                .equals(low.clone())
+                .and((stored.clone() & (PAIR_HIGH_KEY | 1 << 31)).equals(high.clone()));
+            b.if_(holds, |b| {
+                b.assign(
+                    rank_name.clone(),
+                    stored.clone() >> PAIR_HIGH_KEY.count_ones(),
+                );
+            });
+            open = open.or(stored.clone().equals(NO_TOKEN));
+        }
+        b.if_(open.or(rank.clone().not_equals(NO_TOKEN)), |b| {
+            b.break_();
+        });
+        b.assign(
+            bucket_name.clone(),
+            (bucket.clone() + 1u32) & table.slot_mask.clone(),
+        );
+    });
     rank
 }
 
@@ -1441,26 +1479,59 @@ fn pair_of(word: Expr) -> Expr {
     word & MAX_RANK
 }
 
-/// Stores the lowest pair rank of block `block` of the range of `len` bytes at
-/// `start` into `merge_minima[start + block]`.
+/// A block minimum: the `rank` of a pair in the bits above
+/// [`MERGE_BLOCK_SHIFT`] and the `offset` of its part in the block below them,
+/// so that the least of a block's words is its leftmost pair of lowest rank.
+fn block_minimum_word(rank: Expr, offset: Expr) -> Expr {
+    (rank << MERGE_BLOCK_SHIFT) | (offset & ((1u32 << MERGE_BLOCK_SHIFT) - 1))
+}
+
+/// Stores the leftmost pair of lowest rank of block `block` of the range of
+/// `len` bytes at `start` into `merge_minima[start + block]`
+/// ([`block_minimum_word`]; a block without a pair holds [`NO_PAIR`] and an
+/// offset).
 fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr; 2], block: Expr) {
     let first = b.let_(names.of("first"), block.clone() << MERGE_BLOCK_SHIFT);
     let last = b.let_(
         names.of("last"),
         (first.clone() + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
     );
+    // Every word of the block in rounds of loads that go out together, at
+    // offsets clamped into the block (a word read twice changes no minimum).
     let minimum_name = names.of("minimum");
-    let minimum = b.let_mut(minimum_name.clone(), NO_PAIR);
-    b.loop_(names.of("at"), first, last, |b, at| {
-        b.assign(
-            minimum_name.clone(),
-            minimum
-                .clone()
-                .min(pair_of(load(Role::MergeParts, start.clone() + at))),
-        );
-    });
+    let minimum = b.let_mut(minimum_name.clone(), u32::MAX);
+    let words = 1u32 << MERGE_BLOCK_SHIFT;
+    for round in 0..words / LOADS_PER_ROUND {
+        let candidates: Vec<Expr> = (0..LOADS_PER_ROUND)
+            .map(|k| {
+                let at = (first.clone() + (round * LOADS_PER_ROUND + k)).min(last.clone() - 1u32);
+                let at = b.let_(names.of(&format!("at{round}_{k}")), at);
+                b.let_(
+                    names.of(&format!("candidate{round}_{k}")),
+                    block_minimum_word(
+                        pair_of(load(Role::MergeParts, start.clone() + at.clone())),
+                        at,
+                    ),
+                )
+            })
+            .collect();
+        for candidate in candidates {
+            b.assign(minimum_name.clone(), minimum.clone().min(candidate));
+        }
+    }
     b.store(Role::MergeMinima.name(), start.clone() + block, minimum);
 }
+
+/// Independent loads the scratch merge issues together before it uses any
+/// (a block's words, the range's block minima): a warp stalls at the first
+/// instruction whose load has not returned, so a loop that uses each load
+/// before it issues the next pays a round trip per load. Four, because
+/// `merge` keeps 40 registers (six workgroups per SM): at eight, ptxas
+/// spilled inside the merge loop (sm_90, 2026-12-03), and a build that kept
+/// two more values live across a merge's pair lookups, spilling 8 bytes more
+/// there, took `merge` of an 8 MiB chunk of the batch from 0.33–0.43 to
+/// 0.55–0.98 ms on the H200.
+const LOADS_PER_ROUND: u32 = 4;
 
 /// The thread's slab of the `merge` step's workgroup buffer [`MERGE_SLAB`]:
 /// a range of at most `bytes` bytes merges there (0: none), the buffer holding
@@ -1606,28 +1677,67 @@ impl PartWords<'_> {
     }
 }
 
+/// Bytes of a range that [`emit_byte_parts`] reads and writes per round.
+const BYTE_PARTS_PER_ROUND: u32 = 4;
+
 /// The first state of a range of `len` bytes that is not one token: every byte
 /// a part, its rank in `token_at` and its word in `words` (the pair with the
 /// next byte, from the dense 2-byte table: one load, keyed by the two bytes,
 /// which is keying by their two ranks; the last has no pair).
+///
+/// A round takes [`BYTE_PARTS_PER_ROUND`] bytes: it loads their bytes and the
+/// next one (at offsets clamped into the range, so every load is in bounds
+/// and none waits on a test), then all their ranks and pair ranks, and only
+/// then stores them. A warp issues its loads in order and stalls at the first
+/// instruction whose operand is not there yet, so a store between two loads
+/// made the next byte's loads wait for the last byte's ranks: one round trip
+/// for the bytes and one for the ranks, per byte. On the H200 (2026-12-03,
+/// Nsight Compute's stall samples of `merge` on 8 MiB of CJK, cl100k) the
+/// two per-byte loops this replaced took 28 % of the step's samples.
 fn emit_byte_parts(
     b: &mut BlockBuilder,
     names: &Names,
     [start, len]: [&Expr; 2],
     words: PartWords,
 ) {
-    let byte = |offset: Expr| load(Role::Text, start.clone() + offset);
-    b.loop_(names.of("init"), 0u32, len.clone() - 1u32, |b, at| {
-        let pair = vocab(((byte(at.clone()) << 8u32) | byte(at.clone() + 1u32)) + PAIR_RANKS_AT);
-        words.store(b, at.clone(), part_word(u(1), pair));
-    });
-    words.store(b, len.clone() - 1u32, part_word(u(1), u(NO_PAIR)));
-    b.loop_(names.of("init_tokens"), 0u32, len.clone(), |b, at| {
-        b.store(
-            Role::TokenAt.name(),
-            start.clone() + at.clone(),
-            vocab(byte(at) + BYTE_RANKS_AT),
-        );
+    let last = b.let_(names.of("last_byte"), len.clone() - 1u32);
+    let rounds = (len.clone() + (BYTE_PARTS_PER_ROUND - 1)) / BYTE_PARTS_PER_ROUND;
+    b.loop_(names.of("init"), 0u32, rounds, |b, round| {
+        let first = b.let_(names.of("init_first"), round * BYTE_PARTS_PER_ROUND);
+        let offsets: Vec<Expr> = (0..=BYTE_PARTS_PER_ROUND)
+            .map(|k| (first.clone() + k).min(last.clone()))
+            .collect();
+        let bytes: Vec<Expr> = offsets
+            .iter()
+            .enumerate()
+            .map(|(k, offset)| {
+                b.let_(
+                    names.of(&format!("init_byte{k}")),
+                    load(Role::Text, start.clone() + offset.clone()),
+                )
+            })
+            .collect();
+        let ranks: Vec<(Expr, Expr)> = (0..BYTE_PARTS_PER_ROUND as usize)
+            .map(|k| {
+                let rank = b.let_(
+                    names.of(&format!("init_rank{k}")),
+                    vocab(bytes[k].clone() + BYTE_RANKS_AT),
+                );
+                let pair = b.let_(
+                    names.of(&format!("init_pair{k}")),
+                    vocab(((bytes[k].clone() << 8u32) | bytes[k + 1].clone()) + PAIR_RANKS_AT),
+                );
+                (rank, pair)
+            })
+            .collect();
+        for (k, (rank, pair)) in ranks.into_iter().enumerate() {
+            let at = b.let_(names.of(&format!("init_at{k}")), first.clone() + k as u32);
+            b.if_(at.clone().less_equal(last.clone()), |b| {
+                b.store(Role::TokenAt.name(), start.clone() + at.clone(), rank);
+                let pair = at.clone().less_than(last.clone()).select(pair, u(NO_PAIR));
+                words.store(b, at, part_word(u(1), pair));
+            });
+        }
     });
 }
 
@@ -1721,42 +1831,51 @@ fn emit_scratch_merge(
         emit_block_minimum(b, &names.nested("init_minimum"), [start, len], block);
     });
     b.while_(Expr::bool(true), |b| {
-        // The leftmost block of lowest minimum (strict `<` keeps the
-        // first), then the leftmost part in it whose pair has that rank:
-        // the leftmost pair of lowest rank.
+        // The leftmost block of lowest rank (strict `<` keeps the first);
+        // its minimum word names the leftmost part in it whose pair has
+        // that rank: the leftmost pair of lowest rank.
         let best_name = names.of("best");
+        let best_word_name = names.of("best_word");
         let best_block_name = names.of("best_block");
         let best = b.let_mut(best_name.clone(), NO_PAIR);
+        let best_word = b.let_mut(best_word_name.clone(), 0u32);
         let best_block = b.let_mut(best_block_name.clone(), 0u32);
-        b.loop_(names.of("scan"), 0u32, blocks.clone(), |b, block| {
-            let minimum = b.let_(
-                names.of("scan_minimum"),
-                load(Role::MergeMinima, start.clone() + block.clone()),
-            );
-            b.if_(minimum.clone().less_than(best.clone()), |b| {
-                b.assign(best_name.clone(), minimum);
-                b.assign(best_block_name.clone(), block);
-            });
+        // In rounds of loads that go out together, at blocks clamped into
+        // the range (a block read twice is not taken twice: strict `<`).
+        let rounds = (blocks.clone() + (LOADS_PER_ROUND - 1)) / LOADS_PER_ROUND;
+        b.loop_(names.of("scan"), 0u32, rounds, |b, round| {
+            let minima: Vec<(Expr, Expr)> = (0..LOADS_PER_ROUND)
+                .map(|k| {
+                    let block = b.let_(
+                        names.of(&format!("scan_block{k}")),
+                        (round.clone() * LOADS_PER_ROUND + k).min(blocks.clone() - 1u32),
+                    );
+                    let minimum = b.let_(
+                        names.of(&format!("scan_minimum{k}")),
+                        load(Role::MergeMinima, start.clone() + block.clone()),
+                    );
+                    (block, minimum)
+                })
+                .collect();
+            for (k, (block, minimum)) in minima.into_iter().enumerate() {
+                let rank = b.let_(
+                    names.of(&format!("scan_rank{k}")),
+                    minimum.clone() >> MERGE_BLOCK_SHIFT,
+                );
+                b.if_(rank.clone().less_than(best.clone()), |b| {
+                    b.assign(best_name.clone(), rank);
+                    b.assign(best_word_name.clone(), minimum);
+                    b.assign(best_block_name.clone(), block);
+                });
+            }
         });
         b.if_(best.clone().equals(NO_PAIR), |b| {
             b.break_();
         });
-        let first_name = names.of("first");
-        let block_first = b.let_(
-            names.of("block_first"),
-            best_block.clone() << MERGE_BLOCK_SHIFT,
-        );
-        let first = b.let_mut(first_name.clone(), block_first.clone());
-        b.loop_(
-            names.of("find"),
-            block_first.clone(),
-            (block_first + (1u32 << MERGE_BLOCK_SHIFT)).min(len.clone()),
-            |b, at| {
-                b.if_(pair_of(part(at.clone())).equals(best.clone()), |b| {
-                    b.assign(first_name.clone(), at);
-                    b.break_();
-                });
-            },
+        let first = b.let_(
+            names.of("first"),
+            (best_block.clone() << MERGE_BLOCK_SHIFT)
+                | (best_word & ((1u32 << MERGE_BLOCK_SHIFT) - 1)),
         );
         let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
         let (second, _) = emit_merge_at(

@@ -25,27 +25,35 @@
 //! `(rank A, rank B)` to the rank of `bytes(A)‖bytes(B)`, with one entry for
 //! every token `T` and every cut of its bytes into two tokens (a pair has at
 //! most one: its bytes are fixed). A lookup hashes the two ranks ([`pair_hash`])
-//! and probes linearly, two adjacent words per slot ([`pair_slot`]: both ranks
-//! and the merged one in 54 bits, an empty slot all ones in the high word):
-//! no text read, no hash loop over bytes, no compare loop. Why: keyed by
+//! and reads the bucket the hash names: [`PAIR_BUCKET_SLOTS`] slots of two
+//! adjacent words ([`pair_slot`]: both ranks and the merged one in 54 bits, an
+//! empty slot all ones in the high word), 32 bytes, one sector of L2, all
+//! loaded at once; only a full bucket that does not hold the pair sends the
+//! lookup on to the next bucket: no text read, no hash loop over bytes, no
+//! compare loop. Why: keyed by
 //! bytes, each of the two lookups of a merge hashed the merged bytes and
 //! compared them with the token's, and `merge` was the largest step on the
 //! H200 (2026-12-01, cl100k): 0.95–2.2 ms per 16 MiB chunk for its 4.24 M
 //! merges, 58.7 of the 141 µs of kernels of 256 KiB of prose, 143–161 µs for
-//! code and CJK.
+//! code and CJK. Why buckets: the pair table probed slot by slot (linear
+//! probing, 1.4 slots on a hit and 2.0–2.1 on a miss on average, at most
+//! 19–30) and a warp's lookup lasted as long as its lanes' longest probe:
+//! on the H200 (2026-12-03, Nsight Compute's stall samples of `merge` on
+//! 8 MiB of prose, cl100k) the probe loop ran about five rounds of dependent
+//! loads per lookup and took 28 % of the step's samples.
 //!
 //! Lookups: one per piece that is a token; otherwise `len − 1` dense pair
 //! loads, then two pair-table lookups per merge. Measured on the host over
 //! the built tables (`pair_table_answers_every_cut_of_every_token`):
 //!
-//! | encoding | pairs | pair table | longest probe | mean slots, hit / random miss | whole vocabulary |
+//! | encoding | pairs | pair table | longest lookup, buckets | mean buckets, hit / random miss | whole vocabulary |
 //! |---|---|---|---|---|---|
-//! | r50k | 108,299 | 2 MiB | 19 | 1.35 / 1.96 | 3.75 MiB |
-//! | p50k | 108,599 | 2 MiB | 19 | 1.36 / 1.96 | 3.75 MiB |
-//! | cl100k | 233,378 | 4 MiB | 30 | 1.41 / 2.13 | 7.25 MiB |
-//! | o200k | 446,189 | 8 MiB | 28 | 1.37 / 2.02 | 14.35 MiB |
+//! | r50k | 108,299 | 2 MiB | 5 | 1.03 / 1.11 | 3.75 MiB |
+//! | p50k | 108,599 | 2 MiB | 5 | 1.03 / 1.12 | 3.75 MiB |
+//! | cl100k | 233,378 | 4 MiB | 8 | 1.03 / 1.15 | 7.25 MiB |
+//! | o200k | 446,189 | 8 MiB | 7 | 1.03 / 1.13 | 14.35 MiB |
 //!
-//! Both slot tables are a power of two of slots at most half full
+//! Both tables are a power of two of slots at most half full
 //! ([`DeviceVocabulary::device_bytes`] gives the exact whole); everything
 //! fits the H200's 50 MB L2 cache. The longest probe of a stored key in the
 //! table keyed by bytes is 15 slots for r50k and p50k, 18 for cl100k and
@@ -77,9 +85,11 @@ pub mod header {
     pub const RANK_BOUND: u32 = 2;
     /// Length in bytes of the longest token.
     pub const MAX_TOKEN_LEN: u32 = 3;
-    /// log2 of the number of slots of the pair table.
-    pub const PAIR_SLOT_BITS: u32 = 4;
-    /// Word offset of the pair table (two words per slot).
+    /// log2 of the number of buckets of the pair table.
+    pub const PAIR_BUCKET_BITS: u32 = 4;
+    /// Word offset of the pair table (two words per slot,
+    /// [`PAIR_BUCKET_SLOTS`](super::PAIR_BUCKET_SLOTS) slots per bucket), a
+    /// multiple of a bucket's words.
     pub const PAIR_SLOTS_AT: u32 = 5;
     /// Words the header takes.
     pub const WORDS: u32 = 16;
@@ -108,6 +118,11 @@ pub const PAIR_RANK_BITS: u32 = 18;
 pub const fn pair_hash(first: u32, second: u32) -> u32 {
     finish(first.wrapping_mul(0x9E37_79B1).wrapping_add(second))
 }
+
+/// Slots per bucket of the pair table: 4 slots of two words, 32 bytes, one
+/// sector of the device's L2 cache, so a lookup loads a whole bucket in one
+/// round trip (see the module docs for why).
+pub const PAIR_BUCKET_SLOTS: u32 = 4;
 
 /// The bits of a pair table slot's high word that hold the second rank's top
 /// bits (the merged rank is above them).
@@ -151,7 +166,7 @@ pub struct DeviceVocabulary {
     slot_bits: u32,
     longest_probe: u32,
     pairs: usize,
-    pair_slot_bits: u32,
+    pair_bucket_bits: u32,
     pair_longest_probe: u32,
 }
 
@@ -163,7 +178,7 @@ impl std::fmt::Debug for DeviceVocabulary {
             .field("slots", &(1u64 << self.slot_bits))
             .field("longest_probe", &self.longest_probe)
             .field("pairs", &self.pairs)
-            .field("pair_slots", &(1u64 << self.pair_slot_bits))
+            .field("pair_buckets", &(1u64 << self.pair_bucket_bits))
             .field("pair_longest_probe", &self.pair_longest_probe)
             .finish()
     }
@@ -211,7 +226,8 @@ fn slot_bits_for(keys: usize) -> u32 {
 /// `slot_bits` bits of `hash`, slot after slot (wrapping), to the first slot
 /// for which `stop` holds; that slot and the slots visited (at least 1). An
 /// insert stops at an empty slot, a lookup at its key or an empty slot; a table
-/// at most half full always has one.
+/// at most half full always has one. The pair table's "slots" here are its
+/// buckets (`slot_bits` its bucket bits).
 fn probe(hash: u32, slot_bits: u32, mut stop: impl FnMut(usize) -> bool) -> (usize, u32) {
     let mask = (1usize << slot_bits) - 1;
     let mut slot = (hash >> (32 - slot_bits)) as usize;
@@ -223,36 +239,55 @@ fn probe(hash: u32, slot_bits: u32, mut stop: impl FnMut(usize) -> bool) -> (usi
     (slot, visited)
 }
 
+/// Whether the slot of `words` at `slot` (two words) holds the pair whose
+/// [`pair_slot`] words are `[low, high]` (any merged rank): the key bits of
+/// both words, and the high word's top bit clear (an empty slot is all ones,
+/// whatever key its bits look like).
+fn pair_slot_holds(words: &[u32], slot: usize, [low, high]: [u32; 2]) -> bool {
+    words[2 * slot] == low && words[2 * slot + 1] & (PAIR_HIGH_KEY | 1 << 31) == high
+}
+
 /// The pair table of `pairs` (ranks below `2^18`): [`slot_bits_for`] slots of
-/// two words each ([`pair_slot`]), filled by [`probe`] from [`pair_hash`],
-/// empty slots all ones. Returns the slot bits, the words and the longest
-/// probe of a stored pair.
+/// two words each ([`pair_slot`]) in buckets of [`PAIR_BUCKET_SLOTS`], each
+/// pair in the first slot left empty in the bucket of the top bits of its
+/// [`pair_hash`] or, if that bucket is full, the next bucket with one
+/// (wrapping), empty slots all ones. Returns the bucket bits, the words and
+/// the most buckets a stored pair's lookup visits.
 fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
-    let slot_bits = slot_bits_for(pairs.len());
-    let mut words = vec![NO_TOKEN; 2 << slot_bits];
+    let slots = PAIR_BUCKET_SLOTS as usize;
+    let bucket_bits = slot_bits_for(pairs.len()) - PAIR_BUCKET_SLOTS.trailing_zeros();
+    let mut words = vec![NO_TOKEN; (2 * slots) << bucket_bits];
     let mut longest_probe = 0;
     for &[first, second, merged] in pairs {
-        let (slot, visited) = probe(pair_hash(first, second), slot_bits, |slot| {
-            words[2 * slot + 1] == NO_TOKEN
+        let empty_in = |words: &[u32], bucket: usize| {
+            (bucket * slots..(bucket + 1) * slots).find(|&slot| words[2 * slot + 1] == NO_TOKEN)
+        };
+        let (bucket, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
+            empty_in(&words, bucket).is_some()
         });
         longest_probe = longest_probe.max(visited);
+        let slot = empty_in(&words, bucket).expect("the probe stopped at a bucket with room");
         words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
     }
-    (slot_bits, words, longest_probe)
+    (bucket_bits, words, longest_probe)
 }
 
 /// The merged rank of `(first, second)` in the pair table `slots` of
-/// `2^slot_bits` slots, by the device's steps ([`probe`] until the pair or an
-/// empty slot), and the slots the probe visited.
-fn pair_lookup(slots: &[u32], slot_bits: u32, first: u32, second: u32) -> (Option<u32>, u32) {
-    let [low, high] = pair_slot(first, second, 0);
-    let (slot, visited) = probe(pair_hash(first, second), slot_bits, |slot| {
-        let stored = slots[2 * slot + 1];
-        stored == NO_TOKEN || (slots[2 * slot] == low && stored & PAIR_HIGH_KEY == high)
+/// `2^bucket_bits` buckets, by the device's steps ([`probe`] over buckets until
+/// one holds the pair or an empty slot), and the buckets the probe visited.
+fn pair_lookup(slots: &[u32], bucket_bits: u32, first: u32, second: u32) -> (Option<u32>, u32) {
+    let key = pair_slot(first, second, 0);
+    let bucket_slots = |bucket: usize| {
+        let per = PAIR_BUCKET_SLOTS as usize;
+        bucket * per..(bucket + 1) * per
+    };
+    let (bucket, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
+        bucket_slots(bucket)
+            .any(|slot| slots[2 * slot + 1] == NO_TOKEN || pair_slot_holds(slots, slot, key))
     });
-    // A filled slot's high word is below 2^22, never `NO_TOKEN`.
-    let stored = slots[2 * slot + 1];
-    let merged = (stored != NO_TOKEN).then(|| stored >> PAIR_HIGH_KEY.count_ones());
+    let merged = bucket_slots(bucket)
+        .find(|&slot| pair_slot_holds(slots, slot, key))
+        .map(|slot| slots[2 * slot + 1] >> PAIR_HIGH_KEY.count_ones());
     (merged, visited)
 }
 
@@ -308,8 +343,14 @@ impl DeviceVocabulary {
             };
         }
         let pairs = token_pairs(vocabulary);
-        let (pair_slot_bits, pair_words, pair_longest_probe) = pair_table(&pairs);
-        words[header::PAIR_SLOT_BITS as usize] = pair_slot_bits;
+        let (pair_bucket_bits, pair_words, pair_longest_probe) = pair_table(&pairs);
+        // A bucket in one sector: the table starts at a multiple of a
+        // bucket's bytes (the buffer itself starts at least that aligned).
+        words.resize(
+            words.len().next_multiple_of(2 * PAIR_BUCKET_SLOTS as usize),
+            0,
+        );
+        words[header::PAIR_BUCKET_BITS as usize] = pair_bucket_bits;
         words[header::PAIR_SLOTS_AT as usize] = words.len() as u32;
         words.extend_from_slice(&pair_words);
         let mut longest_probe = 0;
@@ -327,7 +368,7 @@ impl DeviceVocabulary {
             slot_bits,
             longest_probe,
             pairs: pairs.len(),
-            pair_slot_bits,
+            pair_bucket_bits,
             pair_longest_probe,
         })
     }
@@ -362,11 +403,11 @@ impl DeviceVocabulary {
 
     /// Bytes the pair table takes on the device (8 per slot).
     pub fn pair_table_bytes(&self) -> usize {
-        8 << self.pair_slot_bits
+        (8 * PAIR_BUCKET_SLOTS as usize) << self.pair_bucket_bits
     }
 
-    /// Slots the longest probe sequence of a stored pair visits (a miss may
-    /// visit more: it ends at the first empty slot).
+    /// Buckets the longest lookup of a stored pair visits (a miss may visit
+    /// more: it ends at the first bucket with an empty slot).
     pub fn pair_longest_probe(&self) -> u32 {
         self.pair_longest_probe
     }
@@ -378,11 +419,11 @@ impl DeviceVocabulary {
         self.pair_probe(first, second).0
     }
 
-    /// [`pair`](Self::pair) and the slots its probe visits.
+    /// [`pair`](Self::pair) and the buckets its probe visits.
     fn pair_probe(&self, first: u32, second: u32) -> (Option<u32>, u32) {
         let slots_at = self.words[header::PAIR_SLOTS_AT as usize] as usize;
-        let slot_bits = self.words[header::PAIR_SLOT_BITS as usize];
-        pair_lookup(&self.words[slots_at..], slot_bits, first, second)
+        let bucket_bits = self.words[header::PAIR_BUCKET_BITS as usize];
+        pair_lookup(&self.words[slots_at..], bucket_bits, first, second)
     }
 
     /// The rank of `key` by exactly the device's steps (dense tables for one and
@@ -501,7 +542,7 @@ mod tests {
     /// 100,000 random pairs of ranks find exactly the rank of their bytes back
     /// to back (almost all none). Negative control: a table built without one
     /// pair leaves exactly that cut unanswered. Prints each table's pairs,
-    /// bytes, longest probe and mean slots visited by a hit and by a random
+    /// bytes, longest lookup and mean buckets visited by a hit and by a random
     /// pair's miss, and the whole vocabulary's bytes (the module docs quote
     /// them).
     #[test]
@@ -549,7 +590,7 @@ mod tests {
                 encoding.name()
             );
             eprintln!(
-                "{}: {} pairs, {} bytes, longest probe {}, mean slots per hit {:.2}, per miss {:.2}; vocabulary {} bytes",
+                "{}: {} pairs, {} bytes, longest lookup {} buckets, mean buckets per hit {:.2}, per miss {:.2}; vocabulary {} bytes",
                 encoding.name(),
                 device.pairs(),
                 device.pair_table_bytes(),
@@ -561,10 +602,13 @@ mod tests {
             // Negative control: one pair left out is one cut unanswered.
             let mut pairs = pairs;
             let dropped = pairs.remove(pairs.len() / 2);
-            let (slot_bits, slots, _) = pair_table(&pairs);
+            let (bucket_bits, slots, _) = pair_table(&pairs);
             assert_eq!(
                 unanswered_cuts(&vocabulary, |first, second| pair_lookup(
-                    &slots, slot_bits, first, second
+                    &slots,
+                    bucket_bits,
+                    first,
+                    second
                 )
                 .0),
                 vec![dropped],
