@@ -259,14 +259,17 @@ fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
     let mut words = vec![NO_TOKEN; (2 * slots) << bucket_bits];
     let mut longest_probe = 0;
     for &[first, second, merged] in pairs {
-        let empty_in = |words: &[u32], bucket: usize| {
-            (bucket * slots..(bucket + 1) * slots).find(|&slot| words[2 * slot + 1] == NO_TOKEN)
-        };
-        let (bucket, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
-            empty_in(&words, bucket).is_some()
+        // The first empty slot of the bucket the probe stops at: a table at
+        // most half full always has one.
+        let mut room = 0;
+        let (_, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
+            let empty = (bucket * slots..(bucket + 1) * slots)
+                .find(|&slot| words[2 * slot + 1] == NO_TOKEN);
+            room = empty.unwrap_or(room);
+            empty.is_some()
         });
         longest_probe = longest_probe.max(visited);
-        let slot = empty_in(&words, bucket).expect("the probe stopped at a bucket with room");
+        let slot = room;
         words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
     }
     (bucket_bits, words, longest_probe)
