@@ -285,8 +285,8 @@ use vyre_cuda::ir::{
 use vyre_cuda::CodegenOptions;
 
 use super::vocabulary::{
-    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_BUCKET_SLOTS, PAIR_HIGH_KEY, PAIR_RANKS_AT,
-    PAIR_RANK_BITS, TOKENS_AT,
+    header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_BUCKET_SLOTS, PAIR_HIGH_KEY, PAIR_HOLDS_MASK,
+    PAIR_RANKS_AT, PAIR_RANK_BITS, TOKENS_AT,
 };
 use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
@@ -1431,7 +1431,7 @@ fn emit_pair_rank(
             let holds = key
                 .clone()
                 .equals(low.clone())
-                .and((stored.clone() & (PAIR_HIGH_KEY | 1 << 31)).equals(high.clone()));
+                .and((stored.clone() & PAIR_HOLDS_MASK).equals(high.clone()));
             b.if_(holds, |b| {
                 b.assign(
                     rank_name.clone(),
@@ -1483,7 +1483,18 @@ fn pair_of(word: Expr) -> Expr {
 /// [`MERGE_BLOCK_SHIFT`] and the `offset` of its part in the block below them,
 /// so that the least of a block's words is its leftmost pair of lowest rank.
 fn block_minimum_word(rank: Expr, offset: Expr) -> Expr {
-    (rank << MERGE_BLOCK_SHIFT) | (offset & ((1u32 << MERGE_BLOCK_SHIFT) - 1))
+    (rank << MERGE_BLOCK_SHIFT) | minimum_offset(offset)
+}
+
+/// The pair rank a [`block_minimum_word`] holds.
+fn minimum_rank(word: Expr) -> Expr {
+    word >> MERGE_BLOCK_SHIFT
+}
+
+/// The offset in its block that a [`block_minimum_word`] holds (or any
+/// position's offset in its block).
+fn minimum_offset(word: Expr) -> Expr {
+    word & ((1u32 << MERGE_BLOCK_SHIFT) - 1)
 }
 
 /// Stores the leftmost pair of lowest rank of block `block` of the range of
@@ -1860,7 +1871,7 @@ fn emit_scratch_merge(
             for (k, (block, minimum)) in minima.into_iter().enumerate() {
                 let rank = b.let_(
                     names.of(&format!("scan_rank{k}")),
-                    minimum.clone() >> MERGE_BLOCK_SHIFT,
+                    minimum_rank(minimum.clone()),
                 );
                 b.if_(rank.clone().less_than(best.clone()), |b| {
                     b.assign(best_name.clone(), rank);
@@ -1874,8 +1885,7 @@ fn emit_scratch_merge(
         });
         let first = b.let_(
             names.of("first"),
-            (best_block.clone() << MERGE_BLOCK_SHIFT)
-                | (best_word & ((1u32 << MERGE_BLOCK_SHIFT) - 1)),
+            (best_block.clone() << MERGE_BLOCK_SHIFT) | minimum_offset(best_word),
         );
         let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
         let (second, _) = emit_merge_at(

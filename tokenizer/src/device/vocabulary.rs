@@ -128,6 +128,11 @@ pub const PAIR_BUCKET_SLOTS: u32 = 4;
 /// bits (the merged rank is above them).
 pub const PAIR_HIGH_KEY: u32 = (1 << (2 * PAIR_RANK_BITS - 32)) - 1;
 
+/// The bits of a pair table slot's high word that a lookup compares with its
+/// key's: [`PAIR_HIGH_KEY`] and the top bit, which only an empty slot (all
+/// ones) has set, so no key matches an empty slot whatever its other bits.
+pub const PAIR_HOLDS_MASK: u32 = PAIR_HIGH_KEY | 1 << 31;
+
 /// The two words of a pair table slot holding `(first, second) → merged`
 /// (each rank below `2^18`): the 54-bit value `first | second << 18 | merged
 /// << 36`, low word first. The high word of a filled slot is below `2^22`, so
@@ -244,7 +249,13 @@ fn probe(hash: u32, slot_bits: u32, mut stop: impl FnMut(usize) -> bool) -> (usi
 /// both words, and the high word's top bit clear (an empty slot is all ones,
 /// whatever key its bits look like).
 fn pair_slot_holds(words: &[u32], slot: usize, [low, high]: [u32; 2]) -> bool {
-    words[2 * slot] == low && words[2 * slot + 1] & (PAIR_HIGH_KEY | 1 << 31) == high
+    words[2 * slot] == low && words[2 * slot + 1] & PAIR_HOLDS_MASK == high
+}
+
+/// The slots of the pair table's bucket `bucket`.
+fn bucket_slots(bucket: usize) -> std::ops::Range<usize> {
+    let slots = PAIR_BUCKET_SLOTS as usize;
+    bucket * slots..(bucket + 1) * slots
 }
 
 /// The pair table of `pairs` (ranks below `2^18`): [`slot_bits_for`] slots of
@@ -254,23 +265,20 @@ fn pair_slot_holds(words: &[u32], slot: usize, [low, high]: [u32; 2]) -> bool {
 /// (wrapping), empty slots all ones. Returns the bucket bits, the words and
 /// the most buckets a stored pair's lookup visits.
 fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
-    let slots = PAIR_BUCKET_SLOTS as usize;
     let bucket_bits = slot_bits_for(pairs.len()) - PAIR_BUCKET_SLOTS.trailing_zeros();
-    let mut words = vec![NO_TOKEN; (2 * slots) << bucket_bits];
+    let mut words = vec![NO_TOKEN; (2 * PAIR_BUCKET_SLOTS as usize) << bucket_bits];
     let mut longest_probe = 0;
     for &[first, second, merged] in pairs {
         // The first empty slot of the bucket the probe stops at: a table at
         // most half full always has one.
         let mut room = 0;
         let (_, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
-            let empty = (bucket * slots..(bucket + 1) * slots)
-                .find(|&slot| words[2 * slot + 1] == NO_TOKEN);
+            let empty = bucket_slots(bucket).find(|&slot| words[2 * slot + 1] == NO_TOKEN);
             room = empty.unwrap_or(room);
             empty.is_some()
         });
         longest_probe = longest_probe.max(visited);
-        let slot = room;
-        words[2 * slot..2 * slot + 2].copy_from_slice(&pair_slot(first, second, merged));
+        words[2 * room..2 * room + 2].copy_from_slice(&pair_slot(first, second, merged));
     }
     (bucket_bits, words, longest_probe)
 }
@@ -280,10 +288,6 @@ fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
 /// one holds the pair or an empty slot), and the buckets the probe visited.
 fn pair_lookup(slots: &[u32], bucket_bits: u32, first: u32, second: u32) -> (Option<u32>, u32) {
     let key = pair_slot(first, second, 0);
-    let bucket_slots = |bucket: usize| {
-        let per = PAIR_BUCKET_SLOTS as usize;
-        bucket * per..(bucket + 1) * per
-    };
     let (bucket, visited) = probe(pair_hash(first, second), bucket_bits, |bucket| {
         bucket_slots(bucket)
             .any(|slot| slots[2 * slot + 1] == NO_TOKEN || pair_slot_holds(slots, slot, key))
