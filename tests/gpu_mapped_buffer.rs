@@ -2,7 +2,8 @@
 //! kernels store straight into host memory, the host reads it in place after the
 //! synchronize, and reading or writing it while a dispatch or graph holds it is a
 //! `Fix:` error; and of `Dispatch::after`, a dependent dispatch submitted at once
-//! behind another and waited for with one blocking synchronize.
+//! behind another and waited for with one blocking synchronize; and of `copy`
+//! and `download`, the copy engine bringing device bytes into host memory.
 //! Ignored by default; run on the GPU machine with `bash .gpu/run.sh gpu_`.
 
 mod support;
@@ -478,4 +479,85 @@ fn gpu_blocking_transfers_wait_for_the_submission_they_conflict_with() {
             "round {round}: the upload landed before the writer's stores"
         );
     }
+}
+
+/// Locks out a download into caller pinned memory that overtakes the submitted
+/// dispatch writing its source, lands at the wrong place, or writes under a
+/// dispatch still uploading from the destination: with the writer submitted and
+/// not waited for, `download` brings exactly the kernel's words (by one async copy
+/// and one synchronize) to the offset asked for and leaves the bytes before it;
+/// a range past either end is a `Fix:` error, and so is a destination that a
+/// dispatch in flight still reads (it can take the bytes once that dispatch is
+/// waited for). The reference backend answers the range errors alike and then
+/// refuses the pinned buffer as another backend's. Negative control: the words
+/// read before the dispatch ran are not the kernel's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_download_lands_in_pinned_memory_after_the_dispatch_that_writes_its_source() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let device = gpu.buffer(4 * WORDS as u64).unwrap();
+    let bytes = 4 * WORDS as u64;
+    let mut pinned = gpu.pinned_buffer(bytes as usize + 8).unwrap();
+    let untouched = words(&gpu.read::<u8>(&device).unwrap());
+    assert_ne!(untouched, expected(), "negative control");
+    for round in 0..3u8 {
+        pinned.as_mut_slice().unwrap().fill(round);
+        let pending = gpu
+            .submit(Dispatch::new(&kernel, &on(&[&input_buffer, &device])).config(&config))
+            .unwrap();
+        let before = thread_driver_calls();
+        gpu.download(&device, 0, &mut pinned, 8, bytes).unwrap();
+        let calls = thread_driver_calls().since(&before);
+        assert_eq!(
+            (calls.async_copies, calls.synchronizes),
+            (1, 1),
+            "{calls:?}"
+        );
+        assert_eq!(pinned.as_slice()[..8], [round; 8], "round {round}");
+        assert_eq!(words(&pinned.as_slice()[8..]), expected(), "round {round}");
+        pending.wait().unwrap();
+    }
+    for (from_offset, to_offset, len) in [(4, 0, bytes), (0, 16, bytes), (u64::MAX - 3, 0, 8)] {
+        let message = gpu
+            .download(&device, from_offset, &mut pinned, to_offset, len)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains("offset"),
+            "{message}"
+        );
+    }
+    let pending = gpu
+        .submit(Dispatch::new(&kernel, &[pinned.binding(), Binding::from(&device)]).config(&config))
+        .unwrap();
+    let message = gpu
+        .download(&device, 0, &mut pinned, 0, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("in flight"),
+        "{message}"
+    );
+    pending.wait().unwrap();
+    gpu.download(&device, 0, &mut pinned, 0, 4).unwrap();
+    let reference = vyre_cuda::backend::AnyBackend::reference();
+    let on_reference = reference.buffer(bytes).unwrap();
+    let message = reference
+        .download(&on_reference, 4, &mut pinned, 0, bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("offset"),
+        "{message}"
+    );
+    let message = reference
+        .download(&on_reference, 0, &mut pinned, 0, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("Fix:") && message.contains("another backend"),
+        "{message}"
+    );
 }

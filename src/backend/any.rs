@@ -52,7 +52,7 @@ use super::graph::{DispatchGraph, GraphRecorder, InputSlot, OutputSlot, PendingR
 use super::reference_backend::{ReferenceGraph, ReferenceLane, ReferenceRecorder};
 use super::{
     BackendError, CudaBackend, DeviceBuffer, Dispatch, Finished, Kernel, Lane, LaneOptions,
-    PendingDispatch, ReferenceBackend, Timings,
+    PendingDispatch, PinnedBuffer, ReferenceBackend, Timings,
 };
 
 /// The CUDA backend or the reference interpreter, behind one interface.
@@ -201,6 +201,27 @@ impl AnyBackend {
             AnyBackend::Cuda(gpu) => gpu.copy(from, from_offset, to, to_offset, bytes),
             AnyBackend::Reference(reference) => {
                 reference.copy(from, from_offset, to, to_offset, bytes)
+            }
+        }
+    }
+
+    /// Copy `bytes` bytes of `from` at `from_offset` into the caller's pinned
+    /// `to` at `to_offset` ([`CudaBackend::download`]: by the copy engine, no
+    /// staging; the same checks and errors on both backends, and on the
+    /// reference backend, which owns no pinned memory, the error for a pinned
+    /// buffer of another backend).
+    pub fn download(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &mut PinnedBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        match self {
+            AnyBackend::Cuda(gpu) => gpu.download(from, from_offset, to, to_offset, bytes),
+            AnyBackend::Reference(reference) => {
+                reference.download(from, from_offset, to, to_offset, bytes)
             }
         }
     }

@@ -321,18 +321,42 @@ impl PinnedBuffer {
         Binding::Pinned(self)
     }
 
+    /// The error for a pinned buffer of another backend than the one asked to
+    /// `verb` it (every reference backend's, too: pinned buffers are CUDA's).
+    pub(in crate::backend) fn foreign(verb: &str) -> BackendError {
+        BackendError::InvalidHandle {
+            message: format!(
+                "Fix: cannot {verb} a PinnedBuffer of another backend; use the backend that \
+                 allocated it"
+            ),
+        }
+    }
+
+    /// The memory, for a write by the device that nothing else may see until it
+    /// is done: an `Err` starting `Fix:` while a dispatch in flight still holds it
+    /// (its upload would read the bytes being replaced), or for another backend's
+    /// buffer.
+    pub(in crate::backend) fn exclusive_memory(
+        &mut self,
+        inner: &BackendInner,
+        verb: &str,
+    ) -> Result<&mut PinnedMemory, BackendError> {
+        self.memory_for(inner, verb)?;
+        self.memory.as_mut().and_then(Arc::get_mut).ok_or_else(|| {
+            BackendError::bad_input(format!(
+                "Fix: cannot {verb} this PinnedBuffer while a dispatch in flight still reads it; \
+                 wait for its PendingDispatch first (or use a second buffer)"
+            ))
+        })
+    }
+
     pub(in crate::backend) fn memory_for(
         &self,
         inner: &BackendInner,
         verb: &str,
     ) -> Result<&Arc<PinnedMemory>, BackendError> {
         if self.backend.id != inner.id {
-            return Err(BackendError::InvalidHandle {
-                message: format!(
-                    "Fix: cannot {verb} a PinnedBuffer of another backend; use the backend that \
-                     allocated it"
-                ),
-            });
+            return Err(PinnedBuffer::foreign(verb));
         }
         self.memory.as_ref().ok_or_else(|| {
             BackendError::internal("a PinnedBuffer's memory is gone before its drop")
@@ -488,6 +512,26 @@ pub(in crate::backend) fn check_copy(
         )));
     }
     Ok(())
+}
+
+/// The checks of a download of `bytes` bytes of `from` at `from_offset` into
+/// `to` at `to_offset`, the same on every backend: both ranges within their
+/// buffers.
+pub(in crate::backend) fn check_download(
+    from: &DeviceBuffer,
+    from_offset: u64,
+    to: &PinnedBuffer,
+    to_offset: u64,
+    bytes: u64,
+) -> Result<(), BackendError> {
+    check_copy(
+        from.len(),
+        from_offset,
+        to.len() as u64,
+        to_offset,
+        bytes,
+        false,
+    )
 }
 
 /// How many values of `T` a buffer of `bytes` bytes holds: the `Fix:` error when

@@ -25,7 +25,7 @@ use vyre_cuda::backend::{AnyBackend, CudaBackend};
 
 use crate::bpe::{encode_piece, Scratch};
 use crate::device::pipeline::Admission;
-use crate::device::{ChunkLimits, DeviceEncoder, Geometry};
+use crate::device::{BatchIds, ChunkLimits, DeviceEncoder, Geometry};
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::pattern::{Pattern, Splitter};
 use crate::special::{Finder, SpecialToken, SpecialTokens};
@@ -553,6 +553,29 @@ impl Tokenizer {
                 return ids;
             }
         }
+        self.encode_batch_on_cpu(texts, total)
+    }
+
+    /// [`Tokenizer::encode_batch`] into `ids`, one result in which each
+    /// document's ids are a slice ([`BatchIds::get`]), its memory reused by
+    /// the next batch encoded into it. On the GPU the device's copy engine
+    /// writes the ids straight into it
+    /// ([`DeviceEncoder::encode_batch_ids`](crate::device::DeviceEncoder::encode_batch_ids)),
+    /// so the host copies no id; on the CPU (and where the device fails, as
+    /// [`Tokenizer::encode_batch`] does) it takes the CPU's ids.
+    pub fn encode_batch_ids(&self, texts: &[&str], ids: &mut BatchIds) {
+        let total: usize = texts.iter().map(|text| text.len()).sum();
+        if let Some(device) = self.device_for(total) {
+            let bytes: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+            if device.encode_batch_ids(&bytes, ids).is_ok() {
+                return;
+            }
+        }
+        ids.fill_from(self.encode_batch_on_cpu(texts, total));
+    }
+
+    /// [`Tokenizer::encode_batch`] on the CPU (`total`: the texts' bytes).
+    fn encode_batch_on_cpu(&self, texts: &[&str], total: usize) -> Vec<Vec<u32>> {
         let threads = std::thread::available_parallelism()
             .map_or(1, |threads| threads.get())
             .min(texts.len());

@@ -14,7 +14,7 @@ mod oracle;
 mod split_corpus;
 
 use device_batches::{
-    batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch,
+    batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch, check_batch_ids,
     documents_cut_inside_runs, long_piece_texts, random_texts, small_split_geometry,
     split_pieces_alone_and_joined, with_fused_steps_in_32_threads, STEP_BY_STEP,
 };
@@ -27,7 +27,7 @@ use vyre_tokenizer::device::programs::{
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
-    BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
+    BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
 };
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -331,7 +331,9 @@ fn documents_of_a_batch_never_merge() {
 /// batches of 1 to 200 documents (every fourth empty, some long runs) through
 /// an encoder whose chunks hold at most 2,000 bytes and 25 documents (so a batch
 /// is many chunks, slots are reused and grow, and a document over the byte
-/// limit is a chunk of its own) equal the CPU encoder, also when two threads
+/// limit is a chunk of its own) equal the CPU encoder, each document's vector
+/// and through one reused `BatchIds` (larger and smaller batches in turn, so
+/// a part kept from a larger batch must not show), also when two threads
 /// pipeline batches through the encoder at once (no thread waits for room
 /// while holding some: no deadlock).
 #[test]
@@ -350,9 +352,18 @@ fn batches_of_1_to_200_documents_with_empty_ones_equal_cpu() {
     )
     .unwrap();
     let mut random = SplitMix64::new(0xBA7C);
-    for count in [1, 3, 26, 200] {
+    // One flat result reused by every batch, larger and smaller in turn.
+    let mut ids = BatchIds::new();
+    for count in [1, 3, 26, 200, 26, 1] {
         let batch = batch_with_empty_documents(&mut random, count);
         check_batch(&encoder, &tokenizer, &batch, &format!("{count} documents"));
+        check_batch_ids(
+            &encoder,
+            &tokenizer,
+            &batch,
+            &mut ids,
+            &format!("{count} documents into one BatchIds"),
+        );
     }
     // Two threads pipelining batches of many chunks through one encoder at once:
     // each holds room for a chunk while it wants more, and neither waits for
@@ -380,10 +391,16 @@ fn empty_batches_and_100000_empty_documents() {
     let encoder = reference_encoder(&tokenizer);
     assert!(encoder.encode_batch_bytes(&[]).unwrap().is_empty());
     assert_eq!(encoder.encode_batch(&[""]).unwrap(), [Vec::<u32>::new()]);
+    let mut ids = BatchIds::new();
+    encoder.encode_batch_ids(&[], &mut ids).unwrap();
+    assert!(ids.is_empty() && ids.iter().next().is_none());
     let mut batch: Vec<&[u8]> = vec![b""; 100_000];
     let results = encoder.encode_batch_bytes(&batch).unwrap();
     assert_eq!(results.len(), 100_000);
     assert!(results.iter().all(Vec::is_empty));
+    encoder.encode_batch_ids(&batch, &mut ids).unwrap();
+    assert_eq!((ids.len(), ids.token_count()), (100_000, 0));
+    assert!(ids.iter().all(<[u32]>::is_empty));
     batch[0] = b"first";
     batch[50_000] = b"middle one";
     batch[99_999] = b"last";
@@ -757,8 +774,9 @@ fn chunks_from_the_bulk_size_take_the_bulk_split_and_equal_cpu() {
 /// Locks out a `Tokenizer` on a device that encodes differently from the CPU:
 /// through `with_device` on the reference interpreter, `encode_ordinary`,
 /// `encode_ordinary_bytes` (invalid UTF-8), `encode` with allowed special
-/// tokens, `encode_with_special_tokens` and `encode_batch` equal the CPU
-/// tokenizer, and the tokenizer says it runs on the device.
+/// tokens, `encode_with_special_tokens`, `encode_batch` and `encode_batch_ids`
+/// equal the CPU tokenizer (whose `encode_batch_ids` gives its `encode_batch`),
+/// and the tokenizer says it runs on the device.
 #[test]
 fn tokenizer_on_the_reference_device_equals_cpu() {
     let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
@@ -790,6 +808,11 @@ fn tokenizer_on_the_reference_device_equals_cpu() {
     );
     let batch = ["one", "", "two three", "日本"];
     assert_eq!(device.encode_batch(&batch), cpu.encode_batch(&batch));
+    let (mut on_device, mut on_cpu) = (BatchIds::new(), BatchIds::new());
+    device.encode_batch_ids(&batch, &mut on_device);
+    cpu.encode_batch_ids(&batch, &mut on_cpu);
+    assert_eq!(on_device.to_vecs(), cpu.encode_batch(&batch));
+    assert_eq!(on_cpu.to_vecs(), cpu.encode_batch(&batch));
 }
 
 /// Locks out a device failure that is lost or turns into wrong ids: on a
@@ -798,7 +821,8 @@ fn tokenizer_on_the_reference_device_equals_cpu() {
 /// failing program and keeps the backend's error as its source, while
 /// `encode_ordinary` and `encode_batch` fall back to the CPU and give its ids;
 /// with every `while` loop capped below what a long piece needs, its encode is
-/// an error naming the program, while texts that stay under the cap encode.
+/// an error naming the program (and a `BatchIds` it failed to fill holds no
+/// document), while texts that stay under the cap encode.
 #[test]
 fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
     let cpu = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
@@ -820,6 +844,9 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
         device.encode_batch(&[text, "b"]),
         cpu.encode_batch(&[text, "b"])
     );
+    let mut ids = BatchIds::new();
+    device.encode_batch_ids(&[text, "b"], &mut ids);
+    assert_eq!(ids.to_vecs(), cpu.encode_batch(&[text, "b"]));
     // A loop cap the long piece's merges pass: the program stops with an error
     // naming it (on CUDA the same cap traps: a KernelFault, gpu_encode_fault.rs).
     let capped = capped_encoder(AnyBackend::reference(), &cpu);
@@ -828,6 +855,15 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
         error.message().starts_with("Fix:") && error.message().contains("bpe."),
         "{error}"
     );
+    // A failed encode into a flat result leaves no document of the batch
+    // before it there (the negative control: it held one).
+    capped.encode_batch_ids(&[b"one before"], &mut ids).unwrap();
+    assert_eq!(ids.len(), 1);
+    let long = "x".repeat(1000);
+    assert!(capped
+        .encode_batch_ids(&[long.as_bytes()], &mut ids)
+        .is_err());
+    assert!(ids.is_empty() && ids.get(0).is_none(), "{ids:?}");
     let fine = "short pieces, each a token";
     assert_eq!(
         capped.encode_batch(&[fine]).unwrap(),

@@ -20,15 +20,17 @@ mod sanitizer;
 mod split_corpus;
 
 use device_batches::{
-    batch_with_empty_documents, batches_with_prose, check_batch, documents_cut_inside_runs,
-    long_piece_texts, random_texts, small_split_geometry, split_pieces_alone_and_joined,
-    with_fused_steps_in_32_threads, STEP_BY_STEP,
+    batch_with_empty_documents, batches_with_prose, check_batch, check_batch_ids,
+    documents_cut_inside_runs, long_piece_texts, random_texts, small_split_geometry,
+    split_pieces_alone_and_joined, with_fused_steps_in_32_threads, STEP_BY_STEP,
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 use vyre_tokenizer::device::pipeline::COPY_ENGINE_FROM;
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
-use vyre_tokenizer::device::{BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText};
+use vyre_tokenizer::device::{
+    BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
+};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
 
@@ -266,8 +268,10 @@ fn gpu_long_runs_and_length_classes_equal_cpu() {
 /// Locks out chunking, slot reuse and pipelining that lose, reorder or mix
 /// documents: batches of 1 to 1,000 documents (every fourth empty) through the
 /// default encoder and through one whose chunks hold at most 64 KiB and 100
-/// documents (many chunks, four in flight), and a batch of 100,000 empty
-/// documents with three short ones, equal the CPU encoder.
+/// documents (many chunks, four in flight), each document's vector and
+/// through one reused `BatchIds` per encoder (larger and smaller batches in
+/// turn), and a batch of 100,000 empty documents with three short ones, equal
+/// the CPU encoder.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
@@ -282,7 +286,8 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
         },
     );
     let mut random = SplitMix64::new(0xBA7C4);
-    for count in [1, 2, 3, 10, 100, 101, 999, 1000] {
+    let (mut ids, mut small_ids) = (BatchIds::new(), BatchIds::new());
+    for count in [1, 2, 3, 10, 100, 101, 999, 1000, 101, 2] {
         let batch = batch_with_empty_documents(&mut random, count);
         check_batch(device(&gpu), &cpu, &batch, &format!("{count} documents"));
         check_batch(
@@ -290,6 +295,20 @@ fn gpu_batches_of_1_to_1000_documents_with_empty_ones() {
             &cpu,
             &batch,
             &format!("{count} documents, small chunks"),
+        );
+        check_batch_ids(
+            device(&gpu),
+            &cpu,
+            &batch,
+            &mut ids,
+            &format!("{count} documents into one BatchIds"),
+        );
+        check_batch_ids(
+            &small,
+            &cpu,
+            &batch,
+            &mut small_ids,
+            &format!("{count} documents, small chunks, into one BatchIds"),
         );
     }
     let mut empty: Vec<Vec<u8>> = vec![Vec::new(); 100_000];
@@ -841,6 +860,61 @@ fn gpu_large_chunks_bring_their_ids_up_by_the_copy_engine() {
             );
         }
     }
+}
+
+/// Locks out flat batch ids that the copy engine puts in the wrong place, that
+/// a reused result shows from an earlier batch, or that differ from the CPU
+/// encoder: batches of prose, CJK and code documents of 1–16 KiB cut into
+/// chunks of at most 2 MiB (each from `COPY_ENGINE_FROM`, so its ids come down
+/// by the copy engine straight into the result's pinned memory, and a last
+/// chunk below it, whose ids the device writes into host-mapped memory) go
+/// into one `BatchIds`, larger, smaller and larger again, and every document's
+/// ids equal the CPU encoder's; `Tokenizer::encode_batch_ids` on the device
+/// gives the same. Negative control: the two batches' first documents differ,
+/// so a part kept from the first batch would fail the second's check.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_batch_ids_come_down_into_pinned_memory_and_equal_cpu() {
+    let (cpu, gpu) = cpu_and_device(Encoding::Cl100kBase);
+    let encoder = cuda_encoder(
+        &cpu,
+        Geometry::default(),
+        ChunkLimits {
+            text_bytes: 2 * COPY_ENGINE_FROM,
+            ..ChunkLimits::default()
+        },
+    );
+    let total = sized_for_tools("batch bytes", 7 << 20, 9 << 19);
+    let mut random = SplitMix64::new(0x1D5);
+    let batch = |bytes: usize, random: &mut SplitMix64| -> Vec<Vec<u8>> {
+        let mut texts = Vec::new();
+        let mut held = 0;
+        while held < bytes {
+            let shape = Shape::ALL[texts.len() % Shape::ALL.len()];
+            let len = 1024 + (random.next_u64() % (15 * 1024)) as usize;
+            texts.push(generate(shape, len, random.next_u64()));
+            held += len;
+        }
+        texts
+    };
+    let large = batch(total, &mut random);
+    let smaller = batch(total / 3 + 12_345, &mut random);
+    assert_ne!(large[0], smaller[0], "negative control");
+    let chunks = encoder.chunks(&large.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    let mut ids = BatchIds::new();
+    for (round, texts) in [&large, &smaller, &large].into_iter().enumerate() {
+        check_batch_ids(&encoder, &cpu, texts, &mut ids, &format!("round {round}"));
+    }
+    let strings: Vec<&str> = smaller
+        .iter()
+        .map(|text| std::str::from_utf8(text).unwrap())
+        .collect();
+    gpu.encode_batch_ids(&strings, &mut ids);
+    assert!(
+        ids.to_vecs() == cpu.encode_batch(&strings),
+        "Tokenizer::encode_batch_ids"
+    );
 }
 
 /// Locks out an eager encode whose steps each wait on the device for every

@@ -20,14 +20,14 @@
 use std::sync::Arc;
 
 use super::super::budget::{self, BudgetInputs};
-use super::super::buffer::check_copy;
+use super::super::buffer::{check_copy, check_download};
 use super::super::driver::{self, DeviceMemory};
 use super::super::ordering::Accesses;
 use super::super::pool::Lane;
 use super::super::stream_ops::{
     enqueue, BufferCopy, Clear, LaneTarget, Readback, StagedCopy, StreamOps,
 };
-use super::super::{BackendError, CudaBackend, DeviceBuffer};
+use super::super::{BackendError, CudaBackend, DeviceBuffer, PinnedBuffer};
 use super::Held;
 
 /// One buffer transfer: bytes going up, or a host slice to fill.
@@ -267,24 +267,93 @@ impl CudaBackend {
         inner.bind()?;
         let mut accesses = Accesses::reading(source.address());
         accesses.writes.push(destination.address());
+        let copy = BufferCopy {
+            from: source.address() + from_offset,
+            to: destination.address() + to_offset,
+            len,
+        };
+        let mut held = Held::default();
+        held.buffers.push(source);
+        held.buffers.push(destination);
+        // SAFETY: both ranges were checked against their buffers' lengths (and
+        // against each other within one buffer) by `check_copy`; `held` keeps both
+        // allocations alive until the copy has synchronised.
+        unsafe { self.copy_blocking(accesses, held, copy, name) }
+    }
+
+    /// One copy by the copy engine on a leased lane, in the order book from its
+    /// ordering to its synchronize; `held` released after it.
+    ///
+    /// # Safety
+    /// `copy`'s source and destination ranges lie inside live allocations that
+    /// stay alive until this returns (`held` keeps owned buffers alive; a
+    /// caller's pinned memory is borrowed across the call) and do not overlap.
+    unsafe fn copy_blocking(
+        &self,
+        accesses: Accesses,
+        mut held: Held,
+        copy: BufferCopy,
+        name: &str,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
         let lane = inner
             .lanes
             .lease()
             .map_err(|e| BackendError::driver("creating a stream", e))?;
-        let mut held = Held::default();
-        held.buffers.push(source);
-        held.buffers.push(destination);
         let mut ops: StreamOps<'_, driver::LoadedModule> = StreamOps::empty();
-        ops.buffer_copies.push(BufferCopy {
-            from: held.buffers[0].address() + from_offset,
-            to: held.buffers[1].address() + to_offset,
-            len,
-        });
-        // SAFETY: both ranges were checked against their buffers' lengths (and
-        // against each other within one buffer) by `check_copy`; `held` keeps both
-        // allocations alive past the release below.
+        ops.buffer_copies.push(copy);
+        // SAFETY: the caller's obligation covers the one copy of `ops`.
         let result = unsafe { self.run_blocking(&lane, accesses, &mut ops, name) };
         inner.release(lane, &mut held, result.is_ok(), &[]);
         result
+    }
+
+    /// Copy `bytes` bytes of `from`, starting at byte `from_offset`, into the
+    /// caller's page-locked `to` at byte `to_offset`, by the copy engine: the
+    /// bytes land where the caller reads them, with no staging buffer and no
+    /// second copy on the host. A pipeline that hands its results to the caller
+    /// in pinned memory (the `vyre-tokenizer` encoder's flat batch ids) saves the
+    /// host's copy out of staging: on the H200 host (2026-12-04) that copy of a
+    /// 64 MiB batch's 136 MB of ids took 2.6 ms of all 16 cores.
+    ///
+    /// Blocks until the bytes have arrived (one synchronize), ordered like
+    /// [`CudaBackend::copy`] after every dispatch in flight that writes `from`.
+    /// A range past either buffer's end is an `Err` starting `Fix:`, and so is a
+    /// `to` that a dispatch in flight still reads (bound with
+    /// [`Binding::Pinned`](super::super::Binding::Pinned)): the copy would change
+    /// the bytes under its upload. Copying 0 bytes does nothing.
+    pub fn download(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &mut PinnedBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        let name = "a download into pinned memory";
+        inner.check_alive()?;
+        let source = Arc::clone(from.memory_for(inner, "download from")?);
+        check_download(from, from_offset, to, to_offset, bytes)?;
+        let destination = to.exclusive_memory(inner, "download into")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // Within `to` (checked), so both fit a usize.
+        let (len, to_offset) = (bytes as usize, to_offset as usize);
+        inner.bind()?;
+        let accesses = Accesses::reading(source.address());
+        let copy = BufferCopy {
+            from: source.address() + from_offset,
+            to: destination.address(to_offset) as u64,
+            len,
+        };
+        let mut held = Held::default();
+        held.buffers.push(source);
+        // SAFETY: both ranges were checked against their buffers' lengths by
+        // `check_download`; `held` keeps the source alive, and `&mut to`
+        // (exclusive: no dispatch holds its memory) keeps the destination alive
+        // and unread by anyone else until the blocking copy has synchronised.
+        unsafe { self.copy_blocking(accesses, held, copy, name) }
     }
 }

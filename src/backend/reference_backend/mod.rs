@@ -51,14 +51,14 @@ use crate::lower;
 use crate::reference::{self, ReferenceOptions};
 
 use super::budget::{self, BudgetInputs};
-use super::buffer::{check_copy, whole_values, Storage};
+use super::buffer::{check_copy, check_download, whole_values, Storage};
 use super::dispatch::{foreign_kernel, PendingOrigin, Sink};
 use super::kernel::KernelKind;
 use super::plan::{binding_slots, check_output_slices, plan_request, ParamSlot, RequestPlan};
 use super::request::{ScalarValues, Target};
 use super::{
     BackendError, Binding, DeviceBuffer, DeviceCaps, Dispatch, Finished, Kernel, LaunchPlan,
-    Outputs, PendingDispatch, Timings,
+    Outputs, PendingDispatch, PinnedBuffer, Timings,
 };
 
 pub(in crate::backend) use graph::{ReferenceGraph, ReferenceRecorder};
@@ -277,6 +277,22 @@ impl ReferenceBackend {
                 .copy_from_slice(&source[from_offset..from_offset + bytes]);
         }
         Ok(())
+    }
+
+    /// `CudaBackend::download` here: the same checks in the same order, then the
+    /// error CUDA gives a pinned buffer of another backend, since every
+    /// `PinnedBuffer` belongs to a CUDA backend.
+    pub(in crate::backend) fn download(
+        &self,
+        from: &DeviceBuffer,
+        from_offset: u64,
+        to: &PinnedBuffer,
+        to_offset: u64,
+        bytes: u64,
+    ) -> Result<(), BackendError> {
+        from.host_for(&self.inner, "download from")?;
+        check_download(from, from_offset, to, to_offset, bytes)?;
+        Err(PinnedBuffer::foreign("download into"))
     }
 
     /// Validate `program` against this backend's limits and make its binding plan,

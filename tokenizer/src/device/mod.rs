@@ -86,6 +86,11 @@
 //!   chunk, with nothing to overlap, hands its ids out on the calling thread,
 //!   and copies under 1 MiB run there (the pool's hand-off costs more than it
 //!   saves: the [pipeline's docs](pipeline) measure it).
+//! - **Ids in one result**: [`DeviceEncoder::encode_batch_ids`] fills a
+//!   [`BatchIds`] (each document's ids a slice of it, reused batch after
+//!   batch), into whose pinned memory the copy engine brings each large
+//!   chunk's ids: the host copies no id ([`batch_ids`] gives the
+//!   measurement that asked for it).
 //!
 //! # What it costs the device, per input byte
 //!
@@ -125,12 +130,14 @@
 //! `Tokenizer` runs every encode of [`Backend::Gpu`](crate::Backend::Gpu)
 //! (and of [`Backend::Auto`](crate::Backend::Auto) for 64 KiB and more) here.
 
+pub mod batch_ids;
 pub mod fused;
 pub mod host_copy;
 pub mod pipeline;
 pub mod programs;
 pub mod vocabulary;
 
+pub use batch_ids::BatchIds;
 pub use pipeline::{
     ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepTimings,
 };

@@ -91,6 +91,7 @@ use vyre_cuda::backend::{
 use vyre_cuda::graph::InputSlot;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
+use super::batch_ids::{BatchIds, Part};
 use super::fused::{
     resident_program, short_program, ShortProgram, Spread, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
 };
@@ -138,6 +139,16 @@ const ROLES: usize = Role::ALL.len();
 /// one twice the one before; the last ones halving again): 10.23 ms sharing
 /// the device against 9.72, 10.91 in order. The first chunk's staging fell
 /// from 0.33 to 0.13 ms, but twelve chunks pay more fixed costs than nine.
+/// Nor, on 2026-12-04 (one call each, alternating), a ramp at the end only
+/// (each chunk at most half of what remains, at least 2 MiB: eleven chunks):
+/// 8.58 and 8.20 ms into vectors against 8.15 and 8.03, and 7.85 ms into a
+/// reused [`BatchIds`] against 7.46–7.63 for the default; nor a first chunk of
+/// 2 MiB (the device starts 0.3 ms sooner): 7.93 ms into a `BatchIds`. Nor
+/// stream priorities (each chunk's steps on a higher priority than the next
+/// chunk's, so that chunks finish in order while the younger ones fill idle
+/// multiprocessors): 7.88 and 8.20 ms into vectors against 8.15 and 8.03, 7.55
+/// and 7.61 into a `BatchIds` against 7.42 and 7.64; the chunks' steps finished
+/// in the same order either way.
 pub const CHUNK_TEXT_BYTES: u64 = 8 << 20;
 
 /// Default most documents per chunk.
@@ -150,6 +161,13 @@ pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 /// `MAX_PENDING` (32) pending dispatches: 4. With the chunk being staged
 /// and the ones whose ids are being handed out, that keeps the device fed
 /// while the host copies.
+///
+/// More would not pay: with a backend built for 64 pending dispatches, a
+/// 64 MiB cl100k batch into a reused [`BatchIds`] took 8.00 ms with six chunks
+/// in flight and 8.05 ms with eight (and 32 hardware queues,
+/// `CUDA_DEVICE_MAX_CONNECTIONS`, instead of the default 8), against 7.67 and
+/// 7.60 ms with four in the same call (H200, 2026-12-04): four 8 MiB chunks
+/// already fill the device, and more only stretch each chunk's kernels.
 pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / MAX_KERNEL_STEPS;
 
 /// Who may put a chunk on a backend: at most [`CHUNKS_IN_FLIGHT`] at once. A
@@ -203,7 +221,7 @@ impl Admission {
 
 static NO_READBACK: ReadbackPolicy = ReadbackPolicy::None;
 
-fn backend_error(what: &str, error: BackendError) -> TokenizerError {
+pub(super) fn backend_error(what: &str, error: BackendError) -> TokenizerError {
     TokenizerError::new(
         ErrorKind::Backend,
         format!("Fix: the device encoder failed while {what}: {error}"),
@@ -211,7 +229,7 @@ fn backend_error(what: &str, error: BackendError) -> TokenizerError {
     .with_source(error)
 }
 
-fn internal(what: String) -> TokenizerError {
+pub(super) fn internal(what: String) -> TokenizerError {
     TokenizerError::new(
         ErrorKind::Backend,
         format!("Fix: internal: {what}; report this as a bug"),
@@ -937,7 +955,9 @@ impl DeviceEncoder {
     }
 
     /// [`DeviceEncoder::encode_batch_bytes`] into `results` (one per text;
-    /// each replaced), returning the timings of every chunk.
+    /// each replaced), returning the timings of every chunk. The host copies
+    /// every id into its vector; [`DeviceEncoder::encode_batch_ids`] spares that
+    /// copy (the faster way to take a large batch's ids).
     pub fn encode_batch_into(
         &self,
         texts: &[&[u8]],
@@ -953,8 +973,49 @@ impl DeviceEncoder {
                 ),
             ));
         }
-        let batch_start = Instant::now();
         let ranges = chunk_ranges(texts, &self.limits);
+        let mut rest = results;
+        let destinations = ranges
+            .iter()
+            .map(|range| {
+                let (mine, others) = std::mem::take(&mut rest).split_at_mut(range.len());
+                rest = others;
+                ChunkIds::Vectors(mine)
+            })
+            .collect();
+        self.run_batch(texts, &ranges, destinations)
+    }
+
+    /// The ids of every text into `ids` ([`BatchIds`]: one result, each
+    /// document's ids a slice of it, its memory reused by the next batch),
+    /// returning the timings of every chunk. On CUDA the copy engine writes
+    /// each chunk's ids straight into the result's pinned memory, so the host
+    /// copies no id (the [`BatchIds`] docs give the measurement); otherwise as
+    /// [`DeviceEncoder::encode_batch_into`]. After an `Err`, `ids` holds no
+    /// document.
+    pub fn encode_batch_ids(
+        &self,
+        texts: &[&[u8]],
+        ids: &mut BatchIds,
+    ) -> Result<Vec<ChunkTimings>, TokenizerError> {
+        let ranges = chunk_ranges(texts, &self.limits);
+        let firsts: Vec<usize> = ranges.iter().map(|range| range.start).collect();
+        let destinations = ids.begin(&firsts).iter_mut().map(ChunkIds::Part).collect();
+        let timings = self.run_batch(texts, &ranges, destinations)?;
+        ids.finish(ranges.len());
+        Ok(timings)
+    }
+
+    /// The chunks of `ranges` through [`DeviceEncoder::pipeline`], each chunk's
+    /// ids into its destination, the hand-outs on the copy pool for a batch of
+    /// several chunks; the timings of every chunk.
+    fn run_batch<'s>(
+        &'s self,
+        texts: &[&[u8]],
+        ranges: &[Range<usize>],
+        destinations: Vec<ChunkIds<'s>>,
+    ) -> Result<Vec<ChunkTimings>, TokenizerError> {
+        let batch_start = Instant::now();
         // Each chunk's timings, filled in by its hand-out (on the pool).
         let outcomes: Vec<Mutex<Option<Result<ChunkTimings, TokenizerError>>>> =
             ranges.iter().map(|_| Mutex::new(None)).collect();
@@ -962,8 +1023,8 @@ impl DeviceEncoder {
         let pipelined = match hand_out_pool(ranges.len()) {
             Some(pool) => pool.in_place_scope(|scope| {
                 self.pipeline(
-                    (texts, &ranges, batch_start),
-                    results,
+                    (texts, ranges, batch_start),
+                    destinations,
                     &outcomes,
                     &hand_outs,
                     &mut |job| {
@@ -972,8 +1033,8 @@ impl DeviceEncoder {
                 )
             }),
             None => self.pipeline(
-                (texts, &ranges, batch_start),
-                results,
+                (texts, ranges, batch_start),
+                destinations,
                 &outcomes,
                 &hand_outs,
                 &mut |job| job(),
@@ -1007,12 +1068,12 @@ impl DeviceEncoder {
     fn pipeline<'s>(
         &'s self,
         (texts, ranges, batch_start): (&[&[u8]], &[Range<usize>], Instant),
-        mut results: &'s mut [Vec<u32>],
+        destinations: Vec<ChunkIds<'s>>,
         outcomes: &'s [Mutex<Option<Result<ChunkTimings, TokenizerError>>>],
         hand_outs: &'s HandOuts,
         spawn: &mut dyn FnMut(HandOutJob<'s>),
     ) -> Result<(), TokenizerError> {
-        let mut hand_out = |index: usize, pending: PendingEncode<'s>, mine: &'s mut [Vec<u32>]| {
+        let mut hand_out = |index: usize, pending: PendingEncode<'s>, mine: ChunkIds<'s>| {
             let finished = pending.finish()?;
             let began_ns = u64::try_from(
                 finished
@@ -1034,11 +1095,15 @@ impl DeviceEncoder {
             }));
             Ok::<(), TokenizerError>(())
         };
-        let mut in_flight: VecDeque<(usize, PendingEncode<'s>, &'s mut [Vec<u32>])> =
-            VecDeque::new();
-        for (index, range) in ranges.iter().enumerate() {
-            let (mine, rest) = std::mem::take(&mut results).split_at_mut(range.len());
-            results = rest;
+        if destinations.len() != ranges.len() {
+            return Err(internal(format!(
+                "{} destinations for {} chunks",
+                destinations.len(),
+                ranges.len()
+            )));
+        }
+        let mut in_flight: VecDeque<(usize, PendingEncode<'s>, ChunkIds<'s>)> = VecDeque::new();
+        for (index, (range, mine)) in ranges.iter().zip(destinations).enumerate() {
             // Each slot of a hand-out still running is one more chunk's buffers.
             hand_outs.wait_below(HAND_OUTS_RUNNING);
             // Staged while the chunks in flight compute.
@@ -1673,7 +1738,7 @@ impl<'e> PendingEncode<'e> {
                 ),
             ));
         }
-        self.finish()?.hand_out(results)
+        self.finish()?.hand_out(ChunkIds::Vectors(results))
     }
 
     /// Waits for every step (and reads the counts when asked for) and gives
@@ -1766,22 +1831,37 @@ struct FinishedChunk<'e> {
 }
 
 impl FinishedChunk<'_> {
-    /// Gives each document its ids (`results`: one per document, each
-    /// replaced), on the copy pool; the chunk's timings.
-    fn hand_out(mut self, results: &mut [Vec<u32>]) -> Result<ChunkTimings, TokenizerError> {
+    /// Gives each document its ids (into `destination`: one vector per
+    /// document, each replaced, or a part of a [`BatchIds`]), on the copy
+    /// pool; the chunk's timings.
+    fn hand_out(mut self, destination: ChunkIds<'_>) -> Result<ChunkTimings, TokenizerError> {
         let mut timings = std::mem::take(&mut self.timings);
-        match self.slot.as_mut() {
-            Some(slot) => {
-                let start = Instant::now();
-                timings.copy_ns =
-                    hand_out_chunk(&self.encoder.backend, slot, None, self.documents, results)?;
-                timings.scatter_ns = elapsed_ns(start);
+        let backend = &self.encoder.backend;
+        let start = Instant::now();
+        match (self.slot.as_mut(), destination) {
+            (Some(slot), ChunkIds::Vectors(results)) => {
+                timings.copy_ns = hand_out_chunk(backend, slot, None, self.documents, results)?;
             }
-            None => results.iter_mut().for_each(Vec::clear),
+            (Some(slot), ChunkIds::Part(part)) => {
+                timings.copy_ns = hand_out_part(backend, slot, self.documents, part)?;
+            }
+            (None, ChunkIds::Vectors(results)) => results.iter_mut().for_each(Vec::clear),
+            (None, ChunkIds::Part(part)) => {
+                part.set_starts(&vec![0; self.documents + 1]);
+                part.copy_from(&[]);
+            }
         }
+        timings.scatter_ns = elapsed_ns(start);
         timings.wall_ns = elapsed_ns(self.start);
         Ok(timings)
     }
+}
+
+/// Where a chunk's ids go: one vector per document, or a part of a
+/// [`BatchIds`].
+enum ChunkIds<'r> {
+    Vectors(&'r mut [Vec<u32>]),
+    Part(&'r mut Part),
 }
 
 impl Drop for FinishedChunk<'_> {
@@ -1802,21 +1882,7 @@ fn hand_out_chunk(
     documents: usize,
     results: &mut [Vec<u32>],
 ) -> Result<u64, TokenizerError> {
-    let starts = read_host_visible(
-        backend,
-        slot.buffer_mut(Role::DocumentTokenStarts)?,
-        graph.as_deref_mut(),
-        documents + 1,
-        <[u32]>::to_vec,
-    )?;
-    let total = starts.last().copied().unwrap_or(0) as usize;
-    let ids_capacity = slot.buffer(Role::Ids)?.len() as usize / 4;
-    if total > ids_capacity || starts.first() != Some(&0) {
-        return Err(internal(format!(
-            "the device counted {total} tokens (first document at {:?}) with room for {ids_capacity}",
-            starts.first()
-        )));
-    }
+    let (starts, total) = read_starts(backend, slot, graph.as_deref_mut(), documents)?;
     let device_ids = slot.buffers[Role::Ids as usize].as_ref();
     let mut copy_ns = 0;
     let (ids, graph) = match (slot.ids_host.as_mut(), device_ids) {
@@ -1835,6 +1901,57 @@ fn hand_out_chunk(
     read_host_visible(backend, ids, graph, total, |ids| {
         host_copy::hand_out(ids, &starts, results)
     })??;
+    Ok(copy_ns)
+}
+
+/// The first id index of each of a finished chunk's `documents` documents,
+/// then the chunk's total, checked against the room its ids had; and the total.
+fn read_starts(
+    backend: &AnyBackend,
+    slot: &mut Slot,
+    graph: Option<&mut AnyGraph>,
+    documents: usize,
+) -> Result<(Vec<u32>, usize), TokenizerError> {
+    let starts = read_host_visible(
+        backend,
+        slot.buffer_mut(Role::DocumentTokenStarts)?,
+        graph,
+        documents + 1,
+        <[u32]>::to_vec,
+    )?;
+    let total = starts.last().copied().unwrap_or(0) as usize;
+    let ids_capacity = slot.buffer(Role::Ids)?.len() as usize / 4;
+    if total > ids_capacity || starts.first() != Some(&0) {
+        return Err(internal(format!(
+            "the device counted {total} tokens (first document at {:?}) with room for {ids_capacity}",
+            starts.first()
+        )));
+    }
+    Ok((starts, total))
+}
+
+/// Reads the document starts and the ids of a finished chunk into `part`: by
+/// the copy engine straight into its pinned memory where the chunk's ids are
+/// in device memory, else copied out of the slot's host-mapped ids; the host
+/// time of the copy engine's copy (0 for the other).
+fn hand_out_part(
+    backend: &AnyBackend,
+    slot: &mut Slot,
+    documents: usize,
+    part: &mut Part,
+) -> Result<u64, TokenizerError> {
+    let (starts, total) = read_starts(backend, slot, None, documents)?;
+    let mut copy_ns = 0;
+    if slot.by_copy_engine() {
+        let start = Instant::now();
+        part.download(backend, slot.buffer(Role::Ids)?, total)?;
+        copy_ns = elapsed_ns(start);
+    } else {
+        read_host_visible(backend, slot.buffer_mut(Role::Ids)?, None, total, |ids| {
+            part.copy_from(ids)
+        })?;
+    }
+    part.set_starts(&starts);
     Ok(copy_ns)
 }
 

@@ -9,7 +9,7 @@
 
 use vyre_cuda::backend::AnyBackend;
 use vyre_tokenizer::device::pipeline::{CHUNK_DOCUMENTS, CHUNK_TEXT_BYTES};
-use vyre_tokenizer::device::{ChunkLimits, DeviceEncoder, Geometry, ShortText};
+use vyre_tokenizer::device::{BatchIds, ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
@@ -40,6 +40,42 @@ pub fn check_batch(encoder: &DeviceEncoder, tokenizer: &Tokenizer, texts: &[Vec<
             );
         }
     }
+}
+
+/// Each text's device ids through `encode_batch_ids` into `ids` (reused from
+/// whatever batch it held before), asserted equal to the CPU encoder's, with
+/// exactly one document per text and nothing past the last; `what` names the
+/// batch in a failure.
+pub fn check_batch_ids(
+    encoder: &DeviceEncoder,
+    tokenizer: &Tokenizer,
+    texts: &[Vec<u8>],
+    ids: &mut BatchIds,
+    what: &str,
+) {
+    let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+    encoder
+        .encode_batch_ids(&refs, ids)
+        .unwrap_or_else(|error| {
+            panic!("{} {what}: device encode failed: {error}", tokenizer.name())
+        });
+    assert_eq!(ids.len(), texts.len(), "{what}: one document per text");
+    assert_eq!(ids.get(texts.len()), None, "{what}: nothing past the last");
+    let mut tokens = 0;
+    for (index, (text, got)) in texts.iter().zip(ids.iter()).enumerate() {
+        let expected = tokenizer.encode_ordinary_bytes(text);
+        assert!(
+            got == expected && ids.get(index) == Some(got),
+            "{} {what}: text {index} of {} ({} bytes) differs: device {:?}, cpu {:?}",
+            tokenizer.name(),
+            texts.len(),
+            text.len(),
+            &got[..got.len().min(40)],
+            &expected[..expected.len().min(40)],
+        );
+        tokens += expected.len();
+    }
+    assert_eq!(ids.token_count(), tokens, "{what}: token count");
 }
 
 /// Texts whose pieces fall in every length class of a device encoder whose
