@@ -330,7 +330,8 @@ pub struct ChunkTimings {
     /// From staging the text until its steps were found done, host clock.
     pub ready_ns: u64,
     /// When staging began, from the start of the
-    /// [`DeviceEncoder::encode_batch_into`] call that ran the chunk (0 for a
+    /// [`DeviceEncoder::encode_batch_into`] (or
+    /// [`DeviceEncoder::encode_batch_ids`]) call that ran the chunk (0 for a
     /// chunk submitted alone): with `submit_ns`, `ready_ns` and `wall_ns`, the
     /// batch's timeline.
     pub began_ns: u64,
