@@ -312,17 +312,7 @@ fn main() {
         pinned / flat_seconds,
         peer / flat_seconds
     );
-    for (index, chunk) in flat_timings.iter().enumerate() {
-        let at = |ns: u64| (chunk.began_ns + ns) as f64 / 1e6;
-        println!(
-            "    flat chunk {index} timeline, ms: staging {:.2}, submitted {:.2}, steps done {:.2}, ids in the result {:.2} (their copy {:.2})",
-            at(0),
-            at(chunk.submit_ns),
-            at(chunk.ready_ns),
-            at(chunk.wall_ns),
-            chunk.copy_ns as f64 / 1e6
-        );
-    }
+    print_timeline("flat ", &flat_timings);
     let chunk_bytes = chunk_sizes(encoder, &byte_refs);
     host_copies(&gpu, &byte_refs, &expected, rounds);
     for (index, chunk) in timings.iter().enumerate() {
@@ -338,18 +328,7 @@ fn main() {
             chunk.kernel_line()
         );
     }
-    // When each chunk's stages happened, from the call's start (ms): where the
-    // batch's time goes between the host's work and the device's.
-    for (index, chunk) in timings.iter().enumerate() {
-        let at = |ns: u64| (chunk.began_ns + ns) as f64 / 1e6;
-        println!(
-            "    chunk {index} timeline, ms: staging {:.2}, submitted {:.2}, steps done {:.2}, ids handed out {:.2}",
-            at(0),
-            at(chunk.submit_ns),
-            at(chunk.ready_ns),
-            at(chunk.wall_ns)
-        );
-    }
+    print_timeline("", &timings);
     chunk_sizes_rotated(&gpu, &cpu, &byte_refs, rounds);
 
     // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
@@ -1291,4 +1270,21 @@ fn spawned_hand_out(ids: &[u32], starts: &[u32], results: &mut [Vec<u32>]) {
             });
         }
     });
+}
+
+/// When each chunk's stages happened, from the call's start (ms): where the
+/// batch's time goes between the host's work and the device's. `kind` starts
+/// each line (which call's chunks).
+fn print_timeline(kind: &str, timings: &[ChunkTimings]) {
+    for (index, chunk) in timings.iter().enumerate() {
+        let at = |ns: u64| (chunk.began_ns + ns) as f64 / 1e6;
+        println!(
+            "    {kind}chunk {index} timeline, ms: staging {:.2}, submitted {:.2}, steps done {:.2}, ids handed out {:.2} (their copy {:.2})",
+            at(0),
+            at(chunk.submit_ns),
+            at(chunk.ready_ns),
+            at(chunk.wall_ns),
+            chunk.copy_ns as f64 / 1e6
+        );
+    }
 }

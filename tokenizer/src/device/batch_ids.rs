@@ -143,13 +143,7 @@ impl BatchIds {
     pub(crate) fn fill_from(&mut self, documents: Vec<Vec<u32>>) {
         let part = &mut self.begin(&[0])[0];
         part.starts.push(0);
-        let mut ids = match std::mem::take(&mut part.ids) {
-            PartIds::Host(mut ids) => {
-                ids.clear();
-                ids
-            }
-            PartIds::Pinned { .. } => Vec::new(),
-        };
+        let mut ids = part.ids.take_vector();
         for document in &documents {
             ids.extend_from_slice(document);
             part.starts.push(ids.len() as u32);
@@ -181,6 +175,20 @@ enum PartIds {
 impl Default for PartIds {
     fn default() -> Self {
         PartIds::Host(Vec::new())
+    }
+}
+
+impl PartIds {
+    /// The part's vector, emptied (its capacity kept), for the caller to fill
+    /// and put back; a new one where the part held pinned memory, which goes.
+    fn take_vector(&mut self) -> Vec<u32> {
+        match std::mem::take(self) {
+            PartIds::Host(mut ids) => {
+                ids.clear();
+                ids
+            }
+            PartIds::Pinned { .. } => Vec::new(),
+        }
     }
 }
 
@@ -224,13 +232,14 @@ impl Part {
     /// power of two when it lacks room.
     pub(super) fn download(
         &mut self,
-        gpu: &AnyBackend,
+        backend: &AnyBackend,
         device: &DeviceBuffer,
         tokens: usize,
     ) -> Result<(), TokenizerError> {
         let bytes = 4 * tokens;
-        let memory = self.ensure_pinned(gpu, bytes)?;
-        gpu.download(device, 0, memory, 0, bytes as u64)
+        let memory = self.ensure_pinned(backend, bytes)?;
+        backend
+            .download(device, 0, memory, 0, bytes as u64)
             .map_err(|error| {
                 backend_error("copying the ids into the batch's pinned memory", error)
             })?;
@@ -295,13 +304,7 @@ impl Part {
                 return;
             }
         }
-        let mut held = match std::mem::take(&mut self.ids) {
-            PartIds::Host(mut held) => {
-                held.clear();
-                held
-            }
-            PartIds::Pinned { .. } => Vec::new(),
-        };
+        let mut held = self.ids.take_vector();
         held.extend_from_slice(ids);
         self.ids = PartIds::Host(held);
     }

@@ -26,20 +26,35 @@ pub fn check_batch(encoder: &DeviceEncoder, tokenizer: &Tokenizer, texts: &[Vec<
         panic!("{} {what}: device encode failed: {error}", tokenizer.name())
     });
     assert_eq!(got.len(), texts.len(), "{what}: one result per text");
-    for (index, text) in texts.iter().enumerate() {
-        let expected = tokenizer.encode_ordinary_bytes(text);
-        if got[index] != expected {
-            panic!(
-                "{} {what}: text {index} of {} ({} bytes) differs: device {:?}, cpu {:?}, text {:?}",
-                tokenizer.name(),
-                texts.len(),
-                text.len(),
-                &got[index][..got[index].len().min(40)],
-                &expected[..expected.len().min(40)],
-                String::from_utf8_lossy(&text[..text.len().min(120)])
-            );
-        }
+    for (index, ids) in got.iter().enumerate() {
+        assert_cpu_ids(tokenizer, texts, index, ids, what);
     }
+}
+
+/// Asserts `got`, the device's ids of `texts[index]`, equal to the CPU
+/// encoder's, naming the text and both ids' starts in a failure; the CPU's
+/// count of ids.
+fn assert_cpu_ids(
+    tokenizer: &Tokenizer,
+    texts: &[Vec<u8>],
+    index: usize,
+    got: &[u32],
+    what: &str,
+) -> usize {
+    let text = &texts[index];
+    let expected = tokenizer.encode_ordinary_bytes(text);
+    if got != expected {
+        panic!(
+            "{} {what}: text {index} of {} ({} bytes) differs: device {:?}, cpu {:?}, text {:?}",
+            tokenizer.name(),
+            texts.len(),
+            text.len(),
+            &got[..got.len().min(40)],
+            &expected[..expected.len().min(40)],
+            String::from_utf8_lossy(&text[..text.len().min(120)])
+        );
+    }
+    expected.len()
 }
 
 /// Each text's device ids through `encode_batch_ids` into `ids` (reused from
@@ -62,18 +77,13 @@ pub fn check_batch_ids(
     assert_eq!(ids.len(), texts.len(), "{what}: one document per text");
     assert_eq!(ids.get(texts.len()), None, "{what}: nothing past the last");
     let mut tokens = 0;
-    for (index, (text, got)) in texts.iter().zip(ids.iter()).enumerate() {
-        let expected = tokenizer.encode_ordinary_bytes(text);
-        assert!(
-            got == expected && ids.get(index) == Some(got),
-            "{} {what}: text {index} of {} ({} bytes) differs: device {:?}, cpu {:?}",
-            tokenizer.name(),
-            texts.len(),
-            text.len(),
-            &got[..got.len().min(40)],
-            &expected[..expected.len().min(40)],
+    for (index, got) in ids.iter().enumerate() {
+        tokens += assert_cpu_ids(tokenizer, texts, index, got, what);
+        assert_eq!(
+            ids.get(index),
+            Some(got),
+            "{what}: get({index}) against iter"
         );
-        tokens += expected.len();
     }
     assert_eq!(ids.token_count(), tokens, "{what}: token count");
 }
