@@ -25,8 +25,8 @@
 //! | stage, pieces, count, compact | 80, 0 / 0 | 32 (8), 468 / 644 | none |
 //! | classify | 80, 0 / 0 | 32 (8), 480 / 656 | one word, outside its loops |
 //! | phases | 80, 0 / 0 | 64 (4), 108 / 140 | none (at 48 registers: 14 instructions) |
-//! | merge | 48, 304 / 400 | 40 (6), 388 / 516 | none (at 32: 6 instructions in a loop) |
-//! | long | 48, 304 / 400 | 40 (6), 388 / 516 | none (at 32: 27 in loops) |
+//! | merge | 48, 304 / 400 | 40 (6), 400 / 528 | two words stored at entry, loaded once per list entry (at 32: 6 instructions in a loop) |
+//! | long | 48, 304 / 400 | 40 (6), 500 / 680 | none (at 32: 27 in loops) |
 //! | split (GPT-2) | 80, 0 / 0 | 32 (8), 476 / 652 | none |
 //!
 //! The spilled bytes are a per-thread local frame (up to 296 bytes) that the

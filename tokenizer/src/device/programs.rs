@@ -88,29 +88,57 @@
 //!
 //! - `merge_parts[i]`: at a part's first byte, the part's length (bits
 //!   24..32; a part is a token, at most 255 bytes) and the rank of its pair
-//!   with the next part (bits 0..24, all ones for none: ranks are below
-//!   2^24 − 1); length 0 at every other byte.
+//!   with the next part (bits 0..20, all ones for none: ranks are below
+//!   2^18); length 0 at every other byte, and at the last byte of a part of
+//!   two or more bytes a *back word*: pair bits that are no rank, whose low
+//!   byte is the part's length.
 //! - `merge_minima[start + k]`: the leftmost pair of lowest rank of the
 //!   range's 16-byte block `k` (positions `16k..16k + 16`): its rank above
-//!   the low 4 bits, its part's offset in the block in them.
+//!   bit 12, its part's offset in the block in bits 8..12, that part's
+//!   length in the low 8 bits.
 //! - `token_at[i]`: at a part's first byte, the part's rank; [`NO_TOKEN`] at
 //!   every other byte.
 //!
 //! Both arrays hold exactly that after every merge (the merge rewrites every
-//! word whose part or pair changed and recomputes every block holding one), so
-//! a merge takes the leftmost block of lowest rank and the part its minimum
-//! names: exactly the leftmost pair of lowest rank, whose rank is the merged
-//! token's. It makes the second part's word "no part" (and its
-//! `token_at` "no token"), writes the merged part's rank into `token_at` and
-//! its length and new pair's rank into its word, finds the part before by
-//! walking back over length-0 bytes (at most that part's length), re-ranks its
-//! pair, and recomputes the minima of the at most three blocks those words lie
-//! in. Per merge that is `⌈L/16⌉` minima, at most 48 words to refresh the
-//! blocks, two pair lookups and a handful of stores: about 75 loads besides
-//! the lookups for `L` = 384, nothing moved. (The minima held ranks alone
+//! word whose part or pair changed and brings every block holding one up to
+//! date), so a merge takes the leftmost block of lowest rank and the part its
+//! minimum names: exactly the leftmost pair of lowest rank, whose rank is the
+//! merged token's, and the first part's length with it. The second part's
+//! word (its length) and the word just before the first part (the part
+//! before's start, or its last byte's back word: that part's length) are
+//! loaded together; then the ranks of the part after and of the part before
+//! in `token_at`, together; then the two pair lookups. The merge makes the
+//! second part's word "no part" (and its `token_at` "no token"), writes the
+//! merged part's rank into `token_at`, its length and new pair's rank into
+//! its word and its length into a back word at its last byte, re-ranks the
+//! part before's pair, and recomputes the first part's block; the part
+//! before's and the second part's blocks, where they are others, only if
+//! their minimum named the word that changed (otherwise the part before's
+//! new pair is one candidate more, and a word that lost its pair leaves the
+//! minimum as it was). A range's first minima come from the ranks its first
+//! pass holds in registers. Per merge that is `⌈L/16⌉` minima, 16 words to
+//! refresh a block (rarely 48), two pair lookups and a handful of stores:
+//! about 45 loads besides the lookups for `L` = 384, nothing moved.
+//!
+//! Why the merge is laid out so: a thread's merges are a chain of dependent
+//! loads, and the chain is what `merge` waits on. On the H200 (2026-12-04,
+//! Nsight Compute's stall samples of `merge` on 8 MiB of CJK, cl100k: 354,000
+//! pieces of 4–34 ideographs on the merge list, 7.3 of 32 threads of a warp
+//! active) each link took about 3 % of the samples: the block minima, the
+//! first part's word, the second's, the rank after, its bucket, the walk back
+//! to the part before (one load per byte of that part), the rank before, its
+//! bucket; the range's first pass 28 % and the recomputed blocks 15 %. The
+//! chain is now four links shorter. In the same runs (this layout against the
+//! one before it, alternating, single-shape 8 MiB texts, `merge` alone)
+//! CJK went from 640–662 to 617–635 µs and prose from 198–202 to 193–197 µs;
+//! code, 146–156 µs before, 152 µs in the one run of the final build (the
+//! builds before it loaded every word of a recomputed block twice, see
+//! `minimum_candidate`, and took 164–172 µs). (The minima held ranks alone
 //! until 2026-12-03, and a merge then read the block's words one at a time,
 //! up to 16 dependent loads, to find the part: 13 % of `merge`'s stall
-//! samples on 8 MiB of CJK on the H200.)
+//! samples on 8 MiB of CJK on the H200.) Tried on 2026-12-04 and not kept:
+//! eight bytes per round of the first pass instead of four (CJK 617–622 µs,
+//! the batch no faster, more spilled bytes).
 //!
 //! A pair lookup is by ranks: the merged part with the part after it is
 //! `(merged, token_at[after])`, the part before with the merged part
@@ -232,7 +260,13 @@
 //!   SM: 256 KiB of CJK from 138 to 125 µs, but an 8 MiB chunk from 0.39–0.51
 //!   to 0.53–0.73 ms, its entries in 1,024 workgroups of about six busy warps
 //!   instead of about 780 full ones: each thread's merges are a chain of
-//!   dependent loads, and an SM hides them only with every warp it can hold.
+//!   dependent loads, and an SM hides them only with every warp it can hold;
+//! - (2026-12-04, same method) the pieces that merge in a slab claimed from
+//!   the list's front and the longer ones from its back (a packed 16-bit scan
+//!   per tile), taken in alternating runs of 32 entries so that a warp's
+//!   ranges are alike: `merge` of 8 MiB of CJK about 700 against 645 µs, of
+//!   code 170–175 against 150–153, the batch 7.98 and 8.11 against 7.58 and
+//!   7.66 ms.
 //!
 //! # Long pieces
 //!
@@ -1457,16 +1491,32 @@ fn token_len(rank: Expr) -> Expr {
 }
 
 /// Text positions per block of the merge loop's block minima: `log2` of it.
+/// Blocks of 8 and 32 positions (a shorter scan against a longer refresh, and
+/// the other way round) measured no different on the H200 (2026-12-03, the
+/// `gpu_encode` bench, alternating builds), and 8 took the reference work of
+/// a run's merges past linear in its length.
 const MERGE_BLOCK_SHIFT: u32 = 4;
 
-/// The merge loop's "no pair" (the low 24 bits of [`NO_TOKEN`]; every rank is
-/// below it: the vocabulary's ranks fit 24 bits with [`MAX_RANK`] unused).
-const NO_PAIR: u32 = MAX_RANK;
+/// Bits of a `merge_parts` word's pair rank (the bits above them up to the
+/// length's are 0). Every rank is below `2^18` (the device vocabulary's
+/// bound), so the pair ranks of two words order as their bits do.
+const PAIR_BITS: u32 = 20;
+
+/// The merge loop's "no pair": above every rank (the device vocabulary's
+/// ranks are below `2^18`), all ones in [`PAIR_BITS`] (what a lookup's
+/// [`NO_TOKEN`] leaves there).
+const NO_PAIR: u32 = (1 << PAIR_BITS) - 1;
+
+/// Pair ranks from this one up are no pair: [`NO_PAIR`] and every
+/// [`back_word`]'s.
+const FIRST_NON_RANK: u32 = 1 << PAIR_RANK_BITS;
+
+const _: () = assert!(PAIR_RANK_BITS < PAIR_BITS);
 
 /// The `merge_parts` word of a part of `len` bytes (1..=255: a part is a
 /// token) whose pair with the next part has `rank` ([`NO_TOKEN`]: none).
 fn part_word(len: Expr, rank: Expr) -> Expr {
-    (len << 24u32) | (rank & MAX_RANK)
+    (len << 24u32) | (rank & NO_PAIR)
 }
 
 /// The length of the part a `merge_parts` word describes (0: no part starts here).
@@ -1474,33 +1524,85 @@ fn part_len(word: Expr) -> Expr {
     word >> 24u32
 }
 
-/// The rank of the pair a `merge_parts` word describes ([`NO_PAIR`]: none).
+/// The rank of the pair a `merge_parts` word describes (from
+/// [`FIRST_NON_RANK`] up: none).
 fn pair_of(word: Expr) -> Expr {
-    word & MAX_RANK
+    word & NO_PAIR
 }
 
-/// A block minimum: the `rank` of a pair in the bits above
-/// [`MERGE_BLOCK_SHIFT`] and the `offset` of its part in the block below them,
-/// so that the least of a block's words is its leftmost pair of lowest rank.
-fn block_minimum_word(rank: Expr, offset: Expr) -> Expr {
-    (rank << MERGE_BLOCK_SHIFT) | minimum_offset(offset)
+/// The `merge_parts` word of the last byte of a part of `len` bytes (2..=255)
+/// that does not start it: length 0 (no part starts here) and, in the pair
+/// bits, a value from [`FIRST_NON_RANK`] up (no pair, to the block minima)
+/// whose low byte is `len`, so that a merge finds the part before its first
+/// part with one load instead of walking back over the bytes of that part
+/// (which took 5 % of `merge`'s stall samples on 8 MiB of code on the H200,
+/// 2026-12-04: runs of spaces merge from the left, the part before a merge
+/// often eight or more bytes long).
+fn back_word(len: Expr) -> Expr {
+    u(BACK_WORD_TAG) | len
+}
+
+/// Pair bits of every [`back_word`]: no rank, whatever its low byte.
+const BACK_WORD_TAG: u32 = NO_PAIR & !0xFF;
+
+const _: () = assert!(BACK_WORD_TAG >= FIRST_NON_RANK);
+
+/// The part length a [`back_word`] holds.
+fn back_len(word: Expr) -> Expr {
+    word & 0xFFu32
+}
+
+/// Bits of a [`block_minimum_word`] below its rank: the part's offset in its
+/// block ([`MERGE_BLOCK_SHIFT`] bits, at most 4) above its length (8 bits: a
+/// part is a token).
+const MINIMUM_RANK_SHIFT: u32 = 12;
+
+const _: () = assert!(MERGE_BLOCK_SHIFT <= 4 && MINIMUM_RANK_SHIFT + PAIR_BITS == 32);
+
+/// A block minimum: the pair `rank` of a `merge_parts` word in the bits above
+/// [`MINIMUM_RANK_SHIFT`], the `offset` of its part in the block below them
+/// and the part's length `len` in the low 8 bits, so that the least of a
+/// block's words is its leftmost pair of lowest rank (offsets in a block
+/// differ, so the lengths never decide) and names the merge's first part
+/// whole: no load of its word before the merge's other loads go out. A block
+/// whose least rank is [`FIRST_NON_RANK`] or more has no pair.
+fn block_minimum_word(rank: Expr, offset: Expr, len: Expr) -> Expr {
+    (rank << MINIMUM_RANK_SHIFT) | (minimum_offset_of(offset) << 8u32) | len
 }
 
 /// The pair rank a [`block_minimum_word`] holds.
 fn minimum_rank(word: Expr) -> Expr {
-    word >> MERGE_BLOCK_SHIFT
+    word >> MINIMUM_RANK_SHIFT
 }
 
-/// The offset in its block that a [`block_minimum_word`] holds (or any
-/// position's offset in its block).
+/// The offset in its block that a [`block_minimum_word`] holds.
 fn minimum_offset(word: Expr) -> Expr {
-    word & ((1u32 << MERGE_BLOCK_SHIFT) - 1)
+    minimum_offset_of(word >> 8u32)
+}
+
+/// The length of the part a [`block_minimum_word`] names.
+fn minimum_len(word: Expr) -> Expr {
+    word & 0xFFu32
+}
+
+/// A position's offset in its block.
+fn minimum_offset_of(position: Expr) -> Expr {
+    position & ((1u32 << MERGE_BLOCK_SHIFT) - 1)
+}
+
+/// The [`block_minimum_word`] of the part word `word` at `offset` in its
+/// block: its pair bits are its top bits once the length's are shifted out.
+/// `word` is read twice: pass a variable, or the load is made twice (as it
+/// was in a build that took `merge` of 8 MiB of code from 150 to 167 µs on
+/// the H200, 2026-12-04: every word of a block recomputed loaded twice).
+fn minimum_candidate(word: Expr, offset: Expr) -> Expr {
+    (word.clone() << MINIMUM_RANK_SHIFT) | (minimum_offset_of(offset) << 8u32) | part_len(word)
 }
 
 /// Stores the leftmost pair of lowest rank of block `block` of the range of
 /// `len` bytes at `start` into `merge_minima[start + block]`
-/// ([`block_minimum_word`]; a block without a pair holds [`NO_PAIR`] and an
-/// offset).
+/// ([`block_minimum_word`]; a block without a pair holds a rank from
+/// [`FIRST_NON_RANK`] up).
 fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr; 2], block: Expr) {
     let first = b.let_(names.of("first"), block.clone() << MERGE_BLOCK_SHIFT);
     let last = b.let_(
@@ -1517,12 +1619,15 @@ fn emit_block_minimum(b: &mut BlockBuilder, names: &Names, [start, len]: [&Expr;
             .map(|k| {
                 let at = (first.clone() + (round * LOADS_PER_ROUND + k)).min(last.clone() - 1u32);
                 let at = b.let_(names.of(&format!("at{round}_{k}")), at);
+                // The word as a variable: the candidate reads it twice, and
+                // an expression would load it twice.
+                let word = b.let_(
+                    names.of(&format!("word{round}_{k}")),
+                    load(Role::MergeParts, start.clone() + at.clone()),
+                );
                 b.let_(
                     names.of(&format!("candidate{round}_{k}")),
-                    block_minimum_word(
-                        pair_of(load(Role::MergeParts, start.clone() + at.clone())),
-                        at,
-                    ),
+                    minimum_candidate(word, at),
                 )
             })
             .collect();
@@ -1712,9 +1817,20 @@ fn emit_byte_parts(
     words: PartWords,
 ) {
     let last = b.let_(names.of("last_byte"), len.clone() - 1u32);
-    let rounds = (len.clone() + (BYTE_PARTS_PER_ROUND - 1)) / BYTE_PARTS_PER_ROUND;
-    b.loop_(names.of("init"), 0u32, rounds, |b, round| {
-        let first = b.let_(names.of("init_first"), round * BYTE_PARTS_PER_ROUND);
+    let rounds = b.let_(
+        names.of("init_rounds"),
+        (len.clone() + (BYTE_PARTS_PER_ROUND - 1)) / BYTE_PARTS_PER_ROUND,
+    );
+    // The scratch path's block minima, from the pair ranks in registers: a
+    // block's words are all written by the rounds that cover it.
+    let minimum_name = names.of("init_minimum");
+    let minima = matches!(words, PartWords::Scratch { .. });
+    if minima {
+        b.let_mut(minimum_name.clone(), u32::MAX);
+    }
+    let minimum = Expr::var(minimum_name.clone());
+    b.loop_(names.of("init"), 0u32, rounds.clone(), |b, round| {
+        let first = b.let_(names.of("init_first"), round.clone() * BYTE_PARTS_PER_ROUND);
         let offsets: Vec<Expr> = (0..=BYTE_PARTS_PER_ROUND)
             .map(|k| (first.clone() + k).min(last.clone()))
             .collect();
@@ -1743,35 +1859,122 @@ fn emit_byte_parts(
             .collect();
         for (k, (rank, pair)) in ranks.into_iter().enumerate() {
             let at = b.let_(names.of(&format!("init_at{k}")), first.clone() + k as u32);
+            let pair = b.let_(
+                names.of(&format!("init_pair_at{k}")),
+                at.clone().less_than(last.clone()).select(pair, u(NO_PAIR)),
+            );
+            if minima {
+                // (A pair that is no token is `NO_TOKEN` here, whose bits
+                // above the minimum's rank shift are all ones: no pair.)
+                let candidate = at.clone().less_equal(last.clone()).select(
+                    block_minimum_word(pair.clone(), at.clone(), u(1)),
+                    u(u32::MAX),
+                );
+                b.assign(minimum_name.clone(), minimum.clone().min(candidate));
+            }
             b.if_(at.clone().less_equal(last.clone()), |b| {
                 b.store(Role::TokenAt.name(), start.clone() + at.clone(), rank);
-                let pair = at.clone().less_than(last.clone()).select(pair, u(NO_PAIR));
                 words.store(b, at, part_word(u(1), pair));
             });
+        }
+        if let (true, PartWords::Scratch { start }) = (minima, words) {
+            let rounds_per_block = (1u32 << MERGE_BLOCK_SHIFT) / BYTE_PARTS_PER_ROUND;
+            let next = round.clone() + 1u32;
+            b.if_(
+                (next.clone() % rounds_per_block)
+                    .equals(0u32)
+                    .or(next.equals(rounds.clone())),
+                |b| {
+                    b.store(
+                        Role::MergeMinima.name(),
+                        start.clone() + (first.clone() >> MERGE_BLOCK_SHIFT),
+                        minimum.clone(),
+                    );
+                    b.assign(minimum_name.clone(), u32::MAX);
+                },
+            );
         }
     });
 }
 
-/// Merges the part at `first` (`first_len` bytes) with the next, `second`,
-/// into the token `merged` (their pair's rank): `merged` into `token_at` at
-/// `first` and "no token" at `second`, then the merged part's word (its length
-/// and the rank of its pair with the part after it, by the two ranks: none at
-/// the range's end) into `words`. Returns `second` and the merged part's
-/// length (variables); `second`'s own word is left as it was.
-fn emit_merge_at(
+const _: () = assert!((1u32 << MERGE_BLOCK_SHIFT).is_multiple_of(BYTE_PARTS_PER_ROUND));
+
+/// The parts of one merge, found by the loop that chose it: the first part
+/// (its range offset and length), the pair's rank (the merged token), the
+/// second part's word and the part before the first (its offset and length;
+/// any offset when `first` is 0).
+struct MergeSite<'a> {
+    first: &'a Expr,
+    first_len: &'a Expr,
+    merged: &'a Expr,
+    second_word: &'a Expr,
+    before: &'a Expr,
+    before_len: &'a Expr,
+}
+
+/// Merges the part at `first` with the next, `second`, into the token
+/// `merged` (their pair's rank): `merged` into `token_at` at `first` and "no
+/// token" at `second`, the merged part's word (its length and the rank of its
+/// pair with the part after it: none at the range's end) and the part
+/// before's word (its pair now with the merged part) into `words`. Returns
+/// `second` and the offset after the merged part (variables); `second`'s own
+/// word is left as it was.
+///
+/// The ranks of the part after and of the part before are loaded together,
+/// before either pair is looked up: both follow from the loop's choice alone,
+/// and a warp stalls at the first use of a load that has not returned, so
+/// each load issued only after the other's lookup was one more round trip in
+/// the merge's chain (on the H200, 2026-12-04, Nsight Compute's stall
+/// samples of `merge` on 8 MiB of CJK put about 3 % of them on each link of
+/// that chain).
+fn emit_merge_pair(
     b: &mut BlockBuilder,
     names: &Names,
     pairs: &SlotTable,
     [start, len]: [&Expr; 2],
-    [first, first_len, merged]: [&Expr; 3],
+    site: MergeSite,
     words: PartWords,
 ) -> (Expr, Expr) {
+    let MergeSite {
+        first,
+        first_len,
+        merged,
+        second_word,
+        before,
+        before_len,
+    } = site;
     let second = b.let_(names.of("second"), first.clone() + first_len.clone());
     let merged_len = b.let_(
         names.of("merged_len"),
-        first_len.clone() + part_len(words.load(second.clone())),
+        first_len.clone() + part_len(second_word.clone()),
     );
     let after = b.let_(names.of("after"), first.clone() + merged_len.clone());
+    let has_after = b.let_(names.of("has_after"), after.clone().less_than(len.clone()));
+    let has_before = b.let_(names.of("has_before"), first.clone().greater_than(0u32));
+    // Both ranks at offsets inside the range, whether or not there is such a
+    // part, so that the two loads go out together and neither waits on a test.
+    let after_rank = b.let_(
+        names.of("after_rank"),
+        load(
+            Role::TokenAt,
+            start.clone() + after.clone().min(len.clone() - 1u32),
+        ),
+    );
+    let before_rank = b.let_(
+        names.of("before_rank"),
+        load(Role::TokenAt, start.clone() + before.clone()),
+    );
+    let right_name = names.of("right");
+    let right = b.let_mut(right_name.clone(), NO_PAIR);
+    b.if_(has_after, |b| {
+        let rank = emit_pair_rank(
+            b,
+            &names.nested("right"),
+            pairs,
+            [merged.clone(), after_rank],
+        );
+        b.assign(right_name.clone(), rank);
+    });
     b.store(
         Role::TokenAt.name(),
         start.clone() + first.clone(),
@@ -1782,41 +1985,17 @@ fn emit_merge_at(
         start.clone() + second.clone(),
         NO_TOKEN,
     );
-    let right_name = names.of("right");
-    let right = b.let_mut(right_name.clone(), NO_TOKEN);
-    b.if_(after.clone().less_than(len.clone()), |b| {
+    words.store(b, first.clone(), part_word(merged_len, right));
+    b.if_(has_before, |b| {
         let rank = emit_pair_rank(
             b,
-            &names.nested("right"),
+            &names.nested("left"),
             pairs,
-            [merged.clone(), load(Role::TokenAt, start.clone() + after)],
+            [before_rank, merged.clone()],
         );
-        b.assign(right_name.clone(), rank);
+        words.store(b, before.clone(), part_word(before_len.clone(), rank));
     });
-    words.store(b, first.clone(), part_word(merged_len.clone(), right));
-    (second, merged_len)
-}
-
-/// Re-ranks the pair of the part at `before` (its word in `words`, its rank in
-/// `token_at`) with the part merged after it, the token `merged`.
-fn emit_pair_before(
-    b: &mut BlockBuilder,
-    names: &Names,
-    pairs: &SlotTable,
-    [start, before, merged]: [&Expr; 3],
-    words: PartWords,
-) {
-    let before_len = b.let_(names.of("before_len"), part_len(words.load(before.clone())));
-    let rank = emit_pair_rank(
-        b,
-        &names.nested("left"),
-        pairs,
-        [
-            load(Role::TokenAt, start.clone() + before.clone()),
-            merged.clone(),
-        ],
-    );
-    words.store(b, before.clone(), part_word(before_len, rank));
+    (second, after)
 }
 
 /// The merge loop of a range that is not one token in the scratch arrays
@@ -1838,9 +2017,6 @@ fn emit_scratch_merge(
         names.of("blocks"),
         (len.clone() + ((1u32 << MERGE_BLOCK_SHIFT) - 1)) >> MERGE_BLOCK_SHIFT,
     );
-    b.loop_(names.of("init_block"), 0u32, blocks.clone(), |b, block| {
-        emit_block_minimum(b, &names.nested("init_minimum"), [start, len], block);
-    });
     b.while_(Expr::bool(true), |b| {
         // The leftmost block of lowest rank (strict `<` keeps the first);
         // its minimum word names the leftmost part in it whose pair has
@@ -1880,53 +2056,124 @@ fn emit_scratch_merge(
                 });
             }
         });
-        b.if_(best.clone().equals(NO_PAIR), |b| {
+        b.if_(best.clone().greater_equal(FIRST_NON_RANK), |b| {
             b.break_();
         });
         let first = b.let_(
             names.of("first"),
-            (best_block.clone() << MERGE_BLOCK_SHIFT) | minimum_offset(best_word),
+            (best_block.clone() << MERGE_BLOCK_SHIFT) | minimum_offset(best_word.clone()),
         );
-        let first_len = b.let_(names.of("first_len"), part_len(part(first.clone())));
-        let (second, _) = emit_merge_at(
+        let first_len = b.let_(names.of("first_len"), minimum_len(best_word));
+        // The second part's word and the byte before the first (where the
+        // walk back to the part before starts) go out together.
+        let second_word = b.let_(
+            names.of("second_word"),
+            part(first.clone() + first_len.clone()),
+        );
+        // The part before ends at the byte before the first part: a part's
+        // start word there, or its last byte's [`back_word`]. None when
+        // `first` is 0 (offset 0 starts a part; `before` is then 0).
+        let before_word = b.let_(
+            names.of("before_word"),
+            part(first.clone().max(1u32) - 1u32),
+        );
+        let before_len = b.let_(
+            names.of("before_len"),
+            part_len(before_word.clone())
+                .equals(0u32)
+                .select(back_len(before_word.clone()), part_len(before_word)),
+        );
+        let before = b.let_(
+            names.of("before"),
+            first
+                .clone()
+                .greater_than(0u32)
+                .select(first.clone() - before_len.clone(), u(0)),
+        );
+        let (second, after) = emit_merge_pair(
             b,
             names,
             pairs,
             [start, len],
-            [&first, &first_len, &best],
+            MergeSite {
+                first: &first,
+                first_len: &first_len,
+                merged: &best,
+                second_word: &second_word,
+                before: &before,
+                before_len: &before_len,
+            },
             words,
         );
+        // The second part's start is a start no more; the merged part's last
+        // byte (the second part's last) names its length for the walk back.
         words.store(b, second.clone(), u(NO_PAIR));
-        // The part before (a part's other bytes hold length 0): its
-        // pair is now with the merged part.
-        b.if_(first.clone().greater_than(0u32), |b| {
-            let before_name = names.of("before");
-            let before = b.let_mut(before_name.clone(), first.clone() - 1u32);
-            b.while_(part_len(part(before.clone())).equals(0u32), |b| {
-                b.assign(before_name.clone(), before.clone() - 1u32);
-            });
-            emit_pair_before(b, names, pairs, [start, &before, &best], words);
-            let block = b.let_(names.of("before_block"), before >> MERGE_BLOCK_SHIFT);
-            b.if_(
-                block.clone().not_equals(first.clone() >> MERGE_BLOCK_SHIFT),
-                |b| {
-                    emit_block_minimum(b, &names.nested("before_minimum"), [start, len], block);
-                },
-            );
-        });
+        words.store(b, after.clone() - 1u32, back_word(after - first.clone()));
+        // The blocks whose words changed: the first part's always (its
+        // minimum was the merged pair); the second part's and the part
+        // before's, where they lie in other blocks, only if their minimum
+        // named the changed word: otherwise a word that lost its pair leaves
+        // the minimum as it was, and the part before's new pair is one
+        // candidate more.
+        let first_block = b.let_(names.of("first_block"), best_block.clone());
+        let before_block = b.let_(
+            names.of("before_block"),
+            before.clone() >> MERGE_BLOCK_SHIFT,
+        );
+        b.if_(
+            first
+                .clone()
+                .greater_than(0u32)
+                .and(before_block.clone().not_equals(first_block.clone())),
+            |b| {
+                let old = b.let_(
+                    names.of("before_old"),
+                    load(Role::MergeMinima, start.clone() + before_block.clone()),
+                );
+                b.if_else(
+                    minimum_offset(old.clone()).equals(minimum_offset_of(before.clone())),
+                    |b| {
+                        emit_block_minimum(
+                            b,
+                            &names.nested("before_minimum"),
+                            [start, len],
+                            before_block.clone(),
+                        );
+                    },
+                    |b| {
+                        let word = b.let_(names.of("before_new"), part(before.clone()));
+                        let candidate = minimum_candidate(word, before.clone());
+                        b.store(
+                            Role::MergeMinima.name(),
+                            start.clone() + before_block.clone(),
+                            old.clone().min(candidate),
+                        );
+                    },
+                );
+            },
+        );
         emit_block_minimum(
             b,
             &names.nested("first_minimum"),
             [start, len],
-            best_block.clone(),
+            first_block.clone(),
         );
-        let second_block = b.let_(names.of("second_block"), second >> MERGE_BLOCK_SHIFT);
-        b.if_(second_block.clone().not_equals(best_block.clone()), |b| {
-            emit_block_minimum(
-                b,
-                &names.nested("second_minimum"),
-                [start, len],
-                second_block,
+        let second_block = b.let_(
+            names.of("second_block"),
+            second.clone() >> MERGE_BLOCK_SHIFT,
+        );
+        b.if_(second_block.clone().not_equals(first_block), |b| {
+            let old = load(Role::MergeMinima, start.clone() + second_block.clone());
+            b.if_(
+                minimum_offset(old).equals(minimum_offset_of(second.clone())),
+                |b| {
+                    emit_block_minimum(
+                        b,
+                        &names.nested("second_minimum"),
+                        [start, len],
+                        second_block,
+                    );
+                },
             );
         });
         b.assign(parts_name, parts.clone() - 1u32);
@@ -1985,25 +2232,29 @@ fn emit_slab_merge(
         b.if_(best.clone().equals(NO_PAIR), |b| {
             b.break_();
         });
-        emit_merge_at(
+        // Two words of the slab, loaded together: the second part's, and the
+        // part before's (for its length; the walk kept only its offset, one
+        // variable fewer in its loop).
+        let second_word = b.let_(
+            names.of("slab_second_word"),
+            part(first.clone() + first_len.clone()),
+        );
+        let before_len = b.let_(names.of("slab_before_len"), part_len(part(before.clone())));
+        emit_merge_pair(
             b,
             &names.nested("slab"),
             pairs,
             [start, len],
-            [&first, &first_len, &best],
+            MergeSite {
+                first: &first,
+                first_len: &first_len,
+                merged: &best,
+                second_word: &second_word,
+                before: &before,
+                before_len: &before_len,
+            },
             words,
         );
-        // The part before (found by the walk): its pair is now with the
-        // merged part.
-        b.if_(first.clone().greater_than(0u32), |b| {
-            emit_pair_before(
-                b,
-                &names.nested("slab"),
-                pairs,
-                [start, &before, &best],
-                words,
-            );
-        });
         b.assign(parts_name, parts.clone() - 1u32);
     });
 }
