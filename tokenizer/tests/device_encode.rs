@@ -1615,6 +1615,64 @@ fn pieces_of_1_to_384_bytes_equal_cpu_every_encoding() {
     }
 }
 
+/// Locks out a scratch merge that finds the wrong part before its first part
+/// (a part's last byte names the part's length, read instead of a walk back)
+/// or leaves a block minimum stale (the part before's and the second part's
+/// blocks are recomputed only when their minimum named the word that
+/// changed): pieces of 13 to 160 bytes (past the slab, so in the scratch
+/// arrays) of parts of one to several bytes that straddle the 16-byte blocks
+/// (runs of spaces, random ideographs, ideographs and lower-case letters
+/// mixed), each merged alone by the `merge` program, equal the CPU encoder on
+/// all four encodings. Control: each one did merge in the scratch arrays; and
+/// a build whose back words named one byte less, or that never recomputed the
+/// second part's block, failed it (2026-12-04).
+#[test]
+fn scratch_merges_across_blocks_equal_cpu_every_encoding() {
+    let mut random = SplitMix64::new(0xBAC_0DE);
+    let mut texts: Vec<Vec<u8>> = Vec::new();
+    let ideograph = |random: &mut SplitMix64| {
+        let code_point = 0x4E00 + random.below(0x9FFF - 0x4E00 + 1);
+        char::from_u32(code_point).unwrap_or('\u{4E00}').to_string()
+    };
+    for len in (13..=160usize).step_by(3) {
+        texts.push(vec![b' '; len]);
+        let mut cjk = String::new();
+        while cjk.len() < len {
+            cjk.push_str(&ideograph(&mut random));
+        }
+        texts.push(cjk.into_bytes());
+        let mut mixed = String::new();
+        while mixed.len() < len {
+            if random.chance(1, 2) {
+                mixed.push_str(&ideograph(&mut random));
+            } else {
+                mixed.push(*random.pick(&['a', 'b', 'n', 'e']));
+            }
+        }
+        texts.push(mixed.into_bytes());
+    }
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let vocabulary = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+        for text in &texts {
+            let (ids, _, scratch_written) = merge_one_piece_over(
+                &tokenizer,
+                text,
+                Geometry::default(),
+                (vocabulary.words(), vocabulary.token_bytes()),
+            );
+            let shown = String::from_utf8_lossy(text);
+            assert_eq!(
+                ids,
+                tokenizer.encode_ordinary_bytes(text),
+                "{} {shown:?}",
+                encoding.name()
+            );
+            assert!(scratch_written, "{} {shown:?}", encoding.name());
+        }
+    }
+}
+
 /// One piece (the whole `text`, one token or not: listed, `merge` skips its
 /// whole lookup, and a token's bytes merge to itself) through the `merge`
 /// program alone on the reference interpreter at `geometry`: its ids (the ranks

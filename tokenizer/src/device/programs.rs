@@ -130,7 +130,7 @@
 //! bucket; the range's first pass 28 % and the recomputed blocks 15 %. The
 //! chain is now four links shorter. In the same runs (this layout against the
 //! one before it, alternating, single-shape 8 MiB texts, `merge` alone)
-//! CJK went from 640–662 to 617–635 µs and prose from 198–202 to 193–197 µs;
+//! CJK went from 640–662 to 617–633 µs and prose from 198–202 to 193–198 µs;
 //! code, 146–156 µs before, 152 µs in the one run of the final build (the
 //! builds before it loaded every word of a recomputed block twice, see
 //! `minimum_candidate`, and took 164–172 µs). (The minima held ranks alone
