@@ -1492,7 +1492,7 @@ fn token_len(rank: Expr) -> Expr {
 
 /// Text positions per block of the merge loop's block minima: `log2` of it.
 /// Blocks of 8 and 32 positions (a shorter scan against a longer refresh, and
-/// the other way round) measured no different on the H200 (2026-12-03, the
+/// the other way round) measured no different on the H200 (2026-12-04, the
 /// `gpu_encode` bench, alternating builds), and 8 took the reference work of
 /// a run's merges past linear in its length.
 const MERGE_BLOCK_SHIFT: u32 = 4;
@@ -1822,10 +1822,14 @@ fn emit_byte_parts(
         (len.clone() + (BYTE_PARTS_PER_ROUND - 1)) / BYTE_PARTS_PER_ROUND,
     );
     // The scratch path's block minima, from the pair ranks in registers: a
-    // block's words are all written by the rounds that cover it.
+    // block's words are all written by the rounds that cover it. (The range's
+    // start in the scratch arrays; `None` on the slab path, which keeps none.)
+    let minima_start = match words {
+        PartWords::Scratch { start } => Some(start),
+        PartWords::Slab { .. } => None,
+    };
     let minimum_name = names.of("init_minimum");
-    let minima = matches!(words, PartWords::Scratch { .. });
-    if minima {
+    if minima_start.is_some() {
         b.let_mut(minimum_name.clone(), u32::MAX);
     }
     let minimum = Expr::var(minimum_name.clone());
@@ -1863,7 +1867,7 @@ fn emit_byte_parts(
                 names.of(&format!("init_pair_at{k}")),
                 at.clone().less_than(last.clone()).select(pair, u(NO_PAIR)),
             );
-            if minima {
+            if minima_start.is_some() {
                 // (A pair that is no token is `NO_TOKEN` here, whose bits
                 // above the minimum's rank shift are all ones: no pair.)
                 let candidate = at.clone().less_equal(last.clone()).select(
@@ -1877,7 +1881,7 @@ fn emit_byte_parts(
                 words.store(b, at, part_word(u(1), pair));
             });
         }
-        if let (true, PartWords::Scratch { start }) = (minima, words) {
+        if let Some(start) = minima_start {
             let rounds_per_block = (1u32 << MERGE_BLOCK_SHIFT) / BYTE_PARTS_PER_ROUND;
             let next = round.clone() + 1u32;
             b.if_(
@@ -2064,8 +2068,8 @@ fn emit_scratch_merge(
             (best_block.clone() << MERGE_BLOCK_SHIFT) | minimum_offset(best_word.clone()),
         );
         let first_len = b.let_(names.of("first_len"), minimum_len(best_word));
-        // The second part's word and the byte before the first (where the
-        // walk back to the part before starts) go out together.
+        // The second part's word and the word of the byte before the first
+        // part (which names the part before) go out together.
         let second_word = b.let_(
             names.of("second_word"),
             part(first.clone() + first_len.clone()),
@@ -2106,7 +2110,8 @@ fn emit_scratch_merge(
             words,
         );
         // The second part's start is a start no more; the merged part's last
-        // byte (the second part's last) names its length for the walk back.
+        // byte (the second part's last) names its length for a later merge
+        // that needs the part before it.
         words.store(b, second.clone(), u(NO_PAIR));
         words.store(b, after.clone() - 1u32, back_word(after - first.clone()));
         // The blocks whose words changed: the first part's always (its
