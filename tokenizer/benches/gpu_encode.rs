@@ -1279,11 +1279,12 @@ fn print_timeline(kind: &str, timings: &[ChunkTimings]) {
     for (index, chunk) in timings.iter().enumerate() {
         let at = |ns: u64| (chunk.began_ns + ns) as f64 / 1e6;
         println!(
-            "    {kind}chunk {index} timeline, ms: staging {:.2}, gathered {:.2}, submitted {:.2}, steps done {:.2}, ids handed out {:.2} (their copy {:.2})",
+            "    {kind}chunk {index} timeline, ms: staging {:.2}, gathered {:.2}, submitted {:.2}, steps done {:.2}, hand-out began {:.2}, ids handed out {:.2} (their copy {:.2})",
             at(0),
             at(chunk.staged_ns),
             at(chunk.submit_ns),
             at(chunk.ready_ns),
+            at(chunk.wall_ns.saturating_sub(chunk.scatter_ns)),
             at(chunk.wall_ns),
             chunk.copy_ns as f64 / 1e6
         );

@@ -30,9 +30,12 @@
 //!   of one thread.
 //!
 //! [`DeviceEncoder::encode_batch_into`](super::DeviceEncoder::encode_batch_into)
-//! also runs each chunk's hand-out on the pool asynchronously, while the
-//! calling thread stages the next chunk and the device computes, for a batch
-//! of several chunks; a batch of one chunk hands out on the calling thread,
+//! also runs each chunk's hand-out asynchronously, while the calling thread
+//! stages the next chunk and the device computes, for a batch of several
+//! chunks: on a small pool of its own, whose threads then copy on this pool
+//! (queued behind the next chunk's gather on this pool, a hand-out had waited
+//! up to 4.8 ms to start: the pipeline's `hand_out_pool` gives the
+//! measurement); a batch of one chunk hands out on the calling thread,
 //! since it has nothing to overlap and the hand-off to a worker cost more
 //! than the encode of a short text (8.0–17.5 µs against 3.4 µs of host time
 //! per 1 KiB encode, the [pipeline's docs](super::pipeline) give the

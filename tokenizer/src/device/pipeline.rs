@@ -36,10 +36,11 @@
 //!   while the chunks already there compute, and submits it as soon as there
 //!   is room;
 //! - waits for the oldest chunk when there is none, gives its room back at
-//!   once, and runs its hand-out on the copy pool asynchronously, so the
-//!   calling thread goes on staging the next chunk while the device computes
-//!   (at most two hand-outs run at once per encode: each holds its chunk's
-//!   buffers);
+//!   once, and runs its hand-out asynchronously on a pool of two threads of
+//!   its own (not the copy pool, where it queued behind the next chunk's
+//!   gather: `hand_out_pool`), so the calling thread goes on staging the
+//!   next chunk while the device computes (at most two hand-outs run at once
+//!   per encode: each holds its chunk's buffers);
 //! - keeps up to [`CHUNKS_IN_FLIGHT`] (4) chunks on the device, since a
 //!   backend now takes 32 pending dispatches.
 //!
@@ -55,7 +56,7 @@
 //! through [`DeviceEncoder::encode_batch_into`]) has nothing to overlap its
 //! hand-out with, so it runs on the calling thread, as
 //! [`PendingEncode::wait_into`] always did; only a batch of several chunks
-//! hands out on the pool. The pool's hand-off (waking a worker, then waiting
+//! hands out on the hand-out pool. A pool's hand-off (waking a worker, then waiting
 //! for it) had cost the host more than the encode's own work: against the
 //! stand-in driver (`scripts/host-path --tokenizer`, 2-core build machine,
 //! 2026-12-02), 8.0–17.5 µs per 1 KiB encode with it and 3.3–3.4 µs without
@@ -80,7 +81,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
@@ -97,7 +98,8 @@ use super::fused::{
 };
 use super::host_copy;
 use super::programs::{
-    blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, MAX_KERNEL_STEPS,
+    blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, DEVICE_STAGE_WORKGROUPS,
+    MAX_KERNEL_STEPS,
 };
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
@@ -588,20 +590,44 @@ impl Drop for StagedChunk<'_> {
     }
 }
 
-/// The pool a batch of `chunks` chunks runs its hand-outs on: the copy pool
-/// from two chunks up, where a chunk's hand-out overlaps the next chunk's
-/// staging and the device's work; `None` (each hand-out on the calling thread,
-/// as without a pool) for one chunk or none, whose hand-out has nothing to
-/// overlap and which would only wake a worker and wait for it (8.0–17.5 µs per
-/// 1 KiB encode with the hand-off, 3.4 µs without: the [module docs](self)).
-/// A hand-out of 1 MiB of ids or more still copies on the pool's workers
-/// ([`host_copy::PARALLEL_COPY_BYTES`]), from whichever thread runs it.
+/// The pool a batch of `chunks` chunks runs its hand-outs on: a pool of its
+/// own, [`HAND_OUTS_RUNNING`] threads, from two chunks up, where a chunk's
+/// hand-out overlaps the next chunk's staging and the device's work; `None`
+/// (each hand-out on the calling thread, as without a pool) for one chunk or
+/// none, whose hand-out has nothing to overlap and which would only wake a
+/// thread and wait for it (8.0–17.5 µs per 1 KiB encode with the hand-off,
+/// 3.4 µs without: the [module docs](self)), and where its threads cannot be
+/// started. A hand-out of 1 MiB of ids or more still copies on the copy
+/// pool's workers ([`host_copy::PARALLEL_COPY_BYTES`]).
+///
+/// # Why not the copy pool
+///
+/// A job spawned into a rayon pool from outside it waits until the pool's
+/// workers find no work in their own queues or each other's: the hand-outs
+/// ran on the copy pool, behind the pieces of the next chunk's gather. On the
+/// H200 (2026-12-04, the `gpu_encode` bench, 594 hand-outs) a hand-out started
+/// a median of 40 µs after it was spawned but 575 µs at the 90th percentile and
+/// up to 4.8 ms, and each µs of it held back the copy of that chunk's ids,
+/// which at the batch's end is the time the caller waits. On their own pool
+/// the 64 MiB batch into one `BatchIds` took 7.27, 7.29 and 7.17 ms against
+/// 7.39, 7.39 and 7.31 ms on the copy pool, and 7.30 and 7.33 ms in a second
+/// call (runs alternating in the same calls).
 fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
-    host_copy::pool().filter(|_| chunks > 1)
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(HAND_OUTS_RUNNING)
+            .thread_name(|index| format!("vyre-tokenizer-hand-out-{index}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+    .filter(|_| chunks > 1)
 }
 
-/// Hand-outs an encode may have running on the copy pool before it stages
-/// another chunk: each holds its chunk's buffers until its ids are out.
+/// Hand-outs an encode may have running before it stages another chunk (and
+/// the threads of [`hand_out_pool`]): each holds its chunk's buffers until its
+/// ids are out.
 const HAND_OUTS_RUNNING: usize = 2;
 
 /// Buffer slots of each kind (moving text and ids by the copy engine or not:
@@ -1008,8 +1034,8 @@ impl DeviceEncoder {
     }
 
     /// The chunks of `ranges` through [`DeviceEncoder::pipeline`], each chunk's
-    /// ids into its destination, the hand-outs on the copy pool for a batch of
-    /// several chunks; the timings of every chunk.
+    /// ids into its destination, the hand-outs on the hand-out pool for a batch
+    /// of several chunks; the timings of every chunk.
     fn run_batch<'s>(
         &'s self,
         texts: &[&[u8]],
@@ -1063,8 +1089,8 @@ impl DeviceEncoder {
 
     /// The chunks of `ranges` through the device: each staged (gathered into a
     /// slot) while the chunks before it compute, then submitted once there is
-    /// room; a finished chunk's hand-out goes to `spawn` (the copy pool, where
-    /// it runs while the calling thread stages the next chunk), its timings to
+    /// room; a finished chunk's hand-out goes to `spawn` (the hand-out pool,
+    /// where it runs while the calling thread stages the next chunk), its timings to
     /// `outcomes` (each chunk's `began_ns` counted from `batch_start`).
     fn pipeline<'s>(
         &'s self,
@@ -1406,13 +1432,14 @@ impl DeviceEncoder {
         let geometry = &compiled.programs.geometry;
         let steps = compiled.programs.steps();
         // (kernel, its bindings' roles, workgroups, name) of each dispatch.
-        // `compact` into device memory needs no cap for PCIe's sake.
-        let device_compact = Geometry {
+        // `stage` and `compact` over device memory need no cap for PCIe's sake.
+        let device_memory = Geometry {
             compact_workgroups: DEVICE_COMPACT_WORKGROUPS,
+            stage_workgroups: DEVICE_STAGE_WORKGROUPS,
             ..*geometry
         };
         let grid_geometry = if slot.by_copy_engine() {
-            &device_compact
+            &device_memory
         } else {
             geometry
         };
@@ -2131,24 +2158,86 @@ mod tests {
         assert!(chunk_ranges(&[], &limits).is_empty());
     }
 
-    /// Locks out a batch of one chunk handing its ids out on the copy pool
+    /// Locks out a batch of one chunk handing its ids out on a pool
     /// (waking a worker and waiting for it: 8.0–17.5 µs of host time per
     /// 1 KiB encode against the stand-in driver, 3.4 µs on the calling
     /// thread): a batch of no chunk or one runs its hand-out on the calling
-    /// thread; (negative control) a batch of two or more on the copy pool.
+    /// thread; (negative control) a batch of two or more on the hand-out pool.
     #[test]
     fn only_batches_of_several_chunks_hand_out_on_the_pool() {
         assert!(hand_out_pool(0).is_none());
         assert!(hand_out_pool(1).is_none());
-        for chunks in [2, 3, 128] {
+        let pool = hand_out_pool(2).map(std::ptr::from_ref);
+        assert!(pool.is_some(), "no hand-out pool on this machine");
+        for chunks in [3, 128] {
             assert_eq!(
                 hand_out_pool(chunks).map(std::ptr::from_ref),
-                host_copy::pool().map(std::ptr::from_ref),
+                pool,
                 "{chunks} chunks"
             );
         }
-        // The control means something only where the pool exists.
-        assert!(host_copy::pool().is_some(), "no copy pool on this machine");
+    }
+
+    /// Locks out hand-outs queued behind the copy pool's work (the next
+    /// chunk's gather), where a chunk's ids came down up to 4.8 ms late: while
+    /// every worker of the copy pool is busy, a job on the hand-out pool runs;
+    /// (negative control) a job spawned into the busy copy pool from outside
+    /// it does not start until a worker is free.
+    #[test]
+    fn hand_outs_run_while_the_copy_pool_is_busy() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let copy = host_copy::pool().expect("no copy pool on this machine");
+        let hand_outs = hand_out_pool(2).expect("no hand-out pool on this machine");
+        assert!(!std::ptr::eq(copy, hand_outs));
+        assert_eq!(hand_outs.current_num_threads(), HAND_OUTS_RUNNING);
+        let waited = |done: &dyn Fn() -> bool| {
+            let start = Instant::now();
+            while !done() && start.elapsed() < std::time::Duration::from_secs(20) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            done()
+        };
+        let workers = copy.current_num_threads();
+        let started = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(AtomicBool::new(false));
+        for _ in 0..workers {
+            let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+            copy.spawn(move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            });
+        }
+        // Released on every exit, so that a failed assertion leaves the pool free.
+        struct Release(Arc<AtomicBool>);
+        impl Drop for Release {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let _release = Release(Arc::clone(&release));
+        assert!(
+            waited(&|| started.load(Ordering::SeqCst) == workers),
+            "the copy pool's workers never all took a job"
+        );
+        let handed_out = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&handed_out);
+        hand_outs.spawn(move || flag.store(true, Ordering::SeqCst));
+        assert!(
+            waited(&|| handed_out.load(Ordering::SeqCst)),
+            "a hand-out waited for the busy copy pool"
+        );
+        let queued = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&queued);
+        copy.spawn(move || flag.store(true, Ordering::SeqCst));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !queued.load(Ordering::SeqCst),
+            "a job started on the copy pool while all its workers were busy"
+        );
+        release.store(true, Ordering::SeqCst);
+        assert!(waited(&|| queued.load(Ordering::SeqCst)));
     }
 
     /// Locks out a running hand-out count that never comes down (the staging

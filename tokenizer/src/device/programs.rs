@@ -7,7 +7,7 @@
 //!
 //! | step | program | grid | what it does |
 //! |---|---|---|---|
-//! | `stage` | [`stage`] | the text's 16-byte groups (or its documents, if more), at most [`Geometry::stage_workgroups`], striding over both | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
+//! | `stage` | [`stage`] | the text's 16-byte groups (or its documents, if more), at most [`Geometry::stage_workgroups`] (text read from host-mapped memory) or [`DEVICE_STAGE_WORKGROUPS`] (text brought into device memory by the copy engine), striding over both | copies the staged text, document ends (padded with the text length to the buffer's end: empty documents) and parameters into device buffers (eager runs only; a graph uploads them) |
 //! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
 //! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
 //! | `pieces` | [`pieces`] | at most [`Geometry::pieces_workgroups`], striding over tiles of `W` pieces | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
@@ -54,7 +54,9 @@
 //! writes the ids into it (in chunks below
 //! [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM); larger
 //! ones keep their ids in device memory for the copy engine, and their
-//! `compact` takes up to [`DEVICE_COMPACT_WORKGROUPS`]), so both are bound by
+//! `compact` takes up to [`DEVICE_COMPACT_WORKGROUPS`]; their text comes up by
+//! the copy engine too, and their `stage` takes up to
+//! [`DEVICE_STAGE_WORKGROUPS`]), so both are bound by
 //! PCIe, not by the SMs: on the
 //! H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB chunks) `stage` took
 //! 0.39–0.76 ms per chunk against ≥ 0.31 ms for 16 MiB at the ~54 GB/s pinned
@@ -401,6 +403,19 @@ pub const COMPACT_WORKGROUPS: u32 = 64;
 /// at 64 workgroups each would walk 256 of a 16 MiB chunk's blocks one after
 /// another.
 pub const DEVICE_COMPACT_WORKGROUPS: u32 = 1024;
+
+/// Most workgroups of `stage` when the copy engine has already brought the
+/// text into device memory (CUDA slots from
+/// [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM)): 1,024, as
+/// [`DEVICE_COMPACT_WORKGROUPS`]. [`Geometry::stage_workgroups`] caps a
+/// `stage` that reads host-mapped memory across PCIe; one that copies device
+/// memory into device memory waits on nothing, and at that cap's 128 workgroups
+/// each thread copied 32 of an 8 MiB chunk's words one after another. On the
+/// H200 (2026-12-04, the `gpu_encode` bench's 64 MiB cl100k batch, the first
+/// 8 MiB chunk's `stage`, which runs alone on the device) it took 8.9 and 9.3
+/// µs at 1,024 workgroups against 24.3, 31.7 and 34.9 µs at 128 (one run at
+/// 1,024 read 26.3).
+pub const DEVICE_STAGE_WORKGROUPS: u32 = 1024;
 
 /// The shapes the programs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
