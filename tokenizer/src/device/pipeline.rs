@@ -150,7 +150,16 @@ const ROLES: usize = Role::ALL.len();
 /// chunk's, so that chunks finish in order while the younger ones fill idle
 /// multiprocessors): 7.88 and 8.20 ms into vectors against 8.15 and 8.03, 7.55
 /// and 7.61 into a `BatchIds` against 7.42 and 7.64; the chunks' steps finished
-/// in the same order either way.
+/// in the same order either way. Nor, on 2026-12-04 (a 64 MiB batch into a
+/// reused `BatchIds`, builds alternating in the same calls): chunks of even
+/// size (as many as the byte limit needs, each about the batch's bytes over
+/// their count, so no 30 KB last chunk): 7.46, 7.44 and 7.60 ms against 7.27,
+/// 7.29 and 7.17; a first chunk of half the limit: 7.45 and 7.96 ms (and one
+/// run of 9.70) against 7.29, 7.38 and 8.73 — its gather ended no sooner (0.21
+/// against 0.20 ms: waking the copy pool, not copying, sets it); and the last,
+/// 30 KB chunk step by step instead of as the resident-grid kernel beside the
+/// chunks still computing: medians of fifteen alternating encodes 7.50 against
+/// 7.74 ms in one run, 7.71 against 7.67 in the next.
 pub const CHUNK_TEXT_BYTES: u64 = 8 << 20;
 
 /// Default most documents per chunk.
@@ -169,7 +178,10 @@ pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 /// in flight and 8.05 ms with eight (and 32 hardware queues,
 /// `CUDA_DEVICE_MAX_CONNECTIONS`, instead of the default 8), against 7.67 and
 /// 7.60 ms with four in the same call (H200, 2026-12-04): four 8 MiB chunks
-/// already fill the device, and more only stretch each chunk's kernels.
+/// already fill the device, and more only stretch each chunk's kernels. Nor
+/// fewer (later the same day, alternating in one call): three took 7.78, 7.52
+/// and 7.57 ms and two 8.08, 8.03 and 8.35 against 7.74, 7.61 and 7.72 with
+/// four.
 pub const CHUNKS_IN_FLIGHT: usize = MAX_PENDING / MAX_KERNEL_STEPS;
 
 /// Who may put a chunk on a backend: at most [`CHUNKS_IN_FLIGHT`] at once. A
