@@ -66,11 +66,21 @@ const PIECES_PER_WORKER: usize = 4;
 /// threads could not be started.
 pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    persistent_pool(&POOL, workers, "copy")
+}
+
+/// The pool in `cell`, started on first use with `threads` threads named
+/// `vyre-tokenizer-{role}-N`; `None` where they could not be started.
+pub(crate) fn persistent_pool(
+    cell: &'static OnceLock<Option<rayon::ThreadPool>>,
+    threads: usize,
+    role: &'static str,
+) -> Option<&'static rayon::ThreadPool> {
+    cell.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
-            .num_threads(workers)
-            .thread_name(|index| format!("vyre-tokenizer-copy-{index}"))
+            .num_threads(threads)
+            .thread_name(move |index| format!("vyre-tokenizer-{role}-{index}"))
             .build()
             .ok()
     })

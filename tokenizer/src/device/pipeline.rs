@@ -626,15 +626,7 @@ impl Drop for StagedChunk<'_> {
 /// call (runs alternating in the same calls).
 fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(HAND_OUTS_RUNNING)
-            .thread_name(|index| format!("vyre-tokenizer-hand-out-{index}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
-    .filter(|_| chunks > 1)
+    host_copy::persistent_pool(&POOL, HAND_OUTS_RUNNING, "hand-out").filter(|_| chunks > 1)
 }
 
 /// Hand-outs an encode may have running before it stages another chunk (and
