@@ -19,6 +19,7 @@ use oracle::Oracle;
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::ir::{AtomicOp, Node, Program};
 use vyre_cuda::reference::{ReferenceOptions, WorkgroupOrder};
+use vyre_tokenizer::device::BulkSplit;
 use vyre_tokenizer::pretokenize::batch::rules::{self, Condition, Rule, StateMachine, StateWindow};
 use vyre_tokenizer::pretokenize::batch::runner::BatchSplitter;
 use vyre_tokenizer::pretokenize::batch::word_table::WordTable;
@@ -826,11 +827,7 @@ fn window_loads_before_stores(printed: &str) -> bool {
 /// round after its load fails the check.
 #[test]
 fn phases_loads_its_whole_window_before_storing_it() {
-    let bulk = Geometry {
-        workgroup_size: 1024,
-        bytes_per_thread: 8,
-        ..Geometry::default()
-    };
+    let bulk = BulkSplit::default().split;
     for pattern in [Pattern::Cl100k, Pattern::O200k] {
         for geometry in [Geometry::default(), bulk, small()] {
             let programs = SplitPrograms::build(pattern, geometry).expect("geometry");

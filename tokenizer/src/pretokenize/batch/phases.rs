@@ -91,32 +91,36 @@ pub(super) fn program(table: &WordTable, geometry: Geometry) -> Program {
         // against 191–198, alternating in one call). The same reordering of
         // `classify`'s window, whose rounds decode and look kinds up between
         // their loads, gained nothing there (132–182 against 132–178 µs).
-        let loaded: Vec<(Expr, Expr, Expr)> = (0..layout.rounds(layout.code_slots))
+        // Each round's slot, code, and (only in a round that runs past the
+        // window's end) the test that its slot is in the window.
+        let loaded: Vec<(Expr, Expr, Option<Expr>)> = (0..layout.rounds(layout.code_slots))
             .map(|round| {
                 let slot = b.let_(format!("slot{round}"), local() + round * workgroup_size);
                 let position = b.let_(
                     format!("position{round}"),
                     block_start.clone() - HALO + slot.clone(),
                 );
-                let in_window = slot.clone().less_than(layout.code_slots);
+                let partial = (round + 1) * workgroup_size > layout.code_slots;
+                let in_window = partial.then(|| slot.clone().less_than(layout.code_slots));
                 let inside = position.clone().less_than(text_len.clone());
-                let loaded = load_where(
-                    b,
-                    &format!("loaded{round}"),
-                    "codes",
-                    position,
-                    in_window.clone().and(inside.clone()),
-                );
-                (slot, in_window, inside.select(loaded, code::OUTSIDE))
+                let condition = match &in_window {
+                    Some(in_window) => in_window.clone().and(inside.clone()),
+                    None => inside.clone(),
+                };
+                let loaded = load_where(b, &format!("loaded{round}"), "codes", position, condition);
+                (slot, inside.select(loaded, code::OUTSIDE), in_window)
             })
             .collect();
-        for (round, (slot, in_window, code)) in loaded.into_iter().enumerate() {
-            if (round as u32 + 1) * workgroup_size <= layout.code_slots {
-                b.store("window", slot, code);
-            } else {
-                b.if_(in_window, |b| {
+        for (slot, code, in_window) in loaded {
+            match in_window {
+                None => {
                     b.store("window", slot, code);
-                });
+                }
+                Some(in_window) => {
+                    b.if_(in_window, |b| {
+                        b.store("window", slot, code);
+                    });
+                }
             }
         }
         b.barrier();
