@@ -29,7 +29,7 @@ use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
     BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
 };
-use vyre_tokenizer::pretokenize::pattern::piece_starts;
+use vyre_tokenizer::pretokenize::pattern::{piece_starts, Pattern};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
 use vyre_tokenizer::{Backend, Encoding, ErrorKind, Tokenizer};
@@ -1917,6 +1917,97 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
             }
         }
     }
+}
+
+/// The bodies (their lines) of the loops of `printed` (a program as `Display`
+/// prints it) that write a range's first state in rounds: those whose
+/// variable ends in `_init` and that look pairs of bytes up (the serial path's
+/// loop, which writes one byte's rank an iteration, is not one).
+fn first_state_loops(printed: &str) -> Vec<Vec<&str>> {
+    let lines: Vec<&str> = printed.lines().collect();
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let mut loops = Vec::new();
+    for (index, line) in lines.iter().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() > 1 && words[0] == "for" && words[1].ends_with("_init") {
+            let body = lines[index + 1..]
+                .iter()
+                .take_while(|body| {
+                    !(indent(body) == indent(line) && body.trim_start().starts_with('}'))
+                })
+                .copied()
+                .collect::<Vec<&str>>();
+            if body.iter().any(|line| line.contains("<< 8u) |")) {
+                loops.push(body);
+            }
+        }
+    }
+    loops
+}
+
+/// Whether `body` loads text (the next round's bytes) and no rank lookup in it
+/// reads a byte that the same round loaded from the text.
+fn ranks_read_bytes_loaded_a_round_ahead(body: &[&str]) -> bool {
+    let loaded: Vec<&str> = body
+        .iter()
+        .filter_map(|line| {
+            let (name, value) = line.trim().strip_prefix("let ")?.split_once(" = ")?;
+            value.starts_with("text[").then_some(name)
+        })
+        .collect();
+    let names = |line: &str| -> Vec<String> {
+        line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map(str::to_owned)
+            .collect()
+    };
+    !loaded.is_empty()
+        && body
+            .iter()
+            .filter(|line| line.contains("vocabulary["))
+            .all(|line| {
+                !names(line)
+                    .iter()
+                    .any(|name| loaded.contains(&name.as_str()))
+            })
+}
+
+/// Locks out a first state whose round loads its own bytes and then looks
+/// their ranks up: a warp waits a text round trip before each round's ranks
+/// can go out (on the H200, Nsight Compute put about 40 % of `merge`'s warp
+/// samples on 8 MiB of CJK in that loop). Each round's lookups must read
+/// bytes the round before loaded. Checked for every loop that writes a first
+/// state in `merge` (slab and scratch) and `long`, at the default geometry
+/// and at 32-thread workgroups, for GPT-2's and cl100k's patterns; (negative
+/// control) a round that loads a byte and looks it up fails the check.
+#[test]
+fn first_state_rounds_look_up_bytes_loaded_a_round_ahead() {
+    for pattern in [Pattern::Gpt2, Pattern::Cl100k] {
+        for geometry in [Geometry::default(), short_geometry()] {
+            let programs = Programs::new(pattern, geometry).expect("geometry");
+            for (name, loops) in [("merge", 2), ("long", 1)] {
+                let printed = step_named(&programs, name).program.to_string();
+                let bodies = first_state_loops(&printed);
+                assert!(bodies.len() >= loops, "{name}: {} loops", bodies.len());
+                for body in &bodies {
+                    assert!(
+                        ranks_read_bytes_loaded_a_round_ahead(body),
+                        "{pattern:?} {name}: {body:#?}"
+                    );
+                }
+            }
+        }
+    }
+    let same_round = "\
+        for e_init in 0u..e_init_rounds {\n\
+            let e_init_byte0 = text[(e_start + e_init)];\n\
+            let e_init_byte1 = text[(e_start + e_init + 1u)];\n\
+            let e_init_rank0 = vocabulary[(e_init_byte0 + 16u)];\n\
+            let e_init_pair0 = vocabulary[(((e_init_byte0 << 8u) | e_init_byte1) + 272u)];\n\
+            token_at[(e_start + e_init)] = e_init_rank0;\n\
+        }\n";
+    let bodies = first_state_loops(same_round);
+    assert_eq!(bodies.len(), 1);
+    assert!(!ranks_read_bytes_loaded_a_round_ahead(&bodies[0]));
 }
 
 /// Workgroups of 32 threads for every step, the split's included (the short-text

@@ -234,7 +234,16 @@
 //! spreads the minimum over blocks. The default stays 12: 24 takes code about
 //! 30 % and CJK 7 % the other way, and its 1,024-thread short-text kernel for
 //! o200k, lowered without subgroup operations, would need more workgroup
-//! memory than the H200's 232,448 bytes.
+//! memory than the H200's 232,448 bytes. On 8 MiB texts (2026-12-04, the
+//! encode example, `merge` alone, eager) no slab took CJK 606 against 603 µs,
+//! code 228 against 160 and prose 363 against 194, and the 64 MiB batch 8.28
+//! against 7.68 ms. In the same call, asking the driver for less workgroup
+//! memory and more L1 cache per SM for every kernel
+//! (`CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`, at 44 and 70 % of
+//! the most) left `merge` where it was (CJK 601 and 621, prose 194 and 194,
+//! code 154 and 159 µs) and `classify` up to 21 % slower; at 0 % every step
+//! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
+//! 12.63 ms).
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
@@ -268,7 +277,23 @@
 //!   per tile), taken in alternating runs of 32 entries so that a warp's
 //!   ranges are alike: `merge` of 8 MiB of CJK about 700 against 645 µs, of
 //!   code 170–175 against 150–153, the batch 7.98 and 8.11 against 7.58 and
-//!   7.66 ms.
+//!   7.66 ms;
+//! - (2026-12-04, the encode example, `merge` alone on single-shape 8 MiB
+//!   texts, eager, medians) a grid of what the H200 holds at once whose
+//!   threads, after their first entry, claim the next with an atomic add on
+//!   a `params` counter, one merge or one round of a range's first state per
+//!   iteration of one loop, so that a thread whose range is done starts
+//!   another while its warp's other threads go on (Nsight Compute counted
+//!   7.8 of 32 threads of a warp active in `merge` on CJK, each warp held
+//!   until its longest range ends). CJK 928–935 against 600–616 µs: a warp
+//!   whose threads are at different phases runs one phase's round trips after
+//!   the other's, every iteration. With the first state written at the claim
+//!   and only the merges one per iteration: CJK 744 µs at 792 workgroups, 655
+//!   at 396, 695 at 528 with 64 registers, 712 at 660 with 48 (prose 182–215
+//!   against 193, code 128–157 against 152); striding over the entries
+//!   instead of claiming them, the same within 3 %, so neither the atomics
+//!   nor the order was the cost. The batch with the first build: 8.50–8.63
+//!   against 7.36–7.38 ms (and one slow run of 10.69).
 //!
 //! # Long pieces
 //!
@@ -1816,15 +1841,28 @@ const BYTE_PARTS_PER_ROUND: u32 = 4;
 /// next byte, from the dense 2-byte table: one load, keyed by the two bytes,
 /// which is keying by their two ranks; the last has no pair).
 ///
-/// A round takes [`BYTE_PARTS_PER_ROUND`] bytes: it loads their bytes and the
-/// next one (at offsets clamped into the range, so every load is in bounds
-/// and none waits on a test), then all their ranks and pair ranks, and only
-/// then stores them. A warp issues its loads in order and stalls at the first
+/// A round takes [`BYTE_PARTS_PER_ROUND`] bytes: it loads the *next* round's
+/// bytes and the one after them (at offsets clamped into the range, so every
+/// load is in bounds and none waits on a test), then looks up all its own
+/// ranks and pair ranks from the bytes the round before loaded (packed four
+/// to a word, the fifth alone: two registers across the loop), and only then
+/// stores them. A warp issues its loads in order and stalls at the first
 /// instruction whose operand is not there yet, so a store between two loads
 /// made the next byte's loads wait for the last byte's ranks: one round trip
 /// for the bytes and one for the ranks, per byte. On the H200 (2026-12-03,
 /// Nsight Compute's stall samples of `merge` on 8 MiB of CJK, cl100k) the
 /// two per-byte loops this replaced took 28 % of the step's samples.
+///
+/// Why a round ahead: with each round loading its own bytes, a round was still
+/// two round trips (the bytes, then their ranks), and this loop took about
+/// 40 % of `merge`'s warp samples on 8 MiB of CJK (H200, 2026-12-04, Nsight
+/// Compute; 7.8 of 32 threads of a warp active). Loaded a round ahead, the
+/// bytes arrive while the ranks are looked up. In the same runs (this loop
+/// against the one before it, alternating, `merge` alone, eager, median of
+/// three) `merge` of 8 MiB of CJK took 590 and 598 against 612 and 618 µs,
+/// prose 193 and 194 against 193 and 195, code 152 and 155 against 151 and
+/// 152; the 64 MiB batch, on a slow lease, 7.62–7.74 against 7.53–7.76 ms
+/// (noise at that size). ptxas: the same 40 registers and spilled bytes.
 fn emit_byte_parts(
     b: &mut BlockBuilder,
     names: &Names,
@@ -1848,21 +1886,48 @@ fn emit_byte_parts(
         b.let_mut(minimum_name.clone(), u32::MAX);
     }
     let minimum = Expr::var(minimum_name.clone());
+    // A round's bytes and the one after them, at offsets clamped into the
+    // range (so every load is in bounds and none waits on a test).
+    let load_bytes = |b: &mut BlockBuilder, first: &Expr, what: &str| -> Vec<Expr> {
+        (0..=BYTE_PARTS_PER_ROUND)
+            .map(|k| {
+                let offset = (first.clone() + k).min(last.clone());
+                b.let_(
+                    names.of(&format!("{what}{k}")),
+                    load(Role::Text, start.clone() + offset),
+                )
+            })
+            .collect()
+    };
+    // The round's bytes, loaded by the round before (the first round's
+    // before the loop): its first four packed into one word, the fifth alone.
+    let packed_name = names.of("init_packed");
+    let fifth_name = names.of("init_fifth");
+    let pack = |bytes: &[Expr]| {
+        (bytes[0].clone() | (bytes[1].clone() << 8u32))
+            | ((bytes[2].clone() << 16u32) | (bytes[3].clone() << 24u32))
+    };
+    let first_bytes = load_bytes(b, &u(0), "init_first_byte");
+    let packed = b.let_mut(packed_name.clone(), pack(&first_bytes));
+    let fifth = b.let_mut(fifth_name.clone(), first_bytes[4].clone());
     b.loop_(names.of("init"), 0u32, rounds.clone(), |b, round| {
         let first = b.let_(names.of("init_first"), round.clone() * BYTE_PARTS_PER_ROUND);
-        let offsets: Vec<Expr> = (0..=BYTE_PARTS_PER_ROUND)
-            .map(|k| (first.clone() + k).min(last.clone()))
-            .collect();
-        let bytes: Vec<Expr> = offsets
-            .iter()
-            .enumerate()
-            .map(|(k, offset)| {
+        let mut bytes: Vec<Expr> = (0..BYTE_PARTS_PER_ROUND)
+            .map(|k| {
                 b.let_(
                     names.of(&format!("init_byte{k}")),
-                    load(Role::Text, start.clone() + offset.clone()),
+                    (packed.clone() >> (8 * k)) & 0xFFu32,
                 )
             })
             .collect();
+        bytes.push(fifth.clone());
+        // The next round's bytes go out before this round's ranks: the warp
+        // waits for them only at the round's end, behind the ranks' loads.
+        let next_first = b.let_(
+            names.of("init_next_first"),
+            first.clone() + BYTE_PARTS_PER_ROUND,
+        );
+        let next_bytes = load_bytes(b, &next_first, "init_next_byte");
         let ranks: Vec<(Expr, Expr)> = (0..BYTE_PARTS_PER_ROUND as usize)
             .map(|k| {
                 let rank = b.let_(
@@ -1913,6 +1978,8 @@ fn emit_byte_parts(
                 },
             );
         }
+        b.assign(packed_name.clone(), pack(&next_bytes));
+        b.assign(fifth_name.clone(), next_bytes[4].clone());
     });
 }
 
