@@ -450,9 +450,10 @@ mod tests {
     /// between bytes no token joins ([`encode_piece`]) gets the ids of the
     /// whole piece merged at once (the stack scan or the buckets), for every
     /// encoding on 3,000 random pieces of 2 to 201 bytes mixing letters and
-    /// the bytes of CJK characters, and the pieces do split (more segments
-    /// than pieces). Negative control: cutting also between bytes that a
-    /// token joins changes some piece's ids.
+    /// the bytes of CJK characters, and the pieces do split (more than two
+    /// segments a piece on average). Negative control: cutting also between
+    /// bytes that a token joins (between every two bytes) changes some
+    /// piece's ids.
     #[test]
     fn segments_between_unjoined_bytes_encode_as_the_whole_piece() {
         let pieces = mixed_pieces(3_000);

@@ -1900,7 +1900,8 @@ fn emit_byte_parts(
             .collect()
     };
     // The round's bytes, loaded by the round before (the first round's
-    // before the loop): its first four packed into one word, the fifth alone.
+    // before the loop): its first four packed into one word, the fifth alone
+    // (a word holds four bytes: the assertion below the function).
     let packed_name = names.of("init_packed");
     let fifth_name = names.of("init_fifth");
     let pack = |bytes: &[Expr]| {
@@ -1984,6 +1985,10 @@ fn emit_byte_parts(
 }
 
 const _: () = assert!((1u32 << MERGE_BLOCK_SHIFT).is_multiple_of(BYTE_PARTS_PER_ROUND));
+const _: () = assert!(
+    BYTE_PARTS_PER_ROUND == 4,
+    "a round's bytes are packed into one word"
+);
 
 /// The parts of one merge, found by the loop that chose it: the first part
 /// (its range offset and length), the pair's rank (the merged token), the
