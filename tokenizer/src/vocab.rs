@@ -395,6 +395,14 @@ impl Vocabulary {
         self.joined_pairs[index / 64] >> (index % 64) & 1 == 1
     }
 
+    /// The table [`Vocabulary::joins`] reads: bit `first << 8 | second` of
+    /// 65,536 (word `index / 64`, bit `index % 64`), 1,024 words. Written
+    /// little-endian it is the same bits as 2,048 words of 32 (word
+    /// `index / 32`, bit `index % 32`), which is how the device reads it.
+    pub fn joined_pair_bits(&self) -> &[u64] {
+        &self.joined_pairs
+    }
+
     /// The rank of the single byte `byte` (every vocabulary has all 256).
     #[inline(always)]
     pub fn byte_rank(&self, byte: u8) -> u32 {

@@ -21,8 +21,8 @@ mod split_corpus;
 
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, check_batch, check_batch_ids,
-    documents_cut_inside_runs, long_piece_texts, random_texts, small_split_geometry,
-    split_pieces_alone_and_joined, with_fused_steps_in_32_threads, STEP_BY_STEP,
+    device_piece_starts, documents_cut_inside_runs, long_piece_texts, random_texts,
+    small_split_geometry, with_fused_steps_in_32_threads, STEP_BY_STEP,
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
@@ -157,7 +157,8 @@ fn gpu_document_ends_inside_runs_split_on_the_device_as_alone() {
             },
             ChunkLimits::default(),
         );
-        let (alone, joined) = split_pieces_alone_and_joined(&cpu, &documents);
+        let alone = device_piece_starts(&cpu, &documents);
+        let joined = device_piece_starts(&cpu, &[documents.concat()]);
         assert_ne!(alone.len(), joined.len());
         for encoder in [device(&gpu), &small] {
             check_batch(encoder, &cpu, &documents, "ends inside runs");

@@ -103,7 +103,7 @@ use super::programs::{
 };
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
-use crate::pretokenize::batch::table_bytes;
+use crate::pretokenize::batch::cutting_table_bytes;
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::MAX_TEXT_BYTES;
 use crate::vocab::Vocabulary;
@@ -836,7 +836,10 @@ impl DeviceEncoder {
             .buffer_from(device_vocabulary.token_bytes())
             .map_err(|error| backend_error("uploading the vocabulary", error))?;
         let kind_table = backend
-            .buffer_from(&table_bytes(pattern)?)
+            .buffer_from(&cutting_table_bytes(
+                pattern,
+                vocabulary.joined_pair_bits(),
+            )?)
             .map_err(|error| backend_error("uploading the split's tables", error))?;
         Ok(DeviceEncoder {
             backend,

@@ -1096,7 +1096,7 @@ impl Programs {
     /// `Fix:` message for a shape they cannot run with).
     pub fn new(pattern: Pattern, geometry: Geometry) -> Result<Programs, String> {
         geometry.check()?;
-        let split = SplitPrograms::build(pattern, geometry.split)
+        let split = SplitPrograms::build_cutting_unjoined(pattern, geometry.split)
             .map_err(|error| error.message().to_owned())?;
         if split.steps().len() > MAX_SPLIT_STEPS {
             return Err(format!(
@@ -2574,7 +2574,26 @@ pub fn pieces(geometry: &Geometry) -> Program {
                             );
                         },
                         |b| {
-                            b.assign("needs_merge", 1u32);
+                            // A piece of two bytes that is no token has one
+                            // pair, itself: its ids are its bytes' (most such
+                            // pieces are two bytes between cuts).
+                            b.if_else(
+                                len.clone().equals(2u32),
+                                |b| {
+                                    for offset in 0..2u32 {
+                                        let at = start.clone() + offset;
+                                        let byte = load(Role::Text, at.clone());
+                                        b.store(
+                                            Role::TokenAt.name(),
+                                            at,
+                                            vocab(byte + BYTE_RANKS_AT),
+                                        );
+                                    }
+                                },
+                                |b| {
+                                    b.assign("needs_merge", 1u32);
+                                },
+                            );
                         },
                     );
                 });

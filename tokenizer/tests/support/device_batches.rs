@@ -155,7 +155,8 @@ pub fn random_texts(random: &mut SplitMix64, count: usize, max_units: u32) -> Ve
 
 /// Documents whose ends fall inside runs that the split would carry across
 /// them (digits, spaces before a word, letters, a contraction, line breaks,
-/// upper then lower case, punctuation, CJK, a character cut in two), empty
+/// upper then lower case, punctuation, CJK, a character cut in two, rare
+/// ideographs), empty
 /// documents between them, and runs of 200 bytes that cross many 32-byte
 /// blocks of the split.
 pub fn documents_cut_inside_runs() -> Vec<Vec<u8>> {
@@ -182,6 +183,9 @@ pub fn documents_cut_inside_runs() -> Vec<Vec<u8>> {
         &"語".as_bytes()[..2],
         &"語".as_bytes()[2..],
         b"x",
+        // Rare ideographs: bytes that no token of any encoding holds side by
+        // side, where an encoder's split cuts.
+        "鱻龘靐齉".as_bytes(),
     ]
     .iter()
     .map(|document| document.to_vec())
@@ -220,6 +224,30 @@ pub fn split_pieces_alone_and_joined(
     }
     let joined = piece_starts(pattern, &documents.concat()).expect("split");
     (alone, joined)
+}
+
+/// The piece starts an encoder's device split leaves for the BPE steps, for
+/// `documents` packed into one batch: the CPU split's of each document alone
+/// (offset into the batch), and every other byte whose byte before it is one
+/// that no token of `tokenizer`'s vocabulary holds right before it (the
+/// encoder's split cuts there: no merge joins across such bytes).
+pub fn device_piece_starts(tokenizer: &Tokenizer, documents: &[Vec<u8>]) -> Vec<u32> {
+    let vocabulary = tokenizer.vocabulary();
+    let mut starts = Vec::new();
+    let mut offset = 0;
+    for document in documents {
+        let split = piece_starts(tokenizer.pattern(), document).expect("split");
+        let mut split = split.iter().peekable();
+        for at in 0..document.len() as u32 {
+            let piece_start = split.next_if_eq(&&at).is_some();
+            let cut = at > 0 && !vocabulary.joins(document[at as usize - 1], document[at as usize]);
+            if piece_start || cut {
+                starts.push(offset + at);
+            }
+        }
+        offset += document.len() as u32;
+    }
+    starts
 }
 
 /// Every chunk runs its steps one dispatch each (the short-text and the

@@ -37,8 +37,10 @@ fn one_of(value: &Expr, bytes: &[u8]) -> Expr {
         .unwrap_or(Expr::bool(false))
 }
 
-/// The split program (see the module docs).
-pub(super) fn program(geometry: Geometry) -> Program {
+/// The split program (see the module docs); with `cuts`, it also cuts between
+/// bytes no token joins ([`pieces::with_cuts`], the joined-pairs table at that
+/// word of the resident tables).
+pub(super) fn program(geometry: Geometry, cuts: Option<u32>) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
@@ -73,6 +75,9 @@ pub(super) fn program(geometry: Geometry) -> Program {
                 marks.push(rule(b, byte, &at));
             }
             let block = pieces::Block::new(&block, &blocks, &block_start, layout);
+            if let Some(table_word) = cuts {
+                marks = pieces::with_cuts(b, &block, marks, &text_len, table_word);
+            }
             pieces::store(b, block, marks, Expr::u32(0), 1);
         })
         .build()

@@ -160,7 +160,9 @@ pub enum SplitBuffer {
     DocumentEnds,
     /// `u32`: the Unicode [kind table](crate::pretokenize::unicode::KindTable)
     /// ([`table_bytes`]), then for cl100k and o200k their state machine's
-    /// [word table](mod@word_table), uploaded once and resident.
+    /// [word table](mod@word_table), then for a split that cuts between
+    /// unjoined bytes the table of joined byte pairs
+    /// ([`cutting_table_bytes`]); uploaded once and resident.
     KindTable,
     /// `u8`: one code per text byte ([`code`]), written by cl100k's and o200k's
     /// first step and read by their second (scratch).
@@ -235,6 +237,7 @@ pub struct SplitStep {
 pub struct SplitPrograms {
     pattern: Pattern,
     geometry: Geometry,
+    cuts_unjoined: bool,
     steps: Vec<SplitStep>,
 }
 
@@ -267,6 +270,18 @@ const PHASES_BINDINGS: &[SplitBuffer] = &[
     SplitBuffer::PieceCount,
 ];
 
+/// `phases` of a split that cuts between unjoined bytes: it reads the text too.
+const PHASES_CUTTING_BINDINGS: &[SplitBuffer] = &[
+    SplitBuffer::Text,
+    SplitBuffer::DocumentEnds,
+    SplitBuffer::KindTable,
+    SplitBuffer::Codes,
+    SplitBuffer::Statuses,
+    SplitBuffer::Counters,
+    SplitBuffer::PieceStarts,
+    SplitBuffer::PieceCount,
+];
+
 /// Status words per block: the most look-backs one step runs (cl100k's and
 /// o200k's second step: states, then piece counts).
 pub const STATUS_WORDS_PER_BLOCK: u32 = 2;
@@ -288,11 +303,44 @@ impl SplitPrograms {
     /// its limit (an H200 gives a kernel 227 KiB, so blocks of 8 KiB fit; a lane
     /// or a device without opt-in shared memory 48 KiB, blocks of 2 KiB).
     pub fn build(pattern: Pattern, geometry: Geometry) -> Result<SplitPrograms, PretokenizeError> {
+        SplitPrograms::build_with(pattern, geometry, false)
+    }
+
+    /// [`SplitPrograms::build`] for an encoder: the programs also start a
+    /// piece at every byte whose byte before it (in its document) is one no
+    /// token of the vocabulary holds right before it. No merge can join two
+    /// parts across such a boundary (every part a merge makes is a token, and
+    /// it would hold the two bytes), so each side merges exactly as it would
+    /// alone and the ids are unchanged; the pieces are shorter, and most of
+    /// them are whole tokens. (cl100k holds 6,611 of the 65,536 byte pairs; a
+    /// piece of generated CJK text that is no token, 23 bytes on average,
+    /// falls into 13.4 such pieces, 9.8 of them one token, measured by the
+    /// CPU encoder, which merges the same segments.)
+    ///
+    /// The table of joined pairs is [`JOINED_PAIR_WORDS`] words right after
+    /// [`table_bytes`] in [`SplitBuffer::KindTable`] ([`cutting_table_bytes`]
+    /// writes both); `phases` then binds the text as well.
+    pub fn build_cutting_unjoined(
+        pattern: Pattern,
+        geometry: Geometry,
+    ) -> Result<SplitPrograms, PretokenizeError> {
+        SplitPrograms::build_with(pattern, geometry, true)
+    }
+
+    fn build_with(
+        pattern: Pattern,
+        geometry: Geometry,
+        cuts_unjoined: bool,
+    ) -> Result<SplitPrograms, PretokenizeError> {
         geometry.check()?;
+        let cuts = match cuts_unjoined {
+            true => Some(joined_pairs_start(pattern)?),
+            false => None,
+        };
         let steps = match word_table(pattern)? {
             None => vec![SplitStep {
                 name: "split",
-                program: gpt2::program(geometry),
+                program: gpt2::program(geometry, cuts),
                 bindings: GPT2_BINDINGS,
                 body_registers: 32,
             }],
@@ -305,8 +353,11 @@ impl SplitPrograms {
                 },
                 SplitStep {
                     name: "phases",
-                    program: phases::program(words, geometry),
-                    bindings: PHASES_BINDINGS,
+                    program: phases::program(words, geometry, cuts),
+                    bindings: match cuts {
+                        Some(_) => PHASES_CUTTING_BINDINGS,
+                        None => PHASES_BINDINGS,
+                    },
                     body_registers: 64,
                 },
             ],
@@ -314,6 +365,7 @@ impl SplitPrograms {
         Ok(SplitPrograms {
             pattern,
             geometry,
+            cuts_unjoined,
             steps,
         })
     }
@@ -326,6 +378,12 @@ impl SplitPrograms {
     /// The geometry the programs were built for.
     pub fn geometry(&self) -> Geometry {
         self.geometry
+    }
+
+    /// Whether they also cut between bytes no token joins
+    /// ([`SplitPrograms::build_cutting_unjoined`]).
+    pub fn cuts_unjoined(&self) -> bool {
+        self.cuts_unjoined
     }
 
     /// The steps, in dispatch order.
@@ -368,7 +426,11 @@ impl SplitPrograms {
             SplitBuffer::Text | SplitBuffer::Codes => text,
             SplitBuffer::DocumentEnds => 4 * document_count as u64,
             SplitBuffer::KindTable => {
-                let words = kind_table()?.words().len() + table_words(self.pattern)?;
+                let joined = match self.cuts_unjoined {
+                    true => JOINED_PAIR_WORDS as usize,
+                    false => 0,
+                };
+                let words = kind_table()?.words().len() + table_words(self.pattern)? + joined;
                 4 * words as u64
             }
             SplitBuffer::Statuses => 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
@@ -389,6 +451,39 @@ pub fn table_bytes(pattern: Pattern) -> Result<Vec<u8>, PretokenizeError> {
     if let Some(table) = word_table(pattern)? {
         bytes.extend(table.words().iter().flat_map(|word| word.to_le_bytes()));
     }
+    Ok(bytes)
+}
+
+/// Words of the table of joined byte pairs that a split built by
+/// [`SplitPrograms::build_cutting_unjoined`] reads: a bit per byte pair.
+pub const JOINED_PAIR_WORDS: u32 = (1 << 16) / 32;
+
+/// The word where the table of joined byte pairs starts in the resident
+/// tables of a split that cuts between unjoined bytes: right after
+/// [`table_bytes`]'s.
+pub fn joined_pairs_start(pattern: Pattern) -> Result<u32, PretokenizeError> {
+    Ok(word_table_start()? + table_words(pattern)? as u32)
+}
+
+/// The resident tables of a split built by
+/// [`SplitPrograms::build_cutting_unjoined`]: [`table_bytes`], then
+/// `joined_pair_bits` ([`Vocabulary::joined_pair_bits`](crate::Vocabulary::joined_pair_bits):
+/// 1,024 words of 64 bits, little-endian, which the programs read as
+/// [`JOINED_PAIR_WORDS`] words of 32: bit `first << 8 | second` set where
+/// some token holds the byte `first` right before `second`).
+pub fn cutting_table_bytes(
+    pattern: Pattern,
+    joined_pair_bits: &[u64],
+) -> Result<Vec<u8>, PretokenizeError> {
+    if joined_pair_bits.len() * 2 != JOINED_PAIR_WORDS as usize {
+        return Err(PretokenizeError::new(format!(
+            "Fix: the table of joined byte pairs has {} words of 64 bits; pass the vocabulary's {} (Vocabulary::joined_pair_bits)",
+            joined_pair_bits.len(),
+            JOINED_PAIR_WORDS / 2
+        )));
+    }
+    let mut bytes = table_bytes(pattern)?;
+    bytes.extend(joined_pair_bits.iter().flat_map(|word| word.to_le_bytes()));
     Ok(bytes)
 }
 

@@ -32,7 +32,7 @@ use super::pieces;
 use super::rules::{Fact, Field};
 use super::window::{self, Layout, HALO};
 use super::word_table::{self, WordTable};
-use super::{SplitBuffer, PHASES_BINDINGS};
+use super::{SplitBuffer, PHASES_BINDINGS, PHASES_CUTTING_BINDINGS};
 use crate::pretokenize::unicode::Kind;
 use crate::pretokenize::Geometry;
 
@@ -40,8 +40,10 @@ use crate::pretokenize::Geometry;
 const CONTEXT: i32 = 8;
 
 /// The phases program of `table`'s machine, which reads the table from the
-/// resident tables' buffer ([`SplitBuffer::KindTable`]).
-pub(super) fn program(table: &WordTable, geometry: Geometry) -> Program {
+/// resident tables' buffer ([`SplitBuffer::KindTable`]); with `cuts`, it also
+/// cuts between bytes no token joins ([`pieces::with_cuts`], the joined-pairs
+/// table at that word of the resident tables) and binds the text.
+pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) -> Program {
     let machine = table.machine();
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
@@ -50,10 +52,14 @@ pub(super) fn program(table: &WordTable, geometry: Geometry) -> Program {
         "pretokenize.batch.{}_phases",
         machine.pattern.name()
     ));
-    let first_shared = PHASES_BINDINGS.len() as u32;
+    let bindings = match cuts {
+        Some(_) => PHASES_CUTTING_BINDINGS,
+        None => PHASES_BINDINGS,
+    };
+    let first_shared = bindings.len() as u32;
     pieces::declare(
         builder,
-        PHASES_BINDINGS,
+        bindings,
         &[SplitBuffer::PieceStarts, SplitBuffer::PieceCount],
     )
     .buffer(
@@ -199,6 +205,9 @@ pub(super) fn program(table: &WordTable, geometry: Geometry) -> Program {
             marks.push(mark);
         }
         let block = pieces::Block::new(&block, &blocks, &block_start, layout);
+        if let Some(table_word) = cuts {
+            marks = pieces::with_cuts(b, &block, marks, &text_len, table_word);
+        }
         pieces::store(b, block, marks, blocks.clone(), 2);
     })
     .build()

@@ -1,11 +1,12 @@
 //! What every split program shares around its rule: the global buffers
 //! declared from the step's binding list (so the step description and the
-//! program cannot disagree), and the end that turns each thread's marks into
-//! stored piece starts.
+//! program cannot disagree), the cuts between bytes no token joins (an
+//! encoder's split), and the end that turns each thread's marks into stored
+//! piece starts.
 
 use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, Expr, ProgramBuilder, ReduceOp, ScanKind};
 
-use super::ir::{as_u32, local};
+use super::ir::{as_u32, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack, COUNTER_WORDS};
 use super::window::Layout;
 use super::SplitBuffer;
@@ -66,6 +67,57 @@ impl<'a> Block<'a> {
             bytes_per_thread: layout.bytes_per_thread,
         }
     }
+}
+
+/// `marks` (one `bool` per byte the thread owns, in order) with a piece also
+/// starting at every byte of the text whose byte before it is one that no
+/// token holds right before it: bit `before << 8 | byte` of the joined-pairs
+/// table at word `table_word` of the resident tables is clear (see
+/// [`SplitPrograms::build_cutting_unjoined`](super::SplitPrograms::build_cutting_unjoined)
+/// for why the ids stay exact). A document's first byte is a piece start
+/// already, so the byte before it, in another document, only ever adds a
+/// start that is there; bytes past `text_len` stay unmarked.
+pub(super) fn with_cuts(
+    b: &mut BlockBuilder,
+    block: &Block<'_>,
+    marks: Vec<Expr>,
+    text_len: &Expr,
+    table_word: u32,
+) -> Vec<Expr> {
+    let first = b.let_(
+        "cut_first",
+        block.start.clone() + local() * block.bytes_per_thread,
+    );
+    // bytes[0] is the byte before the thread's first (0 before the text: the
+    // position wraps past the text's length), bytes[k + 1] its byte k; 0 past
+    // the text. Every load first, then the lookups.
+    let bytes: Vec<Expr> = (0..=block.bytes_per_thread)
+        .map(|index| {
+            let position = b.let_(format!("cut_position{index}"), first.clone() + index - 1u32);
+            let inside = position.clone().less_than(text_len.clone());
+            load_where(b, &format!("cut_byte{index}"), "text", position, inside)
+        })
+        .collect();
+    marks
+        .into_iter()
+        .enumerate()
+        .map(|(byte, mark)| {
+            let pair = b.let_(
+                format!("cut_pair{byte}"),
+                (bytes[byte].clone() << 8u32) | bytes[byte + 1].clone(),
+            );
+            let word = Expr::load(
+                SplitBuffer::KindTable.name(),
+                (pair.clone() >> 5u32) + table_word,
+            );
+            let joined = ((word >> (pair & 31u32)) & 1u32).equals(1u32);
+            let inside = (first.clone() + byte as u32).less_than(text_len.clone());
+            b.let_(
+                format!("cut_mark{byte}"),
+                mark.or(inside.and(joined.logical_not())),
+            )
+        })
+        .collect()
 }
 
 /// Emits the end of a split program: `marks` (one `bool` per byte the thread
