@@ -48,7 +48,12 @@
 //! |---|---|---|---|
 //! | GPT-2 | `split` | text, document ends, kind table | piece starts, piece count |
 //! | cl100k, o200k | `classify` | text, document ends, kind table | codes |
-//! | | `phases` | document ends, word table, codes | piece starts, piece count |
+//! | | `phases` | document ends, word table, codes (and the text, cutting) | piece starts, piece count |
+//!
+//! An encoder builds them with [`SplitPrograms::build_cutting_unjoined`]: the
+//! last step also starts a piece between two bytes that no token of the
+//! vocabulary holds side by side (a bit table after the resident tables:
+//! [`cutting_table_bytes`]); the ids stay exact and the pieces get shorter.
 //!
 //! Device memory per text byte: text 1, piece starts 4, codes 1 (cl100k,
 //! o200k), and 16 bytes per 1 KiB block of status words: about 6 bytes.
