@@ -124,8 +124,9 @@ pub(super) fn with_cuts(
 /// owns, in order) counted, the workgroup's exclusive scan of the counts, a
 /// look-back over the piece counts' status words (from index `region`) for the
 /// block's first piece index, [`lookback::finish`] over `regions` status
-/// regions, every piece start stored at its index, and the piece count written
-/// by the last block.
+/// regions, every piece start stored at its index (through the `window`
+/// buffer of workgroup memory, which must hold a word per byte of the block
+/// and is free by then), and the piece count written by the last block.
 pub(super) fn store(
     b: &mut BlockBuilder,
     block: Block<'_>,
@@ -157,14 +158,34 @@ pub(super) fn store(
     // Done with the status words before the stores: the fences in `finish` then
     // wait for no piece start on its way to host-mapped memory.
     lookback::finish(b, block.workgroup_size, regions);
-    let slot = b.let_mut("piece_slot", before.clone() + rank);
+    // The block's starts go to the window first (every thread read its codes
+    // from it before the scans' barriers), then out to `piece_starts` in
+    // order, consecutive threads on consecutive words: each thread storing its
+    // own starts at its own slots wrote a warp's words a few at a time over
+    // several lines, once per byte it owns.
+    let slot = b.let_mut("piece_slot", rank);
     for (byte, mark) in marks.into_iter().enumerate() {
         let position = block.start.clone() + local() * block.bytes_per_thread + byte as u32;
         b.if_(mark, |b| {
-            b.store("piece_starts", slot.clone(), position);
+            b.store("window", slot.clone(), position);
             b.assign("piece_slot", slot.clone() + 1u32);
         });
     }
+    b.barrier();
+    let rounds = b.let_(
+        "piece_rounds",
+        (total.clone() + (block.workgroup_size - 1)) / block.workgroup_size,
+    );
+    b.loop_("piece_round", 0u32, rounds, |b, round| {
+        let at = b.let_("piece_at", round * block.workgroup_size + local());
+        b.if_(at.clone().less_than(total.clone()), |b| {
+            b.store(
+                "piece_starts",
+                before.clone() + at.clone(),
+                Expr::load("window", at),
+            );
+        });
+    });
     let last = (block.index.clone() + 1u32).equals(block.count.clone());
     b.if_(last.and(local().equals(0u32)), |b| {
         b.store("piece_count", 0u32, before + total);
