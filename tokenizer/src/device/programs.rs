@@ -48,6 +48,26 @@
 //! scan and a reduction. The short-text program runs `pieces` as one group
 //! that takes every tile.
 //!
+//! Since the encoder's split cuts between bytes no token joins, a CJK text
+//! has about 0.58 pieces per byte (8 MiB of generated CJK: 4.87 M pieces,
+//! most of them one to three bytes) and `pieces` takes 108–111 µs for it
+//! where it took 27–28 (prose 62–64, code 82–84). Tried on the H200
+//! (2026-12-04, the encode example, 8 MiB of each shape, eager, alternating
+//! with the tree before in one call) and not kept:
+//! - a dense table of the tokens that are one 3-byte character (256 KiB of
+//!   the vocabulary, one load instead of the hashed table's probe and
+//!   compare): CJK 112.7 and 113.6 against 109.6 and 110.3 µs. The lookups
+//!   are not what a CJK piece costs;
+//! - four pieces a thread per tile (`tile · 4W + k · W + t`: one scan, claim
+//!   and barrier a tile for four pieces): CJK 96 against 109 µs, but the merge
+//!   list then interleaved four regions of the text and `merge` lost what
+//!   `pieces` gained (CJK 108–112 against 102–105, prose 199 against
+//!   190–193); eight a thread at 40 registers: every shape slower (CJK
+//!   137–143); four consecutive pieces a thread (`tile · 4W + 4t + k`, the
+//!   merge list in text order): CJK 98 against 110, but prose 77 against 62
+//!   and code 137–140 against 83–84 (a warp's lookups then read the text at
+//!   32 places four pieces apart).
+//!
 //! # `stage` and `compact` wait on PCIe
 //!
 //! On CUDA `stage` reads the staged text from host-mapped memory and `compact`
@@ -278,6 +298,12 @@
 //!   ranges are alike: `merge` of 8 MiB of CJK about 700 against 645 µs, of
 //!   code 170–175 against 150–153, the batch 7.98 and 8.11 against 7.58 and
 //!   7.66 ms;
+//! - (2026-12-04, after the split's cuts, the encode example, 8 MiB of each
+//!   shape) a tile's entries in order of three length classes (up to half
+//!   the slab, up to the slab, longer; one scan of packed 11-bit counts),
+//!   so that a warp's pieces are of like lengths but every workgroup keeps
+//!   its mix: prose 224.5 and 225.2 against 192.1 and 192.4 µs, CJK 107
+//!   against 101–103, the batch 7.37 and 7.38 against 6.90 and 7.07 ms;
 //! - (2026-12-04, the encode example, `merge` alone on single-shape 8 MiB
 //!   texts, eager, medians) a grid of what the H200 holds at once whose
 //!   threads, after their first entry, claim the next with an atomic add on
@@ -3454,9 +3480,12 @@ pub fn compact(geometry: &Geometry) -> Program {
                     // `document_cursor` is the first document starting at or after
                     // the block's start; one load says whether any starts in the
                     // block (most blocks: none), and only then a search finds the
-                    // first after it. (Two binary searches a block, ten dependent
-                    // loads each for a chunk of a thousand documents, took
-                    // `compact` of an 8 MiB chunk of the batch from 27 to 56 µs.)
+                    // first after it. Two binary searches a block, about ten
+                    // dependent loads each for a chunk of a thousand documents, had
+                    // `compact` of the batch's 8 MiB chunks at 56–110 µs (27 for one
+                    // document); with the cursor 52–91 against 56–110 (means 70 and
+                    // 90; H200, 2026-12-04, chunks 1–4 of two quick bench runs each,
+                    // alternating).
                     let last = b.let_("last", (block.clone() + 1u32).equals(blocks.clone()));
                     let low = b.let_("low", cursor.clone());
                     let block_end = b.let_("block_end", block_start.clone() + block_bytes);

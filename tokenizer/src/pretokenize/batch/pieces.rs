@@ -162,7 +162,10 @@ pub(super) fn store(
     // from it before the scans' barriers), then out to `piece_starts` in
     // order, consecutive threads on consecutive words: each thread storing its
     // own starts at its own slots wrote a warp's words a few at a time over
-    // several lines, once per byte it owns.
+    // several lines, once per byte it owns. On the H200 (2026-12-04, cl100k,
+    // 8 MiB eager, alternating in one call) `phases` of CJK, whose cuts make
+    // about one piece start per two bytes, took 197–199 µs against 214; prose
+    // and code 194–196 against 196–198.
     let slot = b.let_mut("piece_slot", rank);
     for (byte, mark) in marks.into_iter().enumerate() {
         let position = block.start.clone() + local() * block.bytes_per_thread + byte as u32;
