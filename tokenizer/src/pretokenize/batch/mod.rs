@@ -265,27 +265,14 @@ const CLASSIFY_BINDINGS: &[SplitBuffer] = &[
     SplitBuffer::Counters,
 ];
 
-const PHASES_BINDINGS: &[SplitBuffer] = &[
-    SplitBuffer::DocumentEnds,
-    SplitBuffer::KindTable,
-    SplitBuffer::Codes,
-    SplitBuffer::Statuses,
-    SplitBuffer::Counters,
-    SplitBuffer::PieceStarts,
-    SplitBuffer::PieceCount,
-];
+/// `phases` of a split that cuts between unjoined bytes binds every buffer, in
+/// [`SplitBuffer::ALL`]'s order (it reads the text for the cuts).
+const PHASES_CUTTING_BINDINGS: &[SplitBuffer] = SplitBuffer::ALL.as_slice();
 
-/// `phases` of a split that cuts between unjoined bytes: it reads the text too.
-const PHASES_CUTTING_BINDINGS: &[SplitBuffer] = &[
-    SplitBuffer::Text,
-    SplitBuffer::DocumentEnds,
-    SplitBuffer::KindTable,
-    SplitBuffer::Codes,
-    SplitBuffer::Statuses,
-    SplitBuffer::Counters,
-    SplitBuffer::PieceStarts,
-    SplitBuffer::PieceCount,
-];
+/// `phases` of the split alone: every buffer but the text.
+const PHASES_BINDINGS: &[SplitBuffer] = PHASES_CUTTING_BINDINGS.split_at(1).1;
+
+const _: () = assert!(matches!(PHASES_CUTTING_BINDINGS[0], SplitBuffer::Text));
 
 /// Status words per block: the most look-backs one step runs (cl100k's and
 /// o200k's second step: states, then piece counts).
