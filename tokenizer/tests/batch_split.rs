@@ -852,3 +852,60 @@ fn phases_loads_its_whole_window_before_storing_it() {
         workgroup_barrier();\n";
     assert!(!window_loads_before_stores(interleaved));
 }
+
+/// Locks out a joined-pairs table that the device reads otherwise than the
+/// CPU encoder's `Vocabulary::joins`: the words `cutting_table_bytes` appends
+/// after the split's resident tables (at `joined_pairs_start`), read as the
+/// cutting split reads them (little-endian `u32` word `pair / 32`, bit
+/// `pair % 32`, `pair = first << 8 | second`), hold exactly the pairs `joins`
+/// says, for all four encodings, and the buffer's size is what
+/// `buffer_bytes` asks for; a table of another length is a `Fix:` error.
+/// (Negative control: the same words read big-endian disagree.)
+#[test]
+fn the_cutting_split_reads_the_joined_pairs_the_cpu_encoder_does() {
+    use vyre_tokenizer::pretokenize::batch::{
+        cutting_table_bytes, joined_pairs_start, table_bytes, JOINED_PAIR_WORDS,
+    };
+    use vyre_tokenizer::{Encoding, Tokenizer};
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let pattern = tokenizer.pattern();
+        let vocabulary = tokenizer.vocabulary();
+        let bytes = cutting_table_bytes(pattern, vocabulary.joined_pair_bits()).unwrap();
+        let start = joined_pairs_start(pattern).unwrap() as usize;
+        assert_eq!(start * 4, table_bytes(pattern).unwrap().len());
+        assert_eq!(bytes.len(), 4 * (start + JOINED_PAIR_WORDS as usize));
+        let programs = SplitPrograms::build_cutting_unjoined(pattern, small()).unwrap();
+        assert_eq!(
+            programs.buffer_bytes(SplitBuffer::KindTable, 0, 0).unwrap(),
+            bytes.len() as u64
+        );
+        let word = |index: usize, little: bool| {
+            let at = 4 * (start + index);
+            let four: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            match little {
+                true => u32::from_le_bytes(four),
+                false => u32::from_be_bytes(four),
+            }
+        };
+        let mut joined = 0;
+        let mut big_endian_disagrees = false;
+        for pair in 0..1usize << 16 {
+            let expected = vocabulary.joins((pair >> 8) as u8, pair as u8);
+            let read = |little| word(pair / 32, little) >> (pair % 32) & 1 == 1;
+            assert_eq!(read(true), expected, "{}: pair {pair:04X}", encoding.name());
+            big_endian_disagrees |= read(false) != expected;
+            joined += usize::from(expected);
+        }
+        assert!(big_endian_disagrees, "{}", encoding.name());
+        assert!(
+            joined > 2000 && joined < 65536,
+            "{}: {joined}",
+            encoding.name()
+        );
+        let error = cutting_table_bytes(pattern, &[0u64; 3])
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("Fix:"), "{error}");
+    }
+}
