@@ -274,6 +274,15 @@ const PHASES_BINDINGS: &[SplitBuffer] = PHASES_CUTTING_BINDINGS.split_at(1).1;
 
 const _: () = assert!(matches!(PHASES_CUTTING_BINDINGS[0], SplitBuffer::Text));
 
+/// The buffers `phases` binds: the cutting list when it cuts between unjoined
+/// bytes (`cuts`, the joined-pairs table's word), else the other.
+fn phases_bindings(cuts: Option<u32>) -> &'static [SplitBuffer] {
+    match cuts {
+        Some(_) => PHASES_CUTTING_BINDINGS,
+        None => PHASES_BINDINGS,
+    }
+}
+
 /// Status words per block: the most look-backs one step runs (cl100k's and
 /// o200k's second step: states, then piece counts).
 pub const STATUS_WORDS_PER_BLOCK: u32 = 2;
@@ -346,10 +355,7 @@ impl SplitPrograms {
                 SplitStep {
                     name: "phases",
                     program: phases::program(words, geometry, cuts),
-                    bindings: match cuts {
-                        Some(_) => PHASES_CUTTING_BINDINGS,
-                        None => PHASES_BINDINGS,
-                    },
+                    bindings: phases_bindings(cuts),
                     body_registers: 64,
                 },
             ],
@@ -419,11 +425,10 @@ impl SplitPrograms {
             SplitBuffer::DocumentEnds => 4 * document_count as u64,
             SplitBuffer::KindTable => {
                 let joined = match self.cuts_unjoined {
-                    true => JOINED_PAIR_WORDS as usize,
+                    true => JOINED_PAIR_WORDS,
                     false => 0,
                 };
-                let words = kind_table()?.words().len() + table_words(self.pattern)? + joined;
-                4 * words as u64
+                4 * u64::from(joined_pairs_start(self.pattern)? + joined)
             }
             SplitBuffer::Statuses => 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
             SplitBuffer::Counters => 4 * u64::from(COUNTER_WORDS),

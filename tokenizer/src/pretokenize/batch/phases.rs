@@ -32,7 +32,7 @@ use super::pieces;
 use super::rules::{Fact, Field};
 use super::window::{self, Layout, HALO};
 use super::word_table::{self, WordTable};
-use super::{SplitBuffer, PHASES_BINDINGS, PHASES_CUTTING_BINDINGS};
+use super::{phases_bindings, SplitBuffer};
 use crate::pretokenize::unicode::Kind;
 use crate::pretokenize::Geometry;
 
@@ -52,10 +52,7 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
         "pretokenize.batch.{}_phases",
         machine.pattern.name()
     ));
-    let bindings = match cuts {
-        Some(_) => PHASES_CUTTING_BINDINGS,
-        None => PHASES_BINDINGS,
-    };
+    let bindings = phases_bindings(cuts);
     let first_shared = bindings.len() as u32;
     pieces::declare(
         builder,
