@@ -130,7 +130,7 @@ fn the_split_runs_on_the_device_between_stage_and_the_bpe_steps() {
         let expected: Vec<&str> = ["stage"]
             .iter()
             .chain(split)
-            .chain(&["pieces", "merge", "long", "count", "compact"])
+            .chain(&["pieces", "merge", "long", "compact"])
             .copied()
             .collect();
         assert_eq!(encoder.step_names(), expected, "{}", encoding.name());
@@ -1394,12 +1394,14 @@ fn block_runs(token_starts: &[u32], text_len: u32, block_bytes: u32) -> Vec<(u32
 /// `block_ids[at − running]` off by the lead, skips the extra pass a block
 /// needs when its lead and its ids pass `4 · W`): `compact` alone, with
 /// 32-thread workgroups (blocks of 128 bytes) on 1, 2 and 3 workgroups and its
-/// uncapped grid, over a `token_at` whose blocks start at every `running mod
-/// 32` with tokens, hold 0 tokens, hold 128 (a full block) at leads 0 and 31,
-/// and end in a partial last block, writes every id once in text order, leaves
-/// the words past the total as they were, and gives each document (empty
-/// ones, one at the text's end) the index of its first id and the total after
-/// them. The token positions and ids are drawn at random; every id is
+/// uncapped grid (so the look-back that carries the token counts from
+/// workgroup to workgroup runs over 1 to 65 of them), over a `token_at` whose
+/// blocks start at every `running mod 32` with tokens, hold 0 tokens, hold 128
+/// (a full block) at leads 0 and 31, and end in a partial last block, writes
+/// every id once in text order, leaves the words past the total as they were,
+/// gives each document (empty ones, one at the text's end) the index of its
+/// first id and the total after them, and leaves the status words and counters
+/// zero for the next dispatch. The token positions and ids are drawn at random; every id is
 /// distinct, so a duplicate or a loss shows.
 #[test]
 fn compact_stores_every_id_once_at_any_alignment() {
@@ -1482,9 +1484,12 @@ fn compact_stores_every_id_once_at_any_alignment() {
             Role::Params => words(&params),
             Role::DocumentEnds => words(&ends),
             Role::TokenAt => words(&token_at),
-            Role::BlockCounts => words(&counts),
             Role::Ids => words(&vec![UNWRITTEN; expected_ids.len() + tail]),
             Role::DocumentTokenStarts => words(&vec![UNWRITTEN; ends.len() + 1 + tail]),
+            // One status word per block at most (the workgroups' look-back),
+            // and the ticket and done counters, zero as the split leaves them.
+            Role::SplitStatuses => vec![0; 8 * counts.len()],
+            Role::SplitCounters => vec![0; 8],
             other => panic!("`compact` binds {other:?}"),
         })
         .collect();
@@ -1511,6 +1516,12 @@ fn compact_stores_every_id_once_at_any_alignment() {
             starts,
             "{what}: document starts"
         );
+        for scratch in [Role::SplitStatuses, Role::SplitCounters] {
+            assert!(
+                outputs.of(scratch).iter().all(|&byte| byte == 0),
+                "{what}: {scratch:?} not left zero for the next dispatch"
+            );
+        }
     }
 }
 

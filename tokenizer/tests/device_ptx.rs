@@ -208,7 +208,6 @@ fn cl100k_steps_fit_their_requested_occupancy() {
             ("pieces", 8),
             ("merge", 6),
             ("long", 6),
-            ("count", 8),
             ("compact", 8),
         ]
     );

@@ -426,7 +426,6 @@ fn group_count(
             (text_len + (geometry.chunk_bytes - 1)) / geometry.chunk_bytes,
             threads,
         ),
-        Grid::PerBlock => groups_of(text_len, geometry.block_bytes()),
         Grid::Compaction => {
             let blocks = groups_of(text_len, geometry.block_bytes());
             let per = groups_of(blocks.clone(), geometry.compact_workgroups);

@@ -446,15 +446,22 @@ fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64
         Role::MergeList => 4 * (text / 2 + 1),
         Role::ChunkList => 8 * (2 * text / chunk + 1),
         Role::LongList => 4 * (text / chunk + 1),
-        Role::BlockCounts => 4 * blocks(geometry, text) as u64,
         Role::DocumentTokenStarts => 4 * (documents + 1),
-        Role::SplitCodes | Role::SplitStatuses | Role::SplitCounters => role
-            .split_buffer()
-            .and_then(|buffer| {
-                let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
-                programs.split().buffer_bytes(buffer, text, documents).ok()
-            })
-            .unwrap_or(0),
+        Role::SplitCodes | Role::SplitStatuses | Role::SplitCounters => {
+            let split = role
+                .split_buffer()
+                .and_then(|buffer| {
+                    let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
+                    programs.split().buffer_bytes(buffer, text, documents).ok()
+                })
+                .unwrap_or(0);
+            // `compact`'s look-back takes a status word per workgroup, at most
+            // one per block.
+            match role {
+                Role::SplitStatuses => split.max(8 * blocks(geometry, text) as u64),
+                _ => split,
+            }
+        }
     }
 }
 

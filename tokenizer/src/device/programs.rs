@@ -376,6 +376,7 @@ use super::vocabulary::{
     PAIR_RANKS_AT, PAIR_RANK_BITS, TOKENS_AT,
 };
 use crate::occupancy::Occupancy;
+use crate::pretokenize::batch::lookback::{self, Combine, Direction, LookBack};
 use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::Geometry as SplitGeometry;
@@ -794,8 +795,6 @@ pub enum Role {
     ChunkList,
     /// Indexes of pieces longer than a chunk.
     LongList,
-    /// Token starts per block of `count`.
-    BlockCounts,
     /// The ids, in text order.
     Ids,
     /// Per document, the index of its first id; then the total.
@@ -820,7 +819,7 @@ pub enum Role {
 
 impl Role {
     /// Every role; `role as usize` indexes it.
-    pub const ALL: [Role; 23] = [
+    pub const ALL: [Role; 22] = [
         Role::Params,
         Role::Text,
         Role::DocumentEnds,
@@ -834,7 +833,6 @@ impl Role {
         Role::MergeList,
         Role::ChunkList,
         Role::LongList,
-        Role::BlockCounts,
         Role::Ids,
         Role::DocumentTokenStarts,
         Role::StagedText,
@@ -862,7 +860,6 @@ impl Role {
             Role::MergeList => "merge_list",
             Role::ChunkList => "chunk_list",
             Role::LongList => "long_list",
-            Role::BlockCounts => "block_counts",
             Role::Ids => "ids",
             Role::DocumentTokenStarts => "document_token_starts",
             Role::StagedText => "staged_text",
@@ -927,8 +924,6 @@ pub enum Grid {
     Merge,
     /// One thread per chunk's worth of bytes.
     PerChunk,
-    /// One workgroup per [`Geometry::block_bytes`].
-    PerBlock,
     /// At most [`Geometry::compact_workgroups`], each owning whole blocks.
     Compaction,
     /// One workgroup per block of the split ([`Geometry::split`]), at least one
@@ -950,7 +945,6 @@ impl Grid {
             Grid::PieceTiles => threads(text_len).min(geometry.pieces_workgroups),
             Grid::Merge => threads(text_len.div_ceil(MERGE_BYTES_PER_THREAD as u64)),
             Grid::PerChunk => threads(text_len.div_ceil(geometry.chunk_bytes as u64)),
-            Grid::PerBlock => blocks(geometry, text_len),
             Grid::Compaction => {
                 let blocks = blocks(geometry, text_len);
                 let per = blocks.div_ceil(geometry.compact_workgroups).max(1);
@@ -964,7 +958,7 @@ impl Grid {
     }
 }
 
-/// Blocks of `count` for `text_len` bytes (at least 1).
+/// Blocks of `compact` for `text_len` bytes (at least 1).
 pub fn blocks(geometry: &Geometry, text_len: u64) -> u32 {
     u32::try_from(text_len.div_ceil(geometry.block_bytes() as u64).max(1)).unwrap_or(u32::MAX)
 }
@@ -989,7 +983,7 @@ const BPE_BINDINGS: [Role; 12] = [
 /// The stage and BPE steps, in dispatch order; the split's run between `stage`
 /// and `pieces` ([`Programs`]). `stage` runs only in eager runs (a graph
 /// uploads the same buffers instead).
-pub const STEPS: [Step; 6] = [
+pub const STEPS: [Step; 5] = [
     Step {
         name: "stage",
         bindings: &[
@@ -1022,20 +1016,15 @@ pub const STEPS: [Step; 6] = [
         body_registers: 40,
     },
     Step {
-        name: "count",
-        bindings: &[Role::Params, Role::TokenAt, Role::BlockCounts],
-        grid: Grid::PerBlock,
-        body_registers: 32,
-    },
-    Step {
         name: "compact",
         bindings: &[
             Role::Params,
             Role::DocumentEnds,
             Role::TokenAt,
-            Role::BlockCounts,
             Role::Ids,
             Role::DocumentTokenStarts,
+            Role::SplitStatuses,
+            Role::SplitCounters,
         ],
         grid: Grid::Compaction,
         body_registers: 32,
@@ -1157,7 +1146,6 @@ impl Programs {
             pieces(&geometry),
             merge(&geometry),
             long(&geometry),
-            count(&geometry),
             compact(&geometry),
         ];
         steps.extend(
@@ -1268,8 +1256,12 @@ pub fn written_roles(step: &str) -> &'static [Role] {
             Role::MergeMinima,
             Role::MergeParts,
         ],
-        "count" => &[Role::BlockCounts],
-        "compact" => &[Role::Ids, Role::DocumentTokenStarts],
+        "compact" => &[
+            Role::Ids,
+            Role::DocumentTokenStarts,
+            Role::SplitStatuses,
+            Role::SplitCounters,
+        ],
         _ => &[],
     }
 }
@@ -1278,7 +1270,7 @@ pub fn written_roles(step: &str) -> &'static [Role] {
 fn element_type(role: Role) -> ElemType {
     match role {
         Role::Text | Role::TokenBytes => ElemType::U8,
-        Role::StagedText => ElemType::U64,
+        Role::StagedText | Role::SplitStatuses => ElemType::U64,
         _ => ElemType::U32,
     }
 }
@@ -3267,37 +3259,6 @@ fn emit_serial(b: &mut BlockBuilder, pairs: &SlotTable, start: Expr, end: Expr) 
     });
 }
 
-/// `count`: the token starts of each block of `4 · W` bytes.
-pub fn count(geometry: &Geometry) -> Program {
-    let workgroup_size = geometry.workgroup_size;
-    builder(geometry, step("count"), element_type)
-        .body(|b| {
-            let local = b.let_("local", Expr::local_id(Axis::X));
-            let block_start = b.let_(
-                "block_start",
-                Expr::workgroup_id(Axis::X) * geometry.block_bytes(),
-            );
-            let text_len = b.let_("text_len", param(param::TEXT_LEN));
-            let mut count = u(0);
-            for part in 0..BYTES_PER_THREAD {
-                let at = b.let_(
-                    format!("at{part}"),
-                    block_start.clone() + local.clone() + part * workgroup_size,
-                );
-                count = count
-                    + at.clone()
-                        .less_than(text_len.clone())
-                        .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
-                        .cast(ScalarType::U32);
-            }
-            let total = b.workgroup_reduce("block_total", ReduceOp::Sum, count);
-            b.if_(local.equals(0u32), |b| {
-                b.store(Role::BlockCounts.name(), Expr::workgroup_id(Axis::X), total);
-            });
-        })
-        .build()
-}
-
 /// Where document `document` starts (`d` starts where `d − 1` ends; document
 /// 0 at 0).
 fn document_start(document: Expr) -> Expr {
@@ -3337,15 +3298,25 @@ fn emit_first_document_from(
     low
 }
 
-/// `compact`: workgroup `h` owns `per` consecutive blocks. It sums the token
-/// counts of the blocks before its first (the sums of all workgroups stay
-/// linear in the text: the grid is capped), then, block by block, every thread
-/// takes 4 consecutive bytes, an exclusive workgroup scan gives each its place
-/// in the block's ids, gathered in workgroup memory, which the workgroup then
-/// writes to `ids` in text order, consecutive threads on consecutive words; and
-/// each document starting in the block gets the index of its first id (a
-/// document starting at the text's end, the total). The workgroup owning the
-/// last block writes the total after the documents.
+/// `compact`: the workgroup holding ticket `h` (workgroups take tickets in
+/// the order they start) owns `per` consecutive blocks. It counts their tokens,
+/// gets the tokens of every block before its first from the workgroups before
+/// it by a decoupled look-back over the split's status words (the split has
+/// left them zero, and `compact` leaves them zero), then, block by block, every
+/// thread takes 4 consecutive bytes, an exclusive workgroup scan gives each its
+/// place in the block's ids, gathered in workgroup memory, which the workgroup
+/// then writes to `ids` in text order, consecutive threads on consecutive
+/// words; and each document starting in the block gets the index of its first
+/// id (a document starting at the text's end, the total). The workgroup owning
+/// the last block writes the total after the documents.
+///
+/// Why one step and not two: a `count` step of one workgroup per block wrote
+/// every block's token count, and `compact`'s workgroups each summed the counts
+/// before their first block (up to `B / W` dependent loads a thread). On the
+/// H200 (2026-12-04, the 64 MiB cl100k batch's 8 MiB chunks) `count` took
+/// 23–80 µs and `compact` 30–89 µs a chunk; here the counting pass reads the
+/// same `token_at` words the compaction then reads again from L2, and a launch
+/// and a pass over the text go.
 ///
 /// `ids` is host-mapped memory on CUDA, so every store crosses PCIe: each
 /// thread storing its own few ids made 4-byte writes scattered over the warp,
@@ -3369,14 +3340,14 @@ pub fn compact(geometry: &Geometry) -> Program {
     builder(geometry, step("compact"), element_type)
         .buffer(
             "thread_base",
-            STEPS[5].bindings.len() as u32,
+            STEPS[4].bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(workgroup_size),
+            BufferCount::Static(workgroup_size + 1),
         )
         .buffer(
             "block_ids",
-            STEPS[5].bindings.len() as u32 + 1,
+            STEPS[4].bindings.len() as u32 + 1,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(block_bytes),
@@ -3391,20 +3362,47 @@ pub fn compact(geometry: &Geometry) -> Program {
                 (text_len.clone() + (block_bytes - 1)) / block_bytes,
             );
             let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
-            let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups);
-            let first = b.let_("first", Expr::workgroup_id(Axis::X) * per.clone());
-            // The tokens of the blocks before the first: each thread sums every
-            // `W`-th count (at most `G · B / 2` loads over all workgroups).
+            let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups.clone());
+            // The position in the text comes from the ticket, never from the
+            // hardware's workgroup index: a workgroup then waits in the
+            // look-back only for workgroups that are already running.
+            let group = lookback::take_ticket(b);
+            let first = b.let_("first", group.clone() * per.clone());
+            // This workgroup's tokens: every thread counts its bytes of every
+            // owned block.
             let part = b.let_mut("part", 0u32);
-            let index = b.let_mut("prefix_index", local.clone());
-            b.while_(index.clone().less_than(first.clone()), |b| {
-                b.assign(
-                    "part",
-                    part.clone() + load(Role::BlockCounts, index.clone()),
+            b.loop_("counted", 0u32, per.clone(), |b, owned| {
+                let own = b.let_(
+                    "counted_own",
+                    (first.clone() + owned) * block_bytes + local.clone() * BYTES_PER_THREAD,
                 );
-                b.assign("prefix_index", index.clone() + workgroup_size);
+                let mut count = part.clone();
+                for k in 0..BYTES_PER_THREAD {
+                    let at = own.clone() + k;
+                    count = count
+                        + at.clone()
+                            .less_than(text_len.clone())
+                            .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                            .cast(ScalarType::U32);
+                }
+                b.assign("part", count);
             });
-            let before = b.workgroup_reduce("before", ReduceOp::Sum, part);
+            let owned_tokens = b.workgroup_reduce("owned_tokens", ReduceOp::Sum, part);
+            let look_back = LookBack {
+                prefix: "tokens",
+                workgroup_size,
+                region: u(0),
+                block: group,
+                blocks: groups.clone(),
+                direction: Direction::Backward,
+                channels: &[(Combine::Sum, owned_tokens.clone())],
+            };
+            let carried = look_back.carries(b).remove(0);
+            let before = b.let_("before", carried);
+            look_back.publish_inclusive(b, &[before.clone() + owned_tokens]);
+            // No status word is read after this: the last workgroup to get
+            // here clears them (and the ticket) for the next dispatch.
+            lookback::finish(b, workgroup_size, 1);
             let running = b.let_mut("running", before);
             // The first document starting in or after the first block; each
             // block then starts from where the one before ended its search.
@@ -3436,13 +3434,18 @@ pub fn compact(geometry: &Geometry) -> Program {
                         count = count + token.clone().not_equals(NO_TOKEN).cast(ScalarType::U32);
                         tokens.push(token);
                     }
+                    let count = b.let_("thread_tokens", count);
                     let base = b.workgroup_scan(
                         "thread_offset",
                         ReduceOp::Sum,
                         ScanKind::Exclusive,
-                        count,
+                        count.clone(),
                     );
                     b.store("thread_base", local.clone(), base.clone());
+                    // The block's total after every thread's base.
+                    b.if_(local.clone().equals(workgroup_size - 1), |b| {
+                        b.store("thread_base", workgroup_size, base.clone() + count);
+                    });
                     let slot = b.let_mut("slot", base);
                     for token in tokens {
                         b.if_(token.clone().not_equals(NO_TOKEN), |b| {
@@ -3452,7 +3455,7 @@ pub fn compact(geometry: &Geometry) -> Program {
                     }
                     b.barrier();
                     let block_tokens =
-                        b.let_("block_tokens", load(Role::BlockCounts, block.clone()));
+                        b.let_("block_tokens", Expr::load("thread_base", workgroup_size));
                     // Whole lines: offsets from the line `running` falls in, so
                     // every warp's 32 threads store one aligned line (the ids
                     // before `running` in it are the blocks' before, left alone).

@@ -61,7 +61,7 @@ pub(super) const INFINITY: u32 = (1 << VALUE_BITS) - 1;
 
 /// How values combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Combine {
+pub(crate) enum Combine {
     /// Wrapping sum (piece counts).
     Sum,
     /// Minimum (fact events; identity [`INFINITY`]).
@@ -103,7 +103,7 @@ impl Combine {
 
 /// Which blocks a block combines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Direction {
+pub(crate) enum Direction {
     /// The blocks before it (a prefix).
     Backward,
     /// The blocks after it (a suffix).
@@ -112,7 +112,7 @@ pub(super) enum Direction {
 
 /// Declares the uniform `u32` variable `block`: this workgroup's ticket, the
 /// order in which workgroups started (thread 0 takes it with one fetch-add).
-pub(super) fn take_ticket(b: &mut BlockBuilder) -> Expr {
+pub(crate) fn take_ticket(b: &mut BlockBuilder) -> Expr {
     let taken = b.let_mut("ticket_taken", 0u32);
     b.if_(local().equals(0u32), |b| {
         let ticket = b.atomic_fetch("ticket_fetched", AtomicOp::Add, "counters", TICKET, 1u32);
@@ -122,7 +122,7 @@ pub(super) fn take_ticket(b: &mut BlockBuilder) -> Expr {
 }
 
 /// One look-back: which status words, which block, which values.
-pub(super) struct LookBack<'a> {
+pub(crate) struct LookBack<'a> {
     /// Prefix of the names it declares.
     pub prefix: &'a str,
     /// Threads per workgroup (`W`): status words read per round.
@@ -183,7 +183,7 @@ impl LookBack<'_> {
     /// inclusive prefix: returns, per channel, the combination of every block
     /// before this one in the direction (for `States`, the state before the
     /// block's first byte).
-    pub(super) fn carries(&self, b: &mut BlockBuilder) -> Vec<Expr> {
+    pub(crate) fn carries(&self, b: &mut BlockBuilder) -> Vec<Expr> {
         let aggregates: Vec<Expr> = self
             .channels
             .iter()
@@ -340,7 +340,7 @@ impl LookBack<'_> {
 
     /// Publishes this block's inclusive prefixes (`values`, one per channel; a
     /// state for `States`).
-    pub(super) fn publish_inclusive(&self, b: &mut BlockBuilder, values: &[Expr]) {
+    pub(crate) fn publish_inclusive(&self, b: &mut BlockBuilder, values: &[Expr]) {
         self.publish(b, INCLUSIVE, values);
     }
 }
@@ -353,7 +353,7 @@ impl LookBack<'_> {
 /// (release) puts all its status reads and exchanges before it; a fence after
 /// (acquire), then the workgroup reduction's barriers, put the last block's
 /// clearing stores after every block's count, and so after every exchange.
-pub(super) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
+pub(crate) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
     let finished = b.let_mut("finished_before", 0u32);
     b.if_(local().equals(0u32), |b| {
         b.fence();

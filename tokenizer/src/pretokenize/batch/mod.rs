@@ -131,7 +131,7 @@ mod classify;
 pub mod code;
 mod gpt2;
 mod ir;
-mod lookback;
+pub(crate) mod lookback;
 mod maps;
 mod phases;
 mod pieces;
