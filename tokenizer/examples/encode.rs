@@ -25,7 +25,7 @@
 //! one line says which ran and why. On the device it also prints, per text,
 //! what each kernel step took (its own `%globaltimer` stamps: `stage`, the
 //! split's steps, `split` or `classify` and `phases`, then `pieces`, `merge`,
-//! `long`, `count`, `compact`) and the host's share (staging and submitting;
+//! `long`, `compact`) and the host's share (staging and submitting;
 //! handing out the ids), eager and as one graph, and what the device counted
 //! (pieces the device split found, pieces merged, long pieces, boundaries
 //! repaired). `--ids

@@ -5,7 +5,7 @@
 //!
 //! Every kernel the backend loads carries the result ABI's epilogue, whose
 //! unrolled readback copies keep 64 registers live. Left alone, ptxas gives
-//! `stage`, `classify`, `phases`, `pieces`, `count` and `compact` 80 registers
+//! `stage`, `classify`, `phases`, `pieces` and `compact` 80 registers
 //! per thread (`ptxas -v`, `sm_90`, 256 threads), so an SM holds 3 of their
 //! blocks (37.5 % occupancy) although their bodies need 23 to 64. On the H200
 //! each split step then ran about 41 waves of about 22 µs per 16 MiB chunk.

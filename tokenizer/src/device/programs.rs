@@ -13,15 +13,16 @@
 //! | `pieces` | [`pieces`] | at most [`Geometry::pieces_workgroups`], striding over tiles of `W` pieces | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
 //! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
-//! | `count` | [`count`] | one workgroup per block of `4 · W` bytes | token starts per block |
-//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] (host-mapped ids) or [`DEVICE_COMPACT_WORKGROUPS`] (ids in device memory), each owning whole blocks of `4 · W` bytes | the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
+//! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] (host-mapped ids) or [`DEVICE_COMPACT_WORKGROUPS`] (ids in device memory), each owning whole blocks of `4 · W` bytes | counts its blocks' tokens, takes the tokens before them from the workgroups before it (a look-back over the split's status words), then the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
 //!
-//! An eager chunk is seven dispatches for r50k and p50k and eight for cl100k
+//! An eager chunk is six dispatches for r50k and p50k and seven for cl100k
 //! and o200k; a graph replays all but `stage`. The split's steps bind the
 //! encoder's own buffers by role ([`Role::of_split`]): the text and document
 //! ends `stage` wrote, the resident kind table, their scratch (codes, status
 //! words and counters, per slot, so chunks in flight never share them) and
-//! the piece starts and count that `pieces` reads.
+//! the piece starts and count that `pieces` reads. `compact` binds the
+//! split's status words and counters too, for its own look-back: the split
+//! leaves them zero, and so does `compact`.
 //!
 //! Every step but the split's reads its sizes from the `params` words
 //! ([`param`](mod@param)) instead of buffer lengths (the split reads the
@@ -407,8 +408,11 @@ pub const WORKGROUP_SIZE: u32 = 256;
 /// Default [`Geometry::chunk_bytes`]: see the module docs for why 384.
 pub const CHUNK_BYTES: u32 = 384;
 
-/// Bytes each thread of `count` and `compact` takes.
+/// Bytes each thread of `compact` takes in a block.
 pub const BYTES_PER_THREAD: u32 = 4;
+
+/// Blocks whose tokens `compact`'s counting pass loads at once.
+const COUNTED_TOGETHER: u32 = 4;
 
 /// `u32` ids per 128-byte line: what one warp's store of consecutive words
 /// covers, and the alignment `compact` stores its ids at.
@@ -693,7 +697,7 @@ impl Geometry {
         }
     }
 
-    /// Bytes of one block of `count` and `compact`.
+    /// Bytes of one block of `compact`.
     pub fn block_bytes(&self) -> u32 {
         self.workgroup_size * BYTES_PER_THREAD
     }
@@ -1043,7 +1047,7 @@ pub const MAX_KERNEL_STEPS: usize = STEPS.len() + MAX_SPLIT_STEPS;
 pub struct KernelStep {
     /// The step's name: `stage`; the split's (`split` for GPT-2's pattern,
     /// `classify` and `phases` for cl100k's and o200k's); `pieces`, `merge`,
-    /// `long`, `count`, `compact`.
+    /// `long`, `compact`.
     pub name: &'static str,
     /// The program.
     pub program: Program,
@@ -1096,8 +1100,8 @@ impl KernelStep {
 /// `stage` (eager runs only: a graph uploads what it writes), the split of the
 /// encoding's pattern ([`SplitPrograms`], its steps composed over the
 /// encoder's buffers: it reads the text and the document ends `stage` wrote
-/// and writes the piece starts and count), then `pieces`, `merge`, `long`,
-/// `count` and `compact` ([`STEPS`]).
+/// and writes the piece starts and count), then `pieces`, `merge`, `long`
+/// and `compact` ([`STEPS`]).
 #[derive(Clone, Debug)]
 pub struct Programs {
     /// The shapes they were built for.
@@ -3369,21 +3373,32 @@ pub fn compact(geometry: &Geometry) -> Program {
             let group = lookback::take_ticket(b);
             let first = b.let_("first", group.clone() * per.clone());
             // This workgroup's tokens: every thread counts its bytes of every
-            // owned block.
+            // owned block, `COUNTED_TOGETHER` blocks a round so that their loads
+            // are in flight at once.
             let part = b.let_mut("part", 0u32);
-            b.loop_("counted", 0u32, per.clone(), |b, owned| {
-                let own = b.let_(
-                    "counted_own",
-                    (first.clone() + owned) * block_bytes + local.clone() * BYTES_PER_THREAD,
-                );
+            let rounds = (per.clone() + (COUNTED_TOGETHER - 1)) / COUNTED_TOGETHER;
+            b.loop_("counted", 0u32, rounds, |b, round| {
                 let mut count = part.clone();
-                for k in 0..BYTES_PER_THREAD {
-                    let at = own.clone() + k;
-                    count = count
-                        + at.clone()
-                            .less_than(text_len.clone())
-                            .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
-                            .cast(ScalarType::U32);
+                for together in 0..COUNTED_TOGETHER {
+                    let owned = round.clone() * COUNTED_TOGETHER + together;
+                    let own = b.let_(
+                        format!("counted_own{together}"),
+                        (first.clone() + owned.clone()) * block_bytes
+                            + local.clone() * BYTES_PER_THREAD,
+                    );
+                    let inside = b.let_(
+                        format!("counted_inside{together}"),
+                        owned.less_than(per.clone()),
+                    );
+                    for k in 0..BYTES_PER_THREAD {
+                        let at = own.clone() + k;
+                        count = count
+                            + inside
+                                .clone()
+                                .and(at.clone().less_than(text_len.clone()))
+                                .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                                .cast(ScalarType::U32);
+                    }
                 }
                 b.assign("part", count);
             });
