@@ -3366,7 +3366,10 @@ pub fn compact(geometry: &Geometry) -> Program {
                 (text_len.clone() + (block_bytes - 1)) / block_bytes,
             );
             let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
-            let per = b.let_("per", (blocks.clone() + (groups.clone() - 1u32)) / groups.clone());
+            let per = b.let_(
+                "per",
+                (blocks.clone() + (groups.clone() - 1u32)) / groups.clone(),
+            );
             // The position in the text comes from the ticket, never from the
             // hardware's workgroup index: a workgroup then waits in the
             // look-back only for workgroups that are already running.
