@@ -3318,9 +3318,13 @@ fn emit_first_document_from(
 /// every block's token count, and `compact`'s workgroups each summed the counts
 /// before their first block (up to `B / W` dependent loads a thread). On the
 /// H200 (2026-12-04, the 64 MiB cl100k batch's 8 MiB chunks) `count` took
-/// 23–80 µs and `compact` 30–89 µs a chunk; here the counting pass reads the
-/// same `token_at` words the compaction then reads again from L2, and a launch
-/// and a pass over the text go.
+/// 23–80 µs and `compact` 30–89 µs a chunk. Here the counting pass reads the
+/// `token_at` words the compaction reads again just after (recently loaded),
+/// and a launch and a workgroup per block go: measured alternating with the
+/// two steps in the same calls, 8 MiB of each shape eager took 40–45 µs
+/// against 47–51 for `count` and `compact`, and the batch's chunks (four
+/// sharing the device) 46–72 µs against 54–150. The counting pass loads
+/// four blocks at once (one block a round: 41–45 µs).
 ///
 /// `ids` is host-mapped memory on CUDA, so every store crosses PCIe: each
 /// thread storing its own few ids made 4-byte writes scattered over the warp,
