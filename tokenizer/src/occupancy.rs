@@ -22,8 +22,7 @@
 //!
 //! | step | unrequested | requested (blocks) | body spills |
 //! |---|---|---|---|
-//! | stage, pieces | 80, 0 / 0 | 32 (8), 468 / 644 | none |
-//! | compact (since it counts and looks back itself, 2026-12-04: the fit checked by `device_ptx`, spill bytes not yet restated) | 80, 0 / 0 | 32 (8) | — |
+//! | stage, pieces, compact | 80, 0 / 0 | 32 (8), 468 / 644 | none (`compact` since it counts its own tokens: the same bytes as `stage`'s, the epilogue's) |
 //! | classify | 80, 0 / 0 | 32 (8), 480 / 656 | one word, outside its loops |
 //! | phases | 80, 0 / 0 | 64 (4), 108 / 140 | none (at 48 registers: 14 instructions) |
 //! | merge | 48, 304 / 400 | 40 (6), 400 / 528 | two words stored at entry, loaded once per list entry (at 32: 6 instructions in a loop) |
