@@ -25,7 +25,7 @@
 //! A dispatch named as the explicit predecessor (`Dispatch::after`) already runs
 //! after everything it was ordered after, and after what those were ordered after:
 //! a conflicting dispatch among them needs no wait of its own. A chain of dependent
-//! steps over shared buffers (the tokenizer's encode: eight steps, most of them
+//! steps over shared buffers (the tokenizer's encode: seven steps, most of them
 //! touching what several earlier ones wrote) then waits on one event per step
 //! instead of one per earlier conflicting step. Each entry remembers the entries
 //! it was ordered after by id (never by stream: a stream is leased again once its

@@ -31,7 +31,7 @@ use super::{foreign_kernel, Bookkeeping, InFlight, Sink, Submitted};
 /// a stream, five events and 64 KiB of pinned staging until an upload needs
 /// more). 32: a chain of dependent steps holds one pending submission per step
 /// (each wait hands over that step's timings), so the tokenizer's chunks of
-/// eight steps fit four on a backend at once, enough that the device always
+/// seven steps fit four on a backend at once, enough that the device always
 /// has the next chunk queued while the host stages one and hands out another;
 /// 32 idle lanes cost about 2 MiB of pinned memory.
 pub const MAX_PENDING: usize = 32;

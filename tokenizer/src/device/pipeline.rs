@@ -167,7 +167,7 @@ pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
 
 /// Chunks on the device at once per encoder (or per backend, for the encoders
 /// a `Tokenizer` shares on one): submitted and not yet waited for. Each is one
-/// pending dispatch per kernel step (at most [`MAX_KERNEL_STEPS`], 8; each
+/// pending dispatch per kernel step (at most [`MAX_KERNEL_STEPS`], 7; each
 /// wait hands over its step's timings), and a backend takes at most
 /// `MAX_PENDING` (32) pending dispatches: 4. With the chunk being staged
 /// and the ones whose ids are being handed out, that keeps the device fed
