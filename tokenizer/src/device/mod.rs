@@ -112,7 +112,8 @@
 //! hashing) and one 8-byte slot of the hashed table per piece of 3 bytes or
 //! more (about 0.25 lookups per input byte; the 2 MiB to 4 MiB slot tables
 //! stay in the H200's 50 MB L2 cache), and write `token_at` (4 bytes);
-//! `compact` reads `token_at` again (twice, the second time from L2) and writes about one
+//! `compact` reads `token_at` again (twice: its counting pass, then the
+//! compaction, just after) and writes about one
 //! id per 4 input bytes into host memory. About 19 bytes of device memory
 //! traffic per input byte, some 0.4 ms for 64 MiB at the H200's HBM
 //! bandwidth: the copies (1 byte up, about 1 byte of ids down per input byte)

@@ -433,6 +433,15 @@ fn host_visible(role: Role) -> bool {
 /// The split's scratch takes the split's own sizes.
 fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64 {
     let geometry = &programs.geometry;
+    // What the split asks for the buffer of the split this role holds.
+    let split_bytes = || {
+        role.split_buffer()
+            .and_then(|buffer| {
+                let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
+                programs.split().buffer_bytes(buffer, text, documents).ok()
+            })
+            .unwrap_or(0)
+    };
     let chunk = geometry.chunk_bytes as u64;
     match role {
         Role::Params | Role::StagedParams => 4 * param::WORDS as u64,
@@ -447,21 +456,10 @@ fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64
         Role::ChunkList => 8 * (2 * text / chunk + 1),
         Role::LongList => 4 * (text / chunk + 1),
         Role::DocumentTokenStarts => 4 * (documents + 1),
-        Role::SplitCodes | Role::SplitStatuses | Role::SplitCounters => {
-            let split = role
-                .split_buffer()
-                .and_then(|buffer| {
-                    let (text, documents) = (usize::try_from(text).ok()?, documents as usize);
-                    programs.split().buffer_bytes(buffer, text, documents).ok()
-                })
-                .unwrap_or(0);
-            // `compact`'s look-back takes a status word per workgroup, at most
-            // one per block.
-            match role {
-                Role::SplitStatuses => split.max(8 * blocks(geometry, text) as u64),
-                _ => split,
-            }
-        }
+        Role::SplitCodes | Role::SplitCounters => split_bytes(),
+        // `compact`'s look-back also takes an 8-byte status word per
+        // workgroup, at most one per block.
+        Role::SplitStatuses => split_bytes().max(8 * blocks(geometry, text) as u64),
     }
 }
 

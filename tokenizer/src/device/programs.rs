@@ -2519,7 +2519,7 @@ pub fn pieces(geometry: &Geometry) -> Program {
         // One word per tile parity: see the store below.
         .buffer(
             "merge_base",
-            STEPS[1].bindings.len() as u32,
+            step("pieces").bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(2),
@@ -2669,7 +2669,7 @@ pub fn merge(geometry: &Geometry) -> Program {
     if slab_bytes >= 2 {
         builder = builder.buffer(
             MERGE_SLAB,
-            STEPS[2].bindings.len() as u32,
+            step("merge").bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(slab_bytes * workgroup_size),
@@ -3348,14 +3348,14 @@ pub fn compact(geometry: &Geometry) -> Program {
     builder(geometry, step("compact"), element_type)
         .buffer(
             "thread_base",
-            STEPS[4].bindings.len() as u32,
+            step("compact").bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(workgroup_size + 1),
         )
         .buffer(
             "block_ids",
-            STEPS[4].bindings.len() as u32 + 1,
+            step("compact").bindings.len() as u32 + 1,
             Access::Workgroup,
             ElemType::U32,
             BufferCount::Static(block_bytes),
