@@ -5,13 +5,13 @@
 //!   turn), from the caller's `&str`s to each document's ids in the caller's
 //!   hands, against the copy bound of the same bytes measured here (the text up
 //!   plus the ids down, from pinned memory and from ordinary pageable memory),
-//!   against tiktoken-rs on all of the host's cores, and per chunk size (4, 8,
-//!   16 and 32 MiB in rotated rounds), with each chunk's size and timeline
-//!   (when it was staged, submitted, found done and handed out, from the
-//!   call's start; how long the staging itself took) and its ids' copy to the
-//!   host; the
-//!   copy bound's ids down also by `CudaBackend::copy` into host-mapped memory,
-//!   the way the encoder brings a large chunk's ids up;
+//!   against tiktoken-rs on all of the host's cores, and per chunk size (8, 4,
+//!   6, 12 and 16 MiB in rotated rounds, through `encode_batch_ids`), with
+//!   each chunk's size and timeline (when it was staged, submitted, found done
+//!   and handed out, from the call's start; how long the staging itself took)
+//!   and its ids' copy to the host; the copy bound's ids down also by
+//!   `CudaBackend::copy` into host-mapped memory, the way the encoder brings a
+//!   large chunk's ids up;
 //! - one 262,144-byte document, eager and as a graph (its ids into a new vector
 //!   and into one vector reused, as the eager rows' `wait_into`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
@@ -1076,13 +1076,15 @@ fn chunk_sizes(encoder: &DeviceEncoder, texts: &[&[u8]]) -> Vec<usize> {
         .collect()
 }
 
-/// The batch through `encode_batch_into` in chunks of other sizes (the
-/// default, [`CHUNK_TEXT_BYTES`], first), in rotated rounds (each size once per
-/// round, so a slow stretch of the host falls on all of them): the minimum and
-/// median of each, and how the encoder cut the batch.
+/// The batch through `encode_batch_ids` (the target's row: one reused
+/// [`BatchIds`] per size) in chunks of other sizes (the default,
+/// [`CHUNK_TEXT_BYTES`], first), in rotated rounds (each size once per round,
+/// so a slow stretch of the host falls on all of them): the minimum and median
+/// of each, and how the encoder cut the batch. Sizes that are no power of two
+/// take slots of the next one.
 fn chunk_sizes_rotated(gpu: &CudaBackend, cpu: &Tokenizer, texts: &[&[u8]], rounds: usize) {
     let bytes: usize = texts.iter().map(|text| text.len()).sum();
-    let encoders: Vec<DeviceEncoder> = [CHUNK_TEXT_BYTES, 4 << 20, 16 << 20, 32 << 20]
+    let encoders: Vec<DeviceEncoder> = [CHUNK_TEXT_BYTES, 4 << 20, 6 << 20, 12 << 20, 16 << 20]
         .into_iter()
         .map(|text_bytes| {
             let limits = ChunkLimits {
@@ -1098,24 +1100,22 @@ fn chunk_sizes_rotated(gpu: &CudaBackend, cpu: &Tokenizer, texts: &[&[u8]], roun
             .expect("encoder")
         })
         .collect();
-    let mut results = vec![Vec::new(); texts.len()];
+    let mut results: Vec<BatchIds> = encoders.iter().map(|_| BatchIds::new()).collect();
     let mut times = vec![Vec::new(); encoders.len()];
     for _ in 0..rounds {
-        for (encoder, times) in encoders.iter().zip(&mut times) {
+        for ((encoder, times), ids) in encoders.iter().zip(&mut times).zip(&mut results) {
             let start = Instant::now();
-            encoder
-                .encode_batch_into(texts, &mut results)
-                .expect("device batch");
+            encoder.encode_batch_ids(texts, ids).expect("device batch");
             times.push(start.elapsed().as_secs_f64());
         }
     }
-    println!("  chunk sizes, encode_batch_into, {rounds} rotated rounds (min / median):");
+    println!("  chunk sizes, encode_batch_ids, {rounds} rotated rounds (min / median):");
     for (encoder, times) in encoders.iter().zip(&mut times) {
         times.sort_by(f64::total_cmp);
         let sizes = chunk_sizes(encoder, texts);
         println!(
-            "    chunks of {} MiB: {:.2} / {:.2} ms, {:.2} GB/s at the median; {} chunks, the last {:.2} MiB",
-            encoder.limits().text_bytes >> 20,
+            "    chunks of {:.0} MiB: {:.2} / {:.2} ms, {:.2} GB/s at the median; {} chunks, the last {:.2} MiB",
+            encoder.limits().text_bytes as f64 / (1 << 20) as f64,
             times[0] * 1e3,
             times[times.len() / 2] * 1e3,
             gb_per_s(bytes, times[times.len() / 2]),
