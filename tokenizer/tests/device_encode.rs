@@ -30,6 +30,7 @@ use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
     BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
 };
+use vyre_tokenizer::pretokenize::batch::COUNTER_WORDS;
 use vyre_tokenizer::pretokenize::pattern::{piece_starts, Pattern};
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::pretokenize::Geometry as SplitGeometry;
@@ -1489,7 +1490,7 @@ fn compact_stores_every_id_once_at_any_alignment() {
             // One status word per block at most (the workgroups' look-back),
             // and the ticket and done counters, zero as the split leaves them.
             Role::SplitStatuses => vec![0; 8 * counts.len()],
-            Role::SplitCounters => vec![0; 8],
+            Role::SplitCounters => vec![0; 4 * COUNTER_WORDS as usize],
             other => panic!("`compact` binds {other:?}"),
         })
         .collect();
