@@ -784,7 +784,7 @@ fn differential_shares_cover_every_program_once() {
 /// makes it rare would leave it untested on the GPU without a sound): across the
 /// differential's first 2,000 seeds every construct appears in at least 2% of the
 /// programs (grid syncs are allowed in one in ten), and each of the later ones
-/// (`while`, `break`, `continue`, returning atomics, 64-bit integers, local arrays,
+/// (`while`, `break`, `continue`, returning atomics, atomic loads, 64-bit integers, local arrays,
 /// scans) in at least 15%. Prints the shares. Runs on the
 /// CPU. Negative control: the same count over `core_only` programs finds none of the
 /// later ones.
@@ -811,6 +811,7 @@ fn differential_programs_draw_every_construct() {
         Construct::LocalArray,
         Construct::AtomicFetch,
         Construct::CompareExchange,
+        Construct::AtomicLoad,
         Construct::WorkgroupScan,
         Construct::Scalar,
     ];

@@ -540,8 +540,9 @@ fn atomics() -> Program {
         .build()
 }
 
-/// Every returning atomic (fetches, compare-exchange, a plain exchange) on every
-/// integer width and signedness, in global and workgroup memory.
+/// Every returning atomic (fetches, compare-exchange, a plain exchange) and an
+/// atomic load on every integer width and signedness, in global and workgroup
+/// memory.
 fn returning_atomics() -> Program {
     let elems = [ElemType::U32, ElemType::I32, ElemType::U64, ElemType::I64];
     let mut builder = Program::builder([32, 1, 1]);
@@ -589,7 +590,12 @@ fn returning_atomics() -> Program {
                         folded,
                         operand.clone(),
                     );
-                    b.atomic(AtomicOp::Exchange, buffer.clone(), 2u32, swapped);
+                    let seen = b.atomic_load(
+                        format!("{space}_{}_seen", elem.name()),
+                        buffer.clone(),
+                        gid.clone().rem(8u32),
+                    );
+                    b.atomic(AtomicOp::Exchange, buffer.clone(), 2u32, swapped ^ seen);
                     b.atomic(AtomicOp::Sub, buffer, 3u32, operand.clone());
                 }
             }
@@ -2163,13 +2169,24 @@ mod random {
                     let op = self.rng.pick(&AtomicOp::ALL);
                     let index = self.index(uniform);
                     let value = self.expr(ScalarType::U32, 2, uniform);
-                    Some(match self.rng.below(3) {
+                    Some(match self.rng.below(4) {
                         0 => Node::Atomic {
                             op,
                             buffer,
                             index,
                             value,
                         },
+                        3 => {
+                            let name = self.fresh();
+                            self.scopes
+                                .last_mut()?
+                                .push((name.clone(), ScalarType::U32, false));
+                            Node::AtomicLoad {
+                                name,
+                                buffer,
+                                index,
+                            }
+                        }
                         returning => {
                             let expected = self.expr(ScalarType::U32, 1, uniform);
                             let name = self.fresh();
@@ -2595,6 +2612,10 @@ fn random_programs_cover_every_node_and_expression_kind() {
                     walk_expr(value, seen);
                     "compare_exchange"
                 }
+                Node::AtomicLoad { index, .. } => {
+                    walk_expr(index, seen);
+                    "atomic_load"
+                }
                 Node::If {
                     condition,
                     then_body,
@@ -2643,6 +2664,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
         "atomic",
         "atomic_fetch",
         "compare_exchange",
+        "atomic_load",
         "barrier",
         "grid_sync",
         "return",

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use vyre_cuda::codegen::ptx::MAX_PTX_BYTES;
 use vyre_cuda::codegen::{
-    module_entry_name, module_grid_barrier_symbol, program_to_ptx, program_to_ptx_with_results,
-    CodegenError, PtxModuleBuilder, ENTRY_NAME, GRID_BARRIER_SYMBOL,
+    entry_symbol, module_entry_name, module_grid_barrier_symbol, program_to_ptx,
+    program_to_ptx_with_results, CodegenError, PtxModuleBuilder, GRID_BARRIER_SYMBOL,
 };
 use vyre_cuda::ir::generate::{valid_program, GeneratorOptions};
 use vyre_cuda::ir::*;
@@ -117,16 +117,18 @@ fn module_of_generated_programs_assembles_with_ptxas() {
     assert!(grid_syncs > 0, "no generated program had a grid sync");
 }
 
-/// The single-program module with its kernel's names given kernel `index`'s, split
-/// into its header (comment, version, target, opaque zero) and the kernel.
-fn renamed_single_kernel(ptx: &str, index: usize) -> String {
+/// The single-program module of `program` with its kernel's names given kernel
+/// `index`'s, split into its header (comment, version, target, opaque zero) and
+/// the kernel. The single-program entry is named after the program's entry op id
+/// where it has one ([`entry_symbol`]).
+fn renamed_single_kernel(program: &Program, ptx: &str, index: usize) -> String {
     let opaque = ".u32 vyre_opaque_zero = 0;\n\n";
     let comment_end = ptx.find(".version ").expect("header");
     let kernel_start = ptx.find(opaque).expect("opaque zero") + opaque.len();
     let kernel = format!("{}{}", &ptx[..comment_end], &ptx[kernel_start..]);
     kernel
         .replace(
-            &format!(".entry {ENTRY_NAME}("),
+            &format!(".entry {}(", entry_symbol(program)),
             &format!(".entry {}(", module_entry_name(index)),
         )
         .replace(GRID_BARRIER_SYMBOL, &module_grid_barrier_symbol(index))
@@ -163,7 +165,7 @@ fn module_kernels_are_their_single_program_kernels_but_for_their_names() {
                 ..ptx.find(opaque).expect("opaque") + opaque.len();
             header = ptx[header_range].to_owned();
             expected_kernels.push('\n');
-            expected_kernels.push_str(&renamed_single_kernel(&ptx, index));
+            expected_kernels.push_str(&renamed_single_kernel(program, &ptx, index));
         }
         let expected = format!(
             "//\n// vyre-cuda module of {} kernels\n//\n{header}{expected_kernels}",

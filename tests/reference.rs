@@ -1232,6 +1232,87 @@ fn compare_exchange_signed_wide_and_workgroup_atomics() {
     assert_eq!(rows[4], [0, u64::MAX, 0, u64::MAX]);
 }
 
+/// Locks out an atomic load that reads a stale or another element, changes the
+/// element, or faults out of range: in each of two workgroups of 4 threads every
+/// thread adds 1 to its workgroup's `u32` counter and subtracts 1 from an `i32`
+/// workgroup element, then after a barrier loads both (initial + 4 and -4 in
+/// every thread, whatever the order the atomics ran in), a `u64` element above 32
+/// bits (unchanged) and one past the end (0); the buffers hold what the atomics
+/// left, nothing more.
+#[test]
+fn atomic_loads_read_what_the_atomics_left() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "counters",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Static(2),
+        )
+        .buffer(
+            "wide",
+            1,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "got",
+            2,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(32),
+        )
+        .buffer(
+            "tile",
+            3,
+            Access::Workgroup,
+            ElemType::I32,
+            BufferCount::Static(1),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            let group = blk.let_("group", Expr::workgroup_id(Axis::X));
+            blk.atomic(AtomicOp::Add, "counters", group.clone(), 1u32);
+            blk.atomic(AtomicOp::Sub, "tile", 0u32, 1i32);
+            blk.barrier();
+            let row = |k: u32| lane.clone() * 4u32 + k;
+            let counted = blk.atomic_load("counted", "counters", group);
+            blk.store("got", row(0), counted.cast(ScalarType::U64));
+            let tiled = blk.atomic_load("tiled", "tile", 0u32);
+            blk.store(
+                "got",
+                row(1),
+                tiled.cast(ScalarType::I64).cast(ScalarType::U64),
+            );
+            let wide = blk.atomic_load("seen_wide", "wide", 0u32);
+            blk.store("got", row(2), wide);
+            let outside = blk.atomic_load("outside", "wide", 9u32);
+            blk.store("got", row(3), outside);
+        })
+        .build();
+    let out = reference::run(
+        &program,
+        &[
+            &bytes_of(&[10, 20]),
+            &(1u64 << 40 | 3).to_le_bytes(),
+            &[0; 256],
+        ],
+        &DispatchConfig::linear(8),
+    )
+    .unwrap();
+    assert_eq!(words_of(&out[0]), [14, 24]);
+    assert_eq!(out[1], (1u64 << 40 | 3).to_le_bytes());
+    let got: Vec<u64> = out[2]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (lane, row) in got.chunks(4).enumerate() {
+        let counted = if lane < 4 { 14 } else { 24 };
+        assert_eq!(row, [counted, -4i64 as u64, 1 << 40 | 3, 0], "lane {lane}");
+    }
+}
+
 /// Locks out local arrays shared between threads, kept across kernel runs, indexed
 /// at compile time only, or unchecked: each of 4 threads fills its own array with
 /// `10 * thread + j`, reads it back rotated by a run-time index, reads past its end

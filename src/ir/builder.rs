@@ -332,6 +332,23 @@ impl BlockBuilder {
         Expr::Var(name)
     }
 
+    /// `let name = atomic_load(&buffer[index]);` ([`Node::AtomicLoad`]). Returns
+    /// `Expr::Var(name)`: the element's value as one atomic read sees it.
+    pub fn atomic_load(
+        &mut self,
+        name: impl Into<Name>,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::AtomicLoad {
+            name: name.clone(),
+            buffer: buffer.into(),
+            index: index.into(),
+        });
+        Expr::Var(name)
+    }
+
     /// Atomic read-modify-write on an integer buffer element (no value returned).
     pub fn atomic(
         &mut self,

@@ -362,6 +362,16 @@ impl Encoder {
                 self.expr(expected, scratch);
                 self.expr(value, scratch);
             }
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                self.u8(17);
+                self.name(name);
+                self.name(buffer);
+                self.expr(index, scratch);
+            }
         }
     }
     /// Pre-order encoding of an expression tree by an explicit stack.

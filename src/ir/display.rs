@@ -285,6 +285,19 @@ impl<'w> Printer<'w> {
                 self.put(" = atomic_compare_exchange")?;
                 self.atomic_operands(buffer, index, Some(expected), value)
             }
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put(" = atomic_load(&")?;
+                self.put(buffer)?;
+                self.put("[")?;
+                self.expr(index, 0)?;
+                self.put("])")
+            }
             Node::WorkgroupScan {
                 name,
                 op,

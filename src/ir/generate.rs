@@ -1018,7 +1018,7 @@ impl ValidGenerator {
         }]
     }
 
-    /// An atomic on the thread's own element of `owned` (at `gid`) or of
+    /// An atomic or atomic load on the thread's own element of `owned` (at `gid`) or of
     /// `workgroup_owned` (at `lid`): any operation, any operands; a returned value is
     /// deterministic and becomes a variable like any other.
     fn owned_atomic(&mut self) -> Vec<Node> {
@@ -1034,7 +1034,7 @@ impl ValidGenerator {
         let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
         let index = Expr::var(at);
         let value = self.expr(ty, 2);
-        let node = match self.rng.below(3) {
+        let node = match self.rng.below(4) {
             0 => {
                 return vec![Node::Atomic {
                     op,
@@ -1042,6 +1042,15 @@ impl ValidGenerator {
                     index,
                     value,
                 }]
+            }
+            3 => {
+                let name = self.fresh_name();
+                self.declare(name.clone(), ty, false);
+                Node::AtomicLoad {
+                    name,
+                    buffer,
+                    index,
+                }
             }
             1 => {
                 let name = self.fresh_name();
@@ -1272,6 +1281,7 @@ pub enum Construct {
     Atomic,
     AtomicFetch,
     CompareExchange,
+    AtomicLoad,
     Barrier,
     WorkgroupReduce,
     WorkgroupScan,
@@ -1281,7 +1291,7 @@ pub enum Construct {
 
 impl Construct {
     /// Every construct, in report order.
-    pub const ALL: [Construct; 15] = [
+    pub const ALL: [Construct; 16] = [
         Construct::ForLoop,
         Construct::While,
         Construct::Break,
@@ -1292,6 +1302,7 @@ impl Construct {
         Construct::Atomic,
         Construct::AtomicFetch,
         Construct::CompareExchange,
+        Construct::AtomicLoad,
         Construct::Barrier,
         Construct::WorkgroupReduce,
         Construct::WorkgroupScan,
@@ -1312,6 +1323,7 @@ impl Construct {
             Construct::Atomic => "atomic",
             Construct::AtomicFetch => "atomic fetch",
             Construct::CompareExchange => "compare-exchange",
+            Construct::AtomicLoad => "atomic load",
             Construct::Barrier => "barrier",
             Construct::WorkgroupReduce => "workgroup reduce",
             Construct::WorkgroupScan => "workgroup scan",
@@ -1351,6 +1363,7 @@ pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
             Node::Atomic { .. } => Some(Construct::Atomic),
             Node::AtomicFetch { .. } => Some(Construct::AtomicFetch),
             Node::CompareExchange { .. } => Some(Construct::CompareExchange),
+            Node::AtomicLoad { .. } => Some(Construct::AtomicLoad),
             Node::Barrier => Some(Construct::Barrier),
             Node::WorkgroupReduce { .. } => Some(Construct::WorkgroupReduce),
             Node::WorkgroupScan { .. } => Some(Construct::WorkgroupScan),
@@ -2117,12 +2130,17 @@ impl ArbitraryGenerator {
             },
             4 => {
                 let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
-                match self.rng.below(3) {
+                match self.rng.below(4) {
                     0 => Node::Atomic {
                         op,
                         buffer: self.name(),
                         index: self.expr(2),
                         value: self.expr(2),
+                    },
+                    3 => Node::AtomicLoad {
+                        name: self.name(),
+                        buffer: self.name(),
+                        index: self.expr(2),
                     },
                     1 => Node::AtomicFetch {
                         name: self.name(),

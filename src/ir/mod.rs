@@ -27,7 +27,8 @@
 //!   ([`Node::Loop`]) and data-dependent `while` ([`Node::While`]) loops with
 //!   [`Node::Break`] and [`Node::Continue`], `return`; barriers and grid syncs;
 //!   atomics that return nothing ([`Node::Atomic`]) or the previous value
-//!   ([`Node::AtomicFetch`], [`Node::CompareExchange`]); workgroup reductions and
+//!   ([`Node::AtomicFetch`], [`Node::CompareExchange`]) and atomic reads
+//!   ([`Node::AtomicLoad`]); workgroup reductions and
 //!   prefix scans ([`Node::WorkgroupReduce`], [`Node::WorkgroupScan`]).
 //! - **Control flow the workgroup must agree on**: a barrier, a workgroup reduction
 //!   or scan needs every thread of the workgroup (a grid sync: of the grid), so it may

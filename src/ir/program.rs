@@ -951,6 +951,26 @@ pub enum Node {
         /// The value it then gets, of its value type.
         value: Expr,
     },
+    /// `let name = atomic_load(&buffer[index]);`: declares an immutable variable
+    /// holding element `index` as one atomic read at device scope sees it, changing
+    /// nothing. Same buffers and bounds as [`Node::AtomicFetch`] (an out-of-range
+    /// index gives 0). It reads where atomics and other workgroups' writes meet
+    /// (on CUDA a relaxed load at GPU scope, which never hits a stale line of the
+    /// multiprocessor's own cache), so a thread that polls an element another
+    /// workgroup publishes by an atomic sees the value arrive, as an
+    /// `atomic_fetch_or` of 0 would, without that read-modify-write's cost in
+    /// the memory system: a warp's loads of consecutive elements travel
+    /// together. Relaxed like every atomic: what another element held when this
+    /// one was written needs [`Node::Fence`]s. Which value a thread gets depends
+    /// on the order of the threads that write the element.
+    AtomicLoad {
+        /// Variable holding the element's value (the element's value type).
+        name: Name,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+    },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every
     /// thread of the workgroup; all threads see the same result. Needs
     /// workgroup-uniform control flow. Lowering rewrites it before code generation.

@@ -93,6 +93,7 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
             value,
             ..
         } => [Some(index), Some(expected), Some(value)],
+        Node::AtomicLoad { index, .. } => [Some(index), None, None],
         Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None, None],
         Node::Loop { start, end, .. } => [Some(start), Some(end), None],
         Node::WorkgroupReduce { value, .. } | Node::WorkgroupScan { value, .. } => {
@@ -307,6 +308,15 @@ impl Node {
                 index: rebuild.expr(index),
                 expected: rebuild.expr(expected),
                 value: rebuild.expr(value),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => Node::AtomicLoad {
+                name: name.clone(),
+                index: rebuild.expr(index),
                 buffer: rebuild.buffer(buffer),
             },
             Node::WorkgroupReduce { name, op, value } => Node::WorkgroupReduce {
@@ -690,6 +700,18 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
             },
         ) => nx == ny && x == y,
         (
+            Node::AtomicLoad {
+                name: nx,
+                buffer: x,
+                ..
+            },
+            Node::AtomicLoad {
+                name: ny,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && x == y,
+        (
             Node::WorkgroupReduce {
                 name: x, op: ox, ..
             },
@@ -852,7 +874,7 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
             op.hash(state);
             buffer.hash(state);
         }
-        Node::CompareExchange { name, buffer, .. } => {
+        Node::CompareExchange { name, buffer, .. } | Node::AtomicLoad { name, buffer, .. } => {
             name.hash(state);
             buffer.hash(state);
         }

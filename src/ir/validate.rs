@@ -1452,6 +1452,17 @@ impl<'p> Checker<'p> {
                 self.declare_atomic_result(name, ty, context, node)?;
                 Ok(Exits::default())
             }
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                let mark = self.deps.len();
+                let ty = self.atomic_target(node, buffer, index, depth)?;
+                self.deps.truncate(mark);
+                self.declare_atomic_result(name, ty, context, node)?;
+                Ok(Exits::default())
+            }
             Node::WorkgroupReduce { name, op: _, value } => {
                 if self.lowered {
                     return Err(ValidationError::new(Rule::WorkgroupReduceNotLowered, {
@@ -1713,6 +1724,28 @@ impl<'p> Checker<'p> {
         value: &'p Expr,
         depth: u32,
     ) -> Checked<ScalarType> {
+        let mark = self.deps.len();
+        let ty = self.atomic_target(node, buffer, index, depth)?;
+        if let Some(expected) = expected {
+            let (expected_ty, _) = self.expr(expected, node, depth + 1)?;
+            self.expect_type(expected_ty, ty, "the expected value", node)?;
+        }
+        let (value_ty, _) = self.expr(value, node, depth + 1)?;
+        self.expect_type(value_ty, ty, "the atomic operand", node)?;
+        self.deps.truncate(mark);
+        Ok(ty)
+    }
+
+    /// The element an atomic addresses: an integer `ReadWrite` or `Workgroup`
+    /// buffer and a `u32` index. Returns the element's value type; the index's
+    /// dependencies stay pushed for the caller to truncate.
+    fn atomic_target(
+        &mut self,
+        node: &Node,
+        buffer: &'p Name,
+        index: &'p Expr,
+        depth: u32,
+    ) -> Checked<ScalarType> {
         let decl = self.buffer(buffer, node)?;
         let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
         let ty = decl.elem.value_type();
@@ -1729,16 +1762,8 @@ impl<'p> Checker<'p> {
                 )
             }));
         }
-        let mark = self.deps.len();
         let (index_ty, _) = self.expr(index, node, depth + 1)?;
         self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
-        if let Some(expected) = expected {
-            let (expected_ty, _) = self.expr(expected, node, depth + 1)?;
-            self.expect_type(expected_ty, ty, "the expected value", node)?;
-        }
-        let (value_ty, _) = self.expr(value, node, depth + 1)?;
-        self.expect_type(value_ty, ty, "the atomic operand", node)?;
-        self.deps.truncate(mark);
         Ok(ty)
     }
 

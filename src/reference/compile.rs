@@ -349,6 +349,7 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             return depth;
         }
         match node {
+            Node::AtomicLoad { index, .. } => expr_depth(index, depth + 1),
             Node::Let { value, .. }
             | Node::Assign { value, .. }
             | Node::WorkgroupReduce { value, .. }
@@ -669,6 +670,20 @@ impl<'p> Compiler<'p> {
                 expected,
                 value,
             } => self.atomic(None, buffer, index, Some(expected), value, Some(name))?,
+            // An atomic or of 0: the element's value, nothing changed.
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                let zero = match self.buffer(buffer)?.1.elem.value_type() {
+                    ScalarType::I32 => Expr::Literal(Literal::I32(0)),
+                    ScalarType::U64 => Expr::Literal(Literal::U64(0)),
+                    ScalarType::I64 => Expr::Literal(Literal::I64(0)),
+                    _ => Expr::Literal(Literal::U32(0)),
+                };
+                self.atomic(Some(AtomicOp::Or), buffer, index, None, &zero, Some(name))?
+            }
             Node::WorkgroupReduce { name, op, value } => {
                 let (value, _) = self.expr(value)?;
                 let slot = self.declare(name, ScalarType::U32);

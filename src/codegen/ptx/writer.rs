@@ -1176,6 +1176,16 @@ impl<'p> Writer<'p> {
                 };
                 self.atomic(operands, Some(name))?;
             }
+            // A relaxed load at GPU scope: coherent where the atomics are (L2 for
+            // global memory), never a stale line of this multiprocessor's L1.
+            Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                let value = self.load(buffer, index, "relaxed.gpu.")?;
+                self.bind(name, value);
+            }
             Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
                 return Err(internal(format_args!(
                     "a workgroup reduction or scan is not lowered"
@@ -1328,6 +1338,35 @@ impl<'p> Writer<'p> {
         Some(inside)
     }
 
+    /// Element `index` of `buffer`, loaded with `ordering` (empty for a plain load,
+    /// `relaxed.gpu.` for an atomic one). With bounds checks on, an out-of-range
+    /// index skips the load and gives the 0 written before it.
+    fn load(&mut self, buffer: &'p str, index: &'p Expr, ordering: &str) -> Result<Value> {
+        let slot = self.buffer(buffer)?;
+        let index = self.index(index)?;
+        let elem = self.buffers[slot].decl.elem;
+        let result = self.value(elem.value_type());
+        let guard = self.bounds_guard(slot, index);
+        if guard.is_some() {
+            if result.ty == ScalarType::F32 {
+                // +0.0 the JIT cannot know: an index it proves out of range
+                // must not hand it a constant to fold (see `opaque_bits`).
+                emit!(self, "mov.b32 {result}, {};", self.opaque_zero);
+            } else {
+                emit!(self, "mov.{} {result}, 0;", result.reg.class.ptx_type());
+            }
+        }
+        let address = self.element_address(slot, index);
+        let space = self.buffers[slot].space.name();
+        emit!(
+            self,
+            "{}ld.{ordering}{space}.{} {result}, [{address}];",
+            Guard(guard),
+            memory_type(elem)
+        );
+        Ok(result)
+    }
+
     /// `base + index * element_size`, computed in 64 bits so no index can wrap.
     fn element_address(&mut self, slot: usize, index: Value) -> Reg {
         let (base, size) = {
@@ -1352,31 +1391,7 @@ impl<'p> Writer<'p> {
         match expr {
             Expr::Literal(literal) => Ok(self.literal(*literal)),
             Expr::Var(name) => self.variable(name),
-            Expr::Load { buffer, index } => {
-                let slot = self.buffer(buffer)?;
-                let index = self.index(index)?;
-                let elem = self.buffers[slot].decl.elem;
-                let result = self.value(elem.value_type());
-                let guard = self.bounds_guard(slot, index);
-                if guard.is_some() {
-                    if result.ty == ScalarType::F32 {
-                        // +0.0 the JIT cannot know: an index it proves out of range
-                        // must not hand it a constant to fold (see `opaque_bits`).
-                        emit!(self, "mov.b32 {result}, {};", self.opaque_zero);
-                    } else {
-                        emit!(self, "mov.{} {result}, 0;", result.reg.class.ptx_type());
-                    }
-                }
-                let address = self.element_address(slot, index);
-                let space = self.buffers[slot].space.name();
-                emit!(
-                    self,
-                    "{}ld.{space}.{} {result}, [{address}];",
-                    Guard(guard),
-                    memory_type(elem)
-                );
-                Ok(result)
-            }
+            Expr::Load { buffer, index } => self.load(buffer, index, ""),
             Expr::Length { buffer } => {
                 let slot = self.buffer(buffer)?;
                 let length = self.buffers[slot].length;
