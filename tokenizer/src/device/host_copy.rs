@@ -101,6 +101,24 @@ fn pieces(bytes: usize) -> usize {
     (bytes / PIECE_BYTES).clamp(1, copy_threads() * PIECES_PER_WORKER)
 }
 
+/// Wakes every worker of the pool at once, before a parallel copy: the copy's
+/// own jobs wake sleeping workers one by one as they split (rayon wakes one
+/// sleeper per job pushed), so after an idle stretch the last worker starts
+/// several wake-ups' latencies after the first. On the H200 host (2026-12-04)
+/// the 64 MiB batch's first 8 MiB gather took 0.44 ms (19 GB/s), where the
+/// bench's gathers of the whole batch back to back ran at 68 GB/s, and an
+/// earlier session found the first gather as slow at 4 MiB as at 8 (0.20 and
+/// 0.21 ms): a fixed cost, as a chain of wake-ups would be. A broadcast of no
+/// work wakes each sleeping worker from this thread directly, all at once; a
+/// worker that is awake costs nothing. (On the 2-core build machine, whose
+/// pool has two workers, waking them first changed little: 724 against
+/// 746 µs for 9.6 MB after an idle stretch.)
+fn wake_every_worker() {
+    if let Some(pool) = pool() {
+        pool.spawn_broadcast(|_| {});
+    }
+}
+
 /// Runs `work` on the pool (on the calling thread without one).
 fn on_pool<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     match pool() {
@@ -141,6 +159,7 @@ pub fn gather(out: &mut [u8], texts: &[&[u8]]) -> Result<(), TokenizerError> {
         at += text.len();
     }
     let piece_bytes = total.div_ceil(pieces);
+    wake_every_worker();
     on_pool(|| {
         out.par_chunks_mut(piece_bytes)
             .enumerate()

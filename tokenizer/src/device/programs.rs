@@ -3388,14 +3388,19 @@ pub fn compact(geometry: &Geometry) -> Program {
                 let mut count = part.clone();
                 for together in 0..COUNTED_TOGETHER {
                     let owned = round.clone() * COUNTED_TOGETHER + together;
-                    let own = b.let_(
-                        format!("counted_own{together}"),
-                        (first.clone() + owned.clone()) * block_bytes
-                            + local.clone() * BYTES_PER_THREAD,
-                    );
                     let inside = b.let_(
                         format!("counted_inside{together}"),
-                        owned.less_than(per.clone()),
+                        owned.clone().less_than(per.clone()),
+                    );
+                    // A block past the ones owned reads the first owned block's
+                    // bytes again (counted as nothing): lines this thread just
+                    // asked for, not another workgroup's (for texts of up to
+                    // 1 MiB a workgroup owns one block, and three of every four
+                    // loads were another's).
+                    let own = b.let_(
+                        format!("counted_own{together}"),
+                        (first.clone() + inside.clone().select(owned, 0u32)) * block_bytes
+                            + local.clone() * BYTES_PER_THREAD,
                     );
                     for k in 0..BYTES_PER_THREAD {
                         let at = own.clone() + k;

@@ -13,8 +13,11 @@
 //! (its bytes backwards), across the workgroup (the IR's minimum scan, threads
 //! taking the block's chunks in reverse order) and across workgroups (a
 //! look-back towards the end of the text: workgroups take their blocks from
-//! the last one on, so the blocks a workgroup waits for started before it). A
-//! 100 KiB run of spaces costs what any 100 KiB costs.
+//! the last one on, so the blocks a workgroup waits for started before it;
+//! a block holding any event already holds the minimum of itself and every
+//! block after it, and publishes it as final at once, so the walk of the block
+//! before ends there without waiting for this one's). A 100 KiB run of spaces
+//! costs what any 100 KiB costs.
 
 use vyre_cuda::ir::{Expr, Program, ReduceOp, ScanKind};
 
@@ -168,7 +171,7 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                     chunk_first.clone(),
                 ));
                 channels.push((
-                    Combine::Min,
+                    Combine::FirstEvent,
                     b.workgroup_reduce(format!("{}_block", fact.name), ReduceOp::Min, chunk_first),
                 ));
                 suffixes.push(suffix);

@@ -6,9 +6,10 @@
 //! A second dispatch per scan would cost a launch each (3.6 µs eager, 1.0 µs
 //! as a graph node on the H200); instead every block publishes its own value
 //! (an *aggregate*) in one 64-bit status word as soon as it has it, then reads
-//! the status words of the blocks before it, one per thread, `W` at a time: the
-//! nearest block that has already published its *inclusive* prefix ends the
-//! walk, and the aggregates between are combined on the way. Then the block
+//! the status words of the blocks before it, one per thread, the nearest
+//! [`FIRST_REACH`] first and then `W` at a time: the nearest block that has
+//! already published its *inclusive* prefix ends the walk, and the aggregates
+//! between are combined on the way. Then the block
 //! publishes its own inclusive prefix. A block waits only for blocks that have
 //! not published even their aggregate, and those started earlier: blocks take
 //! their position in the text from a ticket counter in the order they start
@@ -18,9 +19,11 @@
 //! Status words: flag in bits 62..=63 (0 not yet published, 1 aggregate, 2
 //! inclusive), below it the values one after another from bit 0: up to two of
 //! 30 bits (two facts travel together), or one transition map of 32. Blocks
-//! before the first (or after the last) read as inclusive identities. Every read is an atomic (it reaches the device's
-//! coherent L2, never a stale L1 line) and every value rides in the same word as
-//! its flag, so the look-back itself needs no fence.
+//! before the first (or after the last) read as inclusive identities. Every
+//! read is an atomic load (it reaches the device's coherent L2, never a stale
+//! L1 line, and a warp's loads of neighbouring words travel together, where
+//! an `atomic_fetch_or` of 0 made each a read-modify-write) and every value
+//! rides in the same word as its flag, so the look-back itself needs no fence.
 //!
 //! The status words and the two counters (ticket, done) must be zero before a
 //! dispatch and are zero after it: the block that finishes last (by the done
@@ -37,7 +40,7 @@
 //!
 //! On the reference interpreter every block publishes its aggregate in the same
 //! statement (lockstep), so no block ever waits; each walks back to the first
-//! block, `W` blocks a round.
+//! block, `W` blocks a round after the first.
 
 use vyre_cuda::ir::{AtomicOp, BlockBuilder, Expr, ReduceOp, ScalarType};
 
@@ -64,8 +67,11 @@ pub(super) const INFINITY: u32 = (1 << VALUE_BITS) - 1;
 pub(crate) enum Combine {
     /// Wrapping sum (piece counts).
     Sum,
-    /// Minimum (fact events; identity [`INFINITY`]).
-    Min,
+    /// Minimum of events whose values grow in the walk's direction (the fact
+    /// events, `2 · position + verdict`, looked for ahead; identity
+    /// [`INFINITY`]): a block that holds an event holds the minimum of itself
+    /// and every block beyond, so its aggregate is its inclusive value.
+    FirstEvent,
     /// Transition maps over eight states ([`maps`]): an aggregate is a map, an
     /// inclusive value a state. The name is a workgroup buffer of `W` words the
     /// look-back combines maps in.
@@ -78,7 +84,7 @@ impl Combine {
     /// state needs 3).
     fn value_bits(self) -> u32 {
         match self {
-            Combine::Sum | Combine::Min => VALUE_BITS,
+            Combine::Sum | Combine::FirstEvent => VALUE_BITS,
             Combine::States(_) => 32,
         }
     }
@@ -86,7 +92,7 @@ impl Combine {
     fn identity(self) -> u32 {
         match self {
             Combine::Sum => 0,
-            Combine::Min => INFINITY,
+            Combine::FirstEvent => INFINITY,
             Combine::States(_) => maps::IDENTITY,
         }
     }
@@ -172,6 +178,10 @@ impl LookBack<'_> {
 
     fn publish(&self, b: &mut BlockBuilder, flag: u64, values: &[Expr]) {
         let word = self.word(flag, values);
+        self.publish_word(b, word);
+    }
+
+    fn publish_word(&self, b: &mut BlockBuilder, word: Expr) {
         let index = self.region.clone() + self.block.clone();
         let inside = index.clone().less_than(Expr::length("statuses"));
         b.if_(local().equals(0u32).and(inside), |b| {
@@ -182,20 +192,49 @@ impl LookBack<'_> {
     /// Publishes this block's aggregates, then walks back (or ahead) until an
     /// inclusive prefix: returns, per channel, the combination of every block
     /// before this one in the direction (for `States`, the state before the
-    /// block's first byte).
+    /// block's first byte). An aggregate that already is the inclusive value
+    /// is published as such at once, so that later blocks need not wait for
+    /// this one's walk: a lone `States` channel's constant map (the state it
+    /// sends everything to is the state after the block, whatever came
+    /// before), and `FirstEvent` channels that all hold an event.
     pub(crate) fn carries(&self, b: &mut BlockBuilder) -> Vec<Expr> {
         let aggregates: Vec<Expr> = self
             .channels
             .iter()
             .map(|(_, value)| value.clone())
             .collect();
-        self.publish(b, AGGREGATE, &aggregates);
+        match self.channels {
+            [(Combine::States(_), map)] => {
+                let settled = self.word(INCLUSIVE, &[map.clone() & (maps::STATES - 1)]);
+                let open = self.word(AGGREGATE, &aggregates);
+                self.publish_word(b, maps::is_constant(map).select(settled, open));
+            }
+            channels
+                if channels
+                    .iter()
+                    .all(|(combine, _)| *combine == Combine::FirstEvent) =>
+            {
+                let settled = channels
+                    .iter()
+                    .map(|(_, value)| value.clone().less_than(INFINITY))
+                    .reduce(Expr::and)
+                    .unwrap_or(Expr::bool(false));
+                let inclusive = self.word(INCLUSIVE, &aggregates);
+                let open = self.word(AGGREGATE, &aggregates);
+                self.publish_word(b, settled.select(inclusive, open));
+            }
+            _ => self.publish(b, AGGREGATE, &aggregates),
+        }
         let workgroup_size = self.workgroup_size;
         let mut carries = Vec::new();
         for (channel, (combine, _)) in self.channels.iter().enumerate() {
             carries.push(b.let_mut(self.name(&format!("carry{channel}")), combine.identity()));
         }
         let looked = b.let_mut(self.name("looked"), 0u32);
+        // Blocks read this round: the nearest `FIRST_REACH` first, then `W` a
+        // round.
+        let first_reach = FIRST_REACH.min(workgroup_size);
+        let reach = b.let_mut(self.name("reach"), first_reach);
         // Blocks to look at in this direction.
         let before = match self.direction {
             Direction::Backward => self.block.clone(),
@@ -207,10 +246,16 @@ impl LookBack<'_> {
         );
         b.while_(pending.clone().equals(1u32), |b| {
             // Thread t reads the block W - 1 - t places away (past those already
-            // read): thread order is text order for the Backward maps.
+            // read): thread order is text order for the Backward maps. Threads
+            // past this round's reach read nothing and hold an aggregate
+            // identity (combined, never ending the walk).
             let distance = b.let_(
                 self.name("distance"),
                 looked.clone() + (workgroup_size - 1) - local(),
+            );
+            let within = b.let_(
+                self.name("within"),
+                (local() + reach.clone()).greater_equal(workgroup_size),
             );
             let exists = b.let_(
                 self.name("exists"),
@@ -220,46 +265,63 @@ impl LookBack<'_> {
                 Direction::Backward => self.block.clone() - 1u32 - distance,
                 Direction::Forward => self.block.clone() + 1u32 + distance,
             };
-            let identities: Vec<Expr> = self
+            let inclusive_identities: Vec<Expr> = self
                 .channels
                 .iter()
                 .map(|(combine, _)| Expr::u32(combine.inclusive_identity()))
                 .collect();
+            let aggregate_identities: Vec<Expr> = self
+                .channels
+                .iter()
+                .map(|(combine, _)| Expr::u32(combine.identity()))
+                .collect();
             let word_name = self.name("word");
-            let word = b.let_mut(word_name.as_str(), self.word(INCLUSIVE, &identities));
+            let word = b.let_mut(
+                word_name.as_str(),
+                within.clone().select(
+                    self.word(INCLUSIVE, &inclusive_identities),
+                    self.word(AGGREGATE, &aggregate_identities),
+                ),
+            );
             let status = b.let_(self.name("status"), self.region.clone() + index);
             // A status word past the buffer (a caller that bound too few) reads
             // as an inclusive identity: a wrong count, never a block waiting
             // forever.
-            let readable = exists.and(status.clone().less_than(Expr::length("statuses")));
+            let readable = within
+                .and(exists)
+                .and(status.clone().less_than(Expr::length("statuses")));
             b.if_(readable, |b| {
-                let read = b.atomic_fetch(
-                    self.name("read"),
-                    AtomicOp::Or,
-                    "statuses",
-                    status,
-                    Expr::u64(0),
-                );
+                let read = b.atomic_load(self.name("read"), "statuses", status);
                 b.assign(word_name.as_str(), read);
             });
             let flag = b.let_(
                 self.name("flag"),
                 (word.clone() >> FLAG_SHIFT).cast(ScalarType::U32),
             );
-            // The nearest inclusive prefix read: the highest thread holding one.
-            let found = b.workgroup_reduce(
-                self.name("found"),
+            // One reduction answers both questions of the round: the highest
+            // thread holding an inclusive prefix (the nearest, which ends the
+            // walk) and whether a block the walk takes has published nothing
+            // yet. The highest thread holding either a prefix (key 2 · (t + 1))
+            // or nothing (2 · (t + 1) + 1) is above every other such thread:
+            // nothing there means a taken block is not ready (the round is
+            // read again), a prefix there means every unready block lies
+            // beyond it, untaken.
+            let nearest = b.workgroup_reduce(
+                self.name("nearest"),
                 ReduceOp::Max,
-                flag.clone().equals(2u32).select(local() + 1u32, 0u32),
+                flag.clone().equals(2u32).select(
+                    (local() + 1u32) * 2u32,
+                    flag.clone()
+                        .equals(0u32)
+                        .select((local() + 1u32) * 2u32 + 1u32, 0u32),
+                ),
             );
+            let waiting = b.let_(self.name("waiting"), nearest.clone() & 1u32);
+            // The nearest inclusive prefix read, as thread index + 1 (0: none).
+            let found = b.let_(self.name("found"), nearest >> 1u32);
             let take = b.let_(
                 self.name("take"),
                 (local() + 1u32).greater_equal(found.clone()),
-            );
-            let waiting = b.workgroup_reduce(
-                self.name("waiting"),
-                ReduceOp::Max,
-                as_u32(take.clone().and(flag.clone().equals(0u32))),
             );
             b.if_(waiting.equals(0u32), |b| {
                 for (channel, (combine, _)) in self.channels.iter().enumerate() {
@@ -279,7 +341,7 @@ impl LookBack<'_> {
                             );
                             b.assign(carry_name.as_str(), carry + part);
                         }
-                        Combine::Min => {
+                        Combine::FirstEvent => {
                             let part = b.workgroup_reduce(
                                 self.name(&format!("min{channel}")),
                                 ReduceOp::Min,
@@ -296,10 +358,45 @@ impl LookBack<'_> {
                             );
                             let entry = take.clone().select(entry, maps::IDENTITY);
                             let prefix = format!("{}_window{channel}", self.prefix);
-                            maps::scan_inclusive(b, &prefix, scratch, workgroup_size, entry);
-                            // The last thread's slot holds the composition of
-                            // the window in text order: it comes before the
-                            // blocks already combined.
+                            // Where the entries that may not be the identity
+                            // are few (from the nearest inclusive prefix read,
+                            // or from the first thread within reach), one
+                            // thread composes them in turn; else the workgroup
+                            // scans the window. Either way the last slot of
+                            // `scratch` holds the composition of the window in
+                            // text order.
+                            let first = b.let_(
+                                self.name(&format!("first{channel}")),
+                                found
+                                    .clone()
+                                    .max(Expr::u32(workgroup_size + 1) - reach.clone())
+                                    - 1u32,
+                            );
+                            b.if_else(
+                                first
+                                    .clone()
+                                    .greater_equal(workgroup_size.saturating_sub(SERIAL_MOST)),
+                                |b| {
+                                    compose_in_turn(
+                                        b,
+                                        &prefix,
+                                        scratch,
+                                        workgroup_size,
+                                        entry.clone(),
+                                        first.clone(),
+                                    );
+                                },
+                                |b| {
+                                    maps::scan_inclusive(
+                                        b,
+                                        &prefix,
+                                        scratch,
+                                        workgroup_size,
+                                        entry.clone(),
+                                    );
+                                },
+                            );
+                            // It comes before the blocks already combined.
                             let window = b.let_(
                                 self.name(&format!("window_total{channel}")),
                                 Expr::load(*scratch, workgroup_size - 1),
@@ -322,10 +419,11 @@ impl LookBack<'_> {
                     as_u32(
                         found
                             .equals(0u32)
-                            .and((looked.clone() + workgroup_size).less_than(before.clone())),
+                            .and((looked.clone() + reach.clone()).less_than(before.clone())),
                     ),
                 );
-                b.assign(self.name("looked"), looked.clone() + workgroup_size);
+                b.assign(self.name("looked"), looked.clone() + reach.clone());
+                b.assign(self.name("reach"), Expr::u32(workgroup_size));
             });
         });
         carries
@@ -343,6 +441,61 @@ impl LookBack<'_> {
     pub(crate) fn publish_inclusive(&self, b: &mut BlockBuilder, values: &[Expr]) {
         self.publish(b, INCLUSIVE, values);
     }
+}
+
+/// Blocks a look-back's first round reads (at most `W`): its status words are
+/// read by atomics, one a thread, and a round of `W` reads 1,024 words in the
+/// batch's blocks of 1,024 threads where the nearest inclusive prefix is most
+/// often a few blocks back (the block just before, where its aggregate already
+/// is its inclusive value). A walk that finds none within reach reads `W`
+/// blocks a round from there on. Not yet measured on the device.
+pub(crate) const FIRST_REACH: u32 = 32;
+
+/// Most taken entries of a look-back round of maps that one thread composes in
+/// turn instead of the workgroup's scan: the scan is two barriers and a
+/// composition per doubling of the workgroup (twenty barriers for the batch's
+/// blocks of 1,024 threads) whatever the number of entries taken, while the
+/// nearest inclusive prefix is most often a few blocks back (in the short-text
+/// kernel, whose one workgroup runs the blocks in turn, always the block just
+/// before). One thread's chain of 32 compositions costs about what the scan's
+/// rounds do; fewer cost less. Not yet measured on the device.
+const SERIAL_MOST: u32 = 32;
+
+/// Stores every thread's `entry` (a map) in `scratch`, then thread 0
+/// composes the entries of threads `first..W` in thread order into
+/// `scratch[W - 1]`, which every thread may read after this returns (the
+/// entries before `first` must be the identity). Needs workgroup-uniform
+/// control flow and a uniform `first`.
+fn compose_in_turn(
+    b: &mut BlockBuilder,
+    prefix: &str,
+    scratch: &str,
+    workgroup_size: u32,
+    entry: Expr,
+    first: Expr,
+) {
+    b.store(scratch, local(), entry);
+    b.barrier();
+    let total = format!("{prefix}_in_turn");
+    b.if_(local().equals(0u32), |b| {
+        let running = b.let_mut(total.as_str(), maps::IDENTITY);
+        b.loop_(
+            format!("{prefix}_in_turn_at"),
+            first,
+            workgroup_size,
+            |b, at| {
+                let composed = maps::compose(
+                    b,
+                    &format!("{prefix}_in_turn_composed"),
+                    &running,
+                    &Expr::load(scratch, at),
+                );
+                b.assign(total.as_str(), composed);
+            },
+        );
+        b.store(scratch, workgroup_size - 1, running);
+    });
+    b.barrier();
 }
 
 /// The end of every program with look-backs, after its last status exchange:

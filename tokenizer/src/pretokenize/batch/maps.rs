@@ -28,6 +28,12 @@ pub(super) fn constant(state: &Expr) -> Expr {
     state.clone() * 0x1111_1111u32
 }
 
+/// Whether `map` sends every state to one state (a `bool`): then it is the
+/// whole of every composition that ends with it, whatever came before.
+pub(super) fn is_constant(map: &Expr) -> Expr {
+    constant(&(map.clone() & (STATES - 1))).equals(map.clone())
+}
+
 /// The state `map` sends `state` to.
 pub(super) fn apply(map: &Expr, state: &Expr) -> Expr {
     (map.clone() >> (state.clone() * SLOT_BITS)) & (STATES - 1)
@@ -90,10 +96,23 @@ pub(super) fn scan_inclusive(
     workgroup_size: u32,
     value: Expr,
 ) -> Expr {
+    let value = b.let_(format!("{prefix}_scan_value"), value);
+    b.store(scratch, local(), value.clone());
+    b.barrier();
+    scan_inclusive_stored(b, prefix, scratch, workgroup_size, value)
+}
+
+/// [`scan_inclusive`] where every thread has already stored its `value` at
+/// `scratch[t]` and a barrier has passed since.
+pub(super) fn scan_inclusive_stored(
+    b: &mut BlockBuilder,
+    prefix: &str,
+    scratch: &str,
+    workgroup_size: u32,
+    value: Expr,
+) -> Expr {
     let name = format!("{prefix}_scan");
     let own = b.let_mut(name.as_str(), value);
-    b.store(scratch, local(), own.clone());
-    b.barrier();
     let mut distance = 1;
     while distance < workgroup_size {
         let has = local().greater_equal(distance);
