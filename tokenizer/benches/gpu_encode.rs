@@ -1084,7 +1084,7 @@ fn chunk_sizes(encoder: &DeviceEncoder, texts: &[&[u8]]) -> Vec<usize> {
 /// take slots of the next one.
 fn chunk_sizes_rotated(gpu: &CudaBackend, cpu: &Tokenizer, texts: &[&[u8]], rounds: usize) {
     let bytes: usize = texts.iter().map(|text| text.len()).sum();
-    let encoders: Vec<DeviceEncoder> = [CHUNK_TEXT_BYTES, 4 << 20, 6 << 20, 12 << 20, 16 << 20]
+    let encoders: Vec<DeviceEncoder> = [CHUNK_TEXT_BYTES, 4 << 20, 6 << 20, 8 << 20, 16 << 20]
         .into_iter()
         .map(|text_bytes| {
             let limits = ChunkLimits {

@@ -425,7 +425,7 @@ fn gpu_a_batch_larger_than_a_chunk_is_cut_not_refused() {
 /// Locks out a batch refused, truncated or mixed up for its size alone (offsets
 /// past 32 bits of the whole batch, a chunk count that wraps, documents handed
 /// to the wrong caller slot): a 2 GiB batch of cl100k documents through the
-/// default encoder (256 chunks of 8 MiB), each document's ids equal to the CPU
+/// default encoder (171 chunks of 12 MiB), each document's ids equal to the CPU
 /// encoder's ids of its text. The batch repeats 2,048 distinct documents of 1 to
 /// 16 KiB (the three shapes), each at its own positions, so the host holds one
 /// copy of each text and of its expected ids, and about 4 GiB of results.

@@ -84,10 +84,10 @@
 //!   ([`fused`]): one dispatch instead of seven or eight, each of which such a
 //!   text pays for in launches and the waits between them.
 //! - **Any length, any batch**: buffers grow by powers of two and are reused;
-//!   a batch is cut into chunks of whole documents (8 MiB by default, at most
+//!   a batch is cut into chunks of whole documents (12 MiB by default, at most
 //!   the split's 256 MiB), up to four on the device at once, the next one
 //!   staged while they compute and earlier ones' ids handed out meanwhile; a
-//!   batch of 2 GiB is 256 chunks, never an error. On CUDA the chunk is
+//!   batch of 2 GiB is 171 chunks, never an error. On CUDA the chunk is
 //!   gathered on the [copy pool](host_copy) (persistent workers, one per core)
 //!   straight into host-mapped pinned memory and the ids come back the same
 //!   way (no DMA copy of a size the host must learn first); a batch of one

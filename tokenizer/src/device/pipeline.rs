@@ -51,7 +51,7 @@
 //!
 //! # One chunk hands out on the calling thread
 //!
-//! A batch of one chunk (any batch within [`ChunkLimits`], 8 MiB by default,
+//! A batch of one chunk (any batch within [`ChunkLimits`], 12 MiB by default,
 //! so every `Tokenizer` device encode of one text up to that size, which goes
 //! through [`DeviceEncoder::encode_batch_into`]) has nothing to overlap its
 //! hand-out with, so it runs on the calling thread, as
@@ -111,12 +111,22 @@ use crate::Tokenizer;
 
 const ROLES: usize = Role::ALL.len();
 
-/// Default most text bytes per chunk: 8 MiB, so a 64 MiB batch is eight chunks,
-/// four of them (32 MiB, about 4,000 of the bulk split's blocks) on the device
-/// at once while the next is staged and earlier ones are handed out. At most
-/// [`MAX_TEXT_BYTES`] (256 MiB), the split's limit.
+/// Default most text bytes per chunk: 12 MiB, so a 64 MiB batch is six chunks
+/// (the last of 4 MiB), four of them (48 MiB, about 6,000 of the bulk split's
+/// blocks) on the device at once while the next is staged and earlier ones are
+/// handed out. A chunk takes buffers of the next power of two (16 MiB). At
+/// most [`MAX_TEXT_BYTES`] (256 MiB), the split's limit.
 ///
-/// Why 8 and not 16 MiB: a batch costs about the first chunk's gather, the
+/// Why 12: on 2026-12-05 (H200, the 64 MiB cl100k batch into a reused
+/// [`BatchIds`], the bench's rotated rounds, after the look-backs got cheaper)
+/// 12 MiB chunks had the lowest median of the sizes swept in all seven runs of
+/// three builds: 6.38 and 6.39 ms (10.5 GB/s) on the landed build's two runs,
+/// against 6.80 and 7.12 for 8 MiB, 6.73 and 6.72 for 16, 6.95 and 7.17 for 6
+/// and 8.08 and 8.29 for 4 (minimums 6.20 and 6.25 against 6.32 and 6.68 for
+/// 8 MiB). Fewer chunks pay fewer fixed costs (a ticket counter, look-backs
+/// and hand-outs each), and four of them still leave a chunk being staged.
+///
+/// Why not 16 MiB, in the nineteenth session: a batch costs about the first chunk's gather, the
 /// device's work and the last chunks' hand-outs (the bench's per-chunk
 /// timeline, H200, 2026-12-03: four 16 MiB chunks all done on the device by
 /// 8.74 ms, their last hand-outs until 10.6 ms), and both ends halve with the
@@ -160,7 +170,7 @@ const ROLES: usize = Role::ALL.len();
 /// 30 KB chunk step by step instead of as the resident-grid kernel beside the
 /// chunks still computing: medians of fifteen alternating encodes 7.50 against
 /// 7.74 ms in one run, 7.71 against 7.67 in the next.
-pub const CHUNK_TEXT_BYTES: u64 = 8 << 20;
+pub const CHUNK_TEXT_BYTES: u64 = 12 << 20;
 
 /// Default most documents per chunk.
 pub const CHUNK_DOCUMENTS: u64 = 1 << 20;
