@@ -126,11 +126,11 @@ const ROLES: usize = Role::ALL.len();
 /// 8 MiB). Fewer chunks pay fewer fixed costs (a ticket counter, look-backs
 /// and hand-outs each), and four of them still leave a chunk being staged.
 ///
-/// Why not 16 MiB, in the nineteenth session: a batch costs about the first chunk's gather, the
-/// device's work and the last chunks' hand-outs (the bench's per-chunk
-/// timeline, H200, 2026-12-03: four 16 MiB chunks all done on the device by
-/// 8.74 ms, their last hand-outs until 10.6 ms), and both ends halve with the
-/// chunk. In the `gpu_encode` bench's rows of the same runs (a 64 MiB cl100k
+/// Why not 16 MiB, in the nineteenth session: a batch costs about the first
+/// chunk's gather, the device's work and the last chunks' hand-outs (the
+/// bench's per-chunk timeline, H200, 2026-12-03: four 16 MiB chunks all done
+/// on the device by 8.74 ms, their last hand-outs until 10.6 ms), and both
+/// ends halve with the chunk. In the `gpu_encode` bench's rows of the same runs (a 64 MiB cl100k
 /// batch into new vectors, seven runs over the nineteenth session, before and
 /// after the copy engine took the text and ids) chunks of 8 MiB took 10.59,
 /// 10.67, 11.43, 11.91, 12.09 and 14.47 ms where 16 MiB took 12.79, 13.09,
@@ -2136,8 +2136,6 @@ fn input(graph: &mut AnyGraph, slot: InputSlot) -> Result<&mut [u8], TokenizerEr
         .map_err(|error| backend_error("staging the graph's inputs", error))
 }
 
-/// Consecutive ranges of whole documents within `limits` (a document over the
-/// byte limit alone in its range). An empty batch has no range.
 /// The order in which a batch's chunks (of `lengths` text bytes, in text
 /// order) go to the device: in text order, but a last chunk that runs as one
 /// fused dispatch (`runs_fused`: a few KiB left over after the full chunks)
@@ -2157,6 +2155,8 @@ fn submission_order(lengths: &[u64], runs_fused: impl Fn(u64) -> bool) -> Vec<us
     }
 }
 
+/// Consecutive ranges of whole documents within `limits` (a document over the
+/// byte limit alone in its range). An empty batch has no range.
 fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
     let mut ranges = Vec::new();
     let mut first = 0;
