@@ -515,10 +515,12 @@ fn compose_in_turn(
 /// counts this block done, and the last block to finish clears the
 /// `regions · B` status words and the counters for the next dispatch.
 ///
-/// Thread 0 makes every status access and the count. A fence before the count
-/// (release) puts all its status reads and exchanges before it; a fence after
-/// (acquire), then the workgroup reduction's barriers, put the last block's
-/// clearing stores after every block's count, and so after every exchange.
+/// Thread 0 makes every status exchange and the count; every thread's status
+/// reads have returned before it (their values went into the look-back's
+/// workgroup reductions), so no clear can reach them. A fence before the count
+/// (release) puts thread 0's exchanges before it; a fence after (acquire),
+/// then the workgroup reduction's barriers, put the last block's clearing
+/// stores after every block's count, and so after every exchange.
 pub(crate) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
     let finished = b.let_mut("finished_before", 0u32);
     b.if_(local().equals(0u32), |b| {
