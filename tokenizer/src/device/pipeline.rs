@@ -119,11 +119,11 @@ const ROLES: usize = Role::ALL.len();
 ///
 /// Why 12: on 2026-12-05 (H200, the 64 MiB cl100k batch into a reused
 /// [`BatchIds`], the bench's rotated rounds, after the look-backs got cheaper)
-/// 12 MiB chunks had the lowest median of the sizes swept in all seven runs of
-/// three builds: 6.38 and 6.39 ms (10.5 GB/s) on the landed build's two runs,
-/// against 6.80 and 7.12 for 8 MiB, 6.73 and 6.72 for 16, 6.95 and 7.17 for 6
-/// and 8.08 and 8.29 for 4 (minimums 6.20 and 6.25 against 6.32 and 6.68 for
-/// 8 MiB). Fewer chunks pay fewer fixed costs (a ticket counter, look-backs
+/// 12 MiB chunks had a lower median than 8 MiB in all seven runs of three
+/// builds, and the lowest of the sizes swept in six (16 MiB's was lower once):
+/// 6.38 and 6.39 ms (10.5 GB/s) on the landed build's two runs, against 6.80
+/// and 7.12 for 8 MiB, 6.73 and 6.72 for 16, 6.95 and 7.17 for 6 and 8.08 and
+/// 8.29 for 4 (minimums 6.20 and 6.25 against 6.32 and 6.68 for 8 MiB). Fewer chunks pay fewer fixed costs (a ticket counter, look-backs
 /// and hand-outs each), and four of them still leave a chunk being staged.
 ///
 /// Why not 16 MiB, in the nineteenth session: a batch costs about the first
