@@ -259,7 +259,7 @@ impl<'w> Printer<'w> {
                 value,
             } => {
                 self.put_fmt(format_args!("atomic_{}", op.name()))?;
-                self.atomic_operands(buffer, index, None, value)
+                self.atomic_operands(buffer, index, &[value])
             }
             Node::AtomicFetch {
                 name,
@@ -271,7 +271,7 @@ impl<'w> Printer<'w> {
                 self.put("let ")?;
                 self.put(name)?;
                 self.put_fmt(format_args!(" = atomic_fetch_{}", op.name()))?;
-                self.atomic_operands(buffer, index, None, value)
+                self.atomic_operands(buffer, index, &[value])
             }
             Node::CompareExchange {
                 name,
@@ -283,7 +283,7 @@ impl<'w> Printer<'w> {
                 self.put("let ")?;
                 self.put(name)?;
                 self.put(" = atomic_compare_exchange")?;
-                self.atomic_operands(buffer, index, Some(expected), value)
+                self.atomic_operands(buffer, index, &[expected, value])
             }
             Node::AtomicLoad {
                 name,
@@ -292,11 +292,8 @@ impl<'w> Printer<'w> {
             } => {
                 self.put("let ")?;
                 self.put(name)?;
-                self.put(" = atomic_load(&")?;
-                self.put(buffer)?;
-                self.put("[")?;
-                self.expr(index, 0)?;
-                self.put("])")
+                self.put(" = atomic_load")?;
+                self.atomic_operands(buffer, index, &[])
             }
             Node::WorkgroupScan {
                 name,
@@ -325,24 +322,17 @@ impl<'w> Printer<'w> {
         }
     }
 
-    /// `(&buffer[index], [expected, ]value)`.
-    fn atomic_operands(
-        &mut self,
-        buffer: &str,
-        index: &Expr,
-        expected: Option<&Expr>,
-        value: &Expr,
-    ) -> fmt::Result {
+    /// `(&buffer[index])`, or with `operands` after it: `(&buffer[index], a, b)`.
+    fn atomic_operands(&mut self, buffer: &str, index: &Expr, operands: &[&Expr]) -> fmt::Result {
         self.put("(&")?;
         self.put(buffer)?;
         self.put("[")?;
         self.expr(index, 0)?;
-        self.put("], ")?;
-        if let Some(expected) = expected {
-            self.expr(expected, 0)?;
+        self.put("]")?;
+        for operand in operands {
             self.put(", ")?;
+            self.expr(operand, 0)?;
         }
-        self.expr(value, 0)?;
         self.put(")")
     }
 
