@@ -1034,52 +1034,46 @@ impl ValidGenerator {
         let op = *self.rng.pick(&AtomicOp::ALL).unwrap_or(&AtomicOp::Add);
         let index = Expr::var(at);
         let value = self.expr(ty, 2);
-        let node = match self.rng.below(4) {
-            0 => {
-                return vec![Node::Atomic {
-                    op,
-                    buffer,
-                    index,
-                    value,
-                }]
+        let kind = self.rng.below(4);
+        if kind == 0 {
+            return vec![Node::Atomic {
+                op,
+                buffer,
+                index,
+                value,
+            }];
+        }
+        // Drawn before the result is declared, so that it cannot read it.
+        let expected = (kind == 2).then(|| {
+            if self.rng.one_in(2) {
+                // Often the element's own value, so the exchange happens.
+                Expr::load(buffer.clone(), index.clone())
+            } else {
+                self.expr(ty, 1)
             }
-            3 => {
-                let name = self.fresh_name();
-                self.declare(name.clone(), ty, false);
-                Node::AtomicLoad {
-                    name,
-                    buffer,
-                    index,
-                }
-            }
-            1 => {
-                let name = self.fresh_name();
-                self.declare(name.clone(), ty, false);
-                Node::AtomicFetch {
-                    name,
-                    op,
-                    buffer,
-                    index,
-                    value,
-                }
-            }
-            _ => {
-                let expected = if self.rng.one_in(2) {
-                    // Often the element's own value, so the exchange happens.
-                    Expr::load(buffer.clone(), index.clone())
-                } else {
-                    self.expr(ty, 1)
-                };
-                let name = self.fresh_name();
-                self.declare(name.clone(), ty, false);
-                Node::CompareExchange {
-                    name,
-                    buffer,
-                    index,
-                    expected,
-                    value,
-                }
-            }
+        });
+        let name = self.fresh_name();
+        self.declare(name.clone(), ty, false);
+        let node = match (kind, expected) {
+            (_, Some(expected)) => Node::CompareExchange {
+                name,
+                buffer,
+                index,
+                expected,
+                value,
+            },
+            (1, None) => Node::AtomicFetch {
+                name,
+                op,
+                buffer,
+                index,
+                value,
+            },
+            _ => Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            },
         };
         vec![node]
     }
