@@ -214,11 +214,11 @@ impl LookBack<'_> {
             .iter()
             .map(|(_, value)| value.clone())
             .collect();
-        match self.channels {
+        let open = self.word(AGGREGATE, &aggregates);
+        let published = match self.channels {
             [(Combine::States(_), map)] => {
                 let settled = self.word(INCLUSIVE, &[map.clone() & (maps::STATES - 1)]);
-                let open = self.word(AGGREGATE, &aggregates);
-                self.publish_word(b, maps::is_constant(map).select(settled, open));
+                maps::is_constant(map).select(settled, open)
             }
             channels
                 if channels
@@ -230,12 +230,11 @@ impl LookBack<'_> {
                     .map(|(_, value)| value.clone().less_than(INFINITY))
                     .reduce(Expr::and)
                     .unwrap_or(Expr::bool(false));
-                let inclusive = self.word(INCLUSIVE, &aggregates);
-                let open = self.word(AGGREGATE, &aggregates);
-                self.publish_word(b, settled.select(inclusive, open));
+                settled.select(self.word(INCLUSIVE, &aggregates), open)
             }
-            _ => self.publish(b, AGGREGATE, &aggregates),
-        }
+            _ => open,
+        };
+        self.publish_word(b, published);
         let workgroup_size = self.workgroup_size;
         let mut carries = Vec::new();
         for (channel, (combine, _)) in self.channels.iter().enumerate() {
@@ -455,7 +454,7 @@ impl LookBack<'_> {
 }
 
 /// Blocks a look-back's first round reads (at most `W`): its status words are
-/// read by atomics, one a thread, and a round of `W` reads 1,024 words in the
+/// read by atomic loads, one a thread, and a round of `W` reads 1,024 words in the
 /// batch's blocks of 1,024 threads where the nearest inclusive prefix is most
 /// often a few blocks back (the block just before, where its aggregate already
 /// is its inclusive value). A walk that finds none within reach reads `W`

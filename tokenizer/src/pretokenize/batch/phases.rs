@@ -25,7 +25,7 @@
 //! one, a line break in a punctuation piece's tail), the scan carries it: no
 //! thread ever walks a run.
 
-use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program};
+use vyre_cuda::ir::{Access, BlockBuilder, BufferCount, ElemType, Expr, Program, ReduceOp};
 
 use super::code::{self, kind, starts_character, starts_document};
 use super::ir::{as_u32, has_bit, load_where, local};
@@ -193,7 +193,7 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
             .or(local()
                 .equals(workgroup_size - 1)
                 .and(maps::is_constant(&chunk).logical_not()));
-        let any_open = b.workgroup_reduce("any_open", vyre_cuda::ir::ReduceOp::Max, as_u32(open));
+        let any_open = b.workgroup_reduce("any_open", ReduceOp::Max, as_u32(open));
         b.if_(any_open.equals(1u32), |b| {
             maps::scan_inclusive_stored(b, "states", "scan", workgroup_size, chunk.clone());
         });
