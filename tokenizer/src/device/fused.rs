@@ -76,16 +76,20 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 pub const SHORT_TEXT_BYTES: u64 = 4096;
 
 /// Default most text bytes a chunk takes through the resident-grid program:
-/// 128 KiB, the largest size at which it was the faster path for every shape.
-/// On the H200 (2026-12-02, the `gpu_encode` bench's rows, eager, median of
-/// 250) one cooperative dispatch took, at 8 / 32 / 128 KiB, 90 / 110 / 135 µs
-/// of prose where every step its own dispatch took 114 / 131 / 157, CJK
-/// 203 / 211 / 256 against 223 / 229 / 277, code 148 / 167 / 189 against
-/// 166 / 186 / 209; at 256 KiB prose was even (189 / 198) and CJK and code
-/// slower (482 / 344, 322 / 246): the fused kernel's own time (one register
-/// budget and one grid for every step, a grid sync between steps) grows past
-/// the launches it saves.
-pub const RESIDENT_TEXT_BYTES: u64 = 128 << 10;
+/// 256 KiB, the largest size at which it was the faster path for prose and CJK
+/// and even for code. On the H200 (2026-12-05, the `gpu_encode` bench's rows,
+/// eager, median of 250) one cooperative dispatch took, at 8 / 64 / 128 /
+/// 256 KiB, 81.9 / 98.2 / 111.5 / 142.7 µs of prose where every step its own
+/// dispatch took 96.4 / 115.9 / 127.9 / 161.6, CJK 87.8 / 101.6 / 128.5 /
+/// 186.4 against 97.2 / 117.9 / 142.3 / 197.5, code 105.6 / 124.6 / 138.5 /
+/// 193.0 against 123.7 / 143.0 / 158.3 / 191.4; at 512 KiB CJK and code were
+/// slower (423.1 / 410.3, 319.4 / 272.7): the fused kernel's own time (one
+/// register budget and one grid for every step, a grid sync between steps;
+/// 88.9 against 75.2 µs of kernels for 256 KiB of prose) grows past the
+/// launches and the waits between dependent steps that it saves. (On
+/// 2026-12-02, before the steps' later changes, 256 KiB was already even for
+/// prose and slower for CJK and code, and the default was 128 KiB.)
+pub const RESIDENT_TEXT_BYTES: u64 = 256 << 10;
 
 /// A fused program, how it runs its steps' groups, and the role of each of its
 /// global buffers, in binding order.

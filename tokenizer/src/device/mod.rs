@@ -78,7 +78,7 @@
 //! - **Short and mid-size texts**: a chunk of at most 4 KiB
 //!   ([`fused::SHORT_TEXT_BYTES`], [`ChunkLimits::short_text_bytes`]) runs as
 //!   one kernel in which one workgroup runs every step's workgroups in turn,
-//!   and a chunk of at most 128 KiB ([`fused::RESIDENT_TEXT_BYTES`],
+//!   and a chunk of at most 256 KiB ([`fused::RESIDENT_TEXT_BYTES`],
 //!   [`ChunkLimits::resident_text_bytes`]) as one cooperative kernel whose
 //!   resident workgroups share each step's, a grid sync between steps
 //!   ([`fused`]): one dispatch instead of seven or eight, each of which such a
