@@ -423,6 +423,48 @@ impl ChunkTimings {
 /// saves.
 pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 
+/// From this many bytes of text capacity (256 KiB) a CUDA slot's text goes up
+/// by the copy engine (a [`PinnedBuffer`] bound as [`Binding::Pinned`], one
+/// DMA before the first kernel), and its ids too from [`COPY_ENGINE_FROM`].
+///
+/// Why lower than the ids': a kernel that reads host-mapped text waits on
+/// PCIe reads, one round trip per load, where the copy engine streams. On the
+/// H200 (2026-12-05, the `gpu_encode` bench) `stage` took 18.8–19.7 µs of
+/// one 256 KiB document's kernels reading the host-mapped text, 13 GB/s
+/// against the 35–42 GB/s of a 256 KiB pinned copy. The ids stay host-mapped
+/// below 1 MiB: their copy would need their count on the host first (a wait,
+/// then the copy's own round trip).
+pub const TEXT_COPY_ENGINE_FROM: u64 = 256 << 10;
+
+/// How a CUDA slot moves its text up and its ids down: by the copy engine
+/// ([`TEXT_COPY_ENGINE_FROM`], [`COPY_ENGINE_FROM`]) or through host-mapped
+/// memory that a kernel reads or writes (every slot of another backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Transfers {
+    /// The text is pinned and goes up by DMA; `stage` reads device memory.
+    text_by_copy_engine: bool,
+    /// `compact` stores the ids into device memory and the copy engine brings
+    /// them into host-mapped memory.
+    ids_by_copy_engine: bool,
+}
+
+impl Transfers {
+    /// One index per kind of slot, for keeping a few of each.
+    fn kind(self) -> usize {
+        usize::from(self.text_by_copy_engine) | usize::from(self.ids_by_copy_engine) << 1
+    }
+
+    /// Whether `role`'s buffer is in device memory with a host-side copy the
+    /// copy engine fills or empties (the text pinned, the ids host-mapped).
+    fn by_copy_engine(self, role: Role) -> bool {
+        match role {
+            Role::StagedText => self.text_by_copy_engine,
+            Role::Ids => self.ids_by_copy_engine,
+            _ => false,
+        }
+    }
+}
+
 /// Whether the host writes or reads `role` itself: on CUDA it lives in
 /// host-mapped pinned memory (the ids only in slots below
 /// [`COPY_ENGINE_FROM`]; larger ones keep them in device memory and copy
@@ -557,21 +599,24 @@ struct Slot {
     document_capacity: u64,
     buffers: [Option<DeviceBuffer>; ROLES],
     /// Where the copy engine brings the ids when `compact` stores them into
-    /// device memory (CUDA slots of at least [`COPY_ENGINE_FROM`] bytes):
+    /// device memory (CUDA slots from [`COPY_ENGINE_FROM`] bytes):
     /// host-mapped, as large as the `ids` buffer. `None`: the `ids` buffer is
     /// host-visible itself.
     ids_host: Option<DeviceBuffer>,
     /// The staged text, when the `stage` dispatch uploads it by DMA (CUDA slots
-    /// from [`COPY_ENGINE_FROM`] bytes): it takes the place of the
+    /// from [`TEXT_COPY_ENGINE_FROM`] bytes): it takes the place of the
     /// `staged_text` buffer, which the slot then does not have.
     staged_text_pinned: Option<PinnedBuffer>,
 }
 
 impl Slot {
-    /// Whether the slot moves its text and ids by the copy engine
-    /// ([`COPY_ENGINE_FROM`]): it has their pinned and host-mapped buffers.
-    fn by_copy_engine(&self) -> bool {
-        self.ids_host.is_some()
+    /// How the slot moves its text and ids: by the copy engine where it has
+    /// their pinned and host-mapped buffers.
+    fn transfers(&self) -> Transfers {
+        Transfers {
+            text_by_copy_engine: self.staged_text_pinned.is_some(),
+            ids_by_copy_engine: self.ids_host.is_some(),
+        }
     }
 
     fn buffer(&self, role: Role) -> Result<&DeviceBuffer, TokenizerError> {
@@ -969,10 +1014,10 @@ impl DeviceEncoder {
         let (text, documents) = capacities(text_bytes, documents);
         let mut device = 0;
         let mut host = 0;
-        let by_copy_engine = self.by_copy_engine(text);
+        let transfers = self.transfers(text);
         for role in Role::ALL {
             let bytes = self.slot_role_bytes(role, text, documents);
-            if by_copy_engine && matches!(role, Role::Ids | Role::StagedText) {
+            if transfers.by_copy_engine(role) {
                 // The ids in device memory, copied into as many host-mapped bytes;
                 // the text pinned on the host, uploaded into a transient device
                 // buffer of its size while the chunk is in flight.
@@ -1333,19 +1378,19 @@ impl DeviceEncoder {
     /// one that is large enough, or a new one (powers of two).
     fn take_slot(&self, text_len: u64, documents: u64) -> Result<Slot, TokenizerError> {
         let (text, documents) = capacities(text_len, documents);
-        let by_copy_engine = self.by_copy_engine(text);
+        let transfers = self.transfers(text);
         {
             let mut slots = self
                 .slots
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            // A chunk below `COPY_ENGINE_FROM` never takes a slot that moves its
-            // text and ids by the copy engine: the whole pinned text would go up and
-            // the ids would take a copy's round trip, for a few KiB.
+            // A small chunk never takes a slot that moves its text or ids by the
+            // copy engine: the whole pinned text would go up and the ids would take
+            // a copy's round trip, for a few KiB.
             if let Some(index) = slots.iter().position(|slot| {
                 slot.text_capacity >= text
                     && slot.document_capacity >= documents
-                    && slot.by_copy_engine() == by_copy_engine
+                    && slot.transfers() == transfers
             }) {
                 return Ok(slots.swap_remove(index));
             }
@@ -1359,7 +1404,7 @@ impl DeviceEncoder {
                 continue;
             }
             if let (Role::StagedText, true, AnyBackend::Cuda(gpu)) =
-                (role, by_copy_engine, &self.backend)
+                (role, transfers.text_by_copy_engine, &self.backend)
             {
                 let pinned = usize::try_from(bytes)
                     .map_err(|_| internal(format!("a slot of {bytes} text bytes on this host")))?;
@@ -1372,13 +1417,13 @@ impl DeviceEncoder {
                 staged_text_pinned = Some(pinned);
                 continue;
             }
-            if role == Role::Ids && by_copy_engine {
+            if role == Role::Ids && transfers.ids_by_copy_engine {
                 let host = host_visible_buffer(&self.backend, bytes).map_err(|error| {
                     backend_error(&format!("allocating {bytes} host bytes for the ids"), error)
                 })?;
                 ids_host = Some(host);
             }
-            let buffer = if host_visible(role) && !(role == Role::Ids && by_copy_engine) {
+            let buffer = if host_visible(role) && !transfers.by_copy_engine(role) {
                 host_visible_buffer(&self.backend, bytes)
             } else {
                 self.backend.buffer(bytes)
@@ -1400,10 +1445,14 @@ impl DeviceEncoder {
         })
     }
 
-    /// Whether a slot of `text_capacity` bytes moves its text and ids by the copy
-    /// engine ([`COPY_ENGINE_FROM`]).
-    fn by_copy_engine(&self, text_capacity: u64) -> bool {
-        matches!(self.backend, AnyBackend::Cuda(_)) && text_capacity >= COPY_ENGINE_FROM
+    /// How a slot of `text_capacity` bytes moves its text and ids
+    /// ([`TEXT_COPY_ENGINE_FROM`], [`COPY_ENGINE_FROM`]; only on CUDA).
+    fn transfers(&self, text_capacity: u64) -> Transfers {
+        let cuda = matches!(self.backend, AnyBackend::Cuda(_));
+        Transfers {
+            text_by_copy_engine: cuda && text_capacity >= TEXT_COPY_ENGINE_FROM,
+            ids_by_copy_engine: cuda && text_capacity >= COPY_ENGINE_FROM,
+        }
     }
 
     fn give_back(&self, slot: Slot) {
@@ -1416,9 +1465,9 @@ impl DeviceEncoder {
         // byte), so that small chunks still find a slot of theirs after a batch
         // of large ones.
         slots.sort_by_key(|slot| std::cmp::Reverse(slot.text_capacity));
-        let mut kept = [0usize; 2];
+        let mut kept = [0usize; 4];
         slots.retain(|slot| {
-            let kind = &mut kept[usize::from(slot.by_copy_engine())];
+            let kind = &mut kept[slot.transfers().kind()];
             *kind += 1;
             *kind <= SLOTS_KEPT
         });
@@ -1470,15 +1519,19 @@ impl DeviceEncoder {
         let steps = compiled.programs.steps();
         // (kernel, its bindings' roles, workgroups, name) of each dispatch.
         // `stage` and `compact` over device memory need no cap for PCIe's sake.
-        let device_memory = Geometry {
-            compact_workgroups: DEVICE_COMPACT_WORKGROUPS,
-            stage_workgroups: DEVICE_STAGE_WORKGROUPS,
+        let transfers = slot.transfers();
+        let grid_geometry = &Geometry {
+            stage_workgroups: if transfers.text_by_copy_engine {
+                DEVICE_STAGE_WORKGROUPS
+            } else {
+                geometry.stage_workgroups
+            },
+            compact_workgroups: if transfers.ids_by_copy_engine {
+                DEVICE_COMPACT_WORKGROUPS
+            } else {
+                geometry.compact_workgroups
+            },
             ..*geometry
-        };
-        let grid_geometry = if slot.by_copy_engine() {
-            &device_memory
-        } else {
-            geometry
         };
         let step_by_step = steps.iter().zip(&compiled.kernels).map(|(step, kernel)| {
             let workgroups = step
@@ -2007,7 +2060,7 @@ fn hand_out_part(
 ) -> Result<u64, TokenizerError> {
     let (starts, total) = read_starts(backend, slot, None, documents)?;
     let mut copy_ns = 0;
-    if slot.by_copy_engine() {
+    if slot.transfers().ids_by_copy_engine {
         let start = Instant::now();
         part.download(backend, slot.buffer(Role::Ids)?, total)?;
         copy_ns = elapsed_ns(start);
