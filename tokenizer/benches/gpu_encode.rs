@@ -47,9 +47,10 @@
 //!   split's bytes per thread), each with the kernel's own time: the kernel is
 //!   one workgroup, so its time is its warps' serial depth, which more threads
 //!   shorten. `VYRE_BENCH_SHORT=0` leaves it out;
-//! - one document of 8 KiB to 2 MiB eager through the resident-grid kernel
+//! - one document of 1 KiB to 2 MiB eager through the resident-grid kernel
 //!   (every step in one cooperative dispatch) and with every step its own
-//!   dispatch. `VYRE_BENCH_RESIDENT=0` leaves it out;
+//!   dispatch, and up to 4 KiB through the short-text kernel.
+//!   `VYRE_BENCH_RESIDENT=0` leaves it out;
 //! - one 1 KiB document and 256 KiB of each shape eager with the `merge`
 //!   step's slab at other lengths (`Geometry::merge_slab_bytes`: the pieces of
 //!   at most that many bytes merge in workgroup memory, longer ones in global
@@ -734,28 +735,38 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
     }
 }
 
-/// One document of each shape, 8 KiB to 2 MiB, eager through the
-/// resident-grid kernel and step by step (`step_by_step`), each with the
-/// kernels' own time: where the one cooperative dispatch stops paying, which
-/// places `RESIDENT_TEXT_BYTES`.
+/// One document of each shape, 1 KiB to 2 MiB, eager through the
+/// resident-grid kernel and step by step (`step_by_step`), and up to 4 KiB
+/// through the short-text kernel, each with the kernels' own time: where the
+/// one cooperative dispatch stops paying, which places `RESIDENT_TEXT_BYTES`,
+/// and where it overtakes the one workgroup of the short-text kernel, which
+/// places `SHORT_TEXT_BYTES`.
 fn resident_by_size(
     gpu: &CudaBackend,
     cpu: &Tokenizer,
     step_by_step: &DeviceEncoder,
     rounds: usize,
 ) {
-    let resident = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
-        cpu,
-        Geometry::default(),
-        ChunkLimits {
-            resident_text_bytes: 4 << 20,
-            ..ChunkLimits::default()
-        },
-    )
-    .expect("encoder");
-    println!("\nthe resident-grid kernel against every step its own dispatch (eager, median of {rounds}; kernels' own time in brackets):");
-    let sizes = [8usize, 16, 32, 64, 128, 256, 512, 1024, 2048];
+    let only = |limits: ChunkLimits| {
+        DeviceEncoder::with_geometry(
+            AnyBackend::Cuda(gpu.clone()),
+            cpu,
+            Geometry::default(),
+            limits,
+        )
+        .expect("encoder")
+    };
+    let resident = only(ChunkLimits {
+        short_text_bytes: 0,
+        resident_text_bytes: 4 << 20,
+        ..ChunkLimits::default()
+    });
+    let short = only(ChunkLimits {
+        resident_text_bytes: 0,
+        ..ChunkLimits::default()
+    });
+    println!("\nthe resident-grid kernel against every step its own dispatch and the short-text kernel (eager, median of {rounds}; kernels' own time in brackets):");
+    let sizes = [1usize, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048];
     for (shape, kib) in Shape::ALL
         .into_iter()
         .flat_map(|shape| sizes.map(|kib| (shape, kib)))
@@ -765,6 +776,9 @@ fn resident_by_size(
         let mut row = format!("  {shape:>5} {kib:>5} KiB:");
         for (label, encoder) in [("resident", &resident), ("step by step", step_by_step)] {
             row += &eager_cell(encoder, &text, &ids, rounds, label);
+        }
+        if short.runs_short(text.len() as u64) {
+            row += &eager_cell(&short, &text, &ids, rounds, "short");
         }
         println!("{row}");
     }

@@ -10,7 +10,9 @@
 //! documents gathered on the [copy pool](super::host_copy): ordinary `&str`s
 //! copy at 7–12 GB/s from pageable memory by DMA, measured on the H200 host,
 //! but a parallel gather into pinned memory runs at memory speed), the `stage`
-//! kernel pulls it into device memory, the split and the merges run there, and
+//! kernel pulls it into device memory (from [`TEXT_COPY_ENGINE_FROM`], 256 KiB,
+//! the text is gathered into pinned memory and goes up by DMA instead, and
+//! `stage` copies device memory), the split and the merges run there, and
 //! `compact` writes each document's first id index (and the total) straight
 //! back into host-mapped memory. The ids themselves go the same way in chunks
 //! below [`COPY_ENGINE_FROM`] (1 MiB): no DMA copy and no read of a size

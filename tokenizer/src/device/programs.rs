@@ -75,8 +75,9 @@
 //! writes the ids into it (in chunks below
 //! [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM); larger
 //! ones keep their ids in device memory for the copy engine, and their
-//! `compact` takes up to [`DEVICE_COMPACT_WORKGROUPS`]; their text comes up by
-//! the copy engine too, and their `stage` takes up to
+//! `compact` takes up to [`DEVICE_COMPACT_WORKGROUPS`]; the text of chunks from
+//! [`TEXT_COPY_ENGINE_FROM`](super::pipeline::TEXT_COPY_ENGINE_FROM) comes up
+//! by the copy engine, and their `stage` takes up to
 //! [`DEVICE_STAGE_WORKGROUPS`]), so both are bound by
 //! PCIe, not by the SMs: on the
 //! H200 (2026-12-02, a 64 MiB cl100k batch in four 16 MiB chunks) `stage` took
@@ -462,7 +463,7 @@ pub const DEVICE_COMPACT_WORKGROUPS: u32 = 1024;
 
 /// Most workgroups of `stage` when the copy engine has already brought the
 /// text into device memory (CUDA slots from
-/// [`COPY_ENGINE_FROM`](super::pipeline::COPY_ENGINE_FROM)): 1,024, as
+/// [`TEXT_COPY_ENGINE_FROM`](super::pipeline::TEXT_COPY_ENGINE_FROM)): 1,024, as
 /// [`DEVICE_COMPACT_WORKGROUPS`]. [`Geometry::stage_workgroups`] caps a
 /// `stage` that reads host-mapped memory across PCIe; one that copies device
 /// memory into device memory waits on nothing, and at that cap's 128 workgroups
