@@ -22,6 +22,7 @@ use device_batches::{
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
+use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
 use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
 use vyre_tokenizer::device::programs::{
     param, written_roles, Grid, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
@@ -2099,6 +2100,7 @@ fn short_texts_through_one_workgroup_equal_cpu() {
                 &tokenizer,
                 geometry,
                 ChunkLimits {
+                    short_text_bytes: SHORT_TEXT_BYTES,
                     resident_text_bytes: 0,
                     ..ChunkLimits::default()
                 },
@@ -2148,6 +2150,7 @@ fn resident_grid_equals_cpu() {
     );
     assert!(batches.len() >= 4, "{} batches", batches.len());
     let limits = ChunkLimits {
+        short_text_bytes: SHORT_TEXT_BYTES,
         resident_text_bytes: 24 << 10,
         ..ChunkLimits::default()
     };

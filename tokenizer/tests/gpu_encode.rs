@@ -22,7 +22,7 @@ mod split_corpus;
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, check_batch, check_batch_ids,
     device_piece_starts, documents_cut_inside_runs, long_piece_texts, random_texts,
-    small_split_geometry, with_fused_steps_in_32_threads, STEP_BY_STEP,
+    small_split_geometry, with_fused_steps_in_32_threads, SHORT_UP_TO_ITS_LIMIT, STEP_BY_STEP,
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
@@ -500,7 +500,7 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
             .collect();
         batches.push(batch_with_empty_documents(&mut random, 40));
         for geometry in geometries {
-            let encoder = cuda_encoder(&cpu, geometry, ChunkLimits::default());
+            let encoder = cuda_encoder(&cpu, geometry, SHORT_UP_TO_ITS_LIMIT);
             assert!(encoder.runs_short(4096), "{geometry:?}");
             let what = format!(
                 "short-text workgroup of {} threads × {} bytes",

@@ -75,6 +75,19 @@ use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_T
 /// Most text bytes an encode takes through the short-text program.
 pub const SHORT_TEXT_BYTES: u64 = 4096;
 
+/// Default most text bytes a chunk takes through the short-text program
+/// ([`ChunkLimits::short_text_bytes`](super::pipeline::ChunkLimits)): 2 KiB,
+/// the largest size at which its one workgroup still beat the resident grid.
+/// On the H200 (2026-12-05, the `gpu_encode` bench's resident rows, eager,
+/// median of 250, two runs) one document of 1 / 2 / 3 / 4 KiB took, through
+/// the short-text kernel, 50.9 / 70.1–70.7 / 101.7–101.8 / 120.4–120.7 µs of
+/// prose against 72.7–73.7 µs at every size through the resident grid, CJK
+/// 53.4–53.7 / 75.4–75.9 / 105.8–106.0 / 127.1–127.2 against 71.4–79.0, code
+/// 70.9–72.0 / 93.1 / 113.9–114.3 / 133.3–134.0 against 91.2–101.3: one
+/// workgroup's serial depth grows with the text, while the resident grid
+/// spreads each step over a workgroup per 1 KiB block.
+pub const DEFAULT_SHORT_TEXT_BYTES: u64 = 2048;
+
 /// Default most text bytes a chunk takes through the resident-grid program:
 /// 256 KiB, the largest size at which it was the faster path for prose and CJK
 /// and even for code. On the H200 (2026-12-05, the `gpu_encode` bench's rows,
@@ -86,9 +99,15 @@ pub const SHORT_TEXT_BYTES: u64 = 4096;
 /// slower (423.1 / 410.3, 319.4 / 272.7): the fused kernel's own time (one
 /// register budget and one grid for every step, a grid sync between steps;
 /// 88.9 against 75.2 µs of kernels for 256 KiB of prose) grows past the
-/// launches and the waits between dependent steps that it saves. (On
-/// 2026-12-02, before the steps' later changes, 256 KiB was already even for
-/// prose and slower for CJK and code, and the default was 128 KiB.)
+/// launches and the waits between dependent steps that it saves. With the
+/// text of a 256 KiB slot brought up by the copy engine
+/// ([`TEXT_COPY_ENGINE_FROM`](super::pipeline::TEXT_COPY_ENGINE_FROM)), the
+/// same day's A/B call (two rounds) measured 256 KiB eager through the default
+/// encoder at prose 149.9 / 153.4 µs against 167.7 / 166.3 step by step, CJK
+/// 185.0 / 194.3 against 200.3 / 202.5, code 185.6 / 191.6 against 182.7 /
+/// 183.9. (On 2026-12-02, before the steps' later changes, 256 KiB was
+/// already even for prose and slower for CJK and code, and the default was
+/// 128 KiB.)
 pub const RESIDENT_TEXT_BYTES: u64 = 256 << 10;
 
 /// A fused program, how it runs its steps' groups, and the role of each of its

@@ -75,8 +75,8 @@
 //!   never merges into the next document; the compaction writes the ids in
 //!   text order and each document's first id index, and the host hands each
 //!   document its slice.
-//! - **Short and mid-size texts**: a chunk of at most 4 KiB
-//!   ([`fused::SHORT_TEXT_BYTES`], [`ChunkLimits::short_text_bytes`]) runs as
+//! - **Short and mid-size texts**: a chunk of at most 2 KiB
+//!   ([`fused::DEFAULT_SHORT_TEXT_BYTES`], [`ChunkLimits::short_text_bytes`]) runs as
 //!   one kernel in which one workgroup runs every step's workgroups in turn,
 //!   and a chunk of at most 256 KiB ([`fused::RESIDENT_TEXT_BYTES`],
 //!   [`ChunkLimits::resident_text_bytes`]) as one cooperative kernel whose

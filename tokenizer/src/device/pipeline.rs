@@ -96,7 +96,8 @@ use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::batch_ids::{BatchIds, Part};
 use super::fused::{
-    resident_program, short_program, ShortProgram, Spread, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
+    resident_program, short_program, ShortProgram, Spread, DEFAULT_SHORT_TEXT_BYTES,
+    RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
 };
 use super::host_copy;
 use super::programs::{
@@ -274,8 +275,8 @@ pub struct ChunkLimits {
     /// Most documents of a chunk.
     pub documents: u64,
     /// A chunk of at most this many text bytes runs every step in one
-    /// workgroup, in one dispatch (default [`SHORT_TEXT_BYTES`]; at most that;
-    /// 0: none does).
+    /// workgroup, in one dispatch (default [`DEFAULT_SHORT_TEXT_BYTES`]; at most
+    /// [`SHORT_TEXT_BYTES`]; 0: none does).
     pub short_text_bytes: u64,
     /// A larger chunk of at most this many text bytes runs every step in one
     /// cooperative dispatch on a grid of resident workgroups, a grid sync
@@ -289,7 +290,7 @@ impl Default for ChunkLimits {
         ChunkLimits {
             text_bytes: CHUNK_TEXT_BYTES,
             documents: CHUNK_DOCUMENTS,
-            short_text_bytes: SHORT_TEXT_BYTES,
+            short_text_bytes: DEFAULT_SHORT_TEXT_BYTES,
             resident_text_bytes: RESIDENT_TEXT_BYTES,
         }
     }

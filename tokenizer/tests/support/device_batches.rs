@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 use vyre_cuda::backend::AnyBackend;
+use vyre_tokenizer::device::fused::{RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES};
 use vyre_tokenizer::device::pipeline::{CHUNK_DOCUMENTS, CHUNK_TEXT_BYTES};
 use vyre_tokenizer::device::{BatchIds, ChunkLimits, DeviceEncoder, Geometry, ShortText};
 use vyre_tokenizer::pretokenize::pattern::piece_starts;
@@ -258,6 +259,17 @@ pub const STEP_BY_STEP: ChunkLimits = ChunkLimits {
     documents: CHUNK_DOCUMENTS,
     short_text_bytes: 0,
     resident_text_bytes: 0,
+};
+
+/// The short-text kernel up to its limit, 4 KiB ([`SHORT_TEXT_BYTES`]; the
+/// default stops at 2 KiB, where the resident grid starts to win), and the
+/// resident grid from there as by default: the short-text kernel's tests
+/// reach its largest texts.
+pub const SHORT_UP_TO_ITS_LIMIT: ChunkLimits = ChunkLimits {
+    text_bytes: CHUNK_TEXT_BYTES,
+    documents: CHUNK_DOCUMENTS,
+    short_text_bytes: SHORT_TEXT_BYTES,
+    resident_text_bytes: RESIDENT_TEXT_BYTES,
 };
 
 /// `geometry` (whose BPE steps take 32 threads) with the split and the
