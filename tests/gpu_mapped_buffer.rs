@@ -123,6 +123,56 @@ fn gpu_host_mapped_buffer_is_refused_while_held() {
     assert_eq!(words(out.mapped_bytes().unwrap()), expected());
 }
 
+/// Locks out a `MappedView` made while the device may still write the buffer, or
+/// one that loses the buffer: taken while a submitted dispatch holds the buffer
+/// it is a `Fix:` error that gives the buffer back (negative control: the same
+/// call after `wait` succeeds), and so is one taken while a graph binds it; the
+/// view reads the kernel's words through `&self`, from another thread too, and
+/// `into_buffer` gives back a buffer a dispatch binds again, whose next stores
+/// the next view reads; a device-memory buffer is refused, unchanged.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_mapped_view_reads_in_place_once_nothing_holds_the_buffer() {
+    let gpu = support::backend();
+    let (kernel, config, input) = setup(&gpu);
+    let input_buffer = gpu.buffer_from(&input).unwrap();
+    let out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let pending = gpu
+        .submit(Dispatch::new(&kernel, &on(&[&input_buffer, &out])).config(&config))
+        .unwrap();
+    let (out, error) = out.into_mapped_view().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    pending.wait().unwrap();
+    let view = out.into_mapped_view().unwrap();
+    assert_eq!(view.len(), 4 * WORDS as u64);
+    assert_eq!(words(view.bytes()), expected());
+    std::thread::scope(|scope| {
+        let view = &view;
+        let other = scope.spawn(move || words(view.bytes()));
+        assert_eq!(other.join().unwrap(), expected());
+    });
+
+    let mut out = view.into_buffer();
+    out.mapped_bytes_mut().unwrap().fill(0);
+    let graph = gpu
+        .record(|rec| {
+            rec.dispatch(Dispatch::new(&kernel, &on(&[&input_buffer, &out])).config(&config))?;
+            Ok(())
+        })
+        .unwrap();
+    let (out, error) = out.into_mapped_view().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    drop(graph);
+    gpu.run(Dispatch::new(&kernel, &on(&[&input_buffer, &out])).config(&config))
+        .unwrap();
+    assert_eq!(words(out.into_mapped_view().unwrap().bytes()), expected());
+
+    let device = gpu.buffer(16).unwrap();
+    let (device, error) = device.into_mapped_view().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    assert_eq!(device.len(), 16);
+}
+
 /// Locks out a graph's owner that cannot read a host-mapped output in place
 /// between replays (the pre-tokenizer's piece starts: a copy would cost as much as
 /// its kernels), and a view that lets anyone else write under it:

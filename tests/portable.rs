@@ -119,6 +119,19 @@ fn reference_interface_refuses_foreign_objects() {
         .is_ok());
 }
 
+/// Locks out a reference buffer that pretends to be host-mapped memory: taking it
+/// into a `MappedView` is a `Fix:` error that gives the buffer back with its bytes
+/// (what it answers on CUDA for device memory), so code that keeps a view where
+/// the device allows one falls back to reading the buffer.
+#[test]
+fn reference_buffers_make_no_mapped_view() {
+    let backend = AnyBackend::reference();
+    let buffer = backend.buffer_from(&[7u32, 8, 9]).unwrap();
+    let (buffer, error) = buffer.into_mapped_view().unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    assert_eq!(backend.read::<u32>(&buffer).unwrap(), [7, 8, 9]);
+}
+
 /// Locks out a reference graph that accepts what the CUDA recorder refuses (so code
 /// tested without a GPU would fail on one): readback ranges inside a graph and
 /// grid-sync kernels are `Fix:` errors, and an empty recording is refused.

@@ -172,6 +172,33 @@ impl DeviceBuffer {
         }
     }
 
+    /// The buffer, taken out of every dispatch's reach, as a view of its bytes
+    /// that reads in place through `&self` ([`MappedView`]): for a result that
+    /// keeps a kernel's output where the kernel wrote it, and reads it from
+    /// several threads, without a copy. [`MappedView::into_buffer`] gives the
+    /// buffer back.
+    ///
+    /// `Err` with the buffer, unchanged, and a `Fix:` error for a buffer in device
+    /// (or reference) memory, and while anything else holds its memory (a
+    /// [`PendingDispatch`](super::PendingDispatch) not yet waited for, a
+    /// [`DispatchGraph`] that binds it), as [`DeviceBuffer::mapped_bytes`].
+    #[allow(clippy::result_large_err)] // the buffer comes back with the reason
+    pub fn into_mapped_view(mut self) -> Result<MappedView, (DeviceBuffer, BackendError)> {
+        let exclusive = match self.mapped_memory() {
+            Ok(memory) => Arc::get_mut(memory).is_some(),
+            Err(error) => return Err((self, error)),
+        };
+        if !exclusive {
+            return Err((
+                self,
+                BackendError::bad_input(
+                    "Fix: this host-mapped DeviceBuffer is still held by a dispatch in flight or by                      a DispatchGraph that binds it; wait for the PendingDispatch (or drop the graph)                      before taking it into a MappedView",
+                ),
+            ));
+        }
+        Ok(MappedView { buffer: self })
+    }
+
     /// The host-mapped memory of this buffer, or the `Fix:` error saying it is not.
     fn mapped_memory(&mut self) -> Result<&mut Arc<DeviceMemory>, BackendError> {
         match &mut self.storage {
@@ -218,6 +245,58 @@ impl DeviceBuffer {
             Storage::Cuda { backend, .. } => Some(backend.caps.ordinal),
             Storage::Reference(_) => None,
         }
+    }
+}
+
+/// A host-mapped [`DeviceBuffer`] that no dispatch can bind, read in place through
+/// `&self` ([`DeviceBuffer::into_mapped_view`]).
+///
+/// Why: [`DeviceBuffer::mapped_bytes`] takes `&mut self`, because a dispatch binds
+/// a buffer through `&DeviceBuffer` and could write it under a shared view. A result
+/// that keeps a kernel's output where the kernel wrote it (a tokenizer's ids, read
+/// document by document, from any thread) needs `&self` access instead; holding the
+/// buffer by value and never lending it out gives that: nothing can bind the memory
+/// while the view lives, and nothing held it when the view was made.
+pub struct MappedView {
+    buffer: DeviceBuffer,
+}
+
+impl std::fmt::Debug for MappedView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedView")
+            .field("bytes", &self.buffer.bytes)
+            .finish()
+    }
+}
+
+impl MappedView {
+    /// The buffer's bytes, in place (no copy, no driver call).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.buffer.storage {
+            Storage::Cuda {
+                memory: Some(memory),
+                ..
+            } => memory.host_mapped().map_or(&[][..], |mapped| {
+                mapped.slice(0, self.buffer.bytes as usize)
+            }),
+            // `into_mapped_view` takes host-mapped CUDA memory only.
+            _ => &[],
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.buffer.bytes
+    }
+
+    /// True for a zero-byte view.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.bytes == 0
+    }
+
+    /// The buffer again, for dispatches to bind (its bytes unchanged).
+    pub fn into_buffer(self) -> DeviceBuffer {
+        self.buffer
     }
 }
 

@@ -69,7 +69,7 @@ mod request;
 mod stream_ops;
 
 pub use any::{AnyBackend, AnyGraph, AnyLane, AnyPendingReplay, AnyRecorder, BackendKind};
-pub use buffer::{DeviceBuffer, PinnedBuffer};
+pub use buffer::{DeviceBuffer, MappedView, PinnedBuffer};
 pub use cache::{CacheStats, HitMiss, ModuleKey, PtxKey};
 pub use caps::{DeviceCaps, LaunchPlan, PipelineFeatures};
 pub use cuda::{CudaBackend, MemoryBudget, PoolStats};

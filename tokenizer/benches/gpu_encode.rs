@@ -12,7 +12,8 @@
 //!   and its ids' copy to the host; the copy bound's ids down also by
 //!   `CudaBackend::copy` into host-mapped memory, the way the encoder brings a
 //!   large chunk's ids up;
-//! - one 262,144-byte document, eager and as a graph (its ids into a new vector
+//! - one 262,144-byte document, eager (into a reused vector and into a reused
+//!   `BatchIds`) and as a graph (its ids into a new vector
 //!   and into one vector reused, as the eager rows' `wait_into`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps); one 1,024-byte document as a graph and eager, through the
@@ -356,6 +357,15 @@ fn main() {
             small_rounds,
             &format!("{shape}, step by step"),
         );
+        // Into one `BatchIds` again and again: its part takes the chunk's
+        // host-mapped ids instead of copying them.
+        let mut batch_ids = BatchIds::new();
+        let (into_batch_ids, _) = median(small_rounds, || {
+            encoder
+                .encode_batch_ids(&[&text[..]], &mut batch_ids)
+                .expect("encode into BatchIds")
+        });
+        assert_eq!(batch_ids.get(0), Some(&ids[..]), "{shape}: BatchIds");
         let mut graph = encoder.graph(text.len()).expect("graph");
         let (graphed, (graph_ids, _)) = median(small_rounds, || {
             graph.encode_timed(&text).expect("graph encode")
@@ -370,10 +380,11 @@ fn main() {
         });
         assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
         println!(
-            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), into a reused BatchIds {:.1} µs; graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
             eager * 1e6,
             step_timings.kernel_ns() as f64 / 1e3,
             step_timings.kernel_line(),
+            into_batch_ids * 1e6,
             graphed * 1e6,
             graphed_into * 1e6,
             stepped * 1e6,

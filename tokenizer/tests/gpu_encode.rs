@@ -918,6 +918,65 @@ fn gpu_batch_ids_come_down_into_pinned_memory_and_equal_cpu() {
     );
 }
 
+/// Locks out batch ids of small chunks that a later encode overwrites (a part
+/// that reads its chunk's host-mapped ids in place while the slot keeps writing
+/// there, instead of taking the buffer and giving the slot another) or that the
+/// buffers' exchange loses: on one encoder, one 256 KiB document (one chunk
+/// below `COPY_ENGINE_FROM`, the resident grid), then a batch of 200 short and
+/// empty documents (the short-text kernel's and step-by-step sizes), each
+/// encoded into two `BatchIds` in turn, again and again with other texts;
+/// after every encode both results still hold their own texts' ids, equal to
+/// the CPU encoder's. Negative control: the texts of consecutive encodes
+/// differ, so a result showing another's ids fails its check.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_batch_ids_of_small_chunks_keep_their_memory_and_equal_cpu() {
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("built-in encoding");
+    let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
+    let mut random = SplitMix64::new(0xB1D5);
+    let mut texts_of = |round: usize| -> Vec<Vec<u8>> {
+        match round % 3 {
+            0 => vec![generate(
+                Shape::ALL[round / 3 % 3],
+                256 << 10,
+                random.next_u64(),
+            )],
+            1 => batch_with_empty_documents(&mut random, 200),
+            _ => vec![generate(Shape::Cjk, (200 << 10) + round, random.next_u64())],
+        }
+    };
+    let expected_of = |texts: &[Vec<u8>]| -> Vec<Vec<u32>> {
+        texts
+            .iter()
+            .map(|text| cpu.encode_ordinary_bytes(text))
+            .collect()
+    };
+    let mut results = [BatchIds::new(), BatchIds::new()];
+    let mut expected: [Vec<Vec<u32>>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..12 {
+        let texts = texts_of(round);
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        assert!(
+            encoder.chunks(&refs).len() == 1
+                && refs.iter().map(|text| text.len() as u64).sum::<u64>() < COPY_ENGINE_FROM,
+            "round {round}: one chunk below COPY_ENGINE_FROM"
+        );
+        let which = round % 2;
+        encoder
+            .encode_batch_ids(&refs, &mut results[which])
+            .unwrap_or_else(|error| panic!("round {round}: {error}"));
+        let now = expected_of(&texts);
+        assert_ne!(now, expected[which], "negative control, round {round}");
+        expected[which] = now;
+        for (index, (result, expected)) in results.iter().zip(&expected).enumerate() {
+            assert!(
+                result.to_vecs() == *expected,
+                "round {round}: result {index} lost its ids"
+            );
+        }
+    }
+}
+
 /// Locks out an eager encode whose steps each wait on the device for every
 /// earlier step that touched their buffers (most steps read what several
 /// earlier ones wrote) instead of for the one before, which already ran after

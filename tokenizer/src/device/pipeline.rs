@@ -2067,7 +2067,7 @@ fn hand_out_part(
         let start = Instant::now();
         part.download(backend, slot.buffer(Role::Ids)?, total)?;
         copy_ns = elapsed_ns(start);
-    } else {
+    } else if !part.take_mapped(backend, slot.buffer_mut(Role::Ids)?, total) {
         read_host_visible(backend, slot.buffer_mut(Role::Ids)?, None, total, |ids| {
             part.copy_from(ids)
         })?;
