@@ -334,17 +334,15 @@ fn main() {
     chunk_sizes_rotated(&gpu, &cpu, &byte_refs, rounds);
 
     // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
-    let step_by_step = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
+    let step_by_step = encoder_with_limits(
+        &gpu,
         &cpu,
-        Geometry::default(),
         ChunkLimits {
             short_text_bytes: 0,
             resident_text_bytes: 0,
             ..ChunkLimits::default()
         },
-    )
-    .expect("encoder");
+    );
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
@@ -758,15 +756,7 @@ fn resident_by_size(
     step_by_step: &DeviceEncoder,
     rounds: usize,
 ) {
-    let only = |limits: ChunkLimits| {
-        DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(gpu.clone()),
-            cpu,
-            Geometry::default(),
-            limits,
-        )
-        .expect("encoder")
-    };
+    let only = |limits| encoder_with_limits(gpu, cpu, limits);
     let resident = only(ChunkLimits {
         short_text_bytes: 0,
         resident_text_bytes: 4 << 20,
@@ -793,6 +783,17 @@ fn resident_by_size(
         }
         println!("{row}");
     }
+}
+
+/// An encoder on `gpu` at the default geometry with `limits`.
+fn encoder_with_limits(gpu: &CudaBackend, cpu: &Tokenizer, limits: ChunkLimits) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        cpu,
+        Geometry::default(),
+        limits,
+    )
+    .expect("encoder")
 }
 
 /// One eager encode of `text` with `encoder` (median of `rounds`), its ids
@@ -1116,13 +1117,7 @@ fn chunk_sizes_rotated(gpu: &CudaBackend, cpu: &Tokenizer, texts: &[&[u8]], roun
                 text_bytes,
                 ..ChunkLimits::default()
             };
-            DeviceEncoder::with_geometry(
-                AnyBackend::Cuda(gpu.clone()),
-                cpu,
-                Geometry::default(),
-                limits,
-            )
-            .expect("encoder")
+            encoder_with_limits(gpu, cpu, limits)
         })
         .collect();
     let mut results: Vec<BatchIds> = encoders.iter().map(|_| BatchIds::new()).collect();
