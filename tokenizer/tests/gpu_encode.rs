@@ -834,30 +834,48 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
 }
 
 /// Locks out ids that still cross PCIe as `compact`'s stores (holding the SMs
-/// the other chunks' steps need) in chunks from `COPY_ENGINE_FROM` (1 MiB), and
-/// small chunks that take a large chunk's slot and pay its copies: waiting for a
-/// 2 MiB encode makes exactly one async copy, the ids' (by the copy engine,
-/// into host-mapped memory; the text went up by DMA at submission), and the ids
-/// equal the CPU encoder's; then, on the same encoder, a 512 KiB encode's wait
-/// makes none (its `compact` stores into host-mapped memory): it got a slot of
-/// its own kind, although the 2 MiB one was idle and large enough.
+/// the other chunks' steps need) in chunks from `COPY_ENGINE_FROM` (1 MiB), text
+/// that a kernel still reads across PCIe in chunks from `TEXT_COPY_ENGINE_FROM`
+/// (256 KiB), and small chunks that take a larger chunk's slot and pay its
+/// copies: submitting a 2 MiB encode makes one async copy (the text's DMA) and
+/// waiting for it one more, the ids' (by the copy engine, into host-mapped
+/// memory), and the ids equal the CPU encoder's; then, on the same encoder, a
+/// 512 KiB encode's text goes up by DMA but its wait makes no copy (its
+/// `compact` stores into host-mapped memory), and a 128 KiB encode makes none
+/// at all (`stage` reads its host-mapped text): each got a slot of its own
+/// kind, although the larger ones were idle and large enough.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_large_chunks_bring_their_ids_up_by_the_copy_engine() {
     let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("built-in encoding");
     let encoder = &cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
-    for (bytes, copies) in [(COPY_ENGINE_FROM as usize * 2, 1), (512 << 10, 0)] {
+    for (bytes, text_copies, id_copies) in [
+        (COPY_ENGINE_FROM as usize * 2, 1, 1),
+        (512 << 10, 1, 0),
+        (128 << 10, 0, 0),
+    ] {
+        assert_eq!(
+            (
+                bytes as u64 >= TEXT_COPY_ENGINE_FROM,
+                bytes as u64 >= COPY_ENGINE_FROM
+            ),
+            (text_copies == 1, id_copies == 1),
+            "{bytes} bytes"
+        );
         let text = generate(Shape::Prose, bytes, 11);
         let expected = cpu.encode_ordinary_bytes(&text);
         for round in 0..2 {
-            let pending = encoder.submit_bytes(&[&text]).unwrap();
             let before = vyre_cuda::backend::thread_driver_calls();
+            let pending = encoder.submit_bytes(&[&text]).unwrap();
+            let submitted = vyre_cuda::backend::thread_driver_calls();
             let ids = pending.wait().unwrap();
-            let calls = vyre_cuda::backend::thread_driver_calls().since(&before);
+            let waited = vyre_cuda::backend::thread_driver_calls().since(&submitted);
+            let submitted = submitted.since(&before);
             assert_eq!(ids[0], expected, "{bytes} bytes");
             assert_eq!(
-                calls.async_copies, copies,
-                "{bytes} bytes, round {round}: {calls:?}"
+                (submitted.async_copies, waited.async_copies),
+                (text_copies, id_copies),
+                "{bytes} bytes, round {round}: submitted {submitted:?}, waited {waited:?}"
             );
         }
     }
