@@ -845,8 +845,8 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
 /// at all (`stage` reads its host-mapped text): each got a slot of its own
 /// kind, although the larger ones were idle and large enough. Every step its
 /// own dispatch: the resident grid's cooperative launch makes a copy of its
-/// own (its grid barrier's reset), which the 128 KiB encode would otherwise
-/// count.
+/// own (its grid barrier read back for the barrier's audit), which the
+/// 128 KiB encode would otherwise count.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_large_chunks_bring_their_ids_up_by_the_copy_engine() {
