@@ -471,7 +471,9 @@ impl Transfers {
 /// Whether the host writes or reads `role` itself: on CUDA it lives in
 /// host-mapped pinned memory (the ids only in slots below
 /// [`COPY_ENGINE_FROM`]; larger ones keep them in device memory and copy
-/// them into [`Slot::ids_host`]).
+/// them into [`Slot::ids_host`]; the staged text only in slots below
+/// [`TEXT_COPY_ENGINE_FROM`], larger ones stage it in a [`PinnedBuffer`]
+/// that goes up by DMA: [`Transfers`]).
 fn host_visible(role: Role) -> bool {
     matches!(
         role,
