@@ -2055,8 +2055,10 @@ fn read_starts(
 
 /// Reads the document starts and the ids of a finished chunk into `part`: by
 /// the copy engine straight into its pinned memory where the chunk's ids are
-/// in device memory, else copied out of the slot's host-mapped ids; the host
-/// time of the copy engine's copy (0 for the other).
+/// in device memory, else by taking the slot's host-mapped ids buffer itself
+/// ([`Part::take_mapped`], the slot getting the part's earlier one), or, where
+/// it cannot, by copying out of it; the host time of the copy engine's copy
+/// (0 for the others).
 fn hand_out_part(
     backend: &AnyBackend,
     slot: &mut Slot,
