@@ -304,9 +304,10 @@ impl Part {
     /// The chunk's `tokens` ids where the device wrote them, the first words of
     /// `ids` (the slot's host-mapped buffer), without a copy: the part keeps that
     /// buffer and leaves in its place the host-mapped buffer it held, when that is
-    /// of the same size, else new memory of that size. False, with `ids` and the
-    /// part as they were, where that cannot be (memory that is not host-mapped or
-    /// is still held, no memory to allocate): the caller copies instead.
+    /// of the same size, else new memory of that size. False, with `ids` as it
+    /// was, where that cannot be (memory that is not host-mapped or is still
+    /// held, no memory to allocate): the caller copies instead, which rewrites
+    /// the part (whose own memory may then be gone).
     pub(super) fn take_mapped(
         &mut self,
         backend: &AnyBackend,
