@@ -41,7 +41,7 @@ use bytemuck::Pod;
 
 use super::cuda::BackendInner;
 use super::dispatch::Transfer;
-use super::driver::{DeviceMemory, PinnedMemory};
+use super::driver::{DeviceMemory, MappedMemory, PinnedMemory};
 use super::graph::DispatchGraph;
 use super::reference_backend::{HostMemory, ReferenceInner};
 use super::{BackendError, Binding, CudaBackend};
@@ -105,11 +105,18 @@ impl DeviceBuffer {
     /// True when the bytes live in host-mapped memory
     /// ([`CudaBackend::host_mapped_buffer`]).
     pub fn is_host_mapped(&self) -> bool {
+        self.host_mapped().is_some()
+    }
+
+    /// The host-mapped memory of a CUDA buffer (`None` in device or reference
+    /// memory). Reading it is for those who know nothing can write it.
+    fn host_mapped(&self) -> Option<&MappedMemory> {
         match &self.storage {
-            Storage::Cuda { memory, .. } => memory
-                .as_ref()
-                .is_some_and(|memory| memory.host_mapped().is_some()),
-            Storage::Reference(_) => false,
+            Storage::Cuda {
+                memory: Some(memory),
+                ..
+            } => memory.host_mapped(),
+            _ => None,
         }
     }
 
@@ -134,11 +141,7 @@ impl DeviceBuffer {
         let memory = self.mapped_memory()?;
         match Arc::get_mut(memory).and_then(DeviceMemory::host_mapped_mut) {
             Some(mapped) => Ok(mapped.slice_mut(0, len)),
-            None => Err(BackendError::bad_input(
-                "Fix: this host-mapped DeviceBuffer is still held by a dispatch in flight or by a \
-                 DispatchGraph that binds it; wait for the PendingDispatch (or drop the graph) before \
-                 reading or writing it in place",
-            )),
+            None => Err(still_held("reading or writing it in place")),
         }
     }
 
@@ -189,12 +192,7 @@ impl DeviceBuffer {
             Err(error) => return Err((self, error)),
         };
         if !exclusive {
-            return Err((
-                self,
-                BackendError::bad_input(
-                    "Fix: this host-mapped DeviceBuffer is still held by a dispatch in flight or by                      a DispatchGraph that binds it; wait for the PendingDispatch (or drop the graph)                      before taking it into a MappedView",
-                ),
-            ));
+            return Err((self, still_held("taking it into a MappedView")));
         }
         Ok(MappedView { buffer: self })
     }
@@ -272,16 +270,10 @@ impl std::fmt::Debug for MappedView {
 impl MappedView {
     /// The buffer's bytes, in place (no copy, no driver call).
     pub fn bytes(&self) -> &[u8] {
-        match &self.buffer.storage {
-            Storage::Cuda {
-                memory: Some(memory),
-                ..
-            } => memory.host_mapped().map_or(&[][..], |mapped| {
-                mapped.slice(0, self.buffer.bytes as usize)
-            }),
-            // `into_mapped_view` takes host-mapped CUDA memory only.
-            _ => &[],
-        }
+        // `into_mapped_view` takes host-mapped CUDA memory only.
+        self.buffer.host_mapped().map_or(&[][..], |mapped| {
+            mapped.slice(0, self.buffer.bytes as usize)
+        })
     }
 
     /// Size in bytes.
@@ -308,6 +300,15 @@ pub(in crate::backend) fn foreign_buffer(verb: &str) -> BackendError {
             "Fix: cannot {verb} a DeviceBuffer of another backend; use the backend that allocated it"
         ),
     }
+}
+
+/// The `Fix:` error for a host-mapped buffer that a dispatch in flight or a graph
+/// still holds, refused before `to` (what the caller asked for).
+fn still_held(to: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: this host-mapped DeviceBuffer is still held by a dispatch in flight or by a \
+         DispatchGraph that binds it; wait for the PendingDispatch (or drop the graph) before {to}"
+    ))
 }
 
 fn gone() -> BackendError {
