@@ -382,6 +382,10 @@ impl LookBack<'_> {
                                     .max(Expr::u32(workgroup_size + 1) - reach.clone())
                                     - 1u32,
                             );
+                            // Both ways read every thread's entry from `scratch`.
+                            let entry = b.let_(format!("{prefix}_entry"), entry.clone());
+                            b.store(*scratch, local(), entry.clone());
+                            b.barrier();
                             b.if_else(
                                 first
                                     .clone()
@@ -392,12 +396,11 @@ impl LookBack<'_> {
                                         &prefix,
                                         scratch,
                                         workgroup_size,
-                                        entry.clone(),
                                         first.clone(),
                                     );
                                 },
                                 |b| {
-                                    maps::scan_inclusive(
+                                    maps::scan_inclusive_stored(
                                         b,
                                         &prefix,
                                         scratch,
@@ -473,8 +476,8 @@ pub(crate) const FIRST_REACH: u32 = 32;
 /// module's other changes of 2026-12-05 (see the module docs).
 const SERIAL_MOST: u32 = 32;
 
-/// Stores every thread's `entry` (a map) in `scratch`, then thread 0
-/// composes the entries of threads `first..W` in thread order into
+/// Thread 0 composes the entries (maps) every thread has stored at
+/// `scratch[t]`, a barrier since, of threads `first..W` in thread order into
 /// `scratch[W - 1]`, which every thread may read after this returns (the
 /// entries before `first` must be the identity). Needs workgroup-uniform
 /// control flow and a uniform `first`.
@@ -483,11 +486,8 @@ fn compose_in_turn(
     prefix: &str,
     scratch: &str,
     workgroup_size: u32,
-    entry: Expr,
     first: Expr,
 ) {
-    b.store(scratch, local(), entry);
-    b.barrier();
     let total = format!("{prefix}_in_turn");
     b.if_(local().equals(0u32), |b| {
         let running = b.let_mut(total.as_str(), maps::IDENTITY);

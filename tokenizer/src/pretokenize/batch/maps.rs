@@ -85,25 +85,11 @@ pub(super) fn compose(b: &mut BlockBuilder, name: &str, first: &Expr, then: &Exp
 }
 
 /// Emits an inclusive scan of `value` (a map per thread) over the workgroup in
-/// thread order through the shared array `scratch` of `workgroup_size` words;
-/// returns this thread's prefix (the maps of threads `0..=t` composed in order).
-/// Afterwards `scratch[t]` holds thread `t`'s prefix for every `t`. Needs
-/// workgroup-uniform control flow.
-pub(super) fn scan_inclusive(
-    b: &mut BlockBuilder,
-    prefix: &str,
-    scratch: &str,
-    workgroup_size: u32,
-    value: Expr,
-) -> Expr {
-    let value = b.let_(format!("{prefix}_scan_value"), value);
-    b.store(scratch, local(), value.clone());
-    b.barrier();
-    scan_inclusive_stored(b, prefix, scratch, workgroup_size, value)
-}
-
-/// [`scan_inclusive`] where every thread has already stored its `value` at
-/// `scratch[t]` and a barrier has passed since.
+/// thread order through the shared array `scratch` of `workgroup_size` words,
+/// where every thread has already stored its `value` at `scratch[t]` and a
+/// barrier has passed since; returns this thread's prefix (the maps of threads
+/// `0..=t` composed in order). Afterwards `scratch[t]` holds thread `t`'s
+/// prefix for every `t`. Needs workgroup-uniform control flow.
 pub(super) fn scan_inclusive_stored(
     b: &mut BlockBuilder,
     prefix: &str,

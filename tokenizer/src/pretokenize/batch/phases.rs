@@ -11,7 +11,7 @@
 //! looked up in the machine's [word table](mod@word_table): five class offsets
 //! added up, then the entry's two words. A byte inside a character has the
 //! identity map. A thread composes the maps of its bytes, the workgroup scans those
-//! ([`maps::scan_inclusive`]; not where every thread's map but the first's is
+//! ([`maps::scan_inclusive_stored`]; not where every thread's map but the first's is
 //! constant, as nearly all are for cl100k: then the map before a thread is the
 //! one of the thread before it), a look-back composes the blocks before (a
 //! block whose map is constant publishes its last state at once, any other
