@@ -13,10 +13,12 @@
 //!   `CudaBackend::copy` into host-mapped memory, the way the encoder brings a
 //!   large chunk's ids up;
 //! - one 262,144-byte document, eager (into a reused vector and into a reused
-//!   `BatchIds`) and as a graph (its ids into a new vector
-//!   and into one vector reused, as the eager rows' `wait_into`), with each
+//!   `BatchIds`) and as a graph (its ids into a new vector,
+//!   into one vector reused, as the eager rows' `wait_into`, and read where
+//!   the graph left them, `EncodeGraph::encode_in_place`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
-//!   BPE steps); one 1,024-byte document as a graph and eager, through the
+//!   BPE steps); one 1,024-byte document as a graph (ids into a new vector
+//!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside;
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
@@ -80,7 +82,8 @@ use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES;
 use vyre_tokenizer::device::{
-    host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, Geometry, ShortText,
+    host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
+    Geometry, ShortText,
 };
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -377,14 +380,16 @@ fn main() {
                 .expect("graph encode")
         });
         assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
+        let graphed_in_place = graph_in_place_median(&mut graph, &text, &ids, small_rounds);
         println!(
-            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), into a reused BatchIds {:.1} µs; graph {:.1} µs, into a reused vector {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), into a reused BatchIds {:.1} µs; graph {:.1} µs, into a reused vector {:.1} µs, ids read in place {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
             eager * 1e6,
             step_timings.kernel_ns() as f64 / 1e3,
             step_timings.kernel_line(),
             into_batch_ids * 1e6,
             graphed * 1e6,
             graphed_into * 1e6,
+            graphed_in_place * 1e6,
             stepped * 1e6,
             stepped_timings.kernel_ns() as f64 / 1e3,
             stepped_timings.kernel_line()
@@ -398,10 +403,13 @@ fn main() {
         graph.encode_timed(small.as_bytes()).expect("graph encode")
     });
     assert_eq!(graph_ids, small_ids, "1 KiB: graph ids");
+    let small_in_place =
+        graph_in_place_median(&mut graph, small.as_bytes(), &small_ids, small_rounds);
     let (peer, _) = median(small_rounds, || tiktoken.encode(&small));
     println!(
-        "1,024 bytes of prose: graph {:.1} µs, tiktoken-rs {:.1} µs on one thread; eager (target ≤ 25):",
+        "1,024 bytes of prose: graph {:.1} µs (ids read in place {:.1} µs), tiktoken-rs {:.1} µs on one thread; eager (target ≤ 25):",
         graphed * 1e6,
+        small_in_place * 1e6,
         peer * 1e6
     );
     for (label, eager_encoder) in [
@@ -834,6 +842,26 @@ fn eager_median(
     });
     assert_eq!(results[0], ids, "{label}: eager ids");
     (eager, timings)
+}
+
+/// The median time of `rounds` graph replays of `text` whose ids are read where
+/// the graph left them ([`EncodeGraph::encode_in_place`]), each checked against
+/// `ids` after its clock stopped.
+fn graph_in_place_median(
+    graph: &mut EncodeGraph<'_>,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+) -> f64 {
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let start = Instant::now();
+        let (in_place, _) = graph.encode_in_place(text).expect("graph encode in place");
+        times.push(start.elapsed().as_secs_f64());
+        assert!(in_place == ids, "graph ids read in place");
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// Whether the environment variable `name` is `0` (its section left out).

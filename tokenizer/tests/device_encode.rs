@@ -641,7 +641,8 @@ fn threaded_encodes_sharing_a_tokenizer_and_an_encoder_equal_cpu() {
 /// Locks out a submitted or recorded encode that differs from the eager one:
 /// `CHUNKS_IN_FLIGHT` submissions in flight waited in reverse order, and a
 /// graph recorded for one length replayed with three texts of that length
-/// (and once into a reused vector, which keeps its room), equal the CPU
+/// (and once into a reused vector, which keeps its room, and with the ids read
+/// where the graph left them, after a text with other ids), equal the CPU
 /// encoder; (negative controls) one more submission on the same
 /// thread (more than the backend's pending limit allows) and a graph text of
 /// another length are `Fix:` errors, not a deadlock or a wrong result.
@@ -688,9 +689,17 @@ fn submitted_and_graph_encodes_equal_cpu() {
     graph.encode_into(texts[0].as_bytes(), &mut ids).unwrap();
     assert_eq!(ids, tokenizer.encode_ordinary(texts[0]));
     assert_eq!(ids.capacity(), capacity);
+    // In place, alternating between two texts of one length: each read gives
+    // the last replay's ids, not the text's before.
+    for text in [texts[1], texts[0], texts[1]] {
+        let (in_place, _) = graph.encode_in_place(text.as_bytes()).unwrap();
+        assert_eq!(in_place, tokenizer.encode_ordinary(text), "{text}");
+    }
     let error = graph.encode(b"short").unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
     let error = graph.encode_into(b"short", &mut ids).unwrap_err();
+    assert!(error.message().starts_with("Fix:"), "{error}");
+    let error = graph.encode_in_place(b"short").unwrap_err();
     assert!(error.message().starts_with("Fix:"), "{error}");
     assert!(encoder.graph(0).is_err());
 }

@@ -1005,6 +1005,54 @@ fn gpu_batch_ids_of_small_chunks_keep_their_memory_and_equal_cpu() {
     }
 }
 
+/// Locks out a graph's ids read in place from the wrong memory: from the
+/// slot's device-memory ids where the copy engine brings them into pinned
+/// staging (texts from `COPY_ENGINE_FROM`), from the host-mapped ids before the
+/// replay wrote them, or from the previous replay's: graphs of 1 KiB (the
+/// short-text kernel), 256 KiB (the resident grid, ids in host-mapped memory)
+/// and 1.5 MiB (ids by the copy engine), each replayed with three texts of its
+/// length in turn (two shapes, then the first again), every slice equal to the
+/// CPU encoder's ids and to `encode_into`'s. Negative control: consecutive
+/// texts have other ids, so a stale slice fails its check.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_ids_read_in_place_equal_cpu() {
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("built-in encoding");
+    let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
+    let large = sized_for_tools("the large graph's text", 3 << 19, 1 << 20);
+    assert!(large as u64 >= COPY_ENGINE_FROM);
+    for bytes in [1 << 10, 256 << 10, large] {
+        let texts = [
+            generate(Shape::Prose, bytes, 71),
+            generate(Shape::Cjk, bytes, 72),
+            generate(Shape::Prose, bytes, 71),
+        ];
+        let mut graph = encoder.graph(bytes).unwrap();
+        let mut copied = Vec::new();
+        let mut before: Option<Vec<u32>> = None;
+        for (index, text) in texts.iter().enumerate() {
+            let expected = cpu.encode_ordinary_bytes(text);
+            if let Some(before) = &before {
+                assert_ne!(
+                    *before, expected,
+                    "negative control, {bytes} bytes, text {index}"
+                );
+            }
+            let (in_place, _) = graph.encode_in_place(text).unwrap();
+            assert!(
+                in_place == &expected[..],
+                "{bytes} bytes, text {index}: the ids read in place"
+            );
+            graph.encode_into(text, &mut copied).unwrap();
+            assert!(
+                copied == expected,
+                "{bytes} bytes, text {index}: encode_into"
+            );
+            before = Some(expected);
+        }
+    }
+}
+
 /// Locks out an eager encode whose steps each wait on the device for every
 /// earlier step that touched their buffers (most steps read what several
 /// earlier ones wrote) instead of for the one before, which already ran after
