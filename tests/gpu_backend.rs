@@ -438,6 +438,57 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
     assert!(gpu.is_usable());
 }
 
+/// Locks out a clock that is not `%globaltimer`'s nanoseconds or that runs
+/// backwards: 64 threads read it, run 20,000 dependent steps, and read it again;
+/// every first reading is a real time (past 0), every later one is past its
+/// first, and no thread's interval is longer than the kernel's own stamps
+/// (earliest block start to latest block end, on the same clock) plus one
+/// 32 ns tick at each end. The loop's result is stored, so the work stays.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_the_clock_reads_nanoseconds_inside_the_kernel() {
+    let gpu = backend();
+    let program = Program::builder([32, 1, 1])
+        .buffer(
+            "stamps",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let thread = b.let_("thread", Expr::global_id(Axis::X));
+            let start = b.let_("start", Expr::clock());
+            let value = b.let_mut("value", thread.clone());
+            b.loop_("step", 0u32, 20_000u32, |b, step| {
+                b.assign("value", value.clone() * 1_664_525u32 + step);
+            });
+            let end = b.let_("end", Expr::clock());
+            b.store("stamps", thread.clone() * 3u32, start.clone());
+            b.store("stamps", thread.clone() * 3u32 + 1u32, end - start);
+            b.store("stamps", thread * 3u32 + 2u32, value.cast(ScalarType::U64));
+        })
+        .build();
+    let input = vec![0u8; 64 * 3 * 8];
+    let config = DispatchConfig::linear(2);
+    let buffers = buffer_copies(&gpu, &[input]);
+    let bound = bindings(&buffers);
+    let timed = gpu
+        .run(Dispatch::program(&program, &bound).config(&config))
+        .unwrap();
+    let stamps = timed.outputs.read::<u64>("stamps").unwrap();
+    let window = timed.timings.kernel_stamps_ns;
+    assert!(window > 0, "{:?}", timed.timings);
+    for (thread, words) in stamps.chunks_exact(3).enumerate() {
+        let (start, elapsed) = (words[0], words[1]);
+        assert!(start > 0, "thread {thread}: {words:?}");
+        assert!(
+            elapsed > 0 && elapsed <= window + 64,
+            "thread {thread}: {elapsed} ns of {window}"
+        );
+    }
+}
+
 /// Locks out fixpoint iterations that run once (or restage between runs): five
 /// replays of `x += 1` over one buffer give 5.
 #[test]

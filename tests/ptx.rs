@@ -439,6 +439,29 @@ fn builtins() -> Program {
         .build()
 }
 
+/// The clock read twice around a store, each reading stored as a `u64`: the
+/// first reading and the difference.
+fn clock() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "stamps",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let start = b.let_("start", Expr::clock());
+            b.store("stamps", Expr::local_id(Axis::X), start.clone());
+            b.store(
+                "stamps",
+                Expr::local_id(Axis::X) + 32u32,
+                Expr::clock() - start,
+            );
+        })
+        .build()
+}
+
 fn workgroup_memory() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -1179,6 +1202,7 @@ fn fixtures() -> Vec<Fixture> {
             ..fixture("memory_unchecked", memory_program())
         },
         fixture("builtins", builtins()),
+        fixture("clock", clock()),
         fixture("workgroup_memory", workgroup_memory()),
         fixture("atomics_checked", atomics()),
         Fixture {

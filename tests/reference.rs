@@ -2776,3 +2776,45 @@ fn scalar_values_are_checked_before_a_run() {
     }
     assert!(reference::run_with_scalars(&program, &inputs, &good, &config, &options).is_ok());
 }
+
+/// Locks out a reference clock that stands still or runs backwards: two threads
+/// read it before and after a loop of 100 iterations, and each later reading is
+/// past its earlier one by at least the loop's work (100 iterations on 32
+/// lanes charged), while both threads' earlier readings are equal (they ran
+/// the same statement together). Negative control: readings with no work
+/// between them differ by less than the loop's work.
+#[test]
+fn the_reference_clock_counts_the_work_done() {
+    let program = Program::builder([2, 1, 1])
+        .buffer(
+            "out",
+            0,
+            Access::ReadWrite,
+            ElemType::U64,
+            BufferCount::Static(6),
+        )
+        .body(|b| {
+            let thread = Expr::local_id(Axis::X);
+            b.store("out", thread.clone(), Expr::clock());
+            b.store("out", thread.clone() + 2u32, Expr::clock());
+            let sum = b.let_mut("sum", 0u32);
+            b.loop_("i", 0u32, 100u32, |b, i| {
+                b.assign("sum", sum.clone() + i);
+            });
+            b.store("out", thread + 4u32, Expr::clock());
+        })
+        .build();
+    let out = reference::run(&program, &[&[0u8; 48]], &DispatchConfig::linear(1))
+        .unwrap_or_else(|e| panic!("{e}\n{program}"));
+    let words: Vec<u64> = out[0]
+        .chunks_exact(8)
+        .map(|word| u64::from_le_bytes(word.try_into().unwrap()))
+        .collect();
+    assert_eq!(words[0], words[1], "{words:?}");
+    let looped = 100 * 32;
+    for thread in 0..2 {
+        let (first, second, third) = (words[thread], words[thread + 2], words[thread + 4]);
+        assert!(first < second && second - first < looped, "{words:?}");
+        assert!(third - second >= looped, "{words:?}");
+    }
+}

@@ -2059,3 +2059,43 @@ fn arbitrary_programs_are_pinned_by_seed() {
     assert_eq!(arbitrary_programs_digest(0..600), PINNED);
     assert_ne!(arbitrary_programs_digest(600..1200), PINNED);
 }
+
+/// Locks out a clock read that passes as a `u32` or as workgroup-uniform: stored
+/// into a `u32` buffer it is a type mismatch naming `u64`, and a barrier under a
+/// condition on it is divergent (each thread reads its own value). Negative
+/// control: stored into a `u64` buffer, with no barrier under it, it validates.
+#[test]
+fn the_clock_is_a_divergent_u64() {
+    let u64_out = |body: &dyn Fn(&mut BlockBuilder)| {
+        Program::builder([32, 1, 1])
+            .buffer(
+                "out",
+                0,
+                Access::ReadWrite,
+                ElemType::U64,
+                BufferCount::Runtime,
+            )
+            .body(|b| body(b))
+            .build()
+    };
+    let fine = u64_out(&|b| {
+        b.store("out", Expr::local_id(Axis::X), Expr::clock());
+    });
+    validate(&fine, &limits()).unwrap_or_else(|error| panic!("{error}\n{fine}"));
+    expect_rule(
+        &with_body(|b| {
+            b.store("output", 0u32, Expr::clock());
+        }),
+        Rule::TypeMismatch,
+        &["u32", "u64"],
+    );
+    expect_rule(
+        &u64_out(&|b| {
+            b.if_(Expr::clock().less_than(Expr::u64(1000)), |b| {
+                b.barrier();
+            });
+        }),
+        Rule::DivergentBarrier,
+        &["entry[0].then[0]"],
+    );
+}

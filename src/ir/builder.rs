@@ -567,6 +567,10 @@ impl Expr {
     pub fn workgroup_count(axis: Axis) -> Expr {
         Expr::Builtin(Builtin::WorkgroupCount(axis))
     }
+    /// The device's clock ([`Builtin::Clock`], a `u64`).
+    pub fn clock() -> Expr {
+        Expr::Builtin(Builtin::Clock)
+    }
     /// Any binary operation.
     pub fn binary(op: BinaryOp, lhs: impl Into<Expr>, rhs: impl Into<Expr>) -> Expr {
         Expr::Binary {

@@ -424,13 +424,14 @@ impl Encoder {
             Expr::Builtin(b) => {
                 self.u8(8);
                 let (kind, axis) = match b {
-                    Builtin::GlobalId(a) => (0, a),
-                    Builtin::LocalId(a) => (1, a),
-                    Builtin::WorkgroupId(a) => (2, a),
-                    Builtin::WorkgroupCount(a) => (3, a),
+                    Builtin::GlobalId(a) => (0, a.index()),
+                    Builtin::LocalId(a) => (1, a.index()),
+                    Builtin::WorkgroupId(a) => (2, a.index()),
+                    Builtin::WorkgroupCount(a) => (3, a.index()),
+                    Builtin::Clock => (4, 0),
                 };
                 self.u8(kind);
-                self.u8(axis.index() as u8);
+                self.u8(axis as u8);
             }
             Expr::SubgroupShuffleXor { lane_mask, .. } => {
                 self.u8(9);

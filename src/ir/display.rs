@@ -505,6 +505,7 @@ impl Display for Builtin {
             Builtin::LocalId(a) => ("local_id", a),
             Builtin::WorkgroupId(a) => ("workgroup_id", a),
             Builtin::WorkgroupCount(a) => ("workgroup_count", a),
+            Builtin::Clock => return f.write_str("clock()"),
         };
         write!(f, "{name}.{}", axis.name())
     }

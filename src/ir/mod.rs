@@ -63,6 +63,10 @@
 //! element without a barrier between wins, the value an atomic returns when several
 //! threads touch one element, and the final value of an element updated with
 //! different atomic operations ([`AtomicOp`] says which forms are order-free).
+//! And one value is the machine's by design: [`Builtin::Clock`] reads the device's
+//! clock (nanoseconds on CUDA, units of work on the reference), for instruments that
+//! say when a phase of a kernel ended; the random programs of the differential tests
+//! never read it.
 //!
 //! # Worked example: a hash table
 //!

@@ -318,7 +318,7 @@ impl Axis {
     }
 }
 
-/// Invocation builtins; every one is a `u32`.
+/// Invocation builtins; every one is a `u32` but [`Builtin::Clock`], a `u64`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Builtin {
     /// `workgroup_id * workgroup_size + local_id` on one axis.
@@ -329,6 +329,24 @@ pub enum Builtin {
     WorkgroupId(Axis),
     /// The number of workgroups in the grid on one axis.
     WorkgroupCount(Axis),
+    /// The device's clock, a `u64` that never decreases within a thread: on CUDA
+    /// `%globaltimer`, in nanoseconds (an H200 advances it in 32 ns ticks); on the
+    /// reference interpreter the dispatch's units of work so far
+    /// ([`ReferenceStats::work`](crate::reference::ReferenceStats::work)), its own
+    /// measure of cost. For instruments inside a kernel (when each phase of a long
+    /// kernel ended), never for results: no two runs read the same values. It
+    /// differs between threads, so nothing workgroup-uniform may depend on it.
+    Clock,
+}
+
+impl Builtin {
+    /// The builtin's type: `u64` for [`Builtin::Clock`], `u32` for the others.
+    pub const fn ty(self) -> ScalarType {
+        match self {
+            Builtin::Clock => ScalarType::U64,
+            _ => ScalarType::U32,
+        }
+    }
 }
 
 /// A literal value.

@@ -1661,9 +1661,9 @@ impl<'p> Checker<'p> {
                 let level = match builtin {
                     Builtin::WorkgroupCount(_) => Level::Grid,
                     Builtin::WorkgroupId(_) => Level::Workgroup,
-                    Builtin::GlobalId(_) | Builtin::LocalId(_) => Level::Divergent,
+                    Builtin::GlobalId(_) | Builtin::LocalId(_) | Builtin::Clock => Level::Divergent,
                 };
-                Ok((ScalarType::U32, level))
+                Ok((builtin.ty(), level))
             }
             Expr::SubgroupShuffleXor { value, lane_mask } => {
                 self.subgroup_allowed(expr, node)?;

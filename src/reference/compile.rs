@@ -82,6 +82,8 @@ pub(crate) enum CompiledExpr {
     Builtin(BuiltinTable),
     /// `workgroup_count` on axis 0..3 (the same for every lane).
     WorkgroupCount(usize),
+    /// The dispatch's work so far (the same for every lane of one evaluation).
+    Clock,
     /// A subgroup shuffle-xor.
     ShuffleXor {
         value: Box<CompiledExpr>,
@@ -220,7 +222,8 @@ fn temporaries_of_expr(expr: &CompiledExpr) -> usize {
         | CompiledExpr::Variable(_)
         | CompiledExpr::Length(_)
         | CompiledExpr::Builtin(_)
-        | CompiledExpr::WorkgroupCount(_) => 1,
+        | CompiledExpr::WorkgroupCount(_)
+        | CompiledExpr::Clock => 1,
         CompiledExpr::Load { index: inner, .. }
         | CompiledExpr::Unary { operand: inner, .. }
         | CompiledExpr::Cast { value: inner, .. }
@@ -810,11 +813,12 @@ impl<'p> Compiler<'p> {
                         CompiledExpr::Builtin(BuiltinTable::Workgroup(axis.index()))
                     }
                     Builtin::WorkgroupCount(axis) => CompiledExpr::WorkgroupCount(axis.index()),
+                    Builtin::Clock => CompiledExpr::Clock,
                 };
                 if let CompiledExpr::Builtin(table) = compiled {
                     self.builtins_used[table.table_index()] = true;
                 }
-                (compiled, ScalarType::U32)
+                (compiled, builtin.ty())
             }
             Expr::SubgroupShuffleXor { value, lane_mask } => {
                 let (value, _) = self.expr(value)?;

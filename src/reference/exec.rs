@@ -1040,6 +1040,7 @@ impl<'a, W: Word> Machine<'a, W> {
             CompiledExpr::WorkgroupCount(axis) => {
                 self.filled(u64::from(self.grid.workgroup_count[*axis]), lanes.len())
             }
+            CompiledExpr::Clock => self.filled(self.stats.work(), lanes.len()),
             CompiledExpr::Length(buffer) => {
                 self.filled(u64::from(self.buffers[*buffer].length), lanes.len())
             }

@@ -17,7 +17,8 @@
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
 //!   the graph left them, `EncodeGraph::encode_in_place`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
-//!   BPE steps); one 1,024-byte document as a graph (ids into a new vector
+//!   BPE steps; a fused kernel's steps by its own clock, from counted
+//!   encodes); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside;
@@ -395,6 +396,10 @@ fn main() {
             stepped_timings.kernel_line()
         );
         println!("  one eager encode: {}", time_parts(&step_timings));
+        println!(
+            "  its kernel's steps by their own clock: {}",
+            counted_kernel_line(encoder, &text, &ids, small_rounds)
+        );
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
     let small_ids = cpu.encode_ordinary(&small);
@@ -429,6 +434,10 @@ fn main() {
             time_parts(&parts)
         );
     }
+    println!(
+        "  the short-text kernel's steps by their own clock: {}",
+        counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
+    );
 
     // 3. Memory.
     let (device, host) = encoder.chunk_buffer_bytes(16 << 20, 4096);
@@ -842,6 +851,22 @@ fn eager_median(
     });
     assert_eq!(results[0], ids, "{label}: eager ids");
     (eager, timings)
+}
+
+/// The kernel line of the median (by kernel time) of `rounds` counted encodes
+/// of `text`, each checked against `ids`: a fused kernel's steps by its own
+/// clock in brackets (`DeviceEncoder::encode_counted` reads them with the
+/// counts, which the timed rows leave out).
+fn counted_kernel_line(encoder: &DeviceEncoder, text: &[u8], ids: &[u32], rounds: usize) -> String {
+    let mut counted: Vec<ChunkTimings> = (0..rounds.max(1))
+        .map(|_| {
+            let (encoded, timings) = encoder.encode_counted(&[text]).expect("counted encode");
+            assert_eq!(encoded[0], ids, "counted encode");
+            timings
+        })
+        .collect();
+    counted.sort_by_key(ChunkTimings::kernel_ns);
+    counted[counted.len() / 2].kernel_line()
 }
 
 /// The median time of `rounds` graph replays of `text` whose ids are read where

@@ -2218,8 +2218,11 @@ fn resident_grid_equals_cpu() {
 }
 
 /// Encodes `batch` with `fused` and checks the CPU encoder's ids, one dispatch of
-/// the fused kernel named `kernel` (when any document is not empty), and the
-/// same device counts as `step_by_step`'s.
+/// the fused kernel named `kernel` (when any document is not empty), the same
+/// device counts as `step_by_step`'s, and the fused kernel's step clocks: one
+/// per step of the encoder, named as its steps and in their order, each later
+/// than the one before (every step does work, which the reference clock
+/// counts), where the steps one by one keep none.
 fn check_one_fused_dispatch(
     fused: &DeviceEncoder,
     step_by_step: &DeviceEncoder,
@@ -2242,6 +2245,18 @@ fn check_one_fused_dispatch(
     let (_, fused_counts) = fused.encode_counted(&refs).unwrap();
     let (_, step_counts) = step_by_step.encode_counted(&refs).unwrap();
     assert_eq!(fused_counts.counts, step_counts.counts, "{what}");
+    assert!(step_counts.step_clocks.is_empty(), "{what}");
+    if refs.iter().any(|text| !text.is_empty()) {
+        let clocks = &fused_counts.step_clocks;
+        let clock_names: Vec<&str> = clocks.iter().map(|clock| clock.name).collect();
+        assert_eq!(clock_names, fused.step_names(), "{what}: {clocks:?}");
+        assert!(
+            clocks.first().is_some_and(|first| first.end > 0)
+                && clocks.windows(2).all(|pair| pair[0].end < pair[1].end),
+            "{what}: {clocks:?}"
+        );
+        assert!(fused_counts.kernel_line().contains(" [stage "), "{what}");
+    }
 }
 
 /// Encodes `text` with `encoder` and checks the CPU encoder's ids and that

@@ -1005,6 +1005,43 @@ fn gpu_batch_ids_of_small_chunks_keep_their_memory_and_equal_cpu() {
     }
 }
 
+/// Locks out fused kernels whose step clocks are not the device's nanoseconds
+/// inside the kernel (missing, misnamed, out of order, or on another clock than
+/// the kernel's own stamps): on r50k and cl100k, a 1 KiB text (the short-text
+/// kernel) and a 64 KiB text (the resident grid) of each shape, counted, give
+/// the CPU encoder's ids and one clock per step, named as the encoder's steps,
+/// the first past 0, none before the one before it, the last within the
+/// kernel's own stamps (earliest block start to latest block end, on the same
+/// `%globaltimer`) plus a 32 ns tick at each end.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_fused_step_clocks_divide_the_kernel() {
+    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
+        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
+        let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
+        for (bytes, kernel) in [(1 << 10, "short"), (64 << 10, "resident")] {
+            for shape in Shape::ALL {
+                let what = format!("{} {shape} {bytes} bytes", encoding.name());
+                let text = generate(shape, bytes, 81);
+                let (ids, timings) = encoder.encode_counted(&[&text]).unwrap();
+                assert_eq!(ids[0], cpu.encode_ordinary_bytes(&text), "{what}");
+                let names: Vec<&str> = timings.steps.iter().map(|step| step.name).collect();
+                assert_eq!(names, [kernel], "{what}");
+                let clocks = &timings.step_clocks;
+                let clock_names: Vec<&str> = clocks.iter().map(|clock| clock.name).collect();
+                assert_eq!(clock_names, encoder.step_names(), "{what}: {clocks:?}");
+                let window = timings.steps[0].timings.kernel_stamps_ns;
+                assert!(
+                    clocks[0].end > 0
+                        && clocks.windows(2).all(|pair| pair[0].end <= pair[1].end)
+                        && clocks[clocks.len() - 1].end <= window + 64,
+                    "{what}: {clocks:?} in a kernel of {window} ns"
+                );
+            }
+        }
+    }
+}
+
 /// Locks out a graph's ids read in place from the wrong memory: from the
 /// slot's device-memory ids where the copy engine brings them into pinned
 /// staging (texts from `COPY_ENGINE_FROM`), from the host-mapped ids before the

@@ -1491,10 +1491,15 @@ impl<'p> Writer<'p> {
                 emit!(self, "mad.lo.u32 {global}, {group}, {size}, {local};");
                 global
             }
+            Builtin::Clock => {
+                let clock = self.reg(RegClass::B64);
+                emit!(self, "mov.u64 {clock}, %globaltimer;");
+                clock
+            }
         };
         Value {
             reg,
-            ty: ScalarType::U32,
+            ty: builtin.ty(),
         }
     }
 
@@ -1530,7 +1535,7 @@ impl<'p> Writer<'p> {
                 emit!(self, "mad.lo.u32 {global}, {workgroup}, {size}, {local};");
                 Some(global)
             }
-            Builtin::LocalId(_) => None,
+            Builtin::LocalId(_) | Builtin::Clock => None,
         }
     }
 

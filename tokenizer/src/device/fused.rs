@@ -120,6 +120,9 @@ pub struct ShortProgram {
     pub spread: Spread,
     /// One role per global buffer, in binding order.
     pub bindings: Vec<Role>,
+    /// Its steps' names, in order: whose clocks it keeps in `params`
+    /// ([`param::STEP_CLOCK`]).
+    pub step_names: Vec<&'static str>,
 }
 
 /// Names this module gives its own variables and buffers: a prefix no step's
@@ -331,11 +334,29 @@ fn fused_program(
     } else {
         Role::Params
     };
-    let mut entry = vec![Node::WorkgroupReduce {
-        name: text_len.clone(),
-        op: ReduceOp::Max,
-        value: Expr::load(sizes.name(), param::TEXT_LEN),
-    }];
+    if !roles.contains(&Role::Params) {
+        return Err("the fused program needs `params`, where it keeps its step clocks".to_owned());
+    }
+    if steps.len() > param::STEP_CLOCKS as usize {
+        return Err(format!(
+            "the fused program keeps at most {} step clocks; it has {} steps",
+            param::STEP_CLOCKS,
+            steps.len()
+        ));
+    }
+    let clock_start: Name = format!("{PREFIX}clock_start").into();
+    let mut entry = vec![
+        Node::Let {
+            name: clock_start.clone(),
+            mutable: false,
+            value: Expr::clock(),
+        },
+        Node::WorkgroupReduce {
+            name: text_len.clone(),
+            op: ReduceOp::Max,
+            value: Expr::load(sizes.name(), param::TEXT_LEN),
+        },
+    ];
     for (index, (step, rename)) in steps.iter().zip(&renames).enumerate() {
         let group: Name = format!("{PREFIX}group_{index}").into();
         let groups: Name = format!("{PREFIX}groups_{index}").into();
@@ -396,6 +417,7 @@ fn fused_program(
                 }
             }
         }
+        entry.push(step_clock(index, &clock_start));
     }
     let program = Program::new(buffers, workgroup_size, entry).with_entry_op_id(format!(
         "bpe.{}.{}",
@@ -406,7 +428,37 @@ fn fused_program(
         program,
         spread,
         bindings: roles,
+        step_names: steps.iter().map(|step| step.name).collect(),
     })
+}
+
+/// Thread 0 of workgroup 0 keeps the clock since `clock_start` (saturated to a
+/// `u32`) in `params` as step `index`'s end ([`param::STEP_CLOCK`]): after the
+/// barrier (one workgroup) or grid sync (a resident grid) that ends the step,
+/// so every group of it has finished, except that a resident grid's last step
+/// has no sync after it and its clock is workgroup 0's own end. `stage` (the
+/// first step) copies the staged parameters' zeros over these words before its
+/// own clock is kept.
+fn step_clock(index: usize, clock_start: &Name) -> Node {
+    let elapsed = Expr::binary(
+        BinaryOp::Min,
+        Expr::clock() - Expr::Var(clock_start.clone()),
+        Expr::u64(u64::from(u32::MAX)),
+    );
+    Node::If {
+        condition: Expr::binary(
+            BinaryOp::LogicalAnd,
+            Expr::local_id(Axis::X).equals(0u32),
+            Expr::workgroup_id(Axis::X).equals(0u32),
+        ),
+        then_body: vec![Node::Store {
+            buffer: Name::from(Role::Params.name()),
+            index: Expr::u32(param::STEP_CLOCK + index as u32),
+            value: elapsed.cast(vyre_cuda::ir::ScalarType::U32),
+        }]
+        .into(),
+        else_body: Vec::new().into(),
+    }
 }
 
 /// The element count of a workgroup buffer (static: checked when pooled).
@@ -545,7 +597,7 @@ impl Rewrite<'_> {
                 Expr::local_id(Axis::X),
             ),
             Builtin::GlobalId(axis) => Expr::local_id(axis),
-            Builtin::LocalId(_) => Expr::Builtin(builtin),
+            Builtin::LocalId(_) | Builtin::Clock => Expr::Builtin(builtin),
         }
     }
 }

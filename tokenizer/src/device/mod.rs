@@ -148,7 +148,8 @@ pub mod vocabulary;
 
 pub use batch_ids::BatchIds;
 pub use pipeline::{
-    ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepTimings,
+    ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepClock,
+    StepTimings,
 };
 pub use programs::{BulkSplit, Geometry, ShortText};
 pub use vocabulary::DeviceVocabulary;

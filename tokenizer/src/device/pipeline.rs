@@ -370,6 +370,27 @@ pub struct ChunkTimings {
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
     pub counts: Option<EncodeCounts>,
+    /// A fused kernel's steps by the kernel's own clock, read with the counts
+    /// (empty where the chunk ran a dispatch per step, and where no counts
+    /// were asked for).
+    pub step_clocks: Vec<StepClock>,
+}
+
+/// Where one step of a fused kernel (the short-text or the resident-grid
+/// kernel, one dispatch for every step) ended, by the kernel's own clock: the
+/// one dispatch's timings cannot say how its time divides between the steps.
+/// Workgroup 0 keeps the clock after the barrier or grid sync that ends each
+/// step, so the step took from the end before it (or the kernel's start) to
+/// this one; a resident grid's last step ends with workgroup 0's own end, and
+/// the kernel's last workgroup may end later (its `kernel_stamps_ns` says when).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepClock {
+    /// The step's name ([`KernelStep::name`](super::programs::KernelStep::name)).
+    pub name: &'static str,
+    /// The clock at the step's end since the kernel's first thread read it:
+    /// nanoseconds on CUDA (`%globaltimer`, in 32 ns ticks on an H200), the
+    /// reference interpreter's units of work on the reference backend.
+    pub end: u64,
 }
 
 impl ChunkTimings {
@@ -381,9 +402,12 @@ impl ChunkTimings {
     }
 
     /// Each kernel step's own device time in µs, in dispatch order, as
-    /// `stage 1.2, classify 3.4, ...` (the example's and the bench's line).
+    /// `stage 1.2, classify 3.4, ...` (the example's and the bench's line); a
+    /// fused kernel's steps by its own clock in brackets after it, where they
+    /// were read: `short 34.8 [stage 2.0, classify 4.1, ...]`.
     pub fn kernel_line(&self) -> String {
-        self.steps
+        let mut line = self
+            .steps
             .iter()
             .map(|step| {
                 format!(
@@ -393,7 +417,21 @@ impl ChunkTimings {
                 )
             })
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", ");
+        if !self.step_clocks.is_empty() {
+            let mut before = 0;
+            let inside: Vec<String> = self
+                .step_clocks
+                .iter()
+                .map(|clock| {
+                    let took = clock.end.saturating_sub(before);
+                    before = clock.end;
+                    format!("{} {:.1}", clock.name, took as f64 / 1e3)
+                })
+                .collect();
+            line.push_str(&format!(" [{}]", inside.join(", ")));
+        }
+        line
     }
 }
 
@@ -539,6 +577,8 @@ struct FusedKernel {
     bindings: Vec<Role>,
     /// The program's name, for errors.
     name: String,
+    /// Its steps' names, whose clocks it keeps ([`param::STEP_CLOCK`]).
+    step_names: Vec<&'static str>,
 }
 
 /// `fused` compiled (`None` for none: off, or steps that do not fuse, see
@@ -557,6 +597,7 @@ fn compile_fused(
             spread: fused.spread,
             bindings: fused.bindings,
             name,
+            step_names: fused.step_names,
         })),
         // Every step's workgroup buffers at once can pass a device's limit
         // where each step alone fits (large workgroups on a device of 48 KiB),
@@ -1718,14 +1759,34 @@ impl DeviceEncoder {
         })
     }
 
-    fn counts_of(&self, slot: &Slot) -> Result<EncodeCounts, TokenizerError> {
+    /// What the device counted for a finished chunk of `text_len` bytes in
+    /// `slot`, and its fused kernel's step clocks (none where it ran a dispatch
+    /// per step).
+    fn counts_of(
+        &self,
+        slot: &Slot,
+        text_len: u64,
+    ) -> Result<(EncodeCounts, Vec<StepClock>), TokenizerError> {
         let read = |role| {
             self.backend
                 .read::<u32>(slot.buffer(role)?)
                 .map_err(|error| backend_error("reading the counts", error))
         };
         let pieces = read(Role::PieceCount)?.first().copied().unwrap_or(0);
-        Ok(EncodeCounts::of(&read(Role::Params)?, pieces))
+        let params = read(Role::Params)?;
+        let clocks = match self.fused_kernel(text_len) {
+            Some(fused) => fused
+                .step_names
+                .iter()
+                .zip(params.iter().skip(param::STEP_CLOCK as usize))
+                .map(|(&name, &end)| StepClock {
+                    name,
+                    end: u64::from(end),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok((EncodeCounts::of(&params, pieces), clocks))
     }
 }
 
@@ -1879,7 +1940,9 @@ impl<'e> PendingEncode<'e> {
             let waited = self.wait_steps(&mut timings).and_then(|()| {
                 timings.ready_ns = elapsed_ns(self.start);
                 if self.want_counts {
-                    timings.counts = Some(self.encoder.counts_of(staged)?);
+                    let (counts, clocks) = self.encoder.counts_of(staged, self.text_len)?;
+                    timings.counts = Some(counts);
+                    timings.step_clocks = clocks;
                 }
                 Ok(())
             });

@@ -399,8 +399,17 @@ pub mod param {
     pub const FAILED_BOUNDARIES: u32 = 5;
     /// Long pieces encoded by the serial path.
     pub const SERIAL_PIECES: u32 = 6;
+    /// The first of [`STEP_CLOCKS`] words in which a fused kernel (the
+    /// short-text or the resident-grid program) keeps, per step, the device's
+    /// clock at the step's end since the kernel began: nanoseconds on CUDA,
+    /// the reference interpreter's units of work there (`Builtin::Clock`).
+    /// Zero where a chunk ran a dispatch per step.
+    pub const STEP_CLOCK: u32 = 7;
+    /// Words for step clocks: at least the steps of any encoding (eight with
+    /// `stage`).
+    pub const STEP_CLOCKS: u32 = 8;
     /// Words of `params`.
-    pub const WORDS: u32 = 7;
+    pub const WORDS: u32 = STEP_CLOCK + STEP_CLOCKS;
 }
 
 /// Default threads per workgroup of every step.
