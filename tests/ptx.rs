@@ -704,8 +704,9 @@ fn grid_sync() -> Program {
 /// The "last workgroup clears" protocol: thread 0 publishes a status with a
 /// relaxed exchange, counts its workgroup finished, and the last workgroup clears
 /// every status; a fence on each side of the count orders the exchange before it
-/// (release) and the clear after it (acquire).
-fn fenced_counter() -> Program {
+/// (release) and the clear after it (acquire). With `workgroup_scope` the fences
+/// are workgroup-scope ones, as where one workgroup runs the protocol alone.
+fn fenced_counter(workgroup_scope: bool) -> Program {
     Program::builder([64, 1, 1])
         .buffer(
             "statuses",
@@ -726,10 +727,17 @@ fn fenced_counter() -> Program {
             let group = b.let_("group", Expr::workgroup_id(Axis::X));
             let before = b.let_mut("before", 0u32);
             b.if_(local.clone().equals(0u32), |b| {
+                let fence = |b: &mut BlockBuilder| {
+                    if workgroup_scope {
+                        b.workgroup_fence();
+                    } else {
+                        b.fence();
+                    }
+                };
                 b.atomic(AtomicOp::Exchange, "statuses", group.clone(), Expr::u64(7));
-                b.fence();
+                fence(b);
                 let done = b.atomic_fetch("done", AtomicOp::Add, "counters", 0u32, 1u32);
-                b.fence();
+                fence(b);
                 b.assign("before", done);
             });
             let finished = b.workgroup_reduce("finished", ReduceOp::Max, before);
@@ -1212,7 +1220,11 @@ fn fixtures() -> Vec<Fixture> {
         fixture("grid_sync", grid_sync()),
         fixture(
             "fenced_counter",
-            lower_workgroup_reductions(&fenced_counter(), &subgroup_caps),
+            lower_workgroup_reductions(&fenced_counter(false), &subgroup_caps),
+        ),
+        fixture(
+            "workgroup_fenced_counter",
+            lower_workgroup_reductions(&fenced_counter(true), &subgroup_caps),
         ),
         fixture("early_return", early_return()),
         fixture("nested_control", nested_control()),
@@ -1383,11 +1395,12 @@ fn every_fixture_is_valid_lowered_ir() {
     }
 }
 
-/// Locks out a fence that is dropped or moved: `Node::Fence` is one
-/// `fence.acq_rel.gpu` exactly where it stands, so in the "last workgroup clears"
-/// protocol the status exchange, a fence, the finished count, a fence and the
-/// clearing store come in that order. Negative control: the same program without
-/// its fences has none between the exchange and the count.
+/// Locks out a fence that is dropped, moved or of the wrong scope: `Node::Fence`
+/// is one `fence.acq_rel.gpu` and `Node::WorkgroupFence` one `fence.acq_rel.cta`
+/// exactly where it stands, so in the "last workgroup clears" protocol the
+/// status exchange, a fence, the finished count, a fence and the clearing store
+/// come in that order, with no fence of the other scope. Negative control: the
+/// same program without its fences has none between the exchange and the count.
 #[test]
 fn fence_orders_the_atomics_around_it() {
     let caps = LoweringCaps {
@@ -1397,17 +1410,35 @@ fn fence_orders_the_atomics_around_it() {
     let position = |ptx: &str, needle: &str, from: usize| -> Option<usize> {
         ptx[from..].find(needle).map(|at| from + at)
     };
-    let fenced = lower_workgroup_reductions(&fenced_counter(), &caps);
-    let ptx = program_to_ptx(&fenced, &CodegenOptions::default(), 90, 32).expect("ptx");
-    let exchange = position(&ptx, "atom.global.exch.b64", 0).expect("exchange");
-    let release = position(&ptx, "fence.acq_rel.gpu;", exchange).expect("release fence");
-    let count = position(&ptx, "atom.global.add.u32", release).expect("count");
-    let acquire = position(&ptx, "fence.acq_rel.gpu;", count).expect("acquire fence");
-    position(&ptx, "st.global.u64", acquire).expect("clear after the acquire fence");
-    assert_eq!(ptx.matches("fence.acq_rel.gpu;").count(), 2, "{ptx}");
-    assert!(fenced_counter().to_string().contains("device_fence()"));
+    for (workgroup_scope, fence, other, statement) in [
+        (
+            false,
+            "fence.acq_rel.gpu;",
+            "fence.acq_rel.cta;",
+            "device_fence()",
+        ),
+        (
+            true,
+            "fence.acq_rel.cta;",
+            "fence.acq_rel.gpu;",
+            "workgroup_fence()",
+        ),
+    ] {
+        let fenced = lower_workgroup_reductions(&fenced_counter(workgroup_scope), &caps);
+        let ptx = program_to_ptx(&fenced, &CodegenOptions::default(), 90, 32).expect("ptx");
+        let exchange = position(&ptx, "atom.global.exch.b64", 0).expect("exchange");
+        let release = position(&ptx, fence, exchange).expect("release fence");
+        let count = position(&ptx, "atom.global.add.u32", release).expect("count");
+        let acquire = position(&ptx, fence, count).expect("acquire fence");
+        position(&ptx, "st.global.u64", acquire).expect("clear after the acquire fence");
+        assert_eq!(ptx.matches(fence).count(), 2, "{ptx}");
+        assert!(!ptx.contains(other), "{ptx}");
+        assert!(fenced_counter(workgroup_scope)
+            .to_string()
+            .contains(statement));
+    }
 
-    let fenced = fenced_counter();
+    let fenced = fenced_counter(false);
     let unfenced = Program::new(
         fenced.buffers().to_vec(),
         fenced.workgroup_size(),
@@ -2668,6 +2699,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
                 Node::Barrier => "barrier",
                 Node::GridSync => "grid_sync",
                 Node::Fence => "fence",
+                Node::WorkgroupFence => "workgroup_fence",
                 Node::WorkgroupReduce { .. } => "workgroup_reduce",
                 Node::WorkgroupScan { .. } => "workgroup_scan",
                 Node::Return => "return",

@@ -289,6 +289,11 @@ impl BlockBuilder {
         self.push(Node::Fence)
     }
 
+    /// Workgroup-scope acquire-release memory fence ([`Node::WorkgroupFence`]).
+    pub fn workgroup_fence(&mut self) -> &mut Self {
+        self.push(Node::WorkgroupFence)
+    }
+
     /// `let name = atomic_fetch_<op>(&buffer[index], value);` Returns `Expr::Var(name)`:
     /// the element's value before this thread's operation.
     pub fn atomic_fetch(

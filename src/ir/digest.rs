@@ -296,6 +296,7 @@ impl Encoder {
             Node::Barrier => self.u8(5),
             Node::GridSync => self.u8(6),
             Node::Fence => self.u8(16),
+            Node::WorkgroupFence => self.u8(18),
             Node::Atomic {
                 op,
                 buffer,

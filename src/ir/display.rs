@@ -252,6 +252,7 @@ impl<'w> Printer<'w> {
             Node::Barrier => self.put("workgroup_barrier()"),
             Node::GridSync => self.put("grid_sync()"),
             Node::Fence => self.put("device_fence()"),
+            Node::WorkgroupFence => self.put("workgroup_fence()"),
             Node::Atomic {
                 op,
                 buffer,

@@ -920,6 +920,14 @@ pub enum Node {
     /// (it waits for no other thread); the reference interpreter, which runs in
     /// lockstep, treats it as a no-op.
     Fence,
+    /// [`Node::Fence`] for the threads of this thread's workgroup only: its global-
+    /// and workgroup-memory reads and writes before it are ordered before those after
+    /// it as the threads of its workgroup observe them (PTX `fence.acq_rel.cta`),
+    /// with no wait for the rest of the device to see them. Enough wherever a
+    /// protocol's reader is in the writer's workgroup, as in a kernel that runs one
+    /// workgroup; a reader in another workgroup needs [`Node::Fence`]. Valid anywhere
+    /// a statement is; a no-op on the reference interpreter.
+    WorkgroupFence,
     /// Atomic read-modify-write of element `index` of an integer (`u32`, `i32`, `u64`
     /// or `i64`) `ReadWrite` or `Workgroup` buffer; see [`AtomicOp`] for the operations
     /// and what depends on thread order. Out-of-range indices do nothing (bounds

@@ -102,6 +102,7 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
         Node::Barrier
         | Node::GridSync
         | Node::Fence
+        | Node::WorkgroupFence
         | Node::Return
         | Node::Break
         | Node::Continue => [None, None, None],
@@ -338,6 +339,7 @@ impl Node {
             Node::Barrier
             | Node::GridSync
             | Node::Fence
+            | Node::WorkgroupFence
             | Node::Return
             | Node::Break
             | Node::Continue => self.clone(),
@@ -662,6 +664,7 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
         (Node::Barrier, Node::Barrier)
         | (Node::GridSync, Node::GridSync)
         | (Node::Fence, Node::Fence)
+        | (Node::WorkgroupFence, Node::WorkgroupFence)
         | (Node::Return, Node::Return)
         | (Node::Break, Node::Break)
         | (Node::Continue, Node::Continue) => true,
@@ -892,6 +895,7 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
         | Node::Barrier
         | Node::GridSync
         | Node::Fence
+        | Node::WorkgroupFence
         | Node::Return
         | Node::Break
         | Node::Continue => {}

@@ -1420,7 +1420,7 @@ impl<'p> Checker<'p> {
                 Ok(Exits::default())
             }
             // Waits for no other thread: valid anywhere.
-            Node::Fence => Ok(Exits::default()),
+            Node::Fence | Node::WorkgroupFence => Ok(Exits::default()),
             Node::Atomic {
                 op: _,
                 buffer,

@@ -388,6 +388,7 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             Node::Barrier
             | Node::GridSync
             | Node::Fence
+            | Node::WorkgroupFence
             | Node::Return
             | Node::Break
             | Node::Continue => depth,
@@ -652,7 +653,7 @@ impl<'p> Compiler<'p> {
             Node::GridSync => CompiledNode::GridSync,
             // Lockstep: every earlier effect is already visible to every later
             // statement, so a fence has nothing to order (a no-op, as a barrier is).
-            Node::Fence => CompiledNode::Barrier,
+            Node::Fence | Node::WorkgroupFence => CompiledNode::Barrier,
             Node::Atomic {
                 op,
                 buffer,

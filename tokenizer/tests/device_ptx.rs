@@ -10,7 +10,7 @@ use assemble::ptxas;
 use vyre_cuda::codegen::{multiprocessor_limits, program_to_ptx_with_results};
 use vyre_cuda::ir::{Expr, Node};
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
-use vyre_tokenizer::device::fused::short_program;
+use vyre_tokenizer::device::fused::{resident_program, short_program};
 use vyre_tokenizer::device::programs::Programs;
 use vyre_tokenizer::device::{Geometry, ShortText};
 use vyre_tokenizer::occupancy::Occupancy;
@@ -144,6 +144,40 @@ fn short_text_program_refuses_a_nested_return_or_grid_sync() {
         let error = short_program(&altered, &Geometry::default())
             .expect_err("a step the short-text program cannot take");
         assert_eq!(error, message);
+    }
+}
+
+/// Locks out a short-text kernel that waits on device-scope fences, whose
+/// readers are all in its one workgroup, and a resident grid that loses them,
+/// whose readers are in other workgroups: for every pattern the short-text
+/// program's fences are all workgroup-scope (`workgroup_fence()`), as many as
+/// the steps' device-scope ones, and the resident-grid program keeps every
+/// device-scope fence. Negative control: the steps do hold device-scope fences
+/// (the split's and `compact`'s finished-workgroup protocol), so neither check
+/// passes for want of any.
+#[test]
+fn one_workgroup_fences_stay_in_the_workgroup() {
+    let count = |program: &vyre_cuda::ir::Program, statement: &str| {
+        program.to_string().matches(statement).count()
+    };
+    for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
+        let geometry = Geometry::default();
+        let steps = Programs::new(pattern, geometry)
+            .expect("geometry")
+            .fused_steps();
+        let in_steps: usize = steps
+            .iter()
+            .map(|step| count(&step.program, "device_fence()"))
+            .sum();
+        assert!(in_steps >= 4, "{pattern:?}: {in_steps} device fences");
+        let short = short_program(&steps, &geometry).expect("short").program;
+        assert_eq!(count(&short, "device_fence()"), 0, "{pattern:?}");
+        assert_eq!(count(&short, "workgroup_fence()"), in_steps, "{pattern:?}");
+        let resident = resident_program(&steps, &geometry)
+            .expect("resident")
+            .program;
+        assert_eq!(count(&resident, "device_fence()"), in_steps, "{pattern:?}");
+        assert_eq!(count(&resident, "workgroup_fence()"), 0, "{pattern:?}");
     }
 }
 

@@ -1129,6 +1129,7 @@ impl<'p> Writer<'p> {
             }
             Node::GridSync => self.grid_sync(),
             Node::Fence => emit!(self, "fence.acq_rel.gpu;"),
+            Node::WorkgroupFence => emit!(self, "fence.acq_rel.cta;"),
             Node::Atomic {
                 op,
                 buffer,

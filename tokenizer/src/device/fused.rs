@@ -41,6 +41,13 @@
 //! order of a launch's workgroups, and every step already works for any order
 //! (the split's look-back waits only on earlier workgroups, which here have
 //! finished), so the ids are the same as the steps' dispatched one by one.
+//! A step's device-scope fences (`Node::Fence`: its status words and its
+//! counter of finished workgroups, whose readers are other workgroups when it
+//! runs alone) become workgroup-scope ones (`Node::WorkgroupFence`, PTX
+//! `fence.acq_rel.cta`): every reader is now in the writer's workgroup, and a
+//! device-scope fence waits for the thread's earlier writes to reach the whole
+//! device. `classify`, `phases` and `compact` each take two of them per group,
+//! on one thread, between its atomics, in the serial part of the step.
 //!
 //! # The resident grid: the same steps for mid-size texts
 //!
@@ -376,6 +383,7 @@ fn fused_program(
             groups: &groups,
             threads,
             rename,
+            spread,
         };
         let mut body = clear_workgroup_buffers(&cleared[index], threads);
         body.extend(rewrite.block(step.program.entry())?.iter().cloned());
@@ -555,6 +563,7 @@ struct Rewrite<'a> {
     groups: &'a Name,
     threads: u32,
     rename: &'a BTreeMap<Name, Name>,
+    spread: Spread,
 }
 
 impl Rebuild for Rewrite<'_> {
@@ -572,6 +581,10 @@ impl Rebuild for Rewrite<'_> {
             Node::GridSync => Err("a grid sync has no meaning in one workgroup".to_owned()),
             // A return would end the thread for every later group and step.
             Node::Return => Err("a step returns early".to_owned()),
+            // In one workgroup every reader of a step's protocol (a status word,
+            // a counter of finished groups) is in the writer's workgroup, so the
+            // fence need not wait for the rest of the device.
+            Node::Fence if self.spread == Spread::OneWorkgroup => Ok(Node::WorkgroupFence),
             _ => node.map_parts(self),
         }
     }
