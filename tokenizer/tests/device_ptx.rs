@@ -147,6 +147,51 @@ fn short_text_program_refuses_a_nested_return_or_grid_sync() {
     }
 }
 
+/// Locks out a fused kernel that reads its text length from the staged
+/// parameters before its first step (host-mapped memory on CUDA: a PCIe round
+/// trip and a workgroup reduction before any step begins): for every pattern
+/// the short-text and resident-grid programs declare the `u32` scalar
+/// `TEXT_LEN_SCALAR` and load no buffer before the first step's loop, where
+/// their group counts already depend on the text length.
+#[test]
+fn fused_programs_take_the_text_length_as_a_scalar() {
+    use vyre_cuda::ir::ScalarType;
+    use vyre_tokenizer::device::fused::TEXT_LEN_SCALAR;
+    for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
+        let geometry = Geometry::default();
+        let steps = Programs::new(pattern, geometry)
+            .expect("geometry")
+            .fused_steps();
+        for program in [
+            short_program(&steps, &geometry).expect("short").program,
+            resident_program(&steps, &geometry)
+                .expect("resident")
+                .program,
+        ] {
+            let scalars: Vec<(&str, ScalarType)> = program
+                .scalars()
+                .iter()
+                .map(|decl| (&*decl.name, decl.ty))
+                .collect();
+            assert_eq!(scalars, [(TEXT_LEN_SCALAR, ScalarType::U32)], "{pattern:?}");
+            let before_steps: Vec<&Node> = program
+                .entry()
+                .iter()
+                .take_while(|node| !matches!(node, Node::Loop { .. }))
+                .collect();
+            // Only `let`s (the clock, the text length, the first step's group
+            // count), none of them loading a buffer.
+            assert!(
+                before_steps
+                    .iter()
+                    .all(|node| matches!(node, Node::Let { .. })
+                        && !format!("{node:?}").contains("Load")),
+                "{pattern:?}: {before_steps:?}"
+            );
+        }
+    }
+}
+
 /// Locks out a short-text kernel that waits on device-scope fences, whose
 /// readers are all in its one workgroup, and a resident grid that loses them,
 /// whose readers are in other workgroups: for every pattern the short-text

@@ -23,10 +23,9 @@
 //!
 //! [`short_program`] takes the steps' programs and rewrites each body as the
 //! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
-//! count its [`Grid`] gives for the text length read from the staged
-//! parameters (or `params` without `stage`; reduced over the workgroup, so
-//! every loop bound is uniform; one group for `stage` and `pieces`, which
-//! stride over their work themselves):
+//! count its [`Grid`] gives for the text length, the dispatch's scalar
+//! [`TEXT_LEN_SCALAR`] (uniform, so every loop bound is; one group for `stage`
+//! and `pieces`, which stride over their work themselves):
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
@@ -74,7 +73,7 @@ use std::collections::BTreeMap;
 
 use vyre_cuda::ir::{
     Access, Axis, BinaryOp, BufferCount, BufferDecl, Builtin, Expr, Literal, Name, Node, Program,
-    Rebuild, ReduceOp,
+    Rebuild, ScalarType,
 };
 
 use super::programs::{param, Geometry, Grid, KernelStep, Role, MERGE_BYTES_PER_THREAD};
@@ -135,6 +134,15 @@ pub struct ShortProgram {
 /// Names this module gives its own variables and buffers: a prefix no step's
 /// names start with (checked).
 const PREFIX: &str = "short_";
+
+/// The scalar parameter (`u32`) of every fused program: the chunk's text
+/// length in bytes, which bounds each step's loop over its groups. A dispatch
+/// of a fused kernel gives it ([`vyre_cuda::backend::Dispatch::scalar`]). Why
+/// a scalar: the program used to read it from the staged parameters, where
+/// `stage` had not yet copied them, which on CUDA are host-mapped memory: one
+/// PCIe round trip at the kernel's entry, and a workgroup reduction to make
+/// the value uniform, before any step began.
+pub const TEXT_LEN_SCALAR: &str = "text_len";
 
 /// The steps after `stage` (`steps`, in dispatch order) as one program for one
 /// workgroup; `Err` naming what the rewrite cannot take (a grid sync, a
@@ -333,14 +341,6 @@ fn fused_program(
         .collect();
 
     let text_len: Name = format!("{PREFIX}text_len").into();
-    // The text length, before any step runs: from the staged parameters when
-    // `stage` is one of the steps (it copies them into `params`, which it has
-    // not yet done), from `params` otherwise.
-    let sizes = if roles.contains(&Role::StagedParams) {
-        Role::StagedParams
-    } else {
-        Role::Params
-    };
     if !roles.contains(&Role::Params) {
         return Err("the fused program needs `params`, where it keeps its step clocks".to_owned());
     }
@@ -358,10 +358,12 @@ fn fused_program(
             mutable: false,
             value: Expr::clock(),
         },
-        Node::WorkgroupReduce {
+        // The text length, before any step runs (before `stage` copies the
+        // staged parameters into `params`): the dispatch's scalar.
+        Node::Let {
             name: text_len.clone(),
-            op: ReduceOp::Max,
-            value: Expr::load(sizes.name(), param::TEXT_LEN),
+            mutable: false,
+            value: Expr::scalar(TEXT_LEN_SCALAR),
         },
     ];
     for (index, (step, rename)) in steps.iter().zip(&renames).enumerate() {
@@ -427,11 +429,15 @@ fn fused_program(
         }
         entry.push(step_clock(index, &clock_start));
     }
-    let program = Program::new(buffers, workgroup_size, entry).with_entry_op_id(format!(
-        "bpe.{}.{}",
-        spread.step_name(),
-        first.program_name()
-    ));
+    let program = Program::builder(workgroup_size)
+        .scalar(TEXT_LEN_SCALAR, ScalarType::U32)
+        .build()
+        .with_entry(buffers.into(), entry.into())
+        .with_entry_op_id(format!(
+            "bpe.{}.{}",
+            spread.step_name(),
+            first.program_name()
+        ));
     Ok(ShortProgram {
         program,
         spread,
@@ -462,7 +468,7 @@ fn step_clock(index: usize, clock_start: &Name) -> Node {
         then_body: vec![Node::Store {
             buffer: Name::from(Role::Params.name()),
             index: Expr::u32(param::STEP_CLOCK + index as u32),
-            value: elapsed.cast(vyre_cuda::ir::ScalarType::U32),
+            value: elapsed.cast(ScalarType::U32),
         }]
         .into(),
         else_body: Vec::new().into(),

@@ -97,7 +97,7 @@ use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use super::batch_ids::{BatchIds, Part};
 use super::fused::{
     resident_program, short_program, ShortProgram, Spread, DEFAULT_SHORT_TEXT_BYTES,
-    RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES,
+    RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES, TEXT_LEN_SCALAR,
 };
 use super::host_copy;
 use super::programs::{
@@ -1583,25 +1583,35 @@ impl DeviceEncoder {
             let workgroups = step
                 .grid
                 .workgroups(grid_geometry, text_len as u64, documents as u64);
-            (kernel, &step.bindings[..], workgroups, step.program_name())
+            (
+                kernel,
+                &step.bindings[..],
+                workgroups,
+                step.program_name(),
+                false,
+            )
         });
-        let chain: Vec<(&Kernel, &[Role], u32, &str)> = match self.fused_kernel(u64::from(text_len))
-        {
-            // Every step, `stage` included, in one kernel.
-            Some(fused) => vec![(
-                &fused.kernel,
-                &fused.bindings[..],
-                self.fused_workgroups(fused, u64::from(text_len)),
-                &fused.name[..],
-            )],
-            None => step_by_step.collect(),
-        };
+        let chain: Vec<(&Kernel, &[Role], u32, &str, bool)> =
+            match self.fused_kernel(u64::from(text_len)) {
+                // Every step, `stage` included, in one kernel.
+                Some(fused) => vec![(
+                    &fused.kernel,
+                    &fused.bindings[..],
+                    self.fused_workgroups(fused, u64::from(text_len)),
+                    &fused.name[..],
+                    true,
+                )],
+                None => step_by_step.collect(),
+            };
         let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
-        for (kernel, roles, workgroups, name) in chain {
+        for (kernel, roles, workgroups, name, fused) in chain {
             let bindings = self.bindings(slot, roles)?;
-            let request = Dispatch::new(kernel, &bindings)
+            let mut request = Dispatch::new(kernel, &bindings)
                 .workgroups([workgroups, 1, 1])
                 .readback(&NO_READBACK);
+            if fused {
+                request = request.scalar(TEXT_LEN_SCALAR, text_len);
+            }
             let submitted = backend
                 .submit(request.after_last(&pending))
                 .map_err(|error| backend_error(&format!("submitting {name}"), error))?;
