@@ -1560,10 +1560,21 @@ impl DeviceEncoder {
         documents: usize,
     ) -> Result<Vec<PendingDispatch>, TokenizerError> {
         let backend = &self.backend;
+        if let Some(fused) = self.fused_kernel(u64::from(text_len)) {
+            // Every step, `stage` included, in one kernel.
+            let bindings = self.bindings(slot, &fused.bindings)?;
+            let request = Dispatch::new(&fused.kernel, &bindings)
+                .workgroups([self.fused_workgroups(fused, u64::from(text_len)), 1, 1])
+                .scalar(TEXT_LEN_SCALAR, text_len)
+                .readback(&NO_READBACK);
+            let submitted = backend
+                .submit(request)
+                .map_err(|error| backend_error(&format!("submitting {}", fused.name), error))?;
+            return Ok(vec![submitted]);
+        }
         let compiled = self.steps_for(u64::from(text_len));
         let geometry = &compiled.programs.geometry;
         let steps = compiled.programs.steps();
-        // (kernel, its bindings' roles, workgroups, name) of each dispatch.
         // `stage` and `compact` over device memory need no cap for PCIe's sake.
         let transfers = slot.transfers();
         let grid_geometry = &Geometry {
@@ -1579,42 +1590,20 @@ impl DeviceEncoder {
             },
             ..*geometry
         };
-        let step_by_step = steps.iter().zip(&compiled.kernels).map(|(step, kernel)| {
+        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(steps.len());
+        for (step, kernel) in steps.iter().zip(&compiled.kernels) {
             let workgroups = step
                 .grid
                 .workgroups(grid_geometry, text_len as u64, documents as u64);
-            (
-                kernel,
-                &step.bindings[..],
-                workgroups,
-                step.program_name(),
-                false,
-            )
-        });
-        let chain: Vec<(&Kernel, &[Role], u32, &str, bool)> =
-            match self.fused_kernel(u64::from(text_len)) {
-                // Every step, `stage` included, in one kernel.
-                Some(fused) => vec![(
-                    &fused.kernel,
-                    &fused.bindings[..],
-                    self.fused_workgroups(fused, u64::from(text_len)),
-                    &fused.name[..],
-                    true,
-                )],
-                None => step_by_step.collect(),
-            };
-        let mut pending: Vec<PendingDispatch> = Vec::with_capacity(chain.len());
-        for (kernel, roles, workgroups, name, fused) in chain {
-            let bindings = self.bindings(slot, roles)?;
-            let mut request = Dispatch::new(kernel, &bindings)
+            let bindings = self.bindings(slot, &step.bindings)?;
+            let request = Dispatch::new(kernel, &bindings)
                 .workgroups([workgroups, 1, 1])
                 .readback(&NO_READBACK);
-            if fused {
-                request = request.scalar(TEXT_LEN_SCALAR, text_len);
-            }
             let submitted = backend
                 .submit(request.after_last(&pending))
-                .map_err(|error| backend_error(&format!("submitting {name}"), error))?;
+                .map_err(|error| {
+                    backend_error(&format!("submitting {}", step.program_name()), error)
+                })?;
             pending.push(submitted);
         }
         Ok(pending)

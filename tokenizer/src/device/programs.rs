@@ -405,8 +405,8 @@ pub mod param {
     /// the reference interpreter's units of work there (`Builtin::Clock`).
     /// Zero where a chunk ran a dispatch per step.
     pub const STEP_CLOCK: u32 = 7;
-    /// Words for step clocks: at least the steps of any encoding (eight with
-    /// `stage`).
+    /// Words for step clocks: room for every encoding's steps (seven at most,
+    /// `stage` included, for cl100k and o200k).
     pub const STEP_CLOCKS: u32 = 8;
     /// Words of `params`.
     pub const WORDS: u32 = STEP_CLOCK + STEP_CLOCKS;
