@@ -654,6 +654,96 @@ fn steps_compose_from_their_description() {
     }
 }
 
+/// Locks out a lone workgroup that still runs the protocol between workgroups
+/// (a ticket by fetch-add, status words, a done count and the last one's
+/// clear) on its serial path: a text of one block, split by one workgroup per
+/// step over counters holding a stale ticket and done count and status words
+/// holding stale words, gives each document's split and leaves the counters
+/// and status words exactly as they were (a workgroup alone takes ticket 0 and
+/// neither publishes, counts nor clears). Negative control: the same stale
+/// buffers under a text of several blocks make the run fail (its workgroups
+/// read them), so the lone run passes for not reading them, not by luck.
+#[test]
+fn a_lone_workgroup_leaves_the_protocol_out() {
+    let capped = AnyBackend::reference_with(ReferenceOptions {
+        max_work: 1 << 27,
+        ..ReferenceOptions::default()
+    });
+    for pattern in Pattern::ALL {
+        let programs = SplitPrograms::build(pattern, small()).expect("geometry");
+        let table = vyre_tokenizer::pretokenize::batch::table_bytes(pattern).expect("table");
+        let lone = vec![b"Hi, it's 12".to_vec(), b" o'clock".to_vec(), Vec::new()];
+        let several: Vec<Vec<u8>> = boundary_cases().into_iter().flatten().collect();
+        for (documents, alone) in [(&lone, true), (&several, false)] {
+            let (text, ends) = pack(documents);
+            assert_eq!(
+                programs.workgroups(text.len()) == 1,
+                alone,
+                "{pattern:?}: {} bytes",
+                text.len()
+            );
+            let buffers: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
+                .iter()
+                .map(|&buffer| {
+                    let bytes = match buffer {
+                        SplitBuffer::Text => text.len() as u64,
+                        SplitBuffer::DocumentEnds => 4 * ends.len() as u64,
+                        _ => programs
+                            .buffer_bytes(buffer, text.len(), documents.len())
+                            .expect("size"),
+                    };
+                    capped.buffer(bytes.max(4)).expect("buffer")
+                })
+                .collect();
+            capped
+                .upload(&buffers[SplitBuffer::Text as usize], &text)
+                .expect("text");
+            capped
+                .upload(&buffers[SplitBuffer::DocumentEnds as usize], &ends)
+                .expect("ends");
+            capped
+                .upload(&buffers[SplitBuffer::KindTable as usize], &table)
+                .expect("table");
+            capped
+                .upload(&buffers[SplitBuffer::Counters as usize], &[5u32, 3])
+                .expect("stale counters");
+            let statuses = &buffers[SplitBuffer::Statuses as usize];
+            let stale: Vec<u64> = (0..statuses.len() / 8)
+                .map(|index| (2 << 62) | (index + 1))
+                .collect();
+            capped.upload(statuses, &stale).expect("stale statuses");
+            let run = run_steps(&capped, &programs, &buffers, text.len());
+            let split = || {
+                let count = capped
+                    .read::<u32>(&buffers[SplitBuffer::PieceCount as usize])
+                    .expect("count")[0] as usize;
+                let starts = capped
+                    .read::<u32>(&buffers[SplitBuffer::PieceStarts as usize])
+                    .expect("starts");
+                starts[..count.min(starts.len())].to_vec()
+            };
+            let untouched = || {
+                capped
+                    .read::<u32>(&buffers[SplitBuffer::Counters as usize])
+                    .expect("counters")
+                    == [5, 3]
+                    && capped.read::<u64>(statuses).expect("statuses") == stale
+            };
+            let expected = expected_starts(pattern, documents);
+            if alone {
+                run.expect("a lone workgroup's steps");
+                assert_eq!(split(), expected, "{pattern:?}");
+                assert!(untouched(), "{pattern:?}: counters or status words written");
+            } else {
+                assert!(
+                    run.is_err() || split() != expected || !untouched(),
+                    "{pattern:?}: several blocks ran over stale counters as if clean"
+                );
+            }
+        }
+    }
+}
+
 /// Locks out a step description that drifts from its program: every step binds
 /// exactly its program's global buffers, by name and element type, in binding
 /// order, and every buffer a step binds has a size.

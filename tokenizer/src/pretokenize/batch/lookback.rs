@@ -28,7 +28,9 @@
 //! The status words and the two counters (ticket, done) must be zero before a
 //! dispatch and are zero after it: the block that finishes last (by the done
 //! counter) clears them ([`finish`]), so a buffer allocated zeroed serves any
-//! number of dispatches, eager or in a graph, with no clearing step. That step
+//! number of dispatches, eager or in a graph, with no clearing step. A
+//! dispatch of one workgroup leaves all of it out and touches neither
+//! ([`alone`]). That step
 //! is the one place where one atomic must order another: the IR's atomics are
 //! relaxed, so a block's status exchange and its later done increment (two
 //! addresses) may reach memory in either order, and without a fence on each
@@ -53,7 +55,7 @@
 //! statement (lockstep), so no block ever waits; each walks back to the first
 //! block, `W` blocks a round after the first.
 
-use vyre_cuda::ir::{AtomicOp, BlockBuilder, Expr, ReduceOp, ScalarType};
+use vyre_cuda::ir::{AtomicOp, Axis, BlockBuilder, Expr, ReduceOp, ScalarType};
 
 use super::ir::{as_u32, local};
 use super::maps;
@@ -127,15 +129,35 @@ pub(crate) enum Direction {
     Forward,
 }
 
+/// Whether this workgroup is the dispatch's only one (uniform). Then no other
+/// workgroup reads its status words or counts it done, so the protocol is
+/// left out: its ticket is 0 without the fetch-add, it publishes nothing, and
+/// [`finish`] neither counts nor clears (the status words and counters stay
+/// zero, untouched). Why: a lone workgroup paid for the protocol on its
+/// serial path, thread 0's two fetch-adds (each a round trip to L2 before the
+/// workgroup could go on) and two workgroup reductions per program, for
+/// nothing; the short-text kernel runs every step of a text of up to a
+/// block (1 KiB) as one group, and a small text dispatched step by step runs
+/// one workgroup per step too.
+fn alone() -> Expr {
+    Expr::workgroup_count(Axis::X).equals(1u32)
+}
+
 /// Declares the uniform `u32` variable `block`: this workgroup's ticket, the
-/// order in which workgroups started (thread 0 takes it with one fetch-add).
+/// order in which workgroups started (thread 0 takes it with one fetch-add;
+/// 0 for a workgroup [`alone`]).
 pub(crate) fn take_ticket(b: &mut BlockBuilder) -> Expr {
-    let taken = b.let_mut("ticket_taken", 0u32);
-    b.if_(local().equals(0u32), |b| {
-        let ticket = b.atomic_fetch("ticket_fetched", AtomicOp::Add, "counters", TICKET, 1u32);
-        b.assign("ticket_taken", ticket);
+    let ticket = b.let_mut("ticket", 0u32);
+    b.if_(alone().logical_not(), |b| {
+        let taken = b.let_mut("ticket_taken", 0u32);
+        b.if_(local().equals(0u32), |b| {
+            let ticket = b.atomic_fetch("ticket_fetched", AtomicOp::Add, "counters", TICKET, 1u32);
+            b.assign("ticket_taken", ticket);
+        });
+        let reduced = b.workgroup_reduce("ticket_reduced", ReduceOp::Max, taken);
+        b.assign("ticket", reduced);
     });
-    b.workgroup_reduce("ticket", ReduceOp::Max, taken)
+    ticket
 }
 
 /// One look-back: which status words, which block, which values.
@@ -195,7 +217,8 @@ impl LookBack<'_> {
     fn publish_word(&self, b: &mut BlockBuilder, word: Expr) {
         let index = self.region.clone() + self.block.clone();
         let inside = index.clone().less_than(Expr::length("statuses"));
-        b.if_(local().equals(0u32).and(inside), |b| {
+        let read_by_others = alone().logical_not();
+        b.if_(local().equals(0u32).and(inside).and(read_by_others), |b| {
             b.atomic(AtomicOp::Exchange, "statuses", index, word);
         });
     }
@@ -521,6 +544,14 @@ fn compose_in_turn(
 /// then the workgroup reduction's barriers, put the last block's clearing
 /// stores after every block's count, and so after every exchange.
 pub(crate) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
+    // A workgroup alone wrote no status word and took no ticket.
+    b.if_(alone().logical_not(), |b| {
+        count_done_and_clear(b, workgroup_size, regions)
+    });
+}
+
+/// [`finish`] for a workgroup among others.
+fn count_done_and_clear(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
     let finished = b.let_mut("finished_before", 0u32);
     b.if_(local().equals(0u32), |b| {
         b.fence();
@@ -529,7 +560,7 @@ pub(crate) fn finish(b: &mut BlockBuilder, workgroup_size: u32, regions: u32) {
         b.assign("finished_before", done);
     });
     let finished = b.workgroup_reduce("finished", ReduceOp::Max, finished);
-    let blocks = Expr::workgroup_count(vyre_cuda::ir::Axis::X);
+    let blocks = Expr::workgroup_count(Axis::X);
     b.if_((finished + 1u32).equals(blocks.clone()), |b| {
         let words = b.let_(
             "status_words",
