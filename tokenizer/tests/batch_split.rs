@@ -527,6 +527,46 @@ fn bad_batches_get_fix_errors() {
     assert!(BatchSplitter::new(&AnyBackend::reference(), largest).is_ok());
 }
 
+/// A buffer per split role (indexed by `SplitBuffer as usize`) for `documents`
+/// documents of `text_len` bytes: the text and document ends given (which may
+/// run past them), the resident tables uploaded, counters and the piece count
+/// at their least size and every other scratch and output `room` times it.
+fn split_buffers(
+    backend: &AnyBackend,
+    programs: &SplitPrograms,
+    (text, ends): (&[u8], &[u32]),
+    text_len: usize,
+    documents: usize,
+    room: u64,
+) -> Vec<vyre_cuda::backend::DeviceBuffer> {
+    let buffers: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
+        .iter()
+        .map(|&buffer| {
+            let least = programs
+                .buffer_bytes(buffer, text_len, documents)
+                .expect("size");
+            let bytes = match buffer {
+                SplitBuffer::Text => text.len() as u64,
+                SplitBuffer::DocumentEnds => 4 * ends.len() as u64,
+                SplitBuffer::KindTable | SplitBuffer::Counters | SplitBuffer::PieceCount => least,
+                _ => room * least,
+            };
+            backend.buffer(bytes.max(4)).expect("buffer")
+        })
+        .collect();
+    let table = vyre_tokenizer::pretokenize::batch::table_bytes(programs.pattern()).expect("table");
+    for (buffer, bytes) in [
+        (SplitBuffer::Text, text),
+        (SplitBuffer::DocumentEnds, bytemuck::cast_slice(ends)),
+        (SplitBuffer::KindTable, &table[..]),
+    ] {
+        backend
+            .upload(&buffers[buffer as usize], bytes)
+            .expect("upload");
+    }
+    buffers
+}
+
 /// Runs the steps of `programs` from their description alone over `buffers`
 /// (indexed by `SplitBuffer as usize`) for a text of `text_len` bytes.
 fn run_steps(
@@ -571,29 +611,6 @@ fn steps_compose_from_their_description() {
     ends.extend([text_len as u32; 3]);
     for pattern in Pattern::ALL {
         let programs = SplitPrograms::build(pattern, small()).expect("geometry");
-        let buffers: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
-            .iter()
-            .map(|&buffer| {
-                let least = programs
-                    .buffer_bytes(buffer, text_len, documents.len())
-                    .expect("size");
-                let bytes = match buffer {
-                    SplitBuffer::Text => text.len() as u64,
-                    SplitBuffer::DocumentEnds => 4 * ends.len() as u64,
-                    SplitBuffer::KindTable | SplitBuffer::Counters | SplitBuffer::PieceCount => {
-                        least
-                    }
-                    _ => 2 * least,
-                };
-                backend.buffer(bytes.max(4)).expect("buffer")
-            })
-            .collect();
-        backend
-            .upload(&buffers[SplitBuffer::Text as usize], &text)
-            .expect("text");
-        backend
-            .upload(&buffers[SplitBuffer::DocumentEnds as usize], &ends)
-            .expect("ends");
         let table = vyre_tokenizer::pretokenize::batch::table_bytes(pattern).expect("table");
         assert_eq!(
             table.len() as u64,
@@ -602,9 +619,15 @@ fn steps_compose_from_their_description() {
                 .expect("size"),
             "the resident tables' bytes"
         );
-        backend
-            .upload(&buffers[SplitBuffer::KindTable as usize], &table)
-            .expect("table");
+        // Scratch and outputs with twice the room they need.
+        let buffers = split_buffers(
+            &backend,
+            &programs,
+            (&text, &ends),
+            text_len,
+            documents.len(),
+            2,
+        );
         let expected = expected_starts(pattern, &documents);
         for round in 0..2 {
             run_steps(&backend, &programs, &buffers, text_len).expect("steps");
@@ -671,7 +694,6 @@ fn a_lone_workgroup_leaves_the_protocol_out() {
     });
     for pattern in Pattern::ALL {
         let programs = SplitPrograms::build(pattern, small()).expect("geometry");
-        let table = vyre_tokenizer::pretokenize::batch::table_bytes(pattern).expect("table");
         let lone = vec![b"Hi, it's 12".to_vec(), b" o'clock".to_vec(), Vec::new()];
         let several: Vec<Vec<u8>> = boundary_cases().into_iter().flatten().collect();
         for (documents, alone) in [(&lone, true), (&several, false)] {
@@ -682,28 +704,14 @@ fn a_lone_workgroup_leaves_the_protocol_out() {
                 "{pattern:?}: {} bytes",
                 text.len()
             );
-            let buffers: Vec<vyre_cuda::backend::DeviceBuffer> = SplitBuffer::ALL
-                .iter()
-                .map(|&buffer| {
-                    let bytes = match buffer {
-                        SplitBuffer::Text => text.len() as u64,
-                        SplitBuffer::DocumentEnds => 4 * ends.len() as u64,
-                        _ => programs
-                            .buffer_bytes(buffer, text.len(), documents.len())
-                            .expect("size"),
-                    };
-                    capped.buffer(bytes.max(4)).expect("buffer")
-                })
-                .collect();
-            capped
-                .upload(&buffers[SplitBuffer::Text as usize], &text)
-                .expect("text");
-            capped
-                .upload(&buffers[SplitBuffer::DocumentEnds as usize], &ends)
-                .expect("ends");
-            capped
-                .upload(&buffers[SplitBuffer::KindTable as usize], &table)
-                .expect("table");
+            let buffers = split_buffers(
+                &capped,
+                &programs,
+                (&text, &ends),
+                text.len(),
+                documents.len(),
+                1,
+            );
             capped
                 .upload(&buffers[SplitBuffer::Counters as usize], &[5u32, 3])
                 .expect("stale counters");
