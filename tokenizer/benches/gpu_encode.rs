@@ -18,7 +18,8 @@
 //!   the graph left them, `EncodeGraph::encode_in_place`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
-//!   encodes); one 1,024-byte document as a graph (ids into a new vector
+//!   encodes; and eager again with the resident grid's `compact` in a group
+//!   per 1 KiB block instead of the batch's cap); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside;
@@ -347,6 +348,20 @@ fn main() {
             ..ChunkLimits::default()
         },
     );
+    // The resident grid with `compact` in a group per 1 KiB block of 256 KiB
+    // instead of the default cap, which was measured for the batch (where
+    // other chunks' steps want the SMs), never for one document alone.
+    let compact_groups = 256;
+    let wide_compact = DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        &cpu,
+        Geometry {
+            compact_workgroups: compact_groups,
+            ..Geometry::default()
+        },
+        ChunkLimits::default(),
+    )
+    .expect("encoder with a wide compact");
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
@@ -399,6 +414,19 @@ fn main() {
         println!(
             "  its kernel's steps by their own clock: {}",
             counted_kernel_line(encoder, &text, &ids, small_rounds)
+        );
+        let (wide, _) = eager_median(
+            &wide_compact,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, compact in {compact_groups} groups"),
+        );
+        println!(
+            "  with compact in {compact_groups} groups instead of {}: eager {:.1} µs; {}",
+            Geometry::default().compact_workgroups,
+            wide * 1e6,
+            counted_kernel_line(&wide_compact, &text, &ids, small_rounds)
         );
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
