@@ -218,6 +218,56 @@ fn gpu_host_mapped_buffer_is_read_beside_the_graph_that_binds_it() {
     assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected());
 }
 
+/// Locks out a graph whose host-mapped input cannot be set between replays
+/// without a copy node (a short text the kernel reads in place), and a writable
+/// view that anything else could reach: `mapped_bytes_mut_beside(&mut graph)`
+/// sets the input, and each replay computes from the words written before it
+/// (three rounds of different words, so a replay that read stale input fails);
+/// `mapped_bytes_mut` refuses while the graph lives; (negative controls) a
+/// second graph that binds the input, or a dispatch in flight over it, makes it
+/// a `Fix:` error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_host_mapped_input_is_written_beside_the_graph_that_binds_it() {
+    let gpu = support::backend();
+    let (kernel, config, _) = setup(&gpu);
+    let mut input = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let mut out = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let record = |input: &DeviceBuffer, out: &DeviceBuffer| {
+        gpu.record(|rec| {
+            rec.dispatch(Dispatch::new(&kernel, &on(&[input, out])).config(&config))?;
+            Ok(())
+        })
+        .unwrap()
+    };
+    let mut graph = record(&input, &out);
+    assert!(input.mapped_bytes_mut().is_err());
+    for round in 1..=3u32 {
+        let words_in: Vec<u32> = (0..WORDS).map(|i| i * 7 + round).collect();
+        input
+            .mapped_bytes_mut_beside(&mut graph)
+            .unwrap()
+            .copy_from_slice(bytemuck::cast_slice(&words_in));
+        graph.replay().unwrap();
+        let expected: Vec<u32> = words_in.iter().map(|&w| triple_plus_one(w, 1)).collect();
+        assert_eq!(words(out.mapped_bytes_beside(&graph).unwrap()), expected);
+    }
+
+    let second = record(&input, &out);
+    let error = input.mapped_bytes_mut_beside(&mut graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    drop(second);
+
+    let other = gpu.host_mapped_buffer(4 * WORDS as u64).unwrap();
+    let pending = gpu
+        .submit(Dispatch::new(&kernel, &on(&[&input, &other])).config(&config))
+        .unwrap();
+    let error = input.mapped_bytes_mut_beside(&mut graph).unwrap_err();
+    assert!(error.to_string().starts_with("Fix:"), "{error}");
+    pending.wait().unwrap();
+    assert!(input.mapped_bytes_mut_beside(&mut graph).is_ok());
+}
+
 const CHAIN_WORDS: u32 = 1 << 20;
 const ROUNDS: u32 = 500;
 

@@ -469,6 +469,14 @@ impl AnyGraph {
         }
     }
 
+    /// Number of recorded dispatches ([`DispatchGraph::step_count`]).
+    pub fn step_count(&self) -> usize {
+        match &self.kind {
+            GraphKind::Cuda(graph) => graph.step_count(),
+            GraphKind::Reference(graph) => graph.step_count(),
+        }
+    }
+
     /// The bytes `slot` uploads on every replay ([`DispatchGraph::input_mut`]).
     pub fn input_mut(&mut self, slot: InputSlot) -> Result<&mut [u8], BackendError> {
         match &mut self.kind {

@@ -161,18 +161,49 @@ impl DeviceBuffer {
         graph: &'a DispatchGraph,
     ) -> Result<&'a [u8], BackendError> {
         let len = self.bytes as usize;
+        let mapped = self.mapped_beside(graph, "reading it in place")?;
+        Ok(mapped.slice(0, len))
+    }
+
+    /// [`DeviceBuffer::mapped_bytes_beside`], writable: the inputs a graph's
+    /// kernels read in place (a short text, its length), set between replays.
+    /// `&mut graph` proves no replay is running or submitted (a submitted replay
+    /// borrows its graph until its wait), and `&mut self` keeps any dispatch from
+    /// binding the buffer while the view lives; so the graph's hold on the memory
+    /// is only a hold, and nothing reads or writes the bytes but the view.
+    ///
+    /// The same `Fix:` errors as [`DeviceBuffer::mapped_bytes_beside`].
+    pub fn mapped_bytes_mut_beside<'a>(
+        &'a mut self,
+        graph: &'a mut DispatchGraph,
+    ) -> Result<&'a mut [u8], BackendError> {
+        let mapped = self.mapped_beside(graph, "writing it in place")?;
+        let (host, len) = (mapped.host_address(), mapped.len().min(self.bytes as usize));
+        // SAFETY: [host, host + len) lies within the allocation, which lives while
+        // this buffer does. Its holders are this buffer (borrowed mutably for 'a) and
+        // `graph` (borrowed mutably for 'a, so it cannot replay, and a replay it
+        // submitted earlier was waited for before that borrow could be taken), as
+        // `mapped_beside` counted: no kernel using the memory is enqueued or running
+        // and no other reference to the bytes exists while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(host, len) })
+    }
+
+    /// The mapped memory, checked to be held by nothing but this buffer and
+    /// `graph` (the `Fix:` error says what else may hold it, for `to`).
+    fn mapped_beside(
+        &mut self,
+        graph: &DispatchGraph,
+        to: &str,
+    ) -> Result<&MappedMemory, BackendError> {
         let memory = self.mapped_memory()?;
         if Arc::strong_count(memory) != 1 + graph.holdings_of(memory) {
-            return Err(BackendError::bad_input(
+            return Err(BackendError::bad_input(format!(
                 "Fix: this host-mapped DeviceBuffer is held by a dispatch in flight or by another \
                  DispatchGraph besides the one given; wait for the PendingDispatch (or drop the other \
-                 graph) before reading it in place",
-            ));
+                 graph) before {to}"
+            )));
         }
-        match memory.host_mapped() {
-            Some(mapped) => Ok(mapped.slice(0, len)),
-            None => Err(not_mapped()),
-        }
+        memory.host_mapped().ok_or_else(not_mapped)
     }
 
     /// The buffer, taken out of every dispatch's reach, as a view of its bytes

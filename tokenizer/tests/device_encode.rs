@@ -704,6 +704,63 @@ fn submitted_and_graph_encodes_equal_cpu() {
     assert!(encoder.graph(0).is_err());
 }
 
+/// Locks out a short text's graph recorded step by step (seven kernel nodes
+/// and three uploads, which took longer than one eager short-text kernel) and
+/// one that replays a stale text (the text written where the short-text
+/// kernel does not read it, or its layout missing): on cl100k and r50k,
+/// graphs of 1, 13, 1,000 and 4,096 bytes through an encoder that runs the
+/// short-text kernel up to 4,096 bytes record one dispatch, and three texts of
+/// each length in turn (prose, the same upper-cased, the first again; each
+/// read in place and into a vector) equal the CPU encoder. Negative controls:
+/// consecutive texts have other ids (so a stale text fails); the same lengths
+/// through an encoder without the short-text kernel, and 4,097 bytes through
+/// this one, record every step but `stage` and give the same ids.
+#[test]
+fn short_text_graphs_run_the_short_kernel() {
+    for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let short = DeviceEncoder::with_geometry(
+            AnyBackend::reference(),
+            &tokenizer,
+            Geometry::default(),
+            ChunkLimits {
+                short_text_bytes: SHORT_TEXT_BYTES,
+                resident_text_bytes: 0,
+                ..ChunkLimits::default()
+            },
+        )
+        .unwrap();
+        let step_by_step = reference_encoder(&tokenizer);
+        let steps = step_by_step.step_names().len();
+        for bytes in [1, 13, 1000, 4096, 4097] {
+            let prose = generate(Shape::Prose, bytes, bytes as u64);
+            let texts = [prose.clone(), prose.to_ascii_uppercase(), prose];
+            for (encoder, one_kernel) in [
+                (&short, bytes as u64 <= SHORT_TEXT_BYTES),
+                (&step_by_step, false),
+            ] {
+                let what = format!("{encoding:?}, {bytes} bytes, one kernel {one_kernel}");
+                let mut graph = encoder.graph(bytes).unwrap();
+                let dispatches = if one_kernel { 1 } else { steps - 1 };
+                assert_eq!(graph.dispatches(), dispatches, "{what}");
+                let mut before: Option<Vec<u32>> = None;
+                let mut copied = Vec::new();
+                for (index, text) in texts.iter().enumerate() {
+                    let expected = tokenizer.encode_ordinary_bytes(text);
+                    if bytes > 1 {
+                        assert_ne!(before.as_ref(), Some(&expected), "negative control, {what}");
+                    }
+                    let (in_place, _) = graph.encode_in_place(text).unwrap();
+                    assert_eq!(in_place, &expected[..], "{what}, text {index} in place");
+                    graph.encode_into(text, &mut copied).unwrap();
+                    assert_eq!(copied, expected, "{what}, text {index} into a vector");
+                    before = Some(expected);
+                }
+            }
+        }
+    }
+}
+
 /// The small geometry, with chunks of at least `from_bytes` bytes split in
 /// blocks of 256 bytes (64 threads × 4 bytes) instead of its 32-byte ones.
 fn bulk_geometry(from_bytes: u64) -> Geometry {

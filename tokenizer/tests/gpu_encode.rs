@@ -1045,12 +1045,15 @@ fn gpu_fused_step_clocks_divide_the_kernel() {
 /// Locks out a graph's ids read in place from the wrong memory: from the
 /// slot's device-memory ids where the copy engine brings them into pinned
 /// staging (texts from `COPY_ENGINE_FROM`), from the host-mapped ids before the
-/// replay wrote them, or from the previous replay's: graphs of 1 KiB (the
-/// short-text kernel), 256 KiB (the resident grid, ids in host-mapped memory)
-/// and 1.5 MiB (ids by the copy engine), each replayed with three texts of its
-/// length in turn (two shapes, then the first again), every slice equal to the
-/// CPU encoder's ids and to `encode_into`'s. Negative control: consecutive
-/// texts have other ids, so a stale slice fails its check.
+/// replay wrote them, or from the previous replay's; and a short text's graph
+/// that replays a stale text (written where its kernel does not read it):
+/// graphs of 1 KiB (the short-text kernel alone, reading the text in place
+/// from host-mapped staging), 256 KiB (every step its own node, ids in
+/// host-mapped memory) and 1.5 MiB (ids by the copy engine), each replayed
+/// with three texts of its length in turn (two shapes, then the first again),
+/// every slice equal to the CPU encoder's ids and to `encode_into`'s.
+/// Negative control: consecutive texts have other ids, so a stale slice or a
+/// stale text fails its check.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_graph_ids_read_in_place_equal_cpu() {
@@ -1065,6 +1068,12 @@ fn gpu_graph_ids_read_in_place_equal_cpu() {
             generate(Shape::Prose, bytes, 71),
         ];
         let mut graph = encoder.graph(bytes).unwrap();
+        assert_eq!(
+            graph.dispatches() == 1,
+            encoder.runs_short(bytes as u64),
+            "{bytes} bytes: {} dispatches",
+            graph.dispatches()
+        );
         let mut copied = Vec::new();
         let mut before: Option<Vec<u32>> = None;
         for (index, text) in texts.iter().enumerate() {

@@ -185,6 +185,11 @@ impl ReferenceRecorder {
 }
 
 impl ReferenceGraph {
+    /// Number of recorded dispatches.
+    pub(in crate::backend) fn step_count(&self) -> usize {
+        self.steps.len()
+    }
+
     pub(in crate::backend) fn input_mut(
         &mut self,
         slot: InputSlot,
