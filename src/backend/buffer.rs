@@ -177,20 +177,12 @@ impl DeviceBuffer {
         &'a mut self,
         graph: &'a mut DispatchGraph,
     ) -> Result<&'a mut [u8], BackendError> {
-        let mapped = self.mapped_beside(graph, "writing it in place")?;
-        let (host, len) = (mapped.host_address(), mapped.len().min(self.bytes as usize));
-        // SAFETY: [host, host + len) lies within the allocation, which lives while
-        // this buffer does. Its holders are this buffer (borrowed mutably for 'a) and
-        // `graph` (borrowed mutably for 'a, so it cannot replay, and a replay it
-        // submitted earlier was waited for before that borrow could be taken), as
-        // `mapped_beside` counted: no kernel using the memory is enqueued or running
-        // and no other reference to the bytes exists while the slice lives.
-        Ok(unsafe { std::slice::from_raw_parts_mut(host, len) })
+        graph.mapped_bytes_mut_of(self)
     }
 
     /// The mapped memory, checked to be held by nothing but this buffer and
     /// `graph` (the `Fix:` error says what else may hold it, for `to`).
-    fn mapped_beside(
+    pub(in crate::backend) fn mapped_beside(
         &mut self,
         graph: &DispatchGraph,
         to: &str,

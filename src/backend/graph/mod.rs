@@ -172,7 +172,7 @@ use crate::backend::plan::{scalar_position, undeclared_scalar, ScalarWords};
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::PerBinding;
-use crate::backend::{BackendError, CudaBackend, LaunchPlan, Timings};
+use crate::backend::{BackendError, CudaBackend, DeviceBuffer, LaunchPlan, Timings};
 use crate::ir::{BufferCount, Literal};
 use crate::probe::{self, Count, Phase};
 
@@ -385,6 +385,26 @@ impl DispatchGraph {
                 .filter(|held| Arc::ptr_eq(held, memory))
                 .count()
         })
+    }
+
+    /// `buffer`'s host-mapped bytes, writable between replays: the body of
+    /// [`DeviceBuffer::mapped_bytes_mut_beside`](crate::backend::DeviceBuffer::mapped_bytes_mut_beside),
+    /// here beside the replays whose absence it relies on.
+    pub(in crate::backend) fn mapped_bytes_mut_of<'a>(
+        &'a mut self,
+        buffer: &'a mut DeviceBuffer,
+    ) -> Result<&'a mut [u8], BackendError> {
+        let len = buffer.len() as usize;
+        let mapped = buffer.mapped_beside(self, "writing it in place")?;
+        let (host, len) = (mapped.host_address(), mapped.len().min(len));
+        // SAFETY: [host, host + len) lies within the allocation, which `buffer` keeps
+        // alive for 'a. `mapped_beside` counted its holders: `buffer` (borrowed
+        // mutably for 'a, so no dispatch can bind it) and this graph (borrowed
+        // mutably for 'a, so it cannot replay, and a replay it submitted earlier was
+        // waited for before that borrow could be taken; a graph touches the bytes
+        // only in a replay). No kernel using the memory is enqueued or running and no
+        // other reference to the bytes exists while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(host, len) })
     }
 
     /// Diagnostic name: the graph's number and its steps' program names.
