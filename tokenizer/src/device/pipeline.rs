@@ -1536,7 +1536,7 @@ impl DeviceEncoder {
                 .map_err(|error| backend_error("staging the chunk", error))?;
             return host_copy::gather(&mut out[..text_len], texts);
         }
-        write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, |out| {
+        write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, None, |out| {
             host_copy::gather(&mut out[..text_len], texts)
         })
     }
@@ -1547,14 +1547,19 @@ impl DeviceEncoder {
         params[param::TEXT_LEN as usize] = layout.text_len;
         params[param::DOCUMENTS as usize] = layout.ends.len() as u32;
         let backend = &self.backend;
-        write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, |out| {
+        write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, None, |out| {
             copy_words(out, &params);
             Ok(())
         })?;
-        write_host_visible(backend, slot.buffer_mut(Role::StagedDocuments)?, |out| {
-            copy_words(out, &layout.ends);
-            Ok(())
-        })
+        write_host_visible(
+            backend,
+            slot.buffer_mut(Role::StagedDocuments)?,
+            None,
+            |out| {
+                copy_words(out, &layout.ends);
+                Ok(())
+            },
+        )
     }
 
     /// Submits every step of a staged chunk of `text_len` bytes and
@@ -1724,71 +1729,76 @@ impl DeviceEncoder {
             ));
         }
         let mut slot = self.take_slot(text_len as u64, 1)?;
-        if let Some(fused) = self.short_kernel(text_len as u64) {
-            return match self.record_short(&mut slot, fused, text_len_u32) {
-                Ok(graph) => Ok(EncodeGraph {
-                    encoder: self,
-                    graph: Some(graph),
-                    slot: Some(slot),
-                    inputs: GraphInputs::Staging,
-                    text_len: text_len_u32,
-                    read_back: Vec::new(),
-                }),
-                Err(error) => {
-                    self.give_back(slot);
-                    Err(error)
-                }
-            };
+        let recorded = match self.short_kernel(text_len as u64) {
+            Some(fused) => self
+                .record_short(&mut slot, fused, text_len_u32)
+                .map(|graph| (graph, GraphInputs::Staging)),
+            None => self
+                .record_steps(&slot, text_len_u32)
+                .map(|(graph, inputs)| (graph, GraphInputs::Uploads(inputs))),
+        };
+        match recorded {
+            Ok((graph, inputs)) => Ok(EncodeGraph {
+                encoder: self,
+                graph: Some(graph),
+                slot: Some(slot),
+                inputs,
+                text_len: text_len_u32,
+                read_back: Vec::new(),
+            }),
+            Err(error) => {
+                self.give_back(slot);
+                Err(error)
+            }
         }
-        let compiled = self.steps_for(text_len as u64);
+    }
+
+    /// The graph of one text of `text_len` bytes step by step over `slot`:
+    /// the uploads of the parameters, the text and the document ends (their
+    /// input slots returned with it), then every step but `stage`.
+    fn record_steps(
+        &self,
+        slot: &Slot,
+        text_len: u32,
+    ) -> Result<(AnyGraph, [InputSlot; 3]), TokenizerError> {
+        let compiled = self.steps_for(u64::from(text_len));
         let geometry = compiled.programs.geometry;
         let steps = &compiled.programs.steps()[1..];
         let mut slots: Option<[InputSlot; 3]> = None;
         let bindings: Vec<Vec<Binding<'_>>> = steps
             .iter()
-            .map(|step| self.bindings(&slot, &step.bindings))
+            .map(|step| self.bindings(slot, &step.bindings))
             .collect::<Result<_, _>>()?;
-        let recorded = self.backend.record(|recorder| {
-            let upload =
-                |recorder: &mut vyre_cuda::backend::AnyRecorder<'_, '_>, role: Role, bytes: u64| {
+        let graph = self
+            .backend
+            .record(|recorder| {
+                let upload = |recorder: &mut vyre_cuda::backend::AnyRecorder<'_, '_>,
+                              role: Role,
+                              bytes: u64| {
                     recorder.upload(slot.buffer(role).map_err(to_backend)?, bytes)
                 };
-            let inputs = [
-                upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
-                upload(recorder, Role::Text, text_len as u64)?,
-                upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
-            ];
-            for ((step, kernel), bindings) in
-                steps.iter().zip(&compiled.kernels[1..]).zip(&bindings)
-            {
-                let workgroups = step.grid.workgroups(&geometry, text_len as u64, 1);
-                recorder.dispatch(
-                    Dispatch::new(kernel, bindings)
-                        .workgroups([workgroups, 1, 1])
-                        .readback(&NO_READBACK),
-                )?;
-            }
-            slots = Some(inputs);
-            Ok(())
-        });
-        drop(bindings);
-        let graph = match recorded {
-            Ok(graph) => graph,
-            Err(error) => {
-                self.give_back(slot);
-                return Err(backend_error("recording the encode graph", error));
-            }
-        };
+                let inputs = [
+                    upload(recorder, Role::Params, 4 * param::WORDS as u64)?,
+                    upload(recorder, Role::Text, u64::from(text_len))?,
+                    upload(recorder, Role::DocumentEnds, 4 * slot.document_capacity)?,
+                ];
+                for ((step, kernel), bindings) in
+                    steps.iter().zip(&compiled.kernels[1..]).zip(&bindings)
+                {
+                    let workgroups = step.grid.workgroups(&geometry, u64::from(text_len), 1);
+                    recorder.dispatch(
+                        Dispatch::new(kernel, bindings)
+                            .workgroups([workgroups, 1, 1])
+                            .readback(&NO_READBACK),
+                    )?;
+                }
+                slots = Some(inputs);
+                Ok(())
+            })
+            .map_err(|error| backend_error("recording the encode graph", error))?;
         let inputs =
             slots.ok_or_else(|| internal("the encode graph recorded no input slots".to_owned()))?;
-        Ok(EncodeGraph {
-            encoder: self,
-            graph: Some(graph),
-            slot: Some(slot),
-            inputs: GraphInputs::Uploads(inputs),
-            text_len: text_len_u32,
-            read_back: Vec::new(),
-        })
+        Ok((graph, inputs))
     }
 
     /// The graph of one text of `text_len` bytes through the short-text
@@ -1874,16 +1884,20 @@ fn host_visible_buffer(backend: &AnyBackend, bytes: u64) -> Result<DeviceBuffer,
 }
 
 /// Fills the start of a host-visible buffer with `fill`: in place in mapped
-/// memory, through one upload otherwise.
+/// memory (beside `graph` when a graph binds it, between its replays),
+/// through one upload otherwise.
 fn write_host_visible(
     backend: &AnyBackend,
     buffer: &mut DeviceBuffer,
+    graph: Option<&mut AnyGraph>,
     fill: impl FnOnce(&mut [u8]) -> Result<(), TokenizerError>,
 ) -> Result<(), TokenizerError> {
     if buffer.is_host_mapped() {
-        let bytes = buffer
-            .mapped_bytes_mut()
-            .map_err(|error| backend_error("staging the chunk", error))?;
+        let bytes = match graph.and_then(AnyGraph::as_cuda) {
+            Some(graph) => buffer.mapped_bytes_mut_beside(graph),
+            None => buffer.mapped_bytes_mut(),
+        }
+        .map_err(|error| backend_error("staging the chunk", error))?;
         return fill(bytes);
     }
     let mut bytes = vec![0u8; buffer.len() as usize];
@@ -1891,34 +1905,6 @@ fn write_host_visible(
     backend
         .upload(buffer, &bytes)
         .map_err(|error| backend_error("staging the chunk", error))
-}
-
-/// Writes `bytes` into the start of a host-visible buffer that `graph` binds,
-/// between its replays: in place in mapped memory, through one upload
-/// otherwise.
-fn write_beside(
-    backend: &AnyBackend,
-    buffer: &mut DeviceBuffer,
-    graph: &mut AnyGraph,
-    bytes: &[u8],
-) -> Result<(), TokenizerError> {
-    if buffer.len() < bytes.len() as u64 {
-        return Err(internal(format!(
-            "a write of {} bytes into a buffer of {} bytes",
-            bytes.len(),
-            buffer.len()
-        )));
-    }
-    if let (true, Some(graph)) = (buffer.is_host_mapped(), graph.as_cuda()) {
-        let out = buffer
-            .mapped_bytes_mut_beside(graph)
-            .map_err(|error| backend_error("staging the graph's text", error))?;
-        out[..bytes.len()].copy_from_slice(bytes);
-        return Ok(());
-    }
-    backend
-        .upload(buffer, bytes)
-        .map_err(|error| backend_error("staging the graph's text", error))
 }
 
 /// The first `count` words of a host-visible buffer, where they are: in place
@@ -2405,11 +2391,16 @@ impl EncodeGraph<'_> {
                     .chunks_exact_mut(4)
                     .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
             }
-            GraphInputs::Staging => write_beside(
+            GraphInputs::Staging => write_host_visible(
                 &encoder.backend,
                 slot.buffer_mut(Role::StagedText)?,
-                graph,
-                text,
+                Some(graph),
+                |out| {
+                    out.get_mut(..text.len())
+                        .ok_or_else(|| internal(format!("a graph's text of {} bytes", text.len())))?
+                        .copy_from_slice(text);
+                    Ok(())
+                },
             )?,
         }
         let timings = graph
