@@ -398,25 +398,49 @@ fn grid_sync_program() -> Program {
 
 /// Locks out a grid sync that does not synchronise (or a barrier counter left
 /// unbalanced): neighbours across workgroups must see phase-one values, and a grid
-/// too large to be co-resident is a clear error.
+/// too large to be co-resident is a clear error. Also an audit that miscounts
+/// once a launch skips the barrier's reset (the words an audit passed are left
+/// as they are, arrivals total included): the same kernel runs five times on
+/// every SM, then on half of them, one, and every SM again, each run's audit
+/// counting only its own arrivals (an audit of the whole total fails the first
+/// run on another grid), and a reset made again although the last audit passed:
+/// the first run (no audit yet) makes one fill more than every later one, on
+/// every grid (the reset; negative control: resetting before every launch makes
+/// them all equal).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_grid_sync_is_cooperative_and_checks_residency() {
     let gpu = backend();
     let program = grid_sync_program();
     let blocks = gpu.caps().sm_count;
-    let n = (128 * blocks) as usize;
-    let inputs = vec![vec![0u8; 4 * n], vec![0u8; 4 * n]];
-    let config = DispatchConfig::linear(blocks);
-    let expected = reference(&program, &inputs, &config);
-    let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
-    for _ in 0..5 {
-        assert_eq!(
-            run_host(&gpu, &program, &borrowed, &config).unwrap(),
-            expected
-        );
+    let mut fills = Vec::new();
+    for (grid, runs) in [(blocks, 5), ((blocks / 2).max(1), 2), (1, 2), (blocks, 2)] {
+        let n = (128 * grid) as usize;
+        let inputs = vec![vec![0u8; 4 * n], vec![0u8; 4 * n]];
+        let config = DispatchConfig::linear(grid);
+        let expected = reference(&program, &inputs, &config);
+        let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        for _ in 0..runs {
+            let before = vyre_cuda::backend::thread_driver_calls();
+            assert_eq!(
+                run_host(&gpu, &program, &borrowed, &config).unwrap(),
+                expected,
+                "grid {grid}"
+            );
+            fills.push(
+                vyre_cuda::backend::thread_driver_calls()
+                    .since(&before)
+                    .fills,
+            );
+        }
     }
-    let kernel = gpu.compile(&program, &config).unwrap();
+    assert!(
+        fills[1..].iter().all(|&f| f + 1 == fills[0]),
+        "fills per run: {fills:?}"
+    );
+    let kernel = gpu
+        .compile(&program, &DispatchConfig::linear(blocks))
+        .unwrap();
     assert!(kernel.uses_grid_sync());
 
     let huge = DispatchConfig::linear(1_000_000);

@@ -23,6 +23,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
@@ -92,6 +93,11 @@ pub(in crate::backend) struct KernelInner {
     /// Held from launch to synchronize by a grid-sync dispatch: the barrier counter
     /// is module-global, so two such dispatches of one module must not overlap.
     pub(in crate::backend) barrier_lease: Mutex<()>,
+    /// What the last audit of the barrier words found, read and written only by
+    /// the holder of `barrier_lease`: their arrivals total (word 2) when it
+    /// passed and nothing launched since (word 0 is then 0, so the next launch
+    /// needs no reset), [`BARRIER_UNKNOWN`] otherwise.
+    pub(in crate::backend) barrier_audited: AtomicU64,
     /// The plan cache for this kernel: launch plans by grid shape.
     pub(in crate::backend) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
 }
@@ -201,6 +207,11 @@ impl Kernel {
 pub(in crate::backend) fn contains_grid_sync(block: &[Node]) -> bool {
     crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
+
+/// [`KernelInner::barrier_audited`] when the barrier words are not known to be
+/// settled (before the first audit, after a failed one, while a launch is in
+/// flight): the next launch resets them.
+pub(in crate::backend) const BARRIER_UNKNOWN: u64 = u64::MAX;
 
 /// Mixed into the PTX key's policy digest: the backend's PTX is the result-ABI
 /// variant ([`codegen::program_to_ptx_with_results`]), never the plain one.
@@ -621,6 +632,7 @@ impl BackendInner {
             grid_barrier,
             max_coresident_blocks,
             barrier_lease: Mutex::new(()),
+            barrier_audited: AtomicU64::new(BARRIER_UNKNOWN),
             launch_plans: Mutex::new(SmallVec::new()),
         })
     }

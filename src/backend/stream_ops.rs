@@ -6,7 +6,8 @@
 //! the same few operations on a stream: host → device copies from pinned staging,
 //! the zero fill that makes `WriteOnly` mean "starts zeroed", the parameter array
 //! (buffer addresses, then `u32` element counts), `fixpoint_iterations` launches
-//! (with the grid barrier reset before each one), device → host readback copies,
+//! (with the grid barrier reset before each one but a settled first:
+//! [`KernelLaunch::barrier_settled`]), device → host readback copies,
 //! and the timing events around them. They used to be written out separately in
 //! `dispatch.rs` (a 294-line function), `graph/` and `floor.rs`, so "a graph captures
 //! exactly what a dispatch enqueues" held only as long as four copies agreed.
@@ -18,7 +19,7 @@
 //!
 //! ```text
 //! [window start] uploads  pinned uploads  clears  [kernel start]  (barrier reset, launch) × N
-//! [kernel end]  readback  barrier readback  [window end]
+//! [kernel end]  readback  barrier readback (when the result area had no room)  [window end]
 //! ```
 //!
 //! The driver calls go through a [`StreamTarget`]: [`LaneTarget`] (a dispatch lane's
@@ -179,6 +180,10 @@ pub(in crate::backend) struct KernelLaunch<'a, M> {
     /// A grid-sync kernel's module-global barrier counter: reset before each launch,
     /// launched cooperatively.
     pub(in crate::backend) grid_barrier: Option<u64>,
+    /// The barrier's arrivals word is known to be 0 (the last launch's audit
+    /// passed and nothing launched since), so the first launch needs no reset;
+    /// every later launch of the loop is still reset.
+    pub(in crate::backend) barrier_settled: bool,
 }
 
 /// How a dispatch's outputs reach the host (see the module docs for adding one).
@@ -485,9 +490,11 @@ pub(in crate::backend) unsafe fn enqueue<T: StreamTarget>(
             // the end and copies the mapped readback ranges.
             ops.parameters.set_launch(iteration, launch.iterations);
             if let Some(counter) = launch.grid_barrier {
-                // SAFETY: the description's barrier address is the kernel's symbol.
-                unsafe { target.reset_grid_barrier(counter) }
-                    .map_err(fail("resetting the grid barrier"))?;
+                if iteration > 0 || !launch.barrier_settled {
+                    // SAFETY: the description's barrier address is the kernel's symbol.
+                    unsafe { target.reset_grid_barrier(counter) }
+                        .map_err(fail("resetting the grid barrier"))?;
+                }
             }
             // SAFETY: `params` points into `ops.parameters`, alive and unmoved for the
             // whole loop, one pointer per parameter in the ABI's order; the addresses
@@ -808,6 +815,7 @@ pub(in crate::backend) mod tests {
             block: [64, 1, 1],
             iterations,
             grid_barrier,
+            barrier_settled: false,
         }
     }
 
@@ -1068,6 +1076,46 @@ pub(in crate::backend) mod tests {
         assert_eq!(
             kinds,
             ["clear", "reset", "launch", "reset", "launch", "read"]
+        );
+    }
+
+    /// Locks out a settled barrier reset again, or a loop that trusts it past its
+    /// first launch: with the words settled (the last audit passed) a one-launch
+    /// dispatch enqueues no reset, and a loop of three resets before its second and
+    /// third launches only; unsettled, every launch is reset (the control).
+    #[test]
+    fn a_settled_barrier_skips_only_the_first_reset() {
+        let addresses = [0x100, 0x200, 0x300];
+        let sizes = [16, 32, 64];
+        let kinds = |iterations, barrier_settled| -> Vec<&'static str> {
+            let ops = StreamOps::dispatch(
+                &slots(),
+                &addresses,
+                &sizes,
+                &[],
+                KernelLaunch {
+                    barrier_settled,
+                    ..launch(iterations, Some(0xB000))
+                },
+            );
+            run(ops)
+                .iter()
+                .filter_map(|s| match s {
+                    Seen::ResetBarrier(_) => Some("reset"),
+                    Seen::Launch { .. } => Some("launch"),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(kinds(1, true), ["launch"]);
+        assert_eq!(
+            kinds(3, true),
+            ["launch", "reset", "launch", "reset", "launch"]
+        );
+        assert_eq!(kinds(1, false), ["reset", "launch"]);
+        assert_eq!(
+            kinds(3, false),
+            ["reset", "launch", "reset", "launch", "reset", "launch"]
         );
     }
 

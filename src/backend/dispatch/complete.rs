@@ -12,6 +12,7 @@ use super::super::pool::Lane;
 use super::super::readback::{stamp_kernel_ns, Delivery};
 use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StreamTarget};
 use super::super::{BackendError, BackendInner, Binding, Outputs, Timings};
+use super::stage::BarrierWordsAt;
 use super::{elapsed_ns, Bookkeeping, DeviceSpans, Held, Sink};
 
 /// A dispatch enqueued on its lane and not yet synchronised: with its
@@ -22,12 +23,22 @@ pub(in crate::backend) struct InFlight<'r> {
     /// The bindings whose buffers the caller's borrow keeps alive (a blocking
     /// dispatch's; empty for a submission, whose bookkeeping holds its buffers).
     pub(in crate::backend) borrowed: &'r [Binding<'r>],
-    /// Grid sync: staging offset of the barrier words and the grid's block count.
-    pub(in crate::backend) barrier: Option<(usize, u64)>,
+    /// Grid sync: what the barrier audit checks.
+    pub(in crate::backend) barrier: Option<BarrierCheck>,
     pub(in crate::backend) timed: bool,
     pub(in crate::backend) window: (DeviceMark, DeviceMark),
     pub(in crate::backend) start: Instant,
     pub(in crate::backend) enqueue_ns: u64,
+}
+
+/// What a grid-sync dispatch's barrier audit checks once the stream is done: the
+/// words where they came back, the grid's block count, and the arrivals total the
+/// words held before the launch (0 after a reset).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::backend) struct BarrierCheck {
+    pub(in crate::backend) at: BarrierWordsAt,
+    pub(in crate::backend) grid_blocks: u64,
+    pub(in crate::backend) arrivals_before: u32,
 }
 
 impl InFlight<'_> {
@@ -73,20 +84,20 @@ impl BackendInner {
                 return Err(e);
             }
         };
-        let checked = audit_barrier(kernel, &lane, barrier).and_then(|()| {
-            lane.results
-                .as_ref()
-                .and_then(|area| area.stamps())
-                // The kernel did not finish its epilogue: the area may hold an earlier
-                // dispatch's bytes, which must never be returned as this one's.
-                .ok_or_else(|| {
-                    BackendError::internal(format!(
-                        "{} completed without writing its end stamp, so its mapped results cannot be \
-                         trusted",
-                        kernel.name
-                    ))
-                })
-        });
+        // The stamps first: the barrier words may be in the area, which holds an
+        // earlier dispatch's bytes unless this kernel finished its epilogue.
+        let checked = lane
+            .results
+            .as_ref()
+            .and_then(|area| area.stamps())
+            .ok_or_else(|| {
+                BackendError::internal(format!(
+                    "{} completed without writing its end stamp, so its mapped results cannot be \
+                     trusted",
+                    kernel.name
+                ))
+            })
+            .and_then(|stamps| audit_barrier(kernel, &lane, barrier).map(|()| stamps));
         let stamps = match checked {
             Ok(stamps) => stamps,
             Err(e) => {
@@ -243,25 +254,45 @@ impl BackendInner {
 }
 
 /// A grid-sync dispatch's barrier words after the synchronize: every workgroup
-/// arrived at every barrier (arrivals back to 0, total a multiple of the grid).
+/// arrived at every barrier (arrivals back to 0, the arrivals since the launch a
+/// multiple of the grid). A pass leaves the words settled for the next launch
+/// (`KernelInner::barrier_audited`); a failure leaves them unknown, so the next
+/// launch resets them.
 fn audit_barrier(
     kernel: &KernelInner,
     lane: &Lane,
-    barrier: Option<(usize, u64)>,
+    barrier: Option<BarrierCheck>,
 ) -> Result<(), BackendError> {
-    let Some((offset, grid_blocks)) = barrier else {
+    let Some(BarrierCheck {
+        at,
+        grid_blocks,
+        arrivals_before,
+    }) = barrier
+    else {
         return Ok(());
     };
-    let raw = lane.staging.slice(offset, 12);
+    let raw = match (at, lane.results.as_ref()) {
+        (BarrierWordsAt::Area(offset), Some(area)) => area.bytes(offset, 12),
+        (BarrierWordsAt::Staging(offset), _) => lane.staging.slice(offset, 12),
+        (BarrierWordsAt::Area(_), None) => {
+            return Err(BackendError::internal(
+                "the grid barrier's words were routed to a result area the lane does not have",
+            ))
+        }
+    };
     let word =
         |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
     let words = [word(0), word(1), word(2)];
-    if words[0] != 0 || grid_blocks == 0 || !(words[2] as u64).is_multiple_of(grid_blocks) {
+    let arrivals = words[2].wrapping_sub(arrivals_before);
+    if words[0] != 0 || grid_blocks == 0 || !u64::from(arrivals).is_multiple_of(grid_blocks) {
         return Err(BackendError::GridBarrierAudit {
             program: kernel.name.clone(),
             words,
             grid_blocks,
         });
     }
+    kernel
+        .barrier_audited
+        .store(u64::from(words[2]), std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }

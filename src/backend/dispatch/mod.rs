@@ -68,14 +68,15 @@ use std::time::Instant;
 use crate::config::CodegenOptions;
 use crate::probe::{self, DispatchProbe};
 
-use super::kernel::{KernelInner, KernelKind};
+use super::driver;
+use super::kernel::{KernelInner, KernelKind, BARRIER_UNKNOWN};
 use super::request::Target;
 use super::stream_ops::StreamOps;
 use super::{
     BackendError, BackendInner, Binding, CudaBackend, Dispatch, Finished, Kernel, Outputs, Timings,
 };
 
-pub(in crate::backend) use complete::InFlight;
+pub(in crate::backend) use complete::{BarrierCheck, InFlight};
 pub(in crate::backend) use pending::{
     count_pending, foreign_predecessor, PendingOrigin, PendingState,
 };
@@ -338,6 +339,15 @@ impl BackendInner {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
         });
+        let barrier = match (lease.is_some(), routed.barrier) {
+            (true, Some(at)) => Some(settle_barrier(kernel, &mut ops, at, plan)),
+            (true, None) => {
+                return Err(BackendError::internal(
+                    "a grid-sync dispatch was routed without its barrier words",
+                ))
+            }
+            (false, _) => None,
+        };
         let mark = probe::charge_and_mark(probe::Phase::Lease, mark);
 
         // order, then launch: every stream operation, on the device after what it must follow.
@@ -352,9 +362,7 @@ impl BackendInner {
             in_flight: InFlight {
                 lane,
                 borrowed,
-                barrier: kernel
-                    .grid_barrier
-                    .map(|_| (plan.barrier_staging, plan.launch.grid_blocks)),
+                barrier,
                 timed,
                 window,
                 start,
@@ -363,6 +371,34 @@ impl BackendInner {
             lease,
             mark,
         })
+    }
+}
+
+/// A grid-sync launch's barrier, taken by the holder of the kernel's barrier
+/// lease: a launch loop of one launch skips the reset when the last audit left
+/// the words settled (`KernelInner::barrier_audited`), and the audit then counts
+/// the arrivals from the total that audit read; the words are unknown until this
+/// launch's audit passes. Returns what the audit checks.
+fn settle_barrier(
+    kernel: &KernelInner,
+    ops: &mut StreamOps<'_, driver::LoadedModule>,
+    at: stage::BarrierWordsAt,
+    plan: &stage::Plan,
+) -> BarrierCheck {
+    let audited = kernel
+        .barrier_audited
+        .swap(BARRIER_UNKNOWN, std::sync::atomic::Ordering::Relaxed);
+    let mut arrivals_before = 0;
+    if let Some(launch) = ops.launch.as_mut() {
+        if audited != BARRIER_UNKNOWN && launch.iterations == 1 {
+            launch.barrier_settled = true;
+            arrivals_before = audited as u32;
+        }
+    }
+    BarrierCheck {
+        at,
+        grid_blocks: plan.launch.grid_blocks,
+        arrivals_before,
     }
 }
 

@@ -129,6 +129,26 @@ pub(in crate::backend) struct Routed {
     pub(in crate::backend) results: ResultParams,
     /// The result area the items are placed in (its device address), once routed.
     pub(in crate::backend) area: Option<u64>,
+    /// Where a grid-sync kernel's barrier words come back for the audit (`None`
+    /// for any other kernel).
+    pub(in crate::backend) barrier: Option<BarrierWordsAt>,
+}
+
+/// Where a grid-sync dispatch's barrier words come back for the audit.
+///
+/// Why the result area first: copied by the stream, the words were one more
+/// device → host copy after every cooperative launch (its own driver call and
+/// its own turn on the copy engine, which the dispatch's synchronize waits for);
+/// the kernel's last thread copies them with the mapped readback instead, after
+/// every workgroup has passed its last grid sync, so they are the words the
+/// launch left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend) enum BarrierWordsAt {
+    /// In the result area at this offset (the kernel's last thread copies them).
+    Area(usize),
+    /// In the lane's staging at this offset (a stream copy brings them: the area
+    /// had no room or no free descriptor left).
+    Staging(usize),
 }
 
 /// A leased lane and what the dispatch holds, released on every exit that does not
@@ -235,6 +255,8 @@ pub(in crate::backend) fn operations<'a>(
             block: plan.launch.block,
             iterations: request.fixpoint_iterations,
             grid_barrier: kernel.grid_barrier,
+            // Settled by the barrier's lease holder, once it holds the lease.
+            barrier_settled: false,
         },
     );
     ops.uploads.extend_from_slice(&transfers.uploads);
@@ -250,11 +272,14 @@ pub(in crate::backend) fn operations<'a>(
         deliveries: &routed.deliveries,
         area_copy: routed.area_copy,
     };
-    ops.barrier_readback = kernel.grid_barrier.map(|counter| StagedCopy {
-        device: counter,
-        staging_offset: plan.barrier_staging,
-        len: 4 * crate::codegen::GRID_BARRIER_WORDS,
-    });
+    ops.barrier_readback = match (kernel.grid_barrier, routed.barrier) {
+        (Some(counter), Some(BarrierWordsAt::Staging(staging_offset))) => Some(StagedCopy {
+            device: counter,
+            staging_offset,
+            len: BARRIER_BYTES,
+        }),
+        _ => None,
+    };
     ops.timed = timed;
 }
 
@@ -263,11 +288,13 @@ pub(in crate::backend) fn operations<'a>(
 /// mapped ones into `routed.results` (which holds the area's addresses and no
 /// descriptor yet), and record the DMA copies, every item's delivery and its
 /// binding, for a kernel of `slots` with `threads` per workgroup bound to
-/// `addresses`. Returns the end of the area's used bytes.
+/// `addresses`; then a grid-sync kernel's barrier words at `grid_barrier` (in the
+/// area behind the items when there is room and a descriptor, else in staging:
+/// [`BarrierWordsAt`]). Returns the end of the area's used bytes.
 pub(in crate::backend) fn route_items(
     (slots, threads): (&[ParamSlot], u32),
     plan: &Plan,
-    addresses: &[u64],
+    (addresses, grid_barrier): (&[u64], Option<u64>),
     routed: &mut Routed,
 ) -> Result<usize, BackendError> {
     routed.copies.clear();
@@ -317,8 +344,27 @@ pub(in crate::backend) fn route_items(
             }
         }
     }
+    routed.barrier = grid_barrier.map(|counter| {
+        let offset = area_end.next_multiple_of(16);
+        let delivered = (offset + BARRIER_BYTES <= RESULT_AREA_BYTES)
+            .then(|| {
+                let memory = counter..counter + BARRIER_BYTES as u64;
+                results.describe(counter, BARRIER_BYTES as u32, offset as u32, memory)
+            })
+            .flatten();
+        match delivered {
+            Some(at) => {
+                area_end = area_end.max(at as usize + BARRIER_BYTES);
+                BarrierWordsAt::Area(at as usize)
+            }
+            None => BarrierWordsAt::Staging(plan.barrier_staging),
+        }
+    });
     Ok(area_end)
 }
+
+/// Bytes of a grid-sync kernel's barrier words.
+const BARRIER_BYTES: usize = 4 * crate::codegen::GRID_BARRIER_WORDS;
 
 impl BackendInner {
     /// Plan: the request checks every backend makes (`plan::plan_request`), the
@@ -520,7 +566,12 @@ impl BackendInner {
         }
         routed.results = area.params();
         let threads = kernel.workgroup_size.iter().product::<u32>();
-        let area_end = route_items((&kernel.slots, threads), plan, &staged.addresses, routed)?;
+        let area_end = route_items(
+            (&kernel.slots, threads),
+            plan,
+            (&staged.addresses, kernel.grid_barrier),
+            routed,
+        )?;
         routed.area_copy = area.copy_back(area_end);
         routed.area = Some(area_address);
         Ok(())
@@ -705,7 +756,7 @@ mod tests {
             results: ResultParams::new(0x10, 0x20),
             ..Routed::default()
         };
-        let area_end = route_items((&slots, 1), &plan, &addresses, &mut routed).unwrap();
+        let area_end = route_items((&slots, 1), &plan, (&addresses, None), &mut routed).unwrap();
         assert_eq!(routed.item_bindings.as_slice(), &[3, 5, 3]);
         assert_eq!(
             routed.deliveries.as_slice(),
@@ -739,10 +790,53 @@ mod tests {
         assert_eq!(routed.results, expected);
 
         routed.results = ResultParams::new(0x10, 0x20);
-        route_items((&slots, 1), &plan, &addresses, &mut routed).unwrap();
+        route_items((&slots, 1), &plan, (&addresses, None), &mut routed).unwrap();
         assert_eq!(routed.deliveries.len(), 3);
         assert_eq!(routed.copies.len(), 1);
         assert_eq!(routed.results, expected);
+    }
+
+    /// Locks out a grid-sync kernel's barrier words left to a stream copy when the
+    /// result area can take them, or placed over an item: they go behind the
+    /// items, 16-byte aligned, with a descriptor of their own (which the kernel's
+    /// last thread copies); with every descriptor taken they come back by a copy
+    /// into their staging place (the control); a kernel without a grid barrier
+    /// routes none.
+    #[test]
+    fn barrier_words_ride_in_the_result_area_when_it_has_room() {
+        let slots = [slot(0, Access::ReadWrite)];
+        let addresses = [0x1000];
+        let mut plan = Plan::default();
+        plan.request.sizes.extend([4096]);
+        plan.request.reads.extend([read(0, 0, 20, 0)]);
+        plan.barrier_staging = 256;
+        let route = |plan: &Plan, barrier| {
+            let mut routed = Routed {
+                results: ResultParams::new(0x10, 0x20),
+                ..Routed::default()
+            };
+            let end = route_items((&slots, 1), plan, (&addresses, barrier), &mut routed).unwrap();
+            (routed, end)
+        };
+        let (routed, end) = route(&plan, Some(0xB000));
+        let at = STAMP_BYTES + 32;
+        assert_eq!(routed.barrier, Some(BarrierWordsAt::Area(at)));
+        assert_eq!(end, at + BARRIER_BYTES);
+        let mut expected = ResultParams::new(0x10, 0x20);
+        expected.describe(0x1000, 20, STAMP_BYTES as u32, 0x1000..0x2000);
+        expected.describe(0xB000, 12, at as u32, 0xB000..0xB00C);
+        assert_eq!(routed.results, expected);
+
+        let (routed, end) = route(&plan, None);
+        assert_eq!(routed.barrier, None);
+        assert_eq!(end, STAMP_BYTES + 20);
+
+        plan.request.reads.clear();
+        for k in 0..crate::codegen::RESULT_RANGE_SLOTS as u64 {
+            plan.request.reads.push(read(0, 64 * k, 20, 0));
+        }
+        let (routed, _) = route(&plan, Some(0xB000));
+        assert_eq!(routed.barrier, Some(BarrierWordsAt::Staging(256)));
     }
 
     /// Measures the host steps of a warm dispatch over device buffers that need no
@@ -862,9 +956,13 @@ mod tests {
                 Cell::measure(&format!("route_items ({buffers})"), &options, |n| {
                     (0..n).fold(0u64, |acc, _| {
                         routed.results = ResultParams::new(0x10, 0x20);
-                        let end =
-                            route_items((slots, 1), black_box(&plan), &addresses, &mut routed)
-                                .expect("route");
+                        let end = route_items(
+                            (slots, 1),
+                            black_box(&plan),
+                            (&addresses, None),
+                            &mut routed,
+                        )
+                        .expect("route");
                         acc ^ end as u64
                     })
                 }),
@@ -885,6 +983,7 @@ mod tests {
                                     block: [1, 1, 1],
                                     iterations: 1,
                                     grid_barrier: None,
+                                    barrier_settled: false,
                                 },
                             );
                             ops.parameters.results = Some(ResultParams::new(0x10, 0x20));

@@ -239,6 +239,7 @@ pub unsafe fn fill_bytes_async(
     len: usize,
     stream: &Stream,
 ) -> DriverResult<()> {
+    count(|c| c.fills += 1);
     check(
         sys::cuMemsetD8Async(dst, value, len, stream.raw),
         "cuMemsetD8Async",
@@ -256,6 +257,7 @@ pub unsafe fn fill_words_async(
     words: usize,
     stream: &Stream,
 ) -> DriverResult<()> {
+    count(|c| c.fills += 1);
     check(
         sys::cuMemsetD32Async(dst, value, words, stream.raw),
         "cuMemsetD32Async",

@@ -167,6 +167,9 @@ pub struct DriverCallCounts {
     pub graph_launches: u64,
     /// Async copies, either direction.
     pub async_copies: u64,
+    /// Async fills (`cuMemsetD8Async`, `cuMemsetD32Async`): zeroed outputs and
+    /// grid-barrier resets.
+    pub fills: u64,
     /// `cuStreamWaitEvent`: device-side waits of one stream on another's work.
     pub stream_waits: u64,
 }
@@ -180,6 +183,7 @@ impl DriverCallCounts {
             launches: self.launches - before.launches,
             graph_launches: self.graph_launches - before.graph_launches,
             async_copies: self.async_copies - before.async_copies,
+            fills: self.fills - before.fills,
             stream_waits: self.stream_waits - before.stream_waits,
         }
     }
@@ -187,7 +191,7 @@ impl DriverCallCounts {
 
 thread_local! {
     static CALLS: std::cell::Cell<DriverCallCounts> =
-        const { std::cell::Cell::new(DriverCallCounts { synchronizes: 0, launches: 0, graph_launches: 0, async_copies: 0, stream_waits: 0 }) };
+        const { std::cell::Cell::new(DriverCallCounts { synchronizes: 0, launches: 0, graph_launches: 0, async_copies: 0, fills: 0, stream_waits: 0 }) };
 }
 
 #[inline]

@@ -593,6 +593,7 @@ fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
             block: step.plan.block,
             iterations: step.iterations,
             grid_barrier: None,
+            barrier_settled: false,
         },
     );
     ops.parameters.results = Some(step.results.clone());

@@ -54,9 +54,11 @@
 //!
 //! Emitted only when the program contains [`Node::GridSync`](crate::ir::Node::GridSync):
 //! a module-scope `.global .align 4 .u32 vyre_grid_barrier[3]` ([`GRID_BARRIER_SYMBOL`],
-//! [`GRID_BARRIER_WORDS`] words). **The backend zeroes all three words before every
-//! launch** (look the symbol up with `cuModuleGetGlobal`) and must launch
-//! cooperatively (every block resident at once). Words:
+//! [`GRID_BARRIER_WORDS`] words). **Word 0 must be 0 at every launch**: the backend
+//! zeroes all three words before a launch (look the symbol up with
+//! `cuModuleGetGlobal`) unless the audit of the launch before found word 0 at 0
+//! and nothing launched since, and must launch cooperatively (every block
+//! resident at once). Words:
 //!
 //! - word 0: arrivals in the current phase (back to 0 when a phase completes);
 //! - word 1: generation, incremented once per completed phase;
@@ -69,8 +71,9 @@
 //! stores 0 to word 0 and then increments word 1 with release semantics. Otherwise it
 //! spins while `ld.acquire.gpu` of word 1 still equals the generation it read. It
 //! then executes `fence.acq_rel.gpu`, and every thread executes `bar.sync 0` again.
-//! After a launch that completed, word 0 is 0 and word 2 is a multiple of the number
-//! of blocks (blocks × grid syncs executed); the backend audits both.
+//! After a launch that completed, word 0 is 0 and word 2 has grown by a multiple of
+//! the number of blocks (blocks × grid syncs executed); the backend audits both (the
+//! words come back with the result ABI's copies, as a range of their own).
 //!
 //! # Result ABI (the backend's kernels)
 //!
