@@ -192,6 +192,45 @@ fn fused_programs_take_the_text_length_as_a_scalar() {
     }
 }
 
+/// Locks out a fused kernel whose merges look their two new pairs up one after
+/// the other (a round trip to L2 more in every merge's chain, where registers
+/// are no limit), and standalone `merge` and `long` steps that take on the two
+/// lookups' registers at their requested occupancy: for every pattern the
+/// fused steps' `merge` and `long` are the programs built with both lookups
+/// together and the step-by-step ones are not (negative control: the two ways
+/// build different programs).
+#[test]
+fn fused_merges_look_both_pairs_up_together() {
+    use vyre_tokenizer::device::programs::{long, long_with, merge, merge_with, PairLookups};
+    for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
+        let geometry = Geometry::default();
+        let programs = Programs::new(pattern, geometry).expect("geometry");
+        let fused = programs.fused_steps();
+        for (name, together, apart) in [
+            (
+                "merge",
+                merge_with(&geometry, PairLookups::Together),
+                merge(&geometry),
+            ),
+            (
+                "long",
+                long_with(&geometry, PairLookups::Together),
+                long(&geometry),
+            ),
+        ] {
+            assert_ne!(together, apart, "{name}: the two ways are one program");
+            let fused_step = fused.iter().find(|step| step.name == name).expect(name);
+            assert_eq!(fused_step.program, together, "{pattern:?} fused {name}");
+            let step = programs
+                .steps()
+                .iter()
+                .find(|step| step.name == name)
+                .expect(name);
+            assert_eq!(step.program, apart, "{pattern:?} step {name}");
+        }
+    }
+}
+
 /// Locks out a short-text kernel that waits on device-scope fences, whose
 /// readers are all in its one workgroup, and a resident grid that loses them,
 /// whose readers are in other workgroups: for every pattern the short-text

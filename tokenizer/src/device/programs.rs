@@ -1177,7 +1177,8 @@ impl Programs {
 
     /// The steps of a kernel that runs them all ([`super::fused`]), in order:
     /// `stage` storing the text as bytes ([`short_stage`]), then every step
-    /// after `stage`.
+    /// after `stage` (`merge` and `long` looking a merge's two new pairs up
+    /// together: [`PairLookups`]).
     pub fn fused_steps(&self) -> Vec<KernelStep> {
         let stage = &self.steps[0];
         std::iter::once(KernelStep {
@@ -1185,7 +1186,19 @@ impl Programs {
             bindings: stage.bindings.clone(),
             ..*stage
         })
-        .chain(self.steps[1..].iter().cloned())
+        .chain(self.steps[1..].iter().map(|step| {
+            // Registers are no limit in a fused kernel ([`PairLookups`]).
+            let program = match step.name {
+                "merge" => merge_with(&self.geometry, PairLookups::Together),
+                "long" => long_with(&self.geometry, PairLookups::Together),
+                _ => return step.clone(),
+            };
+            KernelStep {
+                program,
+                bindings: step.bindings.clone(),
+                ..*step
+            }
+        }))
         .collect()
     }
 
@@ -1324,6 +1337,31 @@ struct SlotTable {
     slot_bits: Expr,
     slots_at: Expr,
     slot_mask: Expr,
+    /// How a merge looks up its two new pairs (the pair table's only).
+    lookups: PairLookups,
+}
+
+/// How a merge looks up the merged part's two new pairs (with the part after
+/// it and with the part before it) in the pair table.
+///
+/// Why two ways: the fused kernels run every step at the registers the result
+/// ABI's epilogue pins (80; the short-text kernel is one workgroup, the
+/// resident grid as many workgroups as those registers allow), so the 16
+/// words of two buckets in flight cost them nothing and take one round trip to
+/// L2 out of every merge's chain. The `merge` and `long` steps run on their
+/// own at the 40 registers their requested occupancy leaves them (six blocks
+/// per SM, `crate::occupancy`), where a merge's two lookups together took
+/// `ptxas -v` (`sm_90`) from 48 to 64 registers unrequested for `long` and
+/// 16 to 116 more spilled bytes at the cap; there each thread's chain is one
+/// of many an SM hides behind its other warps, and they keep one lookup after
+/// the other until the H200 shows which is faster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairLookups {
+    /// The pair with the part after, then the pair with the part before.
+    OneAfterTheOther,
+    /// Both pairs' first buckets loaded in one round
+    /// (`emit_pair_ranks_together`).
+    Together,
 }
 
 impl SlotTable {
@@ -1340,6 +1378,15 @@ impl SlotTable {
             slots_at: b.let_(names.of("slots_at"), vocab(at_word)),
             slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
             slot_bits,
+            lookups: PairLookups::OneAfterTheOther,
+        }
+    }
+
+    /// The pair table, its merges looking their pairs up as `lookups` says.
+    fn emit_pairs(b: &mut BlockBuilder, names: &Names, lookups: PairLookups) -> SlotTable {
+        SlotTable {
+            lookups,
+            ..SlotTable::emit(b, names, SlotTable::PAIRS)
         }
     }
 
@@ -1504,57 +1551,141 @@ fn emit_pair_rank(
     table: &SlotTable,
     [first, second]: [Expr; 2],
 ) -> Expr {
-    let first = b.let_(names.of("first"), first);
-    let second = b.let_(names.of("second"), second);
-    // The slot's low word and the key bits of its high word
-    // (`vocabulary::pair_slot`); an empty slot's high word has its top bit set.
-    let low = b.let_(
-        names.of("low"),
-        first.clone() | (second.clone() << PAIR_RANK_BITS),
-    );
-    let high = b.let_(names.of("high"), second.clone() >> (32 - PAIR_RANK_BITS));
-    let hash_name = names.of("hash");
-    let hash = b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
-    emit_finish(b, &hash_name);
-    let rank_name = names.of("rank");
-    let rank = b.let_mut(rank_name.clone(), NO_TOKEN);
-    let bucket_name = names.of("bucket");
-    let bucket = b.let_mut(
-        bucket_name.clone(),
-        hash >> (u(32) - table.slot_bits.clone()),
-    );
-    b.while_(Expr::bool(true), |b| {
-        let at = b.let_(
-            names.of("bucket_at"),
-            table.slots_at.clone() + bucket.clone() * (2 * PAIR_BUCKET_SLOTS),
+    let key = PairKey::emit(b, names, table, [first, second]);
+    let rank = b.let_mut(names.of("rank"), NO_TOKEN);
+    key.emit_probe(b, names, table, key.bucket.clone());
+    rank
+}
+
+/// The ranks of two pairs, as [`emit_pair_rank`] gives each, with the first
+/// bucket of both loaded in one round: a merge needs the merged part's pairs
+/// with the part after it and with the part before it, and neither depends on
+/// the other, so the second lookup's round trip to L2 no longer waits behind
+/// the first's. Only a lookup whose first bucket is full and holds no match
+/// goes on, bucket by bucket, alone.
+fn emit_pair_ranks_together(
+    b: &mut BlockBuilder,
+    names: [&Names; 2],
+    table: &SlotTable,
+    pairs: [[Expr; 2]; 2],
+) -> [Expr; 2] {
+    let [first_pair, second_pair] = pairs;
+    let keys = [
+        PairKey::emit(b, names[0], table, first_pair),
+        PairKey::emit(b, names[1], table, second_pair),
+    ];
+    let ranks = [
+        b.let_mut(names[0].of("rank"), NO_TOKEN),
+        b.let_mut(names[1].of("rank"), NO_TOKEN),
+    ];
+    let words = [
+        emit_bucket_words(b, &names[0].nested("first"), table, keys[0].bucket.clone()),
+        emit_bucket_words(b, &names[1].nested("first"), table, keys[1].bucket.clone()),
+    ];
+    for k in 0..2 {
+        let open = keys[k].emit_match(b, &names[k].of("rank"), &words[k]);
+        let open = b.let_(names[k].of("first_open"), open);
+        b.if_(
+            open.logical_not().and(ranks[k].clone().equals(NO_TOKEN)),
+            |b| {
+                let next = (keys[k].bucket.clone() + 1u32) & table.slot_mask.clone();
+                keys[k].emit_probe(b, names[k], table, next);
+            },
         );
-        let words: Vec<Expr> = (0..2 * PAIR_BUCKET_SLOTS)
-            .map(|k| b.let_(names.of(&format!("word{k}")), vocab(at.clone() + k)))
-            .collect();
+    }
+    ranks
+}
+
+/// The words of the pair table's bucket `bucket`, all loaded before any is
+/// tested, so they go out together (one sector: one round trip to L2).
+fn emit_bucket_words(
+    b: &mut BlockBuilder,
+    names: &Names,
+    table: &SlotTable,
+    bucket: Expr,
+) -> Vec<Expr> {
+    let at = b.let_(
+        names.of("bucket_at"),
+        table.slots_at.clone() + bucket * (2 * PAIR_BUCKET_SLOTS),
+    );
+    (0..2 * PAIR_BUCKET_SLOTS)
+        .map(|k| b.let_(names.of(&format!("word{k}")), vocab(at.clone() + k)))
+        .collect()
+}
+
+/// A pair of ranks as the pair table keys it, and the bucket its hash names.
+struct PairKey {
+    /// The slot's low word (`vocabulary::pair_slot`).
+    low: Expr,
+    /// The key bits of the slot's high word; an empty slot's high word has
+    /// its top bit set.
+    high: Expr,
+    bucket: Expr,
+}
+
+impl PairKey {
+    fn emit(
+        b: &mut BlockBuilder,
+        names: &Names,
+        table: &SlotTable,
+        [first, second]: [Expr; 2],
+    ) -> PairKey {
+        let first = b.let_(names.of("first"), first);
+        let second = b.let_(names.of("second"), second);
+        let low = b.let_(
+            names.of("low"),
+            first.clone() | (second.clone() << PAIR_RANK_BITS),
+        );
+        let high = b.let_(names.of("high"), second.clone() >> (32 - PAIR_RANK_BITS));
+        let hash_name = names.of("hash");
+        let hash = b.let_mut(hash_name.clone(), first * 0x9E37_79B1u32 + second);
+        emit_finish(b, &hash_name);
+        let bucket = b.let_(
+            names.of("first_bucket"),
+            hash >> (u(32) - table.slot_bits.clone()),
+        );
+        PairKey { low, high, bucket }
+    }
+
+    /// Assigns the merged rank to the variable `rank_name` if one of a
+    /// bucket's slots (`words`) holds this key; returns whether the bucket has
+    /// an empty slot (the key is then in no later bucket).
+    fn emit_match(&self, b: &mut BlockBuilder, rank_name: &str, words: &[Expr]) -> Expr {
         let mut open = Expr::bool(false);
         for slot in words.chunks(2) {
             let [key, stored] = [&slot[0], &slot[1]];
             let holds = key
                 .clone()
-                .equals(low.clone())
-                .and((stored.clone() & PAIR_HOLDS_MASK).equals(high.clone()));
+                .equals(self.low.clone())
+                .and((stored.clone() & PAIR_HOLDS_MASK).equals(self.high.clone()));
             b.if_(holds, |b| {
-                b.assign(
-                    rank_name.clone(),
-                    stored.clone() >> PAIR_HIGH_KEY.count_ones(),
-                );
+                b.assign(rank_name, stored.clone() >> PAIR_HIGH_KEY.count_ones());
             });
             open = open.or(stored.clone().equals(NO_TOKEN));
         }
-        b.if_(open.or(rank.clone().not_equals(NO_TOKEN)), |b| {
-            b.break_();
+        open
+    }
+
+    /// Probes from bucket `from`, bucket after bucket (wrapping), until one
+    /// holds the key (its merged rank into `names.of("rank")`) or has an empty
+    /// slot.
+    fn emit_probe(&self, b: &mut BlockBuilder, names: &Names, table: &SlotTable, from: Expr) {
+        let rank_name = names.of("rank");
+        let rank = Expr::var(rank_name.clone());
+        let bucket_name = names.of("bucket");
+        let bucket = b.let_mut(bucket_name.clone(), from);
+        b.while_(Expr::bool(true), |b| {
+            let words = emit_bucket_words(b, names, table, bucket.clone());
+            let open = self.emit_match(b, &rank_name, &words);
+            b.if_(open.or(rank.clone().not_equals(NO_TOKEN)), |b| {
+                b.break_();
+            });
+            b.assign(
+                bucket_name.clone(),
+                (bucket.clone() + 1u32) & table.slot_mask.clone(),
+            );
         });
-        b.assign(
-            bucket_name.clone(),
-            (bucket.clone() + 1u32) & table.slot_mask.clone(),
-        );
-    });
-    rank
+    }
 }
 
 /// The length of the token of `rank` (from the vocabulary's token words).
@@ -2089,15 +2220,38 @@ fn emit_merge_pair(
     );
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_PAIR);
-    b.if_(has_after, |b| {
-        let rank = emit_pair_rank(
-            b,
-            &names.nested("right"),
-            pairs,
-            [merged.clone(), after_rank],
-        );
-        b.assign(right_name.clone(), rank);
-    });
+    let left = match pairs.lookups {
+        PairLookups::OneAfterTheOther => {
+            b.if_(has_after, |b| {
+                let rank = emit_pair_rank(
+                    b,
+                    &names.nested("right"),
+                    pairs,
+                    [merged.clone(), after_rank],
+                );
+                b.assign(right_name.clone(), rank);
+            });
+            None
+        }
+        PairLookups::Together => {
+            // Both pairs at once, whether or not there is a part after or
+            // before (a rank looked up for no part is not used), so that
+            // neither lookup waits on a test or on the other.
+            let [right_rank, left_rank] = emit_pair_ranks_together(
+                b,
+                [&names.nested("right"), &names.nested("left")],
+                pairs,
+                [
+                    [merged.clone(), after_rank],
+                    [before_rank.clone(), merged.clone()],
+                ],
+            );
+            b.if_(has_after, |b| {
+                b.assign(right_name.clone(), right_rank);
+            });
+            Some(left_rank)
+        }
+    };
     b.store(
         Role::TokenAt.name(),
         start.clone() + first.clone(),
@@ -2110,12 +2264,14 @@ fn emit_merge_pair(
     );
     words.store(b, first.clone(), part_word(merged_len, right));
     b.if_(has_before, |b| {
-        let rank = emit_pair_rank(
-            b,
-            &names.nested("left"),
-            pairs,
-            [before_rank, merged.clone()],
-        );
+        let rank = left.unwrap_or_else(|| {
+            emit_pair_rank(
+                b,
+                &names.nested("left"),
+                pairs,
+                [before_rank, merged.clone()],
+            )
+        });
         words.store(b, before.clone(), part_word(before_len.clone(), rank));
     });
     (second, after)
@@ -2673,6 +2829,11 @@ pub fn pieces(geometry: &Geometry) -> Program {
 /// `merge`: every thread strides over the merge list and then the chunk list,
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
+    merge_with(geometry, PairLookups::OneAfterTheOther)
+}
+
+/// [`merge`], its merges looking their pairs up as `lookups` says.
+pub fn merge_with(geometry: &Geometry, lookups: PairLookups) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let slab_bytes = geometry.merge_slab_bytes;
     let mut builder = builder(geometry, step("merge"), element_type);
@@ -2690,7 +2851,7 @@ pub fn merge(geometry: &Geometry) -> Program {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
-            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
+            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), lookups);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
                 let (piece_start, piece_end) =
@@ -2829,6 +2990,11 @@ fn emit_compatible(
 /// growing window, and merges the whole piece serially when one cannot be
 /// repaired.
 pub fn long(geometry: &Geometry) -> Program {
+    long_with(geometry, PairLookups::OneAfterTheOther)
+}
+
+/// [`long`], its merges looking their pairs up as `lookups` says.
+pub fn long_with(geometry: &Geometry, lookups: PairLookups) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let chunk = geometry.chunk_bytes;
     let window_limit = geometry.repair_window_bytes;
@@ -2837,7 +3003,7 @@ pub fn long(geometry: &Geometry) -> Program {
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let longs = b.let_("longs", param(param::LONG_COUNT));
-            let pairs = SlotTable::emit(b, &Names::new("pair_table"), SlotTable::PAIRS);
+            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), lookups);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
                 let (start, end) =
