@@ -201,7 +201,7 @@ fn fused_programs_take_the_text_length_as_a_scalar() {
 /// build different programs).
 #[test]
 fn fused_merges_look_both_pairs_up_together() {
-    use vyre_tokenizer::device::programs::{long, long_with, merge, merge_with, PairLookups};
+    use vyre_tokenizer::device::programs::{long, long_with, merge, merge_with, MergeBuild};
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
         let programs = Programs::new(pattern, geometry).expect("geometry");
@@ -209,12 +209,12 @@ fn fused_merges_look_both_pairs_up_together() {
         for (name, together, apart) in [
             (
                 "merge",
-                merge_with(&geometry, PairLookups::Together),
+                merge_with(&geometry, MergeBuild::Fused),
                 merge(&geometry),
             ),
             (
                 "long",
-                long_with(&geometry, PairLookups::Together),
+                long_with(&geometry, MergeBuild::Fused),
                 long(&geometry),
             ),
         ] {

@@ -266,6 +266,15 @@
 //! code 154 and 159 µs) and `classify` up to 21 % slower; at 0 % every step
 //! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
 //! 12.63 ms).
+//! The fused kernels build `merge` and `long` otherwise ([`MergeBuild`]): there a
+//! range of at most `S` bytes merges in registers (`emit_register_merge`: the
+//! parts' starts as bits, their ranks and pair ranks a register per offset, the
+//! minimum found by comparing registers, both new pairs looked up together),
+//! since the result ABI pins those kernels at 80 registers whatever their
+//! steps need, and the slabs' workgroup memory goes. Not yet measured on a GPU
+//! (2026-12-05: `ptxas -v`, `sm_90`: the short-text and resident-grid kernels
+//! stay at 80 registers with no spill, their workgroup memory from 19,352 to
+//! 11,248 bytes).
 //! The chain also loses its first link: a piece from the merge list skips
 //! the lookup of the whole range (`pieces` found it is no token; a chunk
 //! still looks itself up); and the vocabulary's header words each lookup
@@ -1177,8 +1186,7 @@ impl Programs {
 
     /// The steps of a kernel that runs them all ([`super::fused`]), in order:
     /// `stage` storing the text as bytes ([`short_stage`]), then every step
-    /// after `stage` (`merge` and `long` looking a merge's two new pairs up
-    /// together: [`PairLookups`]).
+    /// after `stage` (`merge` and `long` as [`MergeBuild::Fused`]).
     pub fn fused_steps(&self) -> Vec<KernelStep> {
         let stage = &self.steps[0];
         std::iter::once(KernelStep {
@@ -1187,10 +1195,10 @@ impl Programs {
             ..*stage
         })
         .chain(self.steps[1..].iter().map(|step| {
-            // Registers are no limit in a fused kernel ([`PairLookups`]).
+            // Registers are no limit in a fused kernel ([`MergeBuild`]).
             let program = match step.name {
-                "merge" => merge_with(&self.geometry, PairLookups::Together),
-                "long" => long_with(&self.geometry, PairLookups::Together),
+                "merge" => merge_with(&self.geometry, MergeBuild::Fused),
+                "long" => long_with(&self.geometry, MergeBuild::Fused),
                 _ => return step.clone(),
             };
             KernelStep {
@@ -1337,31 +1345,36 @@ struct SlotTable {
     slot_bits: Expr,
     slots_at: Expr,
     slot_mask: Expr,
-    /// How a merge looks up its two new pairs (the pair table's only).
-    lookups: PairLookups,
+    /// How the merge using this table is built (the pair table's only).
+    build: MergeBuild,
 }
 
-/// How a merge looks up the merged part's two new pairs (with the part after
-/// it and with the part before it) in the pair table.
+/// How the `merge` and `long` steps are built: on their own, or for a fused
+/// kernel.
 ///
-/// Why two ways: the fused kernels run every step at the registers the result
-/// ABI's epilogue pins (80; the short-text kernel is one workgroup, the
-/// resident grid as many workgroups as those registers allow), so the 16
-/// words of two buckets in flight cost them nothing and take one round trip to
-/// L2 out of every merge's chain. The `merge` and `long` steps run on their
-/// own at the 40 registers their requested occupancy leaves them (six blocks
-/// per SM, `crate::occupancy`), where a merge's two lookups together took
-/// `ptxas -v` (`sm_90`) from 48 to 64 registers unrequested for `long` and
-/// 16 to 116 more spilled bytes at the cap; there each thread's chain is one
-/// of many an SM hides behind its other warps, and they keep one lookup after
-/// the other until the H200 shows which is faster.
+/// Why two builds: the fused kernels run every step at the registers the
+/// result ABI's epilogue pins (80; the short-text kernel is one workgroup, the
+/// resident grid as many workgroups as those registers allow), so registers
+/// cost them nothing, and a merge there keeps a short range's state in
+/// registers and looks its two new pairs up together (below). The `merge` and
+/// `long` steps run on their own at the 40 registers their requested occupancy
+/// leaves them (six blocks per SM, `crate::occupancy`), where each thread's
+/// chain is one of many an SM hides behind its other warps: there a merge's two
+/// lookups together took `ptxas -v` (`sm_90`) from 48 to 64 registers
+/// unrequested for `long` and 16 to 116 more spilled bytes at the cap, so they
+/// keep the slab and one lookup after the other until the H200 shows which is
+/// faster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PairLookups {
-    /// The pair with the part after, then the pair with the part before.
-    OneAfterTheOther,
-    /// Both pairs' first buckets loaded in one round
-    /// (`emit_pair_ranks_together`).
-    Together,
+pub enum MergeBuild {
+    /// A range of at most [`Geometry::merge_slab_bytes`] merges in the
+    /// thread's slab of workgroup memory; a merge looks up the pair with the
+    /// part after, then the pair with the part before.
+    Standalone,
+    /// A range of at most [`Geometry::merge_slab_bytes`] merges in registers
+    /// (`emit_register_merge`: no workgroup memory, no walk over the parts, no
+    /// load of a part's rank), and a merge loads both pairs' first buckets in
+    /// one round (`emit_pair_ranks_together`).
+    Fused,
 }
 
 impl SlotTable {
@@ -1378,14 +1391,14 @@ impl SlotTable {
             slots_at: b.let_(names.of("slots_at"), vocab(at_word)),
             slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
             slot_bits,
-            lookups: PairLookups::OneAfterTheOther,
+            build: MergeBuild::Standalone,
         }
     }
 
-    /// The pair table, its merges looking their pairs up as `lookups` says.
-    fn emit_pairs(b: &mut BlockBuilder, names: &Names, lookups: PairLookups) -> SlotTable {
+    /// The pair table of a merge built as `build` says.
+    fn emit_pairs(b: &mut BlockBuilder, names: &Names, build: MergeBuild) -> SlotTable {
         SlotTable {
-            lookups,
+            build,
             ..SlotTable::emit(b, names, SlotTable::PAIRS)
         }
     }
@@ -1859,6 +1872,9 @@ const LOADS_PER_ROUND: u32 = 4;
 struct Slab {
     bytes: u32,
     threads: u32,
+    /// The range's state in registers instead ([`MergeBuild::Fused`]: no
+    /// workgroup buffer).
+    in_registers: bool,
 }
 
 impl Slab {
@@ -1867,6 +1883,7 @@ impl Slab {
     const NONE: Slab = Slab {
         bytes: 0,
         threads: 1,
+        in_registers: false,
     };
 }
 
@@ -1946,7 +1963,27 @@ fn emit_encode(
             if slab.bytes >= 2 {
                 b.if_else(
                     len.clone().less_equal(slab.bytes),
-                    |b| emit_slab_merge(b, names, pairs, [&start, &len], slab.threads, &parts_name),
+                    |b| {
+                        if slab.in_registers {
+                            emit_register_merge(
+                                b,
+                                names,
+                                pairs,
+                                [&start, &len],
+                                slab.bytes,
+                                &parts_name,
+                            )
+                        } else {
+                            emit_slab_merge(
+                                b,
+                                names,
+                                pairs,
+                                [&start, &len],
+                                slab.threads,
+                                &parts_name,
+                            )
+                        }
+                    },
                     scratch,
                 );
             } else {
@@ -2220,8 +2257,8 @@ fn emit_merge_pair(
     );
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_PAIR);
-    let left = match pairs.lookups {
-        PairLookups::OneAfterTheOther => {
+    let left = match pairs.build {
+        MergeBuild::Standalone => {
             b.if_(has_after, |b| {
                 let rank = emit_pair_rank(
                     b,
@@ -2233,7 +2270,7 @@ fn emit_merge_pair(
             });
             None
         }
-        PairLookups::Together => {
+        MergeBuild::Fused => {
             // Both pairs at once, whether or not there is a part after or
             // before (a rank looked up for no part is not used), so that
             // neither lookup waits on a test or on the other.
@@ -2539,6 +2576,185 @@ fn emit_slab_merge(
     });
 }
 
+/// The merge loop of a range of at most `size` bytes (at least 2) that is not
+/// one token, its whole state in registers ([`MergeBuild::Fused`]); `parts`
+/// (the variable named so, `len` on entry) counts the parts left. Leaves
+/// `token_at` as every merge loop does: each part's rank at its first byte,
+/// [`NO_TOKEN`] at its other bytes.
+///
+/// The state, unrolled over the `size` offsets (a register each): the parts'
+/// starts as bits of one word (bit `len` marks the end), at a part's start the
+/// part's rank and the rank of its pair with the next part ([`NO_TOKEN`] for
+/// none, and at every offset that starts no part). A merge takes the leftmost
+/// pair of lowest rank by comparing the `size` pair registers (no walk over
+/// the parts), finds the second part, the part after and the part before from
+/// the start bits, picks their ranks from the rank registers (no load of
+/// `token_at`), looks both new pairs up together and updates the registers;
+/// `token_at` is written once, after the last merge. Why: the slab's merge
+/// loop walked its parts through a chain of dependent workgroup-memory loads,
+/// read the two neighbours' ranks from `token_at` in global memory and looked
+/// the pairs up one after the other, each a round trip in the chain that a
+/// 1 KiB text's kernel waits on (its longest piece, eight merges); a fused
+/// kernel has the registers to spare ([`MergeBuild`]).
+fn emit_register_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    pairs: &SlotTable,
+    [start, len]: [&Expr; 2],
+    size: u32,
+    parts_name: &str,
+) {
+    let names = &names.nested("reg");
+    let parts = Expr::var(parts_name);
+    let last = b.let_(names.of("last"), len.clone() - 1u32);
+    // Every byte at once, at offsets clamped into the range (every load in
+    // bounds), then every byte's rank and every pair's, all independent.
+    let bytes: Vec<Expr> = (0..size)
+        .map(|k| {
+            b.let_(
+                names.of(&format!("byte{k}")),
+                load(Role::Text, start.clone() + u(k).min(last.clone())),
+            )
+        })
+        .collect();
+    let rank_names: Vec<String> = (0..size).map(|k| names.of(&format!("rank{k}"))).collect();
+    let pair_names: Vec<String> = (0..size).map(|k| names.of(&format!("pair{k}"))).collect();
+    let ranks: Vec<Expr> = (0..size as usize)
+        .map(|k| {
+            b.let_mut(
+                rank_names[k].clone(),
+                vocab(bytes[k].clone() + BYTE_RANKS_AT),
+            )
+        })
+        .collect();
+    let pair_ranks: Vec<Expr> = (0..size as usize)
+        .map(|k| {
+            let pair = if k + 1 < size as usize {
+                u(k as u32).less_than(last.clone()).select(
+                    vocab(((bytes[k].clone() << 8u32) | bytes[k + 1].clone()) + PAIR_RANKS_AT),
+                    u(NO_TOKEN),
+                )
+            } else {
+                u(NO_TOKEN)
+            };
+            b.let_mut(pair_names[k].clone(), pair)
+        })
+        .collect();
+    // Bit k: a part starts at offset k; bit `len`: the range's end.
+    let starts_name = names.of("starts");
+    let starts = b.let_mut(starts_name.clone(), (u(2) << len.clone()) - 1u32);
+    // The index of the lowest set bit of a word that has one.
+    let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
+    b.while_(Expr::bool(true), |b| {
+        // The leftmost pair of lowest rank: strict `<` keeps the first.
+        let mut best = pair_ranks[0].clone();
+        let mut first = u(0);
+        for (k, pair) in pair_ranks.iter().enumerate().skip(1) {
+            let lower = b.let_(
+                names.of(&format!("lower{k}")),
+                pair.clone().less_than(best.clone()),
+            );
+            best = b.let_(
+                names.of(&format!("best{k}")),
+                lower.clone().select(pair.clone(), best),
+            );
+            first = b.let_(
+                names.of(&format!("first{k}")),
+                lower.select(u(k as u32), first),
+            );
+        }
+        b.if_(best.clone().equals(NO_TOKEN), |b| {
+            b.break_();
+        });
+        // The starts after `first`: the second part's, then the one after it
+        // (`len` when the merged part ends the range).
+        let above = b.let_(
+            names.of("above"),
+            starts.clone() & !((u(2) << first.clone()) - 1u32),
+        );
+        let second = b.let_(names.of("second"), lowest(above.clone()));
+        let after = b.let_(names.of("after"), lowest(above.clone() & (above - 1u32)));
+        let below = b.let_(
+            names.of("below"),
+            starts.clone() & ((u(1) << first.clone()) - 1u32),
+        );
+        let has_before = b.let_(names.of("has_before"), below.clone().not_equals(0u32));
+        let before = b.let_(
+            names.of("before"),
+            has_before
+                .clone()
+                .select(u(31) - below.leading_zeros(), u(0)),
+        );
+        // A rank register by a variable offset (the first's for an offset
+        // that starts no part: its rank is then not used).
+        let pick = |b: &mut BlockBuilder, what: &str, at: &Expr| {
+            let mut picked = ranks[0].clone();
+            for (k, rank) in ranks.iter().enumerate().skip(1) {
+                picked = at.clone().equals(k as u32).select(rank.clone(), picked);
+            }
+            b.let_(names.of(what), picked)
+        };
+        let after_rank = pick(b, "after_rank", &after);
+        let before_rank = pick(b, "before_rank", &before);
+        let [right, left] = emit_pair_ranks_together(
+            b,
+            [&names.nested("right"), &names.nested("left")],
+            pairs,
+            [[best.clone(), after_rank], [before_rank, best.clone()]],
+        );
+        let right = b.let_(
+            names.of("right"),
+            after
+                .clone()
+                .less_than(len.clone())
+                .select(right, u(NO_TOKEN)),
+        );
+        let left = b.let_(names.of("left"), has_before.select(left, u(NO_TOKEN)));
+        let first = b.let_(names.of("first"), first);
+        for k in 0..size as usize {
+            let at = u(k as u32);
+            b.assign(
+                rank_names[k].clone(),
+                first
+                    .clone()
+                    .equals(at.clone())
+                    .select(best.clone(), ranks[k].clone()),
+            );
+            // Only a part's start is ever the part before (`before` is 0
+            // when there is none, and then `first` is 0 too).
+            b.assign(
+                pair_names[k].clone(),
+                first.clone().equals(at.clone()).select(
+                    right.clone(),
+                    before.clone().equals(at.clone()).select(
+                        left.clone(),
+                        second
+                            .clone()
+                            .equals(at)
+                            .select(u(NO_TOKEN), pair_ranks[k].clone()),
+                    ),
+                ),
+            );
+        }
+        b.assign(
+            starts_name.clone(),
+            starts.clone() & !(u(1) << second.clone()),
+        );
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
+    for k in 0..size {
+        b.if_(u(k).less_than(len.clone()), |b| {
+            b.store(
+                Role::TokenAt.name(),
+                start.clone() + k,
+                ((starts.clone() >> k) & 1u32)
+                    .equals(1u32)
+                    .select(ranks[k as usize].clone(), u(NO_TOKEN)),
+            );
+        });
+    }
+}
+
 /// Claims `entries` entries of a list whose fill count is the `params` word
 /// `counter` (`param::MERGE_COUNT`, `CHUNK_COUNT` or `LONG_COUNT`): one atomic add
 /// on the counter; the count before it, `name`, is the first entry claimed.
@@ -2829,15 +3045,16 @@ pub fn pieces(geometry: &Geometry) -> Program {
 /// `merge`: every thread strides over the merge list and then the chunk list,
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
-    merge_with(geometry, PairLookups::OneAfterTheOther)
+    merge_with(geometry, MergeBuild::Standalone)
 }
 
-/// [`merge`], its merges looking their pairs up as `lookups` says.
-pub fn merge_with(geometry: &Geometry, lookups: PairLookups) -> Program {
+/// [`merge`] built as `build` says.
+pub fn merge_with(geometry: &Geometry, build: MergeBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let slab_bytes = geometry.merge_slab_bytes;
     let mut builder = builder(geometry, step("merge"), element_type);
-    if slab_bytes >= 2 {
+    let in_registers = build == MergeBuild::Fused;
+    if slab_bytes >= 2 && !in_registers {
         builder = builder.buffer(
             MERGE_SLAB,
             step("merge").bindings.len() as u32,
@@ -2851,7 +3068,7 @@ pub fn merge_with(geometry: &Geometry, lookups: PairLookups) -> Program {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
-            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), lookups);
+            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), build);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
                 let (piece_start, piece_end) =
@@ -2883,6 +3100,7 @@ pub fn merge_with(geometry: &Geometry, lookups: PairLookups) -> Program {
                         Slab {
                             bytes: slab_bytes,
                             threads: workgroup_size,
+                            in_registers,
                         },
                     );
                 });
@@ -2990,11 +3208,11 @@ fn emit_compatible(
 /// growing window, and merges the whole piece serially when one cannot be
 /// repaired.
 pub fn long(geometry: &Geometry) -> Program {
-    long_with(geometry, PairLookups::OneAfterTheOther)
+    long_with(geometry, MergeBuild::Standalone)
 }
 
-/// [`long`], its merges looking their pairs up as `lookups` says.
-pub fn long_with(geometry: &Geometry, lookups: PairLookups) -> Program {
+/// [`long`] built as `build` says.
+pub fn long_with(geometry: &Geometry, build: MergeBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let chunk = geometry.chunk_bytes;
     let window_limit = geometry.repair_window_bytes;
@@ -3003,7 +3221,7 @@ pub fn long_with(geometry: &Geometry, lookups: PairLookups) -> Program {
         .body(|b| {
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
             let longs = b.let_("longs", param(param::LONG_COUNT));
-            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), lookups);
+            let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), build);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(longs), |b| {
                 let (start, end) =
