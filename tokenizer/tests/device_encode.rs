@@ -1938,8 +1938,10 @@ fn merge_work_grows_linearly_with_a_run() {
 /// letter, `ab` repeated, random letters: pieces that merge to one token and
 /// pieces that do not, in neighbouring threads whose slabs interleave, a
 /// thread taking several pieces in turn) equal the CPU encoder, step by step
-/// and through the short-text kernel, at the default geometry and at 32-thread
-/// workgroups with 4-byte slabs.
+/// and through the short-text kernel (where such a range merges in registers
+/// instead), at the default geometry, at 32-thread workgroups with 4-byte slabs
+/// and with 24-byte slabs (past the fused kernels' `REGISTER_MERGE_BYTES`,
+/// whose longer ranges then take the scratch arrays there).
 #[test]
 fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     let slab = MERGE_SLAB_BYTES as usize;
@@ -1982,6 +1984,13 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
         for (label, geometry) in [
             ("default", Geometry::default()),
             ("32 threads", short_geometry()),
+            (
+                "24-byte slabs",
+                Geometry {
+                    merge_slab_bytes: 24,
+                    ..Geometry::default()
+                },
+            ),
             (
                 "short-text workgroup of 1,024 threads × 1 byte",
                 Geometry {

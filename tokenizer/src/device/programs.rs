@@ -440,6 +440,15 @@ pub const IDS_PER_LINE: u32 = 32;
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
+/// Most bytes of a range that a fused kernel's merge keeps in registers
+/// ([`MergeBuild::Fused`]; a longer [`Geometry::merge_slab_bytes`] counts as
+/// this): three registers an offset (its rank, its pair's, and its byte while
+/// the range starts), so 16 offsets hold 48 of the 80 registers the fused
+/// kernels run at, and the start bits of a range and its end fit one word. The
+/// merge's code grows with the square of it (every merge compares and updates
+/// every offset's registers).
+pub const REGISTER_MERGE_BYTES: u32 = 16;
+
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
 
@@ -3054,6 +3063,13 @@ pub fn merge_with(geometry: &Geometry, build: MergeBuild) -> Program {
     let slab_bytes = geometry.merge_slab_bytes;
     let mut builder = builder(geometry, step("merge"), element_type);
     let in_registers = build == MergeBuild::Fused;
+    // Registers hold at most REGISTER_MERGE_BYTES offsets; longer ranges take
+    // the scratch arrays (a fused build declares no slab).
+    let slab_bytes = if in_registers {
+        slab_bytes.min(REGISTER_MERGE_BYTES)
+    } else {
+        slab_bytes
+    };
     if slab_bytes >= 2 && !in_registers {
         builder = builder.buffer(
             MERGE_SLAB,
