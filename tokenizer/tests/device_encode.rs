@@ -12,6 +12,8 @@
 mod device_batches;
 mod oracle;
 mod split_corpus;
+#[path = "support/tiktoken_text.rs"]
+mod tiktoken_text;
 
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch, check_batch_ids,
@@ -2015,6 +2017,81 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
                 .unwrap();
                 check_batch(&encoder, &tokenizer, &texts, &format!("{label}, {path}"));
             }
+        }
+    }
+}
+
+/// Locks out a lookup by bytes that takes a piece for a token whose hash and
+/// length match but whose bytes do not (the compare with the token's bytes:
+/// byte by byte in the standalone steps, in rounds in the fused kernels): two
+/// 6-letter words with one device hash, the first a token of a small
+/// vocabulary (every byte, that word, and the second's byte pairs, so that
+/// the encoder's split keeps the second one piece) and the second not. The
+/// second alone, the first alone, and 3 KiB of both on lines of their own
+/// encode to the CPU encoder's ids step by step, through the
+/// short-text kernel and through the resident grid. Negative control: the two
+/// words do collide, and the host's table finds the first and not the second.
+#[test]
+fn a_piece_whose_hash_matches_a_token_is_not_that_token() {
+    use std::collections::hash_map::{Entry, HashMap};
+    use vyre_tokenizer::device::vocabulary::{hash, DeviceVocabulary};
+    use vyre_tokenizer::Vocabulary;
+    let mut random = SplitMix64::new(0xC011);
+    let mut seen: HashMap<u32, Vec<u8>> = HashMap::new();
+    let (token, other) = loop {
+        let word: Vec<u8> = (0..6)
+            .map(|_| *random.pick(b"abcdefghijklmnopqrstuvwxyz"))
+            .collect();
+        match seen.entry(hash(&word)) {
+            Entry::Occupied(first) if *first.get() != word => break (first.get().clone(), word),
+            Entry::Occupied(_) => {}
+            Entry::Vacant(slot) => {
+                slot.insert(word);
+            }
+        }
+    };
+    assert_eq!(hash(&token), hash(&other));
+    let mut lines =
+        tiktoken_text::vocabulary_text(&format!("{} 256\n", tiktoken_text::base64(&token)));
+    // The second word's byte pairs are tokens too: the encoder's split cuts
+    // between bytes no token joins, and the word must stay one piece.
+    let mut pairs: Vec<&[u8]> = other.windows(2).collect();
+    pairs.sort();
+    pairs.dedup();
+    for (rank, pair) in (257..).zip(pairs) {
+        lines.push_str(&format!("{} {rank}\n", tiktoken_text::base64(pair)));
+    }
+    let vocabulary = Vocabulary::from_tiktoken_bytes(lines.as_bytes()).unwrap();
+    let tokenizer = Tokenizer::new(vocabulary, Pattern::Cl100k, &[]).unwrap();
+    let device = DeviceVocabulary::new(tokenizer.vocabulary()).unwrap();
+    assert_eq!(device.lookup(&token), Some(256));
+    assert_eq!(device.lookup(&other), None);
+    assert_ne!(tokenizer.encode_ordinary_bytes(&other), [256]);
+    let mut both = Vec::new();
+    while both.len() < 3 << 10 {
+        for word in [&token, &other] {
+            both.extend_from_slice(word);
+            both.push(b'\n');
+        }
+    }
+    for (path, limits) in [
+        ("step by step", STEP_BY_STEP),
+        ("fused", ChunkLimits::default()),
+    ] {
+        let encoder = DeviceEncoder::with_geometry(
+            AnyBackend::reference(),
+            &tokenizer,
+            Geometry::default(),
+            limits,
+        )
+        .unwrap();
+        for text in [&other, &token, &both] {
+            check_batch(
+                &encoder,
+                &tokenizer,
+                std::slice::from_ref(text),
+                &format!("{path}, {} bytes", text.len()),
+            );
         }
     }
 }

@@ -192,33 +192,41 @@ fn fused_programs_take_the_text_length_as_a_scalar() {
     }
 }
 
-/// Locks out a fused kernel whose merges look their two new pairs up one after
-/// the other (a round trip to L2 more in every merge's chain, where registers
-/// are no limit), and standalone `merge` and `long` steps that take on the two
-/// lookups' registers at their requested occupancy: for every pattern the
-/// fused steps' `merge` and `long` are the programs built with both lookups
-/// together and the step-by-step ones are not (negative control: the two ways
-/// build different programs).
+/// Locks out a fused kernel built like the standalone steps (byte-by-byte
+/// lookups, merges in the slab with one pair lookup after the other: round
+/// trips to L2 more in every lookup and every merge, where registers are no
+/// limit), and standalone `pieces`, `merge` and `long` steps that take on the
+/// fused build's registers at their requested occupancy: for every pattern the
+/// fused steps' `pieces`, `merge` and `long` are the fused build and the
+/// step-by-step ones the standalone build (negative control: the two builds
+/// are different programs).
 #[test]
-fn fused_merges_look_both_pairs_up_together() {
-    use vyre_tokenizer::device::programs::{long, long_with, merge, merge_with, MergeBuild};
+fn fused_steps_take_the_fused_build() {
+    use vyre_tokenizer::device::programs::{
+        long, long_with, merge, merge_with, pieces, pieces_with, StepBuild,
+    };
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
         let programs = Programs::new(pattern, geometry).expect("geometry");
         let fused = programs.fused_steps();
         for (name, together, apart) in [
             (
+                "pieces",
+                pieces_with(&geometry, StepBuild::Fused),
+                pieces(&geometry),
+            ),
+            (
                 "merge",
-                merge_with(&geometry, MergeBuild::Fused),
+                merge_with(&geometry, StepBuild::Fused),
                 merge(&geometry),
             ),
             (
                 "long",
-                long_with(&geometry, MergeBuild::Fused),
+                long_with(&geometry, StepBuild::Fused),
                 long(&geometry),
             ),
         ] {
-            assert_ne!(together, apart, "{name}: the two ways are one program");
+            assert_ne!(together, apart, "{name}: the two builds are one program");
             let fused_step = fused.iter().find(|step| step.name == name).expect(name);
             assert_eq!(fused_step.program, together, "{pattern:?} fused {name}");
             let step = programs

@@ -2,38 +2,11 @@
 //! message starts `Fix:` and names the line, nothing panics, and the legal
 //! oddities (gaps in the ranks, a CRLF file) load.
 
+#[path = "support/tiktoken_text.rs"]
+mod tiktoken_text;
+
+use tiktoken_text::{base64, vocabulary_text};
 use vyre_tokenizer::{Encoding, ErrorKind, Pattern, Tokenizer, Vocabulary};
-
-/// A valid vocabulary: the 256 single bytes at ranks 0..=255, then `extra`
-/// lines as given.
-fn vocabulary_text(extra: &str) -> String {
-    let mut text = String::new();
-    for byte in 0..=255u8 {
-        text.push_str(&base64(&[byte]));
-        text.push_str(&format!(" {byte}\n"));
-    }
-    text.push_str(extra);
-    text
-}
-
-/// Plain base64 (the test's own, to build inputs).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let bits = (chunk[0] as u32) << 16
-            | (*chunk.get(1).unwrap_or(&0) as u32) << 8
-            | *chunk.get(2).unwrap_or(&0) as u32;
-        for position in 0..4 {
-            if position <= chunk.len() {
-                out.push(ALPHABET[(bits >> (18 - 6 * position) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 fn expect_error(text: &str, line: usize, says: &str) {
     let error = Vocabulary::from_tiktoken_bytes(text.as_bytes()).unwrap_err();

@@ -266,7 +266,7 @@
 //! code 154 and 159 µs) and `classify` up to 21 % slower; at 0 % every step
 //! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
 //! 12.63 ms).
-//! The fused kernels build `merge` and `long` otherwise ([`MergeBuild`]): there a
+//! The fused kernels build `merge` and `long` otherwise ([`StepBuild`]): there a
 //! range of at most `S` bytes merges in registers (`emit_register_merge`: the
 //! parts' starts as bits, their ranks and pair ranks a register per offset, the
 //! minimum found by comparing registers, both new pairs looked up together),
@@ -441,7 +441,7 @@ pub const IDS_PER_LINE: u32 = 32;
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
 /// Most bytes of a range that a fused kernel's merge keeps in registers
-/// ([`MergeBuild::Fused`]; a longer [`Geometry::merge_slab_bytes`] counts as
+/// ([`StepBuild::Fused`]; a longer [`Geometry::merge_slab_bytes`] counts as
 /// this): three registers an offset (its rank, its pair's, and its byte while
 /// the range starts), so 16 offsets hold 48 of the 80 registers the fused
 /// kernels run at, and the start bits of a range and its end fit one word. The
@@ -1195,7 +1195,7 @@ impl Programs {
 
     /// The steps of a kernel that runs them all ([`super::fused`]), in order:
     /// `stage` storing the text as bytes ([`short_stage`]), then every step
-    /// after `stage` (`merge` and `long` as [`MergeBuild::Fused`]).
+    /// after `stage` (`pieces`, `merge` and `long` as [`StepBuild::Fused`]).
     pub fn fused_steps(&self) -> Vec<KernelStep> {
         let stage = &self.steps[0];
         std::iter::once(KernelStep {
@@ -1204,10 +1204,11 @@ impl Programs {
             ..*stage
         })
         .chain(self.steps[1..].iter().map(|step| {
-            // Registers are no limit in a fused kernel ([`MergeBuild`]).
+            // Registers are no limit in a fused kernel ([`StepBuild`]).
             let program = match step.name {
-                "merge" => merge_with(&self.geometry, MergeBuild::Fused),
-                "long" => long_with(&self.geometry, MergeBuild::Fused),
+                "pieces" => pieces_with(&self.geometry, StepBuild::Fused),
+                "merge" => merge_with(&self.geometry, StepBuild::Fused),
+                "long" => long_with(&self.geometry, StepBuild::Fused),
                 _ => return step.clone(),
             };
             KernelStep {
@@ -1355,34 +1356,37 @@ struct SlotTable {
     slots_at: Expr,
     slot_mask: Expr,
     /// How the merge using this table is built (the pair table's only).
-    build: MergeBuild,
+    build: StepBuild,
 }
 
-/// How the `merge` and `long` steps are built: on their own, or for a fused
-/// kernel.
+/// How the `pieces`, `merge` and `long` steps are built: on their own, or for
+/// a fused kernel.
 ///
 /// Why two builds: the fused kernels run every step at the registers the
 /// result ABI's epilogue pins (80; the short-text kernel is one workgroup, the
 /// resident grid as many workgroups as those registers allow), so registers
-/// cost them nothing, and a merge there keeps a short range's state in
-/// registers and looks its two new pairs up together (below). The `merge` and
-/// `long` steps run on their own at the 40 registers their requested occupancy
-/// leaves them (six blocks per SM, `crate::occupancy`), where each thread's
-/// chain is one of many an SM hides behind its other warps: there a merge's two
-/// lookups together took `ptxas -v` (`sm_90`) from 48 to 64 registers
-/// unrequested for `long` and 16 to 116 more spilled bytes at the cap, so they
-/// keep the slab and one lookup after the other until the H200 shows which is
-/// faster.
+/// cost them nothing, and there a lookup by bytes reads its bytes in rounds of
+/// loads that go out together, a merge keeps a short range's state in
+/// registers and looks its two new pairs up together (below). The steps run on
+/// their own at the registers their requested occupancy leaves them (32 for
+/// `pieces`, 40 for `merge` and `long`: `crate::occupancy`), where each
+/// thread's chain is one of many an SM hides behind its other warps: there a
+/// merge's two lookups together took `ptxas -v` (`sm_90`) from 48 to 64
+/// registers unrequested for `long` and 16 to 116 more spilled bytes at the
+/// cap, so they keep the slab, byte-by-byte lookups and one pair lookup after
+/// the other until the H200 shows which is faster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MergeBuild {
-    /// A range of at most [`Geometry::merge_slab_bytes`] merges in the
-    /// thread's slab of workgroup memory; a merge looks up the pair with the
-    /// part after, then the pair with the part before.
+pub enum StepBuild {
+    /// A lookup by bytes hashes and compares them one byte an iteration; a
+    /// range of at most [`Geometry::merge_slab_bytes`] merges in the thread's
+    /// slab of workgroup memory; a merge looks up the pair with the part
+    /// after, then the pair with the part before.
     Standalone,
-    /// A range of at most [`Geometry::merge_slab_bytes`] merges in registers
-    /// (`emit_register_merge`: no workgroup memory, no walk over the parts, no
-    /// load of a part's rank), and a merge loads both pairs' first buckets in
-    /// one round (`emit_pair_ranks_together`).
+    /// A lookup by bytes loads them [`LOOKUP_BYTES_PER_ROUND`] at a time
+    /// (`emit_lookup`); a range of at most [`Geometry::merge_slab_bytes`]
+    /// merges in registers (`emit_register_merge`: no workgroup memory, no walk
+    /// over the parts, no load of a part's rank), and a merge loads both
+    /// pairs' first buckets in one round (`emit_pair_ranks_together`).
     Fused,
 }
 
@@ -1400,12 +1404,12 @@ impl SlotTable {
             slots_at: b.let_(names.of("slots_at"), vocab(at_word)),
             slot_mask: b.let_(names.of("slot_mask"), (u(1) << slot_bits.clone()) - 1u32),
             slot_bits,
-            build: MergeBuild::Standalone,
+            build: StepBuild::Standalone,
         }
     }
 
     /// The pair table of a merge built as `build` says.
-    fn emit_pairs(b: &mut BlockBuilder, names: &Names, build: MergeBuild) -> SlotTable {
+    fn emit_pairs(b: &mut BlockBuilder, names: &Names, build: StepBuild) -> SlotTable {
         SlotTable {
             build,
             ..SlotTable::emit(b, names, SlotTable::PAIRS)
@@ -1458,16 +1462,26 @@ impl SlotTable {
 struct LookupHeader {
     max_token_len: Expr,
     slots: SlotTable,
+    /// How the lookups are built.
+    build: StepBuild,
 }
 
 impl LookupHeader {
-    fn emit(b: &mut BlockBuilder, names: &Names) -> LookupHeader {
+    fn emit(b: &mut BlockBuilder, names: &Names, build: StepBuild) -> LookupHeader {
         LookupHeader {
             max_token_len: b.let_(names.of("max_token_len"), vocab(header::MAX_TOKEN_LEN)),
             slots: SlotTable::emit(b, names, SlotTable::BY_BYTES),
+            build,
         }
     }
 }
+
+/// Bytes a fused build's lookup by bytes loads per round ([`StepBuild::Fused`]):
+/// its hash and its compare with the token each take one round trip per this
+/// many bytes, where one byte an iteration made each byte one (the compare's
+/// load of the token's byte is a load from L2 that the next iteration waits
+/// behind).
+pub const LOOKUP_BYTES_PER_ROUND: u32 = 4;
 
 /// The rank of the `len` bytes of the text at `position` (a variable holding
 /// [`NO_TOKEN`] when they are no token): the dense tables for one and two
@@ -1498,15 +1512,41 @@ fn emit_lookup(
         .clone()
         .greater_equal(3u32)
         .and(len.clone().less_equal(vocabulary.max_token_len.clone()));
+    // Rounds of the fused build: offsets clamped into the range, so every load
+    // is in bounds and none waits on a test.
+    let rounds = (len.clone() + (LOOKUP_BYTES_PER_ROUND - 1)) / LOOKUP_BYTES_PER_ROUND;
+    let clamped =
+        |round: &Expr, k: u32| (round.clone() * LOOKUP_BYTES_PER_ROUND + k).min(len.clone() - 1u32);
     b.if_(hashed, |b| {
         let hash_name = names.of("hash");
         let hash = b.let_mut(hash_name.clone(), len.clone() * 0x9E37_79B1u32);
-        b.loop_(names.of("hash_at"), 0u32, len.clone(), |b, at| {
-            b.assign(
-                hash_name.clone(),
-                (hash.clone() ^ byte(at)) * 0x0100_0193u32,
-            );
-        });
+        match vocabulary.build {
+            StepBuild::Standalone => {
+                b.loop_(names.of("hash_at"), 0u32, len.clone(), |b, at| {
+                    b.assign(
+                        hash_name.clone(),
+                        (hash.clone() ^ byte(at)) * 0x0100_0193u32,
+                    );
+                });
+            }
+            StepBuild::Fused => {
+                b.loop_(names.of("hash_round"), 0u32, rounds.clone(), |b, round| {
+                    let bytes: Vec<Expr> = (0..LOOKUP_BYTES_PER_ROUND)
+                        .map(|k| {
+                            b.let_(names.of(&format!("hash_byte{k}")), byte(clamped(&round, k)))
+                        })
+                        .collect();
+                    for (k, byte) in bytes.into_iter().enumerate() {
+                        let inside = (round.clone() * LOOKUP_BYTES_PER_ROUND + k as u32)
+                            .less_than(len.clone());
+                        b.assign(
+                            hash_name.clone(),
+                            inside.select((hash.clone() ^ byte) * 0x0100_0193u32, hash.clone()),
+                        );
+                    }
+                });
+            }
+        }
         emit_finish(b, &hash_name);
         vocabulary
             .slots
@@ -1523,16 +1563,55 @@ fn emit_lookup(
                         names.of("offset"),
                         vocab(candidate.clone() + TOKENS_AT) >> 8u32,
                     );
-                    b.loop_(names.of("compare_at"), 0u32, len.clone(), |b, at| {
-                        b.if_(
-                            byte(at.clone())
-                                .not_equals(load(Role::TokenBytes, offset.clone() + at)),
-                            |b| {
-                                b.assign(same_name.clone(), false);
-                                b.break_();
-                            },
-                        );
-                    });
+                    match vocabulary.build {
+                        StepBuild::Standalone => {
+                            b.loop_(names.of("compare_at"), 0u32, len.clone(), |b, at| {
+                                b.if_(
+                                    byte(at.clone())
+                                        .not_equals(load(Role::TokenBytes, offset.clone() + at)),
+                                    |b| {
+                                        b.assign(same_name.clone(), false);
+                                        b.break_();
+                                    },
+                                );
+                            });
+                        }
+                        StepBuild::Fused => {
+                            // The candidate's length is `len`: every clamped
+                            // offset is inside the token too.
+                            b.loop_(
+                                names.of("compare_round"),
+                                0u32,
+                                rounds.clone(),
+                                |b, round| {
+                                    let pairs: Vec<(Expr, Expr)> = (0..LOOKUP_BYTES_PER_ROUND)
+                                        .map(|k| {
+                                            let at = clamped(&round, k);
+                                            (
+                                                b.let_(
+                                                    names.of(&format!("text_byte{k}")),
+                                                    byte(at.clone()),
+                                                ),
+                                                b.let_(
+                                                    names.of(&format!("token_byte{k}")),
+                                                    load(Role::TokenBytes, offset.clone() + at),
+                                                ),
+                                            )
+                                        })
+                                        .collect();
+                                    let differs = pairs
+                                        .into_iter()
+                                        .map(|(text, token)| text.not_equals(token))
+                                        .reduce(|a, b| a.or(b))
+                                        .expect("a round has bytes");
+                                    b.if_(differs, |b| {
+                                        b.assign(same_name.clone(), false);
+                                        b.break_();
+                                    });
+                                },
+                            );
+                        }
+                    }
                 });
                 b.if_(same, |b| {
                     b.assign(names.of("rank"), candidate.clone());
@@ -1881,7 +1960,7 @@ const LOADS_PER_ROUND: u32 = 4;
 struct Slab {
     bytes: u32,
     threads: u32,
-    /// The range's state in registers instead ([`MergeBuild::Fused`]: no
+    /// The range's state in registers instead ([`StepBuild::Fused`]: no
     /// workgroup buffer).
     in_registers: bool,
 }
@@ -1936,7 +2015,7 @@ fn emit_encode(
             let whole_name = names.of("whole_token");
             let whole = b.let_mut(whole_name.clone(), NO_TOKEN);
             b.if_(skip.logical_not(), |b| {
-                let vocabulary = LookupHeader::emit(b, &names.nested("header"));
+                let vocabulary = LookupHeader::emit(b, &names.nested("header"), pairs.build);
                 let rank = emit_lookup(
                     b,
                     &names.nested("whole"),
@@ -2267,7 +2346,7 @@ fn emit_merge_pair(
     let right_name = names.of("right");
     let right = b.let_mut(right_name.clone(), NO_PAIR);
     let left = match pairs.build {
-        MergeBuild::Standalone => {
+        StepBuild::Standalone => {
             b.if_(has_after, |b| {
                 let rank = emit_pair_rank(
                     b,
@@ -2279,7 +2358,7 @@ fn emit_merge_pair(
             });
             None
         }
-        MergeBuild::Fused => {
+        StepBuild::Fused => {
             // Both pairs at once, whether or not there is a part after or
             // before (a rank looked up for no part is not used), so that
             // neither lookup waits on a test or on the other.
@@ -2586,7 +2665,7 @@ fn emit_slab_merge(
 }
 
 /// The merge loop of a range of at most `size` bytes (at least 2) that is not
-/// one token, its whole state in registers ([`MergeBuild::Fused`]); `parts`
+/// one token, its whole state in registers ([`StepBuild::Fused`]); `parts`
 /// (the variable named so, `len` on entry) counts the parts left. Leaves
 /// `token_at` as every merge loop does: each part's rank at its first byte,
 /// [`NO_TOKEN`] at its other bytes.
@@ -2604,7 +2683,7 @@ fn emit_slab_merge(
 /// read the two neighbours' ranks from `token_at` in global memory and looked
 /// the pairs up one after the other, each a round trip in the chain that a
 /// 1 KiB text's kernel waits on (its longest piece, eight merges); a fused
-/// kernel has the registers to spare ([`MergeBuild`]).
+/// kernel has the registers to spare ([`StepBuild`]).
 fn emit_register_merge(
     b: &mut BlockBuilder,
     names: &Names,
@@ -2904,6 +2983,11 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
 /// of the lists' entries: `merge` and `long` take each entry alone, and `long`
 /// finds a piece's chunk boundaries from its bytes, not from the chunk list.
 pub fn pieces(geometry: &Geometry) -> Program {
+    pieces_with(geometry, StepBuild::Standalone)
+}
+
+/// [`pieces`] built as `build` says.
+pub fn pieces_with(geometry: &Geometry, build: StepBuild) -> Program {
     let chunk = geometry.chunk_bytes;
     let workgroup_size = geometry.workgroup_size;
     builder(geometry, step("pieces"), element_type)
@@ -2925,7 +3009,7 @@ pub fn pieces(geometry: &Geometry) -> Program {
                 (piece_count.clone() + (workgroup_size - 1)) / workgroup_size,
             );
             let groups = b.let_("groups", Expr::workgroup_count(Axis::X));
-            let vocabulary = LookupHeader::emit(b, &Names::new("header"));
+            let vocabulary = LookupHeader::emit(b, &Names::new("header"), build);
             let tile = b.let_mut("tile", Expr::workgroup_id(Axis::X));
             b.while_(tile.clone().less_than(tiles), |b| {
                 let piece = b.let_(
@@ -3054,15 +3138,15 @@ pub fn pieces(geometry: &Geometry) -> Program {
 /// `merge`: every thread strides over the merge list and then the chunk list,
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
-    merge_with(geometry, MergeBuild::Standalone)
+    merge_with(geometry, StepBuild::Standalone)
 }
 
 /// [`merge`] built as `build` says.
-pub fn merge_with(geometry: &Geometry, build: MergeBuild) -> Program {
+pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let slab_bytes = geometry.merge_slab_bytes;
     let mut builder = builder(geometry, step("merge"), element_type);
-    let in_registers = build == MergeBuild::Fused;
+    let in_registers = build == StepBuild::Fused;
     // Registers hold at most REGISTER_MERGE_BYTES offsets; longer ranges take
     // the scratch arrays (a fused build declares no slab).
     let slab_bytes = if in_registers {
@@ -3224,11 +3308,11 @@ fn emit_compatible(
 /// growing window, and merges the whole piece serially when one cannot be
 /// repaired.
 pub fn long(geometry: &Geometry) -> Program {
-    long_with(geometry, MergeBuild::Standalone)
+    long_with(geometry, StepBuild::Standalone)
 }
 
 /// [`long`] built as `build` says.
-pub fn long_with(geometry: &Geometry, build: MergeBuild) -> Program {
+pub fn long_with(geometry: &Geometry, build: StepBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let chunk = geometry.chunk_bytes;
     let window_limit = geometry.repair_window_bytes;
