@@ -82,6 +82,7 @@ use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
 use vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES;
 use vyre_tokenizer::device::{
     host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
@@ -768,13 +769,18 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
             short_text,
             ..Geometry::default()
         };
+        // Its texts go up to 4 KiB, past the default limit of the short path.
+        let limits = ChunkLimits {
+            short_text_bytes: SHORT_TEXT_BYTES,
+            ..ChunkLimits::default()
+        };
         let encoder = match DeviceEncoder::with_geometry(
             AnyBackend::Cuda(gpu.clone()),
             cpu,
             geometry,
-            ChunkLimits::default(),
+            limits,
         ) {
-            Ok(encoder) if encoder.runs_short(4096) => encoder,
+            Ok(encoder) if encoder.runs_short(SHORT_TEXT_BYTES) => encoder,
             Ok(_) => {
                 println!("  {short_text:?}: the device refused the short-text kernel");
                 continue;
