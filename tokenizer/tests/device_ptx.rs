@@ -239,6 +239,44 @@ fn fused_steps_take_the_fused_build() {
     }
 }
 
+/// Locks out a fused kernel's `stage` that reads the text length from the
+/// staged parameters (host-mapped memory on CUDA: a round trip across PCIe
+/// before the text's loads can go out) where the fused kernel has it as its
+/// scalar: the fused steps' `stage` declares the `u32` scalar
+/// `TEXT_LEN_SCALAR` and takes `text_len` from it, and the short-text program
+/// accepts that one scalar; the standalone `stage` (control) declares none and
+/// loads it.
+#[test]
+fn the_fused_stage_takes_the_text_length_from_the_scalar() {
+    use vyre_cuda::ir::ScalarType;
+    use vyre_tokenizer::device::fused::TEXT_LEN_SCALAR;
+    let text_len = |program: &vyre_cuda::ir::Program| -> Expr {
+        program
+            .entry()
+            .iter()
+            .find_map(|node| match node {
+                Node::Let { name, value, .. } if &**name == "text_len" => Some(value.clone()),
+                _ => None,
+            })
+            .expect("a text_len let")
+    };
+    let geometry = Geometry::default();
+    let programs = Programs::new(Pattern::Cl100k, geometry).expect("geometry");
+    let fused = programs.fused_steps();
+    let stage = &fused[0].program;
+    let scalars: Vec<(&str, ScalarType)> = stage
+        .scalars()
+        .iter()
+        .map(|decl| (&*decl.name, decl.ty))
+        .collect();
+    assert_eq!(scalars, [(TEXT_LEN_SCALAR, ScalarType::U32)]);
+    assert_eq!(text_len(stage), Expr::scalar(TEXT_LEN_SCALAR));
+    assert!(short_program(&fused, &geometry).is_ok());
+    let standalone = &programs.steps()[0].program;
+    assert!(standalone.scalars().is_empty());
+    assert!(matches!(text_len(standalone), Expr::Load { .. }));
+}
+
 /// Locks out a short-text kernel that waits on device-scope fences, whose
 /// readers are all in its one workgroup, and a resident grid that loses them,
 /// whose readers are in other workgroups: for every pattern the short-text

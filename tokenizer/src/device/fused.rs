@@ -214,8 +214,16 @@ fn fused_program(
                 first.program_name()
             ));
         }
-        if !step.program.scalars().is_empty() {
-            return Err(format!("`{name}` declares scalar parameters"));
+        // The one scalar a step may declare is the fused program's own.
+        if step
+            .program
+            .scalars()
+            .iter()
+            .any(|decl| &*decl.name != TEXT_LEN_SCALAR || decl.ty != ScalarType::U32)
+        {
+            return Err(format!(
+                "`{name}` declares scalar parameters other than the `u32` {TEXT_LEN_SCALAR}"
+            ));
         }
         let mut rename = BTreeMap::new();
         let mut taken: Vec<BufferDecl> = Vec::new();

@@ -2924,74 +2924,94 @@ pub fn stage(geometry: &Geometry) -> Program {
 /// every later step reads, because one program binds each buffer with one
 /// element type. Eight byte stores per word cost nothing at the short path's
 /// few KiB; the step it replaces was a dispatch of its own (on the H200,
-/// 2026-12-02: 13.8 µs of a 1 KiB encode's 83.6, its launch included).
+/// 2026-12-02: 13.8 µs of a 1 KiB encode's 83.6, its launch included). It
+/// takes the text length from the fused kernel's scalar
+/// ([`TEXT_LEN_SCALAR`](super::fused::TEXT_LEN_SCALAR)), not from the staged
+/// parameters: on CUDA those are host-mapped memory, and the loads of the
+/// text's words waited for that first round trip across PCIe before they
+/// could go out (the short-text kernel's `stage` of 1 KiB took 5.2 µs from
+/// the kernel's entry on an H100, 2026-12-05; not yet measured since).
 pub fn short_stage(geometry: &Geometry) -> Program {
     stage_program(geometry, ElemType::U8)
 }
 
 /// `stage` storing the text into a buffer of `text` elements (`U64`: word for
-/// word; `U8`: each word's eight bytes, lowest address first).
+/// word, the text length from the staged parameters; `U8`: each word's eight
+/// bytes, lowest address first, the text length from the fused kernel's
+/// scalar).
 fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
     let workgroup_size = geometry.workgroup_size;
-    builder(geometry, step("stage"), |role| match role {
+    let fused = text == ElemType::U8;
+    let mut builder = builder(geometry, step("stage"), |role| match role {
         Role::StagedText => ElemType::U64,
         Role::Text => text,
         _ => ElemType::U32,
-    })
-    .body(|b| {
-        let thread = b.let_("thread", Expr::global_id(Axis::X));
-        let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
-        let staged = |index: u32| load(Role::StagedParams, index);
-        let text_len = b.let_("text_len", staged(param::TEXT_LEN));
-        let documents = b.let_("documents", staged(param::DOCUMENTS));
-        b.if_(thread.clone().less_than(param::WORDS), |b| {
-            b.store(
-                Role::Params.name(),
-                thread.clone(),
-                load(Role::StagedParams, thread.clone()),
-            );
-        });
-        let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
-        let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
-        let items = b.let_("items", words.clone().max(ends.clone()));
-        let item = b.let_mut("item", thread);
-        b.while_(item.clone().less_than(items), |b| {
-            // Both staged loads before either branch: on CUDA they read
-            // host-mapped memory across PCIe (below the copy engine's sizes),
-            // and the document end's load, issued after the stores of the
-            // word's bytes, went out only once the word had come back: two
-            // round trips where one does. (On an H100, 2026-12-05, the
-            // short-text kernel's `stage` of 1 KiB took 5.2 µs from the
-            // kernel's entry; not yet measured since.) Past its buffer's end a
-            // load reads 0 and is not used.
-            let word = b.let_("word", load(Role::StagedText, item.clone()));
-            let staged_end = b.let_("staged_end", load(Role::StagedDocuments, item.clone()));
-            b.if_(item.clone().less_than(words.clone()), |b| {
-                if text == ElemType::U8 {
-                    for byte in 0..8u32 {
-                        b.store(
-                            Role::Text.name(),
-                            item.clone() * 8u32 + byte,
-                            (word.clone() >> (8 * byte)).cast(ScalarType::U32),
-                        );
-                    }
+    });
+    if fused {
+        builder = builder.scalar(super::fused::TEXT_LEN_SCALAR, ScalarType::U32);
+    }
+    builder
+        .body(|b| {
+            let thread = b.let_("thread", Expr::global_id(Axis::X));
+            let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
+            let staged = |index: u32| load(Role::StagedParams, index);
+            let text_len = b.let_(
+                "text_len",
+                if fused {
+                    Expr::scalar(super::fused::TEXT_LEN_SCALAR)
                 } else {
-                    b.store(Role::Text.name(), item.clone(), word);
-                }
-            });
-            b.if_(item.clone().less_than(ends.clone()), |b| {
+                    staged(param::TEXT_LEN)
+                },
+            );
+            let documents = b.let_("documents", staged(param::DOCUMENTS));
+            b.if_(thread.clone().less_than(param::WORDS), |b| {
                 b.store(
-                    Role::DocumentEnds.name(),
-                    item.clone(),
-                    item.clone()
-                        .less_than(documents.clone())
-                        .select(staged_end.clone(), text_len.clone()),
+                    Role::Params.name(),
+                    thread.clone(),
+                    load(Role::StagedParams, thread.clone()),
                 );
             });
-            b.assign("item", item.clone() + threads.clone());
-        });
-    })
-    .build()
+            let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
+            let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
+            let items = b.let_("items", words.clone().max(ends.clone()));
+            let item = b.let_mut("item", thread);
+            b.while_(item.clone().less_than(items), |b| {
+                // Both staged loads before either branch: on CUDA they read
+                // host-mapped memory across PCIe (below the copy engine's sizes),
+                // and the document end's load, issued after the stores of the
+                // word's bytes, went out only once the word had come back: two
+                // round trips where one does. (On an H100, 2026-12-05, the
+                // short-text kernel's `stage` of 1 KiB took 5.2 µs from the
+                // kernel's entry; not yet measured since.) Past its buffer's end a
+                // load reads 0 and is not used.
+                let word = b.let_("word", load(Role::StagedText, item.clone()));
+                let staged_end = b.let_("staged_end", load(Role::StagedDocuments, item.clone()));
+                b.if_(item.clone().less_than(words.clone()), |b| {
+                    if text == ElemType::U8 {
+                        for byte in 0..8u32 {
+                            b.store(
+                                Role::Text.name(),
+                                item.clone() * 8u32 + byte,
+                                (word.clone() >> (8 * byte)).cast(ScalarType::U32),
+                            );
+                        }
+                    } else {
+                        b.store(Role::Text.name(), item.clone(), word);
+                    }
+                });
+                b.if_(item.clone().less_than(ends.clone()), |b| {
+                    b.store(
+                        Role::DocumentEnds.name(),
+                        item.clone(),
+                        item.clone()
+                            .less_than(documents.clone())
+                            .select(staged_end.clone(), text_len.clone()),
+                    );
+                });
+                b.assign("item", item.clone() + threads.clone());
+            });
+        })
+        .build()
 }
 
 /// `pieces`: workgroup `g` takes the tiles `g, g + G, ...` of `W` pieces
