@@ -696,13 +696,22 @@ fn time_parts(parts: &ChunkTimings) -> String {
         (parts.submit_ns + parts.scatter_ns) as f64 / 1e3,
         parts.kernel_ns() as f64 / 1e3,
     );
+    // The dispatches' own host clocks: a cooperative dispatch (the resident
+    // grid) waits for its kernel inside the submission, so its wait minus its
+    // kernel is what the stream did besides the kernel (the text's copy, the
+    // launch's latency) plus the synchronize's wake-up.
+    let (enqueued, waited) = parts.steps.iter().fold((0u64, 0u64), |(e, w), step| {
+        (e + step.timings.enqueue_ns, w + step.timings.wait_ns)
+    });
     format!(
-        "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}",
+        "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; the dispatches enqueued in {:.1} µs and waited {:.1} µs",
         parts.submit_ns as f64 / 1e3,
         parts.staged_ns as f64 / 1e3,
         parts.scatter_ns as f64 / 1e3,
         parts.kernel_line(),
-        (wall - host - kernels).max(0.0)
+        (wall - host - kernels).max(0.0),
+        enqueued as f64 / 1e3,
+        waited as f64 / 1e3
     )
 }
 
