@@ -12,7 +12,7 @@ use super::super::pool::Lane;
 use super::super::readback::{stamp_kernel_ns, Delivery};
 use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StreamTarget};
 use super::super::{BackendError, BackendInner, Binding, Outputs, Timings};
-use super::stage::BarrierWordsAt;
+use super::stage::{BarrierWordsAt, BARRIER_BYTES};
 use super::{elapsed_ns, Bookkeeping, DeviceSpans, Held, Sink};
 
 /// A dispatch enqueued on its lane and not yet synchronised: with its
@@ -272,8 +272,8 @@ fn audit_barrier(
         return Ok(());
     };
     let raw = match (at, lane.results.as_ref()) {
-        (BarrierWordsAt::Area(offset), Some(area)) => area.bytes(offset, 12),
-        (BarrierWordsAt::Staging(offset), _) => lane.staging.slice(offset, 12),
+        (BarrierWordsAt::Area(offset), Some(area)) => area.bytes(offset, BARRIER_BYTES),
+        (BarrierWordsAt::Staging(offset), _) => lane.staging.slice(offset, BARRIER_BYTES),
         (BarrierWordsAt::Area(_), None) => {
             return Err(BackendError::internal(
                 "the grid barrier's words were routed to a result area the lane does not have",

@@ -364,7 +364,7 @@ pub(in crate::backend) fn route_items(
 }
 
 /// Bytes of a grid-sync kernel's barrier words.
-const BARRIER_BYTES: usize = 4 * crate::codegen::GRID_BARRIER_WORDS;
+pub(in crate::backend) const BARRIER_BYTES: usize = 4 * crate::codegen::GRID_BARRIER_WORDS;
 
 impl BackendInner {
     /// Plan: the request checks every backend makes (`plan::plan_request`), the
