@@ -56,11 +56,13 @@
 //!   (every step in one cooperative dispatch) and with every step its own
 //!   dispatch, and up to 4 KiB through the short-text kernel.
 //!   `VYRE_BENCH_RESIDENT=0` leaves it out;
-//! - one 1 KiB document and 256 KiB of each shape eager with the `merge`
-//!   step's slab at other lengths (`Geometry::merge_slab_bytes`: the pieces of
-//!   at most that many bytes merge in workgroup memory, longer ones in global
-//!   scratch), each with the kernels' own time, then the 64 MiB batch at the
-//!   same and longer slab lengths (the default first and last, each row's time
+//! - 1 KiB and 256 KiB of each shape eager with the fused kernels' `merge`
+//!   keeping ranges of other lengths in registers
+//!   (`Geometry::register_merge_bytes`: longer ones merge in global scratch),
+//!   each with the kernels' own time, then the 64 MiB batch (its steps on
+//!   their own) with the `merge` step's slab at other lengths
+//!   (`Geometry::merge_slab_bytes`: the pieces of at most that many bytes
+//!   merge in workgroup memory; the default first and last, each row's time
 //!   as a ratio to the first). `VYRE_BENCH_SLAB=0` leaves both out;
 //! - the same texts with long pieces cut into chunks of other lengths
 //!   (`Geometry::chunk_bytes`: one thread merges each chunk, `long` checks
@@ -84,6 +86,7 @@ use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
 use vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES;
+use vyre_tokenizer::device::programs::MAX_REGISTER_MERGE_BYTES;
 use vyre_tokenizer::device::{
     host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
     Geometry, ShortText,
@@ -538,9 +541,10 @@ fn main() {
         resident_by_size(&gpu, &cpu, &step_by_step, small_rounds / 4);
     }
 
-    // 8. The merge slab's length, for short texts and for the batch.
+    // 8. The fused kernels' merge registers (short texts) and the merge
+    // slab's length (the batch's steps on their own).
     if !skipped("VYRE_BENCH_SLAB") {
-        merge_slab_lengths(&gpu, &cpu, small_rounds);
+        merge_register_lengths(&gpu, &cpu, small_rounds);
         println!("\nthe 64 MiB batch with the merge slab at other lengths (chunk 0's kernels, median round):");
         // At 256 KiB a short text waits on its longest chains, but the batch's
         // `merge` (0.39–0.51 ms of an 8 MiB chunk's ~1.1 ms of kernels on the
@@ -584,28 +588,29 @@ fn main() {
     }
 }
 
-/// One 1 KiB document of prose (the short-text kernel) and 256 KiB of each
-/// shape (a dispatch per step) eager with the `merge` step's slab at other
-/// lengths, the default first: a short text waits on its longest piece's chain
-/// of merges, and a piece longer than the slab takes the global path.
-fn merge_slab_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
-    let default = Geometry::default().merge_slab_bytes;
+/// 1 KiB (the short-text kernel) and 256 KiB (the resident grid) of each
+/// shape eager with the fused kernels' `merge` keeping ranges of other lengths
+/// in registers, the default first: a short text waits on its longest piece's
+/// chain of merges, a piece longer than the registers takes the scratch
+/// arrays, and every register costs every merge its instructions.
+fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    let default = Geometry::default().register_merge_bytes;
     geometry_sweep(
         gpu,
         cpu,
         rounds,
-        "the merge slab at other lengths",
-        [default, 0, 16, 24, 32].map(|slab_bytes| {
+        "the fused kernels' merge registers at other lengths",
+        [default, 0, 12, 20, 24, MAX_REGISTER_MERGE_BYTES].map(|register_merge_bytes| {
             let geometry = Geometry {
-                merge_slab_bytes: slab_bytes,
+                register_merge_bytes,
                 ..Geometry::default()
             };
-            (format!("{slab_bytes:>2} bytes"), geometry)
+            (format!("{register_merge_bytes:>2} bytes"), geometry)
         }),
     );
 }
 
-/// The same texts as [`merge_slab_lengths`] with long pieces cut into chunks
+/// The same texts as [`merge_register_lengths`] with long pieces cut into chunks
 /// of other lengths (`Geometry::chunk_bytes`), the default first: one thread
 /// merges a chunk, each merge a pass over the chunk's 16-byte blocks, so a
 /// chunk's serial depth grows with the square of its length, while shorter
@@ -630,7 +635,7 @@ fn merge_chunk_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
 }
 
 /// One row per `(label, geometry)` of `rows` (the default first; a later row
-/// equal to it is left out): 1 KiB of prose and 256 KiB of each shape eager.
+/// equal to it is left out): 1 KiB and 256 KiB of each shape eager.
 fn geometry_sweep<const N: usize>(
     gpu: &CudaBackend,
     cpu: &Tokenizer,
@@ -639,7 +644,10 @@ fn geometry_sweep<const N: usize>(
     rows: [(String, Geometry); N],
 ) {
     println!("\n{title} (eager, median of {rounds}; kernels' own time in brackets):");
-    let mut texts = vec![("1 KiB prose".to_string(), generate(Shape::Prose, 1024, 5))];
+    let mut texts: Vec<(String, Vec<u8>)> = Shape::ALL
+        .into_iter()
+        .map(|shape| (format!("1 KiB {shape}"), generate(shape, 1024, 5)))
+        .collect();
     texts.extend(
         Shape::ALL
             .into_iter()

@@ -27,7 +27,8 @@ use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
 use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
 use vyre_tokenizer::device::programs::{
-    param, written_roles, Grid, KernelStep, Programs, Role, MERGE_SLAB_BYTES,
+    param, written_roles, Grid, KernelStep, Programs, Role, MAX_REGISTER_MERGE_BYTES,
+    MERGE_SLAB_BYTES,
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
@@ -955,7 +956,8 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
-/// (over the 12 KiB the merge slabs may take), no (or more than 65,536)
+/// (over the 12 KiB the merge slabs may take), registers for ranges of 1 or 32
+/// bytes (a key's offset has 5 bits), no (or more than 65,536)
 /// workgroups of `compact`, `pieces` or `stage`, chunk limits of nothing, a
 /// split of 9 bytes per thread, a bulk split of 2,048 threads and chunks over
 /// the split's 256 MiB are each a `Fix:` error naming what to change (the bulk
@@ -987,6 +989,22 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "merge_slab_bytes",
+        ),
+        (
+            Geometry {
+                register_merge_bytes: 1,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "register_merge_bytes is 1",
+        ),
+        (
+            Geometry {
+                register_merge_bytes: MAX_REGISTER_MERGE_BYTES + 1,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "register_merge_bytes is 32",
         ),
         (
             Geometry::default(),
@@ -1941,9 +1959,10 @@ fn merge_work_grows_linearly_with_a_run() {
 /// pieces that do not, in neighbouring threads whose slabs interleave, a
 /// thread taking several pieces in turn) equal the CPU encoder, step by step
 /// and through the short-text kernel (where such a range merges in registers
-/// instead), at the default geometry, at 32-thread workgroups with 4-byte slabs
-/// and with 24-byte slabs (past the fused kernels' `REGISTER_MERGE_BYTES`,
-/// whose longer ranges then take the scratch arrays there).
+/// instead, up to `Geometry::register_merge_bytes`), at the default geometry,
+/// at 32-thread workgroups with 4-byte slabs, with 24-byte slabs, and with
+/// the fused kernels' registers at their most (31 bytes: lengths up to 33
+/// cross it) and at none (every range in the scratch arrays there too).
 #[test]
 fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     let slab = MERGE_SLAB_BYTES as usize;
@@ -1976,7 +1995,7 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     }
     let mut random = SplitMix64::new(0x51AB);
     let mut texts: Vec<Vec<u8>> = Vec::new();
-    for len in 1..=2 * slab + 2 {
+    for len in 1..=(2 * slab).max(MAX_REGISTER_MERGE_BYTES as usize) + 2 {
         texts.push(vec![b'a'; len]);
         texts.push(b"ab".repeat(len.div_ceil(2))[..len].to_vec());
         texts.push((0..len).map(|_| *random.pick(b"abcdefgz")).collect());
@@ -1990,6 +2009,20 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
                 "24-byte slabs",
                 Geometry {
                     merge_slab_bytes: 24,
+                    ..Geometry::default()
+                },
+            ),
+            (
+                "31 bytes in registers",
+                Geometry {
+                    register_merge_bytes: MAX_REGISTER_MERGE_BYTES,
+                    ..Geometry::default()
+                },
+            ),
+            (
+                "no registers",
+                Geometry {
+                    register_merge_bytes: 0,
                     ..Geometry::default()
                 },
             ),

@@ -267,9 +267,10 @@
 //! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
 //! 12.63 ms).
 //! The fused kernels build `merge` and `long` otherwise ([`StepBuild`]): there a
-//! range of at most `S` bytes merges in registers (`emit_register_merge`: the
-//! parts' starts as bits, their ranks and pair ranks a register per offset, the
-//! minimum found by comparing registers, both new pairs looked up together),
+//! range of at most [`Geometry::register_merge_bytes`] (16; `S` until
+//! 2026-12-05) bytes merges in registers (`emit_register_merge`: the
+//! parts' starts as bits, their ranks and pair keys a register per offset, the
+//! minimum found by a tree over the registers, both new pairs looked up together),
 //! since the result ABI pins those kernels at 80 registers whatever their
 //! steps need, and the slabs' workgroup memory goes (`ptxas -v`, `sm_90`: the
 //! short-text and resident-grid kernels stay at 80 registers with no spill,
@@ -447,14 +448,30 @@ pub const IDS_PER_LINE: u32 = 32;
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
-/// Most bytes of a range that a fused kernel's merge keeps in registers
-/// ([`StepBuild::Fused`]; a longer [`Geometry::merge_slab_bytes`] counts as
-/// this): three registers an offset (its rank, its pair's, and its byte while
-/// the range starts), so 16 offsets hold 48 of the 80 registers the fused
-/// kernels run at, and the start bits of a range and its end fit one word. The
-/// merge's code grows with the square of it (every merge compares and updates
-/// every offset's registers).
+/// Default [`Geometry::register_merge_bytes`].
+///
+/// Why 16: every offset costs every merge of every range its share of the
+/// merge's instructions (its key in the tree of minima, its rank in the two
+/// trees that pick the neighbours' ranks, its registers' updates), whatever
+/// the range's length, while a range longer than the registers takes the
+/// scratch arrays, a few dependent round trips to L2 per merge. On an H100
+/// (2026-12-05, the `gpu_encode` bench's sweep, kernels' own time, eager,
+/// median of 200) 12 / 16 / 24 / 31 offsets took 1 KiB of prose 28.2 / 29.1 /
+/// 31.1 / 32.1 µs, of CJK 31.1 / 31.9 / 33.3 / 33.9 and of code 46.3 / 32.5 /
+/// 34.3 / 35.6 (its 14- and 17-byte identifiers; the scratch arrays for every
+/// range: 38.4); 256 KiB of prose 77.7 / 82.3 / 84.7 / 93.7, of CJK 93.8 /
+/// 86.8 / 89.8 / 97.2 and of code 133.5 / 121.4 / 102.5 / 109.4 (pieces of up
+/// to 19 bytes). Past 16 offsets `ptxas` spills (24: 144 bytes at the fused
+/// kernels' 80 registers) or takes 120 registers (31), which leaves the
+/// resident grid two workgroups per SM instead of three. A second, wider set
+/// of registers for the ranges past the first (16, then 31) made the kernels
+/// no faster for code and slower at 256 KiB (128.5 µs), twice the merge's
+/// code in a kernel whose instructions already outgrow the SM's caches.
 pub const REGISTER_MERGE_BYTES: u32 = 16;
+
+/// Most [`Geometry::register_merge_bytes`]: a key holds its offset in 5 bits
+/// and a range's start bits and its end one word.
+pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
@@ -521,8 +538,14 @@ pub struct Geometry {
     /// workgroup memory instead of the global scratch arrays (0: none; see the
     /// module docs). Its slabs take `4 · merge_slab_bytes · workgroup_size` bytes of workgroup
     /// memory, which the device checks when it compiles the programs (an H200
-    /// gives a kernel 227 KiB: 512 threads hold 12-byte slabs, 24 KiB).
+    /// gives a kernel 227 KiB: 512 threads hold 12-byte slabs, 24 KiB). The
+    /// steps on their own only: a fused kernel's `merge` keeps short ranges in
+    /// registers ([`Geometry::register_merge_bytes`]).
     pub merge_slab_bytes: u32,
+    /// The longest range a fused kernel's `merge` (the short-text kernel, the
+    /// resident grid: [`StepBuild::Fused`]) keeps in registers instead of the
+    /// global scratch arrays, 2 to [`MAX_REGISTER_MERGE_BYTES`] (0: none).
+    pub register_merge_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
     /// Windows tried per failing boundary before the piece goes to the serial
@@ -670,6 +693,7 @@ impl Default for Geometry {
             workgroup_size: WORKGROUP_SIZE,
             chunk_bytes: CHUNK_BYTES,
             merge_slab_bytes: MERGE_SLAB_BYTES,
+            register_merge_bytes: REGISTER_MERGE_BYTES,
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: COMPACT_WORKGROUPS,
@@ -755,6 +779,12 @@ impl Geometry {
                 self.merge_slab_bytes,
                 self.workgroup_size,
                 u32::MAX / 4 / self.workgroup_size
+            ));
+        }
+        if self.register_merge_bytes == 1 || self.register_merge_bytes > MAX_REGISTER_MERGE_BYTES {
+            return Err(format!(
+                "Fix: Geometry::register_merge_bytes is {}; use 2 to {MAX_REGISTER_MERGE_BYTES} (0 for none)",
+                self.register_merge_bytes
             ));
         }
         for (name, workgroups) in [
@@ -1390,7 +1420,7 @@ pub enum StepBuild {
     /// after, then the pair with the part before.
     Standalone,
     /// A lookup by bytes loads them [`LOOKUP_BYTES_PER_ROUND`] at a time
-    /// (`emit_lookup`); a range of at most [`Geometry::merge_slab_bytes`]
+    /// (`emit_lookup`); a range of at most [`Geometry::register_merge_bytes`]
     /// merges in registers (`emit_register_merge`: no workgroup memory, no walk
     /// over the parts, no load of a part's rank), and a merge loads both
     /// pairs' first buckets in one round (`emit_pair_ranks_together`).
@@ -2683,18 +2713,26 @@ fn emit_slab_merge(
 ///
 /// The state, unrolled over the `size` offsets (a register each): the parts'
 /// starts as bits of one word (bit `len` marks the end), at a part's start the
-/// part's rank and the rank of its pair with the next part ([`NO_TOKEN`] for
-/// none, and at every offset that starts no part). A merge takes the leftmost
-/// pair of lowest rank by comparing the `size` pair registers (no walk over
-/// the parts), finds the second part, the part after and the part before from
-/// the start bits, picks their ranks from the rank registers (no load of
-/// `token_at`), looks both new pairs up together and updates the registers;
-/// `token_at` is written once, after the last merge. Why: the slab's merge
-/// loop walked its parts through a chain of dependent workgroup-memory loads,
-/// read the two neighbours' ranks from `token_at` in global memory and looked
-/// the pairs up one after the other, each a round trip in the chain that a
-/// 1 KiB text's kernel waits on (its longest piece, eight merges); a fused
-/// kernel has the registers to spare ([`StepBuild`]).
+/// part's rank and the *key* of its pair with the next part (the pair's rank
+/// above the offset's 5 bits, [`pair_key`]; [`NO_KEY`] for none, and at every
+/// offset that starts no part). A merge takes the leftmost pair of lowest rank
+/// as the smallest key, a tree of minima (no walk over the parts), finds the
+/// second part, the part after and the part before from the start bits, picks
+/// their ranks from the rank registers through a tree of selects on the
+/// offset's bits (no load of `token_at`), looks both new pairs up together and
+/// updates the registers; `token_at` is written once, after the last merge.
+/// Why: the slab's merge loop walked its parts through a chain of dependent
+/// workgroup-memory loads, read the two neighbours' ranks from `token_at` in
+/// global memory and looked the pairs up one after the other, each a round
+/// trip in the chain that a 1 KiB text's kernel waits on (its longest piece,
+/// eight merges); a fused kernel has the registers to spare ([`StepBuild`]).
+/// Why keys and trees: comparing the pair registers one after another (a
+/// rank and an offset selected at each) and picking a rank by a chain of
+/// selects made every merge's instructions a chain as long as the registers;
+/// the trees are as deep as their logarithm. On an H100 (2026-12-05, kernels'
+/// own time, median of 200) the keys and trees took 1 KiB of prose from 28.8
+/// to 28.2 µs at 12 offsets and from 30.0 to 29.1 at 16, 1 KiB of code from
+/// 33.7 to 32.5 at 16.
 fn emit_register_merge(
     b: &mut BlockBuilder,
     names: &Names,
@@ -2703,6 +2741,7 @@ fn emit_register_merge(
     size: u32,
     parts_name: &str,
 ) {
+    debug_assert!(size <= MAX_REGISTER_MERGE_BYTES);
     let names = &names.nested("reg");
     let parts = Expr::var(parts_name);
     let last = b.let_(names.of("last"), len.clone() - 1u32);
@@ -2717,7 +2756,7 @@ fn emit_register_merge(
         })
         .collect();
     let rank_names: Vec<String> = (0..size).map(|k| names.of(&format!("rank{k}"))).collect();
-    let pair_names: Vec<String> = (0..size).map(|k| names.of(&format!("pair{k}"))).collect();
+    let key_names: Vec<String> = (0..size).map(|k| names.of(&format!("key{k}"))).collect();
     let ranks: Vec<Expr> = (0..size as usize)
         .map(|k| {
             b.let_mut(
@@ -2726,45 +2765,40 @@ fn emit_register_merge(
             )
         })
         .collect();
-    let pair_ranks: Vec<Expr> = (0..size as usize)
+    let keys: Vec<Expr> = (0..size as usize)
         .map(|k| {
-            let pair = if k + 1 < size as usize {
-                u(k as u32).less_than(last.clone()).select(
-                    vocab(((bytes[k].clone() << 8u32) | bytes[k + 1].clone()) + PAIR_RANKS_AT),
-                    u(NO_TOKEN),
-                )
+            let key = if k + 1 < size as usize {
+                let pair = b.let_(
+                    names.of(&format!("byte_pair{k}")),
+                    u(k as u32).less_than(last.clone()).select(
+                        vocab(((bytes[k].clone() << 8u32) | bytes[k + 1].clone()) + PAIR_RANKS_AT),
+                        u(NO_TOKEN),
+                    ),
+                );
+                pair_key(pair, u(k as u32))
             } else {
-                u(NO_TOKEN)
+                u(NO_KEY)
             };
-            b.let_mut(pair_names[k].clone(), pair)
+            b.let_mut(key_names[k].clone(), key)
         })
         .collect();
-    // Bit k: a part starts at offset k; bit `len`: the range's end.
+    // Bit k: a part starts at offset k; bit `len`: the range's end (for a
+    // range of 31 bytes bit 31, since `2 << 31` wraps to 0).
     let starts_name = names.of("starts");
     let starts = b.let_mut(starts_name.clone(), (u(2) << len.clone()) - 1u32);
-    // The index of the lowest set bit of a word that has one.
+    // The index of the lowest set bit of a word that has one (32 for none).
     let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
     b.while_(Expr::bool(true), |b| {
-        // The leftmost pair of lowest rank: strict `<` keeps the first.
-        let mut best = pair_ranks[0].clone();
-        let mut first = u(0);
-        for (k, pair) in pair_ranks.iter().enumerate().skip(1) {
-            let lower = b.let_(
-                names.of(&format!("lower{k}")),
-                pair.clone().less_than(best.clone()),
-            );
-            best = b.let_(
-                names.of(&format!("best{k}")),
-                lower.clone().select(pair.clone(), best),
-            );
-            first = b.let_(
-                names.of(&format!("first{k}")),
-                lower.select(u(k as u32), first),
-            );
-        }
-        b.if_(best.clone().equals(NO_TOKEN), |b| {
+        // The leftmost pair of lowest rank: the smallest key, a tree of
+        // minima (the offset in a key's low bits breaks ties to the left).
+        let best_key = tree(b, names, "lowest", &keys, |_, pair| {
+            pair[0].clone().min(pair[1].clone())
+        });
+        b.if_(best_key.clone().equals(NO_KEY), |b| {
             b.break_();
         });
+        let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
+        let best = b.let_(names.of("best"), best_key >> KEY_OFFSET_BITS);
         // The starts after `first`: the second part's, then the one after it
         // (`len` when the merged part ends the range).
         let above = b.let_(
@@ -2784,14 +2818,15 @@ fn emit_register_merge(
                 .clone()
                 .select(u(31) - below.leading_zeros(), u(0)),
         );
-        // A rank register by a variable offset (the first's for an offset
-        // that starts no part: its rank is then not used).
+        // A rank register by a variable offset, through a tree of selects on
+        // the offset's bits (an offset past the last gives some register:
+        // its rank is then not used).
         let pick = |b: &mut BlockBuilder, what: &str, at: &Expr| {
-            let mut picked = ranks[0].clone();
-            for (k, rank) in ranks.iter().enumerate().skip(1) {
-                picked = at.clone().equals(k as u32).select(rank.clone(), picked);
-            }
-            b.let_(names.of(what), picked)
+            tree(b, names, what, &ranks, |level, pair| {
+                ((at.clone() >> level) & 1u32)
+                    .equals(1u32)
+                    .select(pair[1].clone(), pair[0].clone())
+            })
         };
         let after_rank = pick(b, "after_rank", &after);
         let before_rank = pick(b, "before_rank", &before);
@@ -2802,14 +2837,16 @@ fn emit_register_merge(
             [[best.clone(), after_rank], [before_rank, best.clone()]],
         );
         let right = b.let_(
-            names.of("right"),
+            names.of("right_key"),
             after
                 .clone()
                 .less_than(len.clone())
-                .select(right, u(NO_TOKEN)),
+                .select(pair_key(right, first.clone()), u(NO_KEY)),
         );
-        let left = b.let_(names.of("left"), has_before.select(left, u(NO_TOKEN)));
-        let first = b.let_(names.of("first"), first);
+        let left = b.let_(
+            names.of("left_key"),
+            has_before.select(pair_key(left, before.clone()), u(NO_KEY)),
+        );
         for k in 0..size as usize {
             let at = u(k as u32);
             b.assign(
@@ -2822,15 +2859,12 @@ fn emit_register_merge(
             // Only a part's start is ever the part before (`before` is 0
             // when there is none, and then `first` is 0 too).
             b.assign(
-                pair_names[k].clone(),
+                key_names[k].clone(),
                 first.clone().equals(at.clone()).select(
                     right.clone(),
                     before.clone().equals(at.clone()).select(
                         left.clone(),
-                        second
-                            .clone()
-                            .equals(at)
-                            .select(u(NO_TOKEN), pair_ranks[k].clone()),
+                        second.clone().equals(at).select(u(NO_KEY), keys[k].clone()),
                     ),
                 ),
             );
@@ -2852,6 +2886,58 @@ fn emit_register_merge(
             );
         });
     }
+}
+
+/// Bits of a register merge's key that hold the pair's offset in its range.
+const KEY_OFFSET_BITS: u32 = 5;
+
+/// The offset bits of a key.
+const OFFSET_MASK: u32 = (1 << KEY_OFFSET_BITS) - 1;
+
+/// The key of no pair: above every pair's.
+const NO_KEY: u32 = u32::MAX;
+
+// Every offset of a register merge fits its key's offset bits, and a pair's
+// rank (below `2^PAIR_RANK_BITS`) the bits above them.
+const _: () = assert!(MAX_REGISTER_MERGE_BYTES < 1 << KEY_OFFSET_BITS);
+const _: () = assert!(PAIR_RANK_BITS + KEY_OFFSET_BITS <= 32);
+
+/// A register merge's key of the pair of rank `rank` at offset `offset`: the
+/// rank above the offset, so the smallest key is the leftmost pair of lowest
+/// rank; [`NO_KEY`] where `rank` is [`NO_TOKEN`].
+fn pair_key(rank: Expr, offset: Expr) -> Expr {
+    rank.clone()
+        .equals(NO_TOKEN)
+        .select(u(NO_KEY), (rank << KEY_OFFSET_BITS) | offset)
+}
+
+/// `values` combined pairwise, level by level (`combine(level, [left,
+/// right])`; an odd one out goes up alone), into one: a tree as deep as the
+/// log of their count, where a chain would be as deep as the count.
+fn tree(
+    b: &mut BlockBuilder,
+    names: &Names,
+    what: &str,
+    values: &[Expr],
+    combine: impl Fn(u32, [&Expr; 2]) -> Expr,
+) -> Expr {
+    let mut level_values = values.to_vec();
+    let mut level = 0u32;
+    while level_values.len() > 1 {
+        level_values = level_values
+            .chunks(2)
+            .enumerate()
+            .map(|(index, pair)| match pair {
+                [left, right] => b.let_(
+                    names.of(&format!("{what}{level}_{index}")),
+                    combine(level, [left, right]),
+                ),
+                alone => alone[0].clone(),
+            })
+            .collect();
+        level += 1;
+    }
+    level_values.pop().unwrap_or_else(|| u(NO_KEY))
 }
 
 /// Claims `entries` entries of a list whose fill count is the `params` word
@@ -3183,15 +3269,13 @@ pub fn merge(geometry: &Geometry) -> Program {
 /// [`merge`] built as `build` says.
 pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
-    let slab_bytes = geometry.merge_slab_bytes;
     let mut builder = builder(geometry, step("merge"), element_type);
     let in_registers = build == StepBuild::Fused;
-    // Registers hold at most REGISTER_MERGE_BYTES offsets; longer ranges take
-    // the scratch arrays (a fused build declares no slab).
+    // A fused build keeps short ranges in registers and declares no slab.
     let slab_bytes = if in_registers {
-        slab_bytes.min(REGISTER_MERGE_BYTES)
+        geometry.register_merge_bytes
     } else {
-        slab_bytes
+        geometry.merge_slab_bytes
     };
     if slab_bytes >= 2 && !in_registers {
         builder = builder.buffer(
