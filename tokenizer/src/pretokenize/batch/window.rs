@@ -177,22 +177,9 @@ fn emit_document_starts(b: &mut BlockBuilder, layout: Layout, block_start: &Expr
         block_start.clone() + (layout.block_bytes + reach),
     );
     let searches = [("first", window_low), ("last", window_high)];
-    // One document (a single text, the eager encode's usual chunk) starts
-    // only at position 0 and ends at the text's end, where no position of
-    // the text is: its end need not be found. The searches then start closed
-    // (no sampled load, no reduction, no binary search per slot): in the
-    // short-text kernel each of those is a round trip or a barrier in the
-    // chain that `classify` waits on.
-    let searched = b.let_(
-        "searched_ends",
-        documents
-            .clone()
-            .greater_than(1u32)
-            .select(documents.clone(), 0u32),
-    );
     for (tag, _) in &searches {
         b.let_mut(format!("{tag}_low"), 0u32);
-        b.let_mut(format!("{tag}_high"), searched.clone());
+        b.let_mut(format!("{tag}_high"), documents.clone());
     }
     let open =
         |tag: &str| Expr::var(format!("{tag}_low")).less_than(Expr::var(format!("{tag}_high")));
