@@ -267,8 +267,8 @@
 //! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
 //! 12.63 ms).
 //! The fused kernels build `merge` and `long` otherwise ([`StepBuild`]): there a
-//! range of at most [`Geometry::register_merge_bytes`] (16; `S` until
-//! 2026-12-05) bytes merges in registers (`emit_register_merge`: the
+//! range of at most [`Geometry::register_merge_bytes`] bytes (16 by default;
+//! the slab's `S` until 2026-12-05) merges in registers (`emit_register_merge`: the
 //! parts' starts as bits, their ranks and pair keys a register per offset, the
 //! minimum found by a tree over the registers, both new pairs looked up together),
 //! since the result ABI pins those kernels at 80 registers whatever their
@@ -465,8 +465,8 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// kernels' 80 registers) or takes 120 registers (31), which leaves the
 /// resident grid two workgroups per SM instead of three. A second, wider set
 /// of registers for the ranges past the first (16, then 31) made the kernels
-/// no faster for code and slower at 256 KiB (128.5 µs), twice the merge's
-/// code in a kernel whose instructions already outgrow the SM's caches.
+/// no faster for code and slower at 256 KiB (128.5 µs), presumably because a
+/// warp whose ranges fall in both sets runs both loops one after the other.
 pub const REGISTER_MERGE_BYTES: u32 = 16;
 
 /// Most [`Geometry::register_merge_bytes`]: a key holds its offset in 5 bits
