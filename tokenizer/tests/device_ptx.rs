@@ -239,6 +239,61 @@ fn fused_steps_take_the_fused_build() {
     }
 }
 
+/// Locks out a `merge` build that reads the other build's knob: the fused
+/// merge's registers following the standalone slab's length (as they did
+/// until `Geometry::register_merge_bytes`: 12 bytes in registers where 16 were
+/// measured faster for code), or the standalone step taking the register
+/// width (its slab, and with it its workgroup memory and occupancy, would
+/// change). The standalone `merge` is one program whatever
+/// `register_merge_bytes` (0, 16, 31), the fused one whatever
+/// `merge_slab_bytes` (0, 12, 24), and the fused one declares no workgroup
+/// buffer at any width; controls: each build changes with its own knob.
+#[test]
+fn each_merge_build_reads_its_own_length() {
+    use vyre_cuda::ir::Access;
+    use vyre_tokenizer::device::programs::{merge, merge_with, StepBuild};
+    let default = Geometry::default();
+    let with = |merge_slab_bytes, register_merge_bytes| Geometry {
+        merge_slab_bytes,
+        register_merge_bytes,
+        ..default
+    };
+    let standalone = merge(&default);
+    let fused = merge_with(&default, StepBuild::Fused);
+    for register_bytes in [0, 16, 31] {
+        assert_eq!(
+            merge(&with(default.merge_slab_bytes, register_bytes)),
+            standalone,
+            "standalone merge at {register_bytes} register bytes"
+        );
+    }
+    for slab_bytes in [0, 12, 24] {
+        let program = merge_with(
+            &with(slab_bytes, default.register_merge_bytes),
+            StepBuild::Fused,
+        );
+        assert_eq!(program, fused, "fused merge at a {slab_bytes}-byte slab");
+    }
+    for register_bytes in [0, 12, 16, 31] {
+        let program = merge_with(
+            &with(default.merge_slab_bytes, register_bytes),
+            StepBuild::Fused,
+        );
+        assert!(
+            program
+                .buffers()
+                .iter()
+                .all(|buffer| buffer.access != Access::Workgroup),
+            "fused merge at {register_bytes} register bytes declares workgroup memory"
+        );
+    }
+    assert_ne!(merge(&with(16, default.register_merge_bytes)), standalone);
+    assert_ne!(
+        merge_with(&with(default.merge_slab_bytes, 12), StepBuild::Fused),
+        fused
+    );
+}
+
 /// Locks out a fused kernel's `stage` that reads the text length from the
 /// staged parameters (host-mapped memory on CUDA: a round trip across PCIe
 /// before the text's loads can go out) where the fused kernel has it as its
