@@ -58,7 +58,8 @@
 //!   `VYRE_BENCH_RESIDENT=0` leaves it out;
 //! - 1 KiB and 256 KiB of each shape eager with the fused kernels' `merge`
 //!   keeping ranges of other lengths in registers
-//!   (`Geometry::register_merge_bytes`: longer ones merge in global scratch),
+//!   (`Geometry::register_merge_bytes`: longer ones merge in global scratch,
+//!   or up to `Geometry::fused_merge_slab_bytes` in a slab of workgroup memory),
 //!   each with the kernels' own time, then the 64 MiB batch (its steps on
 //!   their own) with the `merge` step's slab at other lengths
 //!   (`Geometry::merge_slab_bytes`: the pieces of at most that many bytes
@@ -590,23 +591,48 @@ fn main() {
 
 /// 1 KiB (the short-text kernel) and 256 KiB (the resident grid) of each
 /// shape eager with the fused kernels' `merge` keeping ranges of other lengths
-/// in registers, the default first: a short text waits on its longest piece's
-/// chain of merges, a piece longer than the registers takes the scratch
-/// arrays, and every register costs every merge its instructions.
+/// in registers, and then the longer ones in a slab of workgroup memory, the
+/// default first: a short text waits on its longest piece's chain of merges, a
+/// piece longer than the registers (and the slab) takes the scratch arrays,
+/// and every register costs every merge its instructions.
 fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
-    let default = Geometry::default().register_merge_bytes;
+    let default = Geometry::default();
+    let registers = |register_merge_bytes: u32| {
+        (
+            format!("{register_merge_bytes:>2} bytes"),
+            Geometry {
+                register_merge_bytes,
+                ..default
+            },
+        )
+    };
+    let then_slab = |fused_merge_slab_bytes: u32| {
+        (
+            format!(
+                "{:>2} bytes, then a {fused_merge_slab_bytes}-byte slab",
+                default.register_merge_bytes
+            ),
+            Geometry {
+                fused_merge_slab_bytes,
+                ..default
+            },
+        )
+    };
     geometry_sweep(
         gpu,
         cpu,
         rounds,
         "the fused kernels' merge registers at other lengths",
-        [default, 0, 12, 20, 24, MAX_REGISTER_MERGE_BYTES].map(|register_merge_bytes| {
-            let geometry = Geometry {
-                register_merge_bytes,
-                ..Geometry::default()
-            };
-            (format!("{register_merge_bytes:>2} bytes"), geometry)
-        }),
+        [
+            registers(default.register_merge_bytes),
+            registers(0),
+            registers(12),
+            registers(20),
+            registers(24),
+            registers(MAX_REGISTER_MERGE_BYTES),
+            then_slab(24),
+            then_slab(32),
+        ],
     );
 }
 

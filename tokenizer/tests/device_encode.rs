@@ -957,7 +957,7 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
 /// (over the 12 KiB the merge slabs may take), registers for ranges of 1 or 32
-/// bytes (a key's offset has 5 bits), no (or more than 65,536)
+/// bytes (a key's offset has 5 bits), a fused slab of 2^23 bytes a thread, no (or more than 65,536)
 /// workgroups of `compact`, `pieces` or `stage`, chunk limits of nothing, a
 /// split of 9 bytes per thread, a bulk split of 2,048 threads and chunks over
 /// the split's 256 MiB are each a `Fix:` error naming what to change (the bulk
@@ -1005,6 +1005,14 @@ fn bad_geometries_and_limits_are_fix_errors() {
             },
             ChunkLimits::default(),
             "register_merge_bytes is 32",
+        ),
+        (
+            Geometry {
+                fused_merge_slab_bytes: 1 << 23,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "fused_merge_slab_bytes",
         ),
         (
             Geometry::default(),
@@ -1962,7 +1970,9 @@ fn merge_work_grows_linearly_with_a_run() {
 /// instead, up to `Geometry::register_merge_bytes`), at the default geometry,
 /// at 32-thread workgroups with 4-byte slabs, with 24-byte slabs, and with
 /// the fused kernels' registers at their most (31 bytes: lengths up to 33
-/// cross it) and at none (every range in the scratch arrays there too).
+/// cross it) and at none (every range in the scratch arrays there too), and
+/// with the fused kernels' slab after the registers (16 bytes in registers,
+/// then up to 24 in the slab; none in registers, up to 31 in the slab).
 #[test]
 fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     let slab = MERGE_SLAB_BYTES as usize;
@@ -2023,6 +2033,21 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
                 "no registers",
                 Geometry {
                     register_merge_bytes: 0,
+                    ..Geometry::default()
+                },
+            ),
+            (
+                "16 bytes in registers, then a 24-byte slab",
+                Geometry {
+                    fused_merge_slab_bytes: 24,
+                    ..Geometry::default()
+                },
+            ),
+            (
+                "no registers, a 31-byte slab",
+                Geometry {
+                    register_merge_bytes: 0,
+                    fused_merge_slab_bytes: 31,
                     ..Geometry::default()
                 },
             ),

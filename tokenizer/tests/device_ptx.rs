@@ -245,9 +245,11 @@ fn fused_steps_take_the_fused_build() {
 /// measured faster for code), or the standalone step taking the register
 /// width (its slab, and with it its workgroup memory and occupancy, would
 /// change). The standalone `merge` is one program whatever
-/// `register_merge_bytes` (0, 16, 31), the fused one whatever
-/// `merge_slab_bytes` (0, 12, 24), and the fused one declares no workgroup
-/// buffer at any width; controls: each build changes with its own knob.
+/// `register_merge_bytes` (0, 16, 31) and `fused_merge_slab_bytes` (24), the
+/// fused one whatever `merge_slab_bytes` (0, 12, 24); the fused one declares
+/// no workgroup buffer at any width without its own slab, and one of
+/// `fused_merge_slab_bytes` words a thread with it; controls: each build
+/// changes with its own knob.
 #[test]
 fn each_merge_build_reads_its_own_length() {
     use vyre_cuda::ir::Access;
@@ -267,6 +269,25 @@ fn each_merge_build_reads_its_own_length() {
             "standalone merge at {register_bytes} register bytes"
         );
     }
+    let fused_slab = Geometry {
+        fused_merge_slab_bytes: 24,
+        ..default
+    };
+    assert_eq!(
+        merge(&fused_slab),
+        standalone,
+        "standalone merge, fused slab"
+    );
+    let workgroup_words: Vec<u32> = merge_with(&fused_slab, StepBuild::Fused)
+        .buffers()
+        .iter()
+        .filter(|buffer| buffer.access == Access::Workgroup)
+        .map(|buffer| match buffer.count {
+            vyre_cuda::ir::BufferCount::Static(words) => words,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(workgroup_words, [24 * default.workgroup_size]);
     for slab_bytes in [0, 12, 24] {
         let program = merge_with(
             &with(slab_bytes, default.register_merge_bytes),

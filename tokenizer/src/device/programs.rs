@@ -473,6 +473,18 @@ pub const REGISTER_MERGE_BYTES: u32 = 16;
 /// and a range's start bits and its end one word.
 pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 
+/// Default [`Geometry::fused_merge_slab_bytes`]: none, until the device has
+/// measured it. Why the knob: a range past the registers merges in the global
+/// scratch arrays, several dependent round trips to L2 per merge (on an H100,
+/// 2026-12-05, the encode example's 1 KiB of code, whose 17-byte identifier
+/// takes 14 merges there, spent 28.6 of its kernel's 49.8 µs in `merge`:
+/// about 1.9 µs a merge), and 256 KiB of code has 277 pieces of 17–19 bytes; a slab of
+/// workgroup memory walks its parts in dependent loads of about 30 cycles
+/// each. Wider registers for them cost every other range (the sweep at
+/// [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, of which
+/// the fused kernels use 11 KiB of the 227 KiB an H200 gives one.
+pub const FUSED_MERGE_SLAB_BYTES: u32 = 0;
+
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
 
@@ -546,6 +558,14 @@ pub struct Geometry {
     /// resident grid: [`StepBuild::Fused`]) keeps in registers instead of the
     /// global scratch arrays, 2 to [`MAX_REGISTER_MERGE_BYTES`] (0: none).
     pub register_merge_bytes: u32,
+    /// The longest range a fused kernel's `merge` keeps in a slab of workgroup
+    /// memory when it is too long for the registers (0, or at most
+    /// `register_merge_bytes`: none, every such range in the global scratch
+    /// arrays). Its slabs take `4 · fused_merge_slab_bytes · threads` bytes of
+    /// the fused kernel's workgroup memory, which the device checks when it
+    /// compiles the kernel. Off by default until measured (see
+    /// [`FUSED_MERGE_SLAB_BYTES`]).
+    pub fused_merge_slab_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
     /// Windows tried per failing boundary before the piece goes to the serial
@@ -694,6 +714,7 @@ impl Default for Geometry {
             chunk_bytes: CHUNK_BYTES,
             merge_slab_bytes: MERGE_SLAB_BYTES,
             register_merge_bytes: REGISTER_MERGE_BYTES,
+            fused_merge_slab_bytes: FUSED_MERGE_SLAB_BYTES,
             repair_window_bytes: CHUNK_BYTES,
             repair_attempts: 16,
             compact_workgroups: COMPACT_WORKGROUPS,
@@ -785,6 +806,16 @@ impl Geometry {
             return Err(format!(
                 "Fix: Geometry::register_merge_bytes is {}; use 2 to {MAX_REGISTER_MERGE_BYTES} (0 for none)",
                 self.register_merge_bytes
+            ));
+        }
+        let fused_slab_bytes =
+            4 * u64::from(self.fused_merge_slab_bytes) * u64::from(self.workgroup_size);
+        if fused_slab_bytes > u64::from(u32::MAX) {
+            return Err(format!(
+                "Fix: Geometry::fused_merge_slab_bytes is {} at {} threads per workgroup, {fused_slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
+                self.fused_merge_slab_bytes,
+                self.workgroup_size,
+                u32::MAX / 4 / self.workgroup_size
             ));
         }
         for (name, workgroups) in [
@@ -2002,8 +2033,11 @@ struct Slab {
     bytes: u32,
     threads: u32,
     /// The range's state in registers instead ([`StepBuild::Fused`]: no
-    /// workgroup buffer).
+    /// workgroup buffer for them).
     in_registers: bool,
+    /// With `in_registers`, a longer range of at most this many bytes merges
+    /// in the slab (0: none; the buffer then holds this many words a thread).
+    after_registers: u32,
 }
 
 impl Slab {
@@ -2013,6 +2047,7 @@ impl Slab {
         bytes: 0,
         threads: 1,
         in_registers: false,
+        after_registers: 0,
     };
 }
 
@@ -2089,6 +2124,28 @@ fn emit_encode(
             let scratch = |b: &mut BlockBuilder| {
                 emit_scratch_merge(b, names, pairs, [&start, &len], &parts_name)
             };
+            // A fused build's range too long for its registers merges in its
+            // slab if it has one that holds it.
+            let past_registers = |b: &mut BlockBuilder| {
+                if slab.after_registers > slab.bytes {
+                    b.if_else(
+                        len.clone().less_equal(slab.after_registers),
+                        |b| {
+                            emit_slab_merge(
+                                b,
+                                names,
+                                pairs,
+                                [&start, &len],
+                                slab.threads,
+                                &parts_name,
+                            )
+                        },
+                        scratch,
+                    );
+                } else {
+                    scratch(b);
+                }
+            };
             if slab.bytes >= 2 {
                 b.if_else(
                     len.clone().less_equal(slab.bytes),
@@ -2113,10 +2170,10 @@ fn emit_encode(
                             )
                         }
                     },
-                    scratch,
+                    past_registers,
                 );
             } else {
-                scratch(b);
+                past_registers(b);
             }
         },
     );
@@ -3271,19 +3328,35 @@ pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let mut builder = builder(geometry, step("merge"), element_type);
     let in_registers = build == StepBuild::Fused;
-    // A fused build keeps short ranges in registers and declares no slab.
-    let slab_bytes = if in_registers {
-        geometry.register_merge_bytes
+    // A fused build keeps short ranges in registers, and the ranges past them
+    // in its own slab if it has one.
+    let (slab_bytes, after_registers) = if in_registers {
+        let after = geometry.fused_merge_slab_bytes;
+        (
+            geometry.register_merge_bytes,
+            if after > geometry.register_merge_bytes && after >= 2 {
+                after
+            } else {
+                0
+            },
+        )
     } else {
-        geometry.merge_slab_bytes
+        (geometry.merge_slab_bytes, 0)
     };
-    if slab_bytes >= 2 && !in_registers {
+    let slab_words = if in_registers {
+        after_registers
+    } else if slab_bytes >= 2 {
+        slab_bytes
+    } else {
+        0
+    };
+    if slab_words > 0 {
         builder = builder.buffer(
             MERGE_SLAB,
             step("merge").bindings.len() as u32,
             Access::Workgroup,
             ElemType::U32,
-            BufferCount::Static(slab_bytes * workgroup_size),
+            BufferCount::Static(slab_words * workgroup_size),
         );
     }
     builder
@@ -3324,6 +3397,7 @@ pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
                             bytes: slab_bytes,
                             threads: workgroup_size,
                             in_registers,
+                            after_registers,
                         },
                     );
                 });
