@@ -793,29 +793,23 @@ impl Geometry {
         }
         // Only representability here: the device checks the slabs against its own
         // workgroup memory when it compiles the programs.
-        let slab_bytes = 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size);
-        if slab_bytes > u64::from(u32::MAX) {
-            return Err(format!(
-                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
-                self.merge_slab_bytes,
-                self.workgroup_size,
-                u32::MAX / 4 / self.workgroup_size
-            ));
+        for (name, bytes) in [
+            ("merge_slab_bytes", self.merge_slab_bytes),
+            ("fused_merge_slab_bytes", self.fused_merge_slab_bytes),
+        ] {
+            let slab_bytes = 4 * u64::from(bytes) * u64::from(self.workgroup_size);
+            if slab_bytes > u64::from(u32::MAX) {
+                return Err(format!(
+                    "Fix: Geometry::{name} is {bytes} at {} threads per workgroup, {slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
+                    self.workgroup_size,
+                    u32::MAX / 4 / self.workgroup_size
+                ));
+            }
         }
         if self.register_merge_bytes == 1 || self.register_merge_bytes > MAX_REGISTER_MERGE_BYTES {
             return Err(format!(
                 "Fix: Geometry::register_merge_bytes is {}; use 2 to {MAX_REGISTER_MERGE_BYTES} (0 for none)",
                 self.register_merge_bytes
-            ));
-        }
-        let fused_slab_bytes =
-            4 * u64::from(self.fused_merge_slab_bytes) * u64::from(self.workgroup_size);
-        if fused_slab_bytes > u64::from(u32::MAX) {
-            return Err(format!(
-                "Fix: Geometry::fused_merge_slab_bytes is {} at {} threads per workgroup, {fused_slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
-                self.fused_merge_slab_bytes,
-                self.workgroup_size,
-                u32::MAX / 4 / self.workgroup_size
             ));
         }
         for (name, workgroups) in [
@@ -2124,22 +2118,16 @@ fn emit_encode(
             let scratch = |b: &mut BlockBuilder| {
                 emit_scratch_merge(b, names, pairs, [&start, &len], &parts_name)
             };
+            let in_slab = |b: &mut BlockBuilder| {
+                emit_slab_merge(b, names, pairs, [&start, &len], slab.threads, &parts_name)
+            };
             // A fused build's range too long for its registers merges in its
             // slab if it has one that holds it.
             let past_registers = |b: &mut BlockBuilder| {
                 if slab.after_registers > slab.bytes {
                     b.if_else(
                         len.clone().less_equal(slab.after_registers),
-                        |b| {
-                            emit_slab_merge(
-                                b,
-                                names,
-                                pairs,
-                                [&start, &len],
-                                slab.threads,
-                                &parts_name,
-                            )
-                        },
+                        in_slab,
                         scratch,
                     );
                 } else {
@@ -2160,14 +2148,7 @@ fn emit_encode(
                                 &parts_name,
                             )
                         } else {
-                            emit_slab_merge(
-                                b,
-                                names,
-                                pairs,
-                                [&start, &len],
-                                slab.threads,
-                                &parts_name,
-                            )
+                            in_slab(b)
                         }
                     },
                     past_registers,
