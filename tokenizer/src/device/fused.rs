@@ -31,9 +31,11 @@
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
 //! writes it); a step's workgroup buffer takes an earlier step's of the same
 //! element type, grown to the larger count (steps never run at once, and the
-//! sum of every step's buffers is over the static 48 KiB for o200k: the
-//! `merge` step's slabs alone are 12 KiB, and the tree lowering of the
-//! workgroup reductions adds about 30 KiB of its own), and a step clears its
+//! sum of every step's buffers was over the static 48 KiB for o200k: the
+//! `merge` step's slabs alone were 12 KiB before the fused build kept short
+//! ranges in registers (a `Geometry::fused_merge_slab_bytes` slab brings one
+//! back), and the tree lowering of the workgroup reductions adds about 30 KiB
+//! of its own), and a step clears its
 //! part of each before each of its groups, as a launch clears them for every
 //! workgroup. A barrier ends every group, so what one group or step wrote is
 //! visible to the next. Workgroups that run in turn are one valid
