@@ -12,6 +12,10 @@
 //!   and its ids' copy to the host; the copy bound's ids down also by
 //!   `CudaBackend::copy` into host-mapped memory, the way the encoder brings a
 //!   large chunk's ids up;
+//! - what one 262,144-byte document's eager wait holds besides its kernel,
+//!   each alone: the text's upload from pinned memory (with a one-thread
+//!   kernel) and a cooperative launch of the encode's workgroup count doing
+//!   one grid sync;
 //! - one 262,144-byte document, eager (into a reused vector and into a reused
 //!   `BatchIds`) and as a graph (its ids into a new vector,
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
@@ -113,6 +117,69 @@ fn documents(bytes: usize) -> Vec<String> {
         texts.push(text);
     }
     texts
+}
+
+/// What a resident-grid encode of `text_bytes` bytes waits for besides its
+/// kernel, each alone (median of `rounds`): the text's upload from pinned
+/// memory with a one-thread kernel after it, and a cooperative launch of as
+/// many workgroups as the encode's grid (one per 1 KiB split block, at most
+/// what the device holds) that do nothing but one grid sync. Why: on the H200
+/// (2026-12-05) one 256 KiB eager encode waited 105.1 µs for a 76.6 µs
+/// kernel, and the DMA and a launch's round trip account for about half of
+/// the other 28.5.
+fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
+    let touch = touch_program();
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&touch, &config).expect("compile");
+    let mut pinned = gpu.pinned_buffer(text_bytes).expect("pinned buffer");
+    pinned.as_mut_slice().expect("idle").fill(b'x');
+    let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
+    let (upload, _) = median(rounds, || {
+        gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
+            .expect("pinned upload")
+    });
+    let synced = gpu
+        .compile(&grid_sync_program(), &config)
+        .expect("compile a grid sync");
+    let blocks = text_bytes.div_ceil(Geometry::default().split.block_bytes() as usize) as u64;
+    let workgroups = blocks
+        .min(synced.max_coresident_workgroups().unwrap_or(1))
+        .max(1) as u32;
+    let flags = [Binding::Zeroed(4)];
+    let (cooperative, _) = median(rounds, || {
+        gpu.run(
+            Dispatch::new(&synced, &flags)
+                .workgroups([workgroups, 1, 1])
+                .config(&config),
+        )
+        .expect("cooperative launch")
+    });
+    println!(
+        "
+what a {text_bytes}-byte resident encode waits for besides its kernel, each alone: the text's upload from pinned memory and a one-thread kernel {:.1} µs; a cooperative launch of {workgroups} workgroups doing one grid sync {:.1} µs (median of {rounds})",
+        upload * 1e6,
+        cooperative * 1e6
+    );
+}
+
+/// Workgroups of 256 threads that meet at one grid sync; thread 0 of the
+/// first then writes a word (so the dispatch has an output).
+fn grid_sync_program() -> Program {
+    Program::builder([256, 1, 1])
+        .buffer(
+            "done",
+            0,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            b.grid_sync();
+            b.if_(Expr::global_id(Axis::X).equals(0u32), |b| {
+                b.store("done", 0u32, 1u32);
+            });
+        })
+        .build()
 }
 
 /// A kernel that reads one byte of its input: what the pinned upload and the
@@ -367,6 +434,7 @@ fn main() {
         ChunkLimits::default(),
     )
     .expect("encoder with a wide compact");
+    print_wait_floors(&gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
