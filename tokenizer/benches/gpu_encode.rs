@@ -128,16 +128,8 @@ fn documents(bytes: usize) -> Vec<String> {
 /// kernel, and the DMA and a launch's round trip account for about half of
 /// the other 28.5.
 fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
-    let touch = touch_program();
+    let upload = pinned_upload_seconds(gpu, text_bytes, rounds);
     let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let kernel = gpu.compile(&touch, &config).expect("compile");
-    let mut pinned = gpu.pinned_buffer(text_bytes).expect("pinned buffer");
-    pinned.as_mut_slice().expect("idle").fill(b'x');
-    let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
-    let (upload, _) = median(rounds, || {
-        gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
-            .expect("pinned upload")
-    });
     let synced = gpu
         .compile(&grid_sync_program(), &config)
         .expect("compile a grid sync");
@@ -160,6 +152,21 @@ what a {text_bytes}-byte resident encode waits for besides its kernel, each alon
         upload * 1e6,
         cooperative * 1e6
     );
+}
+
+/// Seconds of one dispatch that binds `bytes` of pinned memory (one DMA up)
+/// and runs [`touch_program`] after it, median of `rounds`.
+fn pinned_upload_seconds(gpu: &CudaBackend, bytes: usize, rounds: usize) -> f64 {
+    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&touch_program(), &config).expect("compile");
+    let mut pinned = gpu.pinned_buffer(bytes).expect("pinned buffer");
+    pinned.as_mut_slice().expect("idle").fill(b'x');
+    let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
+    median(rounds, || {
+        gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
+            .expect("pinned upload")
+    })
+    .0
 }
 
 /// Workgroups of 256 threads that meet at one grid sync; thread 0 of the
@@ -230,16 +237,7 @@ struct CopyBound {
 
 impl CopyBound {
     fn measure(gpu: &CudaBackend, text: usize, ids: usize, rounds: usize) -> CopyBound {
-        let touch = touch_program();
-        let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-        let kernel = gpu.compile(&touch, &config).expect("compile");
-        let mut pinned = gpu.pinned_buffer(text).expect("pinned buffer");
-        pinned.as_mut_slice().expect("idle").fill(b'x');
-        let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
-        let (pinned_up, _) = median(rounds, || {
-            gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
-                .expect("pinned upload")
-        });
+        let pinned_up = pinned_upload_seconds(gpu, text, rounds);
         let ids = ids.next_multiple_of(4).max(4);
         let mut sweep = ReadbackSweep::new(gpu, ids).expect("readback sweep");
         let (pinned_down, _) = median(rounds, || sweep.copy_sweep(ids).expect("copy"));
