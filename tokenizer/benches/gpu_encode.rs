@@ -665,9 +665,10 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let default = Geometry::default();
     let registers = |register_merge_bytes: u32| {
         (
-            format!("{register_merge_bytes:>2} bytes"),
+            format!("{register_merge_bytes:>2} bytes, no slab"),
             Geometry {
                 register_merge_bytes,
+                fused_merge_slab_bytes: 0,
                 ..default
             },
         )
@@ -690,14 +691,15 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
         rounds,
         "the fused kernels' merge registers at other lengths",
         [
+            then_slab(default.fused_merge_slab_bytes),
             registers(default.register_merge_bytes),
+            then_slab(24),
+            then_slab(32),
             registers(0),
             registers(12),
             registers(20),
             registers(24),
             registers(MAX_REGISTER_MERGE_BYTES),
-            then_slab(24),
-            then_slab(32),
         ],
     );
 }

@@ -245,11 +245,11 @@ fn fused_steps_take_the_fused_build() {
 /// measured faster for code), or the standalone step taking the register
 /// width (its slab, and with it its workgroup memory and occupancy, would
 /// change). The standalone `merge` is one program whatever
-/// `register_merge_bytes` (0, 16, 31) and `fused_merge_slab_bytes` (24), the
+/// `register_merge_bytes` (0, 16, 31) and `fused_merge_slab_bytes` (32), the
 /// fused one whatever `merge_slab_bytes` (0, 12, 24); the fused one declares
 /// no workgroup buffer at any width without its own slab, and one of
-/// `fused_merge_slab_bytes` words a thread with it; controls: each build
-/// changes with its own knob.
+/// `fused_merge_slab_bytes` words a thread with it (the default's and 32's);
+/// controls: each build changes with its own knob.
 #[test]
 fn each_merge_build_reads_its_own_length() {
     use vyre_cuda::ir::Access;
@@ -281,8 +281,14 @@ fn each_merge_build_reads_its_own_length() {
             "standalone merge at {register_bytes} register bytes"
         );
     }
+    let threads = default.workgroup_size;
+    assert_eq!(
+        workgroup_words(&fused),
+        [default.fused_merge_slab_bytes * threads],
+        "fused merge at the default slab"
+    );
     let fused_slab = Geometry {
-        fused_merge_slab_bytes: 24,
+        fused_merge_slab_bytes: 32,
         ..default
     };
     assert_eq!(
@@ -292,7 +298,7 @@ fn each_merge_build_reads_its_own_length() {
     );
     assert_eq!(
         workgroup_words(&merge_with(&fused_slab, StepBuild::Fused)),
-        [24 * default.workgroup_size]
+        [32 * threads]
     );
     for slab_bytes in [0, 12, 24] {
         let program = merge_with(
@@ -302,10 +308,11 @@ fn each_merge_build_reads_its_own_length() {
         assert_eq!(program, fused, "fused merge at a {slab_bytes}-byte slab");
     }
     for register_bytes in [0, 12, 16, 31] {
-        let program = merge_with(
-            &with(default.merge_slab_bytes, register_bytes),
-            StepBuild::Fused,
-        );
+        let without_slab = Geometry {
+            fused_merge_slab_bytes: 0,
+            ..with(default.merge_slab_bytes, register_bytes)
+        };
+        let program = merge_with(&without_slab, StepBuild::Fused);
         assert_eq!(
             workgroup_words(&program),
             [],

@@ -473,17 +473,36 @@ pub const REGISTER_MERGE_BYTES: u32 = 16;
 /// and a range's start bits and its end one word.
 pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 
-/// Default [`Geometry::fused_merge_slab_bytes`]: none, until the device has
-/// measured it. Why the knob: a range past the registers merges in the global
+/// Default [`Geometry::fused_merge_slab_bytes`]: the ranges of 17 to 20 bytes,
+/// past the registers, merge in a slab of workgroup memory.
+///
+/// Why a slab: a range past the registers otherwise merges in the global
 /// scratch arrays, several dependent round trips to L2 per merge (on an H100,
 /// 2026-12-05, the encode example's 1 KiB of code, whose 17-byte identifier
 /// takes 14 merges there, spent 28.6 of its kernel's 49.8 µs in `merge`:
-/// about 1.9 µs a merge), and 256 KiB of code has 277 pieces of 17–19 bytes; a slab of
-/// workgroup memory walks its parts in dependent loads of about 30 cycles
-/// each. Wider registers for them cost every other range (the sweep at
-/// [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, of which
-/// the fused kernels use 11 KiB of the 227 KiB an H200 gives one.
-pub const FUSED_MERGE_SLAB_BYTES: u32 = 0;
+/// about 1.9 µs a merge), and 256 KiB of code has 277 pieces of 17–19 bytes; a
+/// slab walks its parts in dependent loads of workgroup memory, about 30
+/// cycles each. Wider registers for them cost every other range (the sweep at
+/// [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, `4 · 20`
+/// bytes a thread: 20 KiB of a fused kernel's workgroup at 256 threads (the
+/// resident grid keeps its three workgroups per SM, and `ptxas` its 80
+/// registers and no spill).
+///
+/// What the slab's length does, from the `gpu_encode` bench's sweep
+/// (2026-12-05, kernels' own time, eager, median of 200; 1 KiB then 256 KiB
+/// of prose, CJK and code), on the H200: none 28.8 / 31.6 / 32.2 / 76.5 / 84.0
+/// / 123.0 µs, a 24-byte slab 28.7 / 31.4 / 31.9 / 76.9 / 85.9 / 116.6, a
+/// 32-byte one 28.7 / 31.4 / 31.8 / 74.6 / 81.5 / 114.3; on an H100 none 28.9
+/// / 31.6 / 32.2 / 83.7 / 99.3 / 122.3, 24 bytes 28.8 / 31.6 / 32.0 / 77.5 /
+/// 85.1 / 115.9, 32 bytes 29.0 / 31.6 / 32.0 / 81.3 / 90.4 / 118.2. A short
+/// text's kernel hardly changes (few of its ranges pass 16 bytes); 256 KiB of
+/// code gains 5–7 %, from its ranges of 17–19 bytes. Why no longer: the slab
+/// grows with the workgroup, and the short-text kernel of 1,024 threads × 4
+/// bytes (the fastest shape for 4 KiB) then needs, for o200k with the tree
+/// lowering of its reductions, 225,364 bytes of workgroup memory at 20 bytes,
+/// 241,748 at 24 and 274,516 at 32, where an H100 or H200 gives a kernel
+/// 232,448.
+pub const FUSED_MERGE_SLAB_BYTES: u32 = 20;
 
 /// Default [`Geometry::merge_slab_bytes`]: see the module docs for why 12.
 pub const MERGE_SLAB_BYTES: u32 = 12;
@@ -563,8 +582,8 @@ pub struct Geometry {
     /// `register_merge_bytes`: none, every such range in the global scratch
     /// arrays). Its slabs take `4 · fused_merge_slab_bytes · threads` bytes of
     /// the fused kernel's workgroup memory, which the device checks when it
-    /// compiles the kernel. Off by default until measured (see
-    /// [`FUSED_MERGE_SLAB_BYTES`]).
+    /// compiles the kernel (20 bytes by default: [`FUSED_MERGE_SLAB_BYTES`]
+    /// says why, and what a workgroup of 1,024 threads leaves for it).
     pub fused_merge_slab_bytes: u32,
     /// The longest window a boundary repair re-encodes.
     pub repair_window_bytes: u32,
