@@ -14,8 +14,9 @@
 //!   large chunk's ids up;
 //! - what one 262,144-byte document's eager wait holds besides its kernel,
 //!   each alone: the text's upload from pinned memory (with a one-thread
-//!   kernel) and a cooperative launch of the encode's workgroup count doing
-//!   one grid sync;
+//!   kernel; and that kernel alone, its input on the device) and a
+//!   cooperative launch of the encode's workgroup count doing one grid sync
+//!   (and a plain launch of as many);
 //! - one 262,144-byte document, eager (into a reused vector and into a reused
 //!   `BatchIds`) and as a graph (its ids into a new vector,
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
@@ -121,57 +122,78 @@ fn documents(bytes: usize) -> Vec<String> {
 
 /// What a resident-grid encode of `text_bytes` bytes waits for besides its
 /// kernel, each alone (median of `rounds`): the text's upload from pinned
-/// memory with a one-thread kernel after it, and a cooperative launch of as
-/// many workgroups as the encode's grid (one per 1 KiB split block, at most
-/// what the device holds) that do nothing but one grid sync. Why: on the H200
-/// (2026-12-05) one 256 KiB eager encode waited 105.1 µs for a 76.6 µs
-/// kernel, and the DMA and a launch's round trip account for about half of
-/// the other 28.5.
+/// memory with a one-thread kernel after it, and the same dispatch with its
+/// input already on the device (their difference is the DMA); a cooperative
+/// launch of as many workgroups as the encode's grid (one per 1 KiB split
+/// block, at most what the device holds) that do nothing but one grid sync,
+/// and a plain launch of as many that do nothing (their difference is the
+/// cooperative launch and its sync). Why: on the H200 (2026-12-05) one 256 KiB
+/// eager encode waited 107.5 µs for a 74.2 µs kernel, and the upload with its
+/// kernel took 18.5 µs against 8.8 for launch + synchronize.
 fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
     let upload = pinned_upload_seconds(gpu, text_bytes, rounds);
+    let resident = gpu.buffer(text_bytes as u64).expect("device buffer");
+    let resident_input = dispatch_seconds(
+        gpu,
+        &touch_program(),
+        &[Binding::Buffer(&resident), Binding::Zeroed(4)],
+        1,
+        rounds,
+    );
+    let grid_sync = first_thread_writes(true);
     let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let synced = gpu
-        .compile(&grid_sync_program(), &config)
-        .expect("compile a grid sync");
     let blocks = text_bytes.div_ceil(Geometry::default().split.block_bytes() as usize) as u64;
-    let workgroups = blocks
-        .min(synced.max_coresident_workgroups().unwrap_or(1))
-        .max(1) as u32;
+    let coresident = gpu
+        .compile(&grid_sync, &config)
+        .expect("compile a grid sync")
+        .max_coresident_workgroups()
+        .unwrap_or(1);
+    let workgroups = blocks.min(coresident).max(1) as u32;
     let flags = [Binding::Zeroed(4)];
-    let (cooperative, _) = median(rounds, || {
-        gpu.run(
-            Dispatch::new(&synced, &flags)
-                .workgroups([workgroups, 1, 1])
-                .config(&config),
-        )
-        .expect("cooperative launch")
-    });
+    let cooperative = dispatch_seconds(gpu, &grid_sync, &flags, workgroups, rounds);
+    let plain = dispatch_seconds(gpu, &first_thread_writes(false), &flags, workgroups, rounds);
     println!(
         "
-what a {text_bytes}-byte resident encode waits for besides its kernel, each alone: the text's upload from pinned memory and a one-thread kernel {:.1} µs; a cooperative launch of {workgroups} workgroups doing one grid sync {:.1} µs (median of {rounds})",
+what a {text_bytes}-byte resident encode waits for besides its kernel, each alone (median of {rounds}): the text's upload from pinned memory and a one-thread kernel {:.1} µs (the same with the text already on the device {:.1}); a cooperative launch of {workgroups} workgroups doing one grid sync {:.1} µs (a plain launch of as many doing nothing {:.1})",
         upload * 1e6,
-        cooperative * 1e6
+        resident_input * 1e6,
+        cooperative * 1e6,
+        plain * 1e6
     );
+}
+
+/// Seconds of one dispatch of `program` over `workgroups` workgroups with
+/// `bindings`, median of `rounds` (compiled once, nothing read back).
+fn dispatch_seconds(
+    gpu: &CudaBackend,
+    program: &Program,
+    bindings: &[Binding<'_>],
+    workgroups: u32,
+    rounds: usize,
+) -> f64 {
+    // The config sets the grid: `Dispatch::config` replaces an earlier
+    // `workgroups` (the first run of the wait floors launched one workgroup).
+    let config = DispatchConfig::linear(workgroups).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(program, &config).expect("compile");
+    median(rounds, || {
+        gpu.run(Dispatch::new(&kernel, bindings).config(&config))
+            .expect("dispatch")
+    })
+    .0
 }
 
 /// Seconds of one dispatch that binds `bytes` of pinned memory (one DMA up)
 /// and runs [`touch_program`] after it, median of `rounds`.
 fn pinned_upload_seconds(gpu: &CudaBackend, bytes: usize, rounds: usize) -> f64 {
-    let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
-    let kernel = gpu.compile(&touch_program(), &config).expect("compile");
     let mut pinned = gpu.pinned_buffer(bytes).expect("pinned buffer");
     pinned.as_mut_slice().expect("idle").fill(b'x');
     let bindings = [Binding::Pinned(&pinned), Binding::Zeroed(4)];
-    median(rounds, || {
-        gpu.run(Dispatch::new(&kernel, &bindings).config(&config))
-            .expect("pinned upload")
-    })
-    .0
+    dispatch_seconds(gpu, &touch_program(), &bindings, 1, rounds)
 }
 
-/// Workgroups of 256 threads that meet at one grid sync; thread 0 of the
-/// first then writes a word (so the dispatch has an output).
-fn grid_sync_program() -> Program {
+/// Workgroups of 256 threads, after one grid sync where `grid_sync`; thread 0
+/// of the first then writes a word (so the dispatch has an output).
+fn first_thread_writes(grid_sync: bool) -> Program {
     Program::builder([256, 1, 1])
         .buffer(
             "done",
@@ -181,7 +203,9 @@ fn grid_sync_program() -> Program {
             BufferCount::Static(1),
         )
         .body(|b| {
-            b.grid_sync();
+            if grid_sync {
+                b.grid_sync();
+            }
             b.if_(Expr::global_id(Axis::X).equals(0u32), |b| {
                 b.store("done", 0u32, 1u32);
             });
