@@ -228,7 +228,9 @@ impl<'a> Dispatch<'a> {
         self
     }
 
-    /// Grid, fixpoint iterations, readback and code generation from `config`.
+    /// Grid, fixpoint iterations, readback and code generation from `config`,
+    /// replacing whatever an earlier call set (a [`Dispatch::workgroups`] before
+    /// this one is lost: call it after `config` to launch another grid).
     pub fn config(mut self, config: &'a DispatchConfig) -> Self {
         self.workgroups = config.workgroups;
         self.fixpoint_iterations = config.fixpoint_iterations;
