@@ -1967,12 +1967,14 @@ fn merge_work_grows_linearly_with_a_run() {
 /// pieces that do not, in neighbouring threads whose slabs interleave, a
 /// thread taking several pieces in turn) equal the CPU encoder, step by step
 /// and through the short-text kernel (where such a range merges in registers
-/// instead, up to `Geometry::register_merge_bytes`), at the default geometry,
+/// instead, up to `Geometry::register_merge_bytes`), at the default geometry
+/// (16 bytes in the fused kernels' registers, then up to 20 in their slab),
 /// at 32-thread workgroups with 4-byte slabs, with 24-byte slabs, and with
 /// the fused kernels' registers at their most (31 bytes: lengths up to 33
-/// cross it) and at none (every range in the scratch arrays there too), and
-/// with the fused kernels' slab after the registers (16 bytes in registers,
-/// then up to 24 in the slab; none in registers, up to 31 in the slab).
+/// cross it) and at none with no slab (every range in the scratch arrays
+/// there too), and with the fused kernels' slab at other lengths (16 bytes in
+/// registers, then up to 24 in the slab; none in registers, up to 31 in the
+/// slab).
 #[test]
 fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     let slab = MERGE_SLAB_BYTES as usize;
@@ -2030,9 +2032,10 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
                 },
             ),
             (
-                "no registers",
+                "no registers, no slab",
                 Geometry {
                     register_merge_bytes: 0,
+                    fused_merge_slab_bytes: 0,
                     ..Geometry::default()
                 },
             ),
