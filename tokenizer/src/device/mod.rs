@@ -49,9 +49,9 @@
 //! - **The vocabulary** ([`vocabulary`]) is uploaded once per encoder and
 //!   stays resident: dense tables of the single bytes and the 2-byte tokens,
 //!   a hash table of the longer tokens keyed by their bytes (for whole
-//!   pieces) and the pair table keyed by two ranks (for merges): 3.75 MiB for
-//!   r50k and p50k, 7.25 MiB for cl100k, 14.35 MiB for o200k, of which the
-//!   pair table is 2, 4 and 8 MiB.
+//!   pieces) and the pair table keyed by two ranks (for merges): 6.75 MiB for
+//!   r50k and p50k, 13.25 MiB for cl100k, 26.35 MiB for o200k, of which the
+//!   pair table is 4, 8 and 16 MiB.
 //! - **One thread per piece** looks the whole piece up (most pieces are one
 //!   token: one lookup); a piece that is not goes on a list, and a thread per
 //!   listed piece runs tiktoken's merge loop (lowest rank, leftmost on ties)

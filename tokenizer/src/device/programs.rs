@@ -168,9 +168,9 @@
 //! `(merged, token_at[after])`, the part before with the merged part
 //! `(token_at[before], merged)`, each one load of `token_at` and a probe of the
 //! vocabulary's [pair table](super::vocabulary) (buckets of four 8-byte slots,
-//! each bucket's eight words loaded together; 1.03 buckets on a hit and
-//! 1.11–1.15 on a miss on average, at most 5–8; 2, 4 and 8 MiB for r50k/p50k,
-//! cl100k and o200k, in L2): two rounds of loads a lookup most of the time
+//! each bucket's eight words loaded together, at most a quarter full; 1.00
+//! buckets on a hit and 1.01 on a miss on average, at most 2–3; 4, 8 and
+//! 16 MiB for r50k/p50k, cl100k and o200k, in L2): two rounds of loads a lookup most of the time
 //! (the rank in `token_at`, then the bucket), none of the text. Keyed by bytes instead, a
 //! lookup hashed the merged bytes (one text load each), probed (two words a
 //! slot) and compared the bytes with the token's: about `3m + 4` loads on a

@@ -48,17 +48,17 @@
 //!
 //! | encoding | pairs | pair table | longest lookup, buckets | mean buckets, hit / random miss | whole vocabulary |
 //! |---|---|---|---|---|---|
-//! | r50k | 108,299 | 2 MiB | 5 | 1.03 / 1.11 | 3.75 MiB |
-//! | p50k | 108,599 | 2 MiB | 5 | 1.03 / 1.12 | 3.75 MiB |
-//! | cl100k | 233,378 | 4 MiB | 8 | 1.03 / 1.15 | 7.25 MiB |
-//! | o200k | 446,189 | 8 MiB | 7 | 1.03 / 1.13 | 14.35 MiB |
+//! | r50k | 108,299 | 4 MiB | 2 | 1.00 / 1.01 | 6.75 MiB |
+//! | p50k | 108,599 | 4 MiB | 2 | 1.00 / 1.01 | 6.75 MiB |
+//! | cl100k | 233,378 | 8 MiB | 3 | 1.00 / 1.01 | 13.25 MiB |
+//! | o200k | 446,189 | 16 MiB | 3 | 1.00 / 1.01 | 26.35 MiB |
 //!
-//! Both tables are a power of two of slots at most half full
-//! ([`DeviceVocabulary::device_bytes`] gives the exact whole); everything
-//! fits the H200's 50 MB L2 cache. The longest probe of a stored key in the
-//! table keyed by bytes is 15 slots for r50k and p50k, 18 for cl100k and
-//! o200k. Ranks must be below `2^18` ([`PAIR_RANK_BITS`]; o200k's largest is
-//! 200,018): [`DeviceVocabulary::new`] refuses any other vocabulary with a
+//! Both tables are a power of two of slots at most a quarter full
+//! ([`SLOTS_PER_KEY`] says why; [`DeviceVocabulary::device_bytes`] gives the
+//! exact whole); everything fits the H200's 50 MB L2 cache. The longest probe
+//! of a stored key in the table keyed by bytes is 8 slots for r50k, p50k and
+//! o200k, 7 for cl100k (15 and 18 half full). Ranks must be below `2^18`
+//! ([`PAIR_RANK_BITS`]; o200k's largest is 200,018): [`DeviceVocabulary::new`] refuses any other vocabulary with a
 //! `Fix:` error.
 //!
 //! The host builds the pair table with the rest, once per encoder, by looking
@@ -220,11 +220,41 @@ fn token_pairs(vocabulary: &Vocabulary) -> Vec<[u32; 3]> {
     pairs
 }
 
-/// Slot bits of an open-addressing table of `keys` keys: a power of two of
-/// slots (at least 16), at most half full. Both tables (the longer tokens keyed
-/// by their bytes, the pair table keyed by two ranks) are sized so.
-fn slot_bits_for(keys: usize) -> u32 {
-    (keys.max(8) * 2).next_power_of_two().trailing_zeros()
+/// Slots of both hashed tables (the longer tokens keyed by their bytes, the
+/// pair table keyed by two ranks) per key they hold, at least: each a power
+/// of two of slots at most a quarter full.
+///
+/// Why a quarter and not half: a lookup that misses goes on, slot after slot
+/// in the table keyed by bytes and bucket after bucket in the pair table, as
+/// long as it meets full ones, each one more round trip to L2, and a warp goes
+/// on while any of its lanes does. Misses are common in both: a piece that is
+/// no token (about half the pieces of prose) misses in `pieces`, and most of a
+/// merge's pair lookups miss (the pairs its parts are left with), in the chain
+/// of merges that a short text waits on. The pair table half full took
+/// 1.11–1.15 buckets per random miss on average and at most 5–8 for a stored
+/// pair; a quarter full 1.01 and at most 2–3
+/// (`pair_table_answers_every_cut_of_every_token`). On an H100 (2026-12-05,
+/// the encode example, cl100k, three rounds alternating in one call, the
+/// kernels' own step clocks), the pair table a quarter full took the
+/// short-text kernel's `merge` to 6.6–6.8 µs from 9.2 for 1 KiB of prose and
+/// to 22.3 from 25.6 for 1 KiB of code, the resident grid's to 17.2–17.6 from
+/// 20.9–22.8 for 256 KiB of prose and to 46.7–48.2 from 56.0–57.5 for 256 KiB
+/// of code; then the table keyed by bytes a quarter full took `pieces` to
+/// 3.0–3.1 µs from 3.5–3.6 for 1 KiB of prose, 6.9 from 7.2 for CJK and 5.0
+/// from 5.2–5.3 for code, and of 256 KiB to 7.6 from 8.8–9.2 (prose), 12.8–13.2
+/// from 15.2–15.3 (CJK) and 10.8–11.3 from 11.7–12.3 µs (code). The 1 KiB
+/// prose kernel went from 27.4–27.6 to 24.2–24.4 µs. It costs 6 MiB of the
+/// device's memory for cl100k and 12 MiB for o200k, once per encoder.
+pub const SLOTS_PER_KEY: usize = 4;
+
+/// Slot bits of an open-addressing table of `keys` keys and `slots_per_key`
+/// slots per key ([`SLOTS_PER_KEY`]), rounded up to a power of two (at
+/// least 16 slots).
+fn slot_bits_for(keys: usize, slots_per_key: usize) -> u32 {
+    (keys.max(4) * slots_per_key)
+        .max(16)
+        .next_power_of_two()
+        .trailing_zeros()
 }
 
 /// Linear probing as the device does it in both tables: from the top
@@ -258,14 +288,22 @@ fn bucket_slots(bucket: usize) -> std::ops::Range<usize> {
     bucket * slots..(bucket + 1) * slots
 }
 
-/// The pair table of `pairs` (ranks below `2^18`): [`slot_bits_for`] slots of
-/// two words each ([`pair_slot`]) in buckets of [`PAIR_BUCKET_SLOTS`], each
-/// pair in the first slot left empty in the bucket of the top bits of its
-/// [`pair_hash`] or, if that bucket is full, the next bucket with one
-/// (wrapping), empty slots all ones. Returns the bucket bits, the words and
+/// The pair table of `pairs` (ranks below `2^18`): [`SLOTS_PER_KEY`] slots
+/// per pair, in buckets of [`PAIR_BUCKET_SLOTS`] slots of two words
+/// ([`pair_slot`]), each pair in the first slot left empty in the bucket of
+/// the top bits of its [`pair_hash`] or, if that bucket is full, the next
+/// bucket with one (wrapping), empty slots all ones. Returns the bucket bits, the words and
 /// the most buckets a stored pair's lookup visits.
 fn pair_table(pairs: &[[u32; 3]]) -> (u32, Vec<u32>, u32) {
-    let bucket_bits = slot_bits_for(pairs.len()) - PAIR_BUCKET_SLOTS.trailing_zeros();
+    pair_table_sized(pairs, SLOTS_PER_KEY)
+}
+
+/// [`pair_table`] with `slots_per_pair` slots per pair (at least 2: a table
+/// at most half full).
+fn pair_table_sized(pairs: &[[u32; 3]], slots_per_pair: usize) -> (u32, Vec<u32>, u32) {
+    debug_assert!(slots_per_pair >= 2);
+    let bucket_bits =
+        slot_bits_for(pairs.len(), slots_per_pair) - PAIR_BUCKET_SLOTS.trailing_zeros();
     let mut words = vec![NO_TOKEN; (2 * PAIR_BUCKET_SLOTS as usize) << bucket_bits];
     let mut longest_probe = 0;
     for &[first, second, merged] in pairs {
@@ -315,7 +353,7 @@ impl DeviceVocabulary {
             .filter_map(|rank| Some((rank, vocabulary.token(rank)?)))
             .filter(|(_, bytes)| bytes.len() >= 3)
             .collect();
-        let slot_bits = slot_bits_for(hashed.len());
+        let slot_bits = slot_bits_for(hashed.len(), SLOTS_PER_KEY);
         let slots_at = TOKENS_AT + rank_bound;
         let mut words = vec![0u32; slots_at as usize + (2usize << slot_bits)];
         words[header::SLOT_BITS as usize] = slot_bits;
@@ -485,6 +523,9 @@ mod tests {
     /// device's steps, the device's token bytes are the vocabulary's, and
     /// (negative control) keys that are no token (a token with a byte appended,
     /// every 3-byte window of some text that the vocabulary refuses) are misses.
+    /// Also locks out the table keyed by bytes filled past a quarter (see
+    /// [`SLOTS_PER_KEY`]): no stored key's probe is longer than 10 slots,
+    /// where half full the longest were 15 (r50k, p50k) and 18 (cl100k, o200k).
     #[test]
     fn device_lookup_equals_the_vocabulary() {
         for encoding in Encoding::ALL {
@@ -511,7 +552,7 @@ mod tests {
             }
             assert_eq!(device.lookup(&[]), None);
             assert_eq!(device.lookup(&[b'a'; 200]), None);
-            assert!(device.longest_probe() < 64, "{device:?}");
+            assert!(device.longest_probe() <= 10, "{device:?}");
         }
     }
 
@@ -565,7 +606,7 @@ mod tests {
             );
             let pairs = token_pairs(&vocabulary);
             assert_eq!(device.pairs(), pairs.len());
-            assert!(device.pair_table_bytes() >= 16 * device.pairs());
+            assert!(device.pair_table_bytes() >= 8 * SLOTS_PER_KEY * device.pairs());
             let hit_slots: u32 = pairs
                 .iter()
                 .map(|&[first, second, _]| device.pair_probe(first, second).1)
@@ -597,13 +638,14 @@ mod tests {
                 encoding.name()
             );
             eprintln!(
-                "{}: {} pairs, {} bytes, longest lookup {} buckets, mean buckets per hit {:.2}, per miss {:.2}; vocabulary {} bytes",
+                "{}: {} pairs, {} bytes, longest lookup {} buckets, mean buckets per hit {:.2}, per miss {:.2}; longest probe by bytes {} slots; vocabulary {} bytes",
                 encoding.name(),
                 device.pairs(),
                 device.pair_table_bytes(),
                 device.pair_longest_probe(),
                 f64::from(hit_slots) / pairs.len() as f64,
                 f64::from(miss_slots) / (100_000 - found) as f64,
+                device.longest_probe(),
                 device.device_bytes()
             );
             // Negative control: one pair left out is one cut unanswered.
@@ -622,6 +664,66 @@ mod tests {
                 "{}: control",
                 encoding.name()
             );
+        }
+    }
+
+    /// Locks out a pair table filled so full that a merge's lookups that miss
+    /// (most of them) go on past their first bucket: one more round trip to
+    /// L2 in the chain of merges a short text waits on, for the whole warp
+    /// when any lane takes it (see [`SLOTS_PER_KEY`]). For every
+    /// built-in encoding, at most 3 % of 100,000 random pairs that are no
+    /// token visit a second bucket, and no stored pair's lookup visits more
+    /// than 4. Negative control: the same pairs in a table half full (two
+    /// slots per pair, this table's size before) send more than 6 % on.
+    #[test]
+    fn pair_table_misses_end_in_their_first_bucket() {
+        for encoding in Encoding::ALL {
+            let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes()).unwrap();
+            let pairs = token_pairs(&vocabulary);
+            let mut state = 0x2545_F491_4F6C_DD1Du64;
+            let mut random_rank = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % u64::from(vocabulary.rank_bound())) as u32
+            };
+            let misses: Vec<[u32; 2]> = (0..100_000)
+                .map(|_| [random_rank(), random_rank()])
+                .filter(|&[first, second]| {
+                    // Ranks without a token (gaps) are never a part's.
+                    let (Some(first), Some(second)) =
+                        (vocabulary.token(first), vocabulary.token(second))
+                    else {
+                        return false;
+                    };
+                    vocabulary.rank(&[first, second].concat()).is_none()
+                })
+                .collect();
+            let past_first_bucket = |slots_per_pair: usize| {
+                let (bucket_bits, slots, longest) = pair_table_sized(&pairs, slots_per_pair);
+                let past = misses
+                    .iter()
+                    .filter(|&&[first, second]| {
+                        let (rank, visited) = pair_lookup(&slots, bucket_bits, first, second);
+                        assert_eq!(rank, None);
+                        visited > 1
+                    })
+                    .count();
+                (past as f64 / misses.len() as f64, longest)
+            };
+            let (share, longest) = past_first_bucket(SLOTS_PER_KEY);
+            assert!(
+                share <= 0.03,
+                "{}: {share:.4} of misses go on",
+                encoding.name()
+            );
+            assert!(
+                longest <= 4,
+                "{}: a lookup visits {longest}",
+                encoding.name()
+            );
+            let (control, _) = past_first_bucket(2);
+            assert!(control > 0.06, "{}: control {control:.4}", encoding.name());
         }
     }
 
