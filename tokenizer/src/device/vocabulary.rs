@@ -556,6 +556,19 @@ mod tests {
         }
     }
 
+    /// Ranks below `vocabulary`'s bound from a xorshift generator seeded with
+    /// `seed` (not 0): the same sequence on every run.
+    fn random_ranks(vocabulary: &Vocabulary, seed: u64) -> impl FnMut() -> u32 {
+        let bound = u64::from(vocabulary.rank_bound());
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % bound) as u32
+        }
+    }
+
     /// Every cut of a token's bytes into two tokens, `[first, second, merged]`,
     /// that `pair` does not answer with the token's rank: the merge loop
     /// would stop short of a merge tiktoken makes.
@@ -611,13 +624,7 @@ mod tests {
                 .iter()
                 .map(|&[first, second, _]| device.pair_probe(first, second).1)
                 .sum();
-            let mut state = 0x9E37_79B9_7F4A_7C15u64;
-            let mut random_rank = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % u64::from(vocabulary.rank_bound())) as u32
-            };
+            let mut random_rank = random_ranks(&vocabulary, 0x9E37_79B9_7F4A_7C15);
             let (mut found, mut miss_slots) = (0, 0);
             for _ in 0..100_000 {
                 let (first, second) = (random_rank(), random_rank());
@@ -680,13 +687,7 @@ mod tests {
         for encoding in Encoding::ALL {
             let vocabulary = Vocabulary::from_tiktoken_bytes(encoding.tiktoken_bytes()).unwrap();
             let pairs = token_pairs(&vocabulary);
-            let mut state = 0x2545_F491_4F6C_DD1Du64;
-            let mut random_rank = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % u64::from(vocabulary.rank_bound())) as u32
-            };
+            let mut random_rank = random_ranks(&vocabulary, 0x2545_F491_4F6C_DD1D);
             let misses: Vec<[u32; 2]> = (0..100_000)
                 .map(|_| [random_rank(), random_rank()])
                 .filter(|&[first, second]| {
