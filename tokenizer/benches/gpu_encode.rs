@@ -505,7 +505,7 @@ fn main() {
             stepped_timings.kernel_ns() as f64 / 1e3,
             stepped_timings.kernel_line()
         );
-        println!("  one eager encode: {}", time_parts(&step_timings));
+        println!("  one eager encode: {}", step_timings.wall_line());
         println!(
             "  its kernel's steps by their own clock: {}",
             counted_kernel_line(encoder, &text, &ids, small_rounds)
@@ -554,7 +554,7 @@ fn main() {
         println!(
             "  {label}: {:.1} µs; one encode: {}",
             eager * 1e6,
-            time_parts(&parts)
+            parts.wall_line()
         );
     }
     println!(
@@ -807,38 +807,6 @@ fn eager_row(
         row += &eager_cell(encoder, text, &ids, rounds, label);
     }
     row
-}
-
-/// Where one eager encode's time went: host work (staging and submitting,
-/// with the staging itself, handing the ids out), the kernels' own time, and
-/// the rest (launches, the gaps between dependent steps, the wait's wake-up).
-/// On the H200 a cooperative launch returned only once its kernel had ended
-/// (the 256 KiB rows, 2026-12-05: submission 127.7 µs of a 142.2 µs encode
-/// whose kernel took 79.2), so a resident grid's kernel time is inside its
-/// submission's and the rest comes out as nothing.
-fn time_parts(parts: &ChunkTimings) -> String {
-    let (wall, host, kernels) = (
-        parts.wall_ns as f64 / 1e3,
-        (parts.submit_ns + parts.scatter_ns) as f64 / 1e3,
-        parts.kernel_ns() as f64 / 1e3,
-    );
-    // The dispatches' own host clocks: a cooperative dispatch (the resident
-    // grid) waits for its kernel inside the submission, so its wait minus its
-    // kernel is what the stream did besides the kernel (the text's copy, the
-    // launch's latency) plus the synchronize's wake-up.
-    let (enqueued, waited) = parts.steps.iter().fold((0u64, 0u64), |(e, w), step| {
-        (e + step.timings.enqueue_ns, w + step.timings.wait_ns)
-    });
-    format!(
-        "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; the dispatches enqueued in {:.1} µs and waited {:.1} µs",
-        parts.submit_ns as f64 / 1e3,
-        parts.staged_ns as f64 / 1e3,
-        parts.scatter_ns as f64 / 1e3,
-        parts.kernel_line(),
-        (wall - host - kernels).max(0.0),
-        enqueued as f64 / 1e3,
-        waited as f64 / 1e3
-    )
 }
 
 /// What a row of a sweep says after its setting when the setting is the default.

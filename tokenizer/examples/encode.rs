@@ -25,8 +25,9 @@
 //! one line says which ran and why. On the device it also prints, per text,
 //! what each kernel step took (its own `%globaltimer` stamps: `stage`, the
 //! split's steps, `split` or `classify` and `phases`, then `pieces`, `merge`,
-//! `long`, `compact`) and the host's share (staging and submitting;
-//! handing out the ids), eager and as one graph, and what the device counted
+//! `long`, `compact`) and where the rest of the wall time went (the host's
+//! own work, staging and submitting and handing out the ids; the launches,
+//! the gaps and the wait), eager and as one graph, and what the device counted
 //! (pieces the device split found, pieces merged, long pieces, boundaries
 //! repaired). `--ids
 //! FILE` writes our ids, one decimal per line; `--offsets FILE` the
@@ -408,15 +409,7 @@ fn print_device_steps(
     eager.remove(0);
     eager.sort_by_key(|timings| timings.wall_ns);
     let median = &eager[eager.len() / 2];
-    let kernels = median.kernel_ns() as f64 / 1e3;
-    let wall = median.wall_ns as f64 / 1e3;
-    println!(
-        "  device, eager (median): {wall:.1} µs = kernels {kernels:.1} µs ({}) + host {:.1} µs (staging and submitting {:.1}, handing out the ids {:.1})",
-        median.kernel_line(),
-        wall - kernels,
-        median.submit_ns as f64 / 1e3,
-        median.scatter_ns as f64 / 1e3
-    );
+    println!("  device, eager (median): {}", median.wall_line());
     if let Some(counts) = median.counts {
         println!(
             "  device counted: {} pieces (the device split), {} merged, {} long pieces in {} chunks, {} boundaries repaired, {} pieces on the serial path",

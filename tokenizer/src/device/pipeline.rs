@@ -401,6 +401,41 @@ impl ChunkTimings {
         })
     }
 
+    /// Where the chunk's wall time went, in µs, as the example and the bench
+    /// print it: `wall W = host H (staging and submitting S, of it staging G;
+    /// handing out O) + kernels K (`[`kernel_line`](Self::kernel_line)`) +
+    /// launches, gaps and the wait R; the dispatches enqueued in E µs and
+    /// waited D µs`. The host's share is its own work (`submit_ns` and
+    /// `scatter_ns`), the kernels' their own stamps, and the rest whatever
+    /// neither covers: the launches, the gaps between dependent steps, the
+    /// wait's wake-up and (with [`DeviceEncoder::encode_counted`]) the read of
+    /// the counts. A cooperative launch (the resident grid) returned on the
+    /// H200 only once its kernel had ended (256 KiB, 2026-12-05: a submission
+    /// of 127.7 µs in an encode of 142.2 whose kernel took 79.2), so there the
+    /// kernel's time is inside the submission's and the rest comes out as
+    /// nothing; the dispatches' own clocks (enqueued, waited) say what the
+    /// stream did besides the kernel.
+    pub fn wall_line(&self) -> String {
+        let (wall, host, kernels) = (
+            self.wall_ns as f64 / 1e3,
+            (self.submit_ns + self.scatter_ns) as f64 / 1e3,
+            self.kernel_ns() as f64 / 1e3,
+        );
+        let (enqueued, waited) = self.steps.iter().fold((0u64, 0u64), |(e, w), step| {
+            (e + step.timings.enqueue_ns, w + step.timings.wait_ns)
+        });
+        format!(
+            "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; the dispatches enqueued in {:.1} µs and waited {:.1} µs",
+            self.submit_ns as f64 / 1e3,
+            self.staged_ns as f64 / 1e3,
+            self.scatter_ns as f64 / 1e3,
+            self.kernel_line(),
+            (wall - host - kernels).max(0.0),
+            enqueued as f64 / 1e3,
+            waited as f64 / 1e3
+        )
+    }
+
     /// Each kernel step's own device time in µs, in dispatch order, as
     /// `stage 1.2, classify 3.4, ...` (the example's and the bench's line); a
     /// fused kernel's steps by its own clock in brackets after it, where they
