@@ -2509,6 +2509,53 @@ fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
 mod tests {
     use super::*;
 
+    /// Locks out a wall line that calls everything but the kernels the host's
+    /// share (the example did: 27–34 µs of "host" for a 1 KiB encode whose
+    /// host work was 6–10 µs, the launch and the wait counted as host): the
+    /// host is its own work (submitting, handing out), the rest is what neither
+    /// it nor the kernels cover, and the three add up to the wall (here the
+    /// wall minus the kernels, the old "host", would be 20.0 µs). Control: a
+    /// chunk whose kernels and host work fill its wall has no rest.
+    #[test]
+    fn wall_line_splits_host_kernels_and_the_rest() {
+        let mut kernel = Timings::default();
+        kernel.kernel_stamps_ns = 20_000;
+        kernel.enqueue_ns = 4_000;
+        kernel.wait_ns = 25_000;
+        let mut timings = ChunkTimings {
+            wall_ns: 40_000,
+            submit_ns: 5_500,
+            staged_ns: 300,
+            scatter_ns: 500,
+            steps: vec![StepTimings {
+                name: "short",
+                timings: kernel,
+            }],
+            ..ChunkTimings::default()
+        };
+        let line = timings.wall_line();
+        assert!(
+            line.starts_with(
+                "wall 40.0 µs = host 6.0 (staging and submitting 5.5, of it staging 0.3; \
+                 handing out 0.5) + kernels 20.0 (short 20.0) + launches, gaps and the wait 14.0;"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("enqueued in 4.0 µs and waited 25.0 µs"),
+            "{line}"
+        );
+        assert!(!line.contains("host 20.0"), "{line}");
+        timings.wall_ns = 26_000;
+        assert!(
+            timings
+                .wall_line()
+                .contains("+ launches, gaps and the wait 0.0;"),
+            "{}",
+            timings.wall_line()
+        );
+    }
+
     /// Locks out chunks that break the limits or lose documents: the ranges tile
     /// the batch in order, each within the byte and document limits, a document
     /// over the byte limit alone in its range; an empty batch has none.
