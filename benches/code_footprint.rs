@@ -108,9 +108,7 @@ fn kernel_microseconds(gpu: &CudaBackend, program: &Program, rounds: usize) -> f
     let input: Vec<u32> = (0..THREADS + ACCUMULATORS as u32)
         .map(|index| if index == 0 { LOOP_ROUNDS } else { index })
         .collect();
-    let input_buffer = gpu.buffer((input.len() * 4) as u64).expect("input buffer");
-    let bytes: Vec<u8> = input.iter().flat_map(|word| word.to_le_bytes()).collect();
-    gpu.upload(&input_buffer, &bytes).expect("upload");
+    let input_buffer = gpu.buffer_from(&input).expect("input buffer");
     let out = gpu.buffer(u64::from(THREADS) * 4).expect("output buffer");
     let bindings = [Binding::Buffer(&input_buffer), Binding::Buffer(&out)];
     let mut times: Vec<u64> = (0..rounds)

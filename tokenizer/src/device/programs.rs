@@ -170,9 +170,9 @@
 //! vocabulary's [pair table](super::vocabulary) (buckets of four 8-byte slots,
 //! each bucket's eight words loaded together, at most a quarter full; 1.00
 //! buckets on a hit and 1.01 on a miss on average, at most 2–3; 4, 8 and
-//! 16 MiB for r50k/p50k, cl100k and o200k, in L2): two rounds of loads a lookup most of the time
-//! (the rank in `token_at`, then the bucket), none of the text. Keyed by bytes instead, a
-//! lookup hashed the merged bytes (one text load each), probed (two words a
+//! 16 MiB for r50k/p50k, cl100k and o200k, in L2): two rounds of loads a
+//! lookup most of the time (the rank in `token_at`, then the bucket), none of
+//! the text. Keyed by bytes instead, a lookup hashed the merged bytes (one text load each), probed (two words a
 //! slot) and compared the bytes with the token's: about `3m + 4` loads on a
 //! hit and `m + 4` on a miss for `m` merged bytes, so about 20–45 per merge
 //! for the 4–8-byte pairs of prose and CJK, in dependent chains.
