@@ -18,7 +18,9 @@
  * slot's result area as flagged words carrying the ticket's flag (data 0, but the
  * header's ticket field), then the completion word, and leaves on a stop doorbell.
  * The lane's stream answers cuStreamQuery "not ready" until the thread has left. A
- * request reading back more than fits in 8 KiB of its area waits for its timeout.
+ * request reading back more than fits in 8 KiB of its area waits for its timeout;
+ * VYRE_STUB_ANSWERED_BYTES sets another size (scripts/host-path --tokenizer: the
+ * encode lane's 1 KiB text reads back a word per byte, 8.3 KiB of flagged words).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -34,6 +36,7 @@ static int primary_context;
 struct module {
     int parameters;
     int results; /* declares the result ABI's parameters (the raw floor's plain kernel does not) */
+    int control; /* the index of the result ABI's first parameter (scalar parameters follow its five) */
     int lane;    /* its entry is a lane's server */
     u64 global;
 };
@@ -52,7 +55,7 @@ struct lane_server {
     atomic_int left;
     int joined;
     u64 completion, doorbells, areas;
-    unsigned slots, area_stride, copies;
+    unsigned slots, area_stride, copies, answered;
 };
 
 /* A stream token: the lane server launched on it, if any. The special handles
@@ -78,8 +81,7 @@ static void *serve(void *argument) {
         if (value & DOORBELL_STOP) break;
         _Atomic u64 *area = (_Atomic u64 *)(uintptr_t)(s->areas + (u64)s->area_stride * slot);
         u64 flag = (u64)want << 32;
-        unsigned words = s->area_stride < ANSWERED_AREA_BYTES ? s->area_stride / 8
-                                                              : ANSWERED_AREA_BYTES / 8;
+        unsigned words = s->area_stride < s->answered ? s->area_stride / 8 : s->answered / 8;
         for (unsigned i = 0; i < words; i++)
             atomic_store_explicit(&area[i], flag | (i == HEADER_TICKET_WORD ? want : 0),
                                   memory_order_relaxed);
@@ -106,6 +108,8 @@ static int start_lane(void **parameters, void *stream) {
     s->areas = *(u64 *)parameters[3];
     s->slots = *(unsigned *)parameters[9];
     s->area_stride = *(unsigned *)parameters[10];
+    const char *answered = getenv("VYRE_STUB_ANSWERED_BYTES");
+    s->answered = answered ? (unsigned)strtoul(answered, 0, 10) : ANSWERED_AREA_BYTES;
     if (*(unsigned *)parameters[13] > 1)
         atomic_store_explicit((_Atomic u64 *)(uintptr_t)(s->completion + HOST_PLACEMENT), 1,
                               memory_order_release);
@@ -240,10 +244,12 @@ int cuModuleLoadData(void **module, const void *image) {
     struct module *m = calloc(1, sizeof *m);
     const char *entry = strstr(image, ".entry");
     const char *end = entry ? strstr(entry, "\n)") : 0;
-    for (const char *p = entry; p && end && (p = strstr(p, ".param .")) && p < end; p++)
-        m->parameters++;
     const char *control = entry ? strstr(entry, "vyre_control") : 0;
     m->results = control && end && control < end;
+    for (const char *p = entry; p && end && (p = strstr(p, ".param .")) && p < end; p++) {
+        if (m->results && p < control) m->control = m->parameters;
+        m->parameters++;
+    }
     m->lane = entry && strncmp(entry, ".entry vyre_lane(", 17) == 0;
     m->global = (u64)(uintptr_t)zeroed(64);
     *module = m;
@@ -256,16 +262,16 @@ int cuModuleGetGlobal_v2(u64 *pointer, size_t *bytes, void *module, const char *
     if (bytes) *bytes = 64;
     return 0;
 }
-/* The result ABI's last five parameters: control, results, flags, range count,
- * descriptors (see codegen::ptx). */
+/* The result ABI's five parameters: control, results, flags, range count,
+ * descriptors (see codegen::ptx), after the buffers' and before the scalars'. */
 static int epilogue(void *function, void **parameters) {
     struct module *m = function;
-    int n = m->parameters;
-    if (!m->results || n < 5 || !parameters) return 0;
-    u64 results = *(u64 *)parameters[n - 4];
-    unsigned flags = *(unsigned *)parameters[n - 3];
-    unsigned count = *(unsigned *)parameters[n - 2];
-    u64 *ranges = (u64 *)parameters[n - 1];
+    int at = m->control;
+    if (!m->results || at + 5 > m->parameters || !parameters) return 0;
+    u64 results = *(u64 *)parameters[at + 1];
+    unsigned flags = *(unsigned *)parameters[at + 2];
+    unsigned count = *(unsigned *)parameters[at + 3];
+    u64 *ranges = (u64 *)parameters[at + 4];
     u64 *stamps = (u64 *)(uintptr_t)results;
     if (flags & 1) stamps[0] = 1000;
     if (flags & 2) stamps[1] = 2000;
