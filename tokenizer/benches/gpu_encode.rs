@@ -126,8 +126,9 @@ fn documents(bytes: usize) -> Vec<String> {
 /// input already on the device (their difference is the DMA); a cooperative
 /// launch of as many workgroups as the encode's grid (one per 1 KiB split
 /// block, at most what the device holds) that do nothing but one grid sync,
-/// and a plain launch of as many that do nothing (their difference is the
-/// cooperative launch and its sync). Why: on the H200 (2026-12-05) one 256 KiB
+/// the same doing eight (what each further sync costs: the resident kernel
+/// ends every step with one), and a plain launch of as many that do nothing
+/// (their difference is the cooperative launch and its sync). Why: on the H200 (2026-12-05) one 256 KiB
 /// eager encode waited 107.5 µs for a 74.2 µs kernel, and the upload with its
 /// kernel took 18.5 µs against 8.8 for launch + synchronize.
 fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
@@ -140,7 +141,7 @@ fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
         1,
         rounds,
     );
-    let grid_sync = first_thread_writes(true);
+    let grid_sync = first_thread_writes(1);
     let config = DispatchConfig::linear(1).with_readback(ReadbackPolicy::None);
     let blocks = text_bytes.div_ceil(Geometry::default().split.block_bytes() as usize) as u64;
     let coresident = gpu
@@ -151,13 +152,16 @@ fn print_wait_floors(gpu: &CudaBackend, text_bytes: usize, rounds: usize) {
     let workgroups = blocks.min(coresident).max(1) as u32;
     let flags = [Binding::Zeroed(4)];
     let cooperative = dispatch_seconds(gpu, &grid_sync, &flags, workgroups, rounds);
-    let plain = dispatch_seconds(gpu, &first_thread_writes(false), &flags, workgroups, rounds);
+    let eight = dispatch_seconds(gpu, &first_thread_writes(8), &flags, workgroups, rounds);
+    let plain = dispatch_seconds(gpu, &first_thread_writes(0), &flags, workgroups, rounds);
     println!(
         "
-what a {text_bytes}-byte resident encode waits for besides its kernel, each alone (median of {rounds}): the text's upload from pinned memory and a one-thread kernel {:.1} µs (the same with the text already on the device {:.1}); a cooperative launch of {workgroups} workgroups doing one grid sync {:.1} µs (a plain launch of as many doing nothing {:.1})",
+what a {text_bytes}-byte resident encode waits for besides its kernel, each alone (median of {rounds}): the text's upload from pinned memory and a one-thread kernel {:.1} µs (the same with the text already on the device {:.1}); a cooperative launch of {workgroups} workgroups doing one grid sync {:.1} µs, eight {:.1} µs (each sync after the first {:.2} µs; the resident kernel ends each of its steps with one) (a plain launch of as many doing nothing {:.1})",
         upload * 1e6,
         resident_input * 1e6,
         cooperative * 1e6,
+        eight * 1e6,
+        (eight - cooperative) / 7.0 * 1e6,
         plain * 1e6
     );
 }
@@ -191,9 +195,9 @@ fn pinned_upload_seconds(gpu: &CudaBackend, bytes: usize, rounds: usize) -> f64 
     dispatch_seconds(gpu, &touch_program(), &bindings, 1, rounds)
 }
 
-/// Workgroups of 256 threads, after one grid sync where `grid_sync`; thread 0
-/// of the first then writes a word (so the dispatch has an output).
-fn first_thread_writes(grid_sync: bool) -> Program {
+/// Workgroups of 256 threads, after `grid_syncs` grid syncs; thread 0 of the
+/// first then writes a word (so the dispatch has an output).
+fn first_thread_writes(grid_syncs: u32) -> Program {
     Program::builder([256, 1, 1])
         .buffer(
             "done",
@@ -203,7 +207,7 @@ fn first_thread_writes(grid_sync: bool) -> Program {
             BufferCount::Static(1),
         )
         .body(|b| {
-            if grid_sync {
+            for _ in 0..grid_syncs {
                 b.grid_sync();
             }
             b.if_(Expr::global_id(Axis::X).equals(0u32), |b| {
