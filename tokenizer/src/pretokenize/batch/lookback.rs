@@ -427,6 +427,7 @@ impl LookBack<'_> {
                                         b,
                                         &prefix,
                                         scratch,
+                                        None,
                                         workgroup_size,
                                         entry.clone(),
                                     );

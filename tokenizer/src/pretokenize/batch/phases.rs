@@ -195,7 +195,15 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
                 .and(maps::is_constant(&chunk).logical_not()));
         let any_open = b.workgroup_reduce("any_open", ReduceOp::Max, as_u32(open));
         b.if_(any_open.equals(1u32), |b| {
-            maps::scan_inclusive_stored(b, "states", "scan", workgroup_size, chunk.clone());
+            // `lookback_maps` is free until the look-back below.
+            maps::scan_inclusive_stored(
+                b,
+                "states",
+                "scan",
+                Some("lookback_maps"),
+                workgroup_size,
+                chunk.clone(),
+            );
         });
         // Either way `scan[t - 1]` holds the map before thread `t` and
         // `scan[W - 1]` the block's.
