@@ -3994,11 +3994,56 @@ fn emit_first_document_from(
     low
 }
 
+/// This workgroup's tokens in `compact`, summed over the workgroup: every
+/// thread counts its bytes of every owned block (`per` blocks from block
+/// `first`), `COUNTED_TOGETHER` blocks a round so that their loads are in
+/// flight at once.
+fn emit_owned_token_count(
+    b: &mut BlockBuilder,
+    [first, per, text_len, local]: [&Expr; 4],
+    block_bytes: u32,
+) -> Expr {
+    let part = b.let_mut("part", 0u32);
+    let rounds = (per.clone() + (COUNTED_TOGETHER - 1)) / COUNTED_TOGETHER;
+    b.loop_("counted", 0u32, rounds, |b, round| {
+        let mut count = part.clone();
+        for together in 0..COUNTED_TOGETHER {
+            let owned = round.clone() * COUNTED_TOGETHER + together;
+            let inside = b.let_(
+                format!("counted_inside{together}"),
+                owned.clone().less_than(per.clone()),
+            );
+            // A block past the ones owned reads the first owned block's
+            // bytes again (counted as nothing): lines this thread just
+            // asked for, not another workgroup's (for texts of up to
+            // 1 MiB a workgroup owns one block, and three of every four
+            // loads were another's).
+            let own = b.let_(
+                format!("counted_own{together}"),
+                (first.clone() + inside.clone().select(owned, 0u32)) * block_bytes
+                    + local.clone() * BYTES_PER_THREAD,
+            );
+            for k in 0..BYTES_PER_THREAD {
+                let at = own.clone() + k;
+                count = count
+                    + inside
+                        .clone()
+                        .and(at.clone().less_than(text_len.clone()))
+                        .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                        .cast(ScalarType::U32);
+            }
+        }
+        b.assign("part", count);
+    });
+    b.workgroup_reduce("owned_counted", ReduceOp::Sum, part)
+}
+
 /// `compact`: the workgroup holding ticket `h` (workgroups take tickets in
 /// the order they start) owns `per` consecutive blocks. It counts their tokens,
 /// gets the tokens of every block before its first from the workgroups before
 /// it by a decoupled look-back over the split's status words (the split has
-/// left them zero, and `compact` leaves them zero), then, block by block, every
+/// left them zero, and `compact` leaves them zero; a lone workgroup, the short
+/// texts', has none before it and counts nothing), then, block by block, every
 /// thread takes 4 consecutive bytes, an exclusive workgroup scan gives each its
 /// place in the block's ids, gathered in workgroup memory, which the workgroup
 /// then writes to `ids` in text order, consecutive threads on consecutive
@@ -4071,42 +4116,15 @@ pub fn compact(geometry: &Geometry) -> Program {
             // look-back only for workgroups that are already running.
             let group = lookback::take_ticket(b);
             let first = b.let_("first", group.clone() * per.clone());
-            // This workgroup's tokens: every thread counts its bytes of every
-            // owned block, `COUNTED_TOGETHER` blocks a round so that their loads
-            // are in flight at once.
-            let part = b.let_mut("part", 0u32);
-            let rounds = (per.clone() + (COUNTED_TOGETHER - 1)) / COUNTED_TOGETHER;
-            b.loop_("counted", 0u32, rounds, |b, round| {
-                let mut count = part.clone();
-                for together in 0..COUNTED_TOGETHER {
-                    let owned = round.clone() * COUNTED_TOGETHER + together;
-                    let inside = b.let_(
-                        format!("counted_inside{together}"),
-                        owned.clone().less_than(per.clone()),
-                    );
-                    // A block past the ones owned reads the first owned block's
-                    // bytes again (counted as nothing): lines this thread just
-                    // asked for, not another workgroup's (for texts of up to
-                    // 1 MiB a workgroup owns one block, and three of every four
-                    // loads were another's).
-                    let own = b.let_(
-                        format!("counted_own{together}"),
-                        (first.clone() + inside.clone().select(owned, 0u32)) * block_bytes
-                            + local.clone() * BYTES_PER_THREAD,
-                    );
-                    for k in 0..BYTES_PER_THREAD {
-                        let at = own.clone() + k;
-                        count = count
-                            + inside
-                                .clone()
-                                .and(at.clone().less_than(text_len.clone()))
-                                .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
-                                .cast(ScalarType::U32);
-                    }
-                }
-                b.assign("part", count);
+            // This workgroup's token count only feeds the look-back, which a
+            // lone workgroup (every short text's) leaves out: no count and no
+            // reduction for it there.
+            let owned_tokens = b.let_mut("owned_tokens", 0u32);
+            b.if_(lookback::alone().logical_not(), |b| {
+                let counted =
+                    emit_owned_token_count(b, [&first, &per, &text_len, &local], block_bytes);
+                b.assign("owned_tokens", counted);
             });
-            let owned_tokens = b.workgroup_reduce("owned_tokens", ReduceOp::Sum, part);
             let look_back = LookBack {
                 prefix: "tokens",
                 workgroup_size,

@@ -139,7 +139,7 @@ pub(crate) enum Direction {
 /// nothing; the short-text kernel runs every step of a text of up to a
 /// block (1 KiB) as one group, and a small text dispatched step by step runs
 /// one workgroup per step too.
-pub(super) fn alone() -> Expr {
+pub(crate) fn alone() -> Expr {
     Expr::workgroup_count(Axis::X).equals(1u32)
 }
 
