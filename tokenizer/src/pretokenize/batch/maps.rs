@@ -111,44 +111,33 @@ pub(super) fn scan_inclusive_stored(
 ) -> Expr {
     let name = format!("{prefix}_scan");
     let own = b.let_mut(name.as_str(), value);
-    if let Some(partner) = partner {
-        let mut arrays = [scratch, partner];
-        let mut distance = 1;
-        while distance < workgroup_size {
-            let [read_from, write_to] = arrays;
-            let has = local().greater_equal(distance);
-            let read = Expr::load(read_from, has.clone().select(local() - distance, 0u32));
-            let earlier = b.let_(
-                format!("{prefix}_earlier{distance}"),
-                has.select(read, IDENTITY),
-            );
-            let composed = compose(b, &format!("{prefix}_composed{distance}"), &earlier, &own);
-            b.assign(name.as_str(), composed);
-            b.store(write_to, local(), own.clone());
-            b.barrier();
-            arrays = [write_to, read_from];
-            distance *= 2;
-        }
-        if arrays[0] != scratch {
-            b.store(scratch, local(), own.clone());
-            b.barrier();
-        }
-        return own;
-    }
+    // Without a partner every round reads and writes `scratch`.
+    let mut arrays = [scratch, partner.unwrap_or(scratch)];
     let mut distance = 1;
     while distance < workgroup_size {
+        let [read_from, write_to] = arrays;
         let has = local().greater_equal(distance);
-        let read = Expr::load(scratch, has.clone().select(local() - distance, 0u32));
+        let read = Expr::load(read_from, has.clone().select(local() - distance, 0u32));
         let earlier = b.let_(
             format!("{prefix}_earlier{distance}"),
             has.select(read, IDENTITY),
         );
-        b.barrier();
+        if partner.is_none() {
+            // Every thread's read before any store over it.
+            b.barrier();
+        }
         let composed = compose(b, &format!("{prefix}_composed{distance}"), &earlier, &own);
         b.assign(name.as_str(), composed);
+        b.store(write_to, local(), own.clone());
+        b.barrier();
+        if partner.is_some() {
+            arrays = [write_to, read_from];
+        }
+        distance *= 2;
+    }
+    if arrays[0] != scratch {
         b.store(scratch, local(), own.clone());
         b.barrier();
-        distance *= 2;
     }
     own
 }
