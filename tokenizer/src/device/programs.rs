@@ -4119,11 +4119,8 @@ pub fn compact(geometry: &Geometry) -> Program {
             // This workgroup's token count only feeds the look-back, which a
             // lone workgroup (every short text's) leaves out: no count and no
             // reduction for it there.
-            let owned_tokens = b.let_mut("owned_tokens", 0u32);
-            b.if_(lookback::alone().logical_not(), |b| {
-                let counted =
-                    emit_owned_token_count(b, [&first, &per, &text_len, &local], block_bytes);
-                b.assign("owned_tokens", counted);
+            let owned_tokens = lookback::published(b, "owned_tokens", 0u32, |b| {
+                emit_owned_token_count(b, [&first, &per, &text_len, &local], block_bytes)
             });
             let look_back = LookBack {
                 prefix: "tokens",

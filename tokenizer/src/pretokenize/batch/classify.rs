@@ -173,16 +173,14 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                 // The block's minimum only feeds the look-back, which a lone
                 // workgroup (every short text's) leaves out: no reduction, and
                 // its barriers, for it there.
-                let block_name = format!("{}_block", fact.name);
-                let block_minimum = b.let_mut(block_name.as_str(), INFINITY);
-                b.if_(lookback::alone().logical_not(), |b| {
-                    let reduced = b.workgroup_reduce(
-                        format!("{}_block_reduced", fact.name),
-                        ReduceOp::Min,
-                        chunk_first,
-                    );
-                    b.assign(block_name.as_str(), reduced);
-                });
+                let block_minimum =
+                    lookback::published(b, &format!("{}_block", fact.name), INFINITY, |b| {
+                        b.workgroup_reduce(
+                            format!("{}_block_reduced", fact.name),
+                            ReduceOp::Min,
+                            chunk_first,
+                        )
+                    });
                 channels.push((Combine::FirstEvent, block_minimum));
                 suffixes.push(suffix);
             }

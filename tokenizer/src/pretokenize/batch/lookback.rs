@@ -139,8 +139,27 @@ pub(crate) enum Direction {
 /// nothing; the short-text kernel runs every step of a text of up to a
 /// block (1 KiB) as one group, and a small text dispatched step by step runs
 /// one workgroup per step too.
-pub(crate) fn alone() -> Expr {
+fn alone() -> Expr {
     Expr::workgroup_count(Axis::X).equals(1u32)
+}
+
+/// Declares the uniform variable `name`: what `publish` builds (the
+/// statements, reductions and barriers it emits run only then) where this
+/// workgroup has others, `alone_value` where it is [`alone`]. For a value
+/// that only the look-back reads (what the workgroup publishes), which a lone
+/// workgroup leaves out.
+pub(crate) fn published(
+    b: &mut BlockBuilder,
+    name: &str,
+    alone_value: impl Into<Expr>,
+    publish: impl FnOnce(&mut BlockBuilder) -> Expr,
+) -> Expr {
+    let value = b.let_mut(name, alone_value);
+    b.if_(alone().logical_not(), |b| {
+        let published = publish(b);
+        b.assign(name, published);
+    });
+    value
 }
 
 /// Declares the uniform `u32` variable `block`: this workgroup's ticket, the
