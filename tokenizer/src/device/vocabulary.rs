@@ -556,16 +556,17 @@ mod tests {
         }
     }
 
-    /// Ranks below `vocabulary`'s bound from a xorshift generator seeded with
-    /// `seed` (not 0): the same sequence on every run.
-    fn random_ranks(vocabulary: &Vocabulary, seed: u64) -> impl FnMut() -> u32 {
-        let bound = u64::from(vocabulary.rank_bound());
-        let mut state = seed;
-        move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % bound) as u32
+    /// Ranks of `vocabulary`'s tokens from the crate's seeded generator (a rank
+    /// below the bound that no token has is drawn again): the same sequence on
+    /// every run.
+    fn random_ranks(vocabulary: &Vocabulary, seed: u64) -> impl FnMut() -> u32 + '_ {
+        let bound = vocabulary.rank_bound();
+        let mut random = crate::pretokenize::text::SplitMix64::new(seed);
+        move || loop {
+            let rank = random.below(bound);
+            if vocabulary.token(rank).is_some() {
+                return rank;
+            }
         }
     }
 

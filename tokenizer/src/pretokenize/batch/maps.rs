@@ -224,16 +224,13 @@ mod tests {
     #[test]
     fn scans_with_a_partner_equal_the_host_with_one_barrier_a_round() {
         let backend = AnyBackend::reference();
-        let mut state = 0x9E37_79B9u32;
+        let mut random = crate::pretokenize::text::SplitMix64::new(0x9E37_79B9);
         for threads in [32u32, 64, 256, 512] {
             let maps: Vec<u32> = (0..threads)
                 .map(|_| {
                     // Random maps over the eight states, one nibble each.
                     (0..MAX_STATES).fold(0, |map, slot| {
-                        state ^= state << 13;
-                        state ^= state >> 17;
-                        state ^= state << 5;
-                        map | ((state >> 7) % MAX_STATES) << (SLOT_BITS * slot)
+                        map | random.below(MAX_STATES) << (SLOT_BITS * slot)
                     })
                 })
                 .collect();
