@@ -61,8 +61,8 @@
 //! encoder asks for at most what the device holds): in round `r` workgroup
 //! `w` runs group `r · G + w` of the step, every workgroup the same number of
 //! rounds (the last round's extra workgroups idle through it, so every bound
-//! stays uniform), and a grid sync ends every step, so what any group of a
-//! step wrote is visible to every group of the next. `stage` and `pieces`,
+//! stays uniform), and a grid sync ends every step but the last, so what any
+//! group of a step wrote is visible to every group of the next. `stage` and `pieces`,
 //! which stride over their work by the grid's size, run one group per
 //! workgroup. Each step's groups then run in an order a launch could have
 //! given them: the split's look-back orders blocks by the tickets they take
