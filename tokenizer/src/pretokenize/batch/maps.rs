@@ -111,7 +111,8 @@ pub(super) fn scan_inclusive_stored(
 ) -> Expr {
     let name = format!("{prefix}_scan");
     let own = b.let_mut(name.as_str(), value);
-    // Without a partner every round reads and writes `scratch`.
+    // Without a partner every round reads and writes `scratch` (the exchange
+    // below then changes nothing).
     let mut arrays = [scratch, partner.unwrap_or(scratch)];
     let mut distance = 1;
     while distance < workgroup_size {
@@ -130,9 +131,7 @@ pub(super) fn scan_inclusive_stored(
         b.assign(name.as_str(), composed);
         b.store(write_to, local(), own.clone());
         b.barrier();
-        if partner.is_some() {
-            arrays = [write_to, read_from];
-        }
+        arrays = [write_to, read_from];
         distance *= 2;
     }
     if arrays[0] != scratch {
