@@ -62,9 +62,9 @@
 //! `w` runs group `r · G + w` of the step, every workgroup the same number of
 //! rounds (the last round's extra workgroups idle through it, so every bound
 //! stays uniform), and a grid sync ends every step but the last, so what any
-//! group of a step wrote is visible to every group of the next. `stage` and `pieces`,
-//! which stride over their work by the grid's size, run one group per
-//! workgroup. Each step's groups then run in an order a launch could have
+//! group of a step wrote is visible to every group of the next. `stage` and
+//! `pieces`, which stride over their work by the grid's size, run one group
+//! per workgroup. Each step's groups then run in an order a launch could have
 //! given them: the split's look-back orders blocks by the tickets they take
 //! as they start, never by their index, so a group waits only for groups that
 //! started before it on workgroups that are resident and never wait for a
