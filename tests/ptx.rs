@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use vyre_cuda::codegen::{
     program_to_ptx, program_to_ptx_with_results, CodegenError, ENTRY_NAME, GRID_BARRIER_SYMBOL,
+    GRID_BARRIER_WORDS,
 };
 use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
@@ -1816,7 +1817,7 @@ fn float_arithmetic_is_rounded_per_operation() {
 /// is declared exactly when the program has a grid sync.
 #[test]
 fn grid_barrier_symbol_only_with_grid_sync() {
-    let declaration = format!(".global .align 4 .u32 {GRID_BARRIER_SYMBOL}[3];");
+    let declaration = format!(".global .align 4 .u32 {GRID_BARRIER_SYMBOL}[{GRID_BARRIER_WORDS}];");
     for f in fixtures() {
         let ptx = emit(&f);
         let has_sync = f.name == "grid_sync";

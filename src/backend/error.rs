@@ -112,8 +112,9 @@ pub enum BackendError {
     GridBarrierAudit {
         /// The program's diagnostic name.
         program: String,
-        /// The barrier words read back (arrivals, generation, total).
-        words: [u32; 3],
+        /// The barrier words read back (the phase bit with the phase's arrivals
+        /// below it, the launch's total arrivals).
+        words: [u32; 2],
         /// Workgroups in the grid.
         grid_blocks: u64,
     },
@@ -217,10 +218,11 @@ impl fmt::Display for BackendError {
                 grid_blocks,
             } => write!(
                 f,
-                "Fix: the grid barrier of {program} was unbalanced after launch (arrivals {}, generation {}, \
+                "Fix: the grid barrier of {program} was unbalanced after launch (arrivals in the last phase {}, \
                  total {}, grid {grid_blocks} workgroups); every workgroup must reach every grid_sync: report \
                  this with the program's Display output",
-                words[0], words[1], words[2]
+                words[0] & !crate::codegen::GRID_BARRIER_PHASE_BIT,
+                words[1]
             ),
             BackendError::DeviceUnrecoverable { ordinal, error } => write!(
                 f,

@@ -11,7 +11,8 @@ pub mod ptx;
 pub use ptx::{
     codegen_limits, entry_symbol, multiprocessor_limits, program_to_ptx,
     program_to_ptx_with_results, CodegenError, MultiprocessorLimits, ENTRY_NAME,
-    ENTRY_SYMBOL_ID_BYTES, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, RESULT_RANGE_SLOTS,
+    ENTRY_SYMBOL_ID_BYTES, GRID_BARRIER_PHASE_BIT, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
+    RESULT_RANGE_SLOTS,
 };
 pub use ptx::{
     lane_body_name, module_entry_name, module_grid_barrier_symbol, LaneModuleBuilder, ModuleEntry,

@@ -254,8 +254,8 @@ impl BackendInner {
 }
 
 /// A grid-sync dispatch's barrier words after the synchronize: every workgroup
-/// arrived at every barrier (arrivals back to 0, the arrivals since the launch a
-/// multiple of the grid). A pass leaves the words settled for the next launch
+/// arrived at every barrier (the phase's arrivals back to 0 below the phase bit,
+/// the arrivals since the launch a multiple of the grid). A pass leaves the words settled for the next launch
 /// (`KernelInner::barrier_audited`); a failure leaves them unknown, so the next
 /// launch resets them.
 fn audit_barrier(
@@ -282,9 +282,10 @@ fn audit_barrier(
     };
     let word =
         |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
-    let words = [word(0), word(1), word(2)];
-    let arrivals = words[2].wrapping_sub(arrivals_before);
-    if words[0] != 0 || grid_blocks == 0 || !u64::from(arrivals).is_multiple_of(grid_blocks) {
+    let words = [word(0), word(1)];
+    let arrivals = words[1].wrapping_sub(arrivals_before);
+    let phase_arrivals = words[0] & !crate::codegen::GRID_BARRIER_PHASE_BIT;
+    if phase_arrivals != 0 || grid_blocks == 0 || !u64::from(arrivals).is_multiple_of(grid_blocks) {
         return Err(BackendError::GridBarrierAudit {
             program: kernel.name.clone(),
             words,
@@ -293,6 +294,6 @@ fn audit_barrier(
     }
     kernel
         .barrier_audited
-        .store(u64::from(words[2]), std::sync::atomic::Ordering::Relaxed);
+        .store(u64::from(words[1]), std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }

@@ -23,8 +23,8 @@ use crate::ir::{
 
 use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL};
 use super::{
-    ptx_version, CodegenError, COMMENT_BYTES, GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS,
-    MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
+    ptx_version, CodegenError, COMMENT_BYTES, GRID_BARRIER_PHASE_BIT, GRID_BARRIER_SYMBOL,
+    GRID_BARRIER_WORDS, MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
 };
 
 type Result<T> = std::result::Result<T, CodegenError>;
@@ -828,7 +828,7 @@ impl<'p> Writer<'p> {
 
         if self.uses_grid_sync {
             out.push_str(
-                "// grid barrier: [0] arrivals this phase, [1] generation, [2] total arrivals\n",
+                "// grid barrier: [0] phase bit and arrivals this phase, [1] total arrivals\n",
             );
             let _ = writeln!(
                 out,
@@ -1315,35 +1315,58 @@ impl<'p> Writer<'p> {
         let words = self.reg(RegClass::B64);
         let symbol = self.grid_barrier_symbol();
         emit!(self, "mov.u64 {words}, {symbol};");
-        emit!(self, "fence.acq_rel.gpu;");
-        let generation = self.reg(RegClass::B32);
-        emit!(self, "ld.acquire.gpu.global.u32 {generation}, [{words}+4];");
-        emit!(self, "red.relaxed.gpu.global.add.u32 [{words}+8], 1;");
-        let arrived = self.reg(RegClass::B32);
-        emit!(
-            self,
-            "atom.acq_rel.gpu.global.add.u32 {arrived}, [{words}], 1;"
-        );
         let count_x = self.special("nctaid", "x");
         let count_y = self.special("nctaid", "y");
         let count_z = self.special("nctaid", "z");
         let plane = self.reg(RegClass::B32);
         let blocks = self.reg(RegClass::B32);
-        let last = self.reg(RegClass::B32);
         emit!(self, "mul.lo.u32 {plane}, {count_x}, {count_y};");
         emit!(self, "mul.lo.u32 {blocks}, {plane}, {count_z};");
-        emit!(self, "sub.u32 {last}, {blocks}, 1;");
-        let not_last = self.reg(RegClass::Pred);
-        emit!(self, "setp.ne.u32 {not_last}, {arrived}, {last};");
-        emit!(self, "@{not_last} bra {wait};");
-        emit!(self, "st.relaxed.gpu.global.u32 [{words}], 0;");
-        emit!(self, "red.release.gpu.global.add.u32 [{words}+4], 1;");
-        emit!(self, "bra {leave};");
+        let group_x = self.special("ctaid", "x");
+        let group_y = self.special("ctaid", "y");
+        let group_z = self.special("ctaid", "z");
+        let any_axis = self.reg(RegClass::B32);
+        let first = self.reg(RegClass::Pred);
+        emit!(self, "or.b32 {any_axis}, {group_x}, {group_y};");
+        emit!(self, "or.b32 {any_axis}, {any_axis}, {group_z};");
+        emit!(self, "setp.eq.u32 {first}, {any_axis}, 0;");
+        // The first workgroup adds 2^31 - (blocks - 1), every other one 1: the
+        // phase bit flips with the last arrival, whichever it is.
+        let first_share = self.reg(RegClass::B32);
+        let share = self.reg(RegClass::B32);
+        emit!(
+            self,
+            "sub.u32 {first_share}, {:#x}, {blocks};",
+            GRID_BARRIER_PHASE_BIT + 1
+        );
+        emit!(self, "selp.u32 {share}, {first_share}, 1, {first};");
+        let before = self.reg(RegClass::B32);
+        emit!(
+            self,
+            "atom.release.gpu.global.add.u32 {before}, [{words}], {share};"
+        );
+        emit!(self, "red.relaxed.gpu.global.add.u32 [{words}+4], 1;");
+        let after = self.reg(RegClass::B32);
+        let changed = self.reg(RegClass::B32);
+        let flipped = self.reg(RegClass::Pred);
+        emit!(self, "add.u32 {after}, {before}, {share};");
+        emit!(self, "xor.b32 {changed}, {before}, {after};");
+        emit!(
+            self,
+            "and.b32 {changed}, {changed}, {GRID_BARRIER_PHASE_BIT:#x};"
+        );
+        emit!(self, "setp.ne.u32 {flipped}, {changed}, 0;");
+        emit!(self, "@{flipped} bra {leave};");
         self.place(wait);
         let now = self.reg(RegClass::B32);
         let same = self.reg(RegClass::Pred);
-        emit!(self, "ld.acquire.gpu.global.u32 {now}, [{words}+4];");
-        emit!(self, "setp.eq.u32 {same}, {now}, {generation};");
+        emit!(self, "ld.relaxed.gpu.global.u32 {now}, [{words}];");
+        emit!(self, "xor.b32 {changed}, {before}, {now};");
+        emit!(
+            self,
+            "and.b32 {changed}, {changed}, {GRID_BARRIER_PHASE_BIT:#x};"
+        );
+        emit!(self, "setp.eq.u32 {same}, {changed}, 0;");
         emit!(self, "@{same} bra {wait};");
         self.place(leave);
         emit!(self, "fence.acq_rel.gpu;");
