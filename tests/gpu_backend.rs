@@ -462,6 +462,104 @@ fn gpu_grid_sync_is_cooperative_and_checks_residency() {
     assert!(gpu.is_usable());
 }
 
+/// A program of `syncs` grid syncs on a grid of any shape: each workgroup's first
+/// thread, in every round, writes a value for the round into its slot, the grid
+/// syncs, it adds another workgroup's slot (one further along each round, so
+/// every neighbour's write of that round must be visible), and the grid syncs
+/// again before the next round's writes; one last sync makes the count odd.
+fn grid_rounds_program(rounds: u32) -> Program {
+    Program::builder([32, 1, 1])
+        .entry_op_id("grid_rounds")
+        .buffer(
+            "slots",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "sums",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let plane = b.let_(
+                "plane",
+                Expr::workgroup_count(Axis::X) * Expr::workgroup_count(Axis::Y),
+            );
+            let total = b.let_("total", plane.clone() * Expr::workgroup_count(Axis::Z));
+            let group = b.let_(
+                "group",
+                Expr::workgroup_id(Axis::X)
+                    + Expr::workgroup_count(Axis::X) * Expr::workgroup_id(Axis::Y)
+                    + plane * Expr::workgroup_id(Axis::Z),
+            );
+            let first = b.let_(
+                "first",
+                Expr::binary(BinaryOp::Eq, Expr::local_id(Axis::X), 0u32),
+            );
+            let sum = b.let_mut("sum", 0u32);
+            for round in 0..rounds {
+                b.if_(first.clone(), |b| {
+                    b.store(
+                        "slots",
+                        group.clone(),
+                        group.clone() * 31u32 + (round * 1000 + 1),
+                    );
+                });
+                b.grid_sync();
+                b.if_(first.clone(), |b| {
+                    let other = (group.clone() + (round + 1)) % total.clone();
+                    b.assign("sum", sum.clone() + Expr::load("slots", other));
+                });
+                b.grid_sync();
+            }
+            b.grid_sync();
+            b.if_(first.clone(), |b| {
+                b.store("sums", group.clone(), sum.clone());
+            });
+        })
+        .build()
+}
+
+/// Locks out a grid barrier that releases a phase early or late on a grid of
+/// more than one dimension, or after an odd number of syncs: the first
+/// workgroup (the one that adds the phase bit's share) is the one at 0 on every
+/// axis, the count of workgroups is the product of the three axes, and each
+/// launch's syncs start from the phase bit the launch before left (the backend
+/// skips the reset after an audit passed, so with 9 syncs a launch every other
+/// launch starts with the bit set). Every workgroup's sums over 4 rounds equal
+/// the reference interpreter's on grids of 1, 2 × 3 × 2 and every SM's worth
+/// in three dimensions, three launches each; a barrier that let a workgroup
+/// past before a neighbour's write of the round would read the round before's
+/// value, and one whose phase never completed would leave the audit unbalanced
+/// or hang past the test's limit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_grid_syncs_on_three_dimensional_grids_see_every_round() {
+    let gpu = backend();
+    let program = grid_rounds_program(4);
+    let most = gpu.caps().sm_count.max(1);
+    let side = ((most as f64).cbrt() as u32).max(1);
+    for workgroups in [[1, 1, 1], [2, 3, 2], [side, side, most / (side * side)]] {
+        let total = workgroups.iter().product::<u32>() as usize;
+        let inputs = vec![vec![0u8; 4 * total], vec![0u8; 4 * total]];
+        let config = DispatchConfig::new(workgroups);
+        let expected = reference(&program, &inputs, &config);
+        let borrowed: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        for launch in 0..3 {
+            assert_eq!(
+                run_host(&gpu, &program, &borrowed, &config).unwrap(),
+                expected,
+                "grid {workgroups:?}, launch {launch}"
+            );
+        }
+    }
+    assert!(gpu.is_usable());
+}
+
 /// Locks out a clock that is not `%globaltimer`'s nanoseconds or that runs
 /// backwards: 64 threads read it, run 20,000 dependent steps, and read it again;
 /// every first reading is a real time (past 0), every later one is past its
