@@ -1347,31 +1347,31 @@ impl<'p> Writer<'p> {
         );
         emit!(self, "red.relaxed.gpu.global.add.u32 [{words}+4], 1;");
         let after = self.reg(RegClass::B32);
-        let changed = self.reg(RegClass::B32);
-        let flipped = self.reg(RegClass::Pred);
         emit!(self, "add.u32 {after}, {before}, {share};");
-        emit!(self, "xor.b32 {changed}, {before}, {after};");
-        emit!(
-            self,
-            "and.b32 {changed}, {changed}, {GRID_BARRIER_PHASE_BIT:#x};"
-        );
-        emit!(self, "setp.ne.u32 {flipped}, {changed}, 0;");
+        let flipped = self.phase_flipped(before, after);
         emit!(self, "@{flipped} bra {leave};");
         self.place(wait);
         let now = self.reg(RegClass::B32);
-        let same = self.reg(RegClass::Pred);
         emit!(self, "ld.relaxed.gpu.global.u32 {now}, [{words}];");
+        let flipped = self.phase_flipped(before, now);
+        emit!(self, "@!{flipped} bra {wait};");
+        self.place(leave);
+        emit!(self, "fence.acq_rel.gpu;");
+        self.place(done);
+        emit!(self, "bar.sync 0;");
+    }
+
+    /// Whether grid-barrier word 0's phase bit differs between `before` and `now`.
+    fn phase_flipped(&mut self, before: Reg, now: Reg) -> Reg {
+        let changed = self.reg(RegClass::B32);
+        let flipped = self.reg(RegClass::Pred);
         emit!(self, "xor.b32 {changed}, {before}, {now};");
         emit!(
             self,
             "and.b32 {changed}, {changed}, {GRID_BARRIER_PHASE_BIT:#x};"
         );
-        emit!(self, "setp.eq.u32 {same}, {changed}, 0;");
-        emit!(self, "@{same} bra {wait};");
-        self.place(leave);
-        emit!(self, "fence.acq_rel.gpu;");
-        self.place(done);
-        emit!(self, "bar.sync 0;");
+        emit!(self, "setp.ne.u32 {flipped}, {changed}, 0;");
+        flipped
     }
 
     fn mov(&mut self, destination: Value, source: Value) {
