@@ -824,7 +824,8 @@ mod tests {
         assert_eq!(end, at + BARRIER_BYTES);
         let mut expected = ResultParams::new(0x10, 0x20);
         expected.describe(0x1000, 20, STAMP_BYTES as u32, 0x1000..0x2000);
-        expected.describe(0xB000, 12, at as u32, 0xB000..0xB00C);
+        let words = BARRIER_BYTES as u64;
+        expected.describe(0xB000, words as u32, at as u32, 0xB000..0xB000 + words);
         assert_eq!(routed.results, expected);
 
         let (routed, end) = route(&plan, None);
