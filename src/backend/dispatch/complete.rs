@@ -255,9 +255,9 @@ impl BackendInner {
 
 /// A grid-sync dispatch's barrier words after the synchronize: every workgroup
 /// arrived at every barrier (the phase's arrivals back to 0 below the phase bit,
-/// the arrivals since the launch a multiple of the grid). A pass leaves the words settled for the next launch
-/// (`KernelInner::barrier_audited`); a failure leaves them unknown, so the next
-/// launch resets them.
+/// the arrivals since the launch a multiple of the grid). A pass leaves the words
+/// settled for the next launch (`KernelInner::barrier_audited`); a failure leaves
+/// them unknown, so the next launch resets them.
 fn audit_barrier(
     kernel: &KernelInner,
     lane: &Lane,

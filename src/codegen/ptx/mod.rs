@@ -77,18 +77,19 @@
 //! cannot flip it back before every block of this one arrived there too, so no
 //! spinning block misses the flip. Then the leader executes `fence.acq_rel.gpu` (with
 //! the atomic or the relaxed load that saw the flip, the acquire of every block's
-//! release), and every thread executes `bar.sync 0` again. After a
-//! launch that completed, the bits of word 0 below the phase bit are 0 and word 1
-//! has grown by a multiple of the number of blocks (blocks × grid syncs executed); the
-//! backend audits both (the words come back with the result ABI's copies, as a range
-//! of their own).
+//! release), and every thread executes `bar.sync 0` again. After a launch that
+//! completed, the bits of word 0 below the phase bit are 0 and word 1 has grown by a
+//! multiple of the number of blocks (blocks × grid syncs executed); the backend audits
+//! both (the words come back with the result ABI's copies, as a range of their own).
 //!
 //! Why one word: the earlier protocol kept the arrivals and a generation in two words
 //! (the last arrival reset the arrivals and then released the generation, which the
 //! others polled) and read the generation before arriving, so the last block's way
 //! out of a phase held three dependent round trips to L2 and three fences, and each
 //! grid sync cost 2.2 µs on an H200 (2026-12-05: a cooperative launch of 256
-//! workgroups doing eight syncs 33.3–33.8 µs against one 17.5–17.8).
+//! workgroups doing eight syncs 33.3–33.8 µs against one 17.5–17.8). This protocol's
+//! last arrival is one atomic and the others' way out one load and one fence; its
+//! own cost is the `gpu_encode` bench's grid-sync floor to give (not yet measured).
 //!
 //! # Result ABI (the backend's kernels)
 //!
