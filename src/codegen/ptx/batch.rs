@@ -45,8 +45,8 @@ pub fn module_entry_name(index: usize) -> String {
 }
 
 /// The grid-barrier symbol of kernel `index` of a module written by
-/// [`PtxModuleBuilder`] ([`super::GRID_BARRIER_WORDS`] words, word 0 zero at
-/// every launch of that kernel: the protocol in the module docs).
+/// [`PtxModuleBuilder`] ([`super::GRID_BARRIER_WORDS`] words, word 0's arrival
+/// bits zero at every launch of that kernel: the protocol in the module docs).
 pub fn module_grid_barrier_symbol(index: usize) -> String {
     format!("{}_{index}", super::GRID_BARRIER_SYMBOL)
 }
