@@ -546,6 +546,24 @@ fn gpu_lane_orders_against_eager_dispatches() {
     }
 }
 
+/// Locks out a cooperative dispatch that hangs beside a running lane: a grid sized
+/// for the whole device would wait for the lane's multiprocessor forever (the lane's
+/// block may hold it whole), so beside a lane such a grid is `GridTooLargeForGridSync`
+/// and one without the lane's multiprocessor runs, exactly as on the reference
+/// (`support::lane::assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out`;
+/// its negative control: the whole device's grid runs once the lane is dropped).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_grid_sync_beside_a_lane_leaves_its_multiprocessors_out() {
+    let _watchdog = watchdog(120, "grid sync beside a lane");
+    let gpu = backend();
+    let multiprocessors = gpu.caps().sm_count;
+    support::lane::assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out(
+        &AnyBackend::Cuda(gpu),
+        multiprocessors,
+    );
+}
+
 /// Locks out a lane that blocks or corrupts the rest of the device: while a lane runs,
 /// eager dispatches (blocking and submitted) and graph replays on other streams keep
 /// giving their results, interleaved with lane requests, 300 rounds; a buffer dropped

@@ -120,6 +120,21 @@ fn lane_of_one(program: &Program) -> (AnyBackend, Kernel, AnyLane) {
     (backend, kernel, lane)
 }
 
+/// Locks out a grid-sync dispatch sized for the whole device beside a running
+/// lane (on CUDA it would wait for the lane's multiprocessor forever), and a
+/// reference backend that answers otherwise than CUDA there: see
+/// `support::lane::assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out`
+/// (its negative control: the whole device's grid runs once the lane is gone).
+#[test]
+fn a_grid_sync_dispatch_beside_a_reference_lane_leaves_its_multiprocessors_out() {
+    let reference = vyre_cuda::backend::ReferenceBackend::new();
+    let multiprocessors = reference.caps().sm_count;
+    lane_programs::assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out(
+        &AnyBackend::Reference(reference),
+        multiprocessors,
+    );
+}
+
 /// Locks out a lane that mishandles a scalar type (a `bool` not reduced to 0 or 1, a
 /// 64-bit value cut to 32 bits, a signed value read unsigned, an `f32` read as an
 /// integer): a program with one scalar of every type answers through a reference

@@ -239,6 +239,16 @@ impl AnyBackend {
         }
     }
 
+    /// Most workgroups a dispatch of the grid-sync `kernel` may have now, beside the
+    /// backend's running lanes ([`CudaBackend::coresident_workgroups`]); `None` for a
+    /// kernel without grid sync.
+    pub fn coresident_workgroups(&self, kernel: &Kernel) -> Option<u64> {
+        match self {
+            AnyBackend::Cuda(gpu) => gpu.coresident_workgroups(kernel),
+            AnyBackend::Reference(reference) => reference.coresident_workgroups(kernel),
+        }
+    }
+
     /// Run `request` and wait ([`CudaBackend::run`]).
     pub fn run(&self, request: Dispatch<'_>) -> Result<Finished, BackendError> {
         match self {

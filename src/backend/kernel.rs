@@ -223,6 +223,19 @@ const RESULT_ABI_POLICY_BIT: u64 = 1 << 40;
 pub const MAX_BATCH_PROGRAMS: usize = 1024;
 
 impl CudaBackend {
+    /// Most workgroups a dispatch of the grid-sync `kernel` may have now: its
+    /// [`Kernel::max_coresident_workgroups`] less one multiprocessor's worth for
+    /// each block of this context's running lanes (a lane's block may hold its
+    /// multiprocessor whole, and a cooperative grid waits until every workgroup is
+    /// resident); a larger grid is
+    /// [`GridTooLargeForGridSync`](crate::backend::BackendError::GridTooLargeForGridSync)
+    /// while they run. `None` for a kernel without grid sync or of another backend.
+    pub fn coresident_workgroups(&self, kernel: &Kernel) -> Option<u64> {
+        let inner = self.inner.cuda_kernel(kernel).ok()?;
+        inner.grid_barrier?;
+        Some(self.inner.coresident_now(inner.max_coresident_blocks))
+    }
+
     /// Validate, lower, emit and load `program` (each step cached) and return a
     /// handle whose dispatches skip all lookups. Only `config.codegen` matters here.
     pub fn compile(
@@ -635,6 +648,17 @@ impl BackendInner {
             barrier_audited: AtomicU64::new(BARRIER_UNKNOWN),
             launch_plans: Mutex::new(SmallVec::new()),
         })
+    }
+
+    /// Of `max_coresident` workgroups of a grid-sync kernel, those the device holds at
+    /// once now, beside the blocks of this context's running lanes
+    /// (`dispatch::coresident_beside_lanes`).
+    pub(in crate::backend) fn coresident_now(&self, max_coresident: u64) -> u64 {
+        super::dispatch::coresident_beside_lanes(
+            max_coresident,
+            self.caps.sm_count,
+            super::driver::resident_blocks(&self.context),
+        )
     }
 
     /// The launch plan of `kernel` for `workgroups`, from the kernel's plan cache.

@@ -429,3 +429,51 @@ pub fn store_one(shape: [u32; 3], grid_sync: bool) -> Program {
         })
         .build()
 }
+
+/// Asserts that a grid-sync dispatch beside a running lane of `backend` (a device of
+/// `multiprocessors` multiprocessors) leaves the lane's multiprocessors out, as a
+/// cooperative grid must (every workgroup resident at once, and a lane's block may
+/// hold its multiprocessor for as long as the lane runs): alone the most workgroups
+/// are the kernel's `max_coresident_workgroups`; beside a one-block lane they are one
+/// multiprocessor's worth (rounded up) fewer, a grid of the whole device is
+/// `GridTooLargeForGridSync` (a `Fix:` error, where a launch would have waited for
+/// the lane forever) and one within the rest runs; once the lane is dropped, the
+/// whole device's grid runs again. A kernel without grid sync has no such bound.
+pub fn assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out(
+    backend: &AnyBackend,
+    multiprocessors: u32,
+) {
+    let config = DispatchConfig::linear(1);
+    let grid_sync = backend
+        .compile(&store_one([32, 1, 1], true), &config)
+        .unwrap();
+    let most = grid_sync.max_coresident_workgroups().unwrap();
+    assert_eq!(backend.coresident_workgroups(&grid_sync), Some(most));
+    let plain = backend.compile(&increment(), &config).unwrap();
+    assert_eq!(backend.coresident_workgroups(&plain), None);
+    let out = backend.buffer(4 * 32).unwrap();
+    let run = |workgroups: u64| {
+        backend
+            .run(
+                Dispatch::new(&grid_sync, &[Binding::Buffer(&out)])
+                    .workgroups([workgroups as u32, 1, 1])
+                    .readback(&ReadbackPolicy::None),
+            )
+            .map(|_| ())
+    };
+    let lane = backend.lane(&[&plain], LaneOptions::new()).unwrap();
+    let beside = backend.coresident_workgroups(&grid_sync).unwrap();
+    assert_eq!(beside, most - most.div_ceil(u64::from(multiprocessors)));
+    let error = run(most).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            vyre_cuda::backend::BackendError::GridTooLargeForGridSync { .. }
+        ) && error.to_string().starts_with("Fix:"),
+        "{error}"
+    );
+    run(beside).unwrap();
+    drop(lane);
+    assert_eq!(backend.coresident_workgroups(&grid_sync), Some(most));
+    run(most).unwrap();
+}

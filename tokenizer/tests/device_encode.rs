@@ -2537,3 +2537,56 @@ fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
         "{error}"
     );
 }
+
+/// Locks out a resident grid that counts on the multiprocessors of a lane
+/// running on the encoder's backend (a cooperative grid waits until every
+/// workgroup is resident, and a lane's blocks stay for the lane's life; the
+/// backend refuses such a grid with `GridTooLargeForGridSync`): beside a lane
+/// with a block on every multiprocessor no workgroup of the resident kernel
+/// fits, so a mid-size text runs its steps one by one and still equals the
+/// CPU encoder; once the lane is dropped it runs resident again (the negative
+/// control: the same text and encoder without the lane).
+#[test]
+fn resident_grids_leave_a_running_lanes_multiprocessors_out() {
+    use vyre_cuda::backend::{LaneOptions, ReferenceBackend};
+    use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let reference = ReferenceBackend::new();
+    let multiprocessors = reference.caps().sm_count;
+    let limits = ChunkLimits {
+        short_text_bytes: SHORT_TEXT_BYTES,
+        resident_text_bytes: 24 << 10,
+        ..ChunkLimits::default()
+    };
+    let encoder = DeviceEncoder::with_geometry(
+        AnyBackend::Reference(reference),
+        &tokenizer,
+        Geometry::default(),
+        limits,
+    )
+    .unwrap();
+    let text = generate(Shape::Prose, 8 << 10, 41);
+    assert!(encoder.runs_resident(text.len() as u64));
+    let backend = encoder.backend();
+    let store = Program::builder([32, 1, 1])
+        .buffer(
+            "x",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            b.store("x", Expr::local_id(Axis::X), 1u32);
+        })
+        .build();
+    let kernel = backend.compile(&store, &DispatchConfig::linear(1)).unwrap();
+    let lane = backend
+        .lane(&[&kernel], LaneOptions::new().blocks(multiprocessors))
+        .unwrap();
+    assert!(!encoder.runs_resident(text.len() as u64));
+    check_every_step_runs(&encoder, &tokenizer, text.clone(), "beside the lane");
+    drop(lane);
+    assert!(encoder.runs_resident(text.len() as u64));
+    check_batch(&encoder, &tokenizer, &[text], "after the lane");
+}

@@ -83,7 +83,8 @@ pub(in crate::backend) use pending::{
 pub use pending::{DeviceClock, DeviceSpans, PendingDispatch, MAX_PENDING};
 pub(in crate::backend) use reuse::{address_on, kernel_identity, Memo};
 pub(in crate::backend) use stage::{
-    check_coresident, count_for_probe, scratch_outside_a_graph, Bookkeeping, Held,
+    check_coresident, coresident_beside_lanes, count_for_probe, scratch_outside_a_graph,
+    Bookkeeping, Held,
 };
 pub(in crate::backend) use transfer::Transfer;
 
@@ -289,6 +290,16 @@ impl BackendInner {
             self.replan(kernel, request, (sink, plan))?;
         } else {
             self.plan(kernel, request, sink, plan)?;
+        }
+        if kernel.grid_barrier.is_some() {
+            // Beside running lanes, whose blocks stay (a reused plan was checked
+            // against the device as it was then).
+            check_coresident(
+                &kernel.name,
+                true,
+                &plan.launch,
+                self.coresident_now(kernel.max_coresident_blocks),
+            )?;
         }
         if probe_on {
             stage::count_for_probe(kernel, request, plan.launch.grid_blocks);

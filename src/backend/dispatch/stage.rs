@@ -699,6 +699,26 @@ pub(in crate::backend) fn check_coresident(
     Ok(())
 }
 
+/// Workgroups of a kernel that a device of `multiprocessors` multiprocessors holds
+/// `max_coresident` of at once, beside `lane_blocks` blocks of running lanes: a lane's
+/// block may hold its multiprocessor whole (its server may take a block's share of the
+/// register file, `codegen::ptx::lane::lane_registers`), and a cooperative grid waits
+/// until every workgroup is resident, so a grid that counted on a lane's
+/// multiprocessor would wait for the lane to stop, which it never does on its own.
+/// Each lane block takes one multiprocessor's worth, rounded up. Shared with the
+/// reference backend.
+pub(in crate::backend) fn coresident_beside_lanes(
+    max_coresident: u64,
+    multiprocessors: u32,
+    lane_blocks: u64,
+) -> u64 {
+    if lane_blocks == 0 || max_coresident == u64::MAX {
+        return max_coresident;
+    }
+    let per_multiprocessor = max_coresident.div_ceil(u64::from(multiprocessors.max(1)));
+    max_coresident.saturating_sub(per_multiprocessor.saturating_mul(lane_blocks))
+}
+
 /// The `Fix:` error for a graph scratch buffer bound outside a recording.
 pub(in crate::backend) fn scratch_outside_a_graph(name: &str) -> BackendError {
     BackendError::bad_input(format!(
@@ -711,6 +731,23 @@ pub(in crate::backend) fn scratch_outside_a_graph(name: &str) -> BackendError {
 mod tests {
     use super::*;
     use crate::ir::{BufferCount, ElemType, Name};
+
+    /// Locks out a cooperative grid that counts on a running lane's multiprocessor
+    /// (it would wait for the lane forever): each lane block takes one
+    /// multiprocessor's worth of workgroups out, rounded up; lanes on every
+    /// multiprocessor leave none; no lane, or a kernel without the bound, changes
+    /// nothing. The unchanged capacity beside a lane is the negative control.
+    #[test]
+    fn coresident_workgroups_beside_lanes_leave_their_multiprocessors_out() {
+        assert_eq!(coresident_beside_lanes(264, 132, 1), 262);
+        assert_eq!(coresident_beside_lanes(132, 132, 1), 131);
+        assert_ne!(coresident_beside_lanes(132, 132, 1), 132);
+        assert_eq!(coresident_beside_lanes(200, 132, 1), 198);
+        assert_eq!(coresident_beside_lanes(132, 132, 132), 0);
+        assert_eq!(coresident_beside_lanes(132, 132, 500), 0);
+        assert_eq!(coresident_beside_lanes(264, 132, 0), 264);
+        assert_eq!(coresident_beside_lanes(u64::MAX, 132, 3), u64::MAX);
+    }
 
     fn slot(binding: u32, access: Access) -> ParamSlot {
         ParamSlot {

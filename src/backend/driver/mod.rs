@@ -42,7 +42,7 @@ pub use memory::{
 pub use module::{launch, lazy_module_loading, LoadedModule};
 #[cfg(feature = "testing")]
 pub use resident::deferred_releases;
-pub use resident::{resident_started, resident_stopped};
+pub use resident::{resident_blocks, resident_started, resident_stopped};
 pub use stream::{Event, Stream};
 
 /// A CUDA driver status other than success, with the call that returned it.

@@ -75,6 +75,8 @@ struct Resident {
     context: usize,
     /// Lanes running in it.
     running: usize,
+    /// Their blocks, all resident for as long as they run.
+    blocks: u64,
     /// Releases queued while they run.
     deferred: Vec<Release>,
 }
@@ -130,27 +132,47 @@ pub(super) fn running_in_current_context() -> bool {
         .any(|resident| resident.context == context && resident.running > 0)
 }
 
-/// A resident kernel is about to start in `context`: from now on releases in it are
-/// queued.
-pub fn resident_started(context: &PrimaryContext) {
+/// A resident kernel of `blocks` blocks is about to start in `context`: from now on
+/// releases in it are queued, and its blocks count in [`resident_blocks`].
+pub fn resident_started(context: &PrimaryContext, blocks: u32) {
     let context = context.raw as usize;
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     match contexts.iter_mut().find(|r| r.context == context) {
-        Some(resident) => resident.running += 1,
+        Some(resident) => {
+            resident.running += 1;
+            resident.blocks += u64::from(blocks);
+        }
         None => contexts.push(Resident {
             context,
             running: 1,
+            blocks: u64::from(blocks),
             deferred: Vec::new(),
         }),
     }
     RUNNING.fetch_add(1, Ordering::AcqRel);
 }
 
-/// A resident kernel of `context` has ended (or died with the context). When it was
+/// Blocks of the resident kernels running in `context` (one relaxed load when no lane
+/// runs anywhere): what a cooperative launch there cannot count on.
+pub fn resident_blocks(context: &PrimaryContext) -> u64 {
+    if RUNNING.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let context = context.raw as usize;
+    CONTEXTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|resident| resident.context == context)
+        .map_or(0, |resident| resident.blocks)
+}
+
+/// A resident kernel of `context` of `blocks` blocks has ended (or died with the
+/// context). When it was
 /// the context's last, the queued releases are made now (the context is bound by the
 /// caller), or forgotten when `context_alive` is false (a sticky fault destroyed the
 /// context and everything in it).
-pub fn resident_stopped(context: &PrimaryContext, context_alive: bool) {
+pub fn resident_stopped(context: &PrimaryContext, blocks: u32, context_alive: bool) {
     let context = context.raw as usize;
     let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let Some(index) = contexts.iter().position(|r| r.context == context) else {
@@ -158,6 +180,7 @@ pub fn resident_stopped(context: &PrimaryContext, context_alive: bool) {
     };
     let resident = &mut contexts[index];
     resident.running = resident.running.saturating_sub(1);
+    resident.blocks = resident.blocks.saturating_sub(u64::from(blocks));
     RUNNING.fetch_sub(1, Ordering::AcqRel);
     if resident.running > 0 {
         return;

@@ -166,7 +166,17 @@
 //! - **Blocks.** The lane holds [`LaneOptions::blocks`] blocks (default 1) of its
 //!   workgroup shape for its whole life: their SMs' share of threads, registers and
 //!   shared memory (the record's 4 KiB plus the largest kernel's workgroup memory) is
-//!   not available to other kernels. Eager dispatches and graph replays on other
+//!   not available to other kernels, and a cooperative dispatch (a grid sync: every
+//!   workgroup resident at once) beside a running lane gets the multiprocessors the
+//!   lane leaves: a lane's block may take so much of its multiprocessor (its
+//!   registers, its shared memory) that no workgroup of the grid fits beside it, and a
+//!   cooperative grid that counted on that multiprocessor would wait for the lane to
+//!   stop, which it never does on its own. So while lanes run in a context, a
+//!   grid-sync dispatch there may have [`CudaBackend::coresident_workgroups`]
+//!   workgroups, one multiprocessor's worth fewer per lane block than
+//!   [`Kernel::max_coresident_workgroups`], and a larger grid is
+//!   `GridTooLargeForGridSync` (the reference backend counts its lanes the same way).
+//!   Eager dispatches and graph replays on other
 //!   streams run beside it on the rest of the device. With several blocks the lane
 //!   serves one request at a time: a block done with its share of a request waits until
 //!   the request is published before any block starts the next (`codegen::ptx::lane`,
@@ -871,7 +881,7 @@ impl LaneShared {
                     .map(|count| count as *mut u32 as *mut std::ffi::c_void),
             )
             .collect();
-        driver::resident_started(&inner.context);
+        driver::resident_started(&inner.context, options.blocks);
         // SAFETY: `params` holds one pointer per parameter of the server entry, in the
         // order `codegen::ptx::lane::LANE_PARAMETERS` declares (nine u64 addresses and
         // distances, five u32s), each pointing at a live local for the duration of this call (the driver
@@ -888,7 +898,7 @@ impl LaneShared {
             )
         };
         if let Err(error) = launched {
-            driver::resident_stopped(&inner.context, true);
+            driver::resident_stopped(&inner.context, options.blocks, true);
             if error.is_cooperative_launch_too_large() {
                 return Err(BackendError::bad_input(format!(
                     "Fix: the device cannot hold {} blocks of {name} at once; use fewer LaneOptions::blocks",
@@ -1861,10 +1871,11 @@ impl LaneShared {
         };
         self.kill("it was stopped".into());
         let inner = &self.backend.inner;
+        let blocks = self.options.blocks;
         if inner.check_alive().is_err() || inner.bind().is_err() {
             // The context died with a fault: the kernel and every handle went with it.
             std::mem::forget(resources);
-            driver::resident_stopped(&inner.context, false);
+            driver::resident_stopped(&inner.context, blocks, false);
             self.abandon_requests(true);
             return Ok(());
         }
@@ -1888,7 +1899,7 @@ impl LaneShared {
         };
         match outcome {
             Ok(()) => {
-                driver::resident_stopped(&inner.context, true);
+                driver::resident_stopped(&inner.context, blocks, true);
                 self.abandon_requests(false);
                 drop(resources);
                 Ok(())
@@ -1901,7 +1912,7 @@ impl LaneShared {
                 } else {
                     drop(resources);
                 }
-                driver::resident_stopped(&inner.context, !sticky);
+                driver::resident_stopped(&inner.context, blocks, !sticky);
                 self.abandon_requests(sticky);
                 Err(BackendError::KernelFault {
                     program: "a lane".into(),

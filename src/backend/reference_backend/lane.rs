@@ -5,6 +5,9 @@
 //! [`AnyLane`](super::super::AnyLane) gets the same answers, errors included, with or
 //! without a GPU.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use crate::codegen::ptx::lane::{lane_pool_bytes, lane_shared_bytes};
 use crate::lower;
 
@@ -26,6 +29,37 @@ pub(in crate::backend) struct ReferenceLane {
     kernels: Vec<Kernel>,
     options: LaneOptions,
     workgroup_size: [u32; 3],
+    /// Its blocks, counted in the backend's `lane_blocks` until the last clone goes.
+    _blocks: Arc<LaneBlocks>,
+}
+
+/// A live lane's blocks in its backend's count (a CUDA lane's stay resident).
+struct LaneBlocks {
+    backend: ReferenceBackend,
+    blocks: u64,
+}
+
+impl LaneBlocks {
+    fn hold(backend: &ReferenceBackend, blocks: u32) -> Arc<Self> {
+        let blocks = u64::from(blocks);
+        backend
+            .inner
+            .lane_blocks
+            .fetch_add(blocks, Ordering::AcqRel);
+        Arc::new(LaneBlocks {
+            backend: backend.clone(),
+            blocks,
+        })
+    }
+}
+
+impl Drop for LaneBlocks {
+    fn drop(&mut self) {
+        self.backend
+            .inner
+            .lane_blocks
+            .fetch_sub(self.blocks, Ordering::AcqRel);
+    }
 }
 
 impl ReferenceBackend {
@@ -69,6 +103,7 @@ impl ReferenceBackend {
         Ok(ReferenceLane {
             backend: self.clone(),
             kernels: kernels.iter().map(|&kernel| kernel.clone()).collect(),
+            _blocks: LaneBlocks::hold(self, options.blocks),
             options,
             workgroup_size,
         })

@@ -88,6 +88,9 @@ pub(in crate::backend) struct ReferenceInner {
     pub(in crate::backend) pending: AtomicUsize,
     /// Why CUDA was not used, when this backend is a fallback.
     pub(in crate::backend) fallback: Option<String>,
+    /// Blocks of its live lanes, which a grid-sync dispatch leaves out as on CUDA
+    /// (`dispatch::coresident_beside_lanes`).
+    pub(in crate::backend) lane_blocks: AtomicU64,
 }
 
 /// Host memory of a reference buffer; counts its bytes against its backend while it
@@ -168,8 +171,29 @@ impl ReferenceBackend {
                 held: AtomicU64::new(0),
                 pending: AtomicUsize::new(0),
                 fallback,
+                lane_blocks: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Of `max_coresident` workgroups of a grid-sync kernel, those the device it
+    /// answers as holds beside its live lanes' blocks, as on CUDA.
+    fn coresident_now(&self, max_coresident: u64) -> u64 {
+        super::dispatch::coresident_beside_lanes(
+            max_coresident,
+            self.inner.caps.sm_count,
+            self.inner.lane_blocks.load(Ordering::Acquire),
+        )
+    }
+
+    /// [`CudaBackend::coresident_workgroups`](super::CudaBackend::coresident_workgroups)
+    /// on the device the interpreter answers as, beside its live lanes.
+    pub fn coresident_workgroups(&self, kernel: &Kernel) -> Option<u64> {
+        let reference = self.reference_kernel(kernel).ok()?;
+        if !reference.grid_sync {
+            return None;
+        }
+        Some(self.coresident_now(reference.max_coresident_blocks))
     }
 
     /// The options it runs with.
@@ -447,7 +471,7 @@ impl ReferenceBackend {
             &reference.name,
             reference.grid_sync,
             &launch,
-            reference.max_coresident_blocks,
+            self.coresident_now(reference.max_coresident_blocks),
         )?;
         if request.bindings.iter().any(Binding::is_transient) {
             let transient = request

@@ -1679,6 +1679,17 @@ impl DeviceEncoder {
         self.resident
             .as_ref()
             .filter(|_| text_len <= self.limits.resident_text_bytes)
+            // Beside lanes on every multiprocessor no workgroup of it fits: the
+            // steps run one by one.
+            .filter(|fused| self.resident_capacity(fused) != Some(0))
+    }
+
+    /// Workgroups of the resident-grid kernel `fused` the device holds at once
+    /// now (`None`: no limit): fewer while lanes run on the backend, whose
+    /// blocks a cooperative grid cannot count on
+    /// ([`AnyBackend::coresident_workgroups`]).
+    fn resident_capacity(&self, fused: &FusedKernel) -> Option<u64> {
+        self.backend.coresident_workgroups(&fused.kernel)
     }
 
     /// The fused kernel a chunk of `text_len` bytes runs as, when it runs as one
@@ -1698,7 +1709,8 @@ impl DeviceEncoder {
     /// Workgroups of `fused` for a chunk of `text_len` bytes: one for the
     /// short-text kernel; for the resident grid one per split block (the step
     /// with the most groups at the default shape), at most what the device
-    /// holds at once and [`Geometry::resident_workgroups`].
+    /// holds at once beside any running lane and
+    /// [`Geometry::resident_workgroups`].
     fn fused_workgroups(&self, fused: &FusedKernel, text_len: u64) -> u32 {
         if fused.spread == Spread::OneWorkgroup {
             return 1;
@@ -1707,7 +1719,7 @@ impl DeviceEncoder {
         let blocks = text_len
             .div_ceil(u64::from(geometry.split.block_bytes()))
             .max(1);
-        let most = fused.kernel.max_coresident_workgroups().unwrap_or(u64::MAX);
+        let most = self.resident_capacity(fused).unwrap_or(u64::MAX);
         let asked = geometry.resident_workgroups.map_or(u64::MAX, u64::from);
         u32::try_from(blocks.min(most).min(asked).max(1)).unwrap_or(u32::MAX)
     }
