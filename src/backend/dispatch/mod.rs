@@ -292,8 +292,9 @@ impl BackendInner {
             self.plan(kernel, request, sink, plan)?;
         }
         if kernel.grid_barrier.is_some() {
-            // Beside running lanes, whose blocks stay (a reused plan was checked
-            // against the device as it was then).
+            // The one residency check, for a new plan and a reused one alike:
+            // against what the device holds now, beside the blocks of running
+            // lanes (which may have started since the plan was made).
             check_coresident(
                 &kernel.name,
                 true,

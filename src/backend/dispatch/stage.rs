@@ -368,8 +368,9 @@ pub(in crate::backend) const BARRIER_BYTES: usize = 4 * crate::codegen::GRID_BAR
 
 impl BackendInner {
     /// Plan: the request checks every backend makes (`plan::plan_request`), the
-    /// caller's output slices, the launch plan (from the kernel's plan cache) and a
-    /// grid-sync kernel's co-residency.
+    /// caller's output slices and the launch plan (from the kernel's plan cache). A
+    /// grid-sync kernel's co-residency is checked after it, once for a new plan and a
+    /// reused one alike, against the device as it is at the dispatch.
     pub(in crate::backend) fn plan(
         &self,
         kernel: &KernelInner,
@@ -388,12 +389,6 @@ impl BackendInner {
             check_output_slices(&plan.request.reads, outputs)?;
         }
         plan.launch = self.launch_plan(kernel, request.workgroups)?;
-        check_coresident(
-            &kernel.name,
-            kernel.grid_barrier.is_some(),
-            &plan.launch,
-            kernel.max_coresident_blocks,
-        )?;
         plan.barrier_staging = align_up(plan.request.staging_bytes);
         Ok(())
     }
@@ -861,8 +856,13 @@ mod tests {
         assert_eq!(end, at + BARRIER_BYTES);
         let mut expected = ResultParams::new(0x10, 0x20);
         expected.describe(0x1000, 20, STAMP_BYTES as u32, 0x1000..0x2000);
-        let words = BARRIER_BYTES as u64;
-        expected.describe(0xB000, words as u32, at as u32, 0xB000..0xB000 + words);
+        let barrier_bytes = BARRIER_BYTES as u64;
+        expected.describe(
+            0xB000,
+            barrier_bytes as u32,
+            at as u32,
+            0xB000..0xB000 + barrier_bytes,
+        );
         assert_eq!(routed.results, expected);
 
         let (routed, end) = route(&plan, None);

@@ -152,8 +152,8 @@ pub fn resident_started(context: &PrimaryContext, blocks: u32) {
     RUNNING.fetch_add(1, Ordering::AcqRel);
 }
 
-/// Blocks of the resident kernels running in `context` (one relaxed load when no lane
-/// runs anywhere): what a cooperative launch there cannot count on.
+/// Blocks of the resident kernels running in `context` (one atomic load, no lock, when
+/// no lane runs anywhere): what a cooperative launch there cannot count on.
 pub fn resident_blocks(context: &PrimaryContext) -> u64 {
     if RUNNING.load(Ordering::Acquire) == 0 {
         return 0;
