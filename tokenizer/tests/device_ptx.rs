@@ -150,13 +150,14 @@ fn short_text_program_refuses_a_nested_return_or_grid_sync() {
 /// Locks out a fused kernel that reads its text length from the staged
 /// parameters before its first step (host-mapped memory on CUDA: a PCIe round
 /// trip and a workgroup reduction before any step begins): for every pattern
-/// the short-text and resident-grid programs declare the `u32` scalar
-/// `TEXT_LEN_SCALAR` and load no buffer before the first step's loop, where
-/// their group counts already depend on the text length.
+/// the short-text and resident-grid programs declare the `u32` scalars
+/// `TEXT_LEN_SCALAR` and `DOCUMENTS_SCALAR` and load no buffer before the
+/// first step's loop, where their group counts already depend on the text
+/// length.
 #[test]
 fn fused_programs_take_the_text_length_as_a_scalar() {
     use vyre_cuda::ir::ScalarType;
-    use vyre_tokenizer::device::fused::TEXT_LEN_SCALAR;
+    use vyre_tokenizer::device::fused::{DOCUMENTS_SCALAR, TEXT_LEN_SCALAR};
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
         let steps = Programs::new(pattern, geometry)
@@ -173,7 +174,14 @@ fn fused_programs_take_the_text_length_as_a_scalar() {
                 .iter()
                 .map(|decl| (&*decl.name, decl.ty))
                 .collect();
-            assert_eq!(scalars, [(TEXT_LEN_SCALAR, ScalarType::U32)], "{pattern:?}");
+            assert_eq!(
+                scalars,
+                [
+                    (TEXT_LEN_SCALAR, ScalarType::U32),
+                    (DOCUMENTS_SCALAR, ScalarType::U32)
+                ],
+                "{pattern:?}"
+            );
             let before_steps: Vec<&Node> = program
                 .entry()
                 .iter()
@@ -326,27 +334,30 @@ fn each_merge_build_reads_its_own_length() {
     );
 }
 
-/// Locks out a fused kernel's `stage` that reads the text length from the
-/// staged parameters (host-mapped memory on CUDA: a round trip across PCIe
-/// before the text's loads can go out) where the fused kernel has it as its
-/// scalar: the fused steps' `stage` declares the `u32` scalar
-/// `TEXT_LEN_SCALAR` and takes `text_len` from it, and the short-text program
-/// accepts that one scalar; the standalone `stage` (control) declares none and
-/// loads it.
+/// Locks out a fused kernel's `stage` that reads the text length or the
+/// number of documents from the staged parameters (host-mapped memory on
+/// CUDA: a round trip across PCIe before the text's loads can go out, and in
+/// the resident grid every warp's own) where the fused kernel has them as its
+/// scalars: the fused steps' `stage` declares the `u32` scalars
+/// `TEXT_LEN_SCALAR` and `DOCUMENTS_SCALAR` and takes `text_len` and
+/// `documents` from them, and the short-text program accepts those scalars;
+/// the standalone `stage` (control) declares none and loads both.
 #[test]
 fn the_fused_stage_takes_the_text_length_from_the_scalar() {
     use vyre_cuda::ir::ScalarType;
-    use vyre_tokenizer::device::fused::TEXT_LEN_SCALAR;
-    let text_len = |program: &vyre_cuda::ir::Program| -> Expr {
+    use vyre_tokenizer::device::fused::{DOCUMENTS_SCALAR, TEXT_LEN_SCALAR};
+    let value_of = |program: &vyre_cuda::ir::Program, wanted: &str| -> Expr {
         program
             .entry()
             .iter()
             .find_map(|node| match node {
-                Node::Let { name, value, .. } if &**name == "text_len" => Some(value.clone()),
+                Node::Let { name, value, .. } if &**name == wanted => Some(value.clone()),
                 _ => None,
             })
-            .expect("a text_len let")
+            .unwrap_or_else(|| panic!("a {wanted} let"))
     };
+    let text_len = |program: &vyre_cuda::ir::Program| value_of(program, "text_len");
+    let documents = |program: &vyre_cuda::ir::Program| value_of(program, "documents");
     let geometry = Geometry::default();
     let programs = Programs::new(Pattern::Cl100k, geometry).expect("geometry");
     let fused = programs.fused_steps();
@@ -356,12 +367,37 @@ fn the_fused_stage_takes_the_text_length_from_the_scalar() {
         .iter()
         .map(|decl| (&*decl.name, decl.ty))
         .collect();
-    assert_eq!(scalars, [(TEXT_LEN_SCALAR, ScalarType::U32)]);
+    assert_eq!(
+        scalars,
+        [
+            (TEXT_LEN_SCALAR, ScalarType::U32),
+            (DOCUMENTS_SCALAR, ScalarType::U32)
+        ]
+    );
     assert_eq!(text_len(stage), Expr::scalar(TEXT_LEN_SCALAR));
+    assert_eq!(documents(stage), Expr::scalar(DOCUMENTS_SCALAR));
     assert!(short_program(&fused, &geometry).is_ok());
     let standalone = &programs.steps()[0].program;
     assert!(standalone.scalars().is_empty());
     assert!(matches!(text_len(standalone), Expr::Load { .. }));
+    assert!(matches!(documents(standalone), Expr::Load { .. }));
+}
+
+/// Locks out a fused kernel's `stage` that reads the staged parameters
+/// (host-mapped memory on CUDA, a round trip across PCIe on the way to the
+/// first barrier or grid sync) although they are its two scalars and zeros:
+/// the fused steps' `stage` loads no word of `staged_params`, while the
+/// standalone `stage` (control) does.
+#[test]
+fn the_fused_stage_writes_the_parameters_from_its_scalars() {
+    let programs = Programs::new(Pattern::Cl100k, Geometry::default()).expect("geometry");
+    let loads_staged_params =
+        |program: &vyre_cuda::ir::Program| program.to_string().contains("staged_params[");
+    let fused_stage = &programs.fused_steps()[0].program;
+    assert!(!loads_staged_params(fused_stage));
+    // The printed program is whole: its text's loads are there.
+    assert!(fused_stage.to_string().contains("staged_text["));
+    assert!(loads_staged_params(&programs.steps()[0].program));
 }
 
 /// Locks out a short-text kernel that waits on device-scope fences, whose

@@ -146,6 +146,17 @@ const PREFIX: &str = "short_";
 /// the value uniform, before any step began.
 pub const TEXT_LEN_SCALAR: &str = "text_len";
 
+/// The other scalar parameter (`u32`) of every fused program: the chunk's
+/// number of documents, which `stage` needs for every document end it writes
+/// (the ends past the last document are the text length). Why a scalar: read
+/// from the staged parameters it was a load of host-mapped memory by every
+/// thread of the grid (on CUDA), each warp's its own request across PCIe, on
+/// the way to the grid's first sync.
+pub const DOCUMENTS_SCALAR: &str = "documents";
+
+/// The fused programs' scalar parameters, in their declared order.
+const FUSED_SCALARS: [&str; 2] = [TEXT_LEN_SCALAR, DOCUMENTS_SCALAR];
+
 /// The steps after `stage` (`steps`, in dispatch order) as one program for one
 /// workgroup; `Err` naming what the rewrite cannot take (a grid sync, a
 /// write-only or per-thread buffer, one role with two element types, steps of
@@ -216,15 +227,15 @@ fn fused_program(
                 first.program_name()
             ));
         }
-        // The one scalar a step may declare is the fused program's own.
+        // The scalars a step may declare are the fused program's own.
         if step
             .program
             .scalars()
             .iter()
-            .any(|decl| &*decl.name != TEXT_LEN_SCALAR || decl.ty != ScalarType::U32)
+            .any(|decl| !FUSED_SCALARS.contains(&&*decl.name) || decl.ty != ScalarType::U32)
         {
             return Err(format!(
-                "`{name}` declares scalar parameters other than the `u32` {TEXT_LEN_SCALAR}"
+                "`{name}` declares scalar parameters other than the `u32` {TEXT_LEN_SCALAR} and {DOCUMENTS_SCALAR}"
             ));
         }
         let mut rename = BTreeMap::new();
@@ -439,8 +450,11 @@ fn fused_program(
         }
         entry.push(step_clock(index, &clock_start));
     }
-    let program = Program::builder(workgroup_size)
-        .scalar(TEXT_LEN_SCALAR, ScalarType::U32)
+    let program = FUSED_SCALARS
+        .iter()
+        .fold(Program::builder(workgroup_size), |builder, name| {
+            builder.scalar(*name, ScalarType::U32)
+        })
         .build()
         .with_entry(buffers.into(), entry.into())
         .with_entry_op_id(format!(

@@ -97,7 +97,7 @@ use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use super::batch_ids::{BatchIds, Part};
 use super::fused::{
     resident_program, short_program, ShortProgram, Spread, DEFAULT_SHORT_TEXT_BYTES,
-    RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES, TEXT_LEN_SCALAR,
+    DOCUMENTS_SCALAR, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES, TEXT_LEN_SCALAR,
 };
 use super::host_copy;
 use super::programs::{
@@ -1609,9 +1609,13 @@ impl DeviceEncoder {
         if let Some(fused) = self.fused_kernel(u64::from(text_len)) {
             // Every step, `stage` included, in one kernel.
             let bindings = self.bindings(slot, &fused.bindings)?;
+            let documents = u32::try_from(documents).map_err(|_| {
+                internal(format!("a chunk of {documents} documents in one dispatch"))
+            })?;
             let request = Dispatch::new(&fused.kernel, &bindings)
                 .workgroups([self.fused_workgroups(fused, u64::from(text_len)), 1, 1])
                 .scalar(TEXT_LEN_SCALAR, text_len)
+                .scalar(DOCUMENTS_SCALAR, documents)
                 .readback(&NO_READBACK);
             let submitted = backend
                 .submit(request)
@@ -1871,6 +1875,7 @@ impl DeviceEncoder {
                     Dispatch::new(&fused.kernel, &bindings)
                         .workgroups([1, 1, 1])
                         .scalar(TEXT_LEN_SCALAR, text_len)
+                        .scalar(DOCUMENTS_SCALAR, 1u32)
                         .readback(&NO_READBACK),
                 )?;
                 Ok(())

@@ -3074,15 +3074,19 @@ pub fn stage(geometry: &Geometry) -> Program {
 /// text's words waited for that first round trip across PCIe before they
 /// could go out (the short-text kernel's `stage` of 1 KiB took 5.2 µs from
 /// the kernel's entry on an H100, 2026-12-05, and 2.5–2.7 µs with the scalar
-/// on an H200 the same day, against 5.0–5.2 for the build before it).
+/// on an H200 the same day, against 5.0–5.2 for the build before it). The
+/// number of documents comes the same way
+/// ([`DOCUMENTS_SCALAR`](super::fused::DOCUMENTS_SCALAR)): every thread
+/// needs it, and in the resident grid that was every warp's own load across
+/// PCIe.
 pub fn short_stage(geometry: &Geometry) -> Program {
     stage_program(geometry, ElemType::U8)
 }
 
 /// `stage` storing the text into a buffer of `text` elements (`U64`: word for
-/// word, the text length from the staged parameters; `U8`: each word's eight
-/// bytes, lowest address first, the text length from the fused kernel's
-/// scalar).
+/// word, the text length and number of documents from the staged parameters;
+/// `U8`: each word's eight bytes, lowest address first, the text length and
+/// number of documents from the fused kernel's scalars).
 fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let fused = text == ElemType::U8;
@@ -3092,7 +3096,9 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
         _ => ElemType::U32,
     });
     if fused {
-        builder = builder.scalar(super::fused::TEXT_LEN_SCALAR, ScalarType::U32);
+        builder = builder
+            .scalar(super::fused::TEXT_LEN_SCALAR, ScalarType::U32)
+            .scalar(super::fused::DOCUMENTS_SCALAR, ScalarType::U32);
     }
     builder
         .body(|b| {
@@ -3107,13 +3113,31 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
                     staged(param::TEXT_LEN)
                 },
             );
-            let documents = b.let_("documents", staged(param::DOCUMENTS));
+            let documents = b.let_(
+                "documents",
+                if fused {
+                    Expr::scalar(super::fused::DOCUMENTS_SCALAR)
+                } else {
+                    staged(param::DOCUMENTS)
+                },
+            );
             b.if_(thread.clone().less_than(param::WORDS), |b| {
-                b.store(
-                    Role::Params.name(),
-                    thread.clone(),
-                    load(Role::StagedParams, thread.clone()),
-                );
+                // The staged parameters are the text length, the number of
+                // documents and zeros (counters, step clocks): the fused
+                // kernel writes them from its scalars instead of reading the
+                // staged copy across PCIe on the way to its first barrier.
+                let value = if fused {
+                    thread.clone().equals(param::TEXT_LEN).select(
+                        text_len.clone(),
+                        thread
+                            .clone()
+                            .equals(param::DOCUMENTS)
+                            .select(documents.clone(), 0u32),
+                    )
+                } else {
+                    load(Role::StagedParams, thread.clone())
+                };
+                b.store(Role::Params.name(), thread.clone(), value);
             });
             let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
             let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
@@ -3129,7 +3153,17 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
                 // kernel's entry; not yet measured since.) Past its buffer's end a
                 // load reads 0 and is not used.
                 let word = b.let_("word", load(Role::StagedText, item.clone()));
-                let staged_end = b.let_("staged_end", load(Role::StagedDocuments, item.clone()));
+                let staged_end = if fused {
+                    // One document ends at the text length: no load. (A
+                    // uniform branch on the scalar, so nothing waits for it.)
+                    let staged_end = b.let_mut("staged_end", text_len.clone());
+                    b.if_(documents.clone().greater_than(1u32), |b| {
+                        b.assign("staged_end", load(Role::StagedDocuments, item.clone()));
+                    });
+                    staged_end
+                } else {
+                    b.let_("staged_end", load(Role::StagedDocuments, item.clone()))
+                };
                 b.if_(item.clone().less_than(words.clone()), |b| {
                     if fused {
                         for byte in 0..8u32 {
