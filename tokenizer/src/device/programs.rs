@@ -3104,22 +3104,22 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
         .body(|b| {
             let thread = b.let_("thread", Expr::global_id(Axis::X));
             let threads = b.let_("threads", Expr::workgroup_count(Axis::X) * workgroup_size);
-            let staged = |index: u32| load(Role::StagedParams, index);
+            // A parameter from the fused kernel's scalar, or from its word of
+            // the staged parameters.
+            let parameter = |scalar: &str, word: u32| {
+                if fused {
+                    Expr::scalar(scalar)
+                } else {
+                    load(Role::StagedParams, word)
+                }
+            };
             let text_len = b.let_(
                 "text_len",
-                if fused {
-                    Expr::scalar(super::fused::TEXT_LEN_SCALAR)
-                } else {
-                    staged(param::TEXT_LEN)
-                },
+                parameter(super::fused::TEXT_LEN_SCALAR, param::TEXT_LEN),
             );
             let documents = b.let_(
                 "documents",
-                if fused {
-                    Expr::scalar(super::fused::DOCUMENTS_SCALAR)
-                } else {
-                    staged(param::DOCUMENTS)
-                },
+                parameter(super::fused::DOCUMENTS_SCALAR, param::DOCUMENTS),
             );
             b.if_(thread.clone().less_than(param::WORDS), |b| {
                 // The staged parameters are the text length, the number of
