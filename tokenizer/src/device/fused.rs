@@ -25,7 +25,8 @@
 //! body of a loop over that step's workgroups, `group = 0, 1, ...` below the
 //! count its [`Grid`] gives for the text length, the dispatch's scalar
 //! [`TEXT_LEN_SCALAR`] (uniform, so every loop bound is; one group for `stage`
-//! and `pieces`, which stride over their work themselves):
+//! and `pieces`, which stride over their work themselves; `stage` also takes
+//! the number of documents from [`DOCUMENTS_SCALAR`]):
 //! `workgroup_id.x` becomes the loop variable, `workgroup_count.x` the count,
 //! `global_id.x` `group · W + local_id.x`, the y and z axes 0 and 1. The
 //! steps' global buffers are bound once per [`Role`] (read-write where any step
