@@ -1,5 +1,5 @@
 //! The host's own work per eager device encode of one document (cl100k_base,
-//! generated prose of 1,024 and 262,144 bytes), for counting it on a machine
+//! generated prose of 1,024, 262,144 and 1,048,576 bytes), for counting it on a machine
 //! without a GPU: `scripts/host-path --tokenizer` runs it against a stand-in
 //! driver whose calls return at once (`scripts/host-path-stub.c`: the kernels do
 //! nothing, so the ids read back are none and are never checked here), and
@@ -37,9 +37,11 @@ use vyre_tokenizer::{Encoding, Tokenizer};
 
 const PATHS: [&str; 3] = ["into", "batch", "wait"];
 
-/// The document sizes measured: a short text (the short-text kernel's case)
-/// and one of the split's long-text chunks.
-const SIZES: [usize; 2] = [1024, 262_144];
+/// The document sizes measured: a short text (the short-text kernel's case),
+/// one of the split's long-text chunks, and one whose copies run on the copy
+/// pool (from 1 MiB; its per-call lookups of the core count had cost about
+/// 60 µs of this size's 265 µs per encode against the stand-in, 2026-12-06).
+const SIZES: [usize; 3] = [1024, 262_144, 1_048_576];
 
 const ROUNDS: usize = 9;
 

@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 
 mod bpe;
+mod cores;
 pub mod device;
 mod error;
 pub mod occupancy;

@@ -576,9 +576,7 @@ impl Tokenizer {
 
     /// [`Tokenizer::encode_batch`] on the CPU (`total`: the texts' bytes).
     fn encode_batch_on_cpu(&self, texts: &[&str], total: usize) -> Vec<Vec<u32>> {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |threads| threads.get())
-            .min(texts.len());
+        let threads = crate::cores::available().min(texts.len());
         if threads <= 1 || total < BATCH_PARALLEL_MIN_BYTES {
             return texts
                 .iter()

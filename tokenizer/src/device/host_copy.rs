@@ -66,8 +66,7 @@ const PIECES_PER_WORKER: usize = 4;
 /// threads could not be started.
 pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    persistent_pool(&POOL, workers, "copy")
+    persistent_pool(&POOL, crate::cores::available(), "copy")
 }
 
 /// The pool in `cell`, started on first use with `threads` threads named

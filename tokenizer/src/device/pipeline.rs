@@ -2739,10 +2739,7 @@ mod tests {
             .collect();
         let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
         let total: usize = refs.iter().map(|text| text.len()).sum();
-        assert!(
-            host_copy::copy_threads() > 1
-                || std::thread::available_parallelism().map_or(1, |n| n.get()) == 1
-        );
+        assert!(host_copy::copy_threads() > 1 || crate::cores::available() == 1);
         let mut out = vec![0u8; total];
         host_copy::gather(&mut out, &refs).unwrap();
         assert_eq!(out, texts.concat());
