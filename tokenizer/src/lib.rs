@@ -40,7 +40,6 @@
 #![forbid(unsafe_code)]
 
 mod bpe;
-mod cores;
 pub mod device;
 mod error;
 pub mod occupancy;
@@ -49,6 +48,7 @@ mod special;
 mod table;
 mod tokenizer;
 mod vocab;
+mod workers;
 
 pub use bpe::SHORT_PIECE_BYTES;
 pub use error::{ErrorKind, TokenizerError};

@@ -18,9 +18,9 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use rayon::prelude::*;
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
 
 use crate::bpe::{encode_piece, Scratch};
@@ -574,43 +574,19 @@ impl Tokenizer {
         ids.fill_from(self.encode_batch_on_cpu(texts, total));
     }
 
-    /// [`Tokenizer::encode_batch`] on the CPU (`total`: the texts' bytes).
+    /// [`Tokenizer::encode_batch`] on the CPU (`total`: the texts' bytes): on
+    /// the batch pool's workers (`workers::cpu_batch_pool`, started once per
+    /// process) from [`BATCH_PARALLEL_MIN_BYTES`] up, the texts in order.
     fn encode_batch_on_cpu(&self, texts: &[&str], total: usize) -> Vec<Vec<u32>> {
-        let threads = crate::cores::available().min(texts.len());
-        if threads <= 1 || total < BATCH_PARALLEL_MIN_BYTES {
-            return texts
-                .iter()
-                .map(|text| self.encode_ordinary_on_cpu(text.as_bytes()))
-                .collect();
+        let encode = |text: &&str| self.encode_ordinary_on_cpu(text.as_bytes());
+        let pool = (texts.len() > 1 && total >= BATCH_PARALLEL_MIN_BYTES)
+            .then(crate::workers::cpu_batch_pool)
+            .flatten()
+            .filter(|pool| pool.current_num_threads() > 1);
+        match pool {
+            Some(pool) => pool.install(|| texts.par_iter().map(encode).collect()),
+            None => texts.iter().map(encode).collect(),
         }
-        let next = AtomicUsize::new(0);
-        let mut results: Vec<Vec<u32>> = vec![Vec::new(); texts.len()];
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let index = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(text) = texts.get(index) else { break };
-                            done.push((index, self.encode_ordinary_on_cpu(text.as_bytes())));
-                        }
-                        done
-                    })
-                })
-                .collect();
-            for worker in workers {
-                match worker.join() {
-                    Ok(done) => {
-                        for (index, ids) in done {
-                            results[index] = ids;
-                        }
-                    }
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-        });
-        results
     }
 
     /// The bytes of `ids` (ranks and special tokens), concatenated. An id that is

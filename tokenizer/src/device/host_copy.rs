@@ -66,24 +66,7 @@ const PIECES_PER_WORKER: usize = 4;
 /// threads could not be started.
 pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    persistent_pool(&POOL, crate::cores::available(), "copy")
-}
-
-/// The pool in `cell`, started on first use with `threads` threads named
-/// `vyre-tokenizer-{role}-N`; `None` where they could not be started.
-pub(crate) fn persistent_pool(
-    cell: &'static OnceLock<Option<rayon::ThreadPool>>,
-    threads: usize,
-    role: &'static str,
-) -> Option<&'static rayon::ThreadPool> {
-    cell.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(move |index| format!("vyre-tokenizer-{role}-{index}"))
-            .build()
-            .ok()
-    })
-    .as_ref()
+    crate::workers::persistent_pool(&POOL, crate::workers::available(), "copy")
 }
 
 /// The threads a copy of many bytes runs on: the pool's workers (1 without a

@@ -767,7 +767,7 @@ impl Drop for StagedChunk<'_> {
 /// call (runs alternating in the same calls).
 fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    host_copy::persistent_pool(&POOL, HAND_OUTS_RUNNING, "hand-out").filter(|_| chunks > 1)
+    crate::workers::persistent_pool(&POOL, HAND_OUTS_RUNNING, "hand-out").filter(|_| chunks > 1)
 }
 
 /// Hand-outs an encode may have running before it stages another chunk (and
@@ -2739,7 +2739,7 @@ mod tests {
             .collect();
         let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
         let total: usize = refs.iter().map(|text| text.len()).sum();
-        assert!(host_copy::copy_threads() > 1 || crate::cores::available() == 1);
+        assert!(host_copy::copy_threads() > 1 || crate::workers::available() == 1);
         let mut out = vec![0u8; total];
         host_copy::gather(&mut out, &refs).unwrap();
         assert_eq!(out, texts.concat());
