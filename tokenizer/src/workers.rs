@@ -15,7 +15,10 @@
 //!
 //! Threads are started once and kept, never per call: spawning and joining a
 //! thread costs tens of µs in the GPU machine's VM, which for a batch of a few
-//! tens of KiB on 16 cores is more than each thread's share of the work. Each
+//! tens of KiB on 16 cores is more than each thread's share of the work (the
+//! CPU encoder's `encode_batch` of 16 texts of 4 KiB took 307 µs on this pool
+//! against 662 on threads spawned per call, on an H100 machine's 16 host
+//! cores, 2026-12-06; 256 texts of 1 KiB 848 against 1,429). Each
 //! kind of work has its own pool, so that one never queues behind another (a
 //! hand-out queued behind the next chunk's gather had waited up to 4.8 ms: the
 //! pipeline's `hand_out_pool` gives that measurement): the copy pool
