@@ -564,6 +564,24 @@ fn gpu_grid_sync_beside_a_lane_leaves_its_multiprocessors_out() {
     );
 }
 
+/// Locks out a dispatch graph that refuses a grid-sync step, replays it over
+/// another replay's barrier words or an old scalar, or replays a grid that a lane
+/// started after the recording leaves no room for (the cooperative launch would
+/// wait for the lane forever), exactly as on the reference
+/// (`support::lane::assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out`;
+/// its negative control: the whole device's grid replays once the lane is dropped).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graphs_replay_grid_sync_steps_and_leave_a_lanes_multiprocessors_out() {
+    let _watchdog = watchdog(120, "grid-sync graph beside a lane");
+    let gpu = backend();
+    let multiprocessors = gpu.caps().sm_count;
+    support::lane::assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out(
+        &AnyBackend::Cuda(gpu),
+        multiprocessors,
+    );
+}
+
 /// Locks out a lane that blocks or corrupts the rest of the device: while a lane runs,
 /// eager dispatches (blocking and submitted) and graph replays on other streams keep
 /// giving their results, interleaved with lane requests, 300 rounds; a buffer dropped

@@ -135,6 +135,22 @@ fn a_grid_sync_dispatch_beside_a_reference_lane_leaves_its_multiprocessors_out()
     );
 }
 
+/// Locks out a dispatch graph that cannot hold a grid-sync step, replays it with
+/// stale barrier state or an old scalar, or replays a grid that a lane started after
+/// the recording leaves no room for (on CUDA that replay would wait forever), and a
+/// reference graph that answers otherwise than CUDA there: see
+/// `support::lane::assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out`
+/// (its negative control: the whole device's grid replays once the lane is gone).
+#[test]
+fn reference_graphs_replay_grid_sync_steps_and_leave_a_lanes_multiprocessors_out() {
+    let reference = vyre_cuda::backend::ReferenceBackend::new();
+    let multiprocessors = reference.caps().sm_count;
+    lane_programs::assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out(
+        &AnyBackend::Reference(reference),
+        multiprocessors,
+    );
+}
+
 /// Locks out a lane that mishandles a scalar type (a `bool` not reduced to 0 or 1, a
 /// 64-bit value cut to 32 bits, a signed value read unsigned, an `f32` read as an
 /// integer): a program with one scalar of every type answers through a reference

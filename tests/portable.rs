@@ -133,11 +133,11 @@ fn reference_buffers_make_no_mapped_view() {
 }
 
 /// Locks out a reference graph that accepts what the CUDA recorder refuses (so code
-/// tested without a GPU would fail on one): readback ranges inside a graph and
-/// grid-sync kernels are `Fix:` errors, and an empty recording is refused.
+/// tested without a GPU would fail on one): readback ranges inside a graph are a
+/// `Fix:` error, and an empty recording is refused. (Grid-sync steps are recorded
+/// on both: `lane.rs`' reference graph test.)
 #[test]
 fn reference_recorder_refuses_what_cuda_graphs_refuse() {
-    use vyre_cuda::ir::*;
     use vyre_cuda::{ByteRange, ReadbackPolicy};
     let backend = AnyBackend::reference();
     let program = support::portable_program();
@@ -161,30 +161,6 @@ fn reference_recorder_refuses_what_cuda_graphs_refuse() {
         .to_string();
     assert!(
         message.starts_with("Fix:") && message.contains("ranges"),
-        "{message}"
-    );
-    let grid = Program::builder([64, 1, 1])
-        .buffer(
-            "x",
-            0,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            b.grid_sync();
-        })
-        .build();
-    let grid_kernel = backend.compile(&grid, &config).unwrap();
-    let message = backend
-        .record(|rec| {
-            rec.dispatch(Dispatch::new(&grid_kernel, &refs[..1]).config(&config))
-                .map(drop)
-        })
-        .unwrap_err()
-        .to_string();
-    assert!(
-        message.starts_with("Fix:") && message.contains("grid_sync"),
         "{message}"
     );
     let message = backend.record(|_| Ok(())).unwrap_err().to_string();

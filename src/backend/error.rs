@@ -82,7 +82,7 @@ pub enum BackendError {
         program: String,
         /// Workgroups requested.
         grid_blocks: u64,
-        /// Most workgroups that can be co-resident.
+        /// Most workgroups that can be co-resident now (beside running lanes).
         max_coresident: u64,
     },
     /// An allocation or dispatch needs more device memory than the budget allows.
@@ -176,8 +176,9 @@ impl fmt::Display for BackendError {
             } => write!(
                 f,
                 "Fix: {program} uses grid_sync, so all {grid_blocks} workgroups must be resident at once, \
-                 but this device holds at most {max_coresident}; dispatch at most {max_coresident} workgroups \
-                 (loop inside the kernel over the rest) or remove grid_sync"
+                 but this device holds at most {max_coresident} now (fewer while persistent lanes run: their \
+                 blocks keep their multiprocessors); dispatch at most {max_coresident} workgroups (loop inside \
+                 the kernel over the rest), stop the lanes, or remove grid_sync"
             ),
             BackendError::OverBudget {
                 required,

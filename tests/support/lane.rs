@@ -430,6 +430,140 @@ pub fn store_one(shape: [u32; 3], grid_sync: bool) -> Program {
         .build()
 }
 
+/// A grid-sync exchange over `32 · workgroups` threads: each writes `data[g] = 3g + k`,
+/// the grid syncs, and each stores into `out[g]` the word another workgroup wrote,
+/// `data[(g + 32) mod n]`; without a working grid sync `out` reads stale words.
+pub fn grid_exchange() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "data",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .scalar("k", ScalarType::U32)
+        .body(|b| {
+            let g = b.let_("g", Expr::global_id(Axis::X));
+            let n = b.let_("n", Expr::workgroup_count(Axis::X) * 32u32);
+            b.store("data", g.clone(), g.clone() * 3u32 + Expr::scalar("k"));
+            b.grid_sync();
+            b.store("out", g.clone(), Expr::load("data", (g + 32u32) % n));
+        })
+        .build()
+}
+
+/// What [`grid_exchange`] leaves in `out` over `workgroups` workgroups with `k`.
+fn exchanged(workgroups: u32, k: u32) -> Vec<u32> {
+    let n = 32 * workgroups;
+    (0..n).map(|g| (g + 32) % n * 3 + k).collect()
+}
+
+/// Asserts that a dispatch graph replays a grid-sync step as an eager dispatch runs
+/// it, and that every replay checks its grid against the device as it is then: a
+/// recorded [`grid_exchange`] over the whole device (the kernel's
+/// `max_coresident_workgroups`) gives the exchanged words, again after its scalar
+/// changes (so each replay clears the barrier words the one before left, and the
+/// update reaches the cooperative node), and over fewer workgroups after
+/// `set_workgroups`; beside a one-block lane, started after the recording, a replay
+/// of the whole device's grid is `GridTooLargeForGridSync` (a `Fix:` error where the
+/// cooperative launch would have waited for the lane forever) and so is growing a
+/// step's grid past what the lane leaves, while a grid within it replays; once the
+/// lane is dropped, the whole device's grid replays again.
+pub fn assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out(
+    backend: &AnyBackend,
+    multiprocessors: u32,
+) {
+    let config = DispatchConfig::linear(1);
+    let exchange = backend.compile(&grid_exchange(), &config).unwrap();
+    let plain = backend.compile(&increment(), &config).unwrap();
+    let most = backend.coresident_workgroups(&exchange).unwrap();
+    let most_u32 = u32::try_from(most).unwrap();
+    let words = 32 * most;
+    let data = backend.buffer(4 * words).unwrap();
+    let out = backend.buffer(4 * words).unwrap();
+    let bindings = [Binding::Buffer(&data), Binding::Buffer(&out)];
+    let out_words = |workgroups: u32| -> Vec<u32> {
+        backend.read::<u32>(&out).unwrap()[..32 * workgroups as usize].to_vec()
+    };
+    backend
+        .run(
+            Dispatch::new(&exchange, &bindings)
+                .workgroups([most_u32, 1, 1])
+                .scalar("k", 5u32)
+                .readback(&ReadbackPolicy::None),
+        )
+        .unwrap();
+    assert_eq!(out_words(most_u32), exchanged(most_u32, 5), "eager");
+    let mut step = None;
+    let mut graph = backend
+        .record(|recorder| {
+            step = Some(
+                recorder.dispatch(
+                    Dispatch::new(&exchange, &bindings)
+                        .workgroups([most_u32, 1, 1])
+                        .scalar("k", 7u32),
+                )?,
+            );
+            Ok(())
+        })
+        .unwrap();
+    let step = step.unwrap();
+    graph.replay().unwrap();
+    assert_eq!(out_words(most_u32), exchanged(most_u32, 7), "first replay");
+    graph.set_scalar(step, "k", 9u32).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(
+        out_words(most_u32),
+        exchanged(most_u32, 9),
+        "after set_scalar"
+    );
+    let fewer = most_u32.div_ceil(2);
+    graph.set_workgroups(step, [fewer, 1, 1]).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(
+        out_words(fewer),
+        exchanged(fewer, 9),
+        "after set_workgroups"
+    );
+    graph.set_workgroups(step, [most_u32, 1, 1]).unwrap();
+
+    let lane = backend.lane(&[&plain], LaneOptions::new()).unwrap();
+    let beside = backend.coresident_workgroups(&exchange).unwrap();
+    assert_eq!(beside, most - most.div_ceil(u64::from(multiprocessors)));
+    let refused = |error: vyre_cuda::backend::BackendError| {
+        assert!(
+            matches!(
+                error,
+                vyre_cuda::backend::BackendError::GridTooLargeForGridSync { .. }
+            ) && error.to_string().starts_with("Fix:"),
+            "{error}"
+        );
+    };
+    refused(graph.replay().unwrap_err());
+    let within = u32::try_from(beside).unwrap();
+    graph.set_workgroups(step, [within, 1, 1]).unwrap();
+    graph.set_scalar(step, "k", 11u32).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(out_words(within), exchanged(within, 11), "beside the lane");
+    refused(graph.set_workgroups(step, [most_u32, 1, 1]).unwrap_err());
+    drop(lane);
+    graph.set_workgroups(step, [most_u32, 1, 1]).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(
+        out_words(most_u32),
+        exchanged(most_u32, 11),
+        "after the lane"
+    );
+}
+
 /// Asserts that a grid-sync dispatch beside a running lane of `backend` (a device of
 /// `multiprocessors` multiprocessors) leaves the lane's multiprocessors out, as a
 /// cooperative grid must (every workgroup resident at once, and a lane's block may

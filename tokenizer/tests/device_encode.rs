@@ -2362,11 +2362,7 @@ fn resident_grid_equals_cpu() {
             .map(|&shape| vec![generate(shape, 24 << 10, 31)]),
     );
     assert!(batches.len() >= 4, "{} batches", batches.len());
-    let limits = ChunkLimits {
-        short_text_bytes: SHORT_TEXT_BYTES,
-        resident_text_bytes: 24 << 10,
-        ..ChunkLimits::default()
-    };
+    let limits = resident_up_to_24_kib();
     for encoding in Encoding::ALL {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
         for (label, geometry) in [
@@ -2548,37 +2544,110 @@ fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
 /// control: the same text and encoder without the lane).
 #[test]
 fn resident_grids_leave_a_running_lanes_multiprocessors_out() {
-    use vyre_cuda::backend::{LaneOptions, ReferenceBackend};
     let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
-    let reference = ReferenceBackend::new();
-    let multiprocessors = reference.caps().sm_count;
-    let limits = ChunkLimits {
-        short_text_bytes: SHORT_TEXT_BYTES,
-        resident_text_bytes: 24 << 10,
-        ..ChunkLimits::default()
-    };
     let encoder = DeviceEncoder::with_geometry(
-        AnyBackend::Reference(reference),
+        AnyBackend::reference(),
         &tokenizer,
         Geometry::default(),
-        limits,
+        resident_up_to_24_kib(),
     )
     .unwrap();
     let text = generate(Shape::Prose, 8 << 10, 41);
     assert!(encoder.runs_resident(text.len() as u64));
-    let backend = encoder.backend();
+    let lane = lane_on_every_multiprocessor(encoder.backend());
+    assert!(!encoder.runs_resident(text.len() as u64));
+    check_every_step_runs(&encoder, &tokenizer, text.clone(), "beside the lane");
+    drop(lane);
+    assert!(encoder.runs_resident(text.len() as u64));
+    check_batch(&encoder, &tokenizer, &[text], "after the lane");
+}
+
+/// The short-text kernel up to 4 KiB, the resident grid up to 24 KiB.
+fn resident_up_to_24_kib() -> ChunkLimits {
+    ChunkLimits {
+        short_text_bytes: SHORT_TEXT_BYTES,
+        resident_text_bytes: 24 << 10,
+        ..ChunkLimits::default()
+    }
+}
+
+/// A lane of the reference `backend` with a block on every multiprocessor:
+/// beside it no workgroup of a cooperative grid fits.
+fn lane_on_every_multiprocessor(backend: &AnyBackend) -> vyre_cuda::backend::AnyLane {
+    use vyre_cuda::backend::LaneOptions;
     // Any kernel serves: with a block on every multiprocessor the lane leaves
     // no cooperative grid room, whatever it runs.
     let fixture = vyre_cuda::fixtures::host_cost_fixture(2, 1);
     let kernel = backend
         .compile(&fixture, &DispatchConfig::linear(1))
         .unwrap();
-    let lane = backend
+    // The reference backend's device has as many multiprocessors as an H200.
+    let multiprocessors = vyre_cuda::backend::ReferenceBackend::new().caps().sm_count;
+    assert!(matches!(backend, AnyBackend::Reference(_)));
+    backend
         .lane(&[&kernel], LaneOptions::new().blocks(multiprocessors))
+        .unwrap()
+}
+
+/// Locks out a resident-length text's graph recorded step by step (six kernel
+/// nodes and three uploads where one cooperative kernel does the work), one that
+/// replays a stale text, and a replay that counts on a lane's multiprocessors (on
+/// CUDA it would wait for the lane forever): on cl100k and r50k, graphs of 4,097
+/// bytes and 8 KiB record one dispatch, and three texts of each length in turn
+/// (prose, the same upper-cased, the first again; each read in place and into a
+/// vector) equal the CPU encoder; beside a lane on every multiprocessor, started
+/// after the recording, a replay is a `Fix:` error, and once the lane is dropped
+/// the graph replays again. Negative controls: consecutive texts have other ids
+/// (so a stale text fails); the same lengths through an encoder without the
+/// resident grid record every step but `stage` and give the same ids.
+#[test]
+fn resident_grid_graphs_run_one_cooperative_kernel() {
+    for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let resident = DeviceEncoder::with_geometry(
+            AnyBackend::reference(),
+            &tokenizer,
+            Geometry::default(),
+            resident_up_to_24_kib(),
+        )
         .unwrap();
-    assert!(!encoder.runs_resident(text.len() as u64));
-    check_every_step_runs(&encoder, &tokenizer, text.clone(), "beside the lane");
-    drop(lane);
-    assert!(encoder.runs_resident(text.len() as u64));
-    check_batch(&encoder, &tokenizer, &[text], "after the lane");
+        let step_by_step = reference_encoder(&tokenizer);
+        let steps = step_by_step.step_names().len();
+        for bytes in [4097, 8 << 10] {
+            assert!(resident.runs_resident(bytes as u64));
+            let prose = generate(Shape::Prose, bytes, bytes as u64);
+            let texts = [prose.clone(), prose.to_ascii_uppercase(), prose];
+            for (encoder, one_kernel) in [(&resident, true), (&step_by_step, false)] {
+                let what = format!("{encoding:?}, {bytes} bytes, one kernel {one_kernel}");
+                let mut graph = encoder.graph(bytes).unwrap();
+                let dispatches = if one_kernel { 1 } else { steps - 1 };
+                assert_eq!(graph.dispatches(), dispatches, "{what}");
+                let mut before: Option<Vec<u32>> = None;
+                let mut copied = Vec::new();
+                for (index, text) in texts.iter().enumerate() {
+                    let expected = tokenizer.encode_ordinary_bytes(text);
+                    assert_ne!(before.as_ref(), Some(&expected), "negative control, {what}");
+                    let (in_place, _) = graph.encode_in_place(text).unwrap();
+                    assert_eq!(in_place, &expected[..], "{what}, text {index} in place");
+                    graph.encode_into(text, &mut copied).unwrap();
+                    assert_eq!(copied, expected, "{what}, text {index} into a vector");
+                    before = Some(expected);
+                }
+            }
+        }
+        let text = generate(Shape::Code, 8 << 10, 5);
+        let mut graph = resident.graph(text.len()).unwrap();
+        let lane = lane_on_every_multiprocessor(resident.backend());
+        let error = graph.encode(&text).unwrap_err();
+        assert!(
+            error.message().starts_with("Fix:") && error.message().contains("lane"),
+            "{error}"
+        );
+        drop(lane);
+        assert_eq!(
+            graph.encode(&text).unwrap(),
+            tokenizer.encode_ordinary_bytes(&text),
+            "{encoding:?}, after the lane"
+        );
+    }
 }

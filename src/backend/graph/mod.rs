@@ -127,6 +127,22 @@
 //! other: a graph holds its buffers, and replaying it while a submission over the
 //! same buffers is pending is ordered only by the caller.
 //!
+//! # Grid-sync steps
+//!
+//! A step whose program has a grid sync is recorded over a private instance of
+//! its kernel (`BackendInner::private_instance`: the same PTX loaded again as a
+//! module of the graph's own), because an eager dispatch's barrier words are
+//! module-global and leased for the dispatch's whole run, which a replay
+//! cannot do. The graph's words are its alone: the driver runs the launches of
+//! one executable graph one after another, and the recording clears the words
+//! before each launch (a node of the graph), so no replay inherits another's
+//! state. The step launches cooperatively, so the driver refuses a grid that
+//! cannot be co-resident, and every replay (and each `set_workgroups`) first
+//! checks its grid against what the device holds beside the context's running
+//! lanes (`GridTooLargeForGridSync` instead of a replay that would wait for a
+//! lane forever). The eager dispatch's audit of the barrier's arrivals has no
+//! replay counterpart.
+//!
 //! # Timing and the probe
 //!
 //! [`DispatchGraph::replay`] records no events (on driver 580 each event record
@@ -144,9 +160,6 @@
 //!
 //! # Not supported
 //!
-//! - Grid-sync (cooperative) kernels are rejected at record time: their barrier
-//!   counter is module-global and needs the per-module lease and arrival audit a
-//!   plain dispatch performs around each launch, which a replay cannot do.
 //! - A recording spans one device: a stream capture cannot span devices, so a
 //!   buffer or kernel of another device's backend is refused with a `Fix:` error.
 //!   Per-device recordings are stitched under one parent graph with dependency
@@ -178,7 +191,7 @@ use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
 pub(in crate::backend) use record::{
-    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
+    check_recordable, check_recorded_read_back, check_recorded_upload,
 };
 pub use stitch::{ChildId, EdgeKind, StitchBuilder, StitchEdge, StitchedGraph, TransferRoute};
 
@@ -529,6 +542,7 @@ impl DispatchGraph {
         let inner = Arc::clone(self.backend.shared());
         inner.check_alive()?;
         let plan = inner.launch_plan(&self.steps[index].kernel, workgroups)?;
+        record::check_grid_sync_fits(&inner, &self.steps[index].kernel, &plan)?;
         let step = &self.steps[index];
         let (counts, scalars) = (step.counts.clone(), step.scalars.clone());
         self.update_step(index, counts, plan, scalars)
@@ -700,6 +714,16 @@ impl DispatchGraph {
         Ok(timing)
     }
 
+    /// Every grid-sync step's grid against the device now, before a replay: a
+    /// lane may have started since the recording, and a cooperative launch that
+    /// counted on its multiprocessors would wait for it forever.
+    fn check_grid_syncs_fit(&self) -> Result<(), BackendError> {
+        let inner = self.backend.shared();
+        self.steps
+            .iter()
+            .try_for_each(|step| record::check_grid_sync_fits(inner, &step.kernel, &step.plan))
+    }
+
     /// Enqueue one graph launch (bracketed by the window events when timed);
     /// returns the instant the last operation was enqueued.
     fn launch(&mut self, want_timing: bool) -> Result<Instant, BackendError> {
@@ -749,6 +773,7 @@ impl DispatchGraph {
         let inner = self.backend.shared();
         inner.check_alive()?;
         inner.bind()?;
+        self.check_grid_syncs_fit()?;
         // A persistent lane's request over one of the graph's buffers runs beside the
         // replay, unordered on the device, and its outputs in device memory are visible
         // to the replay only once its completion word is (even after its delivery):

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::backend::dispatch::foreign_kernel;
+use crate::backend::dispatch::{check_coresident, foreign_kernel};
 use crate::backend::driver::{
     self, Capture, DeviceMemory, DriverError, DriverResult, Event, GraphNode, GraphNodeKind,
     LoadedModule, PinnedMemory, Stream,
 };
-use crate::backend::kernel::KernelKind;
+use crate::backend::kernel::{KernelInner, KernelKind};
 use crate::backend::plan::{check_aliasing, check_binding_sizes, check_request_scalars};
 use crate::backend::readback::{
     mapped_range_limit, AreaCopy, ResultArea, ResultParams, RESULT_AREA_BYTES, STAMP_BYTES,
@@ -22,7 +22,7 @@ use crate::backend::stream_ops::{
 };
 use crate::backend::{
     device_of_backend, BackendError, BackendInner, Binding, CudaBackend, DeviceBuffer, Dispatch,
-    PerBinding,
+    LaunchPlan, PerBinding,
 };
 use crate::config::ReadbackPolicy;
 
@@ -165,7 +165,7 @@ impl GraphRecorder<'_> {
         let KernelKind::Cuda(kernel) = &resolved.kind else {
             return Err(foreign_kernel(&name));
         };
-        let kernel = Arc::clone(kernel);
+        let mut kernel = Arc::clone(kernel);
         check_device(
             &format!("the kernel for {name}"),
             device_of_backend(kernel.backend_id),
@@ -176,7 +176,8 @@ impl GraphRecorder<'_> {
         }
         check_recordable(&name, &request)?;
         if kernel.grid_barrier.is_some() {
-            return Err(grid_sync_in_a_graph(&name));
+            // Grid barrier words of this graph's own (`private_instance`).
+            kernel = Arc::new(inner.private_instance(&kernel)?);
         }
         let mut sizes: PerBinding<u64> = SmallVec::new();
         for binding in request.bindings {
@@ -191,6 +192,7 @@ impl GraphRecorder<'_> {
         check_request_scalars(&name, declared, &request)?;
         let scalars = request.scalars.words()[..declared.len()].into();
         let plan = inner.launch_plan(&kernel, request.workgroups)?;
+        check_grid_sync_fits(inner, &kernel, &plan)?;
         let mut bound: SmallVec<[BoundAddress; 16]> = SmallVec::new();
         let mut held: SmallVec<[Arc<DeviceMemory>; 16]> = SmallVec::new();
         for binding in request.bindings {
@@ -592,7 +594,8 @@ fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
             grid: step.plan.grid,
             block: step.plan.block,
             iterations: step.iterations,
-            grid_barrier: None,
+            // Its own words (a graph's private instance), cleared before each launch.
+            grid_barrier: kernel.grid_barrier,
             barrier_settled: false,
         },
     );
@@ -710,14 +713,25 @@ pub(in crate::backend) fn check_recorded_read_back(
     Ok(())
 }
 
-/// The `Fix:` error for a grid-sync kernel inside a recording (the same on every
-/// backend).
-pub(in crate::backend) fn grid_sync_in_a_graph(name: &str) -> BackendError {
-    BackendError::bad_input(format!(
-        "Fix: {name} uses grid_sync, which dispatch graphs do not support (its module-global barrier \
-         needs a lease and an audit around every launch); dispatch it outside the graph, or split it at \
-         the grid_sync into separate recorded dispatches"
-    ))
+/// A grid-sync step's grid against the workgroups the device holds at once now,
+/// beside the context's running lanes (`GridTooLargeForGridSync` where its
+/// cooperative launch would wait forever); nothing for other kernels. Checked
+/// when the step is recorded and before every replay, since a lane may start
+/// in between.
+pub(super) fn check_grid_sync_fits(
+    inner: &BackendInner,
+    kernel: &KernelInner,
+    plan: &LaunchPlan,
+) -> Result<(), BackendError> {
+    if kernel.grid_barrier.is_none() {
+        return Ok(());
+    }
+    check_coresident(
+        &kernel.name,
+        true,
+        plan,
+        inner.coresident_now(kernel.max_coresident_blocks),
+    )
 }
 
 /// `Ok` when `owner` (the device of a buffer or kernel) is `recording` (the device
@@ -847,11 +861,17 @@ impl StreamTarget for CaptureTarget<'_, '_> {
         ))
     }
 
-    unsafe fn reset_grid_barrier(&mut self, _counter: u64) -> DriverResult<()> {
-        // Recording refuses grid-sync kernels, so no description asks for this.
-        Err(DriverError::not_supported(
-            "grid barrier reset inside a graph capture",
-        ))
+    unsafe fn reset_grid_barrier(&mut self, counter: u64) -> DriverResult<()> {
+        // SAFETY: forwarded obligation: the symbol (of the step's private module,
+        // which the graph holds) holds GRID_BARRIER_WORDS words.
+        unsafe {
+            driver::fill_words_async(
+                counter,
+                0,
+                crate::codegen::GRID_BARRIER_WORDS,
+                self.capture.stream(),
+            )
+        }
     }
 
     unsafe fn launch(
@@ -868,7 +888,7 @@ impl StreamTarget for CaptureTarget<'_, '_> {
                 launch.block,
                 self.capture.stream(),
                 params,
-                false,
+                launch.grid_barrier.is_some(),
             )
         }?;
         self.nodes.push(self.capture.last_node()?);

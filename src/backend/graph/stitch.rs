@@ -994,6 +994,7 @@ impl StitchedGraph {
             super::count_steps_for_probe(self.children.iter().flat_map(|c| c.steps.iter()));
         }
         for child in &mut self.children {
+            child.check_grid_syncs_fit()?;
             child.arm_as_child()?;
         }
         let inner = Arc::clone(self.home.shared());

@@ -8,8 +8,8 @@ use std::time::Instant;
 use crate::config::DispatchConfig;
 
 use super::super::graph::{
-    check_recordable, check_recorded_read_back, check_recorded_upload, grid_sync_in_a_graph,
-    next_graph_id, InputSlot, OutputSlot, StepId,
+    check_recordable, check_recorded_read_back, check_recorded_upload, next_graph_id, InputSlot,
+    OutputSlot, StepId,
 };
 use super::super::plan::{
     check_aliasing, check_binding_sizes, check_request_scalars, scalar_position, undeclared_scalar,
@@ -128,9 +128,6 @@ impl ReferenceRecorder {
         let reference = backend.reference_kernel(&kernel)?;
         let name = &reference.name;
         check_recordable(name, &request)?;
-        if reference.grid_sync {
-            return Err(grid_sync_in_a_graph(name));
-        }
         let mut memories = Vec::with_capacity(request.bindings.len());
         for binding in request.bindings {
             match binding {
@@ -148,7 +145,8 @@ impl ReferenceRecorder {
         check_binding_sizes(name, &reference.slots, &sizes, request.fixpoint_iterations)?;
         check_aliasing(name, &reference.slots, request.bindings)?;
         check_request_scalars(name, reference.program.scalars(), &request)?;
-        LaunchPlan::new(request.workgroups, reference.workgroup_size, backend.caps())?;
+        let launch = LaunchPlan::new(request.workgroups, reference.workgroup_size, backend.caps())?;
+        backend.check_grid_sync_fits(reference, &launch)?;
         let counts = vec![None; reference.slots.len()];
         let graph = &mut self.graph;
         let index = graph.steps.len();
@@ -277,7 +275,8 @@ impl ReferenceGraph {
     ) -> Result<(), BackendError> {
         let (step, backend) = self.step_mut(step)?;
         let kernel = backend.reference_kernel(&step.kernel)?;
-        LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
+        let launch = LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
+        backend.check_grid_sync_fits(kernel, &launch)?;
         step.workgroups = workgroups;
         Ok(())
     }
@@ -323,6 +322,13 @@ impl ReferenceGraph {
                 }
                 Operation::Dispatch(step) => {
                     let kernel = self.backend.reference_kernel(&step.kernel)?;
+                    // Lanes may have started since the recording.
+                    let launch = LaunchPlan::new(
+                        step.workgroups,
+                        kernel.workgroup_size,
+                        self.backend.caps(),
+                    )?;
+                    self.backend.check_grid_sync_fits(kernel, &launch)?;
                     replay_dispatch(&self.backend, kernel, step)?;
                 }
                 Operation::ReadBack {

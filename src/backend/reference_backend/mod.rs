@@ -186,6 +186,23 @@ impl ReferenceBackend {
         )
     }
 
+    /// A grid-sync kernel's grid against the workgroups the device holds at once
+    /// now, beside running lanes (`GridTooLargeForGridSync` where it would wait
+    /// forever); nothing for other kernels. Eager dispatches and every replay of
+    /// a recorded one check it.
+    pub(in crate::backend) fn check_grid_sync_fits(
+        &self,
+        reference: &ReferenceKernel,
+        launch: &LaunchPlan,
+    ) -> Result<(), BackendError> {
+        super::dispatch::check_coresident(
+            &reference.name,
+            reference.grid_sync,
+            launch,
+            self.coresident_now(reference.max_coresident_blocks),
+        )
+    }
+
     /// [`CudaBackend::coresident_workgroups`](super::CudaBackend::coresident_workgroups)
     /// on the device the interpreter answers as, beside its live lanes.
     pub fn coresident_workgroups(&self, kernel: &Kernel) -> Option<u64> {
@@ -467,12 +484,7 @@ impl ReferenceBackend {
             }
         }
         let (plan, launch) = self.plan(reference, request, sink)?;
-        super::dispatch::check_coresident(
-            &reference.name,
-            reference.grid_sync,
-            &launch,
-            self.coresident_now(reference.max_coresident_blocks),
-        )?;
+        self.check_grid_sync_fits(reference, &launch)?;
         if request.bindings.iter().any(Binding::is_transient) {
             let transient = request
                 .bindings

@@ -1753,11 +1753,13 @@ impl DeviceEncoder {
     /// which [`EncodeGraph::encode`] replays. A text that runs the short-text
     /// kernel ([`DeviceEncoder::runs_short`]) is that one kernel, which reads
     /// the text where the host wrote it (the slot's host-mapped staging) and
-    /// writes the ids where the host reads them; any other text is the uploads
-    /// of the parameters, the text and the document ends from the graph's
-    /// pinned input slots, then every step but `stage` (the split's included),
-    /// each its own kernel node (a graph cannot hold the resident grid's
-    /// cooperative kernel).
+    /// writes the ids where the host reads them; a text that runs the resident
+    /// grid ([`DeviceEncoder::runs_resident`]) is the upload of its text from
+    /// the graph's pinned input slot and that one cooperative kernel
+    /// (vyre-cuda records a grid-sync kernel over a module of the graph's
+    /// own); any other text is the uploads of the parameters, the text and the
+    /// document ends from the graph's pinned input slots, then every step but
+    /// `stage` (the split's included), each its own kernel node.
     ///
     /// Why the short kernel: recorded step by step, a 1 KiB text took
     /// longer as a graph than eagerly through the short-text kernel (61.7
@@ -1780,13 +1782,15 @@ impl DeviceEncoder {
             ));
         }
         let mut slot = self.take_slot(text_len as u64, 1)?;
-        let recorded = match self.short_kernel(text_len as u64) {
-            Some(fused) => self
-                .record_short(&mut slot, fused, text_len_u32)
-                .map(|graph| (graph, GraphInputs::Staging)),
-            None => self
-                .record_steps(&slot, text_len_u32)
-                .map(|(graph, inputs)| (graph, GraphInputs::Uploads(inputs))),
+        let recorded = if let Some(fused) = self.short_kernel(text_len as u64) {
+            self.record_short(&mut slot, fused, text_len_u32)
+                .map(|graph| (graph, GraphInputs::Staging))
+        } else if let Some(fused) = self.resident_kernel(text_len as u64) {
+            self.record_resident(&slot, fused, text_len_u32)
+                .map(|(graph, input)| (graph, GraphInputs::Text(input)))
+        } else {
+            self.record_steps(&slot, text_len_u32)
+                .map(|(graph, inputs)| (graph, GraphInputs::Uploads(inputs)))
         };
         match recorded {
             Ok((graph, inputs)) => Ok(EncodeGraph {
@@ -1850,6 +1854,58 @@ impl DeviceEncoder {
         let inputs =
             slots.ok_or_else(|| internal("the encode graph recorded no input slots".to_owned()))?;
         Ok((graph, inputs))
+    }
+
+    /// The graph of one text of `text_len` bytes through the resident-grid
+    /// kernel `fused`: the text uploaded from the graph's pinned input slot
+    /// (returned with it) into a device buffer of the graph's own (the graph
+    /// holds its memory once recorded), then
+    /// the one cooperative kernel over the slot, which takes the text length
+    /// and its one document from its scalars (its `stage` reads no staged
+    /// parameter or document end). A replay checks the grid against the device
+    /// as it is then: beside lanes that leave it too few multiprocessors it is
+    /// a `Fix:` error, where an eager encode would run the steps one by one.
+    fn record_resident(
+        &self,
+        slot: &Slot,
+        fused: &FusedKernel,
+        text_len: u32,
+    ) -> Result<(AnyGraph, InputSlot), TokenizerError> {
+        let capacity = self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1);
+        let staged = self.backend.buffer(capacity).map_err(|error| {
+            backend_error(
+                &format!("allocating {capacity} bytes for a graph's text"),
+                error,
+            )
+        })?;
+        let bindings: Vec<Binding<'_>> = fused
+            .bindings
+            .iter()
+            .zip(self.bindings(slot, &fused.bindings)?)
+            .map(|(&role, binding)| match role {
+                Role::StagedText => Binding::from(&staged),
+                _ => binding,
+            })
+            .collect();
+        let workgroups = self.fused_workgroups(fused, u64::from(text_len));
+        let mut text_input = None;
+        let graph = self
+            .backend
+            .record(|recorder| {
+                text_input = Some(recorder.upload(&staged, u64::from(text_len))?);
+                recorder.dispatch(
+                    Dispatch::new(&fused.kernel, &bindings)
+                        .workgroups([workgroups, 1, 1])
+                        .scalar(TEXT_LEN_SCALAR, text_len)
+                        .scalar(DOCUMENTS_SCALAR, 1u32)
+                        .readback(&NO_READBACK),
+                )?;
+                Ok(())
+            })
+            .map_err(|error| backend_error(&format!("recording {}", fused.name), error))?;
+        let input = text_input
+            .ok_or_else(|| internal("the resident graph recorded no text input".to_owned()))?;
+        Ok((graph, input))
     }
 
     /// The graph of one text of `text_len` bytes through the short-text
@@ -2337,6 +2393,10 @@ enum GraphInputs {
     /// The graph's pinned input slots of params, text and document ends, which
     /// its first nodes upload.
     Uploads([InputSlot; 3]),
+    /// The graph's pinned input slot of the text alone, which its first node
+    /// uploads for the resident-grid kernel (the length and the one document
+    /// are its scalars).
+    Text(InputSlot),
     /// The slot's host-visible staging, which the short-text kernel reads in
     /// place: the layout written when the graph was recorded, the text before
     /// each replay.
@@ -2442,6 +2502,9 @@ impl EncodeGraph<'_> {
                 input(graph, inputs[2])?
                     .chunks_exact_mut(4)
                     .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
+            }
+            GraphInputs::Text(input_slot) => {
+                input(graph, input_slot)?.copy_from_slice(text);
             }
             GraphInputs::Staging => write_host_visible(
                 &encoder.backend,
