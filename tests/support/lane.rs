@@ -430,6 +430,17 @@ pub fn store_one(shape: [u32; 3], grid_sync: bool) -> Program {
         .build()
 }
 
+/// Asserts that `error` is `GridTooLargeForGridSync` with a `Fix:` message.
+fn assert_grid_too_large(error: vyre_cuda::backend::BackendError) {
+    assert!(
+        matches!(
+            error,
+            vyre_cuda::backend::BackendError::GridTooLargeForGridSync { .. }
+        ) && error.to_string().starts_with("Fix:"),
+        "{error}"
+    );
+}
+
 /// A grid-sync exchange over `32 · workgroups` threads: each writes `data[g] = 3g + k`,
 /// the grid syncs, and each stores into `out[g]` the word another workgroup wrote,
 /// `data[(g + 32) mod n]`; without a working grid sync `out` reads stale words.
@@ -538,22 +549,13 @@ pub fn assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out(
     let lane = backend.lane(&[&plain], LaneOptions::new()).unwrap();
     let beside = backend.coresident_workgroups(&exchange).unwrap();
     assert_eq!(beside, most - most.div_ceil(u64::from(multiprocessors)));
-    let refused = |error: vyre_cuda::backend::BackendError| {
-        assert!(
-            matches!(
-                error,
-                vyre_cuda::backend::BackendError::GridTooLargeForGridSync { .. }
-            ) && error.to_string().starts_with("Fix:"),
-            "{error}"
-        );
-    };
-    refused(graph.replay().unwrap_err());
+    assert_grid_too_large(graph.replay().unwrap_err());
     let within = u32::try_from(beside).unwrap();
     graph.set_workgroups(step, [within, 1, 1]).unwrap();
     graph.set_scalar(step, "k", 11u32).unwrap();
     graph.replay().unwrap();
     assert_eq!(out_words(within), exchanged(within, 11), "beside the lane");
-    refused(graph.set_workgroups(step, [most_u32, 1, 1]).unwrap_err());
+    assert_grid_too_large(graph.set_workgroups(step, [most_u32, 1, 1]).unwrap_err());
     drop(lane);
     graph.set_workgroups(step, [most_u32, 1, 1]).unwrap();
     graph.replay().unwrap();
@@ -598,14 +600,7 @@ pub fn assert_grid_sync_beside_a_lane_leaves_its_multiprocessors_out(
     let lane = backend.lane(&[&plain], LaneOptions::new()).unwrap();
     let beside = backend.coresident_workgroups(&grid_sync).unwrap();
     assert_eq!(beside, most - most.div_ceil(u64::from(multiprocessors)));
-    let error = run(most).unwrap_err();
-    assert!(
-        matches!(
-            error,
-            vyre_cuda::backend::BackendError::GridTooLargeForGridSync { .. }
-        ) && error.to_string().starts_with("Fix:"),
-        "{error}"
-    );
+    assert_grid_too_large(run(most).unwrap_err());
     run(beside).unwrap();
     drop(lane);
     assert_eq!(backend.coresident_workgroups(&grid_sync), Some(most));

@@ -707,6 +707,35 @@ fn submitted_and_graph_encodes_equal_cpu() {
     assert!(encoder.graph(0).is_err());
 }
 
+/// Records `encoder`'s graph for the length of `texts` (all one length),
+/// checks it makes `dispatches` dispatches, and replays the texts in turn, each
+/// read in place and into a vector, against the CPU encoder; consecutive texts
+/// of more than one byte must have other ids (the negative control that makes
+/// a stale text fail).
+fn check_graph_texts(
+    encoder: &DeviceEncoder,
+    tokenizer: &Tokenizer,
+    texts: &[Vec<u8>],
+    dispatches: usize,
+    what: &str,
+) {
+    let mut graph = encoder.graph(texts[0].len()).unwrap();
+    assert_eq!(graph.dispatches(), dispatches, "{what}");
+    let mut before: Option<Vec<u32>> = None;
+    let mut copied = Vec::new();
+    for (index, text) in texts.iter().enumerate() {
+        let expected = tokenizer.encode_ordinary_bytes(text);
+        if text.len() > 1 {
+            assert_ne!(before.as_ref(), Some(&expected), "negative control, {what}");
+        }
+        let (in_place, _) = graph.encode_in_place(text).unwrap();
+        assert_eq!(in_place, &expected[..], "{what}, text {index} in place");
+        graph.encode_into(text, &mut copied).unwrap();
+        assert_eq!(copied, expected, "{what}, text {index} into a vector");
+        before = Some(expected);
+    }
+}
+
 /// Locks out a short text's graph recorded step by step (seven kernel nodes
 /// and three uploads, which took longer than one eager short-text kernel) and
 /// one that replays a stale text (the text written where the short-text
@@ -743,22 +772,8 @@ fn short_text_graphs_run_the_short_kernel() {
                 (&step_by_step, false),
             ] {
                 let what = format!("{encoding:?}, {bytes} bytes, one kernel {one_kernel}");
-                let mut graph = encoder.graph(bytes).unwrap();
                 let dispatches = if one_kernel { 1 } else { steps - 1 };
-                assert_eq!(graph.dispatches(), dispatches, "{what}");
-                let mut before: Option<Vec<u32>> = None;
-                let mut copied = Vec::new();
-                for (index, text) in texts.iter().enumerate() {
-                    let expected = tokenizer.encode_ordinary_bytes(text);
-                    if bytes > 1 {
-                        assert_ne!(before.as_ref(), Some(&expected), "negative control, {what}");
-                    }
-                    let (in_place, _) = graph.encode_in_place(text).unwrap();
-                    assert_eq!(in_place, &expected[..], "{what}, text {index} in place");
-                    graph.encode_into(text, &mut copied).unwrap();
-                    assert_eq!(copied, expected, "{what}, text {index} into a vector");
-                    before = Some(expected);
-                }
+                check_graph_texts(encoder, &tokenizer, &texts, dispatches, &what);
             }
         }
     }
@@ -2619,20 +2634,8 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
             let texts = [prose.clone(), prose.to_ascii_uppercase(), prose];
             for (encoder, one_kernel) in [(&resident, true), (&step_by_step, false)] {
                 let what = format!("{encoding:?}, {bytes} bytes, one kernel {one_kernel}");
-                let mut graph = encoder.graph(bytes).unwrap();
                 let dispatches = if one_kernel { 1 } else { steps - 1 };
-                assert_eq!(graph.dispatches(), dispatches, "{what}");
-                let mut before: Option<Vec<u32>> = None;
-                let mut copied = Vec::new();
-                for (index, text) in texts.iter().enumerate() {
-                    let expected = tokenizer.encode_ordinary_bytes(text);
-                    assert_ne!(before.as_ref(), Some(&expected), "negative control, {what}");
-                    let (in_place, _) = graph.encode_in_place(text).unwrap();
-                    assert_eq!(in_place, &expected[..], "{what}, text {index} in place");
-                    graph.encode_into(text, &mut copied).unwrap();
-                    assert_eq!(copied, expected, "{what}, text {index} into a vector");
-                    before = Some(expected);
-                }
+                check_graph_texts(encoder, &tokenizer, &texts, dispatches, &what);
             }
         }
         let text = generate(Shape::Code, 8 << 10, 5);
