@@ -23,8 +23,10 @@
 //!   the graph left them, `EncodeGraph::encode_in_place`), with each
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
-//!   encodes; and eager again with the resident grid's `compact` in a group
-//!   per 1 KiB block instead of the batch's cap); one 1,024-byte document as a graph (ids into a new vector
+//!   encodes; eager again with the resident grid's `compact` in a group
+//!   per 1 KiB block instead of the batch's cap, and eager as the cooperative
+//!   dispatch instead of a replay of the graph the chunk's slot keeps,
+//!   `DeviceEncoder::with_resident_graphs(false)`); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside;
@@ -460,6 +462,10 @@ fn main() {
         ChunkLimits::default(),
     )
     .expect("encoder with a wide compact");
+    // The resident grid as a cooperative dispatch per chunk instead of a
+    // replay of the graph its slot keeps.
+    let dispatching =
+        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_resident_graphs(false);
     print_wait_floors(&gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
@@ -526,6 +532,18 @@ fn main() {
             Geometry::default().compact_workgroups,
             wide * 1e6,
             counted_kernel_line(&wide_compact, &text, &ids, small_rounds)
+        );
+        let (dispatched, dispatched_timings) = eager_median(
+            &dispatching,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, the cooperative dispatch"),
+        );
+        println!(
+            "  the cooperative dispatch instead of the slot's graph: eager {:.1} µs; one encode: {}",
+            dispatched * 1e6,
+            dispatched_timings.wall_line()
         );
     }
     let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");

@@ -2432,6 +2432,41 @@ fn resident_grid_equals_cpu() {
     }
 }
 
+/// Locks out an eager chunk of a resident length whose replay of its slot's
+/// graph differs from the dispatch (a kernel node left with an earlier
+/// chunk's length, documents or grid; a slot's host-mapped buffers written or
+/// read past the graph that holds them; a `BatchIds` part that takes an ids
+/// buffer a graph still writes): on cl100k and r50k, resident up to 24 KiB,
+/// lengths from 4,097 bytes to 24 KiB over three slots, several documents,
+/// the short-text kernel and the steps on the same slots, `BatchIds` between
+/// replays, all equal the CPU; negative control: the same encoder with
+/// `with_resident_graphs(false)` replays nothing, with the same ids.
+#[test]
+fn eager_resident_chunks_replay_their_slots_graph() {
+    for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = || {
+            DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                Geometry::default(),
+                resident_up_to_24_kib(),
+            )
+            .unwrap()
+        };
+        device_batches::assert_resident_chunks_replay_their_slots_graph(
+            &encoder(),
+            &encoder().with_resident_graphs(false),
+            &tokenizer,
+            (
+                &[8 << 10, 4097, 6000, 20 << 10, 13_000, 24 << 10],
+                1000,
+                30 << 10,
+            ),
+        );
+    }
+}
+
 /// Encodes `batch` with `fused` and checks the CPU encoder's ids, one dispatch of
 /// the fused kernel named `kernel` (when any document is not empty), the same
 /// device counts as `step_by_step`'s, and the fused kernel's step clocks: one

@@ -91,7 +91,7 @@ use vyre_cuda::backend::{
     AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
     PinnedBuffer, Timings, MAX_PENDING,
 };
-use vyre_cuda::graph::InputSlot;
+use vyre_cuda::graph::{InputSlot, StepId};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::batch_ids::{BatchIds, Part};
@@ -367,6 +367,10 @@ pub struct ChunkTimings {
     /// chunk that runs a fused kernel: [`DeviceEncoder::runs_short`],
     /// [`DeviceEncoder::runs_resident`]; empty for an empty chunk).
     pub steps: Vec<StepTimings>,
+    /// Whether the chunk replayed the resident-grid kernel's graph that its
+    /// slot keeps ([`DeviceEncoder::with_resident_graphs`]) instead of
+    /// submitting dispatches.
+    pub replayed: bool,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
     pub counts: Option<EncodeCounts>,
@@ -414,7 +418,8 @@ impl ChunkTimings {
     /// of 127.7 µs in an encode of 142.2 whose kernel took 79.2), so there the
     /// kernel's time is inside the submission's and the rest comes out as
     /// nothing; the dispatches' own clocks (enqueued, waited) say what the
-    /// stream did besides the kernel.
+    /// stream did besides the kernel. A chunk that replayed its slot's graph
+    /// says `its graph launched in E µs and waited D µs` instead.
     pub fn wall_line(&self) -> String {
         let (wall, host, kernels) = (
             self.wall_ns as f64 / 1e3,
@@ -424,8 +429,12 @@ impl ChunkTimings {
         let (enqueued, waited) = self.steps.iter().fold((0u64, 0u64), |(e, w), step| {
             (e + step.timings.enqueue_ns, w + step.timings.wait_ns)
         });
+        let (submitted, enqueued_as) = match self.replayed {
+            true => ("its graph", "launched"),
+            false => ("the dispatches", "enqueued"),
+        };
         format!(
-            "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; the dispatches enqueued in {:.1} µs and waited {:.1} µs",
+            "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; {submitted} {enqueued_as} in {:.1} µs and waited {:.1} µs",
             self.submit_ns as f64 / 1e3,
             self.staged_ns as f64 / 1e3,
             self.scatter_ns as f64 / 1e3,
@@ -676,6 +685,11 @@ impl CompiledSteps {
 
 /// One set of buffers for a chunk in flight, sized by powers of two.
 struct Slot {
+    /// The resident-grid kernel recorded over this slot's buffers, which every
+    /// eager chunk of a resident length that the slot serves replays
+    /// ([`ReplayedResident`]); recorded by the first. First, so that it drops
+    /// before the buffers it binds.
+    resident: Option<ReplayedResident>,
     text_capacity: u64,
     document_capacity: u64,
     buffers: [Option<DeviceBuffer>; ROLES],
@@ -711,6 +725,66 @@ impl Slot {
             .as_mut()
             .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
     }
+
+    /// The buffer of `role` with the slot's recorded graph, if it has one: a
+    /// graph holds the host-mapped buffers it binds for its whole life, so the
+    /// host reads and writes them in place beside it
+    /// ([`DeviceBuffer::mapped_bytes_mut_beside`]).
+    fn buffer_beside_graph(
+        &mut self,
+        role: Role,
+    ) -> Result<(&mut DeviceBuffer, Option<&mut AnyGraph>), TokenizerError> {
+        let buffer = self.buffers[role as usize]
+            .as_mut()
+            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))?;
+        Ok((
+            buffer,
+            self.resident.as_mut().map(|resident| &mut resident.graph),
+        ))
+    }
+}
+
+/// The resident-grid kernel recorded as a graph over one slot's buffers, so
+/// that an eager chunk of a resident length is one graph launch instead of a
+/// cooperative dispatch.
+///
+/// # Why
+///
+/// A cooperative dispatch's submission returns only once its kernel has ended
+/// (the kernel's grid-barrier words are leased per launch), and the eager
+/// encode paid for the launch, the lease and the barrier's audit besides:
+/// on an H100 (2026-12-06, the encode example, cl100k, median of 20, two
+/// rounds) one document took eagerly / replayed as a graph of its own
+/// (the same kernel, recorded once for that length) 8 KiB of prose 73.3–76.8
+/// / 53.8–54.3 µs, 64 KiB 87.0–89.2 / 71.7–73.2, 256 KiB 151.2–158.9 /
+/// 129.0–138.7. A graph of one length serves one length; this one serves every
+/// resident length the slot holds: the text's length, the documents and the
+/// grid are its kernel node's parameters, rewritten before a replay when they
+/// change ([`AnyGraph::set_scalar`], [`AnyGraph::set_workgroups`]).
+///
+/// # How it reads the text
+///
+/// Below [`TEXT_COPY_ENGINE_FROM`] the kernel reads the slot's host-mapped
+/// staging in place, as the dispatch does. From it the slot's text waits in a
+/// pinned buffer for the dispatch's copy, which a graph cannot bind (a replay
+/// outlives any caller's buffer): the graph then uploads the text from its
+/// own pinned input slot, of the slot's text capacity, into a device buffer of
+/// its own, and the staging gathers the text into that input slot instead.
+///
+/// Not for chunks whose ids a [`BatchIds`] takes in place: the view takes
+/// the slot's ids buffer, which the graph binds (such a chunk drops its slot's
+/// graph and runs the dispatch).
+struct ReplayedResident {
+    graph: AnyGraph,
+    step: StepId,
+    /// The graph's input slot of the text, where the slot's text goes up by
+    /// the copy engine; `None` where the kernel reads the slot's staging.
+    text: Option<InputSlot>,
+    /// What the kernel node passes now: the text length, the documents and
+    /// the workgroups.
+    text_len: u32,
+    documents: u32,
+    workgroups: u32,
 }
 
 /// A chunk's documents laid out as the device reads them.
@@ -729,6 +803,9 @@ struct StagedChunk<'e> {
     slot: Option<Slot>,
     text_len: u32,
     documents: usize,
+    /// Whether the chunk replays its slot's resident graph, whose input slot
+    /// may hold its text ([`ReplayedResident`]).
+    replays: bool,
     /// When staging began.
     start: Instant,
     /// Host time of the staging itself ([`ChunkTimings::staged_ns`]).
@@ -849,6 +926,9 @@ pub struct DeviceEncoder {
     slots: Mutex<Vec<Slot>>,
     limits: ChunkLimits,
     admission: Arc<Admission>,
+    /// Whether an eager chunk of a resident length replays its slot's graph
+    /// ([`DeviceEncoder::with_resident_graphs`]).
+    resident_graphs: bool,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -995,7 +1075,21 @@ impl DeviceEncoder {
             slots: Mutex::new(Vec::new()),
             limits,
             admission,
+            resident_graphs: true,
         })
+    }
+
+    /// Whether an eager chunk that runs the resident grid
+    /// ([`DeviceEncoder::runs_resident`]) replays a graph of that kernel which
+    /// its buffers' slot keeps (`true`, the default) or submits the
+    /// cooperative dispatch (`false`). The ids are the same; the graph's launch
+    /// waits less around the kernel (on an H100, 2026-12-06, one 8 KiB
+    /// document of prose 53.8–54.3 µs as a graph against 73.3–76.8 eager).
+    /// The first chunk a slot serves this way records the graph. A chunk whose
+    /// ids a [`BatchIds`] takes in place runs the dispatch either way.
+    pub fn with_resident_graphs(mut self, replay: bool) -> Self {
+        self.resident_graphs = replay;
+        self
     }
 
     /// The CUDA device's name, or `None` on the reference interpreter.
@@ -1297,7 +1391,8 @@ impl DeviceEncoder {
             // Each slot of a hand-out still running is one more chunk's buffers.
             hand_outs.wait_below(HAND_OUTS_RUNNING);
             // Staged while the chunks in flight compute.
-            let staged = self.stage(&texts[range.clone()])?;
+            let in_place = matches!(mine, ChunkIds::Part(_));
+            let staged = self.stage(&texts[range.clone()], in_place)?;
             // Room for it: a chunk of ours finishes first when there is none
             // (waiting for room while holding some could wait forever).
             while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
@@ -1335,7 +1430,7 @@ impl DeviceEncoder {
     /// [`DeviceEncoder::submit_bytes`] once admitted: the admission is given
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
-        match self.stage(texts) {
+        match self.stage(texts, false) {
             Ok(staged) => self.submit_staged(staged),
             Err(error) => {
                 self.admission.release();
@@ -1345,8 +1440,13 @@ impl DeviceEncoder {
     }
 
     /// `texts` laid out and gathered into a slot's staging (no slot for an
-    /// empty chunk), nothing submitted yet.
-    fn stage(&self, texts: &[&[u8]]) -> Result<StagedChunk<'_>, TokenizerError> {
+    /// empty chunk), nothing submitted yet. `ids_in_place`: a [`BatchIds`]
+    /// takes the chunk's ids buffer in place, which no graph may bind.
+    fn stage(
+        &self,
+        texts: &[&[u8]],
+        ids_in_place: bool,
+    ) -> Result<StagedChunk<'_>, TokenizerError> {
         let start = Instant::now();
         let layout = self.layout(texts)?;
         let mut staged = StagedChunk {
@@ -1354,6 +1454,7 @@ impl DeviceEncoder {
             slot: None,
             text_len: layout.text_len,
             documents: texts.len(),
+            replays: false,
             start,
             staged_ns: 0,
         };
@@ -1361,7 +1462,12 @@ impl DeviceEncoder {
             let slot = staged
                 .slot
                 .insert(self.take_slot(layout.text_len as u64, texts.len() as u64)?);
-            self.write_staging(slot, texts, &layout)?;
+            if ids_in_place {
+                slot.resident = None;
+            } else {
+                staged.replays = self.ready_replay(slot, layout.text_len, texts.len())?;
+            }
+            self.write_staging(slot, texts, &layout, staged.replays)?;
         }
         staged.staged_ns = elapsed_ns(start);
         Ok(staged)
@@ -1381,6 +1487,7 @@ impl DeviceEncoder {
                 encoder: self,
                 slot: None,
                 pending: Vec::new(),
+                replayed: None,
                 text_len: 0,
                 documents: staged.documents,
                 start: staged.start,
@@ -1389,11 +1496,20 @@ impl DeviceEncoder {
                 want_counts: false,
             });
         };
-        match self.submit_steps(&slot, text_len, staged.documents) {
-            Ok(pending) => Ok(PendingEncode {
+        let mut slot = slot;
+        let submitted = if staged.replays {
+            self.replay_resident(&mut slot, text_len, staged.documents)
+                .map(|timings| (Vec::new(), Some(timings)))
+        } else {
+            self.submit_steps(&slot, text_len, staged.documents)
+                .map(|pending| (pending, None))
+        };
+        match submitted {
+            Ok((pending, replayed)) => Ok(PendingEncode {
                 encoder: self,
                 slot: Some(slot),
                 pending,
+                replayed,
                 text_len: u64::from(text_len),
                 documents: staged.documents,
                 start: staged.start,
@@ -1518,6 +1634,7 @@ impl DeviceEncoder {
             buffers[role as usize] = Some(buffer);
         }
         Ok(Slot {
+            resident: None,
             text_capacity: text,
             document_capacity: documents,
             buffers,
@@ -1555,23 +1672,46 @@ impl DeviceEncoder {
     }
 
     /// Writes the chunk into the slot's staging: the parameters, the document
-    /// ends and the text (gathered on the copy pool).
+    /// ends and the text (gathered on the copy pool), which goes into the
+    /// slot's resident graph's input slot where the chunk `replays` that
+    /// graph and the graph uploads the text.
     fn write_staging(
         &self,
         slot: &mut Slot,
         texts: &[&[u8]],
         layout: &Layout,
+        replays: bool,
     ) -> Result<(), TokenizerError> {
         self.write_layout(slot, layout)?;
         let backend = &self.backend;
         let text_len = layout.text_len as usize;
         if let Some(pinned) = slot.staged_text_pinned.as_mut() {
-            let out = pinned
-                .as_mut_slice()
-                .map_err(|error| backend_error("staging the chunk", error))?;
-            return host_copy::gather(&mut out[..text_len], texts);
+            let out = match (replays, slot.resident.as_mut()) {
+                (false, _) => pinned
+                    .as_mut_slice()
+                    .map_err(|error| backend_error("staging the chunk", error))?,
+                (
+                    true,
+                    Some(ReplayedResident {
+                        graph,
+                        text: Some(text),
+                        ..
+                    }),
+                ) => input(graph, *text)?,
+                (true, _) => {
+                    return Err(internal(
+                        "a replay of pinned text without the graph's text input".to_owned(),
+                    ))
+                }
+            };
+            let room = out.len();
+            let out = out
+                .get_mut(..text_len)
+                .ok_or_else(|| internal(format!("{text_len} text bytes in {room} of staging")))?;
+            return host_copy::gather(out, texts);
         }
-        write_host_visible(backend, slot.buffer_mut(Role::StagedText)?, None, |out| {
+        let (buffer, graph) = slot.buffer_beside_graph(Role::StagedText)?;
+        write_host_visible(backend, buffer, graph, |out| {
             host_copy::gather(&mut out[..text_len], texts)
         })
     }
@@ -1582,19 +1722,16 @@ impl DeviceEncoder {
         params[param::TEXT_LEN as usize] = layout.text_len;
         params[param::DOCUMENTS as usize] = layout.ends.len() as u32;
         let backend = &self.backend;
-        write_host_visible(backend, slot.buffer_mut(Role::StagedParams)?, None, |out| {
+        let (buffer, graph) = slot.buffer_beside_graph(Role::StagedParams)?;
+        write_host_visible(backend, buffer, graph, |out| {
             copy_words(out, &params);
             Ok(())
         })?;
-        write_host_visible(
-            backend,
-            slot.buffer_mut(Role::StagedDocuments)?,
-            None,
-            |out| {
-                copy_words(out, &layout.ends);
-                Ok(())
-            },
-        )
+        let (buffer, graph) = slot.buffer_beside_graph(Role::StagedDocuments)?;
+        write_host_visible(backend, buffer, graph, |out| {
+            copy_words(out, &layout.ends);
+            Ok(())
+        })
     }
 
     /// Submits every step of a staged chunk of `text_len` bytes and
@@ -1657,6 +1794,92 @@ impl DeviceEncoder {
             pending.push(submitted);
         }
         Ok(pending)
+    }
+
+    /// Whether a chunk of `text_len` bytes in `documents` documents replays
+    /// `slot`'s resident graph ([`ReplayedResident`]): where it runs the
+    /// resident grid and the encoder replays it, after recording it over the
+    /// slot if the slot has none yet.
+    fn ready_replay(
+        &self,
+        slot: &mut Slot,
+        text_len: u32,
+        documents: usize,
+    ) -> Result<bool, TokenizerError> {
+        let Some(fused) = self
+            .resident_kernel(u64::from(text_len))
+            .filter(|_| self.resident_graphs)
+        else {
+            return Ok(false);
+        };
+        if slot.resident.is_none() {
+            let documents = u32::try_from(documents).map_err(|_| {
+                internal(format!("a chunk of {documents} documents in one dispatch"))
+            })?;
+            let upload = slot
+                .staged_text_pinned
+                .is_some()
+                .then(|| self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1));
+            let (graph, step, text) =
+                self.record_resident(slot, fused, (text_len, documents), upload)?;
+            slot.resident = Some(ReplayedResident {
+                graph,
+                step,
+                text,
+                text_len,
+                documents,
+                workgroups: self.fused_workgroups(fused, u64::from(text_len)),
+            });
+        }
+        Ok(true)
+    }
+
+    /// One replay of `slot`'s resident graph for a chunk of `text_len` bytes
+    /// in `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
+    /// node's scalars and grid rewritten first where they differ from the
+    /// last replay's; returns once the kernel has ended, as a cooperative
+    /// dispatch's submission does.
+    fn replay_resident(
+        &self,
+        slot: &mut Slot,
+        text_len: u32,
+        documents: usize,
+    ) -> Result<Timings, TokenizerError> {
+        let fused = self
+            .resident
+            .as_ref()
+            .ok_or_else(|| internal("a replay without the resident kernel".to_owned()))?;
+        let workgroups = self.fused_workgroups(fused, u64::from(text_len));
+        let documents = u32::try_from(documents)
+            .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))?;
+        let resident = slot
+            .resident
+            .as_mut()
+            .ok_or_else(|| internal("a replay of a slot without its graph".to_owned()))?;
+        let failed = |error| backend_error(&format!("replaying {}", fused.name), error);
+        let step = resident.step;
+        if resident.text_len != text_len {
+            resident
+                .graph
+                .set_scalar(step, TEXT_LEN_SCALAR, text_len)
+                .map_err(failed)?;
+            resident.text_len = text_len;
+        }
+        if resident.documents != documents {
+            resident
+                .graph
+                .set_scalar(step, DOCUMENTS_SCALAR, documents)
+                .map_err(failed)?;
+            resident.documents = documents;
+        }
+        if resident.workgroups != workgroups {
+            resident
+                .graph
+                .set_workgroups(step, [workgroups, 1, 1])
+                .map_err(failed)?;
+            resident.workgroups = workgroups;
+        }
+        resident.graph.replay().map_err(failed)
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -1782,12 +2005,20 @@ impl DeviceEncoder {
             ));
         }
         let mut slot = self.take_slot(text_len as u64, 1)?;
+        // The graph binds the slot's buffers itself; the host then reads and
+        // writes them in place beside that graph alone.
+        slot.resident = None;
         let recorded = if let Some(fused) = self.short_kernel(text_len as u64) {
             self.record_short(&mut slot, fused, text_len_u32)
                 .map(|graph| (graph, GraphInputs::Staging))
         } else if let Some(fused) = self.resident_kernel(text_len as u64) {
-            self.record_resident(&slot, fused, text_len_u32)
-                .map(|(graph, input)| (graph, GraphInputs::Text(input)))
+            self.record_resident(&slot, fused, (text_len_u32, 1), Some(text_len as u64))
+                .and_then(|(graph, _, input)| {
+                    let input = input.ok_or_else(|| {
+                        internal("the resident graph recorded no text input".to_owned())
+                    })?;
+                    Ok((graph, GraphInputs::Text(input)))
+                })
         } else {
             self.record_steps(&slot, text_len_u32)
                 .map(|(graph, inputs)| (graph, GraphInputs::Uploads(inputs)))
@@ -1856,56 +2087,67 @@ impl DeviceEncoder {
         Ok((graph, inputs))
     }
 
-    /// The graph of one text of `text_len` bytes through the resident-grid
-    /// kernel `fused`: the text uploaded from the graph's pinned input slot
-    /// (returned with it) into a device buffer of the graph's own (the graph
-    /// holds its memory once recorded), then
-    /// the one cooperative kernel over the slot, which takes the text length
-    /// and its one document from its scalars (its `stage` reads no staged
-    /// parameter or document end). A replay checks the grid against the device
-    /// as it is then: beside lanes that leave it too few multiprocessors it is
-    /// a `Fix:` error, where an eager encode would run the steps one by one.
+    /// The graph of `documents` documents of `text_len` bytes in all through
+    /// the resident-grid kernel `fused` over `slot`: the one cooperative
+    /// kernel, which takes the text length and the documents from its scalars
+    /// (its `stage` reads no staged parameter), reading the text from the
+    /// slot's staging in place, or with `upload` bytes of it first uploaded
+    /// from the graph's pinned input slot (returned with the step) into a
+    /// device buffer of the graph's own (the graph holds its memory once
+    /// recorded). A replay checks the grid against the device as it is then:
+    /// beside lanes that leave it too few multiprocessors it is a `Fix:`
+    /// error, where an eager encode would run the steps one by one.
     fn record_resident(
         &self,
         slot: &Slot,
         fused: &FusedKernel,
-        text_len: u32,
-    ) -> Result<(AnyGraph, InputSlot), TokenizerError> {
-        let capacity = self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1);
-        let staged = self.backend.buffer(capacity).map_err(|error| {
-            backend_error(
-                &format!("allocating {capacity} bytes for a graph's text"),
-                error,
-            )
-        })?;
+        (text_len, documents): (u32, u32),
+        upload: Option<u64>,
+    ) -> Result<(AnyGraph, StepId, Option<InputSlot>), TokenizerError> {
+        let staged = match upload {
+            Some(_) => {
+                let capacity = self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1);
+                Some(self.backend.buffer(capacity).map_err(|error| {
+                    backend_error(
+                        &format!("allocating {capacity} bytes for a graph's text"),
+                        error,
+                    )
+                })?)
+            }
+            None => None,
+        };
         let bindings: Vec<Binding<'_>> = fused
             .bindings
             .iter()
             .zip(self.bindings(slot, &fused.bindings)?)
-            .map(|(&role, binding)| match role {
-                Role::StagedText => Binding::from(&staged),
+            .map(|(&role, binding)| match (role, &staged) {
+                (Role::StagedText, Some(staged)) => Binding::from(staged),
                 _ => binding,
             })
             .collect();
         let workgroups = self.fused_workgroups(fused, u64::from(text_len));
-        let mut text_input = None;
+        let mut recorded = None;
         let graph = self
             .backend
             .record(|recorder| {
-                text_input = Some(recorder.upload(&staged, u64::from(text_len))?);
-                recorder.dispatch(
+                let text = match (&staged, upload) {
+                    (Some(staged), Some(bytes)) => Some(recorder.upload(staged, bytes)?),
+                    _ => None,
+                };
+                let step = recorder.dispatch(
                     Dispatch::new(&fused.kernel, &bindings)
                         .workgroups([workgroups, 1, 1])
                         .scalar(TEXT_LEN_SCALAR, text_len)
-                        .scalar(DOCUMENTS_SCALAR, 1u32)
+                        .scalar(DOCUMENTS_SCALAR, documents)
                         .readback(&NO_READBACK),
                 )?;
+                recorded = Some((step, text));
                 Ok(())
             })
             .map_err(|error| backend_error(&format!("recording {}", fused.name), error))?;
-        let input = text_input
-            .ok_or_else(|| internal("the resident graph recorded no text input".to_owned()))?;
-        Ok((graph, input))
+        let (step, text) =
+            recorded.ok_or_else(|| internal("the resident graph recorded no step".to_owned()))?;
+        Ok((graph, step, text))
     }
 
     /// The graph of one text of `text_len` bytes through the short-text
@@ -2068,6 +2310,9 @@ pub struct PendingEncode<'e> {
     encoder: &'e DeviceEncoder,
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
+    /// The timings of the slot's resident graph where the chunk replayed it
+    /// (its replay has ended: [`DeviceEncoder::replay_resident`]).
+    replayed: Option<Timings>,
     /// The chunk's text bytes: which steps it runs.
     text_len: u64,
     documents: usize,
@@ -2117,6 +2362,7 @@ impl<'e> PendingEncode<'e> {
         let mut timings = ChunkTimings {
             submit_ns: self.submit_ns,
             staged_ns: self.staged_ns,
+            replayed: self.replayed.is_some(),
             ..ChunkTimings::default()
         };
         let slot = self.slot.take();
@@ -2174,6 +2420,12 @@ impl<'e> PendingEncode<'e> {
                 timings: Timings::default(),
             })
             .collect();
+        if let Some(replayed) = self.replayed.take() {
+            if let Some(step) = timings.steps.first_mut() {
+                step.timings = replayed;
+            }
+            return Ok(());
+        }
         let mut first_error = None;
         for (index, submitted) in pending.into_iter().enumerate().rev() {
             match submitted.wait() {
@@ -2294,7 +2546,8 @@ fn chunk_ids<'a>(
         let ids = host_visible_words(backend, host, None, total, scratch)?;
         return Ok((starts, ids, copy_ns));
     }
-    let ids = host_visible_words(backend, slot.buffer_mut(Role::Ids)?, graph, total, scratch)?;
+    let (buffer, own) = slot.buffer_beside_graph(Role::Ids)?;
+    let ids = host_visible_words(backend, buffer, graph.or(own), total, scratch)?;
     Ok((starts, ids, 0))
 }
 
@@ -2307,14 +2560,9 @@ fn read_starts(
     documents: usize,
 ) -> Result<(Vec<u32>, usize), TokenizerError> {
     let mut scratch = Vec::new();
-    let starts = host_visible_words(
-        backend,
-        slot.buffer_mut(Role::DocumentTokenStarts)?,
-        graph,
-        documents + 1,
-        &mut scratch,
-    )?
-    .to_vec();
+    let (buffer, own) = slot.buffer_beside_graph(Role::DocumentTokenStarts)?;
+    let starts =
+        host_visible_words(backend, buffer, graph.or(own), documents + 1, &mut scratch)?.to_vec();
     let total = starts.last().copied().unwrap_or(0) as usize;
     let ids_capacity = slot.buffer(Role::Ids)?.len() as usize / 4;
     if total > ids_capacity || starts.first() != Some(&0) {
@@ -2346,10 +2594,11 @@ fn hand_out_part(
         copy_ns = elapsed_ns(start);
     } else if !part.take_mapped(backend, slot.buffer_mut(Role::Ids)?, total) {
         let mut scratch = Vec::new();
+        let (buffer, graph) = slot.buffer_beside_graph(Role::Ids)?;
         part.copy_from(host_visible_words(
             backend,
-            slot.buffer_mut(Role::Ids)?,
-            None,
+            buffer,
+            graph,
             total,
             &mut scratch,
         )?);

@@ -331,3 +331,82 @@ pub fn capped_encoder(backend: AnyBackend, tokenizer: &Tokenizer) -> DeviceEncod
     DeviceEncoder::with_geometry(backend, tokenizer, geometry, ChunkLimits::default())
         .expect("capped encoder")
 }
+
+/// Asserts that eager chunks of resident lengths replay the graph their slot
+/// keeps, whatever their length, documents and grid, with the CPU encoder's
+/// ids, on `replaying` (an encoder with `resident_lengths` in its resident
+/// range, its default `with_resident_graphs(true)`): one document of each
+/// length in turn (a slot's graph replayed for a shorter text after a longer
+/// one, whose bytes stay past the shorter's end in the graph's text buffer,
+/// and for texts that take another slot); three documents, one of them
+/// empty, in one chunk; a chunk of `short_len` bytes (the short-text kernel)
+/// and one of `steps_len` (every step its own dispatch) on the same encoder,
+/// which take the same idle slots and write and read their buffers beside the
+/// slot's graph, then a resident length again; one through `BatchIds` (whose
+/// part takes the slot's ids buffer: the chunk drops its slot's graph and
+/// dispatches), then one replayed again. `dispatching` is the same encoder
+/// with `with_resident_graphs(false)`, the negative control: it replays
+/// nothing and gives the same ids.
+pub fn assert_resident_chunks_replay_their_slots_graph(
+    replaying: &DeviceEncoder,
+    dispatching: &DeviceEncoder,
+    tokenizer: &Tokenizer,
+    (resident_lengths, short_len, steps_len): (&[usize], usize, usize),
+) {
+    let mut random = SplitMix64::new(0x5107);
+    let mut text = |len: usize| -> Vec<u8> {
+        let shape = Shape::ALL[random.next_u64() as usize % Shape::ALL.len()];
+        generate(shape, len, random.next_u64())
+    };
+    let total = |texts: &[Vec<u8>]| texts.iter().map(Vec::len).sum::<usize>() as u64;
+    let eager = |encoder: &DeviceEncoder, texts: &[Vec<u8>], what: &str| -> bool {
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let mut results = vec![Vec::new(); texts.len()];
+        let timings = encoder
+            .submit_bytes(&refs)
+            .and_then(|pending| pending.wait_into(&mut results))
+            .unwrap_or_else(|error| panic!("{what}: {error}"));
+        for (index, ids) in results.iter().enumerate() {
+            assert_cpu_ids(tokenizer, texts, index, ids, what);
+        }
+        timings.replayed
+    };
+    let replayed_by_both = |texts: &[Vec<u8>], what: &str| -> bool {
+        let replayed = eager(replaying, texts, what);
+        assert!(!eager(dispatching, texts, what), "{what}: negative control");
+        replayed
+    };
+    for &len in resident_lengths {
+        let one = [text(len)];
+        assert!(replaying.runs_resident(total(&one)), "{len} bytes");
+        assert!(
+            replayed_by_both(&one, &format!("{len} bytes")),
+            "{len} bytes"
+        );
+    }
+    let last = *resident_lengths.last().expect("resident lengths");
+    let three = [text(last / 2), Vec::new(), text(last / 3)];
+    assert!(replaying.runs_resident(total(&three)));
+    assert!(
+        replayed_by_both(&three, "three documents"),
+        "three documents"
+    );
+    let short = [text(short_len)];
+    let steps = [text(steps_len)];
+    assert!(replaying.runs_short(total(&short)) && !replaying.runs_resident(total(&steps)));
+    assert!(!replayed_by_both(&short, "the short-text kernel"));
+    assert!(!replayed_by_both(&steps, "every step its own dispatch"));
+    let again = [text(resident_lengths[0])];
+    assert!(replayed_by_both(&again, "resident after the others"));
+    let mut ids = BatchIds::new();
+    let in_place = [text(last)];
+    check_batch_ids(replaying, tokenizer, &in_place, &mut ids, "into BatchIds");
+    assert!(replayed_by_both(&in_place, "replayed after BatchIds"));
+    check_batch_ids(
+        replaying,
+        tokenizer,
+        &again,
+        &mut ids,
+        "into BatchIds again",
+    );
+}
