@@ -26,7 +26,7 @@
 //!   encodes; eager again with the resident grid's `compact` in a group
 //!   per 1 KiB block instead of the batch's cap, and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
-//!   `DeviceEncoder::with_resident_graphs(false)`); one 1,024-byte document as a graph (ids into a new vector
+//!   `DeviceEncoder::with_fused_graphs(false)`); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside;
@@ -465,7 +465,7 @@ fn main() {
     // The resident grid as a cooperative dispatch per chunk instead of a
     // replay of the graph its slot keeps.
     let dispatching =
-        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_resident_graphs(false);
+        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_fused_graphs(false);
     print_wait_floors(&gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
@@ -579,6 +579,22 @@ fn main() {
             parts.wall_line()
         );
     }
+    // A batch of one chunk, whose caller waits at once: the short-text
+    // kernel's graph that the chunk's slot keeps, replayed.
+    let mut one_batch = [Vec::new()];
+    let (batched, batched_timings) = median(small_rounds, || {
+        encoder
+            .encode_batch_into(&[small.as_bytes()], &mut one_batch)
+            .expect("encode a batch of one")
+            .remove(0)
+    });
+    assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one");
+    println!(
+        "  encode_batch_into of one document (the slot's graph of the short-text kernel replayed: {}): {:.1} µs; one encode: {}",
+        batched_timings.replayed,
+        batched * 1e6,
+        batched_timings.wall_line()
+    );
     println!(
         "  the short-text kernel's steps by their own clock: {}",
         counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)

@@ -367,9 +367,9 @@ pub struct ChunkTimings {
     /// chunk that runs a fused kernel: [`DeviceEncoder::runs_short`],
     /// [`DeviceEncoder::runs_resident`]; empty for an empty chunk).
     pub steps: Vec<StepTimings>,
-    /// Whether the chunk replayed the resident-grid kernel's graph that its
-    /// slot keeps ([`DeviceEncoder::with_resident_graphs`]) instead of
-    /// submitting dispatches.
+    /// Whether the chunk replayed the fused kernel's graph that its slot keeps
+    /// ([`DeviceEncoder::with_fused_graphs`]) instead of submitting a
+    /// dispatch.
     pub replayed: bool,
     /// What the device counted, when asked for ([`DeviceEncoder::encode_counted`]:
     /// one small read after the wait).
@@ -685,11 +685,11 @@ impl CompiledSteps {
 
 /// One set of buffers for a chunk in flight, sized by powers of two.
 struct Slot {
-    /// The resident-grid kernel recorded over this slot's buffers, which every
-    /// eager chunk of a resident length that the slot serves replays
-    /// ([`ReplayedResident`]); recorded by the first. First, so that it drops
-    /// before the buffers it binds.
-    resident: Option<ReplayedResident>,
+    /// A fused kernel recorded over this slot's buffers, which the eager
+    /// chunks of its lengths that the slot serves replay ([`ReplayedFused`]);
+    /// recorded by the first. First, so that it drops before the buffers it
+    /// binds.
+    fused: Option<ReplayedFused>,
     text_capacity: u64,
     document_capacity: u64,
     buffers: [Option<DeviceBuffer>; ROLES],
@@ -737,16 +737,16 @@ impl Slot {
         let buffer = self.buffers[role as usize]
             .as_mut()
             .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))?;
-        Ok((
-            buffer,
-            self.resident.as_mut().map(|resident| &mut resident.graph),
-        ))
+        Ok((buffer, self.fused.as_mut().map(|fused| &mut fused.graph)))
     }
 }
 
-/// The resident-grid kernel recorded as a graph over one slot's buffers, so
-/// that an eager chunk of a resident length is one graph launch instead of a
-/// cooperative dispatch.
+/// A fused kernel (the resident grid's or the short-text kernel's) recorded
+/// as a graph over one slot's buffers, so that an eager chunk it runs is one
+/// graph launch instead of a dispatch. A slot keeps one (a graph holds the
+/// host-mapped buffers it binds, and the host can read and write them in
+/// place beside one graph only); [`DeviceEncoder::take_slot`] prefers an idle
+/// slot that keeps the one a chunk wants.
 ///
 /// # Why
 ///
@@ -758,9 +758,14 @@ impl Slot {
 /// (the same kernel, recorded once for that length) 8 KiB of prose 73.3–76.8
 /// / 53.8–54.3 µs, 64 KiB 87.0–89.2 / 71.7–73.2, 256 KiB 151.2–158.9 /
 /// 129.0–138.7. A graph of one length serves one length; this one serves every
-/// resident length the slot holds: the text's length, the documents and the
-/// grid are its kernel node's parameters, rewritten before a replay when they
-/// change ([`AnyGraph::set_scalar`], [`AnyGraph::set_workgroups`]).
+/// length the slot holds: the text's length, the documents and the grid are
+/// its kernel node's parameters, rewritten before a replay when they change
+/// ([`AnyGraph::set_scalar`], [`AnyGraph::set_workgroups`]).
+///
+/// A replay returns once its kernel has ended, as the cooperative dispatch's
+/// submission did; the short-text kernel's dispatch returns at once, so its
+/// graph is replayed only where the caller waits at once (a batch of one
+/// chunk), never for [`DeviceEncoder::submit_bytes`].
 ///
 /// # How it reads the text
 ///
@@ -774,7 +779,9 @@ impl Slot {
 /// Not for chunks whose ids a [`BatchIds`] takes in place: the view takes
 /// the slot's ids buffer, which the graph binds (such a chunk drops its slot's
 /// graph and runs the dispatch).
-struct ReplayedResident {
+struct ReplayedFused {
+    /// Which fused kernel it replays.
+    spread: Spread,
     graph: AnyGraph,
     step: StepId,
     /// The graph's input slot of the text, where the slot's text goes up by
@@ -785,6 +792,19 @@ struct ReplayedResident {
     text_len: u32,
     documents: u32,
     workgroups: u32,
+}
+
+/// Which of its slot's fused graphs ([`ReplayedFused`]) a chunk may replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replays {
+    /// None: a [`BatchIds`] part takes the chunk's ids buffer in place, which
+    /// no graph may bind.
+    Never,
+    /// The resident grid's: the caller waits later, and a replay returns only
+    /// once its kernel has ended (as the cooperative dispatch did).
+    Resident,
+    /// Either fused kernel's: the caller waits at once.
+    EitherFused,
 }
 
 /// A chunk's documents laid out as the device reads them.
@@ -803,8 +823,8 @@ struct StagedChunk<'e> {
     slot: Option<Slot>,
     text_len: u32,
     documents: usize,
-    /// Whether the chunk replays its slot's resident graph, whose input slot
-    /// may hold its text ([`ReplayedResident`]).
+    /// Whether the chunk replays its slot's fused graph, whose input slot
+    /// may hold its text ([`ReplayedFused`]).
     replays: bool,
     /// When staging began.
     start: Instant,
@@ -926,9 +946,9 @@ pub struct DeviceEncoder {
     slots: Mutex<Vec<Slot>>,
     limits: ChunkLimits,
     admission: Arc<Admission>,
-    /// Whether an eager chunk of a resident length replays its slot's graph
-    /// ([`DeviceEncoder::with_resident_graphs`]).
-    resident_graphs: bool,
+    /// Whether an eager chunk that runs a fused kernel may replay its slot's
+    /// graph of it ([`DeviceEncoder::with_fused_graphs`]).
+    fused_graphs: bool,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1075,20 +1095,24 @@ impl DeviceEncoder {
             slots: Mutex::new(Vec::new()),
             limits,
             admission,
-            resident_graphs: true,
+            fused_graphs: true,
         })
     }
 
-    /// Whether an eager chunk that runs the resident grid
-    /// ([`DeviceEncoder::runs_resident`]) replays a graph of that kernel which
-    /// its buffers' slot keeps (`true`, the default) or submits the
-    /// cooperative dispatch (`false`). The ids are the same; the graph's launch
-    /// waits less around the kernel (on an H100, 2026-12-06, one 8 KiB
-    /// document of prose 53.8–54.3 µs as a graph against 73.3–76.8 eager).
-    /// The first chunk a slot serves this way records the graph. A chunk whose
-    /// ids a [`BatchIds`] takes in place runs the dispatch either way.
-    pub fn with_resident_graphs(mut self, replay: bool) -> Self {
-        self.resident_graphs = replay;
+    /// Whether an eager chunk that runs a fused kernel replays a graph of
+    /// that kernel which its buffers' slot keeps (`true`, the default) or
+    /// submits the dispatch (`false`): every chunk that runs the resident grid
+    /// ([`DeviceEncoder::runs_resident`]), and one that runs the short-text
+    /// kernel ([`DeviceEncoder::runs_short`]) where the caller waits for it at
+    /// once (a batch of one chunk; a replay returns once its kernel has
+    /// ended, where that dispatch returns at once). The ids are the same; the
+    /// graph's launch waits less around the kernel (on an H100, 2026-12-06,
+    /// one 8 KiB document of prose 53.8–54.3 µs as a graph against 73.3–76.8
+    /// eager). The first chunk a slot serves this way records the graph. A
+    /// chunk whose ids a [`BatchIds`] takes in place runs the dispatch either
+    /// way.
+    pub fn with_fused_graphs(mut self, replay: bool) -> Self {
+        self.fused_graphs = replay;
         self
     }
 
@@ -1391,8 +1415,13 @@ impl DeviceEncoder {
             // Each slot of a hand-out still running is one more chunk's buffers.
             hand_outs.wait_below(HAND_OUTS_RUNNING);
             // Staged while the chunks in flight compute.
-            let in_place = matches!(mine, ChunkIds::Part(_));
-            let staged = self.stage(&texts[range.clone()], in_place)?;
+            let replays = match mine {
+                ChunkIds::Part(_) => Replays::Never,
+                // Its hand-out follows its submission at once.
+                ChunkIds::Vectors(_) if ranges.len() == 1 => Replays::EitherFused,
+                ChunkIds::Vectors(_) => Replays::Resident,
+            };
+            let staged = self.stage(&texts[range.clone()], replays)?;
             // Room for it: a chunk of ours finishes first when there is none
             // (waiting for room while holding some could wait forever).
             while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
@@ -1430,7 +1459,7 @@ impl DeviceEncoder {
     /// [`DeviceEncoder::submit_bytes`] once admitted: the admission is given
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
-        match self.stage(texts, false) {
+        match self.stage(texts, Replays::Resident) {
             Ok(staged) => self.submit_staged(staged),
             Err(error) => {
                 self.admission.release();
@@ -1440,13 +1469,9 @@ impl DeviceEncoder {
     }
 
     /// `texts` laid out and gathered into a slot's staging (no slot for an
-    /// empty chunk), nothing submitted yet. `ids_in_place`: a [`BatchIds`]
-    /// takes the chunk's ids buffer in place, which no graph may bind.
-    fn stage(
-        &self,
-        texts: &[&[u8]],
-        ids_in_place: bool,
-    ) -> Result<StagedChunk<'_>, TokenizerError> {
+    /// empty chunk), nothing submitted yet; `replays` says which of its slot's
+    /// graphs the chunk may replay.
+    fn stage(&self, texts: &[&[u8]], replays: Replays) -> Result<StagedChunk<'_>, TokenizerError> {
         let start = Instant::now();
         let layout = self.layout(texts)?;
         let mut staged = StagedChunk {
@@ -1459,13 +1484,19 @@ impl DeviceEncoder {
             staged_ns: 0,
         };
         if layout.text_len > 0 {
-            let slot = staged
-                .slot
-                .insert(self.take_slot(layout.text_len as u64, texts.len() as u64)?);
-            if ids_in_place {
-                slot.resident = None;
-            } else {
-                staged.replays = self.ready_replay(slot, layout.text_len, texts.len())?;
+            let replayed = self.replayed_kernel(layout.text_len, replays);
+            let slot = staged.slot.insert(self.take_slot(
+                layout.text_len as u64,
+                texts.len() as u64,
+                replayed.map(|fused| fused.spread),
+            )?);
+            if replays == Replays::Never {
+                // The part takes the slot's ids buffer, which a graph binds.
+                slot.fused = None;
+            }
+            if let Some(fused) = replayed {
+                self.ready_replay(slot, fused, layout.text_len, texts.len())?;
+                staged.replays = true;
             }
             self.write_staging(slot, texts, &layout, staged.replays)?;
         }
@@ -1498,7 +1529,7 @@ impl DeviceEncoder {
         };
         let mut slot = slot;
         let submitted = if staged.replays {
-            self.replay_resident(&mut slot, text_len, staged.documents)
+            self.replay_fused(&mut slot, text_len, staged.documents)
                 .map(|timings| (Vec::new(), Some(timings)))
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
@@ -1572,8 +1603,15 @@ impl DeviceEncoder {
     }
 
     /// A slot with room for `text_len` bytes and `documents` documents: an idle
-    /// one that is large enough, or a new one (powers of two).
-    fn take_slot(&self, text_len: u64, documents: u64) -> Result<Slot, TokenizerError> {
+    /// one that is large enough (one that keeps a graph of the fused kernel
+    /// `replayed` first, then one that keeps no graph), or a new one (powers
+    /// of two).
+    fn take_slot(
+        &self,
+        text_len: u64,
+        documents: u64,
+        replayed: Option<Spread>,
+    ) -> Result<Slot, TokenizerError> {
         let (text, documents) = capacities(text_len, documents);
         let transfers = self.transfers(text);
         {
@@ -1584,11 +1622,22 @@ impl DeviceEncoder {
             // A small chunk never takes a slot that moves its text or ids by the
             // copy engine: the whole pinned text would go up and the ids would take
             // a copy's round trip, for a few KiB.
-            if let Some(index) = slots.iter().position(|slot| {
+            let fits = |slot: &Slot| {
                 slot.text_capacity >= text
                     && slot.document_capacity >= documents
                     && slot.transfers() == transfers
-            }) {
+            };
+            let kept = |slot: &Slot| slot.fused.as_ref().map(|fused| fused.spread);
+            let preferred = slots
+                .iter()
+                .position(|slot| fits(slot) && kept(slot) == replayed)
+                .or_else(|| {
+                    slots
+                        .iter()
+                        .position(|slot| fits(slot) && kept(slot).is_none())
+                })
+                .or_else(|| slots.iter().position(fits));
+            if let Some(index) = preferred {
                 return Ok(slots.swap_remove(index));
             }
         }
@@ -1634,7 +1683,7 @@ impl DeviceEncoder {
             buffers[role as usize] = Some(buffer);
         }
         Ok(Slot {
-            resident: None,
+            fused: None,
             text_capacity: text,
             document_capacity: documents,
             buffers,
@@ -1686,13 +1735,13 @@ impl DeviceEncoder {
         let backend = &self.backend;
         let text_len = layout.text_len as usize;
         if let Some(pinned) = slot.staged_text_pinned.as_mut() {
-            let out = match (replays, slot.resident.as_mut()) {
+            let out = match (replays, slot.fused.as_mut()) {
                 (false, _) => pinned
                     .as_mut_slice()
                     .map_err(|error| backend_error("staging the chunk", error))?,
                 (
                     true,
-                    Some(ReplayedResident {
+                    Some(ReplayedFused {
                         graph,
                         text: Some(text),
                         ..
@@ -1796,90 +1845,99 @@ impl DeviceEncoder {
         Ok(pending)
     }
 
-    /// Whether a chunk of `text_len` bytes in `documents` documents replays
-    /// `slot`'s resident graph ([`ReplayedResident`]): where it runs the
-    /// resident grid and the encoder replays it, after recording it over the
-    /// slot if the slot has none yet.
+    /// The fused kernel whose slot graph a chunk of `text_len` bytes replays,
+    /// where it runs one and `replays` allows it ([`ReplayedFused`]).
+    fn replayed_kernel(&self, text_len: u32, replays: Replays) -> Option<&FusedKernel> {
+        let fused = self
+            .fused_kernel(u64::from(text_len))
+            .filter(|_| self.fused_graphs)?;
+        match (replays, fused.spread) {
+            (Replays::EitherFused, _) | (Replays::Resident, Spread::ResidentGrid) => Some(fused),
+            _ => None,
+        }
+    }
+
+    /// Readies `slot` to replay its graph of `fused` for a chunk of `text_len`
+    /// bytes in `documents` documents: records it over the slot where the slot
+    /// keeps none, or one of the other fused kernel (which it drops).
     fn ready_replay(
         &self,
         slot: &mut Slot,
+        fused: &FusedKernel,
         text_len: u32,
         documents: usize,
-    ) -> Result<bool, TokenizerError> {
-        let Some(fused) = self
-            .resident_kernel(u64::from(text_len))
-            .filter(|_| self.resident_graphs)
-        else {
-            return Ok(false);
-        };
-        if slot.resident.is_none() {
-            let documents = u32::try_from(documents).map_err(|_| {
-                internal(format!("a chunk of {documents} documents in one dispatch"))
-            })?;
-            let upload = slot
-                .staged_text_pinned
-                .is_some()
-                .then(|| self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1));
-            let (graph, step, text) =
-                self.record_resident(slot, fused, (text_len, documents), upload)?;
-            slot.resident = Some(ReplayedResident {
-                graph,
-                step,
-                text,
-                text_len,
-                documents,
-                workgroups: self.fused_workgroups(fused, u64::from(text_len)),
-            });
+    ) -> Result<(), TokenizerError> {
+        if slot
+            .fused
+            .as_ref()
+            .is_some_and(|kept| kept.spread == fused.spread)
+        {
+            return Ok(());
         }
-        Ok(true)
+        // The host reads and writes a slot's mapped buffers beside one graph.
+        slot.fused = None;
+        let documents = u32::try_from(documents)
+            .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))?;
+        let upload = slot
+            .staged_text_pinned
+            .is_some()
+            .then(|| self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1));
+        let (graph, step, text) = self.record_fused(slot, fused, (text_len, documents), upload)?;
+        slot.fused = Some(ReplayedFused {
+            spread: fused.spread,
+            graph,
+            step,
+            text,
+            text_len,
+            documents,
+            workgroups: self.fused_workgroups(fused, u64::from(text_len)),
+        });
+        Ok(())
     }
 
-    /// One replay of `slot`'s resident graph for a chunk of `text_len` bytes
-    /// in `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
+    /// One replay of `slot`'s fused graph for a chunk of `text_len` bytes in
+    /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
     /// node's scalars and grid rewritten first where they differ from the
-    /// last replay's; returns once the kernel has ended, as a cooperative
-    /// dispatch's submission does.
-    fn replay_resident(
+    /// last replay's; returns once the kernel has ended.
+    fn replay_fused(
         &self,
         slot: &mut Slot,
         text_len: u32,
         documents: usize,
     ) -> Result<Timings, TokenizerError> {
-        let fused = self
-            .resident
-            .as_ref()
-            .ok_or_else(|| internal("a replay without the resident kernel".to_owned()))?;
+        let kept = slot
+            .fused
+            .as_mut()
+            .ok_or_else(|| internal("a replay of a slot without its graph".to_owned()))?;
+        let fused = match kept.spread {
+            Spread::OneWorkgroup => self.short.as_ref(),
+            Spread::ResidentGrid => self.resident.as_ref(),
+        }
+        .ok_or_else(|| internal("a replay of a fused kernel the encoder lacks".to_owned()))?;
         let workgroups = self.fused_workgroups(fused, u64::from(text_len));
         let documents = u32::try_from(documents)
             .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))?;
-        let resident = slot
-            .resident
-            .as_mut()
-            .ok_or_else(|| internal("a replay of a slot without its graph".to_owned()))?;
         let failed = |error| backend_error(&format!("replaying {}", fused.name), error);
-        let step = resident.step;
-        if resident.text_len != text_len {
-            resident
-                .graph
+        let step = kept.step;
+        if kept.text_len != text_len {
+            kept.graph
                 .set_scalar(step, TEXT_LEN_SCALAR, text_len)
                 .map_err(failed)?;
-            resident.text_len = text_len;
+            kept.text_len = text_len;
         }
-        if resident.documents != documents {
-            resident
-                .graph
+        if kept.documents != documents {
+            kept.graph
                 .set_scalar(step, DOCUMENTS_SCALAR, documents)
                 .map_err(failed)?;
-            resident.documents = documents;
+            kept.documents = documents;
         }
-        if resident.workgroups != workgroups {
-            resident
-                .graph
+        if kept.workgroups != workgroups {
+            kept.graph
                 .set_workgroups(step, [workgroups, 1, 1])
                 .map_err(failed)?;
-            resident.workgroups = workgroups;
+            kept.workgroups = workgroups;
         }
-        resident.graph.replay().map_err(failed)
+        kept.graph.replay().map_err(failed)
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -2004,15 +2062,15 @@ impl DeviceEncoder {
                 "Fix: a graph encodes texts of one length of at least 1 byte; an empty text has no ids",
             ));
         }
-        let mut slot = self.take_slot(text_len as u64, 1)?;
+        let mut slot = self.take_slot(text_len as u64, 1, None)?;
         // The graph binds the slot's buffers itself; the host then reads and
         // writes them in place beside that graph alone.
-        slot.resident = None;
+        slot.fused = None;
         let recorded = if let Some(fused) = self.short_kernel(text_len as u64) {
             self.record_short(&mut slot, fused, text_len_u32)
                 .map(|graph| (graph, GraphInputs::Staging))
         } else if let Some(fused) = self.resident_kernel(text_len as u64) {
-            self.record_resident(&slot, fused, (text_len_u32, 1), Some(text_len as u64))
+            self.record_fused(&slot, fused, (text_len_u32, 1), Some(text_len as u64))
                 .and_then(|(graph, _, input)| {
                     let input = input.ok_or_else(|| {
                         internal("the resident graph recorded no text input".to_owned())
@@ -2088,8 +2146,9 @@ impl DeviceEncoder {
     }
 
     /// The graph of `documents` documents of `text_len` bytes in all through
-    /// the resident-grid kernel `fused` over `slot`: the one cooperative
-    /// kernel, which takes the text length and the documents from its scalars
+    /// the fused kernel `fused` over `slot` (the resident grid's cooperative
+    /// kernel, or the short-text kernel's one workgroup): the one kernel,
+    /// which takes the text length and the documents from its scalars
     /// (its `stage` reads no staged parameter), reading the text from the
     /// slot's staging in place, or with `upload` bytes of it first uploaded
     /// from the graph's pinned input slot (returned with the step) into a
@@ -2097,7 +2156,7 @@ impl DeviceEncoder {
     /// recorded). A replay checks the grid against the device as it is then:
     /// beside lanes that leave it too few multiprocessors it is a `Fix:`
     /// error, where an eager encode would run the steps one by one.
-    fn record_resident(
+    fn record_fused(
         &self,
         slot: &Slot,
         fused: &FusedKernel,
@@ -2311,7 +2370,7 @@ pub struct PendingEncode<'e> {
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
     /// The timings of the slot's resident graph where the chunk replayed it
-    /// (its replay has ended: [`DeviceEncoder::replay_resident`]).
+    /// (its replay has ended: [`DeviceEncoder::replay_fused`]).
     replayed: Option<Timings>,
     /// The chunk's text bytes: which steps it runs.
     text_len: u64,

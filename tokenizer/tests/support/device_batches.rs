@@ -332,22 +332,24 @@ pub fn capped_encoder(backend: AnyBackend, tokenizer: &Tokenizer) -> DeviceEncod
         .expect("capped encoder")
 }
 
-/// Asserts that eager chunks of resident lengths replay the graph their slot
+/// Asserts that eager chunks of fused kernels replay the graph their slot
 /// keeps, whatever their length, documents and grid, with the CPU encoder's
 /// ids, on `replaying` (an encoder with `resident_lengths` in its resident
-/// range, its default `with_resident_graphs(true)`): one document of each
-/// length in turn (a slot's graph replayed for a shorter text after a longer
-/// one, whose bytes stay past the shorter's end in the graph's text buffer,
-/// and for texts that take another slot); three documents, one of them
-/// empty, in one chunk; a chunk of `short_len` bytes (the short-text kernel)
-/// and one of `steps_len` (every step its own dispatch) on the same encoder,
-/// which take the same idle slots and write and read their buffers beside the
-/// slot's graph, then a resident length again; one through `BatchIds` (whose
-/// part takes the slot's ids buffer: the chunk drops its slot's graph and
-/// dispatches), then one replayed again. `dispatching` is the same encoder
-/// with `with_resident_graphs(false)`, the negative control: it replays
-/// nothing and gives the same ids.
-pub fn assert_resident_chunks_replay_their_slots_graph(
+/// range, its default `with_fused_graphs(true)`): one document of each
+/// resident length in turn, submitted and waited for (a slot's graph replayed
+/// for a shorter text after a longer one, whose bytes stay past the shorter's
+/// end in the graph's text buffer, and for texts that take another slot);
+/// three documents, one of them empty, in one chunk; a chunk of `short_len`
+/// bytes (the short-text kernel) submitted (a dispatch: its submission may not
+/// wait for the kernel) and as a batch of one chunk (replayed), in turn with
+/// resident ones, and one of `steps_len` (every step its own dispatch) on the
+/// same encoder, which take the same idle slots and write and read their
+/// buffers beside a slot's graph; one through `BatchIds` (whose part takes the
+/// slot's ids buffer: the chunk drops its slot's graph and dispatches), then
+/// one replayed again. `dispatching` is the same encoder with
+/// `with_fused_graphs(false)`, the negative control: it replays nothing and
+/// gives the same ids.
+pub fn assert_fused_chunks_replay_their_slots_graph(
     replaying: &DeviceEncoder,
     dispatching: &DeviceEncoder,
     tokenizer: &Tokenizer,
@@ -359,53 +361,78 @@ pub fn assert_resident_chunks_replay_their_slots_graph(
         generate(shape, len, random.next_u64())
     };
     let total = |texts: &[Vec<u8>]| texts.iter().map(Vec::len).sum::<usize>() as u64;
-    let eager = |encoder: &DeviceEncoder, texts: &[Vec<u8>], what: &str| -> bool {
+    // Whether the chunk of `texts` replayed, submitted and waited for or
+    // (`in_one_batch`) through `encode_batch_into`; its ids checked.
+    let replayed = |encoder: &DeviceEncoder, texts: &[Vec<u8>], in_one_batch: bool, what: &str| {
         let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
         let mut results = vec![Vec::new(); texts.len()];
-        let timings = encoder
-            .submit_bytes(&refs)
-            .and_then(|pending| pending.wait_into(&mut results))
-            .unwrap_or_else(|error| panic!("{what}: {error}"));
+        let timings = if in_one_batch {
+            encoder
+                .encode_batch_into(&refs, &mut results)
+                .map(|mut chunks| {
+                    assert_eq!(chunks.len(), 1, "{what}: one chunk");
+                    chunks.remove(0)
+                })
+        } else {
+            encoder
+                .submit_bytes(&refs)
+                .and_then(|pending| pending.wait_into(&mut results))
+        }
+        .unwrap_or_else(|error| panic!("{what}: {error}"));
         for (index, ids) in results.iter().enumerate() {
             assert_cpu_ids(tokenizer, texts, index, ids, what);
         }
         timings.replayed
     };
-    let replayed_by_both = |texts: &[Vec<u8>], what: &str| -> bool {
-        let replayed = eager(replaying, texts, what);
-        assert!(!eager(dispatching, texts, what), "{what}: negative control");
-        replayed
+    let by_both = |texts: &[Vec<u8>], in_one_batch: bool, what: &str| -> bool {
+        let replays = replayed(replaying, texts, in_one_batch, what);
+        assert!(
+            !replayed(dispatching, texts, in_one_batch, what),
+            "{what}: negative control"
+        );
+        replays
     };
     for &len in resident_lengths {
         let one = [text(len)];
         assert!(replaying.runs_resident(total(&one)), "{len} bytes");
-        assert!(
-            replayed_by_both(&one, &format!("{len} bytes")),
-            "{len} bytes"
-        );
+        assert!(by_both(&one, false, &format!("{len} bytes")), "{len} bytes");
     }
     let last = *resident_lengths.last().expect("resident lengths");
     let three = [text(last / 2), Vec::new(), text(last / 3)];
     assert!(replaying.runs_resident(total(&three)));
-    assert!(
-        replayed_by_both(&three, "three documents"),
-        "three documents"
-    );
+    assert!(by_both(&three, false, "three documents"), "three documents");
     let short = [text(short_len)];
     let steps = [text(steps_len)];
+    let resident = [text(resident_lengths[0])];
     assert!(replaying.runs_short(total(&short)) && !replaying.runs_resident(total(&steps)));
-    assert!(!replayed_by_both(&short, "the short-text kernel"));
-    assert!(!replayed_by_both(&steps, "every step its own dispatch"));
-    let again = [text(resident_lengths[0])];
-    assert!(replayed_by_both(&again, "resident after the others"));
+    assert!(!by_both(&short, false, "the short-text kernel submitted"));
+    for round in 0..2 {
+        let what = format!("round {round}");
+        assert!(by_both(&short, true, &format!("{what}: short, one batch")));
+        assert!(by_both(
+            &resident,
+            true,
+            &format!("{what}: resident, one batch")
+        ));
+        assert!(!by_both(
+            &steps,
+            true,
+            &format!("{what}: every step its own dispatch")
+        ));
+        assert!(by_both(
+            &resident,
+            false,
+            &format!("{what}: resident submitted")
+        ));
+    }
     let mut ids = BatchIds::new();
     let in_place = [text(last)];
     check_batch_ids(replaying, tokenizer, &in_place, &mut ids, "into BatchIds");
-    assert!(replayed_by_both(&in_place, "replayed after BatchIds"));
+    assert!(by_both(&in_place, false, "replayed after BatchIds"));
     check_batch_ids(
         replaying,
         tokenizer,
-        &again,
+        &resident,
         &mut ids,
         "into BatchIds again",
     );
