@@ -752,14 +752,12 @@ impl Slot {
 ///
 /// A cooperative dispatch's submission returns only once its kernel has ended
 /// (the kernel's grid-barrier words are leased per launch), and the eager
-/// encode paid for the launch, the lease and the barrier's audit besides:
-/// on an H100 (2026-12-06, the encode example, cl100k, median of 20, two
-/// rounds) one document took eagerly / replayed as a graph of its own
-/// (the same kernel, recorded once for that length) 8 KiB of prose 73.3–76.8
-/// / 53.8–54.3 µs, 64 KiB 87.0–89.2 / 71.7–73.2, 256 KiB 151.2–158.9 /
-/// 129.0–138.7. A graph of one length serves one length; this one serves every
-/// length the slot holds: the text's length, the documents and the grid are
-/// its kernel node's parameters, rewritten before a replay when they change
+/// encode paid for the launch, the lease and the barrier's audit besides; a
+/// dispatch of the short-text kernel costs the backend's work per dispatch
+/// where a graph launch costs one driver call. [`DeviceEncoder::graph`]
+/// replays such a kernel for one length; this graph serves every length the
+/// slot holds: the text's length, the documents and the grid are its kernel
+/// node's parameters, rewritten before a replay when they change
 /// ([`AnyGraph::set_scalar`], [`AnyGraph::set_workgroups`]).
 ///
 /// A replay returns once its kernel has ended, as the cooperative dispatch's
@@ -1119,8 +1117,9 @@ impl DeviceEncoder {
     /// once (a batch of one chunk; a replay returns once its kernel has
     /// ended, where that dispatch returns at once). The ids are the same; the
     /// graph's launch waits less around the kernel (on an H100, 2026-12-06,
-    /// one 8 KiB document of prose 53.8–54.3 µs as a graph against 73.3–76.8
-    /// eager). The first chunk a slot serves this way records the graph. A
+    /// 256 KiB of prose 127.3 against 142.9 µs eagerly, 1 KiB in a batch of one
+    /// 32.7–33.2 against 40.4–41.0; the README gives the runs). The
+    /// first chunk a slot serves this way records the graph. A
     /// chunk whose ids a [`BatchIds`] takes in place runs the dispatch either
     /// way.
     pub fn with_fused_graphs(mut self, replay: bool) -> Self {
@@ -1734,7 +1733,7 @@ impl DeviceEncoder {
 
     /// Writes the chunk into the slot's staging: the parameters, the document
     /// ends and the text (gathered on the copy pool), which goes into the
-    /// slot's resident graph's input slot where the chunk `replays` that
+    /// input slot of the slot's fused graph where the chunk `replays` that
     /// graph and the graph uploads the text.
     fn write_staging(
         &self,
