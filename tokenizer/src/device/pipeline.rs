@@ -959,6 +959,11 @@ pub struct DeviceEncoder {
     /// Whether an eager chunk that runs a fused kernel may replay its slot's
     /// graph of it ([`DeviceEncoder::with_fused_graphs`]).
     fused_graphs: bool,
+    /// Held across each replay of a slot's resident-grid graph: one resident
+    /// grid of this encoder on the device at a time, as the cooperative
+    /// dispatch's lease of its kernel's barrier words kept it (each grid asks
+    /// for every workgroup the device holds at once).
+    resident_replay: Mutex<()>,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1106,6 +1111,7 @@ impl DeviceEncoder {
             limits,
             admission,
             fused_graphs: true,
+            resident_replay: Mutex::new(()),
         })
     }
 
@@ -1948,6 +1954,11 @@ impl DeviceEncoder {
                 .map_err(failed)?;
             kept.workgroups = workgroups;
         }
+        let _one_grid = (kept.spread == Spread::ResidentGrid).then(|| {
+            self.resident_replay
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        });
         kept.graph.replay().map_err(failed)
     }
 
