@@ -1547,7 +1547,7 @@ impl DeviceEncoder {
         let mut slot = slot;
         let submitted = if staged.replays {
             self.replay_fused(&mut slot, text_len, staged.documents)
-                .map(|timings| (Vec::new(), Some(timings)))
+                .map(|replayed| (Vec::new(), Some(replayed)))
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
                 .map(|pending| (pending, None))
@@ -1915,13 +1915,14 @@ impl DeviceEncoder {
     /// One replay of `slot`'s fused graph for a chunk of `text_len` bytes in
     /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
     /// node's scalars and grid rewritten first where they differ from the
-    /// last replay's; returns once the kernel has ended.
+    /// last replay's; returns once the kernel has ended, with the kernel's
+    /// kind and the replay's timings.
     fn replay_fused(
         &self,
         slot: &mut Slot,
         text_len: u32,
         documents: usize,
-    ) -> Result<Timings, TokenizerError> {
+    ) -> Result<(Spread, Timings), TokenizerError> {
         let kept = slot
             .fused
             .as_mut()
@@ -1959,7 +1960,8 @@ impl DeviceEncoder {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
         });
-        kept.graph.replay().map_err(failed)
+        let timings = kept.graph.replay().map_err(failed)?;
+        Ok((kept.spread, timings))
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -2227,7 +2229,7 @@ impl DeviceEncoder {
             })
             .map_err(|error| backend_error(&format!("recording {}", fused.name), error))?;
         let (step, text) =
-            recorded.ok_or_else(|| internal("the resident graph recorded no step".to_owned()))?;
+            recorded.ok_or_else(|| internal("the fused graph recorded no step".to_owned()))?;
         Ok((graph, step, text))
     }
 
@@ -2391,9 +2393,9 @@ pub struct PendingEncode<'e> {
     encoder: &'e DeviceEncoder,
     slot: Option<Slot>,
     pending: Vec<PendingDispatch>,
-    /// The timings of the slot's resident graph where the chunk replayed it
-    /// (its replay has ended: [`DeviceEncoder::replay_fused`]).
-    replayed: Option<Timings>,
+    /// Which fused kernel's slot graph the chunk replayed, and the replay's
+    /// timings (it has ended: [`DeviceEncoder::replay_fused`]).
+    replayed: Option<(Spread, Timings)>,
     /// The chunk's text bytes: which steps it runs.
     text_len: u64,
     documents: usize,
@@ -2501,10 +2503,11 @@ impl<'e> PendingEncode<'e> {
                 timings: Timings::default(),
             })
             .collect();
-        if let Some(replayed) = self.replayed.take() {
-            if let Some(step) = timings.steps.first_mut() {
-                step.timings = replayed;
-            }
+        if let Some((spread, replayed)) = self.replayed.take() {
+            timings.steps = vec![StepTimings {
+                name: spread.step_name(),
+                timings: replayed,
+            }];
             return Ok(());
         }
         let mut first_error = None;
