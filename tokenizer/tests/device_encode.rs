@@ -2433,16 +2433,17 @@ fn resident_grid_equals_cpu() {
 }
 
 /// Locks out an eager chunk of a fused kernel whose replay of its slot's
-/// graph differs from the dispatch, or a short-text chunk submitted alone
-/// that replays (its submission would wait for the kernel) (a kernel node left with an earlier
+/// graph differs from the dispatch (a kernel node left with an earlier
 /// chunk's length, documents or grid; a slot's host-mapped buffers written or
 /// read past the graph that holds them; a `BatchIds` part that takes an ids
-/// buffer a graph still writes): on cl100k and r50k, resident up to 24 KiB,
-/// lengths from 4,097 bytes to 24 KiB over three slots, several documents,
-/// the short-text kernel (submitted, and replayed as a batch of one chunk, in
-/// turn with resident chunks) and the steps on the same slots, `BatchIds` between
-/// replays, all equal the CPU; negative control: the same encoder with
-/// `with_fused_graphs(false)` replays nothing, with the same ids.
+/// buffer a graph still writes), and a short-text chunk submitted alone that
+/// replays (its submission would wait for the kernel): on cl100k and r50k,
+/// resident up to 24 KiB, lengths from 4,097 bytes to 24 KiB over three
+/// slots, several documents, the short-text kernel (submitted, and replayed as
+/// a batch of one chunk, in turn with resident chunks) and the steps on the
+/// same slots, `BatchIds` between replays, all equal the CPU; negative
+/// control: the same encoder with `with_fused_graphs(false)` replays nothing,
+/// with the same ids.
 #[test]
 fn eager_fused_chunks_replay_their_slots_graph() {
     for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {

@@ -894,18 +894,18 @@ fn gpu_large_chunks_bring_their_ids_up_by_the_copy_engine() {
 }
 
 /// Locks out an eager chunk of a fused kernel whose replay of its slot's
-/// graph differs on the device from the dispatch, or a short-text chunk
-/// submitted alone that replays (a kernel node
-/// left with an earlier chunk's length, documents or grid; the text of a
-/// 256 KiB slot, which the graph uploads from its own input slot, read past
-/// its end or from the slot's pinned staging; a host-mapped buffer written or
-/// read past the graph that holds it; a `BatchIds` part taking an ids buffer
-/// a graph still writes): on cl100k and o200k at the default limits, lengths
-/// from 4,097 bytes to 256 KiB (140 KiB after 250 KiB in one slot), three
-/// documents, the short-text kernel (submitted, and replayed as a batch of one chunk, in
-/// turn with resident chunks) and the steps on the same slots,
-/// `BatchIds` between replays, all equal the CPU; negative control: the same
-/// encoder with `with_fused_graphs(false)` replays nothing, same ids.
+/// graph differs on the device from the dispatch (a kernel node left with an
+/// earlier chunk's length, documents or grid; the text of a 256 KiB slot,
+/// which the graph uploads from its own input slot, read past its end or from
+/// the slot's pinned staging; a host-mapped buffer written or read past the
+/// graph that holds it; a `BatchIds` part taking an ids buffer a graph still
+/// writes), and a short-text chunk submitted alone that replays: on cl100k and
+/// o200k at the default limits, lengths from 4,097 bytes to 256 KiB (140 KiB
+/// after 250 KiB in one slot), three documents, the short-text kernel
+/// (submitted, and replayed as a batch of one chunk, in turn with resident
+/// chunks) and the steps on the same slots, `BatchIds` between replays, all
+/// equal the CPU; negative control: the same encoder with
+/// `with_fused_graphs(false)` replays nothing, same ids.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_eager_fused_chunks_replay_their_slots_graph() {
