@@ -47,6 +47,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use peers::{chunks_of, median_seconds, peers_of, Peer};
+use vyre_tokenizer::device::BatchIds;
 use vyre_tokenizer::pretokenize::pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -418,6 +419,24 @@ fn print_device_steps(
     eager.sort_by_key(|timings| timings.wall_ns);
     let median = &eager[eager.len() / 2];
     println!("  device, eager (median): {}", median.wall_line());
+    // Into one reused `BatchIds`, whose part takes the chunk's ids in place.
+    let mut batch_ids = BatchIds::new();
+    let mut in_place = Vec::with_capacity(iterations);
+    for _ in 0..iterations.max(1) + 1 {
+        let timings = device
+            .encode_batch_ids(&[text], &mut batch_ids)
+            .map_err(|e| e.to_string())?;
+        if batch_ids.get(0) != Some(ids) {
+            return Err("the device's ids into BatchIds differ from the CPU encoder's".to_owned());
+        }
+        in_place.extend(timings);
+    }
+    in_place.remove(0);
+    in_place.sort_by_key(|timings| timings.wall_ns);
+    println!(
+        "  device, into a reused BatchIds (median): {}",
+        in_place[in_place.len() / 2].wall_line()
+    );
     let (counted_ids, counted) = device.encode_counted(&[text]).map_err(|e| e.to_string())?;
     if counted_ids[0] != ids {
         return Err("the device's counted ids differ from the CPU encoder's".to_owned());
