@@ -47,7 +47,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use peers::{chunks_of, median_seconds, peers_of, Peer};
-use vyre_tokenizer::device::BatchIds;
+use vyre_tokenizer::device::{BatchIds, ChunkTimings};
 use vyre_tokenizer::pretokenize::pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -401,42 +401,36 @@ fn print_device_steps(
     };
     // The eager encode as a caller makes it; the counts (one small read after
     // the wait, which would add its round trip to the wall) from one more.
-    let mut eager = Vec::with_capacity(iterations);
     let mut encoded = [Vec::new()];
-    for _ in 0..iterations.max(1) + 1 {
+    let Some(eager) = median_chunk(iterations, || {
         let timings = device
             .encode_batch_into(&[text], &mut encoded)
             .map_err(|e| e.to_string())?;
         if encoded[0] != ids {
             return Err("the device's ids differ from the CPU encoder's".to_owned());
         }
-        eager.extend(timings);
-    }
-    if eager.len() < 2 {
+        Ok(timings)
+    })?
+    else {
         return Ok(()); // an empty text: no chunk ran
-    }
-    eager.remove(0);
-    eager.sort_by_key(|timings| timings.wall_ns);
-    let median = &eager[eager.len() / 2];
-    println!("  device, eager (median): {}", median.wall_line());
+    };
+    println!("  device, eager (median): {}", eager.wall_line());
     // Into one reused `BatchIds`, whose part takes the chunk's ids in place.
     let mut batch_ids = BatchIds::new();
-    let mut in_place = Vec::with_capacity(iterations);
-    for _ in 0..iterations.max(1) + 1 {
+    if let Some(in_place) = median_chunk(iterations, || {
         let timings = device
             .encode_batch_ids(&[text], &mut batch_ids)
             .map_err(|e| e.to_string())?;
         if batch_ids.get(0) != Some(ids) {
             return Err("the device's ids into BatchIds differ from the CPU encoder's".to_owned());
         }
-        in_place.extend(timings);
+        Ok(timings)
+    })? {
+        println!(
+            "  device, into a reused BatchIds (median): {}",
+            in_place.wall_line()
+        );
     }
-    in_place.remove(0);
-    in_place.sort_by_key(|timings| timings.wall_ns);
-    println!(
-        "  device, into a reused BatchIds (median): {}",
-        in_place[in_place.len() / 2].wall_line()
-    );
     let (counted_ids, counted) = device.encode_counted(&[text]).map_err(|e| e.to_string())?;
     if counted_ids[0] != ids {
         return Err("the device's counted ids differ from the CPU encoder's".to_owned());
@@ -471,6 +465,25 @@ fn print_device_steps(
         replay.kernel_stamps_ns as f64 / 1e3
     );
     Ok(())
+}
+
+/// The timings of the median chunk (by wall time) of `iterations` runs of
+/// `encode` (one chunk each) after one more run that warms up; `None` where no
+/// chunk ran (an empty text).
+fn median_chunk(
+    iterations: usize,
+    mut encode: impl FnMut() -> Result<Vec<ChunkTimings>, String>,
+) -> Result<Option<ChunkTimings>, String> {
+    let mut runs = Vec::with_capacity(iterations + 1);
+    for _ in 0..iterations.max(1) + 1 {
+        runs.extend(encode()?);
+    }
+    if runs.len() < 2 {
+        return Ok(None);
+    }
+    runs.remove(0);
+    runs.sort_by_key(|timings| timings.wall_ns);
+    Ok(Some(runs.swap_remove(runs.len() / 2)))
 }
 
 /// One line of figures; `ours` (seconds) adds how many times faster ours is.
