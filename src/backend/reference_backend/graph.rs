@@ -145,8 +145,7 @@ impl ReferenceRecorder {
         check_binding_sizes(name, &reference.slots, &sizes, request.fixpoint_iterations)?;
         check_aliasing(name, &reference.slots, request.bindings)?;
         check_request_scalars(name, reference.program.scalars(), &request)?;
-        let launch = LaunchPlan::new(request.workgroups, reference.workgroup_size, backend.caps())?;
-        backend.check_grid_sync_fits(reference, &launch)?;
+        check_grid_now(backend, reference, request.workgroups)?;
         let counts = vec![None; reference.slots.len()];
         let graph = &mut self.graph;
         let index = graph.steps.len();
@@ -275,8 +274,7 @@ impl ReferenceGraph {
     ) -> Result<(), BackendError> {
         let (step, backend) = self.step_mut(step)?;
         let kernel = backend.reference_kernel(&step.kernel)?;
-        let launch = LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
-        backend.check_grid_sync_fits(kernel, &launch)?;
+        check_grid_now(backend, kernel, workgroups)?;
         step.workgroups = workgroups;
         Ok(())
     }
@@ -323,12 +321,7 @@ impl ReferenceGraph {
                 Operation::Dispatch(step) => {
                     let kernel = self.backend.reference_kernel(&step.kernel)?;
                     // Lanes may have started since the recording.
-                    let launch = LaunchPlan::new(
-                        step.workgroups,
-                        kernel.workgroup_size,
-                        self.backend.caps(),
-                    )?;
-                    self.backend.check_grid_sync_fits(kernel, &launch)?;
+                    check_grid_now(&self.backend, kernel, step.workgroups)?;
                     replay_dispatch(&self.backend, kernel, step)?;
                 }
                 Operation::ReadBack {
@@ -349,6 +342,19 @@ impl ReferenceGraph {
             ..Timings::default()
         })
     }
+}
+
+/// A recorded step's grid of `workgroups` checked as the CUDA graph checks it
+/// at recording, at `set_workgroups` and before every replay: its launch plan,
+/// and for a grid-sync kernel the workgroups the device holds beside the lanes
+/// running now.
+fn check_grid_now(
+    backend: &ReferenceBackend,
+    kernel: &ReferenceKernel,
+    workgroups: [u32; 3],
+) -> Result<(), BackendError> {
+    let launch = LaunchPlan::new(workgroups, kernel.workgroup_size, backend.caps())?;
+    backend.check_grid_sync_fits(kernel, &launch)
 }
 
 /// One recorded dispatch on the reference side: run over the buffers' current

@@ -721,9 +721,7 @@ impl Slot {
     }
 
     fn buffer_mut(&mut self, role: Role) -> Result<&mut DeviceBuffer, TokenizerError> {
-        self.buffers[role as usize]
-            .as_mut()
-            .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))
+        self.buffer_beside_graph(role).map(|(buffer, _)| buffer)
     }
 
     /// The buffer of `role` with the slot's recorded graph, if it has one: a
@@ -1529,7 +1527,7 @@ impl DeviceEncoder {
         mut staged: StagedChunk<'_>,
     ) -> Result<PendingEncode<'_>, TokenizerError> {
         let text_len = staged.text_len;
-        let Some(slot) = staged.slot.take() else {
+        let Some(mut slot) = staged.slot.take() else {
             self.admission.release();
             return Ok(PendingEncode {
                 encoder: self,
@@ -1544,7 +1542,6 @@ impl DeviceEncoder {
                 want_counts: false,
             });
         };
-        let mut slot = slot;
         let submitted = if staged.replays {
             self.replay_fused(&mut slot, text_len, staged.documents)
                 .map(|replayed| (Vec::new(), Some(replayed)))
@@ -1812,9 +1809,7 @@ impl DeviceEncoder {
         if let Some(fused) = self.fused_kernel(u64::from(text_len)) {
             // Every step, `stage` included, in one kernel.
             let bindings = self.bindings(slot, &fused.bindings)?;
-            let documents = u32::try_from(documents).map_err(|_| {
-                internal(format!("a chunk of {documents} documents in one dispatch"))
-            })?;
+            let documents = dispatch_documents(documents)?;
             let request = Dispatch::new(&fused.kernel, &bindings)
                 .workgroups([self.fused_workgroups(fused, u64::from(text_len)), 1, 1])
                 .scalar(TEXT_LEN_SCALAR, text_len)
@@ -1893,8 +1888,7 @@ impl DeviceEncoder {
         }
         // The host reads and writes a slot's mapped buffers beside one graph.
         slot.fused = None;
-        let documents = u32::try_from(documents)
-            .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))?;
+        let documents = dispatch_documents(documents)?;
         let upload = slot
             .staged_text_pinned
             .is_some()
@@ -1933,8 +1927,7 @@ impl DeviceEncoder {
         }
         .ok_or_else(|| internal("a replay of a fused kernel the encoder lacks".to_owned()))?;
         let workgroups = self.fused_workgroups(fused, u64::from(text_len));
-        let documents = u32::try_from(documents)
-            .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))?;
+        let documents = dispatch_documents(documents)?;
         let failed = |error| backend_error(&format!("replaying {}", fused.name), error);
         let step = kept.step;
         if kept.text_len != text_len {
@@ -2293,6 +2286,12 @@ impl DeviceEncoder {
         };
         Ok((EncodeCounts::of(&params, pieces), clocks))
     }
+}
+
+/// A chunk's document count as the fused kernels' `documents` scalar.
+fn dispatch_documents(documents: usize) -> Result<u32, TokenizerError> {
+    u32::try_from(documents)
+        .map_err(|_| internal(format!("a chunk of {documents} documents in one dispatch")))
 }
 
 fn to_backend(error: TokenizerError) -> BackendError {
