@@ -1005,3 +1005,38 @@ fn gpu_graph_set_scalar_reaches_every_later_replay() {
     assert_eq!(graph.graph_nodes(), nodes, "no re-capture");
     assert_eq!(gpu.cache_stats().module, modules, "no new module");
 }
+
+/// Locks out a graph rebinding that the device ignores, or that keeps holding
+/// the buffer it replaced (a caller could then never take that buffer's bytes
+/// in place): the shared assertion (`support::assert_graph_rebinds_a_buffer`)
+/// over host-mapped destinations on CUDA; then, while the graph binds the
+/// first destination, taking it into a `MappedView` is refused; once the
+/// graph is rebound to the second, it succeeds, the view holds the first's
+/// earlier result, and the next replay writes the second.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_rebinds_a_buffer_without_recapture() {
+    let gpu = backend();
+    let any = vyre_cuda::backend::AnyBackend::Cuda(gpu.clone());
+    let (mut graph, step, [first, second, _third]) =
+        support::assert_graph_rebinds_a_buffer(&any, &|bytes| {
+            gpu.host_mapped_buffer(bytes).unwrap()
+        });
+    let (first, refused) = first
+        .into_mapped_view()
+        .map(|view| view.into_buffer())
+        .expect_err("the graph holds the buffer it binds");
+    assert!(refused.to_string().starts_with("Fix:"), "{refused}");
+    graph.set_buffer(step, 1, &second).unwrap();
+    let view = first
+        .into_mapped_view()
+        .expect("the graph let the replaced buffer go");
+    let plus_one: Vec<u32> = (1..=256).collect();
+    assert_eq!(words(view.bytes()), plus_one, "the first's earlier result");
+    graph.replay().unwrap();
+    assert_eq!(
+        gpu.read::<u32>(&second).unwrap(),
+        plus_one,
+        "the second written"
+    );
+}

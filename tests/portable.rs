@@ -565,3 +565,15 @@ fn the_reference_runs_100_kib_of_workgroup_memory() {
         "{error}"
     );
 }
+
+/// Locks out a graph rebinding that the reference side ignores or checks
+/// otherwise than CUDA (`DispatchGraph::set_buffer`): the shared assertion
+/// (`support::assert_graph_rebinds_a_buffer`: the rebound buffer written, the
+/// recorded one not, every refusal a `Fix:` that changes nothing). Negative
+/// control by hand: a reference `set_buffer` that only checks, binding
+/// nothing, fails at "the rebound buffer is written".
+#[test]
+fn reference_graph_rebinds_a_buffer_without_recapture() {
+    let backend = AnyBackend::reference();
+    support::assert_graph_rebinds_a_buffer(&backend, &|bytes| backend.buffer(bytes).unwrap());
+}

@@ -517,6 +517,21 @@ impl AnyGraph {
         }
     }
 
+    /// Bind another buffer for `binding` of `step` on later replays, without
+    /// re-capture ([`DispatchGraph::set_buffer`]; the same rules on both
+    /// backends).
+    pub fn set_buffer(
+        &mut self,
+        step: StepId,
+        binding: u32,
+        buffer: &DeviceBuffer,
+    ) -> Result<(), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_buffer(step, binding, buffer),
+            GraphKind::Reference(graph) => graph.set_buffer(step, binding, buffer),
+        }
+    }
+
     /// Change the workgroups `step` launches on later replays, without re-capture
     /// ([`DispatchGraph::set_workgroups`]); checked against the launch limits at
     /// once on both backends.

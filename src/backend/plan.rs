@@ -387,6 +387,59 @@ pub(in crate::backend) fn check_aliasing(
     Ok(())
 }
 
+/// The rules of binding another buffer at `slot` of a recorded dispatch of
+/// `kernel_name` (`DispatchGraph::set_buffer`, the reference graph's twin),
+/// the same on both backends: the step was recorded over `recorded_bytes` there
+/// and the new buffer holds `new_bytes`; `also_bound_at` are the step's other
+/// slots already bound to the new buffer; `transfers_touch_old` says whether an
+/// upload or a read-back of the graph touches the buffer it replaces.
+pub(in crate::backend) fn check_rebind(
+    kernel_name: &str,
+    slots: &[ParamSlot],
+    slot: usize,
+    (recorded_bytes, new_bytes): (u64, u64),
+    also_bound_at: &[usize],
+    transfers_touch_old: bool,
+) -> Result<(), BackendError> {
+    let this = &slots[slot];
+    let named = format!(
+        "'{}' (binding {}) of {kernel_name}",
+        this.name, this.binding
+    );
+    if this.access == Access::WriteOnly {
+        return Err(BackendError::bad_input(format!(
+            "Fix: {named} is write-only, which the graph clears before each launch at the \
+             address it was recorded with; record the graph again over the other buffer"
+        )));
+    }
+    if new_bytes < recorded_bytes {
+        return Err(BackendError::bad_input(format!(
+            "Fix: {named} was recorded over {recorded_bytes} bytes and the new buffer \
+             holds {new_bytes}; bind a buffer of at least {recorded_bytes} bytes"
+        )));
+    }
+    if let Some(other) = also_bound_at
+        .iter()
+        .map(|&other| &slots[other])
+        .find(|other| this.access.is_output() || other.access.is_output())
+    {
+        return Err(BackendError::bad_input(format!(
+            "Fix: the new buffer of {named} is already bound to '{}' (binding {}) of that \
+             dispatch, and the kernel writes it through one of them, so the result would \
+             depend on thread order; bind a buffer of its own",
+            other.name, other.binding
+        )));
+    }
+    if transfers_touch_old {
+        return Err(BackendError::bad_input(format!(
+            "Fix: the graph also uploads into or reads back from the buffer that {named} \
+             passes, and those copies keep its address; record the graph again over the \
+             other buffer"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks caller output slices against the readback items: one per item, each
 /// exactly the item's length (the into-caller-buffers path allocates nothing, so
 /// it cannot resize them).

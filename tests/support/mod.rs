@@ -765,3 +765,139 @@ pub fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Ex
         })
         .build()
 }
+
+/// `dst[i] = src[i] + 1` with `dst` read-write (a write-only one keeps its
+/// recorded clear), 64-thread workgroups.
+pub fn plus_one_into_read_write() -> Program {
+    Program::builder([64, 1, 1])
+        .entry_op_id("plus_one_rw")
+        .buffer(
+            "src",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "dst",
+            1,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
+                b.store(
+                    "dst",
+                    i.clone(),
+                    Expr::load("src", i.clone()) + Expr::u32(1),
+                );
+            });
+        })
+        .build()
+}
+
+/// Asserts `set_buffer` on `backend`'s graphs (the reference test and the CUDA
+/// one share it): `dst = src + 1` over 256 words recorded over `first`
+/// (`make` gives each destination buffer, 256 words of 7), rebound to
+/// `second`: the replay writes `second` and leaves `first` as it was, and back
+/// to `first` again; then, each a `Fix:` error after which the next replay
+/// still writes where it did: a smaller buffer, a binding the kernel lacks,
+/// the source buffer (bound at another slot, and `dst` is written), the
+/// write-only destination of a kernel that clears it, and a destination the
+/// graph also reads back from. Returns the graph and its step (bound to
+/// `first`) for the caller's own checks.
+pub fn assert_graph_rebinds_a_buffer(
+    backend: &vyre_cuda::backend::AnyBackend,
+    make: &dyn Fn(u64) -> DeviceBuffer,
+) -> (
+    vyre_cuda::backend::AnyGraph,
+    vyre_cuda::graph::StepId,
+    [DeviceBuffer; 3],
+) {
+    use vyre_cuda::backend::{Binding, Dispatch};
+    let config = DispatchConfig::linear(4).with_readback(vyre_cuda::ReadbackPolicy::None);
+    let kernel = backend
+        .compile(&plus_one_into_read_write(), &config)
+        .unwrap();
+    let source = backend
+        .buffer_from(&(0..256u32).collect::<Vec<_>>())
+        .unwrap();
+    let sevens = vec![7u32; 256];
+    let fill = |buffer: &DeviceBuffer| backend.upload(buffer, &sevens).unwrap();
+    let [first, second] = [make(4 * 256), make(4 * 256)];
+    fill(&first);
+    fill(&second);
+    let bindings = [Binding::from(&source), Binding::from(&first)];
+    let mut step = None;
+    let mut graph = backend
+        .record(|rec| {
+            step = Some(rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?);
+            Ok(())
+        })
+        .unwrap();
+    let step = step.unwrap();
+    let plus_one: Vec<u32> = (1..=256).collect();
+    let read = |buffer: &DeviceBuffer| backend.read::<u32>(buffer).unwrap();
+    graph.set_buffer(step, 1, &second).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(read(&second), plus_one, "the rebound buffer is written");
+    assert_eq!(read(&first), sevens, "the recorded one is not");
+    fill(&second);
+    graph.set_buffer(step, 1, &first).unwrap();
+    let small = make(4 * 255);
+    let refusals: [(&str, Result<(), vyre_cuda::backend::BackendError>); 3] = [
+        ("holds 1020", graph.set_buffer(step, 1, &small)),
+        ("binding 9", graph.set_buffer(step, 9, &second)),
+        ("already bound", graph.set_buffer(step, 1, &source)),
+    ];
+    for (expected, refused) in refusals {
+        let message = refused.unwrap_err().to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains(expected),
+            "{expected}: {message}"
+        );
+    }
+    graph.replay().unwrap();
+    assert_eq!(read(&first), plus_one, "refusals changed nothing");
+    assert_eq!(read(&second), sevens, "refusals changed nothing");
+    let write_only = backend
+        .compile(
+            &elementwise("plus_one_wo", 64, |v| v + Expr::u32(1)),
+            &config,
+        )
+        .unwrap();
+    let third = make(4 * 256);
+    let mut read_back_slot = None;
+    let mut others = backend
+        .record(|rec| {
+            let wo = rec.dispatch(
+                Dispatch::new(
+                    &write_only,
+                    &[Binding::from(&source), Binding::from(&second)],
+                )
+                .config(&config),
+            )?;
+            let rw = rec.dispatch(
+                Dispatch::new(&kernel, &[Binding::from(&source), Binding::from(&third)])
+                    .config(&config),
+            )?;
+            rec.read_back(&third, 0, 16)?;
+            read_back_slot = Some((wo, rw));
+            Ok(())
+        })
+        .unwrap();
+    let (wo, rw) = read_back_slot.unwrap();
+    for (expected, refused) in [
+        ("write-only", others.set_buffer(wo, 1, &small)),
+        ("reads back", others.set_buffer(rw, 1, &second)),
+    ] {
+        let message = refused.unwrap_err().to_string();
+        assert!(
+            message.starts_with("Fix:") && message.contains(expected),
+            "{expected}: {message}"
+        );
+    }
+    (graph, step, [first, second, third])
+}

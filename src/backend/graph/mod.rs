@@ -181,7 +181,7 @@ use crate::backend::driver::{
     Stream,
 };
 use crate::backend::kernel::KernelInner;
-use crate::backend::plan::{scalar_position, undeclared_scalar, ScalarWords};
+use crate::backend::plan::{check_rebind, scalar_position, undeclared_scalar, ScalarWords};
 use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::PerBinding;
@@ -546,6 +546,92 @@ impl DispatchGraph {
         let step = &self.steps[index];
         let (counts, scalars) = (step.counts.clone(), step.scalars.clone());
         self.update_step(index, counts, plan, scalars)
+    }
+
+    /// Bind `buffer` in place of the buffer `step` passes for `binding` on later
+    /// replays, without re-capture: the address is a kernel parameter, written
+    /// through `cuGraphExecKernelNodeSetParams` into every launch node of the
+    /// step, and the graph then holds the new buffer's memory instead of the old
+    /// one's (which a [`DeviceBuffer::into_mapped_view`] of the old buffer then
+    /// no longer finds held). The kernel keeps the element count the step was
+    /// recorded with ([`DispatchGraph::set_element_count`] changes it). Refused
+    /// (`Fix:`) for a scratch binding, a write-only binding (its clear keeps the
+    /// recorded address), a buffer smaller than the recorded one, one the step
+    /// already binds where either binding is written, and a buffer the graph also
+    /// uploads into or reads back from.
+    ///
+    /// Why: a caller that takes a result buffer out of a graph's reach (a
+    /// host-mapped buffer kept as a [`MappedView`](crate::backend::MappedView))
+    /// and gives the graph another one would otherwise record the graph again.
+    pub fn set_buffer(
+        &mut self,
+        step: StepId,
+        binding: u32,
+        buffer: &DeviceBuffer,
+    ) -> Result<(), BackendError> {
+        let (index, slot) = self.step_slot(step, binding, "rebind")?;
+        let inner = Arc::clone(self.backend.shared());
+        inner.check_alive()?;
+        let (memory, new_bytes) =
+            record::hold_memory(&inner, buffer, "rebind a recorded dispatch to")?;
+        let recorded = &self.steps[index];
+        let BoundAddress::Fixed(old) = recorded.bound[slot] else {
+            return Err(BackendError::bad_input(format!(
+                "Fix: binding {binding} of {} is a scratch buffer of the recording, which \
+                 the graph allocates itself; rebind only the buffers a dispatch was \
+                 recorded over",
+                recorded.kernel.name
+            )));
+        };
+        let resources = self.resources.as_ref().ok_or_else(dropping)?;
+        let old_memory = resources
+            .memory
+            .iter()
+            .find(|held| held.address() == old)
+            .cloned()
+            .ok_or_else(|| BackendError::internal("a recorded binding's memory is not held"))?;
+        // Each binding holds the memory once, each upload and read-back once more.
+        let bindings_of_old = self
+            .steps
+            .iter()
+            .flat_map(|step| step.bound.iter())
+            .filter(|bound| matches!(bound, BoundAddress::Fixed(address) if *address == old))
+            .count();
+        let also_bound_at: PerBinding<usize> = (0..recorded.bound.len())
+            .filter(|&other| {
+                other != slot
+                    && matches!(recorded.bound[other], BoundAddress::Fixed(address) if address == memory.address())
+            })
+            .collect();
+        check_rebind(
+            &recorded.kernel.name,
+            &recorded.kernel.slots,
+            slot,
+            (recorded.sizes[slot], new_bytes),
+            &also_bound_at,
+            self.holdings_of(&old_memory) > bindings_of_old,
+        )?;
+        let step = &mut self.steps[index];
+        let address = memory.address();
+        step.bound[slot] = BoundAddress::Fixed(address);
+        let before = std::mem::replace(&mut step.addresses[slot], address);
+        let (counts, plan, scalars) = (step.counts.clone(), step.plan, step.scalars.clone());
+        if let Err(error) = self.update_step(index, counts, plan, scalars) {
+            let step = &mut self.steps[index];
+            step.bound[slot] = BoundAddress::Fixed(old);
+            step.addresses[slot] = before;
+            return Err(error);
+        }
+        let resources = self.resources.as_mut().ok_or_else(dropping)?;
+        if let Some(at) = resources
+            .memory
+            .iter()
+            .position(|held| Arc::ptr_eq(held, &old_memory))
+        {
+            resources.memory.swap_remove(at);
+        }
+        resources.memory.push(memory);
+        Ok(())
     }
 
     /// The value `step` currently passes for its program's scalar parameter `name`.

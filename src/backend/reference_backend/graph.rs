@@ -12,7 +12,8 @@ use super::super::graph::{
     OutputSlot, StepId,
 };
 use super::super::plan::{
-    check_aliasing, check_binding_sizes, check_request_scalars, scalar_position, undeclared_scalar,
+    check_aliasing, check_binding_sizes, check_rebind, check_request_scalars, scalar_position,
+    undeclared_scalar,
 };
 use super::super::request::ScalarValues;
 use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
@@ -263,6 +264,61 @@ impl ReferenceGraph {
             )));
         }
         step.counts[index] = Some(elements);
+        Ok(())
+    }
+
+    /// Another buffer for `binding` of `step`, checked as the CUDA graph checks
+    /// it; the kernel keeps the element count the step was recorded with.
+    pub(in crate::backend) fn set_buffer(
+        &mut self,
+        step: StepId,
+        binding: u32,
+        buffer: &DeviceBuffer,
+    ) -> Result<(), BackendError> {
+        let memory =
+            Arc::clone(buffer.host_for(&self.backend.inner, "rebind a recorded dispatch to")?);
+        let transfers: Vec<Arc<HostMemory>> = self
+            .operations
+            .iter()
+            .filter_map(|operation| match operation {
+                Operation::Upload { memory, .. } | Operation::ReadBack { memory, .. } => {
+                    Some(Arc::clone(memory))
+                }
+                Operation::Dispatch(_) => None,
+            })
+            .collect();
+        let (step, backend) = self.step_mut(step)?;
+        let kernel = backend.reference_kernel(&step.kernel)?;
+        let name = &kernel.name;
+        let Some(index) = kernel.slots.iter().position(|s| s.binding == binding) else {
+            return Err(BackendError::bad_input(format!(
+                "Fix: {name} has no global buffer at binding {binding}; name one of its bindings"
+            )));
+        };
+        let recorded = step.memories[index].lock().len() as u64;
+        let also_bound_at: Vec<usize> = (0..step.memories.len())
+            .filter(|&other| other != index && Arc::ptr_eq(&step.memories[other], &memory))
+            .collect();
+        check_rebind(
+            name,
+            &kernel.slots,
+            index,
+            (recorded, buffer.len()),
+            &also_bound_at,
+            transfers
+                .iter()
+                .any(|held| Arc::ptr_eq(held, &step.memories[index])),
+        )?;
+        // The recorded count, as the CUDA step keeps passing it.
+        let slot = &kernel.slots[index];
+        if step.counts[index].is_none() && !matches!(slot.count, crate::ir::BufferCount::Static(_))
+        {
+            let elements = recorded / slot.elem.size_bytes() as u64;
+            step.counts[index] = Some(u32::try_from(elements).map_err(|_| {
+                BackendError::internal("a recorded buffer of more than u32::MAX elements")
+            })?);
+        }
+        step.memories[index] = memory;
         Ok(())
     }
 

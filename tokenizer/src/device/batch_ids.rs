@@ -304,46 +304,58 @@ impl Part {
     /// The chunk's `tokens` ids where the device wrote them, the first words of
     /// `ids` (the slot's host-mapped buffer), without a copy: the part keeps that
     /// buffer and leaves in its place the host-mapped buffer it held, when that is
-    /// of the same size, else new memory of that size. False, with `ids` as it
-    /// was, where that cannot be (memory that is not host-mapped or is still
-    /// held, no memory to allocate): the caller copies instead, which rewrites
-    /// the part (whose own memory may then be gone).
+    /// of the same size, else new memory of that size, and `rebind` moves the
+    /// slot's graph, if it has one, onto the buffer left in the slot (so that the
+    /// graph lets the taken one go). `Ok(false)`, with `ids` as it was, where that
+    /// cannot be (memory that is not host-mapped or is still held, no memory to
+    /// allocate, a graph that cannot be rebound): the caller copies instead, which
+    /// rewrites the part (whose own memory may then be gone). `Err` where the
+    /// graph, rebound, could be neither rebound back nor let the buffer go: the
+    /// chunk's ids are then in no buffer the caller can read.
     pub(super) fn take_mapped(
         &mut self,
         backend: &AnyBackend,
         ids: &mut DeviceBuffer,
         tokens: usize,
-    ) -> bool {
+        rebind: &mut dyn FnMut(&DeviceBuffer) -> Result<(), TokenizerError>,
+    ) -> Result<bool, TokenizerError> {
         if !ids.is_host_mapped() || 4 * tokens as u64 > ids.len() {
-            return false;
+            return Ok(false);
         }
         let same_size =
             matches!(&self.ids, PartIds::Mapped { view, .. } if view.len() == ids.len());
         let replacement = if same_size {
             match std::mem::take(&mut self.ids) {
                 PartIds::Mapped { view, .. } => view.into_buffer(),
-                _ => return false,
+                _ => return Ok(false),
             }
         } else {
             let AnyBackend::Cuda(gpu) = backend else {
-                return false;
+                return Ok(false);
             };
             match gpu.host_mapped_buffer(ids.len()) {
                 Ok(buffer) => buffer,
-                Err(_) => return false,
+                Err(_) => return Ok(false),
             }
         };
         let taken = std::mem::replace(ids, replacement);
+        if rebind(ids).is_err() {
+            // The graph still binds the slot's buffer: put it back; the part's
+            // own memory, if it gave any, goes (the caller's copy rewrites it).
+            *ids = taken;
+            return Ok(false);
+        }
         match taken.into_mapped_view() {
             Ok(view) => {
                 self.ids = PartIds::Mapped { view, tokens };
-                true
+                Ok(true)
             }
             Err((taken, _)) => {
-                // Put the slot's buffer back; the part's own memory, if it gave
-                // any, goes (the part is rewritten by the caller's copy).
+                // Something besides the graph holds it: give the slot (and its
+                // graph) the buffer back that holds the chunk's ids.
+                rebind(&taken)?;
                 *ids = taken;
-                false
+                Ok(false)
             }
         }
     }

@@ -784,14 +784,22 @@ impl Slot {
 /// own pinned input slot, of the slot's text capacity, into a device buffer of
 /// its own, and the staging gathers the text into that input slot instead.
 ///
-/// Not for chunks whose ids a [`BatchIds`] takes in place: the view takes
-/// the slot's ids buffer, which the graph binds (such a chunk drops its slot's
-/// graph and runs the dispatch).
+/// # Ids that a [`BatchIds`] takes in place
+///
+/// A [`BatchIds`] part takes the slot's host-mapped ids buffer itself and
+/// leaves another one in the slot; the graph, which binds the first and holds
+/// it, is rebound to the one left ([`AnyGraph::set_buffer`]: the kernel node's
+/// address rewritten, the hold moved), so the part can take the buffer out of
+/// its reach and the next replay writes where the slot reads.
 struct ReplayedFused {
     /// Which fused kernel it replays.
     spread: Spread,
     graph: AnyGraph,
     step: StepId,
+    /// The kernel's binding of the slot's `ids` buffer, which a [`BatchIds`]
+    /// part takes in place: the graph is rebound to the buffer the part gives
+    /// the slot instead ([`AnyGraph::set_buffer`]).
+    ids_binding: u32,
     /// The graph's input slot of the text, where the slot's text goes up by
     /// the copy engine; `None` where the kernel reads the slot's staging.
     text: Option<InputSlot>,
@@ -805,9 +813,6 @@ struct ReplayedFused {
 /// Which of its slot's fused graphs ([`ReplayedFused`]) a chunk may replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Replays {
-    /// None: a [`BatchIds`] part takes the chunk's ids buffer in place, which
-    /// no graph may bind.
-    Never,
     /// The resident grid's: the caller waits later, and a replay returns only
     /// once its kernel has ended (as the cooperative dispatch did).
     Resident,
@@ -1123,9 +1128,9 @@ impl DeviceEncoder {
     /// graph's launch waits less around the kernel (on an H100, 2026-12-06,
     /// 256 KiB of prose 127.3 against 142.9 µs eagerly, 1 KiB in a batch of one
     /// 32.7–33.2 against 40.4–41.0; the README gives the runs). The
-    /// first chunk a slot serves this way records the graph. A
-    /// chunk whose ids a [`BatchIds`] takes in place runs the dispatch either
-    /// way.
+    /// first chunk a slot serves this way records the graph (a chunk whose
+    /// ids a [`BatchIds`] takes in place too: the graph then follows the ids
+    /// buffer the part leaves in the slot).
     pub fn with_fused_graphs(mut self, replay: bool) -> Self {
         self.fused_graphs = replay;
         self
@@ -1430,11 +1435,10 @@ impl DeviceEncoder {
             // Each slot of a hand-out still running is one more chunk's buffers.
             hand_outs.wait_below(HAND_OUTS_RUNNING);
             // Staged while the chunks in flight compute.
-            let replays = match mine {
-                ChunkIds::Part(_) => Replays::Never,
-                // Its hand-out follows its submission at once.
-                ChunkIds::Vectors(_) if ranges.len() == 1 => Replays::EitherFused,
-                ChunkIds::Vectors(_) => Replays::Resident,
+            // A chunk alone is handed out at once after its submission.
+            let replays = match ranges.len() {
+                1 => Replays::EitherFused,
+                _ => Replays::Resident,
             };
             let staged = self.stage(&texts[range.clone()], replays)?;
             // Room for it: a chunk of ours finishes first when there is none
@@ -1505,10 +1509,6 @@ impl DeviceEncoder {
                 texts.len() as u64,
                 replayed.map(|fused| fused.spread),
             )?);
-            if replays == Replays::Never {
-                // The part takes the slot's ids buffer, which a graph binds.
-                slot.fused = None;
-            }
             if let Some(fused) = replayed {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
@@ -1894,10 +1894,17 @@ impl DeviceEncoder {
             .is_some()
             .then(|| self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1));
         let (graph, step, text) = self.record_fused(slot, fused, (text_len, documents), upload)?;
+        let ids_binding = fused
+            .bindings
+            .iter()
+            .position(|&role| role == Role::Ids)
+            .and_then(|binding| u32::try_from(binding).ok())
+            .ok_or_else(|| internal(format!("{} binds no ids buffer", fused.name)))?;
         slot.fused = Some(ReplayedFused {
             spread: fused.spread,
             graph,
             step,
+            ids_binding,
             text,
             text_len,
             documents,
@@ -2675,16 +2682,30 @@ fn hand_out_part(
         let start = Instant::now();
         part.download(backend, slot.buffer(Role::Ids)?, total)?;
         copy_ns = elapsed_ns(start);
-    } else if !part.take_mapped(backend, slot.buffer_mut(Role::Ids)?, total) {
-        let mut scratch = Vec::new();
-        let (buffer, graph) = slot.buffer_beside_graph(Role::Ids)?;
-        part.copy_from(host_visible_words(
-            backend,
-            buffer,
-            graph,
-            total,
-            &mut scratch,
-        )?);
+    } else {
+        let Slot { fused, buffers, .. } = slot;
+        let ids = buffers[Role::Ids as usize]
+            .as_mut()
+            .ok_or_else(|| internal("a slot without its ids buffer".to_owned()))?;
+        // The slot's graph follows the buffer the part leaves in the slot.
+        let mut rebind = |replacement: &DeviceBuffer| match fused.as_mut() {
+            Some(kept) => kept
+                .graph
+                .set_buffer(kept.step, kept.ids_binding, replacement)
+                .map_err(|error| backend_error("rebinding the slot's graph to its ids", error)),
+            None => Ok(()),
+        };
+        if !part.take_mapped(backend, ids, total, &mut rebind)? {
+            let mut scratch = Vec::new();
+            let (buffer, graph) = slot.buffer_beside_graph(Role::Ids)?;
+            part.copy_from(host_visible_words(
+                backend,
+                buffer,
+                graph,
+                total,
+                &mut scratch,
+            )?);
+        }
     }
     part.set_starts(&starts);
     Ok(copy_ns)

@@ -344,9 +344,10 @@ pub fn capped_encoder(backend: AnyBackend, tokenizer: &Tokenizer) -> DeviceEncod
 /// wait for the kernel) and as a batch of one chunk (replayed), in turn with
 /// resident ones, and one of `steps_len` (every step its own dispatch) on the
 /// same encoder, which take the same idle slots and write and read their
-/// buffers beside a slot's graph; one through `BatchIds` (whose part takes the
-/// slot's ids buffer: the chunk drops its slot's graph and dispatches), then
-/// one replayed again. `dispatching` is the same encoder with
+/// buffers beside a slot's graph; chunks into two `BatchIds` in turn, replayed
+/// (each part takes the slot's ids buffer and leaves the one it held, which the
+/// slot's graph is rebound to), every result keeping its own ids; then one
+/// replayed into vectors again. `dispatching` is the same encoder with
 /// `with_fused_graphs(false)`, the negative control: it replays nothing and
 /// gives the same ids.
 pub fn assert_fused_chunks_replay_their_slots_graph(
@@ -425,15 +426,41 @@ pub fn assert_fused_chunks_replay_their_slots_graph(
             &format!("{what}: resident submitted")
         ));
     }
+    // Into two `BatchIds` in turn: each part takes the slot's ids buffer and
+    // gives the slot (and its graph) the one it held before; every result
+    // keeps its own ids while the other is encoded into.
+    let mut results = [BatchIds::new(), BatchIds::new()];
+    let mut held: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..6 {
+        let texts = vec![text(if round % 3 == 2 {
+            resident_lengths[0]
+        } else {
+            last
+        })];
+        let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+        let into = round % 2;
+        let timings = replaying
+            .encode_batch_ids(&refs, &mut results[into])
+            .unwrap_or_else(|error| panic!("into BatchIds, round {round}: {error}"));
+        assert!(
+            timings.iter().all(|chunk| chunk.replayed),
+            "into BatchIds, round {round}: replayed"
+        );
+        held[into] = texts;
+        for (which, kept) in results.iter().enumerate() {
+            for (index, ids) in kept.iter().enumerate() {
+                let what = format!("into BatchIds, round {round}, result {which}");
+                assert_cpu_ids(tokenizer, &held[which], index, ids, &what);
+            }
+        }
+    }
+    assert!(by_both(&resident, false, "replayed after BatchIds"));
     let mut ids = BatchIds::new();
-    let in_place = [text(last)];
-    check_batch_ids(replaying, tokenizer, &in_place, &mut ids, "into BatchIds");
-    assert!(by_both(&in_place, false, "replayed after BatchIds"));
     check_batch_ids(
-        replaying,
+        dispatching,
         tokenizer,
         &resident,
         &mut ids,
-        "into BatchIds again",
+        "into BatchIds dispatched",
     );
 }
