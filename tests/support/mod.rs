@@ -620,6 +620,17 @@ pub fn elementwise_with_scalars(
     scalars: &[(&str, vyre_cuda::ir::ScalarType)],
     f: impl FnOnce(Expr) -> Expr,
 ) -> Program {
+    elementwise_program(name, workgroup, Access::WriteOnly, scalars, f)
+}
+
+/// [`elementwise_with_scalars`] with `dst` declared `dst_access`.
+fn elementwise_program(
+    name: &str,
+    workgroup: u32,
+    dst_access: Access,
+    scalars: &[(&str, vyre_cuda::ir::ScalarType)],
+    f: impl FnOnce(Expr) -> Expr,
+) -> Program {
     let mut builder = Program::builder([workgroup, 1, 1])
         .entry_op_id(name)
         .buffer(
@@ -629,13 +640,7 @@ pub fn elementwise_with_scalars(
             ElemType::U32,
             BufferCount::Runtime,
         )
-        .buffer(
-            "dst",
-            1,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        );
+        .buffer("dst", 1, dst_access, ElemType::U32, BufferCount::Runtime);
     for &(scalar, ty) in scalars {
         builder = builder.scalar(scalar, ty);
     }
@@ -769,33 +774,9 @@ pub fn counting_program(name: &str, first: u32, keep_going: fn(Expr, Expr) -> Ex
 /// `dst[i] = src[i] + 1` with `dst` read-write (a write-only one keeps its
 /// recorded clear), 64-thread workgroups.
 pub fn plus_one_into_read_write() -> Program {
-    Program::builder([64, 1, 1])
-        .entry_op_id("plus_one_rw")
-        .buffer(
-            "src",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "dst",
-            1,
-            Access::ReadWrite,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let i = b.let_("i", Expr::global_id(Axis::X));
-            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
-                b.store(
-                    "dst",
-                    i.clone(),
-                    Expr::load("src", i.clone()) + Expr::u32(1),
-                );
-            });
-        })
-        .build()
+    elementwise_program("plus_one_rw", 64, Access::ReadWrite, &[], |v| {
+        v + Expr::u32(1)
+    })
 }
 
 /// Asserts `set_buffer` on `backend`'s graphs (the reference test and the CUDA

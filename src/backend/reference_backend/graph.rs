@@ -240,11 +240,7 @@ impl ReferenceGraph {
         let (step, backend) = self.step_mut(step)?;
         let kernel = backend.reference_kernel(&step.kernel)?;
         let name = &kernel.name;
-        let Some(index) = kernel.slots.iter().position(|s| s.binding == binding) else {
-            return Err(BackendError::bad_input(format!(
-                "Fix: {name} has no global buffer at binding {binding}; name one of its bindings"
-            )));
-        };
+        let index = slot_of(kernel, binding)?;
         let slot = &kernel.slots[index];
         if let crate::ir::BufferCount::Static(n) = slot.count {
             return Err(BackendError::bad_input(format!(
@@ -290,11 +286,7 @@ impl ReferenceGraph {
         let (step, backend) = self.step_mut(step)?;
         let kernel = backend.reference_kernel(&step.kernel)?;
         let name = &kernel.name;
-        let Some(index) = kernel.slots.iter().position(|s| s.binding == binding) else {
-            return Err(BackendError::bad_input(format!(
-                "Fix: {name} has no global buffer at binding {binding}; name one of its bindings"
-            )));
-        };
+        let index = slot_of(kernel, binding)?;
         let recorded = step.memories[index].lock().len() as u64;
         let also_bound_at: Vec<usize> = (0..step.memories.len())
             .filter(|&other| other != index && Arc::ptr_eq(&step.memories[other], &memory))
@@ -450,6 +442,20 @@ fn replay_dispatch(
         }
     }
     Ok(())
+}
+
+/// The slot of `kernel`'s global buffer at `binding`.
+fn slot_of(kernel: &ReferenceKernel, binding: u32) -> Result<usize, BackendError> {
+    kernel
+        .slots
+        .iter()
+        .position(|slot| slot.binding == binding)
+        .ok_or_else(|| {
+            BackendError::bad_input(format!(
+                "Fix: {} has no global buffer at binding {binding}; name one of its bindings",
+                kernel.name
+            ))
+        })
 }
 
 fn forged(what: &str) -> BackendError {
