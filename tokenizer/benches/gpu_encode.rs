@@ -72,7 +72,10 @@
 //!   (`Geometry::merge_slab_bytes`: the pieces of at most that many bytes
 //!   merge in workgroup memory; the default first and last, each row's time
 //!   as a ratio to the first). `VYRE_BENCH_SLAB=0` leaves both out;
-//! - the same texts with long pieces cut into chunks of other lengths
+//! - 64 KiB and 256 KiB of each shape through the resident-grid kernel in
+//!   other workgroup shapes and grid caps. `VYRE_BENCH_RESIDENT_SHAPES=0`
+//!   leaves it out;
+//! - the merge registers' texts with long pieces cut into chunks of other lengths
 //!   (`Geometry::chunk_bytes`: one thread merges each chunk, `long` checks
 //!   and repairs their boundaries), then the 64 MiB batch at the same and
 //!   shorter chunk lengths. `VYRE_BENCH_CHUNK=0` leaves both out.
@@ -694,7 +697,12 @@ fn main() {
         });
     }
 
-    // 9. The long pieces' chunk length, for short texts and for the batch.
+    // 9. The resident grid's shapes.
+    if !skipped("VYRE_BENCH_RESIDENT_SHAPES") {
+        resident_shapes(&gpu, &cpu, small_rounds);
+    }
+
+    // 10. The long pieces' chunk length, for short texts and for the batch.
     if !skipped("VYRE_BENCH_CHUNK") {
         merge_chunk_lengths(&gpu, &cpu, small_rounds);
         println!("\nthe 64 MiB batch with long pieces cut into chunks of other lengths (chunk 0's kernels, median round):");
@@ -799,16 +807,37 @@ fn geometry_sweep<const N: usize>(
     title: &str,
     rows: [(String, Geometry); N],
 ) {
+    geometry_sweep_at(gpu, cpu, rounds, title, &[(1, 5), (256, 47)], rows);
+}
+
+/// [`geometry_sweep`] over one document of each shape at each of `sizes`
+/// (`(KiB, seed)`); a row whose encoder runs the largest size step by step
+/// instead of through the resident grid says so.
+fn geometry_sweep_at<const N: usize>(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    rounds: usize,
+    title: &str,
+    sizes: &[(usize, u64)],
+    rows: [(String, Geometry); N],
+) {
     println!("\n{title} (eager, median of {rounds}; kernels' own time in brackets):");
-    let mut texts: Vec<(String, Vec<u8>)> = Shape::ALL
-        .into_iter()
-        .map(|shape| (format!("1 KiB {shape}"), generate(shape, 1024, 5)))
+    let texts: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .flat_map(|&(kib, seed)| {
+            Shape::ALL.into_iter().map(move |shape| {
+                (
+                    format!("{kib} KiB {shape}"),
+                    generate(shape, kib << 10, seed),
+                )
+            })
+        })
         .collect();
-    texts.extend(
-        Shape::ALL
-            .into_iter()
-            .map(|shape| (format!("256 KiB {shape}"), generate(shape, 256 << 10, 47))),
-    );
+    let largest = sizes
+        .iter()
+        .map(|&(kib, _)| (kib as u64) << 10)
+        .max()
+        .unwrap_or(0);
     let default = Geometry::default();
     for (index, (label, geometry)) in rows.into_iter().enumerate() {
         if index > 0 && geometry == default {
@@ -826,9 +855,75 @@ fn geometry_sweep<const N: usize>(
                 continue;
             }
         };
-        let head = format!("  {label}{}:", default_mark(geometry == default));
+        let stepped = if encoder.runs_resident(largest) || encoder.runs_short(largest) {
+            ""
+        } else {
+            " (its steps one by one: no fused kernel at this shape)"
+        };
+        let head = format!("  {label}{}{stepped}:", default_mark(geometry == default));
         println!("{}", eager_row(head, &encoder, cpu, &texts, rounds));
     }
+}
+
+/// 64 KiB and 256 KiB of each shape eager through the resident-grid kernel in
+/// other shapes, the default first: every step's workgroup (the split's
+/// threads and bytes per thread, the BPE steps' threads, one size for every
+/// step of a fused kernel) and the grid's workgroups. The kernel ends each of
+/// its steps with a grid sync (about 1.8 µs each for 256 workgroups on the
+/// H100, 2026-12-06, this bench's wait floors), and a split block pays a
+/// ticket and a look-back whatever its size: fewer, larger blocks pay fewer
+/// of both, but each workgroup's serial depth grows with its bytes.
+///
+/// First run (H100, 2026-12-06, median of 1,000; a host whose wait floors
+/// read about 20 % above the same day's other H100), the kernel's own time at
+/// 256 KiB prose / CJK / code: the default 59.8 / 72.3 / 88.5 µs; 256 × 8
+/// bytes 63.4 / 71.5 / 79.2; 128 × 8 64.6 / 73.6 / 81.5; 512 × 4 67.2 / 71.6
+/// / 92.1; 256 × 2 81.9 / 85.8 / 98.9; 512 × 2 80.9 / 83.3 / 93.7; 1,024 × 2
+/// 92.8 / 87.6 / 132.7; at most 128 workgroups 70.1 / 77.9 / 85.0, at most
+/// 64 105.2 / 126.6 / 113.5. At 64 KiB every row but the default's 1 KiB
+/// blocks (50.0 / 49.0 / 69.1) and the caps was slower by 10–40 µs. Blocks of
+/// 8 bytes a thread shorten code's `merge` chains (its kernels 79–82 against
+/// 88.5) but lengthen prose and every 64 KiB text; the default stays.
+fn resident_shapes(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    let default = Geometry::default();
+    let shape = |threads: u32, bytes_per_thread: u32| {
+        let geometry = Geometry {
+            workgroup_size: threads,
+            ..default.with_split_workgroups(threads, bytes_per_thread)
+        };
+        (
+            format!("{threads:>4} threads × {bytes_per_thread} bytes"),
+            geometry,
+        )
+    };
+    let capped = |workgroups: u32| {
+        (
+            format!("at most {workgroups} workgroups"),
+            Geometry {
+                resident_workgroups: Some(workgroups),
+                ..default
+            },
+        )
+    };
+    let (threads, bytes_per_thread) = (default.workgroup_size, default.split.bytes_per_thread);
+    geometry_sweep_at(
+        gpu,
+        cpu,
+        rounds,
+        "the resident-grid kernel in other shapes",
+        &[(64, 47), (256, 47)],
+        [
+            shape(threads, bytes_per_thread),
+            shape(256, 8),
+            shape(256, 2),
+            shape(512, 4),
+            shape(512, 2),
+            shape(128, 8),
+            shape(1024, 2),
+            capped(128),
+            capped(64),
+        ],
+    );
 }
 
 /// `head` and one [`eager_cell`] per text of `texts` (`(label, text)` each).

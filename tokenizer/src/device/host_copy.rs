@@ -44,7 +44,14 @@
 //! host (2026-12-06, the encode example, one document eagerly, cl100k, two
 //! rounds) both copies on the pool from 128 KiB in pieces of 32 KiB took
 //! 256 KiB of prose from 147.8 / 136.7 µs to 220.9 / 202.9, 128 KiB from
-//! 87.8 / 91.7 to 169.5 / 170.1, CJK and code alike. Where the
+//! 87.8 / 91.7 to 169.5 / 170.1, CJK and code alike. A pool of four workers
+//! of its own for copies of 128 KiB to 1 MiB, four pieces each and no other
+//! worker woken, cost less but still cost (an H100 host, the same day, two
+//! rounds, eager against the calling thread): 180,000 bytes of prose 155.7 /
+//! 159.7 µs against 113.3 / 107.3, CJK 162.7 / 161.9 against 128.4 / 125.6,
+//! 256 KiB of prose 158.6 / 160.1 against 162.0 / 126.2, code 173.2 / 180.5
+//! against 152.1 / 142.0: waking a parked worker on that host takes longer
+//! than the copy it would share (a 256 KiB gather 10–25 µs). Where the
 //! pool's threads cannot be started, every copy runs on the calling thread.
 //!
 //! The `gpu_encode` bench measures both copies at the batch's sizes, on the

@@ -790,7 +790,11 @@ impl Slot {
 /// leaves another one in the slot; the graph, which binds the first and holds
 /// it, is rebound to the one left ([`AnyGraph::set_buffer`]: the kernel node's
 /// address rewritten, the hold moved), so the part can take the buffer out of
-/// its reach and the next replay writes where the slot reads.
+/// its reach and the next replay writes where the slot reads. On the H100
+/// (2026-12-06, the encode example, median of 30, two rounds), into a reused
+/// `BatchIds`, the dispatch / the rebound graph: 180,000 bytes of prose 102.0,
+/// 100.5 / 92.8, 94.8 µs, code 116.5, 112.3 / 116.0, 112.8; 256 KiB of code
+/// 143.4, 136.1 / 130.4, 133.6 (the rebind itself about 3 µs).
 struct ReplayedFused {
     /// Which fused kernel it replays.
     spread: Spread,
