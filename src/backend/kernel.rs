@@ -565,7 +565,8 @@ impl BackendInner {
     /// kernel's barrier words are module-global and leased by each eager
     /// dispatch for its whole run, which a replay cannot do; the private
     /// instance's words belong to one graph, whose replays the driver runs one
-    /// after another, and each replay clears them before each launch. Loading
+    /// after another, each leaving them as it found them but for the phase bit
+    /// (see `graph`'s module docs). Loading
     /// the PTX again reuses the driver's JIT cache (0.04 ms on the H200 against
     /// 117 ms for a first load).
     pub(in crate::backend) fn private_instance(

@@ -594,9 +594,15 @@ fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
             grid: step.plan.grid,
             block: step.plan.block,
             iterations: step.iterations,
-            // Its own words (a graph's private instance), cleared before each launch.
+            // Its own words (a graph's private instance), zero when its module
+            // loads and never cleared by a node: every grid sync adds exactly the
+            // phase bit to word 0 (the first workgroup 2^31 - (G - 1), every other
+            // one 1), so a launch that returns leaves the arrival bits as it found
+            // them, whatever its grid, and a waiter compares the phase bit across
+            // its own sync only. A launch that does not return (a trap) leaves the
+            // context unusable, and the graph with it.
             grid_barrier: kernel.grid_barrier,
-            barrier_settled: false,
+            barrier_settled: true,
         },
     );
     ops.parameters.results = Some(step.results.clone());
