@@ -24,7 +24,8 @@
 //!   kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
 //!   encodes; eager again with the resident grid's `compact` in a group
-//!   per 1 KiB block instead of the batch's cap, and eager as the cooperative
+//!   per 1 KiB block instead of the batch's cap, eager after an encode of
+//!   another length (its slot graph rewritten first), and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
 //!   `DeviceEncoder::with_fused_graphs(false)`); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
@@ -519,6 +520,10 @@ fn main() {
             stepped_timings.kernel_line()
         );
         println!("  one eager encode: {}", step_timings.wall_line());
+        println!(
+            "  eager after an encode of its first {OTHER_LENGTH} bytes (the slot graph's kernel node takes the new length and grid first, as a caller's documents of many lengths ask): {:.1} µs",
+            eager_after_another_length(encoder, &text, &ids, small_rounds) * 1e6
+        );
         println!(
             "  its kernel's steps by their own clock: {}",
             counted_kernel_line(encoder, &text, &ids, small_rounds)
@@ -1126,6 +1131,39 @@ fn eager_median(
     });
     assert_eq!(results[0], ids, "{label}: eager ids");
     (eager, timings)
+}
+
+/// The length of the text [`eager_after_another_length`] encodes between the
+/// timed ones: another grid (one workgroup per 1 KiB block) and another length.
+const OTHER_LENGTH: usize = 250_000;
+
+/// The median time of `rounds` eager encodes of `text` (as [`eager_median`]),
+/// each after an untimed encode of its first [`OTHER_LENGTH`] bytes, so that
+/// every timed encode finds its slot's graph set for another length; the ids
+/// are checked against `ids`.
+fn eager_after_another_length(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+) -> f64 {
+    let mut results = [Vec::new()];
+    let mut encode = |bytes: &[u8]| {
+        encoder
+            .submit_bytes(&[bytes])
+            .and_then(|pending| pending.wait_into(&mut results))
+            .expect("eager encode");
+    };
+    let mut times = Vec::with_capacity(rounds.max(1));
+    for _ in 0..rounds.max(1) {
+        encode(&text[..OTHER_LENGTH.min(text.len())]);
+        let start = Instant::now();
+        encode(text);
+        times.push(start.elapsed().as_secs_f64());
+    }
+    assert_eq!(results[0], ids, "eager after another length");
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// The kernel line of the median (by kernel time) of `rounds` counted encodes
