@@ -1006,6 +1006,20 @@ fn gpu_graph_set_scalar_reaches_every_later_replay() {
     assert_eq!(gpu.cache_stats().module, modules, "no new module");
 }
 
+/// Locks out a `set_launch` whose one write of the launch nodes loses a change
+/// (a scalar or the grid that the device then does not see) or makes part of a
+/// refused one: the shared assertion
+/// (`support::assert_graph_set_launch_changes_all_or_nothing`) on CUDA.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_set_launch_changes_all_or_nothing() {
+    let gpu = backend();
+    let any = vyre_cuda::backend::AnyBackend::Cuda(gpu.clone());
+    support::assert_graph_set_launch_changes_all_or_nothing(&any, &|bytes| {
+        gpu.buffer(bytes).unwrap()
+    });
+}
+
 /// Locks out a graph rebinding that the device ignores, or that keeps holding
 /// the buffer it replaced (a caller could then never take that buffer's bytes
 /// in place): the shared assertion (`support::assert_graph_rebinds_a_buffer`)

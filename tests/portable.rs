@@ -577,3 +577,18 @@ fn reference_graph_rebinds_a_buffer_without_recapture() {
     let backend = AnyBackend::reference();
     support::assert_graph_rebinds_a_buffer(&backend, &|bytes| backend.buffer(bytes).unwrap());
 }
+
+/// Locks out a `set_launch` that makes part of a change it refuses, or that the
+/// reference side applies otherwise than CUDA: the shared assertion
+/// (`support::assert_graph_set_launch_changes_all_or_nothing`: two scalars and
+/// the grid in one call, three refusals each beside a good change that must not
+/// be made). Negative control by hand: a reference `set_launch` that sets each
+/// scalar as it checks it fails at "a refused change left the scalar beside it
+/// alone".
+#[test]
+fn reference_graph_set_launch_changes_all_or_nothing() {
+    let backend = AnyBackend::reference();
+    support::assert_graph_set_launch_changes_all_or_nothing(&backend, &|bytes| {
+        backend.buffer(bytes).unwrap()
+    });
+}

@@ -546,6 +546,21 @@ impl AnyGraph {
         }
     }
 
+    /// Change several scalar values of `step` and, with `workgroups`, its grid,
+    /// in one write ([`DispatchGraph::set_launch`]); every change checked before
+    /// any is made, with the same errors on both backends.
+    pub fn set_launch(
+        &mut self,
+        step: StepId,
+        scalars: &[(&str, Literal)],
+        workgroups: Option<[u32; 3]>,
+    ) -> Result<(), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.set_launch(step, scalars, workgroups),
+            GraphKind::Reference(graph) => graph.set_launch(step, scalars, workgroups),
+        }
+    }
+
     /// The value `step` passes for its scalar parameter `name`
     /// ([`DispatchGraph::scalar`]).
     pub fn scalar(&self, step: StepId, name: &str) -> Result<Literal, BackendError> {

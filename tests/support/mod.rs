@@ -882,3 +882,108 @@ pub fn assert_graph_rebinds_a_buffer(
     }
     (graph, step, [first, second, third])
 }
+
+/// `dst[i] = a · src[i] + b` for `i < length(dst)`, `dst` read-write (elements
+/// past the grid keep what they held), scalars `a` and `b` (`u32`).
+pub fn scale_and_add_into_read_write() -> Program {
+    use vyre_cuda::ir::ScalarType;
+    elementwise_program(
+        "scale_and_add_rw",
+        64,
+        Access::ReadWrite,
+        &[("a", ScalarType::U32), ("b", ScalarType::U32)],
+        |v| v * Expr::scalar("a") + Expr::scalar("b"),
+    )
+}
+
+/// Asserts `set_launch` on `backend`'s graphs (the reference test and the CUDA
+/// one share it): `dst = a · src + b` over 256 words (`make` gives the
+/// destination, filled with 7s) recorded with `a = 1, b = 0` on 4 workgroups of
+/// 64; one `set_launch` gives `a = 3, b = 5` and 2 workgroups, and the replay
+/// writes `3 · src + 5` to the first 128 words and leaves the rest; then three
+/// calls that each carry one bad change beside a good one (a value of another
+/// type, an undeclared scalar, a grid with an axis of 0) are each a `Fix:`
+/// error that changes nothing, neither the good change beside it (the next
+/// replay still writes the first 128 words with `a = 3`); last, the grid alone
+/// back to 4 workgroups writes every word.
+pub fn assert_graph_set_launch_changes_all_or_nothing(
+    backend: &vyre_cuda::backend::AnyBackend,
+    make: &dyn Fn(u64) -> DeviceBuffer,
+) {
+    use vyre_cuda::backend::{Binding, Dispatch};
+    use vyre_cuda::ir::Literal;
+    let config = DispatchConfig::linear(4).with_readback(vyre_cuda::ReadbackPolicy::None);
+    let kernel = backend
+        .compile(&scale_and_add_into_read_write(), &config)
+        .unwrap();
+    let source: Vec<u32> = (0..256).collect();
+    let source_buffer = backend.buffer_from(&source).unwrap();
+    let destination = make(4 * 256);
+    let sevens = vec![7u32; 256];
+    let fill = || backend.upload(&destination, &sevens).unwrap();
+    let read = || backend.read::<u32>(&destination).unwrap();
+    let bindings = [Binding::from(&source_buffer), Binding::from(&destination)];
+    let mut step = None;
+    let mut graph = backend
+        .record(|rec| {
+            step = Some(
+                rec.dispatch(
+                    Dispatch::new(&kernel, &bindings)
+                        .config(&config)
+                        .scalar("a", 1u32)
+                        .scalar("b", 0u32),
+                )?,
+            );
+            Ok(())
+        })
+        .unwrap();
+    let step = step.unwrap();
+    let expected = |threads: usize| -> Vec<u32> {
+        (0..256u32)
+            .map(|i| if (i as usize) < threads { 3 * i + 5 } else { 7 })
+            .collect()
+    };
+    fill();
+    graph
+        .set_launch(
+            step,
+            &[("a", Literal::from(3u32)), ("b", Literal::from(5u32))],
+            Some([2, 1, 1]),
+        )
+        .unwrap();
+    graph.replay().unwrap();
+    assert_eq!(read(), expected(128), "both scalars and the grid at once");
+    /// What a refused call is for, the scalars it carries and the grid beside them.
+    type Refusal<'a> = (&'a str, &'a [(&'a str, Literal)], Option<[u32; 3]>);
+    let refusals: [Refusal<'_>; 3] = [
+        (
+            "of another type",
+            &[("a", Literal::from(4u32)), ("b", Literal::from(6i32))],
+            None,
+        ),
+        (
+            "undeclared",
+            &[("a", Literal::from(4u32)), ("c", Literal::from(6u32))],
+            None,
+        ),
+        ("axis of 0", &[("a", Literal::from(4u32))], Some([0, 1, 1])),
+    ];
+    for (what, scalars, workgroups) in refusals {
+        let message = graph
+            .set_launch(step, scalars, workgroups)
+            .unwrap_err()
+            .to_string();
+        assert!(message.starts_with("Fix:"), "{what}: {message}");
+    }
+    assert_eq!(
+        graph.scalar(step, "a").unwrap(),
+        Literal::from(3u32),
+        "a refused change left the scalar beside it alone"
+    );
+    fill();
+    graph.replay().unwrap();
+    assert_eq!(read(), expected(128), "refused changes changed nothing");
+    graph.set_launch(step, &[], Some([4, 1, 1])).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(read(), expected(256), "the grid alone");
+}

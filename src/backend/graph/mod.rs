@@ -544,14 +544,47 @@ impl DispatchGraph {
         step: StepId,
         workgroups: [u32; 3],
     ) -> Result<(), BackendError> {
+        self.set_launch(step, &[], Some(workgroups))
+    }
+
+    /// Change several scalar values of `step` and, with `workgroups`, its grid,
+    /// on later replays, in one write of its launch nodes: each change checked
+    /// as [`DispatchGraph::set_scalar`] and [`DispatchGraph::set_workgroups`]
+    /// check it, all of them before any is made (an `Err` changes nothing).
+    ///
+    /// Why: every write of a launch node is a `cuGraphExecKernelNodeSetParams`
+    /// (and the captured graph's twin), so a caller whose every replay takes a
+    /// new length and grid paid that twice with one call per change.
+    pub fn set_launch(
+        &mut self,
+        step: StepId,
+        scalars: &[(&str, Literal)],
+        workgroups: Option<[u32; 3]>,
+    ) -> Result<(), BackendError> {
         let index = self.step_index(step)?;
-        let inner = Arc::clone(self.backend.shared());
-        inner.check_alive()?;
-        let plan = inner.launch_plan(&self.steps[index].kernel, workgroups)?;
-        record::check_grid_sync_fits(&inner, &self.steps[index].kernel, &plan)?;
-        let step = &self.steps[index];
-        let (counts, scalars) = (step.counts.clone(), step.scalars.clone());
-        self.update_step(index, counts, plan, scalars)
+        let recorded = &self.steps[index];
+        let mut words = recorded.scalars.clone();
+        for &(name, value) in scalars {
+            let position = scalar_position(
+                &recorded.kernel.name,
+                recorded.kernel.program.scalars(),
+                name,
+                value,
+            )?;
+            words[position] = value.bits();
+        }
+        let plan = match workgroups {
+            Some(workgroups) => {
+                let inner = Arc::clone(self.backend.shared());
+                inner.check_alive()?;
+                let plan = inner.launch_plan(&recorded.kernel, workgroups)?;
+                record::check_grid_sync_fits(&inner, &recorded.kernel, &plan)?;
+                plan
+            }
+            None => recorded.plan,
+        };
+        let counts = recorded.counts.clone();
+        self.update_step(index, counts, plan, words)
     }
 
     /// Bind `buffer` in place of the buffer `step` passes for `binding` on later
@@ -661,19 +694,7 @@ impl DispatchGraph {
         name: &str,
         value: impl Into<Literal>,
     ) -> Result<(), BackendError> {
-        let value = value.into();
-        let index = self.step_index(step)?;
-        let step = &self.steps[index];
-        let position = scalar_position(
-            &step.kernel.name,
-            step.kernel.program.scalars(),
-            name,
-            value,
-        )?;
-        let mut scalars = step.scalars.clone();
-        scalars[position] = value.bits();
-        let (counts, plan) = (step.counts.clone(), step.plan);
-        self.update_step(index, counts, plan, scalars)
+        self.set_launch(step, &[(name, value.into())], None)
     }
 
     /// Write `counts`, `plan` and `scalars` into every launch node of step `index`.

@@ -320,10 +320,35 @@ impl ReferenceGraph {
         step: StepId,
         workgroups: [u32; 3],
     ) -> Result<(), BackendError> {
+        self.set_launch(step, &[], Some(workgroups))
+    }
+
+    /// New scalar values and grid for `step`, every one checked as the CUDA
+    /// graph checks it before any is made.
+    pub(in crate::backend) fn set_launch(
+        &mut self,
+        step: StepId,
+        scalars: &[(&str, Literal)],
+        workgroups: Option<[u32; 3]>,
+    ) -> Result<(), BackendError> {
         let (step, backend) = self.step_mut(step)?;
         let kernel = backend.reference_kernel(&step.kernel)?;
-        check_grid_now(backend, kernel, workgroups)?;
-        step.workgroups = workgroups;
+        let positions = scalars
+            .iter()
+            .map(|&(name, value)| {
+                scalar_position(&kernel.name, kernel.program.scalars(), name, value)
+                    .map(|position| (position, value))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(workgroups) = workgroups {
+            check_grid_now(backend, kernel, workgroups)?;
+        }
+        for (position, value) in positions {
+            step.scalars.set(position, value);
+        }
+        if let Some(workgroups) = workgroups {
+            step.workgroups = workgroups;
+        }
         Ok(())
     }
 
@@ -351,11 +376,7 @@ impl ReferenceGraph {
         name: &str,
         value: Literal,
     ) -> Result<(), BackendError> {
-        let (step, backend) = self.step_mut(step)?;
-        let kernel = backend.reference_kernel(&step.kernel)?;
-        let position = scalar_position(&kernel.name, kernel.program.scalars(), name, value)?;
-        step.scalars.set(position, value);
-        Ok(())
+        self.set_launch(step, &[(name, value)], None)
     }
 
     pub(in crate::backend) fn replay(&mut self) -> Result<Timings, BackendError> {

@@ -92,6 +92,7 @@ use vyre_cuda::backend::{
     PinnedBuffer, Timings, MAX_PENDING,
 };
 use vyre_cuda::graph::{InputSlot, StepId};
+use vyre_cuda::ir::Literal;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::batch_ids::{BatchIds, Part};
@@ -755,8 +756,10 @@ impl Slot {
 /// where a graph launch costs one driver call. [`DeviceEncoder::graph`]
 /// replays such a kernel for one length; this graph serves every length the
 /// slot holds: the text's length, the documents and the grid are its kernel
-/// node's parameters, rewritten before a replay when they change
-/// ([`AnyGraph::set_scalar`], [`AnyGraph::set_workgroups`]).
+/// node's parameters, rewritten before a replay when they change, all in
+/// one write of the node ([`AnyGraph::set_launch`]; a write per change cost
+/// a caller whose documents come in many lengths one more node update per
+/// encode).
 ///
 /// A replay returns once its kernel has ended, as the cooperative dispatch's
 /// submission did; the short-text kernel's dispatch returns at once, so its
@@ -1940,24 +1943,20 @@ impl DeviceEncoder {
         let workgroups = self.fused_workgroups(fused, u64::from(text_len));
         let documents = dispatch_documents(documents)?;
         let failed = |error| backend_error(&format!("replaying {}", fused.name), error);
-        let step = kept.step;
+        // Whatever changed, in one write of the kernel node.
+        let mut scalars = Vec::new();
         if kept.text_len != text_len {
-            kept.graph
-                .set_scalar(step, TEXT_LEN_SCALAR, text_len)
-                .map_err(failed)?;
-            kept.text_len = text_len;
+            scalars.push((TEXT_LEN_SCALAR, Literal::from(text_len)));
         }
         if kept.documents != documents {
-            kept.graph
-                .set_scalar(step, DOCUMENTS_SCALAR, documents)
-                .map_err(failed)?;
-            kept.documents = documents;
+            scalars.push((DOCUMENTS_SCALAR, Literal::from(documents)));
         }
-        if kept.workgroups != workgroups {
+        let grid = (kept.workgroups != workgroups).then_some([workgroups, 1, 1]);
+        if !scalars.is_empty() || grid.is_some() {
             kept.graph
-                .set_workgroups(step, [workgroups, 1, 1])
+                .set_launch(kept.step, &scalars, grid)
                 .map_err(failed)?;
-            kept.workgroups = workgroups;
+            (kept.text_len, kept.documents, kept.workgroups) = (text_len, documents, workgroups);
         }
         let _one_grid = (kept.spread == Spread::ResidentGrid).then(|| {
             self.resident_replay
