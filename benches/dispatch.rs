@@ -32,6 +32,10 @@
 //! default 1: no choice), each row naming the candidate its lane chose. Set
 //! `VYRE_BENCH_LANES_ONLY=1` to run only the lane rows.
 //!
+//! First of all, what changing a recorded graph step's scalars and grid costs the
+//! host (`graph_updates`: one call per change against one `set_launch`; set
+//! `VYRE_BENCH_GRAPH_UPDATES_ONLY=1` to run only that).
+//!
 //! Each comparison below is a paired ABBA run of host_cost (`Paired::compare`): the floor is
 //! a prebuilt `cuLaunchKernel` + one 16-byte async copy per output + one synchronize
 //! on one stream (`backend::floor::RawFloor`). Run: `cargo bench --bench dispatch`
@@ -50,7 +54,7 @@ use vyre_cuda::backend::{
 };
 use vyre_cuda::fixtures::{chain_for_nodes, host_cost_fixture, host_cost_fixture_salted};
 use vyre_cuda::host_cost::{Paired, Report};
-use vyre_cuda::ir::Program;
+use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Literal, Program, ScalarType};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 struct Shape {
@@ -158,6 +162,105 @@ fn rotated_minimum(arms: &mut [Arm<'_>], rounds: usize, calls: u32) -> Vec<f64> 
     }
     std::hint::black_box(sink);
     best
+}
+
+/// What changing a recorded step's launch costs the host, with no replay
+/// between: two scalars and the grid written one call each (`set_scalar`
+/// twice, then `set_workgroups`) against one `set_launch` of all three, the
+/// values alternating between two sets so that every call writes; one replay
+/// of the graph beside them for scale. Minimum of 9 rotated rounds (5 quick).
+/// Every write of a launch node is a `cuGraphExecKernelNodeSetParams` and its
+/// captured graph's twin. `VYRE_BENCH_GRAPH_UPDATES_ONLY=1` runs only this.
+fn graph_updates(gpu: &CudaBackend) {
+    let program = Program::builder([64, 1, 1])
+        .entry_op_id("scale_and_add")
+        .buffer(
+            "dst",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .scalar("a", ScalarType::U32)
+        .scalar("b", ScalarType::U32)
+        .body(|b| {
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("dst")), |b| {
+                b.store("dst", i.clone(), i * Expr::scalar("a") + Expr::scalar("b"));
+            });
+        })
+        .build();
+    let config = DispatchConfig::linear(4).with_readback(ReadbackPolicy::None);
+    let kernel = gpu.compile(&program, &config).expect("compile");
+    let destination = gpu.buffer(4 * 256).expect("buffer");
+    let bindings = [Binding::from(&destination)];
+    let mut step = None;
+    let graph = gpu
+        .record(|rec| {
+            step = Some(
+                rec.dispatch(
+                    Dispatch::new(&kernel, &bindings)
+                        .config(&config)
+                        .scalar("a", 1u32)
+                        .scalar("b", 0u32),
+                )?,
+            );
+            Ok(())
+        })
+        .expect("record");
+    let step = step.expect("step");
+    let graph = std::cell::RefCell::new(graph);
+    // Each call of an arm writes the other of two value sets.
+    let values = |flip: &mut bool| {
+        *flip = !*flip;
+        if *flip {
+            (3u32, 5u32, 2u32)
+        } else {
+            (1, 0, 4)
+        }
+    };
+    let (mut one_each, mut at_once) = (false, false);
+    let mut arms: Vec<Arm<'_>> = vec![
+        (
+            "set_scalar × 2 + set_workgroups".into(),
+            Box::new(|| {
+                let (a, b, groups) = values(&mut one_each);
+                let mut graph = graph.borrow_mut();
+                graph.set_scalar(step, "a", a).expect("set_scalar");
+                graph.set_scalar(step, "b", b).expect("set_scalar");
+                graph
+                    .set_workgroups(step, [groups, 1, 1])
+                    .expect("set_workgroups");
+                0
+            }),
+        ),
+        (
+            "set_launch (both scalars and the grid)".into(),
+            Box::new(|| {
+                let (a, b, groups) = values(&mut at_once);
+                graph
+                    .borrow_mut()
+                    .set_launch(
+                        step,
+                        &[("a", Literal::from(a)), ("b", Literal::from(b))],
+                        Some([groups, 1, 1]),
+                    )
+                    .expect("set_launch");
+                0
+            }),
+        ),
+        (
+            "replay (for scale)".into(),
+            Box::new(|| graph.borrow_mut().replay().expect("replay").wall_ns),
+        ),
+    ];
+    let (rounds, calls) = if quick() { (5, 200) } else { (9, 1000) };
+    let ns = rotated_minimum(&mut arms, rounds, calls);
+    println!("
+changing a recorded step's two scalars and grid, host time per change (minimum of {rounds} rotated rounds × {calls} calls):");
+    for ((name, _), t) in arms.iter().zip(&ns) {
+        println!("  {name:<44} {:>8.2} µs", t / 1e3);
+    }
 }
 
 fn quick() -> bool {
@@ -857,6 +960,10 @@ fn main() {
             lane_table(&gpu, buffers, nodes);
         }
         lane_chain(&gpu);
+        return;
+    }
+    graph_updates(&gpu);
+    if std::env::var_os("VYRE_BENCH_GRAPH_UPDATES_ONLY").is_some() {
         return;
     }
     launch_anatomy(&gpu);
