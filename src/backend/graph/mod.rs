@@ -142,10 +142,10 @@
 //! it the tokenizer's replays of its resident kernel took 0.5–1.5 µs less (an
 //! H100, the encode example, median of 30, three rounds each: 8 KiB of prose
 //! 51.0–51.3 against 50.5–51.1 µs, code 67.7–68.0 against 67.2–67.3; 256 KiB of
-//! code 137.4–139.1 against 136.4–137.4). The step launches cooperatively, so the driver refuses a grid that
-//! cannot be co-resident, and every replay (and each `set_workgroups`) first
-//! checks its grid against what the device holds beside the context's running
-//! lanes (`GridTooLargeForGridSync` instead of a replay that would wait for a
+//! code 137.4–139.1 against 136.4–137.4). The step launches cooperatively, so
+//! the driver refuses a grid that cannot be co-resident, and every replay (and
+//! each `set_workgroups`) first checks its grid against what the device holds
+//! beside the context's running lanes (`GridTooLargeForGridSync` instead of a replay that would wait for a
 //! lane forever). The eager dispatch's audit of the barrier's arrivals has no
 //! replay counterpart.
 //!
