@@ -547,8 +547,9 @@ impl AnyGraph {
     }
 
     /// Change several scalar values of `step` and, with `workgroups`, its grid,
-    /// in one write ([`DispatchGraph::set_launch`]); every change checked before
-    /// any is made, with the same errors on both backends.
+    /// in one write ([`DispatchGraph::set_launch`]; none where nothing changes);
+    /// every change checked before any is made, with the same errors on both
+    /// backends.
     pub fn set_launch(
         &mut self,
         step: StepId,

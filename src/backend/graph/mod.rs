@@ -145,8 +145,8 @@
 //! code 137.4–139.1 against 136.4–137.4). The step launches cooperatively, so
 //! the driver refuses a grid that cannot be co-resident, and every replay (and
 //! each `set_workgroups`) first checks its grid against what the device holds
-//! beside the context's running lanes (`GridTooLargeForGridSync` instead of a replay that would wait for a
-//! lane forever). The eager dispatch's audit of the barrier's arrivals has no
+//! beside the context's running lanes (`GridTooLargeForGridSync` instead of a
+//! replay that would wait for a lane forever). The eager dispatch's audit of the barrier's arrivals has no
 //! replay counterpart.
 //!
 //! # Timing and the probe
@@ -550,7 +550,9 @@ impl DispatchGraph {
     /// Change several scalar values of `step` and, with `workgroups`, its grid,
     /// on later replays, in one write of its launch nodes: each change checked
     /// as [`DispatchGraph::set_scalar`] and [`DispatchGraph::set_workgroups`]
-    /// check it, all of them before any is made (an `Err` changes nothing).
+    /// check it, all of them before any is made (an `Err` changes nothing). A
+    /// call that leaves every value as it is writes nothing, so a caller may
+    /// pass its current values before every replay.
     ///
     /// Why: every write of a launch node is a `cuGraphExecKernelNodeSetParams`
     /// and its captured graph's twin, so a caller whose every replay takes a
@@ -586,6 +588,9 @@ impl DispatchGraph {
             }
             None => recorded.plan,
         };
+        if words == recorded.scalars && plan == recorded.plan {
+            return Ok(());
+        }
         let counts = recorded.counts.clone();
         self.update_step(index, counts, plan, words)
     }

@@ -733,10 +733,20 @@ impl Slot {
         &mut self,
         role: Role,
     ) -> Result<(&mut DeviceBuffer, Option<&mut AnyGraph>), TokenizerError> {
+        self.buffer_and_fused(role)
+            .map(|(buffer, fused)| (buffer, fused.map(|fused| &mut fused.graph)))
+    }
+
+    /// The buffer of `role` with the slot's recorded graph and what it
+    /// recorded ([`ReplayedFused`]), if it keeps one.
+    fn buffer_and_fused(
+        &mut self,
+        role: Role,
+    ) -> Result<(&mut DeviceBuffer, Option<&mut ReplayedFused>), TokenizerError> {
         let buffer = self.buffers[role as usize]
             .as_mut()
             .ok_or_else(|| internal(format!("the device encoder has no {} buffer", role.name())))?;
-        Ok((buffer, self.fused.as_mut().map(|fused| &mut fused.graph)))
+        Ok((buffer, self.fused.as_mut()))
     }
 }
 
@@ -756,10 +766,11 @@ impl Slot {
 /// where a graph launch costs one driver call. [`DeviceEncoder::graph`]
 /// replays such a kernel for one length; this graph serves every length the
 /// slot holds: the text's length, the documents and the grid are its kernel
-/// node's parameters, rewritten before a replay when they change, all in
-/// one write of the node ([`AnyGraph::set_launch`]: a write per change cost
-/// an encode after one of another length two node updates where one does,
-/// about 1.3 µs each on an H100 host).
+/// node's parameters, passed before every replay and written when they
+/// change, all in one write of the node ([`AnyGraph::set_launch`], which
+/// writes nothing when nothing changed; a write per change cost an encode
+/// after one of another length two node updates where one does, about 1.3 µs
+/// each on an H100 host).
 ///
 /// A replay returns once its kernel has ended, as the cooperative dispatch's
 /// submission did; the short-text kernel's dispatch returns at once, so its
@@ -810,11 +821,6 @@ struct ReplayedFused {
     /// The graph's input slot of the text, where the slot's text goes up by
     /// the copy engine; `None` where the kernel reads the slot's staging.
     text: Option<InputSlot>,
-    /// What the kernel node passes now: the text length, the documents and
-    /// the workgroups.
-    text_len: u32,
-    documents: u32,
-    workgroups: u32,
 }
 
 /// Which of its slot's fused graphs ([`ReplayedFused`]) a chunk may replay.
@@ -1878,7 +1884,9 @@ impl DeviceEncoder {
 
     /// Readies `slot` to replay its graph of `fused` for a chunk of `text_len`
     /// bytes in `documents` documents: records it over the slot where the slot
-    /// keeps none, or one of the other fused kernel (which it drops).
+    /// keeps none, or one of the other fused kernel (which it drops). The
+    /// recording's length, documents and grid are the first replay's, which
+    /// [`DeviceEncoder::replay_fused`] passes again.
     fn ready_replay(
         &self,
         slot: &mut Slot,
@@ -1913,18 +1921,15 @@ impl DeviceEncoder {
             step,
             ids_binding,
             text,
-            text_len,
-            documents,
-            workgroups: self.fused_workgroups(fused, u64::from(text_len)),
         });
         Ok(())
     }
 
     /// One replay of `slot`'s fused graph for a chunk of `text_len` bytes in
     /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
-    /// node's scalars and grid rewritten first where they differ from the
-    /// last replay's; returns once the kernel has ended, with the kernel's
-    /// kind and the replay's timings.
+    /// node given the chunk's scalars and grid first (rewritten only where
+    /// they differ from the last replay's); returns once the kernel has ended,
+    /// with the kernel's kind and the replay's timings.
     fn replay_fused(
         &self,
         slot: &mut Slot,
@@ -1943,21 +1948,16 @@ impl DeviceEncoder {
         let workgroups = self.fused_workgroups(fused, u64::from(text_len));
         let documents = dispatch_documents(documents)?;
         let failed = |error| backend_error(&format!("replaying {}", fused.name), error);
-        // Whatever changed, in one write of the kernel node.
-        let mut scalars = Vec::new();
-        if kept.text_len != text_len {
-            scalars.push((TEXT_LEN_SCALAR, Literal::from(text_len)));
-        }
-        if kept.documents != documents {
-            scalars.push((DOCUMENTS_SCALAR, Literal::from(documents)));
-        }
-        let grid = (kept.workgroups != workgroups).then_some([workgroups, 1, 1]);
-        if !scalars.is_empty() || grid.is_some() {
-            kept.graph
-                .set_launch(kept.step, &scalars, grid)
-                .map_err(failed)?;
-            (kept.text_len, kept.documents, kept.workgroups) = (text_len, documents, workgroups);
-        }
+        kept.graph
+            .set_launch(
+                kept.step,
+                &[
+                    (TEXT_LEN_SCALAR, Literal::from(text_len)),
+                    (DOCUMENTS_SCALAR, Literal::from(documents)),
+                ],
+                Some([workgroups, 1, 1]),
+            )
+            .map_err(failed)?;
         let _one_grid = (kept.spread == Spread::ResidentGrid).then(|| {
             self.resident_replay
                 .lock()
@@ -2190,24 +2190,27 @@ impl DeviceEncoder {
         (text_len, documents): (u32, u32),
         upload: Option<u64>,
     ) -> Result<(AnyGraph, StepId, Option<InputSlot>), TokenizerError> {
-        let staged = match upload {
-            Some(_) => {
+        // The graph's own text buffer and the bytes uploaded into it.
+        let staged = upload
+            .map(|bytes| {
                 let capacity = self.slot_role_bytes(Role::StagedText, slot.text_capacity, 1);
-                Some(self.backend.buffer(capacity).map_err(|error| {
-                    backend_error(
-                        &format!("allocating {capacity} bytes for a graph's text"),
-                        error,
-                    )
-                })?)
-            }
-            None => None,
-        };
+                self.backend
+                    .buffer(capacity)
+                    .map(|buffer| (buffer, bytes))
+                    .map_err(|error| {
+                        backend_error(
+                            &format!("allocating {capacity} bytes for a graph's text"),
+                            error,
+                        )
+                    })
+            })
+            .transpose()?;
         let bindings: Vec<Binding<'_>> = fused
             .bindings
             .iter()
             .zip(self.bindings(slot, &fused.bindings)?)
             .map(|(&role, binding)| match (role, &staged) {
-                (Role::StagedText, Some(staged)) => Binding::from(staged),
+                (Role::StagedText, Some((staged, _))) => Binding::from(staged),
                 _ => binding,
             })
             .collect();
@@ -2216,9 +2219,9 @@ impl DeviceEncoder {
         let graph = self
             .backend
             .record(|recorder| {
-                let text = match (&staged, upload) {
-                    (Some(staged), Some(bytes)) => Some(recorder.upload(staged, bytes)?),
-                    _ => None,
+                let text = match &staged {
+                    Some((staged, bytes)) => Some(recorder.upload(staged, *bytes)?),
+                    None => None,
                 };
                 let step = recorder.dispatch(
                     Dispatch::new(&fused.kernel, &bindings)
@@ -2686,10 +2689,7 @@ fn hand_out_part(
         part.download(backend, slot.buffer(Role::Ids)?, total)?;
         copy_ns = elapsed_ns(start);
     } else {
-        let Slot { fused, buffers, .. } = slot;
-        let ids = buffers[Role::Ids as usize]
-            .as_mut()
-            .ok_or_else(|| internal("a slot without its ids buffer".to_owned()))?;
+        let (ids, mut fused) = slot.buffer_and_fused(Role::Ids)?;
         // The slot's graph follows the buffer the part leaves in the slot.
         let mut rebind = |replacement: &DeviceBuffer| match fused.as_mut() {
             Some(kept) => kept
