@@ -1147,23 +1147,20 @@ fn eager_after_another_length(
     ids: &[u32],
     rounds: usize,
 ) -> f64 {
-    let mut results = [Vec::new()];
-    let mut encode = |bytes: &[u8]| {
+    let encode = |bytes: &[u8], results: &mut [Vec<u32>; 1]| {
         encoder
             .submit_bytes(&[bytes])
-            .and_then(|pending| pending.wait_into(&mut results))
+            .and_then(|pending| pending.wait_into(results))
             .expect("eager encode");
     };
-    let mut times = Vec::with_capacity(rounds.max(1));
-    for _ in 0..rounds.max(1) {
-        encode(&text[..OTHER_LENGTH.min(text.len())]);
-        let start = Instant::now();
-        encode(text);
-        times.push(start.elapsed().as_secs_f64());
-    }
+    let (mut other, mut results) = ([Vec::new()], [Vec::new()]);
+    let seconds = median_after(
+        rounds,
+        || encode(&text[..OTHER_LENGTH.min(text.len())], &mut other),
+        |_| encode(text, &mut results),
+    );
     assert_eq!(results[0], ids, "eager after another length");
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    seconds
 }
 
 /// The kernel line of the median (by kernel time) of `rounds` counted encodes
