@@ -474,14 +474,14 @@ fn median_chunk(
     iterations: usize,
     mut encode: impl FnMut() -> Result<Vec<ChunkTimings>, String>,
 ) -> Result<Option<ChunkTimings>, String> {
-    let mut runs = Vec::with_capacity(iterations + 1);
-    for _ in 0..iterations.max(1) + 1 {
+    encode()?; // the warm-up run, all of its chunks
+    let mut runs = Vec::with_capacity(iterations.max(1));
+    for _ in 0..iterations.max(1) {
         runs.extend(encode()?);
     }
-    if runs.len() < 2 {
+    if runs.is_empty() {
         return Ok(None);
     }
-    runs.remove(0);
     runs.sort_by_key(|timings| timings.wall_ns);
     Ok(Some(runs.swap_remove(runs.len() / 2)))
 }
