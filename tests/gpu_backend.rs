@@ -398,12 +398,12 @@ fn grid_sync_program() -> Program {
 
 /// Locks out a grid sync that does not synchronise (or a barrier counter left
 /// unbalanced): neighbours across workgroups must see phase-one values, and a grid
-/// too large to be co-resident is a clear error. Also an audit that miscounts
-/// once a launch skips the barrier's reset (the words an audit passed are left
-/// as they are, arrivals total included): the same kernel runs five times on
-/// every SM, then on half of them, one, and every SM again, each run's audit
-/// counting only its own arrivals (an audit of the whole total fails the first
-/// run on another grid), and a reset made again although the last audit passed:
+/// too large to be co-resident is a clear error. Also an audit that fails once
+/// a launch skips the barrier's reset (the word an audit passed is left as it
+/// is, its phase bit included): the same kernel runs five times on every SM,
+/// then on half of them, one, and every SM again, each run's audit passing
+/// from the word the run before left, and a reset made again although the
+/// last audit passed:
 /// the first run (no audit yet) makes one fill more than every later one, on
 /// every grid (the reset; negative control: resetting before every launch makes
 /// them all equal).

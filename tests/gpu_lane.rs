@@ -565,7 +565,7 @@ fn gpu_grid_sync_beside_a_lane_leaves_its_multiprocessors_out() {
 }
 
 /// Locks out a dispatch graph that refuses a grid-sync step, replays it over
-/// another replay's barrier words or an old scalar, or replays a grid that a lane
+/// another replay's barrier word or an old scalar, or replays a grid that a lane
 /// started after the recording leaves no room for (the cooperative launch would
 /// wait for the lane forever), exactly as on the reference
 /// (`support::lane::assert_grid_sync_graphs_replay_and_leave_a_lanes_multiprocessors_out`;

@@ -112,9 +112,9 @@ pub enum BackendError {
     GridBarrierAudit {
         /// The program's diagnostic name.
         program: String,
-        /// The barrier words read back (the phase bit with the phase's arrivals
-        /// below it, the launch's total arrivals).
-        words: [u32; 2],
+        /// The barrier word read back: the phase bit with the phase's arrivals
+        /// below it.
+        word: u32,
         /// Workgroups in the grid.
         grid_blocks: u64,
     },
@@ -215,15 +215,14 @@ impl fmt::Display for BackendError {
             }
             BackendError::GridBarrierAudit {
                 program,
-                words,
+                word,
                 grid_blocks,
             } => write!(
                 f,
                 "Fix: the grid barrier of {program} was unbalanced after launch (arrivals in the last phase {}, \
-                 total {}, grid {grid_blocks} workgroups); every workgroup must reach every grid_sync: report \
-                 this with the program's Display output",
-                words[0] & !crate::codegen::GRID_BARRIER_PHASE_BIT,
-                words[1]
+                 grid {grid_blocks} workgroups); every workgroup must reach every grid_sync: report this with \
+                 the program's Display output",
+                word & !crate::codegen::GRID_BARRIER_PHASE_BIT
             ),
             BackendError::DeviceUnrecoverable { ordinal, error } => write!(
                 f,

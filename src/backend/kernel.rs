@@ -23,7 +23,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
@@ -93,11 +93,12 @@ pub(in crate::backend) struct KernelInner {
     /// Held from launch to synchronize by a grid-sync dispatch: the barrier counter
     /// is module-global, so two such dispatches of one module must not overlap.
     pub(in crate::backend) barrier_lease: Mutex<()>,
-    /// What the last audit of the barrier words found, read and written only by
-    /// the holder of `barrier_lease`: their arrivals total (word 2) when it
-    /// passed and nothing launched since (word 0 is then 0, so the next launch
-    /// needs no reset), [`BARRIER_UNKNOWN`] otherwise.
-    pub(in crate::backend) barrier_audited: AtomicU64,
+    /// Whether the last audit of the barrier word passed and nothing launched
+    /// since (the word's arrival bits are then 0, so the next launch needs no
+    /// reset); read and written only by the holder of `barrier_lease`. `false`
+    /// before the first audit, after a failed one and while a launch is in
+    /// flight.
+    pub(in crate::backend) barrier_settled: AtomicBool,
     /// The plan cache for this kernel: launch plans by grid shape.
     pub(in crate::backend) launch_plans: Mutex<SmallVec<[LaunchPlan; 4]>>,
 }
@@ -207,11 +208,6 @@ impl Kernel {
 pub(in crate::backend) fn contains_grid_sync(block: &[Node]) -> bool {
     crate::ir::any_node(block, |node| matches!(node, Node::GridSync))
 }
-
-/// [`KernelInner::barrier_audited`] when the barrier words are not known to be
-/// settled (before the first audit, after a failed one, while a launch is in
-/// flight): the next launch resets them.
-pub(in crate::backend) const BARRIER_UNKNOWN: u64 = u64::MAX;
 
 /// Mixed into the PTX key's policy digest: the backend's PTX is the result-ABI
 /// variant ([`codegen::program_to_ptx_with_results`]), never the plain one.
@@ -560,12 +556,12 @@ impl BackendInner {
         }
     }
 
-    /// `kernel` again in a module of its own, with grid-barrier words of its
+    /// `kernel` again in a module of its own, with a grid-barrier word of its
     /// own: what a dispatch graph records a grid-sync step over. The shared
-    /// kernel's barrier words are module-global and leased by each eager
+    /// kernel's barrier word is module-global and leased by each eager
     /// dispatch for its whole run, which a replay cannot do; the private
-    /// instance's words belong to one graph, whose replays the driver runs one
-    /// after another, each leaving them as it found them but for the phase bit
+    /// instance's word belongs to one graph, whose replays the driver runs one
+    /// after another, each leaving it as it found it but for the phase bit
     /// (see `graph`'s module docs). Loading
     /// the PTX again reuses the driver's JIT cache (0.04 ms on the H200 against
     /// 117 ms for a first load).
@@ -604,7 +600,7 @@ impl BackendInner {
     /// The kernel of `program` (lowered to `lowered`) whose entry `module` is: its
     /// binding plan, its dynamic shared memory (the one place it is computed, from
     /// the lowered program the PTX was written from: the function is opted in here
-    /// and every launch passes it), and for a grid-sync program the barrier words
+    /// and every launch passes it), and for a grid-sync program the barrier word
     /// and the co-residency limit.
     fn kernel_from_module(
         &self,
@@ -669,7 +665,7 @@ impl BackendInner {
             grid_barrier,
             max_coresident_blocks,
             barrier_lease: Mutex::new(()),
-            barrier_audited: AtomicU64::new(BARRIER_UNKNOWN),
+            barrier_settled: AtomicBool::new(false),
             launch_plans: Mutex::new(SmallVec::new()),
         })
     }

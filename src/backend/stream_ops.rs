@@ -259,7 +259,7 @@ pub(in crate::backend) struct StreamOps<'a, M> {
     pub(in crate::backend) launch: Option<KernelLaunch<'a, M>>,
     pub(in crate::backend) parameters: LaunchParameters,
     pub(in crate::backend) readback: Readback<'a>,
-    /// The grid barrier's words, copied back for the arrival audit.
+    /// The grid barrier's word, copied back for the arrival audit.
     pub(in crate::backend) barrier_readback: Option<StagedCopy>,
     /// Record the [`DeviceMark`] events.
     pub(in crate::backend) timed: bool,
@@ -406,7 +406,7 @@ pub(in crate::backend) trait StreamTarget {
     /// and they do not overlap.
     unsafe fn copy_between(&mut self, copy: BufferCopy) -> DriverResult<()>;
 
-    /// Zero the grid barrier's words.
+    /// Zero the grid barrier's word.
     ///
     /// # Safety
     /// `counter` is a module's barrier symbol of `GRID_BARRIER_WORDS` words.
@@ -1045,7 +1045,7 @@ pub(in crate::backend) mod tests {
     }
 
     /// Locks out a grid-sync dispatch whose barrier is not reset before every
-    /// launch, or whose launches are not cooperative, or whose barrier words are not
+    /// launch, or whose launches are not cooperative, or whose barrier word is not
     /// read back last.
     #[test]
     fn grid_sync_resets_the_barrier_before_each_launch() {

@@ -481,7 +481,7 @@ fn exchanged(workgroups: u32, k: u32) -> Vec<u32> {
 /// it, and that every replay checks its grid against the device as it is then: a
 /// recorded [`grid_exchange`] over the whole device (the kernel's
 /// `max_coresident_workgroups`) gives the exchanged words, again after its scalar
-/// changes (so each replay clears the barrier words the one before left, and the
+/// changes (so each replay starts from the barrier word the one before left, and the
 /// update reaches the cooperative node), and over fewer workgroups after
 /// `set_workgroups`; beside a one-block lane, started after the recording, a replay
 /// of the whole device's grid is `GridTooLargeForGridSync` (a `Fix:` error where the

@@ -12,7 +12,7 @@ use super::super::pool::Lane;
 use super::super::readback::{stamp_kernel_ns, Delivery};
 use super::super::stream_ops::{DeviceMark, LaneTarget, Readback, StreamTarget};
 use super::super::{BackendError, BackendInner, Binding, Outputs, Timings};
-use super::stage::{BarrierWordsAt, BARRIER_BYTES};
+use super::stage::{BarrierWordAt, BARRIER_BYTES};
 use super::{elapsed_ns, Bookkeeping, DeviceSpans, Held, Sink};
 
 /// A dispatch enqueued on its lane and not yet synchronised: with its
@@ -32,13 +32,11 @@ pub(in crate::backend) struct InFlight<'r> {
 }
 
 /// What a grid-sync dispatch's barrier audit checks once the stream is done: the
-/// words where they came back, the grid's block count, and the arrivals total the
-/// words held before the launch (0 after a reset).
+/// word where it came back and the grid's block count.
 #[derive(Clone, Copy, Debug)]
 pub(in crate::backend) struct BarrierCheck {
-    pub(in crate::backend) at: BarrierWordsAt,
+    pub(in crate::backend) at: BarrierWordAt,
     pub(in crate::backend) grid_blocks: u64,
-    pub(in crate::backend) arrivals_before: u32,
 }
 
 impl InFlight<'_> {
@@ -84,7 +82,7 @@ impl BackendInner {
                 return Err(e);
             }
         };
-        // The stamps first: the barrier words may be in the area, which holds an
+        // The stamps first: the barrier word may be in the area, which holds an
         // earlier dispatch's bytes unless this kernel finished its epilogue.
         let checked = lane
             .results
@@ -253,47 +251,38 @@ impl BackendInner {
     }
 }
 
-/// A grid-sync dispatch's barrier words after the synchronize: every workgroup
-/// arrived at every barrier (the phase's arrivals back to 0 below the phase bit,
-/// the arrivals since the launch a multiple of the grid). A pass leaves the words
-/// settled for the next launch (`KernelInner::barrier_audited`); a failure leaves
-/// them unknown, so the next launch resets them.
+/// A grid-sync dispatch's barrier word after the synchronize: every workgroup
+/// arrived at every barrier (the phase's arrivals back to 0 below the phase bit;
+/// a grid whose arrivals leave them so arrived a multiple of its blocks). A pass
+/// leaves the word settled for the next launch (`KernelInner::barrier_settled`);
+/// a failure leaves it unknown, so the next launch resets it.
 fn audit_barrier(
     kernel: &KernelInner,
     lane: &Lane,
     barrier: Option<BarrierCheck>,
 ) -> Result<(), BackendError> {
-    let Some(BarrierCheck {
-        at,
-        grid_blocks,
-        arrivals_before,
-    }) = barrier
-    else {
+    let Some(BarrierCheck { at, grid_blocks }) = barrier else {
         return Ok(());
     };
     let raw = match (at, lane.results.as_ref()) {
-        (BarrierWordsAt::Area(offset), Some(area)) => area.bytes(offset, BARRIER_BYTES),
-        (BarrierWordsAt::Staging(offset), _) => lane.staging.slice(offset, BARRIER_BYTES),
-        (BarrierWordsAt::Area(_), None) => {
+        (BarrierWordAt::Area(offset), Some(area)) => area.bytes(offset, BARRIER_BYTES),
+        (BarrierWordAt::Staging(offset), _) => lane.staging.slice(offset, BARRIER_BYTES),
+        (BarrierWordAt::Area(_), None) => {
             return Err(BackendError::internal(
-                "the grid barrier's words were routed to a result area the lane does not have",
+                "the grid barrier's word was routed to a result area the lane does not have",
             ))
         }
     };
-    let word =
-        |i: usize| u32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
-    let words = [word(0), word(1)];
-    let arrivals = words[1].wrapping_sub(arrivals_before);
-    let phase_arrivals = words[0] & !crate::codegen::GRID_BARRIER_PHASE_BIT;
-    if phase_arrivals != 0 || grid_blocks == 0 || !u64::from(arrivals).is_multiple_of(grid_blocks) {
+    let word = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+    if word & !crate::codegen::GRID_BARRIER_PHASE_BIT != 0 || grid_blocks == 0 {
         return Err(BackendError::GridBarrierAudit {
             program: kernel.name.clone(),
-            words,
+            word,
             grid_blocks,
         });
     }
     kernel
-        .barrier_audited
-        .store(u64::from(words[1]), std::sync::atomic::Ordering::Relaxed);
+        .barrier_settled
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }

@@ -69,7 +69,7 @@ use crate::config::CodegenOptions;
 use crate::probe::{self, DispatchProbe};
 
 use super::driver;
-use super::kernel::{KernelInner, KernelKind, BARRIER_UNKNOWN};
+use super::kernel::{KernelInner, KernelKind};
 use super::request::Target;
 use super::stream_ops::StreamOps;
 use super::{
@@ -355,7 +355,7 @@ impl BackendInner {
             (true, Some(at)) => Some(settle_barrier(kernel, &mut ops, at, plan)),
             (true, None) => {
                 return Err(BackendError::internal(
-                    "a grid-sync dispatch was routed without its barrier words",
+                    "a grid-sync dispatch was routed without its barrier word",
                 ))
             }
             (false, _) => None,
@@ -388,29 +388,25 @@ impl BackendInner {
 
 /// A grid-sync launch's barrier, taken by the holder of the kernel's barrier
 /// lease: a launch loop of one launch skips the reset when the last audit left
-/// the words settled (`KernelInner::barrier_audited`), and the audit then counts
-/// the arrivals from the total that audit read; the words are unknown until this
-/// launch's audit passes. Returns what the audit checks.
+/// the word settled (`KernelInner::barrier_settled`); the word is unknown until
+/// this launch's audit passes. Returns what the audit checks.
 fn settle_barrier(
     kernel: &KernelInner,
     ops: &mut StreamOps<'_, driver::LoadedModule>,
-    at: stage::BarrierWordsAt,
+    at: stage::BarrierWordAt,
     plan: &stage::Plan,
 ) -> BarrierCheck {
-    let audited = kernel
-        .barrier_audited
-        .swap(BARRIER_UNKNOWN, std::sync::atomic::Ordering::Relaxed);
-    let mut arrivals_before = 0;
+    let settled = kernel
+        .barrier_settled
+        .swap(false, std::sync::atomic::Ordering::Relaxed);
     if let Some(launch) = ops.launch.as_mut() {
-        if audited != BARRIER_UNKNOWN && launch.iterations == 1 {
+        if settled && launch.iterations == 1 {
             launch.barrier_settled = true;
-            arrivals_before = audited as u32;
         }
     }
     BarrierCheck {
         at,
         grid_blocks: plan.launch.grid_blocks,
-        arrivals_before,
     }
 }
 

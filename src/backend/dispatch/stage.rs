@@ -40,7 +40,7 @@ use super::{InFlight, Sink};
 pub(in crate::backend) struct Plan {
     pub(in crate::backend) request: RequestPlan,
     pub(in crate::backend) launch: LaunchPlan,
-    /// Staging offset of a grid-sync kernel's barrier words (after the readbacks).
+    /// Staging offset of a grid-sync kernel's barrier word (after the readbacks).
     pub(in crate::backend) barrier_staging: usize,
 }
 
@@ -129,12 +129,12 @@ pub(in crate::backend) struct Routed {
     pub(in crate::backend) results: ResultParams,
     /// The result area the items are placed in (its device address), once routed.
     pub(in crate::backend) area: Option<u64>,
-    /// Where a grid-sync kernel's barrier words come back for the audit (`None`
+    /// Where a grid-sync kernel's barrier word comes back for the audit (`None`
     /// for any other kernel).
-    pub(in crate::backend) barrier: Option<BarrierWordsAt>,
+    pub(in crate::backend) barrier: Option<BarrierWordAt>,
 }
 
-/// Where a grid-sync dispatch's barrier words come back for the audit.
+/// Where a grid-sync dispatch's barrier word comes back for the audit.
 ///
 /// Why the result area first: copied by the stream, the words were one more
 /// device → host copy after every cooperative launch (its own driver call and
@@ -143,7 +143,7 @@ pub(in crate::backend) struct Routed {
 /// every workgroup has passed its last grid sync, so they are the words the
 /// launch left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::backend) enum BarrierWordsAt {
+pub(in crate::backend) enum BarrierWordAt {
     /// In the result area at this offset (the kernel's last thread copies them).
     Area(usize),
     /// In the lane's staging at this offset (a stream copy brings them: the area
@@ -273,7 +273,7 @@ pub(in crate::backend) fn operations<'a>(
         area_copy: routed.area_copy,
     };
     ops.barrier_readback = match (kernel.grid_barrier, routed.barrier) {
-        (Some(counter), Some(BarrierWordsAt::Staging(staging_offset))) => Some(StagedCopy {
+        (Some(counter), Some(BarrierWordAt::Staging(staging_offset))) => Some(StagedCopy {
             device: counter,
             staging_offset,
             len: BARRIER_BYTES,
@@ -288,9 +288,9 @@ pub(in crate::backend) fn operations<'a>(
 /// mapped ones into `routed.results` (which holds the area's addresses and no
 /// descriptor yet), and record the DMA copies, every item's delivery and its
 /// binding, for a kernel of `slots` with `threads` per workgroup bound to
-/// `addresses`; then a grid-sync kernel's barrier words at `grid_barrier` (in the
+/// `addresses`; then a grid-sync kernel's barrier word at `grid_barrier` (in the
 /// area behind the items when there is room and a descriptor, else in staging:
-/// [`BarrierWordsAt`]). Returns the end of the area's used bytes.
+/// [`BarrierWordAt`]). Returns the end of the area's used bytes.
 pub(in crate::backend) fn route_items(
     (slots, threads): (&[ParamSlot], u32),
     plan: &Plan,
@@ -355,15 +355,15 @@ pub(in crate::backend) fn route_items(
         match delivered {
             Some(at) => {
                 area_end = area_end.max(at as usize + BARRIER_BYTES);
-                BarrierWordsAt::Area(at as usize)
+                BarrierWordAt::Area(at as usize)
             }
-            None => BarrierWordsAt::Staging(plan.barrier_staging),
+            None => BarrierWordAt::Staging(plan.barrier_staging),
         }
     });
     Ok(area_end)
 }
 
-/// Bytes of a grid-sync kernel's barrier words.
+/// Bytes of a grid-sync kernel's barrier word.
 pub(in crate::backend) const BARRIER_BYTES: usize = 4 * crate::codegen::GRID_BARRIER_WORDS;
 
 impl BackendInner {
@@ -610,7 +610,7 @@ impl BackendInner {
         // holds (owned buffers' Arcs, transient buffers), the kernel's barrier symbol
         // (alive with the kernel) or the lane's result area (alive with the lane);
         // staging was sized by `stage` for the uploads, the readback plan and the
-        // barrier words, and nothing on the host touches it (or the area) until
+        // barrier word, and nothing on the host touches it (or the area) until
         // `complete` has synchronised the stream (or the guard's release has). Every
         // result descriptor names a range plan_readback bounds-checked against its
         // binding and a destination route_reads placed inside the area.
@@ -828,7 +828,7 @@ mod tests {
         assert_eq!(routed.results, expected);
     }
 
-    /// Locks out a grid-sync kernel's barrier words left to a stream copy when the
+    /// Locks out a grid-sync kernel's barrier word left to a stream copy when the
     /// result area can take them, or placed over an item: they go behind the
     /// items, 16-byte aligned, with a descriptor of their own (which the kernel's
     /// last thread copies); with every descriptor taken they come back by a copy
@@ -852,7 +852,7 @@ mod tests {
         };
         let (routed, end) = route(&plan, Some(0xB000));
         let at = STAMP_BYTES + 32;
-        assert_eq!(routed.barrier, Some(BarrierWordsAt::Area(at)));
+        assert_eq!(routed.barrier, Some(BarrierWordAt::Area(at)));
         assert_eq!(end, at + BARRIER_BYTES);
         let mut expected = ResultParams::new(0x10, 0x20);
         expected.describe(0x1000, 20, STAMP_BYTES as u32, 0x1000..0x2000);
@@ -874,7 +874,7 @@ mod tests {
             plan.request.reads.push(read(0, 64 * k, 20, 0));
         }
         let (routed, _) = route(&plan, Some(0xB000));
-        assert_eq!(routed.barrier, Some(BarrierWordsAt::Staging(256)));
+        assert_eq!(routed.barrier, Some(BarrierWordAt::Staging(256)));
     }
 
     /// Measures the host steps of a warm dispatch over device buffers that need no

@@ -131,14 +131,14 @@
 //!
 //! A step whose program has a grid sync is recorded over a private instance of
 //! its kernel (`BackendInner::private_instance`: the same PTX loaded again as a
-//! module of the graph's own), because an eager dispatch's barrier words are
+//! module of the graph's own), because an eager dispatch's barrier word is
 //! module-global and leased for the dispatch's whole run, which a replay
-//! cannot do. The graph's words are its alone: the driver runs the launches of
-//! one executable graph one after another, and each launch leaves the words'
+//! cannot do. The graph's word is its alone: the driver runs the launches of
+//! one executable graph one after another, and each launch leaves the word's
 //! arrival bits as it found them (each grid sync adds exactly the phase bit),
-//! so the words, zero when the module loads, need no clearing node before a
-//! launch (a fixpoint's later iterations still clear them, as a dispatch
-//! does). Until 2026-12-06 a fill node cleared them before each launch; without
+//! so the word, zero when the module loads, needs no clearing node before a
+//! launch (a fixpoint's later iterations still clear it, as a dispatch
+//! does). Until 2026-12-06 a fill node cleared it before each launch; without
 //! it the tokenizer's replays of its resident kernel took 0.5–1.5 µs less (an
 //! H100, the encode example, median of 30, three rounds each: 8 KiB of prose
 //! 51.0–51.3 against 50.5–51.1 µs, code 67.7–68.0 against 67.2–67.3; 256 KiB of

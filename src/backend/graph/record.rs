@@ -176,7 +176,7 @@ impl GraphRecorder<'_> {
         }
         check_recordable(&name, &request)?;
         if kernel.grid_barrier.is_some() {
-            // Grid barrier words of this graph's own (`private_instance`).
+            // Grid barrier word of this graph's own (`private_instance`).
             kernel = Arc::new(inner.private_instance(&kernel)?);
         }
         let mut sizes: PerBinding<u64> = SmallVec::new();
@@ -594,9 +594,9 @@ fn step_operations(step: &Step) -> StreamOps<'_, LoadedModule> {
             grid: step.plan.grid,
             block: step.plan.block,
             iterations: step.iterations,
-            // Its own words (a graph's private instance), zero when its module
+            // Its own word (a graph's private instance), zero when its module
             // loads and never cleared by a node: every grid sync adds exactly the
-            // phase bit to word 0 (the first workgroup 2^31 - (G - 1), every other
+            // phase bit to it (the first workgroup 2^31 - (G - 1), every other
             // one 1), so a launch that returns leaves the arrival bits as it found
             // them, whatever its grid, and a waiter compares the phase bit across
             // its own sync only. A launch that does not return (a trap) leaves the

@@ -16,7 +16,7 @@
 //! The module header (`.version`, `.target`, `.address_size`) and the opaque zero
 //! word are written once. Kernel `i` (in the order pushed, from 0) is the entry
 //! [`module_entry_name`]`(i)` (`vyre_entry_i`), and its module-scope symbols carry
-//! the index too: its grid-barrier words are [`module_grid_barrier_symbol`]`(i)`
+//! the index too: its grid-barrier word is [`module_grid_barrier_symbol`]`(i)`
 //! (`vyre_grid_barrier_i`, present only when the program has a grid sync, with the
 //! protocol of the [`super`] module docs) and its workgroup buffers
 //! `vyre_shared_i_<position>_<name>`. Every kernel's text is exactly what
@@ -45,8 +45,8 @@ pub fn module_entry_name(index: usize) -> String {
 }
 
 /// The grid-barrier symbol of kernel `index` of a module written by
-/// [`PtxModuleBuilder`] ([`super::GRID_BARRIER_WORDS`] words, word 0's arrival
-/// bits zero at every launch of that kernel: the protocol in the module docs).
+/// [`PtxModuleBuilder`] ([`super::GRID_BARRIER_WORDS`] word, its arrival bits zero
+/// at every launch of that kernel: the protocol in the module docs).
 pub fn module_grid_barrier_symbol(index: usize) -> String {
     format!("{}_{index}", super::GRID_BARRIER_SYMBOL)
 }

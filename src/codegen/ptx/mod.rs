@@ -53,44 +53,54 @@
 //! # Grid-wide barrier protocol
 //!
 //! Emitted only when the program contains [`Node::GridSync`](crate::ir::Node::GridSync):
-//! a module-scope `.global .align 4 .u32 vyre_grid_barrier[2]` ([`GRID_BARRIER_SYMBOL`],
-//! [`GRID_BARRIER_WORDS`] words). **The bits of word 0 below its phase bit must be 0
-//! at every launch**: the backend zeroes both words before a launch (look the symbol up
-//! with `cuModuleGetGlobal`) unless the audit of the launch before found them so and
-//! nothing launched since, and must launch cooperatively (every block resident at
-//! once). Words:
-//!
-//! - word 0: bit 31 ([`GRID_BARRIER_PHASE_BIT`]) flips once per completed phase; the
-//!   bits below it count the phase's arrivals, and are 0 again when it completes;
-//! - word 1: total arrivals over the whole launch (audit only).
+//! a module-scope `.global .align 4 .u32 vyre_grid_barrier[1]` ([`GRID_BARRIER_SYMBOL`],
+//! [`GRID_BARRIER_WORDS`] word). **Its bits below the phase bit must be 0 at every
+//! launch**: the backend zeroes the word before a launch (look the symbol up with
+//! `cuModuleGetGlobal`) unless the audit of the launch before found it so and nothing
+//! launched since, and must launch cooperatively (every block resident at once). Bit 31
+//! ([`GRID_BARRIER_PHASE_BIT`]) flips once per completed phase; the bits below it count
+//! the phase's arrivals, and are 0 again when it completes.
 //!
 //! At each grid sync every thread executes `bar.sync 0`; then the thread with local
-//! linear id 0 adds its block's share to word 0 with one `atom.release.gpu` (the
+//! linear id 0 adds its block's share to the word with one `atom.acq_rel.gpu` (its
 //! release covers the block's stores, which the barrier ordered before it) and gets
 //! the old value: the first block (`ctaid` all 0) adds `2^31 - (blocks - 1)`, every
 //! other block 1, so the phase bit flips with the last arrival, whichever block it
-//! is, and the bits below it are back to 0 (a grid of fewer than 2^31 blocks). Right
-//! after its arrival the leader adds 1 to word 1 (`red.relaxed.gpu`: after the
-//! arrival, so that the release does not wait for it). A block whose own addition
-//! flipped the bit goes on; every other one spins on `ld.relaxed.gpu` of word 0 until
-//! the phase bit differs from the one its atomic returned. A block of the next phase
-//! cannot flip it back before every block of this one arrived there too, so no
-//! spinning block misses the flip. Then the leader executes `fence.acq_rel.gpu` (with
-//! the atomic or the relaxed load that saw the flip, the acquire of every block's
-//! release), and every thread executes `bar.sync 0` again. After a launch that
-//! completed, the bits of word 0 below the phase bit are 0 and word 1 has grown by a
-//! multiple of the number of blocks (blocks × grid syncs executed); the backend audits
-//! both (the words come back with the result ABI's copies, as a range of their own).
+//! is, and the bits below it are back to 0 (a grid of fewer than 2^31 blocks). A block
+//! whose own addition flipped the bit goes on: its atomic read the value every other
+//! arrival of the phase left, so its acquire synchronises with all of their releases.
+//! Every other one spins on `ld.relaxed.gpu` until the phase bit differs from the one
+//! its atomic returned, then loads the word once more with `ld.acquire.gpu`: that load
+//! reads a value no older than the flip, written by the phase's last arrival or a later
+//! one, all read-modify-writes of the word, so it synchronises with every release of
+//! the phase. A block of the next phase cannot flip the bit back before every block of
+//! this one arrived there too, so no spinning block misses the flip. Then every thread
+//! executes `bar.sync 0` again. After a launch that completed, the bits below the phase
+//! bit are 0; the backend audits that (the word comes back with the result ABI's
+//! copies, as a range of its own): a workgroup that skipped a sync leaves them
+//! otherwise, if the launch completes at all.
 //!
-//! Why one word: the earlier protocol kept the arrivals and a generation in two words
+//! Why one word: the first protocol kept the arrivals and a generation in two words
 //! (the last arrival reset the arrivals and then released the generation, which the
 //! others polled) and read the generation before arriving, so the last block's way
 //! out of a phase held three dependent round trips to L2 and three fences, and each
 //! grid sync cost 2.2 µs on an H200 (2026-12-05: a cooperative launch of 256
-//! workgroups doing eight syncs 33.3–33.8 µs against one 17.5–17.8). This protocol's
-//! last arrival is one atomic and the others' way out one load and one fence: the
-//! tokenizer's resident kernel, six syncs per 256 KiB text, ran 6–11 µs faster on the
-//! H200 (2026-12-06, cl100k, the three text shapes), 1.1–1.8 µs less per sync.
+//! workgroups doing eight syncs 33.3–33.8 µs against one 17.5–17.8). One word cut
+//! the last arrival's way out to one atomic: the tokenizer's resident kernel, six syncs
+//! per 256 KiB text, ran 6–11 µs faster on the H200 (2026-12-06, cl100k, the three
+//! text shapes), 1.1–1.8 µs less per sync. That protocol still left every block with
+//! `fence.acq_rel.gpu` after the flip (an acquire made of a relaxed load and a fence)
+//! and counted every arrival in a second word for the audit (`red.relaxed.gpu` after
+//! the arrival): on an H100 (2026-12-06, a cooperative launch doing 1 against 33
+//! syncs, median of 400, two runs) each sync cost 1.34–1.35 µs at 132 workgroups,
+//! 1.77–1.78 at 256 and 2.34 at 396; without the count 1.23 / 1.49–1.50 / 1.72–1.73,
+//! with the acquiring load instead of the fence 1.02–1.03 / 1.46–1.47 / 2.14–2.17, and
+//! with both, as now, 0.88–0.90 / 1.10 / 1.28–1.35 (a back-off of `nanosleep.u32 32`
+//! in the spin changed nothing). The count told the audit nothing the phase word does
+//! not: a grid whose arrivals leave the phase word's bits at 0 arrived a multiple of
+//! the grid's blocks. The tokenizer's resident kernel, seven syncs per 256 KiB text,
+//! took 55.7 against 60.4 µs for prose, 62.8 against 67.6 for CJK and 85.7 against
+//! 87.7 for code by its own clock (the encode example, same call).
 //!
 //! # Result ABI (the backend's kernels)
 //!
@@ -305,13 +315,13 @@ pub fn entry_symbol(program: &Program) -> std::borrow::Cow<'static, str> {
     }
 }
 
-/// Module-scope `.global` symbol of the grid-barrier words (present only when the
+/// Module-scope `.global` symbol of the grid-barrier word (present only when the
 /// program contains a grid sync). See the module docs for the protocol.
 pub const GRID_BARRIER_SYMBOL: &str = "vyre_grid_barrier";
 
-/// Number of `u32` words at [`GRID_BARRIER_SYMBOL`]; the backend zeroes all of them
+/// Number of `u32` words at [`GRID_BARRIER_SYMBOL`]; the backend zeroes them
 /// before a launch unless the audit of the launch before left them settled.
-pub const GRID_BARRIER_WORDS: usize = 2;
+pub const GRID_BARRIER_WORDS: usize = 1;
 
 /// The bit of grid-barrier word 0 that flips once per completed phase; the bits
 /// below it count the phase's arrivals and are 0 between phases.

@@ -827,9 +827,7 @@ impl<'p> Writer<'p> {
         }
 
         if self.uses_grid_sync {
-            out.push_str(
-                "// grid barrier: [0] phase bit and arrivals this phase, [1] total arrivals\n",
-            );
+            out.push_str("// grid barrier: phase bit and arrivals this phase\n");
             let _ = writeln!(
                 out,
                 ".global .align 4 .u32 {}[{GRID_BARRIER_WORDS}];\n",
@@ -1309,7 +1307,6 @@ impl<'p> Writer<'p> {
         let not_leader = self.reg(RegClass::Pred);
         let done = self.label("grid_sync_done");
         let wait = self.label("grid_sync_wait");
-        let leave = self.label("grid_sync_leave");
         emit!(self, "setp.ne.u32 {not_leader}, {linear}, 0;");
         emit!(self, "@{not_leader} bra {done};");
         let words = self.reg(RegClass::B64);
@@ -1340,23 +1337,26 @@ impl<'p> Writer<'p> {
             GRID_BARRIER_PHASE_BIT + 1
         );
         emit!(self, "selp.u32 {share}, {first_share}, 1, {first};");
+        // The arrival releases the workgroup's writes and, for the last one,
+        // acquires everyone's (it reads the value every earlier arrival left).
         let before = self.reg(RegClass::B32);
         emit!(
             self,
-            "atom.release.gpu.global.add.u32 {before}, [{words}], {share};"
+            "atom.acq_rel.gpu.global.add.u32 {before}, [{words}], {share};"
         );
-        emit!(self, "red.relaxed.gpu.global.add.u32 [{words}+4], 1;");
         let after = self.reg(RegClass::B32);
         emit!(self, "add.u32 {after}, {before}, {share};");
         let flipped = self.phase_flipped(before, after);
-        emit!(self, "@{flipped} bra {leave};");
+        emit!(self, "@{flipped} bra {done};");
         self.place(wait);
         let now = self.reg(RegClass::B32);
         emit!(self, "ld.relaxed.gpu.global.u32 {now}, [{words}];");
         let flipped = self.phase_flipped(before, now);
         emit!(self, "@!{flipped} bra {wait};");
-        self.place(leave);
-        emit!(self, "fence.acq_rel.gpu;");
+        // One acquiring load once the flip is seen: it reads a value no older
+        // than the flip, so it synchronises with every arrival of the phase.
+        let seen = self.reg(RegClass::B32);
+        emit!(self, "ld.acquire.gpu.global.u32 {seen}, [{words}];");
         self.place(done);
         emit!(self, "bar.sync 0;");
     }
