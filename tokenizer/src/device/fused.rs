@@ -65,12 +65,18 @@
 //! stays uniform), and a grid sync ends every step but the last, so what any
 //! group of a step wrote is visible to every group of the next. `stage` and
 //! `pieces`, which stride over their work by the grid's size, run one group
-//! per workgroup. Each step's groups then run in an order a launch could have
-//! given them: the split's look-back orders blocks by the tickets they take
-//! as they start, never by their index, so a group waits only for groups that
-//! started before it on workgroups that are resident and never wait for a
-//! later one; no step waits for a group of a later round of its own
-//! workgroup.
+//! per workgroup. The steps are built for a fused kernel
+//! ([`SplitBuild::Fused`](crate::pretokenize::batch::SplitBuild), the
+//! encoder's `StepBuild::Fused`): a look-back orders blocks by their group's
+//! index, not by a ticket taken as it starts. A group waits only for groups of
+//! lower index, which ran in an earlier round (every workgroup runs its rounds
+//! in order) or run in this one on a resident workgroup, and the lowest group
+//! not yet done waits for none, so every wait ends; in the short-text program
+//! the groups run in index order, so every group it waits for has finished.
+//! The split's steps leave their status words to a later step there instead
+//! of counting themselves done (a contended atomic and two fences on each
+//! group's serial path), which the barriers and grid syncs between steps make
+//! safe.
 
 use std::collections::BTreeMap;
 

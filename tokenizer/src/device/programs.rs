@@ -396,7 +396,7 @@ use super::vocabulary::{
 };
 use crate::occupancy::Occupancy;
 use crate::pretokenize::batch::lookback::{self, Combine, Direction, LookBack};
-use crate::pretokenize::batch::{SplitBuffer, SplitPrograms};
+use crate::pretokenize::batch::{SplitBuffer, SplitBuild, SplitPrograms, STATUS_WORDS_PER_BLOCK};
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::Geometry as SplitGeometry;
 
@@ -1276,7 +1276,8 @@ impl Programs {
 
     /// The steps of a kernel that runs them all ([`super::fused`]), in order:
     /// `stage` storing the text as bytes ([`short_stage`]), then every step
-    /// after `stage` (`pieces`, `merge` and `long` as [`StepBuild::Fused`]).
+    /// after `stage`: the split's as [`SplitBuild::Fused`], `pieces`, `merge`,
+    /// `long` and `compact` as [`StepBuild::Fused`].
     pub fn fused_steps(&self) -> Vec<KernelStep> {
         let stage = &self.steps[0];
         std::iter::once(KernelStep {
@@ -1290,6 +1291,17 @@ impl Programs {
                 "pieces" => pieces_with(&self.geometry, StepBuild::Fused),
                 "merge" => merge_with(&self.geometry, StepBuild::Fused),
                 "long" => long_with(&self.geometry, StepBuild::Fused),
+                "compact" => compact_with(&self.geometry, StepBuild::Fused),
+                // Built beside the dispatched ones, under the same names.
+                _ if step.split => match self
+                    .split
+                    .fused_steps()
+                    .iter()
+                    .find(|fused| fused.name == step.name)
+                {
+                    Some(fused) => fused.program.clone(),
+                    None => return step.clone(),
+                },
                 _ => return step.clone(),
             };
             KernelStep {
@@ -4114,6 +4126,38 @@ fn emit_owned_token_count(
 /// 0.87–1.21 ms per chunk for about 34 MB of ids, against ≥ 0.65 ms at the
 /// ~52 GB/s a kernel writes host-mapped memory at.
 pub fn compact(geometry: &Geometry) -> Program {
+    compact_with(geometry, StepBuild::Standalone)
+}
+
+/// Stores 0 into the split's second set of status words, the words of
+/// `split_blocks` blocks ([`SplitBuild`]), every thread of the step's `groups`
+/// workgroups a word a round.
+fn emit_clear_second_set(
+    b: &mut BlockBuilder,
+    split_blocks: Expr,
+    groups: &Expr,
+    workgroup_size: u32,
+) {
+    let base = b.let_("second_set", lookback::second_set());
+    let words = b.let_("second_set_words", split_blocks * STATUS_WORDS_PER_BLOCK);
+    let threads = b.let_("clearing_threads", groups.clone() * workgroup_size);
+    let rounds = (words.clone() + threads.clone() - 1u32) / threads.clone();
+    b.loop_("clear_second_set", 0u32, rounds, |b, round| {
+        let at = b.let_(
+            "second_set_at",
+            round * threads.clone() + Expr::global_id(Axis::X),
+        );
+        b.if_(at.clone().less_than(words.clone()), |b| {
+            b.store("statuses", base.clone() + at, Expr::u64(0));
+        });
+    });
+}
+
+/// [`compact`] for `build`: in a fused kernel ([`StepBuild::Fused`]) a group's
+/// place is its index, not a ticket, and the step first clears the split's
+/// second set of status words, which the split's steps leave to it there
+/// ([`SplitBuild`]).
+pub fn compact_with(geometry: &Geometry, build: StepBuild) -> Program {
     let workgroup_size = geometry.workgroup_size;
     let block_bytes = geometry.block_bytes();
     builder(geometry, step("compact"), element_type)
@@ -4147,8 +4191,17 @@ pub fn compact(geometry: &Geometry) -> Program {
             );
             // The position in the text comes from the ticket, never from the
             // hardware's workgroup index: a workgroup then waits in the
-            // look-back only for workgroups that are already running.
-            let group = lookback::take_ticket(b);
+            // look-back only for workgroups that are already running (in a
+            // fused kernel the index is that order).
+            let group = match build {
+                StepBuild::Standalone => lookback::position(b, SplitBuild::Dispatched),
+                StepBuild::Fused => {
+                    let split_blocks = (text_len.clone() + (geometry.split.block_bytes() - 1))
+                        / geometry.split.block_bytes();
+                    emit_clear_second_set(b, split_blocks, &groups, workgroup_size);
+                    lookback::position(b, SplitBuild::Fused)
+                }
+            };
             let first = b.let_("first", group.clone() * per.clone());
             // This workgroup's token count only feeds the look-back, which a
             // lone workgroup (every short text's) leaves out: no count and no

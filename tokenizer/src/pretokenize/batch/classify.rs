@@ -26,6 +26,7 @@ use super::ir::{as_u32, has_bit, in_set, local};
 use super::lookback::{self, Combine, Direction, LookBack, INFINITY};
 use super::pieces;
 use super::window::{self, Layout, HALO};
+use super::SplitBuild;
 use super::{SplitBuffer, CLASSIFY_BINDINGS};
 use crate::pretokenize::pattern::Pattern;
 use crate::pretokenize::unicode::{Kind, KindSet};
@@ -80,7 +81,7 @@ fn facts(pattern: Pattern) -> &'static [Fact] {
 }
 
 /// The classify program of `pattern` (cl100k or o200k).
-pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
+pub(super) fn program(pattern: Pattern, geometry: Geometry, build: SplitBuild) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
@@ -90,7 +91,7 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
     let builder = pieces::declare(builder, CLASSIFY_BINDINGS, &[SplitBuffer::Codes]);
     window::declare(builder, layout, CLASSIFY_BINDINGS.len() as u32)
         .body(|b| {
-            let ticket = lookback::take_ticket(b);
+            let ticket = lookback::position(b, build);
             let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
             // The first workgroup to start takes the last block.
             let block = b.let_("block", blocks.clone() - 1u32 - ticket);
@@ -200,7 +201,9 @@ pub(super) fn program(pattern: Pattern, geometry: Geometry) -> Program {
                 .map(|(carry, (_, block))| carry.clone().min(block.clone()))
                 .collect();
             ahead.publish_inclusive(b, &inclusive);
-            lookback::finish(b, workgroup_size, 1);
+            if build == SplitBuild::Dispatched {
+                lookback::finish(b, workgroup_size, 1);
+            }
             for byte in 0..per_thread as usize {
                 let mut value = codes[byte].clone() & (code::KIND_MASK | code::DOCUMENT_START);
                 for (index, fact) in facts.iter().enumerate() {

@@ -11,6 +11,7 @@ use super::ir::{in_set, local};
 use super::lookback;
 use super::pieces;
 use super::window::{self, Layout, HALO};
+use super::SplitBuild;
 use super::{SplitBuffer, GPT2_BINDINGS};
 use crate::pretokenize::unicode::{Kind, KindSet};
 use crate::pretokenize::Geometry;
@@ -40,7 +41,7 @@ fn one_of(value: &Expr, bytes: &[u8]) -> Expr {
 /// The split program (see the module docs); with `cuts`, it also cuts between
 /// bytes no token joins ([`pieces::with_cuts`], the joined-pairs table at that
 /// word of the resident tables).
-pub(super) fn program(geometry: Geometry, cuts: Option<u32>) -> Program {
+pub(super) fn program(geometry: Geometry, cuts: Option<u32>, build: SplitBuild) -> Program {
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
     let per_thread = layout.bytes_per_thread;
@@ -52,7 +53,7 @@ pub(super) fn program(geometry: Geometry, cuts: Option<u32>) -> Program {
     );
     window::declare(builder, layout, GPT2_BINDINGS.len() as u32)
         .body(|b| {
-            let block = lookback::take_ticket(b);
+            let block = lookback::position(b, build);
             let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
             let block_start = b.let_("block_start", block.clone() * layout.block_bytes);
             let text_len = window::text_length(b, "text");
@@ -78,7 +79,11 @@ pub(super) fn program(geometry: Geometry, cuts: Option<u32>) -> Program {
             if let Some(table_word) = cuts {
                 marks = pieces::with_cuts(b, &block, marks, &text_len, table_word);
             }
-            pieces::store(b, block, marks, Expr::u32(0), 1);
+            let region = match build {
+                SplitBuild::Dispatched => Expr::u32(0),
+                SplitBuild::Fused => lookback::second_set(),
+            };
+            pieces::store(b, block, marks, region, 1, build);
         })
         .build()
 }

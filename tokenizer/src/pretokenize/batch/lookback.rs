@@ -14,7 +14,9 @@
 //! not published even their aggregate, and those started earlier: blocks take
 //! their position in the text from a ticket counter in the order they start
 //! ([`take_ticket`]), never from the hardware's block index, so a waiting block
-//! never waits for one that has no place on the device yet.
+//! never waits for one that has no place on the device yet; in a fused kernel,
+//! whose groups run in index order or all at once, from their index
+//! ([`position`], [`SplitBuild`]).
 //!
 //! Status words: flag in bits 62..=63 (0 not yet published, 1 aggregate, 2
 //! inclusive), below it the values one after another from bit 0: up to two of
@@ -59,6 +61,7 @@ use vyre_cuda::ir::{AtomicOp, Axis, BlockBuilder, Expr, ReduceOp, ScalarType};
 
 use super::ir::{as_u32, local};
 use super::maps;
+use super::SplitBuild;
 
 /// Counter word: the next ticket.
 pub(super) const TICKET: u32 = 0;
@@ -162,10 +165,27 @@ pub(crate) fn published(
     value
 }
 
+/// The uniform `u32` position of this workgroup among the dispatch's: its
+/// ticket ([`take_ticket`]) in a step dispatched alone, its index in a fused
+/// kernel ([`SplitBuild::Fused`]: its groups run in index order, or all at
+/// once, so a group waits in a look-back only for groups that started).
+pub(crate) fn position(b: &mut BlockBuilder, build: SplitBuild) -> Expr {
+    match build {
+        SplitBuild::Dispatched => take_ticket(b),
+        SplitBuild::Fused => b.let_("ticket", Expr::workgroup_id(Axis::X)),
+    }
+}
+
+/// Index of the first status word of a fused build's second set of regions
+/// ([`SplitBuild::Fused`]): the buffer's second half.
+pub(crate) fn second_set() -> Expr {
+    Expr::length("statuses") / 2u32
+}
+
 /// Declares the uniform `u32` variable `block`: this workgroup's ticket, the
 /// order in which workgroups started (thread 0 takes it with one fetch-add;
 /// 0 for a workgroup [`alone`]).
-pub(crate) fn take_ticket(b: &mut BlockBuilder) -> Expr {
+fn take_ticket(b: &mut BlockBuilder) -> Expr {
     let ticket = b.let_mut("ticket", 0u32);
     b.if_(alone().logical_not(), |b| {
         let taken = b.let_mut("ticket_taken", 0u32);

@@ -56,7 +56,8 @@
 //! [`cutting_table_bytes`]); the ids stay exact and the pieces get shorter.
 //!
 //! Device memory per text byte: text 1, piece starts 4, codes 1 (cl100k,
-//! o200k), and 16 bytes per 1 KiB block of status words: about 6 bytes.
+//! o200k), and 32 bytes per 1 KiB block of status words (two sets of two:
+//! [`SplitBuild`]): about 6 bytes.
 //!
 //! # How: the rule per position, as kernels
 //!
@@ -172,7 +173,8 @@ pub enum SplitBuffer {
     /// `u8`: one code per text byte ([`code`]), written by cl100k's and o200k's
     /// first step and read by their second (scratch).
     Codes,
-    /// `u64`: the look-back status words, two per block (scratch; zeroed once
+    /// `u64`: the look-back status words, two sets of two per block (the
+    /// second for fused kernels: [`SplitBuild`]) (scratch; zeroed once
     /// when allocated, every step leaves it zeroed).
     Statuses,
     /// `u32`: [`COUNTER_WORDS`] counters (scratch; zeroed once when allocated,
@@ -244,6 +246,8 @@ pub struct SplitPrograms {
     geometry: Geometry,
     cuts_unjoined: bool,
     steps: Vec<SplitStep>,
+    /// The same steps built for a fused kernel ([`SplitBuild::Fused`]).
+    fused_steps: Vec<SplitStep>,
 }
 
 const GPT2_BINDINGS: &[SplitBuffer] = &[
@@ -283,9 +287,38 @@ fn phases_bindings(cuts: Option<u32>) -> &'static [SplitBuffer] {
     }
 }
 
-/// Status words per block: the most look-backs one step runs (cl100k's and
-/// o200k's second step: states, then piece counts).
+/// Status words per block in each of the two sets of regions
+/// ([`SplitBuild`]): the most look-backs one step runs (cl100k's and o200k's
+/// second step: states, then piece counts).
 pub const STATUS_WORDS_PER_BLOCK: u32 = 2;
+
+/// How a split program is built: dispatched on its own, or as a step of a
+/// kernel that runs every step (the encoder's fused kernels).
+///
+/// A step dispatched on its own orders its workgroups by a ticket each takes
+/// as it starts (a look-back then waits only for workgroups that run), uses
+/// the first set of status words (the buffer's first half) and ends with
+/// `lookback::finish`: the last workgroup to count itself done clears the
+/// words and counters for the next dispatch. A fused kernel runs each step's
+/// groups in index order (one workgroup) or all at once (a cooperative grid),
+/// with a barrier or a grid sync between steps, so there a group's index is
+/// its place and no ticket is taken; and the split's steps leave their status
+/// words to a later step instead of counting themselves done: `classify` uses
+/// the first set and `phases` clears its words there (every group the word of
+/// its block) while it uses the second set (the buffer's second half), as GPT-2's
+/// `split` does; the encoder's `compact`, the kernel's last step, clears the
+/// second set and uses the first, ending with `finish` as a dispatch does. So
+/// every word and counter is zero again when the kernel ends, as after steps
+/// dispatched one by one, and the two steps spare a contended atomic for the
+/// ticket, and two fences around another for the done count, on every group's
+/// serial path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitBuild {
+    /// Each program is its own dispatch.
+    Dispatched,
+    /// The programs are steps of a fused kernel (see above).
+    Fused,
+}
 
 impl SplitPrograms {
     /// The split of `pattern` with the default [`Geometry`].
@@ -338,23 +371,24 @@ impl SplitPrograms {
             true => Some(joined_pairs_start(pattern)?),
             false => None,
         };
-        let steps = match word_table(pattern)? {
+        let words = word_table(pattern)?;
+        let steps_for = |build: SplitBuild| match words {
             None => vec![SplitStep {
                 name: "split",
-                program: gpt2::program(geometry, cuts),
+                program: gpt2::program(geometry, cuts, build),
                 bindings: GPT2_BINDINGS,
                 body_registers: 32,
             }],
             Some(words) => vec![
                 SplitStep {
                     name: "classify",
-                    program: classify::program(pattern, geometry),
+                    program: classify::program(pattern, geometry, build),
                     bindings: CLASSIFY_BINDINGS,
                     body_registers: 32,
                 },
                 SplitStep {
                     name: "phases",
-                    program: phases::program(words, geometry, cuts),
+                    program: phases::program(words, geometry, cuts, build),
                     bindings: phases_bindings(cuts),
                     body_registers: 64,
                 },
@@ -364,7 +398,8 @@ impl SplitPrograms {
             pattern,
             geometry,
             cuts_unjoined,
-            steps,
+            steps: steps_for(SplitBuild::Dispatched),
+            fused_steps: steps_for(SplitBuild::Fused),
         })
     }
 
@@ -387,6 +422,11 @@ impl SplitPrograms {
     /// The steps, in dispatch order.
     pub fn steps(&self) -> &[SplitStep] {
         &self.steps
+    }
+
+    /// The steps built for a fused kernel ([`SplitBuild::Fused`]), in order.
+    pub fn fused_steps(&self) -> &[SplitStep] {
+        &self.fused_steps
     }
 
     /// Workgroups of every step for a text of `text_len` bytes: one per block of
@@ -430,7 +470,7 @@ impl SplitPrograms {
                 };
                 4 * u64::from(joined_pairs_start(self.pattern)? + joined)
             }
-            SplitBuffer::Statuses => 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
+            SplitBuffer::Statuses => 2 * 8 * u64::from(STATUS_WORDS_PER_BLOCK) * blocks,
             SplitBuffer::Counters => 4 * u64::from(COUNTER_WORDS),
             SplitBuffer::PieceStarts => 4 * text,
             SplitBuffer::PieceCount => 4,

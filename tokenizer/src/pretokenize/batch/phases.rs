@@ -35,6 +35,7 @@ use super::pieces;
 use super::rules::{Fact, Field};
 use super::window::{self, Layout, HALO};
 use super::word_table::{self, WordTable};
+use super::SplitBuild;
 use super::{phases_bindings, SplitBuffer};
 use crate::pretokenize::unicode::Kind;
 use crate::pretokenize::Geometry;
@@ -46,7 +47,12 @@ const CONTEXT: i32 = 8;
 /// resident tables' buffer ([`SplitBuffer::KindTable`]); with `cuts`, it also
 /// cuts between bytes no token joins ([`pieces::with_cuts`], the joined-pairs
 /// table at that word of the resident tables) and binds the text.
-pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) -> Program {
+pub(super) fn program(
+    table: &WordTable,
+    geometry: Geometry,
+    cuts: Option<u32>,
+    build: SplitBuild,
+) -> Program {
     let machine = table.machine();
     let layout = Layout::new(geometry);
     let workgroup_size = layout.workgroup_size;
@@ -84,7 +90,18 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
         BufferCount::Static(workgroup_size),
     )
     .body(|b| {
-        let block = lookback::take_ticket(b);
+        let block = lookback::position(b, build);
+        let region = match build {
+            SplitBuild::Dispatched => Expr::u32(0),
+            SplitBuild::Fused => {
+                // `classify`'s status words, which no group reads any more:
+                // each group clears its block's (see `SplitBuild`).
+                b.if_(local().equals(0u32), |b| {
+                    b.store("statuses", block.clone(), Expr::u64(0));
+                });
+                b.let_("region", lookback::second_set())
+            }
+        };
         let blocks = b.let_("blocks", Expr::workgroup_count(vyre_cuda::ir::Axis::X));
         let block_start = b.let_("block_start", block.clone() * layout.block_bytes);
         let text_len = window::text_length(b, "codes");
@@ -222,7 +239,7 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
         let states = LookBack {
             prefix: "states",
             workgroup_size,
-            region: Expr::u32(0),
+            region: region.clone(),
             block: block.clone(),
             blocks: blocks.clone(),
             direction: Direction::Backward,
@@ -245,7 +262,7 @@ pub(super) fn program(table: &WordTable, geometry: Geometry, cuts: Option<u32>) 
         if let Some(table_word) = cuts {
             marks = pieces::with_cuts(b, &block, marks, &text_len, table_word);
         }
-        pieces::store(b, block, marks, blocks.clone(), 2);
+        pieces::store(b, block, marks, region + blocks.clone(), 2, build);
     })
     .build()
 }

@@ -10,6 +10,7 @@ use super::ir::{as_u32, load_where, local};
 use super::lookback::{self, Combine, Direction, LookBack, COUNTER_WORDS};
 use super::window::Layout;
 use super::SplitBuffer;
+use super::SplitBuild;
 
 /// Declares one global buffer per entry of `bindings`, in that order: the
 /// scratch buffers and those in `written` read-write, the rest read-only.
@@ -133,6 +134,7 @@ pub(super) fn store(
     marks: Vec<Expr>,
     region: Expr,
     regions: u32,
+    build: SplitBuild,
 ) {
     let count = marks
         .iter()
@@ -157,7 +159,9 @@ pub(super) fn store(
     pieces.publish_inclusive(b, &[before.clone() + total.clone()]);
     // Done with the status words before the stores: the fences in `finish` then
     // wait for no piece start on its way to host-mapped memory.
-    lookback::finish(b, block.workgroup_size, regions);
+    if build == SplitBuild::Dispatched {
+        lookback::finish(b, block.workgroup_size, regions);
+    }
     // The block's starts go to the window first (every thread read its codes
     // from it before the scans' barriers), then out to `piece_starts` in
     // order, consecutive threads on consecutive words: each thread storing its
