@@ -136,17 +136,17 @@ pub(in crate::backend) struct Routed {
 
 /// Where a grid-sync dispatch's barrier word comes back for the audit.
 ///
-/// Why the result area first: copied by the stream, the words were one more
+/// Why the result area first: copied by the stream, the word was one more
 /// device → host copy after every cooperative launch (its own driver call and
 /// its own turn on the copy engine, which the dispatch's synchronize waits for);
-/// the kernel's last thread copies them with the mapped readback instead, after
-/// every workgroup has passed its last grid sync, so they are the words the
-/// launch left.
+/// the kernel's last thread copies it with the mapped readback instead, after
+/// every workgroup has passed its last grid sync, so it is the word the launch
+/// left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::backend) enum BarrierWordAt {
-    /// In the result area at this offset (the kernel's last thread copies them).
+    /// In the result area at this offset (the kernel's last thread copies it).
     Area(usize),
-    /// In the lane's staging at this offset (a stream copy brings them: the area
+    /// In the lane's staging at this offset (a stream copy brings it: the area
     /// had no room or no free descriptor left).
     Staging(usize),
 }
@@ -829,10 +829,10 @@ mod tests {
     }
 
     /// Locks out a grid-sync kernel's barrier word left to a stream copy when the
-    /// result area can take them, or placed over an item: they go behind the
-    /// items, 16-byte aligned, with a descriptor of their own (which the kernel's
-    /// last thread copies); with every descriptor taken they come back by a copy
-    /// into their staging place (the control); a kernel without a grid barrier
+    /// result area can take it, or placed over an item: it goes behind the
+    /// items, 16-byte aligned, with a descriptor of its own (which the kernel's
+    /// last thread copies); with every descriptor taken it comes back by a copy
+    /// into its staging place (the control); a kernel without a grid barrier
     /// routes none.
     #[test]
     fn barrier_words_ride_in_the_result_area_when_it_has_room() {

@@ -73,7 +73,9 @@
 //! its atomic returned, then loads the word once more with `ld.acquire.gpu`: that load
 //! reads a value no older than the flip, written by the phase's last arrival or a later
 //! one, all read-modify-writes of the word, so it synchronises with every release of
-//! the phase. A block of the next phase cannot flip the bit back before every block of
+//! the phase (`ptxas` keeps no load for it, only the L1 invalidation an acquire needs:
+//! `CCTL.IVALL` in the `sm_90` SASS, where `fence.acq_rel.gpu` was a `MEMBAR.ALL.GPU`).
+//! A block of the next phase cannot flip the bit back before every block of
 //! this one arrived there too, so no spinning block misses the flip. Then every thread
 //! executes `bar.sync 0` again. After a launch that completed, the bits below the phase
 //! bit are 0; the backend audits that (the word comes back with the result ABI's
@@ -323,7 +325,7 @@ pub const GRID_BARRIER_SYMBOL: &str = "vyre_grid_barrier";
 /// before a launch unless the audit of the launch before left them settled.
 pub const GRID_BARRIER_WORDS: usize = 1;
 
-/// The bit of grid-barrier word 0 that flips once per completed phase; the bits
+/// The bit of the grid-barrier word that flips once per completed phase; the bits
 /// below it count the phase's arrivals and are 0 between phases.
 pub const GRID_BARRIER_PHASE_BIT: u32 = 1 << 31;
 

@@ -29,7 +29,8 @@
 //! kind table, 35,328 bytes, and cl100k's and o200k's word tables; uploaded
 //! once). Scratch: [`SplitBuffer::Statuses`] and
 //! [`SplitBuffer::Counters`] (zeroed once when allocated; every step leaves
-//! them zeroed, so nothing clears them between runs) and, for cl100k and
+//! them zeroed, or in a fused kernel a later step of it: [`SplitBuild`], so
+//! nothing clears them between runs) and, for cl100k and
 //! o200k, [`SplitBuffer::Codes`] (one byte per text byte, between their two
 //! steps).
 //!
@@ -175,7 +176,9 @@ pub enum SplitBuffer {
     Codes,
     /// `u64`: the look-back status words, two sets of two per block (the
     /// second for fused kernels: [`SplitBuild`]) (scratch; zeroed once
-    /// when allocated, every step leaves it zeroed).
+    /// when allocated, every dispatch leaves it zeroed: a dispatched step
+    /// itself, a fused kernel's split steps through a later step of the
+    /// kernel).
     Statuses,
     /// `u32`: [`COUNTER_WORDS`] counters (scratch; zeroed once when allocated,
     /// every step leaves it zeroed).
