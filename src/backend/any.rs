@@ -595,6 +595,19 @@ impl AnyGraph {
         }
     }
 
+    /// [`AnyGraph::replay`] running `beside` on the calling thread between the
+    /// launch and the wait ([`DispatchGraph::replay_beside`]; the reference replays
+    /// first, then runs it).
+    pub fn replay_beside<R>(
+        &mut self,
+        beside: impl FnOnce() -> R,
+    ) -> Result<(Timings, R), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.replay_beside(beside),
+            GraphKind::Reference(graph) => graph.replay().map(|timing| (timing, beside())),
+        }
+    }
+
     /// [`AnyGraph::replay`] with `event_window_ns` from an event pair on CUDA
     /// ([`DispatchGraph::replay_timed`]); the reference has no device, so this is its
     /// plain replay.

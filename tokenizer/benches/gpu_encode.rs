@@ -97,7 +97,7 @@ use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
-use vyre_tokenizer::device::pipeline::CHUNK_TEXT_BYTES;
+use vyre_tokenizer::device::pipeline::{CHUNK_TEXT_BYTES, HELPED_FROM_TEXT_BYTES};
 use vyre_tokenizer::device::programs::MAX_REGISTER_MERGE_BYTES;
 use vyre_tokenizer::device::{
     host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
@@ -470,6 +470,16 @@ fn main() {
     // replay of the graph its slot keeps.
     let dispatching =
         encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_fused_graphs(false);
+    // The hand-out on the calling thread alone, and shared with one helper,
+    // against the default's helpers woken during the device wait.
+    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1]
+        .into_iter()
+        .map(|helpers| {
+            let encoder = encoder_with_limits(&gpu, &cpu, ChunkLimits::default())
+                .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
+            (helpers, encoder)
+        })
+        .collect();
     print_wait_floors(&gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
@@ -520,6 +530,30 @@ fn main() {
             stepped_timings.kernel_line()
         );
         println!("  one eager encode: {}", step_timings.wall_line());
+        for round in 1..=3 {
+            let mut line = format!("  hand-out helpers, round {round}:");
+            for (helpers, helped) in by_helpers
+                .iter()
+                .map(|(helpers, helped)| (*helpers, helped))
+                .chain([(encoder.hand_out_helpers().0, encoder)])
+            {
+                let label = format!("{shape}, {helpers} hand-out helpers");
+                let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
+                let mut graph = helped.graph(text.len()).expect("graph");
+                let mut into = Vec::new();
+                let (graphed, _) = median(small_rounds, || {
+                    graph.encode_into(&text, &mut into).expect("graph encode")
+                });
+                assert_eq!(into, ids, "{label}: graph ids");
+                line.push_str(&format!(
+                    " {helpers}: eager {:.1} µs (hand-out {:.1}), graph into a reused vector {:.1};",
+                    eager * 1e6,
+                    timings.scatter_ns as f64 / 1e3,
+                    graphed * 1e6
+                ));
+            }
+            println!("{line}");
+        }
         println!(
             "  eager after an encode of its first {OTHER_LENGTH} bytes (the slot graph's kernel node takes the new length and grid first, as a caller's documents of many lengths ask): {:.1} µs",
             eager_after_another_length(encoder, &text, &ids, small_rounds) * 1e6

@@ -707,6 +707,55 @@ fn submitted_and_graph_encodes_equal_cpu() {
     assert!(encoder.graph(0).is_err());
 }
 
+/// Locks out a hand-out shared with helper threads that differs from the
+/// calling thread's own, or helpers that stay taken after an encode (the next
+/// encode would then copy alone, or a second encode would queue its pieces
+/// behind the first's helpers): with helpers woken for every text, single
+/// documents submitted and waited for (into new vectors and reused ones of
+/// other lengths), in a batch of one chunk, through a graph into a reused
+/// vector, and from four threads at once (one holds the helpers, the others
+/// copy alone) all equal the CPU encoder, and so does the same encoder with
+/// no helpers (the control).
+#[test]
+fn helped_hand_outs_equal_cpu() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let texts: Vec<Vec<u8>> = Shape::ALL
+        .iter()
+        .map(|&shape| generate(shape, 2500, 17))
+        .collect();
+    let cpu = |text: &[u8]| tokenizer.encode_ordinary_bytes(text);
+    for helpers in [3, 0] {
+        let encoder = reference_encoder(&tokenizer).with_hand_out_helpers(helpers, 1);
+        let mut reused = [vec![9u32; 5000]];
+        for text in &texts {
+            let pending = encoder.submit_bytes(&[text]).unwrap();
+            assert_eq!(pending.wait().unwrap(), [cpu(text)], "{helpers} helpers");
+            let pending = encoder.submit_bytes(&[text]).unwrap();
+            pending.wait_into(&mut reused).unwrap();
+            assert_eq!(reused[0], cpu(text), "{helpers} helpers, reused");
+            assert_eq!(
+                encoder.encode_batch_bytes(&[text]).unwrap(),
+                [cpu(text)],
+                "{helpers} helpers, a batch of one"
+            );
+        }
+        let mut graph = encoder.graph(texts[0].len()).unwrap();
+        let mut ids = vec![1u32; 3];
+        graph.encode_into(&texts[0], &mut ids).unwrap();
+        assert_eq!(ids, cpu(&texts[0]), "{helpers} helpers, graph");
+        drop(graph);
+        std::thread::scope(|scope| {
+            for text in texts.iter().chain(&texts[..1]) {
+                let (encoder, cpu) = (&encoder, &cpu);
+                scope.spawn(move || {
+                    let pending = encoder.submit_bytes(&[text]).unwrap();
+                    assert_eq!(pending.wait().unwrap(), [cpu(text)], "threaded");
+                });
+            }
+        });
+    }
+}
+
 /// Records `encoder`'s graph for the length of `texts` (all one length),
 /// checks it makes `dispatches` dispatches, and replays the texts in turn, each
 /// read in place and into a vector, against the CPU encoder; consecutive texts

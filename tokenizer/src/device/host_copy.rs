@@ -176,7 +176,7 @@ pub fn gather(out: &mut [u8], texts: &[&[u8]]) -> Result<(), TokenizerError> {
 }
 
 /// One piece of a parallel hand-out.
-enum HandOutPiece<'a> {
+pub(super) enum HandOutPiece<'a> {
     /// Whole documents: each result replaced by its ids.
     Documents {
         results: &'a mut [Vec<u32>],
@@ -191,22 +191,39 @@ enum HandOutPiece<'a> {
     },
 }
 
-/// Each document's ids out of a chunk's `ids` by `starts` (document `i` gets
-/// `ids[starts[i]..starts[i + 1]]`; `results` has one vector per document,
-/// each replaced, its memory reused where it has room): on the pool's workers
-/// from [`PARALLEL_COPY_BYTES`] of ids up, cut by ids, not by documents. An
-/// `Err` (and `results` untouched) when `starts` does not have one entry more
-/// than `results`, or its offsets decrease or run past `ids`.
-pub fn hand_out(
+impl HandOutPiece<'_> {
+    /// Gives the piece's documents their ids out of the chunk's `ids` by
+    /// `starts`, on the calling thread.
+    pub(super) fn fill(self, ids: &[u32], starts: &[u32]) {
+        match self {
+            HandOutPiece::Documents { results, first } => {
+                for (offset, result) in results.iter_mut().enumerate() {
+                    let document = first + offset;
+                    result.clear();
+                    result.extend_from_slice(
+                        &ids[starts[document] as usize..starts[document + 1] as usize],
+                    );
+                }
+            }
+            HandOutPiece::Large { result, ids } => {
+                result.clear();
+                result.extend_from_slice(ids);
+            }
+        }
+    }
+}
+
+/// An `Err` unless `starts` has one entry more than `documents` and its
+/// offsets never decrease nor run past `ids`.
+pub(super) fn check_starts(
     ids: &[u32],
     starts: &[u32],
-    results: &mut [Vec<u32>],
+    documents: usize,
 ) -> Result<(), TokenizerError> {
-    if starts.len() != results.len() + 1 {
+    if starts.len() != documents + 1 {
         return Err(internal(format!(
-            "{} document starts for {} documents",
+            "{} document starts for {documents} documents",
             starts.len(),
-            results.len()
         )));
     }
     for (index, pair) in starts.windows(2).enumerate() {
@@ -219,23 +236,21 @@ pub fn hand_out(
             )));
         }
     }
+    Ok(())
+}
+
+/// `results` cut into pieces of about `share` ids (checked `starts`): runs
+/// of whole documents, and each document of more than `share` ids alone.
+pub(super) fn plan<'a>(
+    ids: &'a [u32],
+    starts: &[u32],
+    results: &'a mut [Vec<u32>],
+    share: usize,
+) -> Vec<HandOutPiece<'a>> {
     let ids_of = |document: usize| &ids[starts[document] as usize..starts[document + 1] as usize];
-    let fill = |results: &mut [Vec<u32>], first: usize| {
-        for (offset, result) in results.iter_mut().enumerate() {
-            result.clear();
-            result.extend_from_slice(ids_of(first + offset));
-        }
-    };
-    let total = (starts[results.len()] - starts[0]) as usize;
-    let pieces = pieces(total * 4);
-    if pieces <= 1 {
-        fill(results, 0);
-        return Ok(());
-    }
-    let share = total.div_ceil(pieces).max(1);
     let count = results.len();
-    let mut work: Vec<HandOutPiece<'_>> = Vec::with_capacity(pieces * 2);
-    let mut rest = &mut results[..];
+    let mut work: Vec<HandOutPiece<'a>> = Vec::new();
+    let mut rest = results;
     let mut first = 0;
     while first < count {
         if ids_of(first).len() > share {
@@ -263,9 +278,31 @@ pub fn hand_out(
         });
         first = end;
     }
+    work
+}
+
+/// Each document's ids out of a chunk's `ids` by `starts` (document `i` gets
+/// `ids[starts[i]..starts[i + 1]]`; `results` has one vector per document,
+/// each replaced, its memory reused where it has room): on the pool's workers
+/// from [`PARALLEL_COPY_BYTES`] of ids up, cut by ids, not by documents. An
+/// `Err` (and `results` untouched) when `starts` does not have one entry more
+/// than `results`, or its offsets decrease or run past `ids`.
+pub fn hand_out(
+    ids: &[u32],
+    starts: &[u32],
+    results: &mut [Vec<u32>],
+) -> Result<(), TokenizerError> {
+    check_starts(ids, starts, results.len())?;
+    let total = (starts[results.len()] - starts[0]) as usize;
+    let pieces = pieces(total * 4);
+    if pieces <= 1 {
+        HandOutPiece::Documents { results, first: 0 }.fill(ids, starts);
+        return Ok(());
+    }
+    let share = total.div_ceil(pieces).max(1);
+    let work = plan(ids, starts, results, share);
     on_pool(|| {
         work.into_par_iter().for_each(|piece| match piece {
-            HandOutPiece::Documents { results, first } => fill(results, first),
             // Its pieces of about `share` ids each, on any worker, written
             // in place (the vector's memory reused where it has room).
             HandOutPiece::Large { result, ids } => ids
@@ -273,6 +310,7 @@ pub fn hand_out(
                 .with_min_len(share)
                 .copied()
                 .collect_into_vec(result),
+            documents => documents.fill(ids, starts),
         });
     });
     Ok(())

@@ -141,6 +141,7 @@
 
 pub mod batch_ids;
 pub mod fused;
+mod hand_out_helpers;
 pub mod host_copy;
 pub mod pipeline;
 pub mod programs;

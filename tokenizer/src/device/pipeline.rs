@@ -100,6 +100,7 @@ use super::fused::{
     resident_program, short_program, ShortProgram, Spread, DEFAULT_SHORT_TEXT_BYTES,
     DOCUMENTS_SCALAR, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES, TEXT_LEN_SCALAR,
 };
+use super::hand_out_helpers::{self, Helpers};
 use super::host_copy;
 use super::programs::{
     blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, DEVICE_STAGE_WORKGROUPS,
@@ -893,6 +894,10 @@ fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
     crate::workers::persistent_pool(&POOL, HAND_OUTS_RUNNING, "hand-out").filter(|_| chunks > 1)
 }
 
+/// From this many bytes of text a chunk the caller waits for at once wakes
+/// threads to share its hand-out ([`DeviceEncoder::with_hand_out_helpers`]).
+pub const HELPED_FROM_TEXT_BYTES: u64 = 64 << 10;
+
 /// Hand-outs an encode may have running before it stages another chunk (and
 /// the threads of [`hand_out_pool`]): each holds its chunk's buffers until its
 /// ids are out.
@@ -980,6 +985,10 @@ pub struct DeviceEncoder {
     /// dispatch's lease of its kernel's barrier words kept it (each grid asks
     /// for every workgroup the device holds at once).
     resident_replay: Mutex<()>,
+    /// How many threads a chunk the caller waits for at once wakes to share
+    /// its hand-out, and from how many bytes of text
+    /// ([`DeviceEncoder::with_hand_out_helpers`]).
+    hand_out_helpers: (usize, u64),
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1128,6 +1137,7 @@ impl DeviceEncoder {
             admission,
             fused_graphs: true,
             resident_replay: Mutex::new(()),
+            hand_out_helpers: (hand_out_helpers::MOST_HELPERS, HELPED_FROM_TEXT_BYTES),
         })
     }
 
@@ -1147,6 +1157,41 @@ impl DeviceEncoder {
     pub fn with_fused_graphs(mut self, replay: bool) -> Self {
         self.fused_graphs = replay;
         self
+    }
+
+    /// How many threads (at most [`hand_out_helpers::MOST_HELPERS`], and one
+    /// fewer than the host's cores) an encode the caller waits for at once
+    /// (a batch of one chunk, or [`DeviceEncoder::submit_bytes`]) wakes while
+    /// the device computes, to share the copy of its ids into the caller's
+    /// vectors once it is done, for a chunk of at least `from_text_bytes`
+    /// bytes of text (default 3 threads from [`HELPED_FROM_TEXT_BYTES`]; 0
+    /// copies on the calling thread alone). The threads spin through the
+    /// device wait (at most a millisecond); one encode at a time has them,
+    /// and one that finds them taken copies alone. The ids are the same.
+    /// Measured: the module `hand_out_helpers`'s docs.
+    pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
+        self.hand_out_helpers = (helpers, from_text_bytes);
+        self
+    }
+
+    /// The hand-out helpers' count and threshold
+    /// ([`DeviceEncoder::with_hand_out_helpers`]).
+    pub fn hand_out_helpers(&self) -> (usize, u64) {
+        self.hand_out_helpers
+    }
+
+    /// How many hand-out helpers a chunk of `text_len` bytes that the caller
+    /// waits for at once wakes: one per 64 KiB of text (at least one), up to
+    /// the encoder's count, from its threshold up; none from 1 MiB of text,
+    /// whose ids the copy pool's workers take.
+    fn helpers_for(&self, text_len: u64) -> usize {
+        let (most, from) = self.hand_out_helpers;
+        if most == 0 || text_len < from || text_len >= host_copy::PARALLEL_COPY_BYTES as u64 {
+            return 0;
+        }
+        usize::try_from(text_len / (64 << 10))
+            .unwrap_or(usize::MAX)
+            .clamp(1, most)
     }
 
     /// The CUDA device's name, or `None` on the reference interpreter.
@@ -1464,7 +1509,9 @@ impl DeviceEncoder {
                 };
                 hand_out(done, oldest, its_results)?;
             }
-            in_flight.push_back((index, self.submit_staged(staged)?, mine));
+            // A chunk alone whose ids go into vectors has helpers for that copy.
+            let helped = ranges.len() == 1 && matches!(mine, ChunkIds::Vectors(_));
+            in_flight.push_back((index, self.submit_staged(staged, helped)?, mine));
         }
         while let Some((done, oldest, its_results)) = in_flight.pop_front() {
             hand_out(done, oldest, its_results)?;
@@ -1492,7 +1539,7 @@ impl DeviceEncoder {
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
         match self.stage(texts, Replays::Resident) {
-            Ok(staged) => self.submit_staged(staged),
+            Ok(staged) => self.submit_staged(staged, true),
             Err(error) => {
                 self.admission.release();
                 Err(error)
@@ -1535,11 +1582,19 @@ impl DeviceEncoder {
     /// Submits every step of a staged chunk once admitted: the admission is
     /// given back when the encode is waited for or dropped, or here on an
     /// error or for an empty chunk (which runs nothing and holds no room).
+    /// A `helped` chunk (one whose caller waits for it at once and takes its
+    /// ids into vectors) wakes its hand-out helpers once the device has it.
     fn submit_staged(
         &self,
         mut staged: StagedChunk<'_>,
+        helped: bool,
     ) -> Result<PendingEncode<'_>, TokenizerError> {
         let text_len = staged.text_len;
+        let helpers = if helped {
+            self.helpers_for(u64::from(text_len))
+        } else {
+            0
+        };
         let Some(mut slot) = staged.slot.take() else {
             self.admission.release();
             return Ok(PendingEncode {
@@ -1547,6 +1602,7 @@ impl DeviceEncoder {
                 slot: None,
                 pending: Vec::new(),
                 replayed: None,
+                helpers: None,
                 text_len: 0,
                 documents: staged.documents,
                 start: staged.start,
@@ -1556,18 +1612,19 @@ impl DeviceEncoder {
             });
         };
         let submitted = if staged.replays {
-            self.replay_fused(&mut slot, text_len, staged.documents)
-                .map(|replayed| (Vec::new(), Some(replayed)))
+            self.replay_fused(&mut slot, text_len, staged.documents, helpers)
+                .map(|(spread, timings, helpers)| (Vec::new(), Some((spread, timings)), helpers))
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
-                .map(|pending| (pending, None))
+                .map(|pending| (pending, None, Helpers::wake(helpers)))
         };
         match submitted {
-            Ok((pending, replayed)) => Ok(PendingEncode {
+            Ok((pending, replayed, helpers)) => Ok(PendingEncode {
                 encoder: self,
                 slot: Some(slot),
                 pending,
                 replayed,
+                helpers,
                 text_len: u64::from(text_len),
                 documents: staged.documents,
                 start: staged.start,
@@ -1929,13 +1986,15 @@ impl DeviceEncoder {
     /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
     /// node given the chunk's scalars and grid first (rewritten only where
     /// they differ from the last replay's); returns once the kernel has ended,
-    /// with the kernel's kind and the replay's timings.
+    /// with the kernel's kind, the replay's timings and up to `helpers` hand-out
+    /// helpers woken while the kernel ran.
     fn replay_fused(
         &self,
         slot: &mut Slot,
         text_len: u32,
         documents: usize,
-    ) -> Result<(Spread, Timings), TokenizerError> {
+        helpers: usize,
+    ) -> Result<(Spread, Timings, Option<Helpers>), TokenizerError> {
         let kept = slot
             .fused
             .as_mut()
@@ -1963,8 +2022,11 @@ impl DeviceEncoder {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
         });
-        let timings = kept.graph.replay().map_err(failed)?;
-        Ok((kept.spread, timings))
+        let (timings, helpers) = kept
+            .graph
+            .replay_beside(|| Helpers::wake(helpers))
+            .map_err(failed)?;
+        Ok((kept.spread, timings, helpers))
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -2408,6 +2470,9 @@ pub struct PendingEncode<'e> {
     /// Which fused kernel's slot graph the chunk replayed, and the replay's
     /// timings (it has ended: [`DeviceEncoder::replay_fused`]).
     replayed: Option<(Spread, Timings)>,
+    /// Threads spinning through the device wait to share the hand-out
+    /// ([`hand_out_helpers`]), for a chunk the caller waits for at once.
+    helpers: Option<Helpers>,
     /// The chunk's text bytes: which steps it runs.
     text_len: u64,
     documents: usize,
@@ -2485,6 +2550,7 @@ impl<'e> PendingEncode<'e> {
         Ok(FinishedChunk {
             encoder: self.encoder,
             slot,
+            helpers: self.helpers.take(),
             documents: self.documents,
             start: self.start,
             timings,
@@ -2543,6 +2609,8 @@ struct FinishedChunk<'e> {
     encoder: &'e DeviceEncoder,
     /// `None` for an empty chunk.
     slot: Option<Slot>,
+    /// Threads spinning to share the hand-out, where the chunk has them.
+    helpers: Option<Helpers>,
     documents: usize,
     /// When staging began.
     start: Instant,
@@ -2559,7 +2627,8 @@ impl FinishedChunk<'_> {
         let start = Instant::now();
         match (self.slot.as_mut(), destination) {
             (Some(slot), ChunkIds::Vectors(results)) => {
-                timings.copy_ns = hand_out_chunk(backend, slot, self.documents, results)?;
+                let helpers = self.helpers.take();
+                timings.copy_ns = hand_out_chunk(backend, slot, self.documents, results, helpers)?;
             }
             (Some(slot), ChunkIds::Part(part)) => {
                 timings.copy_ns = hand_out_part(backend, slot, self.documents, part)?;
@@ -2592,17 +2661,22 @@ impl Drop for FinishedChunk<'_> {
 }
 
 /// Reads the document starts and the ids of a finished chunk and gives each of
-/// its `documents` documents its ids; the host time of the ids' copy to the
-/// host, where the slot takes one.
+/// its `documents` documents its ids (shared with `helpers` where the chunk
+/// has them); the host time of the ids' copy to the host, where the slot
+/// takes one.
 fn hand_out_chunk(
     backend: &AnyBackend,
     slot: &mut Slot,
     documents: usize,
     results: &mut [Vec<u32>],
+    helpers: Option<Helpers>,
 ) -> Result<u64, TokenizerError> {
     let mut scratch = Vec::new();
     let (starts, ids, copy_ns) = chunk_ids(backend, slot, None, documents, &mut scratch)?;
-    host_copy::hand_out(ids, &starts, results)?;
+    match helpers {
+        Some(helpers) => hand_out_helpers::hand_out(ids, &starts, results, helpers)?,
+        None => host_copy::hand_out(ids, &starts, results)?,
+    }
     Ok(copy_ns)
 }
 
@@ -2801,10 +2875,15 @@ impl EncodeGraph<'_> {
         text: &[u8],
         ids: &mut Vec<u32>,
     ) -> Result<Timings, TokenizerError> {
-        let (in_place, timings) = self.encode_in_place(text)?;
+        let helpers = self.encoder.helpers_for(self.text_len.into());
+        let (in_place, timings, helpers) = self.replay(text, helpers)?;
         let total = u32::try_from(in_place.len())
             .map_err(|_| internal(format!("{} ids of one graph", in_place.len())))?;
-        host_copy::hand_out(in_place, &[0, total], std::slice::from_mut(ids))?;
+        let results = std::slice::from_mut(ids);
+        match helpers {
+            Some(helpers) => hand_out_helpers::hand_out(in_place, &[0, total], results, helpers)?,
+            None => host_copy::hand_out(in_place, &[0, total], results)?,
+        }
         Ok(timings)
     }
 
@@ -2832,6 +2911,17 @@ impl EncodeGraph<'_> {
     /// # Ok::<(), vyre_tokenizer::TokenizerError>(())
     /// ```
     pub fn encode_in_place(&mut self, text: &[u8]) -> Result<(&[u32], Timings), TokenizerError> {
+        self.replay(text, 0).map(|(ids, timings, _)| (ids, timings))
+    }
+
+    /// One replay for `text`: its ids where the device wrote them, the
+    /// replay's timings, and up to `helpers` hand-out helpers woken while the
+    /// device computed.
+    fn replay(
+        &mut self,
+        text: &[u8],
+        helpers: usize,
+    ) -> Result<(&[u32], Timings, Option<Helpers>), TokenizerError> {
         if text.len() != self.text_len as usize {
             return Err(TokenizerError::new(
                 ErrorKind::Backend,
@@ -2874,11 +2964,11 @@ impl EncodeGraph<'_> {
                 },
             )?,
         }
-        let timings = graph
-            .replay()
+        let (timings, helpers) = graph
+            .replay_beside(|| Helpers::wake(helpers))
             .map_err(|error| backend_error("replaying the encode graph", error))?;
         let (_, ids, _) = chunk_ids(&encoder.backend, slot, Some(graph), 1, &mut self.read_back)?;
-        Ok((ids, timings))
+        Ok((ids, timings, helpers))
     }
 }
 
