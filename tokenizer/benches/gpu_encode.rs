@@ -334,6 +334,22 @@ fn main() {
         launch_sync_seconds * 1e6
     );
 
+    let tiktoken = Peer::Tiktoken(tiktoken_rs::cl100k_base_singleton());
+    // Every step its own dispatch.
+    let step_by_step = encoder_with_limits(
+        &gpu,
+        &cpu,
+        ChunkLimits {
+            short_text_bytes: 0,
+            resident_text_bytes: 0,
+            ..ChunkLimits::default()
+        },
+    );
+    if std::env::var_os("VYRE_BENCH_SINGLE_ONLY").is_some() {
+        single_documents(&gpu, &cpu, encoder, &tiktoken, &step_by_step, small_rounds);
+        return;
+    }
+
     // 1. The 64 MiB batch.
     let texts = documents(BATCH_BYTES);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -371,7 +387,6 @@ fn main() {
     let (ours, _) = median(rounds, || {
         encoder.encode_batch(&refs).expect("device batch")
     });
-    let tiktoken = Peer::Tiktoken(tiktoken_rs::cl100k_base_singleton());
     let (peer, peer_ids) = median(rounds.min(3), || tiktoken.encode_chunks(&refs));
     assert!(peer_ids == expected, "tiktoken-rs differs on the batch");
     println!(
@@ -443,204 +458,7 @@ fn main() {
     chunk_sizes_rotated(&gpu, &cpu, &byte_refs, rounds);
 
     // 2. One 256 KiB document, eager and as a graph; one 1 KiB document.
-    let step_by_step = encoder_with_limits(
-        &gpu,
-        &cpu,
-        ChunkLimits {
-            short_text_bytes: 0,
-            resident_text_bytes: 0,
-            ..ChunkLimits::default()
-        },
-    );
-    // The resident grid with `compact` in a group per 1 KiB block of 256 KiB
-    // instead of the default cap, which was measured for the batch (where
-    // other chunks' steps want the SMs), never for one document alone.
-    let compact_groups = 256;
-    let wide_compact = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
-        &cpu,
-        Geometry {
-            compact_workgroups: compact_groups,
-            ..Geometry::default()
-        },
-        ChunkLimits::default(),
-    )
-    .expect("encoder with a wide compact");
-    // The resident grid as a cooperative dispatch per chunk instead of a
-    // replay of the graph its slot keeps.
-    let dispatching =
-        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_fused_graphs(false);
-    // The hand-out on the calling thread alone, and shared with one helper,
-    // against the default's helpers woken during the device wait.
-    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1]
-        .into_iter()
-        .map(|helpers| {
-            let encoder = encoder_with_limits(&gpu, &cpu, ChunkLimits::default())
-                .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
-            (helpers, encoder)
-        })
-        .collect();
-    print_wait_floors(&gpu, 262_144, small_rounds);
-    for shape in Shape::ALL {
-        let text = generate(shape, 262_144, 42);
-        let ids = cpu.encode_ordinary_bytes(&text);
-        let (eager, step_timings) =
-            eager_median(encoder, &text, &ids, small_rounds, &format!("{shape}"));
-        let (stepped, stepped_timings) = eager_median(
-            &step_by_step,
-            &text,
-            &ids,
-            small_rounds,
-            &format!("{shape}, step by step"),
-        );
-        // Into one `BatchIds` again and again: its part takes the chunk's
-        // host-mapped ids instead of copying them.
-        let mut batch_ids = BatchIds::new();
-        let (into_batch_ids, _) = median(small_rounds, || {
-            encoder
-                .encode_batch_ids(&[&text[..]], &mut batch_ids)
-                .expect("encode into BatchIds")
-        });
-        assert_eq!(batch_ids.get(0), Some(&ids[..]), "{shape}: BatchIds");
-        let mut graph = encoder.graph(text.len()).expect("graph");
-        let (graphed, (graph_ids, _)) = median(small_rounds, || {
-            graph.encode_timed(&text).expect("graph encode")
-        });
-        assert_eq!(graph_ids, ids, "{shape}: graph ids");
-        // Into one vector again and again, as the eager rows' `wait_into`.
-        let mut reused_ids = Vec::new();
-        let (graphed_into, _) = median(small_rounds, || {
-            graph
-                .encode_into(&text, &mut reused_ids)
-                .expect("graph encode")
-        });
-        assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
-        let graphed_in_place = graph_in_place_median(&mut graph, &text, &ids, small_rounds);
-        println!(
-            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), into a reused BatchIds {:.1} µs; graph {:.1} µs, into a reused vector {:.1} µs, ids read in place {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
-            eager * 1e6,
-            step_timings.kernel_ns() as f64 / 1e3,
-            step_timings.kernel_line(),
-            into_batch_ids * 1e6,
-            graphed * 1e6,
-            graphed_into * 1e6,
-            graphed_in_place * 1e6,
-            stepped * 1e6,
-            stepped_timings.kernel_ns() as f64 / 1e3,
-            stepped_timings.kernel_line()
-        );
-        println!("  one eager encode: {}", step_timings.wall_line());
-        for round in 1..=3 {
-            let mut line = format!("  hand-out helpers, round {round}:");
-            for (helpers, helped) in by_helpers
-                .iter()
-                .map(|(helpers, helped)| (*helpers, helped))
-                .chain([(encoder.hand_out_helpers().0, encoder)])
-            {
-                let label = format!("{shape}, {helpers} hand-out helpers");
-                let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
-                let mut graph = helped.graph(text.len()).expect("graph");
-                let mut into = Vec::new();
-                let (graphed, _) = median(small_rounds, || {
-                    graph.encode_into(&text, &mut into).expect("graph encode")
-                });
-                assert_eq!(into, ids, "{label}: graph ids");
-                line.push_str(&format!(
-                    " {helpers}: eager {:.1} µs (hand-out {:.1}), graph into a reused vector {:.1};",
-                    eager * 1e6,
-                    timings.scatter_ns as f64 / 1e3,
-                    graphed * 1e6
-                ));
-            }
-            println!("{line}");
-        }
-        println!(
-            "  eager after an encode of its first {OTHER_LENGTH} bytes (the slot graph's kernel node takes the new length and grid first, as a caller's documents of many lengths ask): {:.1} µs",
-            eager_after_another_length(encoder, &text, &ids, small_rounds) * 1e6
-        );
-        println!(
-            "  its kernel's steps by their own clock: {}",
-            counted_kernel_line(encoder, &text, &ids, small_rounds)
-        );
-        let (wide, _) = eager_median(
-            &wide_compact,
-            &text,
-            &ids,
-            small_rounds,
-            &format!("{shape}, compact in {compact_groups} groups"),
-        );
-        println!(
-            "  with compact in {compact_groups} groups instead of {}: eager {:.1} µs; {}",
-            Geometry::default().compact_workgroups,
-            wide * 1e6,
-            counted_kernel_line(&wide_compact, &text, &ids, small_rounds)
-        );
-        let (dispatched, dispatched_timings) = eager_median(
-            &dispatching,
-            &text,
-            &ids,
-            small_rounds,
-            &format!("{shape}, the cooperative dispatch"),
-        );
-        println!(
-            "  the cooperative dispatch instead of the slot's graph: eager {:.1} µs; one encode: {}",
-            dispatched * 1e6,
-            dispatched_timings.wall_line()
-        );
-    }
-    let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
-    let small_ids = cpu.encode_ordinary(&small);
-    let mut graph = encoder.graph(small.len()).expect("graph");
-    let (graphed, (graph_ids, _)) = median(small_rounds, || {
-        graph.encode_timed(small.as_bytes()).expect("graph encode")
-    });
-    assert_eq!(graph_ids, small_ids, "1 KiB: graph ids");
-    let small_in_place =
-        graph_in_place_median(&mut graph, small.as_bytes(), &small_ids, small_rounds);
-    let (peer, _) = median(small_rounds, || tiktoken.encode(&small));
-    println!(
-        "1,024 bytes of prose: graph {:.1} µs (ids read in place {:.1} µs), tiktoken-rs {:.1} µs on one thread; eager (target ≤ 25):",
-        graphed * 1e6,
-        small_in_place * 1e6,
-        peer * 1e6
-    );
-    for (label, eager_encoder) in [
-        ("stage + the short-text kernel", encoder),
-        ("every step its own dispatch", &step_by_step),
-    ] {
-        let (eager, parts) = eager_median(
-            eager_encoder,
-            small.as_bytes(),
-            &small_ids,
-            small_rounds,
-            &format!("1 KiB, {label}"),
-        );
-        println!(
-            "  {label}: {:.1} µs; one encode: {}",
-            eager * 1e6,
-            parts.wall_line()
-        );
-    }
-    // A batch of one chunk, whose caller waits at once: the short-text
-    // kernel's graph that the chunk's slot keeps, replayed.
-    let mut one_batch = [Vec::new()];
-    let (batched, batched_timings) = median(small_rounds, || {
-        encoder
-            .encode_batch_into(&[small.as_bytes()], &mut one_batch)
-            .expect("encode a batch of one")
-            .remove(0)
-    });
-    assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one");
-    println!(
-        "  encode_batch_into of one document (the slot's graph of the short-text kernel replayed: {}): {:.1} µs; one encode: {}",
-        batched_timings.replayed,
-        batched * 1e6,
-        batched_timings.wall_line()
-    );
-    println!(
-        "  the short-text kernel's steps by their own clock: {}",
-        counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
-    );
+    single_documents(&gpu, &cpu, encoder, &tiktoken, &step_by_step, small_rounds);
 
     // 3. Memory.
     let (device, host) = encoder.chunk_buffer_bytes(16 << 20, 4096);
@@ -1143,6 +961,207 @@ fn eager_cell(
         eager * 1e6,
         parts.kernel_ns() as f64 / 1e3
     )
+}
+
+/// One 256 KiB document of each shape eager, into a reused `BatchIds` and as
+/// a graph (with the hand-out helpers' rounds); one 1 KiB document.
+fn single_documents(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    encoder: &DeviceEncoder,
+    tiktoken: &Peer,
+    step_by_step: &DeviceEncoder,
+    small_rounds: usize,
+) {
+    // The resident grid with `compact` in a group per 1 KiB block of 256 KiB
+    // instead of the default cap, which was measured for the batch (where
+    // other chunks' steps want the SMs), never for one document alone.
+    let compact_groups = 256;
+    let wide_compact = DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        &cpu,
+        Geometry {
+            compact_workgroups: compact_groups,
+            ..Geometry::default()
+        },
+        ChunkLimits::default(),
+    )
+    .expect("encoder with a wide compact");
+    // The resident grid as a cooperative dispatch per chunk instead of a
+    // replay of the graph its slot keeps.
+    let dispatching =
+        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_fused_graphs(false);
+    // The hand-out on the calling thread alone, and shared with one helper,
+    // against the default's helpers woken during the device wait.
+    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1]
+        .into_iter()
+        .map(|helpers| {
+            let encoder = encoder_with_limits(&gpu, &cpu, ChunkLimits::default())
+                .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
+            (helpers, encoder)
+        })
+        .collect();
+    print_wait_floors(&gpu, 262_144, small_rounds);
+    for shape in Shape::ALL {
+        let text = generate(shape, 262_144, 42);
+        let ids = cpu.encode_ordinary_bytes(&text);
+        let (eager, step_timings) =
+            eager_median(encoder, &text, &ids, small_rounds, &format!("{shape}"));
+        let (stepped, stepped_timings) = eager_median(
+            &step_by_step,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, step by step"),
+        );
+        // Into one `BatchIds` again and again: its part takes the chunk's
+        // host-mapped ids instead of copying them.
+        let mut batch_ids = BatchIds::new();
+        let (into_batch_ids, _) = median(small_rounds, || {
+            encoder
+                .encode_batch_ids(&[&text[..]], &mut batch_ids)
+                .expect("encode into BatchIds")
+        });
+        assert_eq!(batch_ids.get(0), Some(&ids[..]), "{shape}: BatchIds");
+        let mut graph = encoder.graph(text.len()).expect("graph");
+        let (graphed, (graph_ids, _)) = median(small_rounds, || {
+            graph.encode_timed(&text).expect("graph encode")
+        });
+        assert_eq!(graph_ids, ids, "{shape}: graph ids");
+        // Into one vector again and again, as the eager rows' `wait_into`.
+        let mut reused_ids = Vec::new();
+        let (graphed_into, _) = median(small_rounds, || {
+            graph
+                .encode_into(&text, &mut reused_ids)
+                .expect("graph encode")
+        });
+        assert_eq!(reused_ids, ids, "{shape}: graph ids into a reused vector");
+        let graphed_in_place = graph_in_place_median(&mut graph, &text, &ids, small_rounds);
+        println!(
+            "\n262,144 bytes of {shape}: eager {:.1} µs (target ≤ 100; kernels {:.1} µs: {}), into a reused BatchIds {:.1} µs; graph {:.1} µs, into a reused vector {:.1} µs, ids read in place {:.1} µs (target ≤ 75); eager step by step {:.1} µs, kernels {:.1} µs ({})",
+            eager * 1e6,
+            step_timings.kernel_ns() as f64 / 1e3,
+            step_timings.kernel_line(),
+            into_batch_ids * 1e6,
+            graphed * 1e6,
+            graphed_into * 1e6,
+            graphed_in_place * 1e6,
+            stepped * 1e6,
+            stepped_timings.kernel_ns() as f64 / 1e3,
+            stepped_timings.kernel_line()
+        );
+        println!("  one eager encode: {}", step_timings.wall_line());
+        for round in 1..=3 {
+            let mut line = format!("  hand-out helpers, round {round}:");
+            for (helpers, helped) in by_helpers
+                .iter()
+                .map(|(helpers, helped)| (*helpers, helped))
+                .chain([(encoder.hand_out_helpers().0, encoder)])
+            {
+                let label = format!("{shape}, {helpers} hand-out helpers");
+                let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
+                let mut graph = helped.graph(text.len()).expect("graph");
+                let mut into = Vec::new();
+                let (graphed, _) = median(small_rounds, || {
+                    graph.encode_into(&text, &mut into).expect("graph encode")
+                });
+                assert_eq!(into, ids, "{label}: graph ids");
+                line.push_str(&format!(
+                    " {helpers}: eager {:.1} µs (hand-out {:.1}), graph into a reused vector {:.1};",
+                    eager * 1e6,
+                    timings.scatter_ns as f64 / 1e3,
+                    graphed * 1e6
+                ));
+            }
+            println!("{line}");
+        }
+        println!(
+            "  eager after an encode of its first {OTHER_LENGTH} bytes (the slot graph's kernel node takes the new length and grid first, as a caller's documents of many lengths ask): {:.1} µs",
+            eager_after_another_length(encoder, &text, &ids, small_rounds) * 1e6
+        );
+        println!(
+            "  its kernel's steps by their own clock: {}",
+            counted_kernel_line(encoder, &text, &ids, small_rounds)
+        );
+        let (wide, _) = eager_median(
+            &wide_compact,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, compact in {compact_groups} groups"),
+        );
+        println!(
+            "  with compact in {compact_groups} groups instead of {}: eager {:.1} µs; {}",
+            Geometry::default().compact_workgroups,
+            wide * 1e6,
+            counted_kernel_line(&wide_compact, &text, &ids, small_rounds)
+        );
+        let (dispatched, dispatched_timings) = eager_median(
+            &dispatching,
+            &text,
+            &ids,
+            small_rounds,
+            &format!("{shape}, the cooperative dispatch"),
+        );
+        println!(
+            "  the cooperative dispatch instead of the slot's graph: eager {:.1} µs; one encode: {}",
+            dispatched * 1e6,
+            dispatched_timings.wall_line()
+        );
+    }
+    let small = String::from_utf8(generate(Shape::Prose, 1024, 5)).expect("UTF-8");
+    let small_ids = cpu.encode_ordinary(&small);
+    let mut graph = encoder.graph(small.len()).expect("graph");
+    let (graphed, (graph_ids, _)) = median(small_rounds, || {
+        graph.encode_timed(small.as_bytes()).expect("graph encode")
+    });
+    assert_eq!(graph_ids, small_ids, "1 KiB: graph ids");
+    let small_in_place =
+        graph_in_place_median(&mut graph, small.as_bytes(), &small_ids, small_rounds);
+    let (peer, _) = median(small_rounds, || tiktoken.encode(&small));
+    println!(
+        "1,024 bytes of prose: graph {:.1} µs (ids read in place {:.1} µs), tiktoken-rs {:.1} µs on one thread; eager (target ≤ 25):",
+        graphed * 1e6,
+        small_in_place * 1e6,
+        peer * 1e6
+    );
+    for (label, eager_encoder) in [
+        ("stage + the short-text kernel", encoder),
+        ("every step its own dispatch", &step_by_step),
+    ] {
+        let (eager, parts) = eager_median(
+            eager_encoder,
+            small.as_bytes(),
+            &small_ids,
+            small_rounds,
+            &format!("1 KiB, {label}"),
+        );
+        println!(
+            "  {label}: {:.1} µs; one encode: {}",
+            eager * 1e6,
+            parts.wall_line()
+        );
+    }
+    // A batch of one chunk, whose caller waits at once: the short-text
+    // kernel's graph that the chunk's slot keeps, replayed.
+    let mut one_batch = [Vec::new()];
+    let (batched, batched_timings) = median(small_rounds, || {
+        encoder
+            .encode_batch_into(&[small.as_bytes()], &mut one_batch)
+            .expect("encode a batch of one")
+            .remove(0)
+    });
+    assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one");
+    println!(
+        "  encode_batch_into of one document (the slot's graph of the short-text kernel replayed: {}): {:.1} µs; one encode: {}",
+        batched_timings.replayed,
+        batched * 1e6,
+        batched_timings.wall_line()
+    );
+    println!(
+        "  the short-text kernel's steps by their own clock: {}",
+        counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
+    );
 }
 
 /// One document's eager encode with `encoder` (`submit_bytes`, then
