@@ -27,10 +27,14 @@
 //!   per 1 KiB block instead of the batch's cap, eager after an encode of
 //!   another length (its slot graph rewritten first), and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
-//!   `DeviceEncoder::with_fused_graphs(false)`); one 1,024-byte document as a graph (ids into a new vector
+//!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager and
+//!   graph-into-a-reused-vector encodes with 0, 1 and the default number of
+//!   hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, each with its
+//!   hand-out's time); one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
-//!   time goes), with tiktoken-rs's time beside;
+//!   time goes), with tiktoken-rs's time beside. `VYRE_BENCH_SINGLE_ONLY=1`
+//!   runs this part alone (after the launch floor);
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
 //!   overlaps with the kernels: the 64 MiB gather from the caller's strings
 //!   into host-mapped pinned memory, and the ids' hand-out from host-mapped
@@ -979,7 +983,7 @@ fn single_documents(
     let compact_groups = 256;
     let wide_compact = DeviceEncoder::with_geometry(
         AnyBackend::Cuda(gpu.clone()),
-        &cpu,
+        cpu,
         Geometry {
             compact_workgroups: compact_groups,
             ..Geometry::default()
@@ -990,25 +994,25 @@ fn single_documents(
     // The resident grid as a cooperative dispatch per chunk instead of a
     // replay of the graph its slot keeps.
     let dispatching =
-        encoder_with_limits(&gpu, &cpu, ChunkLimits::default()).with_fused_graphs(false);
+        encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_fused_graphs(false);
     // The hand-out on the calling thread alone, and shared with one helper,
     // against the default's helpers woken during the device wait.
     let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1]
         .into_iter()
         .map(|helpers| {
-            let encoder = encoder_with_limits(&gpu, &cpu, ChunkLimits::default())
+            let encoder = encoder_with_limits(gpu, cpu, ChunkLimits::default())
                 .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
             (helpers, encoder)
         })
         .collect();
-    print_wait_floors(&gpu, 262_144, small_rounds);
+    print_wait_floors(gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);
         let ids = cpu.encode_ordinary_bytes(&text);
         let (eager, step_timings) =
             eager_median(encoder, &text, &ids, small_rounds, &format!("{shape}"));
         let (stepped, stepped_timings) = eager_median(
-            &step_by_step,
+            step_by_step,
             &text,
             &ids,
             small_rounds,
@@ -1127,7 +1131,7 @@ fn single_documents(
     );
     for (label, eager_encoder) in [
         ("stage + the short-text kernel", encoder),
-        ("every step its own dispatch", &step_by_step),
+        ("every step its own dispatch", step_by_step),
     ] {
         let (eager, parts) = eager_median(
             eager_encoder,

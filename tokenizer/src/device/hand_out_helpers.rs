@@ -142,7 +142,7 @@ fn spin(shared: &Shared) {
     while !shared.released.load(Ordering::Acquire) {
         std::hint::spin_loop();
         polls = polls.wrapping_add(1);
-        if polls % 1024 == 0 && start.elapsed() > shared.limit {
+        if polls.is_multiple_of(1024) && start.elapsed() > shared.limit {
             break;
         }
     }
