@@ -16,7 +16,11 @@
 //! that wait, spin until the copy begins (or [`SPIN_LIMIT`]), and take their
 //! pieces of it at once, awake.
 //!
-//! The calling thread takes a piece too and waits for the helpers' pieces by
+//! A vector with room for its ids (a caller's reused one) is cut in place
+//! and the calling thread takes a piece too; one without is filled by the
+//! helpers alone through its spare room (rayon's `collect_into_vec`), so that
+//! no memset of its new room comes first and each helper first-touches its
+//! own pages. The calling thread waits for the helpers' pieces by
 //! spinning, not on a condition variable (whose wake-up would cost what the
 //! helpers saved): it spins until each helper has counted its piece done, then
 //! [`SETTLE`] longer, so that the pool's own count of the scope's jobs, which
@@ -32,6 +36,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
 
 use super::host_copy::{self, HandOutPiece};
 use crate::error::TokenizerError;
@@ -173,10 +179,10 @@ pub fn hand_out(
     let mut pieces = Vec::with_capacity(threads + 2);
     for piece in host_copy::plan(ids, starts, results, share) {
         match piece {
-            HandOutPiece::Large { result, ids } => {
-                // Its room made first (a memset where it has too few ids), then
-                // cut into pieces of `share` ids.
-                result.resize(ids.len(), 0);
+            // A reused vector with room: cut in place into pieces of `share`
+            // ids (no memset), the calling thread's among them.
+            HandOutPiece::Large { result, ids } if result.len() >= ids.len() => {
+                result.truncate(ids.len());
                 pieces.extend(
                     result
                         .chunks_mut(share)
@@ -184,12 +190,21 @@ pub fn hand_out(
                         .map(|(into, from)| Piece::Ids { into, from }),
                 );
             }
+            // One without: filled by the helpers through its spare room (no
+            // memset, each writing and first touching its own pages).
+            HandOutPiece::Large { result, ids } => {
+                pieces.push(Piece::Collect { result, ids, share })
+            }
             documents => pieces.push(Piece::Documents(documents)),
         }
     }
-    let Some(mine) = pieces.pop() else {
-        return Ok(());
-    };
+    // The calling thread's piece: any but a `Collect`, whose parallel
+    // iterator must run on the helpers' pool (from the calling thread it
+    // would block on another pool).
+    let mine = pieces
+        .iter()
+        .rposition(|piece| !matches!(piece, Piece::Collect { .. }))
+        .map(|index| pieces.swap_remove(index));
     let spawned = pieces.len();
     let done = AtomicUsize::new(0);
     let done = &done;
@@ -201,7 +216,9 @@ pub fn hand_out(
                 piece.copy(ids, starts);
             });
         }
-        mine.copy(ids, starts);
+        if let Some(mine) = mine {
+            mine.copy(ids, starts);
+        }
         while done.load(Ordering::Acquire) < spawned {
             std::hint::spin_loop();
         }
@@ -232,6 +249,13 @@ enum Piece<'a> {
         into: &'a mut [u32],
         from: &'a [u32],
     },
+    /// One document's ids into a vector without room for them, by the
+    /// helpers' pool in pieces of `share` ids (only on a helper).
+    Collect {
+        result: &'a mut Vec<u32>,
+        ids: &'a [u32],
+        share: usize,
+    },
 }
 
 impl Piece<'_> {
@@ -239,6 +263,11 @@ impl Piece<'_> {
         match self {
             Piece::Documents(documents) => documents.fill(ids, starts),
             Piece::Ids { into, from } => into.copy_from_slice(from),
+            Piece::Collect { result, ids, share } => ids
+                .par_iter()
+                .with_min_len(share)
+                .copied()
+                .collect_into_vec(result),
         }
     }
 }
