@@ -28,9 +28,9 @@
 //!   another length (its slot graph rewritten first), and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
 //!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager and
-//!   graph-into-a-reused-vector encodes with 0, 1 and the default number of
-//!   hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, each with its
-//!   hand-out's time); one 1,024-byte document as a graph (ids into a new vector
+//!   graph-into-a-reused-vector encodes with 0, 1 and 3 hand-out helpers,
+//!   `DeviceEncoder::with_hand_out_helpers`, each with its hand-out's time);
+//!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside. `VYRE_BENCH_SINGLE_ONLY=1`
@@ -995,9 +995,9 @@ fn single_documents(
     // replay of the graph its slot keeps.
     let dispatching =
         encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_fused_graphs(false);
-    // The hand-out on the calling thread alone, and shared with one helper,
-    // against the default's helpers woken during the device wait.
-    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1]
+    // The hand-out on the calling thread alone and shared with one and with
+    // three helpers woken during the device wait.
+    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1, 3]
         .into_iter()
         .map(|helpers| {
             let encoder = encoder_with_limits(gpu, cpu, ChunkLimits::default())
@@ -1057,11 +1057,7 @@ fn single_documents(
         println!("  one eager encode: {}", step_timings.wall_line());
         for round in 1..=3 {
             let mut line = format!("  hand-out helpers, round {round}:");
-            for (helpers, helped) in by_helpers
-                .iter()
-                .map(|(helpers, helped)| (*helpers, helped))
-                .chain([(encoder.hand_out_helpers().0, encoder)])
-            {
+            for (helpers, helped) in &by_helpers {
                 let label = format!("{shape}, {helpers} hand-out helpers");
                 let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
                 let mut graph = helped.graph(text.len()).expect("graph");

@@ -28,6 +28,11 @@
 //! thread looks at it (where it does not, the scope's end parks the calling
 //! thread until it has).
 //!
+//! The encoder wakes none unless asked
+//! (`DeviceEncoder::with_hand_out_helpers`): until the GPU machine's
+//! `gpu_encode` bench, which compares 0, 1 and 3 helpers in alternating
+//! rounds, shows them faster there, the calling thread copies alone.
+//!
 //! One encode at a time is helped (the first to wake the helpers, until its
 //! hand-out ends): the helpers' pool is small and a second encode's spinning
 //! jobs would queue the first's pieces behind them. An encode that finds the

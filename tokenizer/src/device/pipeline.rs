@@ -1137,7 +1137,7 @@ impl DeviceEncoder {
             admission,
             fused_graphs: true,
             resident_replay: Mutex::new(()),
-            hand_out_helpers: (hand_out_helpers::MOST_HELPERS, HELPED_FROM_TEXT_BYTES),
+            hand_out_helpers: (0, HELPED_FROM_TEXT_BYTES),
         })
     }
 
@@ -1164,11 +1164,12 @@ impl DeviceEncoder {
     /// (a batch of one chunk, or [`DeviceEncoder::submit_bytes`]) wakes while
     /// the device computes, to share the copy of its ids into the caller's
     /// vectors once it is done, for a chunk of at least `from_text_bytes`
-    /// bytes of text (default 3 threads from [`HELPED_FROM_TEXT_BYTES`]; 0
-    /// copies on the calling thread alone). The threads spin through the
-    /// device wait (at most a millisecond); one encode at a time has them,
-    /// and one that finds them taken copies alone. The ids are the same.
-    /// Measured: the module `hand_out_helpers`'s docs.
+    /// bytes of text (see [`HELPED_FROM_TEXT_BYTES`]). The threads spin
+    /// through the device wait (at most a millisecond); one encode at a time
+    /// has them, and one that finds them taken copies alone. The ids are the
+    /// same. The default is 0 (the calling thread copies alone) until the GPU
+    /// machine's `gpu_encode` bench, whose single-document rows compare 0, 1
+    /// and 3 helpers in alternating rounds, shows them faster.
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
         self.hand_out_helpers = (helpers, from_text_bytes);
         self
