@@ -107,12 +107,15 @@ impl Helpers {
 
     /// [`Helpers::wake`], each spinning at most `limit`.
     fn wake_for(count: usize, limit: Duration) -> Option<Helpers> {
+        // Checked first: an encoder that asks for none never starts the pool.
+        if count == 0 {
+            return None;
+        }
         let pool = pool()?;
         let count = count.min(pool.current_num_threads());
-        if count == 0
-            || TAKEN
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
+        if TAKEN
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
         {
             return None;
         }
