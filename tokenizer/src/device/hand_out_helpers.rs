@@ -163,18 +163,22 @@ fn spin(shared: &Shared) {
     shared.awake.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// [`host_copy::hand_out`] shared with `helpers`: each document's ids out of
-/// `ids` by `starts` into `results` (each replaced), the calling thread and
-/// each helper still spinning taking a piece. Below a piece's worth of ids
-/// for one helper, and from [`host_copy::PARALLEL_COPY_BYTES`] (where the copy
-/// pool's workers are worth waking), as [`host_copy::hand_out`]. The same
-/// `Err` as it, `results` untouched.
+/// [`host_copy::hand_out`] shared with `helpers`, where the encode has them:
+/// each document's ids out of `ids` by `starts` into `results` (each
+/// replaced), the calling thread and each helper still spinning taking a
+/// piece. Without helpers, below a piece's worth of ids for one helper, and
+/// from [`host_copy::PARALLEL_COPY_BYTES`] (where the copy pool's workers are
+/// worth waking), as [`host_copy::hand_out`]. The same `Err` as it, `results`
+/// untouched.
 pub fn hand_out(
     ids: &[u32],
     starts: &[u32],
     results: &mut [Vec<u32>],
-    helpers: Helpers,
+    helpers: Option<Helpers>,
 ) -> Result<(), TokenizerError> {
+    let Some(helpers) = helpers else {
+        return host_copy::hand_out(ids, starts, results);
+    };
     host_copy::check_starts(ids, starts, results.len())?;
     let awake = helpers.release();
     let total = (starts[results.len()] - starts[0]) as usize;
@@ -346,12 +350,10 @@ mod tests {
             for old in [Vec::new(), vec![7; 100_000], vec![7; 3]] {
                 let mut results = vec![old; lengths.len()];
                 let helpers = Helpers::wake_for(MOST_HELPERS, TEST_LIMIT);
-                if let Some(helpers) = helpers {
-                    until_awake(&helpers, 1);
-                    hand_out(&ids, &starts, &mut results, helpers).unwrap();
-                } else {
-                    host_copy::hand_out(&ids, &starts, &mut results).unwrap();
+                if let Some(helpers) = &helpers {
+                    until_awake(helpers, 1);
                 }
+                hand_out(&ids, &starts, &mut results, helpers).unwrap();
                 assert_eq!(results, expected(&ids, &starts), "{lengths:?}");
             }
         }
@@ -406,7 +408,7 @@ mod tests {
         // Its hand-out then copies alone, and right.
         let (ids, starts) = batch(&[20_000]);
         let mut results = vec![Vec::new()];
-        hand_out(&ids, &starts, &mut results, helpers).unwrap();
+        hand_out(&ids, &starts, &mut results, Some(helpers)).unwrap();
         assert_eq!(results, expected(&ids, &starts));
     }
 
@@ -418,10 +420,9 @@ mod tests {
         let _only = one_at_a_time();
         let (ids, _) = batch(&[50_000]);
         let mut results = vec![vec![1, 2, 3], vec![4]];
-        if let Some(helpers) = Helpers::wake(MOST_HELPERS) {
-            let error = hand_out(&ids, &[0, 40_000, 30_000], &mut results, helpers).unwrap_err();
-            assert!(error.message().starts_with("Fix:"), "{error}");
-        }
+        let helpers = Helpers::wake(MOST_HELPERS);
+        let error = hand_out(&ids, &[0, 40_000, 30_000], &mut results, helpers).unwrap_err();
+        assert!(error.message().starts_with("Fix:"), "{error}");
         assert_eq!(results, vec![vec![1, 2, 3], vec![4]]);
         assert!(!TAKEN.load(Ordering::Acquire), "the helpers stayed taken");
     }

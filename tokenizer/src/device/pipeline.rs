@@ -2674,10 +2674,7 @@ fn hand_out_chunk(
 ) -> Result<u64, TokenizerError> {
     let mut scratch = Vec::new();
     let (starts, ids, copy_ns) = chunk_ids(backend, slot, None, documents, &mut scratch)?;
-    match helpers {
-        Some(helpers) => hand_out_helpers::hand_out(ids, &starts, results, helpers)?,
-        None => host_copy::hand_out(ids, &starts, results)?,
-    }
+    hand_out_helpers::hand_out(ids, &starts, results, helpers)?;
     Ok(copy_ns)
 }
 
@@ -2880,11 +2877,7 @@ impl EncodeGraph<'_> {
         let (in_place, timings, helpers) = self.replay(text, helpers)?;
         let total = u32::try_from(in_place.len())
             .map_err(|_| internal(format!("{} ids of one graph", in_place.len())))?;
-        let results = std::slice::from_mut(ids);
-        match helpers {
-            Some(helpers) => hand_out_helpers::hand_out(in_place, &[0, total], results, helpers)?,
-            None => host_copy::hand_out(in_place, &[0, total], results)?,
-        }
+        hand_out_helpers::hand_out(in_place, &[0, total], std::slice::from_mut(ids), helpers)?;
         Ok(timings)
     }
 
