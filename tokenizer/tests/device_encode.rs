@@ -707,10 +707,11 @@ fn submitted_and_graph_encodes_equal_cpu() {
     assert!(encoder.graph(0).is_err());
 }
 
-/// Locks out a hand-out shared with helper threads that differs from the
-/// calling thread's own, or helpers that stay taken after an encode (the next
-/// encode would then copy alone, or a second encode would queue its pieces
-/// behind the first's helpers): with helpers woken for every text, single
+/// Locks out a staging or hand-out shared with helper threads that differs
+/// from the calling thread's own, or a crew of helpers that stays taken after
+/// an encode (the next encode would then copy alone, or a second encode would
+/// queue its pieces behind the first's crew): with the crew asked for every
+/// text, single
 /// documents submitted and waited for (into new vectors and reused ones of
 /// other lengths), in a batch of one chunk, through a graph into a reused
 /// vector, and from four threads at once (one holds the helpers, the others

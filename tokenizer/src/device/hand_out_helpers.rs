@@ -1,45 +1,49 @@
-//! Threads kept awake through one encode's device wait, to share the copy of
-//! its ids into the caller's vectors once the device is done.
+//! A crew of threads kept awake around an encode the caller waits for, to
+//! share its two host copies: the text into the staging before the device
+//! starts, and the ids into the caller's vectors once it is done.
 //!
 //! # Why this module exists
 //!
-//! An eager encode of one mid-size document ends with a copy on the calling
-//! thread: its ids out of host-mapped memory into the caller's vector, about
-//! 232 KB for 256 KiB of prose and 825 KB for CJK. On an H100 host
-//! (2026-12-06) that copy was 16–20 µs of prose's 120–124 µs eager encode (a
-//! `BatchIds` that reads the ids in place took 98–102) and 33–40 µs of CJK's,
-//! one core at 12–14 GB/s. Sharing it with the copy pool's workers woken at
-//! that moment cost more than it saved: waking a parked worker in the GPU
-//! machine's VM takes 10–25 µs ([`host_copy`](super::host_copy) gives the
-//! measurement). The device wait before the copy is 60–90 µs in which the
-//! calling thread does nothing, so the helpers here are woken at the start of
-//! that wait, spin until the copy begins (or [`SPIN_LIMIT`]), and take their
-//! pieces of it at once, awake.
+//! An eager encode of one mid-size document copies on the calling thread at
+//! both ends: its text into pinned staging (9–12 µs for 256 KiB on an H100
+//! host, 2026-12-06) and its ids out of host-mapped memory into the caller's
+//! vector (about 232 KB for 256 KiB of prose, 825 KB for CJK: 16–20 µs of
+//! prose's 120–124 µs eager encode, where a `BatchIds` that reads the ids in
+//! place took 98–102, and 33–40 µs of CJK's), one core at 12–14 GB/s while
+//! the host's other cores idle. Sharing them with the copy pool's workers
+//! woken at that moment cost more than it saved: a parked worker in the GPU
+//! machine's VM wakes in 10–25 µs ([`host_copy`](super::host_copy) gives the
+//! measurement). So the crew here is woken where waiting costs nothing, at the
+//! start of the device wait (60–90 µs in which the calling thread does
+//! nothing), spins until the ids are there (at most [`SPIN_LIMIT`]), takes its
+//! pieces of the hand-out at once, awake, and then keeps spinning for
+//! [`LINGER`], so that an encode that follows at once (a caller encoding
+//! documents back to back) finds it awake for its staging too.
 //!
 //! A vector with room for its ids (a caller's reused one) is cut in place
 //! and the calling thread takes a piece too; one without is filled by the
-//! helpers alone through its spare room (rayon's `collect_into_vec`), so that
+//! crew alone through its spare room (rayon's `collect_into_vec`), so that
 //! no memset of its new room comes first and each helper first-touches its
-//! own pages. The calling thread waits for the helpers' pieces by
-//! spinning, not on a condition variable (whose wake-up would cost what the
-//! helpers saved): it spins until each helper has counted its piece done, then
-//! [`SETTLE`] longer, so that the pool's own count of the scope's jobs, which
-//! a helper lowers just after its piece, reaches zero before the calling
-//! thread looks at it (where it does not, the scope's end parks the calling
-//! thread until it has).
+//! own pages. The calling thread waits for the crew's pieces by spinning, not
+//! on a condition variable (whose wake-up would cost what the crew saved): it
+//! spins until each helper has counted its piece done, then [`SETTLE`]
+//! longer, so that the pool's own count of the scope's jobs, which a helper
+//! lowers just after its piece, reaches zero before the calling thread looks
+//! at it (where it does not, the scope's end parks the calling thread until it
+//! has).
 //!
-//! The encoder wakes none unless asked
+//! The encoder wakes no crew unless asked
 //! (`DeviceEncoder::with_hand_out_helpers`): until the GPU machine's
 //! `gpu_encode` bench, which compares 0, 1 and 3 helpers in alternating
 //! rounds, shows them faster there, the calling thread copies alone.
 //!
-//! One encode at a time is helped (the first to wake the helpers, until its
-//! hand-out ends): the helpers' pool is small and a second encode's spinning
-//! jobs would queue the first's pieces behind them. An encode that finds the
-//! helpers taken copies alone, as without them.
+//! One encode at a time has the crew (from its staging to the end of its
+//! hand-out): the crew's pool is small, and another encode's spinning jobs
+//! would queue the first's pieces behind them. An encode that finds the crew
+//! taken copies alone, as without it.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -50,19 +54,25 @@ use crate::error::TokenizerError;
 /// Most helper threads an encode wakes (besides the calling thread).
 pub const MOST_HELPERS: usize = 3;
 
-/// How long a helper spins for its piece before it gives up (a caller that
-/// holds a pending encode longer copies alone).
+/// How long the crew spins, once woken for a device wait or after a staging,
+/// before it gives up (a caller that holds a pending encode longer copies its
+/// ids alone).
 pub const SPIN_LIMIT: Duration = Duration::from_millis(1);
+
+/// How long the crew keeps spinning after a hand-out, for the staging of an
+/// encode that follows at once: at most this much of its cores' time is spent
+/// on nothing after an encode that no other follows.
+pub const LINGER: Duration = Duration::from_micros(250);
 
 /// How long the calling thread keeps spinning after the helpers have counted
 /// their pieces done (see the module docs).
 const SETTLE: Duration = Duration::from_micros(1);
 
-/// Fewest ids' bytes a helper's piece holds: below it, fewer helpers take
-/// part.
+/// Fewest bytes of one thread's piece of a shared copy: below it, fewer
+/// helpers take part.
 const PIECE_BYTES: usize = 32 << 10;
 
-/// The helpers' pool: [`MOST_HELPERS`] threads, at most one fewer than the
+/// The crew's pool: [`MOST_HELPERS`] threads, at most one fewer than the
 /// host's cores; `None` on a host of one core or where they could not start.
 fn pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
@@ -73,103 +83,219 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
     crate::workers::persistent_pool(&POOL, threads, "hand-out-helper")
 }
 
-/// Set while one encode holds the helpers.
+/// Set while one encode holds the crew.
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
-/// What the helpers of one encode and the encode share.
+/// What the crew's spinning jobs and the encode that holds the crew share
+/// (one crew per process, as its pool).
 #[derive(Debug)]
-struct Shared {
-    /// Set when the hand-out begins (or the encode ends without one): every
-    /// helper's spin ends.
-    released: AtomicBool,
-    /// Helpers spinning now.
-    awake: AtomicUsize,
-    /// Helpers that have begun to spin (and may have ended).
+struct Crew {
+    /// Bumped to end every spinning job of an earlier generation: the crew's
+    /// threads then take the copy's pieces.
+    generation: AtomicU64,
+    /// Jobs spinning now.
+    spinning: AtomicUsize,
+    /// Jobs spawned that have not ended (spinning, or queued to spin).
+    armed: AtomicUsize,
+    /// Jobs that have begun to spin, ever.
     began: AtomicUsize,
-    /// How long each spins at most.
-    limit: Duration,
+    /// When the spinning jobs stop, in ns from `epoch`.
+    until_ns: AtomicU64,
+    epoch: Instant,
 }
 
-/// Helper threads spinning for one encode's hand-out: the encode holds them
-/// from its device wait to its hand-out; dropping them releases them.
+fn crew() -> &'static Crew {
+    static CREW: OnceLock<Crew> = OnceLock::new();
+    CREW.get_or_init(|| Crew {
+        generation: AtomicU64::new(0),
+        spinning: AtomicUsize::new(0),
+        armed: AtomicUsize::new(0),
+        began: AtomicUsize::new(0),
+        until_ns: AtomicU64::new(0),
+        epoch: Instant::now(),
+    })
+}
+
+impl Crew {
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Keeps `count` jobs of the current generation spinning for `spin` from
+    /// now (the last request sets the crew's time: one encode holds it):
+    /// spawns the ones missing (a syscall each only where a thread of the
+    /// pool sleeps).
+    fn keep_spinning(&self, pool: &rayon::ThreadPool, count: usize, spin: Duration) {
+        let spin_ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        self.until_ns
+            .store(self.now_ns().saturating_add(spin_ns), Ordering::Release);
+        let generation = self.generation.load(Ordering::Acquire);
+        let missing = count.saturating_sub(self.armed.load(Ordering::Acquire));
+        for _ in 0..missing {
+            self.armed.fetch_add(1, Ordering::AcqRel);
+            pool.spawn(move || crew().spin(generation));
+        }
+    }
+
+    /// One spinning job: until its generation ends or the crew's time is up.
+    fn spin(&self, generation: u64) {
+        self.spinning.fetch_add(1, Ordering::AcqRel);
+        self.began.fetch_add(1, Ordering::AcqRel);
+        let mut polls: u32 = 0;
+        while self.generation.load(Ordering::Acquire) == generation {
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(1024) && self.now_ns() > self.until_ns.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        self.spinning.fetch_sub(1, Ordering::AcqRel);
+        self.armed.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Ends every spinning job, so that the crew's threads take pieces.
+    fn release(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The crew, held by one encode from its staging to the end of its hand-out;
+/// dropping it lets another encode take the crew (whose jobs keep spinning
+/// until their time is up).
 #[derive(Debug)]
 pub struct Helpers {
-    shared: Arc<Shared>,
+    pool: &'static rayon::ThreadPool,
+    /// Threads besides the calling one that the encode asked for.
+    count: usize,
 }
 
 impl Helpers {
-    /// Wakes up to `count` helpers (each spinning until the hand-out or
-    /// [`SPIN_LIMIT`]); `None` when `count` is 0, there is no helper pool, or
-    /// another encode holds the helpers.
-    pub fn wake(count: usize) -> Option<Helpers> {
-        Self::wake_for(count, SPIN_LIMIT)
-    }
-
-    /// [`Helpers::wake`], each spinning at most `limit`.
-    fn wake_for(count: usize, limit: Duration) -> Option<Helpers> {
+    /// The crew for an encode that asks for `count` helpers (at most the
+    /// pool's threads); `None` when `count` is 0, there is no pool, or another
+    /// encode holds the crew. Wakes nothing: a crew still spinning after the
+    /// encode before shares this one's staging.
+    pub fn take(count: usize) -> Option<Helpers> {
         // Checked first: an encoder that asks for none never starts the pool.
         if count == 0 {
             return None;
         }
         let pool = pool()?;
-        let count = count.min(pool.current_num_threads());
-        if TAKEN
+        TAKEN
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return None;
-        }
-        let shared = Arc::new(Shared {
-            released: AtomicBool::new(false),
-            awake: AtomicUsize::new(0),
-            began: AtomicUsize::new(0),
-            limit,
-        });
-        for _ in 0..count {
-            let shared = Arc::clone(&shared);
-            pool.spawn(move || spin(&shared));
-        }
-        Some(Helpers { shared })
+            .ok()?;
+        Some(Helpers {
+            pool,
+            count: count.min(pool.current_num_threads()),
+        })
     }
 
-    /// Ends every helper's spin; how many were spinning.
-    fn release(&self) -> usize {
-        let awake = self.shared.awake.load(Ordering::Acquire);
-        self.shared.released.store(true, Ordering::Release);
-        awake
+    /// Keeps the crew spinning through a device wait (at most
+    /// [`SPIN_LIMIT`]), waking the threads that sleep.
+    pub fn wake(&self) {
+        crew().keep_spinning(self.pool, self.count, SPIN_LIMIT);
+    }
+
+    /// How many threads share a copy of `bytes` bytes: the calling one and
+    /// each helper spinning now, at least [`PIECE_BYTES`] each.
+    fn threads_for(&self, bytes: usize) -> usize {
+        let awake = crew().spinning.load(Ordering::Acquire).min(self.count);
+        (1 + awake).min(bytes / PIECE_BYTES).max(1)
+    }
+
+    /// Runs `mine` on the calling thread and each of `others` on the crew
+    /// (released from its spinning first), then keeps the crew spinning for
+    /// `then` (the device wait after a staging, [`LINGER`] after a hand-out).
+    fn share<P: Send>(
+        &self,
+        mine: Option<P>,
+        others: Vec<P>,
+        run: &(impl Fn(P) + Sync),
+        then: Duration,
+    ) {
+        let crew = crew();
+        crew.release();
+        let spawned = others.len();
+        let done = AtomicUsize::new(0);
+        let done = &done;
+        self.pool.in_place_scope(|scope| {
+            for piece in others {
+                scope.spawn(move |_| {
+                    // Counted also if the copy unwinds, so the spin below ends.
+                    let _counted = Counted(done);
+                    run(piece);
+                });
+            }
+            if let Some(mine) = mine {
+                run(mine);
+            }
+            while done.load(Ordering::Acquire) < spawned {
+                std::hint::spin_loop();
+            }
+            let settled = Instant::now();
+            while settled.elapsed() < SETTLE {
+                std::hint::spin_loop();
+            }
+        });
+        crew.keep_spinning(self.pool, self.count, then);
     }
 }
 
 impl Drop for Helpers {
     fn drop(&mut self) {
-        self.shared.released.store(true, Ordering::Release);
         TAKEN.store(false, Ordering::Release);
     }
 }
 
-/// One helper: spins until released or its limit.
-fn spin(shared: &Shared) {
-    shared.awake.fetch_add(1, Ordering::AcqRel);
-    shared.began.fetch_add(1, Ordering::AcqRel);
-    let start = Instant::now();
-    let mut polls: u32 = 0;
-    while !shared.released.load(Ordering::Acquire) {
-        std::hint::spin_loop();
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(1024) && start.elapsed() > shared.limit {
-            break;
-        }
+/// Counts one helper's piece done when dropped.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
     }
-    shared.awake.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// [`host_copy::hand_out`] shared with `helpers`, where the encode has them:
+/// [`host_copy::gather`] shared with the crew, where the encode holds it and
+/// the crew spins: the texts back to back into `out`, cut by bytes. Without
+/// it, below a piece's worth of bytes for one helper, and from
+/// [`host_copy::PARALLEL_COPY_BYTES`] (where the copy pool's workers are worth
+/// waking), as [`host_copy::gather`], whose `Err` it gives.
+pub fn gather(
+    out: &mut [u8],
+    texts: &[&[u8]],
+    helpers: Option<&Helpers>,
+) -> Result<(), TokenizerError> {
+    let total: usize = texts.iter().map(|text| text.len()).sum();
+    let threads = helpers.map_or(1, |helpers| helpers.threads_for(total));
+    let (Some(helpers), true) = (
+        helpers,
+        threads > 1 && total == out.len() && total < host_copy::PARALLEL_COPY_BYTES,
+    ) else {
+        return host_copy::gather(out, texts);
+    };
+    let starts = host_copy::text_starts(texts);
+    let piece_bytes = total.div_ceil(threads);
+    let mut pieces: Vec<(usize, &mut [u8])> = out
+        .chunks_mut(piece_bytes)
+        .enumerate()
+        .map(|(index, piece)| (index * piece_bytes, piece))
+        .collect();
+    let mine = pieces.pop();
+    helpers.share(
+        mine,
+        pieces,
+        &|(at, piece): (usize, &mut [u8])| host_copy::gather_piece(piece, at, texts, &starts),
+        SPIN_LIMIT,
+    );
+    Ok(())
+}
+
+/// [`host_copy::hand_out`] shared with the crew, where the encode holds it:
 /// each document's ids out of `ids` by `starts` into `results` (each
-/// replaced), the calling thread and each helper still spinning taking a
-/// piece. Without helpers, below a piece's worth of ids for one helper, and
-/// from [`host_copy::PARALLEL_COPY_BYTES`] (where the copy pool's workers are
-/// worth waking), as [`host_copy::hand_out`]. The same `Err` as it, `results`
-/// untouched.
+/// replaced), the calling thread and each helper spinning taking a piece;
+/// the crew then lingers ([`LINGER`]). Without it, below a piece's worth of
+/// ids for one helper, and from [`host_copy::PARALLEL_COPY_BYTES`], as
+/// [`host_copy::hand_out`]. The same `Err` as it, `results` untouched.
 pub fn hand_out(
     ids: &[u32],
     starts: &[u32],
@@ -180,13 +306,11 @@ pub fn hand_out(
         return host_copy::hand_out(ids, starts, results);
     };
     host_copy::check_starts(ids, starts, results.len())?;
-    let awake = helpers.release();
     let total = (starts[results.len()] - starts[0]) as usize;
-    let threads = (1 + awake).min(total * 4 / PIECE_BYTES);
-    let Some(pool) = pool().filter(|_| threads > 1 && total * 4 < host_copy::PARALLEL_COPY_BYTES)
-    else {
+    let threads = helpers.threads_for(total * 4);
+    if threads <= 1 || total * 4 >= host_copy::PARALLEL_COPY_BYTES {
         return host_copy::hand_out(ids, starts, results);
-    };
+    }
     let share = total.div_ceil(threads).max(1);
     let mut pieces = Vec::with_capacity(threads + 2);
     for piece in host_copy::plan(ids, starts, results, share) {
@@ -202,8 +326,8 @@ pub fn hand_out(
                         .map(|(into, from)| Piece::Ids { into, from }),
                 );
             }
-            // One without: filled by the helpers through its spare room (no
-            // memset, each writing and first touching its own pages).
+            // One without: filled by the crew through its spare room (no
+            // memset, each helper writing and first touching its own pages).
             HandOutPiece::Large { result, ids } => {
                 pieces.push(Piece::Collect { result, ids, share })
             }
@@ -211,45 +335,19 @@ pub fn hand_out(
         }
     }
     // The calling thread's piece: any but a `Collect`, whose parallel
-    // iterator must run on the helpers' pool (from the calling thread it
-    // would block on another pool).
+    // iterator must run on the crew's pool (from the calling thread it would
+    // block on another pool).
     let mine = pieces
         .iter()
         .rposition(|piece| !matches!(piece, Piece::Collect { .. }))
         .map(|index| pieces.swap_remove(index));
-    let spawned = pieces.len();
-    let done = AtomicUsize::new(0);
-    let done = &done;
-    pool.in_place_scope(|scope| {
-        for piece in pieces {
-            scope.spawn(move |_| {
-                // Counted also if the copy unwinds, so the spin below ends.
-                let _counted = Counted(done);
-                piece.copy(ids, starts);
-            });
-        }
-        if let Some(mine) = mine {
-            mine.copy(ids, starts);
-        }
-        while done.load(Ordering::Acquire) < spawned {
-            std::hint::spin_loop();
-        }
-        let settled = Instant::now();
-        while settled.elapsed() < SETTLE {
-            std::hint::spin_loop();
-        }
-    });
-    drop(helpers);
+    helpers.share(
+        mine,
+        pieces,
+        &|piece: Piece<'_>| piece.copy(ids, starts),
+        LINGER,
+    );
     Ok(())
-}
-
-/// Counts one helper's piece done when dropped.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
-    }
 }
 
 /// One thread's share of a helped hand-out.
@@ -262,7 +360,7 @@ enum Piece<'a> {
         from: &'a [u32],
     },
     /// One document's ids into a vector without room for them, by the
-    /// helpers' pool in pieces of `share` ids (only on a helper).
+    /// crew's pool in pieces of `share` ids (only on a helper).
     Collect {
         result: &'a mut Vec<u32>,
         ids: &'a [u32],
@@ -288,8 +386,8 @@ impl Piece<'_> {
 mod tests {
     use super::*;
 
-    /// Serializes the tests that take the helpers (one encode at a time holds
-    /// them, process-wide).
+    /// Serializes the tests that take the crew (one encode at a time holds
+    /// it, process-wide).
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -299,7 +397,7 @@ mod tests {
     }
 
     /// Long enough that a loaded test machine cannot outlast it.
-    const TEST_LIMIT: Duration = Duration::from_secs(20);
+    const TEST_SPIN: Duration = Duration::from_secs(20);
 
     /// Whether `done` holds within a bounded while.
     fn within_seconds(done: impl Fn() -> bool) -> bool {
@@ -310,12 +408,24 @@ mod tests {
         done()
     }
 
-    /// Waits (a bounded while) until `count` helpers have begun to spin.
-    fn until_awake(helpers: &Helpers, count: usize) {
+    /// The crew taken for `count` helpers, spinning for `spin`, with at least
+    /// one job begun; `None` on a host without a crew.
+    fn awake_crew(count: usize, spin: Duration) -> Option<Helpers> {
+        let helpers = Helpers::take(count)?;
+        let began = crew().began.load(Ordering::Acquire);
+        crew().keep_spinning(helpers.pool, count, spin);
         assert!(
-            within_seconds(|| helpers.shared.began.load(Ordering::Acquire) >= count),
+            within_seconds(|| crew().spinning.load(Ordering::Acquire) >= 1
+                || crew().began.load(Ordering::Acquire) > began),
             "no helper began to spin"
         );
+        Some(helpers)
+    }
+
+    /// Lets every spinning job end and waits for it.
+    fn quiet_crew() {
+        crew().release();
+        assert!(within_seconds(|| crew().armed.load(Ordering::Acquire) == 0));
     }
 
     /// Document lengths and their ids: `lengths[i]` ids for document `i`.
@@ -337,93 +447,116 @@ mod tests {
             .collect()
     }
 
-    /// Locks out a helped hand-out that misplaces or loses ids where it cuts
+    /// Locks out a shared hand-out that misplaces or loses ids where it cuts
     /// one document between threads, or leaves a reused vector's old ids: one
     /// document of 58,000 ids (a 256 KiB text's) into a new vector, a reused
     /// one with more room and a reused one with a few old ids; several
     /// documents with one large among them; each exactly its ids.
     #[test]
-    fn helped_hand_outs_give_every_document_exactly_its_ids() {
+    fn shared_hand_outs_give_every_document_exactly_its_ids() {
         let _only = one_at_a_time();
         for lengths in [vec![58_000], vec![3, 0, 40_000, 17, 0, 9_000, 1]] {
             let (ids, starts) = batch(&lengths);
             for old in [Vec::new(), vec![7; 100_000], vec![7; 3]] {
                 let mut results = vec![old; lengths.len()];
-                let helpers = Helpers::wake_for(MOST_HELPERS, TEST_LIMIT);
-                if let Some(helpers) = &helpers {
-                    until_awake(helpers, 1);
-                }
+                let helpers = awake_crew(MOST_HELPERS, TEST_SPIN);
                 hand_out(&ids, &starts, &mut results, helpers).unwrap();
                 assert_eq!(results, expected(&ids, &starts), "{lengths:?}");
             }
         }
+        // The last hand-out left the crew spinning for its linger, which ends.
+        assert!(
+            within_seconds(|| crew().armed.load(Ordering::Acquire) == 0),
+            "the crew kept spinning past its linger"
+        );
     }
 
-    /// Locks out helpers that outlive their encode (spinning cores after the
-    /// copy) or that a second encode can take while the first holds them (its
-    /// spinning jobs would queue the first's pieces): while one encode holds
-    /// them a second wake gets none; after the first drops them its helpers
-    /// stop spinning and the next wake gets them; (negative control) a wake
-    /// of no helpers takes none.
+    /// Locks out a shared staging that misplaces bytes where its pieces cut
+    /// documents: 200 texts of up to 2,000 bytes (every fifth empty) and one
+    /// alone of 200 KB gather into exactly their concatenation with the crew
+    /// awake; (negative control) room of another length is a `Fix:` error.
     #[test]
-    fn one_encode_holds_the_helpers_and_releases_them() {
+    fn shared_stagings_keep_every_byte() {
         let _only = one_at_a_time();
-        let Some(first) = Helpers::wake_for(MOST_HELPERS, TEST_LIMIT) else {
-            // A host of one core has no helpers.
+        let owned: Vec<Vec<u8>> = (0..200)
+            .map(|index| {
+                let len = if index % 5 == 0 {
+                    0
+                } else {
+                    (index * 7919) % 2000
+                };
+                (0..len).map(|at| (at * 31 + index) as u8).collect()
+            })
+            .chain([(0..200_000).map(|at| (at % 251) as u8).collect()])
+            .collect();
+        let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        for texts in [&refs[..200], &refs[200..], &refs[..]] {
+            let total: usize = texts.iter().map(|text| text.len()).sum();
+            let mut out = vec![0u8; total];
+            let helpers = awake_crew(MOST_HELPERS, TEST_SPIN);
+            gather(&mut out, texts, helpers.as_ref()).unwrap();
+            assert_eq!(out, texts.concat());
+            let mut short = vec![0u8; total - 1];
+            let error = gather(&mut short, texts, helpers.as_ref()).unwrap_err();
+            assert!(error.message().starts_with("Fix:"), "{error}");
+        }
+        quiet_crew();
+    }
+
+    /// Locks out a crew that a second encode can take while the first holds
+    /// it (its spinning jobs would queue the first's pieces) or that never
+    /// comes back: while one encode holds it a second take gets none; once
+    /// the first drops it the next take gets it; (negative control) a take
+    /// of no helpers gets none.
+    #[test]
+    fn one_encode_holds_the_crew_at_a_time() {
+        let _only = one_at_a_time();
+        let Some(first) = awake_crew(MOST_HELPERS, Duration::from_millis(50)) else {
+            // A host of one core has no crew.
             assert_eq!(crate::workers::available(), 1);
             return;
         };
-        until_awake(&first, 1);
-        assert!(first.shared.awake.load(Ordering::Acquire) >= 1);
-        assert!(
-            Helpers::wake(1).is_none(),
-            "a second encode took the helpers"
-        );
-        let shared = Arc::clone(&first.shared);
+        assert!(Helpers::take(1).is_none(), "a second encode took the crew");
         drop(first);
-        assert!(
-            within_seconds(|| shared.awake.load(Ordering::Acquire) == 0),
-            "helpers kept spinning"
-        );
-        assert!(Helpers::wake(0).is_none());
-        let again = Helpers::wake(1).expect("the helpers are free again");
+        assert!(Helpers::take(0).is_none());
+        let again = Helpers::take(1).expect("the crew is free again");
         drop(again);
+        quiet_crew();
     }
 
-    /// Locks out a helper that spins forever when its encode never hands out
-    /// (a caller holding a pending encode): it stops by itself after
-    /// [`SPIN_LIMIT`] while its encode still holds it.
+    /// Locks out a crew that spins forever when no encode needs it (a caller
+    /// holding a pending encode): its jobs stop by themselves once their time
+    /// is up, and a hand-out after that copies alone, and right. (The linger
+    /// after a shared hand-out ends too: the first test.)
     #[test]
-    fn a_helper_stops_spinning_by_itself() {
+    fn the_crew_stops_spinning_by_itself() {
         let _only = one_at_a_time();
-        let Some(helpers) = Helpers::wake(1) else {
+        let Some(helpers) = awake_crew(1, Duration::from_millis(2)) else {
             return;
         };
-        until_awake(&helpers, 1);
-        assert!(within_seconds(|| helpers
-            .shared
-            .awake
-            .load(Ordering::Acquire)
-            == 0));
-        // Its hand-out then copies alone, and right.
+        assert!(
+            within_seconds(|| crew().armed.load(Ordering::Acquire) == 0),
+            "the crew kept spinning"
+        );
         let (ids, starts) = batch(&[20_000]);
         let mut results = vec![Vec::new()];
         hand_out(&ids, &starts, &mut results, Some(helpers)).unwrap();
         assert_eq!(results, expected(&ids, &starts));
     }
 
-    /// Locks out a helped hand-out that writes before it checks: starts that
-    /// run backwards are a `Fix:` error, the results untouched, the helpers
-    /// released.
+    /// Locks out a shared hand-out that writes before it checks: starts that
+    /// run backwards are a `Fix:` error, the results untouched, the crew free
+    /// again.
     #[test]
     fn bad_starts_are_refused_before_any_copy() {
         let _only = one_at_a_time();
         let (ids, _) = batch(&[50_000]);
         let mut results = vec![vec![1, 2, 3], vec![4]];
-        let helpers = Helpers::wake(MOST_HELPERS);
+        let helpers = awake_crew(MOST_HELPERS, TEST_SPIN);
         let error = hand_out(&ids, &[0, 40_000, 30_000], &mut results, helpers).unwrap_err();
         assert!(error.message().starts_with("Fix:"), "{error}");
         assert_eq!(results, vec![vec![1, 2, 3], vec![4]]);
-        assert!(!TAKEN.load(Ordering::Acquire), "the helpers stayed taken");
+        assert!(!TAKEN.load(Ordering::Acquire), "the crew stayed taken");
+        quiet_crew();
     }
 }

@@ -144,35 +144,43 @@ pub fn gather(out: &mut [u8], texts: &[&[u8]]) -> Result<(), TokenizerError> {
         }
         return Ok(());
     }
-    // Where each text starts in `out`.
+    let starts = text_starts(texts);
+    let piece_bytes = total.div_ceil(pieces);
+    wake_every_worker();
+    on_pool(|| {
+        out.par_chunks_mut(piece_bytes)
+            .enumerate()
+            .for_each(|(index, piece)| gather_piece(piece, index * piece_bytes, texts, &starts));
+    });
+    Ok(())
+}
+
+/// Where each text starts in the texts back to back.
+pub(super) fn text_starts(texts: &[&[u8]]) -> Vec<usize> {
     let mut starts = Vec::with_capacity(texts.len());
     let mut at = 0;
     for text in texts {
         starts.push(at);
         at += text.len();
     }
-    let piece_bytes = total.div_ceil(pieces);
-    wake_every_worker();
-    on_pool(|| {
-        out.par_chunks_mut(piece_bytes)
-            .enumerate()
-            .for_each(|(index, piece)| {
-                let mut at = index * piece_bytes;
-                // The last text starting at or before `at` holds it (an empty
-                // text starting there gives nothing and is passed).
-                let mut text = starts.partition_point(|&start| start <= at) - 1;
-                let mut done = 0;
-                while done < piece.len() {
-                    let from = at - starts[text];
-                    let take = (texts[text].len() - from).min(piece.len() - done);
-                    piece[done..done + take].copy_from_slice(&texts[text][from..from + take]);
-                    done += take;
-                    at += take;
-                    text += 1;
-                }
-            });
-    });
-    Ok(())
+    starts
+}
+
+/// The bytes of `texts` back to back (each starting at its entry of
+/// `starts`) from offset `at` on, into `piece`, which they must fill.
+pub(super) fn gather_piece(piece: &mut [u8], mut at: usize, texts: &[&[u8]], starts: &[usize]) {
+    // The last text starting at or before `at` holds it (an empty text
+    // starting there gives nothing and is passed).
+    let mut text = starts.partition_point(|&start| start <= at) - 1;
+    let mut done = 0;
+    while done < piece.len() {
+        let from = at - starts[text];
+        let take = (texts[text].len() - from).min(piece.len() - done);
+        piece[done..done + take].copy_from_slice(&texts[text][from..from + take]);
+        done += take;
+        at += take;
+        text += 1;
+    }
 }
 
 /// One piece of a parallel hand-out.

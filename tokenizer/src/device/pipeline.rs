@@ -853,6 +853,8 @@ struct StagedChunk<'e> {
     /// Whether the chunk replays its slot's fused graph, whose input slot
     /// may hold its text ([`ReplayedFused`]).
     replays: bool,
+    /// The hand-out helpers' crew, where the chunk has it.
+    helpers: Option<Helpers>,
     /// When staging began.
     start: Instant,
     /// Host time of the staging itself ([`ChunkTimings::staged_ns`]).
@@ -1161,13 +1163,15 @@ impl DeviceEncoder {
 
     /// How many threads (at most [`hand_out_helpers::MOST_HELPERS`], and one
     /// fewer than the host's cores) an encode the caller waits for at once
-    /// (a batch of one chunk, or [`DeviceEncoder::submit_bytes`]) wakes while
-    /// the device computes, to share the copy of its ids into the caller's
-    /// vectors once it is done, for a chunk of at least `from_text_bytes`
-    /// bytes of text (see [`HELPED_FROM_TEXT_BYTES`]). The threads spin
-    /// through the device wait (at most a millisecond); one encode at a time
-    /// has them, and one that finds them taken copies alone. The ids are the
-    /// same. The default is 0 (the calling thread copies alone) until the GPU
+    /// (a batch of one chunk into vectors, [`DeviceEncoder::submit_bytes`], or
+    /// [`EncodeGraph::encode_into`]) wakes while the device computes, to share
+    /// the copy of its ids into the caller's vectors once it is done, for a
+    /// chunk of at least `from_text_bytes` bytes of text (see
+    /// [`HELPED_FROM_TEXT_BYTES`]). The threads spin through the device wait
+    /// (at most a millisecond) and for a quarter of a millisecond after the
+    /// hand-out, so that an encode that follows at once shares its staging
+    /// with them too; one encode at a time has them, and one that finds them
+    /// taken copies alone. The ids are the same. The default is 0 (the calling thread copies alone) until the GPU
     /// machine's `gpu_encode` bench, whose single-document rows compare 0, 1
     /// and 3 helpers in alternating rounds, shows them faster.
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
@@ -1499,7 +1503,9 @@ impl DeviceEncoder {
                 1 => Replays::EitherFused,
                 _ => Replays::Resident,
             };
-            let staged = self.stage(&texts[range.clone()], replays)?;
+            // A chunk alone whose ids go into vectors has the crew for its copies.
+            let helped = ranges.len() == 1 && matches!(mine, ChunkIds::Vectors(_));
+            let staged = self.stage(&texts[range.clone()], replays, helped)?;
             // Room for it: a chunk of ours finishes first when there is none
             // (waiting for room while holding some could wait forever).
             while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
@@ -1510,9 +1516,7 @@ impl DeviceEncoder {
                 };
                 hand_out(done, oldest, its_results)?;
             }
-            // A chunk alone whose ids go into vectors has helpers for that copy.
-            let helped = ranges.len() == 1 && matches!(mine, ChunkIds::Vectors(_));
-            in_flight.push_back((index, self.submit_staged(staged, helped)?, mine));
+            in_flight.push_back((index, self.submit_staged(staged)?, mine));
         }
         while let Some((done, oldest, its_results)) = in_flight.pop_front() {
             hand_out(done, oldest, its_results)?;
@@ -1539,8 +1543,8 @@ impl DeviceEncoder {
     /// [`DeviceEncoder::submit_bytes`] once admitted: the admission is given
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
-        match self.stage(texts, Replays::Resident) {
-            Ok(staged) => self.submit_staged(staged, true),
+        match self.stage(texts, Replays::Resident, true) {
+            Ok(staged) => self.submit_staged(staged),
             Err(error) => {
                 self.admission.release();
                 Err(error)
@@ -1550,16 +1554,31 @@ impl DeviceEncoder {
 
     /// `texts` laid out and gathered into a slot's staging (no slot for an
     /// empty chunk), nothing submitted yet; `replays` says which of its slot's
-    /// graphs the chunk may replay.
-    fn stage(&self, texts: &[&[u8]], replays: Replays) -> Result<StagedChunk<'_>, TokenizerError> {
+    /// graphs the chunk may replay; a `helped` chunk (one whose caller waits
+    /// for it at once and takes its ids into vectors) takes the hand-out
+    /// helpers' crew where the encoder asks for it
+    /// ([`DeviceEncoder::with_hand_out_helpers`]), and shares its staging with
+    /// the crew where it still spins.
+    fn stage(
+        &self,
+        texts: &[&[u8]],
+        replays: Replays,
+        helped: bool,
+    ) -> Result<StagedChunk<'_>, TokenizerError> {
         let start = Instant::now();
         let layout = self.layout(texts)?;
+        let helpers = if helped {
+            Helpers::take(self.helpers_for(u64::from(layout.text_len)))
+        } else {
+            None
+        };
         let mut staged = StagedChunk {
             encoder: self,
             slot: None,
             text_len: layout.text_len,
             documents: texts.len(),
             replays: false,
+            helpers,
             start,
             staged_ns: 0,
         };
@@ -1574,7 +1593,13 @@ impl DeviceEncoder {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
             }
-            self.write_staging(slot, texts, &layout, staged.replays)?;
+            self.write_staging(
+                slot,
+                texts,
+                &layout,
+                staged.replays,
+                staged.helpers.as_ref(),
+            )?;
         }
         staged.staged_ns = elapsed_ns(start);
         Ok(staged)
@@ -1583,19 +1608,14 @@ impl DeviceEncoder {
     /// Submits every step of a staged chunk once admitted: the admission is
     /// given back when the encode is waited for or dropped, or here on an
     /// error or for an empty chunk (which runs nothing and holds no room).
-    /// A `helped` chunk (one whose caller waits for it at once and takes its
-    /// ids into vectors) wakes its hand-out helpers once the device has it.
+    /// A chunk with the hand-out helpers' crew wakes it once the device has
+    /// the chunk.
     fn submit_staged(
         &self,
         mut staged: StagedChunk<'_>,
-        helped: bool,
     ) -> Result<PendingEncode<'_>, TokenizerError> {
         let text_len = staged.text_len;
-        let helpers = if helped {
-            self.helpers_for(u64::from(text_len))
-        } else {
-            0
-        };
+        let helpers = staged.helpers.take();
         let Some(mut slot) = staged.slot.take() else {
             self.admission.release();
             return Ok(PendingEncode {
@@ -1603,7 +1623,7 @@ impl DeviceEncoder {
                 slot: None,
                 pending: Vec::new(),
                 replayed: None,
-                helpers: None,
+                helpers,
                 text_len: 0,
                 documents: staged.documents,
                 start: staged.start,
@@ -1613,14 +1633,17 @@ impl DeviceEncoder {
             });
         };
         let submitted = if staged.replays {
-            self.replay_fused(&mut slot, text_len, staged.documents, helpers)
-                .map(|(spread, timings, helpers)| (Vec::new(), Some((spread, timings)), helpers))
+            self.replay_fused(&mut slot, text_len, staged.documents, helpers.as_ref())
+                .map(|replayed| (Vec::new(), Some(replayed)))
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
-                .map(|pending| (pending, None, Helpers::wake(helpers)))
+                .map(|pending| {
+                    helpers.as_ref().map(Helpers::wake);
+                    (pending, None)
+                })
         };
         match submitted {
-            Ok((pending, replayed, helpers)) => Ok(PendingEncode {
+            Ok((pending, replayed)) => Ok(PendingEncode {
                 encoder: self,
                 slot: Some(slot),
                 pending,
@@ -1815,6 +1838,7 @@ impl DeviceEncoder {
         texts: &[&[u8]],
         layout: &Layout,
         replays: bool,
+        helpers: Option<&Helpers>,
     ) -> Result<(), TokenizerError> {
         self.write_layout(slot, layout)?;
         let backend = &self.backend;
@@ -1842,11 +1866,11 @@ impl DeviceEncoder {
             let out = out
                 .get_mut(..text_len)
                 .ok_or_else(|| internal(format!("{text_len} text bytes in {room} of staging")))?;
-            return host_copy::gather(out, texts);
+            return hand_out_helpers::gather(out, texts, helpers);
         }
         let (buffer, graph) = slot.buffer_beside_graph(Role::StagedText)?;
         write_host_visible(backend, buffer, graph, |out| {
-            host_copy::gather(&mut out[..text_len], texts)
+            hand_out_helpers::gather(&mut out[..text_len], texts, helpers)
         })
     }
 
@@ -1987,15 +2011,16 @@ impl DeviceEncoder {
     /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
     /// node given the chunk's scalars and grid first (rewritten only where
     /// they differ from the last replay's); returns once the kernel has ended,
-    /// with the kernel's kind, the replay's timings and up to `helpers` hand-out
-    /// helpers woken while the kernel ran.
+    /// with the kernel's kind and the replay's timings; `helpers`, the
+    /// hand-out helpers' crew where the chunk has it, is woken while the
+    /// kernel runs.
     fn replay_fused(
         &self,
         slot: &mut Slot,
         text_len: u32,
         documents: usize,
-        helpers: usize,
-    ) -> Result<(Spread, Timings, Option<Helpers>), TokenizerError> {
+        helpers: Option<&Helpers>,
+    ) -> Result<(Spread, Timings), TokenizerError> {
         let kept = slot
             .fused
             .as_mut()
@@ -2023,11 +2048,13 @@ impl DeviceEncoder {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
         });
-        let (timings, helpers) = kept
+        let (timings, ()) = kept
             .graph
-            .replay_beside(|| Helpers::wake(helpers))
+            .replay_beside(|| {
+                helpers.map(Helpers::wake);
+            })
             .map_err(failed)?;
-        Ok((kept.spread, timings, helpers))
+        Ok((kept.spread, timings))
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -2873,8 +2900,7 @@ impl EncodeGraph<'_> {
         text: &[u8],
         ids: &mut Vec<u32>,
     ) -> Result<Timings, TokenizerError> {
-        let helpers = self.encoder.helpers_for(self.text_len.into());
-        let (in_place, timings, helpers) = self.replay(text, helpers)?;
+        let (in_place, timings, helpers) = self.replay(text, true)?;
         let total = u32::try_from(in_place.len())
             .map_err(|_| internal(format!("{} ids of one graph", in_place.len())))?;
         hand_out_helpers::hand_out(in_place, &[0, total], std::slice::from_mut(ids), helpers)?;
@@ -2905,16 +2931,18 @@ impl EncodeGraph<'_> {
     /// # Ok::<(), vyre_tokenizer::TokenizerError>(())
     /// ```
     pub fn encode_in_place(&mut self, text: &[u8]) -> Result<(&[u32], Timings), TokenizerError> {
-        self.replay(text, 0).map(|(ids, timings, _)| (ids, timings))
+        self.replay(text, false)
+            .map(|(ids, timings, _)| (ids, timings))
     }
 
     /// One replay for `text`: its ids where the device wrote them, the
-    /// replay's timings, and up to `helpers` hand-out helpers woken while the
-    /// device computed.
+    /// replay's timings, and for a `helped` replay (one whose ids go into a
+    /// vector) the hand-out helpers' crew where the encoder asks for it, which
+    /// shared the staging and was woken while the device computed.
     fn replay(
         &mut self,
         text: &[u8],
-        helpers: usize,
+        helped: bool,
     ) -> Result<(&[u32], Timings, Option<Helpers>), TokenizerError> {
         if text.len() != self.text_len as usize {
             return Err(TokenizerError::new(
@@ -2928,38 +2956,46 @@ impl EncodeGraph<'_> {
             ));
         }
         let encoder = self.encoder;
+        let helpers = if helped {
+            Helpers::take(encoder.helpers_for(u64::from(self.text_len)))
+        } else {
+            None
+        };
         let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
             return Err(internal("the encode graph is gone".to_owned()));
         };
+        let texts = [text];
         match self.inputs {
             GraphInputs::Uploads(inputs) => {
                 let mut params = [0u32; param::WORDS as usize];
                 params[param::TEXT_LEN as usize] = self.text_len;
                 params[param::DOCUMENTS as usize] = 1;
                 copy_words(input(graph, inputs[0])?, &params);
-                input(graph, inputs[1])?.copy_from_slice(text);
+                hand_out_helpers::gather(input(graph, inputs[1])?, &texts, helpers.as_ref())?;
                 // Padded with the text length: empty documents to the buffer's end.
                 input(graph, inputs[2])?
                     .chunks_exact_mut(4)
                     .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
             }
             GraphInputs::Text(input_slot) => {
-                input(graph, input_slot)?.copy_from_slice(text);
+                hand_out_helpers::gather(input(graph, input_slot)?, &texts, helpers.as_ref())?;
             }
             GraphInputs::Staging => write_host_visible(
                 &encoder.backend,
                 slot.buffer_mut(Role::StagedText)?,
                 Some(graph),
                 |out| {
-                    out.get_mut(..text.len())
-                        .ok_or_else(|| internal(format!("a graph's text of {} bytes", text.len())))?
-                        .copy_from_slice(text);
-                    Ok(())
+                    let out = out.get_mut(..text.len()).ok_or_else(|| {
+                        internal(format!("a graph's text of {} bytes", text.len()))
+                    })?;
+                    hand_out_helpers::gather(out, &texts, helpers.as_ref())
                 },
             )?,
         }
-        let (timings, helpers) = graph
-            .replay_beside(|| Helpers::wake(helpers))
+        let (timings, ()) = graph
+            .replay_beside(|| {
+                helpers.as_ref().map(Helpers::wake);
+            })
             .map_err(|error| backend_error("replaying the encode graph", error))?;
         let (_, ids, _) = chunk_ids(&encoder.backend, slot, Some(graph), 1, &mut self.read_back)?;
         Ok((ids, timings, helpers))
