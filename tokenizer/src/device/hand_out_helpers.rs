@@ -12,7 +12,7 @@
 //! place took 98–102, and 33–40 µs of CJK's), one core at 12–14 GB/s while
 //! the host's other cores idle. Sharing them with the copy pool's workers
 //! woken at that moment cost more than it saved: a parked worker in the GPU
-//! machine's VM wakes in 10–25 µs ([`host_copy`](super::host_copy) gives the
+//! machine's VM wakes in 10–25 µs ([`host_copy`] gives the
 //! measurement). So the crew here is woken where waiting costs nothing, at the
 //! start of the device wait (60–90 µs in which the calling thread does
 //! nothing), spins until the ids are there (at most [`SPIN_LIMIT`]), takes its

@@ -1161,7 +1161,7 @@ impl DeviceEncoder {
         self
     }
 
-    /// How many threads (at most [`hand_out_helpers::MOST_HELPERS`], and one
+    /// How many threads (at most three, and one
     /// fewer than the host's cores) an encode the caller waits for at once
     /// (a batch of one chunk into vectors, [`DeviceEncoder::submit_bytes`], or
     /// [`EncodeGraph::encode_into`]) wakes while the device computes, to share
