@@ -27,9 +27,10 @@
 //!   per 1 KiB block instead of the batch's cap, eager after an encode of
 //!   another length (its slot graph rewritten first), and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
-//!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager and
-//!   graph-into-a-reused-vector encodes with 0, 1 and 3 hand-out helpers,
-//!   `DeviceEncoder::with_hand_out_helpers`, each with its hand-out's time);
+//!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager,
+//!   graph-into-a-reused-vector and into-a-reused-`BatchIds` encodes with 0, 1
+//!   and 3 hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, with the
+//!   staging's and the hand-out's times);
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
@@ -1066,11 +1067,23 @@ fn single_documents(
                     graph.encode_into(&text, &mut into).expect("graph encode")
                 });
                 assert_eq!(into, ids, "{label}: graph ids");
+                let mut batch_ids = BatchIds::new();
+                let (in_place, batch_timings) = median(small_rounds, || {
+                    helped
+                        .encode_batch_ids(&[&text[..]], &mut batch_ids)
+                        .expect("encode into BatchIds")
+                });
+                assert_eq!(batch_ids.get(0), Some(&ids[..]), "{label}: BatchIds");
                 line.push_str(&format!(
-                    " {helpers}: eager {:.1} µs (hand-out {:.1}), graph into a reused vector {:.1};",
+                    " {helpers}: eager {:.1} µs (staging {:.1}, hand-out {:.1}), graph into a reused vector {:.1}, into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
+                    timings.staged_ns as f64 / 1e3,
                     timings.scatter_ns as f64 / 1e3,
-                    graphed * 1e6
+                    graphed * 1e6,
+                    in_place * 1e6,
+                    batch_timings
+                        .first()
+                        .map_or(0.0, |chunk| chunk.staged_ns as f64 / 1e3)
                 ));
             }
             println!("{line}");

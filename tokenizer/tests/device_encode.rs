@@ -713,7 +713,8 @@ fn submitted_and_graph_encodes_equal_cpu() {
 /// queue its pieces behind the first's crew): with the crew asked for every
 /// text, single
 /// documents submitted and waited for (into new vectors and reused ones of
-/// other lengths), in a batch of one chunk, through a graph into a reused
+/// other lengths), in a batch of one chunk (into vectors and into a
+/// `BatchIds`), through a graph into a reused
 /// vector, and from four threads at once (one holds the helpers, the others
 /// copy alone) all equal the CPU encoder, and so does the same encoder with
 /// no helpers (the control).
@@ -738,6 +739,13 @@ fn helped_hand_outs_equal_cpu() {
                 encoder.encode_batch_bytes(&[text]).unwrap(),
                 [cpu(text)],
                 "{helpers} helpers, a batch of one"
+            );
+            let mut in_place = BatchIds::new();
+            encoder.encode_batch_ids(&[text], &mut in_place).unwrap();
+            assert_eq!(
+                in_place.get(0),
+                Some(&cpu(text)[..]),
+                "{helpers} helpers, BatchIds"
             );
         }
         let mut graph = encoder.graph(texts[0].len()).unwrap();

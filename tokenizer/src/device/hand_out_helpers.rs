@@ -195,6 +195,12 @@ impl Helpers {
         crew().keep_spinning(self.pool, self.count, SPIN_LIMIT);
     }
 
+    /// Keeps the crew spinning for [`LINGER`], for the staging of an encode
+    /// that follows at once (after a hand-out with nothing to copy).
+    pub fn linger(&self) {
+        crew().keep_spinning(self.pool, self.count, LINGER);
+    }
+
     /// How many threads share a copy of `bytes` bytes: the calling one and
     /// each helper spinning now, at least [`PIECE_BYTES`] each.
     fn threads_for(&self, bytes: usize) -> usize {

@@ -1163,10 +1163,11 @@ impl DeviceEncoder {
 
     /// How many threads (at most three, and one
     /// fewer than the host's cores) an encode the caller waits for at once
-    /// (a batch of one chunk into vectors, [`DeviceEncoder::submit_bytes`], or
+    /// (a batch of one chunk, [`DeviceEncoder::submit_bytes`], or
     /// [`EncodeGraph::encode_into`]) wakes while the device computes, to share
-    /// the copy of its ids into the caller's vectors once it is done, for a
-    /// chunk of at least `from_text_bytes` bytes of text (see
+    /// the copy of its ids into the caller's vectors once it is done (a
+    /// [`BatchIds`] reads them in place), for a chunk of at least
+    /// `from_text_bytes` bytes of text (see
     /// [`HELPED_FROM_TEXT_BYTES`]). The threads spin through the device wait
     /// (at most a millisecond) and for a quarter of a millisecond after the
     /// hand-out, so that an encode that follows at once shares its staging
@@ -1503,9 +1504,9 @@ impl DeviceEncoder {
                 1 => Replays::EitherFused,
                 _ => Replays::Resident,
             };
-            // A chunk alone whose ids go into vectors has the crew for its copies.
-            let helped = ranges.len() == 1 && matches!(mine, ChunkIds::Vectors(_));
-            let staged = self.stage(&texts[range.clone()], replays, helped)?;
+            // A chunk alone has the crew for its copies (its staging, and its
+            // hand-out where its ids go into vectors).
+            let staged = self.stage(&texts[range.clone()], replays, ranges.len() == 1)?;
             // Room for it: a chunk of ours finishes first when there is none
             // (waiting for room while holding some could wait forever).
             while in_flight.len() == CHUNKS_IN_FLIGHT || !self.admission.admit()? {
@@ -1555,8 +1556,8 @@ impl DeviceEncoder {
     /// `texts` laid out and gathered into a slot's staging (no slot for an
     /// empty chunk), nothing submitted yet; `replays` says which of its slot's
     /// graphs the chunk may replay; a `helped` chunk (one whose caller waits
-    /// for it at once and takes its ids into vectors) takes the hand-out
-    /// helpers' crew where the encoder asks for it
+    /// for it at once) takes the hand-out helpers' crew where the encoder asks
+    /// for it
     /// ([`DeviceEncoder::with_hand_out_helpers`]), and shares its staging with
     /// the crew where it still spins.
     fn stage(
@@ -2660,6 +2661,11 @@ impl FinishedChunk<'_> {
             }
             (Some(slot), ChunkIds::Part(part)) => {
                 timings.copy_ns = hand_out_part(backend, slot, self.documents, part)?;
+                // No copy to share (the part reads the ids in place): the crew
+                // lingers for the next encode's staging.
+                if let Some(helpers) = self.helpers.take() {
+                    helpers.linger();
+                }
             }
             (None, ChunkIds::Vectors(results)) => results.iter_mut().for_each(Vec::clear),
             (None, ChunkIds::Part(part)) => {
