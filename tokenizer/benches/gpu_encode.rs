@@ -29,8 +29,10 @@
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
 //!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager,
 //!   graph-into-a-reused-vector and into-a-reused-`BatchIds` encodes with 0, 1
-//!   and 3 hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, with the
-//!   staging's and the hand-out's times);
+//!   and 3 hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, and with
+//!   the text read across PCIe by the kernel instead of one DMA before it,
+//!   `DeviceEncoder::with_text_copy_engine_from`, with the staging's, the
+//!   hand-out's and the kernel's times);
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
@@ -998,13 +1000,21 @@ fn single_documents(
         encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_fused_graphs(false);
     // The hand-out on the calling thread alone and shared with one and with
     // three helpers woken during the device wait.
-    let by_helpers: Vec<(usize, DeviceEncoder)> = [0, 1, 3]
+    // And the 256 KiB text read across PCIe by the kernel instead of one DMA
+    // before it (no helpers).
+    let by_helpers: Vec<(String, DeviceEncoder)> = [0, 1, 3]
         .into_iter()
         .map(|helpers| {
             let encoder = encoder_with_limits(gpu, cpu, ChunkLimits::default())
                 .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
-            (helpers, encoder)
+            (format!("{helpers} helpers"), encoder)
         })
+        .chain([(
+            "0 helpers, the text read across PCIe".to_owned(),
+            encoder_with_limits(gpu, cpu, ChunkLimits::default())
+                .with_text_copy_engine_from(512 << 10)
+                .expect("a copy-engine threshold within the limit"),
+        )])
         .collect();
     print_wait_floors(gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
@@ -1057,9 +1067,9 @@ fn single_documents(
         );
         println!("  one eager encode: {}", step_timings.wall_line());
         for round in 1..=3 {
-            let mut line = format!("  hand-out helpers, round {round}:");
-            for (helpers, helped) in &by_helpers {
-                let label = format!("{shape}, {helpers} hand-out helpers");
+            let mut line = format!("  hand-out helpers and the text's way, round {round}:");
+            for (variant, helped) in &by_helpers {
+                let label = format!("{shape}, {variant}");
                 let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
                 let mut graph = helped.graph(text.len()).expect("graph");
                 let mut into = Vec::new();
@@ -1075,10 +1085,11 @@ fn single_documents(
                 });
                 assert_eq!(batch_ids.get(0), Some(&ids[..]), "{label}: BatchIds");
                 line.push_str(&format!(
-                    " {helpers}: eager {:.1} µs (staging {:.1}, hand-out {:.1}), graph into a reused vector {:.1}, into a reused BatchIds {:.1} (staging {:.1});",
+                    " {variant}: eager {:.1} µs (staging {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
                     timings.staged_ns as f64 / 1e3,
                     timings.scatter_ns as f64 / 1e3,
+                    timings.kernel_ns() as f64 / 1e3,
                     graphed * 1e6,
                     in_place * 1e6,
                     batch_timings

@@ -25,7 +25,7 @@ use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
 use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
-use vyre_tokenizer::device::pipeline::CHUNKS_IN_FLIGHT;
+use vyre_tokenizer::device::pipeline::{CHUNKS_IN_FLIGHT, COPY_ENGINE_FROM};
 use vyre_tokenizer::device::programs::{
     param, written_roles, Grid, KernelStep, Programs, Role, MAX_REGISTER_MERGE_BYTES,
     MERGE_SLAB_BYTES,
@@ -1034,7 +1034,8 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// workgroups of `compact`, `pieces` or `stage`, chunk limits of nothing, a
 /// split of 9 bytes per thread, a bulk split of 2,048 threads and chunks over
 /// the split's 256 MiB are each a `Fix:` error naming what to change (the bulk
-/// split's by its place in the geometry).
+/// split's by its place in the geometry), and so is a text copy-engine
+/// threshold past the ids' (the threshold at the ids' is the control).
 #[test]
 fn bad_geometries_and_limits_are_fix_errors() {
     let tokenizer = Tokenizer::for_encoding(Encoding::R50kBase).unwrap();
@@ -1160,6 +1161,19 @@ fn bad_geometries_and_limits_are_fix_errors() {
             "{error}"
         );
     }
+    // The text's copy-engine threshold: up to the ids' own, not past it.
+    let encoder = || reference_encoder(&tokenizer);
+    assert!(encoder()
+        .with_text_copy_engine_from(COPY_ENGINE_FROM)
+        .is_ok());
+    let error = encoder()
+        .with_text_copy_engine_from(COPY_ENGINE_FROM + 1)
+        .unwrap_err();
+    assert!(
+        error.message().starts_with("Fix:")
+            && error.message().contains("with_text_copy_engine_from"),
+        "{error}"
+    );
 }
 
 /// Locks out a striding `pieces` that loses or repeats pieces past the first

@@ -933,6 +933,60 @@ fn gpu_eager_fused_chunks_replay_their_slots_graph() {
     }
 }
 
+/// Locks out a crew of hand-out helpers that misplaces a byte of the staging
+/// or an id of the hand-out on the device's real buffers (host-mapped ids, a
+/// graph's pinned input slot), and a resident kernel that reads its 256 KiB
+/// text wrong across PCIe: documents of 100–256 KiB of each shape, encoded
+/// back to back (so the crew lingers from one encode into the next's
+/// staging) eagerly into new and reused vectors, into a `BatchIds` and through
+/// a graph into a reused vector, with three helpers and the text of every slot
+/// read across PCIe, equal the CPU encoder; the same encoder shape with no
+/// helpers and the default copy engine is the control.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_helped_copies_and_mapped_text_equal_cpu() {
+    let cpu = Tokenizer::for_encoding(Encoding::Cl100kBase).expect("built-in encoding");
+    let texts: Vec<Vec<u8>> = [100 << 10, 200_000, 256 << 10]
+        .into_iter()
+        .flat_map(|bytes| Shape::ALL.map(|shape| generate(shape, bytes, bytes as u64)))
+        .collect();
+    for (helpers, text_copy_engine_from) in [(3, COPY_ENGINE_FROM), (0, TEXT_COPY_ENGINE_FROM)] {
+        let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default())
+            .with_hand_out_helpers(helpers, 64 << 10)
+            .with_text_copy_engine_from(text_copy_engine_from)
+            .expect("a copy-engine threshold within the limit");
+        let label = |what: &str| {
+            format!("{helpers} helpers, text by DMA from {text_copy_engine_from}: {what}")
+        };
+        let mut reused = [Vec::new()];
+        let mut in_place = BatchIds::new();
+        for text in &texts {
+            let ids = cpu.encode_ordinary_bytes(text);
+            for _ in 0..3 {
+                let fresh = encoder.submit_bytes(&[text]).unwrap().wait().unwrap();
+                assert!(fresh[0] == ids, "{}", label("a new vector"));
+                encoder
+                    .submit_bytes(&[text])
+                    .unwrap()
+                    .wait_into(&mut reused)
+                    .unwrap();
+                assert!(reused[0] == ids, "{}", label("a reused vector"));
+                encoder.encode_batch_ids(&[text], &mut in_place).unwrap();
+                assert!(in_place.get(0) == Some(&ids[..]), "{}", label("BatchIds"));
+            }
+            let mut graph = encoder.graph(text.len()).unwrap();
+            for _ in 0..3 {
+                graph.encode_into(text, &mut reused[0]).unwrap();
+                assert!(reused[0] == ids, "{}", label("a graph"));
+            }
+        }
+    }
+    let refused = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default())
+        .with_text_copy_engine_from(COPY_ENGINE_FROM + 1)
+        .unwrap_err();
+    assert!(refused.message().starts_with("Fix:"), "{refused}");
+}
+
 /// Locks out flat batch ids that the copy engine puts in the wrong place, that
 /// a reused result shows from an earlier batch, or that differ from the CPU
 /// encoder: batches of prose, CJK and code documents of 1–16 KiB cut into

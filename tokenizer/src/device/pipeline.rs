@@ -520,7 +520,11 @@ pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 /// one 256 KiB document's kernels reading the host-mapped text, 13 GB/s
 /// against the 35–42 GB/s of a 256 KiB pinned copy. The ids stay host-mapped
 /// below 1 MiB: their copy would need their count on the host first (a wait,
-/// then the copy's own round trip).
+/// then the copy's own round trip). That `stage` also read the staged
+/// parameters across PCIe in every thread (no longer since the forty-third
+/// session), so the figure is an upper bound; the default stands until the
+/// bench's rows with [`DeviceEncoder::with_text_copy_engine_from`] measure it
+/// again.
 pub const TEXT_COPY_ENGINE_FROM: u64 = 256 << 10;
 
 /// How a CUDA slot moves its text up and its ids down: by the copy engine
@@ -991,6 +995,9 @@ pub struct DeviceEncoder {
     /// its hand-out, and from how many bytes of text
     /// ([`DeviceEncoder::with_hand_out_helpers`]).
     hand_out_helpers: (usize, u64),
+    /// From how many bytes of slot capacity the text goes up by the copy
+    /// engine ([`DeviceEncoder::with_text_copy_engine_from`]).
+    text_copy_engine_from: u64,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1140,6 +1147,7 @@ impl DeviceEncoder {
             fused_graphs: true,
             resident_replay: Mutex::new(()),
             hand_out_helpers: (0, HELPED_FROM_TEXT_BYTES),
+            text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
         })
     }
 
@@ -1178,6 +1186,31 @@ impl DeviceEncoder {
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
         self.hand_out_helpers = (helpers, from_text_bytes);
         self
+    }
+
+    /// From how many bytes of slot capacity (a power of two) a chunk's text
+    /// goes up by the copy engine, one DMA before the kernels, instead of
+    /// being read by the first kernel across PCIe from host-mapped memory
+    /// (default [`TEXT_COPY_ENGINE_FROM`], 256 KiB; at most
+    /// [`COPY_ENGINE_FROM`], where the ids go down by the copy engine too).
+    /// Set it on a new encoder: slots already made keep their way. The ids
+    /// are the same. Why it can be set: the default was measured when every
+    /// thread of the first kernel also read the staged parameters across
+    /// PCIe; the `gpu_encode` bench's single-document rows compare it with
+    /// 512 KiB (a 256 KiB text read across PCIe). An `Err` above
+    /// [`COPY_ENGINE_FROM`].
+    pub fn with_text_copy_engine_from(mut self, bytes: u64) -> Result<Self, TokenizerError> {
+        if bytes > COPY_ENGINE_FROM {
+            return Err(TokenizerError::new(
+                ErrorKind::Backend,
+                format!(
+                    "Fix: with_text_copy_engine_from got {bytes} bytes; pass at most {COPY_ENGINE_FROM} \
+                     (from there the slot's ids go by the copy engine, and its text with them)"
+                ),
+            ));
+        }
+        self.text_copy_engine_from = bytes;
+        Ok(self)
     }
 
     /// The hand-out helpers' count and threshold
@@ -1802,11 +1835,12 @@ impl DeviceEncoder {
     }
 
     /// How a slot of `text_capacity` bytes moves its text and ids
-    /// ([`TEXT_COPY_ENGINE_FROM`], [`COPY_ENGINE_FROM`]; only on CUDA).
+    /// ([`DeviceEncoder::with_text_copy_engine_from`], [`COPY_ENGINE_FROM`];
+    /// only on CUDA).
     fn transfers(&self, text_capacity: u64) -> Transfers {
         let cuda = matches!(self.backend, AnyBackend::Cuda(_));
         Transfers {
-            text_by_copy_engine: cuda && text_capacity >= TEXT_COPY_ENGINE_FROM,
+            text_by_copy_engine: cuda && text_capacity >= self.text_copy_engine_from,
             ids_by_copy_engine: cuda && text_capacity >= COPY_ENGINE_FROM,
         }
     }
