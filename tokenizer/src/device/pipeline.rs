@@ -521,8 +521,8 @@ pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 /// against the 35–42 GB/s of a 256 KiB pinned copy. The ids stay host-mapped
 /// below 1 MiB: their copy would need their count on the host first (a wait,
 /// then the copy's own round trip). That `stage` also read the staged
-/// parameters across PCIe in every thread (no longer since the forty-third
-/// session), so the figure is an upper bound; the default stands until the
+/// parameters across PCIe in every thread (no longer since 2026-12-06, when
+/// they became scalars), so the figure is an upper bound; the default stands until the
 /// bench's rows with [`DeviceEncoder::with_text_copy_engine_from`] measure it
 /// again.
 pub const TEXT_COPY_ENGINE_FROM: u64 = 256 << 10;
