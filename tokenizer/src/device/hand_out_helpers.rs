@@ -99,6 +99,8 @@ struct Crew {
     armed: AtomicUsize,
     /// Jobs that have begun to spin, ever.
     began: AtomicUsize,
+    /// Copies shared with the crew, ever.
+    shared: AtomicUsize,
     /// When the spinning jobs stop, in ns from `epoch`.
     until_ns: AtomicU64,
     epoch: Instant,
@@ -111,6 +113,7 @@ fn crew() -> &'static Crew {
         spinning: AtomicUsize::new(0),
         armed: AtomicUsize::new(0),
         began: AtomicUsize::new(0),
+        shared: AtomicUsize::new(0),
         until_ns: AtomicU64::new(0),
         epoch: Instant::now(),
     })
@@ -127,6 +130,8 @@ impl Crew {
     /// pool sleeps).
     fn keep_spinning(&self, pool: &rayon::ThreadPool, count: usize, spin: Duration) {
         let spin_ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        #[cfg(test)]
+        let spin_ns = spin_ns.max(test_support::SPIN_FLOOR_NS.load(Ordering::Acquire));
         self.until_ns
             .store(self.now_ns().saturating_add(spin_ns), Ordering::Release);
         let generation = self.generation.load(Ordering::Acquire);
@@ -220,6 +225,7 @@ impl Helpers {
     ) {
         let crew = crew();
         crew.release();
+        crew.shared.fetch_add(1, Ordering::AcqRel);
         let spawned = others.len();
         let done = AtomicUsize::new(0);
         let done = &done;
@@ -388,19 +394,62 @@ impl Piece<'_> {
     }
 }
 
+/// What the crate's unit tests need to drive the crew through a whole encode
+/// on the reference backend, whose "device wait" outlasts any spin.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use super::*;
 
-    /// Serializes the tests that take the crew (one encode at a time holds
+    /// The least time `Crew::keep_spinning` keeps the crew spinning (0: as
+    /// built).
+    pub(super) static SPIN_FLOOR_NS: AtomicU64 = AtomicU64::new(0);
+
+    /// Serializes the tests that use the crew (one encode at a time holds
     /// it, process-wide).
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         ONE_AT_A_TIME
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Keeps the crew spinning at least `floor` whenever it is asked to spin
+    /// (`Duration::ZERO`: as built), and wakes `count` of it now.
+    pub(crate) fn spin_at_least(floor: Duration, count: usize) {
+        let floor_ns = u64::try_from(floor.as_nanos()).unwrap_or(u64::MAX);
+        SPIN_FLOOR_NS.store(floor_ns, Ordering::Release);
+        if let (Some(pool), true) = (pool(), count > 0) {
+            crew().keep_spinning(pool, count, floor);
+        }
+    }
+
+    /// Waits (at most 10 s) until a job of the crew spins.
+    pub(crate) fn until_spinning() {
+        let start = Instant::now();
+        while crew().spinning.load(Ordering::Acquire) == 0
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Copies shared with the crew so far.
+    pub(crate) fn copies_shared() -> usize {
+        crew().shared.load(Ordering::Acquire)
+    }
+
+    /// Ends every spinning job (the floor back at 0 first).
+    pub(crate) fn quiet() {
+        SPIN_FLOOR_NS.store(0, Ordering::Release);
+        crew().release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::one_at_a_time;
+    use super::*;
 
     /// Long enough that a loaded test machine cannot outlast it.
     const TEST_SPIN: Duration = Duration::from_secs(20);

@@ -3105,6 +3105,83 @@ fn chunk_ranges(texts: &[&[u8]], limits: &ChunkLimits) -> Vec<Range<usize>> {
 mod tests {
     use super::*;
 
+    /// Locks out a pipeline that hands the crew of hand-out helpers the wrong
+    /// buffers or lengths at any entry point (the crew's own copies are its
+    /// module's tests): with the crew kept spinning through the reference
+    /// backend's long waits, a 100 KB text submitted and waited for into a
+    /// new and into a reused vector, encoded as a batch of one into vectors and
+    /// into a `BatchIds`, and through a graph into a reused vector, each equal
+    /// the CPU encoder, and the crew shared copies (staging and hand-out)
+    /// along the way; (control) the same encoder without helpers shares none.
+    #[test]
+    fn the_crew_shares_a_lone_chunks_copies_at_every_entry_point() {
+        use super::hand_out_helpers::test_support;
+        use crate::pretokenize::text::{generate, Shape};
+        let _only = test_support::one_at_a_time();
+        let tokenizer = Tokenizer::cl100k_base().unwrap();
+        let text = generate(Shape::Prose, 100_000, 7);
+        let ids = tokenizer.encode_ordinary_bytes(&text);
+        let step_by_step = ChunkLimits {
+            short_text_bytes: 0,
+            resident_text_bytes: 0,
+            ..ChunkLimits::default()
+        };
+        for helpers in [0, 3] {
+            let encoder = DeviceEncoder::with_geometry(
+                AnyBackend::reference(),
+                &tokenizer,
+                Geometry::default(),
+                step_by_step,
+            )
+            .unwrap()
+            .with_hand_out_helpers(helpers, 64 << 10);
+            test_support::spin_at_least(std::time::Duration::from_secs(120), helpers);
+            // Each encode starts with the crew spinning (a loaded machine may
+            // not have run the job a share leaves behind yet).
+            let ready = || {
+                if helpers > 0 {
+                    test_support::until_spinning();
+                }
+            };
+            let before = test_support::copies_shared();
+            ready();
+            let fresh = encoder.submit_bytes(&[&text]).unwrap().wait().unwrap();
+            assert!(fresh[0] == ids, "{helpers} helpers: a new vector");
+            let mut reused = [vec![7u32; 3]];
+            for _ in 0..2 {
+                ready();
+                encoder
+                    .submit_bytes(&[&text])
+                    .unwrap()
+                    .wait_into(&mut reused)
+                    .unwrap();
+                assert!(reused[0] == ids, "{helpers} helpers: a reused vector");
+            }
+            ready();
+            let batch = encoder.encode_batch_bytes(&[&text]).unwrap();
+            assert!(batch[0] == ids, "{helpers} helpers: a batch of one");
+            let mut in_place = BatchIds::new();
+            ready();
+            encoder.encode_batch_ids(&[&text], &mut in_place).unwrap();
+            assert!(
+                in_place.get(0) == Some(&ids[..]),
+                "{helpers} helpers: BatchIds"
+            );
+            let mut graph = encoder.graph(text.len()).unwrap();
+            ready();
+            graph.encode_into(&text, &mut reused[0]).unwrap();
+            assert!(reused[0] == ids, "{helpers} helpers: a graph");
+            let shared = test_support::copies_shared() - before;
+            test_support::quiet();
+            if helpers == 0 {
+                assert_eq!(shared, 0, "an encoder without helpers shared a copy");
+            } else if crate::workers::available() > 1 {
+                // Six encodes, each a staging and (but the BatchIds) a hand-out.
+                assert!(shared >= 11, "only {shared} copies shared");
+            }
+        }
+    }
+
     /// Locks out a wall line that calls everything but the kernels the host's
     /// share (the example did: 27–34 µs of "host" for a 1 KiB encode whose
     /// host work was 6–10 µs, the launch and the wait counted as host): the
