@@ -1031,13 +1031,8 @@ fn single_documents(
         );
         // Into one `BatchIds` again and again: its part takes the chunk's
         // host-mapped ids instead of copying them.
-        let mut batch_ids = BatchIds::new();
-        let (into_batch_ids, _) = median(small_rounds, || {
-            encoder
-                .encode_batch_ids(&[&text[..]], &mut batch_ids)
-                .expect("encode into BatchIds")
-        });
-        assert_eq!(batch_ids.get(0), Some(&ids[..]), "{shape}: BatchIds");
+        let (into_batch_ids, _) =
+            batch_ids_median(encoder, &text, &ids, small_rounds, &format!("{shape}"));
         let mut graph = encoder.graph(text.len()).expect("graph");
         let (graphed, (graph_ids, _)) = median(small_rounds, || {
             graph.encode_timed(&text).expect("graph encode")
@@ -1077,13 +1072,8 @@ fn single_documents(
                     graph.encode_into(&text, &mut into).expect("graph encode")
                 });
                 assert_eq!(into, ids, "{label}: graph ids");
-                let mut batch_ids = BatchIds::new();
-                let (in_place, batch_timings) = median(small_rounds, || {
-                    helped
-                        .encode_batch_ids(&[&text[..]], &mut batch_ids)
-                        .expect("encode into BatchIds")
-                });
-                assert_eq!(batch_ids.get(0), Some(&ids[..]), "{label}: BatchIds");
+                let (in_place, batch_timings) =
+                    batch_ids_median(helped, &text, &ids, small_rounds, &label);
                 line.push_str(&format!(
                     " {variant}: eager {:.1} µs (staging {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
@@ -1208,6 +1198,26 @@ fn eager_median(
     });
     assert_eq!(results[0], ids, "{label}: eager ids");
     (eager, timings)
+}
+
+/// The median time of `rounds` encodes of `text` into one reused `BatchIds`
+/// (whose part takes the chunk's host-mapped ids instead of copying them),
+/// with the median run's chunk timings; the ids are checked against `ids`.
+fn batch_ids_median(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    label: &str,
+) -> (f64, Vec<ChunkTimings>) {
+    let mut batch_ids = BatchIds::new();
+    let measured = median(rounds, || {
+        encoder
+            .encode_batch_ids(&[text], &mut batch_ids)
+            .expect("encode into BatchIds")
+    });
+    assert_eq!(batch_ids.get(0), Some(ids), "{label}: BatchIds");
+    measured
 }
 
 /// The length of the text [`eager_after_another_length`] encodes between the
