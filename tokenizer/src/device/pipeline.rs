@@ -1169,20 +1169,20 @@ impl DeviceEncoder {
         self
     }
 
-    /// How many threads (at most three, and one
-    /// fewer than the host's cores) an encode the caller waits for at once
-    /// (a batch of one chunk, [`DeviceEncoder::submit_bytes`], or
-    /// [`EncodeGraph::encode_into`]) wakes while the device computes, to share
-    /// the copy of its ids into the caller's vectors once it is done (a
-    /// [`BatchIds`] reads them in place), for a chunk of at least
-    /// `from_text_bytes` bytes of text (see
+    /// How many threads (at most three, and one fewer than the host's cores)
+    /// an encode the caller waits for at once (a batch of one chunk,
+    /// [`DeviceEncoder::submit_bytes`], or [`EncodeGraph::encode_into`])
+    /// wakes while the device computes, to share the copy of its ids into the
+    /// caller's vectors once it is done (a [`BatchIds`] reads them in place),
+    /// for a chunk of at least `from_text_bytes` bytes of text (see
     /// [`HELPED_FROM_TEXT_BYTES`]). The threads spin through the device wait
     /// (at most a millisecond) and for a quarter of a millisecond after the
     /// hand-out, so that an encode that follows at once shares its staging
     /// with them too; one encode at a time has them, and one that finds them
-    /// taken copies alone. The ids are the same. The default is 0 (the calling thread copies alone) until the GPU
-    /// machine's `gpu_encode` bench, whose single-document rows compare 0, 1
-    /// and 3 helpers in alternating rounds, shows them faster.
+    /// taken copies alone. The ids are the same. The default is 0 (the calling
+    /// thread copies alone) until the GPU machine's `gpu_encode` bench, whose
+    /// single-document rows compare 0, 1 and 3 helpers in alternating rounds,
+    /// shows them faster.
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
         self.hand_out_helpers = (helpers, from_text_bytes);
         self
