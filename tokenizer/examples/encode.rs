@@ -29,7 +29,9 @@
 //! own work, staging and submitting and handing out the ids; the launches,
 //! the gaps and the wait), eager and as one graph, and what the device counted
 //! (pieces the device split found, pieces merged, long pieces, boundaries
-//! repaired). `--ids
+//! repaired). `--hand-out-helpers N` runs those device rows through an encoder
+//! that wakes `N` threads to share the staging and the ids' hand-out
+//! (`DeviceEncoder::with_hand_out_helpers`). `--ids
 //! FILE` writes our ids, one decimal per line; `--offsets FILE` the
 //! pre-tokenizer's piece start byte offsets, one per line (both for one text:
 //! `--input`, or `--shape`). An input that is not valid UTF-8 is encoded by the
@@ -47,7 +49,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use peers::{chunks_of, median_seconds, peers_of, Peer};
-use vyre_tokenizer::device::{BatchIds, ChunkTimings};
+use vyre_tokenizer::device::pipeline::HELPED_FROM_TEXT_BYTES;
+use vyre_tokenizer::device::{BatchIds, ChunkTimings, DeviceEncoder};
 use vyre_tokenizer::pretokenize::pattern;
 use vyre_tokenizer::pretokenize::text::{generate, Shape};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer};
@@ -72,6 +75,8 @@ FLAGS:
   --iterations N                     timed encodes per text and tokenizer (default 10)
   --backend auto|cpu|gpu|reference   where the encode runs (default auto; reference:
                                      the device programs on the CPU interpreter)
+  --hand-out-helpers N               the device rows through an encoder whose staging and
+                                     hand-out N threads share (default 0)
   --ids FILE                         write our token ids, one decimal per line (one text)
   --offsets FILE                     write the piece start byte offsets, one per line (one text)
   --help                             this text";
@@ -86,6 +91,8 @@ struct Options {
     backend: Backend,
     /// Run the device programs on the reference interpreter.
     reference: bool,
+    /// Threads that share the device rows' staging and hand-out.
+    hand_out_helpers: usize,
     ids: Option<String>,
     offsets: Option<String>,
 }
@@ -121,6 +128,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
         iterations: DEFAULT_ITERATIONS,
         backend: Backend::Auto,
         reference: false,
+        hand_out_helpers: 0,
         ids: None,
         offsets: None,
     };
@@ -177,6 +185,9 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
                 }
                 .parse()
                 .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
+            }
+            "--hand-out-helpers" => {
+                options.hand_out_helpers = number(value()?, "a count of threads")? as usize
             }
             "--ids" => options.ids = Some(value()?),
             "--offsets" => options.offsets = Some(value()?),
@@ -279,9 +290,15 @@ fn run(options: &Options) -> Result<(), String> {
     for (name, bytes) in &texts {
         println!();
         let ids = match std::str::from_utf8(bytes) {
-            Ok(text) => {
-                encode_and_compare(&tokenizer, &peers, name, text, options.iterations, threads)?
-            }
+            Ok(text) => encode_and_compare(
+                &tokenizer,
+                &peers,
+                name,
+                text,
+                options.iterations,
+                threads,
+                options.hand_out_helpers,
+            )?,
             Err(error) => {
                 println!(
                     "{name}: not valid UTF-8 (first bad byte at {}): encoded by the pre-tokenizer's rule for invalid \
@@ -331,6 +348,7 @@ fn encode_and_compare(
     text: &str,
     iterations: usize,
     threads: usize,
+    hand_out_helpers: usize,
 ) -> Result<Vec<u32>, String> {
     let chunks = chunks_of(text, CHUNK_BYTES);
     let ours = Peer::Ours(tokenizer);
@@ -383,7 +401,13 @@ fn encode_and_compare(
         names.join(" and ")
     );
     if tokenizer.runs_on(text.len()) == Backend::Gpu {
-        print_device_steps(tokenizer, text.as_bytes(), &our_ids, iterations)?;
+        print_device_steps(
+            tokenizer,
+            text.as_bytes(),
+            &our_ids,
+            iterations,
+            hand_out_helpers,
+        )?;
     }
     Ok(our_ids)
 }
@@ -395,10 +419,21 @@ fn print_device_steps(
     text: &[u8],
     ids: &[u32],
     iterations: usize,
+    hand_out_helpers: usize,
 ) -> Result<(), String> {
-    let Some(device) = tokenizer.device_encoder() else {
+    let Some(shared) = tokenizer.device_encoder() else {
         return Ok(());
     };
+    // With helpers: an encoder of its own on the same device.
+    let helped = match hand_out_helpers {
+        0 => None,
+        helpers => Some(
+            DeviceEncoder::new(shared.backend().clone(), tokenizer)
+                .map_err(|e| e.to_string())?
+                .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES),
+        ),
+    };
+    let device = helped.as_ref().unwrap_or(shared);
     // The eager encode as a caller makes it; the counts (one small read after
     // the wait, which would add its round trip to the wall) from one more.
     let mut encoded = [Vec::new()];
