@@ -35,7 +35,12 @@
 //! The encoder wakes no crew unless asked
 //! (`DeviceEncoder::with_hand_out_helpers`): until the GPU machine's
 //! `gpu_encode` bench, which compares 0, 1 and 3 helpers in alternating
-//! rounds, shows them faster there, the calling thread copies alone.
+//! rounds, shows them faster there, the calling thread copies alone. So far
+//! only the 2-core build machine has measured it (2026-12-06, one helper, the
+//! crew awake, warm caches, median of 300): 206,000 ids (a 256 KiB CJK
+//! text's) handed out in 14.3–15.2 µs against 41.8–47.4 alone, 256 KiB of
+//! text staged in 7.0–7.6 against 11.8–15.5; 58,000 ids (prose) 5.8–5.9
+//! against 6.3–7.5, where a warm copy on one core is already fast.
 //!
 //! One encode at a time has the crew (from its staging to the end of its
 //! hand-out): the crew's pool is small, and another encode's spinning jobs
@@ -65,8 +70,13 @@ pub const SPIN_LIMIT: Duration = Duration::from_millis(1);
 pub const LINGER: Duration = Duration::from_micros(250);
 
 /// How long the calling thread keeps spinning after the helpers have counted
-/// their pieces done (see the module docs).
-const SETTLE: Duration = Duration::from_micros(1);
+/// their pieces done (see the module docs): several times a helper's path from
+/// its count to the scope's (a return and one atomic). On the 2-core build
+/// machine (2026-12-06, 58,000 ids and 256 KiB of text, cache-warm, one
+/// helper) the shared hand-out took 5.8–5.9 µs with 250 ns here against
+/// 6.4–6.6 with 1 µs (alone: 6.3–7.5), the shared staging 6.1–7.0 against
+/// 7.2–7.7 (alone: 7.1–8.3).
+const SETTLE: Duration = Duration::from_nanos(250);
 
 /// Fewest bytes of one thread's piece of a shared copy: below it, fewer
 /// helpers take part.
