@@ -100,13 +100,15 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// (one crew per process, as its pool).
 #[derive(Debug)]
 struct Crew {
-    /// Bumped to end every spinning job of an earlier generation: the crew's
-    /// threads then take the copy's pieces.
-    generation: AtomicU64,
+    /// The generation (above [`ARMED_BITS`]) and how many of its jobs are
+    /// armed (spawned and not yet out of time: spinning, or queued to spin),
+    /// in one word, so that a job that runs out of time and an encode that
+    /// extends the time cannot both miss it (see `Crew::spin`). A release
+    /// starts the next generation with none armed: every job of an earlier
+    /// one ends, and the crew's threads take the copy's pieces.
+    state: AtomicU64,
     /// Jobs spinning now.
     spinning: AtomicUsize,
-    /// Jobs spawned that have not ended (spinning, or queued to spin).
-    armed: AtomicUsize,
     /// Jobs that have begun to spin, ever.
     began: AtomicUsize,
     /// Copies shared with the crew, ever.
@@ -119,9 +121,8 @@ struct Crew {
 fn crew() -> &'static Crew {
     static CREW: OnceLock<Crew> = OnceLock::new();
     CREW.get_or_init(|| Crew {
-        generation: AtomicU64::new(0),
+        state: AtomicU64::new(0),
         spinning: AtomicUsize::new(0),
-        armed: AtomicUsize::new(0),
         began: AtomicUsize::new(0),
         shared: AtomicUsize::new(0),
         until_ns: AtomicU64::new(0),
@@ -136,42 +137,102 @@ impl Crew {
 
     /// Keeps `count` jobs of the current generation spinning for `spin` from
     /// now (the last request sets the crew's time: one encode holds it):
-    /// spawns the ones missing (a syscall each only where a thread of the
-    /// pool sleeps).
+    /// arms and spawns the ones missing (a syscall each only where a thread
+    /// of the pool sleeps). The time is set before the armed jobs are
+    /// counted, so a job counted here that is running out of time sees it
+    /// (`Crew::spin`).
     fn keep_spinning(&self, pool: &rayon::ThreadPool, count: usize, spin: Duration) {
         let spin_ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
         #[cfg(test)]
         let spin_ns = spin_ns.max(test_support::SPIN_FLOOR_NS.load(Ordering::Acquire));
         self.until_ns
-            .store(self.now_ns().saturating_add(spin_ns), Ordering::Release);
-        let generation = self.generation.load(Ordering::Acquire);
-        let missing = count.saturating_sub(self.armed.load(Ordering::Acquire));
-        for _ in 0..missing {
-            self.armed.fetch_add(1, Ordering::AcqRel);
-            pool.spawn(move || crew().spin(generation));
+            .store(self.now_ns().saturating_add(spin_ns), Ordering::SeqCst);
+        loop {
+            let state = self.state.load(Ordering::SeqCst);
+            if armed_of(state) >= count.min(ARMED_MASK as usize) {
+                return;
+            }
+            if self
+                .state
+                .compare_exchange(state, state + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let generation = generation_of(state);
+                pool.spawn(move || crew().spin(generation));
+            }
         }
     }
 
     /// One spinning job: until its generation ends or the crew's time is up.
+    /// A job out of time disarms itself, then looks at the time once more: an
+    /// encode that extended it in between may have counted this job as armed
+    /// (and spawned none in its place), so the job arms itself again and
+    /// spins on. Either the encode counts it disarmed and spawns another, or
+    /// the job sees the new time: the crew never ends up with fewer jobs than
+    /// asked for (at worst one more, which runs out of time in turn).
     fn spin(&self, generation: u64) {
         self.spinning.fetch_add(1, Ordering::AcqRel);
         self.began.fetch_add(1, Ordering::AcqRel);
+        let of_this_generation = |state: u64| (generation_of(state) == generation).then_some(state);
         let mut polls: u32 = 0;
-        while self.generation.load(Ordering::Acquire) == generation {
+        while of_this_generation(self.state.load(Ordering::Acquire)).is_some() {
             std::hint::spin_loop();
             polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(1024) && self.now_ns() > self.until_ns.load(Ordering::Acquire) {
+            if !polls.is_multiple_of(1024) || self.now_ns() <= self.until_ns.load(Ordering::SeqCst)
+            {
+                continue;
+            }
+            let disarmed = self
+                .state
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |state| {
+                    of_this_generation(state)
+                        .filter(|&state| armed_of(state) > 0)
+                        .map(|state| state - 1)
+                });
+            let time_extended = self.now_ns() <= self.until_ns.load(Ordering::SeqCst);
+            if disarmed.is_err()
+                || !time_extended
+                || self
+                    .state
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |state| {
+                        of_this_generation(state).map(|state| state + 1)
+                    })
+                    .is_err()
+            {
                 break;
             }
         }
         self.spinning.fetch_sub(1, Ordering::AcqRel);
-        self.armed.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Ends every spinning job, so that the crew's threads take pieces.
+    /// Ends every spinning job (a new generation, none armed), so that the
+    /// crew's threads take pieces.
     fn release(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        let _ = self
+            .state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |state| {
+                Some((generation_of(state) + 1) << ARMED_BITS)
+            });
     }
+
+    /// Whether no job is armed or spinning.
+    #[cfg(test)]
+    fn idle(&self) -> bool {
+        armed_of(self.state.load(Ordering::Acquire)) == 0
+            && self.spinning.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Bits of [`Crew`]'s state that count armed jobs (below the generation).
+const ARMED_BITS: u32 = 16;
+const ARMED_MASK: u64 = (1 << ARMED_BITS) - 1;
+
+fn generation_of(state: u64) -> u64 {
+    state >> ARMED_BITS
+}
+
+fn armed_of(state: u64) -> usize {
+    (state & ARMED_MASK) as usize
 }
 
 /// The crew, held by one encode from its staging to the end of its hand-out;
@@ -490,7 +551,7 @@ mod tests {
     /// Lets every spinning job end and waits for it.
     fn quiet_crew() {
         crew().release();
-        assert!(within_seconds(|| crew().armed.load(Ordering::Acquire) == 0));
+        assert!(within_seconds(|| crew().idle()));
     }
 
     /// Document lengths and their ids: `lengths[i]` ids for document `i`.
@@ -531,7 +592,7 @@ mod tests {
         }
         // The last hand-out left the crew spinning for its linger, which ends.
         assert!(
-            within_seconds(|| crew().armed.load(Ordering::Acquire) == 0),
+            within_seconds(|| crew().idle()),
             "the crew kept spinning past its linger"
         );
     }
@@ -599,10 +660,7 @@ mod tests {
         let Some(helpers) = awake_crew(1, Duration::from_millis(2)) else {
             return;
         };
-        assert!(
-            within_seconds(|| crew().armed.load(Ordering::Acquire) == 0),
-            "the crew kept spinning"
-        );
+        assert!(within_seconds(|| crew().idle()), "the crew kept spinning");
         let (ids, starts) = batch(&[20_000]);
         let mut results = vec![Vec::new()];
         hand_out(&ids, &starts, &mut results, Some(helpers)).unwrap();
