@@ -1213,24 +1213,25 @@ impl DeviceEncoder {
         Ok(self)
     }
 
-    /// The hand-out helpers' count and threshold
-    /// ([`DeviceEncoder::with_hand_out_helpers`]).
-    pub fn hand_out_helpers(&self) -> (usize, u64) {
-        self.hand_out_helpers
-    }
-
-    /// How many hand-out helpers a chunk of `text_len` bytes that the caller
-    /// waits for at once wakes: one per 64 KiB of text (at least one), up to
-    /// the encoder's count, from its threshold up; none from 1 MiB of text,
-    /// whose ids the copy pool's workers take.
-    fn helpers_for(&self, text_len: u64) -> usize {
+    /// The hand-out helpers' crew for a chunk of `text_len` bytes, where the
+    /// caller waits for it at once (`helped`) and the encoder asks for helpers
+    /// at that size: one per 64 KiB of text (at least one), up to the
+    /// encoder's count, from its threshold up; none from 1 MiB of text, whose
+    /// ids the copy pool's workers take. `None` too where another encode holds
+    /// the crew.
+    fn crew_for(&self, text_len: u64, helped: bool) -> Option<Helpers> {
         let (most, from) = self.hand_out_helpers;
-        if most == 0 || text_len < from || text_len >= host_copy::PARALLEL_COPY_BYTES as u64 {
-            return 0;
+        if !helped
+            || most == 0
+            || text_len < from
+            || text_len >= host_copy::PARALLEL_COPY_BYTES as u64
+        {
+            return None;
         }
-        usize::try_from(text_len / (64 << 10))
+        let count = usize::try_from(text_len / (64 << 10))
             .unwrap_or(usize::MAX)
-            .clamp(1, most)
+            .clamp(1, most);
+        Helpers::take(count)
     }
 
     /// The CUDA device's name, or `None` on the reference interpreter.
@@ -1601,11 +1602,7 @@ impl DeviceEncoder {
     ) -> Result<StagedChunk<'_>, TokenizerError> {
         let start = Instant::now();
         let layout = self.layout(texts)?;
-        let helpers = if helped {
-            Helpers::take(self.helpers_for(u64::from(layout.text_len)))
-        } else {
-            None
-        };
+        let helpers = self.crew_for(u64::from(layout.text_len), helped);
         let mut staged = StagedChunk {
             encoder: self,
             slot: None,
@@ -1672,7 +1669,9 @@ impl DeviceEncoder {
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
                 .map(|pending| {
-                    helpers.as_ref().map(Helpers::wake);
+                    if let Some(helpers) = &helpers {
+                        helpers.wake();
+                    }
                     (pending, None)
                 })
         };
@@ -2086,7 +2085,9 @@ impl DeviceEncoder {
         let (timings, ()) = kept
             .graph
             .replay_beside(|| {
-                helpers.map(Helpers::wake);
+                if let Some(helpers) = helpers {
+                    helpers.wake();
+                }
             })
             .map_err(failed)?;
         Ok((kept.spread, timings))
@@ -2996,11 +2997,7 @@ impl EncodeGraph<'_> {
             ));
         }
         let encoder = self.encoder;
-        let helpers = if helped {
-            Helpers::take(encoder.helpers_for(u64::from(self.text_len)))
-        } else {
-            None
-        };
+        let helpers = encoder.crew_for(u64::from(self.text_len), helped);
         let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
             return Err(internal("the encode graph is gone".to_owned()));
         };
@@ -3034,7 +3031,9 @@ impl EncodeGraph<'_> {
         }
         let (timings, ()) = graph
             .replay_beside(|| {
-                helpers.as_ref().map(Helpers::wake);
+                if let Some(helpers) = &helpers {
+                    helpers.wake();
+                }
             })
             .map_err(|error| backend_error("replaying the encode graph", error))?;
         let (_, ids, _) = chunk_ids(&encoder.backend, slot, Some(graph), 1, &mut self.read_back)?;
