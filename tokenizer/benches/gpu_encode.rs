@@ -104,7 +104,9 @@ use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
-use vyre_tokenizer::device::pipeline::{CHUNK_TEXT_BYTES, HELPED_FROM_TEXT_BYTES};
+use vyre_tokenizer::device::pipeline::{
+    CHUNK_TEXT_BYTES, HAND_OUT_HELPERS, HELPED_FROM_TEXT_BYTES,
+};
 use vyre_tokenizer::device::programs::MAX_REGISTER_MERGE_BYTES;
 use vyre_tokenizer::device::{
     host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
@@ -998,24 +1000,35 @@ fn single_documents(
     // replay of the graph its slot keeps.
     let dispatching =
         encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_fused_graphs(false);
-    // The hand-out on the calling thread alone and shared with one and with
-    // three helpers woken during the device wait.
-    // And the 256 KiB text read across PCIe by the kernel instead of one DMA
-    // before it (no helpers).
-    let by_helpers: Vec<(String, DeviceEncoder)> = [0, 1, 3]
-        .into_iter()
-        .map(|helpers| {
-            let encoder = encoder_with_limits(gpu, cpu, ChunkLimits::default())
-                .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
-            (format!("{helpers} helpers"), encoder)
-        })
-        .chain([(
-            "0 helpers, the text read across PCIe".to_owned(),
-            encoder_with_limits(gpu, cpu, ChunkLimits::default())
-                .with_text_copy_engine_from(512 << 10)
-                .expect("a copy-engine threshold within the limit"),
-        )])
-        .collect();
+    // The defaults (three hand-out helpers woken during the device wait, a
+    // 256 KiB text read across PCIe by the kernel) against the hand-out on
+    // the calling thread alone or with one helper, and against the text
+    // going up by one DMA before the kernel, with and without helpers (the
+    // defaults until 2026-12-06).
+    let with = |helpers: usize, text_by_dma: bool| {
+        let encoder = encoder_with_limits(gpu, cpu, ChunkLimits::default())
+            .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
+        if text_by_dma {
+            encoder
+                .with_text_copy_engine_from(256 << 10)
+                .expect("a copy-engine threshold within the limit")
+        } else {
+            encoder
+        }
+    };
+    let by_helpers: Vec<(String, DeviceEncoder)> = vec![
+        (
+            format!("the defaults ({HAND_OUT_HELPERS} helpers, the text read across PCIe)"),
+            encoder_with_limits(gpu, cpu, ChunkLimits::default()),
+        ),
+        ("0 helpers".to_owned(), with(0, false)),
+        ("1 helper".to_owned(), with(1, false)),
+        (
+            format!("{HAND_OUT_HELPERS} helpers, the text by DMA"),
+            with(HAND_OUT_HELPERS, true),
+        ),
+        ("0 helpers, the text by DMA".to_owned(), with(0, true)),
+    ];
     print_wait_floors(gpu, 262_144, small_rounds);
     for shape in Shape::ALL {
         let text = generate(shape, 262_144, 42);

@@ -76,7 +76,7 @@ FLAGS:
   --backend auto|cpu|gpu|reference   where the encode runs (default auto; reference:
                                      the device programs on the CPU interpreter)
   --hand-out-helpers N               the device rows through an encoder whose staging and
-                                     hand-out N threads share (default 0)
+                                     hand-out N threads share (default 3)
   --ids FILE                         write our token ids, one decimal per line (one text)
   --offsets FILE                     write the piece start byte offsets, one per line (one text)
   --help                             this text";
@@ -91,8 +91,9 @@ struct Options {
     backend: Backend,
     /// Run the device programs on the reference interpreter.
     reference: bool,
-    /// Threads that share the device rows' staging and hand-out.
-    hand_out_helpers: usize,
+    /// Threads that share the device rows' staging and hand-out (`None`: the
+    /// encoder's default).
+    hand_out_helpers: Option<usize>,
     ids: Option<String>,
     offsets: Option<String>,
 }
@@ -128,7 +129,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
         iterations: DEFAULT_ITERATIONS,
         backend: Backend::Auto,
         reference: false,
-        hand_out_helpers: 0,
+        hand_out_helpers: None,
         ids: None,
         offsets: None,
     };
@@ -187,7 +188,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> Result<Option<Options>, Str
                 .map_err(|e: vyre_tokenizer::TokenizerError| e.to_string())?
             }
             "--hand-out-helpers" => {
-                options.hand_out_helpers = number(value()?, "a count of threads")? as usize
+                options.hand_out_helpers = Some(number(value()?, "a count of threads")? as usize)
             }
             "--ids" => options.ids = Some(value()?),
             "--offsets" => options.offsets = Some(value()?),
@@ -348,7 +349,7 @@ fn encode_and_compare(
     text: &str,
     iterations: usize,
     threads: usize,
-    hand_out_helpers: usize,
+    hand_out_helpers: Option<usize>,
 ) -> Result<Vec<u32>, String> {
     let chunks = chunks_of(text, CHUNK_BYTES);
     let ours = Peer::Ours(tokenizer);
@@ -419,15 +420,15 @@ fn print_device_steps(
     text: &[u8],
     ids: &[u32],
     iterations: usize,
-    hand_out_helpers: usize,
+    hand_out_helpers: Option<usize>,
 ) -> Result<(), String> {
     let Some(shared) = tokenizer.device_encoder() else {
         return Ok(());
     };
     // With helpers: an encoder of its own on the same device.
     let helped = match hand_out_helpers {
-        0 => None,
-        helpers => Some(
+        None => None,
+        Some(helpers) => Some(
             DeviceEncoder::new(shared.backend().clone(), tokenizer)
                 .map_err(|e| e.to_string())?
                 .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES),

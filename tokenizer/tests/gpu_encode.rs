@@ -26,7 +26,7 @@ use device_batches::{
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
-use vyre_tokenizer::device::pipeline::{COPY_ENGINE_FROM, TEXT_COPY_ENGINE_FROM};
+use vyre_tokenizer::device::pipeline::{COPY_ENGINE_FROM, HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM};
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
 use vyre_tokenizer::device::{
     BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
@@ -836,7 +836,7 @@ fn gpu_capped_stage_and_compact_grids_equal_cpu() {
 /// Locks out ids that still cross PCIe as `compact`'s stores (holding the SMs
 /// the other chunks' steps need) in chunks from `COPY_ENGINE_FROM` (1 MiB), text
 /// that a kernel still reads across PCIe in chunks from `TEXT_COPY_ENGINE_FROM`
-/// (256 KiB), and small chunks that take a larger chunk's slot and pay its
+/// (512 KiB), and small chunks that take a larger chunk's slot and pay its
 /// copies: submitting a 2 MiB encode makes one async copy (the text's DMA) and
 /// waiting for it one more, the ids' (by the copy engine, into host-mapped
 /// memory), and the ids equal the CPU encoder's; then, on the same encoder, a
@@ -939,9 +939,9 @@ fn gpu_eager_fused_chunks_replay_their_slots_graph() {
 /// text wrong across PCIe: documents of 100–256 KiB of each shape, encoded
 /// back to back (so the crew lingers from one encode into the next's
 /// staging) eagerly into new and reused vectors, into a `BatchIds` and through
-/// a graph into a reused vector, with three helpers and the text of every slot
-/// read across PCIe, equal the CPU encoder; the same encoder shape with no
-/// helpers and the default copy engine is the control.
+/// a graph into a reused vector, at the defaults (three helpers, the text of
+/// every slot read across PCIe, the graph's too), equal the CPU encoder; the
+/// control has no helpers and every slot's text going up by DMA.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_helped_copies_and_mapped_text_equal_cpu() {
@@ -950,7 +950,10 @@ fn gpu_helped_copies_and_mapped_text_equal_cpu() {
         .into_iter()
         .flat_map(|bytes| Shape::ALL.map(|shape| generate(shape, bytes, bytes as u64)))
         .collect();
-    for (helpers, text_copy_engine_from) in [(3, COPY_ENGINE_FROM), (0, TEXT_COPY_ENGINE_FROM)] {
+    const { assert!(TEXT_COPY_ENGINE_FROM > 256 << 10 && HAND_OUT_HELPERS == 3) };
+    for (helpers, text_copy_engine_from) in
+        [(HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM), (0, 64 << 10)]
+    {
         let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default())
             .with_hand_out_helpers(helpers, 64 << 10)
             .with_text_copy_engine_from(text_copy_engine_from)

@@ -835,7 +835,7 @@ mod tests {
     /// into its staging place (the control); a kernel without a grid barrier
     /// routes none.
     #[test]
-    fn barrier_words_ride_in_the_result_area_when_it_has_room() {
+    fn the_barrier_word_rides_in_the_result_area_when_it_has_room() {
         let slots = [slot(0, Access::ReadWrite)];
         let addresses = [0x1000];
         let mut plan = Plan::default();

@@ -32,15 +32,15 @@
 //! at it (where it does not, the scope's end parks the calling thread until it
 //! has).
 //!
-//! The encoder wakes no crew unless asked
-//! (`DeviceEncoder::with_hand_out_helpers`): until the GPU machine's
-//! `gpu_encode` bench, which compares 0, 1 and 3 helpers in alternating
-//! rounds, shows them faster there, the calling thread copies alone. So far
-//! only the 2-core build machine has measured it (2026-12-06, one helper, the
-//! crew awake, warm caches, median of 300): 206,000 ids (a 256 KiB CJK
-//! text's) handed out in 14.3–15.2 µs against 41.8–47.4 alone, 256 KiB of
-//! text staged in 7.0–7.6 against 11.8–15.5; 58,000 ids (prose) 5.8–5.9
-//! against 6.3–7.5, where a warm copy on one core is already fast.
+//! An encoder on CUDA wakes three helpers
+//! ([`HAND_OUT_HELPERS`](super::pipeline::HAND_OUT_HELPERS), whose docs give
+//! the GPU machine's figures: one 256 KiB document of prose 100.8–104.9 µs
+//! eagerly against 112.9–113.5 alone, CJK 111.3–113.3 against 135.6–138.2, on
+//! an H100 host, 2026-12-06); `DeviceEncoder::with_hand_out_helpers` sets
+//! another count or none. On the 2-core build machine (2026-12-06, one
+//! helper, the crew awake, warm caches, median of 300) 206,000 ids (a
+//! 256 KiB CJK text's) were handed out in 14.3–15.2 µs against 41.8–47.4
+//! alone, 256 KiB of text staged in 7.0–7.6 against 11.8–15.5.
 //!
 //! One encode at a time has the crew (from its staging to the end of its
 //! hand-out): the crew's pool is small, and another encode's spinning jobs

@@ -10,7 +10,7 @@
 //! documents gathered on the [copy pool](super::host_copy): ordinary `&str`s
 //! copy at 7–12 GB/s from pageable memory by DMA, measured on the H200 host,
 //! but a parallel gather into pinned memory runs at memory speed), the `stage`
-//! kernel pulls it into device memory (from [`TEXT_COPY_ENGINE_FROM`], 256 KiB,
+//! kernel pulls it into device memory (from [`TEXT_COPY_ENGINE_FROM`], 512 KiB,
 //! the text is gathered into pinned memory and goes up by DMA instead, and
 //! `stage` copies device memory), the split and the merges run there, and
 //! `compact` writes each document's first id index (and the total) straight
@@ -510,22 +510,28 @@ impl ChunkTimings {
 /// saves.
 pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 
-/// From this many bytes of text capacity (256 KiB) a CUDA slot's text goes up
+/// From this many bytes of text capacity (512 KiB) a CUDA slot's text goes up
 /// by the copy engine (a [`PinnedBuffer`] bound as [`Binding::Pinned`], one
 /// DMA before the first kernel), and its ids too from [`COPY_ENGINE_FROM`].
+/// Below it the first kernel reads the text across PCIe from the slot's
+/// host-mapped staging.
 ///
-/// Why lower than the ids': a kernel that reads host-mapped text waits on
-/// PCIe reads, one round trip per load, where the copy engine streams. On the
-/// H200 (2026-12-05, the `gpu_encode` bench) `stage` took 18.8–19.7 µs of
-/// one 256 KiB document's kernels reading the host-mapped text, 13 GB/s
-/// against the 35–42 GB/s of a 256 KiB pinned copy. The ids stay host-mapped
-/// below 1 MiB: their copy would need their count on the host first (a wait,
-/// then the copy's own round trip). That `stage` also read the staged
-/// parameters across PCIe in every thread (no longer since 2026-12-06, when
-/// they became scalars), so the figure is an upper bound; the default stands until the
-/// bench's rows with [`DeviceEncoder::with_text_copy_engine_from`] measure it
-/// again.
-pub const TEXT_COPY_ENGINE_FROM: u64 = 256 << 10;
+/// Why 512 KiB: the DMA of a 256 KiB text costs its encode more than the
+/// kernel's PCIe reads do. On an H100 (2026-12-06, the `gpu_encode` bench,
+/// median of 200, three alternating rounds) one 256 KiB document with its
+/// text read across PCIe took 106.0 µs eagerly against 112.9–113.5 with the
+/// DMA (prose; CJK 130.1–130.3 against 135.6–138.2, code 124.5–124.6
+/// against 131.5–131.8), and into a reused [`BatchIds`] 84.5–93.8 against
+/// 91.6–91.7 (prose; CJK 91.6–91.9 against 97.6–98.3), although the kernel
+/// itself took 64.8–66.5 µs against 55.3–56.0 (prose): the upload is a copy
+/// and a wait of its own before the kernel (19.4 µs for the upload and a
+/// one-thread kernel, 10.6 without the upload, same run). An earlier
+/// measurement (H200, 2026-12-05: `stage` 18.8–19.7 µs reading the text
+/// across PCIe) had set 256 KiB; every thread of that kernel also read the
+/// staged parameters across PCIe, which none does since they became
+/// scalars. The ids stay host-mapped below 1 MiB: their copy would need
+/// their count on the host first (a wait, then the copy's own round trip).
+pub const TEXT_COPY_ENGINE_FROM: u64 = 512 << 10;
 
 /// How a CUDA slot moves its text up and its ids down: by the copy engine
 /// ([`TEXT_COPY_ENGINE_FROM`], [`COPY_ENGINE_FROM`]) or through host-mapped
@@ -900,6 +906,23 @@ fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
     crate::workers::persistent_pool(&POOL, HAND_OUTS_RUNNING, "hand-out").filter(|_| chunks > 1)
 }
 
+/// How many threads at most (and one fewer than the host's cores) an encode
+/// on CUDA wakes to share its staging and its hand-out
+/// ([`DeviceEncoder::with_hand_out_helpers`]; none on the reference
+/// interpreter, which computes on the calling thread).
+///
+/// Why three: on an H100 host of 16 cores (2026-12-06, the `gpu_encode`
+/// bench, median of 200, three alternating rounds, one 256 KiB document,
+/// eagerly) three helpers took 100.8–104.9 µs against 112.9–113.5 alone
+/// (prose: hand-out 8.4–12.4 µs against 15.5–16.0), 111.3–113.3 against
+/// 135.6–138.2 (CJK, whose ids are twice as many: 11.6–16.9 against
+/// 29.7–30.0) and 125.9–126.2 against 131.5–131.8 (code); one helper took
+/// 105.4–110.0, 113.0–118.3 and 130.8–131.5. A graph into a reused vector
+/// gained as much (prose 99.2–105.7 against 111.4–112.2); an encode into a
+/// [`BatchIds`], which hands nothing out, neither gained nor lost
+/// (92.2–93.0 against 91.6–91.7).
+pub const HAND_OUT_HELPERS: usize = 3;
+
 /// From this many bytes of text a chunk the caller waits for at once wakes
 /// threads to share its hand-out ([`DeviceEncoder::with_hand_out_helpers`]).
 pub const HELPED_FROM_TEXT_BYTES: u64 = 64 << 10;
@@ -1131,6 +1154,12 @@ impl DeviceEncoder {
                 vocabulary.joined_pair_bits(),
             )?)
             .map_err(|error| backend_error("uploading the split's tables", error))?;
+        // The reference interpreter computes on the calling thread: spinning
+        // helpers would take cores from it and save nothing.
+        let default_helpers = match backend {
+            AnyBackend::Cuda(_) => HAND_OUT_HELPERS,
+            _ => 0,
+        };
         Ok(DeviceEncoder {
             backend,
             steps,
@@ -1146,7 +1175,7 @@ impl DeviceEncoder {
             admission,
             fused_graphs: true,
             resident_replay: Mutex::new(()),
-            hand_out_helpers: (0, HELPED_FROM_TEXT_BYTES),
+            hand_out_helpers: (default_helpers, HELPED_FROM_TEXT_BYTES),
             text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
         })
     }
@@ -1179,10 +1208,10 @@ impl DeviceEncoder {
     /// (at most a millisecond) and for a quarter of a millisecond after the
     /// hand-out, so that an encode that follows at once shares its staging
     /// with them too; one encode at a time has them, and one that finds them
-    /// taken copies alone. The ids are the same. The default is 0 (the calling
-    /// thread copies alone) until the GPU machine's `gpu_encode` bench, whose
-    /// single-document rows compare 0, 1 and 3 helpers in alternating rounds,
-    /// shows them faster.
+    /// taken copies alone. The ids are the same. The default on CUDA is
+    /// [`HAND_OUT_HELPERS`] (three, whose measurement its docs give) from
+    /// [`HELPED_FROM_TEXT_BYTES`]; 0 (the calling thread copies alone) turns
+    /// them off, as on the reference interpreter.
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
         self.hand_out_helpers = (helpers, from_text_bytes);
         self
@@ -1191,13 +1220,13 @@ impl DeviceEncoder {
     /// From how many bytes of slot capacity (a power of two) a chunk's text
     /// goes up by the copy engine, one DMA before the kernels, instead of
     /// being read by the first kernel across PCIe from host-mapped memory
-    /// (default [`TEXT_COPY_ENGINE_FROM`], 256 KiB; at most
+    /// (default [`TEXT_COPY_ENGINE_FROM`], 512 KiB; at most
     /// [`COPY_ENGINE_FROM`], where the ids go down by the copy engine too).
     /// Set it on a new encoder: slots already made keep their way. The ids
-    /// are the same. Why it can be set: the default was measured when every
-    /// thread of the first kernel also read the staged parameters across
-    /// PCIe; the `gpu_encode` bench's single-document rows compare it with
-    /// 512 KiB (a 256 KiB text read across PCIe). An `Err` above
+    /// are the same. Why it can be set: the threshold is where a DMA's own
+    /// wait costs less than the kernel's PCIe reads, which depends on the
+    /// host's link and the kernel; the `gpu_encode` bench's single-document
+    /// rows compare the default with 256 KiB. An `Err` above
     /// [`COPY_ENGINE_FROM`].
     pub fn with_text_copy_engine_from(mut self, bytes: u64) -> Result<Self, TokenizerError> {
         if bytes > COPY_ENGINE_FROM {
@@ -2188,10 +2217,12 @@ impl DeviceEncoder {
     /// kernel ([`DeviceEncoder::runs_short`]) is that one kernel, which reads
     /// the text where the host wrote it (the slot's host-mapped staging) and
     /// writes the ids where the host reads them; a text that runs the resident
-    /// grid ([`DeviceEncoder::runs_resident`]) is the upload of its text from
-    /// the graph's pinned input slot and that one cooperative kernel
+    /// grid ([`DeviceEncoder::runs_resident`]) is that one cooperative kernel
     /// (vyre-cuda records a grid-sync kernel over a module of the graph's
-    /// own); any other text is the uploads of the parameters, the text and the
+    /// own), which reads the text across PCIe from the slot's host-mapped
+    /// staging as an eager encode does, or, from [`TEXT_COPY_ENGINE_FROM`]
+    /// bytes of slot, the upload of its text from the graph's pinned input
+    /// slot before it; any other text is the uploads of the parameters, the text and the
     /// document ends from the graph's pinned input slots, then every step but
     /// `stage` (the split's included), each its own kernel node.
     ///
@@ -2223,12 +2254,21 @@ impl DeviceEncoder {
             self.record_short(&mut slot, fused, text_len_u32)
                 .map(|graph| (graph, GraphInputs::Staging))
         } else if let Some(fused) = self.resident_kernel(text_len as u64) {
-            self.record_fused(&slot, fused, (text_len_u32, 1), Some(text_len as u64))
-                .and_then(|(graph, _, input)| {
-                    let input = input.ok_or_else(|| {
-                        internal("the resident graph recorded no text input".to_owned())
-                    })?;
-                    Ok((graph, GraphInputs::Text(input)))
+            // Below the copy engine's threshold the kernel reads the slot's
+            // host-mapped staging, as an eager encode of the same slot does.
+            let upload = slot
+                .transfers()
+                .text_by_copy_engine
+                .then_some(text_len as u64);
+            let layout = Layout {
+                text_len: text_len_u32,
+                ends: vec![text_len_u32],
+            };
+            self.write_layout(&mut slot, &layout)
+                .and_then(|()| self.record_fused(&slot, fused, (text_len_u32, 1), upload))
+                .map(|(graph, _, input)| {
+                    let inputs = input.map_or(GraphInputs::Staging, GraphInputs::Text);
+                    (graph, inputs)
                 })
         } else {
             self.record_steps(&slot, text_len_u32)
@@ -2893,7 +2933,8 @@ enum GraphInputs {
     /// uploads for the resident-grid kernel (the length and the one document
     /// are its scalars).
     Text(InputSlot),
-    /// The slot's host-visible staging, which the short-text kernel reads in
+    /// The slot's host-visible staging, which the short-text kernel, and the
+    /// resident-grid kernel of a slot below [`TEXT_COPY_ENGINE_FROM`], read in
     /// place: the layout written when the graph was recorded, the text before
     /// each replay.
     Staging,
