@@ -1085,15 +1085,23 @@ fn single_documents(
                     graph.encode_into(&text, &mut into).expect("graph encode")
                 });
                 assert_eq!(into, ids, "{label}: graph ids");
+                let (graph_in_place, graph_timings) = median(small_rounds, || {
+                    let (in_place, timings) =
+                        graph.encode_in_place(&text).expect("graph encode in place");
+                    assert!(in_place == ids, "{label}: graph ids read in place");
+                    timings
+                });
                 let (in_place, batch_timings) =
                     batch_ids_median(helped, &text, &ids, small_rounds, &label);
                 line.push_str(&format!(
-                    " {variant}: eager {:.1} µs (staging {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, into a reused BatchIds {:.1} (staging {:.1});",
+                    " {variant}: eager {:.1} µs (staging {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, graph in place {:.1} (kernel {:.1}), into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
                     timings.staged_ns as f64 / 1e3,
                     timings.scatter_ns as f64 / 1e3,
                     timings.kernel_ns() as f64 / 1e3,
                     graphed * 1e6,
+                    graph_in_place * 1e6,
+                    graph_timings.kernel_stamps_ns as f64 / 1e3,
                     in_place * 1e6,
                     batch_timings
                         .first()
@@ -1189,6 +1197,28 @@ fn single_documents(
         "  the short-text kernel's steps by their own clock: {}",
         counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
     );
+    // Whether a host thread spinning through the device wait (a helper woken
+    // for a text of any length, with nothing to share) changes the kernel's
+    // time or the wait: the kernel reads the text and writes the ids across
+    // PCIe.
+    let spun = encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_hand_out_helpers(1, 0);
+    for round in 1..=3 {
+        let mut line = format!("  a batch of one, round {round}:");
+        for (label, with) in [("alone", encoder), ("one helper spinning", &spun)] {
+            let (batched, timings) = median(small_rounds, || {
+                with.encode_batch_into(&[small.as_bytes()], &mut one_batch)
+                    .expect("encode a batch of one")
+                    .remove(0)
+            });
+            assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one, {label}");
+            line.push_str(&format!(
+                " {label} {:.1} µs (kernel {:.1});",
+                batched * 1e6,
+                timings.kernel_ns() as f64 / 1e3
+            ));
+        }
+        println!("{line}");
+    }
 }
 
 /// One document's eager encode with `encoder` (`submit_bytes`, then
