@@ -109,9 +109,11 @@ struct Crew {
     state: AtomicU64,
     /// Jobs spinning now.
     spinning: AtomicUsize,
-    /// Jobs that have begun to spin, ever.
+    /// Jobs that have begun to spin, ever (read by tests alone).
+    #[cfg(test)]
     began: AtomicUsize,
-    /// Copies shared with the crew, ever.
+    /// Copies shared with the crew, ever (read by tests alone).
+    #[cfg(test)]
     shared: AtomicUsize,
     /// When the spinning jobs stop, in ns from `epoch`.
     until_ns: AtomicU64,
@@ -123,7 +125,9 @@ fn crew() -> &'static Crew {
     CREW.get_or_init(|| Crew {
         state: AtomicU64::new(0),
         spinning: AtomicUsize::new(0),
+        #[cfg(test)]
         began: AtomicUsize::new(0),
+        #[cfg(test)]
         shared: AtomicUsize::new(0),
         until_ns: AtomicU64::new(0),
         epoch: Instant::now(),
@@ -172,6 +176,7 @@ impl Crew {
     /// asked for (at worst one more, which runs out of time in turn).
     fn spin(&self, generation: u64) {
         self.spinning.fetch_add(1, Ordering::AcqRel);
+        #[cfg(test)]
         self.began.fetch_add(1, Ordering::AcqRel);
         let of_this_generation = |state: u64| (generation_of(state) == generation).then_some(state);
         let mut polls: u32 = 0;
@@ -296,6 +301,7 @@ impl Helpers {
     ) {
         let crew = crew();
         crew.release();
+        #[cfg(test)]
         crew.shared.fetch_add(1, Ordering::AcqRel);
         let spawned = others.len();
         let done = AtomicUsize::new(0);

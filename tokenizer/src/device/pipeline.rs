@@ -2222,9 +2222,10 @@ impl DeviceEncoder {
     /// own), which reads the text across PCIe from the slot's host-mapped
     /// staging as an eager encode does, or, from [`TEXT_COPY_ENGINE_FROM`]
     /// bytes of slot, the upload of its text from the graph's pinned input
-    /// slot before it; any other text is the uploads of the parameters, the text and the
-    /// document ends from the graph's pinned input slots, then every step but
-    /// `stage` (the split's included), each its own kernel node.
+    /// slot before it; any other text is the uploads of the parameters, the
+    /// text and the document ends from the graph's pinned input slots, then
+    /// every step but `stage` (the split's included), each its own kernel
+    /// node.
     ///
     /// Why the short kernel: recorded step by step, a 1 KiB text took
     /// longer as a graph than eagerly through the short-text kernel (61.7
