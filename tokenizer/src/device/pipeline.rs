@@ -3153,7 +3153,10 @@ mod tests {
     /// new and into a reused vector, encoded as a batch of one into vectors and
     /// into a `BatchIds`, and through a graph into a reused vector, each equal
     /// the CPU encoder, and the crew shared copies (staging and hand-out)
-    /// along the way; (control) the same encoder without helpers shares none.
+    /// along the way; (control) the same encoder without helpers shares none,
+    /// and neither does one at the reference interpreter's default (which
+    /// computes on the calling thread, so spinning helpers would only take
+    /// its cores; a default of three there fails this test).
     #[test]
     fn the_crew_shares_a_lone_chunks_copies_at_every_entry_point() {
         use super::hand_out_helpers::test_support;
@@ -3167,15 +3170,21 @@ mod tests {
             resident_text_bytes: 0,
             ..ChunkLimits::default()
         };
-        for helpers in [0, 3] {
-            let encoder = DeviceEncoder::with_geometry(
+        for asked in [None, Some(0), Some(3)] {
+            let mut encoder = DeviceEncoder::with_geometry(
                 AnyBackend::reference(),
                 &tokenizer,
                 Geometry::default(),
                 step_by_step,
             )
-            .unwrap()
-            .with_hand_out_helpers(helpers, 64 << 10);
+            .unwrap();
+            if let Some(helpers) = asked {
+                encoder = encoder.with_hand_out_helpers(helpers, 64 << 10);
+            }
+            // The reference interpreter's default is none: nothing to wait
+            // for spinning (a default that woke a crew would share at least
+            // the hand-outs, since a wake precedes each).
+            let helpers = asked.unwrap_or(0);
             test_support::spin_at_least(std::time::Duration::from_secs(120), helpers);
             // Each encode starts with the crew spinning (a loaded machine may
             // not have run the job a share leaves behind yet).
@@ -3215,7 +3224,10 @@ mod tests {
             let shared = test_support::copies_shared() - before;
             test_support::quiet();
             if helpers == 0 {
-                assert_eq!(shared, 0, "an encoder without helpers shared a copy");
+                assert_eq!(
+                    shared, 0,
+                    "{asked:?} helpers: an encoder without helpers shared a copy"
+                );
             } else if crate::workers::available() > 1 {
                 // Six encodes, each a staging and (but the BatchIds) a hand-out.
                 assert!(shared >= 11, "only {shared} copies shared");
