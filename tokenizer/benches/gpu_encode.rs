@@ -1094,9 +1094,10 @@ fn single_documents(
                 let (in_place, batch_timings) =
                     batch_ids_median(helped, &text, &ids, small_rounds, &label);
                 line.push_str(&format!(
-                    " {variant}: eager {:.1} µs (staging {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, graph in place {:.1} (kernel {:.1}), into a reused BatchIds {:.1} (staging {:.1});",
+                    " {variant}: eager {:.1} µs (staging {:.1}, of it the gather {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, graph in place {:.1} (kernel {:.1}), into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
                     timings.staged_ns as f64 / 1e3,
+                    timings.gathered_ns as f64 / 1e3,
                     timings.scatter_ns as f64 / 1e3,
                     timings.kernel_ns() as f64 / 1e3,
                     graphed * 1e6,

@@ -349,6 +349,11 @@ pub struct ChunkTimings {
     /// The part of `submit_ns` before the first submission: laying the chunk
     /// out, taking a slot and gathering the text into it.
     pub staged_ns: u64,
+    /// The part of `staged_ns` that wrote the chunk's layout and gathered its
+    /// text into the slot's staging (shared with the hand-out helpers' crew
+    /// where the chunk has it and the crew is awake); the rest of the staging
+    /// is the slot and its graph.
+    pub gathered_ns: u64,
     /// Host time handing each document its ids after the wait (with the copy
     /// of the ids to the host, `copy_ns`, where the chunk takes one).
     pub scatter_ns: u64,
@@ -436,9 +441,10 @@ impl ChunkTimings {
             false => ("the dispatches", "enqueued"),
         };
         format!(
-            "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; {submitted} {enqueued_as} in {:.1} µs and waited {:.1} µs",
+            "wall {wall:.1} µs = host {host:.1} (staging and submitting {:.1}, of it staging {:.1} with the text's gather {:.1}; handing out {:.1}) + kernels {kernels:.1} ({}) + launches, gaps and the wait {:.1}; {submitted} {enqueued_as} in {:.1} µs and waited {:.1} µs",
             self.submit_ns as f64 / 1e3,
             self.staged_ns as f64 / 1e3,
+            self.gathered_ns as f64 / 1e3,
             self.scatter_ns as f64 / 1e3,
             self.kernel_line(),
             (wall - host - kernels).max(0.0),
@@ -869,6 +875,8 @@ struct StagedChunk<'e> {
     start: Instant,
     /// Host time of the staging itself ([`ChunkTimings::staged_ns`]).
     staged_ns: u64,
+    /// The part of it that gathered the text ([`ChunkTimings::gathered_ns`]).
+    gathered_ns: u64,
 }
 
 impl Drop for StagedChunk<'_> {
@@ -1641,6 +1649,7 @@ impl DeviceEncoder {
             helpers,
             start,
             staged_ns: 0,
+            gathered_ns: 0,
         };
         if layout.text_len > 0 {
             let replayed = self.replayed_kernel(layout.text_len, replays);
@@ -1653,6 +1662,7 @@ impl DeviceEncoder {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
             }
+            let gather = Instant::now();
             self.write_staging(
                 slot,
                 texts,
@@ -1660,6 +1670,7 @@ impl DeviceEncoder {
                 staged.replays,
                 staged.helpers.as_ref(),
             )?;
+            staged.gathered_ns = elapsed_ns(gather);
         }
         staged.staged_ns = elapsed_ns(start);
         Ok(staged)
@@ -1689,6 +1700,7 @@ impl DeviceEncoder {
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
                 staged_ns: staged.staged_ns,
+                gathered_ns: staged.gathered_ns,
                 want_counts: false,
             });
         };
@@ -1716,6 +1728,7 @@ impl DeviceEncoder {
                 start: staged.start,
                 submit_ns: elapsed_ns(staged.start),
                 staged_ns: staged.staged_ns,
+                gathered_ns: staged.gathered_ns,
                 want_counts: false,
             }),
             Err(error) => {
@@ -2584,6 +2597,7 @@ pub struct PendingEncode<'e> {
     start: Instant,
     submit_ns: u64,
     staged_ns: u64,
+    gathered_ns: u64,
     want_counts: bool,
 }
 
@@ -2627,6 +2641,7 @@ impl<'e> PendingEncode<'e> {
         let mut timings = ChunkTimings {
             submit_ns: self.submit_ns,
             staged_ns: self.staged_ns,
+            gathered_ns: self.gathered_ns,
             replayed: self.replayed.is_some(),
             ..ChunkTimings::default()
         };
@@ -3252,6 +3267,7 @@ mod tests {
             wall_ns: 40_000,
             submit_ns: 5_500,
             staged_ns: 300,
+            gathered_ns: 200,
             scatter_ns: 500,
             steps: vec![StepTimings {
                 name: "short",
@@ -3262,8 +3278,8 @@ mod tests {
         let line = timings.wall_line();
         assert!(
             line.starts_with(
-                "wall 40.0 µs = host 6.0 (staging and submitting 5.5, of it staging 0.3; \
-                 handing out 0.5) + kernels 20.0 (short 20.0) + launches, gaps and the wait 14.0;"
+                "wall 40.0 µs = host 6.0 (staging and submitting 5.5, of it staging 0.3 with \
+                 the text's gather 0.2; handing out 0.5) + kernels 20.0 (short 20.0) + launches, gaps and the wait 14.0;"
             ),
             "{line}"
         );
