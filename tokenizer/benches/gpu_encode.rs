@@ -28,15 +28,19 @@
 //!   another length (its slot graph rewritten first), and eager as the cooperative
 //!   dispatch instead of a replay of the graph the chunk's slot keeps,
 //!   `DeviceEncoder::with_fused_graphs(false)`; and three rounds of eager,
-//!   graph-into-a-reused-vector and into-a-reused-`BatchIds` encodes with 0, 1
-//!   and 3 hand-out helpers, `DeviceEncoder::with_hand_out_helpers`, and with
-//!   the text read across PCIe by the kernel instead of one DMA before it,
-//!   `DeviceEncoder::with_text_copy_engine_from`, with the staging's, the
-//!   hand-out's and the kernel's times);
+//!   graph-into-a-reused-vector, graph-read-in-place and
+//!   into-a-reused-`BatchIds` encodes at the defaults (three hand-out
+//!   helpers, the text read across PCIe by the kernel) against 0 and 1
+//!   helper (`DeviceEncoder::with_hand_out_helpers`) and against the text
+//!   going up by one DMA before the kernel with 3 and 0 helpers
+//!   (`DeviceEncoder::with_text_copy_engine_from`), with the staging's (and
+//!   its gather's), the hand-out's and the kernel's times);
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
-//!   time goes), with tiktoken-rs's time beside. `VYRE_BENCH_SINGLE_ONLY=1`
+//!   time goes), with tiktoken-rs's time beside, and three rounds of it in a
+//!   batch of one alone against one helper spinning through the device wait.
+//!   `VYRE_BENCH_SINGLE_ONLY=1`
 //!   runs this part alone (after the launch floor);
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
 //!   overlaps with the kernels: the 64 MiB gather from the caller's strings

@@ -26,7 +26,9 @@ use device_batches::{
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
-use vyre_tokenizer::device::pipeline::{COPY_ENGINE_FROM, HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM};
+use vyre_tokenizer::device::pipeline::{
+    COPY_ENGINE_FROM, HAND_OUT_HELPERS, HELPED_FROM_TEXT_BYTES, TEXT_COPY_ENGINE_FROM,
+};
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
 use vyre_tokenizer::device::{
     BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
@@ -955,7 +957,7 @@ fn gpu_helped_copies_and_mapped_text_equal_cpu() {
         [(HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM), (0, 64 << 10)]
     {
         let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default())
-            .with_hand_out_helpers(helpers, 64 << 10)
+            .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES)
             .with_text_copy_engine_from(text_copy_engine_from)
             .expect("a copy-engine threshold within the limit");
         let label = |what: &str| {

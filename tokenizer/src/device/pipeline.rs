@@ -3194,7 +3194,7 @@ mod tests {
             )
             .unwrap();
             if let Some(helpers) = asked {
-                encoder = encoder.with_hand_out_helpers(helpers, 64 << 10);
+                encoder = encoder.with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES);
             }
             // The reference interpreter's default is none: nothing to wait
             // for spinning (a default that woke a crew would share at least
