@@ -3029,8 +3029,12 @@ impl EncodeGraph<'_> {
     /// # Ok::<(), vyre_tokenizer::TokenizerError>(())
     /// ```
     pub fn encode_in_place(&mut self, text: &[u8]) -> Result<(&[u32], Timings), TokenizerError> {
-        self.replay(text, false)
-            .map(|(ids, timings, _)| (ids, timings))
+        self.replay(text, true).map(|(ids, timings, helpers)| {
+            if let Some(helpers) = helpers {
+                helpers.linger();
+            }
+            (ids, timings)
+        })
     }
 
     /// One replay for `text`: its ids where the device wrote them, the
