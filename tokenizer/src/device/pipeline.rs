@@ -2998,7 +2998,7 @@ impl EncodeGraph<'_> {
         text: &[u8],
         ids: &mut Vec<u32>,
     ) -> Result<Timings, TokenizerError> {
-        let (in_place, timings, helpers) = self.replay(text, true)?;
+        let (in_place, timings, helpers) = self.replay(text)?;
         let total = u32::try_from(in_place.len())
             .map_err(|_| internal(format!("{} ids of one graph", in_place.len())))?;
         hand_out_helpers::hand_out(in_place, &[0, total], std::slice::from_mut(ids), helpers)?;
@@ -3029,7 +3029,7 @@ impl EncodeGraph<'_> {
     /// # Ok::<(), vyre_tokenizer::TokenizerError>(())
     /// ```
     pub fn encode_in_place(&mut self, text: &[u8]) -> Result<(&[u32], Timings), TokenizerError> {
-        self.replay(text, true).map(|(ids, timings, helpers)| {
+        self.replay(text).map(|(ids, timings, helpers)| {
             if let Some(helpers) = helpers {
                 helpers.linger();
             }
@@ -3038,13 +3038,13 @@ impl EncodeGraph<'_> {
     }
 
     /// One replay for `text`: its ids where the device wrote them, the
-    /// replay's timings, and for a `helped` replay (one whose ids go into a
-    /// vector) the hand-out helpers' crew where the encoder asks for it, which
-    /// shared the staging and was woken while the device computed.
+    /// replay's timings, and the hand-out helpers' crew where the encoder asks
+    /// for it, which shared the staging and was woken while the device
+    /// computed (also for ids read in place: a host with threads spinning
+    /// through the wait runs the kernel's PCIe reads and writes faster).
     fn replay(
         &mut self,
         text: &[u8],
-        helped: bool,
     ) -> Result<(&[u32], Timings, Option<Helpers>), TokenizerError> {
         if text.len() != self.text_len as usize {
             return Err(TokenizerError::new(
@@ -3058,7 +3058,7 @@ impl EncodeGraph<'_> {
             ));
         }
         let encoder = self.encoder;
-        let helpers = encoder.crew_for(u64::from(self.text_len), helped);
+        let helpers = encoder.crew_for(u64::from(self.text_len), true);
         let (Some(graph), Some(slot)) = (self.graph.as_mut(), self.slot.as_mut()) else {
             return Err(internal("the encode graph is gone".to_owned()));
         };
