@@ -38,8 +38,7 @@
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
-//!   time goes), with tiktoken-rs's time beside, and three rounds of it in a
-//!   batch of one alone against one helper spinning through the device wait.
+//!   time goes), with tiktoken-rs's time beside.
 //!   `VYRE_BENCH_SINGLE_ONLY=1`
 //!   runs this part alone (after the launch floor);
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
@@ -84,6 +83,8 @@
 //!   (`Geometry::merge_slab_bytes`: the pieces of at most that many bytes
 //!   merge in workgroup memory; the default first and last, each row's time
 //!   as a ratio to the first). `VYRE_BENCH_SLAB=0` leaves both out;
+//!   `VYRE_BENCH_MERGE_REGISTERS_ONLY=1` runs the fused kernels' part alone
+//!   (after the launch floor);
 //! - 64 KiB and 256 KiB of each shape through the resident-grid kernel in
 //!   other workgroup shapes and grid caps. `VYRE_BENCH_RESIDENT_SHAPES=0`
 //!   leaves it out;
@@ -360,6 +361,10 @@ fn main() {
     );
     if std::env::var_os("VYRE_BENCH_SINGLE_ONLY").is_some() {
         single_documents(&gpu, &cpu, encoder, &tiktoken, &step_by_step, small_rounds);
+        return;
+    }
+    if std::env::var_os("VYRE_BENCH_MERGE_REGISTERS_ONLY").is_some() {
+        merge_register_lengths(&gpu, &cpu, small_rounds);
         return;
     }
 
@@ -1198,28 +1203,6 @@ fn single_documents(
         "  the short-text kernel's steps by their own clock: {}",
         counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
     );
-    // Whether a host thread spinning through the device wait (a helper woken
-    // for a text of any length, with nothing to share) changes the kernel's
-    // time or the wait: the kernel reads the text and writes the ids across
-    // PCIe.
-    let spun = encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_hand_out_helpers(1, 0);
-    for round in 1..=3 {
-        let mut line = format!("  a batch of one, round {round}:");
-        for (label, with) in [("alone", encoder), ("one helper spinning", &spun)] {
-            let (batched, timings) = median(small_rounds, || {
-                with.encode_batch_into(&[small.as_bytes()], &mut one_batch)
-                    .expect("encode a batch of one")
-                    .remove(0)
-            });
-            assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one, {label}");
-            line.push_str(&format!(
-                " {label} {:.1} µs (kernel {:.1});",
-                batched * 1e6,
-                timings.kernel_ns() as f64 / 1e3
-            ));
-        }
-        println!("{line}");
-    }
 }
 
 /// One document's eager encode with `encoder` (`submit_bytes`, then

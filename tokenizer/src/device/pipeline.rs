@@ -928,11 +928,22 @@ fn hand_out_pool(chunks: usize) -> Option<&'static rayon::ThreadPool> {
 /// 105.4–110.0, 113.0–118.3 and 130.8–131.5. A graph into a reused vector
 /// gained as much (prose 99.2–105.7 against 111.4–112.2); an encode into a
 /// [`BatchIds`], which hands nothing out, neither gained nor lost
-/// (92.2–93.0 against 91.6–91.7).
+/// (92.2–93.0 against 91.6–91.7). A graph whose ids are read in place wakes
+/// them too, for the staging and for the kernel's sake
+/// ([`EncodeGraph::encode_in_place`] gives the figures).
 pub const HAND_OUT_HELPERS: usize = 3;
 
 /// From this many bytes of text a chunk the caller waits for at once wakes
 /// threads to share its hand-out ([`DeviceEncoder::with_hand_out_helpers`]).
+///
+/// Why not below: a short text has little to share, and a thread spinning
+/// through its device wait did not speed its kernel as it does a 256 KiB
+/// one's (see [`EncodeGraph::encode_in_place`]): 1 KiB of prose in a batch of
+/// one took 34.3–36.5 µs alone against 34.6–36.8 with one helper spinning
+/// from the first byte (`with_hand_out_helpers(1, 0)`), its short-text kernel
+/// 23.9–24.3 against 24.2–24.6 by its own clock (H100, 2026-12-06, the
+/// `gpu_encode` bench, three alternating rounds in each of three runs, median
+/// of 200 each).
 pub const HELPED_FROM_TEXT_BYTES: u64 = 64 << 10;
 
 /// Hand-outs an encode may have running before it stages another chunk (and
@@ -1208,9 +1219,11 @@ impl DeviceEncoder {
 
     /// How many threads (at most three, and one fewer than the host's cores)
     /// an encode the caller waits for at once (a batch of one chunk,
-    /// [`DeviceEncoder::submit_bytes`], or [`EncodeGraph::encode_into`])
+    /// [`DeviceEncoder::submit_bytes`], or an [`EncodeGraph`]'s replay)
     /// wakes while the device computes, to share the copy of its ids into the
-    /// caller's vectors once it is done (a [`BatchIds`] reads them in place),
+    /// caller's vectors once it is done (a [`BatchIds`] and
+    /// [`EncodeGraph::encode_in_place`] read them in place, and keep the
+    /// threads spinning for the kernel's sake),
     /// for a chunk of at least `from_text_bytes` bytes of text (see
     /// [`HELPED_FROM_TEXT_BYTES`]). The threads spin through the device wait
     /// (at most a millisecond) and for a quarter of a millisecond after the
@@ -3014,6 +3027,19 @@ impl EncodeGraph<'_> {
     /// document on the H200 (2026-12-05: 142.2 µs eager into vectors against
     /// 122.6 µs into a reused [`BatchIds`], which reads them
     /// in place, for prose; 177.5 against 137.0 for CJK).
+    ///
+    /// It hands nothing out, yet it wakes the encoder's hand-out helpers
+    /// ([`DeviceEncoder::with_hand_out_helpers`]) as the other encodes do: they
+    /// share the staging, spin through the device wait and linger for the next
+    /// encode. The spinning is for the kernel, which reads the text and writes
+    /// the ids across PCIe: with threads spinning its own clock is shorter,
+    /// most likely because a host whose cores idle serves those reads and
+    /// writes more slowly. On an H100 (2026-12-06, the `gpu_encode` bench, two
+    /// runs of three alternating rounds, one 256 KiB document, median of 200
+    /// each) three helpers took prose 91.2–96.0 µs against 96.6–103.7 without
+    /// helpers (its kernel 60.0–66.8 against 68.4–73.2 by its own clock), CJK
+    /// 105.3–106.6 against 108.4–119.5 and code 114.5–119.3 against
+    /// 121.1–125.3.
     ///
     /// ```
     /// use vyre_cuda::backend::AnyBackend;
