@@ -467,6 +467,21 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// of registers for the ranges past the first (16, then 31) made the kernels
 /// no faster for code and slower at 256 KiB (128.5 µs), presumably because a
 /// warp whose ranges fall in both sets runs both loops one after the other.
+///
+/// Swept again on two H100 hosts (2026-12-06, the same bench section, one
+/// run each, beside the 20-byte slab that came since): 20 registers and no
+/// slab took 256 KiB of code 73.3 and 75.6 µs against 86.9 and 88.8 at the
+/// defaults, but prose 62.2 and 63.3 against 58.8 and 60.1, CJK 67.7 and
+/// 69.7 against 64.7 (the defaults) and 66.8 (16 registers and no slab; the
+/// defaults' row read 78.8 in that run), 1 KiB within half a µs. 256 KiB of
+/// the bench's code has no piece past 20 bytes that is not one token: its
+/// longest chains are 16 merges, in identifiers of 17–19 bytes (the slab's),
+/// where prose's are 8, in pieces of at most 12 bytes. A second set of 20
+/// registers after the first 16, instead of the slab (tried the same day,
+/// not kept), took code 91.2 against 86.9, prose 59.6 against 58.8, CJK 66.0
+/// against 64.7: again both loops. 16 stays: 20 would trade 3 µs of the
+/// prose and CJK kernels for 13 of code's, and moves no shape across its
+/// target.
 pub const REGISTER_MERGE_BYTES: u32 = 16;
 
 /// Most [`Geometry::register_merge_bytes`]: a key holds its offset in 5 bits
