@@ -3196,9 +3196,12 @@ mod tests {
     /// module's tests): with the crew kept spinning through the reference
     /// backend's long waits, a 100 KB text submitted and waited for into a
     /// new and into a reused vector, encoded as a batch of one into vectors and
-    /// into a `BatchIds`, and through a graph into a reused vector, each equal
-    /// the CPU encoder, and the crew shared copies (staging and hand-out)
-    /// along the way; (control) the same encoder without helpers shares none,
+    /// into a `BatchIds`, and through a graph into a reused vector and read in
+    /// place, each equal the CPU encoder, and the crew shared copies (staging
+    /// and hand-out) along the way, the staging of the graph read in place
+    /// too (negative control by hand: with the in-place replay taking no
+    /// crew, as before 2026-12-06, 11 copies were shared and this test
+    /// fails); (control) the same encoder without helpers shares none,
     /// and neither does one at the reference interpreter's default (which
     /// computes on the calling thread, so spinning helpers would only take
     /// its cores; a default of three there fails this test).
@@ -3266,6 +3269,9 @@ mod tests {
             ready();
             graph.encode_into(&text, &mut reused[0]).unwrap();
             assert!(reused[0] == ids, "{helpers} helpers: a graph");
+            ready();
+            let (read, _) = graph.encode_in_place(&text).unwrap();
+            assert!(read == ids, "{helpers} helpers: a graph read in place");
             let shared = test_support::copies_shared() - before;
             test_support::quiet();
             if helpers == 0 {
@@ -3274,8 +3280,9 @@ mod tests {
                     "{asked:?} helpers: an encoder without helpers shared a copy"
                 );
             } else if crate::workers::available() > 1 {
-                // Six encodes, each a staging and (but the BatchIds) a hand-out.
-                assert!(shared >= 11, "only {shared} copies shared");
+                // Seven encodes, each a staging and (but the BatchIds and the
+                // graph read in place) a hand-out.
+                assert!(shared >= 12, "only {shared} copies shared");
             }
         }
     }
