@@ -42,6 +42,15 @@
 //! 256 KiB CJK text's) were handed out in 14.3–15.2 µs against 41.8–47.4
 //! alone, 256 KiB of text staged in 7.0–7.6 against 11.8–15.5.
 //!
+//! The spinning also serves the kernel itself. With the crew spinning through
+//! the device wait, the resident kernel (which reads the text and writes the
+//! ids across PCIe) ran shorter by its own clock: 256 KiB of prose 58.7–60.2
+//! µs against 68.6–74.3 without helpers, on an H100 host (2026-12-06), most
+//! likely because a host whose cores idle serves those reads and writes more
+//! slowly. So encodes that hand nothing out (a `BatchIds` part,
+//! `EncodeGraph::encode_in_place`) take the crew too, for their staging and
+//! their wait.
+//!
 //! One encode at a time has the crew (from its staging to the end of its
 //! hand-out): the crew's pool is small, and another encode's spinning jobs
 //! would queue the first's pieces behind them. An encode that finds the crew
