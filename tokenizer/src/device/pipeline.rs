@@ -858,6 +858,17 @@ struct Layout {
     ends: Vec<u32>,
 }
 
+impl Layout {
+    /// One document of `text_len` bytes: what a graph's slot holds for every
+    /// replay.
+    fn one_document(text_len: u32) -> Layout {
+        Layout {
+            text_len,
+            ends: vec![text_len],
+        }
+    }
+}
+
 /// A chunk gathered into a slot's staging and not yet submitted; dropping it
 /// gives the slot back.
 struct StagedChunk<'e> {
@@ -2287,11 +2298,7 @@ impl DeviceEncoder {
                 .transfers()
                 .text_by_copy_engine
                 .then_some(text_len as u64);
-            let layout = Layout {
-                text_len: text_len_u32,
-                ends: vec![text_len_u32],
-            };
-            self.write_layout(&mut slot, &layout)
+            self.write_layout(&mut slot, &Layout::one_document(text_len_u32))
                 .and_then(|()| self.record_fused(&slot, fused, (text_len_u32, 1), upload))
                 .map(|(graph, _, input)| {
                     let inputs = input.map_or(GraphInputs::Staging, GraphInputs::Text);
@@ -2441,13 +2448,7 @@ impl DeviceEncoder {
         fused: &FusedKernel,
         text_len: u32,
     ) -> Result<AnyGraph, TokenizerError> {
-        self.write_layout(
-            slot,
-            &Layout {
-                text_len,
-                ends: vec![text_len],
-            },
-        )?;
+        self.write_layout(slot, &Layout::one_document(text_len))?;
         let bindings = self.bindings(slot, &fused.bindings)?;
         self.backend
             .record(|recorder| {
