@@ -784,8 +784,8 @@ fn differential_shares_cover_every_program_once() {
 /// makes it rare would leave it untested on the GPU without a sound): across the
 /// differential's first 2,000 seeds every construct appears in at least 2% of the
 /// programs (grid syncs are allowed in one in ten), and each of the later ones
-/// (`while`, `break`, `continue`, returning atomics, atomic loads, 64-bit integers, local arrays,
-/// scans) in at least 15%. Prints the shares. Runs on the
+/// (`while`, `break`, `continue`, returning atomics, atomic loads, acquire loads, 64-bit
+/// integers, local arrays, scans) in at least 15%. Prints the shares. Runs on the
 /// CPU. Negative control: the same count over `core_only` programs finds none of the
 /// later ones.
 #[test]
@@ -812,6 +812,7 @@ fn differential_programs_draw_every_construct() {
         Construct::AtomicFetch,
         Construct::CompareExchange,
         Construct::AtomicLoad,
+        Construct::AcquireLoad,
         Construct::WorkgroupScan,
         Construct::Scalar,
     ];

@@ -138,6 +138,70 @@ fn digest_is_sha256_of_the_documented_encoding() {
     assert_eq!(program.digest().0, sha256(&bytes));
 }
 
+/// Locks out an acquire load that prints, compares or hashes as an atomic load
+/// (the two would share a PTX cache entry, and one would be emitted as the other),
+/// or whose tag reuses another node's: it prints as `acquire_load`, differs from
+/// the same atomic load, and its digest is that of the encoding by hand with its
+/// own tag, 19 (every earlier tag is kept, so no earlier program's digest moves).
+#[test]
+fn acquire_load_prints_and_hashes_as_its_own_node() {
+    let with = |acquire: bool| {
+        Program::builder([1, 1, 1])
+            .buffer(
+                "f",
+                0,
+                Access::ReadOnly,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .body(|b| {
+                if acquire {
+                    b.acquire_load("r", "f", 3u32);
+                } else {
+                    b.atomic_load("r", "f", 3u32);
+                }
+            })
+            .build()
+    };
+    let acquire = with(true);
+    let text = acquire.to_string();
+    assert!(
+        text.lines()
+            .any(|line| line.trim() == "let r = acquire_load(&f[3u]);"),
+        "{text}"
+    );
+    let relaxed = with(false);
+    assert!(relaxed.to_string().contains("let r = atomic_load(&f[3u]);"));
+    assert_ne!(acquire, relaxed);
+    assert_ne!(acquire.digest(), relaxed.digest());
+    assert_eq!(acquire, with(true));
+
+    let mut block = b"block".to_vec();
+    block.extend(1u32.to_le_bytes()); // entry block length
+    block.push(19); // acquire load
+    block.extend(1u32.to_le_bytes());
+    block.extend(b"r");
+    block.extend(1u32.to_le_bytes());
+    block.extend(b"f");
+    block.extend([0, 0]); // index: literal u32
+    block.extend(3u32.to_le_bytes());
+    let mut bytes = b"vyre-cuda program v2".to_vec();
+    bytes.extend(1u32.to_le_bytes()); // buffer count
+    bytes.extend(1u32.to_le_bytes()); // name length
+    bytes.extend(b"f");
+    bytes.extend(0u32.to_le_bytes()); // binding
+    bytes.push(0); // read_only
+    bytes.push(1); // u32
+    bytes.push(1); // runtime count
+    for w in [1u32, 1, 1] {
+        bytes.extend(w.to_le_bytes());
+    }
+    bytes.push(0); // no entry op id
+    bytes.push(0); // composable
+    bytes.extend(sha256(&block)); // the entry block's digest
+    assert_eq!(acquire.digest().0, sha256(&bytes));
+}
+
 // ---- sensitivity -------------------------------------------------------------------------
 
 fn lit_u32(v: u32) -> Expr {

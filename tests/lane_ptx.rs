@@ -181,6 +181,73 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
     assert!(aligned(&launched), "{launched}");
 }
 
+/// Locks out a lane that refuses a body polling host-written flags, or emits its
+/// acquire loads as something else: a body whose first thread waits on its piece's
+/// `ready` flag with an acquire load, then (after a barrier) reads the staged piece,
+/// holds one bounds-checked `ld.acquire.sys.global.u32` and the module assembles
+/// with ptxas for sm_90.
+#[test]
+fn a_body_polls_with_acquire_loads_and_assembles() {
+    let program = Program::builder([32, 1, 1])
+        .buffer(
+            "ready",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "staged",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            2,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+                let seen = b.let_mut("seen", 0u32);
+                b.while_(seen.equals(0u32), |b| {
+                    let flag = b.acquire_load("flag", "ready", Expr::workgroup_id(Axis::X));
+                    b.assign("seen", flag);
+                });
+            });
+            b.barrier();
+            b.store("out", gid.clone(), Expr::load("staged", gid));
+        })
+        .build();
+    let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+    lane.push(&program, &CodegenOptions::default())
+        .expect("a body with acquire loads");
+    let ptx = lane.finish();
+    let body = ptx
+        .split(".func vyre_lane_body_")
+        .nth(1)
+        .and_then(|body| body.split(".visible .entry").next())
+        .expect("one body");
+    let acquires: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.contains("ld.acquire"))
+        .collect();
+    assert_eq!(acquires.len(), 1, "{body}");
+    assert!(
+        acquires[0].starts_with('@') && acquires[0].contains("ld.acquire.sys.global.u32 "),
+        "{body}"
+    );
+    let Some(ptxas) = ptxas::require("a_body_polls_with_acquire_loads_and_assembles") else {
+        return;
+    };
+    ptxas::assemble(&ptxas, "lane_acquire", &ptx).unwrap_or_else(|report| panic!("{report}"));
+}
+
 /// Whether the completion's arrival (`completion`: the text from `$L_lane_complete:`
 /// to `$L_lane_arrived:`) counts with one `atom.inc` that wraps at the last arrival's
 /// count, and writes the counter nothing else.

@@ -752,6 +752,81 @@ fn fenced_counter(workgroup_scope: bool) -> Program {
         .build()
 }
 
+/// Staged input a host hands over while the kernel runs: thread 0 of each workgroup
+/// polls its piece's `ready` flag with an acquire load until it is set, a barrier
+/// hands the acquire to the workgroup, then every thread reads the piece (a plain
+/// load) and acquire loads of every other integer width and signedness, read-only
+/// and read-write, each bounds-checked.
+fn acquire_loads() -> Program {
+    Program::builder([32, 1, 1])
+        .buffer(
+            "ready",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "staged",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "signed",
+            2,
+            Access::ReadWrite,
+            ElemType::I32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "wide",
+            3,
+            Access::ReadOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "wide_signed",
+            4,
+            Access::ReadWrite,
+            ElemType::I64,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            5,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            let piece = b.let_("piece", Expr::workgroup_id(Axis::X));
+            b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+                let seen = b.let_mut("seen", 0u32);
+                b.while_(seen.equals(0u32), |b| {
+                    let flag = b.acquire_load("flag", "ready", piece.clone());
+                    b.assign("seen", flag);
+                });
+            });
+            b.barrier();
+            let signed = b.acquire_load("signed_seen", "signed", gid.clone());
+            let wide = b.acquire_load("wide_seen", "wide", gid.clone());
+            let wide_signed = b.acquire_load("wide_signed_seen", "wide_signed", gid.clone());
+            b.store(
+                "out",
+                gid.clone(),
+                Expr::load("staged", gid).cast(ScalarType::U64)
+                    + signed.cast(ScalarType::U64)
+                    + wide
+                    + wide_signed.cast(ScalarType::U64),
+            );
+        })
+        .build()
+}
+
 fn early_return() -> Program {
     Program::builder([64, 1, 1])
         .buffer(
@@ -1253,6 +1328,7 @@ fn fixtures() -> Vec<Fixture> {
         fixture("loop_control", loop_control()),
         fixture("every_op_64", every_op_64()),
         fixture("returning_atomics", returning_atomics()),
+        fixture("acquire_loads", acquire_loads()),
         fixture("scalar_parameters", scalar_parameters()),
         fixture("local_arrays", local_arrays()),
         fixture("subgroup_scans", subgroup_scans()),
@@ -1394,6 +1470,91 @@ fn every_fixture_is_valid_lowered_ir() {
             panic!("fixture {} is not valid: {e}\n{}", f.name, f.program);
         }
     }
+}
+
+/// Locks out an acquire load emitted as a relaxed or device-scope one (it would
+/// promise nothing about what the host wrote before setting the flag), from another
+/// state space, of another width, or without its bounds check: each acquire load of
+/// the fixture is one `ld.acquire.sys.global` of its element's type (`u32`, `s32`,
+/// `u64`, `s64`), guarded by a bounds predicate like a plain load, and the module
+/// assembles with ptxas. Negative control: the same program with atomic loads
+/// instead (its read-only buffers made read-write, as they need) has no
+/// `ld.acquire`, only relaxed GPU-scope loads.
+#[test]
+fn acquire_loads_are_system_scope_acquires() {
+    let program = acquire_loads();
+    let ptx = program_to_ptx(&program, &CHECKED, 90, 32).expect("ptx");
+    for (ty, count) in [("u32", 1), ("s32", 1), ("u64", 1), ("s64", 1)] {
+        let needle = format!("ld.acquire.sys.global.{ty} ");
+        assert_eq!(ptx.matches(&needle).count(), count, "{needle}\n{ptx}");
+        for line in ptx.lines().filter(|line| line.contains(&needle)) {
+            assert!(line.trim_start().starts_with("@"), "unguarded: {line}");
+        }
+    }
+    assert_eq!(ptx.matches("ld.acquire.").count(), 4, "{ptx}");
+    assert!(!ptx.contains("ld.relaxed."), "{ptx}");
+    let unchecked = program_to_ptx(&program, &UNCHECKED, 90, 32).expect("ptx");
+    assert_eq!(unchecked.matches("ld.acquire.sys.global.").count(), 4);
+
+    // Atomic loads need buffers the kernel may write.
+    let writable: Vec<BufferDecl> = program
+        .buffers()
+        .iter()
+        .map(|decl| BufferDecl {
+            access: match decl.access {
+                Access::ReadOnly => Access::ReadWrite,
+                access => access,
+            },
+            ..decl.clone()
+        })
+        .collect();
+    let relaxed = Program::new(
+        writable,
+        program.workgroup_size(),
+        as_atomic_loads(program.entry()),
+    );
+    let relaxed_ptx = program_to_ptx(&relaxed, &CHECKED, 90, 32).expect("ptx");
+    assert!(!relaxed_ptx.contains("ld.acquire"), "{relaxed_ptx}");
+    assert_eq!(relaxed_ptx.matches("ld.relaxed.gpu.global.").count(), 4);
+
+    let Some(ptxas) = ptxas::require("acquire_loads_are_system_scope_acquires") else {
+        return;
+    };
+    for (what, ptx) in [("acquire_checked", &ptx), ("acquire_unchecked", &unchecked)] {
+        ptxas::assemble(&ptxas, what, ptx).unwrap_or_else(|report| panic!("{report}"));
+    }
+}
+
+/// `block` with every acquire load (at any depth) made an atomic load.
+fn as_atomic_loads(block: &[Node]) -> Vec<Node> {
+    block
+        .iter()
+        .map(|node| match node {
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => Node::AtomicLoad {
+                name: name.clone(),
+                buffer: buffer.clone(),
+                index: index.clone(),
+            },
+            Node::If {
+                condition,
+                then_body,
+                else_body,
+            } => Node::If {
+                condition: condition.clone(),
+                then_body: as_atomic_loads(then_body).into(),
+                else_body: as_atomic_loads(else_body).into(),
+            },
+            Node::While { condition, body } => Node::While {
+                condition: condition.clone(),
+                body: as_atomic_loads(body).into(),
+            },
+            other => other.clone(),
+        })
+        .collect()
 }
 
 /// Locks out a fence that is dropped, moved or of the wrong scope: `Node::Fence`
@@ -2208,6 +2369,31 @@ mod random {
                         body,
                     })
                 }
+                8 if self.rng.chance(20) => {
+                    let acquirable: Vec<BufferDecl> = self
+                        .buffers
+                        .iter()
+                        .filter(|b| {
+                            b.elem == ElemType::U32
+                                && matches!(b.access, Access::ReadOnly | Access::ReadWrite)
+                        })
+                        .cloned()
+                        .collect();
+                    if acquirable.is_empty() {
+                        return None;
+                    }
+                    let buffer = acquirable[self.rng.below(acquirable.len())].name.clone();
+                    let index = self.index(uniform);
+                    let name = self.fresh();
+                    self.scopes
+                        .last_mut()?
+                        .push((name.clone(), ScalarType::U32, false));
+                    Some(Node::AcquireLoad {
+                        name,
+                        buffer,
+                        index,
+                    })
+                }
                 8 => {
                     let atomic: Vec<BufferDecl> = self
                         .buffers
@@ -2672,6 +2858,10 @@ fn random_programs_cover_every_node_and_expression_kind() {
                     walk_expr(index, seen);
                     "atomic_load"
                 }
+                Node::AcquireLoad { index, .. } => {
+                    walk_expr(index, seen);
+                    "acquire_load"
+                }
                 Node::If {
                     condition,
                     then_body,
@@ -2722,6 +2912,7 @@ fn random_programs_cover_every_node_and_expression_kind() {
         "atomic_fetch",
         "compare_exchange",
         "atomic_load",
+        "acquire_load",
         "barrier",
         "grid_sync",
         "return",

@@ -1313,6 +1313,65 @@ fn atomic_loads_read_what_the_atomics_left() {
     }
 }
 
+/// Locks out an acquire load that reads another element, changes the element, or
+/// faults out of range: 8 threads each load element `lane` of a read-only `u32`
+/// buffer of 6 (the element, 0 for the last two lanes, past its end) and element
+/// 0 of a read-write `i64` buffer holding a negative value above 32 bits (the
+/// value, sign and all); the read-write buffer comes back unchanged.
+#[test]
+fn acquire_loads_read_the_element_and_zero_past_the_end() {
+    let program = Program::builder([4, 1, 1])
+        .buffer(
+            "flags",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Static(6),
+        )
+        .buffer(
+            "wide",
+            1,
+            Access::ReadWrite,
+            ElemType::I64,
+            BufferCount::Static(1),
+        )
+        .buffer(
+            "got",
+            2,
+            Access::WriteOnly,
+            ElemType::U64,
+            BufferCount::Static(16),
+        )
+        .body(|blk| {
+            let lane = blk.let_("lane", Expr::global_id(Axis::X));
+            let flag = blk.acquire_load("flag", "flags", lane.clone());
+            blk.store("got", lane.clone() * 2u32, flag.cast(ScalarType::U64));
+            let wide = blk.acquire_load("seen_wide", "wide", 0u32);
+            blk.store("got", lane * 2u32 + 1u32, wide.cast(ScalarType::U64));
+        })
+        .build();
+    let wide = -(1i64 << 40 | 5);
+    let out = reference::run(
+        &program,
+        &[
+            &bytes_of(&[3, 1, 4, 1, 5, 9]),
+            &wide.to_le_bytes(),
+            &[0; 128],
+        ],
+        &DispatchConfig::linear(2),
+    )
+    .unwrap();
+    assert_eq!(out[0], wide.to_le_bytes());
+    let got: Vec<u64> = out[1]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let flags = [3, 1, 4, 1, 5, 9, 0, 0];
+    for (lane, row) in got.chunks(2).enumerate() {
+        assert_eq!(row, [flags[lane], wide as u64], "lane {lane}");
+    }
+}
+
 /// Locks out local arrays shared between threads, kept across kernel runs, indexed
 /// at compile time only, or unchecked: each of 4 threads fills its own array with
 /// `10 * thread + j`, reads it back rotated by a run-time index, reads past its end

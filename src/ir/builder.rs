@@ -354,6 +354,24 @@ impl BlockBuilder {
         Expr::Var(name)
     }
 
+    /// `let name = acquire_load(&buffer[index]);` ([`Node::AcquireLoad`]). Returns
+    /// `Expr::Var(name)`: the element's value as one acquiring read at system
+    /// scope sees it.
+    pub fn acquire_load(
+        &mut self,
+        name: impl Into<Name>,
+        buffer: impl Into<Name>,
+        index: impl Into<Expr>,
+    ) -> Expr {
+        let name = name.into();
+        self.nodes.push(Node::AcquireLoad {
+            name: name.clone(),
+            buffer: buffer.into(),
+            index: index.into(),
+        });
+        Expr::Var(name)
+    }
+
     /// Atomic read-modify-write on an integer buffer element (no value returned).
     pub fn atomic(
         &mut self,

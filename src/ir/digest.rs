@@ -373,6 +373,16 @@ impl Encoder {
                 self.name(buffer);
                 self.expr(index, scratch);
             }
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                self.u8(19);
+                self.name(name);
+                self.name(buffer);
+                self.expr(index, scratch);
+            }
         }
     }
     /// Pre-order encoding of an expression tree by an explicit stack.

@@ -296,6 +296,16 @@ impl<'w> Printer<'w> {
                 self.put(" = atomic_load")?;
                 self.atomic_operands(buffer, index, &[])
             }
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                self.put("let ")?;
+                self.put(name)?;
+                self.put(" = acquire_load")?;
+                self.atomic_operands(buffer, index, &[])
+            }
             Node::WorkgroupScan {
                 name,
                 op,

@@ -39,7 +39,11 @@
 //!   thread), read where a leaf value goes and in workgroup-uniform conditions
 //!   (they are grid-uniform), never where a literal is required (a counter's
 //!   operands, a loop's start, a fuel count); every value of the declared type is
-//!   as good as the case's own ([`RandomCase::scalar_values`]).
+//!   as good as the case's own ([`RandomCase::scalar_values`]);
+//! - acquire loads read only elements nobody writes while the kernel runs (an input
+//!   anywhere, a grid-sync stage after the sync) or the thread's own element of a
+//!   read-write output, so each reads what a plain load would; like scalar
+//!   parameters they draw from a stream of their own.
 //!
 //! Each later construct is drawn for about half of the programs
 //! ([`differential_case`] is the differential's case, [`constructs_used`] says which
@@ -147,6 +151,11 @@ pub struct GeneratorOptions {
     /// from a stream of their own, so a program without scalars is the one the
     /// seed gave before they existed.
     pub allow_scalars: bool,
+    /// Generate acquire loads ([`Node::AcquireLoad`]) of global integer buffers
+    /// nobody writes while they run (inputs at any index, the thread's own output
+    /// element). Drawn from a stream of their own, like scalar parameters, so a
+    /// program without acquire loads is the one the seed gave before they existed.
+    pub allow_acquire_loads: bool,
     /// Most threads per workgroup.
     pub max_threads_per_workgroup: u32,
     /// Most workgroups in the grid.
@@ -172,6 +181,7 @@ impl Default for GeneratorOptions {
             allow_local_arrays: true,
             allow_workgroup_scans: true,
             allow_scalars: true,
+            allow_acquire_loads: true,
             max_threads_per_workgroup: 256,
             max_workgroups: 8,
             max_fixpoint_iterations: 2,
@@ -183,7 +193,7 @@ impl Default for GeneratorOptions {
 impl GeneratorOptions {
     /// These options with every construct added after the first differential runs
     /// turned off (`while`, `break`, `continue`, 64-bit integers, returning atomics,
-    /// local arrays, workgroup scans, scalar parameters). Those
+    /// local arrays, workgroup scans, scalar parameters, acquire loads). Those
     /// constructs draw from the seed only when they are on, so a seed printed by an
     /// earlier run still gives its program with these options.
     pub fn core_only(self) -> Self {
@@ -194,12 +204,13 @@ impl GeneratorOptions {
             allow_local_arrays: false,
             allow_workgroup_scans: false,
             allow_scalars: false,
+            allow_acquire_loads: false,
             ..self
         }
     }
 
     /// Whether any construct [`GeneratorOptions::core_only`] turns off is on (scalar
-    /// parameters excepted: they draw from a stream of their own).
+    /// parameters and acquire loads excepted: they draw from streams of their own).
     fn extended(&self) -> bool {
         self.allow_while_loops
             || self.allow_64_bit
@@ -222,6 +233,8 @@ struct Drawn {
     scans: bool,
     /// Drawn from `ValidGenerator::scalar_rng`, not the main stream.
     scalars: bool,
+    /// Drawn from `ValidGenerator::acquire_rng`, not the main stream.
+    acquire_loads: bool,
 }
 
 impl Drawn {
@@ -233,6 +246,7 @@ impl Drawn {
             local_arrays: options.allow_local_arrays && rng.one_in(2),
             scans: options.allow_workgroup_scans && rng.one_in(2),
             scalars: false,
+            acquire_loads: false,
         }
     }
 
@@ -319,6 +333,10 @@ impl RandomCase {
 /// Mixed into the seed of the stream scalar declarations, uses and values are drawn
 /// from (`ValidGenerator::scalar_rng`).
 const SCALAR_STREAM: u64 = 0x5ca1_a25e_ed5e_ed00;
+
+/// Mixed into the seed of the stream that decides where acquire loads go and what
+/// they read (`ValidGenerator::acquire_rng`).
+const ACQUIRE_STREAM: u64 = 0xacc0_1ade_ed5e_ed00;
 
 const TYPES: [ScalarType; 4] = [
     ScalarType::U32,
@@ -523,6 +541,13 @@ struct ValidGenerator {
     scalar_rng: SeededRng,
     /// The declared scalar parameters.
     scalars: Vec<ScalarDecl>,
+    /// Whether and where acquire loads go, and which buffer each reads, come from
+    /// here, never from `rng`: a program without one takes exactly the main stream
+    /// it took before they existed.
+    acquire_rng: SeededRng,
+    /// Global integer buffers the kernel reads and nobody writes under an acquire
+    /// load (inputs anywhere, the thread's own element of a read-write output).
+    acquirable: Vec<(Name, ElemType, ReadAt)>,
 }
 
 /// The one update of a program's shared counters: an operation (a compare-exchange
@@ -662,7 +687,13 @@ impl ValidGenerator {
             .filter(|(_, elem, _)| elem.value_type() == ty)
             .nth(chosen)?
             .clone();
-        let index = match read_at {
+        let index = self.read_index(read_at, depth);
+        Some(Expr::load(buffer, index))
+    }
+
+    /// An index a buffer read under `read_at` may take.
+    fn read_index(&mut self, read_at: ReadAt, depth: u32) -> Expr {
+        match read_at {
             ReadAt::OwnGlobalId => Expr::var(GID),
             ReadAt::OwnLocalId => Expr::var(LID),
             ReadAt::Anywhere => match self.rng.below(3) {
@@ -670,8 +701,27 @@ impl ValidGenerator {
                 1 => Expr::var(GID) + self.expr(ScalarType::U32, depth),
                 _ => self.expr(ScalarType::U32, depth),
             },
+        }
+    }
+
+    /// `let v = acquire_load(&buffer[i]);` on a buffer of `acquirable` at an index
+    /// its rule allows (nothing when there is none). Nobody writes the element
+    /// while the kernel runs, or only this thread did, so it reads what a plain load
+    /// would. The buffer comes from `acquire_rng`, the index from the main stream.
+    fn acquire_load(&mut self) -> Vec<Node> {
+        let count = self.acquirable.len() as u64;
+        let chosen = self.acquire_rng.below(count) as usize;
+        let Some((buffer, elem, read_at)) = self.acquirable.get(chosen).cloned() else {
+            return Vec::new();
         };
-        Some(Expr::load(buffer, index))
+        let index = self.read_index(read_at, 2);
+        let name = self.fresh_name();
+        self.declare(name.clone(), elem.value_type(), false);
+        vec![Node::AcquireLoad {
+            name,
+            buffer,
+            index,
+        }]
     }
 
     fn binary(&mut self, ty: ScalarType, depth: u32) -> Expr {
@@ -822,6 +872,10 @@ impl ValidGenerator {
                 break;
             }
             self.budget -= 1;
+            // Its own stream decides, so a program without one keeps its statements.
+            if self.drawn.acquire_loads && self.acquire_rng.one_in(8) {
+                nodes.extend(self.acquire_load());
+            }
             // Constructs added later draw only when on, so `core_only` keeps old seeds.
             if self.drawn.any_statements() && self.rng.one_in(5) {
                 let (statements, ends_block) = self.extended_statement(depth);
@@ -1276,6 +1330,7 @@ pub enum Construct {
     AtomicFetch,
     CompareExchange,
     AtomicLoad,
+    AcquireLoad,
     Barrier,
     WorkgroupReduce,
     WorkgroupScan,
@@ -1285,7 +1340,7 @@ pub enum Construct {
 
 impl Construct {
     /// Every construct, in report order.
-    pub const ALL: [Construct; 16] = [
+    pub const ALL: [Construct; 17] = [
         Construct::ForLoop,
         Construct::While,
         Construct::Break,
@@ -1297,6 +1352,7 @@ impl Construct {
         Construct::AtomicFetch,
         Construct::CompareExchange,
         Construct::AtomicLoad,
+        Construct::AcquireLoad,
         Construct::Barrier,
         Construct::WorkgroupReduce,
         Construct::WorkgroupScan,
@@ -1318,6 +1374,7 @@ impl Construct {
             Construct::AtomicFetch => "atomic fetch",
             Construct::CompareExchange => "compare-exchange",
             Construct::AtomicLoad => "atomic load",
+            Construct::AcquireLoad => "acquire load",
             Construct::Barrier => "barrier",
             Construct::WorkgroupReduce => "workgroup reduce",
             Construct::WorkgroupScan => "workgroup scan",
@@ -1358,6 +1415,7 @@ pub fn constructs_used(program: &Program) -> [bool; Construct::ALL.len()] {
             Node::AtomicFetch { .. } => Some(Construct::AtomicFetch),
             Node::CompareExchange { .. } => Some(Construct::CompareExchange),
             Node::AtomicLoad { .. } => Some(Construct::AtomicLoad),
+            Node::AcquireLoad { .. } => Some(Construct::AcquireLoad),
             Node::Barrier => Some(Construct::Barrier),
             Node::WorkgroupReduce { .. } => Some(Construct::WorkgroupReduce),
             Node::WorkgroupScan { .. } => Some(Construct::WorkgroupScan),
@@ -1451,6 +1509,8 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         local_arrays: Vec::new(),
         scalar_rng: SeededRng::new(seed ^ SCALAR_STREAM),
         scalars: Vec::new(),
+        acquire_rng: SeededRng::new(seed ^ ACQUIRE_STREAM),
+        acquirable: Vec::new(),
     };
     if options.extended() {
         generator.drawn = Drawn::draw(&mut generator.rng, options);
@@ -1465,6 +1525,7 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                 .push(ScalarDecl::new(format!("s{index}"), ty));
         }
     }
+    generator.drawn.acquire_loads = options.allow_acquire_loads && generator.acquire_rng.one_in(2);
     let atomic_ops: &[AtomicOp] = if generator.drawn.atomics {
         &COMMUTING_ATOMIC_OPS
     } else {
@@ -1694,9 +1755,23 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
                 generator
                     .readable
                     .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
+                if ATOMIC_ELEMS_WIDE.contains(&decl.elem) {
+                    generator
+                        .acquirable
+                        .push((decl.name.clone(), decl.elem, ReadAt::Anywhere));
+                }
             }
             Access::ReadWrite | Access::WriteOnly => {
                 let name = &*decl.name;
+                let own_element = name.starts_with("out") || name == "owned";
+                if own_element
+                    && decl.access == Access::ReadWrite
+                    && ATOMIC_ELEMS_WIDE.contains(&decl.elem)
+                {
+                    generator
+                        .acquirable
+                        .push((decl.name.clone(), decl.elem, ReadAt::OwnGlobalId));
+                }
                 if name.starts_with("out") {
                     generator.outputs.push((decl.name.clone(), decl.elem));
                     generator
@@ -1928,6 +2003,11 @@ fn generate_valid(seed: u64, options: &GeneratorOptions, with_inputs: bool) -> R
         generator
             .readable
             .push(("stage".into(), stage_elem, ReadAt::Anywhere));
+        if ATOMIC_ELEMS_WIDE.contains(&stage_elem) {
+            generator
+                .acquirable
+                .push(("stage".into(), stage_elem, ReadAt::Anywhere));
+        }
         let neighbour = (Expr::var(GID) + generator.rng.range(1, 5)) % Expr::length("stage");
         let name = generator.fresh_name();
         body.push(Node::Let {
@@ -2130,6 +2210,11 @@ impl ArbitraryGenerator {
                         buffer: self.name(),
                         index: self.expr(2),
                         value: self.expr(2),
+                    },
+                    3 if self.rng.one_in(2) => Node::AcquireLoad {
+                        name: self.name(),
+                        buffer: self.name(),
+                        index: self.expr(2),
                     },
                     3 => Node::AtomicLoad {
                         name: self.name(),

@@ -28,7 +28,8 @@
 //!   [`Node::Break`] and [`Node::Continue`], `return`; barriers and grid syncs;
 //!   atomics that return nothing ([`Node::Atomic`]) or the previous value
 //!   ([`Node::AtomicFetch`], [`Node::CompareExchange`]) and atomic reads
-//!   ([`Node::AtomicLoad`]); workgroup reductions and
+//!   ([`Node::AtomicLoad`]), acquire loads at system scope that poll what the host
+//!   writes while the kernel runs ([`Node::AcquireLoad`]); workgroup reductions and
 //!   prefix scans ([`Node::WorkgroupReduce`], [`Node::WorkgroupScan`]).
 //! - **Control flow the workgroup must agree on**: a barrier, a workgroup reduction
 //!   or scan needs every thread of the workgroup (a grid sync: of the grid), so it may

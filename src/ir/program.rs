@@ -997,6 +997,29 @@ pub enum Node {
         /// Element index, `u32`.
         index: Expr,
     },
+    /// `let name = acquire_load(&buffer[index]);`: declares an immutable variable
+    /// holding element `index` as one atomic read at system scope (the host and
+    /// other devices included) sees it, with acquire ordering, changing nothing.
+    /// Every load this thread issues after it sees what was written before the
+    /// release store that put the value there, and a [`Node::Barrier`] after it
+    /// carries that to the loads the workgroup's other threads issue after the
+    /// barrier.
+    /// It is how a kernel polls a flag the host sets in mapped (pinned) memory
+    /// while the kernel runs and then reads the data the host wrote before the
+    /// flag: a relaxed load at GPU scope ([`Node::AtomicLoad`]) promises nothing
+    /// about the host's writes. Global buffers the kernel only reads or also
+    /// writes, of `u32`, `i32`, `u64` or `i64`; an out-of-range index gives 0.
+    /// Its result is divergent like every atomic's. The reference interpreter
+    /// reads the element as [`Node::AtomicLoad`] does: it runs the kernel after
+    /// the host has written everything.
+    AcquireLoad {
+        /// Variable holding the element's value (the element's value type).
+        name: Name,
+        /// Buffer name.
+        buffer: Name,
+        /// Element index, `u32`.
+        index: Expr,
+    },
     /// Declare an immutable `u32` variable holding the reduction of `value` over every
     /// thread of the workgroup; all threads see the same result. Needs
     /// workgroup-uniform control flow. Lowering rewrites it before code generation.

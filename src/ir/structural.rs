@@ -93,7 +93,9 @@ pub(crate) fn node_exprs(node: &Node) -> [Option<&Expr>; 3] {
             value,
             ..
         } => [Some(index), Some(expected), Some(value)],
-        Node::AtomicLoad { index, .. } => [Some(index), None, None],
+        Node::AtomicLoad { index, .. } | Node::AcquireLoad { index, .. } => {
+            [Some(index), None, None]
+        }
         Node::If { condition, .. } | Node::While { condition, .. } => [Some(condition), None, None],
         Node::Loop { start, end, .. } => [Some(start), Some(end), None],
         Node::WorkgroupReduce { value, .. } | Node::WorkgroupScan { value, .. } => {
@@ -316,6 +318,15 @@ impl Node {
                 buffer,
                 index,
             } => Node::AtomicLoad {
+                name: name.clone(),
+                index: rebuild.expr(index),
+                buffer: rebuild.buffer(buffer),
+            },
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => Node::AcquireLoad {
                 name: name.clone(),
                 index: rebuild.expr(index),
                 buffer: rebuild.buffer(buffer),
@@ -715,6 +726,18 @@ fn shallow_node_eq(a: &Node, b: &Node) -> bool {
             },
         ) => nx == ny && x == y,
         (
+            Node::AcquireLoad {
+                name: nx,
+                buffer: x,
+                ..
+            },
+            Node::AcquireLoad {
+                name: ny,
+                buffer: y,
+                ..
+            },
+        ) => nx == ny && x == y,
+        (
             Node::WorkgroupReduce {
                 name: x, op: ox, ..
             },
@@ -877,7 +900,9 @@ fn hash_node_fields<H: Hasher>(node: &Node, state: &mut H) {
             op.hash(state);
             buffer.hash(state);
         }
-        Node::CompareExchange { name, buffer, .. } | Node::AtomicLoad { name, buffer, .. } => {
+        Node::CompareExchange { name, buffer, .. }
+        | Node::AtomicLoad { name, buffer, .. }
+        | Node::AcquireLoad { name, buffer, .. } => {
             name.hash(state);
             buffer.hash(state);
         }

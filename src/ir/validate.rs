@@ -175,6 +175,9 @@ pub enum Rule {
     /// An atomic targets a buffer that is not an integer buffer (`u32`, `i32`, `u64`,
     /// `i64`) with `ReadWrite` or `Workgroup` access.
     AtomicBuffer,
+    /// An acquire load targets a buffer that is not a global integer buffer (`u32`,
+    /// `i32`, `u64`, `i64`) with `ReadOnly` or `ReadWrite` access.
+    AcquireLoadBuffer,
     /// An operand, index, value or condition has the wrong type.
     TypeMismatch,
     /// A subgroup expression appears in a user program (only lowering produces them).
@@ -1463,6 +1466,17 @@ impl<'p> Checker<'p> {
                 self.declare_atomic_result(name, ty, context, node)?;
                 Ok(Exits::default())
             }
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                let mark = self.deps.len();
+                let ty = self.acquire_target(node, buffer, index, depth)?;
+                self.deps.truncate(mark);
+                self.declare_atomic_result(name, ty, context, node)?;
+                Ok(Exits::default())
+            }
             Node::WorkgroupReduce { name, op: _, value } => {
                 if self.lowered {
                     return Err(ValidationError::new(Rule::WorkgroupReduceNotLowered, {
@@ -1764,6 +1778,37 @@ impl<'p> Checker<'p> {
         }
         let (index_ty, _) = self.expr(index, node, depth + 1)?;
         self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
+        Ok(ty)
+    }
+
+    /// An acquire load's buffer and index; returns the element's value type. It reads
+    /// memory another agent (the host, another device) writes, so only global
+    /// buffers the kernel reads qualify, and only widths a single atomic read covers.
+    fn acquire_target(
+        &mut self,
+        node: &Node,
+        buffer: &'p Name,
+        index: &'p Expr,
+        depth: u32,
+    ) -> Checked<ScalarType> {
+        let decl = self.buffer(buffer, node)?;
+        let access_ok = matches!(decl.access, Access::ReadOnly | Access::ReadWrite);
+        let ty = decl.elem.value_type();
+        if decl.elem == ElemType::U8 || !ty.is_integer() || !access_ok {
+            return Err(ValidationError::new(Rule::AcquireLoadBuffer, {
+                let buffer = shown(buffer);
+                format!(
+                    "make buffer `{buffer}` an integer (u32, i32, u64 or i64) buffer with \
+                     read_only or read_write access, or use another buffer: the acquire \
+                     load {} reads a {} {} buffer",
+                    self.at(node),
+                    decl.access.name(),
+                    decl.elem.name()
+                )
+            }));
+        }
+        let (index_ty, _) = self.expr(index, node, depth + 1)?;
+        self.expect_type(index_ty, ScalarType::U32, "the acquire load index", node)?;
         Ok(ty)
     }
 

@@ -352,7 +352,9 @@ pub(crate) fn nesting_depth(program: &Program) -> usize {
             return depth;
         }
         match node {
-            Node::AtomicLoad { index, .. } => expr_depth(index, depth + 1),
+            Node::AtomicLoad { index, .. } | Node::AcquireLoad { index, .. } => {
+                expr_depth(index, depth + 1)
+            }
             Node::Let { value, .. }
             | Node::Assign { value, .. }
             | Node::WorkgroupReduce { value, .. }
@@ -674,8 +676,14 @@ impl<'p> Compiler<'p> {
                 expected,
                 value,
             } => self.atomic(None, buffer, index, Some(expected), value, Some(name))?,
-            // An atomic or of 0: the element's value, nothing changed.
+            // An atomic or of 0: the element's value, nothing changed. An acquire
+            // load reads the same: the run starts after the host wrote everything.
             Node::AtomicLoad {
+                name,
+                buffer,
+                index,
+            }
+            | Node::AcquireLoad {
                 name,
                 buffer,
                 index,

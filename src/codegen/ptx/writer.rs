@@ -1222,6 +1222,16 @@ impl<'p> Writer<'p> {
                 let value = self.load(buffer, index, "relaxed.gpu.")?;
                 self.bind(name, value);
             }
+            // An acquire at system scope: the host's writes before its release of
+            // the value read are visible to this thread's later loads.
+            Node::AcquireLoad {
+                name,
+                buffer,
+                index,
+            } => {
+                let value = self.load(buffer, index, "acquire.sys.")?;
+                self.bind(name, value);
+            }
             Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
                 return Err(internal(format_args!(
                     "a workgroup reduction or scan is not lowered"
