@@ -1020,6 +1020,27 @@ fn gpu_graph_set_launch_changes_all_or_nothing() {
     });
 }
 
+/// Locks out a kernel fed while it runs that reads the host's words before
+/// they are there, or never sees them (`DispatchGraph::replay_feeding` with
+/// `Node::AcquireLoad` on host-mapped flags): the shared assertion
+/// (`support::assert_graph_feeds_a_running_replay`) over host-mapped data and
+/// flags, `beside` waiting 500 µs before it writes, so the kernel polls
+/// first; every round's output is computed from that round's words, and the
+/// refusals launch nothing. Negative control by hand: leaving the flags set
+/// from the round before (no clear) lets the kernel read the earlier round's
+/// words, and round 2 fails.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_graph_feeds_a_running_replay() {
+    let gpu = backend();
+    let any = vyre_cuda::backend::AnyBackend::Cuda(gpu.clone());
+    support::assert_graph_feeds_a_running_replay(
+        &any,
+        &|bytes| gpu.host_mapped_buffer(bytes).unwrap(),
+        std::time::Duration::from_micros(500),
+    );
+}
+
 /// Locks out a graph rebinding that the device ignores, or that keeps holding
 /// the buffer it replaced (a caller could then never take that buffer's bytes
 /// in place): the shared assertion (`support::assert_graph_rebinds_a_buffer`)

@@ -592,3 +592,20 @@ fn reference_graph_set_launch_changes_all_or_nothing() {
         backend.buffer(bytes).unwrap()
     });
 }
+
+/// Locks out a fed replay that the reference side runs otherwise than CUDA
+/// (`AnyGraph::replay_feeding`): the shared assertion
+/// (`support::assert_graph_feeds_a_running_replay`: three rounds whose output
+/// is computed from the words written in `beside`, and the three `Fix:`
+/// refusals). Negative control by hand: a reference `replay_feeding` that
+/// replays before it runs `beside` fails at round 1 (the kernel read the
+/// words before they were written).
+#[test]
+fn reference_graph_feeds_a_running_replay() {
+    let backend = AnyBackend::reference();
+    support::assert_graph_feeds_a_running_replay(
+        &backend,
+        &|bytes| backend.buffer(bytes).unwrap(),
+        std::time::Duration::ZERO,
+    );
+}

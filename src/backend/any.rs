@@ -608,6 +608,21 @@ impl AnyGraph {
         }
     }
 
+    /// [`AnyGraph::replay_beside`] that hands `beside` the bytes of `input` to
+    /// write while the replay runs ([`DispatchGraph::replay_feeding`], with its
+    /// `Fix:` errors on both backends; the reference runs `beside` first, then
+    /// the replay, which therefore sees every byte written).
+    pub fn replay_feeding<R>(
+        &mut self,
+        input: &mut DeviceBuffer,
+        beside: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<(Timings, R), BackendError> {
+        match &mut self.kind {
+            GraphKind::Cuda(graph) => graph.replay_feeding(input, beside),
+            GraphKind::Reference(graph) => graph.replay_feeding(input, beside),
+        }
+    }
+
     /// [`AnyGraph::replay`] with `event_window_ns` from an event pair on CUDA
     /// ([`DispatchGraph::replay_timed`]); the reference has no device, so this is its
     /// plain replay.

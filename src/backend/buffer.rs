@@ -34,7 +34,7 @@
 //! also needs its size on the host before it is enqueued).
 //! [`DeviceBuffer::mapped_bytes`] reads it in place once nothing in flight holds it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -189,13 +189,35 @@ impl DeviceBuffer {
     ) -> Result<&MappedMemory, BackendError> {
         let memory = self.mapped_memory()?;
         if Arc::strong_count(memory) != 1 + graph.holdings_of(memory) {
-            return Err(BackendError::bad_input(format!(
-                "Fix: this host-mapped DeviceBuffer is held by a dispatch in flight or by another \
-                 DispatchGraph besides the one given; wait for the PendingDispatch (or drop the other \
-                 graph) before {to}"
-            )));
+            return Err(held_besides(to));
         }
         memory.host_mapped().ok_or_else(not_mapped)
+    }
+
+    /// The words of a host-mapped buffer as atomics that the host shares with
+    /// running kernels: flags a kernel polls (`Node::AcquireLoad` in its program)
+    /// while the host publishes them, with a release store, during a replay or a
+    /// dispatch in flight; `len() / 4` words (a trailing partial word left out).
+    /// `&self` is enough, even while a graph binds the buffer or a dispatch runs
+    /// over it: every host access through the view is atomic, and the views that
+    /// read or write the bytes plainly take `&mut self` or the buffer itself, so
+    /// none can live beside this one. What a word reads while a kernel writes it
+    /// plainly is some value the kernel stored there.
+    ///
+    /// An `Err` starting `Fix:` for a buffer in device (or reference) memory.
+    pub fn host_words(&self) -> Result<&[AtomicU32], BackendError> {
+        let mapped = self.host_mapped().ok_or_else(not_mapped)?;
+        let words = (self.bytes as usize).min(mapped.len()) / 4;
+        // SAFETY: `words` 4-byte words from the allocation's start lie inside it
+        // (bounded by its length), aligned (host-mapped memory is page-aligned), and
+        // valid for as long as `&self` (the memory is freed only after this buffer
+        // and every holder let go of it). Every host access to them while the slice
+        // lives is atomic: the plain views (`mapped_bytes*`, `into_mapped_view`,
+        // `DispatchGraph::replay_feeding`) need `&mut self` or `self`, which this
+        // borrow excludes, and no other `DeviceBuffer` owns the memory. The device's
+        // accesses are outside the host's memory model, as the lane's mapped words
+        // are (`backend::lane`); `AtomicU32` has `u32`'s size and bit validity.
+        Ok(unsafe { std::slice::from_raw_parts(mapped.host_address() as *const AtomicU32, words) })
     }
 
     /// The buffer, taken out of every dispatch's reach, as a view of its bytes
@@ -327,6 +349,16 @@ pub(in crate::backend) fn foreign_buffer(verb: &str) -> BackendError {
 
 /// The `Fix:` error for a host-mapped buffer that a dispatch in flight or a graph
 /// still holds, refused before `to` (what the caller asked for).
+/// The `Fix:` error for a buffer that something besides the given graph holds
+/// (a dispatch in flight, another graph), for `to`.
+pub(in crate::backend) fn held_besides(to: &str) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: this host-mapped DeviceBuffer is held by a dispatch in flight or by another \
+         DispatchGraph besides the one given; wait for the PendingDispatch (or drop the other \
+         graph) before {to}"
+    ))
+}
+
 fn still_held(to: &str) -> BackendError {
     BackendError::bad_input(format!(
         "Fix: this host-mapped DeviceBuffer is still held by a dispatch in flight or by a \

@@ -883,6 +883,171 @@ pub fn assert_graph_rebinds_a_buffer(
     (graph, step, [first, second, third])
 }
 
+/// `out[i] = 3 · data[i] + 1` over pieces of 64 words, workgroup `w` taking
+/// piece `w` once `ready[w]` is nonzero: its first thread polls the flag with
+/// an acquire load, and a barrier carries what it saw to the others.
+pub fn copy_when_ready() -> Program {
+    Program::builder([64, 1, 1])
+        .entry_op_id("copy_when_ready")
+        .buffer(
+            "data",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "ready",
+            1,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "out",
+            2,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let piece = b.let_("piece", Expr::workgroup_id(Axis::X));
+            b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+                let seen = b.let_mut("seen", 0u32);
+                b.while_(seen.clone().equals(0u32), |b| {
+                    let flag = b.acquire_load("flag", "ready", piece.clone());
+                    b.assign("seen", flag);
+                });
+            });
+            b.barrier();
+            let i = b.let_("i", Expr::global_id(Axis::X));
+            b.if_(i.clone().less_than(Expr::length("out")), |b| {
+                b.store(
+                    "out",
+                    i.clone(),
+                    Expr::load("data", i.clone()) * 3u32 + 1u32,
+                );
+            });
+        })
+        .build()
+}
+
+/// Asserts `replay_feeding` on `backend`'s graphs (the reference test and the
+/// CUDA one share it): [`copy_when_ready`] over 256 words in 4 pieces,
+/// recorded over `data` and `ready` from `make` (host-mapped on CUDA). Three
+/// rounds, each clearing the flags, then replaying while `beside` waits
+/// `delay` (so that on CUDA the kernel is already polling), writes the
+/// round's words and publishes each piece's flag with a release store
+/// ([`DeviceBuffer::host_words`]; where the buffer has no host words, the
+/// reference's, the flags are uploaded set before the replay, which runs
+/// `beside` first): every round's output is computed from its own words.
+/// Then, each a `Fix:` error that launches nothing: feeding `out` (written by
+/// the step), a buffer the graph uploads into, and `data` while another
+/// graph also binds it.
+pub fn assert_graph_feeds_a_running_replay(
+    backend: &vyre_cuda::backend::AnyBackend,
+    make: &dyn Fn(u64) -> DeviceBuffer,
+    delay: std::time::Duration,
+) {
+    use std::sync::atomic::Ordering;
+    use vyre_cuda::backend::{Binding, Dispatch};
+    const WORDS: u32 = 256;
+    const PIECES: usize = 4;
+    let config =
+        DispatchConfig::linear(PIECES as u32).with_readback(vyre_cuda::ReadbackPolicy::None);
+    let kernel = backend.compile(&copy_when_ready(), &config).unwrap();
+    let mut data = make(4 * u64::from(WORDS));
+    let ready = make(4 * PIECES as u64);
+    let mut out = make(4 * u64::from(WORDS));
+    let record = |data: &DeviceBuffer, ready: &DeviceBuffer, out: &DeviceBuffer| {
+        let bindings = [
+            Binding::from(data),
+            Binding::from(ready),
+            Binding::from(out),
+        ];
+        backend
+            .record(|rec| {
+                rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?;
+                Ok(())
+            })
+            .unwrap()
+    };
+    let mut graph = record(&data, &ready, &out);
+    for round in 1..=3u32 {
+        let words: Vec<u32> = (0..WORDS).map(|i| i * 5 + round).collect();
+        let flags = ready.host_words().ok();
+        match flags {
+            Some(flags) => flags
+                .iter()
+                .for_each(|flag| flag.store(0, Ordering::Relaxed)),
+            None => backend.upload(&ready, &[1u32; PIECES]).unwrap(),
+        }
+        let (_, ()) = graph
+            .replay_feeding(&mut data, |bytes| {
+                std::thread::sleep(delay);
+                let bytes = &mut bytes[..4 * WORDS as usize];
+                for (piece, part) in bytes.chunks_mut(4 * 64).enumerate() {
+                    let first = piece * 64;
+                    part.copy_from_slice(bytemuck::cast_slice(&words[first..first + 64]));
+                    if let Some(flags) = flags {
+                        flags[piece].store(1, Ordering::Release);
+                    }
+                }
+            })
+            .unwrap();
+        let expected: Vec<u32> = words.iter().map(|&w| 3 * w + 1).collect();
+        assert_eq!(
+            backend.read::<u32>(&out).unwrap(),
+            expected,
+            "round {round}: the output of the words fed during the replay"
+        );
+    }
+    let refused = graph
+        .replay_feeding(&mut out, |_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.starts_with("Fix:") && refused.contains("read_write access"),
+        "{refused}"
+    );
+    let mut uploaded = make(4 * u64::from(WORDS));
+    let mut uploads = backend
+        .record(|rec| {
+            rec.upload(&uploaded, 16)?;
+            rec.dispatch(
+                Dispatch::new(
+                    &kernel,
+                    &[
+                        Binding::from(&uploaded),
+                        Binding::from(&ready),
+                        Binding::from(&out),
+                    ],
+                )
+                .config(&config),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let refused = uploads
+        .replay_feeding(&mut uploaded, |_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.starts_with("Fix:") && refused.contains("uploads into"),
+        "{refused}"
+    );
+    let second = record(&data, &ready, &out);
+    let refused = graph
+        .replay_feeding(&mut data, |_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.starts_with("Fix:") && refused.contains("another DispatchGraph"),
+        "{refused}"
+    );
+    drop(second);
+}
+
 /// `dst[i] = a · src[i] + b` for `i < length(dst)`, `dst` read-write (elements
 /// past the grid keep what they held), scalars `a` and `b` (`u32`).
 pub fn scale_and_add_into_read_write() -> Program {

@@ -361,8 +361,10 @@ impl MappedMemory {
         })
     }
 
-    /// Host address of the first byte, for the one module that shares the memory with
-    /// a running kernel through atomic and volatile accesses (`backend::lane`).
+    /// Host address of the first byte, for the modules that share the memory with a
+    /// running kernel through atomic accesses (`backend::lane`,
+    /// `DeviceBuffer::host_words`) or hand the host its bytes between or beside
+    /// replays (`backend::graph`).
     pub(in crate::backend) fn host_address(&self) -> *mut u8 {
         self.host
     }

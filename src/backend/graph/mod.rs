@@ -192,7 +192,7 @@ use crate::backend::readback::{stamp_kernel_ns, ResultArea, ResultParams};
 use crate::backend::stream_ops::LaunchParameters;
 use crate::backend::PerBinding;
 use crate::backend::{BackendError, CudaBackend, DeviceBuffer, LaunchPlan, Timings};
-use crate::ir::{BufferCount, Literal};
+use crate::ir::{Access, BufferCount, Literal};
 use crate::probe::{self, Count, Phase};
 
 pub use record::GraphRecorder;
@@ -388,6 +388,31 @@ impl std::fmt::Debug for DispatchGraph {
     }
 }
 
+/// The `Fix:` error for a fed buffer that `program` binds as `binding` with an
+/// `access` that writes it ([`DispatchGraph::replay_feeding`]; the reference's
+/// graph gives the same).
+pub(in crate::backend) fn fed_buffer_written(
+    program: &str,
+    binding: &str,
+    access: Access,
+) -> BackendError {
+    BackendError::bad_input(format!(
+        "Fix: {program} binds the fed buffer as '{binding}' ({} access), so the device could \
+         write it while the host does; feed only a buffer every step reads (declared \
+         read_only), or write it before a plain replay",
+        access.name()
+    ))
+}
+
+/// The `Fix:` error for a fed buffer the graph uploads into or reads back from.
+pub(in crate::backend) fn fed_buffer_transferred() -> BackendError {
+    BackendError::bad_input(
+        "Fix: the graph uploads into or reads back from the fed buffer, so the device would \
+         write it (or the host read it) while the host writes it; feed a buffer the graph's \
+         steps only bind, or write it before a plain replay",
+    )
+}
+
 fn elapsed_ns(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
@@ -506,6 +531,85 @@ impl DispatchGraph {
         beside: impl FnOnce() -> R,
     ) -> Result<(Timings, R), BackendError> {
         self.run(false, beside)
+    }
+
+    /// [`DispatchGraph::replay_beside`] that hands `beside` the bytes of `input`, a
+    /// host-mapped buffer the graph's kernels only read, to write while the replay
+    /// runs: the host feeds a kernel that is already running instead of filling
+    /// the buffer before the launch. The kernels see the bytes as they arrive, in
+    /// no promised order; the program and `beside` agree on how a kernel knows a
+    /// part is written: `beside` publishes a flag with a release store
+    /// ([`DeviceBuffer::host_words`] of another host-mapped buffer the graph reads)
+    /// and the kernel polls it with `Node::AcquireLoad`, whose acquire makes the
+    /// bytes written before the flag visible to the loads after it.
+    ///
+    /// `beside` must publish every flag a kernel waits for, on every path: a
+    /// kernel left polling never ends, and this call's synchronize (or, if
+    /// `beside` unwinds, the next synchronize of the graph's stream) waits for it
+    /// forever. Its host time counts in the replay's wall time.
+    ///
+    /// An `Err` starting `Fix:` (nothing launched) for a buffer in device memory,
+    /// one anything besides this graph holds (a dispatch in flight, another
+    /// graph), and one a step of the graph writes (bound to a binding that is not
+    /// read-only) or the graph uploads into or reads back from: the host's
+    /// `&mut [u8]` must be the only writer of the bytes.
+    pub fn replay_feeding<R>(
+        &mut self,
+        input: &mut DeviceBuffer,
+        beside: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<(Timings, R), BackendError> {
+        let len = input.len() as usize;
+        let mapped = input.mapped_beside(self, "feeding it to a replay")?;
+        let (host, address) = (mapped.host_address(), mapped.device_address(0));
+        let len = mapped.len().min(len);
+        self.check_only_read(address)?;
+        self.run(false, move || {
+            // SAFETY: [host, host + len) lies within the allocation, which `input` keeps
+            // alive (borrowed mutably for this call). `mapped_beside` counted its
+            // holders: `input` (so no dispatch can bind it) and this graph, whose
+            // steps only read it and which neither uploads into it nor reads it back
+            // (`check_only_read`): the device never writes the bytes, and no other
+            // host reference to them exists while the slice lives (it does not
+            // outlive `beside`). The running kernels' reads of bytes the slice
+            // writes are outside the host's memory model; what they see is the
+            // program's protocol.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(host, len) };
+            beside(bytes)
+        })
+    }
+
+    /// `Ok` when every binding of the memory at device `address` in this graph is
+    /// read-only and the graph holds it for those bindings alone (no upload into
+    /// it, no read-back from it); the `Fix:` error naming the step otherwise.
+    fn check_only_read(&self, address: u64) -> Result<(), BackendError> {
+        let mut bindings = 0;
+        for step in &self.steps {
+            for (slot, bound) in step.bound.iter().enumerate() {
+                if !matches!(bound, BoundAddress::Fixed(at) if *at == address) {
+                    continue;
+                }
+                bindings += 1;
+                let param = &step.kernel.slots[slot];
+                if param.access != Access::ReadOnly {
+                    return Err(fed_buffer_written(
+                        &step.kernel.name,
+                        &param.name,
+                        param.access,
+                    ));
+                }
+            }
+        }
+        let held = self.resources.as_ref().map_or(0, |resources| {
+            resources
+                .memory
+                .iter()
+                .filter(|held| held.address() == address)
+                .count()
+        });
+        if held > bindings {
+            return Err(fed_buffer_transferred());
+        }
+        Ok(())
     }
 
     /// [`DispatchGraph::replay`] with `event_window_ns` from an event pair around

@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use crate::config::DispatchConfig;
 
+use super::super::buffer::held_besides;
 use super::super::graph::{
-    check_recordable, check_recorded_read_back, check_recorded_upload, next_graph_id, InputSlot,
-    OutputSlot, StepId,
+    check_recordable, check_recorded_read_back, check_recorded_upload, fed_buffer_transferred,
+    fed_buffer_written, next_graph_id, InputSlot, OutputSlot, StepId,
 };
 use super::super::plan::{
     check_aliasing, check_binding_sizes, check_rebind, check_request_scalars, scalar_position,
@@ -18,7 +19,7 @@ use super::super::plan::{
 use super::super::request::ScalarValues;
 use super::super::{BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaunchPlan, Timings};
 use super::{HostMemory, ReferenceBackend, ReferenceKernel};
-use crate::ir::Literal;
+use crate::ir::{Access, Literal};
 
 /// One operation of a recorded chain, holding the memory it touches.
 enum Operation {
@@ -377,6 +378,58 @@ impl ReferenceGraph {
         value: Literal,
     ) -> Result<(), BackendError> {
         self.set_launch(step, &[(name, value)], None)
+    }
+
+    /// The CUDA graph's `replay_feeding` on the interpreter: the same checks (a
+    /// buffer anything besides this graph holds, one a step writes, one the graph
+    /// uploads into or reads back from), then `beside` over the buffer's bytes,
+    /// then the replay (which runs at once, so it sees every byte `beside`
+    /// wrote, as a kernel that waits for the host's flags does).
+    pub(in crate::backend) fn replay_feeding<R>(
+        &mut self,
+        input: &mut DeviceBuffer,
+        beside: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<(Timings, R), BackendError> {
+        let memory = Arc::clone(input.host_for(&self.backend.inner, "feed to a replay")?);
+        let mut held = 0;
+        for operation in &self.operations {
+            match operation {
+                Operation::Upload { memory: other, .. }
+                | Operation::ReadBack { memory: other, .. } => {
+                    if Arc::ptr_eq(other, &memory) {
+                        return Err(fed_buffer_transferred());
+                    }
+                }
+                Operation::Dispatch(step) => {
+                    let kernel = self.backend.reference_kernel(&step.kernel)?;
+                    for (slot, other) in step.memories.iter().enumerate() {
+                        if !Arc::ptr_eq(other, &memory) {
+                            continue;
+                        }
+                        held += 1;
+                        let param = &kernel.slots[slot];
+                        if param.access != Access::ReadOnly {
+                            return Err(fed_buffer_written(
+                                &kernel.name,
+                                &param.name,
+                                param.access,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        // The buffer, this clone and this graph's bindings: anything more is
+        // another graph's hold.
+        if Arc::strong_count(&memory) != 2 + held {
+            return Err(held_besides("feeding it to a replay"));
+        }
+        let fed = {
+            let mut bytes = memory.lock();
+            let len = bytes.len().min(input.len() as usize);
+            beside(&mut bytes[..len])
+        };
+        self.replay().map(|timings| (timings, fed))
     }
 
     pub(in crate::backend) fn replay(&mut self) -> Result<Timings, BackendError> {
