@@ -10,7 +10,7 @@ use assemble::ptxas;
 use vyre_cuda::codegen::{multiprocessor_limits, program_to_ptx_with_results};
 use vyre_cuda::ir::{Expr, Node};
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
-use vyre_tokenizer::device::fused::{resident_program, short_program};
+use vyre_tokenizer::device::fused::{resident_program, short_program, Spread};
 use vyre_tokenizer::device::programs::Programs;
 use vyre_tokenizer::device::{Geometry, ShortText};
 use vyre_tokenizer::occupancy::Occupancy;
@@ -88,7 +88,7 @@ fn short_text_programs_validate_lower_and_assemble() {
             }
             .short();
             let steps = Programs::new(pattern, geometry).expect("geometry");
-            let short = short_program(&steps.fused_steps(), &geometry)
+            let short = short_program(&steps.fused_steps(Spread::OneWorkgroup), &geometry)
                 .unwrap_or_else(|error| panic!("{pattern:?}, {short_text:?}: {error}"));
             programs.push((
                 format!(
@@ -160,12 +160,14 @@ fn fused_programs_take_the_text_length_as_a_scalar() {
     use vyre_tokenizer::device::fused::{DOCUMENTS_SCALAR, TEXT_LEN_SCALAR};
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
-        let steps = Programs::new(pattern, geometry)
-            .expect("geometry")
-            .fused_steps();
+        let programs = Programs::new(pattern, geometry).expect("geometry");
+        let short_steps = programs.fused_steps(Spread::OneWorkgroup);
+        let resident_steps = programs.fused_steps(Spread::ResidentGrid);
         for program in [
-            short_program(&steps, &geometry).expect("short").program,
-            resident_program(&steps, &geometry)
+            short_program(&short_steps, &geometry)
+                .expect("short")
+                .program,
+            resident_program(&resident_steps, &geometry)
                 .expect("resident")
                 .program,
         ] {
@@ -216,7 +218,7 @@ fn fused_steps_take_the_fused_build() {
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
         let programs = Programs::new(pattern, geometry).expect("geometry");
-        let fused = programs.fused_steps();
+        let fused = programs.fused_steps(Spread::ResidentGrid);
         for (name, together, apart) in [
             (
                 "pieces",
@@ -360,23 +362,25 @@ fn the_fused_stage_takes_the_text_length_from_the_scalar() {
     let documents = |program: &vyre_cuda::ir::Program| value_of(program, "documents");
     let geometry = Geometry::default();
     let programs = Programs::new(Pattern::Cl100k, geometry).expect("geometry");
-    let fused = programs.fused_steps();
-    let stage = &fused[0].program;
-    let scalars: Vec<(&str, ScalarType)> = stage
-        .scalars()
-        .iter()
-        .map(|decl| (&*decl.name, decl.ty))
-        .collect();
-    assert_eq!(
-        scalars,
-        [
-            (TEXT_LEN_SCALAR, ScalarType::U32),
-            (DOCUMENTS_SCALAR, ScalarType::U32)
-        ]
-    );
-    assert_eq!(text_len(stage), Expr::scalar(TEXT_LEN_SCALAR));
-    assert_eq!(documents(stage), Expr::scalar(DOCUMENTS_SCALAR));
-    assert!(short_program(&fused, &geometry).is_ok());
+    for spread in [Spread::OneWorkgroup, Spread::ResidentGrid] {
+        let fused = programs.fused_steps(spread);
+        let stage = &fused[0].program;
+        let scalars: Vec<(&str, ScalarType)> = stage
+            .scalars()
+            .iter()
+            .map(|decl| (&*decl.name, decl.ty))
+            .collect();
+        assert_eq!(
+            scalars,
+            [
+                (TEXT_LEN_SCALAR, ScalarType::U32),
+                (DOCUMENTS_SCALAR, ScalarType::U32)
+            ]
+        );
+        assert_eq!(text_len(stage), Expr::scalar(TEXT_LEN_SCALAR));
+        assert_eq!(documents(stage), Expr::scalar(DOCUMENTS_SCALAR));
+    }
+    assert!(short_program(&programs.fused_steps(Spread::OneWorkgroup), &geometry).is_ok());
     let standalone = &programs.steps()[0].program;
     assert!(standalone.scalars().is_empty());
     assert!(matches!(text_len(standalone), Expr::Load { .. }));
@@ -393,11 +397,38 @@ fn the_fused_stage_writes_the_parameters_from_its_scalars() {
     let programs = Programs::new(Pattern::Cl100k, Geometry::default()).expect("geometry");
     let loads_staged_params =
         |program: &vyre_cuda::ir::Program| program.to_string().contains("staged_params[");
-    let fused_stage = &programs.fused_steps()[0].program;
-    assert!(!loads_staged_params(fused_stage));
-    // The printed program is whole: its text's loads are there.
-    assert!(fused_stage.to_string().contains("staged_text["));
+    for spread in [Spread::OneWorkgroup, Spread::ResidentGrid] {
+        let fused_stage = &programs.fused_steps(spread)[0].program;
+        assert!(!loads_staged_params(fused_stage));
+        // The printed program is whole: its text's loads are there.
+        assert!(fused_stage.to_string().contains("staged_text["));
+    }
     assert!(loads_staged_params(&programs.steps()[0].program));
+}
+
+/// Locks out a resident kernel that reads the staged text before the host
+/// has written it, now that the host gathers the text while the kernel runs
+/// (`AnyGraph::replay_feeding`): the resident grid's `stage` polls
+/// `text_ready` with an acquire load, then reaches a workgroup barrier, and
+/// only then loads `staged_text`. Control: the short-text kernel's `stage`,
+/// whose text is gathered before its launch, polls nothing.
+#[test]
+fn the_resident_stage_reads_each_piece_once_it_is_ready() {
+    let programs = Programs::new(Pattern::Cl100k, Geometry::default()).expect("geometry");
+    let printed = |spread| programs.fused_steps(spread)[0].program.to_string();
+    let resident = printed(Spread::ResidentGrid);
+    let poll = resident
+        .find("acquire_load(&text_ready[")
+        .unwrap_or_else(|| panic!("no poll of the flags: {resident}"));
+    let barrier = resident[poll..]
+        .find("workgroup_barrier()")
+        .map(|at| poll + at)
+        .unwrap_or_else(|| panic!("no barrier after the poll: {resident}"));
+    let text_load = resident
+        .find("staged_text[")
+        .unwrap_or_else(|| panic!("no load of the text: {resident}"));
+    assert!(barrier < text_load, "{resident}");
+    assert!(!printed(Spread::OneWorkgroup).contains("text_ready"));
 }
 
 /// Locks out a short-text kernel that waits on device-scope fences, whose
@@ -415,9 +446,8 @@ fn one_workgroup_fences_stay_in_the_workgroup() {
     };
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let geometry = Geometry::default();
-        let steps = Programs::new(pattern, geometry)
-            .expect("geometry")
-            .fused_steps();
+        let programs = Programs::new(pattern, geometry).expect("geometry");
+        let steps = programs.fused_steps(Spread::OneWorkgroup);
         let in_steps: usize = steps
             .iter()
             .map(|step| count(&step.program, "device_fence()"))
@@ -426,7 +456,8 @@ fn one_workgroup_fences_stay_in_the_workgroup() {
         let short = short_program(&steps, &geometry).expect("short").program;
         assert_eq!(count(&short, "device_fence()"), 0, "{pattern:?}");
         assert_eq!(count(&short, "workgroup_fence()"), in_steps, "{pattern:?}");
-        let resident = resident_program(&steps, &geometry)
+        let resident_steps = programs.fused_steps(Spread::ResidentGrid);
+        let resident = resident_program(&resident_steps, &geometry)
             .expect("resident")
             .program;
         assert_eq!(count(&resident, "device_fence()"), in_steps, "{pattern:?}");
@@ -448,7 +479,7 @@ fn fused_split_steps_leave_their_status_words_to_a_later_step() {
     let text = |program: &vyre_cuda::ir::Program| program.to_string();
     for pattern in [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k] {
         let programs = Programs::new(pattern, Geometry::default()).expect("geometry");
-        let fused = programs.fused_steps();
+        let fused = programs.fused_steps(Spread::ResidentGrid);
         for (dispatched_step, fused_step) in programs.steps().iter().zip(&fused) {
             assert_eq!(dispatched_step.name, fused_step.name);
             let dispatched = text(&dispatched_step.program);

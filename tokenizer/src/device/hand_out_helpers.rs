@@ -63,6 +63,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::host_copy::{self, HandOutPiece};
+use super::programs::TEXT_READY_PIECE_BYTES;
+use super::text_ready::{write_publishing, PublishAllOnDrop, ReadyFlags};
 use crate::error::TokenizerError;
 
 /// Most helper threads an encode wakes (besides the calling thread).
@@ -357,22 +359,38 @@ impl Drop for Counted<'_> {
 /// the crew spins: the texts back to back into `out`, cut by bytes. Without
 /// it, below a piece's worth of bytes for one helper, and from
 /// [`host_copy::PARALLEL_COPY_BYTES`] (where the copy pool's workers are worth
-/// waking), as [`host_copy::gather`], whose `Err` it gives.
+/// waking), as [`host_copy::gather`], whose `Err` it gives. With `ready` (a
+/// kernel already running reads the staging as its flags go up), each thread
+/// writes its share piece by piece and publishes each piece's flag after it,
+/// the shares cut at pieces' edges; every flag is set when this returns,
+/// however it returns ([`PublishAllOnDrop`]).
 pub fn gather(
     out: &mut [u8],
     texts: &[&[u8]],
     helpers: Option<&Helpers>,
+    ready: Option<ReadyFlags<'_>>,
 ) -> Result<(), TokenizerError> {
+    let _published = ready.map(PublishAllOnDrop);
+    let ready = ready.as_ref();
     let total: usize = texts.iter().map(|text| text.len()).sum();
     let threads = helpers.map_or(1, |helpers| helpers.threads_for(total));
-    let (Some(helpers), true) = (
-        helpers,
-        threads > 1 && total == out.len() && total < host_copy::PARALLEL_COPY_BYTES,
-    ) else {
-        return host_copy::gather(out, texts);
-    };
+    let shared = threads > 1 && total == out.len() && total < host_copy::PARALLEL_COPY_BYTES;
     let starts = host_copy::text_starts(texts);
-    let piece_bytes = total.div_ceil(threads);
+    let write = |piece: &mut [u8], at: usize| host_copy::gather_piece(piece, at, texts, &starts);
+    let (Some(helpers), true) = (helpers, shared) else {
+        if ready.is_none() || total != out.len() || total >= host_copy::PARALLEL_COPY_BYTES {
+            return host_copy::gather(out, texts);
+        }
+        write_publishing(out, 0, ready, write);
+        return Ok(());
+    };
+    // Whole pieces per thread where a kernel reads them as they are published.
+    let piece_bytes = match ready {
+        Some(_) => total
+            .div_ceil(threads)
+            .next_multiple_of(TEXT_READY_PIECE_BYTES as usize),
+        None => total.div_ceil(threads),
+    };
     let mut pieces: Vec<(usize, &mut [u8])> = out
         .chunks_mut(piece_bytes)
         .enumerate()
@@ -382,7 +400,7 @@ pub fn gather(
     helpers.share(
         mine,
         pieces,
-        &|(at, piece): (usize, &mut [u8])| host_copy::gather_piece(piece, at, texts, &starts),
+        &|(at, piece): (usize, &mut [u8])| write_publishing(piece, at, ready, write),
         SPIN_LIMIT,
     );
     Ok(())
@@ -536,6 +554,8 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::one_at_a_time;
     use super::*;
+    use crate::device::text_ready::pieces;
+    use std::sync::atomic::AtomicU32;
 
     /// Long enough that a loaded test machine cannot outlast it.
     const TEST_SPIN: Duration = Duration::from_secs(20);
@@ -615,7 +635,9 @@ mod tests {
     /// Locks out a shared staging that misplaces bytes where its pieces cut
     /// documents: 200 texts of up to 2,000 bytes (every fifth empty) and one
     /// alone of 200 KB gather into exactly their concatenation with the crew
-    /// awake; (negative control) room of another length is a `Fix:` error.
+    /// awake, and so do they when fed to a running kernel piece by piece,
+    /// each thread's share cut at pieces' edges, with every ready flag set at
+    /// the end; (negative control) room of another length is a `Fix:` error.
     #[test]
     fn shared_stagings_keep_every_byte() {
         let _only = one_at_a_time();
@@ -635,11 +657,18 @@ mod tests {
             let total: usize = texts.iter().map(|text| text.len()).sum();
             let mut out = vec![0u8; total];
             let helpers = awake_crew(MOST_HELPERS, TEST_SPIN);
-            gather(&mut out, texts, helpers.as_ref()).unwrap();
+            gather(&mut out, texts, helpers.as_ref(), None).unwrap();
             assert_eq!(out, texts.concat());
             let mut short = vec![0u8; total - 1];
-            let error = gather(&mut short, texts, helpers.as_ref()).unwrap_err();
+            let error = gather(&mut short, texts, helpers.as_ref(), None).unwrap_err();
             assert!(error.message().starts_with("Fix:"), "{error}");
+            // Fed to a running kernel: the same bytes, every flag set.
+            let words: Vec<AtomicU32> = (0..pieces(total)).map(|_| AtomicU32::new(0)).collect();
+            let mut fed = vec![0u8; total];
+            let ready = ReadyFlags::new(&words, total).unwrap();
+            gather(&mut fed, texts, helpers.as_ref(), Some(ready)).unwrap();
+            assert_eq!(fed, texts.concat());
+            assert!(words.iter().all(|word| word.load(Ordering::Acquire) == 1));
         }
         quiet_crew();
     }

@@ -145,6 +145,7 @@ mod hand_out_helpers;
 pub mod host_copy;
 pub mod pipeline;
 pub mod programs;
+mod text_ready;
 pub mod vocabulary;
 
 pub use batch_ids::BatchIds;

@@ -104,8 +104,9 @@ use super::hand_out_helpers::{self, Helpers};
 use super::host_copy;
 use super::programs::{
     blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, DEVICE_STAGE_WORKGROUPS,
-    MAX_KERNEL_STEPS,
+    MAX_KERNEL_STEPS, TEXT_READY_PIECE_BYTES,
 };
+use super::text_ready::{self, ReadyFlags};
 use super::vocabulary::DeviceVocabulary;
 use crate::error::{ErrorKind, TokenizerError};
 use crate::pretokenize::batch::cutting_table_bytes;
@@ -582,6 +583,7 @@ fn host_visible(role: Role) -> bool {
             | Role::StagedDocuments
             | Role::Ids
             | Role::DocumentTokenStarts
+            | Role::TextReady
     )
 }
 
@@ -617,6 +619,7 @@ fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64
         // `compact`'s look-back also takes an 8-byte status word per
         // workgroup, at most one per block.
         Role::SplitStatuses => split_bytes().max(8 * blocks(geometry, text) as u64),
+        Role::TextReady => 4 * text.div_ceil(u64::from(TEXT_READY_PIECE_BYTES)),
     }
 }
 
@@ -754,6 +757,33 @@ impl Slot {
             .map(|(buffer, fused)| (buffer, fused.map(|fused| &mut fused.graph)))
     }
 
+    /// Whether a chunk's text can be fed to the slot's resident kernel while
+    /// it runs: its staging and ready flags are host-mapped (on CUDA, below
+    /// [`TEXT_COPY_ENGINE_FROM`] bytes).
+    fn feedable(&self) -> bool {
+        let mapped = |role: Role| self.buffer(role).is_ok_and(DeviceBuffer::is_host_mapped);
+        self.staged_text_pinned.is_none() && mapped(Role::StagedText) && mapped(Role::TextReady)
+    }
+
+    /// The staged text and the ready flags, both writable (for the host
+    /// beside a graph that binds them), with the slot's recorded graph and
+    /// what it recorded, if it keeps one.
+    #[allow(clippy::type_complexity)] // three parts of one slot, named at each use
+    fn text_and_ready(
+        &mut self,
+    ) -> Result<(Option<&mut ReplayedFused>, [&mut DeviceBuffer; 2]), TokenizerError> {
+        let [text, ready] = self
+            .buffers
+            .get_disjoint_mut([Role::StagedText as usize, Role::TextReady as usize])
+            .map_err(|_| internal("the staged text and ready flags in one place".to_owned()))?;
+        match (text.as_mut(), ready.as_mut()) {
+            (Some(text), Some(ready)) => Ok((self.fused.as_mut(), [text, ready])),
+            _ => Err(internal(
+                "the device encoder has no staged text or ready flags".to_owned(),
+            )),
+        }
+    }
+
     /// The buffer of `role` with the slot's recorded graph and what it
     /// recorded ([`ReplayedFused`]), if it keeps one.
     fn buffer_and_fused(
@@ -880,6 +910,10 @@ struct StagedChunk<'e> {
     /// Whether the chunk replays its slot's fused graph, whose input slot
     /// may hold its text ([`ReplayedFused`]).
     replays: bool,
+    /// Whether its text is still to be gathered, into the slot's host-mapped
+    /// staging while the replayed resident kernel already runs
+    /// ([`DeviceEncoder::replay_fused`]).
+    feeds: bool,
     /// The hand-out helpers' crew, where the chunk has it.
     helpers: Option<Helpers>,
     /// When staging began.
@@ -1149,9 +1183,9 @@ impl DeviceEncoder {
                 }
             }
         };
-        let fused_steps = |geometry: Geometry| {
+        let fused_steps = |geometry: Geometry, spread: Spread| {
             Programs::new(pattern, geometry)
-                .map(|programs| programs.fused_steps())
+                .map(|programs| programs.fused_steps(spread))
                 .map_err(|message| TokenizerError::new(ErrorKind::Backend, message))
         };
         // A loop cap is for the stage and BPE steps alone (see Geometry), which
@@ -1159,13 +1193,18 @@ impl DeviceEncoder {
         let uncapped = geometry.max_loop_iterations.is_none();
         let short = if limits.short_text_bytes > 0 && uncapped {
             let short_geometry = geometry.short();
-            let short = short_program(&fused_steps(short_geometry)?, &short_geometry).ok();
+            let short = short_program(
+                &fused_steps(short_geometry, Spread::OneWorkgroup)?,
+                &short_geometry,
+            )
+            .ok();
             compile_fused(&backend, short)?
         } else {
             None
         };
         let resident = if limits.resident_text_bytes > limits.short_text_bytes && uncapped {
-            let resident = resident_program(&fused_steps(geometry)?, &geometry).ok();
+            let resident =
+                resident_program(&fused_steps(geometry, Spread::ResidentGrid)?, &geometry).ok();
             // A device that holds no workgroup of it at once cannot run it.
             compile_fused(&backend, resident)?
                 .filter(|fused| fused.kernel.max_coresident_workgroups() != Some(0))
@@ -1612,7 +1651,11 @@ impl DeviceEncoder {
                 };
                 hand_out(done, oldest, its_results)?;
             }
-            in_flight.push_back((index, self.submit_staged(staged)?, mine));
+            in_flight.push_back((
+                index,
+                self.submit_staged(staged, &texts[range.clone()])?,
+                mine,
+            ));
         }
         while let Some((done, oldest, its_results)) = in_flight.pop_front() {
             hand_out(done, oldest, its_results)?;
@@ -1640,7 +1683,7 @@ impl DeviceEncoder {
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
         match self.stage(texts, Replays::Resident, true) {
-            Ok(staged) => self.submit_staged(staged),
+            Ok(staged) => self.submit_staged(staged, texts),
             Err(error) => {
                 self.admission.release();
                 Err(error)
@@ -1670,6 +1713,7 @@ impl DeviceEncoder {
             text_len: layout.text_len,
             documents: texts.len(),
             replays: false,
+            feeds: false,
             helpers,
             start,
             staged_ns: 0,
@@ -1685,6 +1729,13 @@ impl DeviceEncoder {
             if let Some(fused) = replayed {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
+                staged.feeds = fused.spread == Spread::ResidentGrid && slot.feedable();
+            }
+            if staged.feeds {
+                // The text goes in while the kernel runs; the layout now.
+                self.write_layout(slot, &layout)?;
+                staged.staged_ns = elapsed_ns(start);
+                return Ok(staged);
             }
             let gather = Instant::now();
             self.write_staging(
@@ -1708,6 +1759,7 @@ impl DeviceEncoder {
     fn submit_staged(
         &self,
         mut staged: StagedChunk<'_>,
+        texts: &[&[u8]],
     ) -> Result<PendingEncode<'_>, TokenizerError> {
         let text_len = staged.text_len;
         let helpers = staged.helpers.take();
@@ -1728,9 +1780,13 @@ impl DeviceEncoder {
                 want_counts: false,
             });
         };
+        let fed = staged.feeds.then_some(texts);
         let submitted = if staged.replays {
-            self.replay_fused(&mut slot, text_len, staged.documents, helpers.as_ref())
-                .map(|replayed| (Vec::new(), Some(replayed)))
+            self.replay_fused(&mut slot, text_len, staged.documents, helpers.as_ref(), fed)
+                .map(|(spread, timings, gathered_ns)| {
+                    staged.gathered_ns += gathered_ns;
+                    (Vec::new(), Some((spread, timings)))
+                })
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
                 .map(|pending| {
@@ -1966,12 +2022,19 @@ impl DeviceEncoder {
             let out = out
                 .get_mut(..text_len)
                 .ok_or_else(|| internal(format!("{text_len} text bytes in {room} of staging")))?;
-            return hand_out_helpers::gather(out, texts, helpers);
+            hand_out_helpers::gather(out, texts, helpers, None)?;
+        } else {
+            let (buffer, graph) = slot.buffer_beside_graph(Role::StagedText)?;
+            write_host_visible(backend, buffer, graph, |out| {
+                hand_out_helpers::gather(&mut out[..text_len], texts, helpers, None)
+            })?;
         }
-        let (buffer, graph) = slot.buffer_beside_graph(Role::StagedText)?;
-        write_host_visible(backend, buffer, graph, |out| {
-            hand_out_helpers::gather(&mut out[..text_len], texts, helpers)
-        })
+        // The resident kernel reads the text once its flags are set.
+        if self.resident_kernel(u64::from(layout.text_len)).is_some() {
+            let (buffer, graph) = slot.buffer_beside_graph(Role::TextReady)?;
+            publish_ready(backend, buffer, graph, text_len)?;
+        }
+        Ok(())
     }
 
     /// Writes a chunk's parameters and document ends into the slot's staging.
@@ -2111,20 +2174,27 @@ impl DeviceEncoder {
     /// `documents` documents (staged by [`DeviceEncoder::stage`]), its kernel
     /// node given the chunk's scalars and grid first (rewritten only where
     /// they differ from the last replay's); returns once the kernel has ended,
-    /// with the kernel's kind and the replay's timings; `helpers`, the
-    /// hand-out helpers' crew where the chunk has it, is woken while the
-    /// kernel runs.
+    /// with the kernel's kind, the replay's timings and the host time of a
+    /// gather done during it; `helpers`, the hand-out helpers' crew where the
+    /// chunk has it, is woken while the kernel runs. `fed`: the chunk's texts,
+    /// where the stage left them to be gathered into the slot's staging while
+    /// the resident kernel runs ([`replay_fed`]).
     fn replay_fused(
         &self,
         slot: &mut Slot,
         text_len: u32,
         documents: usize,
         helpers: Option<&Helpers>,
-    ) -> Result<(Spread, Timings), TokenizerError> {
-        let kept = slot
-            .fused
-            .as_mut()
-            .ok_or_else(|| internal("a replay of a slot without its graph".to_owned()))?;
+        fed: Option<&[&[u8]]>,
+    ) -> Result<(Spread, Timings, u64), TokenizerError> {
+        let (kept, [staged_text, ready]) = match fed {
+            Some(_) => slot
+                .text_and_ready()
+                .map(|(kept, [text, ready])| (kept, [Some(text), Some(ready)]))?,
+            None => (slot.fused.as_mut(), [None, None]),
+        };
+        let kept =
+            kept.ok_or_else(|| internal("a replay of a slot without its graph".to_owned()))?;
         let fused = match kept.spread {
             Spread::OneWorkgroup => self.short.as_ref(),
             Spread::ResidentGrid => self.resident.as_ref(),
@@ -2148,6 +2218,16 @@ impl DeviceEncoder {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
         });
+        if let (Some(texts), Some(staged_text), Some(ready)) = (fed, staged_text, ready) {
+            let fed = Fed {
+                texts,
+                text_len: text_len as usize,
+                helpers,
+            };
+            let (timings, gathered_ns) =
+                replay_fed(&self.backend, &mut kept.graph, staged_text, ready, fed)?;
+            return Ok((kept.spread, timings, gathered_ns));
+        }
         let (timings, ()) = kept
             .graph
             .replay_beside(|| {
@@ -2156,7 +2236,7 @@ impl DeviceEncoder {
                 }
             })
             .map_err(failed)?;
-        Ok((kept.spread, timings))
+        Ok((kept.spread, timings, 0))
     }
 
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
@@ -2301,7 +2381,7 @@ impl DeviceEncoder {
             self.write_layout(&mut slot, &Layout::one_document(text_len_u32))
                 .and_then(|()| self.record_fused(&slot, fused, (text_len_u32, 1), upload))
                 .map(|(graph, _, input)| {
-                    let inputs = input.map_or(GraphInputs::Staging, GraphInputs::Text);
+                    let inputs = input.map_or(GraphInputs::Fed, GraphInputs::Text);
                     (graph, inputs)
                 })
         } else {
@@ -2520,6 +2600,99 @@ fn host_visible_buffer(backend: &AnyBackend, bytes: u64) -> Result<DeviceBuffer,
             .or_else(|_| backend.buffer(bytes)),
         _ => backend.buffer(bytes),
     }
+}
+
+/// A text to gather into a resident kernel's staging: its parts, its length
+/// and the crew that shares the gather.
+struct Fed<'t> {
+    texts: &'t [&'t [u8]],
+    text_len: usize,
+    helpers: Option<&'t Helpers>,
+}
+
+/// One replay of `graph`, whose resident kernel reads `staged_text` as the
+/// flags in `ready` go up ([`ready_stage`](super::programs::ready_stage)),
+/// with `fed` gathered into it; returns the replay's timings and the
+/// gather's host time. Where both buffers are host-mapped (CUDA) the flags
+/// are cleared, the graph launched, and the text gathered while the kernel
+/// runs, each piece's flag set after it (`AnyGraph::replay_feeding`); the
+/// crew is then woken for the device wait. Elsewhere (the reference, whose
+/// replay runs at once) the text and every flag are written first.
+fn replay_fed(
+    backend: &AnyBackend,
+    graph: &mut AnyGraph,
+    staged_text: &mut DeviceBuffer,
+    ready: &mut DeviceBuffer,
+    fed: Fed<'_>,
+) -> Result<(Timings, u64), TokenizerError> {
+    let Fed {
+        texts,
+        text_len,
+        helpers,
+    } = fed;
+    let wake = || {
+        if let Some(helpers) = helpers {
+            helpers.wake();
+        }
+    };
+    let failed = |error| backend_error("replaying the resident kernel", error);
+    if let (true, Ok(words)) = (staged_text.is_host_mapped(), ready.host_words()) {
+        let flags = ReadyFlags::new(words, text_len)?;
+        flags.clear();
+        let (timings, gathered) = graph
+            .replay_feeding(staged_text, |bytes| {
+                let start = Instant::now();
+                let gathered = match bytes.get_mut(..text_len) {
+                    Some(out) => hand_out_helpers::gather(out, texts, helpers, Some(flags)),
+                    None => {
+                        flags.publish_all();
+                        Err(internal(format!(
+                            "{text_len} text bytes in {} of staging",
+                            bytes.len()
+                        )))
+                    }
+                };
+                wake();
+                gathered.map(|()| elapsed_ns(start))
+            })
+            .map_err(failed)?;
+        return Ok((timings, gathered?));
+    }
+    let start = Instant::now();
+    write_host_visible(backend, staged_text, Some(graph), |out| {
+        let out = out
+            .get_mut(..text_len)
+            .ok_or_else(|| internal(format!("{text_len} text bytes of staging")))?;
+        hand_out_helpers::gather(out, texts, helpers, None)
+    })?;
+    let gathered_ns = elapsed_ns(start);
+    publish_ready(backend, ready, Some(graph), text_len)?;
+    let (timings, ()) = graph.replay_beside(wake).map_err(failed)?;
+    Ok((timings, gathered_ns))
+}
+
+/// Sets the ready flags of a text of `text_len` bytes before a launch of
+/// the resident kernel whose text is already staged (every path that does
+/// not feed it while it runs).
+fn publish_ready(
+    backend: &AnyBackend,
+    ready: &mut DeviceBuffer,
+    graph: Option<&mut AnyGraph>,
+    text_len: usize,
+) -> Result<(), TokenizerError> {
+    if let Ok(words) = ready.host_words() {
+        ReadyFlags::new(words, text_len)?.publish_all();
+        return Ok(());
+    }
+    write_host_visible(backend, ready, graph, |out| {
+        let words = 4 * text_ready::pieces(text_len);
+        let out = out
+            .get_mut(..words)
+            .ok_or_else(|| internal(format!("{words} bytes of ready flags")))?;
+        out.fill(0);
+        out.chunks_exact_mut(4).for_each(|word| word[0] = 1);
+        Ok(())
+    })
 }
 
 /// Fills the start of a host-visible buffer with `fill`: in place in mapped
@@ -2963,11 +3136,15 @@ enum GraphInputs {
     /// uploads for the resident-grid kernel (the length and the one document
     /// are its scalars).
     Text(InputSlot),
-    /// The slot's host-visible staging, which the short-text kernel, and the
-    /// resident-grid kernel of a slot below [`TEXT_COPY_ENGINE_FROM`], read in
+    /// The slot's host-visible staging, which the short-text kernel reads in
     /// place: the layout written when the graph was recorded, the text before
     /// each replay.
     Staging,
+    /// The slot's host-visible staging, which the resident-grid kernel of a
+    /// slot below [`TEXT_COPY_ENGINE_FROM`] reads in place as its ready flags
+    /// go up: the layout written when the graph was recorded, the text during
+    /// each replay ([`replay_fed`]).
+    Fed,
 }
 
 impl std::fmt::Debug for EncodeGraph<'_> {
@@ -3090,40 +3267,60 @@ impl EncodeGraph<'_> {
             return Err(internal("the encode graph is gone".to_owned()));
         };
         let texts = [text];
+        let backend = &encoder.backend;
         match self.inputs {
             GraphInputs::Uploads(inputs) => {
                 let mut params = [0u32; param::WORDS as usize];
                 params[param::TEXT_LEN as usize] = self.text_len;
                 params[param::DOCUMENTS as usize] = 1;
                 copy_words(input(graph, inputs[0])?, &params);
-                hand_out_helpers::gather(input(graph, inputs[1])?, &texts, helpers.as_ref())?;
+                let text_input = input(graph, inputs[1])?;
+                hand_out_helpers::gather(text_input, &texts, helpers.as_ref(), None)?;
                 // Padded with the text length: empty documents to the buffer's end.
                 input(graph, inputs[2])?
                     .chunks_exact_mut(4)
                     .for_each(|word| word.copy_from_slice(&self.text_len.to_le_bytes()));
             }
             GraphInputs::Text(input_slot) => {
-                hand_out_helpers::gather(input(graph, input_slot)?, &texts, helpers.as_ref())?;
+                let text_input = input(graph, input_slot)?;
+                hand_out_helpers::gather(text_input, &texts, helpers.as_ref(), None)?;
+                // The resident kernel reads its text once the flags are set.
+                let ready = slot.buffer_mut(Role::TextReady)?;
+                publish_ready(backend, ready, Some(graph), text.len())?;
             }
             GraphInputs::Staging => write_host_visible(
-                &encoder.backend,
+                backend,
                 slot.buffer_mut(Role::StagedText)?,
                 Some(graph),
                 |out| {
                     let out = out.get_mut(..text.len()).ok_or_else(|| {
                         internal(format!("a graph's text of {} bytes", text.len()))
                     })?;
-                    hand_out_helpers::gather(out, &texts, helpers.as_ref())
+                    hand_out_helpers::gather(out, &texts, helpers.as_ref(), None)
                 },
             )?,
+            // Gathered during the replay, below.
+            GraphInputs::Fed => {}
         }
-        let (timings, ()) = graph
-            .replay_beside(|| {
+        let timings = if let GraphInputs::Fed = self.inputs {
+            let (_, [staged_text, ready]) = slot.text_and_ready()?;
+            let fed = Fed {
+                texts: &texts,
+                text_len: text.len(),
+                helpers: helpers.as_ref(),
+            };
+            replay_fed(backend, graph, staged_text, ready, fed)?.0
+        } else {
+            let wake = || {
                 if let Some(helpers) = &helpers {
                     helpers.wake();
                 }
-            })
-            .map_err(|error| backend_error("replaying the encode graph", error))?;
+            };
+            let replayed = graph.replay_beside(wake);
+            replayed
+                .map_err(|error| backend_error("replaying the encode graph", error))?
+                .0
+        };
         let (_, ids, _) = chunk_ids(&encoder.backend, slot, Some(graph), 1, &mut self.read_back)?;
         Ok((ids, timings, helpers))
     }

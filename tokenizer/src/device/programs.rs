@@ -390,6 +390,7 @@ use vyre_cuda::ir::{
 };
 use vyre_cuda::CodegenOptions;
 
+use super::fused::Spread;
 use super::vocabulary::{
     header, BYTE_RANKS_AT, MAX_RANK, NO_TOKEN, PAIR_BUCKET_SLOTS, PAIR_HIGH_KEY, PAIR_HOLDS_MASK,
     PAIR_RANKS_AT, PAIR_RANK_BITS, TOKENS_AT,
@@ -943,11 +944,14 @@ pub enum Role {
     SplitStatuses,
     /// The split's counters ([`SplitBuffer::Counters`]).
     SplitCounters,
+    /// Per piece of [`TEXT_READY_PIECE_BYTES`] of the staged text, the word
+    /// the host sets nonzero once the piece is written ([`ready_stage`]).
+    TextReady,
 }
 
 impl Role {
     /// Every role; `role as usize` indexes it.
-    pub const ALL: [Role; 22] = [
+    pub const ALL: [Role; 23] = [
         Role::Params,
         Role::Text,
         Role::DocumentEnds,
@@ -970,6 +974,7 @@ impl Role {
         Role::SplitCodes,
         Role::SplitStatuses,
         Role::SplitCounters,
+        Role::TextReady,
     ];
 
     /// The buffer's name in the programs that bind it.
@@ -997,6 +1002,7 @@ impl Role {
             Role::SplitCodes => SplitBuffer::Codes.name(),
             Role::SplitStatuses => SplitBuffer::Statuses.name(),
             Role::SplitCounters => SplitBuffer::Counters.name(),
+            Role::TextReady => "text_ready",
         }
     }
 
@@ -1163,6 +1169,23 @@ pub const STEPS: [Step; 5] = [
 /// `classify` and `phases`; GPT-2's is one).
 pub const MAX_SPLIT_STEPS: usize = 2;
 
+/// `stage` of the resident-grid kernel ([`ready_stage`]): the eager
+/// `stage`'s buffers and the ready flags it polls.
+pub const READY_STAGE: Step = Step {
+    name: "stage",
+    bindings: &[
+        Role::StagedParams,
+        Role::StagedText,
+        Role::StagedDocuments,
+        Role::Params,
+        Role::Text,
+        Role::DocumentEnds,
+        Role::TextReady,
+    ],
+    grid: Grid::Stage,
+    body_registers: 32,
+};
+
 /// The most kernel steps of one encode: `stage`, the split's and the BPE steps.
 pub const MAX_KERNEL_STEPS: usize = STEPS.len() + MAX_SPLIT_STEPS;
 
@@ -1289,15 +1312,22 @@ impl Programs {
         })
     }
 
-    /// The steps of a kernel that runs them all ([`super::fused`]), in order:
-    /// `stage` storing the text as bytes ([`short_stage`]), then every step
+    /// The steps of a kernel that runs them all ([`super::fused`]) as
+    /// `spread`, in order: `stage` storing the text as bytes ([`short_stage`]
+    /// in one workgroup, [`ready_stage`] in the resident grid, whose text the
+    /// host gathers while the kernel runs; a short text's gather takes under a
+    /// microsecond, less than a poll across PCIe would add), then every step
     /// after `stage`: the split's as [`SplitBuild::Fused`], `pieces`, `merge`,
     /// `long` and `compact` as [`StepBuild::Fused`].
-    pub fn fused_steps(&self) -> Vec<KernelStep> {
+    pub fn fused_steps(&self, spread: Spread) -> Vec<KernelStep> {
         let stage = &self.steps[0];
+        let (program, bindings) = match spread {
+            Spread::OneWorkgroup => (short_stage(&self.geometry), stage.bindings.clone()),
+            Spread::ResidentGrid => (ready_stage(&self.geometry), READY_STAGE.bindings.to_vec()),
+        };
         std::iter::once(KernelStep {
-            program: short_stage(&self.geometry),
-            bindings: stage.bindings.clone(),
+            program,
+            bindings,
             ..*stage
         })
         .chain(self.steps[1..].iter().map(|step| {
@@ -3086,7 +3116,7 @@ fn emit_chunk_start(
 /// thread strides over the words and the ends, so any grid stages them all
 /// ([`Geometry::stage_workgroups`] caps it).
 pub fn stage(geometry: &Geometry) -> Program {
-    stage_program(geometry, ElemType::U64)
+    stage_program(geometry, StagedTextReads::Words)
 }
 
 /// `stage` as the short-text kernel's first step ([`super::fused`]): the same
@@ -3107,19 +3137,55 @@ pub fn stage(geometry: &Geometry) -> Program {
 /// needs it, and in the resident grid that was every warp's own load across
 /// PCIe.
 pub fn short_stage(geometry: &Geometry) -> Program {
-    stage_program(geometry, ElemType::U8)
+    stage_program(geometry, StagedTextReads::Bytes)
 }
 
-/// `stage` storing the text into a buffer of `text` elements (`U64`: word for
-/// word, the text length and number of documents from the staged parameters;
-/// `U8`: each word's eight bytes, lowest address first, the text length and
-/// number of documents from the fused kernel's scalars).
-fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
+/// `stage` as the resident-grid kernel's first step ([`super::fused`]):
+/// [`short_stage`]'s copies, but each piece of [`TEXT_READY_PIECE_BYTES`] of
+/// the staged text is read only once its word in the ready flags
+/// ([`Role::TextReady`]) is nonzero. Why: on CUDA the host gathers the text
+/// into the host-mapped staging while this kernel already runs (the graph is
+/// launched first, `AnyGraph::replay_feeding`), publishing each piece's flag
+/// with a release store once the piece is written; a workgroup's first thread
+/// polls the flag with a system-scope acquire load, and the workgroup barrier
+/// after it carries that acquire to the threads that then read the piece. So
+/// the gather, the launch and this step's reads across PCIe overlap instead
+/// of following one another. Where the host writes everything before the
+/// kernel starts (the reference interpreter, an eager dispatch without the
+/// graph), it sets every flag first and each poll succeeds at once.
+pub fn ready_stage(geometry: &Geometry) -> Program {
+    stage_program(geometry, StagedTextReads::BytesWhenReady)
+}
+
+/// How `stage` reads the staged text and stores it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StagedTextReads {
+    /// Word for word into `u64` words; the text length and number of
+    /// documents from the staged parameters.
+    Words,
+    /// Each word's eight bytes, lowest address first, into `u8` bytes; the
+    /// text length and number of documents from the fused kernel's scalars.
+    Bytes,
+    /// [`StagedTextReads::Bytes`], each piece once its ready flag is set.
+    BytesWhenReady,
+}
+
+/// Bytes of staged text behind one word of the ready flags
+/// ([`Role::TextReady`], [`ready_stage`]): 64 flags for 256 KiB, so that the
+/// four threads that gather 256 KiB publish a piece every 0.2 µs or so while
+/// each flag costs the kernel one poll across PCIe.
+pub const TEXT_READY_PIECE_BYTES: u32 = 4096;
+
+/// `stage` reading and storing the text as `reads` says.
+fn stage_program(geometry: &Geometry, reads: StagedTextReads) -> Program {
     let workgroup_size = geometry.workgroup_size;
-    let fused = text == ElemType::U8;
-    let mut builder = builder(geometry, step("stage"), |role| match role {
+    let fused = reads != StagedTextReads::Words;
+    let gated = reads == StagedTextReads::BytesWhenReady;
+    let stage_step = if gated { &READY_STAGE } else { step("stage") };
+    let mut builder = builder(geometry, stage_step, |role| match role {
         Role::StagedText => ElemType::U64,
-        Role::Text => text,
+        Role::Text if fused => ElemType::U8,
+        Role::Text => ElemType::U64,
         _ => ElemType::U32,
     });
     if fused {
@@ -3168,6 +3234,86 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
             });
             let words = b.let_("words", (text_len.clone() + 7u32) >> 3u32);
             let ends = b.let_("ends", Expr::length(Role::DocumentEnds.name()));
+            // The word's bytes into the text (as bytes in a fused kernel).
+            let store_word = |b: &mut BlockBuilder, item: &Expr, word: Expr| {
+                if fused {
+                    for byte in 0..8u32 {
+                        b.store(
+                            Role::Text.name(),
+                            item.clone() * 8u32 + byte,
+                            (word.clone() >> (8 * byte)).cast(ScalarType::U32),
+                        );
+                    }
+                } else {
+                    b.store(Role::Text.name(), item.clone(), word);
+                }
+            };
+            // A document's end, padded past the last document with the text
+            // length (empty documents to the buffer's end).
+            let store_end = |b: &mut BlockBuilder, item: &Expr, staged_end: Expr| {
+                b.store(
+                    Role::DocumentEnds.name(),
+                    item.clone(),
+                    item.clone()
+                        .less_than(documents.clone())
+                        .select(staged_end, text_len.clone()),
+                );
+            };
+            // The staged end of document `item`: with one document the text
+            // length, no load. (A uniform branch on the scalar, so nothing
+            // waits for it.)
+            let staged_end = |b: &mut BlockBuilder, item: &Expr| {
+                if !fused {
+                    return b.let_("staged_end", load(Role::StagedDocuments, item.clone()));
+                }
+                let staged_end = b.let_mut("staged_end", text_len.clone());
+                b.if_(documents.clone().greater_than(1u32), |b| {
+                    b.assign("staged_end", load(Role::StagedDocuments, item.clone()));
+                });
+                staged_end
+            };
+            if gated {
+                // The ends first: the host wrote them before the launch.
+                let item = b.let_mut("end_item", thread);
+                b.while_(item.clone().less_than(ends.clone()), |b| {
+                    let end = staged_end(b, &item);
+                    store_end(b, &item, end);
+                    b.assign("end_item", item.clone() + threads.clone());
+                });
+                // Then the text, piece by piece as the host publishes it:
+                // workgroup `g` of `G` takes pieces `g, g + G, ...`.
+                let piece_words = TEXT_READY_PIECE_BYTES / 8;
+                let pieces = b.let_(
+                    "pieces",
+                    (text_len.clone() + (TEXT_READY_PIECE_BYTES - 1)) / TEXT_READY_PIECE_BYTES,
+                );
+                let local = b.let_("local", Expr::local_id(Axis::X));
+                let piece = b.let_mut("piece", Expr::workgroup_id(Axis::X));
+                b.while_(piece.clone().less_than(pieces), |b| {
+                    b.if_(local.clone().equals(0u32), |b| {
+                        let ready = b.let_mut("ready", 0u32);
+                        b.while_(ready.clone().equals(0u32), |b| {
+                            let seen =
+                                b.acquire_load("seen", Role::TextReady.name(), piece.clone());
+                            b.assign("ready", seen);
+                        });
+                    });
+                    b.barrier();
+                    let first = piece.clone() * piece_words;
+                    let end = b.let_(
+                        "piece_end",
+                        (first.clone() + piece_words).min(words.clone()),
+                    );
+                    let item = b.let_mut("word_item", first + local.clone());
+                    b.while_(item.clone().less_than(end), |b| {
+                        let word = b.let_("word", load(Role::StagedText, item.clone()));
+                        store_word(b, &item, word);
+                        b.assign("word_item", item.clone() + workgroup_size);
+                    });
+                    b.assign("piece", piece.clone() + Expr::workgroup_count(Axis::X));
+                });
+                return;
+            }
             let items = b.let_("items", words.clone().max(ends.clone()));
             let item = b.let_mut("item", thread);
             b.while_(item.clone().less_than(items), |b| {
@@ -3180,38 +3326,12 @@ fn stage_program(geometry: &Geometry, text: ElemType) -> Program {
                 // kernel's entry; not yet measured since.) Past its buffer's end a
                 // load reads 0 and is not used.
                 let word = b.let_("word", load(Role::StagedText, item.clone()));
-                let staged_end = if fused {
-                    // One document ends at the text length: no load. (A
-                    // uniform branch on the scalar, so nothing waits for it.)
-                    let staged_end = b.let_mut("staged_end", text_len.clone());
-                    b.if_(documents.clone().greater_than(1u32), |b| {
-                        b.assign("staged_end", load(Role::StagedDocuments, item.clone()));
-                    });
-                    staged_end
-                } else {
-                    b.let_("staged_end", load(Role::StagedDocuments, item.clone()))
-                };
+                let end = staged_end(b, &item);
                 b.if_(item.clone().less_than(words.clone()), |b| {
-                    if fused {
-                        for byte in 0..8u32 {
-                            b.store(
-                                Role::Text.name(),
-                                item.clone() * 8u32 + byte,
-                                (word.clone() >> (8 * byte)).cast(ScalarType::U32),
-                            );
-                        }
-                    } else {
-                        b.store(Role::Text.name(), item.clone(), word);
-                    }
+                    store_word(b, &item, word);
                 });
                 b.if_(item.clone().less_than(ends.clone()), |b| {
-                    b.store(
-                        Role::DocumentEnds.name(),
-                        item.clone(),
-                        item.clone()
-                            .less_than(documents.clone())
-                            .select(staged_end.clone(), text_len.clone()),
-                    );
+                    store_end(b, &item, end);
                 });
                 b.assign("item", item.clone() + threads.clone());
             });

@@ -1,0 +1,180 @@
+//! The host's half of a text fed to a kernel that is already running: one
+//! ready flag per piece of the staged text, set once the piece is written.
+//!
+//! # Why this module exists
+//!
+//! One 256 KiB document's encode on an H100 host (2026-12-06) spent, one
+//! after another, about 10 µs gathering the text into the host-mapped
+//! staging, a few µs launching the resident kernel, and 7.7 µs in that
+//! kernel's `stage` reading the text across PCIe, before any step could
+//! start. The resident kernel's `stage` ([`ready_stage`](super::programs::ready_stage))
+//! now reads each piece of [`TEXT_READY_PIECE_BYTES`] as soon as its flag is
+//! set, so the encoder launches first and gathers while the kernel waits
+//! (`AnyGraph::replay_feeding`): the three overlap.
+//!
+//! The protocol: before the launch every flag of the chunk is cleared (no
+//! kernel of the slot runs then); a gathering thread writes a piece, then
+//! stores its flag with release ordering, so a kernel that sees the flag
+//! with its acquire load sees the piece. Every flag must be set on every
+//! path, or the kernel polls forever and so does the synchronize after it:
+//! [`PublishAllOnDrop`] sets them all when the gather ends, returns early or
+//! unwinds.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::programs::TEXT_READY_PIECE_BYTES;
+use crate::error::TokenizerError;
+
+/// The ready flags of one chunk's text: one word per piece of
+/// [`TEXT_READY_PIECE_BYTES`].
+#[derive(Clone, Copy, Debug)]
+pub struct ReadyFlags<'a> {
+    words: &'a [AtomicU32],
+}
+
+impl<'a> ReadyFlags<'a> {
+    /// The flags of a text of `text_len` bytes among `words` (the slot's,
+    /// which may hold more); an internal `Err` where they are too few.
+    pub fn new(words: &'a [AtomicU32], text_len: usize) -> Result<Self, TokenizerError> {
+        let pieces = pieces(text_len);
+        let words = words.get(..pieces).ok_or_else(|| {
+            super::pipeline::internal(format!(
+                "{} ready flags for a text of {pieces} pieces",
+                words.len()
+            ))
+        })?;
+        Ok(ReadyFlags { words })
+    }
+
+    /// Clears every flag: before the launch, while no kernel reads them.
+    pub fn clear(&self) {
+        for word in self.words {
+            word.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the flag of the piece that starts at byte `at` (a multiple of
+    /// [`TEXT_READY_PIECE_BYTES`]), once the piece is written: the release
+    /// store orders the piece's bytes before it.
+    pub fn publish(&self, at: usize) {
+        if let Some(word) = self.words.get(at / TEXT_READY_PIECE_BYTES as usize) {
+            word.store(1, Ordering::Release);
+        }
+    }
+
+    /// Sets every flag.
+    pub fn publish_all(&self) {
+        for word in self.words {
+            word.store(1, Ordering::Release);
+        }
+    }
+}
+
+/// Sets every flag of a chunk when dropped: after the gather, on its `Err`
+/// and when it unwinds, so that the kernel never polls a flag nobody sets
+/// (the ids of a chunk whose gather failed are never read).
+#[derive(Debug)]
+pub struct PublishAllOnDrop<'a>(pub ReadyFlags<'a>);
+
+impl Drop for PublishAllOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.publish_all();
+    }
+}
+
+/// Pieces of a text of `text_len` bytes.
+pub fn pieces(text_len: usize) -> usize {
+    text_len.div_ceil(TEXT_READY_PIECE_BYTES as usize)
+}
+
+/// Writes `out`, the part of the staging from byte `at` on, by `write`
+/// (given a part and its offset), piece by piece where `ready` is given,
+/// publishing each piece's flag after it; in one call otherwise. `at` is a
+/// multiple of [`TEXT_READY_PIECE_BYTES`] where `ready` is given.
+pub fn write_publishing(
+    out: &mut [u8],
+    at: usize,
+    ready: Option<&ReadyFlags<'_>>,
+    write: impl Fn(&mut [u8], usize),
+) {
+    let Some(ready) = ready else {
+        write(out, at);
+        return;
+    };
+    let piece_bytes = TEXT_READY_PIECE_BYTES as usize;
+    for (index, piece) in out.chunks_mut(piece_bytes).enumerate() {
+        let piece_at = at + index * piece_bytes;
+        write(piece, piece_at);
+        ready.publish(piece_at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loaded(words: &[AtomicU32]) -> Vec<u32> {
+        words
+            .iter()
+            .map(|word| word.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Locks out a flag set before its piece is written, or a piece whose
+    /// flag is never set: each piece's flag goes up right after that piece
+    /// and no other, in order, the last (partial) piece's too. Negative
+    /// control: publishing before `write` makes the recorded flags at each
+    /// write include the current piece, and the test fails.
+    #[test]
+    fn each_piece_is_published_after_it_is_written() {
+        let piece = TEXT_READY_PIECE_BYTES as usize;
+        let words: Vec<AtomicU32> = (0..4).map(|_| AtomicU32::new(7)).collect();
+        let flags = ReadyFlags::new(&words, 2 * piece + 5).unwrap();
+        flags.clear();
+        assert_eq!(
+            loaded(&words),
+            [0, 0, 0, 7],
+            "only the text's pieces are cleared"
+        );
+        let mut out = vec![0u8; 2 * piece + 5];
+        let seen = std::sync::Mutex::new(Vec::new());
+        write_publishing(&mut out, 0, Some(&flags), |part, at| {
+            seen.lock().unwrap().push((at, part.len(), loaded(&words)));
+            part.fill(1);
+        });
+        assert_eq!(
+            seen.into_inner().unwrap(),
+            [
+                (0, piece, vec![0, 0, 0, 7]),
+                (piece, piece, vec![1, 0, 0, 7]),
+                (2 * piece, 5, vec![1, 1, 0, 7]),
+            ]
+        );
+        assert_eq!(loaded(&words), [1, 1, 1, 7]);
+        assert!(out.iter().all(|&byte| byte == 1));
+    }
+
+    /// Locks out a kernel left polling when the gather stops early: the guard
+    /// sets every flag when dropped, also while unwinding. Negative control:
+    /// without the guard's `Drop`, the flags stay 0 and the test fails.
+    #[test]
+    fn every_flag_is_set_when_the_gather_unwinds() {
+        let words: Vec<AtomicU32> = (0..3).map(|_| AtomicU32::new(0)).collect();
+        let flags = ReadyFlags::new(&words, 3 * TEXT_READY_PIECE_BYTES as usize).unwrap();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _guard = PublishAllOnDrop(flags);
+            panic!("a gather that fails half-way");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(loaded(&words), [1, 1, 1]);
+    }
+
+    /// Locks out a slot whose flags are too few for its text passing
+    /// silently (the kernel would poll a word past them).
+    #[test]
+    fn too_few_flags_are_an_error() {
+        let words: Vec<AtomicU32> = (0..1).map(|_| AtomicU32::new(0)).collect();
+        assert!(ReadyFlags::new(&words, TEXT_READY_PIECE_BYTES as usize + 1).is_err());
+        assert!(ReadyFlags::new(&words, TEXT_READY_PIECE_BYTES as usize).is_ok());
+    }
+}
