@@ -942,8 +942,12 @@ fn gpu_eager_fused_chunks_replay_their_slots_graph() {
 /// back to back (so the crew lingers from one encode into the next's
 /// staging) eagerly into new and reused vectors, into a `BatchIds` and through
 /// a graph into a reused vector, at the defaults (three helpers, the text of
-/// every slot read across PCIe, the graph's too), equal the CPU encoder; the
-/// control has no helpers and every slot's text going up by DMA.
+/// every slot read across PCIe, the graph's too, gathered while the kernel
+/// runs and read as each piece's ready flag goes up), equal the CPU encoder,
+/// and so do three documents of 80 KiB in one chunk (their ends written
+/// before the launch, their text fed); the controls gather the text before
+/// the launch (`with_text_fed(false)`), and have no helpers and every slot's
+/// text going up by DMA.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_helped_copies_and_mapped_text_equal_cpu() {
@@ -953,16 +957,31 @@ fn gpu_helped_copies_and_mapped_text_equal_cpu() {
         .flat_map(|bytes| Shape::ALL.map(|shape| generate(shape, bytes, bytes as u64)))
         .collect();
     const { assert!(TEXT_COPY_ENGINE_FROM > 256 << 10 && HAND_OUT_HELPERS == 3) };
-    for (helpers, text_copy_engine_from) in
-        [(HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM), (0, 64 << 10)]
-    {
+    for (helpers, text_copy_engine_from, fed) in [
+        (HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM, true),
+        (HAND_OUT_HELPERS, TEXT_COPY_ENGINE_FROM, false),
+        (0, 64 << 10, true),
+    ] {
         let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default())
             .with_hand_out_helpers(helpers, HELPED_FROM_TEXT_BYTES)
             .with_text_copy_engine_from(text_copy_engine_from)
-            .expect("a copy-engine threshold within the limit");
+            .expect("a copy-engine threshold within the limit")
+            .with_text_fed(fed);
         let label = |what: &str| {
-            format!("{helpers} helpers, text by DMA from {text_copy_engine_from}: {what}")
+            format!(
+                "{helpers} helpers, text by DMA from {text_copy_engine_from}, fed {fed}: {what}"
+            )
         };
+        let documents: Vec<&[u8]> = texts[..3].iter().map(|text| &text[..80 << 10]).collect();
+        let expected: Vec<Vec<u32>> = documents
+            .iter()
+            .map(|document| cpu.encode_ordinary_bytes(document))
+            .collect();
+        assert!(
+            encoder.encode_batch_bytes(&documents).unwrap() == expected,
+            "{}",
+            label("three documents in one chunk")
+        );
         let mut reused = [Vec::new()];
         let mut in_place = BatchIds::new();
         for text in &texts {

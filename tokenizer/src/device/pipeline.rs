@@ -1085,6 +1085,9 @@ pub struct DeviceEncoder {
     /// From how many bytes of slot capacity the text goes up by the copy
     /// engine ([`DeviceEncoder::with_text_copy_engine_from`]).
     text_copy_engine_from: u64,
+    /// Whether a resident chunk's text is gathered while its kernel runs
+    /// ([`DeviceEncoder::with_text_fed`]).
+    feeds_text: bool,
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1246,6 +1249,7 @@ impl DeviceEncoder {
             resident_replay: Mutex::new(()),
             hand_out_helpers: (default_helpers, HELPED_FROM_TEXT_BYTES),
             text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
+            feeds_text: true,
         })
     }
 
@@ -1285,6 +1289,17 @@ impl DeviceEncoder {
     /// them off, as on the reference interpreter.
     pub fn with_hand_out_helpers(mut self, helpers: usize, from_text_bytes: u64) -> Self {
         self.hand_out_helpers = (helpers, from_text_bytes);
+        self
+    }
+
+    /// Whether a chunk that replays the resident-grid kernel over text read
+    /// across PCIe (a slot below [`TEXT_COPY_ENGINE_FROM`] on CUDA) launches
+    /// first and gathers its text while the kernel runs, the kernel reading
+    /// each piece as its ready flag goes up (the default, `true`), or gathers
+    /// it before the launch (`false`, the way before 2026-12-06, kept to
+    /// compare the two). The ids are the same.
+    pub fn with_text_fed(mut self, fed: bool) -> Self {
+        self.feeds_text = fed;
         self
     }
 
@@ -1729,7 +1744,8 @@ impl DeviceEncoder {
             if let Some(fused) = replayed {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
-                staged.feeds = fused.spread == Spread::ResidentGrid && slot.feedable();
+                staged.feeds =
+                    self.feeds_text && fused.spread == Spread::ResidentGrid && slot.feedable();
             }
             if staged.feeds {
                 // The text goes in while the kernel runs; the layout now.
@@ -2223,6 +2239,7 @@ impl DeviceEncoder {
                 texts,
                 text_len: text_len as usize,
                 helpers,
+                while_running: true,
             };
             let (timings, gathered_ns) =
                 replay_fed(&self.backend, &mut kept.graph, staged_text, ready, fed)?;
@@ -2608,6 +2625,9 @@ struct Fed<'t> {
     texts: &'t [&'t [u8]],
     text_len: usize,
     helpers: Option<&'t Helpers>,
+    /// Whether to gather during the replay where the buffers allow
+    /// ([`DeviceEncoder::with_text_fed`]); before it otherwise.
+    while_running: bool,
 }
 
 /// One replay of `graph`, whose resident kernel reads `staged_text` as the
@@ -2617,7 +2637,8 @@ struct Fed<'t> {
 /// are cleared, the graph launched, and the text gathered while the kernel
 /// runs, each piece's flag set after it (`AnyGraph::replay_feeding`); the
 /// crew is then woken for the device wait. Elsewhere (the reference, whose
-/// replay runs at once) the text and every flag are written first.
+/// replay runs at once), and where `fed` asks for it, the text and every
+/// flag are written first.
 fn replay_fed(
     backend: &AnyBackend,
     graph: &mut AnyGraph,
@@ -2629,6 +2650,7 @@ fn replay_fed(
         texts,
         text_len,
         helpers,
+        while_running,
     } = fed;
     let wake = || {
         if let Some(helpers) = helpers {
@@ -2636,7 +2658,8 @@ fn replay_fed(
         }
     };
     let failed = |error| backend_error("replaying the resident kernel", error);
-    if let (true, Ok(words)) = (staged_text.is_host_mapped(), ready.host_words()) {
+    let words = ready.host_words().ok().filter(|_| while_running);
+    if let (true, Some(words)) = (staged_text.is_host_mapped(), words) {
         let flags = ReadyFlags::new(words, text_len)?;
         flags.clear();
         let (timings, gathered) = graph
@@ -3308,6 +3331,7 @@ impl EncodeGraph<'_> {
                 texts: &texts,
                 text_len: text.len(),
                 helpers: helpers.as_ref(),
+                while_running: encoder.feeds_text,
             };
             replay_fed(backend, graph, staged_text, ready, fed)?.0
         } else {
