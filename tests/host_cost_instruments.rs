@@ -167,6 +167,7 @@ fn measure_cell(
     name: &str,
     work: impl FnMut(u64) -> u64,
 ) -> Option<f64> {
+    progress(name);
     let result = Cell::measure(name, &cell_options(), work);
     if errors.any() {
         return None;
@@ -188,6 +189,7 @@ fn measure_pair(
     (name_b, arm_b): (&str, impl FnMut(u64) -> u64),
     options: &PairOptions,
 ) -> Option<Paired> {
+    progress(&format!("{name_b} vs {name_a}"));
     let result = Paired::compare(name_a, arm_a, name_b, arm_b, options);
     if errors.any() {
         return None;
@@ -222,7 +224,20 @@ fn finish(report: &Report, errors: &DeviceErrors) -> Outcome {
     }
 }
 
+/// With `VYRE_HOST_COST_PROGRESS` set, one line on stderr as each step of an
+/// instrument starts, with the seconds since the first: the report prints only
+/// when an instrument ends, so a run stopped by a time limit otherwise shows
+/// nothing of where it stood.
+fn progress(step: &str) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    if std::env::var_os("VYRE_HOST_COST_PROGRESS").is_some() {
+        let start = START.get_or_init(std::time::Instant::now);
+        eprintln!("[host_cost {:.3} s] {step}", start.elapsed().as_secs_f64());
+    }
+}
+
 fn banner(name: &str, what: &str) {
+    progress(name);
     println!("\n=== {name} ===\n{what}\n{BUDGET_NOTE}\nThe phase probe is forced off for the run.");
 }
 
@@ -674,6 +689,7 @@ fn host_cost_ptx_key_components() -> Outcome {
             DeviceCaps::synthetic_h200()
         }
     };
+    progress("the device's caps read");
     let lowering = caps.lowering_caps();
     let facts = KeyFacts::of(&caps);
     let codegen = CodegenOptions::default();
