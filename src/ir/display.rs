@@ -290,20 +290,18 @@ impl<'w> Printer<'w> {
                 name,
                 buffer,
                 index,
-            } => {
-                self.put("let ")?;
-                self.put(name)?;
-                self.put(" = atomic_load")?;
-                self.atomic_operands(buffer, index, &[])
             }
-            Node::AcquireLoad {
+            | Node::AcquireLoad {
                 name,
                 buffer,
                 index,
             } => {
                 self.put("let ")?;
                 self.put(name)?;
-                self.put(" = acquire_load")?;
+                self.put(match node {
+                    Node::AtomicLoad { .. } => " = atomic_load",
+                    _ => " = acquire_load",
+                })?;
                 self.atomic_operands(buffer, index, &[])
             }
             Node::WorkgroupScan {

@@ -1760,25 +1760,7 @@ impl<'p> Checker<'p> {
         index: &'p Expr,
         depth: u32,
     ) -> Checked<ScalarType> {
-        let decl = self.buffer(buffer, node)?;
-        let access_ok = matches!(decl.access, Access::ReadWrite | Access::Workgroup);
-        let ty = decl.elem.value_type();
-        if decl.elem == ElemType::U8 || !ty.is_integer() || !access_ok {
-            return Err(ValidationError::new(Rule::AtomicBuffer, {
-                let buffer = shown(buffer);
-                format!(
-                    "make buffer `{buffer}` an integer (u32, i32, u64 or i64) buffer with \
-                     read_write or workgroup access, or use another buffer: the atomic {} \
-                     targets a {} {} buffer",
-                    self.at(node),
-                    decl.access.name(),
-                    decl.elem.name()
-                )
-            }));
-        }
-        let (index_ty, _) = self.expr(index, node, depth + 1)?;
-        self.expect_type(index_ty, ScalarType::U32, "the atomic index", node)?;
-        Ok(ty)
+        self.integer_element(node, (buffer, index), depth, &ATOMIC_TARGET)
     }
 
     /// An acquire load's buffer and index; returns the element's value type. It reads
@@ -1791,24 +1773,39 @@ impl<'p> Checker<'p> {
         index: &'p Expr,
         depth: u32,
     ) -> Checked<ScalarType> {
+        self.integer_element(node, (buffer, index), depth, &ACQUIRE_TARGET)
+    }
+
+    /// The element `(buffer, index)` of an atomic or an acquire load, checked
+    /// against `target`'s rule: an integer buffer (u32, i32, u64 or i64) of one of
+    /// its accesses, and a `u32` index. Returns the element's value type.
+    fn integer_element(
+        &mut self,
+        node: &Node,
+        (buffer, index): (&'p Name, &'p Expr),
+        depth: u32,
+        target: &ElementTarget,
+    ) -> Checked<ScalarType> {
         let decl = self.buffer(buffer, node)?;
-        let access_ok = matches!(decl.access, Access::ReadOnly | Access::ReadWrite);
+        let access_ok = target.accesses.contains(&decl.access);
         let ty = decl.elem.value_type();
         if decl.elem == ElemType::U8 || !ty.is_integer() || !access_ok {
-            return Err(ValidationError::new(Rule::AcquireLoadBuffer, {
+            return Err(ValidationError::new(target.rule, {
                 let buffer = shown(buffer);
                 format!(
                     "make buffer `{buffer}` an integer (u32, i32, u64 or i64) buffer with \
-                     read_only or read_write access, or use another buffer: the acquire \
-                     load {} reads a {} {} buffer",
+                     {} access, or use another buffer: the {} {} {} a {} {} buffer",
+                    target.accesses_named,
+                    target.what,
                     self.at(node),
+                    target.verb,
                     decl.access.name(),
                     decl.elem.name()
                 )
             }));
         }
         let (index_ty, _) = self.expr(index, node, depth + 1)?;
-        self.expect_type(index_ty, ScalarType::U32, "the acquire load index", node)?;
+        self.expect_type(index_ty, ScalarType::U32, target.index_named, node)?;
         Ok(ty)
     }
 
@@ -1970,3 +1967,32 @@ fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
         None => (Vec::new(), "?".to_string()),
     }
 }
+
+/// What an atomic or an acquire load may address, the rule it breaks
+/// otherwise, and how its `Fix:` message names it.
+struct ElementTarget {
+    accesses: &'static [Access],
+    accesses_named: &'static str,
+    rule: Rule,
+    what: &'static str,
+    verb: &'static str,
+    index_named: &'static str,
+}
+
+const ATOMIC_TARGET: ElementTarget = ElementTarget {
+    accesses: &[Access::ReadWrite, Access::Workgroup],
+    accesses_named: "read_write or workgroup",
+    rule: Rule::AtomicBuffer,
+    what: "atomic",
+    verb: "targets",
+    index_named: "the atomic index",
+};
+
+const ACQUIRE_TARGET: ElementTarget = ElementTarget {
+    accesses: &[Access::ReadOnly, Access::ReadWrite],
+    accesses_named: "read_only or read_write",
+    rule: Rule::AcquireLoadBuffer,
+    what: "acquire load",
+    verb: "reads",
+    index_named: "the acquire load index",
+};
