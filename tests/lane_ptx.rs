@@ -183,47 +183,13 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
 
 /// Locks out a lane that refuses a body polling host-written flags, or emits its
 /// acquire loads as something else: a body whose first thread waits on its piece's
-/// `ready` flag with an acquire load, then (after a barrier) reads the staged piece,
-/// holds one bounds-checked `ld.acquire.sys.global.u32` and the module assembles
-/// with ptxas for sm_90.
+/// `ready` flag with an acquire load, then (after a barrier) reads the piece
+/// (`support::copy_when_ready`), holds one bounds-checked
+/// `ld.acquire.sys.global.u32` and the module assembles with ptxas for sm_90.
 #[test]
 fn a_body_polls_with_acquire_loads_and_assembles() {
-    let program = Program::builder([32, 1, 1])
-        .buffer(
-            "ready",
-            0,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "staged",
-            1,
-            Access::ReadOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .buffer(
-            "out",
-            2,
-            Access::WriteOnly,
-            ElemType::U32,
-            BufferCount::Runtime,
-        )
-        .body(|b| {
-            let gid = b.let_("gid", Expr::global_id(Axis::X));
-            b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
-                let seen = b.let_mut("seen", 0u32);
-                b.while_(seen.equals(0u32), |b| {
-                    let flag = b.acquire_load("flag", "ready", Expr::workgroup_id(Axis::X));
-                    b.assign("seen", flag);
-                });
-            });
-            b.barrier();
-            b.store("out", gid.clone(), Expr::load("staged", gid));
-        })
-        .build();
-    let mut lane = LaneModuleBuilder::new(90, 32, [32, 1, 1]);
+    let program = support::copy_when_ready();
+    let mut lane = LaneModuleBuilder::new(90, 32, [64, 1, 1]);
     lane.push(&program, &CodegenOptions::default())
         .expect("a body with acquire loads");
     let ptx = lane.finish();

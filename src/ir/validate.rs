@@ -1461,7 +1461,7 @@ impl<'p> Checker<'p> {
                 index,
             } => {
                 let mark = self.deps.len();
-                let ty = self.atomic_target(node, buffer, index, depth)?;
+                let ty = self.integer_element(node, (buffer, index), depth, &ATOMIC_TARGET)?;
                 self.deps.truncate(mark);
                 self.declare_atomic_result(name, ty, context, node)?;
                 Ok(Exits::default())
@@ -1472,7 +1472,7 @@ impl<'p> Checker<'p> {
                 index,
             } => {
                 let mark = self.deps.len();
-                let ty = self.acquire_target(node, buffer, index, depth)?;
+                let ty = self.integer_element(node, (buffer, index), depth, &ACQUIRE_TARGET)?;
                 self.deps.truncate(mark);
                 self.declare_atomic_result(name, ty, context, node)?;
                 Ok(Exits::default())
@@ -1739,7 +1739,7 @@ impl<'p> Checker<'p> {
         depth: u32,
     ) -> Checked<ScalarType> {
         let mark = self.deps.len();
-        let ty = self.atomic_target(node, buffer, index, depth)?;
+        let ty = self.integer_element(node, (buffer, index), depth, &ATOMIC_TARGET)?;
         if let Some(expected) = expected {
             let (expected_ty, _) = self.expr(expected, node, depth + 1)?;
             self.expect_type(expected_ty, ty, "the expected value", node)?;
@@ -1748,32 +1748,6 @@ impl<'p> Checker<'p> {
         self.expect_type(value_ty, ty, "the atomic operand", node)?;
         self.deps.truncate(mark);
         Ok(ty)
-    }
-
-    /// The element an atomic addresses: an integer `ReadWrite` or `Workgroup`
-    /// buffer and a `u32` index. Returns the element's value type; the index's
-    /// dependencies stay pushed for the caller to truncate.
-    fn atomic_target(
-        &mut self,
-        node: &Node,
-        buffer: &'p Name,
-        index: &'p Expr,
-        depth: u32,
-    ) -> Checked<ScalarType> {
-        self.integer_element(node, (buffer, index), depth, &ATOMIC_TARGET)
-    }
-
-    /// An acquire load's buffer and index; returns the element's value type. It reads
-    /// memory another agent (the host, another device) writes, so only global
-    /// buffers the kernel reads qualify, and only widths a single atomic read covers.
-    fn acquire_target(
-        &mut self,
-        node: &Node,
-        buffer: &'p Name,
-        index: &'p Expr,
-        depth: u32,
-    ) -> Checked<ScalarType> {
-        self.integer_element(node, (buffer, index), depth, &ACQUIRE_TARGET)
     }
 
     /// The element `(buffer, index)` of an atomic or an acquire load, checked
@@ -1969,7 +1943,10 @@ fn locate(entry: &[Node], ordinal: u64) -> (Vec<(Branch, usize)>, String) {
 }
 
 /// What an atomic or an acquire load may address, the rule it breaks
-/// otherwise, and how its `Fix:` message names it.
+/// otherwise, and how its `Fix:` message names it. An atomic: an integer
+/// `ReadWrite` or `Workgroup` buffer. An acquire load reads memory another
+/// agent (the host, another device) writes, so only global buffers the kernel
+/// reads qualify, and only widths a single atomic read covers.
 struct ElementTarget {
     accesses: &'static [Access],
     accesses_named: &'static str,
