@@ -353,7 +353,10 @@ pub struct ChunkTimings {
     /// The part of `staged_ns` that wrote the chunk's layout and gathered its
     /// text into the slot's staging (shared with the hand-out helpers' crew
     /// where the chunk has it and the crew is awake); the rest of the staging
-    /// is the slot and its graph.
+    /// is the slot and its graph. A chunk whose text is fed to its running
+    /// resident kernel ([`DeviceEncoder::with_text_fed`]) gathers it after
+    /// `staged_ns`, during the replay: that gather is counted here too, so
+    /// this can exceed `staged_ns`.
     pub gathered_ns: u64,
     /// Host time handing each document its ids after the wait (with the copy
     /// of the ids to the host, `copy_ns`, where the chunk takes one).
@@ -2675,8 +2678,9 @@ fn replay_fed(
                         )))
                     }
                 };
+                let gathered_ns = elapsed_ns(start);
                 wake();
-                gathered.map(|()| elapsed_ns(start))
+                gathered.map(|()| gathered_ns)
             })
             .map_err(failed)?;
         return Ok((timings, gathered?));
