@@ -942,12 +942,12 @@ fn gpu_eager_fused_chunks_replay_their_slots_graph() {
 /// back to back (so the crew lingers from one encode into the next's
 /// staging) eagerly into new and reused vectors, into a `BatchIds` and through
 /// a graph into a reused vector, at the defaults (three helpers, the text of
-/// every slot read across PCIe, the graph's too, gathered while the kernel
-/// runs and read as each piece's ready flag goes up), equal the CPU encoder,
-/// and so do three documents of 80 KiB in one chunk (their ends written
-/// before the launch, their text fed); the controls gather the text before
-/// the launch (`with_text_fed(false)`), and have no helpers and every slot's
-/// text going up by DMA.
+/// every slot read across PCIe, the graph's too) with the text gathered
+/// while the kernel runs and read as each piece's ready flag goes up
+/// (`with_text_fed(true)`), equal the CPU encoder, and so do three documents
+/// of 80 KiB in one chunk (their ends written before the launch, their text
+/// fed); the controls gather the text before the launch (the default), and
+/// have no helpers and every slot's text going up by DMA.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_helped_copies_and_mapped_text_equal_cpu() {

@@ -1252,7 +1252,7 @@ impl DeviceEncoder {
             resident_replay: Mutex::new(()),
             hand_out_helpers: (default_helpers, HELPED_FROM_TEXT_BYTES),
             text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
-            feeds_text: true,
+            feeds_text: false,
         })
     }
 
@@ -1298,9 +1298,14 @@ impl DeviceEncoder {
     /// Whether a chunk that replays the resident-grid kernel over text read
     /// across PCIe (a slot below [`TEXT_COPY_ENGINE_FROM`] on CUDA) launches
     /// first and gathers its text while the kernel runs, the kernel reading
-    /// each piece as its ready flag goes up (the default, `true`), or gathers
-    /// it before the launch (`false`, the way before 2026-12-06, kept to
-    /// compare the two). The ids are the same.
+    /// each piece as its ready flag goes up (`true`), or gathers it before
+    /// the launch and sets every flag first (`false`, the default). The ids
+    /// are the same. Why feeding: the gather (about 10 µs for 256 KiB), the
+    /// launch and the kernel's reads of the text across PCIe (7.7 µs by its
+    /// own clock) ran one after another (an H100 host, 2026-12-06). It stays
+    /// off by default until a device has measured it against the gather
+    /// before the launch: the `gpu_encode` bench's single-document rounds
+    /// compare the two.
     pub fn with_text_fed(mut self, fed: bool) -> Self {
         self.feeds_text = fed;
         self

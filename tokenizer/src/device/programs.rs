@@ -1315,8 +1315,8 @@ impl Programs {
     /// The steps of a kernel that runs them all ([`super::fused`]) as
     /// `spread`, in order: `stage` storing the text as bytes ([`short_stage`]
     /// in one workgroup, [`ready_stage`] in the resident grid, whose text the
-    /// host gathers while the kernel runs; a short text's gather takes under a
-    /// microsecond, less than a poll across PCIe would add), then every step
+    /// host may gather while the kernel runs; a short text's gather takes under
+    /// a microsecond, less than a poll across PCIe would add), then every step
     /// after `stage`: the split's as [`SplitBuild::Fused`], `pieces`, `merge`,
     /// `long` and `compact` as [`StepBuild::Fused`].
     pub fn fused_steps(&self, spread: Spread) -> Vec<KernelStep> {
@@ -3143,9 +3143,10 @@ pub fn short_stage(geometry: &Geometry) -> Program {
 /// `stage` as the resident-grid kernel's first step ([`super::fused`]):
 /// [`short_stage`]'s copies, but each piece of [`TEXT_READY_PIECE_BYTES`] of
 /// the staged text is read only once its word in the ready flags
-/// ([`Role::TextReady`]) is nonzero. Why: on CUDA the host gathers the text
-/// into the host-mapped staging while this kernel already runs (the graph is
-/// launched first, `AnyGraph::replay_feeding`), publishing each piece's flag
+/// ([`Role::TextReady`]) is nonzero. Why: on CUDA an encoder that feeds its
+/// text (`DeviceEncoder::with_text_fed`) gathers it into the host-mapped
+/// staging while this kernel already runs (the graph is launched first,
+/// `AnyGraph::replay_feeding`), publishing each piece's flag
 /// with a release store once the piece is written; a workgroup's first thread
 /// polls the flag with a system-scope acquire load, and the workgroup barrier
 /// after it carries that acquire to the threads that then read the piece. So

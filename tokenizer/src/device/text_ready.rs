@@ -9,8 +9,10 @@
 //! kernel's `stage` reading the text across PCIe, before any step could
 //! start. The resident kernel's `stage` ([`ready_stage`](super::programs::ready_stage))
 //! now reads each piece of [`TEXT_READY_PIECE_BYTES`] as soon as its flag is
-//! set, so the encoder launches first and gathers while the kernel waits
-//! (`AnyGraph::replay_feeding`): the three overlap.
+//! set, so an encoder that feeds its text (`DeviceEncoder::with_text_fed`)
+//! launches first and gathers while the kernel waits
+//! (`AnyGraph::replay_feeding`): the three overlap. One that gathers before
+//! the launch sets every flag first.
 //!
 //! The protocol: before the launch every flag of the chunk is cleared (no
 //! kernel of the slot runs then); a gathering thread writes a piece, then
