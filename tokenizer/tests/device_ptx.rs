@@ -114,6 +114,40 @@ fn short_text_programs_validate_lower_and_assemble() {
     );
 }
 
+/// Locks out a resident-grid kernel the device would refuse (its `stage`
+/// polls host-written flags with system-scope acquire loads, the rest as
+/// every step, rewritten to deal its groups over a grid): for each pattern
+/// the resident program at the default geometry validates, lowers (both
+/// reduction strategies), generates PTX and assembles for `sm_90` within an
+/// H200's workgroup memory.
+#[test]
+fn resident_programs_validate_lower_and_assemble() {
+    let geometry = Geometry::default();
+    let programs: Vec<(String, vyre_cuda::ir::Program)> =
+        [Pattern::Gpt2, Pattern::Cl100k, Pattern::O200k]
+            .into_iter()
+            .map(|pattern| {
+                let steps = Programs::new(pattern, geometry)
+                    .expect("geometry")
+                    .fused_steps(Spread::ResidentGrid);
+                let resident = resident_program(&steps, &geometry)
+                    .unwrap_or_else(|error| panic!("{pattern:?}: {error}"));
+                (format!("resident_{pattern:?}"), resident.program)
+            })
+            .collect();
+    let h200 = vyre_cuda::ir::Limits {
+        max_shared_memory_bytes: assemble::H200_SHARED_MEMORY_BYTES,
+        ..vyre_cuda::ir::Limits::default()
+    };
+    assemble::assemble_all_within(
+        "resident_programs_validate_lower_and_assemble",
+        &h200,
+        programs
+            .iter()
+            .map(|(name, program)| (name.clone(), program)),
+    );
+}
+
 /// Locks out a short-text rewrite that takes a step it cannot run inside one
 /// workgroup's loop: a `return` (it would end the thread for every later group and
 /// step) or a grid sync, even nested in an `if`, makes `short_program` fail naming
