@@ -99,14 +99,19 @@ fn short_text_programs_validate_lower_and_assemble() {
             ));
         }
     }
-    // Past 48 KiB the backend gives the kernel the device's opt-in workgroup
-    // memory as one dynamic pool.
+    assemble_within_an_h200("short_text_programs_validate_lower_and_assemble", &programs);
+}
+
+/// `programs` validated, lowered, generated and assembled for `sm_90` within
+/// an H200's workgroup memory: past 48 KiB the backend gives a kernel the
+/// device's opt-in workgroup memory as one dynamic pool.
+fn assemble_within_an_h200(test: &str, programs: &[(String, vyre_cuda::ir::Program)]) {
     let h200 = vyre_cuda::ir::Limits {
         max_shared_memory_bytes: assemble::H200_SHARED_MEMORY_BYTES,
         ..vyre_cuda::ir::Limits::default()
     };
     assemble::assemble_all_within(
-        "short_text_programs_validate_lower_and_assemble",
+        test,
         &h200,
         programs
             .iter()
@@ -135,17 +140,7 @@ fn resident_programs_validate_lower_and_assemble() {
                 (format!("resident_{pattern:?}"), resident.program)
             })
             .collect();
-    let h200 = vyre_cuda::ir::Limits {
-        max_shared_memory_bytes: assemble::H200_SHARED_MEMORY_BYTES,
-        ..vyre_cuda::ir::Limits::default()
-    };
-    assemble::assemble_all_within(
-        "resident_programs_validate_lower_and_assemble",
-        &h200,
-        programs
-            .iter()
-            .map(|(name, program)| (name.clone(), program)),
-    );
+    assemble_within_an_h200("resident_programs_validate_lower_and_assemble", &programs);
 }
 
 /// Locks out a short-text rewrite that takes a step it cannot run inside one

@@ -1120,14 +1120,12 @@ const BPE_BINDINGS: [Role; 12] = [
 pub const STEPS: [Step; 5] = [
     Step {
         name: "stage",
-        bindings: &[
-            Role::StagedParams,
-            Role::StagedText,
-            Role::StagedDocuments,
-            Role::Params,
-            Role::Text,
-            Role::DocumentEnds,
-        ],
+        // All of the resident grid's `stage`'s but the last, the ready flags.
+        bindings: READY_STAGE
+            .bindings
+            .split_last()
+            .expect("the ready flags")
+            .1,
         grid: Grid::Stage,
         body_registers: 32,
     },
