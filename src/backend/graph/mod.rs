@@ -553,6 +553,54 @@ impl DispatchGraph {
     /// graph), and one a step of the graph writes (bound to a binding that is not
     /// read-only) or the graph uploads into or reads back from: the host's
     /// `&mut [u8]` must be the only writer of the bytes.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::Ordering;
+    /// use vyre_cuda::backend::{Binding, CudaBackend, Dispatch};
+    /// use vyre_cuda::ir::*;
+    /// use vyre_cuda::{DispatchConfig, ReadbackPolicy};
+    ///
+    /// # fn main() -> Result<(), vyre_cuda::backend::BackendError> {
+    /// // Workgroup `w` copies piece `w` (64 words) once `ready[w]` is set.
+    /// let copy = Program::builder([64, 1, 1])
+    ///     .buffer("data", 0, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+    ///     .buffer("ready", 1, Access::ReadOnly, ElemType::U32, BufferCount::Runtime)
+    ///     .buffer("out", 2, Access::ReadWrite, ElemType::U32, BufferCount::Runtime)
+    ///     .body(|b| {
+    ///         b.if_(Expr::local_id(Axis::X).equals(0u32), |b| {
+    ///             let seen = b.let_mut("seen", 0u32);
+    ///             b.while_(seen.equals(0u32), |b| {
+    ///                 let flag = b.acquire_load("flag", "ready", Expr::workgroup_id(Axis::X));
+    ///                 b.assign("seen", flag);
+    ///             });
+    ///         });
+    ///         b.barrier(); // carries the first thread's acquire to the others
+    ///         let i = b.let_("i", Expr::global_id(Axis::X));
+    ///         b.store("out", i.clone(), Expr::load("data", i));
+    ///     })
+    ///     .build();
+    /// let gpu = CudaBackend::acquire()?;
+    /// let config = DispatchConfig::linear(4).with_readback(ReadbackPolicy::None);
+    /// let kernel = gpu.compile(&copy, &config)?;
+    /// let mut data = gpu.host_mapped_buffer(4 * 256)?;
+    /// let ready = gpu.host_mapped_buffer(4 * 4)?;
+    /// let out = gpu.buffer(4 * 256)?;
+    /// let bindings = [Binding::from(&data), Binding::from(&ready), Binding::from(&out)];
+    /// let mut graph = gpu.record(|rec| {
+    ///     rec.dispatch(Dispatch::new(&kernel, &bindings).config(&config))?;
+    ///     Ok(())
+    /// })?;
+    /// let flags = ready.host_words()?;
+    /// flags.iter().for_each(|flag| flag.store(0, Ordering::Relaxed)); // before the launch
+    /// graph.replay_feeding(&mut data, |bytes| {
+    ///     for (piece, part) in bytes.chunks_mut(4 * 64).enumerate() {
+    ///         part.fill(piece as u8); // the piece first, then its flag
+    ///         flags[piece].store(1, Ordering::Release);
+    ///     }
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn replay_feeding<R>(
         &mut self,
         input: &mut DeviceBuffer,
