@@ -2504,6 +2504,45 @@ fn resident_grid_equals_cpu() {
     }
 }
 
+/// Locks out an encoder that feeds its text to the running resident kernel
+/// (`with_text_fed(true)`) and loses it where it cannot feed: on the reference
+/// interpreter, whose buffers are not host-mapped, the gather that staging
+/// leaves to the replay happens before it, with every ready flag set. Three
+/// documents in one resident chunk, eagerly (twice, the slot's graph reused)
+/// and one text through an `EncodeGraph`, equal the CPU encoder. Negative
+/// control by hand: a fallback that skips the gather gives other ids.
+#[test]
+fn a_fed_encoder_stages_first_where_it_cannot_feed() {
+    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
+    let encoder = DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        &tokenizer,
+        Geometry::default(),
+        resident_up_to_24_kib(),
+    )
+    .unwrap()
+    .with_text_fed(true);
+    let texts: Vec<Vec<u8>> = Shape::ALL
+        .iter()
+        .map(|&shape| generate(shape, 3 << 10, 53))
+        .collect();
+    let refs: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
+    assert!(encoder.runs_resident(refs.iter().map(|text| text.len() as u64).sum()));
+    let expected: Vec<Vec<u32>> = refs
+        .iter()
+        .map(|text| tokenizer.encode_ordinary_bytes(text))
+        .collect();
+    for _ in 0..2 {
+        assert_eq!(encoder.encode_batch_bytes(&refs).unwrap(), expected);
+    }
+    let joined = texts.concat();
+    let mut graph = encoder.graph(joined.len()).unwrap();
+    assert_eq!(
+        graph.encode(&joined).unwrap(),
+        tokenizer.encode_ordinary_bytes(&joined)
+    );
+}
+
 /// Locks out an eager chunk of a fused kernel whose replay of its slot's
 /// graph differs from the dispatch (a kernel node left with an earlier
 /// chunk's length, documents or grid; a slot's host-mapped buffers written or

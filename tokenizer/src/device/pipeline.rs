@@ -760,14 +760,6 @@ impl Slot {
             .map(|(buffer, fused)| (buffer, fused.map(|fused| &mut fused.graph)))
     }
 
-    /// Whether a chunk's text can be fed to the slot's resident kernel while
-    /// it runs: its staging and ready flags are host-mapped (on CUDA, below
-    /// [`TEXT_COPY_ENGINE_FROM`] bytes).
-    fn feedable(&self) -> bool {
-        let mapped = |role: Role| self.buffer(role).is_ok_and(DeviceBuffer::is_host_mapped);
-        self.staged_text_pinned.is_none() && mapped(Role::StagedText) && mapped(Role::TextReady)
-    }
-
     /// The staged text and the ready flags, both writable (for the host
     /// beside a graph that binds them), with the slot's recorded graph and
     /// what it recorded, if it keeps one.
@@ -1752,8 +1744,12 @@ impl DeviceEncoder {
             if let Some(fused) = replayed {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
-                staged.feeds =
-                    self.feeds_text && fused.spread == Spread::ResidentGrid && slot.feedable();
+                // `replay_fed` feeds it where the staging is host-mapped and
+                // stages it first elsewhere; a text the copy engine brings up
+                // is never fed.
+                staged.feeds = self.feeds_text
+                    && fused.spread == Spread::ResidentGrid
+                    && !slot.transfers().text_by_copy_engine;
             }
             if staged.feeds {
                 // The text goes in while the kernel runs; the layout now.
