@@ -95,6 +95,22 @@ fn fixture_digest_is_pinned() {
     assert_eq!(shared.workgroup_size(), fixture().workgroup_size());
 }
 
+/// The documented encoding of a program's start, up to its entry op id: one
+/// buffer `name` at `binding`, `codes` its access, element type and count
+/// codes, then the workgroup size.
+fn one_buffer_header(name: &[u8], binding: u32, codes: [u8; 3], workgroup: [u32; 3]) -> Vec<u8> {
+    let mut bytes = b"vyre-cuda program v2".to_vec();
+    bytes.extend(1u32.to_le_bytes()); // buffer count
+    bytes.extend((name.len() as u32).to_le_bytes());
+    bytes.extend(name);
+    bytes.extend(binding.to_le_bytes());
+    bytes.extend(codes);
+    for w in workgroup {
+        bytes.extend(w.to_le_bytes());
+    }
+    bytes
+}
+
 /// Locks out a drift between the documented canonical encoding and the digest: a
 /// tiny program encoded by hand, byte by byte, hashes to its digest.
 #[test]
@@ -121,17 +137,8 @@ fn digest_is_sha256_of_the_documented_encoding() {
     block.extend(1u32.to_le_bytes());
     block.extend([0, 2]); // value: literal f32
     block.extend((-0.0f32).to_bits().to_le_bytes());
-    let mut bytes = b"vyre-cuda program v2".to_vec();
-    bytes.extend(1u32.to_le_bytes()); // buffer count
-    bytes.extend(1u32.to_le_bytes()); // name length
-    bytes.extend(b"b");
-    bytes.extend(7u32.to_le_bytes()); // binding
-    bytes.push(2); // write_only
-    bytes.push(3); // f32
-    bytes.push(1); // runtime count
-    for w in [2u32, 3, 4] {
-        bytes.extend(w.to_le_bytes());
-    }
+    // write_only, f32, runtime count
+    let mut bytes = one_buffer_header(b"b", 7, [2, 3, 1], [2, 3, 4]);
     bytes.push(0); // no entry op id
     bytes.push(0); // composable
     bytes.extend(sha256(&block)); // the entry block's digest
@@ -185,17 +192,8 @@ fn acquire_load_prints_and_hashes_as_its_own_node() {
     block.extend(b"f");
     block.extend([0, 0]); // index: literal u32
     block.extend(3u32.to_le_bytes());
-    let mut bytes = b"vyre-cuda program v2".to_vec();
-    bytes.extend(1u32.to_le_bytes()); // buffer count
-    bytes.extend(1u32.to_le_bytes()); // name length
-    bytes.extend(b"f");
-    bytes.extend(0u32.to_le_bytes()); // binding
-    bytes.push(0); // read_only
-    bytes.push(1); // u32
-    bytes.push(1); // runtime count
-    for w in [1u32, 1, 1] {
-        bytes.extend(w.to_le_bytes());
-    }
+    // read_only, u32, runtime count
+    let mut bytes = one_buffer_header(b"f", 0, [0, 1, 1], [1, 1, 1]);
     bytes.push(0); // no entry op id
     bytes.push(0); // composable
     bytes.extend(sha256(&block)); // the entry block's digest
@@ -963,15 +961,8 @@ fn scalar_encoding_is_the_documented_one() {
     block.push(12); // value: scalar
     block.extend(1u32.to_le_bytes());
     block.extend(b"k");
-    let mut bytes = b"vyre-cuda program v2".to_vec();
-    bytes.extend(1u32.to_le_bytes());
-    bytes.extend(1u32.to_le_bytes());
-    bytes.extend(b"o");
-    bytes.extend(0u32.to_le_bytes());
-    bytes.extend([2, 4, 1]); // write_only, u64, runtime
-    for w in [1u32, 1, 1] {
-        bytes.extend(w.to_le_bytes());
-    }
+    // write_only, u64, runtime
+    let mut bytes = one_buffer_header(b"o", 0, [2, 4, 1], [1, 1, 1]);
     bytes.push(0); // no entry op id
     bytes.push(2); // composable, scalars follow
     bytes.extend(1u32.to_le_bytes());

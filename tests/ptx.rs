@@ -2370,19 +2370,7 @@ mod random {
                     })
                 }
                 8 if self.rng.chance(20) => {
-                    let acquirable: Vec<BufferDecl> = self
-                        .buffers
-                        .iter()
-                        .filter(|b| {
-                            b.elem == ElemType::U32
-                                && matches!(b.access, Access::ReadOnly | Access::ReadWrite)
-                        })
-                        .cloned()
-                        .collect();
-                    if acquirable.is_empty() {
-                        return None;
-                    }
-                    let buffer = acquirable[self.rng.below(acquirable.len())].name.clone();
+                    let buffer = self.u32_buffer(&[Access::ReadOnly, Access::ReadWrite])?;
                     let index = self.index(uniform);
                     let name = self.fresh();
                     self.scopes
@@ -2395,19 +2383,7 @@ mod random {
                     })
                 }
                 8 => {
-                    let atomic: Vec<BufferDecl> = self
-                        .buffers
-                        .iter()
-                        .filter(|b| {
-                            b.elem == ElemType::U32
-                                && matches!(b.access, Access::ReadWrite | Access::Workgroup)
-                        })
-                        .cloned()
-                        .collect();
-                    if atomic.is_empty() {
-                        return None;
-                    }
-                    let buffer = atomic[self.rng.below(atomic.len())].name.clone();
+                    let buffer = self.u32_buffer(&[Access::ReadWrite, Access::Workgroup])?;
                     let op = self.rng.pick(&AtomicOp::ALL);
                     let index = self.index(uniform);
                     let value = self.expr(ScalarType::U32, 2, uniform);
@@ -2463,6 +2439,20 @@ mod random {
                 }
                 _ => None,
             }
+        }
+
+        /// One of the `u32` buffers of `accesses`, at random (`None`: there is none).
+        fn u32_buffer(&mut self, accesses: &[Access]) -> Option<Name> {
+            let names: Vec<Name> = self
+                .buffers
+                .iter()
+                .filter(|b| b.elem == ElemType::U32 && accesses.contains(&b.access))
+                .map(|b| b.name.clone())
+                .collect();
+            if names.is_empty() {
+                return None;
+            }
+            Some(names[self.rng.below(names.len())].clone())
         }
 
         fn index(&mut self, uniform: bool) -> Expr {
