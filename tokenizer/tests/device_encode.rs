@@ -2514,14 +2514,7 @@ fn resident_grid_equals_cpu() {
 #[test]
 fn a_fed_encoder_stages_first_where_it_cannot_feed() {
     let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
-    let encoder = DeviceEncoder::with_geometry(
-        AnyBackend::reference(),
-        &tokenizer,
-        Geometry::default(),
-        resident_up_to_24_kib(),
-    )
-    .unwrap()
-    .with_text_fed(true);
+    let encoder = resident_reference_encoder(&tokenizer).with_text_fed(true);
     let texts: Vec<Vec<u8>> = Shape::ALL
         .iter()
         .map(|&shape| generate(shape, 3 << 10, 53))
@@ -2559,15 +2552,7 @@ fn a_fed_encoder_stages_first_where_it_cannot_feed() {
 fn eager_fused_chunks_replay_their_slots_graph() {
     for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
-        let encoder = || {
-            DeviceEncoder::with_geometry(
-                AnyBackend::reference(),
-                &tokenizer,
-                Geometry::default(),
-                resident_up_to_24_kib(),
-            )
-            .unwrap()
-        };
+        let encoder = || resident_reference_encoder(&tokenizer);
         device_batches::assert_fused_chunks_replay_their_slots_graph(
             &encoder(),
             &encoder().with_fused_graphs(false),
@@ -2709,13 +2694,7 @@ fn device_ids_equal_cpu_with_workgroup_memory_past_48_kib() {
 #[test]
 fn resident_grids_leave_a_running_lanes_multiprocessors_out() {
     let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
-    let encoder = DeviceEncoder::with_geometry(
-        AnyBackend::reference(),
-        &tokenizer,
-        Geometry::default(),
-        resident_up_to_24_kib(),
-    )
-    .unwrap();
+    let encoder = resident_reference_encoder(&tokenizer);
     let text = generate(Shape::Prose, 8 << 10, 41);
     assert!(encoder.runs_resident(text.len() as u64));
     let lane = lane_on_every_multiprocessor(encoder.backend());
@@ -2724,6 +2703,17 @@ fn resident_grids_leave_a_running_lanes_multiprocessors_out() {
     drop(lane);
     assert!(encoder.runs_resident(text.len() as u64));
     check_batch(&encoder, &tokenizer, &[text], "after the lane");
+}
+
+/// A reference encoder at the default geometry with [`resident_up_to_24_kib`].
+fn resident_reference_encoder(tokenizer: &Tokenizer) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::reference(),
+        tokenizer,
+        Geometry::default(),
+        resident_up_to_24_kib(),
+    )
+    .expect("device encoder")
 }
 
 /// The short-text kernel up to 4 KiB, the resident grid up to 24 KiB.
@@ -2768,13 +2758,7 @@ fn lane_on_every_multiprocessor(backend: &AnyBackend) -> vyre_cuda::backend::Any
 fn resident_grid_graphs_run_one_cooperative_kernel() {
     for encoding in [Encoding::Cl100kBase, Encoding::R50kBase] {
         let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
-        let resident = DeviceEncoder::with_geometry(
-            AnyBackend::reference(),
-            &tokenizer,
-            Geometry::default(),
-            resident_up_to_24_kib(),
-        )
-        .unwrap();
+        let resident = resident_reference_encoder(&tokenizer);
         let step_by_step = reference_encoder(&tokenizer);
         let steps = step_by_step.step_names().len();
         for bytes in [4097, 8 << 10] {
