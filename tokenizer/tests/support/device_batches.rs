@@ -464,3 +464,72 @@ pub fn assert_fused_chunks_replay_their_slots_graph(
         "into BatchIds dispatched",
     );
 }
+
+/// Holds a lane of `encoder`'s short-text kernel (`DeviceEncoder::lane`) to
+/// the CPU encoder: every shape at 1–2,048 bytes, random strings and invalid
+/// UTF-8, one text a request; all of them as one batch with empty documents
+/// between and more short documents than one request takes; the same lane
+/// shared by four threads; and `Fix:` errors for a text past its capacity and
+/// a result count that does not match. Locks out a binding the lane owns
+/// sized short, a request whose padding leaks into its ids, a batch packed
+/// across requests that loses or shifts a document, and a request that finds
+/// an earlier one's buffers dirty.
+pub fn check_encode_lane(encoder: &DeviceEncoder, tokenizer: &Tokenizer) {
+    use vyre_cuda::backend::LaneOptions;
+    use vyre_tokenizer::device::encode_lane::LANE_DOCUMENTS;
+    use vyre_tokenizer::device::fused::DEFAULT_SHORT_TEXT_BYTES;
+    fn shared_by_threads<T: Sync + Send>(_: &T) {}
+    let lane = encoder
+        .lane(LaneOptions::new())
+        .expect("a lane of the short-text kernel");
+    shared_by_threads(&lane);
+    assert_eq!(lane.text_capacity(), DEFAULT_SHORT_TEXT_BYTES as usize);
+    let mut random = SplitMix64::new(71);
+    let mut texts: Vec<Vec<u8>> = Shape::ALL
+        .iter()
+        .flat_map(|&shape| [1usize, 17, 300, 2048].map(|len| generate(shape, len, 59)))
+        .collect();
+    texts.extend(random_texts(&mut random, 12, 40));
+    texts.push(vec![0xff, b'a', 0xc3, b' ', 0xe6, 0x97]);
+    let mut ids = Vec::new();
+    for text in &texts {
+        lane.encode_into(text, &mut ids).expect("a lane encode");
+        assert_eq!(ids, tokenizer.encode_ordinary_bytes(text), "{text:?}");
+    }
+    let mut batch: Vec<&[u8]> = Vec::new();
+    for text in &texts {
+        batch.push(text);
+        batch.push(b"");
+    }
+    // More short documents than one request takes, together well under its
+    // text capacity.
+    batch.extend(std::iter::repeat_n(&b" x"[..], LANE_DOCUMENTS as usize + 8));
+    let expected: Vec<Vec<u32>> = batch
+        .iter()
+        .map(|text| tokenizer.encode_ordinary_bytes(text))
+        .collect();
+    assert_eq!(lane.encode_batch(&batch).expect("a lane batch"), expected);
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let (lane, texts) = (&lane, &texts);
+            scope.spawn(move || {
+                for text in texts.iter().skip(thread).step_by(4) {
+                    let ids = lane.encode(text).expect("a lane encode on a thread");
+                    assert_eq!(ids, tokenizer.encode_ordinary_bytes(text));
+                }
+            });
+        }
+    });
+    let too_long = vec![b'a'; lane.text_capacity() + 1];
+    let error = lane.encode(&too_long).unwrap_err().to_string();
+    assert!(
+        error.starts_with("Fix:") && error.contains("short_text_bytes"),
+        "{error}"
+    );
+    let error = lane
+        .encode_batch_into(&[b"a"], &mut [])
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("Fix:"), "{error}");
+    assert_eq!(lane.encode(b"").expect("an empty text"), Vec::<u32>::new());
+}
