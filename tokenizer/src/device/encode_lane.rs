@@ -77,7 +77,7 @@ enum LaneBinding {
     Table(Role),
     /// A device buffer of the lane's own.
     Owned(DeviceBuffer),
-    /// The request's text, padded to its size class (a host input).
+    /// The request's text, padded to the text capacity (a host input).
     StagedText,
     /// The request's document ends, padded to [`LANE_DOCUMENTS`] (a host
     /// input).
