@@ -1264,7 +1264,7 @@ fn gpu_an_eager_encode_waits_once_per_step() {
 /// one eagerly and as a graph, all equal the CPU while the lane lives.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn gpu_short_texts_on_a_lane_equal_cpu() {
+fn gpu_a_lane_of_the_short_text_kernel_equals_cpu() {
     use vyre_cuda::backend::LaneOptions;
     for encoding in [
         Encoding::R50kBase,
