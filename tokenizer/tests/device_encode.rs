@@ -2800,30 +2800,4 @@ fn a_lane_of_the_short_text_kernel_equals_the_cpu() {
         let encoder = DeviceEncoder::new(AnyBackend::reference(), &tokenizer).unwrap();
         check_encode_lane(&encoder, &tokenizer);
     }
-    // Capacities below, inside and at the edge of the smallest size class.
-    let tokenizer = Tokenizer::for_encoding(Encoding::Cl100kBase).unwrap();
-    for (short_text_bytes, capacity) in [(16, 16), (40, 64), (100, 128)] {
-        let limits = ChunkLimits {
-            short_text_bytes,
-            ..ChunkLimits::default()
-        };
-        let encoder = DeviceEncoder::with_geometry(
-            AnyBackend::reference(),
-            &tokenizer,
-            Geometry::default(),
-            limits,
-        )
-        .unwrap();
-        let lane = encoder
-            .lane(vyre_cuda::backend::LaneOptions::new())
-            .unwrap();
-        assert_eq!(lane.text_capacity(), capacity);
-        for len in [1, capacity / 2 + 1, capacity] {
-            let text = generate(Shape::Code, len, 61);
-            assert_eq!(
-                lane.encode(&text).unwrap(),
-                tokenizer.encode_ordinary_bytes(&text)
-            );
-        }
-    }
 }

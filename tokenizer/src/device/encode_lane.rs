@@ -24,15 +24,10 @@
 //! cannot bind host-mapped memory, so the staged text and document ends go up
 //! as the request's host inputs (the lane copies them from its own staging on
 //! the device) and the ids and each document's first id index come back as
-//! the request's readback. A request's shape (its bindings, the length of its
-//! host inputs, its readback ranges) depends only on its text's size class,
-//! the power of two from [`SMALLEST_CLASS_BYTES`] that holds it (the text
-//! padded to it, as many ids read back, the document ends padded to
-//! [`LANE_DOCUMENTS`]; the text length and document count are the kernel's
-//! scalars), so the lane plans each class once and reuses the plan (it keeps
-//! its last four). The class keeps the readback near the text: every 4 bytes
-//! of it cross PCIe and the host's caches as an 8-byte flagged word. The lane
-//! runs its requests one
+//! the request's readback. Every request has the same shape (the same
+//! bindings, host inputs of the same length, the same readback ranges; only
+//! the text length and document count, the kernel's scalars, differ), so the
+//! lane plans it once and reuses the plan. The lane runs its requests one
 //! after another, so requests from several threads never share the buffers on
 //! the device at once.
 //!
@@ -64,9 +59,6 @@ use crate::error::{ErrorKind, TokenizerError};
 /// naming), so that every request has one shape.
 pub const LANE_DOCUMENTS: u32 = 64;
 
-/// The smallest size class of a request's text (see the module docs).
-pub const SMALLEST_CLASS_BYTES: u32 = 64;
-
 /// Most global buffers the short-text kernel binds, for the request's
 /// bindings on the stack.
 const BINDINGS: usize = 24;
@@ -95,10 +87,9 @@ pub struct EncodeLane<'e> {
     _live: LiveLane<'e>,
     encoder: &'e DeviceEncoder,
     bindings: Vec<LaneBinding>,
-    /// The readback of each size class, smallest first: the ids binding's
-    /// first `4 · class` bytes, then the document starts binding's
-    /// `4 · (LANE_DOCUMENTS + 1)`.
-    readbacks: Vec<ReadbackPolicy>,
+    /// The readback: the ids binding's first `4 · text_capacity` bytes, then
+    /// the document starts binding's `4 · (LANE_DOCUMENTS + 1)`.
+    readback: ReadbackPolicy,
     text_capacity: u32,
     kernel_name: String,
 }
@@ -166,33 +157,22 @@ impl<'e> EncodeLane<'e> {
                 .and_then(|index| u32::try_from(index).ok())
                 .ok_or_else(|| internal(format!("{kernel_name} binds no {wanted:?} buffer")))
         };
-        let (ids, starts) = (
-            binding_of(Role::Ids)?,
-            binding_of(Role::DocumentTokenStarts)?,
+        let readback = ReadbackPolicy::Ranges(
+            [
+                ByteRange {
+                    binding: binding_of(Role::Ids)?,
+                    offset: 0,
+                    len: 4 * text_capacity,
+                },
+                ByteRange {
+                    binding: binding_of(Role::DocumentTokenStarts)?,
+                    offset: 0,
+                    len: 4 * (documents + 1),
+                },
+            ]
+            .into_iter()
+            .collect(),
         );
-        let readbacks = std::iter::successors(Some(u64::from(SMALLEST_CLASS_BYTES)), |class| {
-            Some(class * 2)
-        })
-        .take_while(|&class| class <= text_capacity.max(u64::from(SMALLEST_CLASS_BYTES)))
-        .map(|class| {
-            ReadbackPolicy::Ranges(
-                [
-                    ByteRange {
-                        binding: ids,
-                        offset: 0,
-                        len: 4 * class.min(text_capacity),
-                    },
-                    ByteRange {
-                        binding: starts,
-                        offset: 0,
-                        len: 4 * (documents + 1),
-                    },
-                ]
-                .into_iter()
-                .collect(),
-            )
-        })
-        .collect();
         // Counted before it starts, so that no encode records beside it.
         let live = encoder.count_lane();
         let lane = backend
@@ -203,17 +183,14 @@ impl<'e> EncodeLane<'e> {
             _live: live,
             encoder,
             bindings,
-            readbacks,
+            readback,
             text_capacity: u32::try_from(text_capacity)
                 .map_err(|_| internal(format!("a lane of {text_capacity} text bytes")))?,
             kernel_name: kernel_name.to_owned(),
         })
     }
 
-    /// Most text bytes one request takes, the encoder's
-    /// [`ChunkLimits::short_text_bytes`](super::ChunkLimits) rounded up to a
-    /// power of two (at least 16, at most [`SHORT_TEXT_BYTES`], the most the
-    /// short-text kernel takes): a document of up to this many bytes
+    /// Most text bytes one request takes: a document of up to this many bytes
     /// encodes in one request, and a batch's documents are packed into
     /// requests of up to this many bytes and [`LANE_DOCUMENTS`] documents.
     pub fn text_capacity(&self) -> usize {
@@ -247,9 +224,9 @@ impl<'e> EncodeLane<'e> {
             return Ok(None);
         }
         self.check_length(text.len())?;
-        // The ids straight into the caller's vector: room for one per byte of
-        // the size class, then cut to the count.
-        ids.resize(self.class_bytes(text.len()), 0);
+        // The ids straight into the caller's vector: room for one per byte,
+        // then cut to the count.
+        ids.resize(self.text_capacity as usize, 0);
         let mut starts = [0u32; LANE_DOCUMENTS as usize + 1];
         let timings = self.request(&[text], ids, &mut starts)?;
         let total = self.checked_total(&starts, 1)?;
@@ -311,15 +288,6 @@ impl<'e> EncodeLane<'e> {
         Ok(results)
     }
 
-    /// The size class of a request of `text_len` bytes: the power of two from
-    /// [`SMALLEST_CLASS_BYTES`] that holds it, at most the capacity.
-    fn class_bytes(&self, text_len: usize) -> usize {
-        text_len
-            .max(SMALLEST_CLASS_BYTES as usize)
-            .next_power_of_two()
-            .min(self.text_capacity as usize)
-    }
-
     /// The end of the request that starts at `texts[first]`: as many texts as
     /// fit the text capacity and [`LANE_DOCUMENTS`] (at least one).
     fn request_end(&self, texts: &[&[u8]], first: usize) -> usize {
@@ -344,7 +312,7 @@ impl<'e> EncodeLane<'e> {
             ErrorKind::Backend,
             format!(
                 "Fix: a text of {bytes} bytes is longer than this EncodeLane takes ({} bytes, the \
-                 encoder's short-text limit rounded up to a power of two); encode it with DeviceEncoder::encode_batch, or \
+                 encoder's short-text limit); encode it with DeviceEncoder::encode_batch, or \
                  raise ChunkLimits::short_text_bytes (at most {SHORT_TEXT_BYTES})",
                 self.text_capacity
             ),
@@ -371,16 +339,16 @@ impl<'e> EncodeLane<'e> {
     }
 
     /// One request of `texts` (together at most the text capacity, at most
-    /// [`LANE_DOCUMENTS`]): the ids into `ids` (at least the size class's
-    /// words), the document starts into `starts`.
+    /// [`LANE_DOCUMENTS`]): the ids into `ids` (`text_capacity` words), the
+    /// document starts into `starts`.
     fn request(
         &self,
         texts: &[&[u8]],
         ids: &mut [u32],
         starts: &mut [u32; LANE_DOCUMENTS as usize + 1],
     ) -> Result<Timings, TokenizerError> {
-        // The text padded to its size class and the ends padded to
-        // LANE_DOCUMENTS, so that every request of the class has one shape.
+        // The text padded to the capacity and the ends padded to
+        // LANE_DOCUMENTS, so that every request has one shape.
         let mut text = [0u8; SHORT_TEXT_BYTES as usize];
         let mut ends = [0u32; LANE_DOCUMENTS as usize];
         let mut offset = 0usize;
@@ -391,14 +359,6 @@ impl<'e> EncodeLane<'e> {
         }
         let text_len = offset as u32;
         let documents = texts.len() as u32;
-        let class = self.class_bytes(offset);
-        let readback = self
-            .readbacks
-            .get(
-                (class.max(SMALLEST_CLASS_BYTES as usize) / SMALLEST_CLASS_BYTES as usize)
-                    .trailing_zeros() as usize,
-            )
-            .ok_or_else(|| internal(format!("no readback for a class of {class} bytes")))?;
         let mut bindings: SmallVec<[Binding<'_>; BINDINGS]> = SmallVec::new();
         for binding in &self.bindings {
             bindings.push(match binding {
@@ -407,7 +367,7 @@ impl<'e> EncodeLane<'e> {
                     .resident_table(*role)
                     .ok_or_else(|| internal(format!("no resident {role:?} table")))?,
                 LaneBinding::Owned(buffer) => Binding::from(buffer),
-                LaneBinding::StagedText => Binding::Host(&text[..class]),
+                LaneBinding::StagedText => Binding::Host(&text[..self.text_capacity as usize]),
                 LaneBinding::StagedDocuments => Binding::host(&ends[..]),
             });
         }
@@ -420,9 +380,9 @@ impl<'e> EncodeLane<'e> {
             .workgroups([1, 1, 1])
             .scalar(TEXT_LEN_SCALAR, text_len)
             .scalar(DOCUMENTS_SCALAR, documents)
-            .readback(readback);
+            .readback(&self.readback);
         let mut outputs: [&mut [u8]; 2] = [
-            bytemuck::cast_slice_mut(&mut ids[..class]),
+            bytemuck::cast_slice_mut(&mut ids[..self.text_capacity as usize]),
             bytemuck::cast_slice_mut(&mut starts[..]),
         ];
         self.lane.run_into(request, &mut outputs).map_err(|error| {
