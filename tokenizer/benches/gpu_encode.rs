@@ -39,9 +39,7 @@
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
-//!   time goes), with tiktoken-rs's time beside; then three rounds of it as
-//!   a batch of one against the same kernel served by a persistent lane
-//!   (`DeviceEncoder::lane`, with the lane server's phases).
+//!   time goes), with tiktoken-rs's time beside.
 //!   `VYRE_BENCH_SINGLE_ONLY=1`
 //!   runs this part alone (after the launch floor);
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
@@ -108,7 +106,7 @@ use std::time::Instant;
 
 use peers::{median_seconds as median, Peer};
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
-use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch, LaneOptions, Timings};
+use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch, Timings};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
@@ -1200,37 +1198,6 @@ fn single_documents(
         "  the short-text kernel's steps by their own clock: {}",
         counted_kernel_line(encoder, small.as_bytes(), &small_ids, small_rounds)
     );
-    // The same kernel served by a persistent lane (no launch), in rounds
-    // alternating with the batch of one above; built last, since nothing may
-    // record the resident grid beside it.
-    let lane = encoder
-        .lane(LaneOptions::new())
-        .expect("a lane of the short-text kernel");
-    let mut lane_ids = Vec::new();
-    for round in 1..=3 {
-        let (batched, _) = median(small_rounds, || {
-            encoder
-                .encode_batch_into(&[small.as_bytes()], &mut one_batch)
-                .expect("encode a batch of one")
-                .remove(0)
-        });
-        let (laned, timings) = median(small_rounds, || {
-            lane.encode_into(small.as_bytes(), &mut lane_ids)
-                .expect("a lane encode")
-                .expect("a request")
-        });
-        assert_eq!(lane_ids, small_ids, "1 KiB: the lane");
-        let stamps = timings.lane_stamps.unwrap_or_default();
-        println!(
-            "  1 KiB, round {round}: a batch of one {:.1} µs, the lane (EncodeLane::encode_into) {:.1} µs (server: setup {:.1}, workgroups {:.1}, readback {:.1} µs; host wait {:.1})",
-            batched * 1e6,
-            laned * 1e6,
-            stamps.setup_ns as f64 / 1e3,
-            stamps.workgroups_ns as f64 / 1e3,
-            stamps.readback_ns as f64 / 1e3,
-            timings.wait_ns as f64 / 1e3,
-        );
-    }
 }
 
 /// One document's eager encode with `encoder` (`submit_bytes`, then

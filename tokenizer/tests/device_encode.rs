@@ -17,9 +17,9 @@ mod tiktoken_text;
 
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, capped_encoder, check_batch, check_batch_ids,
-    check_encode_lane, device_piece_starts, documents_cut_inside_runs, long_piece_texts,
-    random_texts, small_split_geometry, split_pieces_alone_and_joined,
-    with_fused_steps_in_32_threads, STEP_BY_STEP,
+    device_piece_starts, documents_cut_inside_runs, long_piece_texts, random_texts,
+    small_split_geometry, split_pieces_alone_and_joined, with_fused_steps_in_32_threads,
+    STEP_BY_STEP,
 };
 use vyre_cuda::backend::AnyBackend;
 use vyre_cuda::reference::{self, ReferenceOptions};
@@ -2785,19 +2785,5 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
             tokenizer.encode_ordinary_bytes(&text),
             "{encoding:?}, after the lane"
         );
-    }
-}
-
-/// Locks out a lane of the short-text kernel (`DeviceEncoder::lane`) that
-/// answers otherwise than the CPU encoder on the reference interpreter: on
-/// r50k and cl100k (one split step and two), the checks of
-/// `check_encode_lane` (negative control by hand: a request packing more
-/// documents than its ends hold fails).
-#[test]
-fn a_lane_of_the_short_text_kernel_equals_the_cpu() {
-    for encoding in [Encoding::R50kBase, Encoding::Cl100kBase] {
-        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
-        let encoder = DeviceEncoder::new(AnyBackend::reference(), &tokenizer).unwrap();
-        check_encode_lane(&encoder, &tokenizer);
     }
 }

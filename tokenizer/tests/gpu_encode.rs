@@ -21,9 +21,8 @@ mod split_corpus;
 
 use device_batches::{
     batch_with_empty_documents, batches_with_prose, check_batch, check_batch_ids,
-    check_encode_lane, device_piece_starts, documents_cut_inside_runs, long_piece_texts,
-    random_texts, small_split_geometry, with_fused_steps_in_32_threads, SHORT_UP_TO_ITS_LIMIT,
-    STEP_BY_STEP,
+    device_piece_starts, documents_cut_inside_runs, long_piece_texts, random_texts,
+    small_split_geometry, with_fused_steps_in_32_threads, SHORT_UP_TO_ITS_LIMIT, STEP_BY_STEP,
 };
 use sanitizer::{sized_for_tools, under_sanitizer};
 use vyre_cuda::backend::{AnyBackend, CudaBackend};
@@ -1252,50 +1251,5 @@ fn gpu_an_eager_encode_waits_once_per_step() {
                 "{encoding:?}, round {round}: {calls:?}"
             );
         }
-    }
-}
-
-/// Locks out a lane of the short-text kernel (`DeviceEncoder::lane`) that
-/// answers otherwise than the CPU on CUDA (`check_encode_lane` on r50k,
-/// cl100k and o200k: a persistent kernel's bindings, host inputs, readback and
-/// requests from four threads), and an encoder whose other encodes break
-/// beside its live lane: a 64 KiB document eagerly (the resident grid, one
-/// multiprocessor fewer, and no new recording beside the lane) and a 1 KiB
-/// one eagerly and as a graph, all equal the CPU while the lane lives.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn gpu_a_lane_of_the_short_text_kernel_equals_cpu() {
-    use vyre_cuda::backend::LaneOptions;
-    for encoding in [
-        Encoding::R50kBase,
-        Encoding::Cl100kBase,
-        Encoding::O200kBase,
-    ] {
-        let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
-        let encoder = cuda_encoder(&cpu, Geometry::default(), ChunkLimits::default());
-        check_encode_lane(&encoder, &cpu);
-        let lane = encoder.lane(LaneOptions::new()).expect("a lane");
-        let long = generate(Shape::Prose, 64 << 10, 83);
-        let short = generate(Shape::Code, 1 << 10, 89);
-        assert!(encoder.runs_resident(long.len() as u64));
-        for text in [&long, &short] {
-            assert_eq!(
-                encoder
-                    .encode_batch_bytes(&[text])
-                    .expect("an eager encode beside the lane"),
-                vec![cpu.encode_ordinary_bytes(text)]
-            );
-        }
-        let mut graph = encoder
-            .graph(short.len())
-            .expect("a short graph beside the lane");
-        assert_eq!(
-            graph.encode(&short).unwrap(),
-            cpu.encode_ordinary_bytes(&short)
-        );
-        assert_eq!(
-            lane.encode(&short).unwrap(),
-            cpu.encode_ordinary_bytes(&short)
-        );
     }
 }

@@ -140,7 +140,6 @@
 //! (and of [`Backend::Auto`](crate::Backend::Auto) for 64 KiB and more) here.
 
 pub mod batch_ids;
-pub mod encode_lane;
 pub mod fused;
 mod hand_out_helpers;
 pub mod host_copy;
@@ -150,7 +149,6 @@ mod text_ready;
 pub mod vocabulary;
 
 pub use batch_ids::BatchIds;
-pub use encode_lane::EncodeLane;
 pub use pipeline::{
     ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepClock,
     StepTimings,

@@ -83,21 +83,19 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Instant;
 
 use vyre_cuda::backend::{
-    AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, LaneOptions,
-    PendingDispatch, PinnedBuffer, Timings, MAX_PENDING,
+    AnyBackend, AnyGraph, BackendError, Binding, DeviceBuffer, Dispatch, Kernel, PendingDispatch,
+    PinnedBuffer, Timings, MAX_PENDING,
 };
 use vyre_cuda::graph::{InputSlot, StepId};
 use vyre_cuda::ir::Literal;
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
 
 use super::batch_ids::{BatchIds, Part};
-use super::encode_lane::EncodeLane;
 use super::fused::{
     resident_program, short_program, ShortProgram, Spread, DEFAULT_SHORT_TEXT_BYTES,
     DOCUMENTS_SCALAR, RESIDENT_TEXT_BYTES, SHORT_TEXT_BYTES, TEXT_LEN_SCALAR,
@@ -1085,22 +1083,6 @@ pub struct DeviceEncoder {
     /// Whether a resident chunk's text is gathered while its kernel runs
     /// ([`DeviceEncoder::with_text_fed`]).
     feeds_text: bool,
-    /// How many of its [`EncodeLane`]s live ([`LiveLane`]).
-    lanes: AtomicUsize,
-}
-
-/// Counts one live [`EncodeLane`] of an encoder until it drops. While any
-/// lives, an eager resident chunk replays a graph only where its slot already
-/// keeps one: recording the resident kernel loads a module of the graph's own,
-/// which vyre-cuda refuses beside a running lane under lazy module loading
-/// (the load would wait for the lane forever); the cooperative dispatch runs
-/// the kernel already loaded.
-pub(super) struct LiveLane<'e>(&'e AtomicUsize);
-
-impl Drop for LiveLane<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 impl std::fmt::Debug for DeviceEncoder {
@@ -1263,7 +1245,6 @@ impl DeviceEncoder {
             hand_out_helpers: (default_helpers, HELPED_FROM_TEXT_BYTES),
             text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
             feeds_text: false,
-            lanes: AtomicUsize::new(0),
         })
     }
 
@@ -1435,7 +1416,7 @@ impl DeviceEncoder {
     /// Bytes of `role`'s buffer in a slot of `text` bytes and `documents`
     /// documents of capacity: enough for either set of steps, since a slot
     /// serves chunks of every size up to its capacity.
-    pub(super) fn slot_role_bytes(&self, role: Role, text: u64, documents: u64) -> u64 {
+    fn slot_role_bytes(&self, role: Role, text: u64, documents: u64) -> u64 {
         std::iter::once(&self.steps)
             .chain(&self.bulk)
             .map(|compiled| role_bytes(&compiled.programs, role, text, documents))
@@ -1760,16 +1741,6 @@ impl DeviceEncoder {
                 texts.len() as u64,
                 replayed.map(|fused| fused.spread),
             )?);
-            // Beside a lane of this encoder, no new recording of the
-            // resident kernel ([`LiveLane`]).
-            let replayed = replayed.filter(|fused| {
-                fused.spread != Spread::ResidentGrid
-                    || self.lanes.load(Ordering::Acquire) == 0
-                    || slot
-                        .fused
-                        .as_ref()
-                        .is_some_and(|kept| kept.spread == fused.spread)
-            });
             if let Some(fused) = replayed {
                 self.ready_replay(slot, fused, layout.text_len, texts.len())?;
                 staged.replays = true;
@@ -2289,33 +2260,6 @@ impl DeviceEncoder {
         Ok((kept.spread, timings, 0))
     }
 
-    /// The short-text kernel for a lane to serve ([`EncodeLane`]): the
-    /// kernel, one role per binding, its name.
-    pub(super) fn short_text_kernel(&self) -> Option<(&Kernel, &[Role], &str)> {
-        self.short
-            .as_ref()
-            .map(|fused| (&fused.kernel, &fused.bindings[..], &fused.name[..]))
-    }
-
-    /// Counts a lane of this encoder as live until the guard drops
-    /// ([`LiveLane`]).
-    pub(super) fn count_lane(&self) -> LiveLane<'_> {
-        self.lanes.fetch_add(1, Ordering::AcqRel);
-        LiveLane(&self.lanes)
-    }
-
-    /// The binding of one of the resident tables every encode shares (the
-    /// vocabulary, its token bytes, the split's kind table); `None` for any
-    /// other role.
-    pub(super) fn resident_table(&self, role: Role) -> Option<Binding<'_>> {
-        match role {
-            Role::Vocabulary => Some(Binding::from(&self.vocabulary)),
-            Role::TokenBytes => Some(Binding::from(&self.token_bytes)),
-            Role::KindTable => Some(Binding::from(&self.kind_table)),
-            _ => None,
-        }
-    }
-
     /// The short-text kernel, when a chunk of `text_len` bytes takes it.
     fn short_kernel(&self, text_len: u64) -> Option<&FusedKernel> {
         self.short
@@ -2394,9 +2338,9 @@ impl DeviceEncoder {
         roles
             .iter()
             .map(|&role| match role {
-                Role::Vocabulary | Role::TokenBytes | Role::KindTable => self
-                    .resident_table(role)
-                    .ok_or_else(|| internal(format!("no resident {role:?} table"))),
+                Role::Vocabulary => Ok(Binding::from(&self.vocabulary)),
+                Role::TokenBytes => Ok(Binding::from(&self.token_bytes)),
+                Role::KindTable => Ok(Binding::from(&self.kind_table)),
                 Role::StagedText => match &slot.staged_text_pinned {
                     Some(pinned) => Ok(Binding::Pinned(pinned)),
                     None => slot.buffer(role).map(Binding::from),
@@ -2404,18 +2348,6 @@ impl DeviceEncoder {
                 _ => slot.buffer(role).map(Binding::from),
             })
             .collect()
-    }
-
-    /// A persistent lane of the short-text kernel ([`EncodeLane`]): encodes
-    /// of texts up to [`ChunkLimits::short_text_bytes`] without a kernel
-    /// launch, for a caller that encodes short texts one after another and
-    /// can give up a multiprocessor for as long as the lane lives (see
-    /// [`EncodeLane`] for its costs; record graphs before building one).
-    /// `Err` with a `Fix:` message where the encoder has no short-text kernel
-    /// or the backend refuses the lane (`options` out of bounds, a device
-    /// without room for it).
-    pub fn lane(&self, options: LaneOptions) -> Result<EncodeLane<'_>, TokenizerError> {
-        EncodeLane::new(self, options)
     }
 
     /// Records the encode of one text of exactly `text_len` bytes as one graph,
