@@ -31,8 +31,8 @@
 //!   graph-into-a-reused-vector, graph-read-in-place and
 //!   into-a-reused-`BatchIds` encodes with the text gathered while the
 //!   kernel runs and read across PCIe as each piece is ready
-//!   (`DeviceEncoder::with_text_fed(true)`) against the text gathered before
-//!   the launch (the default), both with three hand-out helpers, and against
+//!   (`DeviceEncoder::with_text_fed(true)`, the default) against the text
+//!   gathered before the launch, both with three hand-out helpers, and against
 //!   the text fed without helpers (`DeviceEncoder::with_hand_out_helpers`),
 //!   with the staging's (and its gather's), the hand-out's and the kernel's
 //!   times);
@@ -1011,8 +1011,8 @@ fn single_documents(
     let dispatching =
         encoder_with_limits(gpu, cpu, ChunkLimits::default()).with_fused_graphs(false);
     // The text gathered while the kernel runs, which reads each piece across
-    // PCIe once it is ready, against the text gathered before the launch (the
-    // default), both with the default three hand-out helpers, and against no
+    // PCIe once it is ready (the default), against the text gathered before
+    // the launch, both with the default three hand-out helpers, and against no
     // helpers. (The text by DMA and one helper, measured on 2026-12-06, are
     // documented at `TEXT_COPY_ENGINE_FROM` and `HAND_OUT_HELPERS`.)
     let defaults = || encoder_with_limits(gpu, cpu, ChunkLimits::default());

@@ -944,10 +944,10 @@ fn gpu_eager_fused_chunks_replay_their_slots_graph() {
 /// a graph into a reused vector, at the defaults (three helpers, the text of
 /// every slot read across PCIe, the graph's too) with the text gathered
 /// while the kernel runs and read as each piece's ready flag goes up
-/// (`with_text_fed(true)`), equal the CPU encoder, and so do three documents
-/// of 80 KiB in one chunk (their ends written before the launch, their text
-/// fed); the controls gather the text before the launch (the default), and
-/// have no helpers and every slot's text going up by DMA.
+/// (`with_text_fed(true)`, the default), equal the CPU encoder, and so do
+/// three documents of 80 KiB in one chunk (their ends written before the
+/// launch, their text fed); the controls gather the text before the launch,
+/// and have no helpers and every slot's text going up by DMA.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_helped_copies_and_mapped_text_equal_cpu() {

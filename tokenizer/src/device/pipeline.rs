@@ -1244,7 +1244,7 @@ impl DeviceEncoder {
             resident_replay: Mutex::new(()),
             hand_out_helpers: (default_helpers, HELPED_FROM_TEXT_BYTES),
             text_copy_engine_from: TEXT_COPY_ENGINE_FROM,
-            feeds_text: false,
+            feeds_text: true,
         })
     }
 
@@ -1290,14 +1290,18 @@ impl DeviceEncoder {
     /// Whether a chunk that replays the resident-grid kernel over text read
     /// across PCIe (a slot below [`TEXT_COPY_ENGINE_FROM`] on CUDA) launches
     /// first and gathers its text while the kernel runs, the kernel reading
-    /// each piece as its ready flag goes up (`true`), or gathers it before
-    /// the launch and sets every flag first (`false`, the default). The ids
-    /// are the same. Why feeding: the gather (about 10 µs for 256 KiB), the
-    /// launch and the kernel's reads of the text across PCIe (7.7 µs by its
-    /// own clock) ran one after another (an H100 host, 2026-12-06). It stays
-    /// off by default until a device has measured it against the gather
-    /// before the launch: the `gpu_encode` bench's single-document rounds
-    /// compare the two.
+    /// each piece as its ready flag goes up (`true`, the default), or gathers
+    /// it before the launch and sets every flag first (`false`). The ids are
+    /// the same. Why feeding: the gather (about 10 µs for 256 KiB), the launch
+    /// and the kernel's reads of the text across PCIe ran one after another.
+    /// On an H200 (2026-12-06, the `gpu_encode` bench, three alternating
+    /// rounds, one 256 KiB document, median of 200 each, three hand-out
+    /// helpers) fed against gathered first took prose 95.8–96.6 µs eagerly
+    /// against 101.4–103.3 (as a graph read in place 90.7–91.0 against
+    /// 96.3–97.0, into a reused [`BatchIds`] 85.4–85.7 against 92.4–93.0),
+    /// CJK 110.9–113.4 against 116.7–120.8 and code 117.3–118.7 against
+    /// 125.3–126.8; the kernel's own clock is longer fed (prose 72.4–74.6
+    /// against 65.8–69.5 µs), since it starts before its text is there.
     pub fn with_text_fed(mut self, fed: bool) -> Self {
         self.feeds_text = fed;
         self
