@@ -3203,6 +3203,93 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
     }
 }
 
+/// Locks out a store lost after an acquire load of the same element, the pattern
+/// of the random program whose stores to `owned` never arrived on an H200
+/// (2026-12-06, `gpu_soak`, seed `0x50a6_0039`): there each thread acquire-loads
+/// its own element of a read-write buffer, drops the value, then stores to that
+/// element, and ptxas (sm_90) kept only the acquire's cache invalidate. Four
+/// programs over 256 threads of device memory, each thread storing `3 · gid + 1`
+/// to its element after acquire-loading it: the value dropped, the value stored
+/// beside, the load in a branch every thread takes, and (the control) an atomic
+/// load in its place; every output must be the reference interpreter's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_a_store_after_an_acquire_load_of_its_element_lands() {
+    let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
+    let threads = 256u32;
+    let program = |name: &str, load: fn(&mut BlockBuilder, Expr) -> Option<Expr>| {
+        Program::builder([64, 1, 1])
+            .entry_op_id(name)
+            .buffer(
+                "owned",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .buffer(
+                "seen",
+                1,
+                Access::WriteOnly,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .body(|b| {
+                let gid = b.let_("gid", Expr::global_id(Axis::X));
+                b.if_(gid.clone().less_than(Expr::length("owned")), |b| {
+                    if let Some(value) = load(b, gid.clone()) {
+                        b.store("seen", gid.clone(), value);
+                    }
+                    b.store("owned", gid.clone(), gid.clone() * 3u32 + 1u32);
+                });
+            })
+            .build()
+    };
+    let cases: [(&str, fn(&mut BlockBuilder, Expr) -> Option<Expr>); 4] = [
+        ("acquire_dropped", |b, gid| {
+            b.acquire_load("dropped", "owned", gid);
+            None
+        }),
+        ("acquire_kept", |b, gid| {
+            Some(b.acquire_load("kept", "owned", gid))
+        }),
+        ("acquire_in_a_branch", |b, gid| {
+            b.if_(gid.clone().less_than(1u32 << 20), |b| {
+                b.acquire_load("branched", "owned", gid.clone());
+            });
+            None
+        }),
+        ("atomic_dropped", |b, gid| {
+            b.atomic_load("dropped", "owned", gid);
+            None
+        }),
+    ];
+    let owned: Vec<u8> = (0..threads)
+        .flat_map(|i| (0xa5a5_0000 | i).to_le_bytes())
+        .collect();
+    let seen = vec![0u8; 4 * threads as usize];
+    let config = vyre_cuda::DispatchConfig::linear(threads / 64);
+    for (name, load) in cases {
+        let program = program(name, load);
+        let inputs: [&[u8]; 2] = [&owned, &seen];
+        let expected = vyre_cuda::reference::run_with_scalars(
+            &program,
+            &inputs,
+            &[],
+            &config,
+            &vyre_cuda::reference::ReferenceOptions::default(),
+        )
+        .map(|(outputs, _)| outputs)
+        .unwrap_or_else(|e| panic!("{name}: reference failed: {e}"));
+        let got = gpu_run(&gpu, &program, (&inputs, &[]), &config)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            (0..expected.len()).all(|k| got.item(k) == Some(&expected[k][..])),
+            "{name}: the GPU's outputs differ from the reference\n{program}"
+        );
+    }
+}
+
 /// Locks out semantic drift between emitted PTX and the reference interpreter on
 /// realistic programs: 400 programs of the shared generator with grid syncs and
 /// workgroup reductions (lowered by the backend) must give byte-identical outputs.
