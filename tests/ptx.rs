@@ -3217,7 +3217,10 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
 fn gpu_a_store_after_an_acquire_load_of_its_element_lands() {
     let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
     let threads = 256u32;
-    let program = |name: &str, load: fn(&mut BlockBuilder, Expr) -> Option<Expr>| {
+    // What a case does before the store: its load, and the value to keep in
+    // `seen`, if any.
+    type BeforeTheStore = fn(&mut BlockBuilder, Expr) -> Option<Expr>;
+    let program = |name: &str, load: BeforeTheStore| {
         Program::builder([64, 1, 1])
             .entry_op_id(name)
             .buffer(
@@ -3245,7 +3248,7 @@ fn gpu_a_store_after_an_acquire_load_of_its_element_lands() {
             })
             .build()
     };
-    let cases: [(&str, fn(&mut BlockBuilder, Expr) -> Option<Expr>); 4] = [
+    let cases: [(&str, BeforeTheStore); 4] = [
         ("acquire_dropped", |b, gid| {
             b.acquire_load("dropped", "owned", gid);
             None
