@@ -185,7 +185,9 @@ fn lane_bodies_use_barriers_that_allow_a_diverged_warp() {
 /// acquire loads as something else: a body whose first thread waits on its piece's
 /// `ready` flag with an acquire load, then (after a barrier) reads the piece
 /// (`support::copy_when_ready`), holds one bounds-checked
-/// `ld.acquire.sys.global.u32` and the module assembles with ptxas for sm_90.
+/// `ld.relaxed.sys.global.u32` followed at once by `fence.acq_rel.sys` (the acquire
+/// pattern launched kernels emit, never `ld.acquire`), and the module assembles with
+/// ptxas for sm_90.
 #[test]
 fn a_body_polls_with_acquire_loads_and_assembles() {
     let program = support::copy_when_ready();
@@ -198,16 +200,20 @@ fn a_body_polls_with_acquire_loads_and_assembles() {
         .nth(1)
         .and_then(|body| body.split(".visible .entry").next())
         .expect("one body");
-    let acquires: Vec<&str> = body
-        .lines()
-        .map(str::trim)
-        .filter(|line| line.contains("ld.acquire"))
+    let lines: Vec<&str> = body.lines().map(str::trim).collect();
+    let acquires: Vec<(&str, Option<&&str>)> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("ld.relaxed.sys") || line.contains("ld.acquire"))
+        .map(|(at, line)| (*line, lines.get(at + 1)))
         .collect();
     assert_eq!(acquires.len(), 1, "{body}");
+    let (load, next) = acquires[0];
     assert!(
-        acquires[0].starts_with('@') && acquires[0].contains("ld.acquire.sys.global.u32 "),
+        load.starts_with('@') && load.contains("ld.relaxed.sys.global.u32 "),
         "{body}"
     );
+    assert_eq!(next, Some(&"fence.acq_rel.sys;"), "{body}");
     let Some(ptxas) = ptxas::require("a_body_polls_with_acquire_loads_and_assembles") else {
         return;
     };

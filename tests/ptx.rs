@@ -1472,29 +1472,46 @@ fn every_fixture_is_valid_lowered_ir() {
     }
 }
 
-/// Locks out an acquire load emitted as a relaxed or device-scope one (it would
+/// Locks out an acquire load emitted without its system-scope acquire (it would
 /// promise nothing about what the host wrote before setting the flag), from another
-/// state space, of another width, or without its bounds check: each acquire load of
-/// the fixture is one `ld.acquire.sys.global` of its element's type (`u32`, `s32`,
-/// `u64`, `s64`), guarded by a bounds predicate like a plain load, and the module
-/// assembles with ptxas. Negative control: the same program with atomic loads
-/// instead (its read-only buffers made read-write, as they need) has no
-/// `ld.acquire`, only relaxed GPU-scope loads.
+/// state space, of another width, without its bounds check, or as `ld.acquire`
+/// (which ptxas miscompiles when the value goes unused: see
+/// `an_unused_acquire_load_keeps_a_later_guard`): each acquire load of the fixture is
+/// one `ld.relaxed.sys.global` of its element's type (`u32`, `s32`, `u64`, `s64`),
+/// guarded by a bounds predicate like a plain load, followed at once by
+/// `fence.acq_rel.sys`, and the module assembles with ptxas. Negative control: the
+/// same program with atomic loads instead (its read-only buffers made read-write, as
+/// they need) has relaxed GPU-scope loads and no system-scope fence.
 #[test]
 fn acquire_loads_are_system_scope_acquires() {
     let program = acquire_loads();
     let ptx = program_to_ptx(&program, &CHECKED, 90, 32).expect("ptx");
-    for (ty, count) in [("u32", 1), ("s32", 1), ("u64", 1), ("s64", 1)] {
-        let needle = format!("ld.acquire.sys.global.{ty} ");
-        assert_eq!(ptx.matches(&needle).count(), count, "{needle}\n{ptx}");
-        for line in ptx.lines().filter(|line| line.contains(&needle)) {
-            assert!(line.trim_start().starts_with("@"), "unguarded: {line}");
-        }
+    let acquire_patterns = |ptx: &str, ty: &str| -> Vec<(bool, bool)> {
+        let needle = format!("ld.relaxed.sys.global.{ty} ");
+        let lines: Vec<&str> = ptx.lines().map(str::trim_start).collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, line)| line.contains(&needle))
+            .map(|(at, line)| {
+                let fenced = lines.get(at + 1) == Some(&"fence.acq_rel.sys;");
+                (line.starts_with('@'), fenced)
+            })
+            .collect()
+    };
+    for ty in ["u32", "s32", "u64", "s64"] {
+        assert_eq!(acquire_patterns(&ptx, ty), [(true, true)], "{ty}\n{ptx}");
     }
-    assert_eq!(ptx.matches("ld.acquire.").count(), 4, "{ptx}");
-    assert!(!ptx.contains("ld.relaxed."), "{ptx}");
+    assert_eq!(ptx.matches("fence.acq_rel.sys;").count(), 4, "{ptx}");
+    assert!(!ptx.contains("ld.acquire."), "{ptx}");
     let unchecked = program_to_ptx(&program, &UNCHECKED, 90, 32).expect("ptx");
-    assert_eq!(unchecked.matches("ld.acquire.sys.global.").count(), 4);
+    for ty in ["u32", "s32", "u64", "s64"] {
+        assert_eq!(
+            acquire_patterns(&unchecked, ty),
+            [(false, true)],
+            "{ty}\n{unchecked}"
+        );
+    }
 
     // Atomic loads need buffers the kernel may write.
     let writable: Vec<BufferDecl> = program
@@ -1514,7 +1531,8 @@ fn acquire_loads_are_system_scope_acquires() {
         as_atomic_loads(program.entry()),
     );
     let relaxed_ptx = program_to_ptx(&relaxed, &CHECKED, 90, 32).expect("ptx");
-    assert!(!relaxed_ptx.contains("ld.acquire"), "{relaxed_ptx}");
+    assert!(!relaxed_ptx.contains("fence.acq_rel.sys"), "{relaxed_ptx}");
+    assert!(!relaxed_ptx.contains("ld.relaxed.sys"), "{relaxed_ptx}");
     assert_eq!(relaxed_ptx.matches("ld.relaxed.gpu.global.").count(), 4);
 
     let Some(ptxas) = ptxas::require("acquire_loads_are_system_scope_acquires") else {
@@ -3203,87 +3221,161 @@ fn edge_cases_match_reference(gpu: &vyre_cuda::backend::CudaBackend, types: &[Sc
     }
 }
 
-/// Locks out a store lost after an acquire load of the same element, the pattern
+/// Locks out a store lost after an acquire load of the same element, the defect
 /// of the random program whose stores to `owned` never arrived on an H200
-/// (2026-12-06, `gpu_soak`, seed `0x50a6_0039`): there each thread acquire-loads
-/// its own element of a read-write buffer, drops the value, then stores to that
-/// element, and ptxas (sm_90) kept only the acquire's cache invalidate. Four
-/// programs over 256 threads of device memory, each thread storing `3 · gid + 1`
-/// to its element after acquire-loading it: the value dropped, the value stored
-/// beside, the load in a branch every thread takes, and (the control) an atomic
-/// load in its place; every output must be the reference interpreter's.
+/// (2026-12-06, `gpu_soak`, seed `0x50a6_0039`): each thread acquire-loaded its own
+/// element of a read-write buffer, dropped the value, then stored to that element
+/// under the same bounds check, and ptxas (12.9 and 13.0, sm_90) turned the dropped
+/// `ld.acquire` into a cache invalidate under the check's predicate but dropped the
+/// comparison that computed it, so the store ran under a stale predicate. Each
+/// program stores `3 · gid + 1` to `owned[gid]` after an acquire load of that
+/// element, on more threads than `owned` has elements (the bounds check decides):
+/// the value dropped, kept, dropped inside a branch on the same bound, and (the
+/// control) an atomic load in its place; in one workgroup of 32 (the result ABI's
+/// one-warp path, whose predicate the store ran under) and in four of 64. Every
+/// output must be the reference interpreter's. `an_unused_acquire_load_keeps_a_later_guard`
+/// holds the emitted code to the same on the build machine, with a negative control.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_a_store_after_an_acquire_load_of_its_element_lands() {
     let gpu = vyre_cuda::backend::CudaBackend::acquire().expect("a CUDA device");
-    let threads = 256u32;
-    // What a case does before the store: its load, and the value to keep in
-    // `seen`, if any.
-    type BeforeTheStore = fn(&mut BlockBuilder, Expr) -> Option<Expr>;
-    let program = |name: &str, load: BeforeTheStore| {
-        Program::builder([64, 1, 1])
-            .entry_op_id(name)
-            .buffer(
-                "owned",
-                0,
-                Access::ReadWrite,
-                ElemType::U32,
-                BufferCount::Runtime,
-            )
-            .buffer(
-                "seen",
-                1,
-                Access::WriteOnly,
-                ElemType::U32,
-                BufferCount::Runtime,
-            )
-            .body(|b| {
-                let gid = b.let_("gid", Expr::global_id(Axis::X));
-                b.if_(gid.clone().less_than(Expr::length("owned")), |b| {
-                    if let Some(value) = load(b, gid.clone()) {
-                        b.store("seen", gid.clone(), value);
-                    }
-                    b.store("owned", gid.clone(), gid.clone() * 3u32 + 1u32);
-                });
-            })
-            .build()
-    };
-    let cases: [(&str, BeforeTheStore); 4] = [
-        ("acquire_dropped", |b, gid| {
-            b.acquire_load("dropped", "owned", gid);
-            None
-        }),
-        ("acquire_kept", |b, gid| {
-            Some(b.acquire_load("kept", "owned", gid))
-        }),
-        ("acquire_in_a_branch", |b, gid| {
-            b.if_(gid.clone().less_than(1u32 << 20), |b| {
-                b.acquire_load("branched", "owned", gid.clone());
-            });
-            None
-        }),
-        ("atomic_dropped", |b, gid| {
-            b.atomic_load("dropped", "owned", gid);
-            None
-        }),
-    ];
-    let owned: Vec<u8> = (0..threads)
-        .flat_map(|i| (0xa5a5_0000 | i).to_le_bytes())
-        .collect();
-    let seen = vec![0u8; 4 * threads as usize];
-    let config = vyre_cuda::DispatchConfig::linear(threads / 64);
-    for (name, load) in cases {
-        let program = program(name, load);
-        let inputs: [&[u8]; 2] = [&owned, &seen];
-        let expected = vyre_cuda::reference::run(&program, &inputs, &config)
-            .unwrap_or_else(|e| panic!("{name}: reference failed: {e}"));
-        let got = gpu_run(&gpu, &program, (&inputs, &[]), &config)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(
-            got == expected,
-            "{name}: the GPU's outputs differ from the reference\n{program}"
-        );
+    for (workgroup, workgroups) in [(32u32, 1u32), (64, 4)] {
+        let threads = workgroup * workgroups;
+        let elements = threads - threads / 8;
+        for (name, before) in ACQUIRE_BEFORE_A_STORE {
+            let program = acquire_before_a_store(name, workgroup, before);
+            let owned: Vec<u8> = (0..elements)
+                .flat_map(|i| (0xa5a5_0000 | i).to_le_bytes())
+                .collect();
+            let seen = vec![0u8; 4 * elements as usize];
+            let inputs: [&[u8]; 2] = [&owned, &seen];
+            let config = vyre_cuda::DispatchConfig::linear(workgroups);
+            let expected = vyre_cuda::reference::run(&program, &inputs, &config)
+                .unwrap_or_else(|e| panic!("{name}: reference failed: {e}"));
+            let got = gpu_run(&gpu, &program, (&inputs, &[]), &config)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(
+                got == expected,
+                "{name} on {workgroups} workgroup(s) of {workgroup}: the GPU's outputs differ from the reference\n{program}"
+            );
+        }
     }
+}
+
+/// Locks out the ptxas miscompilation that lost a generated program's stores on an
+/// H200 (see `gpu_a_store_after_an_acquire_load_of_its_element_lands`): with the
+/// result ABI every case of [`ACQUIRE_BEFORE_A_STORE`], in both workgroup shapes,
+/// assembles (ptxas, sm_90) to SASS that reads `owned`'s element count, the bound
+/// its store's guard compares with (a module of two buffers has it at constant bank
+/// offset `0x220`, after the two 8-byte addresses from `0x210`). Negative control:
+/// the same PTX with each acquire pattern put back as the `ld.acquire.sys` that
+/// codegen emitted before 2026-12-06 assembles, for the two cases whose value goes
+/// unused, to SASS that never reads the count: ptxas dropped the comparison and
+/// the store ran under a stale predicate. Needs nvdisasm besides ptxas.
+#[test]
+fn an_unused_acquire_load_keeps_a_later_guard() {
+    let Some(ptxas) = ptxas::require("an_unused_acquire_load_keeps_a_later_guard") else {
+        return;
+    };
+    let Some(nvdisasm) = ptxas::require_nvdisasm("an_unused_acquire_load_keeps_a_later_guard")
+    else {
+        return;
+    };
+    let owned_count = "c[0x0][0x220]";
+    let as_acquire_instruction = |ptx: &str| -> String {
+        let mut out = String::with_capacity(ptx.len());
+        let mut lines = ptx.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.contains("ld.relaxed.sys.")
+                && lines.peek().map(|next| next.trim()) == Some("fence.acq_rel.sys;")
+            {
+                lines.next();
+                out.push_str(&line.replace("ld.relaxed.sys.", "ld.acquire.sys."));
+            } else {
+                out.push_str(line);
+            }
+            out.push('\n');
+        }
+        out
+    };
+    for workgroup in [32u32, 64] {
+        for (name, before) in ACQUIRE_BEFORE_A_STORE {
+            let program = acquire_before_a_store(name, workgroup, before);
+            let ptx = program_to_ptx_with_results(&program, &CHECKED, 90, 32).expect("ptx");
+            let sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &ptx)
+                .unwrap_or_else(|report| panic!("{report}"));
+            assert!(
+                sass.contains(owned_count),
+                "{name} ({workgroup} threads): the SASS never reads owned's count\n{sass}"
+            );
+            let old = as_acquire_instruction(&ptx);
+            assert_eq!(old.contains("ld.acquire.sys."), name.starts_with("acquire"));
+            let old_sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &old)
+                .unwrap_or_else(|report| panic!("{report}"));
+            let unused = name.starts_with("acquire_dropped");
+            assert_eq!(
+                old_sass.contains(owned_count),
+                !unused,
+                "negative control, {name} ({workgroup} threads) as ld.acquire: ptxas \
+                 {} the count\n{old_sass}",
+                if unused { "read" } else { "never read" }
+            );
+        }
+    }
+}
+
+/// What a case of [`acquire_before_a_store`] does before the store: its load, and
+/// the value to keep in `seen`, if any.
+type BeforeTheStore = fn(&mut BlockBuilder, Expr) -> Option<Expr>;
+
+/// The cases of the acquire-then-store guards, by name.
+const ACQUIRE_BEFORE_A_STORE: [(&str, BeforeTheStore); 4] = [
+    ("acquire_dropped", |b, gid| {
+        b.acquire_load("dropped", "owned", gid);
+        None
+    }),
+    ("acquire_kept", |b, gid| {
+        Some(b.acquire_load("kept", "owned", gid))
+    }),
+    ("acquire_dropped_in_a_branch", |b, gid| {
+        b.if_(gid.clone().less_than(Expr::length("owned")), |b| {
+            b.acquire_load("branched", "owned", gid.clone());
+        });
+        None
+    }),
+    ("atomic_dropped", |b, gid| {
+        b.atomic_load("dropped", "owned", gid);
+        None
+    }),
+];
+
+/// `before`, then `owned[gid] = 3 · gid + 1`, each access bounds-checked on its
+/// own (no branch around them): the shape ptxas miscompiled.
+fn acquire_before_a_store(name: &str, workgroup: u32, before: BeforeTheStore) -> Program {
+    Program::builder([workgroup, 1, 1])
+        .entry_op_id(name)
+        .buffer(
+            "owned",
+            0,
+            Access::ReadWrite,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "seen",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            if let Some(value) = before(b, gid.clone()) {
+                b.store("seen", gid.clone(), value);
+            }
+            b.store("owned", gid.clone(), gid.clone() * 3u32 + 1u32);
+        })
+        .build()
 }
 
 /// Locks out semantic drift between emitted PTX and the reference interpreter on

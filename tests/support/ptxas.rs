@@ -9,32 +9,67 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// A tool of NVIDIA's that the PTX tests run: where to look for it.
+struct Tool {
+    /// Its file name.
+    name: &'static str,
+    /// Variables that name its path, the first set one wins.
+    variables: [&'static str; 2],
+    /// Its Python package (under `nvidia/` in `site-packages`) and the
+    /// package's directory that holds `bin/<name>`.
+    package: &'static str,
+    /// How the CI script installs it.
+    install: &'static str,
+}
+
+const PTXAS: Tool = Tool {
+    name: "ptxas",
+    variables: ["VYRE_PTXAS", "PTXAS"],
+    package: "cuda_nvcc",
+    install: "`python3 -m venv .venv-ptxas && .venv-ptxas/bin/pip install nvidia-cuda-nvcc-cu12`",
+};
+
+const NVDISASM: Tool = Tool {
+    name: "nvdisasm",
+    variables: ["VYRE_NVDISASM", "NVDISASM"],
+    package: "cu13",
+    install: "`.venv-ptxas/bin/pip install nvidia-cuda-nvdisasm` (see .ci/run)",
+};
+
 /// The ptxas binary, searched once per test process.
 pub fn find() -> Option<PathBuf> {
     static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
-    FOUND.get_or_init(search).clone()
+    FOUND.get_or_init(|| search(&PTXAS)).clone()
 }
 
-fn search() -> Option<PathBuf> {
-    for variable in ["VYRE_PTXAS", "PTXAS"] {
+/// The nvdisasm binary (SASS from a cubin), searched once per test process.
+pub fn find_nvdisasm() -> Option<PathBuf> {
+    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    FOUND.get_or_init(|| search(&NVDISASM)).clone()
+}
+
+fn search(tool: &Tool) -> Option<PathBuf> {
+    for variable in tool.variables {
         if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
             let path = PathBuf::from(path);
             assert!(
                 path.is_file(),
-                "Fix: {variable} is set to {}, which is not a file; point it at a ptxas binary or unset it",
-                path.display()
+                "Fix: {variable} is set to {}, which is not a file; point it at a {} binary or unset it",
+                path.display(),
+                tool.name
             );
             return Some(path);
         }
     }
     if let Some(paths) = std::env::var_os("PATH") {
         for directory in std::env::split_paths(&paths) {
-            let candidate = directory.join("ptxas");
+            let candidate = directory.join(tool.name);
             if candidate.is_file() {
                 return Some(candidate);
             }
         }
     }
+    let in_package = format!("nvidia/{}/bin/{}", tool.package, tool.name);
     let venv_lib = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-ptxas/lib");
     if let Ok(entries) = std::fs::read_dir(&venv_lib) {
         let mut pythons: Vec<PathBuf> = entries
@@ -44,7 +79,7 @@ fn search() -> Option<PathBuf> {
             .collect();
         pythons.sort();
         for python in pythons {
-            let candidate = python.join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+            let candidate = python.join("site-packages").join(&in_package);
             if candidate.is_file() {
                 return Some(candidate);
             }
@@ -53,31 +88,39 @@ fn search() -> Option<PathBuf> {
     let output = Command::new("python3")
         .args([
             "-c",
-            "import nvidia.cuda_nvcc as m; print(list(m.__path__)[0])",
+            "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))",
         ])
         .output()
         .ok()?;
     if !output.status.success() {
         return None;
     }
-    let root = String::from_utf8(output.stdout).ok()?;
-    let candidate = PathBuf::from(root.trim()).join("bin/ptxas");
+    let site_packages = String::from_utf8(output.stdout).ok()?;
+    let candidate = PathBuf::from(site_packages.trim()).join(&in_package);
     candidate.is_file().then_some(candidate)
 }
 
 /// The ptxas binary, or `None` after printing that the caller is skipped.
 /// Panics (fails the test) when `VYRE_REQUIRE_PTXAS=1` and none is found.
 pub fn require(test: &str) -> Option<PathBuf> {
-    let found = find();
+    require_tool(test, &PTXAS, find())
+}
+
+/// The nvdisasm binary, as [`require`] finds ptxas (`VYRE_REQUIRE_PTXAS=1` asks
+/// for both).
+pub fn require_nvdisasm(test: &str) -> Option<PathBuf> {
+    require_tool(test, &NVDISASM, find_nvdisasm())
+}
+
+fn require_tool(test: &str, tool: &Tool, found: Option<PathBuf>) -> Option<PathBuf> {
     if found.is_none() {
         let required = std::env::var("VYRE_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
         assert!(
             !required,
-            "Fix: {test} needs ptxas (VYRE_REQUIRE_PTXAS=1): install it with \
-             `python3 -m venv .venv-ptxas && .venv-ptxas/bin/pip install nvidia-cuda-nvcc-cu12` \
-             or set VYRE_PTXAS to its path"
+            "Fix: {test} needs {} (VYRE_REQUIRE_PTXAS=1): install it with {} or set {} to its path",
+            tool.name, tool.install, tool.variables[0]
         );
-        eprintln!("{test}: skipped: ptxas not found");
+        eprintln!("{test}: skipped: {} not found", tool.name);
     }
     found
 }
@@ -130,6 +173,53 @@ pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Res
         report.push_str(&format!("{:5} | {line}\n", number + 1));
     }
     Err(report)
+}
+
+/// Assemble one module for `sm_90` and disassemble its cubin with nvdisasm: the
+/// SASS instructions, one per line, without their addresses and encodings.
+pub fn disassemble(ptxas: &Path, nvdisasm: &Path, name: &str, ptx: &str) -> Result<String, String> {
+    let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let source = directory.path().join(format!("{name}.ptx"));
+    let cubin = directory.path().join(format!("{name}.cubin"));
+    std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
+    let assembled = Command::new(ptxas)
+        .arg("-arch=sm_90")
+        .arg(&source)
+        .arg("-o")
+        .arg(&cubin)
+        .output()
+        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
+    if !assembled.status.success() {
+        return Err(format!(
+            "ptxas rejected {name}:\n{}",
+            String::from_utf8_lossy(&assembled.stderr)
+        ));
+    }
+    let listed = Command::new(nvdisasm)
+        .arg("-c")
+        .arg(&cubin)
+        .output()
+        .map_err(|e| format!("run {}: {e}", nvdisasm.display()))?;
+    if !listed.status.success() {
+        return Err(format!(
+            "nvdisasm failed on {name}:\n{}",
+            String::from_utf8_lossy(&listed.stderr)
+        ));
+    }
+    // Instruction lines look like `        /*0070*/   @P0 EXIT ;`.
+    let sass = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix("/*")?;
+            let (address, instruction) = rest.split_once("*/")?;
+            address
+                .chars()
+                .all(|c| c.is_ascii_hexdigit())
+                .then(|| instruction.trim().to_owned())
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok(sass)
 }
 
 /// What `ptxas -v` reports for one kernel.

@@ -1223,13 +1223,24 @@ impl<'p> Writer<'p> {
                 self.bind(name, value);
             }
             // An acquire at system scope: the host's writes before its release of
-            // the value read are visible to this thread's later loads.
+            // the value read are visible to this thread's later loads. Emitted as
+            // the memory model's acquire pattern, a strong load followed by an
+            // acquire-release fence of the same scope, never as `ld.acquire`:
+            // ptxas 12.9 and 13.0 (sm_90) replace an `ld.acquire` whose value
+            // goes unused by an L1 invalidate under the load's bounds-check
+            // predicate but drop the comparison that computed it, so a later
+            // store guarded by the same comparison runs under whatever the
+            // predicate register held (on an H200, 2026-12-06, a generated
+            // program's stores to the element it had acquire-loaded never
+            // arrived). The fence is a system-wide memory barrier per load: a
+            // program polls with it, it does not stream through it.
             Node::AcquireLoad {
                 name,
                 buffer,
                 index,
             } => {
-                let value = self.load(buffer, index, "acquire.sys.")?;
+                let value = self.load(buffer, index, "relaxed.sys.")?;
+                emit!(self, "fence.acq_rel.sys;");
                 self.bind(name, value);
             }
             Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
