@@ -1009,9 +1009,12 @@ pub enum Node {
     /// flag: a relaxed load at GPU scope ([`Node::AtomicLoad`]) promises nothing
     /// about the host's writes. Global buffers the kernel only reads or also
     /// writes, of `u32`, `i32`, `u64` or `i64`; an out-of-range index gives 0.
-    /// Its result is divergent like every atomic's. The reference interpreter
-    /// reads the element as [`Node::AtomicLoad`] does: it runs the kernel after
-    /// the host has written everything.
+    /// Its result is divergent like every atomic's. On CUDA each one is a
+    /// strong load and a system-scope fence (a memory barrier that waits for the
+    /// thread's earlier accesses): poll a flag with it, read the data after it
+    /// with plain loads. The reference interpreter reads the element as
+    /// [`Node::AtomicLoad`] does: it runs the kernel after the host has written
+    /// everything.
     AcquireLoad {
         /// Variable holding the element's value (the element's value type).
         name: Name,
