@@ -151,6 +151,15 @@ pub fn assemble_all<'a, Ptx: AsRef<str>>(
 
 /// [`assemble`], writing `<name>.ptx` into an existing directory.
 pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Result<(), String> {
+    let cubin = cubin_in(ptxas, directory, name, ptx)?;
+    let _ = std::fs::remove_file(&cubin);
+    Ok(())
+}
+
+/// Write `<name>.ptx` into `directory` and assemble it for `sm_90` into
+/// `<name>.cubin` there, whose path it returns. The error shows ptxas's message
+/// and the PTX with line numbers.
+fn cubin_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Result<PathBuf, String> {
     let source = directory.join(format!("{name}.ptx"));
     let cubin = directory.join(format!("{name}.cubin"));
     std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
@@ -161,10 +170,10 @@ pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Res
         .arg(&cubin)
         .output()
         .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
-    let _ = std::fs::remove_file(&cubin);
     if output.status.success() {
-        return Ok(());
+        return Ok(cubin);
     }
+    let _ = std::fs::remove_file(&cubin);
     let mut report = format!("ptxas rejected {name}:\n");
     report.push_str(&String::from_utf8_lossy(&output.stderr));
     report.push_str(&String::from_utf8_lossy(&output.stdout));
@@ -179,22 +188,7 @@ pub fn assemble_in(ptxas: &Path, directory: &Path, name: &str, ptx: &str) -> Res
 /// SASS instructions, one per line, without their addresses and encodings.
 pub fn disassemble(ptxas: &Path, nvdisasm: &Path, name: &str, ptx: &str) -> Result<String, String> {
     let directory = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-    let source = directory.path().join(format!("{name}.ptx"));
-    let cubin = directory.path().join(format!("{name}.cubin"));
-    std::fs::write(&source, ptx).map_err(|e| format!("write {}: {e}", source.display()))?;
-    let assembled = Command::new(ptxas)
-        .arg("-arch=sm_90")
-        .arg(&source)
-        .arg("-o")
-        .arg(&cubin)
-        .output()
-        .map_err(|e| format!("run {}: {e}", ptxas.display()))?;
-    if !assembled.status.success() {
-        return Err(format!(
-            "ptxas rejected {name}:\n{}",
-            String::from_utf8_lossy(&assembled.stderr)
-        ));
-    }
+    let cubin = cubin_in(ptxas, directory.path(), name, ptx)?;
     let listed = Command::new(nvdisasm)
         .arg("-c")
         .arg(&cubin)
