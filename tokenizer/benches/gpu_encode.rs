@@ -34,12 +34,15 @@
 //!   (`DeviceEncoder::with_text_fed(true)`, the default) against the text
 //!   gathered before the launch, both with three hand-out helpers, and against
 //!   the text fed without helpers (`DeviceEncoder::with_hand_out_helpers`),
-//!   with the staging's (and its gather's), the hand-out's and the kernel's
-//!   times);
+//!   and against the text fed to kernels compiled without bounds checks
+//!   (`Geometry::bounds_checks`), with the staging's (and its gather's), the
+//!   hand-out's and the kernel's times);
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
-//!   time goes), with tiktoken-rs's time beside.
+//!   time goes), with tiktoken-rs's time beside, and three alternating rounds
+//!   of it in a batch of one with and without bounds checks, each with the
+//!   short-text kernel's steps by their own clock.
 //!   `VYRE_BENCH_SINGLE_ONLY=1`
 //!   runs this part alone (after the launch floor);
 //! - the host's copies alone at the batch's sizes, the floor the pipeline
@@ -964,6 +967,41 @@ fn encoder_with_limits(gpu: &CudaBackend, cpu: &Tokenizer, limits: ChunkLimits) 
     .expect("encoder")
 }
 
+/// `text` encoded as a batch of one into a reused vector (median of `rounds`),
+/// its ids checked against `ids`: the time and the chunk's timings.
+fn batch_of_one_median(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    label: &str,
+) -> (f64, ChunkTimings) {
+    let mut one = [Vec::new()];
+    let measured = median(rounds, || {
+        encoder
+            .encode_batch_into(&[text], &mut one)
+            .expect("encode a batch of one")
+            .remove(0)
+    });
+    assert_eq!(one[0], ids, "{label}");
+    measured
+}
+
+/// The default encoder with every kernel compiled without bounds checks
+/// ([`Geometry::bounds_checks`]).
+fn unchecked_encoder(gpu: &CudaBackend, cpu: &Tokenizer) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(
+        AnyBackend::Cuda(gpu.clone()),
+        cpu,
+        Geometry {
+            bounds_checks: false,
+            ..Geometry::default()
+        },
+        ChunkLimits::default(),
+    )
+    .expect("encoder without bounds checks")
+}
+
 /// One eager encode of `text` with `encoder` (median of `rounds`), its ids
 /// checked against `ids`, as a row's cell: `label`, the time and the kernels'
 /// own time in brackets.
@@ -1030,6 +1068,10 @@ fn single_documents(
             defaults()
                 .with_text_fed(true)
                 .with_hand_out_helpers(0, HELPED_FROM_TEXT_BYTES),
+        ),
+        (
+            format!("no bounds checks, the text fed ({HAND_OUT_HELPERS} helpers)"),
+            unchecked_encoder(gpu, cpu).with_text_fed(true),
         ),
     ];
     print_wait_floors(gpu, 262_144, small_rounds);
@@ -1178,16 +1220,36 @@ fn single_documents(
             parts.wall_line()
         );
     }
+    // The kernels without bounds checks against the default, in alternating
+    // rounds: a batch of one, and the short-text kernel's own clock.
+    let unchecked = unchecked_encoder(gpu, cpu);
+    for round in 1..=3 {
+        let mut line = format!("  bounds checks on or off, round {round}:");
+        for (label, checked) in [("on", encoder), ("off", &unchecked)] {
+            let (batched, _) = batch_of_one_median(
+                checked,
+                small.as_bytes(),
+                &small_ids,
+                small_rounds,
+                &format!("1 KiB, bounds checks {label}"),
+            );
+            line.push_str(&format!(
+                " {label}: a batch of one {:.1} µs, steps {};",
+                batched * 1e6,
+                counted_kernel_line(checked, small.as_bytes(), &small_ids, small_rounds)
+            ));
+        }
+        println!("{line}");
+    }
     // A batch of one chunk, whose caller waits at once: the short-text
     // kernel's graph that the chunk's slot keeps, replayed.
-    let mut one_batch = [Vec::new()];
-    let (batched, batched_timings) = median(small_rounds, || {
-        encoder
-            .encode_batch_into(&[small.as_bytes()], &mut one_batch)
-            .expect("encode a batch of one")
-            .remove(0)
-    });
-    assert_eq!(one_batch[0], small_ids, "1 KiB: a batch of one");
+    let (batched, batched_timings) = batch_of_one_median(
+        encoder,
+        small.as_bytes(),
+        &small_ids,
+        small_rounds,
+        "1 KiB: a batch of one",
+    );
     println!(
         "  encode_batch_into of one document (the slot's graph of the short-text kernel replayed: {}): {:.1} µs; one encode: {}",
         batched_timings.replayed,

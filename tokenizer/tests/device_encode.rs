@@ -2787,3 +2787,97 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
         );
     }
 }
+
+/// Locks out a tokenizer kernel that reads or writes past a buffer's end, the
+/// proof [`Geometry::bounds_checks`] off rests on: with the checks off, the
+/// reference interpreter fails a dispatch whose access is out of range (an
+/// `Err` naming the program) instead of reading 0, and every encoding's steps
+/// one by one, its short-text kernel (documents of up to 2 KiB alone) and its
+/// resident grid (3 KiB shapes alone) encode the corpus, the three shapes and
+/// 300 random strings to the CPU encoder's ids. Negative control: a program
+/// that reads one element past its buffer reads 0 with the checks on and is an
+/// `Err` with them off.
+#[test]
+fn every_kernel_stays_inside_its_buffers_with_bounds_checks_off() {
+    use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
+    let past_the_end = Program::builder([1, 1, 1])
+        .entry_op_id("past_the_end")
+        .buffer(
+            "input",
+            0,
+            Access::ReadOnly,
+            ElemType::U32,
+            BufferCount::Runtime,
+        )
+        .buffer(
+            "output",
+            1,
+            Access::WriteOnly,
+            ElemType::U32,
+            BufferCount::Static(1),
+        )
+        .body(|b| {
+            let gid = b.let_("gid", Expr::global_id(Axis::X));
+            b.store("output", gid.clone(), Expr::load("input", gid + 1u32));
+        })
+        .build();
+    let input = 7u32.to_le_bytes();
+    let output = [0u8; 4];
+    let run = |bounds_checks: bool| {
+        let codegen = Geometry {
+            bounds_checks,
+            ..Geometry::default()
+        }
+        .codegen();
+        reference::run(
+            &past_the_end,
+            &[&input[..], &output[..]],
+            &DispatchConfig::linear(1).with_codegen(codegen),
+        )
+    };
+    assert_eq!(run(true).expect("checked").concat(), [0u8; 4]);
+    let error = run(false)
+        .expect_err("an unchecked access past the end")
+        .to_string();
+    assert!(error.contains("past_the_end"), "{error}");
+
+    let unchecked = Geometry {
+        bounds_checks: false,
+        ..Geometry::default()
+    };
+    let corpus = split_corpus::corpus(oracle::corpus());
+    for encoding in Encoding::ALL {
+        let tokenizer = Tokenizer::for_encoding(encoding).unwrap();
+        let encoder = |limits| {
+            DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, unchecked, limits)
+                .expect("device encoder")
+        };
+        let (step_by_step, fused) = (encoder(STEP_BY_STEP), encoder(ChunkLimits::default()));
+        let mut random = SplitMix64::new(0xB0B0 + encoding as u64);
+        let texts = random_texts(&mut random, 300, 16);
+        let shapes: Vec<Vec<u8>> = Shape::ALL
+            .iter()
+            .map(|&shape| generate(shape, 3000, 5))
+            .collect();
+        for (what, batch) in [
+            ("corpus", &corpus),
+            ("random strings", &texts),
+            ("shapes", &shapes),
+        ] {
+            check_batch(
+                &step_by_step,
+                &tokenizer,
+                batch,
+                &format!("{what}, step by step"),
+            );
+            for text in batch.iter().filter(|text| text.len() <= 3000) {
+                check_batch(
+                    &fused,
+                    &tokenizer,
+                    std::slice::from_ref(text),
+                    &format!("{what}, fused"),
+                );
+            }
+        }
+    }
+}

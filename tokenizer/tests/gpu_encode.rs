@@ -478,13 +478,15 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// of long pieces and of empty and short documents of at most 4,096 bytes, run
 /// as one dispatch of the short-text kernel and equal the CPU encoder, at the
 /// default geometry, with every step in 32-thread workgroups (many groups per
-/// step), and in the other workgroups the bench's short-text sweep measures
-/// (512 and 1,024 threads; one group or several per step).
+/// step), in the other workgroups the bench's short-text sweep measures
+/// (512 and 1,024 threads; one group or several per step), and without bounds
+/// checks (`Geometry::bounds_checks`: every access must be in range).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     let geometries = [
         Geometry::default(),
+        unchecked(),
         thirty_two_threads(),
         short_text(512, 2),
         short_text(1024, 1),
@@ -505,8 +507,10 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
             let encoder = cuda_encoder(&cpu, geometry, SHORT_UP_TO_ITS_LIMIT);
             assert!(encoder.runs_short(4096), "{geometry:?}");
             let what = format!(
-                "short-text workgroup of {} threads × {} bytes",
-                geometry.short_text.workgroup_size, geometry.short_text.bytes_per_thread
+                "short-text workgroup of {} threads × {} bytes, bounds checks {}",
+                geometry.short_text.workgroup_size,
+                geometry.short_text.bytes_per_thread,
+                geometry.bounds_checks
             );
             for (index, text) in texts.iter().enumerate() {
                 let mut results = [Vec::new()];
@@ -541,8 +545,8 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
 /// at 5 KiB, 64 KiB, 256 KiB and 1 MiB, batches of random strings (of more
 /// than 4 KiB each), of long pieces and of empty documents, run as one
 /// `resident` dispatch and equal the CPU encoder, with the grid as the text
-/// asks, capped at 7 workgroups (many rounds of each step) and at 32-thread
-/// workgroups (many groups per round).
+/// asks, capped at 7 workgroups (many rounds of each step), at 32-thread
+/// workgroups (many groups per round) and without bounds checks.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_resident_grid_equals_cpu() {
@@ -553,6 +557,7 @@ fn gpu_resident_grid_equals_cpu() {
             ..Geometry::default()
         },
         thirty_two_threads(),
+        unchecked(),
     ];
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
@@ -594,10 +599,11 @@ fn gpu_resident_grid_equals_cpu() {
         for geometry in geometries {
             let encoder = cuda_encoder(&cpu, geometry, limits);
             let what = format!(
-                "split {} threads × {} bytes, resident grid {:?}",
+                "split {} threads × {} bytes, resident grid {:?}, bounds checks {}",
                 geometry.split.workgroup_size,
                 geometry.split.bytes_per_thread,
-                geometry.resident_workgroups
+                geometry.resident_workgroups,
+                geometry.bounds_checks
             );
             for (index, batch) in batches.iter().enumerate() {
                 let bytes: usize = batch.iter().map(Vec::len).sum();
@@ -622,6 +628,14 @@ fn gpu_resident_grid_equals_cpu() {
                 }
             }
         }
+    }
+}
+
+/// The default geometry with every kernel compiled without bounds checks.
+fn unchecked() -> Geometry {
+    Geometry {
+        bounds_checks: false,
+        ..Geometry::default()
     }
 }
 

@@ -654,12 +654,14 @@ struct FusedKernel {
 fn compile_fused(
     backend: &AnyBackend,
     fused: Option<ShortProgram>,
+    geometry: &Geometry,
 ) -> Result<Option<FusedKernel>, TokenizerError> {
     let Some(fused) = fused else {
         return Ok(None);
     };
     let name = fused.program.display_name();
-    match backend.compile(&fused.program, &DispatchConfig::linear(1)) {
+    let config = DispatchConfig::linear(1).with_codegen(geometry.codegen());
+    match backend.compile(&fused.program, &config) {
         Ok(kernel) => Ok(Some(FusedKernel {
             kernel,
             spread: fused.spread,
@@ -1196,7 +1198,7 @@ impl DeviceEncoder {
                 &short_geometry,
             )
             .ok();
-            compile_fused(&backend, short)?
+            compile_fused(&backend, short, &short_geometry)?
         } else {
             None
         };
@@ -1204,7 +1206,7 @@ impl DeviceEncoder {
             let resident =
                 resident_program(&fused_steps(geometry, Spread::ResidentGrid)?, &geometry).ok();
             // A device that holds no workgroup of it at once cannot run it.
-            compile_fused(&backend, resident)?
+            compile_fused(&backend, resident, &geometry)?
                 .filter(|fused| fused.kernel.max_coresident_workgroups() != Some(0))
         } else {
             None

@@ -629,6 +629,21 @@ pub struct Geometry {
     /// it: their loops are bounded by the geometry, and a look-back waits for
     /// other workgroups.
     pub max_loop_iterations: Option<u32>,
+    /// Whether every kernel guards each load, store and atomic with a bounds
+    /// check ([`CodegenOptions::bounds_checks`]; `true`, the default). The
+    /// checks are about an eighth of the short-text kernel's code (cl100k,
+    /// sm_90, ptxas 12.9: a 265,392-byte cubin with them, 233,520 and four
+    /// registers fewer without) and sit on every step's dependent chains.
+    /// Without them an access past a buffer's end reads or writes whatever
+    /// is there (a fault only past the allocation): the CPU tests run every
+    /// step and both fused kernels on the reference interpreter with them off,
+    /// where any such access is an `Err` naming the program, on the corpus,
+    /// the shapes and random strings of every encoding (which found eleven
+    /// loads that had relied on an out-of-range read giving 0: operands of
+    /// selects evaluated whichever side was taken, and threads past a list's
+    /// end). On until the `gpu_encode` bench's rows with and without
+    /// them, in the same run, show what they cost.
+    pub bounds_checks: bool,
     /// How many workgroups of each step an SM must hold at once, as registers
     /// go ([`Occupancy::BodyRegisters`], the default: as many as each step's
     /// body registers allow; see [`crate::occupancy`] for why and the figures).
@@ -756,6 +771,7 @@ impl Default for Geometry {
             stage_workgroups: STAGE_WORKGROUPS,
             pieces_workgroups: PIECES_WORKGROUPS,
             max_loop_iterations: None,
+            bounds_checks: true,
             occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
             bulk_split: Some(BulkSplit::default()),
@@ -766,6 +782,12 @@ impl Default for Geometry {
 }
 
 impl Geometry {
+    /// The code-generation options every kernel of this geometry starts from
+    /// (its [`Geometry::bounds_checks`]).
+    pub fn codegen(&self) -> CodegenOptions {
+        CodegenOptions::new().with_bounds_checks(self.bounds_checks)
+    }
+
     /// This geometry with the split's workgroups of `workgroup_size` threads, each
     /// taking `bytes_per_thread` bytes of text (the rest of the split's shape kept).
     pub fn with_split_workgroups(self, workgroup_size: u32, bytes_per_thread: u32) -> Self {
@@ -1213,8 +1235,8 @@ impl KernelStep {
     /// a device whose SMs hold `limits` (`None`: the reference interpreter):
     /// [`Geometry::max_loop_iterations`] for the stage and BPE steps (the
     /// split's loops are bounded by the geometry, and a look-back waits for other
-    /// workgroups), and [`Geometry::occupancy`]'s request for its body's
-    /// registers.
+    /// workgroups), [`Geometry::bounds_checks`], and [`Geometry::occupancy`]'s
+    /// request for its body's registers.
     pub fn codegen(
         &self,
         geometry: &Geometry,
@@ -1227,7 +1249,7 @@ impl KernelStep {
         };
         let threads = self.program.workgroup_size().iter().product();
         geometry.occupancy.codegen(
-            CodegenOptions::new().with_max_loop_iterations(cap),
+            geometry.codegen().with_max_loop_iterations(cap),
             self.body_registers,
             threads,
             limits,
@@ -1383,6 +1405,18 @@ fn u(value: u32) -> Expr {
 
 fn load(buffer: Role, index: impl Into<Expr>) -> Expr {
     Expr::load(buffer.name(), index)
+}
+
+/// Element `index` of `buffer` when it is below `len`, else element 0 (whose
+/// value the caller does not use): an operand of a select or a logical
+/// operator is evaluated whatever the other gives, and without bounds checks
+/// ([`Geometry::bounds_checks`]) a load past the buffer would read whatever
+/// is there.
+fn load_inside(buffer: Role, index: Expr, len: &Expr) -> Expr {
+    load(
+        buffer,
+        index.clone().less_than(len.clone()).select(index, 0u32),
+    )
 }
 
 fn param(index: u32) -> Expr {
@@ -3067,10 +3101,14 @@ fn emit_piece(b: &mut BlockBuilder, names: &Names, index: Expr) -> (Expr, Expr) 
         names.of("piece_start"),
         load(Role::PieceStarts, index.clone()),
     );
+    // Both sides of the select are evaluated: the last piece loads its own
+    // start again, never the element past the list.
+    let next = b.let_(names.of("next_piece"), index.clone() + 1u32);
+    let has_next = b.let_(names.of("has_next"), next.clone().less_than(count));
     let end = b.let_(
         names.of("piece_end"),
-        (index.clone() + 1u32).less_than(count).select(
-            load(Role::PieceStarts, index + 1u32),
+        has_next.clone().select(
+            load(Role::PieceStarts, has_next.select(next, index)),
             param(param::TEXT_LEN),
         ),
     );
@@ -3322,10 +3360,16 @@ fn stage_program(geometry: &Geometry, reads: StagedTextReads) -> Program {
                 // word's bytes, went out only once the word had come back: two
                 // round trips where one does. (On an H100, 2026-12-05, the
                 // short-text kernel's `stage` of 1 KiB took 5.2 µs from the
-                // kernel's entry; not yet measured since.) Past its buffer's end a
-                // load reads 0 and is not used.
-                let word = b.let_("word", load(Role::StagedText, item.clone()));
-                let end = staged_end(b, &item);
+                // kernel's entry; not yet measured since.) An item past either
+                // buffer's end loads its element 0, which it does not use.
+                let word = b.let_("word", load_inside(Role::StagedText, item.clone(), &words));
+                let end_index = b.let_(
+                    "end_index",
+                    item.clone()
+                        .less_than(ends.clone())
+                        .select(item.clone(), 0u32),
+                );
+                let end = staged_end(b, &end_index);
                 b.if_(item.clone().less_than(words.clone()), |b| {
                     store_word(b, &item, word);
                 });
@@ -3380,7 +3424,12 @@ pub fn pieces_with(geometry: &Geometry, build: StepBuild) -> Program {
                     tile.clone() * workgroup_size + Expr::local_id(Axis::X),
                 );
                 let active = b.let_("active", piece.clone().less_than(piece_count.clone()));
-                let (start, end) = emit_piece(b, &Names::new("p"), piece.clone());
+                // An inactive thread reads piece 0, never past the list.
+                let (start, end) = emit_piece(
+                    b,
+                    &Names::new("p"),
+                    active.clone().select(piece.clone(), 0u32),
+                );
                 let len = b.let_(
                     "len",
                     active.clone().select(end.clone() - start.clone(), 0u32),
@@ -3548,10 +3597,22 @@ pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
             let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), build);
             let entry = b.let_mut("entry", Expr::global_id(Axis::X));
             b.while_(entry.clone().less_than(total), |b| {
-                let (piece_start, piece_end) =
-                    emit_piece(b, &Names::new("m"), load(Role::MergeList, entry.clone()));
-                let chunk = b.let_("chunk", (entry.clone() - merges.clone()) * 2u32);
                 let listed = b.let_("listed", entry.clone().less_than(merges.clone()));
+                // A chunk's entry takes piece 0 for the listed piece it does
+                // not use (past the merge list, which it would read).
+                let listed_piece = listed.clone().select(
+                    load(Role::MergeList, listed.clone().select(entry.clone(), 0u32)),
+                    0u32,
+                );
+                let (piece_start, piece_end) = emit_piece(b, &Names::new("m"), listed_piece);
+                // Both sides of the selects below are evaluated: a listed
+                // piece's chunk index is 0, not one before the list.
+                let chunk = b.let_(
+                    "chunk",
+                    listed
+                        .clone()
+                        .select(0u32, (entry.clone() - merges.clone()) * 2u32),
+                );
                 let start = b.let_(
                     "start",
                     listed
@@ -4136,12 +4197,13 @@ fn emit_serial(b: &mut BlockBuilder, pairs: &SlotTable, start: Expr, end: Expr) 
 }
 
 /// Where document `document` starts (`d` starts where `d − 1` ends; document
-/// 0 at 0).
+/// 0 at 0). A select evaluates both sides, so document 0's load is of
+/// element 0, never of element −1.
 fn document_start(document: Expr) -> Expr {
     document
         .clone()
         .equals(0u32)
-        .select(0u32, load(Role::DocumentEnds, document - 1u32))
+        .select(0u32, load(Role::DocumentEnds, document.max(1u32) - 1u32))
 }
 
 /// The first document of `from..documents` whose start is at least `at`
@@ -4209,7 +4271,7 @@ fn emit_owned_token_count(
                     + inside
                         .clone()
                         .and(at.clone().less_than(text_len.clone()))
-                        .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                        .and(load_inside(Role::TokenAt, at, text_len).not_equals(NO_TOKEN))
                         .cast(ScalarType::U32);
             }
         }
@@ -4384,7 +4446,7 @@ pub fn compact_with(geometry: &Geometry, build: StepBuild) -> Program {
                             format!("token{k}"),
                             at.clone()
                                 .less_than(text_len.clone())
-                                .select(load(Role::TokenAt, at), NO_TOKEN),
+                                .select(load_inside(Role::TokenAt, at, &text_len), NO_TOKEN),
                         );
                         count = count + token.clone().not_equals(NO_TOKEN).cast(ScalarType::U32);
                         tokens.push(token);
@@ -4483,7 +4545,10 @@ pub fn compact_with(geometry: &Geometry, build: StepBuild) -> Program {
                                 + (at.clone() - block_start.clone())
                                     .less_than(offset.clone())
                                     .and(at.clone().less_than(text_len.clone()))
-                                    .and(load(Role::TokenAt, at).not_equals(NO_TOKEN))
+                                    .and(
+                                        load_inside(Role::TokenAt, at, &text_len)
+                                            .not_equals(NO_TOKEN),
+                                    )
                                     .cast(ScalarType::U32);
                         }
                         b.store(
