@@ -1,8 +1,10 @@
-//! Finding and running NVIDIA's `ptxas` for the PTX tests (include it with
+//! Finding and running NVIDIA's `ptxas` (and `nvdisasm`, for the tests that read
+//! the SASS ptxas made) for the PTX tests (include it with
 //! `#[path = "support/ptxas.rs"] mod ptxas;`). ptxas is found through `VYRE_PTXAS`,
 //! `PTXAS`, `PATH`, a `.venv-ptxas` in the repository or the `nvidia-cuda-nvcc`
-//! Python package; without it a test prints that it skipped, unless
-//! `VYRE_REQUIRE_PTXAS=1` makes that a failure (CI sets it where ptxas is installed).
+//! Python package, nvdisasm the same way (`VYRE_NVDISASM`, `NVDISASM`, the
+//! `nvidia-cuda-nvdisasm` package); without one a test prints that it skipped, unless
+//! `VYRE_REQUIRE_PTXAS=1` makes that a failure (CI sets it where both are installed).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
