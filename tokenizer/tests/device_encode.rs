@@ -2792,9 +2792,9 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
 /// proof [`Geometry::bounds_checks`] off rests on: with the checks off, the
 /// reference interpreter fails a dispatch whose access is out of range (an
 /// `Err` naming the program) instead of reading 0, and every encoding's steps
-/// one by one, its short-text kernel (documents of up to 2 KiB alone) and its
-/// resident grid (3 KiB shapes alone) encode the corpus, the three shapes and
-/// 300 random strings to the CPU encoder's ids. Negative control: a program
+/// one by one, and each text alone through its short-text kernel (up to 2 KiB)
+/// or its resident grid (the 3,000-byte shapes), encode the corpus, the three
+/// shapes and 300 random strings to the CPU encoder's ids. Negative control: a program
 /// that reads one element past its buffer reads 0 with the checks on and is an
 /// `Err` with them off.
 #[test]
@@ -2853,6 +2853,7 @@ fn every_kernel_stays_inside_its_buffers_with_bounds_checks_off() {
                 .expect("device encoder")
         };
         let (step_by_step, fused) = (encoder(STEP_BY_STEP), encoder(ChunkLimits::default()));
+        assert!(fused.runs_short(2048) && fused.runs_resident(3000));
         let mut random = SplitMix64::new(0xB0B0 + encoding as u64);
         let texts = random_texts(&mut random, 300, 16);
         let shapes: Vec<Vec<u8>> = Shape::ALL
