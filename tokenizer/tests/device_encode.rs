@@ -2792,9 +2792,9 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
 /// proof [`Geometry::bounds_checks`] off rests on: with the checks off, the
 /// reference interpreter fails a dispatch whose access is out of range (an
 /// `Err` naming the program) instead of reading 0, and every encoding's steps
-/// one by one, and each text alone through its short-text kernel (up to 2 KiB)
-/// or its resident grid (the 3,000-byte shapes), encode the corpus, the three
-/// shapes and 300 random strings to the CPU encoder's ids. Negative control: a program
+/// one by one, its short-text kernel (chunks of at most 2 KiB) and its
+/// resident grid (each batch one chunk) encode the corpus, three 3,000-byte
+/// shapes and 100 random strings to the CPU encoder's ids. Negative control: a program
 /// that reads one element past its buffer reads 0 with the checks on and is an
 /// `Err` with them off.
 #[test]
@@ -2852,10 +2852,15 @@ fn every_kernel_stays_inside_its_buffers_with_bounds_checks_off() {
             DeviceEncoder::with_geometry(AnyBackend::reference(), &tokenizer, unchecked, limits)
                 .expect("device encoder")
         };
-        let (step_by_step, fused) = (encoder(STEP_BY_STEP), encoder(ChunkLimits::default()));
-        assert!(fused.runs_short(2048) && fused.runs_resident(3000));
+        // Chunks of at most 2 KiB: each one through the short-text kernel.
+        let short = encoder(ChunkLimits {
+            text_bytes: 2048,
+            ..ChunkLimits::default()
+        });
+        let resident = encoder(ChunkLimits::default());
+        let step_by_step = encoder(STEP_BY_STEP);
         let mut random = SplitMix64::new(0xB0B0 + encoding as u64);
-        let texts = random_texts(&mut random, 300, 16);
+        let texts = random_texts(&mut random, 100, 16);
         let shapes: Vec<Vec<u8>> = Shape::ALL
             .iter()
             .map(|&shape| generate(shape, 3000, 5))
@@ -2865,19 +2870,14 @@ fn every_kernel_stays_inside_its_buffers_with_bounds_checks_off() {
             ("random strings", &texts),
             ("shapes", &shapes),
         ] {
-            check_batch(
-                &step_by_step,
-                &tokenizer,
-                batch,
-                &format!("{what}, step by step"),
-            );
-            for text in batch.iter().filter(|text| text.len() <= 3000) {
-                check_batch(
-                    &fused,
-                    &tokenizer,
-                    std::slice::from_ref(text),
-                    &format!("{what}, fused"),
-                );
+            let bytes: usize = batch.iter().map(Vec::len).sum();
+            assert!(short.runs_short(2048) && resident.runs_resident(bytes as u64));
+            for (path, encoder) in [
+                ("chunks of 2 KiB, short-text kernel", &short),
+                ("one chunk, resident grid", &resident),
+                ("step by step", &step_by_step),
+            ] {
+                check_batch(encoder, &tokenizer, batch, &format!("{what}, {path}"));
             }
         }
     }
