@@ -17,8 +17,8 @@ struct Tool {
     name: &'static str,
     /// Variables that name its path, the first set one wins.
     variables: [&'static str; 2],
-    /// Its Python package (under `nvidia/` in `site-packages`) and the
-    /// package's directory that holds `bin/<name>`.
+    /// The directory under `site-packages/nvidia/` whose `bin/` holds it (its
+    /// Python package's).
     package: &'static str,
     /// How the CI script installs it.
     install: &'static str,

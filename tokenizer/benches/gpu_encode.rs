@@ -1054,24 +1054,26 @@ fn single_documents(
     // helpers. (The text by DMA and one helper, measured on 2026-12-06, are
     // documented at `TEXT_COPY_ENGINE_FROM` and `HAND_OUT_HELPERS`.)
     let defaults = || encoder_with_limits(gpu, cpu, ChunkLimits::default());
-    let by_helpers: Vec<(String, DeviceEncoder)> = vec![
+    let fed = defaults().with_text_fed(true);
+    let gathered = defaults().with_text_fed(false);
+    let unhelped = defaults()
+        .with_text_fed(true)
+        .with_hand_out_helpers(0, HELPED_FROM_TEXT_BYTES);
+    // The same kernels without bounds checks; the 1 KiB rounds below take it too.
+    let unchecked = unchecked_encoder(gpu, cpu).with_text_fed(true);
+    let by_helpers: [(String, &DeviceEncoder); 4] = [
         (
             format!("the text fed while the kernel runs ({HAND_OUT_HELPERS} helpers)"),
-            defaults().with_text_fed(true),
+            &fed,
         ),
         (
             format!("the text gathered before the launch ({HAND_OUT_HELPERS} helpers)"),
-            defaults().with_text_fed(false),
+            &gathered,
         ),
-        (
-            "0 helpers, the text fed".to_owned(),
-            defaults()
-                .with_text_fed(true)
-                .with_hand_out_helpers(0, HELPED_FROM_TEXT_BYTES),
-        ),
+        ("0 helpers, the text fed".to_owned(), &unhelped),
         (
             format!("no bounds checks, the text fed ({HAND_OUT_HELPERS} helpers)"),
-            unchecked_encoder(gpu, cpu).with_text_fed(true),
+            &unchecked,
         ),
     ];
     print_wait_floors(gpu, 262_144, small_rounds);
@@ -1222,7 +1224,6 @@ fn single_documents(
     }
     // The kernels without bounds checks against the default, in alternating
     // rounds: a batch of one, and the short-text kernel's own clock.
-    let unchecked = unchecked_encoder(gpu, cpu);
     for round in 1..=3 {
         let mut line = format!("  bounds checks on or off, round {round}:");
         for (label, checked) in [("on", encoder), ("off", &unchecked)] {

@@ -1409,16 +1409,18 @@ fn load(buffer: Role, index: impl Into<Expr>) -> Expr {
     Expr::load(buffer.name(), index)
 }
 
-/// Element `index` of `buffer` when it is below `len`, else element 0 (whose
-/// value the caller does not use): an operand of a select or a logical
-/// operator is evaluated whatever the other gives, and without bounds checks
-/// ([`Geometry::bounds_checks`]) a load past the buffer would read whatever
-/// is there.
+/// `index` when it is below `len`, else 0: the element a thread loads where
+/// the value it gets is not used (an operand of a select or a logical operator
+/// is evaluated whatever the other gives, and without bounds checks,
+/// [`Geometry::bounds_checks`], a load past the buffer would read whatever is
+/// there).
+fn index_inside(index: Expr, len: &Expr) -> Expr {
+    index.clone().less_than(len.clone()).select(index, 0u32)
+}
+
+/// Element [`index_inside`] `len` of `buffer`.
 fn load_inside(buffer: Role, index: Expr, len: &Expr) -> Expr {
-    load(
-        buffer,
-        index.clone().less_than(len.clone()).select(index, 0u32),
-    )
+    load(buffer, index_inside(index, len))
 }
 
 fn param(index: u32) -> Expr {
@@ -3365,12 +3367,7 @@ fn stage_program(geometry: &Geometry, reads: StagedTextReads) -> Program {
                 // kernel's entry; not yet measured since.) An item past either
                 // buffer's end loads its element 0, which it does not use.
                 let word = b.let_("word", load_inside(Role::StagedText, item.clone(), &words));
-                let end_index = b.let_(
-                    "end_index",
-                    item.clone()
-                        .less_than(ends.clone())
-                        .select(item.clone(), 0u32),
-                );
+                let end_index = b.let_("end_index", index_inside(item.clone(), &ends));
                 let end = staged_end(b, &end_index);
                 b.if_(item.clone().less_than(words.clone()), |b| {
                     store_word(b, &item, word);
