@@ -34,14 +34,16 @@
 //!   (`DeviceEncoder::with_text_fed(true)`, the default) against the text
 //!   gathered before the launch, both with three hand-out helpers, and against
 //!   the text fed without helpers (`DeviceEncoder::with_hand_out_helpers`),
-//!   and against the text fed to kernels compiled without bounds checks
-//!   (`Geometry::bounds_checks`), with the staging's (and its gather's), the
+//!   and against the text fed to kernels all compiled with bounds checks
+//!   (`BoundsChecks::Everywhere`; the default leaves them out of the fused
+//!   kernels), with the staging's (and its gather's), the
 //!   hand-out's and the kernel's times);
 //!   one 1,024-byte document as a graph (ids into a new vector
 //!   and read in place) and eager, through the
 //!   short-text kernel and with every step its own dispatch (where each one's
 //!   time goes), with tiktoken-rs's time beside, and three alternating rounds
-//!   of it in a batch of one with and without bounds checks, each with the
+//!   of it in a batch of one with the fused kernels' bounds checks off (the
+//!   default) and on, each with the
 //!   short-text kernel's steps by their own clock.
 //!   `VYRE_BENCH_SINGLE_ONLY=1`
 //!   runs this part alone (after the launch floor);
@@ -118,8 +120,8 @@ use vyre_tokenizer::device::pipeline::{
 };
 use vyre_tokenizer::device::programs::MAX_REGISTER_MERGE_BYTES;
 use vyre_tokenizer::device::{
-    host_copy, BatchIds, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder, EncodeGraph,
-    Geometry, ShortText,
+    host_copy, BatchIds, BoundsChecks, BulkSplit, ChunkLimits, ChunkTimings, DeviceEncoder,
+    EncodeGraph, Geometry, ShortText,
 };
 use vyre_tokenizer::occupancy::Occupancy;
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
@@ -987,19 +989,19 @@ fn batch_of_one_median(
     measured
 }
 
-/// The default encoder with every kernel compiled without bounds checks
-/// ([`Geometry::bounds_checks`]).
-fn unchecked_encoder(gpu: &CudaBackend, cpu: &Tokenizer) -> DeviceEncoder {
+/// The default encoder with every kernel compiled with bounds checks (the
+/// default leaves them out of the fused kernels: [`BoundsChecks`]).
+fn checked_encoder(gpu: &CudaBackend, cpu: &Tokenizer) -> DeviceEncoder {
     DeviceEncoder::with_geometry(
         AnyBackend::Cuda(gpu.clone()),
         cpu,
         Geometry {
-            bounds_checks: false,
+            bounds_checks: BoundsChecks::Everywhere,
             ..Geometry::default()
         },
         ChunkLimits::default(),
     )
-    .expect("encoder without bounds checks")
+    .expect("encoder with bounds checks")
 }
 
 /// One eager encode of `text` with `encoder` (median of `rounds`), its ids
@@ -1059,8 +1061,8 @@ fn single_documents(
     let unhelped = defaults()
         .with_text_fed(true)
         .with_hand_out_helpers(0, HELPED_FROM_TEXT_BYTES);
-    // The same kernels without bounds checks; the 1 KiB rounds below take it too.
-    let unchecked = unchecked_encoder(gpu, cpu).with_text_fed(true);
+    // The same kernels with bounds checks; the 1 KiB rounds below take it too.
+    let checked = checked_encoder(gpu, cpu).with_text_fed(true);
     let by_helpers: [(String, &DeviceEncoder); 4] = [
         (
             format!("the text fed while the kernel runs ({HAND_OUT_HELPERS} helpers)"),
@@ -1072,8 +1074,8 @@ fn single_documents(
         ),
         ("0 helpers, the text fed".to_owned(), &unhelped),
         (
-            format!("no bounds checks, the text fed ({HAND_OUT_HELPERS} helpers)"),
-            &unchecked,
+            format!("bounds checks in every kernel, the text fed ({HAND_OUT_HELPERS} helpers)"),
+            &checked,
         ),
     ];
     print_wait_floors(gpu, 262_144, small_rounds);
@@ -1222,13 +1224,14 @@ fn single_documents(
             parts.wall_line()
         );
     }
-    // The kernels without bounds checks against the default, in alternating
-    // rounds: a batch of one, and the short-text kernel's own clock.
+    // The default (no bounds checks in the fused kernels) against the kernels
+    // with them, in alternating rounds: a batch of one, and the short-text
+    // kernel's own clock.
     for round in 1..=3 {
-        let mut line = format!("  bounds checks on or off, round {round}:");
-        for (label, checked) in [("on", encoder), ("off", &unchecked)] {
+        let mut line = format!("  the fused kernels' bounds checks off or on, round {round}:");
+        for (label, rounds_encoder) in [("off (the default)", encoder), ("on", &checked)] {
             let (batched, _) = batch_of_one_median(
-                checked,
+                rounds_encoder,
                 small.as_bytes(),
                 &small_ids,
                 small_rounds,
@@ -1237,7 +1240,7 @@ fn single_documents(
             line.push_str(&format!(
                 " {label}: a batch of one {:.1} µs, steps {};",
                 batched * 1e6,
-                counted_kernel_line(checked, small.as_bytes(), &small_ids, small_rounds)
+                counted_kernel_line(rounds_encoder, small.as_bytes(), &small_ids, small_rounds)
             ));
         }
         println!("{line}");

@@ -32,7 +32,8 @@ use vyre_tokenizer::device::programs::{
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
-    BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry, ShortText,
+    BatchIds, BoundsChecks, BulkSplit, ChunkLimits, DeviceEncoder, DeviceVocabulary, Geometry,
+    ShortText,
 };
 use vyre_tokenizer::pretokenize::batch::COUNTER_WORDS;
 use vyre_tokenizer::pretokenize::pattern::{piece_starts, Pattern};
@@ -2788,8 +2789,30 @@ fn resident_grid_graphs_run_one_cooperative_kernel() {
     }
 }
 
+/// Locks out a default that is not the measured one: the fused kernels (short
+/// texts, the resident grid) compiled without bounds checks, every step kernel
+/// with them; and each `BoundsChecks` giving the kernels what its name says.
+#[test]
+fn the_default_leaves_bounds_checks_out_of_the_fused_kernels_only() {
+    let checks = |bounds_checks: BoundsChecks| {
+        let geometry = Geometry {
+            bounds_checks,
+            ..Geometry::default()
+        };
+        (
+            geometry.step_codegen().bounds_checks,
+            geometry.fused_codegen().bounds_checks,
+        )
+    };
+    assert_eq!(Geometry::default().bounds_checks, BoundsChecks::StepKernels);
+    assert_eq!(checks(BoundsChecks::StepKernels), (true, false));
+    assert_eq!(checks(BoundsChecks::Everywhere), (true, true));
+    assert_eq!(checks(BoundsChecks::Nowhere), (false, false));
+}
+
 /// Locks out a tokenizer kernel that reads or writes past a buffer's end, the
-/// proof [`Geometry::bounds_checks`] off rests on: with the checks off, the
+/// proof the default's fused kernels without bounds checks rest on
+/// ([`BoundsChecks`]; here every kernel goes without): with the checks off, the
 /// reference interpreter fails a dispatch whose access is out of range (an
 /// `Err` naming the program) instead of reading 0, and every encoding's steps
 /// one by one, its short-text kernel (chunks of at most 2 KiB) and its
@@ -2823,26 +2846,29 @@ fn every_kernel_stays_inside_its_buffers_with_bounds_checks_off() {
         .build();
     let input = 7u32.to_le_bytes();
     let output = [0u8; 4];
-    let run = |bounds_checks: bool| {
+    let run = |bounds_checks: BoundsChecks| {
         let codegen = Geometry {
             bounds_checks,
             ..Geometry::default()
         }
-        .codegen();
+        .step_codegen();
         reference::run(
             &past_the_end,
             &[&input[..], &output[..]],
             &DispatchConfig::linear(1).with_codegen(codegen),
         )
     };
-    assert_eq!(run(true).expect("checked").concat(), [0u8; 4]);
-    let error = run(false)
+    assert_eq!(
+        run(BoundsChecks::Everywhere).expect("checked").concat(),
+        [0u8; 4]
+    );
+    let error = run(BoundsChecks::Nowhere)
         .expect_err("an unchecked access past the end")
         .to_string();
     assert!(error.contains("past_the_end"), "{error}");
 
     let unchecked = Geometry {
-        bounds_checks: false,
+        bounds_checks: BoundsChecks::Nowhere,
         ..Geometry::default()
     };
     let corpus = split_corpus::corpus(oracle::corpus());

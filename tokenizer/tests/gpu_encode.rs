@@ -31,7 +31,7 @@ use vyre_tokenizer::device::pipeline::{
 };
 use vyre_tokenizer::device::programs::BULK_SPLIT_FROM_BYTES;
 use vyre_tokenizer::device::{
-    BatchIds, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
+    BatchIds, BoundsChecks, BulkSplit, ChunkLimits, DeviceEncoder, Geometry, ShortText,
 };
 use vyre_tokenizer::pretokenize::text::{generate, Shape, SplitMix64};
 use vyre_tokenizer::{Backend, Encoding, Tokenizer, AUTO_GPU_MIN_BYTES};
@@ -479,14 +479,15 @@ fn gpu_a_two_gib_batch_is_cut_into_chunks_not_refused() {
 /// as one dispatch of the short-text kernel and equal the CPU encoder, at the
 /// default geometry, with every step in 32-thread workgroups (many groups per
 /// step), in the other workgroups the bench's short-text sweep measures
-/// (512 and 1,024 threads; one group or several per step), and without bounds
-/// checks (`Geometry::bounds_checks`: every access must be in range).
+/// (512 and 1,024 threads; one group or several per step), and with bounds
+/// checks (`BoundsChecks::Everywhere`; the default compiles the fused kernels
+/// without them, so every access must be in range).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_short_texts_through_one_workgroup_equal_cpu() {
     let geometries = [
         Geometry::default(),
-        unchecked(),
+        checked(),
         thirty_two_threads(),
         short_text(512, 2),
         short_text(1024, 1),
@@ -507,7 +508,7 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
             let encoder = cuda_encoder(&cpu, geometry, SHORT_UP_TO_ITS_LIMIT);
             assert!(encoder.runs_short(4096), "{geometry:?}");
             let what = format!(
-                "short-text workgroup of {} threads × {} bytes, bounds checks {}",
+                "short-text workgroup of {} threads × {} bytes, bounds checks {:?}",
                 geometry.short_text.workgroup_size,
                 geometry.short_text.bytes_per_thread,
                 geometry.bounds_checks
@@ -546,7 +547,8 @@ fn gpu_short_texts_through_one_workgroup_equal_cpu() {
 /// than 4 KiB each), of long pieces and of empty documents, run as one
 /// `resident` dispatch and equal the CPU encoder, with the grid as the text
 /// asks, capped at 7 workgroups (many rounds of each step), at 32-thread
-/// workgroups (many groups per round) and without bounds checks.
+/// workgroups (many groups per round) and with bounds checks (the default
+/// compiles the fused kernels without them).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_resident_grid_equals_cpu() {
@@ -557,7 +559,7 @@ fn gpu_resident_grid_equals_cpu() {
             ..Geometry::default()
         },
         thirty_two_threads(),
-        unchecked(),
+        checked(),
     ];
     for encoding in Encoding::ALL {
         let cpu = Tokenizer::for_encoding(encoding).expect("built-in encoding");
@@ -599,7 +601,7 @@ fn gpu_resident_grid_equals_cpu() {
         for geometry in geometries {
             let encoder = cuda_encoder(&cpu, geometry, limits);
             let what = format!(
-                "split {} threads × {} bytes, resident grid {:?}, bounds checks {}",
+                "split {} threads × {} bytes, resident grid {:?}, bounds checks {:?}",
                 geometry.split.workgroup_size,
                 geometry.split.bytes_per_thread,
                 geometry.resident_workgroups,
@@ -631,10 +633,10 @@ fn gpu_resident_grid_equals_cpu() {
     }
 }
 
-/// The default geometry with every kernel compiled without bounds checks.
-fn unchecked() -> Geometry {
+/// The default geometry with every kernel compiled with bounds checks.
+fn checked() -> Geometry {
     Geometry {
-        bounds_checks: false,
+        bounds_checks: BoundsChecks::Everywhere,
         ..Geometry::default()
     }
 }

@@ -153,5 +153,5 @@ pub use pipeline::{
     ChunkLimits, ChunkTimings, DeviceEncoder, EncodeCounts, EncodeGraph, PendingEncode, StepClock,
     StepTimings,
 };
-pub use programs::{BulkSplit, Geometry, ShortText};
+pub use programs::{BoundsChecks, BulkSplit, Geometry, ShortText};
 pub use vocabulary::DeviceVocabulary;

@@ -660,7 +660,7 @@ fn compile_fused(
         return Ok(None);
     };
     let name = fused.program.display_name();
-    let config = DispatchConfig::linear(1).with_codegen(geometry.codegen());
+    let config = DispatchConfig::linear(1).with_codegen(geometry.fused_codegen());
     match backend.compile(&fused.program, &config) {
         Ok(kernel) => Ok(Some(FusedKernel {
             kernel,

@@ -629,23 +629,12 @@ pub struct Geometry {
     /// it: their loops are bounded by the geometry, and a look-back waits for
     /// other workgroups.
     pub max_loop_iterations: Option<u32>,
-    /// Whether every kernel guards each load, store and atomic with a bounds
-    /// check ([`CodegenOptions::bounds_checks`]; `true`, the default). The
-    /// checks are an eighth of the fused kernels' code and sit on every step's
-    /// dependent chains: cl100k's short-text kernel assembles to 16,574 SASS
-    /// instructions with them and 14,578 without, its resident-grid kernel to
-    /// 17,038 and 15,027 (ptxas 12.9, sm_90, 80 registers either way,
-    /// 2026-12-07; o200k's alike).
-    /// Without them an access past a buffer's end reads or writes whatever
-    /// is there (a fault only past the allocation): the CPU tests run every
-    /// step and both fused kernels on the reference interpreter with them off,
-    /// where any such access is an `Err` naming the program, on the corpus,
-    /// the shapes and random strings of every encoding (which found eleven
-    /// loads that had relied on an out-of-range read giving 0: operands of
-    /// selects evaluated whichever side was taken, and threads past a list's
-    /// end). On until the `gpu_encode` bench's rows with and without
-    /// them, in the same run, show what they cost.
-    pub bounds_checks: bool,
+    /// Which kernels guard each load, store and atomic with a bounds check
+    /// ([`CodegenOptions::bounds_checks`]; the default,
+    /// [`BoundsChecks::StepKernels`], leaves them out of the two fused
+    /// kernels only). See [`BoundsChecks`] for what they cost and what stands
+    /// in for them.
+    pub bounds_checks: BoundsChecks,
     /// How many workgroups of each step an SM must hold at once, as registers
     /// go ([`Occupancy::BodyRegisters`], the default: as many as each step's
     /// body registers allow; see [`crate::occupancy`] for why and the figures).
@@ -700,6 +689,69 @@ impl Default for ShortText {
             workgroup_size: SHORT_TEXT_WORKGROUP,
             bytes_per_thread: SHORT_TEXT_BYTES_PER_THREAD,
         }
+    }
+}
+
+/// Which kernels guard each load, store and atomic with a bounds check
+/// ([`Geometry::bounds_checks`]).
+///
+/// # Why the fused kernels go without
+///
+/// The checks are an eighth of the fused kernels' code and sit on every
+/// step's dependent chains: cl100k's short-text kernel assembles to 16,574
+/// SASS instructions with them and 14,578 without, its resident-grid kernel
+/// to 17,038 and 15,027 (ptxas 12.9, sm_90, 80 registers either way,
+/// 2026-12-07; o200k's alike). On an H100 (2026-12-07, the `gpu_encode`
+/// bench, three alternating rounds in one run) one 1 KiB document in a batch
+/// of one took 31.5–31.6 µs without them against 34.3–34.4 µs with them (the
+/// short-text kernel 21.8 against 24.7 µs by its own clock), and one 256 KiB
+/// document, the text fed, eagerly: prose 102.9–106.0 against 108.6–115.7 µs,
+/// CJK 118.7–120.1 against 121.7–123.6, code 127.3–128.7 against
+/// 137.9–139.0; into a reused `BatchIds`: prose 93.3–95.2 against 96.9–97.8,
+/// CJK 99.0–99.8 against 103.2–105.6, code 120.0–121.2 against 130.7–131.5.
+///
+/// # What stands in for them
+///
+/// Without them an access past a buffer's end reads or writes whatever is
+/// there (a fault only past the allocation), so every kernel must stay inside
+/// its buffers by construction: an index that may run past a list's end
+/// (an operand of a select, which is evaluated whichever side is taken, or a
+/// thread past the end of its work) loads element 0 or its own element
+/// instead. The CPU tests run every step and both fused kernels on the
+/// reference interpreter without checks, where any access out of range is an
+/// `Err` naming the program, on the corpus, the shapes and random strings of
+/// every encoding (that test found eleven loads that had relied on an
+/// out-of-range read giving 0); the GPU tests run both fused kernels without
+/// them on 2,000 random strings per encoding, long pieces, empty documents
+/// and the shapes up to 1 MiB.
+///
+/// # Why the step kernels keep them
+///
+/// The step kernels take chunks past the resident grid's sizes, whose time
+/// is the memory's, not the serial depth's; they have not been measured
+/// without checks, nor run so on a GPU (the reference test covers their
+/// default split, not [`BulkSplit`]'s).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BoundsChecks {
+    /// Every kernel checks every access.
+    Everywhere,
+    /// The step kernels check every access; the short-text and resident-grid
+    /// kernels check none.
+    #[default]
+    StepKernels,
+    /// No kernel checks any access.
+    Nowhere,
+}
+
+impl BoundsChecks {
+    /// Whether the step kernels check their accesses.
+    pub fn in_step_kernels(self) -> bool {
+        self != BoundsChecks::Nowhere
+    }
+
+    /// Whether the two fused kernels check their accesses.
+    pub fn in_fused_kernels(self) -> bool {
+        self == BoundsChecks::Everywhere
     }
 }
 
@@ -773,7 +825,7 @@ impl Default for Geometry {
             stage_workgroups: STAGE_WORKGROUPS,
             pieces_workgroups: PIECES_WORKGROUPS,
             max_loop_iterations: None,
-            bounds_checks: true,
+            bounds_checks: BoundsChecks::StepKernels,
             occupancy: Occupancy::BodyRegisters,
             split: SplitGeometry::default(),
             bulk_split: Some(BulkSplit::default()),
@@ -784,10 +836,16 @@ impl Default for Geometry {
 }
 
 impl Geometry {
-    /// The code-generation options every kernel of this geometry starts from
-    /// (its [`Geometry::bounds_checks`]).
-    pub fn codegen(&self) -> CodegenOptions {
-        CodegenOptions::new().with_bounds_checks(self.bounds_checks)
+    /// The code-generation options every step kernel of this geometry starts
+    /// from (bounds checks as its [`Geometry::bounds_checks`] says).
+    pub fn step_codegen(&self) -> CodegenOptions {
+        CodegenOptions::new().with_bounds_checks(self.bounds_checks.in_step_kernels())
+    }
+
+    /// The code-generation options of this geometry's two fused kernels
+    /// (bounds checks as its [`Geometry::bounds_checks`] says).
+    pub fn fused_codegen(&self) -> CodegenOptions {
+        CodegenOptions::new().with_bounds_checks(self.bounds_checks.in_fused_kernels())
     }
 
     /// This geometry with the split's workgroups of `workgroup_size` threads, each
@@ -1251,7 +1309,7 @@ impl KernelStep {
         };
         let threads = self.program.workgroup_size().iter().product();
         geometry.occupancy.codegen(
-            geometry.codegen().with_max_loop_iterations(cap),
+            geometry.step_codegen().with_max_loop_iterations(cap),
             self.body_registers,
             threads,
             limits,
@@ -1412,7 +1470,7 @@ fn load(buffer: Role, index: impl Into<Expr>) -> Expr {
 /// `index` when it is below `len`, else 0: the element a thread loads where
 /// the value it gets is not used (an operand of a select or a logical operator
 /// is evaluated whatever the other gives, and without bounds checks,
-/// [`Geometry::bounds_checks`], a load past the buffer would read whatever is
+/// [`BoundsChecks`], a load past the buffer would read whatever is
 /// there).
 fn index_inside(index: Expr, len: &Expr) -> Expr {
     index.clone().less_than(len.clone()).select(index, 0u32)
