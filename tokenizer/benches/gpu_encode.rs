@@ -58,6 +58,9 @@
 //! - one chunk of 1 to 16 MiB with the split's bulk blocks and with its
 //!   default ones, which places the bulk split's threshold
 //!   (`VYRE_BENCH_BULK=0` leaves it out);
+//! - one chunk of 1 to 16 MiB through step kernels without bounds checks
+//!   (`BoundsChecks::Nowhere`) and with them (the default keeps them there),
+//!   in turn, the ids checked (`VYRE_BENCH_STEP_CHECKS=0` leaves it out);
 //! - the 64 MiB batch again at other workgroup shapes (the split's threads and
 //!   bytes per thread, the BPE steps' threads), each step's kernel time in the
 //!   first chunk: the split's steps and the merge each run near 1 ms per 16 MiB
@@ -496,6 +499,9 @@ fn main() {
     // 4. The bulk split by chunk size.
     if !skipped("VYRE_BENCH_BULK") {
         bulk_split_by_chunk_size(&gpu, &cpu, rounds);
+    }
+    if !skipped("VYRE_BENCH_STEP_CHECKS") {
+        step_checks_by_chunk_size(&gpu, &cpu, rounds);
     }
 
     // 5. Workgroup shapes.
@@ -989,19 +995,23 @@ fn batch_of_one_median(
     measured
 }
 
-/// The default encoder with every kernel compiled with bounds checks (the
-/// default leaves them out of the fused kernels: [`BoundsChecks`]).
-fn checked_encoder(gpu: &CudaBackend, cpu: &Tokenizer) -> DeviceEncoder {
+/// The default encoder with its kernels' bounds checks as `bounds_checks`
+/// says (the default leaves them out of the fused kernels: [`BoundsChecks`]).
+fn encoder_with_checks(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    bounds_checks: BoundsChecks,
+) -> DeviceEncoder {
     DeviceEncoder::with_geometry(
         AnyBackend::Cuda(gpu.clone()),
         cpu,
         Geometry {
-            bounds_checks: BoundsChecks::Everywhere,
+            bounds_checks,
             ..Geometry::default()
         },
         ChunkLimits::default(),
     )
-    .expect("encoder with bounds checks")
+    .expect("encoder with its bounds checks")
 }
 
 /// One eager encode of `text` with `encoder` (median of `rounds`), its ids
@@ -1062,7 +1072,7 @@ fn single_documents(
         .with_text_fed(true)
         .with_hand_out_helpers(0, HELPED_FROM_TEXT_BYTES);
     // The same kernels with bounds checks; the 1 KiB rounds below take it too.
-    let checked = checked_encoder(gpu, cpu).with_text_fed(true);
+    let checked = encoder_with_checks(gpu, cpu, BoundsChecks::Everywhere).with_text_fed(true);
     let by_helpers: [(String, &DeviceEncoder); 4] = [
         (
             format!("the text fed while the kernel runs ({HAND_OUT_HELPERS} helpers)"),
@@ -1578,6 +1588,9 @@ fn bulk_split_by_chunk_size(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
         ..BulkSplit::default()
     }));
     let never = encoder(None);
+    for mib in ONE_CHUNK_MIB {
+        assert!(always.runs_bulk((mib << 20) as u64) && !never.runs_bulk((mib << 20) as u64));
+    }
     let bulk = BulkSplit::default().split;
     let split = Geometry::default().split;
     println!(
@@ -1589,7 +1602,38 @@ one chunk, the split's blocks of {} × {} bytes (bulk) against {} × {} (median 
         split.bytes_per_thread,
         BulkSplit::default().from_bytes
     );
-    for mib in [1usize, 2, 4, 8, 16] {
+    one_chunk_by_size(
+        cpu,
+        rounds,
+        &[("bulk", &always), ("default blocks", &never)],
+    );
+}
+
+/// The step kernels without bounds checks against the default, which keeps
+/// them there ([`BoundsChecks`]): one chunk of each size, which the step
+/// kernels take, the bulk split's from 1 MiB included.
+fn step_checks_by_chunk_size(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
+    let unchecked = encoder_with_checks(gpu, cpu, BoundsChecks::Nowhere);
+    let default = encoder_with_limits(gpu, cpu, ChunkLimits::default());
+    println!(
+        "
+one chunk through the step kernels without bounds checks against with them (the default; median round):"
+    );
+    one_chunk_by_size(
+        cpu,
+        rounds,
+        &[("no bounds checks", &unchecked), ("the default", &default)],
+    );
+}
+
+/// The sizes of [`one_chunk_by_size`]'s chunks, in MiB.
+const ONE_CHUNK_MIB: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// One chunk of each of [`ONE_CHUNK_MIB`] through each of `variants`, in turn
+/// (median of `rounds` each, the ids checked against the CPU encoder's): a
+/// row per size with each variant's time, throughput and kernels.
+fn one_chunk_by_size(cpu: &Tokenizer, rounds: usize, variants: &[(&str, &DeviceEncoder)]) {
+    for mib in ONE_CHUNK_MIB {
         let texts = documents(mib << 20);
         let refs: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
         let expected: Vec<Vec<u32>> = refs
@@ -1598,8 +1642,7 @@ one chunk, the split's blocks of {} × {} bytes (bulk) against {} × {} (median 
             .collect();
         let mut results = vec![Vec::new(); refs.len()];
         let mut row = Vec::new();
-        for (label, encoder) in [("bulk", &always), ("default blocks", &never)] {
-            assert!(encoder.runs_bulk((mib << 20) as u64) == (label == "bulk"));
+        for (label, encoder) in variants {
             let (seconds, chunks) = median(rounds, || {
                 encoder
                     .encode_batch_into(&refs, &mut results)
