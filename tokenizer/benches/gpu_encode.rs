@@ -1614,7 +1614,7 @@ one chunk, the split's blocks of {} × {} bytes (bulk) against {} × {} (median 
 /// kernels take, the bulk split's from 1 MiB included.
 fn step_checks_by_chunk_size(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let unchecked = encoder_with_checks(gpu, cpu, BoundsChecks::Nowhere);
-    let default = encoder_with_limits(gpu, cpu, ChunkLimits::default());
+    let default = encoder_with_checks(gpu, cpu, BoundsChecks::default());
     println!(
         "
 one chunk through the step kernels without bounds checks against with them (the default; median round):"
