@@ -964,15 +964,21 @@ fn resident_by_size(
     }
 }
 
+/// An encoder on `gpu` at `geometry` with `limits` (a bench row cannot go on
+/// without it).
+fn cuda_encoder(
+    gpu: &CudaBackend,
+    cpu: &Tokenizer,
+    geometry: Geometry,
+    limits: ChunkLimits,
+) -> DeviceEncoder {
+    DeviceEncoder::with_geometry(AnyBackend::Cuda(gpu.clone()), cpu, geometry, limits)
+        .unwrap_or_else(|error| panic!("encoder at {geometry:?}, {limits:?}: {error}"))
+}
+
 /// An encoder on `gpu` at the default geometry with `limits`.
 fn encoder_with_limits(gpu: &CudaBackend, cpu: &Tokenizer, limits: ChunkLimits) -> DeviceEncoder {
-    DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
-        cpu,
-        Geometry::default(),
-        limits,
-    )
-    .expect("encoder")
+    cuda_encoder(gpu, cpu, Geometry::default(), limits)
 }
 
 /// `text` encoded as a batch of one into a reused vector (median of `rounds`),
@@ -1002,16 +1008,11 @@ fn encoder_with_checks(
     cpu: &Tokenizer,
     bounds_checks: BoundsChecks,
 ) -> DeviceEncoder {
-    DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
-        cpu,
-        Geometry {
-            bounds_checks,
-            ..Geometry::default()
-        },
-        ChunkLimits::default(),
-    )
-    .expect("encoder with its bounds checks")
+    let geometry = Geometry {
+        bounds_checks,
+        ..Geometry::default()
+    };
+    cuda_encoder(gpu, cpu, geometry, ChunkLimits::default())
 }
 
 /// One eager encode of `text` with `encoder` (median of `rounds`), its ids
@@ -1046,16 +1047,15 @@ fn single_documents(
     // instead of the default cap, which was measured for the batch (where
     // other chunks' steps want the SMs), never for one document alone.
     let compact_groups = 256;
-    let wide_compact = DeviceEncoder::with_geometry(
-        AnyBackend::Cuda(gpu.clone()),
+    let wide_compact = cuda_encoder(
+        gpu,
         cpu,
         Geometry {
             compact_workgroups: compact_groups,
             ..Geometry::default()
         },
         ChunkLimits::default(),
-    )
-    .expect("encoder with a wide compact");
+    );
     // The resident grid as a cooperative dispatch per chunk instead of a
     // replay of the graph its slot keeps.
     let dispatching =
@@ -1572,16 +1572,11 @@ fn unrequested(geometry: Geometry) -> Geometry {
 /// sets [`BulkSplit::from_bytes`]'s default.
 fn bulk_split_by_chunk_size(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let encoder = |bulk_split| {
-        DeviceEncoder::with_geometry(
-            AnyBackend::Cuda(gpu.clone()),
-            cpu,
-            Geometry {
-                bulk_split,
-                ..Geometry::default()
-            },
-            ChunkLimits::default(),
-        )
-        .expect("encoder")
+        let geometry = Geometry {
+            bulk_split,
+            ..Geometry::default()
+        };
+        cuda_encoder(gpu, cpu, geometry, ChunkLimits::default())
     };
     let always = encoder(Some(BulkSplit {
         from_bytes: 0,
