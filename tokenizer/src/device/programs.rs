@@ -728,9 +728,18 @@ impl Default for ShortText {
 /// # Why the step kernels keep them
 ///
 /// The step kernels take chunks past the resident grid's sizes, whose time
-/// is the memory's, not the serial depth's; they have not been measured
-/// without checks, nor run so on a GPU (the reference test covers their
-/// default split, not [`BulkSplit`]'s).
+/// is the memory's, not the serial depth's, and whose wall time is the
+/// host's as much as the device's. Measured on an H100 (2026-12-07, the
+/// `gpu_encode` bench, one chunk through the step kernels, median round,
+/// without checks against with them): their kernels but `stage` (which
+/// waits on PCIe) took 4–9 % less (1 MiB 123.6 against 128.4 µs, 4 MiB
+/// 309.9 against 330.6, 8 MiB 556.8 against 589.8, 16 MiB 838.5 against
+/// 926.4), but the chunk's wall moved both ways (1 MiB 0.632 against
+/// 0.850 ms, 2 MiB 1.120 against 1.104, 8 MiB 2.223 against 2.095, 16 MiB
+/// 3.404 against 3.648): the batch waits on the host's staging and hand-out,
+/// not on these kernels. So they keep the checks; without them they have not
+/// run on a GPU, and the reference test covers their default split, not
+/// [`BulkSplit`]'s.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BoundsChecks {
     /// Every kernel checks every access.
