@@ -1060,10 +1060,12 @@ fn single_documents(
     // PCIe once it is ready (the default), against the text gathered before
     // the launch and against the text brought up by the copy engine before the
     // kernel (`with_text_copy_engine_from`: a slot of 256 KiB takes the DMA),
-    // all with the default three hand-out helpers: the kernel's reads across
-    // PCIe ran 2–4 times slower on some H100 hosts than on others (its
-    // `stage` 7.7 µs on 2026-12-06, 29–38 on 2026-12-07), so the DMA is
-    // measured again beside them, on each host. (No helpers and one helper,
+    // all with the default three hand-out helpers: the kernels' reads across
+    // PCIe ran 2–3 times slower on some H100 hosts than on others (256 KiB in
+    // the resident kernel's `stage` in 7.7 µs on one of 2026-12-06, in the
+    // step-by-step `stage` in 13–22 µs on one of 2026-12-07, whose fed
+    // resident `stage` took 29–38), so the DMA is measured again beside them,
+    // on each host. (No helpers and one helper,
     // measured on 2026-12-06, are documented at `HAND_OUT_HELPERS`; the
     // fused kernels with bounds checks, on 2026-12-07, at `BoundsChecks`.)
     let defaults = || encoder_with_limits(gpu, cpu, ChunkLimits::default());
@@ -1074,7 +1076,7 @@ fn single_documents(
         .expect("a copy-engine threshold of 256 KiB");
     // The same kernels with bounds checks, for the 1 KiB rounds below.
     let checked = encoder_with_checks(gpu, cpu, BoundsChecks::Everywhere).with_text_fed(true);
-    let by_helpers: [(String, &DeviceEncoder); 3] = [
+    let text_ways: [(String, &DeviceEncoder); 3] = [
         (
             format!("the text fed while the kernel runs ({HAND_OUT_HELPERS} helpers)"),
             &fed,
@@ -1135,10 +1137,10 @@ fn single_documents(
         println!("  one eager encode: {}", step_timings.wall_line());
         for round in 1..=3 {
             let mut line = format!("  how the text goes up, round {round}:");
-            for (variant, helped) in &by_helpers {
+            for (variant, way) in &text_ways {
                 let label = format!("{shape}, {variant}");
-                let (eager, timings) = eager_median(helped, &text, &ids, small_rounds, &label);
-                let mut graph = helped.graph(text.len()).expect("graph");
+                let (eager, timings) = eager_median(way, &text, &ids, small_rounds, &label);
+                let mut graph = way.graph(text.len()).expect("graph");
                 let mut into = Vec::new();
                 let (graphed, _) = median(small_rounds, || {
                     graph.encode_into(&text, &mut into).expect("graph encode")
@@ -1147,7 +1149,7 @@ fn single_documents(
                 let (graph_in_place, graph_timings) =
                     graph_in_place_median(&mut graph, &text, &ids, small_rounds);
                 let (in_place, batch_timings) =
-                    batch_ids_median(helped, &text, &ids, small_rounds, &label);
+                    batch_ids_median(way, &text, &ids, small_rounds, &label);
                 line.push_str(&format!(
                     " {variant}: eager {:.1} µs (staging {:.1}, of it the gather {:.1}, hand-out {:.1}, kernel {:.1}), graph into a reused vector {:.1}, graph in place {:.1} (kernel {:.1}), into a reused BatchIds {:.1} (staging {:.1});",
                     eager * 1e6,
