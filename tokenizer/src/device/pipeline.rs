@@ -541,6 +541,14 @@ pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 /// staged parameters across PCIe, which none does since they became
 /// scalars. The ids stay host-mapped below 1 MiB: their copy would need
 /// their count on the host first (a wait, then the copy's own round trip).
+///
+/// Not settled for every host: on another H100 host (2026-12-07) the
+/// kernels' reads across PCIe ran 2–3 times slower (256 KiB in the
+/// step-by-step `stage` in 13–22 µs, the fed resident kernel's `stage`
+/// 29–38 µs of its 73–89), while the DMA of 256 KiB and a one-thread kernel
+/// took 23.2 µs against 13.3 without it. The `gpu_encode` bench's
+/// single-document rounds compare the text fed, gathered first and by the
+/// copy engine on each host.
 pub const TEXT_COPY_ENGINE_FROM: u64 = 512 << 10;
 
 /// How a CUDA slot moves its text up and its ids down: by the copy engine
