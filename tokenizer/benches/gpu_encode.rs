@@ -1075,7 +1075,7 @@ fn single_documents(
         .with_text_copy_engine_from(256 << 10)
         .expect("a copy-engine threshold of 256 KiB");
     // The same kernels with bounds checks, for the 1 KiB rounds below.
-    let checked = encoder_with_checks(gpu, cpu, BoundsChecks::Everywhere).with_text_fed(true);
+    let checked = encoder_with_checks(gpu, cpu, BoundsChecks::Everywhere);
     let text_ways: [(String, &DeviceEncoder); 3] = [
         (
             format!("the text fed while the kernel runs ({HAND_OUT_HELPERS} helpers)"),
