@@ -542,13 +542,17 @@ pub const COPY_ENGINE_FROM: u64 = 1 << 20;
 /// scalars. The ids stay host-mapped below 1 MiB: their copy would need
 /// their count on the host first (a wait, then the copy's own round trip).
 ///
-/// Not settled for every host: on another H100 host (2026-12-07) the
-/// kernels' reads across PCIe ran 2–3 times slower (256 KiB in the
-/// step-by-step `stage` in 13–22 µs, the fed resident kernel's `stage`
-/// 29–38 µs of its 73–89), while the DMA of 256 KiB and a one-thread kernel
-/// took 23.2 µs against 13.3 without it. The `gpu_encode` bench's
-/// single-document rounds compare the text fed, gathered first and by the
-/// copy engine on each host.
+/// It held on a host whose kernels read across PCIe 2–3 times slower
+/// (H100, 2026-12-07: 256 KiB in the step-by-step `stage` in 12–22 µs, the
+/// fed resident kernel's `stage` 28–38 µs of its 73–89; the DMA of 256 KiB
+/// and a one-thread kernel 20.5–23.2 µs against 12.6–13.3 without it). The
+/// `gpu_encode` bench's single-document rounds (three each, median of 200)
+/// there: 256 KiB eagerly with the text fed 101.0–103.8 µs, gathered first
+/// 108.3–111.4, by the copy engine 122.0–126.9 (prose; CJK 116.3–119.3 /
+/// 125.5–126.6 / 137.9–175.3, code 124.7–131.4 / 131.3–139.3 /
+/// 147.6–152.2), although the kernel's own clock with the copy engine was
+/// 67–71 µs against 73–77 fed (prose). The bench compares the three ways on
+/// each host it runs on.
 pub const TEXT_COPY_ENGINE_FROM: u64 = 512 << 10;
 
 /// How a CUDA slot moves its text up and its ids down: by the copy engine
