@@ -77,7 +77,7 @@ pub mod probe;
 pub mod reference;
 
 pub use backend::graph;
-pub use config::{ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
+pub use config::{AcquireFence, ByteRange, CodegenOptions, DispatchConfig, ReadbackPolicy};
 
 /// The README's code blocks, compiled and run as doctests so the quick start
 /// cannot drift from the API.

@@ -15,7 +15,7 @@ use vyre_cuda::codegen::{
     LaneModuleBuilder, PtxModuleBuilder,
 };
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
-use vyre_cuda::CodegenOptions;
+use vyre_cuda::{AcquireFence, CodegenOptions};
 
 const DIRECTIVE: &str = ".minnctapersm";
 
@@ -144,19 +144,21 @@ fn unsatisfiable_requests_are_refused() {
 
 /// Locks out two kernels that differ only in their occupancy request sharing PTX
 /// (the backend's PTX and module caches key on `policy_digest`, so do its batch
-/// modules): every combination of bounds checks, loop cap and request has its own
-/// digest, an unsatisfiable count never shares a valid one's, and options without a
+/// modules): every combination of bounds checks, loop cap, request and acquire
+/// fence has its own digest, an unsatisfiable count never shares a valid one's, and options without a
 /// request keep the digests they had before the option existed.
 #[test]
 fn every_request_has_its_own_policy_digest() {
     let mut seen: HashMap<u64, CodegenOptions> = HashMap::new();
-    for checks in [true, false] {
+    let fences = [AcquireFence::AcquireRelease, AcquireFence::AcquireOnly];
+    for (fence, checks) in fences.into_iter().flat_map(|f| [(f, true), (f, false)]) {
         for cap in [None, Some(0), Some(7), Some(u32::MAX)] {
             for blocks in std::iter::once(None).chain((1..=32).map(Some)) {
                 let options = CodegenOptions::new()
                     .with_bounds_checks(checks)
                     .with_max_loop_iterations(cap)
-                    .with_min_blocks_per_multiprocessor(blocks);
+                    .with_min_blocks_per_multiprocessor(blocks)
+                    .with_acquire_fence(fence);
                 if let Some(other) = seen.insert(options.policy_digest(), options) {
                     panic!("{options:?} and {other:?} share a digest");
                 }
@@ -165,7 +167,8 @@ fn every_request_has_its_own_policy_digest() {
                 let options = CodegenOptions::new()
                     .with_bounds_checks(checks)
                     .with_max_loop_iterations(cap)
-                    .with_min_blocks_per_multiprocessor(Some(invalid));
+                    .with_min_blocks_per_multiprocessor(Some(invalid))
+                    .with_acquire_fence(fence);
                 assert!(!seen.contains_key(&options.policy_digest()), "{options:?}");
             }
         }

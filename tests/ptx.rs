@@ -25,7 +25,7 @@ use vyre_cuda::codegen::{
 };
 use vyre_cuda::ir::*;
 use vyre_cuda::lower::{lower_workgroup_reductions, LoweringCaps};
-use vyre_cuda::CodegenOptions;
+use vyre_cuda::{AcquireFence, CodegenOptions};
 
 #[path = "support/ptxas.rs"]
 mod ptxas;
@@ -1541,6 +1541,78 @@ fn acquire_loads_are_system_scope_acquires() {
     for (what, ptx) in [("acquire_checked", &ptx), ("acquire_unchecked", &unchecked)] {
         ptxas::assemble(&ptxas, what, ptx).unwrap_or_else(|report| panic!("{report}"));
     }
+}
+
+/// Locks out the acquire-only fence where a target or module cannot take it, and
+/// the full system barrier where it can: under `AcquireFence::AcquireOnly` each
+/// acquire load of the fixture is its `ld.relaxed.sys.global` followed at once by
+/// `fence.acquire.sys` on `sm_90` (in a module of PTX ISA 8.6, which the
+/// instruction needs) and by `fence.acq_rel.sys` on `sm_80` (PTX 7.8); the
+/// options' digest differs from the default's. With ptxas and nvdisasm, the
+/// `sm_90` module assembles to SASS with an L1 invalidation and no system-scope
+/// barrier. Negative control: the default options' SASS of the same program
+/// holds `MEMBAR.ALL.SYS`, one per acquire load.
+#[test]
+fn acquire_only_fences_are_invalidations_on_sm_90() {
+    let program = acquire_loads();
+    let acquire_only = CHECKED.with_acquire_fence(AcquireFence::AcquireOnly);
+    assert_ne!(acquire_only.policy_digest(), CHECKED.policy_digest());
+    let fences_after_loads = |ptx: &str| -> Vec<String> {
+        let lines: Vec<&str> = ptx.lines().map(str::trim).collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, line)| line.contains("ld.relaxed.sys.global."))
+            .map(|(at, _)| lines.get(at + 1).copied().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let sm_90 = program_to_ptx(&program, &acquire_only, 90, 32).expect("ptx");
+    assert!(sm_90.contains(".version 8.6\n"), "{sm_90}");
+    assert_eq!(
+        fences_after_loads(&sm_90),
+        vec!["fence.acquire.sys;"; 4],
+        "{sm_90}"
+    );
+    assert!(!sm_90.contains("fence.acq_rel.sys"), "{sm_90}");
+    let sm_80 = program_to_ptx(&program, &acquire_only, 80, 32).expect("ptx");
+    assert!(sm_80.contains(".version 7.8\n"), "{sm_80}");
+    assert_eq!(
+        fences_after_loads(&sm_80),
+        vec!["fence.acq_rel.sys;"; 4],
+        "{sm_80}"
+    );
+    let default = program_to_ptx(&program, &CHECKED, 90, 32).expect("ptx");
+    assert!(default.contains(".version 7.8\n"), "{default}");
+    // A kernel without acquire loads keeps its version under the option (the
+    // backend sets it for every program where the device takes it).
+    let (name, before) = ACQUIRE_BEFORE_A_STORE[3];
+    let atomic = program_to_ptx(
+        &acquire_before_a_store(name, 32, before),
+        &acquire_only,
+        90,
+        32,
+    )
+    .expect("ptx");
+    assert!(atomic.contains(".version 7.8\n"), "{atomic}");
+
+    let Some(ptxas) = ptxas::require("acquire_only_fences_are_invalidations_on_sm_90") else {
+        return;
+    };
+    let Some(nvdisasm) = ptxas::require_nvdisasm("acquire_only_fences_are_invalidations_on_sm_90")
+    else {
+        return;
+    };
+    let sass = ptxas::disassemble(&ptxas, &nvdisasm, "acquire_only", &sm_90)
+        .unwrap_or_else(|report| panic!("{report}"));
+    assert!(!sass.contains("MEMBAR.ALL.SYS"), "{sass}");
+    assert!(sass.contains("CCTL.IVALL"), "{sass}");
+    let full = ptxas::disassemble(&ptxas, &nvdisasm, "acquire_release", &default)
+        .unwrap_or_else(|report| panic!("{report}"));
+    assert_eq!(
+        full.matches("MEMBAR.ALL.SYS").count(),
+        4,
+        "negative control\n{full}"
+    );
 }
 
 /// `block` with every acquire load (at any depth) made an atomic load.
@@ -3271,7 +3343,8 @@ fn gpu_a_store_after_an_acquire_load_of_its_element_lands() {
 /// the same PTX with each acquire pattern put back as the `ld.acquire.sys` that
 /// codegen emitted before 2026-12-06 assembles, for the two cases whose value goes
 /// unused, to SASS that never reads the count: ptxas dropped the comparison and
-/// the store ran under a stale predicate. Needs nvdisasm besides ptxas.
+/// the store ran under a stale predicate. The acquire-only fence
+/// (`AcquireFence::AcquireOnly`) keeps the read too. Needs nvdisasm besides ptxas.
 #[test]
 fn an_unused_acquire_load_keeps_a_later_guard() {
     let Some(ptxas) = ptxas::require("an_unused_acquire_load_keeps_a_later_guard") else {
@@ -3301,13 +3374,18 @@ fn an_unused_acquire_load_keeps_a_later_guard() {
     for workgroup in [32u32, 64] {
         for (name, before) in ACQUIRE_BEFORE_A_STORE {
             let program = acquire_before_a_store(name, workgroup, before);
+            let acquire_only = CHECKED.with_acquire_fence(AcquireFence::AcquireOnly);
+            for options in [CHECKED, acquire_only] {
+                let ptx = program_to_ptx_with_results(&program, &options, 90, 32).expect("ptx");
+                let sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &ptx)
+                    .unwrap_or_else(|report| panic!("{report}"));
+                assert!(
+                    sass.contains(owned_count),
+                    "{name} ({workgroup} threads, {:?}): the SASS never reads owned's count\n{sass}",
+                    options.acquire_fence
+                );
+            }
             let ptx = program_to_ptx_with_results(&program, &CHECKED, 90, 32).expect("ptx");
-            let sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &ptx)
-                .unwrap_or_else(|report| panic!("{report}"));
-            assert!(
-                sass.contains(owned_count),
-                "{name} ({workgroup} threads): the SASS never reads owned's count\n{sass}"
-            );
             let old = as_acquire_instruction(&ptx);
             assert_eq!(old.contains("ld.acquire.sys."), name.starts_with("acquire"));
             let old_sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &old)

@@ -89,6 +89,10 @@ pub struct DeviceCaps {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PipelineFeatures(pub u32);
 
+/// The first driver version (`cuDriverGetVersion`: CUDA 12.8) that loads PTX ISA 8.6,
+/// which `fence.acquire.sys` needs.
+pub const MIN_ACQUIRE_ONLY_DRIVER: i32 = 12_080;
+
 impl PipelineFeatures {
     /// Warp shuffles (`shfl.sync`): reductions lower to subgroup steps.
     pub const SUBGROUP_OPS: u32 = 1 << 0;
@@ -96,6 +100,10 @@ impl PipelineFeatures {
     pub const WARP_REDUX: u32 = 1 << 1;
     /// Cooperative launch: grid sync is available.
     pub const GRID_SYNC: u32 = 1 << 2;
+    /// `fence.acquire.sys` after an acquire load (sm_90 and newer, a driver of
+    /// CUDA 12.8 or later, which loads PTX ISA 8.6): see
+    /// [`AcquireFence`](crate::AcquireFence).
+    pub const ACQUIRE_ONLY_FENCE: u32 = 1 << 3;
 
     /// Whether a flag is set.
     pub fn has(self, flag: u32) -> bool {
@@ -185,6 +193,9 @@ impl DeviceCaps {
         }
         if self.supports_grid_sync() {
             bits |= PipelineFeatures::GRID_SYNC;
+        }
+        if self.compute_capability.0 >= 9 && self.driver_version >= MIN_ACQUIRE_ONLY_DRIVER {
+            bits |= PipelineFeatures::ACQUIRE_ONLY_FENCE;
         }
         PipelineFeatures(bits)
     }
@@ -305,6 +316,29 @@ impl LaunchPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Locks out the acquire-only fence on a device or driver that cannot take it
+    /// (a module of PTX ISA 8.6 fails to load on a driver before CUDA 12.8;
+    /// `fence.acquire` needs sm_90) and its absence where both can: the feature
+    /// is set for compute capability 9.0 with driver 12080 and later, and for
+    /// neither 9.0 with 12070 nor 8.0 with 13000.
+    #[test]
+    fn the_acquire_only_fence_needs_sm_90_and_cuda_12_8() {
+        let with = |compute_capability, driver_version| {
+            DeviceCaps {
+                compute_capability,
+                driver_version,
+                ..DeviceCaps::synthetic_h200()
+            }
+            .pipeline_features()
+            .has(PipelineFeatures::ACQUIRE_ONLY_FENCE)
+        };
+        assert!(with((9, 0), 12_080));
+        assert!(with((9, 0), 13_000));
+        assert!(with((10, 0), 12_080));
+        assert!(!with((9, 0), 12_070));
+        assert!(!with((8, 0), 13_000));
+    }
 
     /// Locks out wrapping launch arithmetic: products that exceed u32 (or the
     /// device) are errors with a Fix message, never wrapped small grids.

@@ -714,7 +714,7 @@ impl LaunchParameterSweep {
                  {loads}\
                  st.global.u64 [%rd0], %rd1;\n\
                  ret;\n}}\n",
-                version = codegen::ptx::ptx_version(sm),
+                version = codegen::ptx::ptx_version(sm, false),
             );
             let module = load_hand_written(
                 &ptx,
@@ -986,7 +986,7 @@ impl EpilogueAnatomy {
                  ld.param.u64 %rd0, [scratch];\ncvta.to.global.u64 %rd0, %rd0;\n\
                  ld.param.u64 %rd1, [mapped];\ncvta.to.global.u64 %rd1, %rd1;\n\
                  {body}ret;\n}}\n",
-                version = codegen::ptx::ptx_version(sm),
+                version = codegen::ptx::ptx_version(sm, false),
             );
             let module = load_hand_written(
                 &ptx,

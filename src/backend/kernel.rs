@@ -29,12 +29,12 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::codegen::{self, CodegenError, PtxModuleBuilder, GRID_BARRIER_SYMBOL};
-use crate::config::{CodegenOptions, DispatchConfig};
+use crate::config::{AcquireFence, CodegenOptions, DispatchConfig};
 use crate::ir::{self, Node, Program, ScalarDecl};
 use crate::lower;
 use crate::probe::{self, Phase, SubPhase};
 
-use super::caps::LaunchPlan;
+use super::caps::{LaunchPlan, PipelineFeatures};
 use super::driver::LoadedModule;
 use super::plan::{binding_slots, ParamSlot};
 use super::{BackendError, BackendInner, CudaBackend, ModuleKey, PtxKey};
@@ -327,6 +327,7 @@ impl BackendInner {
         programs: &[P],
         options: &CodegenOptions,
     ) -> Result<Vec<Arc<KernelInner>>, BackendError> {
+        let options = &self.device_options(options);
         // Validate, lower and key every program first: an invalid one refuses the
         // batch before anything is loaded.
         let mut kernels: Vec<Option<Arc<KernelInner>>> = vec![None; programs.len()];
@@ -459,6 +460,7 @@ impl BackendInner {
         options: &CodegenOptions,
         mark: Option<std::time::Instant>,
     ) -> Result<(Arc<KernelInner>, Option<std::time::Instant>), BackendError> {
+        let options = &self.device_options(options);
         // prepare: validation, before any other walk of the program.
         let valid = self.validate_counted(program)?;
         let program = valid.program();
@@ -541,6 +543,18 @@ impl BackendInner {
             self.validation.counter.miss();
         }
         validated.map_err(|e| invalid(program, &e))
+    }
+
+    /// `options` as this device compiles them: the acquire-only fence after an
+    /// acquire load where the device and driver take it
+    /// ([`PipelineFeatures::ACQUIRE_ONLY_FENCE`]), the acquire-release fence
+    /// elsewhere, whichever the request named.
+    fn device_options(&self, options: &CodegenOptions) -> CodegenOptions {
+        options.with_acquire_fence(if self.features.has(PipelineFeatures::ACQUIRE_ONLY_FENCE) {
+            AcquireFence::AcquireOnly
+        } else {
+            AcquireFence::AcquireRelease
+        })
     }
 
     /// The PTX key of a lowered program (by its digest) under `config`'s codegen

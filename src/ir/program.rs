@@ -1010,9 +1010,10 @@ pub enum Node {
     /// about the host's writes. Global buffers the kernel only reads or also
     /// writes, of `u32`, `i32`, `u64` or `i64`; an out-of-range index gives 0.
     /// Its result is divergent like every atomic's. On CUDA each one is a
-    /// strong load and a system-scope fence (a memory barrier that waits for the
-    /// thread's earlier accesses): poll a flag with it, read the data after it
-    /// with plain loads. The reference interpreter reads the element as
+    /// strong load and a system-scope fence (an L1 invalidation on sm_90 and a
+    /// driver of CUDA 12.8 or later; elsewhere a memory barrier that waits for the
+    /// thread's earlier accesses: [`crate::AcquireFence`]): poll a flag with it,
+    /// read the data after it with plain loads. The reference interpreter reads the element as
     /// [`Node::AtomicLoad`] does: it runs the kernel after the host has written
     /// everything.
     AcquireLoad {

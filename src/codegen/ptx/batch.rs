@@ -93,6 +93,9 @@ pub struct PtxModuleBuilder {
     /// The kernels written so far, in order.
     kernels: String,
     count: usize,
+    /// A kernel ends an acquire load with `fence.acquire.sys`, which needs PTX ISA
+    /// 8.6 in the header.
+    acquire_only_fences: bool,
 }
 
 impl PtxModuleBuilder {
@@ -107,6 +110,7 @@ impl PtxModuleBuilder {
             results: false,
             kernels: String::new(),
             count: 0,
+            acquire_only_fences: false,
         }
     }
 
@@ -130,7 +134,7 @@ impl PtxModuleBuilder {
         let valid = ir::validate_unmemoised(program, &codegen_limits(), ProgramForm::Lowered)
             .map_err(CodegenError::Invalid)?;
         let index = self.count;
-        let (text, uses_grid_sync) = Writer::new(&valid, self.options, self.sm, self.results)
+        let (text, facts) = Writer::new(&valid, self.options, self.sm, self.results)
             .for_module_kernel(index)
             .finish_kernel()?;
         if HEADER_BYTES + self.kernels.len() + 1 + text.len() > MAX_PTX_BYTES {
@@ -142,10 +146,13 @@ impl PtxModuleBuilder {
         self.kernels.push('\n');
         self.kernels.push_str(&text);
         self.count += 1;
+        self.acquire_only_fences |= facts.acquire_only_fences;
         Ok(ModuleEntry {
             index,
             entry: module_entry_name(index),
-            grid_barrier: uses_grid_sync.then(|| module_grid_barrier_symbol(index)),
+            grid_barrier: facts
+                .uses_grid_sync
+                .then(|| module_grid_barrier_symbol(index)),
         })
     }
 
@@ -163,7 +170,7 @@ impl PtxModuleBuilder {
     pub fn finish(self) -> String {
         let mut out = String::with_capacity(HEADER_BYTES + self.kernels.len());
         let _ = writeln!(out, "//\n// vyre-cuda module of {} kernels\n//", self.count);
-        module_header(&mut out, self.sm);
+        module_header(&mut out, self.sm, self.acquire_only_fences);
         out.push_str(&self.kernels);
         out
     }

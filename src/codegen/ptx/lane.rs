@@ -676,6 +676,9 @@ pub struct LaneModuleBuilder {
     bodies: String,
     count: usize,
     workgroup_bytes: u32,
+    /// A body ends an acquire load with `fence.acquire.sys`, which needs PTX ISA
+    /// 8.6 in the header.
+    acquire_only_fences: bool,
 }
 
 impl LaneModuleBuilder {
@@ -705,6 +708,7 @@ impl LaneModuleBuilder {
             bodies: String::new(),
             count: 0,
             workgroup_bytes: 0,
+            acquire_only_fences: false,
         }
     }
 
@@ -745,7 +749,7 @@ impl LaneModuleBuilder {
         let index = self.count;
         let barrier_threads = (self.poller_warps > 0)
             .then(|| workgroup_warp_threads(self.workgroup_size, self.subgroup_size));
-        let (text, bytes) = Writer::new(&valid, *options, self.sm, false)
+        let (text, bytes, facts) = Writer::new(&valid, *options, self.sm, false)
             .for_lane_body(index, barrier_threads)
             .finish_lane_body()?;
         if HEADER_BYTES + SERVER_BYTES + self.bodies.len() + 1 + text.len() > MAX_PTX_BYTES {
@@ -758,6 +762,7 @@ impl LaneModuleBuilder {
         self.bodies.push_str(&text);
         self.count += 1;
         self.workgroup_bytes = self.workgroup_bytes.max(bytes);
+        self.acquire_only_fences |= facts.acquire_only_fences;
         Ok(index)
     }
 
@@ -803,7 +808,7 @@ impl LaneModuleBuilder {
             "//\n// vyre-cuda lane: a resident server of {} bodies, workgroup size [{x}, {y}, {z}]\n//",
             self.count
         );
-        module_header(&mut out, self.sm);
+        module_header(&mut out, self.sm, self.acquire_only_fences);
         let _ = writeln!(
             out,
             "// the current request's record (header, bindings, scalars, prologue, readbacks)\n\

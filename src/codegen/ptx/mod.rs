@@ -659,11 +659,18 @@ pub fn multiprocessor_limits(sm: u32) -> MultiprocessorLimits {
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to
 /// `sm_90`; newer targets need the first version that knows them.
-pub(crate) fn ptx_version(sm: u32) -> &'static str {
+pub(crate) fn ptx_version(sm: u32, acquire_only_fences: bool) -> &'static str {
     match sm {
+        90 if acquire_only_fences => "8.6",
         0..=90 => "7.8",
         91..=101 => "8.6",
         102..=120 => "8.7",
         _ => "8.8",
     }
+}
+
+/// Whether an acquire load on `sm` under `options` ends with `fence.acquire.sys`
+/// (PTX ISA 8.6, `sm_90` and newer) instead of `fence.acq_rel.sys`.
+pub(crate) fn acquire_only(sm: u32, options: &CodegenOptions) -> bool {
+    options.acquire_fence == crate::config::AcquireFence::AcquireOnly && sm >= 90
 }

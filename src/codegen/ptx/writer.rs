@@ -23,8 +23,8 @@ use crate::ir::{
 
 use super::workgroup_memory::{self, DYNAMIC_SHARED_SYMBOL};
 use super::{
-    ptx_version, CodegenError, COMMENT_BYTES, GRID_BARRIER_PHASE_BIT, GRID_BARRIER_SYMBOL,
-    GRID_BARRIER_WORDS, MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
+    acquire_only, ptx_version, CodegenError, COMMENT_BYTES, GRID_BARRIER_PHASE_BIT,
+    GRID_BARRIER_SYMBOL, GRID_BARRIER_WORDS, MAX_PTX_BYTES, REDUX_MIN_SM, RESULT_RANGE_SLOTS,
 };
 
 type Result<T> = std::result::Result<T, CodegenError>;
@@ -233,6 +233,9 @@ pub(super) struct Writer<'p> {
     /// restores exactly the outer scope.
     scope_log: Vec<(&'p str, Option<Value>)>,
     uses_grid_sync: bool,
+    /// An acquire load ended with `fence.acquire.sys`, which the module's PTX
+    /// version must admit ([`ptx_version`]).
+    acquire_only_fences: bool,
     /// A `b32` register holding 0 loaded from [`OPAQUE_ZERO_SYMBOL`]: the driver's JIT
     /// cannot know its value, so it cannot constant-fold through it (see
     /// [`Writer::opaque_bits`], [`Writer::opaque_copy`] and [`Writer::negate`]).
@@ -306,6 +309,7 @@ impl<'p> Writer<'p> {
             variables: HashMap::new(),
             scope_log: Vec::new(),
             uses_grid_sync: false,
+            acquire_only_fences: false,
             opaque_zero: Reg {
                 class: RegClass::B32,
                 index: 0,
@@ -347,13 +351,22 @@ impl<'p> Writer<'p> {
 
     /// Write a lane body: its `.func` text and the bytes of the lane's workgroup
     /// pool it uses (its workgroup buffers, laid out from the pool's start).
-    pub(super) fn finish_lane_body(mut self) -> Result<(String, u32)> {
+    pub(super) fn finish_lane_body(mut self) -> Result<(String, u32, KernelFacts)> {
         let program: &'p Program = self.program;
         self.prologue();
         self.block(program.entry())?;
         emit!(self, "ret;");
         let bytes = self.lane_workgroup_bytes;
-        Ok((self.assemble(), bytes))
+        let facts = self.facts();
+        Ok((self.assemble(), bytes, facts))
+    }
+
+    /// What the module around this kernel must know of it.
+    fn facts(&self) -> KernelFacts {
+        KernelFacts {
+            uses_grid_sync: self.uses_grid_sync,
+            acquire_only_fences: self.acquire_only_fences,
+        }
     }
 
     /// Write the whole module.
@@ -363,7 +376,7 @@ impl<'p> Writer<'p> {
 
     /// Write the kernel (for a standalone kernel, the whole module); also says
     /// whether it uses the grid-barrier symbol.
-    pub(super) fn finish_kernel(mut self) -> Result<(String, bool)> {
+    pub(super) fn finish_kernel(mut self) -> Result<(String, KernelFacts)> {
         let program: &'p Program = self.program;
         self.check_occupancy()?;
         self.prologue();
@@ -376,8 +389,8 @@ impl<'p> Writer<'p> {
         } else {
             emit!(self, "ret;");
         }
-        let uses_grid_sync = self.uses_grid_sync;
-        Ok((self.assemble(), uses_grid_sync))
+        let facts = self.facts();
+        Ok((self.assemble(), facts))
     }
 
     /// Refuses an occupancy request the target cannot hold
@@ -823,7 +836,7 @@ impl<'p> Writer<'p> {
             }
         );
         if self.module_kernel.is_none() {
-            module_header(&mut out, self.sm);
+            module_header(&mut out, self.sm, self.acquire_only_fences);
         }
 
         if self.uses_grid_sync {
@@ -1224,8 +1237,10 @@ impl<'p> Writer<'p> {
             }
             // An acquire at system scope: the host's writes before its release of
             // the value read are visible to this thread's later loads. Emitted as
-            // the memory model's acquire pattern, a strong load followed by an
-            // acquire-release fence of the same scope, never as `ld.acquire`:
+            // the memory model's acquire pattern, a strong load followed by a
+            // fence of the same scope (`fence.acquire.sys` where the options and
+            // target allow it: an L1 invalidation, where `fence.acq_rel.sys` is a
+            // full system barrier; see `AcquireFence`), never as `ld.acquire`:
             // ptxas 12.9 and 13.0 (sm_90) replace an `ld.acquire` whose value
             // goes unused by an L1 invalidate under the load's bounds-check
             // predicate but drop the comparison that computed it, so a later
@@ -1240,7 +1255,12 @@ impl<'p> Writer<'p> {
                 index,
             } => {
                 let value = self.load(buffer, index, "relaxed.sys.")?;
-                emit!(self, "fence.acq_rel.sys;");
+                if acquire_only(self.sm, &self.options) {
+                    self.acquire_only_fences = true;
+                    emit!(self, "fence.acquire.sys;");
+                } else {
+                    emit!(self, "fence.acq_rel.sys;");
+                }
                 self.bind(name, value);
             }
             Node::WorkgroupReduce { .. } | Node::WorkgroupScan { .. } => {
@@ -2107,10 +2127,19 @@ impl<'p> Writer<'p> {
     }
 }
 
+/// What a module needs to know of a kernel written into it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct KernelFacts {
+    /// It has a grid sync (and so a grid-barrier word).
+    pub uses_grid_sync: bool,
+    /// An acquire load of it ends with `fence.acquire.sys`.
+    pub acquire_only_fences: bool,
+}
+
 /// `.version`, `.target`, `.address_size` and the opaque zero word: written once per
 /// module (a module of several kernels shares them).
-pub(super) fn module_header(out: &mut String, sm: u32) {
-    let _ = writeln!(out, ".version {}", ptx_version(sm));
+pub(super) fn module_header(out: &mut String, sm: u32, acquire_only_fences: bool) {
+    let _ = writeln!(out, ".version {}", ptx_version(sm, acquire_only_fences));
     let _ = writeln!(out, ".target sm_{sm}");
     out.push_str(".address_size 64\n\n");
     let _ = writeln!(
