@@ -1566,21 +1566,15 @@ fn acquire_only_fences_are_invalidations_on_sm_90() {
             .map(|(at, _)| lines.get(at + 1).copied().unwrap_or_default().to_owned())
             .collect()
     };
+    for (sm, version, fence) in [
+        (90, ".version 8.6\n", "fence.acquire.sys;"),
+        (80, ".version 7.8\n", "fence.acq_rel.sys;"),
+    ] {
+        let ptx = program_to_ptx(&program, &acquire_only, sm, 32).expect("ptx");
+        assert!(ptx.contains(version), "sm_{sm}\n{ptx}");
+        assert_eq!(fences_after_loads(&ptx), vec![fence; 4], "sm_{sm}\n{ptx}");
+    }
     let sm_90 = program_to_ptx(&program, &acquire_only, 90, 32).expect("ptx");
-    assert!(sm_90.contains(".version 8.6\n"), "{sm_90}");
-    assert_eq!(
-        fences_after_loads(&sm_90),
-        vec!["fence.acquire.sys;"; 4],
-        "{sm_90}"
-    );
-    assert!(!sm_90.contains("fence.acq_rel.sys"), "{sm_90}");
-    let sm_80 = program_to_ptx(&program, &acquire_only, 80, 32).expect("ptx");
-    assert!(sm_80.contains(".version 7.8\n"), "{sm_80}");
-    assert_eq!(
-        fences_after_loads(&sm_80),
-        vec!["fence.acq_rel.sys;"; 4],
-        "{sm_80}"
-    );
     let default = program_to_ptx(&program, &CHECKED, 90, 32).expect("ptx");
     assert!(default.contains(".version 7.8\n"), "{default}");
     // A kernel without acquire loads keeps its version under the option (the
