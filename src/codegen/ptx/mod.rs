@@ -658,7 +658,9 @@ pub fn multiprocessor_limits(sm: u32) -> MultiprocessorLimits {
 }
 
 /// The PTX ISA version the module declares for a target: 7.8 covers everything up to
-/// `sm_90`; newer targets need the first version that knows them.
+/// `sm_90`, but for a module with an acquire-only fence (`fence.acquire.sys`,
+/// [`acquire_only`]), which needs 8.6; newer targets need the first version that
+/// knows them.
 pub(crate) fn ptx_version(sm: u32, acquire_only_fences: bool) -> &'static str {
     match sm {
         90 if acquire_only_fences => "8.6",

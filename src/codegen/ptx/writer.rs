@@ -375,7 +375,7 @@ impl<'p> Writer<'p> {
     }
 
     /// Write the kernel (for a standalone kernel, the whole module); also says
-    /// whether it uses the grid-barrier symbol.
+    /// what the module around it must know of it ([`KernelFacts`]).
     pub(super) fn finish_kernel(mut self) -> Result<(String, KernelFacts)> {
         let program: &'p Program = self.program;
         self.check_occupancy()?;
