@@ -1566,15 +1566,27 @@ fn acquire_only_fences_are_invalidations_on_sm_90() {
             .map(|(at, _)| lines.get(at + 1).copied().unwrap_or_default().to_owned())
             .collect()
     };
-    for (sm, version, fence) in [
-        (90, ".version 8.6\n", "fence.acquire.sys;"),
-        (80, ".version 7.8\n", "fence.acq_rel.sys;"),
-    ] {
+    let [sm_90, _] = [
+        (
+            90,
+            ".version 8.6\n",
+            "fence.acquire.sys;",
+            "fence.acq_rel.sys",
+        ),
+        (
+            80,
+            ".version 7.8\n",
+            "fence.acq_rel.sys;",
+            "fence.acquire.sys",
+        ),
+    ]
+    .map(|(sm, version, fence, other)| {
         let ptx = program_to_ptx(&program, &acquire_only, sm, 32).expect("ptx");
         assert!(ptx.contains(version), "sm_{sm}\n{ptx}");
         assert_eq!(fences_after_loads(&ptx), vec![fence; 4], "sm_{sm}\n{ptx}");
-    }
-    let sm_90 = program_to_ptx(&program, &acquire_only, 90, 32).expect("ptx");
+        assert!(!ptx.contains(other), "sm_{sm}\n{ptx}");
+        ptx
+    });
     let default = program_to_ptx(&program, &CHECKED, 90, 32).expect("ptx");
     assert!(default.contains(".version 7.8\n"), "{default}");
     // A kernel without acquire loads keeps its version under the option (the
