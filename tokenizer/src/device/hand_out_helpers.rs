@@ -554,7 +554,8 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::one_at_a_time;
     use super::*;
-    use crate::device::text_ready::pieces;
+    use crate::device::programs::TEXT_READY_FLAG_WORDS;
+    use crate::device::text_ready::{flag_words, pieces};
     use std::sync::atomic::AtomicU32;
 
     /// Long enough that a loaded test machine cannot outlast it.
@@ -663,12 +664,16 @@ mod tests {
             let error = gather(&mut short, texts, helpers.as_ref(), None).unwrap_err();
             assert!(error.message().starts_with("Fix:"), "{error}");
             // Fed to a running kernel: the same bytes, every flag set.
-            let words: Vec<AtomicU32> = (0..pieces(total)).map(|_| AtomicU32::new(0)).collect();
+            let words: Vec<AtomicU32> = (0..flag_words(total)).map(|_| AtomicU32::new(0)).collect();
             let mut fed = vec![0u8; total];
             let ready = ReadyFlags::new(&words, total).unwrap();
             gather(&mut fed, texts, helpers.as_ref(), Some(ready)).unwrap();
             assert_eq!(fed, texts.concat());
-            assert!(words.iter().all(|word| word.load(Ordering::Acquire) == 1));
+            let flags = words.iter().step_by(TEXT_READY_FLAG_WORDS as usize);
+            assert_eq!(flags.len(), pieces(total));
+            assert!(flags
+                .into_iter()
+                .all(|flag| flag.load(Ordering::Acquire) == 1));
         }
         quiet_crew();
     }

@@ -1036,7 +1036,8 @@ pub enum Role {
     /// The split's counters ([`SplitBuffer::Counters`]).
     SplitCounters,
     /// Per piece of [`TEXT_READY_PIECE_BYTES`] of the staged text, the word
-    /// the host sets nonzero once the piece is written ([`ready_stage`]).
+    /// the host sets nonzero once the piece is written ([`ready_stage`]):
+    /// the first of each run of [`TEXT_READY_FLAG_WORDS`].
     TextReady,
 }
 
@@ -3278,11 +3279,26 @@ enum StagedTextReads {
     BytesWhenReady,
 }
 
-/// Bytes of staged text behind one word of the ready flags
-/// ([`Role::TextReady`], [`ready_stage`]): 64 flags for 256 KiB, so that the
-/// four threads that gather 256 KiB publish a piece every 0.2 µs or so while
-/// each flag costs the kernel one poll across PCIe.
+/// Bytes of staged text behind one ready flag ([`Role::TextReady`],
+/// [`ready_stage`]): 64 flags for 256 KiB, so that the four threads that
+/// gather 256 KiB publish a piece every 0.2 µs or so while each flag costs
+/// the kernel one poll across PCIe. (1 KiB pieces, a flag for every
+/// workgroup, were no faster: on an H100, 2026-12-07, `stage` of 256 KiB
+/// 12–27 µs against 12–17.)
 pub const TEXT_READY_PIECE_BYTES: u32 = 4096;
+
+/// Words from one ready flag ([`Role::TextReady`]) to the next: 32, one flag
+/// per 128-byte line, the words between unused. Why: each workgroup's poll
+/// is a system-scope load across PCIe (`LDG.E.STRONG.SYS`), and such loads
+/// of one line wait for each other. On an H100 (2026-12-07, the encode
+/// example, 256 KiB, three alternating rounds) the resident kernel's `stage`
+/// took 22–28 µs with the 64 flags in two lines and 12–17 with a line each
+/// (256 KiB eagerly prose 88–92 µs against 101–104, CJK 104–112 against
+/// 117–119, code 111 against 122–129); with the text by the copy engine and
+/// every flag set before the launch, one poll per workgroup of the packed
+/// flags took `stage` from 2.5 µs to 17–22, a plain load instead of the
+/// acquire 2.5.
+pub const TEXT_READY_FLAG_WORDS: u32 = 32;
 
 /// `stage` reading and storing the text as `reads` says.
 fn stage_program(geometry: &Geometry, reads: StagedTextReads) -> Program {
@@ -3401,8 +3417,11 @@ fn stage_program(geometry: &Geometry, reads: StagedTextReads) -> Program {
                     b.if_(local.clone().equals(0u32), |b| {
                         let ready = b.let_mut("ready", 0u32);
                         b.while_(ready.clone().equals(0u32), |b| {
-                            let seen =
-                                b.acquire_load("seen", Role::TextReady.name(), piece.clone());
+                            let seen = b.acquire_load(
+                                "seen",
+                                Role::TextReady.name(),
+                                piece.clone() * TEXT_READY_FLAG_WORDS,
+                            );
                             b.assign("ready", seen);
                         });
                     });
