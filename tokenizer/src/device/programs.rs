@@ -3250,8 +3250,8 @@ pub fn short_stage(geometry: &Geometry) -> Program {
 
 /// `stage` as the resident-grid kernel's first step ([`super::fused`]):
 /// [`short_stage`]'s copies, but each piece of [`TEXT_READY_PIECE_BYTES`] of
-/// the staged text is read only once its word in the ready flags
-/// ([`Role::TextReady`]) is nonzero. Why: on CUDA an encoder that feeds its
+/// the staged text is read only once its ready flag ([`Role::TextReady`],
+/// [`TEXT_READY_FLAG_WORDS`] words from the next) is nonzero. Why: on CUDA an encoder that feeds its
 /// text (`DeviceEncoder::with_text_fed`) gathers it into the host-mapped
 /// staging while this kernel already runs (the graph is launched first,
 /// `AnyGraph::replay_feeding`), publishing each piece's flag
