@@ -3377,13 +3377,15 @@ fn an_unused_acquire_load_keeps_a_later_guard() {
         }
         out
     };
+    let acquire_only = CHECKED.with_acquire_fence(AcquireFence::AcquireOnly);
     for workgroup in [32u32, 64] {
         for (name, before) in ACQUIRE_BEFORE_A_STORE {
             let program = acquire_before_a_store(name, workgroup, before);
-            let acquire_only = CHECKED.with_acquire_fence(AcquireFence::AcquireOnly);
-            for options in [CHECKED, acquire_only] {
-                let ptx = program_to_ptx_with_results(&program, &options, 90, 32).expect("ptx");
-                let sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &ptx)
+            let ptx = program_to_ptx_with_results(&program, &CHECKED, 90, 32).expect("ptx");
+            let only_ptx =
+                program_to_ptx_with_results(&program, &acquire_only, 90, 32).expect("ptx");
+            for (options, text) in [(CHECKED, &ptx), (acquire_only, &only_ptx)] {
+                let sass = ptxas::disassemble(&ptxas, &nvdisasm, name, text)
                     .unwrap_or_else(|report| panic!("{report}"));
                 assert!(
                     sass.contains(owned_count),
@@ -3391,7 +3393,6 @@ fn an_unused_acquire_load_keeps_a_later_guard() {
                     options.acquire_fence
                 );
             }
-            let ptx = program_to_ptx_with_results(&program, &CHECKED, 90, 32).expect("ptx");
             let old = as_acquire_instruction(&ptx);
             assert_eq!(old.contains("ld.acquire.sys."), name.starts_with("acquire"));
             let old_sass = ptxas::disassemble(&ptxas, &nvdisasm, name, &old)

@@ -104,7 +104,7 @@ use super::hand_out_helpers::{self, Helpers};
 use super::host_copy;
 use super::programs::{
     blocks, param, Geometry, Programs, Role, DEVICE_COMPACT_WORKGROUPS, DEVICE_STAGE_WORKGROUPS,
-    MAX_KERNEL_STEPS, TEXT_READY_FLAG_WORDS, TEXT_READY_PIECE_BYTES,
+    MAX_KERNEL_STEPS,
 };
 use super::text_ready::{self, ReadyFlags};
 use super::vocabulary::DeviceVocabulary;
@@ -634,9 +634,7 @@ fn role_bytes(programs: &Programs, role: Role, text: u64, documents: u64) -> u64
         // `compact`'s look-back also takes an 8-byte status word per
         // workgroup, at most one per block.
         Role::SplitStatuses => split_bytes().max(8 * blocks(geometry, text) as u64),
-        Role::TextReady => {
-            4 * u64::from(TEXT_READY_FLAG_WORDS) * text.div_ceil(u64::from(TEXT_READY_PIECE_BYTES))
-        }
+        Role::TextReady => text_ready::flag_bytes(text),
     }
 }
 
@@ -2733,14 +2731,7 @@ fn publish_ready(
         return Ok(());
     }
     write_host_visible(backend, ready, graph, |out| {
-        let bytes = 4 * text_ready::flag_words(text_len);
-        let out = out
-            .get_mut(..bytes)
-            .ok_or_else(|| internal(format!("{bytes} bytes of ready flags")))?;
-        out.fill(0);
-        out.chunks_exact_mut(4 * TEXT_READY_FLAG_WORDS as usize)
-            .for_each(|flag| flag[0] = 1);
-        Ok(())
+        text_ready::write_all_set(out, text_len)
     })
 }
 

@@ -108,6 +108,27 @@ pub fn flag_words(text_len: usize) -> usize {
     pieces(text_len) * TEXT_READY_FLAG_WORDS as usize
 }
 
+/// Bytes of ready flags a slot of `text` bytes of capacity holds.
+pub fn flag_bytes(text: u64) -> u64 {
+    4 * u64::from(TEXT_READY_FLAG_WORDS) * text.div_ceil(u64::from(TEXT_READY_PIECE_BYTES))
+}
+
+/// Writes the flags of a text of `text_len` bytes at the start of `out` (the
+/// buffer's bytes, where it is not mapped as words: [`ReadyFlags`]'s layout,
+/// each flag a little-endian 1 and every word between 0); an internal `Err`
+/// where `out` is too short.
+pub fn write_all_set(out: &mut [u8], text_len: usize) -> Result<(), TokenizerError> {
+    let bytes = 4 * flag_words(text_len);
+    let out = out
+        .get_mut(..bytes)
+        .ok_or_else(|| super::pipeline::internal(format!("{bytes} bytes of ready flags")))?;
+    out.fill(0);
+    for flag in out.chunks_exact_mut(4 * TEXT_READY_FLAG_WORDS as usize) {
+        flag[..4].copy_from_slice(&1u32.to_le_bytes());
+    }
+    Ok(())
+}
+
 /// Writes `out`, the part of the staging from byte `at` on, by `write`
 /// (given a part and its offset), piece by piece where `ready` is given,
 /// publishing each piece's flag after it; in one call otherwise. `at` is a
@@ -227,6 +248,34 @@ mod tests {
         }));
         assert!(unwound.is_err());
         assert_eq!(loaded(&words, 3), [1, 1, 1]);
+    }
+
+    /// Locks out the two ways of setting every flag (the mapped words, the
+    /// buffer's bytes) drifting apart: the bytes `write_all_set` writes are
+    /// the words `publish_all` sets, each as the kernel reads it, and a slot's
+    /// `flag_bytes` holds them. Negative control: setting the flags' last byte
+    /// instead of the first makes the words 1 << 24 and the test fails.
+    #[test]
+    fn the_bytes_and_the_words_agree() {
+        let text_len = 2 * TEXT_READY_PIECE_BYTES as usize + 5;
+        let words = flag_words_of(3, 0);
+        ReadyFlags::new(&words, text_len).unwrap().publish_all();
+        let published: Vec<u32> = words
+            .iter()
+            .map(|word| word.load(Ordering::Acquire))
+            .collect();
+        let flags = published.len() * 4;
+        let mut bytes = vec![7u8; flags + 3];
+        write_all_set(&mut bytes, text_len).unwrap();
+        let written: Vec<u32> = bytes[..flags]
+            .chunks_exact(4)
+            .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]))
+            .collect();
+        assert_eq!(written, published);
+        assert_eq!(loaded(&words, 3), [1, 1, 1]);
+        assert_eq!(&bytes[flags..], [7, 7, 7], "past the flags untouched");
+        assert_eq!(flag_bytes(text_len as u64), flags as u64);
+        assert!(write_all_set(&mut bytes[..flags - 1], text_len).is_err());
     }
 
     /// Locks out a slot whose flags are too few for its text passing
