@@ -11,7 +11,7 @@
 //! | `split` (r50k, p50k) | GPT-2's batch split | one workgroup per block of [`Geometry::split`] | the piece starts of every document, as if alone, and their count |
 //! | `classify`, `phases` (cl100k, o200k) | the pattern's batch split | the same | the same in two dispatches (the look-ahead facts as one code per byte, then the state machine) |
 //! | `pieces` | [`pieces`] | at most [`Geometry::pieces_workgroups`], striding over tiles of `W` pieces | a piece that is one token (most are) writes its rank; a piece of up to [`Geometry::chunk_bytes`] that is not goes on the merge list; a longer piece goes on the long list and its chunks on the chunk list |
-//! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists | tiktoken's merge loop, one thread per listed piece or chunk |
+//! | `merge` | [`merge`] | a thread per 8 bytes, striding over both lists (in a fused kernel dealt out a warp's worth per workgroup) | tiktoken's merge loop, one thread per listed piece or chunk |
 //! | `long` | [`long`] | striding over the long list | checks every chunk boundary of a long piece, repairs the ones that fail, and encodes the piece serially when a repair cannot be proved |
 //! | `compact` | [`compact`] | at most [`Geometry::compact_workgroups`] (host-mapped ids) or [`DEVICE_COMPACT_WORKGROUPS`] (ids in device memory), each owning whole blocks of `4 · W` bytes | counts its blocks' tokens, takes the tokens before them from the workgroups before it (a look-back over the split's status words), then the ids in text order into `ids` (each warp a whole 128-byte line at a time), each document's first id index into `document_token_starts`, the total after them |
 //!
@@ -3632,6 +3632,39 @@ pub fn pieces_with(geometry: &Geometry, build: StepBuild) -> Program {
         .build()
 }
 
+/// Lanes of a warp: the unit in which a fused `merge` deals out its lists.
+const WARP_LANES: u32 = 32;
+
+/// The first entry of a list that the calling thread takes when the list is
+/// dealt out a warp's worth at a time across the step's workgroups: lane `l`
+/// of warp `k` of workgroup `w`, of `G`, takes entry `(k · G + w) · 32 + l`,
+/// then every `G · W`-th after it, as the thread-by-thread order
+/// (`global_id`) does. Both orders give each entry below `G · W` to exactly
+/// one thread; this one gives the first `32 · G` entries to the first warp of
+/// every workgroup, where the thread-by-thread order gives them to the first
+/// `G / 8` workgroups (at `W` = 256).
+///
+/// Why a fused `merge` takes its lists so: a short list otherwise runs on a
+/// few workgroups, a few SMs, while the resident grid's other workgroups wait
+/// at the grid sync. 256 KiB of the example's code (cl100k) has 2,829 pieces
+/// to merge (prose 32,708, CJK 26,990), which the 128 groups of `merge` took
+/// on their first 11 workgroups. On an H100 (2026-12-07, the encode example,
+/// 40 encodes, median, four alternating rounds) `merge` then took 42.0–43.4
+/// µs of code and 25.8–26.4 dealt out by warps, one eager encode 106.8–111.7
+/// against 89.9–97.9; prose 14.6–15.7 against 14.8–15.8, CJK 9.5–10.2 against
+/// 9.4–10.2. Dealt out thread by thread across the workgroups instead (lane
+/// `l` of workgroup `w` taking entry `l · G + w`), code's `merge` took the
+/// same 25.8–26.2 but prose's 16.7–17.7: a warp's lanes then read the text
+/// `G` pieces apart. A step on its own keeps the thread-by-thread order: its
+/// grid is not resident, and workgroups with nothing to merge exit and leave
+/// their SM to the next wave.
+fn warp_dealt_entry() -> Expr {
+    let local = Expr::local_id(Axis::X);
+    (local.clone() / WARP_LANES * Expr::workgroup_count(Axis::X) + Expr::workgroup_id(Axis::X))
+        * WARP_LANES
+        + local % WARP_LANES
+}
+
 /// `merge`: every thread strides over the merge list and then the chunk list,
 /// merging each entry's bytes into `token_at`.
 pub fn merge(geometry: &Geometry) -> Program {
@@ -3680,7 +3713,11 @@ pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
             let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), build);
-            let entry = b.let_mut("entry", Expr::global_id(Axis::X));
+            let first_entry = match build {
+                StepBuild::Fused => warp_dealt_entry(),
+                StepBuild::Standalone => Expr::global_id(Axis::X),
+            };
+            let entry = b.let_mut("entry", first_entry);
             b.while_(entry.clone().less_than(total), |b| {
                 let listed = b.let_("listed", entry.clone().less_than(merges.clone()));
                 // A chunk's entry takes piece 0 for the listed piece it does
@@ -4658,4 +4695,75 @@ pub fn compact_with(geometry: &Geometry, build: StepBuild) -> Program {
             });
         })
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vyre_cuda::backend::{AnyBackend, Binding, Dispatch};
+    use vyre_cuda::DispatchConfig;
+
+    /// Which workgroup takes each entry of a list as `first_entry` deals it
+    /// out, on a grid of `groups` workgroups of 64 threads (two warps), on the
+    /// reference interpreter: `None` for an entry no thread took.
+    fn owners(first_entry: Expr, groups: u32) -> Vec<Option<u32>> {
+        let threads = 64 * groups;
+        let program = Program::builder([64, 1, 1])
+            .buffer(
+                "owner",
+                0,
+                Access::ReadWrite,
+                ElemType::U32,
+                BufferCount::Runtime,
+            )
+            .body(|b| {
+                let entry = b.let_("entry", first_entry);
+                b.store("owner", entry, Expr::workgroup_id(Axis::X));
+            })
+            .build();
+        let backend = AnyBackend::reference();
+        let kernel = backend
+            .compile(&program, &DispatchConfig::linear(threads))
+            .unwrap();
+        let owner = backend
+            .buffer_from(&vec![u32::MAX; threads as usize])
+            .unwrap();
+        backend
+            .run(Dispatch::new(&kernel, &[Binding::from(&owner)]).workgroups([groups, 1, 1]))
+            .unwrap();
+        let owners = backend.read::<u32>(&owner).unwrap();
+        owners
+            .into_iter()
+            .map(|owner| (owner != u32::MAX).then_some(owner))
+            .collect()
+    }
+
+    /// Locks out a fused `merge` that takes its lists thread by thread, so a
+    /// short merge list (256 KiB of code: 2,829 entries for 128 groups) runs
+    /// on its first few workgroups while the others wait at the grid sync:
+    /// dealt out by warps, entries 0–31 go to workgroup 0, 32–63 to
+    /// workgroup 1, 64–95 to workgroup 2, and only then 96–127 to workgroup
+    /// 0's second warp, and every entry below the grid's threads has its
+    /// thread. Negative controls (run): with `global_id` as the first entry,
+    /// entries 32–63 go to workgroup 0 and this test fails; with `global_id +
+    /// 1`, entry 0 has no thread and it fails.
+    #[test]
+    fn a_fused_merge_deals_its_lists_out_a_warp_per_workgroup() {
+        let owners = owners(warp_dealt_entry(), 3);
+        assert!(
+            owners.iter().all(Option::is_some),
+            "an entry no thread took: {owners:?}"
+        );
+        let warp_owners: Vec<u32> = owners
+            .chunks(WARP_LANES as usize)
+            .map(|warp| {
+                assert!(
+                    warp.iter().all(|&owner| owner == warp[0]),
+                    "a warp split: {warp:?}"
+                );
+                warp[0].unwrap()
+            })
+            .collect();
+        assert_eq!(warp_owners, [0, 1, 2, 0, 1, 2]);
+    }
 }
