@@ -3652,12 +3652,17 @@ const WARP_LANES: u32 = 32;
 /// 40 encodes, median, four alternating rounds) `merge` then took 42.0–43.4
 /// µs of code and 25.8–26.4 dealt out by warps, one eager encode 106.8–111.7
 /// against 89.9–97.9; prose 14.6–15.7 against 14.8–15.8, CJK 9.5–10.2 against
-/// 9.4–10.2. Dealt out thread by thread across the workgroups instead (lane
+/// 9.4–10.2; the `gpu_encode` bench on the day's last H100 host (one round):
+/// code's `merge` 25.8 µs, eager 90.2 µs, and the step-by-step `merge`, which
+/// keeps the thread-by-thread order, 47.6. Dealt out thread by thread across
+/// the workgroups instead (lane
 /// `l` of workgroup `w` taking entry `l · G + w`), code's `merge` took the
 /// same 25.8–26.2 but prose's 16.7–17.7: a warp's lanes then read the text
-/// `G` pieces apart. A step on its own keeps the thread-by-thread order: its
-/// grid is not resident, and workgroups with nothing to merge exit and leave
-/// their SM to the next wave.
+/// `G` pieces apart. A step on its own keeps the thread-by-thread order (not
+/// measured dealt out): it runs for chunks past the resident grid's 256 KiB,
+/// whose grids are many waves, where workgroups with nothing to merge exit at
+/// once and leave their SM to the next wave, and dealing would spread a short
+/// list's warps over every wave.
 fn warp_dealt_entry() -> Expr {
     let local = Expr::local_id(Axis::X);
     (local.clone() / WARP_LANES * Expr::workgroup_count(Axis::X) + Expr::workgroup_id(Axis::X))
