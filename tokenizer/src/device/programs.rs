@@ -3635,39 +3635,44 @@ pub fn pieces_with(geometry: &Geometry, build: StepBuild) -> Program {
 /// Lanes of a warp: the unit in which a fused `merge` deals out its lists.
 const WARP_LANES: u32 = 32;
 
-/// The first entry of a list that the calling thread takes when the list is
-/// dealt out a warp's worth at a time across the step's workgroups: lane `l`
-/// of warp `k` of workgroup `w`, of `G`, takes entry `(k · G + w) · 32 + l`,
-/// then every `G · W`-th after it, as the thread-by-thread order
-/// (`global_id`) does. Both orders give each entry below `G · W` to exactly
-/// one thread; this one gives the first `32 · G` entries to the first warp of
-/// every workgroup, where the thread-by-thread order gives them to the first
-/// `G / 8` workgroups (at `W` = 256).
+/// The first entry of `merge`'s lists that the calling thread takes (then
+/// every `G · W`-th after it, `G` workgroups of `W` threads). On its own the
+/// step takes them thread by thread (`global_id`); a fused build deals them
+/// out a warp's worth at a time across the step's workgroups: lane `l` of
+/// warp `k` of workgroup `w` takes entry `(k · G + w) · 32 + l`. Both orders
+/// give each entry below `G · W` to exactly one thread; the thread-by-thread
+/// one gives the first `32 · G` entries to the first `G / 8` workgroups (at
+/// `W` = 256), the dealt one to the first warp of every workgroup.
 ///
 /// Why a fused `merge` takes its lists so: a short list otherwise runs on a
 /// few workgroups, a few SMs, while the resident grid's other workgroups wait
 /// at the grid sync. 256 KiB of the example's code (cl100k) has 2,829 pieces
 /// to merge (prose 32,708, CJK 26,990), which the 128 groups of `merge` took
-/// on their first 11 workgroups. On an H100 (2026-12-07, the encode example,
+/// on their first 12 workgroups. On an H100 (2026-12-07, the encode example,
 /// 40 encodes, median, four alternating rounds) `merge` then took 42.0–43.4
 /// µs of code and 25.8–26.4 dealt out by warps, one eager encode 106.8–111.7
 /// against 89.9–97.9; prose 14.6–15.7 against 14.8–15.8, CJK 9.5–10.2 against
 /// 9.4–10.2; the `gpu_encode` bench on the day's last H100 host (one round):
 /// code's `merge` 25.8 µs, eager 90.2 µs, and the step-by-step `merge`, which
 /// keeps the thread-by-thread order, 47.6. Dealt out thread by thread across
-/// the workgroups instead (lane
-/// `l` of workgroup `w` taking entry `l · G + w`), code's `merge` took the
-/// same 25.8–26.2 but prose's 16.7–17.7: a warp's lanes then read the text
-/// `G` pieces apart. A step on its own keeps the thread-by-thread order (not
-/// measured dealt out): it runs for chunks past the resident grid's 256 KiB,
-/// whose grids are many waves, where workgroups with nothing to merge exit at
-/// once and leave their SM to the next wave, and dealing would spread a short
-/// list's warps over every wave.
-fn warp_dealt_entry() -> Expr {
-    let local = Expr::local_id(Axis::X);
-    (local.clone() / WARP_LANES * Expr::workgroup_count(Axis::X) + Expr::workgroup_id(Axis::X))
-        * WARP_LANES
-        + local % WARP_LANES
+/// the workgroups instead (lane `l` of workgroup `w` taking entry `l · G +
+/// w`), code's `merge` took the same 25.8–26.2 but prose's 16.7–17.7: a
+/// warp's lanes then read the text `G` pieces apart. A step on its own keeps
+/// the thread-by-thread order (not measured dealt out): it runs for chunks
+/// past the resident grid's 256 KiB, whose grids are many waves, where
+/// workgroups with nothing to merge exit at once and leave their SM to the
+/// next wave, and dealing would spread a short list's warps over every wave.
+fn first_list_entry(build: StepBuild) -> Expr {
+    match build {
+        StepBuild::Standalone => Expr::global_id(Axis::X),
+        StepBuild::Fused => {
+            let local = Expr::local_id(Axis::X);
+            (local.clone() / WARP_LANES * Expr::workgroup_count(Axis::X)
+                + Expr::workgroup_id(Axis::X))
+                * WARP_LANES
+                + local % WARP_LANES
+        }
+    }
 }
 
 /// `merge`: every thread strides over the merge list and then the chunk list,
@@ -3718,11 +3723,7 @@ pub fn merge_with(geometry: &Geometry, build: StepBuild) -> Program {
             let merges = b.let_("merges", param(param::MERGE_COUNT));
             let total = b.let_("total", merges.clone() + param(param::CHUNK_COUNT));
             let pairs = SlotTable::emit_pairs(b, &Names::new("pair_table"), build);
-            let first_entry = match build {
-                StepBuild::Fused => warp_dealt_entry(),
-                StepBuild::Standalone => Expr::global_id(Axis::X),
-            };
-            let entry = b.let_mut("entry", first_entry);
+            let entry = b.let_mut("entry", first_list_entry(build));
             b.while_(entry.clone().less_than(total), |b| {
                 let listed = b.let_("listed", entry.clone().less_than(merges.clone()));
                 // A chunk's entry takes piece 0 for the listed piece it does
@@ -4743,32 +4744,39 @@ mod tests {
             .collect()
     }
 
+    /// Which workgroup takes each warp's worth of `merge`'s lists as `build`
+    /// deals them out on three workgroups of two warps, each entry taken once.
+    fn warp_owners(build: StepBuild) -> Vec<u32> {
+        let owners = owners(first_list_entry(build), 3);
+        assert!(
+            owners.iter().all(Option::is_some),
+            "{build:?}: an entry no thread took: {owners:?}"
+        );
+        owners
+            .chunks(WARP_LANES as usize)
+            .map(|warp| {
+                assert!(
+                    warp.iter().all(|&owner| owner == warp[0]),
+                    "{build:?}: a warp split: {warp:?}"
+                );
+                warp[0].unwrap()
+            })
+            .collect()
+    }
+
     /// Locks out a fused `merge` that takes its lists thread by thread, so a
     /// short merge list (256 KiB of code: 2,829 entries for 128 groups) runs
     /// on its first few workgroups while the others wait at the grid sync:
     /// dealt out by warps, entries 0–31 go to workgroup 0, 32–63 to
     /// workgroup 1, 64–95 to workgroup 2, and only then 96–127 to workgroup
     /// 0's second warp, and every entry below the grid's threads has its
-    /// thread. Negative controls (run): with `global_id` as the first entry,
-    /// entries 32–63 go to workgroup 0 and this test fails; with `global_id +
-    /// 1`, entry 0 has no thread and it fails.
+    /// thread; on its own the step keeps the thread-by-thread order (each
+    /// workgroup's two warps first). Negative controls (run): with the fused
+    /// build taking `global_id` this test fails (`[0, 0, 1, 1, 2, 2]`), and
+    /// with `global_id + 1` entry 0 has no thread and it fails.
     #[test]
     fn a_fused_merge_deals_its_lists_out_a_warp_per_workgroup() {
-        let owners = owners(warp_dealt_entry(), 3);
-        assert!(
-            owners.iter().all(Option::is_some),
-            "an entry no thread took: {owners:?}"
-        );
-        let warp_owners: Vec<u32> = owners
-            .chunks(WARP_LANES as usize)
-            .map(|warp| {
-                assert!(
-                    warp.iter().all(|&owner| owner == warp[0]),
-                    "a warp split: {warp:?}"
-                );
-                warp[0].unwrap()
-            })
-            .collect();
-        assert_eq!(warp_owners, [0, 1, 2, 0, 1, 2]);
+        assert_eq!(warp_owners(StepBuild::Fused), [0, 1, 2, 0, 1, 2]);
+        assert_eq!(warp_owners(StepBuild::Standalone), [0, 0, 1, 1, 2, 2]);
     }
 }
