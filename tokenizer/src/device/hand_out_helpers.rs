@@ -554,7 +554,6 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::one_at_a_time;
     use super::*;
-    use crate::device::programs::TEXT_READY_FLAG_WORDS;
     use crate::device::text_ready::{flag_words, pieces};
     use std::sync::atomic::AtomicU32;
 
@@ -669,11 +668,8 @@ mod tests {
             let ready = ReadyFlags::new(&words, total).unwrap();
             gather(&mut fed, texts, helpers.as_ref(), Some(ready)).unwrap();
             assert_eq!(fed, texts.concat());
-            let flags = words.iter().step_by(TEXT_READY_FLAG_WORDS as usize);
-            assert_eq!(flags.len(), pieces(total));
-            assert!(flags
-                .into_iter()
-                .all(|flag| flag.load(Ordering::Acquire) == 1));
+            assert_eq!(ready.flags().count(), pieces(total));
+            assert!(ready.flags().all(|flag| flag.load(Ordering::Acquire) == 1));
         }
         quiet_crew();
     }

@@ -55,8 +55,8 @@ impl<'a> ReadyFlags<'a> {
         Ok(ReadyFlags { words })
     }
 
-    /// Each piece's flag, in order.
-    fn flags(&self) -> impl Iterator<Item = &AtomicU32> {
+    /// Each piece's flag, in order (the words between them are not flags).
+    pub fn flags(&self) -> impl Iterator<Item = &AtomicU32> {
         self.words.iter().step_by(TEXT_READY_FLAG_WORDS as usize)
     }
 
