@@ -20,8 +20,10 @@
 //! - one 262,144-byte document, eager (into a reused vector and into a reused
 //!   `BatchIds`) and as a graph (its ids into a new vector,
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
-//!   the graph left them, `EncodeGraph::encode_in_place`), with each
-//!   kernel step's time (`stage`, the split's `classify` and `phases`, the
+//!   the graph left them, `EncodeGraph::encode_in_place`; in two rounds the
+//!   ids of the `BatchIds` and in-place rows read by the host after every
+//!   encode, as a caller who uses them does, against after the last only),
+//!   with each kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
 //!   encodes; eager again with the resident grid's `compact` in a group
 //!   per 1 KiB block instead of the batch's cap, eager after an encode of
@@ -1135,6 +1137,36 @@ fn single_documents(
             stepped_timings.kernel_line()
         );
         println!("  one eager encode: {}", step_timings.wall_line());
+        // Ids left in host-mapped memory, read by the host after every round
+        // (as a caller who uses them does) against read after the last only:
+        // whether the host's reads of one encode's ids slow the next.
+        for round in 1..=2 {
+            let read =
+                batch_ids_read_median(encoder, &text, &ids, small_rounds, IdsRead::EachRound);
+            let unread =
+                batch_ids_read_median(encoder, &text, &ids, small_rounds, IdsRead::LastRound);
+            let (graph_read, _) = graph_in_place_read_median(
+                &mut graph,
+                &text,
+                &ids,
+                small_rounds,
+                IdsRead::EachRound,
+            );
+            let (graph_unread, _) = graph_in_place_read_median(
+                &mut graph,
+                &text,
+                &ids,
+                small_rounds,
+                IdsRead::LastRound,
+            );
+            println!(
+                "  ids read after every round / after the last only, round {round}: into a reused BatchIds {:.1} / {:.1} µs, graph in place {:.1} / {:.1} µs",
+                read * 1e6,
+                unread * 1e6,
+                graph_read * 1e6,
+                graph_unread * 1e6
+            );
+        }
         for round in 1..=3 {
             let mut line = format!("  how the text goes up, round {round}:");
             for (variant, way) in &text_ways {
@@ -1301,7 +1333,8 @@ fn eager_median(
 
 /// The median time of `rounds` encodes of `text` into one reused `BatchIds`
 /// (whose part takes the chunk's host-mapped ids instead of copying them),
-/// with the median run's chunk timings; the ids are checked against `ids`.
+/// with the median run's chunk timings; the ids are checked against `ids`
+/// after the last round.
 fn batch_ids_median(
     encoder: &DeviceEncoder,
     text: &[u8],
@@ -1317,6 +1350,43 @@ fn batch_ids_median(
     });
     assert_eq!(batch_ids.get(0), Some(ids), "{label}: BatchIds");
     measured
+}
+
+/// When a timed row of ids left in host-mapped memory (a `BatchIds` part,
+/// [`EncodeGraph::encode_in_place`]) reads them, always outside its clock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdsRead {
+    /// After every round, as a caller who uses each encode's ids does.
+    EachRound,
+    /// After the last round only: the device writes ids that no CPU core
+    /// has read since they were last written.
+    LastRound,
+}
+
+/// The median time of `rounds` encodes of `text` into one reused `BatchIds`,
+/// its ids checked against `ids` (read) as `read` says.
+fn batch_ids_read_median(
+    encoder: &DeviceEncoder,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    read: IdsRead,
+) -> f64 {
+    let mut batch_ids = BatchIds::new();
+    let rounds = rounds.max(1);
+    let mut times = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let start = Instant::now();
+        encoder
+            .encode_batch_ids(&[text], &mut batch_ids)
+            .expect("encode into BatchIds");
+        times.push(start.elapsed().as_secs_f64());
+        if read == IdsRead::EachRound || round + 1 == rounds {
+            assert_eq!(batch_ids.get(0), Some(ids), "BatchIds read in place");
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// The length of the text [`eager_after_another_length`] encodes between the
@@ -1377,13 +1447,28 @@ fn graph_in_place_median(
     ids: &[u32],
     rounds: usize,
 ) -> (f64, Timings) {
+    graph_in_place_read_median(graph, text, ids, rounds, IdsRead::EachRound)
+}
+
+/// [`graph_in_place_median`] with its ids read (checked against `ids`) as
+/// `read` says.
+fn graph_in_place_read_median(
+    graph: &mut EncodeGraph<'_>,
+    text: &[u8],
+    ids: &[u32],
+    rounds: usize,
+    read: IdsRead,
+) -> (f64, Timings) {
+    let rounds = rounds.max(1);
     let mut times = Vec::with_capacity(rounds);
     let mut last = None;
-    for _ in 0..rounds.max(1) {
+    for round in 0..rounds {
         let start = Instant::now();
         let (in_place, timings) = graph.encode_in_place(text).expect("graph encode in place");
         times.push(start.elapsed().as_secs_f64());
-        assert!(in_place == ids, "graph ids read in place");
+        if read == IdsRead::EachRound || round + 1 == rounds {
+            assert!(in_place == ids, "graph ids read in place");
+        }
         last = Some(timings);
     }
     times.sort_by(f64::total_cmp);
