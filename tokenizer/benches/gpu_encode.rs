@@ -22,7 +22,8 @@
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
 //!   the graph left them, `EncodeGraph::encode_in_place`; in two rounds the
 //!   ids of the `BatchIds` and in-place rows read by the host after every
-//!   encode, as a caller who uses them does, against after the last only),
+//!   encode, as a caller who uses them does, against after the last only and
+//!   against after every encode then flushed from the CPU's caches),
 //!   with each kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
 //!   encodes; eager again with the resident grid's `compact` in a group
@@ -1138,33 +1139,28 @@ fn single_documents(
         );
         println!("  one eager encode: {}", step_timings.wall_line());
         // Ids left in host-mapped memory, read by the host after every round
-        // (as a caller who uses them does) against read after the last only:
-        // whether the host's reads of one encode's ids slow the next.
+        // (as a caller who uses them does), after the last only, and after
+        // every round then flushed from the CPU's caches: whether the host's
+        // reads of one encode's ids slow the next, and why.
+        let reads = [
+            IdsRead::EachRound,
+            IdsRead::LastRound,
+            IdsRead::EachRoundFlushed,
+        ];
         for round in 1..=2 {
-            let read =
-                batch_ids_read_median(encoder, &text, &ids, small_rounds, IdsRead::EachRound);
-            let unread =
-                batch_ids_read_median(encoder, &text, &ids, small_rounds, IdsRead::LastRound);
-            let (graph_read, _) = graph_in_place_read_median(
-                &mut graph,
-                &text,
-                &ids,
-                small_rounds,
-                IdsRead::EachRound,
-            );
-            let (graph_unread, _) = graph_in_place_read_median(
-                &mut graph,
-                &text,
-                &ids,
-                small_rounds,
-                IdsRead::LastRound,
-            );
+            let in_batch_ids = reads
+                .map(|read| batch_ids_read_median(encoder, &text, &ids, small_rounds, read) * 1e6);
+            let in_place = reads.map(|read| {
+                graph_in_place_read_median(&mut graph, &text, &ids, small_rounds, read).0 * 1e6
+            });
             println!(
-                "  ids read after every round / after the last only, round {round}: into a reused BatchIds {:.1} / {:.1} µs, graph in place {:.1} / {:.1} µs",
-                read * 1e6,
-                unread * 1e6,
-                graph_read * 1e6,
-                graph_unread * 1e6
+                "  ids read after every round / after the last only / after every round and flushed, round {round}: into a reused BatchIds {:.1} / {:.1} / {:.1} µs, graph in place {:.1} / {:.1} / {:.1} µs",
+                in_batch_ids[0],
+                in_batch_ids[1],
+                in_batch_ids[2],
+                in_place[0],
+                in_place[1],
+                in_place[2]
             );
         }
         for round in 1..=3 {
@@ -1361,6 +1357,37 @@ enum IdsRead {
     /// After the last round only: the device writes ids that no CPU core
     /// has read since they were last written.
     LastRound,
+    /// After every round, then each of their cache lines flushed from the
+    /// CPU's caches (x86-64's `clflush`; elsewhere as `EachRound`): whether
+    /// what slows the next encode is its writes to lines a core still holds.
+    EachRoundFlushed,
+}
+
+impl IdsRead {
+    /// Whether round `round` of `rounds` reads the ids.
+    fn reads(self, round: usize, rounds: usize) -> bool {
+        self != IdsRead::LastRound || round + 1 == rounds
+    }
+
+    /// After a read of `ids`, what this way of reading does to them.
+    fn after_read(self, ids: &[u32]) {
+        if self == IdsRead::EachRoundFlushed {
+            flush_from_cpu_caches(ids);
+        }
+    }
+}
+
+/// Flushes every cache line of `ids` from the CPU's caches (x86-64 only).
+fn flush_from_cpu_caches(ids: &[u32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in ids.chunks(16) {
+        // SAFETY: `line` is a live, non-empty slice, so its first element's
+        // address is valid to name; `clflush` reads and writes no bytes of
+        // it (it only evicts the line), and SSE2 is part of x86-64.
+        unsafe { std::arch::x86_64::_mm_clflush(line.as_ptr().cast::<u8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ids;
 }
 
 /// The median time of `rounds` encodes of `text` into one reused `BatchIds`,
@@ -1381,8 +1408,9 @@ fn batch_ids_read_median(
             .encode_batch_ids(&[text], &mut batch_ids)
             .expect("encode into BatchIds");
         times.push(start.elapsed().as_secs_f64());
-        if read == IdsRead::EachRound || round + 1 == rounds {
+        if read.reads(round, rounds) {
             assert_eq!(batch_ids.get(0), Some(ids), "BatchIds read in place");
+            read.after_read(batch_ids.get(0).unwrap_or_default());
         }
     }
     times.sort_by(f64::total_cmp);
@@ -1466,8 +1494,9 @@ fn graph_in_place_read_median(
         let start = Instant::now();
         let (in_place, timings) = graph.encode_in_place(text).expect("graph encode in place");
         times.push(start.elapsed().as_secs_f64());
-        if read == IdsRead::EachRound || round + 1 == rounds {
+        if read.reads(round, rounds) {
             assert!(in_place == ids, "graph ids read in place");
+            read.after_read(in_place);
         }
         last = Some(timings);
     }
