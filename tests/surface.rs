@@ -39,6 +39,9 @@ const UNSAFE_ALLOWED: &[&str] = &[
     // Owned buffers: the host's atomic view of a host-mapped buffer (`host_words`),
     // kept apart from the plain views by this type's own borrows.
     "src/backend/buffer.rs",
+    // The CPU's cache hint (`cldemote`) over host memory a borrow keeps mapped,
+    // which it neither reads nor writes.
+    "src/backend/host_cache.rs",
     // Graph capture, replay and kernel-node updates.
     "src/backend/graph/mod.rs",
     "src/backend/graph/record.rs",

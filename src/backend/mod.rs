@@ -57,6 +57,7 @@ mod error;
 #[cfg(feature = "testing")]
 pub mod floor;
 pub mod graph;
+pub mod host_cache;
 mod kernel;
 mod lane;
 mod ordering;

@@ -22,8 +22,9 @@
 //!   into one vector reused, as the eager rows' `wait_into`, and read where
 //!   the graph left them, `EncodeGraph::encode_in_place`; in two rounds the
 //!   ids of the `BatchIds` and in-place rows read by the host after every
-//!   encode, as a caller who uses them does, against after the last only and
-//!   against after every encode then flushed from the CPU's caches),
+//!   encode, as a caller who uses them does, against after the last only,
+//!   after every encode then flushed from the CPU's caches, and after every
+//!   encode then demoted from the reading core's caches to the shared one),
 //!   with each kernel step's time (`stage`, the split's `classify` and `phases`, the
 //!   BPE steps; a fused kernel's steps by its own clock, from counted
 //!   encodes; eager again with the resident grid's `compact` in a group
@@ -115,6 +116,7 @@ use std::time::Instant;
 
 use peers::{median_seconds as median, Peer};
 use vyre_cuda::backend::floor::{RawFloor, ReadbackSweep};
+use vyre_cuda::backend::host_cache::demote_from_core_caches;
 use vyre_cuda::backend::{AnyBackend, Binding, CudaBackend, Dispatch, Timings};
 use vyre_cuda::ir::{Access, Axis, BufferCount, ElemType, Expr, Program};
 use vyre_cuda::{DispatchConfig, ReadbackPolicy};
@@ -1139,28 +1141,38 @@ fn single_documents(
         );
         println!("  one eager encode: {}", step_timings.wall_line());
         // Ids left in host-mapped memory, read by the host after every round
-        // (as a caller who uses them does), after the last only, and after
-        // every round then flushed from the CPU's caches: whether the host's
-        // reads of one encode's ids slow the next, and why.
+        // (as a caller who uses them does), after the last only, after every
+        // round then flushed from the CPU's caches, and after every round
+        // then demoted to the shared cache: whether the host's reads of one
+        // encode's ids slow the next, and why.
         let reads = [
             IdsRead::EachRound,
             IdsRead::LastRound,
             IdsRead::EachRoundFlushed,
+            IdsRead::EachRoundDemoted,
         ];
         for round in 1..=2 {
             let in_batch_ids = reads
                 .map(|read| batch_ids_read_median(encoder, &text, &ids, small_rounds, read) * 1e6);
             let in_place = reads.map(|read| {
-                graph_in_place_read_median(&mut graph, &text, &ids, small_rounds, read).0 * 1e6
+                let (time, timings) =
+                    graph_in_place_read_median(&mut graph, &text, &ids, small_rounds, read);
+                (time * 1e6, timings.kernel_stamps_ns as f64 / 1e3)
             });
             println!(
-                "  ids read after every round / after the last only / after every round and flushed, round {round}: into a reused BatchIds {:.1} / {:.1} / {:.1} µs, graph in place {:.1} / {:.1} / {:.1} µs",
+                "  ids read after every round / after the last only / after every round and flushed / after every round and demoted, round {round}: into a reused BatchIds {:.1} / {:.1} / {:.1} / {:.1} µs, graph in place {:.1} / {:.1} / {:.1} / {:.1} µs (its last round's kernel {:.1} / {:.1} / {:.1} / {:.1})",
                 in_batch_ids[0],
                 in_batch_ids[1],
                 in_batch_ids[2],
-                in_place[0],
-                in_place[1],
-                in_place[2]
+                in_batch_ids[3],
+                in_place[0].0,
+                in_place[1].0,
+                in_place[2].0,
+                in_place[3].0,
+                in_place[0].1,
+                in_place[1].1,
+                in_place[2].1,
+                in_place[3].1
             );
         }
         for round in 1..=3 {
@@ -1361,6 +1373,13 @@ enum IdsRead {
     /// CPU's caches (x86-64's `clflush`; elsewhere as `EachRound`): whether
     /// what slows the next encode is its writes to lines a core still holds.
     EachRoundFlushed,
+    /// After every round, then each of their cache lines demoted from the
+    /// reading core's caches to the shared last-level cache
+    /// (`demote_from_core_caches`): whether the next encode writes faster
+    /// into lines that no core holds but the shared cache still does. (An
+    /// in-place graph demotes the ids it lent at its next encode itself, so
+    /// its rows read every round and demoted should agree.)
+    EachRoundDemoted,
 }
 
 impl IdsRead {
@@ -1371,8 +1390,10 @@ impl IdsRead {
 
     /// After a read of `ids`, what this way of reading does to them.
     fn after_read(self, ids: &[u32]) {
-        if self == IdsRead::EachRoundFlushed {
-            flush_from_cpu_caches(ids);
+        match self {
+            IdsRead::EachRoundFlushed => flush_from_cpu_caches(ids),
+            IdsRead::EachRoundDemoted => demote_from_core_caches(ids),
+            IdsRead::EachRound | IdsRead::LastRound => {}
         }
     }
 }
