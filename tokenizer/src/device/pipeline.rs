@@ -3208,7 +3208,10 @@ pub struct EncodeGraph<'e> {
     read_back: Vec<u32>,
     /// How many ids the last replay lent the caller in place (0: it handed
     /// them out): the caller's thread has read them since, so the next replay
-    /// demotes them from its core's caches before the device writes there.
+    /// demotes them from its core's caches before the device writes there
+    /// (where they are the host-mapped ids buffer; a slot whose ids come by
+    /// the copy engine, from [`COPY_ENGINE_FROM`], lends its staging, which is
+    /// not demoted: never measured).
     ids_lent: usize,
 }
 
