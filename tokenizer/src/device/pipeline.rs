@@ -777,29 +777,19 @@ impl Slot {
     }
 
     /// The staged text and the ready flags, both writable (for the host
-    /// beside a graph that binds them), with the slot's recorded graph and
+    /// beside a graph that binds them), and the ids buffer (whose lent ids a
+    /// graph demotes during its replay), with the slot's recorded graph and
     /// what it recorded, if it keeps one.
-    #[allow(clippy::type_complexity)] // three parts of one slot, named at each use
-    fn text_and_ready(
-        &mut self,
-    ) -> Result<(Option<&mut ReplayedFused>, [&mut DeviceBuffer; 2]), TokenizerError> {
-        let [text, ready] = self
-            .buffers
-            .get_disjoint_mut([Role::StagedText as usize, Role::TextReady as usize])
-            .map_err(|_| internal("the staged text and ready flags in one place".to_owned()))?;
-        match (text.as_mut(), ready.as_mut()) {
-            (Some(text), Some(ready)) => Ok((self.fused.as_mut(), [text, ready])),
-            _ => Err(internal(
-                "the device encoder has no staged text or ready flags".to_owned(),
-            )),
-        }
-    }
-
-    /// The staged text and the ready flags, both writable, and the ids
-    /// buffer, for a replay of the slot's graph.
     fn text_ready_and_ids(
         &mut self,
-    ) -> Result<([&mut DeviceBuffer; 2], &DeviceBuffer), TokenizerError> {
+    ) -> Result<
+        (
+            Option<&mut ReplayedFused>,
+            [&mut DeviceBuffer; 2],
+            &DeviceBuffer,
+        ),
+        TokenizerError,
+    > {
         let [text, ready, ids] = self
             .buffers
             .get_disjoint_mut([
@@ -811,7 +801,7 @@ impl Slot {
                 internal("the staged text, ready flags and ids in one place".to_owned())
             })?;
         match (text.as_mut(), ready.as_mut(), ids.as_ref()) {
-            (Some(text), Some(ready), Some(ids)) => Ok(([text, ready], ids)),
+            (Some(text), Some(ready), Some(ids)) => Ok((self.fused.as_mut(), [text, ready], ids)),
             _ => Err(internal(
                 "the device encoder has no staged text, ready flags or ids".to_owned(),
             )),
@@ -2252,8 +2242,8 @@ impl DeviceEncoder {
     ) -> Result<(Spread, Timings, u64), TokenizerError> {
         let (kept, [staged_text, ready]) = match fed {
             Some(_) => slot
-                .text_and_ready()
-                .map(|(kept, [text, ready])| (kept, [Some(text), Some(ready)]))?,
+                .text_ready_and_ids()
+                .map(|(kept, [text, ready], _)| (kept, [Some(text), Some(ready)]))?,
             None => (slot.fused.as_mut(), [None, None]),
         };
         let kept =
@@ -2295,11 +2285,7 @@ impl DeviceEncoder {
         }
         let (timings, ()) = kept
             .graph
-            .replay_beside(|| {
-                if let Some(helpers) = helpers {
-                    helpers.wake();
-                }
-            })
+            .replay_beside(|| while_the_device_runs(helpers, &[]))
             .map_err(failed)?;
         Ok((kept.spread, timings, 0))
     }
@@ -2706,12 +2692,7 @@ fn replay_fed(
         while_running,
         lent_ids,
     } = fed;
-    let wake = || {
-        if let Some(helpers) = helpers {
-            helpers.wake();
-        }
-        demote_from_core_caches(lent_ids);
-    };
+    let wake = || while_the_device_runs(helpers, lent_ids);
     let failed = |error| backend_error("replaying the resident kernel", error);
     let words = ready.host_words().ok().filter(|_| while_running);
     if let (true, Some(words)) = (staged_text.is_host_mapped(), words) {
@@ -2748,6 +2729,16 @@ fn replay_fed(
     publish_ready(backend, ready, Some(graph), text_len)?;
     let (timings, ()) = graph.replay_beside(wake).map_err(failed)?;
     Ok((timings, gathered_ns))
+}
+
+/// What the calling thread does once a replay's kernel runs: wakes the
+/// hand-out helpers for the wait, then demotes the ids it was lent by the
+/// replay before ([`Fed::lent_ids`]) while the device computes.
+fn while_the_device_runs(helpers: Option<&Helpers>, lent_ids: &[AtomicU32]) {
+    if let Some(helpers) = helpers {
+        helpers.wake();
+    }
+    demote_from_core_caches(lent_ids);
 }
 
 /// The first `count` ids of `ids` where the host reads them in place (a
@@ -3409,7 +3400,7 @@ impl EncodeGraph<'_> {
             GraphInputs::Fed => {}
         }
         let timings = if let GraphInputs::Fed = self.inputs {
-            let ([staged_text, ready], ids) = slot.text_ready_and_ids()?;
+            let (_, [staged_text, ready], ids) = slot.text_ready_and_ids()?;
             let fed = Fed {
                 texts: &texts,
                 text_len: text.len(),
@@ -3420,13 +3411,7 @@ impl EncodeGraph<'_> {
             replay_fed(backend, graph, staged_text, ready, fed)?.0
         } else {
             let lent = lent_ids(slot.buffer(Role::Ids)?, self.ids_lent);
-            let wake = || {
-                if let Some(helpers) = &helpers {
-                    helpers.wake();
-                }
-                demote_from_core_caches(lent);
-            };
-            let replayed = graph.replay_beside(wake);
+            let replayed = graph.replay_beside(|| while_the_device_runs(helpers.as_ref(), lent));
             replayed
                 .map_err(|error| backend_error("replaying the encode graph", error))?
                 .0
@@ -3601,8 +3586,9 @@ mod tests {
     /// encode into a vector, whose hand-out read them on other threads) are
     /// the ones the next replay demotes, and demoting them changes no id
     /// (texts of one length alternating, the short-text and the resident
-    /// kernel's graphs on the reference backend). Control: a buffer that is not host-mapped (the
-    /// reference backend's) lends nothing to demote, whatever the count.
+    /// kernel's graphs on the reference backend). Control: a buffer that is
+    /// not host-mapped (the reference backend's) lends nothing to demote,
+    /// whatever the count.
     /// Negative control by hand: a replay that counts its ids lent whether or
     /// not it lends them fails the "handed out" assertion.
     #[test]
