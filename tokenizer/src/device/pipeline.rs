@@ -1699,11 +1699,19 @@ impl DeviceEncoder {
                 };
                 hand_out(done, oldest, its_results)?;
             }
-            in_flight.push_back((
-                index,
-                self.submit_staged(staged, &texts[range.clone()])?,
-                mine,
-            ));
+            // A part's ids from the batch before, read by the caller in
+            // place, go back to a slot at this chunk's hand-out and are
+            // written by the encode after: demoted while this one runs, by a
+            // caller that waits for its one chunk anyway (the calling thread
+            // of a longer batch stages the next chunk meanwhile).
+            let lent = match (&mine, ranges.len()) {
+                (ChunkIds::Part(part), 1) => {
+                    LentIds::part(part.ids_read_in_place(), lengths[index] as usize)
+                }
+                _ => LentIds::None,
+            };
+            let pending = self.submit_staged(staged, &texts[range.clone()], lent)?;
+            in_flight.push_back((index, pending, mine));
         }
         while let Some((done, oldest, its_results)) = in_flight.pop_front() {
             hand_out(done, oldest, its_results)?;
@@ -1731,7 +1739,7 @@ impl DeviceEncoder {
     /// back when the encode is waited for or dropped, or here on an error.
     fn submit_admitted(&self, texts: &[&[u8]]) -> Result<PendingEncode<'_>, TokenizerError> {
         match self.stage(texts, Replays::Resident, true) {
-            Ok(staged) => self.submit_staged(staged, texts),
+            Ok(staged) => self.submit_staged(staged, texts, LentIds::None),
             Err(error) => {
                 self.admission.release();
                 Err(error)
@@ -1808,11 +1816,12 @@ impl DeviceEncoder {
     /// given back when the encode is waited for or dropped, or here on an
     /// error or for an empty chunk (which runs nothing and holds no room).
     /// A chunk with the hand-out helpers' crew wakes it once the device has
-    /// the chunk.
+    /// the chunk, and `lent` is demoted then ([`while_the_device_runs`]).
     fn submit_staged(
         &self,
         mut staged: StagedChunk<'_>,
         texts: &[&[u8]],
+        lent: LentIds<'_>,
     ) -> Result<PendingEncode<'_>, TokenizerError> {
         let text_len = staged.text_len;
         let helpers = staged.helpers.take();
@@ -1835,17 +1844,21 @@ impl DeviceEncoder {
         };
         let fed = staged.feeds.then_some(texts);
         let submitted = if staged.replays {
-            self.replay_fused(&mut slot, text_len, staged.documents, helpers.as_ref(), fed)
-                .map(|(spread, timings, gathered_ns)| {
-                    staged.gathered_ns += gathered_ns;
-                    (Vec::new(), Some((spread, timings)))
-                })
+            self.replay_fused(
+                &mut slot,
+                (text_len, staged.documents),
+                helpers.as_ref(),
+                fed,
+                lent,
+            )
+            .map(|(spread, timings, gathered_ns)| {
+                staged.gathered_ns += gathered_ns;
+                (Vec::new(), Some((spread, timings)))
+            })
         } else {
             self.submit_steps(&slot, text_len, staged.documents)
                 .map(|pending| {
-                    if let Some(helpers) = &helpers {
-                        helpers.wake();
-                    }
+                    while_the_device_runs(helpers.as_ref(), lent);
                     (pending, None)
                 })
         };
@@ -2229,16 +2242,16 @@ impl DeviceEncoder {
     /// they differ from the last replay's); returns once the kernel has ended,
     /// with the kernel's kind, the replay's timings and the host time of a
     /// gather done during it; `helpers`, the hand-out helpers' crew where the
-    /// chunk has it, is woken while the kernel runs. `fed`: the chunk's texts,
-    /// where the stage left them to be gathered into the slot's staging while
-    /// the resident kernel runs ([`replay_fed`]).
+    /// chunk has it, is woken while the kernel runs, and `lent` demoted then.
+    /// `fed`: the chunk's texts, where the stage left them to be gathered into
+    /// the slot's staging while the resident kernel runs ([`replay_fed`]).
     fn replay_fused(
         &self,
         slot: &mut Slot,
-        text_len: u32,
-        documents: usize,
+        (text_len, documents): (u32, usize),
         helpers: Option<&Helpers>,
         fed: Option<&[&[u8]]>,
+        lent: LentIds<'_>,
     ) -> Result<(Spread, Timings, u64), TokenizerError> {
         let (kept, [staged_text, ready]) = match fed {
             Some(_) => slot
@@ -2277,7 +2290,7 @@ impl DeviceEncoder {
                 text_len: text_len as usize,
                 helpers,
                 while_running: true,
-                lent_ids: &[],
+                lent,
             };
             let (timings, gathered_ns) =
                 replay_fed(&self.backend, &mut kept.graph, staged_text, ready, fed)?;
@@ -2285,7 +2298,7 @@ impl DeviceEncoder {
         }
         let (timings, ()) = kept
             .graph
-            .replay_beside(|| while_the_device_runs(helpers, &[]))
+            .replay_beside(|| while_the_device_runs(helpers, lent))
             .map_err(failed)?;
         Ok((kept.spread, timings, 0))
     }
@@ -2663,10 +2676,9 @@ struct Fed<'t> {
     /// Whether to gather during the replay where the buffers allow
     /// ([`DeviceEncoder::with_text_fed`]); before it otherwise.
     while_running: bool,
-    /// Ids the caller's thread read in place since the last replay, demoted
-    /// from its core's caches while the device runs (before it writes the
-    /// new ids there).
-    lent_ids: &'t [AtomicU32],
+    /// Ids the caller's thread read in place, demoted from its core's caches
+    /// while the device runs.
+    lent: LentIds<'t>,
 }
 
 /// One replay of `graph`, whose resident kernel reads `staged_text` as the
@@ -2690,9 +2702,9 @@ fn replay_fed(
         text_len,
         helpers,
         while_running,
-        lent_ids,
+        lent,
     } = fed;
-    let wake = || while_the_device_runs(helpers, lent_ids);
+    let wake = || while_the_device_runs(helpers, lent);
     let failed = |error| backend_error("replaying the resident kernel", error);
     let words = ready.host_words().ok().filter(|_| while_running);
     if let (true, Some(words)) = (staged_text.is_host_mapped(), words) {
@@ -2731,22 +2743,88 @@ fn replay_fed(
     Ok((timings, gathered_ns))
 }
 
-/// What the calling thread does once a replay's kernel runs: wakes the
-/// hand-out helpers for the wait, then demotes the ids it was lent by the
-/// replay before ([`Fed::lent_ids`]) while the device computes.
-fn while_the_device_runs(helpers: Option<&Helpers>, lent_ids: &[AtomicU32]) {
+/// What the calling thread does once a kernel runs: wakes the hand-out
+/// helpers for the wait, then demotes the ids it was lent ([`LentIds`])
+/// while the device computes.
+fn while_the_device_runs(helpers: Option<&Helpers>, lent: LentIds<'_>) {
     if let Some(helpers) = helpers {
         helpers.wake();
     }
-    demote_from_core_caches(lent_ids);
+    lent.demote();
 }
 
-/// The first `count` ids of `ids` where the host reads them in place (a
-/// host-mapped buffer), as words another agent may write; none otherwise.
-fn lent_ids(ids: &DeviceBuffer, count: usize) -> &[AtomicU32] {
-    match ids.host_words() {
-        Ok(words) => &words[..count.min(words.len())],
-        Err(_) => &[],
+/// Ids the caller read in place from host-mapped memory that a later kernel
+/// writes again, to demote from the calling core's caches
+/// ([`demote_from_core_caches`]) while a kernel runs: the device's write of a
+/// line the host holds waits for the host to give it up. Measured on an H100
+/// host (2026-12-07, the `gpu_encode` bench, one 256 KiB document encoded
+/// again and again, its ids read after every encode; two runs of two rounds
+/// each, alternating with the build before): into a reused [`BatchIds`],
+/// prose 73.2–74.5 µs an encode against 79.0–82.8 (never read: 72.9–74.2),
+/// code 84.2–84.6 against 88.2–88.8, CJK 80.9–81.7 against 80.9–82.1; as a
+/// graph read in place, CJK 73.7–76.2 against 78.7–83.9 once its demote was
+/// cut to what the kernel outlasts ([`LentIds::within_a_kernel_of`]), prose
+/// 68.2–68.8 against 69.5–69.7, code 79.1–79.5 against 79.0–79.4.
+#[derive(Clone, Copy, Debug)]
+enum LentIds<'a> {
+    None,
+    /// An [`EncodeGraph`]'s ids buffer, lent by its last replay and written
+    /// by the next one.
+    Graph(&'a [AtomicU32]),
+    /// A [`BatchIds`] part's ids from the batch before, which the part gives
+    /// a slot at this encode's hand-out for the encode after to write.
+    Part(&'a [u32]),
+}
+
+/// Text bytes a kernel runs for each id lent to it to demote
+/// ([`LentIds::within_a_kernel_of`]).
+const TEXT_BYTES_PER_DEMOTED_ID: usize = 2;
+
+impl<'a> LentIds<'a> {
+    /// The first `count` ids of a graph's `ids` where the host reads them in
+    /// place (a host-mapped buffer), as words the device writes again, lent
+    /// while a replay of `text_len` bytes runs; none otherwise.
+    fn graph(ids: &'a DeviceBuffer, count: usize, text_len: usize) -> Self {
+        match ids.host_words() {
+            Ok(words) => LentIds::Graph(&words[..count.min(words.len())]),
+            Err(_) => LentIds::None,
+        }
+        .within_a_kernel_of(text_len)
+    }
+
+    /// A [`BatchIds`] part's `ids` read in place, lent while a chunk of
+    /// `text_len` bytes runs.
+    fn part(ids: &'a [u32], text_len: usize) -> Self {
+        LentIds::Part(ids).within_a_kernel_of(text_len)
+    }
+
+    /// The first of these ids, as many as the calling thread demotes before a
+    /// kernel of `text_len` text bytes ends: at most one id for every
+    /// [`TEXT_BYTES_PER_DEMOTED_ID`] bytes. What bounds it, on the H100 hosts'
+    /// Xeons (2026-12-07): a demote takes about 6 ns a 64-byte line (16 ids)
+    /// and the resident kernel 59–72 µs for 256 KiB, so 131,072 ids, 8,192
+    /// lines, about 49 µs, end inside it. That is every id of 256 KiB of
+    /// prose (120,020) or code (70,511) and 64 % of CJK's (206,380, whose
+    /// 12,900 lines take about 77 µs: every one of them, demoted while a
+    /// 256 KiB document went into a reused [`BatchIds`] read after every
+    /// encode, outlasted the kernel: 106.8–117.2 µs an encode against
+    /// 81.1–94.5 without the demote, the `gpu_encode` bench, alternating
+    /// builds in one run; cut, 80.9–81.7 against 80.9–82.1).
+    fn within_a_kernel_of(self, text_len: usize) -> Self {
+        let at_most = text_len / TEXT_BYTES_PER_DEMOTED_ID;
+        match self {
+            LentIds::None => LentIds::None,
+            LentIds::Graph(words) => LentIds::Graph(&words[..at_most.min(words.len())]),
+            LentIds::Part(ids) => LentIds::Part(&ids[..at_most.min(ids.len())]),
+        }
+    }
+
+    fn demote(self) {
+        match self {
+            LentIds::None => {}
+            LentIds::Graph(words) => demote_from_core_caches(words),
+            LentIds::Part(ids) => demote_from_core_caches(ids),
+        }
     }
 }
 
@@ -3406,11 +3484,11 @@ impl EncodeGraph<'_> {
                 text_len: text.len(),
                 helpers: helpers.as_ref(),
                 while_running: encoder.feeds_text,
-                lent_ids: lent_ids(ids, self.ids_lent),
+                lent: LentIds::graph(ids, self.ids_lent, text.len()),
             };
             replay_fed(backend, graph, staged_text, ready, fed)?.0
         } else {
-            let lent = lent_ids(slot.buffer(Role::Ids)?, self.ids_lent);
+            let lent = LentIds::graph(slot.buffer(Role::Ids)?, self.ids_lent, text.len());
             let replayed = graph.replay_beside(|| while_the_device_runs(helpers.as_ref(), lent));
             replayed
                 .map_err(|error| backend_error("replaying the encode graph", error))?
@@ -3618,8 +3696,31 @@ mod tests {
             let slot = graph.slot.as_ref().unwrap();
             let ids = slot.buffer(Role::Ids).unwrap();
             assert!(!ids.is_host_mapped());
-            assert!(lent_ids(ids, 1_000).is_empty());
+            assert!(matches!(LentIds::graph(ids, 1_000, len), LentIds::None));
         }
+    }
+
+    /// Locks out a demote that outlasts the kernel it runs beside (every id of
+    /// 256 KiB of CJK, lent to an encode into a reused `BatchIds`, made it
+    /// 25 µs slower): lent ids are cut to one for every
+    /// `TEXT_BYTES_PER_DEMOTED_ID` text bytes, fewer are kept whole, and
+    /// nothing lent stays nothing. Negative control by hand: lending a part's
+    /// ids uncut fails the first assertion.
+    #[test]
+    fn lent_ids_are_cut_to_what_a_kernel_outlasts() {
+        let ids: Vec<u32> = (0..1_000).collect();
+        let cut = |lent: LentIds<'_>| match lent {
+            LentIds::Part(ids) => Some(ids.len()),
+            LentIds::Graph(words) => Some(words.len()),
+            LentIds::None => None,
+        };
+        assert_eq!(
+            cut(LentIds::part(&ids, 600)),
+            Some(600 / TEXT_BYTES_PER_DEMOTED_ID)
+        );
+        assert_eq!(cut(LentIds::part(&ids, 1 << 20)), Some(1_000));
+        assert_eq!(cut(LentIds::part(&ids, 0)), Some(0));
+        assert_eq!(cut(LentIds::None.within_a_kernel_of(1 << 20)), None);
     }
 
     /// Locks out a wall line that calls everything but the kernels the host's
