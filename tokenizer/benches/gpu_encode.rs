@@ -1377,8 +1377,10 @@ enum IdsRead {
     /// reading core's caches to the shared last-level cache
     /// (`demote_from_core_caches`): whether the next encode writes faster
     /// into lines that no core holds but the shared cache still does. (An
-    /// in-place graph demotes the ids it lent at its next encode itself, so
-    /// its rows read every round and demoted should agree.)
+    /// in-place graph demotes the ids it lent at its next encode itself, and
+    /// a `BatchIds` of one chunk those of the encode before, each cut to what
+    /// the kernel outlasts, so the rows read every round and demoted should
+    /// agree, but for the third of CJK's ids the cut leaves.)
     EachRoundDemoted,
 }
 
