@@ -3383,12 +3383,15 @@ impl EncodeGraph<'_> {
     /// encode of this graph therefore demotes the lent ids from the calling
     /// core's caches to the CPU's shared cache
     /// ([`demote_from_core_caches`]) while the device runs the steps before
-    /// it writes ids. On an H100 host (Intel Xeon; 2026-12-07, the
+    /// it writes ids, as many as it does before the kernel ends (one id for
+    /// every two text bytes). On an H100 host (Intel Xeon; 2026-12-07, the
     /// `gpu_encode` bench, one 256 KiB document, two rounds alternating with
     /// the build before, the ids read after every encode) prose took
     /// 69.6–70.7 µs against 77.9–81.0, code 79.3–81.0 against 84.4–87.8; CJK
     /// (806 KiB of ids, about 12,900 lines at some 6 ns each: longer than the
-    /// kernel's wait) 81.2–91.3 against 90.0–94.1.
+    /// kernel's wait) 81.2–91.3 against 90.0–94.1 with every id demoted, and
+    /// 73.7–76.2 against 78.7–83.9 on another host the same evening with the
+    /// demote cut to two thirds of them.
     ///
     /// ```
     /// use vyre_cuda::backend::AnyBackend;
