@@ -652,7 +652,7 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
             then_slab(default.fused_merge_slab_bytes),
             registers(default.register_merge_bytes),
             then_slab(24),
-            then_slab(32),
+            then_slab(MAX_REGISTER_MERGE_BYTES),
             registers(0),
             registers(12),
             registers(20),

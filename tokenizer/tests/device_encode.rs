@@ -1031,7 +1031,8 @@ fn device_failures_are_fix_errors_and_ordinary_encodes_fall_back() {
 /// Locks out shapes the programs cannot run with becoming a panic or a wrong
 /// result: a workgroup of 33 threads, chunks of 1 byte, slabs of 13 bytes at 256 threads
 /// (over the 12 KiB the merge slabs may take), registers for ranges of 1 or 32
-/// bytes (a key's offset has 5 bits), a fused slab of 2^23 bytes a thread, no (or more than 65,536)
+/// bytes (a key's offset has 5 bits), a fused slab of 32 or 2^23 bytes a
+/// thread (its part starts are the bits of one word), no (or more than 65,536)
 /// workgroups of `compact`, `pieces` or `stage`, chunk limits of nothing, a
 /// split of 9 bytes per thread, a bulk split of 2,048 threads and chunks over
 /// the split's 256 MiB are each a `Fix:` error naming what to change (the bulk
@@ -1087,7 +1088,15 @@ fn bad_geometries_and_limits_are_fix_errors() {
                 ..Geometry::default()
             },
             ChunkLimits::default(),
-            "fused_merge_slab_bytes",
+            "fused_merge_slab_bytes is 8388608",
+        ),
+        (
+            Geometry {
+                fused_merge_slab_bytes: MAX_REGISTER_MERGE_BYTES + 1,
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "fused_merge_slab_bytes is 32",
         ),
         (
             Geometry::default(),

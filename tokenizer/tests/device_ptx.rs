@@ -270,15 +270,17 @@ fn fused_steps_take_the_fused_build() {
 /// measured faster for code), or the standalone step taking the register
 /// width (its slab, and with it its workgroup memory and occupancy, would
 /// change). The standalone `merge` is one program whatever
-/// `register_merge_bytes` (0, 16, 31) and `fused_merge_slab_bytes` (32), the
+/// `register_merge_bytes` (0, 16, 31) and `fused_merge_slab_bytes` (31), the
 /// fused one whatever `merge_slab_bytes` (0, 12, 24); the fused one declares
 /// no workgroup buffer at any width without its own slab, and one of
-/// `fused_merge_slab_bytes` words a thread with it (the default's and 32's);
+/// `fused_merge_slab_bytes` words a thread with it (the default's and 31's);
 /// controls: each build changes with its own knob.
 #[test]
 fn each_merge_build_reads_its_own_length() {
     use vyre_cuda::ir::Access;
-    use vyre_tokenizer::device::programs::{merge, merge_with, StepBuild};
+    use vyre_tokenizer::device::programs::{
+        merge, merge_with, StepBuild, MAX_REGISTER_MERGE_BYTES,
+    };
     let default = Geometry::default();
     let with = |merge_slab_bytes, register_merge_bytes| Geometry {
         merge_slab_bytes,
@@ -313,7 +315,7 @@ fn each_merge_build_reads_its_own_length() {
         "fused merge at the default slab"
     );
     let fused_slab = Geometry {
-        fused_merge_slab_bytes: 32,
+        fused_merge_slab_bytes: MAX_REGISTER_MERGE_BYTES,
         ..default
     };
     assert_eq!(
@@ -323,7 +325,7 @@ fn each_merge_build_reads_its_own_length() {
     );
     assert_eq!(
         workgroup_words(&merge_with(&fused_slab, StepBuild::Fused)),
-        [32 * threads]
+        [MAX_REGISTER_MERGE_BYTES * threads]
     );
     for slab_bytes in [0, 12, 24] {
         let program = merge_with(

@@ -280,7 +280,10 @@
 //! 1 KiB took 8.3–8.4 against 11.5 µs for prose, 4.4–4.5 against 6.0–6.1 for
 //! CJK and 27.0–27.1 against 29.5–29.6 for code, the whole kernel 29.2–29.8
 //! against 32.3–32.8 µs (prose); the resident grid's `merge` of 256 KiB of
-//! prose 19.8–20.5 against 23.8–25.2 µs. Looking a merge's two pairs up
+//! prose 19.8–20.5 against 23.8–25.2 µs. A range past the registers, up to
+//! [`Geometry::fused_merge_slab_bytes`], keeps the same keys in a slab of
+//! workgroup memory, the start bits in a register (`emit_keyed_slab_merge`).
+//! Looking a merge's two pairs up
 //! together, measured alone in the slab (the build before), left the 1 KiB
 //! kernel's `merge` where it was (11.5 against 11.6 µs).
 //! The chain also loses its first link: a piece from the merge list skips
@@ -497,8 +500,8 @@ pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 /// 2026-12-05, the encode example's 1 KiB of code, whose 17-byte identifier
 /// takes 14 merges there, spent 28.6 of its kernel's 49.8 µs in `merge`:
 /// about 1.9 µs a merge), and 256 KiB of code has 277 pieces of 17–19 bytes; a
-/// slab walks its parts in dependent loads of workgroup memory, about 30
-/// cycles each. Wider registers for them cost every other range (the sweep at
+/// slab holds the register merge's keys, one word a byte, and a merge loads
+/// them all at once (`emit_keyed_slab_merge`). Wider registers for them cost every other range (the sweep at
 /// [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, `4 · 20`
 /// bytes a thread: 20 KiB of a fused kernel's workgroup at 256 threads (the
 /// resident grid keeps its three workgroups per SM, and `ptxas` its 80
@@ -594,9 +597,9 @@ pub struct Geometry {
     /// global scratch arrays, 2 to [`MAX_REGISTER_MERGE_BYTES`] (0: none).
     pub register_merge_bytes: u32,
     /// The longest range a fused kernel's `merge` keeps in a slab of workgroup
-    /// memory when it is too long for the registers (0, or at most
-    /// `register_merge_bytes`: none, every such range in the global scratch
-    /// arrays). Its slabs take `4 · fused_merge_slab_bytes · threads` bytes of
+    /// memory when it is too long for the registers, at most
+    /// [`MAX_REGISTER_MERGE_BYTES`] (0, or at most `register_merge_bytes`:
+    /// none, every such range in the global scratch arrays). Its slabs take `4 · fused_merge_slab_bytes · threads` bytes of
     /// the fused kernel's workgroup memory, which the device checks when it
     /// compiles the kernel (20 bytes by default: [`FUSED_MERGE_SLAB_BYTES`]
     /// says why, and what a workgroup of 1,024 threads leaves for it).
@@ -919,18 +922,20 @@ impl Geometry {
         }
         // Only representability here: the device checks the slabs against its own
         // workgroup memory when it compiles the programs.
-        for (name, bytes) in [
-            ("merge_slab_bytes", self.merge_slab_bytes),
-            ("fused_merge_slab_bytes", self.fused_merge_slab_bytes),
-        ] {
-            let slab_bytes = 4 * u64::from(bytes) * u64::from(self.workgroup_size);
-            if slab_bytes > u64::from(u32::MAX) {
-                return Err(format!(
-                    "Fix: Geometry::{name} is {bytes} at {} threads per workgroup, {slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
-                    self.workgroup_size,
-                    u32::MAX / 4 / self.workgroup_size
-                ));
-            }
+        let slab_bytes = 4 * u64::from(self.merge_slab_bytes) * u64::from(self.workgroup_size);
+        if slab_bytes > u64::from(u32::MAX) {
+            return Err(format!(
+                "Fix: Geometry::merge_slab_bytes is {} at {} threads per workgroup, {slab_bytes} bytes of slabs, more than a workgroup buffer can hold; use at most {} (0 for none)",
+                self.merge_slab_bytes,
+                self.workgroup_size,
+                u32::MAX / 4 / self.workgroup_size
+            ));
+        }
+        if self.fused_merge_slab_bytes > MAX_REGISTER_MERGE_BYTES {
+            return Err(format!(
+                "Fix: Geometry::fused_merge_slab_bytes is {}; use at most {MAX_REGISTER_MERGE_BYTES} (0 for none): a slab's merge keeps its range's part starts as the bits of one word",
+                self.fused_merge_slab_bytes
+            ));
         }
         if self.register_merge_bytes == 1 || self.register_merge_bytes > MAX_REGISTER_MERGE_BYTES {
             return Err(format!(
@@ -2307,7 +2312,16 @@ fn emit_encode(
                 if slab.after_registers > slab.bytes {
                     b.if_else(
                         len.clone().less_equal(slab.after_registers),
-                        in_slab,
+                        |b| {
+                            emit_keyed_slab_merge(
+                                b,
+                                names,
+                                pairs,
+                                [&start, &len],
+                                [slab.after_registers, slab.threads],
+                                &parts_name,
+                            )
+                        },
                         scratch,
                     );
                 } else {
@@ -2356,6 +2370,9 @@ enum PartWords<'a> {
     Scratch { start: &'a Expr },
     /// The thread's slab of [`MERGE_SLAB`]: word `k` at `k · threads + lane`.
     Slab { threads: u32, lane: &'a Expr },
+    /// The same slab holding a [`pair_key`] per byte instead
+    /// ([`emit_keyed_slab_merge`]).
+    KeyedSlab { threads: u32, lane: &'a Expr },
 }
 
 impl PartWords<'_> {
@@ -2363,7 +2380,19 @@ impl PartWords<'_> {
     fn word_at(self, offset: Expr) -> (&'static str, Expr) {
         match self {
             PartWords::Scratch { start } => (Role::MergeParts.name(), start.clone() + offset),
-            PartWords::Slab { threads, lane } => (MERGE_SLAB, offset * threads + lane.clone()),
+            PartWords::Slab { threads, lane } | PartWords::KeyedSlab { threads, lane } => {
+                (MERGE_SLAB, offset * threads + lane.clone())
+            }
+        }
+    }
+
+    /// The first state's word of the range's byte `offset`, a part of one
+    /// byte whose pair with the next byte has `pair` ([`NO_TOKEN`] or
+    /// [`NO_PAIR`]: none).
+    fn first_word(self, offset: Expr, pair: Expr) -> Expr {
+        match self {
+            PartWords::Scratch { .. } | PartWords::Slab { .. } => part_word(u(1), pair),
+            PartWords::KeyedSlab { .. } => pair_key(pair, offset),
         }
     }
 
@@ -2426,7 +2455,7 @@ fn emit_byte_parts(
     // start in the scratch arrays; `None` on the slab path, which keeps none.)
     let minima_start = match words {
         PartWords::Scratch { start } => Some(start),
-        PartWords::Slab { .. } => None,
+        PartWords::Slab { .. } | PartWords::KeyedSlab { .. } => None,
     };
     let minimum_name = names.of("init_minimum");
     if minima_start.is_some() {
@@ -2506,7 +2535,7 @@ fn emit_byte_parts(
             }
             b.if_(at.clone().less_equal(last.clone()), |b| {
                 b.store(Role::TokenAt.name(), start.clone() + at.clone(), rank);
-                words.store(b, at, part_word(u(1), pair));
+                words.store(b, at.clone(), words.first_word(at, pair));
             });
         }
         if let Some(start) = minima_start {
@@ -2851,7 +2880,9 @@ fn emit_scratch_merge(
 /// parts left. Each merge walks the parts from the first by their lengths (a
 /// part's other bytes are never read, so a merge leaves them as they are) for
 /// the leftmost pair of lowest rank and the part before it: no block minima
-/// and no walk back.
+/// and no walk back. The standalone `merge` step's slab (its length may pass
+/// a word's 32 start bits); a fused kernel's slab is keyed instead
+/// ([`emit_keyed_slab_merge`]).
 fn emit_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
@@ -2919,6 +2950,104 @@ fn emit_slab_merge(
             },
             words,
         );
+        b.assign(parts_name, parts.clone() - 1u32);
+    });
+}
+
+/// The merge loop of a range of at most `size` bytes (2 to
+/// [`MAX_REGISTER_MERGE_BYTES`]) that is not one token, in the thread's slab
+/// of [`MERGE_SLAB`] (`size` words a thread), as a fused kernel merges the
+/// ranges too long for its registers; `parts` (the variable named so, `len`
+/// on entry) counts the parts left. The slab holds the register merge's keys
+/// ([`pair_key`]: [`NO_KEY`] at every byte that starts no part), the start
+/// bits one register, the parts' ranks `token_at` (kept up to date by every
+/// merge). A merge loads every word of the slab at once and takes the
+/// smallest key by a tree ([`emit_lowest_key`]), the neighbours from the
+/// start bits, their ranks from `token_at` (together), then looks both new
+/// pairs up together.
+///
+/// Why not [`emit_slab_merge`]'s walk: there a merge followed the parts by
+/// their lengths, a chain of dependent loads of workgroup memory as long as
+/// the range's parts (up to 19 for the 17–19-byte identifiers of code, whose
+/// longest chains are 16 merges), then loaded the two neighbours' words;
+/// here the loads are independent and a merge's chain is the tree's depth.
+/// Not yet timed on the device (written 2026-12-07, when none was lent).
+fn emit_keyed_slab_merge(
+    b: &mut BlockBuilder,
+    names: &Names,
+    pairs: &SlotTable,
+    [start, len]: [&Expr; 2],
+    [size, threads]: [u32; 2],
+    parts_name: &str,
+) {
+    debug_assert!(size <= MAX_REGISTER_MERGE_BYTES);
+    let names = &names.nested("keyed");
+    let parts = Expr::var(parts_name);
+    let lane = b.let_(names.of("lane"), Expr::local_id(Axis::X));
+    let words = PartWords::KeyedSlab {
+        threads,
+        lane: &lane,
+    };
+    emit_byte_parts(b, names, [start, len], words);
+    let last = b.let_(names.of("last"), len.clone() - 1u32);
+    let starts_name = names.of("starts");
+    let starts = b.let_mut(starts_name.clone(), every_byte_starts(len));
+    b.while_(Expr::bool(true), |b| {
+        // Every word at once, at offsets clamped into the range (a word read
+        // twice is the same key twice).
+        let keys: Vec<Expr> = (0..size)
+            .map(|k| {
+                b.let_(
+                    names.of(&format!("key{k}")),
+                    words.load(u(k).min(last.clone())),
+                )
+            })
+            .collect();
+        let KeyedMerge {
+            first,
+            best,
+            second,
+            after,
+            has_before,
+            before,
+        } = emit_lowest_key(b, names, &keys, &starts);
+        // Both ranks at offsets inside the range, whether or not there is
+        // such a part, so that the two loads go out together.
+        let after_rank = b.let_(
+            names.of("after_rank"),
+            load(
+                Role::TokenAt,
+                start.clone() + after.clone().min(last.clone()),
+            ),
+        );
+        let before_rank = b.let_(
+            names.of("before_rank"),
+            load(Role::TokenAt, start.clone() + before.clone()),
+        );
+        let [right, left] = emit_pair_ranks_together(
+            b,
+            [&names.nested("right"), &names.nested("left")],
+            pairs,
+            [[best.clone(), after_rank], [before_rank, best.clone()]],
+        );
+        words.store(
+            b,
+            first.clone(),
+            after
+                .less_than(len.clone())
+                .select(pair_key(right, first.clone()), u(NO_KEY)),
+        );
+        b.if_(has_before, |b| {
+            words.store(b, before.clone(), pair_key(left, before.clone()));
+        });
+        words.store(b, second.clone(), u(NO_KEY));
+        b.store(Role::TokenAt.name(), start.clone() + first, best);
+        b.store(
+            Role::TokenAt.name(),
+            start.clone() + second.clone(),
+            NO_TOKEN,
+        );
+        b.assign(starts_name.clone(), starts.clone() & !(u(1) << second));
         b.assign(parts_name, parts.clone() - 1u32);
     });
 }
@@ -3000,42 +3129,17 @@ fn emit_register_merge(
             b.let_mut(key_names[k].clone(), key)
         })
         .collect();
-    // Bit k: a part starts at offset k; bit `len`: the range's end (for a
-    // range of 31 bytes bit 31, since `2 << 31` wraps to 0).
     let starts_name = names.of("starts");
-    let starts = b.let_mut(starts_name.clone(), (u(2) << len.clone()) - 1u32);
-    // The index of the lowest set bit of a word that has one (32 for none).
-    let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
+    let starts = b.let_mut(starts_name.clone(), every_byte_starts(len));
     b.while_(Expr::bool(true), |b| {
-        // The leftmost pair of lowest rank: the smallest key, a tree of
-        // minima (the offset in a key's low bits breaks ties to the left).
-        let best_key = tree(b, names, "lowest", &keys, |_, pair| {
-            pair[0].clone().min(pair[1].clone())
-        });
-        b.if_(best_key.clone().equals(NO_KEY), |b| {
-            b.break_();
-        });
-        let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
-        let best = b.let_(names.of("best"), best_key >> KEY_OFFSET_BITS);
-        // The starts after `first`: the second part's, then the one after it
-        // (`len` when the merged part ends the range).
-        let above = b.let_(
-            names.of("above"),
-            starts.clone() & !((u(2) << first.clone()) - 1u32),
-        );
-        let second = b.let_(names.of("second"), lowest(above.clone()));
-        let after = b.let_(names.of("after"), lowest(above.clone() & (above - 1u32)));
-        let below = b.let_(
-            names.of("below"),
-            starts.clone() & ((u(1) << first.clone()) - 1u32),
-        );
-        let has_before = b.let_(names.of("has_before"), below.clone().not_equals(0u32));
-        let before = b.let_(
-            names.of("before"),
-            has_before
-                .clone()
-                .select(u(31) - below.leading_zeros(), u(0)),
-        );
+        let KeyedMerge {
+            first,
+            best,
+            second,
+            after,
+            has_before,
+            before,
+        } = emit_lowest_key(b, names, &keys, &starts);
         // A rank register by a variable offset, through a tree of selects on
         // the offset's bits (an offset past the last gives some register:
         // its rank is then not used).
@@ -3106,6 +3210,82 @@ fn emit_register_merge(
     }
 }
 
+/// The start bits of a range of `len` (at most 31) bytes whose every byte is
+/// a part: bit k, a part starts at offset k; bit `len`, the range's end (for
+/// a range of 31 bytes bit 31, since `2 << 31` wraps to 0).
+fn every_byte_starts(len: &Expr) -> Expr {
+    (u(2) << len.clone()) - 1u32
+}
+
+/// The merge a keyed loop takes next and the parts around it, all offsets in
+/// the range (variables).
+struct KeyedMerge {
+    /// The first part's offset: the pair's.
+    first: Expr,
+    /// The pair's rank: the merged token's.
+    best: Expr,
+    /// The second part's offset.
+    second: Expr,
+    /// The offset of the part after the merged one (the range's length if
+    /// none).
+    after: Expr,
+    /// Whether a part comes before the first.
+    has_before: Expr,
+    /// The offset of the part before the first (0 if none).
+    before: Expr,
+}
+
+/// The leftmost pair of lowest rank among `keys` (one a byte of the range,
+/// [`pair_key`]s) and its neighbours, from the range's start bits (see
+/// [`every_byte_starts`]); breaks out of the enclosing loop when no pair is
+/// left. The smallest key is a tree of minima (the
+/// offset in a key's low bits breaks ties to the left), the neighbours are
+/// bit operations on `starts`: no walk over the parts.
+fn emit_lowest_key(
+    b: &mut BlockBuilder,
+    names: &Names,
+    keys: &[Expr],
+    starts: &Expr,
+) -> KeyedMerge {
+    let best_key = tree(b, names, "lowest", keys, |_, pair| {
+        pair[0].clone().min(pair[1].clone())
+    });
+    b.if_(best_key.clone().equals(NO_KEY), |b| {
+        b.break_();
+    });
+    // The index of the lowest set bit of a word that has one (32 for none).
+    let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
+    let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
+    let best = b.let_(names.of("best"), best_key >> KEY_OFFSET_BITS);
+    // The starts after `first`: the second part's, then the one after it
+    // (`len` when the merged part ends the range).
+    let above = b.let_(
+        names.of("above"),
+        starts.clone() & !((u(2) << first.clone()) - 1u32),
+    );
+    let second = b.let_(names.of("second"), lowest(above.clone()));
+    let after = b.let_(names.of("after"), lowest(above.clone() & (above - 1u32)));
+    let below = b.let_(
+        names.of("below"),
+        starts.clone() & ((u(1) << first.clone()) - 1u32),
+    );
+    let has_before = b.let_(names.of("has_before"), below.clone().not_equals(0u32));
+    let before = b.let_(
+        names.of("before"),
+        has_before
+            .clone()
+            .select(u(31) - below.leading_zeros(), u(0)),
+    );
+    KeyedMerge {
+        first,
+        best,
+        second,
+        after,
+        has_before,
+        before,
+    }
+}
+
 /// Bits of a register merge's key that hold the pair's offset in its range.
 const KEY_OFFSET_BITS: u32 = 5;
 
@@ -3120,13 +3300,14 @@ const NO_KEY: u32 = u32::MAX;
 const _: () = assert!(MAX_REGISTER_MERGE_BYTES < 1 << KEY_OFFSET_BITS);
 const _: () = assert!(PAIR_RANK_BITS + KEY_OFFSET_BITS <= 32);
 
-/// A register merge's key of the pair of rank `rank` at offset `offset`: the
-/// rank above the offset, so the smallest key is the leftmost pair of lowest
-/// rank; [`NO_KEY`] where `rank` is [`NO_TOKEN`].
+/// The key of the pair of rank `rank` at offset `offset` (a register merge's,
+/// a keyed slab's): the rank above the offset, so the smallest key is the
+/// leftmost pair of lowest rank; [`NO_KEY`] where `rank` is no rank
+/// ([`NO_TOKEN`], [`NO_PAIR`]).
 fn pair_key(rank: Expr, offset: Expr) -> Expr {
     rank.clone()
-        .equals(NO_TOKEN)
-        .select(u(NO_KEY), (rank << KEY_OFFSET_BITS) | offset)
+        .less_than(FIRST_NON_RANK)
+        .select((rank << KEY_OFFSET_BITS) | offset, u(NO_KEY))
 }
 
 /// `values` combined pairwise, level by level (`combine(level, [left,
