@@ -2959,18 +2959,23 @@ fn emit_slab_merge(
 /// of [`MERGE_SLAB`] (`size` words a thread), as a fused kernel merges the
 /// ranges too long for its registers; `parts` (the variable named so, `len`
 /// on entry) counts the parts left. The slab holds the register merge's keys
-/// ([`pair_key`]: [`NO_KEY`] at every byte that starts no part), the start
-/// bits one register, the parts' ranks `token_at` (kept up to date by every
-/// merge). A merge loads every word of the slab at once and takes the
-/// smallest key by a tree ([`emit_lowest_key`]), the neighbours from the
-/// start bits, their ranks from `token_at` (together), then looks both new
-/// pairs up together.
+/// ([`pair_key`]) at the parts' starts, a *rank word* (the part's rank under
+/// [`RANK_WORD_TAG`]) at a longer part's second byte and [`NO_KEY`] at its
+/// other bytes, so that every word but a start's reads as no pair; the start
+/// bits are one register. A merge loads every word of the slab at once and
+/// takes the smallest key by a tree ([`emit_lowest_key`]), the neighbours
+/// from the start bits, their ranks from their rank words or, for a part of
+/// one byte, from its byte ([`part_rank`]: no load of `token_at`, which every
+/// merge still keeps up to date, off the chain), then looks both new pairs up
+/// together.
 ///
 /// Why not [`emit_slab_merge`]'s walk: there a merge followed the parts by
 /// their lengths, a chain of dependent loads of workgroup memory as long as
 /// the range's parts (up to 19 for the 17–19-byte identifiers of code, whose
-/// longest chains are 16 merges), then loaded the two neighbours' words;
-/// here the loads are independent and a merge's chain is the tree's depth.
+/// longest chains are 16 merges), then loaded the two neighbours' words and
+/// their ranks from `token_at` (a round trip to L2); here the slab's loads
+/// are independent, a merge's chain is the tree's depth, and the ranks come
+/// from workgroup memory and the byte-rank table (in L1).
 /// Not yet timed on the device (written 2026-12-07, when none was lent).
 fn emit_keyed_slab_merge(
     b: &mut BlockBuilder,
@@ -3011,19 +3016,20 @@ fn emit_keyed_slab_merge(
             has_before,
             before,
         } = emit_lowest_key(b, names, &keys, &starts);
-        // Both ranks at offsets inside the range, whether or not there is
-        // such a part, so that the two loads go out together.
-        let after_rank = b.let_(
-            names.of("after_rank"),
-            load(
-                Role::TokenAt,
-                start.clone() + after.clone().min(last.clone()),
-            ),
+        // The part after the merged one ends at the next start.
+        let beyond = b.let_(
+            names.of("beyond"),
+            starts.clone() & !((u(2) << after.clone().min(u(30))) - 1u32),
         );
-        let before_rank = b.let_(
-            names.of("before_rank"),
-            load(Role::TokenAt, start.clone() + before.clone()),
+        let after_len = b.let_(
+            names.of("after_len"),
+            ((beyond.clone() & (!beyond + 1u32)) - 1u32).count_ones() - after.clone(),
         );
+        let rank_of = |b: &mut BlockBuilder, what: &str, at: &Expr, part_len: Expr| {
+            part_rank(b, &names.nested(what), words, [start, &last], at, part_len)
+        };
+        let after_rank = rank_of(b, "after_rank", &after, after_len);
+        let before_rank = rank_of(b, "before_rank", &before, first.clone() - before.clone());
         let [right, left] = emit_pair_ranks_together(
             b,
             [&names.nested("right"), &names.nested("left")],
@@ -3040,7 +3046,10 @@ fn emit_keyed_slab_merge(
         b.if_(has_before, |b| {
             words.store(b, before.clone(), pair_key(left, before.clone()));
         });
+        // The second part's start a start no more, then the merged part's
+        // rank in its second byte (which may be that start).
         words.store(b, second.clone(), u(NO_KEY));
+        words.store(b, first.clone() + 1u32, u(RANK_WORD_TAG) | best.clone());
         b.store(Role::TokenAt.name(), start.clone() + first, best);
         b.store(
             Role::TokenAt.name(),
@@ -3050,6 +3059,40 @@ fn emit_keyed_slab_merge(
         b.assign(starts_name.clone(), starts.clone() & !(u(1) << second));
         b.assign(parts_name, parts.clone() - 1u32);
     });
+}
+
+/// Key bits of a keyed slab's *rank word*, the word of a part's second byte,
+/// which holds the part's rank below them: above every key (no pair to the
+/// tree of minima).
+const RANK_WORD_TAG: u32 = !((FIRST_NON_RANK << KEY_OFFSET_BITS) - 1);
+
+const _: () = assert!(RANK_WORD_TAG & (FIRST_NON_RANK - 1) == 0);
+
+/// The rank of a keyed slab's part at offset `at` of `part_len` bytes (any
+/// offset and length where there is no such part: the rank is then not
+/// used): a part of one byte is that byte's token, a longer one keeps its rank
+/// in its second byte's word. Both sources are loaded (at offsets clamped
+/// into the range) and one is selected, so that neither waits on a test.
+fn part_rank(
+    b: &mut BlockBuilder,
+    names: &Names,
+    words: PartWords,
+    [start, last]: [&Expr; 2],
+    at: &Expr,
+    part_len: Expr,
+) -> Expr {
+    let byte = load(Role::Text, start.clone() + at.clone().min(last.clone()));
+    let word = b.let_(
+        names.of("word"),
+        words.load((at.clone() + 1u32).min(last.clone())),
+    );
+    let byte_rank = b.let_(names.of("byte_rank"), vocab(byte + BYTE_RANKS_AT));
+    b.let_(
+        names.of("rank"),
+        part_len
+            .equals(1u32)
+            .select(byte_rank, word & !RANK_WORD_TAG),
+    )
 }
 
 /// The merge loop of a range of at most `size` bytes (at least 2) that is not
@@ -3250,9 +3293,14 @@ fn emit_lowest_key(
     let best_key = tree(b, names, "lowest", keys, |_, pair| {
         pair[0].clone().min(pair[1].clone())
     });
-    b.if_(best_key.clone().equals(NO_KEY), |b| {
-        b.break_();
-    });
+    b.if_(
+        best_key
+            .clone()
+            .greater_equal(FIRST_NON_RANK << KEY_OFFSET_BITS),
+        |b| {
+            b.break_();
+        },
+    );
     // The index of the lowest set bit of a word that has one (32 for none).
     let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
     let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
