@@ -3023,7 +3023,7 @@ fn emit_keyed_slab_merge(
         );
         let after_len = b.let_(
             names.of("after_len"),
-            ((beyond.clone() & (!beyond + 1u32)) - 1u32).count_ones() - after.clone(),
+            lowest_set_bit(beyond) - after.clone(),
         );
         let rank_of = |b: &mut BlockBuilder, what: &str, at: &Expr, part_len: Expr| {
             part_rank(b, &names.nested(what), words, [start, &last], at, part_len)
@@ -3301,8 +3301,6 @@ fn emit_lowest_key(
             b.break_();
         },
     );
-    // The index of the lowest set bit of a word that has one (32 for none).
-    let lowest = |word: Expr| ((word.clone() & (!word + 1u32)) - 1u32).count_ones();
     let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
     let best = b.let_(names.of("best"), best_key >> KEY_OFFSET_BITS);
     // The starts after `first`: the second part's, then the one after it
@@ -3311,8 +3309,11 @@ fn emit_lowest_key(
         names.of("above"),
         starts.clone() & !((u(2) << first.clone()) - 1u32),
     );
-    let second = b.let_(names.of("second"), lowest(above.clone()));
-    let after = b.let_(names.of("after"), lowest(above.clone() & (above - 1u32)));
+    let second = b.let_(names.of("second"), lowest_set_bit(above.clone()));
+    let after = b.let_(
+        names.of("after"),
+        lowest_set_bit(above.clone() & (above - 1u32)),
+    );
     let below = b.let_(
         names.of("below"),
         starts.clone() & ((u(1) << first.clone()) - 1u32),
@@ -3332,6 +3333,11 @@ fn emit_lowest_key(
         has_before,
         before,
     }
+}
+
+/// The index of the lowest set bit of `word` (32 for none).
+fn lowest_set_bit(word: Expr) -> Expr {
+    ((word.clone() & (!word + 1u32)) - 1u32).count_ones()
 }
 
 /// Bits of a register merge's key that hold the pair's offset in its range.
