@@ -618,46 +618,44 @@ fn main() {
 /// in registers, and then the longer ones in a slab of workgroup memory, the
 /// default first: a short text waits on its longest piece's chain of merges, a
 /// piece longer than the registers (and the slab) takes the scratch arrays,
-/// and every register costs every merge its instructions.
+/// and every register costs every merge its instructions, where a slab's
+/// merge loads its keys from workgroup memory (the rows with fewer registers
+/// or none before a slab ask which costs a short range less).
 fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let default = Geometry::default();
-    let registers = |register_merge_bytes: u32| {
+    let then_slab = |register_merge_bytes: u32, fused_merge_slab_bytes: u32| {
+        let slab = match fused_merge_slab_bytes {
+            0 => "no slab".to_owned(),
+            bytes => format!("then a {bytes}-byte slab"),
+        };
         (
-            format!("{register_merge_bytes:>2} bytes, no slab"),
+            format!("{register_merge_bytes:>2} bytes, {slab}"),
             Geometry {
                 register_merge_bytes,
-                fused_merge_slab_bytes: 0,
-                ..default
-            },
-        )
-    };
-    let then_slab = |fused_merge_slab_bytes: u32| {
-        (
-            format!(
-                "{:>2} bytes, then a {fused_merge_slab_bytes}-byte slab",
-                default.register_merge_bytes
-            ),
-            Geometry {
                 fused_merge_slab_bytes,
                 ..default
             },
         )
     };
+    let registers = default.register_merge_bytes;
     geometry_sweep(
         gpu,
         cpu,
         rounds,
         "the fused kernels' merge registers at other lengths",
         [
-            then_slab(default.fused_merge_slab_bytes),
-            registers(default.register_merge_bytes),
-            then_slab(24),
-            then_slab(MAX_REGISTER_MERGE_BYTES),
-            registers(0),
-            registers(12),
-            registers(20),
-            registers(24),
-            registers(MAX_REGISTER_MERGE_BYTES),
+            then_slab(registers, default.fused_merge_slab_bytes),
+            then_slab(registers, 0),
+            then_slab(registers, 24),
+            then_slab(registers, MAX_REGISTER_MERGE_BYTES),
+            then_slab(0, 0),
+            then_slab(12, 0),
+            then_slab(20, 0),
+            then_slab(0, 20),
+            then_slab(0, MAX_REGISTER_MERGE_BYTES),
+            then_slab(8, 20),
+            then_slab(12, 20),
+            then_slab(12, MAX_REGISTER_MERGE_BYTES),
         ],
     );
 }
