@@ -501,8 +501,8 @@ pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 /// takes 14 merges there, spent 28.6 of its kernel's 49.8 µs in `merge`:
 /// about 1.9 µs a merge), and 256 KiB of code has 277 pieces of 17–19 bytes; a
 /// slab holds the register merge's keys, one word a byte, and a merge loads
-/// them all at once (`emit_keyed_slab_merge`). Wider registers for them cost every other range (the sweep at
-/// [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, `4 · 20`
+/// them all at once (`emit_keyed_slab_merge`). Wider registers for them cost
+/// every other range (the sweep at [`REGISTER_MERGE_BYTES`]); a slab costs only workgroup memory, `4 · 20`
 /// bytes a thread: 20 KiB of a fused kernel's workgroup at 256 threads (the
 /// resident grid keeps its three workgroups per SM, and `ptxas` its 80
 /// registers and no spill).
@@ -599,8 +599,9 @@ pub struct Geometry {
     /// The longest range a fused kernel's `merge` keeps in a slab of workgroup
     /// memory when it is too long for the registers, at most
     /// [`MAX_REGISTER_MERGE_BYTES`] (0, or at most `register_merge_bytes`:
-    /// none, every such range in the global scratch arrays). Its slabs take `4 · fused_merge_slab_bytes · threads` bytes of
-    /// the fused kernel's workgroup memory, which the device checks when it
+    /// none, every such range in the global scratch arrays). Its slabs take
+    /// `4 · fused_merge_slab_bytes · threads` bytes of the fused kernel's
+    /// workgroup memory, which the device checks when it
     /// compiles the kernel (20 bytes by default: [`FUSED_MERGE_SLAB_BYTES`]
     /// says why, and what a workgroup of 1,024 threads leaves for it).
     pub fused_merge_slab_bytes: u32,
@@ -2999,7 +3000,7 @@ fn emit_keyed_slab_merge(
     let starts = b.let_mut(starts_name.clone(), every_byte_starts(len));
     b.while_(Expr::bool(true), |b| {
         // Every word at once, at offsets clamped into the range (a word read
-        // twice is the same key twice).
+        // twice is the same key twice; a byte inside a part reads as no pair).
         let keys: Vec<Expr> = (0..size)
             .map(|k| {
                 b.let_(
@@ -3278,12 +3279,13 @@ struct KeyedMerge {
     before: Expr,
 }
 
-/// The leftmost pair of lowest rank among `keys` (one a byte of the range,
-/// [`pair_key`]s) and its neighbours, from the range's start bits (see
+/// The leftmost pair of lowest rank among `keys` (a word for each byte of the
+/// range: a part's [`pair_key`] at its start, and elsewhere a word above
+/// every key) and its neighbours, from the range's start bits (see
 /// [`every_byte_starts`]); breaks out of the enclosing loop when no pair is
-/// left. The smallest key is a tree of minima (the
-/// offset in a key's low bits breaks ties to the left), the neighbours are
-/// bit operations on `starts`: no walk over the parts.
+/// left. The smallest key is a tree of minima (the offset in a key's low bits
+/// breaks ties to the left), the neighbours are bit operations on `starts`:
+/// no walk over the parts.
 fn emit_lowest_key(
     b: &mut BlockBuilder,
     names: &Names,
