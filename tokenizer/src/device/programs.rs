@@ -2995,19 +2995,21 @@ fn emit_keyed_slab_merge(
         lane: &lane,
     };
     emit_byte_parts(b, names, [start, len], words);
+    // The words past the range read as no pair too, so that a merge loads
+    // every word of the slab at a fixed offset (no clamp into the range).
+    for k in 2..size {
+        b.if_(u(k).greater_equal(len.clone()), |b| {
+            words.store(b, u(k), u(NO_KEY));
+        });
+    }
     let last = b.let_(names.of("last"), len.clone() - 1u32);
     let starts_name = names.of("starts");
     let starts = b.let_mut(starts_name.clone(), every_byte_starts(len));
     b.while_(Expr::bool(true), |b| {
-        // Every word at once, at offsets clamped into the range (a word read
-        // twice is the same key twice; a byte inside a part reads as no pair).
+        // Every word at once (a byte inside a part, or past the range, reads
+        // as no pair).
         let keys: Vec<Expr> = (0..size)
-            .map(|k| {
-                b.let_(
-                    names.of(&format!("key{k}")),
-                    words.load(u(k).min(last.clone())),
-                )
-            })
+            .map(|k| b.let_(names.of(&format!("key{k}")), words.load(u(k))))
             .collect();
         let KeyedMerge {
             first,
