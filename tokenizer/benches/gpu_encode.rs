@@ -637,25 +637,22 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
             },
         )
     };
-    let registers = default.register_merge_bytes;
     geometry_sweep(
         gpu,
         cpu,
         rounds,
         "the fused kernels' merge registers at other lengths",
         [
-            then_slab(registers, default.fused_merge_slab_bytes),
-            then_slab(registers, 0),
-            then_slab(registers, 24),
-            then_slab(registers, MAX_REGISTER_MERGE_BYTES),
-            then_slab(0, 0),
-            then_slab(12, 0),
-            then_slab(20, 0),
+            then_slab(default.register_merge_bytes, default.fused_merge_slab_bytes),
             then_slab(0, 20),
+            then_slab(16, 0),
+            then_slab(20, 0),
+            then_slab(12, 0),
+            then_slab(0, 0),
+            then_slab(0, 24),
             then_slab(0, MAX_REGISTER_MERGE_BYTES),
             then_slab(8, 20),
             then_slab(12, 20),
-            then_slab(12, MAX_REGISTER_MERGE_BYTES),
         ],
     );
 }

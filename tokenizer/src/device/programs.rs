@@ -486,6 +486,17 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// against 64.7: again both loops. 16 stays: 20 would trade 3 µs of the
 /// prose and CJK kernels for 13 of code's, and moves no shape across its
 /// target.
+///
+/// Once the slab was keyed (`emit_keyed_slab_merge`), four runs of the sweep
+/// on one H100 host (2026-12-07, kernels' own time, 256 KiB of prose / CJK /
+/// code) gave the default (16, then the 20-byte slab) 58.0–63.0 / 64.6–67.5 /
+/// 63.1–66.0 µs, no registers and the slab for every range 60.8–64.3 /
+/// 63.6–67.9 / 54.8–57.6, 20 registers and no slab 60.8–63.2 / 65.3–68.5 /
+/// 57.3–59.0, 16 and no slab code 71.2–72.3; 1 KiB of prose 21.4–21.6 at the
+/// default, 21.7–21.9 with the slab alone. A warp whose ranges fall on both
+/// sides of the registers' length runs both loops, and one loop for every
+/// range takes code 8 µs. Not yet the default: its graph rows and the `gpu_`
+/// tests at that default have not run (no device time was left).
 pub const REGISTER_MERGE_BYTES: u32 = 16;
 
 /// Most [`Geometry::register_merge_bytes`]: a key holds its offset in 5 bits
@@ -2976,8 +2987,16 @@ fn emit_slab_merge(
 /// longest chains are 16 merges), then loaded the two neighbours' words and
 /// their ranks from `token_at` (a round trip to L2); here the slab's loads
 /// are independent, a merge's chain is the tree's depth, and the ranks come
-/// from workgroup memory and the byte-rank table (in L1).
-/// Not yet timed on the device (written 2026-12-07, when none was lent).
+/// from workgroup memory and the byte-rank table (in L1). On an H100
+/// (2026-12-07, the `gpu_encode` bench, two runs alternating with the walk's
+/// build, the resident kernel's own clock) 256 KiB of code's `merge` took
+/// 20.7–21.2 µs against 26.0–26.1, its kernel 64.5–66.4 against 69.8–71.6,
+/// its graph with the ids read in place 74.4–77.1 against 78.5–82.3; prose
+/// and CJK (few ranges past 16 bytes) did not move. The rank words took
+/// nothing off that beyond the keys (a build with the ranks still loaded
+/// from `token_at`, and one with them in a second slab, ran the same), but
+/// they are what a slab that takes every range leans on (the sweep at
+/// [`REGISTER_MERGE_BYTES`]).
 fn emit_keyed_slab_merge(
     b: &mut BlockBuilder,
     names: &Names,
