@@ -3035,18 +3035,11 @@ fn emit_keyed_slab_merge(
             best,
             second,
             after,
+            after_end,
             has_before,
             before,
         } = emit_lowest_key(b, names, &keys, &starts);
-        // The part after the merged one ends at the next start.
-        let beyond = b.let_(
-            names.of("beyond"),
-            starts.clone() & !((u(2) << after.clone().min(u(30))) - 1u32),
-        );
-        let after_len = b.let_(
-            names.of("after_len"),
-            lowest_set_bit(beyond) - after.clone(),
-        );
+        let after_len = b.let_(names.of("after_len"), after_end - after.clone());
         let rank_of = |b: &mut BlockBuilder, what: &str, at: &Expr, part_len: Expr| {
             part_rank(b, &names.nested(what), words, [start, &last], at, part_len)
         };
@@ -3086,7 +3079,7 @@ fn emit_keyed_slab_merge(
 /// Key bits of a keyed slab's *rank word*, the word of a part's second byte,
 /// which holds the part's rank below them: above every key (no pair to the
 /// tree of minima).
-const RANK_WORD_TAG: u32 = !((FIRST_NON_RANK << KEY_OFFSET_BITS) - 1);
+const RANK_WORD_TAG: u32 = !(FIRST_NON_KEY - 1);
 
 const _: () = assert!(RANK_WORD_TAG & (FIRST_NON_RANK - 1) == 0);
 
@@ -3204,6 +3197,7 @@ fn emit_register_merge(
             after,
             has_before,
             before,
+            ..
         } = emit_lowest_key(b, names, &keys, &starts);
         // A rank register by a variable offset, through a tree of selects on
         // the offset's bits (an offset past the last gives some register:
@@ -3294,6 +3288,9 @@ struct KeyedMerge {
     /// The offset of the part after the merged one (the range's length if
     /// none).
     after: Expr,
+    /// Where that part ends: the next start, or the range's end (any offset
+    /// past it where there is no part after).
+    after_end: Expr,
     /// Whether a part comes before the first.
     has_before: Expr,
     /// The offset of the part before the first (0 if none).
@@ -3316,14 +3313,9 @@ fn emit_lowest_key(
     let best_key = tree(b, names, "lowest", keys, |_, pair| {
         pair[0].clone().min(pair[1].clone())
     });
-    b.if_(
-        best_key
-            .clone()
-            .greater_equal(FIRST_NON_RANK << KEY_OFFSET_BITS),
-        |b| {
-            b.break_();
-        },
-    );
+    b.if_(best_key.clone().greater_equal(FIRST_NON_KEY), |b| {
+        b.break_();
+    });
     let first = b.let_(names.of("first"), best_key.clone() & OFFSET_MASK);
     let best = b.let_(names.of("best"), best_key >> KEY_OFFSET_BITS);
     // The starts after `first`: the second part's, then the one after it
@@ -3333,9 +3325,11 @@ fn emit_lowest_key(
         starts.clone() & !((u(2) << first.clone()) - 1u32),
     );
     let second = b.let_(names.of("second"), lowest_set_bit(above.clone()));
-    let after = b.let_(
-        names.of("after"),
-        lowest_set_bit(above.clone() & (above - 1u32)),
+    let past_second = b.let_(names.of("past_second"), above.clone() & (above - 1u32));
+    let after = b.let_(names.of("after"), lowest_set_bit(past_second.clone()));
+    let after_end = b.let_(
+        names.of("after_end"),
+        lowest_set_bit(past_second.clone() & (past_second - 1u32)),
     );
     let below = b.let_(
         names.of("below"),
@@ -3353,6 +3347,7 @@ fn emit_lowest_key(
         best,
         second,
         after,
+        after_end,
         has_before,
         before,
     }
@@ -3371,6 +3366,10 @@ const OFFSET_MASK: u32 = (1 << KEY_OFFSET_BITS) - 1;
 
 /// The key of no pair: above every pair's.
 const NO_KEY: u32 = u32::MAX;
+
+/// Keys from this one up are no pair ([`NO_KEY`], a keyed slab's rank
+/// words): a pair's rank is below [`FIRST_NON_RANK`].
+const FIRST_NON_KEY: u32 = FIRST_NON_RANK << KEY_OFFSET_BITS;
 
 // Every offset of a register merge fits its key's offset bits, and a pair's
 // rank (below `2^PAIR_RANK_BITS`) the bits above them.
