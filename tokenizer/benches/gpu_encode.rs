@@ -87,7 +87,8 @@
 //!   `VYRE_BENCH_RESIDENT=0` leaves it out;
 //! - 1 KiB and 256 KiB of each shape eager with the fused kernels' `merge`
 //!   keeping ranges of other lengths in registers
-//!   (`Geometry::register_merge_bytes`: longer ones merge in global scratch,
+//!   (`Geometry::register_merge_bytes` and `ShortText::register_merge_bytes`:
+//!   longer ones merge in global scratch,
 //!   or up to `Geometry::fused_merge_slab_bytes` in a slab of workgroup memory),
 //!   each with the kernels' own time, then the 64 MiB batch (its steps on
 //!   their own) with the `merge` step's slab at other lengths
@@ -616,11 +617,13 @@ fn main() {
 /// 1 KiB (the short-text kernel) and 256 KiB (the resident grid) of each
 /// shape eager with the fused kernels' `merge` keeping ranges of other lengths
 /// in registers, and then the longer ones in a slab of workgroup memory, the
-/// default first: a short text waits on its longest piece's chain of merges, a
-/// piece longer than the registers (and the slab) takes the scratch arrays,
-/// and every register costs every merge its instructions, where a slab's
-/// merge loads its keys from workgroup memory (the rows with fewer registers
-/// or none before a slab ask which costs a short range less).
+/// default first (16 bytes of registers in the short-text kernel, none in the
+/// resident grid; every other row gives both kernels its lengths): a short
+/// text waits on its longest piece's chain of merges, a piece longer than the
+/// registers (and the slab) takes the scratch arrays, and every register
+/// costs every merge its instructions, where a slab's merge loads its keys
+/// from workgroup memory (the rows with fewer registers or none before a slab
+/// ask which costs a short range less).
 fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let default = Geometry::default();
     let then_slab = |register_merge_bytes: u32, fused_merge_slab_bytes: u32| {
@@ -633,17 +636,31 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
             Geometry {
                 register_merge_bytes,
                 fused_merge_slab_bytes,
+                short_text: ShortText {
+                    register_merge_bytes,
+                    ..default.short_text
+                },
                 ..default
             },
         )
     };
+    let default_row = (
+        format!(
+            "{} bytes in the short-text kernel, {} in the resident grid, then a {}-byte slab",
+            default.short_text.register_merge_bytes,
+            default.register_merge_bytes,
+            default.fused_merge_slab_bytes
+        ),
+        default,
+    );
     geometry_sweep(
         gpu,
         cpu,
         rounds,
         "the fused kernels' merge registers at other lengths",
         [
-            then_slab(default.register_merge_bytes, default.fused_merge_slab_bytes),
+            default_row,
+            then_slab(16, 20),
             then_slab(0, 20),
             then_slab(16, 0),
             then_slab(20, 0),
@@ -854,30 +871,37 @@ the short-text kernel in other workgroups (eager, median of {rounds}; the kernel
         ShortText {
             workgroup_size: 256,
             bytes_per_thread: 8,
+            ..default
         },
         ShortText {
             workgroup_size: 512,
             bytes_per_thread: 2,
+            ..default
         },
         ShortText {
             workgroup_size: 512,
             bytes_per_thread: 4,
+            ..default
         },
         ShortText {
             workgroup_size: 512,
             bytes_per_thread: 8,
+            ..default
         },
         ShortText {
             workgroup_size: 1024,
             bytes_per_thread: 1,
+            ..default
         },
         ShortText {
             workgroup_size: 1024,
             bytes_per_thread: 2,
+            ..default
         },
         ShortText {
             workgroup_size: 1024,
             bytes_per_thread: 4,
+            ..default
         },
     ];
     for (index, short_text) in shapes.into_iter().enumerate() {

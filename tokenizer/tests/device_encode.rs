@@ -27,8 +27,8 @@ use vyre_cuda::DispatchConfig;
 use vyre_tokenizer::device::fused::SHORT_TEXT_BYTES;
 use vyre_tokenizer::device::pipeline::{CHUNKS_IN_FLIGHT, COPY_ENGINE_FROM};
 use vyre_tokenizer::device::programs::{
-    param, written_roles, Grid, KernelStep, Programs, Role, MAX_REGISTER_MERGE_BYTES,
-    MERGE_SLAB_BYTES,
+    param, written_roles, Grid, KernelStep, Programs, Role, FUSED_MERGE_SLAB_BYTES,
+    MAX_REGISTER_MERGE_BYTES, MERGE_SLAB_BYTES,
 };
 use vyre_tokenizer::device::vocabulary::{header, NO_TOKEN};
 use vyre_tokenizer::device::{
@@ -1084,6 +1084,17 @@ fn bad_geometries_and_limits_are_fix_errors() {
         ),
         (
             Geometry {
+                short_text: ShortText {
+                    register_merge_bytes: MAX_REGISTER_MERGE_BYTES + 1,
+                    ..ShortText::default()
+                },
+                ..Geometry::default()
+            },
+            ChunkLimits::default(),
+            "short_text.register_merge_bytes is 32",
+        ),
+        (
+            Geometry {
                 fused_merge_slab_bytes: 1 << 23,
                 ..Geometry::default()
             },
@@ -2062,16 +2073,18 @@ fn merge_work_grows_linearly_with_a_run() {
 /// of every length from 1 to twice the slab and two bytes (runs of one
 /// letter, `ab` repeated, random letters: pieces that merge to one token and
 /// pieces that do not, in neighbouring threads whose slabs interleave, a
-/// thread taking several pieces in turn) equal the CPU encoder, step by step
-/// and through the short-text kernel (where such a range merges in registers
-/// instead, up to `Geometry::register_merge_bytes`), at the default geometry
-/// (16 bytes in the fused kernels' registers, then up to 20 in their slab),
-/// at 32-thread workgroups with 4-byte slabs, with 24-byte slabs, and with
-/// the fused kernels' registers at their most (31 bytes: lengths up to 33
-/// cross it) and at none with no slab (every range in the scratch arrays
-/// there too), and with the fused kernels' slab at other lengths (16 bytes in
-/// registers, then up to 24 in the slab; none in registers, up to 31 in the
-/// slab).
+/// thread taking several pieces in turn) equal the CPU encoder, step by step,
+/// through the short-text kernel and through the resident grid (where such a
+/// range merges in registers instead, up to `ShortText::register_merge_bytes`
+/// and `Geometry::register_merge_bytes`, then in a keyed slab), at the
+/// default geometry (16 bytes in the short-text kernel's registers, none in
+/// the resident grid's, then up to 20 in their slab), at 32-thread
+/// workgroups with 4-byte slabs, with 24-byte slabs, and with both fused
+/// kernels' registers at their most (31 bytes: lengths up to 33 cross it) and
+/// at none with no slab (every range in the scratch arrays there too), and
+/// with their slab at other lengths (16 bytes in registers, then up to 24 in
+/// the slab; none in registers, up to 31 in the slab). Each encoder is
+/// checked to take the path its row names.
 #[test]
 fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
     let slab = MERGE_SLAB_BYTES as usize;
@@ -2123,40 +2136,21 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
             ),
             (
                 "31 bytes in registers",
-                Geometry {
-                    register_merge_bytes: MAX_REGISTER_MERGE_BYTES,
-                    ..Geometry::default()
-                },
+                fused_merge(MAX_REGISTER_MERGE_BYTES, FUSED_MERGE_SLAB_BYTES),
             ),
-            (
-                "no registers, no slab",
-                Geometry {
-                    register_merge_bytes: 0,
-                    fused_merge_slab_bytes: 0,
-                    ..Geometry::default()
-                },
-            ),
+            ("no registers, no slab", fused_merge(0, 0)),
             (
                 "16 bytes in registers, then a 24-byte slab",
-                Geometry {
-                    fused_merge_slab_bytes: 24,
-                    ..Geometry::default()
-                },
+                fused_merge(16, 24),
             ),
-            (
-                "no registers, a 31-byte slab",
-                Geometry {
-                    register_merge_bytes: 0,
-                    fused_merge_slab_bytes: 31,
-                    ..Geometry::default()
-                },
-            ),
+            ("no registers, a 31-byte slab", fused_merge(0, 31)),
             (
                 "short-text workgroup of 1,024 threads × 1 byte",
                 Geometry {
                     short_text: ShortText {
                         workgroup_size: 1024,
                         bytes_per_thread: 1,
+                        ..ShortText::default()
                     },
                     ..Geometry::default()
                 },
@@ -2165,6 +2159,7 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
             for (path, limits) in [
                 ("step by step", STEP_BY_STEP),
                 ("short", ChunkLimits::default()),
+                ("resident", resident_from_the_first_byte()),
             ] {
                 let encoder = DeviceEncoder::with_geometry(
                     AnyBackend::reference(),
@@ -2173,9 +2168,39 @@ fn ranges_up_to_the_slab_length_merge_in_the_slab_exactly() {
                     limits,
                 )
                 .unwrap();
+                let bytes = texts.iter().map(|text| text.len() as u64).sum();
+                assert_eq!(
+                    encoder.runs_resident(bytes),
+                    path == "resident",
+                    "{label}, {path}"
+                );
                 check_batch(&encoder, &tokenizer, &texts, &format!("{label}, {path}"));
             }
         }
+    }
+}
+
+/// The default geometry with both fused kernels' `merge` keeping ranges of up
+/// to `registers` bytes in registers (the short-text kernel's and the
+/// resident grid's alike), then up to `slab` bytes in a slab.
+fn fused_merge(registers: u32, slab: u32) -> Geometry {
+    Geometry {
+        register_merge_bytes: registers,
+        fused_merge_slab_bytes: slab,
+        short_text: ShortText {
+            register_merge_bytes: registers,
+            ..ShortText::default()
+        },
+        ..Geometry::default()
+    }
+}
+
+/// No short-text kernel, the resident grid up to 24 KiB: every text of at
+/// most that takes the resident grid.
+fn resident_from_the_first_byte() -> ChunkLimits {
+    ChunkLimits {
+        short_text_bytes: 0,
+        ..resident_up_to_24_kib()
     }
 }
 

@@ -69,14 +69,17 @@ fn short_text_programs_validate_lower_and_assemble() {
         ShortText {
             workgroup_size: 512,
             bytes_per_thread: 2,
+            ..ShortText::default()
         },
         ShortText {
             workgroup_size: 1024,
             bytes_per_thread: 1,
+            ..ShortText::default()
         },
         ShortText {
             workgroup_size: 1024,
             bytes_per_thread: 4,
+            ..ShortText::default()
         },
     ];
     let mut programs: Vec<(String, vyre_cuda::ir::Program)> = Vec::new();
@@ -274,7 +277,9 @@ fn fused_steps_take_the_fused_build() {
 /// fused one whatever `merge_slab_bytes` (0, 12, 24); the fused one declares
 /// no workgroup buffer at any width without its own slab, and one of
 /// `fused_merge_slab_bytes` words a thread with it (the default's and 31's);
-/// controls: each build changes with its own knob.
+/// the short-text kernel's fused one reads `ShortText::register_merge_bytes`,
+/// whatever `register_merge_bytes` (0, 12, 31), the resident grid's; controls:
+/// each build changes with its own knob.
 #[test]
 fn each_merge_build_reads_its_own_length() {
     use vyre_cuda::ir::Access;
@@ -350,6 +355,33 @@ fn each_merge_build_reads_its_own_length() {
     assert_ne!(
         merge_with(&with(default.merge_slab_bytes, 12), StepBuild::Fused),
         fused
+    );
+    // The short-text kernel's steps take its own register length.
+    let short_fused = merge_with(&default.short(), StepBuild::Fused);
+    for register_bytes in [0, 12, 31] {
+        assert_eq!(
+            merge_with(
+                &with(default.merge_slab_bytes, register_bytes).short(),
+                StepBuild::Fused
+            ),
+            short_fused,
+            "short-text merge at {register_bytes} resident register bytes"
+        );
+    }
+    let short_registers = |register_merge_bytes| Geometry {
+        short_text: ShortText {
+            register_merge_bytes,
+            ..default.short_text
+        },
+        ..default
+    };
+    assert_ne!(
+        merge_with(&short_registers(12).short(), StepBuild::Fused),
+        short_fused
+    );
+    assert_ne!(
+        default.short_text.register_merge_bytes, default.register_merge_bytes,
+        "the control above needs the two kernels' defaults to differ"
     );
 }
 

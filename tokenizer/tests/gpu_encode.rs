@@ -660,6 +660,7 @@ fn short_text(workgroup_size: u32, bytes_per_thread: u32) -> Geometry {
         short_text: ShortText {
             workgroup_size,
             bytes_per_thread,
+            ..ShortText::default()
         },
         ..Geometry::default()
     }

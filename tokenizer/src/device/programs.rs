@@ -267,8 +267,10 @@
 //! with workgroup memory ran slower (`merge` of prose 518 µs, the batch
 //! 12.63 ms).
 //! The fused kernels build `merge` and `long` otherwise ([`StepBuild`]): there a
-//! range of at most [`Geometry::register_merge_bytes`] bytes (16 by default;
-//! the slab's `S` until 2026-12-05) merges in registers (`emit_register_merge`: the
+//! range of at most [`ShortText::register_merge_bytes`] bytes in the
+//! short-text kernel (16 by default; the slab's `S` until 2026-12-05) and
+//! [`Geometry::register_merge_bytes`] in the resident grid (none by default
+//! since 2026-12-07: [`REGISTER_MERGE_BYTES`] says why) merges in registers (`emit_register_merge`: the
 //! parts' starts as bits, their ranks and pair keys a register per offset, the
 //! minimum found by a tree over the registers, both new pairs looked up together),
 //! since the result ABI pins those kernels at 80 registers whatever their
@@ -282,7 +284,8 @@
 //! against 32.3–32.8 µs (prose); the resident grid's `merge` of 256 KiB of
 //! prose 19.8–20.5 against 23.8–25.2 µs. A range past the registers, up to
 //! [`Geometry::fused_merge_slab_bytes`], keeps the same keys in a slab of
-//! workgroup memory, the start bits in a register (`emit_keyed_slab_merge`).
+//! workgroup memory, the start bits in a register (`emit_keyed_slab_merge`):
+//! in the resident grid, every range up to it.
 //! Looking a merge's two pairs up
 //! together, measured alone in the slab (the build before), left the 1 KiB
 //! kernel's `merge` where it was (11.5 against 11.6 µs).
@@ -452,9 +455,9 @@ pub const IDS_PER_LINE: u32 = 32;
 /// Bytes per thread of the `merge` grid (it strides over its lists).
 pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
-/// Default [`Geometry::register_merge_bytes`].
+/// Default [`Geometry::register_merge_bytes`], the resident grid's.
 ///
-/// Why 16: every offset costs every merge of every range its share of the
+/// Why 16 until 2026-12-07, for both fused kernels: every offset costs every merge of every range its share of the
 /// merge's instructions (its key in the tree of minima, its rank in the two
 /// trees that pick the neighbours' ranks, its registers' updates), whatever
 /// the range's length, while a range longer than the registers takes the
@@ -495,16 +498,38 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// 57.3–59.0, 16 and no slab code 71.2–72.3; 1 KiB of prose 21.4–21.6 at the
 /// default, 21.7–21.9 with the slab alone. A warp whose ranges fall on both
 /// sides of the registers' length runs both loops, and one loop for every
-/// range takes code 8 µs. Not yet the default: its graph rows and the `gpu_`
-/// tests at that default have not run (no device time was left).
-pub const REGISTER_MERGE_BYTES: u32 = 16;
+/// range takes code 8 µs.
+///
+/// Why 0 for the resident grid, and 16 for the short-text kernel
+/// ([`SHORT_TEXT_REGISTER_MERGE_BYTES`]): on another H100 host (2026-12-07,
+/// late; the `gpu_encode` bench, two runs alternating with the build before
+/// the keyed slab, 16 registers and then the walking slab; launch +
+/// synchronize 9.0–11.4 µs) the keyed slab for every range took the resident
+/// kernel of 256 KiB of code to 59.4–60.6 µs against 72.0–72.1 (its `merge`
+/// 14.1–14.2 against 25.8–25.9; the keyed slab after 16 registers took it to
+/// 64.5–66.4 against 69.8–71.6 the night before) and its graph with the ids
+/// read in place to 68.6–71.5 against 82.6–82.7; prose's kernel 63.9–65.0
+/// against 63.3–66.0 (its `merge` 18.0–18.5 against 14.9–15.6), CJK's
+/// 68.4–70.0 against 68.7–71.4. The resident grid is a throughput kernel, where a warp that
+/// runs one loop instead of two gains more than a short range's merges in
+/// registers save. The short-text kernel waits on its longest chain alone,
+/// where every merge's loads of workgroup memory add to it: 1 KiB took
+/// 0.3–0.8 µs longer with the slab for every range in the sweep.
+pub const REGISTER_MERGE_BYTES: u32 = 0;
 
-/// Most [`Geometry::register_merge_bytes`]: a key holds its offset in 5 bits
+/// Default [`ShortText::register_merge_bytes`]: see [`REGISTER_MERGE_BYTES`]
+/// for why the short-text kernel keeps its ranges of up to 16 bytes in
+/// registers where the resident grid keeps none.
+pub const SHORT_TEXT_REGISTER_MERGE_BYTES: u32 = 16;
+
+/// Most [`Geometry::register_merge_bytes`] (and
+/// [`ShortText::register_merge_bytes`]): a key holds its offset in 5 bits
 /// and a range's start bits and its end one word.
 pub const MAX_REGISTER_MERGE_BYTES: u32 = 31;
 
-/// Default [`Geometry::fused_merge_slab_bytes`]: the ranges of 17 to 20 bytes,
-/// past the registers, merge in a slab of workgroup memory.
+/// Default [`Geometry::fused_merge_slab_bytes`]: the ranges of up to 20 bytes
+/// past the registers (17 to 20 in the short-text kernel, every range in the
+/// resident grid) merge in a slab of workgroup memory.
 ///
 /// Why a slab: a range past the registers otherwise merges in the global
 /// scratch arrays, several dependent round trips to L2 per merge (on an H100,
@@ -601,11 +626,15 @@ pub struct Geometry {
     /// memory, which the device checks when it compiles the programs (an H200
     /// gives a kernel 227 KiB: 512 threads hold 12-byte slabs, 24 KiB). The
     /// steps on their own only: a fused kernel's `merge` keeps short ranges in
-    /// registers ([`Geometry::register_merge_bytes`]).
+    /// registers ([`Geometry::register_merge_bytes`],
+    /// [`ShortText::register_merge_bytes`]) and a keyed slab
+    /// ([`Geometry::fused_merge_slab_bytes`]).
     pub merge_slab_bytes: u32,
-    /// The longest range a fused kernel's `merge` (the short-text kernel, the
-    /// resident grid: [`StepBuild::Fused`]) keeps in registers instead of the
-    /// global scratch arrays, 2 to [`MAX_REGISTER_MERGE_BYTES`] (0: none).
+    /// The longest range the resident grid's `merge` ([`StepBuild::Fused`])
+    /// keeps in registers instead of its slab or the global scratch arrays, 2
+    /// to [`MAX_REGISTER_MERGE_BYTES`] (0, the default: none; see
+    /// [`REGISTER_MERGE_BYTES`]). The short-text kernel takes
+    /// [`ShortText::register_merge_bytes`] instead ([`Geometry::short`]).
     pub register_merge_bytes: u32,
     /// The longest range a fused kernel's `merge` keeps in a slab of workgroup
     /// memory when it is too long for the registers, at most
@@ -690,6 +719,11 @@ pub struct ShortText {
     pub workgroup_size: u32,
     /// Bytes each thread of the split takes, 1 to 8.
     pub bytes_per_thread: u32,
+    /// The longest range its `merge` keeps in registers, before its slab
+    /// ([`Geometry::fused_merge_slab_bytes`]): 2 to
+    /// [`MAX_REGISTER_MERGE_BYTES`], or 0 for none (the default,
+    /// [`SHORT_TEXT_REGISTER_MERGE_BYTES`], is 16).
+    pub register_merge_bytes: u32,
 }
 
 /// Default [`ShortText::workgroup_size`].
@@ -703,6 +737,7 @@ impl Default for ShortText {
         ShortText {
             workgroup_size: SHORT_TEXT_WORKGROUP,
             bytes_per_thread: SHORT_TEXT_BYTES_PER_THREAD,
+            register_merge_bytes: SHORT_TEXT_REGISTER_MERGE_BYTES,
         }
     }
 }
@@ -899,15 +934,17 @@ impl Geometry {
     }
 
     /// This geometry with every step in [`Geometry::short_text`]'s workgroup
-    /// (and no bulk split): the shape the short-text kernel's steps are built
-    /// for.
+    /// and its `merge` registers (and no bulk split): the shape the short-text
+    /// kernel's steps are built for.
     pub fn short(&self) -> Geometry {
         let ShortText {
             workgroup_size,
             bytes_per_thread,
+            register_merge_bytes,
         } = self.short_text;
         Geometry {
             workgroup_size,
+            register_merge_bytes,
             split: SplitGeometry {
                 workgroup_size,
                 bytes_per_thread,
@@ -949,11 +986,18 @@ impl Geometry {
                 self.fused_merge_slab_bytes
             ));
         }
-        if self.register_merge_bytes == 1 || self.register_merge_bytes > MAX_REGISTER_MERGE_BYTES {
-            return Err(format!(
-                "Fix: Geometry::register_merge_bytes is {}; use 2 to {MAX_REGISTER_MERGE_BYTES} (0 for none)",
-                self.register_merge_bytes
-            ));
+        for (field, bytes) in [
+            ("register_merge_bytes", self.register_merge_bytes),
+            (
+                "short_text.register_merge_bytes",
+                self.short_text.register_merge_bytes,
+            ),
+        ] {
+            if bytes == 1 || bytes > MAX_REGISTER_MERGE_BYTES {
+                return Err(format!(
+                    "Fix: Geometry::{field} is {bytes}; use 2 to {MAX_REGISTER_MERGE_BYTES} (0 for none)"
+                ));
+            }
         }
         for (name, workgroups) in [
             ("compact_workgroups", self.compact_workgroups),
@@ -1642,10 +1686,13 @@ pub enum StepBuild {
     /// after, then the pair with the part before.
     Standalone,
     /// A lookup by bytes loads them [`LOOKUP_BYTES_PER_ROUND`] at a time
-    /// (`emit_lookup`); a range of at most [`Geometry::register_merge_bytes`]
+    /// (`emit_lookup`); a range of at most the kernel's register length
+    /// ([`Geometry::register_merge_bytes`], [`ShortText::register_merge_bytes`])
     /// merges in registers (`emit_register_merge`: no workgroup memory, no walk
-    /// over the parts, no load of a part's rank), and a merge loads both
-    /// pairs' first buckets in one round (`emit_pair_ranks_together`).
+    /// over the parts, no load of a part's rank), a longer one of at most
+    /// [`Geometry::fused_merge_slab_bytes`] in a keyed slab
+    /// (`emit_keyed_slab_merge`), and a merge loads both pairs' first buckets
+    /// in one round (`emit_pair_ranks_together`).
     Fused,
 }
 

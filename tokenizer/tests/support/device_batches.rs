@@ -286,6 +286,7 @@ pub fn with_fused_steps_in_32_threads(geometry: Geometry) -> Geometry {
         short_text: ShortText {
             workgroup_size: 32,
             bytes_per_thread: 2,
+            ..geometry.short_text
         },
         ..geometry
     }
