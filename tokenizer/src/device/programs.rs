@@ -270,10 +270,10 @@
 //! range of at most [`ShortText::register_merge_bytes`] bytes in the
 //! short-text kernel (16 by default; the slab's `S` until 2026-12-05) and
 //! [`Geometry::register_merge_bytes`] in the resident grid (none by default
-//! since 2026-12-07: [`REGISTER_MERGE_BYTES`] says why) merges in registers (`emit_register_merge`: the
-//! parts' starts as bits, their ranks and pair keys a register per offset, the
-//! minimum found by a tree over the registers, both new pairs looked up together),
-//! since the result ABI pins those kernels at 80 registers whatever their
+//! since 2026-12-07: [`REGISTER_MERGE_BYTES`] says why) merges in registers
+//! (`emit_register_merge`: the parts' starts as bits, their ranks and pair
+//! keys a register per offset, the minimum found by a tree over the
+//! registers, both new pairs looked up together), since the result ABI pins those kernels at 80 registers whatever their
 //! steps need, and the slabs' workgroup memory goes (`ptxas -v`, `sm_90`: the
 //! short-text and resident-grid kernels stay at 80 registers with no spill,
 //! their workgroup memory from 19,352 to 11,248 bytes). On an H100
@@ -457,9 +457,9 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 
 /// Default [`Geometry::register_merge_bytes`], the resident grid's.
 ///
-/// Why 16 until 2026-12-07, for both fused kernels: every offset costs every merge of every range its share of the
-/// merge's instructions (its key in the tree of minima, its rank in the two
-/// trees that pick the neighbours' ranks, its registers' updates), whatever
+/// Why 16 until 2026-12-07, for both fused kernels: every offset costs every
+/// merge of every range its share of the merge's instructions (its key in
+/// the tree of minima, its rank in the two trees that pick the neighbours' ranks, its registers' updates), whatever
 /// the range's length, while a range longer than the registers takes the
 /// scratch arrays, a few dependent round trips to L2 per merge. On an H100
 /// (2026-12-05, the `gpu_encode` bench's sweep, kernels' own time, eager,
@@ -510,11 +510,12 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// 64.5–66.4 against 69.8–71.6 the night before) and its graph with the ids
 /// read in place to 68.6–71.5 against 82.6–82.7; prose's kernel 63.9–65.0
 /// against 63.3–66.0 (its `merge` 18.0–18.5 against 14.9–15.6), CJK's
-/// 68.4–70.0 against 68.7–71.4. The resident grid is a throughput kernel, where a warp that
-/// runs one loop instead of two gains more than a short range's merges in
-/// registers save. The short-text kernel waits on its longest chain alone,
-/// where every merge's loads of workgroup memory add to it: 1 KiB took
-/// 0.3–0.8 µs longer with the slab for every range in the sweep.
+/// 68.4–70.0 against 68.7–71.4. Most likely the resident grid, a throughput
+/// kernel, gains more from warps that run one loop instead of two than a
+/// short range's merges in registers save it, while the short-text kernel
+/// waits on its longest chain alone, where every merge's loads of workgroup
+/// memory add to it: 1 KiB took 0.3–0.8 µs longer with the slab for every
+/// range in the sweep.
 pub const REGISTER_MERGE_BYTES: u32 = 0;
 
 /// Default [`ShortText::register_merge_bytes`]: see [`REGISTER_MERGE_BYTES`]
