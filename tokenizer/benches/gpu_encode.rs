@@ -626,13 +626,16 @@ fn main() {
 /// ask which costs a short range less).
 fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     let default = Geometry::default();
+    let slab = |fused_merge_slab_bytes: u32| match fused_merge_slab_bytes {
+        0 => "no slab".to_owned(),
+        bytes => format!("then a {bytes}-byte slab"),
+    };
     let then_slab = |register_merge_bytes: u32, fused_merge_slab_bytes: u32| {
-        let slab = match fused_merge_slab_bytes {
-            0 => "no slab".to_owned(),
-            bytes => format!("then a {bytes}-byte slab"),
-        };
         (
-            format!("{register_merge_bytes:>2} bytes, {slab}"),
+            format!(
+                "{register_merge_bytes:>2} bytes, {}",
+                slab(fused_merge_slab_bytes)
+            ),
             Geometry {
                 register_merge_bytes,
                 fused_merge_slab_bytes,
@@ -646,10 +649,10 @@ fn merge_register_lengths(gpu: &CudaBackend, cpu: &Tokenizer, rounds: usize) {
     };
     let default_row = (
         format!(
-            "{} bytes in the short-text kernel, {} in the resident grid, then a {}-byte slab",
+            "{} bytes in the short-text kernel, {} in the resident grid, {}",
             default.short_text.register_merge_bytes,
             default.register_merge_bytes,
-            default.fused_merge_slab_bytes
+            slab(default.fused_merge_slab_bytes)
         ),
         default,
     );

@@ -381,7 +381,7 @@ fn each_merge_build_reads_its_own_length() {
     );
     assert_ne!(
         default.short_text.register_merge_bytes, default.register_merge_bytes,
-        "the control above needs the two kernels' defaults to differ"
+        "by default the short-text kernel keeps ranges in registers and the resident grid none"
     );
 }
 
