@@ -271,21 +271,21 @@
 //! short-text kernel (16 by default; the slab's `S` until 2026-12-05) and
 //! [`Geometry::register_merge_bytes`] in the resident grid (none by default
 //! since 2026-12-07: [`REGISTER_MERGE_BYTES`] says why) merges in registers
-//! (`emit_register_merge`: the parts' starts as bits, their ranks and pair
-//! keys a register per offset, the minimum found by a tree over the
-//! registers, both new pairs looked up together), since the result ABI pins those kernels at 80 registers whatever their
-//! steps need, and the slabs' workgroup memory goes (`ptxas -v`, `sm_90`: the
-//! short-text and resident-grid kernels stay at 80 registers with no spill,
-//! their workgroup memory from 19,352 to 11,248 bytes). On an H100
-//! (2026-12-05, the encode example, three rounds alternating with the build
-//! before, the fused kernels' step clocks) the short-text kernel's `merge` of
-//! 1 KiB took 8.3–8.4 against 11.5 µs for prose, 4.4–4.5 against 6.0–6.1 for
-//! CJK and 27.0–27.1 against 29.5–29.6 for code, the whole kernel 29.2–29.8
-//! against 32.3–32.8 µs (prose); the resident grid's `merge` of 256 KiB of
-//! prose 19.8–20.5 against 23.8–25.2 µs. A range past the registers, up to
-//! [`Geometry::fused_merge_slab_bytes`], keeps the same keys in a slab of
-//! workgroup memory, the start bits in a register (`emit_keyed_slab_merge`):
-//! in the resident grid, every range up to it.
+//! (`emit_register_merge`: the parts' starts as bits, their ranks and pair keys
+//! a register per offset, the minimum found by a tree over the registers, both
+//! new pairs looked up together), since the result ABI pins those kernels at 80
+//! registers whatever their steps need, and the slabs' workgroup memory goes
+//! (`ptxas -v`, `sm_90`: the short-text and resident-grid kernels stay at 80
+//! registers with no spill, their workgroup memory from 19,352 to 11,248
+//! bytes). On an H100 (2026-12-05, the encode example, three rounds alternating
+//! with the build before, the fused kernels' step clocks) the short-text
+//! kernel's `merge` of 1 KiB took 8.3–8.4 against 11.5 µs for prose, 4.4–4.5
+//! against 6.0–6.1 for CJK and 27.0–27.1 against 29.5–29.6 for code, the whole
+//! kernel 29.2–29.8 against 32.3–32.8 µs (prose); the resident grid's `merge`
+//! of 256 KiB of prose 19.8–20.5 against 23.8–25.2 µs. A range past the
+//! registers, up to [`Geometry::fused_merge_slab_bytes`], keeps the same keys
+//! in a slab of workgroup memory, the start bits in a register
+//! (`emit_keyed_slab_merge`): in the resident grid, every range up to it.
 //! Looking a merge's two pairs up
 //! together, measured alone in the slab (the build before), left the 1 KiB
 //! kernel's `merge` where it was (11.5 against 11.6 µs).
@@ -458,22 +458,23 @@ pub const MERGE_BYTES_PER_THREAD: u32 = 8;
 /// Default [`Geometry::register_merge_bytes`], the resident grid's.
 ///
 /// Why 16 until 2026-12-07, for both fused kernels: every offset costs every
-/// merge of every range its share of the merge's instructions (its key in
-/// the tree of minima, its rank in the two trees that pick the neighbours' ranks, its registers' updates), whatever
-/// the range's length, while a range longer than the registers takes the
-/// scratch arrays, a few dependent round trips to L2 per merge. On an H100
-/// (2026-12-05, the `gpu_encode` bench's sweep, kernels' own time, eager,
-/// median of 200) 12 / 16 / 24 / 31 offsets took 1 KiB of prose 28.2 / 29.1 /
-/// 31.1 / 32.1 µs, of CJK 31.1 / 31.9 / 33.3 / 33.9 and of code 46.3 / 32.5 /
-/// 34.3 / 35.6 (its 14- and 17-byte identifiers; the scratch arrays for every
-/// range: 38.4); 256 KiB of prose 77.7 / 82.3 / 84.7 / 93.7, of CJK 93.8 /
-/// 86.8 / 89.8 / 97.2 and of code 133.5 / 121.4 / 102.5 / 109.4 (pieces of up
-/// to 19 bytes). Past 16 offsets `ptxas` spills (24: 144 bytes at the fused
-/// kernels' 80 registers) or takes 120 registers (31), which leaves the
-/// resident grid two workgroups per SM instead of three. A second, wider set
-/// of registers for the ranges past the first (16, then 31) made the kernels
-/// no faster for code and slower at 256 KiB (128.5 µs), presumably because a
-/// warp whose ranges fall in both sets runs both loops one after the other.
+/// merge of every range its share of the merge's instructions (its key in the
+/// tree of minima, its rank in the two trees that pick the neighbours' ranks,
+/// its registers' updates), whatever the range's length, while a range longer
+/// than the registers takes the scratch arrays, a few dependent round trips to
+/// L2 per merge. On an H100 (2026-12-05, the `gpu_encode` bench's sweep,
+/// kernels' own time, eager, median of 200) 12 / 16 / 24 / 31 offsets took 1
+/// KiB of prose 28.2 / 29.1 / 31.1 / 32.1 µs, of CJK 31.1 / 31.9 / 33.3 / 33.9
+/// and of code 46.3 / 32.5 / 34.3 / 35.6 (its 14- and 17-byte identifiers; the
+/// scratch arrays for every range: 38.4); 256 KiB of prose 77.7 / 82.3 / 84.7 /
+/// 93.7, of CJK 93.8 / 86.8 / 89.8 / 97.2 and of code 133.5 / 121.4 / 102.5 /
+/// 109.4 (pieces of up to 19 bytes). Past 16 offsets `ptxas` spills (24: 144
+/// bytes at the fused kernels' 80 registers) or takes 120 registers (31), which
+/// leaves the resident grid two workgroups per SM instead of three. A second,
+/// wider set of registers for the ranges past the first (16, then 31) made the
+/// kernels no faster for code and slower at 256 KiB (128.5 µs), presumably
+/// because a warp whose ranges fall in both sets runs both loops one after the
+/// other.
 ///
 /// Swept again on two H100 hosts (2026-12-06, the same bench section, one
 /// run each, beside the 20-byte slab that came since): 20 registers and no
